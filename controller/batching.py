@@ -1,0 +1,176 @@
+"""Micro-batching: chunks of decoded messages in, fixed-shape padded batches out.
+
+Rules:
+- Pure: no threads, no queues, no clock; the caller passes ``now`` (seconds, monotonic).
+- Order is kept: messages leave in the order their chunks were added, and a chunk larger
+  than the room left is split, its tail going first into the next batch.
+- Size and deadline: a batch holds at most ``max_batch`` messages. After its first message
+  the caller may keep adding chunks that are *already waiting* while ``wants_more(now)`` is
+  true, i.e. until the batch is full or ``max_wait_s`` has passed since the first message.
+  The batcher never asks the caller to wait for an empty queue, so a lone message goes
+  straight through.
+- Padding: a batch of n messages is padded to the smallest bucket >= n (powers of two up to
+  ``max_batch``) so the jitted step only ever sees a few shapes, all compiled at start-up.
+- Stream slots: each stream name gets a state slot the first time it is seen, up to
+  ``max_streams``; past that the message is rejected (the controller answers with an error).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+@dataclass
+class Chunk:
+    """Messages from one inbound frame, column-wise, with the time the frame arrived."""
+
+    seq: list[Any]
+    stream: list[str]
+    x: np.ndarray  # float32 [n, F]
+    received_ns: int
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+@dataclass
+class Taken:
+    """The messages of one micro-batch, in arrival order, before slotting and padding."""
+
+    seq: list[Any]
+    stream: list[str]
+    x: np.ndarray  # float32 [n, F]
+    received_ns: list[int]
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+class Batch(NamedTuple):
+    """What a processor's ``step`` receives; every leaf has the bucket size B as leading axis.
+
+    ``x``: float32 [B, F]; ``key``: int32 [B] state slot of the message's stream;
+    ``valid``: bool [B], False for padding rows (whose ``key`` is the spare slot ``max_streams``).
+    """
+
+    x: Any
+    key: Any
+    valid: Any
+
+
+class MicroBatcher:
+    """Collects chunks and hands out batches of at most ``max_batch`` messages."""
+
+    def __init__(self, max_batch: int, max_wait_s: float) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self._chunks: deque[Chunk] = deque()
+        self._offset = 0  # messages of _chunks[0] already taken
+        self._size = 0
+        self._first_at: float | None = None
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, chunk: Chunk, now: float) -> None:
+        """Queue a chunk; ``now`` starts the deadline if the batcher was empty."""
+        if len(chunk) == 0:
+            return
+        if self._size == 0:
+            self._first_at = now
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+
+    def wants_more(self, now: float) -> bool:
+        """True while the next batch has room and its first message is younger than max_wait."""
+        if self._size == 0:
+            return True
+        if self._size >= self.max_batch:
+            return False
+        return self._first_at is not None and now - self._first_at < self.max_wait_s
+
+    def take(self, now: float) -> Taken | None:
+        """Remove and return up to ``max_batch`` messages in arrival order (None if empty)."""
+        if self._size == 0:
+            return None
+        want = min(self.max_batch, self._size)
+        seqs: list[Any] = []
+        streams: list[str] = []
+        xs: list[np.ndarray] = []
+        received: list[int] = []
+        while len(seqs) < want:
+            chunk = self._chunks[0]
+            start = self._offset
+            stop = min(len(chunk), start + want - len(seqs))
+            seqs.extend(chunk.seq[start:stop])
+            streams.extend(chunk.stream[start:stop])
+            xs.append(chunk.x[start:stop])
+            received.extend([chunk.received_ns] * (stop - start))
+            if stop == len(chunk):
+                self._chunks.popleft()
+                self._offset = 0
+            else:
+                self._offset = stop
+        self._size -= want
+        # what is left was already waiting, so its deadline starts now
+        self._first_at = now if self._size else None
+        x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=0)
+        return Taken(seqs, streams, x, received)
+
+
+def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket that holds n rows; ``buckets`` is sorted ascending."""
+    i = bisect.bisect_left(buckets, n)
+    if i == len(buckets):
+        raise ValueError(f"{n} rows exceed the largest bucket {buckets[-1]}")
+    return buckets[i]
+
+
+class StreamSlots:
+    """Stream name -> state slot, first come first served, at most ``max_streams`` slots."""
+
+    def __init__(self, max_streams: int) -> None:
+        self.max_streams = max_streams
+        self._slots: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def lookup(self, streams: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Slots for ``streams`` (int32) and a bool mask of those that got one.
+
+        A stream seen for the first time takes the next free slot; when none is left the
+        stream is refused (mask False) and is not remembered, so it is refused each time.
+        """
+        slots = np.empty(len(streams), np.int32)
+        ok = np.ones(len(streams), bool)
+        table = self._slots
+        for i, name in enumerate(streams):
+            slot = table.get(name)
+            if slot is None:
+                if len(table) >= self.max_streams:
+                    ok[i] = False
+                    slots[i] = self.max_streams
+                    continue
+                slot = table[name] = len(table)
+            slots[i] = slot
+        return slots, ok
+
+
+def pad_batch(x: np.ndarray, key: np.ndarray, bucket: int, spare_slot: int) -> Batch:
+    """Host arrays padded to ``bucket`` rows: padding has ``valid=False`` and the spare slot."""
+    n, features = x.shape
+    xp = np.zeros((bucket, features), np.float32)
+    xp[:n] = x
+    kp = np.full(bucket, spare_slot, np.int32)
+    kp[:n] = key
+    valid = np.zeros(bucket, bool)
+    valid[:n] = True
+    return Batch(xp, kp, valid)

@@ -1,0 +1,342 @@
+"""Configuration: one frozen dataclass, read from ``FORKLESS_*`` environment variables.
+
+Rules:
+- Every variable is declared once, in ``VARIABLES``; ``--help``, the README table and
+  ``Config.from_env`` are all drawn from that list, so they cannot disagree.
+- A bad value raises ``ConfigError`` naming the variable, the value and what is allowed;
+  ``app.py`` turns it into exit status 2 before any thread starts.
+- Secrets (``AUTH_TOKEN``, ``HEADERS``) never appear in ``repr``, errors or ``--help``.
+- JAX's own variables (``JAX_PLATFORMS``, ``JAX_COMPILATION_CACHE_DIR`` …) are not read
+  here; they pass through to JAX untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+PREFIX = "FORKLESS_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the variable and what is allowed."""
+
+    def __init__(self, variable: str, value: str, allowed: str) -> None:
+        self.variable = variable
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{variable}={value!r} is invalid: expected {allowed}")
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One ``FORKLESS_*`` variable: its field, how to parse it and what it means."""
+
+    name: str  # without the prefix
+    field: str
+    parse: Callable[[str], Any]
+    allowed: str
+    help: str
+    secret: bool = False
+
+    @property
+    def env(self) -> str:
+        return PREFIX + self.name
+
+
+# ---- parsers: each takes the raw text and returns a value or raises ValueError --------------
+
+
+def _int(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text.strip())
+        if value < lo or (hi is not None and value > hi):
+            raise ValueError
+        return value
+
+    return parse
+
+
+def _float(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = float(text.strip())
+        if not math.isfinite(value):
+            raise ValueError
+        if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
+            raise ValueError
+        return value
+
+    return parse
+
+
+def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse_optional(text: str) -> Any:
+        return None if text.strip() == "" else parse(text)
+
+    return parse_optional
+
+
+def _choice(*choices: str, upper: bool = False) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().upper() if upper else text.strip().lower()
+        if value not in choices:
+            raise ValueError
+        return value
+
+    return parse
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError
+
+
+def _ws_url(text: str) -> str:
+    text = text.strip()
+    if text == "":
+        return ""
+    parts = urlsplit(text)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise ValueError
+    return text
+
+
+def _addr(text: str) -> str:
+    text = text.strip()
+    if text == "":
+        return ""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError
+    return text
+
+
+def _json_text(text: str) -> str:
+    """A JSON document, or ``@path`` naming a file holding one; returns the JSON text."""
+    text = text.strip()
+    if text == "":
+        return ""
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as f:
+            text = f.read()
+    json.loads(text)
+    return text
+
+
+def _headers(text: str) -> tuple[tuple[str, str], ...]:
+    if text.strip() == "":
+        return ()
+    value = json.loads(text)
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError
+    return tuple((str(k), v) for k, v in value.items())
+
+
+def _file(text: str) -> str:
+    text = text.strip()
+    if text and not os.path.isfile(text):
+        raise ValueError
+    return text
+
+
+VARIABLES: tuple[Variable, ...] = (
+    # -- the feed
+    Variable("WS_URL", "ws_url", _ws_url, "a ws:// or wss:// URL, or empty",
+             "WebSocket feed to connect to; empty starts the embedded demo feed"),
+    Variable("SUBSCRIBE", "subscribe", _json_text, "a JSON text or @path to a file holding one",
+             "message sent first on every new connection (empty: none)"),
+    Variable("AUTH_TOKEN", "auth_token", str.strip, "any text",
+             "sent as 'Authorization: Bearer <token>'; never logged", secret=True),
+    Variable("HEADERS", "headers", _headers, "a JSON object of string values",
+             "extra handshake headers; never logged", secret=True),
+    Variable("CA_FILE", "ca_file", _file, "the path of an existing PEM file",
+             "extra CA bundle for wss:// (the system store is always used)"),
+    Variable("TLS_INSECURE", "tls_insecure", _bool, "0 or 1",
+             "1 turns certificate verification off (logs a warning at every connect)"),
+    # -- the model and protocol
+    Variable("FEATURES", "features", _int(1, 65536), "an integer from 1 to 65536",
+             "length F of every message's vector x"),
+    Variable("ALPHA", "alpha", _float(0.0, 1.0, lo_open=True), "a number in (0, 1]",
+             "EWMA smoothing factor"),
+    Variable("THRESHOLD", "threshold", _float(0.0, lo_open=True), "a number > 0",
+             "anomaly when max |z| exceeds this"),
+    Variable("WARMUP", "warmup", _int(0), "an integer >= 0",
+             "messages a stream must have had before it can be flagged"),
+    Variable("MAX_STREAMS", "max_streams", _int(1, 10_000_000), "an integer from 1 to 10000000",
+             "state slots; a new stream past this gets an error reply"),
+    # -- batching and queues
+    Variable("MAX_BATCH", "max_batch", _int(1, 65536), "an integer from 1 to 65536",
+             "largest micro-batch (batches are padded to powers of two up to this)"),
+    Variable("MAX_WAIT_MS", "max_wait_ms", _float(0.0, 10_000.0), "a number from 0 to 10000",
+             "longest a batch keeps collecting messages that are arriving; never waits on an empty queue"),
+    Variable("QUEUE_SIZE", "queue_size", _int(1, 1_000_000), "an integer from 1 to 1000000",
+             "bound of each queue (inbound frames, outbound batches)"),
+    Variable("OVERFLOW", "overflow", _choice("block", "drop_oldest"), "block or drop_oldest",
+             "inbound queue full: block stops reading the socket; drop_oldest drops and counts"),
+    Variable("MAX_MSG_BYTES", "max_msg_bytes", _int(64, 1 << 30), "an integer from 64 to 1073741824",
+             "largest frame accepted; a larger one closes the connection with 1009 and reconnects"),
+    Variable("MAX_FRAME_ITEMS", "max_frame_items", _int(1, 1_000_000), "an integer from 1 to 1000000",
+             "most messages in one JSON-array frame"),
+    # -- connection management
+    Variable("HEARTBEAT_S", "heartbeat_s", _float(0.0), "a number >= 0 (0 = off)",
+             "ping interval; no pong within half of it drops and reconnects"),
+    Variable("STALE_S", "stale_s", _float(0.0), "a number >= 0 (0 = off)",
+             "reconnect when no frame has arrived for this long"),
+    Variable("CONNECT_TIMEOUT_S", "connect_timeout_s", _float(0.0, lo_open=True), "a number > 0",
+             "limit on connecting plus the opening handshake"),
+    Variable("RECONNECT_MIN_S", "reconnect_min_s", _float(0.0), "a number >= 0",
+             "smallest delay between connection attempts"),
+    Variable("RECONNECT_MAX_S", "reconnect_max_s", _float(0.0), "a number >= RECONNECT_MIN_S",
+             "largest delay between connection attempts"),
+    Variable("RECONNECT_RESET_S", "reconnect_reset_s", _float(0.0), "a number >= 0",
+             "a connection must stay up this long before the backoff starts again from the minimum"),
+    Variable("RECONNECT_TRIES", "reconnect_tries", _int(0), "an integer >= 0",
+             "failed attempts in a row before giving up with exit status 3 (0 = forever)"),
+    # -- running
+    Variable("DURATION", "duration_s", _optional(_float(0.0, lo_open=True)), "a number of seconds > 0, or empty",
+             "stop after this long; empty runs until SIGINT/SIGTERM"),
+    Variable("SHUTDOWN_TIMEOUT_S", "shutdown_timeout_s", _float(0.0, lo_open=True), "a number > 0",
+             "longest an orderly stop may take before giving up on unsent results"),
+    Variable("STATUS_S", "status_s", _float(0.0), "a number >= 0 (0 = off)",
+             "seconds between status lines"),
+    Variable("LOG_LEVEL", "log_level", _choice(*LOG_LEVELS, upper=True), "one of " + ", ".join(LOG_LEVELS),
+             "logging level"),
+    Variable("LOG_FORMAT", "log_format", _choice("text", "json"), "text or json",
+             "json writes one JSON object per log line"),
+    Variable("METRICS_ADDR", "metrics_addr", _addr, "host:port, or empty",
+             "serve /metrics, /healthz, /readyz there (empty: off)"),
+    # -- the demo feed
+    Variable("DEMO_RATE", "demo_rate", _float(0.0, 100_000.0, lo_open=True), "a number in (0, 100000]",
+             "demo feed messages per second (all streams together)"),
+    Variable("DEMO_STREAMS", "demo_streams", _int(1, 100_000), "an integer from 1 to 100000",
+             "number of demo feed streams"),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the controller and the IO thread read; immutable once built.
+
+    Build it directly (``Config(features=4, ws_url=...)``) or with ``Config.from_env()``.
+    ``validate()`` runs on construction, so a ``Config`` that exists is a valid one.
+    """
+
+    ws_url: str = ""
+    subscribe: str = ""
+    auth_token: str = field(default="", repr=False)
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    ca_file: str = ""
+    tls_insecure: bool = False
+    features: int = 8
+    alpha: float = 0.05
+    threshold: float = 4.0
+    warmup: int = 20
+    max_streams: int = 4096
+    max_batch: int = 256
+    max_wait_ms: float = 2.0
+    queue_size: int = 1024
+    overflow: str = "block"
+    max_msg_bytes: int = 1 << 20
+    max_frame_items: int = 10_000
+    heartbeat_s: float = 15.0
+    stale_s: float = 0.0
+    connect_timeout_s: float = 10.0
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    reconnect_reset_s: float = 5.0
+    reconnect_tries: int = 0
+    duration_s: float | None = None
+    shutdown_timeout_s: float = 10.0
+    status_s: float = 1.0
+    log_level: str = "INFO"
+    log_format: str = "text"
+    metrics_addr: str = ""
+    demo_rate: float = 200.0
+    demo_streams: int = 8
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field with the same rules as the environment, plus cross-field rules."""
+        for var in VARIABLES:
+            value = getattr(self, var.field)
+            text = _as_text(value)
+            try:
+                parsed = var.parse(text)
+            except (ValueError, TypeError, OSError):
+                raise ConfigError(var.env, "<hidden>" if var.secret else text, var.allowed) from None
+            if parsed != value:
+                raise ConfigError(var.env, "<hidden>" if var.secret else text, var.allowed)
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ConfigError(PREFIX + "RECONNECT_MAX_S", str(self.reconnect_max_s),
+                              f"a number >= FORKLESS_RECONNECT_MIN_S ({self.reconnect_min_s})")
+        if not self.ws_url and self.demo_streams > self.max_streams:
+            raise ConfigError(PREFIX + "DEMO_STREAMS", str(self.demo_streams),
+                              f"at most FORKLESS_MAX_STREAMS ({self.max_streams})")
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """Batch sizes the step is compiled for: powers of two below ``max_batch``, and it."""
+        sizes = []
+        size = 1
+        while size < self.max_batch:
+            sizes.append(size)
+            size *= 2
+        sizes.append(self.max_batch)
+        return tuple(sizes)
+
+    @property
+    def uses_demo_feed(self) -> bool:
+        return self.ws_url == ""
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+        """Read every ``FORKLESS_*`` variable that is set; unset ones keep their default."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for var in VARIABLES:
+            if var.env not in environ:
+                continue
+            raw = environ[var.env]
+            try:
+                values[var.field] = var.parse(raw)
+            except (ValueError, TypeError, OSError):
+                raise ConfigError(var.env, "<hidden>" if var.secret else raw, var.allowed) from None
+        values.update(overrides)
+        return cls(**values)
+
+
+def _as_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return json.dumps(dict(value))
+    return str(value)
+
+
+def help_text() -> str:
+    """The variable table for ``python app.py --help``: name, default, meaning."""
+    defaults = Config()
+    lines = []
+    for var in VARIABLES:
+        default = getattr(defaults, var.field)
+        shown = "(unset)" if default in (None, "", ()) else _as_text(default)
+        lines.append(f"  {var.env:<28} default {shown:<10} {var.help}")
+    return "\n".join(lines)

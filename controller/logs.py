@@ -1,0 +1,92 @@
+"""Logging set-up: text or one JSON object per line, and a flood guard for repeated warnings.
+
+Rules:
+- Standard ``logging`` only; everything goes to stderr (status lines go to stdout).
+- ``RateLimitFilter``: the same message (logger, level, text) is let through once per
+  ``window_s``; repeats inside the window are counted, and the next one let through says
+  how many were suppressed. So a server sending the same bad frame forever yields about
+  one line per window, with a count, instead of a flood.
+- Context such as the connection id travels as ``extra={"connection": n}`` and appears as
+  a field in JSON lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections import OrderedDict
+from typing import Any
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: timestamp, level, logger, message, and any context fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        obj: dict[str, Any] = {
+            "timestamp": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and not key.startswith("_"):
+                obj[key] = value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+        if record.exc_info:
+            obj["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(obj, ensure_ascii=False)
+
+
+class RateLimitFilter(logging.Filter):
+    """Lets the same WARNING-or-worse message through once per ``window_s`` (see module rules)."""
+
+    def __init__(self, window_s: float = 10.0, max_keys: int = 1024) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self.max_keys = max_keys
+        self._seen: OrderedDict[tuple, list[float | int]] = OrderedDict()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or record.exc_info:
+            return True
+        key = (record.name, record.levelno, record.getMessage())
+        now = time.monotonic()
+        entry = self._seen.get(key)
+        if entry is None:
+            self._seen[key] = [now, 0]
+            if len(self._seen) > self.max_keys:
+                self._seen.popitem(last=False)
+            return True
+        self._seen.move_to_end(key)
+        if now - entry[0] < self.window_s:
+            entry[1] += 1
+            return False
+        suppressed = int(entry[1])
+        entry[0], entry[1] = now, 0
+        if suppressed:
+            record.msg = f"{record.getMessage()} (repeated {suppressed} more times in the last {self.window_s:g}s)"
+            record.args = ()
+            record.repeated = suppressed
+        return True
+
+
+def setup_logging(level: str = "INFO", fmt: str = "text", stream: Any = None) -> logging.Handler:
+    """Configure the root logger once for the program; returns the handler it installed."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RateLimitFilter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    # third-party chatter stays at WARNING unless we debug
+    for name in ("jax", "aiohttp", "asyncio"):
+        logging.getLogger(name).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
+    return handler

@@ -1,0 +1,378 @@
+"""Controller: the main-thread loop (inbound -> batcher -> jitted step -> outbound).
+
+Rules:
+- JAX runs only in the main thread, and only here. The processor state lives on the
+  default device from ``start()`` to the end, across batches and reconnects.
+- Every bucket size is compiled ahead of time in ``start()`` before the IO thread opens a
+  connection, so no message waits for XLA and nothing compiles after warm-up.
+- One batch at a time: take what is waiting (``MicroBatcher`` rules), slot streams, pad,
+  run the compiled step, fetch the outputs with one device-to-host transfer, encode, put
+  one ``Outgoing`` item. Replies keep the order their messages arrived in.
+- A step that raises answers each message of its batch with "processing failed" and
+  keeps the state from before that batch; the traceback is logged once per distinct error.
+- The IO thread's health is checked at least every ``POLL_S``; if it died, the loop stops
+  and raises (``FeedFatal`` or ``IOThreadError``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from queue import Empty, Full
+from typing import Any
+
+import janus
+import jax
+import numpy as np
+
+from controller.batching import MicroBatcher, StreamSlots, Taken, bucket_for, pad_batch
+from controller.codec import Codec, JsonCodec
+from controller.config import Config
+from controller.processor import Processor, default_processor
+from controller.stats import Histogram, IOStats, MainStats, StatsSnapshot, status_line
+from io_loop.bridge import Outgoing
+
+log = logging.getLogger("forkless.controller")
+
+POLL_S = 0.1
+
+# Every XLA compilation in this process, counted from JAX's own monitoring events.
+_COMPILATIONS = [0]
+
+
+def _on_event(event: str, duration: float, **_: Any) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILATIONS[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+def compilations() -> int:
+    """XLA compilations so far in this process."""
+    return _COMPILATIONS[0]
+
+
+class Controller:
+    """Runs a processor over a WebSocket feed; see the README's "Embedding" section.
+
+    Either ``run()`` (blocking, handles signals, prints status lines), or drive it yourself::
+
+        with Controller(config, processor=..., codec=...) as ctl:
+            while ...:
+                ctl.process_pending(timeout=0.1)
+    """
+
+    def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
+                 codec: Codec | None = None, out: Callable[[str], None] | None = None) -> None:
+        self.config = config if config is not None else Config.from_env()
+        self.processor = processor if processor is not None else default_processor(self.config)
+        self.codec = codec if codec is not None else JsonCodec(
+            self.config.features, max_frame_items=self.config.max_frame_items)
+        self._print = out if out is not None else _print_line
+        self.io_stats = IOStats()
+        self.main_stats = MainStats(batch_size=Histogram(self.config.buckets))
+        self.batcher = MicroBatcher(self.config.max_batch, self.config.max_wait_ms / 1000)
+        self.slots = StreamSlots(self.config.max_streams)
+        self.state: Any = None
+        self._compiled: dict[int, Any] = {}
+        self._io: Any = None
+        self._side: Any = None
+        self._inbound_closed = False
+        self._stop_requested = threading.Event()
+        self._started = False
+        self._stopped = False
+        self._logged_failures: set[str] = set()
+        self._devices: tuple[str, ...] = ()
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> Controller:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Compile every bucket, put the state on the device, start the IO thread."""
+        from io_loop.thread import IOThread  # the IO side imports the controller's core
+
+        if self._started:
+            return
+        self._started = True
+        self.compile()
+        self._io = IOThread(self.config, self.codec, self.io_stats, snapshot=self.stats)
+        self._io.ready_flag = lambda: bool(self._compiled)
+        self._side = self._io.start()
+
+    def compile(self) -> None:
+        """Initialise the state on the device and compile the step for every bucket (AOT)."""
+        if self._compiled:
+            return
+        cfg = self.config
+        self.state = jax.device_put(self.processor.init(cfg))
+        self._devices = tuple(str(d) for d in jax.devices())
+        jitted = jax.jit(self.processor.step)
+        t0 = time.monotonic()
+        for bucket in cfg.buckets:
+            example = pad_batch(np.zeros((0, cfg.features), np.float32), np.zeros(0, np.int32),
+                                bucket, cfg.max_streams)
+            self._compiled[bucket] = jitted.lower(self.state, example).compile()
+        self.main_stats.compilations_at_ready = compilations()
+        log.info("compiled the step for batch sizes %s on %s in %.2fs",
+                 ",".join(map(str, cfg.buckets)), ", ".join(self._devices), time.monotonic() - t0)
+
+    def request_stop(self) -> None:
+        """Ask ``run()`` to stop; safe from signal handlers and other threads."""
+        self._stop_requested.set()
+
+    def stop(self) -> None:
+        """Orderly stop: stop reading, process what is queued, send every result, join.
+
+        Bounded by ``shutdown_timeout_s``; what could not be sent by then is counted as
+        dropped and logged. Raises if the IO thread failed.
+        """
+        if not self._started or self._stopped:
+            return
+        self._stopped = True
+        io = self._io
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        io.request_stop()
+        try:
+            while (not self._inbound_closed or len(self.batcher)) and time.monotonic() < deadline:
+                if io.failure is not None:
+                    break
+                self._cycle(POLL_S, deadline=deadline)
+            if len(self.batcher):
+                self.main_stats.errors["not processed before the stop"] += len(self.batcher)
+            self._side.outbound.shutdown()
+        finally:
+            if not io.join(max(0.0, deadline - time.monotonic())):
+                log.error("the IO thread did not finish within FORKLESS_SHUTDOWN_TIMEOUT_S=%s; aborting",
+                          self.config.shutdown_timeout_s)
+                io.abort()
+                io.join(2.0)
+        io.raise_if_failed()
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Start, process until a signal / ``duration_s`` / ``request_stop()``, then stop.
+
+        SIGINT and SIGTERM (when called from the main thread) stop it in order; a second
+        SIGINT exits at once. Prints a status line every ``status_s`` seconds.
+        """
+        previous = self._install_signals()
+        try:
+            self.start()
+            cfg = self.config
+            started = time.monotonic()
+            end = started + cfg.duration_s if cfg.duration_s else None
+            next_status = started + cfg.status_s if cfg.status_s > 0 else None
+            last = self.stats()
+            while not self._stop_requested.is_set():
+                now = time.monotonic()
+                if end is not None and now >= end:
+                    break
+                if next_status is not None and now >= next_status:
+                    snap = self.stats()
+                    self._print(status_line(snap, last))
+                    last = snap
+                    next_status += cfg.status_s
+                    if next_status < now:
+                        next_status = now + cfg.status_s
+                self.process_pending(timeout=POLL_S)
+            self.stop()
+            if cfg.status_s > 0:
+                self._print(status_line(self.stats(), last))
+        finally:
+            self._restore_signals(previous)
+
+    def process_pending(self, timeout: float = 0.0) -> int:
+        """Process what is waiting (waiting up to ``timeout`` for a first message); returns
+        how many messages were processed. Raises if the IO thread has failed."""
+        if not self._started:
+            raise RuntimeError("call start() (or use the controller as a context manager) first")
+        self._io.raise_if_failed()
+        done = self._cycle(timeout)
+        while len(self.batcher) or (not self._inbound_closed and self._side.inbound.qsize()):
+            done += self._cycle(0.0)
+        return done
+
+    def _cycle(self, timeout: float, deadline: float | None = None) -> int:
+        """Collect one batch (blocking up to ``timeout`` for its first message) and process it."""
+        inbound = self._side.inbound
+        batcher = self.batcher
+        if not len(batcher) and not self._inbound_closed:
+            try:
+                chunk = inbound.get(timeout=timeout) if timeout > 0 else inbound.get_nowait()
+                batcher.add(chunk, time.monotonic())
+            except Empty:
+                return 0
+            except janus.SyncQueueShutDown:
+                self._inbound_closed = True
+        while not self._inbound_closed and batcher.wants_more(time.monotonic()):
+            try:
+                batcher.add(inbound.get_nowait(), time.monotonic())
+            except Empty:
+                break
+            except janus.SyncQueueShutDown:
+                self._inbound_closed = True
+        taken = batcher.take(time.monotonic())
+        if taken is None:
+            return 0
+        self._process(taken, deadline)
+        return len(taken)
+
+    def _process(self, taken: Taken, deadline: float | None) -> None:
+        cfg = self.config
+        stats = self.main_stats
+        n = len(taken)
+        slots, ok = self.slots.lookup(taken.stream)
+        all_ok = bool(ok.all())
+        if all_ok:
+            good_seq, good_stream, x, key = taken.seq, taken.stream, taken.x, slots
+        else:
+            idx = np.flatnonzero(ok)
+            good_seq = [taken.seq[i] for i in idx.tolist()]
+            good_stream = [taken.stream[i] for i in idx.tolist()]
+            x, key = taken.x[idx], slots[idx]
+            stats.errors["too many streams"] += n - len(idx)
+        frames_good, results = self._run_step(good_seq, good_stream, x, key) if good_seq else ([], 0)
+        if all_ok:
+            frames = frames_good
+        else:
+            frames = []
+            it = iter(frames_good)
+            reason = f"too many streams (FORKLESS_MAX_STREAMS={cfg.max_streams})"
+            for i in range(n):
+                frames.append(next(it) if ok[i] else self.codec.encode_error(reason, taken.seq[i]))
+        stats.batches += 1
+        stats.batch_size.observe(n)
+        self._put_outbound(Outgoing(frames, taken.received_ns, results=results), deadline)
+
+    def _run_step(self, seq: list, stream: list, x: np.ndarray, key: np.ndarray) -> tuple[list[str], int]:
+        """Run the compiled step on one batch; the reply frames and how many are results."""
+        stats = self.main_stats
+        m = len(seq)
+        bucket = bucket_for(m, self.config.buckets)
+        batch = pad_batch(x, key, bucket, self.config.max_streams)
+        t0 = time.perf_counter()
+        try:
+            new_state, outputs = self._compiled[bucket](self.state, batch)
+            outputs = jax.device_get(outputs)  # one transfer; also surfaces runtime errors
+        except Exception as exc:
+            self._log_failure(exc)
+            stats.errors["processing failed"] += m
+            return [self.codec.encode_error("processing failed", s) for s in seq], 0
+        self.state = new_state
+        stats.step_seconds.observe(time.perf_counter() - t0)
+        stats.processed += m
+        outputs = {name: np.asarray(value)[:m] for name, value in outputs.items()}
+        anomaly = outputs.get("anomaly")
+        if anomaly is not None:
+            stats.anomalies += int(np.count_nonzero(anomaly))
+        return self.codec.encode_results(seq, stream, outputs), m
+
+    def _log_failure(self, exc: BaseException) -> None:
+        key = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if key in self._logged_failures:
+            log.warning("processing failed again: %s", key[:200])
+            return
+        self._logged_failures.add(key)
+        log.error("processing failed; the batch is answered with errors and the state is kept:\n%s",
+                  "".join(traceback.format_exception(exc)))
+
+    def _put_outbound(self, item: Any, deadline: float | None) -> None:
+        outbound = self._side.outbound
+        while True:
+            try:
+                outbound.put(item, timeout=POLL_S)
+                return
+            except Full:
+                self._io.raise_if_failed()
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.main_stats.errors["outbound full at stop"] += len(item.frames)
+                    log.error("%d replies dropped: the outbound queue stayed full until the stop deadline",
+                              len(item.frames))
+                    return
+
+    # ---- observing --------------------------------------------------------------------------
+
+    def stats(self) -> StatsSnapshot:
+        """A consistent-enough snapshot for the status line, the metrics and embedding code."""
+        io, main = self.io_stats, self.main_stats
+        inbound_depth, outbound_depth = self._io.depths() if self._io is not None else (0, 0)
+        at_ready = main.compilations_at_ready
+        errors = dict(io.errors)
+        for reason, count in main.errors.items():
+            errors[reason] = errors.get(reason, 0) + count
+        return StatsSnapshot(
+            at=time.monotonic(),
+            messages_in=io.messages_in,
+            frames_in=io.frames_in,
+            messages_out=io.results_out,
+            errors_out=io.errors_out,
+            processed=main.processed,
+            anomalies=main.anomalies,
+            batches=main.batches,
+            errors=errors,
+            dropped=dict(io.dropped),
+            connects=io.connects,
+            reconnects=io.reconnects,
+            connect_failures=io.connect_failures,
+            connected=io.connected,
+            connection_since=io.state_since,
+            inbound_depth=inbound_depth,
+            outbound_depth=outbound_depth,
+            unsent=self._io.client.held_frames() if self._io is not None and self._io.client else 0,
+            batch_size=main.batch_size.snapshot(),
+            latency=io.latency.snapshot(),
+            loop_lag=io.loop_lag.snapshot(),
+            step_seconds=main.step_seconds.snapshot(),
+            compilations=compilations(),
+            compilations_after_warmup=None if at_ready is None else compilations() - at_ready,
+            devices=self._devices,
+            ready=bool(self._compiled) and io.connected,
+        )
+
+    @property
+    def demo(self) -> Any:
+        """The embedded demo feed (its ``summary()``), or None when a real feed is used."""
+        return self._io.demo if self._io is not None else None
+
+    # ---- signals ----------------------------------------------------------------------------
+
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if self._stop_requested.is_set() and signum == signal.SIGINT:
+                sys.stderr.write("second interrupt: exiting now\n")
+                sys.stderr.flush()
+                import os
+
+                os._exit(130)
+            log.info("%s received: stopping (reading stopped, sending what is left)",
+                     signal.Signals(signum).name)
+            self._stop_requested.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+        return previous
+
+    def _restore_signals(self, previous: dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)

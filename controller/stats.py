@@ -1,0 +1,220 @@
+"""Counters, histograms and snapshots; the status line is drawn from a snapshot.
+
+Rules:
+- Pure: no threads, no clock (the caller passes times).
+- Each counter object has one writer thread: ``IOStats`` is written only by the IO thread,
+  ``MainStats`` only by the main thread. Readers on the other side only read (single int or
+  list reads are atomic under the GIL), so no lock is needed and none is taken.
+- ``Controller.stats()`` combines both into a ``StatsSnapshot``; the status line and the
+  Prometheus metrics are both made from snapshots, so the three never disagree.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
+SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
+
+
+class Histogram:
+    """Fixed buckets; ``counts[i]`` counts values <= ``bounds[i]`` and > ``bounds[i-1]``;
+    the last count is the overflow bucket (> ``bounds[-1]``)."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        bounds = self.bounds
+        counts = self.counts
+        total = 0.0
+        n = 0
+        for v in values:
+            counts[bisect.bisect_left(bounds, v)] += 1
+            total += v
+            n += 1
+        self.total += total
+        self.n += n
+
+    def snapshot(self) -> HistogramSnapshot:
+        return HistogramSnapshot(self.bounds, tuple(self.counts), self.total, self.n)
+
+
+@dataclass(frozen=True)
+class HistogramSnapshot:
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float
+    n: int
+
+    def __sub__(self, earlier: HistogramSnapshot) -> HistogramSnapshot:
+        """What was observed between ``earlier`` and this snapshot."""
+        return HistogramSnapshot(
+            self.bounds,
+            tuple(a - b for a, b in zip(self.counts, earlier.counts)),
+            self.total - earlier.total,
+            self.n - earlier.n,
+        )
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.n if self.n else math.nan
+
+    def quantile(self, q: float) -> float:
+        """Estimate of the q-quantile: geometric interpolation inside the bucket (nan if empty)."""
+        n = sum(self.counts)
+        if n == 0:
+            return math.nan
+        rank = q * n
+        seen = 0
+        for i, c in enumerate(self.counts):
+            if c and seen + c >= rank:
+                if i == len(self.bounds):
+                    return self.bounds[-1]
+                hi = self.bounds[i]
+                lo = self.bounds[i - 1] if i else hi / 10
+                frac = min(1.0, max(0.0, (rank - seen) / c))
+                if lo > 0:
+                    return lo * (hi / lo) ** frac
+                return lo + (hi - lo) * frac
+            seen += c
+        return self.bounds[-1]
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, count of values <= it) pairs, ending with (+inf, n)."""
+        out = []
+        acc = 0
+        for bound, c in zip(self.bounds, self.counts):
+            acc += c
+            out.append((bound, acc))
+        out.append((math.inf, acc + self.counts[-1]))
+        return out
+
+
+@dataclass
+class IOStats:
+    """Written by the IO thread only."""
+
+    frames_in: int = 0
+    messages_in: int = 0
+    results_out: int = 0  # result frames written to the socket
+    errors_out: int = 0  # error frames written to the socket
+    errors: Counter = field(default_factory=Counter)  # bad input by reason
+    dropped: Counter = field(default_factory=Counter)  # anything dropped, by reason
+    connects: int = 0
+    reconnects: int = 0
+    connect_failures: int = 0
+    connected: bool = False
+    state_since: float = 0.0  # wall-clock seconds of the last connect/disconnect
+    latency: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
+    loop_lag: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
+    unsent: int = 0  # result frames held for the next connection
+
+
+@dataclass
+class MainStats:
+    """Written by the main thread only."""
+
+    batches: int = 0
+    processed: int = 0
+    anomalies: int = 0
+    errors: Counter = field(default_factory=Counter)  # by reason (too many streams, processing failed)
+    batch_size: Histogram | None = None
+    step_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
+    compilations_at_ready: int | None = None
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """Everything ``Controller.stats()`` reports, at one moment."""
+
+    at: float  # monotonic seconds
+    messages_in: int
+    frames_in: int
+    messages_out: int  # result frames sent
+    errors_out: int  # error frames sent
+    processed: int
+    anomalies: int
+    batches: int
+    errors: dict[str, int]  # by reason: bad input, too many streams, processing failed
+    dropped: dict[str, int]
+    connects: int
+    reconnects: int
+    connect_failures: int
+    connected: bool
+    connection_since: float
+    inbound_depth: int
+    outbound_depth: int
+    unsent: int
+    batch_size: HistogramSnapshot
+    latency: HistogramSnapshot
+    loop_lag: HistogramSnapshot
+    step_seconds: HistogramSnapshot
+    compilations: int
+    compilations_after_warmup: int | None
+    devices: tuple[str, ...]
+    ready: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def errors_total(self) -> int:
+        return sum(self.errors.values())
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+
+def _ms(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "-"
+    ms = seconds * 1000
+    return f"{ms:.2f}ms" if ms < 10 else f"{ms:.0f}ms"
+
+
+def status_line(now: StatsSnapshot, before: StatsSnapshot | None) -> str:
+    """One human line: totals and per-second rates since ``before``, window latencies."""
+    if before is None:
+        span = 0.0
+        lat = now.latency
+        bsz = now.batch_size
+        lag = now.loop_lag
+    else:
+        span = now.at - before.at
+        lat = now.latency - before.latency
+        bsz = now.batch_size - before.batch_size
+        lag = now.loop_lag - before.loop_lag
+
+    def rate(a: int, b: int) -> str:
+        return f"{(a - b) / span:.0f}/s" if span > 0 else "-/s"
+
+    in_rate = rate(now.messages_in, before.messages_in if before else 0)
+    out_rate = rate(now.messages_out, before.messages_out if before else 0)
+    mean_batch = "-" if math.isnan(bsz.mean) else f"{bsz.mean:.1f}"
+    conn = "connected" if now.connected else "DISCONNECTED"
+    parts = [
+        f"in {now.messages_in} msg ({in_rate})",
+        f"out {now.messages_out} msg ({out_rate})",
+        f"batch {mean_batch} msg",
+        f"latency p50 {_ms(lat.quantile(0.5))} p99 {_ms(lat.quantile(0.99))}",
+        f"anomalies {now.anomalies}",
+        f"errors {now.errors_total}",
+        f"dropped {now.dropped_total}",
+        f"io-lag p99 {_ms(lag.quantile(0.99))}",
+        f"reconnects {now.reconnects}",
+        conn,
+    ]
+    return " | ".join(parts)

@@ -1,0 +1,346 @@
+"""The aiohttp WebSocket client: socket -> codec -> inbound, outbound -> socket; reconnects.
+
+Rules:
+- Runs in the IO thread's loop only. One reader task and one writer task per connection.
+- Reader: frame -> ``codec.decode`` -> good messages to ``inbound`` as one ``Chunk``, error
+  replies to ``outbound`` (so every frame sent goes through the one writer). When
+  ``inbound`` is full the reader waits (``overflow=block``: TCP pushes back on the server)
+  or drops the oldest chunk and counts it (``overflow=drop_oldest``).
+- Writer: takes ``Outgoing`` items and sends their frames in order. The item being sent
+  and its position survive a lost connection and are resumed on the next one; nothing
+  taken from ``outbound`` is forgotten.
+- Reconnect on any loss (refused, reset, TLS, handshake timeout, 5xx, close frame,
+  heartbeat timeout, stale feed) with ``Backoff``; an HTTP 4xx handshake (but 408/429) or
+  used-up tries raise ``FeedFatal``.
+- Orderly stop (``stop_reading``): the reader is never cancelled while handing a chunk over,
+  so no received frame is lost; then ``inbound`` is shut down. The writer sends everything
+  until ``outbound`` is shut down and empty, then the socket is closed with code 1000.
+- Secrets (token, headers) are never logged; URLs are logged without query or credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import janus
+
+from controller.batching import Chunk
+from controller.codec import Codec
+from controller.config import Config
+from controller.stats import IOStats
+from io_loop.backoff import Backoff
+from io_loop.bridge import Bridge, Outgoing
+
+log = logging.getLogger("forkless.client")
+
+RETRYABLE_4XX = (408, 429)
+
+
+class FeedFatal(Exception):
+    """The feed cannot be used (4xx handshake, tries used up); the program should exit non-zero."""
+
+
+class _Retry(Exception):
+    """A connection attempt failed in a way that is worth retrying."""
+
+
+def redact_url(url: str) -> str:
+    """``scheme://host:port/path`` — no credentials, no query (tokens often live there)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def make_ssl_context(config: Config) -> ssl.SSLContext:
+    """System trust store, plus ``ca_file`` if given; verification off only if asked."""
+    ctx = ssl.create_default_context()
+    if config.ca_file:
+        ctx.load_verify_locations(cafile=config.ca_file)
+    if config.tls_insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+class FeedClient:
+    def __init__(self, config: Config, codec: Codec, bridge: Bridge, stats: IOStats, url: str) -> None:
+        self.config = config
+        self.codec = codec
+        self.bridge = bridge
+        self.stats = stats
+        self.url = url
+        self.shown_url = redact_url(url)
+        self._ssl = make_ssl_context(config) if url.startswith("wss:") else None
+        self._stopping = False
+        self._outbound_done = False
+        self._reader_task: asyncio.Task | None = None
+        self._reader_in_handover = False
+        self._current: Outgoing | None = None  # item being sent; survives reconnects
+        self._offset = 0  # frames of _current already sent
+        self._last_frame_at = 0.0
+        self._connection_id = 0
+        self._inbound_stopped = False
+        self.ws: aiohttp.ClientWebSocketResponse | None = None
+
+    # ---- control (IO loop) ------------------------------------------------------------------
+
+    async def stop_reading(self) -> None:
+        """Stop taking frames, without losing one half handed over; then shut ``inbound``."""
+        self._stopping = True
+        task = self._reader_task
+        if task is not None and not task.done():
+            if not self._reader_in_handover:
+                task.cancel()
+            await asyncio.wait([task])
+        if not self._inbound_stopped:
+            self._inbound_stopped = True
+            self.bridge.stop_inbound()
+
+    def held_frames(self) -> int:
+        """Frames taken from ``outbound`` but not yet written to a socket."""
+        return 0 if self._current is None else len(self._current.frames) - self._offset
+
+    # ---- the connection loop ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Connect, serve, reconnect, until stopped and every result is sent (or FeedFatal)."""
+        cfg = self.config
+        backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s, cfg.reconnect_reset_s,
+                          cfg.reconnect_tries)
+        async with aiohttp.ClientSession() as session:
+            while not self._outbound_done:
+                try:
+                    ws = await self._connect(session)
+                except _Retry as exc:
+                    self.stats.connect_failures += 1
+                    delay = backoff.failed()
+                    if delay is None:
+                        raise FeedFatal(f"giving up on {self.shown_url} after {backoff.failures} "
+                                        f"failed attempts in a row: {exc}") from None
+                    log.warning("connecting to %s failed: %s; retrying in %.2fs", self.shown_url, exc, delay)
+                    await self._pause(delay)
+                    continue
+                backoff.connected(time.monotonic())
+                reason = await self._serve(ws)
+                backoff.disconnected(time.monotonic())
+                if self._outbound_done:
+                    break
+                delay = backoff.failed()
+                if delay is None:
+                    raise FeedFatal(f"giving up on {self.shown_url} after {backoff.failures} "
+                                    f"lost connections in a row: {reason}")
+                log.warning("connection %d to %s lost: %s; reconnecting in %.2fs",
+                            self._connection_id, self.shown_url, reason, delay)
+                self.stats.reconnects += 1
+                await self._pause(delay)
+
+    async def _pause(self, delay: float) -> None:
+        """Sleep before the next attempt; while stopping, notice when nothing is left to send."""
+        end = asyncio.get_running_loop().time() + delay
+        while True:
+            left = end - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            if self._stopping and self._current is None:
+                try:
+                    self._current = self.bridge.outbound.get_nowait()
+                    self._offset = 0
+                except asyncio.QueueEmpty:
+                    pass
+                except janus.AsyncQueueShutDown:
+                    self._outbound_done = True
+                    return
+            await asyncio.sleep(min(left, 0.05))
+
+    async def _connect(self, session: aiohttp.ClientSession) -> aiohttp.ClientWebSocketResponse:
+        cfg = self.config
+        headers = dict(cfg.headers)
+        if cfg.auth_token:
+            headers["Authorization"] = f"Bearer {cfg.auth_token}"
+        if self._ssl is not None and cfg.tls_insecure:
+            log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)", self.shown_url)
+        try:
+            async with asyncio.timeout(cfg.connect_timeout_s):
+                return await session.ws_connect(
+                    self.url,
+                    headers=headers,
+                    heartbeat=cfg.heartbeat_s or None,
+                    ssl=self._ssl if self._ssl is not None else True,
+                    max_msg_size=cfg.max_msg_bytes,
+                    autoping=True,
+                )
+        except aiohttp.WSServerHandshakeError as exc:
+            if 400 <= exc.status < 500 and exc.status not in RETRYABLE_4XX:
+                raise FeedFatal(f"{self.shown_url} refused the WebSocket handshake with HTTP {exc.status}"
+                                f" ({_http_hint(exc.status)})") from None
+            raise _Retry(f"handshake failed with HTTP {exc.status}") from None
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise _Retry(f"TLS certificate verification failed: {exc.certificate_error.__class__.__name__}: "
+                         f"{getattr(exc.certificate_error, 'verify_message', exc.certificate_error)} "
+                         "(FORKLESS_CA_FILE adds a CA bundle)") from None
+        except TimeoutError:
+            raise _Retry(f"no handshake within {cfg.connect_timeout_s}s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise _Retry(f"{exc.__class__.__name__}: {_short(exc)}") from None
+
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> str:
+        """Run one connection until it is lost (returns why) or everything is sent."""
+        self._connection_id += 1
+        conn = self._connection_id
+        stats = self.stats
+        stats.connects += 1
+        stats.connected = True
+        stats.state_since = time.time()
+        self.ws = ws
+        self._last_frame_at = asyncio.get_running_loop().time()
+        log.info("connection %d to %s open", conn, self.shown_url, extra={"connection": conn})
+        tasks: set[asyncio.Task] = set()
+        try:
+            if self.config.subscribe:
+                await ws.send_str(self.config.subscribe)
+            writer = asyncio.create_task(self._write(ws), name="forkless-writer")
+            tasks.add(writer)
+            reader = None
+            if not self._stopping:
+                reader = self._reader_task = asyncio.create_task(self._read(ws), name="forkless-reader")
+                tasks.add(reader)
+            if self.config.stale_s > 0:
+                tasks.add(asyncio.create_task(self._watch_stale(), name="forkless-stale"))
+            while True:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                if writer in done:
+                    outcome = writer.result()
+                    if outcome == "drained":
+                        await ws.close(code=aiohttp.WSCloseCode.OK, message=b"done")
+                        log.info("connection %d closed with code 1000 after sending every result", conn,
+                                 extra={"connection": conn})
+                        return "closed"
+                    return outcome
+                if reader is not None and reader in done:
+                    tasks.discard(reader)
+                    if reader.cancelled() or reader.result() == "stopped":
+                        continue  # stopping: keep writing until outbound is drained
+                    return reader.result()
+                return f"no frame for {self.config.stale_s}s (FORKLESS_STALE_S)"
+        except (ConnectionError, aiohttp.ClientError) as exc:
+            return f"{exc.__class__.__name__}: {_short(exc)}"
+        finally:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks)
+            if not ws.closed:
+                await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
+            self.ws = None
+            stats.connected = False
+            stats.state_since = time.time()
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> str:
+        stats = self.stats
+        codec = self.codec
+        inbound = self.bridge.inbound
+        outbound = self.bridge.outbound
+        loop = asyncio.get_running_loop()
+        drop_oldest = self.config.overflow == "drop_oldest"
+        while True:
+            msg = await ws.receive()
+            kind = msg.type
+            if kind is aiohttp.WSMsgType.TEXT or kind is aiohttp.WSMsgType.BINARY:
+                received = time.monotonic_ns()
+                self._last_frame_at = loop.time()
+                stats.frames_in += 1
+                decoded = codec.decode(msg.data)
+                self._reader_in_handover = True
+                try:
+                    if decoded.errors:
+                        for reason, _ in decoded.errors:
+                            stats.errors[reason] += 1
+                            log.warning("bad input on connection %d: %s", self._connection_id, reason,
+                                        extra={"connection": self._connection_id})
+                        frames = [codec.encode_error(reason, seq) for reason, seq in decoded.errors]
+                        await outbound.put(Outgoing(frames))
+                    n = len(decoded.seq)
+                    if n:
+                        stats.messages_in += n
+                        chunk = Chunk(decoded.seq, decoded.stream, decoded.x, received)
+                        if drop_oldest:
+                            self._put_dropping_oldest(chunk)
+                        else:
+                            await inbound.put(chunk)
+                finally:
+                    self._reader_in_handover = False
+                if self._stopping:
+                    return "stopped"
+            elif kind is aiohttp.WSMsgType.ERROR:
+                exc = ws.exception()
+                if isinstance(exc, aiohttp.WebSocketError) and exc.code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG:
+                    stats.errors["frame too large"] += 1
+                    return f"frame larger than FORKLESS_MAX_MSG_BYTES ({self.config.max_msg_bytes}), closed with 1009"
+                return f"connection error: {exc.__class__.__name__}: {_short(exc)}"
+            elif kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+                return f"closed by the server (code {ws.close_code})"
+
+    def _put_dropping_oldest(self, chunk: Chunk) -> None:
+        inbound = self.bridge.inbound
+        while True:
+            try:
+                inbound.put_nowait(chunk)
+                return
+            except asyncio.QueueFull:
+                try:
+                    old = inbound.get_nowait()
+                except asyncio.QueueEmpty:
+                    continue
+                self.stats.dropped["inbound overflow (drop_oldest)"] += len(old)
+                log.warning("inbound queue full: dropped the oldest %d messages (FORKLESS_OVERFLOW=drop_oldest)",
+                            len(old))
+
+    async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> str:
+        stats = self.stats
+        outbound = self.bridge.outbound
+        while True:
+            if self._current is None:
+                try:
+                    self._current = await outbound.get()
+                except janus.AsyncQueueShutDown:
+                    self._outbound_done = True
+                    return "drained"
+                self._offset = 0
+            item = self._current
+            frames = item.frames
+            try:
+                while self._offset < len(frames):
+                    await ws.send_str(frames[self._offset])
+                    self._offset += 1
+            except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
+                return f"send failed: {exc.__class__.__name__}: {_short(exc)}"
+            self._current = None
+            if item.received_ns:
+                now = time.monotonic_ns()
+                stats.latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
+            stats.results_out += item.results
+            stats.errors_out += len(frames) - item.results
+
+    async def _watch_stale(self) -> None:
+        loop = asyncio.get_running_loop()
+        limit = self.config.stale_s
+        while loop.time() - self._last_frame_at < limit:
+            await asyncio.sleep(min(limit / 4, 1.0))
+
+
+def _http_hint(status: int) -> str:
+    return {401: "unauthorised: check FORKLESS_AUTH_TOKEN",
+            403: "forbidden: check FORKLESS_AUTH_TOKEN / FORKLESS_HEADERS",
+            404: "not found: check the path in FORKLESS_WS_URL"}.get(status, "client error: check FORKLESS_WS_URL")
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or exc.__class__.__name__
+    return text if len(text) <= 200 else text[:200] + "…"

@@ -1,0 +1,195 @@
+"""IOThread: the one dedicated thread that owns the asyncio loop and every socket.
+
+Rules:
+- ``start()``, ``request_stop()``, ``join()`` and ``abort()`` are called from the main thread;
+  everything else runs in the thread ("forkless-io") on its own loop.
+- The bridge (both janus queues) is created inside the running loop; ``start()`` returns
+  its sync sides once they exist.
+- Anything that ends the loop with an exception is kept in ``failure``; the main thread
+  calls ``raise_if_failed()`` at least every 100 ms, so it is never swallowed.
+- No process is started and nothing forks: the demo feed and the metrics server run as
+  tasks on this same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from controller.codec import Codec
+from controller.config import Config
+from controller.stats import IOStats
+from io_loop.bridge import Bridge, MainSide
+from io_loop.client import FeedClient, FeedFatal
+
+log = logging.getLogger("forkless.io")
+
+LAG_INTERVAL_S = 0.05
+
+
+class IOThreadError(RuntimeError):
+    """The IO thread died; ``__cause__`` is what killed it."""
+
+
+class IOThread:
+    def __init__(self, config: Config, codec: Codec, stats: IOStats, *,
+                 snapshot: Callable[[], Any] | None = None, name: str = "forkless-io") -> None:
+        self.config = config
+        self.codec = codec
+        self.stats = stats
+        self.snapshot = snapshot  # for the metrics endpoint
+        self.failure: BaseException | None = None
+        self.demo: Any = None
+        self.client: FeedClient | None = None
+        self.metrics_url: str | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._main_task: asyncio.Task | None = None
+        self._bridge: Bridge | None = None
+        self._main_side: MainSide | None = None
+        self._aborted = False
+        self.ready_flag: Callable[[], bool] = lambda: False  # set by the controller
+
+    # ---- main-thread API --------------------------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> MainSide:
+        """Start the thread; return the queues' sync sides once the loop has made them."""
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise IOThreadError(f"the IO thread did not start within {timeout}s")
+        self.raise_if_failed()
+        assert self._main_side is not None
+        return self._main_side
+
+    def request_stop(self) -> None:
+        """Begin the orderly stop (stop reading; the rest follows the bridge's rules)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._stop_reading()))
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread; True if it has ended."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def abort(self) -> None:
+        """Cancel the loop's main task (what was not sent is counted as dropped)."""
+        self._aborted = True
+        loop, task = self._loop, self._main_task
+        if loop is not None and task is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:
+                pass
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def raise_if_failed(self) -> None:
+        if self.failure is not None:
+            if isinstance(self.failure, FeedFatal):
+                raise self.failure
+            raise IOThreadError(f"the IO thread died: {self.failure!r}") from self.failure
+
+    def depths(self) -> tuple[int, int]:
+        bridge = self._bridge
+        return bridge.depths() if bridge is not None else (0, 0)
+
+    # ---- the thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main())
+        except asyncio.CancelledError:
+            if not self._aborted:
+                self.failure = IOThreadError("the IO loop was cancelled")
+        except BaseException as exc:
+            self.failure = exc
+            if not isinstance(exc, FeedFatal):
+                log.error("the IO thread died", exc_info=exc)
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+                self._ready.set()
+
+    async def _main(self) -> None:
+        cfg = self.config
+        self._main_task = asyncio.current_task()
+        self._bridge = bridge = Bridge(cfg.queue_size)
+        background: list[asyncio.Task] = []
+        metrics = None
+        try:
+            url = cfg.ws_url
+            if cfg.uses_demo_feed:
+                from io_loop.demo_feed import DemoFeed
+
+                self.demo = DemoFeed(rate_hz=cfg.demo_rate, streams=cfg.demo_streams,
+                                     features=cfg.features, warmup=cfg.warmup)
+                url = await self.demo.start()
+                log.info("demo feed listening on %s (%d streams, %g msg/s)", url, cfg.demo_streams, cfg.demo_rate)
+            self.client = FeedClient(cfg, self.codec, bridge, self.stats, url)
+            if cfg.metrics_addr:
+                from io_loop.http import MetricsServer
+
+                metrics = MetricsServer(cfg.metrics_addr, self)
+                self.metrics_url = await metrics.start()
+                log.info("metrics on %s/metrics", self.metrics_url)
+            background.append(asyncio.create_task(self._watch_lag(), name="forkless-lag"))
+            self._main_side = bridge.main_side()
+            self._ready.set()
+            await self.client.run()
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self._count_unsent()
+            if metrics is not None:
+                await metrics.stop()
+            if self.demo is not None:
+                await self.demo.stop()
+            await bridge.aclose()
+
+    async def _stop_reading(self) -> None:
+        if self.demo is not None:
+            # let frames already on the loopback wire arrive, so the demo's tally is complete
+            self.demo.stop_sending()
+            await asyncio.sleep(0.1)
+        if self.client is not None:
+            await self.client.stop_reading()
+        elif self._bridge is not None:
+            self._bridge.stop_inbound()
+
+    async def _watch_lag(self) -> None:
+        """How late the loop wakes up: the IO-loop lag the status line and metrics report."""
+        loop = asyncio.get_running_loop()
+        lag = self.stats.loop_lag
+        while True:
+            expected = loop.time() + LAG_INTERVAL_S
+            await asyncio.sleep(LAG_INTERVAL_S)
+            lag.observe(max(0.0, loop.time() - expected))
+
+    def _count_unsent(self) -> None:
+        """Whatever results could not be sent are counted and logged, never silently lost."""
+        unsent = self.client.held_frames() if self.client is not None else 0
+        outbound = self._bridge.outbound if self._bridge is not None else None
+        while outbound is not None:
+            try:
+                unsent += len(outbound.get_nowait().frames)
+            except Exception:
+                break
+        if unsent:
+            self.stats.dropped["unsent at stop"] += unsent
+            log.error("%d reply frames could not be sent before the stop", unsent)
+
