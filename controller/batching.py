@@ -2,6 +2,8 @@
 
 Rules:
 - Pure: no threads, no queues, no clock; the caller passes ``now`` (seconds, monotonic).
+- ``Chunk`` (IO -> main) and ``Outgoing`` (main -> IO) are the only things that cross the
+  bridge between the threads.
 - Order is kept: messages leave in the order their chunks were added, and a chunk larger
   than the room left is split, its tail going first into the next batch.
 - Size and deadline: a batch holds at most ``max_batch`` messages. After its first message
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,6 +38,20 @@ class Chunk:
 
     def __len__(self) -> int:
         return len(self.seq)
+
+
+@dataclass
+class Outgoing:
+    """Frames for the IO thread to send, in order.
+
+    ``received_ns`` holds, for each result frame, when its message's frame arrived
+    (monotonic ns), so the IO thread can measure frame-received-to-result-sent latency;
+    it is empty for error replies made by the IO thread itself.
+    """
+
+    frames: list[str]
+    received_ns: list[int] = field(default_factory=list)
+    results: int = 0  # how many of the frames are results (the rest are error replies)
 
 
 @dataclass

@@ -30,12 +30,11 @@ import janus
 import jax
 import numpy as np
 
-from controller.batching import MicroBatcher, StreamSlots, Taken, bucket_for, pad_batch
+from controller.batching import MicroBatcher, Outgoing, StreamSlots, Taken, bucket_for, pad_batch
 from controller.codec import Codec, JsonCodec
 from controller.config import Config
 from controller.processor import Processor, default_processor
 from controller.stats import Histogram, IOStats, MainStats, StatsSnapshot, status_line
-from io_loop.bridge import Outgoing
 
 log = logging.getLogger("forkless.controller")
 

@@ -13,27 +13,13 @@ Rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import janus
 
-from controller.batching import Chunk
+from controller.batching import Chunk, Outgoing
 
 __all__ = ["Bridge", "MainSide", "Outgoing"]
-
-
-@dataclass
-class Outgoing:
-    """Frames for the IO thread to send, in order.
-
-    ``received_ns`` holds, for each result frame, when its message's frame arrived
-    (monotonic ns), so the IO thread can measure frame-received-to-result-sent latency;
-    it is empty for error replies made by the IO thread itself.
-    """
-
-    frames: list[str]
-    received_ns: list[int] = field(default_factory=list)
-    results: int = 0  # how many of the frames are results (the rest are error replies)
 
 
 @dataclass(frozen=True)

@@ -163,9 +163,10 @@ class IOThread:
 
     async def _stop_reading(self) -> None:
         if self.demo is not None:
-            # let frames already on the loopback wire arrive, so the demo's tally is complete
+            # keep reading until the frames already on the loopback wire are answered,
+            # so the demo's tally is complete
             self.demo.stop_sending()
-            await asyncio.sleep(0.1)
+            await self.demo.wait_replies(timeout=min(2.0, self.config.shutdown_timeout_s / 2))
         if self.client is not None:
             await self.client.stop_reading()
         elif self._bridge is not None:
