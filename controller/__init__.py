@@ -1,13 +1,35 @@
-"""The main-thread side: configuration, codec, batching, processors, statistics, the loop."""
+"""The main-thread side: configuration, codec, batching, processors, statistics, the loop.
 
-from controller.batching import Batch
-from controller.codec import Codec, Decoded, JsonCodec
-from controller.config import Config, ConfigError
-from controller.loop import Controller, compilations
-from controller.processor import EWMAState, Processor, default_processor, ewma_processor
-from controller.stats import StatsSnapshot
+Names are imported lazily, so reading the configuration (``app.py``'s first step, which
+must fail fast on a bad variable) does not import JAX.
+"""
 
-__all__ = [
-    "Batch", "Codec", "Config", "ConfigError", "Controller", "Decoded", "EWMAState", "JsonCodec",
-    "Processor", "StatsSnapshot", "compilations", "default_processor", "ewma_processor",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Batch": "controller.batching",
+    "Codec": "controller.codec",
+    "Decoded": "controller.codec",
+    "JsonCodec": "controller.codec",
+    "Config": "controller.config",
+    "ConfigError": "controller.config",
+    "Controller": "controller.loop",
+    "compilations": "controller.loop",
+    "EWMAState": "controller.processor",
+    "Processor": "controller.processor",
+    "default_processor": "controller.processor",
+    "ewma_processor": "controller.processor",
+    "StatsSnapshot": "controller.stats",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'controller' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -282,9 +282,6 @@ class Config:
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ConfigError(PREFIX + "RECONNECT_MAX_S", str(self.reconnect_max_s),
                               f"a number >= FORKLESS_RECONNECT_MIN_S ({self.reconnect_min_s})")
-        if not self.ws_url and self.demo_streams > self.max_streams:
-            raise ConfigError(PREFIX + "DEMO_STREAMS", str(self.demo_streams),
-                              f"at most FORKLESS_MAX_STREAMS ({self.max_streams})")
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -318,7 +315,11 @@ class Config:
             except (ValueError, TypeError, OSError):
                 raise ConfigError(var.env, "<hidden>" if var.secret else raw, var.allowed) from None
         values.update(overrides)
-        return cls(**values)
+        config = cls(**values)
+        if config.uses_demo_feed and config.demo_streams > config.max_streams:
+            raise ConfigError(PREFIX + "DEMO_STREAMS", str(config.demo_streams),
+                              f"at most FORKLESS_MAX_STREAMS ({config.max_streams}) when the demo feed runs")
+        return config
 
 
 def _as_text(value: Any) -> str:

@@ -1,0 +1,104 @@
+"""The JSON codec, with literal frames: no sockets, no threads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from controller.codec import JsonCodec
+
+F = 3
+codec = JsonCodec(F, max_frame_items=4)
+
+
+def msg(seq=1, stream="a", x=(1.0, 2.0, 3.0), **extra):
+    return {"seq": seq, "stream": stream, "x": list(x), **extra}
+
+
+def test_a_good_message_decodes_to_one_row_of_float32():
+    d = codec.decode(json.dumps(msg(7, "s1", (1, 2.5, -3))))
+    assert d.seq == [7] and d.stream == ["s1"] and d.errors == []
+    assert d.x.dtype == np.float32 and d.x.tolist() == [[1.0, 2.5, -3.0]]
+
+
+def test_binary_frames_are_read_as_utf8_json():
+    d = codec.decode(json.dumps(msg(2)).encode())
+    assert d.seq == [2]
+
+
+def test_unknown_extra_fields_are_ignored():
+    d = codec.decode(json.dumps(msg(3, ts=123, meta={"k": 1})))
+    assert d.seq == [3] and d.errors == []
+
+
+def test_an_array_frame_keeps_order_and_answers_bad_elements_one_by_one():
+    frame = json.dumps([msg(1), {"seq": 2, "stream": "b"}, msg(3, "c"), 5])
+    d = codec.decode(frame)
+    assert d.seq == [1, 3] and d.stream == ["a", "c"]
+    assert d.errors == [("missing field: x", 2), ("not an object", None)]
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason", "seq"),
+    [
+        ("{not json", "not JSON", None),
+        (b"\xff\xfe", "not UTF-8", None),
+        ("42", "not an object", None),
+        ('"text"', "not an object", None),
+        (json.dumps({"stream": "a", "x": [1, 2, 3]}), "missing field: seq", None),
+        (json.dumps(msg(seq="1")), "seq must be an integer", None),
+        (json.dumps(msg(seq=1.5)), "seq must be an integer", None),
+        (json.dumps(msg(seq=True)), "seq must be an integer", None),
+        (json.dumps({"seq": 4, "x": [1, 2, 3]}), "missing field: stream", 4),
+        (json.dumps(msg(4, stream="")), "stream must be a non-empty string", 4),
+        (json.dumps(msg(4, stream=5)), "stream must be a non-empty string", 4),
+        (json.dumps(msg(4, stream="s" * 300)), "stream name longer than 256 characters", 4),
+        (json.dumps({"seq": 4, "stream": "a"}), "missing field: x", 4),
+        (json.dumps(msg(4, x=[1, 2])), "x must have 3 numbers, got 2", 4),
+        (json.dumps({"seq": 4, "stream": "a", "x": "1,2,3"}), "x must be an array of numbers", 4),
+        (json.dumps(msg(4, x=[1, "2", 3])), "x must hold numbers only", 4),
+        (json.dumps(msg(4, x=[1, True, 3])), "x must hold numbers only", 4),
+        (json.dumps(msg(4, x=[1, None, 3])), "x must hold numbers only", 4),
+        ('{"seq": 4, "stream": "a", "x": [1, NaN, 3]}', "x must be finite (within float32 range)", 4),
+        ('{"seq": 4, "stream": "a", "x": [1, Infinity, 3]}', "x must be finite (within float32 range)", 4),
+        (json.dumps(msg(4, x=[1, 1e39, 3])), "x must be finite (within float32 range)", 4),
+        (json.dumps(msg(4, x=[1, 10**400, 3])), "x must be finite (within float32 range)", 4),
+        (json.dumps([msg(i) for i in range(5)]), "batch frame too large: 5 > 4 items", None),
+        ("[" * 100_000 + "]" * 100_000, "not JSON", None),
+    ],
+)
+def test_each_kind_of_bad_input_gets_one_error_with_the_seq_when_readable(frame, reason, seq):
+    d = codec.decode(frame)
+    assert d.seq == []
+    assert d.errors == [(reason, seq)]
+
+
+def test_a_non_finite_row_is_dropped_but_its_neighbours_are_kept():
+    frame = '[{"seq": 1, "stream": "a", "x": [1, 2, 3]}, {"seq": 2, "stream": "a", "x": [1, NaN, 3]},' \
+            ' {"seq": 3, "stream": "b", "x": [4, 5, 6]}]'
+    d = codec.decode(frame)
+    assert d.seq == [1, 3] and d.stream == ["a", "b"] and d.x.tolist() == [[1, 2, 3], [4, 5, 6]]
+    assert d.errors == [("x must be finite (within float32 range)", 2)]
+
+
+def test_results_encode_one_frame_per_message_with_every_output_field():
+    out = {"z": np.array([[0.5, -1.0, 2.0], [0.0, 0.0, 0.0]], np.float32),
+           "score": np.array([2.0, 0.0], np.float32), "anomaly": np.array([True, False])}
+    frames = codec.encode_results([10, 11], ["a", "b"], out)
+    assert [json.loads(f) for f in frames] == [
+        {"seq": 10, "stream": "a", "z": [0.5, -1.0, 2.0], "score": 2.0, "anomaly": True},
+        {"seq": 11, "stream": "b", "z": [0.0, 0.0, 0.0], "score": 0.0, "anomaly": False},
+    ]
+
+
+def test_a_non_finite_result_becomes_an_error_reply_not_invalid_json():
+    out = {"score": np.array([np.inf, 1.0])}
+    frames = codec.encode_results([1, 2], ["a", "a"], out)
+    assert json.loads(frames[0]) == {"error": "processing produced a non-finite result", "seq": 1}
+    assert json.loads(frames[1]) == {"seq": 2, "stream": "a", "score": 1.0}
+
+
+def test_error_frames_have_reason_and_seq():
+    assert json.loads(codec.encode_error("not JSON", None)) == {"error": "not JSON", "seq": None}
