@@ -23,6 +23,7 @@ class FeedServer:
         self.raw_replies: list[str] = []
         self.close_codes: list[int | None] = []
         self.connections = 0
+        self._open: set[web.WebSocketResponse] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread = threading.Thread(target=self._run, name="test-feed", daemon=True)
@@ -47,6 +48,16 @@ class FeedServer:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
+
+    def drop_clients(self) -> None:
+        """Close every open connection from the server side (code 1012, service restart)."""
+        assert self._loop is not None
+        fut = asyncio.run_coroutine_threadsafe(self._drop(), self._loop)
+        fut.result(10)
+
+    async def _drop(self) -> None:
+        for ws in list(self._open):
+            await ws.close(code=1012, message=b"restart")
 
     def wait_replies(self, n: int, timeout: float = 20.0) -> list[dict[str, Any]]:
         end = time.monotonic() + timeout
@@ -76,11 +87,13 @@ class FeedServer:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         self.connections += 1
+        self._open.add(ws)
         sender = asyncio.create_task(self._send(ws))
         async for msg in ws:
             if msg.type is WSMsgType.TEXT:
                 self.raw_replies.append(msg.data)
                 self.replies.append(json.loads(msg.data))
+        self._open.discard(ws)
         self.close_codes.append(ws.close_code)
         sender.cancel()
         return ws

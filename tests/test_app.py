@@ -1,0 +1,83 @@
+"""`python app.py` as a user runs it: a real subprocess with the embedded demo feed."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STATUS = re.compile(r"^in \d+ msg \(\d+/s\) \| out \d+ msg \(\d+/s\) \| batch [\d.-]+ msg \| latency p50 \S+ p99 \S+"
+                    r" \| anomalies \d+ \| errors \d+ \| dropped \d+ \|")
+SUMMARY = re.compile(r"^demo feed: (\d+) sent, (\d+) answered, (\d+) errors; injected anomalies (\d+): "
+                     r"detected (\d+) \(recall [\d.]+%\), false flags (\d+) \(precision [\d.]+%\)")
+
+
+def env(**extra):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
+    e.update({"JAX_PLATFORMS": "cpu", "FORKLESS_DEMO_RATE": "500", "FORKLESS_MAX_BATCH": "64"})
+    e.update(extra)
+    return e
+
+
+def check_clean_run(out: str, err: str) -> None:
+    lines = out.strip().splitlines()
+    statuses = [line for line in lines if STATUS.match(line)]
+    assert len(statuses) >= 2, out
+    summary = SUMMARY.match(lines[-1])
+    assert summary, lines[-1]
+    sent, answered, errors = (int(summary.group(i)) for i in (1, 2, 3))
+    assert sent > 0 and answered == sent and errors == 0
+    assert "closed with code 1000" in err
+    assert "Traceback" not in err
+
+
+def test_demo_run_with_a_duration_exits_0_with_status_lines_and_a_summary():
+    proc = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env(FORKLESS_DURATION="3"),
+                          capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    check_clean_run(proc.stdout, proc.stderr)
+
+
+def wait_for_status_line(proc: subprocess.Popen, timeout: float = 60) -> list[str]:
+    seen = []
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if STATUS.match(line):
+            return seen
+    raise AssertionError(f"no status line: {seen}")
+
+
+def test_sigterm_stops_cleanly_sending_every_result():
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        head = wait_for_status_line(proc)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "SIGTERM received" in err
+    check_clean_run("".join(head) + out, err)
+
+
+def test_ctrl_c_stops_cleanly_too():
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        head = wait_for_status_line(proc)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    check_clean_run("".join(head) + out, err)
