@@ -170,7 +170,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ALPHA", "alpha", _float(0.0, 1.0, lo_open=True), "a number in (0, 1]",
              "EWMA smoothing factor"),
     Variable("THRESHOLD", "threshold", _float(0.0, lo_open=True), "a number > 0",
-             "anomaly when max |z| exceeds this"),
+             "anomaly when the largest abs(z) of a message exceeds this"),
     Variable("WARMUP", "warmup", _int(0), "an integer >= 0",
              "messages a stream must have had before it can be flagged"),
     Variable("MAX_STREAMS", "max_streams", _int(1, 10_000_000), "an integer from 1 to 10000000",
