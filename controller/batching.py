@@ -49,7 +49,7 @@ class Outgoing:
     it is empty for error replies made by the IO thread itself.
     """
 
-    frames: list[str]
+    frames: list[str | bytes]
     received_ns: list[int] = field(default_factory=list)
     results: int = 0  # how many of the frames are results (the rest are error replies)
 

@@ -20,14 +20,16 @@ Default protocol (text or binary frames, UTF-8 JSON)::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import orjson
 
 MAX_STREAM_CHARS = 256
+# a value beyond this is not finite once stored as float32, the dtype the device uses
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass
@@ -45,15 +47,16 @@ class Decoded:
 
 class Codec(Protocol):
     """What the controller needs from a protocol. Implementations must be pure and thread-safe
-    for one caller per method: ``decode`` runs in the IO thread, ``encode_*`` in the main thread."""
+    for one caller per method: ``decode`` runs in the IO thread, ``encode_*`` in the main thread.
+    A reply frame is ``str``, or ``bytes`` holding UTF-8 text; both are sent as text frames."""
 
     def decode(self, frame: str | bytes) -> Decoded: ...
 
     def encode_results(
         self, seq: Sequence[Any], stream: Sequence[str], outputs: Mapping[str, np.ndarray]
-    ) -> list[str]: ...
+    ) -> list[str | bytes]: ...
 
-    def encode_error(self, reason: str, seq: Any) -> str: ...
+    def encode_error(self, reason: str, seq: Any) -> str | bytes: ...
 
 
 class JsonCodec:
@@ -69,29 +72,26 @@ class JsonCodec:
 
     def decode(self, frame: str | bytes) -> Decoded:
         """Parse one frame. Never raises: bad parts come back in ``Decoded.errors``."""
-        out = Decoded(x=np.zeros((0, self.features), np.float32))
-        if isinstance(frame, (bytes, bytearray, memoryview)):
-            try:
-                frame = bytes(frame).decode("utf-8")
-            except UnicodeDecodeError:
-                out.errors.append(("not UTF-8", None))
-                return out
         try:
-            doc = json.loads(frame)
-        except (ValueError, RecursionError):
-            out.errors.append(("not JSON", None))
+            doc = orjson.loads(frame)
+        except (orjson.JSONDecodeError, RecursionError):
+            return Decoded(errors=[(self._parse_failure(frame), None)])
+
+        if type(doc) is dict:  # the common case: one message per frame
+            reason, seq = self._check(doc)
+            if reason is None:
+                return Decoded([seq], [doc["stream"]], np.array([doc["x"]], np.float32))
+            return Decoded(errors=[(reason, seq)])
+
+        out = Decoded()
+        if type(doc) is not list:
+            out.errors.append(("not an object", None))
             return out
-
-        if isinstance(doc, list):
-            if len(doc) > self.max_frame_items:
-                out.errors.append((f"batch frame too large: {len(doc)} > {self.max_frame_items} items", None))
-                return out
-            items = doc
-        else:
-            items = [doc]
-
+        if len(doc) > self.max_frame_items:
+            out.errors.append((f"batch frame too large: {len(doc)} > {self.max_frame_items} items", None))
+            return out
         rows: list[list[Any]] = []
-        for item in items:
+        for item in doc:
             reason, seq = self._check(item)
             if reason is None:
                 out.seq.append(seq)
@@ -100,12 +100,21 @@ class JsonCodec:
             else:
                 out.errors.append((reason, seq))
         if rows:
-            self._stack(rows, out)
+            out.x = np.array(rows, np.float32)
         return out
+
+    @staticmethod
+    def _parse_failure(frame: str | bytes) -> str:
+        if isinstance(frame, (bytes, bytearray, memoryview)):
+            try:
+                bytes(frame).decode("utf-8")
+            except UnicodeDecodeError:
+                return "not UTF-8"
+        return "not JSON"
 
     def _check(self, item: Any) -> tuple[str | None, Any]:
         """Return ``(None, seq)`` for a well-formed message, else ``(reason, seq or None)``."""
-        if not isinstance(item, dict):
+        if type(item) is not dict:
             return "not an object", None
         if "seq" not in item:
             return "missing field: seq", None
@@ -127,53 +136,40 @@ class JsonCodec:
         if len(x) != self.features:
             return f"x must have {self.features} numbers, got {len(x)}", seq
         for v in x:
-            if type(v) is not float and type(v) is not int:
+            kind = type(v)
+            if kind is not float and kind is not int:
                 return "x must hold numbers only", seq
+            if not -F32_MAX <= v <= F32_MAX:  # also false for NaN
+                return "x must be finite (within float32 range)", seq
         return None, seq
-
-    def _stack(self, rows: list[list[Any]], out: Decoded) -> None:
-        """Stack good rows into float32; drop (with an error) any row that is not finite there."""
-        try:
-            x = np.array(rows, dtype=np.float64)
-        except OverflowError:  # an integer beyond float64: find the rows one by one
-            x = np.empty((len(rows), self.features), np.float64)
-            for i, row in enumerate(rows):
-                try:
-                    x[i] = row
-                except OverflowError:
-                    x[i] = np.inf
-        with np.errstate(over="ignore", invalid="ignore"):
-            x32 = x.astype(np.float32)
-        finite = np.isfinite(x32).all(axis=1)
-        if not finite.all():
-            keep = np.flatnonzero(finite).tolist()
-            for i in np.flatnonzero(~finite).tolist():
-                out.errors.append(("x must be finite (within float32 range)", out.seq[i]))
-            out.seq = [out.seq[i] for i in keep]
-            out.stream = [out.stream[i] for i in keep]
-            x32 = x32[finite]
-        out.x = x32
 
     # ---- encoding (main thread) -------------------------------------------------------------
 
     def encode_results(
         self, seq: Sequence[Any], stream: Sequence[str], outputs: Mapping[str, np.ndarray]
-    ) -> list[str]:
+    ) -> list[str | bytes]:
         """One frame per message: ``seq``, ``stream`` and every output field for that row."""
-        columns = {name: np.asarray(value).tolist() for name, value in outputs.items()}
+        n = len(seq)
+        ok = np.ones(n, bool)
+        columns = {}
+        for name, value in outputs.items():
+            arr = np.asarray(value)
+            if arr.dtype.kind == "f":
+                ok &= np.isfinite(arr.reshape(n, -1)).all(axis=1)
+            columns[name] = arr.tolist()
         names = list(columns)
-        frames = []
-        dumps = json.dumps
-        for i, (s, k) in enumerate(zip(seq, stream)):
-            obj = {"seq": s, "stream": k}
+        all_ok = bool(ok.all())
+        dumps = orjson.dumps
+        frames: list[str | bytes] = []
+        for i in range(n):
+            if not all_ok and not ok[i]:
+                frames.append(self.encode_error("processing produced a non-finite result", seq[i]))
+                continue
+            obj = {"seq": seq[i], "stream": stream[i]}
             for name in names:
                 obj[name] = columns[name][i]
-            try:
-                frames.append(dumps(obj, allow_nan=False, separators=(",", ":")))
-            except ValueError:
-                frames.append(self.encode_error("processing produced a non-finite result", s))
+            frames.append(dumps(obj))
         return frames
 
-    def encode_error(self, reason: str, seq: Any) -> str:
-        return json.dumps({"error": reason, "seq": seq}, separators=(",", ":"))
-
+    def encode_error(self, reason: str, seq: Any) -> bytes:
+        return orjson.dumps({"error": reason, "seq": seq})

@@ -279,7 +279,9 @@ class FeedClient:
                 if self._stopping:
                     return "stopped"
             elif kind is aiohttp.WSMsgType.ERROR:
-                exc = ws.exception()
+                # aiohttp puts a protocol error (e.g. 1009, frame too big) in msg.data and
+                # only other failures (e.g. a missing pong) in ws.exception()
+                exc = msg.data if isinstance(msg.data, BaseException) else ws.exception()
                 if isinstance(exc, aiohttp.WebSocketError) and exc.code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG:
                     stats.errors["frame too large"] += 1
                     return f"frame larger than FORKLESS_MAX_MSG_BYTES ({self.config.max_msg_bytes}), closed with 1009"
@@ -317,7 +319,11 @@ class FeedClient:
             frames = item.frames
             try:
                 while self._offset < len(frames):
-                    await ws.send_str(frames[self._offset])
+                    frame = frames[self._offset]
+                    if type(frame) is bytes:  # UTF-8 JSON from the codec: send as a text frame as is
+                        await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+                    else:
+                        await ws.send_str(frame)
                     self._offset += 1
             except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
                 return f"send failed: {exc.__class__.__name__}: {_short(exc)}"
