@@ -1,0 +1,68 @@
+"""Histograms and the status line, with literal values (no clock, no threads)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from controller.stats import SECONDS_BOUNDS, Histogram, HistogramSnapshot, StatsSnapshot, status_line
+
+
+def test_quantiles_land_in_the_right_bucket():
+    h = Histogram(SECONDS_BOUNDS)
+    h.observe_many([0.001] * 98 + [0.1, 0.2])
+    snap = h.snapshot()
+    assert 0.0008 < snap.quantile(0.5) <= 0.001
+    assert 0.08 < snap.quantile(0.99) <= 0.1
+    assert snap.n == 100 and math.isclose(snap.total, 0.098 + 0.3)
+
+
+def test_an_empty_histogram_has_no_quantile():
+    assert math.isnan(Histogram([1, 2]).snapshot().quantile(0.5))
+
+
+def test_snapshot_difference_is_what_happened_in_between():
+    h = Histogram([1, 2, 4])
+    h.observe(1)
+    before = h.snapshot()
+    h.observe_many([3, 3, 10])
+    delta = h.snapshot() - before
+    assert delta.counts == (0, 0, 2, 1) and delta.n == 3 and delta.mean == 16 / 3
+    assert delta.cumulative() == [(1, 0), (2, 0), (4, 2), (math.inf, 3)]
+
+
+def snapshot(at, messages_in, messages_out, latency=(), batches=()):
+    lat = Histogram(SECONDS_BOUNDS)
+    lat.observe_many(latency)
+    bs = Histogram([1, 2, 4, 8])
+    bs.observe_many(batches)
+    empty = Histogram(SECONDS_BOUNDS).snapshot()
+    return StatsSnapshot(
+        at=at, messages_in=messages_in, frames_in=messages_in, messages_out=messages_out, errors_out=1,
+        processed=messages_out, anomalies=3, batches=len(batches), errors={"not JSON": 1}, dropped={},
+        connects=1, reconnects=0, connect_failures=0, connected=True, connection_since=0.0,
+        inbound_depth=0, outbound_depth=0, unsent=0, batch_size=bs.snapshot(), latency=lat.snapshot(),
+        loop_lag=empty, step_seconds=empty, compilations=9, compilations_after_warmup=0, devices=("cpu:0",),
+        ready=True)
+
+
+def test_the_status_line_shows_rates_and_window_latency_with_units():
+    before = snapshot(10.0, 100, 100, latency=[0.5] * 10, batches=[1] * 10)
+    now = snapshot(12.0, 300, 290, latency=[0.5] * 10 + [0.002] * 190, batches=[1] * 10 + [2] * 95)
+    line = status_line(now, before)
+    assert line.startswith("in 300 msg (100/s) | out 290 msg (95/s) | batch 2.0 msg | latency p50 ")
+    # only the window's latencies (2 ms, within one bucket's resolution): the old 0.5 s ones are gone
+    p99 = float(line.split("p99 ")[1].split("ms")[0])
+    assert 2.0 <= p99 <= 2.52
+    assert "anomalies 3 | errors 1 | dropped 0" in line and line.endswith("connected")
+
+
+def test_the_status_line_says_when_disconnected():
+    snap = replace(snapshot(1.0, 0, 0), connected=False)
+    assert status_line(snap, None).endswith("DISCONNECTED")
+    assert "batch - msg" in status_line(snap, None) and "latency p50 - p99 -" in status_line(snap, None)
+
+
+def test_histogram_snapshot_is_immutable_data():
+    snap = HistogramSnapshot((1.0,), (0, 0), 0.0, 0)
+    assert snap.cumulative() == [(1.0, 0), (math.inf, 0)]
