@@ -17,6 +17,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -115,6 +116,10 @@ class Controller:
         if self._compiled:
             return
         cfg = self.config
+        cache_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+        if cache_dir and "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+            # our buckets compile in well under JAX's default 1 s threshold: cache them all
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         self.state = jax.device_put(self.processor.init(cfg))
         self._devices = tuple(str(d) for d in jax.devices())
         jitted = jax.jit(self.processor.step)
@@ -357,8 +362,6 @@ class Controller:
             if self._stop_requested.is_set() and signum == signal.SIGINT:
                 sys.stderr.write("second interrupt: exiting now\n")
                 sys.stderr.flush()
-                import os
-
                 os._exit(130)
             log.info("%s received: stopping (reading stopped, sending what is left)",
                      signal.Signals(signum).name)
