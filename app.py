@@ -4,7 +4,8 @@
     python app.py --check    validate the set-up, compile, try the feed, and exit
     python app.py --help     list every FORKLESS_* variable with its default
 
-Exit status: 0 clean stop; 1 crash (traceback printed); 2 bad configuration;
+Exit status: 0 clean stop; 1 crash (traceback printed); 2 bad configuration (or a
+FORKLESS_METRICS_ADDR that cannot be served);
 3 the feed cannot be used (handshake refused with 4xx, or reconnect tries used up).
 """
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         print(f"forkless: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 
-    from controller.logs import setup_logging
+    from controller.logs import flush_log_repeats, setup_logging
 
     setup_logging(config.log_level, config.log_format)
 
@@ -78,9 +79,16 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         print(f"forkless: feed error: {exc}", file=sys.stderr)
         return EXIT_FEED
     except IOThreadError as exc:
+        from io_loop.http import MetricsServerError
+
+        if isinstance(exc.__cause__, MetricsServerError):  # a setting that cannot be served
+            print(f"forkless: configuration error: {exc.__cause__}", file=sys.stderr)
+            return EXIT_CONFIG
         print(f"forkless: {exc}", file=sys.stderr)
         traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
         return EXIT_CRASH
+    finally:
+        flush_log_repeats()
     demo = controller.demo
     if demo is not None:
         print(demo.summary().line(), flush=True)

@@ -49,6 +49,13 @@ class RateLimitFilter(logging.Filter):
         self.max_keys = max_keys
         self._seen: OrderedDict[tuple, list[float | int]] = OrderedDict()
 
+    def flush(self) -> list[tuple[tuple, int]]:
+        """Repeats still held back, as ``(key, count)``; the counts are reset."""
+        held = [(key, int(entry[1])) for key, entry in self._seen.items() if entry[1]]
+        for key, _ in held:
+            self._seen[key][1] = 0
+        return held
+
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or record.exc_info:
             return True
@@ -90,3 +97,13 @@ def setup_logging(level: str = "INFO", fmt: str = "text", stream: Any = None) ->
     for name in ("jax", "aiohttp", "asyncio"):
         logging.getLogger(name).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
     return handler
+
+
+def flush_log_repeats() -> None:
+    """At the stop: say how many repeats of each held-back warning were never shown."""
+    for handler in logging.getLogger().handlers:
+        for flt in handler.filters:
+            if isinstance(flt, RateLimitFilter):
+                for (name, level, message), count in flt.flush():
+                    logging.getLogger(name).log(level, "%s (repeated %d more times before the stop)",
+                                                message, count, extra={"repeated": count})

@@ -314,8 +314,8 @@ class Controller:
         io, main = self.io_stats, self.main_stats
         inbound_depth, outbound_depth = self._io.depths() if self._io is not None else (0, 0)
         at_ready = main.compilations_at_ready
-        errors = dict(io.errors)
-        for reason, count in main.errors.items():
+        errors = _copy_counts(io.errors)
+        for reason, count in _copy_counts(main.errors).items():
             errors[reason] = errors.get(reason, 0) + count
         return StatsSnapshot(
             at=time.monotonic(),
@@ -327,7 +327,7 @@ class Controller:
             anomalies=main.anomalies,
             batches=main.batches,
             errors=errors,
-            dropped=dict(io.dropped),
+            dropped=_copy_counts(io.dropped),
             connects=io.connects,
             reconnects=io.reconnects,
             connect_failures=io.connect_failures,
@@ -345,6 +345,11 @@ class Controller:
             devices=self._devices,
             ready=bool(self._compiled) and io.connected,
         )
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port`` of /metrics, /healthz, /readyz once started (None when off)."""
+        return self._io.metrics_url if self._io is not None else None
 
     @property
     def demo(self) -> Any:
@@ -374,6 +379,16 @@ class Controller:
     def _restore_signals(self, previous: dict[int, Any]) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _copy_counts(counts: dict[str, int]) -> dict[str, int]:
+    """Copy a counter another thread may be adding keys to (never locked, see stats.py)."""
+    for _ in range(10):
+        try:
+            return dict(counts)
+        except RuntimeError:  # "dictionary changed size during iteration": try again
+            continue
+    return {}
 
 
 def _print_line(line: str) -> None:

@@ -24,6 +24,7 @@ from controller.config import Config
 from controller.stats import IOStats
 from io_loop.bridge import Bridge, MainSide
 from io_loop.client import FeedClient, FeedFatal
+from io_loop.http import MetricsServer, MetricsServerError
 
 log = logging.getLogger("forkless.io")
 
@@ -115,7 +116,7 @@ class IOThread:
                 self.failure = IOThreadError("the IO loop was cancelled")
         except BaseException as exc:
             self.failure = exc
-            if not isinstance(exc, FeedFatal):
+            if not isinstance(exc, (FeedFatal, MetricsServerError)):  # those two get one clear line
                 log.error("the IO thread died", exc_info=exc)
         finally:
             try:
@@ -141,8 +142,6 @@ class IOThread:
                 log.info("demo feed listening on %s (%d streams, %g msg/s)", url, cfg.demo_streams, cfg.demo_rate)
             self.client = FeedClient(cfg, self.codec, bridge, self.stats, url)
             if cfg.metrics_addr:
-                from io_loop.http import MetricsServer
-
                 metrics = MetricsServer(cfg.metrics_addr, self)
                 self.metrics_url = await metrics.start()
                 log.info("metrics on %s/metrics", self.metrics_url)

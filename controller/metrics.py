@@ -1,0 +1,168 @@
+"""Prometheus metrics drawn from ``StatsSnapshot``s: one collector, one registry per controller.
+
+Rules:
+- Nothing here counts anything. Each scrape takes one snapshot (``Controller.stats()``) and
+  turns it into metric families, so ``/metrics``, ``stats()`` and the status line never
+  disagree.
+- Every controller gets its own ``CollectorRegistry``; the global default registry is never
+  touched (several controllers may live in one process, e.g. in tests).
+- Histograms come from the snapshot's fixed buckets. Seconds histograms expose every
+  ``SECONDS_STEP``-th bound (half-decades, 1 µs … 100 s); counts at an exposed bound are
+  exact, because the snapshot's buckets nest inside them.
+- Label values stay bounded: at most ``MAX_REASONS`` reasons per counter, the rarest
+  beyond that summed under ``reason="other"`` (a server sending ever-new bad input cannot
+  grow the exposition without bound); totals stay exact.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from controller.stats import HistogramSnapshot, StatsSnapshot
+
+__all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "make_registry", "metric_families", "render"]
+
+log = logging.getLogger("forkless.metrics")
+
+SECONDS_STEP = 5  # expose every 5th of the snapshot's ten-per-decade bounds
+MAX_REASONS = 32
+SNAPSHOT_TRIES = 3
+
+
+def metric_families(snap: StatsSnapshot) -> list[Metric]:
+    """Every ``forkless_*`` metric family for one snapshot (pure; see the module rules)."""
+    fams: list[Metric] = []
+
+    messages = CounterMetricFamily("forkless_messages", "Messages received from the feed (in) and result "
+                                   "frames sent back (out).", labels=["direction"])
+    messages.add_metric(["in"], snap.messages_in)
+    messages.add_metric(["out"], snap.messages_out)
+    fams.append(messages)
+    fams.append(CounterMetricFamily("forkless_frames_received", "WebSocket frames received from the feed.",
+                                    value=snap.frames_in))
+    fams.append(CounterMetricFamily("forkless_error_replies", "Error frames sent back to the feed.",
+                                    value=snap.errors_out))
+    fams.append(CounterMetricFamily("forkless_processed", "Messages run through the step.",
+                                    value=snap.processed))
+    fams.append(CounterMetricFamily("forkless_batches", "Batches run through the step.", value=snap.batches))
+    fams.append(CounterMetricFamily("forkless_anomalies", "Messages the processor flagged as anomalies.",
+                                    value=snap.anomalies))
+    fams.append(_by_reason("forkless_errors", "Messages or frames refused or failed, by reason.", snap.errors))
+    fams.append(_by_reason("forkless_dropped", "Messages or replies dropped, by reason.", snap.dropped))
+
+    fams.append(CounterMetricFamily("forkless_connects", "Connections opened to the feed.", value=snap.connects))
+    fams.append(CounterMetricFamily("forkless_reconnects", "Connections lost and retried.", value=snap.reconnects))
+    fams.append(CounterMetricFamily("forkless_connect_failures", "Connection attempts that failed.",
+                                    value=snap.connect_failures))
+    fams.append(GaugeMetricFamily("forkless_connected", "1 while connected to the feed, else 0.",
+                                  value=int(snap.connected)))
+    fams.append(GaugeMetricFamily("forkless_connection_state_since_timestamp_seconds",
+                                  "Unix time of the last connect or disconnect (0: never).",
+                                  value=snap.connection_since))
+    depth = GaugeMetricFamily("forkless_queue_depth", "Items waiting: inbound chunks (IO to main), outbound "
+                              "batches (main to IO), unsent reply frames held for the next connection.",
+                              labels=["queue"])
+    depth.add_metric(["inbound"], snap.inbound_depth)
+    depth.add_metric(["outbound"], snap.outbound_depth)
+    depth.add_metric(["unsent"], snap.unsent)
+    fams.append(depth)
+
+    fams.append(_histogram("forkless_latency_seconds", "From a frame's arrival to its reply being sent.",
+                           snap.latency, SECONDS_STEP))
+    fams.append(_histogram("forkless_batch_size", "Messages per batch run through the step.",
+                           snap.batch_size, 1))
+    fams.append(_histogram("forkless_io_loop_lag_seconds", "How late the IO loop wakes up (sampled every 50 ms).",
+                           snap.loop_lag, SECONDS_STEP))
+    fams.append(_histogram("forkless_step_seconds", "Wall time of one compiled step, device to host included.",
+                           snap.step_seconds, SECONDS_STEP))
+
+    fams.append(CounterMetricFamily("forkless_compilations", "XLA compilations in this process (flat after ready).",
+                                    value=snap.compilations))
+    fams.append(GaugeMetricFamily("forkless_ready", "1 when connected and the step is compiled, else 0.",
+                                  value=int(snap.ready)))
+    devices = InfoMetricFamily("forkless_device", "The JAX devices in use.", labels=["device"])
+    for device in snap.devices:
+        devices.add_metric([device], {})
+    fams.append(devices)
+    return fams
+
+
+def _by_reason(name: str, doc: str, counts: Mapping[str, int]) -> CounterMetricFamily:
+    fam = CounterMetricFamily(name, doc, labels=["reason"])
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept = dict(ranked[:MAX_REASONS])
+    other = sum(count for _, count in ranked[MAX_REASONS:])
+    if other:
+        kept["other"] = kept.get("other", 0) + other
+    for reason in sorted(kept):
+        fam.add_metric([reason], kept[reason])
+    return fam
+
+
+def _histogram(name: str, doc: str, hist: HistogramSnapshot, step: int) -> HistogramMetricFamily:
+    """Cumulative buckets at every ``step``-th bound of the snapshot, then ``+Inf``."""
+    cumulative = hist.cumulative()  # ends with (inf, total count)
+    finite = cumulative[:-1]
+    # bounds 0, step, 2*step, …: for seconds that is decades and half-decades
+    picked = finite[::step]
+    if finite and picked[-1] != finite[-1]:
+        picked.append(finite[-1])  # always expose the last finite bound
+    buckets = [(floatToGoString(bound), count) for bound, count in picked]
+    buckets.append(("+Inf", cumulative[-1][1]))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=hist.total)
+
+
+class SnapshotCollector(Collector):
+    """Calls ``snapshot()`` once per scrape and yields ``metric_families`` of the result.
+
+    ``snapshot`` may return None (nothing to report yet); then no ``forkless_*`` family is
+    yielded. It is called from the scraping thread (the IO thread for ``MetricsServer``).
+    """
+
+    def __init__(self, snapshot: Callable[[], StatsSnapshot | None]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = _take(self.snapshot)
+        if snap is not None:
+            yield from metric_families(snap)
+
+
+def _take(snapshot: Callable[[], StatsSnapshot | None]) -> StatsSnapshot | None:
+    # The snapshot reads counters the main thread writes; a Counter gaining a new key while
+    # it is copied raises RuntimeError ("changed size during iteration"). Trying again is
+    # enough: the writer only ever adds keys.
+    for attempt in range(SNAPSHOT_TRIES):
+        try:
+            return snapshot()
+        except RuntimeError:
+            if attempt == SNAPSHOT_TRIES - 1:
+                raise
+    return None
+
+
+def make_registry(snapshot: Callable[[], StatsSnapshot | None], *, process: bool = True) -> CollectorRegistry:
+    """A fresh registry with the snapshot collector (and the standard ``process_*`` metrics)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(snapshot))
+    if process:
+        ProcessCollector(registry=registry)
+    return registry
+
+
+def render(registry: Any) -> bytes:
+    """The Prometheus text exposition of ``registry`` (``prometheus_client.generate_latest``)."""
+    return generate_latest(registry)

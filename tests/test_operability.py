@@ -1,0 +1,573 @@
+"""Operability: /metrics, /healthz, /readyz, JSON logs and their flood guard, ``--check``.
+
+The feed is a real aiohttp WebSocket server on 127.0.0.1:0 running on its own thread and
+loop (``LoopbackFeed``); the controller runs in-process on the test's main thread, or the
+real app runs as a subprocess where the behaviour is the process's (exit codes, output).
+Every wait is bounded; no assertion is about speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.config import Config
+from controller.logs import JsonFormatter, RateLimitFilter
+from controller.loop import Controller
+from controller.metrics import MAX_REASONS, make_registry, metric_families, render
+from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
+from io_loop.http import MetricsServer, MetricsServerError
+
+ROOT = Path(__file__).resolve().parent.parent
+WAIT_S = 15.0  # liveness bound for anything the tests wait on
+
+Script = Callable[[web.WebSocketResponse, int], Awaitable[None]]
+
+
+# ---- a loopback feed on its own thread ----------------------------------------------------------
+
+
+class LoopbackFeed:
+    """A WebSocket feed on 127.0.0.1:0 with its own thread and loop.
+
+    ``script(ws, n)`` runs on every accepted connection ``n`` (1, 2, …) while replies are
+    read and tallied. ``refuse_status`` answers handshakes with that HTTP status instead;
+    ``drop()`` closes every open connection with 1001.
+    """
+
+    def __init__(self, script: Script | None = None) -> None:
+        self.script = script
+        self.refuse_status: int | None = None
+        self.results = 0  # reply frames with a result
+        self.error_replies = 0  # reply frames with "error"
+        self.handshakes = 0
+        self.connections = 0
+        self.authorization: list[str | None] = []
+        self._open: set[web.WebSocketResponse] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="test-feed", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def __enter__(self) -> LoopbackFeed:
+        self._thread.start()
+        self.url = self._call(self._start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._call(self._stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            self._loop.close()
+
+    def drop(self) -> None:
+        self._call(self._drop())
+
+    def _call(self, coro: Awaitable[Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(WAIT_S)
+
+    async def _start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/feed", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return f"ws://127.0.0.1:{self._runner.addresses[0][1]}/feed"
+
+    async def _stop(self) -> None:
+        await self._drop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _drop(self) -> None:
+        await asyncio.gather(*(ws.close(code=aiohttp.WSCloseCode.GOING_AWAY) for ws in list(self._open)),
+                             return_exceptions=True)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.handshakes += 1
+        self.authorization.append(request.headers.get("Authorization"))
+        if self.refuse_status is not None:
+            return web.Response(status=self.refuse_status, text="refused by the test feed")
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self.connections += 1
+        self._open.add(ws)
+        sender = asyncio.create_task(self.script(ws, self.connections)) if self.script else None
+        try:
+            async for msg in ws:
+                if msg.type is aiohttp.WSMsgType.TEXT:
+                    if "error" in json.loads(msg.data):
+                        self.error_replies += 1
+                    else:
+                        self.results += 1
+        finally:
+            self._open.discard(ws)
+            if sender is not None:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+        return ws
+
+
+def _message(seq: int, stream: str = "s", features: int = 2) -> dict[str, Any]:
+    return {"seq": seq, "stream": stream, "x": [float(seq % 7)] * features}
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def _config(url: str, **changes: Any) -> Config:
+    base = dict(ws_url=url, features=2, max_batch=4, warmup=0, metrics_addr="127.0.0.1:0", status_s=0.0,
+                heartbeat_s=0.0, reconnect_min_s=0.05, reconnect_max_s=0.2, reconnect_reset_s=0.1,
+                shutdown_timeout_s=5.0)
+    base.update(changes)
+    return Config(**base)
+
+
+def _metrics_url(ctl: Controller) -> str:
+    url = ctl.metrics_url
+    assert url, "the metrics server did not start"
+    return url
+
+
+def _pump(ctl: Controller, done: Callable[[], bool], what: str) -> None:
+    """Drive the controller until ``done()``; fail naming ``what`` after ``WAIT_S``."""
+    deadline = time.monotonic() + WAIT_S
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {ctl.stats()}"
+        ctl.process_pending(timeout=0.02)
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    """(status, content type, body) of a GET; 4xx/5xx are answers too."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.headers["Content-Type"], resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Parse an exposition with prometheus_client's own parser: (name, labels) -> value."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def _labelled(samples: dict, name: str, label: str) -> dict[str, float]:
+    return {dict(k[1])[label]: v for k, v in samples.items() if k[0] == name}
+
+
+def _buckets(samples: dict, name: str) -> list[tuple[float, float]]:
+    return sorted((float(le), v) for le, v in _labelled(samples, name + "_bucket", "le").items())
+
+
+def _app_env(**variables: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
+    env["JAX_PLATFORMS"] = "cpu"
+    env.update(variables)
+    return env
+
+
+def _app(*args: str, timeout: float = 60.0, **variables: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "app.py"), *args], cwd=ROOT, env=_app_env(**variables),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _free_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---- one real pipeline run, observed from every side --------------------------------------------
+
+GOOD_SINGLE = 10  # frames of one message
+GOOD_ARRAYS = 10  # frames of three messages
+BAD_JSON = 3  # frames that are not JSON
+BAD_X = 1  # a message with the wrong number of features
+GOOD = GOOD_SINGLE + 3 * GOOD_ARRAYS
+
+
+async def _mixed_script(ws: web.WebSocketResponse, n: int) -> None:
+    if n != 1:
+        return
+    seq = 0
+    for _ in range(GOOD_SINGLE):
+        await ws.send_str(json.dumps(_message(seq, f"s{seq % 3}")))
+        seq += 1
+    for _ in range(GOOD_ARRAYS):
+        await ws.send_str(json.dumps([_message(seq + i, f"s{(seq + i) % 3}") for i in range(3)]))
+        seq += 3
+    for _ in range(BAD_JSON):
+        await ws.send_str("{not json")
+    await ws.send_str(json.dumps({"seq": 999, "stream": "s0", "x": [1.0, 2.0, 3.0]}))
+
+
+@pytest.fixture(scope="module")
+def observed() -> dict[str, Any]:
+    """Run the controller against the mixed script; at quiescence record the snapshot, the
+    scraped /metrics, /healthz, /readyz, the status line and the server's own tallies."""
+    with LoopbackFeed(_mixed_script) as feed:
+        ctl = Controller(_config(feed.url))
+        with ctl:
+            url = _metrics_url(ctl)
+            _pump(ctl, lambda: feed.results + feed.error_replies == GOOD + BAD_JSON + BAD_X, "every reply")
+            # the writer counts a batch just after its last frame went out
+            _pump(ctl, lambda: ctl.stats().messages_out + ctl.stats().errors_out == GOOD + BAD_JSON + BAD_X,
+                  "the writer's tally")
+            before = ctl.stats()
+            status, ctype, text = _get(url + "/metrics")
+            after = ctl.stats()
+            record = {
+                "feed": {"results": feed.results, "error_replies": feed.error_replies},
+                "snap": before,
+                "snap_after_scrape": after,
+                "status_line": status_line(before, None),
+                "metrics": (status, ctype, text),
+                "healthz": _get(url + "/healthz"),
+                "readyz": _get(url + "/readyz"),
+            }
+    return record
+
+
+def test_metrics_parse_and_count_what_the_feed_server_sent_and_received(observed: dict) -> None:
+    status, ctype, text = observed["metrics"]
+    assert status == 200
+    assert ctype.startswith("text/plain") and "version=" in ctype
+    m = _samples(text)
+    feed = observed["feed"]
+    assert _value(m, "forkless_messages_total", direction="in") == GOOD
+    assert _value(m, "forkless_messages_total", direction="out") == feed["results"] == GOOD
+    assert _value(m, "forkless_error_replies_total") == feed["error_replies"] == BAD_JSON + BAD_X
+    assert _value(m, "forkless_frames_received_total") == GOOD_SINGLE + GOOD_ARRAYS + BAD_JSON + 1
+    assert _labelled(m, "forkless_errors_total", "reason") == {"not JSON": BAD_JSON,
+                                                              "x must have 2 numbers, got 3": BAD_X}
+    assert _value(m, "forkless_processed_total") == GOOD
+    assert _value(m, "forkless_latency_seconds_count") == GOOD
+    assert _value(m, "forkless_connects_total") == 1
+    assert _value(m, "forkless_reconnects_total") == 0
+    assert _value(m, "forkless_connected") == 1
+    assert _value(m, "forkless_ready") == 1
+    assert _value(m, "forkless_device_info", device="cpu:0") == 1
+    assert _labelled(m, "forkless_queue_depth", "queue") == {"inbound": 0, "outbound": 0, "unsent": 0}
+
+
+def test_metrics_histograms_are_the_snapshot_buckets(observed: dict) -> None:
+    m = _samples(observed["metrics"][2])
+    snap: StatsSnapshot = observed["snap"]
+    exact = dict(snap.latency.cumulative())
+    exposed = _buckets(m, "forkless_latency_seconds")
+    assert exposed[-1] == (math.inf, GOOD)
+    assert {b for b, _ in exposed[:-1]} == set(SECONDS_BOUNDS[::5])
+    for bound, count in exposed:
+        assert count == exact[bound], bound
+    assert _value(m, "forkless_latency_seconds_sum") == pytest.approx(snap.latency.total)
+    assert _buckets(m, "forkless_batch_size") == [(float(b), c) for b, c in snap.batch_size.cumulative()]
+    assert _value(m, "forkless_batch_size_sum") == GOOD
+    assert _value(m, "forkless_step_seconds_count") == snap.batches == _value(m, "forkless_batches_total")
+
+
+def test_stats_agree_with_the_status_line_and_metrics(observed: dict) -> None:
+    snap: StatsSnapshot = observed["snap"]
+    m = _samples(observed["metrics"][2])
+    line = observed["status_line"]
+    fields = dict(re.findall(r"(in|out|anomalies|errors|dropped|reconnects) (\d+)", line))
+    assert int(fields["in"]) == snap.messages_in == _value(m, "forkless_messages_total", direction="in")
+    assert int(fields["out"]) == snap.messages_out == _value(m, "forkless_messages_total", direction="out")
+    assert int(fields["anomalies"]) == snap.anomalies == _value(m, "forkless_anomalies_total")
+    errors = sum(_labelled(m, "forkless_errors_total", "reason").values())
+    dropped = sum(_labelled(m, "forkless_dropped_total", "reason").values())
+    assert int(fields["errors"]) == snap.errors_total == errors
+    assert int(fields["dropped"]) == snap.dropped_total == dropped
+    assert int(fields["reconnects"]) == snap.reconnects == _value(m, "forkless_reconnects_total")
+    assert line.endswith("| connected") and snap.connected
+    # the status line's p50 lies inside the exposed latency bucket that holds the median
+    p50_s = float(re.search(r"latency p50 ([\d.]+)ms", line).group(1)) / 1000
+    buckets = _buckets(m, "forkless_latency_seconds")
+    i = next(i for i, (_, c) in enumerate(buckets) if c >= GOOD / 2)
+    lo = buckets[i - 1][0] if i else 0.0
+    assert lo - 5e-6 <= p50_s <= buckets[i][0] + 5e-6
+    # nothing moved while scraping (the pipeline was quiet): the scrape saw these values too
+    after: StatsSnapshot = observed["snap_after_scrape"]
+    assert (after.messages_in, after.messages_out, after.errors) == (snap.messages_in, snap.messages_out, snap.errors)
+    assert _value(m, "forkless_compilations_total") == snap.compilations
+    assert snap.compilations_after_warmup == 0
+
+
+def test_health_endpoints_say_ok_and_ready_while_connected(observed: dict) -> None:
+    status, ctype, body = observed["healthz"]
+    detail = json.loads(body)
+    assert (status, ctype.split(";")[0]) == (200, "application/json")
+    assert detail["status"] == "ok" and detail["io_thread_alive"] and detail["connected"]
+    status, _, body = observed["readyz"]
+    assert (status, json.loads(body)) == (200, {"status": "ready", "reasons": []})
+
+
+# ---- health follows the connection ---------------------------------------------------------------
+
+
+def test_healthz_and_readyz_follow_the_feed_disconnecting_and_reconnecting() -> None:
+    with LoopbackFeed() as feed:
+        with Controller(_config(feed.url)) as ctl:
+            url = _metrics_url(ctl)
+            _pump(ctl, lambda: _get(url + "/readyz")[0] == 200, "ready")
+
+            feed.refuse_status = 503  # refuse the reconnects until told otherwise
+            feed.drop()
+            _pump(ctl, lambda: _get(url + "/readyz")[0] == 503, "not ready after the drop")
+            _pump(ctl, lambda: ctl.stats().connect_failures >= 1, "a refused reconnect")
+            status, _, body = _get(url + "/readyz")
+            assert status == 503
+            assert json.loads(body)["reasons"][0].startswith("not connected to the feed (disconnected")
+            status, _, body = _get(url + "/healthz")
+            assert status == 200  # the process and the IO loop are fine; only the feed is gone
+            assert json.loads(body)["connected"] is False
+            m = _samples(_get(url + "/metrics")[2])
+            assert (_value(m, "forkless_connected"), _value(m, "forkless_ready")) == (0, 0)
+
+            feed.refuse_status = None
+            _pump(ctl, lambda: _get(url + "/readyz")[0] == 200, "ready again after reconnecting")
+            m = _samples(_get(url + "/metrics")[2])
+            assert _value(m, "forkless_connects_total") == 2 == feed.connections
+            assert _value(m, "forkless_reconnects_total") == 1
+            assert _value(m, "forkless_connect_failures_total") == feed.handshakes - 2 >= 1
+            assert (_value(m, "forkless_connected"), _value(m, "forkless_ready")) == (1, 1)
+
+
+class _FakeIO:
+    """What MetricsServer reads from an IOThread, before a controller exists."""
+
+    def __init__(self, snapshot: Callable[[], StatsSnapshot | None] | None = None) -> None:
+        from controller.stats import IOStats
+
+        self.snapshot = snapshot
+        self.stats = IOStats()
+        self.client = None
+        self.alive = True
+        self.ready_flag = lambda: False
+
+
+def _serve_once(io_obj: Any, paths: list[str], addr: str = "127.0.0.1:0") -> dict[str, tuple[int, str, str]]:
+    async def main() -> dict[str, tuple[int, str, str]]:
+        server = MetricsServer(addr, io_obj)
+        base = await server.start()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", base) and not base.endswith(":0")
+        try:
+            out = {}
+            async with aiohttp.ClientSession() as session:
+                for path in paths:
+                    async with session.get(base + path) as resp:
+                        out[path] = (resp.status, resp.headers["Content-Type"], await resp.text())
+            return out
+        finally:
+            await server.stop()
+
+    return asyncio.run(asyncio.wait_for(main(), WAIT_S))
+
+
+def test_readyz_is_503_with_every_reason_before_compile_and_connection() -> None:
+    got = _serve_once(_FakeIO(), ["/readyz", "/healthz", "/metrics"])
+    status, _, body = got["/readyz"]
+    assert status == 503
+    assert json.loads(body) == {"status": "not ready", "reasons": [
+        "the step is not compiled yet", "not connected to the feed (no connection yet)"]}
+    assert got["/healthz"][0] == 200
+    status, _, text = got["/metrics"]
+    assert status == 200
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert not any(n.startswith("forkless_") for n in names)  # no snapshot yet: nothing made up
+
+
+def test_metrics_server_on_a_taken_port_fails_naming_the_variable() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(MetricsServerError, match=rf"FORKLESS_METRICS_ADDR=127\.0\.0\.1:{port}"):
+            _serve_once(_FakeIO(), [], addr=f"127.0.0.1:{port}")
+
+
+def test_the_app_exits_2_with_one_line_when_the_metrics_port_is_taken() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
+        env.update(JAX_PLATFORMS="cpu", FORKLESS_METRICS_ADDR=f"127.0.0.1:{port}", FORKLESS_DURATION="5")
+        proc = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=60)
+    assert proc.returncode == 2
+    assert f"configuration error: cannot serve metrics on FORKLESS_METRICS_ADDR=127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ---- metrics from literal snapshots (pure) -------------------------------------------------------
+
+
+def _snapshot(**changes: Any) -> StatsSnapshot:
+    seconds = Histogram(SECONDS_BOUNDS).snapshot()
+    base = dict(at=0.0, messages_in=0, frames_in=0, messages_out=0, errors_out=0, processed=0, anomalies=0,
+                batches=0, errors={}, dropped={}, connects=0, reconnects=0, connect_failures=0, connected=False,
+                connection_since=0.0, inbound_depth=0, outbound_depth=0, unsent=0,
+                batch_size=Histogram((1, 2, 4)).snapshot(), latency=seconds, loop_lag=seconds,
+                step_seconds=seconds, compilations=0, compilations_after_warmup=None, devices=("cpu:0",),
+                ready=False)
+    base.update(changes)
+    return StatsSnapshot(**base)
+
+
+def test_each_registry_reports_its_own_controller() -> None:
+    a = make_registry(lambda: _snapshot(messages_in=5), process=False)
+    b = make_registry(lambda: _snapshot(messages_in=7), process=False)
+    assert _value(_samples(render(a).decode()), "forkless_messages_total", direction="in") == 5
+    assert _value(_samples(render(b).decode()), "forkless_messages_total", direction="in") == 7
+
+
+def test_error_reasons_beyond_the_cap_are_summed_as_other() -> None:
+    errors = {f"x must have 2 numbers, got {n}": n + 1 for n in range(MAX_REASONS + 10)}
+    (family,) = [f for f in metric_families(_snapshot(errors=errors)) if f.name == "forkless_errors"]
+    by_reason = {s.labels["reason"]: s.value for s in family.samples}
+    assert len(by_reason) == MAX_REASONS + 1
+    assert sum(by_reason.values()) == sum(errors.values())
+    assert by_reason["other"] == sum(range(1, 11))  # the ten rarest
+
+
+# ---- logs -----------------------------------------------------------------------------------------
+
+FLOOD = 600
+
+
+async def _flood_script(ws: web.WebSocketResponse, n: int) -> None:
+    if n != 1:
+        return
+    for i in range(FLOOD):
+        await ws.send_str("{the same bad frame")
+        if i % 30 == 29:
+            await asyncio.sleep(0.05)  # spread over ~1 s: several rate-limit windows
+
+
+def test_a_flood_of_identical_bad_frames_logs_a_few_json_lines_with_a_count() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(RateLimitFilter(window_s=0.25))
+    logger = logging.getLogger("forkless")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with LoopbackFeed(_flood_script) as feed:
+            with Controller(_config(feed.url, metrics_addr="")) as ctl:
+                _pump(ctl, lambda: feed.error_replies == FLOOD, "an error reply to every bad frame")
+                assert ctl.stats().errors == {"not JSON": FLOOD}
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+    records = [json.loads(line) for line in stream.getvalue().splitlines()]  # every line is JSON
+    for rec in records:
+        assert {"timestamp", "level", "logger", "message"} <= rec.keys()
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", rec["timestamp"])
+    opened = [r for r in records if r["level"] == "INFO" and "open" in r["message"]]
+    assert opened and opened[0]["connection"] == 1  # context travels as a field
+    warnings = [r for r in records if r["level"] == "WARNING" and r["logger"] == "forkless.client"]
+    # at most one line per 0.25 s window (plus the first), however long the flood took to read
+    first, last = (datetime.fromisoformat(warnings[i]["timestamp"]) for i in (0, -1))
+    assert 2 <= len(warnings) <= (last - first).total_seconds() / 0.25 + 2
+    assert len(warnings) < FLOOD / 20
+    with_count = [r for r in warnings if "repeated" in r]
+    assert with_count, warnings
+    for rec in with_count:
+        assert rec["repeated"] > 0
+        assert f"(repeated {rec['repeated']} more times in the last 0.25s)" in rec["message"]
+    assert len(warnings) + sum(r["repeated"] for r in with_count) <= FLOOD  # real repeats only, none invented
+
+
+def test_the_app_writes_one_json_object_per_log_line() -> None:
+    proc = _app(FORKLESS_LOG_FORMAT="json", FORKLESS_DURATION="1", FORKLESS_STATUS_S="0", FORKLESS_MAX_BATCH="2",
+                FORKLESS_METRICS_ADDR="127.0.0.1:0")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stderr.splitlines()]
+    assert records and all({"timestamp", "level", "logger", "message"} <= r.keys() for r in records)
+    assert any(r["logger"] == "forkless.io" and r["message"].startswith("metrics on http://127.0.0.1:")
+               for r in records)
+    assert any(r.get("connection") == 1 for r in records)
+
+
+# ---- --check ----------------------------------------------------------------------------------------
+
+
+async def _one_message(ws: web.WebSocketResponse, n: int) -> None:
+    await ws.send_str(json.dumps(_message(0, "probe")))
+
+
+def test_check_passes_against_a_working_loopback_feed_and_hides_the_token() -> None:
+    with LoopbackFeed(_one_message) as feed:
+        proc = _app("--check", FORKLESS_WS_URL=feed.url, FORKLESS_FEATURES="2", FORKLESS_MAX_BATCH="2",
+                    FORKLESS_AUTH_TOKEN="s3cret-token", FORKLESS_METRICS_ADDR="127.0.0.1:0")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert feed.authorization == ["Bearer s3cret-token"]  # sent, exactly once
+        assert feed.connections == 1
+    out = proc.stdout
+    assert "s3cret" not in out + proc.stderr
+    assert "FORKLESS_AUTH_TOKEN          <hidden>" in out
+    assert re.search(r"backend cpu, 1 device\(s\): cpu:0", out)
+    assert re.search(r"batch size +1: compiled in \d+ ms", out) and re.search(r"batch size +2: compiled", out)
+    assert "0 compilations after warm-up" in out
+    assert f"connected to {feed.url} in" in out
+    assert "1 good message(s), first stream 'probe'" in out
+    assert out.rstrip().endswith("check passed")
+
+
+def test_check_against_a_refused_port_exits_3_saying_so() -> None:
+    url = f"ws://127.0.0.1:{_free_port()}/feed"
+    proc = _app("--check", FORKLESS_WS_URL=url, FORKLESS_MAX_BATCH="1", FORKLESS_CONNECT_TIMEOUT_S="5")
+    assert proc.returncode == 3
+    assert f"forkless: check failed: cannot connect to {url}: Connection refused" in proc.stderr
+    assert "check passed" not in proc.stdout
+
+
+def test_check_against_a_handshake_refused_with_401_exits_3_naming_the_token() -> None:
+    with LoopbackFeed() as feed:
+        feed.refuse_status = 401
+        proc = _app("--check", FORKLESS_WS_URL=feed.url, FORKLESS_MAX_BATCH="1")
+    assert proc.returncode == 3
+    assert "refused the WebSocket handshake with HTTP 401 (unauthorised: check FORKLESS_AUTH_TOKEN)" in proc.stderr
+
+
+def test_check_with_a_bad_variable_exits_2_naming_it() -> None:
+    proc = _app("--check", FORKLESS_MAX_BATCH="lots")
+    assert proc.returncode == 2
+    assert "FORKLESS_MAX_BATCH='lots' is invalid: expected an integer from 1 to 65536" in proc.stderr
+    assert proc.stdout == ""
