@@ -1,0 +1,111 @@
+"""The forkless design as the benchmark runs it: this project exactly as a user runs it.
+
+    python -m bench.forkless_client --url ws://127.0.0.1:PORT/ --out stats.json [--heavy]
+
+It does what ``python app.py`` does (``load_config`` from the environment, the app's logging,
+``Controller(config).run()`` with the default codec, the default processor and the status
+line on) with ``FORKLESS_WS_URL`` set to ``--url``. Two additions, outside the controller:
+
+- a watcher thread that reads the controller's counters every 20 ms and calls
+  ``request_stop()`` once the feed has closed the connection (the load generator closes it
+  when its run is over), or after ``--max-s`` seconds;
+- at the end, the controller's own figures (``ctl.stats()``) are written as JSON to
+  ``--out``: IO-loop lag quantiles during traffic (first message in to connection closed),
+  compilations after warm-up, the internal latency, batch sizes, step times.
+
+``--heavy`` runs ``bench.heavy.heavy_processor`` instead of the default (lag measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+WATCH_S = 0.02
+
+
+def _q(hist: Any, q: float) -> float | None:
+    v = hist.quantile(q)
+    return None if math.isnan(v) else v
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1000.0
+
+
+def summarise(first: Any, last: Any, final: Any) -> dict[str, Any]:
+    """The JSON written at the end: window figures (``last - first``) and totals (``final``)."""
+    lag = last.loop_lag - first.loop_lag if first is not None else last.loop_lag
+    batch = final.batch_size
+    return {
+        "design": "forkless",
+        "loop_lag_ms": {"p50": _ms(_q(lag, 0.5)), "p99": _ms(_q(lag, 0.99)),
+                        "max": _ms(_q(lag, 1.0)), "samples": lag.n},
+        "internal_latency_ms": {"p50": _ms(_q(final.latency, 0.5)), "p99": _ms(_q(final.latency, 0.99))},
+        "step_ms_mean": None if math.isnan(final.step_seconds.mean) else final.step_seconds.mean * 1000,
+        "batch_size_mean": None if math.isnan(batch.mean) else batch.mean,
+        "batches": final.batches,
+        "messages_in": final.messages_in,
+        "processed": final.processed,
+        "results_out": final.messages_out,
+        "errors": final.errors,
+        "dropped": final.dropped,
+        "compilations": final.compilations,
+        "compilations_after_warmup": final.compilations_after_warmup,
+        "devices": list(final.devices),
+        "pid": os.getpid(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.forkless_client", description=__doc__.splitlines()[0])
+    p.add_argument("--url", required=True, help="ws:// URL of the feed (bench.loadgen)")
+    p.add_argument("--out", required=True, help="where to write the JSON figures")
+    p.add_argument("--heavy", action="store_true", help="run the heavy-step processor (bench.heavy)")
+    p.add_argument("--max-s", type=float, default=120.0, help="stop after this long whatever happens")
+    a = p.parse_args(argv)
+
+    os.environ["FORKLESS_WS_URL"] = a.url
+    from app import load_config
+    from controller.logs import setup_logging
+    from controller.loop import Controller
+
+    config = load_config()
+    setup_logging(config.log_level, config.log_format)
+    processor = None
+    if a.heavy:
+        from bench.heavy import heavy_processor
+
+        processor = heavy_processor(config)
+    ctl = Controller(config, processor=processor)
+    window: dict[str, Any] = {}
+
+    def watch() -> None:
+        io = ctl.io_stats
+        deadline = time.monotonic() + a.max_s
+        while time.monotonic() < deadline:
+            time.sleep(WATCH_S)
+            if "first" not in window and io.messages_in > 0:
+                window["first"] = ctl.stats()
+            if io.connects > 0 and not io.connected:
+                window["last"] = ctl.stats()
+                break
+        ctl.request_stop()
+
+    threading.Thread(target=watch, name="bench-watch", daemon=True).start()
+    ctl.run()
+    final = ctl.stats()
+    figures = summarise(window.get("first"), window.get("last", final), final)
+    with open(a.out, "w", encoding="utf-8") as f:
+        json.dump(figures, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

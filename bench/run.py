@@ -1,0 +1,634 @@
+"""The benchmark: every design against the same load, in one run, one table.
+
+    python -m bench.run [--quick] [--out bench/out]
+
+Designs (each a process of its own, the load generator in another):
+
+- ``forkless``  this project as a user runs it (``bench.forkless_client``: the real
+  ``Controller``, default codec and processor, status line on);
+- ``spawn``     the aiohttp client in a spawned child, JAX in the parent, two
+  ``multiprocessing.Queue``s (``bench.spawn_client``);
+- ``io-ceiling`` replies from the event loop, no queue, no thread, no JAX (``bench.io_ceiling``);
+- ``compute-ceiling`` the jitted step alone on pre-built batches (``bench.compute_ceiling``).
+
+Figures, medians over repeats (the design order is rotated between repeats): latency
+p50/p99/p99.9 from the due time at 1,000 and 10,000 msg/s; throughput with a bounded
+in-flight window; peak RSS of every process of a design (sampled every 50 ms, children and
+the multiprocessing resource tracker included); IO-loop lag at 1,000 msg/s with the default
+and with a heavy step (``bench.heavy``); compilations after warm-up; time from process
+start to first result with an empty and with a warm persistent compilation cache.
+
+Writes ``OUT/results.json`` (every run's numbers), ``OUT/bench.png`` and ``OUT/logs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from bench.loadgen import start_loadgen, wait_result
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DESIGNS = ("forkless", "spawn", "io-ceiling")
+JAX_DESIGNS = ("forkless", "spawn")
+SAMPLE_S = 0.05
+FEATURES = 8
+STREAMS = 16
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long and how often; ``--quick`` is the smoke-test size."""
+
+    repeats: int
+    duration_s: float
+    warmup_s: float
+    window: int
+    compute_s: float
+    lag_floor_s: float
+
+    @classmethod
+    def full(cls) -> Plan:
+        return cls(repeats=3, duration_s=4.0, warmup_s=1.0, window=1024, compute_s=2.0, lag_floor_s=3.0)
+
+    @classmethod
+    def quick(cls) -> Plan:
+        return cls(repeats=1, duration_s=1.0, warmup_s=0.2, window=256, compute_s=0.3, lag_floor_s=0.5)
+
+
+LOADS = {
+    "rate_1k": ["--mode", "rate", "--rate", "1000"],
+    "rate_10k": ["--mode", "rate", "--rate", "10000"],
+    "window": ["--mode", "window"],
+}
+
+
+# ---- the machine ---------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    for mod in ("jax", "jaxlib", "aiohttp", "janus", "numpy"):
+        try:
+            from importlib.metadata import version
+
+            versions[mod] = version(mod)
+        except Exception:
+            versions[mod] = None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        **versions,
+    }
+
+
+# ---- processes ------------------------------------------------------------------------------
+
+
+def client_env(cache_dir: str | None) -> dict[str, str]:
+    """The clients' environment: CPU JAX, and the persistent compilation cache if given."""
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                 "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
+        env.pop(name, None)
+    if cache_dir is not None:
+        env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
+        # JAX caches only compilations longer than 1 s by default; ours take ~0.2 s each
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+    return env
+
+
+def client_cmd(design: str, url: str, figures: Path, heavy: bool = False) -> list[str]:
+    if design == "io-ceiling":
+        return [sys.executable, "-m", "bench.io_ceiling", "--url", url, "--features", str(FEATURES)]
+    module = {"forkless": "bench.forkless_client", "spawn": "bench.spawn_client"}[design]
+    return [sys.executable, "-m", module, "--url", url, "--out", str(figures)] + (["--heavy"] if heavy else [])
+
+
+class TreeSampler:
+    """Peak summed RSS of a process and all its descendants, sampled every ``SAMPLE_S``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_bytes = 0
+        self.peak_processes: list[dict[str, Any]] = []
+        self.max_processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def __enter__(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(2.0)
+
+    def _run(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._stop.is_set():
+            self.sample(root)
+            self._stop.wait(SAMPLE_S)
+
+    def sample(self, root: psutil.Process) -> None:
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        total = 0
+        seen = []
+        for p in procs:
+            try:
+                rss = p.memory_info().rss
+                seen.append({"pid": p.pid, "rss_mib": round(rss / 2**20, 1), "cmd": _short_cmd(p)})
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            total += rss
+        self.max_processes = max(self.max_processes, len(seen))
+        if total > self.peak_bytes:
+            self.peak_bytes = total
+            self.peak_processes = seen
+
+
+def _short_cmd(p: psutil.Process) -> str:
+    try:
+        cmd = p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "?"
+    text = " ".join(os.path.basename(c) if i == 0 else c for i, c in enumerate(cmd))
+    if "resource_tracker" in text:
+        return "python (multiprocessing resource tracker)"
+    if "multiprocessing.spawn" in text or "spawn_main" in text:
+        return "python (multiprocessing spawn child)"
+    return text[:80]
+
+
+def stop_tree(proc: subprocess.Popen[Any], timeout: float) -> int | None:
+    """Wait for ``proc``; past ``timeout`` SIGTERM it, then kill it and what it started."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    return None
+
+
+# ---- one run ----------------------------------------------------------------------------------
+
+
+def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag: str,
+             heavy: bool = False) -> dict[str, Any]:
+    """One design against one load-generator run; the loadgen RESULT plus the client's figures."""
+    args = [*LOADS[load], "--duration", str(plan.duration_s), "--warmup-s", str(plan.warmup_s),
+            "--streams", str(STREAMS), "--features", str(FEATURES), "--host", "127.0.0.1", "--port", "0"]
+    if load == "window":
+        args += ["--window", str(plan.window)]
+    figures_path = work / f"{tag}.json"
+    log_path = work / "logs" / f"{tag}.log"
+    loadgen, url = start_loadgen(args)
+    started = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        client = subprocess.Popen(client_cmd(design, url, figures_path, heavy), cwd=REPO_ROOT,
+                                  env=client_env(cache_dir), stdout=log, stderr=subprocess.STDOUT)
+        with TreeSampler(client.pid) as rss:
+            try:
+                result = wait_result(loadgen, timeout=plan.duration_s + 90)
+            finally:
+                rc = stop_tree(client, 30.0)
+    figures = None
+    if figures_path.exists():
+        figures = json.loads(figures_path.read_text())
+    sample = result.pop("latencies_ms_sample", None) or []
+    run = {
+        "design": design, "load": load, "heavy": heavy, "tag": tag,
+        "wall_s": round(time.perf_counter() - started, 2),
+        "client_rc": rc,
+        "loadgen": result,
+        "client": figures,
+        "peak_rss_mib": round(rss.peak_bytes / 2**20, 1),
+        "processes": rss.max_processes,
+        "peak_processes": rss.peak_processes,
+        # a compact sketch of the latency distribution, for the plot
+        "latency_quantiles_ms": (np.quantile(np.asarray(sample), np.linspace(0, 1, 501)).round(4).tolist()
+                                 if sample else []),
+    }
+    lat = result.get("latency_ms") or result.get("rtt_ms") or {}
+    print(f"  {tag:<28} sent {result.get('sent')} answered {result.get('answered')} "
+          f"p50 {_fmt(lat.get('p50'))} p99 {_fmt(lat.get('p99'))} ms  "
+          f"{_fmt(result.get('throughput_msg_s'), 0)} msg/s  rss {run['peak_rss_mib']} MiB", flush=True)
+    return run
+
+
+# ---- start-up: process start to first result --------------------------------------------------
+
+
+class FirstResultFeed:
+    """A one-connection feed in a background thread: sends a message every 2 ms until the
+    first result comes back, notes when (``perf_counter``), then closes the connection."""
+
+    def __init__(self) -> None:
+        self.first_result_at: float | None = None
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="first-result-feed", daemon=True)
+
+    def start(self) -> str:
+        self._thread.start()
+        self._ready.wait(10)
+        return self.url
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop_event.set)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._main())
+        self._loop.close()
+
+    async def _main(self) -> None:
+        from aiohttp import WSMsgType, web
+
+        self._stop_event = asyncio.Event()
+
+        async def handle(request: web.Request) -> web.WebSocketResponse:
+            ws = web.WebSocketResponse()
+            await ws.prepare(request)
+
+            async def send() -> None:
+                seq = 0
+                while not ws.closed:
+                    await ws.send_str(json.dumps({"seq": seq, "stream": "s0", "x": [0.5] * FEATURES}))
+                    seq += 1
+                    await asyncio.sleep(0.002)
+
+            sender = asyncio.create_task(send())
+            try:
+                async for msg in ws:
+                    if msg.type is WSMsgType.TEXT and '"z"' in msg.data:
+                        self.first_result_at = time.perf_counter()
+                        self._done.set()
+                        break
+            finally:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+                await ws.close()
+            return ws
+
+        app = web.Application()
+        app.router.add_get("/", handle)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"ws://127.0.0.1:{runner.addresses[0][1]}/"
+        self._ready.set()
+        await self._stop_event.wait()
+        await runner.cleanup()
+
+
+def time_to_first_result(design: str, cache_dir: str, work: Path, tag: str) -> float | None:
+    """Seconds from starting the design's process to its first result on the feed.
+
+    forkless is started exactly as a user starts it: ``python app.py`` with FORKLESS_WS_URL.
+    """
+    feed = FirstResultFeed()
+    url = feed.start()
+    env = client_env(cache_dir)
+    if design == "forkless":
+        env.update(FORKLESS_WS_URL=url, FORKLESS_SHUTDOWN_TIMEOUT_S="3")
+        cmd = [sys.executable, "app.py"]
+    else:
+        cmd = client_cmd(design, url, work / f"{tag}.json")
+    with open(work / "logs" / f"{tag}.log", "w", encoding="utf-8") as log:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            feed.wait(60.0)
+        finally:
+            if proc.poll() is None and design == "forkless":
+                proc.send_signal(signal.SIGTERM)  # the orderly stop a user gets with Ctrl-C
+            stop_tree(proc, 15.0)
+            feed.close()
+    if feed.first_result_at is None:
+        return None
+    seconds = feed.first_result_at - started
+    print(f"  {tag:<28} first result after {seconds:.2f} s", flush=True)
+    return round(seconds, 3)
+
+
+# ---- the two ceilings that are not designs -----------------------------------------------------
+
+
+def compute_ceiling(plan: Plan, work: Path, cache_dir: str) -> dict[str, Any]:
+    path = work / "compute-ceiling.json"
+    subprocess.run([sys.executable, "-m", "bench.compute_ceiling", "--seconds", str(plan.compute_s),
+                    "--streams", str(STREAMS), "--out", str(path)],
+                   cwd=REPO_ROOT, env=client_env(cache_dir), check=True, timeout=120)
+    figures = json.loads(path.read_text())
+    print(f"  compute-ceiling              {figures['throughput_msg_s']:.0f} msg/s", flush=True)
+    return figures
+
+
+def lag_floor(seconds: float) -> dict[str, Any]:
+    """Lag of an idle asyncio loop measured like the IO thread's (sleep 50 ms, overshoot):
+    the floor of the lag figures on this machine (the epoll timeout has 1 ms granularity)."""
+    code = (
+        "import asyncio,json,time\n"
+        "async def m(n):\n"
+        "    loop=asyncio.get_running_loop(); out=[]\n"
+        "    for _ in range(n):\n"
+        "        e=loop.time()+0.05; await asyncio.sleep(0.05); out.append(max(0.0,loop.time()-e))\n"
+        "    return out\n"
+        f"print(json.dumps(asyncio.run(m({max(10, int(seconds / 0.05))}))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    ms = np.asarray(json.loads(out.stdout)) * 1000
+    figures = {"p50": float(np.quantile(ms, 0.5)), "p99": float(np.quantile(ms, 0.99)), "samples": len(ms)}
+    print(f"  idle asyncio loop lag        p50 {figures['p50']:.2f} p99 {figures['p99']:.2f} ms", flush=True)
+    return figures
+
+
+# ---- summary, targets, table, plot ------------------------------------------------------------
+
+
+def _median(values: list[Any]) -> float | None:
+    vals = [v for v in values if isinstance(v, (int, float)) and not math.isnan(v)]
+    return statistics.median(vals) if vals else None
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and digits == 0:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict[str, Any],
+              floor: dict[str, Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for design in DESIGNS:
+        mine = [r for r in runs if r["design"] == design and not r["heavy"]]
+        row: dict[str, Any] = {}
+        for load in ("rate_1k", "rate_10k"):
+            lats = [r["loadgen"].get("latency_ms") or {} for r in mine if r["load"] == load]
+            row[load] = {q: _median([lat.get(q) for lat in lats]) for q in ("p50", "p99", "p999")}
+        row["throughput_msg_s"] = _median([r["loadgen"].get("throughput_msg_s") for r in mine if r["load"] == "window"])
+        row["peak_rss_mib"] = max((r["peak_rss_mib"] for r in mine), default=None)
+        row["processes"] = max((r["processes"] for r in mine), default=None)
+        row["peak_processes"] = max(mine, key=lambda r: r["peak_rss_mib"])["peak_processes"] if mine else []
+        if design in JAX_DESIGNS:
+            lags = [(r["client"] or {}).get("loop_lag_ms") or {} for r in mine if r["load"] == "rate_1k"]
+            row["loop_lag_ms_1k"] = {q: _median([lag.get(q) for lag in lags]) for q in ("p50", "p99")}
+            heavy = [r for r in runs if r["design"] == design and r["heavy"]]
+            hl = [(r["client"] or {}).get("loop_lag_ms") or {} for r in heavy]
+            row["loop_lag_ms_heavy"] = {q: _median([lag.get(q) for lag in hl]) for q in ("p50", "p99")}
+            row["heavy_latency_ms"] = {q: _median([(r["loadgen"].get("latency_ms") or {}).get(q) for r in heavy])
+                                       for q in ("p50", "p99")}
+            row["heavy_step_ms"] = _median([(r["client"] or {}).get("step_ms_mean") for r in heavy])
+            after = [(r["client"] or {}).get("compilations_after_warmup") for r in runs if r["design"] == design]
+            row["compilations_after_warmup"] = max((a for a in after if a is not None), default=None)
+            row["first_result_s"] = startup.get(design, {})
+        summary[design] = row
+    summary["compute-ceiling"] = {"throughput_msg_s": compute.get("throughput_msg_s")}
+    summary["idle_loop_lag_ms"] = floor
+    return summary
+
+
+def targets(s: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets, each with the measured value, the limit and whether it is met."""
+    f, sp, io = s["forkless"], s["spawn"], s["io-ceiling"]
+    out = []
+
+    def add(name: str, value: float | None, limit: float | None, le: bool = True) -> None:
+        met = None if value is None or limit is None else (value <= limit if le else value >= limit)
+        out.append({"target": name, "value": value, "limit": limit, "met": met})
+
+    def mul(a: float | None, k: float) -> float | None:
+        return None if a is None else a * k
+
+    for q in ("p50", "p99"):
+        add(f"latency {q} @1k <= 0.6 x spawn", f["rate_1k"][q], mul(sp["rate_1k"][q], 0.6))
+        add(f"latency {q} @1k <= 1.5 x io-ceiling", f["rate_1k"][q], mul(io["rate_1k"][q], 1.5))
+    add("throughput >= 2 x spawn", f["throughput_msg_s"], mul(sp["throughput_msg_s"], 2.0), le=False)
+    add("throughput >= io-ceiling", f["throughput_msg_s"], io["throughput_msg_s"], le=False)
+    add("IO-loop lag p99 @1k < 1 ms", f["loop_lag_ms_1k"]["p99"], 1.0)
+    add("peak RSS <= 0.8 x spawn", f["peak_rss_mib"], mul(sp["peak_rss_mib"], 0.8))
+    add("compilations after warm-up == 0", f["compilations_after_warmup"], 0)
+    add("first result with a warm cache < 2 s", (f["first_result_s"] or {}).get("warm_s"), 2.0)
+    return out
+
+
+def table(s: dict[str, Any]) -> str:
+    head = ["design", "p50@1k", "p99@1k", "p99.9@1k", "p50@10k", "p99@10k", "p99.9@10k", "max msg/s",
+            "peak RSS MiB", "lag p50/p99 ms", "lag p99 heavy", "compiles", "1st result cold/warm s"]
+    rows = [head]
+    for design in (*DESIGNS, "compute-ceiling"):
+        r = s[design]
+        if design == "compute-ceiling":
+            rows.append([design, *["-"] * 6, _fmt(r["throughput_msg_s"], 0), *["-"] * 5])
+            continue
+        lag = r.get("loop_lag_ms_1k")
+        heavy = r.get("loop_lag_ms_heavy")
+        first = r.get("first_result_s") or {}
+        rows.append([
+            design,
+            *(_fmt(r[load][q]) for load in ("rate_1k", "rate_10k") for q in ("p50", "p99", "p999")),
+            _fmt(r["throughput_msg_s"], 0),
+            _fmt(r["peak_rss_mib"], 0) + (f" ({r['processes']}p)" if r.get("processes") else ""),
+            f"{_fmt(lag['p50'])}/{_fmt(lag['p99'])}" if lag else "-",
+            _fmt(heavy["p99"]) if heavy else "-",
+            _fmt(r.get("compilations_after_warmup")) if design in JAX_DESIGNS else "-",
+            f"{_fmt(first.get('cold_s'))}/{_fmt(first.get('warm_s'))}" if first else "-",
+        ])
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
+    lines = [" | ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"forkless": "tab:blue", "spawn": "tab:orange", "io-ceiling": "tab:green", "compute-ceiling": "tab:gray"}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    for ax, load, title in ((axes[0], "rate_1k", "1,000 msg/s"), (axes[1], "rate_10k", "10,000 msg/s")):
+        for design in DESIGNS:
+            qs = [np.asarray(r["latency_quantiles_ms"]) for r in results["runs"]
+                  if r["design"] == design and r["load"] == load and not r["heavy"] and r["latency_quantiles_ms"]]
+            if not qs:
+                continue
+            lat = np.sort(np.concatenate(qs))
+            cdf = np.linspace(0, 1, len(lat))
+            ax.plot(lat, cdf, label=design, color=colours[design])
+        ax.set_xscale("log")
+        ax.set_xlabel("latency from due time (ms, log)")
+        ax.set_ylabel("fraction of messages")
+        ax.set_title(f"latency distribution at {title}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    names = [*DESIGNS, "compute-ceiling"]
+    values = [results["summary"][n]["throughput_msg_s"] or 0 for n in names]
+    bars = axes[2].bar(names, values, color=[colours[n] for n in names])
+    axes[2].set_yscale("log")
+    axes[2].set_ylabel("messages per second (log)")
+    axes[2].set_title(f"max throughput (window {results['plan']['window']} in flight)")
+    for bar, v in zip(bars, values):
+        axes[2].annotate(f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=9)
+    m = results["machine"]
+    fig.suptitle(f"forkless benchmark · {results['date']} · {m['cpu']}, {m['cores']} cores · "
+                 f"Python {m['python']}, jax {m['jax']} · `{results['command']}`", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- the whole run ---------------------------------------------------------------------------
+
+
+def rotated(items: tuple[str, ...], k: int) -> Iterator[str]:
+    k %= len(items)
+    yield from items[k:] + items[:k]
+
+
+def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="forkless-bench-") as tmp:
+        work = Path(tmp)
+        (work / "logs").mkdir()
+        # one persistent compilation cache per design: empty for the cold start, then warm for
+        # the warm start and every later run (so no load run pays for, or measures, XLA)
+        caches = {design: str(work / f"jax-cache-{design}") for design in DESIGNS}
+        runs: list[dict[str, Any]] = []
+        startup: dict[str, dict[str, Any]] = {}
+        print("start-up (process start to first result):", flush=True)
+        for design in JAX_DESIGNS:
+            cold = time_to_first_result(design, caches[design], work, f"{design}-first-cold")
+            warm = time_to_first_result(design, caches[design], work, f"{design}-first-warm")
+            startup[design] = {"cold_s": cold, "warm_s": warm}
+        print("ceilings:", flush=True)
+        compute = compute_ceiling(plan, work, str(work / "jax-cache-compute"))
+        floor = lag_floor(plan.lag_floor_s)
+        print(f"loads ({plan.repeats} repeat(s), {plan.duration_s:g} s each, first {plan.warmup_s:g} s not counted):",
+              flush=True)
+        for rep in range(plan.repeats):
+            for load in LOADS:
+                for design in rotated(DESIGNS, rep):
+                    runs.append(run_load(design, load, plan, work, caches[design], f"{design}-{load}-r{rep}"))
+        print("heavy step at 1,000 msg/s:", flush=True)
+        for design in JAX_DESIGNS:
+            runs.append(run_load(design, "rate_1k", plan, work, caches[design], f"{design}-heavy", heavy=True))
+        logs = out / "logs"
+        shutil.rmtree(logs, ignore_errors=True)
+        shutil.copytree(work / "logs", logs)
+    summary = summarise(runs, startup, compute, floor)
+    results = {
+        "command": command,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "plan": plan.__dict__,
+        "loadgen_settings": {"streams": STREAMS, "features": FEATURES, "loads": LOADS},
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "summary": summary,
+        "targets": targets(summary),
+        "compute_ceiling": compute,
+        "runs": runs,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    plot(results, out / "bench.png")
+    return results
+
+
+def report(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = [
+        f"{results['date']} · {m['cpu']} · {m['cores']} cores · Python {m['python']} · jax {m['jax']} · "
+        f"{results['elapsed_s']} s",
+        "latency in ms from the due time (medians over repeats); max msg/s with a bounded window;",
+        "lag = IO-loop lag during traffic at 1,000 msg/s (heavy: with a ~100 ms step); "
+        f"idle-loop lag floor here p50 {results['summary']['idle_loop_lag_ms']['p50']:.2f} "
+        f"p99 {results['summary']['idle_loop_lag_ms']['p99']:.2f} ms",
+        "",
+        table(results["summary"]),
+        "",
+        "targets:",
+    ]
+    for t in results["targets"]:
+        mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
+        lines.append(f"  {mark} {t['target']}: {_fmt(t['value'])} (limit {_fmt(t['limit'])})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description="Run the forkless benchmark.")
+    p.add_argument("--quick", action="store_true", help="one short repeat of everything (a smoke run, ~1 min)")
+    p.add_argument("--out", default=str(REPO_ROOT / "bench" / "out"), help="where results.json and bench.png go")
+    a = p.parse_args(argv)
+    plan = Plan.quick() if a.quick else Plan.full()
+    command = "python -m bench.run" + (" --quick" if a.quick else "")
+    results = run_all(plan, Path(a.out), command)
+    print()
+    print(report(results))
+    print(f"\nwrote {Path(a.out) / 'results.json'} and {Path(a.out) / 'bench.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""The spawn design: the usual answer to "JAX does not survive fork", written to be fast.
+
+    python -m bench.spawn_client --url ws://127.0.0.1:PORT/ --out stats.json [--heavy]
+
+Two processes (plus the multiprocessing resource tracker):
+
+- the **child**, started with ``multiprocessing.get_context("spawn")``, never imports JAX
+  (``"jax" in sys.modules`` is checked and reported). It runs the aiohttp WebSocket client:
+  it decodes each frame with the project's ``JsonCodec`` and, rather than one queue item per
+  message, puts everything decoded in one pass of its event loop as ONE item (columns:
+  ``seq``, ``stream``, ``x``) on the inbound ``multiprocessing.Queue``. Results come back
+  as lists of encoded frames on the outbound queue; the child waits for them on the queue's
+  pipe with ``loop.add_reader`` (no helper thread, no executor) and writes them in order.
+  A lag monitor task, the same as the forkless IO thread's, measures its loop lag.
+- the **parent** starts the child first (its start-up overlaps the compilation; the child
+  connects once the parent says it is ready, as the controller does), then does
+  what ``controller/loop.py`` does: ``Config.from_env`` for the same knobs, the default
+  processor, every bucket compiled ahead of time, the same ``MicroBatcher`` rules (wait for
+  a first item, add what is already waiting while ``wants_more``), ``StreamSlots``,
+  ``pad_batch``, one ``device_get`` per batch, ``JsonCodec.encode_results``, one outbound
+  item per batch.
+
+The child ends when the feed closes the connection and tells the parent with a last
+("end", figures) item; the parent finishes its batch, writes the JSON figures to ``--out``
+(loop lag of the child during traffic, compilations after warm-up, batch sizes) and exits.
+
+This module is also what the spawned child imports, so its top level imports neither JAX
+nor the ``controller`` package (whose ``__init__`` imports JAX): the child loads the pure
+``controller/codec.py`` by its path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import math
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LAG_INTERVAL_S = 0.05  # as io_loop/thread.py
+POLL_S = 0.1  # as controller/loop.py
+READY = "ready"  # parent -> child: compiled, connect now
+
+
+def load_pure(name: str) -> ModuleType:
+    """``controller/<name>.py`` without running ``controller/__init__.py`` (which imports JAX).
+
+    Only for the pure core modules (codec, stats), whose own imports are numpy and the
+    standard library; the same file the forkless design runs, not a copy.
+    """
+    mod_name = f"_bench_pure_{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, REPO_ROOT / "controller" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- the child: aiohttp client, no JAX -------------------------------------------------------
+
+
+def child_main(url: str, settings: dict[str, Any], inbound: Any, outbound: Any) -> None:
+    """Entry point of the spawned child."""
+    asyncio.run(_child(url, settings, inbound, outbound))
+
+
+async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any) -> None:
+    import aiohttp
+
+    text = aiohttp.WSMsgType.TEXT
+    codec = load_pure("codec").JsonCodec(settings["features"], max_frame_items=settings["max_frame_items"])
+    loop = asyncio.get_running_loop()
+    seqs: list[Any] = []
+    streams: list[str] = []
+    xs: list[np.ndarray] = []
+    flush_pending = False
+    lags: list[float] = []
+    figures: dict[str, Any] = {"frames_in": 0, "messages_in": 0, "results_out": 0}
+    traffic = False
+
+    def flush() -> None:
+        # everything decoded in this pass of the loop goes over as one item
+        nonlocal seqs, streams, xs, flush_pending
+        flush_pending = False
+        if seqs:
+            x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=0)
+            inbound.put(("c", seqs, streams, x))
+            seqs, streams, xs = [], [], []
+
+    to_send: deque[list[str]] = deque()
+    wake = asyncio.Event()
+    ready = asyncio.Event()
+
+    def on_results() -> None:
+        while True:
+            try:
+                item = outbound.get_nowait()
+            except queue.Empty:
+                break
+            if item == READY:
+                ready.set()
+            else:
+                to_send.append(item)
+        wake.set()
+
+    async def send(ws: Any, frame: str | bytes) -> None:
+        if type(frame) is bytes:  # UTF-8 JSON from the codec: a text frame as is (as io_loop/client.py)
+            await ws.send_frame(frame, text)
+        else:
+            await ws.send_str(frame)
+
+    async def write(ws: Any) -> None:
+        while True:
+            await wake.wait()
+            wake.clear()
+            while to_send:
+                frames = to_send.popleft()
+                for frame in frames:
+                    await send(ws, frame)
+                figures["results_out"] += len(frames)
+
+    async def watch_lag() -> None:
+        while True:
+            expected = loop.time() + LAG_INTERVAL_S
+            await asyncio.sleep(LAG_INTERVAL_S)
+            if traffic:
+                lags.append(max(0.0, loop.time() - expected))
+
+    loop.add_reader(outbound._reader.fileno(), on_results)  # the queue's pipe: readable = results
+    lag_task = asyncio.create_task(watch_lag())
+    try:
+        await ready.wait()  # as the controller: connect only once every bucket is compiled
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(url, heartbeat=settings["heartbeat_s"] or None,
+                                          max_msg_size=settings["max_msg_bytes"], autoping=True) as ws:
+                writer = asyncio.create_task(write(ws))
+                try:
+                    async for msg in ws:
+                        if msg.type is aiohttp.WSMsgType.TEXT or msg.type is aiohttp.WSMsgType.BINARY:
+                            traffic = True
+                            figures["frames_in"] += 1
+                            decoded = codec.decode(msg.data)
+                            for reason, seq in decoded.errors:
+                                await send(ws, codec.encode_error(reason, seq))
+                            if len(decoded):
+                                figures["messages_in"] += len(decoded)
+                                seqs.extend(decoded.seq)
+                                streams.extend(decoded.stream)
+                                xs.append(decoded.x)
+                                if not flush_pending:
+                                    flush_pending = True
+                                    loop.call_soon(flush)
+                        elif msg.type is aiohttp.WSMsgType.ERROR:
+                            break
+                finally:
+                    traffic = False
+                    writer.cancel()
+                    (outcome,) = await asyncio.gather(writer, return_exceptions=True)
+                    if not isinstance(outcome, asyncio.CancelledError):
+                        figures["writer_failed"] = repr(outcome)  # never silently
+                        print(f"spawn child: the writer failed: {outcome!r}", file=sys.stderr, flush=True)
+    finally:
+        lag_task.cancel()
+        loop.remove_reader(outbound._reader.fileno())
+        flush()
+        figures["lag_s"] = lags
+        figures["jax_imported"] = "jax" in sys.modules
+        figures["pid"] = os.getpid()
+        inbound.put(("end", figures))
+
+
+# ---- the parent: the same batching and jitted step as controller/loop.py ---------------------
+
+
+def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
+    from controller.config import Config  # imports JAX (the controller package)
+
+    cfg = Config.from_env(ws_url=url)
+    settings = {"features": cfg.features, "max_frame_items": cfg.max_frame_items,
+                "heartbeat_s": cfg.heartbeat_s, "max_msg_bytes": cfg.max_msg_bytes}
+    ctx = mp.get_context("spawn")
+    inbound = ctx.Queue()
+    outbound = ctx.Queue()
+    child = ctx.Process(target=child_main, args=(url, settings, inbound, outbound), name="spawn-io", daemon=True)
+    child.start()  # before compiling: the child's start-up overlaps the compilation
+
+    import jax
+
+    from controller.batching import Chunk, MicroBatcher, StreamSlots, bucket_for, pad_batch
+    from controller.codec import JsonCodec
+    from controller.loop import compilations
+    from controller.processor import default_processor
+    from controller.stats import SECONDS_BOUNDS, Histogram
+
+    if heavy:
+        from bench.heavy import heavy_processor
+
+        processor = heavy_processor(cfg)
+    else:
+        processor = default_processor(cfg)
+    codec = JsonCodec(cfg.features, max_frame_items=cfg.max_frame_items)
+    state = jax.device_put(processor.init(cfg))
+    jitted = jax.jit(processor.step)
+    compiled = {}
+    for bucket in cfg.buckets:
+        example = pad_batch(np.zeros((0, cfg.features), np.float32), np.zeros(0, np.int32), bucket, cfg.max_streams)
+        compiled[bucket] = jitted.lower(state, example).compile()
+    compilations_at_ready = compilations()
+    outbound.put(READY)
+
+    batcher = MicroBatcher(cfg.max_batch, cfg.max_wait_ms / 1000)
+    slots = StreamSlots(cfg.max_streams)
+    child_figures: dict[str, Any] = {}
+    batches = processed = 0
+    sizes: list[int] = []
+    deadline = time.monotonic() + max_s
+    ended = False
+
+    def add(item: tuple) -> bool:
+        if item[0] == "end":
+            child_figures.update(item[1])
+            return True
+        batcher.add(Chunk(item[1], item[2], item[3], 0), time.monotonic())
+        return False
+
+    while (not ended or len(batcher)) and time.monotonic() < deadline:
+        if not len(batcher):
+            try:
+                ended = add(inbound.get(timeout=POLL_S))
+            except queue.Empty:
+                if not child.is_alive():
+                    break
+                continue
+        while not ended and batcher.wants_more(time.monotonic()):
+            try:
+                ended = add(inbound.get_nowait())
+            except queue.Empty:
+                break
+        taken = batcher.take(time.monotonic())
+        if taken is None:
+            continue
+        n = len(taken)
+        key, ok = slots.lookup(taken.stream)
+        if not ok.all():  # as the controller: refuse streams past max_streams with an error
+            idx = np.flatnonzero(ok)
+            seq = [taken.seq[i] for i in idx.tolist()]
+            stream = [taken.stream[i] for i in idx.tolist()]
+            x, key = taken.x[idx], key[idx]
+        else:
+            seq, stream, x = taken.seq, taken.stream, taken.x
+        frames: list[str] = []
+        if seq:
+            m = len(seq)
+            bucket = bucket_for(m, cfg.buckets)
+            state, outputs = compiled[bucket](state, pad_batch(x, key, bucket, cfg.max_streams))
+            outputs = jax.device_get(outputs)
+            frames = codec.encode_results(seq, stream, {k: np.asarray(v)[:m] for k, v in outputs.items()})
+            processed += m
+        if not ok.all():
+            good = iter(frames)
+            reason = f"too many streams (FORKLESS_MAX_STREAMS={cfg.max_streams})"
+            frames = [next(good) if ok[i] else codec.encode_error(reason, taken.seq[i]) for i in range(n)]
+        batches += 1
+        sizes.append(n)
+        outbound.put(frames)
+
+    outbound.cancel_join_thread()  # the child may be gone: never hang on a full pipe at exit
+    child.join(5.0)
+    if child.is_alive():
+        child.terminate()
+        child.join(2.0)
+    lag = Histogram(SECONDS_BOUNDS)
+    lag.observe_many(child_figures.pop("lag_s", []))
+    snap = lag.snapshot()
+
+    def ms(q: float) -> float | None:
+        v = snap.quantile(q)
+        return None if math.isnan(v) else v * 1000
+
+    figures = {
+        "design": "spawn",
+        "loop_lag_ms": {"p50": ms(0.5), "p99": ms(0.99), "max": ms(1.0), "samples": snap.n},
+        "batch_size_mean": float(np.mean(sizes)) if sizes else None,
+        "batches": batches,
+        "processed": processed,
+        "compilations": compilations(),
+        "compilations_after_warmup": compilations() - compilations_at_ready,
+        "child": child_figures,
+        "child_imported_jax": child_figures.get("jax_imported"),
+        "pid": os.getpid(),
+    }
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(figures, f)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.spawn_client",
+                                description="The spawn design (child: aiohttp, no JAX; parent: JAX).")
+    p.add_argument("--url", required=True, help="ws:// URL of the feed (bench.loadgen)")
+    p.add_argument("--out", required=True, help="where to write the JSON figures")
+    p.add_argument("--heavy", action="store_true", help="run the heavy-step processor (bench.heavy)")
+    p.add_argument("--max-s", type=float, default=120.0, help="stop after this long whatever happens")
+    a = p.parse_args(argv)
+    return parent_main(a.url, a.out, a.heavy, a.max_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

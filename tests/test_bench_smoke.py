@@ -1,0 +1,85 @@
+"""Smoke run of the whole benchmark (``python -m bench.run --quick``), so it cannot rot.
+
+One short repeat of every design and every figure (about a minute on 2 cores). The
+assertions are on completeness and accounting only — every design has numbers, every
+message sent was answered — never on how fast anything was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUN_TIMEOUT_S = 240
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, str]:
+    out = tmp_path_factory.mktemp("bench-out")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(out)], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads((out / "results.json").read_text()), out, proc.stdout
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_quick_benchmark_answers_every_message_of_every_run(results: tuple[dict[str, Any], Path, str]) -> None:
+    data, _, _ = results
+    designs = {run["design"] for run in data["runs"]}
+    assert designs == {"forkless", "spawn", "io-ceiling"}
+    for run in data["runs"]:
+        lg = run["loadgen"]
+        assert lg["sent"] > 0, run["tag"]
+        assert lg["sent"] == lg["answered"], run["tag"]
+        assert lg["missing"] == 0 and lg["errors"] == 0 and lg["duplicates"] == 0, run["tag"]
+        assert run["client_rc"] == 0, run["tag"]
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_quick_benchmark_has_numeric_figures_for_every_design(results: tuple[dict[str, Any], Path, str]) -> None:
+    summary = results[0]["summary"]
+    for design in ("forkless", "spawn", "io-ceiling"):
+        row = summary[design]
+        for load in ("rate_1k", "rate_10k"):
+            for q in ("p50", "p99", "p999"):
+                assert _number(row[load][q]), (design, load, q)
+        assert _number(row["throughput_msg_s"]), design
+        assert _number(row["peak_rss_mib"]) and row["peak_rss_mib"] > 0, design
+    for design in ("forkless", "spawn"):
+        row = summary[design]
+        assert _number(row["loop_lag_ms_1k"]["p50"]) and _number(row["loop_lag_ms_1k"]["p99"]), design
+        assert _number(row["loop_lag_ms_heavy"]["p99"]), design
+        assert _number(row["first_result_s"]["cold_s"]) and _number(row["first_result_s"]["warm_s"]), design
+        assert row["compilations_after_warmup"] == 0, design
+    assert _number(summary["compute-ceiling"]["throughput_msg_s"])
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_spawn_design_runs_three_processes_and_its_child_never_imports_jax(
+        results: tuple[dict[str, Any], Path, str]) -> None:
+    runs = [r for r in results[0]["runs"] if r["design"] == "spawn"]
+    assert runs
+    for run in runs:
+        assert run["client"]["child_imported_jax"] is False, run["tag"]
+        assert run["processes"] == 3, run["tag"]  # parent, spawned child, resource tracker
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_quick_benchmark_writes_the_plot_and_prints_the_table(results: tuple[dict[str, Any], Path, str]) -> None:
+    _, out, stdout = results
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for row in ("forkless", "spawn", "io-ceiling", "compute-ceiling"):
+        assert any(line.startswith(row) for line in stdout.splitlines()), row
