@@ -40,6 +40,10 @@ from controller.stats import Histogram, IOStats, MainStats, StatsSnapshot, statu
 log = logging.getLogger("forkless.controller")
 
 POLL_S = 0.1
+# How long a thread may hold the GIL while another waits for it (CPython's default is 5 ms).
+# When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead
+# of 5 ms measured about +20% throughput and a shorter latency tail (see the README).
+SWITCH_INTERVAL_S = 0.001
 
 # Every XLA compilation in this process, counted from JAX's own monitoring events.
 _COMPILATIONS = [0]
@@ -89,6 +93,7 @@ class Controller:
         self._stopped = False
         self._logged_failures: set[str] = set()
         self._devices: tuple[str, ...] = ()
+        self._switch_interval: float | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -107,6 +112,9 @@ class Controller:
             return
         self._started = True
         self.compile()
+        self._switch_interval = sys.getswitchinterval()
+        if SWITCH_INTERVAL_S and not os.environ.get("FORKLESS_KEEP_SWITCH"):
+            sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self._io = IOThread(self.config, self.codec, self.io_stats, snapshot=self.stats)
         self._io.ready_flag = lambda: bool(self._compiled)
         self._side = self._io.start()
@@ -162,7 +170,13 @@ class Controller:
                           self.config.shutdown_timeout_s)
                 io.abort()
                 io.join(2.0)
+            self._restore_switch_interval()
         io.raise_if_failed()
+
+    def _restore_switch_interval(self) -> None:
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
+            self._switch_interval = None
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -196,6 +210,7 @@ class Controller:
             if cfg.status_s > 0:
                 self._print(status_line(self.stats(), last))
         finally:
+            self._restore_switch_interval()  # also when the IO thread failed and stop() never ran
             self._restore_signals(previous)
 
     def process_pending(self, timeout: float = 0.0) -> int:

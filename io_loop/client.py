@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 import time
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
@@ -39,6 +41,44 @@ from io_loop.bridge import Bridge, Outgoing
 log = logging.getLogger("forkless.client")
 
 RETRYABLE_4XX = (408, 429)
+CLOSE_TIMEOUT_S = 2.0  # how long an orderly close waits for the server's close frame
+
+
+class _CorkedTransport:
+    """Stands in for one connection's socket transport inside aiohttp's frame writer, so the
+    frames of one ``Outgoing`` item leave in a single ``write`` (one syscall) instead of one
+    each. Writes pass straight through unless corked (pongs and close frames included)."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._held: list[bytes] = []
+        self.corked = False
+
+    def write(self, data: bytes) -> None:
+        if self.corked:
+            self._held.append(data)
+        else:
+            self._transport.write(data)
+
+    def uncork(self) -> None:
+        self.corked = False
+        if self._held:
+            data = b"".join(self._held)
+            self._held.clear()
+            self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def _cork(ws: aiohttp.ClientWebSocketResponse) -> _CorkedTransport | None:
+    """Install the corked transport in aiohttp's writer; None (plain writes) if its layout changed."""
+    writer = getattr(ws, "_writer", None)
+    if writer is None or not hasattr(writer, "transport") or os.environ.get("FORKLESS_NO_CORK"):
+        return None
+    cork = _CorkedTransport(writer.transport)
+    writer.transport = cork
+    return cork
 
 
 class FeedFatal(Exception):
@@ -218,7 +258,7 @@ class FeedClient:
                 if writer in done:
                     outcome = writer.result()
                     if outcome == "drained":
-                        await ws.close(code=aiohttp.WSCloseCode.OK, message=b"done")
+                        await self._close_after_drain(ws)
                         log.info("connection %d closed with code 1000 after sending every result", conn,
                                  extra={"connection": conn})
                         return "closed"
@@ -241,6 +281,25 @@ class FeedClient:
             self.ws = None
             stats.connected = False
             stats.state_since = time.time()
+
+    async def _close_after_drain(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Close with 1000 and wait (bounded) for the server's close before dropping TCP.
+
+        aiohttp marks a connection whose ``receive()`` was cancelled (``stop_reading``) as an
+        abnormal closure, and ``close()`` then drops the TCP connection right after our close
+        frame. With frames we never read still in the socket buffer, the kernel answers with
+        RST, and the server may lose our last replies and the close frame. So that mark (a
+        private attribute) is cleared: ``close()`` then reads and discards frames until the
+        server's close, within ``CLOSE_TIMEOUT_S``.
+        """
+        if self._stopping and getattr(ws, "_close_code", None) == aiohttp.WSCloseCode.ABNORMAL_CLOSURE:
+            ws._close_code = None
+        try:
+            async with asyncio.timeout(min(CLOSE_TIMEOUT_S, self.config.shutdown_timeout_s)):
+                await ws.close(code=aiohttp.WSCloseCode.OK, message=b"done")
+        except TimeoutError:
+            log.warning("the server did not answer our close within %.1fs; connection dropped",
+                        min(CLOSE_TIMEOUT_S, self.config.shutdown_timeout_s))
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> str:
         stats = self.stats
@@ -307,6 +366,7 @@ class FeedClient:
     async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> str:
         stats = self.stats
         outbound = self.bridge.outbound
+        cork = _cork(ws)
         while True:
             if self._current is None:
                 try:
@@ -317,6 +377,8 @@ class FeedClient:
                 self._offset = 0
             item = self._current
             frames = item.frames
+            if cork is not None:
+                cork.corked = True
             try:
                 while self._offset < len(frames):
                     frame = frames[self._offset]
@@ -327,6 +389,9 @@ class FeedClient:
                     self._offset += 1
             except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
                 return f"send failed: {exc.__class__.__name__}: {_short(exc)}"
+            finally:
+                if cork is not None:
+                    cork.uncork()
             self._current = None
             if item.received_ns:
                 now = time.monotonic_ns()
