@@ -113,7 +113,7 @@ class Controller:
         self._started = True
         self.compile()
         self._switch_interval = sys.getswitchinterval()
-        if SWITCH_INTERVAL_S and not os.environ.get("FORKLESS_KEEP_SWITCH"):
+        if SWITCH_INTERVAL_S:
             sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self._io = IOThread(self.config, self.codec, self.io_stats, snapshot=self.stats)
         self._io.ready_flag = lambda: bool(self._compiled)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 
+MAX_EXPONENT = 64  # 2**64 times any sensible min_s is far past any max_s
+
 
 class Backoff:
     def __init__(self, min_s: float, max_s: float, reset_s: float, tries: int = 0,
@@ -39,5 +41,7 @@ class Backoff:
         self.failures += 1
         if self.tries and self.failures >= self.tries:
             return None
-        cap = min(self.max_s, self.min_s * 2 ** (self.failures - 1))
+        # the exponent is bounded: 2.0 ** 1024 overflows a float, and after ~1000 failures in a
+        # row (hours at the cap, with tries=0) that would kill the IO thread
+        cap = min(self.max_s, self.min_s * 2.0 ** min(self.failures - 1, MAX_EXPONENT))
         return self._rng.uniform(self.min_s, max(self.min_s, cap))

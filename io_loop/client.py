@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
 import time
 from typing import Any
@@ -74,7 +73,7 @@ class _CorkedTransport:
 def _cork(ws: aiohttp.ClientWebSocketResponse) -> _CorkedTransport | None:
     """Install the corked transport in aiohttp's writer; None (plain writes) if its layout changed."""
     writer = getattr(ws, "_writer", None)
-    if writer is None or not hasattr(writer, "transport") or os.environ.get("FORKLESS_NO_CORK"):
+    if writer is None or not hasattr(writer, "transport"):
         return None
     cork = _CorkedTransport(writer.transport)
     writer.transport = cork
