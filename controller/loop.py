@@ -215,13 +215,20 @@ class Controller:
 
     def process_pending(self, timeout: float = 0.0) -> int:
         """Process what is waiting (waiting up to ``timeout`` for a first message); returns
-        how many messages were processed. Raises if the IO thread has failed."""
+        how many messages were processed. Raises if the IO thread has failed.
+
+        It returns once what was queued when it was called has been processed, so a feed
+        that never pauses cannot keep the caller (or ``run()``'s stop check) waiting.
+        """
         if not self._started:
             raise RuntimeError("call start() (or use the controller as a context manager) first")
         self._io.raise_if_failed()
+        waiting = 0 if self._inbound_closed else self._side.inbound.qsize()
         done = self._cycle(timeout)
-        while len(self.batcher) or (not self._inbound_closed and self._side.inbound.qsize()):
+        cycles = 0
+        while cycles <= waiting and (len(self.batcher) or (not self._inbound_closed and self._side.inbound.qsize())):
             done += self._cycle(0.0)
+            cycles += 1
         return done
 
     def _cycle(self, timeout: float, deadline: float | None = None) -> int:
