@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-LAG_INTERVAL_S = 0.05  # as io_loop/thread.py
+LAG_INTERVAL_S = 0.02  # as io_loop/thread.py
 POLL_S = 0.1  # as controller/loop.py
 READY = "ready"  # parent -> child: compiled, connect now
 
@@ -81,6 +81,8 @@ def child_main(url: str, settings: dict[str, Any], inbound: Any, outbound: Any) 
 
 async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any) -> None:
     import aiohttp
+
+    from io_loop.client import _cork  # aiohttp and numpy only: no JAX in the child
 
     text = aiohttp.WSMsgType.TEXT
     codec = load_pure("codec").JsonCodec(settings["features"], max_frame_items=settings["max_frame_items"])
@@ -125,21 +127,32 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
             await ws.send_str(frame)
 
     async def write(ws: Any) -> None:
+        # the same one-write-per-batch corking as io_loop/client.py, so the designs differ
+        # only in how work crosses between threads or processes
+        cork = _cork(ws)
         while True:
             await wake.wait()
             wake.clear()
             while to_send:
                 frames = to_send.popleft()
-                for frame in frames:
-                    await send(ws, frame)
+                if cork is not None:
+                    cork.corked = True
+                try:
+                    for frame in frames:
+                        await send(ws, frame)
+                finally:
+                    if cork is not None:
+                        cork.uncork()
                 figures["results_out"] += len(frames)
 
     async def watch_lag() -> None:
+        # as io_loop/thread.py: how long a ready callback waits for its turn
         while True:
-            expected = loop.time() + LAG_INTERVAL_S
             await asyncio.sleep(LAG_INTERVAL_S)
+            start = loop.time()
+            await asyncio.sleep(0)
             if traffic:
-                lags.append(max(0.0, loop.time() - expected))
+                lags.append(loop.time() - start)
 
     loop.add_reader(outbound._reader.fileno(), on_results)  # the queue's pipe: readable = results
     lag_task = asyncio.create_task(watch_lag())

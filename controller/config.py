@@ -181,7 +181,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MAX_WAIT_MS", "max_wait_ms", _float(0.0, 10_000.0), "a number from 0 to 10000",
              "longest a batch keeps collecting messages that are arriving; never waits on an empty queue"),
     Variable("QUEUE_SIZE", "queue_size", _int(1, 1_000_000), "an integer from 1 to 1000000",
-             "bound of each queue (inbound frames, outbound batches)"),
+             "bound of each queue: inbound chunks (frames read together, at most MAX_BATCH messages"
+             " or one frame), outbound batches"),
     Variable("OVERFLOW", "overflow", _choice("block", "drop_oldest"), "block or drop_oldest",
              "inbound queue full: block stops reading the socket; drop_oldest drops and counts"),
     Variable("MAX_MSG_BYTES", "max_msg_bytes", _int(64, 1 << 30), "an integer from 64 to 1073741824",

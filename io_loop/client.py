@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import janus
+import numpy as np
 
 from controller.batching import Chunk
 from controller.codec import Codec
@@ -121,6 +122,11 @@ class FeedClient:
         self._outbound_done = False
         self._reader_task: asyncio.Task | None = None
         self._reader_in_handover = False
+        self._gathered: list[Any] = []  # decoded frames not yet handed to the main thread
+        self._gathered_n = 0
+        self._gathered_at = 0
+        self._handover_scheduled = False
+        self._pending_put: asyncio.Future | None = None  # a hand-over waiting for room in inbound
         self._current: Outgoing | None = None  # item being sent; survives reconnects
         self._offset = 0  # frames of _current already sent
         self._last_frame_at = 0.0
@@ -138,6 +144,8 @@ class FeedClient:
             if not self._reader_in_handover:
                 task.cancel()
             await asyncio.wait([task])
+        if self._gathered or self._pending_put is not None:
+            await self._hand_over(wait=self.config.overflow != "drop_oldest")
         if not self._inbound_stopped:
             self._inbound_stopped = True
             self.bridge.stop_inbound()
@@ -303,7 +311,6 @@ class FeedClient:
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> str:
         stats = self.stats
         codec = self.codec
-        inbound = self.bridge.inbound
         outbound = self.bridge.outbound
         loop = asyncio.get_running_loop()
         drop_oldest = self.config.overflow == "drop_oldest"
@@ -327,11 +334,9 @@ class FeedClient:
                     n = len(decoded.seq)
                     if n:
                         stats.messages_in += n
-                        chunk = Chunk(decoded.seq, decoded.stream, decoded.x, received)
-                        if drop_oldest:
-                            self._put_dropping_oldest(chunk)
-                        else:
-                            await inbound.put(chunk)
+                        self._gather(decoded, received)
+                        if self._gathered_n >= self.config.max_batch or self._pending_put is not None:
+                            await self._hand_over(wait=not drop_oldest)
                 finally:
                     self._reader_in_handover = False
                 if self._stopping:
@@ -346,6 +351,71 @@ class FeedClient:
                 return f"connection error: {exc.__class__.__name__}: {_short(exc)}"
             elif kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
                 return f"closed by the server (code {ws.close_code})"
+
+    # Frames that arrive together (one socket read holds many) cross to the main thread as
+    # one chunk: the reader gathers what it decodes and hands it over when the loop next
+    # turns (call_soon), or at once when max_batch messages are gathered, instead of one
+    # cross-thread wake-up per frame. Latency is counted from the first frame of a chunk.
+
+    def _gather(self, decoded: Any, received_ns: int) -> None:
+        if not self._gathered:
+            self._gathered_at = received_ns
+            if not self._handover_scheduled:
+                self._handover_scheduled = True
+                asyncio.get_running_loop().call_soon(self._hand_over_soon)
+        self._gathered.append(decoded)
+        self._gathered_n += len(decoded.seq)
+
+    def _take_gathered(self) -> Chunk | None:
+        parts = self._gathered
+        if not parts:
+            return None
+        self._gathered = []
+        self._gathered_n = 0
+        if len(parts) == 1:
+            return Chunk(parts[0].seq, parts[0].stream, parts[0].x, self._gathered_at)
+        seq: list[Any] = []
+        stream: list[str] = []
+        for part in parts:
+            seq.extend(part.seq)
+            stream.extend(part.stream)
+        return Chunk(seq, stream, np.concatenate([part.x for part in parts]), self._gathered_at)
+
+    def _hand_over_soon(self) -> None:
+        """Loop callback: put what was gathered without waiting. If ``inbound`` is full, a
+        task waits for room, and the reader waits for that task before it hands over more."""
+        self._handover_scheduled = False
+        if self._pending_put is not None:
+            return  # the reader hands over after the pending put (see _hand_over)
+        chunk = self._take_gathered()
+        if chunk is None:
+            return
+        if self.config.overflow == "drop_oldest":
+            self._put_dropping_oldest(chunk)
+            return
+        try:
+            self.bridge.inbound.put_nowait(chunk)
+        except asyncio.QueueFull:
+            self._pending_put = asyncio.ensure_future(self._put_later(chunk))
+
+    async def _put_later(self, chunk: Chunk) -> None:
+        try:
+            await self.bridge.inbound.put(chunk)
+        finally:
+            self._pending_put = None
+
+    async def _hand_over(self, wait: bool = True) -> None:
+        """Put everything gathered now, in order, waiting for room in ``inbound`` if full."""
+        pending = self._pending_put
+        if pending is not None:
+            await pending
+        chunk = self._take_gathered()
+        if chunk is None:
+            return
+        if wait:
+            await self.bridge.inbound.put(chunk)
+        else:
+            self._put_dropping_oldest(chunk)
 
     def _put_dropping_oldest(self, chunk: Chunk) -> None:
         inbound = self.bridge.inbound
