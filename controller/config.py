@@ -196,7 +196,7 @@ VARIABLES: tuple[Variable, ...] = (
              "reconnect when no frame has arrived for this long"),
     Variable("CONNECT_TIMEOUT_S", "connect_timeout_s", _float(0.0, lo_open=True), "a number > 0",
              "limit on connecting plus the opening handshake"),
-    Variable("RECONNECT_MIN_S", "reconnect_min_s", _float(0.0), "a number >= 0",
+    Variable("RECONNECT_MIN_S", "reconnect_min_s", _float(0.0, lo_open=True), "a number > 0",
              "smallest delay between connection attempts"),
     Variable("RECONNECT_MAX_S", "reconnect_max_s", _float(0.0), "a number >= RECONNECT_MIN_S",
              "largest delay between connection attempts"),

@@ -94,6 +94,8 @@ class Controller:
         self._logged_failures: set[str] = set()
         self._devices: tuple[str, ...] = ()
         self._switch_interval: float | None = None
+        # set by request_stop(): a put that waits for a socket that never drains gives up then
+        self._stop_deadline: float | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -142,6 +144,8 @@ class Controller:
 
     def request_stop(self) -> None:
         """Ask ``run()`` to stop; safe from signal handlers and other threads."""
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.config.shutdown_timeout_s
         self._stop_requested.set()
 
     def stop(self) -> None:
@@ -154,7 +158,8 @@ class Controller:
             return
         self._stopped = True
         io = self._io
-        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        self.request_stop()  # fixes the stop deadline, if a signal or the caller has not already
+        deadline = self._stop_deadline
         io.request_stop()
         try:
             while (not self._inbound_closed or len(self.batcher)) and time.monotonic() < deadline:
@@ -316,10 +321,18 @@ class Controller:
                   "".join(traceback.format_exception(exc)))
 
     def _put_outbound(self, item: Any, deadline: float | None) -> None:
+        """Hand replies to the IO thread, waiting while ``outbound`` is full (the socket is
+        slow): until the stop deadline once a stop was requested, else for as long as it takes."""
         outbound = self._side.outbound
         while True:
+            if deadline is None:
+                deadline = self._stop_deadline
+            wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             try:
-                outbound.put(item, timeout=POLL_S)
+                if wait > 0:
+                    outbound.put(item, timeout=wait)
+                else:
+                    outbound.put_nowait(item)
                 return
             except Full:
                 self._io.raise_if_failed()
@@ -392,7 +405,7 @@ class Controller:
                 os._exit(130)
             log.info("%s received: stopping (reading stopped, sending what is left)",
                      signal.Signals(signum).name)
-            self._stop_requested.set()
+            self.request_stop()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_signal)

@@ -24,6 +24,7 @@ import asyncio
 import logging
 import ssl
 import time
+from collections import deque
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -47,11 +48,15 @@ CLOSE_TIMEOUT_S = 2.0  # how long an orderly close waits for the server's close 
 class _CorkedTransport:
     """Stands in for one connection's socket transport inside aiohttp's frame writer, so the
     frames of one ``Outgoing`` item leave in a single ``write`` (one syscall) instead of one
-    each. Writes pass straight through unless corked (pongs and close frames included)."""
+    each. Writes pass straight through unless corked (pongs and close frames included).
+
+    It also remembers how many frames each of its recent writes held, so that frames still
+    waiting in the transport's buffer when a connection is given up can be counted."""
 
     def __init__(self, transport: Any) -> None:
         self._transport = transport
         self._held: list[bytes] = []
+        self._writes: deque[tuple[int, int]] = deque(maxlen=4096)  # (bytes, frames), newest last
         self.corked = False
 
     def write(self, data: bytes) -> None:
@@ -60,12 +65,28 @@ class _CorkedTransport:
         else:
             self._transport.write(data)
 
-    def uncork(self) -> None:
+    def uncork(self, frames: int) -> None:
         self.corked = False
         if self._held:
             data = b"".join(self._held)
             self._held.clear()
             self._transport.write(data)
+            self._writes.append((len(data), frames))
+
+    def frames_unflushed(self) -> int:
+        """Frames (from the newest writes) still in the transport's buffer, i.e. not yet
+        handed to the kernel; an upper estimate when a write was partly flushed."""
+        try:
+            waiting = self._transport.get_write_buffer_size()
+        except Exception:  # a closed transport: nothing left to count
+            return 0
+        frames = 0
+        for size, count in reversed(self._writes):
+            if waiting <= 0:
+                break
+            frames += count
+            waiting -= size
+        return frames
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -133,6 +154,7 @@ class FeedClient:
         self._connection_id = 0
         self._inbound_stopped = False
         self.ws: aiohttp.ClientWebSocketResponse | None = None
+        self._cork: _CorkedTransport | None = None
 
     # ---- control (IO loop) ------------------------------------------------------------------
 
@@ -246,9 +268,11 @@ class FeedClient:
         stats.connected = True
         stats.state_since = time.time()
         self.ws = ws
+        self._cork = _cork(ws)
         self._last_frame_at = asyncio.get_running_loop().time()
         log.info("connection %d to %s open", conn, self.shown_url, extra={"connection": conn})
         tasks: set[asyncio.Task] = set()
+        clean = False
         try:
             if self.config.subscribe:
                 await ws.send_str(self.config.subscribe)
@@ -265,7 +289,12 @@ class FeedClient:
                 if writer in done:
                     outcome = writer.result()
                     if outcome == "drained":
-                        await self._close_after_drain(ws)
+                        unflushed = self._cork.frames_unflushed() if self._cork is not None else 0
+                        if not await self._close_after_drain(ws) and unflushed:
+                            stats.dropped["replies lost with the connection"] += unflushed
+                            log.error("about %d reply frames were still unsent when connection %d was dropped",
+                                      unflushed, conn, extra={"connection": conn})
+                        clean = True
                         log.info("connection %d closed with code 1000 after sending every result", conn,
                                  extra={"connection": conn})
                         return "closed"
@@ -283,13 +312,19 @@ class FeedClient:
                 task.cancel()
             if tasks:
                 await asyncio.wait(tasks)
+            if not clean and self._cork is not None:
+                lost = self._cork.frames_unflushed()
+                if lost:  # written to a socket that is being given up: counted, never silent
+                    stats.dropped["replies lost with the connection"] += lost
+                    log.error("connection %d given up with about %d reply frames still unsent", conn, lost,
+                              extra={"connection": conn})
             if not ws.closed:
                 await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
             self.ws = None
             stats.connected = False
             stats.state_since = time.time()
 
-    async def _close_after_drain(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+    async def _close_after_drain(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
         """Close with 1000 and wait (bounded) for the server's close before dropping TCP.
 
         aiohttp marks a connection whose ``receive()`` was cancelled (``stop_reading``) as an
@@ -304,9 +339,11 @@ class FeedClient:
         try:
             async with asyncio.timeout(min(CLOSE_TIMEOUT_S, self.config.shutdown_timeout_s)):
                 await ws.close(code=aiohttp.WSCloseCode.OK, message=b"done")
+            return True
         except TimeoutError:
             log.warning("the server did not answer our close within %.1fs; connection dropped",
                         min(CLOSE_TIMEOUT_S, self.config.shutdown_timeout_s))
+            return False
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> str:
         stats = self.stats
@@ -435,7 +472,7 @@ class FeedClient:
     async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> str:
         stats = self.stats
         outbound = self.bridge.outbound
-        cork = _cork(ws)
+        cork = self._cork
         while True:
             if self._current is None:
                 try:
@@ -448,6 +485,7 @@ class FeedClient:
             frames = item.frames
             if cork is not None:
                 cork.corked = True
+            start = self._offset
             try:
                 while self._offset < len(frames):
                     frame = frames[self._offset]
@@ -460,7 +498,7 @@ class FeedClient:
                 return f"send failed: {exc.__class__.__name__}: {_short(exc)}"
             finally:
                 if cork is not None:
-                    cork.uncork()
+                    cork.uncork(self._offset - start)
             self._current = None
             if item.received_ns:
                 now = time.monotonic_ns()

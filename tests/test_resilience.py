@@ -1,0 +1,637 @@
+"""Fault tests, in process: a real ``Controller`` against a real loopback server (tests/servers.py).
+
+Each test scripts the server (close mid-stream, refuse, 503, ignore pings, go silent, stop
+reading, send junk), drives the controller from the main thread with ``process_pending``
+and asserts on what the server received. Every wait is bounded; delays are made small
+with the ``reconnect_*`` settings. One ``Processor`` object is shared so the step is
+compiled once for the whole file (same shapes in every ``Config``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import psutil
+import pytest
+
+from controller.config import Config
+from controller.loop import Controller
+from controller.processor import Processor, ewma_processor
+from tests.servers import (
+    FeedServer,
+    ServerConn,
+    assert_results_match_reference,
+    make_messages,
+    parse_replies,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+PROCESSOR = ewma_processor()
+FEATURES = 4
+
+
+def _config(url: str, **changes: Any) -> Config:
+    base: dict[str, Any] = dict(
+        ws_url=url, features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64,
+        heartbeat_s=0.0, connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.2,
+        reconnect_reset_s=1.0, shutdown_timeout_s=5.0, status_s=0.0,
+    )
+    base.update(changes)
+    return Config(**base)
+
+
+def _drive(ctl: Controller, until: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Process in the main thread until ``until()`` or fail after ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while not until():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {timeout_s}s: {what}; stats: {ctl.stats()}")
+        ctl.process_pending(timeout=0.02)
+
+
+def _all_frames(server: FeedServer) -> list[str]:
+    return [frame for conn in server.connections for frame in conn.received]
+
+
+def _answered(server: FeedServer) -> int:
+    return sum(len(conn.received) for conn in list(server.connections))
+
+
+# ---- reconnects ---------------------------------------------------------------------------
+
+
+def test_five_closes_and_a_refusal_lose_nothing_and_answer_each_message_once() -> None:
+    per_connection, closes = 120, 5
+    messages = make_messages(per_connection * (closes + 1), streams=5, seed=11)
+    sent = [0]
+    done = threading.Event()
+
+    async def script(conn: ServerConn) -> None:
+        reader = asyncio.create_task(conn.read_until_closed(timeout=30))
+        last = conn.index >= closes
+        stop = len(messages) if last else min(len(messages), sent[0] + per_connection)
+        while sent[0] < stop:
+            i = sent[0]
+            if i % 7 == 0 and i + 3 <= stop:  # now and then a batch frame
+                await conn.send(messages[i:i + 3])
+                sent[0] += 3
+            else:
+                await conn.send(messages[i])
+                sent[0] += 1
+            if i % 10 == 0:
+                await asyncio.sleep(0.002)  # mid-stream: replies flow while we send
+        if not last:
+            await conn.send_close(aiohttp.WSCloseCode.GOING_AWAY)
+            await reader
+            if conn.index == 2:
+                await conn.server.refuse_for(2.0)
+            return
+        while _answered(conn.server) < len(messages):
+            await asyncio.sleep(0.01)
+        done.set()
+        await reader
+
+    with FeedServer(script) as server:
+        with Controller(_config(server.url), processor=PROCESSOR) as ctl:
+            _drive(ctl, done.is_set, 30, "every message answered")
+            stats = ctl.stats()
+        assert not server.script_errors
+    results, errors = parse_replies(_all_frames(server))
+    assert errors == []
+    assert_results_match_reference(messages, results)
+    assert len(server.connections) == closes + 1
+    assert stats.reconnects == closes
+    assert stats.connect_failures >= 1  # the refusal was seen as failed attempts
+    assert stats.dropped == {}
+
+
+def test_accept_then_close_is_retried_with_growing_delays_not_hammered() -> None:
+    min_s, window_s = 0.05, 2.5
+
+    async def script(conn: ServerConn) -> None:
+        await conn.ws.close()
+
+    with FeedServer(script) as server:
+        cfg = _config(server.url, reconnect_min_s=min_s, reconnect_max_s=1.0, reconnect_reset_s=5.0)
+        with Controller(cfg, processor=PROCESSOR) as ctl:
+            start = time.monotonic()
+            _drive(ctl, lambda: time.monotonic() - start > window_s, window_s + 5, "the window")
+        attempts = [t for t in server.attempts if t - start <= window_s]
+    gaps = np.diff(attempts)
+    fixed_minimum_attempts = window_s / min_s  # ~50 if the backoff reset on every open
+    assert 3 <= len(attempts) <= fixed_minimum_attempts / 3
+    assert gaps.min() >= min_s * 0.9
+    # the later attempts are spaced by a larger cap than the first ones
+    assert gaps[3:].mean() > gaps[:2].mean()
+
+
+def test_handshake_503_is_retried_until_the_server_recovers() -> None:
+    messages = make_messages(5)
+
+    async def script(conn: ServerConn) -> None:
+        for m in messages:
+            await conn.send(m)
+        await conn.read_until_closed(timeout=20)
+
+    with FeedServer(script, handshake_status=lambda i: 503 if i < 3 else None) as server:
+        with Controller(_config(server.url), processor=PROCESSOR) as ctl:
+            _drive(ctl, lambda: _answered(server) >= len(messages), 20, "replies after the 503s")
+            stats = ctl.stats()
+    assert len(server.attempts) == 4 and len(server.connections) == 1
+    assert stats.connect_failures == 3
+    results, errors = parse_replies(_all_frames(server))
+    assert errors == []
+    assert_results_match_reference(messages, results)
+
+
+def test_server_that_stops_answering_pings_is_dropped_and_reconnected_within_the_heartbeat_bound() -> None:
+    heartbeat_s = 1.0
+    silent_since: list[float] = []
+
+    async def script(conn: ServerConn) -> None:
+        if conn.index == 0:
+            for m in make_messages(3):
+                await conn.send(m)
+            for _ in range(3):
+                await conn.recv(timeout=10)
+            silent_since.append(time.monotonic())
+            await conn.read_until_closed(timeout=30)  # TCP open, pings ignored (autoping off)
+        else:
+            conn.answer_pings = True
+            await conn.read_until_closed(timeout=30)
+
+    with FeedServer(script, autoping=False) as server:
+        with Controller(_config(server.url, heartbeat_s=heartbeat_s), processor=PROCESSOR) as ctl:
+            _drive(ctl, lambda: len(server.connections) >= 2, 15, "a second connection")
+    first, second = server.connections[:2]
+    assert first.pings >= 1
+    # a ping after heartbeat_s of silence, heartbeat_s / 2 for the pong, then the backoff
+    bound = heartbeat_s + heartbeat_s / 2 + 0.2 + 1.0
+    assert second.opened_at - silent_since[0] <= bound
+
+
+def test_stale_feed_watchdog_reconnects_a_silent_feed() -> None:
+    stale_s = 0.5
+    silent_since: list[float] = []
+
+    async def script(conn: ServerConn) -> None:
+        if conn.index == 0:
+            await conn.send(make_messages(1)[0])
+            await conn.recv(timeout=10)
+            silent_since.append(time.monotonic())
+        await conn.read_until_closed(timeout=30)  # pings are answered: only the data is missing
+
+    with FeedServer(script) as server:
+        with Controller(_config(server.url, stale_s=stale_s, heartbeat_s=0.2), processor=PROCESSOR) as ctl:
+            _drive(ctl, lambda: len(server.connections) >= 2, 15, "a second connection")
+            stats = ctl.stats()
+    assert stats.reconnects >= 1
+    assert server.connections[1].opened_at - silent_since[0] <= stale_s + 0.2 + 1.5
+
+
+def test_subscribe_is_the_first_frame_on_every_connection() -> None:
+    subscribe = json.dumps({"op": "subscribe", "channels": ["a", "b"]})
+
+    async def script(conn: ServerConn) -> None:
+        await conn.recv(timeout=10)
+        if conn.index < 2:
+            await conn.send(make_messages(1, start=conn.index)[0])
+            await conn.recv(timeout=10)
+            await conn.close_keep_reading()
+        else:
+            await conn.read_until_closed(timeout=30)
+
+    with FeedServer(script) as server:
+        with Controller(_config(server.url, subscribe=subscribe), processor=PROCESSOR) as ctl:
+            _drive(ctl, lambda: len(server.connections) >= 3, 15, "three connections")
+    assert [conn.received[0] for conn in server.connections[:3]] == [subscribe] * 3
+    assert [json.loads(conn.received[1])["seq"] for conn in server.connections[:2]] == [0, 1]
+
+
+def test_oversized_frame_closes_with_1009_and_the_feed_goes_on_after_reconnecting() -> None:
+    messages = make_messages(4)
+
+    async def script(conn: ServerConn) -> None:
+        if conn.index == 0:
+            await conn.send(messages[0])
+            await conn.send("[" + " " * 4096 + "]")  # larger than max_msg_bytes
+            await conn.read_until_closed(timeout=10)
+        else:
+            for m in messages[1:]:
+                await conn.send(m)
+            await conn.read_until_closed(timeout=30)
+
+    with FeedServer(script) as server:
+        with Controller(_config(server.url, max_msg_bytes=1024), processor=PROCESSOR) as ctl:
+            _drive(ctl, lambda: _answered(server) >= len(messages), 15, "every message answered")
+            stats = ctl.stats()
+    assert server.connections[0].client_close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+    assert stats.errors.get("frame too large") == 1
+    results, errors = parse_replies(_all_frames(server))
+    assert errors == []
+    assert_results_match_reference(messages, results)
+
+
+# ---- backpressure and bounds ----------------------------------------------------------------
+
+
+def test_drop_oldest_counts_every_dropped_message() -> None:
+    messages = make_messages(50)
+    queue_size = 4
+
+    async def script(conn: ServerConn) -> None:
+        for m in messages:
+            await conn.send(m)
+            await asyncio.sleep(0.005)  # separate arrivals: the client cannot merge them
+        await conn.read_until_closed(timeout=30)
+
+    with FeedServer(script) as server:
+        cfg = _config(server.url, queue_size=queue_size, overflow="drop_oldest")
+        with Controller(cfg, processor=PROCESSOR) as ctl:
+            # the main thread takes nothing until the IO thread has read every frame
+            end = time.monotonic() + 10
+            while ctl.stats().frames_in < len(messages) and time.monotonic() < end:
+                time.sleep(0.01)
+            time.sleep(0.05)
+            dropped = ctl.stats().dropped.get("inbound overflow (drop_oldest)", 0)
+            _drive(ctl, lambda: _answered(server) >= len(messages) - dropped, 10, "the kept messages answered")
+            time.sleep(0.1)
+            ctl.process_pending(0.0)
+            stats = ctl.stats()
+    results, errors = parse_replies(_all_frames(server))
+    assert errors == []
+    kept = sorted(results)
+    assert 0 < len(kept) <= queue_size * cfg.max_batch
+    assert kept == [m["seq"] for m in messages[-len(kept):]], "the newest are kept, the oldest dropped"
+    assert stats.dropped == {"inbound overflow (drop_oldest)": len(messages) - len(kept)}
+
+
+def test_full_inbound_queue_stops_reading_the_socket() -> None:
+    queue_size, sent = 4, 400
+
+    async def script(conn: ServerConn) -> None:
+        for m in make_messages(sent):
+            await conn.send(m)
+        await conn.read_until_closed(timeout=30)
+
+    with FeedServer(script) as server:
+        cfg = _config(server.url, queue_size=queue_size)
+        with Controller(cfg, processor=PROCESSOR) as ctl:
+            time.sleep(0.7)  # nobody drains inbound meanwhile
+            first = ctl.stats()
+            time.sleep(0.3)
+            second = ctl.stats()
+            assert second.inbound_depth == queue_size
+            assert second.messages_in == first.messages_in, "reading went on while inbound was full"
+            # what the client holds is bounded by the queue (chunks of at most ~max_batch
+            # messages, one more waiting to be put, one being gathered), not by what was sent
+            assert second.messages_in <= (queue_size + 2) * cfg.max_batch < sent
+            _drive(ctl, lambda: _answered(server) >= sent, 15, "everything once drained")
+
+
+class _NonReadingServer:
+    """Sends batch frames as fast as TCP lets it and never reads a reply until ``resume()``."""
+
+    def __init__(self) -> None:
+        self.frames_sent = 0
+        self.stop_sending = threading.Event()
+        self.server = FeedServer(self._script)
+
+    async def _script(self, conn: ServerConn) -> None:
+        conn.stop_reading()
+        i = 0
+        while not self.stop_sending.is_set():
+            await conn.send(make_messages(50, start=i, seed=i))
+            i += 50
+            self.frames_sent += 1
+            await asyncio.sleep(0)
+        await conn.read_until_closed(timeout=30)
+
+    def resume(self) -> None:
+        self.stop_sending.set()
+        for conn in list(self.server.connections):
+            conn.resume_reading_threadsafe()
+
+
+def _sample(ctl: Controller, feed: _NonReadingServer, samples: list, done: threading.Event) -> threading.Thread:
+    """Record (time, inbound depth, outbound depth, RSS, frames sent) every 50 ms until ``done``."""
+    process = psutil.Process()
+
+    def sample() -> None:
+        while not done.is_set():
+            snap = ctl.stats()
+            samples.append((time.monotonic(), snap.inbound_depth, snap.outbound_depth,
+                            process.memory_info().rss, feed.frames_sent))
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_server_that_stops_reading_keeps_queues_and_memory_bounded() -> None:
+    queue_size, stall_s = 8, 3.0
+    feed = _NonReadingServer()
+    samples: list[tuple[float, int, int, int, int]] = []
+    done = threading.Event()
+    with feed.server as server:
+        with Controller(_config(server.url, queue_size=queue_size), processor=PROCESSOR) as ctl:
+            rss_start = psutil.Process().memory_info().rss
+            sampler = _sample(ctl, feed, samples, done)
+            started = time.monotonic()
+            # the main thread blocks inside process_pending while outbound is full; the timer
+            # lets the server read again, which is what unblocks it
+            timer = threading.Timer(stall_s, feed.resume)
+            timer.start()
+            try:
+                while time.monotonic() - started < stall_s + 0.5:
+                    ctl.process_pending(timeout=0.05)
+            finally:
+                timer.cancel()
+                feed.resume()
+                done.set()
+                sampler.join(2)
+    during = [s for s in samples if s[0] < started + stall_s]
+    assert max(s[1] for s in during) <= queue_size
+    assert max(s[2] for s in during) == queue_size, "the outbound queue never filled: the server was reading?"
+    last_second = [s[4] for s in during if s[0] >= started + stall_s - 1.0]
+    assert last_second[-1] - last_second[0] <= 2, "the server could still push data: nothing pushed back"
+    assert max(s[3] for s in during) - rss_start < 150 * 2**20
+
+
+@pytest.mark.timeout(30)
+def test_stop_ends_within_the_shutdown_timeout_while_the_server_does_not_read() -> None:
+    queue_size, run_s = 8, 2.0
+    feed = _NonReadingServer()
+    with feed.server as server:
+        cfg = _config(server.url, queue_size=queue_size, shutdown_timeout_s=1.0)
+        ctl = Controller(cfg, processor=PROCESSOR)
+        stop = threading.Timer(run_s, ctl.request_stop)
+        # a safety net so a hang fails in bounded time instead of blocking the suite
+        rescue = threading.Timer(run_s + cfg.shutdown_timeout_s + 4.0, feed.resume)
+        stop.start()
+        rescue.start()
+        started = time.monotonic()
+        try:
+            ctl.run()
+        finally:
+            stop.cancel()
+            rescue.cancel()
+            feed.resume()
+        elapsed = time.monotonic() - started
+        stats = ctl.stats()
+    assert elapsed <= run_s + cfg.shutdown_timeout_s + 3.0
+    # Replies the kernel already took (socket buffers) cannot be counted from here; what is
+    # still in our queues or the transport's buffer is. Either way the books must balance:
+    # every message read was answered on the wire, or counted as unsent or not processed.
+    unsent = sum(stats.dropped.values()) + stats.errors.get("outbound full at stop", 0)
+    assert stats.messages_out + unsent + stats.errors.get("not processed before the stop", 0) >= stats.processed
+    assert stats.processed > 0
+
+
+# ---- hostile input --------------------------------------------------------------------------
+
+
+class _Fuzz:
+    """Seeded frames: good messages (with known seqs) mixed with many kinds of bad ones.
+
+    ``good`` is every good message in send order; ``bad_seqs`` the seqs whose error reply
+    must carry that seq; ``null_errors`` how many error replies carry ``seq: null``."""
+
+    def __init__(self, seed: int, frames: int, max_frame_items: int) -> None:
+        self.rng = random.Random(seed)
+        self.max_frame_items = max_frame_items
+        self.next_seq = 0
+        self.good: list[dict] = []
+        self.bad_seqs: list[int] = []
+        self.null_errors = 0
+        self.either: list[int] = []  # seqs answered with that seq or with seq null (see below)
+        self.frames: list[str | bytes] = [self._frame() for _ in range(frames)]
+
+    def _seq(self) -> int:
+        self.next_seq += 1
+        return self.next_seq - 1
+
+    def _good(self) -> dict:
+        rng = self.rng
+        k = rng.randrange(6)
+        m = {"seq": self._seq(), "stream": f"s{k}", "x": [round(k + rng.gauss(0, 1), 5) for _ in range(FEATURES)]}
+        if rng.random() < 0.1:
+            m["extra"] = {"ignored": [1, 2]}
+        self.good.append(m)
+        return m
+
+    def _bad_item(self) -> Any:
+        """One bad element; records the error reply it must get."""
+        rng = self.rng
+        x = [1.0] * FEATURES
+        kind = rng.randrange(16)
+        if kind < 4:
+            self.null_errors += 1
+            return [42, "text", None, True][kind]  # not an object
+        if kind == 4:
+            self.null_errors += 1
+            return {"stream": "s0", "x": x}  # no seq
+        if kind == 5:
+            self.null_errors += 1
+            return {"seq": rng.choice(["7", 1.5, True, None, [1]]), "stream": "s0", "x": x}
+        seq = self._seq()
+        self.bad_seqs.append(seq)
+        return [
+            {"seq": seq, "x": x},
+            {"seq": seq, "stream": rng.choice([5, "", None, ["s"], "s" * 300]), "x": x},
+            {"seq": seq, "stream": "s0"},
+            {"seq": seq, "stream": "s0", "x": rng.choice(["1,2", 3, None, {"a": 1}])},
+            {"seq": seq, "stream": "s0", "x": x[: rng.randrange(FEATURES)] or x * 2},
+            {"seq": seq, "stream": "s0", "x": [*x[:-1], rng.choice(["1", None, True, [1.0], {}])]},
+            {"seq": seq, "stream": "s0", "x": [*x[:-1], rng.choice([1e39, -1e300, 2**130])]},
+            {"seq": seq, "stream": "s1", "x": x * 40},
+            {"seq": seq, "stream": "s0", "x": [*x[:-1], -3.5e38]},
+            {"seq": seq, "stream": 7, "x": x},
+        ][kind - 6]
+
+    def _not_a_json_number(self) -> str:
+        """A lone message holding NaN, Infinity or a 400-digit integer: not JSON to a strict
+        parser (the whole frame fails, seq null), a number out of float32 range to a lenient one
+        (an error with the seq). Either is a correct answer; exactly one error is required."""
+        seq = self._seq()
+        self.either.append(seq)
+        value = self.rng.choice(["NaN", "Infinity", "-Infinity", "1" + "0" * 400])
+        x = ", ".join(["1.0"] * (FEATURES - 1) + [value])
+        return f'{{"seq": {seq}, "stream": "s0", "x": [{x}]}}'
+
+    def _frame(self) -> str | bytes:
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.3:
+            return json.dumps(self._good())
+        if roll < 0.4:
+            items = [self._good() if rng.random() < 0.5 else self._bad_item() for _ in range(rng.randint(1, 6))]
+            return json.dumps(items)
+        if roll < 0.6:
+            return json.dumps(self._bad_item())
+        if roll < 0.65:
+            return self._not_a_json_number()
+        self.null_errors += 1  # the whole frame is one error with seq null
+        kind = rng.randrange(6)
+        if kind == 0:  # truncated JSON
+            text = json.dumps([{"seq": 10**9, "stream": "s0", "x": [1.0] * FEATURES}])
+            return text[: rng.randrange(1, len(text) - 1)]
+        if kind == 1:  # not UTF-8
+            return b"\xff" + bytes(rng.randrange(256) for _ in range(rng.randrange(20)))
+        if kind == 2:  # random printable junk
+            return "".join(rng.choice("{}[]:,\"'abc0123 \\") for _ in range(rng.randint(1, 40))) + "}{"
+        if kind == 3:  # too deep to parse
+            depth = rng.choice([3000, 100_000])
+            return "[" * depth + "]" * depth
+        if kind == 4:  # a batch frame over the item limit: refused as a whole
+            return json.dumps([{"seq": 10**9, "stream": "s0", "x": [1.0] * FEATURES}] * (self.max_frame_items + 1))
+        return ""  # empty frame
+
+
+def test_fuzzed_frames_each_get_an_error_good_ones_are_correct_and_the_connection_stays_up() -> None:
+    fuzz = _Fuzz(seed=2024, frames=2000, max_frame_items=20)
+    bad = len(fuzz.bad_seqs) + fuzz.null_errors + len(fuzz.either)
+    expected = len(fuzz.good) + bad
+    assert bad >= 1000
+
+    async def script(conn: ServerConn) -> None:
+        reader = asyncio.create_task(conn.read_until_closed(timeout=40))
+        for i, frame in enumerate(fuzz.frames):
+            await (conn.send_bytes(frame) if isinstance(frame, bytes) else conn.send(frame))
+            if i % 50 == 0:
+                await asyncio.sleep(0.001)
+        await reader
+
+    with FeedServer(script) as server:
+        cfg = _config(server.url, max_frame_items=20, max_msg_bytes=1 << 20)
+        logging.getLogger("forkless.client").setLevel(logging.ERROR)  # 1,000s of bad-input warnings
+        try:
+            with Controller(cfg, processor=PROCESSOR) as ctl:
+                _drive(ctl, lambda: _answered(server) >= expected, 40, f"{expected} replies")
+                time.sleep(0.2)  # nothing more may come
+                ctl.process_pending(0.0)
+                stats = ctl.stats()
+        finally:
+            logging.getLogger("forkless.client").setLevel(logging.NOTSET)
+    assert len(server.connections) == 1 and stats.reconnects == 0
+    results, errors = parse_replies(_all_frames(server))
+    assert len(_all_frames(server)) == expected
+    with_seq = sorted(e["seq"] for e in errors if e["seq"] is not None)
+    either_with_seq = [s for s in with_seq if s in set(fuzz.either)]
+    assert sorted(set(with_seq) - set(either_with_seq)) == sorted(fuzz.bad_seqs)
+    assert len(with_seq) == len(set(with_seq)), "one error per bad element"
+    assert sum(e["seq"] is None for e in errors) == fuzz.null_errors + len(fuzz.either) - len(either_with_seq)
+    assert all(isinstance(e["error"], str) and e["error"] for e in errors)
+    assert_results_match_reference(fuzz.good, results)
+
+
+# ---- processor failures -------------------------------------------------------------------
+
+MARK = 7777.0
+
+
+def _processor_failing_on_mark() -> Processor:
+    """The EWMA detector, but the step raises (through a host callback) when x holds MARK."""
+    base = ewma_processor()
+
+    def check(x: np.ndarray) -> np.ndarray:
+        if np.any(np.asarray(x) == MARK):
+            raise ValueError("marked batch: injected processing failure")
+        return np.zeros((), np.float32)
+
+    def step(state: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
+        zero = jax.pure_callback(check, jax.ShapeDtypeStruct((), jnp.float32), batch.x)
+        new_state, out = base.step(state, batch)
+        return new_state, dict(out, score=out["score"] + zero)  # keeps the callback alive
+
+    return Processor(base.init, step)
+
+
+def test_processor_failure_errors_that_batch_keeps_state_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    messages = make_messages(80, streams=3, seed=5)
+    marked_batches = [messages[30:33], messages[60:63]]
+    for batch in marked_batches:
+        batch[1] = dict(batch[1], x=[MARK] * FEATURES)
+    marked = {m["seq"] for batch in marked_batches for m in batch}
+    done = threading.Event()
+
+    async def script(conn: ServerConn) -> None:
+        i = 0
+        while i < len(messages):  # lock-step, so each frame is exactly one batch
+            frame = next((b for b in marked_batches if b[0]["seq"] == i), [messages[i]])
+            await conn.send(frame)
+            for _ in frame:
+                await conn.recv(timeout=10)
+            i += len(frame)
+        done.set()
+        await conn.read_until_closed(timeout=30)
+
+    caplog.set_level(logging.WARNING, logger="forkless.controller")
+    with FeedServer(script) as server:
+        with Controller(_config(server.url), processor=_processor_failing_on_mark()) as ctl:
+            _drive(ctl, done.is_set, 30, "every message answered")
+            stats = ctl.stats()
+    results, errors = parse_replies(_all_frames(server))
+    assert sorted(e["seq"] for e in errors) == sorted(marked)
+    assert {e["error"] for e in errors} == {"processing failed"}
+    # the state went on as if the failed batches had never come
+    assert_results_match_reference([m for m in messages if m["seq"] not in marked], results)
+    assert stats.errors == {"processing failed": len(marked)}
+    tracebacks = [r for r in caplog.records if r.levelno >= logging.ERROR and "processing failed" in r.getMessage()]
+    assert len(tracebacks) == 1, "the traceback is logged once per distinct error"
+    assert "injected processing failure" in tracebacks[0].getMessage()
+
+
+# ---- TLS ----------------------------------------------------------------------------------
+
+
+def test_self_signed_certificate_is_accepted_with_ca_file(tmp_path: Any) -> None:
+    from tests.servers import self_signed_certificate, server_ssl_context
+
+    cert, key = self_signed_certificate(tmp_path)
+    messages = make_messages(3)
+
+    async def script(conn: ServerConn) -> None:
+        for m in messages:
+            await conn.send(m)
+        await conn.read_until_closed(timeout=20)
+
+    with FeedServer(script, ssl_context=server_ssl_context(cert, key)) as server:
+        assert server.url.startswith("wss://")
+        with Controller(_config(server.url, ca_file=str(cert)), processor=PROCESSOR) as ctl:
+            _drive(ctl, lambda: _answered(server) >= len(messages), 15, "replies over TLS")
+    results, errors = parse_replies(_all_frames(server))
+    assert errors == []
+    assert_results_match_reference(messages, results)
+
+
+def test_tls_insecure_connects_and_warns_at_every_connect(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from tests.servers import self_signed_certificate, server_ssl_context
+
+    cert, key = self_signed_certificate(tmp_path)
+
+    async def script(conn: ServerConn) -> None:
+        if conn.index == 0:
+            await conn.ws.close()
+        else:
+            await conn.read_until_closed(timeout=20)
+
+    caplog.set_level(logging.WARNING, logger="forkless.client")
+    with FeedServer(script, ssl_context=server_ssl_context(cert, key)) as server:
+        with Controller(_config(server.url, tls_insecure=True), processor=PROCESSOR) as ctl:
+            _drive(ctl, lambda: len(server.connections) >= 2, 15, "two connections")
+    warnings = [r for r in caplog.records if "verification is OFF" in r.getMessage()]
+    assert len(warnings) >= 2
