@@ -142,7 +142,7 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
                         await send(ws, frame)
                 finally:
                     if cork is not None:
-                        cork.uncork()
+                        cork.uncork(len(frames))
                 figures["results_out"] += len(frames)
 
     async def watch_lag() -> None:
