@@ -5,7 +5,7 @@ Rules:
   ``Config.from_env`` are all drawn from that list, so they cannot disagree.
 - A bad value raises ``ConfigError`` naming the variable, the value and what is allowed;
   ``app.py`` turns it into exit status 2 before any thread starts.
-- Secrets (``AUTH_TOKEN``, ``HEADERS``) never appear in ``repr``, errors or ``--help``.
+- Secrets (``SUBSCRIBE``, ``AUTH_TOKEN``, ``HEADERS``) never appear in ``repr``, errors or ``--help``.
 - JAX's own variables (``JAX_PLATFORMS``, ``JAX_COMPILATION_CACHE_DIR`` …) are not read
   here; they pass through to JAX untouched.
 """
@@ -156,7 +156,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("WS_URL", "ws_url", _ws_url, "a ws:// or wss:// URL, or empty",
              "WebSocket feed to connect to; empty starts the embedded demo feed"),
     Variable("SUBSCRIBE", "subscribe", _json_text, "a JSON text or @path to a file holding one",
-             "message sent first on every new connection (empty: none)"),
+             "message sent first on every new connection (empty: none); never logged, as it"
+             " often holds credentials", secret=True),
     Variable("AUTH_TOKEN", "auth_token", str.strip, "any text",
              "sent as 'Authorization: Bearer <token>'; never logged", secret=True),
     Variable("HEADERS", "headers", _headers, "a JSON object of string values",
@@ -235,7 +236,7 @@ class Config:
     """
 
     ws_url: str = ""
-    subscribe: str = ""
+    subscribe: str = field(default="", repr=False)
     auth_token: str = field(default="", repr=False)
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     ca_file: str = ""

@@ -67,7 +67,9 @@ def test_a_bad_value_names_the_variable_the_value_and_what_is_allowed(name, valu
         Config.from_env({name: value})
     assert err.value.variable == name
     assert name in str(err.value) and "expected" in str(err.value)
-    if name != "FORKLESS_HEADERS":  # a secret: its value is never echoed
+    if name in ("FORKLESS_HEADERS", "FORKLESS_SUBSCRIBE"):  # secrets: their values are never echoed
+        assert value not in str(err.value) and "<hidden>" in str(err.value)
+    else:
         assert repr(value) in str(err.value)
 
 
@@ -88,8 +90,9 @@ def test_subscribe_can_name_a_file(tmp_path):
 
 
 def test_secrets_stay_out_of_repr():
-    c = Config(auth_token="s3cr3t-token", headers=(("X-Api-Key", "k3y-value"),))
-    assert "s3cr3t" not in repr(c) and "k3y-value" not in repr(c)
+    c = Config(auth_token="s3cr3t-token", headers=(("X-Api-Key", "k3y-value"),),
+               subscribe='{"op": "auth", "key": "subscr1be-key"}')
+    assert "s3cr3t" not in repr(c) and "k3y-value" not in repr(c) and "subscr1be" not in repr(c)
 
 
 def test_a_config_built_in_code_is_validated_too():
