@@ -122,6 +122,7 @@ class IOStats:
     latency: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     loop_lag: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     unsent: int = 0  # result frames held for the next connection
+    last_error: str = ""  # why the last connection attempt failed or the last connection ended
 
 
 @dataclass

@@ -189,6 +189,7 @@ class FeedClient:
                     ws = await self._connect(session)
                 except _Retry as exc:
                     self.stats.connect_failures += 1
+                    self.stats.last_error = str(exc)
                     delay = backoff.failed()
                     if delay is None:
                         raise FeedFatal(f"giving up on {self.shown_url} after {backoff.failures} "
@@ -199,6 +200,8 @@ class FeedClient:
                 backoff.connected(time.monotonic())
                 reason = await self._serve(ws)
                 backoff.disconnected(time.monotonic())
+                if reason != "closed":
+                    self.stats.last_error = reason
                 if self._outbound_done:
                     break
                 delay = backoff.failed()

@@ -124,6 +124,9 @@ class MetricsServer:
             since = getattr(stats, "state_since", 0.0) or 0.0
             failures = getattr(stats, "connect_failures", 0)
             tried = f", {failures} failed connection attempts so far" if failures else ""
+            last = getattr(stats, "last_error", "")
+            if last:
+                tried += f"; last: {last}"
             if getattr(stats, "connects", 0):
                 ago = max(0.0, time.time() - since)
                 reasons.append(f"not connected to the feed (disconnected {ago:.1f}s ago{tried})")
