@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import traceback
 from typing import Any
@@ -96,4 +97,7 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # exiting now: a late Ctrl-C must not interrupt the interpreter's own clean-up (atexit)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.servers import FeedServer, ServerConn, make_messages
 
 ROOT = Path(__file__).resolve().parent.parent
 STATUS = re.compile(r"^in \d+ msg \(\d+/s\) \| out \d+ msg \(\d+/s\) \| batch [\d.-]+ msg \| latency p50 \S+ p99 \S+"
@@ -71,3 +75,35 @@ def test_a_signal_stops_cleanly_sending_every_result(sig):
     assert proc.returncode == 0, err
     assert f"{sig.name} received" in err
     check_clean_run("".join(head) + out, err)
+
+
+
+def test_a_second_ctrl_c_exits_at_once():
+    stop_feeding = threading.Event()
+
+    async def script(conn: ServerConn) -> None:
+        # never reads the replies, so the orderly stop after the first Ctrl-C cannot finish
+        conn.stop_reading()
+        seq = 0
+        while not stop_feeding.is_set():
+            await conn.send(make_messages(50, start=seq, features=8, seed=seq))
+            seq += 50
+            await asyncio.sleep(0.001)
+
+    with FeedServer(script) as server:
+        proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env(FORKLESS_WS_URL=server.url, FORKLESS_SHUTDOWN_TIMEOUT_S="30"))
+        try:
+            wait_for_status_line(proc)
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=15)
+            took = time.monotonic() - started
+        finally:
+            stop_feeding.set()
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "second interrupt: exiting now" in err
+    assert took < 5  # at once, not after FORKLESS_SHUTDOWN_TIMEOUT_S (30 s)
