@@ -24,16 +24,15 @@ The child ends when the feed closes the connection and tells the parent with a l
 ("end", figures) item; the parent finishes its batch, writes the JSON figures to ``--out``
 (loop lag of the child during traffic, compilations after warm-up, batch sizes) and exits.
 
-This module is also what the spawned child imports, so its top level imports neither JAX
-nor the ``controller`` package (whose ``__init__`` imports JAX): the child loads the pure
-``controller/codec.py`` by its path.
+This module is also what the spawned child imports, so its top level imports no JAX; the
+child imports only the pure codec and aiohttp (the ``controller`` package's ``__init__``
+imports nothing itself, and the child reports ``jax_imported`` to prove it stayed out).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import math
 import multiprocessing as mp
@@ -43,7 +42,6 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -52,23 +50,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 LAG_INTERVAL_S = 0.02  # as io_loop/thread.py
 POLL_S = 0.1  # as controller/loop.py
 READY = "ready"  # parent -> child: compiled, connect now
-
-
-def load_pure(name: str) -> ModuleType:
-    """``controller/<name>.py`` without running ``controller/__init__.py`` (which imports JAX).
-
-    Only for the pure core modules (codec, stats), whose own imports are numpy and the
-    standard library; the same file the forkless design runs, not a copy.
-    """
-    mod_name = f"_bench_pure_{name}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, REPO_ROOT / "controller" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---- the child: aiohttp client, no JAX -------------------------------------------------------
@@ -82,10 +63,11 @@ def child_main(url: str, settings: dict[str, Any], inbound: Any, outbound: Any) 
 async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any) -> None:
     import aiohttp
 
-    from io_loop.client import _cork  # aiohttp and numpy only: no JAX in the child
+    from controller.codec import JsonCodec  # numpy and orjson: no JAX in the child
+    from io_loop.aiohttp_compat import cork  # aiohttp: no JAX in the child
 
     text = aiohttp.WSMsgType.TEXT
-    codec = load_pure("codec").JsonCodec(settings["features"], max_frame_items=settings["max_frame_items"])
+    codec = JsonCodec(settings["features"], max_frame_items=settings["max_frame_items"])
     loop = asyncio.get_running_loop()
     seqs: list[Any] = []
     streams: list[str] = []
@@ -129,20 +111,20 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
     async def write(ws: Any) -> None:
         # the same one-write-per-batch corking as io_loop/client.py, so the designs differ
         # only in how work crosses between threads or processes
-        cork = _cork(ws)
+        corked = cork(ws)
         while True:
             await wake.wait()
             wake.clear()
             while to_send:
                 frames = to_send.popleft()
-                if cork is not None:
-                    cork.corked = True
+                if corked is not None:
+                    corked.corked = True
                 try:
                     for frame in frames:
                         await send(ws, frame)
                 finally:
-                    if cork is not None:
-                        cork.uncork(len(frames))
+                    if corked is not None:
+                        corked.uncork(len(frames))
                 figures["results_out"] += len(frames)
 
     async def watch_lag() -> None:
@@ -201,7 +183,7 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
 
 
 def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
-    from controller.config import Config  # imports JAX (the controller package)
+    from controller.config import Config  # no JAX yet: the child is started before JAX loads
 
     cfg = Config.from_env(ws_url=url)
     settings = {"features": cfg.features, "max_frame_items": cfg.max_frame_items,
@@ -216,7 +198,7 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
 
     from controller.batching import Chunk, MicroBatcher, StreamSlots, bucket_for, pad_batch
     from controller.codec import JsonCodec
-    from controller.loop import compilations
+    from controller.compiled import compilations, compile_step
     from controller.processor import default_processor
     from controller.stats import SECONDS_BOUNDS, Histogram
 
@@ -227,12 +209,8 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
     else:
         processor = default_processor(cfg)
     codec = JsonCodec(cfg.features, max_frame_items=cfg.max_frame_items)
-    state = jax.device_put(processor.init(cfg))
-    jitted = jax.jit(processor.step)
-    compiled = {}
-    for bucket in cfg.buckets:
-        example = pad_batch(np.zeros((0, cfg.features), np.float32), np.zeros(0, np.int32), bucket, cfg.max_streams)
-        compiled[bucket] = jitted.lower(state, example).compile()
+    ready = compile_step(processor, cfg)
+    state, compiled = ready.state, ready.steps
     compilations_at_ready = compilations()
     outbound.put(READY)
 

@@ -17,7 +17,7 @@ _EXPORTS = {
     "Config": "controller.config",
     "ConfigError": "controller.config",
     "Controller": "controller.loop",
-    "compilations": "controller.loop",
+    "compilations": "controller.compiled",
     "EWMAState": "controller.processor",
     "Processor": "controller.processor",
     "default_processor": "controller.processor",

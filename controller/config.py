@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from controller.netaddr import parse_host_port
+
 PREFIX = "FORKLESS_"
 BUCKET_GROWTH = 4
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -115,11 +117,8 @@ def _ws_url(text: str) -> str:
 
 def _addr(text: str) -> str:
     text = text.strip()
-    if text == "":
-        return ""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError
+    if text:
+        parse_host_port(text)
     return text
 
 

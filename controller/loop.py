@@ -34,33 +34,21 @@ import numpy as np
 
 from controller.batching import MicroBatcher, Outgoing, StreamSlots, Taken, bucket_for, pad_batch
 from controller.codec import Codec, JsonCodec
+from controller.compiled import compilations, compile_step
 from controller.config import Config
 from controller.processor import Processor, default_processor
-from controller.stats import Histogram, IOStats, MainStats, StatsSnapshot, status_line
+from controller.stats import Histogram, IOStats, MainStats, StatsSnapshot, copy_counts, status_line
+from io_loop.thread import IOThread
+
+__all__ = ["Controller", "compilations"]
 
 log = logging.getLogger("forkless.controller")
 
 POLL_S = 0.1
 # How long a thread may hold the GIL while another waits for it (CPython's default is 5 ms).
 # When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead
-# of 5 ms measured about +20% maximum throughput in an A/B run (see the README).
+# of 5 ms measured about +20% maximum throughput in an A/B run (see bench/README.md).
 SWITCH_INTERVAL_S = 0.001
-
-# Every XLA compilation in this process, counted from JAX's own monitoring events.
-_COMPILATIONS = [0]
-
-
-def _on_event(event: str, duration: float, **_: Any) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-        _COMPILATIONS[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_on_event)
-
-
-def compilations() -> int:
-    """XLA compilations so far in this process."""
-    return _COMPILATIONS[0]
 
 
 class Controller:
@@ -86,8 +74,8 @@ class Controller:
         self.slots = StreamSlots(self.config.max_streams)
         self.state: Any = None
         self._compiled: dict[int, Any] = {}
-        self._io: Any = None
-        self._side: Any = None
+        self._io: IOThread | None = None
+        self._side: Any = None  # io_loop.bridge.MainSide once started
         self._inbound_closed = False
         self._stop_requested = threading.Event()
         self._started = False
@@ -109,8 +97,6 @@ class Controller:
 
     def start(self) -> None:
         """Compile every bucket, put the state on the device, start the IO thread."""
-        from io_loop.thread import IOThread  # the IO side imports the controller's core
-
         if self._started:
             return
         self._started = True
@@ -118,8 +104,7 @@ class Controller:
         self._switch_interval = sys.getswitchinterval()
         if SWITCH_INTERVAL_S:
             sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
-        self._io = IOThread(self.config, self.codec, self.io_stats, snapshot=self.stats)
-        self._io.ready_flag = lambda: bool(self._compiled)
+        self._io = IOThread(self.config, self.codec, self.io_stats, stats_snapshot=self.stats)
         self._side = self._io.start()
 
     def compile(self) -> None:
@@ -127,18 +112,9 @@ class Controller:
         if self._compiled:
             return
         cfg = self.config
-        cache_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-        if cache_dir and "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
-            # our buckets compile in well under JAX's default 1 s threshold: cache them all
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        self.state = jax.device_put(self.processor.init(cfg))
-        self._devices = tuple(str(d) for d in jax.devices())
-        jitted = jax.jit(self.processor.step)
         t0 = time.monotonic()
-        for bucket in cfg.buckets:
-            example = pad_batch(np.zeros((0, cfg.features), np.float32), np.zeros(0, np.int32),
-                                bucket, cfg.max_streams)
-            self._compiled[bucket] = jitted.lower(self.state, example).compile()
+        compiled = compile_step(self.processor, cfg)
+        self.state, self._compiled, self._devices = compiled.state, compiled.steps, compiled.devices
         self.main_stats.compilations_at_ready = compilations()
         _release_freed_memory()
         log.info("compiled the step for batch sizes %s on %s in %.2fs",
@@ -347,13 +323,15 @@ class Controller:
     # ---- observing --------------------------------------------------------------------------
 
     def stats(self) -> StatsSnapshot:
-        """A consistent-enough snapshot for the status line, the metrics and embedding code."""
-        io, main = self.io_stats, self.main_stats
-        inbound_depth, outbound_depth = self._io.depths() if self._io is not None else (0, 0)
+        """A consistent-enough snapshot for the status line, the metrics and embedding code;
+        callable from any thread (the metrics endpoint calls it on the IO thread)."""
+        main = self.main_stats
+        io = self._io.snapshot() if self._io is not None else self.io_stats.snapshot()
         at_ready = main.compilations_at_ready
-        errors = _copy_counts(io.errors)
-        for reason, count in _copy_counts(main.errors).items():
+        errors = dict(io.errors)
+        for reason, count in copy_counts(main.errors).items():
             errors[reason] = errors.get(reason, 0) + count
+        compiled = bool(self._compiled)
         return StatsSnapshot(
             at=time.monotonic(),
             messages_in=io.messages_in,
@@ -364,23 +342,25 @@ class Controller:
             anomalies=main.anomalies,
             batches=main.batches,
             errors=errors,
-            dropped=_copy_counts(io.dropped),
+            dropped=io.dropped,
             connects=io.connects,
             reconnects=io.reconnects,
             connect_failures=io.connect_failures,
             connected=io.connected,
             connection_since=io.state_since,
-            inbound_depth=inbound_depth,
-            outbound_depth=outbound_depth,
-            unsent=self._io.client.held_frames() if self._io is not None and self._io.client else 0,
+            inbound_depth=io.inbound_depth,
+            outbound_depth=io.outbound_depth,
+            unsent=io.unsent,
             batch_size=main.batch_size.snapshot(),
-            latency=io.latency.snapshot(),
-            loop_lag=io.loop_lag.snapshot(),
+            latency=io.latency,
+            loop_lag=io.loop_lag,
             step_seconds=main.step_seconds.snapshot(),
             compilations=compilations(),
             compilations_after_warmup=None if at_ready is None else compilations() - at_ready,
             devices=self._devices,
-            ready=bool(self._compiled) and io.connected,
+            ready=compiled and io.connected,
+            compiled=compiled,
+            last_error=io.last_error,
         )
 
     @property
@@ -425,16 +405,6 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
-
-
-def _copy_counts(counts: dict[str, int]) -> dict[str, int]:
-    """Copy a counter another thread may be adding keys to (never locked, see stats.py)."""
-    for _ in range(10):
-        try:
-            return dict(counts)
-        except RuntimeError:  # "dictionary changed size during iteration": try again
-            continue
-    return {}
 
 
 def _print_line(line: str) -> None:

@@ -31,7 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from controller.stats import HistogramSnapshot, StatsSnapshot
+from controller.stats import LAG_INTERVAL_S, HistogramSnapshot, StatsSnapshot
 
 __all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "make_registry", "metric_families", "render"]
 
@@ -39,7 +39,6 @@ log = logging.getLogger("forkless.metrics")
 
 SECONDS_STEP = 5  # expose every 5th of the snapshot's ten-per-decade bounds
 MAX_REASONS = 32
-SNAPSHOT_TRIES = 3
 
 
 def metric_families(snap: StatsSnapshot) -> list[Metric]:
@@ -84,7 +83,8 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
                            snap.latency, SECONDS_STEP))
     fams.append(_histogram("forkless_batch_size", "Messages per batch run through the step.",
                            snap.batch_size, 1))
-    fams.append(_histogram("forkless_io_loop_lag_seconds", "How late the IO loop wakes up (sampled every 50 ms).",
+    fams.append(_histogram("forkless_io_loop_lag_seconds", "How long a ready callback waits for its turn on the IO "
+                           f"loop (one trip round the loop, sampled every {LAG_INTERVAL_S * 1000:g} ms).",
                            snap.loop_lag, SECONDS_STEP))
     fams.append(_histogram("forkless_step_seconds", "Wall time of one compiled step, device to host included.",
                            snap.step_seconds, SECONDS_STEP))
@@ -136,22 +136,9 @@ class SnapshotCollector(Collector):
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        snap = _take(self.snapshot)
+        snap = self.snapshot()  # copying counters another thread writes: see stats.copy_counts
         if snap is not None:
             yield from metric_families(snap)
-
-
-def _take(snapshot: Callable[[], StatsSnapshot | None]) -> StatsSnapshot | None:
-    # The snapshot reads counters the main thread writes; a Counter gaining a new key while
-    # it is copied raises RuntimeError ("changed size during iteration"). Trying again is
-    # enough: the writer only ever adds keys.
-    for attempt in range(SNAPSHOT_TRIES):
-        try:
-            return snapshot()
-        except RuntimeError:
-            if attempt == SNAPSHOT_TRIES - 1:
-                raise
-    return None
 
 
 def make_registry(snapshot: Callable[[], StatsSnapshot | None], *, process: bool = True) -> CollectorRegistry:

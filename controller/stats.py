@@ -5,6 +5,9 @@ Rules:
 - Each counter object has one writer thread: ``IOStats`` is written only by the IO thread,
   ``MainStats`` only by the main thread. Readers on the other side only read (single int or
   list reads are atomic under the GIL), so no lock is needed and none is taken.
+- The other side reads them only through a snapshot: ``IOStats.snapshot()`` (called by
+  ``IOThread.snapshot()``) copies the IO side's counters; ``copy_counts`` holds the one retry
+  needed to copy a counter dict another thread may be adding keys to.
 - ``Controller.stats()`` combines both into a ``StatsSnapshot``; the status line and the
   Prometheus metrics are both made from snapshots, so the three never disagree.
 """
@@ -20,6 +23,23 @@ from typing import Any
 
 # latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
 SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
+# how often the IO thread samples its loop's lag (one trip round the loop)
+LAG_INTERVAL_S = 0.02
+COPY_TRIES = 10
+
+
+def copy_counts(counts: dict[str, int]) -> dict[str, int]:
+    """Copy a counter dict that its writer thread may be adding keys to (never locked).
+
+    ``dict(counts)`` raises RuntimeError ("changed size during iteration") if a key is added
+    meanwhile; trying again is enough, because writers only ever add keys or increment.
+    """
+    for _ in range(COPY_TRIES - 1):
+        try:
+            return dict(counts)
+        except RuntimeError:
+            continue
+    return dict(counts)
 
 
 class Histogram:
@@ -106,7 +126,7 @@ class HistogramSnapshot:
 
 @dataclass
 class IOStats:
-    """Written by the IO thread only."""
+    """Written by the IO thread only; read from elsewhere through ``snapshot()``."""
 
     frames_in: int = 0
     messages_in: int = 0
@@ -121,8 +141,41 @@ class IOStats:
     state_since: float = 0.0  # wall-clock seconds of the last connect/disconnect
     latency: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     loop_lag: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
-    unsent: int = 0  # result frames held for the next connection
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
+
+    def snapshot(self, inbound_depth: int = 0, outbound_depth: int = 0, unsent: int = 0) -> IOSnapshot:
+        """A copy safe to read from any thread (the queue depths and unsent count are the caller's)."""
+        return IOSnapshot(
+            frames_in=self.frames_in, messages_in=self.messages_in, results_out=self.results_out,
+            errors_out=self.errors_out, errors=copy_counts(self.errors), dropped=copy_counts(self.dropped),
+            connects=self.connects, reconnects=self.reconnects, connect_failures=self.connect_failures,
+            connected=self.connected, state_since=self.state_since, last_error=self.last_error,
+            latency=self.latency.snapshot(), loop_lag=self.loop_lag.snapshot(),
+            inbound_depth=inbound_depth, outbound_depth=outbound_depth, unsent=unsent,
+        )
+
+
+@dataclass(frozen=True)
+class IOSnapshot:
+    """Everything the main thread learns about the IO side, at one moment."""
+
+    frames_in: int
+    messages_in: int
+    results_out: int
+    errors_out: int
+    errors: dict[str, int]
+    dropped: dict[str, int]
+    connects: int
+    reconnects: int
+    connect_failures: int
+    connected: bool
+    state_since: float
+    last_error: str
+    latency: HistogramSnapshot
+    loop_lag: HistogramSnapshot
+    inbound_depth: int  # chunks waiting for the main thread
+    outbound_depth: int  # batches of replies waiting for the IO thread
+    unsent: int  # reply frames taken from outbound, not yet written (held across a reconnect)
 
 
 @dataclass
@@ -167,7 +220,9 @@ class StatsSnapshot:
     compilations: int
     compilations_after_warmup: int | None
     devices: tuple[str, ...]
-    ready: bool
+    ready: bool  # compiled and connected
+    compiled: bool = False
+    last_error: str = ""  # why the last connection attempt failed or the last connection ended
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -1,7 +1,8 @@
 """The IO side: one thread, one asyncio loop, every socket."""
 
-from io_loop.bridge import Bridge, MainSide, Outgoing
-from io_loop.client import FeedClient, FeedFatal
-from io_loop.thread import IOThread, IOThreadError
+from controller.errors import FeedFatal, IOThreadError, MetricsServerError
+from io_loop.bridge import Bridge, MainSide
+from io_loop.client import FeedClient
+from io_loop.thread import IOThread
 
-__all__ = ["Bridge", "FeedClient", "FeedFatal", "IOThread", "IOThreadError", "MainSide", "Outgoing"]
+__all__ = ["Bridge", "FeedClient", "FeedFatal", "IOThread", "IOThreadError", "MainSide", "MetricsServerError"]

@@ -19,7 +19,7 @@ import janus
 
 from controller.batching import Chunk, Outgoing
 
-__all__ = ["Bridge", "MainSide", "Outgoing"]
+__all__ = ["Bridge", "MainSide"]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import ipaddress
 import json
 import logging
 import math
@@ -49,9 +48,11 @@ from typing import Any
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from controller.netaddr import is_loopback
+
 __all__ = ["DemoFeed", "DemoScore", "DemoSummary"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("forkless.demo_feed")
 
 FEED_PATH = "/feed"
 
@@ -291,11 +292,7 @@ class DemoFeed:
 
     def __init__(self, *, rate_hz: float, streams: int, features: int, warmup: int,
                  seed: int = 0, host: str = "127.0.0.1", anomaly_rate: float = 0.005) -> None:
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
+        if not is_loopback(host, literal=True):
             raise ValueError(f"demo feed host must be a literal loopback address, got {host!r}")
         if not (math.isfinite(rate_hz) and rate_hz > 0):
             raise ValueError(f"rate_hz must be positive, got {rate_hz!r}")

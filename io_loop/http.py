@@ -15,55 +15,40 @@ Rules:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
 
 from aiohttp import web
 
-__all__ = ["MetricsServer", "MetricsServerError", "parse_addr"]
+from controller.errors import MetricsServerError
+from controller.netaddr import is_loopback, parse_host_port
+from controller.stats import StatsSnapshot
+
+__all__ = ["MetricsServer"]
 
 log = logging.getLogger("forkless.http")
 
 
-class MetricsServerError(RuntimeError):
-    """``FORKLESS_METRICS_ADDR`` cannot be served (bad address, port in use)."""
-
-
-def parse_addr(addr: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> ``(host, port)``; raises ``MetricsServerError``."""
-    host, sep, port = addr.strip().rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise MetricsServerError(f"FORKLESS_METRICS_ADDR={addr!r} is invalid: expected host:port")
-    return host, int(port)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class MetricsServer:
-    """Serves the three endpoints for one ``IOThread`` (or anything with the same attributes:
-    ``snapshot``, ``stats``, ``alive``, ``client``, ``ready_flag``)."""
+    """Serves the three endpoints from two callables: ``snapshot()`` (one ``StatsSnapshot``,
+    or None before the controller has one) and ``alive()`` (whether the IO thread runs)."""
 
-    def __init__(self, addr: str, io: Any) -> None:
+    def __init__(self, addr: str, *, snapshot: Callable[[], StatsSnapshot | None],
+                 alive: Callable[[], bool]) -> None:
         self.addr = addr
-        self.host, self.port = parse_addr(addr)
-        self.io = io
+        try:
+            self.host, self.port = parse_host_port(addr)
+        except ValueError as exc:
+            raise MetricsServerError(f"FORKLESS_METRICS_ADDR={addr!r} is invalid: {exc}") from None
+        self.snapshot = snapshot
+        self.alive = alive
         # prometheus_client is imported only when metrics are served (about 10 MiB of RSS)
         from controller.metrics import make_registry
 
-        self.registry = make_registry(self._snapshot)
+        self.registry = make_registry(snapshot)
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self._started_at = time.monotonic()
@@ -92,7 +77,7 @@ class MetricsServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{port}"
         self._started_at = time.monotonic()
-        if not _is_loopback(self.host):
+        if not is_loopback(self.host):
             log.warning("metrics and health endpoints are reachable beyond this host on %s "
                         "(FORKLESS_METRICS_ADDR names a non-loopback address)", self.url)
         return self.url
@@ -105,34 +90,23 @@ class MetricsServer:
 
     # ---- what the endpoints report ----------------------------------------------------------
 
-    def _snapshot(self) -> Any:
-        snapshot = getattr(self.io, "snapshot", None)
-        return snapshot() if snapshot is not None else None
-
-    def _connected(self) -> bool:
-        client = getattr(self.io, "client", None)
-        stats = client.stats if client is not None else getattr(self.io, "stats", None)
-        return bool(stats is not None and stats.connected)
-
-    def not_ready_reasons(self) -> list[str]:
+    def not_ready_reasons(self, snap: StatsSnapshot | None) -> list[str]:
         """Why ``/readyz`` says 503 (empty when ready)."""
         reasons = []
-        if not self.io.ready_flag():
+        if snap is None or not snap.compiled:
             reasons.append("the step is not compiled yet")
-        if not self._connected():
-            stats = getattr(self.io, "stats", None)
-            since = getattr(stats, "state_since", 0.0) or 0.0
-            failures = getattr(stats, "connect_failures", 0)
-            tried = f", {failures} failed connection attempts so far" if failures else ""
-            last = getattr(stats, "last_error", "")
-            if last:
-                tried += f"; last: {last}"
-            if getattr(stats, "connects", 0):
-                ago = max(0.0, time.time() - since)
+        if snap is None or not snap.connected:
+            tried = ""
+            if snap is not None and snap.connect_failures:
+                tried = f", {snap.connect_failures} failed connection attempts so far"
+            if snap is not None and snap.last_error:
+                tried += f"; last: {snap.last_error}"
+            if snap is not None and snap.connects:
+                ago = max(0.0, time.time() - snap.connection_since)
                 reasons.append(f"not connected to the feed (disconnected {ago:.1f}s ago{tried})")
             else:
                 reasons.append(f"not connected to the feed (no connection yet{tried})")
-        if not self.io.alive:
+        if not self.alive():
             reasons.append("the IO thread is stopping")
         return reasons
 
@@ -147,21 +121,21 @@ class MetricsServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        stats = getattr(self.io, "stats", None)
-        lag = stats.loop_lag.snapshot().quantile(0.99) if stats is not None else float("nan")
+        snap = self.snapshot()
+        lag = snap.loop_lag.quantile(0.99) if snap is not None else float("nan")
         detail = {
             "status": "ok",
             "io_loop": "alive",  # this very answer comes from the IO loop
-            "io_thread_alive": bool(self.io.alive),
+            "io_thread_alive": bool(self.alive()),
             "main_thread_alive": threading.main_thread().is_alive(),
-            "connected": self._connected(),
+            "connected": bool(snap is not None and snap.connected),
             "io_loop_lag_p99_s": None if lag != lag else round(lag, 6),
             "uptime_s": round(time.monotonic() - self._started_at, 3),
         }
         return web.json_response(detail)
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        reasons = self.not_ready_reasons()
+        reasons = self.not_ready_reasons(self.snapshot())
         if reasons:
             return web.json_response({"status": "not ready", "reasons": reasons}, status=503)
         return web.json_response({"status": "ready", "reasons": []})

@@ -7,6 +7,10 @@ Rules:
   its sync sides once they exist.
 - Anything that ends the loop with an exception is kept in ``failure``; the main thread
   calls ``raise_if_failed()`` at least every 100 ms, so it is never swallowed.
+- The seam: the thread is given what it needs as constructor arguments (the codec, its
+  ``IOStats`` to write, and ``stats_snapshot``, the controller's whole-process snapshot for
+  the metrics endpoints); the main thread learns about this side only through
+  ``snapshot()`` (queue depths, unsent frames, copied counters) and the bridge's queues.
 - No process is started and nothing forks: the demo feed and the metrics server run as
   tasks on this same loop.
 """
@@ -17,35 +21,33 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from controller.codec import Codec
 from controller.config import Config
-from controller.stats import IOStats
+from controller.errors import FeedFatal, IOThreadError, MetricsServerError
+from controller.stats import LAG_INTERVAL_S, IOSnapshot, IOStats, StatsSnapshot
 from io_loop.bridge import Bridge, MainSide
-from io_loop.client import FeedClient, FeedFatal
-from io_loop.http import MetricsServer, MetricsServerError
+from io_loop.client import FeedClient
+from io_loop.demo_feed import DemoFeed
+from io_loop.http import MetricsServer
+
+__all__ = ["IOThread"]
 
 log = logging.getLogger("forkless.io")
-
-LAG_INTERVAL_S = 0.02
-
-
-class IOThreadError(RuntimeError):
-    """The IO thread died; ``__cause__`` is what killed it."""
 
 
 class IOThread:
     def __init__(self, config: Config, codec: Codec, stats: IOStats, *,
-                 snapshot: Callable[[], Any] | None = None, name: str = "forkless-io") -> None:
+                 stats_snapshot: Callable[[], StatsSnapshot | None] = lambda: None,
+                 name: str = "forkless-io") -> None:
         self.config = config
         self.codec = codec
         self.stats = stats
-        self.snapshot = snapshot  # for the metrics endpoint
         self.failure: BaseException | None = None
-        self.demo: Any = None
-        self.client: FeedClient | None = None
+        self.demo: DemoFeed | None = None
         self.metrics_url: str | None = None
+        self._stats_snapshot = stats_snapshot
+        self._client: FeedClient | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -53,7 +55,6 @@ class IOThread:
         self._bridge: Bridge | None = None
         self._main_side: MainSide | None = None
         self._aborted = False
-        self.ready_flag: Callable[[], bool] = lambda: False  # set by the controller
 
     # ---- main-thread API --------------------------------------------------------------------
 
@@ -95,14 +96,20 @@ class IOThread:
         return self._thread.is_alive()
 
     def raise_if_failed(self) -> None:
-        if self.failure is not None:
-            if isinstance(self.failure, FeedFatal):
-                raise self.failure
-            raise IOThreadError(f"the IO thread died: {self.failure!r}") from self.failure
+        """Re-raise what ended the thread: ``FeedFatal`` and ``MetricsServerError`` as they are,
+        anything else as ``IOThreadError`` from it."""
+        failure = self.failure
+        if failure is not None:
+            if isinstance(failure, (FeedFatal, MetricsServerError, IOThreadError)):
+                raise failure
+            raise IOThreadError(f"the IO thread died: {failure!r}") from failure
 
-    def depths(self) -> tuple[int, int]:
-        bridge = self._bridge
-        return bridge.depths() if bridge is not None else (0, 0)
+    def snapshot(self) -> IOSnapshot:
+        """Everything the IO side counts, copied; callable from any thread."""
+        bridge, client = self._bridge, self._client
+        inbound, outbound = bridge.depths() if bridge is not None else (0, 0)
+        unsent = client.held_frames() if client is not None else 0
+        return self.stats.snapshot(inbound, outbound, unsent)
 
     # ---- the thread -------------------------------------------------------------------------
 
@@ -134,21 +141,19 @@ class IOThread:
         try:
             url = cfg.ws_url
             if cfg.uses_demo_feed:
-                from io_loop.demo_feed import DemoFeed
-
                 self.demo = DemoFeed(rate_hz=cfg.demo_rate, streams=cfg.demo_streams,
                                      features=cfg.features, warmup=cfg.warmup)
                 url = await self.demo.start()
                 log.info("demo feed listening on %s (%d streams, %g msg/s)", url, cfg.demo_streams, cfg.demo_rate)
-            self.client = FeedClient(cfg, self.codec, bridge, self.stats, url)
+            self._client = FeedClient(cfg, self.codec, bridge, self.stats, url)
             if cfg.metrics_addr:
-                metrics = MetricsServer(cfg.metrics_addr, self)
+                metrics = MetricsServer(cfg.metrics_addr, snapshot=self._stats_snapshot, alive=self._thread.is_alive)
                 self.metrics_url = await metrics.start()
                 log.info("metrics on %s/metrics", self.metrics_url)
             background.append(asyncio.create_task(self._watch_lag(), name="forkless-lag"))
             self._main_side = bridge.main_side()
             self._ready.set()
-            await self.client.run()
+            await self._client.run()
         finally:
             for task in background:
                 task.cancel()
@@ -166,8 +171,8 @@ class IOThread:
             # so the demo's tally is complete
             self.demo.stop_sending()
             await self.demo.wait_replies(timeout=min(2.0, self.config.shutdown_timeout_s / 2))
-        if self.client is not None:
-            await self.client.stop_reading()
+        if self._client is not None:
+            await self._client.stop_reading()
         elif self._bridge is not None:
             self._bridge.stop_inbound()
 
@@ -185,7 +190,7 @@ class IOThread:
 
     def _count_unsent(self) -> None:
         """Whatever results could not be sent are counted and logged, never silently lost."""
-        unsent = self.client.held_frames() if self.client is not None else 0
+        unsent = self._client.held_frames() if self._client is not None else 0
         outbound = self._bridge.outbound if self._bridge is not None else None
         while outbound is not None:
             try:

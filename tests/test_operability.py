@@ -33,11 +33,12 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.config import Config
+from controller.errors import MetricsServerError
 from controller.logs import JsonFormatter, RateLimitFilter
 from controller.loop import Controller
 from controller.metrics import MAX_REASONS, make_registry, metric_families, render
 from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
-from io_loop.http import MetricsServer, MetricsServerError
+from io_loop.http import MetricsServer
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_S = 15.0  # liveness bound for anything the tests wait on
@@ -365,22 +366,11 @@ def test_healthz_and_readyz_follow_the_feed_disconnecting_and_reconnecting() -> 
             assert (_value(m, "forkless_connected"), _value(m, "forkless_ready")) == (1, 1)
 
 
-class _FakeIO:
-    """What MetricsServer reads from an IOThread, before a controller exists."""
+def _serve_once(paths: list[str], addr: str = "127.0.0.1:0") -> dict[str, tuple[int, str, str]]:
+    """Serve the endpoints before any controller exists (no snapshot yet) and GET ``paths``."""
 
-    def __init__(self, snapshot: Callable[[], StatsSnapshot | None] | None = None) -> None:
-        from controller.stats import IOStats
-
-        self.snapshot = snapshot
-        self.stats = IOStats()
-        self.client = None
-        self.alive = True
-        self.ready_flag = lambda: False
-
-
-def _serve_once(io_obj: Any, paths: list[str], addr: str = "127.0.0.1:0") -> dict[str, tuple[int, str, str]]:
     async def main() -> dict[str, tuple[int, str, str]]:
-        server = MetricsServer(addr, io_obj)
+        server = MetricsServer(addr, snapshot=lambda: None, alive=lambda: True)
         base = await server.start()
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", base) and not base.endswith(":0")
         try:
@@ -397,7 +387,7 @@ def _serve_once(io_obj: Any, paths: list[str], addr: str = "127.0.0.1:0") -> dic
 
 
 def test_readyz_is_503_with_every_reason_before_compile_and_connection() -> None:
-    got = _serve_once(_FakeIO(), ["/readyz", "/healthz", "/metrics"])
+    got = _serve_once(["/readyz", "/healthz", "/metrics"])
     status, _, body = got["/readyz"]
     assert status == 503
     assert json.loads(body) == {"status": "not ready", "reasons": [
@@ -415,7 +405,7 @@ def test_metrics_server_on_a_taken_port_fails_naming_the_variable() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(MetricsServerError, match=rf"FORKLESS_METRICS_ADDR=127\.0\.0\.1:{port}"):
-            _serve_once(_FakeIO(), [], addr=f"127.0.0.1:{port}")
+            _serve_once([], addr=f"127.0.0.1:{port}")
 
 
 def test_the_app_exits_2_with_one_line_when_the_metrics_port_is_taken() -> None:

@@ -1,0 +1,119 @@
+"""The program behind ``python app.py`` and the ``forkless`` console script.
+
+    forkless            run (the embedded demo feed when FORKLESS_WS_URL is unset)
+    forkless --check    validate the set-up, compile, try the feed, and exit
+    forkless --help     list every FORKLESS_* variable with its default
+
+Exit statuses are stated once, in controller/errors.py (``EXIT_STATUSES``).
+
+Rules:
+- The configuration is read and validated before JAX is imported: a bad variable exits 2
+  in a fraction of a second, without JAX's start-up (hence the function-level imports of
+  the modules that import JAX: the preflight and the controller loop).
+- Every way a run can end maps to one exit status here, and only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+from controller.config import PREFIX, VARIABLES, Config, ConfigError, help_text
+from controller.errors import (
+    EXIT_CONFIG,
+    EXIT_CRASH,
+    EXIT_FEED,
+    EXIT_OK,
+    EXIT_STATUSES,
+    FeedFatal,
+    IOThreadError,
+    MetricsServerError,
+)
+from controller.logs import flush_log_repeats, setup_logging
+
+__all__ = ["console_main", "load_config", "main"]
+
+log = logging.getLogger("forkless")
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    statuses = ", ".join(f"{code} {text.split(' (')[0]}" for code, text in EXIT_STATUSES.items())
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run a WebSocket feed through a jitted JAX step in one process (no fork).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Environment variables (JAX's own, e.g. JAX_PLATFORMS, pass through untouched):\n"
+        + help_text()
+        + f"\n\nExit status: {statuses}.",
+    )
+    parser.add_argument("--check", action="store_true",
+                        help="validate the configuration, show JAX devices, compile every bucket, "
+                             "try one connection to the feed, then exit 0 or non-zero with the reason")
+    return parser
+
+
+def load_config(environ: Any = None) -> Config:
+    """``Config.from_env`` plus a warning for ``FORKLESS_*`` names that mean nothing (typos)."""
+    environ = os.environ if environ is None else environ
+    known = {var.env for var in VARIABLES}
+    unknown = sorted(k for k in environ if k.startswith(PREFIX) and k not in known)
+    for name in unknown:
+        print(f"forkless: warning: {name} is not a forkless variable and is ignored "
+              "(see --help)", file=sys.stderr)
+    return Config.from_env(environ)
+
+
+def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = None,
+         prog: str = "python app.py") -> int:
+    """The program; also callable by embedding scripts that bring their own processor/codec."""
+    args = _parser(prog).parse_args(argv)
+    try:
+        config = load_config()
+    except ConfigError as exc:
+        print(f"forkless: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    setup_logging(config.log_level, config.log_format)
+
+    if args.check:
+        from controller.check import run_check  # imports JAX: only after the configuration is valid
+
+        return run_check(config, processor=processor, codec=codec)
+
+    from controller.loop import Controller  # imports JAX: only after the configuration is valid
+
+    controller = Controller(config, processor=processor, codec=codec)
+    try:
+        controller.run()
+    except FeedFatal as exc:
+        print(f"forkless: feed error: {exc}", file=sys.stderr)
+        return EXIT_FEED
+    except MetricsServerError as exc:  # a setting that cannot be served
+        print(f"forkless: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except IOThreadError as exc:
+        print(f"forkless: {exc}", file=sys.stderr)
+        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+        return EXIT_CRASH
+    finally:
+        flush_log_repeats()
+    demo = controller.demo
+    if demo is not None:
+        print(demo.summary().line(), flush=True)
+    return EXIT_OK
+
+
+def exit_with(status: int) -> None:
+    """Exit now; a late Ctrl-C must not interrupt the interpreter's own clean-up (atexit)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)
+
+
+def console_main() -> None:
+    """Entry point of the ``forkless`` console script (the same program as ``python app.py``)."""
+    exit_with(main(prog="forkless"))

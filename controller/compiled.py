@@ -1,0 +1,74 @@
+"""Ahead-of-time compilation of the step for every bucket size, and the compilation counter.
+
+Rules:
+- One implementation, used by the controller loop, the preflight (``--check``) and the
+  benchmark's spawn design, so all three run the same compiled code.
+- ``compile_step`` puts the processor's initial state on the device and compiles the step
+  once per bucket with example batches of that size; after it nothing compiles again
+  (``compilations()`` stays flat, which tests pin).
+- Every XLA compilation in this process is counted from JAX's own monitoring events.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from controller.batching import Batch, pad_batch
+
+__all__ = ["CompiledStep", "compilations", "compile_step", "example_batch"]
+
+_COMPILATIONS = [0]
+
+
+def _on_event(event: str, duration: float, **_: Any) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILATIONS[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+def compilations() -> int:
+    """XLA compilations so far in this process."""
+    return _COMPILATIONS[0]
+
+
+@dataclass
+class CompiledStep:
+    """The initial device state and one compiled step per bucket size."""
+
+    state: Any
+    steps: dict[int, Any]
+    devices: tuple[str, ...]
+
+
+def example_batch(features: int, bucket: int, spare_slot: int) -> Batch:
+    """An all-padding batch of ``bucket`` rows: the shapes and dtypes every real batch has."""
+    return pad_batch(np.zeros((0, features), np.float32), np.zeros(0, np.int32), bucket, spare_slot)
+
+
+def compile_step(processor: Any, config: Any,
+                 on_compiled: Callable[[int, float], None] | None = None) -> CompiledStep:
+    """Initialise the state on the device and compile ``processor.step`` for ``config.buckets``;
+    ``on_compiled(bucket, seconds)`` is called after each (the preflight prints it)."""
+    cache_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if cache_dir and "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        # our buckets compile in well under JAX's default 1 s threshold: cache them all
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    state = jax.device_put(processor.init(config))
+    jitted = jax.jit(processor.step)
+    steps = {}
+    for bucket in config.buckets:
+        example = example_batch(config.features, bucket, config.max_streams)
+        t0 = time.perf_counter()
+        steps[bucket] = jitted.lower(state, example).compile()
+        if on_compiled is not None:
+            on_compiled(bucket, time.perf_counter() - t0)
+    return CompiledStep(state, steps, tuple(str(d) for d in jax.devices()))

@@ -1,0 +1,36 @@
+"""The exceptions that end a run for a reason the program reports in one line.
+
+Rules:
+- Raised on the IO side, defined here (the core) so the composition layer can catch them
+  without reaching into the IO side's modules.
+- ``IOThread.raise_if_failed`` re-raises ``FeedFatal`` and ``MetricsServerError`` as they
+  are; anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
+- The process's exit statuses are stated here, once; ``app.py``/``forkless``, ``--check`` and
+  the README's table all use these names.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EXIT_CONFIG", "EXIT_CRASH", "EXIT_FEED", "EXIT_OK", "EXIT_STATUSES", "FeedFatal", "IOThreadError",
+           "MetricsServerError"]
+
+EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_FEED = 0, 1, 2, 3
+EXIT_STATUSES = {
+    EXIT_OK: "clean stop (or --check passed)",
+    EXIT_CRASH: "crash, traceback printed (or --check: JAX, compilation or the metrics address failed)",
+    EXIT_CONFIG: "bad configuration, one line naming the variable (or a FORKLESS_METRICS_ADDR that cannot be served)",
+    EXIT_FEED: "the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up "
+               "(or --check: the feed is unreachable)",
+}
+
+
+class FeedFatal(Exception):
+    """The feed cannot be used (4xx handshake, tries used up): exit status 3."""
+
+
+class MetricsServerError(RuntimeError):
+    """``FORKLESS_METRICS_ADDR`` cannot be served (bad address, port in use): exit status 2."""
+
+
+class IOThreadError(RuntimeError):
+    """The IO thread died of something unexpected; ``__cause__`` is what killed it: exit status 1."""

@@ -1,0 +1,118 @@
+"""Opening a WebSocket to the feed: headers, TLS, and what a refused handshake means.
+
+Rules:
+- One implementation, used by the client's reconnect loop and by ``--check``'s probe.
+- aiohttp's exceptions are translated here, at one edge: ``open_feed`` returns an open
+  ``ClientWebSocketResponse`` or raises ``HandshakeRefused`` (an HTTP status the server
+  chose; ``fatal`` for a 4xx other than 408/429) or ``ConnectFailed`` (worth retrying).
+- Secrets (token, headers) are never put into messages; URLs are shown without query or
+  credentials (``redact_url``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+
+from controller.config import Config
+
+__all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "open_feed",
+           "redact_url"]
+
+RETRYABLE_4XX = (408, 429)
+_HINTS = {401: "unauthorised: check FORKLESS_AUTH_TOKEN",
+          403: "forbidden: check FORKLESS_AUTH_TOKEN / FORKLESS_HEADERS",
+          404: "not found: check the path in FORKLESS_WS_URL"}
+
+
+class ConnectFailed(Exception):
+    """No connection this time (refused, reset, timeout, TLS, 5xx …); ``str`` says why."""
+
+
+class HandshakeRefused(Exception):
+    """The server answered the opening handshake with an HTTP status other than 101."""
+
+    def __init__(self, shown_url: str, status: int) -> None:
+        self.status = status
+        self.fatal = 400 <= status < 500 and status not in RETRYABLE_4XX
+        hint = _HINTS.get(status, "client error: check FORKLESS_WS_URL" if self.fatal else "")
+        super().__init__(f"{shown_url} refused the WebSocket handshake with HTTP {status}"
+                         + (f" ({hint})" if hint else ""))
+
+
+def redact_url(url: str) -> str:
+    """``scheme://host:port/path`` — no credentials, no query (tokens often live there)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def make_ssl_context(config: Config) -> ssl.SSLContext:
+    """System trust store, plus ``ca_file`` if given; verification off only if asked."""
+    ctx = ssl.create_default_context()
+    if config.ca_file:
+        ctx.load_verify_locations(cafile=config.ca_file)
+    if config.tls_insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def handshake_headers(config: Config) -> dict[str, str]:
+    """``FORKLESS_HEADERS`` plus ``Authorization: Bearer`` from ``FORKLESS_AUTH_TOKEN``."""
+    headers = dict(config.headers)
+    if config.auth_token:
+        headers["Authorization"] = f"Bearer {config.auth_token}"
+    return headers
+
+
+async def open_feed(session: aiohttp.ClientSession, url: str, config: Config,
+                    ssl_context: ssl.SSLContext | None, *, heartbeat: bool = True) -> aiohttp.ClientWebSocketResponse:
+    """Connect and complete the opening handshake within ``connect_timeout_s``."""
+    shown = redact_url(url)
+    try:
+        async with asyncio.timeout(config.connect_timeout_s):
+            return await session.ws_connect(
+                url,
+                headers=handshake_headers(config),
+                heartbeat=(config.heartbeat_s or None) if heartbeat else None,
+                ssl=ssl_context if ssl_context is not None else True,
+                max_msg_size=config.max_msg_bytes,
+                autoping=True,
+            )
+    except aiohttp.WSServerHandshakeError as exc:
+        raise HandshakeRefused(shown, exc.status) from None
+    except aiohttp.ClientConnectorCertificateError as exc:
+        cert = exc.certificate_error
+        raise ConnectFailed(f"TLS certificate verification failed: {cert.__class__.__name__}: "
+                            f"{getattr(cert, 'verify_message', cert)} (FORKLESS_CA_FILE adds a CA bundle)") from None
+    except TimeoutError:
+        raise ConnectFailed(f"no connection and handshake within FORKLESS_CONNECT_TIMEOUT_S="
+                            f"{config.connect_timeout_s}s") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise ConnectFailed(describe_error(exc)) from None
+
+
+def describe_error(exc: BaseException) -> str:
+    """'ClientConnectorError: Connection refused (errno 111)' rather than aiohttp's wrapper text."""
+    os_error = getattr(exc, "os_error", None)
+    if isinstance(os_error, socket.gaierror):
+        return f"cannot resolve the host name: {os_error.strerror}"
+    errno = getattr(os_error, "errno", None)
+    if isinstance(os_error, OSError) and errno:
+        return f"{os.strerror(errno)} (errno {errno})"
+    return f"{exc.__class__.__name__}: {short(exc)}"
+
+
+def short(exc: BaseException) -> str:
+    """The first line of an exception's text, at most 200 characters."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else exc.__class__.__name__
+    return text if len(text) <= 200 else text[:200] + "…"

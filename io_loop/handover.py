@@ -1,0 +1,143 @@
+"""The hand-over: decoded frames gathered into ``Chunk``s and put on the inbound queue.
+
+Rules:
+- Runs on the IO loop only; the queue is anything with asyncio.Queue's ``put``,
+  ``put_nowait`` and ``get_nowait`` (the bridge's ``inbound``, or a plain ``asyncio.Queue``
+  in tests).
+- Frames that arrive together (one socket read holds many) cross to the main thread as one
+  chunk: ``add`` gathers and schedules a put for when the loop next turns (``call_soon``),
+  instead of one cross-thread wake-up per frame. Latency is counted from the first frame of
+  a chunk. The reader calls ``flush`` at once when ``should_flush()`` says so (``max_batch``
+  messages gathered, or an earlier put still waiting for room).
+- Order is kept: a chunk is never put while an earlier one is still waiting for room.
+- Queue full: ``block`` waits for room (so the reader stops reading and TCP pushes back on
+  the server); ``drop_oldest`` drops the oldest queued chunk and reports how many messages
+  it held through ``on_dropped``. Nothing else is ever dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from controller.batching import Chunk
+from controller.codec import Decoded
+
+__all__ = ["Handover", "InboundQueue"]
+
+
+class InboundQueue(Protocol):
+    async def put(self, item: Chunk) -> None: ...
+
+    def put_nowait(self, item: Chunk) -> None: ...
+
+    def get_nowait(self) -> Chunk: ...
+
+
+class Handover:
+    """Gathers decoded frames and puts them on ``queue`` as chunks (see the module rules)."""
+
+    def __init__(self, queue: InboundQueue, max_batch: int, *, drop_oldest: bool,
+                 on_dropped: Callable[[int], None]) -> None:
+        self.queue = queue
+        self.max_batch = max_batch
+        self.drop_oldest = drop_oldest
+        self.on_dropped = on_dropped
+        self._parts: list[Decoded] = []
+        self._gathered = 0  # messages in _parts
+        self._first_ns = 0
+        self._scheduled = False
+        self._pending: asyncio.Future[None] | None = None  # a put waiting for room
+
+    def __len__(self) -> int:
+        """Messages gathered and not yet put (not counting a put that waits for room)."""
+        return self._gathered
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is gathered and no put is waiting."""
+        return not self._parts and self._pending is None
+
+    def add(self, decoded: Decoded, received_ns: int) -> None:
+        """Gather one frame's good messages; a put is scheduled for the loop's next turn."""
+        if not len(decoded):
+            return
+        if not self._parts:
+            self._first_ns = received_ns
+            if not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._put_soon)
+        self._parts.append(decoded)
+        self._gathered += len(decoded)
+
+    def should_flush(self) -> bool:
+        """True when the reader should ``await flush()`` before reading on."""
+        return self._gathered >= self.max_batch or self._pending is not None
+
+    async def flush(self) -> None:
+        """Put everything gathered now, in order (waiting for room unless ``drop_oldest``)."""
+        if self._pending is not None:
+            await self._pending
+        chunk = self._take()
+        if chunk is None:
+            return
+        if self.drop_oldest:
+            self._put_dropping_oldest(chunk)
+        else:
+            await self.queue.put(chunk)
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _take(self) -> Chunk | None:
+        parts = self._parts
+        if not parts:
+            return None
+        self._parts = []
+        self._gathered = 0
+        if len(parts) == 1:
+            return Chunk(parts[0].seq, parts[0].stream, parts[0].x, self._first_ns)
+        seq: list[Any] = []
+        stream: list[str] = []
+        for part in parts:
+            seq.extend(part.seq)
+            stream.extend(part.stream)
+        return Chunk(seq, stream, np.concatenate([part.x for part in parts]), self._first_ns)
+
+    def _put_soon(self) -> None:
+        """Loop callback: put what was gathered without waiting. If the queue is full, a task
+        waits for room, and ``should_flush`` makes the reader wait for it before more."""
+        self._scheduled = False
+        if self._pending is not None:
+            return  # the reader puts after the pending put (see flush)
+        chunk = self._take()
+        if chunk is None:
+            return
+        if self.drop_oldest:
+            self._put_dropping_oldest(chunk)
+            return
+        try:
+            self.queue.put_nowait(chunk)
+        except asyncio.QueueFull:
+            self._pending = asyncio.ensure_future(self._put_later(chunk))
+
+    async def _put_later(self, chunk: Chunk) -> None:
+        try:
+            await self.queue.put(chunk)
+        finally:
+            self._pending = None
+
+    def _put_dropping_oldest(self, chunk: Chunk) -> None:
+        queue = self.queue
+        while True:
+            try:
+                queue.put_nowait(chunk)
+                return
+            except asyncio.QueueFull:
+                try:
+                    old = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    continue
+                self.on_dropped(len(old))

@@ -1,0 +1,124 @@
+"""The network half of ``--check``: can the metrics address be bound, and does the feed answer?
+
+Rules:
+- Each probe raises ``ProbeFailed(reason)`` with one human sentence, or prints what it found
+  through ``say`` and returns. The exit status each failure maps to is the preflight's
+  business (controller/check.py), not this module's.
+- The feed probe makes ONE connection with the configured TLS, headers, token and timeouts
+  (io_loop/connect.py, the same code the client uses), waits briefly for a first frame,
+  and closes with 1000. When ``FORKLESS_WS_URL`` is unset it starts the embedded demo feed
+  and probes that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from controller.codec import Codec
+from controller.config import Config
+from controller.netaddr import parse_host_port
+from io_loop.connect import ConnectFailed, HandshakeRefused, handshake_headers, make_ssl_context, open_feed, redact_url
+from io_loop.demo_feed import DemoFeed
+
+__all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "check_metrics_addr", "probe_feed"]
+
+FIRST_FRAME_WAIT_S = 2.0
+
+
+class ProbeFailed(Exception):
+    """One probe failed; ``str`` is the reason, fit to print."""
+
+
+def check_metrics_addr(addr: str, say: Callable[[str], None]) -> None:
+    """Bind (and release) the metrics address, as the metrics server will."""
+    try:
+        host, port = parse_host_port(addr)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, sockaddr = infos[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(sockaddr)
+    except (OSError, ValueError) as exc:
+        raise ProbeFailed(f"cannot listen on FORKLESS_METRICS_ADDR={addr}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
+    say(f"  {addr}: free; /metrics, /healthz and /readyz will be served there")
+
+
+def probe_feed(config: Config, codec: Codec, say: Callable[[str], None]) -> None:
+    """Connect once to the feed (or the embedded demo feed); see the module rules."""
+    asyncio.run(_probe_feed(config, codec, say))
+
+
+async def _probe_feed(config: Config, codec: Codec, say: Callable[[str], None]) -> None:
+    demo = None
+    url = config.ws_url
+    try:
+        if config.uses_demo_feed:
+            # its per-connection INFO lines would only clutter the check's own report
+            logging.getLogger(DemoFeed.__module__).setLevel(logging.WARNING)
+            demo = DemoFeed(rate_hz=config.demo_rate, streams=config.demo_streams,
+                            features=config.features, warmup=config.warmup)
+            url = await demo.start()
+            say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on {url}")
+        await _connect_once(config, codec, url, say)
+    finally:
+        if demo is not None:
+            await demo.stop()
+
+
+async def _connect_once(config: Config, codec: Codec, url: str, say: Callable[[str], None]) -> None:
+    shown = redact_url(url)
+    headers = handshake_headers(config)
+    if headers:
+        say(f"  handshake headers: {', '.join(sorted(headers))} (values hidden)")
+    ssl_ctx = make_ssl_context(config) if url.startswith("wss:") else None
+    if ssl_ctx is not None:
+        say(f"  TLS: system trust store{' + ' + config.ca_file if config.ca_file else ''}"
+            f"{', verification OFF (FORKLESS_TLS_INSECURE=1)' if config.tls_insecure else ''}")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    async with aiohttp.ClientSession() as session:
+        try:
+            ws = await open_feed(session, url, config, ssl_ctx, heartbeat=False)
+        except HandshakeRefused as exc:
+            raise ProbeFailed(str(exc)) from None
+        except ConnectFailed as exc:
+            raise ProbeFailed(f"cannot connect to {shown}: {exc}") from None
+        took_ms = (loop.time() - t0) * 1000
+        try:
+            say(f"  connected to {shown} in {took_ms:.1f} ms (HTTP 101"
+                f"{', subprotocol ' + ws.protocol if ws.protocol else ''})")
+            if config.subscribe:
+                await ws.send_str(config.subscribe)
+                say(f"  sent FORKLESS_SUBSCRIBE ({len(config.subscribe)} characters)")
+            wait_s = min(FIRST_FRAME_WAIT_S, config.connect_timeout_s)
+            try:
+                msg = await asyncio.wait_for(ws.receive(), wait_s)
+            except TimeoutError:
+                say(f"  no frame within {wait_s:g}s (a quiet feed is not an error)")
+            else:
+                _describe_frame(msg, codec, loop.time() - t0, say)
+        finally:
+            await ws.close(code=aiohttp.WSCloseCode.OK, message=b"forkless --check done")
+        say("  closed the connection (code 1000)")
+
+
+def _describe_frame(msg: Any, codec: Codec, after_s: float, say: Callable[[str], None]) -> None:
+    if msg.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+        say(f"  the feed ended the connection before any frame: {msg.type.name}"
+            f"{f' (code {msg.data})' if isinstance(msg.data, int) else ''}")
+        return
+    decoded = codec.decode(msg.data)
+    found = f"{len(decoded)} good message(s)"
+    if len(decoded):
+        found += f", first stream {decoded.stream[0]!r}"
+    if decoded.errors:
+        reasons = sorted({reason for reason, _ in decoded.errors})
+        found += f", {len(decoded.errors)} the controller would refuse ({'; '.join(reasons)})"
+    say(f"  first frame after {after_s * 1000:.0f} ms, {len(msg.data)} bytes: {found}")
