@@ -26,7 +26,7 @@ import time
 import traceback
 from collections.abc import Callable
 from queue import Empty, Full
-from typing import Any
+from typing import Any, Protocol
 
 import janus
 import jax
@@ -37,10 +37,10 @@ from controller.codec import Codec, JsonCodec
 from controller.compiled import compilations, compile_step
 from controller.config import Config
 from controller.processor import Processor, default_processor
-from controller.stats import Histogram, IOStats, MainStats, StatsSnapshot, copy_counts, status_line
+from controller.stats import Histogram, IOSnapshot, IOStats, MainStats, StatsSnapshot, copy_counts, status_line
 from io_loop.thread import IOThread
 
-__all__ = ["Controller", "compilations"]
+__all__ = ["Controller", "IOFactory", "IOSide", "compilations"]
 
 log = logging.getLogger("forkless.controller")
 
@@ -49,6 +49,34 @@ POLL_S = 0.1
 # When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead
 # of 5 ms measured about +20% maximum throughput in an A/B run (see bench/README.md).
 SWITCH_INTERVAL_S = 0.001
+
+
+class IOSide(Protocol):
+    """What the controller needs from the IO side; ``io_loop.thread.IOThread`` is the real one,
+    and tests use a fake built on plain queues (tests/fake_io.py) with the same interface."""
+
+    failure: BaseException | None
+    metrics_url: str | None
+    demo: Any
+
+    def start(self) -> Any: ...  # -> an object with ``inbound`` and ``outbound`` sync queues
+
+    def request_stop(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> bool: ...
+
+    def abort(self) -> None: ...
+
+    def raise_if_failed(self) -> None: ...
+
+    def snapshot(self) -> IOSnapshot: ...
+
+
+IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSide]
+
+
+def _io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot]) -> IOSide:
+    return IOThread(config, codec, stats, stats_snapshot=snapshot)
 
 
 class Controller:
@@ -62,7 +90,8 @@ class Controller:
     """
 
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
-                 codec: Codec | None = None, out: Callable[[str], None] | None = None) -> None:
+                 codec: Codec | None = None, out: Callable[[str], None] | None = None,
+                 io_factory: IOFactory = _io_thread) -> None:
         self.config = config if config is not None else Config.from_env()
         self.processor = processor if processor is not None else default_processor(self.config)
         self.codec = codec if codec is not None else JsonCodec(
@@ -74,7 +103,8 @@ class Controller:
         self.slots = StreamSlots(self.config.max_streams)
         self.state: Any = None
         self._compiled: dict[int, Any] = {}
-        self._io: IOThread | None = None
+        self._io_factory = io_factory
+        self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
         self._inbound_closed = False
         self._stop_requested = threading.Event()
@@ -104,7 +134,7 @@ class Controller:
         self._switch_interval = sys.getswitchinterval()
         if SWITCH_INTERVAL_S:
             sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
-        self._io = IOThread(self.config, self.codec, self.io_stats, stats_snapshot=self.stats)
+        self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats)
         self._side = self._io.start()
 
     def compile(self) -> None:
