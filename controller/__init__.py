@@ -23,6 +23,10 @@ _EXPORTS = {
     "default_processor": "controller.processor",
     "ewma_processor": "controller.processor",
     "StatsSnapshot": "controller.stats",
+    "setup_logging": "controller.logs",
+    "GuardedCodec": "controller.codec",
+    "ProcessorContractError": "controller.errors",
+    "FeedFatal": "controller.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -33,6 +33,7 @@ from controller.errors import (
     FeedFatal,
     IOThreadError,
     MetricsServerError,
+    ProcessorContractError,
 )
 from controller.logs import flush_log_repeats, setup_logging
 
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         return EXIT_FEED
     except MetricsServerError as exc:  # a setting that cannot be served
         print(f"forkless: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ProcessorContractError as exc:
+        print(f"forkless: processor error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except IOThreadError as exc:
         print(f"forkless: {exc}", file=sys.stderr)

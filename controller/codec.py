@@ -20,6 +20,7 @@ Default protocol (text or binary frames, UTF-8 JSON)::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -173,3 +174,103 @@ class JsonCodec:
 
     def encode_error(self, reason: str, seq: Any) -> bytes:
         return orjson.dumps({"error": reason, "seq": seq})
+
+
+# ---- any codec made as safe as the built-in one ---------------------------------------------------
+
+DECODE_FAILED = "decode failed"
+ENCODE_FAILED = "encode failed"
+MAX_LOGGED_FAILURES = 1000
+
+
+def fallback_error_frame(reason: str, seq: Any) -> bytes:
+    """The JSON error frame used when a codec's own ``encode_error`` fails."""
+    try:
+        return orjson.dumps({"error": reason, "seq": seq})
+    except TypeError:  # a seq that is not JSON
+        return orjson.dumps({"error": reason, "seq": None})
+
+
+class GuardedCodec:
+    """Wraps any ``Codec`` so that its exceptions never reach the IO thread or the loop.
+
+    - ``decode`` raising, or returning columns of the wrong shape, becomes one
+      ``("decode failed", None)`` error: the frame gets an error reply and a counter, the
+      connection and the thread stay up.
+    - ``encode_error`` raising falls back to a JSON error frame (``fallback_error_frame``).
+    - ``encode_batch`` (for the loop) calls ``encode_results``; its result must hold one
+      entry per message, ``None`` meaning "no reply for this message", or be empty (no
+      reply for any). Raising or any other length answers the batch with
+      ``"encode failed"`` errors.
+    - Each distinct failure (method, exception type, first line) is logged once, with its
+      traceback; the counters count every one.
+    """
+
+    def __init__(self, codec: Codec, features: int, log: logging.Logger | None = None) -> None:
+        self.codec = codec
+        self.features = features
+        self.log = log if log is not None else logging.getLogger("forkless.codec")
+        self._logged: set[tuple[str, str]] = set()  # (method, failure); written per method by one thread
+
+    def decode(self, frame: str | bytes) -> Decoded:
+        try:
+            decoded = self.codec.decode(frame)
+            problem = self._check_decoded(decoded)
+        except Exception as exc:
+            self._log_once("decode", exc)
+            return Decoded(errors=[(DECODE_FAILED, None)])
+        if problem:
+            self._log_once("decode", ValueError(problem))
+            return Decoded(errors=[(DECODE_FAILED, None)])
+        return decoded
+
+    def encode_error(self, reason: str, seq: Any) -> str | bytes:
+        try:
+            frame = self.codec.encode_error(reason, seq)
+            if isinstance(frame, (str, bytes)):
+                return frame
+            raise TypeError(f"encode_error returned {type(frame).__name__}, not str or bytes")
+        except Exception as exc:
+            self._log_once("encode_error", exc)
+            return fallback_error_frame(reason, seq)
+
+    def encode_batch(self, seq: Sequence[Any], stream: Sequence[str],
+                     outputs: Mapping[str, np.ndarray]) -> tuple[list[str | bytes | None], bool]:
+        """``(one frame or None per message, True)``, or ``(error frames, False)`` if encoding failed."""
+        try:
+            frames = list(self.codec.encode_results(seq, stream, outputs))
+            if not frames:
+                return [None] * len(seq), True
+            if len(frames) != len(seq):
+                raise ValueError(f"encode_results returned {len(frames)} frames for {len(seq)} messages "
+                                 "(one per message, None for no reply)")
+            return frames, True
+        except Exception as exc:
+            self._log_once("encode_results", exc)
+            return [self.encode_error(ENCODE_FAILED, s) for s in seq], False
+
+    def encode_results(self, seq: Sequence[Any], stream: Sequence[str],
+                       outputs: Mapping[str, np.ndarray]) -> list[str | bytes | None]:
+        return self.encode_batch(seq, stream, outputs)[0]
+
+    def _check_decoded(self, d: Any) -> str:
+        if not isinstance(d, Decoded):
+            return f"decode returned {type(d).__name__}, not Decoded"
+        n = len(d.seq)
+        if len(d.stream) != n:
+            return f"decode returned {n} seq values but {len(d.stream)} streams"
+        if n and (not isinstance(d.x, np.ndarray) or d.x.shape != (n, self.features)):
+            return (f"decode returned x of shape {list(getattr(d.x, 'shape', []))}, "
+                    f"expected [{n}, {self.features}] (float32)")
+        if n and d.x.dtype != np.float32:
+            d.x = d.x.astype(np.float32)
+        return ""
+
+    def _log_once(self, method: str, exc: BaseException) -> None:
+        lines = str(exc).strip().splitlines()
+        key = (method, f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200])
+        if key in self._logged or len(self._logged) >= MAX_LOGGED_FAILURES:
+            return
+        self._logged.add(key)
+        self.log.error("the codec's %s failed (%s); answered with an error, carrying on (logged once)",
+                       method, key[1], exc_info=exc)

@@ -6,6 +6,10 @@ Rules:
 - ``compile_step`` puts the processor's initial state on the device and compiles the step
   once per bucket with example batches of that size; after it nothing compiles again
   (``compilations()`` stays flat, which tests pin).
+- The processor contract is checked on the compiled shapes, so a violation stops the start
+  with ``ProcessorContractError`` naming the output, its shape and the rule, instead of an
+  IndexError at the first message: ``outputs`` is a dict of arrays with leading axis B (the
+  bucket size), and ``step`` returns a state of the same structure, shapes and dtypes.
 - Every XLA compilation in this process is counted from JAX's own monitoring events.
 """
 
@@ -21,6 +25,7 @@ import jax
 import numpy as np
 
 from controller.batching import Batch, pad_batch
+from controller.errors import ProcessorContractError
 
 __all__ = ["CompiledStep", "compilations", "compile_step", "example_batch"]
 
@@ -69,6 +74,31 @@ def compile_step(processor: Any, config: Any,
         example = example_batch(config.features, bucket, config.max_streams)
         t0 = time.perf_counter()
         steps[bucket] = jitted.lower(state, example).compile()
+        check_contract(state, steps[bucket].out_info, bucket)
         if on_compiled is not None:
             on_compiled(bucket, time.perf_counter() - t0)
     return CompiledStep(state, steps, tuple(str(d) for d in jax.devices()))
+
+
+def check_contract(state: Any, out_info: Any, bucket: int) -> None:
+    """Raise ``ProcessorContractError`` unless ``out_info`` (the compiled step's output shapes
+    for a batch of ``bucket`` rows) is ``(state of the same shapes, {name: [B, ...]})``."""
+    rule = f"outputs must have shape [B, ...] (B = {bucket}, the rows of the padded batch)"
+    if not (isinstance(out_info, tuple) and len(out_info) == 2):
+        raise ProcessorContractError("step must return (state, outputs)")
+    new_state, outputs = out_info
+    before = jax.tree.structure(state)
+    if jax.tree.structure(new_state) != before:
+        raise ProcessorContractError(f"step must return a state of the same structure as it was given: "
+                                     f"got {jax.tree.structure(new_state)}, expected {before}")
+    for old, new in zip(jax.tree.leaves(state), jax.tree.leaves(new_state)):
+        if (old.shape, old.dtype) != (new.shape, new.dtype):
+            raise ProcessorContractError(f"step must return state leaves of unchanged shape and dtype: "
+                                         f"{old.dtype}{list(old.shape)} came back as {new.dtype}{list(new.shape)}")
+    if not isinstance(outputs, dict) or not all(isinstance(k, str) for k in outputs):
+        raise ProcessorContractError(f"step must return outputs as a dict of arrays keyed by name, "
+                                     f"got {type(outputs).__name__}")
+    for name, leaf in outputs.items():
+        shape = tuple(getattr(leaf, "shape", ()))
+        if not shape or shape[0] != bucket:
+            raise ProcessorContractError(f"output {name!r} has shape {list(shape)}: {rule}")

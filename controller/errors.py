@@ -12,13 +12,14 @@ Rules:
 from __future__ import annotations
 
 __all__ = ["EXIT_CONFIG", "EXIT_CRASH", "EXIT_FEED", "EXIT_OK", "EXIT_STATUSES", "FeedFatal", "IOThreadError",
-           "MetricsServerError"]
+           "MetricsServerError", "ProcessorContractError"]
 
 EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_FEED = 0, 1, 2, 3
 EXIT_STATUSES = {
     EXIT_OK: "clean stop (or --check passed)",
     EXIT_CRASH: "crash, traceback printed (or --check: JAX, compilation or the metrics address failed)",
-    EXIT_CONFIG: "bad configuration, one line naming the variable (or a FORKLESS_METRICS_ADDR that cannot be served)",
+    EXIT_CONFIG: "bad configuration, one line naming the variable (or a FORKLESS_METRICS_ADDR that cannot be "
+                 "served, or a processor that breaks the contract)",
     EXIT_FEED: "the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up "
                "(or --check: the feed is unreachable)",
 }
@@ -30,6 +31,11 @@ class FeedFatal(Exception):
 
 class MetricsServerError(RuntimeError):
     """``FORKLESS_METRICS_ADDR`` cannot be served (bad address, port in use): exit status 2."""
+
+
+class ProcessorContractError(ValueError):
+    """A processor's step breaks the contract (README "Embedding"): found when it is compiled,
+    before any connection is made: exit status 2."""
 
 
 class IOThreadError(RuntimeError):

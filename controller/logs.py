@@ -17,6 +17,7 @@ import logging
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
@@ -93,10 +94,25 @@ def setup_logging(level: str = "INFO", fmt: str = "text", stream: Any = None) ->
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
-    # third-party chatter stays at WARNING unless we debug
-    for name in ("jax", "aiohttp", "asyncio"):
+    # third-party chatter stays at WARNING unless we debug. aiohttp's and asyncio's loggers
+    # take a level; JAX's must not be touched before JAX is imported, because JAX then takes
+    # that level as its jax_logging_level default and adds a handler of its own, so every
+    # JAX record would be printed twice: a filter on our handler quiets it instead.
+    for name in ("aiohttp", "asyncio"):
         logging.getLogger(name).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
+    if level != "DEBUG":
+        handler.addFilter(_below_warning_from(("jax", "jaxlib")))
     return handler
+
+
+def _below_warning_from(prefixes: tuple[str, ...]) -> Callable[[logging.LogRecord], bool]:
+    def keep(record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        name = record.name
+        return not any(name == p or name.startswith(p + ".") for p in prefixes)
+
+    return keep
 
 
 def flush_log_repeats() -> None:

@@ -33,14 +33,14 @@ import jax
 import numpy as np
 
 from controller.batching import MicroBatcher, Outgoing, StreamSlots, Taken, bucket_for, pad_batch
-from controller.codec import Codec, JsonCodec
+from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import compilations, compile_step
 from controller.config import Config
 from controller.processor import Processor, default_processor
 from controller.stats import Histogram, IOSnapshot, IOStats, MainStats, StatsSnapshot, copy_counts, status_line
 from io_loop.thread import IOThread
 
-__all__ = ["Controller", "IOFactory", "IOSide", "compilations"]
+__all__ = ["Controller", "IOFactory", "IOSide", "OnResults", "compilations"]
 
 log = logging.getLogger("forkless.controller")
 
@@ -72,6 +72,11 @@ class IOSide(Protocol):
     def snapshot(self) -> IOSnapshot: ...
 
 
+OnResults = Callable[[list[Any], list[str], dict[str, np.ndarray]], None]
+"""``on_results(seq, stream, outputs)``: called in the main thread after each step, before the
+replies are handed to the IO thread; ``outputs`` maps each output name to a numpy array whose
+leading axis is the batch's messages (padding already cut off), in arrival order."""
+
 IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSide]
 
 
@@ -91,11 +96,14 @@ class Controller:
 
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
                  codec: Codec | None = None, out: Callable[[str], None] | None = None,
-                 io_factory: IOFactory = _io_thread) -> None:
+                 on_results: OnResults | None = None, io_factory: IOFactory = _io_thread) -> None:
         self.config = config if config is not None else Config.from_env()
         self.processor = processor if processor is not None else default_processor(self.config)
-        self.codec = codec if codec is not None else JsonCodec(
+        user_codec = codec if codec is not None else JsonCodec(
             self.config.features, max_frame_items=self.config.max_frame_items)
+        # a custom codec's exceptions become error replies, never a dead thread (codec.py)
+        self.codec = GuardedCodec(user_codec, self.config.features)
+        self.on_results = on_results
         self._print = out if out is not None else _print_line
         self.io_stats = IOStats()
         self.main_stats = MainStats(batch_size=Histogram(self.config.buckets))
@@ -206,7 +214,7 @@ class Controller:
             started = time.monotonic()
             end = started + cfg.duration_s if cfg.duration_s else None
             next_status = started + cfg.status_s if cfg.status_s > 0 else None
-            last = self.stats()
+            first = last = self.stats()
             while not self._stop_requested.is_set():
                 now = time.monotonic()
                 if end is not None and now >= end:
@@ -221,7 +229,7 @@ class Controller:
                 self.process_pending(timeout=POLL_S)
             self.stop()
             if cfg.status_s > 0:
-                self._print(status_line(self.stats(), last))
+                self._print(status_line(self.stats(), first, final=True))
         finally:
             self._restore_switch_interval()  # also when the IO thread failed and stop() never ran
             self._restore_signals(previous)
@@ -283,7 +291,22 @@ class Controller:
             good_stream = [taken.stream[i] for i in idx.tolist()]
             x, key = taken.x[idx], slots[idx]
             stats.errors["too many streams"] += n - len(idx)
-        frames_good, results = self._run_step(good_seq, good_stream, x, key) if good_seq else ([], 0)
+        outputs = self._run_step(x, key) if good_seq else None
+        host_error: BaseException | None = None
+        if outputs is None:
+            frames_good: list = [self.codec.encode_error("processing failed", s) for s in good_seq]
+            are_results = False
+        else:
+            if self.on_results is not None:
+                try:
+                    self.on_results(good_seq, good_stream, outputs)
+                except BaseException as exc:
+                    # the host program's own code failed: raised to the caller of run() or
+                    # process_pending() once this batch's replies are handed over (not lost)
+                    host_error = exc
+            frames_good, are_results = self.codec.encode_batch(good_seq, good_stream, outputs)
+            if not are_results:
+                stats.errors["encode failed"] += len(good_seq)
         if all_ok:
             frames = frames_good
         else:
@@ -294,12 +317,24 @@ class Controller:
                 frames.append(next(it) if ok[i] else self.codec.encode_error(reason, taken.seq[i]))
         stats.batches += 1
         stats.batch_size.observe(n)
-        self._put_outbound(Outgoing(frames, taken.received_ns, results=results), deadline)
+        results = len(frames_good) if are_results else 0
+        received = taken.received_ns
+        if are_results and None in frames_good:  # the codec chose not to reply to some messages
+            no_reply = frames_good.count(None)
+            stats.no_reply += no_reply
+            results -= no_reply
+            received = [r for r, f in zip(received, frames) if f is not None]
+            frames = [f for f in frames if f is not None]
+        if frames:
+            self._put_outbound(Outgoing(frames, received, results=results), deadline)
+        if host_error is not None:
+            raise host_error
 
-    def _run_step(self, seq: list, stream: list, x: np.ndarray, key: np.ndarray) -> tuple[list[str], int]:
-        """Run the compiled step on one batch; the reply frames and how many are results."""
+    def _run_step(self, x: np.ndarray, key: np.ndarray) -> dict[str, np.ndarray] | None:
+        """Run the compiled step on one batch; its outputs on the host, cut to the batch's
+        messages (None if the step failed: logged and counted, the state kept)."""
         stats = self.main_stats
-        m = len(seq)
+        m = len(key)
         bucket = bucket_for(m, self.config.buckets)
         batch = pad_batch(x, key, bucket, self.config.max_streams)
         t0 = time.perf_counter()
@@ -309,7 +344,7 @@ class Controller:
         except Exception as exc:
             self._log_failure(exc)
             stats.errors["processing failed"] += m
-            return [self.codec.encode_error("processing failed", s) for s in seq], 0
+            return None
         self.state = new_state
         stats.step_seconds.observe(time.perf_counter() - t0)
         stats.processed += m
@@ -317,7 +352,7 @@ class Controller:
         anomaly = outputs.get("anomaly")
         if anomaly is not None:
             stats.anomalies += int(np.count_nonzero(anomaly))
-        return self.codec.encode_results(seq, stream, outputs), m
+        return outputs
 
     def _log_failure(self, exc: BaseException) -> None:
         key = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -390,6 +425,7 @@ class Controller:
             devices=self._devices,
             ready=compiled and io.connected,
             compiled=compiled,
+            no_reply=main.no_reply,
             last_error=io.last_error,
         )
 

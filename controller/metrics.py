@@ -57,6 +57,8 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(CounterMetricFamily("forkless_processed", "Messages run through the step.",
                                     value=snap.processed))
     fams.append(CounterMetricFamily("forkless_batches", "Batches run through the step.", value=snap.batches))
+    fams.append(CounterMetricFamily("forkless_no_reply", "Processed messages the codec chose not to answer.",
+                                    value=snap.no_reply))
     fams.append(CounterMetricFamily("forkless_anomalies", "Messages the processor flagged as anomalies.",
                                     value=snap.anomalies))
     fams.append(_by_reason("forkless_errors", "Messages or frames refused or failed, by reason.", snap.errors))

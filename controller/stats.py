@@ -186,6 +186,7 @@ class MainStats:
     processed: int = 0
     anomalies: int = 0
     errors: Counter = field(default_factory=Counter)  # by reason (too many streams, processing failed)
+    no_reply: int = 0  # processed messages the codec chose not to answer
     batch_size: Histogram | None = None
     step_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     compilations_at_ready: int | None = None
@@ -222,6 +223,7 @@ class StatsSnapshot:
     devices: tuple[str, ...]
     ready: bool  # compiled and connected
     compiled: bool = False
+    no_reply: int = 0  # processed, and the codec chose to send no reply
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -241,8 +243,12 @@ def _ms(seconds: float) -> str:
     return f"{ms:.2f}ms" if ms < 10 else f"{ms:.0f}ms"
 
 
-def status_line(now: StatsSnapshot, before: StatsSnapshot | None) -> str:
-    """One human line: totals and per-second rates since ``before``, window latencies."""
+def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool = False) -> str:
+    """One human line: totals and per-second rates since ``before``, window latencies.
+
+    ``final``: the line printed after an orderly stop, prefixed ``final (whole run)``; pass
+    the snapshot taken at the start as ``before``, so it covers the run, and a connection
+    closed by the stop reads ``stopped`` rather than ``DISCONNECTED``."""
     if before is None:
         span = 0.0
         lat = now.latency
@@ -260,7 +266,7 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None) -> str:
     in_rate = rate(now.messages_in, before.messages_in if before else 0)
     out_rate = rate(now.messages_out, before.messages_out if before else 0)
     mean_batch = "-" if math.isnan(bsz.mean) else f"{bsz.mean:.1f}"
-    conn = "connected" if now.connected else "DISCONNECTED"
+    conn = "connected" if now.connected else ("stopped" if final else "DISCONNECTED")
     parts = [
         f"in {now.messages_in} msg ({in_rate})",
         f"out {now.messages_out} msg ({out_rate})",
@@ -273,4 +279,4 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None) -> str:
         f"reconnects {now.reconnects}",
         conn,
     ]
-    return " | ".join(parts)
+    return ("final (whole run): " if final else "") + " | ".join(parts)

@@ -390,7 +390,7 @@ class DemoFeed:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
-            log.info("%s", self.summary().line())
+            log.debug("%s", self.summary().line())  # the program prints it once, on stdout
 
     async def _handle(self, request: web.Request) -> web.WebSocketResponse:
         # compress=False: deflate buys nothing on loopback, and _send_loop's accounting

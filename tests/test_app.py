@@ -17,7 +17,8 @@ import pytest
 from tests.servers import FeedServer, ServerConn, make_messages
 
 ROOT = Path(__file__).resolve().parent.parent
-STATUS = re.compile(r"^in \d+ msg \(\d+/s\) \| out \d+ msg \(\d+/s\) \| batch [\d.-]+ msg \| latency p50 \S+ p99 \S+"
+STATUS = re.compile(r"^(?:final \(whole run\): )?"
+                    r"in \d+ msg \(\d+/s\) \| out \d+ msg \(\d+/s\) \| batch [\d.-]+ msg \| latency p50 \S+ p99 \S+"
                     r" \| anomalies \d+ \| errors \d+ \| dropped \d+ \|")
 SUMMARY = re.compile(r"^demo feed: (\d+) sent, (\d+) answered, (\d+) errors; injected anomalies (\d+): "
                      r"detected (\d+) \(recall [\d.]+%\), false flags (\d+) \(precision [\d.]+%\)")
@@ -34,12 +35,15 @@ def check_clean_run(out: str, err: str) -> None:
     lines = out.strip().splitlines()
     statuses = [line for line in lines if STATUS.match(line)]
     assert len(statuses) >= 2, out
+    assert statuses[-1].startswith("final (whole run): ") and statuses[-1].endswith("| stopped"), statuses[-1]
+    assert not any(line.startswith("final") for line in statuses[:-1])
     summary = SUMMARY.match(lines[-1])
     assert summary, lines[-1]
     sent, answered, errors = (int(summary.group(i)) for i in (1, 2, 3))
     assert sent > 0 and answered == sent and errors == 0
     assert "closed with code 1000" in err
     assert "Traceback" not in err
+    assert "demo feed: " not in err.replace("demo feed: client", "")  # the summary is printed once, on stdout
 
 
 def test_demo_run_with_a_duration_exits_0_with_status_lines_and_a_summary():
