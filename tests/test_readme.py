@@ -63,3 +63,58 @@ def test_the_driven_embedding_example_runs_the_default_detector():
     assert proc.returncode == 0, proc.stderr
     assert "50 results sent, 0 anomalies, 0 errors" in proc.stdout
     assert len(server.replies) == 50
+
+
+def test_the_on_results_example_acts_on_anomalies_in_program():
+    frames = [json.dumps({"seq": i, "stream": "s", "x": [float(i % 3)] * 8}) for i in range(40)]
+    frames.append(json.dumps({"seq": 40, "stream": "s", "x": [90.0] * 8}))  # a spike after warm-up
+    with FeedServer(frames) as server:
+        proc = run_example("on_results", server.url)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 anomalies acted on in-program: [('s', 40)]" in proc.stdout
+    assert len(server.replies) == 41
+
+
+def test_the_csv_example_runs_against_the_csv_feed_that_ships_with_it(capsys):
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import csv_feed
+    finally:
+        sys.path.pop(0)
+    ready = threading.Event()
+    box: dict = {}
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_get("/feed", csv_feed.feed)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        box["url"] = f"ws://127.0.0.1:{runner.addresses[0][1]}/feed"
+        box["stop"] = stop = asyncio.Event()
+        box["loop"] = asyncio.get_running_loop()
+        ready.set()
+        await stop.wait()
+        await runner.cleanup()
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        proc = run_example("blocking", box["url"])
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(10)
+    assert proc.returncode == 0, proc.stderr
+    assert "decode failed" not in proc.stderr and "Traceback" not in proc.stderr
+    replies = [line.removeprefix("reply: ") for line in capsys.readouterr().out.splitlines()
+               if line.startswith("reply: ")]
+    assert len(replies) >= 10  # about 3 s at 10 lines per second
+    assert replies[:4] == [f"{seq},{'ab'[seq % 2]},{seq // 2 + 1},{norm}" for seq, norm in
+                           zip(range(4), [r.split(",")[3] for r in replies[:4]])]

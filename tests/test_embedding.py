@@ -1,0 +1,215 @@
+"""Embedding: results in the host program, custom codecs that cannot kill the IO thread, the
+processor contract checked at start. Against a feed server written with the ``websockets``
+library (not aiohttp), on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from websockets.asyncio.server import serve
+
+from controller import Config, Controller, Decoded, JsonCodec, Processor, ProcessorContractError
+from controller.processor import default_processor
+from tests.reference import EWMAReference
+
+ROOT = Path(__file__).resolve().parent.parent
+F = 3
+WAIT_S = 30.0
+
+
+class WsFeed:
+    """A websockets-library feed: sends ``frames`` to the first connection, records every reply."""
+
+    def __init__(self, frames: list[str]) -> None:
+        self.frames = frames
+        self.replies: list[str] = []
+        self.url = ""
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _handler(self, ws) -> None:
+        for frame in self.frames:
+            await ws.send(frame)
+        async for reply in ws:
+            self.replies.append(reply if isinstance(reply, str) else reply.decode())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with serve(self._handler, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            self.url = f"ws://127.0.0.1:{port}/feed"
+            self._ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> WsFeed:
+        self._thread.start()
+        assert self._ready.wait(10), "the websockets feed did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+def _messages(n: int, streams: int = 4) -> list[dict]:
+    rng = np.random.default_rng(3)
+    return [{"seq": i, "stream": f"s{i % streams}", "x": rng.normal(size=F).round(5).tolist()} for i in range(n)]
+
+
+def _config(url: str, **changes) -> Config:
+    base = dict(ws_url=url, features=F, max_streams=16, max_batch=16, status_s=0, reconnect_min_s=0.1,
+                shutdown_timeout_s=5)
+    base.update(changes)
+    return Config(**base)
+
+
+def _drive(ctl: Controller, done, what: str) -> None:
+    end = time.monotonic() + WAIT_S
+    while not done():
+        assert time.monotonic() < end, f"timed out waiting for {what}: {ctl.stats()}"
+        ctl.process_pending(timeout=0.05)
+
+
+def test_on_results_gets_every_processed_message_with_outputs_equal_to_the_reference():
+    messages = _messages(120)
+    seen: list[tuple] = []
+
+    def on_results(seq, stream, outputs):
+        assert threading.current_thread() is threading.main_thread()
+        for i, s in enumerate(seq):
+            seen.append((s, stream[i], {k: v[i] for k, v in outputs.items()}))
+
+    with WsFeed([json.dumps(m) for m in messages]) as feed:
+        with Controller(_config(feed.url), on_results=on_results) as ctl:
+            _drive(ctl, lambda: len(feed.replies) >= len(messages), "every reply")
+    assert [s for s, _, _ in seen] == [m["seq"] for m in messages]
+    ref = EWMAReference()
+    for m, (_, stream, out) in zip(messages, seen):
+        z, score, anomaly = ref(m["stream"], m["x"])
+        assert stream == m["stream"]
+        assert out["z"].shape == (F,) and isinstance(out["z"], np.ndarray)
+        np.testing.assert_allclose(out["z"], z, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(out["score"], score, rtol=1e-4, atol=1e-4)
+        assert bool(out["anomaly"]) == anomaly
+
+
+class EveryThirdDecodeRaises(JsonCodec):
+    def __init__(self) -> None:
+        super().__init__(F)
+        self.calls = 0
+
+    def decode(self, frame):
+        self.calls += 1
+        if self.calls % 3 == 0:
+            raise ValueError(f"cannot parse frame {self.calls}")
+        return super().decode(frame)
+
+
+def test_a_codec_that_raises_on_every_third_frame_gets_every_frame_answered_and_the_thread_lives():
+    messages = _messages(90)
+    with WsFeed([json.dumps(m) for m in messages]) as feed:
+        with Controller(_config(feed.url), codec=EveryThirdDecodeRaises()) as ctl:
+            _drive(ctl, lambda: len(feed.replies) >= len(messages), "a reply to every frame")
+            stats = ctl.stats()
+            assert ctl._io is not None and ctl._io.failure is None
+    replies = [json.loads(r) for r in feed.replies]
+    errors = [r for r in replies if "error" in r]
+    results = [r for r in replies if "error" not in r]
+    assert len(replies) == 90 and len(errors) == 30 and len(results) == 60
+    assert {e["error"] for e in errors} == {"decode failed"}
+    assert sorted(r["seq"] for r in results) == [m["seq"] for i, m in enumerate(messages) if (i + 1) % 3]
+    assert stats.errors == {"decode failed": 30}
+    assert stats.messages_in == 60 and stats.messages_out == 60 and stats.errors_out == 30
+
+
+class EncodeRaisesOnSpikes(JsonCodec):
+    """``encode_results`` fails for any batch holding seq 5; ``encode_error`` fails too."""
+
+    def encode_results(self, seq, stream, outputs):
+        if 5 in seq:
+            raise RuntimeError("cannot encode")
+        return super().encode_results(seq, stream, outputs)
+
+    def encode_error(self, reason, seq):
+        raise RuntimeError("cannot encode errors either")
+
+
+def test_encode_failures_answer_that_batch_with_errors_and_carry_on():
+    messages = _messages(12)
+    with WsFeed([json.dumps(m) for m in messages]) as feed:
+        with Controller(_config(feed.url, max_batch=1), codec=EncodeRaisesOnSpikes(F)) as ctl:
+            _drive(ctl, lambda: len(feed.replies) >= len(messages), "every reply")
+            stats = ctl.stats()
+    replies = {json.loads(r)["seq"]: json.loads(r) for r in feed.replies}
+    assert replies[5] == {"error": "encode failed", "seq": 5}  # the fallback JSON error frame
+    assert all("z" in replies[s] for s in range(12) if s != 5)
+    assert stats.errors == {"encode failed": 1} and stats.messages_out == 11 and stats.errors_out == 1
+
+
+class ReplyToEvenSeqOnly(JsonCodec):
+    def encode_results(self, seq, stream, outputs):
+        frames = super().encode_results(seq, stream, outputs)
+        return [f if s % 2 == 0 else None for s, f in zip(seq, frames)]
+
+
+def test_a_codec_that_sends_no_reply_for_some_messages_keeps_the_counts_true():
+    messages = _messages(40)
+    with WsFeed([json.dumps(m) for m in messages]) as feed:
+        with Controller(_config(feed.url), codec=ReplyToEvenSeqOnly(F)) as ctl:
+            _drive(ctl, lambda: ctl.stats().processed >= 40 and len(feed.replies) >= 20, "20 replies")
+            ctl.process_pending(timeout=0.2)
+            stats = ctl.stats()
+    assert sorted(json.loads(r)["seq"] for r in feed.replies) == list(range(0, 40, 2))
+    assert stats.messages_out == 20 and stats.no_reply == 20 and stats.processed == 40 and stats.errors_out == 0
+
+
+def _scalar_loss_processor() -> Processor:
+    ewma = default_processor(Config(features=F))
+
+    def step(state, batch):
+        state, outputs = ewma.step(state, batch)
+        return state, {**outputs, "loss": jnp.mean(outputs["score"])}
+
+    return Processor(ewma.init, step)
+
+
+def test_a_step_with_a_non_batched_output_is_refused_at_start_naming_the_output():
+    ctl = Controller(Config(features=F, max_batch=4), processor=_scalar_loss_processor())
+    with pytest.raises(ProcessorContractError, match=r"output 'loss' has shape \[\]: outputs must have shape "
+                                                     r"\[B, \.\.\.\] \(B = 1"):
+        ctl.compile()
+
+
+def test_the_app_exits_2_with_one_line_for_a_processor_that_breaks_the_contract():
+    code = ("import sys, app, tests.test_embedding as t; "
+            "sys.exit(app.main([], processor=t._scalar_loss_processor()))")
+    env = {"JAX_PLATFORMS": "cpu", "FORKLESS_FEATURES": str(F), "FORKLESS_DURATION": "5", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=90)
+    assert proc.returncode == 2, proc.stderr
+    assert "forkless: processor error: output 'loss' has shape []: outputs must have shape [B, ...]" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_decode_returning_columns_of_the_wrong_shape_is_a_decode_failure_not_a_crash():
+    from controller.codec import GuardedCodec
+
+    class Bad:
+        def decode(self, frame):
+            return Decoded([1], ["a"], np.zeros((1, F + 1), np.float32))
+
+    guarded = GuardedCodec(Bad(), F)
+    assert guarded.decode("x").errors == [("decode failed", None)]
