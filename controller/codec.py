@@ -29,6 +29,10 @@ import numpy as np
 import orjson
 
 MAX_STREAM_CHARS = 256
+# one frame's error replies are bounded, so output stays O(input): after this many, one
+# summary reply stands for the rest of that frame's bad elements
+MAX_ERROR_REPLIES = 16
+FOLDED_REASON = f"bad element beyond {MAX_ERROR_REPLIES} error replies in one frame"
 # a value beyond this is not finite once stored as float32, the dtype the device uses
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -41,9 +45,18 @@ class Decoded:
     stream: list[str] = field(default_factory=list)
     x: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     errors: list[tuple[str, Any]] = field(default_factory=list)
+    # bad elements beyond MAX_ERROR_REPLIES: not answered one by one; the last entry of
+    # ``errors`` is then one summary reply for all of them (counted under FOLDED_REASON)
+    folded: int = 0
 
     def __len__(self) -> int:
         return len(self.seq)
+
+    def error_counts(self) -> list[tuple[str, int]]:
+        """(reason, how many bad elements) for the counters: every bad element counted once."""
+        if not self.folded:
+            return [(reason, 1) for reason, _ in self.errors]
+        return [(reason, 1) for reason, _ in self.errors[:-1]] + [(FOLDED_REASON, self.folded)]
 
 
 class Codec(Protocol):
@@ -102,6 +115,12 @@ class JsonCodec:
                 out.errors.append((reason, seq))
         if rows:
             out.x = np.array(rows, np.float32)
+        if len(out.errors) > MAX_ERROR_REPLIES:
+            folded = len(out.errors) - (MAX_ERROR_REPLIES - 1)
+            first = out.errors[MAX_ERROR_REPLIES - 1][0]
+            out.errors[MAX_ERROR_REPLIES - 1:] = [(f"{folded} more bad elements in this frame "
+                                                   f"(the first: {first})", None)]
+            out.folded = folded
         return out
 
     @staticmethod

@@ -16,12 +16,13 @@ import dataclasses
 import json
 import math
 import os
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from controller.netaddr import parse_host_port
+from controller.netaddr import parse_host_port, parse_port, redact_url
 
 PREFIX = "FORKLESS_"
 BUCKET_GROWTH = 4
@@ -112,6 +113,9 @@ def _ws_url(text: str) -> str:
     parts = urlsplit(text)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
         raise ValueError
+    port = parts.netloc.rpartition("@")[2].rpartition("]")[2]  # after credentials and an IPv6 literal
+    if ":" in port:
+        parse_port(port.rpartition(":")[2], allow_zero=False)  # digits, 1-65535
     return text
 
 
@@ -143,16 +147,19 @@ def _headers(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((str(k), v) for k, v in value.items())
 
 
-def _file(text: str) -> str:
+def _pem_file(text: str) -> str:
+    """An existing file holding at least one PEM certificate that OpenSSL accepts."""
     text = text.strip()
-    if text and not os.path.isfile(text):
-        raise ValueError
+    if text:
+        if not os.path.isfile(text):
+            raise ValueError
+        ssl.create_default_context().load_verify_locations(cafile=text)  # ssl.SSLError is an OSError
     return text
 
 
 VARIABLES: tuple[Variable, ...] = (
     # -- the feed
-    Variable("WS_URL", "ws_url", _ws_url, "a ws:// or wss:// URL, or empty",
+    Variable("WS_URL", "ws_url", _ws_url, "a ws:// or wss:// URL (port 1-65535), or empty",
              "WebSocket feed to connect to; empty starts the embedded demo feed"),
     Variable("SUBSCRIBE", "subscribe", _json_text, "a JSON text or @path to a file holding one",
              "message sent first on every new connection (empty: none); never logged, as it"
@@ -161,7 +168,7 @@ VARIABLES: tuple[Variable, ...] = (
              "sent as 'Authorization: Bearer <token>'; never logged", secret=True),
     Variable("HEADERS", "headers", _headers, "a JSON object of string values",
              "extra handshake headers; never logged", secret=True),
-    Variable("CA_FILE", "ca_file", _file, "the path of an existing PEM file",
+    Variable("CA_FILE", "ca_file", _pem_file, "the path of an existing PEM file of CA certificates",
              "extra CA bundle for wss:// (the system store is always used)"),
     Variable("TLS_INSECURE", "tls_insecure", _bool, "0 or 1",
              "1 turns certificate verification off (logs a warning at every connect)"),
@@ -278,12 +285,27 @@ class Config:
             try:
                 parsed = var.parse(text)
             except (ValueError, TypeError, OSError):
-                raise ConfigError(var.env, "<hidden>" if var.secret else text, var.allowed) from None
+                raise ConfigError(var.env, _shown(var, text), var.allowed) from None
             if parsed != value:
-                raise ConfigError(var.env, "<hidden>" if var.secret else text, var.allowed)
+                raise ConfigError(var.env, _shown(var, text), var.allowed)
+        self._validate_credentials()
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ConfigError(PREFIX + "RECONNECT_MAX_S", str(self.reconnect_max_s),
                               f"a number >= FORKLESS_RECONNECT_MIN_S ({self.reconnect_min_s})")
+
+    def _validate_credentials(self) -> None:
+        """One source of handshake credentials: URL user:password, AUTH_TOKEN, or an
+        Authorization header in HEADERS (aiohttp refuses two at once, and mid-run)."""
+        sources = []
+        if self.ws_url and (urlsplit(self.ws_url).username or urlsplit(self.ws_url).password):
+            sources.append("credentials in FORKLESS_WS_URL (user:password@)")
+        if self.auth_token:
+            sources.append("FORKLESS_AUTH_TOKEN")
+        if any(name.lower() == "authorization" for name, _ in self.headers):
+            sources.append("an Authorization header in FORKLESS_HEADERS")
+        if len(sources) > 1:
+            raise ConfigError(PREFIX + ("AUTH_TOKEN" if self.auth_token else "HEADERS"), "<hidden>",
+                              f"one source of credentials, not {' and '.join(sources)}")
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -319,13 +341,22 @@ class Config:
             try:
                 values[var.field] = var.parse(raw)
             except (ValueError, TypeError, OSError):
-                raise ConfigError(var.env, "<hidden>" if var.secret else raw, var.allowed) from None
+                raise ConfigError(var.env, _shown(var, raw), var.allowed) from None
         values.update(overrides)
         config = cls(**values)
         if config.uses_demo_feed and config.demo_streams > config.max_streams:
             raise ConfigError(PREFIX + "DEMO_STREAMS", str(config.demo_streams),
                               f"at most FORKLESS_MAX_STREAMS ({config.max_streams}) when the demo feed runs")
         return config
+
+
+def _shown(var: Variable, text: str) -> str:
+    """A bad value as an error may show it: secrets hidden, URLs without credentials or query."""
+    if var.secret:
+        return "<hidden>"
+    if var.field == "ws_url":
+        return redact_url(text.strip())
+    return text
 
 
 def _as_text(value: Any) -> str:

@@ -10,8 +10,9 @@ Rules:
 from __future__ import annotations
 
 import ipaddress
+from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["is_loopback", "parse_host_port", "parse_port"]
+__all__ = ["is_loopback", "parse_host_port", "parse_port", "redact_url"]
 
 
 def parse_port(text: str, *, allow_zero: bool = True) -> int:
@@ -46,3 +47,9 @@ def is_loopback(host: str, *, literal: bool = False) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def redact_url(url: str) -> str:
+    """``scheme://host:port/path`` — no credentials, no query (tokens often live there)."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))

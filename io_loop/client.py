@@ -36,7 +36,7 @@ from controller.stats import IOStats
 from io_loop import aiohttp_compat
 from io_loop.backoff import Backoff
 from io_loop.bridge import Bridge
-from io_loop.connect import ConnectFailed, HandshakeRefused, make_ssl_context, open_feed, redact_url, short
+from io_loop.connect import ConnectFailed, HandshakeRefused, make_ssl_context, new_session, open_feed, redact_url, short
 from io_loop.handover import Handover
 
 __all__ = ["End", "FeedClient", "Outcome"]
@@ -112,7 +112,7 @@ class FeedClient:
         """Connect, serve, reconnect, until stopped and every result is sent (or FeedFatal)."""
         cfg = self.config
         backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s, cfg.reconnect_reset_s, cfg.reconnect_tries)
-        async with aiohttp.ClientSession() as session:
+        async with new_session() as session:
             while not self._outbound_done:
                 if self._ssl is not None and cfg.tls_insecure:
                     log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)",
@@ -269,8 +269,8 @@ class FeedClient:
                 self._reader_in_handover = True
                 try:
                     if decoded.errors:
-                        for reason, _ in decoded.errors:
-                            stats.errors[reason] += 1
+                        for reason, count in decoded.error_counts():
+                            stats.errors[reason] += count
                             log.warning("bad input on connection %d: %s", self._connection_id, reason,
                                         extra={"connection": self._connection_id})
                         frames = [codec.encode_error(reason, seq) for reason, seq in decoded.errors]

@@ -7,6 +7,11 @@ Rules:
   chose; ``fatal`` for a 4xx other than 408/429) or ``ConnectFailed`` (worth retrying).
 - Secrets (token, headers) are never put into messages; URLs are shown without query or
   credentials (``redact_url``).
+- Redirects are never followed: the handshake carries the credentials (``AUTH_TOKEN``,
+  ``HEADERS``, URL user:password), and aiohttp would send every header but
+  ``Authorization`` to wherever a 3xx points. A 3xx answer raises ``HandshakeRefused``
+  (fatal) naming the target without its query or credentials. Sessions come from
+  ``new_session()``, whose trace hook stops the redirect before the second request is sent.
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ import asyncio
 import os
 import socket
 import ssl
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
 from controller.config import Config
+from controller.netaddr import redact_url
 
 __all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "open_feed",
            "redact_url"]
@@ -30,6 +35,15 @@ _HINTS = {401: "unauthorised: check FORKLESS_AUTH_TOKEN",
           404: "not found: check the path in FORKLESS_WS_URL"}
 
 
+class _RedirectRefused(Exception):
+    """Raised inside aiohttp's redirect trace hook, before it sends the next request."""
+
+    def __init__(self, status: int, location: str) -> None:
+        super().__init__(status, location)
+        self.status = status
+        self.location = location
+
+
 class ConnectFailed(Exception):
     """No connection this time (refused, reset, timeout, TLS, 5xx …); ``str`` says why."""
 
@@ -37,21 +51,12 @@ class ConnectFailed(Exception):
 class HandshakeRefused(Exception):
     """The server answered the opening handshake with an HTTP status other than 101."""
 
-    def __init__(self, shown_url: str, status: int) -> None:
+    def __init__(self, shown_url: str, status: int, hint: str = "") -> None:
         self.status = status
-        self.fatal = 400 <= status < 500 and status not in RETRYABLE_4XX
-        hint = _HINTS.get(status, "client error: check FORKLESS_WS_URL" if self.fatal else "")
+        self.fatal = 300 <= status < 500 and status not in RETRYABLE_4XX
+        hint = hint or _HINTS.get(status, "client error: check FORKLESS_WS_URL" if self.fatal else "")
         super().__init__(f"{shown_url} refused the WebSocket handshake with HTTP {status}"
                          + (f" ({hint})" if hint else ""))
-
-
-def redact_url(url: str) -> str:
-    """``scheme://host:port/path`` — no credentials, no query (tokens often live there)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def make_ssl_context(config: Config) -> ssl.SSLContext:
@@ -73,6 +78,19 @@ def handshake_headers(config: Config) -> dict[str, str]:
     return headers
 
 
+def new_session() -> aiohttp.ClientSession:
+    """A client session that refuses to follow redirects (see the module rules)."""
+
+    async def on_redirect(session: aiohttp.ClientSession, ctx: object,
+                          params: aiohttp.TraceRequestRedirectParams) -> None:
+        location = params.response.headers.get("Location", "")
+        raise _RedirectRefused(params.response.status, redact_url(str(params.url.join(type(params.url)(location)))))
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_redirect.append(on_redirect)
+    return aiohttp.ClientSession(trace_configs=[trace])
+
+
 async def open_feed(session: aiohttp.ClientSession, url: str, config: Config,
                     ssl_context: ssl.SSLContext | None, *, heartbeat: bool = True) -> aiohttp.ClientWebSocketResponse:
     """Connect and complete the opening handshake within ``connect_timeout_s``."""
@@ -84,11 +102,15 @@ async def open_feed(session: aiohttp.ClientSession, url: str, config: Config,
                 headers=handshake_headers(config),
                 heartbeat=(config.heartbeat_s or None) if heartbeat else None,
                 ssl=ssl_context if ssl_context is not None else True,
-                max_msg_size=config.max_msg_bytes,
+                max_msg_size=config.max_msg_bytes + 1,  # aiohttp refuses a frame of exactly its limit
                 autoping=True,
             )
     except aiohttp.WSServerHandshakeError as exc:
         raise HandshakeRefused(shown, exc.status) from None
+    except _RedirectRefused as exc:
+        raise HandshakeRefused(shown, exc.status, f"a redirect to {exc.location}, not followed: the handshake "
+                                                  "carries credentials; set FORKLESS_WS_URL to that URL if "
+                                                  "you trust it") from None
     except aiohttp.ClientConnectorCertificateError as exc:
         cert = exc.certificate_error
         raise ConnectFailed(f"TLS certificate verification failed: {cert.__class__.__name__}: "

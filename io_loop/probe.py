@@ -23,7 +23,15 @@ import aiohttp
 from controller.codec import Codec
 from controller.config import Config
 from controller.netaddr import parse_host_port
-from io_loop.connect import ConnectFailed, HandshakeRefused, handshake_headers, make_ssl_context, open_feed, redact_url
+from io_loop.connect import (
+    ConnectFailed,
+    HandshakeRefused,
+    handshake_headers,
+    make_ssl_context,
+    new_session,
+    open_feed,
+    redact_url,
+)
 from io_loop.demo_feed import DemoFeed
 
 __all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "check_metrics_addr", "probe_feed"]
@@ -83,7 +91,7 @@ async def _connect_once(config: Config, codec: Codec, url: str, say: Callable[[s
             f"{', verification OFF (FORKLESS_TLS_INSECURE=1)' if config.tls_insecure else ''}")
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    async with aiohttp.ClientSession() as session:
+    async with new_session() as session:
         try:
             ws = await open_feed(session, url, config, ssl_ctx, heartbeat=False)
         except HandshakeRefused as exc:

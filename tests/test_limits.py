@@ -1,0 +1,195 @@
+"""Limits at the edges of the protocol, against real loopback servers: redirects are not
+followed to where the credentials would leak, the largest frame is what the README says,
+one frame's error replies are bounded, and a peer that never answers pings is dropped
+within the documented bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+from aiohttp import web
+from websockets.asyncio.server import serve
+
+from controller import Config, Controller
+from controller.codec import FOLDED_REASON, MAX_ERROR_REPLIES, JsonCodec
+from controller.errors import FeedFatal
+
+WAIT_S = 30.0
+
+
+class Loop:
+    """A background event loop for the test's servers."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def __enter__(self) -> Loop:
+        self.thread.start()
+        return self
+
+    def run(self, coro, timeout: float = 10.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+async def _ws_serve(handler, **kwargs):
+    """A ``websockets`` server on 127.0.0.1 (made inside the running loop, as it must be)."""
+    return await serve(handler, "127.0.0.1", 0, **kwargs)
+
+
+async def _redirector(target: str) -> tuple[web.AppRunner, str]:
+    async def handle(request: web.Request) -> web.Response:
+        raise web.HTTPFound(target)
+
+    app = web.Application()
+    app.router.add_get("/feed", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"ws://127.0.0.1:{runner.addresses[0][1]}/feed"
+
+
+def test_a_redirect_to_another_origin_is_refused_and_no_header_reaches_it():
+    seen_headers: list[dict] = []
+
+    async def record(connection, request):
+        seen_headers.append(dict(request.headers))
+
+    async def echo(ws):
+        async for _ in ws:
+            pass
+
+    with Loop() as bg:
+        target_server = bg.run(_ws_serve(echo, process_request=record))
+        port = target_server.sockets[0].getsockname()[1]
+        runner, url = bg.run(_redirector(f"ws://127.0.0.1:{port}/elsewhere?sig=abc"))
+        try:
+            cfg = Config(ws_url=url, features=2, headers=(("X-Api-Key", "k3y"),), status_s=0, reconnect_min_s=0.1)
+            ctl = Controller(cfg)
+            with pytest.raises(FeedFatal) as err:
+                with ctl:
+                    end = time.monotonic() + WAIT_S
+                    while time.monotonic() < end:
+                        ctl.process_pending(timeout=0.05)
+        finally:
+            bg.run(runner.cleanup())
+            target_server.close()
+            bg.run(target_server.wait_closed())
+    assert seen_headers == []
+    text = str(err.value)
+    assert f"refused the WebSocket handshake with HTTP 302 (a redirect to ws://127.0.0.1:{port}/elsewhere, " in text
+    assert "not followed" in text and "sig=abc" not in text and "k3y" not in text
+
+
+@pytest.mark.parametrize(("extra", "accepted"), [(0, True), (1, False)])
+def test_a_frame_of_exactly_max_msg_bytes_is_accepted_and_one_more_byte_is_not(extra, accepted):
+    limit = 512
+    body = json.dumps({"seq": 1, "stream": "s", "x": [1.0, 2.0]})
+    frame = body[:-1] + " " * (limit - len(body) + extra) + "}"
+    assert len(frame.encode()) == limit + extra
+    replies: list[str] = []
+    closes: list[int] = []
+
+    async def handler(ws):
+        await ws.send(frame)
+        try:
+            async for reply in ws:
+                replies.append(reply)
+        finally:
+            closes.append(ws.close_code)
+
+    with Loop() as bg:
+        server = bg.run(_ws_serve(handler))
+        url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/feed"
+        cfg = Config(ws_url=url, features=2, max_msg_bytes=limit, status_s=0, reconnect_min_s=5)
+        with Controller(cfg) as ctl:
+            end = time.monotonic() + WAIT_S
+            while not (replies or closes) and time.monotonic() < end:
+                ctl.process_pending(timeout=0.05)
+            stats = ctl.stats()
+        server.close()
+        bg.run(server.wait_closed())
+    if accepted:
+        assert [json.loads(r)["seq"] for r in replies] == [1] and stats.errors == {}
+    else:
+        assert replies == [] and closes[0] == 1009 and stats.errors == {"frame too large": 1}
+
+
+def test_error_replies_for_one_frame_are_bounded_and_every_bad_element_is_counted():
+    decoded = JsonCodec(2).decode(json.dumps([1] * 9_999 + [{"seq": 1, "stream": "s", "x": [0, 0]}]))
+    assert len(decoded) == 1 and len(decoded.errors) == MAX_ERROR_REPLIES
+    assert decoded.errors[-1] == (f"{9_999 - MAX_ERROR_REPLIES + 1} more bad elements in this frame "
+                                  "(the first: not an object)", None)
+    assert dict(decoded.error_counts()) == {"not an object": 1, FOLDED_REASON: 9_999 - MAX_ERROR_REPLIES + 1}
+    assert sum(n for _, n in decoded.error_counts()) == 9_999
+
+
+def test_a_20_kb_frame_of_bad_elements_gets_a_bounded_reply_over_a_real_connection():
+    frame = json.dumps([0] * 10_000)
+    replies: list[str] = []
+
+    async def handler(ws):
+        await ws.send(frame)
+        async for reply in ws:
+            replies.append(reply)
+
+    with Loop() as bg:
+        server = bg.run(_ws_serve(handler))
+        url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/feed"
+        with Controller(Config(ws_url=url, features=2, status_s=0)) as ctl:
+            end = time.monotonic() + WAIT_S
+            while len(replies) < MAX_ERROR_REPLIES and time.monotonic() < end:
+                ctl.process_pending(timeout=0.05)
+            ctl.process_pending(timeout=0.2)
+            stats = ctl.stats()
+        server.close()
+        bg.run(server.wait_closed())
+    assert len(replies) == MAX_ERROR_REPLIES
+    assert sum(len(r) for r in replies) < len(frame)  # output O(input), no amplification
+    assert stats.errors_total == 10_000 and stats.errors_out == MAX_ERROR_REPLIES
+
+
+def test_a_peer_that_never_answers_pings_is_dropped_within_one_and_a_half_heartbeats():
+    heartbeat = 0.6
+    opened: list[float] = []
+    closed: list[float] = []
+
+    async def silent(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=False)  # reads pings, never answers them
+        await ws.prepare(request)
+        opened.append(time.monotonic())
+        async for _ in ws:
+            pass
+        closed.append(time.monotonic())
+        return ws
+
+    async def start() -> tuple[web.AppRunner, str]:
+        app = web.Application()
+        app.router.add_get("/feed", silent)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner, f"ws://127.0.0.1:{runner.addresses[0][1]}/feed"
+
+    with Loop() as bg:
+        runner, url = bg.run(start())
+        cfg = Config(ws_url=url, features=2, heartbeat_s=heartbeat, status_s=0, reconnect_min_s=5)
+        with Controller(cfg) as ctl:
+            end = time.monotonic() + WAIT_S
+            while not ctl.stats().reconnects and time.monotonic() < end:
+                ctl.process_pending(timeout=0.02)
+            dropped_at = time.monotonic()
+            assert ctl.stats().reconnects == 1, ctl.stats()
+        bg.run(runner.cleanup())
+    # the bound the README states: a ping after HEARTBEAT_S of silence, the pong awaited half
+    # as long (timers of 5 s or more are rounded up to whole seconds by aiohttp)
+    assert dropped_at - opened[0] >= heartbeat * 1.5
+    assert dropped_at - opened[0] < heartbeat * 1.5 + 1.0
