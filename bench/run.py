@@ -1,6 +1,6 @@
 """The benchmark: every design against the same load, in one run, one table.
 
-    python -m bench.run [--quick] [--out bench/out]
+    python -m bench.run [--quick] [--out bench/out] [--report-only]
 
 Designs (each a process of its own, the load generator in another):
 
@@ -18,7 +18,10 @@ the multiprocessing resource tracker included); IO-loop lag at 1,000 msg/s with 
 and with a heavy step (``bench.heavy``); compilations after warm-up; time from process
 start to first result with an empty and with a warm persistent compilation cache.
 
-Writes ``OUT/results.json`` (every run's numbers), ``OUT/bench.png`` and ``OUT/logs/``.
+Writes ``OUT/results.json`` (every run's numbers), ``OUT/bench.png`` and ``OUT/logs/``. A full
+run into the default ``bench/out`` also rewrites the results block of ``bench/README.md``
+(``results_markdown``); ``--report-only`` rewrites it from the existing ``results.json``
+without running anything.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ import psutil
 from bench.loadgen import start_loadgen, wait_result
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "bench" / "out"
+BENCH_README = REPO_ROOT / "bench" / "README.md"
+RESULTS_BLOCK = "bench:results"  # bench/README.md: <!-- bench:results:start --> … <!-- bench:results:end -->
 DESIGNS = ("forkless", "spawn", "io-ceiling")
 JAX_DESIGNS = ("forkless", "spawn")
 SAMPLE_S = 0.05
@@ -581,6 +587,7 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
     summary = summarise(runs, startup, compute, floor)
     results = {
         "command": command,
+        "jax_platforms": client_env(None).get("JAX_PLATFORMS"),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine(),
         "plan": plan.__dict__,
@@ -616,17 +623,126 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ---- the results block of bench/README.md -----------------------------------------------------
+
+
+def _md(v: Any, digits: int = 2) -> str:
+    """A figure for the Markdown table: en dash when absent, thousands separated from 1,000 up."""
+    if v is None:
+        return "–"
+    if isinstance(v, float) and abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def _send_lag_p50_ms(results: dict[str, Any]) -> float | None:
+    """Median over the 1,000 msg/s runs of the load generator's own p50 lateness (send - due)."""
+    return _median([(r["loadgen"].get("send_lag_ms") or {}).get("p50") for r in results["runs"]
+                    if r["load"] == "rate_1k" and not r["heavy"]])
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    """The measured part of bench/README.md for one ``results.json``: when, where, the table, the targets.
+
+    Everything here comes from ``results``; the hand-written text around the block must not
+    quote its figures. ``write_results_block`` puts it between the block's markers.
+    """
+    m, plan, s = results["machine"], results["plan"], results["summary"]
+    when = datetime.datetime.fromisoformat(results["date"]).astimezone(datetime.UTC)
+    # runs made before "jax_platforms" was recorded ran the clients with client_env's default
+    platform_ = results.get("jax_platforms") or "cpu"
+    versions = ", ".join(f"{mod} {m[mod]}" for mod in ("jax", "jaxlib", "aiohttp", "janus", "numpy") if m.get(mod))
+    settings = results["loadgen_settings"]
+    lines = [
+        f"Run of {when:%Y-%m-%d %H:%M} UTC: `{results['command']}` with `JAX_PLATFORMS={platform_}`, "
+        f"{results['elapsed_s']:.0f} s in all, on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
+        f"Python {m['python']}, {versions}.",
+        f"Medians over {plan['repeats']} repeat(s) of {plan['duration_s']:g} s (the first {plan['warmup_s']:g} s "
+        f"not counted); latency in ms from the due time; {settings['streams']} streams, {settings['features']} "
+        f"features; maximum throughput with {plan['window']:,} messages in flight.",
+        "",
+        "| design | p50 @1k | p99 @1k | p99.9 @1k | p50 @10k | p99 @10k | p99.9 @10k | max msg/s "
+        "| peak RSS MiB (processes) | IO-loop lag p50/p99 ms | lag p99 during the heavy step "
+        "| compiles after warm-up | first result cold / warm cache |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for design in (*DESIGNS, "compute-ceiling"):
+        r = s[design]
+        cells = [design]
+        if design == "compute-ceiling":
+            cells += ["–"] * 6 + [_md(r["throughput_msg_s"])] + ["–"] * 5
+        else:
+            cells += [_md(r[load][q]) for load in ("rate_1k", "rate_10k") for q in ("p50", "p99", "p999")]
+            cells.append(_md(r["throughput_msg_s"]))
+            rss = "–" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:.0f}"
+            cells.append(rss + (f" ({r['processes']})" if r.get("processes") else ""))
+            lag, heavy, first = r.get("loop_lag_ms_1k"), r.get("loop_lag_ms_heavy"), r.get("first_result_s")
+            cells.append(f"{_md(lag['p50'])} / {_md(lag['p99'])}" if lag else "–")
+            cells.append(_md(heavy["p99"]) if heavy else "–")
+            cells.append(_md(r.get("compilations_after_warmup")) if design in JAX_DESIGNS else "–")
+            cells.append(f"{_md(first.get('cold_s'))} s / {_md(first.get('warm_s'))} s" if first else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    floor = s.get("idle_loop_lag_ms") or {}
+    compute = results.get("compute_ceiling") or {}
+    heavy_step = s["forkless"].get("heavy_step_ms")
+    lines += [
+        "",
+        f"On this machine in this run: the load generator's own send lag at 1,000 msg/s, p50 "
+        f"{_md(_send_lag_p50_ms(results))} ms (part of every latency above, the same for every design); "
+        f"an idle asyncio loop's lag, p50 {_md(floor.get('p50'))} / p99 {_md(floor.get('p99'))} ms; "
+        f"the heavy step (`bench/heavy.py`) {_md(heavy_step, 0)} ms a batch on average in forkless; "
+        f"the compute ceiling's step {_md(compute.get('step_ms_mean'))} ms a batch of "
+        f"{compute.get('batch_size', '–')}.",
+        "",
+        "| target (`targets()` in `bench/run.py`) | forkless | limit | judged on this run |",
+        "|---|---|---|---|",
+    ]
+    for t in results["targets"]:
+        verdict = {True: "met", False: "**missed**", None: "not measured"}[t["met"]]
+        lines.append(f"| {t['target']} | {_md(t['value'])} | {_md(t['limit'])} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results_block(results: dict[str, Any], readme: Path = BENCH_README) -> bool:
+    """Put ``results_markdown(results)`` between the results markers of ``readme``; True if it changed."""
+    # gendocs imports this module (it regenerates every block, this one included): imported
+    # here, when a run has finished, so that neither module needs the other to import first
+    from gendocs import replace_block
+
+    text = readme.read_text(encoding="utf-8")
+    new = replace_block(text, RESULTS_BLOCK, results_markdown(results))
+    if new != text:
+        readme.write_text(new, encoding="utf-8")
+    return new != text
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description="Run the forkless benchmark.")
     p.add_argument("--quick", action="store_true", help="one short repeat of everything (a smoke run, ~1 min)")
-    p.add_argument("--out", default=str(REPO_ROOT / "bench" / "out"), help="where results.json and bench.png go")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="where results.json and bench.png go")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: print the report of OUT/results.json and rewrite bench/README.md's "
+                        "results block from it")
     a = p.parse_args(argv)
+    out = Path(a.out)
+    # bench/README.md describes bench/out/results.json (tests/test_docs.py holds them together)
+    is_default_out = out.resolve() == DEFAULT_OUT.resolve()
+    if a.report_only:
+        results = json.loads((out / "results.json").read_text())
+        print(report(results))
+        if is_default_out:
+            changed = write_results_block(results)
+            print(f"\n{BENCH_README.relative_to(REPO_ROOT)}: {'rewritten' if changed else 'already up to date'}")
+        return 0
     plan = Plan.quick() if a.quick else Plan.full()
     command = "python -m bench.run" + (" --quick" if a.quick else "")
-    results = run_all(plan, Path(a.out), command)
+    results = run_all(plan, out, command)
     print()
     print(report(results))
-    print(f"\nwrote {Path(a.out) / 'results.json'} and {Path(a.out) / 'bench.png'}")
+    print(f"\nwrote {out / 'results.json'} and {out / 'bench.png'}")
+    if not a.quick and is_default_out:
+        write_results_block(results)
+        print(f"rewrote the results block of {BENCH_README.relative_to(REPO_ROOT)}")
     return 0
 
 

@@ -31,9 +31,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from controller.stats import LAG_INTERVAL_S, HistogramSnapshot, StatsSnapshot
+from controller.stats import LAG_INTERVAL_S, SECONDS_BOUNDS, HistogramSnapshot, StatsSnapshot
 
-__all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "make_registry", "metric_families", "render"]
+__all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "make_registry", "metric_families",
+           "metrics_table_markdown", "render"]
 
 log = logging.getLogger("forkless.metrics")
 
@@ -155,3 +156,56 @@ def make_registry(snapshot: Callable[[], StatsSnapshot | None], *, process: bool
 def render(registry: Any) -> bytes:
     """The Prometheus text exposition of ``registry`` (``prometheus_client.generate_latest``)."""
     return generate_latest(registry)
+
+
+# ---- the documentation's table of metrics -----------------------------------------------------
+
+_VARIES = "\x00varies"  # a label value that comes from the run (a reason, a device), not the code
+
+
+def _every_field_populated() -> StatsSnapshot:
+    """A snapshot with every field set, so that every family and label shows up."""
+    seconds = HistogramSnapshot(SECONDS_BOUNDS, (1,) * (len(SECONDS_BOUNDS) + 1), 1.0, len(SECONDS_BOUNDS) + 1)
+    sizes = HistogramSnapshot((1.0, 4.0), (1, 1, 1), 9.0, 3)
+    return StatsSnapshot(
+        at=1.0, messages_in=1, frames_in=1, messages_out=1, errors_out=1, processed=1, anomalies=1, batches=1,
+        errors={_VARIES: 1}, dropped={_VARIES: 1}, connects=1, reconnects=1, connect_failures=1, connected=True,
+        connection_since=1.0, inbound_depth=1, outbound_depth=1, unsent=1, batch_size=sizes, latency=seconds,
+        loop_lag=seconds, step_seconds=seconds, compilations=1, compilations_after_warmup=0, devices=(_VARIES,),
+        ready=True, compiled=True, last_error="x",
+    )
+
+
+def _exposed_name(fam: Metric) -> str:
+    """The name a family has in ``/metrics`` (counters end in ``_total``, info in ``_info``)."""
+    return fam.name + {"counter": "_total", "info": "_info"}.get(fam.type, "")
+
+
+def _labels_cell(fam: Metric) -> str:
+    values: dict[str, list[str]] = {}
+    for sample in fam.samples:
+        for label, value in sample.labels.items():
+            seen = values.setdefault(label, [])
+            if value not in seen:
+                seen.append(value)
+    cells = []
+    for label, seen in values.items():
+        if label == "le" or _VARIES in seen:
+            cells.append(label)
+        else:
+            cells.append(f"{label}=" + "\\|".join(f"`{v}`" for v in seen))
+    return ", ".join(cells) or "—"
+
+
+def metrics_table_markdown() -> str:
+    """The Markdown table of every ``forkless_*`` metric: name, type, labels, help.
+
+    Drawn from ``metric_families`` itself (OPERATING.md holds it between
+    ``<!-- metrics:start/end -->``; ``gendocs.py`` writes it, ``tests/test_docs.py`` checks it).
+    """
+    lines = ["| metric | type | labels | help |", "|---|---|---|---|"]
+    for fam in metric_families(_every_field_populated()):
+        kind = "gauge (info, value 1)" if fam.type == "info" else fam.type  # info is exposed as a gauge
+        doc = fam.documentation.replace("|", "\\|")
+        lines.append(f"| `{_exposed_name(fam)}` | {kind} | {_labels_cell(fam)} | {doc} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,125 @@
+"""Rewrite every generated block of the documents from the code that owns its facts.
+
+    python gendocs.py           rewrite the blocks that are out of date
+    python gendocs.py --check   change nothing; exit 1 and name the blocks that are out of date
+
+A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``; the text
+between the markers is exactly what its function returns (``tests/test_docs.py`` holds every
+block to it, so a hand edit fails the tests). What is generated, and from where:
+
+- README.md ``variables``: ``controller.config.variables_table_markdown()`` (``VARIABLES``)
+- README.md ``exit``: ``exit_statuses_markdown()`` (``controller.errors.EXIT_STATUSES``)
+- OPERATING.md ``operator-variables``: the same variables table, for ``OPERATOR_VARIABLES``
+- OPERATING.md ``metrics``: ``controller.metrics.metrics_table_markdown()`` (``metric_families``)
+- bench/README.md ``bench:results``: ``bench.run.results_markdown()`` of ``bench/out/results.json``
+  (a full ``python -m bench.run`` rewrites that block itself)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.run import DEFAULT_OUT, RESULTS_BLOCK, results_markdown
+from controller.config import variables_table_markdown
+from controller.errors import EXIT_STATUSES
+from controller.metrics import metrics_table_markdown
+
+ROOT = Path(__file__).resolve().parent
+REGENERATE = "python gendocs.py"
+
+# the variables that matter when forkless runs next to other services (OPERATING.md)
+OPERATOR_VARIABLES = (
+    "FORKLESS_METRICS_ADDR", "FORKLESS_STATUS_S", "FORKLESS_LOG_LEVEL", "FORKLESS_LOG_FORMAT",
+    "FORKLESS_DURATION", "FORKLESS_SHUTDOWN_TIMEOUT_S", "FORKLESS_CONNECT_TIMEOUT_S", "FORKLESS_HEARTBEAT_S",
+    "FORKLESS_STALE_S", "FORKLESS_RECONNECT_MIN_S", "FORKLESS_RECONNECT_MAX_S", "FORKLESS_RECONNECT_RESET_S",
+    "FORKLESS_RECONNECT_TRIES", "FORKLESS_OVERFLOW", "FORKLESS_QUEUE_SIZE",
+)
+
+
+def exit_statuses_markdown() -> str:
+    """The table of exit statuses, one row per ``EXIT_STATUSES`` entry."""
+    lines = ["| exit status | meaning |", "|---|---|"]
+    lines += [f"| {code} | {text} |" for code, text in EXIT_STATUSES.items()]
+    return "\n".join(lines) + "\n"
+
+
+def bench_results_markdown() -> str:
+    """``results_markdown`` of the committed ``bench/out/results.json``."""
+    return results_markdown(json.loads((DEFAULT_OUT / "results.json").read_text(encoding="utf-8")))
+
+
+@dataclass(frozen=True)
+class Block:
+    path: str  # relative to the repository's root
+    name: str
+    render: Callable[[], str]
+
+
+BLOCKS = (
+    Block("README.md", "variables", variables_table_markdown),
+    Block("README.md", "exit", exit_statuses_markdown),
+    Block("OPERATING.md", "operator-variables", lambda: variables_table_markdown(OPERATOR_VARIABLES)),
+    Block("OPERATING.md", "metrics", metrics_table_markdown),
+    Block("bench/README.md", RESULTS_BLOCK, bench_results_markdown),
+)
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+
+
+def read_block(text: str, name: str) -> str:
+    """What stands between the block's markers (ValueError if they are missing or repeated)."""
+    start, end = _markers(name)
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"expected one '{start.strip()}' followed by one '{end}'")
+    return text.split(start)[1].split(end)[0]
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    """``text`` with ``body`` between the block's markers (the markers stay)."""
+    start, end = _markers(name)
+    old = read_block(text, name)
+    return text.replace(start + old + end, start + body + end)
+
+
+def stale_blocks(root: Path = ROOT) -> list[str]:
+    """``path: name`` of every block whose text is not what its function returns."""
+    return [f"{b.path}: {b.name}" for b in BLOCKS
+            if read_block((root / b.path).read_text(encoding="utf-8"), b.name) != b.render()]
+
+
+def regenerate(root: Path = ROOT) -> list[str]:
+    """Rewrite every out-of-date block; returns ``path: name`` of those rewritten."""
+    rewritten = []
+    for b in BLOCKS:
+        path = root / b.path
+        text = path.read_text(encoding="utf-8")
+        new = replace_block(text, b.name, b.render())
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            rewritten.append(f"{b.path}: {b.name}")
+    return rewritten
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=REGENERATE, description="Rewrite the generated blocks of the documents.")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is out of date")
+    a = p.parse_args(argv)
+    if a.check:
+        stale = stale_blocks()
+        for block in stale:
+            print(f"out of date: {block} (run {REGENERATE})")
+        return 1 if stale else 0
+    for block in regenerate():
+        print(f"rewrote {block}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The documents' generated blocks are exactly what the code generates, and their samples name real things.
+
+Every block between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` (listed in
+``gendocs.BLOCKS``) must equal its generator's output, so a hand edit, or a change to a
+variable, a metric or an exit status without regenerating, fails here. ``python gendocs.py``
+rewrites them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+import gendocs
+from bench.run import RESULTS_BLOCK, results_markdown, write_results_block
+from controller.metrics import MAX_REASONS, _every_field_populated, make_registry, render
+from controller.stats import HistogramSnapshot, status_line
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = f"run `{gendocs.REGENERATE}` to regenerate"
+
+
+def text(path: str) -> str:
+    return (ROOT / path).read_text(encoding="utf-8")
+
+
+def table_rows(block: str) -> list[list[str]]:
+    """The body rows of a Markdown table, cells stripped (header and rule left out)."""
+    rows = [line for line in block.splitlines() if line.startswith("|")][2:]
+    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", row)[1:-1]] for row in rows]
+
+
+@pytest.mark.parametrize("block", gendocs.BLOCKS, ids=lambda b: f"{b.path}: {b.name}")
+def test_the_generated_block_is_exactly_what_its_generator_writes(block: gendocs.Block) -> None:
+    assert gendocs.read_block(text(block.path), block.name) == block.render(), f"{block.path}: {block.name}: {FIX}"
+
+
+def test_the_bench_readme_results_are_the_rendering_of_results_json() -> None:
+    results = json.loads(text("bench/out/results.json"))
+    assert gendocs.read_block(text("bench/README.md"), RESULTS_BLOCK) == results_markdown(results), (
+        f"bench/README.md does not show bench/out/results.json: run `python -m bench.run --report-only` "
+        f"(or `{gendocs.REGENERATE}`)")
+
+
+def test_the_bench_writes_its_results_block_over_a_hand_edit(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    results = json.loads(text("bench/out/results.json"))
+    edited = gendocs.replace_block(text("bench/README.md"), RESULTS_BLOCK, "| forkless | 0.01 | faster |\n")
+    readme.write_text(edited, encoding="utf-8")
+    assert write_results_block(results, readme) is True
+    assert readme.read_text(encoding="utf-8") == text("bench/README.md")
+    assert write_results_block(results, readme) is False
+
+
+def test_gendocs_check_names_a_hand_edited_block_and_regenerate_restores_it(tmp_path: Path) -> None:
+    for block in gendocs.BLOCKS:
+        (tmp_path / block.path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / block.path, tmp_path / block.path)
+    operating = tmp_path / "OPERATING.md"
+    edited = operating.read_text().replace("| `forkless_ready` | gauge |", "| `forkless_ready` | counter |")
+    operating.write_text(edited)
+    assert gendocs.stale_blocks(tmp_path) == ["OPERATING.md: metrics"]
+    assert gendocs.regenerate(tmp_path) == ["OPERATING.md: metrics"]
+    assert operating.read_text() == text("OPERATING.md")
+    assert gendocs.stale_blocks(tmp_path) == []
+
+
+def test_a_block_without_its_markers_is_an_error_not_an_empty_block() -> None:
+    with pytest.raises(ValueError, match="metrics:start"):
+        gendocs.read_block("no markers here", "metrics")
+
+
+def test_the_metrics_table_lists_exactly_the_forkless_metrics_that_metrics_exposes() -> None:
+    exposition = render(make_registry(_every_field_populated, process=False)).decode()
+    exposed = re.findall(r"^# TYPE (\S+) ", exposition, re.M)
+    documented = [row[0].strip("`") for row in table_rows(gendocs.read_block(text("OPERATING.md"), "metrics"))]
+    assert documented == exposed
+
+
+def _documented_metrics() -> dict[str, str]:
+    """name -> help of every row of OPERATING.md's metrics table."""
+    return {row[0].strip("`"): row[3].replace("\\|", "|")
+            for row in table_rows(gendocs.read_block(text("OPERATING.md"), "metrics"))}
+
+
+def test_every_metric_named_in_a_sample_scrape_is_in_the_metrics_table() -> None:
+    documented = _documented_metrics()
+    for path in ("README.md", "OPERATING.md"):
+        for line in text(path).splitlines():
+            help_line = re.match(r"# (HELP|TYPE) (forkless_\w+) ?(.*)", line)
+            sample = re.match(r"(forkless_\w+)[{ ]", line)
+            if help_line:
+                name = help_line.group(2)
+                assert name in documented, f"{path}: {line!r}: no such metric"
+                if help_line.group(1) == "HELP":
+                    assert help_line.group(3) == documented[name], f"{path}: {line!r}: not the metric's help"
+            elif sample:
+                name = sample.group(1)
+                base = re.sub(r"_(bucket|count|sum)$", "", name)
+                assert name in documented or base in documented, f"{path}: {line!r}: no such metric"
+
+
+def test_the_documented_limit_on_reasons_is_the_code_s() -> None:
+    assert f"At most {MAX_REASONS} reasons are kept per counter" in text("OPERATING.md")
+
+
+def _shape(line: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "N", line.replace("DISCONNECTED", "connected"))
+
+
+def test_every_sample_status_line_has_the_fields_of_the_real_status_line() -> None:
+    now = _every_field_populated()
+
+    def empty(h: HistogramSnapshot) -> HistogramSnapshot:
+        return HistogramSnapshot(h.bounds, (0,) * len(h.counts), 0.0, 0)
+
+    before = dataclasses.replace(now, at=0.0, messages_in=0, messages_out=0, latency=empty(now.latency),
+                                 batch_size=empty(now.batch_size), loop_lag=empty(now.loop_lag))
+    expected = _shape(status_line(now, before))
+    samples = [line for path in ("README.md", "OPERATING.md") for line in text(path).splitlines()
+               if re.match(r"in \d+ msg \(", line)]
+    assert samples
+    for line in samples:
+        assert _shape(line) == expected, line
+
+
+def test_the_bench_readme_says_what_decides_every_target_the_benchmark_judges() -> None:
+    readme = text("bench/README.md")
+    why = readme[readme.index("## The targets"):readme.index("## Levers")]
+    explained = set(re.findall(r"`([^`]*(?:<=|>=|<|==)[^`]*)`", why))
+    judged = {t["target"] for t in json.loads(text("bench/out/results.json"))["targets"]}
+    assert explained == judged
+
+
+def test_exit_statuses_are_listed_once_in_the_readme_s_generated_table() -> None:
+    for path in ("README.md", "OPERATING.md"):
+        assert "Exit status:" not in text(path), f"{path}: point to the README's Exit status table instead"
+    assert text("README.md").count("<!-- exit:start -->") == 1
