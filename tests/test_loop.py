@@ -1,0 +1,270 @@
+"""The main-thread loop's own logic (controller/loop.py) against a fake IO side: no threads.
+
+``tests/fake_io.py`` stands in for the IO thread with in-memory queues, so each test puts
+``Chunk``s on ``inbound``, drives the controller and reads the ``Outgoing`` items it put on
+``outbound``. ``max_wait_ms=0`` makes batching deterministic: a batch is the first chunk
+waiting (or the rest of a chunk larger than ``max_batch``), never more, whatever the clock says.
+Every controller with the same processor and shapes reuses one compilation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from controller.batching import Chunk, Outgoing
+from controller.config import Config
+from controller.errors import FeedFatal
+from controller.loop import Controller
+from controller.processor import Processor, default_processor
+from tests.fake_io import EndlessQueue, FakeIO, FakeQueue, drain
+from tests.reference import EWMAReference
+
+F = 2
+CONFIG = Config(features=F, max_batch=4, max_streams=8, max_wait_ms=0.0, status_s=0.0)
+PROCESSOR = default_processor(CONFIG)  # one object, so every controller below reuses its compilation
+
+
+def chunk(seqs: Sequence[int], streams: Sequence[str], xs: Sequence[Sequence[float]] | None = None,
+          received_ns: int = 0) -> Chunk:
+    if xs is None:
+        xs = [[float(s), 0.5] for s in seqs]
+    return Chunk(list(seqs), list(streams), np.array(xs, np.float32).reshape(len(seqs), F), received_ns)
+
+
+def started(fake: FakeIO, config: Config = CONFIG, processor: Processor = PROCESSOR) -> Controller:
+    ctl = Controller(config, processor=processor, io_factory=fake)
+    ctl.start()
+    return ctl
+
+
+def process_all(ctl: Controller) -> int:
+    """Call ``process_pending`` until a call finds nothing to do; how many messages it processed."""
+    total = 0
+    while done := ctl.process_pending():
+        total += done
+    return total
+
+
+def frames(items: Iterable[Outgoing]) -> list[dict[str, Any]]:
+    return [json.loads(frame) for item in items for frame in item.frames]
+
+
+# ---- results ----------------------------------------------------------------------------------
+
+
+def test_results_come_out_in_arrival_order_and_equal_the_one_at_a_time_reference():
+    rng = np.random.default_rng(7)
+    streams = [f"s{i % 3}" for i in range(96)]
+    xs = rng.normal(size=(96, F)).round(4)
+    xs[80, 0] += 40.0  # spikes after the warm-up, so some results are anomalies
+    xs[85, 1] -= 40.0
+    sizes = [1, 3, 6, 2]  # 6 > max_batch: that chunk is split across two batches
+    chunks, start = [], 0
+    while start < 96:
+        stop = min(96, start + sizes[len(chunks) % len(sizes)])
+        chunks.append(chunk(range(start, stop), streams[start:stop], xs[start:stop], received_ns=1_000 * len(chunks)))
+        start = stop
+    fake = FakeIO()
+    with started(fake) as ctl:
+        for c in chunks:
+            fake.inbound.put_nowait(c)
+        processed = process_all(ctl)
+        items = drain(fake.outbound)
+        stats = ctl.stats()
+
+    replies = frames(items)
+    assert processed == 96
+    assert [r["seq"] for r in replies] == list(range(96))
+    reference = EWMAReference(alpha=CONFIG.alpha, threshold=CONFIG.threshold, warmup=CONFIG.warmup)
+    flagged = 0
+    for r, stream, x in zip(replies, streams, xs):
+        z, score, anomaly = reference(stream, x)
+        assert r["stream"] == stream
+        np.testing.assert_allclose(r["z"], z, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(r["score"], score, rtol=1e-4, atol=1e-4)
+        assert r["anomaly"] == anomaly, r
+        flagged += anomaly
+    assert flagged >= 2  # the two spikes at least
+    assert [len(item.frames) for item in items] == [1, 3, 4, 2, 2] * 8  # the chunk of 6: 4 then 2
+    assert [ns for item in items for ns in item.received_ns] == [c.received_ns for c in chunks for _ in c.seq]
+    assert sum(item.results for item in items) == 96
+    assert (stats.processed, stats.anomalies, stats.batches, stats.errors) == (96, flagged, 40, {})
+
+
+def test_no_batch_size_compiles_after_start():
+    fake = FakeIO()
+    with started(fake) as ctl:
+        for n in (1, 2, 3, 4):  # buckets 1 and 4; 2 and 3 are padded to 4
+            fake.inbound.put_nowait(chunk(range(10 * n, 10 * n + n), [f"s{i}" for i in range(n)]))
+        assert process_all(ctl) == 10
+        assert ctl.stats().compilations_after_warmup == 0
+
+
+def test_a_stream_beyond_max_streams_gets_a_too_many_streams_error_and_is_counted():
+    fake = FakeIO()
+    with started(fake) as ctl:
+        fake.inbound.put_nowait(chunk(range(7), [f"s{i}" for i in range(7)]))
+        # one batch: the 8th stream takes the last slot, the 9th is refused, a known one still works
+        fake.inbound.put_nowait(chunk([7, 8, 9], ["s7", "s8", "s0"]))
+        process_all(ctl)
+        items = drain(fake.outbound)
+        stats = ctl.stats()
+
+    replies = frames(items)
+    assert [r["seq"] for r in replies] == list(range(10))
+    assert replies[8] == {"error": "too many streams (FORKLESS_MAX_STREAMS=8)", "seq": 8}
+    assert all("error" not in r for i, r in enumerate(replies) if i != 8)
+    assert [(len(item.frames), item.results) for item in items] == [(4, 4), (3, 3), (3, 2)]
+    assert stats.errors == {"too many streams": 1}
+    assert stats.processed == 9
+
+
+# ---- stopping -------------------------------------------------------------------------------------
+
+
+def test_stop_processes_what_was_queued_before_it_then_shuts_outbound():
+    fake = FakeIO()
+    ctl = started(fake)
+    fake.inbound.put_nowait(chunk([0, 1], ["a", "b"]))
+    fake.inbound.put_nowait(chunk([2], ["a"]))
+    fake.inbound.put_nowait(chunk([3, 4, 5], ["c", "a", "b"]))
+    ctl.stop()
+
+    assert fake.stop_requested and fake.inbound.is_shutdown
+    assert fake.outbound.is_shutdown
+    assert [r["seq"] for r in frames(drain(fake.outbound))] == [0, 1, 2, 3, 4, 5]
+    assert ctl.stats().processed == 6
+    assert ctl.stats().errors == {}
+    assert not fake.aborted
+
+
+def full_outbound() -> FakeQueue:
+    """An outbound queue of one place, taken by a reply the IO side never sends."""
+    outbound = FakeQueue(maxsize=1)
+    outbound.put_nowait(Outgoing([b'{"seq": -1}'], results=1))
+    return outbound
+
+
+def test_replies_that_find_outbound_full_until_the_stop_deadline_are_counted_as_outbound_full_at_stop():
+    fake = FakeIO(outbound=full_outbound())
+    ctl = started(fake, CONFIG.replace(shutdown_timeout_s=0.05))
+    fake.inbound.put_nowait(chunk([0, 1, 2], ["a", "b", "c"]))
+    ctl.stop()  # the batch waits for room until the deadline, 0.05 s after the stop began
+
+    assert ctl.stats().errors == {"outbound full at stop": 3}
+    assert [r["seq"] for r in frames(drain(fake.outbound))] == [-1]  # only what was there before
+    assert fake.outbound.is_shutdown
+
+
+@pytest.mark.xfail(strict=True, reason="production bug: Controller.stop() leaves chunks still in inbound at the "
+                                       "deadline uncounted (the IO thread's Bridge.aclose then discards them)")
+def test_messages_still_queued_inbound_at_the_stop_deadline_are_counted_as_not_processed():
+    fake = FakeIO(outbound=full_outbound())
+    ctl = started(fake, CONFIG.replace(shutdown_timeout_s=0.05))
+    fake.inbound.put_nowait(chunk([0, 1, 2], ["a", "b", "c"]))
+    fake.inbound.put_nowait(chunk([3, 4], ["a", "b"]))  # still queued when the deadline passes
+    ctl.stop()
+
+    assert ctl.stats().errors == {"outbound full at stop": 3, "not processed before the stop": 2}
+
+
+def test_stop_aborts_an_io_side_that_does_not_finish_by_the_deadline():
+    fake = FakeIO(finishes=False)
+    ctl = started(fake, CONFIG.replace(shutdown_timeout_s=0.05))
+    ctl.stop()
+
+    assert fake.aborted
+    assert len(fake.joins) == 2  # and one more join after the abort
+
+
+# ---- failures -------------------------------------------------------------------------------------
+
+POISON = 12345.0  # a message with this value in x makes the step below raise
+
+
+def _refuse_poison(x: np.ndarray) -> np.ndarray:
+    if (x == POISON).any():
+        raise ValueError("poisoned batch")
+    return np.zeros((), np.float32)
+
+
+def _init_totals(config: Config) -> jax.Array:
+    return jnp.zeros((config.max_streams + 1,), jnp.float32)
+
+
+def _step_totals(state: jax.Array, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Per stream, the running total of x[0]; raises at run time (a host callback) on POISON."""
+    zero = jax.pure_callback(_refuse_poison, jax.ShapeDtypeStruct((), jnp.float32), batch.x)
+    totals = state.at[batch.key].add(jnp.where(batch.valid, batch.x[:, 0], 0.0))
+    return totals, {"total": totals[batch.key] + zero}
+
+
+TOTALS = Processor(_init_totals, _step_totals)
+
+
+def test_a_step_that_raises_answers_its_batch_with_processing_failed_and_keeps_the_state():
+    fake = FakeIO()
+    with started(fake, processor=TOTALS) as ctl:
+        fake.inbound.put_nowait(chunk([0, 1], ["a", "b"], [[1.0, 0], [10.0, 0]]))
+        fake.inbound.put_nowait(chunk([2, 3], ["a", "b"], [[POISON, 0], [5.0, 0]]))
+        fake.inbound.put_nowait(chunk([4, 5], ["a", "b"], [[2.0, 0], [20.0, 0]]))
+        process_all(ctl)
+        items = drain(fake.outbound)
+        stats = ctl.stats()
+
+    assert frames(items) == [
+        {"seq": 0, "stream": "a", "total": 1.0},
+        {"seq": 1, "stream": "b", "total": 10.0},
+        {"error": "processing failed", "seq": 2},
+        {"error": "processing failed", "seq": 3},
+        {"seq": 4, "stream": "a", "total": 3.0},  # the failed batch left no trace in the state
+        {"seq": 5, "stream": "b", "total": 30.0},
+    ]
+    assert [item.results for item in items] == [2, 0, 2]
+    assert stats.errors == {"processing failed": 2}
+    assert stats.processed == 4
+
+
+def test_a_failure_on_the_io_side_makes_process_pending_raise_it():
+    fake = FakeIO()
+    ctl = started(fake)
+    fake.inbound.put_nowait(chunk([0], ["a"]))
+    fake.failure = FeedFatal("the feed refused the handshake: HTTP 403")
+
+    with pytest.raises(FeedFatal, match="HTTP 403"):
+        ctl.process_pending()
+    assert fake.inbound.qsize() == 1  # nothing was taken after the failure
+    with pytest.raises(FeedFatal):  # stop() reports it too, after stopping
+        ctl.stop()
+
+
+# ---- process_pending returns ------------------------------------------------------------------------
+
+
+def test_process_pending_returns_after_what_was_queued_at_the_call_while_the_feed_keeps_producing():
+    endless = EndlessQueue(lambda n: chunk([n], ["a"]), initial=3, limit=100)
+    fake = FakeIO(inbound=endless)
+    with started(fake) as ctl:
+        done = ctl.process_pending()
+        seqs = [r["seq"] for r in frames(drain(fake.outbound))]
+
+    # it returned (a caller that never stops taking fails inside EndlessQueue at its limit)
+    assert done >= 3  # at least what was waiting at the call
+    assert seqs == list(range(done))  # in order, each reply once
+
+
+@pytest.mark.xfail(strict=True, reason="production bug: process_pending counts waiting chunks as cycles, and a "
+                                       "chunk larger than max_batch needs several cycles")
+def test_process_pending_processes_queued_chunks_larger_than_max_batch_completely():
+    fake = FakeIO()
+    with started(fake) as ctl:
+        for i in range(3):
+            fake.inbound.put_nowait(chunk(range(6 * i, 6 * i + 6), ["a", "b", "c", "d", "e", "f"]))
+        assert ctl.process_pending() == 18
