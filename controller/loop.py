@@ -115,6 +115,7 @@ class Controller:
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
         self._inbound_closed = False
+        self._pulled = 0  # chunks taken from inbound so far (process_pending's bound)
         self._stop_requested = threading.Event()
         self._started = False
         self._stopped = False
@@ -182,8 +183,11 @@ class Controller:
                 if io.failure is not None:
                     break
                 self._cycle(POLL_S, deadline=deadline)
-            if len(self.batcher):
-                self.main_stats.errors["not processed before the stop"] += len(self.batcher)
+            left = len(self.batcher) + self._drain_inbound()
+            if left:
+                self.main_stats.errors["not processed before the stop"] += left
+                log.error("%d received messages were not processed before the stop deadline "
+                          "(FORKLESS_SHUTDOWN_TIMEOUT_S=%s)", left, self.config.shutdown_timeout_s)
             self._side.outbound.shutdown()
         finally:
             if not io.join(max(0.0, deadline - time.monotonic())):
@@ -193,6 +197,18 @@ class Controller:
                 io.join(2.0)
             self._restore_switch_interval()
         io.raise_if_failed()
+
+    def _drain_inbound(self) -> int:
+        """Take what is still queued inbound (at the stop deadline); how many messages it held."""
+        left = 0
+        while not self._inbound_closed:
+            try:
+                left += len(self._side.inbound.get_nowait())
+            except Empty:
+                break
+            except janus.SyncQueueShutDown:
+                self._inbound_closed = True
+        return left
 
     def _restore_switch_interval(self) -> None:
         if self._switch_interval is not None:
@@ -244,29 +260,32 @@ class Controller:
         if not self._started:
             raise RuntimeError("call start() (or use the controller as a context manager) first")
         self._io.raise_if_failed()
-        waiting = 0 if self._inbound_closed else self._side.inbound.qsize()
+        # chunks queued now; a chunk may hold more than one batch, so chunks are counted
+        target = self._pulled + (0 if self._inbound_closed else self._side.inbound.qsize())
         done = self._cycle(timeout)
-        cycles = 0
-        while cycles <= waiting and (len(self.batcher) or (not self._inbound_closed and self._side.inbound.qsize())):
-            done += self._cycle(0.0)
-            cycles += 1
+        while len(self.batcher) or (self._pulled < target and not self._inbound_closed
+                                    and self._side.inbound.qsize()):
+            done += self._cycle(0.0, pull=self._pulled < target)
         return done
 
-    def _cycle(self, timeout: float, deadline: float | None = None) -> int:
-        """Collect one batch (blocking up to ``timeout`` for its first message) and process it."""
+    def _cycle(self, timeout: float, deadline: float | None = None, *, pull: bool = True) -> int:
+        """Collect one batch (blocking up to ``timeout`` for its first message) and process it;
+        ``pull=False`` only takes a batch from what the batcher already holds."""
         inbound = self._side.inbound
         batcher = self.batcher
-        if not len(batcher) and not self._inbound_closed:
+        if pull and not len(batcher) and not self._inbound_closed:
             try:
                 chunk = inbound.get(timeout=timeout) if timeout > 0 else inbound.get_nowait()
+                self._pulled += 1
                 batcher.add(chunk, time.monotonic())
             except Empty:
                 return 0
             except janus.SyncQueueShutDown:
                 self._inbound_closed = True
-        while not self._inbound_closed and batcher.wants_more(time.monotonic()):
+        while pull and not self._inbound_closed and batcher.wants_more(time.monotonic()):
             try:
                 batcher.add(inbound.get_nowait(), time.monotonic())
+                self._pulled += 1
             except Empty:
                 break
             except janus.SyncQueueShutDown:

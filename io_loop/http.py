@@ -46,9 +46,13 @@ class MetricsServer:
         self.snapshot = snapshot
         self.alive = alive
         # prometheus_client is imported only when metrics are served (about 10 MiB of RSS)
-        from controller.metrics import make_registry
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        from controller.metrics import make_registry, render
 
         self.registry = make_registry(snapshot)
+        self._render = render
+        self._content_type = CONTENT_TYPE_LATEST
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self._started_at = time.monotonic()
@@ -113,12 +117,8 @@ class MetricsServer:
     # ---- handlers ---------------------------------------------------------------------------
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        from controller.metrics import render
-
-        body = render(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        body = self._render(self.registry)
+        return web.Response(body=body, headers={"Content-Type": self._content_type})
 
     async def _healthz(self, request: web.Request) -> web.Response:
         snap = self.snapshot()

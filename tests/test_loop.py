@@ -163,8 +163,6 @@ def test_replies_that_find_outbound_full_until_the_stop_deadline_are_counted_as_
     assert fake.outbound.is_shutdown
 
 
-@pytest.mark.xfail(strict=True, reason="production bug: Controller.stop() leaves chunks still in inbound at the "
-                                       "deadline uncounted (the IO thread's Bridge.aclose then discards them)")
 def test_messages_still_queued_inbound_at_the_stop_deadline_are_counted_as_not_processed():
     fake = FakeIO(outbound=full_outbound())
     ctl = started(fake, CONFIG.replace(shutdown_timeout_s=0.05))
@@ -260,8 +258,6 @@ def test_process_pending_returns_after_what_was_queued_at_the_call_while_the_fee
     assert seqs == list(range(done))  # in order, each reply once
 
 
-@pytest.mark.xfail(strict=True, reason="production bug: process_pending counts waiting chunks as cycles, and a "
-                                       "chunk larger than max_batch needs several cycles")
 def test_process_pending_processes_queued_chunks_larger_than_max_batch_completely():
     fake = FakeIO()
     with started(fake) as ctl:
