@@ -44,14 +44,17 @@ class Chunk:
 class Outgoing:
     """Frames for the IO thread to send, in order.
 
-    ``received_ns`` holds, for each result frame, when its message's frame arrived
-    (monotonic ns), so the IO thread can measure frame-received-to-result-sent latency;
-    it is empty for error replies made by the IO thread itself.
+    ``answers``: True when every frame answers one received message (results, and error
+    replies such as "too many streams"), False for the error replies to bad input the
+    reader makes itself (not messages: outside the message books). ``results`` is how many
+    of the frames are results; ``received_ns`` holds, for each frame that answers a message,
+    when its frame arrived (monotonic ns), for the received-to-sent latency.
     """
 
     frames: list[str | bytes]
     received_ns: list[int] = field(default_factory=list)
-    results: int = 0  # how many of the frames are results (the rest are error replies)
+    results: int = 0
+    answers: bool = True
 
 
 @dataclass

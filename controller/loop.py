@@ -45,6 +45,7 @@ __all__ = ["Controller", "IOFactory", "IOSide", "OnResults", "compilations"]
 log = logging.getLogger("forkless.controller")
 
 POLL_S = 0.1
+ABORT_MARGIN_S = 0.2  # the IO thread is aborted this long before the stop deadline, and given up this long after
 # How long a thread may hold the GIL while another waits for it (CPython's default is 5 ms).
 # When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead
 # of 5 ms measured about +20% maximum throughput in an A/B run (see bench/README.md).
@@ -61,7 +62,7 @@ class IOSide(Protocol):
 
     def start(self) -> Any: ...  # -> an object with ``inbound`` and ``outbound`` sync queues
 
-    def request_stop(self) -> None: ...
+    def request_stop(self, deadline: float | None = None) -> None: ...
 
     def join(self, timeout: float | None = None) -> bool: ...
 
@@ -116,6 +117,7 @@ class Controller:
         self._side: Any = None  # io_loop.bridge.MainSide once started
         self._inbound_closed = False
         self._pulled = 0  # chunks taken from inbound so far (process_pending's bound)
+        self.abandoned_io = False  # True if the IO thread still ran when stop() gave up on it
         self._stop_requested = threading.Event()
         self._started = False
         self._stopped = False
@@ -177,7 +179,7 @@ class Controller:
         io = self._io
         self.request_stop()  # fixes the stop deadline, if a signal or the caller has not already
         deadline = self._stop_deadline
-        io.request_stop()
+        io.request_stop(deadline)
         try:
             while (not self._inbound_closed or len(self.batcher)) and time.monotonic() < deadline:
                 if io.failure is not None:
@@ -185,16 +187,20 @@ class Controller:
                 self._cycle(POLL_S, deadline=deadline)
             left = len(self.batcher) + self._drain_inbound()
             if left:
-                self.main_stats.errors["not processed before the stop"] += left
+                self.main_stats.dropped["not processed before the stop"] += left
                 log.error("%d received messages were not processed before the stop deadline "
                           "(FORKLESS_SHUTDOWN_TIMEOUT_S=%s)", left, self.config.shutdown_timeout_s)
             self._side.outbound.shutdown()
         finally:
-            if not io.join(max(0.0, deadline - time.monotonic())):
+            # the process must be able to exit by the deadline (+ ABORT_MARGIN_S), whatever the
+            # socket does: abort a little before it, and leave a thread that still hangs behind
+            if not io.join(max(0.0, deadline - ABORT_MARGIN_S - time.monotonic())):
                 log.error("the IO thread did not finish within FORKLESS_SHUTDOWN_TIMEOUT_S=%s; aborting",
                           self.config.shutdown_timeout_s)
                 io.abort()
-                io.join(2.0)
+                if not io.join(max(0.0, deadline + ABORT_MARGIN_S - time.monotonic())):
+                    self.abandoned_io = True
+                    log.error("the IO thread did not end after the abort; leaving it behind (it is a daemon)")
             self._restore_switch_interval()
         io.raise_if_failed()
 
@@ -399,7 +405,7 @@ class Controller:
             except Full:
                 self._io.raise_if_failed()
                 if deadline is not None and time.monotonic() >= deadline:
-                    self.main_stats.errors["outbound full at stop"] += len(item.frames)
+                    self.main_stats.dropped["outbound full at stop"] += len(item.frames)
                     log.error("%d replies dropped: the outbound queue stayed full until the stop deadline",
                               len(item.frames))
                     return
@@ -412,9 +418,7 @@ class Controller:
         main = self.main_stats
         io = self._io.snapshot() if self._io is not None else self.io_stats.snapshot()
         at_ready = main.compilations_at_ready
-        errors = dict(io.errors)
-        for reason, count in copy_counts(main.errors).items():
-            errors[reason] = errors.get(reason, 0) + count
+        errors = _merged(io.errors, copy_counts(main.errors))
         compiled = bool(self._compiled)
         return StatsSnapshot(
             at=time.monotonic(),
@@ -426,7 +430,7 @@ class Controller:
             anomalies=main.anomalies,
             batches=main.batches,
             errors=errors,
-            dropped=io.dropped,
+            dropped=_merged(io.dropped, copy_counts(main.dropped)),
             connects=io.connects,
             reconnects=io.reconnects,
             connect_failures=io.connect_failures,
@@ -445,6 +449,8 @@ class Controller:
             ready=compiled and io.connected,
             compiled=compiled,
             no_reply=main.no_reply,
+            answer_errors_out=io.answer_errors_out,
+            written_unconfirmed=io.written_unconfirmed,
             last_error=io.last_error,
         )
 
@@ -490,6 +496,13 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
+
+
+def _merged(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    out = dict(a)
+    for reason, count in b.items():
+        out[reason] = out.get(reason, 0) + count
+    return out
 
 
 def _print_line(line: str) -> None:

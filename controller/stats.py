@@ -131,9 +131,12 @@ class IOStats:
     frames_in: int = 0
     messages_in: int = 0
     results_out: int = 0  # result frames written to the socket
-    errors_out: int = 0  # error frames written to the socket
+    errors_out: int = 0  # error frames written to the socket (answers and bad-input replies)
+    answer_errors_out: int = 0  # of those, error frames that answer a received message
     errors: Counter = field(default_factory=Counter)  # bad input by reason
-    dropped: Counter = field(default_factory=Counter)  # anything dropped, by reason
+    dropped: Counter = field(default_factory=Counter)  # received messages never answered, by reason
+    error_replies_unsent: int = 0  # bad-input error replies not written at the stop
+    written_unconfirmed: int = 0  # frames written to connections that then ended abnormally
     connects: int = 0
     reconnects: int = 0
     connect_failures: int = 0
@@ -147,7 +150,9 @@ class IOStats:
         """A copy safe to read from any thread (the queue depths and unsent count are the caller's)."""
         return IOSnapshot(
             frames_in=self.frames_in, messages_in=self.messages_in, results_out=self.results_out,
-            errors_out=self.errors_out, errors=copy_counts(self.errors), dropped=copy_counts(self.dropped),
+            errors_out=self.errors_out, answer_errors_out=self.answer_errors_out,
+            error_replies_unsent=self.error_replies_unsent, written_unconfirmed=self.written_unconfirmed,
+            errors=copy_counts(self.errors), dropped=copy_counts(self.dropped),
             connects=self.connects, reconnects=self.reconnects, connect_failures=self.connect_failures,
             connected=self.connected, state_since=self.state_since, last_error=self.last_error,
             latency=self.latency.snapshot(), loop_lag=self.loop_lag.snapshot(),
@@ -163,6 +168,9 @@ class IOSnapshot:
     messages_in: int
     results_out: int
     errors_out: int
+    answer_errors_out: int
+    error_replies_unsent: int
+    written_unconfirmed: int
     errors: dict[str, int]
     dropped: dict[str, int]
     connects: int
@@ -186,6 +194,7 @@ class MainStats:
     processed: int = 0
     anomalies: int = 0
     errors: Counter = field(default_factory=Counter)  # by reason (too many streams, processing failed)
+    dropped: Counter = field(default_factory=Counter)  # received messages never answered, by reason
     no_reply: int = 0  # processed messages the codec chose not to answer
     batch_size: Histogram | None = None
     step_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
@@ -224,6 +233,8 @@ class StatsSnapshot:
     ready: bool  # compiled and connected
     compiled: bool = False
     no_reply: int = 0  # processed, and the codec chose to send no reply
+    answer_errors_out: int = 0  # error frames sent that answer a received message (in errors_out)
+    written_unconfirmed: int = 0  # frames written to connections that then ended abnormally (see README)
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -234,6 +245,13 @@ class StatsSnapshot:
     @property
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
+
+    @property
+    def in_flight(self) -> int:
+        """Received messages not yet answered, dropped or declined: the rest of the books,
+        ``messages_in = messages_out + answer_errors_out + no_reply + dropped + in_flight``
+        (0 after an orderly stop; what it holds then was lost with the process)."""
+        return self.messages_in - self.messages_out - self.answer_errors_out - self.no_reply - self.dropped_total
 
 
 def _ms(seconds: float) -> str:
@@ -266,7 +284,12 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
     in_rate = rate(now.messages_in, before.messages_in if before else 0)
     out_rate = rate(now.messages_out, before.messages_out if before else 0)
     mean_batch = "-" if math.isnan(bsz.mean) else f"{bsz.mean:.1f}"
-    conn = "connected" if now.connected else ("stopped" if final else "DISCONNECTED")
+    if final:  # how the stop left the connection, and what it could not account for
+        conn = "connection still open at the stop deadline" if now.connected else "stopped"
+        if now.in_flight:
+            conn = f"unanswered {now.in_flight} | {conn}"
+    else:
+        conn = "connected" if now.connected else "DISCONNECTED"
     parts = [
         f"in {now.messages_in} msg ({in_rate})",
         f"out {now.messages_out} msg ({out_rate})",

@@ -15,6 +15,9 @@ Rules:
 
 from __future__ import annotations
 
+import fcntl
+import struct
+import termios
 from collections import deque
 from typing import Any
 
@@ -51,13 +54,16 @@ class CorkedTransport:
             self._transport.write(data)
             self._writes.append((len(data), frames))
 
-    def frames_unflushed(self) -> int:
-        """Frames (from the newest writes) still in the transport's buffer, i.e. not yet
-        handed to the kernel; an upper estimate when a write was partly flushed."""
+    def frames_unconfirmed(self) -> int:
+        """Frames (from the newest writes) not known to have reached the peer: still in the
+        transport's buffer, or in the kernel's send queue not yet acknowledged by the peer
+        (``TIOCOUTQ``, where the socket is still open); an upper estimate when a write was
+        partly through. Call it before the connection is closed."""
         try:
             waiting = self._transport.get_write_buffer_size()
         except Exception:  # a closed transport: nothing left to count
             return 0
+        waiting += _kernel_send_queue_bytes(self._transport)
         frames = 0
         for size, count in reversed(self._writes):
             if waiting <= 0:
@@ -68,6 +74,19 @@ class CorkedTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def _kernel_send_queue_bytes(transport: Any) -> int:
+    """Bytes the kernel holds for this socket that the peer has not acknowledged (Linux
+    ``TIOCOUTQ``); 0 where that cannot be read (closed socket, TLS layer, other systems)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        fd = sock.fileno() if sock is not None else -1
+        if fd < 0:
+            return 0
+        return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    except (OSError, AttributeError, ValueError):
+        return 0
 
 
 def cork(ws: aiohttp.ClientWebSocketResponse) -> CorkedTransport | None:

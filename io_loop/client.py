@@ -44,6 +44,8 @@ __all__ = ["End", "FeedClient", "Outcome"]
 log = logging.getLogger("forkless.client")
 
 CLOSE_TIMEOUT_S = 2.0  # how long an orderly close waits for the server's close frame
+CLOSE_MARGIN_S = 0.5  # an orderly close ends this long before the stop deadline at the latest
+GIVE_UP_CLOSE_S = 0.25  # how long closing a connection that is being given up may take
 
 
 class Outcome(enum.Enum):
@@ -84,6 +86,7 @@ class FeedClient:
         self._last_frame_at = 0.0
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
+        self.stop_deadline: float | None = None  # monotonic; set by the IO thread's request_stop
 
     # ---- control (IO loop) ------------------------------------------------------------------
 
@@ -105,6 +108,10 @@ class FeedClient:
         """Frames taken from ``outbound`` but not yet written to a socket."""
         current = self._current
         return 0 if current is None else len(current.frames) - self._offset
+
+    def held_item(self) -> tuple[Outgoing | None, int]:
+        """The item being written and how many of its frames were written (for the stop's count)."""
+        return self._current, self._offset
 
     # ---- the connection loop ----------------------------------------------------------------
 
@@ -198,11 +205,12 @@ class FeedClient:
                     end = writer.result()
                     if end.outcome is not Outcome.DRAINED:
                         return end
-                    unflushed = self._cork.frames_unflushed() if self._cork is not None else 0
-                    if not await self._close_after_drain(ws) and unflushed:
-                        stats.dropped["replies lost with the connection"] += unflushed
-                        log.error("about %d reply frames were still unsent when connection %d was dropped",
-                                  unflushed, conn, extra={"connection": conn})
+                    unconfirmed = self._cork.frames_unconfirmed() if self._cork is not None else 0
+                    if not await self._close_after_drain(ws) and unconfirmed:
+                        stats.written_unconfirmed += unconfirmed
+                        log.warning("connection %d was dropped without the server's close; up to %d reply "
+                                    "frames written to it may not have arrived", conn, unconfirmed,
+                                    extra={"connection": conn})
                     clean = True
                     log.info("connection %d closed with code 1000 after sending every result", conn,
                              extra={"connection": conn})
@@ -221,13 +229,18 @@ class FeedClient:
             if tasks:
                 await asyncio.wait(tasks)
             if not clean and self._cork is not None:
-                lost = self._cork.frames_unflushed()
-                if lost:  # written to a socket that is being given up: counted, never silent
-                    stats.dropped["replies lost with the connection"] += lost
-                    log.error("connection %d given up with about %d reply frames still unsent", conn, lost,
-                              extra={"connection": conn})
+                unconfirmed = self._cork.frames_unconfirmed()
+                if unconfirmed:  # written, but the connection died: counted, never silent
+                    stats.written_unconfirmed += unconfirmed
+                    log.warning("connection %d ended with up to %d reply frames written to it not "
+                                "acknowledged by the server", conn, unconfirmed, extra={"connection": conn})
             if not ws.closed:
-                await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
+                try:  # a peer that never reads cannot hold this: GOING_AWAY is a courtesy
+                    async with asyncio.timeout(GIVE_UP_CLOSE_S):
+                        await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
+                except TimeoutError:
+                    log.warning("connection %d dropped without a closing handshake", conn,
+                                extra={"connection": conn})
             stats.connected = False
             stats.state_since = time.time()
 
@@ -244,6 +257,8 @@ class FeedClient:
         if self._stopping:
             aiohttp_compat.clear_abnormal_close(ws)
         limit = min(CLOSE_TIMEOUT_S, self.config.shutdown_timeout_s)
+        if self.stop_deadline is not None:  # leave the main thread its margin before the deadline
+            limit = max(0.05, min(limit, self.stop_deadline - CLOSE_MARGIN_S - time.monotonic()))
         try:
             async with asyncio.timeout(limit):
                 await ws.close(code=aiohttp.WSCloseCode.OK, message=b"done")
@@ -274,7 +289,7 @@ class FeedClient:
                             log.warning("bad input on connection %d: %s", self._connection_id, reason,
                                         extra={"connection": self._connection_id})
                         frames = [codec.encode_error(reason, seq) for reason, seq in decoded.errors]
-                        await outbound.put(Outgoing(frames))
+                        await outbound.put(Outgoing(frames, answers=False))
                     if len(decoded):
                         stats.messages_in += len(decoded)
                         handover.add(decoded, received)
@@ -336,6 +351,8 @@ class FeedClient:
                 stats.latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
             stats.results_out += item.results
             stats.errors_out += len(frames) - item.results
+            if item.answers:
+                stats.answer_errors_out += len(frames) - item.results
 
     async def _watch_stale(self) -> None:
         loop = asyncio.get_running_loop()

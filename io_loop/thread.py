@@ -35,6 +35,8 @@ __all__ = ["IOThread"]
 
 log = logging.getLogger("forkless.io")
 
+ABORT_CLEANUP_S = 0.2
+
 
 class IOThread:
     def __init__(self, config: Config, codec: Codec, stats: IOStats, *,
@@ -67,12 +69,13 @@ class IOThread:
         assert self._main_side is not None
         return self._main_side
 
-    def request_stop(self) -> None:
-        """Begin the orderly stop (stop reading; the rest follows the bridge's rules)."""
+    def request_stop(self, deadline: float | None = None) -> None:
+        """Begin the orderly stop (stop reading; the rest follows the bridge's rules).
+        ``deadline`` (``time.monotonic()`` seconds) bounds the waits of the closing handshake."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
-                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._stop_reading()))
+                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._stop_reading(deadline)))
             except RuntimeError:  # the loop closed meanwhile
                 pass
 
@@ -82,7 +85,8 @@ class IOThread:
         return not self._thread.is_alive()
 
     def abort(self) -> None:
-        """Cancel the loop's main task (what was not sent is counted as dropped)."""
+        """Cancel the loop's main task (what was not sent is counted as dropped); the clean-up
+        after it is bounded by ``ABORT_CLEANUP_S``, so the thread ends soon after."""
         self._aborted = True
         loop, task = self._loop, self._main_task
         if loop is not None and task is not None and not loop.is_closed():
@@ -159,13 +163,20 @@ class IOThread:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             self._count_unsent()
-            if metrics is not None:
-                await metrics.stop()
-            if self.demo is not None:
-                await self.demo.stop()
+            try:
+                # after an abort the stop deadline has (nearly) passed: clean up briefly or not at all
+                async with asyncio.timeout(ABORT_CLEANUP_S if self._aborted else None):
+                    if metrics is not None:
+                        await metrics.stop()
+                    if self.demo is not None:
+                        await self.demo.stop()
+            except TimeoutError:
+                log.warning("clean-up after the abort cut short after %.1fs", ABORT_CLEANUP_S)
             await bridge.aclose()
 
-    async def _stop_reading(self) -> None:
+    async def _stop_reading(self, deadline: float | None) -> None:
+        if self._client is not None:
+            self._client.stop_deadline = deadline
         if self.demo is not None:
             # keep reading until the frames already on the loopback wire are answered,
             # so the demo's tally is complete
@@ -189,15 +200,26 @@ class IOThread:
             lag.observe(loop.time() - start)
 
     def _count_unsent(self) -> None:
-        """Whatever results could not be sent are counted and logged, never silently lost."""
-        unsent = self._client.held_frames() if self._client is not None else 0
+        """Whatever replies could not be sent are counted and logged, never silently lost:
+        answers to messages as dropped messages, bad-input error replies on their own."""
+        unsent = [self._client.held_item()] if self._client is not None else []
         outbound = self._bridge.outbound if self._bridge is not None else None
         while outbound is not None:
             try:
-                unsent += len(outbound.get_nowait().frames)
+                unsent.append((outbound.get_nowait(), 0))
             except Exception:
                 break
-        if unsent:
-            self.stats.dropped["unsent at stop"] += unsent
-            log.error("%d reply frames could not be sent before the stop", unsent)
-
+        answers = errors = 0
+        for item, written in unsent:
+            if item is None:
+                continue
+            if item.answers:
+                answers += len(item.frames) - written
+            else:
+                errors += len(item.frames) - written
+        if answers:
+            self.stats.dropped["unsent at stop"] += answers
+            log.error("%d replies to received messages could not be sent before the stop", answers)
+        if errors:
+            self.stats.error_replies_unsent += errors
+            log.error("%d error replies to bad input could not be sent before the stop", errors)

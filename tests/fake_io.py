@@ -149,7 +149,7 @@ class FakeIO:
         self.started = True
         return MainSide(self.inbound, self.outbound)  # type: ignore[arg-type]
 
-    def request_stop(self) -> None:
+    def request_stop(self, deadline: float | None = None) -> None:
         self.stop_requested = True
         self.inbound.shutdown()
 

@@ -102,11 +102,14 @@ def test_io_thread_crash_exits_non_zero_within_2s_with_the_traceback() -> None:
         import app
         from controller.codec import JsonCodec
 
+        class InjectedCrash(BaseException):  # not an Exception: passes the codec guard, as an IO-side bug would
+            pass
+
         class Boom(JsonCodec):
             def decode(self, frame):
                 text = frame if isinstance(frame, str) else bytes(frame).decode("utf-8", "replace")
                 if "boom" in text:
-                    raise RuntimeError("injected decode failure")
+                    raise InjectedCrash("injected IO-thread failure")
                 return super().decode(frame)
 
         sys.exit(app.main([], codec=Boom(4)))
@@ -118,7 +121,7 @@ def test_io_thread_crash_exits_non_zero_within_2s_with_the_traceback() -> None:
     assert crashed_at, err
     assert code == 1, err
     assert exited - crashed_at[0] <= 2.0
-    assert "Traceback" in err and "RuntimeError: injected decode failure" in err
+    assert "Traceback" in err and "InjectedCrash: injected IO-thread failure" in err
 
 
 def _flood_frame(index: int, items: int) -> list[dict]:
