@@ -85,40 +85,39 @@ def ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
         rank = jnp.where(batch.valid, rank, -1)
         rounds = jnp.max(rank) + 1
         # the only reads of the table: one gather of the batch's rows
-        count0 = state.count[key]
-        mean0 = state.mean[key]
-        var0 = state.var[key]
-        # how many earlier messages each row's stream had: the table's count plus the
-        # earlier occurrences of the same stream in this batch
-        n = count0 + rank
+        count0, mean0, var0 = state.count[key], state.mean[key], state.var[key]
 
         def cond(carry: tuple) -> jax.Array:
             return carry[0] < rounds
 
         def body(carry: tuple) -> tuple:
-            # post_mean/post_var [B, F]: each row's stream statistics after that row's update;
-            # before its round a row holds its gathered table row, so a first occurrence
-            # (prev = itself) reads the table and a later one reads its previous occurrence
-            r, post_mean, post_var, z = carry
+            # post_* [B, ...]: each row's stream statistics after that row's update. Before its
+            # round a row still holds its gathered table row, so a first occurrence (prev =
+            # itself) reads the table and a later one what its previous occurrence left.
+            r, post_count, post_mean, post_var, z, n = carry
             active = rank == r
+            cnt = post_count[prev]
             mean = post_mean[prev]
             var = post_var[prev]
-            first = (n == 0)[:, None]
+            first = (cnt == 0)[:, None]
             d = x - mean
             z_r = jnp.where(first, 0.0, d / jnp.sqrt(var + eps))
             new_mean = jnp.where(first, x, mean + alpha * d)
             new_var = jnp.where(first, 0.0, (1.0 - alpha) * (var + alpha * d * d))
             act = active[:, None]
-            return (r + 1, jnp.where(act, new_mean, post_mean), jnp.where(act, new_var, post_var),
-                    jnp.where(act, z_r, z))
+            return (r + 1, jnp.where(active, cnt + 1, post_count), jnp.where(act, new_mean, post_mean),
+                    jnp.where(act, new_var, post_var), jnp.where(act, z_r, z), jnp.where(active, cnt, n))
 
-        z0 = jnp.zeros_like(x)
-        _, post_mean, post_var, z = jax.lax.while_loop(cond, body, (jnp.int32(0), mean0, var0, z0))
+        # Everything used after the loop comes out of it: were a gathered row used there
+        # directly, XLA could fuse the gather into a consumer scheduled after the scatter
+        # and would then copy the whole table to keep the old row readable (it did, at B = 1).
+        init = (jnp.int32(0), count0, mean0, var0, jnp.zeros_like(x), jnp.zeros(key.shape, jnp.int32))
+        _, post_count, post_mean, post_var, z, n = jax.lax.while_loop(cond, body, init)
         # the only write: one scatter of each stream's last occurrence; padding rows and
         # earlier occurrences get an out-of-range index and are dropped
         out = jnp.where(last & batch.valid, key, state.count.shape[0])
         state = EWMAState(
-            count=state.count.at[out].set(n + 1, mode="drop"),
+            count=state.count.at[out].set(post_count, mode="drop"),
             mean=state.mean.at[out].set(post_mean, mode="drop"),
             var=state.var.at[out].set(post_var, mode="drop"),
         )
