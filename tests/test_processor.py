@@ -240,18 +240,16 @@ def test_the_donated_step_deletes_the_state_passed_in():
 # ---- the step costs O(B): no op but the scatter touches the table -------------------------
 
 
-def _table_ops(step, cfg, bucket=256) -> list[str]:
-    """Opcodes of the compiled HLO that produce an array shaped like the table ([S + 1, ...]).
+def _table_ops(fn, args, rows: int) -> list[str]:
+    """Opcodes of ``jit(fn, donate_argnums=0)(*args)``'s HLO that produce a table-shaped array.
 
-    A scatter or a dynamic-update-slice (what XLA makes of a scatter of one row), alone or
-    as the root of its fusion, updates the donated table in place and costs O(B);
-    parameters and the output tuple are free. Anything else producing a table shape (a
-    while loop carrying it, a copy, an elementwise op, a select) is an O(S) pass.
+    A table-shaped array has ``rows`` (``max_streams + 1``) as a dimension. A scatter or a
+    dynamic-update-slice (what XLA makes of a scatter of one row), alone or as the root of
+    its fusion, updates the donated table in place and costs O(B); parameters and the
+    output tuple are free. Anything else producing a table shape (a while loop carrying
+    it, a copy, an elementwise op, a select) is an O(S) pass.
     """
-    state = jax.eval_shape(lambda: default_processor(cfg).init(cfg))
-    batch = Batch(jax.ShapeDtypeStruct((bucket, cfg.features), jnp.float32),
-                  jax.ShapeDtypeStruct((bucket,), jnp.int32), jax.ShapeDtypeStruct((bucket,), jnp.bool_))
-    hlo = jax.jit(step, donate_argnums=0).lower(state, batch).compile().as_text()
+    hlo = jax.jit(fn, donate_argnums=0).lower(*args).compile().as_text()
     roots: dict[str, str] = {}
     instructions: list[tuple[str, str, str]] = []  # (shape, opcode, rest of the line)
     computation = ""
@@ -265,7 +263,7 @@ def _table_ops(step, cfg, bucket=256) -> list[str]:
             if inst.group(1):
                 roots[computation] = inst.group(3)
             instructions.append((inst.group(2), inst.group(3), inst.group(4)))
-    table = re.compile(rf"\[{cfg.max_streams + 1}[,\]]")
+    table = re.compile(rf"\[{rows}[,\]]")
     in_place = ("scatter", "dynamic-update-slice")
     found = []
     for shape, opcode, rest in instructions:
@@ -278,19 +276,35 @@ def _table_ops(step, cfg, bucket=256) -> list[str]:
     return found
 
 
+def _step_table_ops(step, cfg, bucket) -> list[str]:
+    state = jax.eval_shape(lambda: default_processor(cfg).init(cfg))
+    batch = Batch(jax.ShapeDtypeStruct((bucket, cfg.features), jnp.float32),
+                  jax.ShapeDtypeStruct((bucket,), jnp.int32), jax.ShapeDtypeStruct((bucket,), jnp.bool_))
+    return _table_ops(step, (state, batch), cfg.max_streams + 1)
+
+
 @pytest.mark.parametrize("bucket", [1, 2, 256])
 def test_only_the_final_scatter_touches_a_million_row_table(bucket):
     # B = 1 matters: XLA turns its gathers into dynamic slices it likes to duplicate into
     # later consumers, which once made it copy the table before updating it
     cfg = Config(features=8, max_streams=1_000_000)
-    assert _table_ops(default_processor(cfg).step, cfg, bucket) == []
+    assert _step_table_ops(default_processor(cfg).step, cfg, bucket) == []
 
 
 @pytest.mark.parametrize("bucket", [1, 256])
 def test_the_table_check_flags_the_old_whole_table_loop(bucket):
     # the check above is not vacuous: the old step carries the table through a while loop
     cfg = Config(features=8, max_streams=1_000_000)
-    assert {"while", "copy"} & set(_table_ops(_old_ewma_step(), cfg, bucket))
+    assert {"while", "copy"} & set(_step_table_ops(_old_ewma_step(), cfg, bucket))
+
+
+@pytest.mark.parametrize("k", [1, 64])
+def test_reset_rows_only_scatters_into_a_million_row_table(k):
+    cfg = Config(features=8, max_streams=1_000_000)
+    state = jax.eval_shape(lambda: default_processor(cfg).init(cfg))
+    template = jax.eval_shape(lambda: row_template(default_processor(cfg).init(cfg), cfg.max_streams + 1))
+    idx = jax.ShapeDtypeStruct((k,), jnp.int32)
+    assert _table_ops(reset_rows, (state, template, idx), cfg.max_streams + 1) == []
 
 
 # ---- reset_rows ----------------------------------------------------------------------------
