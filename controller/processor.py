@@ -18,7 +18,11 @@ Rules:
   and write back once (``state.mean.at[key].set(rows)``); with the state donated XLA
   updates the table in place. Never carry the whole table through a ``while_loop``/``scan``
   and never build a new [S + 1, ...] array (``jnp.where`` over the table, ``+`` on it): each
-  is a full pass, and a loop carry is a full copy.
+  is a full pass, and a loop carry is a full copy. Keep every read of the table ahead of
+  the write: an output that uses a gathered row directly may be fused with the gather and
+  scheduled after the write, and XLA then copies the whole table to keep the old row
+  (``compiled.as_text()`` shows a ``copy`` of an [S + 1, ...] array). Pass such values
+  through the computation that produces the write, as the EWMA step does with its counts.
 - Slot recycling: when a stream's slot is handed to a new stream, the controller resets
   that slot with ``reset_rows(state, template, slots)`` (template from ``row_template``)
   before the step that runs the new stream's first message. ``init`` must therefore build
