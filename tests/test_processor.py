@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from controller.batching import Batch, StreamSlots, pad_batch
+from controller.batching import Batch, pad_batch
 from controller.config import Config
 from controller.loop import compilations
 from controller.processor import (
@@ -22,6 +22,7 @@ from controller.processor import (
     reset_rows,
     row_template,
 )
+from controller.slots import StreamSlots
 from tests.reference import EWMAReference
 
 
@@ -32,7 +33,7 @@ def run_batches(cfg, batches, bucket):
     slots = StreamSlots(cfg.max_streams)
     outs = []
     for streams, x in batches:
-        key, _ = slots.lookup(streams)
+        key, _, _ = slots.lookup(streams, now=0.0)
         state, out = step(state, pad_batch(x, key, bucket, cfg.max_streams))
         out = jax.device_get(out)
         outs.append({k: np.asarray(v)[: len(streams)] for k, v in out.items()})
