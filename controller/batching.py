@@ -11,10 +11,9 @@ Rules:
   true, i.e. until the batch is full or ``max_wait_s`` has passed since the first message.
   The batcher never asks the caller to wait for an empty queue, so a lone message goes
   straight through.
-- Padding: a batch of n messages is padded to the smallest bucket >= n (powers of two up to
-  ``max_batch``) so the jitted step only ever sees a few shapes, all compiled at start-up.
-- Stream slots: each stream name gets a state slot the first time it is seen, up to
-  ``max_streams``; past that the message is rejected (the controller answers with an error).
+- Padding: a batch of n messages is padded to the smallest bucket >= n (``Config.buckets``: powers
+  of four up to ``max_batch``) so the jitted step only ever sees a few shapes, all compiled at start-up.
+- Stream slots (name -> row of the state table) are controller/slots.py's business.
 """
 
 from __future__ import annotations
@@ -150,37 +149,6 @@ def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
     if i == len(buckets):
         raise ValueError(f"{n} rows exceed the largest bucket {buckets[-1]}")
     return buckets[i]
-
-
-class StreamSlots:
-    """Stream name -> state slot, first come first served, at most ``max_streams`` slots."""
-
-    def __init__(self, max_streams: int) -> None:
-        self.max_streams = max_streams
-        self._slots: dict[str, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-    def lookup(self, streams: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Slots for ``streams`` (int32) and a bool mask of those that got one.
-
-        A stream seen for the first time takes the next free slot; when none is left the
-        stream is refused (mask False) and is not remembered, so it is refused each time.
-        """
-        slots = np.empty(len(streams), np.int32)
-        ok = np.ones(len(streams), bool)
-        table = self._slots
-        for i, name in enumerate(streams):
-            slot = table.get(name)
-            if slot is None:
-                if len(table) >= self.max_streams:
-                    ok[i] = False
-                    slots[i] = self.max_streams
-                    continue
-                slot = table[name] = len(table)
-            slots[i] = slot
-        return slots, ok
 
 
 def pad_batch(x: np.ndarray, key: np.ndarray, bucket: int, spare_slot: int) -> Batch:

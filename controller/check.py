@@ -136,8 +136,9 @@ def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None
         made = compilations() - before
         say(f"  {len(config.buckets)} batch sizes in {total_s:.2f} s, {made} XLA compilations")
         t0 = time.perf_counter()
-        for bucket, fn in compiled.steps.items():
-            _, outputs = fn(compiled.state, example_batch(config.features, bucket, config.max_streams))
+        state = compiled.state
+        for bucket, fn in compiled.steps.items():  # the state is donated: carry the one each step returns
+            state, outputs = fn(state, example_batch(config.features, bucket, config.max_streams))
             jax.block_until_ready(outputs)
         ran_s = time.perf_counter() - t0
         again = compilations() - before - made

@@ -4,8 +4,10 @@ Rules:
 - One implementation, used by the controller loop, the preflight (``--check``) and the
   benchmark's spawn design, so all three run the same compiled code.
 - ``compile_step`` puts the processor's initial state on the device and compiles the step
-  once per bucket with example batches of that size; after it nothing compiles again
-  (``compilations()`` stays flat, which tests pin).
+  once per bucket with example batches of that size, with the state DONATED (the caller
+  keeps only the state a step returns), plus the slot reset (``processor.reset_rows``) for
+  up to ``max_batch`` recycled slots; after it nothing compiles again (``compilations()``
+  stays flat, which tests pin).
 - The processor contract is checked on the compiled shapes, so a violation stops the start
   with ``ProcessorContractError`` naming the output, its shape and the rule, instead of an
   IndexError at the first message: ``outputs`` is a dict of arrays with leading axis B (the
@@ -26,6 +28,7 @@ import numpy as np
 
 from controller.batching import Batch, pad_batch
 from controller.errors import ProcessorContractError
+from controller.processor import reset_rows, row_template
 
 __all__ = ["CompiledStep", "compilations", "compile_step", "example_batch"]
 
@@ -47,11 +50,14 @@ def compilations() -> int:
 
 @dataclass
 class CompiledStep:
-    """The initial device state and one compiled step per bucket size."""
+    """The initial device state, one compiled step per bucket size (state donated), and the
+    compiled slot reset: ``reset(state, template, idx)`` with idx int32 [max_batch]."""
 
     state: Any
     steps: dict[int, Any]
     devices: tuple[str, ...]
+    template: Any = None
+    reset: Any = None
 
 
 def example_batch(features: int, bucket: int, spare_slot: int) -> Batch:
@@ -68,7 +74,11 @@ def compile_step(processor: Any, config: Any,
         # our buckets compile in well under JAX's default 1 s threshold: cache them all
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     state = jax.device_put(processor.init(config))
-    jitted = jax.jit(processor.step)
+    # the state is donated: XLA updates the table in place, so a step costs O(B), not O(S)
+    jitted = jax.jit(processor.step, donate_argnums=0)
+    template = row_template(state, config.max_streams + 1)
+    reset = jax.jit(reset_rows, donate_argnums=0).lower(
+        state, template, np.zeros(config.max_batch, np.int32)).compile()
     steps = {}
     for bucket in config.buckets:
         example = example_batch(config.features, bucket, config.max_streams)
@@ -77,7 +87,7 @@ def compile_step(processor: Any, config: Any,
         check_contract(state, steps[bucket].out_info, bucket)
         if on_compiled is not None:
             on_compiled(bucket, time.perf_counter() - t0)
-    return CompiledStep(state, steps, tuple(str(d) for d in jax.devices()))
+    return CompiledStep(state, steps, tuple(str(d) for d in jax.devices()), template, reset)
 
 
 def check_contract(state: Any, out_info: Any, bucket: int) -> None:

@@ -182,7 +182,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("WARMUP", "warmup", _int(0), "an integer >= 0",
              "messages a stream must have had before it can be flagged"),
     Variable("MAX_STREAMS", "max_streams", _int(1, 10_000_000), "an integer from 1 to 10000000",
-             "state slots; a new stream past this gets an error reply"),
+             "state slots; a new stream past this gets an error reply (unless STREAM_IDLE_S frees one)"),
+    Variable("STREAM_IDLE_S", "stream_idle_s", _optional(_float(0.0)), "a number of seconds >= 0, or empty",
+             "when every slot is taken, a stream silent for longer than this gives its slot to a new"
+             " stream (least recently seen first; its state is reset); empty: slots are never reused"),
     # -- batching and queues
     Variable("MAX_BATCH", "max_batch", _int(1, 65536), "an integer from 1 to 65536",
              "largest micro-batch (batches are padded to powers of four up to this)"),
@@ -252,6 +255,7 @@ class Config:
     threshold: float = 4.0
     warmup: int = 20
     max_streams: int = 4096
+    stream_idle_s: float | None = None
     max_batch: int = 256
     max_wait_ms: float = 2.0
     queue_size: int = 1024

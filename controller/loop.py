@@ -32,11 +32,12 @@ import janus
 import jax
 import numpy as np
 
-from controller.batching import MicroBatcher, Outgoing, StreamSlots, Taken, bucket_for, pad_batch
+from controller.batching import MicroBatcher, Outgoing, Taken, bucket_for, pad_batch
 from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import compilations, compile_step
 from controller.config import Config
 from controller.processor import Processor, default_processor
+from controller.slots import StreamSlots
 from controller.stats import Histogram, IOSnapshot, IOStats, MainStats, StatsSnapshot, copy_counts, status_line
 from io_loop.thread import IOThread
 
@@ -109,9 +110,11 @@ class Controller:
         self.io_stats = IOStats()
         self.main_stats = MainStats(batch_size=Histogram(self.config.buckets))
         self.batcher = MicroBatcher(self.config.max_batch, self.config.max_wait_ms / 1000)
-        self.slots = StreamSlots(self.config.max_streams)
+        self.slots = StreamSlots(self.config.max_streams, idle_s=self.config.stream_idle_s)
         self.state: Any = None
         self._compiled: dict[int, Any] = {}
+        self._template: Any = None
+        self._reset: Any = None
         self._io_factory = io_factory
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
@@ -156,6 +159,7 @@ class Controller:
         t0 = time.monotonic()
         compiled = compile_step(self.processor, cfg)
         self.state, self._compiled, self._devices = compiled.state, compiled.steps, compiled.devices
+        self._template, self._reset = compiled.template, compiled.reset
         self.main_stats.compilations_at_ready = compilations()
         _release_freed_memory()
         log.info("compiled the step for batch sizes %s on %s in %.2fs",
@@ -306,7 +310,9 @@ class Controller:
         cfg = self.config
         stats = self.main_stats
         n = len(taken)
-        slots, ok = self.slots.lookup(taken.stream)
+        slots, ok, recycled = self.slots.lookup(taken.stream, time.monotonic())
+        if recycled:
+            self._reset_slots(recycled)
         all_ok = bool(ok.all())
         if all_ok:
             good_seq, good_stream, x, key = taken.seq, taken.stream, taken.x, slots
@@ -355,6 +361,12 @@ class Controller:
         if host_error is not None:
             raise host_error
 
+    def _reset_slots(self, recycled: list[int]) -> None:
+        """Give recycled slots a fresh stream's state (before the step that uses them)."""
+        idx = np.full(self.config.max_batch, self.config.max_streams, np.int32)  # padded with the spare
+        idx[:len(recycled)] = recycled
+        self.state = self._reset(self.state, self._template, idx)
+
     def _run_step(self, x: np.ndarray, key: np.ndarray) -> dict[str, np.ndarray] | None:
         """Run the compiled step on one batch; its outputs on the host, cut to the batch's
         messages (None if the step failed: logged and counted, the state kept)."""
@@ -369,6 +381,13 @@ class Controller:
         except Exception as exc:
             self._log_failure(exc)
             stats.errors["processing failed"] += m
+            if any(leaf.is_deleted() for leaf in jax.tree.leaves(self.state)):
+                # the state was donated to the step that failed at run time: it is gone, so
+                # every stream starts again from a fresh state (counted and logged)
+                self.state = jax.device_put(self.processor.init(self.config))
+                stats.resets["state lost with a failed step"] += 1
+                log.error("the failed step had been given the state (donated): every stream starts again "
+                          "from a fresh state")
             return None
         self.state = new_state
         stats.step_seconds.observe(time.perf_counter() - t0)
@@ -449,6 +468,9 @@ class Controller:
             ready=compiled and io.connected,
             compiled=compiled,
             no_reply=main.no_reply,
+            resets=copy_counts(main.resets),
+            streams_active=len(self.slots),
+            streams_evicted=self.slots.evicted,
             answer_errors_out=io.answer_errors_out,
             written_unconfirmed=io.written_unconfirmed,
             last_error=io.last_error,

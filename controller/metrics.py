@@ -58,6 +58,17 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(CounterMetricFamily("forkless_processed", "Messages run through the step.",
                                     value=snap.processed))
     fams.append(CounterMetricFamily("forkless_batches", "Batches run through the step.", value=snap.batches))
+    fams.append(CounterMetricFamily("forkless_answer_error_replies", "Error frames sent that answer a received "
+                                    "message (part of forkless_error_replies).", value=snap.answer_errors_out))
+    fams.append(GaugeMetricFamily("forkless_in_flight", "Received messages not yet answered, dropped or declined "
+                                  "(the rest of the books).", value=snap.in_flight))
+    fams.append(CounterMetricFamily("forkless_written_unconfirmed", "Reply frames written to connections that then "
+                                    "ended abnormally: they may not have arrived.", value=snap.written_unconfirmed))
+    fams.append(GaugeMetricFamily("forkless_streams_active", "Streams holding a state slot.",
+                                  value=snap.streams_active))
+    fams.append(CounterMetricFamily("forkless_streams_evicted", "Idle streams whose slot was given to a new stream "
+                                    "(FORKLESS_STREAM_IDLE_S).", value=snap.streams_evicted))
+    fams.append(_by_reason("forkless_state_resets", "Streams (or the whole state) reset, by reason.", snap.resets))
     fams.append(CounterMetricFamily("forkless_no_reply", "Processed messages the codec chose not to answer.",
                                     value=snap.no_reply))
     fams.append(CounterMetricFamily("forkless_anomalies", "Messages the processor flagged as anomalies.",

@@ -196,6 +196,7 @@ class MainStats:
     errors: Counter = field(default_factory=Counter)  # by reason (too many streams, processing failed)
     dropped: Counter = field(default_factory=Counter)  # received messages never answered, by reason
     no_reply: int = 0  # processed messages the codec chose not to answer
+    resets: Counter = field(default_factory=Counter)  # state reset, by reason (see the README)
     batch_size: Histogram | None = None
     step_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     compilations_at_ready: int | None = None
@@ -234,6 +235,9 @@ class StatsSnapshot:
     compiled: bool = False
     no_reply: int = 0  # processed, and the codec chose to send no reply
     answer_errors_out: int = 0  # error frames sent that answer a received message (in errors_out)
+    resets: dict[str, int] = field(default_factory=dict)  # streams (or the whole state) reset, by reason
+    streams_active: int = 0  # streams holding a state slot
+    streams_evicted: int = 0  # idle streams whose slot went to a new stream (FORKLESS_STREAM_IDLE_S)
     written_unconfirmed: int = 0  # frames written to connections that then ended abnormally (see README)
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
     extra: dict[str, Any] = field(default_factory=dict)

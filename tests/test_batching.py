@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.batching import Chunk, MicroBatcher, StreamSlots, bucket_for, pad_batch
+from controller.batching import Chunk, MicroBatcher, bucket_for, pad_batch
 
 
 def chunk(seqs, t=0):
@@ -61,9 +61,3 @@ def test_padding_rows_are_invalid_and_use_the_spare_slot():
     assert batch.valid.tolist() == [True, True, True, False]
 
 
-def test_streams_get_slots_first_come_and_past_the_limit_are_refused_every_time():
-    slots = StreamSlots(max_streams=2)
-    key, ok = slots.lookup(["a", "b", "a", "c"])
-    assert key[:3].tolist() == [0, 1, 0] and ok.tolist() == [True, True, True, False]
-    key, ok = slots.lookup(["c", "b"])
-    assert ok.tolist() == [False, True] and key[1] == 1

@@ -207,7 +207,7 @@ def _step_totals(state: jax.Array, batch: Any) -> tuple[jax.Array, dict[str, jax
 TOTALS = Processor(_init_totals, _step_totals)
 
 
-def test_a_step_that_raises_answers_its_batch_with_processing_failed_and_keeps_the_state():
+def test_a_step_that_raises_answers_its_batch_with_processing_failed_and_starts_from_a_fresh_state():
     fake = FakeIO()
     with started(fake, processor=TOTALS) as ctl:
         fake.inbound.put_nowait(chunk([0, 1], ["a", "b"], [[1.0, 0], [10.0, 0]]))
@@ -222,11 +222,13 @@ def test_a_step_that_raises_answers_its_batch_with_processing_failed_and_keeps_t
         {"seq": 1, "stream": "b", "total": 10.0},
         {"error": "processing failed", "seq": 2},
         {"error": "processing failed", "seq": 3},
-        {"seq": 4, "stream": "a", "total": 3.0},  # the failed batch left no trace in the state
-        {"seq": 5, "stream": "b", "total": 30.0},
+        # the state was donated to the step that failed at run time: every stream starts again
+        {"seq": 4, "stream": "a", "total": 2.0},
+        {"seq": 5, "stream": "b", "total": 20.0},
     ]
     assert [item.results for item in items] == [2, 0, 2]
     assert stats.errors == {"processing failed": 2}
+    assert stats.resets == {"state lost with a failed step": 1}
     assert stats.processed == 4
 
 

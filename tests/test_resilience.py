@@ -10,6 +10,7 @@ compiled once for the whole file (same shapes in every ``Config``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -560,7 +561,7 @@ def _processor_failing_on_mark() -> Processor:
     return Processor(base.init, step)
 
 
-def test_processor_failure_errors_that_batch_keeps_state_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+def test_processor_failure_errors_that_batch_resets_the_state_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     messages = make_messages(80, streams=3, seed=5)
     marked_batches = [messages[30:33], messages[60:63]]
     for batch in marked_batches:
@@ -587,9 +588,14 @@ def test_processor_failure_errors_that_batch_keeps_state_and_goes_on(caplog: pyt
     results, errors = parse_replies(_all_frames(server))
     assert sorted(e["seq"] for e in errors) == sorted(marked)
     assert {e["error"] for e in errors} == {"processing failed"}
-    # the state went on as if the failed batches had never come
-    assert_results_match_reference([m for m in messages if m["seq"] not in marked], results)
+    # the state was donated to each failed step: after each, every stream starts again fresh
+    starts = [0] + [batch[-1]["seq"] + 1 for batch in marked_batches] + [len(messages)]
+    for lo, hi in itertools.pairwise(starts):
+        segment = [m for m in messages[lo:hi] if m["seq"] not in marked]
+        assert_results_match_reference(segment, {m["seq"]: results[m["seq"]] for m in segment})
+    assert sorted(results) == sorted(m["seq"] for m in messages if m["seq"] not in marked)
     assert stats.errors == {"processing failed": len(marked)}
+    assert stats.resets == {"state lost with a failed step": len(marked_batches)}
     tracebacks = [r for r in caplog.records if r.levelno >= logging.ERROR and "processing failed" in r.getMessage()]
     assert len(tracebacks) == 1, "the traceback is logged once per distinct error"
     assert "injected processing failure" in tracebacks[0].getMessage()

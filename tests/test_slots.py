@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from controller import batching
 from controller.batching import pad_batch
 from controller.config import Config
 from controller.processor import default_processor, reset_rows, row_template
@@ -20,17 +19,6 @@ def test_new_streams_take_slots_in_order_of_first_sight():
     got, ok, recycled = slots.lookup(["b", "a", "b", "c"], now=0.0)
     assert got.tolist() == [0, 1, 0, 2] and ok.all() and recycled == []
     assert got.dtype == np.int32 and len(slots) == 3
-
-
-def test_without_idle_s_slots_are_the_same_as_the_batchers_stream_slots():
-    rng = np.random.default_rng(0)
-    new, old = StreamSlots(5), batching.StreamSlots(5)
-    for t in range(50):
-        streams = [f"s{rng.integers(0, 8)}" for _ in range(int(rng.integers(1, 6)))]
-        got, ok, recycled = new.lookup(streams, now=float(t))
-        want, want_ok = old.lookup(streams)
-        assert got.tolist() == want.tolist() and ok.tolist() == want_ok.tolist() and recycled == []
-    assert len(new) == len(old) == 5 and new.evicted == 0
 
 
 def test_a_full_table_refuses_a_new_stream_when_no_stream_is_idle():
