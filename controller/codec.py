@@ -33,8 +33,11 @@ MAX_STREAM_CHARS = 256
 # summary reply stands for the rest of that frame's bad elements
 MAX_ERROR_REPLIES = 16
 FOLDED_REASON = f"bad element beyond {MAX_ERROR_REPLIES} error replies in one frame"
-# a value beyond this is not finite once stored as float32, the dtype the device uses
-F32_MAX = float(np.finfo(np.float32).max)
+# The accepted input range: |x| <= X_MAX. Within it the default detector's float32
+# arithmetic cannot overflow (d = x - mean <= 2e18, d**2 <= 4e36 < float32's 3.4e38), so a
+# stream's state stays finite; a larger value is refused as bad input with its own reason.
+X_MAX = 1e18
+X_RANGE_REASON = "x must be finite and within ±1e18"
 
 
 @dataclass
@@ -159,8 +162,8 @@ class JsonCodec:
             kind = type(v)
             if kind is not float and kind is not int:
                 return "x must hold numbers only", seq
-            if not -F32_MAX <= v <= F32_MAX:  # also false for NaN
-                return "x must be finite (within float32 range)", seq
+            if not -X_MAX <= v <= X_MAX:  # also false for NaN
+                return X_RANGE_REASON, seq
         return None, seq
 
     # ---- encoding (main thread) -------------------------------------------------------------

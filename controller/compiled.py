@@ -12,6 +12,8 @@ Rules:
   with ``ProcessorContractError`` naming the output, its shape and the rule, instead of an
   IndexError at the first message: ``outputs`` is a dict of arrays with leading axis B (the
   bucket size), and ``step`` returns a state of the same structure, shapes and dtypes.
+- Each compiled step is the processor's step wrapped by ``guarded``: messages whose outputs
+  or stream state come out non-finite are marked, and those streams reset, on the device.
 - Every XLA compilation in this process is counted from JAX's own monitoring events.
 """
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from controller.batching import Batch, pad_batch
@@ -74,20 +77,47 @@ def compile_step(processor: Any, config: Any,
         # our buckets compile in well under JAX's default 1 s threshold: cache them all
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     state = jax.device_put(processor.init(config))
-    # the state is donated: XLA updates the table in place, so a step costs O(B), not O(S)
-    jitted = jax.jit(processor.step, donate_argnums=0)
     template = row_template(state, config.max_streams + 1)
     reset = jax.jit(reset_rows, donate_argnums=0).lower(
         state, template, np.zeros(config.max_batch, np.int32)).compile()
+    # the state is donated: XLA updates the table in place, so a step costs O(B), not O(S)
+    jitted = jax.jit(guarded(processor.step, config.max_streams), donate_argnums=0)
     steps = {}
     for bucket in config.buckets:
         example = example_batch(config.features, bucket, config.max_streams)
+        # checked on the bare step's shapes first: the guard below needs [B, ...] outputs
+        check_contract(state, jax.eval_shape(processor.step, state, example), bucket)
         t0 = time.perf_counter()
-        steps[bucket] = jitted.lower(state, example).compile()
-        check_contract(state, steps[bucket].out_info, bucket)
+        steps[bucket] = jitted.lower(state, example, template).compile()
         if on_compiled is not None:
             on_compiled(bucket, time.perf_counter() - t0)
     return CompiledStep(state, steps, tuple(str(d) for d in jax.devices()), template, reset)
+
+
+def guarded(step: Callable[[Any, Batch], tuple[Any, dict[str, Any]]],
+            spare_slot: int) -> Callable[[Any, Batch, Any], tuple[Any, dict[str, Any], Any]]:
+    """``step`` plus the finiteness guard: ``(state, batch, template) -> (state, outputs, bad)``.
+
+    ``bad`` (bool [B]) marks the messages whose outputs, or whose stream's state after the
+    step, hold a NaN or an infinity; those streams' rows are reset to ``template`` (a fresh
+    stream) in the same computation, so a stream can never stay non-finite or stuck. It
+    costs O(B): only the batch's rows are read back."""
+
+    def guarded_step(state: Any, batch: Batch, template: Any) -> tuple[Any, dict[str, Any], Any]:
+        new_state, outputs = step(state, batch)
+        n = batch.key.shape[0]
+        finite = jnp.ones(n, bool)
+        for leaf, row in zip(jax.tree.leaves(new_state), jax.tree.leaves(template, is_leaf=lambda r: r is None)):
+            if row is not None and jnp.issubdtype(leaf.dtype, jnp.inexact):
+                finite &= jnp.isfinite(leaf[batch.key].reshape(n, -1)).all(axis=1)
+        for value in outputs.values():
+            if jnp.issubdtype(value.dtype, jnp.inexact):
+                finite &= jnp.isfinite(value.reshape(n, -1)).all(axis=1)
+        bad = ~finite & batch.valid
+        new_state = reset_rows(new_state, template, jnp.where(bad, batch.key, spare_slot))
+        return new_state, outputs, bad
+
+    return guarded_step
 
 
 def check_contract(state: Any, out_info: Any, bucket: int) -> None:

@@ -46,6 +46,7 @@ __all__ = ["Controller", "IOFactory", "IOSide", "OnResults", "compilations"]
 log = logging.getLogger("forkless.controller")
 
 POLL_S = 0.1
+NON_FINITE_REASON = "processing produced a non-finite result (the stream starts again)"
 ABORT_MARGIN_S = 0.2  # the IO thread is aborted this long before the stop deadline, and given up this long after
 # How long a thread may hold the GIL while another waits for it (CPython's default is 5 ms).
 # When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead
@@ -120,7 +121,8 @@ class Controller:
         self._side: Any = None  # io_loop.bridge.MainSide once started
         self._inbound_closed = False
         self._pulled = 0  # chunks taken from inbound so far (process_pending's bound)
-        self.abandoned_io = False  # True if the IO thread still ran when stop() gave up on it
+        self.abandoned_io = False
+        self._logged_non_finite = False  # True if the IO thread still ran when stop() gave up on it
         self._stop_requested = threading.Event()
         self._started = False
         self._stopped = False
@@ -307,59 +309,94 @@ class Controller:
         return len(taken)
 
     def _process(self, taken: Taken, deadline: float | None) -> None:
+        """Slot, step, hand the batch's results to ``on_results``, encode, put one ``Outgoing``.
+
+        Each message gets exactly one of: a result frame, an error frame (refused: too many
+        streams; processing failed; a non-finite result; encode failed) or no reply (the
+        codec's choice, counted as ``no_reply``)."""
         cfg = self.config
         stats = self.main_stats
         n = len(taken)
         slots, ok, recycled = self.slots.lookup(taken.stream, time.monotonic())
         if recycled:
             self._reset_slots(recycled)
-        all_ok = bool(ok.all())
-        if all_ok:
-            good_seq, good_stream, x, key = taken.seq, taken.stream, taken.x, slots
-        else:
-            idx = np.flatnonzero(ok)
-            good_seq = [taken.seq[i] for i in idx.tolist()]
-            good_stream = [taken.stream[i] for i in idx.tolist()]
-            x, key = taken.x[idx], slots[idx]
-            stats.errors["too many streams"] += n - len(idx)
-        outputs = self._run_step(x, key) if good_seq else None
+        refused: dict[int, str] = {}  # message index -> error reason
+        if not ok.all():
+            too_many = np.flatnonzero(~ok).tolist()
+            refused.update(dict.fromkeys(too_many, f"too many streams (FORKLESS_MAX_STREAMS={cfg.max_streams})"))
+            stats.errors["too many streams"] += len(too_many)
+        rows = list(range(n)) if not refused else [i for i in range(n) if i not in refused]
+        ran = self._run_step(taken.x[rows] if refused else taken.x, slots[rows]) if rows else None
         host_error: BaseException | None = None
-        if outputs is None:
-            frames_good: list = [self.codec.encode_error("processing failed", s) for s in good_seq]
-            are_results = False
-        else:
-            if self.on_results is not None:
+        answered: list[str | bytes | None] = []  # one per row of ``rows`` still to answer
+        are_results = False
+        if rows and ran is None:
+            refused.update(dict.fromkeys(rows, "processing failed"))
+            rows = []
+        elif rows:
+            outputs, bad = ran
+            if bad.any():
+                rows, outputs = self._refuse_non_finite(taken, rows, outputs, bad, slots, refused)
+            seq, stream = [taken.seq[i] for i in rows], [taken.stream[i] for i in rows]
+            if self.on_results is not None and rows:
                 try:
-                    self.on_results(good_seq, good_stream, outputs)
+                    self.on_results(seq, stream, outputs)
                 except BaseException as exc:
                     # the host program's own code failed: raised to the caller of run() or
                     # process_pending() once this batch's replies are handed over (not lost)
                     host_error = exc
-            frames_good, are_results = self.codec.encode_batch(good_seq, good_stream, outputs)
-            if not are_results:
-                stats.errors["encode failed"] += len(good_seq)
-        if all_ok:
-            frames = frames_good
-        else:
-            frames = []
-            it = iter(frames_good)
-            reason = f"too many streams (FORKLESS_MAX_STREAMS={cfg.max_streams})"
-            for i in range(n):
-                frames.append(next(it) if ok[i] else self.codec.encode_error(reason, taken.seq[i]))
+            if rows:
+                answered, are_results = self.codec.encode_batch(seq, stream, outputs)
+                if not are_results:
+                    stats.errors["encode failed"] += len(rows)
         stats.batches += 1
         stats.batch_size.observe(n)
-        results = len(frames_good) if are_results else 0
-        received = taken.received_ns
-        if are_results and None in frames_good:  # the codec chose not to reply to some messages
-            no_reply = frames_good.count(None)
-            stats.no_reply += no_reply
-            results -= no_reply
-            received = [r for r, f in zip(received, frames) if f is not None]
-            frames = [f for f in frames if f is not None]
+        frames, received, results = self._assemble(taken, rows, answered, are_results, refused)
         if frames:
             self._put_outbound(Outgoing(frames, received, results=results), deadline)
         if host_error is not None:
             raise host_error
+
+    def _refuse_non_finite(self, taken: Taken, rows: list[int], outputs: dict[str, np.ndarray],
+                           bad: np.ndarray, slots: np.ndarray, refused: dict[int, str]) -> tuple[list, dict]:
+        """Messages whose outputs or stream state came out non-finite are answered with an
+        error; the step has already reset those streams' rows (compiled.py), so each starts
+        again like a new stream. Counted and logged once."""
+        stats = self.main_stats
+        bad_rows = [rows[j] for j in np.flatnonzero(bad).tolist()]
+        refused.update(dict.fromkeys(bad_rows, NON_FINITE_REASON))
+        stats.errors["non-finite result"] += len(bad_rows)
+        streams = {int(slots[i]) for i in bad_rows}
+        stats.resets["stream reset: non-finite"] += len(streams)
+        if not self._logged_non_finite:
+            self._logged_non_finite = True
+            log.error("the step produced non-finite values for stream %r (and %d more this batch): its state "
+                      "was reset and it starts again like a new stream (logged once; counted in resets)",
+                      taken.stream[bad_rows[0]], len(streams) - 1)
+        keep = np.flatnonzero(~bad)
+        return [rows[j] for j in keep.tolist()], {k: v[keep] for k, v in outputs.items()}
+
+    def _assemble(self, taken: Taken, rows: list[int], answered: list, are_results: bool,
+                  refused: dict[int, str]) -> tuple[list, list[int], int]:
+        """The batch's frames in arrival order, their messages' receive times, and how many
+        are results; a message the codec answered with None gets no frame (``no_reply``)."""
+        if not refused and None not in answered:  # the common case: one reply per message
+            return answered, taken.received_ns, len(answered) if are_results else 0
+        reply = dict(zip(rows, answered))
+        frames, received, results = [], [], 0
+        for i in range(len(taken)):
+            reason = refused.get(i)
+            if reason is not None:
+                frame = self.codec.encode_error(reason, taken.seq[i])
+            else:
+                frame = reply[i]
+                if frame is None:
+                    self.main_stats.no_reply += 1
+                    continue
+                results += are_results
+            frames.append(frame)
+            received.append(taken.received_ns[i])
+        return frames, received, results
 
     def _reset_slots(self, recycled: list[int]) -> None:
         """Give recycled slots a fresh stream's state (before the step that uses them)."""
@@ -367,17 +404,18 @@ class Controller:
         idx[:len(recycled)] = recycled
         self.state = self._reset(self.state, self._template, idx)
 
-    def _run_step(self, x: np.ndarray, key: np.ndarray) -> dict[str, np.ndarray] | None:
-        """Run the compiled step on one batch; its outputs on the host, cut to the batch's
-        messages (None if the step failed: logged and counted, the state kept)."""
+    def _run_step(self, x: np.ndarray, key: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+        """Run the compiled step on one batch: its outputs on the host cut to the batch's
+        messages, and which messages came out non-finite (their streams already reset); None
+        if the step failed (logged and counted; see the state rule below)."""
         stats = self.main_stats
         m = len(key)
         bucket = bucket_for(m, self.config.buckets)
         batch = pad_batch(x, key, bucket, self.config.max_streams)
         t0 = time.perf_counter()
         try:
-            new_state, outputs = self._compiled[bucket](self.state, batch)
-            outputs = jax.device_get(outputs)  # one transfer; also surfaces runtime errors
+            new_state, outputs, bad = self._compiled[bucket](self.state, batch, self._template)
+            outputs, bad = jax.device_get((outputs, bad))  # one transfer; also surfaces runtime errors
         except Exception as exc:
             self._log_failure(exc)
             stats.errors["processing failed"] += m
@@ -393,10 +431,11 @@ class Controller:
         stats.step_seconds.observe(time.perf_counter() - t0)
         stats.processed += m
         outputs = {name: np.asarray(value)[:m] for name, value in outputs.items()}
+        bad = np.asarray(bad)[:m]
         anomaly = outputs.get("anomaly")
         if anomaly is not None:
-            stats.anomalies += int(np.count_nonzero(anomaly))
-        return outputs
+            stats.anomalies += int(np.count_nonzero(anomaly[~bad] if bad.any() else anomaly))
+        return outputs, bad
 
     def _log_failure(self, exc: BaseException) -> None:
         key = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

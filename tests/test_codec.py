@@ -64,8 +64,8 @@ def test_an_array_frame_keeps_order_and_answers_bad_elements_one_by_one():
         ('{"seq": 4, "stream": "a", "x": [1, NaN, 3]}', "not JSON", None),  # NaN is not JSON
         ('{"seq": 4, "stream": "a", "x": [1, Infinity, 3]}', "not JSON", None),
         ('{"seq": 4, "stream": "a", "x": [1, 1e999, 3]}', "not JSON", None),  # overflows a double
-        (json.dumps(msg(4, x=[1, 1e39, 3])), "x must be finite (within float32 range)", 4),
-        (json.dumps(msg(4, x=[1, -(10**50), 3])), "x must be finite (within float32 range)", 4),
+        (json.dumps(msg(4, x=[1, 1e39, 3])), "x must be finite and within ±1e18", 4),
+        (json.dumps(msg(4, x=[1, -(10**50), 3])), "x must be finite and within ±1e18", 4),
         (json.dumps([msg(i) for i in range(5)]), "batch frame too large: 5 > 4 items", None),
         ("[" * 100_000 + "]" * 100_000, "not JSON", None),  # hostile nesting: refused, no crash
         ('{"a":' * 100_000 + "1" + "}" * 100_000, "not JSON", None),
@@ -83,7 +83,7 @@ def test_a_non_finite_row_is_dropped_but_its_neighbours_are_kept():
             ' {"seq": 3, "stream": "b", "x": [4, 5, 6]}]'
     d = codec.decode(frame)
     assert d.seq == [1, 3] and d.stream == ["a", "b"] and d.x.tolist() == [[1, 2, 3], [4, 5, 6]]
-    assert d.errors == [("x must be finite (within float32 range)", 2)]
+    assert d.errors == [("x must be finite and within ±1e18", 2)]
 
 
 def test_results_encode_one_frame_per_message_with_every_output_field():

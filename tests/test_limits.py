@@ -10,13 +10,17 @@ import json
 import threading
 import time
 
+import numpy as np
 import pytest
 from aiohttp import web
 from websockets.asyncio.server import serve
 
 from controller import Config, Controller
+from controller.batching import Chunk
 from controller.codec import FOLDED_REASON, MAX_ERROR_REPLIES, JsonCodec
 from controller.errors import FeedFatal
+from tests.fake_io import FakeIO, drain
+from tests.reference import EWMAReference
 
 WAIT_S = 30.0
 
@@ -193,3 +197,60 @@ def test_a_peer_that_never_answers_pings_is_dropped_within_one_and_a_half_heartb
     # as long (timers of 5 s or more are rounded up to whole seconds by aiohttp)
     assert dropped_at - opened[0] >= heartbeat * 1.5
     assert dropped_at - opened[0] < heartbeat * 1.5 + 1.0
+
+
+def test_numbers_that_would_poison_a_stream_are_refused_and_the_stream_stays_alive():
+    rng = np.random.default_rng(5)
+    normal = lambda: rng.normal(size=8).round(4).tolist()
+    xs = [normal() for _ in range(25)] + [[3e38] * 8, [-3e38] * 8, [1e20] * 8, [-1e20] * 8]
+    xs += [normal() for _ in range(30)] + [[40.0] * 8] + [normal() for _ in range(5)]
+    frames = [json.dumps({"seq": i, "stream": "s", "x": x}) for i, x in enumerate(xs)]
+    replies: list[str] = []
+
+    async def handler(ws):
+        for frame in frames:
+            await ws.send(frame)
+        async for reply in ws:
+            replies.append(reply)
+
+    with Loop() as bg:
+        server = bg.run(_ws_serve(handler))
+        url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/feed"
+        with Controller(Config(ws_url=url, features=8, status_s=0)) as ctl:
+            end = time.monotonic() + WAIT_S
+            while len(replies) < len(frames) and time.monotonic() < end:
+                ctl.process_pending(timeout=0.05)
+            stats = ctl.stats()
+        server.close()
+        bg.run(server.wait_closed())
+    by_seq = {json.loads(r)["seq"]: json.loads(r) for r in replies}
+    assert [by_seq[i]["error"] for i in range(25, 29)] == ["x must be finite and within ±1e18"] * 4
+    ref = EWMAReference()
+    for i, x in enumerate(xs):
+        if 25 <= i < 29:
+            continue
+        _z, score, anomaly = ref("s", x)
+        assert np.isfinite(by_seq[i]["score"]), i
+        np.testing.assert_allclose(by_seq[i]["score"], score, rtol=1e-4, atol=1e-4, err_msg=str(i))
+        assert by_seq[i]["anomaly"] == anomaly
+    assert by_seq[59]["anomaly"] is True  # the stream can still flag an anomaly
+    assert stats.errors == {"x must be finite and within ±1e18": 4} and stats.resets == {}
+
+
+def test_the_largest_accepted_values_keep_the_default_detector_finite():
+    xs = [[1e18] * 8, [-1e18] * 8, [1e18] * 8] + [[float(i % 3)] * 8 for i in range(20)]
+    fake = FakeIO()
+    cfg = Config(features=8, max_batch=4, max_streams=4, max_wait_ms=0.0, status_s=0.0)
+    with Controller(cfg, io_factory=fake) as ctl:
+        for i, x in enumerate(xs):
+            fake.inbound.put_nowait(Chunk([i], ["s"], np.array([x], np.float32), 0))
+        while ctl.process_pending():
+            pass
+        replies = [json.loads(f) for item in drain(fake.outbound) for f in item.frames]
+        stats = ctl.stats()
+    ref = EWMAReference()
+    for x, reply in zip(xs, replies):
+        _z, score, _ = ref("s", x)
+        assert "error" not in reply and np.isfinite(reply["z"]).all()
+        np.testing.assert_allclose(reply["score"], score, rtol=1e-4)
+    assert stats.resets == {} and stats.errors == {}

@@ -95,7 +95,7 @@ def test_bad_input_gets_an_error_each_and_later_messages_are_still_processed():
     assert len(errors) == 11
     reasons = {r["error"] for r in errors}
     assert {"not JSON", "not an object", "x must have 4 numbers, got 2", "x must hold numbers only",
-            "x must be finite (within float32 range)", "missing field: stream", "missing field: seq",
+            "x must be finite and within ±1e18", "missing field: stream", "missing field: seq",
             "seq must be an integer", "not UTF-8", "too many streams (FORKLESS_MAX_STREAMS=5)"} == reasons
     assert {r["seq"] for r in errors} == {None, 1000, 1001, 1002, 1003, 1004}
     check_against_reference(good, results)

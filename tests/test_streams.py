@@ -6,16 +6,19 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from controller.compiled import compile_step
+from controller.batching import Batch
+from controller.compiled import compile_step, guarded
 from controller.config import Config
 from controller.loop import Controller
-from controller.processor import default_processor
+from controller.processor import Processor, default_processor, row_template
 from tests.fake_io import FakeIO, drain
 from tests.reference import EWMAReference
 from tests.test_loop import chunk, process_all
-from tests.test_processor import _aliased_inputs
+from tests.test_processor import _aliased_inputs, _table_ops
 
 F = 2
 
@@ -30,7 +33,8 @@ def test_the_controllers_compiled_step_updates_the_state_in_place():
     batch = chunk([0], ["a"])
     from controller.batching import pad_batch
 
-    new_state, _ = compiled.steps[1](state, pad_batch(batch.x, np.zeros(1, np.int32), 1, cfg.max_streams))
+    new_state, _, _ = compiled.steps[1](state, pad_batch(batch.x, np.zeros(1, np.int32), 1, cfg.max_streams),
+                                        compiled.template)
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))  # given to the step, not copied
     assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(new_state))
 
@@ -82,3 +86,41 @@ def test_without_stream_idle_s_a_full_table_refuses_new_streams_as_before():
         stats = ctl.stats()
     assert replies[2] == {"error": "too many streams (FORKLESS_MAX_STREAMS=2)", "seq": 2}
     assert stats.streams_active == 2 and stats.streams_evicted == 0
+
+
+@pytest.mark.parametrize("bucket", [1, 256])
+def test_the_guarded_step_the_controller_compiles_touches_a_million_row_table_only_in_place(bucket):
+    cfg = Config(features=8, max_streams=1_000_000)
+    proc = default_processor(cfg)
+    state = jax.eval_shape(lambda: proc.init(cfg))
+    template = jax.eval_shape(lambda: row_template(proc.init(cfg), cfg.max_streams + 1))
+    batch = Batch(jax.ShapeDtypeStruct((bucket, cfg.features), jnp.float32),
+                  jax.ShapeDtypeStruct((bucket,), jnp.int32), jax.ShapeDtypeStruct((bucket,), jnp.bool_))
+    step = guarded(proc.step, cfg.max_streams)
+    assert _table_ops(step, (state, batch, template), cfg.max_streams + 1) == []
+
+
+def test_a_step_that_turns_a_stream_non_finite_answers_with_an_error_and_the_stream_starts_again():
+    # a running product per stream: x = 1e30 twice overflows float32 to inf
+    def init(config):
+        return jnp.ones(config.max_streams + 1, jnp.float32)
+
+    def step(prod, batch):
+        new = prod[batch.key] * batch.x[:, 0]
+        prod = prod.at[jnp.where(batch.valid, batch.key, prod.shape[0] - 1)].set(jnp.where(batch.valid, new, 1.0))
+        return prod, {"prod": new}
+
+    cfg = Config(features=F, max_batch=4, max_streams=4, max_wait_ms=0.0, status_s=0.0)
+    fake = FakeIO()
+    with Controller(cfg, processor=Processor(init, step), io_factory=fake) as ctl:
+        for i, (name, x) in enumerate([("a", 2.0), ("b", 3.0), ("a", 1e30), ("a", 1e30), ("a", 5.0), ("b", 2.0)]):
+            fake.inbound.put_nowait(chunk([i], [name], [[x, 0.0]]))
+        process_all(ctl)
+        replies = [json.loads(f) for item in drain(fake.outbound) for f in item.frames]
+        stats = ctl.stats()
+    assert [r.get("prod", r.get("error")) for r in replies] == [
+        2.0, 3.0, float(np.float32(2e30)), "processing produced a non-finite result (the stream starts again)",
+        5.0, 6.0]  # after the reset, "a" starts again from 1: 5.0, not inf
+    assert stats.errors == {"non-finite result": 1}
+    assert stats.resets == {"stream reset: non-finite": 1}
+    assert stats.processed == 6
