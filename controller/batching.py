@@ -45,15 +45,28 @@ class Outgoing:
 
     ``answers``: True when every frame answers one received message (results, and error
     replies such as "too many streams"), False for the error replies to bad input the
-    reader makes itself (not messages: outside the message books). ``results`` is how many
-    of the frames are results; ``received_ns`` holds, for each frame that answers a message,
-    when its frame arrived (monotonic ns), for the received-to-sent latency.
+    reader makes itself (not messages: outside the message books). ``error_at`` holds the
+    positions of the error frames among the answers (sorted), so a writer that is stopped
+    part-way through an item still counts exactly how many results it wrote.
+    ``received_ns`` holds, for each frame that answers a message, when its frame arrived
+    (monotonic ns), for the received-to-sent latency.
     """
 
     frames: list[str | bytes]
     received_ns: list[int] = field(default_factory=list)
-    results: int = 0
+    error_at: tuple[int, ...] = ()
     answers: bool = True
+
+    @property
+    def results(self) -> int:
+        """How many of the frames are results."""
+        return len(self.frames) - len(self.error_at) if self.answers else 0
+
+    def errors_between(self, start: int, stop: int) -> int:
+        """How many of ``frames[start:stop]`` are error frames."""
+        if not self.answers:
+            return stop - start
+        return bisect.bisect_left(self.error_at, stop) - bisect.bisect_left(self.error_at, start)
 
 
 @dataclass

@@ -38,7 +38,16 @@ from controller.compiled import compilations, compile_step
 from controller.config import Config
 from controller.processor import Processor, default_processor
 from controller.slots import StreamSlots
-from controller.stats import Histogram, IOSnapshot, IOStats, MainStats, StatsSnapshot, copy_counts, status_line
+from controller.stats import (
+    Histogram,
+    IOSnapshot,
+    IOStats,
+    MainStats,
+    StatsSnapshot,
+    books_line,
+    copy_counts,
+    status_line,
+)
 from io_loop.thread import IOThread
 
 __all__ = ["Controller", "IOFactory", "IOSide", "OnResults", "compilations"]
@@ -47,7 +56,7 @@ log = logging.getLogger("forkless.controller")
 
 POLL_S = 0.1
 NON_FINITE_REASON = "processing produced a non-finite result (the stream starts again)"
-ABORT_MARGIN_S = 0.2  # the IO thread is aborted this long before the stop deadline, and given up this long after
+STOP_RESERVE_S = 0.5  # of SHUTDOWN_TIMEOUT_S (at most a third), kept for ending the threads and the process
 # How long a thread may hold the GIL while another waits for it (CPython's default is 5 ms).
 # When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead
 # of 5 ms measured about +20% maximum throughput in an A/B run (see bench/README.md).
@@ -131,6 +140,7 @@ class Controller:
         self._switch_interval: float | None = None
         # set by request_stop(): a put that waits for a socket that never drains gives up then
         self._stop_deadline: float | None = None
+        self._work_deadline: float | None = None  # processing and sending end here (request_stop)
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -168,9 +178,15 @@ class Controller:
                  ",".join(map(str, cfg.buckets)), ", ".join(self._devices), time.monotonic() - t0)
 
     def request_stop(self) -> None:
-        """Ask ``run()`` to stop; safe from signal handlers and other threads."""
+        """Ask ``run()`` to stop; safe from signal handlers and other threads.
+
+        Fixes the stop's deadline, ``shutdown_timeout_s`` from now. Processing and sending
+        end ``stop_reserve_s`` before it (the work deadline), so that the IO thread can end
+        and the process exit by the deadline whatever the socket does."""
         if self._stop_deadline is None:
-            self._stop_deadline = time.monotonic() + self.config.shutdown_timeout_s
+            timeout = self.config.shutdown_timeout_s
+            self._stop_deadline = time.monotonic() + timeout
+            self._work_deadline = self._stop_deadline - min(STOP_RESERVE_S, timeout / 3)
         self._stop_requested.set()
 
     def stop(self) -> None:
@@ -184,13 +200,13 @@ class Controller:
         self._stopped = True
         io = self._io
         self.request_stop()  # fixes the stop deadline, if a signal or the caller has not already
-        deadline = self._stop_deadline
-        io.request_stop(deadline)
+        deadline, work_deadline = self._stop_deadline, self._work_deadline
+        io.request_stop(work_deadline)
         try:
-            while (not self._inbound_closed or len(self.batcher)) and time.monotonic() < deadline:
+            while (not self._inbound_closed or len(self.batcher)) and time.monotonic() < work_deadline:
                 if io.failure is not None:
                     break
-                self._cycle(POLL_S, deadline=deadline)
+                self._cycle(POLL_S, deadline=work_deadline)
             left = len(self.batcher) + self._drain_inbound()
             if left:
                 self.main_stats.dropped["not processed before the stop"] += left
@@ -198,13 +214,14 @@ class Controller:
                           "(FORKLESS_SHUTDOWN_TIMEOUT_S=%s)", left, self.config.shutdown_timeout_s)
             self._side.outbound.shutdown()
         finally:
-            # the process must be able to exit by the deadline (+ ABORT_MARGIN_S), whatever the
-            # socket does: abort a little before it, and leave a thread that still hangs behind
-            if not io.join(max(0.0, deadline - ABORT_MARGIN_S - time.monotonic())):
+            # the process must be able to exit by the deadline, whatever the socket does: the
+            # IO thread has half the reserve to finish, is then aborted, and a thread that
+            # still hangs at the deadline is left behind (a daemon: it cannot hold the exit)
+            if not io.join(max(0.0, (work_deadline + deadline) / 2 - time.monotonic())):
                 log.error("the IO thread did not finish within FORKLESS_SHUTDOWN_TIMEOUT_S=%s; aborting",
                           self.config.shutdown_timeout_s)
                 io.abort()
-                if not io.join(max(0.0, deadline + ABORT_MARGIN_S - time.monotonic())):
+                if not io.join(max(0.0, deadline - time.monotonic())):
                     self.abandoned_io = True
                     log.error("the IO thread did not end after the abort; leaving it behind (it is a daemon)")
             self._restore_switch_interval()
@@ -256,8 +273,10 @@ class Controller:
                         next_status = now + cfg.status_s
                 self.process_pending(timeout=POLL_S)
             self.stop()
+            final = self.stats()
             if cfg.status_s > 0:
-                self._print(status_line(self.stats(), first, final=True))
+                self._print(status_line(final, first, final=True))
+            log.log(logging.ERROR if final.in_flight else logging.INFO, "%s", books_line(final))
         finally:
             self._restore_switch_interval()  # also when the IO thread failed and stop() never ran
             self._restore_signals(previous)
@@ -351,9 +370,9 @@ class Controller:
                     stats.errors["encode failed"] += len(rows)
         stats.batches += 1
         stats.batch_size.observe(n)
-        frames, received, results = self._assemble(taken, rows, answered, are_results, refused)
+        frames, received, error_at = self._assemble(taken, rows, answered, are_results, refused)
         if frames:
-            self._put_outbound(Outgoing(frames, received, results=results), deadline)
+            self._put_outbound(Outgoing(frames, received, error_at), deadline)
         if host_error is not None:
             raise host_error
 
@@ -377,26 +396,29 @@ class Controller:
         return [rows[j] for j in keep.tolist()], {k: v[keep] for k, v in outputs.items()}
 
     def _assemble(self, taken: Taken, rows: list[int], answered: list, are_results: bool,
-                  refused: dict[int, str]) -> tuple[list, list[int], int]:
-        """The batch's frames in arrival order, their messages' receive times, and how many
-        are results; a message the codec answered with None gets no frame (``no_reply``)."""
+                  refused: dict[int, str]) -> tuple[list, list[int], tuple[int, ...]]:
+        """The batch's frames in arrival order, their messages' receive times, and the
+        positions of the error frames; a message the codec answered with None gets no frame
+        (``no_reply``)."""
         if not refused and None not in answered:  # the common case: one reply per message
-            return answered, taken.received_ns, len(answered) if are_results else 0
+            return answered, taken.received_ns, () if are_results else tuple(range(len(answered)))
         reply = dict(zip(rows, answered))
-        frames, received, results = [], [], 0
+        frames, received, error_at = [], [], []
         for i in range(len(taken)):
             reason = refused.get(i)
             if reason is not None:
+                error_at.append(len(frames))
                 frame = self.codec.encode_error(reason, taken.seq[i])
             else:
                 frame = reply[i]
                 if frame is None:
                     self.main_stats.no_reply += 1
                     continue
-                results += are_results
+                if not are_results:
+                    error_at.append(len(frames))
             frames.append(frame)
             received.append(taken.received_ns[i])
-        return frames, received, results
+        return frames, received, tuple(error_at)
 
     def _reset_slots(self, recycled: list[int]) -> None:
         """Give recycled slots a fresh stream's state (before the step that uses them)."""
@@ -452,7 +474,7 @@ class Controller:
         outbound = self._side.outbound
         while True:
             if deadline is None:
-                deadline = self._stop_deadline
+                deadline = self._work_deadline
             wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             try:
                 if wait > 0:

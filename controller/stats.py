@@ -307,3 +307,15 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
         conn,
     ]
     return ("final (whole run): " if final else "") + " | ".join(parts)
+
+
+def books_line(snap: StatsSnapshot) -> str:
+    """The message books in one line (logged at the end of ``run()``)::
+
+        books: in N = results R + error replies A + no reply Q + dropped D (reason n, …) + unanswered U
+    """
+    dropped = ", ".join(f"{reason} {n}" for reason, n in sorted(snap.dropped.items()))
+    return (f"books: in {snap.messages_in} = results {snap.messages_out} + error replies {snap.answer_errors_out}"
+            f" + no reply {snap.no_reply} + dropped {snap.dropped_total}{f' ({dropped})' if dropped else ''}"
+            f" + unanswered {snap.in_flight}; also {snap.errors_out - snap.answer_errors_out} replies to bad input"
+            f", {snap.written_unconfirmed} replies written to connections that then failed")

@@ -1,12 +1,14 @@
 """Everything forkless does with aiohttp's private attributes, in one place.
 
 Rules:
-- Two patches, both measured or needed, both on one ``ClientWebSocketResponse``:
+- Two patches and one shortcut, each measured or needed, on one ``ClientWebSocketResponse``:
   1. ``cork(ws)`` puts ``CorkedTransport`` in place of ``ws._writer.transport`` so the frames
      of one outgoing batch leave in one ``write`` (one syscall): +20-25% maximum throughput,
      measured A/B (see bench/README.md).
   2. ``clear_abnormal_close(ws)`` clears ``ws._close_code`` after our own cancelled
      ``receive()`` so that ``close()`` waits for the server's close frame (see the client).
+  3. ``drop(ws)`` aborts the transport under ``ws._writer``: an aborted stop ends the
+     connection at once instead of waiting to write a close frame nobody reads.
 - ``missing(ws)`` names what this aiohttp no longer has; a test runs it against a real
   connection, so an aiohttp upgrade that moves these attributes fails the suite instead of
   silently turning the corked write off.
@@ -23,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["CorkedTransport", "clear_abnormal_close", "cork", "missing"]
+__all__ = ["CorkedTransport", "clear_abnormal_close", "cork", "drop", "missing"]
 
 
 class CorkedTransport:
@@ -104,6 +106,15 @@ def clear_abnormal_close(ws: aiohttp.ClientWebSocketResponse) -> None:
     so that ``close()`` reads until the server's close frame instead of dropping TCP at once."""
     if getattr(ws, "_close_code", None) == aiohttp.WSCloseCode.ABNORMAL_CLOSURE:
         ws._close_code = None
+
+
+def drop(ws: aiohttp.ClientWebSocketResponse) -> None:
+    """Close the TCP connection at once, without a closing handshake (an aborted stop must not
+    wait on a peer that does not read)."""
+    writer = getattr(ws, "_writer", None)
+    transport = getattr(writer, "transport", None)
+    if transport is not None:
+        transport.abort()
 
 
 def missing(ws: aiohttp.ClientWebSocketResponse) -> list[str]:

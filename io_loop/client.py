@@ -44,7 +44,6 @@ __all__ = ["End", "FeedClient", "Outcome"]
 log = logging.getLogger("forkless.client")
 
 CLOSE_TIMEOUT_S = 2.0  # how long an orderly close waits for the server's close frame
-CLOSE_MARGIN_S = 0.5  # an orderly close ends this long before the stop deadline at the latest
 GIVE_UP_CLOSE_S = 0.25  # how long closing a connection that is being given up may take
 
 
@@ -234,6 +233,9 @@ class FeedClient:
                     stats.written_unconfirmed += unconfirmed
                     log.warning("connection %d ended with up to %d reply frames written to it not "
                                 "acknowledged by the server", conn, unconfirmed, extra={"connection": conn})
+            current = asyncio.current_task()
+            if not ws.closed and current is not None and current.cancelling():
+                aiohttp_compat.drop(ws)  # an aborted stop: no closing handshake, no waiting
             if not ws.closed:
                 try:  # a peer that never reads cannot hold this: GOING_AWAY is a courtesy
                     async with asyncio.timeout(GIVE_UP_CLOSE_S):
@@ -257,8 +259,8 @@ class FeedClient:
         if self._stopping:
             aiohttp_compat.clear_abnormal_close(ws)
         limit = min(CLOSE_TIMEOUT_S, self.config.shutdown_timeout_s)
-        if self.stop_deadline is not None:  # leave the main thread its margin before the deadline
-            limit = max(0.05, min(limit, self.stop_deadline - CLOSE_MARGIN_S - time.monotonic()))
+        if self.stop_deadline is not None:  # the stop's work deadline: the rest is the process's
+            limit = max(0.05, min(limit, self.stop_deadline - time.monotonic()))
         try:
             async with asyncio.timeout(limit):
                 await ws.close(code=aiohttp.WSCloseCode.OK, message=b"done")
@@ -345,14 +347,20 @@ class FeedClient:
             finally:
                 if cork is not None:
                     cork.uncork(self._offset - start)
+                self._count_written(item, start, self._offset)  # also when stopped part-way
             self._current = None
             if item.received_ns:
                 now = time.monotonic_ns()
                 stats.latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
-            stats.results_out += item.results
-            stats.errors_out += len(frames) - item.results
-            if item.answers:
-                stats.answer_errors_out += len(frames) - item.results
+
+    def _count_written(self, item: Outgoing, start: int, stop: int) -> None:
+        """Count ``item.frames[start:stop]`` as written: results and error replies."""
+        errors = item.errors_between(start, stop)
+        stats = self.stats
+        stats.results_out += stop - start - errors
+        stats.errors_out += errors
+        if item.answers:
+            stats.answer_errors_out += errors
 
     async def _watch_stale(self) -> None:
         loop = asyncio.get_running_loop()

@@ -51,6 +51,8 @@ class Handover:
         self._first_ns = 0
         self._scheduled = False
         self._pending: asyncio.Future[None] | None = None  # a put waiting for room
+        self._pending_messages = 0  # messages in that put
+        self._in_put = 0  # messages in a put flush() is waiting on
 
     def __len__(self) -> int:
         """Messages gathered and not yet put (not counting a put that waits for room)."""
@@ -87,7 +89,9 @@ class Handover:
         if self.drop_oldest:
             self._put_dropping_oldest(chunk)
         else:
+            self._in_put = len(chunk)  # until it is on the queue: an aborted stop counts it
             await self.queue.put(chunk)
+            self._in_put = 0
 
     # ---- internals --------------------------------------------------------------------------
 
@@ -124,10 +128,23 @@ class Handover:
             self._pending = asyncio.ensure_future(self._put_later(chunk))
 
     async def _put_later(self, chunk: Chunk) -> None:
+        self._pending_messages = len(chunk)
         try:
             await self.queue.put(chunk)
+            self._pending_messages = 0
         finally:
             self._pending = None
+
+    def discard(self) -> int:
+        """At an aborted stop: drop what is gathered and any put still waiting for room;
+        how many messages that was (the caller counts them)."""
+        dropped = self._gathered + self._in_put
+        self._parts, self._gathered, self._in_put = [], 0, 0
+        if self._pending is not None:
+            self._pending.cancel()
+            dropped += self._pending_messages
+            self._pending_messages = 0
+        return dropped
 
     def _put_dropping_oldest(self, chunk: Chunk) -> None:
         queue = self.queue

@@ -217,6 +217,18 @@ class IOThread:
                 answers += len(item.frames) - written
             else:
                 errors += len(item.frames) - written
+        # messages received but never handed to the main thread, or handed over after it
+        # stopped taking them (an aborted stop): counted as not processed
+        left = self._client.handover.discard() if self._client is not None else 0
+        inbound = self._bridge.inbound if self._bridge is not None else None
+        while inbound is not None:
+            try:
+                left += len(inbound.get_nowait())
+            except Exception:
+                break
+        if left:
+            self.stats.dropped["not processed before the stop"] += left
+            log.error("%d received messages were not handed to the main thread before the stop", left)
         if answers:
             self.stats.dropped["unsent at stop"] += answers
             log.error("%d replies to received messages could not be sent before the stop", answers)

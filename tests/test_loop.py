@@ -148,7 +148,7 @@ def test_stop_processes_what_was_queued_before_it_then_shuts_outbound():
 def full_outbound() -> FakeQueue:
     """An outbound queue of one place, taken by a reply the IO side never sends."""
     outbound = FakeQueue(maxsize=1)
-    outbound.put_nowait(Outgoing([b'{"seq": -1}'], results=1))
+    outbound.put_nowait(Outgoing([b'{"seq": -1}']))
     return outbound
 
 
