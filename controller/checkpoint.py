@@ -60,7 +60,7 @@ import jax
 import numpy as np
 
 __all__ = ["FORMAT", "CheckpointDamaged", "CheckpointMismatch", "Restored", "Snapshot", "checkpoint_path",
-           "list_checkpoints", "load_newest", "next_sequence", "prune", "read_checkpoint",
+           "library_versions", "list_checkpoints", "load_newest", "next_sequence", "prune", "read_checkpoint",
            "remove_temporary_files", "restore_state", "take_snapshot", "write_checkpoint"]
 
 log = logging.getLogger("forkless.checkpoint")
