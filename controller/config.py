@@ -157,6 +157,22 @@ def _pem_file(text: str) -> str:
     return text
 
 
+def _checkpoint_dir(text: str) -> str:
+    """A directory to keep checkpoints in, created if missing: not an existing non-directory,
+    and under the nearest existing ancestor, a directory this process may write to."""
+    text = text.strip()
+    if text == "":
+        return ""
+    if "\x00" in text or any(len(part.encode("utf-8", "surrogatepass")) > 255 for part in text.split("/")):
+        raise ValueError
+    probe = os.path.abspath(text)
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError
+    return text
+
+
 VARIABLES: tuple[Variable, ...] = (
     # -- the feed
     Variable("WS_URL", "ws_url", _ws_url, "a ws:// or wss:// URL (port 1-65535), or empty",
@@ -233,6 +249,17 @@ VARIABLES: tuple[Variable, ...] = (
              "demo feed messages per second (all streams together)"),
     Variable("DEMO_STREAMS", "demo_streams", _int(1, 100_000), "an integer from 1 to 100000",
              "number of demo feed streams"),
+    # -- checkpoints
+    Variable("CHECKPOINT_DIR", "checkpoint_dir", _checkpoint_dir,
+             "a writable directory path (created if missing), or empty",
+             "keep checkpoints of the state and the stream table here (empty: off)"),
+    Variable("CHECKPOINT_S", "checkpoint_s", _float(0.0, lo_open=True), "a number > 0",
+             "seconds between checkpoints; one more is written at every orderly stop"),
+    Variable("CHECKPOINT_KEEP", "checkpoint_keep", _int(1, 1000), "an integer from 1 to 1000",
+             "newest checkpoints kept; older ones are deleted after each successful write"),
+    Variable("CHECKPOINT_RESTORE", "checkpoint_restore", _choice("auto", "never"), "auto or never",
+             "auto: start from the newest complete checkpoint (a damaged one is skipped; one written with"
+             " other FEATURES/MAX_STREAMS/processor exits 2); never: start empty"),
 )
 
 
@@ -277,6 +304,10 @@ class Config:
     metrics_addr: str = ""
     demo_rate: float = 200.0
     demo_streams: int = 8
+    checkpoint_dir: str = ""
+    checkpoint_s: float = 60.0
+    checkpoint_keep: int = 3
+    checkpoint_restore: str = "auto"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -329,6 +360,12 @@ class Config:
     @property
     def uses_demo_feed(self) -> bool:
         return self.ws_url == ""
+
+    @property
+    def checkpoints_on(self) -> bool:
+        """``FORKLESS_CHECKPOINT_DIR`` is set: checkpoints are written (and restored unless
+        ``FORKLESS_CHECKPOINT_RESTORE=never``)."""
+        return self.checkpoint_dir != ""
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

@@ -111,7 +111,27 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     for device in snap.devices:
         devices.add_metric([device], {})
     fams.append(devices)
+    fams.extend(_checkpoint_families(snap))
     return fams
+
+
+def _checkpoint_families(snap: StatsSnapshot) -> list[Metric]:
+    """The checkpoint writer's figures (all 0 while ``FORKLESS_CHECKPOINT_DIR`` is unset)."""
+    return [
+        GaugeMetricFamily("forkless_checkpoint_last_success_timestamp_seconds",
+                          "Unix time the state in the newest written checkpoint was taken (0: none yet).",
+                          value=snap.checkpoint_last_at),
+        GaugeMetricFamily("forkless_checkpoint_duration_seconds",
+                          "How long writing the newest checkpoint took, off the main thread.",
+                          value=snap.checkpoint_duration_s),
+        GaugeMetricFamily("forkless_checkpoint_bytes", "Size of the newest written checkpoint.",
+                          value=snap.checkpoint_bytes),
+        CounterMetricFamily("forkless_checkpoint_failures", "Checkpoints that could not be written.",
+                            value=snap.checkpoint_failures),
+        CounterMetricFamily("forkless_checkpoint_skipped",
+                            "Checkpoints not taken because the previous one was still being written.",
+                            value=snap.checkpoint_skipped),
+    ]
 
 
 def _by_reason(name: str, doc: str, counts: Mapping[str, int]) -> CounterMetricFamily:

@@ -241,6 +241,12 @@ class StatsSnapshot:
     written_unconfirmed: int = 0  # frames written to connections that then ended abnormally (see README)
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
     extra: dict[str, Any] = field(default_factory=dict)
+    # checkpoints (controller/checkpointer.py; all 0 while FORKLESS_CHECKPOINT_DIR is unset)
+    checkpoint_last_at: float = 0.0  # Unix time the newest written checkpoint's state was taken (0: none)
+    checkpoint_duration_s: float = 0.0  # how long writing it took
+    checkpoint_bytes: int = 0  # its size
+    checkpoint_failures: int = 0  # checkpoints that could not be written
+    checkpoint_skipped: int = 0  # checkpoints not taken: the previous one was still being written
 
     @property
     def errors_total(self) -> int:

@@ -41,6 +41,7 @@ CORE = [
     "io_loop/backoff.py",
 ]
 DEVICE = [
+    "controller/checkpoint.py",
     "controller/compiled.py",
 ]
 IO = [
@@ -58,6 +59,7 @@ IO = [
 COMPOSITION = [
     "app.py",
     "controller/check.py",
+    "controller/checkpointer.py",
     "controller/cli.py",
     "controller/loop.py",
 ]

@@ -1,0 +1,219 @@
+"""Checkpointer: writes checkpoints on one background thread, so the step is never stalled.
+
+Rules:
+- The main thread takes the snapshot (``checkpoint.take_snapshot``: only ``jax.device_get``)
+  and hands it over with ``submit`` (or ``tick``, which also keeps the schedule). Encoding,
+  hashing, writing, fsync, the rename and the rotation happen on the "forkless-checkpoint"
+  thread (a daemon), started and stopped explicitly.
+- At most one checkpoint in flight: a ``submit`` while one is being written returns False and
+  counts ``skipped``; nothing queues up behind a slow disk.
+- A failed write never raises into the caller: it is counted in ``failures``, its text kept in
+  ``last_error``, and logged once per distinct error on "forkless.checkpoint".
+- Each counter has one writer thread: ``skipped``, ``submitted`` and the schedule belong to the
+  main thread (``submit``, ``tick``); ``written``, ``finished``, ``failures``, ``last_*`` to the
+  writer thread. The other side only reads them (plain attributes, atomic under the GIL).
+- ``start()`` creates the directory and removes the temporary files of a writer that was
+  killed; ``stop(timeout, final=...)`` waits for the write in flight, then writes ``final``
+  (the checkpoint of an orderly stop) and joins the thread. One process per directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from controller.checkpoint import (
+    Snapshot,
+    checkpoint_path,
+    next_sequence,
+    prune,
+    remove_temporary_files,
+    write_checkpoint,
+)
+
+__all__ = ["Checkpointer", "WriteFn"]
+
+log = logging.getLogger("forkless.checkpoint")
+
+WriteFn = Callable[[Path, Snapshot], int]
+"""``write(path, snapshot) -> size_bytes``: writes one checkpoint atomically or raises
+(``checkpoint.write_checkpoint``; tests pass one that waits on an event first)."""
+
+_STOP = object()
+
+
+class Checkpointer:
+    """The background writer of checkpoints into ``directory``, keeping the newest ``keep``.
+
+    Usage, all from the main thread::
+
+        ckpt = Checkpointer(dir, keep=3, interval_s=60.0)
+        ckpt.start()
+        ...each loop cycle: ckpt.tick(time.monotonic(), take)  # take() -> Snapshot
+        ckpt.stop(timeout, final=take())                       # after the last batch
+    """
+
+    def __init__(self, directory: Path | str, *, keep: int = 3, interval_s: float = 60.0,
+                 write: WriteFn = write_checkpoint) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.directory = Path(directory)
+        self.keep = keep
+        self.interval_s = interval_s
+        self._write = write
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._sequence = 0  # the writer thread's once started
+        self._next_due: float | None = None
+        self._logged: set[str] = set()
+        self._failing = False
+        # written by the main thread only
+        self.submitted = 0
+        self.skipped = 0
+        # written by the writer thread only
+        self.finished = 0  # submitted checkpoints done with, written or failed
+        self.written = 0
+        self.failures = 0
+        self.last_success_at = 0.0  # wall time the newest written checkpoint's state was taken (0: none)
+        self.last_duration_s = 0.0  # how long writing it took, encoding to directory fsync
+        self.last_bytes = 0
+        self.last_path: Path | None = None
+        self.last_error = ""
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the directory, delete temporary files a killed writer left, start the thread.
+
+        Raises ``OSError`` when the directory cannot be created (call it before connecting)."""
+        if self._thread is not None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        removed = remove_temporary_files(self.directory)
+        if removed:
+            log.info("removed %d unfinished checkpoint file(s) left by an earlier run: %s",
+                     len(removed), ", ".join(p.name for p in removed))
+        self._sequence = next_sequence(self.directory)
+        self._thread = threading.Thread(target=self._run, name="forkless-checkpoint", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None, final: Snapshot | None = None) -> bool:
+        """Wait for the write in flight, write ``final`` if given, and end the thread.
+
+        Returns True when all of that finished within ``timeout`` seconds; False leaves the
+        daemon thread writing (an exit then leaves a temporary file, removed by the next
+        ``start``, and the previous checkpoints intact). Calling it again waits again
+        (``final`` is taken from the first call only); before ``start()`` it does nothing."""
+        thread = self._thread
+        if thread is None:
+            return True
+        if not self._stopping:  # a second call only waits longer
+            self._stopping = True
+            if final is not None:
+                self.submitted += 1
+                self._jobs.put(final)
+            self._jobs.put(_STOP)
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    # ---- handing over snapshots (main thread) -----------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """A checkpoint is being written (a ``submit`` now would be skipped)."""
+        return self.finished != self.submitted
+
+    def submit(self, snapshot: Snapshot) -> bool:
+        """Hand ``snapshot`` to the writer thread; False (and ``skipped`` += 1) if the previous
+        checkpoint is still being written. Never blocks, never raises for a failed write."""
+        if self._thread is None or self._stopping:
+            raise RuntimeError("Checkpointer.submit() needs start() first and no stop() yet")
+        if self.busy:
+            self.skipped += 1
+            return False
+        self.submitted += 1
+        self._jobs.put(snapshot)
+        return True
+
+    def tick(self, now: float, take: Callable[[], Snapshot]) -> bool:
+        """Call every loop cycle with ``time.monotonic()``: every ``interval_s`` (the first one
+        ``interval_s`` after the first call) takes a snapshot with ``take()`` and submits it.
+        A checkpoint due while the previous one is still being written is skipped without
+        paying for ``take()``. Returns whether one was submitted."""
+        if self._next_due is None:
+            self._next_due = now + self.interval_s
+            return False
+        if now < self._next_due:
+            return False
+        self._next_due = max(self._next_due + self.interval_s, now)
+        if self.busy:
+            self.skipped += 1
+            return False
+        return self.submit(take())
+
+    def stats_fields(self) -> dict[str, Any]:
+        """The ``checkpoint_*`` fields of ``StatsSnapshot``, read now."""
+        return {"checkpoint_last_at": self.last_success_at, "checkpoint_duration_s": self.last_duration_s,
+                "checkpoint_bytes": self.last_bytes, "checkpoint_failures": self.failures,
+                "checkpoint_skipped": self.skipped}
+
+    # ---- the writer thread ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            try:
+                self._write_one(job)
+            finally:
+                self.finished += 1
+
+    def _write_one(self, snapshot: Snapshot) -> None:
+        path = checkpoint_path(self.directory, self._sequence)
+        t0 = time.monotonic()
+        try:
+            size = self._write(path, snapshot)
+        except Exception as exc:
+            self._failed(exc)
+            return
+        self._sequence += 1
+        self.written += 1
+        self.last_duration_s = time.monotonic() - t0
+        self.last_bytes = size
+        self.last_path = path
+        self.last_success_at = snapshot.wall_time
+        if self._failing:
+            self._failing = False
+            log.info("checkpoints are written again: %s", path)
+        log.debug("checkpoint %s: %d streams, %d bytes in %.3fs", path.name, len(snapshot.names), size,
+                  self.last_duration_s)
+        try:
+            prune(self.directory, self.keep)
+        except OSError as exc:
+            self._log_once(exc, "could not delete an old checkpoint")
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self._failing = True
+        self._log_once(exc, "checkpoint failed (the run goes on; the previous checkpoint stays the newest)")
+
+    def _log_once(self, exc: Exception, what: str) -> None:
+        # the same cause with another file name (each attempt has its own) is the same error
+        if isinstance(exc, OSError):
+            key = f"{what}|{type(exc).__name__}|{exc.errno}"
+        else:
+            key = f"{what}|{type(exc).__name__}|{str(exc).splitlines()[0] if str(exc) else ''}"
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        log.error("%s: %s: %s", what, type(exc).__name__, exc)
