@@ -59,6 +59,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from controller.errors import CheckpointMismatch
+
 __all__ = ["FORMAT", "CheckpointDamaged", "CheckpointMismatch", "Restored", "Snapshot", "checkpoint_path",
            "library_versions", "list_checkpoints", "load_newest", "next_sequence", "prune", "read_checkpoint",
            "remove_temporary_files", "restore_state", "take_snapshot", "write_checkpoint"]
@@ -80,21 +82,6 @@ _TEMP_NAME = re.compile(r"^\.tmp-ckpt-\d{9,}\.fkc\.\d+$")  # TEMP_PREFIX + final
 NAMES_CHUNK = 32768
 # bytes hashed and written per call: the hash stays in cache, and each call releases the GIL
 WRITE_CHUNK = 8 << 20
-
-
-class CheckpointMismatch(ValueError):
-    """A complete checkpoint that this run cannot continue from: a shape-defining setting, the
-    state's structure or a state leaf differs. The CLI exits with status 2."""
-
-    def __init__(self, path: Path | str, setting: str, saved: Any, current: Any) -> None:
-        self.path = str(path)
-        self.setting = setting
-        self.saved = saved
-        self.current = current
-        super().__init__(
-            f"checkpoint {self.path} does not fit this run: {setting}: {saved!r} in the checkpoint, "
-            f"{current!r} now; run with the settings it was written with, or start empty with "
-            f"FORKLESS_CHECKPOINT_RESTORE=never or another FORKLESS_CHECKPOINT_DIR")
 
 
 class CheckpointDamaged(ValueError):

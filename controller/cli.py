@@ -30,6 +30,7 @@ from controller.errors import (
     EXIT_FEED,
     EXIT_OK,
     EXIT_STATUSES,
+    CheckpointMismatch,
     FeedFatal,
     IOThreadError,
     MetricsServerError,
@@ -99,6 +100,9 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         return EXIT_CONFIG
     except ProcessorContractError as exc:
         print(f"forkless: processor error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except CheckpointMismatch as exc:
+        print(f"forkless: checkpoint error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except IOThreadError as exc:
         print(f"forkless: {exc}", file=sys.stderr)

@@ -11,15 +11,28 @@ Rules:
 
 from __future__ import annotations
 
-__all__ = ["EXIT_CONFIG", "EXIT_CRASH", "EXIT_FEED", "EXIT_OK", "EXIT_STATUSES", "FeedFatal", "IOThreadError",
-           "MetricsServerError", "ProcessorContractError"]
+import os
+from typing import Any
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_CRASH",
+    "EXIT_FEED",
+    "EXIT_OK",
+    "EXIT_STATUSES",
+    "CheckpointMismatch",
+    "FeedFatal",
+    "IOThreadError",
+    "MetricsServerError",
+    "ProcessorContractError",
+]
 
 EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_FEED = 0, 1, 2, 3
 EXIT_STATUSES = {
     EXIT_OK: "clean stop (or --check passed)",
     EXIT_CRASH: "crash, traceback printed (or --check: JAX, compilation or the metrics address failed)",
     EXIT_CONFIG: "bad configuration, one line naming the variable (or a FORKLESS_METRICS_ADDR that cannot be "
-                 "served, or a processor that breaks the contract)",
+                 "served, a processor that breaks the contract, or a checkpoint written with other settings)",
     EXIT_FEED: "the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up "
                "(or --check: the feed is unreachable)",
 }
@@ -36,6 +49,21 @@ class MetricsServerError(RuntimeError):
 class ProcessorContractError(ValueError):
     """A processor's step breaks the contract (README "Embedding"): found when it is compiled,
     before any connection is made: exit status 2."""
+
+
+class CheckpointMismatch(ValueError):
+    """A complete checkpoint that this run cannot continue from: a shape-defining setting, the
+    state's structure or a state leaf differs. The CLI exits with status 2."""
+
+    def __init__(self, path: str | os.PathLike, setting: str, saved: Any, current: Any) -> None:
+        self.path = str(path)
+        self.setting = setting
+        self.saved = saved
+        self.current = current
+        super().__init__(
+            f"checkpoint {self.path} does not fit this run: {setting}: {saved!r} in the checkpoint, "
+            f"{current!r} now; run with the settings it was written with, or start empty with "
+            f"FORKLESS_CHECKPOINT_RESTORE=never or another FORKLESS_CHECKPOINT_DIR")
 
 
 class IOThreadError(RuntimeError):

@@ -17,6 +17,7 @@ Rules:
 from __future__ import annotations
 
 import ctypes
+import datetime
 import logging
 import os
 import signal
@@ -33,6 +34,8 @@ import jax
 import numpy as np
 
 from controller.batching import MicroBatcher, Outgoing, Taken, bucket_for, pad_batch
+from controller.checkpoint import Snapshot, load_newest, take_snapshot
+from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import compilations, compile_step
 from controller.config import Config
@@ -116,6 +119,13 @@ class Controller:
         # a custom codec's exceptions become error replies, never a dead thread (codec.py)
         self.codec = GuardedCodec(user_codec, self.config.features)
         self.on_results = on_results
+        # what a checkpoint must match to be restored (README "Checkpoints")
+        self.processor_id = "ewma/1" if processor is None else \
+            f"{getattr(self.processor.step, '__module__', '?')}.{getattr(self.processor.step, '__qualname__', '?')}"
+        cfg = self.config
+        self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint_keep, interval_s=cfg.checkpoint_s) \
+            if cfg.checkpoints_on else None
+        self.restored_from: str | None = None
         self._print = out if out is not None else _print_line
         self.io_stats = IOStats()
         self.main_stats = MainStats(batch_size=Histogram(self.config.buckets))
@@ -157,6 +167,10 @@ class Controller:
             return
         self._started = True
         self.compile()
+        if self.checkpointer is not None:
+            if self.config.checkpoint_restore == "auto":
+                self._restore()
+            self.checkpointer.start()
         self._switch_interval = sys.getswitchinterval()
         if SWITCH_INTERVAL_S:
             sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
@@ -176,6 +190,42 @@ class Controller:
         _release_freed_memory()
         log.info("compiled the step for batch sizes %s on %s in %.2fs",
                  ",".join(map(str, cfg.buckets)), ", ".join(self._devices), time.monotonic() - t0)
+
+    # ---- checkpoints --------------------------------------------------------------------------
+
+    def _checkpoint_settings(self) -> dict[str, Any]:
+        cfg = self.config
+        return {"features": cfg.features, "max_streams": cfg.max_streams, "processor": self.processor_id}
+
+    def _restore(self) -> None:
+        """Load the newest complete checkpoint (before the first connection); raises
+        ``CheckpointMismatch`` if it was written with other shape-defining settings."""
+        restored = load_newest(self.config.checkpoint_dir, self._checkpoint_settings(), like=self.state)
+        if restored is None:
+            log.info("no checkpoint in %s: starting fresh", self.config.checkpoint_dir)
+            return
+        shardings = jax.tree.map(lambda leaf: leaf.sharding, self.state)
+        self.state = jax.device_put(restored.state, shardings)
+        # last-seen times travel as wall-clock seconds (monotonic clocks differ between processes)
+        shift = time.monotonic() - time.time()
+        self.slots.restore(restored.names, restored.slots, np.asarray(restored.last_seen) + shift)
+        main = self.main_stats
+        main.processed = int(restored.counts.get("processed", 0))
+        main.anomalies = int(restored.counts.get("anomalies", 0))
+        self.restored_from = str(restored.path)
+        log.info("restored %d streams from %s (checkpoint of %s, %d messages processed before)",
+                 restored.streams, restored.path,
+                 datetime.datetime.fromtimestamp(restored.wall_time).isoformat(timespec="seconds"), main.processed)
+
+    def _take_checkpoint(self) -> Snapshot:
+        """The main thread's share of a checkpoint: the state to the host, the stream table."""
+        names, slots, last_seen = self.slots.export()
+        wall = time.time()
+        main = self.main_stats
+        return take_snapshot(self.state, (names, slots, last_seen + (wall - time.monotonic())),
+                             {"processed": main.processed, "anomalies": main.anomalies},
+                             {**self._checkpoint_settings(), "alpha": self.config.alpha,
+                              "threshold": self.config.threshold, "warmup": self.config.warmup}, wall)
 
     def request_stop(self) -> None:
         """Ask ``run()`` to stop; safe from signal handlers and other threads.
@@ -213,6 +263,8 @@ class Controller:
                 log.error("%d received messages were not processed before the stop deadline "
                           "(FORKLESS_SHUTDOWN_TIMEOUT_S=%s)", left, self.config.shutdown_timeout_s)
             self._side.outbound.shutdown()
+            if self.checkpointer is not None:  # after the last batch: written while the IO thread ends
+                self.checkpointer.stop(0.0, final=self._take_checkpoint())
         finally:
             # the process must be able to exit by the deadline, whatever the socket does: the
             # IO thread has half the reserve to finish, is then aborted, and a thread that
@@ -224,6 +276,9 @@ class Controller:
                 if not io.join(max(0.0, deadline - time.monotonic())):
                     self.abandoned_io = True
                     log.error("the IO thread did not end after the abort; leaving it behind (it is a daemon)")
+            if self.checkpointer is not None and not self.checkpointer.stop(max(0.0, deadline - time.monotonic())):
+                log.error("the checkpoint of the stop was not written within FORKLESS_SHUTDOWN_TIMEOUT_S=%s",
+                          self.config.shutdown_timeout_s)
             self._restore_switch_interval()
         io.raise_if_failed()
 
@@ -297,6 +352,8 @@ class Controller:
         while len(self.batcher) or (self._pulled < target and not self._inbound_closed
                                     and self._side.inbound.qsize()):
             done += self._cycle(0.0, pull=self._pulled < target)
+        if self.checkpointer is not None:
+            self.checkpointer.tick(time.monotonic(), self._take_checkpoint)
         return done
 
     def _cycle(self, timeout: float, deadline: float | None = None, *, pull: bool = True) -> int:
@@ -532,6 +589,7 @@ class Controller:
             resets=copy_counts(main.resets),
             streams_active=len(self.slots),
             streams_evicted=self.slots.evicted,
+            **(self.checkpointer.stats_fields() if self.checkpointer is not None else {}),
             answer_errors_out=io.answer_errors_out,
             written_unconfirmed=io.written_unconfirmed,
             last_error=io.last_error,
