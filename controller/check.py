@@ -138,8 +138,7 @@ def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None
         t0 = time.perf_counter()
         state = compiled.state
         for bucket, fn in compiled.steps.items():  # the state is donated: carry the one each step returns
-            state, outputs, _ = fn(state, example_batch(config.features, bucket, config.max_streams),
-                                   compiled.template)
+            state, outputs, _ = fn(state, example_batch(config.features, bucket, config.max_streams))
             jax.block_until_ready(outputs)
         ran_s = time.perf_counter() - t0
         again = compilations() - before - made

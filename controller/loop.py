@@ -436,13 +436,14 @@ class Controller:
     def _refuse_non_finite(self, taken: Taken, rows: list[int], outputs: dict[str, np.ndarray],
                            bad: np.ndarray, slots: np.ndarray, refused: dict[int, str]) -> tuple[list, dict]:
         """Messages whose outputs or stream state came out non-finite are answered with an
-        error; the step has already reset those streams' rows (compiled.py), so each starts
-        again like a new stream. Counted and logged once."""
+        error, and those streams' rows are reset, so each starts again like a new stream.
+        Counted and logged once."""
         stats = self.main_stats
         bad_rows = [rows[j] for j in np.flatnonzero(bad).tolist()]
         refused.update(dict.fromkeys(bad_rows, NON_FINITE_REASON))
         stats.errors["non-finite result"] += len(bad_rows)
         streams = {int(slots[i]) for i in bad_rows}
+        self._reset_slots(sorted(streams))
         stats.resets["stream reset: non-finite"] += len(streams)
         if not self._logged_non_finite:
             self._logged_non_finite = True
@@ -493,7 +494,7 @@ class Controller:
         batch = pad_batch(x, key, bucket, self.config.max_streams)
         t0 = time.perf_counter()
         try:
-            new_state, outputs, bad = self._compiled[bucket](self.state, batch, self._template)
+            new_state, outputs, bad = self._compiled[bucket](self.state, batch)
             outputs, bad = jax.device_get((outputs, bad))  # one transfer; also surfaces runtime errors
         except Exception as exc:
             self._log_failure(exc)

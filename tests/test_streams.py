@@ -14,7 +14,7 @@ from controller.batching import Batch
 from controller.compiled import compile_step, guarded
 from controller.config import Config
 from controller.loop import Controller
-from controller.processor import Processor, default_processor, row_template
+from controller.processor import Processor, default_processor
 from tests.fake_io import FakeIO, drain
 from tests.reference import EWMAReference
 from tests.test_loop import chunk, process_all
@@ -33,8 +33,7 @@ def test_the_controllers_compiled_step_updates_the_state_in_place():
     batch = chunk([0], ["a"])
     from controller.batching import pad_batch
 
-    new_state, _, _ = compiled.steps[1](state, pad_batch(batch.x, np.zeros(1, np.int32), 1, cfg.max_streams),
-                                        compiled.template)
+    new_state, _, _ = compiled.steps[1](state, pad_batch(batch.x, np.zeros(1, np.int32), 1, cfg.max_streams))
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))  # given to the step, not copied
     assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(new_state))
 
@@ -93,11 +92,9 @@ def test_the_guarded_step_the_controller_compiles_touches_a_million_row_table_on
     cfg = Config(features=8, max_streams=1_000_000)
     proc = default_processor(cfg)
     state = jax.eval_shape(lambda: proc.init(cfg))
-    template = jax.eval_shape(lambda: row_template(proc.init(cfg), cfg.max_streams + 1))
     batch = Batch(jax.ShapeDtypeStruct((bucket, cfg.features), jnp.float32),
                   jax.ShapeDtypeStruct((bucket,), jnp.int32), jax.ShapeDtypeStruct((bucket,), jnp.bool_))
-    step = guarded(proc.step, cfg.max_streams)
-    assert _table_ops(step, (state, batch, template), cfg.max_streams + 1) == []
+    assert _table_ops(guarded(proc.step), (state, batch), cfg.max_streams + 1) == []
 
 
 def test_a_step_that_turns_a_stream_non_finite_answers_with_an_error_and_the_stream_starts_again():

@@ -1,0 +1,67 @@
+"""A/B of the forkless design between two checkouts, in one run: ``python -m bench.ab --base PATH``.
+
+Each load of ``bench.run`` (1,000 and 10,000 msg/s, and the bounded window for maximum
+throughput) runs against the forkless client of this checkout (B) and of ``--base`` (A),
+alternating A B A B … so drift of a shared machine falls on both; the load generator is this
+checkout's. Prints medians side by side and the ratio B/A per figure. For "did a change keep
+the figures within noise" (the architecture refactor), not for the dated report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import run as bench_run
+
+FIGURES = (("rate_1k", "p50"), ("rate_1k", "p99"), ("rate_10k", "p50"), ("rate_10k", "p99"), ("window", "msg/s"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.splitlines()[0])
+    p.add_argument("--base", required=True, help="the other checkout (its bench/forkless_client.py runs as A)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=None, help="write the raw runs here as JSON")
+    a = p.parse_args(argv)
+    roots = {"A": Path(a.base).resolve(), "B": bench_run.REPO_ROOT}
+    plan = bench_run.Plan.full()
+    runs: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "logs").mkdir()
+        for side in roots:  # warm each side's compilation cache once, not counted
+            cache = str(work / f"cache-{side}")
+            bench_run.REPO_ROOT = roots[side]
+            bench_run.run_load("forkless", "rate_1k", bench_run.Plan.quick(), work, cache, f"warm-{side}")
+        for rep in range(a.repeats):
+            for load in ("rate_1k", "rate_10k", "window"):
+                for side in ("A", "B") if rep % 2 == 0 else ("B", "A"):
+                    bench_run.REPO_ROOT = roots[side]
+                    r = bench_run.run_load("forkless", load, plan, work, str(work / f"cache-{side}"),
+                                           f"{side}-{load}-{rep}")
+                    lg = r["loadgen"]
+                    if load == "window":
+                        runs.setdefault((side, "window msg/s"), []).append(lg.get("throughput_msg_s"))
+                    else:
+                        for q in ("p50", "p99"):
+                            runs.setdefault((side, f"{load} {q}"), []).append((lg.get("latency_ms") or {}).get(q))
+                    runs.setdefault((side, "peak RSS MiB"), []).append(r["peak_rss_mib"])
+    bench_run.REPO_ROOT = roots["B"]
+    print(f"\nA = {roots['A']}\nB = {roots['B']}\nmedians over {a.repeats} alternating repeats")
+    print("| figure | A | B | B/A |\n|---|---|---|---|")
+    names = [f"{load} {q}" for load, q in FIGURES if load != "window"] + ["window msg/s", "peak RSS MiB"]
+    for name in names:
+        va = statistics.median(v for v in runs[("A", name)] if v is not None)
+        vb = statistics.median(v for v in runs[("B", name)] if v is not None)
+        print(f"| {name} | {va:,.3f} | {vb:,.3f} | {vb / va:.2f} |")
+    if a.out:
+        Path(a.out).write_text(json.dumps({f"{s} {n}": v for (s, n), v in runs.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
