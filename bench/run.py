@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from bench import state_scaling
 from bench.loadgen import start_loadgen, wait_result
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +62,7 @@ JAX_DESIGNS = ("forkless", "spawn")
 SAMPLE_S = 0.05
 FEATURES = 8
 STREAMS = 16
+TABLES = (4096, 1_000_000)  # FORKLESS_MAX_STREAMS for the app part of "state scaling"
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ def stop_tree(proc: subprocess.Popen[Any], timeout: float) -> int | None:
 
 
 def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag: str,
-             heavy: bool = False) -> dict[str, Any]:
+             heavy: bool = False, env: dict[str, str] | None = None) -> dict[str, Any]:
     """One design against one load-generator run; the loadgen RESULT plus the client's figures."""
     args = [*LOADS[load], "--duration", str(plan.duration_s), "--warmup-s", str(plan.warmup_s),
             "--streams", str(STREAMS), "--features", str(FEATURES), "--host", "127.0.0.1", "--port", "0"]
@@ -242,7 +244,8 @@ def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag
     started = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
         client = subprocess.Popen(client_cmd(design, url, figures_path, heavy), cwd=REPO_ROOT,
-                                  env=client_env(cache_dir), stdout=log, stderr=subprocess.STDOUT)
+                                  env={**client_env(cache_dir), **(env or {})}, stdout=log,
+                                  stderr=subprocess.STDOUT)
         with TreeSampler(client.pid) as rss:
             try:
                 result = wait_result(loadgen, timeout=plan.duration_s + 90)
@@ -581,6 +584,16 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         print("heavy step at 1,000 msg/s:", flush=True)
         for design in JAX_DESIGNS:
             runs.append(run_load(design, "rate_1k", plan, work, caches[design], f"{design}-heavy", heavy=True))
+        print(f"state scaling: forkless at 1,000 msg/s with FORKLESS_MAX_STREAMS {' and '.join(map(str, TABLES))}:",
+              flush=True)
+        table_runs: dict[int, list[dict[str, Any]]] = {size: [] for size in TABLES}
+        for rep in range(plan.repeats):
+            for size in rotated(TABLES, rep):
+                table_runs[size].append(run_load("forkless", "rate_1k", plan, work, caches["forkless"],
+                                                 f"forkless-streams{size}-r{rep}",
+                                                 env={"FORKLESS_MAX_STREAMS": str(size)}))
+        print("state scaling: the step alone", flush=True)
+        scaling = state_scaling.measure(quick=plan.repeats == 1)
         logs = out / "logs"
         shutil.rmtree(logs, ignore_errors=True)
         shutil.copytree(work / "logs", logs)
@@ -596,6 +609,9 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         "summary": summary,
         "targets": targets(summary),
         "compute_ceiling": compute,
+        "state_scaling": {**scaling, "app_1k": {
+            str(size): {q: _median([(r["loadgen"].get("latency_ms") or {}).get(q) for r in rs]) for q in ("p50", "p99")}
+            for size, rs in table_runs.items()}},
         "runs": runs,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -639,6 +655,20 @@ def _send_lag_p50_ms(results: dict[str, Any]) -> float | None:
     """Median over the 1,000 msg/s runs of the load generator's own p50 lateness (send - due)."""
     return _median([(r["loadgen"].get("send_lag_ms") or {}).get("p50") for r in results["runs"]
                     if r["load"] == "rate_1k" and not r["heavy"]])
+
+
+def state_scaling_markdown(results: dict[str, Any]) -> str:
+    """The "state scaling" part of the report (step time, ceiling, memory, app latency by table size)."""
+    scaling = results.get("state_scaling")
+    if not scaling:
+        return "(this run has no state-scaling section)"
+    app = scaling.get("app_1k", {})
+    lines = [state_scaling.table(scaling), "",
+             "The app at 1,000 msg/s (forkless as users run it, 16 streams) by table size, medians, ms:", "",
+             "| FORKLESS_MAX_STREAMS | p50 | p99 |", "|---|---|---|"]
+    for size, lat in app.items():
+        lines.append(f"| {int(size):,} | {_md(lat['p50'])} | {_md(lat['p99'])} |")
+    return "\n".join(lines)
 
 
 def results_markdown(results: dict[str, Any]) -> str:
@@ -700,6 +730,7 @@ def results_markdown(results: dict[str, Any]) -> str:
     for t in results["targets"]:
         verdict = {True: "met", False: "**missed**", None: "not measured"}[t["met"]]
         lines.append(f"| {t['target']} | {_md(t['value'])} | {_md(t['limit'])} | {verdict} |")
+    lines += ["", "#### State scaling", "", state_scaling_markdown(results)]
     return "\n".join(lines) + "\n"
 
 

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from queue import Empty, Full
 from typing import Any, Protocol
 
@@ -401,8 +401,12 @@ class Controller:
             too_many = np.flatnonzero(~ok).tolist()
             refused.update(dict.fromkeys(too_many, f"too many streams (FORKLESS_MAX_STREAMS={cfg.max_streams})"))
             stats.errors["too many streams"] += len(too_many)
-        rows = list(range(n)) if not refused else [i for i in range(n) if i not in refused]
-        ran = self._run_step(taken.x[rows] if refused else taken.x, slots[rows]) if rows else None
+        if refused:
+            rows: Sequence[int] = [i for i in range(n) if i not in refused]
+            ran = self._run_step(taken.x[rows], slots[rows]) if rows else None
+        else:  # the common case: every message runs, no copies
+            rows = range(n)
+            ran = self._run_step(taken.x, slots)
         host_error: BaseException | None = None
         answered: list[str | bytes | None] = []  # one per row of ``rows`` still to answer
         are_results = False
@@ -413,7 +417,10 @@ class Controller:
             outputs, bad = ran
             if bad.any():
                 rows, outputs = self._refuse_non_finite(taken, rows, outputs, bad, slots, refused)
-            seq, stream = [taken.seq[i] for i in rows], [taken.stream[i] for i in rows]
+            if isinstance(rows, range):
+                seq, stream = taken.seq, taken.stream
+            else:
+                seq, stream = [taken.seq[i] for i in rows], [taken.stream[i] for i in rows]
             if self.on_results is not None and rows:
                 try:
                     self.on_results(seq, stream, outputs)
@@ -433,7 +440,7 @@ class Controller:
         if host_error is not None:
             raise host_error
 
-    def _refuse_non_finite(self, taken: Taken, rows: list[int], outputs: dict[str, np.ndarray],
+    def _refuse_non_finite(self, taken: Taken, rows: Sequence[int], outputs: dict[str, np.ndarray],
                            bad: np.ndarray, slots: np.ndarray, refused: dict[int, str]) -> tuple[list, dict]:
         """Messages whose outputs or stream state came out non-finite are answered with an
         error, and those streams' rows are reset, so each starts again like a new stream.
@@ -453,7 +460,7 @@ class Controller:
         keep = np.flatnonzero(~bad)
         return [rows[j] for j in keep.tolist()], {k: v[keep] for k, v in outputs.items()}
 
-    def _assemble(self, taken: Taken, rows: list[int], answered: list, are_results: bool,
+    def _assemble(self, taken: Taken, rows: Sequence[int], answered: list, are_results: bool,
                   refused: dict[int, str]) -> tuple[list, list[int], tuple[int, ...]]:
         """The batch's frames in arrival order, their messages' receive times, and the
         positions of the error frames; a message the codec answered with None gets no frame

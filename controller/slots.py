@@ -51,7 +51,8 @@ class StreamSlots:
     def lookup(self, streams: Sequence[str], now: float) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Slots for ``streams`` (int32), a bool mask of those that got one, recycled slots.
 
-        Marks every stream that got a slot as seen at ``now``. ``recycled`` lists, in order,
+        Marks every stream that got a slot as seen at ``now`` (without ``idle_s``, where nothing
+        is ever evicted, only its first sight is kept). ``recycled`` lists, in order,
         the slots taken from an evicted idle stream during this call; reset their state
         before running the batch. Refused messages get the spare slot ``max_streams``.
         """
@@ -62,6 +63,18 @@ class StreamSlots:
         table = self._slots
         last_seen = self._last_seen
         idle_s = self.idle_s
+        if idle_s is None:  # nothing is ever evicted: no recency to keep (last_seen is first sight)
+            for i, name in enumerate(streams):
+                slot = table.get(name)
+                if slot is None:
+                    if len(table) >= self.max_streams:
+                        ok[i] = False
+                        slots[i] = self.max_streams
+                        continue
+                    slot = table[name] = len(table)
+                    last_seen[name] = now
+                slots[i] = slot
+            return slots, ok, recycled
         for i, name in enumerate(streams):
             slot = table.get(name)
             if slot is not None:
