@@ -30,7 +30,8 @@ def run_example(name: str, url: str) -> subprocess.CompletedProcess:
 
 
 def test_the_test_command_in_the_readme_is_what_ci_runs():
-    command = "python -m pip install -r requirements-dev.txt && JAX_PLATFORMS=cpu python -m pytest -q"
+    command = ("python -m venv .venv && . .venv/bin/activate && python -m pip install -r requirements-dev.txt"
+               " && JAX_PLATFORMS=cpu python -m pytest -q")
     assert f"```\n{command}\n```" in README
     ci = (ROOT / ".ci" / "run").read_text()
     assert command in ci
