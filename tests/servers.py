@@ -27,7 +27,10 @@ Rules:
   recorded (aiohttp's own ``close()`` discards them: see ``AiohttpConn.send_close``).
 - aiohttp only: ``autoping=False`` hands PING frames to the script (counted in ``pings``, and
   answered only if ``answer_pings`` is set on the connection); ``stop_reading()`` pauses the
-  TCP transport, so TCP pushes back on the client.
+  TCP transport, so TCP pushes back on the client (once the kernel's socket buffers are
+  full), and ``writes_blocked()`` says when the push-back has come round to the server's
+  own writes; ``compress=False`` declines the permessage-deflate the client offers, so
+  replies take their full size and those buffers fill sooner.
 - TLS: pass ``ssl_context`` (see ``self_signed_certificate``); the URL is then ``wss://``.
 """
 
@@ -259,10 +262,17 @@ class AiohttpConn(FeedConn):
         await self.ws._writer.close(code, b"test server closing")
 
     def stop_reading(self) -> None:
-        """Stop reading the socket at the TCP level: the client's writes back up."""
+        """Stop reading the socket at the TCP level: the client's writes back up (once the
+        kernel's socket buffers are full: megabytes, seconds at the client's pace)."""
         transport = self.request.transport
         if transport is not None:
             transport.pause_reading()
+
+    def writes_blocked(self) -> bool:
+        """Whether our writes are held back because the client does not read (the transport's
+        buffer is above its high-water mark); readable from the test thread."""
+        protocol = self.request.protocol
+        return protocol is not None and protocol.writing_paused
 
     def resume_reading_threadsafe(self) -> None:
         """Undo ``stop_reading``; callable from the test thread."""
@@ -462,13 +472,15 @@ class LoopbackServer:
 
 
 class FeedServer(LoopbackServer):
-    """The feed on aiohttp's server. ``autoping=False``: see the module rules."""
+    """The feed on aiohttp's server. ``autoping=False``, ``compress=False``: see the module rules."""
 
     impl = "aiohttp"
 
-    def __init__(self, script: Script | None = None, *, autoping: bool = True, **options: Any) -> None:
+    def __init__(self, script: Script | None = None, *, autoping: bool = True, compress: bool = True,
+                 **options: Any) -> None:
         super().__init__(script, **options)
         self.autoping = autoping
+        self.compress = compress
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
 
@@ -503,7 +515,8 @@ class FeedServer(LoopbackServer):
         status = self._attempt(request.headers)
         if status is not None:
             return web.Response(status=status, text=f"test server says {status}")
-        ws = web.WebSocketResponse(autoping=self.autoping, max_msg_size=self.max_msg_size, timeout=CLOSE_TIMEOUT_S)
+        ws = web.WebSocketResponse(autoping=self.autoping, compress=self.compress, max_msg_size=self.max_msg_size,
+                                   timeout=CLOSE_TIMEOUT_S)
         await ws.prepare(request)
         await self._run_script(AiohttpConn(self, len(self.connections), request, ws))
         return ws

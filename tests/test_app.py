@@ -65,7 +65,7 @@ def test_a_second_ctrl_c_exits_at_once(feed_server, app):
             seq += 50
             await asyncio.sleep(0.001)
 
-    server = feed_server(script)
+    server = feed_server(script, compress=False)  # uncompressed replies fill the socket buffers sooner
     proc: AppProcess = app(env=env(FORKLESS_WS_URL=server.url, FORKLESS_SHUTDOWN_TIMEOUT_S="30"))
     try:
         proc.wait_for_line(STATUS, timeout_s=60 * UNIT_S)

@@ -321,7 +321,8 @@ def test_full_inbound_queue_stops_reading_the_socket(feed_server: Any) -> None:
 
 class _NonReadingFeed:
     """A script that sends batch frames as fast as TCP lets it and never reads a reply until
-    ``resume()``; ``start`` runs it on an aiohttp server (it pauses the TCP transport)."""
+    ``resume()``; ``start`` runs it on an aiohttp server (it pauses the TCP transport), without
+    compression, so the socket buffers behind it fill in moments, not seconds."""
 
     def __init__(self) -> None:
         self.frames_sent = 0
@@ -329,7 +330,7 @@ class _NonReadingFeed:
         self.server: LoopbackServer | None = None
 
     def start(self, feed_server: Any) -> LoopbackServer:
-        self.server = feed_server(self._script)
+        self.server = feed_server(self._script, compress=False)
         return self.server
 
     async def _script(self, conn: AiohttpConn) -> None:
@@ -350,6 +351,22 @@ class _NonReadingFeed:
             conn.resume_reading_threadsafe()
 
 
+def _pushed_back(ctl: Controller, feed: _NonReadingFeed, queue_size: int) -> Callable[[], bool]:
+    """For ``wait_until``: the push-back reached all the way round: the client's writes backed up
+    into a full outbound queue, and so (the main thread blocked, inbound full, the client's
+    reader stopped) the server's own writes are held back too."""
+
+    def pushed_back() -> bool:
+        conns = feed.server.connections if feed.server is not None else []
+        if not conns or ctl.stats().outbound_depth != queue_size:
+            return False
+        conn = conns[0]
+        assert isinstance(conn, AiohttpConn)
+        return conn.writes_blocked()
+
+    return pushed_back
+
+
 def _sample(ctl: Controller, feed: _NonReadingFeed, samples: list, done: threading.Event) -> threading.Thread:
     """Record (time, inbound depth, outbound depth, RSS, frames sent) every 50 ms until ``done``."""
     process = psutil.Process()
@@ -367,7 +384,7 @@ def _sample(ctl: Controller, feed: _NonReadingFeed, samples: list, done: threadi
 
 
 def test_server_that_stops_reading_keeps_queues_and_memory_bounded(feed_server: Any) -> None:
-    queue_size, hold_s = 8, 2.0
+    queue_size, hold_s = 8, 1.5
     feed = _NonReadingFeed()
     samples: list[tuple[float, int, int, int, int]] = []
     done = threading.Event()
@@ -380,11 +397,11 @@ def test_server_that_stops_reading_keeps_queues_and_memory_bounded(feed_server: 
         stall_end: list[float] = []
 
         def stall_then_resume() -> None:
-            # the stall under test: from the moment the unread replies filled outbound, hold_s
-            # more with the server not reading; then it reads again, which unblocks the client
+            # the stall under test: once the push-back went all the way round, hold_s more with
+            # the server not reading; then it reads again, which unblocks the client
             try:
-                wait_until(lambda: ctl.stats().outbound_depth == queue_size, timeout_s=20 * UNIT_S,
-                           what="the outbound queue full")
+                wait_until(_pushed_back(ctl, feed, queue_size), timeout_s=20 * UNIT_S,
+                           what="outbound full and the server's writes held back")
                 time.sleep(hold_s)
             except AssertionError as exc:
                 problems.append(exc)
@@ -408,8 +425,9 @@ def test_server_that_stops_reading_keeps_queues_and_memory_bounded(feed_server: 
     during = [s for s in samples if s[0] < started + stall_s]
     assert max(s[1] for s in during) <= queue_size
     assert max(s[2] for s in during) == queue_size, "the outbound queue never filled: the server was reading?"
-    last_second = [s[4] for s in during if s[0] >= started + stall_s - 1.0]
-    assert last_second[-1] - last_second[0] <= 2, "the server could still push data: nothing pushed back"
+    last_second = [s for s in during if s[0] >= started + stall_s - 1.0]
+    assert all(s[2] == queue_size for s in last_second), "outbound drained while the server did not read"
+    assert last_second[-1][4] - last_second[0][4] <= 2, "the server could still push data: nothing pushed back"
     assert max(s[3] for s in during) - rss_start < 150 * 2**20
 
 
@@ -425,10 +443,10 @@ def test_stop_ends_within_the_shutdown_timeout_while_the_server_does_not_read(fe
     returned = threading.Event()
 
     def stop_once_backed_up() -> None:
-        # stop once the unread replies have backed up into a full outbound queue
+        # stop once the unread replies have backed up all the way round
         try:
-            wait_until(lambda: ctl.stats().outbound_depth == queue_size, timeout_s=20 * UNIT_S,
-                       what="the outbound queue full")
+            wait_until(_pushed_back(ctl, feed, queue_size), timeout_s=20 * UNIT_S,
+                       what="outbound full and the server's writes held back")
         except AssertionError as exc:
             problems.append(exc)
         stop_at.append(time.monotonic())
