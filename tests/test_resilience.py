@@ -322,7 +322,7 @@ def test_full_inbound_queue_stops_reading_the_socket(feed_server: Any) -> None:
 class _NonReadingFeed:
     """A script that sends batch frames as fast as TCP lets it and never reads a reply until
     ``resume()``; ``start`` runs it on an aiohttp server (it pauses the TCP transport), without
-    compression, so the socket buffers behind it fill in moments, not seconds."""
+    compression, so the replies take their full size and fill the socket buffers sooner."""
 
     def __init__(self) -> None:
         self.frames_sent = 0
