@@ -388,12 +388,17 @@ class LoopbackServer:
     def describe(self) -> str:
         """What the server saw so far, in one line, for failure messages."""
         return (f"{self.impl} server: {len(self.attempts)} requests, {len(self.connections)} connections, "
-                f"{len(self.received)} frames received, script errors {self.script_errors!r}")
+                f"{self.received_count} frames received, script errors {self.script_errors!r}")
 
     @property
     def received(self) -> list[str]:
         """Every frame received, connection by connection, each in arrival order (a copy)."""
         return [frame for conn in list(self.connections) for frame in list(conn.received)]
+
+    @property
+    def received_count(self) -> int:
+        """How many frames were received, over every connection (cheap: for wait predicates)."""
+        return sum(len(conn.received) for conn in list(self.connections))
 
     def replies(self) -> list[Any]:
         """``received``, each frame decoded as JSON."""

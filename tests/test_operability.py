@@ -135,7 +135,7 @@ def observed() -> dict[str, Any]:
         ctl = Controller(_config(feed.url))
         with ctl:
             url = _metrics_url(ctl)
-            _pump(ctl, lambda: len(feed.received) == GOOD + BAD_JSON + BAD_X, "every reply")
+            _pump(ctl, lambda: feed.received_count == GOOD + BAD_JSON + BAD_X, "every reply")
             # the writer counts a batch just after its last frame went out
             _pump(ctl, lambda: ctl.stats().messages_out + ctl.stats().errors_out == GOOD + BAD_JSON + BAD_X,
                   "the writer's tally")
@@ -381,7 +381,7 @@ def test_a_flood_of_identical_bad_frames_logs_a_few_json_lines_with_a_count(feed
     try:
         feed = feed_server(_flood_script)
         with Controller(_config(feed.url, metrics_addr="")) as ctl:
-            _pump(ctl, lambda: len(feed.received) == FLOOD, "an error reply to every bad frame")
+            _pump(ctl, lambda: feed.received_count == FLOOD, "an error reply to every bad frame")
             assert _tally(feed) == (0, FLOOD)
             assert ctl.stats().errors == {"not JSON": FLOOD}
     finally:

@@ -33,7 +33,7 @@ def make_messages(n, streams=5, seed=0, spike_every=37):
 
 def drive_until_replies(ctl, server, n_replies):
     """Drive the controller until the server holds ``n_replies`` reply frames; return them, decoded."""
-    drive(ctl, lambda: len(server.received) >= n_replies, timeout_s=30 * UNIT_S, what=f"{n_replies} replies")
+    drive(ctl, lambda: server.received_count >= n_replies, timeout_s=30 * UNIT_S, what=f"{n_replies} replies")
     return server.replies()
 
 

@@ -60,8 +60,6 @@ def _config(url: str, **changes: Any) -> Config:
     return Config(**base)
 
 
-def _answered(server: LoopbackServer) -> int:
-    return sum(len(conn.received) for conn in list(server.connections))
 
 
 def _all_closed(server: LoopbackServer) -> Callable[[], bool]:
@@ -99,7 +97,7 @@ def test_five_closes_and_a_refusal_lose_nothing_and_answer_each_message_once(fee
             if conn.index == 2:
                 await conn.server.refuse_for(2.0)
             return
-        while _answered(conn.server) < len(messages):
+        while conn.server.received_count < len(messages):
             await asyncio.sleep(0.01)
         done.set()
         await reader
@@ -152,7 +150,7 @@ def test_handshake_503_is_retried_until_the_server_recovers(feed_server: Any, im
 
     server = feed_server(script, impl=impl, handshake_status=lambda i: 503 if i < 3 else None)
     with Controller(_config(server.url), processor=PROCESSOR) as ctl:
-        drive(ctl, lambda: _answered(server) >= len(messages), timeout_s=20 * UNIT_S, what="replies after the 503s")
+        drive(ctl, lambda: server.received_count >= len(messages), timeout_s=20 * UNIT_S, what="replies after the 503s")
         stats = ctl.stats()
     assert [attempt.status for attempt in server.attempts] == [503, 503, 503, None]
     assert len(server.connections) == 1
@@ -244,7 +242,7 @@ def test_oversized_frame_closes_with_1009_and_the_feed_goes_on_after_reconnectin
 
     server = feed_server(script)
     with Controller(_config(server.url, max_msg_bytes=1024), processor=PROCESSOR) as ctl:
-        drive(ctl, lambda: _answered(server) >= len(messages), timeout_s=15 * UNIT_S, what="every message answered")
+        drive(ctl, lambda: server.received_count >= len(messages), timeout_s=15 * UNIT_S, what="every message answered")
         stats = ctl.stats()
     assert server.connections[0].client_close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
     assert stats.errors.get("frame too large") == 1
@@ -278,7 +276,7 @@ def test_drop_oldest_counts_every_dropped_message(feed_server: Any) -> None:
             return snap.processed + snap.dropped_total >= len(messages)
 
         drive(ctl, accounted, timeout_s=10 * UNIT_S, what="every message processed or dropped")
-        drive(ctl, lambda: _answered(server) >= ctl.stats().processed, timeout_s=10 * UNIT_S,
+        drive(ctl, lambda: server.received_count >= ctl.stats().processed, timeout_s=10 * UNIT_S,
               what="the kept messages answered")
     # the client closed with 1000 after sending every result: nothing more can arrive
     server.wait_for(_all_closed(server), 5 * UNIT_S, "the client's close")
@@ -316,7 +314,7 @@ def test_full_inbound_queue_stops_reading_the_socket(feed_server: Any) -> None:
         # what the client holds is bounded by the queue (chunks of at most ~max_batch
         # messages, one more waiting to be put, one being gathered), not by what was sent
         assert second.messages_in <= (queue_size + 2) * cfg.max_batch < sent
-        drive(ctl, lambda: _answered(server) >= sent, timeout_s=15 * UNIT_S, what="everything once drained")
+        drive(ctl, lambda: server.received_count >= sent, timeout_s=15 * UNIT_S, what="everything once drained")
 
 
 class _NonReadingFeed:
@@ -595,7 +593,7 @@ def test_fuzzed_frames_each_get_an_error_good_ones_are_correct_and_the_connectio
     logging.getLogger("forkless.client").setLevel(logging.ERROR)  # 1,000s of bad-input warnings
     try:
         with Controller(cfg, processor=PROCESSOR) as ctl:
-            drive(ctl, lambda: _answered(server) >= expected, timeout_s=40 * UNIT_S, what=f"{expected} replies")
+            drive(ctl, lambda: server.received_count >= expected, timeout_s=40 * UNIT_S, what=f"{expected} replies")
             stats = ctl.stats()
     finally:
         logging.getLogger("forkless.client").setLevel(logging.NOTSET)
@@ -688,7 +686,7 @@ def test_self_signed_certificate_is_accepted_with_ca_file(feed_server: Any, tmp_
     server = feed_server(script, impl=impl, ssl_context=server_ssl_context(cert, key))
     assert server.url.startswith("wss://")
     with Controller(_config(server.url, ca_file=str(cert)), processor=PROCESSOR) as ctl:
-        drive(ctl, lambda: _answered(server) >= len(messages), timeout_s=15 * UNIT_S, what="replies over TLS")
+        drive(ctl, lambda: server.received_count >= len(messages), timeout_s=15 * UNIT_S, what="replies over TLS")
     results, errors = parse_replies(server.received)
     assert errors == []
     assert_results_match_reference(messages, results)
