@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.servers import FeedServer, ServerConn, make_messages
+from tests.harness import UNIT_S, AppProcess, run_app
+from tests.servers import AiohttpConn, make_messages
 
-ROOT = Path(__file__).resolve().parent.parent
 STATUS = re.compile(r"^(?:final \(whole run\): )?"
                     r"in \d+ msg \(\d+/s\) \| out \d+ msg \(\d+/s\) \| batch [\d.-]+ msg \| latency p50 \S+ p99 \S+"
                     r" \| anomalies \d+ \| errors \d+ \| dropped \d+ \|")
@@ -25,10 +21,8 @@ SUMMARY = re.compile(r"^demo feed: (\d+) sent, (\d+) answered, (\d+) errors; inj
 
 
 def env(**extra):
-    e = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
-    e.update({"JAX_PLATFORMS": "cpu", "FORKLESS_DEMO_RATE": "500", "FORKLESS_MAX_BATCH": "64"})
-    e.update(extra)
-    return e
+    """The app's FORKLESS_* settings for these tests (the launcher adds JAX_PLATFORMS=cpu)."""
+    return {"FORKLESS_DEMO_RATE": "500", "FORKLESS_MAX_BATCH": "64", **extra}
 
 
 def check_clean_run(out: str, err: str) -> None:
@@ -47,45 +41,26 @@ def check_clean_run(out: str, err: str) -> None:
 
 
 def test_demo_run_with_a_duration_exits_0_with_status_lines_and_a_summary():
-    proc = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env(FORKLESS_DURATION="3"),
-                          capture_output=True, text=True, timeout=90)
+    proc = run_app(env=env(FORKLESS_DURATION="3"), timeout_s=90 * UNIT_S)
     assert proc.returncode == 0, proc.stderr
     check_clean_run(proc.stdout, proc.stderr)
 
 
-def wait_for_status_line(proc: subprocess.Popen, timeout: float = 60) -> list[str]:
-    seen = []
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if STATUS.match(line):
-            return seen
-    raise AssertionError(f"no status line: {seen}")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_stops_cleanly_sending_every_result(sig):
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        head = wait_for_status_line(proc)
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=15)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
+def test_a_signal_stops_cleanly_sending_every_result(app, sig):
+    proc = app(env=env())
+    proc.wait_for_line(STATUS, timeout_s=60 * UNIT_S)
+    proc.signal(sig)
+    code, out, err, _ = proc.finish(15 * UNIT_S)
+    assert code == 0, err
     assert f"{sig.name} received" in err
-    check_clean_run("".join(head) + out, err)
+    check_clean_run(out, err)
 
 
-
-def test_a_second_ctrl_c_exits_at_once():
+def test_a_second_ctrl_c_exits_at_once(feed_server, app):
     stop_feeding = threading.Event()
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: AiohttpConn) -> None:
         # never reads the replies, so the orderly stop after the first Ctrl-C cannot finish
         conn.stop_reading()
         seq = 0
@@ -94,20 +69,19 @@ def test_a_second_ctrl_c_exits_at_once():
             seq += 50
             await asyncio.sleep(0.001)
 
-    with FeedServer(script) as server:
-        proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env(FORKLESS_WS_URL=server.url, FORKLESS_SHUTDOWN_TIMEOUT_S="30"))
-        try:
-            wait_for_status_line(proc)
-            proc.send_signal(signal.SIGINT)
-            time.sleep(0.5)
-            started = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=15)
-            took = time.monotonic() - started
-        finally:
-            stop_feeding.set()
-            proc.kill()
-    assert proc.returncode == 130, err
+    server = feed_server(script, compress=False)  # uncompressed replies fill the socket buffers sooner
+    proc: AppProcess = app(env=env(FORKLESS_WS_URL=server.url, FORKLESS_SHUTDOWN_TIMEOUT_S="30"))
+    try:
+        proc.wait_for_line(STATUS, timeout_s=60 * UNIT_S)
+        proc.signal(signal.SIGINT)
+        proc.wait_for_line("SIGINT received", stream="stderr", timeout_s=10 * UNIT_S)
+        # the handler logs that line just before it marks the stop as requested, and nothing
+        # after that is observable from outside; a moment's grace keeps the second Ctrl-C second
+        time.sleep(0.1 * UNIT_S)
+        started = proc.signal(signal.SIGINT)
+        code, _, err, exited_at = proc.finish(15 * UNIT_S)
+    finally:
+        stop_feeding.set()
+    assert code == 130, err
     assert "second interrupt: exiting now" in err
-    assert took < 5  # at once, not after FORKLESS_SHUTDOWN_TIMEOUT_S (30 s)
+    assert exited_at - started < 5 * UNIT_S  # at once, not after FORKLESS_SHUTDOWN_TIMEOUT_S (30 s)

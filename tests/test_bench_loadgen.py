@@ -18,8 +18,10 @@ import pytest
 
 from bench.io_ceiling import run_io_ceiling
 from bench.loadgen import start_loadgen, wait_result
+from tests.harness import UNIT_S
 
-CLIENT_TIMEOUT_S = 20.0
+CLIENT_TIMEOUT_S = 20.0 * UNIT_S
+RESULT_TIMEOUT_S = 15.0 * UNIT_S
 
 
 @pytest.fixture
@@ -66,7 +68,7 @@ def test_rate_mode_with_io_ceiling(procs: list[subprocess.Popen[Any]]) -> None:
         ],
     )
     _run_client(run_io_ceiling(url, features=8))
-    r = wait_result(procs[0], timeout=15)
+    r = wait_result(procs[0], timeout=RESULT_TIMEOUT_S)
 
     assert r["mode"] == "rate"
     assert r["planned"] == 200
@@ -98,7 +100,7 @@ def test_rate_mode_with_io_ceiling(procs: list[subprocess.Popen[Any]]) -> None:
 def test_window_mode_with_io_ceiling(procs: list[subprocess.Popen[Any]]) -> None:
     url = _start(procs, ["--mode", "window", "--window", "4", "--duration", "1"])
     _run_client(run_io_ceiling(url))
-    r = wait_result(procs[0], timeout=15)
+    r = wait_result(procs[0], timeout=RESULT_TIMEOUT_S)
 
     assert r["mode"] == "window"
     assert "latency_ms" not in r
@@ -157,7 +159,7 @@ def test_missing_duplicates_and_errors_are_counted(
         ],
     )
     _run_client(_faulty_client(url))
-    r = wait_result(procs[0], timeout=15)
+    r = wait_result(procs[0], timeout=RESULT_TIMEOUT_S)
 
     assert r["sent"] == 100
     assert r["missing"] == 10
@@ -173,6 +175,6 @@ def test_missing_duplicates_and_errors_are_counted(
 
 def test_exits_when_no_client_connects(procs: list[subprocess.Popen[Any]]) -> None:
     _start(procs, ["--mode", "rate", "--connect-timeout", "0.5"])
-    r = wait_result(procs[0], timeout=15)
+    r = wait_result(procs[0], timeout=RESULT_TIMEOUT_S)
     assert "no client connected" in r["error"]
     assert procs[0].returncode == 2

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RUN_TIMEOUT_S = 240
+from tests.harness import UNIT_S, run_app
+
+RUN_TIMEOUT_S = 240 * UNIT_S
 
 
 def _number(value: Any) -> bool:
@@ -28,9 +26,7 @@ def _number(value: Any) -> bool:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, str]:
     out = tmp_path_factory.mktemp("bench-out")
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(out)], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    proc = run_app(program=("-m", "bench.run", "--quick", "--out", str(out)), timeout_s=RUN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((out / "results.json").read_text()), out, proc.stdout
 

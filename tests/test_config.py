@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from controller.config import VARIABLES, Config, ConfigError
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness import run_app
 
 # one bad value for every variable that can be wrong
 BAD = {
@@ -103,14 +97,6 @@ def test_secrets_stay_out_of_repr():
 def test_a_config_built_in_code_is_validated_too():
     with pytest.raises(ConfigError, match="FORKLESS_MAX_BATCH"):
         Config(max_batch=0)
-
-
-def run_app(*args, env=None, timeout=60):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
-    full_env.update(env or {})
-    full_env["JAX_PLATFORMS"] = "cpu"
-    return subprocess.run([sys.executable, "app.py", *args], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("name", ["FORKLESS_FEATURES", "FORKLESS_WS_URL", "FORKLESS_OVERFLOW", "FORKLESS_DURATION"])

@@ -1,7 +1,8 @@
 """Tests for the embedded demo feed: pure scoring, a real loopback round trip, reconnection.
 
 Every network test runs its own event loop with ``asyncio.run`` and is bounded by
-``asyncio.wait_for``; assertions are about counts and order, never about timing.
+``asyncio.wait_for`` (scaled by FORKLESS_TEST_TIMEOUT_SCALE); assertions are about counts
+and order, never about timing.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import aiohttp
 import pytest
 
 from io_loop.demo_feed import DemoFeed, DemoScore, DemoSummary, _SensorBank
+from tests.harness import UNIT_S
 from tests.reference import EWMAReference
 
-TEST_TIMEOUT_S = 30.0
+TEST_TIMEOUT_S = 30.0 * UNIT_S
 
 
 def _run(coro: Awaitable[Any]) -> Any:
@@ -139,8 +141,10 @@ def test_synthetic_data_is_reproducible_and_gives_the_detector_few_false_flags()
 
 
 async def _answer(ws: aiohttp.ClientWebSocketResponse, detector: EWMAReference,
-                  seqs: list[int], flags: list[int], limit: int | None = None) -> None:
-    """Answer feed messages like the real client would, until closed or `limit` reached."""
+                  seqs: list[int], flags: list[int], limit: int | None = None,
+                  answered: tuple[int, asyncio.Event] | None = None) -> None:
+    """Answer feed messages like the real client would, until closed or `limit` reached;
+    ``answered=(n, event)`` sets the event once n messages are answered."""
     async for msg in ws:
         assert msg.type is aiohttp.WSMsgType.TEXT
         obj = json.loads(msg.data)
@@ -150,25 +154,28 @@ async def _answer(ws: aiohttp.ClientWebSocketResponse, detector: EWMAReference,
             flags.append(obj["seq"])
         await ws.send_str(json.dumps({"seq": obj["seq"], "stream": obj["stream"],
                                       "z": z.tolist(), "score": score, "anomaly": anomaly}))
+        if answered is not None and len(seqs) >= answered[0]:
+            answered[1].set()
         if limit is not None and len(seqs) >= limit:
             return
 
 
 def test_round_trip_every_message_is_answered_and_scored() -> None:
     async def scenario() -> tuple[DemoSummary, list[int], list[int], int]:
-        # A high anomaly rate so that about a second of data surely holds some.
+        # A high anomaly rate so that about a second of data (seeded) surely holds some.
         feed = DemoFeed(rate_hz=500, streams=4, features=8, warmup=20, seed=1,
                         anomaly_rate=0.05)
+        enough = asyncio.Event()
         url = await feed.start()
         assert url.startswith("ws://127.0.0.1:") and url.endswith("/feed")
         seqs: list[int] = []
         flags: list[int] = []
         try:
             async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
-                client = asyncio.create_task(_answer(ws, EWMAReference(), seqs, flags))
-                await asyncio.sleep(1.0)
+                client = asyncio.create_task(_answer(ws, EWMAReference(), seqs, flags, answered=(500, enough)))
+                await enough.wait()
                 feed.stop_sending()
-                all_answered = await feed.wait_replies(timeout=10.0)
+                all_answered = await feed.wait_replies(timeout=10.0 * UNIT_S)
                 await feed.stop()
                 await client
         finally:

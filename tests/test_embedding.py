@@ -1,67 +1,28 @@
 """Embedding: results in the host program, custom codecs that cannot kill the IO thread, the
-processor contract checked at start. Against a feed server written with the ``websockets``
-library (not aiohttp), on 127.0.0.1."""
+processor contract checked at start. Against the feed server written with the ``websockets``
+library (not aiohttp, tests/servers.py), on 127.0.0.1."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from websockets.asyncio.server import serve
 
 from controller import Config, Controller, Decoded, JsonCodec, Processor, ProcessorContractError
 from controller.processor import default_processor
+from tests.harness import UNIT_S, drive
 from tests.reference import EWMAReference
+from tests.servers import send_frames
 
 ROOT = Path(__file__).resolve().parent.parent
 F = 3
-WAIT_S = 30.0
-
-
-class WsFeed:
-    """A websockets-library feed: sends ``frames`` to the first connection, records every reply."""
-
-    def __init__(self, frames: list[str]) -> None:
-        self.frames = frames
-        self.replies: list[str] = []
-        self.url = ""
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    async def _handler(self, ws) -> None:
-        for frame in self.frames:
-            await ws.send(frame)
-        async for reply in ws:
-            self.replies.append(reply if isinstance(reply, str) else reply.decode())
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        async with serve(self._handler, "127.0.0.1", 0) as server:
-            port = server.sockets[0].getsockname()[1]
-            self.url = f"ws://127.0.0.1:{port}/feed"
-            self._ready.set()
-            await self._stop.wait()
-
-    def __enter__(self) -> WsFeed:
-        self._thread.start()
-        assert self._ready.wait(10), "the websockets feed did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+WAIT_S = 30.0 * UNIT_S
 
 
 def _messages(n: int, streams: int = 4) -> list[dict]:
@@ -76,14 +37,7 @@ def _config(url: str, **changes) -> Config:
     return Config(**base)
 
 
-def _drive(ctl: Controller, done, what: str) -> None:
-    end = time.monotonic() + WAIT_S
-    while not done():
-        assert time.monotonic() < end, f"timed out waiting for {what}: {ctl.stats()}"
-        ctl.process_pending(timeout=0.05)
-
-
-def test_on_results_gets_every_processed_message_with_outputs_equal_to_the_reference():
+def test_on_results_gets_every_processed_message_with_outputs_equal_to_the_reference(feed_server):
     messages = _messages(120)
     seen: list[tuple] = []
 
@@ -92,9 +46,9 @@ def test_on_results_gets_every_processed_message_with_outputs_equal_to_the_refer
         for i, s in enumerate(seq):
             seen.append((s, stream[i], {k: v[i] for k, v in outputs.items()}))
 
-    with WsFeed([json.dumps(m) for m in messages]) as feed:
-        with Controller(_config(feed.url), on_results=on_results) as ctl:
-            _drive(ctl, lambda: len(feed.replies) >= len(messages), "every reply")
+    feed = feed_server(send_frames([json.dumps(m) for m in messages]), impl="websockets")
+    with Controller(_config(feed.url), on_results=on_results) as ctl:
+        drive(ctl, lambda: feed.received_count >= len(messages), timeout_s=WAIT_S, what="every reply")
     assert [s for s, _, _ in seen] == [m["seq"] for m in messages]
     ref = EWMAReference()
     for m, (_, stream, out) in zip(messages, seen):
@@ -118,14 +72,14 @@ class EveryThirdDecodeRaises(JsonCodec):
         return super().decode(frame)
 
 
-def test_a_codec_that_raises_on_every_third_frame_gets_every_frame_answered_and_the_thread_lives():
+def test_a_codec_that_raises_on_every_third_frame_gets_every_frame_answered_and_the_thread_lives(feed_server):
     messages = _messages(90)
-    with WsFeed([json.dumps(m) for m in messages]) as feed:
-        with Controller(_config(feed.url), codec=EveryThirdDecodeRaises()) as ctl:
-            _drive(ctl, lambda: len(feed.replies) >= len(messages), "a reply to every frame")
-            stats = ctl.stats()
-            assert ctl._io is not None and ctl._io.failure is None
-    replies = [json.loads(r) for r in feed.replies]
+    feed = feed_server(send_frames([json.dumps(m) for m in messages]), impl="websockets")
+    with Controller(_config(feed.url), codec=EveryThirdDecodeRaises()) as ctl:
+        drive(ctl, lambda: feed.received_count >= len(messages), timeout_s=WAIT_S, what="a reply to every frame")
+        stats = ctl.stats()
+        assert ctl._io is not None and ctl._io.failure is None
+    replies = feed.replies()
     errors = [r for r in replies if "error" in r]
     results = [r for r in replies if "error" not in r]
     assert len(replies) == 90 and len(errors) == 30 and len(results) == 60
@@ -147,13 +101,13 @@ class EncodeRaisesOnSpikes(JsonCodec):
         raise RuntimeError("cannot encode errors either")
 
 
-def test_encode_failures_answer_that_batch_with_errors_and_carry_on():
+def test_encode_failures_answer_that_batch_with_errors_and_carry_on(feed_server):
     messages = _messages(12)
-    with WsFeed([json.dumps(m) for m in messages]) as feed:
-        with Controller(_config(feed.url, max_batch=1), codec=EncodeRaisesOnSpikes(F)) as ctl:
-            _drive(ctl, lambda: len(feed.replies) >= len(messages), "every reply")
-            stats = ctl.stats()
-    replies = {json.loads(r)["seq"]: json.loads(r) for r in feed.replies}
+    feed = feed_server(send_frames([json.dumps(m) for m in messages]), impl="websockets")
+    with Controller(_config(feed.url, max_batch=1), codec=EncodeRaisesOnSpikes(F)) as ctl:
+        drive(ctl, lambda: feed.received_count >= len(messages), timeout_s=WAIT_S, what="every reply")
+        stats = ctl.stats()
+    replies = {r["seq"]: r for r in feed.replies()}
     assert replies[5] == {"error": "encode failed", "seq": 5}  # the fallback JSON error frame
     assert all("z" in replies[s] for s in range(12) if s != 5)
     assert stats.errors == {"encode failed": 1} and stats.messages_out == 11 and stats.errors_out == 1
@@ -165,14 +119,16 @@ class ReplyToEvenSeqOnly(JsonCodec):
         return [f if s % 2 == 0 else None for s, f in zip(seq, frames)]
 
 
-def test_a_codec_that_sends_no_reply_for_some_messages_keeps_the_counts_true():
+def test_a_codec_that_sends_no_reply_for_some_messages_keeps_the_counts_true(feed_server):
     messages = _messages(40)
-    with WsFeed([json.dumps(m) for m in messages]) as feed:
-        with Controller(_config(feed.url), codec=ReplyToEvenSeqOnly(F)) as ctl:
-            _drive(ctl, lambda: ctl.stats().processed >= 40 and len(feed.replies) >= 20, "20 replies")
-            ctl.process_pending(timeout=0.2)
-            stats = ctl.stats()
-    assert sorted(json.loads(r)["seq"] for r in feed.replies) == list(range(0, 40, 2))
+    feed = feed_server(send_frames([json.dumps(m) for m in messages]), impl="websockets")
+    with Controller(_config(feed.url), codec=ReplyToEvenSeqOnly(F)) as ctl:
+        drive(ctl, lambda: ctl.stats().processed >= 40 and feed.received_count >= 20, timeout_s=WAIT_S,
+              what="20 replies")
+        stats = ctl.stats()
+    feed.wait_for(lambda: len(feed.connections) == 1 and feed.connections[0].closed_at is not None, WAIT_S,
+                  "the client's close")
+    assert sorted(r["seq"] for r in feed.replies()) == list(range(0, 40, 2))
     assert stats.messages_out == 20 and stats.no_reply == 20 and stats.processed == 40 and stats.errors_out == 0
 
 

@@ -1,9 +1,9 @@
 """Operability: /metrics, /healthz, /readyz, JSON logs and their flood guard, ``--check``.
 
-The feed is a real aiohttp WebSocket server on 127.0.0.1:0 running on its own thread and
-loop (``LoopbackFeed``); the controller runs in-process on the test's main thread, or the
-real app runs as a subprocess where the behaviour is the process's (exit codes, output).
-Every wait is bounded; no assertion is about speed.
+The feed is a real WebSocket server on 127.0.0.1:0 running on its own thread and loop
+(tests/servers.py); the controller runs in-process on the test's main thread, or the real
+app runs as a subprocess (tests/harness.py) where the behaviour is the process's (exit
+codes, output). Every wait is bounded; no assertion is about speed.
 """
 
 from __future__ import annotations
@@ -13,23 +13,16 @@ import io
 import json
 import logging
 import math
-import os
 import re
 import socket
-import subprocess
-import sys
-import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.config import Config
@@ -39,98 +32,17 @@ from controller.loop import Controller
 from controller.metrics import MAX_REASONS, make_registry, metric_families, render
 from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
 from io_loop.http import MetricsServer
+from tests.harness import UNIT_S, AppResult, drive, run_app
+from tests.servers import FeedConn, FeedServer, LoopbackServer, send_frames
 
-ROOT = Path(__file__).resolve().parent.parent
-WAIT_S = 15.0  # liveness bound for anything the tests wait on
-
-Script = Callable[[web.WebSocketResponse, int], Awaitable[None]]
-
-
-# ---- a loopback feed on its own thread ----------------------------------------------------------
+WAIT_S = 15.0 * UNIT_S  # liveness bound for anything the tests wait on
 
 
-class LoopbackFeed:
-    """A WebSocket feed on 127.0.0.1:0 with its own thread and loop.
-
-    ``script(ws, n)`` runs on every accepted connection ``n`` (1, 2, …) while replies are
-    read and tallied. ``refuse_status`` answers handshakes with that HTTP status instead;
-    ``drop()`` closes every open connection with 1001.
-    """
-
-    def __init__(self, script: Script | None = None) -> None:
-        self.script = script
-        self.refuse_status: int | None = None
-        self.results = 0  # reply frames with a result
-        self.error_replies = 0  # reply frames with "error"
-        self.handshakes = 0
-        self.connections = 0
-        self.authorization: list[str | None] = []
-        self._open: set[web.WebSocketResponse] = set()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="test-feed", daemon=True)
-        self._runner: web.AppRunner | None = None
-        self.url = ""
-
-    def __enter__(self) -> LoopbackFeed:
-        self._thread.start()
-        self.url = self._call(self._start())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self._call(self._stop())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-            self._loop.close()
-
-    def drop(self) -> None:
-        self._call(self._drop())
-
-    def _call(self, coro: Awaitable[Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(WAIT_S)
-
-    async def _start(self) -> str:
-        app = web.Application()
-        app.router.add_get("/feed", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return f"ws://127.0.0.1:{self._runner.addresses[0][1]}/feed"
-
-    async def _stop(self) -> None:
-        await self._drop()
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _drop(self) -> None:
-        await asyncio.gather(*(ws.close(code=aiohttp.WSCloseCode.GOING_AWAY) for ws in list(self._open)),
-                             return_exceptions=True)
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.handshakes += 1
-        self.authorization.append(request.headers.get("Authorization"))
-        if self.refuse_status is not None:
-            return web.Response(status=self.refuse_status, text="refused by the test feed")
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
-        self.connections += 1
-        self._open.add(ws)
-        sender = asyncio.create_task(self.script(ws, self.connections)) if self.script else None
-        try:
-            async for msg in ws:
-                if msg.type is aiohttp.WSMsgType.TEXT:
-                    if "error" in json.loads(msg.data):
-                        self.error_replies += 1
-                    else:
-                        self.results += 1
-        finally:
-            self._open.discard(ws)
-            if sender is not None:
-                sender.cancel()
-                await asyncio.gather(sender, return_exceptions=True)
-        return ws
+def _tally(server: LoopbackServer) -> tuple[int, int]:
+    """(result replies, error replies) the server received."""
+    replies = server.replies()
+    errors = sum("error" in r for r in replies)
+    return len(replies) - errors, errors
 
 
 def _message(seq: int, stream: str = "s", features: int = 2) -> dict[str, Any]:
@@ -156,10 +68,7 @@ def _metrics_url(ctl: Controller) -> str:
 
 def _pump(ctl: Controller, done: Callable[[], bool], what: str) -> None:
     """Drive the controller until ``done()``; fail naming ``what`` after ``WAIT_S``."""
-    deadline = time.monotonic() + WAIT_S
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {ctl.stats()}"
-        ctl.process_pending(timeout=0.02)
+    drive(ctl, done, timeout_s=WAIT_S, what=what)
 
 
 def _get(url: str) -> tuple[int, str, str]:
@@ -192,23 +101,8 @@ def _buckets(samples: dict, name: str) -> list[tuple[float, float]]:
     return sorted((float(le), v) for le, v in _labelled(samples, name + "_bucket", "le").items())
 
 
-def _app_env(**variables: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
-    env["JAX_PLATFORMS"] = "cpu"
-    env.update(variables)
-    return env
-
-
-def _app(*args: str, timeout: float = 60.0, **variables: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "app.py"), *args], cwd=ROOT, env=_app_env(**variables),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def _free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _app(*args: str, **variables: str) -> AppResult:
+    return run_app(*args, env=variables, timeout_s=60 * UNIT_S)
 
 
 # ---- one real pipeline run, observed from every side --------------------------------------------
@@ -220,38 +114,38 @@ BAD_X = 1  # a message with the wrong number of features
 GOOD = GOOD_SINGLE + 3 * GOOD_ARRAYS
 
 
-async def _mixed_script(ws: web.WebSocketResponse, n: int) -> None:
-    if n != 1:
-        return
+def _mixed_frames() -> list[Any]:
+    frames: list[Any] = []
     seq = 0
     for _ in range(GOOD_SINGLE):
-        await ws.send_str(json.dumps(_message(seq, f"s{seq % 3}")))
+        frames.append(_message(seq, f"s{seq % 3}"))
         seq += 1
     for _ in range(GOOD_ARRAYS):
-        await ws.send_str(json.dumps([_message(seq + i, f"s{(seq + i) % 3}") for i in range(3)]))
+        frames.append([_message(seq + i, f"s{(seq + i) % 3}") for i in range(3)])
         seq += 3
-    for _ in range(BAD_JSON):
-        await ws.send_str("{not json")
-    await ws.send_str(json.dumps({"seq": 999, "stream": "s0", "x": [1.0, 2.0, 3.0]}))
+    frames += ["{not json"] * BAD_JSON
+    frames.append({"seq": 999, "stream": "s0", "x": [1.0, 2.0, 3.0]})
+    return frames
 
 
 @pytest.fixture(scope="module")
 def observed() -> dict[str, Any]:
     """Run the controller against the mixed script; at quiescence record the snapshot, the
     scraped /metrics, /healthz, /readyz, the status line and the server's own tallies."""
-    with LoopbackFeed(_mixed_script) as feed:
+    with FeedServer(send_frames(_mixed_frames())) as feed:
         ctl = Controller(_config(feed.url))
         with ctl:
             url = _metrics_url(ctl)
-            _pump(ctl, lambda: feed.results + feed.error_replies == GOOD + BAD_JSON + BAD_X, "every reply")
+            _pump(ctl, lambda: feed.received_count == GOOD + BAD_JSON + BAD_X, "every reply")
             # the writer counts a batch just after its last frame went out
             _pump(ctl, lambda: ctl.stats().messages_out + ctl.stats().errors_out == GOOD + BAD_JSON + BAD_X,
                   "the writer's tally")
             before = ctl.stats()
             status, ctype, text = _get(url + "/metrics")
             after = ctl.stats()
+            results, error_replies = _tally(feed)
             record = {
-                "feed": {"results": feed.results, "error_replies": feed.error_replies},
+                "feed": {"results": results, "error_replies": error_replies},
                 "snap": before,
                 "snap_after_scrape": after,
                 "status_line": status_line(before, None),
@@ -338,32 +232,32 @@ def test_health_endpoints_say_ok_and_ready_while_connected(observed: dict) -> No
 # ---- health follows the connection ---------------------------------------------------------------
 
 
-def test_healthz_and_readyz_follow_the_feed_disconnecting_and_reconnecting() -> None:
-    with LoopbackFeed() as feed:
-        with Controller(_config(feed.url)) as ctl:
-            url = _metrics_url(ctl)
-            _pump(ctl, lambda: _get(url + "/readyz")[0] == 200, "ready")
+def test_healthz_and_readyz_follow_the_feed_disconnecting_and_reconnecting(feed_server: Any) -> None:
+    feed = feed_server()
+    with Controller(_config(feed.url)) as ctl:
+        url = _metrics_url(ctl)
+        _pump(ctl, lambda: _get(url + "/readyz")[0] == 200, "ready")
 
-            feed.refuse_status = 503  # refuse the reconnects until told otherwise
-            feed.drop()
-            _pump(ctl, lambda: _get(url + "/readyz")[0] == 503, "not ready after the drop")
-            _pump(ctl, lambda: ctl.stats().connect_failures >= 1, "a refused reconnect")
-            status, _, body = _get(url + "/readyz")
-            assert status == 503
-            assert json.loads(body)["reasons"][0].startswith("not connected to the feed (disconnected")
-            status, _, body = _get(url + "/healthz")
-            assert status == 200  # the process and the IO loop are fine; only the feed is gone
-            assert json.loads(body)["connected"] is False
-            m = _samples(_get(url + "/metrics")[2])
-            assert (_value(m, "forkless_connected"), _value(m, "forkless_ready")) == (0, 0)
+        feed.handshake_status = lambda attempt: 503  # refuse the reconnects until told otherwise
+        feed.drop(aiohttp.WSCloseCode.GOING_AWAY)
+        _pump(ctl, lambda: _get(url + "/readyz")[0] == 503, "not ready after the drop")
+        _pump(ctl, lambda: ctl.stats().connect_failures >= 1, "a refused reconnect")
+        status, _, body = _get(url + "/readyz")
+        assert status == 503
+        assert json.loads(body)["reasons"][0].startswith("not connected to the feed (disconnected")
+        status, _, body = _get(url + "/healthz")
+        assert status == 200  # the process and the IO loop are fine; only the feed is gone
+        assert json.loads(body)["connected"] is False
+        m = _samples(_get(url + "/metrics")[2])
+        assert (_value(m, "forkless_connected"), _value(m, "forkless_ready")) == (0, 0)
 
-            feed.refuse_status = None
-            _pump(ctl, lambda: _get(url + "/readyz")[0] == 200, "ready again after reconnecting")
-            m = _samples(_get(url + "/metrics")[2])
-            assert _value(m, "forkless_connects_total") == 2 == feed.connections
-            assert _value(m, "forkless_reconnects_total") == 1
-            assert _value(m, "forkless_connect_failures_total") == feed.handshakes - 2 >= 1
-            assert (_value(m, "forkless_connected"), _value(m, "forkless_ready")) == (1, 1)
+        feed.handshake_status = None
+        _pump(ctl, lambda: _get(url + "/readyz")[0] == 200, "ready again after reconnecting")
+        m = _samples(_get(url + "/metrics")[2])
+        assert _value(m, "forkless_connects_total") == 2 == len(feed.connections)
+        assert _value(m, "forkless_reconnects_total") == 1
+        assert _value(m, "forkless_connect_failures_total") == len(feed.attempts) - 2 >= 1
+        assert (_value(m, "forkless_connected"), _value(m, "forkless_ready")) == (1, 1)
 
 
 def _serve_once(paths: list[str], addr: str = "127.0.0.1:0") -> dict[str, tuple[int, str, str]]:
@@ -413,10 +307,7 @@ def test_the_app_exits_2_with_one_line_when_the_metrics_port_is_taken() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
-        env.update(JAX_PLATFORMS="cpu", FORKLESS_METRICS_ADDR=f"127.0.0.1:{port}", FORKLESS_DURATION="5")
-        proc = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=60)
+        proc = _app(FORKLESS_METRICS_ADDR=f"127.0.0.1:{port}", FORKLESS_DURATION="5")
     assert proc.returncode == 2
     assert f"configuration error: cannot serve metrics on FORKLESS_METRICS_ADDR=127.0.0.1:{port}" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -458,16 +349,17 @@ def test_error_reasons_beyond_the_cap_are_summed_as_other() -> None:
 FLOOD = 600
 
 
-async def _flood_script(ws: web.WebSocketResponse, n: int) -> None:
-    if n != 1:
-        return
-    for i in range(FLOOD):
-        await ws.send_str("{the same bad frame")
-        if i % 30 == 29:
-            await asyncio.sleep(0.05)  # spread over ~1 s: several rate-limit windows
+async def _flood_script(conn: FeedConn) -> None:
+    reader = conn.reading()
+    if conn.index == 0:
+        for i in range(FLOOD):
+            await conn.send("{the same bad frame")
+            if i % 30 == 29:
+                await asyncio.sleep(0.05)  # spread over ~1 s: several rate-limit windows
+    await reader
 
 
-def test_a_flood_of_identical_bad_frames_logs_a_few_json_lines_with_a_count() -> None:
+def test_a_flood_of_identical_bad_frames_logs_a_few_json_lines_with_a_count(feed_server: Any) -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
@@ -477,10 +369,11 @@ def test_a_flood_of_identical_bad_frames_logs_a_few_json_lines_with_a_count() ->
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
-        with LoopbackFeed(_flood_script) as feed:
-            with Controller(_config(feed.url, metrics_addr="")) as ctl:
-                _pump(ctl, lambda: feed.error_replies == FLOOD, "an error reply to every bad frame")
-                assert ctl.stats().errors == {"not JSON": FLOOD}
+        feed = feed_server(_flood_script)
+        with Controller(_config(feed.url, metrics_addr="")) as ctl:
+            _pump(ctl, lambda: feed.received_count == FLOOD, "an error reply to every bad frame")
+            assert _tally(feed) == (0, FLOOD)
+            assert ctl.stats().errors == {"not JSON": FLOOD}
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
@@ -518,17 +411,13 @@ def test_the_app_writes_one_json_object_per_log_line() -> None:
 # ---- --check ----------------------------------------------------------------------------------------
 
 
-async def _one_message(ws: web.WebSocketResponse, n: int) -> None:
-    await ws.send_str(json.dumps(_message(0, "probe")))
-
-
-def test_check_passes_against_a_working_loopback_feed_and_hides_the_token() -> None:
-    with LoopbackFeed(_one_message) as feed:
-        proc = _app("--check", FORKLESS_WS_URL=feed.url, FORKLESS_FEATURES="2", FORKLESS_MAX_BATCH="2",
-                    FORKLESS_AUTH_TOKEN="s3cret-token", FORKLESS_METRICS_ADDR="127.0.0.1:0")
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert feed.authorization == ["Bearer s3cret-token"]  # sent, exactly once
-        assert feed.connections == 1
+def test_check_passes_against_a_working_loopback_feed_and_hides_the_token(feed_server: Any) -> None:
+    feed = feed_server(send_frames([_message(0, "probe")]))
+    proc = _app("--check", FORKLESS_WS_URL=feed.url, FORKLESS_FEATURES="2", FORKLESS_MAX_BATCH="2",
+                FORKLESS_AUTH_TOKEN="s3cret-token", FORKLESS_METRICS_ADDR="127.0.0.1:0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [a.headers.get("Authorization") for a in feed.attempts] == ["Bearer s3cret-token"]  # sent, exactly once
+    assert len(feed.connections) == 1
     out = proc.stdout
     assert "s3cret" not in out + proc.stderr
     assert "FORKLESS_AUTH_TOKEN          <hidden>" in out
@@ -540,18 +429,17 @@ def test_check_passes_against_a_working_loopback_feed_and_hides_the_token() -> N
     assert out.rstrip().endswith("check passed")
 
 
-def test_check_against_a_refused_port_exits_3_saying_so() -> None:
-    url = f"ws://127.0.0.1:{_free_port()}/feed"
+def test_check_against_a_refused_port_exits_3_saying_so(free_port: int) -> None:
+    url = f"ws://127.0.0.1:{free_port}/feed"
     proc = _app("--check", FORKLESS_WS_URL=url, FORKLESS_MAX_BATCH="1", FORKLESS_CONNECT_TIMEOUT_S="5")
     assert proc.returncode == 3
     assert f"forkless: check failed: cannot connect to {url}: Connection refused" in proc.stderr
     assert "check passed" not in proc.stdout
 
 
-def test_check_against_a_handshake_refused_with_401_exits_3_naming_the_token() -> None:
-    with LoopbackFeed() as feed:
-        feed.refuse_status = 401
-        proc = _app("--check", FORKLESS_WS_URL=feed.url, FORKLESS_MAX_BATCH="1")
+def test_check_against_a_handshake_refused_with_401_exits_3_naming_the_token(feed_server: Any) -> None:
+    feed = feed_server(handshake_status=lambda attempt: 401)
+    proc = _app("--check", FORKLESS_WS_URL=feed.url, FORKLESS_MAX_BATCH="1")
     assert proc.returncode == 3
     assert "refused the WebSocket handshake with HTTP 401 (unauthorised: check FORKLESS_AUTH_TOKEN)" in proc.stderr
 

@@ -1,19 +1,21 @@
-"""The whole pipeline in one process against a real aiohttp WebSocket server on 127.0.0.1."""
+"""The whole pipeline in one process against a real WebSocket server on 127.0.0.1: aiohttp's,
+and for the core and reconnect tests also the ``websockets`` library's, so a bug that
+aiohttp's client and server share cannot hide."""
 
 from __future__ import annotations
 
 import json
 import os
 import threading
-import time
 import warnings
 
 import numpy as np
 import pytest
 
 from controller import Config, Controller, compilations
-from tests.feed import FeedServer
+from tests.harness import UNIT_S, drive
 from tests.reference import EWMAReference
+from tests.servers import SERVERS, send_frames
 
 F = 4
 
@@ -29,11 +31,10 @@ def make_messages(n, streams=5, seed=0, spike_every=37):
     return out
 
 
-def drive(ctl, server, n_replies, timeout=30.0):
-    end = time.monotonic() + timeout
-    while len(server.replies) < n_replies and time.monotonic() < end:
-        ctl.process_pending(timeout=0.05)
-    return server.replies
+def drive_until_replies(ctl, server, n_replies):
+    """Drive the controller until the server holds ``n_replies`` reply frames; return them, decoded."""
+    drive(ctl, lambda: server.received_count >= n_replies, timeout_s=30 * UNIT_S, what=f"{n_replies} replies")
+    return server.replies()
 
 
 def check_against_reference(messages, replies, **ref_args):
@@ -51,7 +52,8 @@ def check_against_reference(messages, replies, **ref_args):
     return flagged
 
 
-def test_results_match_the_one_at_a_time_reference_in_arrival_order():
+@pytest.mark.parametrize("impl", sorted(SERVERS))
+def test_results_match_the_one_at_a_time_reference_in_arrival_order(feed_server, impl):
     messages = make_messages(600)
     # mix single-message frames and batch frames (batch frames repeat streams inside one frame)
     frames, i = [], 0
@@ -61,15 +63,17 @@ def test_results_match_the_one_at_a_time_reference_in_arrival_order():
         frames.append(json.dumps(part[0] if k == 1 else part))
         i += k
     cfg = Config(ws_url="ws://x", features=F, max_batch=16, warmup=5, status_s=0)
-    with FeedServer(frames) as server:
-        with Controller(cfg.replace(ws_url=server.url)) as ctl:
-            replies = drive(ctl, server, len(messages))
-    assert [r["seq"] for r in replies] == list(range(len(messages)))  # all answered, in order
+    server = feed_server(send_frames(frames), impl=impl)
+    with Controller(cfg.replace(ws_url=server.url)) as ctl:
+        drive_until_replies(ctl, server, len(messages))
+    server.wait_for(lambda: server.connections[0].closed_at is not None, 5 * UNIT_S, "the client's close")
+    replies = server.replies()
+    assert [r["seq"] for r in replies] == list(range(len(messages)))  # all answered once, in order
     assert check_against_reference(messages, replies, warmup=5) > 0
-    assert server.close_codes == [1000]
+    assert [conn.client_close_code for conn in server.connections] == [1000]
 
 
-def test_bad_input_gets_an_error_each_and_later_messages_are_still_processed():
+def test_bad_input_gets_an_error_each_and_later_messages_are_still_processed(feed_server):
     good = make_messages(30, spike_every=1000)
     bad = [
         "not json at all",
@@ -85,10 +89,10 @@ def test_bad_input_gets_an_error_each_and_later_messages_are_still_processed():
     ]
     frames = [json.dumps(m) for m in good[:10]] + bad + [json.dumps(m) for m in good[10:]]
     cfg = Config(ws_url="ws://x", features=F, max_streams=5, status_s=0)
-    with FeedServer(frames) as server:
-        with Controller(cfg.replace(ws_url=server.url)) as ctl:
-            replies = drive(ctl, server, len(good) + 11)  # "[1, 2]" holds two bad elements
-            stats = ctl.stats()
+    server = feed_server(send_frames(frames))
+    with Controller(cfg.replace(ws_url=server.url)) as ctl:
+        replies = drive_until_replies(ctl, server, len(good) + 11)  # "[1, 2]" holds two bad elements
+        stats = ctl.stats()
     errors = [r for r in replies if "error" in r]
     results = [r for r in replies if "error" not in r]
     assert sorted(r["seq"] for r in results) == list(range(30))
@@ -102,22 +106,22 @@ def test_bad_input_gets_an_error_each_and_later_messages_are_still_processed():
     assert stats.errors_total == 11 and stats.messages_out == 30 and stats.errors_out == 11
 
 
-def test_nothing_forks_and_jax_never_warns_about_fork():
+def test_nothing_forks_and_jax_never_warns_about_fork(feed_server):
     forks = []
     os.register_at_fork(before=lambda: forks.append(threading.current_thread().name))
     messages = make_messages(100)
     cfg = Config(ws_url="ws://x", features=F, status_s=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # JAX's "os.fork() was called" RuntimeWarning would raise
-        with FeedServer([json.dumps(m) for m in messages]) as server:
-            with Controller(cfg.replace(ws_url=server.url)) as ctl:
-                replies = drive(ctl, server, len(messages))
+        server = feed_server(send_frames([json.dumps(m) for m in messages]))
+        with Controller(cfg.replace(ws_url=server.url)) as ctl:
+            replies = drive_until_replies(ctl, server, len(messages))
     assert len(replies) == 100
     assert forks == []
     assert sorted(t.name for t in threading.enumerate() if t.name.startswith("forkless")) == []
 
 
-def test_no_compilation_after_warm_up_whatever_the_batch_sizes():
+def test_no_compilation_after_warm_up_whatever_the_batch_sizes(feed_server):
     messages = make_messages(400)
     rng = np.random.default_rng(3)
     frames, i = [], 0
@@ -126,34 +130,37 @@ def test_no_compilation_after_warm_up_whatever_the_batch_sizes():
         frames.append(json.dumps(messages[i:i + k]))
         i += k
     cfg = Config(ws_url="ws://x", features=F, max_batch=32, status_s=0)
-    with FeedServer(frames, gap_s=0.01) as server:  # paced, so frames are batched one by one
-        ctl = Controller(cfg.replace(ws_url=server.url))
-        ctl.start()
-        after_warmup = compilations()
-        try:
-            drive(ctl, server, len(messages))
-            sizes = ctl.stats().batch_size
-        finally:
-            ctl.stop()
-    assert len(server.replies) == 400
+    server = feed_server(send_frames(frames, gap_s=0.01))  # paced, so frames are batched one by one
+    ctl = Controller(cfg.replace(ws_url=server.url))
+    ctl.start()
+    after_warmup = compilations()
+    try:
+        drive_until_replies(ctl, server, len(messages))
+        sizes = ctl.stats().batch_size
+    finally:
+        ctl.stop()
+    server.wait_for(lambda: server.connections[0].closed_at is not None, 5 * UNIT_S, "the client's close")
+    assert len(server.received) == 400
     used = [b for b, c in zip(sizes.bounds, sizes.counts) if c]
     assert len(used) >= 3  # several bucket sizes were really used
     assert compilations() == after_warmup
     assert ctl.stats().compilations_after_warmup == 0
 
 
-def test_state_survives_a_reconnect():
+@pytest.mark.parametrize("impl", sorted(SERVERS))
+def test_state_survives_a_reconnect(feed_server, impl):
     messages = make_messages(60, streams=2)
     cfg = Config(ws_url="ws://x", features=F, status_s=0, reconnect_min_s=0.05, reconnect_max_s=0.1)
-    with FeedServer([json.dumps(m) for m in messages[:30]]) as server:
-        with Controller(cfg.replace(ws_url=server.url)) as ctl:
-            drive(ctl, server, 30)
-            server.frames = [json.dumps(m) for m in messages[30:]]
-            server.drop_clients()
-            drive(ctl, server, 60)
-            assert ctl.stats().reconnects == 1
-    assert server.connections == 2
-    check_against_reference(messages, server.replies)
+    first, second = ([json.dumps(m) for m in part] for part in (messages[:30], messages[30:]))
+    server = feed_server(send_frames(first, second), impl=impl)
+    with Controller(cfg.replace(ws_url=server.url)) as ctl:
+        drive_until_replies(ctl, server, 30)
+        server.drop()
+        replies = drive_until_replies(ctl, server, 60)
+        assert ctl.stats().reconnects == 1
+    assert len(server.connections) == 2
+    assert len(replies) == 60
+    check_against_reference(messages, replies)
 
 
 def test_the_controller_refuses_to_process_before_start():

@@ -6,15 +6,11 @@ Its generated tables (variables, exit statuses) are checked in tests/test_docs.p
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-from tests.feed import FeedServer
+from tests.harness import ROOT, UNIT_S, AppResult, run_app
+from tests.servers import send_frames
 
-ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 
@@ -24,11 +20,9 @@ def example(name: str) -> str:
     return match.group(1)
 
 
-def run_example(name: str, url: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
-    env.update({"JAX_PLATFORMS": "cpu", "FORKLESS_WS_URL": url, "FORKLESS_RECONNECT_MIN_S": "0.1"})
-    return subprocess.run([sys.executable, "-c", example(name)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=90)
+def run_example(name: str, url: str) -> AppResult:
+    return run_app(env={"FORKLESS_WS_URL": url, "FORKLESS_RECONNECT_MIN_S": "0.1"},
+                   program=("-c", example(name)), timeout_s=90 * UNIT_S)
 
 
 def test_the_test_command_in_the_readme_is_what_ci_runs():
@@ -39,36 +33,40 @@ def test_the_test_command_in_the_readme_is_what_ci_runs():
     assert command in ci.splitlines()
 
 
-def test_the_blocking_embedding_example_runs_with_its_own_processor_and_codec():
+def test_the_blocking_embedding_example_runs_with_its_own_processor_and_codec(feed_server):
     frames = ["a,0,3,4", "b,1,1,0", "a,2,0,2", "a,3,bad"]
-    with FeedServer(frames, gap_s=0.2) as server:  # paced: one message per batch
-        proc = run_example("blocking", server.url)
-        replies = server.wait_replies(4, timeout=5, raw=True)
+    server = feed_server(send_frames(frames, gap_s=0.2))  # paced: one message per batch
+    proc = run_example("blocking", server.url)
+    server.wait_for(lambda: len(server.connections) == 1 and server.connections[0].closed_at is not None,
+                    5 * UNIT_S, "the example's connection closed")
     assert proc.returncode == 0, proc.stderr
-    assert replies == ["0,a,1,5.000", "1,b,1,1.000", "2,a,2,2.000", "error,None,need 2 values"]
+    assert server.received == ["0,a,1,5.000", "1,b,1,1.000", "2,a,2,2.000", "error,None,need 2 values"]
 
 
-def test_the_driven_embedding_example_runs_the_default_detector():
+def test_the_driven_embedding_example_runs_the_default_detector(feed_server):
     frames = [json.dumps({"seq": i, "stream": "s", "x": [float(i % 3)] * 8}) for i in range(50)]
-    with FeedServer(frames) as server:
-        proc = run_example("driven", server.url)
+    server = feed_server(send_frames(frames))
+    proc = run_example("driven", server.url)
+    server.wait_for(lambda: len(server.connections) == 1 and server.connections[0].closed_at is not None,
+                    5 * UNIT_S, "the example's connection closed")
     assert proc.returncode == 0, proc.stderr
     assert "50 results sent, 0 anomalies, 0 errors" in proc.stdout
-    assert len(server.replies) == 50
+    assert len(server.replies()) == 50
 
 
-def test_the_on_results_example_acts_on_anomalies_in_program():
+def test_the_on_results_example_acts_on_anomalies_in_program(feed_server):
     frames = [json.dumps({"seq": i, "stream": "s", "x": [float(i % 3)] * 8}) for i in range(40)]
     frames.append(json.dumps({"seq": 40, "stream": "s", "x": [90.0] * 8}))  # a spike after warm-up
-    with FeedServer(frames) as server:
-        proc = run_example("on_results", server.url)
+    server = feed_server(send_frames(frames))
+    proc = run_example("on_results", server.url)
     assert proc.returncode == 0, proc.stderr
     assert "1 anomalies acted on in-program: [('s', 40)]" in proc.stdout
-    assert len(server.replies) == 41
+    assert len(server.replies()) == 41
 
 
 def test_the_csv_example_runs_against_the_csv_feed_that_ships_with_it(capsys):
     import asyncio
+    import sys
     import threading
 
     from aiohttp import web
@@ -97,12 +95,12 @@ def test_the_csv_example_runs_against_the_csv_feed_that_ships_with_it(capsys):
 
     thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
     thread.start()
-    assert ready.wait(10)
+    assert ready.wait(10 * UNIT_S)
     try:
         proc = run_example("blocking", box["url"])
     finally:
         box["loop"].call_soon_threadsafe(box["stop"].set)
-        thread.join(10)
+        thread.join(10 * UNIT_S)
     assert proc.returncode == 0, proc.stderr
     assert "decode failed" not in proc.stderr and "Traceback" not in proc.stderr
     replies = [line.removeprefix("reply: ") for line in capsys.readouterr().out.splitlines()

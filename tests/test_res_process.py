@@ -1,27 +1,28 @@
-"""Fault tests of the whole program: ``python app.py`` as a subprocess against a real loopback
-server (tests/servers.py), where the behaviour belongs to the process: exit status, signals,
-what reaches stdout/stderr. Every run is bounded by a timeout.
+"""Fault tests of the whole program: ``python app.py`` as a subprocess (tests/harness.py)
+against a real loopback server (tests/servers.py), where the behaviour belongs to the process:
+exit status, signals, what reaches stdout/stderr. Every run is bounded by a timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
+from tests.harness import UNIT_S, AppProcess, AppResult
 from tests.servers import (
-    FeedServer,
-    ServerConn,
+    SERVERS,
+    FeedConn,
+    LoopbackServer,
     assert_results_match_reference,
     make_messages,
     parse_replies,
@@ -29,18 +30,17 @@ from tests.servers import (
     server_ssl_context,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(60 * UNIT_S)
 
-ROOT = Path(__file__).resolve().parents[1]
-RUN_TIMEOUT_S = 30.0
+RUN_TIMEOUT_S = 30.0 * UNIT_S
 TOKEN = "tok-5ecret-d0-not-log-71c3"
 HEADER_SECRET = "hdr-5ecret-a9f2"
 
 
 def _env(url: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
-    env.update(
-        JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+    """The app's FORKLESS_* settings for these tests (the launcher adds JAX_PLATFORMS=cpu)."""
+    env = dict(
+        PYTHONUNBUFFERED="1",
         FORKLESS_WS_URL=url, FORKLESS_FEATURES="4", FORKLESS_MAX_BATCH="16", FORKLESS_MAX_STREAMS="64",
         FORKLESS_STATUS_S="0", FORKLESS_RECONNECT_MIN_S="0.05", FORKLESS_RECONNECT_MAX_S="0.2",
         FORKLESS_CONNECT_TIMEOUT_S="3",
@@ -49,46 +49,25 @@ def _env(url: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def _start(env: dict[str, str], *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *(args or ("app.py",))], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _finish(proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"the app did not exit within {timeout}s\nstdout:\n{out}\nstderr:\n{err}") from None
-    return proc.returncode, out, err
-
-
-def _wait_for(condition, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.01)
+App = Callable[..., AppProcess]
 
 
 @pytest.mark.parametrize("status", [401, 404])
-def test_handshake_4xx_exits_3_at_once_with_a_message_naming_the_status(status: int) -> None:
-    with FeedServer(handshake_status=lambda i: status) as server:
-        proc = _start(_env(server.url, FORKLESS_AUTH_TOKEN=TOKEN))
-        code, out, err = _finish(proc)
-        exited = time.monotonic()
+def test_handshake_4xx_exits_3_at_once_with_a_message_naming_the_status(feed_server: Any, app: App,
+                                                                        status: int) -> None:
+    server = feed_server(handshake_status=lambda i: status)
+    code, out, err, exited = app(env=_env(server.url, FORKLESS_AUTH_TOKEN=TOKEN)).finish(RUN_TIMEOUT_S)
     assert code == 3, err
     assert f"HTTP {status}" in err
     assert len(server.attempts) == 1, "a 4xx is not retried"
-    assert exited - server.attempts[0] <= 5.0
+    assert exited - server.attempts[0].at <= 5.0 * UNIT_S
     assert TOKEN not in out + err
 
 
-def test_io_thread_crash_exits_non_zero_within_2s_with_the_traceback() -> None:
+def test_io_thread_crash_exits_non_zero_within_2s_with_the_traceback(feed_server: Any, app: App) -> None:
     crashed_at: list[float] = []
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         for m in make_messages(3):
             await conn.send(m)
         for _ in range(3):
@@ -114,13 +93,11 @@ def test_io_thread_crash_exits_non_zero_within_2s_with_the_traceback() -> None:
 
         sys.exit(app.main([], codec=Boom(4)))
     """)
-    with FeedServer(script) as server:
-        proc = _start(_env(server.url), "-c", program)
-        code, _out, err = _finish(proc)
-        exited = time.monotonic()
+    server = feed_server(script)
+    code, _out, err, exited = app(env=_env(server.url), program=("-c", program)).finish(RUN_TIMEOUT_S)
     assert crashed_at, err
     assert code == 1, err
-    assert exited - crashed_at[0] <= 2.0
+    assert exited - crashed_at[0] <= 2.0 * UNIT_S
     assert "Traceback" in err and "InjectedCrash: injected IO-thread failure" in err
 
 
@@ -137,7 +114,7 @@ def _flood_script(items: int, pause_s: float):
     """A server that sends frames of ``items`` messages, ``pause_s`` apart (0: as fast as TCP
     takes them), until the client closes, and records every reply."""
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         async def flood() -> None:
             index = 0
             while True:
@@ -154,29 +131,25 @@ def _flood_script(items: int, pause_s: float):
     return script
 
 
-def _sigterm_when_replies_flow(server: FeedServer, proc: subprocess.Popen,
-                               timeout_s: float) -> tuple[int, str, str, float]:
-    try:
-        _wait_for(lambda: sum(len(c.received) for c in server.connections) >= 2000, 30, "replies flowing")
-    except AssertionError:
-        proc.kill()
-        raise
-    proc.send_signal(signal.SIGTERM)
-    signalled = time.monotonic()
-    code, out, err = _finish(proc, timeout=timeout_s)
-    return code, out, err, time.monotonic() - signalled
+def _sigterm_when_replies_flow(server: LoopbackServer, proc: AppProcess, timeout_s: float) -> tuple[AppResult, float]:
+    """SIGTERM once 2000 replies reached the server; how the run ended and how long after the signal."""
+    server.wait_for(lambda: server.received_count >= 2000, 30 * UNIT_S, "replies flowing")
+    signalled = proc.signal(signal.SIGTERM)
+    result = proc.finish(timeout_s)
+    return result, result.exited_at - signalled
 
 
-def test_sigterm_while_fed_exits_0_and_answers_every_message_it_read() -> None:
-    items = 20
-    with FeedServer(_flood_script(items, pause_s=0.002)) as server:
-        # one status line, at the stop: the client's own count of messages it read
-        proc = _start(_env(server.url, FORKLESS_SHUTDOWN_TIMEOUT_S="10", FORKLESS_STATUS_S="3600"))
-        code, out, err, elapsed = _sigterm_when_replies_flow(server, proc, 20)
-        conn = server.connections[0]
-        _wait_for(lambda: conn.closed_at is not None, 5, "the server saw the close")
+@pytest.mark.parametrize("impl", sorted(SERVERS))
+def test_sigterm_while_fed_exits_0_and_answers_every_message_it_read(feed_server: Any, app: App, impl: str) -> None:
+    items, shutdown_timeout_s = 20, 10.0
+    server = feed_server(_flood_script(items, pause_s=0.002), impl=impl)
+    # one status line, at the stop: the client's own count of messages it read
+    proc = app(env=_env(server.url, FORKLESS_SHUTDOWN_TIMEOUT_S=str(shutdown_timeout_s), FORKLESS_STATUS_S="3600"))
+    (code, out, err, _), elapsed = _sigterm_when_replies_flow(server, proc, 20 * UNIT_S)
+    conn = server.connections[0]
+    server.wait_for(lambda: conn.closed_at is not None, 5 * UNIT_S, "the server saw the close")
     assert code == 0, err
-    assert elapsed <= 10.0
+    assert elapsed <= shutdown_timeout_s * UNIT_S
     results, errors = parse_replies(conn.received)
     assert errors == []
     answered = len(results)
@@ -193,10 +166,11 @@ def test_sigterm_while_fed_exits_0_and_answers_every_message_it_read() -> None:
     assert conn.client_close_code == aiohttp.WSCloseCode.OK, conn.end_message
 
 
-def test_sigterm_under_a_flood_faster_than_processing_exits_0_within_10s() -> None:
+def test_sigterm_under_a_flood_faster_than_processing_exits_0_within_10s(feed_server: Any, app: App) -> None:
+    shutdown_timeout_s = 10.0
     frame = json.dumps(_flood_frame(0, 200))  # the same frame over and over: no work for the server
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         async def flood() -> None:
             while True:
                 await conn.send(frame)
@@ -208,42 +182,47 @@ def test_sigterm_under_a_flood_faster_than_processing_exits_0_within_10s() -> No
         finally:
             sender.cancel()
 
-    with FeedServer(script) as server:
-        proc = _start(_env(server.url, FORKLESS_SHUTDOWN_TIMEOUT_S="10", FORKLESS_STATUS_S="3600"))
-        code, _out, err, elapsed = _sigterm_when_replies_flow(server, proc, 12)
+    server = feed_server(script)
+    # inbound holds at most 128 frames of 200 messages, so what was read before the signal can
+    # be answered well within the deadline (the default 1024 frames took 2-9 s on 2 cores, and
+    # past 10 s the app aborts at the deadline and exits a little after it)
+    proc = app(env=_env(server.url, FORKLESS_SHUTDOWN_TIMEOUT_S=str(shutdown_timeout_s), FORKLESS_STATUS_S="3600",
+                        FORKLESS_QUEUE_SIZE="128"))
+    (code, _out, err, _), elapsed = _sigterm_when_replies_flow(server, proc, 12 * UNIT_S)
     assert code == 0, err
-    assert elapsed <= 10.0
+    assert elapsed <= shutdown_timeout_s * UNIT_S
+    assert "closed with code 1000 after sending every result" in err  # an orderly stop, not the deadline's abort
 
 
-def test_self_signed_certificate_is_refused_by_default_with_a_certificate_error(tmp_path: Path) -> None:
+def test_self_signed_certificate_is_refused_by_default_with_a_certificate_error(feed_server: Any, app: App,
+                                                                              tmp_path: Path) -> None:
     cert, key = self_signed_certificate(tmp_path)
-    with FeedServer(ssl_context=server_ssl_context(cert, key)) as server:
-        proc = _start(_env(server.url, FORKLESS_RECONNECT_TRIES="1"))
-        code, _out, err = _finish(proc)
+    server = feed_server(ssl_context=server_ssl_context(cert, key))
+    code, _out, err, _ = app(env=_env(server.url, FORKLESS_RECONNECT_TRIES="1")).finish(RUN_TIMEOUT_S)
     assert code == 3, err
     assert "certificate" in err.lower()
     assert "FORKLESS_CA_FILE" in err
     assert server.connections == []
 
 
-def test_secrets_reach_the_server_and_never_the_output_even_when_connections_fail() -> None:
+def test_secrets_reach_the_server_and_never_the_output_even_when_connections_fail(feed_server: Any,
+                                                                                 app: App) -> None:
     # 503 twice (failed attempts are logged), then accepted, then the server drops the
     # connection (a lost connection is logged), then 401 (a fatal error is printed)
     def status(attempt: int) -> int | None:
         return 503 if attempt < 2 else None if attempt == 2 else 401
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         for m in make_messages(3):
             await conn.send(m)
         for _ in range(3):
             await conn.recv(timeout=20)
-        await conn.ws.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR)
+        await conn.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR)
 
-    with FeedServer(script, handshake_status=status) as server:
-        env = _env(server.url, FORKLESS_AUTH_TOKEN=TOKEN, FORKLESS_HEADERS=json.dumps({"X-Api-Key": HEADER_SECRET}),
-                   FORKLESS_LOG_LEVEL="DEBUG", FORKLESS_STATUS_S="0.2")
-        proc = _start(env)
-        code, out, err = _finish(proc)
+    server = feed_server(script, handshake_status=status)
+    env = _env(server.url, FORKLESS_AUTH_TOKEN=TOKEN, FORKLESS_HEADERS=json.dumps({"X-Api-Key": HEADER_SECRET}),
+               FORKLESS_LOG_LEVEL="DEBUG", FORKLESS_STATUS_S="0.2")
+    code, out, err, _ = app(env=env).finish(RUN_TIMEOUT_S)
     assert code == 3, err
     assert len(server.connections) == 1
     headers = server.connections[0].headers
@@ -257,18 +236,17 @@ def test_secrets_reach_the_server_and_never_the_output_even_when_connections_fai
     assert "503" in err and "401" in err  # the failures were reported, only the secrets kept out
 
 
-def test_help_does_not_show_secret_values() -> None:
+def test_help_does_not_show_secret_values(app: App) -> None:
     env = _env("ws://127.0.0.1:9/feed", FORKLESS_AUTH_TOKEN=TOKEN, FORKLESS_HEADERS=json.dumps({"X": HEADER_SECRET}))
-    code, out, err = _finish(_start(env, "app.py", "--help"))
+    code, out, err, _ = app("--help", env=env).finish(RUN_TIMEOUT_S)
     assert code == 0
     assert "FORKLESS_AUTH_TOKEN" in out
     assert TOKEN not in out + err and HEADER_SECRET not in out + err
 
 
-def test_reconnect_tries_used_up_exits_3_instead_of_idling() -> None:
-    with FeedServer() as server:
-        url = server.url
-    # the server is gone: every attempt is refused
-    code, _out, err = _finish(_start(_env(url, FORKLESS_RECONNECT_TRIES="3")))
+def test_reconnect_tries_used_up_exits_3_instead_of_idling(app: App, free_port: int) -> None:
+    # nothing listens on the port: every attempt is refused
+    url = f"ws://127.0.0.1:{free_port}/feed"
+    code, _out, err, _ = app(env=_env(url, FORKLESS_RECONNECT_TRIES="3")).finish(RUN_TIMEOUT_S)
     assert code == 3, err
     assert "after 3 failed attempts" in err

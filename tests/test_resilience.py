@@ -1,10 +1,12 @@
 """Fault tests, in process: a real ``Controller`` against a real loopback server (tests/servers.py).
 
 Each test scripts the server (close mid-stream, refuse, 503, ignore pings, go silent, stop
-reading, send junk), drives the controller from the main thread with ``process_pending``
-and asserts on what the server received. Every wait is bounded; delays are made small
-with the ``reconnect_*`` settings. One ``Processor`` object is shared so the step is
-compiled once for the whole file (same shapes in every ``Config``).
+reading, send junk), drives the controller from the main thread (``drive``) and asserts on
+what the server received. Every wait is bounded (tests/harness.py: scaled by
+FORKLESS_TEST_TIMEOUT_SCALE); delays are made small with the ``reconnect_*`` settings and
+the backoff's jitter is seeded (the ``seeded_backoff`` fixture). The reconnect tests that
+are cheap to repeat run against the ``websockets`` server too. One ``Processor`` object is
+shared so the step is compiled once for the whole file (same shapes in every ``Config``).
 """
 
 from __future__ import annotations
@@ -29,15 +31,21 @@ import pytest
 from controller.config import Config
 from controller.loop import Controller
 from controller.processor import Processor, ewma_processor
+from io_loop.backoff import Backoff
+from tests.harness import BACKOFF_SEED, UNIT_S, assert_books_balance, drive, wait_until
 from tests.servers import (
-    FeedServer,
-    ServerConn,
+    SERVERS,
+    AiohttpConn,
+    FeedConn,
+    LoopbackServer,
     assert_results_match_reference,
     make_messages,
     parse_replies,
+    self_signed_certificate,
+    server_ssl_context,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(60 * UNIT_S)
 
 PROCESSOR = ewma_processor()
 FEATURES = 4
@@ -53,34 +61,25 @@ def _config(url: str, **changes: Any) -> Config:
     return Config(**base)
 
 
-def _drive(ctl: Controller, until: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Process in the main thread until ``until()`` or fail after ``timeout_s``."""
-    end = time.monotonic() + timeout_s
-    while not until():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {timeout_s}s: {what}; stats: {ctl.stats()}")
-        ctl.process_pending(timeout=0.02)
 
 
-def _all_frames(server: FeedServer) -> list[str]:
-    return [frame for conn in server.connections for frame in conn.received]
-
-
-def _answered(server: FeedServer) -> int:
-    return sum(len(conn.received) for conn in list(server.connections))
+def _all_closed(server: LoopbackServer) -> Callable[[], bool]:
+    """For ``server.wait_for``: every connection so far has ended (nothing more can arrive)."""
+    return lambda: bool(server.connections) and all(conn.closed_at is not None for conn in server.connections)
 
 
 # ---- reconnects ---------------------------------------------------------------------------
 
 
-def test_five_closes_and_a_refusal_lose_nothing_and_answer_each_message_once() -> None:
+@pytest.mark.parametrize("impl", sorted(SERVERS))
+def test_five_closes_and_a_refusal_lose_nothing_and_answer_each_message_once(feed_server: Any, impl: str) -> None:
     per_connection, closes = 120, 5
     messages = make_messages(per_connection * (closes + 1), streams=5, seed=11)
     sent = [0]
     done = threading.Event()
 
-    async def script(conn: ServerConn) -> None:
-        reader = asyncio.create_task(conn.read_until_closed(timeout=30))
+    async def script(conn: FeedConn) -> None:
+        reader = conn.reading(timeout=30)
         last = conn.index >= closes
         stop = len(messages) if last else min(len(messages), sent[0] + per_connection)
         while sent[0] < stop:
@@ -99,69 +98,76 @@ def test_five_closes_and_a_refusal_lose_nothing_and_answer_each_message_once() -
             if conn.index == 2:
                 await conn.server.refuse_for(2.0)
             return
-        while _answered(conn.server) < len(messages):
+        while conn.server.received_count < len(messages):
             await asyncio.sleep(0.01)
         done.set()
         await reader
 
-    with FeedServer(script) as server:
-        with Controller(_config(server.url), processor=PROCESSOR) as ctl:
-            _drive(ctl, done.is_set, 30, "every message answered")
-            stats = ctl.stats()
-        assert not server.script_errors
-    results, errors = parse_replies(_all_frames(server))
+    server = feed_server(script, impl=impl)
+    with Controller(_config(server.url), processor=PROCESSOR) as ctl:
+        drive(ctl, done.is_set, timeout_s=30 * UNIT_S, what="every message answered")
+        stats = ctl.stats()
+    assert not server.script_errors
+    results, errors = parse_replies(server.received)
     assert errors == []
     assert_results_match_reference(messages, results)
     assert len(server.connections) == closes + 1
     assert stats.reconnects == closes
     assert stats.connect_failures >= 1  # the refusal was seen as failed attempts
     assert stats.dropped == {}
+    assert_books_balance(ctl)
 
 
-def test_accept_then_close_is_retried_with_growing_delays_not_hammered() -> None:
-    min_s, window_s = 0.05, 2.5
+def test_accept_then_close_is_retried_with_growing_delays_not_hammered(feed_server: Any) -> None:
+    min_s, max_s, reset_s, attempts_n = 0.05, 1.0, 5.0, 8
 
-    async def script(conn: ServerConn) -> None:
-        await conn.ws.close()
+    async def script(conn: FeedConn) -> None:
+        await conn.close()
 
-    with FeedServer(script) as server:
-        cfg = _config(server.url, reconnect_min_s=min_s, reconnect_max_s=1.0, reconnect_reset_s=5.0)
-        with Controller(cfg, processor=PROCESSOR) as ctl:
-            start = time.monotonic()
-            _drive(ctl, lambda: time.monotonic() - start > window_s, window_s + 5, "the window")
-        attempts = [t for t in server.attempts if t - start <= window_s]
-    gaps = np.diff(attempts)
-    fixed_minimum_attempts = window_s / min_s  # ~50 if the backoff reset on every open
-    assert 3 <= len(attempts) <= fixed_minimum_attempts / 3
+    server = feed_server(script)
+    cfg = _config(server.url, reconnect_min_s=min_s, reconnect_max_s=max_s, reconnect_reset_s=reset_s)
+    with Controller(cfg, processor=PROCESSOR) as ctl:
+        drive(ctl, lambda: len(server.attempts) >= attempts_n, timeout_s=15 * UNIT_S, what=f"{attempts_n} attempts")
+    gaps = np.diff([attempt.at for attempt in server.attempts[:attempts_n]])
+    # the client's jitter is seeded (the seeded_backoff fixture): these are the delays it drew,
+    # growing because a connection closed at once is a failure, not a reason to reset
+    planned = Backoff(min_s, max_s, reset_s, rng=random.Random(BACKOFF_SEED))
+    delays = np.array([planned.failed() for _ in gaps])
+    assert (gaps >= delays - 1e-3).all(), list(zip(gaps.round(3), delays.round(3)))
     assert gaps.min() >= min_s * 0.9
+    # ~0.05 s apart, i.e. ~50 attempts in 2.5 s, if the backoff reset on every open
+    assert gaps.sum() >= delays.sum() > 3 * min_s * len(gaps)
     # the later attempts are spaced by a larger cap than the first ones
     assert gaps[3:].mean() > gaps[:2].mean()
 
 
-def test_handshake_503_is_retried_until_the_server_recovers() -> None:
+@pytest.mark.parametrize("impl", sorted(SERVERS))
+def test_handshake_503_is_retried_until_the_server_recovers(feed_server: Any, impl: str) -> None:
     messages = make_messages(5)
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         for m in messages:
             await conn.send(m)
         await conn.read_until_closed(timeout=20)
 
-    with FeedServer(script, handshake_status=lambda i: 503 if i < 3 else None) as server:
-        with Controller(_config(server.url), processor=PROCESSOR) as ctl:
-            _drive(ctl, lambda: _answered(server) >= len(messages), 20, "replies after the 503s")
-            stats = ctl.stats()
-    assert len(server.attempts) == 4 and len(server.connections) == 1
+    server = feed_server(script, impl=impl, handshake_status=lambda i: 503 if i < 3 else None)
+    with Controller(_config(server.url), processor=PROCESSOR) as ctl:
+        drive(ctl, lambda: server.received_count >= len(messages), timeout_s=20 * UNIT_S, what="replies after the 503s")
+        stats = ctl.stats()
+    assert [attempt.status for attempt in server.attempts] == [503, 503, 503, None]
+    assert len(server.connections) == 1
     assert stats.connect_failures == 3
-    results, errors = parse_replies(_all_frames(server))
+    results, errors = parse_replies(server.received)
     assert errors == []
     assert_results_match_reference(messages, results)
 
 
-def test_server_that_stops_answering_pings_is_dropped_and_reconnected_within_the_heartbeat_bound() -> None:
+def test_server_that_stops_answering_pings_is_dropped_and_reconnected_within_the_heartbeat_bound(
+        feed_server: Any) -> None:
     heartbeat_s = 1.0
     silent_since: list[float] = []
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: AiohttpConn) -> None:
         if conn.index == 0:
             for m in make_messages(3):
                 await conn.send(m)
@@ -173,39 +179,42 @@ def test_server_that_stops_answering_pings_is_dropped_and_reconnected_within_the
             conn.answer_pings = True
             await conn.read_until_closed(timeout=30)
 
-    with FeedServer(script, autoping=False) as server:
-        with Controller(_config(server.url, heartbeat_s=heartbeat_s), processor=PROCESSOR) as ctl:
-            _drive(ctl, lambda: len(server.connections) >= 2, 15, "a second connection")
+    server = feed_server(script, autoping=False)
+    with Controller(_config(server.url, heartbeat_s=heartbeat_s), processor=PROCESSOR) as ctl:
+        drive(ctl, lambda: len(server.connections) >= 2, timeout_s=15 * UNIT_S, what="a second connection")
     first, second = server.connections[:2]
-    assert first.pings >= 1
-    # a ping after heartbeat_s of silence, heartbeat_s / 2 for the pong, then the backoff
-    bound = heartbeat_s + heartbeat_s / 2 + 0.2 + 1.0
+    assert isinstance(first, AiohttpConn) and first.pings >= 1
+    # a ping after heartbeat_s of silence, heartbeat_s / 2 for the pong, then the backoff (at
+    # most reconnect_max_s), and one unit of slack
+    bound = heartbeat_s + heartbeat_s / 2 + 0.2 + 1.0 * UNIT_S
     assert second.opened_at - silent_since[0] <= bound
+    assert_books_balance(ctl)
 
 
-def test_stale_feed_watchdog_reconnects_a_silent_feed() -> None:
+def test_stale_feed_watchdog_reconnects_a_silent_feed(feed_server: Any) -> None:
     stale_s = 0.5
     silent_since: list[float] = []
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         if conn.index == 0:
             await conn.send(make_messages(1)[0])
             await conn.recv(timeout=10)
             silent_since.append(time.monotonic())
         await conn.read_until_closed(timeout=30)  # pings are answered: only the data is missing
 
-    with FeedServer(script) as server:
-        with Controller(_config(server.url, stale_s=stale_s, heartbeat_s=0.2), processor=PROCESSOR) as ctl:
-            _drive(ctl, lambda: len(server.connections) >= 2, 15, "a second connection")
-            stats = ctl.stats()
+    server = feed_server(script)
+    with Controller(_config(server.url, stale_s=stale_s, heartbeat_s=0.2), processor=PROCESSOR) as ctl:
+        drive(ctl, lambda: len(server.connections) >= 2, timeout_s=15 * UNIT_S, what="a second connection")
+        stats = ctl.stats()
     assert stats.reconnects >= 1
-    assert server.connections[1].opened_at - silent_since[0] <= stale_s + 0.2 + 1.5
+    # stale_s of silence, then the backoff (at most reconnect_max_s), and slack
+    assert server.connections[1].opened_at - silent_since[0] <= stale_s + 0.2 + 1.5 * UNIT_S
 
 
-def test_subscribe_is_the_first_frame_on_every_connection() -> None:
+def test_subscribe_is_the_first_frame_on_every_connection(feed_server: Any) -> None:
     subscribe = json.dumps({"op": "subscribe", "channels": ["a", "b"]})
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         await conn.recv(timeout=10)
         if conn.index < 2:
             await conn.send(make_messages(1, start=conn.index)[0])
@@ -214,17 +223,17 @@ def test_subscribe_is_the_first_frame_on_every_connection() -> None:
         else:
             await conn.read_until_closed(timeout=30)
 
-    with FeedServer(script) as server:
-        with Controller(_config(server.url, subscribe=subscribe), processor=PROCESSOR) as ctl:
-            _drive(ctl, lambda: len(server.connections) >= 3, 15, "three connections")
+    server = feed_server(script)
+    with Controller(_config(server.url, subscribe=subscribe), processor=PROCESSOR) as ctl:
+        drive(ctl, lambda: len(server.connections) >= 3, timeout_s=15 * UNIT_S, what="three connections")
     assert [conn.received[0] for conn in server.connections[:3]] == [subscribe] * 3
     assert [json.loads(conn.received[1])["seq"] for conn in server.connections[:2]] == [0, 1]
 
 
-def test_oversized_frame_closes_with_1009_and_the_feed_goes_on_after_reconnecting() -> None:
+def test_oversized_frame_closes_with_1009_and_the_feed_goes_on_after_reconnecting(feed_server: Any) -> None:
     messages = make_messages(4)
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         if conn.index == 0:
             await conn.send(messages[0])
             await conn.send("[" + " " * 4096 + "]")  # larger than max_msg_bytes
@@ -234,83 +243,100 @@ def test_oversized_frame_closes_with_1009_and_the_feed_goes_on_after_reconnectin
                 await conn.send(m)
             await conn.read_until_closed(timeout=30)
 
-    with FeedServer(script) as server:
-        with Controller(_config(server.url, max_msg_bytes=1024), processor=PROCESSOR) as ctl:
-            _drive(ctl, lambda: _answered(server) >= len(messages), 15, "every message answered")
-            stats = ctl.stats()
+    server = feed_server(script)
+    with Controller(_config(server.url, max_msg_bytes=1024), processor=PROCESSOR) as ctl:
+        drive(ctl, lambda: server.received_count >= len(messages), timeout_s=15 * UNIT_S, what="every message answered")
+        stats = ctl.stats()
     assert server.connections[0].client_close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
     assert stats.errors.get("frame too large") == 1
-    results, errors = parse_replies(_all_frames(server))
+    results, errors = parse_replies(server.received)
     assert errors == []
     assert_results_match_reference(messages, results)
+    assert_books_balance(ctl)
 
 
 # ---- backpressure and bounds ----------------------------------------------------------------
 
 
-def test_drop_oldest_counts_every_dropped_message() -> None:
+def test_drop_oldest_counts_every_dropped_message(feed_server: Any) -> None:
     messages = make_messages(50)
     queue_size = 4
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         for m in messages:
             await conn.send(m)
             await asyncio.sleep(0.005)  # separate arrivals: the client cannot merge them
         await conn.read_until_closed(timeout=30)
 
-    with FeedServer(script) as server:
-        cfg = _config(server.url, queue_size=queue_size, overflow="drop_oldest")
-        with Controller(cfg, processor=PROCESSOR) as ctl:
-            # the main thread takes nothing until the IO thread has read every frame
-            end = time.monotonic() + 10
-            while ctl.stats().frames_in < len(messages) and time.monotonic() < end:
-                time.sleep(0.01)
-            time.sleep(0.05)
-            dropped = ctl.stats().dropped.get("inbound overflow (drop_oldest)", 0)
-            _drive(ctl, lambda: _answered(server) >= len(messages) - dropped, 10, "the kept messages answered")
-            time.sleep(0.1)
-            ctl.process_pending(0.0)
-            stats = ctl.stats()
-    results, errors = parse_replies(_all_frames(server))
+    server = feed_server(script)
+    cfg = _config(server.url, queue_size=queue_size, overflow="drop_oldest")
+    with Controller(cfg, processor=PROCESSOR) as ctl:
+        # the main thread takes nothing until the IO thread has read every frame (at most the
+        # frames of its last loop turn are then still on their way into inbound: one chunk)
+        wait_until(lambda: ctl.stats().frames_in >= len(messages), timeout_s=10 * UNIT_S, what="every frame read")
+
+        def accounted() -> bool:
+            snap = ctl.stats()
+            return snap.processed + snap.dropped_total >= len(messages)
+
+        drive(ctl, accounted, timeout_s=10 * UNIT_S, what="every message processed or dropped")
+        drive(ctl, lambda: server.received_count >= ctl.stats().processed, timeout_s=10 * UNIT_S,
+              what="the kept messages answered")
+    # the client closed with 1000 after sending every result: nothing more can arrive
+    server.wait_for(_all_closed(server), 5 * UNIT_S, "the client's close")
+    stats = ctl.stats()
+    results, errors = parse_replies(server.received)
     assert errors == []
+    assert all(len(answers) == 1 for answers in results.values()), "each kept message answered once"
     kept = sorted(results)
     assert 0 < len(kept) <= queue_size * cfg.max_batch
     assert kept == [m["seq"] for m in messages[-len(kept):]], "the newest are kept, the oldest dropped"
+    assert stats.processed == len(kept)
     assert stats.dropped == {"inbound overflow (drop_oldest)": len(messages) - len(kept)}
+    assert_books_balance(ctl)
 
 
-def test_full_inbound_queue_stops_reading_the_socket() -> None:
+def test_full_inbound_queue_stops_reading_the_socket(feed_server: Any) -> None:
     queue_size, sent = 4, 400
+    quiet_s = 0.3 * UNIT_S  # a reader that stopped can only be seen doing nothing for a while
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         for m in make_messages(sent):
             await conn.send(m)
         await conn.read_until_closed(timeout=30)
 
-    with FeedServer(script) as server:
-        cfg = _config(server.url, queue_size=queue_size)
-        with Controller(cfg, processor=PROCESSOR) as ctl:
-            time.sleep(0.7)  # nobody drains inbound meanwhile
-            first = ctl.stats()
-            time.sleep(0.3)
-            second = ctl.stats()
-            assert second.inbound_depth == queue_size
-            assert second.messages_in == first.messages_in, "reading went on while inbound was full"
-            # what the client holds is bounded by the queue (chunks of at most ~max_batch
-            # messages, one more waiting to be put, one being gathered), not by what was sent
-            assert second.messages_in <= (queue_size + 2) * cfg.max_batch < sent
-            _drive(ctl, lambda: _answered(server) >= sent, 15, "everything once drained")
+    server = feed_server(script)
+    cfg = _config(server.url, queue_size=queue_size)
+    with Controller(cfg, processor=PROCESSOR) as ctl:
+        # nobody drains inbound meanwhile
+        wait_until(lambda: ctl.stats().inbound_depth == queue_size, timeout_s=10 * UNIT_S, what="inbound full")
+        time.sleep(quiet_s)  # the reader blocks within a frame or two of inbound filling up
+        first = ctl.stats()
+        time.sleep(quiet_s)
+        second = ctl.stats()
+        assert second.inbound_depth == queue_size
+        assert second.messages_in == first.messages_in, "reading went on while inbound was full"
+        # what the client holds is bounded by the queue (chunks of at most ~max_batch
+        # messages, one more waiting to be put, one being gathered), not by what was sent
+        assert second.messages_in <= (queue_size + 2) * cfg.max_batch < sent
+        drive(ctl, lambda: server.received_count >= sent, timeout_s=15 * UNIT_S, what="everything once drained")
 
 
-class _NonReadingServer:
-    """Sends batch frames as fast as TCP lets it and never reads a reply until ``resume()``."""
+class _NonReadingFeed:
+    """A script that sends batch frames as fast as TCP lets it and never reads a reply until
+    ``resume()``; ``start`` runs it on an aiohttp server (it pauses the TCP transport), without
+    compression, so the replies take their full size and fill the socket buffers sooner."""
 
     def __init__(self) -> None:
         self.frames_sent = 0
         self.stop_sending = threading.Event()
-        self.server = FeedServer(self._script)
+        self.server: LoopbackServer | None = None
 
-    async def _script(self, conn: ServerConn) -> None:
+    def start(self, feed_server: Any) -> LoopbackServer:
+        self.server = feed_server(self._script, compress=False)
+        return self.server
+
+    async def _script(self, conn: AiohttpConn) -> None:
         conn.stop_reading()
         i = 0
         while not self.stop_sending.is_set():
@@ -322,11 +348,29 @@ class _NonReadingServer:
 
     def resume(self) -> None:
         self.stop_sending.set()
+        assert self.server is not None
         for conn in list(self.server.connections):
+            assert isinstance(conn, AiohttpConn)
             conn.resume_reading_threadsafe()
 
 
-def _sample(ctl: Controller, feed: _NonReadingServer, samples: list, done: threading.Event) -> threading.Thread:
+def _pushed_back(ctl: Controller, feed: _NonReadingFeed, queue_size: int) -> Callable[[], bool]:
+    """For ``wait_until``: the push-back reached all the way round: the client's writes backed up
+    into a full outbound queue, and so (the main thread blocked, inbound full, the client's
+    reader stopped) the server's own writes are held back too."""
+
+    def pushed_back() -> bool:
+        conns = feed.server.connections if feed.server is not None else []
+        if not conns or ctl.stats().outbound_depth != queue_size:
+            return False
+        conn = conns[0]
+        assert isinstance(conn, AiohttpConn)
+        return conn.writes_blocked()
+
+    return pushed_back
+
+
+def _sample(ctl: Controller, feed: _NonReadingFeed, samples: list, done: threading.Event) -> threading.Thread:
     """Record (time, inbound depth, outbound depth, RSS, frames sent) every 50 ms until ``done``."""
     process = psutil.Process()
 
@@ -342,64 +386,98 @@ def _sample(ctl: Controller, feed: _NonReadingServer, samples: list, done: threa
     return thread
 
 
-def test_server_that_stops_reading_keeps_queues_and_memory_bounded() -> None:
-    queue_size, stall_s = 8, 3.0
-    feed = _NonReadingServer()
+def test_server_that_stops_reading_keeps_queues_and_memory_bounded(feed_server: Any) -> None:
+    queue_size, hold_s = 8, 1.5
+    feed = _NonReadingFeed()
     samples: list[tuple[float, int, int, int, int]] = []
     done = threading.Event()
-    with feed.server as server:
-        with Controller(_config(server.url, queue_size=queue_size), processor=PROCESSOR) as ctl:
-            rss_start = psutil.Process().memory_info().rss
-            sampler = _sample(ctl, feed, samples, done)
-            started = time.monotonic()
-            # the main thread blocks inside process_pending while outbound is full; the timer
-            # lets the server read again, which is what unblocks it
-            timer = threading.Timer(stall_s, feed.resume)
-            timer.start()
+    problems: list[AssertionError] = []
+    server = feed.start(feed_server)
+    with Controller(_config(server.url, queue_size=queue_size), processor=PROCESSOR) as ctl:
+        rss_start = psutil.Process().memory_info().rss
+        sampler = _sample(ctl, feed, samples, done)
+        started = time.monotonic()
+        stall_end: list[float] = []
+
+        def stall_then_resume() -> None:
+            # the stall under test: once the push-back went all the way round, hold_s more with
+            # the server not reading; then it reads again, which unblocks the client
             try:
-                while time.monotonic() - started < stall_s + 0.5:
-                    ctl.process_pending(timeout=0.05)
-            finally:
-                timer.cancel()
-                feed.resume()
-                done.set()
-                sampler.join(2)
+                wait_until(_pushed_back(ctl, feed, queue_size), timeout_s=20 * UNIT_S,
+                           what="outbound full and the server's writes held back")
+                time.sleep(hold_s)
+            except AssertionError as exc:
+                problems.append(exc)
+            stall_end.append(time.monotonic())
+            feed.resume()
+
+        # the main thread blocks inside process_pending while outbound is full
+        staller = threading.Thread(target=stall_then_resume, daemon=True)
+        staller.start()
+        try:
+            drive(ctl, feed.stop_sending.is_set, timeout_s=30 * UNIT_S, what="the end of the stall")
+            drive(ctl, lambda: ctl.stats().outbound_depth < queue_size, timeout_s=10 * UNIT_S,
+                  what="outbound draining once the server reads again")
+        finally:
+            feed.resume()
+            staller.join(5)
+            done.set()
+            sampler.join(2)
+    assert not problems
+    stall_s = stall_end[0] - started
     during = [s for s in samples if s[0] < started + stall_s]
     assert max(s[1] for s in during) <= queue_size
     assert max(s[2] for s in during) == queue_size, "the outbound queue never filled: the server was reading?"
-    last_second = [s[4] for s in during if s[0] >= started + stall_s - 1.0]
-    assert last_second[-1] - last_second[0] <= 2, "the server could still push data: nothing pushed back"
+    last_second = [s for s in during if s[0] >= started + stall_s - 1.0]
+    assert last_second[-1][4] - last_second[0][4] <= 2, "the server could still push data: nothing pushed back"
     assert max(s[3] for s in during) - rss_start < 150 * 2**20
+    assert_books_balance(ctl)
 
 
-@pytest.mark.timeout(30)
-def test_stop_ends_within_the_shutdown_timeout_while_the_server_does_not_read() -> None:
-    queue_size, run_s = 8, 2.0
-    feed = _NonReadingServer()
-    with feed.server as server:
-        cfg = _config(server.url, queue_size=queue_size, shutdown_timeout_s=1.0)
-        ctl = Controller(cfg, processor=PROCESSOR)
-        stop = threading.Timer(run_s, ctl.request_stop)
-        # a safety net so a hang fails in bounded time instead of blocking the suite
-        rescue = threading.Timer(run_s + cfg.shutdown_timeout_s + 4.0, feed.resume)
-        stop.start()
-        rescue.start()
-        started = time.monotonic()
+@pytest.mark.timeout(30 * UNIT_S)
+def test_stop_ends_within_the_shutdown_timeout_while_the_server_does_not_read(feed_server: Any) -> None:
+    queue_size = 8
+    feed = _NonReadingFeed()
+    server = feed.start(feed_server)
+    cfg = _config(server.url, queue_size=queue_size, shutdown_timeout_s=1.0)
+    ctl = Controller(cfg, processor=PROCESSOR)
+    stop_at: list[float] = []
+    problems: list[AssertionError] = []
+    returned = threading.Event()
+
+    def stop_once_backed_up() -> None:
+        # stop once the unread replies have backed up all the way round
         try:
-            ctl.run()
-        finally:
-            stop.cancel()
-            rescue.cancel()
+            wait_until(_pushed_back(ctl, feed, queue_size), timeout_s=20 * UNIT_S,
+                       what="outbound full and the server's writes held back")
+        except AssertionError as exc:
+            problems.append(exc)
+        stop_at.append(time.monotonic())
+        ctl.request_stop()
+        # a safety net so a hang fails in bounded time instead of blocking the suite
+        if not returned.wait(cfg.shutdown_timeout_s + 4.0 * UNIT_S):
             feed.resume()
-        elapsed = time.monotonic() - started
-        stats = ctl.stats()
-    assert elapsed <= run_s + cfg.shutdown_timeout_s + 3.0
+
+    stopper = threading.Thread(target=stop_once_backed_up, daemon=True)
+    stopper.start()
+    try:
+        ctl.run()
+    finally:
+        returned_at = time.monotonic()
+        returned.set()
+        feed.resume()
+        stopper.join(5)
+    elapsed = returned_at - stop_at[0]
+    stats = ctl.stats()
+    assert not problems
+    assert elapsed <= cfg.shutdown_timeout_s + 3.0 * UNIT_S
     # Replies the kernel already took (socket buffers) cannot be counted from here; what is
     # still in our queues or the transport's buffer is. Either way the books must balance:
     # every message read was answered on the wire, or counted as unsent or not processed.
     unsent = sum(stats.dropped.values()) + stats.errors.get("outbound full at stop", 0)
     assert stats.messages_out + unsent + stats.errors.get("not processed before the stop", 0) >= stats.processed
     assert stats.processed > 0
+    assert_books_balance(ctl)
 
 
 # ---- hostile input --------------------------------------------------------------------------
@@ -502,34 +580,35 @@ class _Fuzz:
         return ""  # empty frame
 
 
-def test_fuzzed_frames_each_get_an_error_good_ones_are_correct_and_the_connection_stays_up() -> None:
+def test_fuzzed_frames_each_get_an_error_good_ones_are_correct_and_the_connection_stays_up(feed_server: Any) -> None:
     fuzz = _Fuzz(seed=2024, frames=2000, max_frame_items=20)
     bad = len(fuzz.bad_seqs) + fuzz.null_errors + len(fuzz.either)
     expected = len(fuzz.good) + bad
     assert bad >= 1000
 
-    async def script(conn: ServerConn) -> None:
-        reader = asyncio.create_task(conn.read_until_closed(timeout=40))
+    async def script(conn: FeedConn) -> None:
+        reader = conn.reading(timeout=40)
         for i, frame in enumerate(fuzz.frames):
-            await (conn.send_bytes(frame) if isinstance(frame, bytes) else conn.send(frame))
+            await conn.send_frame(frame)
             if i % 50 == 0:
                 await asyncio.sleep(0.001)
         await reader
 
-    with FeedServer(script) as server:
-        cfg = _config(server.url, max_frame_items=20, max_msg_bytes=1 << 20)
-        logging.getLogger("forkless.client").setLevel(logging.ERROR)  # 1,000s of bad-input warnings
-        try:
-            with Controller(cfg, processor=PROCESSOR) as ctl:
-                _drive(ctl, lambda: _answered(server) >= expected, 40, f"{expected} replies")
-                time.sleep(0.2)  # nothing more may come
-                ctl.process_pending(0.0)
-                stats = ctl.stats()
-        finally:
-            logging.getLogger("forkless.client").setLevel(logging.NOTSET)
+    server = feed_server(script)
+    cfg = _config(server.url, max_frame_items=20, max_msg_bytes=1 << 20)
+    logging.getLogger("forkless.client").setLevel(logging.ERROR)  # 1,000s of bad-input warnings
+    try:
+        with Controller(cfg, processor=PROCESSOR) as ctl:
+            drive(ctl, lambda: server.received_count >= expected, timeout_s=40 * UNIT_S, what=f"{expected} replies")
+            stats = ctl.stats()
+    finally:
+        logging.getLogger("forkless.client").setLevel(logging.NOTSET)
+    # the client closed with 1000 after sending every reply: nothing more may have come
+    server.wait_for(_all_closed(server), 5 * UNIT_S, "the client's close")
     assert len(server.connections) == 1 and stats.reconnects == 0
-    results, errors = parse_replies(_all_frames(server))
-    assert len(_all_frames(server)) == expected
+    assert server.connections[0].client_close_code == aiohttp.WSCloseCode.OK
+    results, errors = parse_replies(server.received)
+    assert len(server.received) == expected
     with_seq = sorted(e["seq"] for e in errors if e["seq"] is not None)
     either_with_seq = [s for s in with_seq if s in set(fuzz.either)]
     assert sorted(set(with_seq) - set(either_with_seq)) == sorted(fuzz.bad_seqs)
@@ -537,6 +616,7 @@ def test_fuzzed_frames_each_get_an_error_good_ones_are_correct_and_the_connectio
     assert sum(e["seq"] is None for e in errors) == fuzz.null_errors + len(fuzz.either) - len(either_with_seq)
     assert all(isinstance(e["error"], str) and e["error"] for e in errors)
     assert_results_match_reference(fuzz.good, results)
+    assert_books_balance(ctl)
 
 
 # ---- processor failures -------------------------------------------------------------------
@@ -561,7 +641,8 @@ def _processor_failing_on_mark() -> Processor:
     return Processor(base.init, step)
 
 
-def test_processor_failure_errors_that_batch_resets_the_state_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+def test_processor_failure_errors_that_batch_resets_the_state_and_goes_on(feed_server: Any,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
     messages = make_messages(80, streams=3, seed=5)
     marked_batches = [messages[30:33], messages[60:63]]
     for batch in marked_batches:
@@ -569,7 +650,7 @@ def test_processor_failure_errors_that_batch_resets_the_state_and_goes_on(caplog
     marked = {m["seq"] for batch in marked_batches for m in batch}
     done = threading.Event()
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         i = 0
         while i < len(messages):  # lock-step, so each frame is exactly one batch
             frame = next((b for b in marked_batches if b[0]["seq"] == i), [messages[i]])
@@ -581,11 +662,11 @@ def test_processor_failure_errors_that_batch_resets_the_state_and_goes_on(caplog
         await conn.read_until_closed(timeout=30)
 
     caplog.set_level(logging.WARNING, logger="forkless.controller")
-    with FeedServer(script) as server:
-        with Controller(_config(server.url), processor=_processor_failing_on_mark()) as ctl:
-            _drive(ctl, done.is_set, 30, "every message answered")
-            stats = ctl.stats()
-    results, errors = parse_replies(_all_frames(server))
+    server = feed_server(script)
+    with Controller(_config(server.url), processor=_processor_failing_on_mark()) as ctl:
+        drive(ctl, done.is_set, timeout_s=30 * UNIT_S, what="every message answered")
+        stats = ctl.stats()
+    results, errors = parse_replies(server.received)
     assert sorted(e["seq"] for e in errors) == sorted(marked)
     assert {e["error"] for e in errors} == {"processing failed"}
     # the state was donated to each failed step: after each, every stream starts again fresh
@@ -599,45 +680,44 @@ def test_processor_failure_errors_that_batch_resets_the_state_and_goes_on(caplog
     tracebacks = [r for r in caplog.records if r.levelno >= logging.ERROR and "processing failed" in r.getMessage()]
     assert len(tracebacks) == 1, "the traceback is logged once per distinct error"
     assert "injected processing failure" in tracebacks[0].getMessage()
+    assert_books_balance(ctl)
 
 
 # ---- TLS ----------------------------------------------------------------------------------
 
 
-def test_self_signed_certificate_is_accepted_with_ca_file(tmp_path: Any) -> None:
-    from tests.servers import self_signed_certificate, server_ssl_context
-
+@pytest.mark.parametrize("impl", sorted(SERVERS))
+def test_self_signed_certificate_is_accepted_with_ca_file(feed_server: Any, tmp_path: Any, impl: str) -> None:
     cert, key = self_signed_certificate(tmp_path)
     messages = make_messages(3)
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         for m in messages:
             await conn.send(m)
         await conn.read_until_closed(timeout=20)
 
-    with FeedServer(script, ssl_context=server_ssl_context(cert, key)) as server:
-        assert server.url.startswith("wss://")
-        with Controller(_config(server.url, ca_file=str(cert)), processor=PROCESSOR) as ctl:
-            _drive(ctl, lambda: _answered(server) >= len(messages), 15, "replies over TLS")
-    results, errors = parse_replies(_all_frames(server))
+    server = feed_server(script, impl=impl, ssl_context=server_ssl_context(cert, key))
+    assert server.url.startswith("wss://")
+    with Controller(_config(server.url, ca_file=str(cert)), processor=PROCESSOR) as ctl:
+        drive(ctl, lambda: server.received_count >= len(messages), timeout_s=15 * UNIT_S, what="replies over TLS")
+    results, errors = parse_replies(server.received)
     assert errors == []
     assert_results_match_reference(messages, results)
 
 
-def test_tls_insecure_connects_and_warns_at_every_connect(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
-    from tests.servers import self_signed_certificate, server_ssl_context
-
+def test_tls_insecure_connects_and_warns_at_every_connect(feed_server: Any, tmp_path: Any,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
     cert, key = self_signed_certificate(tmp_path)
 
-    async def script(conn: ServerConn) -> None:
+    async def script(conn: FeedConn) -> None:
         if conn.index == 0:
-            await conn.ws.close()
+            await conn.close()
         else:
             await conn.read_until_closed(timeout=20)
 
     caplog.set_level(logging.WARNING, logger="forkless.client")
-    with FeedServer(script, ssl_context=server_ssl_context(cert, key)) as server:
-        with Controller(_config(server.url, tls_insecure=True), processor=PROCESSOR) as ctl:
-            _drive(ctl, lambda: len(server.connections) >= 2, 15, "two connections")
+    server = feed_server(script, ssl_context=server_ssl_context(cert, key))
+    with Controller(_config(server.url, tls_insecure=True), processor=PROCESSOR) as ctl:
+        drive(ctl, lambda: len(server.connections) >= 2, timeout_s=15 * UNIT_S, what="two connections")
     warnings = [r for r in caplog.records if "verification is OFF" in r.getMessage()]
     assert len(warnings) >= 2

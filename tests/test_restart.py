@@ -3,70 +3,38 @@ state and stream table into FORKLESS_CHECKPOINT_DIR and restores them on the nex
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from websockets.asyncio.server import serve
 
 from controller.checkpoint import list_checkpoints, load_newest
 from controller.config import Config
 from controller.processor import default_processor
+from tests.harness import UNIT_S, wait_until
 from tests.reference import EWMAReference
+from tests.servers import send_frames
 
 ROOT = Path(__file__).resolve().parent.parent
 F = 4
 
 
-class Feed:
-    """A ``websockets`` feed: sends ``frames`` one by one, each after the reply to the one before
-    (lock-step), records every reply; ``done`` is set when all are answered."""
+def _lockstep(frames: list[str]):
+    """A script: each frame is sent after the reply to the one before (one message a batch)."""
 
-    def __init__(self, frames: list[str], lockstep: bool = True) -> None:
-        self.frames, self.lockstep = frames, lockstep
-        self.replies: list[dict] = []
-        self.done = threading.Event()
-        self.url = ""
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+    async def script(conn) -> None:
+        for frame in frames:
+            await conn.send_frame(frame)
+            assert await conn.recv(timeout=30 * UNIT_S) is not None, "no reply"
+        await conn.read_until_closed(timeout=60 * UNIT_S)
 
-    async def _handler(self, ws) -> None:
-        for frame in self.frames:
-            await ws.send(frame)
-            if self.lockstep:
-                self.replies.append(json.loads(await ws.recv()))
-        if not self.lockstep:
-            async for reply in ws:
-                self.replies.append(json.loads(reply))
-        self.done.set()
-        await asyncio.Event().wait()
-
-    async def _main(self) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        async with serve(self._handler, "127.0.0.1", 0) as server:
-            self.url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/feed"
-            self._ready.set()
-            await self._stop.wait()
-
-    def __enter__(self) -> Feed:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+    return script
 
 
 def _messages(n: int, start: int = 0) -> list[dict]:
@@ -84,13 +52,14 @@ def _env(ckpt: Path, url: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def _run_until(feed: Feed, env: dict[str, str], timeout: float = 60) -> tuple[int, str]:
+def _run_until(feed, n: int, env: dict[str, str]) -> tuple[int, str]:
+    """Run the app until the feed has ``n`` replies, then SIGTERM it: (exit status, stderr)."""
     proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        assert feed.done.wait(timeout), "the feed's messages were not all answered"
+        feed.wait_for(lambda: feed.received_count >= n, 60 * UNIT_S, f"{n} replies")
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=30 * UNIT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -98,16 +67,16 @@ def _run_until(feed: Feed, env: dict[str, str], timeout: float = 60) -> tuple[in
     return proc.returncode, err
 
 
-def test_an_orderly_restart_continues_every_stream_as_if_never_restarted(tmp_path):
+def test_an_orderly_restart_continues_every_stream_as_if_never_restarted(tmp_path, feed_server):
     whole = _messages(120)
     first, second = whole[:60], whole[60:]
-    with Feed([json.dumps(m) for m in first]) as feed:
-        code, err = _run_until(feed, _env(tmp_path, feed.url))
+    feed = feed_server(_lockstep([json.dumps(m) for m in first]), impl="websockets")
+    code, err = _run_until(feed, len(first), _env(tmp_path, feed.url))
     assert code == 0, err
     assert "no checkpoint in" in err and len(list_checkpoints(tmp_path)) == 1
-    with Feed([json.dumps(m) for m in second]) as feed:
-        code, err = _run_until(feed, _env(tmp_path, feed.url))
-        replies = feed.replies
+    feed = feed_server(_lockstep([json.dumps(m) for m in second]), impl="websockets")
+    code, err = _run_until(feed, len(second), _env(tmp_path, feed.url))
+    replies = feed.replies()
     assert code == 0, err
     assert "restored 5 streams from" in err and "60 messages processed before" in err
     ref = EWMAReference()
@@ -121,9 +90,9 @@ def test_an_orderly_restart_continues_every_stream_as_if_never_restarted(tmp_pat
     assert any(r["anomaly"] for r in replies)
 
 
-def test_restore_never_starts_fresh_and_a_mismatched_setting_exits_2_naming_it(tmp_path):
-    with Feed([json.dumps(m) for m in _messages(10)]) as feed:
-        assert _run_until(feed, _env(tmp_path, feed.url))[0] == 0
+def test_restore_never_starts_fresh_and_a_mismatched_setting_exits_2_naming_it(tmp_path, feed_server):
+    feed = feed_server(_lockstep([json.dumps(m) for m in _messages(10)]), impl="websockets")
+    assert _run_until(feed, 10, _env(tmp_path, feed.url))[0] == 0
     # FEATURES differs: the checkpoint cannot be mixed into this run
     env = _env(tmp_path, "ws://127.0.0.1:9/feed", FORKLESS_FEATURES="3")
     proc = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -133,35 +102,34 @@ def test_restore_never_starts_fresh_and_a_mismatched_setting_exits_2_naming_it(t
     assert "Traceback" not in proc.stderr
     # RESTORE=never: the same directory, a fresh start (seq 0 of a stream gets z = 0 again)
     fresh = _messages(10)
-    with Feed([json.dumps(m) for m in fresh]) as feed:
-        code, err = _run_until(feed, _env(tmp_path, feed.url, FORKLESS_CHECKPOINT_RESTORE="never"))
-        replies = feed.replies
-    assert code == 0, err and "restored" not in err
+    feed = feed_server(_lockstep([json.dumps(m) for m in fresh]), impl="websockets")
+    code, err = _run_until(feed, 10, _env(tmp_path, feed.url, FORKLESS_CHECKPOINT_RESTORE="never"))
+    replies = feed.replies()
+    assert code == 0, err
+    assert "restored" not in err
     assert replies[0]["z"] == [0.0] * F and replies[0]["seq"] == 0
 
 
-def test_kill_9_during_periodic_checkpoints_always_leaves_a_checkpoint_that_restores(tmp_path):
+def test_kill_9_during_periodic_checkpoints_always_leaves_a_checkpoint_that_restores(tmp_path, feed_server):
     rng = random.Random(4)
     cfg = Config(features=F, max_streams=4096)
     like = default_processor(cfg).init(cfg)
     expect = {"features": F, "max_streams": 4096, "processor": "ewma/1"}
     frames = [json.dumps(_messages(200, start=0)[i % 200] | {"seq": i}) for i in range(20_000)]
     for _ in range(3):
-        with Feed(frames, lockstep=False) as feed:
-            proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, text=True,
-                                    env=_env(tmp_path, feed.url, FORKLESS_CHECKPOINT_S="0.05",
-                                             FORKLESS_CHECKPOINT_KEEP="2"))
-            try:
-                end = time.monotonic() + 60
-                while len(list_checkpoints(tmp_path)) < 2 and time.monotonic() < end:
-                    time.sleep(0.02)
-                time.sleep(rng.uniform(0.0, 0.4))  # somewhere in the middle of the writes
-                proc.send_signal(signal.SIGKILL)
-                proc.communicate(timeout=30)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
+        feed = feed_server(send_frames(frames), impl="websockets")
+        proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True,
+                                env=_env(tmp_path, feed.url, FORKLESS_CHECKPOINT_S="0.05",
+                                         FORKLESS_CHECKPOINT_KEEP="2"))
+        try:
+            wait_until(lambda: len(list_checkpoints(tmp_path)) >= 2, timeout_s=60 * UNIT_S, what="two checkpoints")
+            time.sleep(rng.uniform(0.0, 0.4))  # somewhere in the middle of the writes
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=30 * UNIT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
         restored = load_newest(tmp_path, expect, like)  # raises if the newest is damaged and nothing else is there
         assert restored is not None, "no complete checkpoint after a kill -9"
         assert restored.path == list_checkpoints(tmp_path)[-1]  # files appear only when complete

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from websockets.asyncio.server import serve
+
+from tests.harness import UNIT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 SHUTDOWN_S = 1.5
@@ -26,42 +27,18 @@ BOOKS = re.compile(r"books: in (\d+) = results (\d+) \+ error replies (\d+) \+ n
                    r"(?: \(([^)]*)\))? \+ unanswered (\d+);")
 
 
-class StuckFeed:
-    """Sends a flood of batch frames, then never reads again (the kernel buffers fill)."""
+def _flood_then_stop_reading(sent: threading.Event, frames: int = 60, per_frame: int = 500):
+    """A script: a flood of batch frames, then never read again (the socket buffers fill)."""
+    payload = [json.dumps([{"seq": f * per_frame + j, "stream": f"s{j % 50}", "x": [float(j % 7)] * 4}
+                           for j in range(per_frame)]) for f in range(frames)]
 
-    def __init__(self, frames: int = 60, per_frame: int = 500) -> None:
-        self.payload = [json.dumps([{"seq": f * per_frame + j, "stream": f"s{j % 50}", "x": [float(j % 7)] * 4}
-                                    for j in range(per_frame)]) for f in range(frames)]
-        self.sent = threading.Event()
-        self.url = ""
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+    async def script(conn) -> None:
+        for frame in payload:
+            await conn.send_frame(frame)
+        sent.set()
+        await asyncio.Event().wait()
 
-    async def _handler(self, ws) -> None:
-        for frame in self.payload:
-            await ws.send(frame)
-        self.sent.set()
-        await asyncio.Event().wait()  # never read: replies pile up in the socket buffers
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        async with serve(self._handler, "127.0.0.1", 0, max_queue=1) as server:
-            self.url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/feed"
-            self._ready.set()
-            await self._stop.wait()
-
-    def __enter__(self) -> StuckFeed:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+    return script
 
 
 @pytest.fixture(scope="module")
@@ -70,29 +47,32 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_with_a_feed_that_stops_reading_exits_by_the_deadline_every_time_with_the_books_balanced(cache_dir):
+def test_sigterm_with_a_feed_that_stops_reading_exits_by_the_deadline_every_time_with_the_books_balanced(
+        cache_dir, feed_server):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
     env.update(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache_dir, FORKLESS_FEATURES="4",
                FORKLESS_MAX_BATCH="64", FORKLESS_QUEUE_SIZE="16", FORKLESS_STATUS_S="0.5",
                FORKLESS_SHUTDOWN_TIMEOUT_S=str(SHUTDOWN_S), FORKLESS_RECONNECT_MIN_S="5")
     took = []
     for run in range(RUNS):
-        with StuckFeed() as feed:
-            proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env={**env, "FORKLESS_WS_URL": feed.url},
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            try:
-                assert feed.sent.wait(60), "the feed never got its flood out"
-                time.sleep(0.3 + 0.1 * run)  # the stop lands at a different point each run
-                proc.send_signal(signal.SIGTERM)
-                signalled = time.monotonic()
-                out, err = proc.communicate(timeout=30)
-                took.append(time.monotonic() - signalled)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
+        sent = threading.Event()
+        feed = feed_server(_flood_then_stop_reading(sent), impl="websockets")
+        proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env={**env, "FORKLESS_WS_URL": feed.url},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert sent.wait(60 * UNIT_S), "the feed never got its flood out"
+            time.sleep(0.3 + 0.1 * run)  # the stop lands at a different point each run
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            out, err = proc.communicate(timeout=30 * UNIT_S)
+            took.append(time.monotonic() - signalled)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        feed.stop()
         assert proc.returncode == 0, err[-3000:]
-        assert took[-1] <= SHUTDOWN_S + 0.5, f"run {run}: exit {took[-1]:.2f}s after SIGTERM\n{err[-3000:]}"
+        assert took[-1] <= SHUTDOWN_S + 0.5 * UNIT_S, f"run {run}: exit {took[-1]:.2f}s after SIGTERM\n{err[-3000:]}"
         books = BOOKS.search(err)
         assert books, err[-3000:]
         n_in, results, errors, no_reply, dropped, _reasons, unanswered = books.groups()

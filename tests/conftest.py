@@ -1,0 +1,91 @@
+"""Fixtures shared by the tests: loopback feed servers, the app as a subprocess, a free port,
+the timeout unit, and a seeded reconnect backoff. The machinery lives in tests/servers.py
+and tests/harness.py; here it is only started and always cleaned up."""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from io_loop.backoff import Backoff
+from tests.harness import BACKOFF_SEED, TIMEOUT_SCALE, UNIT_S, AppProcess
+from tests.servers import SERVERS, LoopbackServer, Script
+
+DEFAULT_TEST_TIMEOUT_S = 120  # pyproject's pytest-timeout default, scaled below
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Scale pytest-timeout's default with FORKLESS_TEST_TIMEOUT_SCALE, like every other wait."""
+    if TIMEOUT_SCALE == 1:
+        return
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TEST_TIMEOUT_S * TIMEOUT_SCALE))
+
+
+@pytest.fixture
+def timeout_unit() -> float:
+    """One second, times FORKLESS_TEST_TIMEOUT_SCALE (default 1): write bounds as ``n * timeout_unit``."""
+    return UNIT_S
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def feed_server() -> Iterator[Callable[..., LoopbackServer]]:
+    """A factory: ``feed_server(script=None, *, impl="aiohttp", **options)`` starts a loopback
+    feed (``impl`` names one of ``tests.servers.SERVERS``) and returns it, started. Every server
+    is stopped at teardown, and a script that raised fails the test there."""
+    started: list[LoopbackServer] = []
+
+    def start(script: Script | None = None, *, impl: str = "aiohttp", **options: Any) -> LoopbackServer:
+        server = SERVERS[impl](script, **options)
+        started.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+    errors = [(server.impl, exc) for server in started for exc in server.script_errors]
+    assert not errors, f"server scripts raised: {errors!r}"
+
+
+@pytest.fixture
+def app() -> Iterator[Callable[..., AppProcess]]:
+    """A factory: ``app(*args, env=None, program=("app.py",))`` starts ``python app.py ARGS``
+    (see ``tests.harness.AppProcess``); whatever still runs at teardown is killed."""
+    started: list[AppProcess] = []
+
+    def start(*args: str, env: Mapping[str, str] | None = None,
+              program: Sequence[str] = ("app.py",)) -> AppProcess:
+        proc = AppProcess(*args, env=env, program=program)
+        started.append(proc)
+        return proc.start()
+
+    yield start
+    for proc in started:
+        proc.kill()
+
+
+@pytest.fixture(autouse=True)
+def seeded_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``Backoff`` built without an ``rng`` (the client builds its own) draws its jitter
+    from ``random.Random(BACKOFF_SEED)``, so reconnect delays in a test are the same every run.
+    Subprocesses (``python app.py``) are not seeded: there is no hook for that."""
+    original = Backoff.__init__
+
+    def seeded_init(self: Backoff, *args: Any, rng: random.Random | None = None, **kwargs: Any) -> None:
+        original(self, *args, rng=rng if rng is not None else random.Random(BACKOFF_SEED), **kwargs)
+
+    monkeypatch.setattr(Backoff, "__init__", seeded_init)
