@@ -196,10 +196,11 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
 
     import jax
 
-    from controller.batching import Chunk, MicroBatcher, StreamSlots, bucket_for, pad_batch
+    from controller.batching import Chunk, MicroBatcher, bucket_for, pad_batch
     from controller.codec import JsonCodec
     from controller.compiled import compilations, compile_step
     from controller.processor import default_processor
+    from controller.slots import StreamSlots
     from controller.stats import SECONDS_BOUNDS, Histogram
 
     if heavy:
@@ -246,7 +247,7 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
         if taken is None:
             continue
         n = len(taken)
-        key, ok = slots.lookup(taken.stream)
+        key, ok, _ = slots.lookup(taken.stream, time.monotonic())
         if not ok.all():  # as the controller: refuse streams past max_streams with an error
             idx = np.flatnonzero(ok)
             seq = [taken.seq[i] for i in idx.tolist()]
@@ -258,7 +259,8 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
         if seq:
             m = len(seq)
             bucket = bucket_for(m, cfg.buckets)
-            state, outputs = compiled[bucket](state, pad_batch(x, key, bucket, cfg.max_streams))
+            # the same compiled (guarded, state-donated) step as the controller's
+            state, outputs, _ = compiled[bucket](state, pad_batch(x, key, bucket, cfg.max_streams))
             outputs = jax.device_get(outputs)
             frames = codec.encode_results(seq, stream, {k: np.asarray(v)[:m] for k, v in outputs.items()})
             processed += m

@@ -145,7 +145,7 @@ def test_no_frame_is_counted_unflushed_once_the_data_has_left():
             await ws.send_str(text)
         corked.uncork(3)
         received = await server.wait_for(3)  # the server has them, so the transport's buffer is empty
-        return corked.frames_unflushed(), ws._writer.transport.get_write_buffer_size(), received
+        return corked.frames_unconfirmed(), ws._writer.transport.get_write_buffer_size(), received
 
     unflushed, buffered, received = run(test)
     assert received == ["one", "two", "three"]

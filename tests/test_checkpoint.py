@@ -454,7 +454,9 @@ def test_kill_9_at_random_points_always_leaves_a_complete_newest_checkpoint(tmp_
         assert (restored.last_seen == restored.processed).all()
         processed = restored.processed + 1
 
-    Checkpointer(tmp_path).start()  # what the next run does first: temporary files go
+    restart = Checkpointer(tmp_path)
+    restart.start()  # what the next run does first: temporary files go
+    assert restart.stop(WAIT_S)
     assert not [name for name in os.listdir(tmp_path) if name.startswith(TEMP_PREFIX)]
 
 
