@@ -124,7 +124,7 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
                         await send(ws, frame)
                 finally:
                     if corked is not None:
-                        corked.uncork(len(frames))
+                        corked.uncork()
                 figures["results_out"] += len(frames)
 
     async def watch_lag() -> None:

@@ -17,10 +17,6 @@ Rules:
 
 from __future__ import annotations
 
-import fcntl
-import struct
-import termios
-from collections import deque
 from typing import Any
 
 import aiohttp
@@ -31,15 +27,11 @@ __all__ = ["CorkedTransport", "clear_abnormal_close", "cork", "drop", "missing"]
 class CorkedTransport:
     """Stands in for one connection's socket transport inside aiohttp's frame writer, so the
     frames of one batch leave in a single ``write`` instead of one each. Writes pass straight
-    through unless corked (pongs and close frames included).
-
-    It also remembers how many frames each of its recent writes held, so that frames still
-    waiting in the transport's buffer when a connection is given up can be counted."""
+    through unless corked (pongs and close frames included)."""
 
     def __init__(self, transport: Any) -> None:
         self._transport = transport
         self._held: list[bytes] = []
-        self._writes: deque[tuple[int, int]] = deque(maxlen=4096)  # (bytes, frames), newest last
         self.corked = False
 
     def write(self, data: bytes) -> None:
@@ -48,47 +40,15 @@ class CorkedTransport:
         else:
             self._transport.write(data)
 
-    def uncork(self, frames: int) -> None:
+    def uncork(self) -> None:
         self.corked = False
         if self._held:
             data = b"".join(self._held)
             self._held.clear()
             self._transport.write(data)
-            self._writes.append((len(data), frames))
-
-    def frames_unconfirmed(self) -> int:
-        """Frames (from the newest writes) not known to have reached the peer: still in the
-        transport's buffer, or in the kernel's send queue not yet acknowledged by the peer
-        (``TIOCOUTQ``, where the socket is still open); an upper estimate when a write was
-        partly through. Call it before the connection is closed."""
-        try:
-            waiting = self._transport.get_write_buffer_size()
-        except Exception:  # a closed transport: nothing left to count
-            return 0
-        waiting += _kernel_send_queue_bytes(self._transport)
-        frames = 0
-        for size, count in reversed(self._writes):
-            if waiting <= 0:
-                break
-            frames += count
-            waiting -= size
-        return frames
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
-
-
-def _kernel_send_queue_bytes(transport: Any) -> int:
-    """Bytes the kernel holds for this socket that the peer has not acknowledged (Linux
-    ``TIOCOUTQ``); 0 where that cannot be read (closed socket, TLS layer, other systems)."""
-    sock = transport.get_extra_info("socket")
-    try:
-        fd = sock.fileno() if sock is not None else -1
-        if fd < 0:
-            return 0
-        return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-    except (OSError, AttributeError, ValueError):
-        return 0
 
 
 def cork(ws: aiohttp.ClientWebSocketResponse) -> CorkedTransport | None:

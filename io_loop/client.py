@@ -183,6 +183,7 @@ class FeedClient:
         stats.connected = True
         stats.state_since = time.time()
         self._cork = aiohttp_compat.cork(ws)
+        written_before = stats.results_out + stats.errors_out
         self._last_frame_at = asyncio.get_running_loop().time()
         log.info("connection %d to %s open", conn, self.shown_url, extra={"connection": conn})
         tasks: set[asyncio.Task] = set()
@@ -204,15 +205,11 @@ class FeedClient:
                     end = writer.result()
                     if end.outcome is not Outcome.DRAINED:
                         return end
-                    unconfirmed = self._cork.frames_unconfirmed() if self._cork is not None else 0
-                    if not await self._close_after_drain(ws) and unconfirmed:
-                        stats.written_unconfirmed += unconfirmed
-                        log.warning("connection %d was dropped without the server's close; up to %d reply "
-                                    "frames written to it may not have arrived", conn, unconfirmed,
-                                    extra={"connection": conn})
-                    clean = True
-                    log.info("connection %d closed with code 1000 after sending every result", conn,
-                             extra={"connection": conn})
+                    # the server's answering close means it read every frame written before ours
+                    clean = await self._close_after_drain(ws)
+                    if clean:
+                        log.info("connection %d closed with code 1000 after sending every result", conn,
+                                 extra={"connection": conn})
                     return End(Outcome.CLOSED)
                 if reader is not None and reader in done:
                     tasks.discard(reader)
@@ -227,12 +224,12 @@ class FeedClient:
                 task.cancel()
             if tasks:
                 await asyncio.wait(tasks)
-            if not clean and self._cork is not None:
-                unconfirmed = self._cork.frames_unconfirmed()
-                if unconfirmed:  # written, but the connection died: counted, never silent
-                    stats.written_unconfirmed += unconfirmed
-                    log.warning("connection %d ended with up to %d reply frames written to it not "
-                                "acknowledged by the server", conn, unconfirmed, extra={"connection": conn})
+            unconfirmed = stats.results_out + stats.errors_out - written_before
+            if not clean and unconfirmed:  # the peer may not have read them: counted, never silent
+                stats.written_unconfirmed += unconfirmed
+                log.warning("connection %d ended without the server's closing handshake: the %d reply frames "
+                            "written to it may not all have been read", conn, unconfirmed,
+                            extra={"connection": conn})
             current = asyncio.current_task()
             if not ws.closed and current is not None and current.cancelling():
                 aiohttp_compat.drop(ws)  # an aborted stop: no closing handshake, no waiting
@@ -346,7 +343,7 @@ class FeedClient:
                 return End(Outcome.LOST, f"send failed: {exc.__class__.__name__}: {short(exc)}")
             finally:
                 if cork is not None:
-                    cork.uncork(self._offset - start)
+                    cork.uncork()
                 self._count_written(item, start, self._offset)  # also when stopped part-way
             self._current = None
             if item.received_ns:

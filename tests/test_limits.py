@@ -254,3 +254,59 @@ def test_the_largest_accepted_values_keep_the_default_detector_finite():
         assert "error" not in reply and np.isfinite(reply["z"]).all()
         np.testing.assert_allclose(reply["score"], score, rtol=1e-4)
     assert stats.resets == {} and stats.errors == {}
+
+
+def test_a_feed_that_dies_mid_stream_loses_nothing_from_the_books_and_hides_no_loss():
+    """The feed's TCP connection is reset (as when its process is killed -9) while replies are
+    flowing; after the reconnect the books balance, and every reply the server never read is
+    among those counted as ``written_unconfirmed`` (written to a connection that ended without
+    the closing handshake): no loss is hidden, none is claimed."""
+    received: list[int] = []
+    first = [json.dumps({"seq": i, "stream": f"s{i % 7}", "x": [float(i % 5), 1.0]}) for i in range(3000)]
+    second = [json.dumps({"seq": 10_000 + i, "stream": "s0", "x": [1.0, 2.0]}) for i in range(20)]
+    connections: list[int] = []
+
+    async def handle(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        connections.append(len(connections))
+        if len(connections) == 1:
+            for frame in first:
+                await ws.send_str(frame)
+            got = 0
+            async for msg in ws:
+                received.append(json.loads(msg.data)["seq"])
+                got += 1
+                if got == 500:  # replies still flowing: the peer dies without a close frame
+                    request.transport.abort()
+                    break
+            return ws
+        for frame in second:
+            await ws.send_str(frame)
+        async for msg in ws:
+            received.append(json.loads(msg.data)["seq"])
+        return ws
+
+    async def start() -> tuple[web.AppRunner, str]:
+        app = web.Application()
+        app.router.add_get("/feed", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner, f"ws://127.0.0.1:{runner.addresses[0][1]}/feed"
+
+    with Loop() as bg:
+        runner, url = bg.run(start())
+        cfg = Config(ws_url=url, features=2, status_s=0, reconnect_min_s=0.1, heartbeat_s=0)
+        with Controller(cfg) as ctl:
+            end = time.monotonic() + WAIT_S
+            while sum(s >= 10_000 for s in received) < len(second) and time.monotonic() < end:
+                ctl.process_pending(timeout=0.05)
+        stats = ctl.stats()
+        bg.run(runner.cleanup())
+    assert len(connections) == 2 and sum(s >= 10_000 for s in received) == len(second)
+    assert stats.in_flight == 0
+    assert stats.messages_in == stats.messages_out + stats.answer_errors_out + stats.no_reply + stats.dropped_total
+    never_arrived = stats.messages_out - len(received)
+    assert never_arrived >= 0
+    assert stats.written_unconfirmed >= never_arrived, (stats.written_unconfirmed, never_arrived)
