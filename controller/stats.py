@@ -238,7 +238,7 @@ class StatsSnapshot:
     resets: dict[str, int] = field(default_factory=dict)  # streams (or the whole state) reset, by reason
     streams_active: int = 0  # streams holding a state slot
     streams_evicted: int = 0  # idle streams whose slot went to a new stream (FORKLESS_STREAM_IDLE_S)
-    written_unconfirmed: int = 0  # frames written to connections that then ended without the closing handshake (see README)
+    written_unconfirmed: int = 0  # frames written to connections that ended without the closing handshake
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
     extra: dict[str, Any] = field(default_factory=dict)
     # checkpoints (controller/checkpointer.py; all 0 while FORKLESS_CHECKPOINT_DIR is unset)
