@@ -49,16 +49,21 @@ async def _ws_serve(handler, **kwargs):
     return await serve(handler, "127.0.0.1", 0, **kwargs)
 
 
-async def _redirector(target: str) -> tuple[web.AppRunner, str]:
-    async def handle(request: web.Request) -> web.Response:
-        raise web.HTTPFound(target)
-
+async def _aiohttp_feed(handler) -> tuple[web.AppRunner, str]:
+    """An aiohttp server on 127.0.0.1 answering /feed with ``handler``; (runner, ws URL)."""
     app = web.Application()
-    app.router.add_get("/feed", handle)
+    app.router.add_get("/feed", handler)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     return runner, f"ws://127.0.0.1:{runner.addresses[0][1]}/feed"
+
+
+async def _redirector(target: str) -> tuple[web.AppRunner, str]:
+    async def handle(request: web.Request) -> web.Response:
+        raise web.HTTPFound(target)
+
+    return await _aiohttp_feed(handle)
 
 
 def test_a_redirect_to_another_origin_is_refused_and_no_header_reaches_it():
@@ -175,16 +180,8 @@ def test_a_peer_that_never_answers_pings_is_dropped_within_one_and_a_half_heartb
         closed.append(time.monotonic())
         return ws
 
-    async def start() -> tuple[web.AppRunner, str]:
-        app = web.Application()
-        app.router.add_get("/feed", silent)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        return runner, f"ws://127.0.0.1:{runner.addresses[0][1]}/feed"
-
     with Loop() as bg:
-        runner, url = bg.run(start())
+        runner, url = bg.run(_aiohttp_feed(silent))
         cfg = Config(ws_url=url, features=2, heartbeat_s=heartbeat, status_s=0, reconnect_min_s=5)
         with Controller(cfg) as ctl:
             end = time.monotonic() + WAIT_S
@@ -287,16 +284,8 @@ def test_a_feed_that_dies_mid_stream_loses_nothing_from_the_books_and_hides_no_l
             received.append(json.loads(msg.data)["seq"])
         return ws
 
-    async def start() -> tuple[web.AppRunner, str]:
-        app = web.Application()
-        app.router.add_get("/feed", handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        return runner, f"ws://127.0.0.1:{runner.addresses[0][1]}/feed"
-
     with Loop() as bg:
-        runner, url = bg.run(start())
+        runner, url = bg.run(_aiohttp_feed(handle))
         cfg = Config(ws_url=url, features=2, status_s=0, reconnect_min_s=0.1, heartbeat_s=0)
         with Controller(cfg) as ctl:
             end = time.monotonic() + WAIT_S
