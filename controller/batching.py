@@ -34,6 +34,7 @@ class Chunk:
     stream: list[str]
     x: np.ndarray  # float32 [n, F]
     received_ns: int
+    feed: int = 0  # index of the feed (``Config.feed_specs``) whose connection it came from
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -49,13 +50,15 @@ class Outgoing:
     positions of the error frames among the answers (sorted), so a writer that is stopped
     part-way through an item still counts exactly how many results it wrote.
     ``received_ns`` holds, for each frame that answers a message, when its frame arrived
-    (monotonic ns), for the received-to-sent latency.
+    (monotonic ns), for the received-to-sent latency. ``feed`` is the index of the feed whose
+    connection the frames go back on (their messages came from it).
     """
 
     frames: list[str | bytes]
     received_ns: list[int] = field(default_factory=list)
     error_at: tuple[int, ...] = ()
     answers: bool = True
+    feed: int = 0
 
     @property
     def results(self) -> int:
@@ -69,6 +72,20 @@ class Outgoing:
         return bisect.bisect_left(self.error_at, stop) - bisect.bisect_left(self.error_at, start)
 
 
+def count_unsent(items: list[tuple[Outgoing | None, int]]) -> tuple[int, int]:
+    """For ``(item, frames already written)`` pairs that will never be sent further: how many
+    unsent frames answer received messages, and how many are error replies to bad input."""
+    answers = errors = 0
+    for item, written in items:
+        if item is None:
+            continue
+        if item.answers:
+            answers += len(item.frames) - written
+        else:
+            errors += len(item.frames) - written
+    return answers, errors
+
+
 @dataclass
 class Taken:
     """The messages of one micro-batch, in arrival order, before slotting and padding."""
@@ -77,6 +94,8 @@ class Taken:
     stream: list[str]
     x: np.ndarray  # float32 [n, F]
     received_ns: list[int]
+    feed: list[int]  # per message, the feed it came from
+    feeds_mixed: bool = False  # True when ``feed`` holds more than one value
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -136,14 +155,19 @@ class MicroBatcher:
         streams: list[str] = []
         xs: list[np.ndarray] = []
         received: list[int] = []
+        feeds: list[int] = []
+        first_feed = self._chunks[0].feed
+        mixed = False
         while len(seqs) < want:
             chunk = self._chunks[0]
+            mixed = mixed or chunk.feed != first_feed
             start = self._offset
             stop = min(len(chunk), start + want - len(seqs))
             seqs.extend(chunk.seq[start:stop])
             streams.extend(chunk.stream[start:stop])
             xs.append(chunk.x[start:stop])
             received.extend([chunk.received_ns] * (stop - start))
+            feeds.extend([chunk.feed] * (stop - start))
             if stop == len(chunk):
                 self._chunks.popleft()
                 self._offset = 0
@@ -153,7 +177,7 @@ class MicroBatcher:
         # what is left was already waiting, so its deadline starts now
         self._first_at = now if self._size else None
         x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=0)
-        return Taken(seqs, streams, x, received)
+        return Taken(seqs, streams, x, received, feeds, mixed)
 
 
 def bucket_for(n: int, buckets: tuple[int, ...]) -> int:

@@ -81,7 +81,10 @@ def _show_config(config: Config, say: Callable[[str], None]) -> None:
     defaults = Config()
     for var in VARIABLES:
         value = getattr(config, var.field)
-        if var.secret:
+        if var.field == "feeds" and value:
+            shown = f"{len(config.feed_specs)} feeds: " + ", ".join(
+                f"{feed.name}={redact_url(feed.url)}" for feed in config.feed_specs) + " (subscribe, headers hidden)"
+        elif var.secret:
             if not value:
                 shown = "(unset)"
             elif isinstance(value, tuple):
@@ -89,7 +92,7 @@ def _show_config(config: Config, say: Callable[[str], None]) -> None:
             else:
                 shown = "<hidden>"
         elif var.field == "ws_url":
-            shown = redact_url(value) if value else "(unset: the embedded demo feed)"
+            shown = redact_url(value) if value else "(unset)" if config.feeds else "(unset: the embedded demo feed)"
         else:
             shown = _as_text(value) or "(unset)"
         mark = "" if value == getattr(defaults, var.field) else "   (not the default)"

@@ -16,9 +16,11 @@ import dataclasses
 import json
 import math
 import os
+import re
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -173,6 +175,96 @@ def _checkpoint_dir(text: str) -> str:
     return text
 
 
+FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+FEED_KEYS = ("url", "subscribe", "headers", "name", "required")
+
+
+class ValueProblem(ValueError):
+    """A parser's refusal with a detail fit to show (never a secret): appended to the
+    variable's ``allowed`` text in the ``ConfigError``."""
+
+
+@dataclass(frozen=True)
+class FeedSpec:
+    """One feed of ``FORKLESS_FEEDS`` (or the one ``FORKLESS_WS_URL`` names): where to connect,
+    what to send first, extra handshake headers. ``name`` labels its metrics, logs and (with
+    several feeds, unless ``FORKLESS_SHARED_STREAMS=1``) its streams' identities."""
+
+    name: str
+    url: str
+    subscribe: str = field(default="", repr=False)  # sent as is on every new connection
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    required: bool = True  # /readyz waits for it
+
+    @property
+    def label(self) -> str:
+        """How messages name it: ``feed 'name' (ws://host/path)``, never with credentials or query."""
+        return f"feed {self.name!r} ({redact_url(self.url)})"
+
+
+def _feed_list(text: str) -> tuple[FeedSpec, ...]:
+    """``FORKLESS_FEEDS``: a JSON list of feed objects (see ``FeedSpec``); raises ``ValueProblem``
+    naming the feed (by name, else index) and the field, never a secret value."""
+    if text.strip() == "":
+        return ()
+    try:
+        items = json.loads(text)
+    except ValueError:
+        raise ValueProblem("not valid JSON") from None
+    if not isinstance(items, list) or not items:
+        raise ValueProblem("a non-empty JSON list")
+    feeds = []
+    for index, item in enumerate(items):
+        where = f"feed {index}"
+        if not isinstance(item, dict):
+            raise ValueProblem(f"{where}: a JSON object")
+        name = item.get("name", str(index))
+        if isinstance(name, str) and FEED_NAME.fullmatch(name):
+            where = f"feed {index} ({name!r})"
+        unknown = sorted(set(item) - set(FEED_KEYS))
+        if unknown:
+            raise ValueProblem(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; "
+                               f"the fields are {', '.join(FEED_KEYS)}")
+        if not isinstance(name, str) or not FEED_NAME.fullmatch(name):
+            raise ValueProblem(f'{where}: "name" must be 1-64 letters, digits, "_", "." or "-"')
+        url = item.get("url")
+        try:
+            if not isinstance(url, str) or not _ws_url(url):
+                raise ValueError
+        except ValueError:
+            raise ValueProblem(f'{where}: "url" must be a ws:// or wss:// URL (port 1-65535)') from None
+        subscribe = item.get("subscribe", "")
+        if subscribe is None:
+            subscribe = ""
+        elif not isinstance(subscribe, str):
+            subscribe = json.dumps(subscribe, separators=(",", ":"))
+        headers = item.get("headers", {})
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise ValueProblem(f'{where}: "headers" must be a JSON object of string values')
+        required = item.get("required", True)
+        if not isinstance(required, bool):
+            raise ValueProblem(f'{where}: "required" must be true or false')
+        feeds.append(FeedSpec(name, url.strip(), subscribe, tuple((str(k), v) for k, v in headers.items()), required))
+    names = [feed.name for feed in feeds]
+    doubled = sorted({name for name in names if names.count(name) > 1})
+    if doubled:
+        raise ValueProblem(f"feed names must differ: {', '.join(map(repr, doubled))} appear(s) twice")
+    return tuple(feeds)
+
+
+def _feeds_text(text: str) -> str:
+    """``FORKLESS_FEEDS`` as given, or the text of the ``@path`` file it names; checked by ``_feed_list``."""
+    text = text.strip()
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as f:
+                text = f.read().strip()
+        except OSError as exc:
+            raise ValueProblem(f"cannot read {text[1:]}: {exc.strerror}") from None
+    _feed_list(text)
+    return text
+
+
 VARIABLES: tuple[Variable, ...] = (
     # -- the feed
     Variable("WS_URL", "ws_url", _ws_url, "a ws:// or wss:// URL (port 1-65535), or empty",
@@ -184,6 +276,16 @@ VARIABLES: tuple[Variable, ...] = (
              "sent as 'Authorization: Bearer <token>'; never logged", secret=True),
     Variable("HEADERS", "headers", _headers, "a JSON object of string values",
              "extra handshake headers; never logged", secret=True),
+    Variable("FEEDS", "feeds", _feeds_text,
+             'a JSON list of {"url", "subscribe", "headers", "name", "required"} objects, or @path to a file'
+             " holding one; not together with WS_URL or SUBSCRIBE",
+             "several feeds in one process, each its own connection (README \"Several feeds\"); never"
+             " logged", secret=True),
+    Variable("SHARED_STREAMS", "shared_streams", _bool, "0 or 1",
+             "with several feeds: 1 makes a stream name the same stream on every feed (one state);"
+             " 0 keeps feed:stream apart"),
+    Variable("FEED_FATAL", "feed_fatal", _choice("all", "any"), "all or any",
+             "with several feeds: exit 3 when every feed has given up (all) or when one has (any)"),
     Variable("CA_FILE", "ca_file", _pem_file, "the path of an existing PEM file of CA certificates",
              "extra CA bundle for wss:// (the system store is always used)"),
     Variable("TLS_INSECURE", "tls_insecure", _bool, "0 or 1",
@@ -275,6 +377,9 @@ class Config:
     subscribe: str = field(default="", repr=False)
     auth_token: str = field(default="", repr=False)
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    feeds: str = field(default="", repr=False)
+    shared_streams: bool = False
+    feed_fatal: str = "all"
     ca_file: str = ""
     tls_insecure: bool = False
     features: int = 8
@@ -319,28 +424,41 @@ class Config:
             text = _as_text(value)
             try:
                 parsed = var.parse(text)
-            except (ValueError, TypeError, OSError):
-                raise ConfigError(var.env, _shown(var, text), var.allowed) from None
+            except (ValueError, TypeError, OSError) as exc:
+                raise ConfigError(var.env, _shown(var, text), _allowed(var, exc)) from None
             if parsed != value:
                 raise ConfigError(var.env, _shown(var, text), var.allowed)
+        if self.feeds and (self.ws_url or self.subscribe):
+            both = "FORKLESS_WS_URL" if self.ws_url else "FORKLESS_SUBSCRIBE"
+            raise ConfigError(PREFIX + "FEEDS", "<hidden>", f"either FORKLESS_FEEDS or {both} (the one-feed "
+                              "shorthand), not both: move that feed into the FORKLESS_FEEDS list")
         self._validate_credentials()
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ConfigError(PREFIX + "RECONNECT_MAX_S", str(self.reconnect_max_s),
                               f"a number >= FORKLESS_RECONNECT_MIN_S ({self.reconnect_min_s})")
 
     def _validate_credentials(self) -> None:
-        """One source of handshake credentials: URL user:password, AUTH_TOKEN, or an
-        Authorization header in HEADERS (aiohttp refuses two at once, and mid-run)."""
-        sources = []
-        if self.ws_url and (urlsplit(self.ws_url).username or urlsplit(self.ws_url).password):
-            sources.append("credentials in FORKLESS_WS_URL (user:password@)")
-        if self.auth_token:
-            sources.append("FORKLESS_AUTH_TOKEN")
-        if any(name.lower() == "authorization" for name, _ in self.headers):
-            sources.append("an Authorization header in FORKLESS_HEADERS")
-        if len(sources) > 1:
-            raise ConfigError(PREFIX + ("AUTH_TOKEN" if self.auth_token else "HEADERS"), "<hidden>",
-                              f"one source of credentials, not {' and '.join(sources)}")
+        """One source of handshake credentials per feed: URL user:password, AUTH_TOKEN, or an
+        Authorization header in HEADERS or the feed's headers (aiohttp refuses two at once, and mid-run)."""
+        several = bool(self.feeds)
+        for feed in self.feed_specs if (self.ws_url or several) else ():
+            sources = []
+            where = f"in {feed.label}" if several else "in FORKLESS_WS_URL"
+            if urlsplit(feed.url).username or urlsplit(feed.url).password:
+                sources.append(f"credentials {where} (user:password@)")
+            if self.auth_token:
+                sources.append("FORKLESS_AUTH_TOKEN")
+            if any(name.lower() == "authorization" for name, _ in self.headers):
+                sources.append("an Authorization header in FORKLESS_HEADERS")
+            if any(name.lower() == "authorization" for name, _ in feed.headers):
+                sources.append(f"an Authorization header in the headers of {feed.label}")
+            if len(sources) > 1:
+                raise ConfigError(PREFIX + ("AUTH_TOKEN" if self.auth_token else "FEEDS" if several else "HEADERS"),
+                                  "<hidden>", f"one source of credentials, not {' and '.join(sources)}")
+        if not self.ws_url and not several and self.auth_token and \
+                any(name.lower() == "authorization" for name, _ in self.headers):
+            raise ConfigError(PREFIX + "AUTH_TOKEN", "<hidden>", "one source of credentials, not "
+                              "FORKLESS_AUTH_TOKEN and an Authorization header in FORKLESS_HEADERS")
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -359,7 +477,21 @@ class Config:
 
     @property
     def uses_demo_feed(self) -> bool:
-        return self.ws_url == ""
+        """Neither ``FORKLESS_WS_URL`` nor ``FORKLESS_FEEDS`` is set: the embedded demo feed runs."""
+        return self.ws_url == "" and self.feeds == ""
+
+    @cached_property
+    def feed_specs(self) -> tuple[FeedSpec, ...]:
+        """The feeds to connect to: ``FORKLESS_FEEDS``, else one feed named ``0`` from
+        ``FORKLESS_WS_URL``/``FORKLESS_SUBSCRIBE`` (its url is empty for the demo feed)."""
+        if self.feeds:
+            return _feed_list(self.feeds)
+        return (FeedSpec("0", self.ws_url, self.subscribe),)
+
+    @property
+    def stream_keys_by_feed(self) -> bool:
+        """True when a stream is identified by (feed, stream): several feeds, not shared."""
+        return len(self.feed_specs) > 1 and not self.shared_streams
 
     @property
     def checkpoints_on(self) -> bool:
@@ -381,14 +513,19 @@ class Config:
             raw = environ[var.env]
             try:
                 values[var.field] = var.parse(raw)
-            except (ValueError, TypeError, OSError):
-                raise ConfigError(var.env, _shown(var, raw), var.allowed) from None
+            except (ValueError, TypeError, OSError) as exc:
+                raise ConfigError(var.env, _shown(var, raw), _allowed(var, exc)) from None
         values.update(overrides)
         config = cls(**values)
         if config.uses_demo_feed and config.demo_streams > config.max_streams:
             raise ConfigError(PREFIX + "DEMO_STREAMS", str(config.demo_streams),
                               f"at most FORKLESS_MAX_STREAMS ({config.max_streams}) when the demo feed runs")
         return config
+
+
+def _allowed(var: Variable, exc: BaseException) -> str:
+    """What the variable allows, plus the parser's detail when it gave one (``ValueProblem``)."""
+    return f"{var.allowed}: {exc}" if isinstance(exc, ValueProblem) else var.allowed
 
 
 def _shown(var: Variable, text: str) -> str:

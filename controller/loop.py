@@ -131,6 +131,9 @@ class Controller:
         self.main_stats = MainStats(batch_size=Histogram(self.config.buckets))
         self.batcher = MicroBatcher(self.config.max_batch, self.config.max_wait_ms / 1000)
         self.slots = StreamSlots(self.config.max_streams, idle_s=self.config.stream_idle_s)
+        # with several feeds (unless FORKLESS_SHARED_STREAMS=1) a stream's key is "feed:stream"
+        self._feed_prefixes = [spec.name + ":" for spec in self.config.feed_specs] \
+            if self.config.stream_keys_by_feed else None
         self.state: Any = None
         self._compiled: dict[int, Any] = {}
         self._template: Any = None
@@ -393,7 +396,11 @@ class Controller:
         cfg = self.config
         stats = self.main_stats
         n = len(taken)
-        slots, ok, recycled = self.slots.lookup(taken.stream, time.monotonic())
+        keys = taken.stream
+        if self._feed_prefixes is not None:  # several feeds: a stream is (feed, stream)
+            prefixes = self._feed_prefixes
+            keys = [prefixes[feed] + stream for feed, stream in zip(taken.feed, keys)]
+        slots, ok, recycled = self.slots.lookup(keys, time.monotonic())
         if recycled:
             self._reset_slots(recycled)
         refused: dict[int, str] = {}  # message index -> error reason
@@ -434,9 +441,14 @@ class Controller:
                     stats.errors["encode failed"] += len(rows)
         stats.batches += 1
         stats.batch_size.observe(n)
-        frames, received, error_at = self._assemble(taken, rows, answered, are_results, refused)
-        if frames:
-            self._put_outbound(Outgoing(frames, received, error_at), deadline)
+        frames, received, error_at, origin = self._assemble(taken, rows, answered, are_results, refused)
+        if not frames:
+            pass
+        elif not taken.feeds_mixed:
+            self._put_outbound(Outgoing(frames, received, error_at, feed=taken.feed[0]), deadline)
+        else:  # several feeds in one batch: each feed's replies go back on its own connection
+            for item in _split_by_feed(frames, received, error_at, [taken.feed[i] for i in origin]):
+                self._put_outbound(item, deadline)
         if host_error is not None:
             raise host_error
 
@@ -461,14 +473,15 @@ class Controller:
         return [rows[j] for j in keep.tolist()], {k: v[keep] for k, v in outputs.items()}
 
     def _assemble(self, taken: Taken, rows: Sequence[int], answered: list, are_results: bool,
-                  refused: dict[int, str]) -> tuple[list, list[int], tuple[int, ...]]:
-        """The batch's frames in arrival order, their messages' receive times, and the
-        positions of the error frames; a message the codec answered with None gets no frame
-        (``no_reply``)."""
+                  refused: dict[int, str]) -> tuple[list, list[int], tuple[int, ...], Sequence[int]]:
+        """The batch's frames in arrival order, their messages' receive times, the positions
+        of the error frames, and each frame's message (its index in ``taken``); a message the
+        codec answered with None gets no frame (``no_reply``)."""
         if not refused and None not in answered:  # the common case: one reply per message
-            return answered, taken.received_ns, () if are_results else tuple(range(len(answered)))
+            return (answered, taken.received_ns, () if are_results else tuple(range(len(answered))),
+                    range(len(answered)))
         reply = dict(zip(rows, answered))
-        frames, received, error_at = [], [], []
+        frames, received, error_at, origin = [], [], [], []
         for i in range(len(taken)):
             reason = refused.get(i)
             if reason is not None:
@@ -483,7 +496,8 @@ class Controller:
                     error_at.append(len(frames))
             frames.append(frame)
             received.append(taken.received_ns[i])
-        return frames, received, tuple(error_at)
+            origin.append(i)
+        return frames, received, tuple(error_at), origin
 
     def _reset_slots(self, recycled: list[int]) -> None:
         """Give recycled slots a fresh stream's state (before the step that uses them)."""
@@ -601,6 +615,7 @@ class Controller:
             answer_errors_out=io.answer_errors_out,
             written_unconfirmed=io.written_unconfirmed,
             last_error=io.last_error,
+            feeds=io.feeds,
         )
 
     @property
@@ -645,6 +660,18 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
+
+
+def _split_by_feed(frames: list, received: list[int], error_at: tuple[int, ...],
+                   feeds: list[int]) -> list[Outgoing]:
+    """One ``Outgoing`` per feed, each keeping its frames' order (``feeds``: each frame's feed)."""
+    errors = set(error_at)
+    by_feed: dict[int, list[int]] = {}
+    for j, feed in enumerate(feeds):
+        by_feed.setdefault(feed, []).append(j)
+    return [Outgoing([frames[j] for j in picked], [received[j] for j in picked],
+                     tuple(k for k, j in enumerate(picked) if j in errors), feed=feed)
+            for feed, picked in by_feed.items()]
 
 
 def _merged(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

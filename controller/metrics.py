@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -31,7 +32,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from controller.stats import LAG_INTERVAL_S, SECONDS_BOUNDS, HistogramSnapshot, StatsSnapshot
+from controller.stats import (
+    LAG_INTERVAL_S,
+    SECONDS_BOUNDS,
+    FeedSnapshot,
+    HistogramSnapshot,
+    IOSnapshot,
+    StatsSnapshot,
+)
 
 __all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "make_registry", "metric_families",
            "metrics_table_markdown", "render"]
@@ -46,15 +54,17 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     """Every ``forkless_*`` metric family for one snapshot (pure; see the module rules)."""
     fams: list[Metric] = []
 
+    feeds = _feed_rows(snap)
     messages = CounterMetricFamily("forkless_messages", "Messages received from the feed (in) and result "
-                                   "frames sent back (out).", labels=["direction"])
-    messages.add_metric(["in"], snap.messages_in)
-    messages.add_metric(["out"], snap.messages_out)
+                                   "frames sent back (out).", labels=["direction", "feed"])
+    for f in feeds:
+        messages.add_metric(["in", f.name], f.messages_in)
+        messages.add_metric(["out", f.name], f.results_out)
     fams.append(messages)
-    fams.append(CounterMetricFamily("forkless_frames_received", "WebSocket frames received from the feed.",
-                                    value=snap.frames_in))
-    fams.append(CounterMetricFamily("forkless_error_replies", "Error frames sent back to the feed.",
-                                    value=snap.errors_out))
+    fams.append(_per_feed(CounterMetricFamily, "forkless_frames_received", "WebSocket frames received from the feed.",
+                          feeds, "frames_in"))
+    fams.append(_per_feed(CounterMetricFamily, "forkless_error_replies", "Error frames sent back to the feed.",
+                          feeds, "errors_out"))
     fams.append(CounterMetricFamily("forkless_processed", "Messages run through the step.",
                                     value=snap.processed))
     fams.append(CounterMetricFamily("forkless_batches", "Batches run through the step.", value=snap.batches))
@@ -76,15 +86,21 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(_by_reason("forkless_errors", "Messages or frames refused or failed, by reason.", snap.errors))
     fams.append(_by_reason("forkless_dropped", "Messages or replies dropped, by reason.", snap.dropped))
 
-    fams.append(CounterMetricFamily("forkless_connects", "Connections opened to the feed.", value=snap.connects))
-    fams.append(CounterMetricFamily("forkless_reconnects", "Connections lost and retried.", value=snap.reconnects))
-    fams.append(CounterMetricFamily("forkless_connect_failures", "Connection attempts that failed.",
-                                    value=snap.connect_failures))
-    fams.append(GaugeMetricFamily("forkless_connected", "1 while connected to the feed, else 0.",
-                                  value=int(snap.connected)))
-    fams.append(GaugeMetricFamily("forkless_connection_state_since_timestamp_seconds",
-                                  "Unix time of the last connect or disconnect (0: never).",
-                                  value=snap.connection_since))
+    fams.append(_per_feed(CounterMetricFamily, "forkless_connects", "Connections opened to the feed.",
+                          feeds, "connects"))
+    fams.append(_per_feed(CounterMetricFamily, "forkless_reconnects", "Connections lost and retried.",
+                          feeds, "reconnects"))
+    fams.append(_per_feed(CounterMetricFamily, "forkless_connect_failures", "Connection attempts that failed.",
+                          feeds, "connect_failures"))
+    fams.append(_per_feed(GaugeMetricFamily, "forkless_connected", "1 while connected to the feed, else 0.",
+                          feeds, "connected"))
+    fams.append(_per_feed(GaugeMetricFamily, "forkless_connection_state_since_timestamp_seconds",
+                          "Unix time of the last connect or disconnect (0: never).", feeds, "state_since"))
+    fams.append(_per_feed(GaugeMetricFamily, "forkless_unsent_replies", "Reply frames taken for the feed and not "
+                          "yet written (held across a reconnect, or waiting while its connection is down).",
+                          feeds, "unsent"))
+    fams.append(_per_feed(GaugeMetricFamily, "forkless_feed_given_up", "1 once the feed has given up (a refused "
+                          "handshake or FORKLESS_RECONNECT_TRIES used up), else 0.", feeds, "given_up"))
     depth = GaugeMetricFamily("forkless_queue_depth", "Items waiting: inbound chunks (IO to main), outbound "
                               "batches (main to IO), unsent reply frames held for the next connection.",
                               labels=["queue"])
@@ -93,8 +109,11 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     depth.add_metric(["unsent"], snap.unsent)
     fams.append(depth)
 
-    fams.append(_histogram("forkless_latency_seconds", "From a frame's arrival to its reply being sent.",
-                           snap.latency, SECONDS_STEP))
+    latency = HistogramMetricFamily("forkless_latency_seconds", "From a frame's arrival to its reply being sent.",
+                                    labels=["feed"])
+    for f in feeds:
+        latency.add_metric([f.name], _buckets(f.latency, SECONDS_STEP), sum_value=f.latency.total)
+    fams.append(latency)
     fams.append(_histogram("forkless_batch_size", "Messages per batch run through the step.",
                            snap.batch_size, 1))
     fams.append(_histogram("forkless_io_loop_lag_seconds", "How long a ready callback waits for its turn on the IO "
@@ -146,7 +165,49 @@ def _by_reason(name: str, doc: str, counts: Mapping[str, int]) -> CounterMetricF
     return fam
 
 
+@dataclass(frozen=True)
+class _FeedRow:
+    """One feed's per-connection figures, as the labelled families need them."""
+
+    name: str
+    frames_in: int
+    messages_in: int
+    results_out: int
+    errors_out: int
+    connects: int
+    reconnects: int
+    connect_failures: int
+    connected: int
+    state_since: float
+    unsent: int
+    given_up: int
+    latency: HistogramSnapshot
+
+
+def _feed_rows(snap: StatsSnapshot) -> list[_FeedRow]:
+    """Per feed (``snap.feeds``); a snapshot without them (a fake IO side) is one feed named ``0``."""
+    if not snap.feeds:
+        return [_FeedRow("0", snap.frames_in, snap.messages_in, snap.messages_out, snap.errors_out, snap.connects,
+                         snap.reconnects, snap.connect_failures, int(snap.connected), snap.connection_since,
+                         snap.unsent, 0, snap.latency)]
+    return [_FeedRow(f.name, f.io.frames_in, f.io.messages_in, f.io.results_out, f.io.errors_out, f.io.connects,
+                     f.io.reconnects, f.io.connect_failures, int(f.io.connected), f.io.state_since, f.io.unsent,
+                     int(bool(f.given_up)), f.io.latency) for f in snap.feeds]
+
+
+def _per_feed(kind: type, name: str, doc: str, feeds: list[_FeedRow], attr: str) -> Metric:
+    fam = kind(name, doc, labels=["feed"])
+    for f in feeds:
+        fam.add_metric([f.name], getattr(f, attr))
+    return fam
+
+
 def _histogram(name: str, doc: str, hist: HistogramSnapshot, step: int) -> HistogramMetricFamily:
+    """Cumulative buckets at every ``step``-th bound of the snapshot, then ``+Inf``."""
+    return HistogramMetricFamily(name, doc, buckets=_buckets(hist, step), sum_value=hist.total)
+
+
+def _buckets(hist: HistogramSnapshot, step: int) -> list[tuple[str, float]]:
     """Cumulative buckets at every ``step``-th bound of the snapshot, then ``+Inf``."""
     cumulative = hist.cumulative()  # ends with (inf, total count)
     finite = cumulative[:-1]
@@ -156,7 +217,7 @@ def _histogram(name: str, doc: str, hist: HistogramSnapshot, step: int) -> Histo
         picked.append(finite[-1])  # always expose the last finite bound
     buckets = [(floatToGoString(bound), count) for bound, count in picked]
     buckets.append(("+Inf", cumulative[-1][1]))
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=hist.total)
+    return buckets
 
 
 class SnapshotCollector(Collector):
@@ -204,6 +265,11 @@ def _every_field_populated() -> StatsSnapshot:
         connection_since=1.0, inbound_depth=1, outbound_depth=1, unsent=1, batch_size=sizes, latency=seconds,
         loop_lag=seconds, step_seconds=seconds, compilations=1, compilations_after_warmup=0, devices=(_VARIES,),
         ready=True, compiled=True, last_error="x",
+        feeds=(FeedSnapshot(_VARIES, True, "x", IOSnapshot(
+            frames_in=1, messages_in=1, results_out=1, errors_out=1, answer_errors_out=1, error_replies_unsent=1,
+            written_unconfirmed=1, errors={}, dropped={}, connects=1, reconnects=1, connect_failures=1,
+            connected=True, state_since=1.0, last_error="x", latency=seconds, loop_lag=seconds, inbound_depth=0,
+            outbound_depth=0, unsent=1)),),
     )
 
 

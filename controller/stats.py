@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -88,6 +89,11 @@ class HistogramSnapshot:
             self.total - earlier.total,
             self.n - earlier.n,
         )
+
+    def __add__(self, other: HistogramSnapshot) -> HistogramSnapshot:
+        """Both histograms' observations together (same bounds)."""
+        return HistogramSnapshot(self.bounds, tuple(a + b for a, b in zip(self.counts, other.counts)),
+                                 self.total + other.total, self.n + other.n)
 
     @property
     def mean(self) -> float:
@@ -184,6 +190,51 @@ class IOSnapshot:
     inbound_depth: int  # chunks waiting for the main thread
     outbound_depth: int  # batches of replies waiting for the IO thread
     unsent: int  # reply frames taken from outbound, not yet written (held across a reconnect)
+    feeds: tuple[FeedSnapshot, ...] = ()  # each feed's own figures (``combine_io`` made the totals above)
+
+
+@dataclass(frozen=True)
+class FeedSnapshot:
+    """One feed's figures: its own ``IOStats`` snapshot (connection, frames, messages, replies,
+    latency, unsent), its name, whether readiness waits for it, and why it was given up ("" while used)."""
+
+    name: str
+    required: bool
+    given_up: str
+    io: IOSnapshot
+
+    @property
+    def up(self) -> bool:
+        return self.io.connected and not self.given_up
+
+
+_SUMMED = ("frames_in", "messages_in", "results_out", "errors_out", "answer_errors_out", "error_replies_unsent",
+           "written_unconfirmed", "connects", "reconnects", "connect_failures", "unsent")
+
+
+def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
+    """The IO side's totals: the thread's own figures (loop lag, queue depths, what the stop could
+    not send) plus every feed's. ``connected`` is True when every required feed is connected
+    (any feed, if none is required); ``last_error`` is the most recent feed's, named when there
+    are several."""
+    totals: dict[str, Any] = {name: getattr(thread, name) + sum(getattr(f.io, name) for f in feeds)
+                              for name in _SUMMED}
+    errors, dropped = Counter(thread.errors), Counter(thread.dropped)
+    latency = thread.latency
+    for f in feeds:
+        errors.update(f.io.errors)
+        dropped.update(f.io.dropped)
+        latency = latency + f.io.latency
+    required = [f for f in feeds if f.required] or list(feeds)
+    latest = max(feeds, key=lambda f: f.io.state_since, default=None)
+    last_error = thread.last_error
+    if latest is not None and latest.io.last_error:
+        last_error = latest.io.last_error if len(feeds) == 1 else f"feed {latest.name!r}: {latest.io.last_error}"
+    return dataclasses.replace(
+        thread, **totals, errors=dict(errors), dropped=dict(dropped), latency=latency,
+        connected=bool(required) and all(f.up for f in required),
+        state_since=latest.io.state_since if latest is not None else thread.state_since,
+        last_error=last_error, feeds=tuple(feeds))
 
 
 @dataclass
@@ -240,6 +291,7 @@ class StatsSnapshot:
     streams_evicted: int = 0  # idle streams whose slot went to a new stream (FORKLESS_STREAM_IDLE_S)
     written_unconfirmed: int = 0  # frames written to connections that ended without the closing handshake
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
+    feeds: tuple[FeedSnapshot, ...] = ()  # per feed (FORKLESS_FEEDS); the fields above are totals
     extra: dict[str, Any] = field(default_factory=dict)
     # checkpoints (controller/checkpointer.py; all 0 while FORKLESS_CHECKPOINT_DIR is unset)
     checkpoint_last_at: float = 0.0  # Unix time the newest written checkpoint's state was taken (0: none)
@@ -295,9 +347,12 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
     out_rate = rate(now.messages_out, before.messages_out if before else 0)
     mean_batch = "-" if math.isnan(bsz.mean) else f"{bsz.mean:.1f}"
     if final:  # how the stop left the connection, and what it could not account for
-        conn = "connection still open at the stop deadline" if now.connected else "stopped"
+        open_now = any(f.io.connected for f in now.feeds) if now.feeds else now.connected
+        conn = "connection still open at the stop deadline" if open_now else "stopped"
         if now.in_flight:
             conn = f"unanswered {now.in_flight} | {conn}"
+    elif len(now.feeds) > 1:
+        conn = f"feeds {sum(f.up for f in now.feeds)}/{len(now.feeds)} connected"
     else:
         conn = "connected" if now.connected else "DISCONNECTED"
     parts = [

@@ -1,19 +1,22 @@
-"""FeedClient: the reconnect loop around one WebSocket connection at a time.
+"""FeedClient: the reconnect loop around one WebSocket connection at a time, for one feed.
 
 Rules:
 - Runs in the IO thread's loop only. One reader task and one writer task per connection.
+  With several feeds (io_loop/feeds.py) there is one FeedClient per feed on the same loop.
 - Reader: frame -> ``codec.decode`` -> good messages to the ``Handover`` (which puts them on
-  ``inbound`` as chunks, see io_loop/handover.py), error replies to ``outbound`` (so every
-  frame sent goes through the one writer).
-- Writer: takes ``Outgoing`` items and sends their frames in order, each item in one socket
-  write (io_loop/aiohttp_compat.py). The item being sent and its position survive a lost
-  connection and are resumed on the next one; nothing taken from ``outbound`` is forgotten.
+  ``inbound`` as chunks stamped with this feed's index, see io_loop/handover.py), error
+  replies to this feed's ``outbox`` (so every frame sent goes through the one writer).
+- Writer: takes ``Outgoing`` items from ``outbox`` (the bridge's outbound queue with one
+  feed; this feed's own queue with several) and sends their frames in order, each item in
+  one socket write (io_loop/aiohttp_compat.py). The item being sent and its position survive
+  a lost connection and are resumed on the next one; nothing taken is forgotten.
 - Reconnect on any loss (refused, reset, TLS, handshake timeout, 5xx, close frame,
   heartbeat timeout, stale feed) with ``Backoff``; an HTTP 4xx handshake (but 408/429) or
   used-up tries raise ``FeedFatal``.
 - Orderly stop (``stop_reading``): the reader is never cancelled while handing a chunk over,
-  so no received frame is lost; then ``inbound`` is shut down. The writer sends everything
-  until ``outbound`` is shut down and empty, then the socket is closed with code 1000.
+  so no received frame is lost (the caller shuts ``inbound`` down once every feed has
+  stopped). The writer sends everything until ``outbox`` is shut down and empty, then the
+  socket is closed with code 1000.
 - Secrets (token, headers) are never logged; URLs are logged without query or credentials.
 """
 
@@ -24,18 +27,18 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import janus
 
 from controller.batching import Outgoing
 from controller.codec import Codec
-from controller.config import Config
+from controller.config import Config, FeedSpec
 from controller.errors import FeedFatal
 from controller.stats import IOStats
 from io_loop import aiohttp_compat
 from io_loop.backoff import Backoff
-from io_loop.bridge import Bridge
 from io_loop.connect import ConnectFailed, HandshakeRefused, make_ssl_context, new_session, open_feed, redact_url, short
 from io_loop.handover import Handover
 
@@ -63,21 +66,28 @@ class End:
 
 
 class FeedClient:
-    """Connects to ``url`` and serves connections until stopped and drained (see the rules)."""
+    """Connects to one feed and serves connections until stopped and drained (see the rules).
 
-    def __init__(self, config: Config, codec: Codec, bridge: Bridge, stats: IOStats, url: str) -> None:
+    ``inbound``: where chunks go (the bridge's); ``outbox``: where this feed's replies come
+    from and its reader's error replies go (asyncio-queue-like, ending with
+    ``janus.AsyncQueueShutDown``); ``stats``: this feed's own counters; ``url`` overrides
+    ``feed.url`` (the embedded demo feed's address); ``index`` is stamped on its chunks."""
+
+    def __init__(self, config: Config, codec: Codec, stats: IOStats, feed: FeedSpec, *, inbound: Any,
+                 outbox: Any, index: int = 0, url: str | None = None) -> None:
         self.config = config
         self.codec = codec
-        self.bridge = bridge
+        self.feed = feed
+        self.outbox = outbox
         self.stats = stats
-        self.url = url
+        self.url = url = url or feed.url
         self.shown_url = redact_url(url)
+        self.subscribe = feed.subscribe
         self._ssl = make_ssl_context(config) if url.startswith("wss:") else None
-        self.handover = Handover(bridge.inbound, config.max_batch, drop_oldest=config.overflow == "drop_oldest",
-                                 on_dropped=self._count_dropped_oldest)
+        self.handover = Handover(inbound, config.max_batch, drop_oldest=config.overflow == "drop_oldest",
+                                 on_dropped=self._count_dropped_oldest, feed=index)
         self._stopping = False
         self._outbound_done = False
-        self._inbound_stopped = False
         self._reader_task: asyncio.Task | None = None
         self._reader_in_handover = False
         self._current: Outgoing | None = None  # item being sent; survives reconnects
@@ -90,7 +100,7 @@ class FeedClient:
     # ---- control (IO loop) ------------------------------------------------------------------
 
     async def stop_reading(self) -> None:
-        """Stop taking frames, without losing one half handed over; then shut ``inbound``."""
+        """Stop taking frames, without losing one half handed over (then ``inbound`` may be shut)."""
         self._stopping = True
         task = self._reader_task
         if task is not None and not task.done():
@@ -99,18 +109,18 @@ class FeedClient:
             await asyncio.wait([task])
         if not self.handover.idle:
             await self.handover.flush()
-        if not self._inbound_stopped:
-            self._inbound_stopped = True
-            self.bridge.stop_inbound()
 
     def held_frames(self) -> int:
         """Frames taken from ``outbound`` but not yet written to a socket."""
         current = self._current
         return 0 if current is None else len(current.frames) - self._offset
 
-    def held_item(self) -> tuple[Outgoing | None, int]:
-        """The item being written and how many of its frames were written (for the stop's count)."""
-        return self._current, self._offset
+    def take_held(self) -> tuple[Outgoing | None, int]:
+        """Give up the item being written (for the stop's count, or a feed that gave up): the
+        item and how many of its frames were written; it is not held any more."""
+        held = self._current, self._offset
+        self._current, self._offset = None, 0
+        return held
 
     # ---- the connection loop ----------------------------------------------------------------
 
@@ -124,7 +134,7 @@ class FeedClient:
                     log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)",
                                 self.shown_url)
                 try:
-                    ws = await open_feed(session, self.url, cfg, self._ssl)
+                    ws = await open_feed(session, self.url, cfg, self._ssl, feed=self.feed)
                 except (ConnectFailed, HandshakeRefused) as exc:
                     if isinstance(exc, HandshakeRefused) and exc.fatal:
                         raise FeedFatal(str(exc)) from None
@@ -165,7 +175,7 @@ class FeedClient:
                 return
             if self._stopping and self._current is None:
                 try:
-                    self._current = self.bridge.outbound.get_nowait()
+                    self._current = self.outbox.get_nowait()
                     self._offset = 0
                 except asyncio.QueueEmpty:
                     pass
@@ -189,8 +199,8 @@ class FeedClient:
         tasks: set[asyncio.Task] = set()
         clean = False
         try:
-            if self.config.subscribe:
-                await ws.send_str(self.config.subscribe)
+            if self.subscribe:
+                await ws.send_str(self.subscribe)
             writer = asyncio.create_task(self._write(ws), name="forkless-writer")
             tasks.add(writer)
             reader = None
@@ -269,7 +279,7 @@ class FeedClient:
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> End:
         stats = self.stats
         codec = self.codec
-        outbound = self.bridge.outbound
+        outbound = self.outbox
         handover = self.handover
         loop = asyncio.get_running_loop()
         while True:
@@ -316,7 +326,7 @@ class FeedClient:
 
     async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> End:
         stats = self.stats
-        outbound = self.bridge.outbound
+        outbound = self.outbox
         cork = self._cork
         while True:
             if self._current is None:

@@ -23,7 +23,7 @@ import ssl
 
 import aiohttp
 
-from controller.config import Config
+from controller.config import Config, FeedSpec
 from controller.netaddr import redact_url
 
 __all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "open_feed",
@@ -70,9 +70,14 @@ def make_ssl_context(config: Config) -> ssl.SSLContext:
     return ctx
 
 
-def handshake_headers(config: Config) -> dict[str, str]:
-    """``FORKLESS_HEADERS`` plus ``Authorization: Bearer`` from ``FORKLESS_AUTH_TOKEN``."""
+def handshake_headers(config: Config, feed: FeedSpec | None = None) -> dict[str, str]:
+    """``FORKLESS_HEADERS``, then the feed's own headers (which win, by name in any case),
+    plus ``Authorization: Bearer`` from ``FORKLESS_AUTH_TOKEN``."""
     headers = dict(config.headers)
+    for name, value in feed.headers if feed is not None else ():
+        for same in [known for known in headers if known.lower() == name.lower()]:
+            del headers[same]
+        headers[name] = value
     if config.auth_token:
         headers["Authorization"] = f"Bearer {config.auth_token}"
     return headers
@@ -92,14 +97,16 @@ def new_session() -> aiohttp.ClientSession:
 
 
 async def open_feed(session: aiohttp.ClientSession, url: str, config: Config,
-                    ssl_context: ssl.SSLContext | None, *, heartbeat: bool = True) -> aiohttp.ClientWebSocketResponse:
-    """Connect and complete the opening handshake within ``connect_timeout_s``."""
+                    ssl_context: ssl.SSLContext | None, *, heartbeat: bool = True,
+                    feed: FeedSpec | None = None) -> aiohttp.ClientWebSocketResponse:
+    """Connect and complete the opening handshake within ``connect_timeout_s`` (with ``feed``'s
+    headers added to the configured ones)."""
     shown = redact_url(url)
     try:
         async with asyncio.timeout(config.connect_timeout_s):
             return await session.ws_connect(
                 url,
-                headers=handshake_headers(config),
+                headers=handshake_headers(config, feed),
                 heartbeat=(config.heartbeat_s or None) if heartbeat else None,
                 ssl=ssl_context if ssl_context is not None else True,
                 max_msg_size=config.max_msg_bytes + 1,  # aiohttp refuses a frame of exactly its limit

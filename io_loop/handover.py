@@ -41,8 +41,9 @@ class Handover:
     """Gathers decoded frames and puts them on ``queue`` as chunks (see the module rules)."""
 
     def __init__(self, queue: InboundQueue, max_batch: int, *, drop_oldest: bool,
-                 on_dropped: Callable[[int], None]) -> None:
+                 on_dropped: Callable[[int], None], feed: int = 0) -> None:
         self.queue = queue
+        self.feed = feed  # stamped on every chunk: the replies go back to that feed's connection
         self.max_batch = max_batch
         self.drop_oldest = drop_oldest
         self.on_dropped = on_dropped
@@ -102,13 +103,13 @@ class Handover:
         self._parts = []
         self._gathered = 0
         if len(parts) == 1:
-            return Chunk(parts[0].seq, parts[0].stream, parts[0].x, self._first_ns)
+            return Chunk(parts[0].seq, parts[0].stream, parts[0].x, self._first_ns, self.feed)
         seq: list[Any] = []
         stream: list[str] = []
         for part in parts:
             seq.extend(part.seq)
             stream.extend(part.stream)
-        return Chunk(seq, stream, np.concatenate([part.x for part in parts]), self._first_ns)
+        return Chunk(seq, stream, np.concatenate([part.x for part in parts]), self._first_ns, self.feed)
 
     def _put_soon(self) -> None:
         """Loop callback: put what was gathered without waiting. If the queue is full, a task

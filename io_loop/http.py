@@ -9,8 +9,11 @@ Rules:
   only because the operator wrote it, and is logged as such.
 - ``/metrics`` is ``prometheus_client.generate_latest`` over this server's own registry
   (``controller.metrics.make_registry``), made from one ``StatsSnapshot`` per scrape.
-- ``/readyz`` is 200 only while connected to the feed and the step is compiled; otherwise
-  503 with the reasons. Both health endpoints answer JSON.
+- ``/readyz`` is 200 only while the step is compiled and connected to the feed; with
+  several feeds, to every required one (``"required": false`` in ``FORKLESS_FEEDS`` leaves a
+  feed out; if none is required, one connected feed is enough). Otherwise 503 with the
+  reasons. With several feeds the answer also says, per feed, whether it is connected,
+  required, and why it gave up. Both health endpoints answer JSON.
 """
 
 from __future__ import annotations
@@ -99,7 +102,9 @@ class MetricsServer:
         reasons = []
         if snap is None or not snap.compiled:
             reasons.append("the step is not compiled yet")
-        if snap is None or not snap.connected:
+        if snap is not None and len(snap.feeds) > 1:
+            reasons.extend(_feed_reasons(snap))
+        elif snap is None or not snap.connected:
             tried = ""
             if snap is not None and snap.connect_failures:
                 tried = f", {snap.connect_failures} failed connection attempts so far"
@@ -135,7 +140,25 @@ class MetricsServer:
         return web.json_response(detail)
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        reasons = self.not_ready_reasons(self.snapshot())
-        if reasons:
-            return web.json_response({"status": "not ready", "reasons": reasons}, status=503)
-        return web.json_response({"status": "ready", "reasons": []})
+        snap = self.snapshot()
+        reasons = self.not_ready_reasons(snap)
+        body: dict = {"status": "not ready" if reasons else "ready", "reasons": reasons}
+        if snap is not None and len(snap.feeds) > 1:
+            body["feeds"] = {f.name: {"connected": f.io.connected, "required": f.required,
+                                      "given_up": f.given_up or None} for f in snap.feeds}
+        return web.json_response(body, status=503 if reasons else 200)
+
+
+def _feed_reasons(snap: StatsSnapshot) -> list[str]:
+    """Several feeds: why the feeds keep the process from being ready (see the module rules)."""
+    required = [f for f in snap.feeds if f.required]
+    if not required:
+        return [] if any(f.up for f in snap.feeds) else ["no feed is connected (none is required)"]
+    reasons = []
+    for f in required:
+        if f.given_up:
+            reasons.append(f"required feed {f.name!r} gave up: {f.given_up}")
+        elif not f.io.connected:
+            last = f"; last: {f.io.last_error}" if f.io.last_error else ""
+            reasons.append(f"required feed {f.name!r} is not connected ({f.io.connects} connections so far{last})")
+    return reasons

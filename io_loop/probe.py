@@ -4,10 +4,11 @@ Rules:
 - Each probe raises ``ProbeFailed(reason)`` with one human sentence, or prints what it found
   through ``say`` and returns. The exit status each failure maps to is the preflight's
   business (controller/check.py), not this module's.
-- The feed probe makes ONE connection with the configured TLS, headers, token and timeouts
-  (io_loop/connect.py, the same code the client uses), waits briefly for a first frame,
-  and closes with 1000. When ``FORKLESS_WS_URL`` is unset it starts the embedded demo feed
-  and probes that.
+- The feed probe makes ONE connection per feed with the configured TLS, headers, token and
+  timeouts (io_loop/connect.py, the same code the client uses), waits briefly for a first
+  frame, and closes with 1000. With several feeds (``FORKLESS_FEEDS``) every feed is probed
+  and the probe fails if any of them does, naming them. When no feed is configured it starts
+  the embedded demo feed and probes that.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from controller.codec import Codec
-from controller.config import Config
+from controller.config import Config, FeedSpec
 from controller.netaddr import parse_host_port
 from io_loop.connect import (
     ConnectFailed,
@@ -65,7 +66,6 @@ def probe_feed(config: Config, codec: Codec, say: Callable[[str], None]) -> None
 
 async def _probe_feed(config: Config, codec: Codec, say: Callable[[str], None]) -> None:
     demo = None
-    url = config.ws_url
     try:
         if config.uses_demo_feed:
             # its per-connection INFO lines would only clutter the check's own report
@@ -74,15 +74,30 @@ async def _probe_feed(config: Config, codec: Codec, say: Callable[[str], None]) 
                             features=config.features, warmup=config.warmup)
             url = await demo.start()
             say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on {url}")
-        await _connect_once(config, codec, url, say)
+            await _connect_once(config, codec, url, say, config.feed_specs[0])
+            return
+        feeds = config.feed_specs
+        if len(feeds) == 1:
+            await _connect_once(config, codec, feeds[0].url, say, feeds[0])
+            return
+        failed = []
+        for feed in feeds:
+            say(f"  {feed.label}{'' if feed.required else ' (not required)'}:")
+            try:
+                await _connect_once(config, codec, feed.url, lambda line: say("  " + line), feed)
+            except ProbeFailed as exc:
+                say(f"    FAILED: {exc}")
+                failed.append(f"feed {feed.name!r}")
+        if failed:
+            raise ProbeFailed(f"{len(failed)} of {len(feeds)} feeds failed: {', '.join(failed)} (see above)")
     finally:
         if demo is not None:
             await demo.stop()
 
 
-async def _connect_once(config: Config, codec: Codec, url: str, say: Callable[[str], None]) -> None:
+async def _connect_once(config: Config, codec: Codec, url: str, say: Callable[[str], None], feed: FeedSpec) -> None:
     shown = redact_url(url)
-    headers = handshake_headers(config)
+    headers = handshake_headers(config, feed)
     if headers:
         say(f"  handshake headers: {', '.join(sorted(headers))} (values hidden)")
     ssl_ctx = make_ssl_context(config) if url.startswith("wss:") else None
@@ -93,7 +108,7 @@ async def _connect_once(config: Config, codec: Codec, url: str, say: Callable[[s
     t0 = loop.time()
     async with new_session() as session:
         try:
-            ws = await open_feed(session, url, config, ssl_ctx, heartbeat=False)
+            ws = await open_feed(session, url, config, ssl_ctx, heartbeat=False, feed=feed)
         except HandshakeRefused as exc:
             raise ProbeFailed(str(exc)) from None
         except ConnectFailed as exc:
@@ -102,9 +117,10 @@ async def _connect_once(config: Config, codec: Codec, url: str, say: Callable[[s
         try:
             say(f"  connected to {shown} in {took_ms:.1f} ms (HTTP 101"
                 f"{', subprotocol ' + ws.protocol if ws.protocol else ''})")
-            if config.subscribe:
-                await ws.send_str(config.subscribe)
-                say(f"  sent FORKLESS_SUBSCRIBE ({len(config.subscribe)} characters)")
+            if feed.subscribe:
+                await ws.send_str(feed.subscribe)
+                say(f"  sent {'its subscribe message' if config.feeds else 'FORKLESS_SUBSCRIBE'}"
+                    f" ({len(feed.subscribe)} characters)")
             wait_s = min(FIRST_FRAME_WAIT_S, config.connect_timeout_s)
             try:
                 msg = await asyncio.wait_for(ws.receive(), wait_s)

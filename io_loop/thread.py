@@ -22,13 +22,14 @@ import logging
 import threading
 from collections.abc import Callable
 
+from controller.batching import count_unsent
 from controller.codec import Codec
 from controller.config import Config
 from controller.errors import FeedFatal, IOThreadError, MetricsServerError
-from controller.stats import LAG_INTERVAL_S, IOSnapshot, IOStats, StatsSnapshot
+from controller.stats import LAG_INTERVAL_S, IOSnapshot, IOStats, StatsSnapshot, combine_io
 from io_loop.bridge import Bridge, MainSide
-from io_loop.client import FeedClient
 from io_loop.demo_feed import DemoFeed
+from io_loop.feeds import FeedSet
 from io_loop.http import MetricsServer
 
 __all__ = ["IOThread"]
@@ -49,7 +50,7 @@ class IOThread:
         self.demo: DemoFeed | None = None
         self.metrics_url: str | None = None
         self._stats_snapshot = stats_snapshot
-        self._client: FeedClient | None = None
+        self._feeds: FeedSet | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -109,11 +110,10 @@ class IOThread:
             raise IOThreadError(f"the IO thread died: {failure!r}") from failure
 
     def snapshot(self) -> IOSnapshot:
-        """Everything the IO side counts, copied; callable from any thread."""
-        bridge, client = self._bridge, self._client
+        """Everything the IO side counts, copied: totals, and each feed's own; callable from any thread."""
+        bridge, feeds = self._bridge, self._feeds
         inbound, outbound = bridge.depths() if bridge is not None else (0, 0)
-        unsent = client.held_frames() if client is not None else 0
-        return self.stats.snapshot(inbound, outbound, unsent)
+        return combine_io(self.stats.snapshot(inbound, outbound, 0), feeds.snapshots() if feeds is not None else [])
 
     # ---- the thread -------------------------------------------------------------------------
 
@@ -143,13 +143,16 @@ class IOThread:
         background: list[asyncio.Task] = []
         metrics = None
         try:
-            url = cfg.ws_url
+            demo_url = None
             if cfg.uses_demo_feed:
                 self.demo = DemoFeed(rate_hz=cfg.demo_rate, streams=cfg.demo_streams,
                                      features=cfg.features, warmup=cfg.warmup)
-                url = await self.demo.start()
-                log.info("demo feed listening on %s (%d streams, %g msg/s)", url, cfg.demo_streams, cfg.demo_rate)
-            self._client = FeedClient(cfg, self.codec, bridge, self.stats, url)
+                demo_url = await self.demo.start()
+                log.info("demo feed listening on %s (%d streams, %g msg/s)", demo_url, cfg.demo_streams,
+                         cfg.demo_rate)
+            self._feeds = FeedSet(cfg, self.codec, bridge, demo_url=demo_url)
+            if len(self._feeds.specs) > 1:
+                log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:
                 metrics = MetricsServer(cfg.metrics_addr, snapshot=self._stats_snapshot, alive=self._thread.is_alive)
                 self.metrics_url = await metrics.start()
@@ -157,7 +160,7 @@ class IOThread:
             background.append(asyncio.create_task(self._watch_lag(), name="forkless-lag"))
             self._main_side = bridge.main_side()
             self._ready.set()
-            await self._client.run()
+            await self._feeds.run()
         finally:
             for task in background:
                 task.cancel()
@@ -175,15 +178,13 @@ class IOThread:
             await bridge.aclose()
 
     async def _stop_reading(self, deadline: float | None) -> None:
-        if self._client is not None:
-            self._client.stop_deadline = deadline
         if self.demo is not None:
             # keep reading until the frames already on the loopback wire are answered,
             # so the demo's tally is complete
             self.demo.stop_sending()
             await self.demo.wait_replies(timeout=min(2.0, self.config.shutdown_timeout_s / 2))
-        if self._client is not None:
-            await self._client.stop_reading()
+        if self._feeds is not None:
+            await self._feeds.stop_reading(deadline)
         elif self._bridge is not None:
             self._bridge.stop_inbound()
 
@@ -202,24 +203,18 @@ class IOThread:
     def _count_unsent(self) -> None:
         """Whatever replies could not be sent are counted and logged, never silently lost:
         answers to messages as dropped messages, bad-input error replies on their own."""
-        unsent = [self._client.held_item()] if self._client is not None else []
+        feeds = self._feeds
+        unsent = [held for i in range(len(feeds.clients)) for held in feeds.unsent_items(i)] if feeds else []
         outbound = self._bridge.outbound if self._bridge is not None else None
         while outbound is not None:
             try:
                 unsent.append((outbound.get_nowait(), 0))
             except Exception:
                 break
-        answers = errors = 0
-        for item, written in unsent:
-            if item is None:
-                continue
-            if item.answers:
-                answers += len(item.frames) - written
-            else:
-                errors += len(item.frames) - written
+        answers, errors = count_unsent(unsent)
         # messages received but never handed to the main thread, or handed over after it
         # stopped taking them (an aborted stop): counted as not processed
-        left = self._client.handover.discard() if self._client is not None else 0
+        left = feeds.discard_gathered() if feeds is not None else 0
         inbound = self._bridge.inbound if self._bridge is not None else None
         while inbound is not None:
             try:

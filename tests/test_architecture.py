@@ -52,6 +52,7 @@ IO = [
     "io_loop/client.py",
     "io_loop/connect.py",
     "io_loop/demo_feed.py",
+    "io_loop/feeds.py",
     "io_loop/handover.py",
     "io_loop/http.py",
     "io_loop/probe.py",

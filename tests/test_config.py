@@ -12,6 +12,9 @@ BAD = {
     "FORKLESS_WS_URL": "http://example.com/feed",
     "FORKLESS_SUBSCRIBE": "{not json",
     "FORKLESS_HEADERS": '["a"]',
+    "FORKLESS_FEEDS": '[{"url": "http://example.com/feed"}]',
+    "FORKLESS_SHARED_STREAMS": "sometimes",
+    "FORKLESS_FEED_FATAL": "some",
     "FORKLESS_CA_FILE": "/no/such/ca.pem",
     "FORKLESS_TLS_INSECURE": "maybe",
     "FORKLESS_FEATURES": "0",
@@ -66,7 +69,7 @@ def test_a_bad_value_names_the_variable_the_value_and_what_is_allowed(name, valu
         Config.from_env({name: value})
     assert err.value.variable == name
     assert name in str(err.value) and "expected" in str(err.value)
-    if name in ("FORKLESS_HEADERS", "FORKLESS_SUBSCRIBE"):  # secrets: their values are never echoed
+    if name in ("FORKLESS_HEADERS", "FORKLESS_SUBSCRIBE", "FORKLESS_FEEDS"):  # secrets: never echoed
         assert value not in str(err.value) and "<hidden>" in str(err.value)
     else:
         assert repr(value) in str(err.value)

@@ -162,17 +162,17 @@ def test_metrics_parse_and_count_what_the_feed_server_sent_and_received(observed
     assert ctype.startswith("text/plain") and "version=" in ctype
     m = _samples(text)
     feed = observed["feed"]
-    assert _value(m, "forkless_messages_total", direction="in") == GOOD
-    assert _value(m, "forkless_messages_total", direction="out") == feed["results"] == GOOD
-    assert _value(m, "forkless_error_replies_total") == feed["error_replies"] == BAD_JSON + BAD_X
-    assert _value(m, "forkless_frames_received_total") == GOOD_SINGLE + GOOD_ARRAYS + BAD_JSON + 1
+    assert _value(m, "forkless_messages_total", feed="0", direction="in") == GOOD
+    assert _value(m, "forkless_messages_total", feed="0", direction="out") == feed["results"] == GOOD
+    assert _value(m, "forkless_error_replies_total", feed="0") == feed["error_replies"] == BAD_JSON + BAD_X
+    assert _value(m, "forkless_frames_received_total", feed="0") == GOOD_SINGLE + GOOD_ARRAYS + BAD_JSON + 1
     assert _labelled(m, "forkless_errors_total", "reason") == {"not JSON": BAD_JSON,
                                                               "x must have 2 numbers, got 3": BAD_X}
     assert _value(m, "forkless_processed_total") == GOOD
-    assert _value(m, "forkless_latency_seconds_count") == GOOD
-    assert _value(m, "forkless_connects_total") == 1
-    assert _value(m, "forkless_reconnects_total") == 0
-    assert _value(m, "forkless_connected") == 1
+    assert _value(m, "forkless_latency_seconds_count", feed="0") == GOOD
+    assert _value(m, "forkless_connects_total", feed="0") == 1
+    assert _value(m, "forkless_reconnects_total", feed="0") == 0
+    assert _value(m, "forkless_connected", feed="0") == 1
     assert _value(m, "forkless_ready") == 1
     assert _value(m, "forkless_device_info", device="cpu:0") == 1
     assert _labelled(m, "forkless_queue_depth", "queue") == {"inbound": 0, "outbound": 0, "unsent": 0}
@@ -187,7 +187,7 @@ def test_metrics_histograms_are_the_snapshot_buckets(observed: dict) -> None:
     assert {b for b, _ in exposed[:-1]} == set(SECONDS_BOUNDS[::5])
     for bound, count in exposed:
         assert count == exact[bound], bound
-    assert _value(m, "forkless_latency_seconds_sum") == pytest.approx(snap.latency.total)
+    assert _value(m, "forkless_latency_seconds_sum", feed="0") == pytest.approx(snap.latency.total)
     assert _buckets(m, "forkless_batch_size") == [(float(b), c) for b, c in snap.batch_size.cumulative()]
     assert _value(m, "forkless_batch_size_sum") == GOOD
     assert _value(m, "forkless_step_seconds_count") == snap.batches == _value(m, "forkless_batches_total")
@@ -198,14 +198,14 @@ def test_stats_agree_with_the_status_line_and_metrics(observed: dict) -> None:
     m = _samples(observed["metrics"][2])
     line = observed["status_line"]
     fields = dict(re.findall(r"(in|out|anomalies|errors|dropped|reconnects) (\d+)", line))
-    assert int(fields["in"]) == snap.messages_in == _value(m, "forkless_messages_total", direction="in")
-    assert int(fields["out"]) == snap.messages_out == _value(m, "forkless_messages_total", direction="out")
+    assert int(fields["in"]) == snap.messages_in == _value(m, "forkless_messages_total", feed="0", direction="in")
+    assert int(fields["out"]) == snap.messages_out == _value(m, "forkless_messages_total", feed="0", direction="out")
     assert int(fields["anomalies"]) == snap.anomalies == _value(m, "forkless_anomalies_total")
     errors = sum(_labelled(m, "forkless_errors_total", "reason").values())
     dropped = sum(_labelled(m, "forkless_dropped_total", "reason").values())
     assert int(fields["errors"]) == snap.errors_total == errors
     assert int(fields["dropped"]) == snap.dropped_total == dropped
-    assert int(fields["reconnects"]) == snap.reconnects == _value(m, "forkless_reconnects_total")
+    assert int(fields["reconnects"]) == snap.reconnects == _value(m, "forkless_reconnects_total", feed="0")
     assert line.endswith("| connected") and snap.connected
     # the status line's p50 lies inside the exposed latency bucket that holds the median
     p50_s = float(re.search(r"latency p50 ([\d.]+)ms", line).group(1)) / 1000
@@ -249,15 +249,15 @@ def test_healthz_and_readyz_follow_the_feed_disconnecting_and_reconnecting(feed_
         assert status == 200  # the process and the IO loop are fine; only the feed is gone
         assert json.loads(body)["connected"] is False
         m = _samples(_get(url + "/metrics")[2])
-        assert (_value(m, "forkless_connected"), _value(m, "forkless_ready")) == (0, 0)
+        assert (_value(m, "forkless_connected", feed="0"), _value(m, "forkless_ready")) == (0, 0)
 
         feed.handshake_status = None
         _pump(ctl, lambda: _get(url + "/readyz")[0] == 200, "ready again after reconnecting")
         m = _samples(_get(url + "/metrics")[2])
-        assert _value(m, "forkless_connects_total") == 2 == len(feed.connections)
-        assert _value(m, "forkless_reconnects_total") == 1
-        assert _value(m, "forkless_connect_failures_total") == len(feed.attempts) - 2 >= 1
-        assert (_value(m, "forkless_connected"), _value(m, "forkless_ready")) == (1, 1)
+        assert _value(m, "forkless_connects_total", feed="0") == 2 == len(feed.connections)
+        assert _value(m, "forkless_reconnects_total", feed="0") == 1
+        assert _value(m, "forkless_connect_failures_total", feed="0") == len(feed.attempts) - 2 >= 1
+        assert (_value(m, "forkless_connected", feed="0"), _value(m, "forkless_ready")) == (1, 1)
 
 
 def _serve_once(paths: list[str], addr: str = "127.0.0.1:0") -> dict[str, tuple[int, str, str]]:
@@ -331,8 +331,8 @@ def _snapshot(**changes: Any) -> StatsSnapshot:
 def test_each_registry_reports_its_own_controller() -> None:
     a = make_registry(lambda: _snapshot(messages_in=5), process=False)
     b = make_registry(lambda: _snapshot(messages_in=7), process=False)
-    assert _value(_samples(render(a).decode()), "forkless_messages_total", direction="in") == 5
-    assert _value(_samples(render(b).decode()), "forkless_messages_total", direction="in") == 7
+    assert _value(_samples(render(a).decode()), "forkless_messages_total", feed="0", direction="in") == 5
+    assert _value(_samples(render(b).decode()), "forkless_messages_total", feed="0", direction="in") == 7
 
 
 def test_error_reasons_beyond_the_cap_are_summed_as_other() -> None:

@@ -1,0 +1,195 @@
+"""FeedSet: every configured feed's ``FeedClient`` on the IO loop, and each reply routed back
+to the connection its message came from.
+
+Rules:
+- One ``FeedClient`` per feed (``Config.feed_specs``), each with its own connection,
+  reconnect/backoff, heartbeat, stale watchdog, subscribe-on-connect, unsent-reply buffer and
+  counters (its own ``IOStats``). All of them put their chunks on the one inbound queue,
+  stamped with the feed's index, so one micro-batch may mix feeds.
+- Replies: with one feed, its client writes straight from the bridge's outbound queue (no
+  extra hop). With several, the router task takes each ``Outgoing`` from outbound and puts it
+  on its feed's own ``Outbox`` without waiting, so a feed that is down holds back nobody
+  else's replies. An outbox only grows by replies to messages its feed sent before it went
+  down (a feed that is down reads nothing), so it is bounded by what was in flight then.
+- Failure policy: a feed that gives up (``FeedFatal``: a refused handshake, or
+  ``FORKLESS_RECONNECT_TRIES`` used up) is logged and reported (``given_up``); replies to its
+  messages that can no longer be sent are counted as dropped ("feed given up"), never lost
+  silently. The IO loop ends with ``FeedFatal`` (exit 3) when every feed has given up, or at
+  the first one with ``FORKLESS_FEED_FATAL=any``. With one feed its ``FeedFatal`` ends it at once.
+- Orderly stop: every feed stops reading (no half handed-over frame is lost), then inbound is
+  shut down; when outbound is shut down and drained, the router ends every outbox, and each
+  writer sends what is left and closes with 1000.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import janus
+
+from controller.batching import Outgoing, count_unsent
+from controller.codec import Codec
+from controller.config import Config
+from controller.errors import FeedFatal
+from controller.stats import FeedSnapshot, IOStats
+from io_loop.bridge import Bridge
+from io_loop.client import FeedClient
+
+__all__ = ["FeedSet", "Outbox"]
+
+log = logging.getLogger("forkless.feeds")
+
+GIVEN_UP_REASON = "feed given up"
+
+
+class Outbox(asyncio.Queue):
+    """One feed's replies waiting for its writer (several feeds): an unbounded ``asyncio.Queue``
+    that ends like the bridge's outbound queue. After ``end()``, once what was queued has been
+    taken, ``get``/``get_nowait`` raise ``janus.AsyncQueueShutDown``. ``frames`` counts the
+    reply frames queued (the feed's unsent count). IO loop only."""
+
+    _END = object()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames = 0
+
+    def put_nowait(self, item: Any) -> None:
+        super().put_nowait(item)
+        if item is not self._END:
+            self.frames += len(item.frames)
+
+    def get_nowait(self) -> Any:
+        item = super().get_nowait()
+        return self._taken(item)
+
+    async def get(self) -> Any:
+        return self._taken(await super().get())
+
+    def _taken(self, item: Any) -> Any:
+        if item is self._END:
+            super().put_nowait(item)  # every later get sees the end too
+            raise janus.AsyncQueueShutDown
+        self.frames -= len(item.frames)
+        return item
+
+    def end(self) -> None:
+        """No more items will come: the writer sends what is queued, then sees the end."""
+        self.put_nowait(self._END)
+
+
+class FeedSet:
+    """The feeds of one IO thread (see the module rules). ``demo_url`` stands in for a feed
+    whose url is empty (the embedded demo feed)."""
+
+    def __init__(self, config: Config, codec: Codec, bridge: Bridge, *, demo_url: str | None = None) -> None:
+        self.config = config
+        self.bridge = bridge
+        self.specs = config.feed_specs
+        self.given_up = [""] * len(self.specs)
+        routed = len(self.specs) > 1
+        self.outboxes: list[Outbox] = [Outbox() for _ in self.specs] if routed else []
+        self.clients = [
+            FeedClient(config, codec, IOStats(), spec, inbound=bridge.inbound,
+                       outbox=self.outboxes[i] if routed else bridge.outbound, index=i,
+                       url=demo_url if not spec.url else None)
+            for i, spec in enumerate(self.specs)]
+        self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
+        self.lost_errors = 0
+
+    # ---- running ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve every feed until stopped and drained; raises ``FeedFatal`` per the policy."""
+        tasks = {asyncio.create_task(client.run(), name=f"forkless-feed-{client.feed.name}"): i
+                 for i, client in enumerate(self.clients)}
+        router = asyncio.create_task(self._route(), name="forkless-router") if self.outboxes else None
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    exc = task.exception()
+                    if exc is None:
+                        continue
+                    if not isinstance(exc, FeedFatal) or len(self.clients) == 1:
+                        raise exc
+                    self._give_up(tasks[task], exc)
+                    if self.config.feed_fatal == "any":
+                        raise FeedFatal(f"{self.specs[tasks[task]].label} gave up (FORKLESS_FEED_FATAL=any): {exc}")
+                    if all(self.given_up):
+                        raise FeedFatal("every feed has given up: " + "; ".join(
+                            f"{spec.label}: {why}" for spec, why in zip(self.specs, self.given_up)))
+        finally:
+            leftover = [task for task in pending if not task.done()] + ([router] if router is not None else [])
+            for task in leftover:
+                task.cancel()
+            if leftover:
+                await asyncio.wait(leftover)
+
+    async def stop_reading(self, deadline: float | None) -> None:
+        """Every feed stops taking frames (see FeedClient.stop_reading); then inbound is shut."""
+        for client in self.clients:
+            client.stop_deadline = deadline
+        await asyncio.gather(*(client.stop_reading() for client in self.clients))
+        self.bridge.stop_inbound()
+
+    async def _route(self) -> None:
+        """Several feeds: each reply batch to its feed's outbox (never waits on a feed)."""
+        outbound = self.bridge.outbound
+        while True:
+            try:
+                item = await outbound.get()
+            except janus.AsyncQueueShutDown:
+                for outbox in self.outboxes:
+                    outbox.end()
+                return
+            if self.given_up[item.feed]:
+                self._count_lost(item.feed, [(item, 0)])
+            else:
+                self.outboxes[item.feed].put_nowait(item)
+
+    def _give_up(self, index: int, exc: BaseException) -> None:
+        """A feed gave up: reported, and the replies it can no longer send counted as dropped."""
+        spec = self.specs[index]
+        self.given_up[index] = str(exc)
+        left = sum(not why for why in self.given_up)
+        log.error("%s gave up: %s; %d of %d feeds go on (FORKLESS_FEED_FATAL=%s)", spec.label, exc, left,
+                  len(self.specs), self.config.feed_fatal)
+        self._count_lost(index, self.unsent_items(index))
+
+    def _count_lost(self, index: int, items: list[tuple[Outgoing | None, int]]) -> None:
+        stats = self.clients[index].stats
+        answers, errors = count_unsent(items)
+        if answers:
+            stats.dropped[GIVEN_UP_REASON] += answers
+            log.error("%d replies to messages of %s dropped: it gave up", answers, self.specs[index].label)
+        stats.error_replies_unsent += errors
+
+    # ---- the stop's accounting and observing --------------------------------------------------
+
+    def unsent_items(self, index: int) -> list[tuple[Outgoing | None, int]]:
+        """Take what feed ``index`` still holds: its writer's item (with how many frames were
+        written) and, with several feeds, its outbox (emptied)."""
+        items: list[tuple[Outgoing | None, int]] = [self.clients[index].take_held()]
+        if self.outboxes:
+            outbox = self.outboxes[index]
+            while True:
+                try:
+                    items.append((outbox.get_nowait(), 0))
+                except (asyncio.QueueEmpty, janus.AsyncQueueShutDown):
+                    break
+        return items
+
+    def discard_gathered(self) -> int:
+        """At an aborted stop: messages gathered by the feeds' hand-overs, not yet on inbound."""
+        return sum(client.handover.discard() for client in self.clients)
+
+    def snapshots(self) -> list[FeedSnapshot]:
+        """Each feed's figures, copied (callable from any thread)."""
+        return [FeedSnapshot(spec.name, spec.required, why,
+                             client.stats.snapshot(0, 0, client.held_frames()
+                                                   + (self.outboxes[i].frames if self.outboxes else 0)))
+                for i, (spec, client, why) in enumerate(zip(self.specs, self.clients, self.given_up))]
