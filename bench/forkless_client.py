@@ -4,10 +4,11 @@
 
 It does what ``python app.py`` does (``load_config`` from the environment, the app's logging,
 ``Controller(config).run()`` with the default codec, the default processor and the status
-line on) with ``FORKLESS_WS_URL`` set to ``--url``. Two additions, outside the controller:
+line on) with ``FORKLESS_WS_URL`` set to ``--url`` (or, for a JSON list of URLs,
+``FORKLESS_FEEDS`` with one feed each). Two additions, outside the controller:
 
 - a watcher thread that reads the controller's counters every 20 ms and calls
-  ``request_stop()`` once the feed has closed the connection (the load generator closes it
+  ``request_stop()`` once every feed has closed its connection (a load generator closes it
   when its run is over), or after ``--max-s`` seconds;
 - at the end, the controller's own figures (``ctl.stats()``) are written as JSON to
   ``--out``: IO-loop lag quantiles during traffic (first message in to connection closed),
@@ -65,13 +66,18 @@ def summarise(first: Any, last: Any, final: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.forkless_client", description=__doc__.splitlines()[0])
-    p.add_argument("--url", required=True, help="ws:// URL of the feed (bench.loadgen)")
+    p.add_argument("--url", required=True, help="ws:// URL of the feed (bench.loadgen), or a JSON list of "
+                   "URLs: one feed each (FORKLESS_FEEDS)")
     p.add_argument("--out", required=True, help="where to write the JSON figures")
     p.add_argument("--heavy", action="store_true", help="run the heavy-step processor (bench.heavy)")
     p.add_argument("--max-s", type=float, default=120.0, help="stop after this long whatever happens")
     a = p.parse_args(argv)
 
-    os.environ["FORKLESS_WS_URL"] = a.url
+    if a.url.startswith("["):  # several feeds: a JSON list of URLs (bench.feeds_scaling)
+        os.environ["FORKLESS_FEEDS"] = json.dumps([{"url": url, "name": f"f{i}"}
+                                                   for i, url in enumerate(json.loads(a.url))])
+    else:
+        os.environ["FORKLESS_WS_URL"] = a.url
     from app import load_config
     from controller.logs import setup_logging
     from controller.loop import Controller
@@ -87,14 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     window: dict[str, Any] = {}
 
     def watch() -> None:
-        io = ctl.io_stats
         deadline = time.monotonic() + a.max_s
         while time.monotonic() < deadline:
             time.sleep(WATCH_S)
-            if "first" not in window and io.messages_in > 0:
-                window["first"] = ctl.stats()
-            if io.connects > 0 and not io.connected:
-                window["last"] = ctl.stats()
+            snap = ctl.stats()
+            if "first" not in window and snap.messages_in > 0:
+                window["first"] = snap
+            # every feed has been connected and none is any more: the load generators are done
+            if snap.feeds and all(f.io.connects for f in snap.feeds) and not any(f.io.connected for f in snap.feeds):
+                window["last"] = snap
                 break
         ctl.request_stop()
 

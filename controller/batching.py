@@ -52,6 +52,10 @@ class Outgoing:
     ``received_ns`` holds, for each frame that answers a message, when its frame arrived
     (monotonic ns), for the received-to-sent latency. ``feed`` is the index of the feed whose
     connection the frames go back on (their messages came from it).
+
+    A batch that mixed several feeds crosses as one bundle (one queue hand-over, one wake-up
+    of the IO thread): ``parts`` holds one ``Outgoing`` per feed and ``frames`` is empty; the
+    IO side's router hands each part to its feed (``unbundled``).
     """
 
     frames: list[str | bytes]
@@ -59,6 +63,16 @@ class Outgoing:
     error_at: tuple[int, ...] = ()
     answers: bool = True
     feed: int = 0
+    parts: tuple[Outgoing, ...] = ()
+
+    def unbundled(self) -> tuple[Outgoing, ...]:
+        """The items to send: the parts of a bundle, else this item itself."""
+        return self.parts or (self,)
+
+    @property
+    def frame_count(self) -> int:
+        """Frames to send, a bundle's parts included."""
+        return sum(len(part.frames) for part in self.parts) if self.parts else len(self.frames)
 
     @property
     def results(self) -> int:
@@ -77,12 +91,11 @@ def count_unsent(items: list[tuple[Outgoing | None, int]]) -> tuple[int, int]:
     unsent frames answer received messages, and how many are error replies to bad input."""
     answers = errors = 0
     for item, written in items:
-        if item is None:
-            continue
-        if item.answers:
-            answers += len(item.frames) - written
-        else:
-            errors += len(item.frames) - written
+        for part in item.unbundled() if item is not None else ():
+            if part.answers:
+                answers += len(part.frames) - written
+            else:
+                errors += len(part.frames) - written
     return answers, errors
 
 

@@ -447,8 +447,8 @@ class Controller:
         elif not taken.feeds_mixed:
             self._put_outbound(Outgoing(frames, received, error_at, feed=taken.feed[0]), deadline)
         else:  # several feeds in one batch: each feed's replies go back on its own connection
-            for item in _split_by_feed(frames, received, error_at, [taken.feed[i] for i in origin]):
-                self._put_outbound(item, deadline)
+            parts = _split_by_feed(frames, received, error_at, [taken.feed[i] for i in origin])
+            self._put_outbound(parts[0] if len(parts) == 1 else Outgoing([], parts=tuple(parts)), deadline)
         if host_error is not None:
             raise host_error
 
@@ -564,9 +564,9 @@ class Controller:
             except Full:
                 self._io.raise_if_failed()
                 if deadline is not None and time.monotonic() >= deadline:
-                    self.main_stats.dropped["outbound full at stop"] += len(item.frames)
+                    self.main_stats.dropped["outbound full at stop"] += item.frame_count
                     log.error("%d replies dropped: the outbound queue stayed full until the stop deadline",
-                              len(item.frames))
+                              item.frame_count)
                     return
 
     # ---- observing --------------------------------------------------------------------------

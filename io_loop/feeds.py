@@ -7,8 +7,9 @@ Rules:
   counters (its own ``IOStats``). All of them put their chunks on the one inbound queue,
   stamped with the feed's index, so one micro-batch may mix feeds.
 - Replies: with one feed, its client writes straight from the bridge's outbound queue (no
-  extra hop). With several, the router task takes each ``Outgoing`` from outbound and puts it
-  on its feed's own ``Outbox`` without waiting, so a feed that is down holds back nobody
+  extra hop). With several, the router task takes each ``Outgoing`` from outbound (a batch
+  that mixed feeds comes as one bundle of per-feed parts: one hand-over between the threads
+  per batch) and puts each on its feed's own ``Outbox`` without waiting, so a feed that is down holds back nobody
   else's replies. An outbox only grows by replies to messages its feed sent before it went
   down (a feed that is down reads nothing), so it is bounded by what was in flight then.
 - Failure policy: a feed that gives up (``FeedFatal``: a refused handshake, or
@@ -146,10 +147,11 @@ class FeedSet:
                 for outbox in self.outboxes:
                     outbox.end()
                 return
-            if self.given_up[item.feed]:
-                self._count_lost(item.feed, [(item, 0)])
-            else:
-                self.outboxes[item.feed].put_nowait(item)
+            for part in item.unbundled():  # a batch that mixed feeds comes as one bundle
+                if self.given_up[part.feed]:
+                    self._count_lost(part.feed, [(part, 0)])
+                else:
+                    self.outboxes[part.feed].put_nowait(part)
 
     def _give_up(self, index: int, exc: BaseException) -> None:
         """A feed gave up: reported, and the replies it can no longer send counted as dropped."""
