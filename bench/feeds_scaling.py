@@ -2,11 +2,12 @@
 
     python -m bench.feeds_scaling [--quick] [--repeats 3] [--out figures.json]
 
-For N in (1, 4, 16): N load generators (``bench.loadgen --mode window``, each in its own
-process, one connection each) keep ``WINDOW / N`` messages in flight each, so the total
-load is the same closed loop of ``WINDOW`` messages; the forkless client
-(``bench.forkless_client``, the app as users run it) connects to all of them with
-``FORKLESS_FEEDS`` (one feed per generator; N = 1 is the one-feed path, without the router).
+For N in (1, 4, 16): one load generator (``bench.loadgen --mode window --connections N``,
+in its own process) serves N connections, each keeping ``WINDOW / N`` messages in flight, so
+the total load is the same closed loop of ``WINDOW`` messages whatever N; the forkless client
+(``bench.forkless_client``, the app as users run it) opens them as N feeds with
+``FORKLESS_FEEDS`` (N = 1 is the one-feed path, without the router). One generator process
+for all N connections, so that N does not also change how many processes share the cores.
 Reported: the total throughput (the sum of the generators' result replies per second in
 their measurement windows), median over the repeats, which alternate N in rotated order so
 the machine's noise lands on every N; and the ratio to N = 1.
@@ -37,25 +38,24 @@ TARGET = 0.8
 
 
 def one_run(feeds: int, duration_s: float, warmup_s: float, cache_dir: str, work: Path) -> dict[str, Any]:
-    """N generators and one forkless client; the summed throughput and every generator's accounting."""
+    """One generator serving N connections and one forkless client; the summed throughput."""
     args = ["--mode", "window", "--window", str(WINDOW // feeds), "--duration", str(duration_s),
             "--warmup-s", str(warmup_s), "--streams", str(STREAMS), "--features", str(FEATURES),
-            "--host", "127.0.0.1", "--port", "0"]
-    generators = [start_loadgen(args) for _ in range(feeds)]
-    urls = [url for _, url in generators]
+            "--host", "127.0.0.1", "--port", "0", "--connections", str(feeds)]
+    generator, url = start_loadgen(args)
     figures = work / f"feeds{feeds}.json"
     client = subprocess.Popen([sys.executable, "-m", "bench.forkless_client", "--out", str(figures),
-                               "--url", urls[0] if feeds == 1 else json.dumps(urls)],
+                               "--url", url if feeds == 1 else json.dumps([url] * feeds)],
                               cwd=REPO_ROOT, env={**client_env(cache_dir), "FORKLESS_STATUS_S": "0"},
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        results = [wait_result(proc, timeout=duration_s + 90) for proc, _ in generators]
+        result = wait_result(generator, timeout=duration_s + 90)
     finally:
         stop_tree(client, 30.0)
-    lost = sum(r.get("missing", 0) + r.get("duplicate", 0) + r.get("unexpected", 0) + r.get("mismatched", 0)
-               for r in results)
-    return {"feeds": feeds, "throughput_msg_s": sum(r["throughput_msg_s"] for r in results),
-            "per_feed_msg_s": [round(r["throughput_msg_s"]) for r in results], "lost": lost}
+    per = result.get("per_connection") or [result]
+    lost = sum(result.get(k, 0) for k in ("missing", "duplicates", "unexpected", "mismatched"))
+    return {"feeds": feeds, "throughput_msg_s": result["throughput_msg_s"],
+            "per_feed_msg_s": [round(r["throughput_msg_s"]) for r in per], "lost": lost}
 
 
 def run(repeats: int, duration_s: float, warmup_s: float) -> dict[str, Any]:

@@ -7,7 +7,11 @@ under test::
         --rate 10000 --duration 10 --warmup-s 1
 
 It prints ``LISTENING ws://HOST:PORT/`` (flushed) once listening, serves
-exactly ONE client connection, then prints ``RESULT <json>`` and exits.
+exactly ONE client connection (or ``--connections N``: N connections, each its
+own run with its own ``--window``/``--rate``, for the several-feeds benchmark),
+then prints ``RESULT <json>`` and exits. With N connections the RESULT sums the
+counts and throughputs and lists each connection's own report under
+``per_connection``.
 
 Wire protocol (JSON text frames):
 
@@ -115,6 +119,7 @@ class Config:
     drain_s: float
     connect_timeout: float
     spin_us: float
+    connections: int = 1
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
@@ -141,6 +146,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--stream-order", choices=("roundrobin", "random"), default="roundrobin")
     p.add_argument("--drain-s", type=float, default=3.0, help="wait for late replies")
     p.add_argument("--connect-timeout", type=float, default=60.0)
+    p.add_argument("--connections", type=int, default=1, help="serve this many connections, one run each")
     p.add_argument(
         "--spin-us",
         type=float,
@@ -160,6 +166,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
         p.error("--window must be >= 1")
     if a.streams < 1 or a.features < 1:
         p.error("--streams and --features must be >= 1")
+    if a.connections < 1:
+        p.error("--connections must be >= 1")
     return Config(
         mode=a.mode,
         host=a.host,
@@ -175,6 +183,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         drain_s=a.drain_s,
         connect_timeout=a.connect_timeout,
         spin_us=max(0.0, a.spin_us),
+        connections=a.connections,
     )
 
 
@@ -450,6 +459,23 @@ class Run:
         return result
 
 
+SUMMED = ("sent", "answered", "errors", "missing", "duplicates", "unexpected", "mismatched", "malformed",
+          "throughput_msg_s")
+
+
+def _combined(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The RESULT of several connections: counts and throughputs summed, each report kept
+    (without its latency sample) under ``per_connection``."""
+    out: dict[str, Any] = {"mode": reports[0].get("mode"), "connections": len(reports)}
+    for key in SUMMED:
+        out[key] = sum(r.get(key, 0) for r in reports)
+    errors = [r["error"] for r in reports if "error" in r]
+    if errors:
+        out["error"] = "; ".join(errors)
+    out["per_connection"] = [{k: v for k, v in r.items() if k != "latencies_ms_sample"} for r in reports]
+    return out
+
+
 def _summary(ms: np.ndarray) -> dict[str, float | None]:
     if ms.size == 0:
         return {"p50": None, "p99": None, "p999": None, "max": None, "mean": None}
@@ -472,19 +498,26 @@ def _sample(ms: np.ndarray, seed: int) -> list[float]:
 
 
 class LoadgenServer:
-    """aiohttp server that accepts one WebSocket client and runs one :class:`Run`."""
+    """aiohttp server that accepts ``cfg.connections`` WebSocket clients (one by default) and
+    runs one :class:`Run` on each; ``result`` is set when every run has reported."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.payloads = Payloads(cfg.streams, cfg.features, cfg.seed, cfg.stream_order)
         self.connected = asyncio.Event()
         self.result: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._taken = False
+        self._taken = 0
+        self._reports: list[dict[str, Any]] = []
+
+    def _report(self, report: dict[str, Any]) -> None:
+        self._reports.append(report)
+        if len(self._reports) == self.cfg.connections and not self.result.done():
+            self.result.set_result(report if self.cfg.connections == 1 else _combined(self._reports))
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        if self._taken:
+        if self._taken >= self.cfg.connections:
             return web.Response(status=409, text="load generator already serving a run\n")
-        self._taken = True
+        self._taken += 1
         ws = web.WebSocketResponse(
             compress=False,
             autoping=True,
@@ -493,7 +526,8 @@ class LoadgenServer:
             decode_text=False,
         )
         await ws.prepare(request)
-        self.connected.set()
+        if self._taken == self.cfg.connections:
+            self.connected.set()
         _arm_alarm(self.cfg.duration + RUN_CAP_EXTRA_S + 10.0)
         run = Run(self.cfg, self.payloads)
         gc.collect()
@@ -507,9 +541,9 @@ class LoadgenServer:
             if not self.result.done():
                 self.result.set_result({"mode": self.cfg.mode, "error": repr(exc)})
         finally:
-            gc.enable()
-        if not self.result.done():
-            self.result.set_result(run.report())
+            if len(self._reports) + 1 == self.cfg.connections:
+                gc.enable()
+        self._report(run.report())
         with contextlib.suppress(Exception):
             await ws.close()
         return ws
