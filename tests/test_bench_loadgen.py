@@ -178,3 +178,21 @@ def test_exits_when_no_client_connects(procs: list[subprocess.Popen[Any]]) -> No
     r = wait_result(procs[0], timeout=RESULT_TIMEOUT_S)
     assert "no client connected" in r["error"]
     assert procs[0].returncode == 2
+
+
+def test_several_connections_each_get_their_own_run_and_the_result_sums_them(
+        procs: list[subprocess.Popen[Any]]) -> None:
+    url = _start(procs, ["--mode", "rate", "--rate", "100", "--duration", "1", "--warmup-s", "0.2",
+                         "--streams", "4", "--connections", "3"])
+
+    async def three() -> None:
+        await asyncio.gather(*(run_io_ceiling(url, features=8) for _ in range(3)))
+
+    _run_client(three())
+    r = wait_result(procs[0], timeout=RESULT_TIMEOUT_S)
+
+    assert r["connections"] == 3 and len(r["per_connection"]) == 3
+    assert [c["sent"] for c in r["per_connection"]] == [100, 100, 100]
+    assert r["sent"] == r["answered"] == 300
+    assert r["missing"] == r["duplicates"] == r["unexpected"] == r["mismatched"] == 0
+    assert r["throughput_msg_s"] == sum(c["throughput_msg_s"] for c in r["per_connection"])
