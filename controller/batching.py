@@ -25,6 +25,37 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+# ---- the latency budget: hop times of a sample of messages ---------------------------------
+
+SAMPLE_EVERY = 64  # one message in this many carries a Trace (cheap enough to leave on)
+# the stamps of a Trace, in the order a message passes them (time.monotonic_ns, every thread)
+READ, DECODED, INBOUND, TAKEN, STEP, FETCHED, ENCODED, OUTBOUND, PICKED, WRITTEN = range(10)
+HOPS = ("decode", "gather", "inbound", "batch", "step", "encode", "assemble", "outbound", "write")
+"""The hops between consecutive stamps: ``decode`` frame read -> decoded; ``gather`` -> put on
+the inbound queue (frames of one loop turn gathered into a chunk); ``inbound`` -> taken by the
+main thread (queue wait and wake-up); ``batch`` -> the step starts (micro-batching, earlier
+batches); ``step`` -> outputs on the host (pad, run, device-to-host); ``encode`` -> reply
+frames made; ``assemble`` -> put on the outbound queue (error frames, results callback);
+``outbound`` -> taken by the IO thread's writer (queue wait and wake-up); ``write`` -> its
+batch of frames written to the socket. A stamp is taken just before a put, so time a put
+waits for room counts in the next hop."""
+
+
+class Trace:
+    """The stamps of one sampled message (``READ`` … ``WRITTEN``), each written once, by the
+    thread at that hop; the IO thread reads them all after ``WRITTEN`` (see ``HOPS``)."""
+
+    __slots__ = ("feed", "ns")
+
+    def __init__(self, feed: int, read_ns: int, decoded_ns: int) -> None:
+        self.feed = feed
+        self.ns = [read_ns, decoded_ns, 0, 0, 0, 0, 0, 0, 0, 0]
+
+    def hops_s(self) -> list[float]:
+        """Seconds spent in each of ``HOPS``, then the whole way (read to written)."""
+        ns = self.ns
+        return [(ns[i + 1] - ns[i]) * 1e-9 for i in range(len(HOPS))] + [(ns[WRITTEN] - ns[READ]) * 1e-9]
+
 
 @dataclass
 class Chunk:
@@ -35,6 +66,7 @@ class Chunk:
     x: np.ndarray  # float32 [n, F]
     received_ns: int
     feed: int = 0  # index of the feed (``Config.feed_specs``) whose connection it came from
+    trace: Trace | None = None  # one in SAMPLE_EVERY messages: its first message's hop times
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -64,6 +96,7 @@ class Outgoing:
     answers: bool = True
     feed: int = 0
     parts: tuple[Outgoing, ...] = ()
+    traces: list[Trace] = field(default_factory=list)  # sampled messages among those answered here
 
     def unbundled(self) -> tuple[Outgoing, ...]:
         """The items to send: the parts of a bundle, else this item itself."""
@@ -109,6 +142,7 @@ class Taken:
     received_ns: list[int]
     feed: list[int]  # per message, the feed it came from
     feeds_mixed: bool = False  # True when ``feed`` holds more than one value
+    traces: list[Trace] = field(default_factory=list)  # of the sampled messages in this batch
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -171,10 +205,13 @@ class MicroBatcher:
         feeds: list[int] = []
         first_feed = self._chunks[0].feed
         mixed = False
+        traces: list[Trace] = []
         while len(seqs) < want:
             chunk = self._chunks[0]
             mixed = mixed or chunk.feed != first_feed
             start = self._offset
+            if chunk.trace is not None and start == 0:  # the trace is its first message's
+                traces.append(chunk.trace)
             stop = min(len(chunk), start + want - len(seqs))
             seqs.extend(chunk.seq[start:stop])
             streams.extend(chunk.stream[start:stop])
@@ -190,7 +227,7 @@ class MicroBatcher:
         # what is left was already waiting, so its deadline starts now
         self._first_at = now if self._size else None
         x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=0)
-        return Taken(seqs, streams, x, received, feeds, mixed)
+        return Taken(seqs, streams, x, received, feeds, mixed, traces)
 
 
 def bucket_for(n: int, buckets: tuple[int, ...]) -> int:

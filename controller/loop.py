@@ -33,7 +33,19 @@ import janus
 import jax
 import numpy as np
 
-from controller.batching import MicroBatcher, Outgoing, Taken, bucket_for, pad_batch
+from controller.batching import (
+    ENCODED,
+    FETCHED,
+    OUTBOUND,
+    STEP,
+    TAKEN,
+    MicroBatcher,
+    Outgoing,
+    Taken,
+    Trace,
+    bucket_for,
+    pad_batch,
+)
 from controller.checkpoint import Snapshot, load_newest, take_snapshot
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
@@ -368,6 +380,8 @@ class Controller:
             try:
                 chunk = inbound.get(timeout=timeout) if timeout > 0 else inbound.get_nowait()
                 self._pulled += 1
+                if chunk.trace is not None:
+                    chunk.trace.ns[TAKEN] = time.monotonic_ns()
                 batcher.add(chunk, time.monotonic())
             except Empty:
                 return 0
@@ -375,7 +389,10 @@ class Controller:
                 self._inbound_closed = True
         while pull and not self._inbound_closed and batcher.wants_more(time.monotonic()):
             try:
-                batcher.add(inbound.get_nowait(), time.monotonic())
+                chunk = inbound.get_nowait()
+                if chunk.trace is not None:
+                    chunk.trace.ns[TAKEN] = time.monotonic_ns()
+                batcher.add(chunk, time.monotonic())
                 self._pulled += 1
             except Empty:
                 break
@@ -408,12 +425,15 @@ class Controller:
             too_many = np.flatnonzero(~ok).tolist()
             refused.update(dict.fromkeys(too_many, f"too many streams (FORKLESS_MAX_STREAMS={cfg.max_streams})"))
             stats.errors["too many streams"] += len(too_many)
+        traces = taken.traces
+        _stamp(traces, STEP)
         if refused:
             rows: Sequence[int] = [i for i in range(n) if i not in refused]
             ran = self._run_step(taken.x[rows], slots[rows]) if rows else None
         else:  # the common case: every message runs, no copies
             rows = range(n)
             ran = self._run_step(taken.x, slots)
+        _stamp(traces, FETCHED)
         host_error: BaseException | None = None
         answered: list[str | bytes | None] = []  # one per row of ``rows`` still to answer
         are_results = False
@@ -439,15 +459,17 @@ class Controller:
                 answered, are_results = self.codec.encode_batch(seq, stream, outputs)
                 if not are_results:
                     stats.errors["encode failed"] += len(rows)
+        _stamp(traces, ENCODED)
         stats.batches += 1
         stats.batch_size.observe(n)
         frames, received, error_at, origin = self._assemble(taken, rows, answered, are_results, refused)
+        _stamp(traces, OUTBOUND)
         if not frames:
             pass
         elif not taken.feeds_mixed:
-            self._put_outbound(Outgoing(frames, received, error_at, feed=taken.feed[0]), deadline)
+            self._put_outbound(Outgoing(frames, received, error_at, feed=taken.feed[0], traces=traces), deadline)
         else:  # several feeds in one batch: each feed's replies go back on its own connection
-            parts = _split_by_feed(frames, received, error_at, [taken.feed[i] for i in origin])
+            parts = _split_by_feed(frames, received, error_at, [taken.feed[i] for i in origin], traces)
             self._put_outbound(parts[0] if len(parts) == 1 else Outgoing([], parts=tuple(parts)), deadline)
         if host_error is not None:
             raise host_error
@@ -616,6 +638,7 @@ class Controller:
             written_unconfirmed=io.written_unconfirmed,
             last_error=io.last_error,
             feeds=io.feeds,
+            hops=io.hops,
         )
 
     @property
@@ -663,15 +686,25 @@ def _release_freed_memory() -> None:
 
 
 def _split_by_feed(frames: list, received: list[int], error_at: tuple[int, ...],
-                   feeds: list[int]) -> list[Outgoing]:
-    """One ``Outgoing`` per feed, each keeping its frames' order (``feeds``: each frame's feed)."""
+                   feeds: list[int], traces: list[Trace]) -> list[Outgoing]:
+    """One ``Outgoing`` per feed, each keeping its frames' order (``feeds``: each frame's feed)
+    and the sampled messages' traces of that feed."""
     errors = set(error_at)
     by_feed: dict[int, list[int]] = {}
     for j, feed in enumerate(feeds):
         by_feed.setdefault(feed, []).append(j)
     return [Outgoing([frames[j] for j in picked], [received[j] for j in picked],
-                     tuple(k for k, j in enumerate(picked) if j in errors), feed=feed)
+                     tuple(k for k, j in enumerate(picked) if j in errors), feed=feed,
+                     traces=[trace for trace in traces if trace.feed == feed])
             for feed, picked in by_feed.items()]
+
+
+def _stamp(traces: list[Trace], stamp: int) -> None:
+    """Stamp the batch's sampled messages (the latency budget, batching.HOPS)."""
+    if traces:
+        now = time.monotonic_ns()
+        for trace in traces:
+            trace.ns[stamp] = now
 
 
 def _merged(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:

@@ -32,6 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from controller.batching import HOPS, SAMPLE_EVERY
 from controller.stats import (
     LAG_INTERVAL_S,
     SECONDS_BOUNDS,
@@ -114,6 +115,13 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     for f in feeds:
         latency.add_metric([f.name], _buckets(f.latency, SECONDS_STEP), sum_value=f.latency.total)
     fams.append(latency)
+    hops = HistogramMetricFamily("forkless_hop_seconds", f"The latency budget: time a sampled message (one in "
+                                 f"{SAMPLE_EVERY}) spent in each hop from its frame being read to its reply "
+                                 "being written (README \"Performance\"); hop=\"total\" is the whole way.",
+                                 labels=["hop"])
+    for hop, hist in snap.hops.items():
+        hops.add_metric([hop], _buckets(hist, SECONDS_STEP), sum_value=hist.total)
+    fams.append(hops)
     fams.append(_histogram("forkless_batch_size", "Messages per batch run through the step.",
                            snap.batch_size, 1))
     fams.append(_histogram("forkless_io_loop_lag_seconds", "How long a ready callback waits for its turn on the IO "
@@ -264,7 +272,7 @@ def _every_field_populated() -> StatsSnapshot:
         errors={_VARIES: 1}, dropped={_VARIES: 1}, connects=1, reconnects=1, connect_failures=1, connected=True,
         connection_since=1.0, inbound_depth=1, outbound_depth=1, unsent=1, batch_size=sizes, latency=seconds,
         loop_lag=seconds, step_seconds=seconds, compilations=1, compilations_after_warmup=0, devices=(_VARIES,),
-        ready=True, compiled=True, last_error="x",
+        ready=True, compiled=True, last_error="x", hops=dict.fromkeys((*HOPS, "total"), seconds),
         feeds=(FeedSnapshot(_VARIES, True, "x", IOSnapshot(
             frames_in=1, messages_in=1, results_out=1, errors_out=1, answer_errors_out=1, error_replies_unsent=1,
             written_unconfirmed=1, errors={}, dropped={}, connects=1, reconnects=1, connect_failures=1,

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.batching import HOPS
+
 # latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
 SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
 # how often the IO thread samples its loop's lag (one trip round the loop)
@@ -151,6 +153,14 @@ class IOStats:
     latency: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     loop_lag: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
+    # the latency budget: seconds per hop of the sampled messages (batching.HOPS, then "total")
+    hops: dict[str, Histogram] = field(default_factory=lambda: {hop: Histogram(SECONDS_BOUNDS)
+                                                                 for hop in (*HOPS, "total")})
+
+    def observe_hops(self, seconds: list[float]) -> None:
+        """One sampled message's ``Trace.hops_s()``."""
+        for histogram, value in zip(self.hops.values(), seconds):
+            histogram.observe(value)
 
     def snapshot(self, inbound_depth: int = 0, outbound_depth: int = 0, unsent: int = 0) -> IOSnapshot:
         """A copy safe to read from any thread (the queue depths and unsent count are the caller's)."""
@@ -163,6 +173,7 @@ class IOStats:
             connected=self.connected, state_since=self.state_since, last_error=self.last_error,
             latency=self.latency.snapshot(), loop_lag=self.loop_lag.snapshot(),
             inbound_depth=inbound_depth, outbound_depth=outbound_depth, unsent=unsent,
+            hops={hop: histogram.snapshot() for hop, histogram in self.hops.items()},
         )
 
 
@@ -191,6 +202,7 @@ class IOSnapshot:
     outbound_depth: int  # batches of replies waiting for the IO thread
     unsent: int  # reply frames taken from outbound, not yet written (held across a reconnect)
     feeds: tuple[FeedSnapshot, ...] = ()  # each feed's own figures (``combine_io`` made the totals above)
+    hops: dict[str, HistogramSnapshot] = field(default_factory=dict)  # the latency budget (IOStats.hops)
 
 
 @dataclass(frozen=True)
@@ -221,17 +233,19 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
                               for name in _SUMMED}
     errors, dropped = Counter(thread.errors), Counter(thread.dropped)
     latency = thread.latency
+    hops = dict(thread.hops)
     for f in feeds:
         errors.update(f.io.errors)
         dropped.update(f.io.dropped)
         latency = latency + f.io.latency
+        hops = {hop: hops[hop] + value if hop in hops else value for hop, value in f.io.hops.items()}
     required = [f for f in feeds if f.required] or list(feeds)
     latest = max(feeds, key=lambda f: f.io.state_since, default=None)
     last_error = thread.last_error
     if latest is not None and latest.io.last_error:
         last_error = latest.io.last_error if len(feeds) == 1 else f"feed {latest.name!r}: {latest.io.last_error}"
     return dataclasses.replace(
-        thread, **totals, errors=dict(errors), dropped=dict(dropped), latency=latency,
+        thread, **totals, errors=dict(errors), dropped=dict(dropped), latency=latency, hops=hops,
         connected=bool(required) and all(f.up for f in required),
         state_since=latest.io.state_since if latest is not None else thread.state_since,
         last_error=last_error, feeds=tuple(feeds))
@@ -292,6 +306,7 @@ class StatsSnapshot:
     written_unconfirmed: int = 0  # frames written to connections that ended without the closing handshake
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
     feeds: tuple[FeedSnapshot, ...] = ()  # per feed (FORKLESS_FEEDS); the fields above are totals
+    hops: dict[str, HistogramSnapshot] = field(default_factory=dict)  # latency budget, per hop (batching.HOPS)
     extra: dict[str, Any] = field(default_factory=dict)
     # checkpoints (controller/checkpointer.py; all 0 while FORKLESS_CHECKPOINT_DIR is unset)
     checkpoint_last_at: float = 0.0  # Unix time the newest written checkpoint's state was taken (0: none)

@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 import janus
 
-from controller.batching import Outgoing
+from controller.batching import PICKED, WRITTEN, Outgoing
 from controller.codec import Codec
 from controller.config import Config, FeedSpec
 from controller.errors import FeedFatal
@@ -290,6 +290,7 @@ class FeedClient:
                 self._last_frame_at = loop.time()
                 stats.frames_in += 1
                 decoded = codec.decode(msg.data)
+                decoded_ns = time.monotonic_ns()
                 self._reader_in_handover = True
                 try:
                     if decoded.errors:
@@ -301,7 +302,7 @@ class FeedClient:
                         await outbound.put(Outgoing(frames, answers=False))
                     if len(decoded):
                         stats.messages_in += len(decoded)
-                        handover.add(decoded, received)
+                        handover.add(decoded, received, decoded_ns)
                         if handover.should_flush():
                             await handover.flush()
                 finally:
@@ -336,6 +337,10 @@ class FeedClient:
                     self._outbound_done = True
                     return End(Outcome.DRAINED)
                 self._offset = 0
+                if self._current.traces:
+                    picked = time.monotonic_ns()
+                    for trace in self._current.traces:
+                        trace.ns[PICKED] = picked
             item = self._current
             frames = item.frames
             if cork is not None:
@@ -359,6 +364,9 @@ class FeedClient:
             if item.received_ns:
                 now = time.monotonic_ns()
                 stats.latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
+                for trace in item.traces:
+                    trace.ns[WRITTEN] = now
+                    stats.observe_hops(trace.hops_s())
 
     def _count_written(self, item: Outgoing, start: int, stop: int) -> None:
         """Count ``item.frames[start:stop]`` as written: results and error replies."""

@@ -10,6 +10,8 @@ Rules:
   a chunk. The reader calls ``flush`` at once when ``should_flush()`` says so (``max_batch``
   messages gathered, or an earlier put still waiting for room).
 - Order is kept: a chunk is never put while an earlier one is still waiting for room.
+- One message in ``SAMPLE_EVERY`` carries a ``Trace`` (controller/batching.py): the chunk
+  holding it is stamped with its first frame's read and decode times, and just before its put.
 - Queue full: ``block`` waits for room (so the reader stops reading and TCP pushes back on
   the server); ``drop_oldest`` drops the oldest queued chunk and reports how many messages
   it held through ``on_dropped``. Nothing else is ever dropped.
@@ -18,12 +20,13 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 
-from controller.batching import Chunk
+from controller.batching import INBOUND, SAMPLE_EVERY, Chunk, Trace
 from controller.codec import Decoded
 
 __all__ = ["Handover", "InboundQueue"]
@@ -54,6 +57,8 @@ class Handover:
         self._pending: asyncio.Future[None] | None = None  # a put waiting for room
         self._pending_messages = 0  # messages in that put
         self._in_put = 0  # messages in a put flush() is waiting on
+        self._first_decoded_ns = 0
+        self._until_sample = 1  # the first chunk is sampled, then one message in SAMPLE_EVERY
 
     def __len__(self) -> int:
         """Messages gathered and not yet put (not counting a put that waits for room)."""
@@ -64,12 +69,14 @@ class Handover:
         """True when nothing is gathered and no put is waiting."""
         return not self._parts and self._pending is None
 
-    def add(self, decoded: Decoded, received_ns: int) -> None:
-        """Gather one frame's good messages; a put is scheduled for the loop's next turn."""
+    def add(self, decoded: Decoded, received_ns: int, decoded_ns: int = 0) -> None:
+        """Gather one frame's good messages (read at ``received_ns``, decoded at ``decoded_ns``,
+        monotonic ns); a put is scheduled for the loop's next turn."""
         if not len(decoded):
             return
         if not self._parts:
             self._first_ns = received_ns
+            self._first_decoded_ns = decoded_ns or received_ns
             if not self._scheduled:
                 self._scheduled = True
                 asyncio.get_running_loop().call_soon(self._put_soon)
@@ -87,6 +94,8 @@ class Handover:
         chunk = self._take()
         if chunk is None:
             return
+        if chunk.trace is not None:
+            chunk.trace.ns[INBOUND] = time.monotonic_ns()
         if self.drop_oldest:
             self._put_dropping_oldest(chunk)
         else:
@@ -100,16 +109,22 @@ class Handover:
         parts = self._parts
         if not parts:
             return None
+        gathered = self._gathered
         self._parts = []
         self._gathered = 0
+        trace = None
+        self._until_sample -= gathered
+        if self._until_sample <= 0:
+            self._until_sample = SAMPLE_EVERY
+            trace = Trace(self.feed, self._first_ns, self._first_decoded_ns)
         if len(parts) == 1:
-            return Chunk(parts[0].seq, parts[0].stream, parts[0].x, self._first_ns, self.feed)
+            return Chunk(parts[0].seq, parts[0].stream, parts[0].x, self._first_ns, self.feed, trace)
         seq: list[Any] = []
         stream: list[str] = []
         for part in parts:
             seq.extend(part.seq)
             stream.extend(part.stream)
-        return Chunk(seq, stream, np.concatenate([part.x for part in parts]), self._first_ns, self.feed)
+        return Chunk(seq, stream, np.concatenate([part.x for part in parts]), self._first_ns, self.feed, trace)
 
     def _put_soon(self) -> None:
         """Loop callback: put what was gathered without waiting. If the queue is full, a task
@@ -120,6 +135,8 @@ class Handover:
         chunk = self._take()
         if chunk is None:
             return
+        if chunk.trace is not None:
+            chunk.trace.ns[INBOUND] = time.monotonic_ns()
         if self.drop_oldest:
             self._put_dropping_oldest(chunk)
             return

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from controller.batching import HOPS, SAMPLE_EVERY
 from controller.config import Config, ConfigError
 from controller.loop import Controller
 from controller.metrics import metric_families
@@ -336,3 +337,27 @@ def test_secrets_of_every_feed_are_used_but_never_appear_in_any_output(feed_serv
     assert servers[0].connections[0].received[0] == json.dumps({"auth": secrets[0]}, separators=(",", ":"))
     assert [conn.received[:1] for conn in servers[1].connections] == [[secrets[4]]] * 2, servers[1].describe()
     assert servers[0].attempts[0].headers["X-Key"] == secrets[1]
+
+
+def test_one_message_in_64_carries_its_hop_times_which_add_up_to_its_whole_way(feed_server):
+    # the latency budget (batching.HOPS): every hop measured, none negative, the hops of each
+    # sampled message summing to its read-to-written time; with two feeds too
+    a = _renamed(make_messages(640, streams=4, seed=9), "s", 0)
+    b = _renamed(make_messages(640, streams=4, seed=10), "s", 1000)
+    done = [threading.Event(), threading.Event()]
+    servers = _servers(feed_server, [_sender(a, done[0]), _sender(b, done[1])])
+    cfg = _config(_feeds({"url": servers[0].url}, {"url": servers[1].url}))
+    with Controller(cfg, processor=PROCESSOR) as ctl:
+        drive(ctl, lambda: all(ev.is_set() for ev in done), timeout_s=30 * UNIT_S, what="both feeds answered")
+        snap = ctl.stats()
+    hops = snap.hops
+    assert list(hops) == [*HOPS, "total"]
+    sampled = hops["total"].n
+    assert 2 * 640 / SAMPLE_EVERY <= sampled <= 2 * 640  # chunks of several messages are sampled as one
+    assert all(h.n == sampled for h in hops.values())
+    assert all(h.total >= 0 for h in hops.values())
+    assert sum(hops[hop].total for hop in HOPS) == pytest.approx(hops["total"].total, rel=1e-9)
+    assert sum(f.io.hops["total"].n for f in snap.feeds) == sampled  # each feed's share, summed
+    fam = {f.name: f for f in metric_families(snap)}["forkless_hop_seconds"]
+    counts = {s.labels["hop"]: s.value for s in fam.samples if s.name.endswith("_count")}
+    assert counts == dict.fromkeys([*HOPS, "total"], sampled)
