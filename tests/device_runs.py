@@ -114,22 +114,29 @@ def weighted_count_processor(change_weights: bool = False, per_stream: bool = Tr
 # ---- the runs ----------------------------------------------------------------------------------
 
 
-def spread() -> dict[str, Any]:
-    """9 streams over a table of 10, batches of 1 to 16 messages, streams repeating in a batch."""
+def _spread_batches() -> list:
     rng = np.random.default_rng(3)
     sizes = [1, 16, 5, 16, 2, 9, 16, 3, 16, 7]
-    names = [f"s{k}" for k in rng.integers(0, 9, size=sum(sizes))]
+    return batches_of([f"s{k}" for k in rng.integers(0, 9, size=sum(sizes))], sizes, seed=1)
+
+
+# eight streams, then full batches of streams that all live on device 0 of 4 (slots 0 and 4),
+# then one batch spread over all of them
+SKEWED_NAMES = ([f"s{k}" for k in range(8)] + [f"s{k}" for k in (0, 4) * 8] + [f"s{k}" for k in (4, 0, 4, 4) * 4]
+                + [f"s{k}" for k in range(8)])
+BATCHES = {"spread": _spread_batches(), "skewed": batches_of(SKEWED_NAMES, [8, 16, 16, 8], seed=2)}
+
+
+def spread() -> dict[str, Any]:
+    """9 streams over a table of 10, batches of 1 to 16 messages, streams repeating in a batch."""
     return run(Config(features=F, max_streams=10, max_batch=16, max_wait_ms=0.0, status_s=0.0, warmup=3),
-               batches_of(names, sizes, seed=1))
+               BATCHES["spread"])
 
 
 def skewed() -> dict[str, Any]:
-    """Eight streams, then full batches of streams that all live on one device (slots 0, 4,
-    8 are device 0's of 4), then one batch spread over all of them."""
-    names = [f"s{k}" for k in range(8)] + [f"s{k}" for k in (0, 4) * 8] + [f"s{k}" for k in (4, 0, 4, 4) * 4]
-    names += [f"s{k}" for k in range(8)]
+    """Whole batches whose streams all live on one device (``SKEWED_NAMES``)."""
     return run(Config(features=F, max_streams=16, max_batch=16, max_wait_ms=0.0, status_s=0.0, warmup=3),
-               batches_of(names, [8, 16, 16, 8], seed=2))
+               BATCHES["skewed"])
 
 
 EVICTION_ORDER = [f"s{(i * 3) % 11}" for i in range(66)]
