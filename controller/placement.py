@@ -85,12 +85,13 @@ class Placement:
         dev = np.asarray(slots) % n
         counts = np.bincount(dev, minlength=n)
         bucket = bucket_for(int(counts.max()) if len(dev) else 1, tuple(buckets))
-        # rank of each message among its device's messages: a stable sort keeps arrival order
+        # sorted by device (a stable sort keeps arrival order within a device), message j of
+        # the sorted order goes to row j - (messages on earlier devices) + device * Bd
         order = np.argsort(dev, kind="stable")
-        starts = np.cumsum(counts) - counts
-        rank = np.empty(len(dev), np.int64)
-        rank[order] = np.arange(len(dev)) - starts[dev[order]]
-        return Route(bucket, dev * bucket + rank, counts)
+        shift = np.arange(0, n * bucket, bucket) - (np.cumsum(counts) - counts)
+        positions = np.empty(len(dev), np.int64)
+        positions[order] = np.arange(len(dev)) + shift[dev[order]]
+        return Route(bucket, positions, counts)
 
     def batch(self, x: np.ndarray, slots: np.ndarray, route: Route) -> Batch:
         """The host ``[N * Bd]`` batch for ``route``: keys are local rows, padding rows are
