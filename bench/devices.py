@@ -48,32 +48,34 @@ def measure(seconds: float = 2.0, streams: int = 16) -> dict:
         if place is None:
             return pad_batch(x, keys, bucket, cfg.max_streams), bucket, None
         route = place.route(keys, cfg.buckets)
-        return place.batch(x, keys, route), route.bucket, route
+        return place.pack(x, keys, route), route.bucket, route
 
     batches = [host_batch(x, keys) for x, keys in messages]
     state = compiled.state
     for batch, bd, _ in batches[:4]:  # warm up
-        state, out, bad = compiled.steps[bd](state, batch)
-        jax.device_get((out, bad))
+        state, *out = compiled.steps[bd](state, batch)
+        jax.device_get(out)
     n = 0
     t0 = time.perf_counter()
     end = t0 + seconds
     while True:
         batch, bd, _ = batches[n % len(batches)]
-        state, out, bad = compiled.steps[bd](state, batch)
-        out, bad = jax.device_get((out, bad))
+        state, *out = compiled.steps[bd](state, batch)  # (outputs, bad), or the packed results
+        out = jax.device_get(out)
         n += 1
         if n % 8 == 0 and time.perf_counter() >= end:
             break
     elapsed = time.perf_counter() - t0
     # the host's share of a batch: lay it out, and put the outputs back in arrival order
-    host_out = {name: np.asarray(v) for name, v in out.items()}
     reps = 2000
     t1 = time.perf_counter()
     for i in range(reps):
         x, keys = messages[i % len(messages)]
         _, _, route = host_batch(x, keys)
-        back = {name: v[:bucket] if route is None else v[route.positions] for name, v in host_out.items()}
+        if route is None:
+            back = {name: np.asarray(v)[:bucket] for name, v in out[0].items()}
+        else:
+            back = compiled.unpack(np.asarray(out[0]), route.positions)
     route_us = (time.perf_counter() - t1) / reps * 1e6
     del back
     return {"design": "compute-ceiling", "devices": list(compiled.devices), "device_count": len(compiled.devices),

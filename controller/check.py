@@ -141,9 +141,10 @@ def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None
         t0 = time.perf_counter()
         state = compiled.state
         for bucket, fn in compiled.steps.items():  # the state is donated: carry the one each step returns
-            state, outputs, _ = fn(state, compiled.example(config.features, bucket))
+            state, *outputs = fn(state, compiled.example(config.features, bucket))  # packed on several devices
             jax.block_until_ready(outputs)
         ran_s = time.perf_counter() - t0
+        names = sorted(outputs[0]) if compiled.placement is None else [f.name for f in compiled.output_layout[:-1]]
         again = compilations() - before - made
     except ConfigError as exc:  # FORKLESS_DEVICES asks for more devices than JAX has
         raise _Failure(EXIT_CONFIG, str(exc)) from None
@@ -151,7 +152,7 @@ def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None
         raise _Failure(EXIT_CRASH, f"the step failed to compile or run: {type(exc).__name__}: "
                                    f"{_first_line(exc)}") from None
     say(f"  ran every batch size once on zeros in {ran_s * 1000:.1f} ms: outputs "
-        f"{', '.join(sorted(outputs))}; {again} compilations after warm-up")
+        f"{', '.join(names)}; {again} compilations after warm-up")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -20,9 +20,10 @@ Rules:
   other leaves replicated. The step is ``shard_map``-ped: each device runs the guarded
   ``processor.step`` on its own shard with its own ``[Bd]`` sub-batch (keys are local rows,
   padding points at the device's spare row), so no data crosses devices in a step. The batch
-  is one ``[N * Bd]`` array sharded ``P("d")``, and so are the outputs. Every ``Bd`` bucket
-  is compiled ahead of time, and the sharded reset too. One device: today's exact layout
-  and code (no mesh).
+  is one packed ``[N * Bd, F + 2]`` array sharded ``P("d")`` (``Placement.pack``), the
+  results one packed byte array (``unpack``): one transfer each way per device. Every ``Bd``
+  bucket is compiled ahead of time, and the sharded reset too. One device: today's exact
+  layout and code (no mesh, ``steps`` take a ``Batch`` and return ``(state, outputs, bad)``).
 - A processor with ``per_stream=False`` (cross-stream reductions) is refused on several
   devices; a replicated leaf must come back from ``step`` unchanged (checked on the jaxpr).
 - Every XLA compilation in this process is counted from JAX's own monitoring events.
@@ -45,7 +46,7 @@ from jax.sharding import PartitionSpec as P
 from controller.batching import Batch, pad_batch
 from controller.config import ConfigError
 from controller.errors import ProcessorContractError
-from controller.placement import Placement
+from controller.placement import OutputField, Placement, Route, unpack_outputs
 from controller.processor import reset_rows, row_template
 
 __all__ = ["CompiledStep", "compilations", "compile_step", "example_batch", "use_devices"]
@@ -87,11 +88,24 @@ class CompiledStep:
     shardings: Any = None
 
     spare_key: int = 0  # the key of padding rows in a batch for ``steps``
+    # several devices: where each output (and, last, the finiteness flags) sits in a row of
+    # the step's packed results
+    output_layout: tuple[OutputField, ...] = ()
 
-    def example(self, features: int, bucket: int) -> Batch:
-        """An all-padding batch for ``steps[bucket]`` (``[N * bucket]`` rows on N devices)."""
-        rows = bucket if self.placement is None else self.placement.devices * bucket
-        return example_batch(features, rows, self.spare_key)
+    def example(self, features: int, bucket: int) -> Any:
+        """An all-padding input for ``steps[bucket]``: a ``Batch`` on one device, the packed
+        ``[N * bucket, F + 2]`` rows on N."""
+        place = self.placement
+        if place is None:
+            return example_batch(features, bucket, self.spare_key)
+        return place.pack(np.zeros((0, features), np.float32), np.zeros(0, np.int32),
+                          Route(bucket, np.zeros(0, np.int64), np.zeros(place.devices, np.int64)))
+
+    def unpack(self, packed: np.ndarray, positions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Several devices: the outputs and the finiteness flags of the messages at
+        ``positions`` (arrival order), from a step's packed results on the host."""
+        arrays = unpack_outputs(packed, self.output_layout, positions)
+        return {field.name: a for field, a in zip(self.output_layout[:-1], arrays)}, arrays[-1]
 
 
 def example_batch(features: int, bucket: int, spare_slot: int) -> Batch:
@@ -179,24 +193,61 @@ def _compile_sharded(processor: Any, config: Any, devices: list[Any],
     local_state = jax.tree.map(
         lambda leaf, sharded: jax.ShapeDtypeStruct((place.rows_per_device, *leaf.shape[1:]) if sharded else leaf.shape,
                                                    leaf.dtype), canonical, per_stream)
+    features = config.features
+    guarded_step = guarded(processor.step)
+    layout: tuple[OutputField, ...] = ()
+
+    def per_device(state: Any, packed: jax.Array) -> tuple[Any, jax.Array]:
+        batch = Batch(packed[:, :features], jax.lax.bitcast_convert_type(packed[:, features], jnp.int32),
+                      packed[:, features + 1] > 0)
+        new_state, outputs, bad = guarded_step(state, batch)
+        return new_state, _as_bytes([outputs[field.name] for field in layout[:-1]] + [bad])
+
     # check_vma off: the processor's own code need not mark device-varying values (pcast);
     # what it must not do (change a replicated leaf) is checked on its jaxpr instead
-    mapped = jax.shard_map(guarded(processor.step), mesh=mesh, in_specs=(specs, P(AXIS)),
-                           out_specs=(specs, P(AXIS), P(AXIS)), check_vma=False)
-    jitted = jax.jit(mapped, in_shardings=(shardings, rows), out_shardings=(shardings, rows, rows),
-                     donate_argnums=0)
+    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=(specs, P(AXIS)), out_specs=(specs, P(AXIS)),
+                           check_vma=False)
+    jitted = jax.jit(mapped, in_shardings=(shardings, rows), out_shardings=(shardings, rows), donate_argnums=0)
     steps = {}
+    result = CompiledStep(state, steps, tuple(str(d) for d in devices), template, reset, placement=place,
+                          fresh=fresh, per_stream=per_stream, canonical=canonical, shardings=shardings,
+                          spare_key=place.spare_row)
     for bucket in config.buckets:
-        local = example_batch(config.features, bucket, place.spare_row)
-        check_contract(local_state, jax.eval_shape(processor.step, local_state, local), bucket)
+        local = example_batch(features, bucket, place.spare_row)
+        out_info = jax.eval_shape(processor.step, local_state, local)
+        check_contract(local_state, out_info, bucket)
         check_replicated_unchanged(processor.step, local_state, local, per_stream)
+        if not layout:
+            layout = result.output_layout = _output_layout(out_info[1])
         t0 = time.perf_counter()
-        steps[bucket] = jitted.lower(state, example_batch(config.features, n * bucket, place.spare_row)).compile()
+        steps[bucket] = jitted.lower(state, result.example(features, bucket)).compile()
         if on_compiled is not None:
             on_compiled(bucket, time.perf_counter() - t0)
-    return CompiledStep(state, steps, tuple(str(d) for d in devices), template, reset, placement=place,
-                        fresh=fresh, per_stream=per_stream, canonical=canonical, shardings=shardings,
-                        spare_key=place.spare_row)
+    return result
+
+
+def _output_layout(outputs: dict[str, Any]) -> tuple[OutputField, ...]:
+    """Where each output, then the finiteness flags (bool, named ""), sit in a packed row."""
+    fields, offset = [], 0
+    for name, leaf in [*sorted(outputs.items()), ("", jax.ShapeDtypeStruct((1,), jnp.bool_))]:
+        tail = tuple(leaf.shape[1:])
+        dtype = np.dtype(leaf.dtype)
+        nbytes = int(np.prod(tail, dtype=np.int64)) * dtype.itemsize
+        fields.append(OutputField(name, dtype, tail, offset, nbytes))
+        offset += nbytes
+    return tuple(fields)
+
+
+def _as_bytes(leaves: list[jax.Array]) -> jax.Array:
+    """Leaves with a common leading axis B side by side as uint8 [B, T] (bool as 0/1 bytes)."""
+    b = leaves[0].shape[0]
+    parts = []
+    for leaf in leaves:
+        flat = leaf.reshape(b, -1)
+        if flat.dtype == jnp.bool_:
+            flat = flat.astype(jnp.uint8)
+        parts.append(jax.lax.bitcast_convert_type(flat, jnp.uint8).reshape(b, -1))
+    return jnp.concatenate(parts, axis=1)
 
 
 def _is_spec(value: Any) -> bool:

@@ -531,11 +531,15 @@ class Controller:
         else:  # grouped by owning device: [N, Bd], Bd the bucket of the busiest device
             route = place.route(key, self.config.buckets)
             bucket = route.bucket
-            batch = place.batch(x, key, route)
+            batch = place.pack(x, key, route)  # one array: one transfer per device
         t0 = time.perf_counter()
         try:
-            new_state, outputs, bad = self._compiled[bucket](self.state, batch)
-            outputs, bad = jax.device_get((outputs, bad))  # one transfer; also surfaces runtime errors
+            if place is None:
+                new_state, outputs, bad = self._compiled[bucket](self.state, batch)
+                outputs, bad = jax.device_get((outputs, bad))  # one transfer; also surfaces runtime errors
+            else:  # the outputs and flags packed in one byte array, as the batch was
+                new_state, packed = self._compiled[bucket](self.state, batch)
+                packed = np.asarray(jax.device_get(packed))
         except Exception as exc:
             self._log_failure(exc)
             stats.errors["processing failed"] += m
@@ -550,15 +554,15 @@ class Controller:
         self.state = new_state
         stats.step_seconds.observe(time.perf_counter() - t0)
         stats.processed += m
-        stats.device_rows += len(batch.key)
         if place is None:
+            stats.device_rows += bucket
             stats.device_messages[0] += m
             outputs = {name: np.asarray(value)[:m] for name, value in outputs.items()}
             bad = np.asarray(bad)[:m]
         else:  # back in arrival order
+            stats.device_rows += place.devices * bucket
             stats.device_messages += route.counts
-            outputs = {name: np.asarray(value)[route.positions] for name, value in outputs.items()}
-            bad = np.asarray(bad)[route.positions]
+            outputs, bad = self._built.unpack(packed, route.positions)
         anomaly = outputs.get("anomaly")
         if anomaly is not None:
             stats.anomalies += int(np.count_nonzero(anomaly[~bad] if bad.any() else anomaly))

@@ -12,6 +12,12 @@ Rules:
   device's messages in arrival order, then padding; ``Bd`` is the bucket of the busiest
   device. ``Route.positions[i]`` is where message ``i`` sits, so outputs come back in
   arrival order with one fancy index.
+- Each batch crosses to the devices as ONE array and its results come back as ONE array
+  (each separate array is one transfer per device: three of them measured 434 µs against
+  183 µs for one, on 4 CPU devices): ``pack`` lays ``x``, the key's bits and ``valid`` side by
+  side in a float32 ``[N * Bd, F + 2]``; the step unpacks it on each device and packs its
+  outputs and the finiteness flags into bytes ``[N * Bd, T]`` uint8, which ``unpack_outputs``
+  reads back with numpy views (``OutputLayout``).
 - The canonical order (row ``s`` = slot ``s``, then the spare) is what checkpoints hold, so a
   file does not depend on the device count: ``to_sharded`` and ``CanonicalRows`` convert.
 """
@@ -24,9 +30,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from controller.batching import Batch, bucket_for
+from controller.batching import bucket_for
 
-__all__ = ["CanonicalRows", "Placement", "Route"]
+__all__ = ["CanonicalRows", "OutputField", "Placement", "Route", "unpack_outputs"]
 
 # rows converted per piece when a sharded table is written in canonical order: each piece is
 # a small copy (cache-sized), so the writer thread never holds one large buffer
@@ -93,17 +99,17 @@ class Placement:
         positions[order] = np.arange(len(dev)) + shift[dev[order]]
         return Route(bucket, positions, counts)
 
-    def batch(self, x: np.ndarray, slots: np.ndarray, route: Route) -> Batch:
-        """The host ``[N * Bd]`` batch for ``route``: keys are local rows, padding rows are
-        invalid and point at their device's spare row."""
-        rows = self.devices * route.bucket
-        xp = np.zeros((rows, x.shape[1]), np.float32)
-        xp[route.positions] = x
-        key = np.full(rows, self.spare_row, np.int32)
-        key[route.positions] = np.asarray(slots) // self.devices
-        valid = np.zeros(rows, bool)
-        valid[route.positions] = True
-        return Batch(xp, key, valid)
+    def pack(self, x: np.ndarray, slots: np.ndarray, route: Route) -> np.ndarray:
+        """``batch`` as one float32 ``[N * Bd, F + 2]`` array: ``x``, then the key (int32 local
+        row, its bits), then ``valid`` (1.0 or 0.0); the step unpacks it on each device."""
+        features = x.shape[1]
+        packed = np.zeros((self.devices * route.bucket, features + 2), np.float32)
+        as_int = packed.view(np.int32)
+        as_int[:, features] = self.spare_row
+        packed[route.positions, :features] = x
+        as_int[route.positions, features] = np.asarray(slots) // self.devices
+        packed[route.positions, features + 1] = 1.0
+        return packed
 
     def reset_index(self, slots: Sequence[int], per_device: int) -> np.ndarray:
         """Local rows to reset, as an int32 ``[N * per_device]`` layout padded with the spare
@@ -171,3 +177,23 @@ class CanonicalRows:
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = np.concatenate(list(self.pieces()), axis=0)
         return out if dtype is None else out.astype(dtype)
+
+
+class OutputField(NamedTuple):
+    """Where one output sits in a row of the step's packed results: bytes ``offset`` to
+    ``offset + nbytes`` hold it, C order, as ``dtype`` with shape ``tail`` (bool as 0/1 bytes)."""
+
+    name: str
+    dtype: np.dtype
+    tail: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def unpack_outputs(packed: np.ndarray, layout: Sequence[OutputField], positions: np.ndarray) -> list[np.ndarray]:
+    """The fields of ``layout`` for the messages at ``positions`` (arrival order), from the
+    step's packed results (uint8 ``[N * Bd, T]``): one array per field, in ``layout`` order."""
+    picked = packed[positions]
+    m = len(positions)
+    return [np.ascontiguousarray(picked[:, field.offset:field.offset + field.nbytes]).view(field.dtype)
+            .reshape((m, *field.tail)) for field in layout]

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 from controller import placement as placement_module
-from controller.batching import Batch
-from controller.placement import CanonicalRows, Placement
+from controller.placement import CanonicalRows, OutputField, Placement, unpack_outputs
 from tests import device_runs
 from tests.harness import ROOT, UNIT_S, app_env, run_app
 from tests.reference import EWMAReference
@@ -53,11 +52,23 @@ def test_a_batch_is_grouped_by_device_in_arrival_order_and_padded_to_the_busiest
     assert route.counts.tolist() == [3, 2, 0, 0]
     assert route.positions.tolist() == [4, 0, 1, 5, 2]
     x = np.arange(10, dtype=np.float32).reshape(5, 2)
-    batch = place.batch(x, slots, route)
-    assert isinstance(batch, Batch) and batch.x.shape == (16, 2)
-    assert batch.key.tolist() == [0, 1, 2, 3, 1, 0, 3, 3] + [3] * 8  # local rows; padding: the spare row 3
-    assert batch.valid.tolist() == [True, True, True, False, True, True, False, False] + [False] * 8
-    assert batch.x[route.positions].tolist() == x.tolist()  # and the outputs come back the same way
+    packed = place.pack(x, slots, route)  # one array: x, the key's bits, valid
+    assert packed.shape == (16, 4) and packed.dtype == np.float32
+    assert packed.view(np.int32)[:, 2].tolist() == [0, 1, 2, 3, 1, 0, 3, 3] + [3] * 8  # local rows; padding: spare 3
+    assert packed[:, 3].tolist() == [1, 1, 1, 0, 1, 1, 0, 0] + [0] * 8
+    assert packed[route.positions, :2].tolist() == x.tolist()  # and the outputs come back the same way
+    assert not packed[[3, 6, 7], :2].any()
+
+
+def test_packed_results_are_read_back_per_output_in_arrival_order():
+    # rows of 9 bytes: a float32 pair, then a bool
+    rows = np.zeros((4, 9), np.uint8)
+    rows[:, :8] = np.array([[1, 2], [3, 4], [5, 6], [7, 8]], np.float32).view(np.uint8)
+    rows[:, 8] = [0, 1, 1, 0]
+    layout = (OutputField("z", np.dtype(np.float32), (2,), 0, 8), OutputField("", np.dtype(bool), (), 8, 1))
+    z, bad = unpack_outputs(rows, layout, np.array([2, 0, 1]))
+    assert z.tolist() == [[5, 6], [1, 2], [3, 4]] and z.dtype == np.float32
+    assert bad.tolist() == [True, False, True]
 
 
 def test_a_batch_all_on_one_device_takes_the_bucket_of_its_size():
