@@ -193,7 +193,9 @@ class OutputField(NamedTuple):
 def unpack_outputs(packed: np.ndarray, layout: Sequence[OutputField], positions: np.ndarray) -> list[np.ndarray]:
     """The fields of ``layout`` for the messages at ``positions`` (arrival order), from the
     step's packed results (uint8 ``[N * Bd, T]``): one array per field, in ``layout`` order."""
-    picked = packed[positions]
-    m = len(positions)
+    m, width = len(positions), packed.shape[1]
+    # each row as one opaque item: picking rows is then one copy a row, not one a byte
+    picked = np.ascontiguousarray(packed).view(np.dtype((np.void, width))).reshape(-1)[positions]
+    picked = picked.view(np.uint8).reshape(m, width)
     return [np.ascontiguousarray(picked[:, field.offset:field.offset + field.nbytes]).view(field.dtype)
             .reshape((m, *field.tail)) for field in layout]
