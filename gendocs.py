@@ -13,6 +13,8 @@ block to it, so a hand edit fails the tests). What is generated, and from where:
 - OPERATING.md ``metrics``: ``controller.metrics.metrics_table_markdown()`` (``metric_families``)
 - bench/README.md ``bench:results``: ``bench.run.results_markdown()`` of ``bench/out/results.json``
   (a full ``python -m bench.run`` rewrites that block itself)
+- bench/README.md ``bench:devices``: ``bench.run.devices_markdown()`` of ``bench/out/devices.json``
+  (written by ``python -m bench.run --devices-only`` or a full run)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.run import DEFAULT_OUT, RESULTS_BLOCK, results_markdown
+from bench.run import DEFAULT_OUT, DEVICES_BLOCK, RESULTS_BLOCK, devices_markdown, results_markdown
 from controller.config import variables_table_markdown
 from controller.errors import EXIT_STATUSES
 from controller.metrics import metrics_table_markdown
@@ -53,6 +55,11 @@ def bench_results_markdown() -> str:
     return results_markdown(json.loads((DEFAULT_OUT / "results.json").read_text(encoding="utf-8")))
 
 
+def bench_devices_markdown() -> str:
+    """``devices_markdown`` of the committed ``bench/out/devices.json``."""
+    return devices_markdown(json.loads((DEFAULT_OUT / "devices.json").read_text(encoding="utf-8")))
+
+
 @dataclass(frozen=True)
 class Block:
     path: str  # relative to the repository's root
@@ -66,6 +73,7 @@ BLOCKS = (
     Block("OPERATING.md", "operator-variables", lambda: variables_table_markdown(OPERATOR_VARIABLES)),
     Block("OPERATING.md", "metrics", metrics_table_markdown),
     Block("bench/README.md", RESULTS_BLOCK, bench_results_markdown),
+    Block("bench/README.md", DEVICES_BLOCK, bench_devices_markdown),
 )
 
 

@@ -60,6 +60,8 @@ def summarise(first: Any, last: Any, final: Any) -> dict[str, Any]:
         "compilations": final.compilations,
         "compilations_after_warmup": final.compilations_after_warmup,
         "devices": list(final.devices),
+        "device_messages": list(final.device_messages),
+        "device_fill": None if math.isnan(final.device_fill) else final.device_fill,
         "pid": os.getpid(),
     }
 

@@ -18,6 +18,11 @@ the multiprocessing resource tracker included); IO-loop lag at 1,000 msg/s with 
 and with a heavy step (``bench.heavy``); compilations after warm-up; time from process
 start to first result with an empty and with a warm persistent compilation cache.
 
+Devices (``--devices-only`` runs just this section): the controller's compiled step alone
+(``bench.devices``) and forkless's maximum throughput with 1, 2 and 4 forced CPU devices
+(``JAX_NUM_CPU_DEVICES``), each in a process of its own, in one run; written to
+``OUT/devices.json`` and, into the default ``bench/out``, the devices block of bench/README.md.
+
 Writes ``OUT/results.json`` (every run's numbers), ``OUT/bench.png`` and ``OUT/logs/``. A full
 run into the default ``bench/out`` also rewrites the results block of ``bench/README.md``
 (``results_markdown``); ``--report-only`` rewrites it from the existing ``results.json``
@@ -57,6 +62,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "bench" / "out"
 BENCH_README = REPO_ROOT / "bench" / "README.md"
 RESULTS_BLOCK = "bench:results"  # bench/README.md: <!-- bench:results:start --> … <!-- bench:results:end -->
+DEVICES_BLOCK = "bench:devices"
+DEVICE_COUNTS = (1, 2, 4)  # forced CPU devices (JAX_NUM_CPU_DEVICES) of the devices section
 DESIGNS = ("forkless", "spawn", "io-ceiling")
 JAX_DESIGNS = ("forkless", "spawn")
 SAMPLE_S = 0.05
@@ -390,6 +397,43 @@ def compute_ceiling(plan: Plan, work: Path, cache_dir: str) -> dict[str, Any]:
     return figures
 
 
+def devices_section(plan: Plan, work: Path) -> dict[str, Any]:
+    """The step alone and the app's maximum throughput on 1, 2 and 4 forced CPU devices."""
+    by_count: dict[int, dict[str, Any]] = {}
+    for n in DEVICE_COUNTS:
+        path = work / f"devices-compute-{n}.json"
+        subprocess.run([sys.executable, "-m", "bench.devices", "--seconds", str(plan.compute_s),
+                        "--streams", str(STREAMS), "--out", str(path)], cwd=REPO_ROOT,
+                       env={**client_env(str(work / f"jax-cache-devices-{n}")), "JAX_NUM_CPU_DEVICES": str(n)},
+                       check=True, timeout=180)
+        by_count[n] = {"compute": json.loads(path.read_text()), "runs": []}
+        print(f"  step alone on {n} device(s)     {by_count[n]['compute']['throughput_msg_s']:.0f} msg/s, host "
+              f"routing {by_count[n]['compute']['host_routing_us']:.1f} µs a batch", flush=True)
+    for rep in range(plan.repeats):
+        for n in rotated(DEVICE_COUNTS, rep):
+            by_count[n]["runs"].append(run_load("forkless", "window", plan, work, str(work / f"jax-cache-devices-{n}"),
+                                                f"forkless-devices{n}-r{rep}", env={"JAX_NUM_CPU_DEVICES": str(n)}))
+    rows = {}
+    for n, got in by_count.items():
+        clients = [r["client"] or {} for r in got["runs"]]
+        rows[str(n)] = {
+            "devices": got["compute"]["devices"],
+            "compute_msg_s": got["compute"]["throughput_msg_s"],
+            "step_ms": got["compute"]["step_ms_mean"],
+            "batch_size": got["compute"]["batch_size"],
+            "host_routing_us": got["compute"]["host_routing_us"],
+            "app_max_msg_s": _median([r["loadgen"].get("throughput_msg_s") for r in got["runs"]]),
+            "app_max_msg_s_runs": [r["loadgen"].get("throughput_msg_s") for r in got["runs"]],
+            "batch_size_mean": _median([c.get("batch_size_mean") for c in clients]),
+            "device_fill": _median([c.get("device_fill") for c in clients]),
+            "compilations_after_warmup": max((c.get("compilations_after_warmup") or 0 for c in clients), default=None),
+            "answered_all": all(r["loadgen"].get("sent") == r["loadgen"].get("answered") for r in got["runs"]),
+        }
+    one, most = rows[str(DEVICE_COUNTS[0])]["app_max_msg_s"], rows[str(DEVICE_COUNTS[-1])]["app_max_msg_s"]
+    return {"counts": list(DEVICE_COUNTS), "by_devices": rows,
+            "app_ratio_most_vs_one": most / one if one and most else None}
+
+
 def lag_floor(seconds: float) -> dict[str, Any]:
     """Lag of an idle asyncio loop measured like the IO thread's (sleep 50 ms, overshoot):
     the floor of the lag figures on this machine (the epoll timeout has 1 ms granularity)."""
@@ -594,6 +638,10 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
                                                  env={"FORKLESS_MAX_STREAMS": str(size)}))
         print("state scaling: the step alone", flush=True)
         scaling = state_scaling.measure(quick=plan.repeats == 1)
+        print("devices: the step alone, then forkless at its maximum throughput:", flush=True)
+        devices_started = time.monotonic()
+        section = devices_section(plan, work)
+        devices_elapsed_s = time.monotonic() - devices_started
         logs = out / "logs"
         shutil.rmtree(logs, ignore_errors=True)
         shutil.copytree(work / "logs", logs)
@@ -615,6 +663,7 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         "runs": runs,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "devices.json").write_text(json.dumps(devices_results(section, plan, command, devices_elapsed_s), indent=1))
     plot(results, out / "bench.png")
     return results
 
@@ -669,6 +718,65 @@ def state_scaling_markdown(results: dict[str, Any]) -> str:
     for size, lat in app.items():
         lines.append(f"| {int(size):,} | {_md(lat['p50'])} | {_md(lat['p99'])} |")
     return "\n".join(lines)
+
+
+def devices_markdown(results: dict[str, Any]) -> str:
+    """The devices block of bench/README.md for one ``devices.json`` (``devices_section`` and its run)."""
+    m, plan, section = results["machine"], results["plan"], results["devices"]
+    when = datetime.datetime.fromisoformat(results["date"]).astimezone(datetime.UTC)
+    lines = [
+        f"Run of {when:%Y-%m-%d %H:%M} UTC: `{results['command']}` with `JAX_PLATFORMS="
+        f"{results.get('jax_platforms') or 'cpu'}` and `JAX_NUM_CPU_DEVICES` 1, 2, 4, {results['elapsed_s']:.0f} s "
+        f"in all, on {m['cpu']}, {m['cores']} cores. Step alone: full batches of "
+        f"{section['by_devices'][str(section['counts'][0])]['batch_size']}, {plan['compute_s']:g} s each; app: "
+        f"forkless, medians over {plan['repeats']} repeat(s) of {plan['duration_s']:g} s with {plan['window']:,} "
+        f"messages in flight, {results['loadgen_settings']['streams']} streams.",
+        "",
+        "| devices | step alone msg/s | step ms a batch | host routing µs a batch | app max msg/s "
+        "| app vs 1 device | mean batch | per-device batch fill | compiles after warm-up |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    one = section["by_devices"][str(section["counts"][0])]["app_max_msg_s"]
+    for n in section["counts"]:
+        r = section["by_devices"][str(n)]
+        ratio = r["app_max_msg_s"] / one if one and r["app_max_msg_s"] else None
+        fill = "–" if r["device_fill"] is None else f"{100 * r['device_fill']:.0f}%"
+        lines.append(f"| {n} | {_md(r['compute_msg_s'])} | {_md(r['step_ms'])} | {_md(r['host_routing_us'], 1)} "
+                     f"| {_md(r['app_max_msg_s'])} | {_md(ratio)} | {_md(r['batch_size_mean'], 1)} | {fill} "
+                     f"| {_md(r['compilations_after_warmup'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_devices_block(results: dict[str, Any], readme: Path = BENCH_README) -> bool:
+    """Put ``devices_markdown(results)`` between the devices markers of ``readme``; True if it changed."""
+    from gendocs import replace_block  # see write_results_block
+
+    text = readme.read_text(encoding="utf-8")
+    new = replace_block(text, DEVICES_BLOCK, devices_markdown(results))
+    if new != text:
+        readme.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def run_devices_only(plan: Plan, out: Path, command: str) -> dict[str, Any]:
+    """Only the devices section; writes ``OUT/devices.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="forkless-bench-") as tmp:
+        work = Path(tmp)
+        (work / "logs").mkdir()
+        print("devices: the step alone, then forkless at its maximum throughput:", flush=True)
+        section = devices_section(plan, work)
+    results = devices_results(section, plan, command, time.monotonic() - started)
+    (out / "devices.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def devices_results(section: dict[str, Any], plan: Plan, command: str, elapsed_s: float) -> dict[str, Any]:
+    return {"command": command, "jax_platforms": client_env(None).get("JAX_PLATFORMS"),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine(),
+            "plan": plan.__dict__, "loadgen_settings": {"streams": STREAMS, "features": FEATURES},
+            "elapsed_s": round(elapsed_s, 1), "devices": section}
 
 
 def results_markdown(results: dict[str, Any]) -> str:
@@ -751,6 +859,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description="Run the forkless benchmark.")
     p.add_argument("--quick", action="store_true", help="one short repeat of everything (a smoke run, ~1 min)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="where results.json and bench.png go")
+    p.add_argument("--devices-only", action="store_true",
+                   help="run only the devices section (1, 2, 4 forced CPU devices) into OUT/devices.json, and "
+                        "rewrite bench/README.md's devices block from it")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: print the report of OUT/results.json and rewrite bench/README.md's "
                         "results block from it")
@@ -767,13 +878,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     plan = Plan.quick() if a.quick else Plan.full()
     command = "python -m bench.run" + (" --quick" if a.quick else "")
+    if a.devices_only:
+        results = run_devices_only(plan, out, command + " --devices-only")
+        print()
+        print(devices_markdown(results))
+        if not a.quick and is_default_out:
+            write_devices_block(results)
+            print(f"rewrote the devices block of {BENCH_README.relative_to(REPO_ROOT)}")
+        return 0
     results = run_all(plan, out, command)
     print()
     print(report(results))
     print(f"\nwrote {out / 'results.json'} and {out / 'bench.png'}")
     if not a.quick and is_default_out:
         write_results_block(results)
-        print(f"rewrote the results block of {BENCH_README.relative_to(REPO_ROOT)}")
+        write_devices_block(json.loads((out / "devices.json").read_text()))
+        print(f"rewrote the results and devices blocks of {BENCH_README.relative_to(REPO_ROOT)}")
     return 0
 
 

@@ -6,7 +6,8 @@ each once; checks the metrics address can be bound and makes ONE connection to t
 (io_loop/probe.py). Every step runs even when an earlier one failed, so one run lists every
 problem. Exit statuses are those of controller/errors.py: 0 everything worked; 1 JAX,
 compilation or the metrics address failed; 3 the feed is unreachable, refused the
-handshake, or timed out (2, bad configuration, is decided before this runs).
+handshake, or timed out; 2 bad configuration, decided before this runs except for a
+FORKLESS_DEVICES beyond the devices JAX has, which only the compile step can see.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.codec import Codec, JsonCodec
-from controller.config import VARIABLES, Config, _as_text
-from controller.errors import EXIT_CRASH, EXIT_FEED, EXIT_OK
+from controller.config import VARIABLES, Config, ConfigError, _as_text
+from controller.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
 from io_loop.connect import redact_url
 from io_loop.probe import ProbeFailed, check_metrics_addr, probe_feed
 
@@ -126,7 +127,7 @@ def _show_jax(say: Callable[[str], None]) -> None:
 def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None:
     import jax  # only after _show_jax proved it starts (see there)
 
-    from controller.compiled import compilations, compile_step, example_batch
+    from controller.compiled import compilations, compile_step
     from controller.processor import default_processor
 
     try:
@@ -137,19 +138,24 @@ def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None
             f"  batch size {bucket:>6}: compiled in {took * 1000:.0f} ms"))
         total_s = time.perf_counter() - t0
         made = compilations() - before
-        say(f"  {len(config.buckets)} batch sizes in {total_s:.2f} s, {made} XLA compilations")
+        say(f"  {len(config.buckets)} batch sizes in {total_s:.2f} s, {made} XLA compilations, on "
+            f"{len(compiled.devices)} device(s): {', '.join(compiled.devices)}"
+            + ("" if compiled.placement is None else " (the stream table sharded over them)"))
         t0 = time.perf_counter()
         state = compiled.state
         for bucket, fn in compiled.steps.items():  # the state is donated: carry the one each step returns
-            state, outputs, _ = fn(state, example_batch(config.features, bucket, config.max_streams))
+            state, *outputs = fn(state, compiled.example(config.features, bucket))  # packed on several devices
             jax.block_until_ready(outputs)
         ran_s = time.perf_counter() - t0
+        names = sorted(outputs[0]) if compiled.placement is None else [f.name for f in compiled.output_layout[:-1]]
         again = compilations() - before - made
+    except ConfigError as exc:  # FORKLESS_DEVICES asks for more devices than JAX has
+        raise _Failure(EXIT_CONFIG, str(exc)) from None
     except Exception as exc:
         raise _Failure(EXIT_CRASH, f"the step failed to compile or run: {type(exc).__name__}: "
                                    f"{_first_line(exc)}") from None
     say(f"  ran every batch size once on zeros in {ran_s * 1000:.1f} ms: outputs "
-        f"{', '.join(sorted(outputs))}; {again} compilations after warm-up")
+        f"{', '.join(names)}; {again} compilations after warm-up")
 
 
 def _first_line(exc: BaseException) -> str:

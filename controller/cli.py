@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     except FeedFatal as exc:
         print(f"forkless: feed error: {exc}", file=sys.stderr)
         return EXIT_FEED
+    except ConfigError as exc:  # known only once JAX runs: FORKLESS_DEVICES beyond the local devices
+        print(f"forkless: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except MetricsServerError as exc:  # a setting that cannot be served
         print(f"forkless: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

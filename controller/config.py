@@ -265,6 +265,13 @@ def _feeds_text(text: str) -> str:
     return text
 
 
+def _devices(text: str) -> int | str:
+    """``all`` or a count; whether the process has that many devices is known only once JAX
+    starts (controller/compiled.py ``use_devices`` checks it, with the same variable named)."""
+    text = text.strip().lower()
+    return "all" if text == "all" else _int(1, 4096)(text)
+
+
 VARIABLES: tuple[Variable, ...] = (
     # -- the feed
     Variable("WS_URL", "ws_url", _ws_url, "a ws:// or wss:// URL (port 1-65535), or empty",
@@ -304,6 +311,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("STREAM_IDLE_S", "stream_idle_s", _optional(_float(0.0)), "a number of seconds >= 0, or empty",
              "when every slot is taken, a stream silent for longer than this gives its slot to a new"
              " stream (least recently seen first; its state is reset); empty: slots are never reused"),
+    Variable("DEVICES", "devices", _devices, "all, or an integer from 1 to 4096",
+             "local JAX devices to use: the stream table is sharded over them by stream (new streams spread"
+             " evenly) and each runs its streams' messages; more than the process has exits 2"),
     # -- batching and queues
     Variable("MAX_BATCH", "max_batch", _int(1, 65536), "an integer from 1 to 65536",
              "largest micro-batch (batches are padded to powers of four up to this)"),
@@ -388,6 +398,7 @@ class Config:
     warmup: int = 20
     max_streams: int = 4096
     stream_idle_s: float | None = None
+    devices: int | str = "all"
     max_batch: int = 256
     max_wait_ms: float = 2.0
     queue_size: int = 1024

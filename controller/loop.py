@@ -2,7 +2,10 @@
 
 Rules:
 - JAX runs only in the main thread, and only here. The processor state lives on the
-  default device from ``start()`` to the end, across batches and reconnects.
+  device(s) from ``start()`` to the end, across batches and reconnects: on one device as
+  it is, on several (``FORKLESS_DEVICES``) sharded by stream (controller/placement.py);
+  a batch is then routed to the devices owning its streams and its outputs put back in
+  arrival order (``_run_step``).
 - Every bucket size is compiled ahead of time in ``start()`` before the IO thread opens a
   connection, so no message waits for XLA and nothing compiles after warm-up.
 - One batch at a time: take what is waiting (``MicroBatcher`` rules), slot streams, pad,
@@ -49,8 +52,9 @@ from controller.batching import (
 from controller.checkpoint import Snapshot, load_newest, take_snapshot
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
-from controller.compiled import compilations, compile_step
+from controller.compiled import CompiledStep, compilations, compile_step
 from controller.config import Config
+from controller.placement import Placement
 from controller.processor import Processor, default_processor
 from controller.slots import StreamSlots
 from controller.stats import (
@@ -150,6 +154,8 @@ class Controller:
         self._compiled: dict[int, Any] = {}
         self._template: Any = None
         self._reset: Any = None
+        self._placement: Placement | None = None  # several devices: where each slot lives
+        self._built: CompiledStep | None = None  # what compile_step made (fresh state, shardings)
         self._io_factory = io_factory
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
@@ -201,10 +207,16 @@ class Controller:
         compiled = compile_step(self.processor, cfg)
         self.state, self._compiled, self._devices = compiled.state, compiled.steps, compiled.devices
         self._template, self._reset = compiled.template, compiled.reset
+        self._placement, self._built = compiled.placement, compiled
+        self.main_stats.device_messages = np.zeros(len(self._devices), np.int64)
         self.main_stats.compilations_at_ready = compilations()
         _release_freed_memory()
-        log.info("compiled the step for batch sizes %s on %s in %.2fs",
-                 ",".join(map(str, cfg.buckets)), ", ".join(self._devices), time.monotonic() - t0)
+        place = self._placement
+        sharded = "" if place is None else (f", the stream table sharded over them ({place.rows_per_device} rows "
+                                            f"each, slot s on device s % {place.devices})")
+        log.info("compiled the step for batch sizes %s on %d device(s): %s%s in %.2fs",
+                 ",".join(map(str, cfg.buckets)), len(self._devices), ", ".join(self._devices), sharded,
+                 time.monotonic() - t0)
 
     # ---- checkpoints --------------------------------------------------------------------------
 
@@ -215,12 +227,20 @@ class Controller:
     def _restore(self) -> None:
         """Load the newest complete checkpoint (before the first connection); raises
         ``CheckpointMismatch`` if it was written with other shape-defining settings."""
-        restored = load_newest(self.config.checkpoint_dir, self._checkpoint_settings(), like=self.state)
+        place, built = self._placement, self._built
+        # the file holds the canonical layout (row s = slot s), whatever the device count
+        like = self.state if place is None else built.canonical
+        restored = load_newest(self.config.checkpoint_dir, self._checkpoint_settings(), like=like)
         if restored is None:
             log.info("no checkpoint in %s: starting fresh", self.config.checkpoint_dir)
             return
-        shardings = jax.tree.map(lambda leaf: leaf.sharding, self.state)
-        self.state = jax.device_put(restored.state, shardings)
+        if place is None:
+            shardings = jax.tree.map(lambda leaf: leaf.sharding, self.state)
+            self.state = jax.device_put(restored.state, shardings)
+        else:  # onto this run's mesh: each per-stream leaf in the sharded layout
+            host = jax.tree.map(lambda leaf, sharded: place.to_sharded(leaf) if sharded else leaf,
+                                restored.state, built.per_stream)
+            self.state = jax.device_put(host, built.shardings)
         # last-seen times travel as wall-clock seconds (monotonic clocks differ between processes)
         shift = time.monotonic() - time.time()
         self.slots.restore(restored.names, restored.slots, np.asarray(restored.last_seen) + shift)
@@ -237,10 +257,13 @@ class Controller:
         names, slots, last_seen = self.slots.export()
         wall = time.time()
         main = self.main_stats
+        place = self._placement
         return take_snapshot(self.state, (names, slots, last_seen + (wall - time.monotonic())),
                              {"processed": main.processed, "anomalies": main.anomalies},
                              {**self._checkpoint_settings(), "alpha": self.config.alpha,
-                              "threshold": self.config.threshold, "warmup": self.config.warmup}, wall)
+                              "threshold": self.config.threshold, "warmup": self.config.warmup,
+                              "devices": len(self._devices)}, wall,
+                             placement=place, per_stream=None if place is None else self._built.per_stream)
 
     def request_stop(self) -> None:
         """Ask ``run()`` to stop; safe from signal handlers and other threads.
@@ -523,6 +546,10 @@ class Controller:
 
     def _reset_slots(self, recycled: list[int]) -> None:
         """Give recycled slots a fresh stream's state (before the step that uses them)."""
+        if self._placement is not None:  # [N, max_batch] local rows, each device's padded with its spare
+            self.state = self._reset(self.state, self._template,
+                                     self._placement.reset_index(recycled, self.config.max_batch))
+            return
         idx = np.full(self.config.max_batch, self.config.max_streams, np.int32)  # padded with the spare
         idx[:len(recycled)] = recycled
         self.state = self._reset(self.state, self._template, idx)
@@ -533,19 +560,29 @@ class Controller:
         if the step failed (logged and counted; see the state rule below)."""
         stats = self.main_stats
         m = len(key)
-        bucket = bucket_for(m, self.config.buckets)
-        batch = pad_batch(x, key, bucket, self.config.max_streams)
+        place = self._placement
+        if place is None:
+            bucket = bucket_for(m, self.config.buckets)
+            batch = pad_batch(x, key, bucket, self.config.max_streams)
+        else:  # grouped by owning device: [N, Bd], Bd the bucket of the busiest device
+            route = place.route(key, self.config.buckets)
+            bucket = route.bucket
+            batch = place.pack(x, key, route)  # one array: one transfer per device
         t0 = time.perf_counter()
         try:
-            new_state, outputs, bad = self._compiled[bucket](self.state, batch)
-            outputs, bad = jax.device_get((outputs, bad))  # one transfer; also surfaces runtime errors
+            if place is None:
+                new_state, outputs, bad = self._compiled[bucket](self.state, batch)
+                outputs, bad = jax.device_get((outputs, bad))  # one transfer; also surfaces runtime errors
+            else:  # the outputs and flags packed in one byte array, as the batch was
+                new_state, packed = self._compiled[bucket](self.state, batch)
+                packed = np.asarray(jax.device_get(packed))
         except Exception as exc:
             self._log_failure(exc)
             stats.errors["processing failed"] += m
             if any(leaf.is_deleted() for leaf in jax.tree.leaves(self.state)):
                 # the state was donated to the step that failed at run time: it is gone, so
                 # every stream starts again from a fresh state (counted and logged)
-                self.state = jax.device_put(self.processor.init(self.config))
+                self.state = jax.device_put(self.processor.init(self.config)) if place is None else self._built.fresh()
                 stats.resets["state lost with a failed step"] += 1
                 log.error("the failed step had been given the state (donated): every stream starts again "
                           "from a fresh state")
@@ -553,8 +590,15 @@ class Controller:
         self.state = new_state
         stats.step_seconds.observe(time.perf_counter() - t0)
         stats.processed += m
-        outputs = {name: np.asarray(value)[:m] for name, value in outputs.items()}
-        bad = np.asarray(bad)[:m]
+        if place is None:
+            stats.device_rows += bucket
+            stats.device_messages[0] += m
+            outputs = {name: np.asarray(value)[:m] for name, value in outputs.items()}
+            bad = np.asarray(bad)[:m]
+        else:  # back in arrival order
+            stats.device_rows += place.devices * bucket
+            stats.device_messages += route.counts
+            outputs, bad = self._built.unpack(packed, route.positions)
         anomaly = outputs.get("anomaly")
         if anomaly is not None:
             stats.anomalies += int(np.count_nonzero(anomaly[~bad] if bad.any() else anomaly))
@@ -627,6 +671,8 @@ class Controller:
             compilations=compilations(),
             compilations_after_warmup=None if at_ready is None else compilations() - at_ready,
             devices=self._devices,
+            device_messages=tuple(int(v) for v in main.device_messages),
+            device_rows=main.device_rows,
             ready=compiled and io.connected,
             compiled=compiled,
             no_reply=main.no_reply,

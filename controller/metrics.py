@@ -138,8 +138,23 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     for device in snap.devices:
         devices.add_metric([device], {})
     fams.append(devices)
+    fams.extend(_device_families(snap))
     fams.extend(_checkpoint_families(snap))
     return fams
+
+
+def _device_families(snap: StatsSnapshot) -> list[Metric]:
+    """How the work spreads over the devices (FORKLESS_DEVICES)."""
+    count = GaugeMetricFamily("forkless_devices", "JAX devices the stream table is sharded over.",
+                              value=len(snap.devices))
+    messages = CounterMetricFamily("forkless_device_messages", "Messages run on each device (the device owning "
+                                   "their stream).", labels=["device"])
+    for device, ran in zip(snap.devices, snap.device_messages):
+        messages.add_metric([device], ran)
+    rows = CounterMetricFamily("forkless_device_batch_rows", "Rows of the per-device batches run, padding included "
+                               "(devices x the bucket of the busiest device, per step); the batch fill is the sum of "
+                               "forkless_device_messages_total over this.", value=snap.device_rows)
+    return [count, messages, rows]
 
 
 def _checkpoint_families(snap: StatsSnapshot) -> list[Metric]:
@@ -272,7 +287,8 @@ def _every_field_populated() -> StatsSnapshot:
         errors={_VARIES: 1}, dropped={_VARIES: 1}, connects=1, reconnects=1, connect_failures=1, connected=True,
         connection_since=1.0, inbound_depth=1, outbound_depth=1, unsent=1, batch_size=sizes, latency=seconds,
         loop_lag=seconds, step_seconds=seconds, compilations=1, compilations_after_warmup=0, devices=(_VARIES,),
-        ready=True, compiled=True, last_error="x", hops=dict.fromkeys((*HOPS, "total"), seconds),
+        ready=True, compiled=True, last_error="x", device_messages=(1,), device_rows=1,
+        hops=dict.fromkeys((*HOPS, "total"), seconds),
         feeds=(FeedSnapshot(_VARIES, True, "x", IOSnapshot(
             frames_in=1, messages_in=1, results_out=1, errors_out=1, answer_errors_out=1, error_replies_unsent=1,
             written_unconfirmed=1, errors={}, dropped={}, connects=1, reconnects=1, connect_failures=1,

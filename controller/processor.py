@@ -23,6 +23,16 @@ Rules:
   scheduled after the write, and XLA then copies the whole table to keep the old row
   (``compiled.as_text()`` shows a ``copy`` of an [S + 1, ...] array). Pass such values
   through the computation that produces the write, as the EWMA step does with its counts.
+- Several devices (``FORKLESS_DEVICES``): the same ``(init, step)`` runs unchanged; the
+  controller shards it. A leaf whose leading axis is ``max_streams + 1`` is per-stream and
+  is split by stream over the devices; any other leaf (shared weights, say) is replicated on
+  every device, and ``step`` must return it unchanged (checked when compiling). On each
+  device ``step`` sees that device's shard: per-stream leaves of ``R`` rows (row ``R - 1``
+  its spare), a batch of ``Bd`` rows whose ``key`` is a local row. So take the spare row
+  from the state (``leaf.shape[0] - 1``), never from ``config.max_streams``; on one device
+  the two are the same. A step that mixes streams (a reduction over the batch, a read of
+  another stream's row) gives other results on several devices: build it with
+  ``per_stream=False`` and it is refused there, with an error naming ``FORKLESS_DEVICES=1``.
 - Slot recycling: when a stream's slot is handed to a new stream, the controller resets
   that slot with ``reset_rows(state, template, slots)`` (template from ``row_template``)
   before the step that runs the new stream's first message. ``init`` must therefore build
@@ -45,6 +55,9 @@ class Processor(NamedTuple):
 
     init: Callable[[Any], Any]
     step: Callable[[Any, Any], tuple[Any, dict[str, Any]]]
+    # True: each message's outputs and state depend only on its own stream's rows and input,
+    # so the step can be sharded by stream over several devices; False refuses more than one
+    per_stream: bool = True
 
 
 class EWMAState(NamedTuple):

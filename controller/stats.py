@@ -265,6 +265,10 @@ class MainStats:
     batch_size: Histogram | None = None
     step_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     compilations_at_ready: int | None = None
+    # per device (in the order of ``devices``): messages run there; set up by the controller's
+    # compile (an int array, added to in place)
+    device_messages: Any = field(default_factory=list)
+    device_rows: int = 0  # rows of the per-device batches run, padding included (N x Bd a step)
 
 
 @dataclass(frozen=True)
@@ -314,6 +318,16 @@ class StatsSnapshot:
     checkpoint_bytes: int = 0  # its size
     checkpoint_failures: int = 0  # checkpoints that could not be written
     checkpoint_skipped: int = 0  # checkpoints not taken: the previous one was still being written
+    # devices: messages run on each device (the order of ``devices``), and the rows of the
+    # per-device batches run (N devices x the bucket Bd per step, padding included)
+    device_messages: tuple[int, ...] = ()
+    device_rows: int = 0
+
+    @property
+    def device_fill(self) -> float:
+        """Messages per row of the per-device batches run (1.0: every device's sub-batch full,
+        no padding; skew and bucket padding lower it); NaN before the first batch."""
+        return sum(self.device_messages) / self.device_rows if self.device_rows else math.nan
 
     @property
     def errors_total(self) -> int:
@@ -382,6 +396,10 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
         f"reconnects {now.reconnects}",
         conn,
     ]
+    if len(now.devices) > 1:  # how full the per-device sub-batches ran, in this window
+        rows = now.device_rows - (before.device_rows if before else 0)
+        ran = sum(now.device_messages) - (sum(before.device_messages) if before else 0)
+        parts.insert(3, f"{len(now.devices)} devices fill {'-' if not rows else f'{100 * ran / rows:.0f}%'}")
     return ("final (whole run): " if final else "") + " | ".join(parts)
 
 

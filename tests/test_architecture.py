@@ -36,6 +36,7 @@ CORE = [
     "controller/logs.py",
     "controller/metrics.py",
     "controller/netaddr.py",
+    "controller/placement.py",
     "controller/processor.py",
     "controller/slots.py",
     "controller/stats.py",

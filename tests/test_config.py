@@ -22,6 +22,7 @@ BAD = {
     "FORKLESS_THRESHOLD": "-1",
     "FORKLESS_WARMUP": "-3",
     "FORKLESS_MAX_STREAMS": "lots",
+    "FORKLESS_DEVICES": "0",
     "FORKLESS_STREAM_IDLE_S": "-1",
     "FORKLESS_MAX_BATCH": "0",
     "FORKLESS_MAX_WAIT_MS": "-1",
@@ -121,3 +122,12 @@ def test_help_lists_every_variable_with_its_default():
 def test_an_unknown_forkless_variable_is_warned_about():
     proc = run_app(env={"FORKLESS_FEATURE": "8", "FORKLESS_FEATURES": "0"})
     assert "FORKLESS_FEATURE is not a forkless variable" in proc.stderr and proc.returncode == 2
+
+
+def test_devices_is_all_or_a_count():
+    assert Config().devices == "all"
+    assert Config.from_env({"FORKLESS_DEVICES": " ALL "}).devices == "all"
+    assert Config.from_env({"FORKLESS_DEVICES": "4"}).devices == 4
+    for bad in ("0", "two", "1.5", ""):
+        with pytest.raises(ConfigError, match=r"FORKLESS_DEVICES=.* expected all, or an integer from 1 to 4096"):
+            Config.from_env({"FORKLESS_DEVICES": bad})
