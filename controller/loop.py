@@ -155,6 +155,7 @@ class Controller:
         self._template: Any = None
         self._reset: Any = None
         self._placement: Placement | None = None  # several devices: where each slot lives
+        self._outputs_on_host = False  # set by compile(): CPU outputs are read in place
         self._built: CompiledStep | None = None  # what compile_step made (fresh state, shardings)
         self._io_factory = io_factory
         self._io: IOSide | None = None
@@ -208,6 +209,10 @@ class Controller:
         self.state, self._compiled, self._devices = compiled.state, compiled.steps, compiled.devices
         self._template, self._reset = compiled.template, compiled.reset
         self._placement, self._built = compiled.placement, compiled
+        # outputs of a CPU step are host memory already: np.asarray reads them in place (about
+        # 13 µs for the default outputs, against 85 µs for jax.device_get, which starts one
+        # asynchronous copy per array); on an accelerator device_get's overlapped copies win
+        self._outputs_on_host = jax.devices()[0].platform == "cpu"
         self.main_stats.device_messages = np.zeros(len(self._devices), np.int64)
         self.main_stats.compilations_at_ready = compilations()
         _release_freed_memory()
@@ -572,10 +577,11 @@ class Controller:
         try:
             if place is None:
                 new_state, outputs, bad = self._compiled[bucket](self.state, batch)
-                outputs, bad = jax.device_get((outputs, bad))  # one transfer; also surfaces runtime errors
+                # to the host in one go (this also surfaces the step's runtime errors)
+                outputs, bad = _fetch((outputs, bad)) if self._outputs_on_host else jax.device_get((outputs, bad))
             else:  # the outputs and flags packed in one byte array, as the batch was
                 new_state, packed = self._compiled[bucket](self.state, batch)
-                packed = np.asarray(jax.device_get(packed))
+                packed = np.asarray(packed if self._outputs_on_host else jax.device_get(packed))
         except Exception as exc:
             self._log_failure(exc)
             stats.errors["processing failed"] += m
@@ -743,6 +749,11 @@ def _split_by_feed(frames: list, received: list[int], error_at: tuple[int, ...],
                      tuple(k for k, j in enumerate(picked) if j in errors), feed=feed,
                      traces=[trace for trace in traces if trace.feed == feed])
             for feed, picked in by_feed.items()]
+
+
+def _fetch(tree: Any) -> Any:
+    """The step's outputs as numpy arrays, read in place (CPU only: see ``_outputs_on_host``)."""
+    return jax.tree.map(np.asarray, tree)
 
 
 def _stamp(traces: list[Trace], stamp: int) -> None:
