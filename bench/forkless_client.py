@@ -15,6 +15,10 @@ line on) with ``FORKLESS_WS_URL`` set to ``--url`` (or, for a JSON list of URLs,
   compilations after warm-up, the internal latency, batch sizes, step times.
 
 ``--heavy`` runs ``bench.heavy.heavy_processor`` instead of the default (lag measurement).
+``--no-jax`` is the floor of the thread design: the same controller, queues, codec and IO
+thread, with the step replaced by a host identity (the default processor's outputs, all
+zero, made with numpy; no XLA call per batch), so the benchmark can tell what the threads
+cost from what JAX costs.
 """
 
 from __future__ import annotations
@@ -40,6 +44,16 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1000.0
 
 
+def _us(v: float | None) -> float | None:
+    return None if v is None else v * 1e6
+
+
+def _window_hops(first: Any, last: Any) -> dict[str, Any]:
+    if first is None or not first.hops:
+        return dict(last.hops)
+    return {hop: h - first.hops[hop] for hop, h in last.hops.items()}
+
+
 def summarise(first: Any, last: Any, final: Any) -> dict[str, Any]:
     """The JSON written at the end: window figures (``last - first``) and totals (``final``)."""
     lag = last.loop_lag - first.loop_lag if first is not None else last.loop_lag
@@ -60,6 +74,9 @@ def summarise(first: Any, last: Any, final: Any) -> dict[str, Any]:
         "compilations": final.compilations,
         "compilations_after_warmup": final.compilations_after_warmup,
         "devices": list(final.devices),
+        # the latency budget over the window: per hop, p50/p99 in µs and how many were sampled
+        "hops_us": {hop: {"p50": _us(_q(h, 0.5)), "p99": _us(_q(h, 0.99)), "n": h.n}
+                    for hop, h in _window_hops(first, last).items()},
         "device_messages": list(final.device_messages),
         "device_fill": None if math.isnan(final.device_fill) else final.device_fill,
         "pid": os.getpid(),
@@ -73,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="where to write the JSON figures")
     p.add_argument("--heavy", action="store_true", help="run the heavy-step processor (bench.heavy)")
     p.add_argument("--max-s", type=float, default=120.0, help="stop after this long whatever happens")
+    p.add_argument("--no-jax", action="store_true", help="the same path with the step replaced by a host "
+                   "identity (zeros out, no XLA call): what the thread design costs without JAX")
     a = p.parse_args(argv)
 
     if a.url.startswith("["):  # several feeds: a JSON list of URLs (bench.feeds_scaling)
@@ -91,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.heavy import heavy_processor
 
         processor = heavy_processor(config)
-    ctl = Controller(config, processor=processor)
+    ctl = (_host_identity_controller() if a.no_jax else Controller)(config, processor=processor)
     window: dict[str, Any] = {}
 
     def watch() -> None:
@@ -111,9 +130,28 @@ def main(argv: list[str] | None = None) -> int:
     ctl.run()
     final = ctl.stats()
     figures = summarise(window.get("first"), window.get("last", final), final)
+    if a.no_jax:
+        figures["design"] = "forkless-nojax"
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(figures, f)
     return 0
+
+
+def _host_identity_controller() -> type:
+    """``Controller`` with ``_run_step`` answering every message with zeros on the host."""
+    import numpy as np
+
+    from controller.loop import Controller
+
+    class HostIdentity(Controller):
+        def _run_step(self, x: Any, key: Any) -> Any:
+            m = len(key)
+            self.main_stats.processed += m
+            outputs = {"anomaly": np.zeros(m, bool), "score": np.zeros(m, np.float32),
+                       "z": np.zeros((m, x.shape[1]), np.float32)}
+            return outputs, np.zeros(m, bool)
+
+    return HostIdentity
 
 
 if __name__ == "__main__":

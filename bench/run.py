@@ -64,7 +64,7 @@ BENCH_README = REPO_ROOT / "bench" / "README.md"
 RESULTS_BLOCK = "bench:results"  # bench/README.md: <!-- bench:results:start --> … <!-- bench:results:end -->
 DEVICES_BLOCK = "bench:devices"
 DEVICE_COUNTS = (1, 2, 4)  # forced CPU devices (JAX_NUM_CPU_DEVICES) of the devices section
-DESIGNS = ("forkless", "spawn", "io-ceiling")
+DESIGNS = ("forkless", "spawn", "io-ceiling", "forkless-nojax")
 JAX_DESIGNS = ("forkless", "spawn")
 SAMPLE_S = 0.05
 FEATURES = 8
@@ -148,8 +148,10 @@ def client_env(cache_dir: str | None) -> dict[str, str]:
 def client_cmd(design: str, url: str, figures: Path, heavy: bool = False) -> list[str]:
     if design == "io-ceiling":
         return [sys.executable, "-m", "bench.io_ceiling", "--url", url, "--features", str(FEATURES)]
-    module = {"forkless": "bench.forkless_client", "spawn": "bench.spawn_client"}[design]
-    return [sys.executable, "-m", module, "--url", url, "--out", str(figures)] + (["--heavy"] if heavy else [])
+    module = {"forkless": "bench.forkless_client", "forkless-nojax": "bench.forkless_client",
+              "spawn": "bench.spawn_client"}[design]
+    return ([sys.executable, "-m", module, "--url", url, "--out", str(figures)] + (["--heavy"] if heavy else [])
+            + (["--no-jax"] if design == "forkless-nojax" else []))
 
 
 class TreeSampler:
@@ -481,6 +483,9 @@ def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict
         row["throughput_msg_s"] = _median([r["loadgen"].get("throughput_msg_s") for r in mine if r["load"] == "window"])
         row["peak_rss_mib"] = max((r["peak_rss_mib"] for r in mine), default=None)
         row["processes"] = max((r["processes"] for r in mine), default=None)
+        if design.startswith("forkless"):  # the latency budget: median over the repeats of each hop's quantiles
+            row["hops_us"] = {load: _median_hops([(r["client"] or {}).get("hops_us") or {} for r in mine
+                                                  if r["load"] == load]) for load in ("rate_1k", "rate_10k")}
         row["peak_processes"] = max(mine, key=lambda r: r["peak_rss_mib"])["peak_processes"] if mine else []
         if design in JAX_DESIGNS:
             lags = [(r["client"] or {}).get("loop_lag_ms") or {} for r in mine if r["load"] == "rate_1k"]
@@ -500,6 +505,11 @@ def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict
     return summary
 
 
+def _median_hops(per_run: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    hops = [hop for hop in (per_run[0] if per_run else {})]
+    return {hop: {q: _median([run.get(hop, {}).get(q) for run in per_run]) for q in ("p50", "p99")} for hop in hops}
+
+
 def targets(s: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's targets, each with the measured value, the limit and whether it is met."""
     f, sp, io = s["forkless"], s["spawn"], s["io-ceiling"]
@@ -512,6 +522,9 @@ def targets(s: dict[str, Any]) -> list[dict[str, Any]]:
     def mul(a: float | None, k: float) -> float | None:
         return None if a is None else a * k
 
+    for q in ("p50", "p99"):
+        add(f"latency {q} @1k <= spawn", f["rate_1k"][q], sp["rate_1k"][q])
+    add("latency p50 @10k <= spawn", f["rate_10k"]["p50"], sp["rate_10k"]["p50"])
     for q in ("p50", "p99"):
         add(f"latency {q} @1k <= 0.6 x spawn", f["rate_1k"][q], mul(sp["rate_1k"][q], 0.6))
         add(f"latency {q} @1k <= 1.5 x io-ceiling", f["rate_1k"][q], mul(io["rate_1k"][q], 1.5))
@@ -559,7 +572,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"forkless": "tab:blue", "spawn": "tab:orange", "io-ceiling": "tab:green", "compute-ceiling": "tab:gray"}
+    colours = {"forkless": "tab:blue", "spawn": "tab:orange", "io-ceiling": "tab:green", "compute-ceiling": "tab:gray",
+               "forkless-nojax": "tab:purple"}
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     for ax, load, title in ((axes[0], "rate_1k", "1,000 msg/s"), (axes[1], "rate_10k", "10,000 msg/s")):
         for design in DESIGNS:
@@ -685,6 +699,7 @@ def report(results: dict[str, Any]) -> str:
     for t in results["targets"]:
         mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
         lines.append(f"  {mark} {t['target']}: {_fmt(t['value'])} (limit {_fmt(t['limit'])})")
+    lines += ["", "latency budget (per hop, µs):", hops_markdown(results)]
     return "\n".join(lines)
 
 
@@ -779,6 +794,26 @@ def devices_results(section: dict[str, Any], plan: Plan, command: str, elapsed_s
             "elapsed_s": round(elapsed_s, 1), "devices": section}
 
 
+def hops_markdown(results: dict[str, Any]) -> str:
+    """Per hop, p50/p99 in µs at 1k and 10k msg/s, for forkless and for forkless-nojax (the
+    same path with a host identity for the step), from the sampled messages' stamps."""
+    s = results["summary"]
+    designs = [d for d in ("forkless", "forkless-nojax") if (s.get(d) or {}).get("hops_us")]
+    if not designs:
+        return "(not measured in this run)"
+    head = "| hop | " + " | ".join(f"{d} {q} @{load}" for d in designs for load in ("1k", "10k")
+                                    for q in ("p50", "p99")) + " |"
+    lines = ["One message in 64 carries stamps (`controller/batching.py`, `HOPS`); µs, medians over the "
+             "repeats of each run's quantile. `step` is pad + run + outputs to the host.", "",
+             head, "|---" * (1 + 4 * len(designs)) + "|"]
+    hops = list(s[designs[0]]["hops_us"]["rate_1k"])
+    for hop in hops:
+        cells = [_md((s[d]["hops_us"][load].get(hop) or {}).get(q), 0) for d in designs
+                 for load in ("rate_1k", "rate_10k") for q in ("p50", "p99")]
+        lines.append(f"| {hop} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def results_markdown(results: dict[str, Any]) -> str:
     """The measured part of bench/README.md for one ``results.json``: when, where, the table, the targets.
 
@@ -838,7 +873,8 @@ def results_markdown(results: dict[str, Any]) -> str:
     for t in results["targets"]:
         verdict = {True: "met", False: "**missed**", None: "not measured"}[t["met"]]
         lines.append(f"| {t['target']} | {_md(t['value'])} | {_md(t['limit'])} | {verdict} |")
-    lines += ["", "#### State scaling", "", state_scaling_markdown(results)]
+    lines += ["", "#### Latency budget", "", hops_markdown(results), "", "#### State scaling", "",
+              state_scaling_markdown(results)]
     return "\n".join(lines) + "\n"
 
 

@@ -35,7 +35,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], P
 def test_quick_benchmark_answers_every_message_of_every_run(results: tuple[dict[str, Any], Path, str]) -> None:
     data, _, _ = results
     designs = {run["design"] for run in data["runs"]}
-    assert designs == {"forkless", "spawn", "io-ceiling"}
+    assert designs == {"forkless", "spawn", "io-ceiling", "forkless-nojax"}
     for run in data["runs"]:
         lg = run["loadgen"]
         assert lg["sent"] > 0, run["tag"]
@@ -47,7 +47,7 @@ def test_quick_benchmark_answers_every_message_of_every_run(results: tuple[dict[
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_quick_benchmark_has_numeric_figures_for_every_design(results: tuple[dict[str, Any], Path, str]) -> None:
     summary = results[0]["summary"]
-    for design in ("forkless", "spawn", "io-ceiling"):
+    for design in ("forkless", "spawn", "io-ceiling", "forkless-nojax"):
         row = summary[design]
         for load in ("rate_1k", "rate_10k"):
             for q in ("p50", "p99", "p999"):
@@ -61,6 +61,12 @@ def test_quick_benchmark_has_numeric_figures_for_every_design(results: tuple[dic
         assert _number(row["first_result_s"]["cold_s"]) and _number(row["first_result_s"]["warm_s"]), design
         assert row["compilations_after_warmup"] == 0, design
     assert _number(summary["compute-ceiling"]["throughput_msg_s"])
+    for design in ("forkless", "forkless-nojax"):  # the latency budget, every hop at both rates
+        for load in ("rate_1k", "rate_10k"):
+            hops = summary[design]["hops_us"][load]
+            assert set(hops) == {"decode", "gather", "inbound", "batch", "step", "encode", "assemble", "outbound",
+                                 "write", "total"}, (design, load)
+            assert all(_number(hops[hop]["p50"]) and hops[hop]["p50"] >= 0 for hop in hops), (design, load)
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
@@ -77,5 +83,6 @@ def test_spawn_design_runs_three_processes_and_its_child_never_imports_jax(
 def test_quick_benchmark_writes_the_plot_and_prints_the_table(results: tuple[dict[str, Any], Path, str]) -> None:
     _, out, stdout = results
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for row in ("forkless", "spawn", "io-ceiling", "compute-ceiling"):
+    for row in ("forkless", "spawn", "io-ceiling", "compute-ceiling", "forkless-nojax"):
         assert any(line.startswith(row) for line in stdout.splitlines()), row
+    assert "latency budget (per hop, µs):" in stdout and "| outbound |" in stdout
