@@ -7,6 +7,13 @@ Rules:
   recent first, ``move_to_end`` on each sight), so the eviction candidate is always the
   first entry. Nothing scans the table. (A plain dict would not do: deleting from its
   front leaves holes that ``next(iter(d))`` walks over, O(table) per eviction.)
+- Beside it, columns indexed by slot: the name, the last-seen time and the sighting number
+  (a counter of sightings, so its order is the LRU order). They are what a checkpoint
+  copies (``begin_copy``): arrays copy in chunks, an ``OrderedDict`` of a million entries
+  does not (listing one costs about a second). The times and sighting numbers of a call
+  are written once, after its loop (``seen``/``order`` of its slots), so the eviction test
+  in the loop reads a time from before the call; a stream seen earlier in the same call
+  is recognised by its slot instead (see ``_idle``).
 - A new stream takes the lowest never-used slot (0, 1, 2, … in order of first sight).
   When all ``max_streams`` slots are used, and ``idle_s`` is set, the least recently seen
   stream is evicted if it is idle, strictly ``now - last_seen > idle_s``, and the new
@@ -28,6 +35,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from controller.rowcopy import RowCopy
+
+__all__ = ["StreamSlots", "TableCopy", "lru_order"]
+
 
 class StreamSlots:
     """Stream name -> state slot, first come first served, idle streams recycled (LRU)."""
@@ -40,9 +51,15 @@ class StreamSlots:
         self.max_streams = max_streams
         self.idle_s = idle_s
         self.evicted = 0  # streams evicted so far, i.e. slots recycled
-        # name -> slot, least recently seen first; _last_seen has the same keys
+        # name -> slot, least recently seen first
         self._slots: OrderedDict[str, int] = OrderedDict()
-        self._last_seen: dict[str, float] = {}
+        # by slot (rows 0 .. len - 1 in use): name, last seen (first sight without idle_s), and
+        # the sighting number (larger: seen later). np.zeros: pages are only paid when touched.
+        self._names: list[str] = []
+        self._seen = np.zeros(max_streams, np.float64)
+        self._order = np.zeros(max_streams, np.int64)
+        self._sightings = 0
+        self._copy: TableCopy | None = None  # a checkpoint's copy in progress (begin_copy)
 
     def __len__(self) -> int:
         """How many streams hold a slot now."""
@@ -61,9 +78,10 @@ class StreamSlots:
         ok = np.ones(n, bool)
         recycled: list[int] = []
         table = self._slots
-        last_seen = self._last_seen
-        idle_s = self.idle_s
-        if idle_s is None:  # nothing is ever evicted: no recency to keep (last_seen is first sight)
+        names = self._names
+        refused = False
+        if self.idle_s is None:  # nothing is ever evicted: no recency to keep (last_seen is first sight)
+            first_new = len(table)
             for i, name in enumerate(streams):
                 slot = table.get(name)
                 if slot is None:
@@ -72,9 +90,15 @@ class StreamSlots:
                         slots[i] = self.max_streams
                         continue
                     slot = table[name] = len(table)
-                    last_seen[name] = now
+                    names.append(name)
                 slots[i] = slot
+            if len(table) > first_new:  # new slots only: nothing a copy in progress holds changes
+                new = np.arange(first_new, len(table))
+                self._seen[new] = now
+                self._order[new] = self._sightings + np.arange(len(new))
+                self._sightings += len(new)
             return slots, ok, recycled
+        copy = self._copy
         for i, name in enumerate(streams):
             slot = table.get(name)
             if slot is not None:
@@ -82,35 +106,55 @@ class StreamSlots:
             else:
                 if len(table) < self.max_streams:
                     slot = len(table)
-                elif idle_s is not None and now - last_seen[oldest := next(iter(table))] > idle_s:
+                    names.append(name)
+                elif self._idle(oldest := next(iter(table)), now, slots, i):
                     slot = table.pop(oldest)
-                    del last_seen[oldest]
+                    if copy is not None:
+                        copy.replacing(slot, oldest)
+                    names[slot] = name
                     self.evicted += 1
                     recycled.append(slot)
                 else:
                     ok[i] = False
                     slots[i] = self.max_streams
+                    refused = True
                     continue
                 table[name] = slot  # a new key goes to the end: the most recently seen
-            last_seen[name] = now
             slots[i] = slot
+        seen = slots[ok] if refused else slots
+        if copy is not None:
+            copy.before_write(seen)
+        self._seen[seen] = now
+        # the sighting numbers grow, so "the largest" is "the last sight" when a stream repeats
+        np.maximum.at(self._order, seen, self._sightings + np.arange(len(seen)))
+        self._sightings += len(seen)
         return slots, ok, recycled
+
+    def _idle(self, oldest: str, now: float, slots: np.ndarray, i: int) -> bool:
+        """Whether the least recently seen stream may be evicted by message ``i`` of this call.
+        ``_seen`` holds the times from before this call: if ``oldest`` was seen in it, every
+        stream was (those seen are behind those not), so that needs ``i >= len(table)``, and
+        then its slot is among ``slots[:i]``."""
+        slot = self._slots[oldest]
+        if i >= len(self._slots) and (slots[:i] == slot).any():
+            return False  # seen in this call: last seen now
+        return bool(now - self._seen[slot] > self.idle_s)
 
     def items(self) -> Iterator[tuple[str, int, float]]:
         """``(name, slot, last_seen)`` of every stream, least recently seen first."""
         for name, slot in self._slots.items():
-            yield name, slot, self._last_seen[name]
+            yield name, slot, float(self._seen[slot])
 
     def export(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The table as arrays (names str, slots int32, last_seen float64), LRU order, for a checkpoint.
+        """The table as arrays (names str, slots int32, last_seen float64), LRU order.
 
         ``last_seen`` is on the caller's clock; a process restoring it with another
         monotonic clock should shift it (``last_seen - then + now``) before ``restore``.
+        A checkpoint uses ``begin_copy`` instead: this builds every array on the caller's thread.
         """
-        names = np.array(list(self._slots), dtype=str)
-        slots = np.fromiter(self._slots.values(), np.int32, len(self._slots))
-        last_seen = np.fromiter((self._last_seen[name] for name in self._slots), np.float64, len(self._slots))
-        return names, slots, last_seen
+        n = len(self._slots)
+        names, slots, last_seen = lru_order(list(self._names), self._seen[:n], self._order[:n])
+        return np.array(names, dtype=str), slots, last_seen
 
     def restore(self, names: Sequence[str], slots: Sequence[int], last_seen: Sequence[float]) -> None:
         """Replace the table with ``export``'s arrays; the least recently seen comes first.
@@ -119,14 +163,93 @@ class StreamSlots:
         ``max_streams`` of them (the rule every table obeys); ``evicted`` is kept.
         """
         names = [str(name) for name in names]
-        slots = [int(slot) for slot in slots]
-        seen = [float(t) for t in last_seen]
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        seen = np.asarray(last_seen, np.float64).reshape(-1)
         if not len(names) == len(slots) == len(seen):
             raise ValueError(f"names, slots and last_seen differ in length: {len(names)}, {len(slots)}, {len(seen)}")
         if len(set(names)) != len(names):
             raise ValueError("a stream name appears twice")
-        if sorted(slots) != list(range(len(slots))) or len(slots) > self.max_streams:
+        n = len(slots)
+        if n > self.max_streams or not np.array_equal(np.sort(slots), np.arange(n)):
             raise ValueError(f"slots must be 0 .. n - 1, each once, with n <= max_streams ({self.max_streams}); "
-                             f"got {len(slots)} slots, {len(set(slots))} distinct, largest {max(slots, default=0)}")
-        self._slots = OrderedDict(zip(names, slots))
-        self._last_seen = dict(zip(names, seen))
+                             f"got {n} slots, {len(np.unique(slots))} distinct, largest {int(slots.max(initial=0))}")
+        self._copy = None
+        self._slots = OrderedDict(zip(names, slots.tolist()))
+        by_slot: list[str] = [""] * n
+        for name, slot in self._slots.items():
+            by_slot[slot] = name
+        self._names = by_slot
+        self._seen[:n] = 0.0
+        self._seen[slots] = seen
+        self._order[slots] = np.arange(n)
+        self._sightings = n
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def begin_copy(self) -> TableCopy:
+        """Start copying the table as it is now, a chunk at a time (``TableCopy.advance``) while
+        ``lookup`` goes on: rows that change before the copy reaches them are kept first. One
+        copy at a time: a new one replaces one in progress."""
+        self._copy = TableCopy(self)
+        return self._copy
+
+
+class TableCopy:
+    """The stream table as it was at ``StreamSlots.begin_copy()``; call ``advance`` between
+    lookups until it returns True, then ``result()`` (any thread: the table no longer touches it)."""
+
+    def __init__(self, table: StreamSlots) -> None:
+        self._table = table
+        self.rows = len(table)
+        self._rows = RowCopy([table._seen, table._order], self.rows)
+        self._names: list[str] = []
+        self._replaced: dict[int, str] = {}  # slot -> its name before a recycle reached it first
+
+    @property
+    def done(self) -> bool:
+        return self._rows.done
+
+    def replacing(self, slot: int, name: str) -> None:
+        """``lookup`` is about to give ``slot`` (held by ``name``) to another stream."""
+        if slot >= len(self._names) and slot < self.rows:  # not copied yet
+            self._replaced.setdefault(slot, name)
+
+    def before_write(self, slots: np.ndarray) -> None:
+        """``lookup`` is about to write the times and sighting numbers of ``slots``."""
+        table = self._table
+        self._rows.before_write([table._seen, table._order], slots)
+
+    def advance(self, count: int) -> bool:
+        """Copy the next ``count`` rows; True when the whole table is copied (the table then
+        forgets this copy)."""
+        table = self._table
+        start = len(self._names)
+        self._names.extend(table._names[start:start + max(1, count)])
+        done = self._rows.advance([table._seen, table._order], count)
+        if done and table._copy is self:
+            table._copy = None
+        return done
+
+    def result(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """``(names, last_seen, sighting numbers)`` by slot, as they were at ``begin_copy()``;
+        ``lru_order`` turns them into what ``restore`` takes."""
+        names = self._names
+        for slot, name in self._replaced.items():
+            names[slot] = name
+        self._replaced.clear()
+        seen, order = self._rows.result()
+        return names, seen, order
+
+
+LRU_CHUNK = 32768  # names reordered per list comprehension (about 1 ms each)
+
+
+def lru_order(names: list[str], seen: np.ndarray, order: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Columns by slot -> ``(names, slots, last_seen)`` least recently seen first, as
+    ``StreamSlots.restore`` and checkpoint files take them. Meant for the checkpoint writer's
+    thread: the sort releases the GIL and the names move in chunks."""
+    slots = np.argsort(order, kind="stable").astype(np.int32)
+    ordered: list[str] = []
+    for start in range(0, len(slots), LRU_CHUNK):
+        ordered += [names[s] for s in slots[start:start + LRU_CHUNK].tolist()]
+    return ordered, slots, np.asarray(seen, np.float64)[slots]

@@ -37,6 +37,7 @@ CORE = [
     "controller/metrics.py",
     "controller/netaddr.py",
     "controller/processor.py",
+    "controller/rowcopy.py",
     "controller/slots.py",
     "controller/stats.py",
     "io_loop/backoff.py",
