@@ -238,10 +238,196 @@ def _restore(writer: str, processor, cfg, directory: Path, settings: dict, orbax
             "leaves": len(jax.tree.leaves(state))}
 
 
+# ---- the controller's own checkpoints: the stall at 1,000 msg/s -------------------------------------
+
+
+def measure_controller(streams: int, features: int, seconds: float, every_s: float, rate: float, rounds: int,
+                       directory: Path, modes: tuple[str, ...] = ("off", "incremental", "whole")) -> dict:
+    """The real path: ``Controller.process_pending`` as ``run()`` calls it, the stream table
+    filled with ``streams`` names, one message every 1/``rate`` s from a feeder thread (open
+    loop: sent when due) through the controller's queues (tests/fake_io.py: the IO side
+    without sockets). Phases rotate ``rounds`` times through ``modes``: "off" (no
+    checkpoint), "incremental" (the default: copied between steps) and "whole" (the whole
+    state at once, as on an accelerator; on the CPU that is the old behaviour, where the next
+    donated step copies the table). Gaps are between consecutive steps' results
+    (``on_results``); delays from each message's due time to its step's result."""
+    import threading
+
+    from controller.batching import Chunk
+    from controller.config import Config
+    from controller.loop import POLL_S, Controller
+    from tests.fake_io import FakeIO, drain
+
+    names = [f"stream-{i}" for i in range(streams)]
+    done_at: list[float] = []
+    delays: list[float] = []
+    due: dict[int, float] = {}
+
+    stage: list[str] = []  # per step: "copying", "writing" or "" (no checkpoint in progress)
+
+    def on_results(seq: list, stream: list, outputs: dict) -> None:
+        now = time.perf_counter()
+        done_at.append(now)
+        stage.append("copying" if ckpt.pending is not None else "writing" if ckpt.busy else "")
+        for s in seq:
+            delays.append(now - due.pop(s, now))
+
+    cfg = Config(features=features, max_streams=streams, checkpoint_dir=str(directory), checkpoint_s=3600.0,
+                 checkpoint_keep=2, checkpoint_restore="never", status_s=0)
+    fake = FakeIO()
+    ctl = Controller(cfg, io_factory=fake, on_results=on_results)
+    ctl.start()
+    ckpt = ctl.checkpointer
+    t0 = time.perf_counter()
+    for i in range(0, streams, 65536):
+        ctl.slots.lookup(names[i:i + 65536], time.monotonic())
+    fill_s = time.perf_counter() - t0
+    stop = threading.Event()
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((4096, features)).astype(np.float32)
+
+    def feed() -> None:
+        seq = 0
+        start = time.perf_counter()
+        while not stop.is_set():
+            target = start + seq / rate
+            wait = target - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            due[seq] = target
+            fake.inbound.put_nowait(Chunk([seq], [names[int(rng.integers(streams))]], xs[seq % 4096:seq % 4096 + 1],
+                                          time.monotonic_ns()))
+            seq += 1
+            if seq % 256 == 0:
+                drain(fake.outbound)
+
+    feeder = threading.Thread(target=feed, name="feeder", daemon=True)
+    feeder.start()
+    ctl.process_pending(timeout=POLL_S)  # warm up
+    phase_s = seconds / (rounds * len(modes))
+    per_mode: dict[str, dict[str, list]] = {m: {"gaps": [], "delays": [], "copy_s": [], "copy_main_s": [],
+                                                "checkpoints": [], "written_s": [], "copying": [], "writing": []}
+                                            for m in modes}
+    for _ in range(rounds):
+        for mode in modes:
+            ctl.incremental_checkpoints = mode != "whole"
+            ckpt.schedule(float("inf"))
+            while ckpt.busy:  # the previous phase's checkpoint finishes outside this one
+                ctl.process_pending(timeout=POLL_S)
+            begin = len(done_at)
+            begin_delays = len(delays)
+            now = time.monotonic()
+            phase_end = now + phase_s
+            next_ckpt = now + min(every_s, phase_s) / 4
+            written = ckpt.written
+            while time.monotonic() < phase_end or (mode != "off" and ckpt.busy):
+                if mode != "off" and not ckpt.busy and time.monotonic() >= next_ckpt and time.monotonic() < phase_end:
+                    ckpt.schedule(0.0)
+                    next_ckpt += every_s
+                    per_mode[mode]["checkpoints"].append(time.monotonic())
+                elif mode != "off":
+                    ckpt.schedule(float("inf"))
+                copying = ckpt.pending is not None
+                ctl.process_pending(timeout=POLL_S)
+                if copying and ckpt.pending is None and ckpt.abandoned == 0:
+                    per_mode[mode]["copy_s"].append(ckpt.last_copy_s)
+                    per_mode[mode]["copy_main_s"].append(ckpt.last_copy_main_s)
+            gaps = np.diff(done_at[begin:]).tolist()
+            per_mode[mode]["gaps"] += gaps
+            for gap, where in zip(gaps, stage[begin + 1:]):  # a gap belongs to the step that ended it
+                if where:
+                    per_mode[mode][where].append(gap)
+            per_mode[mode]["delays"] += delays[begin_delays:]
+            per_mode[mode]["written_s"].append(ckpt.written - written)
+    stop.set()
+    feeder.join(5)
+    ckpt.schedule(float("inf"))
+    ctl.stop()
+    snap = ctl.stats()
+    result = {"design": "controller", "streams": streams, "features": features, "rate": rate, "every_s": every_s,
+              "rounds": rounds, "phase_s": phase_s, "fill_s": fill_s, "processed": snap.processed,
+              "checkpoint_failures": snap.checkpoint_failures, "checkpoint_bytes": snap.checkpoint_bytes,
+              "checkpoint_write_s": snap.checkpoint_duration_s, "modes": {}}
+    for mode, m in per_mode.items():
+        result["modes"][mode] = {
+            "gaps": _quantiles(m["gaps"]), "delay_from_due": _quantiles(m["delays"]),
+            "gaps_while_copying": _quantiles(m["copying"]), "gaps_while_writing": _quantiles(m["writing"]),
+            "checkpoints": len(m["checkpoints"]), "written": sum(m["written_s"]),
+            "copy_s": {"max": max(m["copy_s"]), "median": statistics.median(m["copy_s"])} if m["copy_s"] else {},
+            "copy_main_thread_ms": {"max": max(m["copy_main_s"]) * 1e3,
+                                    "median": statistics.median(m["copy_main_s"]) * 1e3} if m["copy_main_s"] else {}}
+    off = result["modes"].get("off", {}).get("gaps", {}).get("max_ms")
+    for mode in modes:
+        on = result["modes"][mode]["gaps"].get("max_ms")
+        if mode != "off" and off and on:
+            result["modes"][mode]["stall_ratio_max"] = on / off
+            result["modes"][mode]["meets_target"] = on / off <= 2.0
+    return result
+
+
+# ---- restore: process start to first result with a 1M-stream checkpoint ----------------------------
+
+
+def measure_startup(streams: int, features: int, runs: int, work: Path) -> dict:
+    """``python app.py`` started as a user starts it (bench/run.py's ``time_to_first_result``:
+    a local feed, process start to the first result on it), with a ``streams``-stream
+    checkpoint in FORKLESS_CHECKPOINT_DIR (max streams = ``streams``; the feed's stream "s0"
+    is one of them) and a persistent compilation cache shared by every run: the first run
+    fills the cache (cold), the next ``runs`` are warm; then as many warm runs without a
+    checkpoint directory, for the difference. Each run with checkpoints ends with the orderly
+    stop's checkpoint, so the next restores a file of the same size."""
+    import os
+
+    import bench.run as runbench
+    from controller.checkpoint import Snapshot, checkpoint_path, write_checkpoint
+    from controller.processor import EWMAState
+
+    ckpt_dir = work / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    (work / "logs").mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    state = {"count": rng.integers(0, 1000, streams + 1).astype(np.int32),
+             "mean": rng.standard_normal((streams + 1, features)).astype(np.float32),
+             "var": rng.random((streams + 1, features)).astype(np.float32)}
+    snap = Snapshot(EWMAState(**state), [f"s{i}" for i in range(streams)], np.arange(streams, dtype=np.int32),
+                    np.full(streams, time.time()), {"processed": 12345, "anomalies": 0},
+                    {"features": features, "max_streams": streams, "processor": "ewma/1"}, time.time())
+    size = write_checkpoint(checkpoint_path(ckpt_dir, 0), snap)
+    cache = str(work / "jax-cache")
+    env_keys = {"FORKLESS_FEATURES": str(features), "FORKLESS_MAX_STREAMS": str(streams),
+                "FORKLESS_CHECKPOINT_DIR": str(ckpt_dir), "FORKLESS_CHECKPOINT_S": "3600"}
+    saved = {k: os.environ.get(k) for k in env_keys}
+    os.environ.update(env_keys)  # client_env() copies os.environ
+    try:
+        cold = runbench.time_to_first_result("forkless", cache, work, "restore-cold")
+        warm = [runbench.time_to_first_result("forkless", cache, work, f"restore-warm-{i}") for i in range(runs)]
+        os.environ["FORKLESS_CHECKPOINT_DIR"] = ""
+        plain = [runbench.time_to_first_result("forkless", cache, work, f"plain-warm-{i}") for i in range(runs)]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    restored = [line for i in range(runs) for line in (work / "logs" / f"restore-warm-{i}.log").read_text().splitlines()
+                if "restored" in line]
+    ok = [x for x in warm if x is not None]
+    return {"design": "startup", "streams": streams, "features": features, "checkpoint_bytes": size,
+            "cold_cache_s": cold, "warm_s": warm, "warm_median_s": statistics.median(ok) if ok else None,
+            "warm_without_checkpoint_s": plain,
+            "restore_share_s": (statistics.median(ok) - statistics.median([x for x in plain if x is not None]))
+            if ok and any(x is not None for x in plain) else None,
+            "meets_target": bool(ok) and max(ok) <= 2.0, "log_lines": restored[:runs]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.checkpoint_stall", description=__doc__.splitlines()[0])
-    p.add_argument("--writer", choices=("simple", "orbax", "sleep"), default="simple",
-                   help="sleep: the control, a writer that only waits 1 s (what noise alone does to the gaps)")
+    p.add_argument("--writer", choices=("simple", "orbax", "sleep", "controller", "startup"), default="simple",
+                   help="sleep: the control, a writer that only waits 1 s (what noise alone does to the gaps); "
+                        "controller: the Controller's own checkpoints at --rate msg/s; "
+                        "startup: restore to first result")
+    p.add_argument("--rate", type=float, default=1000.0, help="controller: messages a second")
+    p.add_argument("--runs", type=int, default=3, help="startup: warm runs with and without a checkpoint")
     p.add_argument("--streams", type=int, default=1_000_000)
     p.add_argument("--features", type=int, default=8)
     p.add_argument("--seconds", type=float, default=20.0)
@@ -255,8 +441,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     directory = args.dir or Path(tempfile.mkdtemp(prefix="forkless-ckpt-bench-"))
     try:
-        result = measure(args.writer, args.streams, args.features, args.seconds, args.every, args.bucket,
-                         args.donate, directory, orbax_names=not args.orbax_no_names, rounds=args.rounds)
+        if args.writer == "controller":
+            result = measure_controller(args.streams, args.features, args.seconds, args.every, args.rate,
+                                        args.rounds, directory)
+        elif args.writer == "startup":
+            result = measure_startup(args.streams, args.features, args.runs, directory)
+        else:
+            result = measure(args.writer, args.streams, args.features, args.seconds, args.every, args.bucket,
+                             args.donate, directory, orbax_names=not args.orbax_no_names, rounds=args.rounds)
     finally:
         if args.dir is None:
             shutil.rmtree(directory, ignore_errors=True)

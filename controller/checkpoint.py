@@ -42,6 +42,7 @@ File layout, format 1 (integers little-endian):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -51,7 +52,7 @@ import platform
 import re
 import struct
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,10 +61,13 @@ import jax
 import numpy as np
 
 from controller.errors import CheckpointMismatch
+from controller.rowcopy import RowCopy
+from controller.slots import TableCopy, drop_in_chunks, lru_order
 
-__all__ = ["FORMAT", "CheckpointDamaged", "CheckpointMismatch", "Restored", "Snapshot", "checkpoint_path",
-           "library_versions", "list_checkpoints", "load_newest", "next_sequence", "prune", "read_checkpoint",
-           "remove_temporary_files", "restore_state", "take_snapshot", "write_checkpoint"]
+__all__ = ["FORMAT", "CheckpointAbandoned", "CheckpointDamaged", "CheckpointMismatch", "PendingSnapshot", "Restored",
+           "Snapshot", "StateCopy", "checkpoint_path", "library_versions", "list_checkpoints", "load_newest",
+           "next_sequence", "prune", "read_checkpoint", "remove_temporary_files", "restore_state",
+           "shares_device_memory", "take_snapshot", "write_checkpoint"]
 
 log = logging.getLogger("forkless.checkpoint")
 
@@ -77,11 +81,21 @@ SUFFIX = ".fkc"
 TEMP_PREFIX = ".tmp-"
 _FINAL_NAME = re.compile(r"^ckpt-(\d{9,})\.fkc$")
 _TEMP_NAME = re.compile(r"^\.tmp-ckpt-\d{9,}\.fkc\.\d+$")  # TEMP_PREFIX + final name + "." + writer's pid
-# stream names encoded per call on the writer thread: about 1 ms of GIL each, so the main
+# stream names encoded per call on the writer thread: well under 1 ms of GIL each, so the main
 # thread never waits long for it (one call over a million names holds it for tens of ms)
-NAMES_CHUNK = 32768
+NAMES_CHUNK = 8192
 # bytes hashed and written per call: the hash stays in cache, and each call releases the GIL
 WRITE_CHUNK = 8 << 20
+
+
+# bytes of rows copied per PendingSnapshot.advance(): about 1 ms of the main thread into fresh
+# (not yet faulted-in) host pages, 0.1 ms into warm ones (bench/checkpoint_stall.py)
+COPY_CHUNK_BYTES = 1 << 20
+
+
+class CheckpointAbandoned(RuntimeError):
+    """A checkpoint being copied between steps cannot be completed (the state it was copying
+    was replaced); it is counted as a failure and the next one is taken at the next interval."""
 
 
 class CheckpointDamaged(ValueError):
@@ -133,6 +147,147 @@ def take_snapshot(state: Any, streams: tuple[list[str], np.ndarray, np.ndarray],
     names = names if isinstance(names, list) else list(names)  # export() gives a fresh list: no copy
     return Snapshot(host, names, slots, last_seen, {k: int(v) for k, v in counts.items()},
                     dict(settings), float(wall_time))
+
+
+def shares_device_memory(state: Any) -> bool:
+    """Whether ``np.asarray`` of every leaf of ``state`` is a view of its device buffer (one
+    CPU device), so that a copy can be taken from it in chunks. False on an accelerator (the
+    host copy is a real transfer) and for a leaf spread over several devices."""
+    for leaf in jax.tree.leaves(state):
+        devices = leaf.devices() if hasattr(leaf, "devices") else ()
+        if len(devices) != 1 or next(iter(devices)).platform != "cpu":
+            return False
+        try:
+            view = np.asarray(leaf)
+            if view.size and view.ctypes.data != leaf.unsafe_buffer_pointer():
+                return False
+        except Exception:  # no buffer pointer for this kind of array: take the plain path
+            return False
+    return True
+
+
+class StateCopy:
+    """The device state as it was when made, copied to the host a chunk of rows at a time
+    between steps (copy-on-write, ``controller/rowcopy.py``). For one CPU device, where
+    ``np.asarray`` of a leaf is a view of its buffer (``shares_device_memory``).
+
+    Why: on the CPU ``jax.device_get`` returns such views, and the next step, which is given
+    the state donated, must then copy the whole table once instead of updating it in place
+    (about 40 ms for 1M streams x 8 features, on the main thread). Here every view is made
+    inside a call and dropped before it returns, so steps stay in place.
+
+    Leaves whose leading axis is ``rows`` (``max_streams + 1``, the per-stream ones) are
+    copied in chunks; the others are small and copied whole at once. Call
+    ``before_write(state, slots)`` before every step or reset that writes ``slots`` (the
+    processor contract: a step writes only its batch's rows), ``advance`` between steps.
+    """
+
+    def __init__(self, state: Any, rows: int) -> None:
+        flat, self._treedef = jax.tree_util.tree_flatten(state)
+        self._per_stream = [i for i, leaf in enumerate(flat) if np.ndim(leaf) and np.shape(leaf)[0] == rows]
+        self._whole = {i: np.array(leaf, copy=True) for i, leaf in enumerate(flat) if i not in self._per_stream}
+        self._rows = RowCopy(self._views(state), rows)
+        row_bytes = sum(flat[i].nbytes for i in self._per_stream) // max(1, rows)
+        self.chunk_rows = max(1, COPY_CHUNK_BYTES // max(1, row_bytes))
+
+    def _views(self, state: Any) -> list[np.ndarray]:
+        leaves = jax.tree_util.tree_leaves(state)
+        return [np.asarray(leaves[i]) for i in self._per_stream]
+
+    @property
+    def done(self) -> bool:
+        return self._rows.done
+
+    def before_write(self, state: Any, slots: np.ndarray) -> None:
+        if not self._rows.done:
+            self._rows.before_write(self._views(state), slots)
+
+    def advance(self, state: Any, count: int | None = None) -> bool:
+        return self._rows.advance(self._views(state), self.chunk_rows if count is None else count)
+
+    def result(self) -> Any:
+        """The state at the time this was made, as a tree of host arrays; once ``done``."""
+        copied = iter(self._rows.result())
+        leaves = [self._whole[i] if i in self._whole else next(copied)
+                  for i in range(len(self._per_stream) + len(self._whole))]
+        return jax.tree_util.tree_unflatten(self._treedef, leaves)
+
+
+class PendingSnapshot:
+    """One checkpoint as of the moment it was begun (T0), being copied on the main thread.
+
+    The main thread begins it between two steps, calls ``before_state_write`` before every
+    step or slot reset (the stream table keeps its own copy-on-write: ``StreamSlots.begin_copy``)
+    and ``advance`` between steps until it returns True; then the checkpointer's thread calls
+    ``finish()`` for the ``Snapshot`` (the stream table put in LRU order there).
+
+    ``incremental``: copy the state in chunks where that is possible (``shares_device_memory``:
+    one CPU device); otherwise, on an accelerator, ``jax.device_get`` copies it at T0 (a real
+    transfer, after which the device buffers are free to be updated in place). ``intact()``
+    returns False once the state being copied was replaced (a failed step lost it): ``advance``
+    then raises ``CheckpointAbandoned``. ``seen_shift`` is added to the table's last-seen times
+    (monotonic -> wall clock); ``wall_time`` is Unix seconds at T0.
+    """
+
+    def __init__(self, state: Any, table: TableCopy, counts: Mapping[str, int], settings: Mapping[str, Any],
+                 wall_time: float, *, rows: int, get_state: Callable[[], Any], seen_shift: float = 0.0,
+                 incremental: bool = True, intact: Callable[[], bool] | None = None) -> None:
+        self.incremental = incremental and shares_device_memory(state)
+        self._state_copy = StateCopy(state, rows) if self.incremental else None
+        self._host = None if self.incremental else jax.device_get(state)
+        self._table = table
+        self._get_state = get_state
+        self._intact = intact
+        self.counts = {k: int(v) for k, v in counts.items()}
+        self.settings = dict(settings)
+        self.wall_time = float(wall_time)
+        self.seen_shift = float(seen_shift)
+        self.chunks = 0  # advance() calls that copied something
+        self._names: list[str] = []  # finish()'s names, LRU order
+
+    @property
+    def done(self) -> bool:
+        return (self._state_copy is None or self._state_copy.done) and self._table.done
+
+    def before_state_write(self, state: Any, slots: np.ndarray) -> None:
+        """The step or reset about to run writes these rows of the state (padding included)."""
+        if self._state_copy is not None:
+            self._state_copy.before_write(state, slots)
+
+    def advance(self) -> bool:
+        """Copy one more chunk (state first, then the stream table); True when all is copied."""
+        if self._intact is not None and not self._intact():
+            raise CheckpointAbandoned("the state was replaced while its checkpoint was being copied "
+                                      "(a failed step lost it); the next checkpoint is taken at the next interval")
+        if self.done:
+            return True
+        self.chunks += 1
+        if self._state_copy is not None and not self._state_copy.done:
+            self._state_copy.advance(self._get_state())
+        else:
+            self._table.advance(max(1, COPY_CHUNK_BYTES // 16))  # last-seen and sighting number: 16 bytes a row
+        return self.done
+
+    def complete(self) -> PendingSnapshot:
+        """Copy everything now (the checkpoint of an orderly stop: nothing runs after it)."""
+        while not self.advance():
+            pass
+        return self
+
+    def finish(self) -> Snapshot:
+        """The ``Snapshot`` of T0; on the checkpointer's thread, once ``advance`` returned True."""
+        state = self._state_copy.result() if self._state_copy is not None else self._host
+        by_slot_names, seen, order = self._table.result()
+        names, slots, last_seen = lru_order(by_slot_names, seen, order)
+        self._names = names
+        return Snapshot(jax.tree.map(np.asarray, state), names, slots, last_seen + self.seen_shift,
+                        self.counts, self.settings, self.wall_time)
+
+    def release(self) -> None:
+        """Free the name lists a chunk at a time; the writer thread calls it once the file is
+        written (or failed), so their million references are not dropped in one GIL hold."""
+        self._table.release()
+        drop_in_chunks(self._names)
 
 
 @dataclass(frozen=True)
@@ -340,6 +495,7 @@ def library_versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
+@functools.cache  # importlib.metadata scans every distribution on sys.path: once per process
 def _forkless_version() -> str:
     try:
         return importlib.metadata.version("forkless")

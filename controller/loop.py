@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from controller.batching import MicroBatcher, Outgoing, Taken, bucket_for, pad_batch
-from controller.checkpoint import Snapshot, load_newest, take_snapshot
+from controller.checkpoint import PendingSnapshot, load_newest
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import compilations, compile_step
@@ -126,6 +126,9 @@ class Controller:
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint_keep, interval_s=cfg.checkpoint_s) \
             if cfg.checkpoints_on else None
         self.restored_from: str | None = None
+        # False: each checkpoint copies the whole state at once, as on an accelerator (tests and
+        # bench/checkpoint_stall.py compare it with the copy between steps)
+        self.incremental_checkpoints = True
         self._print = out if out is not None else _print_line
         self.io_stats = IOStats()
         self.main_stats = MainStats(batch_size=Histogram(self.config.buckets))
@@ -217,15 +220,30 @@ class Controller:
                  restored.streams, restored.path,
                  datetime.datetime.fromtimestamp(restored.wall_time).isoformat(timespec="seconds"), main.processed)
 
-    def _take_checkpoint(self) -> Snapshot:
-        """The main thread's share of a checkpoint: the state to the host, the stream table."""
-        names, slots, last_seen = self.slots.export()
+    def _take_checkpoint(self) -> PendingSnapshot:
+        """The checkpoint of an orderly stop, copied at once (nothing runs after it)."""
+        return self._begin_checkpoint(incremental=False).complete()
+
+    def _begin_checkpoint(self, incremental: bool | None = None) -> PendingSnapshot:
+        """A checkpoint as of now (between two steps), which ``Checkpointer.tick`` copies a
+        chunk at a time between the next steps; ``_before_state_write`` keeps it exact."""
         wall = time.time()
         main = self.main_stats
-        return take_snapshot(self.state, (names, slots, last_seen + (wall - time.monotonic())),
-                             {"processed": main.processed, "anomalies": main.anomalies},
-                             {**self._checkpoint_settings(), "alpha": self.config.alpha,
-                              "threshold": self.config.threshold, "warmup": self.config.warmup}, wall)
+        lost = main.resets["state lost with a failed step"]  # _run_step replaces the state then
+        return PendingSnapshot(
+            self.state, self.slots.begin_copy(), {"processed": main.processed, "anomalies": main.anomalies},
+            {**self._checkpoint_settings(), "alpha": self.config.alpha, "threshold": self.config.threshold,
+             "warmup": self.config.warmup}, wall, rows=self.config.max_streams + 1,
+            get_state=lambda: self.state, seen_shift=wall - time.monotonic(),
+            incremental=self.incremental_checkpoints if incremental is None else incremental,
+            intact=lambda: main.resets["state lost with a failed step"] == lost)
+
+    def _before_state_write(self, slots: np.ndarray) -> None:
+        """Call before a step or reset writes these rows of the state: a checkpoint being
+        copied keeps their present values first."""
+        pending = self.checkpointer.pending if self.checkpointer is not None else None
+        if pending is not None:
+            pending.before_state_write(self.state, slots)
 
     def request_stop(self) -> None:
         """Ask ``run()`` to stop; safe from signal handlers and other threads.
@@ -353,7 +371,7 @@ class Controller:
                                     and self._side.inbound.qsize()):
             done += self._cycle(0.0, pull=self._pulled < target)
         if self.checkpointer is not None:
-            self.checkpointer.tick(time.monotonic(), self._take_checkpoint)
+            self.checkpointer.tick(time.monotonic(), self._begin_checkpoint)
         return done
 
     def _cycle(self, timeout: float, deadline: float | None = None, *, pull: bool = True) -> int:
@@ -489,6 +507,7 @@ class Controller:
         """Give recycled slots a fresh stream's state (before the step that uses them)."""
         idx = np.full(self.config.max_batch, self.config.max_streams, np.int32)  # padded with the spare
         idx[:len(recycled)] = recycled
+        self._before_state_write(idx)
         self.state = self._reset(self.state, self._template, idx)
 
     def _run_step(self, x: np.ndarray, key: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
@@ -499,6 +518,7 @@ class Controller:
         m = len(key)
         bucket = bucket_for(m, self.config.buckets)
         batch = pad_batch(x, key, bucket, self.config.max_streams)
+        self._before_state_write(batch.key)
         t0 = time.perf_counter()
         try:
             new_state, outputs, bad = self._compiled[bucket](self.state, batch)
