@@ -178,15 +178,21 @@ class Checkpointer:
         (a ``PendingSnapshot`` is first copied, a little on each tick). A checkpoint due while
         the previous one is still being copied or written is skipped without paying for
         ``take()``. Returns whether one was taken."""
-        if self._pending is not None:
-            self._advance()
-            return False
         if self._next_due is None:
             self._next_due = now + self.interval_s
             return False
-        if now < self._next_due:
+        due = now >= self._next_due
+        if due:  # the next one an interval later; after a long pause, an interval from now (no burst)
+            self._next_due += self.interval_s
+            if self._next_due <= now:
+                self._next_due = now + self.interval_s
+        if self._pending is not None:
+            if due:
+                self.skipped += 1
+            self._advance()
             return False
-        self._next_due = max(self._next_due + self.interval_s, now)
+        if not due:
+            return False
         if self.busy:
             self.skipped += 1
             return False
