@@ -398,26 +398,58 @@ def measure_startup(streams: int, features: int, runs: int, work: Path) -> dict:
                 "FORKLESS_CHECKPOINT_DIR": str(ckpt_dir), "FORKLESS_CHECKPOINT_S": "3600"}
     saved = {k: os.environ.get(k) for k in env_keys}
     os.environ.update(env_keys)  # client_env() copies os.environ
+    began: dict[str, float] = {}
+
+    def first_result(tag: str) -> float | None:
+        began[tag] = time.time()  # wall clock, to place the log's timestamps (a few ms before the start)
+        return runbench.time_to_first_result("forkless", cache, work, tag)
+
     try:
-        cold = runbench.time_to_first_result("forkless", cache, work, "restore-cold")
-        warm = [runbench.time_to_first_result("forkless", cache, work, f"restore-warm-{i}") for i in range(runs)]
+        cold = first_result("restore-cold")
+        warm = [first_result(f"restore-warm-{i}") for i in range(runs)]
         os.environ["FORKLESS_CHECKPOINT_DIR"] = ""
-        plain = [runbench.time_to_first_result("forkless", cache, work, f"plain-warm-{i}") for i in range(runs)]
+        plain = [first_result(f"plain-warm-{i}") for i in range(runs)]
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    restored = [line for i in range(runs) for line in (work / "logs" / f"restore-warm-{i}.log").read_text().splitlines()
-                if "restored" in line]
+    restored, restore_s, restore_to_first_s = [], [], []
+    for i, seconds in enumerate(warm):
+        lines = (work / "logs" / f"restore-warm-{i}.log").read_text().splitlines()
+        compiled = next(_log_time(line) for line in lines if "compiled the step" in line)  # restore starts
+        done = next(_log_time(line) for line in lines if "restored" in line)
+        restored.append(next(line for line in lines if "restored" in line))
+        restore_s.append(round(done - compiled, 3))
+        if seconds is not None:
+            restore_to_first_s.append(round(began[f"restore-warm-{i}"] + seconds - compiled, 3))
+    compiled_to_first_s = {}
+    for tag, results in (("restore-warm", warm), ("plain-warm", plain)):
+        got = []
+        for i, seconds in enumerate(results):
+            lines = (work / "logs" / f"{tag}-{i}.log").read_text().splitlines()
+            compiled = next(_log_time(line) for line in lines if "compiled the step" in line)
+            if seconds is not None:
+                got.append(round(began[f"{tag}-{i}"] + seconds - compiled, 3))
+        compiled_to_first_s[tag] = got
     ok = [x for x in warm if x is not None]
-    return {"design": "startup", "streams": streams, "features": features, "checkpoint_bytes": size,
+    return {"compiled_to_first_result_s": compiled_to_first_s,
+            "design": "startup", "streams": streams, "features": features, "checkpoint_bytes": size,
             "cold_cache_s": cold, "warm_s": warm, "warm_median_s": statistics.median(ok) if ok else None,
             "warm_without_checkpoint_s": plain,
             "restore_share_s": (statistics.median(ok) - statistics.median([x for x in plain if x is not None]))
             if ok and any(x is not None for x in plain) else None,
-            "meets_target": bool(ok) and max(ok) <= 2.0, "log_lines": restored[:runs]}
+            "restore_s": restore_s, "restore_start_to_first_result_s": restore_to_first_s,
+            "meets_target_from_restore_start": bool(restore_to_first_s) and max(restore_to_first_s) <= 2.0,
+            "meets_target_from_process_start": bool(ok) and max(ok) <= 2.0, "log_lines": restored}
+
+
+def _log_time(line: str) -> float:
+    """Unix time of a log line from the app's format ("2026-11-30 07:39:10,932 INFO ...")."""
+    import datetime
+
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def main(argv: list[str] | None = None) -> int:
