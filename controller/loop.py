@@ -12,6 +12,10 @@ Rules:
   keeps the state from before that batch; the traceback is logged once per distinct error.
 - The IO thread's health is checked at least every ``POLL_S``; if it died, the loop stops
   and raises (``FeedFatal`` or ``IOThreadError``).
+- Checkpoints (``FORKLESS_CHECKPOINT_DIR``): the tick at the end of ``process_pending``
+  begins one when due, or copies up to 1 ms more of the one in progress; every step and
+  slot reset first names the rows it will write (``_before_state_write``), so the copy
+  stays exactly the state at its start (controller/checkpoint.py, ``PendingSnapshot``).
 """
 
 from __future__ import annotations
