@@ -77,7 +77,7 @@ import numpy as np
 
 from controller.errors import CheckpointMismatch
 from controller.rowcopy import RowCopy
-from controller.slots import TableCopy, drop_in_chunks, lru_order
+from controller.slots import TableCopy
 
 __all__ = ["FORMAT", "CheckpointAbandoned", "CheckpointDamaged", "CheckpointMismatch", "PendingSnapshot", "Restored",
            "Snapshot", "StateCopy", "checkpoint_path", "library_versions", "list_checkpoints", "load_newest",
@@ -98,7 +98,7 @@ _FINAL_NAME = re.compile(r"^ckpt-(\d{9,})\.fkc$")
 _TEMP_NAME = re.compile(r"^\.tmp-ckpt-\d{9,}\.fkc\.\d+$")  # TEMP_PREFIX + final name + "." + writer's pid
 # stream names encoded per call on the writer thread: well under 1 ms of GIL each, so the main
 # thread never waits long for it (one call over a million names holds it for tens of ms)
-NAMES_CHUNK = 8192
+NAMES_CHUNK = 2048
 # bytes hashed and written per call: the hash stays in cache, and each call releases the GIL
 WRITE_CHUNK = 8 << 20
 
@@ -106,6 +106,10 @@ WRITE_CHUNK = 8 << 20
 # bytes of rows copied per PendingSnapshot.advance(): about 1 ms of the main thread into fresh
 # (not yet faulted-in) host pages, 0.1 ms into warm ones (bench/checkpoint_stall.py)
 COPY_CHUNK_BYTES = 1 << 20
+
+
+def _no_pause() -> None:
+    pass
 
 
 class CheckpointAbandoned(RuntimeError):
@@ -259,7 +263,6 @@ class PendingSnapshot:
         self.wall_time = float(wall_time)
         self.seen_shift = float(seen_shift)
         self.chunks = 0  # advance() calls that copied something
-        self._names: list[str] = []  # finish()'s names, LRU order
 
     @property
     def done(self) -> bool:
@@ -290,20 +293,19 @@ class PendingSnapshot:
             pass
         return self
 
-    def finish(self) -> Snapshot:
-        """The ``Snapshot`` of T0; on the checkpointer's thread, once ``advance`` returned True."""
+    def finish(self, pause: Callable[[], None] = _no_pause) -> Snapshot:
+        """The ``Snapshot`` of T0; on the checkpointer's thread, once ``advance`` returned True
+        (``pause`` as for ``write_checkpoint``)."""
         state = self._state_copy.result() if self._state_copy is not None else self._host
-        by_slot_names, seen, order = self._table.result()
-        names, slots, last_seen = lru_order(by_slot_names, seen, order)
-        self._names = names
-        return Snapshot(jax.tree.map(np.asarray, state), names, slots, last_seen + self.seen_shift,
+        names, slots, last_seen = self._table.result(pause)
+        last_seen += self.seen_shift
+        return Snapshot(jax.tree.map(np.asarray, state), names, slots, last_seen,
                         self.counts, self.settings, self.wall_time)
 
     def release(self) -> None:
-        """Free the name lists a chunk at a time; the writer thread calls it once the file is
-        written (or failed), so their million references are not dropped in one GIL hold."""
+        """Call once the file is written or failed, or the copy dropped: the stream table stops
+        keeping the names of recycled slots for it (``TableCopy.release``)."""
         self._table.release()
-        drop_in_chunks(self._names)
 
 
 @dataclass(frozen=True)
@@ -384,8 +386,12 @@ def remove_temporary_files(directory: Path | str) -> list[Path]:
 # ---- writing -----------------------------------------------------------------------------------------
 
 
-def write_checkpoint(path: Path | str, snapshot: Snapshot) -> int:
+def write_checkpoint(path: Path | str, snapshot: Snapshot, pause: Callable[[], None] = _no_pause) -> int:
     """Write ``snapshot`` to ``path`` atomically; returns the file's size in bytes.
+
+    ``pause()`` is called between chunks of work (names encoded, bytes hashed and written):
+    the checkpointer passes a short sleep, so its thread does not keep asking for the GIL
+    the main thread needs (see ``Checkpointer``).
 
     Temporary file in the same directory, fsync, ``os.replace``, fsync of the directory. On
     any error the temporary file is removed and the error raised; ``path`` is then untouched.
@@ -396,12 +402,17 @@ def write_checkpoint(path: Path | str, snapshot: Snapshot) -> int:
     size = 0
     try:
         with open(temp, "wb") as f:
-            for piece in _encode(snapshot):
+            since_pause = 0
+            for piece in _encode(snapshot, pause):
                 view = memoryview(piece).cast("B")
                 for start in range(0, len(view), WRITE_CHUNK):
                     chunk = view[start:start + WRITE_CHUNK]
                     digest.update(chunk)
                     f.write(chunk)
+                    since_pause += len(chunk)
+                    if since_pause >= WRITE_CHUNK:  # per 8 MiB, not per piece (a names part is small)
+                        since_pause = 0
+                        pause()
                 size += len(view)
             trailer = DIGEST_TAG + digest.digest() + END
             f.write(trailer)
@@ -428,14 +439,14 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _encode(snapshot: Snapshot) -> Iterator[Any]:
+def _encode(snapshot: Snapshot, pause: Callable[[], None] = _no_pause) -> Iterator[Any]:
     """The file's bytes before the trailer, as buffers (the arrays are not copied)."""
     arrays: list[tuple[str, str, list[int], list[Any]]] = []  # name, dtype, shape, buffers
     for key_path, leaf in jax.tree_util.tree_flatten_with_path(snapshot.state)[0]:
         arr = np.ascontiguousarray(leaf)
         arrays.append(("state" + jax.tree_util.keystr(key_path), arr.dtype.name, list(arr.shape),
                        [arr.reshape(-1).view(np.uint8)]))
-    names_encoding, names = _encode_names(snapshot.names)
+    names_encoding, names = _encode_names(snapshot.names, pause)
     arrays.append(("streams.names", "uint8", [sum(len(b) for b in names)], names))
     for name, column, dtype in (("streams.slots", snapshot.slots, np.int32),
                                 ("streams.last_seen", snapshot.last_seen, np.float64)):
@@ -468,7 +479,7 @@ def _encode(snapshot: Snapshot) -> Iterator[Any]:
         position = entry["offset"] + entry["nbytes"]
 
 
-def _encode_names(names: list[str]) -> tuple[str, list[bytes]]:
+def _encode_names(names: list[str], pause: Callable[[], None] = _no_pause) -> tuple[str, list[bytes]]:
     """The stream names as UTF-8 buffers: "lines" (joined by newlines: a few fast C calls per
     chunk) unless a name holds a newline, then "json" (a JSON array: a Python-speed encoder).
     Lone surrogates survive either way ("surrogatepass"; JSON escapes them)."""
@@ -479,6 +490,7 @@ def _encode_names(names: list[str]) -> tuple[str, list[bytes]]:
         if text.count("\n") != len(chunk) - 1:
             break
         parts.append(text.encode("utf-8", "surrogatepass"))
+        pause()
     else:
         pieces = []
         for i, part in enumerate(parts):

@@ -33,13 +33,17 @@ Rules:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from controller.rowcopy import RowCopy
 
-__all__ = ["StreamSlots", "TableCopy", "drop_in_chunks", "lru_order"]
+__all__ = ["OrderedNames", "StreamSlots", "TableCopy", "lru_order"]
+
+
+def _no_pause() -> None:
+    pass
 
 
 class StreamSlots:
@@ -191,22 +195,29 @@ class StreamSlots:
 
     def begin_copy(self) -> TableCopy:
         """Start copying the table as it is now, a chunk at a time (``TableCopy.advance``) while
-        ``lookup`` goes on: rows that change before the copy reaches them are kept first. One
-        copy at a time: a new one replaces one in progress."""
+        ``lookup`` goes on: rows that change before the copy reaches them are kept first, and
+        the names of recycled slots until ``TableCopy.release()``. One copy at a time: a new
+        one replaces one in progress."""
         self._copy = TableCopy(self)
         return self._copy
 
 
 class TableCopy:
-    """The stream table as it was at ``StreamSlots.begin_copy()``; call ``advance`` between
-    lookups until it returns True, then ``result()`` (any thread: the table no longer touches it)."""
+    """The stream table as it was at ``StreamSlots.begin_copy()``.
+
+    The main thread calls ``advance`` between lookups until it returns True (the times and
+    sighting numbers are copied; rows a lookup writes first are kept first). The names are
+    not copied: a slot's name changes only when the slot is recycled, and ``lookup`` hands
+    the name it replaces to ``replacing`` first; so the copy stays attached to the table
+    until ``release()``, and ``result()`` (the checkpoint writer's thread) reads the live
+    by-slot list, under the GIL, with those names put back.
+    """
 
     def __init__(self, table: StreamSlots) -> None:
         self._table = table
         self.rows = len(table)
         self._rows = RowCopy([table._seen, table._order], self.rows)
-        self._names: list[str] = []
-        self._replaced: dict[int, str] = {}  # slot -> its name before a recycle reached it first
+        self._replaced: dict[int, str] = {}  # slot -> its name at T0, once the slot was recycled
 
     @property
     def done(self) -> bool:
@@ -214,61 +225,77 @@ class TableCopy:
 
     def replacing(self, slot: int, name: str) -> None:
         """``lookup`` is about to give ``slot`` (held by ``name``) to another stream."""
-        if slot >= len(self._names) and slot < self.rows:  # not copied yet
-            self._replaced.setdefault(slot, name)
+        if slot < self.rows:
+            self._replaced.setdefault(slot, name)  # the first is the name at T0
 
     def before_write(self, slots: np.ndarray) -> None:
         """``lookup`` is about to write the times and sighting numbers of ``slots``."""
-        table = self._table
-        self._rows.before_write([table._seen, table._order], slots)
+        if not self._rows.done:
+            table = self._table
+            self._rows.before_write([table._seen, table._order], slots)
 
     def advance(self, count: int) -> bool:
-        """Copy the next ``count`` rows; True when the whole table is copied (the table then
-        forgets this copy)."""
+        """Copy the next ``count`` rows; True when the times and sighting numbers are copied."""
         table = self._table
-        start = len(self._names)
-        self._names.extend(table._names[start:start + max(1, count)])
-        done = self._rows.advance([table._seen, table._order], count)
-        if done and table._copy is self:
-            table._copy = None
-        return done
+        return self._rows.advance([table._seen, table._order], count)
+
+    def result(self, pause: Callable[[], None] = _no_pause) -> tuple[Sequence[str], np.ndarray, np.ndarray]:
+        """``(names, slots, last_seen)`` least recently seen first, as they were at
+        ``begin_copy()`` and as ``StreamSlots.restore`` takes them; once ``done``, before
+        ``release()``. ``names`` is an ``OrderedNames``: sliced, it reads the live names a chunk
+        at a time. Meant for the writer's thread (``pause()`` between chunks of work)."""
+        seen, order = self._rows.result()
+        slots = np.argsort(order, kind="stable").astype(np.int32)  # the sort releases the GIL
+        last_seen = np.empty(len(slots), np.float64)
+        for start in range(0, len(slots), GATHER_CHUNK):
+            last_seen[start:start + GATHER_CHUNK] = seen[slots[start:start + GATHER_CHUNK]]
+            pause()
+        return OrderedNames(self._table._names, self._replaced, slots), slots, last_seen
 
     def release(self) -> None:
-        """Free the copied names a chunk at a time (``drop_in_chunks``); after ``result()``'s use."""
-        drop_in_chunks(self._names)
-
-    def result(self) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """``(names, last_seen, sighting numbers)`` by slot, as they were at ``begin_copy()``;
-        ``lru_order`` turns them into what ``restore`` takes."""
-        names = self._names
-        for slot, name in self._replaced.items():
-            names[slot] = name
-        self._replaced.clear()
-        seen, order = self._rows.result()
-        return names, seen, order
+        """The writer is done with ``result()``: the table forgets this copy."""
+        if self._table._copy is self:
+            self._table._copy = None
 
 
-# Names handled per step on the checkpoint writer's thread. Every C-level call over a list of
-# Python objects holds the GIL throughout, and touches each object (a reference count): one
-# over a million names held it 35-60 ms in a measurement (building and freeing one list),
-# which the main thread waits out; 8192 names take well under a millisecond.
-NAMES_CHUNK = 8192
+# Work done per step on the checkpoint writer's thread, which pauses between steps. Every
+# C-level call over a list of Python objects holds the GIL throughout and touches each
+# object: one over a million names held it 35-60 ms in a measurement (building and freeing
+# one list), which the main thread waits out; 2048 names take about 0.1 ms.
+NAMES_CHUNK = 2048
+GATHER_CHUNK = 65536  # float64s gathered per step: about 0.2 ms
+
+
+class OrderedNames(Sequence[str]):
+    """Stream names in a given slot order, read from a live by-slot list when sliced, with the
+    names of recycled slots put back (``TableCopy.result``): no list of a million names is
+    built, only one per slice."""
+
+    def __init__(self, by_slot: list[str], replaced: dict[int, str], slots: np.ndarray) -> None:
+        self._by_slot = by_slot
+        self._replaced = replaced
+        self._slots = slots
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            slots = self._slots[index].tolist()
+            by_slot = self._by_slot
+            names = [by_slot[s] for s in slots]
+            if self._replaced:  # recorded before the live name changed, so read after it
+                replaced = self._replaced
+                for i, s in enumerate(slots):
+                    if s in replaced:
+                        names[i] = replaced[s]
+            return names
+        slot = int(self._slots[index])
+        return self._replaced.get(slot, self._by_slot[slot])
 
 
 def lru_order(names: list[str], seen: np.ndarray, order: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Columns by slot -> ``(names, slots, last_seen)`` least recently seen first, as
-    ``StreamSlots.restore`` and checkpoint files take them. Meant for the checkpoint writer's
-    thread: the sort releases the GIL and the names move in chunks (free the result with
-    ``drop_in_chunks``)."""
+    ``StreamSlots.restore`` takes them (``export``)."""
     slots = np.argsort(order, kind="stable").astype(np.int32)
-    ordered: list[str] = []
-    for start in range(0, len(slots), NAMES_CHUNK):
-        ordered += [names[s] for s in slots[start:start + NAMES_CHUNK].tolist()]
-    return ordered, slots, np.asarray(seen, np.float64)[slots]
-
-
-def drop_in_chunks(items: list) -> None:
-    """Empty a long list a chunk at a time: freeing a million names in one go holds the GIL
-    for tens of milliseconds (see ``NAMES_CHUNK``)."""
-    while items:
-        del items[-NAMES_CHUNK:]
+    return [names[s] for s in slots.tolist()], slots, np.asarray(seen, np.float64)[slots]

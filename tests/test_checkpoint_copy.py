@@ -25,7 +25,7 @@ from controller.config import Config
 from controller.loop import Controller
 from controller.processor import Processor, default_processor
 from controller.rowcopy import RowCopy
-from controller.slots import StreamSlots, lru_order
+from controller.slots import StreamSlots
 from tests.fake_io import FakeIO, drain
 
 WAIT_S = 10.0 * float(os.environ.get("FORKLESS_TEST_TIME_SCALE", "1"))
@@ -78,10 +78,13 @@ def test_a_table_copy_is_the_table_at_t0_while_streams_come_recycle_and_repeat(i
         recycled += len(table.lookup(batch, now=now)[2])
     if idle_s is not None:
         assert recycled > 0  # slots changed hands while the copy ran
-    by_slot, seen, order = copy.result()
-    names, slots, last_seen = lru_order(by_slot, seen, order)
-    assert names == names0.tolist() and slots.tolist() == slots0.tolist() and last_seen.tolist() == seen0.tolist()
+    names, slots, last_seen = copy.result()
+    assert names[:] == names0.tolist() and list(names) == names0.tolist()
+    assert slots.tolist() == slots0.tolist() and last_seen.tolist() == seen0.tolist()
     assert table.export()[0].tolist() != names0.tolist()  # the table itself moved on
+    copy.release()
+    table.lookup(["late"], now=now + 1.0)  # a released copy is no longer told about changes
+    assert names[:] != names0.tolist() or idle_s is None
 
 
 def test_restore_then_copy_gives_back_what_was_restored() -> None:
@@ -89,8 +92,8 @@ def test_restore_then_copy_gives_back_what_was_restored() -> None:
     table.restore(["c", "a", "b"], [2, 0, 1], [3.0, 1.0, 2.0])
     copy = table.begin_copy()
     assert copy.advance(10)
-    names, slots, last_seen = lru_order(*copy.result())
-    assert (names, slots.tolist(), last_seen.tolist()) == (["c", "a", "b"], [2, 0, 1], [3.0, 1.0, 2.0])
+    names, slots, last_seen = copy.result()
+    assert (names[:], slots.tolist(), last_seen.tolist()) == (["c", "a", "b"], [2, 0, 1], [3.0, 1.0, 2.0])
 
 
 # ---- the controller: a checkpoint copied between steps ----------------------------------------------
@@ -257,3 +260,29 @@ def test_a_copy_whose_state_was_lost_by_a_failed_step_is_counted_as_failed_and_n
                 wait_written(ctl, 1)
         assert writer.written == 1 and len(checkpoint.list_checkpoints(tmp_path)) == 1
         writer.schedule(float("inf"))
+
+
+# ---- the writer thread leaves the GIL to the main thread between chunks of work ------------------
+
+
+def test_the_writer_pauses_between_chunks_of_names_and_the_file_is_the_same(tmp_path: Path) -> None:
+    names = [f"stream-{i}" for i in range(5000)]
+    snap = checkpoint.Snapshot({"mean": np.arange(6, dtype=np.float32)}, names, np.arange(5000, dtype=np.int32),
+                               np.zeros(5000), {"processed": 1}, {}, 0.0)
+    pauses = []
+    checkpoint.write_checkpoint(tmp_path / "paused.fkc", snap, pause=lambda: pauses.append(1))
+    checkpoint.write_checkpoint(tmp_path / "plain.fkc", snap)
+    assert len(pauses) == 3  # 5000 names in chunks of 2048
+    paused, plain = (tmp_path / "paused.fkc").read_bytes(), (tmp_path / "plain.fkc").read_bytes()
+    assert paused == plain
+
+
+def test_ordered_names_read_the_live_list_with_recycled_slots_put_back() -> None:
+    from controller.slots import OrderedNames
+
+    live = ["a", "b", "c", "d"]
+    replaced: dict[int, str] = {}
+    names = OrderedNames(live, replaced, np.array([2, 0, 3, 1]))
+    replaced[0] = "a"  # recorded before the slot changes hands
+    live[0] = "new"
+    assert names[:] == ["c", "a", "d", "b"] and names[1] == "a" and len(names) == 4 and names[1:3] == ["a", "d"]
