@@ -100,7 +100,7 @@ _TEMP_NAME = re.compile(r"^\.tmp-ckpt-\d{9,}\.fkc\.\d+$")  # TEMP_PREFIX + final
 # thread never waits long for it (one call over a million names holds it for tens of ms)
 NAMES_CHUNK = 2048
 # bytes hashed and written per call: the hash stays in cache, and each call releases the GIL
-WRITE_CHUNK = 8 << 20
+WRITE_CHUNK = 1 << 20
 
 
 # bytes of rows copied per PendingSnapshot.advance(): about 1 ms of the main thread into fresh
