@@ -434,8 +434,10 @@ def test_kill_9_at_random_points_always_leaves_a_complete_newest_checkpoint(tmp_
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-            before = len(list_checkpoints(tmp_path))
-            wait_until(lambda before=before, proc=proc: len(list_checkpoints(tmp_path)) > before
+            # a new newest file, not a higher count: with keep=3 the count is back to 3 a moment
+            # after each write (the rotation), so a count could be missed between two polls
+            before = list_checkpoints(tmp_path)[-1:]
+            wait_until(lambda before=before, proc=proc: list_checkpoints(tmp_path)[-1:] != before
                        or proc.poll() is not None, "a first checkpoint")
             time.sleep(rng.uniform(0.0, 0.3))
         finally:
