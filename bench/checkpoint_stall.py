@@ -1,7 +1,13 @@
-"""Does a checkpoint stall the step? The measurement that chose forkless's checkpoint writer.
+"""Does a checkpoint stall the step? The measurements that chose forkless's checkpoints.
 
+    python -m bench.checkpoint_stall --writer controller --seconds 90 --rounds 5 --every 3   # the stall
+    python -m bench.checkpoint_stall --writer startup --runs 3                               # restore
     python -m bench.checkpoint_stall --writer simple [--streams 1000000] [--features 8] [--seconds 20]
     PYTHONPATH=/path/to/orbax-site python -m bench.checkpoint_stall --writer orbax ...
+
+``controller`` and ``startup`` measure the controller's own checkpoints (``measure_controller``,
+``measure_startup``; their figures are at the end of this docstring and in bench/README.md,
+"Checkpoints"). The rest of this docstring is the earlier measurement of writers:
 
 The default EWMA step, compiled for one bucket (256 rows of random streams), runs in a
 tight loop on the main thread, one ``device_get`` of the outputs per step as the controller
@@ -52,6 +58,50 @@ run; orbax-checkpoint 0.12.8 installed with ``pip install --target`` outside the
   and restores a checkpoint with a flipped byte without an error (105 elements silently
   wrong); the simple writer imports in 0.015 s (+1.5 MiB) and runs one thread.
 Decision: the simple format (controller/checkpoint.py), not orbax-checkpoint.
+
+The controller's checkpoints (issue 12; 2026-11-30, JAX 0.10.2 CPU, the same shared 2-core
+machine, load average 1.6-2.3 from other agents' test runs). ``--writer controller``: the real
+``Controller.process_pending`` path, 1M streams in the slot table x F=8 (a 68 MB state, a
+94 MB file), one message every 1 ms from a feeder thread, phases of 6 s rotating "off" / the
+copy between steps ("incremental", the default) / the whole state at once ("whole": what the
+controller did before, and what it does on an accelerator), a checkpoint every 3 s in the
+"on" phases (10 per mode per run), a 3 s warm-up and one checkpoint not counted.
+
+    largest step-to-step gap, ms     off    incremental (ratio)   whole (ratio)
+    run 1                            10.0   19.2 (1.93)           90.7 (9.1)
+    run 2                            10.6   16.6 (1.57)           114.0 (10.8)
+    run 3                             9.6   21.5 (2.25)           92.3 (9.7)
+    median over checkpoints of the largest gap in the 1 s from its start (the same
+    moments in "off"): off 5.7 / 6.3 / 7.8, incremental 6.8 / 6.9 / 8.4, whole 24.1 / 24.5 / 28.3
+    largest gap while being copied: incremental 9.2 / 10.2 / 8.9, whole 69.1 / 64.2 / 51.0
+
+- The incremental copy costs the main thread 12-19 ms per checkpoint (median), in ticks of
+  at most about 1 ms spread over 20-32 ms; the writer thread then takes 0.93-0.96 s.
+- "whole" stalls 45-70 ms at the first step after the snapshot: the donated step copies the
+  table the snapshot's views still hold. Before this change the stream table was also listed
+  on the main thread at each checkpoint: 1.1-1.2 s at 1M streams (measured with the real
+  controller: ``export()`` 1.08-1.16 s, the whole take 1.27-1.39 s, the next step 37-39 ms).
+- The remaining gaps come from the writer thread (hashing and writing 94 MB, encoding a
+  million names) competing for 2 shared cores and the GIL; measured on the way there: with
+  the names reordered and freed as lists of a million, 10-38 ms gaps (window medians about 4x
+  "off"); chunked to 2048 names with a 1 ms sleep after each chunk and after each MiB
+  written, as now, 15-21 ms. A lower OS priority (nice 19) for the writer thread did not
+  help (window median 9.6 against 9.4 ms, and a 78.7 ms gap: it can be descheduled while
+  holding the GIL).
+- The max-gap target (<= 2x) was met in 2 of 3 runs (1.57, 1.93; 2.25 in the third); the
+  window medians, which noise moves less, are within 1.1-1.2x of "off".
+
+``--writer startup``: ``python app.py`` as bench/run.py starts it, a 1M-stream checkpoint
+(88 MB) in FORKLESS_CHECKPOINT_DIR, a warm JAX_COMPILATION_CACHE_DIR; times from the app's
+log (restore starts after "compiled the step"; the harness sends SIGTERM on the first result):
+
+    restore (read, checksum, stream table, device_put)     1.00 / 1.00 / 1.03 s
+    restore start to first result                          1.02 / 1.02 / 1.05 s   (target <= 2 s)
+    process start to first result, warm cache              4.05 / 3.85 / 4.08 s
+      the same without a checkpoint directory              2.56 / 3.05 / 2.48 s
+- ``StreamSlots.restore`` was 1.4-1.5 s of it before (a Python loop and a set over a million
+  names, and an OrderedDict); now 0.6-0.7 s (numpy, and a plain dict without idle_s). The
+  rest: reading and checking the file 0.2-0.25 s, the names 0.1 s, ``device_put`` 0.05-0.1 s.
 """
 
 from __future__ import annotations
@@ -238,10 +288,247 @@ def _restore(writer: str, processor, cfg, directory: Path, settings: dict, orbax
             "leaves": len(jax.tree.leaves(state))}
 
 
+# ---- the controller's own checkpoints: the stall at 1,000 msg/s -------------------------------------
+
+
+WARMUP_S = 3.0
+WINDOW_S = 1.0  # from a checkpoint's start: its copy and its write (about 0.1 s and 0.3-0.4 s at 1M streams)
+
+
+def measure_controller(streams: int, features: int, seconds: float, every_s: float, rate: float, rounds: int,
+                       directory: Path, modes: tuple[str, ...] = ("off", "incremental", "whole")) -> dict:
+    """The real path: ``Controller.process_pending`` as ``run()`` calls it, the stream table
+    filled with ``streams`` names, one message every 1/``rate`` s from a feeder thread (open
+    loop: sent when due) through the controller's queues (tests/fake_io.py: the IO side
+    without sockets). Phases rotate ``rounds`` times through ``modes``: "off" (no
+    checkpoint), "incremental" (the default: copied between steps) and "whole" (the whole
+    state at once, as on an accelerator; on the CPU that is the old behaviour, where the next
+    donated step copies the table). Gaps are between consecutive steps' results
+    (``on_results``); delays from each message's due time to its step's result."""
+    import threading
+
+    from controller.batching import Chunk
+    from controller.config import Config
+    from controller.loop import POLL_S, Controller
+    from tests.fake_io import FakeIO, drain
+
+    names = [f"stream-{i}" for i in range(streams)]
+    done_at: list[float] = []
+    delays: list[float] = []
+    due: dict[int, float] = {}
+
+    stage: list[str] = []  # per step: "copying", "writing" or "" (no checkpoint in progress)
+
+    def on_results(seq: list, stream: list, outputs: dict) -> None:
+        now = time.perf_counter()
+        done_at.append(now)
+        stage.append("copying" if ckpt.pending is not None else "writing" if ckpt.busy else "")
+        for s in seq:
+            delays.append(now - due.pop(s, now))
+
+    cfg = Config(features=features, max_streams=streams, checkpoint_dir=str(directory), checkpoint_s=3600.0,
+                 checkpoint_keep=2, checkpoint_restore="never", status_s=0)
+    fake = FakeIO()
+    ctl = Controller(cfg, io_factory=fake, on_results=on_results)
+    ctl.start()
+    ckpt = ctl.checkpointer
+    t0 = time.perf_counter()
+    for i in range(0, streams, 65536):
+        ctl.slots.lookup(names[i:i + 65536], time.monotonic())
+    fill_s = time.perf_counter() - t0
+    stop = threading.Event()
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((4096, features)).astype(np.float32)
+
+    def feed() -> None:
+        seq = 0
+        start = time.perf_counter()
+        while not stop.is_set():
+            target = start + seq / rate
+            wait = target - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            due[seq] = target
+            fake.inbound.put_nowait(Chunk([seq], [names[int(rng.integers(streams))]], xs[seq % 4096:seq % 4096 + 1],
+                                          time.monotonic_ns()))
+            seq += 1
+            if seq % 256 == 0:
+                drain(fake.outbound)
+
+    feeder = threading.Thread(target=feed, name="feeder", daemon=True)
+    feeder.start()
+    warm_until = time.monotonic() + WARMUP_S  # not counted: one-time costs of the first seconds
+    while time.monotonic() < warm_until:
+        ctl.process_pending(timeout=POLL_S)
+    ckpt.schedule(0.0)  # one checkpoint too, also not counted
+    while ckpt.pending is not None or ckpt.busy or ckpt.written == 0:
+        ctl.process_pending(timeout=POLL_S)
+        ckpt.schedule(float("inf"))
+    phase_s = seconds / (rounds * len(modes))
+    per_mode: dict[str, dict[str, list]] = {m: {"gaps": [], "delays": [], "copy_s": [], "copy_main_s": [],
+                                                "checkpoints": [], "written_s": [], "copying": [], "writing": [],
+                                                "windows": []}
+                                            for m in modes}
+    for _ in range(rounds):
+        for mode in modes:
+            ctl.incremental_checkpoints = mode != "whole"
+            ckpt.schedule(float("inf"))
+            while ckpt.busy:  # the previous phase's checkpoint finishes outside this one
+                ctl.process_pending(timeout=POLL_S)
+            begin = len(done_at)
+            begin_delays = len(delays)
+            now = time.monotonic()
+            phase_end = now + phase_s
+            next_ckpt = now + min(every_s, phase_s) / 4
+            written = ckpt.written
+            while time.monotonic() < phase_end or (mode != "off" and ckpt.busy):
+                if not ckpt.busy and time.monotonic() >= next_ckpt and time.monotonic() < phase_end:
+                    if mode != "off":  # "off": the same moments, to compare windows with windows
+                        ckpt.schedule(0.0)
+                    next_ckpt += every_s
+                    per_mode[mode]["checkpoints"].append(time.perf_counter())
+                elif mode != "off":
+                    ckpt.schedule(float("inf"))
+                copying = ckpt.pending is not None
+                ctl.process_pending(timeout=POLL_S)
+                if copying and ckpt.pending is None and ckpt.abandoned == 0:
+                    per_mode[mode]["copy_s"].append(ckpt.last_copy_s)
+                    per_mode[mode]["copy_main_s"].append(ckpt.last_copy_main_s)
+            gaps = np.diff(done_at[begin:]).tolist()
+            per_mode[mode]["gaps"] += gaps
+            for gap, where in zip(gaps, stage[begin + 1:]):  # a gap belongs to the step that ended it
+                if where:
+                    per_mode[mode][where].append(gap)
+            per_mode[mode]["delays"] += delays[begin_delays:]
+            ends = np.asarray(done_at[begin + 1:])
+            for t in per_mode[mode]["checkpoints"][len(per_mode[mode]["windows"]):]:
+                inside = (ends >= t) & (ends < t + WINDOW_S)
+                per_mode[mode]["windows"].append(max(np.asarray(gaps)[inside], default=0.0))
+            per_mode[mode]["written_s"].append(ckpt.written - written)
+    stop.set()
+    feeder.join(5)
+    ckpt.schedule(float("inf"))
+    ctl.stop()
+    snap = ctl.stats()
+    result = {"design": "controller", "streams": streams, "features": features, "rate": rate, "every_s": every_s,
+              "rounds": rounds, "phase_s": phase_s, "fill_s": fill_s, "processed": snap.processed,
+              "checkpoint_failures": snap.checkpoint_failures, "checkpoint_bytes": snap.checkpoint_bytes,
+              "checkpoint_write_s": snap.checkpoint_duration_s, "modes": {}}
+    for mode, m in per_mode.items():
+        result["modes"][mode] = {
+            "gaps": _quantiles(m["gaps"]), "delay_from_due": _quantiles(m["delays"]),
+            "gaps_while_copying": _quantiles(m["copying"]), "gaps_while_writing": _quantiles(m["writing"]),
+            "window_max_gap_ms": {"n": len(m["windows"]), "median": statistics.median(m["windows"]) * 1e3,
+                                  "max": max(m["windows"]) * 1e3} if m["windows"] else {},
+            "checkpoints": len(m["checkpoints"]), "written": sum(m["written_s"]),
+            "copy_s": {"max": max(m["copy_s"]), "median": statistics.median(m["copy_s"])} if m["copy_s"] else {},
+            "copy_main_thread_ms": {"max": max(m["copy_main_s"]) * 1e3,
+                                    "median": statistics.median(m["copy_main_s"]) * 1e3} if m["copy_main_s"] else {}}
+    off = result["modes"].get("off", {}).get("gaps", {}).get("max_ms")
+    for mode in modes:
+        on = result["modes"][mode]["gaps"].get("max_ms")
+        if mode != "off" and off and on:
+            result["modes"][mode]["stall_ratio_max"] = on / off
+            result["modes"][mode]["meets_target"] = on / off <= 2.0
+            on_w = result["modes"][mode]["window_max_gap_ms"].get("median")
+            off_w = result["modes"]["off"]["window_max_gap_ms"].get("median")
+            if on_w and off_w:
+                result["modes"][mode]["window_ratio_median"] = on_w / off_w
+    return result
+
+
+# ---- restore: process start to first result with a 1M-stream checkpoint ----------------------------
+
+
+def measure_startup(streams: int, features: int, runs: int, work: Path) -> dict:
+    """``python app.py`` started as a user starts it (bench/run.py's ``time_to_first_result``:
+    a local feed, process start to the first result on it), with a ``streams``-stream
+    checkpoint in FORKLESS_CHECKPOINT_DIR (max streams = ``streams``; the feed's stream "s0"
+    is one of them) and a persistent compilation cache shared by every run: the first run
+    fills the cache (cold), the next ``runs`` are warm; then as many warm runs without a
+    checkpoint directory, for the difference. Each run with checkpoints ends with the orderly
+    stop's checkpoint, so the next restores a file of the same size."""
+    import os
+
+    import bench.run as runbench
+    from controller.checkpoint import Snapshot, checkpoint_path, write_checkpoint
+    from controller.processor import EWMAState
+
+    ckpt_dir = work / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    (work / "logs").mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    state = {"count": rng.integers(0, 1000, streams + 1).astype(np.int32),
+             "mean": rng.standard_normal((streams + 1, features)).astype(np.float32),
+             "var": rng.random((streams + 1, features)).astype(np.float32)}
+    snap = Snapshot(EWMAState(**state), [f"s{i}" for i in range(streams)], np.arange(streams, dtype=np.int32),
+                    np.full(streams, time.time()), {"processed": 12345, "anomalies": 0},
+                    {"features": features, "max_streams": streams, "processor": "ewma/1"}, time.time())
+    size = write_checkpoint(checkpoint_path(ckpt_dir, 0), snap)
+    cache = str(work / "jax-cache")
+    env_keys = {"FORKLESS_FEATURES": str(features), "FORKLESS_MAX_STREAMS": str(streams),
+                "FORKLESS_CHECKPOINT_DIR": str(ckpt_dir), "FORKLESS_CHECKPOINT_S": "3600"}
+    saved = {k: os.environ.get(k) for k in env_keys}
+    os.environ.update(env_keys)  # client_env() copies os.environ
+    def first_result(tag: str) -> float | None:
+        return runbench.time_to_first_result("forkless", cache, work, tag)
+
+    try:
+        cold = first_result("restore-cold")
+        warm = [first_result(f"restore-warm-{i}") for i in range(runs)]
+        os.environ["FORKLESS_CHECKPOINT_DIR"] = ""
+        plain = [first_result(f"plain-warm-{i}") for i in range(runs)]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    # From the app's own log: restore starts after "compiled the step" and ends at "restored N
+    # streams"; the harness sends SIGTERM as soon as the first result has reached the feed, so
+    # "SIGTERM received" is an upper bound on when the first result came back.
+    restored, restore_s, restore_to_first_s, compiled_to_first_s = [], [], [], {}
+    for tag, results in (("restore-warm", warm), ("plain-warm", plain)):
+        got = []
+        for i, seconds in enumerate(results):
+            lines = (work / "logs" / f"{tag}-{i}.log").read_text().splitlines()
+            compiled = next(_log_time(line) for line in lines if "compiled the step" in line)
+            answered = next((_log_time(line) for line in lines if "SIGTERM received" in line), None)
+            if seconds is not None and answered is not None:
+                got.append(round(answered - compiled, 3))
+            if tag == "restore-warm":
+                done = next(_log_time(line) for line in lines if "restored" in line)
+                restored.append(next(line for line in lines if "restored" in line))
+                restore_s.append(round(done - compiled, 3))
+        compiled_to_first_s[tag] = got
+    restore_to_first_s = compiled_to_first_s["restore-warm"]
+    ok = [x for x in warm if x is not None]
+    return {"compiled_to_first_result_s": compiled_to_first_s,
+            "design": "startup", "streams": streams, "features": features, "checkpoint_bytes": size,
+            "cold_cache_s": cold, "warm_s": warm, "warm_median_s": statistics.median(ok) if ok else None,
+            "warm_without_checkpoint_s": plain,
+            "restore_share_s": (statistics.median(ok) - statistics.median([x for x in plain if x is not None]))
+            if ok and any(x is not None for x in plain) else None,
+            "restore_s": restore_s, "restore_start_to_first_result_s": restore_to_first_s,
+            "meets_target_from_restore_start": bool(restore_to_first_s) and max(restore_to_first_s) <= 2.0,
+            "meets_target_from_process_start": bool(ok) and max(ok) <= 2.0, "log_lines": restored}
+
+
+def _log_time(line: str) -> float:
+    """Unix time of a log line from the app's format ("2026-11-30 07:39:10,932 INFO ...")."""
+    import datetime
+
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.checkpoint_stall", description=__doc__.splitlines()[0])
-    p.add_argument("--writer", choices=("simple", "orbax", "sleep"), default="simple",
-                   help="sleep: the control, a writer that only waits 1 s (what noise alone does to the gaps)")
+    p.add_argument("--writer", choices=("simple", "orbax", "sleep", "controller", "startup"), default="simple",
+                   help="sleep: the control, a writer that only waits 1 s (what noise alone does to the gaps); "
+                        "controller: the Controller's own checkpoints at --rate msg/s; "
+                        "startup: restore to first result")
+    p.add_argument("--rate", type=float, default=1000.0, help="controller: messages a second")
+    p.add_argument("--runs", type=int, default=3, help="startup: warm runs with and without a checkpoint")
     p.add_argument("--streams", type=int, default=1_000_000)
     p.add_argument("--features", type=int, default=8)
     p.add_argument("--seconds", type=float, default=20.0)
@@ -255,8 +542,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     directory = args.dir or Path(tempfile.mkdtemp(prefix="forkless-ckpt-bench-"))
     try:
-        result = measure(args.writer, args.streams, args.features, args.seconds, args.every, args.bucket,
-                         args.donate, directory, orbax_names=not args.orbax_no_names, rounds=args.rounds)
+        if args.writer == "controller":
+            result = measure_controller(args.streams, args.features, args.seconds, args.every, args.rate,
+                                        args.rounds, directory)
+        elif args.writer == "startup":
+            result = measure_startup(args.streams, args.features, args.runs, directory)
+        else:
+            result = measure(args.writer, args.streams, args.features, args.seconds, args.every, args.bucket,
+                             args.donate, directory, orbax_names=not args.orbax_no_names, rounds=args.rounds)
     finally:
         if args.dir is None:
             shutil.rmtree(directory, ignore_errors=True)

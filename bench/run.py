@@ -542,6 +542,8 @@ def table(s: dict[str, Any]) -> str:
             "peak RSS MiB", "lag p50/p99 ms", "lag p99 heavy", "compiles", "1st result cold/warm s"]
     rows = [head]
     for design in (*DESIGNS, "compute-ceiling"):
+        if design not in s:  # a design this stored run did not have
+            continue
         r = s[design]
         if design == "compute-ceiling":
             rows.append([design, *["-"] * 6, _fmt(r["throughput_msg_s"], 0), *["-"] * 5])
@@ -590,7 +592,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_title(f"latency distribution at {title}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    names = [*DESIGNS, "compute-ceiling"]
+    names = [n for n in (*DESIGNS, "compute-ceiling") if n in results["summary"]]
     values = [results["summary"][n]["throughput_msg_s"] or 0 for n in names]
     bars = axes[2].bar(names, values, color=[colours[n] for n in names])
     axes[2].set_yscale("log")
@@ -840,6 +842,8 @@ def results_markdown(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for design in (*DESIGNS, "compute-ceiling"):
+        if design not in s:  # a design this stored run did not have
+            continue
         r = s[design]
         cells = [design]
         if design == "compute-ceiling":

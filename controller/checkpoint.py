@@ -2,10 +2,22 @@
 atomically, finding and restoring the newest complete one.
 
 Rules:
-- No threads and no clock here: times are passed in. The main thread pays only
-  ``jax.device_get`` (``take_snapshot``); ``write_checkpoint`` runs on the checkpointer's
-  thread (controller/checkpointer.py) and holds the GIL only briefly: hashing and large
-  writes release it, and the stream names are encoded in small chunks.
+- No threads and no clock here: times are passed in. ``write_checkpoint`` runs on the
+  checkpointer's thread (controller/checkpointer.py) and holds the GIL only briefly:
+  hashing and large writes release it, and the stream names are encoded in small chunks.
+- The controller's checkpoints are a ``PendingSnapshot``: begun between two steps (T0),
+  copied a chunk at a time between the following steps (``advance``, about 1 MiB each),
+  exact as of T0 by copy-on-write (``before_state_write`` before every step and slot reset;
+  the stream table does its own, ``StreamSlots.begin_copy``), then turned into a
+  ``Snapshot`` on the writer thread (``finish``). Why: on the CPU ``jax.device_get``
+  returns views of the device buffers, and the next step, given the state donated, then
+  copies the whole table once instead of updating it in place (about 40 ms for 1M streams
+  x 8 features, on the main thread), and listing a 1M-stream table took about 1.1 s; here
+  each view lives only inside one call, so steps stay in place (tests pin the buffer).
+  On an accelerator ``device_get`` is a real transfer, and the state is copied whole at T0
+  (``shares_device_memory`` chooses); so is the checkpoint of an orderly stop.
+- ``take_snapshot`` (the whole state at once, ``jax.device_get``) remains for callers
+  with their own state.
 - One checkpoint is one file, ``ckpt-<sequence>.fkc``. It is written to a temporary
   ``.tmp-ckpt-…`` file in the same directory, fsynced, renamed into place with
   ``os.replace``, and the directory fsynced; so a file with a final name is complete, and
@@ -18,7 +30,9 @@ Rules:
   ``CheckpointMismatch`` names the setting and both values.
 - On the CPU, ``device_get`` returns views of the device buffers (no copy); they stay as
   taken while later steps run, even a step that donates its state (JAX then copies the
-  donated buffer instead of writing into it; tests pin this).
+  donated buffer instead of writing into it; tests pin this). A processor's step must
+  write only its batch's rows of a per-stream leaf (the processor contract's O(B) rule):
+  the copy-on-write keeps exactly those rows.
 - The file holds the state in canonical slot order (row s = slot s, the spare last) whatever
   the device count, so a checkpoint taken on N devices restores on M. A state sharded over
   several devices (controller/placement.py) is taken as views of its device shards, and
@@ -27,8 +41,9 @@ Rules:
   transfer. Restore returns canonical host arrays; the caller converts them to its mesh
   (``Placement.to_sharded``) and ``jax.device_put``s them.
 - Why not orbax-checkpoint: measured in bench/checkpoint_stall.py (its docstring has the
-  numbers): its save blocks the main thread 20-280 ms per checkpoint where this one blocks
-  0.2 ms, it does not detect a corrupted byte, and it brings 13 packages (106 MB).
+  numbers): its save blocks the main thread 20-280 ms per checkpoint where ``take_snapshot``
+  blocks 0.2 ms (with the state not donated), it does not detect a corrupted byte, and it
+  brings 13 packages (106 MB).
 
 File layout, format 1 (integers little-endian):
     MAGIC                          b"FORKLESS-CHECKPOINT\\n"
@@ -46,6 +61,7 @@ File layout, format 1 (integers little-endian):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -55,7 +71,7 @@ import platform
 import re
 import struct
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,10 +81,13 @@ import numpy as np
 
 from controller.errors import CheckpointMismatch
 from controller.placement import CanonicalRows, Placement
+from controller.rowcopy import RowCopy
+from controller.slots import TableCopy
 
-__all__ = ["FORMAT", "CheckpointDamaged", "CheckpointMismatch", "Restored", "Snapshot", "checkpoint_path",
-           "library_versions", "list_checkpoints", "load_newest", "next_sequence", "prune", "read_checkpoint",
-           "remove_temporary_files", "restore_state", "take_snapshot", "write_checkpoint"]
+__all__ = ["FORMAT", "CheckpointAbandoned", "CheckpointDamaged", "CheckpointMismatch", "PendingSnapshot", "Restored",
+           "Snapshot", "StateCopy", "checkpoint_path", "library_versions", "list_checkpoints", "load_newest",
+           "next_sequence", "prune", "read_checkpoint", "remove_temporary_files", "restore_state",
+           "shares_device_memory", "take_snapshot", "write_checkpoint"]
 
 log = logging.getLogger("forkless.checkpoint")
 
@@ -82,11 +101,25 @@ SUFFIX = ".fkc"
 TEMP_PREFIX = ".tmp-"
 _FINAL_NAME = re.compile(r"^ckpt-(\d{9,})\.fkc$")
 _TEMP_NAME = re.compile(r"^\.tmp-ckpt-\d{9,}\.fkc\.\d+$")  # TEMP_PREFIX + final name + "." + writer's pid
-# stream names encoded per call on the writer thread: about 1 ms of GIL each, so the main
+# stream names encoded per call on the writer thread: well under 1 ms of GIL each, so the main
 # thread never waits long for it (one call over a million names holds it for tens of ms)
-NAMES_CHUNK = 32768
+NAMES_CHUNK = 2048
 # bytes hashed and written per call: the hash stays in cache, and each call releases the GIL
-WRITE_CHUNK = 8 << 20
+WRITE_CHUNK = 1 << 20
+
+
+# bytes of rows copied per PendingSnapshot.advance(): about 1 ms of the main thread into fresh
+# (not yet faulted-in) host pages, 0.1 ms into warm ones (bench/checkpoint_stall.py)
+COPY_CHUNK_BYTES = 1 << 20
+
+
+def _no_pause() -> None:
+    pass
+
+
+class CheckpointAbandoned(RuntimeError):
+    """A checkpoint being copied between steps cannot be completed (the state it was copying
+    was replaced); it is counted as a failure and the next one is taken at the next interval."""
 
 
 class CheckpointDamaged(ValueError):
@@ -98,7 +131,8 @@ class CheckpointDamaged(ValueError):
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Everything one checkpoint holds, on the host; made by ``take_snapshot`` on the main thread.
+    """Everything one checkpoint holds, on the host; made by ``take_snapshot`` on the main thread,
+    or by ``PendingSnapshot.finish`` on the writer thread.
 
     ``state`` is a pytree of numpy arrays. ``names``/``slots``/``last_seen`` are the stream
     table (``StreamSlots.export()``): fresh values the caller does not change afterwards.
@@ -152,6 +186,149 @@ def _canonical_rows(leaf: Any, placement: Placement) -> CanonicalRows:
     """A sharded leaf's device shards, in mesh order, as a lazily canonical host leaf."""
     shards = sorted(leaf.addressable_shards, key=lambda shard: shard.index[0].start or 0)
     return CanonicalRows([np.asarray(shard.data) for shard in shards], placement)
+def shares_device_memory(state: Any) -> bool:
+    """Whether ``np.asarray`` of every leaf of ``state`` is a view of its device buffer (one
+    CPU device), so that a copy can be taken from it in chunks. False on an accelerator (the
+    host copy is a real transfer) and for a leaf spread over several devices."""
+    for leaf in jax.tree.leaves(state):
+        devices = leaf.devices() if hasattr(leaf, "devices") else ()
+        if len(devices) != 1 or next(iter(devices)).platform != "cpu":
+            return False
+        try:
+            view = np.asarray(leaf)
+            if view.size and view.ctypes.data != leaf.unsafe_buffer_pointer():
+                return False
+        except Exception:  # no buffer pointer for this kind of array: take the plain path
+            return False
+    return True
+
+
+class StateCopy:
+    """The device state as it was when made, copied to the host a chunk of rows at a time
+    between steps (copy-on-write, ``controller/rowcopy.py``). For one CPU device, where
+    ``np.asarray`` of a leaf is a view of its buffer (``shares_device_memory``).
+
+    Why: on the CPU ``jax.device_get`` returns such views, and the next step, which is given
+    the state donated, must then copy the whole table once instead of updating it in place
+    (about 40 ms for 1M streams x 8 features, on the main thread). Here every view is made
+    inside a call and dropped before it returns, so steps stay in place.
+
+    Leaves whose leading axis is ``rows`` (``max_streams + 1``, the per-stream ones) are
+    copied in chunks; the others are small and copied whole at once. Call
+    ``before_write(state, slots)`` before every step or reset that writes ``slots`` (the
+    processor contract: a step writes only its batch's rows), ``advance`` between steps.
+    """
+
+    def __init__(self, state: Any, rows: int) -> None:
+        flat, self._treedef = jax.tree_util.tree_flatten(state)
+        self._per_stream = [i for i, leaf in enumerate(flat) if np.ndim(leaf) and np.shape(leaf)[0] == rows]
+        self._whole = {i: np.array(leaf, copy=True) for i, leaf in enumerate(flat) if i not in self._per_stream}
+        self._rows = RowCopy(self._views(state), rows)
+        row_bytes = sum(flat[i].nbytes for i in self._per_stream) // max(1, rows)
+        self.chunk_rows = max(1, COPY_CHUNK_BYTES // max(1, row_bytes))
+
+    def _views(self, state: Any) -> list[np.ndarray]:
+        leaves = jax.tree_util.tree_leaves(state)
+        return [np.asarray(leaves[i]) for i in self._per_stream]
+
+    @property
+    def done(self) -> bool:
+        return self._rows.done
+
+    def before_write(self, state: Any, slots: np.ndarray) -> None:
+        if not self._rows.done:
+            self._rows.before_write(self._views(state), slots)
+
+    def advance(self, state: Any, count: int | None = None) -> bool:
+        return self._rows.advance(self._views(state), self.chunk_rows if count is None else count)
+
+    def result(self) -> Any:
+        """The state at the time this was made, as a tree of host arrays; once ``done``."""
+        copied = iter(self._rows.result())
+        leaves = [self._whole[i] if i in self._whole else next(copied)
+                  for i in range(len(self._per_stream) + len(self._whole))]
+        return jax.tree_util.tree_unflatten(self._treedef, leaves)
+
+
+class PendingSnapshot:
+    """One checkpoint as of the moment it was begun (T0), being copied on the main thread.
+
+    The main thread begins it between two steps, calls ``before_state_write`` before every
+    step or slot reset (the stream table keeps its own copy-on-write: ``StreamSlots.begin_copy``)
+    and ``advance`` between steps until it returns True; then the checkpointer's thread calls
+    ``finish()`` for the ``Snapshot`` (the stream table put in LRU order there).
+
+    ``incremental``: copy the state in chunks where that is possible (``shares_device_memory``:
+    one CPU device); otherwise, on an accelerator, ``jax.device_get`` copies it at T0 (a real
+    transfer, after which the device buffers are free to be updated in place). ``intact()``
+    returns False once the state being copied was replaced (a failed step lost it): ``advance``
+    then raises ``CheckpointAbandoned``. ``seen_shift`` is added to the table's last-seen times
+    (monotonic -> wall clock); ``wall_time`` is Unix seconds at T0.
+    """
+
+    def __init__(self, state: Any, table: TableCopy, counts: Mapping[str, int], settings: Mapping[str, Any],
+                 wall_time: float, *, rows: int, get_state: Callable[[], Any], seen_shift: float = 0.0,
+                 incremental: bool = True, intact: Callable[[], bool] | None = None,
+                 placement: Placement | None = None, per_stream: Any = None) -> None:
+        self.incremental = incremental and placement is None and shares_device_memory(state)
+        self._state_copy = StateCopy(state, rows) if self.incremental else None
+        self._host = None
+        if not self.incremental:  # at T0: an accelerator's transfer, or the shards of several devices
+            self._host = jax.device_get(state) if placement is None else jax.tree.map(
+                lambda leaf, sharded: _canonical_rows(leaf, placement) if sharded else np.asarray(jax.device_get(leaf)),
+                state, per_stream)
+        self._table = table
+        self._get_state = get_state
+        self._intact = intact
+        self.counts = {k: int(v) for k, v in counts.items()}
+        self.settings = dict(settings)
+        self.wall_time = float(wall_time)
+        self.seen_shift = float(seen_shift)
+        self.chunks = 0  # advance() calls that copied something
+
+    @property
+    def done(self) -> bool:
+        return (self._state_copy is None or self._state_copy.done) and self._table.done
+
+    def before_state_write(self, state: Any, slots: np.ndarray) -> None:
+        """The step or reset about to run writes these rows of the state (padding included)."""
+        if self._state_copy is not None:
+            self._state_copy.before_write(state, slots)
+
+    def advance(self) -> bool:
+        """Copy one more chunk (state first, then the stream table); True when all is copied."""
+        if self._intact is not None and not self._intact():
+            raise CheckpointAbandoned("the state was replaced while its checkpoint was being copied "
+                                      "(a failed step lost it); the next checkpoint is taken at the next interval")
+        if self.done:
+            return True
+        self.chunks += 1
+        if self._state_copy is not None and not self._state_copy.done:
+            self._state_copy.advance(self._get_state())
+        else:
+            self._table.advance(max(1, COPY_CHUNK_BYTES // 16))  # last-seen and sighting number: 16 bytes a row
+        return self.done
+
+    def complete(self) -> PendingSnapshot:
+        """Copy everything now (the checkpoint of an orderly stop: nothing runs after it)."""
+        while not self.advance():
+            pass
+        return self
+
+    def finish(self, pause: Callable[[], None] = _no_pause) -> Snapshot:
+        """The ``Snapshot`` of T0; on the checkpointer's thread, once ``advance`` returned True
+        (``pause`` as for ``write_checkpoint``)."""
+        state = self._state_copy.result() if self._state_copy is not None else self._host
+        names, slots, last_seen = self._table.result(pause)
+        last_seen += self.seen_shift
+        return Snapshot(jax.tree.map(lambda leaf: leaf if isinstance(leaf, CanonicalRows) else np.asarray(leaf), state),
+                        names, slots, last_seen,
+                        self.counts, self.settings, self.wall_time)
+
+    def release(self) -> None:
+        """Call once the file is written or failed, or the copy dropped: the stream table stops
+        keeping the names of recycled slots for it (``TableCopy.release``)."""
+        self._table.release()
 
 
 @dataclass(frozen=True)
@@ -232,8 +409,12 @@ def remove_temporary_files(directory: Path | str) -> list[Path]:
 # ---- writing -----------------------------------------------------------------------------------------
 
 
-def write_checkpoint(path: Path | str, snapshot: Snapshot) -> int:
+def write_checkpoint(path: Path | str, snapshot: Snapshot, pause: Callable[[], None] = _no_pause) -> int:
     """Write ``snapshot`` to ``path`` atomically; returns the file's size in bytes.
+
+    ``pause()`` is called between chunks of work (names encoded, bytes hashed and written):
+    the checkpointer passes a short sleep, so its thread does not keep asking for the GIL
+    the main thread needs (see ``Checkpointer``).
 
     Temporary file in the same directory, fsync, ``os.replace``, fsync of the directory. On
     any error the temporary file is removed and the error raised; ``path`` is then untouched.
@@ -244,12 +425,17 @@ def write_checkpoint(path: Path | str, snapshot: Snapshot) -> int:
     size = 0
     try:
         with open(temp, "wb") as f:
-            for piece in _encode(snapshot):
+            since_pause = 0
+            for piece in _encode(snapshot, pause):
                 view = memoryview(piece).cast("B")
                 for start in range(0, len(view), WRITE_CHUNK):
                     chunk = view[start:start + WRITE_CHUNK]
                     digest.update(chunk)
                     f.write(chunk)
+                    since_pause += len(chunk)
+                    if since_pause >= WRITE_CHUNK:  # per 8 MiB, not per piece (a names part is small)
+                        since_pause = 0
+                        pause()
                 size += len(view)
             trailer = DIGEST_TAG + digest.digest() + END
             f.write(trailer)
@@ -276,7 +462,7 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _encode(snapshot: Snapshot) -> Iterator[Any]:
+def _encode(snapshot: Snapshot, pause: Callable[[], None] = _no_pause) -> Iterator[Any]:
     """The file's bytes before the trailer, as buffers (the arrays are not copied)."""
     arrays: list[tuple[str, str, list[int], list[Any]]] = []  # name, dtype, shape, buffers
     lazy: dict[int, int] = {}  # index in arrays -> nbytes, for leaves whose bytes are made as written
@@ -289,7 +475,7 @@ def _encode(snapshot: Snapshot) -> Iterator[Any]:
             continue
         arr = np.ascontiguousarray(leaf)
         arrays.append((name, arr.dtype.name, list(arr.shape), [arr.reshape(-1).view(np.uint8)]))
-    names_encoding, names = _encode_names(snapshot.names)
+    names_encoding, names = _encode_names(snapshot.names, pause)
     arrays.append(("streams.names", "uint8", [sum(len(b) for b in names)], names))
     for name, column, dtype in (("streams.slots", snapshot.slots, np.int32),
                                 ("streams.last_seen", snapshot.last_seen, np.float64)):
@@ -322,7 +508,7 @@ def _encode(snapshot: Snapshot) -> Iterator[Any]:
         position = entry["offset"] + entry["nbytes"]
 
 
-def _encode_names(names: list[str]) -> tuple[str, list[bytes]]:
+def _encode_names(names: list[str], pause: Callable[[], None] = _no_pause) -> tuple[str, list[bytes]]:
     """The stream names as UTF-8 buffers: "lines" (joined by newlines: a few fast C calls per
     chunk) unless a name holds a newline, then "json" (a JSON array: a Python-speed encoder).
     Lone surrogates survive either way ("surrogatepass"; JSON escapes them)."""
@@ -333,6 +519,7 @@ def _encode_names(names: list[str]) -> tuple[str, list[bytes]]:
         if text.count("\n") != len(chunk) - 1:
             break
         parts.append(text.encode("utf-8", "surrogatepass"))
+        pause()
     else:
         pieces = []
         for i, part in enumerate(parts):
@@ -365,6 +552,7 @@ def library_versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
+@functools.cache  # importlib.metadata scans every distribution on sys.path: once per process
 def _forkless_version() -> str:
     try:
         return importlib.metadata.version("forkless")

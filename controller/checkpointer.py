@@ -1,17 +1,25 @@
 """Checkpointer: writes checkpoints on one background thread, so the step is never stalled.
 
 Rules:
-- The main thread takes the snapshot (``checkpoint.take_snapshot``: only ``jax.device_get``)
-  and hands it over with ``submit`` (or ``tick``, which also keeps the schedule). Encoding,
-  hashing, writing, fsync, the rename and the rotation happen on the "forkless-checkpoint"
-  thread (a daemon), started and stopped explicitly.
-- At most one checkpoint in flight: a ``submit`` while one is being written returns False and
-  counts ``skipped``; nothing queues up behind a slow disk.
+- The main thread takes the snapshot and hands it over with ``submit`` (or ``tick``, which
+  also keeps the schedule). Encoding, hashing, writing, fsync, the rename and the rotation
+  happen on the "forkless-checkpoint" thread (a daemon), started and stopped explicitly.
+- ``tick``'s ``take()`` may return a ``Snapshot`` (taken whole: ``checkpoint.take_snapshot``)
+  or a ``PendingSnapshot`` (the controller's: copied between steps). A pending one is held
+  here (``pending``) and advanced on every later ``tick`` for at most ``copy_budget_s`` of
+  the main thread; once copied it is handed to the writer thread, which calls its
+  ``finish()``. The controller tells it about every write to the state (``before_state_write``).
+- At most one checkpoint in flight, being copied or written: a ``submit`` or a due ``tick``
+  meanwhile returns False and counts ``skipped``; nothing queues up behind a slow disk. A
+  copy that cannot be completed (``CheckpointAbandoned``, or any error) is dropped and
+  counted in ``failures`` (``abandoned``); one in progress at ``stop`` is dropped for the
+  final checkpoint and counted in ``skipped``.
 - A failed write never raises into the caller: it is counted in ``failures``, its text kept in
   ``last_error``, and logged once per distinct error on "forkless.checkpoint".
-- Each counter has one writer thread: ``skipped``, ``submitted`` and the schedule belong to the
-  main thread (``submit``, ``tick``); ``written``, ``finished``, ``failures``, ``last_*`` to the
-  writer thread. The other side only reads them (plain attributes, atomic under the GIL).
+- Each counter has one writer thread: ``skipped``, ``submitted``, ``abandoned``, ``last_copy_*``
+  and the schedule belong to the main thread (``submit``, ``tick``); ``written``, ``finished``,
+  ``failures``, ``last_*`` to the writer thread. The other side only reads them (plain
+  attributes, atomic under the GIL).
 - ``start()`` creates the directory and removes the temporary files of a writer that was
   killed; ``stop(timeout, final=...)`` waits for the write in flight, then writes ``final``
   (the checkpoint of an orderly stop) and joins the thread. One process per directory.
@@ -19,7 +27,9 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import queue
 import threading
 import time
@@ -28,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.checkpoint import (
+    PendingSnapshot,
     Snapshot,
     checkpoint_path,
     next_sequence,
@@ -45,6 +56,15 @@ WriteFn = Callable[[Path, Snapshot], int]
 (``checkpoint.write_checkpoint``; tests pass one that waits on an event first)."""
 
 _STOP = object()
+# main-thread time a tick may spend copying a pending checkpoint (a few chunks, about 1 ms each
+# into fresh pages): what a step waiting behind it can be delayed by (bench/checkpoint_stall.py)
+COPY_BUDGET_S = 0.001
+# The writer thread sleeps this long after each chunk of work (2048 stream names encoded, 64k
+# last-seen times put in order, 1 MiB hashed and written). Without it, a thread that keeps
+# asking for the GIL makes every hand-back the main thread needs (queue waits, each XLA call)
+# wait up to the switch interval, and on 2 cores it takes a whole core: gaps of 10-38 ms
+# between steps at 1M streams, against 15-21 ms with it (bench/checkpoint_stall.py).
+PAUSE_S = 0.001
 
 
 class Checkpointer:
@@ -54,12 +74,13 @@ class Checkpointer:
 
         ckpt = Checkpointer(dir, keep=3, interval_s=60.0)
         ckpt.start()
-        ...each loop cycle: ckpt.tick(time.monotonic(), take)  # take() -> Snapshot
+        ...each loop cycle: ckpt.tick(time.monotonic(), take)  # take() -> Snapshot or PendingSnapshot
         ckpt.stop(timeout, final=take())                       # after the last batch
     """
 
     def __init__(self, directory: Path | str, *, keep: int = 3, interval_s: float = 60.0,
-                 write: WriteFn = write_checkpoint) -> None:
+                 write: WriteFn = write_checkpoint, copy_budget_s: float = COPY_BUDGET_S,
+                 pause_s: float = PAUSE_S) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         if not interval_s > 0:
@@ -67,7 +88,14 @@ class Checkpointer:
         self.directory = Path(directory)
         self.keep = keep
         self.interval_s = interval_s
-        self._write = write
+        self.pause_s = pause_s
+        # the default writer pauses between its chunks; a custom one (tests) is called as given
+        self._write = functools.partial(write_checkpoint, pause=self._pause) if write is write_checkpoint else write
+        self.copy_budget_s = copy_budget_s
+        self._pending: PendingSnapshot | None = None
+        self._pending_since = 0.0
+        self._copy_s = 0.0
+        self._logged_main: set[str] = set()
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -78,6 +106,9 @@ class Checkpointer:
         # written by the main thread only
         self.submitted = 0
         self.skipped = 0
+        self.abandoned = 0  # copies that could not be completed (counted in the failures)
+        self.last_copy_s = 0.0  # the newest copied checkpoint: its begin to its hand-over
+        self.last_copy_main_s = 0.0  # of which the main thread spent copying (the sum of its ticks)
         # written by the writer thread only
         self.finished = 0  # submitted checkpoints done with, written or failed
         self.written = 0
@@ -105,7 +136,7 @@ class Checkpointer:
         self._thread = threading.Thread(target=self._run, name="forkless-checkpoint", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float | None = None, final: Snapshot | None = None) -> bool:
+    def stop(self, timeout: float | None = None, final: Snapshot | PendingSnapshot | None = None) -> bool:
         """Wait for the write in flight, write ``final`` if given, and end the thread.
 
         Returns True when all of that finished within ``timeout`` seconds; False leaves the
@@ -117,6 +148,10 @@ class Checkpointer:
             return True
         if not self._stopping:  # a second call only waits longer
             self._stopping = True
+            if self._pending is not None:  # superseded by the final checkpoint
+                self._pending.release()
+                self._pending = None
+                self.skipped += 1
             if final is not None:
                 self.submitted += 1
                 self._jobs.put(final)
@@ -128,8 +163,13 @@ class Checkpointer:
 
     @property
     def busy(self) -> bool:
-        """A checkpoint is being written (a ``submit`` now would be skipped)."""
-        return self.finished != self.submitted
+        """A checkpoint is being copied or written (a ``submit`` now would be skipped)."""
+        return self._pending is not None or self.finished != self.submitted
+
+    @property
+    def pending(self) -> PendingSnapshot | None:
+        """The checkpoint being copied between steps, if any (tell it about state writes)."""
+        return self._pending
 
     def submit(self, snapshot: Snapshot) -> bool:
         """Hand ``snapshot`` to the writer thread; False (and ``skipped`` += 1) if the previous
@@ -145,25 +185,73 @@ class Checkpointer:
 
     def tick(self, now: float, take: Callable[[], Snapshot]) -> bool:
         """Call every loop cycle with ``time.monotonic()``: every ``interval_s`` (the first one
-        ``interval_s`` after the first call) takes a snapshot with ``take()`` and submits it.
-        A checkpoint due while the previous one is still being written is skipped without
-        paying for ``take()``. Returns whether one was submitted."""
+        ``interval_s`` after the first call) takes a snapshot with ``take()`` and submits it
+        (a ``PendingSnapshot`` is first copied, a little on each tick). A checkpoint due while
+        the previous one is still being copied or written is skipped without paying for
+        ``take()``. Returns whether one was taken."""
         if self._next_due is None:
             self._next_due = now + self.interval_s
             return False
-        if now < self._next_due:
+        due = now >= self._next_due
+        if due:  # the next one an interval later; after a long pause, an interval from now (no burst)
+            self._next_due += self.interval_s
+            if self._next_due <= now:
+                self._next_due = now + self.interval_s
+        if self._pending is not None:
+            if due:
+                self.skipped += 1
+            self._advance()
             return False
-        self._next_due = max(self._next_due + self.interval_s, now)
+        if not due:
+            return False
         if self.busy:
             self.skipped += 1
             return False
-        return self.submit(take())
+        taken = take()
+        if isinstance(taken, Snapshot):
+            return self.submit(taken)
+        self._pending = taken
+        self._pending_since = time.perf_counter()
+        self._copy_s = 0.0
+        self._advance()
+        return True
+
+    def _advance(self) -> None:
+        """Copy the pending checkpoint for up to ``copy_budget_s``; hand it over once copied."""
+        pending = self._pending
+        t0 = time.perf_counter()
+        try:
+            while not pending.advance():
+                if time.perf_counter() - t0 >= self.copy_budget_s:
+                    return
+        except Exception as exc:
+            self._pending = None
+            pending.release()
+            self.abandoned += 1
+            key = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            if key not in self._logged_main:
+                self._logged_main.add(key)
+                log.error("checkpoint abandoned while being copied (the run goes on): %s", key)
+            return
+        finally:
+            self._copy_s += time.perf_counter() - t0
+        self._pending = None
+        self.last_copy_s = time.perf_counter() - self._pending_since
+        self.last_copy_main_s = self._copy_s
+        self.submitted += 1
+        self._jobs.put(pending)
+
+    def schedule(self, at: float) -> None:
+        """Make the next checkpoint due at ``at`` (``time.monotonic()``; ``float("inf")``: none
+        until called again). The benchmark uses it to alternate phases with and without."""
+        self._next_due = at
 
     def stats_fields(self) -> dict[str, Any]:
         """The ``checkpoint_*`` fields of ``StatsSnapshot``, read now."""
         return {"checkpoint_last_at": self.last_success_at, "checkpoint_duration_s": self.last_duration_s,
-                "checkpoint_bytes": self.last_bytes, "checkpoint_failures": self.failures,
-                "checkpoint_skipped": self.skipped}
+                "checkpoint_bytes": self.last_bytes, "checkpoint_failures": self.failures + self.abandoned,
+                "checkpoint_skipped": self.skipped, "checkpoint_copy_s": self.last_copy_s, "checkpoints_on": True,
+                "checkpoint_age_s": time.time() - self.last_success_at if self.last_success_at else math.nan}
 
     # ---- the writer thread ----------------------------------------------------------------------------
 
@@ -175,12 +263,16 @@ class Checkpointer:
             try:
                 self._write_one(job)
             finally:
+                if isinstance(job, PendingSnapshot):
+                    job.release()
                 self.finished += 1
 
-    def _write_one(self, snapshot: Snapshot) -> None:
+    def _write_one(self, job: Snapshot | PendingSnapshot) -> None:
         path = checkpoint_path(self.directory, self._sequence)
         t0 = time.monotonic()
         try:
+            # a copied PendingSnapshot becomes a Snapshot here (the stream table put in LRU order)
+            snapshot = job if isinstance(job, Snapshot) else job.finish(self._pause)
             size = self._write(path, snapshot)
         except Exception as exc:
             self._failed(exc)
@@ -201,6 +293,10 @@ class Checkpointer:
         except OSError as exc:
             self._log_once(exc, "could not delete an old checkpoint")
 
+    def _pause(self) -> None:
+        if self.pause_s > 0:
+            time.sleep(self.pause_s)
+
     def _failed(self, exc: Exception) -> None:
         self.failures += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
@@ -217,3 +313,4 @@ class Checkpointer:
             return
         self._logged.add(key)
         log.error("%s: %s: %s", what, type(exc).__name__, exc)
+

@@ -15,6 +15,10 @@ Rules:
   keeps the state from before that batch; the traceback is logged once per distinct error.
 - The IO thread's health is checked at least every ``POLL_S``; if it died, the loop stops
   and raises (``FeedFatal`` or ``IOThreadError``).
+- Checkpoints (``FORKLESS_CHECKPOINT_DIR``): the tick at the end of ``process_pending``
+  begins one when due, or copies up to 1 ms more of the one in progress; every step and
+  slot reset first names the rows it will write (``_before_state_write``), so the copy
+  stays exactly the state at its start (controller/checkpoint.py, ``PendingSnapshot``).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from controller.batching import (
     bucket_for,
     pad_batch,
 )
-from controller.checkpoint import Snapshot, load_newest, take_snapshot
+from controller.checkpoint import PendingSnapshot, load_newest
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import CompiledStep, compilations, compile_step
@@ -142,6 +146,9 @@ class Controller:
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint_keep, interval_s=cfg.checkpoint_s) \
             if cfg.checkpoints_on else None
         self.restored_from: str | None = None
+        # False: each checkpoint copies the whole state at once, as on an accelerator (tests and
+        # bench/checkpoint_stall.py compare it with the copy between steps)
+        self.incremental_checkpoints = True
         self._print = out if out is not None else _print_line
         self.io_stats = IOStats()
         self.main_stats = MainStats(batch_size=Histogram(self.config.buckets))
@@ -257,18 +264,32 @@ class Controller:
                  restored.streams, restored.path,
                  datetime.datetime.fromtimestamp(restored.wall_time).isoformat(timespec="seconds"), main.processed)
 
-    def _take_checkpoint(self) -> Snapshot:
-        """The main thread's share of a checkpoint: the state to the host, the stream table."""
-        names, slots, last_seen = self.slots.export()
+    def _take_checkpoint(self) -> PendingSnapshot:
+        """The checkpoint of an orderly stop, copied at once (nothing runs after it)."""
+        return self._begin_checkpoint(incremental=False).complete()
+
+    def _begin_checkpoint(self, incremental: bool | None = None) -> PendingSnapshot:
+        """A checkpoint as of now (between two steps), which ``Checkpointer.tick`` copies a
+        chunk at a time between the next steps; ``_before_state_write`` keeps it exact."""
         wall = time.time()
         main = self.main_stats
-        place = self._placement
-        return take_snapshot(self.state, (names, slots, last_seen + (wall - time.monotonic())),
-                             {"processed": main.processed, "anomalies": main.anomalies},
-                             {**self._checkpoint_settings(), "alpha": self.config.alpha,
-                              "threshold": self.config.threshold, "warmup": self.config.warmup,
-                              "devices": len(self._devices)}, wall,
-                             placement=place, per_stream=None if place is None else self._built.per_stream)
+        place = self._placement  # several devices: copied at once, put in canonical order by the writer
+        lost = main.resets["state lost with a failed step"]  # _run_step replaces the state then
+        return PendingSnapshot(
+            self.state, self.slots.begin_copy(), {"processed": main.processed, "anomalies": main.anomalies},
+            {**self._checkpoint_settings(), "alpha": self.config.alpha, "threshold": self.config.threshold,
+             "warmup": self.config.warmup, "devices": len(self._devices)}, wall, rows=self.config.max_streams + 1,
+            get_state=lambda: self.state, seen_shift=wall - time.monotonic(),
+            incremental=self.incremental_checkpoints if incremental is None else incremental,
+            intact=lambda: main.resets["state lost with a failed step"] == lost,
+            placement=place, per_stream=None if place is None else self._built.per_stream)
+
+    def _before_state_write(self, slots: np.ndarray) -> None:
+        """Call before a step or reset writes these rows of the state: a checkpoint being
+        copied keeps their present values first."""
+        pending = self.checkpointer.pending if self.checkpointer is not None else None
+        if pending is not None:
+            pending.before_state_write(self.state, slots)
 
     def request_stop(self) -> None:
         """Ask ``run()`` to stop; safe from signal handlers and other threads.
@@ -396,7 +417,7 @@ class Controller:
                                     and self._side.inbound.qsize()):
             done += self._cycle(0.0, pull=self._pulled < target)
         if self.checkpointer is not None:
-            self.checkpointer.tick(time.monotonic(), self._take_checkpoint)
+            self.checkpointer.tick(time.monotonic(), self._begin_checkpoint)
         return done
 
     def _cycle(self, timeout: float, deadline: float | None = None, *, pull: bool = True) -> int:
@@ -557,6 +578,7 @@ class Controller:
             return
         idx = np.full(self.config.max_batch, self.config.max_streams, np.int32)  # padded with the spare
         idx[:len(recycled)] = recycled
+        self._before_state_write(idx)
         self.state = self._reset(self.state, self._template, idx)
 
     def _run_step(self, x: np.ndarray, key: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
@@ -569,6 +591,7 @@ class Controller:
         if place is None:
             bucket = bucket_for(m, self.config.buckets)
             batch = pad_batch(x, key, bucket, self.config.max_streams)
+            self._before_state_write(batch.key)  # a checkpoint being copied keeps these rows first
         else:  # grouped by owning device: [N, Bd], Bd the bucket of the busiest device
             route = place.route(key, self.config.buckets)
             bucket = route.bucket

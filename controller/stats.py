@@ -317,7 +317,10 @@ class StatsSnapshot:
     checkpoint_duration_s: float = 0.0  # how long writing it took
     checkpoint_bytes: int = 0  # its size
     checkpoint_failures: int = 0  # checkpoints that could not be written
-    checkpoint_skipped: int = 0  # checkpoints not taken: the previous one was still being written
+    checkpoint_skipped: int = 0  # checkpoints not taken: the previous one was still being copied or written
+    checkpoints_on: bool = False  # FORKLESS_CHECKPOINT_DIR is set
+    checkpoint_age_s: float = math.nan  # seconds since the newest written checkpoint's state was taken (nan: none)
+    checkpoint_copy_s: float = 0.0  # the newest copied checkpoint: its start to its hand-over to the writer
     # devices: messages run on each device (the order of ``devices``), and the rows of the
     # per-device batches run (N devices x the bucket Bd per step, padding included)
     device_messages: tuple[int, ...] = ()
@@ -394,6 +397,7 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
         f"dropped {now.dropped_total}",
         f"io-lag p99 {_ms(lag.quantile(0.99))}",
         f"reconnects {now.reconnects}",
+        *([checkpoint_part(now)] if now.checkpoints_on else []),
         conn,
     ]
     if len(now.devices) > 1:  # how full the per-device sub-batches ran, in this window
@@ -401,6 +405,21 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
         ran = sum(now.device_messages) - (sum(before.device_messages) if before else 0)
         parts.insert(3, f"{len(now.devices)} devices fill {'-' if not rows else f'{100 * ran / rows:.0f}%'}")
     return ("final (whole run): " if final else "") + " | ".join(parts)
+
+
+def checkpoint_part(snap: StatsSnapshot) -> str:
+    """The status line's checkpoint part: ``ckpt 12s ago 0.4s`` (age of the newest written
+    checkpoint, how long writing it took), ``ckpt none yet``; failures and skips only when
+    there are any."""
+    if math.isnan(snap.checkpoint_age_s):
+        text = "ckpt none yet"
+    else:
+        text = f"ckpt {max(0.0, snap.checkpoint_age_s):.0f}s ago {snap.checkpoint_duration_s:.1f}s"
+    if snap.checkpoint_failures:
+        text += f" FAILED {snap.checkpoint_failures}"
+    if snap.checkpoint_skipped:
+        text += f" skipped {snap.checkpoint_skipped}"
+    return text
 
 
 def books_line(snap: StatsSnapshot) -> str:

@@ -38,6 +38,7 @@ CORE = [
     "controller/netaddr.py",
     "controller/placement.py",
     "controller/processor.py",
+    "controller/rowcopy.py",
     "controller/slots.py",
     "controller/stats.py",
     "io_loop/backoff.py",

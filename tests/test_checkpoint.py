@@ -38,7 +38,7 @@ from controller.compiled import example_batch
 from controller.config import Config, ConfigError
 from controller.metrics import metric_families
 from controller.processor import EWMAState, default_processor
-from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot
+from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_S = 10.0 * float(os.environ.get("FORKLESS_TEST_TIME_SCALE", "1"))
@@ -434,8 +434,10 @@ def test_kill_9_at_random_points_always_leaves_a_complete_newest_checkpoint(tmp_
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-            before = len(list_checkpoints(tmp_path))
-            wait_until(lambda before=before, proc=proc: len(list_checkpoints(tmp_path)) > before
+            # a new newest file, not a higher count: with keep=3 the count is back to 3 a moment
+            # after each write (the rotation), so a count could be missed between two polls
+            before = list_checkpoints(tmp_path)[-1:]
+            wait_until(lambda before=before, proc=proc: list_checkpoints(tmp_path)[-1:] != before
                        or proc.poll() is not None, "a first checkpoint")
             time.sleep(rng.uniform(0.0, 0.3))
         finally:
@@ -510,3 +512,38 @@ def test_the_writer_s_figures_become_stats_fields_and_metrics(tmp_path: Path) ->
         "forkless_checkpoint_skipped": 0,
     }
     assert _stats().checkpoint_last_at == 0.0 and _stats().checkpoint_failures == 0  # off: all zero
+
+
+def test_the_status_line_shows_checkpoints_only_when_they_are_on_and_problems_only_when_there_are_some() -> None:
+    assert "ckpt" not in status_line(_stats(), None)
+    assert " | ckpt none yet | " in status_line(_stats(checkpoints_on=True), None)
+    line = status_line(_stats(checkpoints_on=True, checkpoint_age_s=12.4, checkpoint_duration_s=0.43), None)
+    assert " | ckpt 12s ago 0.4s | " in line
+    line = status_line(_stats(checkpoints_on=True, checkpoint_age_s=75.0, checkpoint_duration_s=0.4,
+                              checkpoint_failures=2, checkpoint_skipped=1), None)
+    assert " | ckpt 75s ago 0.4s FAILED 2 skipped 1 | " in line
+
+
+def test_the_writer_s_fields_give_the_age_of_the_newest_checkpoint(tmp_path: Path) -> None:
+    writer = Checkpointer(tmp_path)
+    assert np.isnan(writer.stats_fields()["checkpoint_age_s"]) and writer.stats_fields()["checkpoints_on"]
+    writer.start()
+    assert writer.stop(WAIT_S, final=snapshot(5))  # its state "taken" at 1_700_000_005.25
+    before = time.time()
+    age = writer.stats_fields()["checkpoint_age_s"]
+    assert before - 1_700_000_005.25 <= age <= time.time() - 1_700_000_005.25
+
+
+def test_a_late_tick_takes_one_checkpoint_and_the_next_is_an_interval_later_not_at_once(tmp_path: Path) -> None:
+    writer = Checkpointer(tmp_path, interval_s=10.0)
+    taken = []
+    writer.start()
+    try:
+        writer.tick(100.0, lambda: taken.append(1) or snapshot(len(taken)))
+        assert writer.tick(135.0, lambda: taken.append(1) or snapshot(len(taken))) is True  # 25 s late
+        wait_until(lambda: not writer.busy, "the write")
+        assert writer.tick(135.1, lambda: taken.append(1) or snapshot(len(taken))) is False
+        assert writer.tick(145.0, lambda: taken.append(1) or snapshot(len(taken))) is True
+        assert len(taken) == 2 and writer.skipped == 0
+    finally:
+        assert writer.stop(WAIT_S)
