@@ -483,7 +483,7 @@ def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict
         row["throughput_msg_s"] = _median([r["loadgen"].get("throughput_msg_s") for r in mine if r["load"] == "window"])
         row["peak_rss_mib"] = max((r["peak_rss_mib"] for r in mine), default=None)
         row["processes"] = max((r["processes"] for r in mine), default=None)
-        if design.startswith("forkless"):  # the latency budget: median over the repeats of each hop's quantiles
+        if design != "io-ceiling":  # the latency budget: median over the repeats of each hop's quantiles
             row["hops_us"] = {load: _median_hops([(r["client"] or {}).get("hops_us") or {} for r in mine
                                                   if r["load"] == load]) for load in ("rate_1k", "rate_10k")}
         row["peak_processes"] = max(mine, key=lambda r: r["peak_rss_mib"])["peak_processes"] if mine else []
@@ -797,10 +797,11 @@ def devices_results(section: dict[str, Any], plan: Plan, command: str, elapsed_s
 
 
 def hops_markdown(results: dict[str, Any]) -> str:
-    """Per hop, p50/p99 in µs at 1k and 10k msg/s, for forkless and for forkless-nojax (the
-    same path with a host identity for the step), from the sampled messages' stamps."""
+    """Per hop, p50/p99 in µs at 1k and 10k msg/s, for forkless, forkless-nojax (the same path
+    with a host identity for the step) and spawn (the same stamps: its inbound and outbound
+    hops are the multiprocessing queues, pickling included), from the sampled messages."""
     s = results["summary"]
-    designs = [d for d in ("forkless", "forkless-nojax") if (s.get(d) or {}).get("hops_us")]
+    designs = [d for d in ("forkless", "forkless-nojax", "spawn") if (s.get(d) or {}).get("hops_us")]
     if not designs:
         return "(not measured in this run)"
     head = "| hop | " + " | ".join(f"{d} {q} @{load}" for d in designs for load in ("1k", "10k")

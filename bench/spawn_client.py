@@ -49,6 +49,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LAG_INTERVAL_S = 0.02  # as io_loop/thread.py
 POLL_S = 0.1  # as controller/loop.py
+SAMPLE_EVERY = 64  # as controller/batching.py (not imported: the child's imports stay minimal)
 READY = "ready"  # parent -> child: compiled, connect now
 
 
@@ -76,14 +77,24 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
     lags: list[float] = []
     figures: dict[str, Any] = {"frames_in": 0, "messages_in": 0, "results_out": 0}
     traffic = False
+    # the latency budget, as the forkless design stamps it (controller/batching.py HOPS): one
+    # message in SAMPLE_EVERY carries its stamps across both queues; the child computes the hops
+    first_ns = [0, 0]  # read and decoded, of the first frame of the item being gathered
+    until_sample = 1
+    hops: list[list[float]] = []
 
     def flush() -> None:
         # everything decoded in this pass of the loop goes over as one item
-        nonlocal seqs, streams, xs, flush_pending
+        nonlocal seqs, streams, xs, flush_pending, until_sample
         flush_pending = False
         if seqs:
             x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=0)
-            inbound.put(("c", seqs, streams, x))
+            until_sample -= len(seqs)
+            stamps = None
+            if until_sample <= 0:
+                until_sample = SAMPLE_EVERY
+                stamps = [*first_ns, time.monotonic_ns()]  # read, decoded, put on the inbound queue
+            inbound.put(("c", seqs, streams, x, stamps))
             seqs, streams, xs = [], [], []
 
     to_send: deque[list[str]] = deque()
@@ -99,6 +110,9 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
             if item == READY:
                 ready.set()
             else:
+                picked = time.monotonic_ns()  # taken by the child's writer side
+                for stamps in item[1]:
+                    stamps[8] = picked
                 to_send.append(item)
         wake.set()
 
@@ -116,7 +130,7 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
             await wake.wait()
             wake.clear()
             while to_send:
-                frames = to_send.popleft()
+                frames, traces = to_send.popleft()
                 if corked is not None:
                     corked.corked = True
                 try:
@@ -126,6 +140,12 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
                     if corked is not None:
                         corked.uncork()
                 figures["results_out"] += len(frames)
+                if traces:
+                    written = time.monotonic_ns()
+                    for stamps in traces:
+                        stamps[9] = written
+                        hops.append([(stamps[i + 1] - stamps[i]) * 1e-9 for i in range(9)]
+                                    + [(written - stamps[0]) * 1e-9])
 
     async def watch_lag() -> None:
         # as io_loop/thread.py: how long a ready callback waits for its turn
@@ -147,9 +167,12 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
                 try:
                     async for msg in ws:
                         if msg.type is aiohttp.WSMsgType.TEXT or msg.type is aiohttp.WSMsgType.BINARY:
+                            read_ns = time.monotonic_ns()
                             traffic = True
                             figures["frames_in"] += 1
                             decoded = codec.decode(msg.data)
+                            if not seqs:
+                                first_ns[:] = [read_ns, time.monotonic_ns()]
                             for reason, seq in decoded.errors:
                                 await send(ws, codec.encode_error(reason, seq))
                             if len(decoded):
@@ -174,6 +197,7 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
         loop.remove_reader(outbound._reader.fileno())
         flush()
         figures["lag_s"] = lags
+        figures["hops_s"] = hops
         figures["jax_imported"] = "jax" in sys.modules
         figures["pid"] = os.getpid()
         inbound.put(("end", figures))
@@ -196,7 +220,19 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
 
     import jax
 
-    from controller.batching import Chunk, MicroBatcher, bucket_for, pad_batch
+    from controller.batching import (
+        ENCODED,
+        FETCHED,
+        HOPS,
+        OUTBOUND,
+        STEP,
+        TAKEN,
+        Chunk,
+        MicroBatcher,
+        Trace,
+        bucket_for,
+        pad_batch,
+    )
     from controller.codec import JsonCodec
     from controller.compiled import compilations, compile_step
     from controller.processor import default_processor
@@ -212,6 +248,7 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
     codec = JsonCodec(cfg.features, max_frame_items=cfg.max_frame_items)
     ready = compile_step(processor, cfg)
     state, compiled = ready.state, ready.steps
+    on_cpu = jax.devices()[0].platform == "cpu"
     compilations_at_ready = compilations()
     outbound.put(READY)
 
@@ -227,8 +264,17 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
         if item[0] == "end":
             child_figures.update(item[1])
             return True
-        batcher.add(Chunk(item[1], item[2], item[3], 0), time.monotonic())
+        trace = None
+        if item[4] is not None:  # a sampled message: its stamps so far, then taken by the parent
+            trace = Trace(0, item[4][0], item[4][1])
+            trace.ns[2], trace.ns[TAKEN] = item[4][2], time.monotonic_ns()
+        batcher.add(Chunk(item[1], item[2], item[3], 0, trace=trace), time.monotonic())
         return False
+
+    def stamp(traces: list, at: int) -> None:
+        now = time.monotonic_ns()
+        for trace in traces:
+            trace.ns[at] = now
 
     while (not ended or len(batcher)) and time.monotonic() < deadline:
         if not len(batcher):
@@ -256,21 +302,28 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
         else:
             seq, stream, x = taken.seq, taken.stream, taken.x
         frames: list[str] = []
+        stamp(taken.traces, STEP)
         if seq:
             m = len(seq)
             bucket = bucket_for(m, cfg.buckets)
-            # the same compiled (guarded, state-donated) step as the controller's
+            # the same compiled (guarded, state-donated) step as the controller's, its outputs
+            # fetched the same way (read in place on the CPU: controller/loop.py _fetch)
             state, outputs, _ = compiled[bucket](state, pad_batch(x, key, bucket, cfg.max_streams))
-            outputs = jax.device_get(outputs)
+            outputs = jax.tree.map(np.asarray, outputs) if on_cpu else jax.device_get(outputs)
+            stamp(taken.traces, FETCHED)
             frames = codec.encode_results(seq, stream, {k: np.asarray(v)[:m] for k, v in outputs.items()})
             processed += m
+        else:
+            stamp(taken.traces, FETCHED)
+        stamp(taken.traces, ENCODED)
         if not ok.all():
             good = iter(frames)
             reason = f"too many streams (FORKLESS_MAX_STREAMS={cfg.max_streams})"
             frames = [next(good) if ok[i] else codec.encode_error(reason, taken.seq[i]) for i in range(n)]
         batches += 1
         sizes.append(n)
-        outbound.put(frames)
+        stamp(taken.traces, OUTBOUND)
+        outbound.put((frames, [trace.ns for trace in taken.traces]))
 
     outbound.cancel_join_thread()  # the child may be gone: never hang on a full pipe at exit
     child.join(5.0)
@@ -285,8 +338,13 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
         v = snap.quantile(q)
         return None if math.isnan(v) else v * 1000
 
+    sampled = np.asarray(child_figures.pop("hops_s", []), float).reshape(-1, len(HOPS) + 1)
     figures = {
         "design": "spawn",
+        # the latency budget, as forkless reports it (bench/forkless_client.py): µs per hop
+        "hops_us": {hop: {"p50": float(np.quantile(sampled[:, i], 0.5)) * 1e6 if len(sampled) else None,
+                          "p99": float(np.quantile(sampled[:, i], 0.99)) * 1e6 if len(sampled) else None,
+                          "n": len(sampled)} for i, hop in enumerate((*HOPS, "total"))},
         "loop_lag_ms": {"p50": ms(0.5), "p99": ms(0.99), "max": ms(1.0), "samples": snap.n},
         "batch_size_mean": float(np.mean(sizes)) if sizes else None,
         "batches": batches,

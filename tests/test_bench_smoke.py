@@ -61,7 +61,7 @@ def test_quick_benchmark_has_numeric_figures_for_every_design(results: tuple[dic
         assert _number(row["first_result_s"]["cold_s"]) and _number(row["first_result_s"]["warm_s"]), design
         assert row["compilations_after_warmup"] == 0, design
     assert _number(summary["compute-ceiling"]["throughput_msg_s"])
-    for design in ("forkless", "forkless-nojax"):  # the latency budget, every hop at both rates
+    for design in ("forkless", "forkless-nojax", "spawn"):  # the latency budget, every hop at both rates
         for load in ("rate_1k", "rate_10k"):
             hops = summary[design]["hops_us"][load]
             assert set(hops) == {"decode", "gather", "inbound", "batch", "step", "encode", "assemble", "outbound",
