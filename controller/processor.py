@@ -23,6 +23,9 @@ Rules:
   scheduled after the write, and XLA then copies the whole table to keep the old row
   (``compiled.as_text()`` shows a ``copy`` of an [S + 1, ...] array). Pass such values
   through the computation that produces the write, as the EWMA step does with its counts.
+  Write only the batch's rows (``batch.key``, padding included) of a per-stream leaf: a
+  checkpoint being copied between steps saves exactly those rows before each step
+  (controller/checkpoint.py), so a step that wrote other rows would make it inexact.
 - Several devices (``FORKLESS_DEVICES``): the same ``(init, step)`` runs unchanged; the
   controller shards it. A leaf whose leading axis is ``max_streams + 1`` is per-stream and
   is split by stream over the devices; any other leaf (shared weights, say) is replicated on
