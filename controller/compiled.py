@@ -26,14 +26,23 @@ Rules:
   layout and code (no mesh, ``steps`` take a ``Batch`` and return ``(state, outputs, bad)``).
 - A processor with ``per_stream=False`` (cross-stream reductions) is refused on several
   devices; a replicated leaf must come back from ``step`` unchanged (checked on the jaxpr).
+- On the CPU, no op of the step is split across threads (``unsplit_cpu_ops``): XLA:CPU's
+  parallel-task assigner prices a gather from or a scatter into the table by the table's
+  bytes, so from about 256 KB up it splits the step's six table ops into one task per
+  thread, each paying a thread-pool hand-off, for ops that touch B rows. It sizes the split
+  by the CPUs the compiling thread may run on, so every thread of the process is held on one
+  CPU while the steps compile and given back its own CPUs after (bench/README.md "State
+  scaling": a B=256 step at 1M streams went from 1.7x to 1.1x of 4,096 streams on 2 cores).
+  Libraries the step calls (Eigen's dot, convolutions) keep their own threads.
 - Every XLA compilation in this process is counted from JAX's own monitoring events.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +58,7 @@ from controller.errors import ProcessorContractError
 from controller.placement import OutputField, Placement, Route, unpack_outputs
 from controller.processor import reset_rows, row_template
 
-__all__ = ["CompiledStep", "compilations", "compile_step", "example_batch", "use_devices"]
+__all__ = ["CompiledStep", "compilations", "compile_step", "example_batch", "unsplit_cpu_ops", "use_devices"]
 
 AXIS = "d"  # the mesh's one axis: the devices, along which the stream table is sharded
 
@@ -126,6 +135,41 @@ def use_devices(setting: int | str) -> list[Any]:
     return available[:int(setting)]
 
 
+def _threads() -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        return []
+
+
+@contextlib.contextmanager
+def unsplit_cpu_ops(devices: list[Any]) -> Iterator[None]:
+    """Compile inside this for no op split across threads on CPU devices (module docstring).
+
+    Every thread of the process runs on one of its CPUs meanwhile; each is given back its own
+    CPU set after, and a thread started meanwhile (LLVM's workers) the one the calling thread
+    had. No effect off Linux, on accelerators, or with one CPU already."""
+    if not hasattr(os, "sched_setaffinity") or any(d.platform != "cpu" for d in devices):
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    threads = _threads()
+    if len(mine) <= 1 or not threads:
+        yield
+        return
+    saved: dict[int, set[int]] = {}
+    for tid in threads:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            saved[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, {min(mine)})
+    try:
+        yield
+    finally:
+        for tid in _threads():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, saved.get(tid, mine))
+
+
 def compile_step(processor: Any, config: Any,
                  on_compiled: Callable[[int, float], None] | None = None) -> CompiledStep:
     """Initialise the state on the device(s) and compile ``processor.step`` for ``config.buckets``;
@@ -135,8 +179,15 @@ def compile_step(processor: Any, config: Any,
         # our buckets compile in well under JAX's default 1 s threshold: cache them all
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     devices = use_devices(getattr(config, "devices", "all"))
-    if len(devices) > 1:
-        return _compile_sharded(processor, config, devices, on_compiled)
+    with unsplit_cpu_ops(devices):
+        if len(devices) > 1:
+            return _compile_sharded(processor, config, devices, on_compiled)
+        return _compile_one(processor, config, devices, on_compiled)
+
+
+def _compile_one(processor: Any, config: Any, devices: list[Any],
+                 on_compiled: Callable[[int, float], None] | None) -> CompiledStep:
+    """``compile_step`` on one device: today's layout, no mesh."""
     state = jax.device_put(processor.init(config))
     template = row_template(state, config.max_streams + 1)
     reset = jax.jit(reset_rows, donate_argnums=0).lower(

@@ -3,7 +3,9 @@ the O(B) step (bit-for-bit with the old whole-table loop, donation, no O(S) op);
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 import warnings
 
 import jax
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 
 from controller.batching import Batch, pad_batch
+from controller.compiled import compile_step, guarded
 from controller.config import Config
 from controller.loop import compilations
 from controller.processor import (
@@ -306,6 +309,37 @@ def test_reset_rows_only_scatters_into_a_million_row_table(k):
     template = jax.eval_shape(lambda: row_template(default_processor(cfg).init(cfg), cfg.max_streams + 1))
     idx = jax.ShapeDtypeStruct((k,), jnp.int32)
     assert _table_ops(reset_rows, (state, template, idx), cfg.max_streams + 1) == []
+
+
+def _thread_cpus() -> dict[int, set[int]]:
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            out[int(tid)] = os.sched_getaffinity(int(tid))
+        except OSError:  # ended meanwhile
+            pass
+    return out
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="XLA:CPU splits ops across threads only with several CPUs")
+def test_the_controller_compiles_the_table_ops_unsplit_and_gives_every_thread_its_cpus_back():
+    # A 2 MB table: XLA:CPU prices a gather/scatter into it by its bytes and, left alone,
+    # splits it into one task per thread (a hand-off each, for B rows)
+    cfg = Config(features=8, max_streams=65_536, max_batch=256)
+    proc = default_processor(cfg)
+    example = pad_batch(np.ones((3, 8), np.float32), np.arange(3, dtype=np.int32), 256, cfg.max_streams)
+    plain = jax.jit(guarded(proc.step), donate_argnums=0).lower(jax.device_put(proc.init(cfg)), example).compile()
+    assert "outer_dimension_partitions" in plain.as_text()  # the control: this is what it guards against
+    before = _thread_cpus()
+    compiled = compile_step(proc, cfg)
+    after = _thread_cpus()
+    assert compiled.steps and all("outer_dimension_partitions" not in s.as_text() for s in compiled.steps.values())
+    kept = [tid for tid in before if tid in after]
+    assert {tid: after[tid] for tid in kept} == {tid: before[tid] for tid in kept}
+    main = before[threading.get_native_id()]
+    assert all(after[tid] == main for tid in after if tid not in before)  # threads started while compiling
+    assert len(main) >= 2
 
 
 # ---- reset_rows ----------------------------------------------------------------------------
