@@ -32,7 +32,9 @@ Rules:
   thread, each paying a thread-pool hand-off, for ops that touch B rows. It sizes the split
   by the CPUs the compiling thread may run on, so every thread of the process is held on one
   CPU while the steps compile and given back its own CPUs after (bench/README.md "State
-  scaling": a B=256 step at 1M streams went from 1.7x to 1.1x of 4,096 streams on 2 cores).
+  scaling": a B=256 step at 1M streams went from 1.5x to 0.9x of 4,096 streams on 2 cores).
+  Only where a state leaf (a device's shard of it) is at least 256 KB: below, XLA splits
+  nothing, and compiling on one CPU takes longer (LLVM's workers share it).
   Libraries the step calls (Eigen's dot, convolutions) keep their own threads.
 - Every XLA compilation in this process is counted from JAX's own monitoring events.
 """
@@ -135,6 +137,9 @@ def use_devices(setting: int | str) -> list[Any]:
     return available[:int(setting)]
 
 
+XLA_CPU_TASK_BYTES = 256 << 10  # XLA:CPU's least cost (bytes accessed) per task when it splits an op
+
+
 def _threads() -> list[int]:
     try:
         return [int(tid) for tid in os.listdir("/proc/self/task")]
@@ -179,7 +184,12 @@ def compile_step(processor: Any, config: Any,
         # our buckets compile in well under JAX's default 1 s threshold: cache them all
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     devices = use_devices(getattr(config, "devices", "all"))
-    with unsplit_cpu_ops(devices):
+    leaves = jax.tree.leaves(jax.eval_shape(lambda: processor.init(config)))
+    largest = max((leaf.size * leaf.dtype.itemsize for leaf in leaves), default=0) // len(devices)
+    # below XLA's 256 KB a task it splits nothing, and compiling on one CPU is slower (LLVM's
+    # workers share it): +1.1 s at the default settings on 2 cores, so only where it pays
+    unsplit = unsplit_cpu_ops(devices) if largest >= XLA_CPU_TASK_BYTES else contextlib.nullcontext()
+    with unsplit:
         if len(devices) > 1:
             return _compile_sharded(processor, config, devices, on_compiled)
         return _compile_one(processor, config, devices, on_compiled)
