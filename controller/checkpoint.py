@@ -6,7 +6,7 @@ Rules:
   checkpointer's thread (controller/checkpointer.py) and holds the GIL only briefly:
   hashing and large writes release it, and the stream names are encoded in small chunks.
 - The controller's checkpoints are a ``PendingSnapshot``: begun between two steps (T0),
-  copied a chunk at a time between the following steps (``advance``, about 1 MiB each),
+  copied a chunk at a time between the following steps (``advance``, 256 KiB each),
   exact as of T0 by copy-on-write (``before_state_write`` before every step and slot reset;
   the stream table does its own, ``StreamSlots.begin_copy``), then turned into a
   ``Snapshot`` on the writer thread (``finish``). Why: on the CPU ``jax.device_get``
@@ -108,9 +108,10 @@ NAMES_CHUNK = 2048
 WRITE_CHUNK = 1 << 20
 
 
-# bytes of rows copied per PendingSnapshot.advance(): about 1 ms of the main thread into fresh
-# (not yet faulted-in) host pages, 0.1 ms into warm ones (bench/checkpoint_stall.py)
-COPY_CHUNK_BYTES = 1 << 20
+# bytes of rows copied per PendingSnapshot.advance(): about 0.25 ms of the main thread into fresh
+# (not yet faulted-in) host pages (1 MiB took about 1 ms, a tick then up to 2 ms; 256 KiB with a
+# 0.5 ms budget halved the median gap while copying: bench/checkpoint_stall.py)
+COPY_CHUNK_BYTES = 1 << 18
 
 
 def _no_pause() -> None:

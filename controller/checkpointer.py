@@ -30,7 +30,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -56,15 +58,35 @@ WriteFn = Callable[[Path, Snapshot], int]
 (``checkpoint.write_checkpoint``; tests pass one that waits on an event first)."""
 
 _STOP = object()
-# main-thread time a tick may spend copying a pending checkpoint (a few chunks, about 1 ms each
+# main-thread time a tick may spend copying a pending checkpoint (a few chunks, about 0.25 ms each
 # into fresh pages): what a step waiting behind it can be delayed by (bench/checkpoint_stall.py)
-COPY_BUDGET_S = 0.001
+COPY_BUDGET_S = 0.0005
 # The writer thread sleeps this long after each chunk of work (2048 stream names encoded, 64k
 # last-seen times put in order, 1 MiB hashed and written). Without it, a thread that keeps
 # asking for the GIL makes every hand-back the main thread needs (queue waits, each XLA call)
 # wait up to the switch interval, and on 2 cores it takes a whole core: gaps of 10-38 ms
 # between steps at 1M streams, against 15-21 ms with it (bench/checkpoint_stall.py).
 PAUSE_S = 0.001
+
+
+def _background_thread() -> None:
+    """Make the calling thread the OS's background work: SCHED_IDLE on Linux (it runs when a CPU
+    has nothing else to run, and a thread that wakes takes the CPU from it at once), else the
+    lowest priority (nice 19). Hashing and writing a file is then never what a step or the IO
+    loop waits for a core behind; under a load that keeps every core busy the write takes
+    longer, and the checkpoints due meanwhile are skipped and counted. Linux only (elsewhere
+    a priority may be the whole process's)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+        return
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
 
 
 class Checkpointer:
@@ -80,7 +102,7 @@ class Checkpointer:
 
     def __init__(self, directory: Path | str, *, keep: int = 3, interval_s: float = 60.0,
                  write: WriteFn = write_checkpoint, copy_budget_s: float = COPY_BUDGET_S,
-                 pause_s: float = PAUSE_S) -> None:
+                 pause_s: float = PAUSE_S, background: bool = True) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         if not interval_s > 0:
@@ -89,6 +111,7 @@ class Checkpointer:
         self.keep = keep
         self.interval_s = interval_s
         self.pause_s = pause_s
+        self.background = background
         # the default writer pauses between its chunks; a custom one (tests) is called as given
         self._write = functools.partial(write_checkpoint, pause=self._pause) if write is write_checkpoint else write
         self.copy_budget_s = copy_budget_s
@@ -256,6 +279,8 @@ class Checkpointer:
     # ---- the writer thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.background:
+            _background_thread()
         while True:
             job = self._jobs.get()
             if job is _STOP:

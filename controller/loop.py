@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import gc
 import logging
 import os
 import signal
@@ -84,6 +85,12 @@ STOP_RESERVE_S = 0.5  # of SHUTDOWN_TIMEOUT_S (at most a third), kept for ending
 # When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead
 # of 5 ms measured about +20% maximum throughput in an A/B run (see bench/README.md).
 SWITCH_INTERVAL_S = 0.001
+# Freeze the objects alive when the run starts (gc.freeze: JAX's modules, the compiled steps,
+# the stream table's containers), so Python's collector does not walk them again while it
+# runs. A full collection of this process walked them all, holding the GIL 15-67 ms, between
+# two steps, at random moments (bench/checkpoint_stall.py, 1M streams); new streams add no
+# tracked objects (a name is a str in a list and a dict that exist already). Undone by the stop.
+FREEZE_GC = True
 
 
 class IOSide(Protocol):
@@ -177,6 +184,7 @@ class Controller:
         self._logged_failures: set[str] = set()
         self._devices: tuple[str, ...] = ()
         self._switch_interval: float | None = None
+        self._froze_gc = False
         # set by request_stop(): a put that waits for a socket that never drains gives up then
         self._stop_deadline: float | None = None
         self._work_deadline: float | None = None  # processing and sending end here (request_stop)
@@ -203,6 +211,10 @@ class Controller:
         self._switch_interval = sys.getswitchinterval()
         if SWITCH_INTERVAL_S:
             sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
+        if FREEZE_GC:
+            gc.collect()  # what startup left as garbage is freed, not kept
+            gc.freeze()
+            self._froze_gc = True
         self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats)
         self._side = self._io.start()
 
@@ -343,7 +355,7 @@ class Controller:
             if self.checkpointer is not None and not self.checkpointer.stop(max(0.0, deadline - time.monotonic())):
                 log.error("the checkpoint of the stop was not written within FORKLESS_SHUTDOWN_TIMEOUT_S=%s",
                           self.config.shutdown_timeout_s)
-            self._restore_switch_interval()
+            self._restore_process_settings()
         io.raise_if_failed()
 
     def _drain_inbound(self) -> int:
@@ -358,10 +370,14 @@ class Controller:
                 self._inbound_closed = True
         return left
 
-    def _restore_switch_interval(self) -> None:
+    def _restore_process_settings(self) -> None:
+        """Give back what ``start`` changed for the whole process: the switch interval, the frozen objects."""
         if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
             self._switch_interval = None
+        if self._froze_gc:
+            self._froze_gc = False
+            gc.unfreeze()
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -397,7 +413,7 @@ class Controller:
                 self._print(status_line(final, first, final=True))
             log.log(logging.ERROR if final.in_flight else logging.INFO, "%s", books_line(final))
         finally:
-            self._restore_switch_interval()  # also when the IO thread failed and stop() never ran
+            self._restore_process_settings()  # also when the IO thread failed and stop() never ran
             self._restore_signals(previous)
 
     def process_pending(self, timeout: float = 0.0) -> int:

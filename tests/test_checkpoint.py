@@ -281,6 +281,25 @@ def test_a_state_of_another_structure_names_the_missing_leaf(tmp_path: Path) -> 
 # ---- the writer thread --------------------------------------------------------------------------------
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+def test_the_writer_thread_runs_at_idle_priority_and_the_main_thread_keeps_its_own(tmp_path: Path) -> None:
+    # so hashing and writing never hold a core that a step or the IO loop wants
+    policy = os.sched_getscheduler(0)
+    writer = Checkpointer(tmp_path)
+    writer.start()
+    assert writer.submit(snapshot(1))
+    wait_until(lambda: not writer.busy, "the checkpoint")  # its thread has run: its policy is set
+    assert os.sched_getscheduler(writer._thread.native_id) == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) == policy != os.SCHED_IDLE
+    assert writer.stop(WAIT_S) and writer.written == 1
+    plain = Checkpointer(tmp_path, background=False)  # the control: the setting is what does it
+    plain.start()
+    assert plain.submit(snapshot(2))
+    wait_until(lambda: not plain.busy, "the checkpoint")
+    assert os.sched_getscheduler(plain._thread.native_id) == policy
+    assert plain.stop(WAIT_S)
+
+
 def test_the_writer_keeps_the_newest_n_and_a_restart_goes_on_numbering(tmp_path: Path) -> None:
     writer = Checkpointer(tmp_path, keep=2)
     writer.start()
