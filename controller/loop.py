@@ -23,7 +23,6 @@ Rules:
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import gc
 import logging
@@ -57,7 +56,7 @@ from controller.batching import (
 from controller.checkpoint import PendingSnapshot, load_newest
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
-from controller.compiled import CompiledStep, compilations, compile_step
+from controller.compiled import CompiledStep, compilations, compile_step, release_freed_memory
 from controller.config import Config
 from controller.placement import Placement
 from controller.processor import Processor, default_processor
@@ -234,7 +233,7 @@ class Controller:
         self._outputs_on_host = jax.devices()[0].platform == "cpu"
         self.main_stats.device_messages = np.zeros(len(self._devices), np.int64)
         self.main_stats.compilations_at_ready = compilations()
-        _release_freed_memory()
+        release_freed_memory()
         place = self._placement
         sharded = "" if place is None else (f", the stream table sharded over them ({place.rows_per_device} rows "
                                             f"each, slot s on device s % {place.devices})")
@@ -765,15 +764,6 @@ class Controller:
     def _restore_signals(self, previous: dict[int, Any]) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _release_freed_memory() -> None:
-    """Give the heap the XLA compiler freed back to the OS (glibc keeps it otherwise):
-    measured about 30 MiB of resident memory after a cold compile of the default buckets."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
 
 
 def _split_by_feed(frames: list, received: list[int], error_at: tuple[int, ...],
