@@ -290,6 +290,8 @@ class Checkpointer:
             finally:
                 if isinstance(job, PendingSnapshot):
                     job.release()
+                # the host copy goes now, not when the next checkpoint arrives (a state's size)
+                del job
                 self.finished += 1
 
     def _write_one(self, job: Snapshot | PendingSnapshot) -> None:

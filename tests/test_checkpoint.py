@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import jax
@@ -279,6 +280,19 @@ def test_a_state_of_another_structure_names_the_missing_leaf(tmp_path: Path) -> 
 
 
 # ---- the writer thread --------------------------------------------------------------------------------
+
+
+def test_the_writer_lets_go_of_a_written_checkpoint_before_the_next_one_arrives(tmp_path: Path) -> None:
+    # its host copy is a state's size: held until the next checkpoint, it doubled the memory between them
+    writer = Checkpointer(tmp_path)
+    writer.start()
+    snap = snapshot(1)
+    held = weakref.ref(snap.state.mean)
+    assert writer.submit(snap)
+    del snap
+    wait_until(lambda: not writer.busy, "the checkpoint")
+    wait_until(lambda: held() is None, "the writer to drop the written snapshot")
+    assert writer.stop(WAIT_S) and writer.written == 1
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
