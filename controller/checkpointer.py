@@ -3,7 +3,11 @@
 Rules:
 - The main thread takes the snapshot and hands it over with ``submit`` (or ``tick``, which
   also keeps the schedule). Encoding, hashing, writing, fsync, the rename and the rotation
-  happen on the "forkless-checkpoint" thread (a daemon), started and stopped explicitly.
+  happen on the "forkless-checkpoint" thread (a daemon), started and stopped explicitly. It
+  runs as the OS's idle-priority work (``_background_thread``); the checkpoint of an orderly
+  stop is written by a thread of the caller's priority ("forkless-checkpoint-final", started
+  by ``stop``, once the first has ended), so a stop never waits behind other processes for a
+  core: an unprivileged thread cannot raise its priority back.
 - ``tick``'s ``take()`` may return a ``Snapshot`` (taken whole: ``checkpoint.take_snapshot``)
   or a ``PendingSnapshot`` (the controller's: copied between steps). A pending one is held
   here (``pending``) and advanced on every later ``tick`` for at most ``copy_budget_s`` of
@@ -18,8 +22,9 @@ Rules:
   ``last_error``, and logged once per distinct error on "forkless.checkpoint".
 - Each counter has one writer thread: ``skipped``, ``submitted``, ``abandoned``, ``last_copy_*``
   and the schedule belong to the main thread (``submit``, ``tick``); ``written``, ``finished``,
-  ``failures``, ``last_*`` to the writer thread. The other side only reads them (plain
-  attributes, atomic under the GIL).
+  ``failures``, ``last_*`` to the writer thread, then to the final one (which starts writing
+  once the first has ended). The other side only reads them (plain attributes, atomic under
+  the GIL).
 - ``start()`` creates the directory and removes the temporary files of a writer that was
   killed; ``stop(timeout, final=...)`` waits for the write in flight, then writes ``final``
   (the checkpoint of an orderly stop) and joins the thread. One process per directory.
@@ -121,6 +126,7 @@ class Checkpointer:
         self._logged_main: set[str] = set()
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._final: threading.Thread | None = None  # writes the checkpoint of the stop
         self._stopping = False
         self._sequence = 0  # the writer thread's once started
         self._next_due: float | None = None
@@ -175,12 +181,17 @@ class Checkpointer:
                 self._pending.release()
                 self._pending = None
                 self.skipped += 1
+            self._jobs.put(_STOP)
             if final is not None:
                 self.submitted += 1
-                self._jobs.put(final)
-            self._jobs.put(_STOP)
-        thread.join(timeout)
-        return not thread.is_alive()
+                self._final = threading.Thread(target=self._write_final, args=(thread, final),
+                                               name="forkless-checkpoint-final", daemon=True)
+                self._final.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for waited in (thread, self._final):
+            if waited is not None:
+                waited.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not thread.is_alive() and (self._final is None or not self._final.is_alive())
 
     # ---- handing over snapshots (main thread) -----------------------------------------------------
 
@@ -285,14 +296,20 @@ class Checkpointer:
             job = self._jobs.get()
             if job is _STOP:
                 return
-            try:
-                self._write_one(job)
-            finally:
-                if isinstance(job, PendingSnapshot):
-                    job.release()
-                # the host copy goes now, not when the next checkpoint arrives (a state's size)
-                del job
-                self.finished += 1
+            self._do(job)
+            del job  # the host copy goes now, not when the next checkpoint arrives (a state's size)
+
+    def _write_final(self, writer: threading.Thread, final: Snapshot | PendingSnapshot) -> None:
+        writer.join()  # the write in flight first: one writer at a time owns the numbering
+        self._do(final)
+
+    def _do(self, job: Snapshot | PendingSnapshot) -> None:
+        try:
+            self._write_one(job)
+        finally:
+            if isinstance(job, PendingSnapshot):
+                job.release()
+            self.finished += 1
 
     def _write_one(self, job: Snapshot | PendingSnapshot) -> None:
         path = checkpoint_path(self.directory, self._sequence)

@@ -306,6 +306,22 @@ def test_the_writer_thread_runs_at_idle_priority_and_the_main_thread_keeps_its_o
     assert os.sched_getscheduler(writer._thread.native_id) == os.SCHED_IDLE
     assert os.sched_getscheduler(0) == policy != os.SCHED_IDLE
     assert writer.stop(WAIT_S) and writer.written == 1
+
+    # the checkpoint of a stop is written at the caller's priority: an unprivileged thread
+    # cannot leave SCHED_IDLE, and a stop must not wait behind other processes for a core
+    seen: list[int] = []
+
+    def recording(path: Path, snap: Snapshot) -> int:
+        seen.append(os.sched_getscheduler(0))
+        return write_checkpoint(path, snap)
+
+    writer = Checkpointer(tmp_path, write=recording)
+    writer.start()
+    assert writer.submit(snapshot(3))
+    wait_until(lambda: not writer.busy, "the periodic checkpoint")
+    assert writer.stop(WAIT_S, final=snapshot(4)) and writer.written == 2
+    assert seen == [os.SCHED_IDLE, policy]
+    assert load_newest(tmp_path, SETTINGS, LIKE).processed == 4
     plain = Checkpointer(tmp_path, background=False)  # the control: the setting is what does it
     plain.start()
     assert plain.submit(snapshot(2))
