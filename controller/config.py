@@ -372,6 +372,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("CHECKPOINT_RESTORE", "checkpoint_restore", _choice("auto", "never"), "auto or never",
              "auto: start from the newest complete checkpoint (a damaged one is skipped; one written with"
              " other FEATURES/MAX_STREAMS/processor exits 2); never: start empty"),
+    Variable("CHECKPOINT_PRIORITY", "checkpoint_priority", _choice("idle", "normal"), "idle or normal",
+             "idle: the periodic checkpoints are written at the OS's idle priority (Linux SCHED_IDLE), never"
+             " taking a core from the steps, but slowed or skipped on a host whose cores other processes keep"
+             " busy; normal: at the process's own priority. The stop's checkpoint is written at normal priority"),
 )
 
 
@@ -424,6 +428,7 @@ class Config:
     checkpoint_s: float = 60.0
     checkpoint_keep: int = 3
     checkpoint_restore: str = "auto"
+    checkpoint_priority: str = "idle"
 
     def __post_init__(self) -> None:
         self.validate()

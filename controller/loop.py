@@ -149,8 +149,8 @@ class Controller:
         self.processor_id = "ewma/1" if processor is None else \
             f"{getattr(self.processor.step, '__module__', '?')}.{getattr(self.processor.step, '__qualname__', '?')}"
         cfg = self.config
-        self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint_keep, interval_s=cfg.checkpoint_s) \
-            if cfg.checkpoints_on else None
+        self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint_keep, interval_s=cfg.checkpoint_s,
+                                         background=cfg.checkpoint_priority == "idle") if cfg.checkpoints_on else None
         self.restored_from: str | None = None
         # False: each checkpoint copies the whole state at once, as on an accelerator (tests and
         # bench/checkpoint_stall.py compare it with the copy between steps)

@@ -282,6 +282,16 @@ def test_a_state_of_another_structure_names_the_missing_leaf(tmp_path: Path) -> 
 # ---- the writer thread --------------------------------------------------------------------------------
 
 
+def test_checkpoint_priority_reaches_the_writer_and_defaults_to_idle(tmp_path: Path) -> None:
+    from controller.loop import Controller
+    from tests.fake_io import FakeIO
+
+    default = Controller(Config.from_env({"FORKLESS_CHECKPOINT_DIR": str(tmp_path)}), io_factory=FakeIO())
+    normal = Controller(Config.from_env({"FORKLESS_CHECKPOINT_DIR": str(tmp_path),
+                                         "FORKLESS_CHECKPOINT_PRIORITY": "normal"}), io_factory=FakeIO())
+    assert default.checkpointer.background is True and normal.checkpointer.background is False
+
+
 def test_the_writer_lets_go_of_a_written_checkpoint_before_the_next_one_arrives(tmp_path: Path) -> None:
     # its host copy is a state's size: held until the next checkpoint, it doubled the memory between them
     writer = Checkpointer(tmp_path)
