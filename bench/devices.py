@@ -3,7 +3,7 @@ and what routing a batch to them costs on the host.
 
     JAX_NUM_CPU_DEVICES=4 python -m bench.devices [--seconds 2] [--streams 16] [--out figures.json]
 
-The step the controller compiles (``controller.compiled.compile_step``: the guarded EWMA
+The step the controller compiles (``controller.engine.compile_step``: the guarded EWMA
 step, state donated, sharded by stream over every local device with ``shard_map`` when there
 are several), for full batches of ``FORKLESS_MAX_BATCH`` messages whose streams take turns
 as the load generator's do, routed to their devices beforehand; one ``device_get`` of the
@@ -27,14 +27,15 @@ def measure(seconds: float = 2.0, streams: int = 16) -> dict:
     import jax
 
     from controller.batching import pad_batch
-    from controller.compiled import compile_step
     from controller.config import Config
+    from controller.engine import compile_step
     from controller.processor import default_processor
     from controller.slots import StreamSlots
 
     cfg = Config.from_env(ws_url="ws://127.0.0.1:1/")
-    compiled = compile_step(default_processor(cfg), cfg)
-    place = compiled.placement
+    engine = compile_step(default_processor(cfg), cfg)
+    layout = engine._layout  # the benchmark lays batches out itself, to time the step alone
+    place = layout.placement
     bucket = cfg.max_batch
     rng = np.random.default_rng(0)
     slots = StreamSlots(cfg.max_streams)
@@ -51,16 +52,16 @@ def measure(seconds: float = 2.0, streams: int = 16) -> dict:
         return place.pack(x, keys, route), route.bucket, route
 
     batches = [host_batch(x, keys) for x, keys in messages]
-    state = compiled.state
+    state = engine.take_state()
     for batch, bd, _ in batches[:4]:  # warm up
-        state, *out = compiled.steps[bd](state, batch)
+        state, *out = engine.steps[bd](state, batch)
         jax.device_get(out)
     n = 0
     t0 = time.perf_counter()
     end = t0 + seconds
     while True:
         batch, bd, _ = batches[n % len(batches)]
-        state, *out = compiled.steps[bd](state, batch)  # (outputs, bad), or the packed results
+        state, *out = engine.steps[bd](state, batch)  # (outputs, bad), or the packed results
         out = jax.device_get(out)
         n += 1
         if n % 8 == 0 and time.perf_counter() >= end:
@@ -75,10 +76,10 @@ def measure(seconds: float = 2.0, streams: int = 16) -> dict:
         if route is None:
             back = {name: np.asarray(v)[:bucket] for name, v in out[0].items()}
         else:
-            back = compiled.unpack(np.asarray(out[0]), route.positions)
+            back = layout.results((np.asarray(out[0]),), 0, route, np.asarray).outputs
     route_us = (time.perf_counter() - t1) / reps * 1e6
     del back
-    return {"design": "compute-ceiling", "devices": list(compiled.devices), "device_count": len(compiled.devices),
+    return {"design": "compute-ceiling", "devices": list(engine.devices), "device_count": len(engine.devices),
             "throughput_msg_s": n * bucket / elapsed, "batches": n, "batch_size": bucket,
             "step_ms_mean": elapsed / n * 1000, "host_routing_us": route_us, "streams": streams}
 

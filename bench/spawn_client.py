@@ -234,7 +234,8 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
         pad_batch,
     )
     from controller.codec import JsonCodec
-    from controller.compiled import compilations, compile_step
+    from controller.compiled import compilations
+    from controller.engine import compile_step
     from controller.processor import default_processor
     from controller.slots import StreamSlots
     from controller.stats import SECONDS_BOUNDS, Histogram
@@ -247,7 +248,9 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
         processor = default_processor(cfg)
     codec = JsonCodec(cfg.features, max_frame_items=cfg.max_frame_items)
     ready = compile_step(processor, cfg)
-    state, compiled = ready.state, ready.steps
+    # the same compiled steps as the controller's; this design drives them itself
+    compiled = ready.steps
+    state = ready.take_state()
     on_cpu = jax.devices()[0].platform == "cpu"
     compilations_at_ready = compilations()
     outbound.put(READY)
@@ -307,7 +310,7 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
             m = len(seq)
             bucket = bucket_for(m, cfg.buckets)
             # the same compiled (guarded, state-donated) step as the controller's, its outputs
-            # fetched the same way (read in place on the CPU: controller/loop.py _fetch)
+            # fetched the same way (read in place on the CPU: controller/engine.py _read_in_place)
             state, outputs, _ = compiled[bucket](state, pad_batch(x, key, bucket, cfg.max_streams))
             outputs = jax.tree.map(np.asarray, outputs) if on_cpu else jax.device_get(outputs)
             stamp(taken.traces, FETCHED)

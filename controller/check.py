@@ -125,29 +125,25 @@ def _show_jax(say: Callable[[str], None]) -> None:
 
 
 def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None:
-    import jax  # only after _show_jax proved it starts (see there)
-
-    from controller.compiled import compilations, compile_step
+    # these import JAX: only after _show_jax proved it starts (see there)
+    from controller.compiled import compilations
+    from controller.engine import compile_step
     from controller.processor import default_processor
 
     try:
         processor = processor if processor is not None else default_processor(config)
         before = compilations()
         t0 = time.perf_counter()
-        compiled = compile_step(processor, config, on_compiled=lambda bucket, took: say(
+        engine = compile_step(processor, config, on_compiled=lambda bucket, took: say(
             f"  batch size {bucket:>6}: compiled in {took * 1000:.0f} ms"))
         total_s = time.perf_counter() - t0
         made = compilations() - before
         say(f"  {len(config.buckets)} batch sizes in {total_s:.2f} s, {made} XLA compilations, on "
-            f"{len(compiled.devices)} device(s): {', '.join(compiled.devices)}"
-            + ("" if compiled.placement is None else " (the stream table sharded over them)"))
+            f"{len(engine.devices)} device(s): {', '.join(engine.devices)}"
+            + (" (the stream table sharded over them)" if engine.sharded else ""))
         t0 = time.perf_counter()
-        state = compiled.state
-        for bucket, fn in compiled.steps.items():  # the state is donated: carry the one each step returns
-            state, *outputs = fn(state, compiled.example(config.features, bucket))  # packed on several devices
-            jax.block_until_ready(outputs)
+        names = engine.output_names()  # every batch size once, on padding
         ran_s = time.perf_counter() - t0
-        names = sorted(outputs[0]) if compiled.placement is None else [f.name for f in compiled.output_layout[:-1]]
         again = compilations() - before - made
     except ConfigError as exc:  # FORKLESS_DEVICES asks for more devices than JAX has
         raise _Failure(EXIT_CONFIG, str(exc)) from None

@@ -290,6 +290,13 @@ class PendingSnapshot:
         self.wall_time = float(wall_time)
         self.seen_shift = float(seen_shift)
         self.chunks = 0  # advance() calls that copied something
+        self._released = False
+
+    @property
+    def wants_writes(self) -> bool:
+        """True while the state is still being copied: every write to it must be announced
+        first (``before_state_write``)."""
+        return self._state_copy is not None and not self._state_copy.done and not self._released
 
     @property
     def done(self) -> bool:
@@ -333,6 +340,7 @@ class PendingSnapshot:
     def release(self) -> None:
         """Call once the file is written or failed, or the copy dropped: the stream table stops
         keeping the names of recycled slots for it (``TableCopy.release``)."""
+        self._released = True
         self._table.release()
 
 

@@ -28,6 +28,7 @@ from controller.errors import (
     EXIT_CONFIG,
     EXIT_CRASH,
     EXIT_FEED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_STATUSES,
     CheckpointMismatch,
@@ -89,9 +90,13 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
 
     from controller.loop import Controller  # imports JAX: only after the configuration is valid
 
-    controller = Controller(config, processor=processor, codec=codec)
+    # the program owns its process: it freezes the objects alive at start (controller/host.py)
+    controller = Controller(config, processor=processor, codec=codec, freeze_gc=True)
     try:
         controller.run()
+    except KeyboardInterrupt:  # a second Ctrl-C: run() aborted the IO side and gave the process back
+        print("forkless: second interrupt: exiting now", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except FeedFatal as exc:
         print(f"forkless: feed error: {exc}", file=sys.stderr)
         return EXIT_FEED

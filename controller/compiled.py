@@ -1,31 +1,16 @@
-"""Ahead-of-time compilation of the step for every bucket size, and the compilation counter.
+"""The device layer's building blocks: the processor-contract checks, the finiteness guard,
+the CPU compile setting, the compilation counter. controller/engine.py compiles with them.
 
 Rules:
-- One implementation, used by the controller loop, the preflight (``--check``) and the
-  benchmark's spawn design, so all three run the same compiled code.
-- ``compile_step`` puts the processor's initial state on the device and compiles the step
-  once per bucket with example batches of that size, with the state DONATED (the caller
-  keeps only the state a step returns), plus the slot reset (``processor.reset_rows``) for
-  up to ``max_batch`` recycled slots; after it nothing compiles again (``compilations()``
-  stays flat, which tests pin).
 - The processor contract is checked on the compiled shapes, so a violation stops the start
-  with ``ProcessorContractError`` naming the output, its shape and the rule, instead of an
-  IndexError at the first message: ``outputs`` is a dict of arrays with leading axis B (the
-  bucket size), and ``step`` returns a state of the same structure, shapes and dtypes.
+  with ``ProcessorContractError`` naming the output or leaf, its shape and the rule, instead of
+  an IndexError at the first message: ``outputs`` is a dict of arrays with leading axis B (the
+  bucket size), and ``step`` returns a state of the same structure, shapes and dtypes
+  (``check_contract``); a per-stream leaf is written only at the batch's rows (``check_row_writes``,
+  a probe: checkpoints copied between steps rely on it); on several devices a replicated leaf
+  comes back unchanged (``check_replicated_unchanged``, on the jaxpr).
 - Each compiled step is the processor's step wrapped by ``guarded``: messages whose outputs
-  or stream state come out non-finite are marked on the device (the loop then resets them).
-- Several devices (``FORKLESS_DEVICES``, default all local devices): the controller builds a
-  1-D mesh ``"d"`` over them; per-stream state leaves (leading axis ``max_streams + 1`` in
-  ``init``) are sharded along the stream axis in the layout of controller/placement.py, the
-  other leaves replicated. The step is ``shard_map``-ped: each device runs the guarded
-  ``processor.step`` on its own shard with its own ``[Bd]`` sub-batch (keys are local rows,
-  padding points at the device's spare row), so no data crosses devices in a step. The batch
-  is one packed ``[N * Bd, F + 2]`` array sharded ``P("d")`` (``Placement.pack``), the
-  results one packed byte array (``unpack``): one transfer each way per device. Every ``Bd``
-  bucket is compiled ahead of time, and the sharded reset too. One device: today's exact
-  layout and code (no mesh, ``steps`` take a ``Batch`` and return ``(state, outputs, bad)``).
-- A processor with ``per_stream=False`` (cross-stream reductions) is refused on several
-  devices; a replicated leaf must come back from ``step`` unchanged (checked on the jaxpr).
+  come out non-finite are marked on the device (the loop then resets their streams).
 - On the CPU, no op of the step is split across threads (``unsplit_cpu_ops``): XLA:CPU's
   parallel-task assigner prices a gather from or a scatter into the table by the table's
   bytes, so from about 256 KB up it splits the step's six table ops into one task per
@@ -43,28 +28,25 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from controller.batching import Batch, pad_batch
 from controller.config import ConfigError
 from controller.errors import ProcessorContractError
-from controller.placement import OutputField, Placement, Route, unpack_outputs
-from controller.processor import reset_rows, row_template
+from controller.placement import OutputField
 
-__all__ = ["CompiledStep", "compilations", "compile_step", "example_batch", "release_freed_memory", "unsplit_cpu_ops",
-           "use_devices"]
+log = logging.getLogger("forkless.compile")
 
-AXIS = "d"  # the mesh's one axis: the devices, along which the stream table is sharded
+__all__ = ["as_bytes", "check_contract", "check_replicated_unchanged", "check_row_writes", "compilations",
+           "example_batch", "guarded", "one_call", "output_layout", "per_stream_leaf", "release_freed_memory",
+           "unsplit_cpu_ops", "use_devices"]
 
 _COMPILATIONS = [0]
 
@@ -80,45 +62,6 @@ jax.monitoring.register_event_duration_secs_listener(_on_event)
 def compilations() -> int:
     """XLA compilations so far in this process."""
     return _COMPILATIONS[0]
-
-
-@dataclass
-class CompiledStep:
-    """The initial device state, one compiled step per bucket size (state donated), and the
-    compiled slot reset: ``reset(state, template, idx)`` with idx int32 [max_batch]."""
-
-    state: Any
-    steps: dict[int, Any]
-    devices: tuple[str, ...]
-    template: Any = None
-    reset: Any = None
-    # several devices (None/empty on one): where slots live, a fresh sharded state, which
-    # leaves are per-stream (sharded), the init shapes (a checkpoint's), the state's shardings
-    placement: Placement | None = None
-    fresh: Callable[[], Any] | None = None
-    per_stream: Any = None
-    canonical: Any = None
-    shardings: Any = None
-
-    spare_key: int = 0  # the key of padding rows in a batch for ``steps``
-    # several devices: where each output (and, last, the finiteness flags) sits in a row of
-    # the step's packed results
-    output_layout: tuple[OutputField, ...] = ()
-
-    def example(self, features: int, bucket: int) -> Any:
-        """An all-padding input for ``steps[bucket]``: a ``Batch`` on one device, the packed
-        ``[N * bucket, F + 2]`` rows on N."""
-        place = self.placement
-        if place is None:
-            return example_batch(features, bucket, self.spare_key)
-        return place.pack(np.zeros((0, features), np.float32), np.zeros(0, np.int32),
-                          Route(bucket, np.zeros(0, np.int64), np.zeros(place.devices, np.int64)))
-
-    def unpack(self, packed: np.ndarray, positions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Several devices: the outputs and the finiteness flags of the messages at
-        ``positions`` (arrival order), from a step's packed results on the host."""
-        arrays = unpack_outputs(packed, self.output_layout, positions)
-        return {field.name: a for field, a in zip(self.output_layout[:-1], arrays)}, arrays[-1]
 
 
 def example_batch(features: int, bucket: int, spare_slot: int) -> Batch:
@@ -186,136 +129,14 @@ def release_freed_memory() -> None:
         pass
 
 
-def _one_call(fn: Callable[..., Any], *args: Any) -> Any:
+def one_call(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` as one XLA computation that is not kept: run eagerly, each op would leave
     its own compiled executable in JAX's cache for the life of the process (about 2.5 MiB of
     resident memory each on the CPU; the row template's slices were 5.1 MiB)."""
     return jax.jit(fn)(*args)
 
 
-def _compiled_one(jitted: Any) -> None:
-    """After each bucket's compile: drop what ``jitted`` keeps of it (its trace and lowering;
-    the compiled executable is ours) and give the freed heap back, so the start's peak memory
-    is one bucket's work, not all of them (6.6 MiB less at the default buckets)."""
-    jitted.clear_cache()
-    release_freed_memory()
-
-
-def compile_step(processor: Any, config: Any,
-                 on_compiled: Callable[[int, float], None] | None = None) -> CompiledStep:
-    """Initialise the state on the device(s) and compile ``processor.step`` for ``config.buckets``;
-    ``on_compiled(bucket, seconds)`` is called after each (the preflight prints it)."""
-    cache_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    if cache_dir and "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
-        # our buckets compile in well under JAX's default 1 s threshold: cache them all
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    devices = use_devices(getattr(config, "devices", "all"))
-    leaves = jax.tree.leaves(jax.eval_shape(lambda: processor.init(config)))
-    largest = max((leaf.size * leaf.dtype.itemsize for leaf in leaves), default=0) // len(devices)
-    # below XLA's 256 KB a task it splits nothing, and compiling on one CPU is slower (LLVM's
-    # workers share it): +1.1 s at the default settings on 2 cores, so only where it pays
-    unsplit = unsplit_cpu_ops(devices) if largest >= XLA_CPU_TASK_BYTES else contextlib.nullcontext()
-    with unsplit:
-        if len(devices) > 1:
-            return _compile_sharded(processor, config, devices, on_compiled)
-        return _compile_one(processor, config, devices, on_compiled)
-
-
-def _compile_one(processor: Any, config: Any, devices: list[Any],
-                 on_compiled: Callable[[int, float], None] | None) -> CompiledStep:
-    """``compile_step`` on one device: today's layout, no mesh."""
-    state = jax.device_put(processor.init(config))
-    template = _one_call(lambda s: row_template(s, config.max_streams + 1), state)
-    reset = jax.jit(reset_rows, donate_argnums=0).lower(
-        state, template, np.zeros(config.max_batch, np.int32)).compile()
-    # the state is donated: XLA updates the table in place, so a step costs O(B), not O(S)
-    jitted = jax.jit(guarded(processor.step), donate_argnums=0)
-    steps = {}
-    for bucket in config.buckets:
-        example = example_batch(config.features, bucket, config.max_streams)
-        # checked on the bare step's shapes first: the guard below needs [B, ...] outputs
-        check_contract(state, jax.eval_shape(processor.step, state, example), bucket)
-        t0 = time.perf_counter()
-        steps[bucket] = jitted.lower(state, example).compile()
-        _compiled_one(jitted)
-        if on_compiled is not None:
-            on_compiled(bucket, time.perf_counter() - t0)
-    held = sorted({str(d) for leaf in jax.tree.leaves(state) for d in leaf.devices()}) or [str(devices[0])]
-    return CompiledStep(state, steps, tuple(held), template, reset, spare_key=config.max_streams)
-
-
-def _compile_sharded(processor: Any, config: Any, devices: list[Any],
-                     on_compiled: Callable[[int, float], None] | None) -> CompiledStep:
-    """``compile_step`` on several devices: the state sharded by stream, the step shard_mapped."""
-    if not getattr(processor, "per_stream", True):
-        raise ProcessorContractError(
-            f"this processor declares per_stream=False (its step mixes streams), so it cannot be sharded over "
-            f"{len(devices)} devices: run it on one device with FORKLESS_DEVICES=1")
-    n = len(devices)
-    place = Placement(n, config.max_streams)
-    mesh = jax.make_mesh((n,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
-    canonical = jax.eval_shape(lambda: processor.init(config))
-    per_stream = jax.tree.map(lambda leaf: _per_stream_leaf(leaf, config.max_streams + 1), canonical)
-    specs = jax.tree.map(lambda sharded: P(AXIS) if sharded else P(), per_stream)
-    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=_is_spec)
-    rows = NamedSharding(mesh, P(AXIS))  # a batch, its outputs, a reset's index: [N * Bd], Bd per device
-
-    def fresh_state() -> Any:
-        # the contract makes every per-stream row of init equal: row 0, repeated over the
-        # sharded table (XLA drops the rest of init, so no device holds the whole table)
-        state = processor.init(config)
-        return jax.tree.map(lambda leaf, sharded: jnp.broadcast_to(leaf[0], (place.table_rows, *leaf.shape[1:]))
-                            if sharded else leaf, state, per_stream)
-
-    fresh = jax.jit(fresh_state, out_shardings=shardings).lower().compile()
-    state = fresh()
-    replicated = NamedSharding(mesh, P())
-    template = jax.device_put(_one_call(lambda s: jax.tree.map(lambda leaf, sharded: leaf[0] if sharded else None,
-                                                                  s, per_stream), state), replicated)
-    template_specs = jax.tree.map(lambda _: P(), template)
-    reset = jax.jit(jax.shard_map(reset_rows, mesh=mesh, in_specs=(specs, template_specs, P(AXIS)), out_specs=specs,
-                                  check_vma=False),
-                    in_shardings=(shardings, jax.tree.map(lambda _: replicated, template), rows),
-                    out_shardings=shardings, donate_argnums=0,
-                    ).lower(state, template, np.zeros(n * config.max_batch, np.int32)).compile()
-    local_state = jax.tree.map(
-        lambda leaf, sharded: jax.ShapeDtypeStruct((place.rows_per_device, *leaf.shape[1:]) if sharded else leaf.shape,
-                                                   leaf.dtype), canonical, per_stream)
-    features = config.features
-    guarded_step = guarded(processor.step)
-    layout: tuple[OutputField, ...] = ()
-
-    def per_device(state: Any, packed: jax.Array) -> tuple[Any, jax.Array]:
-        batch = Batch(packed[:, :features], jax.lax.bitcast_convert_type(packed[:, features], jnp.int32),
-                      packed[:, features + 1] > 0)
-        new_state, outputs, bad = guarded_step(state, batch)
-        return new_state, _as_bytes([outputs[field.name] for field in layout[:-1]] + [bad])
-
-    # check_vma off: the processor's own code need not mark device-varying values (pcast);
-    # what it must not do (change a replicated leaf) is checked on its jaxpr instead
-    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=(specs, P(AXIS)), out_specs=(specs, P(AXIS)),
-                           check_vma=False)
-    jitted = jax.jit(mapped, in_shardings=(shardings, rows), out_shardings=(shardings, rows), donate_argnums=0)
-    steps = {}
-    result = CompiledStep(state, steps, tuple(str(d) for d in devices), template, reset, placement=place,
-                          fresh=fresh, per_stream=per_stream, canonical=canonical, shardings=shardings,
-                          spare_key=place.spare_row)
-    for bucket in config.buckets:
-        local = example_batch(features, bucket, place.spare_row)
-        out_info = jax.eval_shape(processor.step, local_state, local)
-        check_contract(local_state, out_info, bucket)
-        check_replicated_unchanged(processor.step, local_state, local, per_stream)
-        if not layout:
-            layout = result.output_layout = _output_layout(out_info[1])
-        t0 = time.perf_counter()
-        steps[bucket] = jitted.lower(state, result.example(features, bucket)).compile()
-        _compiled_one(jitted)
-        if on_compiled is not None:
-            on_compiled(bucket, time.perf_counter() - t0)
-    return result
-
-
-def _output_layout(outputs: dict[str, Any]) -> tuple[OutputField, ...]:
+def output_layout(outputs: dict[str, Any]) -> tuple[OutputField, ...]:
     """Where each output, then the finiteness flags (bool, named ""), sit in a packed row."""
     fields, offset = [], 0
     for name, leaf in [*sorted(outputs.items()), ("", jax.ShapeDtypeStruct((1,), jnp.bool_))]:
@@ -327,7 +148,7 @@ def _output_layout(outputs: dict[str, Any]) -> tuple[OutputField, ...]:
     return tuple(fields)
 
 
-def _as_bytes(leaves: list[jax.Array]) -> jax.Array:
+def as_bytes(leaves: list[jax.Array]) -> jax.Array:
     """Leaves with a common leading axis B side by side as uint8 [B, T] (bool as 0/1 bytes)."""
     b = leaves[0].shape[0]
     parts = []
@@ -339,11 +160,7 @@ def _as_bytes(leaves: list[jax.Array]) -> jax.Array:
     return jnp.concatenate(parts, axis=1)
 
 
-def _is_spec(value: Any) -> bool:
-    return isinstance(value, P)
-
-
-def _per_stream_leaf(leaf: Any, slots: int) -> bool:
+def per_stream_leaf(leaf: Any, slots: int) -> bool:
     """The contract's default: a leaf whose leading axis is ``max_streams + 1`` is per-stream."""
     shape = getattr(leaf, "shape", ())
     return len(shape) >= 1 and shape[0] == slots
@@ -412,3 +229,83 @@ def check_contract(state: Any, out_info: Any, bucket: int) -> None:
         shape = tuple(getattr(leaf, "shape", ()))
         if not shape or shape[0] != bucket:
             raise ProcessorContractError(f"output {name!r} has shape {list(shape)}: {rule}")
+
+
+# the probe of check_row_writes: a table of this many streams, a batch writing two of them
+PROBE_STREAMS = 12  # 13 rows: a shared leaf is rarely that long by chance
+PROBE_KEYS = (1, 4, 1)
+
+
+class _ProbeConfig:
+    """The run's configuration with a small ``max_streams``, for ``check_row_writes``."""
+
+    def __init__(self, config: Any, max_streams: int) -> None:
+        self._config = config
+        self.max_streams = max_streams
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+def check_row_writes(processor: Any, config: Any) -> None:
+    """Raise ``ProcessorContractError`` if ``processor.step`` writes rows of a per-stream leaf
+    other than its batch's (``batch.key``, the spare row of padding included).
+
+    A probe, run once before compiling: the processor's state for a table of
+    ``PROBE_STREAMS`` streams, every per-stream row filled with distinct values, one step of a
+    batch holding streams 1 and 4 (1 twice) and padding; every other row must come back bit
+    for bit. Why it matters: a checkpoint copied between steps keeps exactly the rows each step
+    is about to write (controller/checkpoint.py), so a step that writes others (or all rows:
+    a decay of every stream, a ``jnp.where`` over the table) would make it inexact, and would
+    cost O(max_streams) a step. A processor whose ``init`` or ``step`` cannot run at that size
+    is not probed (logged)."""
+    small = _ProbeConfig(config, PROBE_STREAMS)
+    slots = PROBE_STREAMS + 1
+    rng = np.random.default_rng(0)
+    bucket = min(4, config.max_batch)
+    keys = np.asarray(PROBE_KEYS[:bucket], np.int32)
+    try:
+        state = jax.device_get(one_call(lambda: processor.init(small)))
+        paths = jax.tree_util.tree_flatten_with_path(state)[0]
+        treedef = jax.tree.structure(state)
+        filled = [_distinct_rows(np.asarray(leaf), rng) if per_stream_leaf(leaf, slots) else leaf
+                  for _, leaf in paths]
+        batch = pad_batch(rng.standard_normal((len(keys), config.features)).astype(np.float32), keys, bucket,
+                          PROBE_STREAMS)
+        stepped = jax.jit(processor.step)
+        new_state, _ = jax.device_get(stepped(jax.tree.unflatten(treedef, filled), batch))
+        stepped.clear_cache()
+    except Exception as exc:  # any failure at the probe's size only skips the probe
+        log.warning("the processor's row writes were not probed (its init or step does not run with a table of %d "
+                    "streams: %s: %s); the contract still holds: a step writes only its batch's rows of a "
+                    "per-stream leaf", PROBE_STREAMS, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return
+    allowed = np.zeros(slots, bool)
+    allowed[keys] = True
+    allowed[PROBE_STREAMS] = True  # padding's spare row
+    for (path, _), before, after in zip(paths, filled, jax.tree.leaves(new_state)):
+        if not per_stream_leaf(before, slots):
+            continue
+        b = np.ascontiguousarray(before).reshape(slots, -1).view(np.uint8)
+        a = np.ascontiguousarray(np.asarray(after, dtype=before.dtype)).reshape(slots, -1).view(np.uint8)
+        changed = np.flatnonzero((a != b).any(axis=1) & ~allowed)
+        if changed.size:
+            raise ProcessorContractError(
+                f"state leaf {jax.tree_util.keystr(path) or '(the state)'} is per-stream (leading axis "
+                f"max_streams + 1) and step wrote rows other than its batch's: probed with a table of "
+                f"{PROBE_STREAMS} streams and a batch of streams {sorted(set(keys.tolist()))} (padding at the "
+                f"spare row {PROBE_STREAMS}), rows "
+                f"{changed.tolist()} changed. A step must write only batch.key's rows of a per-stream leaf "
+                f"(state.leaf.at[key].set(rows)); checkpoints copied between steps rely on it, and a step over "
+                f"every row costs O(max_streams) (controller/processor.py)")
+
+
+def _distinct_rows(leaf: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``leaf`` with every row filled with values that differ from row to row."""
+    if leaf.dtype == np.bool_:
+        return rng.random(leaf.shape) < 0.5
+    if np.issubdtype(leaf.dtype, np.integer):
+        return rng.integers(0, 5, leaf.shape).astype(leaf.dtype)
+    if np.issubdtype(leaf.dtype, np.floating) or np.issubdtype(leaf.dtype, np.complexfloating):
+        return rng.standard_normal(leaf.shape).astype(leaf.dtype)
+    return leaf

@@ -18,6 +18,7 @@ __all__ = [
     "EXIT_CONFIG",
     "EXIT_CRASH",
     "EXIT_FEED",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_STATUSES",
     "CheckpointMismatch",
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_FEED = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 EXIT_STATUSES = {
     EXIT_OK: "clean stop (or --check passed)",
     EXIT_CRASH: "crash, traceback printed (or --check: JAX, compilation or the metrics address failed)",
@@ -35,6 +37,8 @@ EXIT_STATUSES = {
                  "served, a processor that breaks the contract, or a checkpoint written with other settings)",
     EXIT_FEED: "the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up; with "
                "several feeds, every feed (or one, with FORKLESS_FEED_FATAL=any) (or --check: a feed is unreachable)",
+    EXIT_INTERRUPTED: "a second Ctrl-C (SIGINT) during the orderly stop: the IO side aborted, what was not sent is "
+                      "counted as dropped, no checkpoint written",
 }
 
 

@@ -1,34 +1,30 @@
-"""Controller: the main-thread loop (inbound -> batcher -> jitted step -> outbound).
+"""Controller: the main-thread loop (inbound -> batcher -> engine step -> outbound).
 
 Rules:
-- JAX runs only in the main thread, and only here. The processor state lives on the
-  device(s) from ``start()`` to the end, across batches and reconnects: on one device as
-  it is, on several (``FORKLESS_DEVICES``) sharded by stream (controller/placement.py);
-  a batch is then routed to the devices owning its streams and its outputs put back in
-  arrival order (``_run_step``).
+- JAX runs only in the main thread. The device state is the engine's (controller/engine.py):
+  the loop asks it to step a batch, reset recycled slots, begin a checkpoint and restore one;
+  one device or several is the engine's business, never the loop's.
 - Every bucket size is compiled ahead of time in ``start()`` before the IO thread opens a
   connection, so no message waits for XLA and nothing compiles after warm-up.
-- One batch at a time: take what is waiting (``MicroBatcher`` rules), slot streams, pad,
-  run the compiled step, fetch the outputs with one device-to-host transfer, encode, put
-  one ``Outgoing`` item. Replies keep the order their messages arrived in.
+- One batch at a time: take what is waiting (``MicroBatcher`` rules), slot streams, step,
+  encode, put one ``Outgoing`` item. Replies keep the order their messages arrived in.
 - A step that raises answers each message of its batch with "processing failed" and
   keeps the state from before that batch; the traceback is logged once per distinct error.
 - The IO thread's health is checked at least every ``POLL_S``; if it died, the loop stops
   and raises (``FeedFatal`` or ``IOThreadError``).
 - Checkpoints (``FORKLESS_CHECKPOINT_DIR``): the tick at the end of ``process_pending``
-  begins one when due, or copies up to 1 ms more of the one in progress; every step and
-  slot reset first names the rows it will write (``_before_state_write``), so the copy
-  stays exactly the state at its start (controller/checkpoint.py, ``PendingSnapshot``).
+  begins one when due (``Engine.begin_snapshot``, kept exact by the engine), or copies up to
+  a budget more of the one in progress (controller/checkpointer.py).
+- The host process is left as it was found (controller/host.py): what ``start()`` changes
+  process-wide, ``stop()`` gives back; ``run()`` never exits the process (a second SIGINT
+  aborts the IO side and raises ``KeyboardInterrupt``).
 """
 
 from __future__ import annotations
 
 import datetime
-import gc
 import logging
-import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -37,7 +33,6 @@ from queue import Empty, Full
 from typing import Any, Protocol
 
 import janus
-import jax
 import numpy as np
 
 from controller.batching import (
@@ -50,15 +45,14 @@ from controller.batching import (
     Outgoing,
     Taken,
     Trace,
-    bucket_for,
-    pad_batch,
 )
 from controller.checkpoint import PendingSnapshot, load_newest
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
-from controller.compiled import CompiledStep, compilations, compile_step, release_freed_memory
+from controller.compiled import compilations, release_freed_memory
 from controller.config import Config
-from controller.placement import Placement
+from controller.engine import Engine, StepFailed, compile_step
+from controller.host import ProcessSettings, StopSignals
 from controller.processor import Processor, default_processor
 from controller.slots import StreamSlots
 from controller.stats import (
@@ -84,12 +78,8 @@ STOP_RESERVE_S = 0.5  # of SHUTDOWN_TIMEOUT_S (at most a third), kept for ending
 # When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead
 # of 5 ms measured about +20% maximum throughput in an A/B run (see bench/README.md).
 SWITCH_INTERVAL_S = 0.001
-# Freeze the objects alive when the run starts (gc.freeze: JAX's modules, the compiled steps,
-# the stream table's containers), so Python's collector does not walk them again while it
-# runs. A full collection of this process walked them all, holding the GIL 15-67 ms, between
-# two steps, at random moments (bench/checkpoint_stall.py, 1M streams); new streams add no
-# tracked objects (a name is a str in a list and a dict that exist already). Undone by the stop.
-FREEZE_GC = True
+# After a second SIGINT: how long run() waits for the aborted IO thread before it raises
+ABORT_JOIN_S = 0.5
 
 
 class IOSide(Protocol):
@@ -137,7 +127,14 @@ class Controller:
 
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
                  codec: Codec | None = None, out: Callable[[str], None] | None = None,
-                 on_results: OnResults | None = None, io_factory: IOFactory = _io_thread) -> None:
+                 on_results: OnResults | None = None, io_factory: IOFactory = _io_thread,
+                 freeze_gc: bool = False) -> None:
+        """``freeze_gc=True``: freeze the objects alive when the run starts (``gc.freeze``: JAX's
+        modules, the compiled steps, the stream table's containers), so the collector does not
+        walk them again while it runs — a full collection walked them all, holding the GIL 15-67
+        ms between two steps (bench/checkpoint_stall.py, 1M streams). Only if nothing is frozen
+        yet, undone by the stop (controller/host.py). The ``forkless`` program asks for it; an
+        embedded controller leaves the collector alone unless asked."""
         self.config = config if config is not None else Config.from_env()
         self.processor = processor if processor is not None else default_processor(self.config)
         user_codec = codec if codec is not None else JsonCodec(
@@ -163,13 +160,7 @@ class Controller:
         # with several feeds (unless FORKLESS_SHARED_STREAMS=1) a stream's key is "feed:stream"
         self._feed_prefixes = [spec.name + ":" for spec in self.config.feed_specs] \
             if self.config.stream_keys_by_feed else None
-        self.state: Any = None
-        self._compiled: dict[int, Any] = {}
-        self._template: Any = None
-        self._reset: Any = None
-        self._placement: Placement | None = None  # several devices: where each slot lives
-        self._outputs_on_host = False  # set by compile(): CPU outputs are read in place
-        self._built: CompiledStep | None = None  # what compile_step made (fresh state, shardings)
+        self.engine: Engine | None = None  # the device state's owner, made by compile()
         self._io_factory = io_factory
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
@@ -181,9 +172,9 @@ class Controller:
         self._started = False
         self._stopped = False
         self._logged_failures: set[str] = set()
-        self._devices: tuple[str, ...] = ()
-        self._switch_interval: float | None = None
-        self._froze_gc = False
+        self._host = ProcessSettings(switch_interval_s=SWITCH_INTERVAL_S, freeze_gc=freeze_gc)
+        self._signals = StopSignals(self._on_signal)
+        self._aborting = False  # a second SIGINT: run() raises KeyboardInterrupt
         # set by request_stop(): a put that waits for a socket that never drains gives up then
         self._stop_deadline: float | None = None
         self._work_deadline: float | None = None  # processing and sending end here (request_stop)
@@ -207,39 +198,27 @@ class Controller:
             if self.config.checkpoint_restore == "auto":
                 self._restore()
             self.checkpointer.start()
-        self._switch_interval = sys.getswitchinterval()
-        if SWITCH_INTERVAL_S:
-            sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
-        if FREEZE_GC:
-            gc.collect()  # what startup left as garbage is freed, not kept
-            gc.freeze()
-            self._froze_gc = True
+        self._host.apply()
         self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats)
         self._side = self._io.start()
 
     def compile(self) -> None:
         """Initialise the state on the device and compile the step for every bucket (AOT)."""
-        if self._compiled:
+        if self.engine is not None:
             return
         cfg = self.config
         t0 = time.monotonic()
-        compiled = compile_step(self.processor, cfg)
-        self.state, self._compiled, self._devices = compiled.state, compiled.steps, compiled.devices
-        self._template, self._reset = compiled.template, compiled.reset
-        self._placement, self._built = compiled.placement, compiled
-        # outputs of a CPU step are host memory already: np.asarray reads them in place (about
-        # 13 µs for the default outputs, against 85 µs for jax.device_get, which starts one
-        # asynchronous copy per array); on an accelerator device_get's overlapped copies win
-        self._outputs_on_host = jax.devices()[0].platform == "cpu"
-        self.main_stats.device_messages = np.zeros(len(self._devices), np.int64)
+        self.engine = compile_step(self.processor, cfg)
         self.main_stats.compilations_at_ready = compilations()
         release_freed_memory()
-        place = self._placement
-        sharded = "" if place is None else (f", the stream table sharded over them ({place.rows_per_device} rows "
-                                            f"each, slot s on device s % {place.devices})")
-        log.info("compiled the step for batch sizes %s on %d device(s): %s%s in %.2fs",
-                 ",".join(map(str, cfg.buckets)), len(self._devices), ", ".join(self._devices), sharded,
-                 time.monotonic() - t0)
+        log.info("compiled the step for batch sizes %s on %s in %.2fs", ",".join(map(str, cfg.buckets)),
+                 self.engine.describe(), time.monotonic() - t0)
+
+    @property
+    def state(self) -> Any:
+        """The device state as it is now, to look at (tests, inspection): the engine owns it, and
+        the next step is given it donated, so keep no reference across a step."""
+        return self.engine.state if self.engine is not None else None
 
     # ---- checkpoints --------------------------------------------------------------------------
 
@@ -250,20 +229,19 @@ class Controller:
     def _restore(self) -> None:
         """Load the newest complete checkpoint (before the first connection); raises
         ``CheckpointMismatch`` if it was written with other shape-defining settings."""
-        place, built = self._placement, self._built
+        engine = self.engine
         # the file holds the canonical layout (row s = slot s), whatever the device count
-        like = self.state if place is None else built.canonical
-        restored = load_newest(self.config.checkpoint_dir, self._checkpoint_settings(), like=like)
+        restored = load_newest(self.config.checkpoint_dir, self._checkpoint_settings(), like=engine.checkpoint_shapes)
         if restored is None:
             log.info("no checkpoint in %s: starting fresh", self.config.checkpoint_dir)
             return
-        if place is None:
-            shardings = jax.tree.map(lambda leaf: leaf.sharding, self.state)
-            self.state = jax.device_put(restored.state, shardings)
-        else:  # onto this run's mesh: each per-stream leaf in the sharded layout
-            host = jax.tree.map(lambda leaf, sharded: place.to_sharded(leaf) if sharded else leaf,
-                                restored.state, built.per_stream)
-            self.state = jax.device_put(host, built.shardings)
+        shared = bool(getattr(self.processor, "restore_shared", False))
+        engine.restore(restored.state, shared=shared)
+        leaves = engine.shared_leaves()
+        if leaves:
+            log.info("shared state leaves %s %s", ", ".join(leaves),
+                     "restored from the checkpoint (restore_shared=True)" if shared
+                     else "taken from the processor's init, not the checkpoint (restore_shared=False)")
         # last-seen times travel as wall-clock seconds (monotonic clocks differ between processes)
         shift = time.monotonic() - time.time()
         self.slots.restore(restored.names, restored.slots, np.asarray(restored.last_seen) + shift)
@@ -281,26 +259,14 @@ class Controller:
 
     def _begin_checkpoint(self, incremental: bool | None = None) -> PendingSnapshot:
         """A checkpoint as of now (between two steps), which ``Checkpointer.tick`` copies a
-        chunk at a time between the next steps; ``_before_state_write`` keeps it exact."""
+        chunk at a time between the next steps; the engine keeps it exact."""
         wall = time.time()
-        main = self.main_stats
-        place = self._placement  # several devices: copied at once, put in canonical order by the writer
-        lost = main.resets["state lost with a failed step"]  # _run_step replaces the state then
-        return PendingSnapshot(
-            self.state, self.slots.begin_copy(), {"processed": main.processed, "anomalies": main.anomalies},
-            {**self._checkpoint_settings(), "alpha": self.config.alpha, "threshold": self.config.threshold,
-             "warmup": self.config.warmup, "devices": len(self._devices)}, wall, rows=self.config.max_streams + 1,
-            get_state=lambda: self.state, seen_shift=wall - time.monotonic(),
-            incremental=self.incremental_checkpoints if incremental is None else incremental,
-            intact=lambda: main.resets["state lost with a failed step"] == lost,
-            placement=place, per_stream=None if place is None else self._built.per_stream)
-
-    def _before_state_write(self, slots: np.ndarray) -> None:
-        """Call before a step or reset writes these rows of the state: a checkpoint being
-        copied keeps their present values first."""
-        pending = self.checkpointer.pending if self.checkpointer is not None else None
-        if pending is not None:
-            pending.before_state_write(self.state, slots)
+        main, cfg = self.main_stats, self.config
+        return self.engine.begin_snapshot(
+            self.slots.begin_copy(), {"processed": main.processed, "anomalies": main.anomalies},
+            {**self._checkpoint_settings(), "alpha": cfg.alpha, "threshold": cfg.threshold,
+             "warmup": cfg.warmup, "devices": len(self.engine.devices)}, wall, seen_shift=wall - time.monotonic(),
+            incremental=self.incremental_checkpoints if incremental is None else incremental)
 
     def request_stop(self) -> None:
         """Ask ``run()`` to stop; safe from signal handlers and other threads.
@@ -341,6 +307,19 @@ class Controller:
             if self.checkpointer is not None:  # after the last batch: written while the IO thread ends
                 self.checkpointer.stop(0.0, final=self._take_checkpoint())
         finally:
+            self._end_threads(deadline, work_deadline)
+        io.raise_if_failed()
+
+    def _end_threads(self, deadline: float, work_deadline: float) -> None:
+        """The end of ``stop()``: join the IO thread, write the stop's checkpoint, give the process back."""
+        io = self._io
+        try:
+            if self._aborting:  # a second SIGINT: the IO side is aborted; nothing more is written
+                if not io.join(ABORT_JOIN_S):
+                    self.abandoned_io = True
+                if self.checkpointer is not None:
+                    self.checkpointer.stop(0.0)
+                return
             # the process must be able to exit by the deadline, whatever the socket does: the
             # IO thread has half the reserve to finish, is then aborted, and a thread that
             # still hangs at the deadline is left behind (a daemon: it cannot hold the exit)
@@ -354,8 +333,8 @@ class Controller:
             if self.checkpointer is not None and not self.checkpointer.stop(max(0.0, deadline - time.monotonic())):
                 log.error("the checkpoint of the stop was not written within FORKLESS_SHUTDOWN_TIMEOUT_S=%s",
                           self.config.shutdown_timeout_s)
-            self._restore_process_settings()
-        io.raise_if_failed()
+        finally:
+            self._host.restore()
 
     def _drain_inbound(self) -> int:
         """Take what is still queued inbound (at the stop deadline); how many messages it held."""
@@ -369,24 +348,18 @@ class Controller:
                 self._inbound_closed = True
         return left
 
-    def _restore_process_settings(self) -> None:
-        """Give back what ``start`` changed for the whole process: the switch interval, the frozen objects."""
-        if self._switch_interval is not None:
-            sys.setswitchinterval(self._switch_interval)
-            self._switch_interval = None
-        if self._froze_gc:
-            self._froze_gc = False
-            gc.unfreeze()
-
     # ---- running ----------------------------------------------------------------------------
 
     def run(self) -> None:
         """Start, process until a signal / ``duration_s`` / ``request_stop()``, then stop.
 
         SIGINT and SIGTERM (when called from the main thread) stop it in order; a second
-        SIGINT exits at once. Prints a status line every ``status_s`` seconds.
+        SIGINT aborts the IO side and raises ``KeyboardInterrupt`` (within about a second: what
+        was not sent is counted as dropped, no checkpoint is written). Prints a status line
+        every ``status_s`` seconds. Never exits the process; the host's signal handlers and
+        process settings are back as they were when it returns or raises.
         """
-        previous = self._install_signals()
+        self._signals.install()
         try:
             self.start()
             cfg = self.config
@@ -411,9 +384,16 @@ class Controller:
             if cfg.status_s > 0:
                 self._print(status_line(final, first, final=True))
             log.log(logging.ERROR if final.in_flight else logging.INFO, "%s", books_line(final))
+        except KeyboardInterrupt:
+            if self._started and not self._stopped:  # interrupted before stop(): end the threads briefly
+                self._aborting = self._stopped = True
+                if self._io is not None:
+                    self._io.abort()
+                    self._end_threads(time.monotonic(), time.monotonic())
+            raise
         finally:
-            self._restore_process_settings()  # also when the IO thread failed and stop() never ran
-            self._restore_signals(previous)
+            self._host.restore()  # also when the IO thread failed and stop() never ran
+            self._signals.restore()
 
     def process_pending(self, timeout: float = 0.0) -> int:
         """Process what is waiting (waiting up to ``timeout`` for a first message); returns
@@ -587,62 +567,27 @@ class Controller:
 
     def _reset_slots(self, recycled: list[int]) -> None:
         """Give recycled slots a fresh stream's state (before the step that uses them)."""
-        if self._placement is not None:  # [N, max_batch] local rows, each device's padded with its spare
-            self.state = self._reset(self.state, self._template,
-                                     self._placement.reset_index(recycled, self.config.max_batch))
-            return
-        idx = np.full(self.config.max_batch, self.config.max_streams, np.int32)  # padded with the spare
-        idx[:len(recycled)] = recycled
-        self._before_state_write(idx)
-        self.state = self._reset(self.state, self._template, idx)
+        self.engine.reset(recycled)
 
     def _run_step(self, x: np.ndarray, key: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
-        """Run the compiled step on one batch: its outputs on the host cut to the batch's
-        messages, and which messages came out non-finite (their streams already reset); None
-        if the step failed (logged and counted; see the state rule below)."""
+        """Run the engine's step on one batch: its outputs on the host cut to the batch's
+        messages, and which messages came out non-finite; None if the step failed (logged and
+        counted; the engine kept the state, or replaced it if the failed step had lost it)."""
         stats = self.main_stats
         m = len(key)
-        place = self._placement
-        if place is None:
-            bucket = bucket_for(m, self.config.buckets)
-            batch = pad_batch(x, key, bucket, self.config.max_streams)
-            self._before_state_write(batch.key)  # a checkpoint being copied keeps these rows first
-        else:  # grouped by owning device: [N, Bd], Bd the bucket of the busiest device
-            route = place.route(key, self.config.buckets)
-            bucket = route.bucket
-            batch = place.pack(x, key, route)  # one array: one transfer per device
         t0 = time.perf_counter()
         try:
-            if place is None:
-                new_state, outputs, bad = self._compiled[bucket](self.state, batch)
-                # to the host in one go (this also surfaces the step's runtime errors)
-                outputs, bad = _fetch((outputs, bad)) if self._outputs_on_host else jax.device_get((outputs, bad))
-            else:  # the outputs and flags packed in one byte array, as the batch was
-                new_state, packed = self._compiled[bucket](self.state, batch)
-                packed = np.asarray(packed if self._outputs_on_host else jax.device_get(packed))
-        except Exception as exc:
-            self._log_failure(exc)
+            outputs, bad = self.engine.step(x, key)
+        except StepFailed as failed:
+            self._log_failure(failed.__cause__ or failed)
             stats.errors["processing failed"] += m
-            if any(leaf.is_deleted() for leaf in jax.tree.leaves(self.state)):
-                # the state was donated to the step that failed at run time: it is gone, so
-                # every stream starts again from a fresh state (counted and logged)
-                self.state = jax.device_put(self.processor.init(self.config)) if place is None else self._built.fresh()
+            if failed.state_lost:
                 stats.resets["state lost with a failed step"] += 1
                 log.error("the failed step had been given the state (donated): every stream starts again "
                           "from a fresh state")
             return None
-        self.state = new_state
         stats.step_seconds.observe(time.perf_counter() - t0)
         stats.processed += m
-        if place is None:
-            stats.device_rows += bucket
-            stats.device_messages[0] += m
-            outputs = {name: np.asarray(value)[:m] for name, value in outputs.items()}
-            bad = np.asarray(bad)[:m]
-        else:  # back in arrival order
-            stats.device_rows += place.devices * bucket
-            stats.device_messages += route.counts
-            outputs, bad = self._built.unpack(packed, route.positions)
         anomaly = outputs.get("anomaly")
         if anomaly is not None:
             stats.anomalies += int(np.count_nonzero(anomaly[~bad] if bad.any() else anomaly))
@@ -688,7 +633,8 @@ class Controller:
         io = self._io.snapshot() if self._io is not None else self.io_stats.snapshot()
         at_ready = main.compilations_at_ready
         errors = _merged(io.errors, copy_counts(main.errors))
-        compiled = bool(self._compiled)
+        engine = self.engine
+        compiled = engine is not None
         return StatsSnapshot(
             at=time.monotonic(),
             messages_in=io.messages_in,
@@ -714,9 +660,9 @@ class Controller:
             step_seconds=main.step_seconds.snapshot(),
             compilations=compilations(),
             compilations_after_warmup=None if at_ready is None else compilations() - at_ready,
-            devices=self._devices,
-            device_messages=tuple(int(v) for v in main.device_messages),
-            device_rows=main.device_rows,
+            devices=engine.devices if engine is not None else (),
+            device_messages=tuple(int(v) for v in engine.device_messages) if engine is not None else (),
+            device_rows=engine.device_rows if engine is not None else 0,
             ready=compiled and io.connected,
             compiled=compiled,
             no_reply=main.no_reply,
@@ -743,27 +689,16 @@ class Controller:
 
     # ---- signals ----------------------------------------------------------------------------
 
-    def _install_signals(self) -> dict[int, Any]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        previous = {}
-
-        def on_signal(signum: int, frame: Any) -> None:
-            if self._stop_requested.is_set() and signum == signal.SIGINT:
-                sys.stderr.write("second interrupt: exiting now\n")
-                sys.stderr.flush()
-                os._exit(130)
-            log.info("%s received: stopping (reading stopped, sending what is left)",
-                     signal.Signals(signum).name)
-            self.request_stop()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, on_signal)
-        return previous
-
-    def _restore_signals(self, previous: dict[int, Any]) -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    def _on_signal(self, signum: int) -> None:
+        """SIGINT/SIGTERM while ``run()`` runs: an orderly stop; a second SIGINT aborts."""
+        if signum == signal.SIGINT and self._stop_requested.is_set():
+            log.warning("second interrupt: aborting (what was not sent is dropped, no checkpoint is written)")
+            self._aborting = True
+            if self._io is not None:
+                self._io.abort()
+            raise KeyboardInterrupt
+        self.request_stop()  # first: once the line below is logged, a second SIGINT aborts
+        log.info("%s received: stopping (reading stopped, sending what is left)", signal.Signals(signum).name)
 
 
 def _split_by_feed(frames: list, received: list[int], error_at: tuple[int, ...],
@@ -778,11 +713,6 @@ def _split_by_feed(frames: list, received: list[int], error_at: tuple[int, ...],
                      tuple(k for k, j in enumerate(picked) if j in errors), feed=feed,
                      traces=[trace for trace in traces if trace.feed == feed])
             for feed, picked in by_feed.items()]
-
-
-def _fetch(tree: Any) -> Any:
-    """The step's outputs as numpy arrays, read in place (CPU only: see ``_outputs_on_host``)."""
-    return jax.tree.map(np.asarray, tree)
 
 
 def _stamp(traces: list[Trace], stamp: int) -> None:

@@ -265,10 +265,6 @@ class MainStats:
     batch_size: Histogram | None = None
     step_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     compilations_at_ready: int | None = None
-    # per device (in the order of ``devices``): messages run there; set up by the controller's
-    # compile (an int array, added to in place)
-    device_messages: Any = field(default_factory=list)
-    device_rows: int = 0  # rows of the per-device batches run, padding included (N x Bd a step)
 
 
 @dataclass(frozen=True)

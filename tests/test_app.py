@@ -6,7 +6,6 @@ import asyncio
 import re
 import signal
 import threading
-import time
 
 import pytest
 
@@ -57,7 +56,7 @@ def test_a_signal_stops_cleanly_sending_every_result(app, sig):
     check_clean_run(out, err)
 
 
-def test_a_second_ctrl_c_exits_at_once(feed_server, app):
+def test_a_second_ctrl_c_exits_at_once_with_status_130(feed_server, app):
     stop_feeding = threading.Event()
 
     async def script(conn: AiohttpConn) -> None:
@@ -70,18 +69,17 @@ def test_a_second_ctrl_c_exits_at_once(feed_server, app):
             await asyncio.sleep(0.001)
 
     server = feed_server(script, compress=False)  # uncompressed replies fill the socket buffers sooner
-    proc: AppProcess = app(env=env(FORKLESS_WS_URL=server.url, FORKLESS_SHUTDOWN_TIMEOUT_S="30"))
+    # a stop that is never aborted would take FORKLESS_SHUTDOWN_TIMEOUT_S, past finish()'s bound
+    proc: AppProcess = app(env=env(FORKLESS_WS_URL=server.url, FORKLESS_SHUTDOWN_TIMEOUT_S="600"))
     try:
         proc.wait_for_line(STATUS, timeout_s=60 * UNIT_S)
         proc.signal(signal.SIGINT)
+        # logged once the stop is requested (the handler requests it first): the next one is second
         proc.wait_for_line("SIGINT received", stream="stderr", timeout_s=10 * UNIT_S)
-        # the handler logs that line just before it marks the stop as requested, and nothing
-        # after that is observable from outside; a moment's grace keeps the second Ctrl-C second
-        time.sleep(0.1 * UNIT_S)
-        started = proc.signal(signal.SIGINT)
-        code, _, err, exited_at = proc.finish(15 * UNIT_S)
+        proc.signal(signal.SIGINT)
+        code, _, err, _ = proc.finish(60 * UNIT_S)
     finally:
         stop_feeding.set()
     assert code == 130, err
     assert "second interrupt: exiting now" in err
-    assert exited_at - started < 5 * UNIT_S  # at once, not after FORKLESS_SHUTDOWN_TIMEOUT_S (30 s)
+    assert "Traceback" not in err

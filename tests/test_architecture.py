@@ -46,6 +46,7 @@ CORE = [
 DEVICE = [
     "controller/checkpoint.py",
     "controller/compiled.py",
+    "controller/engine.py",
 ]
 IO = [
     "io_loop/__init__.py",
@@ -65,6 +66,7 @@ COMPOSITION = [
     "controller/check.py",
     "controller/checkpointer.py",
     "controller/cli.py",
+    "controller/host.py",
     "controller/loop.py",
 ]
 LAYERS = {"core": CORE, "device": DEVICE, "io": IO, "composition": COMPOSITION}
@@ -249,9 +251,9 @@ def test_prometheus_client_and_jax_are_imported_in_the_core_only_where_named():
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_device_layer_imports_only_core_modules_and_no_concurrency():
+def test_the_device_layer_imports_only_core_and_device_modules_and_no_concurrency():
     wrong = [f"{imp.where} loads {dep} ({layer_of(dep)})"
-             for path in DEVICE for imp, dep in project_imports(path) if dep not in CORE]
+             for path in DEVICE for imp, dep in project_imports(path) if dep not in CORE + DEVICE]
     wrong += [f"{imp.where} imports {name}"
               for path in DEVICE for imp, name in external_imports(path) if name in CONCURRENCY]
     assert not wrong, "\n".join(wrong)
@@ -443,3 +445,35 @@ def test_importing_this_does_not_import_jax(statement: str):
     assert "controller.config" in loaded_modules or "io_loop" in loaded_modules  # it did import something
     jax_modules = sorted(m for m in loaded_modules if m.split(".")[0] in JAX)
     assert not jax_modules, f"{statement!r} imported {len(jax_modules)} JAX modules, e.g. {jax_modules[:3]}"
+
+
+# ---- one owner of the device state ---------------------------------------------------------------
+
+STATE_OWNER = "controller/engine.py"
+STATE_NAMES = {"state", "_state"}
+
+
+def state_assignments(path: str) -> list[str]:
+    """Where ``path`` assigns an attribute named state/_state (``x.state = ...``, ``+=``, ``setattr``)."""
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) >= 2 \
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value in STATE_NAMES:
+            found.append(f"{path}:{node.lineno}")
+        for target in targets:
+            for sub in ast.walk(target):
+                if isinstance(sub, ast.Attribute) and sub.attr in STATE_NAMES:
+                    found.append(f"{path}:{node.lineno}")
+    return found
+
+
+def test_only_the_engine_assigns_the_device_state():
+    elsewhere = [where for path in PATHS if path != STATE_OWNER for where in state_assignments(path)]
+    assert not elsewhere, "the device state is assigned outside controller/engine.py:\n" + "\n".join(elsewhere)
+    assert state_assignments(STATE_OWNER), "the scanner finds no assignment even in the engine: it is broken"

@@ -108,17 +108,54 @@ def test_no_batch_size_compiles_after_start():
         assert ctl.stats().compilations_after_warmup == 0
 
 
-def test_the_run_freezes_the_objects_alive_at_start_and_the_stop_gives_them_back_to_the_collector():
+def frozen(obj: object) -> bool:
+    """True if ``obj`` is in the collector's permanent generation (``gc.get_objects`` leaves those out)."""
+    return not any(o is obj for o in gc.get_objects())
+
+
+def test_an_embedded_controller_leaves_the_collector_and_the_hosts_frozen_objects_alone():
+    alive = ["alive at start"]
+    with started(FakeIO()):
+        assert not frozen(alive) and gc.get_freeze_count() == 0  # not asked to freeze: freezes nothing
+    hosts = [["the host's"]]
+    gc.freeze()  # the host froze its own objects before starting the controller
+    try:
+        assert frozen(hosts)
+        fake = FakeIO()
+        with started(fake) as ctl:
+            mine = ["made after the host's freeze"]
+            fake.inbound.put_nowait(chunk([1, 2], ["a", "b"]))
+            assert process_all(ctl) == 2
+            assert frozen(hosts) and not frozen(mine)  # not asked to freeze: freezes nothing
+        assert frozen(hosts)  # and thaws nothing of the host's
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+
+
+def test_freeze_gc_freezes_the_objects_alive_at_start_and_the_stop_thaws_exactly_those():
     # a full collection would walk JAX's objects and the stream table between two steps
-    frozen_before = gc.get_freeze_count()
+    assert gc.get_freeze_count() == 0
+    keep = [[i] for i in range(3)]  # tracked objects alive when the run starts
     fake = FakeIO()
-    keep = [[i] for i in range(1000)]  # tracked objects alive when the run starts
-    with started(fake) as ctl:
-        assert gc.get_freeze_count() >= frozen_before + len(keep)
+    with Controller(CONFIG, processor=PROCESSOR, io_factory=fake, freeze_gc=True) as ctl:
+        assert all(frozen(obj) for obj in keep)
         fake.inbound.put_nowait(chunk([1, 2], ["a", "b"]))
         assert process_all(ctl) == 2
-    assert gc.get_freeze_count() == 0  # stop() unfroze them
-    assert keep[999] == [999]
+    assert not any(frozen(obj) for obj in keep)  # stop() gave them back to the collector
+    assert gc.get_freeze_count() == 0
+
+
+def test_freeze_gc_freezes_nothing_when_the_host_has_frozen_objects_already():
+    gc.freeze()
+    try:
+        mine = ["alive at start, made after the host's freeze"]
+        fake = FakeIO()
+        with Controller(CONFIG, processor=PROCESSOR, io_factory=fake, freeze_gc=True):
+            assert not frozen(mine)
+        assert gc.get_freeze_count() > 0  # the host's are still frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_a_stream_beyond_max_streams_gets_a_too_many_streams_error_and_is_counted():

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from controller.batching import Batch, pad_batch
-from controller.compiled import compile_step, guarded
+from controller.compiled import guarded
 from controller.config import Config
+from controller.engine import compile_step
 from controller.loop import compilations
 from controller.processor import (
     EPS,

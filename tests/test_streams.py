@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from controller.batching import Batch
-from controller.compiled import compile_step, guarded
+from controller.compiled import guarded
 from controller.config import Config
+from controller.engine import compile_step
 from controller.loop import Controller
 from controller.processor import Processor, default_processor
 from tests.fake_io import FakeIO, drain
@@ -29,7 +30,7 @@ def test_the_controllers_compiled_step_updates_the_state_in_place():
     for bucket, step in compiled.steps.items():
         # the three state leaves (count, mean, var) are parameters 0-2 and may alias an output
         assert _aliased_inputs(step.as_text()) == {0, 1, 2}, f"bucket {bucket}: the state is not donated"
-    state = compiled.state
+    state = compiled.take_state()
     batch = chunk([0], ["a"])
     from controller.batching import pad_batch
 
