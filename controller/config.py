@@ -24,7 +24,7 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit
 
-from controller.netaddr import parse_host_port, parse_port, redact_url
+from io_loop.netaddr import parse_host_port, parse_port, redact_url
 
 PREFIX = "FORKLESS_"
 BUCKET_GROWTH = 4

@@ -35,11 +35,11 @@ import janus
 from controller.batching import PICKED, WRITTEN, Outgoing
 from controller.codec import Codec
 from controller.config import Config, FeedSpec
-from controller.errors import FeedFatal
 from controller.stats import IOStats
 from io_loop import aiohttp_compat
 from io_loop.backoff import Backoff
 from io_loop.connect import ConnectFailed, HandshakeRefused, make_ssl_context, new_session, open_feed, redact_url, short
+from io_loop.errors import FeedFatal
 from io_loop.handover import Handover
 
 __all__ = ["End", "FeedClient", "Outcome"]

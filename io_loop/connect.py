@@ -24,7 +24,7 @@ import ssl
 import aiohttp
 
 from controller.config import Config, FeedSpec
-from controller.netaddr import redact_url
+from io_loop.netaddr import redact_url
 
 __all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "open_feed",
            "redact_url"]

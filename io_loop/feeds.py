@@ -33,10 +33,10 @@ import janus
 from controller.batching import Outgoing, count_unsent
 from controller.codec import Codec
 from controller.config import Config
-from controller.errors import FeedFatal
 from controller.stats import FeedSnapshot, IOStats
 from io_loop.bridge import Bridge
 from io_loop.client import FeedClient
+from io_loop.errors import FeedFatal
 
 __all__ = ["FeedSet", "Outbox"]
 

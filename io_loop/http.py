@@ -26,9 +26,9 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from controller.errors import MetricsServerError
-from controller.netaddr import is_loopback, parse_host_port
 from controller.stats import StatsSnapshot
+from io_loop.errors import MetricsServerError
+from io_loop.netaddr import is_loopback, parse_host_port
 
 __all__ = ["MetricsServer"]
 

@@ -23,7 +23,6 @@ import aiohttp
 
 from controller.codec import Codec
 from controller.config import Config, FeedSpec
-from controller.netaddr import parse_host_port
 from io_loop.connect import (
     ConnectFailed,
     HandshakeRefused,
@@ -34,6 +33,7 @@ from io_loop.connect import (
     redact_url,
 )
 from io_loop.demo_feed import DemoFeed
+from io_loop.netaddr import parse_host_port
 
 __all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "check_metrics_addr", "probe_feed"]
 

@@ -35,20 +35,21 @@ CORE = [
     "controller/errors.py",
     "controller/logs.py",
     "controller/metrics.py",
-    "controller/netaddr.py",
     "controller/placement.py",
     "controller/processor.py",
     "controller/rowcopy.py",
     "controller/slots.py",
     "controller/stats.py",
+    "io_loop/__init__.py",
     "io_loop/backoff.py",
+    "io_loop/errors.py",
+    "io_loop/netaddr.py",
 ]
 DEVICE = [
     "controller/checkpoint.py",
     "controller/compiled.py",
 ]
 IO = [
-    "io_loop/__init__.py",
     "io_loop/aiohttp_compat.py",
     "io_loop/bridge.py",
     "io_loop/client.py",
