@@ -24,7 +24,7 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit
 
-from io_loop.netaddr import parse_host_port, parse_port, redact_url
+from io_loop.netaddr import parse_host_port, redact_url, url_host_port
 
 PREFIX = "FORKLESS_"
 BUCKET_GROWTH = 4
@@ -112,12 +112,10 @@ def _ws_url(text: str) -> str:
     text = text.strip()
     if text == "":
         return ""
-    parts = urlsplit(text)
+    parts = urlsplit(text)  # raises ValueError for some malformed IPv6 literals itself
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
         raise ValueError
-    port = parts.netloc.rpartition("@")[2].rpartition("]")[2]  # after credentials and an IPv6 literal
-    if ":" in port:
-        parse_port(port.rpartition(":")[2], allow_zero=False)  # digits, 1-65535
+    url_host_port(text)  # brackets only around an IPv6 address, then nothing or :port (1-65535)
     return text
 
 

@@ -89,7 +89,11 @@ def new_session() -> aiohttp.ClientSession:
     async def on_redirect(session: aiohttp.ClientSession, ctx: object,
                           params: aiohttp.TraceRequestRedirectParams) -> None:
         location = params.response.headers.get("Location", "")
-        raise _RedirectRefused(params.response.status, redact_url(str(params.url.join(type(params.url)(location)))))
+        try:
+            target = redact_url(str(params.url.join(type(params.url)(location))))
+        except ValueError:  # the server's Location is not a URL (e.g. "ws://[::1/x"): shown as sent, redacted
+            target = redact_url(location)
+        raise _RedirectRefused(params.response.status, target)
 
     trace = aiohttp.TraceConfig()
     trace.on_request_redirect.append(on_redirect)
