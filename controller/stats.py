@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.batching import HOPS
+from io_loop.crossing import HOPS
 
 # latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
 SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))

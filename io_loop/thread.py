@@ -23,11 +23,11 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from controller.batching import count_unsent
 from controller.codec import Codec
 from controller.config import Config
 from controller.stats import LAG_INTERVAL_S, IOSnapshot, IOStats, StatsSnapshot, combine_io
 from io_loop.bridge import Bridge, MainSide
+from io_loop.crossing import count_unsent
 from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 from io_loop.feeds import FeedSet
 
