@@ -254,7 +254,7 @@ class SnapshotCollector(Collector):
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot()  # copying counters another thread writes: see stats.copy_counts
+        snap = self.snapshot()  # copying counters another thread writes: see io_loop/counters.py copy_counts
         if snap is not None:
             yield from metric_families(snap)
 

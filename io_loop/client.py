@@ -34,10 +34,10 @@ import janus
 
 from controller.codec import Codec
 from controller.config import Config, FeedSpec
-from controller.stats import IOStats
 from io_loop import aiohttp_compat
 from io_loop.backoff import Backoff
 from io_loop.connect import ConnectFailed, HandshakeRefused, make_ssl_context, new_session, open_feed, redact_url, short
+from io_loop.counters import IOStats
 from io_loop.crossing import PICKED, WRITTEN, Outgoing
 from io_loop.errors import FeedFatal
 from io_loop.handover import Handover

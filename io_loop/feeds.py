@@ -32,9 +32,9 @@ import janus
 
 from controller.codec import Codec
 from controller.config import Config
-from controller.stats import FeedSnapshot, IOStats
 from io_loop.bridge import Bridge
 from io_loop.client import FeedClient
+from io_loop.counters import FeedSnapshot, IOStats
 from io_loop.crossing import Outgoing, count_unsent
 from io_loop.errors import FeedFatal
 

@@ -21,12 +21,12 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from controller.codec import Codec
 from controller.config import Config
-from controller.stats import LAG_INTERVAL_S, IOSnapshot, IOStats, StatsSnapshot, combine_io
 from io_loop.bridge import Bridge, MainSide
+from io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
 from io_loop.crossing import count_unsent
 from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 from io_loop.feeds import FeedSet
@@ -43,7 +43,7 @@ ABORT_CLEANUP_S = 0.2
 
 class IOThread:
     def __init__(self, config: Config, codec: Codec, stats: IOStats, *,
-                 stats_snapshot: Callable[[], StatsSnapshot | None] = lambda: None,
+                 stats_snapshot: Callable[[], Any] = lambda: None,
                  name: str = "forkless-io") -> None:
         self.config = config
         self.codec = codec

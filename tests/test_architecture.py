@@ -42,6 +42,7 @@ CORE = [
     "controller/stats.py",
     "io_loop/__init__.py",
     "io_loop/backoff.py",
+    "io_loop/counters.py",
     "io_loop/crossing.py",
     "io_loop/errors.py",
     "io_loop/netaddr.py",
