@@ -6,7 +6,8 @@ Rules:
   message in ``SAMPLE_EVERY``.
 - Plain data, no behaviour that needs a thread, a loop or a clock: the main thread's core
   (controller/batching.py) builds batches from chunks and the IO side sends items, both
-  importing these names from here. Nothing here imports a third-party library.
+  importing these names from here. Nothing here imports a third-party library, so the
+  controller's core can import it cheaply.
 - A ``Trace``'s stamps are each written once, by the thread at that hop (``READ`` … ``WRITTEN``).
 """
 
@@ -14,10 +15,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import numpy as np
+from typing import Any
 
 __all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICKED", "READ", "SAMPLE_EVERY",
            "STEP", "TAKEN", "WRITTEN", "Chunk", "Outgoing", "Trace", "count_unsent"]
@@ -60,7 +58,7 @@ class Chunk:
 
     seq: list[Any]
     stream: list[str]
-    x: np.ndarray  # float32 [n, F]
+    x: Any  # a numpy float32 array [n, F] (no numpy import here: see the rules)
     received_ns: int
     feed: int = 0  # index of the feed (``IOSettings.feed_specs``) whose connection it came from
     trace: Trace | None = None  # one in SAMPLE_EVERY messages: its first message's hop times

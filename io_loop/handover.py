@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from controller.codec import Decoded
 from io_loop.crossing import INBOUND, SAMPLE_EVERY, Chunk, Trace
+from io_loop.decoding import DecodedFrame
 
 __all__ = ["Handover", "InboundQueue"]
 
@@ -50,7 +50,7 @@ class Handover:
         self.max_batch = max_batch
         self.drop_oldest = drop_oldest
         self.on_dropped = on_dropped
-        self._parts: list[Decoded] = []
+        self._parts: list[DecodedFrame] = []
         self._gathered = 0  # messages in _parts
         self._first_ns = 0
         self._scheduled = False
@@ -69,7 +69,7 @@ class Handover:
         """True when nothing is gathered and no put is waiting."""
         return not self._parts and self._pending is None
 
-    def add(self, decoded: Decoded, received_ns: int, decoded_ns: int = 0) -> None:
+    def add(self, decoded: DecodedFrame, received_ns: int, decoded_ns: int = 0) -> None:
         """Gather one frame's good messages (read at ``received_ns``, decoded at ``decoded_ns``,
         monotonic ns); a put is scheduled for the loop's next turn."""
         if not len(decoded):

@@ -109,7 +109,7 @@ def test_a_redirect_to_a_malformed_url_is_refused_naming_it_not_a_crash():
         try:
             async with new_session() as session:
                 with pytest.raises(HandshakeRefused) as err:
-                    await open_feed(session, url, Config(ws_url=url), None)
+                    await open_feed(session, url, Config(ws_url=url).io_settings(), None)
         finally:
             await runner.cleanup()
         assert err.value.fatal
