@@ -16,6 +16,8 @@ _EXPORTS = {
     "FeedFatal": "io_loop.errors",
     "IOThreadError": "io_loop.errors",
     "MetricsServerError": "io_loop.errors",
+    "FeedSpec": "io_loop.settings",
+    "IOSettings": "io_loop.settings",
     "IOThread": "io_loop.thread",
 }
 
