@@ -21,7 +21,7 @@ from typing import Any
 from controller.codec import Codec, JsonCodec
 from controller.config import VARIABLES, Config, ConfigError, _as_text
 from controller.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
-from io_loop.connect import redact_url
+from io_loop.netaddr import redact_url
 from io_loop.probe import ProbeFailed, check_metrics_addr, probe_feed
 
 __all__ = ["run_check"]
@@ -60,7 +60,7 @@ def run_check(config: Config, processor: Any = None, codec: Codec | None = None,
         step("compiling the step", lambda: _compile(config, processor, say))
     if config.metrics_addr:
         step("metrics address", lambda: check_metrics_addr(config.metrics_addr, say))
-    step("feed", lambda: probe_feed(config, codec, say), code=EXIT_FEED)
+    step("feed", lambda: probe_feed(config.io_settings(), codec, say), code=EXIT_FEED)
 
     if failures:
         reasons = "; ".join(f.reason for f in failures)

@@ -28,6 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
+from io_loop.decoding import FrameDecoder
+
 MAX_STREAM_CHARS = 256
 # one frame's error replies are bounded, so output stays O(input): after this many, one
 # summary reply stands for the rest of that frame's bad elements
@@ -62,10 +64,11 @@ class Decoded:
         return [(reason, 1) for reason, _ in self.errors[:-1]] + [(FOLDED_REASON, self.folded)]
 
 
-class Codec(Protocol):
+class Codec(FrameDecoder, Protocol):
     """What the controller needs from a protocol. Implementations must be pure and thread-safe
     for one caller per method: ``decode`` runs in the IO thread, ``encode_*`` in the main thread.
-    A reply frame is ``str``, or ``bytes`` holding UTF-8 text; both are sent as text frames."""
+    A reply frame is ``str``, or ``bytes`` holding UTF-8 text; both are sent as text frames.
+    The IO thread's half (``decode``, ``encode_error``) is ``io_loop.decoding.FrameDecoder``."""
 
     def decode(self, frame: str | bytes) -> Decoded: ...
 

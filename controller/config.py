@@ -24,7 +24,8 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit
 
-from controller.netaddr import parse_host_port, parse_port, redact_url
+from io_loop.netaddr import parse_host_port, redact_url, url_host_port
+from io_loop.settings import FeedSpec, IOSettings
 
 PREFIX = "FORKLESS_"
 BUCKET_GROWTH = 4
@@ -112,12 +113,10 @@ def _ws_url(text: str) -> str:
     text = text.strip()
     if text == "":
         return ""
-    parts = urlsplit(text)
+    parts = urlsplit(text)  # raises ValueError for some malformed IPv6 literals itself
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
         raise ValueError
-    port = parts.netloc.rpartition("@")[2].rpartition("]")[2]  # after credentials and an IPv6 literal
-    if ":" in port:
-        parse_port(port.rpartition(":")[2], allow_zero=False)  # digits, 1-65535
+    url_host_port(text)  # brackets only around an IPv6 address, then nothing or :port (1-65535)
     return text
 
 
@@ -182,24 +181,6 @@ FEED_KEYS = ("url", "subscribe", "headers", "name", "required")
 class ValueProblem(ValueError):
     """A parser's refusal with a detail fit to show (never a secret): appended to the
     variable's ``allowed`` text in the ``ConfigError``."""
-
-
-@dataclass(frozen=True)
-class FeedSpec:
-    """One feed of ``FORKLESS_FEEDS`` (or the one ``FORKLESS_WS_URL`` names): where to connect,
-    what to send first, extra handshake headers. ``name`` labels its metrics, logs and (with
-    several feeds, unless ``FORKLESS_SHARED_STREAMS=1``) its streams' identities."""
-
-    name: str
-    url: str
-    subscribe: str = field(default="", repr=False)  # sent as is on every new connection
-    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    required: bool = True  # /readyz waits for it
-
-    @property
-    def label(self) -> str:
-        """How messages name it: ``feed 'name' (ws://host/path)``, never with credentials or query."""
-        return f"feed {self.name!r} ({redact_url(self.url)})"
 
 
 def _feed_list(text: str) -> tuple[FeedSpec, ...]:
@@ -514,6 +495,13 @@ class Config:
         """``FORKLESS_CHECKPOINT_DIR`` is set: checkpoints are written (and restored unless
         ``FORKLESS_CHECKPOINT_RESTORE=never``)."""
         return self.checkpoint_dir != ""
+
+    def io_settings(self) -> IOSettings:
+        """What the IO side reads of this configuration (io_loop/settings.py): its fields by the
+        same names, ``feed_specs`` and ``uses_demo_feed`` as derived here."""
+        return IOSettings(feeds_from_list=self.feeds != "",
+                          **{f.name: getattr(self, f.name) for f in dataclasses.fields(IOSettings)
+                             if f.name != "feeds_from_list"})
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

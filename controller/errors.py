@@ -1,10 +1,9 @@
 """The exceptions that end a run for a reason the program reports in one line.
 
 Rules:
-- Raised on the IO side, defined here (the core) so the composition layer can catch them
-  without reaching into the IO side's modules.
-- ``IOThread.raise_if_failed`` re-raises ``FeedFatal`` and ``MetricsServerError`` as they
-  are; anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
+- The three the IO side raises (``FeedFatal``, ``MetricsServerError``, ``IOThreadError``) are
+  defined in ``io_loop/errors.py`` (the leaf imports nothing from here) and re-exported here,
+  the same classes, so the composition layer and embedding code catch them by these names.
 - The process's exit statuses are stated here, once; ``app.py``/``forkless``, ``--check`` and
   the README's table all use these names.
 """
@@ -13,6 +12,8 @@ from __future__ import annotations
 
 import os
 from typing import Any
+
+from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 
 __all__ = [
     "EXIT_CONFIG",
@@ -42,14 +43,6 @@ EXIT_STATUSES = {
 }
 
 
-class FeedFatal(Exception):
-    """The feed cannot be used (4xx handshake, tries used up): exit status 3."""
-
-
-class MetricsServerError(RuntimeError):
-    """``FORKLESS_METRICS_ADDR`` cannot be served (bad address, port in use): exit status 2."""
-
-
 class ProcessorContractError(ValueError):
     """A processor's step breaks the contract (README "Embedding"): found when it is compiled,
     before any connection is made: exit status 2."""
@@ -68,7 +61,3 @@ class CheckpointMismatch(ValueError):
             f"checkpoint {self.path} does not fit this run: {setting}: {saved!r} in the checkpoint, "
             f"{current!r} now; run with the settings it was written with, or start empty with "
             f"FORKLESS_CHECKPOINT_RESTORE=never or another FORKLESS_CHECKPOINT_DIR")
-
-
-class IOThreadError(RuntimeError):
-    """The IO thread died of something unexpected; ``__cause__`` is what killed it: exit status 1."""

@@ -112,7 +112,12 @@ IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSi
 
 
 def _io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot]) -> IOSide:
-    return IOThread(config, codec, stats, stats_snapshot=snapshot)
+    render = None
+    if config.metrics_addr:
+        from controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
+
+        render = exposition(snapshot)
+    return IOThread(config.io_settings(), codec, stats, stats_snapshot=snapshot, render_metrics=render)
 
 
 class Controller:

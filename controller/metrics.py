@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -42,7 +42,7 @@ from controller.stats import (
     StatsSnapshot,
 )
 
-__all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "make_registry", "metric_families",
+__all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "exposition", "make_registry", "metric_families",
            "metrics_table_markdown", "render"]
 
 log = logging.getLogger("forkless.metrics")
@@ -254,7 +254,7 @@ class SnapshotCollector(Collector):
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot()  # copying counters another thread writes: see stats.copy_counts
+        snap = self.snapshot()  # copying counters another thread writes: see io_loop/counters.py copy_counts
         if snap is not None:
             yield from metric_families(snap)
 
@@ -271,6 +271,15 @@ def make_registry(snapshot: Callable[[], StatsSnapshot | None], *, process: bool
 def render(registry: Any) -> bytes:
     """The Prometheus text exposition of ``registry`` (``prometheus_client.generate_latest``)."""
     return generate_latest(registry)
+
+
+def exposition(snapshot: Callable[[], StatsSnapshot | None], *,
+               process: bool = True) -> Callable[[], tuple[bytes, str]]:
+    """What the IO side's metrics server (io_loop/http.py) is handed to answer ``/metrics``:
+    a callable returning the text exposition of a fresh registry (``make_registry``), drawn
+    from one ``snapshot()`` per call, and its content type."""
+    registry = make_registry(snapshot, process=process)
+    return lambda: (render(registry), CONTENT_TYPE_LATEST)
 
 
 # ---- the documentation's table of metrics -----------------------------------------------------

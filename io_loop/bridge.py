@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import janus
 
-from controller.batching import Chunk, Outgoing
+from io_loop.crossing import Chunk, Outgoing
 
 __all__ = ["Bridge", "MainSide"]
 

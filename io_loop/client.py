@@ -32,15 +32,15 @@ from typing import Any
 import aiohttp
 import janus
 
-from controller.batching import PICKED, WRITTEN, Outgoing
-from controller.codec import Codec
-from controller.config import Config, FeedSpec
-from controller.errors import FeedFatal
-from controller.stats import IOStats
 from io_loop import aiohttp_compat
 from io_loop.backoff import Backoff
 from io_loop.connect import ConnectFailed, HandshakeRefused, make_ssl_context, new_session, open_feed, redact_url, short
+from io_loop.counters import IOStats
+from io_loop.crossing import PICKED, WRITTEN, Outgoing
+from io_loop.decoding import FrameDecoder
+from io_loop.errors import FeedFatal
 from io_loop.handover import Handover
+from io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["End", "FeedClient", "Outcome"]
 
@@ -73,9 +73,9 @@ class FeedClient:
     ``janus.AsyncQueueShutDown``); ``stats``: this feed's own counters; ``url`` overrides
     ``feed.url`` (the embedded demo feed's address); ``index`` is stamped on its chunks."""
 
-    def __init__(self, config: Config, codec: Codec, stats: IOStats, feed: FeedSpec, *, inbound: Any,
+    def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, feed: FeedSpec, *, inbound: Any,
                  outbox: Any, index: int = 0, url: str | None = None) -> None:
-        self.config = config
+        self.settings = settings
         self.codec = codec
         self.feed = feed
         self.outbox = outbox
@@ -83,8 +83,8 @@ class FeedClient:
         self.url = url = url or feed.url
         self.shown_url = redact_url(url)
         self.subscribe = feed.subscribe
-        self._ssl = make_ssl_context(config) if url.startswith("wss:") else None
-        self.handover = Handover(inbound, config.max_batch, drop_oldest=config.overflow == "drop_oldest",
+        self._ssl = make_ssl_context(settings) if url.startswith("wss:") else None
+        self.handover = Handover(inbound, settings.max_batch, drop_oldest=settings.overflow == "drop_oldest",
                                  on_dropped=self._count_dropped_oldest, feed=index)
         self._stopping = False
         self._outbound_done = False
@@ -126,7 +126,7 @@ class FeedClient:
 
     async def run(self) -> None:
         """Connect, serve, reconnect, until stopped and every result is sent (or FeedFatal)."""
-        cfg = self.config
+        cfg = self.settings
         backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s, cfg.reconnect_reset_s, cfg.reconnect_tries)
         async with new_session() as session:
             while not self._outbound_done:
@@ -207,7 +207,7 @@ class FeedClient:
             if not self._stopping:
                 reader = self._reader_task = asyncio.create_task(self._read(ws), name="forkless-reader")
                 tasks.add(reader)
-            if self.config.stale_s > 0:
+            if self.settings.stale_s > 0:
                 tasks.add(asyncio.create_task(self._watch_stale(), name="forkless-stale"))
             while True:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -226,7 +226,7 @@ class FeedClient:
                     if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
                         continue  # stopping: keep writing until outbound is drained
                     return reader.result()
-                return End(Outcome.LOST, f"no frame for {self.config.stale_s}s (FORKLESS_STALE_S)")
+                return End(Outcome.LOST, f"no frame for {self.settings.stale_s}s (FORKLESS_STALE_S)")
         except (ConnectionError, aiohttp.ClientError) as exc:
             return End(Outcome.LOST, f"{exc.__class__.__name__}: {short(exc)}")
         finally:
@@ -265,7 +265,7 @@ class FeedClient:
         """
         if self._stopping:
             aiohttp_compat.clear_abnormal_close(ws)
-        limit = min(CLOSE_TIMEOUT_S, self.config.shutdown_timeout_s)
+        limit = min(CLOSE_TIMEOUT_S, self.settings.shutdown_timeout_s)
         if self.stop_deadline is not None:  # the stop's work deadline: the rest is the process's
             limit = max(0.05, min(limit, self.stop_deadline - time.monotonic()))
         try:
@@ -316,7 +316,7 @@ class FeedClient:
                 if isinstance(exc, aiohttp.WebSocketError) and exc.code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG:
                     stats.errors["frame too large"] += 1
                     return End(Outcome.LOST, f"frame larger than FORKLESS_MAX_MSG_BYTES "
-                                             f"({self.config.max_msg_bytes}), closed with 1009")
+                                             f"({self.settings.max_msg_bytes}), closed with 1009")
                 return End(Outcome.LOST, f"connection error: {exc.__class__.__name__}: {short(exc)}")
             elif kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
                 return End(Outcome.LOST, f"closed by the server (code {ws.close_code})")
@@ -379,6 +379,6 @@ class FeedClient:
 
     async def _watch_stale(self) -> None:
         loop = asyncio.get_running_loop()
-        limit = self.config.stale_s
+        limit = self.settings.stale_s
         while loop.time() - self._last_frame_at < limit:
             await asyncio.sleep(min(limit / 4, 1.0))

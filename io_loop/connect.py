@@ -23,8 +23,8 @@ import ssl
 
 import aiohttp
 
-from controller.config import Config, FeedSpec
-from controller.netaddr import redact_url
+from io_loop.netaddr import redact_url
+from io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "open_feed",
            "redact_url"]
@@ -59,27 +59,27 @@ class HandshakeRefused(Exception):
                          + (f" ({hint})" if hint else ""))
 
 
-def make_ssl_context(config: Config) -> ssl.SSLContext:
+def make_ssl_context(settings: IOSettings) -> ssl.SSLContext:
     """System trust store, plus ``ca_file`` if given; verification off only if asked."""
     ctx = ssl.create_default_context()
-    if config.ca_file:
-        ctx.load_verify_locations(cafile=config.ca_file)
-    if config.tls_insecure:
+    if settings.ca_file:
+        ctx.load_verify_locations(cafile=settings.ca_file)
+    if settings.tls_insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
 
 
-def handshake_headers(config: Config, feed: FeedSpec | None = None) -> dict[str, str]:
+def handshake_headers(settings: IOSettings, feed: FeedSpec | None = None) -> dict[str, str]:
     """``FORKLESS_HEADERS``, then the feed's own headers (which win, by name in any case),
     plus ``Authorization: Bearer`` from ``FORKLESS_AUTH_TOKEN``."""
-    headers = dict(config.headers)
+    headers = dict(settings.headers)
     for name, value in feed.headers if feed is not None else ():
         for same in [known for known in headers if known.lower() == name.lower()]:
             del headers[same]
         headers[name] = value
-    if config.auth_token:
-        headers["Authorization"] = f"Bearer {config.auth_token}"
+    if settings.auth_token:
+        headers["Authorization"] = f"Bearer {settings.auth_token}"
     return headers
 
 
@@ -89,27 +89,31 @@ def new_session() -> aiohttp.ClientSession:
     async def on_redirect(session: aiohttp.ClientSession, ctx: object,
                           params: aiohttp.TraceRequestRedirectParams) -> None:
         location = params.response.headers.get("Location", "")
-        raise _RedirectRefused(params.response.status, redact_url(str(params.url.join(type(params.url)(location)))))
+        try:
+            target = redact_url(str(params.url.join(type(params.url)(location))))
+        except ValueError:  # the server's Location is not a URL (e.g. "ws://[::1/x"): shown as sent, redacted
+            target = redact_url(location)
+        raise _RedirectRefused(params.response.status, target)
 
     trace = aiohttp.TraceConfig()
     trace.on_request_redirect.append(on_redirect)
     return aiohttp.ClientSession(trace_configs=[trace])
 
 
-async def open_feed(session: aiohttp.ClientSession, url: str, config: Config,
+async def open_feed(session: aiohttp.ClientSession, url: str, settings: IOSettings,
                     ssl_context: ssl.SSLContext | None, *, heartbeat: bool = True,
                     feed: FeedSpec | None = None) -> aiohttp.ClientWebSocketResponse:
     """Connect and complete the opening handshake within ``connect_timeout_s`` (with ``feed``'s
     headers added to the configured ones)."""
     shown = redact_url(url)
     try:
-        async with asyncio.timeout(config.connect_timeout_s):
+        async with asyncio.timeout(settings.connect_timeout_s):
             return await session.ws_connect(
                 url,
-                headers=handshake_headers(config, feed),
-                heartbeat=(config.heartbeat_s or None) if heartbeat else None,
+                headers=handshake_headers(settings, feed),
+                heartbeat=(settings.heartbeat_s or None) if heartbeat else None,
                 ssl=ssl_context if ssl_context is not None else True,
-                max_msg_size=config.max_msg_bytes + 1,  # aiohttp refuses a frame of exactly its limit
+                max_msg_size=settings.max_msg_bytes + 1,  # aiohttp refuses a frame of exactly its limit
                 autoping=True,
             )
     except aiohttp.WSServerHandshakeError as exc:
@@ -124,7 +128,7 @@ async def open_feed(session: aiohttp.ClientSession, url: str, config: Config,
                             f"{getattr(cert, 'verify_message', cert)} (FORKLESS_CA_FILE adds a CA bundle)") from None
     except TimeoutError:
         raise ConnectFailed(f"no connection and handshake within FORKLESS_CONNECT_TIMEOUT_S="
-                            f"{config.connect_timeout_s}s") from None
+                            f"{settings.connect_timeout_s}s") from None
     except (aiohttp.ClientError, OSError) as exc:
         raise ConnectFailed(describe_error(exc)) from None
 

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from controller.netaddr import is_loopback
+from io_loop.netaddr import is_loopback
 
 __all__ = ["DemoFeed", "DemoScore", "DemoSummary"]
 

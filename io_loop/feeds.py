@@ -2,7 +2,7 @@
 to the connection its message came from.
 
 Rules:
-- One ``FeedClient`` per feed (``Config.feed_specs``), each with its own connection,
+- One ``FeedClient`` per feed (``IOSettings.feed_specs``), each with its own connection,
   reconnect/backoff, heartbeat, stale watchdog, subscribe-on-connect, unsent-reply buffer and
   counters (its own ``IOStats``). All of them put their chunks on the one inbound queue,
   stamped with the feed's index, so one micro-batch may mix feeds.
@@ -30,13 +30,13 @@ from typing import Any
 
 import janus
 
-from controller.batching import Outgoing, count_unsent
-from controller.codec import Codec
-from controller.config import Config
-from controller.errors import FeedFatal
-from controller.stats import FeedSnapshot, IOStats
 from io_loop.bridge import Bridge
 from io_loop.client import FeedClient
+from io_loop.counters import FeedSnapshot, IOStats
+from io_loop.crossing import Outgoing, count_unsent
+from io_loop.decoding import FrameDecoder
+from io_loop.errors import FeedFatal
+from io_loop.settings import IOSettings
 
 __all__ = ["FeedSet", "Outbox"]
 
@@ -85,15 +85,16 @@ class FeedSet:
     """The feeds of one IO thread (see the module rules). ``demo_url`` stands in for a feed
     whose url is empty (the embedded demo feed)."""
 
-    def __init__(self, config: Config, codec: Codec, bridge: Bridge, *, demo_url: str | None = None) -> None:
-        self.config = config
+    def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, *,
+                 demo_url: str | None = None) -> None:
+        self.settings = settings
         self.bridge = bridge
-        self.specs = config.feed_specs
+        self.specs = settings.feed_specs
         self.given_up = [""] * len(self.specs)
         routed = len(self.specs) > 1
         self.outboxes: list[Outbox] = [Outbox() for _ in self.specs] if routed else []
         self.clients = [
-            FeedClient(config, codec, IOStats(), spec, inbound=bridge.inbound,
+            FeedClient(settings, codec, IOStats(), spec, inbound=bridge.inbound,
                        outbox=self.outboxes[i] if routed else bridge.outbound, index=i,
                        url=demo_url if not spec.url else None)
             for i, spec in enumerate(self.specs)]
@@ -118,7 +119,7 @@ class FeedSet:
                     if not isinstance(exc, FeedFatal) or len(self.clients) == 1:
                         raise exc
                     self._give_up(tasks[task], exc)
-                    if self.config.feed_fatal == "any":
+                    if self.settings.feed_fatal == "any":
                         raise FeedFatal(f"{self.specs[tasks[task]].label} gave up (FORKLESS_FEED_FATAL=any): {exc}")
                     if all(self.given_up):
                         raise FeedFatal("every feed has given up: " + "; ".join(
@@ -159,7 +160,7 @@ class FeedSet:
         self.given_up[index] = str(exc)
         left = sum(not why for why in self.given_up)
         log.error("%s gave up: %s; %d of %d feeds go on (FORKLESS_FEED_FATAL=%s)", spec.label, exc, left,
-                  len(self.specs), self.config.feed_fatal)
+                  len(self.specs), self.settings.feed_fatal)
         self._count_lost(index, self.unsent_items(index))
 
     def _count_lost(self, index: int, items: list[tuple[Outgoing | None, int]]) -> None:

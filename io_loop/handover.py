@@ -10,7 +10,7 @@ Rules:
   a chunk. The reader calls ``flush`` at once when ``should_flush()`` says so (``max_batch``
   messages gathered, or an earlier put still waiting for room).
 - Order is kept: a chunk is never put while an earlier one is still waiting for room.
-- One message in ``SAMPLE_EVERY`` carries a ``Trace`` (controller/batching.py): the chunk
+- One message in ``SAMPLE_EVERY`` carries a ``Trace`` (io_loop/crossing.py): the chunk
   holding it is stamped with its first frame's read and decode times, and just before its put.
 - Queue full: ``block`` waits for room (so the reader stops reading and TCP pushes back on
   the server); ``drop_oldest`` drops the oldest queued chunk and reports how many messages
@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from controller.batching import INBOUND, SAMPLE_EVERY, Chunk, Trace
-from controller.codec import Decoded
+from io_loop.crossing import INBOUND, SAMPLE_EVERY, Chunk, Trace
+from io_loop.decoding import DecodedFrame
 
 __all__ = ["Handover", "InboundQueue"]
 
@@ -50,7 +50,7 @@ class Handover:
         self.max_batch = max_batch
         self.drop_oldest = drop_oldest
         self.on_dropped = on_dropped
-        self._parts: list[Decoded] = []
+        self._parts: list[DecodedFrame] = []
         self._gathered = 0  # messages in _parts
         self._first_ns = 0
         self._scheduled = False
@@ -69,7 +69,7 @@ class Handover:
         """True when nothing is gathered and no put is waiting."""
         return not self._parts and self._pending is None
 
-    def add(self, decoded: Decoded, received_ns: int, decoded_ns: int = 0) -> None:
+    def add(self, decoded: DecodedFrame, received_ns: int, decoded_ns: int = 0) -> None:
         """Gather one frame's good messages (read at ``received_ns``, decoded at ``decoded_ns``,
         monotonic ns); a put is scheduled for the loop's next turn."""
         if not len(decoded):

@@ -7,8 +7,13 @@ Rules:
 - Binds exactly the ``host:port`` of ``FORKLESS_METRICS_ADDR`` (port 0 picks a free port;
   ``start()`` returns the real URL). The default is off; a non-loopback address is used
   only because the operator wrote it, and is logged as such.
-- ``/metrics`` is ``prometheus_client.generate_latest`` over this server's own registry
-  (``controller.metrics.make_registry``), made from one ``StatsSnapshot`` per scrape.
+- ``/metrics`` is whatever the ``render`` callable it is handed returns (body and content
+  type), called once per scrape on this loop; the controller hands it the Prometheus
+  exposition of one ``StatsSnapshot`` (``controller.metrics.exposition``). This module knows
+  no metric and imports no Prometheus library.
+- ``snapshot()`` is the controller's whole-process snapshot (``controller.stats.StatsSnapshot``),
+  typed loosely here: the health endpoints read only ``compiled``, ``connected``, ``feeds``,
+  ``connects``, ``connect_failures``, ``connection_since``, ``last_error`` and ``loop_lag``.
 - ``/readyz`` is 200 only while the step is compiled and connected to the feed; with
   several feeds, to every required one (``"required": false`` in ``FORKLESS_FEEDS`` leaves a
   feed out; if none is required, one connected feed is enough). Otherwise 503 with the
@@ -23,24 +28,34 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
-from controller.errors import MetricsServerError
-from controller.netaddr import is_loopback, parse_host_port
-from controller.stats import StatsSnapshot
+from io_loop.errors import MetricsServerError
+from io_loop.netaddr import is_loopback, parse_host_port
 
 __all__ = ["MetricsServer"]
 
 log = logging.getLogger("forkless.http")
 
 
-class MetricsServer:
-    """Serves the three endpoints from two callables: ``snapshot()`` (one ``StatsSnapshot``,
-    or None before the controller has one) and ``alive()`` (whether the IO thread runs)."""
+Render = Callable[[], tuple[bytes, str]]
+"""``render() -> (body, content type)``: what ``/metrics`` answers, made at each scrape."""
 
-    def __init__(self, addr: str, *, snapshot: Callable[[], StatsSnapshot | None],
-                 alive: Callable[[], bool]) -> None:
+
+def no_metrics() -> tuple[bytes, str]:
+    """What ``/metrics`` answers when the server is handed no ``render``: an empty exposition."""
+    return b"", "text/plain; version=0.0.4; charset=utf-8"
+
+
+class MetricsServer:
+    """Serves the three endpoints from three callables: ``snapshot()`` (one whole-process
+    snapshot, or None before the controller has one), ``alive()`` (whether the IO thread
+    runs) and ``render()`` (the ``/metrics`` body and its content type)."""
+
+    def __init__(self, addr: str, *, snapshot: Callable[[], Any], alive: Callable[[], bool],
+                 render: Render | None = None) -> None:
         self.addr = addr
         try:
             self.host, self.port = parse_host_port(addr)
@@ -48,14 +63,7 @@ class MetricsServer:
             raise MetricsServerError(f"FORKLESS_METRICS_ADDR={addr!r} is invalid: {exc}") from None
         self.snapshot = snapshot
         self.alive = alive
-        # prometheus_client is imported only when metrics are served (about 10 MiB of RSS)
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        from controller.metrics import make_registry, render
-
-        self.registry = make_registry(snapshot)
-        self._render = render
-        self._content_type = CONTENT_TYPE_LATEST
+        self._render = render if render is not None else no_metrics
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self._started_at = time.monotonic()
@@ -97,7 +105,7 @@ class MetricsServer:
 
     # ---- what the endpoints report ----------------------------------------------------------
 
-    def not_ready_reasons(self, snap: StatsSnapshot | None) -> list[str]:
+    def not_ready_reasons(self, snap: Any) -> list[str]:
         """Why ``/readyz`` says 503 (empty when ready)."""
         reasons = []
         if snap is None or not snap.compiled:
@@ -122,8 +130,8 @@ class MetricsServer:
     # ---- handlers ---------------------------------------------------------------------------
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = self._render(self.registry)
-        return web.Response(body=body, headers={"Content-Type": self._content_type})
+        body, content_type = self._render()
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _healthz(self, request: web.Request) -> web.Response:
         snap = self.snapshot()
@@ -149,7 +157,7 @@ class MetricsServer:
         return web.json_response(body, status=503 if reasons else 200)
 
 
-def _feed_reasons(snap: StatsSnapshot) -> list[str]:
+def _feed_reasons(snap: Any) -> list[str]:
     """Several feeds: why the feeds keep the process from being ready (see the module rules)."""
     required = [f for f in snap.feeds if f.required]
     if not required:

@@ -21,9 +21,6 @@ from typing import Any
 
 import aiohttp
 
-from controller.codec import Codec
-from controller.config import Config, FeedSpec
-from controller.netaddr import parse_host_port
 from io_loop.connect import (
     ConnectFailed,
     HandshakeRefused,
@@ -33,7 +30,10 @@ from io_loop.connect import (
     open_feed,
     redact_url,
 )
+from io_loop.decoding import FrameDecoder
 from io_loop.demo_feed import DemoFeed
+from io_loop.netaddr import parse_host_port
+from io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "check_metrics_addr", "probe_feed"]
 
@@ -59,32 +59,32 @@ def check_metrics_addr(addr: str, say: Callable[[str], None]) -> None:
     say(f"  {addr}: free; /metrics, /healthz and /readyz will be served there")
 
 
-def probe_feed(config: Config, codec: Codec, say: Callable[[str], None]) -> None:
+def probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None]) -> None:
     """Connect once to the feed (or the embedded demo feed); see the module rules."""
-    asyncio.run(_probe_feed(config, codec, say))
+    asyncio.run(_probe_feed(settings, codec, say))
 
 
-async def _probe_feed(config: Config, codec: Codec, say: Callable[[str], None]) -> None:
+async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None]) -> None:
     demo = None
     try:
-        if config.uses_demo_feed:
+        if settings.uses_demo_feed:
             # its per-connection INFO lines would only clutter the check's own report
             logging.getLogger(DemoFeed.__module__).setLevel(logging.WARNING)
-            demo = DemoFeed(rate_hz=config.demo_rate, streams=config.demo_streams,
-                            features=config.features, warmup=config.warmup)
+            demo = DemoFeed(rate_hz=settings.demo_rate, streams=settings.demo_streams,
+                            features=settings.features, warmup=settings.warmup)
             url = await demo.start()
             say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on {url}")
-            await _connect_once(config, codec, url, say, config.feed_specs[0])
+            await _connect_once(settings, codec, url, say, settings.feed_specs[0])
             return
-        feeds = config.feed_specs
+        feeds = settings.feed_specs
         if len(feeds) == 1:
-            await _connect_once(config, codec, feeds[0].url, say, feeds[0])
+            await _connect_once(settings, codec, feeds[0].url, say, feeds[0])
             return
         failed = []
         for feed in feeds:
             say(f"  {feed.label}{'' if feed.required else ' (not required)'}:")
             try:
-                await _connect_once(config, codec, feed.url, lambda line: say("  " + line), feed)
+                await _connect_once(settings, codec, feed.url, lambda line: say("  " + line), feed)
             except ProbeFailed as exc:
                 say(f"    FAILED: {exc}")
                 failed.append(f"feed {feed.name!r}")
@@ -95,20 +95,21 @@ async def _probe_feed(config: Config, codec: Codec, say: Callable[[str], None]) 
             await demo.stop()
 
 
-async def _connect_once(config: Config, codec: Codec, url: str, say: Callable[[str], None], feed: FeedSpec) -> None:
+async def _connect_once(settings: IOSettings, codec: FrameDecoder, url: str, say: Callable[[str], None],
+                        feed: FeedSpec) -> None:
     shown = redact_url(url)
-    headers = handshake_headers(config, feed)
+    headers = handshake_headers(settings, feed)
     if headers:
         say(f"  handshake headers: {', '.join(sorted(headers))} (values hidden)")
-    ssl_ctx = make_ssl_context(config) if url.startswith("wss:") else None
+    ssl_ctx = make_ssl_context(settings) if url.startswith("wss:") else None
     if ssl_ctx is not None:
-        say(f"  TLS: system trust store{' + ' + config.ca_file if config.ca_file else ''}"
-            f"{', verification OFF (FORKLESS_TLS_INSECURE=1)' if config.tls_insecure else ''}")
+        say(f"  TLS: system trust store{' + ' + settings.ca_file if settings.ca_file else ''}"
+            f"{', verification OFF (FORKLESS_TLS_INSECURE=1)' if settings.tls_insecure else ''}")
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     async with new_session() as session:
         try:
-            ws = await open_feed(session, url, config, ssl_ctx, heartbeat=False, feed=feed)
+            ws = await open_feed(session, url, settings, ssl_ctx, heartbeat=False, feed=feed)
         except HandshakeRefused as exc:
             raise ProbeFailed(str(exc)) from None
         except ConnectFailed as exc:
@@ -119,9 +120,9 @@ async def _connect_once(config: Config, codec: Codec, url: str, say: Callable[[s
                 f"{', subprotocol ' + ws.protocol if ws.protocol else ''})")
             if feed.subscribe:
                 await ws.send_str(feed.subscribe)
-                say(f"  sent {'its subscribe message' if config.feeds else 'FORKLESS_SUBSCRIBE'}"
+                say(f"  sent {'its subscribe message' if settings.feeds_from_list else 'FORKLESS_SUBSCRIBE'}"
                     f" ({len(feed.subscribe)} characters)")
-            wait_s = min(FIRST_FRAME_WAIT_S, config.connect_timeout_s)
+            wait_s = min(FIRST_FRAME_WAIT_S, settings.connect_timeout_s)
             try:
                 msg = await asyncio.wait_for(ws.receive(), wait_s)
             except TimeoutError:
@@ -133,7 +134,7 @@ async def _connect_once(config: Config, codec: Codec, url: str, say: Callable[[s
         say("  closed the connection (code 1000)")
 
 
-def _describe_frame(msg: Any, codec: Codec, after_s: float, say: Callable[[str], None]) -> None:
+def _describe_frame(msg: Any, codec: FrameDecoder, after_s: float, say: Callable[[str], None]) -> None:
     if msg.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
         say(f"  the feed ended the connection before any frame: {msg.type.name}"
             f"{f' (code {msg.data})' if isinstance(msg.data, int) else ''}")

@@ -7,10 +7,11 @@ Rules:
   its sync sides once they exist.
 - Anything that ends the loop with an exception is kept in ``failure``; the main thread
   calls ``raise_if_failed()`` at least every 100 ms, so it is never swallowed.
-- The seam: the thread is given what it needs as constructor arguments (the codec, its
-  ``IOStats`` to write, and ``stats_snapshot``, the controller's whole-process snapshot for
-  the metrics endpoints); the main thread learns about this side only through
-  ``snapshot()`` (queue depths, unsent frames, copied counters) and the bridge's queues.
+- The seam: the thread is given what it needs as constructor arguments (its ``IOSettings``,
+  the codec's decoding half, its ``IOStats`` to write, ``stats_snapshot``, the controller's
+  whole-process snapshot for the health endpoints, and ``render_metrics``, the ``/metrics``
+  body); the main thread learns about this side only through ``snapshot()`` (queue depths,
+  unsent frames, copied counters) and the bridge's queues.
 - No process is started and nothing forks: the demo feed and the metrics server run as
   tasks on this same loop.
 """
@@ -21,15 +22,15 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from controller.batching import count_unsent
-from controller.codec import Codec
-from controller.config import Config
-from controller.errors import FeedFatal, IOThreadError, MetricsServerError
-from controller.stats import LAG_INTERVAL_S, IOSnapshot, IOStats, StatsSnapshot, combine_io
 from io_loop.bridge import Bridge, MainSide
+from io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
+from io_loop.crossing import count_unsent
+from io_loop.decoding import FrameDecoder
+from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 from io_loop.feeds import FeedSet
+from io_loop.settings import IOSettings
 
 if TYPE_CHECKING:
     from io_loop.demo_feed import DemoFeed
@@ -42,16 +43,18 @@ ABORT_CLEANUP_S = 0.2
 
 
 class IOThread:
-    def __init__(self, config: Config, codec: Codec, stats: IOStats, *,
-                 stats_snapshot: Callable[[], StatsSnapshot | None] = lambda: None,
+    def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, *,
+                 stats_snapshot: Callable[[], Any] = lambda: None,
+                 render_metrics: Callable[[], tuple[bytes, str]] | None = None,
                  name: str = "forkless-io") -> None:
-        self.config = config
+        self.settings = settings
         self.codec = codec
         self.stats = stats
         self.failure: BaseException | None = None
         self.demo: DemoFeed | None = None
         self.metrics_url: str | None = None
         self._stats_snapshot = stats_snapshot
+        self._render_metrics = render_metrics
         self._feeds: FeedSet | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._ready = threading.Event()
@@ -139,7 +142,7 @@ class IOThread:
                 self._ready.set()
 
     async def _main(self) -> None:
-        cfg = self.config
+        cfg = self.settings
         self._main_task = asyncio.current_task()
         self._bridge = bridge = Bridge(cfg.queue_size)
         background: list[asyncio.Task] = []
@@ -162,7 +165,8 @@ class IOThread:
             if cfg.metrics_addr:
                 from io_loop.http import MetricsServer  # only when served: aiohttp.web, 1.7 MiB resident
 
-                metrics = MetricsServer(cfg.metrics_addr, snapshot=self._stats_snapshot, alive=self._thread.is_alive)
+                metrics = MetricsServer(cfg.metrics_addr, snapshot=self._stats_snapshot, alive=self._thread.is_alive,
+                                        render=self._render_metrics)
                 self.metrics_url = await metrics.start()
                 log.info("metrics on %s/metrics", self.metrics_url)
             background.append(asyncio.create_task(self._watch_lag(), name="forkless-lag"))
@@ -190,7 +194,7 @@ class IOThread:
             # keep reading until the frames already on the loopback wire are answered,
             # so the demo's tally is complete
             self.demo.stop_sending()
-            await self.demo.wait_replies(timeout=min(2.0, self.config.shutdown_timeout_s / 2))
+            await self.demo.wait_replies(timeout=min(2.0, self.settings.shutdown_timeout_s / 2))
         if self._feeds is not None:
             await self._feeds.stop_reading(deadline)
         elif self._bridge is not None:

@@ -1,7 +1,10 @@
 """The direction of imports (DESIGN.md, "Which way imports go"), read with ``ast`` from the source.
 
 Every module of controller/, io_loop/ and app.py is in exactly one layer, listed below; a new
-module fails ``test_every_module_is_in_exactly_one_layer`` until it is classified. Imports are
+module fails ``test_every_module_is_in_exactly_one_layer`` until it is classified. ``io_loop`` is
+a leaf: none of its modules imports ``controller``; its pure modules (settings, what crosses the
+bridge, counters, errors, addresses, the decoder protocol) are in the core, where the
+controller's core may import them. Imports are
 counted wherever they are written: at the top of a file, inside functions and methods, under
 ``if``/``try``. Importing ``a.b.c`` also runs ``a/__init__.py`` and ``a/b/__init__.py``, so those
 count as imported too. bench/ is out of scope. Not seen: ``importlib.import_module(name)`` with
@@ -35,13 +38,19 @@ CORE = [
     "controller/errors.py",
     "controller/logs.py",
     "controller/metrics.py",
-    "controller/netaddr.py",
     "controller/placement.py",
     "controller/processor.py",
     "controller/rowcopy.py",
     "controller/slots.py",
     "controller/stats.py",
+    "io_loop/__init__.py",
     "io_loop/backoff.py",
+    "io_loop/counters.py",
+    "io_loop/crossing.py",
+    "io_loop/decoding.py",
+    "io_loop/errors.py",
+    "io_loop/netaddr.py",
+    "io_loop/settings.py",
 ]
 DEVICE = [
     "controller/checkpoint.py",
@@ -49,7 +58,6 @@ DEVICE = [
     "controller/engine.py",
 ]
 IO = [
-    "io_loop/__init__.py",
     "io_loop/aiohttp_compat.py",
     "io_loop/bridge.py",
     "io_loop/client.py",
@@ -265,6 +273,24 @@ def test_io_imports_only_core_and_io_modules():
     assert not wrong, "\n".join(wrong)
 
 
+def test_io_loop_is_a_leaf_that_imports_nothing_from_controller():
+    # every io_loop module, pure or not: controller composes io_loop, never the other way round
+    wrong = [f"{imp.where} loads {dep}"
+             for path in PATHS if path.startswith("io_loop/")
+             for imp, dep in project_imports(path) if not dep.startswith("io_loop/")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_io_loop_modules_in_the_core_import_no_third_party_library():
+    # what the controller's core takes from the leaf (settings, what crosses the bridge, counters,
+    # errors, addresses, the decoder protocol) costs it no import of numpy, janus or aiohttp
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    wrong = [f"{imp.where} imports {name}"
+             for path in CORE if path.startswith("io_loop/")
+             for imp, name in external_imports(path) if name not in stdlib]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_io_never_imports_jax():
     wrong = [f"{imp.where} imports {name}" for path in IO for imp, name in external_imports(path) if name in JAX]
     assert not wrong, "\n".join(wrong)
@@ -341,7 +367,7 @@ def test_the_known_lazy_imports_are_found():
         "controller/cli.py:main:controller.loop",
         "controller/check.py:_show_jax:jax",
         "controller/check.py:_compile:controller.compiled",
-        "io_loop/http.py:MetricsServer.__init__:controller.metrics",
+        "controller/loop.py:_io_thread:controller.metrics",
     } <= {imp.key for imp in LAZY}
 
 
@@ -477,3 +503,26 @@ def test_only_the_engine_assigns_the_device_state():
     elsewhere = [where for path in PATHS if path != STATE_OWNER for where in state_assignments(path)]
     assert not elsewhere, "the device state is assigned outside controller/engine.py:\n" + "\n".join(elsewhere)
     assert state_assignments(STATE_OWNER), "the scanner finds no assignment even in the engine: it is broken"
+
+
+# ---- io_loop is a leaf whose small modules import alone --------------------------------------------
+
+
+def test_importing_io_loop_backoff_loads_neither_janus_nor_aiohttp():
+    loaded_modules = modules_loaded_by("import io_loop.backoff")
+    assert "io_loop.backoff" in loaded_modules
+    assert not {"janus", "aiohttp", "numpy"} & loaded_modules
+
+
+def test_importing_the_leaf_s_core_modules_loads_no_controller_janus_aiohttp_or_numpy():
+    leaf_core = sorted(module_name(p) for p in CORE if p.startswith("io_loop/"))
+    loaded_modules = modules_loaded_by("import " + ", ".join(leaf_core))
+    assert set(leaf_core) <= loaded_modules
+    assert not {m.split(".")[0] for m in loaded_modules} & {"controller", "janus", "aiohttp", "numpy"}
+
+
+def test_the_io_loop_package_re_exports_lazily():
+    loaded_modules = modules_loaded_by("import io_loop")
+    assert not {m for m in loaded_modules if m.startswith("io_loop.")}
+    names = modules_loaded_by("import io_loop; io_loop.IOThread; io_loop.FeedFatal")
+    assert {"io_loop.thread", "io_loop.errors"} <= names

@@ -132,3 +132,20 @@ def test_devices_is_all_or_a_count():
     for bad in ("0", "two", "1.5", ""):
         with pytest.raises(ConfigError, match=r"FORKLESS_DEVICES=.* expected all, or an integer from 1 to 4096"):
             Config.from_env({"FORKLESS_DEVICES": bad})
+
+
+def test_the_io_settings_carry_the_configuration_s_values_by_the_same_names():
+    import dataclasses
+
+    from io_loop.settings import IOSettings
+
+    cfg = Config(ws_url="wss://127.0.0.1:9/feed", subscribe='{"s": 1}', auth_token="t", max_batch=16, stale_s=3.0,
+                 metrics_addr="127.0.0.1:0", reconnect_tries=4)
+    settings = cfg.io_settings()
+    for f in dataclasses.fields(IOSettings):
+        if f.name != "feeds_from_list":
+            assert getattr(settings, f.name) == getattr(cfg, f.name), f.name
+    assert settings.feed_specs == cfg.feed_specs and not settings.feeds_from_list and not settings.uses_demo_feed
+    assert "auth_token" not in repr(settings) and '{"s": 1}' not in repr(settings)  # secrets stay out of repr
+    several = Config(feeds='[{"url": "ws://127.0.0.1:9/a", "name": "a"}, {"url": "ws://127.0.0.1:9/b"}]')
+    assert several.io_settings().feeds_from_list and len(several.io_settings().feed_specs) == 2

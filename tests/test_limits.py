@@ -98,6 +98,27 @@ def test_a_redirect_to_another_origin_is_refused_and_no_header_reaches_it():
     assert "not followed" in text and "sig=abc" not in text and "k3y" not in text
 
 
+def test_a_redirect_to_a_malformed_url_is_refused_naming_it_not_a_crash():
+    from io_loop.connect import HandshakeRefused, new_session, open_feed
+
+    async def handle(request: web.Request) -> web.Response:  # web.HTTPFound would refuse the Location itself
+        return web.Response(status=302, headers={"Location": "ws://[::1/elsewhere?sig=abc"})
+
+    async def main() -> str:
+        runner, url = await _aiohttp_feed(handle)
+        try:
+            async with new_session() as session:
+                with pytest.raises(HandshakeRefused) as err:
+                    await open_feed(session, url, Config(ws_url=url).io_settings(), None)
+        finally:
+            await runner.cleanup()
+        assert err.value.fatal
+        return str(err.value)
+
+    text = asyncio.run(asyncio.wait_for(main(), WAIT_S))
+    assert "HTTP 302 (a redirect to ws://[::1/elsewhere, not followed" in text and "sig=abc" not in text
+
+
 @pytest.mark.parametrize(("extra", "accepted"), [(0, True), (1, False)])
 def test_a_frame_of_exactly_max_msg_bytes_is_accepted_and_one_more_byte_is_not(extra, accepted):
     limit = 512

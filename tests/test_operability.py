@@ -29,7 +29,7 @@ from controller.config import Config
 from controller.errors import MetricsServerError
 from controller.logs import JsonFormatter, RateLimitFilter
 from controller.loop import Controller
-from controller.metrics import MAX_REASONS, make_registry, metric_families, render
+from controller.metrics import MAX_REASONS, exposition, make_registry, metric_families, render
 from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
 from io_loop.http import MetricsServer
 from tests.harness import UNIT_S, AppResult, drive, run_app
@@ -264,7 +264,7 @@ def _serve_once(paths: list[str], addr: str = "127.0.0.1:0") -> dict[str, tuple[
     """Serve the endpoints before any controller exists (no snapshot yet) and GET ``paths``."""
 
     async def main() -> dict[str, tuple[int, str, str]]:
-        server = MetricsServer(addr, snapshot=lambda: None, alive=lambda: True)
+        server = MetricsServer(addr, snapshot=lambda: None, alive=lambda: True, render=exposition(lambda: None))
         base = await server.start()
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", base) and not base.endswith(":0")
         try:

@@ -66,3 +66,36 @@ def test_the_status_line_says_when_disconnected():
 def test_histogram_snapshot_is_immutable_data():
     snap = HistogramSnapshot((1.0,), (0, 0), 0.0, 0)
     assert snap.cumulative() == [(1.0, 0), (math.inf, 0)]
+
+
+# ---- copying counters another thread writes: one function, copy_counts ---------------------------
+
+
+class _GrowingWhileCopied(dict):
+    """A counter dict whose copy fails ``fails`` times as if its writer thread added a key meanwhile."""
+
+    def __init__(self, fails: int, **counts: int) -> None:
+        super().__init__(**counts)
+        self.fails = fails
+
+    def keys(self):  # dict(self) iterates keys() when a subclass defines it
+        if self.fails:
+            self.fails -= 1
+            raise RuntimeError("dictionary changed size during iteration")
+        return super().keys()
+
+
+def test_copy_counts_tries_again_when_the_writer_added_a_key_meanwhile():
+    from io_loop.counters import copy_counts
+
+    copied = copy_counts(_GrowingWhileCopied(3, bad=2, worse=1))
+    assert copied == {"bad": 2, "worse": 1} and type(copied) is dict
+
+
+def test_the_io_side_s_snapshot_copies_its_counter_dicts_with_copy_counts():
+    from io_loop.counters import IOStats
+
+    stats = IOStats(errors=_GrowingWhileCopied(2, bad=2), dropped=_GrowingWhileCopied(1, lost=1))
+    snap = stats.snapshot()
+    assert (snap.errors, snap.dropped) == ({"bad": 2}, {"lost": 1})
+    assert type(snap.errors) is dict and snap.errors is not stats.errors

@@ -1,0 +1,255 @@
+"""The IO side's counters and histograms, and the one way another thread reads them: a snapshot.
+
+Rules:
+- Pure: no threads, no clock (the caller passes times).
+- Each counter object has one writer thread: an ``IOStats`` is written only by the IO thread
+  (one per feed, plus the thread's own). Readers on the other side only read (single int or
+  list reads are atomic under the GIL), so no lock is needed and none is taken.
+- The other side reads them only through a snapshot: ``IOStats.snapshot()`` (called by
+  ``IOThread.snapshot()``, then ``combine_io``) copies them. ``copy_counts`` is the one place
+  that copies a counter dict while its writer may be adding keys (the one retry this takes);
+  every reader of a ``Counter`` another thread writes uses it, on either side.
+- The whole-process snapshot (``controller.stats.StatsSnapshot``) is the controller's; the IO
+  side is handed a callable returning it and reads only what its health endpoints show.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from io_loop.crossing import HOPS
+
+__all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "HistogramSnapshot", "IOSnapshot",
+           "IOStats", "combine_io", "copy_counts"]
+
+# latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
+SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
+# how often the IO thread samples its loop's lag (one trip round the loop)
+LAG_INTERVAL_S = 0.02
+COPY_TRIES = 10
+
+
+def copy_counts(counts: dict[str, int]) -> dict[str, int]:
+    """Copy a counter dict that its writer thread may be adding keys to (never locked).
+
+    ``dict(counts)`` raises RuntimeError ("changed size during iteration") if a key is added
+    meanwhile; trying again is enough, because writers only ever add keys or increment.
+    """
+    for _ in range(COPY_TRIES - 1):
+        try:
+            return dict(counts)
+        except RuntimeError:
+            continue
+    return dict(counts)
+
+
+class Histogram:
+    """Fixed buckets; ``counts[i]`` counts values <= ``bounds[i]`` and > ``bounds[i-1]``;
+    the last count is the overflow bucket (> ``bounds[-1]``)."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        bounds = self.bounds
+        counts = self.counts
+        total = 0.0
+        n = 0
+        for v in values:
+            counts[bisect.bisect_left(bounds, v)] += 1
+            total += v
+            n += 1
+        self.total += total
+        self.n += n
+
+    def snapshot(self) -> HistogramSnapshot:
+        return HistogramSnapshot(self.bounds, tuple(self.counts), self.total, self.n)
+
+
+@dataclass(frozen=True)
+class HistogramSnapshot:
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float
+    n: int
+
+    def __sub__(self, earlier: HistogramSnapshot) -> HistogramSnapshot:
+        """What was observed between ``earlier`` and this snapshot."""
+        return HistogramSnapshot(
+            self.bounds,
+            tuple(a - b for a, b in zip(self.counts, earlier.counts)),
+            self.total - earlier.total,
+            self.n - earlier.n,
+        )
+
+    def __add__(self, other: HistogramSnapshot) -> HistogramSnapshot:
+        """Both histograms' observations together (same bounds)."""
+        return HistogramSnapshot(self.bounds, tuple(a + b for a, b in zip(self.counts, other.counts)),
+                                 self.total + other.total, self.n + other.n)
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.n if self.n else math.nan
+
+    def quantile(self, q: float) -> float:
+        """Estimate of the q-quantile: geometric interpolation inside the bucket (nan if empty)."""
+        n = sum(self.counts)
+        if n == 0:
+            return math.nan
+        rank = q * n
+        seen = 0
+        for i, c in enumerate(self.counts):
+            if c and seen + c >= rank:
+                if i == len(self.bounds):
+                    return self.bounds[-1]
+                hi = self.bounds[i]
+                lo = self.bounds[i - 1] if i else hi / 10
+                frac = min(1.0, max(0.0, (rank - seen) / c))
+                if lo > 0:
+                    return lo * (hi / lo) ** frac
+                return lo + (hi - lo) * frac
+            seen += c
+        return self.bounds[-1]
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, count of values <= it) pairs, ending with (+inf, n)."""
+        out = []
+        acc = 0
+        for bound, c in zip(self.bounds, self.counts):
+            acc += c
+            out.append((bound, acc))
+        out.append((math.inf, acc + self.counts[-1]))
+        return out
+
+
+@dataclass
+class IOStats:
+    """Written by the IO thread only; read from elsewhere through ``snapshot()``."""
+
+    frames_in: int = 0
+    messages_in: int = 0
+    results_out: int = 0  # result frames written to the socket
+    errors_out: int = 0  # error frames written to the socket (answers and bad-input replies)
+    answer_errors_out: int = 0  # of those, error frames that answer a received message
+    errors: Counter = field(default_factory=Counter)  # bad input by reason
+    dropped: Counter = field(default_factory=Counter)  # received messages never answered, by reason
+    error_replies_unsent: int = 0  # bad-input error replies not written at the stop
+    written_unconfirmed: int = 0  # frames written to connections that then ended without the closing handshake
+    connects: int = 0
+    reconnects: int = 0
+    connect_failures: int = 0
+    connected: bool = False
+    state_since: float = 0.0  # wall-clock seconds of the last connect/disconnect
+    latency: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
+    loop_lag: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
+    last_error: str = ""  # why the last connection attempt failed or the last connection ended
+    # the latency budget: seconds per hop of the sampled messages (batching.HOPS, then "total")
+    hops: dict[str, Histogram] = field(default_factory=lambda: {hop: Histogram(SECONDS_BOUNDS)
+                                                                 for hop in (*HOPS, "total")})
+
+    def observe_hops(self, seconds: list[float]) -> None:
+        """One sampled message's ``Trace.hops_s()``."""
+        for histogram, value in zip(self.hops.values(), seconds):
+            histogram.observe(value)
+
+    def snapshot(self, inbound_depth: int = 0, outbound_depth: int = 0, unsent: int = 0) -> IOSnapshot:
+        """A copy safe to read from any thread (the queue depths and unsent count are the caller's)."""
+        return IOSnapshot(
+            frames_in=self.frames_in, messages_in=self.messages_in, results_out=self.results_out,
+            errors_out=self.errors_out, answer_errors_out=self.answer_errors_out,
+            error_replies_unsent=self.error_replies_unsent, written_unconfirmed=self.written_unconfirmed,
+            errors=copy_counts(self.errors), dropped=copy_counts(self.dropped),
+            connects=self.connects, reconnects=self.reconnects, connect_failures=self.connect_failures,
+            connected=self.connected, state_since=self.state_since, last_error=self.last_error,
+            latency=self.latency.snapshot(), loop_lag=self.loop_lag.snapshot(),
+            inbound_depth=inbound_depth, outbound_depth=outbound_depth, unsent=unsent,
+            hops={hop: histogram.snapshot() for hop, histogram in self.hops.items()},
+        )
+
+
+@dataclass(frozen=True)
+class IOSnapshot:
+    """Everything the main thread learns about the IO side, at one moment."""
+
+    frames_in: int
+    messages_in: int
+    results_out: int
+    errors_out: int
+    answer_errors_out: int
+    error_replies_unsent: int
+    written_unconfirmed: int
+    errors: dict[str, int]
+    dropped: dict[str, int]
+    connects: int
+    reconnects: int
+    connect_failures: int
+    connected: bool
+    state_since: float
+    last_error: str
+    latency: HistogramSnapshot
+    loop_lag: HistogramSnapshot
+    inbound_depth: int  # chunks waiting for the main thread
+    outbound_depth: int  # batches of replies waiting for the IO thread
+    unsent: int  # reply frames taken from outbound, not yet written (held across a reconnect)
+    feeds: tuple[FeedSnapshot, ...] = ()  # each feed's own figures (``combine_io`` made the totals above)
+    hops: dict[str, HistogramSnapshot] = field(default_factory=dict)  # the latency budget (IOStats.hops)
+
+
+@dataclass(frozen=True)
+class FeedSnapshot:
+    """One feed's figures: its own ``IOStats`` snapshot (connection, frames, messages, replies,
+    latency, unsent), its name, whether readiness waits for it, and why it was given up ("" while used)."""
+
+    name: str
+    required: bool
+    given_up: str
+    io: IOSnapshot
+
+    @property
+    def up(self) -> bool:
+        return self.io.connected and not self.given_up
+
+
+_SUMMED = ("frames_in", "messages_in", "results_out", "errors_out", "answer_errors_out", "error_replies_unsent",
+           "written_unconfirmed", "connects", "reconnects", "connect_failures", "unsent")
+
+
+def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
+    """The IO side's totals: the thread's own figures (loop lag, queue depths, what the stop could
+    not send) plus every feed's. ``connected`` is True when every required feed is connected
+    (any feed, if none is required); ``last_error`` is the most recent feed's, named when there
+    are several."""
+    totals: dict[str, Any] = {name: getattr(thread, name) + sum(getattr(f.io, name) for f in feeds)
+                              for name in _SUMMED}
+    errors, dropped = Counter(thread.errors), Counter(thread.dropped)
+    latency = thread.latency
+    hops = dict(thread.hops)
+    for f in feeds:
+        errors.update(f.io.errors)
+        dropped.update(f.io.dropped)
+        latency = latency + f.io.latency
+        hops = {hop: hops[hop] + value if hop in hops else value for hop, value in f.io.hops.items()}
+    required = [f for f in feeds if f.required] or list(feeds)
+    latest = max(feeds, key=lambda f: f.io.state_since, default=None)
+    last_error = thread.last_error
+    if latest is not None and latest.io.last_error:
+        last_error = latest.io.last_error if len(feeds) == 1 else f"feed {latest.name!r}: {latest.io.last_error}"
+    return dataclasses.replace(
+        thread, **totals, errors=dict(errors), dropped=dict(dropped), latency=latency, hops=hops,
+        connected=bool(required) and all(f.up for f in required),
+        state_since=latest.io.state_since if latest is not None else thread.state_since,
+        last_error=last_error, feeds=tuple(feeds))

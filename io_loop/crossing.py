@@ -1,0 +1,127 @@
+"""What crosses the bridge between the threads, defined where they meet.
+
+Rules:
+- ``Chunk`` (IO -> main, on ``inbound``) and ``Outgoing`` (main -> IO, on ``outbound``) are the
+  only things that cross (io_loop/bridge.py owns the queues); a ``Trace`` rides along on one
+  message in ``SAMPLE_EVERY``.
+- Plain data, no behaviour that needs a thread, a loop or a clock: the main thread's core
+  (controller/batching.py) builds batches from chunks and the IO side sends items, both
+  importing these names from here. Nothing here imports a third-party library, so the
+  controller's core can import it cheaply.
+- A ``Trace``'s stamps are each written once, by the thread at that hop (``READ`` … ``WRITTEN``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICKED", "READ", "SAMPLE_EVERY",
+           "STEP", "TAKEN", "WRITTEN", "Chunk", "Outgoing", "Trace", "count_unsent"]
+
+# ---- the latency budget: hop times of a sample of messages ---------------------------------
+
+SAMPLE_EVERY = 64  # one message in this many carries a Trace (cheap enough to leave on)
+# the stamps of a Trace, in the order a message passes them (time.monotonic_ns, every thread)
+READ, DECODED, INBOUND, TAKEN, STEP, FETCHED, ENCODED, OUTBOUND, PICKED, WRITTEN = range(10)
+HOPS = ("decode", "gather", "inbound", "batch", "step", "encode", "assemble", "outbound", "write")
+"""The hops between consecutive stamps: ``decode`` frame read -> decoded; ``gather`` -> put on
+the inbound queue (frames of one loop turn gathered into a chunk); ``inbound`` -> taken by the
+main thread (queue wait and wake-up); ``batch`` -> the step starts (micro-batching, earlier
+batches); ``step`` -> outputs on the host (pad, run, device-to-host); ``encode`` -> reply
+frames made; ``assemble`` -> put on the outbound queue (error frames, results callback);
+``outbound`` -> taken by the IO thread's writer (queue wait and wake-up); ``write`` -> its
+batch of frames written to the socket. A stamp is taken just before a put, so time a put
+waits for room counts in the next hop."""
+
+
+class Trace:
+    """The stamps of one sampled message (``READ`` … ``WRITTEN``), each written once, by the
+    thread at that hop; the IO thread reads them all after ``WRITTEN`` (see ``HOPS``)."""
+
+    __slots__ = ("feed", "ns")
+
+    def __init__(self, feed: int, read_ns: int, decoded_ns: int) -> None:
+        self.feed = feed
+        self.ns = [read_ns, decoded_ns, 0, 0, 0, 0, 0, 0, 0, 0]
+
+    def hops_s(self) -> list[float]:
+        """Seconds spent in each of ``HOPS``, then the whole way (read to written)."""
+        ns = self.ns
+        return [(ns[i + 1] - ns[i]) * 1e-9 for i in range(len(HOPS))] + [(ns[WRITTEN] - ns[READ]) * 1e-9]
+
+
+@dataclass
+class Chunk:
+    """Messages from one inbound frame, column-wise, with the time the frame arrived."""
+
+    seq: list[Any]
+    stream: list[str]
+    x: Any  # a numpy float32 array [n, F] (no numpy import here: see the rules)
+    received_ns: int
+    feed: int = 0  # index of the feed (``IOSettings.feed_specs``) whose connection it came from
+    trace: Trace | None = None  # one in SAMPLE_EVERY messages: its first message's hop times
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+@dataclass
+class Outgoing:
+    """Frames for the IO thread to send, in order.
+
+    ``answers``: True when every frame answers one received message (results, and error
+    replies such as "too many streams"), False for the error replies to bad input the
+    reader makes itself (not messages: outside the message books). ``error_at`` holds the
+    positions of the error frames among the answers (sorted), so a writer that is stopped
+    part-way through an item still counts exactly how many results it wrote.
+    ``received_ns`` holds, for each frame that answers a message, when its frame arrived
+    (monotonic ns), for the received-to-sent latency. ``feed`` is the index of the feed whose
+    connection the frames go back on (their messages came from it).
+
+    A batch that mixed several feeds crosses as one bundle (one queue hand-over, one wake-up
+    of the IO thread): ``parts`` holds one ``Outgoing`` per feed and ``frames`` is empty; the
+    IO side's router hands each part to its feed (``unbundled``).
+    """
+
+    frames: list[str | bytes]
+    received_ns: list[int] = field(default_factory=list)
+    error_at: tuple[int, ...] = ()
+    answers: bool = True
+    feed: int = 0
+    parts: tuple[Outgoing, ...] = ()
+    traces: list[Trace] = field(default_factory=list)  # sampled messages among those answered here
+
+    def unbundled(self) -> tuple[Outgoing, ...]:
+        """The items to send: the parts of a bundle, else this item itself."""
+        return self.parts or (self,)
+
+    @property
+    def frame_count(self) -> int:
+        """Frames to send, a bundle's parts included."""
+        return sum(len(part.frames) for part in self.parts) if self.parts else len(self.frames)
+
+    @property
+    def results(self) -> int:
+        """How many of the frames are results."""
+        return len(self.frames) - len(self.error_at) if self.answers else 0
+
+    def errors_between(self, start: int, stop: int) -> int:
+        """How many of ``frames[start:stop]`` are error frames."""
+        if not self.answers:
+            return stop - start
+        return bisect.bisect_left(self.error_at, stop) - bisect.bisect_left(self.error_at, start)
+
+
+def count_unsent(items: list[tuple[Outgoing | None, int]]) -> tuple[int, int]:
+    """For ``(item, frames already written)`` pairs that will never be sent further: how many
+    unsent frames answer received messages, and how many are error replies to bad input."""
+    answers = errors = 0
+    for item, written in items:
+        for part in item.unbundled() if item is not None else ():
+            if part.answers:
+                answers += len(part.frames) - written
+            else:
+                errors += len(part.frames) - written
+    return answers, errors

@@ -1,0 +1,25 @@
+"""The exceptions the IO side ends a run with; the composition layer catches them by these names.
+
+Rules:
+- Defined here, in the leaf, and re-exported by ``controller.errors`` (the same classes), so a
+  caller of the controller never reaches into the IO side's modules to catch them.
+- ``IOThread.raise_if_failed`` re-raises ``FeedFatal`` and ``MetricsServerError`` as they are;
+  anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
+- The exit status each maps to is stated in ``controller/errors.py``, with the others.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FeedFatal", "IOThreadError", "MetricsServerError"]
+
+
+class FeedFatal(Exception):
+    """The feed cannot be used (4xx handshake, tries used up): exit status 3."""
+
+
+class MetricsServerError(RuntimeError):
+    """``FORKLESS_METRICS_ADDR`` cannot be served (bad address, port in use): exit status 2."""
+
+
+class IOThreadError(RuntimeError):
+    """The IO thread died of something unexpected; ``__cause__`` is what killed it: exit status 1."""

@@ -1,0 +1,107 @@
+"""Addresses: ``host:port`` parsing, URL authorities, the loopback check, one implementation each.
+
+Rules:
+- Pure: no sockets, no name resolution. A host name is taken as written; only literal
+  addresses (and ``localhost``) count as loopback.
+- An IPv6 literal is written in brackets (``[::1]:9000``, ``ws://[fe80::1%eth0]/x``): a
+  bracket that is not closed, stray, or around something that is not an IPv6 address is an
+  error, never passed on to the socket or the client's URL parser.
+- Errors are ``ValueError`` with a sentence saying what was expected, for the caller to put
+  beside the variable's name. ``redact_url`` never raises: it also shows malformed URLs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = ["is_loopback", "parse_host_port", "parse_port", "redact_url", "url_host_port"]
+
+
+def parse_port(text: str, *, allow_zero: bool = True) -> int:
+    """A TCP port written in decimal digits, 0 (any free port, if allowed) to 65535."""
+    text = text.strip()
+    if not text.isascii() or not text.isdigit():
+        raise ValueError(f"the port {text!r} is not a number")
+    port = int(text)
+    if port > 65535 or (port == 0 and not allow_zero):
+        raise ValueError(f"the port {port} is out of range ({0 if allow_zero else 1}-65535)")
+    return port
+
+
+def _ipv6(text: str) -> str:
+    """``text`` if it is an IPv6 address (a zone such as ``%eth0`` allowed), else ValueError."""
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        raise ValueError(f"{text!r} in brackets is not an IPv6 address") from None
+    return text
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> ``(host, port)`` (brackets removed)."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError("expected host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = _ipv6(host[1:-1])
+    elif "[" in host or "]" in host:
+        raise ValueError("expected host:port, an IPv6 address in brackets: [::1]:9000")
+    elif ":" in host:  # an IPv6 address without brackets: the port is what follows its last colon
+        _ipv6(host)
+    return host, parse_port(port)
+
+
+def url_host_port(url: str) -> tuple[str, int | None]:
+    """The host (brackets removed) and the port (None when not written) of
+    ``scheme://[user[:password]@]host[:port][/path][?query][#fragment]``. Raises ValueError for
+    a URL without a host, a malformed bracketed host, anything between ``]`` and ``:port``, or
+    a port that is not 1-65535 in digits."""
+    _, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError("expected scheme://host")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    userinfo, _, hostport = authority.rpartition("@")
+    if "[" in userinfo or "]" in userinfo:
+        raise ValueError("a bracket in the user name or password (percent-encode it)")
+    if hostport.startswith("["):
+        inside, closed, after = hostport[1:].partition("]")
+        if not closed:
+            raise ValueError("an IPv6 address opened with '[' is not closed with ']'")
+        host = _ipv6(inside)
+        if after and not after.startswith(":"):
+            raise ValueError(f"{after!r} after the bracketed host: expected :port or nothing")
+        port_text = after[1:] if after else None
+    else:
+        if "[" in hostport or "]" in hostport:
+            raise ValueError("a bracket outside an IPv6 address in brackets")
+        host, colon, port_text = hostport.partition(":")
+        port_text = port_text if colon else None
+    if not host:
+        raise ValueError("expected a host")
+    return host, None if port_text is None else parse_port(port_text, allow_zero=False)
+
+
+def is_loopback(host: str, *, literal: bool = False) -> bool:
+    """True for literal loopback addresses (127.0.0.0/8, ::1), and ``localhost`` unless
+    ``literal`` (a listener that must never be reachable from elsewhere takes only literals)."""
+    if host == "localhost":
+        return not literal
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def redact_url(url: str) -> str:
+    """``scheme://host:port/path`` — no credentials, no query (tokens often live there).
+    Never raises: a URL ``urlsplit`` refuses (a malformed IPv6 literal) is cut by hand."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        scheme, sep, rest = url.partition("://")
+        rest = re.split(r"[?#]", rest, maxsplit=1)[0]
+        authority, slash, path = rest.partition("/")
+        return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}"
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))

@@ -1,0 +1,75 @@
+"""What the IO side reads of the configuration: one frozen dataclass, handed to it.
+
+Rules:
+- Built by the controller from its validated ``Config`` (``Config.io_settings()``), so a
+  value here was checked there, with the error naming the variable; nothing here reads the
+  environment or validates. The IO thread, the feeds, the client, the handshake and the probe
+  take an ``IOSettings``, never the whole configuration.
+- A field has the name of the ``Config`` field it comes from (``FORKLESS_<NAME>``), so the
+  variable behind a value is easy to find; ``feed_specs`` and ``uses_demo_feed`` are what
+  ``Config`` derives from ``FORKLESS_WS_URL``/``SUBSCRIBE``/``FEEDS``.
+- Immutable, so every thread may read it. Secrets (``auth_token``, ``headers``, a feed's
+  ``subscribe`` and ``headers``) stay out of ``repr``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from io_loop.netaddr import redact_url
+
+__all__ = ["FeedSpec", "IOSettings"]
+
+
+@dataclass(frozen=True)
+class FeedSpec:
+    """One feed of ``FORKLESS_FEEDS`` (or the one ``FORKLESS_WS_URL`` names): where to connect,
+    what to send first, extra handshake headers. ``name`` labels its metrics, logs and (with
+    several feeds, unless ``FORKLESS_SHARED_STREAMS=1``) its streams' identities."""
+
+    name: str
+    url: str
+    subscribe: str = field(default="", repr=False)  # sent as is on every new connection
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    required: bool = True  # /readyz waits for it
+
+    @property
+    def label(self) -> str:
+        """How messages name it: ``feed 'name' (ws://host/path)``, never with credentials or query."""
+        return f"feed {self.name!r} ({redact_url(self.url)})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class IOSettings:
+    """Everything the IO side reads (see the module rules; the meanings are the variables')."""
+
+    # the feeds
+    feed_specs: tuple[FeedSpec, ...]  # one per connection; a url of "" is the embedded demo feed's
+    feeds_from_list: bool  # they came from FORKLESS_FEEDS (else FORKLESS_WS_URL / SUBSCRIBE)
+    feed_fatal: str  # "all" or "any"
+    uses_demo_feed: bool
+    # the handshake and TLS
+    headers: tuple[tuple[str, str], ...] = field(repr=False)
+    auth_token: str = field(repr=False)
+    ca_file: str
+    tls_insecure: bool
+    # limits and the hand-over
+    features: int
+    max_batch: int
+    queue_size: int
+    overflow: str  # "block" or "drop_oldest"
+    max_msg_bytes: int
+    # connection management
+    heartbeat_s: float
+    stale_s: float
+    connect_timeout_s: float
+    reconnect_min_s: float
+    reconnect_max_s: float
+    reconnect_reset_s: float
+    reconnect_tries: int
+    shutdown_timeout_s: float
+    # served beside the feeds
+    metrics_addr: str
+    demo_rate: float
+    demo_streams: int
+    warmup: int
