@@ -7,9 +7,8 @@ A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``
 between the markers is exactly what its function returns (``tests/test_docs.py`` holds every
 block to it, so a hand edit fails the tests). What is generated, and from where:
 
-- README.md ``variables``: ``controller.config.variables_table_markdown()`` (``VARIABLES``)
 - README.md ``exit``: ``exit_statuses_markdown()`` (``controller.errors.EXIT_STATUSES``)
-- OPERATING.md ``operator-variables``: the same variables table, for ``OPERATOR_VARIABLES``
+- OPERATING.md ``variables``: ``controller.config.variables_table_markdown()`` (``VARIABLES``)
 - OPERATING.md ``metrics``: ``controller.metrics.metrics_table_markdown()`` (``metric_families``)
 - bench/README.md ``bench:results``: ``bench.run.results_markdown()`` of ``bench/out/results.json``
   (a full ``python -m bench.run`` rewrites that block itself)
@@ -33,15 +32,6 @@ from controller.metrics import metrics_table_markdown
 
 ROOT = Path(__file__).resolve().parent
 REGENERATE = "python gendocs.py"
-
-# the variables that matter when forkless runs next to other services (OPERATING.md)
-OPERATOR_VARIABLES = (
-    "FORKLESS_METRICS_ADDR", "FORKLESS_STATUS_S", "FORKLESS_LOG_LEVEL", "FORKLESS_LOG_FORMAT",
-    "FORKLESS_DURATION", "FORKLESS_SHUTDOWN_TIMEOUT_S", "FORKLESS_CONNECT_TIMEOUT_S", "FORKLESS_HEARTBEAT_S",
-    "FORKLESS_STALE_S", "FORKLESS_RECONNECT_MIN_S", "FORKLESS_RECONNECT_MAX_S", "FORKLESS_RECONNECT_RESET_S",
-    "FORKLESS_RECONNECT_TRIES", "FORKLESS_OVERFLOW", "FORKLESS_QUEUE_SIZE",
-)
-
 
 def exit_statuses_markdown() -> str:
     """The table of exit statuses, one row per ``EXIT_STATUSES`` entry."""
@@ -68,9 +58,8 @@ class Block:
 
 
 BLOCKS = (
-    Block("README.md", "variables", variables_table_markdown),
     Block("README.md", "exit", exit_statuses_markdown),
-    Block("OPERATING.md", "operator-variables", lambda: variables_table_markdown(OPERATOR_VARIABLES)),
+    Block("OPERATING.md", "variables", variables_table_markdown),
     Block("OPERATING.md", "metrics", metrics_table_markdown),
     Block("bench/README.md", RESULTS_BLOCK, bench_results_markdown),
     Block("bench/README.md", DEVICES_BLOCK, bench_devices_markdown),

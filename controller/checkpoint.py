@@ -41,7 +41,7 @@ Rules:
   transfer. Restore returns canonical host arrays; the caller converts them to its mesh
   (``Placement.to_sharded``) and ``jax.device_put``s them.
 - Why not orbax-checkpoint: measured in bench/checkpoint_stall.py (its docstring has the
-  numbers): its save blocks the main thread 20-280 ms per checkpoint where ``take_snapshot``
+  numbers): its save blocks the main thread 126-281 ms per checkpoint where ``take_snapshot``
   blocks 0.2 ms (with the state not donated), it does not detect a corrupted byte, and it
   brings 13 packages (106 MB).
 

@@ -1,9 +1,11 @@
-"""The documents' generated blocks are exactly what the code generates, and their samples name real things.
+"""The documents' generated blocks are exactly what the code generates, their samples name real
+things, and their links lead somewhere.
 
 Every block between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` (listed in
 ``gendocs.BLOCKS``) must equal its generator's output, so a hand edit, or a change to a
 variable, a metric or an exit status without regenerating, fails here. ``python gendocs.py``
-rewrites them all.
+rewrites them all. The README is the front door and stays small; the manual is EMBEDDING.md,
+OPERATING.md and DESIGN.md.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ import pytest
 
 import gendocs
 from bench.run import RESULTS_BLOCK, results_markdown, write_results_block
+from controller.batching import HOPS
+from controller.config import VARIABLES
 from controller.metrics import MAX_REASONS, _every_field_populated, make_registry, render
 from controller.stats import HistogramSnapshot, status_line
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = f"run `{gendocs.REGENERATE}` to regenerate"
+DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md")
+README_MAX_BYTES = 14_000  # the front door; the manual lives in the other documents
 
 
 def text(path: str) -> str:
@@ -90,7 +96,7 @@ def _documented_metrics() -> dict[str, str]:
 
 def test_every_metric_named_in_a_sample_scrape_is_in_the_metrics_table() -> None:
     documented = _documented_metrics()
-    for path in ("README.md", "OPERATING.md"):
+    for path in DOCUMENTS:
         for line in text(path).splitlines():
             help_line = re.match(r"# (HELP|TYPE) (forkless_\w+) ?(.*)", line)
             sample = re.match(r"(forkless_\w+)[{ ]", line)
@@ -122,7 +128,7 @@ def test_every_sample_status_line_has_the_fields_of_the_real_status_line() -> No
     before = dataclasses.replace(now, at=0.0, messages_in=0, messages_out=0, latency=empty(now.latency),
                                  batch_size=empty(now.batch_size), loop_lag=empty(now.loop_lag))
     expected = _shape(status_line(now, before))
-    samples = [line for path in ("README.md", "OPERATING.md") for line in text(path).splitlines()
+    samples = [line for path in DOCUMENTS for line in text(path).splitlines()
                if re.match(r"in \d+ msg \(", line)]
     assert samples
     for line in samples:
@@ -138,6 +144,80 @@ def test_the_bench_readme_says_what_decides_every_target_the_benchmark_judges() 
 
 
 def test_exit_statuses_are_listed_once_in_the_readme_s_generated_table() -> None:
-    for path in ("README.md", "OPERATING.md"):
+    for path in DOCUMENTS:
         assert "Exit status:" not in text(path), f"{path}: point to the README's Exit status table instead"
+        assert path == "README.md" or "<!-- exit:start -->" not in text(path), path
     assert text("README.md").count("<!-- exit:start -->") == 1
+
+
+def test_the_readme_is_the_front_door_not_the_manual() -> None:
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_MAX_BYTES, (
+        f"README.md is {size} bytes, over {README_MAX_BYTES}: move the detail to EMBEDDING.md, OPERATING.md "
+        f"or DESIGN.md and link to it")
+
+
+def _outside_code(markdown: str) -> str:
+    """``markdown`` without its fenced code blocks and inline code spans."""
+    prose = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", prose)
+
+
+def anchors(markdown: str) -> set[str]:
+    """The anchors GitHub makes for the headings of ``markdown`` (lower case, punctuation
+    dropped, spaces to hyphens; a repeated heading gets -1, -2, …)."""
+    found: set[str] = set()
+    for line in re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M).splitlines():
+        heading = re.match(r"#{1,6} (.*)", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            n, unique = 0, slug
+            while unique in found:
+                n += 1
+                unique = f"{slug}-{n}"
+            found.add(unique)
+    return found
+
+
+def test_anchors_follow_github_s_rule() -> None:
+    assert anchors("# A\n## `python app.py --check`\n## The data's way (here)\n## A\n```\n# not\n```\n") == {
+        "a", "python-apppy---check", "the-datas-way-here", "a-1"}
+
+
+@pytest.mark.parametrize("path", DOCUMENTS)
+def test_every_relative_link_points_at_a_file_that_exists_and_a_heading_it_has(path: str) -> None:
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", _outside_code(text(path))):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: …
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (ROOT / path).parent / file if file else ROOT / path
+        if not linked.is_file():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked.read_text(encoding="utf-8")):
+            broken.append(f"{target}: no such heading in {file or path}")
+    assert not broken, f"{path}: " + "; ".join(broken)
+
+
+def test_every_forkless_variable_named_in_the_documents_exists() -> None:
+    known = {var.env for var in VARIABLES}
+    for path in DOCUMENTS:
+        named = set(re.findall(r"\bFORKLESS_[A-Z][A-Z0-9_]*[A-Z0-9]\b", text(path)))
+        assert named <= known, f"{path} names variables that do not exist: {sorted(named - known)}"
+
+
+def test_design_md_maps_every_module_of_controller_and_io_loop() -> None:
+    design = text("DESIGN.md")
+    for package in ("controller", "io_loop"):
+        table = design[design.index(f"`{package}/`:"):]
+        listed = re.findall(r"^\| `(\w+\.py)` \|", table.split("\n\n", 2)[1], re.M)
+        present = sorted(p.name for p in (ROOT / package).glob("*.py"))
+        missing = sorted(set(present) - set(listed))
+        assert not missing, f"DESIGN.md's module map of {package}/ lacks {missing}: add one line for each"
+
+
+def test_design_md_walks_the_hops_of_the_latency_budget_in_order() -> None:
+    design = text("DESIGN.md")
+    section = design[design.index("## The data's way from socket to reply"):]
+    section = section[:section.index("\n## ", 1)]
+    assert tuple(re.findall(r"^\| `(\w+)` \|", section, re.M)) == HOPS

@@ -1,6 +1,7 @@
-"""The README is the front door: its commands and code examples must stay true.
+"""The documents' commands and code examples must stay true: the README's test command is what
+CI runs, and every embedding example (the README's short one, EMBEDDING.md's) runs here.
 
-Its generated tables (variables, exit statuses) are checked in tests/test_docs.py.
+The generated tables (variables, metrics, exit statuses) are checked in tests/test_docs.py.
 """
 
 from __future__ import annotations
@@ -12,17 +13,20 @@ from tests.harness import ROOT, UNIT_S, AppResult, run_app
 from tests.servers import send_frames
 
 README = (ROOT / "README.md").read_text()
+EMBEDDING = (ROOT / "EMBEDDING.md").read_text()
 
 
-def example(name: str) -> str:
-    match = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", README, re.S)
-    assert match, f"README example {name!r} not found"
+def example(name: str, document: str = "EMBEDDING.md") -> str:
+    """The code of the ``<!-- example: NAME -->`` block of ``document``."""
+    text = README if document == "README.md" else EMBEDDING
+    match = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", text, re.S)
+    assert match, f"{document} example {name!r} not found"
     return match.group(1)
 
 
-def run_example(name: str, url: str) -> AppResult:
+def run_example(name: str, url: str, document: str = "EMBEDDING.md") -> AppResult:
     return run_app(env={"FORKLESS_WS_URL": url, "FORKLESS_RECONNECT_MIN_S": "0.1"},
-                   program=("-c", example(name)), timeout_s=90 * UNIT_S)
+                   program=("-c", example(name, document)), timeout_s=90 * UNIT_S)
 
 
 def test_the_test_command_in_the_readme_is_what_ci_runs():
@@ -31,6 +35,27 @@ def test_the_test_command_in_the_readme_is_what_ci_runs():
     assert f"```\n{command}\n```" in README
     ci = (ROOT / ".ci" / "run").read_text()
     assert command in ci.splitlines()
+
+
+def test_the_readme_s_short_example_runs_its_own_processor_with_the_json_codec(feed_server):
+    frames = [json.dumps({"seq": i, "stream": "s", "x": [float(i)] * 8}) for i in range(10)]
+    server = feed_server(send_frames(frames))
+    proc = run_example("short", server.url, "README.md")
+    server.wait_for(lambda: len(server.connections) == 1 and server.connections[0].closed_at is not None,
+                    5 * UNIT_S, "the example's connection closed")
+    assert proc.returncode == 0, proc.stderr
+    replies = server.replies()
+    assert [r["seq"] for r in replies] == list(range(10))
+    # however the messages were batched, the last reply holds every message of the stream
+    assert replies[-1]["n"] == 10 and replies[-1]["mean"] == [4.5] * 8
+
+
+def test_every_example_in_the_documents_is_run_by_a_test():
+    tested = {("README.md", "short"), ("EMBEDDING.md", "blocking"), ("EMBEDDING.md", "on_results"),
+              ("EMBEDDING.md", "driven")}
+    found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
+             for name in re.findall(r"<!-- example: (\w+) -->", text)}
+    assert found == tested
 
 
 def test_the_blocking_embedding_example_runs_with_its_own_processor_and_codec(feed_server):
