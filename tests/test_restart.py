@@ -1,5 +1,6 @@
 """What the process knows survives it: the app (a subprocess, as users run it) checkpoints its
-state and stream table into FORKLESS_CHECKPOINT_DIR and restores them on the next start."""
+state and stream table into FORKLESS_CHECKPOINT_DIR and restores them on the next start, also
+after a kill -9 in the middle of its periodic checkpoints."""
 
 from __future__ import annotations
 
