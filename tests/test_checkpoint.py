@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import shutil
-import subprocess
 import sys
-import textwrap
 import threading
 import time
 import weakref
@@ -30,7 +27,6 @@ from controller.checkpoint import (
     checkpoint_path,
     list_checkpoints,
     load_newest,
-    read_checkpoint,
     take_snapshot,
     write_checkpoint,
 )
@@ -41,7 +37,6 @@ from controller.metrics import metric_families
 from controller.processor import EWMAState, default_processor
 from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
 
-ROOT = Path(__file__).resolve().parent.parent
 WAIT_S = 10.0 * float(os.environ.get("FORKLESS_TEST_TIME_SCALE", "1"))
 
 CONFIG = Config(features=3, max_streams=10)
@@ -456,69 +451,6 @@ def test_a_write_that_raises_anything_is_a_failure_not_a_dead_thread(tmp_path: P
     assert writer.submit(snapshot(1))  # the thread is alive and takes the next one
     assert writer.stop(WAIT_S)
     assert writer.failures == 2 and writer.last_error == "ValueError: cannot encode this"
-
-
-# ---- kill -9 at random points -----------------------------------------------------------------------
-
-WRITER_SCRIPT = textwrap.dedent("""
-    import sys, time
-    import numpy as np
-    from controller.checkpoint import Snapshot
-    from controller.checkpointer import Checkpointer
-
-    directory, i = sys.argv[1], int(sys.argv[2])
-    writer = Checkpointer(directory, keep=3)
-    writer.start()
-    names = [f"stream-{k}" for k in range(2000)]
-    slots = np.arange(2000, dtype=np.int32)
-    print("ready", flush=True)
-    while True:  # as fast as the disk allows: a write is in flight nearly all the time
-        state = {"mean": np.full((20_000, 8), i, np.float32), "count": np.full(20_000, i, np.int32)}
-        snap = Snapshot(state, names, slots, np.full(2000, float(i)), {"processed": i},
-                        {"processor": "kill-test"}, time.time())
-        if writer.submit(snap):
-            i += 1
-        else:
-            time.sleep(0.0002)
-""")
-
-
-def test_kill_9_at_random_points_always_leaves_a_complete_newest_checkpoint(tmp_path: Path) -> None:
-    rng = random.Random(20240509)
-    like = {"count": jax.ShapeDtypeStruct((20_000,), np.int32), "mean": jax.ShapeDtypeStruct((20_000, 8), np.float32)}
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    processed = 0
-    for round_ in range(4):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, str(tmp_path), str(processed)], cwd=ROOT,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-            # a new newest file, not a higher count: with keep=3 the count is back to 3 a moment
-            # after each write (the rotation), so a count could be missed between two polls
-            before = list_checkpoints(tmp_path)[-1:]
-            wait_until(lambda before=before, proc=proc: list_checkpoints(tmp_path)[-1:] != before
-                       or proc.poll() is not None, "a first checkpoint")
-            time.sleep(rng.uniform(0.0, 0.3))
-        finally:
-            proc.kill()  # SIGKILL
-            proc.wait(WAIT_S)
-        assert proc.returncode == -9, proc.stderr.read()
-
-        paths = list_checkpoints(tmp_path)
-        assert 1 <= len(paths) <= 4  # keep=3, plus one written just before the kill's rotation
-        for path in paths:  # a final name means a complete file, whenever the kill came
-            read_checkpoint(path)
-        restored = load_newest(tmp_path, {"processor": "kill-test"}, like)
-        assert restored.path == paths[-1], f"round {round_}"
-        assert restored.processed >= processed
-        assert (restored.state["mean"] == restored.processed).all()  # one checkpoint's data, not a mix
-        assert (restored.last_seen == restored.processed).all()
-        processed = restored.processed + 1
-
-    restart = Checkpointer(tmp_path)
-    restart.start()  # what the next run does first: temporary files go
-    assert restart.stop(WAIT_S)
-    assert not [name for name in os.listdir(tmp_path) if name.startswith(TEMP_PREFIX)]
 
 
 # ---- configuration, statistics, metrics ---------------------------------------------------------------

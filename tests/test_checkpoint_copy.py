@@ -82,9 +82,19 @@ def test_a_table_copy_is_the_table_at_t0_while_streams_come_recycle_and_repeat(i
     assert names[:] == names0.tolist() and list(names) == names0.tolist()
     assert slots.tolist() == slots0.tolist() and last_seen.tolist() == seen0.tolist()
     assert table.export()[0].tolist() != names0.tolist()  # the table itself moved on
+
+
+def test_a_table_copy_keeps_a_recycled_slot_s_name_until_released_and_then_reads_the_live_one() -> None:
+    table = StreamSlots(3, idle_s=0.5)
+    table.lookup(["a", "b", "c"], now=0.0)
+    copy = table.begin_copy()
+    assert copy.advance(10)
+    names = copy.result()[0]
+    assert table.lookup(["d"], now=1.0)[2] == [0]  # a's slot recycled while the copy is held
+    assert names[:] == ["a", "b", "c"]
     copy.release()
-    table.lookup(["late"], now=now + 1.0)  # a released copy is no longer told about changes
-    assert names[:] != names0.tolist() or idle_s is None
+    assert table.lookup(["e"], now=2.0)[2] == [1]  # b's slot recycled after the release
+    assert names[:] == ["a", "e", "c"]  # a released copy is no longer told: it reads the live name
 
 
 def test_restore_then_copy_gives_back_what_was_restored() -> None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import urllib.request
 from typing import Any
 
 import numpy as np
 import pytest
 
-from controller.batching import HOPS, SAMPLE_EVERY
+from controller.batching import HOPS, PICKED, READ, SAMPLE_EVERY, WRITTEN, Trace
 from controller.config import Config, ConfigError
 from controller.loop import Controller
 from controller.metrics import metric_families
@@ -339,25 +340,62 @@ def test_secrets_of_every_feed_are_used_but_never_appear_in_any_output(feed_serv
     assert servers[0].attempts[0].headers["X-Key"] == secrets[1]
 
 
-def test_one_message_in_64_carries_its_hop_times_which_add_up_to_its_whole_way(feed_server):
-    # the latency budget (batching.HOPS): every hop measured, none negative, the hops of each
-    # sampled message summing to its read-to-written time; with two feeds too
-    a = _renamed(make_messages(640, streams=4, seed=9), "s", 0)
-    b = _renamed(make_messages(640, streams=4, seed=10), "s", 1000)
+def _lockstep_timed(messages: list[dict], sent_ns: list[int], replied_ns: list[int], done: threading.Event):
+    """A script: send each message only once the one before is answered (so every chunk the
+    client hands over holds one message), stamping ``time.monotonic_ns()`` just before each
+    send and just after its reply arrived; then set ``done`` and read until the client closes."""
+
+    async def script(conn: FeedConn) -> None:
+        for m in messages:
+            sent_ns.append(time.monotonic_ns())
+            await conn.send(m)
+            assert await conn.recv(timeout=30 * UNIT_S) is not None, f"no reply to seq {m['seq']}"
+            replied_ns.append(time.monotonic_ns())
+        done.set()
+        await conn.read_until_closed(timeout=60)
+
+    return script
+
+
+def test_one_message_in_64_carries_hop_stamps_in_order_taken_between_its_send_and_its_reply(feed_server, monkeypatch):
+    # the latency budget (batching.HOPS), with two feeds: each feed's handover samples its first
+    # message and then one in SAMPLE_EVERY (io_loop/handover.py); with one message per chunk
+    # that is exactly messages 0, 64, ..., 320 of each feed. The server's own clock brackets
+    # each sampled message's stamps, and the histograms hold exactly what the stamps say.
+    n = 5 * SAMPLE_EVERY + 1  # the last message is a sampled one
+    messages = [_renamed(make_messages(n, streams=4, seed=9), "s", 0),
+                _renamed(make_messages(n, streams=4, seed=10), "s", 1000)]
+    sent_ns: list[list[int]] = [[], []]
+    replied_ns: list[list[int]] = [[], []]
     done = [threading.Event(), threading.Event()]
-    servers = _servers(feed_server, [_sender(a, done[0]), _sender(b, done[1])])
+    stamped: list[tuple[int, list[int]]] = []  # (feed, stamps) of each sampled message, once written
+    hops_s = Trace.hops_s
+
+    def recorded_hops_s(trace: Trace) -> list[float]:  # the writer calls it once WRITTEN is stamped
+        stamped.append((trace.feed, list(trace.ns)))
+        return hops_s(trace)
+
+    monkeypatch.setattr(Trace, "hops_s", recorded_hops_s)
+    servers = _servers(feed_server, [_lockstep_timed(messages[f], sent_ns[f], replied_ns[f], done[f]) for f in (0, 1)])
     cfg = _config(_feeds({"url": servers[0].url}, {"url": servers[1].url}))
     with Controller(cfg, processor=PROCESSOR) as ctl:
         drive(ctl, lambda: all(ev.is_set() for ev in done), timeout_s=30 * UNIT_S, what="both feeds answered")
-        snap = ctl.stats()
+    snap = ctl.stats()  # after the stop: the IO thread has written and counted everything
+    per_feed = 1 + (n - 1) // SAMPLE_EVERY
+    for feed in (0, 1):
+        stamps = sorted(ns for f, ns in stamped if f == feed)
+        assert len(stamps) == per_feed, (feed, len(stamps))
+        for k, ns in enumerate(stamps):
+            i = k * SAMPLE_EVERY  # the message it was sampled from
+            assert all(ns) and ns == sorted(ns), (feed, i, ns)  # every stamp taken, each after the one before
+            assert sent_ns[feed][i] <= ns[READ] and ns[PICKED] <= replied_ns[feed][i], (feed, i)
     hops = snap.hops
     assert list(hops) == [*HOPS, "total"]
-    sampled = hops["total"].n
-    assert 2 * 640 / SAMPLE_EVERY <= sampled <= 2 * 640  # chunks of several messages are sampled as one
-    assert all(h.n == sampled for h in hops.values())
-    assert all(h.total >= 0 for h in hops.values())
-    assert sum(hops[hop].total for hop in HOPS) == pytest.approx(hops["total"].total, rel=1e-9)
-    assert sum(f.io.hops["total"].n for f in snap.feeds) == sampled  # each feed's share, summed
+    assert all(h.n == 2 * per_feed for h in hops.values())
+    for h, name in enumerate(HOPS):
+        assert hops[name].total == pytest.approx(sum(ns[h + 1] - ns[h] for _, ns in stamped) * 1e-9, rel=1e-9)
+    assert hops["total"].total == pytest.approx(sum(ns[WRITTEN] - ns[READ] for _, ns in stamped) * 1e-9, rel=1e-9)
+    assert [f.io.hops["total"].n for f in snap.feeds] == [per_feed, per_feed]
     fam = {f.name: f for f in metric_families(snap)}["forkless_hop_seconds"]
     counts = {s.labels["hop"]: s.value for s in fam.samples if s.name.endswith("_count")}
-    assert counts == dict.fromkeys([*HOPS, "total"], sampled)
+    assert counts == dict.fromkeys([*HOPS, "total"], 2 * per_feed)

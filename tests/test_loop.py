@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from controller import compilations
 from controller.batching import Chunk, Outgoing
 from controller.config import Config
 from controller.errors import FeedFatal
@@ -99,13 +100,19 @@ def test_results_come_out_in_arrival_order_and_equal_the_one_at_a_time_reference
     assert (stats.processed, stats.anomalies, stats.batches, stats.errors) == (96, flagged, 40, {})
 
 
-def test_no_batch_size_compiles_after_start():
+def test_no_compilation_after_warm_up_whatever_the_batch_sizes():
+    config = CONFIG.replace(max_batch=16)  # buckets 1, 4 and 16: one between the smallest and the largest
     fake = FakeIO()
-    with started(fake) as ctl:
-        for n in (1, 2, 3, 4):  # buckets 1 and 4; 2 and 3 are padded to 4
-            fake.inbound.put_nowait(chunk(range(10 * n, 10 * n + n), [f"s{i}" for i in range(n)]))
-        assert process_all(ctl) == 10
-        assert ctl.stats().compilations_after_warmup == 0
+    with started(fake, config) as ctl:
+        after_warmup = compilations()  # in the whole process, not only what the controller counts
+        for n in range(1, 21):  # every size up to max_batch, and beyond it (split: 16 + 1 … 16 + 4)
+            fake.inbound.put_nowait(chunk(range(100 * n, 100 * n + n), [f"s{i % 8}" for i in range(n)]))
+        assert process_all(ctl) == 210
+        stats = ctl.stats()
+    assert compilations() == after_warmup
+    assert stats.compilations_after_warmup == 0
+    # every bucket ran, exact and padded: sizes 1 | 2-4 | 5-16, nothing beyond
+    assert (stats.batch_size.bounds, stats.batch_size.counts) == ((1, 4, 16), (2, 6, 16, 0))
 
 
 def frozen(obj: object) -> bool:

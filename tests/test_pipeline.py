@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
-from controller import Config, Controller, compilations
+from controller import Config, Controller
 from tests.harness import UNIT_S, drive
 from tests.reference import EWMAReference
 from tests.servers import SERVERS, send_frames
@@ -119,32 +119,6 @@ def test_nothing_forks_and_jax_never_warns_about_fork(feed_server):
     assert len(replies) == 100
     assert forks == []
     assert sorted(t.name for t in threading.enumerate() if t.name.startswith("forkless")) == []
-
-
-def test_no_compilation_after_warm_up_whatever_the_batch_sizes(feed_server):
-    messages = make_messages(400)
-    rng = np.random.default_rng(3)
-    frames, i = [], 0
-    while i < len(messages):
-        k = int(rng.integers(1, 40))  # frames of 1..39 messages: batches of many sizes
-        frames.append(json.dumps(messages[i:i + k]))
-        i += k
-    cfg = Config(ws_url="ws://x", features=F, max_batch=32, status_s=0)
-    server = feed_server(send_frames(frames, gap_s=0.01))  # paced, so frames are batched one by one
-    ctl = Controller(cfg.replace(ws_url=server.url))
-    ctl.start()
-    after_warmup = compilations()
-    try:
-        drive_until_replies(ctl, server, len(messages))
-        sizes = ctl.stats().batch_size
-    finally:
-        ctl.stop()
-    server.wait_for(lambda: server.connections[0].closed_at is not None, 5 * UNIT_S, "the client's close")
-    assert len(server.received) == 400
-    used = [b for b, c in zip(sizes.bounds, sizes.counts) if c]
-    assert len(used) >= 3  # several bucket sizes were really used
-    assert compilations() == after_warmup
-    assert ctl.stats().compilations_after_warmup == 0
 
 
 @pytest.mark.parametrize("impl", sorted(SERVERS))

@@ -32,6 +32,7 @@ from controller.config import Config
 from controller.loop import Controller
 from controller.processor import Processor, ewma_processor
 from io_loop.backoff import Backoff
+from io_loop.handover import Handover
 from tests.harness import BACKOFF_SEED, UNIT_S, assert_books_balance, drive, wait_until
 from tests.servers import (
     SERVERS,
@@ -296,30 +297,53 @@ def test_drop_oldest_counts_every_dropped_message(feed_server: Any) -> None:
     assert_books_balance(ctl)
 
 
-def test_full_inbound_queue_stops_reading_the_socket(feed_server: Any) -> None:
-    queue_size, sent = 4, 400
-    quiet_s = 0.3 * UNIT_S  # a reader that stopped can only be seen doing nothing for a while
+def test_full_inbound_queue_stops_reading_the_socket(feed_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # nobody drains inbound: the reader waits in Handover.flush for room, aiohttp's buffer fills
+    # and it pauses the socket, the kernel's buffers fill, and TCP holds back the server's writes
+    queue_size, per_frame = 4, 16  # a frame of max_batch messages is handed over as one chunk
+    reader_waits = threading.Event()  # set while the reader awaits flush() with inbound full
+    flush = Handover.flush
+
+    async def watched_flush(handover: Handover) -> None:
+        if handover.queue.full():  # the bridge's inbound: janus's async side
+            reader_waits.set()
+        try:
+            await flush(handover)
+        finally:
+            reader_waits.clear()
+
+    monkeypatch.setattr(Handover, "flush", watched_flush)
+    sent = [0]
+    stop_sending, finished = threading.Event(), threading.Event()
+    pad = "p" * 2000  # a field the codec ignores: the buffers fill after fewer messages (less to drain)
 
     async def script(conn: FeedConn) -> None:
-        for m in make_messages(sent):
-            await conn.send(m)
+        while not stop_sending.is_set():  # as fast as TCP lets it: a send waits while writes are held back
+            await conn.send([m | {"pad": pad} for m in make_messages(per_frame, start=sent[0], seed=sent[0])])
+            sent[0] += per_frame
+        finished.set()
         await conn.read_until_closed(timeout=30)
 
-    server = feed_server(script)
+    server = feed_server(script, compress=False)  # uncompressed: the bytes fill the buffers sooner
+
+    def pushed_back() -> bool:
+        conns = server.connections
+        return reader_waits.is_set() and bool(conns) and isinstance(conns[0], AiohttpConn) and conns[0].writes_blocked()
+
     cfg = _config(server.url, queue_size=queue_size)
     with Controller(cfg, processor=PROCESSOR) as ctl:
-        # nobody drains inbound meanwhile
-        wait_until(lambda: ctl.stats().inbound_depth == queue_size, timeout_s=10 * UNIT_S, what="inbound full")
-        time.sleep(quiet_s)  # the reader blocks within a frame or two of inbound filling up
-        first = ctl.stats()
-        time.sleep(quiet_s)
-        second = ctl.stats()
-        assert second.inbound_depth == queue_size
-        assert second.messages_in == first.messages_in, "reading went on while inbound was full"
-        # what the client holds is bounded by the queue (chunks of at most ~max_batch
-        # messages, one more waiting to be put, one being gathered), not by what was sent
-        assert second.messages_in <= (queue_size + 2) * cfg.max_batch < sent
-        drive(ctl, lambda: server.received_count >= sent, timeout_s=15 * UNIT_S, what="everything once drained")
+        wait_until(pushed_back, timeout_s=20 * UNIT_S,
+                   what="the reader waiting for room and the server's writes held back")
+        held = ctl.stats()
+        assert held.inbound_depth == queue_size
+        # what the client took is bounded by the queue (full, one chunk waiting for room, one
+        # being gathered), not by what the server sent
+        assert held.messages_in <= (queue_size + 2) * cfg.max_batch < sent[0]
+        assert reader_waits.is_set()  # still: nothing was read meanwhile
+        stop_sending.set()
+        drive(ctl, lambda: finished.is_set() and server.received_count >= sent[0], timeout_s=30 * UNIT_S,
+              what="everything answered once inbound drains")
+        assert ctl.stats().dropped_total == 0
 
 
 class _NonReadingFeed:

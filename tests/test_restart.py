@@ -1,25 +1,25 @@
 """What the process knows survives it: the app (a subprocess, as users run it) checkpoints its
-state and stream table into FORKLESS_CHECKPOINT_DIR and restores them on the next start."""
+state and stream table into FORKLESS_CHECKPOINT_DIR and restores them on the next start, also
+after a kill -9 in the middle of its periodic checkpoints."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from controller.checkpoint import list_checkpoints, load_newest
+from controller.checkpoint import list_checkpoints, load_newest, read_checkpoint
+from controller.checkpointer import Checkpointer
 from controller.config import Config
 from controller.processor import default_processor
 from tests.harness import UNIT_S, wait_until
 from tests.reference import EWMAReference
-from tests.servers import send_frames
 
 ROOT = Path(__file__).resolve().parent.parent
 F = 4
@@ -110,27 +110,85 @@ def test_restore_never_starts_fresh_and_a_mismatched_setting_exits_2_naming_it(t
     assert replies[0]["z"] == [0.0] * F and replies[0]["seq"] == 0
 
 
-def test_kill_9_during_periodic_checkpoints_always_leaves_a_checkpoint_that_restores(tmp_path, feed_server):
-    rng = random.Random(4)
-    cfg = Config(features=F, max_streams=4096)
+def _endless(rng_seed: int = 5):
+    """A script: batch frames of 10 messages over 5 streams, paced, until the connection ends
+    (the app is killed); replies are recorded meanwhile."""
+
+    async def script(conn) -> None:
+        reader = conn.reading()
+        rng = np.random.default_rng(rng_seed)
+        seq = 0
+        while not conn.closing():
+            frame = [{"seq": seq + i, "stream": f"s{(seq + i) % 5}", "x": rng.normal(size=F).round(4).tolist()}
+                     for i in range(10)]
+            try:
+                await conn.send(frame)
+            except Exception:  # the app was killed under it: the send that found out ends the feed
+                break
+            seq += 10
+            await asyncio.sleep(0.002)  # pacing only: about 5000 messages a second
+        await reader
+
+    return script
+
+
+def _writing(directory: Path) -> bool:
+    """Whether a checkpoint is being written into ``directory`` now: a file without a final name
+    (call once this run's writer has written one: it removes what an earlier run left)."""
+    return len(os.listdir(directory)) > len(list_checkpoints(directory))
+
+
+def _newest(directory: Path) -> str | None:
+    paths = list_checkpoints(directory)
+    return paths[-1].name if paths else None
+
+
+# where each run is killed, each a condition waited for: while its process has a checkpoint
+# half written, or just after one got its final name (the rotation of older files may be next)
+KILL_POINTS = ("just-written", "mid-write")
+
+
+def test_kill_9_during_periodic_checkpoints_always_leaves_complete_checkpoints_the_newest_restoring(
+        tmp_path, feed_server, app):
+    ckpt = tmp_path / "ckpt"
+    max_streams = 4096
+    cfg = Config(features=F, max_streams=max_streams)
     like = default_processor(cfg).init(cfg)
-    expect = {"features": F, "max_streams": 4096, "processor": "ewma/1"}
-    frames = [json.dumps(_messages(200, start=0)[i % 200] | {"seq": i}) for i in range(20_000)]
-    for _ in range(3):
-        feed = feed_server(send_frames(frames), impl="websockets")
-        proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True,
-                                env=_env(tmp_path, feed.url, FORKLESS_CHECKPOINT_S="0.05",
-                                         FORKLESS_CHECKPOINT_KEEP="2"))
-        try:
-            wait_until(lambda: len(list_checkpoints(tmp_path)) >= 2, timeout_s=60 * UNIT_S, what="two checkpoints")
-            time.sleep(rng.uniform(0.0, 0.4))  # somewhere in the middle of the writes
-            proc.send_signal(signal.SIGKILL)
-            proc.communicate(timeout=30 * UNIT_S)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        restored = load_newest(tmp_path, expect, like)  # raises if the newest is damaged and nothing else is there
-        assert restored is not None, "no complete checkpoint after a kill -9"
-        assert restored.path == list_checkpoints(tmp_path)[-1]  # files appear only when complete
-        assert restored.streams == 5 and restored.processed > 0
+    expect = {"features": F, "max_streams": max_streams, "processor": "ewma/1"}
+    processed = 0
+    for run, point in enumerate(KILL_POINTS):
+        feed = feed_server(_endless(run), impl="websockets")
+        before = _newest(ckpt)
+        proc = app(env=_env(ckpt, feed.url, FORKLESS_MAX_STREAMS=str(max_streams), FORKLESS_CHECKPOINT_S="0.05",
+                            FORKLESS_CHECKPOINT_KEEP="2",
+                            JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache")))
+        wait_until(lambda before=before: _newest(ckpt) != before, timeout_s=60 * UNIT_S,
+                   what=f"run {run}: a first checkpoint")
+        if point == "mid-write":
+            wait_until(lambda: _writing(ckpt), timeout_s=60 * UNIT_S,
+                       what=f"run {run}: a checkpoint being written", poll_s=0.001)
+        else:
+            seen = _newest(ckpt)
+            wait_until(lambda seen=seen: _newest(ckpt) != seen, timeout_s=60 * UNIT_S,
+                       what=f"run {run}: the next checkpoint", poll_s=0.001)
+        proc.signal(signal.SIGKILL)
+        result = proc.finish(timeout_s=30 * UNIT_S)
+        assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+        if run:
+            assert f"{processed} messages processed before" in result.stderr  # it went on from the last run
+
+        paths = list_checkpoints(ckpt)
+        assert 1 <= len(paths) <= 3, paths  # keep=2, plus one renamed into place just before the kill's rotation
+        for path in paths:  # a final name means a complete file, whenever the kill came
+            read_checkpoint(path)
+        restored = load_newest(ckpt, expect, like)  # raises if the newest is damaged
+        assert restored is not None and restored.path == paths[-1], f"run {run}"
+        assert restored.streams == 5
+        # one moment's data, not a mix: the state's per-stream counts add up to its processed count
+        assert int(np.asarray(restored.state.count)[:max_streams].sum()) == restored.processed >= processed
+        processed = restored.processed
+
+    restart = Checkpointer(ckpt)
+    restart.start()  # what the next run does first: a half-written file goes
+    assert restart.stop(30 * UNIT_S)
+    assert sorted(os.listdir(ckpt)) == [path.name for path in list_checkpoints(ckpt)]

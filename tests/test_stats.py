@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 
-from controller.stats import SECONDS_BOUNDS, Histogram, HistogramSnapshot, StatsSnapshot, status_line
+import pytest
+
+from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
 
 
 def test_quantiles_land_in_the_right_bucket():
@@ -64,8 +66,19 @@ def test_the_status_line_says_when_disconnected():
 
 
 def test_histogram_snapshot_is_immutable_data():
-    snap = HistogramSnapshot((1.0,), (0, 0), 0.0, 0)
-    assert snap.cumulative() == [(1.0, 0), (math.inf, 0)]
+    h = Histogram([1.0, 2.0])
+    h.observe(0.5)
+    snap = h.snapshot()
+    with pytest.raises(FrozenInstanceError):
+        snap.n = 5  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        snap.counts = (9, 9, 9)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        snap.counts[0] = 9  # type: ignore[index]
+    h.observe_many([1.5, 3.0])  # later observations go to the histogram, not to an earlier snapshot
+    assert (snap.counts, snap.total, snap.n) == ((1, 0, 0), 0.5, 1)
+    assert snap.cumulative() == [(1.0, 1), (2.0, 1), (math.inf, 1)]
+    assert h.snapshot().counts == (1, 1, 1)
 
 
 # ---- copying counters another thread writes: one function, copy_counts ---------------------------
