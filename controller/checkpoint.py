@@ -676,7 +676,14 @@ def load_newest(directory: Path | str, expect: Mapping[str, Any], like: Any) -> 
 _ABSENT = "(not recorded)"
 
 
+# checkpoints written before processors declared a name and version recorded an id instead
+LEGACY_PROCESSOR_IDS = {"ewma/1": ("ewma", "1")}
+
+
 def _check_settings(path: Path, saved: Mapping[str, Any], expect: Mapping[str, Any]) -> None:
+    if saved.get("processor") in LEGACY_PROCESSOR_IDS and "processor_version" not in saved:
+        name, version = LEGACY_PROCESSOR_IDS[saved["processor"]]
+        saved = {**saved, "processor": name, "processor_version": version}
     for key, value in expect.items():
         current = json.loads(json.dumps(value))  # as it would read back (tuples become lists)
         found = saved.get(key, _ABSENT)

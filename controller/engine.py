@@ -63,7 +63,7 @@ from controller.placement import OutputField, Placement, Route, unpack_outputs
 from controller.processor import reset_rows, row_template
 from controller.slots import TableCopy
 
-__all__ = ["AXIS", "Engine", "StepFailed", "Stepped", "compile_step"]
+__all__ = ["AXIS", "Engine", "StepFailed", "Stepped", "compile_step", "state_shapes"]
 
 AXIS = "d"  # the mesh's one axis: the devices, along which the stream table is sharded
 
@@ -403,16 +403,39 @@ def _read_in_place(tree: Any) -> Any:
     return jax.tree.map(np.asarray, tree)
 
 
+def state_shapes(processor: Any, config: Any) -> Any:
+    """The shapes and dtypes of ``processor.init(config)`` (a tree of ``ShapeDtypeStruct``), computing nothing."""
+    return jax.eval_shape(lambda: processor.init(config))
+
+
 def compile_step(processor: Any, config: Any,
                  on_compiled: Callable[[int, float], None] | None = None) -> Engine:
     """Initialise the state on the device(s) and compile ``processor.step`` for ``config.buckets``;
     ``on_compiled(bucket, seconds)`` is called after each (the preflight prints it)."""
-    cache_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    if cache_dir and "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
-        # our buckets compile in well under JAX's default 1 s threshold: cache them all
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    with _cache_every_compile():
+        return _compile_step(processor, config, on_compiled)
+
+
+@contextlib.contextmanager
+def _cache_every_compile() -> Any:
+    """With a persistent compilation cache (JAX_COMPILATION_CACHE_DIR), cache every bucket: they
+    compile in well under JAX's default 1 s threshold. A JAX setting of the whole process, so
+    it is given back as it was once the steps are compiled."""
+    name = "jax_persistent_cache_min_compile_time_secs"
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR") or "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" in os.environ:
+        yield
+        return
+    before = getattr(jax.config, name)
+    jax.config.update(name, 0.0)
+    try:
+        yield
+    finally:
+        jax.config.update(name, before)
+
+
+def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float], None] | None) -> Engine:
     devices = use_devices(getattr(config, "devices", "all"))
-    canonical = jax.eval_shape(lambda: processor.init(config))
+    canonical = state_shapes(processor, config)
     largest = max((leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(canonical)), default=0) // len(devices)
     # below XLA's 256 KB a task it splits nothing, and compiling on one CPU is slower (LLVM's
     # workers share it): +1.1 s at the default settings on 2 cores, so only where it pays

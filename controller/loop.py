@@ -46,12 +46,13 @@ from controller.batching import (
     Taken,
     Trace,
 )
-from controller.checkpoint import PendingSnapshot, load_newest
+from controller.checkpoint import PendingSnapshot, Restored, load_newest
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import compilations, release_freed_memory
 from controller.config import Config
-from controller.engine import Engine, StepFailed, compile_step
+from controller.engine import Engine, StepFailed, compile_step, state_shapes
+from controller.errors import ProcessorContractError
 from controller.host import ProcessSettings, StopSignals
 from controller.processor import Processor, default_processor
 from controller.slots import StreamSlots
@@ -147,10 +148,13 @@ class Controller:
         # a custom codec's exceptions become error replies, never a dead thread (codec.py)
         self.codec = GuardedCodec(user_codec, self.config.features)
         self.on_results = on_results
-        # what a checkpoint must match to be restored (README "Checkpoints")
-        self.processor_id = "ewma/1" if processor is None else \
-            f"{getattr(self.processor.step, '__module__', '?')}.{getattr(self.processor.step, '__qualname__', '?')}"
         cfg = self.config
+        if cfg.checkpoints_on and not getattr(self.processor, "name", None):
+            # a checkpoint is restored only into the processor that wrote it: it must say which it is
+            raise ProcessorContractError(
+                "checkpoints (FORKLESS_CHECKPOINT_DIR) need a processor that declares its identity: build it with "
+                "Processor(init, step, name=..., version=...) (the name and version are stored in each checkpoint "
+                "and matched on restore)")
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint_keep, interval_s=cfg.checkpoint_s,
                                          background=cfg.checkpoint_priority == "idle") if cfg.checkpoints_on else None
         self.restored_from: str | None = None
@@ -198,10 +202,12 @@ class Controller:
         if self._started:
             return
         self._started = True
+        # a checkpoint that does not fit is refused before the compile (CheckpointMismatch)
+        restored = self._load_checkpoint() if self.checkpointer and self.config.checkpoint_restore == "auto" else None
         self.compile()
         if self.checkpointer is not None:
-            if self.config.checkpoint_restore == "auto":
-                self._restore()
+            if restored is not None:
+                self._restore(restored)
             self.checkpointer.start()
         self._host.apply()
         self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats)
@@ -229,24 +235,32 @@ class Controller:
 
     def _checkpoint_settings(self) -> dict[str, Any]:
         cfg = self.config
-        return {"features": cfg.features, "max_streams": cfg.max_streams, "processor": self.processor_id}
+        return {"features": cfg.features, "max_streams": cfg.max_streams,
+                "processor": getattr(self.processor, "name", None),
+                "processor_version": str(getattr(self.processor, "version", "1"))}
 
-    def _restore(self) -> None:
-        """Load the newest complete checkpoint (before the first connection); raises
-        ``CheckpointMismatch`` if it was written with other shape-defining settings."""
-        engine = self.engine
+    def _load_checkpoint(self) -> Restored | None:
+        """The newest complete checkpoint, read before the compile; raises ``CheckpointMismatch``
+        if it was written by another processor (name, version), with other shape-defining
+        settings, or with another state structure, leaf shape or dtype."""
         # the file holds the canonical layout (row s = slot s), whatever the device count
-        restored = load_newest(self.config.checkpoint_dir, self._checkpoint_settings(), like=engine.checkpoint_shapes)
+        restored = load_newest(self.config.checkpoint_dir, self._checkpoint_settings(),
+                               like=state_shapes(self.processor, self.config))
         if restored is None:
             log.info("no checkpoint in %s: starting fresh", self.config.checkpoint_dir)
-            return
+        return restored
+
+    def _restore(self, restored: Restored) -> None:
+        """Put a loaded checkpoint's state on the device and its stream table in place (before
+        the first connection). Shared leaves (not per-stream: weights) come from the processor's
+        ``init``, unless it says ``restore_shared=True`` (state it learns online)."""
+        engine = self.engine
         shared = bool(getattr(self.processor, "restore_shared", False))
         engine.restore(restored.state, shared=shared)
         leaves = engine.shared_leaves()
-        if leaves:
-            log.info("shared state leaves %s %s", ", ".join(leaves),
-                     "restored from the checkpoint (restore_shared=True)" if shared
-                     else "taken from the processor's init, not the checkpoint (restore_shared=False)")
+        log.info("per-stream state restored from the checkpoint%s", "" if not leaves else (
+            f"; shared leaves {', '.join(leaves)} " + ("restored from it too (restore_shared=True)" if shared else
+                                                       "taken from the processor's init (restore_shared=False)")))
         # last-seen times travel as wall-clock seconds (monotonic clocks differ between processes)
         shift = time.monotonic() - time.time()
         self.slots.restore(restored.names, restored.slots, np.asarray(restored.last_seen) + shift)
