@@ -13,7 +13,7 @@ from controller.processor import EPS, EWMAState, Processor, _occurrences
 
 
 def reference_ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20,
-                   eps: float = EPS) -> Processor:
+                             eps: float = EPS) -> Processor:
     """The per-stream EWMA z-score anomaly detector.
 
     Per stream, in arrival order, with n = how many earlier messages that stream had:

@@ -150,11 +150,13 @@ def test_the_ewma_state_keeps_its_checkpoint_layout():
 
 def _order_processor(params: bool = False, version: str = "1") -> Processor:
     """Per stream: h = 0.5 * h + w * x (w = 1 without params), n = messages seen; outputs the
-    h and n a message found, so any reordering or lost update shows (exact in float32)."""
+    h and n a message found and the h it left, so any reordering or lost update shows (exact
+    in float32)."""
 
     def row_step(p, row, x):
         w = 1.0 if p is None else p["w"]
-        return {"h": 0.5 * row["h"] + w * x, "n": row["n"] + 1}, {"before": row["h"], "n": row["n"]}
+        h = 0.5 * row["h"] + w * x
+        return {"h": h, "n": row["n"] + 1}, {"before": row["h"], "after": h, "n": row["n"]}
 
     def init_row(cfg):
         return {"h": jnp.zeros((cfg.features,), jnp.float32), "n": jnp.zeros((), jnp.int32)}
@@ -199,17 +201,20 @@ def test_repeats_of_a_stream_in_one_batch_run_in_arrival_order(params):
 
 
 def test_padding_rows_change_no_row_and_get_zero_outputs():
-    # padding rows here carry a real stream's key and large inputs: only valid says they are padding
+    # padding rows here carry the key of a stream with state, between two of its messages, and
+    # large inputs: only valid says they are padding
     cfg = Config(features=2, max_streams=4)
     proc = _order_processor()
-    state = proc.init(cfg)
+    step = jax.jit(proc.step)
+    state, _ = step(proc.init(cfg), pad_batch(np.array([[4, 4], [6, 8]], np.float32), np.array([0, 2], np.int32), 2, 4))
     x = np.array([[1, 2], [100, 100], [3, 4], [100, 100]], np.float32)
-    batch = Batch(x, np.array([0, 1, 0, 2], np.int32), np.array([True, False, True, False]))
-    state, out = jax.jit(proc.step)(state, batch)
-    assert np.asarray(state["n"]).tolist() == [2, 0, 0, 0, 0]
-    assert np.asarray(state["h"]).tolist() == [[3.5, 5.0], [0, 0], [0, 0], [0, 0], [0, 0]]
-    assert np.asarray(out["before"]).tolist() == [[0, 0], [0, 0], [1, 2], [0, 0]]
-    assert np.asarray(out["n"]).tolist() == [0, 0, 1, 0]
+    batch = Batch(x, np.array([0, 0, 0, 2], np.int32), np.array([True, False, True, False]))
+    state, out = step(state, batch)
+    assert np.asarray(state["n"]).tolist() == [3, 0, 1, 0, 0]
+    assert np.asarray(state["h"]).tolist() == [[4.5, 6.0], [0, 0], [6, 8], [0, 0], [0, 0]]
+    assert np.asarray(out["before"]).tolist() == [[4, 4], [0, 0], [3, 4], [0, 0]]
+    assert np.asarray(out["after"]).tolist() == [[3, 4], [0, 0], [4.5, 6], [0, 0]]
+    assert np.asarray(out["n"]).tolist() == [1, 0, 2, 0]
 
 
 def test_an_all_padding_batch_changes_nothing():
