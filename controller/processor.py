@@ -40,6 +40,29 @@ Rules:
   that slot with ``reset_rows(state, template, slots)`` (template from ``row_template``)
   before the step that runs the new stream's first message. ``init`` must therefore build
   per-stream rows that are all equal ("a fresh stream"), as zeros are.
+- Identity, for checkpoints: ``name`` (what the processor is, e.g. ``"ewma"``), ``version``
+  (a string, compared for equality: bump it when the state's layout or meaning changes, so
+  an older checkpoint is not restored into it) and ``restore_shared`` (False: on restore the
+  shared leaves, those not per-stream such as weights loaded from a file, come from this
+  run's ``init``, only the per-stream rows from the checkpoint; True: from the checkpoint
+  too). The restore path reads them; a processor without a name is identified by its step.
+
+Per-row processors (``stream_processor``): write ``row_step(params, row, x) -> (row, out)``
+for one message of one stream and let the helper batch it; it obeys every rule above:
+- ``row`` is one stream's row, a pytree of arrays (``init_row(config)`` is a fresh stream's);
+  ``x`` the message's float32 [F]; ``out`` a dict of arrays (one message's outputs);
+  ``params`` the shared leaves (``init_params(config)``, or None), passed in, never changed.
+- State: without params, the table itself (each leaf of ``init_row``'s row stacked to
+  ``[max_streams + 1, ...]``); with params, ``StreamState(params, rows)``. A params leaf
+  whose leading axis is ``max_streams + 1`` would pass for per-stream (reset, sharded):
+  ``init`` refuses it with ``ProcessorContractError``; give it another layout.
+- A stream repeated in a batch is run in arrival order: round k runs every stream's k-th
+  message of the batch at once (``jax.vmap(row_step)``), a later message sees the row its
+  previous one left. Cost: one gather, one round per repeat, one scatter: O(B · rounds).
+- Padding rows change nothing and get zero outputs. ``row_step`` must return a row of the
+  same structure, shapes and dtypes, and must not read other streams: it cannot.
+- ``row_step`` runs once per round: an output that follows from other outputs alone (a
+  score from z) is cheaper computed once on the step's [B, ...] outputs, as the EWMA does.
 """
 
 from __future__ import annotations
@@ -50,17 +73,30 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from controller.errors import ProcessorContractError
+
 EPS = 1e-6
 
 
 class Processor(NamedTuple):
-    """A model the controller can run: two pure functions, like an optax transform."""
+    """A model the controller can run: two pure functions, like an optax transform, and
+    what identifies its state in a checkpoint (module docstring, "Identity")."""
 
     init: Callable[[Any], Any]
     step: Callable[[Any, Any], tuple[Any, dict[str, Any]]]
     # True: each message's outputs and state depend only on its own stream's rows and input,
     # so the step can be sharded by stream over several devices; False refuses more than one
     per_stream: bool = True
+    name: str | None = None  # what the processor is ("ewma"); None: identified by its step
+    version: str = "1"  # the state's layout and meaning; compared for equality on restore
+    restore_shared: bool = False  # restore shared (not per-stream) leaves from the checkpoint too
+
+
+class StreamState(NamedTuple):
+    """The state of a ``stream_processor`` with shared parameters."""
+
+    params: Any  # shared leaves (weights): never per-stream, returned unchanged by the step
+    rows: Any  # per-stream leaves: ``init_row``'s row stacked to [max_streams + 1, ...]
 
 
 class EWMAState(NamedTuple):
@@ -73,7 +109,7 @@ class EWMAState(NamedTuple):
 
 def ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20,
                    eps: float = EPS) -> Processor:
-    """The per-stream EWMA z-score anomaly detector.
+    """The per-stream EWMA z-score anomaly detector, a ``stream_processor`` named "ewma".
 
     Per stream, in arrival order, with n = how many earlier messages that stream had:
     n == 0: z = 0, mean = x, var = 0; otherwise d = x - mean, z = d / sqrt(var + eps),
@@ -81,73 +117,148 @@ def ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
     score = max |z|; anomaly = n >= warmup and score > threshold.
 
     A stream may appear several times in one batch; the result equals processing the
-    messages one at a time, bit for bit. The step gathers the batch's rows from the table
-    once, groups rows by their occurrence rank within the batch (first appearance of each
-    stream, second, …) and runs one vectorised round per rank on [B, F] arrays, a later
-    occurrence reading what its previous occurrence left; then it scatters each stream's
-    last occurrence back into the table once. A batch of distinct streams costs one round,
-    and no round touches the table, so a step costs O(B·F·rounds) whatever ``max_streams``.
+    messages one at a time, bit for bit. Its state is ``EWMAState(count, mean, var)``, each
+    leaf [max_streams + 1, ...] (no shared parameters). It is bit for bit the hand-written
+    step it replaced (tests/reference_ewma.py), and as fast (``python -m tests.stream_step_timing``).
     """
 
-    def init(config: Any) -> EWMAState:
-        slots, features = config.max_streams + 1, config.features
-        # one XLA computation, not kept: run eagerly, the zeros would leave four compiled ops in
-        # JAX's cache for the life of the process (about 5 MiB resident on the CPU)
-        return jax.jit(lambda: EWMAState(
-            count=jnp.zeros((slots,), jnp.int32),
-            mean=jnp.zeros((slots, features), jnp.float32),
-            var=jnp.zeros((slots, features), jnp.float32),
-        ))()
+    def init_row(config: Any) -> EWMAState:
+        return EWMAState(count=jnp.zeros((), jnp.int32), mean=jnp.zeros((config.features,), jnp.float32),
+                         var=jnp.zeros((config.features,), jnp.float32))
+
+    def row_step(params: None, row: EWMAState, x: jax.Array) -> tuple[EWMAState, dict[str, jax.Array]]:
+        x = x.astype(jnp.float32)
+        first = row.count == 0
+        d = x - row.mean
+        z = jnp.where(first, 0.0, d / jnp.sqrt(row.var + eps))
+        mean = jnp.where(first, x, row.mean + alpha * d)
+        var = jnp.where(first, 0.0, (1.0 - alpha) * (row.var + alpha * d * d))
+        return EWMAState(row.count + 1, mean, var), {"z": z, "n": row.count}
+
+    per_row = stream_processor(row_step, init_row=init_row, name="ewma")
 
     def step(state: EWMAState, batch: Any) -> tuple[EWMAState, dict[str, jax.Array]]:
-        x = batch.x.astype(jnp.float32)
-        spare = state.count.shape[0] - 1
-        key = jnp.where(batch.valid, batch.key, spare)
+        # score and anomaly follow from z and n alone: computed once here, not in every round
+        state, out = per_row.step(state, batch)
+        score = jnp.max(jnp.abs(out["z"]), axis=1)
+        anomaly = (out["n"] >= warmup) & (score > threshold) & batch.valid
+        return state, {"z": out["z"], "score": score, "anomaly": anomaly}
+
+    return per_row._replace(step=step)
+
+
+def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[str, jax.Array]]], *,
+                     init_row: Callable[[Any], Any], init_params: Callable[[Any], Any] | None = None,
+                     name: str, version: str = "1", restore_shared: bool = False) -> Processor:
+    """A batched, O(B) ``Processor`` from ``row_step(params, row, x) -> (row, out)``, the update
+    of one stream's row by one message (module docstring, "Per-row processors").
+
+    ``init_row(config)`` builds a fresh stream's row (a pytree of arrays; run under
+    ``jax.jit``, so jnp or numpy values); ``init_params(config)``, if given, the shared
+    leaves (weights: numpy arrays, say, loaded from a file), put on the device as they are.
+    ``out`` is a dict of arrays, each stacked over the batch into the step's outputs.
+    ``name``, ``version`` and ``restore_shared`` go into the ``Processor`` as they are.
+    """
+
+    def init(config: Any) -> Any:
+        slots = config.max_streams + 1
+
+        def table() -> Any:
+            row = init_row(config)
+            if not jax.tree.leaves(row):
+                raise ProcessorContractError(f"processor {name!r}: init_row returned {row!r}, a row with no arrays; "
+                                             f"a stream's row must hold at least one array")
+            return jax.tree.map(lambda leaf: jnp.broadcast_to(_strong(leaf), (slots, *jnp.shape(leaf))), row)
+
+        # one XLA computation, not kept: run eagerly, each broadcast would leave a compiled op
+        # in JAX's cache for the life of the process (about 1.2 MiB resident each on the CPU)
+        rows = jax.jit(table)()
+        if init_params is None:
+            return rows
+        params = jax.tree.map(_strong, init_params(config))
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+            if _per_stream(leaf, slots):
+                raise ProcessorContractError(
+                    f"processor {name!r}: params leaf {jax.tree_util.keystr(path) or '(params)'} "
+                    f"({leaf.dtype}{list(leaf.shape)}) has leading axis {slots} = max_streams + 1, which marks a "
+                    f"per-stream leaf (it would be reset with a stream's slot and split over devices): store it "
+                    f"transposed or with a leading axis of 1, or choose another max_streams")
+        return StreamState(params, rows)
+
+    def step(state: Any, batch: Any) -> tuple[Any, dict[str, jax.Array]]:
+        params, table = (None, state) if init_params is None else state
+        slots = jax.tree.leaves(table)[0].shape[0]  # this device's rows; the last is its spare
+        key = jnp.where(batch.valid, batch.key, slots - 1)
         rank, prev, last = _occurrences(key)
         rank = jnp.where(batch.valid, rank, -1)
         rounds = jnp.max(rank) + 1
+        run = jax.vmap(row_step, in_axes=(None, 0, 0))
         # the only reads of the table: one gather of the batch's rows
-        count0, mean0, var0 = state.count[key], state.mean[key], state.var[key]
+        gathered = jax.tree.map(lambda leaf: leaf[key], table)
+        _checked_shapes(name, run, params, gathered, batch.x)
+
+        def pick(active: jax.Array, new: Any, old: Any) -> Any:
+            return jax.tree.map(lambda n, o: jnp.where(active.reshape(-1, *(1,) * (o.ndim - 1)), n, o), new, old)
+
+        # Round 0, every stream's first message in the batch, reads the gathered rows. Its new
+        # rows stand for every row (a later occurrence's is replaced in its round, a padding
+        # row's is never written); padding rows' outputs are zeros.
+        post, out = run(params, gathered, batch.x)
+        out = pick(rank == 0, out, jax.tree.map(jnp.zeros_like, out))
 
         def cond(carry: tuple) -> jax.Array:
             return carry[0] < rounds
 
         def body(carry: tuple) -> tuple:
-            # post_* [B, ...]: each row's stream statistics after that row's update. Before its
-            # round a row still holds its gathered table row, so a first occurrence (prev =
-            # itself) reads the table and a later one what its previous occurrence left.
-            r, post_count, post_mean, post_var, z, n = carry
+            # Round r: each stream's r-th repeat reads the row its previous occurrence left
+            # (post [B, ...]: each row's stream row after that row's message).
+            r, post, out = carry
             active = rank == r
-            cnt = post_count[prev]
-            mean = post_mean[prev]
-            var = post_var[prev]
-            first = (cnt == 0)[:, None]
-            d = x - mean
-            z_r = jnp.where(first, 0.0, d / jnp.sqrt(var + eps))
-            new_mean = jnp.where(first, x, mean + alpha * d)
-            new_var = jnp.where(first, 0.0, (1.0 - alpha) * (var + alpha * d * d))
-            act = active[:, None]
-            return (r + 1, jnp.where(active, cnt + 1, post_count), jnp.where(act, new_mean, post_mean),
-                    jnp.where(act, new_var, post_var), jnp.where(act, z_r, z), jnp.where(active, cnt, n))
+            new_rows, new_out = run(params, jax.tree.map(lambda leaf: leaf[prev], post), batch.x)
+            return r + 1, pick(active, new_rows, post), pick(active, new_out, out)
 
-        # Everything used after the loop comes out of it: were a gathered row used there
-        # directly, XLA could fuse the gather into a consumer scheduled after the scatter
-        # and would then copy the whole table to keep the old row readable (it did, at B = 1).
-        init = (jnp.int32(0), count0, mean0, var0, jnp.zeros_like(x), jnp.zeros(key.shape, jnp.int32))
-        _, post_count, post_mean, post_var, z, n = jax.lax.while_loop(cond, body, init)
+        # Round 0 runs outside the loop, and the loop (rounds 1 …) only for repeats: measured on
+        # the CPU, zeros starting the outputs' loop carry made 10 independent ops ready at the
+        # step's start instead of 8, and XLA's executor then ran some on another thread (the
+        # EWMA step at B = 1 took 39 µs instead of 17). Everything used after the
+        # loop comes out of it: were a gathered row used there directly, XLA could fuse the
+        # gather into a consumer scheduled after the scatter and would then copy the whole
+        # table to keep the old row readable (it did, at B = 1).
+        _, post, out = jax.lax.while_loop(cond, body, (jnp.int32(1), post, out))
         # the only write: one scatter of each stream's last occurrence; padding rows and
         # earlier occurrences get an out-of-range index and are dropped
-        out = jnp.where(last & batch.valid, key, state.count.shape[0])
-        state = EWMAState(
-            count=state.count.at[out].set(post_count, mode="drop"),
-            mean=state.mean.at[out].set(post_mean, mode="drop"),
-            var=state.var.at[out].set(post_var, mode="drop"),
-        )
-        score = jnp.max(jnp.abs(z), axis=1)
-        anomaly = (n >= warmup) & (score > threshold) & batch.valid
-        return state, {"z": z, "score": score, "anomaly": anomaly}
+        idx = jnp.where(last & batch.valid, key, slots)
+        table = jax.tree.map(lambda leaf, rows: leaf.at[idx].set(rows, mode="drop"), table, post)
+        return (table if init_params is None else StreamState(params, table)), out
 
-    return Processor(init, step)
+    return Processor(init, step, per_stream=True, name=name, version=version, restore_shared=restore_shared)
+
+
+def _strong(value: Any) -> jax.Array:
+    """``value`` as an array of its own dtype, not weakly typed (a Python 0 becomes int32, not
+    an int that the next operand's dtype decides), so the state's types never change."""
+    array = jnp.asarray(value)
+    return jnp.asarray(array, dtype=array.dtype)
+
+
+def _checked_shapes(name: str, run: Callable[..., Any], params: Any, rows: Any, x: jax.Array) -> Any:
+    """The batched ``row_step``'s output shapes, after checking it returns ``(row, dict)`` with
+    the row's structure, shapes and dtypes unchanged; ``ProcessorContractError`` otherwise."""
+    info = jax.eval_shape(run, params, rows, x)
+    if not (isinstance(info, tuple) and len(info) == 2 and isinstance(info[1], dict)):
+        raise ProcessorContractError(f"processor {name!r}: row_step must return (row, outputs), outputs a dict "
+                                     f"of arrays keyed by name")
+    new_rows, out = info
+    if jax.tree.structure(new_rows) != jax.tree.structure(rows):
+        raise ProcessorContractError(f"processor {name!r}: row_step must return a row of the structure it was "
+                                     f"given: got {jax.tree.structure(new_rows)}, expected {jax.tree.structure(rows)}")
+    for (path, old), new in zip(jax.tree_util.tree_flatten_with_path(rows)[0], jax.tree.leaves(new_rows)):
+        if (old.shape, old.dtype) != (new.shape, new.dtype):
+            raise ProcessorContractError(
+                f"processor {name!r}: row_step must return row leaves of unchanged shape and dtype: "
+                f"row{jax.tree_util.keystr(path)} {old.dtype}{list(old.shape[1:])} came back as "
+                f"{new.dtype}{list(new.shape[1:])}")
+    return out
 
 
 def _occurrences(key: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -206,5 +317,5 @@ def _per_stream(leaf: Any, slots: int) -> bool:
 
 
 def default_processor(config: Any) -> Processor:
-    """The EWMA detector with the configuration's alpha, threshold and warm-up."""
+    """The EWMA detector (named "ewma") with the configuration's alpha, threshold and warm-up."""
     return ewma_processor(alpha=config.alpha, threshold=config.threshold, warmup=config.warmup)
