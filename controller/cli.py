@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     from controller.loop import Controller  # imports JAX: only after the configuration is valid
 
     # the program owns its process: it freezes the objects alive at start (controller/host.py)
-    controller = Controller(config, processor=processor, codec=codec, freeze_gc=True)
+    controller = None
     try:
+        controller = Controller(config, processor=processor, codec=codec, freeze_gc=True)
         controller.run()
     except KeyboardInterrupt:  # a second Ctrl-C: run() aborted the IO side and gave the process back
         print("forkless: second interrupt: exiting now", file=sys.stderr)
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         return EXIT_CRASH
     finally:
         flush_log_repeats()
-    demo = controller.demo
+    demo = controller.demo if controller is not None else None
     if demo is not None:
         print(demo.summary().line(), flush=True)
     return EXIT_OK

@@ -119,7 +119,7 @@ def ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
     A stream may appear several times in one batch; the result equals processing the
     messages one at a time, bit for bit. Its state is ``EWMAState(count, mean, var)``, each
     leaf [max_streams + 1, ...] (no shared parameters). It is bit for bit the hand-written
-    step it replaced (tests/reference_ewma.py), and as fast (``python -m tests.stream_step_timing``).
+    step it replaced (tests/reference_ewma.py), and as fast (``python -m bench.stream_step``).
     """
 
     def init_row(config: Any) -> EWMAState:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from controller.batching import Batch, pad_batch
-from controller.compiled import compile_step
 from controller.config import Config
+from controller.engine import compile_step
 from controller.processor import StreamState
 from examples.gru import gru_processor, load_weights, save_random_weights
 from tests.harness import ROOT, UNIT_S, app_env
@@ -120,7 +120,7 @@ def test_the_gru_is_named_gru_and_compiles_through_compile_step(weights_file):
     proc = gru_processor(weights_file, features=F, hidden=H)
     assert (proc.name, proc.version, proc.restore_shared) == ("gru", "1", False)
     built = compile_step(proc, cfg)
-    state = built.state
+    state = built.take_state()
     rng = np.random.default_rng(0)
     for bucket in cfg.buckets:
         keys = rng.integers(0, 3, size=bucket).astype(np.int32)

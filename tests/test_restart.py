@@ -154,7 +154,7 @@ def test_kill_9_during_periodic_checkpoints_always_leaves_complete_checkpoints_t
     max_streams = 4096
     cfg = Config(features=F, max_streams=max_streams)
     like = default_processor(cfg).init(cfg)
-    expect = {"features": F, "max_streams": max_streams, "processor": "ewma/1"}
+    expect = {"features": F, "max_streams": max_streams, "processor": "ewma", "processor_version": "1"}
     processed = 0
     for run, point in enumerate(KILL_POINTS):
         feed = feed_server(_endless(run), impl="websockets")

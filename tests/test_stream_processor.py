@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from controller.batching import Batch, pad_batch
-from controller.compiled import check_replicated_unchanged, compile_step
+from controller.compiled import check_replicated_unchanged
 from controller.config import Config
+from controller.engine import compile_step
 from controller.errors import ProcessorContractError
 from controller.loop import compilations
 from controller.processor import (
@@ -102,7 +103,7 @@ def test_the_compiled_helper_built_ewma_equals_the_compiled_hand_written_step():
     cfg = Config(features=2, max_streams=9, max_batch=16, warmup=2)
     new = compile_step(default_processor(cfg), cfg)
     old = compile_step(reference_ewma_processor(cfg.alpha, cfg.threshold, cfg.warmup), cfg)
-    new_state, old_state = new.state, old.state
+    new_state, old_state = new.take_state(), old.take_state()
     rng = np.random.default_rng(5)
     for _ in range(30):
         bucket = int(rng.choice(cfg.buckets))
@@ -289,7 +290,7 @@ def test_the_slot_template_is_a_fresh_row_and_leaves_the_params_alone():
 def test_compile_step_accepts_a_helper_processor_with_params_and_steps_it():
     cfg = Config(features=2, max_streams=6, max_batch=16)
     built = compile_step(_order_processor(params=True), cfg)
-    state, seen = built.state, 0
+    state, seen = built.take_state(), 0
     for bucket in cfg.buckets:
         x = np.full((bucket, 2), 2.0, np.float32)
         state, out, bad = built.steps[bucket](state, pad_batch(x, np.zeros(bucket, np.int32), bucket, 6))

@@ -1,8 +1,8 @@
 """Step time of the EWMA detector built on ``stream_processor`` against the hand-written step it
 replaced (tests/reference_ewma.py), in one process, alternating, both compiled by
-``controller.compiled.compile_step`` (guarded, state donated, as the controller runs them).
+``controller.engine.compile_step`` (guarded, state donated, as the controller runs them).
 
-    JAX_PLATFORMS=cpu python -m tests.stream_step_timing [--rounds 9] [--steps 200]
+    JAX_PLATFORMS=cpu python -m bench.stream_step [--rounds 9] [--steps 200]
 
 For each case (streams S, batch B, distinct streams per batch): ``rounds`` times, ``steps``
 warm steps of the old step, then of the new one (the order swapped every round); prints the
@@ -20,8 +20,8 @@ import jax
 import numpy as np
 
 from controller.batching import pad_batch
-from controller.compiled import compile_step
 from controller.config import Config
+from controller.engine import compile_step
 from controller.processor import default_processor
 from tests.reference_ewma import reference_ewma_processor
 
@@ -55,7 +55,7 @@ def measure(streams: int, bucket: int, distinct: int, rounds: int, steps: int) -
     cfg = Config(features=FEATURES, max_streams=streams, max_batch=256)
     impls = {"old": compile_step(reference_ewma_processor(cfg.alpha, cfg.threshold, cfg.warmup), cfg),
              "new": compile_step(default_processor(cfg), cfg)}
-    states = {name: built.state for name, built in impls.items()}
+    states = {name: built.take_state() for name, built in impls.items()}
     batches = _batches(streams, bucket, distinct)
     times: dict[str, list[float]] = {"old": [], "new": []}
     for name, built in impls.items():  # warm up
