@@ -23,6 +23,7 @@ Rules:
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import signal
 import threading
@@ -65,9 +66,10 @@ from controller.stats import (
     copy_counts,
     status_line,
 )
+from io_loop.on_connect import OnConnect
 from io_loop.thread import IOThread
 
-__all__ = ["Controller", "IOFactory", "IOSide", "OnResults", "compilations"]
+__all__ = ["Controller", "IOFactory", "IOSide", "OnConnect", "OnResults", "compilations"]
 
 log = logging.getLogger("forkless.controller")
 
@@ -109,15 +111,19 @@ replies are handed to the IO thread; ``outputs`` maps each output name to a nump
 leading axis is the batch's messages (padding already cut off), in arrival order."""
 
 IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSide]
+"""Builds the IO side; ``Controller(on_connect=...)`` is bound into the default one (the real
+IO thread), and a custom factory (the tests' fake IO side) makes no connections to call it on."""
 
 
-def _io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot]) -> IOSide:
+def _io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
+               on_connect: OnConnect | None = None) -> IOSide:
     render = None
     if config.metrics_addr:
         from controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
 
         render = exposition(snapshot)
-    return IOThread(config.io_settings(), codec, stats, stats_snapshot=snapshot, render_metrics=render)
+    return IOThread(config.io_settings(), codec, stats, stats_snapshot=snapshot, render_metrics=render,
+                    on_connect=on_connect)
 
 
 class Controller:
@@ -133,13 +139,17 @@ class Controller:
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
                  codec: Codec | None = None, out: Callable[[str], None] | None = None,
                  on_results: OnResults | None = None, io_factory: IOFactory = _io_thread,
-                 freeze_gc: bool = False) -> None:
+                 freeze_gc: bool = False, on_connect: OnConnect | None = None) -> None:
         """``freeze_gc=True``: freeze the objects alive when the run starts (``gc.freeze``: JAX's
         modules, the compiled steps, the stream table's containers), so the collector does not
         walk them again while it runs — a full collection walked them all, holding the GIL 15-67
         ms between two steps (bench/checkpoint_stall.py, 1M streams). Only if nothing is frozen
         yet, undone by the stop (controller/host.py). The ``forkless`` program asks for it; an
-        embedded controller leaves the collector alone unless asked."""
+        embedded controller leaves the collector alone unless asked.
+
+        ``on_connect(feed, connection)``: frames to send first on every new connection of a feed,
+        computed then (a signed, timestamped subscription); it runs on the IO thread's loop
+        (io_loop/on_connect.py has the rules, EMBEDDING.md an example)."""
         self.config = config if config is not None else Config.from_env()
         self.processor = processor if processor is not None else default_processor(self.config)
         user_codec = codec if codec is not None else JsonCodec(
@@ -166,7 +176,8 @@ class Controller:
         self._feed_prefixes = [spec.name + ":" for spec in self.config.feed_specs] \
             if self.config.stream_keys_by_feed else None
         self.engine: Engine | None = None  # the device state's owner, made by compile()
-        self._io_factory = io_factory
+        self._io_factory = functools.partial(io_factory, on_connect=on_connect) \
+            if io_factory is _io_thread and on_connect is not None else io_factory
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
         self._inbound_closed = False
