@@ -23,7 +23,7 @@ from controller.config import Config, ConfigError
 from controller.loop import Controller
 from controller.processor import ewma_processor
 from controller.stats import books_line
-from io_loop.on_connect import frames_of
+from io_loop.on_connect import HookFailed, call_hook, frames_of
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.servers import SERVERS, FeedConn, make_messages, parse_replies
 
@@ -99,10 +99,30 @@ def test_frames_of_takes_none_a_frame_or_a_list_of_them():
     assert frames_of(None) == [] and frames_of([]) == []
     assert frames_of("a") == ["a"] and frames_of(b"b") == [b"b"]
     assert frames_of({"op": "sub", "n": [1, 2]}) == ['{"op":"sub","n":[1,2]}']
-    assert frames_of(["a", b"b", {"c": 1}, ("t", 1)]) == ["a", b"b", '{"c":1}', '["t",1]']
+    assert frames_of(["a", b"b", {"c": 1}, ("t", 1)]) == ["a", b"b", '{"c":1}', '["t",1]']  # inside: a value
+    assert frames_of(("a", {"c": 1})) == ["a", '{"c":1}']  # a tuple of frames, like a list
     for bad in ({1, 2}, [object()], {"x": float("inf")}):
         with pytest.raises(TypeError, match="on_connect returned a"):
             frames_of(bad)
+
+
+def test_call_hook_bounds_an_async_hook_and_names_what_failed():
+    async def slow(feed: str, connection: int) -> str:
+        await asyncio.sleep(10)
+        return "late"
+
+    async def raises_timeout(feed: str, connection: int) -> str:
+        raise TimeoutError("the hook's own")
+
+    async def fine(feed: str, connection: int) -> list:
+        return [feed, {"n": connection}]
+
+    with pytest.raises(HookFailed, match=r"did not return within FORKLESS_CONNECT_TIMEOUT_S=0\.05s"):
+        asyncio.run(call_hook(slow, "a", 1, 0.05))
+    with pytest.raises(HookFailed, match="the on_connect hook failed: TimeoutError: the hook's own") as err:
+        asyncio.run(call_hook(raises_timeout, "a", 1, 5.0))
+    assert isinstance(err.value.__cause__, TimeoutError)
+    assert asyncio.run(call_hook(fine, "a", 7, 5.0)) == ["a", '{"n":7}']
 
 
 SECRET = b"test-secret"
