@@ -22,6 +22,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import logging
@@ -215,8 +216,14 @@ class Controller:
                 self._restore()
             self.checkpointer.start()
         self._host.apply()
-        self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats)
-        self._side = self._io.start()
+        try:
+            self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats)
+            self._side = self._io.start()
+        except BaseException:  # no IO side (MetricsServerError, say): give back what apply() changed
+            self._host.restore()
+            if self.checkpointer is not None:
+                self.checkpointer.stop(0.0)
+            raise
 
     def compile(self) -> None:
         """Initialise the state on the device and compile the step for every bucket (AOT)."""
@@ -300,20 +307,25 @@ class Controller:
         """Orderly stop: stop reading, process what is queued, send every result, join.
 
         Bounded by ``shutdown_timeout_s``; what could not be sent by then is counted as
-        dropped and logged. Raises if the IO thread failed.
+        dropped and logged. Raises if the IO thread failed; else, once stopped, the first
+        exception ``on_results`` raised during the stop (the stop goes on past it).
         """
-        if not self._started or self._stopped:
+        if not self._started or self._stopped or self._side is None:  # not started, or its start failed
             return
         self._stopped = True
         io = self._io
         self.request_stop()  # fixes the stop deadline, if a signal or the caller has not already
         deadline, work_deadline = self._stop_deadline, self._work_deadline
         io.request_stop(work_deadline)
+        raised: Exception | None = None  # on_results' first failure, raised once stopped
         try:
             while (not self._inbound_closed or len(self.batcher)) and time.monotonic() < work_deadline:
                 if io.failure is not None:
                     break
-                self._cycle(POLL_S, deadline=work_deadline)
+                try:
+                    self._cycle(POLL_S, deadline=work_deadline)
+                except Exception as exc:  # the batch's replies were handed over: the stop goes on
+                    raised = raised or exc
             left = len(self.batcher) + self._drain_inbound()
             if left:
                 self.main_stats.dropped["not processed before the stop"] += left
@@ -325,6 +337,8 @@ class Controller:
         finally:
             self._end_threads(deadline, work_deadline)
         io.raise_if_failed()
+        if raised is not None:
+            raise raised
 
     def _end_threads(self, deadline: float, work_deadline: float) -> None:
         """The end of ``stop()``: join the IO thread, write the stop's checkpoint, give the process back."""
@@ -372,8 +386,10 @@ class Controller:
         SIGINT and SIGTERM (when called from the main thread) stop it in order; a second
         SIGINT aborts the IO side and raises ``KeyboardInterrupt`` (within about a second: what
         was not sent is counted as dropped, no checkpoint is written). Prints a status line
-        every ``status_s`` seconds. Never exits the process; the host's signal handlers and
-        process settings are back as they were when it returns or raises.
+        every ``status_s`` seconds. Returns None once stopped in order (the books logged). What
+        ``on_results`` or ``out`` raised is raised after an orderly stop; ``start()``'s errors and
+        the IO side's (``FeedFatal``, ``IOThreadError``) at once. Never exits the process; the
+        host's signal handlers and process settings are back as they were when it returns or raises.
         """
         self._signals.install()
         try:
@@ -406,6 +422,13 @@ class Controller:
                 if self._io is not None:
                     self._io.abort()
                     self._end_threads(time.monotonic(), time.monotonic())
+            raise
+        except Exception:
+            # the host program's code failed (on_results, out) with the IO side well: stop in
+            # order (every reply sent, the stop's checkpoint written), then raise what it raised
+            if self._side is not None and not self._stopped and self._io.failure is None:
+                with contextlib.suppress(Exception):
+                    self.stop()
             raise
         finally:
             self._host.restore()  # also when the IO thread failed and stop() never ran
