@@ -369,6 +369,7 @@ class Config:
     """
 
     ws_url: str = ""
+    # a JSON text; in code also a JSON value (dict, list …), kept as its compact JSON text
     subscribe: str = field(default="", repr=False)
     auth_token: str = field(default="", repr=False)
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
@@ -412,6 +413,8 @@ class Config:
     checkpoint_priority: str = "idle"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.subscribe, str):  # a JSON value given in code: stored as the text to send
+            object.__setattr__(self, "subscribe", _subscribe_text(self.subscribe))
         self.validate()
 
     def validate(self) -> None:
@@ -525,6 +528,21 @@ class Config:
             raise ConfigError(PREFIX + "DEMO_STREAMS", str(config.demo_streams),
                               f"at most FORKLESS_MAX_STREAMS ({config.max_streams}) when the demo feed runs")
         return config
+
+
+def _subscribe_text(value: Any) -> str:
+    """``Config(subscribe=...)`` given a JSON value in code (a dict or list, say): its compact
+    JSON text, the form ``subscribe`` is kept and sent in, as for a ``FORKLESS_FEEDS`` entry's;
+    ``None`` means none. Anything ``json`` cannot write is a ``ConfigError`` (the value hidden)."""
+    if value is None:
+        return ""
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        raise ConfigError(PREFIX + "SUBSCRIBE", "<hidden>",
+                          "a JSON text or @path to a file holding one, or in code a JSON-serialisable value "
+                          f"(a dict or list of str, numbers, bool, None), not this {type(value).__name__}, "
+                          "which json cannot write (it is or holds a set, bytes, NaN, another object …)") from None
 
 
 def _allowed(var: Variable, exc: BaseException) -> str:

@@ -22,7 +22,9 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import logging
 import signal
 import threading
@@ -66,9 +68,10 @@ from controller.stats import (
     copy_counts,
     status_line,
 )
+from io_loop.on_connect import OnConnect
 from io_loop.thread import IOThread
 
-__all__ = ["Controller", "IOFactory", "IOSide", "OnResults", "compilations"]
+__all__ = ["Controller", "IOFactory", "IOSide", "OnConnect", "OnResults", "compilations"]
 
 log = logging.getLogger("forkless.controller")
 
@@ -110,15 +113,19 @@ replies are handed to the IO thread; ``outputs`` maps each output name to a nump
 leading axis is the batch's messages (padding already cut off), in arrival order."""
 
 IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSide]
+"""Builds the IO side; ``Controller(on_connect=...)`` is bound into the default one (the real
+IO thread), and a custom factory (the tests' fake IO side) makes no connections to call it on."""
 
 
-def _io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot]) -> IOSide:
+def _io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
+               on_connect: OnConnect | None = None) -> IOSide:
     render = None
     if config.metrics_addr:
         from controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
 
         render = exposition(snapshot)
-    return IOThread(config.io_settings(), codec, stats, stats_snapshot=snapshot, render_metrics=render)
+    return IOThread(config.io_settings(), codec, stats, stats_snapshot=snapshot, render_metrics=render,
+                    on_connect=on_connect)
 
 
 class Controller:
@@ -134,13 +141,17 @@ class Controller:
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
                  codec: Codec | None = None, out: Callable[[str], None] | None = None,
                  on_results: OnResults | None = None, io_factory: IOFactory = _io_thread,
-                 freeze_gc: bool = False) -> None:
+                 freeze_gc: bool = False, on_connect: OnConnect | None = None) -> None:
         """``freeze_gc=True``: freeze the objects alive when the run starts (``gc.freeze``: JAX's
         modules, the compiled steps, the stream table's containers), so the collector does not
         walk them again while it runs — a full collection walked them all, holding the GIL 15-67
         ms between two steps (bench/checkpoint_stall.py, 1M streams). Only if nothing is frozen
         yet, undone by the stop (controller/host.py). The ``forkless`` program asks for it; an
-        embedded controller leaves the collector alone unless asked."""
+        embedded controller leaves the collector alone unless asked.
+
+        ``on_connect(feed, connection)``: frames to send first on every new connection of a feed,
+        computed then (a signed, timestamped subscription); it runs on the IO thread's loop
+        (io_loop/on_connect.py has the rules, EMBEDDING.md an example)."""
         self.config = config if config is not None else Config.from_env()
         self.processor = processor if processor is not None else default_processor(self.config)
         user_codec = codec if codec is not None else JsonCodec(
@@ -170,7 +181,8 @@ class Controller:
         self._feed_prefixes = [spec.name + ":" for spec in self.config.feed_specs] \
             if self.config.stream_keys_by_feed else None
         self.engine: Engine | None = None  # the device state's owner, made by compile()
-        self._io_factory = io_factory
+        self._io_factory = functools.partial(io_factory, on_connect=on_connect) \
+            if io_factory is _io_thread and on_connect is not None else io_factory
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
         self._inbound_closed = False
@@ -210,8 +222,14 @@ class Controller:
                 self._restore(restored)
             self.checkpointer.start()
         self._host.apply()
-        self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats)
-        self._side = self._io.start()
+        try:
+            self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats)
+            self._side = self._io.start()
+        except BaseException:  # no IO side (MetricsServerError, say): give back what apply() changed
+            self._host.restore()
+            if self.checkpointer is not None:
+                self.checkpointer.stop(0.0)
+            raise
 
     def compile(self) -> None:
         """Initialise the state on the device and compile the step for every bucket (AOT)."""
@@ -303,20 +321,25 @@ class Controller:
         """Orderly stop: stop reading, process what is queued, send every result, join.
 
         Bounded by ``shutdown_timeout_s``; what could not be sent by then is counted as
-        dropped and logged. Raises if the IO thread failed.
+        dropped and logged. Raises if the IO thread failed; else, once stopped, the first
+        exception ``on_results`` raised during the stop (the stop goes on past it).
         """
-        if not self._started or self._stopped:
+        if not self._started or self._stopped or self._side is None:  # not started, or its start failed
             return
         self._stopped = True
         io = self._io
         self.request_stop()  # fixes the stop deadline, if a signal or the caller has not already
         deadline, work_deadline = self._stop_deadline, self._work_deadline
         io.request_stop(work_deadline)
+        raised: Exception | None = None  # on_results' first failure, raised once stopped
         try:
             while (not self._inbound_closed or len(self.batcher)) and time.monotonic() < work_deadline:
                 if io.failure is not None:
                     break
-                self._cycle(POLL_S, deadline=work_deadline)
+                try:
+                    self._cycle(POLL_S, deadline=work_deadline)
+                except Exception as exc:  # the batch's replies were handed over: the stop goes on
+                    raised = raised or exc
             left = len(self.batcher) + self._drain_inbound()
             if left:
                 self.main_stats.dropped["not processed before the stop"] += left
@@ -328,6 +351,8 @@ class Controller:
         finally:
             self._end_threads(deadline, work_deadline)
         io.raise_if_failed()
+        if raised is not None:
+            raise raised
 
     def _end_threads(self, deadline: float, work_deadline: float) -> None:
         """The end of ``stop()``: join the IO thread, write the stop's checkpoint, give the process back."""
@@ -375,8 +400,10 @@ class Controller:
         SIGINT and SIGTERM (when called from the main thread) stop it in order; a second
         SIGINT aborts the IO side and raises ``KeyboardInterrupt`` (within about a second: what
         was not sent is counted as dropped, no checkpoint is written). Prints a status line
-        every ``status_s`` seconds. Never exits the process; the host's signal handlers and
-        process settings are back as they were when it returns or raises.
+        every ``status_s`` seconds. Returns None once stopped in order (the books logged). What
+        ``on_results`` or ``out`` raised is raised after an orderly stop; ``start()``'s errors and
+        the IO side's (``FeedFatal``, ``IOThreadError``) at once. Never exits the process; the
+        host's signal handlers and process settings are back as they were when it returns or raises.
         """
         self._signals.install()
         try:
@@ -409,6 +436,13 @@ class Controller:
                 if self._io is not None:
                     self._io.abort()
                     self._end_threads(time.monotonic(), time.monotonic())
+            raise
+        except Exception:
+            # the host program's code failed (on_results, out) with the IO side well: stop in
+            # order (every reply sent, the stop's checkpoint written), then raise what it raised
+            if self._side is not None and not self._stopped and self._io.failure is None:
+                with contextlib.suppress(Exception):
+                    self.stop()
             raise
         finally:
             self._host.restore()  # also when the IO thread failed and stop() never ran

@@ -10,6 +10,9 @@ Rules:
   feed; this feed's own queue with several) and sends their frames in order, each item in
   one socket write (io_loop/aiohttp_compat.py). The item being sent and its position survive
   a lost connection and are resumed on the next one; nothing taken is forgotten.
+- On each new connection the feed's ``subscribe`` text, then the on-connect hook's frames
+  (io_loop/on_connect.py), are sent before anything else; a hook that fails fails the attempt
+  like a failed connect.
 - Reconnect on any loss (refused, reset, TLS, handshake timeout, 5xx, close frame,
   heartbeat timeout, stale feed) with ``Backoff``; an HTTP 4xx handshake (but 408/429) or
   used-up tries raise ``FeedFatal``.
@@ -40,6 +43,7 @@ from io_loop.crossing import PICKED, WRITTEN, Outgoing
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal
 from io_loop.handover import Handover
+from io_loop.on_connect import HookFailed, OnConnect, call_hook
 from io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["End", "FeedClient", "Outcome"]
@@ -71,10 +75,11 @@ class FeedClient:
     ``inbound``: where chunks go (the bridge's); ``outbox``: where this feed's replies come
     from and its reader's error replies go (asyncio-queue-like, ending with
     ``janus.AsyncQueueShutDown``); ``stats``: this feed's own counters; ``url`` overrides
-    ``feed.url`` (the embedded demo feed's address); ``index`` is stamped on its chunks."""
+    ``feed.url`` (the embedded demo feed's address); ``index`` is stamped on its chunks;
+    ``on_connect`` computes frames to send first on each connection (io_loop/on_connect.py)."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, feed: FeedSpec, *, inbound: Any,
-                 outbox: Any, index: int = 0, url: str | None = None) -> None:
+                 outbox: Any, index: int = 0, url: str | None = None, on_connect: OnConnect | None = None) -> None:
         self.settings = settings
         self.codec = codec
         self.feed = feed
@@ -83,6 +88,8 @@ class FeedClient:
         self.url = url = url or feed.url
         self.shown_url = redact_url(url)
         self.subscribe = feed.subscribe
+        self.on_connect = on_connect
+        self._logged_hook_failures: set[str] = set()
         self._ssl = make_ssl_context(settings) if url.startswith("wss:") else None
         self.handover = Handover(inbound, settings.max_batch, drop_oldest=settings.overflow == "drop_oldest",
                                  on_dropped=self._count_dropped_oldest, feed=index)
@@ -135,6 +142,7 @@ class FeedClient:
                                 self.shown_url)
                 try:
                     ws = await open_feed(session, self.url, cfg, self._ssl, feed=self.feed)
+                    first = await self._first_frames(ws)
                 except (ConnectFailed, HandshakeRefused) as exc:
                     if isinstance(exc, HandshakeRefused) and exc.fatal:
                         raise FeedFatal(str(exc)) from None
@@ -150,7 +158,7 @@ class FeedClient:
                     await self._pause(delay)
                     continue
                 backoff.connected(time.monotonic())
-                end = await self._serve(ws)
+                end = await self._serve(ws, first)
                 backoff.disconnected(time.monotonic())
                 if end.outcome is not Outcome.CLOSED:
                     self.stats.last_error = end.reason
@@ -184,8 +192,30 @@ class FeedClient:
                     return
             await asyncio.sleep(min(left, 0.05))
 
-    async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> End:
-        """Run one connection until it is lost or everything is sent."""
+    async def _first_frames(self, ws: aiohttp.ClientWebSocketResponse) -> list[str | bytes]:
+        """The frames sent first on a new connection: the feed's ``subscribe`` text, then what the
+        on-connect hook returns; a hook that fails closes ``ws`` (1011) and raises ``ConnectFailed``."""
+        frames: list[str | bytes] = [self.subscribe] if self.subscribe else []
+        if self.on_connect is None:
+            return frames
+        try:
+            return frames + await call_hook(self.on_connect, self.feed.name, self._connection_id + 1,
+                                            self.settings.connect_timeout_s)
+        except HookFailed as exc:
+            key = str(exc)
+            if key not in self._logged_hook_failures and len(self._logged_hook_failures) < 100:
+                self._logged_hook_failures.add(key)
+                log.error("%s on %s; the attempt counts as a failed connect (logged once per distinct error)",
+                          key, self.shown_url, exc_info=exc.__cause__)
+            try:
+                async with asyncio.timeout(GIVE_UP_CLOSE_S):
+                    await ws.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR)
+            except TimeoutError:
+                aiohttp_compat.drop(ws)
+            raise ConnectFailed(key) from None
+
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, first: list[str | bytes]) -> End:
+        """Run one connection until it is lost or everything is sent; ``first`` is sent before anything."""
         self._connection_id += 1
         conn = self._connection_id
         stats = self.stats
@@ -199,8 +229,11 @@ class FeedClient:
         tasks: set[asyncio.Task] = set()
         clean = False
         try:
-            if self.subscribe:
-                await ws.send_str(self.subscribe)
+            for frame in first:  # the subscription: FORKLESS_SUBSCRIBE's text, the on-connect hook's frames
+                if type(frame) is bytes:
+                    await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+                else:
+                    await ws.send_str(frame)
             writer = asyncio.create_task(self._write(ws), name="forkless-writer")
             tasks.add(writer)
             reader = None

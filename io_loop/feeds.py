@@ -36,6 +36,7 @@ from io_loop.counters import FeedSnapshot, IOStats
 from io_loop.crossing import Outgoing, count_unsent
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal
+from io_loop.on_connect import OnConnect
 from io_loop.settings import IOSettings
 
 __all__ = ["FeedSet", "Outbox"]
@@ -83,10 +84,10 @@ class Outbox(asyncio.Queue):
 
 class FeedSet:
     """The feeds of one IO thread (see the module rules). ``demo_url`` stands in for a feed
-    whose url is empty (the embedded demo feed)."""
+    whose url is empty (the embedded demo feed); ``on_connect`` is every client's hook."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, *,
-                 demo_url: str | None = None) -> None:
+                 demo_url: str | None = None, on_connect: OnConnect | None = None) -> None:
         self.settings = settings
         self.bridge = bridge
         self.specs = settings.feed_specs
@@ -96,7 +97,7 @@ class FeedSet:
         self.clients = [
             FeedClient(settings, codec, IOStats(), spec, inbound=bridge.inbound,
                        outbox=self.outboxes[i] if routed else bridge.outbound, index=i,
-                       url=demo_url if not spec.url else None)
+                       url=demo_url if not spec.url else None, on_connect=on_connect)
             for i, spec in enumerate(self.specs)]
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0

@@ -9,9 +9,10 @@ Rules:
   calls ``raise_if_failed()`` at least every 100 ms, so it is never swallowed.
 - The seam: the thread is given what it needs as constructor arguments (its ``IOSettings``,
   the codec's decoding half, its ``IOStats`` to write, ``stats_snapshot``, the controller's
-  whole-process snapshot for the health endpoints, and ``render_metrics``, the ``/metrics``
-  body); the main thread learns about this side only through ``snapshot()`` (queue depths,
-  unsent frames, copied counters) and the bridge's queues.
+  whole-process snapshot for the health endpoints, ``render_metrics``, the ``/metrics``
+  body, and ``on_connect``, the embedder's hook for each new connection: io_loop/on_connect.py);
+  the main thread learns about this side only through ``snapshot()`` (queue depths, unsent
+  frames, copied counters) and the bridge's queues.
 - No process is started and nothing forks: the demo feed and the metrics server run as
   tasks on this same loop.
 """
@@ -30,6 +31,7 @@ from io_loop.crossing import count_unsent
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 from io_loop.feeds import FeedSet
+from io_loop.on_connect import OnConnect
 from io_loop.settings import IOSettings
 
 if TYPE_CHECKING:
@@ -46,7 +48,7 @@ class IOThread:
     def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, *,
                  stats_snapshot: Callable[[], Any] = lambda: None,
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
-                 name: str = "forkless-io") -> None:
+                 on_connect: OnConnect | None = None, name: str = "forkless-io") -> None:
         self.settings = settings
         self.codec = codec
         self.stats = stats
@@ -55,6 +57,7 @@ class IOThread:
         self.metrics_url: str | None = None
         self._stats_snapshot = stats_snapshot
         self._render_metrics = render_metrics
+        self._on_connect = on_connect
         self._feeds: FeedSet | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._ready = threading.Event()
@@ -159,7 +162,7 @@ class IOThread:
                 demo_url = await self.demo.start()
                 log.info("demo feed listening on %s (%d streams, %g msg/s)", demo_url, cfg.demo_streams,
                          cfg.demo_rate)
-            self._feeds = FeedSet(cfg, self.codec, bridge, demo_url=demo_url)
+            self._feeds = FeedSet(cfg, self.codec, bridge, demo_url=demo_url, on_connect=self._on_connect)
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:

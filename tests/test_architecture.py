@@ -66,6 +66,7 @@ IO = [
     "io_loop/feeds.py",
     "io_loop/handover.py",
     "io_loop/http.py",
+    "io_loop/on_connect.py",
     "io_loop/probe.py",
     "io_loop/thread.py",
 ]

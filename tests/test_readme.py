@@ -56,7 +56,7 @@ def test_the_readme_s_short_example_runs_its_own_processor_with_the_json_codec(f
 
 def test_every_example_in_the_documents_is_run_by_a_test():
     tested = {("README.md", "short"), ("EMBEDDING.md", "blocking"), ("EMBEDDING.md", "on_results"),
-              ("EMBEDDING.md", "driven")}
+              ("EMBEDDING.md", "driven"), ("EMBEDDING.md", "subscribe")}
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested
@@ -91,6 +91,37 @@ def test_the_on_results_example_acts_on_anomalies_in_program(feed_server):
     assert proc.returncode == 0, proc.stderr
     assert "1 anomalies acted on in-program: [('s', 40)]" in proc.stdout
     assert len(server.replies()) == 41
+
+
+def test_the_subscribe_example_signs_every_connection_and_consumes_the_acknowledgements(feed_server):
+    import hashlib
+    import hmac
+
+    messages = [{"seq": i, "stream": "ab"[i % 2], "x": [float(i)] * 8} for i in range(4)]
+
+    async def script(conn):
+        await conn.recv(timeout=10)  # the subscription
+        await conn.send({"event": "subscribed"})
+        if conn.index == 0:
+            for m in messages:
+                await conn.send(m)
+            for _ in messages:
+                await conn.recv(timeout=10)
+            await conn.close_keep_reading()  # the example reconnects and subscribes again
+        else:
+            await conn.read_until_closed(timeout=30)
+
+    server = feed_server(script, impl="websockets")
+    proc = run_example("subscribe", server.url)
+    assert proc.returncode == 0, proc.stderr
+    assert "6 frames in, 4 messages, 0 errors, 2 connections" in proc.stdout
+    subs = [json.loads(conn.received[0]) for conn in server.connections]
+    assert [(sub["connection"], sub["streams"]) for sub in subs] == [(1, []), (2, ["a", "b"])]
+    for sub in subs:
+        payload = f"{sub['ts']}:{sub['connection']}:{','.join(sub['streams'])}".encode()
+        assert sub["sig"] == hmac.new(b"secret-1", payload, hashlib.sha256).hexdigest()
+    replies = [json.loads(frame) for conn in server.connections for frame in conn.received[1:]]
+    assert [r["seq"] for r in replies] == [0, 1, 2, 3] and not any("error" in r for r in replies)
 
 
 def test_the_csv_example_runs_against_the_csv_feed_that_ships_with_it(capsys):
