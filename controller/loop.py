@@ -49,7 +49,7 @@ from controller.batching import (
 from controller.checkpoint import PendingSnapshot, load_newest
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
-from controller.compiled import compilations, release_freed_memory
+from controller.compiled import codec_dtype, compilations, release_freed_memory
 from controller.config import Config
 from controller.engine import Engine, StepFailed, compile_step
 from controller.host import ProcessSettings, StopSignals
@@ -142,10 +142,12 @@ class Controller:
         embedded controller leaves the collector alone unless asked."""
         self.config = config if config is not None else Config.from_env()
         self.processor = processor if processor is not None else default_processor(self.config)
+        x_dtype = codec_dtype(self.processor)
         user_codec = codec if codec is not None else JsonCodec(
-            self.config.features, max_frame_items=self.config.max_frame_items)
-        # a custom codec's exceptions become error replies, never a dead thread (codec.py)
-        self.codec = GuardedCodec(user_codec, self.config.features)
+            self.config.features, max_frame_items=self.config.max_frame_items, dtype=x_dtype)
+        # a custom codec's exceptions become error replies, never a dead thread (codec.py); its
+        # x is cast to the processor's input dtype if it differs
+        self.codec = GuardedCodec(user_codec, self.config.features, dtype=x_dtype)
         self.on_results = on_results
         # what a checkpoint must match to be restored (README "Checkpoints")
         self.processor_id = "ewma/1" if processor is None else \

@@ -61,6 +61,8 @@ class Processor(NamedTuple):
     # True: each message's outputs and state depend only on its own stream's rows and input,
     # so the step can be sharded by stream over several devices; False refuses more than one
     per_stream: bool = True
+    # batch.x's dtype: jnp.float32, or jnp.float64 (needs JAX's x64 mode: EMBEDDING.md)
+    input_dtype: Any = jnp.float32
 
 
 class EWMAState(NamedTuple):
