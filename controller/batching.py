@@ -55,7 +55,7 @@ class Taken:
 
     seq: list[Any]
     stream: list[str]
-    x: np.ndarray  # float32 [n, F]
+    x: np.ndarray  # [n, F] of the processor's input dtype (float32 by default)
     received_ns: list[int]
     feed: list[int]  # per message, the feed it came from
     feeds_mixed: bool = False  # True when ``feed`` holds more than one value
@@ -68,7 +68,8 @@ class Taken:
 class Batch(NamedTuple):
     """What a processor's ``step`` receives; every leaf has the bucket size B as leading axis.
 
-    ``x``: float32 [B, F]; ``key``: int32 [B] state slot of the message's stream;
+    ``x``: float32 [B, F] (float64 for a processor that declares ``input_dtype=float64``);
+    ``key``: int32 [B] state slot of the message's stream;
     ``valid``: bool [B], False for padding rows (whose ``key`` is the spare slot ``max_streams``).
     """
 
@@ -155,10 +156,11 @@ def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
     return buckets[i]
 
 
-def pad_batch(x: np.ndarray, key: np.ndarray, bucket: int, spare_slot: int) -> Batch:
-    """Host arrays padded to ``bucket`` rows: padding has ``valid=False`` and the spare slot."""
+def pad_batch(x: np.ndarray, key: np.ndarray, bucket: int, spare_slot: int, dtype: Any = np.float32) -> Batch:
+    """Host arrays padded to ``bucket`` rows: padding has ``valid=False`` and the spare slot;
+    ``x`` becomes ``dtype`` (the processor's input dtype) in the copy that pads it."""
     n, features = x.shape
-    xp = np.zeros((bucket, features), np.float32)
+    xp = np.zeros((bucket, features), dtype)
     xp[:n] = x
     kp = np.full(bucket, spare_slot, np.int32)
     kp[:n] = key

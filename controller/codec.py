@@ -4,9 +4,11 @@ Rules:
 - Pure: no sockets, no threads, no clock. ``decode`` never raises on bad input; every
   bad frame or bad element becomes one ``(reason, seq)`` error, and the good elements of the
   same frame are still returned.
-- A decoded message is ``(seq, stream, x)`` with ``x`` a float32 vector of length
-  ``features``. The batch of a frame comes back column-wise (``Decoded``) so the main
-  thread can stack it without per-message work.
+- A decoded message is ``(seq, stream, x)`` with ``x`` a vector of length ``features`` in the
+  processor's input dtype (``Processor.input_dtype``: float32, or float64), built in that
+  dtype from the parsed numbers, so a float64 input never passes through float32. The batch
+  of a frame comes back column-wise (``Decoded``) so the main thread can stack it without
+  per-message work.
 - Anything that speaks another protocol can replace ``JsonCodec`` by implementing
   ``Codec``: ``decode``, ``encode_results`` and ``encode_error``.
 - Network data is only ever parsed as JSON; nothing is evaluated or unpickled.
@@ -83,8 +85,9 @@ class JsonCodec:
     """The default JSON protocol (see the module docstring)."""
 
     def __init__(self, features: int, *, max_frame_items: int = 10_000,
-                 max_stream_chars: int = MAX_STREAM_CHARS) -> None:
+                 max_stream_chars: int = MAX_STREAM_CHARS, dtype: Any = np.float32) -> None:
         self.features = features
+        self.dtype = np.dtype(dtype)  # of x: the processor's input dtype (the Controller passes it)
         self.max_frame_items = max_frame_items
         self.max_stream_chars = max_stream_chars
 
@@ -100,7 +103,7 @@ class JsonCodec:
         if type(doc) is dict:  # the common case: one message per frame
             reason, seq = self._check(doc)
             if reason is None:
-                return Decoded([seq], [doc["stream"]], np.array([doc["x"]], np.float32))
+                return Decoded([seq], [doc["stream"]], np.array([doc["x"]], self.dtype))
             return Decoded(errors=[(reason, seq)])
 
         out = Decoded()
@@ -120,7 +123,7 @@ class JsonCodec:
             else:
                 out.errors.append((reason, seq))
         if rows:
-            out.x = np.array(rows, np.float32)
+            out.x = np.array(rows, self.dtype)
         if len(out.errors) > MAX_ERROR_REPLIES:
             folded = len(out.errors) - (MAX_ERROR_REPLIES - 1)
             first = out.errors[MAX_ERROR_REPLIES - 1][0]
@@ -221,7 +224,9 @@ class GuardedCodec:
 
     - ``decode`` raising, or returning columns of the wrong shape, becomes one
       ``("decode failed", None)`` error: the frame gets an error reply and a counter, the
-      connection and the thread stay up.
+      connection and the thread stay up. ``x`` of another dtype than ``dtype`` (the
+      processor's input dtype) is converted to it: a codec that returns float32 for a float64
+      processor is cast up, so the precision is then the codec's.
     - ``encode_error`` raising falls back to a JSON error frame (``fallback_error_frame``).
     - ``encode_batch`` (for the loop) calls ``encode_results``; its result must hold one
       entry per message, ``None`` meaning "no reply for this message", or be empty (no
@@ -231,12 +236,14 @@ class GuardedCodec:
       traceback; the counters count every one.
     """
 
-    def __init__(self, codec: Codec, features: int, log: logging.Logger | None = None) -> None:
+    def __init__(self, codec: Codec, features: int, log: logging.Logger | None = None,
+                 dtype: Any = np.float32) -> None:
         self.codec = codec
         self.features = features
+        self.dtype = np.dtype(dtype)
         self.log = log if log is not None else logging.getLogger("forkless.codec")
         self._logged: set[tuple[str, str]] = set()  # (method, failure); written per method by one thread
-        if type(codec) is JsonCodec:
+        if type(codec) is JsonCodec and codec.dtype == self.dtype:
             # the built-in codec never raises and always returns well-formed columns (its
             # tests pin both): its decode runs unwrapped, saving a call and a check per frame
             self.decode = codec.decode  # type: ignore[method-assign]
@@ -290,9 +297,9 @@ class GuardedCodec:
             return f"decode returned {n} seq values but {len(d.stream)} streams"
         if n and (not isinstance(d.x, np.ndarray) or d.x.shape != (n, self.features)):
             return (f"decode returned x of shape {list(getattr(d.x, 'shape', []))}, "
-                    f"expected [{n}, {self.features}] (float32)")
-        if n and d.x.dtype != np.float32:
-            d.x = d.x.astype(np.float32)
+                    f"expected [{n}, {self.features}] ({self.dtype})")
+        if n and d.x.dtype != self.dtype:
+            d.x = d.x.astype(self.dtype)
         return ""
 
     def _log_once(self, method: str, exc: BaseException) -> None:

@@ -44,9 +44,9 @@ from controller.placement import OutputField
 
 log = logging.getLogger("forkless.compile")
 
-__all__ = ["as_bytes", "check_contract", "check_replicated_unchanged", "check_row_writes", "compilations",
-           "example_batch", "guarded", "one_call", "output_layout", "per_stream_leaf", "release_freed_memory",
-           "unsplit_cpu_ops", "use_devices"]
+__all__ = ["as_bytes", "check_contract", "check_input_dtype", "check_replicated_unchanged", "check_row_writes",
+           "codec_dtype", "compilations", "example_batch", "guarded", "input_dtype", "one_call", "output_layout",
+           "per_stream_leaf", "release_freed_memory", "unsplit_cpu_ops", "use_devices"]
 
 _COMPILATIONS = [0]
 
@@ -64,9 +64,51 @@ def compilations() -> int:
     return _COMPILATIONS[0]
 
 
-def example_batch(features: int, bucket: int, spare_slot: int) -> Batch:
-    """An all-padding batch of ``bucket`` rows: the shapes and dtypes every real batch has."""
-    return pad_batch(np.zeros((0, features), np.float32), np.zeros(0, np.int32), bucket, spare_slot)
+def example_batch(features: int, bucket: int, spare_slot: int, dtype: Any = np.float32) -> Batch:
+    """An all-padding batch of ``bucket`` rows: the shapes and dtypes every real batch has
+    (``x`` of ``dtype``, the processor's ``input_dtype``)."""
+    return pad_batch(np.zeros((0, features), dtype), np.zeros(0, np.int32), bucket, spare_slot, dtype)
+
+
+INPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+X64_FIX = ('jax.config.update("jax_enable_x64", True) at the top of the program, before any JAX array is made, '
+           'or JAX_ENABLE_X64=1 in its environment')
+
+
+def input_dtype(processor: Any) -> np.dtype:
+    """The dtype of ``batch.x`` the processor declares (``Processor.input_dtype``, float32 when
+    it has no such field); ``ProcessorContractError`` unless float32 or float64."""
+    declared = getattr(processor, "input_dtype", np.float32)
+    try:
+        dtype = np.dtype(declared) if declared is not None else None  # np.dtype(None) is float64
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype not in INPUT_DTYPES:
+        raise ProcessorContractError(f"input_dtype {declared!r} is not supported: the processor's input (batch.x) "
+                                     f"is float32 (the default) or float64")
+    return dtype
+
+
+def codec_dtype(processor: Any) -> np.dtype:
+    """The dtype the codec builds ``x`` in: the processor's input dtype; float32 for one that is
+    not supported, which the compile refuses with the processor's other contract errors."""
+    try:
+        return input_dtype(processor)
+    except ProcessorContractError:
+        return np.dtype(np.float32)
+
+
+def check_input_dtype(processor: Any) -> np.dtype:
+    """``input_dtype(processor)``, refused (``ProcessorContractError``) if it is float64 and
+    JAX's 64-bit mode is off: JAX would silently make the input float32 again. The mode is
+    process-wide, so it is the host program's to turn on, never this library's."""
+    dtype = input_dtype(processor)
+    if dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+        raise ProcessorContractError(f"the processor declares input_dtype=float64, which needs JAX's 64-bit mode, "
+                                     f"and it is off in this process (JAX would make the input float32 again): "
+                                     f"turn it on before starting, with {X64_FIX}; forkless does not change "
+                                     f"process-wide settings itself")
+    return dtype
 
 
 def use_devices(setting: int | str) -> list[Any]:
@@ -270,8 +312,8 @@ def check_row_writes(processor: Any, config: Any) -> None:
         treedef = jax.tree.structure(state)
         filled = [_distinct_rows(np.asarray(leaf), rng) if per_stream_leaf(leaf, slots) else leaf
                   for _, leaf in paths]
-        batch = pad_batch(rng.standard_normal((len(keys), config.features)).astype(np.float32), keys, bucket,
-                          PROBE_STREAMS)
+        batch = pad_batch(rng.standard_normal((len(keys), config.features)), keys, bucket, PROBE_STREAMS,
+                          input_dtype(processor))
         stepped = jax.jit(processor.step)
         new_state, _ = jax.device_get(stepped(jax.tree.unflatten(treedef, filled), batch))
         stepped.clear_cache()

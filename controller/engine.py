@@ -47,10 +47,12 @@ from controller.compiled import (
     XLA_CPU_TASK_BYTES,
     as_bytes,
     check_contract,
+    check_input_dtype,
     check_replicated_unchanged,
     check_row_writes,
     example_batch,
     guarded,
+    input_dtype,
     one_call,
     output_layout,
     per_stream_leaf,
@@ -97,6 +99,7 @@ class _OneDevice:
     def __init__(self, processor: Any, config: Any, device: Any) -> None:
         self.processor, self.config = processor, config
         self.spare_key = config.max_streams
+        self.dtype = input_dtype(processor)  # batch.x's
         self.shardings: Any = None
 
     def fresh(self) -> Any:
@@ -118,12 +121,12 @@ class _OneDevice:
         check_contract(state, jax.eval_shape(step, state, self.example(bucket)), bucket)
 
     def example(self, bucket: int) -> Batch:
-        return example_batch(self.config.features, bucket, self.spare_key)
+        return example_batch(self.config.features, bucket, self.spare_key, self.dtype)
 
     def lay_out(self, x: np.ndarray, key: np.ndarray) -> tuple[int, Batch, None, np.ndarray]:
         """The bucket, the batch for its step, the route back (none here) and the rows it writes."""
         bucket = bucket_for(len(key), self.config.buckets)
-        batch = pad_batch(x, key, bucket, self.spare_key)
+        batch = pad_batch(x, key, bucket, self.spare_key, self.dtype)
         return bucket, batch, None, batch.key
 
     def results(self, ran: tuple[Any, ...], m: int, route: None, fetch: Callable[[Any], Any]) -> Stepped:
@@ -156,6 +159,7 @@ class _Sharded:
                 f"this processor declares per_stream=False (its step mixes streams), so it cannot be sharded over "
                 f"{len(devices)} devices: run it on one device with FORKLESS_DEVICES=1")
         self.processor, self.config = processor, config
+        self.dtype = input_dtype(processor)  # batch.x's, and the packed batch's
         n = len(devices)
         self.placement = place = Placement(n, config.max_streams)
         self.spare_key = place.spare_row
@@ -199,8 +203,12 @@ class _Sharded:
         guarded_step = guarded(step)
 
         def per_device(state: Any, packed: jax.Array) -> tuple[Any, jax.Array]:
-            batch = Batch(packed[:, :features], jax.lax.bitcast_convert_type(packed[:, features], jnp.int32),
-                          packed[:, features + 1] > 0)
+            # the key's bits sit in an int as wide as x's dtype (controller/placement.py, pack)
+            bits = jnp.int32 if packed.dtype.itemsize == 4 else jnp.int64
+            key = jax.lax.bitcast_convert_type(packed[:, features], bits)
+            if key.dtype != jnp.int32:
+                key = key.astype(jnp.int32)
+            batch = Batch(packed[:, :features], key, packed[:, features + 1] > 0)
             new_state, outputs, bad = guarded_step(state, batch)
             return new_state, as_bytes([outputs[field.name] for field in self.layout[:-1]] + [bad])
 
@@ -212,7 +220,7 @@ class _Sharded:
                        donate_argnums=0)
 
     def check(self, step: Callable[..., Any], state: Any, bucket: int) -> None:
-        local = example_batch(self.config.features, bucket, self.spare_key)
+        local = example_batch(self.config.features, bucket, self.spare_key, self.dtype)
         out_info = jax.eval_shape(step, self.local_state, local)
         check_contract(self.local_state, out_info, bucket)
         check_replicated_unchanged(step, self.local_state, local, self.per_stream)
@@ -221,14 +229,14 @@ class _Sharded:
 
     def example(self, bucket: int) -> np.ndarray:
         place = self.placement
-        return place.pack(np.zeros((0, self.config.features), np.float32), np.zeros(0, np.int32),
-                          Route(bucket, np.zeros(0, np.int64), np.zeros(place.devices, np.int64)))
+        return place.pack(np.zeros((0, self.config.features), self.dtype), np.zeros(0, np.int32),
+                          Route(bucket, np.zeros(0, np.int64), np.zeros(place.devices, np.int64)), self.dtype)
 
     def lay_out(self, x: np.ndarray, key: np.ndarray) -> tuple[int, np.ndarray, Route, None]:
         # grouped by owning device: [N, Bd], Bd the bucket of the busiest device; one array: one
         # transfer per device. A sharded state's checkpoint is copied at once (no rows to keep).
         route = self.placement.route(key, self.config.buckets)
-        return route.bucket, self.placement.pack(x, key, route), route, None
+        return route.bucket, self.placement.pack(x, key, route, self.dtype), route, None
 
     def results(self, ran: tuple[Any, ...], m: int, route: Route, fetch: Callable[[Any], Any]) -> Stepped:
         (packed,) = ran  # the outputs and flags packed in one byte array, as the batch was
@@ -434,6 +442,7 @@ def _cache_every_compile() -> Any:
 
 
 def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float], None] | None) -> Engine:
+    check_input_dtype(processor)  # float32, or float64 with JAX's x64 mode on: before anything is built
     devices = use_devices(getattr(config, "devices", "all"))
     canonical = state_shapes(processor, config)
     largest = max((leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(canonical)), default=0) // len(devices)

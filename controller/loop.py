@@ -51,7 +51,7 @@ from controller.batching import (
 from controller.checkpoint import PendingSnapshot, Restored, load_newest
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
-from controller.compiled import compilations, release_freed_memory
+from controller.compiled import codec_dtype, compilations, release_freed_memory
 from controller.config import Config
 from controller.engine import Engine, StepFailed, compile_step, state_shapes
 from controller.errors import ProcessorContractError
@@ -154,10 +154,12 @@ class Controller:
         (io_loop/on_connect.py has the rules, EMBEDDING.md an example)."""
         self.config = config if config is not None else Config.from_env()
         self.processor = processor if processor is not None else default_processor(self.config)
+        x_dtype = codec_dtype(self.processor)
         user_codec = codec if codec is not None else JsonCodec(
-            self.config.features, max_frame_items=self.config.max_frame_items)
-        # a custom codec's exceptions become error replies, never a dead thread (codec.py)
-        self.codec = GuardedCodec(user_codec, self.config.features)
+            self.config.features, max_frame_items=self.config.max_frame_items, dtype=x_dtype)
+        # a custom codec's exceptions become error replies, never a dead thread (codec.py); its
+        # x is cast to the processor's input dtype if it differs
+        self.codec = GuardedCodec(user_codec, self.config.features, dtype=x_dtype)
         self.on_results = on_results
         cfg = self.config
         if cfg.checkpoints_on and not getattr(self.processor, "name", None):

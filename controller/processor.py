@@ -87,9 +87,11 @@ class Processor(NamedTuple):
     # True: each message's outputs and state depend only on its own stream's rows and input,
     # so the step can be sharded by stream over several devices; False refuses more than one
     per_stream: bool = True
-    name: str | None = None  # what the processor is ("ewma"); None: identified by its step
+    name: str | None = None  # what the processor is ("ewma"), matched on restore; needed with checkpoints on
     version: str = "1"  # the state's layout and meaning; compared for equality on restore
     restore_shared: bool = False  # restore shared (not per-stream) leaves from the checkpoint too
+    # batch.x's dtype: jnp.float32, or jnp.float64 (needs JAX's x64 mode: EMBEDDING.md)
+    input_dtype: Any = jnp.float32
 
 
 class StreamState(NamedTuple):

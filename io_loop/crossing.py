@@ -58,7 +58,7 @@ class Chunk:
 
     seq: list[Any]
     stream: list[str]
-    x: Any  # a numpy float32 array [n, F] (no numpy import here: see the rules)
+    x: Any  # numpy [n, F], the processor's input dtype, float32 by default (no numpy import here: see the rules)
     received_ns: int
     feed: int = 0  # index of the feed (``IOSettings.feed_specs``) whose connection it came from
     trace: Trace | None = None  # one in SAMPLE_EVERY messages: its first message's hop times

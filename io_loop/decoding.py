@@ -6,8 +6,9 @@ Rules:
 - The IO thread calls ``decode`` on every frame it reads and ``encode_error`` for the error
   replies to bad input it makes itself; encoding results is the main thread's business.
 - ``decode`` never raises and returns the good messages column-wise (``seq``, ``stream``,
-  ``x`` float32 [n, F]), which the hand-over gathers into ``Chunk``s (io_loop/handover.py),
-  and one ``(reason, seq)`` per bad part in ``errors``.
+  ``x`` [n, F] in the processor's input dtype, float32 by default), which the hand-over
+  gathers into ``Chunk``s (io_loop/handover.py), and one ``(reason, seq)`` per bad part in
+  ``errors``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class DecodedFrame(Protocol):
 
     seq: list[Any]
     stream: list[str]
-    x: Any  # float32 [n, F]
+    x: Any  # [n, F], the processor's input dtype (float32 by default)
     errors: list[tuple[str, Any]]  # (reason, seq or None), one per error reply to send
 
     def __len__(self) -> int: ...  # good messages

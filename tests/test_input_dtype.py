@@ -1,0 +1,140 @@
+"""A processor's input dtype (``Processor.input_dtype``): float32 by default, or float64, carried
+from the codec to the step without a float32 round trip.
+
+The pieces with literal inputs here (JAX's 64-bit mode stays off in this process); the whole
+path with x64 on in a subprocess (tests/input_dtype_runs.py), on one device and on 4 forced
+CPU devices, bit for bit against the float64 values of the JSON input.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orjson
+import pytest
+
+from controller.batching import pad_batch
+from controller.codec import Decoded, GuardedCodec, JsonCodec
+from controller.config import Config
+from controller.errors import ProcessorContractError
+from controller.loop import Controller
+from controller.placement import Placement
+from controller.processor import default_processor
+from tests import input_dtype_runs
+from tests.fake_io import FakeIO
+from tests.harness import ROOT, UNIT_S, app_env
+
+PRICE, MILLIS = 37000.10, 1700000000123  # float32 makes them 37000.1015625 and 1700000038912
+
+
+def test_float32_cannot_hold_the_values_these_tests_are_about():
+    assert float(np.float32(PRICE)) == 37000.1015625 and float(np.float32(MILLIS)) == 1700000038912.0
+
+
+# ---- the pieces, literal --------------------------------------------------------------------------
+
+
+def test_the_codec_builds_x_in_the_declared_dtype_from_the_parsed_numbers():
+    one = orjson.dumps({"seq": 1, "stream": "btc", "x": [PRICE, MILLIS]})
+    batch = orjson.dumps([{"seq": 2, "stream": "btc", "x": [PRICE, MILLIS]}, {"seq": 3, "stream": "a", "x": [1, 2]}])
+    for frame in (one, batch):
+        d = JsonCodec(2, dtype=np.float64).decode(frame)
+        assert d.x.dtype == np.float64 and d.x[0].tolist() == [PRICE, MILLIS]
+        d32 = JsonCodec(2).decode(frame)  # the default: float32, as before
+        assert d32.x.dtype == np.float32 and d32.x[0].tolist() == [37000.1015625, 1700000038912.0]
+
+
+def test_a_codec_that_returns_float32_for_a_float64_processor_is_cast_up():
+    class Float32Codec:
+        def decode(self, frame):
+            return Decoded([1], ["a"], np.array([[PRICE, 2.0]], np.float32))
+
+    d = GuardedCodec(Float32Codec(), 2, dtype=np.float64).decode("x")
+    assert d.x.dtype == np.float64 and d.x.tolist() == [[37000.1015625, 2.0]]  # the codec's precision
+    # the built-in codec in another dtype than the processor's is cast up too, not run unwrapped
+    d = GuardedCodec(JsonCodec(2), 2, dtype=np.float64).decode(orjson.dumps({"seq": 1, "stream": "a", "x": [1, 2]}))
+    assert d.x.dtype == np.float64
+
+
+def test_padding_and_the_packed_batch_of_several_devices_keep_float64_bits():
+    x = np.array([[PRICE, MILLIS], [-PRICE, 0.1]])
+    batch = pad_batch(x, np.array([3, 5], np.int32), 4, 9, np.float64)
+    assert batch.x.dtype == np.float64 and np.array_equal(batch.x[:2], x) and not batch.x[2:].any()
+    assert pad_batch(x, np.array([3, 5], np.int32), 4, 9).x.dtype == np.float32  # the default, as before
+    place = Placement(devices=4, max_streams=10)
+    slots = np.array([5, 0], np.int32)
+    route = place.route(slots, (1, 4))
+    packed = place.pack(x, slots, route, np.float64)
+    assert packed.dtype == np.float64 and packed.shape == (4, 4)
+    assert np.array_equal(packed[route.positions, :2], x)
+    assert packed.view(np.int64)[:, 2].tolist() == [0, 1, 3, 3]  # local rows (slot // 4); the spare, 3
+    assert packed[:, 3].tolist() == [1, 1, 0, 0]
+
+
+# ---- the contract: refused at compile -----------------------------------------------------------
+
+
+def _echo64() -> Any:
+    return input_dtype_runs.echo_processor(jnp.float64)
+
+
+def test_a_float64_processor_with_x64_off_is_refused_at_compile_naming_the_fix():
+    assert not jax.config.jax_enable_x64, "this test process keeps JAX's 64-bit mode off"
+    ctl = Controller(Config(features=2, max_batch=4, max_streams=8), processor=_echo64(), io_factory=FakeIO())
+    with pytest.raises(ProcessorContractError) as err:
+        ctl.compile()
+    message = str(err.value)
+    assert "input_dtype=float64" in message and "64-bit mode" in message
+    assert 'jax.config.update("jax_enable_x64", True)' in message and "JAX_ENABLE_X64=1" in message
+    assert not jax.config.jax_enable_x64  # the library did not turn it on
+
+
+@pytest.mark.parametrize("dtype", [np.int32, jnp.bfloat16, np.float16, "nonsense", None])
+def test_an_input_dtype_other_than_float32_or_float64_is_refused_at_compile(dtype):
+    processor = default_processor(Config(features=2))._replace(input_dtype=dtype)
+    ctl = Controller(Config(features=2, max_batch=4, max_streams=8), processor=processor, io_factory=FakeIO())
+    with pytest.raises(ProcessorContractError, match=r"is not supported: .* float32 \(the default\) or float64"):
+        ctl.compile()
+
+
+def test_the_default_processor_gets_a_float32_codec_as_before():
+    fake = FakeIO()
+    with Controller(Config(features=2, max_batch=4, max_streams=8), io_factory=fake):
+        assert fake.codec.decode(orjson.dumps({"seq": 1, "stream": "a", "x": [PRICE, 1]})).x.dtype == np.float32
+        assert fake.codec.decode == fake.codec.codec.decode  # the built-in codec still runs unwrapped
+
+
+# ---- the whole path, with x64 on (a subprocess) ----------------------------------------------------
+
+
+def _run(tmp_path: Path, env: dict[str, str]) -> dict[str, Any]:
+    out = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, "-m", "tests.input_dtype_runs", str(out)], cwd=ROOT,
+                          env=app_env({"JAX_ENABLE_X64": "1", **env}), capture_output=True, text=True,
+                          timeout=180 * UNIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_float64_inputs_reach_the_processor_and_come_back_bit_for_bit(tmp_path, devices):
+    figures = _run(tmp_path, {"JAX_NUM_CPU_DEVICES": str(devices)})
+    assert figures["x64"] and figures["devices"] == devices
+    assert figures["batches"] == 1  # four chunks, concatenated by the batcher into one batch
+    assert figures["chunk_dtypes"] == ["float64"] * 4
+    if devices == 4:
+        assert all(figures["device_messages"])  # every device ran some
+    want = input_dtype_runs.expected()
+    assert want["0"]["x"] == [PRICE.hex(), float(MILLIS).hex()]
+    got = {seq: {"x": r["x"], "prev": r["prev"]} for seq, r in figures["results"].items()}
+    assert got == want  # what the step returned: the input's bits, and each stream's previous input
+    assert all(r["dtypes"] == {"x": "float64", "prev": "float64"} for r in figures["results"].values())
+    assert figures["replies"] == want and figures["errors"] == []  # and the JSON replies carry them
+    assert figures["compilations_after_warmup"] == 0
