@@ -595,8 +595,8 @@ class Controller:
         None) each; ``policy``: the batch's reply policy (None: each message's feed's). A message
         the codec answered with None gets no frame (``no_reply``); one whose reply the policy or
         ``encode_error`` declines gets none either (``no_reply`` and ``replies_declined``)."""
-        if policy != "none" and policy is not None and not refused and None not in answered:
-            # the common case: one reply per message (policy "results" and an encode failure: all None)
+        if (policy == "all" or (policy == "results" and are_results)) and not refused and None not in answered:
+            # the common case: one reply per message
             return (answered, taken.received_ns, () if are_results else tuple(range(len(answered))),
                     range(len(answered)))
         if policy == "none":  # nothing goes back and nothing was encoded: every message declined
