@@ -86,8 +86,6 @@ class FeedClient:
         self.url = url = url or feed.url
         self.shown_url = redact_url(url)
         self.subscribe = feed.subscribe
-        self.send_errors = feed.replies == "all"  # error replies to bad input (the feed's reply policy)
-        self._declined_logged: set[str] = set()
         self._ssl = make_ssl_context(settings) if url.startswith("wss:") else None
         self.handover = Handover(inbound, settings.max_batch, drop_oldest=settings.overflow == "drop_oldest",
                                  on_dropped=self._count_dropped_oldest, feed=index)
@@ -101,6 +99,8 @@ class FeedClient:
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
         self.stop_deadline: float | None = None  # monotonic; set by the IO thread's request_stop
+        self.send_errors = feed.replies == "all"  # error replies to bad input (the feed's reply policy)
+        self._declined_logged: set[str] = set()
 
     # ---- control (IO loop) ------------------------------------------------------------------
 
