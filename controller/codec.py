@@ -10,7 +10,8 @@ Rules:
   of a frame comes back column-wise (``Decoded``) so the main thread can stack it without
   per-message work.
 - Anything that speaks another protocol can replace ``JsonCodec`` by implementing
-  ``Codec``: ``decode``, ``encode_results`` and ``encode_error``.
+  ``Codec``: ``decode``, ``encode_results`` and ``encode_error``. ``encode_error`` may return
+  None: no error frame (a feed that must never be sent one), counted as a declined reply.
 - Network data is only ever parsed as JSON; nothing is evaluated or unpickled.
 
 Default protocol (text or binary frames, UTF-8 JSON)::
@@ -78,7 +79,7 @@ class Codec(FrameDecoder, Protocol):
         self, seq: Sequence[Any], stream: Sequence[str], outputs: Mapping[str, np.ndarray]
     ) -> list[str | bytes]: ...
 
-    def encode_error(self, reason: str, seq: Any) -> str | bytes: ...
+    def encode_error(self, reason: str, seq: Any) -> str | bytes | None: ...  # None: no frame
 
 
 class JsonCodec:
@@ -227,11 +228,14 @@ class GuardedCodec:
       connection and the thread stay up. ``x`` of another dtype than ``dtype`` (the
       processor's input dtype) is converted to it: a codec that returns float32 for a float64
       processor is cast up, so the precision is then the codec's.
-    - ``encode_error`` raising falls back to a JSON error frame (``fallback_error_frame``).
+    - ``encode_error`` returning None declines the error reply (no frame: the caller counts it
+      as declined); raising, or returning anything but str, bytes or None, falls back to a
+      JSON error frame (``fallback_error_frame``).
     - ``encode_batch`` (for the loop) calls ``encode_results``; its result must hold one
       entry per message, ``None`` meaning "no reply for this message", or be empty (no
       reply for any). Raising or any other length answers the batch with
-      ``"encode failed"`` errors.
+      ``"encode failed"`` errors (not even encoded with ``errors=False``: the feed's reply
+      policy sends no error frames).
     - Each distinct failure (method, exception type, first line) is logged once, with its
       traceback; the counters count every one.
     """
@@ -260,19 +264,20 @@ class GuardedCodec:
             return Decoded(errors=[(DECODE_FAILED, None)])
         return decoded
 
-    def encode_error(self, reason: str, seq: Any) -> str | bytes:
+    def encode_error(self, reason: str, seq: Any) -> str | bytes | None:
         try:
             frame = self.codec.encode_error(reason, seq)
-            if isinstance(frame, (str, bytes)):
-                return frame
-            raise TypeError(f"encode_error returned {type(frame).__name__}, not str or bytes")
+            if frame is None or isinstance(frame, (str, bytes)):
+                return frame  # None: the codec declines this error reply (no frame)
+            raise TypeError(f"encode_error returned {type(frame).__name__}, not str, bytes or None")
         except Exception as exc:
             self._log_once("encode_error", exc)
             return fallback_error_frame(reason, seq)
 
-    def encode_batch(self, seq: Sequence[Any], stream: Sequence[str],
-                     outputs: Mapping[str, np.ndarray]) -> tuple[list[str | bytes | None], bool]:
-        """``(one frame or None per message, True)``, or ``(error frames, False)`` if encoding failed."""
+    def encode_batch(self, seq: Sequence[Any], stream: Sequence[str], outputs: Mapping[str, np.ndarray], *,
+                     errors: bool = True) -> tuple[list[str | bytes | None], bool]:
+        """``(one frame or None per message, True)``, or ``(error frames, False)`` if encoding failed
+        (each None where ``encode_error`` declined, and all None with ``errors=False``)."""
         try:
             frames = list(self.codec.encode_results(seq, stream, outputs))
             if not frames:
@@ -283,6 +288,8 @@ class GuardedCodec:
             return frames, True
         except Exception as exc:
             self._log_once("encode_results", exc)
+            if not errors:
+                return [None] * len(seq), False
             return [self.encode_error(ENCODE_FAILED, s) for s in seq], False
 
     def encode_results(self, seq: Sequence[Any], stream: Sequence[str],

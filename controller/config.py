@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from io_loop.netaddr import parse_host_port, redact_url, url_host_port
-from io_loop.settings import FeedSpec, IOSettings
+from io_loop.settings import REPLY_POLICIES, FeedSpec, IOSettings
 
 PREFIX = "FORKLESS_"
 BUCKET_GROWTH = 4
@@ -175,7 +175,7 @@ def _checkpoint_dir(text: str) -> str:
 
 
 FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-FEED_KEYS = ("url", "subscribe", "headers", "name", "required")
+FEED_KEYS = ("url", "subscribe", "headers", "name", "required", "replies")
 
 
 class ValueProblem(ValueError):
@@ -183,9 +183,10 @@ class ValueProblem(ValueError):
     variable's ``allowed`` text in the ``ConfigError``."""
 
 
-def _feed_list(text: str) -> tuple[FeedSpec, ...]:
+def _feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:
     """``FORKLESS_FEEDS``: a JSON list of feed objects (see ``FeedSpec``); raises ``ValueProblem``
-    naming the feed (by name, else index) and the field, never a secret value."""
+    naming the feed (by name, else index) and the field, never a secret value. ``replies`` is
+    the policy of a feed that names none (``FORKLESS_REPLIES``)."""
     if text.strip() == "":
         return ()
     try:
@@ -225,7 +226,11 @@ def _feed_list(text: str) -> tuple[FeedSpec, ...]:
         required = item.get("required", True)
         if not isinstance(required, bool):
             raise ValueProblem(f'{where}: "required" must be true or false')
-        feeds.append(FeedSpec(name, url.strip(), subscribe, tuple((str(k), v) for k, v in headers.items()), required))
+        policy = item.get("replies", replies)
+        if policy not in REPLY_POLICIES:
+            raise ValueProblem(f'{where}: "replies" must be one of {", ".join(map(repr, REPLY_POLICIES))}')
+        feeds.append(FeedSpec(name, url.strip(), subscribe, tuple((str(k), v) for k, v in headers.items()), required,
+                              policy))
     names = [feed.name for feed in feeds]
     doubled = sorted({name for name in names if names.count(name) > 1})
     if doubled:
@@ -265,7 +270,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HEADERS", "headers", _headers, "a JSON object of string values",
              "extra handshake headers; never logged", secret=True),
     Variable("FEEDS", "feeds", _feeds_text,
-             'a JSON list of {"url", "subscribe", "headers", "name", "required"} objects, or @path to a file'
+             'a JSON list of {"url", "subscribe", "headers", "name", "required", "replies"} objects, or @path to a file'
              " holding one; not together with WS_URL or SUBSCRIBE",
              "several feeds in one process, each its own connection (README \"Several feeds\"); never"
              " logged", secret=True),
@@ -274,6 +279,10 @@ VARIABLES: tuple[Variable, ...] = (
              " 0 keeps feed:stream apart"),
     Variable("FEED_FATAL", "feed_fatal", _choice("all", "any"), "all or any",
              "with several feeds: exit 3 when every feed has given up (all) or when one has (any)"),
+    Variable("REPLIES", "replies", _choice(*REPLY_POLICIES), "all, results or none",
+             "what the feed is sent back: all (results and error replies), results (no error frames), none"
+             " (nothing but SUBSCRIBE; results still reach on_results, the counters and the latency); a"
+             ' FORKLESS_FEEDS entry\'s "replies" overrides it for that feed'),
     Variable("CA_FILE", "ca_file", _pem_file, "the path of an existing PEM file of CA certificates",
              "extra CA bundle for wss:// (the system store is always used)"),
     Variable("TLS_INSECURE", "tls_insecure", _bool, "0 or 1",
@@ -376,6 +385,7 @@ class Config:
     feeds: str = field(default="", repr=False)
     shared_streams: bool = False
     feed_fatal: str = "all"
+    replies: str = "all"
     ca_file: str = ""
     tls_insecure: bool = False
     features: int = 8
@@ -485,8 +495,8 @@ class Config:
         """The feeds to connect to: ``FORKLESS_FEEDS``, else one feed named ``0`` from
         ``FORKLESS_WS_URL``/``FORKLESS_SUBSCRIBE`` (its url is empty for the demo feed)."""
         if self.feeds:
-            return _feed_list(self.feeds)
-        return (FeedSpec("0", self.ws_url, self.subscribe),)
+            return _feed_list(self.feeds, self.replies)
+        return (FeedSpec("0", self.ws_url, self.subscribe, replies=self.replies),)
 
     @property
     def stream_keys_by_feed(self) -> bool:

@@ -8,6 +8,11 @@ Rules:
   connection, so no message waits for XLA and nothing compiles after warm-up.
 - One batch at a time: take what is waiting (``MicroBatcher`` rules), slot streams, step,
   encode, put one ``Outgoing`` item. Replies keep the order their messages arrived in.
+- Each feed's reply policy (``FORKLESS_REPLIES``, a feed's ``"replies"``) is applied where the
+  frames are made: ``none`` encodes nothing and puts nothing, ``results`` makes no error frame;
+  what is not sent is counted (``no_reply`` in the books, ``replies_declined`` by reason) and
+  logged once per reason. ``latency`` (receipt -> results handed over) is measured here, for
+  every result, whatever is sent.
 - A step that raises answers each message of its batch with "processing failed" and
   keeps the state from before that batch; the traceback is logged once per distinct error.
 - The IO thread's health is checked at least every ``POLL_S``; if it died, the loop stops
@@ -30,6 +35,7 @@ import signal
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Sequence
 from queue import Empty, Full
 from typing import Any, Protocol
@@ -50,7 +56,7 @@ from controller.batching import (
 )
 from controller.checkpoint import PendingSnapshot, Restored, load_newest
 from controller.checkpointer import Checkpointer
-from controller.codec import Codec, GuardedCodec, JsonCodec
+from controller.codec import ENCODE_FAILED, Codec, GuardedCodec, JsonCodec
 from controller.compiled import codec_dtype, compilations, release_freed_memory
 from controller.config import Config
 from controller.engine import Engine, StepFailed, compile_step, state_shapes
@@ -59,13 +65,16 @@ from controller.host import ProcessSettings, StopSignals
 from controller.processor import Processor, default_processor
 from controller.slots import StreamSlots
 from controller.stats import (
+    SECONDS_BOUNDS,
     Histogram,
     IOSnapshot,
     IOStats,
     MainStats,
     StatsSnapshot,
+    add_hops,
     books_line,
     copy_counts,
+    observe_hops,
     status_line,
 )
 from io_loop.on_connect import OnConnect
@@ -84,6 +93,7 @@ STOP_RESERVE_S = 0.5  # of SHUTDOWN_TIMEOUT_S (at most a third), kept for ending
 SWITCH_INTERVAL_S = 0.001
 # After a second SIGINT: how long run() waits for the aborted IO thread before it raises
 ABORT_JOIN_S = 0.5
+MAX_LOGGED_REASONS = 1000  # declined replies: reasons logged (once each), then only counted
 
 
 class IOSide(Protocol):
@@ -176,7 +186,16 @@ class Controller:
         self.incremental_checkpoints = True
         self._print = out if out is not None else _print_line
         self.io_stats = IOStats()
-        self.main_stats = MainStats(batch_size=Histogram(self.config.buckets))
+        specs = self.config.feed_specs
+        self.main_stats = MainStats(batch_size=Histogram(self.config.buckets),
+                                    latency=[Histogram(SECONDS_BOUNDS) for _ in specs])
+        # what each feed is sent back; one policy for the whole batch when every feed has the same
+        self._policies = tuple(spec.replies for spec in specs)
+        self._policy = self._policies[0] if len(set(self._policies)) == 1 else None
+        self._too_many = f"too many streams (FORKLESS_MAX_STREAMS={self.config.max_streams})"
+        # an error reply's reason -> its errors counter's (and replies_declined's) key
+        self._counted_as = {self._too_many: "too many streams", NON_FINITE_REASON: "non-finite result"}
+        self._declined_logged: set[str] = set()
         self.batcher = MicroBatcher(self.config.max_batch, self.config.max_wait_ms / 1000)
         self.slots = StreamSlots(self.config.max_streams, idle_s=self.config.stream_idle_s)
         # with several feeds (unless FORKLESS_SHARED_STREAMS=1) a stream's key is "feed:stream"
@@ -507,9 +526,8 @@ class Controller:
         """Slot, step, hand the batch's results to ``on_results``, encode, put one ``Outgoing``.
 
         Each message gets exactly one of: a result frame, an error frame (refused: too many
-        streams; processing failed; a non-finite result; encode failed) or no reply (the
-        codec's choice, counted as ``no_reply``)."""
-        cfg = self.config
+        streams; processing failed; a non-finite result; encode failed) or no frame, counted as
+        ``no_reply`` (the codec's choice, or a reply declined: see ``_assemble``)."""
         stats = self.main_stats
         n = len(taken)
         keys = taken.stream
@@ -522,7 +540,7 @@ class Controller:
         refused: dict[int, str] = {}  # message index -> error reason
         if not ok.all():
             too_many = np.flatnonzero(~ok).tolist()
-            refused.update(dict.fromkeys(too_many, f"too many streams (FORKLESS_MAX_STREAMS={cfg.max_streams})"))
+            refused.update(dict.fromkeys(too_many, self._too_many))
             stats.errors["too many streams"] += len(too_many)
         traces = taken.traces
         _stamp(traces, STEP)
@@ -534,7 +552,9 @@ class Controller:
             ran = self._run_step(taken.x, slots)
         _stamp(traces, FETCHED)
         host_error: BaseException | None = None
-        answered: list[str | bytes | None] = []  # one per row of ``rows`` still to answer
+        policy = self._batch_policy(taken)  # None: feeds with different reply policies
+        answered: list[str | bytes | None] = []  # one per row of ``encoded`` still to answer
+        encoded: Sequence[int] = []  # the rows whose results were encoded (their feeds want results)
         are_results = False
         if rows and ran is None:
             refused.update(dict.fromkeys(rows, "processing failed"))
@@ -554,21 +574,35 @@ class Controller:
                     # the host program's own code failed: raised to the caller of run() or
                     # process_pending() once this batch's replies are handed over (not lost)
                     host_error = exc
-            if rows:
-                answered, are_results = self.codec.encode_batch(seq, stream, outputs)
+            encoded = rows if policy != "none" else []  # "none": nothing is encoded
+            if policy is None:  # feeds with different policies: encode only for those that want results
+                encoded = [i for i in rows if self._policies[taken.feed[i]] != "none"]
+                if len(encoded) < len(rows):
+                    keep = [j for j, i in enumerate(rows) if self._policies[taken.feed[i]] != "none"]
+                    seq, stream = [seq[j] for j in keep], [stream[j] for j in keep]
+                    outputs = {k: v[keep] for k, v in outputs.items()}
+            if encoded:
+                answered, are_results = self.codec.encode_batch(seq, stream, outputs, errors=policy != "results")
                 if not are_results:
-                    stats.errors["encode failed"] += len(rows)
+                    stats.errors["encode failed"] += len(encoded)
         _stamp(traces, ENCODED)
         stats.batches += 1
         stats.batch_size.observe(n)
-        frames, received, error_at, origin = self._assemble(taken, rows, answered, are_results, refused)
-        _stamp(traces, OUTBOUND)
+        frames, received, error_at, origin = self._assemble(taken, rows, encoded, answered, are_results, refused,
+                                                            policy)
+        handed = time.monotonic_ns()  # results handed over: on_results has returned, the frames are made
+        for trace in traces:
+            trace.ns[OUTBOUND] = handed
+        if rows:
+            self._observe_latency(taken, rows, handed)
         if not frames:
-            pass
+            self._end_traces(traces)  # nothing goes to the IO thread: the sampled messages end here
         elif not taken.feeds_mixed:
             self._put_outbound(Outgoing(frames, received, error_at, feed=taken.feed[0], traces=traces), deadline)
         else:  # several feeds in one batch: each feed's replies go back on its own connection
             parts = _split_by_feed(frames, received, error_at, [taken.feed[i] for i in origin], traces)
+            sent = {part.feed for part in parts}
+            self._end_traces([trace for trace in traces if trace.feed not in sent])
             self._put_outbound(parts[0] if len(parts) == 1 else Outgoing([], parts=tuple(parts)), deadline)
         if host_error is not None:
             raise host_error
@@ -593,25 +627,56 @@ class Controller:
         keep = np.flatnonzero(~bad)
         return [rows[j] for j in keep.tolist()], {k: v[keep] for k, v in outputs.items()}
 
-    def _assemble(self, taken: Taken, rows: Sequence[int], answered: list, are_results: bool,
-                  refused: dict[int, str]) -> tuple[list, list[int], tuple[int, ...], Sequence[int]]:
+    def _batch_policy(self, taken: Taken) -> str | None:
+        """The reply policy of every message of the batch, or None when its feeds' policies differ."""
+        if self._policy is not None:
+            return self._policy
+        if not taken.feeds_mixed:
+            return self._policies[taken.feed[0]]
+        policies = {self._policies[feed] for feed in set(taken.feed)}
+        return policies.pop() if len(policies) == 1 else None
+
+    def _assemble(self, taken: Taken, rows: Sequence[int], encoded: Sequence[int], answered: list,
+                  are_results: bool, refused: dict[int, str],
+                  policy: str | None) -> tuple[list, list[int], tuple[int, ...], Sequence[int]]:
         """The batch's frames in arrival order, their messages' receive times, the positions
-        of the error frames, and each frame's message (its index in ``taken``); a message the
-        codec answered with None gets no frame (``no_reply``)."""
-        if not refused and None not in answered:  # the common case: one reply per message
+        of the error frames, and each frame's message (its index in ``taken``). ``rows``: the
+        messages with results; ``encoded``: those encoded, ``answered`` holding one frame (or
+        None) each; ``policy``: the batch's reply policy (None: each message's feed's). A message
+        the codec answered with None gets no frame (``no_reply``); one whose reply the policy or
+        ``encode_error`` declines gets none either (``no_reply`` and ``replies_declined``)."""
+        if (policy == "all" or (policy == "results" and are_results)) and not refused and None not in answered:
+            # the common case: one reply per message
             return (answered, taken.received_ns, () if are_results else tuple(range(len(answered))),
                     range(len(answered)))
-        reply = dict(zip(rows, answered))
+        if policy == "none":  # nothing goes back and nothing was encoded: every message declined
+            if rows:
+                self._decline("result", len(rows), policy)
+            for reason, count in Counter(refused.values()).items():
+                self._decline(self._counted_as.get(reason, reason), count, policy)
+            return [], [], (), []
+        reply = dict(zip(encoded, answered))
+        policies = self._policies
         frames, received, error_at, origin = [], [], [], []
         for i in range(len(taken)):
+            replies = policy or policies[taken.feed[i]]
             reason = refused.get(i)
             if reason is not None:
+                frame = self.codec.encode_error(reason, taken.seq[i]) if replies == "all" else None
+                if frame is None:
+                    self._decline(self._counted_as.get(reason, reason), 1, replies)
+                    continue
                 error_at.append(len(frames))
-                frame = self.codec.encode_error(reason, taken.seq[i])
+            elif i not in reply:  # not encoded: its feed's replies are "none"
+                self._decline("result", 1, replies)
+                continue
             else:
                 frame = reply[i]
+                if not are_results and (frame is None or replies != "all"):  # an "encode failed" error reply
+                    self._decline(ENCODE_FAILED, 1, replies)
+                    continue
                 if frame is None:
-                    self.main_stats.no_reply += 1
+                    self.main_stats.no_reply += 1  # the codec's choice
                     continue
                 if not are_results:
                     error_at.append(len(frames))
@@ -619,6 +684,41 @@ class Controller:
             received.append(taken.received_ns[i])
             origin.append(i)
         return frames, received, tuple(error_at), origin
+
+    def _decline(self, reason: str, count: int, replies: str) -> None:
+        """``count`` messages get no frame, by the feed's reply policy (``replies``) or, under
+        ``all``, because ``encode_error`` returned None: counted, each reason logged once."""
+        stats = self.main_stats
+        stats.no_reply += count
+        stats.replies_declined[reason] += count
+        if reason not in self._declined_logged and len(self._declined_logged) < MAX_LOGGED_REASONS:
+            self._declined_logged.add(reason)
+            why = f"the feed's replies are {replies!r}" if replies != "all" else \
+                "the codec's encode_error returned None"
+            what = "results are" if reason == "result" else f"error replies for {reason!r} are"
+            log.info("%s not sent (%s); counted in replies_declined and no_reply, logged once per reason", what, why)
+
+    def _observe_latency(self, taken: Taken, rows: Sequence[int], handed_ns: int) -> None:
+        """``latency``: receipt -> results handed over, for each message of ``rows``; one
+        observation per chunk (its messages share a receipt time), not per message."""
+        if isinstance(rows, range):
+            received, feeds = taken.received_ns, taken.feed
+        else:
+            received, feeds = [taken.received_ns[i] for i in rows], [taken.feed[i] for i in rows]
+        latency = self.main_stats.latency
+        if not taken.feeds_mixed:
+            histogram = latency[taken.feed[0]]
+            for arrived, count in Counter(received).items():
+                histogram.observe_each((handed_ns - arrived) * 1e-9, count)
+        else:
+            for (feed, arrived), count in Counter(zip(feeds, received)).items():
+                latency[feed].observe_each((handed_ns - arrived) * 1e-9, count)
+
+    def _end_traces(self, traces: list[Trace]) -> None:
+        """Sampled messages whose batch sent their feed no frame: their trace ends at ``assemble``
+        (the results handed over), observed here on the main thread's own hop histograms."""
+        for trace in traces:
+            observe_hops(self.main_stats.hops, trace.hops_s(OUTBOUND))
 
     def _reset_slots(self, recycled: list[int]) -> None:
         """Give recycled slots a fresh stream's state (before the step that uses them)."""
@@ -688,6 +788,10 @@ class Controller:
         io = self._io.snapshot() if self._io is not None else self.io_stats.snapshot()
         at_ready = main.compilations_at_ready
         errors = _merged(io.errors, copy_counts(main.errors))
+        feed_latency = [histogram.snapshot() for histogram in main.latency]
+        latency = feed_latency[0]
+        for more in feed_latency[1:]:
+            latency = latency + more
         engine = self.engine
         compiled = engine is not None
         return StatsSnapshot(
@@ -710,7 +814,10 @@ class Controller:
             outbound_depth=io.outbound_depth,
             unsent=io.unsent,
             batch_size=main.batch_size.snapshot(),
-            latency=io.latency,
+            latency=latency,
+            write_latency=io.write_latency,
+            feed_latency=tuple(feed_latency),
+            replies_declined=_merged(io.replies_declined, copy_counts(main.replies_declined)),
             loop_lag=io.loop_lag,
             step_seconds=main.step_seconds.snapshot(),
             compilations=compilations(),
@@ -729,7 +836,7 @@ class Controller:
             written_unconfirmed=io.written_unconfirmed,
             last_error=io.last_error,
             feeds=io.feeds,
-            hops=io.hops,
+            hops=add_hops(io.hops, {hop: histogram.snapshot() for hop, histogram in main.hops.items()}),
         )
 
     @property

@@ -80,8 +80,12 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(CounterMetricFamily("forkless_streams_evicted", "Idle streams whose slot was given to a new stream "
                                     "(FORKLESS_STREAM_IDLE_S).", value=snap.streams_evicted))
     fams.append(_by_reason("forkless_state_resets", "Streams (or the whole state) reset, by reason.", snap.resets))
-    fams.append(CounterMetricFamily("forkless_no_reply", "Processed messages the codec chose not to answer.",
+    fams.append(CounterMetricFamily("forkless_no_reply", "Received messages answered with no frame: the codec "
+                                    "returned None, or the reply was declined (forkless_replies_declined).",
                                     value=snap.no_reply))
+    fams.append(_by_reason("forkless_replies_declined", "Replies not sent, by reason (the error's, or \"result\"): "
+                           "the feed's reply policy (FORKLESS_REPLIES, a feed's \"replies\") or the codec's "
+                           "encode_error returning None declined them.", snap.replies_declined))
     fams.append(CounterMetricFamily("forkless_anomalies", "Messages the processor flagged as anomalies.",
                                     value=snap.anomalies))
     fams.append(_by_reason("forkless_errors", "Messages or frames refused or failed, by reason.", snap.errors))
@@ -110,14 +114,21 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     depth.add_metric(["unsent"], snap.unsent)
     fams.append(depth)
 
-    latency = HistogramMetricFamily("forkless_latency_seconds", "From a frame's arrival to its reply being sent.",
-                                    labels=["feed"])
+    latency = HistogramMetricFamily("forkless_latency_seconds", "From a message's frame arriving to its results "
+                                    "being handed over (on_results returned, reply frames made), for every result "
+                                    "whatever is sent back.", labels=["feed"])
     for f in feeds:
         latency.add_metric([f.name], _buckets(f.latency, SECONDS_STEP), sum_value=f.latency.total)
     fams.append(latency)
+    written = HistogramMetricFamily("forkless_write_latency_seconds", "From a message's frame arriving to its reply "
+                                    "frame (result or error) being written to the socket.", labels=["feed"])
+    for f in feeds:
+        written.add_metric([f.name], _buckets(f.write_latency, SECONDS_STEP), sum_value=f.write_latency.total)
+    fams.append(written)
     hops = HistogramMetricFamily("forkless_hop_seconds", f"The latency budget: time a sampled message (one in "
                                  f"{SAMPLE_EVERY}) spent in each hop from its frame being read to its reply "
-                                 "being written (README \"Performance\"); hop=\"total\" is the whole way.",
+                                 "being written, or to its results being handed over when no frame is sent "
+                                 "(OPERATING.md \"Performance\"); hop=\"total\" is the whole way.",
                                  labels=["hop"])
     for hop, hist in snap.hops.items():
         hops.add_metric([hop], _buckets(hist, SECONDS_STEP), sum_value=hist.total)
@@ -204,7 +215,8 @@ class _FeedRow:
     state_since: float
     unsent: int
     given_up: int
-    latency: HistogramSnapshot
+    latency: HistogramSnapshot  # to the results handed over (the main thread's, per feed)
+    write_latency: HistogramSnapshot  # to the reply frame written (the feed's own)
 
 
 def _feed_rows(snap: StatsSnapshot) -> list[_FeedRow]:
@@ -212,10 +224,14 @@ def _feed_rows(snap: StatsSnapshot) -> list[_FeedRow]:
     if not snap.feeds:
         return [_FeedRow("0", snap.frames_in, snap.messages_in, snap.messages_out, snap.errors_out, snap.connects,
                          snap.reconnects, snap.connect_failures, int(snap.connected), snap.connection_since,
-                         snap.unsent, 0, snap.latency)]
+                         snap.unsent, 0, snap.latency, snap.write_latency)]
+    latency = snap.feed_latency
+    if len(latency) != len(snap.feeds):  # a snapshot made without it: the total on the first feed, sums kept
+        empty = snap.latency - snap.latency
+        latency = (snap.latency, *(empty,) * (len(snap.feeds) - 1))
     return [_FeedRow(f.name, f.io.frames_in, f.io.messages_in, f.io.results_out, f.io.errors_out, f.io.connects,
                      f.io.reconnects, f.io.connect_failures, int(f.io.connected), f.io.state_since, f.io.unsent,
-                     int(bool(f.given_up)), f.io.latency) for f in snap.feeds]
+                     int(bool(f.given_up)), lat, f.io.write_latency) for f, lat in zip(snap.feeds, latency)]
 
 
 def _per_feed(kind: type, name: str, doc: str, feeds: list[_FeedRow], attr: str) -> Metric:
@@ -295,13 +311,14 @@ def _every_field_populated() -> StatsSnapshot:
         at=1.0, messages_in=1, frames_in=1, messages_out=1, errors_out=1, processed=1, anomalies=1, batches=1,
         errors={_VARIES: 1}, dropped={_VARIES: 1}, connects=1, reconnects=1, connect_failures=1, connected=True,
         connection_since=1.0, inbound_depth=1, outbound_depth=1, unsent=1, batch_size=sizes, latency=seconds,
+        write_latency=seconds, feed_latency=(seconds,), replies_declined={_VARIES: 1},
         loop_lag=seconds, step_seconds=seconds, compilations=1, compilations_after_warmup=0, devices=(_VARIES,),
         ready=True, compiled=True, last_error="x", device_messages=(1,), device_rows=1,
         hops=dict.fromkeys((*HOPS, "total"), seconds),
         feeds=(FeedSnapshot(_VARIES, True, "x", IOSnapshot(
             frames_in=1, messages_in=1, results_out=1, errors_out=1, answer_errors_out=1, error_replies_unsent=1,
             written_unconfirmed=1, errors={}, dropped={}, connects=1, reconnects=1, connect_failures=1,
-            connected=True, state_since=1.0, last_error="x", latency=seconds, loop_lag=seconds, inbound_depth=0,
+            connected=True, state_since=1.0, last_error="x", write_latency=seconds, loop_lag=seconds, inbound_depth=0,
             outbound_depth=0, unsent=1)),),
     )
 

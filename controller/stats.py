@@ -27,13 +27,16 @@ from io_loop.counters import (
     HistogramSnapshot,
     IOSnapshot,
     IOStats,
+    add_hops,
     combine_io,
     copy_counts,
+    new_hops,
+    observe_hops,
 )
 
 __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "HistogramSnapshot", "IOSnapshot",
-           "IOStats", "MainStats", "StatsSnapshot", "books_line", "checkpoint_part", "combine_io", "copy_counts",
-           "status_line"]
+           "IOStats", "MainStats", "StatsSnapshot", "add_hops", "books_line", "checkpoint_part", "combine_io",
+           "copy_counts", "new_hops", "observe_hops", "status_line"]
 
 @dataclass
 class MainStats:
@@ -44,11 +47,16 @@ class MainStats:
     anomalies: int = 0
     errors: Counter = field(default_factory=Counter)  # by reason (too many streams, processing failed)
     dropped: Counter = field(default_factory=Counter)  # received messages never answered, by reason
-    no_reply: int = 0  # processed messages the codec chose not to answer
+    no_reply: int = 0  # received messages answered with no frame (the codec's None, a declined reply)
+    replies_declined: Counter = field(default_factory=Counter)  # by reason ("result" for results)
     resets: Counter = field(default_factory=Counter)  # state reset, by reason (see the README)
     batch_size: Histogram | None = None
     step_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     compilations_at_ready: int | None = None
+    # receipt -> results handed over (after on_results, before the put on outbound), one per feed
+    latency: list[Histogram] = field(default_factory=lambda: [Histogram(SECONDS_BOUNDS)])
+    # the latency budget of the sampled messages whose batch sent their feed no frame (ends at "assemble")
+    hops: dict[str, Histogram] = field(default_factory=new_hops)
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,7 @@ class StatsSnapshot:
     outbound_depth: int
     unsent: int
     batch_size: HistogramSnapshot
-    latency: HistogramSnapshot
+    latency: HistogramSnapshot  # receipt -> results handed over (on_results returned), every result
     loop_lag: HistogramSnapshot
     step_seconds: HistogramSnapshot
     compilations: int
@@ -82,7 +90,8 @@ class StatsSnapshot:
     devices: tuple[str, ...]
     ready: bool  # compiled and connected
     compiled: bool = False
-    no_reply: int = 0  # processed, and the codec chose to send no reply
+    no_reply: int = 0  # received, answered with no frame: the codec's None, or a declined reply
+    replies_declined: dict[str, int] = field(default_factory=dict)  # replies not sent, by reason
     answer_errors_out: int = 0  # error frames sent that answer a received message (in errors_out)
     resets: dict[str, int] = field(default_factory=dict)  # streams (or the whole state) reset, by reason
     streams_active: int = 0  # streams holding a state slot
@@ -105,6 +114,9 @@ class StatsSnapshot:
     # per-device batches run (N devices x the bucket Bd per step, padding included)
     device_messages: tuple[int, ...] = ()
     device_rows: int = 0
+    # receipt -> reply frame written (results and error frames answering a message), where frames are written
+    write_latency: HistogramSnapshot = field(default_factory=lambda: Histogram(SECONDS_BOUNDS).snapshot())
+    feed_latency: tuple[HistogramSnapshot, ...] = ()  # ``latency`` per feed (the order of ``feeds``)
 
     @property
     def device_fill(self) -> float:
@@ -119,6 +131,10 @@ class StatsSnapshot:
     @property
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
+
+    @property
+    def replies_declined_total(self) -> int:
+        return sum(self.replies_declined.values())
 
     @property
     def in_flight(self) -> int:
@@ -144,11 +160,13 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
     if before is None:
         span = 0.0
         lat = now.latency
+        written = now.write_latency
         bsz = now.batch_size
         lag = now.loop_lag
     else:
         span = now.at - before.at
         lat = now.latency - before.latency
+        written = now.write_latency - before.write_latency
         bsz = now.batch_size - before.batch_size
         lag = now.loop_lag - before.loop_lag
 
@@ -172,6 +190,7 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
         f"out {now.messages_out} msg ({out_rate})",
         f"batch {mean_batch} msg",
         f"latency p50 {_ms(lat.quantile(0.5))} p99 {_ms(lat.quantile(0.99))}",
+        f"write-latency p99 {_ms(written.quantile(0.99))}",
         f"anomalies {now.anomalies}",
         f"errors {now.errors_total}",
         f"dropped {now.dropped_total}",
@@ -211,4 +230,5 @@ def books_line(snap: StatsSnapshot) -> str:
     return (f"books: in {snap.messages_in} = results {snap.messages_out} + error replies {snap.answer_errors_out}"
             f" + no reply {snap.no_reply} + dropped {snap.dropped_total}{f' ({dropped})' if dropped else ''}"
             f" + unanswered {snap.in_flight}; also {snap.errors_out - snap.answer_errors_out} replies to bad input"
+            f", {snap.replies_declined_total} replies declined"
             f", {snap.written_unconfirmed} replies written to connections that then failed")

@@ -5,7 +5,9 @@ Rules:
   With several feeds (io_loop/feeds.py) there is one FeedClient per feed on the same loop.
 - Reader: frame -> ``codec.decode`` -> good messages to the ``Handover`` (which puts them on
   ``inbound`` as chunks stamped with this feed's index, see io_loop/handover.py), error
-  replies to this feed's ``outbox`` (so every frame sent goes through the one writer).
+  replies to this feed's ``outbox`` (so every frame sent goes through the one writer). Only
+  with ``"replies": "all"``: otherwise they are not even encoded (nor when ``encode_error``
+  returns None); each is counted in ``replies_declined`` by reason, logged once per reason.
 - Writer: takes ``Outgoing`` items from ``outbox`` (the bridge's outbound queue with one
   feed; this feed's own queue with several) and sends their frames in order, each item in
   one socket write (io_loop/aiohttp_compat.py). The item being sent and its position survive
@@ -52,6 +54,7 @@ log = logging.getLogger("forkless.client")
 
 CLOSE_TIMEOUT_S = 2.0  # how long an orderly close waits for the server's close frame
 GIVE_UP_CLOSE_S = 0.25  # how long closing a connection that is being given up may take
+MAX_LOGGED_REASONS = 1000  # declined replies: reasons logged (once each), then only counted
 
 
 class Outcome(enum.Enum):
@@ -103,6 +106,8 @@ class FeedClient:
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
         self.stop_deadline: float | None = None  # monotonic; set by the IO thread's request_stop
+        self.send_errors = feed.replies == "all"  # error replies to bad input (the feed's reply policy)
+        self._declined_logged: set[str] = set()
 
     # ---- control (IO loop) ------------------------------------------------------------------
 
@@ -331,8 +336,16 @@ class FeedClient:
                             stats.errors[reason] += count
                             log.warning("bad input on connection %d: %s", self._connection_id, reason,
                                         extra={"connection": self._connection_id})
-                        frames = [codec.encode_error(reason, seq) for reason, seq in decoded.errors]
-                        await outbound.put(Outgoing(frames, answers=False))
+                        if self.send_errors:
+                            frames = [codec.encode_error(reason, seq) for reason, seq in decoded.errors]
+                            if None in frames:  # the codec declined some
+                                self._decline([counted for frame, counted in zip(frames, decoded.error_counts())
+                                               if frame is None], "the codec's encode_error returned None")
+                                frames = [frame for frame in frames if frame is not None]
+                            if frames:
+                                await outbound.put(Outgoing(frames, answers=False))
+                        else:
+                            self._decline(decoded.error_counts(), f"the feed's replies are {self.feed.replies!r}")
                     if len(decoded):
                         stats.messages_in += len(decoded)
                         handover.add(decoded, received, decoded_ns)
@@ -353,6 +366,16 @@ class FeedClient:
                 return End(Outcome.LOST, f"connection error: {exc.__class__.__name__}: {short(exc)}")
             elif kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
                 return End(Outcome.LOST, f"closed by the server (code {ws.close_code})")
+
+    def _decline(self, counts: list[tuple[str, int]], why: str) -> None:
+        """Error replies to bad input not sent: counted by reason, each reason logged once."""
+        declined = self.stats.replies_declined
+        for reason, count in counts:
+            declined[reason] += count
+            if reason not in self._declined_logged and len(self._declined_logged) < MAX_LOGGED_REASONS:
+                self._declined_logged.add(reason)
+                log.info("feed %r (%s): error replies for %r are not sent (%s); counted in replies_declined, "
+                         "logged once per reason", self.feed.name, self.shown_url, reason, why)
 
     def _count_dropped_oldest(self, messages: int) -> None:
         self.stats.dropped["inbound overflow (drop_oldest)"] += messages
@@ -396,7 +419,7 @@ class FeedClient:
             self._current = None
             if item.received_ns:
                 now = time.monotonic_ns()
-                stats.latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
+                stats.write_latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
                 for trace in item.traces:
                     trace.ns[WRITTEN] = now
                     stats.observe_hops(trace.hops_s())

@@ -26,7 +26,7 @@ from typing import Any
 from io_loop.crossing import HOPS
 
 __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "HistogramSnapshot", "IOSnapshot",
-           "IOStats", "combine_io", "copy_counts"]
+           "IOStats", "add_hops", "combine_io", "copy_counts", "new_hops", "observe_hops"]
 
 # latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
 SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
@@ -63,6 +63,12 @@ class Histogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total += value
         self.n += 1
+
+    def observe_each(self, value: float, n: int) -> None:
+        """``n`` observations of the same ``value`` (messages that arrived in one chunk)."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += n
+        self.total += value * n
+        self.n += n
 
     def observe_many(self, values: Iterable[float]) -> None:
         bounds = self.bounds
@@ -147,6 +153,8 @@ class IOStats:
     answer_errors_out: int = 0  # of those, error frames that answer a received message
     errors: Counter = field(default_factory=Counter)  # bad input by reason
     dropped: Counter = field(default_factory=Counter)  # received messages never answered, by reason
+    # error replies to bad input not sent (the feed's reply policy, or encode_error returned None), by reason
+    replies_declined: Counter = field(default_factory=Counter)
     error_replies_unsent: int = 0  # bad-input error replies not written at the stop
     written_unconfirmed: int = 0  # frames written to connections that then ended without the closing handshake
     connects: int = 0
@@ -154,17 +162,16 @@ class IOStats:
     connect_failures: int = 0
     connected: bool = False
     state_since: float = 0.0  # wall-clock seconds of the last connect/disconnect
-    latency: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
+    # a frame's arrival -> its reply frame written (results and error frames answering a message)
+    write_latency: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     loop_lag: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
     # the latency budget: seconds per hop of the sampled messages (batching.HOPS, then "total")
-    hops: dict[str, Histogram] = field(default_factory=lambda: {hop: Histogram(SECONDS_BOUNDS)
-                                                                 for hop in (*HOPS, "total")})
+    hops: dict[str, Histogram] = field(default_factory=lambda: new_hops())
 
     def observe_hops(self, seconds: list[float]) -> None:
         """One sampled message's ``Trace.hops_s()``."""
-        for histogram, value in zip(self.hops.values(), seconds):
-            histogram.observe(value)
+        observe_hops(self.hops, seconds)
 
     def snapshot(self, inbound_depth: int = 0, outbound_depth: int = 0, unsent: int = 0) -> IOSnapshot:
         """A copy safe to read from any thread (the queue depths and unsent count are the caller's)."""
@@ -173,9 +180,10 @@ class IOStats:
             errors_out=self.errors_out, answer_errors_out=self.answer_errors_out,
             error_replies_unsent=self.error_replies_unsent, written_unconfirmed=self.written_unconfirmed,
             errors=copy_counts(self.errors), dropped=copy_counts(self.dropped),
+            replies_declined=copy_counts(self.replies_declined),
             connects=self.connects, reconnects=self.reconnects, connect_failures=self.connect_failures,
             connected=self.connected, state_since=self.state_since, last_error=self.last_error,
-            latency=self.latency.snapshot(), loop_lag=self.loop_lag.snapshot(),
+            write_latency=self.write_latency.snapshot(), loop_lag=self.loop_lag.snapshot(),
             inbound_depth=inbound_depth, outbound_depth=outbound_depth, unsent=unsent,
             hops={hop: histogram.snapshot() for hop, histogram in self.hops.items()},
         )
@@ -200,19 +208,20 @@ class IOSnapshot:
     connected: bool
     state_since: float
     last_error: str
-    latency: HistogramSnapshot
+    write_latency: HistogramSnapshot  # a frame's arrival -> its reply frame written
     loop_lag: HistogramSnapshot
     inbound_depth: int  # chunks waiting for the main thread
     outbound_depth: int  # batches of replies waiting for the IO thread
     unsent: int  # reply frames taken from outbound, not yet written (held across a reconnect)
     feeds: tuple[FeedSnapshot, ...] = ()  # each feed's own figures (``combine_io`` made the totals above)
     hops: dict[str, HistogramSnapshot] = field(default_factory=dict)  # the latency budget (IOStats.hops)
+    replies_declined: dict[str, int] = field(default_factory=dict)  # IOStats.replies_declined
 
 
 @dataclass(frozen=True)
 class FeedSnapshot:
     """One feed's figures: its own ``IOStats`` snapshot (connection, frames, messages, replies,
-    latency, unsent), its name, whether readiness waits for it, and why it was given up ("" while used)."""
+    write latency, unsent), its name, whether readiness waits for it, and why it was given up ("" while used)."""
 
     name: str
     required: bool
@@ -222,6 +231,26 @@ class FeedSnapshot:
     @property
     def up(self) -> bool:
         return self.io.connected and not self.given_up
+
+
+def new_hops() -> dict[str, Histogram]:
+    """The latency budget's histograms: one per hop (``HOPS``), then ``"total"``."""
+    return {hop: Histogram(SECONDS_BOUNDS) for hop in (*HOPS, "total")}
+
+
+def observe_hops(hops: dict[str, Histogram], seconds: list[float]) -> None:
+    """One sampled message's ``Trace.hops_s(end)`` into ``hops`` (``new_hops``): the hops it
+    passed, in order (all of them when its reply was written; up to ``assemble`` when it got no
+    frame), and its last value, the whole way, into ``"total"``."""
+    *each, total = seconds
+    for histogram, value in zip(hops.values(), each):
+        histogram.observe(value)
+    hops["total"].observe(total)
+
+
+def add_hops(a: dict[str, HistogramSnapshot], b: dict[str, HistogramSnapshot]) -> dict[str, HistogramSnapshot]:
+    """Both latency budgets' observations together, hop by hop (either may be empty)."""
+    return {**a, **{hop: a[hop] + value if hop in a else value for hop, value in b.items()}}
 
 
 _SUMMED = ("frames_in", "messages_in", "results_out", "errors_out", "answer_errors_out", "error_replies_unsent",
@@ -235,21 +264,23 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
     are several."""
     totals: dict[str, Any] = {name: getattr(thread, name) + sum(getattr(f.io, name) for f in feeds)
                               for name in _SUMMED}
-    errors, dropped = Counter(thread.errors), Counter(thread.dropped)
-    latency = thread.latency
+    errors, dropped, declined = Counter(thread.errors), Counter(thread.dropped), Counter(thread.replies_declined)
+    latency = thread.write_latency
     hops = dict(thread.hops)
     for f in feeds:
         errors.update(f.io.errors)
         dropped.update(f.io.dropped)
-        latency = latency + f.io.latency
-        hops = {hop: hops[hop] + value if hop in hops else value for hop, value in f.io.hops.items()}
+        declined.update(f.io.replies_declined)
+        latency = latency + f.io.write_latency
+        hops = add_hops(hops, f.io.hops)
     required = [f for f in feeds if f.required] or list(feeds)
     latest = max(feeds, key=lambda f: f.io.state_since, default=None)
     last_error = thread.last_error
     if latest is not None and latest.io.last_error:
         last_error = latest.io.last_error if len(feeds) == 1 else f"feed {latest.name!r}: {latest.io.last_error}"
     return dataclasses.replace(
-        thread, **totals, errors=dict(errors), dropped=dict(dropped), latency=latency, hops=hops,
+        thread, **totals, errors=dict(errors), dropped=dict(dropped), write_latency=latency, hops=hops,
+        replies_declined=dict(declined),
         connected=bool(required) and all(f.up for f in required),
         state_since=latest.io.state_since if latest is not None else thread.state_since,
         last_error=last_error, feeds=tuple(feeds))

@@ -33,7 +33,8 @@ batches); ``step`` -> outputs on the host (pad, run, device-to-host); ``encode``
 frames made; ``assemble`` -> put on the outbound queue (error frames, results callback);
 ``outbound`` -> taken by the IO thread's writer (queue wait and wake-up); ``write`` -> its
 batch of frames written to the socket. A stamp is taken just before a put, so time a put
-waits for room counts in the next hop."""
+waits for room counts in the next hop. A sampled message whose batch sends its feed no frame
+(the reply policy, or the codec's None) ends at ``assemble``: no ``outbound`` or ``write``."""
 
 
 class Trace:
@@ -46,10 +47,13 @@ class Trace:
         self.feed = feed
         self.ns = [read_ns, decoded_ns, 0, 0, 0, 0, 0, 0, 0, 0]
 
-    def hops_s(self) -> list[float]:
-        """Seconds spent in each of ``HOPS``, then the whole way (read to written)."""
+    def hops_s(self, end: int = WRITTEN) -> list[float]:
+        """Seconds spent in each hop up to stamp ``end``, then the whole way (read to ``end``).
+        ``WRITTEN`` (the IO thread, once its reply frames are written): every one of ``HOPS``;
+        ``OUTBOUND`` (the main thread, when its batch sent it no frame, e.g. ``"replies":
+        "none"``): ``decode`` … ``assemble``, the trace ending where its results were handed over."""
         ns = self.ns
-        return [(ns[i + 1] - ns[i]) * 1e-9 for i in range(len(HOPS))] + [(ns[WRITTEN] - ns[READ]) * 1e-9]
+        return [(ns[i + 1] - ns[i]) * 1e-9 for i in range(end)] + [(ns[end] - ns[READ]) * 1e-9]
 
 
 @dataclass
@@ -77,8 +81,8 @@ class Outgoing:
     positions of the error frames among the answers (sorted), so a writer that is stopped
     part-way through an item still counts exactly how many results it wrote.
     ``received_ns`` holds, for each frame that answers a message, when its frame arrived
-    (monotonic ns), for the received-to-sent latency. ``feed`` is the index of the feed whose
-    connection the frames go back on (their messages came from it).
+    (monotonic ns), for the received-to-written latency (``write_latency``). ``feed`` is the
+    index of the feed whose connection the frames go back on (their messages came from it).
 
     A batch that mixed several feeds crosses as one bundle (one queue hand-over, one wake-up
     of the IO thread): ``parts`` holds one ``Outgoing`` per feed and ``frames`` is empty; the

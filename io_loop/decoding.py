@@ -4,7 +4,8 @@ Rules:
 - Protocols only: the codec object is handed in (``controller/codec.py``'s ``JsonCodec``, or
   an embedder's own, wrapped in ``GuardedCodec``); nothing here decodes anything.
 - The IO thread calls ``decode`` on every frame it reads and ``encode_error`` for the error
-  replies to bad input it makes itself; encoding results is the main thread's business.
+  replies to bad input it makes itself (only for a feed whose replies are ``all``; None from it
+  declines the frame); encoding results is the main thread's business.
 - ``decode`` never raises and returns the good messages column-wise (``seq``, ``stream``,
   ``x`` [n, F] in the processor's input dtype, float32 by default), which the hand-over
   gathers into ``Chunk``s (io_loop/handover.py), and one ``(reason, seq)`` per bad part in
@@ -36,4 +37,4 @@ class FrameDecoder(Protocol):
 
     def decode(self, frame: str | bytes) -> DecodedFrame: ...
 
-    def encode_error(self, reason: str, seq: Any) -> str | bytes: ...
+    def encode_error(self, reason: str, seq: Any) -> str | bytes | None: ...  # None: no error frame

@@ -18,20 +18,27 @@ from dataclasses import dataclass, field
 
 from io_loop.netaddr import redact_url
 
-__all__ = ["FeedSpec", "IOSettings"]
+__all__ = ["REPLY_POLICIES", "FeedSpec", "IOSettings"]
+
+# what a feed is sent back (FORKLESS_REPLIES, a feed's "replies"): "all" results and error
+# replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
+# own ping/pong/close): results still reach ``on_results`` and the counters
+REPLY_POLICIES = ("all", "results", "none")
 
 
 @dataclass(frozen=True)
 class FeedSpec:
     """One feed of ``FORKLESS_FEEDS`` (or the one ``FORKLESS_WS_URL`` names): where to connect,
     what to send first, extra handshake headers. ``name`` labels its metrics, logs and (with
-    several feeds, unless ``FORKLESS_SHARED_STREAMS=1``) its streams' identities."""
+    several feeds, unless ``FORKLESS_SHARED_STREAMS=1``) its streams' identities; ``replies``
+    says what it is sent back."""
 
     name: str
     url: str
     subscribe: str = field(default="", repr=False)  # sent as is on every new connection
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     required: bool = True  # /readyz waits for it
+    replies: str = "all"  # one of REPLY_POLICIES
 
     @property
     def label(self) -> str:

@@ -197,7 +197,8 @@ class IOThread:
             # keep reading until the frames already on the loopback wire are answered,
             # so the demo's tally is complete
             self.demo.stop_sending()
-            await self.demo.wait_replies(timeout=min(2.0, self.settings.shutdown_timeout_s / 2))
+            if self.settings.feed_specs[0].replies != "none":  # with "none" no reply ever comes
+                await self.demo.wait_replies(timeout=min(2.0, self.settings.shutdown_timeout_s / 2))
         if self._feeds is not None:
             await self._feeds.stop_reading(deadline)
         elif self._bridge is not None:

@@ -14,7 +14,7 @@ from tests.servers import AiohttpConn, make_messages
 
 STATUS = re.compile(r"^(?:final \(whole run\): )?"
                     r"in \d+ msg \(\d+/s\) \| out \d+ msg \(\d+/s\) \| batch [\d.-]+ msg \| latency p50 \S+ p99 \S+"
-                    r" \| anomalies \d+ \| errors \d+ \| dropped \d+ \|")
+                    r" \| write-latency p99 \S+ \| anomalies \d+ \| errors \d+ \| dropped \d+ \|")
 SUMMARY = re.compile(r"^demo feed: (\d+) sent, (\d+) answered, (\d+) errors; injected anomalies (\d+): "
                      r"detected (\d+) \(recall [\d.]+%\), false flags (\d+) \(precision [\d.]+%\)")
 

@@ -15,6 +15,7 @@ BAD = {
     "FORKLESS_FEEDS": '[{"url": "http://example.com/feed"}]',
     "FORKLESS_SHARED_STREAMS": "sometimes",
     "FORKLESS_FEED_FATAL": "some",
+    "FORKLESS_REPLIES": "bogus",
     "FORKLESS_CA_FILE": "/no/such/ca.pem",
     "FORKLESS_TLS_INSECURE": "maybe",
     "FORKLESS_FEATURES": "0",

@@ -126,7 +126,8 @@ def test_every_sample_status_line_has_the_fields_of_the_real_status_line() -> No
         return HistogramSnapshot(h.bounds, (0,) * len(h.counts), 0.0, 0)
 
     before = dataclasses.replace(now, at=0.0, messages_in=0, messages_out=0, latency=empty(now.latency),
-                                 batch_size=empty(now.batch_size), loop_lag=empty(now.loop_lag))
+                                 write_latency=empty(now.write_latency), batch_size=empty(now.batch_size),
+                                 loop_lag=empty(now.loop_lag))
     expected = _shape(status_line(now, before))
     samples = [line for path in DOCUMENTS for line in text(path).splitlines()
                if re.match(r"in \d+ msg \(", line)]
