@@ -160,16 +160,16 @@ class Snapshot:
 
 
 def take_snapshot(state: Any, streams: tuple[list[str], np.ndarray, np.ndarray], counts: Mapping[str, int],
-                  settings: Mapping[str, Any], wall_time: float, *, placement: Placement | None = None,
-                  per_stream: Any = None) -> Snapshot:
+                  settings: Mapping[str, Any], wall_time: float, *,
+                  host_copy: Callable[[Any], Any] | None = None) -> Snapshot:
     """The main thread's whole share of a checkpoint: one ``jax.device_get`` of the state.
 
     ``streams`` is ``(names, slots, last_seen)`` as ``StreamSlots.export()`` returns them.
     Hand the result to ``Checkpointer.submit``; serialising and writing happen there. The
     state's arrays are immutable, so the copy stays valid while later steps run.
-    A state sharded over several devices comes with its ``placement`` and ``per_stream``
-    (a tree of bools, which leaves are sharded by stream): those leaves are taken shard by
-    shard and held as ``CanonicalRows``, put in canonical order only when written.
+    ``host_copy(state)`` takes the host copy when the state is not one plain array a leaf
+    (the engine's: a sharded state's per-stream leaves shard by shard, as ``CanonicalRows``,
+    put in canonical order only when written); by default ``jax.device_get``.
     """
     names, slots, last_seen = streams
     slots = np.asarray(slots, np.int32)
@@ -177,17 +177,13 @@ def take_snapshot(state: Any, streams: tuple[list[str], np.ndarray, np.ndarray],
     if not (len(names) == len(slots) == len(last_seen)):
         raise ValueError(f"the stream table's columns differ in length: {len(names)} names, "
                          f"{len(slots)} slots, {len(last_seen)} last-seen times")
-    if placement is None:
-        host = jax.tree.map(np.asarray, jax.device_get(state))
-    else:
-        host = jax.tree.map(lambda leaf, sharded: _canonical_rows(leaf, placement) if sharded
-                            else np.asarray(jax.device_get(leaf)), state, per_stream)
+    host = jax.tree.map(np.asarray, jax.device_get(state)) if host_copy is None else host_copy(state)
     names = names if isinstance(names, list) else list(names)  # export() gives a fresh list: no copy
     return Snapshot(host, names, slots, last_seen, {k: int(v) for k, v in counts.items()},
                     dict(settings), float(wall_time))
 
 
-def _canonical_rows(leaf: Any, placement: Placement) -> CanonicalRows:
+def canonical_rows(leaf: Any, placement: Placement) -> CanonicalRows:
     """A sharded leaf's device shards, in mesh order, as a lazily canonical host leaf."""
     shards = sorted(leaf.addressable_shards, key=lambda shard: shard.index[0].start or 0)
     return CanonicalRows([np.asarray(shard.data) for shard in shards], placement)
@@ -274,14 +270,12 @@ class PendingSnapshot:
     def __init__(self, state: Any, table: TableCopy, counts: Mapping[str, int], settings: Mapping[str, Any],
                  wall_time: float, *, rows: int, get_state: Callable[[], Any], seen_shift: float = 0.0,
                  incremental: bool = True, intact: Callable[[], bool] | None = None,
-                 placement: Placement | None = None, per_stream: Any = None) -> None:
-        self.incremental = incremental and placement is None and shares_device_memory(state)
+                 host_copy: Callable[[Any], Any] = jax.device_get) -> None:
+        self.incremental = incremental and shares_device_memory(state)
         self._state_copy = StateCopy(state, rows) if self.incremental else None
         self._host = None
         if not self.incremental:  # at T0: an accelerator's transfer, or the shards of several devices
-            self._host = jax.device_get(state) if placement is None else jax.tree.map(
-                lambda leaf, sharded: _canonical_rows(leaf, placement) if sharded else np.asarray(jax.device_get(leaf)),
-                state, per_stream)
+            self._host = host_copy(state)
         self._table = table
         self._get_state = get_state
         self._intact = intact
@@ -681,7 +675,8 @@ LEGACY_PROCESSOR_IDS = {"ewma/1": ("ewma", "1")}
 
 
 def _check_settings(path: Path, saved: Mapping[str, Any], expect: Mapping[str, Any]) -> None:
-    if saved.get("processor") in LEGACY_PROCESSOR_IDS and "processor_version" not in saved:
+    if saved.get("processor") in LEGACY_PROCESSOR_IDS and "processor_version" not in saved \
+            and "processor_version" in expect:
         name, version = LEGACY_PROCESSOR_IDS[saved["processor"]]
         saved = {**saved, "processor": name, "processor_version": version}
     for key, value in expect.items():

@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from controller.batching import Batch, bucket_for, pad_batch
-from controller.checkpoint import PendingSnapshot
+from controller.checkpoint import PendingSnapshot, canonical_rows
 from controller.compiled import (
     XLA_CPU_TASK_BYTES,
     as_bytes,
@@ -95,6 +95,7 @@ class _OneDevice:
 
     placement = None
     per_stream = None
+    copies_rows = True  # a checkpoint may copy the state a chunk of rows at a time between steps
 
     def __init__(self, processor: Any, config: Any, device: Any) -> None:
         self.processor, self.config = processor, config
@@ -142,6 +143,9 @@ class _OneDevice:
     def to_device(self, host: Any) -> Any:
         return jax.device_put(host, self.shardings)
 
+    def host_copy(self, state: Any) -> Any:
+        return jax.device_get(state)
+
     def device_rows(self, bucket: int) -> int:
         return bucket
 
@@ -152,6 +156,8 @@ class _OneDevice:
 class _Sharded:
     """Several devices: per-stream leaves sharded by stream over a 1-D mesh, the step
     ``shard_map``-ped; one packed array in, one packed byte array out (controller/placement.py)."""
+
+    copies_rows = False  # a sharded state's checkpoint is copied at once, put in order by the writer
 
     def __init__(self, processor: Any, config: Any, devices: list[Any]) -> None:
         if not getattr(processor, "per_stream", True):
@@ -246,6 +252,12 @@ class _Sharded:
     def reset_index(self, slots: list[int]) -> tuple[np.ndarray, None]:
         return self.placement.reset_index(slots, self.config.max_batch), None  # [N, max_batch] local rows
 
+    def host_copy(self, state: Any) -> Any:
+        """The state on the host in canonical order: each per-stream leaf taken shard by shard,
+        put in order by the checkpoint writer's thread as it writes (``CanonicalRows``)."""
+        return jax.tree.map(lambda leaf, sharded: canonical_rows(leaf, self.placement) if sharded
+                            else np.asarray(jax.device_get(leaf)), state, self.per_stream)
+
     def to_device(self, host: Any) -> Any:
         place = self.placement
         return jax.device_put(jax.tree.map(lambda leaf, sharded: place.to_sharded(leaf) if sharded else leaf,
@@ -330,9 +342,8 @@ class Engine:
         layout, generation = self._layout, self.generation
         pending = PendingSnapshot(
             self._state, table, counts, settings, wall_time, rows=self._config.max_streams + 1,
-            get_state=lambda: self._state, seen_shift=seen_shift, incremental=incremental,
-            intact=lambda: self.generation == generation,
-            placement=layout.placement, per_stream=layout.per_stream)
+            get_state=lambda: self._state, seen_shift=seen_shift, incremental=incremental and layout.copies_rows,
+            intact=lambda: self.generation == generation, host_copy=layout.host_copy)
         self._copying = pending
         return pending
 

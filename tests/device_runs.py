@@ -93,7 +93,7 @@ def product_processor() -> Processor:
         prod = prod.at[jnp.where(batch.valid, batch.key, prod.shape[0] - 1)].set(jnp.where(batch.valid, new, 1.0))
         return prod, {"prod": new}
 
-    return Processor(init, step)
+    return Processor(init, step, name="device-runs")
 
 
 def weighted_count_processor(change_weights: bool = False, per_stream: bool = True) -> Processor:
@@ -108,7 +108,7 @@ def weighted_count_processor(change_weights: bool = False, per_stream: bool = Tr
         weights = state["weights"] * 1.5 if change_weights else state["weights"]
         return {"count": count, "weights": weights}, {"count": count[batch.key], "dot": batch.x @ weights}
 
-    return Processor(init, step, per_stream=per_stream)
+    return Processor(init, step, per_stream=per_stream, name="device-runs-mixing")
 
 
 # ---- the runs ----------------------------------------------------------------------------------

@@ -243,7 +243,7 @@ def _step_totals(state: jax.Array, batch: Any) -> tuple[jax.Array, dict[str, jax
     return totals, {"total": totals[batch.key] + zero}
 
 
-TOTALS = Processor(lambda cfg: jnp.zeros((cfg.max_streams + 1,), jnp.float32), _step_totals)
+TOTALS = Processor(lambda cfg: jnp.zeros((cfg.max_streams + 1,), jnp.float32), _step_totals, name="totals")
 
 
 def test_a_copy_whose_state_was_lost_by_a_failed_step_is_counted_as_failed_and_not_written(
