@@ -26,7 +26,7 @@ from typing import Any
 from io_loop.crossing import HOPS
 
 __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "HistogramSnapshot", "IOSnapshot",
-           "IOStats", "combine_io", "copy_counts"]
+           "IOStats", "SourceStats", "combine_io", "copy_counts"]
 
 # latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
 SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
@@ -137,6 +137,21 @@ class HistogramSnapshot:
 
 
 @dataclass
+class SourceStats:
+    """A replayable source's position on the IO side (a JetStream feed, io_loop/jetstream.py);
+    written by its feed only, copied whole (``dataclasses.replace``) into its snapshot."""
+
+    fetched: int = 0  # source messages taken from the stream (replayed ones included)
+    skipped: int = 0  # deliveries at or below the position already consumed: not handed over again
+    next_seq: int = 0  # the stream sequence consumed next (0: not known yet)
+    stream_last_seq: int = 0  # the stream's last sequence, as last seen (stream info, deliveries)
+    # (sequence, index) of the last reply whose publication the results stream acknowledged;
+    # replies are published in order, so every reply before it is stored too
+    confirmed: tuple[int, int] = (0, -1)
+    duplicates: int = 0  # replies the results stream dropped as duplicates (published again after a replay)
+
+
+@dataclass
 class IOStats:
     """Written by the IO thread only; read from elsewhere through ``snapshot()``."""
 
@@ -160,6 +175,7 @@ class IOStats:
     # the latency budget: seconds per hop of the sampled messages (batching.HOPS, then "total")
     hops: dict[str, Histogram] = field(default_factory=lambda: {hop: Histogram(SECONDS_BOUNDS)
                                                                  for hop in (*HOPS, "total")})
+    source: SourceStats | None = None  # a JetStream feed's position (None for a WebSocket feed)
 
     def observe_hops(self, seconds: list[float]) -> None:
         """One sampled message's ``Trace.hops_s()``."""
@@ -178,6 +194,7 @@ class IOStats:
             latency=self.latency.snapshot(), loop_lag=self.loop_lag.snapshot(),
             inbound_depth=inbound_depth, outbound_depth=outbound_depth, unsent=unsent,
             hops={hop: histogram.snapshot() for hop, histogram in self.hops.items()},
+            source=None if self.source is None else dataclasses.replace(self.source),
         )
 
 
@@ -207,6 +224,7 @@ class IOSnapshot:
     unsent: int  # reply frames taken from outbound, not yet written (held across a reconnect)
     feeds: tuple[FeedSnapshot, ...] = ()  # each feed's own figures (``combine_io`` made the totals above)
     hops: dict[str, HistogramSnapshot] = field(default_factory=dict)  # the latency budget (IOStats.hops)
+    source: SourceStats | None = None  # a JetStream feed's position, copied (a feed's own snapshot only)
 
 
 @dataclass(frozen=True)
