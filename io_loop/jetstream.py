@@ -146,6 +146,7 @@ class JetStreamFeed:
         self._current: Outgoing | None = None  # item being published; survives reconnects
         self._offset = 0  # frames of _current acknowledged by the server
         self._connection_id = 0
+        self._live = 0  # the connection being served (0: none); its loops end when it changes
         self._nats_error = ""
         self.stop_deadline: float | None = None  # monotonic; set by the IO thread's request_stop
 
@@ -314,7 +315,7 @@ class JetStreamFeed:
     async def _serve(self, nc: Any, closed: asyncio.Event) -> End:
         """Run one connection until it is lost or everything is published."""
         self._connection_id += 1
-        conn = self._connection_id
+        conn = self._live = self._connection_id
         stats = self.stats
         stats.connects += 1
         stats.connected = True
@@ -352,6 +353,7 @@ class JetStreamFeed:
         except NATS_ERRORS as exc:
             return End(Outcome.LOST, _describe(exc))
         finally:
+            self._live = 0
             for task in tasks:
                 task.cancel()
             if tasks:
@@ -363,7 +365,7 @@ class JetStreamFeed:
     # ---- consuming ------------------------------------------------------------------------------------
 
     async def _read(self, nc: Any) -> End:
-        spec = self.spec
+        spec, conn = self.spec, self._live
         start, _ = self._next
         name = f"forkless-{self.feed.name}-{secrets.token_hex(6)}"
         try:
@@ -374,19 +376,28 @@ class JetStreamFeed:
         except NATS_ERRORS as exc:
             return End(Outcome.LOST, f"creating the consumer failed: {_describe(exc)}")
         inbox = nc.new_inbox()
-        sub = await nc.subscribe(inbox, pending_msgs_limit=4 * self.pull_batch + 64)
+        # deliveries go to a queue of ours, awaited directly: nats-py's next_msg waits in a task of its
+        # own with asyncio.wait_for, which on Python 3.11 can swallow a cancellation (the stop's, the
+        # end of a connection) when a message arrives at the same moment, and the reader then runs on
+        deliveries: asyncio.Queue = asyncio.Queue()
+
+        async def deliver(msg: Any) -> None:
+            deliveries.put_nowait(msg)
+
+        sub = await nc.subscribe(inbox, cb=deliver, pending_msgs_limit=4 * self.pull_batch + 64)
         request = json.dumps({"batch": self.pull_batch, "expires": int(PULL_EXPIRES_S * 1e9),
                               "idle_heartbeat": int(PULL_HEARTBEAT_S * 1e9)}).encode()
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{name}"
         expected = 1  # the consumer sequence of the next first delivery
         try:
-            while True:
+            while self._live == conn:
                 await nc.publish(subject, request, reply=inbox)
                 got, last = 0, None
                 while got < self.pull_batch:
                     try:
-                        msg = await sub.next_msg(timeout=PULL_HEARTBEAT_S * MISSED_HEARTBEATS)
-                    except nats.errors.TimeoutError:
+                        async with asyncio.timeout(PULL_HEARTBEAT_S * MISSED_HEARTBEATS):
+                            msg = await deliveries.get()
+                    except TimeoutError:
                         return End(Outcome.LOST, f"nothing from the consumer for "
                                                  f"{PULL_HEARTBEAT_S * MISSED_HEARTBEATS:g}s (no heartbeat)")
                     status = msg.headers.get("Status") if msg.headers else None
@@ -418,6 +429,7 @@ class JetStreamFeed:
                     await last.ack()  # ack policy "all": everything up to it
                 if self._stopping:
                     return End(Outcome.STOPPED)
+            return End(Outcome.LOST, "connection over")
         finally:
             try:
                 await sub.unsubscribe()
@@ -462,7 +474,8 @@ class JetStreamFeed:
     async def _watch_stream(self, nc: Any) -> End:
         """The stream's last sequence, for the lag (``SourceStats.stream_last_seq``)."""
         jsm = nc.jsm(timeout=self.settings.connect_timeout_s)
-        while True:
+        conn = self._live
+        while self._live == conn:  # also ends it should nats-py swallow its cancellation (see _read)
             await asyncio.sleep(STREAM_INFO_EVERY_S)
             try:
                 info = await jsm.stream_info(self.spec.stream)
@@ -471,6 +484,7 @@ class JetStreamFeed:
             except NATS_ERRORS:
                 continue  # the heartbeats and publications decide whether the connection is lost
             self.source.stream_last_seq = max(self.source.stream_last_seq, info.state.last_seq)
+        return End(Outcome.LOST, "connection over")
 
     # ---- publishing the replies -----------------------------------------------------------------------
 

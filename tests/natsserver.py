@@ -106,11 +106,12 @@ def create_streams(url: str, *, stream: str = "TICKS", subjects: Sequence[str] =
                    results: str = "SCORES", results_subject: str = "scores", duplicate_window_s: float = 300.0,
                    **limits: Any) -> None:
     """The input stream (``limits``: its max_msgs, max_age …) and the results stream, with a
-    duplicate window (``results=""``: no results stream)."""
+    duplicate window (``stream=""``, ``results=""``: without that one)."""
     from nats.js.api import StreamConfig
 
     async def body(nc: Any, js: Any) -> None:
-        await js.add_stream(StreamConfig(name=stream, subjects=list(subjects), **limits))
+        if stream:
+            await js.add_stream(StreamConfig(name=stream, subjects=list(subjects), **limits))
         if results:
             await js.add_stream(StreamConfig(name=results, subjects=[results_subject],
                                              duplicate_window=duplicate_window_s))

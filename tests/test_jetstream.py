@@ -144,3 +144,209 @@ def test_a_websocket_feed_and_a_jetstream_feed_in_one_process_each_reply_to_its_
     (src,) = snap.sources
     assert (src.name, src.fetched, src.applied, src.applied_seq, src.lag) == ("ticks", 151, 152, list_seq, 0)
     assert_books_balance(ctl)
+
+
+# ---- exactly-once state: the app as a subprocess, killed -----------------------------------------
+
+
+class Publisher:
+    """Publishes input messages to the TICKS stream continuously, from its own thread, until
+    stopped: ``messages`` in stream order (their stream sequences are 1, 2, …)."""
+
+    def __init__(self, url: str, *, rate_hz: float = 200.0, streams: int = 6, seed: int = 22) -> None:
+        import random
+
+        self.url, self.rate_hz, self.streams = url, rate_hz, streams
+        self.rng = random.Random(seed)
+        self.base = [[self.rng.uniform(-5, 5) for _ in range(FEATURES)] for _ in range(streams)]
+        self.messages: list[dict] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="publisher", daemon=True)
+
+    def message(self, i: int) -> dict:
+        k = i % self.streams
+        x = [round(b + self.rng.gauss(0.0, 1.0), 6) for b in self.base[k]]
+        if i % 97 == 50:  # now and then a spike: anomalies depend on each stream's whole history
+            x[0] += 25.0
+        return {"seq": i, "stream": f"s{k}", "x": x}
+
+    async def _run(self) -> None:
+        import nats
+
+        nc = await nats.connect(self.url, allow_reconnect=False)
+        js = nc.jetstream()
+        every = 10 / self.rate_hz
+        try:
+            while not self.stop.is_set():
+                futures = []
+                for _ in range(10):
+                    m = self.message(len(self.messages))
+                    futures.append(await js.publish_async(f"ticks.{m['stream']}", json.dumps(m).encode()))
+                    self.messages.append(m)
+                for f in futures:
+                    assert (await f).seq == self.messages.index(m) + 1 - (len(futures) - 1 - futures.index(f))
+                await asyncio.sleep(every)
+        finally:
+            await nc.close()
+
+    def __enter__(self) -> Publisher:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def _app_env(nats_url: str, ckpt: Any, jax_cache: Any, **extra: str) -> dict[str, str]:
+    return {"FORKLESS_FEEDS": json.dumps([_js_feed(nats_url)]), "FORKLESS_FEATURES": str(FEATURES),
+            "FORKLESS_MAX_BATCH": "16", "FORKLESS_MAX_STREAMS": "64", "FORKLESS_STATUS_S": "0",
+            "FORKLESS_CHECKPOINT_DIR": str(ckpt), "FORKLESS_CHECKPOINT_S": "1",
+            "FORKLESS_CHECKPOINT_PRIORITY": "normal", "FORKLESS_RECONNECT_MIN_S": "0.1",
+            "FORKLESS_RECONNECT_MAX_S": "0.5",
+            # restarts load the compiled steps instead of compiling them again (each is under 1 s)
+            "JAX_COMPILATION_CACHE_DIR": str(jax_cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", **extra}
+
+
+def _never_restarted(messages: list[dict]) -> tuple[dict[int, dict], Any]:
+    """The same messages through one controller that never stops, in chunks of varied sizes:
+    each message's reply by seq, and the final state on the host."""
+    import jax
+    import numpy as np
+
+    from controller.batching import Chunk
+    from tests.fake_io import FakeIO, drain
+
+    cfg = Config(features=FEATURES, max_batch=16, max_streams=64, status_s=0.0)
+    fake = FakeIO()
+    replies: dict[int, dict] = {}
+    with Controller(cfg, io_factory=fake) as ctl:
+        sizes = [1, 3, 16, 5, 2, 40, 7]
+        i = 0
+        while i < len(messages):
+            part = messages[i:i + sizes[i % len(sizes)]]
+            fake.inbound.put_nowait(Chunk([m["seq"] for m in part], [m["stream"] for m in part],
+                                          np.array([m["x"] for m in part], np.float32), 0))
+            i += len(part)
+            while ctl.process_pending():
+                pass
+        for item in drain(fake.outbound):
+            for frame in item.frames:
+                reply = json.loads(frame)
+                replies[reply["seq"]] = reply
+        state = jax.tree.map(np.asarray, jax.device_get(ctl.state))
+    return replies, state
+
+
+def test_ten_kill_9s_at_random_moments_leave_exactly_one_result_per_input_equal_to_a_run_never_restarted(
+        app, nats_server, tmp_path):
+    import random
+
+    import jax
+    import numpy as np
+
+    from controller.checkpoint import load_newest
+    from controller.processor import default_processor
+    from tests.natsserver import create_streams, stream_state
+
+    create_streams(nats_server.url)
+    rng = random.Random(2222)
+    env = _app_env(nats_server.url, tmp_path / "ckpt", tmp_path / "jax-cache")
+    with Publisher(nats_server.url) as publisher:
+        for life in range(10):
+            proc = app(env=env)
+            proc.wait_for_line(r"connection \d+ open", stream="stderr", timeout_s=60 * UNIT_S)
+            __import__("time").sleep(rng.uniform(0.0, 2.0))
+            proc.signal(__import__("signal").SIGKILL)
+            assert proc.finish(10 * UNIT_S).returncode == -9, life
+        final = app(env=env)
+        final.wait_for_line(r"connection \d+ open", stream="stderr", timeout_s=60 * UNIT_S)
+        __import__("time").sleep(1.0)
+    published = len(publisher.messages)
+    from tests.harness import wait_until
+
+    wait_until(lambda: stream_state(nats_server.url, "SCORES").messages >= published, timeout_s=60 * UNIT_S,
+               what=f"{published} results in the results stream", poll_s=0.2)
+    final.signal(__import__("signal").SIGTERM)
+    done = final.finish(30 * UNIT_S)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("restored") == 1  # the final life restored a checkpoint (each life did)
+
+    by_id, ids = _results(nats_server.url)
+    expected = [f"TICKS:{i + 1}:0" for i in range(published)]
+    assert sorted(ids) == sorted(expected) and len(ids) == published  # exactly one result per input
+    results = {by_id[f"TICKS:{i + 1}:0"]["seq"]: [by_id[f"TICKS:{i + 1}:0"]] for i in range(published)}
+    assert_results_match_reference(publisher.messages, results)
+    # bit for bit: the replies and the final state of a run that never crashed
+    replies, state = _never_restarted(publisher.messages)
+    assert [results[m["seq"]][0] for m in publisher.messages] == [replies[m["seq"]] for m in publisher.messages]
+    cfg = Config(features=FEATURES, max_streams=64)
+    restored = load_newest(tmp_path / "ckpt", {"features": FEATURES, "max_streams": 64, "processor": "ewma/1"},
+                           default_processor(cfg).init(cfg))
+    assert restored.positions["ticks"]["seq"] == published and restored.positions["ticks"]["last"]
+    for saved, ref in zip(jax.tree.leaves(restored.state), jax.tree.leaves(state), strict=True):
+        assert np.array_equal(saved, ref)
+
+
+def test_retention_that_dropped_what_the_checkpoint_needs_exits_2_and_restore_never_starts_fresh(
+        app, nats_server, tmp_path):
+    import signal
+
+    from tests.harness import wait_until
+    from tests.natsserver import create_streams, publish, stream_state
+
+    create_streams(nats_server.url, max_msgs=50)  # the stream keeps the newest 50 messages
+    messages = make_messages(130, streams=3, seed=23)
+    publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages[:30]])
+    env = _app_env(nats_server.url, tmp_path / "ckpt", tmp_path / "jax-cache")
+    first = app(env=env)
+    wait_until(lambda: stream_state(nats_server.url, "SCORES").messages == 30, timeout_s=60 * UNIT_S,
+               what="30 results", poll_s=0.1)
+    first.signal(signal.SIGTERM)
+    assert first.finish(30 * UNIT_S).returncode == 0  # its last checkpoint records sequence 30
+    publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages[30:]])  # 31..80 are dropped
+    refused = app(env=env).finish(60 * UNIT_S)
+    assert refused.returncode == 2, refused.stderr
+    line = refused.stderr.strip().splitlines()[-1]
+    assert line.startswith("forkless: checkpoint error: feed 'ticks' (nats://127.0.0.1:"), line
+    for words in ("stream 'TICKS' no longer holds messages the checkpoint needs", "its first sequence is 81",
+                  "recorded 30 as the last applied", "the next needed is 31", "FORKLESS_CHECKPOINT_RESTORE=never"):
+        assert words in line, line
+    fresh = app(env={**env, "FORKLESS_CHECKPOINT_RESTORE": "never"})
+    wait_until(lambda: stream_state(nats_server.url, "SCORES").messages == 80, timeout_s=60 * UNIT_S,
+               what="50 more results", poll_s=0.1)
+    fresh.signal(signal.SIGTERM)
+    done = fresh.finish(30 * UNIT_S)
+    assert done.returncode == 0, done.stderr
+    by_id, _ = _results(nats_server.url)
+    again = {by_id[f"TICKS:{seq}:0"]["seq"]: [by_id[f"TICKS:{seq}:0"]] for seq in range(81, 131)}
+    assert_results_match_reference(messages[80:], again)  # a fresh state: the history before 81 is gone
+
+
+def test_a_checkpoint_is_committed_only_once_the_results_stream_stored_the_replies_it_covers(nats_server, tmp_path):
+    from controller.checkpoint import list_checkpoints, load_newest
+    from controller.processor import default_processor
+    from tests.natsserver import create_streams, publish
+
+    create_streams(nats_server.url, results="")  # no results stream yet: no reply can be stored
+    messages = make_messages(20, streams=2, seed=24)
+    publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages])
+    ckpt = tmp_path / "ckpt"
+    cfg = _config([_js_feed(nats_server.url)], checkpoint_dir=str(ckpt), checkpoint_s=0.2,
+                  checkpoint_priority="normal")
+    with Controller(cfg, processor=ewma_processor()) as ctl:
+        drive(ctl, lambda: ctl.main_stats.processed > 0 and ctl.stats().reconnects >= 2, timeout_s=20 * UNIT_S,
+              what="messages applied, their replies refused")
+        drive(ctl, lambda: ctl.stats().checkpoint_skipped >= 3 or list_checkpoints(ckpt) != [],
+              timeout_s=10 * UNIT_S, what="checkpoints due while the first waits for its replies")
+        assert list_checkpoints(ckpt) == []  # the state holds messages whose replies are stored nowhere
+        create_streams(nats_server.url, stream="", results="SCORES")
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 20 and list_checkpoints(ckpt) != [],
+              timeout_s=30 * UNIT_S, what="every reply stored, then a checkpoint")
+    _, ids = _results(nats_server.url)
+    assert sorted(ids) == sorted(f"TICKS:{i}:0" for i in range(1, 21))
+    cfg = Config(features=FEATURES, max_streams=64)
+    newest = load_newest(ckpt, {}, default_processor(cfg).init(cfg))  # the stop's
+    assert newest.positions == {"ticks": {"stream": "TICKS", "subject": "ticks.>", "seq": 20, "index": 0,
+                                          "last": True, "replied": [20, 0]}}
