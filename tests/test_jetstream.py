@@ -151,7 +151,8 @@ def test_a_websocket_feed_and_a_jetstream_feed_in_one_process_each_reply_to_its_
 
 class Publisher:
     """Publishes input messages to the TICKS stream continuously, from its own thread, until
-    stopped: ``messages`` in stream order (their stream sequences are 1, 2, …)."""
+    stopped: ``messages`` in stream order (their stream sequences are 1, 2, …). ``paused()``
+    holds it (its connection closed) while the server restarts."""
 
     def __init__(self, url: str, *, rate_hz: float = 200.0, streams: int = 6, seed: int = 22) -> None:
         import random
@@ -161,7 +162,18 @@ class Publisher:
         self.base = [[self.rng.uniform(-5, 5) for _ in range(FEATURES)] for _ in range(streams)]
         self.messages: list[dict] = []
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="publisher", daemon=True)
+        self.hold = threading.Event()
+        self.held = threading.Event()
+        self.failure: BaseException | None = None
+        self.where = ""
+        self.thread = threading.Thread(target=self._thread, name="publisher", daemon=True)
+
+    def _thread(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as exc:
+            self.failure = exc
+            raise
 
     def message(self, i: int) -> dict:
         k = i % self.streams
@@ -173,21 +185,46 @@ class Publisher:
     async def _run(self) -> None:
         import nats
 
-        nc = await nats.connect(self.url, allow_reconnect=False)
-        js = nc.jetstream()
         every = 10 / self.rate_hz
-        try:
-            while not self.stop.is_set():
-                futures = []
-                for _ in range(10):
-                    m = self.message(len(self.messages))
-                    futures.append(await js.publish_async(f"ticks.{m['stream']}", json.dumps(m).encode()))
-                    self.messages.append(m)
-                for f in futures:
-                    assert (await f).seq == self.messages.index(m) + 1 - (len(futures) - 1 - futures.index(f))
-                await asyncio.sleep(every)
-        finally:
-            await nc.close()
+        while not self.stop.is_set():
+            self.where = "connecting"
+            nc = await nats.connect(self.url, allow_reconnect=False)
+            js = nc.jetstream()
+            try:
+                while not self.stop.is_set() and not self.hold.is_set():
+                    self.where = f"publishing {len(self.messages)}"
+                    batch = [self.message(len(self.messages) + k) for k in range(10)]
+                    futures = [await js.publish_async(f"ticks.{m['stream']}", json.dumps(m).encode()) for m in batch]
+                    self.where = f"acks {len(self.messages)}"
+                    for m, future in zip(batch, futures):
+                        assert (await asyncio.wait_for(future, 5)).seq == m["seq"] + 1  # stream sequence = seq + 1
+                    self.where = "sleeping"
+                    self.messages.extend(batch)
+                    await asyncio.sleep(every)
+            finally:
+                self.where = "closing"
+                try:
+                    await asyncio.wait_for(nc.close(), 2)
+                except TimeoutError:
+                    pass
+            self.held.set()
+            while self.hold.is_set() and not self.stop.is_set():
+                await asyncio.sleep(0.01)
+
+    def paused(self) -> Any:
+        import contextlib
+
+        @contextlib.contextmanager
+        def held() -> Any:
+            self.held.clear()
+            self.hold.set()
+            assert self.held.wait(10), f"the publisher did not pause: {self.failure!r} {self.where}"
+            try:
+                yield
+            finally:
+                self.hold.clear()
+
+        return held()
 
     def __enter__(self) -> Publisher:
         self.thread.start()
@@ -350,3 +387,40 @@ def test_a_checkpoint_is_committed_only_once_the_results_stream_stored_the_repli
     newest = load_newest(ckpt, {}, default_processor(cfg).init(cfg))  # the stop's
     assert newest.positions == {"ticks": {"stream": "TICKS", "subject": "ticks.>", "seq": 20, "index": 0,
                                           "last": True, "replied": [20, 0]}}
+
+
+def test_the_server_killed_and_restarted_mid_run_loses_nothing_and_applies_nothing_twice(nats_server, tmp_path):
+    import jax
+    import numpy as np
+
+    from tests.natsserver import create_streams, stream_state
+
+    create_streams(nats_server.url)
+    cfg = _config([_js_feed(nats_server.url)], max_streams=64, reconnect_min_s=0.1, reconnect_max_s=0.5)
+    with Controller(cfg) as ctl, Publisher(nats_server.url) as publisher:
+        for restart in range(2):
+            target = len(publisher.messages) + 300
+            drive(ctl, lambda: ctl.stats().feeds[0].io.results_out >= target - 40  # noqa: B023
+                  and len(publisher.messages) >= target, timeout_s=30 * UNIT_S, what="replies flowing")  # noqa: B023
+            with publisher.paused():
+                nats_server.kill()  # in the middle of fetching and publishing: no goodbye
+                drive(ctl, lambda: ctl.stats().feeds[0].io.reconnects > restart, timeout_s=10 * UNIT_S,  # noqa: B023
+                      what="the connection lost")
+                nats_server.start()
+        publisher.stop.set()
+        publisher.thread.join(10)
+        published = len(publisher.messages)
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out >= published, timeout_s=30 * UNIT_S,
+              what=f"{published} replies published")
+        snap = ctl.stats()
+        state = jax.tree.map(np.asarray, jax.device_get(ctl.state))
+    assert snap.feeds[0].io.reconnects >= 2 and stream_state(nats_server.url, "SCORES").messages == published
+    by_id, ids = _results(nats_server.url)
+    assert sorted(ids) == sorted(f"TICKS:{i + 1}:0" for i in range(published))  # one result per input
+    results = {by_id[f"TICKS:{i + 1}:0"]["seq"]: [by_id[f"TICKS:{i + 1}:0"]] for i in range(published)}
+    assert_results_match_reference(publisher.messages, results)
+    replies, never_restarted = _never_restarted(publisher.messages)
+    assert [results[m["seq"]][0] for m in publisher.messages] == [replies[m["seq"]] for m in publisher.messages]
+    for got, ref in zip(jax.tree.leaves(state), jax.tree.leaves(never_restarted), strict=True):
+        assert np.array_equal(got, ref)  # nothing applied twice, nothing skipped
+    assert snap.sources[0].applied == published  # each message applied once in this process
