@@ -67,7 +67,7 @@ from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
 from io_loop.settings import FeedSpec, IOSettings
 
-__all__ = ["JetStreamFeed", "msg_id"]
+__all__ = ["JetStreamFeed", "msg_id", "probe_jetstream"]
 
 log = logging.getLogger("forkless.jetstream")
 
@@ -110,6 +110,25 @@ class _Failed(Exception):
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:200]}" if text and text[0] else type(exc).__name__
+
+
+def connect_options(settings: IOSettings, feed: FeedSpec, **callbacks: Any) -> dict[str, Any]:
+    """``nats.connect``'s options for a feed: its servers, credentials and TLS, one attempt per
+    server (the reconnect policy is ours: ``Backoff``), the heartbeat as nats-py's ping."""
+    spec = feed.jetstream
+    servers = [url.strip() for url in feed.url.split(",")]
+    options: dict[str, Any] = {
+        "servers": servers, "name": f"forkless-{feed.name}", "allow_reconnect": False,
+        "max_reconnect_attempts": 1, "reconnect_time_wait": 0, "connect_timeout": settings.connect_timeout_s,
+        "ping_interval": settings.heartbeat_s if settings.heartbeat_s > 0 else 120, "max_outstanding_pings": 2,
+        **callbacks}
+    if spec.token:
+        options["token"] = spec.token
+    if spec.creds:
+        options["user_credentials"] = spec.creds
+    if any(url.startswith("tls://") for url in servers):
+        options["tls"] = make_ssl_context(settings)
+    return options
 
 
 class JetStreamFeed:
@@ -241,18 +260,7 @@ class JetStreamFeed:
         async def on_error(exc: Exception) -> None:  # nats-py's default logs a traceback per error
             self._nats_error = _describe(exc)
 
-        options: dict[str, Any] = {
-            "servers": self.servers, "name": f"forkless-{self.feed.name}", "allow_reconnect": False,
-            "max_reconnect_attempts": 1, "reconnect_time_wait": 0, "connect_timeout": cfg.connect_timeout_s,
-            "error_cb": on_error, "disconnected_cb": on_closed, "closed_cb": on_closed,
-            "ping_interval": cfg.heartbeat_s if cfg.heartbeat_s > 0 else 120, "max_outstanding_pings": 2,
-        }
-        if self.spec.token:
-            options["token"] = self.spec.token
-        if self.spec.creds:
-            options["user_credentials"] = self.spec.creds
-        if any(url.startswith("tls://") for url in self.servers):
-            options["tls"] = make_ssl_context(cfg)
+        options = connect_options(cfg, self.feed, error_cb=on_error, disconnected_cb=on_closed, closed_cb=on_closed)
         try:
             async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(self.servers) + 1):
                 nc = await nats.connect(**options)
@@ -550,3 +558,67 @@ class JetStreamFeed:
         stats.errors_out += errors
         if item.answers:
             stats.answer_errors_out += errors
+
+
+# ---- --check ------------------------------------------------------------------------------------------
+
+
+async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe_window_s: float) -> list[str]:
+    """The network half of ``--check`` for a JetStream feed: connect as the feed would, read the
+    stream, find the stream that stores the results subject and its duplicate window (a warning
+    when shorter than ``dedupe_window_s``). Prints through ``say``; returns the problems (empty:
+    the feed can be used)."""
+    spec = feed.jetstream
+    loop = asyncio.get_running_loop()
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(_describe(exc))
+
+    t0 = loop.time()
+    try:
+        async with asyncio.timeout(settings.connect_timeout_s * 2 * len(feed.url.split(",")) + 1):
+            nc = await nats.connect(**connect_options(settings, feed, error_cb=on_error))
+    except nats.errors.AuthorizationError:
+        return [f"{feed.shown_url} refused the credentials (the user:password in \"nats\", \"token\" or \"creds\")"]
+    except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
+        return [f"cannot connect to {feed.shown_url}: {errors[-1] if errors else _describe(exc)}"]
+    problems: list[str] = []
+    try:
+        say(f"  connected to {feed.shown_url} in {(loop.time() - t0) * 1000:.1f} ms "
+            f"(nats-server {nc.connected_server_version})")
+        jsm = nc.jsm(timeout=settings.connect_timeout_s)
+        try:
+            info = await jsm.stream_info(spec.stream)
+            state = info.state
+            say(f"  stream {spec.stream!r}: {state.messages} messages, sequences {state.first_seq}-{state.last_seq}, "
+                f"subjects {', '.join(info.config.subjects or [])}; consuming {spec.subject or 'all of it'!r} "
+                f"from {'its first message' if spec.start == 'first' else 'new messages'} unless a checkpoint "
+                "recorded a position")
+        except nats.js.errors.NotFoundError:
+            problems.append(f"stream {spec.stream!r} not found on {feed.shown_url}")
+        except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+            problems.append(f"JetStream is not enabled on {feed.shown_url} (nats-server -js)")
+            return problems
+        if spec.results:
+            try:
+                name = await jsm.find_stream_name_by_subject(spec.results)
+                window = (await jsm.stream_info(name)).config.duplicate_window or 0.0
+                say(f"  results subject {spec.results!r}: stored by stream {name!r}, duplicate window {window:g} s")
+                if window < dedupe_window_s:
+                    say(f"  WARNING: the duplicate window of {name!r} ({window:g} s) is shorter than 2 x "
+                        f"FORKLESS_CHECKPOINT_S + 60 s = {dedupe_window_s:g} s: after a restart, a result published "
+                        "again may be stored twice")
+            except nats.js.errors.NotFoundError:
+                problems.append(f"no stream stores the results subject {spec.results!r}")
+        else:
+            say("  no results subject (\"replies\": \"none\")")
+    except NATS_ERRORS as exc:
+        problems.append(f"asking {feed.shown_url} failed: {_describe(exc)}")
+    finally:
+        try:
+            async with asyncio.timeout(1.0):
+                await nc.close()
+        except (*NATS_ERRORS, asyncio.CancelledError):
+            pass
+    return problems

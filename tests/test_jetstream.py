@@ -13,7 +13,9 @@ import pytest
 
 from controller.config import Config, ConfigError
 from controller.loop import Controller
+from controller.metrics import metric_families
 from controller.processor import ewma_processor
+from controller.stats import status_line
 from tests.harness import UNIT_S, assert_books_balance, drive, run_app
 from tests.servers import FeedConn, assert_results_match_reference, make_messages, parse_replies
 
@@ -143,7 +145,33 @@ def test_a_websocket_feed_and_a_jetstream_feed_in_one_process_each_reply_to_its_
     assert ws_feed.io.results_out == 150 and js_feed.io.results_out == 152 and js_feed.io.errors_out == 1
     (src,) = snap.sources
     assert (src.name, src.fetched, src.applied, src.applied_seq, src.lag) == ("ticks", 151, 152, list_seq, 0)
+    assert f"ticks seq {list_seq} lag 0" in status_line(snap, None)
+    fams = {fam.name: fam for fam in metric_families(snap)}
+    assert [(s.labels, s.value) for s in fams["forkless_jetstream_applied_sequence"].samples] == [
+        ({"feed": "ticks"}, list_seq)]
+    assert fams["forkless_jetstream_lag"].samples[0].value == 0
     assert_books_balance(ctl)
+
+
+def test_check_reads_the_stream_and_the_results_stream_warns_of_a_short_window_and_fails_a_missing_stream(
+        nats_server):
+    from tests.natsserver import create_streams
+
+    create_streams(nats_server.url, duplicate_window_s=30)
+    url = nats_server.url.replace("nats://", "nats://user:PASS-SECRET@")  # (the server needs none: ignored)
+    env = {"FORKLESS_FEATURES": str(FEATURES), "FORKLESS_MAX_BATCH": "4", "FORKLESS_FEEDS": json.dumps([
+        _js_feed(url), {"name": "gone", "nats": nats_server.url, "stream": "NOPE", "results": "scores"}])}
+    result = run_app("--check", env=env, timeout_s=60 * UNIT_S)
+    out = result.stdout
+    assert result.returncode == 3, out + result.stderr
+    assert f"ticks={nats_server.url}" in out and "PASS-SECRET" not in out + result.stderr
+    assert f"connected to {nats_server.url} in" in out
+    assert "stream 'TICKS': 0 messages" in out
+    assert "results subject 'scores': stored by stream 'SCORES', duplicate window 30 s" in out
+    assert ("WARNING: the duplicate window of 'SCORES' (30 s) is shorter than 2 x FORKLESS_CHECKPOINT_S + 60 s "
+            "= 180 s") in out
+    assert f"FAILED: stream 'NOPE' not found on {nats_server.url}" in out
+    assert "check FAILED: 1 of 2 feeds failed: feed 'gone'" in out
 
 
 # ---- exactly-once state: the app as a subprocess, killed -----------------------------------------
