@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from typing import Any
 
@@ -452,3 +453,100 @@ def test_the_server_killed_and_restarted_mid_run_loses_nothing_and_applies_nothi
     for got, ref in zip(jax.tree.leaves(state), jax.tree.leaves(never_restarted), strict=True):
         assert np.array_equal(got, ref)  # nothing applied twice, nothing skipped
     assert snap.sources[0].applied == published  # each message applied once in this process
+
+
+# ---- the position, element by element (no server) ------------------------------------------------
+
+
+def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a_payload(tmp_path):
+    from controller.errors import CheckpointMismatch
+    from controller.positions import SourcePositions
+    from io_loop.crossing import Origin
+
+    specs = _config([{"url": "ws://127.0.0.1:9/w", "name": "w"}, _js_feed("nats://127.0.0.1:4222")]).feed_specs
+    pos = SourcePositions(specs)
+    # a batch: a WebSocket message, then elements 0 and 1 of stream message 7 (a list of 3)
+    pos.after_batch([0, 1, 1], [None, Origin(7, 0, False), Origin(7, 1, False)],
+                    [None, Origin(7, 0, False)], [0, 1])  # element 1 of 7 got no reply (the codec's choice)
+    recorded = pos.record()
+    assert recorded == {"ticks": {"stream": "TICKS", "subject": "ticks.>", "seq": 7, "index": 1, "last": False,
+                                  "replied": [7, 0]}}
+    assert Origin(7, 1, False).resume() == (7, 2) and Origin(7, 2, True).resume() == (8, 0)
+    assert SourcePositions.unconfirmed(recorded, {"ticks": (6, 0)}) != []
+    assert SourcePositions.unconfirmed(recorded, {"ticks": (7, 0)}) == []
+    again = SourcePositions(specs)
+    assert again.restore(recorded, tmp_path) == {"ticks": Origin(7, 1, False)}
+    assert again.replied == {}  # the restored checkpoint's replies were stored before it was committed
+    other = _config([_js_feed("nats://127.0.0.1:4222", subject="ticks.a")]).feed_specs
+    with pytest.raises(CheckpointMismatch, match=re.escape("JetStream feed 'ticks': subject: 'ticks.>' in the")):
+        SourcePositions(other).restore(recorded, tmp_path)
+
+
+def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_and_ids_stay_the_same():
+    from io_loop.crossing import Origin
+    from io_loop.jetstream import JetStreamFeed
+    from io_loop.settings import FeedSpec
+
+    pytest.importorskip("nats")
+    cfg = _config([_js_feed("nats://127.0.0.1:4222")])
+    codec = Controller(cfg).codec
+    spec: FeedSpec = cfg.feed_specs[0]
+
+    class Msg:
+        def __init__(self, payload: list) -> None:
+            self.data = json.dumps(payload).encode()
+
+    good = make_messages(3, streams=1, seed=25)
+    payload = [good[0], {"seq": 99}, good[1], good[2]]  # elements 0, 1 and 2 good; the bad one's reply is :3
+
+    async def run() -> tuple[list, list]:
+        inbound, outbox = asyncio.Queue(), asyncio.Queue()
+        from io_loop.counters import IOStats
+
+        feed = JetStreamFeed(cfg.io_settings(), codec, IOStats(), spec, inbound=inbound, outbox=outbox,
+                             resume=Origin(7, 0, False))  # element 0 of message 7 is in the restored state
+        await feed._consume(Msg(payload), 7, 0)
+        await feed._consume(Msg([good[0]]), 8, 0)
+        await feed.handover.flush()
+        await asyncio.sleep(0)
+        chunks = [inbound.get_nowait() for _ in range(inbound.qsize())]
+        return chunks, [outbox.get_nowait() for _ in range(outbox.qsize())]
+
+    chunks, errors = asyncio.run(run())
+    origins = [o for c in chunks for o in c.origin]
+    assert [s for c in chunks for s in c.seq] == [good[1]["seq"], good[2]["seq"], good[0]["seq"]]
+    assert origins == [Origin(7, 1, False), Origin(7, 2, True), Origin(8, 0, True)]
+    (error,) = errors
+    assert error.origin == [Origin(7, 3, True)] and not error.answers  # published again: the same id, dropped
+
+
+@pytest.mark.parametrize(("resume", "first", "last", "expected"), [
+    (None, 5, 9, (5, 0)),  # "start": "first"
+    (None, 0, 0, (1, 0)),  # an empty stream
+    ("new", 5, 9, (10, 0)),
+    ((9, 0, True), 1, 9, (10, 0)),  # everything consumed: the next one
+    ((9, 0, True), 10, 9, (10, 0)),  # purged after it, nothing lost
+    ((9, 1, False), 3, 12, (9, 2)),  # inside a payload's list
+    ((9, 0, True), 11, 20, "its first sequence is 11, the checkpoint recorded 9 as the last applied"),
+    ((9, 1, False), 10, 20, "its first sequence is 10, the checkpoint recorded 9 as the last applied"),
+    ((30, 0, True), 1, 20, "ends at sequence 20, but the checkpoint recorded 30 as the last applied"),
+])
+def test_where_consuming_starts_and_when_the_stream_no_longer_holds_what_the_position_needs(resume, first, last,
+                                                                                              expected):
+    pytest.importorskip("nats")
+    from io_loop.counters import IOStats
+    from io_loop.crossing import Origin
+    from io_loop.errors import PositionLost
+    from io_loop.jetstream import JetStreamFeed
+
+    start = "new" if resume == "new" else "first"
+    cfg = _config([_js_feed("nats://127.0.0.1:4222", start=start)])
+    feed = JetStreamFeed(cfg.io_settings(), Controller(cfg).codec, IOStats(), cfg.feed_specs[0], inbound=None,
+                         outbox=None, resume=Origin(*resume) if isinstance(resume, tuple) else None)
+    if isinstance(expected, str):
+        with pytest.raises(PositionLost, match="FORKLESS_CHECKPOINT_RESTORE=never") as lost:
+            feed._check_position(first, last)
+        assert expected in str(lost.value) and "feed 'ticks'" in str(lost.value)
+    else:
+        feed._check_position(first, last)
+        assert feed._next == expected
