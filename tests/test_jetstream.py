@@ -550,3 +550,17 @@ def test_where_consuming_starts_and_when_the_stream_no_longer_holds_what_the_pos
     else:
         feed._check_position(first, last)
         assert feed._next == expected
+
+
+def test_an_unreachable_server_and_a_missing_stream_give_up_after_the_tries_with_exit_3(nats_server, free_port):
+    env = {"FORKLESS_FEATURES": str(FEATURES), "FORKLESS_MAX_BATCH": "4", "FORKLESS_STATUS_S": "0",
+           "FORKLESS_RECONNECT_TRIES": "2", "FORKLESS_RECONNECT_MIN_S": "0.05", "FORKLESS_RECONNECT_MAX_S": "0.1",
+           "FORKLESS_FEEDS": json.dumps([_js_feed(f"nats://127.0.0.1:{free_port}", name="down"),
+                                         _js_feed(nats_server.url, name="nostream", stream="NOPE")])}
+    result = run_app(env=env, timeout_s=60 * UNIT_S)
+    assert result.returncode == 3, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("forkless: feed error: every feed has given up"), last
+    assert f"giving up on feed 'down' (nats://127.0.0.1:{free_port}) after 2 failed attempts in a row: cannot " \
+           "connect" in last
+    assert f"feed 'nostream' ({nats_server.url}) after 2 failed attempts in a row: stream 'NOPE' not found" in last
