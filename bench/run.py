@@ -18,6 +18,10 @@ the multiprocessing resource tracker included); IO-loop lag at 1,000 msg/s with 
 and with a heavy step (``bench.heavy``); compilations after warm-up; time from process
 start to first result with an empty and with a warm persistent compilation cache.
 
+JetStream (``--jetstream-only``, bench/jetstream.py): a JetStream feed's maximum throughput and
+latency at 1,000 msg/s beside the WebSocket feed's, against a real nats-server; written to
+``OUT/jetstream.json``.
+
 Devices (``--devices-only`` runs just this section): the controller's compiled step alone
 (``bench.devices``) and forkless's maximum throughput with 1, 2 and 4 forced CPU devices
 (``JAX_NUM_CPU_DEVICES``), each in a process of its own, in one run; written to
@@ -903,6 +907,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices-only", action="store_true",
                    help="run only the devices section (1, 2, 4 forced CPU devices) into OUT/devices.json, and "
                         "rewrite bench/README.md's devices block from it")
+    p.add_argument("--jetstream-only", action="store_true",
+                   help="run only the JetStream section (a real nats-server; max throughput and latency at "
+                        "1,000 msg/s beside the WebSocket feed's) into OUT/jetstream.json")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: print the report of OUT/results.json and rewrite bench/README.md's "
                         "results block from it")
@@ -919,6 +926,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     plan = Plan.quick() if a.quick else Plan.full()
     command = "python -m bench.run" + (" --quick" if a.quick else "")
+    if a.jetstream_only:
+        from bench import jetstream  # it imports this module (and nats-py): only when asked for
+
+        out.mkdir(parents=True, exist_ok=True)
+        figures = {**jetstream.section(a.quick), "command": command + " --jetstream-only"}
+        (out / "jetstream.json").write_text(json.dumps(figures, indent=1))
+        print()
+        print(jetstream.markdown(figures))
+        return 0
     if a.devices_only:
         results = run_devices_only(plan, out, command + " --devices-only")
         print()

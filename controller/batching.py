@@ -60,6 +60,7 @@ class Taken:
     feed: list[int]  # per message, the feed it came from
     feeds_mixed: bool = False  # True when ``feed`` holds more than one value
     traces: list[Trace] = field(default_factory=list)  # of the sampled messages in this batch
+    origin: list[Any] | None = None  # per message its ``Origin`` (None for a WebSocket feed's), if any has one
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -124,6 +125,7 @@ class MicroBatcher:
         first_feed = self._chunks[0].feed
         mixed = False
         traces: list[Trace] = []
+        origins: list[Any] | None = None  # only when a chunk of a replayable source is taken
         while len(seqs) < want:
             chunk = self._chunks[0]
             mixed = mixed or chunk.feed != first_feed
@@ -131,6 +133,10 @@ class MicroBatcher:
             if chunk.trace is not None and start == 0:  # the trace is its first message's
                 traces.append(chunk.trace)
             stop = min(len(chunk), start + want - len(seqs))
+            if chunk.origin is not None or origins is not None:
+                if origins is None:
+                    origins = [None] * len(seqs)
+                origins.extend(chunk.origin[start:stop] if chunk.origin is not None else [None] * (stop - start))
             seqs.extend(chunk.seq[start:stop])
             streams.extend(chunk.stream[start:stop])
             xs.append(chunk.x[start:stop])
@@ -145,7 +151,7 @@ class MicroBatcher:
         # what is left was already waiting, so its deadline starts now
         self._first_at = now if self._size else None
         x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=0)
-        return Taken(seqs, streams, x, received, feeds, mixed, traces)
+        return Taken(seqs, streams, x, received, feeds, mixed, traces, origins)
 
 
 def bucket_for(n: int, buckets: tuple[int, ...]) -> int:

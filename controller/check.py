@@ -60,7 +60,10 @@ def run_check(config: Config, processor: Any = None, codec: Codec | None = None,
         step("compiling the step", lambda: _compile(config, processor, say))
     if config.metrics_addr:
         step("metrics address", lambda: check_metrics_addr(config.metrics_addr, say))
-    step("feed", lambda: probe_feed(config.io_settings(), codec, say), code=EXIT_FEED)
+    # a JetStream feed's results stream must drop a result published again after a restart: its
+    # duplicate window must cover a checkpoint interval plus a restart (OPERATING.md "JetStream feeds")
+    step("feed", lambda: probe_feed(config.io_settings(), codec, say, dedupe_window_s=2 * config.checkpoint_s + 60),
+         code=EXIT_FEED)
 
     if failures:
         reasons = "; ".join(f.reason for f in failures)
@@ -84,7 +87,7 @@ def _show_config(config: Config, say: Callable[[str], None]) -> None:
         value = getattr(config, var.field)
         if var.field == "feeds" and value:
             shown = f"{len(config.feed_specs)} feeds: " + ", ".join(
-                f"{feed.name}={redact_url(feed.url)}" for feed in config.feed_specs) + " (subscribe, headers hidden)"
+                f"{feed.name}={feed.shown_url}" for feed in config.feed_specs) + " (subscribe, headers, tokens hidden)"
         elif var.secret:
             if not value:
                 shown = "(unset)"

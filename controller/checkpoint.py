@@ -48,7 +48,8 @@ Rules:
 File layout, format 1 (integers little-endian):
     MAGIC                          b"FORKLESS-CHECKPOINT\\n"
     u64 length, then the header    JSON: format, settings, versions, wall_time, counts,
-                                   streams, and the table of arrays (name, dtype, shape,
+                                   positions (the JetStream feeds', by name), streams, and
+                                   the table of arrays (name, dtype, shape,
                                    offset from the data start, nbytes)
     zeros up to a multiple of 64   then the arrays' bytes (C order), each 64-aligned:
                                    "state<path>" per state leaf, then "streams.names" (UTF-8:
@@ -72,7 +73,7 @@ import re
 import struct
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,8 @@ class Snapshot:
     counts: dict[str, int]
     settings: dict[str, Any]
     wall_time: float
+    # the replayable sources' positions as of the same moment (controller/positions.py), by feed name
+    positions: dict[str, Any] = field(default_factory=dict)
 
     @property
     def processed(self) -> int:
@@ -270,7 +273,8 @@ class PendingSnapshot:
     def __init__(self, state: Any, table: TableCopy, counts: Mapping[str, int], settings: Mapping[str, Any],
                  wall_time: float, *, rows: int, get_state: Callable[[], Any], seen_shift: float = 0.0,
                  incremental: bool = True, intact: Callable[[], bool] | None = None,
-                 host_copy: Callable[[Any], Any] = jax.device_get) -> None:
+                 host_copy: Callable[[Any], Any] = jax.device_get,
+                 positions: Mapping[str, Any] | None = None) -> None:
         self.incremental = incremental and shares_device_memory(state)
         self._state_copy = StateCopy(state, rows) if self.incremental else None
         self._host = None
@@ -281,6 +285,7 @@ class PendingSnapshot:
         self._intact = intact
         self.counts = {k: int(v) for k, v in counts.items()}
         self.settings = dict(settings)
+        self.positions = dict(positions or {})
         self.wall_time = float(wall_time)
         self.seen_shift = float(seen_shift)
         self.chunks = 0  # advance() calls that copied something
@@ -329,7 +334,7 @@ class PendingSnapshot:
         last_seen += self.seen_shift
         return Snapshot(jax.tree.map(lambda leaf: leaf if isinstance(leaf, CanonicalRows) else np.asarray(leaf), state),
                         names, slots, last_seen,
-                        self.counts, self.settings, self.wall_time)
+                        self.counts, self.settings, self.wall_time, self.positions)
 
     def release(self) -> None:
         """Call once the file is written or failed, or the copy dropped: the stream table stops
@@ -353,6 +358,7 @@ class Restored:
     versions: dict[str, str]
     wall_time: float
     nbytes: int
+    positions: dict[str, Any] = field(default_factory=dict)  # by feed name (controller/positions.py)
 
     @property
     def processed(self) -> int:
@@ -506,6 +512,7 @@ def _encode(snapshot: Snapshot, pause: Callable[[], None] = _no_pause) -> Iterat
         "wall_time": snapshot.wall_time,
         "processed": snapshot.processed,
         "counts": snapshot.counts,
+        "positions": snapshot.positions,
         "streams": len(snapshot.names),
         "names_encoding": names_encoding,
         "arrays": table,
@@ -663,7 +670,7 @@ def load_newest(directory: Path | str, expect: Mapping[str, Any], like: Any) -> 
         return Restored(path=path, state=state, names=names, slots=slots, last_seen=last_seen,
                         counts=dict(header.get("counts", {})), settings=dict(header.get("settings", {})),
                         versions=dict(header.get("versions", {})), wall_time=float(header.get("wall_time", 0.0)),
-                        nbytes=os.path.getsize(path))
+                        nbytes=os.path.getsize(path), positions=dict(header.get("positions", {})))
     return None
 
 

@@ -18,6 +18,9 @@ Rules:
   copy that cannot be completed (``CheckpointAbandoned``, or any error) is dropped and
   counted in ``failures`` (``abandoned``); one in progress at ``stop`` is dropped for the
   final checkpoint and counted in ``skipped``.
+- A snapshot with positions (JetStream feeds) is written only once ``before_write(positions)``
+  returns: the controller waits there, on the writer thread, until the results stream has
+  stored every reply to the messages the positions cover; if it raises, that checkpoint fails.
 - A failed write never raises into the caller: it is counted in ``failures``, its text kept in
   ``last_error``, and logged once per distinct error on "forkless.checkpoint".
 - Each counter has one writer thread: ``skipped``, ``submitted``, ``abandoned``, ``last_copy_*``
@@ -107,7 +110,8 @@ class Checkpointer:
 
     def __init__(self, directory: Path | str, *, keep: int = 3, interval_s: float = 60.0,
                  write: WriteFn = write_checkpoint, copy_budget_s: float = COPY_BUDGET_S,
-                 pause_s: float = PAUSE_S, background: bool = True) -> None:
+                 pause_s: float = PAUSE_S, background: bool = True,
+                 before_write: Callable[[dict[str, Any]], None] | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         if not interval_s > 0:
@@ -117,6 +121,9 @@ class Checkpointer:
         self.interval_s = interval_s
         self.pause_s = pause_s
         self.background = background
+        # called on the writer thread with a snapshot's positions before it is written (the
+        # controller waits there for its replies to be stored); raising fails that checkpoint
+        self.before_write = before_write
         # the default writer pauses between its chunks; a custom one (tests) is called as given
         self._write = functools.partial(write_checkpoint, pause=self._pause) if write is write_checkpoint else write
         self.copy_budget_s = copy_budget_s
@@ -317,6 +324,8 @@ class Checkpointer:
         try:
             # a copied PendingSnapshot becomes a Snapshot here (the stream table put in LRU order)
             snapshot = job if isinstance(job, Snapshot) else job.finish(self._pause)
+            if self.before_write is not None and snapshot.positions:
+                self.before_write(snapshot.positions)
             size = self._write(path, snapshot)
         except Exception as exc:
             self._failed(exc)

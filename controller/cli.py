@@ -35,6 +35,7 @@ from controller.errors import (
     FeedFatal,
     IOThreadError,
     MetricsServerError,
+    PositionLost,
     ProcessorContractError,
 )
 from controller.logs import flush_log_repeats, setup_logging
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     except ProcessorContractError as exc:
         print(f"forkless: processor error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    except CheckpointMismatch as exc:
+    except (CheckpointMismatch, PositionLost) as exc:
         print(f"forkless: checkpoint error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except IOThreadError as exc:

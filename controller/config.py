@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from io_loop.netaddr import parse_host_port, redact_url, url_host_port
-from io_loop.settings import REPLY_POLICIES, FeedSpec, IOSettings
+from io_loop.settings import REPLY_POLICIES, FeedSpec, IOSettings, JetStreamSpec
 
 PREFIX = "FORKLESS_"
 BUCKET_GROWTH = 4
@@ -176,6 +176,10 @@ def _checkpoint_dir(text: str) -> str:
 
 FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 FEED_KEYS = ("url", "subscribe", "headers", "name", "required", "replies")
+# a JetStream feed: an entry with "nats" (README "JetStream feeds")
+JETSTREAM_KEYS = ("name", "nats", "stream", "subject", "results", "start", "required", "replies", "token", "creds")
+STREAM_NAME = re.compile(r"[^\s.*>/\\]{1,255}")  # what nats-server accepts as a stream name
+SUBJECT_TOKEN = re.compile(r"[^\s.]+")
 
 
 class ValueProblem(ValueError):
@@ -203,6 +207,9 @@ def _feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:
         name = item.get("name", str(index))
         if isinstance(name, str) and FEED_NAME.fullmatch(name):
             where = f"feed {index} ({name!r})"
+        if "nats" in item:  # a JetStream feed: its own fields
+            feeds.append(_jetstream_feed(item, name, where, replies))
+            continue
         unknown = sorted(set(item) - set(FEED_KEYS))
         if unknown:
             raise ValueProblem(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; "
@@ -238,6 +245,80 @@ def _feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:
     return tuple(feeds)
 
 
+def _subject(text: Any, *, wildcards: bool) -> bool:
+    """A NATS subject: dot-separated tokens without spaces; with ``wildcards``, a token may be
+    ``*``, and the last one ``>``."""
+    if not isinstance(text, str) or not 0 < len(text) <= 1024:
+        return False
+    tokens = text.split(".")
+    for i, token in enumerate(tokens):
+        if not SUBJECT_TOKEN.fullmatch(token):
+            return False
+        wildcard = token == "*" or (token == ">" and i == len(tokens) - 1)
+        if ("*" in token or ">" in token) and not (wildcards and wildcard):
+            return False
+    return True
+
+
+def _jetstream_feed(item: dict[str, Any], name: Any, where: str, default_replies: str = "all") -> FeedSpec:
+    """One JetStream entry of ``FORKLESS_FEEDS`` (see ``JETSTREAM_KEYS``); ``ValueProblem`` names the
+    feed and the field, never a secret (the URL's credentials, ``token``)."""
+    unknown = sorted(set(item) - set(JETSTREAM_KEYS))
+    if unknown:
+        raise ValueProblem(f"{where}: unknown field(s) {', '.join(map(repr, unknown))} for a JetStream feed; "
+                           f"its fields are {', '.join(JETSTREAM_KEYS)}")
+    if not isinstance(name, str) or not FEED_NAME.fullmatch(name):
+        raise ValueProblem(f'{where}: "name" must be 1-64 letters, digits, "_", "." or "-"')
+    servers = item["nats"]
+    try:
+        if not isinstance(servers, str) or not servers.strip():
+            raise ValueError
+        for url in servers.split(","):
+            scheme, sep, _ = url.strip().partition("://")
+            if scheme not in ("nats", "tls") or not sep:
+                raise ValueError
+            url_host_port(url.strip())
+    except ValueError:
+        raise ValueProblem(f'{where}: "nats" must be one nats:// or tls:// URL, or several comma-separated '
+                           "(host, port 1-65535)") from None
+    stream = item.get("stream")
+    if not isinstance(stream, str) or not STREAM_NAME.fullmatch(stream):
+        raise ValueProblem(f'{where}: "stream" must name a JetStream stream (1-255 characters, no spaces, '
+                           '".", "*", ">", "/" or "\\")')
+    subject = item.get("subject", "")
+    if subject != "" and not _subject(subject, wildcards=True):
+        raise ValueProblem(f'{where}: "subject" must be a NATS subject filter such as "ticks.>" (dot-separated '
+                           'tokens, "*" for one token, ">" last), or left out for the whole stream')
+    replies = item.get("replies", default_replies)
+    if replies not in REPLY_POLICIES:
+        raise ValueProblem(f'{where}: "replies" must be one of {", ".join(map(repr, REPLY_POLICIES))}')
+    results = item.get("results", "")
+    if results == "" and replies != "none":
+        raise ValueProblem(f'{where}: "results" is required: the subject its replies are published to '
+                           '(unless "replies" is "none")')
+    if results != "" and not _subject(results, wildcards=False):
+        raise ValueProblem(f'{where}: "results" must be a NATS subject without wildcards, such as "scores"')
+    start = item.get("start", "first")
+    if start not in ("first", "new"):
+        raise ValueProblem(f'{where}: "start" must be "first" or "new"')
+    required = item.get("required", True)
+    if not isinstance(required, bool):
+        raise ValueProblem(f'{where}: "required" must be true or false')
+    token = item.get("token", "")
+    if not isinstance(token, str):
+        raise ValueProblem(f'{where}: "token" must be a string')
+    creds = item.get("creds", "")
+    if not isinstance(creds, str) or (creds and not os.path.isfile(creds)):
+        raise ValueProblem(f'{where}: "creds" must be the path of an existing NATS .creds file')
+    sources = [what for what, present in (
+        ("a user:password in \"nats\"", any(urlsplit(u.strip()).username for u in servers.split(","))),
+        ('"token"', bool(token)), ('"creds"', bool(creds))) if present]
+    if len(sources) > 1:
+        raise ValueProblem(f"{where}: one source of credentials, not {' and '.join(sources)}")
+    return FeedSpec(name, servers.strip(), required=required, replies=replies,
+                    jetstream=JetStreamSpec(stream, subject, results, start, token=token, creds=creds))
+
+
 def _feeds_text(text: str) -> str:
     """``FORKLESS_FEEDS`` as given, or the text of the ``@path`` file it names; checked by ``_feed_list``."""
     text = text.strip()
@@ -270,10 +351,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HEADERS", "headers", _headers, "a JSON object of string values",
              "extra handshake headers; never logged", secret=True),
     Variable("FEEDS", "feeds", _feeds_text,
-             'a JSON list of {"url", "subscribe", "headers", "name", "required", "replies"} objects, or @path to a file'
+             'a JSON list of {"url", "subscribe", "headers", "name", "required", "replies"} objects (WebSocket feeds)'
+             ' and {"nats", "stream", "subject", "results", "start", …} objects (JetStream feeds), or @path to a file'
              " holding one; not together with WS_URL or SUBSCRIBE",
-             "several feeds in one process, each its own connection (README \"Several feeds\"); never"
-             " logged", secret=True),
+             "several feeds in one process, each its own connection (README \"Several feeds\", OPERATING.md"
+             " \"JetStream feeds\"); never logged", secret=True),
     Variable("SHARED_STREAMS", "shared_streams", _bool, "0 or 1",
              "with several feeds: 1 makes a stream name the same stream on every feed (one state);"
              " 0 keeps feed:stream apart"),
@@ -452,6 +534,8 @@ class Config:
         Authorization header in HEADERS or the feed's headers (aiohttp refuses two at once, and mid-run)."""
         several = bool(self.feeds)
         for feed in self.feed_specs if (self.ws_url or several) else ():
+            if feed.jetstream is not None:  # checked with its entry (_jetstream_feed)
+                continue
             sources = []
             where = f"in {feed.label}" if several else "in FORKLESS_WS_URL"
             if urlsplit(feed.url).username or urlsplit(feed.url).password:

@@ -335,7 +335,8 @@ class Engine:
         self._state = self._compiled.reset(self._state, self._compiled.template, idx)
 
     def begin_snapshot(self, table: TableCopy, counts: Mapping[str, int], settings: Mapping[str, Any],
-                       wall_time: float, *, seen_shift: float, incremental: bool) -> PendingSnapshot:
+                       wall_time: float, *, seen_shift: float, incremental: bool,
+                       positions: Mapping[str, Any] | None = None) -> PendingSnapshot:
         """A checkpoint of the state as of now (between two steps), copied a chunk at a time by
         its ``advance`` between the next steps, or at once (``incremental=False``, several
         devices, an accelerator); the engine keeps it exact until it is copied."""
@@ -343,7 +344,7 @@ class Engine:
         pending = PendingSnapshot(
             self._state, table, counts, settings, wall_time, rows=self._config.max_streams + 1,
             get_state=lambda: self._state, seen_shift=seen_shift, incremental=incremental and layout.copies_rows,
-            intact=lambda: self.generation == generation, host_copy=layout.host_copy)
+            intact=lambda: self.generation == generation, host_copy=layout.host_copy, positions=positions)
         self._copying = pending
         return pending
 

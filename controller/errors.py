@@ -1,7 +1,7 @@
 """The exceptions that end a run for a reason the program reports in one line.
 
 Rules:
-- The three the IO side raises (``FeedFatal``, ``MetricsServerError``, ``IOThreadError``) are
+- The four the IO side raises (``FeedFatal``, ``MetricsServerError``, ``PositionLost``, ``IOThreadError``) are
   defined in ``io_loop/errors.py`` (the leaf imports nothing from here) and re-exported here,
   the same classes, so the composition layer and embedding code catch them by these names.
 - The process's exit statuses are stated here, once; ``app.py``/``forkless``, ``--check`` and
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
+from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, PositionLost
 
 __all__ = [
     "EXIT_CONFIG",
@@ -26,6 +26,7 @@ __all__ = [
     "FeedFatal",
     "IOThreadError",
     "MetricsServerError",
+    "PositionLost",
     "ProcessorContractError",
 ]
 
@@ -35,7 +36,8 @@ EXIT_STATUSES = {
     EXIT_OK: "clean stop (or --check passed)",
     EXIT_CRASH: "crash, traceback printed (or --check: JAX, compilation or the metrics address failed)",
     EXIT_CONFIG: "bad configuration, one line naming the variable (or a FORKLESS_METRICS_ADDR that cannot be "
-                 "served, a processor that breaks the contract, or a checkpoint written with other settings)",
+                 "served, a processor that breaks the contract, a checkpoint written with other settings, or a "
+                 "JetStream stream that no longer holds the messages the checkpoint needs)",
     EXIT_FEED: "the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up; with "
                "several feeds, every feed (or one, with FORKLESS_FEED_FATAL=any) (or --check: a feed is unreachable)",
     EXIT_INTERRUPTED: "a second Ctrl-C (SIGINT) during the orderly stop: the IO side aborted, what was not sent is "

@@ -62,6 +62,7 @@ from controller.config import Config
 from controller.engine import Engine, StepFailed, compile_step, state_shapes
 from controller.errors import ProcessorContractError
 from controller.host import ProcessSettings, StopSignals
+from controller.positions import SourcePositions
 from controller.processor import Processor, default_processor
 from controller.slots import StreamSlots
 from controller.stats import (
@@ -70,6 +71,7 @@ from controller.stats import (
     IOSnapshot,
     IOStats,
     MainStats,
+    SourceFigures,
     StatsSnapshot,
     add_hops,
     books_line,
@@ -85,6 +87,10 @@ __all__ = ["Controller", "IOFactory", "IOSide", "OnConnect", "OnResults", "compi
 log = logging.getLogger("forkless.controller")
 
 POLL_S = 0.1
+# a checkpoint with JetStream positions waits (on the writer thread) this long at least for the
+# results stream to acknowledge the replies it covers, polling every CONFIRM_POLL_S
+CONFIRM_WAIT_S = 10.0
+CONFIRM_POLL_S = 0.005
 NON_FINITE_REASON = "processing produced a non-finite result (the stream starts again)"
 STOP_RESERVE_S = 0.5  # of SHUTDOWN_TIMEOUT_S (at most a third), kept for ending the threads and the process
 # How long a thread may hold the GIL while another waits for it (CPython's default is 5 ms).
@@ -128,14 +134,16 @@ IO thread), and a custom factory (the tests' fake IO side) makes no connections 
 
 
 def _io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
-               on_connect: OnConnect | None = None) -> IOSide:
+               on_connect: OnConnect | None = None, positions: dict[str, Any] | None = None) -> IOSide:
+    """The real IO side; ``positions``: the JetStream feeds' positions a restored checkpoint
+    recorded (passed only when there are some)."""
     render = None
     if config.metrics_addr:
         from controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
 
         render = exposition(snapshot)
     return IOThread(config.io_settings(), codec, stats, stats_snapshot=snapshot, render_metrics=render,
-                    on_connect=on_connect)
+                    on_connect=on_connect, positions=positions)
 
 
 class Controller:
@@ -178,8 +186,13 @@ class Controller:
                 "checkpoints (FORKLESS_CHECKPOINT_DIR) need a processor that declares its identity: build it with "
                 "Processor(init, step, name=..., version=...) (the name and version are stored in each checkpoint "
                 "and matched on restore)")
+        # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
+        self.sources = SourcePositions(cfg.feed_specs)
+        self._restored_positions: dict[str, Any] = {}
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint_keep, interval_s=cfg.checkpoint_s,
-                                         background=cfg.checkpoint_priority == "idle") if cfg.checkpoints_on else None
+                                         background=cfg.checkpoint_priority == "idle",
+                                         before_write=self._await_replies if self.sources else None) \
+            if cfg.checkpoints_on else None
         self.restored_from: str | None = None
         # False: each checkpoint copies the whole state at once, as on an accelerator (tests and
         # bench/checkpoint_stall.py compare it with the copy between steps)
@@ -243,8 +256,9 @@ class Controller:
                 self._restore(restored)
             self.checkpointer.start()
         self._host.apply()
+        extra = {"positions": self._restored_positions} if self._restored_positions else {}
         try:
-            self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats)
+            self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats, **extra)
             self._side = self._io.start()
         except BaseException:  # no IO side (MetricsServerError, say): give back what apply() changed
             self._host.restore()
@@ -306,6 +320,8 @@ class Controller:
         main = self.main_stats
         main.processed = int(restored.counts.get("processed", 0))
         main.anomalies = int(restored.counts.get("anomalies", 0))
+        # each JetStream feed goes on from the message after the one its state holds
+        self._restored_positions = self.sources.restore(restored.positions, restored.path)
         self.restored_from = str(restored.path)
         log.info("restored %d streams from %s (checkpoint of %s, %d messages processed before)",
                  restored.streams, restored.path,
@@ -324,7 +340,26 @@ class Controller:
             self.slots.begin_copy(), {"processed": main.processed, "anomalies": main.anomalies},
             {**self._checkpoint_settings(), "alpha": cfg.alpha, "threshold": cfg.threshold,
              "warmup": cfg.warmup, "devices": len(self.engine.devices)}, wall, seen_shift=wall - time.monotonic(),
-            incremental=self.incremental_checkpoints if incremental is None else incremental)
+            incremental=self.incremental_checkpoints if incremental is None else incremental,
+            positions=self.sources.record() if self.sources else None)
+
+    def _await_replies(self, positions: dict[str, Any]) -> None:
+        """On the checkpoint writer's thread, before a checkpoint with JetStream positions is
+        written: wait until the results stream has acknowledged every reply to the messages at or
+        below them (after a kill -9 those are not replayed, so their replies must be stored).
+        Raises (the checkpoint fails, the previous one stays the newest) if that takes longer
+        than ``CONFIRM_WAIT_S`` or a checkpoint interval, whichever is longer."""
+        deadline = time.monotonic() + max(CONFIRM_WAIT_S, self.config.checkpoint_s)
+        while True:
+            io = self._io
+            feeds = io.snapshot().feeds if io is not None else ()
+            confirmed = {f.name: f.io.source.confirmed for f in feeds if f.io.source is not None}
+            behind = SourcePositions.unconfirmed(positions, confirmed)
+            if not behind:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError("replies not stored by the results stream in time: " + "; ".join(behind))
+            time.sleep(CONFIRM_POLL_S)
 
     def request_stop(self) -> None:
         """Ask ``run()`` to stop; safe from signal handlers and other threads.
@@ -595,15 +630,20 @@ class Controller:
             trace.ns[OUTBOUND] = handed
         if rows:
             self._observe_latency(taken, rows, handed)
+        # JetStream feeds: each reply carries its message's origin (its id), and the feed's position moves
+        sources = None if taken.origin is None else [taken.origin[i] for i in origin]
         if not frames:
             self._end_traces(traces)  # nothing goes to the IO thread: the sampled messages end here
         elif not taken.feeds_mixed:
-            self._put_outbound(Outgoing(frames, received, error_at, feed=taken.feed[0], traces=traces), deadline)
+            self._put_outbound(Outgoing(frames, received, error_at, feed=taken.feed[0], traces=traces,
+                                        origin=sources), deadline)
         else:  # several feeds in one batch: each feed's replies go back on its own connection
-            parts = _split_by_feed(frames, received, error_at, [taken.feed[i] for i in origin], traces)
+            parts = _split_by_feed(frames, received, error_at, [taken.feed[i] for i in origin], traces, sources)
             sent = {part.feed for part in parts}
             self._end_traces([trace for trace in traces if trace.feed not in sent])
             self._put_outbound(parts[0] if len(parts) == 1 else Outgoing([], parts=tuple(parts)), deadline)
+        if sources is not None:
+            self.sources.after_batch(taken.feed, taken.origin, sources, [taken.feed[i] for i in origin])
         if host_error is not None:
             raise host_error
 
@@ -837,7 +877,22 @@ class Controller:
             last_error=io.last_error,
             feeds=io.feeds,
             hops=add_hops(io.hops, {hop: histogram.snapshot() for hop, histogram in main.hops.items()}),
+            sources=self._source_figures(io) if self.sources else (),
         )
+
+    def _source_figures(self, io: IOSnapshot) -> tuple[SourceFigures, ...]:
+        """Each JetStream feed's figures: the IO side's fetching and confirmations, the main thread's position."""
+        out = []
+        for feed in io.feeds:
+            src = feed.io.source
+            if src is None:
+                continue
+            index = next(i for i, spec in self.sources.specs.items() if spec.name == feed.name)
+            applied = self.sources.consumed.get(index)
+            applied_seq = 0 if applied is None else applied.seq - (0 if applied.last else 1)
+            out.append(SourceFigures(feed.name, src.fetched, self.sources.applied.get(index, 0), applied_seq,
+                                     src.confirmed[0], src.stream_last_seq, src.skipped, src.duplicates))
+        return tuple(out)
 
     @property
     def metrics_url(self) -> str | None:
@@ -864,16 +919,17 @@ class Controller:
 
 
 def _split_by_feed(frames: list, received: list[int], error_at: tuple[int, ...],
-                   feeds: list[int], traces: list[Trace]) -> list[Outgoing]:
-    """One ``Outgoing`` per feed, each keeping its frames' order (``feeds``: each frame's feed)
-    and the sampled messages' traces of that feed."""
+                   feeds: list[int], traces: list[Trace], origin: list | None = None) -> list[Outgoing]:
+    """One ``Outgoing`` per feed, each keeping its frames' order (``feeds``: each frame's feed),
+    the sampled messages' traces of that feed and, from JetStream feeds, each frame's ``origin``."""
     errors = set(error_at)
     by_feed: dict[int, list[int]] = {}
     for j, feed in enumerate(feeds):
         by_feed.setdefault(feed, []).append(j)
     return [Outgoing([frames[j] for j in picked], [received[j] for j in picked],
                      tuple(k for k, j in enumerate(picked) if j in errors), feed=feed,
-                     traces=[trace for trace in traces if trace.feed == feed])
+                     traces=[trace for trace in traces if trace.feed == feed],
+                     origin=None if origin is None else [origin[j] for j in picked])
             for feed, picked in by_feed.items()]
 
 

@@ -39,6 +39,7 @@ from controller.stats import (
     FeedSnapshot,
     HistogramSnapshot,
     IOSnapshot,
+    SourceFigures,
     StatsSnapshot,
 )
 
@@ -151,6 +152,34 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(devices)
     fams.extend(_device_families(snap))
     fams.extend(_checkpoint_families(snap))
+    fams.extend(_jetstream_families(snap))
+    return fams
+
+
+def _jetstream_families(snap: StatsSnapshot) -> list[Metric]:
+    """Each JetStream feed's position (OPERATING.md "JetStream feeds"); no samples without one."""
+    rows = [
+        (CounterMetricFamily, "forkless_jetstream_fetched", "Stream messages a JetStream feed fetched (a replay's "
+         "included).", "fetched"),
+        (CounterMetricFamily, "forkless_jetstream_applied", "Messages of a JetStream feed run through the step in "
+         "this process.", "applied"),
+        (GaugeMetricFamily, "forkless_jetstream_applied_sequence", "The last stream sequence whose every element the "
+         "state holds (a checkpoint records it).", "applied_seq"),
+        (GaugeMetricFamily, "forkless_jetstream_confirmed_sequence", "The stream sequence of the last reply the "
+         "results stream acknowledged.", "confirmed_seq"),
+        (GaugeMetricFamily, "forkless_jetstream_lag", "Stream messages not yet applied: the stream's last sequence "
+         "minus the last applied.", "lag"),
+        (CounterMetricFamily, "forkless_jetstream_skipped", "Deliveries at or below the position already consumed, "
+         "not applied again.", "skipped"),
+        (CounterMetricFamily, "forkless_jetstream_duplicate_replies", "Replies the results stream dropped as "
+         "duplicates (published again after a replay).", "duplicates"),
+    ]
+    fams = []
+    for kind, name, doc, attr in rows:
+        fam = kind(name, doc, labels=["feed"])
+        for src in snap.sources:
+            fam.add_metric([src.name], getattr(src, attr))
+        fams.append(fam)
     return fams
 
 
@@ -314,7 +343,7 @@ def _every_field_populated() -> StatsSnapshot:
         write_latency=seconds, feed_latency=(seconds,), replies_declined={_VARIES: 1},
         loop_lag=seconds, step_seconds=seconds, compilations=1, compilations_after_warmup=0, devices=(_VARIES,),
         ready=True, compiled=True, last_error="x", device_messages=(1,), device_rows=1,
-        hops=dict.fromkeys((*HOPS, "total"), seconds),
+        hops=dict.fromkeys((*HOPS, "total"), seconds), sources=(SourceFigures(_VARIES, 1, 1, 1, 1, 2, 1, 1),),
         feeds=(FeedSnapshot(_VARIES, True, "x", IOSnapshot(
             frames_in=1, messages_in=1, results_out=1, errors_out=1, answer_errors_out=1, error_replies_unsent=1,
             written_unconfirmed=1, errors={}, dropped={}, connects=1, reconnects=1, connect_failures=1,

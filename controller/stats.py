@@ -35,8 +35,8 @@ from io_loop.counters import (
 )
 
 __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "HistogramSnapshot", "IOSnapshot",
-           "IOStats", "MainStats", "StatsSnapshot", "add_hops", "books_line", "checkpoint_part", "combine_io",
-           "copy_counts", "new_hops", "observe_hops", "status_line"]
+           "IOStats", "MainStats", "SourceFigures", "StatsSnapshot", "add_hops", "books_line", "checkpoint_part",
+           "combine_io", "copy_counts", "new_hops", "observe_hops", "status_line"]
 
 @dataclass
 class MainStats:
@@ -57,6 +57,26 @@ class MainStats:
     latency: list[Histogram] = field(default_factory=lambda: [Histogram(SECONDS_BOUNDS)])
     # the latency budget of the sampled messages whose batch sent their feed no frame (ends at "assemble")
     hops: dict[str, Histogram] = field(default_factory=new_hops)
+
+
+@dataclass(frozen=True)
+class SourceFigures:
+    """One JetStream feed's position figures: what its IO side fetched and had acknowledged, and
+    what the main thread applied (OPERATING.md "JetStream feeds")."""
+
+    name: str
+    fetched: int  # stream messages fetched (a replay's included)
+    applied: int  # messages run through the step in this process
+    applied_seq: int  # the last stream sequence whose every element the state holds (0: none)
+    confirmed_seq: int  # the stream sequence of the last reply the results stream acknowledged
+    stream_last_seq: int  # the stream's last sequence, as last seen
+    skipped: int = 0  # deliveries at or below the position, not applied again
+    duplicates: int = 0  # replies the results stream dropped as already stored (after a replay)
+
+    @property
+    def lag(self) -> int:
+        """Stream messages not yet applied: the stream's last sequence minus the last applied."""
+        return max(0, self.stream_last_seq - self.applied_seq)
 
 
 @dataclass(frozen=True)
@@ -117,6 +137,7 @@ class StatsSnapshot:
     # receipt -> reply frame written (results and error frames answering a message), where frames are written
     write_latency: HistogramSnapshot = field(default_factory=lambda: Histogram(SECONDS_BOUNDS).snapshot())
     feed_latency: tuple[HistogramSnapshot, ...] = ()  # ``latency`` per feed (the order of ``feeds``)
+    sources: tuple[SourceFigures, ...] = ()  # the JetStream feeds' positions (empty without one)
 
     @property
     def device_fill(self) -> float:
@@ -197,6 +218,7 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
         f"io-lag p99 {_ms(lag.quantile(0.99))}",
         f"reconnects {now.reconnects}",
         *([checkpoint_part(now)] if now.checkpoints_on else []),
+        *(f"{src.name} seq {src.applied_seq} lag {src.lag}" for src in now.sources),
         conn,
     ]
     if len(now.devices) > 1:  # how full the per-device sub-batches ran, in this window

@@ -26,7 +26,7 @@ from typing import Any
 from io_loop.crossing import HOPS
 
 __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "HistogramSnapshot", "IOSnapshot",
-           "IOStats", "add_hops", "combine_io", "copy_counts", "new_hops", "observe_hops"]
+           "IOStats", "SourceStats", "add_hops", "combine_io", "copy_counts", "new_hops", "observe_hops"]
 
 # latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
 SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
@@ -143,6 +143,21 @@ class HistogramSnapshot:
 
 
 @dataclass
+class SourceStats:
+    """A replayable source's position on the IO side (a JetStream feed, io_loop/jetstream.py);
+    written by its feed only, copied whole (``dataclasses.replace``) into its snapshot."""
+
+    fetched: int = 0  # source messages taken from the stream (replayed ones included)
+    skipped: int = 0  # deliveries at or below the position already consumed: not handed over again
+    next_seq: int = 0  # the stream sequence consumed next (0: not known yet)
+    stream_last_seq: int = 0  # the stream's last sequence, as last seen (stream info, deliveries)
+    # (sequence, index) of the last reply whose publication the results stream acknowledged;
+    # replies are published in order, so every reply before it is stored too
+    confirmed: tuple[int, int] = (0, -1)
+    duplicates: int = 0  # replies the results stream dropped as duplicates (published again after a replay)
+
+
+@dataclass
 class IOStats:
     """Written by the IO thread only; read from elsewhere through ``snapshot()``."""
 
@@ -168,6 +183,7 @@ class IOStats:
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
     # the latency budget: seconds per hop of the sampled messages (batching.HOPS, then "total")
     hops: dict[str, Histogram] = field(default_factory=lambda: new_hops())
+    source: SourceStats | None = None  # a JetStream feed's position (None for a WebSocket feed)
 
     def observe_hops(self, seconds: list[float]) -> None:
         """One sampled message's ``Trace.hops_s()``."""
@@ -186,6 +202,7 @@ class IOStats:
             write_latency=self.write_latency.snapshot(), loop_lag=self.loop_lag.snapshot(),
             inbound_depth=inbound_depth, outbound_depth=outbound_depth, unsent=unsent,
             hops={hop: histogram.snapshot() for hop, histogram in self.hops.items()},
+            source=None if self.source is None else dataclasses.replace(self.source),
         )
 
 
@@ -216,6 +233,7 @@ class IOSnapshot:
     feeds: tuple[FeedSnapshot, ...] = ()  # each feed's own figures (``combine_io`` made the totals above)
     hops: dict[str, HistogramSnapshot] = field(default_factory=dict)  # the latency budget (IOStats.hops)
     replies_declined: dict[str, int] = field(default_factory=dict)  # IOStats.replies_declined
+    source: SourceStats | None = None  # a JetStream feed's position, copied (a feed's own snapshot only)
 
 
 @dataclass(frozen=True)

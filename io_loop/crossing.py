@@ -15,10 +15,27 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICKED", "READ", "SAMPLE_EVERY",
-           "STEP", "TAKEN", "WRITTEN", "Chunk", "Outgoing", "Trace", "count_unsent"]
+           "STEP", "TAKEN", "WRITTEN", "Chunk", "Origin", "Outgoing", "Trace", "count_unsent"]
+
+
+class Origin(NamedTuple):
+    """Where one message of a replayable source (a JetStream feed, io_loop/jetstream.py) came
+    from: the stream sequence of its source message, its index there (a payload may hold a
+    list: the good elements are 0, 1, … in order, the error replies of the bad ones follow),
+    and whether it is the last good element of that source message. The last ``Origin`` a
+    feed's messages reached the main thread with is that feed's position; a reply carries its
+    message's ``Origin`` so that it is published with the id ``<stream>:<seq>:<index>``."""
+
+    seq: int
+    index: int
+    last: bool
+
+    def resume(self) -> tuple[int, int]:
+        """Where consuming goes on after this element: (stream sequence, good elements of it to skip)."""
+        return (self.seq + 1, 0) if self.last else (self.seq, self.index + 1)
 
 # ---- the latency budget: hop times of a sample of messages ---------------------------------
 
@@ -66,6 +83,7 @@ class Chunk:
     received_ns: int
     feed: int = 0  # index of the feed (``IOSettings.feed_specs``) whose connection it came from
     trace: Trace | None = None  # one in SAMPLE_EVERY messages: its first message's hop times
+    origin: list[Origin] | None = None  # per message, from a replayable source (JetStream); None otherwise
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -96,6 +114,7 @@ class Outgoing:
     feed: int = 0
     parts: tuple[Outgoing, ...] = ()
     traces: list[Trace] = field(default_factory=list)  # sampled messages among those answered here
+    origin: list[Origin] | None = None  # per frame, its message's (a JetStream feed's replies); else None
 
     def unbundled(self) -> tuple[Outgoing, ...]:
         """The items to send: the parts of a bundle, else this item itself."""

@@ -3,18 +3,24 @@
 Rules:
 - Defined here, in the leaf, and re-exported by ``controller.errors`` (the same classes), so a
   caller of the controller never reaches into the IO side's modules to catch them.
-- ``IOThread.raise_if_failed`` re-raises ``FeedFatal`` and ``MetricsServerError`` as they are;
+- ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
 - The exit status each maps to is stated in ``controller/errors.py``, with the others.
 """
 
 from __future__ import annotations
 
-__all__ = ["FeedFatal", "IOThreadError", "MetricsServerError"]
+__all__ = ["FeedFatal", "IOThreadError", "MetricsServerError", "PositionLost"]
 
 
 class FeedFatal(Exception):
     """The feed cannot be used (4xx handshake, tries used up): exit status 3."""
+
+
+class PositionLost(Exception):
+    """A JetStream stream no longer holds the messages the recorded position needs (retention
+    removed them, or the stream was made again): the state cannot be continued exactly.
+    Exit status 2; ``FORKLESS_CHECKPOINT_RESTORE=never`` accepts the loss."""
 
 
 class MetricsServerError(RuntimeError):

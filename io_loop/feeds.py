@@ -2,7 +2,8 @@
 to the connection its message came from.
 
 Rules:
-- One ``FeedClient`` per feed (``IOSettings.feed_specs``), each with its own connection,
+- One ``FeedClient`` per WebSocket feed (``IOSettings.feed_specs``; a JetStream feed has a
+  ``JetStreamFeed`` in the same role, io_loop/jetstream.py), each with its own connection,
   reconnect/backoff, heartbeat, stale watchdog, subscribe-on-connect, unsent-reply buffer and
   counters (its own ``IOStats``). All of them put their chunks on the one inbound queue,
   stamped with the feed's index, so one micro-batch may mix feeds.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import janus
@@ -33,7 +35,7 @@ import janus
 from io_loop.bridge import Bridge
 from io_loop.client import FeedClient
 from io_loop.counters import FeedSnapshot, IOStats
-from io_loop.crossing import Outgoing, count_unsent
+from io_loop.crossing import Origin, Outgoing, count_unsent
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal
 from io_loop.on_connect import OnConnect
@@ -87,18 +89,27 @@ class FeedSet:
     whose url is empty (the embedded demo feed); ``on_connect`` is every client's hook."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, *,
-                 demo_url: str | None = None, on_connect: OnConnect | None = None) -> None:
+                 demo_url: str | None = None, on_connect: OnConnect | None = None,
+                 positions: Mapping[str, Origin] | None = None) -> None:
         self.settings = settings
         self.bridge = bridge
         self.specs = settings.feed_specs
         self.given_up = [""] * len(self.specs)
         routed = len(self.specs) > 1
         self.outboxes: list[Outbox] = [Outbox() for _ in self.specs] if routed else []
-        self.clients = [
-            FeedClient(settings, codec, IOStats(), spec, inbound=bridge.inbound,
-                       outbox=self.outboxes[i] if routed else bridge.outbound, index=i,
-                       url=demo_url if not spec.url else None, on_connect=on_connect)
-            for i, spec in enumerate(self.specs)]
+        self.clients: list[Any] = []
+        for i, spec in enumerate(self.specs):
+            outbox = self.outboxes[i] if routed else bridge.outbound
+            if spec.jetstream is not None:
+                # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
+                from io_loop.jetstream import JetStreamFeed
+
+                self.clients.append(JetStreamFeed(settings, codec, IOStats(), spec, inbound=bridge.inbound,
+                                                  outbox=outbox, index=i, resume=(positions or {}).get(spec.name)))
+                continue
+            self.clients.append(FeedClient(settings, codec, IOStats(), spec, inbound=bridge.inbound, outbox=outbox,
+                                           index=i, url=demo_url if not spec.url else None,
+                                           on_connect=on_connect))
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0
 

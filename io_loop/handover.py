@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from io_loop.crossing import INBOUND, SAMPLE_EVERY, Chunk, Trace
+from io_loop.crossing import INBOUND, SAMPLE_EVERY, Chunk, Origin, Trace
 from io_loop.decoding import DecodedFrame
 
 __all__ = ["Handover", "InboundQueue"]
@@ -51,6 +51,7 @@ class Handover:
         self.drop_oldest = drop_oldest
         self.on_dropped = on_dropped
         self._parts: list[DecodedFrame] = []
+        self._origins: list[Origin] | None = None  # of the messages in _parts (a replayable source's)
         self._gathered = 0  # messages in _parts
         self._first_ns = 0
         self._scheduled = False
@@ -69,11 +70,17 @@ class Handover:
         """True when nothing is gathered and no put is waiting."""
         return not self._parts and self._pending is None
 
-    def add(self, decoded: DecodedFrame, received_ns: int, decoded_ns: int = 0) -> None:
+    def add(self, decoded: DecodedFrame, received_ns: int, decoded_ns: int = 0,
+            origin: list[Origin] | None = None) -> None:
         """Gather one frame's good messages (read at ``received_ns``, decoded at ``decoded_ns``,
-        monotonic ns); a put is scheduled for the loop's next turn."""
+        monotonic ns; ``origin``: one per message, from a replayable source, which gives it for
+        every frame); a put is scheduled for the loop's next turn."""
         if not len(decoded):
             return
+        if origin is not None:
+            if self._origins is None:
+                self._origins = []
+            self._origins.extend(origin)
         if not self._parts:
             self._first_ns = received_ns
             self._first_decoded_ns = decoded_ns or received_ns
@@ -110,6 +117,7 @@ class Handover:
         if not parts:
             return None
         gathered = self._gathered
+        origin, self._origins = self._origins, None
         self._parts = []
         self._gathered = 0
         trace = None
@@ -118,13 +126,13 @@ class Handover:
             self._until_sample = SAMPLE_EVERY
             trace = Trace(self.feed, self._first_ns, self._first_decoded_ns)
         if len(parts) == 1:
-            return Chunk(parts[0].seq, parts[0].stream, parts[0].x, self._first_ns, self.feed, trace)
+            return Chunk(parts[0].seq, parts[0].stream, parts[0].x, self._first_ns, self.feed, trace, origin)
         seq: list[Any] = []
         stream: list[str] = []
         for part in parts:
             seq.extend(part.seq)
             stream.extend(part.stream)
-        return Chunk(seq, stream, np.concatenate([part.x for part in parts]), self._first_ns, self.feed, trace)
+        return Chunk(seq, stream, np.concatenate([part.x for part in parts]), self._first_ns, self.feed, trace, origin)
 
     def _put_soon(self) -> None:
         """Loop callback: put what was gathered without waiting. If the queue is full, a task
@@ -157,7 +165,7 @@ class Handover:
         """At an aborted stop: drop what is gathered and any put still waiting for room;
         how many messages that was (the caller counts them)."""
         dropped = self._gathered + self._in_put
-        self._parts, self._gathered, self._in_put = [], 0, 0
+        self._parts, self._gathered, self._in_put, self._origins = [], 0, 0, None
         if self._pending is not None:
             self._pending.cancel()
             dropped += self._pending_messages

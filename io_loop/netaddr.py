@@ -16,7 +16,7 @@ import ipaddress
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["is_loopback", "parse_host_port", "parse_port", "redact_url", "url_host_port"]
+__all__ = ["is_loopback", "parse_host_port", "parse_port", "redact_url", "redact_urls", "url_host_port"]
 
 
 def parse_port(text: str, *, allow_zero: bool = True) -> int:
@@ -105,3 +105,8 @@ def redact_url(url: str) -> str:
         authority, slash, path = rest.partition("/")
         return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}"
     return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
+def redact_urls(text: str) -> str:
+    """A comma-separated list of URLs (a NATS cluster's servers), each as ``redact_url`` shows it."""
+    return ",".join(redact_url(part.strip()) for part in text.split(","))

@@ -6,8 +6,11 @@ Rules:
   business (controller/check.py), not this module's.
 - The feed probe makes ONE connection per feed with the configured TLS, headers, token and
   timeouts (io_loop/connect.py, the same code the client uses), waits briefly for a first
-  frame, and closes with 1000. With several feeds (``FORKLESS_FEEDS``) every feed is probed
-  and the probe fails if any of them does, naming them. When no feed is configured it starts
+  frame, and closes with 1000. A JetStream feed's probe connects to its server, reads its
+  stream and finds the stream storing its results subject, warning when that stream's
+  duplicate window is shorter than a restart needs (io_loop/jetstream.py). With several
+  feeds (``FORKLESS_FEEDS``) every feed is probed and the probe fails if any of them does,
+  naming them. When no feed is configured it starts
   the embedded demo feed and probes that.
 """
 
@@ -59,12 +62,15 @@ def check_metrics_addr(addr: str, say: Callable[[str], None]) -> None:
     say(f"  {addr}: free; /metrics, /healthz and /readyz will be served there")
 
 
-def probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None]) -> None:
-    """Connect once to the feed (or the embedded demo feed); see the module rules."""
-    asyncio.run(_probe_feed(settings, codec, say))
+def probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None], *,
+               dedupe_window_s: float = 180.0) -> None:
+    """Connect once to the feed (or the embedded demo feed); see the module rules.
+    ``dedupe_window_s``: the duplicate window a JetStream feed's results stream should have."""
+    asyncio.run(_probe_feed(settings, codec, say, dedupe_window_s))
 
 
-async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None]) -> None:
+async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None],
+                      dedupe_window_s: float = 180.0) -> None:
     demo = None
     try:
         if settings.uses_demo_feed:
@@ -78,13 +84,13 @@ async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[
             return
         feeds = settings.feed_specs
         if len(feeds) == 1:
-            await _connect_once(settings, codec, feeds[0].url, say, feeds[0])
+            await _probe_one(settings, codec, say, feeds[0], dedupe_window_s)
             return
         failed = []
         for feed in feeds:
             say(f"  {feed.label}{'' if feed.required else ' (not required)'}:")
             try:
-                await _connect_once(settings, codec, feed.url, lambda line: say("  " + line), feed)
+                await _probe_one(settings, codec, lambda line: say("  " + line), feed, dedupe_window_s)
             except ProbeFailed as exc:
                 say(f"    FAILED: {exc}")
                 failed.append(f"feed {feed.name!r}")
@@ -93,6 +99,20 @@ async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[
     finally:
         if demo is not None:
             await demo.stop()
+
+
+async def _probe_one(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None], feed: FeedSpec,
+                     dedupe_window_s: float) -> None:
+    """One configured feed: a WebSocket connection, or a JetStream feed's server, stream and results."""
+    if feed.jetstream is None:
+        await _connect_once(settings, codec, feed.url, say, feed)
+        return
+    # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
+    from io_loop.jetstream import probe_jetstream
+
+    problems = await probe_jetstream(settings, feed, say, dedupe_window_s)
+    if problems:
+        raise ProbeFailed("; ".join(problems))
 
 
 async def _connect_once(settings: IOSettings, codec: FrameDecoder, url: str, say: Callable[[str], None],

@@ -16,14 +16,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from io_loop.netaddr import redact_url
+from io_loop.netaddr import redact_url, redact_urls
 
-__all__ = ["REPLY_POLICIES", "FeedSpec", "IOSettings"]
+__all__ = ["REPLY_POLICIES", "FeedSpec", "IOSettings", "JetStreamSpec"]
 
 # what a feed is sent back (FORKLESS_REPLIES, a feed's "replies"): "all" results and error
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
 # own ping/pong/close): results still reach ``on_results`` and the counters
 REPLY_POLICIES = ("all", "results", "none")
+
+
+@dataclass(frozen=True)
+class JetStreamSpec:
+    """What a JetStream feed of ``FORKLESS_FEEDS`` (an entry with ``"nats"``) adds to its
+    ``FeedSpec``: the stream it consumes, the subject filter, the subject its replies are
+    published to, where it starts without a checkpoint's position, and its credentials
+    (besides a user:password in the URL), which stay out of ``repr``."""
+
+    stream: str
+    subject: str = ""  # the consumer's filter; "" consumes the whole stream
+    results: str = ""  # replies are published here ("" only with the reply policy "none")
+    start: str = "first"  # "first" (the stream's first message) or "new" (what arrives after the start)
+    token: str = field(default="", repr=False)
+    creds: str = ""  # the path of a NATS .creds file (its content is the secret, the path is not)
 
 
 @dataclass(frozen=True)
@@ -39,11 +54,22 @@ class FeedSpec:
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     required: bool = True  # /readyz waits for it
     replies: str = "all"  # one of REPLY_POLICIES
+    # a JetStream feed: ``url`` holds its NATS server URL(s), comma-separated (io_loop/jetstream.py)
+    jetstream: JetStreamSpec | None = None
+
+    def __repr__(self) -> str:  # the URL without credentials (user:password@ in a URL is a secret)
+        return (f"FeedSpec(name={self.name!r}, url={self.shown_url!r}, required={self.required!r}, "
+                f"replies={self.replies!r}, jetstream={self.jetstream!r})")
+
+    @property
+    def shown_url(self) -> str:
+        """The URL(s) as logs may show them: no credentials, no query."""
+        return redact_urls(self.url) if self.jetstream is not None else redact_url(self.url)
 
     @property
     def label(self) -> str:
         """How messages name it: ``feed 'name' (ws://host/path)``, never with credentials or query."""
-        return f"feed {self.name!r} ({redact_url(self.url)})"
+        return f"feed {self.name!r} ({self.shown_url})"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,8 +10,9 @@ Rules:
 - The seam: the thread is given what it needs as constructor arguments (its ``IOSettings``,
   the codec's decoding half, its ``IOStats`` to write, ``stats_snapshot``, the controller's
   whole-process snapshot for the health endpoints, ``render_metrics``, the ``/metrics``
-  body, and ``on_connect``, the embedder's hook for each new connection: io_loop/on_connect.py);
-  the main thread learns about this side only through ``snapshot()`` (queue depths, unsent
+  body, ``on_connect``, the embedder's hook for each new connection: io_loop/on_connect.py, and
+  ``positions``, where the restored checkpoint left each JetStream feed); the main thread learns
+  about this side only through ``snapshot()`` (queue depths, unsent
   frames, copied counters) and the bridge's queues.
 - No process is started and nothing forks: the demo feed and the metrics server run as
   tasks on this same loop.
@@ -22,14 +23,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from io_loop.bridge import Bridge, MainSide
 from io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
-from io_loop.crossing import count_unsent
+from io_loop.crossing import Origin, count_unsent
 from io_loop.decoding import FrameDecoder
-from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
+from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, PositionLost
 from io_loop.feeds import FeedSet
 from io_loop.on_connect import OnConnect
 from io_loop.settings import IOSettings
@@ -48,8 +49,10 @@ class IOThread:
     def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, *,
                  stats_snapshot: Callable[[], Any] = lambda: None,
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
-                 on_connect: OnConnect | None = None, name: str = "forkless-io") -> None:
+                 on_connect: OnConnect | None = None, positions: Mapping[str, Origin] | None = None,
+                 name: str = "forkless-io") -> None:
         self.settings = settings
+        self.positions = dict(positions or {})  # JetStream feeds' restored positions, by feed name
         self.codec = codec
         self.stats = stats
         self.failure: BaseException | None = None
@@ -113,7 +116,7 @@ class IOThread:
         anything else as ``IOThreadError`` from it."""
         failure = self.failure
         if failure is not None:
-            if isinstance(failure, (FeedFatal, MetricsServerError, IOThreadError)):
+            if isinstance(failure, (FeedFatal, MetricsServerError, PositionLost, IOThreadError)):
                 raise failure
             raise IOThreadError(f"the IO thread died: {failure!r}") from failure
 
@@ -135,7 +138,7 @@ class IOThread:
                 self.failure = IOThreadError("the IO loop was cancelled")
         except BaseException as exc:
             self.failure = exc
-            if not isinstance(exc, (FeedFatal, MetricsServerError)):  # those two get one clear line
+            if not isinstance(exc, (FeedFatal, MetricsServerError, PositionLost)):  # those get one clear line
                 log.error("the IO thread died", exc_info=exc)
         finally:
             try:
@@ -162,7 +165,8 @@ class IOThread:
                 demo_url = await self.demo.start()
                 log.info("demo feed listening on %s (%d streams, %g msg/s)", demo_url, cfg.demo_streams,
                          cfg.demo_rate)
-            self._feeds = FeedSet(cfg, self.codec, bridge, demo_url=demo_url, on_connect=self._on_connect)
+            self._feeds = FeedSet(cfg, self.codec, bridge, demo_url=demo_url, on_connect=self._on_connect,
+                                  positions=self.positions)
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:

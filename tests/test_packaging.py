@@ -49,9 +49,11 @@ def test_the_wheel_holds_the_two_packages_and_the_requirements(installed):
         entry = z.read(next(n for n in names if n.endswith("dist-info/entry_points.txt"))).decode()
     assert tops == {"controller", "io_loop", wheel.name.split("-py3")[0] + ".dist-info"}
     requires = sorted(line.removeprefix("Requires-Dist: ") for line in meta.splitlines()
-                      if line.startswith("Requires-Dist: "))
+                      if line.startswith("Requires-Dist: ") and "extra ==" not in line)
+    extras = [line for line in meta.splitlines() if line.startswith("Requires-Dist: ") and "extra ==" in line]
     norm = lambda r: r.replace(" ", "").split("<")[0].split(">")[0].lower()
     assert sorted(map(norm, requires)) == sorted(map(norm, _requirements()))
+    assert [norm(e.split(";")[0].removeprefix("Requires-Dist: ")) for e in extras] == ["nats-py"]  # ".[nats]"
     assert "forkless = controller.cli:console_main" in entry
 
 

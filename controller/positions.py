@@ -1,0 +1,101 @@
+"""Where each JetStream feed's messages have reached in the main thread: the positions a
+checkpoint records beside the state, and the replies it must wait for.
+
+Rules:
+- Pure: no threads, no clock; written by the main thread only (``after_batch`` after every
+  batch), read by it (``record`` at a checkpoint's T0) and by the stats snapshot.
+- A feed's position is the ``Origin`` (io_loop/crossing.py) of the last of its messages that a
+  batch consumed, whatever became of it (a result, an error reply, no reply): the state as of
+  the same batch boundary holds exactly the effect of the messages up to it. Origins reach the
+  main thread in order, so "the last" is the batch's last message of that feed.
+- ``replied``: the origin of the last reply frame handed to the IO side for that feed. The
+  checkpoint recording a position may be committed only once the results stream has
+  acknowledged every reply up to it (``unconfirmed``): after a kill -9 the messages at or below
+  the position are not replayed, so their replies must already be stored.
+- In a checkpoint's header, ``record()`` gives, by feed name: the stream and subject filter
+  (a position is kept per subject of the feed: a restore with another stream or filter stops
+  with ``CheckpointMismatch``), the position (``seq``, ``index``, ``last``) and ``replied``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from controller.errors import CheckpointMismatch
+from io_loop.crossing import Origin
+from io_loop.settings import FeedSpec
+
+__all__ = ["SourcePositions"]
+
+
+class SourcePositions:
+    """The JetStream feeds' positions in the main thread (see the module rules)."""
+
+    def __init__(self, specs: Sequence[FeedSpec]) -> None:
+        self.specs = {i: spec for i, spec in enumerate(specs) if spec.jetstream is not None}
+        self.consumed: dict[int, Origin] = {}  # feed index -> last consumed origin
+        self.replied: dict[int, Origin] = {}  # feed index -> origin of the last reply frame handed over
+        self.applied: dict[int, int] = dict.fromkeys(self.specs, 0)  # messages consumed in this process
+
+    def __bool__(self) -> bool:
+        return bool(self.specs)
+
+    # ---- after each batch (main thread) ------------------------------------------------------------
+
+    def after_batch(self, feeds: Sequence[int], origins: Sequence[Origin | None],
+                    frame_origins: Sequence[Origin | None], frame_feeds: Sequence[int]) -> None:
+        """A batch ran: ``feeds``/``origins`` per message, ``frame_origins``/``frame_feeds`` per
+        reply frame handed to the IO side."""
+        consumed, applied = self.consumed, self.applied
+        for feed, origin in zip(feeds, origins):
+            if origin is not None:
+                consumed[feed] = origin
+                applied[feed] += 1
+        for feed, origin in zip(frame_feeds, frame_origins):
+            if origin is not None:
+                self.replied[feed] = origin
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+
+    def record(self) -> dict[str, dict[str, Any]]:
+        """The positions as a checkpoint's header holds them (see the module rules)."""
+        out = {}
+        for i, origin in self.consumed.items():
+            js = self.specs[i].jetstream
+            replied = self.replied.get(i)
+            out[self.specs[i].name] = {
+                "stream": js.stream, "subject": js.subject, "seq": origin.seq, "index": origin.index,
+                "last": origin.last, "replied": [replied.seq, replied.index] if replied is not None else None}
+        return out
+
+    def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin]:
+        """Take the positions of a restored checkpoint; returns them by feed name, for the IO side.
+        A feed of the checkpoint that is not configured now is left out; one whose stream or
+        subject differs raises ``CheckpointMismatch``."""
+        by_name = {spec.name: i for i, spec in self.specs.items()}
+        out: dict[str, Origin] = {}
+        for name, pos in saved.items():
+            i = by_name.get(name)
+            if i is None:
+                continue
+            js = self.specs[i].jetstream
+            for key, now in (("stream", js.stream), ("subject", js.subject)):
+                if pos.get(key) != now:
+                    raise CheckpointMismatch(path, f"JetStream feed {name!r}: {key}", pos.get(key), now)
+            # "replied" is not taken: that checkpoint was committed once its replies were stored
+            self.consumed[i] = out[name] = Origin(int(pos["seq"]), int(pos["index"]), bool(pos["last"]))
+        return out
+
+    @staticmethod
+    def unconfirmed(recorded: Mapping[str, Any], confirmed: Mapping[str, tuple[int, int]]) -> list[str]:
+        """The feeds of ``recorded`` (``record()``'s form) whose last reply is not yet acknowledged
+        by the results stream (``confirmed``: by feed name, the IO side's ``SourceStats.confirmed``)."""
+        behind = []
+        for name, pos in recorded.items():
+            replied = pos.get("replied")
+            if replied is not None and tuple(confirmed.get(name, (0, -1))) < tuple(replied):
+                behind.append(f"feed {name!r} (replies up to {replied[0]}:{replied[1]} "
+                              f"not yet acknowledged)")
+        return behind

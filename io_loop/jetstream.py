@@ -1,0 +1,624 @@
+"""JetStreamFeed: one JetStream feed (an entry of ``FORKLESS_FEEDS`` with ``"nats"``), in the role a
+``FeedClient`` has for a WebSocket feed: consume, decode, hand chunks over, publish the replies,
+reconnect. Imported only when such a feed is configured (nats-py is an optional extra).
+
+Rules:
+- Runs on the IO loop only, beside the WebSocket feeds (io_loop/feeds.py), with the same inbound
+  queue; its hand-over always blocks (``FORKLESS_OVERFLOW=drop_oldest`` does not apply: a dropped
+  message would break the exactly-once state).
+- Where it starts: the position the restored checkpoint recorded (``resume``, the last
+  ``Origin`` the main thread had consumed, handed in by the controller at start), else the
+  entry's ``start`` ("first": the stream's first message, "new": what arrives after the
+  first connection). From then on it keeps its own position, ``(next stream sequence, good
+  elements of it already handed over)``, and every connection makes a new consumer starting
+  there: the server's consumer holds nothing we need.
+- Consuming: an ephemeral pull consumer (deliver from a start sequence, ack policy "all",
+  ``max_ack_pending`` bounded, memory storage, removed by the server after ``INACTIVE_S``
+  unused). One pull request at a time for ``pull_batch`` messages, with idle heartbeats; the
+  next is asked for only once the messages of the last are handed over, so a full inbound
+  queue stops fetching, and the server never has more than ``pull_batch`` messages out to us.
+  A delivery below the position (a redelivery) is skipped; a first delivery whose consumer
+  sequence is not the next one (a gap), or a redelivery of a message never consumed, drops the
+  connection, and the next consumer starts at the position again.
+- Acks: the last message of each pull, once every message of it is handed over. They are flow
+  control only (``max_ack_pending``, no redelivery of what this process holds): a restart
+  resumes from the checkpoint's position, a reconnect from this feed's own.
+- Decoding: the codec's ``decode`` on each payload, exactly as for a WebSocket frame. Good
+  elements get ``Origin(seq, i, last)`` with i = 0, 1, … in order; the error replies to bad
+  ones are indexed after the good ones (deterministic, so a replay makes the same ids).
+- Replies: the outbox's items in order (the main thread's results and error replies, and this
+  feed's error replies to bad input), each frame published to the ``results`` subject with the
+  header ``Nats-Msg-Id: <stream>:<seq>:<index>``; an item's acknowledgements are awaited before
+  the next item, and what was not acknowledged is published again after a reconnect (the
+  results stream's duplicate window drops a copy). ``SourceStats.confirmed`` is the origin of
+  the last main-thread reply acknowledged: a checkpoint is committed only once every reply to
+  the messages it covers is (controller/loop.py).
+- Reconnect on any loss (connection, server restart, heartbeats missing, a publish not
+  acknowledged) with the same ``Backoff`` as the WebSocket feeds; tries used up, or the server
+  refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
+  against the position: if it no longer holds the messages the position needs (retention), or
+  ends before it (a stream made again): ``PositionLost`` (exit 2).
+- Secrets (the URL's user:password, ``token``, the creds file's content) are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import janus
+import nats
+import nats.errors
+import nats.js.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from io_loop.backoff import Backoff
+from io_loop.client import End, Outcome
+from io_loop.connect import make_ssl_context
+from io_loop.counters import IOStats, SourceStats
+from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing
+from io_loop.decoding import FrameDecoder
+from io_loop.errors import FeedFatal, PositionLost
+from io_loop.handover import Handover
+from io_loop.settings import FeedSpec, IOSettings
+
+__all__ = ["JetStreamFeed", "msg_id", "probe_jetstream"]
+
+log = logging.getLogger("forkless.jetstream")
+
+PULL_BATCH_MIN = 64  # messages asked for in one pull request (at least; MAX_BATCH when larger)
+PULL_EXPIRES_S = 5.0  # a pull request with nothing to deliver ends after this long (then a new one)
+PULL_HEARTBEAT_S = 1.0  # the server's idle heartbeat on an open pull request
+MISSED_HEARTBEATS = 3  # nothing at all for this many heartbeats: the connection is dropped
+ACK_WAIT_S = 30.0
+INACTIVE_S = 30.0  # an ephemeral consumer unused this long (its process killed) is removed by the server
+STREAM_INFO_EVERY_S = 1.0  # the stream's last sequence (for the lag) is read this often
+GIVE_UP_CLOSE_S = 0.25
+NATS_ERRORS = (nats.errors.Error, OSError, TimeoutError)
+
+
+def msg_id(stream: str, origin: Origin) -> str:
+    """The ``Nats-Msg-Id`` of a reply: ``<stream name>:<stream sequence of the input>:<index>``."""
+    return f"{stream}:{origin.seq}:{origin.index}"
+
+
+@dataclass
+class _Part:
+    """The good elements of a payload not yet handed over (after a partly consumed message)."""
+
+    seq: list[Any]
+    stream: list[str]
+    x: Any
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+class _Failed(Exception):
+    """A connection attempt failed; ``fatal`` when retrying cannot help (credentials refused)."""
+
+    def __init__(self, reason: str, *, fatal: bool = False) -> None:
+        super().__init__(reason)
+        self.fatal = fatal
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text and text[0] else type(exc).__name__
+
+
+def connect_options(settings: IOSettings, feed: FeedSpec, **callbacks: Any) -> dict[str, Any]:
+    """``nats.connect``'s options for a feed: its servers, credentials and TLS, one attempt per
+    server (the reconnect policy is ours: ``Backoff``), the heartbeat as nats-py's ping."""
+    spec = feed.jetstream
+    servers = [url.strip() for url in feed.url.split(",")]
+    options: dict[str, Any] = {
+        "servers": servers, "name": f"forkless-{feed.name}", "allow_reconnect": False,
+        "max_reconnect_attempts": 1, "reconnect_time_wait": 0, "connect_timeout": settings.connect_timeout_s,
+        "ping_interval": settings.heartbeat_s if settings.heartbeat_s > 0 else 120, "max_outstanding_pings": 2,
+        **callbacks}
+    if spec.token:
+        options["token"] = spec.token
+    if spec.creds:
+        options["user_credentials"] = spec.creds
+    if any(url.startswith("tls://") for url in servers):
+        options["tls"] = make_ssl_context(settings)
+    return options
+
+
+class JetStreamFeed:
+    """One JetStream feed (see the module rules). ``inbound``: the bridge's inbound queue;
+    ``outbox``: where its replies come from and its error replies to bad input go; ``stats``:
+    its own counters (``stats.source`` is its position); ``resume``: the last ``Origin`` the
+    restored checkpoint recorded for it (None: start per ``start``)."""
+
+    def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, feed: FeedSpec, *, inbound: Any,
+                 outbox: Any, index: int = 0, resume: Origin | None = None) -> None:
+        assert feed.jetstream is not None
+        self.settings = settings
+        self.codec = codec
+        self.feed = feed
+        self.spec = feed.jetstream
+        self.outbox = outbox
+        self.stats = stats
+        self.source = stats.source = SourceStats()
+        self.shown_url = feed.shown_url
+        self.servers = [url.strip() for url in feed.url.split(",")]
+        self.replies = getattr(feed, "replies", "all")  # the feed's reply policy: all, results or none
+        self.pull_batch = max(PULL_BATCH_MIN, settings.max_batch)
+        self.handover = Handover(inbound, settings.max_batch, drop_oldest=False, on_dropped=lambda _: None,
+                                 feed=index)
+        self.resume = resume
+        self._next: tuple[int, int] | None = resume.resume() if resume is not None else None
+        self._from_checkpoint = resume is not None  # until the first message is handed over
+        if self._next is not None:
+            self.source.next_seq = self._next[0]
+        self._stopping = False
+        self._outbound_done = False
+        self._reader_task: asyncio.Task | None = None
+        self._reader_in_handover = False
+        self._current: Outgoing | None = None  # item being published; survives reconnects
+        self._offset = 0  # frames of _current acknowledged by the server
+        self._connection_id = 0
+        self._live = 0  # the connection being served (0: none); its loops end when it changes
+        self._nats_error = ""
+        self.stop_deadline: float | None = None  # monotonic; set by the IO thread's request_stop
+
+    # ---- control (IO loop), as FeedClient's -----------------------------------------------------
+
+    async def stop_reading(self) -> None:
+        """Stop fetching, without losing a message half handed over."""
+        self._stopping = True
+        task = self._reader_task
+        if task is not None and not task.done():
+            if not self._reader_in_handover:
+                task.cancel()
+            await asyncio.wait([task])
+        if not self.handover.idle:
+            await self.handover.flush()
+
+    def held_frames(self) -> int:
+        current = self._current
+        return 0 if current is None else len(current.frames) - self._offset
+
+    def take_held(self) -> tuple[Outgoing | None, int]:
+        held = self._current, self._offset
+        self._current, self._offset = None, 0
+        return held
+
+    # ---- the connection loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Connect, serve, reconnect, until stopped and every reply is published (or FeedFatal,
+        PositionLost)."""
+        cfg = self.settings
+        backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s, cfg.reconnect_reset_s, cfg.reconnect_tries)
+        while not self._outbound_done:
+            try:
+                nc, closed = await self._connect()
+            except _Failed as exc:
+                if exc.fatal:
+                    raise FeedFatal(f"{self.feed.label}: {exc}") from None
+                self.stats.connect_failures += 1
+                self.stats.last_error = str(exc)
+                delay = backoff.failed()
+                if delay is None:
+                    raise FeedFatal(f"giving up on {self.feed.label} after {backoff.failures} failed attempts "
+                                    f"in a row: {exc}") from None
+                log.warning("%s: %s; retrying in %.2fs", self.feed.label, exc, delay)
+                await self._pause(delay)
+                continue
+            backoff.connected(time.monotonic())
+            end = await self._serve(nc, closed)
+            backoff.disconnected(time.monotonic())
+            if end.outcome is not Outcome.CLOSED:
+                self.stats.last_error = end.reason
+            if self._outbound_done:
+                break
+            delay = backoff.failed()
+            if delay is None:
+                raise FeedFatal(f"giving up on {self.feed.label} after {backoff.failures} lost connections "
+                                f"in a row: {end.reason}")
+            log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.feed.label,
+                        self._connection_id, end.reason, delay)
+            self.stats.reconnects += 1
+            await self._pause(delay)
+
+    async def _pause(self, delay: float) -> None:
+        """Sleep before the next attempt; while stopping, notice when nothing is left to send."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + delay
+        while True:
+            left = end - loop.time()
+            if left <= 0:
+                return
+            if self._stopping and self._current is None:
+                try:
+                    self._current = self.outbox.get_nowait()
+                    self._offset = 0
+                except asyncio.QueueEmpty:
+                    pass
+                except janus.AsyncQueueShutDown:
+                    self._outbound_done = True
+                    return
+            await asyncio.sleep(min(left, 0.05))
+
+    async def _connect(self) -> tuple[Any, asyncio.Event]:
+        """One attempt: connect to a server of the list, read the stream's state, check the
+        position against it. Raises ``_Failed`` (retried), ``PositionLost``."""
+        cfg = self.settings
+        closed = asyncio.Event()
+
+        async def on_closed() -> None:
+            closed.set()
+
+        async def on_error(exc: Exception) -> None:  # nats-py's default logs a traceback per error
+            self._nats_error = _describe(exc)
+
+        options = connect_options(cfg, self.feed, error_cb=on_error, disconnected_cb=on_closed, closed_cb=on_closed)
+        try:
+            async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(self.servers) + 1):
+                nc = await nats.connect(**options)
+        except nats.errors.AuthorizationError:
+            raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", "
+                          f"\"token\" or \"creds\" of {self.feed.label})", fatal=True) from None
+        except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
+            why = self._nats_error or _describe(exc)
+            raise _Failed(f"cannot connect to {self.shown_url}: {why}") from None
+        try:
+            try:
+                info = await nc.jsm(timeout=cfg.connect_timeout_s).stream_info(self.spec.stream)
+            except nats.js.errors.NotFoundError:
+                raise _Failed(f"stream {self.spec.stream!r} not found on {self.shown_url}") from None
+            except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+                raise _Failed(f"JetStream is not enabled on {self.shown_url} (nats-server -js)") from None
+            except NATS_ERRORS as exc:
+                raise _Failed(f"reading stream {self.spec.stream!r} failed: {_describe(exc)}") from None
+            self._check_position(info.state.first_seq, info.state.last_seq)
+        except BaseException:
+            await self._close(nc)
+            raise
+        return nc, closed
+
+    def _check_position(self, first: int, last: int) -> None:
+        """Where consuming starts; ``PositionLost`` when the stream cannot give what it needs."""
+        source = self.source
+        source.stream_last_seq = max(source.stream_last_seq, last)
+        if self._next is None:
+            self._next = (max(first, 1), 0) if self.spec.start == "first" else (last + 1, 0)
+            source.next_seq = self._next[0]
+            log.info("%s: no recorded position; starting at stream sequence %d (\"start\": %r)",
+                     self.feed.label, self._next[0], self.spec.start)
+            return
+        need, skip = self._next
+        applied = need if skip else need - 1
+        whose = "the checkpoint" if self._from_checkpoint else "this run"
+        fix = ("start with FORKLESS_CHECKPOINT_RESTORE=never to accept the loss (the state starts empty and "
+               "the feed at its \"start\")")
+        if need > last + 1:
+            raise PositionLost(
+                f"{self.feed.label}: stream {self.spec.stream!r} ends at sequence {last}, but {whose} recorded "
+                f"{applied} as the last applied: was the stream deleted and made again? To continue anyway, {fix}")
+        if first > need and need <= last:
+            raise PositionLost(
+                f"{self.feed.label}: stream {self.spec.stream!r} no longer holds messages {whose} needs: its first "
+                f"sequence is {first}, {whose} recorded {applied} as the last applied (the next needed is {need}); "
+                f"retention removed them. Keep messages longer in the stream (max_age, max_msgs, max_bytes), or "
+                f"{fix}")
+        log.info("%s: resuming at stream sequence %d%s (%s's position)", self.feed.label, need,
+                 f", after its first {skip} elements" if skip else "", whose)
+
+    async def _close(self, nc: Any) -> None:
+        try:
+            async with asyncio.timeout(GIVE_UP_CLOSE_S):
+                await nc.close()
+        except (*NATS_ERRORS, asyncio.CancelledError):
+            pass
+
+    async def _serve(self, nc: Any, closed: asyncio.Event) -> End:
+        """Run one connection until it is lost or everything is published."""
+        self._connection_id += 1
+        conn = self._live = self._connection_id
+        stats = self.stats
+        stats.connects += 1
+        stats.connected = True
+        stats.state_since = time.time()
+        log.info("%s: connection %d open (stream %r, subject %r, replies to %r)", self.feed.label, conn,
+                 self.spec.stream, self.spec.subject or ">", self.spec.results or "(none)")
+        js = nc.jetstream(timeout=self.settings.connect_timeout_s)
+        tasks: set[asyncio.Task] = set()
+        try:
+            writer = asyncio.create_task(self._write(js), name="forkless-js-writer")
+            lost = asyncio.create_task(closed.wait(), name="forkless-js-closed")
+            watch = asyncio.create_task(self._watch_stream(nc), name="forkless-js-stream")
+            tasks |= {writer, lost, watch}
+            reader = None
+            if not self._stopping:
+                reader = self._reader_task = asyncio.create_task(self._read(nc), name="forkless-js-reader")
+                tasks.add(reader)
+            while True:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                if writer in done:
+                    end = writer.result()
+                    if end.outcome is not Outcome.DRAINED:
+                        return end
+                    log.info("%s: connection %d closed after publishing every reply", self.feed.label, conn)
+                    return End(Outcome.CLOSED)
+                if reader is not None and reader in done:
+                    tasks.discard(reader)
+                    if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
+                        reader = None
+                        continue  # stopping: keep publishing until outbound is drained
+                    return reader.result()
+                if lost in done:
+                    return End(Outcome.LOST, f"connection lost{': ' + self._nats_error if self._nats_error else ''}")
+                return watch.result()
+        except NATS_ERRORS as exc:
+            return End(Outcome.LOST, _describe(exc))
+        finally:
+            self._live = 0
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks)
+            await self._close(nc)
+            stats.connected = False
+            stats.state_since = time.time()
+
+    # ---- consuming ------------------------------------------------------------------------------------
+
+    async def _read(self, nc: Any) -> End:
+        spec, conn = self.spec, self._live
+        start, _ = self._next
+        name = f"forkless-{self.feed.name}-{secrets.token_hex(6)}"
+        try:
+            await nc.jsm(timeout=self.settings.connect_timeout_s).add_consumer(spec.stream, ConsumerConfig(
+                name=name, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start,
+                ack_policy=AckPolicy.ALL, ack_wait=ACK_WAIT_S, max_ack_pending=2 * self.pull_batch,
+                filter_subject=spec.subject or None, inactive_threshold=INACTIVE_S, mem_storage=True))
+        except NATS_ERRORS as exc:
+            return End(Outcome.LOST, f"creating the consumer failed: {_describe(exc)}")
+        inbox = nc.new_inbox()
+        # deliveries go to a queue of ours, awaited directly: nats-py's next_msg waits in a task of its
+        # own with asyncio.wait_for, which on Python 3.11 can swallow a cancellation (the stop's, the
+        # end of a connection) when a message arrives at the same moment, and the reader then runs on
+        deliveries: asyncio.Queue = asyncio.Queue()
+
+        async def deliver(msg: Any) -> None:
+            deliveries.put_nowait(msg)
+
+        sub = await nc.subscribe(inbox, cb=deliver, pending_msgs_limit=4 * self.pull_batch + 64)
+        request = json.dumps({"batch": self.pull_batch, "expires": int(PULL_EXPIRES_S * 1e9),
+                              "idle_heartbeat": int(PULL_HEARTBEAT_S * 1e9)}).encode()
+        subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{name}"
+        expected = 1  # the consumer sequence of the next first delivery
+        try:
+            while self._live == conn:
+                await nc.publish(subject, request, reply=inbox)
+                got, last = 0, None
+                while got < self.pull_batch:
+                    try:
+                        async with asyncio.timeout(PULL_HEARTBEAT_S * MISSED_HEARTBEATS):
+                            msg = await deliveries.get()
+                    except TimeoutError:
+                        return End(Outcome.LOST, f"nothing from the consumer for "
+                                                 f"{PULL_HEARTBEAT_S * MISSED_HEARTBEATS:g}s (no heartbeat)")
+                    status = msg.headers.get("Status") if msg.headers else None
+                    if status:
+                        if status == "100":  # idle heartbeat
+                            continue
+                        if status in ("404", "408"):  # no messages / the request expired: ask again
+                            break
+                        return End(Outcome.LOST, f"the consumer answered {status} "
+                                                 f"{msg.headers.get('Description', '')}".strip())
+                    got += 1
+                    last = msg
+                    meta = msg.metadata
+                    seq = meta.sequence.stream
+                    if meta.num_delivered == 1:
+                        if meta.sequence.consumer != expected:
+                            return End(Outcome.LOST, f"delivery gap at stream sequence {seq} (consumer sequence "
+                                                     f"{meta.sequence.consumer}, expected {expected})")
+                        expected += 1
+                    if seq < self._next[0]:  # consumed already (a redelivery)
+                        self.source.skipped += 1
+                        continue
+                    if meta.num_delivered > 1:
+                        return End(Outcome.LOST, f"stream sequence {seq} redelivered before it was consumed")
+                    await self._consume(msg, seq, meta.num_pending)
+                    if self._stopping:
+                        break
+                if last is not None:
+                    await last.ack()  # ack policy "all": everything up to it
+                if self._stopping:
+                    return End(Outcome.STOPPED)
+            return End(Outcome.LOST, "connection over")
+        finally:
+            try:
+                await sub.unsubscribe()
+            except NATS_ERRORS:
+                pass
+
+    async def _consume(self, msg: Any, seq: int, pending: int) -> None:
+        """Decode one stream message and hand its good elements over (those not handed over before)."""
+        stats, source, codec = self.stats, self.source, self.codec
+        received = time.monotonic_ns()
+        source.fetched += 1
+        source.stream_last_seq = max(source.stream_last_seq, seq + pending)
+        stats.frames_in += 1
+        decoded = codec.decode(msg.data)
+        decoded_ns = time.monotonic_ns()
+        need, skip = self._next
+        if seq != need:
+            skip = 0
+        n = len(decoded)
+        self._reader_in_handover = True
+        try:
+            if decoded.errors:
+                for reason, count in decoded.error_counts():
+                    stats.errors[reason] += count
+                    log.warning("bad input in stream %r at sequence %d: %s", self.spec.stream, seq, reason)
+                if self.replies == "all" and self.spec.results:
+                    frames = [codec.encode_error(reason, s) for reason, s in decoded.errors]
+                    await self.outbox.put(Outgoing(frames, answers=False,
+                                                   origin=[Origin(seq, n + k, True) for k in range(len(frames))]))
+            if n > skip:
+                part = decoded if not skip else _Part(decoded.seq[skip:], decoded.stream[skip:], decoded.x[skip:])
+                stats.messages_in += n - skip
+                self.handover.add(part, received, decoded_ns, [Origin(seq, i, i == n - 1) for i in range(skip, n)])
+                self._from_checkpoint = False
+                if self.handover.should_flush():
+                    await self.handover.flush()
+        finally:
+            self._reader_in_handover = False
+        self._next = (seq + 1, 0)
+        source.next_seq = seq + 1
+
+    async def _watch_stream(self, nc: Any) -> End:
+        """The stream's last sequence, for the lag (``SourceStats.stream_last_seq``)."""
+        jsm = nc.jsm(timeout=self.settings.connect_timeout_s)
+        conn = self._live
+        while self._live == conn:  # also ends it should nats-py swallow its cancellation (see _read)
+            await asyncio.sleep(STREAM_INFO_EVERY_S)
+            try:
+                info = await jsm.stream_info(self.spec.stream)
+            except nats.js.errors.NotFoundError:
+                return End(Outcome.LOST, f"stream {self.spec.stream!r} was deleted")
+            except NATS_ERRORS:
+                continue  # the heartbeats and publications decide whether the connection is lost
+            self.source.stream_last_seq = max(self.source.stream_last_seq, info.state.last_seq)
+        return End(Outcome.LOST, "connection over")
+
+    # ---- publishing the replies -----------------------------------------------------------------------
+
+    async def _write(self, js: Any) -> End:
+        stats, stream, results = self.stats, self.spec.stream, self.spec.results
+        while True:
+            if self._current is None:
+                try:
+                    self._current = await self.outbox.get()
+                except janus.AsyncQueueShutDown:
+                    self._outbound_done = True
+                    return End(Outcome.DRAINED)
+                self._offset = 0
+                if self._current.traces:
+                    picked = time.monotonic_ns()
+                    for trace in self._current.traces:
+                        trace.ns[PICKED] = picked
+            item = self._current
+            frames, origin = item.frames, item.origin
+            start = self._offset
+            if not results or origin is None:  # replies "none", or nothing to name them by: not published
+                stats.dropped["reply not published (no results subject)"] += item.results
+                self._current = None
+                continue
+            futures: list[asyncio.Future] = []
+            try:
+                for j in range(start, len(frames)):
+                    frame = frames[j]
+                    futures.append(await js.publish_async(
+                        results, frame if type(frame) is bytes else frame.encode(),
+                        headers={"Nats-Msg-Id": msg_id(stream, origin[j])}))
+                for future in futures:
+                    async with asyncio.timeout(self.settings.connect_timeout_s):
+                        ack = await future
+                    if ack.duplicate:
+                        self.source.duplicates += 1
+                    self._offset += 1
+            except nats.js.errors.NoStreamResponseError:
+                return End(Outcome.LOST, f"no stream stores the results subject {results!r}: create one "
+                                         "(with a duplicate window, OPERATING.md \"JetStream feeds\")")
+            except NATS_ERRORS as exc:
+                return End(Outcome.LOST, f"publishing to {results!r} failed: {_describe(exc)}")
+            finally:
+                for future in futures:
+                    if not future.done():
+                        future.cancel()
+                self._count_written(item, start, self._offset)
+            if item.answers and origin:
+                self.source.confirmed = (origin[-1].seq, origin[-1].index)
+            self._current = None
+            if item.received_ns:
+                now = time.monotonic_ns()
+                stats.latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
+                for trace in item.traces:
+                    trace.ns[WRITTEN] = now
+                    stats.observe_hops(trace.hops_s())
+
+    def _count_written(self, item: Outgoing, start: int, stop: int) -> None:
+        """Count ``item.frames[start:stop]`` as published: results and error replies."""
+        errors = item.errors_between(start, stop)
+        stats = self.stats
+        stats.results_out += stop - start - errors
+        stats.errors_out += errors
+        if item.answers:
+            stats.answer_errors_out += errors
+
+
+# ---- --check ------------------------------------------------------------------------------------------
+
+
+async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe_window_s: float) -> list[str]:
+    """The network half of ``--check`` for a JetStream feed: connect as the feed would, read the
+    stream, find the stream that stores the results subject and its duplicate window (a warning
+    when shorter than ``dedupe_window_s``). Prints through ``say``; returns the problems (empty:
+    the feed can be used)."""
+    spec = feed.jetstream
+    loop = asyncio.get_running_loop()
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(_describe(exc))
+
+    t0 = loop.time()
+    try:
+        async with asyncio.timeout(settings.connect_timeout_s * 2 * len(feed.url.split(",")) + 1):
+            nc = await nats.connect(**connect_options(settings, feed, error_cb=on_error))
+    except nats.errors.AuthorizationError:
+        return [f"{feed.shown_url} refused the credentials (the user:password in \"nats\", \"token\" or \"creds\")"]
+    except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
+        return [f"cannot connect to {feed.shown_url}: {errors[-1] if errors else _describe(exc)}"]
+    problems: list[str] = []
+    try:
+        say(f"  connected to {feed.shown_url} in {(loop.time() - t0) * 1000:.1f} ms "
+            f"(nats-server {nc.connected_server_version})")
+        jsm = nc.jsm(timeout=settings.connect_timeout_s)
+        try:
+            info = await jsm.stream_info(spec.stream)
+            state = info.state
+            say(f"  stream {spec.stream!r}: {state.messages} messages, sequences {state.first_seq}-{state.last_seq}, "
+                f"subjects {', '.join(info.config.subjects or [])}; consuming {spec.subject or 'all of it'!r} "
+                f"from {'its first message' if spec.start == 'first' else 'new messages'} unless a checkpoint "
+                "recorded a position")
+        except nats.js.errors.NotFoundError:
+            problems.append(f"stream {spec.stream!r} not found on {feed.shown_url}")
+        except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+            problems.append(f"JetStream is not enabled on {feed.shown_url} (nats-server -js)")
+            return problems
+        if spec.results:
+            try:
+                name = await jsm.find_stream_name_by_subject(spec.results)
+                window = (await jsm.stream_info(name)).config.duplicate_window or 0.0
+                say(f"  results subject {spec.results!r}: stored by stream {name!r}, duplicate window {window:g} s")
+                if window < dedupe_window_s:
+                    say(f"  WARNING: the duplicate window of {name!r} ({window:g} s) is shorter than 2 x "
+                        f"FORKLESS_CHECKPOINT_S + 60 s = {dedupe_window_s:g} s: after a restart, a result published "
+                        "again may be stored twice")
+            except nats.js.errors.NotFoundError:
+                problems.append(f"no stream stores the results subject {spec.results!r}")
+        else:
+            say("  no results subject (\"replies\": \"none\")")
+    except NATS_ERRORS as exc:
+        problems.append(f"asking {feed.shown_url} failed: {_describe(exc)}")
+    finally:
+        try:
+            async with asyncio.timeout(1.0):
+                await nc.close()
+        except (*NATS_ERRORS, asyncio.CancelledError):
+            pass
+    return problems
