@@ -311,8 +311,8 @@ class Controller:
         shared = bool(getattr(self.processor, "restore_shared", False))
         engine.restore(restored.state, shared=shared)
         leaves = engine.shared_leaves()
-        log.info("per-stream state restored from the checkpoint%s", "" if not leaves else (
-            f"; shared leaves {', '.join(leaves)} " + ("restored from it too (restore_shared=True)" if shared else
+        log.info("per-stream state taken from the checkpoint%s", "" if not leaves else (
+            f"; shared leaves {', '.join(leaves)} " + ("from it too (restore_shared=True)" if shared else
                                                        "taken from the processor's init (restore_shared=False)")))
         # last-seen times travel as wall-clock seconds (monotonic clocks differ between processes)
         shift = time.monotonic() - time.time()

@@ -545,7 +545,7 @@ class JetStreamFeed:
             self._current = None
             if item.received_ns:
                 now = time.monotonic_ns()
-                stats.latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
+                stats.write_latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
                 for trace in item.traces:
                     trace.ns[WRITTEN] = now
                     stats.observe_hops(trace.hops_s())

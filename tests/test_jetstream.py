@@ -348,7 +348,8 @@ def test_ten_kill_9s_at_random_moments_leave_exactly_one_result_per_input_equal_
     replies, state = _never_restarted(publisher.messages)
     assert [results[m["seq"]][0] for m in publisher.messages] == [replies[m["seq"]] for m in publisher.messages]
     cfg = Config(features=FEATURES, max_streams=64)
-    restored = load_newest(tmp_path / "ckpt", {"features": FEATURES, "max_streams": 64, "processor": "ewma/1"},
+    restored = load_newest(tmp_path / "ckpt", {"features": FEATURES, "max_streams": 64, "processor": "ewma",
+                                                   "processor_version": "1"},
                            default_processor(cfg).init(cfg))
     assert restored.positions["ticks"]["seq"] == published and restored.positions["ticks"]["last"]
     for saved, ref in zip(jax.tree.leaves(restored.state), jax.tree.leaves(state), strict=True):
