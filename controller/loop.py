@@ -28,17 +28,15 @@ Rules:
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 import logging
 import signal
 import threading
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable, Sequence
 from queue import Empty, Full
-from typing import Any, Protocol
+from typing import Any
 
 import janus
 import numpy as np
@@ -50,48 +48,39 @@ from controller.batching import (
     STEP,
     TAKEN,
     MicroBatcher,
-    Outgoing,
     Taken,
     Trace,
 )
-from controller.checkpoint import PendingSnapshot, Restored, load_newest
+from controller.checkpoint import PendingSnapshot
 from controller.checkpointer import Checkpointer
-from controller.codec import ENCODE_FAILED, Codec, GuardedCodec, JsonCodec
+from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import codec_dtype, compilations, release_freed_memory
 from controller.config import Config
-from controller.engine import Engine, StepFailed, compile_step, state_shapes
+from controller.engine import Engine, StepFailed, compile_step
 from controller.errors import ProcessorContractError
 from controller.host import ProcessSettings, StopSignals
-from controller.positions import SourcePositions
+from controller.ioside import IOFactory, IOSide, OnResults, io_thread
 from controller.processor import Processor, default_processor
+from controller.recovery import Recovery
+from controller.replies import NON_FINITE_REASON, Replies
 from controller.slots import StreamSlots
 from controller.stats import (
     SECONDS_BOUNDS,
     Histogram,
-    IOSnapshot,
     IOStats,
     MainStats,
-    SourceFigures,
     StatsSnapshot,
-    add_hops,
     books_line,
-    copy_counts,
-    observe_hops,
     status_line,
+    whole_snapshot,
 )
 from io_loop.on_connect import OnConnect
-from io_loop.thread import IOThread
 
 __all__ = ["Controller", "IOFactory", "IOSide", "OnConnect", "OnResults", "compilations"]
 
 log = logging.getLogger("forkless.controller")
 
 POLL_S = 0.1
-# a checkpoint with JetStream positions waits (on the writer thread) this long at least for the
-# results stream to acknowledge the replies it covers, polling every CONFIRM_POLL_S
-CONFIRM_WAIT_S = 10.0
-CONFIRM_POLL_S = 0.005
-NON_FINITE_REASON = "processing produced a non-finite result (the stream starts again)"
 STOP_RESERVE_S = 0.5  # of SHUTDOWN_TIMEOUT_S (at most a third), kept for ending the threads and the process
 # How long a thread may hold the GIL while another waits for it (CPython's default is 5 ms).
 # When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead
@@ -99,51 +88,6 @@ STOP_RESERVE_S = 0.5  # of SHUTDOWN_TIMEOUT_S (at most a third), kept for ending
 SWITCH_INTERVAL_S = 0.001
 # After a second SIGINT: how long run() waits for the aborted IO thread before it raises
 ABORT_JOIN_S = 0.5
-MAX_LOGGED_REASONS = 1000  # declined replies: reasons logged (once each), then only counted
-
-
-class IOSide(Protocol):
-    """What the controller needs from the IO side; ``io_loop.thread.IOThread`` is the real one,
-    and tests use a fake built on plain queues (tests/fake_io.py) with the same interface."""
-
-    failure: BaseException | None
-    metrics_url: str | None
-    demo: Any
-
-    def start(self) -> Any: ...  # -> an object with ``inbound`` and ``outbound`` sync queues
-
-    def request_stop(self, deadline: float | None = None) -> None: ...
-
-    def join(self, timeout: float | None = None) -> bool: ...
-
-    def abort(self) -> None: ...
-
-    def raise_if_failed(self) -> None: ...
-
-    def snapshot(self) -> IOSnapshot: ...
-
-
-OnResults = Callable[[list[Any], list[str], dict[str, np.ndarray]], None]
-"""``on_results(seq, stream, outputs)``: called in the main thread after each step, before the
-replies are handed to the IO thread; ``outputs`` maps each output name to a numpy array whose
-leading axis is the batch's messages (padding already cut off), in arrival order."""
-
-IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSide]
-"""Builds the IO side; ``Controller(on_connect=...)`` is bound into the default one (the real
-IO thread), and a custom factory (the tests' fake IO side) makes no connections to call it on."""
-
-
-def _io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
-               on_connect: OnConnect | None = None, positions: dict[str, Any] | None = None) -> IOSide:
-    """The real IO side; ``positions``: the JetStream feeds' positions a restored checkpoint
-    recorded (passed only when there are some)."""
-    render = None
-    if config.metrics_addr:
-        from controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
-
-        render = exposition(snapshot)
-    return IOThread(config.io_settings(), codec, stats, stats_snapshot=snapshot, render_metrics=render,
-                    on_connect=on_connect, positions=positions)
 
 
 class Controller:
@@ -158,7 +102,7 @@ class Controller:
 
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
                  codec: Codec | None = None, out: Callable[[str], None] | None = None,
-                 on_results: OnResults | None = None, io_factory: IOFactory = _io_thread,
+                 on_results: OnResults | None = None, io_factory: IOFactory = io_thread,
                  freeze_gc: bool = False, on_connect: OnConnect | None = None) -> None:
         """``freeze_gc=True``: freeze the objects alive when the run starts (``gc.freeze``: JAX's
         modules, the compiled steps, the stream table's containers), so the collector does not
@@ -186,14 +130,6 @@ class Controller:
                 "checkpoints (FORKLESS_CHECKPOINT_DIR) need a processor that declares its identity: build it with "
                 "Processor(init, step, name=..., version=...) (the name and version are stored in each checkpoint "
                 "and matched on restore)")
-        # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
-        self.sources = SourcePositions(cfg.feed_specs)
-        self._restored_positions: dict[str, Any] = {}
-        self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint_keep, interval_s=cfg.checkpoint_s,
-                                         background=cfg.checkpoint_priority == "idle",
-                                         before_write=self._await_replies if self.sources else None) \
-            if cfg.checkpoints_on else None
-        self.restored_from: str | None = None
         # False: each checkpoint copies the whole state at once, as on an accelerator (tests and
         # bench/checkpoint_stall.py compare it with the copy between steps)
         self.incremental_checkpoints = True
@@ -202,21 +138,24 @@ class Controller:
         specs = self.config.feed_specs
         self.main_stats = MainStats(batch_size=Histogram(self.config.buckets),
                                     latency=[Histogram(SECONDS_BOUNDS) for _ in specs])
-        # what each feed is sent back; one policy for the whole batch when every feed has the same
-        self._policies = tuple(spec.replies for spec in specs)
-        self._policy = self._policies[0] if len(set(self._policies)) == 1 else None
-        self._too_many = f"too many streams (FORKLESS_MAX_STREAMS={self.config.max_streams})"
-        # an error reply's reason -> its errors counter's (and replies_declined's) key
-        self._counted_as = {self._too_many: "too many streams", NON_FINITE_REASON: "non-finite result"}
-        self._declined_logged: set[str] = set()
+        # what each message gets back, under its feed's reply policy
+        self.replies = Replies(self.codec, self.main_stats, [spec.replies for spec in specs], self.config.max_streams)
         self.batcher = MicroBatcher(self.config.max_batch, self.config.max_wait_ms / 1000)
         self.slots = StreamSlots(self.config.max_streams, idle_s=self.config.stream_idle_s)
+        # checkpoints: what they hold beside the state, restoring one, the JetStream feeds' positions
+        self.recovery = Recovery(cfg, self.processor, self.slots, self.main_stats,
+                                 lambda: self._io.snapshot() if self._io is not None else None)
+        self.sources = self.recovery.sources
+        self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint_keep, interval_s=cfg.checkpoint_s,
+                                         background=cfg.checkpoint_priority == "idle",
+                                         before_write=self.recovery.await_replies if self.sources else None) \
+            if cfg.checkpoints_on else None
         # with several feeds (unless FORKLESS_SHARED_STREAMS=1) a stream's key is "feed:stream"
         self._feed_prefixes = [spec.name + ":" for spec in self.config.feed_specs] \
             if self.config.stream_keys_by_feed else None
         self.engine: Engine | None = None  # the device state's owner, made by compile()
         self._io_factory = functools.partial(io_factory, on_connect=on_connect) \
-            if io_factory is _io_thread and on_connect is not None else io_factory
+            if io_factory is io_thread and on_connect is not None else io_factory
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
         self._inbound_closed = False
@@ -249,14 +188,15 @@ class Controller:
             return
         self._started = True
         # a checkpoint that does not fit is refused before the compile (CheckpointMismatch)
-        restored = self._load_checkpoint() if self.checkpointer and self.config.checkpoint_restore == "auto" else None
+        recovery = self.recovery
+        restored = recovery.load() if self.checkpointer and self.config.checkpoint_restore == "auto" else None
         self.compile()
         if self.checkpointer is not None:
             if restored is not None:
-                self._restore(restored)
+                recovery.restore(self.engine, restored)
             self.checkpointer.start()
         self._host.apply()
-        extra = {"positions": self._restored_positions} if self._restored_positions else {}
+        extra = {"positions": recovery.positions} if recovery.positions else {}
         try:
             self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats, **extra)
             self._side = self._io.start()
@@ -286,80 +226,18 @@ class Controller:
 
     # ---- checkpoints --------------------------------------------------------------------------
 
-    def _checkpoint_settings(self) -> dict[str, Any]:
-        cfg = self.config
-        return {"features": cfg.features, "max_streams": cfg.max_streams,
-                "processor": getattr(self.processor, "name", None),
-                "processor_version": str(getattr(self.processor, "version", "1"))}
-
-    def _load_checkpoint(self) -> Restored | None:
-        """The newest complete checkpoint, read before the compile; raises ``CheckpointMismatch``
-        if it was written by another processor (name, version), with other shape-defining
-        settings, or with another state structure, leaf shape or dtype."""
-        # the file holds the canonical layout (row s = slot s), whatever the device count
-        restored = load_newest(self.config.checkpoint_dir, self._checkpoint_settings(),
-                               like=state_shapes(self.processor, self.config))
-        if restored is None:
-            log.info("no checkpoint in %s: starting fresh", self.config.checkpoint_dir)
-        return restored
-
-    def _restore(self, restored: Restored) -> None:
-        """Put a loaded checkpoint's state on the device and its stream table in place (before
-        the first connection). Shared leaves (not per-stream: weights) come from the processor's
-        ``init``, unless it says ``restore_shared=True`` (state it learns online)."""
-        engine = self.engine
-        shared = bool(getattr(self.processor, "restore_shared", False))
-        engine.restore(restored.state, shared=shared)
-        leaves = engine.shared_leaves()
-        log.info("per-stream state taken from the checkpoint%s", "" if not leaves else (
-            f"; shared leaves {', '.join(leaves)} " + ("from it too (restore_shared=True)" if shared else
-                                                       "taken from the processor's init (restore_shared=False)")))
-        # last-seen times travel as wall-clock seconds (monotonic clocks differ between processes)
-        shift = time.monotonic() - time.time()
-        self.slots.restore(restored.names, restored.slots, np.asarray(restored.last_seen) + shift)
-        main = self.main_stats
-        main.processed = int(restored.counts.get("processed", 0))
-        main.anomalies = int(restored.counts.get("anomalies", 0))
-        # each JetStream feed goes on from the message after the one its state holds
-        self._restored_positions = self.sources.restore(restored.positions, restored.path)
-        self.restored_from = str(restored.path)
-        log.info("restored %d streams from %s (checkpoint of %s, %d messages processed before)",
-                 restored.streams, restored.path,
-                 datetime.datetime.fromtimestamp(restored.wall_time).isoformat(timespec="seconds"), main.processed)
-
     def _take_checkpoint(self) -> PendingSnapshot:
         """The checkpoint of an orderly stop, copied at once (nothing runs after it)."""
         return self._begin_checkpoint(incremental=False).complete()
 
     def _begin_checkpoint(self, incremental: bool | None = None) -> PendingSnapshot:
-        """A checkpoint as of now (between two steps), which ``Checkpointer.tick`` copies a
-        chunk at a time between the next steps; the engine keeps it exact."""
-        wall = time.time()
-        main, cfg = self.main_stats, self.config
-        return self.engine.begin_snapshot(
-            self.slots.begin_copy(), {"processed": main.processed, "anomalies": main.anomalies},
-            {**self._checkpoint_settings(), "alpha": cfg.alpha, "threshold": cfg.threshold,
-             "warmup": cfg.warmup, "devices": len(self.engine.devices)}, wall, seen_shift=wall - time.monotonic(),
-            incremental=self.incremental_checkpoints if incremental is None else incremental,
-            positions=self.sources.record() if self.sources else None)
+        """A checkpoint as of now (between two steps); see ``Recovery.begin``."""
+        return self.recovery.begin(self.engine, self.incremental_checkpoints if incremental is None else incremental)
 
-    def _await_replies(self, positions: dict[str, Any]) -> None:
-        """On the checkpoint writer's thread, before a checkpoint with JetStream positions is
-        written: wait until the results stream has acknowledged every reply to the messages at or
-        below them (after a kill -9 those are not replayed, so their replies must be stored).
-        Raises (the checkpoint fails, the previous one stays the newest) if that takes longer
-        than ``CONFIRM_WAIT_S`` or a checkpoint interval, whichever is longer."""
-        deadline = time.monotonic() + max(CONFIRM_WAIT_S, self.config.checkpoint_s)
-        while True:
-            io = self._io
-            feeds = io.snapshot().feeds if io is not None else ()
-            confirmed = {f.name: f.io.source.confirmed for f in feeds if f.io.source is not None}
-            behind = SourcePositions.unconfirmed(positions, confirmed)
-            if not behind:
-                return
-            if time.monotonic() >= deadline:
-                raise TimeoutError("replies not stored by the results stream in time: " + "; ".join(behind))
-            time.sleep(CONFIRM_POLL_S)
+    @property
+    def restored_from(self) -> str | None:
+        """The checkpoint this run continued from (None: it started fresh)."""
+        return self.recovery.restored_from
 
     def request_stop(self) -> None:
         """Ask ``run()`` to stop; safe from signal handlers and other threads.
@@ -575,7 +453,7 @@ class Controller:
         refused: dict[int, str] = {}  # message index -> error reason
         if not ok.all():
             too_many = np.flatnonzero(~ok).tolist()
-            refused.update(dict.fromkeys(too_many, self._too_many))
+            refused.update(dict.fromkeys(too_many, self.replies.too_many))
             stats.errors["too many streams"] += len(too_many)
         traces = taken.traces
         _stamp(traces, STEP)
@@ -587,7 +465,8 @@ class Controller:
             ran = self._run_step(taken.x, slots)
         _stamp(traces, FETCHED)
         host_error: BaseException | None = None
-        policy = self._batch_policy(taken)  # None: feeds with different reply policies
+        replies = self.replies
+        policy = replies.policy_of(taken)  # None: feeds with different reply policies
         answered: list[str | bytes | None] = []  # one per row of ``encoded`` still to answer
         encoded: Sequence[int] = []  # the rows whose results were encoded (their feeds want results)
         are_results = False
@@ -609,39 +488,22 @@ class Controller:
                     # the host program's own code failed: raised to the caller of run() or
                     # process_pending() once this batch's replies are handed over (not lost)
                     host_error = exc
-            encoded = rows if policy != "none" else []  # "none": nothing is encoded
-            if policy is None:  # feeds with different policies: encode only for those that want results
-                encoded = [i for i in rows if self._policies[taken.feed[i]] != "none"]
-                if len(encoded) < len(rows):
-                    keep = [j for j, i in enumerate(rows) if self._policies[taken.feed[i]] != "none"]
-                    seq, stream = [seq[j] for j in keep], [stream[j] for j in keep]
-                    outputs = {k: v[keep] for k, v in outputs.items()}
-            if encoded:
-                answered, are_results = self.codec.encode_batch(seq, stream, outputs, errors=policy != "results")
-                if not are_results:
-                    stats.errors["encode failed"] += len(encoded)
+            encoded, answered, are_results = replies.encode(taken, rows, seq, stream, outputs, policy)
         _stamp(traces, ENCODED)
         stats.batches += 1
         stats.batch_size.observe(n)
-        frames, received, error_at, origin = self._assemble(taken, rows, encoded, answered, are_results, refused,
-                                                            policy)
+        frames, received, error_at, origin = replies.assemble(taken, rows, encoded, answered, are_results, refused,
+                                                              policy)
         handed = time.monotonic_ns()  # results handed over: on_results has returned, the frames are made
         for trace in traces:
             trace.ns[OUTBOUND] = handed
         if rows:
-            self._observe_latency(taken, rows, handed)
+            replies.observe_latency(taken, rows, handed)
         # JetStream feeds: each reply carries its message's origin (its id), and the feed's position moves
         sources = None if taken.origin is None else [taken.origin[i] for i in origin]
-        if not frames:
-            self._end_traces(traces)  # nothing goes to the IO thread: the sampled messages end here
-        elif not taken.feeds_mixed:
-            self._put_outbound(Outgoing(frames, received, error_at, feed=taken.feed[0], traces=traces,
-                                        origin=sources), deadline)
-        else:  # several feeds in one batch: each feed's replies go back on its own connection
-            parts = _split_by_feed(frames, received, error_at, [taken.feed[i] for i in origin], traces, sources)
-            sent = {part.feed for part in parts}
-            self._end_traces([trace for trace in traces if trace.feed not in sent])
-            self._put_outbound(parts[0] if len(parts) == 1 else Outgoing([], parts=tuple(parts)), deadline)
+        item = replies.outgoing(taken, frames, received, error_at, origin, sources)
+        if item is not None:
+            self._put_outbound(item, deadline)
         if sources is not None:
             self.sources.after_batch(taken.feed, taken.origin, sources, [taken.feed[i] for i in origin])
         if host_error is not None:
@@ -666,99 +528,6 @@ class Controller:
                       taken.stream[bad_rows[0]], len(streams) - 1)
         keep = np.flatnonzero(~bad)
         return [rows[j] for j in keep.tolist()], {k: v[keep] for k, v in outputs.items()}
-
-    def _batch_policy(self, taken: Taken) -> str | None:
-        """The reply policy of every message of the batch, or None when its feeds' policies differ."""
-        if self._policy is not None:
-            return self._policy
-        if not taken.feeds_mixed:
-            return self._policies[taken.feed[0]]
-        policies = {self._policies[feed] for feed in set(taken.feed)}
-        return policies.pop() if len(policies) == 1 else None
-
-    def _assemble(self, taken: Taken, rows: Sequence[int], encoded: Sequence[int], answered: list,
-                  are_results: bool, refused: dict[int, str],
-                  policy: str | None) -> tuple[list, list[int], tuple[int, ...], Sequence[int]]:
-        """The batch's frames in arrival order, their messages' receive times, the positions
-        of the error frames, and each frame's message (its index in ``taken``). ``rows``: the
-        messages with results; ``encoded``: those encoded, ``answered`` holding one frame (or
-        None) each; ``policy``: the batch's reply policy (None: each message's feed's). A message
-        the codec answered with None gets no frame (``no_reply``); one whose reply the policy or
-        ``encode_error`` declines gets none either (``no_reply`` and ``replies_declined``)."""
-        if (policy == "all" or (policy == "results" and are_results)) and not refused and None not in answered:
-            # the common case: one reply per message
-            return (answered, taken.received_ns, () if are_results else tuple(range(len(answered))),
-                    range(len(answered)))
-        if policy == "none":  # nothing goes back and nothing was encoded: every message declined
-            if rows:
-                self._decline("result", len(rows), policy)
-            for reason, count in Counter(refused.values()).items():
-                self._decline(self._counted_as.get(reason, reason), count, policy)
-            return [], [], (), []
-        reply = dict(zip(encoded, answered))
-        policies = self._policies
-        frames, received, error_at, origin = [], [], [], []
-        for i in range(len(taken)):
-            replies = policy or policies[taken.feed[i]]
-            reason = refused.get(i)
-            if reason is not None:
-                frame = self.codec.encode_error(reason, taken.seq[i]) if replies == "all" else None
-                if frame is None:
-                    self._decline(self._counted_as.get(reason, reason), 1, replies)
-                    continue
-                error_at.append(len(frames))
-            elif i not in reply:  # not encoded: its feed's replies are "none"
-                self._decline("result", 1, replies)
-                continue
-            else:
-                frame = reply[i]
-                if not are_results and (frame is None or replies != "all"):  # an "encode failed" error reply
-                    self._decline(ENCODE_FAILED, 1, replies)
-                    continue
-                if frame is None:
-                    self.main_stats.no_reply += 1  # the codec's choice
-                    continue
-                if not are_results:
-                    error_at.append(len(frames))
-            frames.append(frame)
-            received.append(taken.received_ns[i])
-            origin.append(i)
-        return frames, received, tuple(error_at), origin
-
-    def _decline(self, reason: str, count: int, replies: str) -> None:
-        """``count`` messages get no frame, by the feed's reply policy (``replies``) or, under
-        ``all``, because ``encode_error`` returned None: counted, each reason logged once."""
-        stats = self.main_stats
-        stats.no_reply += count
-        stats.replies_declined[reason] += count
-        if reason not in self._declined_logged and len(self._declined_logged) < MAX_LOGGED_REASONS:
-            self._declined_logged.add(reason)
-            why = f"the feed's replies are {replies!r}" if replies != "all" else \
-                "the codec's encode_error returned None"
-            what = "results are" if reason == "result" else f"error replies for {reason!r} are"
-            log.info("%s not sent (%s); counted in replies_declined and no_reply, logged once per reason", what, why)
-
-    def _observe_latency(self, taken: Taken, rows: Sequence[int], handed_ns: int) -> None:
-        """``latency``: receipt -> results handed over, for each message of ``rows``; one
-        observation per chunk (its messages share a receipt time), not per message."""
-        if isinstance(rows, range):
-            received, feeds = taken.received_ns, taken.feed
-        else:
-            received, feeds = [taken.received_ns[i] for i in rows], [taken.feed[i] for i in rows]
-        latency = self.main_stats.latency
-        if not taken.feeds_mixed:
-            histogram = latency[taken.feed[0]]
-            for arrived, count in Counter(received).items():
-                histogram.observe_each((handed_ns - arrived) * 1e-9, count)
-        else:
-            for (feed, arrived), count in Counter(zip(feeds, received)).items():
-                latency[feed].observe_each((handed_ns - arrived) * 1e-9, count)
-
-    def _end_traces(self, traces: list[Trace]) -> None:
-        """Sampled messages whose batch sent their feed no frame: their trace ends at ``assemble``
-        (the results handed over), observed here on the main thread's own hop histograms."""
-        for trace in traces:
-            observe_hops(self.main_stats.hops, trace.hops_s(OUTBOUND))
 
     def _reset_slots(self, recycled: list[int]) -> None:
         """Give recycled slots a fresh stream's state (before the step that uses them)."""
@@ -824,75 +593,15 @@ class Controller:
     def stats(self) -> StatsSnapshot:
         """A consistent-enough snapshot for the status line, the metrics and embedding code;
         callable from any thread (the metrics endpoint calls it on the IO thread)."""
-        main = self.main_stats
         io = self._io.snapshot() if self._io is not None else self.io_stats.snapshot()
-        at_ready = main.compilations_at_ready
-        errors = _merged(io.errors, copy_counts(main.errors))
-        feed_latency = [histogram.snapshot() for histogram in main.latency]
-        latency = feed_latency[0]
-        for more in feed_latency[1:]:
-            latency = latency + more
         engine = self.engine
-        compiled = engine is not None
-        return StatsSnapshot(
-            at=time.monotonic(),
-            messages_in=io.messages_in,
-            frames_in=io.frames_in,
-            messages_out=io.results_out,
-            errors_out=io.errors_out,
-            processed=main.processed,
-            anomalies=main.anomalies,
-            batches=main.batches,
-            errors=errors,
-            dropped=_merged(io.dropped, copy_counts(main.dropped)),
-            connects=io.connects,
-            reconnects=io.reconnects,
-            connect_failures=io.connect_failures,
-            connected=io.connected,
-            connection_since=io.state_since,
-            inbound_depth=io.inbound_depth,
-            outbound_depth=io.outbound_depth,
-            unsent=io.unsent,
-            batch_size=main.batch_size.snapshot(),
-            latency=latency,
-            write_latency=io.write_latency,
-            feed_latency=tuple(feed_latency),
-            replies_declined=_merged(io.replies_declined, copy_counts(main.replies_declined)),
-            loop_lag=io.loop_lag,
-            step_seconds=main.step_seconds.snapshot(),
-            compilations=compilations(),
-            compilations_after_warmup=None if at_ready is None else compilations() - at_ready,
-            devices=engine.devices if engine is not None else (),
-            device_messages=tuple(int(v) for v in engine.device_messages) if engine is not None else (),
-            device_rows=engine.device_rows if engine is not None else 0,
-            ready=compiled and io.connected,
-            compiled=compiled,
-            no_reply=main.no_reply,
-            resets=copy_counts(main.resets),
-            streams_active=len(self.slots),
-            streams_evicted=self.slots.evicted,
-            **(self.checkpointer.stats_fields() if self.checkpointer is not None else {}),
-            answer_errors_out=io.answer_errors_out,
-            written_unconfirmed=io.written_unconfirmed,
-            last_error=io.last_error,
-            feeds=io.feeds,
-            hops=add_hops(io.hops, {hop: histogram.snapshot() for hop, histogram in main.hops.items()}),
-            sources=self._source_figures(io) if self.sources else (),
-        )
-
-    def _source_figures(self, io: IOSnapshot) -> tuple[SourceFigures, ...]:
-        """Each JetStream feed's figures: the IO side's fetching and confirmations, the main thread's position."""
-        out = []
-        for feed in io.feeds:
-            src = feed.io.source
-            if src is None:
-                continue
-            index = next(i for i, spec in self.sources.specs.items() if spec.name == feed.name)
-            applied = self.sources.consumed.get(index)
-            applied_seq = 0 if applied is None else applied.seq - (0 if applied.last else 1)
-            out.append(SourceFigures(feed.name, src.fetched, self.sources.applied.get(index, 0), applied_seq,
-                                     src.confirmed[0], src.stream_last_seq, src.skipped, src.duplicates))
-        return tuple(out)
+        return whole_snapshot(
+            self.main_stats, io, at=time.monotonic(), compilations=compilations(),
+            devices=(engine.devices, tuple(int(v) for v in engine.device_messages), engine.device_rows)
+            if engine is not None else None,
+            streams=(len(self.slots), self.slots.evicted),
+            checkpoints=self.checkpointer.stats_fields() if self.checkpointer is not None else {},
+            sources=self.recovery.source_figures(io))
 
     @property
     def metrics_url(self) -> str | None:
@@ -918,34 +627,12 @@ class Controller:
         log.info("%s received: stopping (reading stopped, sending what is left)", signal.Signals(signum).name)
 
 
-def _split_by_feed(frames: list, received: list[int], error_at: tuple[int, ...],
-                   feeds: list[int], traces: list[Trace], origin: list | None = None) -> list[Outgoing]:
-    """One ``Outgoing`` per feed, each keeping its frames' order (``feeds``: each frame's feed),
-    the sampled messages' traces of that feed and, from JetStream feeds, each frame's ``origin``."""
-    errors = set(error_at)
-    by_feed: dict[int, list[int]] = {}
-    for j, feed in enumerate(feeds):
-        by_feed.setdefault(feed, []).append(j)
-    return [Outgoing([frames[j] for j in picked], [received[j] for j in picked],
-                     tuple(k for k, j in enumerate(picked) if j in errors), feed=feed,
-                     traces=[trace for trace in traces if trace.feed == feed],
-                     origin=None if origin is None else [origin[j] for j in picked])
-            for feed, picked in by_feed.items()]
-
-
 def _stamp(traces: list[Trace], stamp: int) -> None:
     """Stamp the batch's sampled messages (the latency budget, batching.HOPS)."""
     if traces:
         now = time.monotonic_ns()
         for trace in traces:
             trace.ns[stamp] = now
-
-
-def _merged(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
-    out = dict(a)
-    for reason, count in b.items():
-        out[reason] = out.get(reason, 0) + count
-    return out
 
 
 def _print_line(line: str) -> None:

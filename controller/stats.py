@@ -36,7 +36,7 @@ from io_loop.counters import (
 
 __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "HistogramSnapshot", "IOSnapshot",
            "IOStats", "MainStats", "SourceFigures", "StatsSnapshot", "add_hops", "books_line", "checkpoint_part",
-           "combine_io", "copy_counts", "new_hops", "observe_hops", "status_line"]
+           "combine_io", "copy_counts", "new_hops", "observe_hops", "status_line", "whole_snapshot"]
 
 @dataclass
 class MainStats:
@@ -254,3 +254,71 @@ def books_line(snap: StatsSnapshot) -> str:
             f" + unanswered {snap.in_flight}; also {snap.errors_out - snap.answer_errors_out} replies to bad input"
             f", {snap.replies_declined_total} replies declined"
             f", {snap.written_unconfirmed} replies written to connections that then failed")
+
+
+def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: int,
+                   devices: tuple[tuple[str, ...], tuple[int, ...], int] | None, streams: tuple[int, int],
+                   checkpoints: dict[str, Any], sources: tuple[SourceFigures, ...]) -> StatsSnapshot:
+    """``Controller.stats()``: the main thread's counters (``main``, copied here with
+    ``copy_counts``) and the IO side's snapshot as one ``StatsSnapshot``. ``devices``: the
+    engine's ``(devices, messages per device, rows stepped)``, None before the compile;
+    ``streams``: ``(active, evicted)``; ``checkpoints``: the checkpointer's fields."""
+    at_ready = main.compilations_at_ready
+    feed_latency = [histogram.snapshot() for histogram in main.latency]
+    latency = feed_latency[0]
+    for more in feed_latency[1:]:
+        latency = latency + more
+    compiled = devices is not None
+    names, per_device, rows = devices if devices is not None else ((), (), 0)
+    return StatsSnapshot(
+        at=at,
+        messages_in=io.messages_in,
+        frames_in=io.frames_in,
+        messages_out=io.results_out,
+        errors_out=io.errors_out,
+        processed=main.processed,
+        anomalies=main.anomalies,
+        batches=main.batches,
+        errors=_merged(io.errors, copy_counts(main.errors)),
+        dropped=_merged(io.dropped, copy_counts(main.dropped)),
+        connects=io.connects,
+        reconnects=io.reconnects,
+        connect_failures=io.connect_failures,
+        connected=io.connected,
+        connection_since=io.state_since,
+        inbound_depth=io.inbound_depth,
+        outbound_depth=io.outbound_depth,
+        unsent=io.unsent,
+        batch_size=main.batch_size.snapshot(),
+        latency=latency,
+        write_latency=io.write_latency,
+        feed_latency=tuple(feed_latency),
+        replies_declined=_merged(io.replies_declined, copy_counts(main.replies_declined)),
+        loop_lag=io.loop_lag,
+        step_seconds=main.step_seconds.snapshot(),
+        compilations=compilations,
+        compilations_after_warmup=None if at_ready is None else compilations - at_ready,
+        devices=names,
+        device_messages=per_device,
+        device_rows=rows,
+        ready=compiled and io.connected,
+        compiled=compiled,
+        no_reply=main.no_reply,
+        resets=copy_counts(main.resets),
+        streams_active=streams[0],
+        streams_evicted=streams[1],
+        **checkpoints,
+        answer_errors_out=io.answer_errors_out,
+        written_unconfirmed=io.written_unconfirmed,
+        last_error=io.last_error,
+        feeds=io.feeds,
+        hops=add_hops(io.hops, {hop: histogram.snapshot() for hop, histogram in main.hops.items()}),
+        sources=sources,
+    )
+
+
+def _merged(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    out = dict(a)
+    for reason, count in b.items():
+        out[reason] = out.get(reason, 0) + count
+    return out

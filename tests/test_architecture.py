@@ -41,6 +41,7 @@ CORE = [
     "controller/placement.py",
     "controller/positions.py",
     "controller/processor.py",
+    "controller/replies.py",
     "controller/rowcopy.py",
     "controller/slots.py",
     "controller/stats.py",
@@ -78,7 +79,9 @@ COMPOSITION = [
     "controller/checkpointer.py",
     "controller/cli.py",
     "controller/host.py",
+    "controller/ioside.py",
     "controller/loop.py",
+    "controller/recovery.py",
 ]
 LAYERS = {"core": CORE, "device": DEVICE, "io": IO, "composition": COMPOSITION}
 
@@ -370,7 +373,7 @@ def test_the_known_lazy_imports_are_found():
         "controller/cli.py:main:controller.loop",
         "controller/check.py:_show_jax:jax",
         "controller/check.py:_compile:controller.compiled",
-        "controller/loop.py:_io_thread:controller.metrics",
+        "controller/ioside.py:io_thread:controller.metrics",
     } <= {imp.key for imp in LAZY}
 
 

@@ -1,0 +1,146 @@
+"""Recovery: what a checkpoint holds beside the device state, and how a run continues from one.
+
+Rules:
+- A checkpoint is restored only into the processor that wrote it: its declared name and
+  version and the shape-defining settings are written into every checkpoint and matched on
+  restore, with the state's structure, leaf shapes and dtypes (``load``, before the compile:
+  a mismatch is ``CheckpointMismatch`` naming the setting and both values).
+- Shared leaves (not per-stream: weights) come from the processor's ``init`` at every start,
+  unless it says ``restore_shared=True``; the per-stream state, the stream table and the
+  counts come from the checkpoint, and the start log says which leaves came from where.
+- JetStream feeds (exactly-once): each checkpoint records every such feed's position as of
+  the same moment as the state (``controller/positions.py``), and is written only once the
+  results stream has acknowledged the replies it covers (``await_replies``, on the writer's
+  thread); a restore hands the positions to the IO side, which resumes after them.
+- The device state itself is the engine's (controller/engine.py): this module asks it to
+  begin a snapshot or restore one, and never holds the state.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from controller.checkpoint import PendingSnapshot, Restored, load_newest
+from controller.config import Config
+from controller.engine import Engine, state_shapes
+from controller.positions import SourcePositions
+from controller.slots import StreamSlots
+from controller.stats import IOSnapshot, MainStats, SourceFigures
+from io_loop.crossing import Origin
+
+__all__ = ["CONFIRM_POLL_S", "CONFIRM_WAIT_S", "Recovery"]
+
+log = logging.getLogger("forkless.controller")
+
+# a checkpoint with JetStream positions waits (on the writer thread) this long at least for the
+# results stream to acknowledge the replies it covers, polling every CONFIRM_POLL_S
+CONFIRM_WAIT_S = 10.0
+CONFIRM_POLL_S = 0.005
+
+
+class Recovery:
+    """The controller's checkpoints: the settings they must match, loading and restoring one,
+    beginning one, and the JetStream feeds' positions (``sources``) recorded in each."""
+
+    def __init__(self, config: Config, processor: Any, slots: StreamSlots, stats: MainStats,
+                 io_snapshot: Callable[[], IOSnapshot | None]) -> None:
+        self.config = config
+        self.processor = processor
+        self.slots = slots
+        self.stats = stats
+        self._io_snapshot = io_snapshot
+        # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
+        self.sources = SourcePositions(config.feed_specs)
+        self.positions: dict[str, Origin] = {}  # where a restored checkpoint left each JetStream feed
+        self.restored_from: str | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """What a checkpoint must match to be restored."""
+        cfg = self.config
+        return {"features": cfg.features, "max_streams": cfg.max_streams,
+                "processor": getattr(self.processor, "name", None),
+                "processor_version": str(getattr(self.processor, "version", "1"))}
+
+    def load(self) -> Restored | None:
+        """The newest complete checkpoint, read before the compile; raises ``CheckpointMismatch``
+        if it was written by another processor (name, version), with other shape-defining
+        settings, or with another state structure, leaf shape or dtype."""
+        # the file holds the canonical layout (row s = slot s), whatever the device count
+        restored = load_newest(self.config.checkpoint_dir, self.settings(),
+                               like=state_shapes(self.processor, self.config))
+        if restored is None:
+            log.info("no checkpoint in %s: starting fresh", self.config.checkpoint_dir)
+        return restored
+
+    def restore(self, engine: Engine, restored: Restored) -> None:
+        """Put a loaded checkpoint's state on the device and its stream table and counts in place
+        (before the first connection)."""
+        shared = bool(getattr(self.processor, "restore_shared", False))
+        engine.restore(restored.state, shared=shared)
+        leaves = engine.shared_leaves()
+        log.info("per-stream state taken from the checkpoint%s", "" if not leaves else (
+            f"; shared leaves {', '.join(leaves)} " + ("from it too (restore_shared=True)" if shared else
+                                                       "taken from the processor's init (restore_shared=False)")))
+        # last-seen times travel as wall-clock seconds (monotonic clocks differ between processes)
+        shift = time.monotonic() - time.time()
+        self.slots.restore(restored.names, restored.slots, np.asarray(restored.last_seen) + shift)
+        main = self.stats
+        main.processed = int(restored.counts.get("processed", 0))
+        main.anomalies = int(restored.counts.get("anomalies", 0))
+        # each JetStream feed goes on from the message after the one its state holds
+        self.positions = self.sources.restore(restored.positions, restored.path)
+        self.restored_from = str(restored.path)
+        log.info("restored %d streams from %s (checkpoint of %s, %d messages processed before)",
+                 restored.streams, restored.path,
+                 datetime.datetime.fromtimestamp(restored.wall_time).isoformat(timespec="seconds"), main.processed)
+
+    def begin(self, engine: Engine, incremental: bool) -> PendingSnapshot:
+        """A checkpoint as of now (between two steps), which ``Checkpointer.tick`` copies a
+        chunk at a time between the next steps; the engine keeps it exact."""
+        wall = time.time()
+        main, cfg = self.stats, self.config
+        return engine.begin_snapshot(
+            self.slots.begin_copy(), {"processed": main.processed, "anomalies": main.anomalies},
+            {**self.settings(), "alpha": cfg.alpha, "threshold": cfg.threshold,
+             "warmup": cfg.warmup, "devices": len(engine.devices)}, wall, seen_shift=wall - time.monotonic(),
+            incremental=incremental, positions=self.sources.record() if self.sources else None)
+
+    def await_replies(self, positions: dict[str, Any]) -> None:
+        """On the checkpoint writer's thread, before a checkpoint with JetStream positions is
+        written: wait until the results stream has acknowledged every reply to the messages at or
+        below them (after a kill -9 those are not replayed, so their replies must be stored).
+        Raises (the checkpoint fails, the previous one stays the newest) if that takes longer
+        than ``CONFIRM_WAIT_S`` or a checkpoint interval, whichever is longer."""
+        deadline = time.monotonic() + max(CONFIRM_WAIT_S, self.config.checkpoint_s)
+        while True:
+            io = self._io_snapshot()
+            feeds = io.feeds if io is not None else ()
+            confirmed = {f.name: f.io.source.confirmed for f in feeds if f.io.source is not None}
+            behind = SourcePositions.unconfirmed(positions, confirmed)
+            if not behind:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError("replies not stored by the results stream in time: " + "; ".join(behind))
+            time.sleep(CONFIRM_POLL_S)
+
+    def source_figures(self, io: IOSnapshot) -> tuple[SourceFigures, ...]:
+        """Each JetStream feed's figures: the IO side's fetching and confirmations, the main thread's position."""
+        if not self.sources:
+            return ()
+        sources, out = self.sources, []
+        for feed in io.feeds:
+            src = feed.io.source
+            if src is None:
+                continue
+            index = next(i for i, spec in sources.specs.items() if spec.name == feed.name)
+            applied = sources.consumed.get(index)
+            applied_seq = 0 if applied is None else applied.seq - (0 if applied.last else 1)
+            out.append(SourceFigures(feed.name, src.fetched, sources.applied.get(index, 0), applied_seq,
+                                     src.confirmed[0], src.stream_last_seq, src.skipped, src.duplicates))
+        return tuple(out)
