@@ -142,8 +142,7 @@ def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None
         total_s = time.perf_counter() - t0
         made = compilations() - before
         say(f"  {len(config.buckets)} batch sizes in {total_s:.2f} s, {made} XLA compilations, on "
-            f"{len(engine.devices)} device(s): {', '.join(engine.devices)}"
-            + (" (the stream table sharded over them)" if engine.sharded else ""))
+            f"{engine.describe()}")
         t0 = time.perf_counter()
         names = engine.output_names()  # every batch size once, on padding
         ran_s = time.perf_counter() - t0

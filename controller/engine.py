@@ -382,10 +382,6 @@ class Engine:
                                             f"each, slot s on device s % {place.devices})")
         return f"{len(self.devices)} device(s): {', '.join(self.devices)}{sharded}"
 
-    @property
-    def sharded(self) -> bool:
-        return self._layout.placement is not None
-
     def output_names(self) -> list[str]:
         """Run every bucket once on padding (the preflight); the outputs' names."""
         names: list[str] = []
