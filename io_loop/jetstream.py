@@ -87,18 +87,6 @@ def msg_id(stream: str, origin: Origin) -> str:
     return f"{stream}:{origin.seq}:{origin.index}"
 
 
-def _delivery(reply: str) -> tuple[int, int, int, int]:
-    """(times delivered, stream sequence, consumer sequence, messages pending) of a JetStream
-    delivery, from its reply subject: what nats-py's ``Msg.metadata`` gives, without its
-    dataclasses and timestamp (a tenth of the IO thread's time at full speed)."""
-    tokens = reply.split(".") if reply else ()
-    n = len(tokens)
-    if (n == 9 or n >= 11) and tokens[0] == "$JS" and tokens[1] == "ACK":
-        i = 4 if n == 9 else 6  # $JS.ACK.<stream>.<consumer>.… or $JS.ACK.<domain>.<account hash>.<stream>.…
-        return int(tokens[i]), int(tokens[i + 1]), int(tokens[i + 2]), int(tokens[i + 4])
-    raise nats.js.errors.NotJSMessageError
-
-
 @dataclass
 class _Part:
     """The good elements of a payload not yet handed over (after a partly consumed message)."""
@@ -481,18 +469,19 @@ class JetStreamFeed:
                                                  f"{msg.headers.get('Description', '')}".strip())
                     got += 1
                     last = msg
-                    delivered, seq, consumer_seq, pending = _delivery(msg.reply)
-                    if delivered == 1:
-                        if consumer_seq != expected:
+                    meta = msg.metadata
+                    seq = meta.sequence.stream
+                    if meta.num_delivered == 1:
+                        if meta.sequence.consumer != expected:
                             return End(Outcome.LOST, f"delivery gap at stream sequence {seq} (consumer sequence "
-                                                     f"{consumer_seq}, expected {expected})")
+                                                     f"{meta.sequence.consumer}, expected {expected})")
                         expected += 1
                     if seq < self._next[0]:  # consumed already (a redelivery)
                         self.source.skipped += 1
                         continue
-                    if delivered > 1:
+                    if meta.num_delivered > 1:
                         return End(Outcome.LOST, f"stream sequence {seq} redelivered before it was consumed")
-                    await self._consume(msg, seq, pending)
+                    await self._consume(msg, seq, meta.num_pending)
                     if self._stopping:
                         break
                 if last is not None:
