@@ -28,9 +28,11 @@ Rules:
   ones are indexed after the good ones (deterministic, so a replay makes the same ids).
 - Replies: the outbox's items in order (the main thread's results and error replies, and this
   feed's error replies to bad input), each frame published to the ``results`` subject with the
-  header ``Nats-Msg-Id: <stream>:<seq>:<index>``; an item's acknowledgements are awaited before
-  the next item, and what was not acknowledged is published again after a reconnect (the
-  results stream's duplicate window drops a copy). ``SourceStats.confirmed`` is the origin of
+  header ``Nats-Msg-Id: <stream>:<seq>:<index>`` and a reply subject of this feed's own (one
+  subscription per connection, ``_Acks``); an item's frames are published together and their
+  acknowledgements awaited together before the next item, and what was not acknowledged (from
+  the first frame not acknowledged on) is published again after a reconnect (the results
+  stream's duplicate window drops a copy). ``SourceStats.confirmed`` is the origin of
   the last main-thread reply acknowledged: a checkpoint is committed only once every reply to
   the messages it covers is (controller/loop.py).
 - Reconnect on any loss (connection, server restart, heartbeats missing, a publish not
