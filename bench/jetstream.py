@@ -333,12 +333,15 @@ def measure_stall(streams: int, seconds: float, every_s: float, rounds: int, rat
 
 
 def _wait_server(url: str) -> None:
-    for _ in range(100):
+    """Until the server accepts connections (a plain socket: nats-py logs a traceback per refusal)."""
+    host, port = url.rsplit("/", 1)[1].split(":")
+    for _ in range(200):
         try:
-            asyncio.run(_admin(url, lambda js: js.account_info()))
-            return
-        except Exception:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            break
+        except OSError:
             time.sleep(0.05)
+    asyncio.run(_admin(url, lambda js: js.account_info()))
 
 
 STALL_FULL = {"streams": 100_000, "seconds": 60.0, "every_s": 2.0, "rounds": 5, "rate": 1000.0}
