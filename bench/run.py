@@ -19,8 +19,8 @@ and with a heavy step (``bench.heavy``); compilations after warm-up; time from p
 start to first result with an empty and with a warm persistent compilation cache.
 
 JetStream (``--jetstream-only``, bench/jetstream.py): a JetStream feed's maximum throughput and
-latency at 1,000 msg/s beside the WebSocket feed's, against a real nats-server; written to
-``OUT/jetstream.json``.
+latency at 1,000 msg/s beside the WebSocket feed's, against a real nats-server, and the
+checkpoint stall with a JetStream feed; written to ``OUT/jetstream.json``.
 
 Devices (``--devices-only`` runs just this section): the controller's compiled step alone
 (``bench.devices``) and forkless's maximum throughput with 1, 2 and 4 forced CPU devices
@@ -909,7 +909,7 @@ def main(argv: list[str] | None = None) -> int:
                         "rewrite bench/README.md's devices block from it")
     p.add_argument("--jetstream-only", action="store_true",
                    help="run only the JetStream section (a real nats-server; max throughput and latency at "
-                        "1,000 msg/s beside the WebSocket feed's) into OUT/jetstream.json")
+                        "1,000 msg/s beside the WebSocket feed's, the checkpoint stall) into OUT/jetstream.json")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: print the report of OUT/results.json and rewrite bench/README.md's "
                         "results block from it")

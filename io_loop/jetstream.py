@@ -28,9 +28,11 @@ Rules:
   ones are indexed after the good ones (deterministic, so a replay makes the same ids).
 - Replies: the outbox's items in order (the main thread's results and error replies, and this
   feed's error replies to bad input), each frame published to the ``results`` subject with the
-  header ``Nats-Msg-Id: <stream>:<seq>:<index>``; an item's acknowledgements are awaited before
-  the next item, and what was not acknowledged is published again after a reconnect (the
-  results stream's duplicate window drops a copy). ``SourceStats.confirmed`` is the origin of
+  header ``Nats-Msg-Id: <stream>:<seq>:<index>`` and a reply subject of this feed's own (one
+  subscription per connection, ``_Acks``); an item's frames are published together and their
+  acknowledgements awaited together before the next item, and what was not acknowledged (from
+  the first frame not acknowledged on) is published again after a reconnect (the results
+  stream's duplicate window drops a copy). ``SourceStats.confirmed`` is the origin of
   the last main-thread reply acknowledged: a checkpoint is committed only once every reply to
   the messages it covers is (controller/loop.py).
 - Reconnect on any loss (connection, server restart, heartbeats missing, a publish not
@@ -99,6 +101,54 @@ class _Part:
         return len(self.seq)
 
 
+class _Acks:
+    """The results stream's acknowledgements of the item being published: frame k of it was
+    published with the reply subject ``<inbox><base + k>``. ``wake`` is set once every frame is
+    acknowledged, or at the first error (an error response, no stream storing the subject)."""
+
+    def __init__(self, cut: int) -> None:
+        self.cut = cut  # the length of ``<inbox>``
+        self.base = 0
+        self.done = bytearray()
+        self.acked = 0
+        self.duplicates = 0
+        self.error: Exception | None = None
+        self.wake = asyncio.Event()
+
+    def begin(self, base: int, n: int) -> None:
+        self.base, self.done, self.acked, self.error = base, bytearray(n), 0, None
+
+    def complete(self) -> bool:
+        return self.acked == len(self.done) or self.error is not None
+
+    def prefix(self) -> int:
+        """Frames acknowledged in order from the item's first."""
+        first_missing = self.done.find(0)
+        return len(self.done) if first_missing < 0 else first_missing
+
+    async def on_ack(self, msg: Any) -> None:
+        try:
+            k = int(msg.subject[self.cut:]) - self.base
+        except ValueError:
+            return
+        if not 0 <= k < len(self.done) or self.done[k] or self.error is not None:
+            return  # an earlier item's (acknowledged after a timeout), or a copy
+        data = msg.data
+        status = msg.headers.get("Status") if msg.headers else None
+        if status:
+            self.error = (nats.js.errors.NoStreamResponseError() if status == "503" else
+                          nats.errors.Error(f"the server answered {status} {msg.headers.get('Description', '')}"))
+        elif b'"error":' in data and "error" in (resp := json.loads(data)):
+            self.error = nats.js.errors.APIError.from_error(resp["error"])
+        else:
+            self.done[k] = 1
+            self.acked += 1
+            if b'"duplicate":true' in data:
+                self.duplicates += 1
+        if self.complete():
+            self.wake.set()
+
+
 class _Failed(Exception):
     """A connection attempt failed; ``fatal`` when retrying cannot help (credentials refused)."""
 
@@ -162,6 +212,7 @@ class JetStreamFeed:
         self._outbound_done = False
         self._reader_task: asyncio.Task | None = None
         self._reader_in_handover = False
+        self._ack_sub: Any = None  # the writer's subscription to the acknowledgements
         self._current: Outgoing | None = None  # item being published; survives reconnects
         self._offset = 0  # frames of _current acknowledged by the server
         self._connection_id = 0
@@ -330,10 +381,9 @@ class JetStreamFeed:
         stats.state_since = time.time()
         log.info("%s: connection %d open (stream %r, subject %r, replies to %r)", self.feed.label, conn,
                  self.spec.stream, self.spec.subject or ">", self.spec.results or "(none)")
-        js = nc.jetstream(timeout=self.settings.connect_timeout_s)
         tasks: set[asyncio.Task] = set()
         try:
-            writer = asyncio.create_task(self._write(js), name="forkless-js-writer")
+            writer = asyncio.create_task(self._write(nc), name="forkless-js-writer")
             lost = asyncio.create_task(closed.wait(), name="forkless-js-closed")
             watch = asyncio.create_task(self._watch_stream(nc), name="forkless-js-stream")
             tasks |= {writer, lost, watch}
@@ -402,12 +452,15 @@ class JetStreamFeed:
                 await nc.publish(subject, request, reply=inbox)
                 got, last = 0, None
                 while got < self.pull_batch:
-                    try:
-                        async with asyncio.timeout(PULL_HEARTBEAT_S * MISSED_HEARTBEATS):
-                            msg = await deliveries.get()
-                    except TimeoutError:
-                        return End(Outcome.LOST, f"nothing from the consumer for "
-                                                 f"{PULL_HEARTBEAT_S * MISSED_HEARTBEATS:g}s (no heartbeat)")
+                    try:  # a delivery already queued is taken without a timer (most of them, at full speed)
+                        msg = deliveries.get_nowait()
+                    except asyncio.QueueEmpty:
+                        try:
+                            async with asyncio.timeout(PULL_HEARTBEAT_S * MISSED_HEARTBEATS):
+                                msg = await deliveries.get()
+                        except TimeoutError:
+                            return End(Outcome.LOST, f"nothing from the consumer for "
+                                                     f"{PULL_HEARTBEAT_S * MISSED_HEARTBEATS:g}s (no heartbeat)")
                     status = msg.headers.get("Status") if msg.headers else None
                     if status:
                         if status == "100":  # idle heartbeat
@@ -496,8 +549,27 @@ class JetStreamFeed:
 
     # ---- publishing the replies -----------------------------------------------------------------------
 
-    async def _write(self, js: Any) -> End:
+    async def _write(self, nc: Any) -> End:
+        try:
+            return await self._publish_replies(nc)
+        finally:
+            sub = self._ack_sub
+            self._ack_sub = None
+            if sub is not None:
+                try:
+                    await sub.unsubscribe()
+                except NATS_ERRORS:
+                    pass
+
+    async def _publish_replies(self, nc: Any) -> End:
         stats, stream, results = self.stats, self.spec.stream, self.spec.results
+        # the results stream's acknowledgements come to an inbox of ours, ``<inbox>.<n>`` with n counting
+        # this connection's publications (nats-py's publish_async costs a future, a semaphore and a
+        # JSON parse per reply); the writer wakes once per item, when all of its frames are acknowledged
+        inbox = nc.new_inbox() + "."
+        acks = _Acks(len(inbox))
+        self._ack_sub = await nc.subscribe(inbox + "*", cb=acks.on_ack)
+        sent = 0
         while True:
             if self._current is None:
                 try:
@@ -517,28 +589,33 @@ class JetStreamFeed:
                 stats.dropped["reply not published (no results subject)"] += item.results
                 self._current = None
                 continue
-            futures: list[asyncio.Future] = []
+            acks.begin(sent, len(frames) - start)
             try:
                 for j in range(start, len(frames)):
                     frame = frames[j]
-                    futures.append(await js.publish_async(
-                        results, frame if type(frame) is bytes else frame.encode(),
-                        headers={"Nats-Msg-Id": msg_id(stream, origin[j])}))
-                for future in futures:
-                    async with asyncio.timeout(self.settings.connect_timeout_s):
-                        ack = await future
-                    if ack.duplicate:
-                        self.source.duplicates += 1
-                    self._offset += 1
+                    await nc.publish(results, frame if type(frame) is bytes else frame.encode(),
+                                     reply=f"{inbox}{sent}", headers={"Nats-Msg-Id": msg_id(stream, origin[j])})
+                    sent += 1
+                while not acks.complete():  # all of the item's acknowledgements awaited together
+                    before = acks.acked
+                    acks.wake.clear()
+                    try:
+                        async with asyncio.timeout(self.settings.connect_timeout_s):
+                            await acks.wake.wait()
+                    except TimeoutError:
+                        if acks.acked == before:
+                            raise nats.errors.TimeoutError from None
+                if acks.error is not None:
+                    raise acks.error
             except nats.js.errors.NoStreamResponseError:
                 return End(Outcome.LOST, f"no stream stores the results subject {results!r}: create one "
                                          "(with a duplicate window, OPERATING.md \"JetStream feeds\")")
             except NATS_ERRORS as exc:
                 return End(Outcome.LOST, f"publishing to {results!r} failed: {_describe(exc)}")
             finally:
-                for future in futures:
-                    if not future.done():
-                        future.cancel()
+                self._offset = start + acks.prefix()  # acknowledged in order from the start: not published again
+                self.source.duplicates += acks.duplicates
+                acks.duplicates = 0
                 self._count_written(item, start, self._offset)
             if item.answers and origin:
                 self.source.confirmed = (origin[-1].seq, origin[-1].index)
