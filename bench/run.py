@@ -98,7 +98,7 @@ class Plan:
     # runs are made, and each of its runs' length (its warm-up is warmup_s)
     step_costs_ms: tuple[float, ...] = (1.0, 10.0)
     default_step_pings: bool = True
-    step_duration_s: float = 3.0
+    step_duration_s: float = 2.5
     calibrate_s: float = 0.3  # timing per candidate in bench.step_cost
     # an accelerator's reduced plan (bench/gpu.sh): no state scaling, no forced CPU devices
     accelerator: bool = False
@@ -618,10 +618,19 @@ def summarise_steps(section: dict[str, Any], summary: dict[str, Any],
         def ratio(a: float | None, b: float | None) -> float | None:
             return a / b if a and b else None
 
+        # forkless's throughput over inline's in each repeat (the two ran minutes apart at most):
+        # the spread says how far the machine's other work moved the ratio of the medians
+        windows = [r for r in section["runs"] if r["cost"] == cost and r["load"] == "window"] or (
+            [r for r in main_runs if r["load"] == "window" and not r["heavy"]] if cost == DEFAULT_STEP else [])
+        by_repeat: dict[str, dict[str, float]] = {}
+        for r in windows:
+            by_repeat.setdefault(r["tag"].rsplit("-r", 1)[-1], {})[r["design"]] = r["loadgen"].get("throughput_msg_s")
         row["forkless_vs_inline"] = {
             "p50_1k": ratio(f["rate_1k"].get("p50"), i["rate_1k"].get("p50")),
             "p99_1k": ratio(f["rate_1k"].get("p99"), i["rate_1k"].get("p99")),
             "throughput": ratio(f["throughput_msg_s"], i["throughput_msg_s"]),
+            "throughput_by_repeat": [ratio(pair.get("forkless"), pair.get("inline"))
+                                     for _, pair in sorted(by_repeat.items())],
             "ping_p99": ratio(f["ping_ms"]["p99"], i["ping_ms"]["p99"]),
         }
         out["costs"][cost] = row
@@ -1011,12 +1020,13 @@ def step_map_markdown(results: dict[str, Any]) -> str:
                          f"| {_md(d['rate_1k'].get('p99'))} | {_md(d['throughput_msg_s'])} | {at_max} "
                          f"| {_md(ping['p50'])} / {_md(ping['p99'])} | {d['pings_lost'] if d['pings'] else '–'} |")
     lines += ["", "Forkless against inline, by step cost (ratios of the medians above):", "",
-              "| step | forkless / inline: p50 @1k | p99 @1k | max msg/s | ping p99 | in words |",
+              "| step | forkless / inline: p50 @1k | p99 @1k | max msg/s (each repeat's) | ping p99 | in words |",
               "|---|---|---|---|---|---|"]
     for cost, row in costs.items():
         name = "default detector" if cost == DEFAULT_STEP else f"~{row['target_ms']:g} ms"
         r = row["forkless_vs_inline"]
-        lines.append(f"| {name} | {_md(r['p50_1k'])} | {_md(r['p99_1k'])} | {_md(r['throughput'])} "
+        each = ", ".join(_md(v) for v in r.get("throughput_by_repeat") or [])
+        lines.append(f"| {name} | {_md(r['p50_1k'])} | {_md(r['p99_1k'])} | {_md(r['throughput'])} ({each}) "
                      f"| {_md(r['ping_p99'])} | {_verdict(r)} |")
     return "\n".join(lines)
 
