@@ -12,7 +12,7 @@
 #      (forkless, spawn, inline, io-ceiling, forkless-nojax) at 1,000 and 10,000 msg/s and at the
 #      bounded window, the heavy step, start-up, and the step-cost section (the default step and
 #      steps calibrated to ~1 ms and ~10 ms on this GPU, with the ping probe); one repeat each
-#      (the reduced plan: no state scaling, no forced CPU devices);
+#      of 2.5 s (the reduced plan: no state scaling, no forced CPU devices);
 #   4. writes OUT/results.json, OUT/bench.png, OUT/logs/ and OUT/results.md: the same tables as
 #      bench/README.md's results block, whose first line names the platform (JAX_PLATFORMS=cuda)
 #      and the JAX device. Nothing in the repository's bench/README.md is changed.

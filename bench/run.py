@@ -114,12 +114,13 @@ class Plan:
 
     @classmethod
     def gpu(cls, quick: bool = False) -> Plan:
-        """bench/gpu.sh's plan (under 8 minutes with the install): one repeat of 3 s, the designs
-        and the step costs only. ``quick``: the smoke size, to check its shape on a CPU."""
+        """bench/gpu.sh's plan (under 8 minutes with the install): one repeat of 2.5 s, the designs
+        and the step costs only (no ping runs at the default step: its row takes the main table's
+        latencies). ``quick``: the smoke size, to check its shape on a CPU."""
         if quick:
             return dataclasses.replace(cls.quick(), accelerator=True)
-        return cls(repeats=1, duration_s=3.0, warmup_s=1.0, window=1024, compute_s=1.0, lag_floor_s=1.0,
-                   step_duration_s=2.5, calibrate_s=0.2, accelerator=True)
+        return cls(repeats=1, duration_s=2.5, warmup_s=0.8, window=1024, compute_s=1.0, lag_floor_s=1.0,
+                   step_duration_s=2.0, default_step_pings=False, calibrate_s=0.2, accelerator=True)
 
 
 LOADS = {
@@ -557,6 +558,7 @@ def step_cost_section(plan: Plan, work: Path, caches: dict[str, str]) -> dict[st
         run = run_load(design, load, plan, work, caches[design], f"{design}-step{cost}-{load}-r{rep}", step=step,
                        probe=load == "rate_1k", duration_s=plan.step_duration_s)
         run["cost"] = cost
+        run.pop("latency_quantiles_ms", None)  # for the main table's plot only: results.json stays small
         runs.append(run)
 
     for rep in range(plan.repeats):
