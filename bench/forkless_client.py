@@ -1,6 +1,7 @@
 """The forkless design as the benchmark runs it: this project exactly as a user runs it.
 
-    python -m bench.forkless_client --url ws://127.0.0.1:PORT/ --out stats.json [--heavy]
+    python -m bench.forkless_client --url ws://127.0.0.1:PORT/ --out stats.json
+        [--heavy | --heavy-iters N [--heavy-size S]]
 
 It does what ``python app.py`` does (``load_config`` from the environment, the app's logging,
 ``Controller(config).run()`` with the default codec, the default processor and the status
@@ -15,7 +16,10 @@ line on) with ``FORKLESS_WS_URL`` set to ``--url`` (or, for a JSON list of URLs,
   compilations after warm-up, the internal latency (received to reply written: ``write_latency``),
   batch sizes, step times.
 
-``--heavy`` runs ``bench.heavy.heavy_processor`` instead of the default (lag measurement).
+``--heavy`` runs ``bench.heavy.heavy_processor`` instead of the default (lag measurement);
+``--heavy-iters N --heavy-size S`` a heavy step of a calibrated cost (``bench.step_cost``).
+A second URL in the list (``bench.run`` does this for the ping probe, ``bench.ping_probe``) is
+a second feed on the IO thread's loop.
 ``--no-jax`` is the floor of the thread design: the same controller, queues, codec and IO
 thread, with the step replaced by a host identity (the default processor's outputs, all
 zero, made with numpy; no XLA call per batch), so the benchmark can tell what the threads
@@ -92,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                    "URLs: one feed each (FORKLESS_FEEDS)")
     p.add_argument("--out", required=True, help="where to write the JSON figures")
     p.add_argument("--heavy", action="store_true", help="run the heavy-step processor (bench.heavy)")
+    p.add_argument("--heavy-iters", type=int, default=0, help="run bench.heavy with this many matmuls a step")
+    p.add_argument("--heavy-size", type=int, default=0, help="... of this size (default: bench.heavy's)")
     p.add_argument("--max-s", type=float, default=120.0, help="stop after this long whatever happens")
     p.add_argument("--no-jax", action="store_true", help="the same path with the step replaced by a host "
                    "identity (zeros out, no XLA call): what the thread design costs without JAX")
@@ -109,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config()
     setup_logging(config.log_level, config.log_format)
     processor = None
-    if a.heavy:
-        from bench.heavy import heavy_processor
+    if a.heavy or a.heavy_iters:
+        from bench.heavy import processor_for
 
-        processor = heavy_processor(config)
+        processor = processor_for(config, a.heavy, a.heavy_size, a.heavy_iters)
     ctl = (_host_identity_controller() if a.no_jax else Controller)(config, processor=processor)
     window: dict[str, Any] = {}
 

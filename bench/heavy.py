@@ -6,6 +6,10 @@ It is the default EWMA detector plus a chain of ``iters`` dense ``size x size`` 
 detector. While XLA runs the chain the GIL is released: the IO loop of the forkless design
 keeps turning, which is what the lag figures under the heavy step show.
 
+The step's cost is a parameter: ``bench.step_cost`` calibrates ``iters`` (at a smaller
+``size``) so that a step takes about 1 ms or 10 ms on the machine at hand, and every design
+runs the calibrated processor with ``--heavy-iters N --heavy-size S`` (``processor_for``).
+
 Import it only where JAX is wanted (never in the spawn design's child).
 """
 
@@ -37,3 +41,14 @@ def heavy_processor(config: Any, size: int = HEAVY_SIZE, iters: int = HEAVY_ITER
         return state, out
 
     return Processor(base.init, step)
+
+
+def processor_for(config: Any, heavy: bool = False, size: int = 0, iters: int = 0) -> Processor:
+    """The processor a design's command line asks for: ``iters`` matmuls of ``size``
+    (``size`` 0: ``HEAVY_SIZE``) when ``iters`` > 0, the default heavy step with ``heavy``,
+    else the default detector."""
+    if iters > 0:
+        return heavy_processor(config, size or HEAVY_SIZE, iters)
+    if heavy:
+        return heavy_processor(config)
+    return default_processor(config)

@@ -8,6 +8,8 @@ Designs (each a process of its own, the load generator in another):
   ``Controller``, default codec and processor, status line on);
 - ``spawn``     the aiohttp client in a spawned child, JAX in the parent, two
   ``multiprocessing.Queue``s (``bench.spawn_client``);
+- ``inline``    one asyncio loop, no thread, no queue: decode, the same compiled step, encode and
+  write, all on the event loop (``bench.inline_client``);
 - ``io-ceiling`` replies from the event loop, no queue, no thread, no JAX (``bench.io_ceiling``);
 - ``compute-ceiling`` the jitted step alone on pre-built batches (``bench.compute_ceiling``).
 
@@ -21,6 +23,11 @@ start to first result with an empty and with a warm persistent compilation cache
 JetStream (``--jetstream-only``, bench/jetstream.py): a JetStream feed's maximum throughput and
 latency at 1,000 msg/s beside the WebSocket feed's, against a real nats-server, and the
 checkpoint stall with a JetStream feed; written to ``OUT/jetstream.json``.
+Step cost: forkless, inline and spawn with the default detector, a ~1 ms and a ~10 ms step
+(``bench.heavy`` calibrated on this machine by ``bench.step_cost``): latency at 1,000 msg/s,
+maximum throughput, and how long a WebSocket ping waits for its pong while the design steps
+(``bench.ping_probe``, a second connection on the loop that answers the feed). Summarised in
+``summary["step_map"]`` and the "Step cost" part of the results block.
 
 Devices (``--devices-only`` runs just this section): the controller's compiled step alone
 (``bench.devices``) and forkless's maximum throughput with 1, 2 and 4 forced CPU devices
@@ -38,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import json
 import math
@@ -61,6 +69,7 @@ import psutil
 
 from bench import state_scaling
 from bench.loadgen import start_loadgen, wait_result
+from bench.ping_probe import start_probe
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "bench" / "out"
@@ -68,8 +77,10 @@ BENCH_README = REPO_ROOT / "bench" / "README.md"
 RESULTS_BLOCK = "bench:results"  # bench/README.md: <!-- bench:results:start --> … <!-- bench:results:end -->
 DEVICES_BLOCK = "bench:devices"
 DEVICE_COUNTS = (1, 2, 4)  # forced CPU devices (JAX_NUM_CPU_DEVICES) of the devices section
-DESIGNS = ("forkless", "spawn", "io-ceiling", "forkless-nojax")
-JAX_DESIGNS = ("forkless", "spawn")
+DESIGNS = ("forkless", "spawn", "inline", "io-ceiling", "forkless-nojax")
+JAX_DESIGNS = ("forkless", "spawn", "inline")
+MAP_DESIGNS = ("forkless", "inline", "spawn")  # the designs measured at every step cost
+DEFAULT_STEP = "default"
 SAMPLE_S = 0.05
 FEATURES = 8
 STREAMS = 16
@@ -86,6 +97,14 @@ class Plan:
     window: int
     compute_s: float
     lag_floor_s: float
+    # the step-cost section: the calibrated step costs (ms), whether the default step's ping
+    # runs are made, and each of its runs' length (its warm-up is warmup_s)
+    step_costs_ms: tuple[float, ...] = (1.0, 10.0)
+    default_step_pings: bool = True
+    step_duration_s: float = 2.5
+    calibrate_s: float = 0.3  # timing per candidate in bench.step_cost
+    # an accelerator's reduced plan (bench/gpu.sh): no state scaling, no forced CPU devices
+    accelerator: bool = False
 
     @classmethod
     def full(cls) -> Plan:
@@ -93,7 +112,18 @@ class Plan:
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(repeats=1, duration_s=1.0, warmup_s=0.2, window=256, compute_s=0.3, lag_floor_s=0.5)
+        return cls(repeats=1, duration_s=1.0, warmup_s=0.2, window=256, compute_s=0.3, lag_floor_s=0.5,
+                   step_costs_ms=(1.0,), default_step_pings=False, step_duration_s=1.0, calibrate_s=0.1)
+
+    @classmethod
+    def gpu(cls, quick: bool = False) -> Plan:
+        """bench/gpu.sh's plan (under 8 minutes with the install): one repeat of 2.5 s, the designs
+        and the step costs only (no ping runs at the default step: its row takes the main table's
+        latencies). ``quick``: the smoke size, to check its shape on a CPU."""
+        if quick:
+            return dataclasses.replace(cls.quick(), accelerator=True)
+        return cls(repeats=1, duration_s=2.5, warmup_s=0.8, window=1024, compute_s=1.0, lag_floor_s=1.0,
+                   step_duration_s=2.0, default_step_pings=False, calibrate_s=0.2, accelerator=True)
 
 
 LOADS = {
@@ -101,6 +131,7 @@ LOADS = {
     "rate_10k": ["--mode", "rate", "--rate", "10000"],
     "window": ["--mode", "window"],
 }
+LOADS_RATE = {"rate_1k": 1000, "rate_10k": 10000}  # msg/s of the open-loop loads
 
 
 # ---- the machine ---------------------------------------------------------------------------
@@ -149,23 +180,37 @@ def client_env(cache_dir: str | None) -> dict[str, str]:
     return env
 
 
-def client_cmd(design: str, url: str, figures: Path, heavy: bool = False) -> list[str]:
+def client_cmd(design: str, url: str, figures: Path, heavy: bool = False, step: dict[str, Any] | None = None,
+               probe_url: str | None = None) -> list[str]:
+    """The design's command line; ``step``: a calibrated heavy step (``size``, ``iters``);
+    ``probe_url``: a ``bench.ping_probe`` to connect to as well (forkless: a second feed)."""
     if design == "io-ceiling":
         return [sys.executable, "-m", "bench.io_ceiling", "--url", url, "--features", str(FEATURES)]
     module = {"forkless": "bench.forkless_client", "forkless-nojax": "bench.forkless_client",
-              "spawn": "bench.spawn_client"}[design]
-    return ([sys.executable, "-m", module, "--url", url, "--out", str(figures)] + (["--heavy"] if heavy else [])
+              "spawn": "bench.spawn_client", "inline": "bench.inline_client"}[design]
+    extra = ["--heavy"] if heavy else []
+    if step is not None:
+        extra += ["--heavy-size", str(step["size"]), "--heavy-iters", str(step["iters"])]
+    if probe_url and design.startswith("forkless"):
+        url = json.dumps([url, probe_url])  # the probe is a second feed (FORKLESS_FEEDS)
+    elif probe_url:
+        extra += ["--probe-url", probe_url]
+    return ([sys.executable, "-m", module, "--url", url, "--out", str(figures)] + extra
             + (["--no-jax"] if design == "forkless-nojax" else []))
 
 
 class TreeSampler:
-    """Peak summed RSS of a process and all its descendants, sampled every ``SAMPLE_S``."""
+    """Peak summed RSS of a process and all its descendants, sampled every ``SAMPLE_S``; and
+    their CPU time (user + system, every thread, summed over the processes), as a series of
+    ``(perf_counter, seconds)`` for ``cpu_cores`` to read a window from."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.peak_bytes = 0
         self.peak_processes: list[dict[str, Any]] = []
         self.max_processes = 0
+        self.cpu_series: list[tuple[float, float]] = []
+        self._cpu: dict[int, float] = {}  # pid -> its CPU seconds when last seen (kept once it has gone)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
@@ -197,9 +242,12 @@ class TreeSampler:
             try:
                 rss = p.memory_info().rss
                 seen.append({"pid": p.pid, "rss_mib": round(rss / 2**20, 1), "cmd": _short_cmd(p)})
+                cpu = p.cpu_times()
+                self._cpu[p.pid] = cpu.user + cpu.system
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             total += rss
+        self.cpu_series.append((time.perf_counter(), sum(self._cpu.values())))
         self.max_processes = max(self.max_processes, len(seen))
         if total > self.peak_bytes:
             self.peak_bytes = total
@@ -217,6 +265,15 @@ def _short_cmd(p: psutil.Process) -> str:
     if "multiprocessing.spawn" in text or "spawn_main" in text:
         return "python (multiprocessing spawn child)"
     return text[:80]
+
+
+def cpu_cores(series: list[tuple[float, float]], start: float, end: float) -> float | None:
+    """CPU seconds per second (cores kept busy) between ``start`` and ``end`` (perf_counter),
+    from a ``TreeSampler``'s series, read at the samples nearest inside the window."""
+    inside = [(t, c) for t, c in series if start <= t <= end]
+    if len(inside) < 2 or inside[-1][0] - inside[0][0] < 0.2:
+        return None
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
 
 
 def stop_tree(proc: subprocess.Popen[Any], timeout: float) -> int | None:
@@ -245,36 +302,63 @@ def stop_tree(proc: subprocess.Popen[Any], timeout: float) -> int | None:
 
 
 def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag: str,
-             heavy: bool = False, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """One design against one load-generator run; the loadgen RESULT plus the client's figures."""
-    args = [*LOADS[load], "--duration", str(plan.duration_s), "--warmup-s", str(plan.warmup_s),
+             heavy: bool = False, env: dict[str, str] | None = None, step: dict[str, Any] | None = None,
+             probe: bool = False, duration_s: float | None = None) -> dict[str, Any]:
+    """One design against one load-generator run; the loadgen RESULT plus the client's figures.
+
+    ``step``: a calibrated heavy step (``size``, ``iters``, ``cost``); ``probe``: a
+    ``bench.ping_probe`` pings the design over a second connection (its RESULT under ``"probe"``);
+    ``duration_s``: instead of the plan's."""
+    duration = plan.duration_s if duration_s is None else duration_s
+    args = [*LOADS[load], "--duration", str(duration), "--warmup-s", str(plan.warmup_s),
             "--streams", str(STREAMS), "--features", str(FEATURES), "--host", "127.0.0.1", "--port", "0"]
     if load == "window":
         args += ["--window", str(plan.window)]
     figures_path = work / f"{tag}.json"
     log_path = work / "logs" / f"{tag}.log"
+    prober, probe_url, ping = None, None, None
+    if probe:
+        prober, probe_url = start_probe(["--duration", str(duration), "--warmup-s", str(plan.warmup_s)])
     loadgen, url = start_loadgen(args)
     started = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log:
-        client = subprocess.Popen(client_cmd(design, url, figures_path, heavy), cwd=REPO_ROOT,
-                                  env={**client_env(cache_dir), **(env or {})}, stdout=log,
-                                  stderr=subprocess.STDOUT)
-        with TreeSampler(client.pid) as rss:
-            try:
-                result = wait_result(loadgen, timeout=plan.duration_s + 90)
-            finally:
-                rc = stop_tree(client, 30.0)
+    try:
+        with open(log_path, "w", encoding="utf-8") as log:
+            client = subprocess.Popen(client_cmd(design, url, figures_path, heavy, step, probe_url), cwd=REPO_ROOT,
+                                      env={**client_env(cache_dir), **(env or {})}, stdout=log,
+                                      stderr=subprocess.STDOUT)
+            with TreeSampler(client.pid) as rss, TreeSampler(loadgen.pid) as generator:
+                try:
+                    result = wait_result(loadgen, timeout=duration + 90)
+                    reported = time.perf_counter()
+                    if prober is not None:
+                        ping = wait_result(prober, timeout=30)
+                finally:
+                    rc = stop_tree(client, 30.0)
+    finally:
+        if prober is not None and prober.poll() is None:
+            prober.kill()
+            prober.wait()
     figures = None
     if figures_path.exists():
         figures = json.loads(figures_path.read_text())
+    # the measured window on this clock: the generator reports when its run (connect to the last
+    # reply) ended, elapsed_s after it began; the CPU the design and the generator used in it
+    begun = reported - float(result.get("elapsed_s") or 0.0)
+    window = (begun + plan.warmup_s, begun + duration)
+    client_cores = cpu_cores(rss.cpu_series, *window)
+    answered_per_s = result.get("throughput_msg_s") if load == "window" else float(LOADS_RATE.get(load, 0))
+    cpu = {"client_cores": client_cores, "loadgen_cores": cpu_cores(generator.cpu_series, *window),
+           "client_us_per_msg": (client_cores / answered_per_s * 1e6) if client_cores and answered_per_s else None}
     sample = result.pop("latencies_ms_sample", None) or []
     run = {
         "design": design, "load": load, "heavy": heavy, "tag": tag,
+        **({"step": step} if step is not None else {}), **({"probe": ping} if probe else {}),
         "wall_s": round(time.perf_counter() - started, 2),
         "client_rc": rc,
         "loadgen": result,
         "client": figures,
         "peak_rss_mib": round(rss.peak_bytes / 2**20, 1),
+        "cpu": cpu,
         "processes": rss.max_processes,
         "peak_processes": rss.peak_processes,
         # a compact sketch of the latency distribution, for the plot
@@ -282,9 +366,10 @@ def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag
                                  if sample else []),
     }
     lat = result.get("latency_ms") or result.get("rtt_ms") or {}
+    pinged = f"  ping p99 {_fmt(((ping or {}).get('rtt_ms') or {}).get('p99'))} ms" if probe else ""
     print(f"  {tag:<28} sent {result.get('sent')} answered {result.get('answered')} "
           f"p50 {_fmt(lat.get('p50'))} p99 {_fmt(lat.get('p99'))} ms  "
-          f"{_fmt(result.get('throughput_msg_s'), 0)} msg/s  rss {run['peak_rss_mib']} MiB", flush=True)
+          f"{_fmt(result.get('throughput_msg_s'), 0)} msg/s  rss {run['peak_rss_mib']} MiB{pinged}", flush=True)
     return run
 
 
@@ -440,6 +525,123 @@ def devices_section(plan: Plan, work: Path) -> dict[str, Any]:
             "app_ratio_most_vs_one": most / one if one and most else None}
 
 
+# ---- step cost: forkless, inline and spawn with heavier steps --------------------------------
+
+
+def step_name(ms: float) -> str:
+    """The key of a calibrated step cost: ``1ms``, ``10ms``."""
+    return f"{ms:g}ms"
+
+
+def calibrate_steps(plan: Plan, work: Path) -> dict[str, Any]:
+    """``bench.step_cost``'s calibration of the heavy step to ``plan.step_costs_ms``, in a process of its own."""
+    path = work / "step-cost.json"
+    subprocess.run([sys.executable, "-m", "bench.step_cost", "--targets-ms", *(f"{ms:g}" for ms in plan.step_costs_ms),
+                    "--seconds", str(plan.calibrate_s), "--out", str(path)],
+                   cwd=REPO_ROOT, env=client_env(None), check=True, timeout=600)
+    figures = json.loads(path.read_text())
+    for t in figures["targets"]:
+        print(f"  step ~{t['target_ms']:g} ms: {t['iters']} matmuls of {figures['size']}x{figures['size']}, "
+              f"{t['step_ms']:.2f} ms a step of 1 message, {t['step_ms_full']:.2f} ms of {figures['batch_full']}",
+              flush=True)
+    return figures
+
+
+def step_cost_section(plan: Plan, work: Path, caches: dict[str, str]) -> dict[str, Any]:
+    """Forkless, inline and spawn at the default step and at each calibrated step cost: at
+    1,000 msg/s with the ping probe, and at the bounded window (the default step's window runs
+    are the main table's). Designs rotated between repeats, as in the main table."""
+    calibration = calibrate_steps(plan, work)
+    steps = {step_name(t["target_ms"]): {"cost": step_name(t["target_ms"]), "size": calibration["size"],
+                                         "iters": t["iters"]} for t in calibration["targets"]}
+    runs: list[dict[str, Any]] = []
+
+    def one(design: str, load: str, cost: str, rep: int) -> None:
+        step = steps.get(cost)
+        run = run_load(design, load, plan, work, caches[design], f"{design}-step{cost}-{load}-r{rep}", step=step,
+                       probe=load == "rate_1k", duration_s=plan.step_duration_s)
+        run["cost"] = cost
+        run.pop("latency_quantiles_ms", None)  # for the main table's plot only: results.json stays small
+        runs.append(run)
+
+    for rep in range(plan.repeats):
+        if plan.default_step_pings:
+            for design in rotated(MAP_DESIGNS, rep):
+                one(design, "rate_1k", DEFAULT_STEP, rep)
+        for cost in steps:
+            for load in ("rate_1k", "window"):
+                for design in rotated(MAP_DESIGNS, rep):
+                    one(design, load, cost, rep)
+    return {"calibration": calibration, "steps": steps, "runs": runs}
+
+
+def summarise_steps(section: dict[str, Any], summary: dict[str, Any],
+                    main_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per step cost and design: medians over the repeats of p50/p99 at 1,000 msg/s, the ping
+    round trip, the step time the design saw, the maximum throughput and the CPU used at it
+    (the default step's from the main table's window runs); and forkless's ratios to inline."""
+    calibration = section["calibration"]
+    by_target = {step_name(t["target_ms"]): t for t in calibration["targets"]}
+    out: dict[str, Any] = {"size": calibration["size"], "platform": calibration.get("platform"),
+                           "device": calibration.get("device"), "costs": {}}
+    for cost in (DEFAULT_STEP, *section["steps"]):
+        target = by_target.get(cost, {})
+        row: dict[str, Any] = {"target_ms": target.get("target_ms"), "iters": target.get("iters"),
+                               "calibrated_step_ms": target.get("step_ms"),
+                               "calibrated_step_ms_full": target.get("step_ms_full"), "designs": {}}
+        for design in MAP_DESIGNS:
+            mine = [r for r in section["runs"] if r["design"] == design and r["cost"] == cost]
+            rate = [r for r in mine if r["load"] == "rate_1k"]
+            window = [r for r in mine if r["load"] == "window"]
+            main = summary.get(design) or {}
+            cpu_runs = window or ([r for r in main_runs if r["design"] == design and r["load"] == "window"
+                                   and not r["heavy"]] if cost == DEFAULT_STEP else [])
+            if rate:
+                latency = {q: _median([(r["loadgen"].get("latency_ms") or {}).get(q) for r in rate])
+                           for q in ("p50", "p99", "p999")}
+            else:  # no ping runs at the default step (--quick): the main table's latencies
+                latency = dict(main.get("rate_1k") or {})
+            pings = [(r.get("probe") or {}) for r in rate]
+            row["designs"][design] = {
+                "rate_1k": latency,
+                "throughput_msg_s": (_median([r["loadgen"].get("throughput_msg_s") for r in window]) if window
+                                     else main.get("throughput_msg_s") if cost == DEFAULT_STEP else None),
+                "ping_ms": {q: _median([(p.get("rtt_ms") or {}).get(q) for p in pings]) for q in ("p50", "p99", "max")},
+                "pings": sum(p.get("pings") or 0 for p in pings),
+                "pings_lost": sum(p.get("lost") or 0 for p in pings),
+                "step_ms_mean": _median([(r["client"] or {}).get("step_ms_mean") for r in mine]),
+                "batch_size_mean_1k": _median([(r["client"] or {}).get("batch_size_mean") for r in rate]),
+                "batch_size_mean_window": _median([(r["client"] or {}).get("batch_size_mean") for r in cpu_runs]),
+                # at the maximum throughput: cores the design and the generator kept busy, the design's CPU a message
+                "cpu_window": {k: _median([(r.get("cpu") or {}).get(k) for r in cpu_runs])
+                               for k in ("client_cores", "loadgen_cores", "client_us_per_msg")},
+                "answered_all": all(r["loadgen"].get("sent") == r["loadgen"].get("answered") for r in mine),
+                "runs": len(mine),
+            }
+        f, i = row["designs"]["forkless"], row["designs"]["inline"]
+
+        def ratio(a: float | None, b: float | None) -> float | None:
+            return a / b if a and b else None
+
+        # forkless's throughput over inline's in each repeat (the two ran minutes apart at most):
+        # the spread says how far the machine's other work moved the ratio of the medians
+        windows = [r for r in section["runs"] if r["cost"] == cost and r["load"] == "window"] or (
+            [r for r in main_runs if r["load"] == "window" and not r["heavy"]] if cost == DEFAULT_STEP else [])
+        by_repeat: dict[str, dict[str, float]] = {}
+        for r in windows:
+            by_repeat.setdefault(r["tag"].rsplit("-r", 1)[-1], {})[r["design"]] = r["loadgen"].get("throughput_msg_s")
+        row["forkless_vs_inline"] = {
+            "p50_1k": ratio(f["rate_1k"].get("p50"), i["rate_1k"].get("p50")),
+            "p99_1k": ratio(f["rate_1k"].get("p99"), i["rate_1k"].get("p99")),
+            "throughput": ratio(f["throughput_msg_s"], i["throughput_msg_s"]),
+            "throughput_by_repeat": [ratio(pair.get("forkless"), pair.get("inline"))
+                                     for _, pair in sorted(by_repeat.items())],
+            "ping_p99": ratio(f["ping_ms"]["p99"], i["ping_ms"]["p99"]),
+        }
+        out["costs"][cost] = row
+    return out
+
+
 def lag_floor(seconds: float) -> dict[str, Any]:
     """Lag of an idle asyncio loop measured like the IO thread's (sleep 50 ms, overshoot):
     the floor of the lag figures on this machine (the epoll timeout has 1 ms granularity)."""
@@ -476,7 +678,7 @@ def _fmt(v: Any, digits: int = 2) -> str:
 
 
 def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict[str, Any],
-              floor: dict[str, Any]) -> dict[str, Any]:
+              floor: dict[str, Any], steps: dict[str, Any] | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for design in DESIGNS:
         mine = [r for r in runs if r["design"] == design and not r["heavy"]]
@@ -506,6 +708,8 @@ def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict
         summary[design] = row
     summary["compute-ceiling"] = {"throughput_msg_s": compute.get("throughput_msg_s")}
     summary["idle_loop_lag_ms"] = floor
+    if steps is not None:
+        summary["step_map"] = summarise_steps(steps, summary, runs)
     return summary
 
 
@@ -538,6 +742,15 @@ def targets(s: dict[str, Any]) -> list[dict[str, Any]]:
     add("peak RSS <= 0.8 x spawn", f["peak_rss_mib"], mul(sp["peak_rss_mib"], 0.8))
     add("compilations after warm-up == 0", f["compilations_after_warmup"], 0)
     add("first result with a warm cache < 2 s", (f["first_result_s"] or {}).get("warm_s"), 2.0)
+    inline = s.get("inline")
+    if inline is not None:  # issue 23: against the peer written without a thread
+        add("latency p50 @1k <= 1.1 x inline", f["rate_1k"]["p50"], mul(inline["rate_1k"]["p50"], 1.1))
+        costs = (s.get("step_map") or {}).get("costs") or {}
+        for ms in (1.0, 10.0):
+            designs = (costs.get(step_name(ms)) or {}).get("designs") or {}
+            add(f"max throughput with a ~{ms:g} ms step >= 1.3 x inline",
+                (designs.get("forkless") or {}).get("throughput_msg_s"),
+                mul((designs.get("inline") or {}).get("throughput_msg_s"), 1.3), le=False)
     return out
 
 
@@ -579,7 +792,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     colours = {"forkless": "tab:blue", "spawn": "tab:orange", "io-ceiling": "tab:green", "compute-ceiling": "tab:gray",
-               "forkless-nojax": "tab:purple"}
+               "forkless-nojax": "tab:purple", "inline": "tab:red"}
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     for ax, load, title in ((axes[0], "rate_1k", "1,000 msg/s"), (axes[1], "rate_10k", "10,000 msg/s")):
         for design in DESIGNS:
@@ -648,24 +861,33 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         print("heavy step at 1,000 msg/s:", flush=True)
         for design in JAX_DESIGNS:
             runs.append(run_load(design, "rate_1k", plan, work, caches[design], f"{design}-heavy", heavy=True))
-        print(f"state scaling: forkless at 1,000 msg/s with FORKLESS_MAX_STREAMS {' and '.join(map(str, TABLES))}:",
-              flush=True)
+        print(f"step cost: {', '.join(MAP_DESIGNS)} with the default step and ~"
+              f"{', ~'.join(f'{ms:g}' for ms in plan.step_costs_ms)} ms steps ({plan.step_duration_s:g} s runs; at "
+              "1,000 msg/s with the ping probe, and at the window):", flush=True)
+        steps_started = time.monotonic()
+        steps = step_cost_section(plan, work, caches)
+        steps["elapsed_s"] = round(time.monotonic() - steps_started, 1)
         table_runs: dict[int, list[dict[str, Any]]] = {size: [] for size in TABLES}
-        for rep in range(plan.repeats):
-            for size in rotated(TABLES, rep):
-                table_runs[size].append(run_load("forkless", "rate_1k", plan, work, caches["forkless"],
-                                                 f"forkless-streams{size}-r{rep}",
-                                                 env={"FORKLESS_MAX_STREAMS": str(size)}))
-        print("state scaling: the step alone", flush=True)
-        scaling = state_scaling.measure(quick=plan.repeats == 1)
-        print("devices: the step alone, then forkless at its maximum throughput:", flush=True)
-        devices_started = time.monotonic()
-        section = devices_section(plan, work)
-        devices_elapsed_s = time.monotonic() - devices_started
+        scaling: dict[str, Any] | None = None
+        section: dict[str, Any] | None = None
+        if not plan.accelerator:  # the CPU's own sections: the table's size, forced CPU devices
+            print(f"state scaling: forkless at 1,000 msg/s with FORKLESS_MAX_STREAMS "
+                  f"{' and '.join(map(str, TABLES))}:", flush=True)
+            for rep in range(plan.repeats):
+                for size in rotated(TABLES, rep):
+                    table_runs[size].append(run_load("forkless", "rate_1k", plan, work, caches["forkless"],
+                                                     f"forkless-streams{size}-r{rep}",
+                                                     env={"FORKLESS_MAX_STREAMS": str(size)}))
+            print("state scaling: the step alone", flush=True)
+            scaling = state_scaling.measure(quick=plan.repeats == 1)
+            print("devices: the step alone, then forkless at its maximum throughput:", flush=True)
+            devices_started = time.monotonic()
+            section = devices_section(plan, work)
+            devices_elapsed_s = time.monotonic() - devices_started
         logs = out / "logs"
         shutil.rmtree(logs, ignore_errors=True)
         shutil.copytree(work / "logs", logs)
-    summary = summarise(runs, startup, compute, floor)
+    summary = summarise(runs, startup, compute, floor, steps)
     results = {
         "command": command,
         "jax_platforms": client_env(None).get("JAX_PLATFORMS"),
@@ -677,13 +899,18 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         "summary": summary,
         "targets": targets(summary),
         "compute_ceiling": compute,
-        "state_scaling": {**scaling, "app_1k": {
-            str(size): {q: _median([(r["loadgen"].get("latency_ms") or {}).get(q) for r in rs]) for q in ("p50", "p99")}
-            for size, rs in table_runs.items()}},
+        "jax_device": steps["calibration"].get("device"),
+        "step_costs": steps,
         "runs": runs,
     }
+    if scaling is not None:
+        results["state_scaling"] = {**scaling, "app_1k": {
+            str(size): {q: _median([(r["loadgen"].get("latency_ms") or {}).get(q) for r in rs]) for q in ("p50", "p99")}
+            for size, rs in table_runs.items()}}
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "devices.json").write_text(json.dumps(devices_results(section, plan, command, devices_elapsed_s), indent=1))
+    if section is not None:
+        (out / "devices.json").write_text(json.dumps(devices_results(section, plan, command, devices_elapsed_s),
+                                                     indent=1))
     plot(results, out / "bench.png")
     return results
 
@@ -705,7 +932,8 @@ def report(results: dict[str, Any]) -> str:
     for t in results["targets"]:
         mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
         lines.append(f"  {mark} {t['target']}: {_fmt(t['value'])} (limit {_fmt(t['limit'])})")
-    lines += ["", "latency budget (per hop, µs):", hops_markdown(results)]
+    lines += ["", "step cost:", step_map_markdown(results), "", "latency budget (per hop, µs):",
+              hops_markdown(results)]
     return "\n".join(lines)
 
 
@@ -738,6 +966,73 @@ def state_scaling_markdown(results: dict[str, Any]) -> str:
              "| FORKLESS_MAX_STREAMS | p50 | p99 |", "|---|---|---|"]
     for size, lat in app.items():
         lines.append(f"| {int(size):,} | {_md(lat['p50'])} | {_md(lat['p99'])} |")
+    return "\n".join(lines)
+
+
+def _verdict(ratios: dict[str, float | None]) -> str:
+    """Forkless against inline at one step cost, in words (10% either way counts as level)."""
+    parts = []
+    tp, p50, ping = ratios.get("throughput"), ratios.get("p50_1k"), ratios.get("ping_p99")
+    if tp is not None:
+        parts.append(f"forkless {tp:.2f}x inline's max throughput" if tp >= 1.1 else
+                     f"inline {1 / tp:.2f}x forkless's max throughput" if tp <= 1 / 1.1 else
+                     f"level on max throughput ({tp:.2f}x)")
+    if p50 is not None:
+        parts.append(f"inline's p50 @1k {p50:.2f}x lower" if p50 >= 1.1 else
+                     f"forkless's p50 @1k {1 / p50:.2f}x lower" if p50 <= 1 / 1.1 else f"level on p50 @1k ({p50:.2f}x)")
+    if ping is not None:
+        parts.append(f"a ping waits {1 / ping:.1f}x longer in inline (p99)" if ping <= 1 / 1.1 else
+                     f"a ping waits {ping:.1f}x longer in forkless (p99)" if ping >= 1.1 else "pings level")
+    return "; ".join(parts) if parts else "–"
+
+
+def step_map_markdown(results: dict[str, Any]) -> str:
+    """The "step cost" part of the report: forkless, inline and spawn at each step cost, and
+    forkless against inline in words (``summary["step_map"]``, ``summarise_steps``)."""
+    steps = results["summary"].get("step_map")
+    if not steps:
+        return "(this run has no step-cost section)"
+    plan = results["plan"]
+    section = results.get("step_costs") or {}
+    costs = steps["costs"]
+    heavy = [c for c in costs if c != DEFAULT_STEP]
+    iters = ", ".join(f"{costs[c]['iters']} for ~{costs[c]['target_ms']:g} ms" for c in heavy)
+    lines = [
+        f"The step made heavier with `bench/heavy.py` ({steps['size']}x{steps['size']} matmuls a step: {iters}), "
+        f"calibrated on this machine at the start of the section (`bench/step_cost.py`; "
+        f"{section.get('elapsed_s', '–')} s for the whole section). Medians over {plan['repeats']} repeat(s) of "
+        f"{plan.get('step_duration_s', plan['duration_s']):g} s (the first {plan['warmup_s']:g} s not counted), "
+        "designs rotated. Latency at 1,000 msg/s, in ms from the due time, with the ping probe's connection open; "
+        "ping: round trip of a WebSocket ping sent every ~5 ms on a second connection served by the loop that "
+        "answers the feed (`bench/ping_probe.py`), ms; max msg/s with "
+        f"{plan['window']:,} in flight (the default step's from the table above). Step ms: the calibration's "
+        "`Engine.step` of one message / of a full batch, and the mean step each design saw.",
+        "",
+        "| step | step ms: calibrated (1 / full) | design | step ms seen | mean batch @1k | p50 @1k | p99 @1k "
+        "| max msg/s | at max: mean batch · CPU µs a msg · cores design / generator | ping p50 / p99 | pings lost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cost, row in costs.items():
+        name = "default detector" if cost == DEFAULT_STEP else f"~{row['target_ms']:g} ms"
+        calibrated = ("–" if row["calibrated_step_ms"] is None else
+                      f"{_md(row['calibrated_step_ms'])} / {_md(row['calibrated_step_ms_full'])}")
+        for design, d in row["designs"].items():
+            ping, cpu = d["ping_ms"], d.get("cpu_window") or {}
+            at_max = (f"{_md(d.get('batch_size_mean_window'), 0)} · {_md(cpu.get('client_us_per_msg'), 1)} · "
+                      f"{_md(cpu.get('client_cores'))} / {_md(cpu.get('loadgen_cores'))}")
+            lines.append(f"| {name} | {calibrated} | {design} | {_md(d['step_ms_mean'])} "
+                         f"| {_md(d['batch_size_mean_1k'], 1)} | {_md(d['rate_1k'].get('p50'))} "
+                         f"| {_md(d['rate_1k'].get('p99'))} | {_md(d['throughput_msg_s'])} | {at_max} "
+                         f"| {_md(ping['p50'])} / {_md(ping['p99'])} | {d['pings_lost'] if d['pings'] else '–'} |")
+    lines += ["", "Forkless against inline, by step cost (ratios of the medians above):", "",
+              "| step | forkless / inline: p50 @1k | p99 @1k | max msg/s (each repeat's) | ping p99 | in words |",
+              "|---|---|---|---|---|---|"]
+    for cost, row in costs.items():
+        name = "default detector" if cost == DEFAULT_STEP else f"~{row['target_ms']:g} ms"
+        r = row["forkless_vs_inline"]
+        each = ", ".join(_md(v) for v in r.get("throughput_by_repeat") or [])
+        lines.append(f"| {name} | {_md(r['p50_1k'])} | {_md(r['p99_1k'])} | {_md(r['throughput'])} ({each}) "
+                     f"| {_md(r['ping_p99'])} | {_verdict(r)} |")
     return "\n".join(lines)
 
 
@@ -836,7 +1131,8 @@ def results_markdown(results: dict[str, Any]) -> str:
     lines = [
         f"Run of {when:%Y-%m-%d %H:%M} UTC: `{results['command']}` with `JAX_PLATFORMS={platform_}`, "
         f"{results['elapsed_s']:.0f} s in all, on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
-        f"Python {m['python']}, {versions}.",
+        + (f"JAX device {results['jax_device']}, " if results.get("jax_device") else "")
+        + f"Python {m['python']}, {versions}.",
         f"Medians over {plan['repeats']} repeat(s) of {plan['duration_s']:g} s (the first {plan['warmup_s']:g} s "
         f"not counted); latency in ms from the due time; {settings['streams']} streams, {settings['features']} "
         f"features; maximum throughput with {plan['window']:,} messages in flight.",
@@ -882,7 +1178,8 @@ def results_markdown(results: dict[str, Any]) -> str:
     for t in results["targets"]:
         verdict = {True: "met", False: "**missed**", None: "not measured"}[t["met"]]
         lines.append(f"| {t['target']} | {_md(t['value'])} | {_md(t['limit'])} | {verdict} |")
-    lines += ["", "#### Latency budget", "", hops_markdown(results), "", "#### State scaling", "",
+    lines += ["", "#### Step cost: forkless, inline and spawn", "", step_map_markdown(results),
+              "", "#### Latency budget", "", hops_markdown(results), "", "#### State scaling", "",
               state_scaling_markdown(results)]
     return "\n".join(lines) + "\n"
 
@@ -910,6 +1207,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jetstream-only", action="store_true",
                    help="run only the JetStream section (a real nats-server; max throughput and latency at "
                         "1,000 msg/s beside the WebSocket feed's, the checkpoint stall) into OUT/jetstream.json")
+    p.add_argument("--accelerator", action="store_true",
+                   help="the reduced plan for an accelerator (bench/gpu.sh): the designs and the step costs, one "
+                        "repeat, no state scaling and no forced CPU devices; writes OUT/results.md, never this "
+                        "repository's bench/README.md")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: print the report of OUT/results.json and rewrite bench/README.md's "
                         "results block from it")
@@ -924,8 +1225,11 @@ def main(argv: list[str] | None = None) -> int:
             changed = write_results_block(results)
             print(f"\n{BENCH_README.relative_to(REPO_ROOT)}: {'rewritten' if changed else 'already up to date'}")
         return 0
-    plan = Plan.quick() if a.quick else Plan.full()
-    command = "python -m bench.run" + (" --quick" if a.quick else "")
+    if a.accelerator:
+        plan = Plan.gpu(quick=a.quick)
+    else:
+        plan = Plan.quick() if a.quick else Plan.full()
+    command = "python -m bench.run" + (" --accelerator" if a.accelerator else "") + (" --quick" if a.quick else "")
     if a.jetstream_only:
         from bench import jetstream  # it imports this module (and nats-py): only when asked for
 
@@ -947,7 +1251,12 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report(results))
     print(f"\nwrote {out / 'results.json'} and {out / 'bench.png'}")
-    if not a.quick and is_default_out:
+    if not is_default_out:  # the results block of bench/README.md, for a run kept elsewhere (bench/gpu.sh)
+        (out / "results.md").write_text(results_markdown(results), encoding="utf-8")
+        print(f"wrote {out / 'results.md'}")
+    elif a.accelerator:
+        print("an --accelerator run into bench/out does not rewrite bench/README.md: keep it with --out")
+    elif not a.quick:
         write_results_block(results)
         write_devices_block(json.loads((out / "devices.json").read_text()))
         print(f"rewrote the results and devices blocks of {BENCH_README.relative_to(REPO_ROOT)}")

@@ -1,6 +1,7 @@
 """The spawn design: the usual answer to "JAX does not survive fork", written to be fast.
 
-    python -m bench.spawn_client --url ws://127.0.0.1:PORT/ --out stats.json [--heavy]
+    python -m bench.spawn_client --url ws://127.0.0.1:PORT/ --out stats.json
+        [--heavy | --heavy-iters N [--heavy-size S]] [--probe-url ws://...]
 
 Two processes (plus the multiprocessing resource tracker):
 
@@ -19,6 +20,9 @@ Two processes (plus the multiprocessing resource tracker):
   a first item, add what is already waiting while ``wants_more``), ``StreamSlots``,
   ``pad_batch``, one ``device_get`` per batch, ``JsonCodec.encode_results``, one outbound
   item per batch.
+
+``--probe-url``: the child also opens a second connection, to ``bench.ping_probe``, on its
+loop (the loop that answers the feed's pings), and only reads it.
 
 The child ends when the feed closes the connection and tells the parent with a last
 ("end", figures) item; the parent finishes its batch, writes the JSON figures to ``--out``
@@ -157,10 +161,18 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
                 lags.append(loop.time() - start)
 
     loop.add_reader(outbound._reader.fileno(), on_results)  # the queue's pipe: readable = results
+    async def drain_probe(probe: Any) -> None:
+        async for _ in probe:  # pings are answered inside receive(), on this loop
+            pass
+
     lag_task = asyncio.create_task(watch_lag())
+    probe_task = None
     try:
         await ready.wait()  # as the controller: connect only once every bucket is compiled
         async with aiohttp.ClientSession() as session:
+            if settings.get("probe_url"):
+                probe = await session.ws_connect(settings["probe_url"], autoping=True, heartbeat=None)
+                probe_task = asyncio.create_task(drain_probe(probe))
             async with session.ws_connect(url, heartbeat=settings["heartbeat_s"] or None,
                                           max_msg_size=settings["max_msg_bytes"], autoping=True) as ws:
                 writer = asyncio.create_task(write(ws))
@@ -192,6 +204,9 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
                     if not isinstance(outcome, asyncio.CancelledError):
                         figures["writer_failed"] = repr(outcome)  # never silently
                         print(f"spawn child: the writer failed: {outcome!r}", file=sys.stderr, flush=True)
+            if probe_task is not None:
+                await probe.close()
+                await asyncio.gather(probe_task, return_exceptions=True)
     finally:
         lag_task.cancel()
         loop.remove_reader(outbound._reader.fileno())
@@ -206,12 +221,13 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
 # ---- the parent: the same batching and jitted step as controller/loop.py ---------------------
 
 
-def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
+def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int = 0, heavy_iters: int = 0,
+                probe_url: str = "") -> int:
     from controller.config import Config  # no JAX yet: the child is started before JAX loads
 
     cfg = Config.from_env(ws_url=url)
     settings = {"features": cfg.features, "max_frame_items": cfg.max_frame_items,
-                "heartbeat_s": cfg.heartbeat_s, "max_msg_bytes": cfg.max_msg_bytes}
+                "heartbeat_s": cfg.heartbeat_s, "max_msg_bytes": cfg.max_msg_bytes, "probe_url": probe_url}
     ctx = mp.get_context("spawn")
     inbound = ctx.Queue()
     outbound = ctx.Queue()
@@ -240,10 +256,10 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
     from controller.slots import StreamSlots
     from controller.stats import SECONDS_BOUNDS, Histogram
 
-    if heavy:
-        from bench.heavy import heavy_processor
+    if heavy or heavy_iters:
+        from bench.heavy import processor_for
 
-        processor = heavy_processor(cfg)
+        processor = processor_for(cfg, heavy, heavy_size, heavy_iters)
     else:
         processor = default_processor(cfg)
     codec = JsonCodec(cfg.features, max_frame_items=cfg.max_frame_items)
@@ -259,6 +275,7 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
     slots = StreamSlots(cfg.max_streams)
     child_figures: dict[str, Any] = {}
     batches = processed = 0
+    step_s = 0.0
     sizes: list[int] = []
     deadline = time.monotonic() + max_s
     ended = False
@@ -309,10 +326,12 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
         if seq:
             m = len(seq)
             bucket = bucket_for(m, cfg.buckets)
+            t0 = time.perf_counter()
             # the same compiled (guarded, state-donated) step as the controller's, its outputs
             # fetched the same way (read in place on the CPU: controller/engine.py _read_in_place)
             state, outputs, _ = compiled[bucket](state, pad_batch(x, key, bucket, cfg.max_streams))
             outputs = jax.tree.map(np.asarray, outputs) if on_cpu else jax.device_get(outputs)
+            step_s += time.perf_counter() - t0
             stamp(taken.traces, FETCHED)
             frames = codec.encode_results(seq, stream, {k: np.asarray(v)[:m] for k, v in outputs.items()})
             processed += m
@@ -350,6 +369,7 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float) -> int:
                           "n": len(sampled)} for i, hop in enumerate((*HOPS, "total"))},
         "loop_lag_ms": {"p50": ms(0.5), "p99": ms(0.99), "max": ms(1.0), "samples": snap.n},
         "batch_size_mean": float(np.mean(sizes)) if sizes else None,
+        "step_ms_mean": step_s / batches * 1000 if batches else None,  # pad + step + outputs on the host
         "batches": batches,
         "processed": processed,
         "compilations": compilations(),
@@ -369,9 +389,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", required=True, help="ws:// URL of the feed (bench.loadgen)")
     p.add_argument("--out", required=True, help="where to write the JSON figures")
     p.add_argument("--heavy", action="store_true", help="run the heavy-step processor (bench.heavy)")
+    p.add_argument("--heavy-iters", type=int, default=0, help="run bench.heavy with this many matmuls a step")
+    p.add_argument("--heavy-size", type=int, default=0, help="... of this size (default: bench.heavy's)")
+    p.add_argument("--probe-url", default="", help="the child also connects to this bench.ping_probe")
     p.add_argument("--max-s", type=float, default=120.0, help="stop after this long whatever happens")
     a = p.parse_args(argv)
-    return parent_main(a.url, a.out, a.heavy, a.max_s)
+    return parent_main(a.url, a.out, a.heavy, a.max_s, a.heavy_size, a.heavy_iters, a.probe_url)
 
 
 if __name__ == "__main__":

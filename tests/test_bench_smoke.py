@@ -1,8 +1,9 @@
 """Smoke run of the whole benchmark (``python -m bench.run --quick``), so it cannot rot.
 
-One short repeat of every design and every figure (about a minute on 2 cores). The
+One short repeat of every design and every figure (two to three minutes on 2 cores), the
+step-cost section with one calibrated step (~1 ms) and the ping probe included. The
 assertions are on completeness and accounting only — every design has numbers, every
-message sent was answered — never on how fast anything was.
+message sent was answered, every ping got its pong — never on how fast anything was.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from tests.harness import UNIT_S, run_app
 
-RUN_TIMEOUT_S = 240 * UNIT_S
+RUN_TIMEOUT_S = 420 * UNIT_S
 
 
 def _number(value: Any) -> bool:
@@ -35,8 +36,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], P
 def test_quick_benchmark_answers_every_message_of_every_run(results: tuple[dict[str, Any], Path, str]) -> None:
     data, _, _ = results
     designs = {run["design"] for run in data["runs"]}
-    assert designs == {"forkless", "spawn", "io-ceiling", "forkless-nojax"}
-    for run in data["runs"]:
+    assert designs == {"forkless", "spawn", "inline", "io-ceiling", "forkless-nojax"}
+    for run in data["runs"] + data["step_costs"]["runs"]:
         lg = run["loadgen"]
         assert lg["sent"] > 0, run["tag"]
         assert lg["sent"] == lg["answered"], run["tag"]
@@ -47,14 +48,14 @@ def test_quick_benchmark_answers_every_message_of_every_run(results: tuple[dict[
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_quick_benchmark_has_numeric_figures_for_every_design(results: tuple[dict[str, Any], Path, str]) -> None:
     summary = results[0]["summary"]
-    for design in ("forkless", "spawn", "io-ceiling", "forkless-nojax"):
+    for design in ("forkless", "spawn", "inline", "io-ceiling", "forkless-nojax"):
         row = summary[design]
         for load in ("rate_1k", "rate_10k"):
             for q in ("p50", "p99", "p999"):
                 assert _number(row[load][q]), (design, load, q)
         assert _number(row["throughput_msg_s"]), design
         assert _number(row["peak_rss_mib"]) and row["peak_rss_mib"] > 0, design
-    for design in ("forkless", "spawn"):
+    for design in ("forkless", "spawn", "inline"):
         row = summary[design]
         assert _number(row["loop_lag_ms_1k"]["p50"]) and _number(row["loop_lag_ms_1k"]["p99"]), design
         assert _number(row["loop_lag_ms_heavy"]["p99"]), design
@@ -80,9 +81,57 @@ def test_spawn_design_runs_three_processes_and_its_child_never_imports_jax(
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_inline_design_runs_on_one_thread_compiles_nothing_after_warm_up_and_batches_by_read_pass(
+        results: tuple[dict[str, Any], Path, str]) -> None:
+    data = results[0]
+    runs = [r for r in data["runs"] + data["step_costs"]["runs"] if r["design"] == "inline"]
+    assert {r["load"] for r in runs} == {"rate_1k", "rate_10k", "window"}
+    for run in runs:
+        client = run["client"]
+        assert client["threads"] == ["MainThread"], run["tag"]  # no thread of its own: one loop
+        assert client["compilations_after_warmup"] == 0, run["tag"]
+        assert client["processed"] == client["messages_in"] == run["loadgen"]["sent"], run["tag"]
+        assert client["results_out"] == run["loadgen"]["answered"], run["tag"]
+        assert run["processes"] == 1, run["tag"]
+    window = [r for r in runs if r["load"] == "window"]
+    assert all(r["client"]["batch_size_mean"] > 1 for r in window)  # a read pass of many frames, one step
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_step_cost_section_calibrates_a_step_and_pings_every_design_while_it_steps(
+        results: tuple[dict[str, Any], Path, str]) -> None:
+    data = results[0]
+    calibration = data["step_costs"]["calibration"]
+    assert [t["target_ms"] for t in calibration["targets"]] == [1.0]
+    assert all(t["iters"] >= 1 and _number(t["step_ms"]) and _number(t["step_ms_full"])
+               for t in calibration["targets"])
+    pinged = [r for r in data["step_costs"]["runs"] if r["load"] == "rate_1k"]
+    assert {(r["design"], r["cost"]) for r in pinged} == {(d, "1ms") for d in ("forkless", "inline", "spawn")}
+    for run in pinged:
+        probe = run["probe"]
+        assert probe["pings"] > 0 and probe["pongs"] == probe["pings"] and probe["lost"] == 0, run["tag"]
+        assert run["step"]["iters"] == calibration["targets"][0]["iters"], run["tag"]
+    costs = data["summary"]["step_map"]["costs"]
+    assert list(costs) == ["default", "1ms"]
+    for cost, row in costs.items():
+        for design in ("forkless", "inline", "spawn"):
+            d = row["designs"][design]
+            assert _number(d["rate_1k"]["p50"]) and _number(d["throughput_msg_s"]), (cost, design)
+            assert _number(d["cpu_window"]["client_cores"]), (cost, design)
+            if cost == "1ms":
+                assert _number(d["ping_ms"]["p99"]) and _number(d["step_ms_mean"]), design
+        assert _number(row["forkless_vs_inline"]["throughput"]), cost
+    judged = {t["target"]: t for t in data["targets"]}
+    assert judged["latency p50 @1k <= 1.1 x inline"]["met"] in (True, False)
+    assert judged["max throughput with a ~1 ms step >= 1.3 x inline"]["met"] in (True, False)
+    assert judged["max throughput with a ~10 ms step >= 1.3 x inline"]["met"] is None  # not in the quick plan
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_quick_benchmark_writes_the_plot_and_prints_the_table(results: tuple[dict[str, Any], Path, str]) -> None:
     _, out, stdout = results
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for row in ("forkless", "spawn", "io-ceiling", "compute-ceiling", "forkless-nojax"):
+    for row in ("forkless", "spawn", "inline", "io-ceiling", "compute-ceiling", "forkless-nojax"):
         assert any(line.startswith(row) for line in stdout.splitlines()), row
     assert "latency budget (per hop, µs):" in stdout and "| outbound |" in stdout
+    assert "step cost:" in stdout and "| ~1 ms | " in stdout
