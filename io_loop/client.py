@@ -72,6 +72,29 @@ class End:
     reason: str = ""
 
 
+async def pause_before_reconnect(feed: Any, delay: float) -> None:
+    """Sleep ``delay`` seconds before a feed's next attempt; while it is stopping, notice when
+    nothing is left to send. ``feed`` is a ``FeedClient`` or an ``io_loop.jetstream.JetStreamFeed``:
+    both keep ``_stopping``, ``_current``/``_offset`` (the reply item being sent), ``outbox`` and
+    ``_outbound_done``, with the same meaning."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + delay
+    while True:
+        left = end - loop.time()
+        if left <= 0:
+            return
+        if feed._stopping and feed._current is None:
+            try:
+                feed._current = feed.outbox.get_nowait()
+                feed._offset = 0
+            except asyncio.QueueEmpty:
+                pass
+            except janus.AsyncQueueShutDown:
+                feed._outbound_done = True
+                return
+        await asyncio.sleep(min(left, 0.05))
+
+
 class FeedClient:
     """Connects to one feed and serves connections until stopped and drained (see the rules).
 
@@ -160,7 +183,7 @@ class FeedClient:
                         raise FeedFatal(f"giving up on {self.shown_url} after {backoff.failures} "
                                         f"failed attempts in a row: {reason}") from None
                     log.warning("connecting to %s failed: %s; retrying in %.2fs", self.shown_url, reason, delay)
-                    await self._pause(delay)
+                    await pause_before_reconnect(self, delay)
                     continue
                 backoff.connected(time.monotonic())
                 end = await self._serve(ws, first)
@@ -176,26 +199,8 @@ class FeedClient:
                 log.warning("connection %d to %s lost: %s; reconnecting in %.2fs",
                             self._connection_id, self.shown_url, end.reason, delay)
                 self.stats.reconnects += 1
-                await self._pause(delay)
+                await pause_before_reconnect(self, delay)
 
-    async def _pause(self, delay: float) -> None:
-        """Sleep before the next attempt; while stopping, notice when nothing is left to send."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + delay
-        while True:
-            left = end - loop.time()
-            if left <= 0:
-                return
-            if self._stopping and self._current is None:
-                try:
-                    self._current = self.outbox.get_nowait()
-                    self._offset = 0
-                except asyncio.QueueEmpty:
-                    pass
-                except janus.AsyncQueueShutDown:
-                    self._outbound_done = True
-                    return
-            await asyncio.sleep(min(left, 0.05))
 
     async def _first_frames(self, ws: aiohttp.ClientWebSocketResponse) -> list[str | bytes]:
         """The frames sent first on a new connection: the feed's ``subscribe`` text, then what the

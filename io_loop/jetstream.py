@@ -60,7 +60,7 @@ import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from io_loop.backoff import Backoff
-from io_loop.client import End, Outcome
+from io_loop.client import End, Outcome, pause_before_reconnect
 from io_loop.connect import make_ssl_context
 from io_loop.counters import IOStats, SourceStats
 from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing
@@ -262,7 +262,7 @@ class JetStreamFeed:
                     raise FeedFatal(f"giving up on {self.feed.label} after {backoff.failures} failed attempts "
                                     f"in a row: {exc}") from None
                 log.warning("%s: %s; retrying in %.2fs", self.feed.label, exc, delay)
-                await self._pause(delay)
+                await pause_before_reconnect(self, delay)
                 continue
             backoff.connected(time.monotonic())
             end = await self._serve(nc, closed)
@@ -278,26 +278,8 @@ class JetStreamFeed:
             log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.feed.label,
                         self._connection_id, end.reason, delay)
             self.stats.reconnects += 1
-            await self._pause(delay)
+            await pause_before_reconnect(self, delay)
 
-    async def _pause(self, delay: float) -> None:
-        """Sleep before the next attempt; while stopping, notice when nothing is left to send."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + delay
-        while True:
-            left = end - loop.time()
-            if left <= 0:
-                return
-            if self._stopping and self._current is None:
-                try:
-                    self._current = self.outbox.get_nowait()
-                    self._offset = 0
-                except asyncio.QueueEmpty:
-                    pass
-                except janus.AsyncQueueShutDown:
-                    self._outbound_done = True
-                    return
-            await asyncio.sleep(min(left, 0.05))
 
     async def _connect(self) -> tuple[Any, asyncio.Event]:
         """One attempt: connect to a server of the list, read the stream's state, check the
