@@ -1,0 +1,144 @@
+"""Partitions of a JetStream stream: how a stream name becomes a subject token, which partition a
+token falls in (the same function as nats-server's ``{{partition(P,n)}}`` subject transform), and
+which partitions an instance owns.
+
+Rules:
+- Pure: no sockets, no clock, no threads; used by the relay (publishing), the JetStream feed
+  (consuming), the checkpoints (splitting the state by partition), ``--check`` and the docs.
+- ``escape_stream`` maps a stream name reversibly onto one NATS subject token: ``[A-Za-z0-9_-]``
+  stay as they are, every other UTF-8 byte (``.``, ``*``, ``>``, spaces, ``~`` itself, non-ASCII)
+  becomes ``~XX`` (two upper-case hex digits). ``unescape_stream`` inverts it exactly.
+- ``partition_of(token, P)`` is nats-server's partition function: FNV-1a (32 bit) of the token's
+  bytes, modulo P (server/subject_transform.go, ``getHashPartition``). A stream's partition is
+  ``partition_of(escape_stream(name), P)``; ``partitions_of`` computes it for many names at once.
+- An instance's partitions are given as ranges and lists (``"0-5"``, ``"0,2,7-9"``) or derived
+  from ``FORKLESS_INSTANCE``/``FORKLESS_INSTANCES``: instance i of N owns the contiguous share
+  ``[i*P//N, (i+1)*P//N)`` (Flink's key-group ranges), so N instances cover 0..P-1 exactly once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["PARTITION_FIELD", "escape_stream", "instance_share", "parse_partitions", "partition_of",
+           "partition_subjects", "partitions_of", "unescape_stream"]
+
+PARTITION_FIELD = "{partition}"  # the placeholder in a partitioned feed's "subject"
+_PLAIN = re.compile(r"[A-Za-z0-9_-]+")
+_ESCAPED = re.compile(r"~([0-9A-F]{2})")
+_FNV_OFFSET = 0x811C9DC5
+_FNV_PRIME = 0x01000193
+
+
+def escape_stream(name: str) -> str:
+    """The subject token for a stream name (see the module rules); ValueError for an empty name."""
+    if not name:
+        raise ValueError("an empty stream name has no subject token")
+    if _PLAIN.fullmatch(name):
+        return name
+    out = []
+    for ch in name:
+        if _PLAIN.fullmatch(ch):
+            out.append(ch)
+        else:
+            out.extend(f"~{b:02X}" for b in ch.encode("utf-8"))
+    return "".join(out)
+
+
+def unescape_stream(token: str) -> str:
+    """The stream name a token stands for (``escape_stream``'s inverse); ValueError if the token
+    was not made by ``escape_stream``."""
+    if _PLAIN.fullmatch(token):
+        return token
+    raw = bytearray()
+    i = 0
+    while i < len(token):
+        ch = token[i]
+        if ch == "~":
+            m = _ESCAPED.match(token, i)
+            if m is None:
+                raise ValueError(f"not an escaped stream name: {token!r} (a '~' must be followed by two hex digits)")
+            raw.append(int(m.group(1), 16))
+            i += 3
+        elif _PLAIN.fullmatch(ch):
+            raw.extend(ch.encode("ascii"))
+            i += 1
+        else:
+            raise ValueError(f"not an escaped stream name: {token!r} ({ch!r} is escaped as ~XX)")
+    try:
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"not an escaped stream name: {token!r} (not UTF-8)") from None
+    if escape_stream(name) != token:
+        raise ValueError(f"not an escaped stream name: {token!r} (escapes a character that needs none)")
+    return name
+
+
+def partition_of(token: str, count: int) -> int:
+    """nats-server's ``partition(count, …)`` of one subject token: FNV-1a 32 of its bytes mod count."""
+    h = _FNV_OFFSET
+    for b in token.encode("utf-8"):
+        h = ((h ^ b) * _FNV_PRIME) & 0xFFFFFFFF
+    return h % count
+
+
+def partitions_of(names: Sequence[str], count: int) -> np.ndarray:
+    """The partition of every stream name (``partition_of(escape_stream(name), count)``), as int32;
+    vectorised over the names' bytes (a million names in well under a second)."""
+    n = len(names)
+    if n == 0:
+        return np.zeros(0, np.int32)
+    tokens = [escape_stream(name).encode("utf-8") for name in names]
+    lengths = np.fromiter((len(t) for t in tokens), np.int64, n)
+    width = int(lengths.max())
+    raw = np.frombuffer(b"".join(t.ljust(width, b"\0") for t in tokens), np.uint8).reshape(n, width)
+    h = np.full(n, _FNV_OFFSET, np.uint32)
+    prime = np.uint32(_FNV_PRIME)
+    with np.errstate(over="ignore"):
+        for j in range(width):
+            live = lengths > j
+            h = np.where(live, (h ^ raw[:, j].astype(np.uint32)) * prime, h)
+    return (h % np.uint32(count)).astype(np.int32)
+
+
+def parse_partitions(text: str, count: int) -> tuple[int, ...]:
+    """``"0-5"``, ``"0,2,7-9"`` → the sorted partitions; ValueError naming the problem (outside
+    0..count-1, a range backwards, a partition given twice, not a number)."""
+    if count < 1:
+        raise ValueError("partition_count must be at least 1")
+    seen: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+        if m is None:
+            raise ValueError(f"{part!r} is not a partition or a range a-b")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise ValueError(f"the range {part!r} goes backwards")
+        if hi >= count:
+            raise ValueError(f"partition {hi} is outside 0-{count - 1} (partition_count is {count})")
+        seen.extend(range(lo, hi + 1))
+    if len(set(seen)) != len(seen):
+        twice = sorted({p for p in seen if seen.count(p) > 1})
+        raise ValueError(f"partition {twice[0]} is given twice")
+    return tuple(sorted(seen))
+
+
+def instance_share(instance: int, instances: int, count: int) -> tuple[int, ...]:
+    """The contiguous partitions instance ``instance`` (0-based) of ``instances`` owns out of
+    ``count``: ``[i*count//n, (i+1)*count//n)``; ValueError if there are more instances than
+    partitions or the instance is out of range."""
+    if instances < 1 or not 0 <= instance < instances:
+        raise ValueError(f"instance {instance} is not in 0-{instances - 1}")
+    if instances > count:
+        raise ValueError(f"{instances} instances for {count} partitions: some would own none")
+    return tuple(range(instance * count // instances, (instance + 1) * count // instances))
+
+
+def partition_subjects(template: str, partitions: Iterable[int]) -> tuple[str, ...]:
+    """The filter subjects of a partitioned feed: ``template`` with ``{partition}`` replaced by each."""
+    return tuple(template.replace(PARTITION_FIELD, str(p)) for p in partitions)
