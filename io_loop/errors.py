@@ -10,7 +10,7 @@ Rules:
 
 from __future__ import annotations
 
-__all__ = ["FeedFatal", "IOThreadError", "MetricsServerError", "PositionLost"]
+__all__ = ["FeedFatal", "IOThreadError", "LeaseHeld", "LeaseLost", "MetricsServerError", "PositionLost"]
 
 
 class FeedFatal(Exception):
@@ -21,6 +21,21 @@ class PositionLost(Exception):
     """A JetStream stream no longer holds the messages the recorded position needs (retention
     removed them, or the stream was made again): the state cannot be continued exactly.
     Exit status 2; ``FORKLESS_CHECKPOINT_RESTORE=never`` accepts the loss."""
+
+
+class LeaseHeld(Exception):
+    """Another live instance holds the lease of partitions this one claims (issue 24): exit
+    status 2. ``keys``: the leases' keys; ``holder``: who holds them."""
+
+    def __init__(self, message: str, keys: list[str] | None = None, holder: str = "") -> None:
+        super().__init__(message)
+        self.keys = list(keys or [])
+        self.holder = holder
+
+
+class LeaseLost(Exception):
+    """A partition's lease could not be renewed before it expired (another instance may own the
+    partition now): this instance stops writing checkpoints and stops; exit status 3."""
 
 
 class MetricsServerError(RuntimeError):
