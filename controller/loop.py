@@ -55,7 +55,7 @@ from controller.checkpoint import PendingSnapshot
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import codec_dtype, compilations, release_freed_memory
-from controller.config import Config
+from controller.config import Config, ConfigError
 from controller.engine import Engine, StepFailed, compile_step
 from controller.errors import ProcessorContractError
 from controller.host import ProcessSettings, StopSignals
@@ -124,6 +124,12 @@ class Controller:
         self.codec = GuardedCodec(user_codec, self.config.features, dtype=x_dtype)
         self.on_results = on_results
         cfg = self.config
+        if cfg.checkpoint_bucket:
+            # issue 24: the per-partition checkpoints in the object-store bucket are written by a piece
+            # not built yet; refused here rather than written to a directory named "" (the cwd)
+            raise ConfigError("FORKLESS_CHECKPOINT_BUCKET", cfg.checkpoint_bucket, "unset: checkpoints in a "
+                              "JetStream object-store bucket are not implemented in this build yet (--check "
+                              "verifies the configuration)")
         if cfg.checkpoints_on and not getattr(self.processor, "name", None):
             # a checkpoint is restored only into the processor that wrote it: it must say which it is
             raise ProcessorContractError(
