@@ -12,14 +12,18 @@ from pathlib import Path
 import pytest
 
 from io_loop.partitions import (
+    PartitionTransform,
     escape_stream,
+    format_partitions,
     instance_share,
     parse_partitions,
     partition_of,
+    partition_transform,
     partitions_of,
+    transform_problems,
     unescape_stream,
 )
-from tests.harness import UNIT_S
+from tests.harness import UNIT_S, run_app
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -195,3 +199,183 @@ def test_an_instance_outside_its_numbering_or_more_instances_than_partitions_is_
                                                                                          why):
     with pytest.raises(ValueError, match=re.escape(why)):
         instance_share(instance, instances, count)
+
+
+def test_partitions_are_written_back_as_the_ranges_they_are_parsed_from():
+    assert format_partitions((0, 1, 2, 7, 9, 10)) == "0-2,7,9-10"
+    assert format_partitions(()) == ""
+    rng = random.Random(3)
+    for _ in range(200):
+        owned = tuple(sorted(rng.sample(range(40), rng.randint(1, 40))))
+        assert parse_partitions(format_partitions(owned), 40) == owned
+
+
+# ---- a stream's subject transform, as --check reads it -------------------------------------------------
+
+
+@pytest.mark.parametrize(("dest", "expected"), [
+    ("ticks.{{partition(12,1)}}.{{wildcard(1)}}", (12, 1, (1,))),
+    ("ticks.{{ Partition( 64, 1 ) }}.$1", (64, 1, (1,))),
+    ("{{partition(4096,2)}}.ticks.{{wildcard(2)}}", (4096, 0, (2,))),
+    ("ticks.{{partition(12,1,2)}}.{{wildcard(1)}}", (12, 1, (1, 2))),
+    ("ticks.p{{partition(12,1)}}.{{wildcard(1)}}", None),  # inside a longer token: written out literally
+    ("ticks.{{PARTITION(12,1)}}.$1", None),  # the server knows "partition" and "Partition" only
+    ("ticks.{{wildcard(1)}}", None),
+    ("ticks.{{partition(x,1)}}", None),
+])
+def test_the_partition_token_of_a_transform_is_read_as_the_server_reads_it(dest, expected):
+    found = partition_transform("ticks.*", dest)
+    assert (None if found is None else (found.count, found.position, found.wildcards)) == expected
+
+
+def test_a_transform_that_agrees_with_the_feed_has_no_problems():
+    transform = partition_transform("ticks.*", "ticks.{{partition(12,1)}}.{{wildcard(1)}}")
+    for subject in ("ticks.{partition}.>", "ticks.{partition}.*", "*.{partition}.>", "ticks.{partition}.BTC-USD"):
+        assert transform_problems(subject, 12, transform) == [], subject
+    deep = PartitionTransform("md.*.*", "md.{{wildcard(1)}}.{{partition(8,2)}}.>", 8, 2, (2,))
+    assert transform_problems("md.*.{partition}.>", 8, deep) == []
+
+
+@pytest.mark.parametrize(("subject", "count", "dest", "expected"), [
+    ("ticks.{partition}.>", 8, "ticks.{{partition(12,1)}}.{{wildcard(1)}}",
+     "makes 12 partitions, the feed's \"partition_count\" is 8"),
+    ("ticks.{partition}.>", 12, "ticks.{{wildcard(1)}}.{{partition(12,1)}}",
+     "the feed's subject 'ticks.{partition}.>' has {partition} at token 2, the subject transform 'ticks.*.*' -> "
+     "'ticks.{{wildcard(1)}}.{{partition(12,1)}}' writes the partition at token 3"),
+    ("md.{partition}.>", 12, "ticks.{{partition(12,1)}}.{{wildcard(1)}}",
+     "the feed's subject 'md.{partition}.>' matches none of the subjects the subject transform"),
+    ("ticks.{partition}", 12, "ticks.{{partition(12,1)}}.{{wildcard(1)}}", "matches none of the subjects"),
+    ("ticks.{partition}.*.*", 12, "ticks.{{partition(12,1)}}.{{wildcard(1)}}", "matches none of the subjects"),
+    ("ticks.{partition}.>", 12, "ticks.{{partition(12,1,2)}}.{{wildcard(1)}}",
+     "hashes the source's wildcards 1, 2: forkless computes a stream's partition from its name's token alone"),
+])
+def test_a_transform_that_disagrees_with_the_feed_is_a_problem_naming_both(subject, count, dest, expected):
+    problems = transform_problems(subject, count, partition_transform("ticks.*.*", dest))
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
+def _probe(url: str, entry: dict, **config: object) -> tuple[list[str], str | None]:
+    """``--check``'s network half for one feed (io_loop/probe.py), in this process: what it printed,
+    and its failure (None when the feed passed)."""
+    from controller.codec import JsonCodec
+    from controller.config import Config
+    from io_loop.probe import ProbeFailed, probe_feed
+
+    cfg = Config(feeds=json.dumps([{"name": "ticks", "nats": url, "results": "scores", **entry}]),
+                 connect_timeout_s=5.0, **config)
+    lines: list[str] = []
+    try:
+        probe_feed(cfg.io_settings(), JsonCodec(cfg.features), lines.append)
+    except ProbeFailed as exc:
+        return lines, str(exc)
+    return lines, None
+
+
+def _check_streams(url: str) -> None:
+    """Streams whose transforms agree with a P=12 feed, disagree, or are missing."""
+    import asyncio
+
+    import nats
+    from nats.js.api import StreamConfig, StreamSource, SubjectTransform
+
+    from tests.natsserver import create_streams
+
+    create_streams(url, stream="", results="SCORES", results_subject="scores")
+
+    def transformed(name: str, dest: str) -> StreamConfig:
+        return StreamConfig(name=name.upper(), subjects=[f"{name}.*"],
+                            subject_transform=SubjectTransform(src=f"{name}.*", dest=dest))
+
+    async def body() -> None:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        await js.add_stream(transformed("ticks", "ticks.{{partition(12,1)}}.{{wildcard(1)}}"))
+        await js.add_stream(transformed("eight", "eight.{{partition(8,1)}}.{{wildcard(1)}}"))
+        await js.add_stream(transformed("shape", "shape.{{wildcard(1)}}.{{Partition(12,1)}}"))
+        await js.add_stream(StreamConfig(name="PLAIN", subjects=["plain.>"]))
+        await js.add_stream(StreamConfig(name="RAW", subjects=["raw.*"]))
+        await js.add_stream(StreamConfig(name="SOURCED", sources=[StreamSource(name="RAW", subject_transforms=[
+            SubjectTransform(src="raw.*", dest="src.{{partition(12,1)}}.{{wildcard(1)}}")])]))
+        await nc.close()
+
+    asyncio.run(body())
+
+
+@pytest.mark.timeout(120 * UNIT_S)
+def test_check_verifies_the_stream_s_partition_transform_against_the_feed_and_names_both_values(nats_server):
+    _check_streams(nats_server.url)
+    good = {"stream": "TICKS", "subject": "ticks.{partition}.>", "partition_count": 12}
+    lines, failure = _probe(nats_server.url, {**good, "partitions": "4-7,11"})
+    out = "\n".join(lines)
+    assert failure is None, out
+    assert ("partitioned by the stream's subject transform 'ticks.*' -> 'ticks.{{partition(12,1)}}.{{wildcard(1)}}': "
+            '12 partitions, as the feed\'s "partition_count"') in out
+    assert "this instance's partitions: 4-7,11 (5 of 12); consuming ticks.4.>, ticks.5.>, ticks.6.>, ticks.7.>, … " \
+           "(5 subjects)" in out
+    lines, failure = _probe(nats_server.url, {"stream": "SOURCED", "subject": "src.{partition}.>",
+                                              "partition_count": 12, "partitions": "0"})
+    assert failure is None and "partitioned by source 'RAW''s subject transform 'raw.*' -> " in "\n".join(lines)
+
+    lines, failure = _probe(nats_server.url, {**good, "stream": "EIGHT", "subject": "eight.{partition}.>",
+                                              "partitions": "0"})
+    assert failure == ("stream 'EIGHT': the subject transform 'eight.*' -> 'eight.{{partition(8,1)}}.{{wildcard(1)}}' "
+                       'makes 8 partitions, the feed\'s "partition_count" is 12')
+    lines, failure = _probe(nats_server.url, {**good, "stream": "SHAPE", "subject": "shape.{partition}.>",
+                                              "partitions": "0"})
+    assert failure is not None and "has {partition} at token 2" in failure and "at token 3" in failure
+    lines, failure = _probe(nats_server.url, {**good, "stream": "PLAIN", "subject": "plain.{partition}.>",
+                                              "partitions": "0"})
+    assert failure is not None and failure.startswith(
+        "stream 'PLAIN' has no subject transform writing a partition (its subject transforms: none), but the "
+        "feed's \"partition_count\" is 12")
+
+
+@pytest.mark.timeout(120 * UNIT_S)
+def test_check_says_whether_the_checkpoint_and_lease_buckets_exist(nats_server):
+    import asyncio
+
+    import nats
+
+    _check_streams(nats_server.url)
+    feed = {"stream": "TICKS", "subject": "ticks.{partition}.>", "partition_count": 12}
+    lines, failure = _probe(nats_server.url, feed, instance=1, instances=3, checkpoint_bucket="ckpt")
+    out = "\n".join(lines)
+    assert failure is None, out
+    assert "this instance's partitions: 4-7 (4 of 12)" in out
+    assert "checkpoint bucket 'ckpt' (object store): does not exist yet; the first instance to start creates it" in out
+    assert "lease bucket 'forkless-leases' (KV): does not exist yet" in out
+
+    async def make_buckets() -> None:
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        await js.create_object_store("ckpt")
+        await js.create_key_value(bucket="leases")
+        await nc.close()
+
+    asyncio.run(make_buckets())
+    lines, failure = _probe(nats_server.url, feed, instance=1, instances=3, checkpoint_bucket="ckpt",
+                            lease_bucket="leases")
+    out = "\n".join(lines)
+    assert failure is None, out
+    assert "checkpoint bucket 'ckpt' (object store, stream OBJ_ckpt): exists" in out
+    assert "lease bucket 'leases' (KV, stream KV_leases): exists" in out
+    lines, _ = _probe(nats_server.url, {**feed, "partitions": "0"})
+    assert 'no FORKLESS_CHECKPOINT_BUCKET: no checkpoints; every start consumes its partitions from "start"' in \
+        "\n".join(lines)
+
+
+@pytest.mark.timeout(240 * UNIT_S)
+def test_the_check_command_prints_the_instance_s_partitions_and_passes_on_an_agreeing_stream(nats_server):
+    _check_streams(nats_server.url)
+    env = {"FORKLESS_FEATURES": "4", "FORKLESS_MAX_BATCH": "4", "FORKLESS_INSTANCE": "2", "FORKLESS_INSTANCES": "3",
+           "FORKLESS_CHECKPOINT_BUCKET": "ckpt", "FORKLESS_FEEDS": json.dumps([{
+               "name": "ticks", "nats": nats_server.url, "stream": "TICKS", "subject": "ticks.{partition}.>",
+               "results": "scores", "partition_count": 12}])}
+    result = run_app("--check", env=env, timeout_s=180 * UNIT_S)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (f"feed 'ticks' ({nats_server.url}): partitioned, partition_count 12; this instance owns 8-11 (4 of 12, "
+            "from FORKLESS_INSTANCE 2 of FORKLESS_INSTANCES 3); checkpoints in bucket 'ckpt', leases in "
+            "'forkless-leases' for 10 s") in result.stdout
+    assert "this instance's partitions: 8-11 (4 of 12); consuming ticks.8.>, ticks.9.>, ticks.10.>, ticks.11.>" \
+        in result.stdout
+    assert "check passed" in result.stdout
