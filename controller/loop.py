@@ -124,12 +124,13 @@ class Controller:
         self.codec = GuardedCodec(user_codec, self.config.features, dtype=x_dtype)
         self.on_results = on_results
         cfg = self.config
-        if cfg.checkpoint_bucket:
-            # issue 24: the per-partition checkpoints in the object-store bucket are written by a piece
-            # not built yet; refused here rather than written to a directory named "" (the cwd)
-            raise ConfigError("FORKLESS_CHECKPOINT_BUCKET", cfg.checkpoint_bucket, "unset: checkpoints in a "
-                              "JetStream object-store bucket are not implemented in this build yet (--check "
-                              "verifies the configuration)")
+        if any(feed.jetstream is not None and feed.jetstream.partitioned for feed in cfg.feed_specs):
+            # issue 24: consuming by partition (JetStreamSpec.subjects()), the checkpoints in
+            # FORKLESS_CHECKPOINT_BUCKET and the leases are the next pieces; until they land a partitioned
+            # feed is refused here, never consumed with its "{partition}" template as a literal filter
+            # (nothing would arrive) nor checkpointed to a directory named "" (the cwd)
+            raise ConfigError("FORKLESS_FEEDS", "<hidden>", "no partitioned JetStream feed (\"partition_count\") "
+                              "in this build yet: its configuration and --check are ready, consuming it is not")
         if cfg.checkpoints_on and not getattr(self.processor, "name", None):
             # a checkpoint is restored only into the processor that wrote it: it must say which it is
             raise ProcessorContractError(

@@ -379,3 +379,93 @@ def test_the_check_command_prints_the_instance_s_partitions_and_passes_on_an_agr
     assert "this instance's partitions: 8-11 (4 of 12); consuming ticks.8.>, ticks.9.>, ticks.10.>, ticks.11.>" \
         in result.stdout
     assert "check passed" in result.stdout
+
+
+# ---- OPERATING.md's Kubernetes example ------------------------------------------------------------------
+
+
+def _yaml_scalar(text: str) -> str:
+    """A one-line YAML scalar as the example writes them: 'single', "double" or plain (a comment after)."""
+    text = text.strip()
+    if text.startswith("'") and text.endswith("'"):
+        return text[1:-1].replace("''", "'")
+    if text.startswith('"'):
+        return json.loads(text)
+    return text.split(" #", 1)[0].strip()
+
+
+def _statefulset_example() -> tuple[int, float, dict[str, str], dict[str, str]]:
+    """The StatefulSet of OPERATING.md "Kubernetes (example)": its replicas, its termination grace
+    period, its env values, and its env taken from fields (the downward API)."""
+    text = (ROOT / "OPERATING.md").read_text(encoding="utf-8")
+    section = text[text.index("### Kubernetes (example)"):]
+    start = section.index("```yaml\n") + len("```yaml\n")
+    block = section[start:section.index("\n```", start)]
+    replicas = int(re.search(r"^\s*replicas:\s*(\d+)", block, re.M).group(1))
+    grace_s = float(re.search(r"^\s*terminationGracePeriodSeconds:\s*(\d+)", block, re.M).group(1))
+    lines = block.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == "env:")
+    indent = len(lines[at]) - len(lines[at].lstrip())
+    values: dict[str, str] = {}
+    fields: dict[str, str] = {}
+    name = None
+    for line in lines[at + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break  # the end of the env list
+        if m := re.fullmatch(r"\s*- name: (\S+)", line):
+            name = m.group(1)
+        elif (m := re.fullmatch(r"\s*value: (.*)", line)) and name:
+            values[name] = _yaml_scalar(m.group(1))
+        elif (m := re.fullmatch(r"\s*fieldPath: (.*)", line)) and name:
+            fields[name] = _yaml_scalar(m.group(1))
+    return replicas, grace_s, values, fields
+
+
+def _shares(env: dict[str, str], replicas: int) -> list[tuple[int, ...]]:
+    """Each pod's partitions, from the configuration forkless reads with the pod's ordinal."""
+    from controller.config import Config
+
+    return [Config.from_env({**env, "FORKLESS_INSTANCE": str(ordinal)}).feed_specs[0].jetstream.partitions
+            for ordinal in range(replicas)]
+
+
+def test_the_kubernetes_example_gives_each_pod_its_share_and_the_pods_cover_every_partition_once():
+    from controller.config import VARIABLES, Config
+
+    replicas, grace_s, env, fields = _statefulset_example()
+    assert fields == {"FORKLESS_INSTANCE": "metadata.labels['apps.kubernetes.io/pod-index']"}
+    assert set(env) | set(fields) <= {var.env for var in VARIABLES}  # no typo: every name is a forkless variable
+    assert int(env["FORKLESS_INSTANCES"]) == replicas
+    count = json.loads(env["FORKLESS_FEEDS"])[0]["partition_count"]
+    assert grace_s > Config.from_env(env | {"FORKLESS_INSTANCE": "0"}).shutdown_timeout_s + 0.5
+    shares = _shares(env, replicas)
+    assert shares == [instance_share(ordinal, replicas, count) for ordinal in range(replicas)]
+    assert sorted(p for share in shares for p in share) == list(range(count))
+    # what the section's text says of it
+    assert (replicas, count) == (3, 12) and shares == [tuple(range(4 * i, 4 * i + 4)) for i in range(3)]
+
+
+def test_rescaling_the_kubernetes_example_changes_the_shares_and_still_covers_every_partition_once():
+    from controller.config import ConfigError
+
+    replicas, _, env, _ = _statefulset_example()
+    count = json.loads(env["FORKLESS_FEEDS"])[0]["partition_count"]
+    before = _shares(env, replicas)
+    for rescaled in range(1, count + 1):
+        shares = _shares({**env, "FORKLESS_INSTANCES": str(rescaled)}, rescaled)
+        assert sorted(p for share in shares for p in share) == list(range(count)), rescaled
+        assert (shares == before) == (rescaled == replicas)
+    with pytest.raises(ConfigError, match=f"FORKLESS_INSTANCES='{count + 1}' is invalid"):
+        _shares({**env, "FORKLESS_INSTANCES": str(count + 1)}, count + 1)
+
+
+def test_the_program_refuses_a_partitioned_feed_until_consuming_by_partition_lands():
+    # issue 24: the consuming side (the lead's piece) replaces this refusal; see controller/loop.py
+    from controller.config import Config, ConfigError
+    from controller.loop import Controller
+
+    cfg = Config(feeds=json.dumps([{"name": "ticks", "nats": "nats://127.0.0.1:9", "stream": "TICKS",
+                                    "subject": "ticks.{partition}.>", "results": "scores", "partition_count": 12,
+                                    "partitions": "0-5"}]))
+    with pytest.raises(ConfigError, match="no partitioned JetStream feed"):
+        Controller(cfg)
