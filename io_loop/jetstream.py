@@ -78,8 +78,8 @@ from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
-from io_loop.partitions import escape_stream, partition_of
-from io_loop.settings import FeedSpec, IOSettings
+from io_loop.partitions import escape_stream, format_partitions, partition_of, partition_transform, transform_problems
+from io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
 
 __all__ = ["JetStreamFeed", "msg_id", "probe_jetstream"]
 
@@ -698,8 +698,10 @@ class JetStreamFeed:
 async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe_window_s: float) -> list[str]:
     """The network half of ``--check`` for a JetStream feed: connect as the feed would, read the
     stream, find the stream that stores the results subject and its duplicate window (a warning
-    when shorter than ``dedupe_window_s``). Prints through ``say``; returns the problems (empty:
-    the feed can be used)."""
+    when shorter than ``dedupe_window_s``). A partitioned feed: the stream's subject transform
+    must make its partition_count's partitions where its subject has ``{partition}``
+    (``_check_partitions``), and the checkpoint and lease buckets are looked for. Prints through
+    ``say``; returns the problems (empty: the feed can be used)."""
     spec = feed.jetstream
     loop = asyncio.get_running_loop()
     errors: list[str] = []
@@ -723,10 +725,13 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
         try:
             info = await jsm.stream_info(spec.stream)
             state = info.state
+            consuming = "by partition (below)" if spec.partitioned else repr(spec.subject or "all of it")
             say(f"  stream {spec.stream!r}: {state.messages} messages, sequences {state.first_seq}-{state.last_seq}, "
-                f"subjects {', '.join(info.config.subjects or [])}; consuming {spec.subject or 'all of it'!r} "
+                f"subjects {', '.join(info.config.subjects or [])}; consuming {consuming} "
                 f"from {'its first message' if spec.start == 'first' else 'new messages'} unless a checkpoint "
                 "recorded a position")
+            if spec.partitioned:
+                problems.extend(_check_partitions(spec, info.config, say))
         except nats.js.errors.NotFoundError:
             problems.append(f"stream {spec.stream!r} not found on {feed.shown_url}")
         except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
@@ -745,6 +750,8 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
                 problems.append(f"no stream stores the results subject {spec.results!r}")
         else:
             say("  no results subject (\"replies\": \"none\")")
+        if spec.partitioned:
+            await _look_for_buckets(settings, jsm, say)
     except NATS_ERRORS as exc:
         problems.append(f"asking {feed.shown_url} failed: {_describe(exc)}")
     finally:
@@ -754,3 +761,57 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
         except (*NATS_ERRORS, asyncio.CancelledError):
             pass
     return problems
+
+
+def _check_partitions(spec: JetStreamSpec, config: Any, say: Any) -> list[str]:
+    """A partitioned feed against its stream's configuration (nats-py's ``StreamConfig``): the
+    subject transforms of the stream and of its sources and mirror that write a partition must
+    agree with the feed's partition_count and subject; at least one must. Prints what it finds
+    and this instance's partitions; returns the problems."""
+    transforms = []  # (where, src, dest)
+    if config.subject_transform is not None:
+        transforms.append(("the stream's", config.subject_transform))
+    for source in [*(config.sources or []), *([config.mirror] if config.mirror is not None else [])]:
+        for transform in source.subject_transforms or []:
+            transforms.append((f"source {source.name!r}'s", transform))
+    found = [(where, t) for where, raw in transforms
+             if (t := partition_transform(raw.src or ">", raw.dest or "")) is not None]
+    count = spec.partition_count
+    if not found:
+        have = "; ".join(f"{where} {raw.src!r} -> {raw.dest!r}" for where, raw in transforms) or "none"
+        return [f"stream {spec.stream!r} has no subject transform writing a partition (its subject transforms: "
+                f"{have}), but the feed's \"partition_count\" is {count}: give the stream one such as "
+                f"'ticks.*' -> 'ticks.{{{{partition({count},1)}}}}.{{{{wildcard(1)}}}}' (OPERATING.md \"Partitioned "
+                "instances\")"]
+    problems = []
+    for where, transform in found:
+        wrong = transform_problems(spec.subject, count, transform)
+        problems.extend(f"stream {spec.stream!r}: {problem}" for problem in wrong)
+        if not wrong:
+            say(f"  partitioned by {where} subject transform {transform}: {count} partitions, as the feed's "
+                f"\"partition_count\"; its subject {spec.subject!r} takes the partition where the transform "
+                "writes it")
+    subjects = spec.subjects()
+    shown = ", ".join(subjects[:4]) + (f", … ({len(subjects)} subjects)" if len(subjects) > 4 else "")
+    say(f"  this instance's partitions: {format_partitions(spec.partitions)} ({len(spec.partitions)} of {count}); "
+        f"consuming {shown}")
+    return problems
+
+
+async def _look_for_buckets(settings: IOSettings, jsm: Any, say: Any) -> None:
+    """Say whether a partitioned feed's checkpoint bucket (``FORKLESS_CHECKPOINT_BUCKET``, a JetStream
+    object store) and lease bucket (``FORKLESS_LEASE_BUCKET``, a KV bucket) exist; one that does
+    not is made at the first start, so it is no problem."""
+    buckets = [("lease bucket", settings.lease_bucket, "KV", "KV_")]
+    if settings.checkpoint_bucket:
+        buckets.insert(0, ("checkpoint bucket", settings.checkpoint_bucket, "object store", "OBJ_"))
+    else:
+        say('  no FORKLESS_CHECKPOINT_BUCKET: no checkpoints; every start consumes its partitions from "start"')
+    for what, name, kind, prefix in buckets:
+        try:
+            state = (await jsm.stream_info(prefix + name)).state
+        except nats.js.errors.NotFoundError:
+            say(f"  {what} {name!r} ({kind}): does not exist yet; the first instance to start creates it")
+            continue
+        say(f"  {what} {name!r} ({kind}, stream {prefix + name}): exists, {state.messages} messages, "
+            f"{state.bytes} bytes")
