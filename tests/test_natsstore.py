@@ -184,8 +184,8 @@ def test_acquire_takes_free_keys_and_renews_them_until_release(server, stores):
     store.acquire(["TICKS.0", "TICKS.1"])
     value, revision = _lease(server.url, "TICKS.1", store.lease_bucket)
     assert value == "inst-0"
-    wait_until(lambda: _lease(server.url, "TICKS.1", store.lease_bucket)[1] > revision, timeout_s=10 * UNIT_S,
-               what="a renewal of TICKS.1")
+    wait_until(lambda: (_lease(server.url, "TICKS.1", store.lease_bucket) or ("", 0))[1] > revision,
+               timeout_s=10 * UNIT_S, what="a renewal of TICKS.1")
     store.release()
     assert _lease(server.url, "TICKS.0", store.lease_bucket) is None
     assert _lease(server.url, "TICKS.1", store.lease_bucket) is None
