@@ -228,15 +228,16 @@ class NatsStore:
             raise
 
     def close(self) -> None:
-        """``release``, then close the connection and end the thread. Idempotent."""
+        """``release``, then close the connection and end the thread, within
+        ``FORKLESS_SHUTDOWN_TIMEOUT_S`` (a lease not released then expires by itself). Idempotent."""
         with self._guard:
             if self._closed:
                 return
             if self._loop is None:
                 self._closed = True
                 return
-        try:
-            self._call(self._close())
+        try:  # bounded: with the server gone, the release's one connection attempt must not hold a stop
+            self._call(self._close(), timeout=self.settings.shutdown_timeout_s)
         except Exception as exc:  # the connection is closed below in any case
             log.warning("closing the checkpoint store on %s: %s", self._shown, _describe(exc))
         finally:
@@ -803,25 +804,29 @@ class NatsStore:
                 return None
             if info.is_link():
                 raise StoreError(f"object {name!r} in bucket {self.bucket!r} is a link; links are not read")
-            parts = await self._chunks(info)
-            if parts is None:
+            read = await self._chunks(info)
+            if read is None:
                 again = await self._info(name)
                 if again is not None and again.nuid != info.nuid:
                     continue  # overwritten while we read: read the new one
                 raise ObjectDamaged(f"object {name!r} in bucket {self.bucket!r} is damaged: chunks missing "
                                     f"(its meta names {info.chunks} chunks of {info.nuid})")
+            parts, sha = read
             data = b"".join(parts)
-            digest = "SHA-256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode()
+            digest = "SHA-256=" + base64.urlsafe_b64encode(sha.digest()).decode()
             if len(data) != (info.size or 0) or (info.digest or "").upper() != digest.upper():
                 raise ObjectDamaged(f"object {name!r} in bucket {self.bucket!r} is damaged: {len(data)} bytes with "
                                     f"{digest}, its meta says {info.size} bytes with {info.digest}")
             return data
         raise StoreError(f"object {name!r} in bucket {self.bucket!r} was overwritten {TAKE_ATTEMPTS} times while read")
 
-    async def _chunks(self, info: api.ObjectInfo) -> list[bytes] | None:
-        """The chunks the meta names, in order; None when one is missing."""
+    async def _chunks(self, info: api.ObjectInfo) -> tuple[list[bytes], Any] | None:
+        """The chunks the meta names, in order, and their SHA-256 (hashed as they come, so a large
+        object does not hold the loop, and the renewals, for one long hash); None when one is
+        missing."""
         subject = f"$O.{self.bucket}.C.{info.nuid}"
         parts: list[bytes] = []
+        sha = hashlib.sha256()
         seq = 1
         for _ in range(info.chunks or 0):
             try:
@@ -830,8 +835,9 @@ class NatsStore:
             except nats.js.errors.NotFoundError:
                 return None
             parts.append(msg.data or b"")
+            sha.update(parts[-1])
             seq = msg.seq + 1
-        return parts
+        return parts, sha
 
     async def _names(self, prefix: str) -> list[str]:
         await self._connection()

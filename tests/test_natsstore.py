@@ -311,6 +311,27 @@ def test_leases_not_renewed_while_the_server_is_down_are_lost_and_put_raises_lea
         server.stop()
 
 
+def test_a_server_restart_within_the_lease_keeps_the_leases_and_the_store_connects_again(tmp_path, stores, caplog):
+    if nats_server_binary() is None:
+        pytest.skip("nats-server is not installed")
+    caplog.set_level(logging.INFO, logger="forkless.store")
+    server = NatsServer(tmp_path / "store").start()
+    try:
+        store = stores(server.url, "inst-0", lease_s=6.0 * UNIT_S)  # a restart of the server takes well within it
+        store.acquire(["TICKS.1"])
+        store.put("before", b"1")
+        server.restart()
+        revision = _lease(server.url, "TICKS.1", store.lease_bucket)[1]
+        wait_until(lambda: (_lease(server.url, "TICKS.1", store.lease_bucket) or ("", 0))[1] > revision,
+                   timeout_s=30 * UNIT_S, what="a renewal after the restart")
+        store.put("after", b"2")
+        assert store.names() == ["after", "before"] and store.get("before") == b"1"
+        assert not store.lost.is_set()
+        assert "checkpoint store: connected again to " + server.url in _messages(caplog, logging.INFO)
+    finally:
+        server.stop()
+
+
 # ---- connecting ---------------------------------------------------------------------------------------
 
 
