@@ -26,6 +26,9 @@ Rules:
   this call took); its value gone (expired, deleted) means it is free, and it is created; still
   unchanged at the deadline (the server removes expired values a little late), it is taken at
   that revision (``update(last=)``: only if nobody wrote it meanwhile).
+- A holder name names one live instance: a second process started under the same name takes
+  its leases over at once (meant for a restart after a kill), and the first finds out at its
+  next renewal, within lease/3.
 - Renewing: every ``lease/3`` each key is written again at its revision (``update(last=)``).
   A renewal counts from the moment it was sent, so we consider a lease expired no later than the
   server does (its TTL runs from when it stored the value), and no later than a claimant's
@@ -129,7 +132,9 @@ class _Failed(Exception):
 
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text and text[0] else type(exc).__name__
+    if text and text[0]:
+        return f"{type(exc).__name__}: {text[0][:200]}"
+    return "no answer in time (TimeoutError)" if isinstance(exc, TimeoutError) else type(exc).__name__
 
 
 def _wrong_last(exc: BaseException) -> bool:
@@ -278,24 +283,28 @@ class NatsStore:
         future = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
             return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise StoreError(f"the checkpoint store on {self._shown} did not answer within {timeout:g} s") from None
         except concurrent.futures.CancelledError:
             raise StoreError(f"the checkpoint store on {self._shown} was closed during the call") from None
-        except NATS_ERRORS as exc:
+        except NATS_ERRORS as exc:  # TimeoutError among them: ours (the wait above) or the work's own
+            if not future.done():
+                future.cancel()
+                raise StoreError(f"the checkpoint store on {self._shown} did not finish within {timeout:g} s") from None
             raise StoreError(f"the checkpoint store on {self._shown}: {_describe(exc)}") from None
 
     async def _each(self, fn: Callable[[str], Awaitable[T]], items: Iterable[str]) -> list[T]:
-        """``fn`` on every item, at most ``IN_FLIGHT`` at once; the first error cancels the rest."""
+        """``fn`` on every item, at most ``IN_FLIGHT`` at once; the first error cancels the rest and
+        is raised as it is (not in an ExceptionGroup)."""
         gate = asyncio.Semaphore(IN_FLIGHT)
 
         async def one(item: str) -> T:
             async with gate:
                 return await fn(item)
 
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(item)) for item in items]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(item)) for item in items]
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
         return [task.result() for task in tasks]
 
     # ---- connecting ------------------------------------------------------------------------------------
@@ -417,7 +426,7 @@ class NatsStore:
                     info = await js.stream_info(stream)
                 self._obj_direct = bool(info.config.allow_direct)
         except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
-            raise _Failed("JetStream is not enabled on the server (nats-server -js)") from None
+            raise _Failed("JetStream does not answer (not enabled: nats-server -js; or starting)") from None
         except nats.js.errors.APIError as exc:
             raise _Failed(f"making the buckets failed: {_describe(exc)}", fatal=exc.code in (400, 403)) from None
         except NATS_ERRORS as exc:
@@ -592,7 +601,7 @@ class NatsStore:
                     await self._connection()
                     await self._each(self._renew, list(self._held))
             except (TimeoutError, StoreError, *NATS_ERRORS) as exc:
-                self._renew_error = _describe(exc) if str(exc) else "no answer in time"
+                self._renew_error = _describe(exc)
             except Exception as exc:  # a renewal must never end the loop silently
                 self._renew_error = _describe(exc)
                 log.exception("renewing the leases failed unexpectedly")
@@ -782,9 +791,16 @@ class NatsStore:
             name=name, bucket=self.bucket, nuid=nuid, size=len(view), chunks=count,
             digest="SHA-256=" + base64.urlsafe_b64encode(digest.digest()).decode(),
             mtime=datetime.now(UTC).isoformat(), options=api.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES))
-        # not purged if this fails: the server may have stored the meta, which then needs them
-        await js.publish(self._meta_subject(name), json.dumps(info.as_dict()).encode(),
-                         headers={api.Header.ROLLUP: "sub"})
+        try:
+            await js.publish(self._meta_subject(name), json.dumps(info.as_dict()).encode(),
+                             headers={api.Header.ROLLUP: "sub"})
+        except nats.js.errors.APIError:  # the server answered: not stored, so the chunks are nobody's
+            try:
+                await js.purge_stream(stream, subject=chunks)
+            except NATS_ERRORS:
+                pass
+            raise
+        # any other failure (no answer) leaves the chunks: the server may have stored the meta
         if old is not None and old.nuid and old.nuid != nuid:
             try:
                 await js.purge_stream(stream, subject=f"$O.{self.bucket}.C.{old.nuid}")

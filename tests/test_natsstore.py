@@ -138,15 +138,18 @@ def test_an_overwritten_object_reads_as_the_newest_and_the_old_chunks_are_remove
     assert state.messages == 2 + 1  # the new chunks and the meta: the old chunks were purged
 
 
-def test_an_object_is_readable_by_nats_py_object_store(server, stores):
+def test_objects_are_nats_py_object_store_objects_both_ways(server, stores):
     store = stores(server.url)
-    data = os.urandom(300_000)
-    store.put("ckpt", data)
+    data, theirs = os.urandom(300_000), os.urandom(200_000)
+    store.put("ours", data)
 
     async def body(js: Any) -> bytes:
-        return (await (await js.object_store(store.bucket)).get("ckpt")).data
+        bucket = await js.object_store(store.bucket)
+        await bucket.put("theirs", theirs)
+        return (await bucket.get("ours")).data
 
     assert _admin(server.url, body) == data
+    assert store.get("theirs") == theirs
 
 
 def _rewrite_meta(url: str, bucket: str, name: str, change: Callable[[dict], None]) -> dict:
