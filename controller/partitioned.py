@@ -206,9 +206,16 @@ class PartitionedCheckpoints:
         rows_expected = [shape for shape, flag in zip(self.row_shapes, self.per_stream) if flag]
         leaf_names = [n for n, flag in zip(self.leaf_names, self.per_stream) if flag]
         found_any = False
+        # nats-py is an optional extra: loaded only where a partitioned feed (and so a NatsStore) exists
+        from io_loop.natsstore import ObjectDamaged
+
         for p, items in self._existing().items():
             for _, name in reversed(items):
-                data = self.store.get(name)
+                try:
+                    data = self.store.get(name)
+                except ObjectDamaged as exc:
+                    log.warning("skipping checkpoint object %s: %s", name, exc)
+                    continue
                 if data is None:
                     continue
                 where = f"{name} (bucket object)"

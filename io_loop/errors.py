@@ -5,6 +5,8 @@ Rules:
   caller of the controller never reaches into the IO side's modules to catch them.
 - ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
+- ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/natsstore.py``), raised
+  to the thread that called the store, not through the IO thread.
 - The exit status each maps to is stated in ``controller/errors.py``, with the others.
 """
 
@@ -24,18 +26,23 @@ class PositionLost(Exception):
 
 
 class LeaseHeld(Exception):
-    """Another live instance holds the lease of partitions this one claims (issue 24): exit
-    status 2. ``keys``: the leases' keys; ``holder``: who holds them."""
+    """Another live instance holds partitions we claim: it renewed their leases while we waited
+    (or took them first). ``keys``: the lease keys still held by others, sorted; ``holder``: who
+    holds them (several holders joined by ", "). The message names both."""
 
-    def __init__(self, message: str, keys: list[str] | None = None, holder: str = "") -> None:
-        super().__init__(message)
-        self.keys = list(keys or [])
+    def __init__(self, keys: list[str], holder: str, message: str = "") -> None:
+        super().__init__(message or f"the leases of {', '.join(keys)} are held by {holder!r}, which is alive")
+        self.keys = list(keys)
         self.holder = holder
+
+    def __reduce__(self) -> tuple:  # the default would call __init__ with the message only
+        return type(self), (self.keys, self.holder, str(self))
 
 
 class LeaseLost(Exception):
-    """A partition's lease could not be renewed before it expired (another instance may own the
-    partition now): this instance stops writing checkpoints and stops; exit status 3."""
+    """A partition lease of ours could not be renewed before it expired, or someone else took
+    it: the partitions may have a new owner, so nothing more is written for them; the instance
+    stops with exit status 3."""
 
 
 class MetricsServerError(RuntimeError):
