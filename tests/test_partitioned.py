@@ -63,6 +63,30 @@ def _create_partitioned_streams(url: str) -> None:
     asyncio.run(main())
 
 
+def _checkpoint_objects(url: str) -> set[str]:
+    """The objects in the checkpoint bucket, read with nats-py's own ObjectStore."""
+    import asyncio
+
+    import nats
+    import nats.js.errors
+
+    async def main() -> set[str]:
+        nc = await nats.connect(url)
+        try:
+            store = await nc.jetstream().object_store("forkless-ckpt")
+            return {info.name for info in await store.list()}
+        except nats.js.errors.Error:  # no bucket, or no object yet
+            return set()
+        finally:
+            await nc.close()
+
+    return asyncio.run(main())
+
+
+def _checkpointed(url: str) -> set[int]:
+    return {int(name.split("/")[1]) for name in _checkpoint_objects(url)}
+
+
 def _start(app: Any, envs: list[dict[str, str]]) -> list[Any]:
     procs = [app(env=env) for env in envs]
     for proc in procs:
@@ -86,6 +110,9 @@ def test_three_instances_killed_restarted_as_two_then_four_answer_every_input_ex
     with Publisher(url, streams=24, rate_hz=300.0) as publisher:
         three = _start(app, [_env(url, tmp_path, instance=i, instances=3) for i in range(3)])
         _results_grow(url, 150)
+        wait_until(lambda: _checkpointed(url) == set(range(P)), timeout_s=60 * UNIT_S,
+                   what="a checkpoint object of every partition", poll_s=0.5)
+        _results_grow(url, 100)  # and then some more: killed between checkpoints
         for proc in three:
             proc.signal(signal.SIGKILL)
         for proc in three:
@@ -98,6 +125,9 @@ def test_three_instances_killed_restarted_as_two_then_four_answer_every_input_ex
         for proc in two:
             proc.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
         _results_grow(url, 150)
+        first = _checkpoint_objects(url)
+        wait_until(lambda: _checkpoint_objects(url) - first, timeout_s=60 * UNIT_S, what="newer checkpoint objects",
+                   poll_s=0.5)
         for proc in two:
             proc.signal(signal.SIGTERM)  # an orderly stop releases the leases: the four wait for nothing
         for proc in two:
