@@ -148,7 +148,7 @@ class IOSettings:
     demo_rate: float
     demo_streams: int
     warmup: int
-    # a partitioned feed's checkpoints and leases (JetStream buckets on its server; "" = no bucket)
+    # a partitioned feed's checkpoints ("": none) and leases: JetStream buckets on its server
     checkpoint_bucket: str = ""
     lease_bucket: str = "forkless-leases"
     lease_s: float = 10.0
