@@ -18,6 +18,7 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from io_loop.netaddr import redact_url, redact_urls
 from io_loop.partitions import PARTITION_FIELD, partition_subjects
@@ -61,13 +62,18 @@ class JetStreamSpec:
             return partition_subjects(self.subject, self.partitions)
         return (self.subject,) if self.subject else ()
 
+    @cached_property
+    def _partition_token(self) -> int:
+        """Where ``subject`` has ``{partition}`` (its token's index), worked out once."""
+        return self.subject.split(".").index(PARTITION_FIELD)
+
     def partition_of_subject(self, subject: str) -> int:
         """The partition a delivered message's subject names: its token where ``subject`` has
         ``{partition}``. ValueError if the feed is not partitioned, or that token is not a
         partition 0..P-1 (a subject the stream's transform did not make)."""
         if not self.partitioned:
             raise ValueError(f"stream {self.stream!r} is not consumed by partition (no partition_count)")
-        position = self.subject.split(".").index(PARTITION_FIELD)
+        position = self._partition_token
         tokens = subject.split(".")
         token = tokens[position] if position < len(tokens) else ""
         if not (token.isascii() and token.isdigit() and str(int(token)) == token) or \
@@ -142,7 +148,7 @@ class IOSettings:
     demo_rate: float
     demo_streams: int
     warmup: int
-    # a partitioned feed's checkpoints and leases (JetStream buckets on its server; "" = no bucket)
+    # a partitioned feed's checkpoints ("": none) and leases: JetStream buckets on its server
     checkpoint_bucket: str = ""
     lease_bucket: str = "forkless-leases"
     lease_s: float = 10.0

@@ -273,8 +273,8 @@ def test_the_checkpoint_bucket_turns_checkpoints_on_and_the_leases_have_their_de
     cfg = Config.from_env({"FORKLESS_FEEDS": _partitioned(partitions="0-11"), "FORKLESS_CHECKPOINT_BUCKET": "ckpt"})
     assert cfg.checkpoints_on and (cfg.checkpoint_bucket, cfg.checkpoint_dir) == ("ckpt", "")
     assert (cfg.lease_s, cfg.lease_bucket, cfg.instance, cfg.instances) == (10.0, "forkless-leases", None, None)
-    settings = cfg.io_settings()
-    assert (settings.checkpoint_bucket, settings.lease_s, settings.lease_bucket) == ("ckpt", 10.0, "forkless-leases")
+    io = cfg.io_settings()
+    assert (io.checkpoint_bucket, io.lease_s, io.lease_bucket) == ("ckpt", 10.0, "forkless-leases")
     tuned = Config.from_env({"FORKLESS_FEEDS": _partitioned(partitions="3"), "FORKLESS_LEASE_S": "2.5",
                              "FORKLESS_LEASE_BUCKET": "my_leases-1"})
     assert (tuned.lease_s, tuned.lease_bucket, tuned.checkpoints_on) == (2.5, "my_leases-1", False)
