@@ -713,7 +713,7 @@ class NatsStore:
     def put(self, name: str, data: bytes | bytearray | memoryview) -> None:
         """Store ``data`` as the object ``name`` (replacing an older one of that name). Raises
         ``LeaseLost`` once a lease is lost (nothing written), ``StoreError``."""
-        self._need_bucket()
+        self._need_bucket(name)
         if self.lost.is_set():
             raise LeaseLost(self._lost_message())
         self._call(self._put(name, data))
@@ -721,7 +721,7 @@ class NatsStore:
     def get(self, name: str) -> bytes | None:
         """The object's content; None if there is none of that name. Raises ``ObjectDamaged``
         (content and meta disagree), ``StoreError``."""
-        self._need_bucket()
+        self._need_bucket(name)
         return self._call(self._get(name))
 
     def names(self, prefix: str = "") -> list[str]:
@@ -732,14 +732,16 @@ class NatsStore:
     def delete(self, name: str) -> None:
         """Delete the object ``name`` (nothing if there is none). Raises ``LeaseLost`` once a lease
         is lost (pruning then could remove what the partitions' new owner needs), ``StoreError``."""
-        self._need_bucket()
+        self._need_bucket(name)
         if self.lost.is_set():
             raise LeaseLost(self._lost_message())
         self._call(self._delete(name))
 
-    def _need_bucket(self) -> None:
+    def _need_bucket(self, name: str | None = None) -> None:
         if not self.bucket:
             raise RuntimeError("this NatsStore was made without an object bucket (bucket=None)")
+        if name is not None and not name:
+            raise ValueError("an object needs a name")
 
     def _meta_subject(self, name: str) -> str:
         return f"$O.{self.bucket}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"
