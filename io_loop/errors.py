@@ -6,8 +6,7 @@ Rules:
 - ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
 - ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/natsstore.py``), raised
-  to the thread that called the store, not through the IO thread; ``controller.errors`` does not
-  re-export them (nor state their exit status) until the controller uses the store.
+  to the thread that called the store, not through the IO thread.
 - The exit status each maps to is stated in ``controller/errors.py``, with the others.
 """
 
