@@ -41,7 +41,8 @@ class LeaseHeld(Exception):
 
 class LeaseLost(Exception):
     """A partition lease of ours could not be renewed before it expired, or someone else took
-    it: the partitions may have a new owner, so nothing more is written for them."""
+    it: the partitions may have a new owner, so nothing more is written for them; the instance
+    stops with exit status 3."""
 
 
 class MetricsServerError(RuntimeError):

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NatsServer", "create_streams", "nats_server_binary", "publish", "read_stream", "stream_state"]
+__all__ = ["NatsServer", "create_streams", "nats_server_binary", "publish", "read_stream", "read_stream_subjects",
+           "stream_state"]
 
 
 def nats_server_binary() -> str | None:
@@ -142,18 +143,27 @@ def stream_state(url: str, stream: str) -> Any:
 
 def read_stream(url: str, stream: str) -> list[tuple[dict[str, str], bytes]]:
     """Every message the stream holds now, in order: (headers, payload)."""
+    return [(headers, data) for _, headers, data in _read_all(url, stream)]
+
+
+def read_stream_subjects(url: str, stream: str) -> list[tuple[str, bytes]]:
+    """Every message the stream holds now, in order: (the subject it is stored under, payload)."""
+    return [(subject, data) for subject, _, data in _read_all(url, stream)]
+
+
+def _read_all(url: str, stream: str) -> list[tuple[str, dict[str, str], bytes]]:
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-    async def body(nc: Any, js: Any) -> list[tuple[dict[str, str], bytes]]:
+    async def body(nc: Any, js: Any) -> list[tuple[str, dict[str, str], bytes]]:
         total = (await js.stream_info(stream)).state.messages
-        out: list[tuple[dict[str, str], bytes]] = []
+        out: list[tuple[str, dict[str, str], bytes]] = []
         if not total:
             return out
         sub = await js.pull_subscribe(">", stream=stream, config=ConsumerConfig(
             deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=10, mem_storage=True))
         while len(out) < total:
             for msg in await sub.fetch(min(1000, total - len(out)), timeout=5):
-                out.append((dict(msg.headers or {}), msg.data))
+                out.append((msg.subject, dict(msg.headers or {}), msg.data))
         await sub.unsubscribe()
         return out
 
