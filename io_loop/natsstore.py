@@ -7,7 +7,7 @@ Rules:
   loop never delays a renewal. Every public method blocks until its work on that loop is done
   and may be called from any thread but the store's own (there it raises RuntimeError: it would
   wait for itself). Everything of the store's state (held leases, the connection) is touched on
-  its loop only; ``lost`` (a ``threading.Event``) is the one thing other threads read.
+  its loop only; ``lost`` (a ``threading.Event``) and ``lost_keys`` are all other threads read.
 - Connecting: the feed's servers, credentials and TLS (``jetstream.connect_options``). ``start``
   retries with ``Backoff`` per ``FORKLESS_RECONNECT_*``; tries used up, or the credentials
   refused: ``FeedFatal``. A connection lost later is made again on demand, one attempt by the
@@ -33,20 +33,22 @@ Rules:
   A renewal counts from the moment it was sent, so we consider a lease expired no later than the
   server does (its TTL runs from when it stored the value), and no later than a claimant's
   deadline. A revision conflict (someone else wrote the key) or no successful renewal for a
-  lease (``min(lease_s, TTL)``): the key is lost — ``lost`` is set, an error logged, never an
-  exception to anyone. ``lease`` above is ``min(lease_s, TTL)``.
+  lease: the key is lost — ``lost`` is set, an error logged, never an exception to anyone.
+  (Here "a lease" is ``min(lease_s, TTL)``.)
 - Fencing: ``put`` and ``delete`` raise ``LeaseLost`` once a lease is lost or has run out
   unrenewed (checked on the caller's side and again on the loop just before the object is
   committed), so an instance that lost its partitions never writes or prunes their checkpoints.
-  (A write committed in the instant before the loss is not undone: leases bound the overlap, the
-  checkpoints' sequence numbers and positions settle the rest.)
+  The last check and the meta's publication are not one atomic step: a meta sent in the instant
+  the lease runs out is stored. That window is one publish long, and a new owner takes a key only
+  once the server has let it expire (or later).
 - ``release`` deletes each key still ours, only at our revision (``delete(last=)``), so a key
   someone else took meanwhile is left alone; a key that cannot be deleted expires by itself.
 - Objects are stored in nats-py's object-store layout (``$O.<bucket>.C.<nuid>`` chunks of
   128 KiB, then the meta on ``$O.<bucket>.M.<base64(name)>``, published with a roll-up header,
-  so the newest meta replaces the last), readable by nats-py's ``ObjectStore`` and the nats CLI,
-  but written and read here: the lease check must sit just before the meta is published, and
-  nats-py's ``get`` appends chunk by chunk to ``bytes`` (quadratic in the size).
+  so the newest meta replaces the last): nats-py's ``ObjectStore`` reads ours and we read its
+  (a test holds both). Written and read here all the same: the lease check must sit just before
+  the meta is published, and nats-py's ``get`` appends chunk by chunk to ``bytes`` (quadratic in
+  the size: 4.6 s for 32 MiB, against 0.2 s here).
 - Atomicity relied on: a put's chunks go to a subject of their own (a new nuid) and the meta,
   the commit point, is published only after every chunk is acknowledged (stored) by the server;
   a reader reads the meta first, then exactly the chunks it names. So a reader sees the whole old
@@ -57,10 +59,10 @@ Rules:
   reports the object damaged.
 - Integrity relied on: the meta records the size and the SHA-256 of the content; ``get``
   checks both and raises ``ObjectDamaged`` (a ``StoreError``) on any difference, a missing chunk
-  or an unreadable meta. Durability is the server's: an acknowledged message survives a kill of
-  this process; a crash of the server's host loses what it had not yet synced (its
-  ``sync_interval``) unless the bucket is replicated. The caller's bytes carry their own checksum
-  too, so a damage here is caught above as well.
+  or an unreadable meta. Durability is the server's: what it acknowledged outlives this process;
+  what outlives a crash of the server (process or host) depends on its storage settings (its
+  sync interval) and the bucket's replicas. The caller's bytes carry their own checksum too, so
+  a damage here is caught above as well.
 """
 
 from __future__ import annotations
@@ -711,7 +713,7 @@ class NatsStore:
     def put(self, name: str, data: bytes | bytearray | memoryview) -> None:
         """Store ``data`` as the object ``name`` (replacing an older one of that name). Raises
         ``LeaseLost`` once a lease is lost (nothing written), ``StoreError``."""
-        self._need_bucket()
+        self._need_bucket(name)
         if self.lost.is_set():
             raise LeaseLost(self._lost_message())
         self._call(self._put(name, data))
@@ -719,7 +721,7 @@ class NatsStore:
     def get(self, name: str) -> bytes | None:
         """The object's content; None if there is none of that name. Raises ``ObjectDamaged``
         (content and meta disagree), ``StoreError``."""
-        self._need_bucket()
+        self._need_bucket(name)
         return self._call(self._get(name))
 
     def names(self, prefix: str = "") -> list[str]:
@@ -730,14 +732,16 @@ class NatsStore:
     def delete(self, name: str) -> None:
         """Delete the object ``name`` (nothing if there is none). Raises ``LeaseLost`` once a lease
         is lost (pruning then could remove what the partitions' new owner needs), ``StoreError``."""
-        self._need_bucket()
+        self._need_bucket(name)
         if self.lost.is_set():
             raise LeaseLost(self._lost_message())
         self._call(self._delete(name))
 
-    def _need_bucket(self) -> None:
+    def _need_bucket(self, name: str | None = None) -> None:
         if not self.bucket:
             raise RuntimeError("this NatsStore was made without an object bucket (bucket=None)")
+        if name is not None and not name:
+            raise ValueError("an object needs a name")
 
     def _meta_subject(self, name: str) -> str:
         return f"$O.{self.bucket}.M.{base64.urlsafe_b64encode(name.encode()).decode()}"

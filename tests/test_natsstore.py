@@ -259,6 +259,52 @@ def test_an_instance_restarted_under_its_own_holder_name_takes_its_leases_over_w
     assert any("held our own holder name 'inst-0'" in m for m in _messages(caplog, logging.INFO))
 
 
+def _ghost(url: str, bucket: str, key: str, ttl_s: float | None) -> None:
+    """A lease bucket of ``ttl_s`` holding ``key`` for 'ghost', a holder that never renews."""
+
+    async def body(js: Any) -> None:
+        from nats.js.api import KeyValueConfig
+
+        kv = await js.create_key_value(KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s))
+        await kv.create(key, b"ghost")
+
+    _admin(url, body)
+
+
+def test_a_key_deleted_while_a_claimant_waits_is_taken_at_once(server, stores, caplog):
+    import threading
+
+    caplog.set_level(logging.INFO, logger="forkless.store")
+    store = stores(server.url, "inst-1", start=False)
+    _ghost(server.url, store.lease_bucket, "TICKS.1", ttl_s=600.0)  # a wait for its expiry outlasts the test
+    store.start()
+    outcome: list[BaseException | None] = []
+    claimant = threading.Thread(target=lambda: outcome.append(store.acquire(["TICKS.1"])), daemon=True)
+    claimant.start()
+    wait_until(lambda: any(m.startswith("waiting for the lease of TICKS.1 held by 'ghost'")
+                           for m in _messages(caplog, logging.WARNING)), timeout_s=10 * UNIT_S, what="the wait")
+
+    async def delete(js: Any) -> None:
+        await (await js.key_value(store.lease_bucket)).delete("TICKS.1")
+
+    _admin(server.url, delete)
+    claimant.join(30 * UNIT_S)
+    assert outcome == [None]
+    assert _lease(server.url, "TICKS.1", store.lease_bucket)[0] == "inst-1"
+
+
+def test_in_a_bucket_without_a_ttl_a_silent_holder_s_key_is_taken_after_the_wait(server, stores, caplog):
+    caplog.set_level(logging.INFO, logger="forkless.store")
+    store = stores(server.url, "inst-1", start=False)
+    _ghost(server.url, store.lease_bucket, "TICKS.1", ttl_s=None)  # values never expire
+    store.start()
+    store.acquire(["TICKS.1"])
+    assert _lease(server.url, "TICKS.1", store.lease_bucket)[0] == "inst-1"
+    warnings = _messages(caplog, logging.WARNING)
+    assert any("exists with a TTL of none (values never expire)" in m for m in warnings), warnings
+    assert any(m.startswith("took the leases of TICKS.1: not renewed for") for m in warnings), warnings
+
+
 def test_release_lets_another_instance_acquire_at_once(server, stores, caplog):
     caplog.set_level(logging.INFO, logger="forkless.store")
     first = stores(server.url, "inst-0", lease_s=30.0)
