@@ -83,6 +83,7 @@ COMPOSITION = [
     "controller/host.py",
     "controller/ioside.py",
     "controller/loop.py",
+    "controller/partitioned.py",
     "controller/recovery.py",
 ]
 LAYERS = {"core": CORE, "device": DEVICE, "io": IO, "composition": COMPOSITION}
