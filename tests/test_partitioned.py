@@ -174,3 +174,35 @@ def test_overlapping_partitions_are_refused_and_a_dead_holders_lease_is_waited_o
     again.signal(signal.SIGTERM)
     done = again.finish(60 * UNIT_S)
     assert done.returncode == 0, done.stderr
+
+
+def test_an_element_published_under_another_streams_partition_is_answered_with_an_error_never_applied(
+        nats_server, tmp_path):
+    from controller.config import Config
+    from controller.loop import Controller
+    from io_loop.partitions import escape_stream, partition_of
+    from tests.harness import drive
+    from tests.natsserver import publish
+
+    url = nats_server.url
+    _create_partitioned_streams(url)
+    names = [f"s{i}" for i in range(40)]
+    a = names[0]
+    b = next(n for n in names if partition_of(escape_stream(n), P) != partition_of(escape_stream(a), P))
+    x = [1.0] * FEATURES
+    publish(url, lambda i: ["ticks." + a, "ticks." + b, "ticks." + b][i],
+            [json.dumps({"seq": 1, "stream": a, "x": x}),  # in its own partition
+             json.dumps({"seq": 2, "stream": a, "x": x}),  # under b's subject, so b's partition
+             json.dumps([{"seq": 3, "stream": b, "x": x}, {"seq": 4, "stream": a, "x": x}])])
+    cfg = Config(feeds=json.dumps([_feed(url, partitions=f"0-{P - 1}")]), features=FEATURES, max_batch=16,
+                 max_streams=64, status_s=0.0, lease_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.3)
+    with Controller(cfg) as ctl:
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out + ctl.stats().feeds[0].io.errors_out >= 4,
+              timeout_s=30 * UNIT_S, what="two results and two error replies")
+        snap = ctl.stats()
+        assert ctl.main_stats.processed == 2 and len(ctl.slots) == 2  # a once, b once
+    assert snap.feeds[0].io.errors["stream not in this subject's partition"] == 2
+    by_id, _ = _results(url)
+    assert by_id["TICKS:2:0"] == {"error": "stream not in this subject's partition", "seq": 2}
+    assert by_id["TICKS:3:1"]["error"] == "stream not in this subject's partition" and by_id["TICKS:3:1"]["seq"] == 4
+    assert by_id["TICKS:3:0"]["stream"] == b and by_id["TICKS:1:0"]["stream"] == a
