@@ -49,7 +49,9 @@ Rules:
   position starts per ``start``. An element whose stream is not in the partition of the
   subject it came on (``partition_of(escape_stream(stream))``, the server's function: a
   publisher that did not escape the name, or another partition count) is an error reply,
-  counted, never applied: its state would belong to another partition.
+  counted, never applied: its state would belong to another partition. At every connection
+  the stream's subject transform is checked against ``partition_count`` and the subject, as
+  ``--check`` does: a disagreement is ``FeedFatal`` (exit 3), naming both values.
 """
 
 from __future__ import annotations
@@ -333,6 +335,10 @@ class JetStreamFeed:
                 raise _Failed(f"JetStream is not enabled on {self.shown_url} (nats-server -js)") from None
             except NATS_ERRORS as exc:
                 raise _Failed(f"reading stream {self.spec.stream!r} failed: {_describe(exc)}") from None
+            if self.spec.partitioned:  # the stream must partition as the feed expects (as --check says)
+                problems = _check_partitions(self.spec, info.config, lambda line: None)
+                if problems:
+                    raise FeedFatal(f"{self.feed.label}: " + "; ".join(problems))
             self._check_position(info.state.first_seq, info.state.last_seq)
         except BaseException:
             await self._close(nc)

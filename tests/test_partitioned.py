@@ -206,3 +206,12 @@ def test_an_element_published_under_another_streams_partition_is_answered_with_a
     assert by_id["TICKS:2:0"] == {"error": "stream not in this subject's partition", "seq": 2}
     assert by_id["TICKS:3:1"]["error"] == "stream not in this subject's partition" and by_id["TICKS:3:1"]["seq"] == 4
     assert by_id["TICKS:3:0"]["stream"] == b and by_id["TICKS:1:0"]["stream"] == a
+
+
+def test_an_instance_whose_partition_count_is_not_the_streams_exits_3_naming_both(app, nats_server, tmp_path):
+    url = nats_server.url
+    _create_partitioned_streams(url)
+    feed = {**_feed(url, partitions="0-3"), "partition_count": 8}
+    done = app(env=_env(url, tmp_path, feed=feed, FORKLESS_RECONNECT_TRIES="1")).finish(120 * UNIT_S)
+    assert done.returncode == 3, done.stderr
+    assert f"makes {P} partitions, the feed's \"partition_count\" is 8" in done.stderr
