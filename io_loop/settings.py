@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 
 from io_loop.netaddr import redact_url, redact_urls
 
-__all__ = ["REPLY_POLICIES", "FeedSpec", "IOSettings", "JetStreamSpec"]
+__all__ = ["REPLY_POLICIES", "SEQ_MODES", "FeedSpec", "IOSettings", "JetStreamSpec", "RelaySettings"]
 
 # what a feed is sent back (FORKLESS_REPLIES, a feed's "replies"): "all" results and error
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
 # own ping/pong/close): results still reach ``on_results`` and the counters
 REPLY_POLICIES = ("all", "results", "none")
+# how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps (io_loop/relay.py)
+SEQ_MODES = ("feed", "stream", "none")
 
 
 @dataclass(frozen=True)
@@ -106,3 +108,17 @@ class IOSettings:
     demo_rate: float
     demo_streams: int
     warmup: int
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    """What the relay's publisher reads (io_loop/relay.py), from ``Config.relay_settings()``: its NATS
+    server(s), described as a JetStream feed's are (``target.url`` comma-separated, the token and
+    creds in ``target.jetstream``, its stream name unused), the subject prefix
+    (FORKLESS_RELAY_SUBJECT), how the feeds number their messages (FORKLESS_RELAY_SEQ) and the
+    in-flight bound (FORKLESS_MAX_BATCH)."""
+
+    target: FeedSpec
+    subject: str
+    seq: str = "feed"  # one of SEQ_MODES
+    max_in_flight: int = 256
