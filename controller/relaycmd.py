@@ -50,6 +50,7 @@ from controller.host import StopSignals
 from controller.logs import flush_log_repeats, setup_logging
 from io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
 from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
+from io_loop.thread import IOThread
 
 __all__ = ["RelayView", "main", "relay_metric_families", "relay_metrics_table_markdown", "relay_status_line"]
 
@@ -141,8 +142,6 @@ class Relay:
 
     def __init__(self, config: Config, io_settings: Any, publisher: Callable[..., Any], stats: Any,
                  relay_settings: Any, out: Callable[[str], None] | None = None) -> None:
-        from io_loop.thread import IOThread
-
         self.config = config
         self.relay_stats = stats
         self.io_stats = IOStats()
@@ -370,9 +369,7 @@ def exposition(view: Callable[[], RelayView]) -> Callable[[], tuple[bytes, str]]
 
 def relay_metrics_table_markdown() -> str:
     """The Markdown table of the relay's metrics (OPERATING.md ``relay-metrics``, by gendocs.py)."""
-    from io_loop.counters import IOStats as _IOStats
-
-    io = _IOStats().snapshot()
+    io = IOStats().snapshot()
     relay = _EmptyRelay()
     lines = ["| metric | type | labels | help |", "|---|---|---|---|"]
     for fam in relay_metric_families(RelayView(io, relay)):

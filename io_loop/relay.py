@@ -55,6 +55,7 @@ import nats.errors
 import orjson
 
 from io_loop.backoff import Backoff
+from io_loop.counters import copy_counts
 from io_loop.crossing import Chunk
 from io_loop.errors import FeedFatal
 from io_loop.jetstream import NATS_ERRORS, connect_options
@@ -151,8 +152,6 @@ class RelayStats:
     gaps: SeqGaps = field(default_factory=lambda: SeqGaps("none"))
 
     def snapshot(self) -> RelaySnapshot:
-        from io_loop.counters import copy_counts
-
         gaps = self.gaps
         return RelaySnapshot(
             taken=self.taken, published=self.published, retried=self.retried, acked=self.acked,

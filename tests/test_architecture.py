@@ -70,7 +70,9 @@ IO = [
     "io_loop/http.py",
     "io_loop/on_connect.py",
     "io_loop/jetstream.py",
+    "io_loop/partitions.py",
     "io_loop/probe.py",
+    "io_loop/relay.py",
     "io_loop/thread.py",
 ]
 COMPOSITION = [
@@ -82,6 +84,7 @@ COMPOSITION = [
     "controller/ioside.py",
     "controller/loop.py",
     "controller/recovery.py",
+    "controller/relaycmd.py",
 ]
 LAYERS = {"core": CORE, "device": DEVICE, "io": IO, "composition": COMPOSITION}
 
