@@ -39,7 +39,8 @@ EXIT_STATUSES = {
                  "served, a processor that breaks the contract, a checkpoint written with other settings, or a "
                  "JetStream stream that no longer holds the messages the checkpoint needs)",
     EXIT_FEED: "the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up; with "
-               "several feeds, every feed (or one, with FORKLESS_FEED_FATAL=any) (or --check: a feed is unreachable)",
+               "several feeds, every feed (or one, with FORKLESS_FEED_FATAL=any) (or --check: a feed is unreachable; "
+               "forkless relay: also its NATS server, or messages read and not stored by the stop's deadline)",
     EXIT_INTERRUPTED: "a second Ctrl-C (SIGINT) during the orderly stop: the IO side aborted, what was not sent is "
                       "counted as dropped, no checkpoint written",
 }

@@ -311,13 +311,16 @@ class Publisher:
                 self._room.clear()
                 await self._room.wait()
             try:
-                chunk = await inbound.get()
+                self._add(await inbound.get())
+                while self.stats.held < bound:  # what else is queued, without a turn of the loop each
+                    self._add(inbound.get_nowait())
+            except asyncio.QueueEmpty:
+                pass
             except janus.AsyncQueueShutDown:
                 self._inbound_done = True
-                self._wake.set()
                 return
-            self._add(chunk)
-            self._wake.set()
+            finally:
+                self._wake.set()
 
     def _add(self, chunk: Chunk) -> None:
         """Give each message of ``chunk`` its id, subject and payload; follow its seqs."""
