@@ -11,7 +11,8 @@ Rules:
 - The configuration is read and validated before JAX is imported: a bad variable exits 2
   in a fraction of a second, without JAX's start-up (hence the function-level imports of
   the modules that import JAX: the preflight and the controller loop).
-- Every way a run can end maps to one exit status here, and only here.
+- Every way a run can end maps to one exit status here, and only here (``forkless relay``'s
+  in controller/relaycmd.py, a program of its own without JAX).
 """
 
 from __future__ import annotations

@@ -298,3 +298,24 @@ def test_a_configuration_the_relay_cannot_use_exits_2_naming_it(env, named):
     result = run_app("relay", env=env, timeout_s=60 * UNIT_S)
     assert result.returncode == 2, result.stderr
     assert "configuration error" in result.stderr and named in result.stderr, result.stderr
+
+
+# ---- giving up: the server unreachable, or no stream for the subject, RECONNECT_TRIES times -------------
+
+
+def test_an_unreachable_server_is_given_up_after_the_tries_with_exit_3_and_no_secret_shown(free_port, feed_server):
+    server = feed_server(_sending([make_messages(5, features=FEATURES)]), impl="websockets")
+    result = run_app("relay", env=_env(f"nats://relay:SECRET-PW@127.0.0.1:{free_port}", server.url,
+                                       FORKLESS_RECONNECT_TRIES="2"), timeout_s=60 * UNIT_S)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert f"relay: giving up on nats://127.0.0.1:{free_port} after 2 failed attempts in a row" in result.stderr
+    assert "SECRET-PW" not in result.stderr + result.stdout
+
+
+def test_no_stream_for_the_subject_is_retried_then_given_up_with_exit_3_naming_the_subject(feed_server, nats_server):
+    server = feed_server(_sending([[{"seq": 1, "stream": "a.b c", "x": [1, 2, 3, 4]}]]), impl="websockets")
+    result = run_app("relay", env=_env(nats_server.url, server.url, FORKLESS_RECONNECT_TRIES="2"),
+                     timeout_s=60 * UNIT_S)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "no stream stores the subject 'ticks.a~2Eb~20c'" in result.stderr
+    assert "1 messages taken from the feeds were never stored" in result.stderr
