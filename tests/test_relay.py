@@ -319,3 +319,33 @@ def test_no_stream_for_the_subject_is_retried_then_given_up_with_exit_3_naming_t
     assert result.returncode == 3, result.stderr[-3000:]
     assert "no stream stores the subject 'ticks.a~2Eb~20c'" in result.stderr
     assert "1 messages taken from the feeds were never stored" in result.stderr
+
+
+# ---- end to end: the demo feed -> the relay -> JetStream -> a JetStream feed of the app -> results -------
+
+
+def test_the_demo_feed_through_the_relay_is_consumed_by_the_app_one_result_per_message(nats_server, app):
+    from tests.natsserver import create_streams, read_stream
+
+    create_streams(nats_server.url, stream=STREAM, subjects=[f"{SUBJECT}.>"], results="SCORES",
+                   results_subject="scores")
+    relayed = run_app("relay", env={**_env(nats_server.url, ""), "FORKLESS_DEMO_RATE": "2000",
+                                    "FORKLESS_DEMO_STREAMS": "6", "FORKLESS_DURATION": "1.5"},
+                      timeout_s=60 * UNIT_S)
+    assert relayed.returncode == 0, relayed.stderr[-3000:]
+    read = int(re.search(r"relay books: (\d+) messages read = \1 stored", relayed.stderr).group(1))
+    assert read > 0 and _count(nats_server.url) == read
+
+    feed = {"name": "ticks", "nats": nats_server.url, "stream": STREAM, "subject": f"{SUBJECT}.>", "results": "scores"}
+    proc = app(env={"FORKLESS_FEEDS": json.dumps([feed]), "FORKLESS_FEATURES": str(FEATURES),
+                    "FORKLESS_STATUS_S": "0", "FORKLESS_MAX_STREAMS": "64"})
+    from tests.natsserver import stream_state
+
+    wait_until(lambda: stream_state(nats_server.url, "SCORES").messages >= read, timeout_s=90 * UNIT_S,
+               what="a result for every relayed message", poll_s=0.2)
+    result = _end(proc)
+    assert result.returncode == 0, result.stderr[-3000:]
+    inputs = {(m["stream"], m["seq"]) for m in (json.loads(p) for _, _, p in _stored(nats_server.url))}
+    outputs = [json.loads(payload) for _, payload in read_stream(nats_server.url, "SCORES")]
+    assert len(outputs) == read and not [o for o in outputs if "error" in o]
+    assert {(o["stream"], o["seq"]) for o in outputs} == inputs  # one result per message, nothing else
