@@ -654,7 +654,7 @@ class Config:
         FORKLESS_OVERFLOW=drop_oldest (the relay never drops a message)."""
         for var, value in (("RELAY_NATS", self.relay_nats), ("RELAY_SUBJECT", self.relay_subject)):
             if not value:
-                raise ConfigError(PREFIX + var, "", f"{_variable(var).allowed}: the relay needs it")
+                raise ConfigError(PREFIX + var, "", f"to be set for the relay: {_variable(var).allowed}")
         for index, spec in enumerate(self.feed_specs):
             if spec.jetstream is not None:
                 raise ConfigError(PREFIX + "FEEDS", "<hidden>", f"WebSocket feeds only for the relay: feed {index} "
