@@ -404,8 +404,12 @@ class Publisher:
             await self._end(nc, conn)
             return f"subscribing to the acknowledgements failed: {_describe(exc)}"
         timeout = self.settings.connect_timeout_s
+        loop = asyncio.get_running_loop()
+        acked, waiting_since = stats.acked, loop.time()  # the last ack seen, and since when we wait for one
         try:
             while True:
+                if not in_flight:  # nothing awaited: the wait for an ack starts with the next publication
+                    acked, waiting_since = stats.acked, loop.time()
                 while waiting and len(in_flight) < bound and not conn.failure:
                     held = waiting.popleft()
                     in_flight[held.n] = held
@@ -422,15 +426,18 @@ class Publisher:
                     taker.result()  # what killed it (a bug): raised, not waited on forever
                 if not in_flight and not waiting and self._inbound_done:
                     return ""
-                before = stats.acked
+                now = loop.time()
+                if stats.acked != acked:  # progress: the wait for an ack starts again
+                    acked, waiting_since = stats.acked, now
+                elif now - waiting_since >= timeout:  # new messages arriving do not extend it
+                    return (f"no acknowledgement from {self.shown_url} within {timeout:g}s "
+                            "(FORKLESS_CONNECT_TIMEOUT_S)")
                 wake.clear()
                 try:
-                    async with asyncio.timeout(timeout if in_flight else None):
+                    async with asyncio.timeout(waiting_since + timeout - now if in_flight else None):
                         await wake.wait()
                 except TimeoutError:
-                    if stats.acked == before and in_flight:
-                        return (f"no acknowledgement from {self.shown_url} within {timeout:g}s "
-                                "(FORKLESS_CONNECT_TIMEOUT_S)")
+                    pass
         except NATS_ERRORS as exc:
             return f"publishing failed: {_describe(exc)}"
         finally:
