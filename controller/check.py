@@ -22,6 +22,7 @@ from controller.codec import Codec, JsonCodec
 from controller.config import VARIABLES, Config, ConfigError, _as_text
 from controller.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
 from io_loop.netaddr import redact_url
+from io_loop.partitions import format_partitions
 from io_loop.probe import ProbeFailed, check_metrics_addr, probe_feed
 
 __all__ = ["run_check"]
@@ -102,6 +103,15 @@ def _show_config(config: Config, say: Callable[[str], None]) -> None:
         mark = "" if value == getattr(defaults, var.field) else "   (not the default)"
         say(f"  {var.env:<28} {shown}{mark}")
     say(f"  batch sizes compiled: {','.join(map(str, config.buckets))}")
+    for feed in config.feed_specs:
+        spec = feed.jetstream
+        if spec is not None and spec.partitioned:
+            given = (f"FORKLESS_INSTANCE {config.instance} of FORKLESS_INSTANCES {config.instances}"
+                     if config.instance is not None else 'its "partitions"')
+            kept = f"in bucket {config.checkpoint_bucket!r}" if config.checkpoint_bucket else "off"
+            say(f"  {feed.label}: partitioned, partition_count {spec.partition_count}; this instance owns "
+                f"{format_partitions(spec.partitions)} ({len(spec.partitions)} of {spec.partition_count}, from "
+                f"{given}); checkpoints {kept}, leases in {config.lease_bucket!r} for {config.lease_s:g} s")
 
 
 # ---- JAX and compilation --------------------------------------------------------------------------

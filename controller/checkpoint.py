@@ -85,9 +85,9 @@ from controller.placement import CanonicalRows, Placement
 from controller.rowcopy import RowCopy
 from controller.slots import TableCopy
 
-__all__ = ["FORMAT", "CheckpointAbandoned", "CheckpointDamaged", "CheckpointMismatch", "PendingSnapshot", "Restored",
+__all__ = ["FORMAT", "CheckpointAbandoned", "checkpoint_bytes", "CheckpointDamaged", "CheckpointMismatch", "PendingSnapshot", "Restored",
            "Snapshot", "StateCopy", "checkpoint_path", "library_versions", "list_checkpoints", "load_newest",
-           "next_sequence", "prune", "read_checkpoint", "remove_temporary_files", "restore_state",
+           "next_sequence", "parse_checkpoint", "prune", "read_checkpoint", "remove_temporary_files", "restore_state",
            "shares_device_memory", "take_snapshot", "write_checkpoint"]
 
 log = logging.getLogger("forkless.checkpoint")
@@ -480,6 +480,19 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def checkpoint_bytes(snapshot: Snapshot, pause: Callable[[], None] = _no_pause) -> bytes:
+    """A checkpoint's bytes in memory, exactly as ``write_checkpoint`` writes its file (the
+    SHA-256 trailer and end marker included): an object of a bucket (controller/partitioned.py)."""
+    out = bytearray()
+    digest = hashlib.sha256()
+    for piece in _encode(snapshot, pause):
+        view = memoryview(piece).cast("B")
+        digest.update(view)
+        out += view
+    out += DIGEST_TAG + digest.digest() + END
+    return bytes(out)
+
+
 def _encode(snapshot: Snapshot, pause: Callable[[], None] = _no_pause) -> Iterator[Any]:
     """The file's bytes before the trailer, as buffers (the arrays are not copied)."""
     arrays: list[tuple[str, str, list[int], list[Any]]] = []  # name, dtype, shape, buffers
@@ -605,26 +618,41 @@ def read_checkpoint(path: Path | str) -> tuple[dict[str, Any], dict[str, np.ndar
             if not n:
                 raise CheckpointDamaged(f"{path}: ended after {filled} of {size} bytes (truncated)")
             filled += n
+    return parse_checkpoint(buf, str(path))
+
+
+def parse_checkpoint(data: bytes | np.ndarray, where: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """``read_checkpoint`` of a checkpoint's bytes already in memory (an object of a bucket:
+    controller/partitioned.py); ``where`` names it in errors. ``CheckpointDamaged`` as there."""
+    if isinstance(data, np.ndarray):
+        buf = data
+    else:  # copied once into an aligned buffer (the arrays are views of it)
+        buf = np.empty(len(data), np.uint8)
+        buf[:] = np.frombuffer(data, np.uint8)
+    size = len(buf)
+    view = memoryview(buf)
+    if size < len(MAGIC) + 8 + TRAILER_BYTES:
+        raise CheckpointDamaged(f"{where}: {size} bytes, too short to be a checkpoint (truncated)")
     if bytes(view[:len(MAGIC)]) != MAGIC:
-        raise CheckpointDamaged(f"{path}: not a forkless checkpoint (no {MAGIC!r} at the start)")
+        raise CheckpointDamaged(f"{where}: not a forkless checkpoint (no {MAGIC!r} at the start)")
     body = size - TRAILER_BYTES
     if bytes(view[size - len(END):]) != END or bytes(view[body:body + len(DIGEST_TAG)]) != DIGEST_TAG:
-        raise CheckpointDamaged(f"{path}: no end marker (truncated or half-written)")
+        raise CheckpointDamaged(f"{where}: no end marker (truncated or half-written)")
     saved = bytes(view[body + len(DIGEST_TAG):size - len(END)])
     if hashlib.sha256(view[:body]).digest() != saved:
-        raise CheckpointDamaged(f"{path}: checksum mismatch (the file is corrupt)")
+        raise CheckpointDamaged(f"{where}: checksum mismatch (the file is corrupt)")
     try:
         (length,) = struct.unpack_from("<Q", buf, len(MAGIC))
         start = len(MAGIC) + 8
         header = json.loads(bytes(view[start:start + length]))
-        data = _aligned(start + length)
+        data_start = _aligned(start + length)
         arrays = {}
         for entry in header["arrays"]:
-            lo = data + entry["offset"]
+            lo = data_start + entry["offset"]
             raw = buf[lo:lo + entry["nbytes"]]
             arrays[entry["name"]] = raw.view(_dtype(entry["dtype"])).reshape(entry["shape"])
     except (ValueError, KeyError, TypeError, struct.error) as exc:  # the checksum passed: a writer bug
-        raise CheckpointDamaged(f"{path}: unreadable header or array table: {exc}") from None
+        raise CheckpointDamaged(f"{where}: unreadable header or array table: {exc}") from None
     return header, arrays
 
 

@@ -31,6 +31,9 @@ Rules:
 - ``start()`` creates the directory and removes the temporary files of a writer that was
   killed; ``stop(timeout, final=...)`` waits for the write in flight, then writes ``final``
   (the checkpoint of an orderly stop) and joins the thread. One process per directory.
+- With a ``target`` (a partitioned instance: controller/partitioned.py) the checkpoints are
+  its objects instead of files: it numbers them (``next_sequence`` at start), writes one
+  (``write``) and keeps the newest (``prune``); the rest of these rules are the same.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from controller.checkpoint import (
     PendingSnapshot,
@@ -57,13 +60,25 @@ from controller.checkpoint import (
     write_checkpoint,
 )
 
-__all__ = ["Checkpointer", "WriteFn"]
+__all__ = ["Checkpointer", "Target", "WriteFn"]
 
 log = logging.getLogger("forkless.checkpoint")
 
 WriteFn = Callable[[Path, Snapshot], int]
 """``write(path, snapshot) -> size_bytes``: writes one checkpoint atomically or raises
 (``checkpoint.write_checkpoint``; tests pass one that waits on an event first)."""
+
+
+
+class Target(Protocol):
+    """Where checkpoints go instead of a directory (controller/partitioned.py's bucket objects)."""
+
+    def next_sequence(self) -> int: ...
+
+    def write(self, sequence: int, snapshot: Snapshot, pause: Callable[[], None]) -> tuple[int, str]: ...
+
+    def prune(self) -> None: ...
+
 
 _STOP = object()
 # main-thread time a tick may spend copying a pending checkpoint (a few chunks, about 0.25 ms each
@@ -111,12 +126,15 @@ class Checkpointer:
     def __init__(self, directory: Path | str, *, keep: int = 3, interval_s: float = 60.0,
                  write: WriteFn = write_checkpoint, copy_budget_s: float = COPY_BUDGET_S,
                  pause_s: float = PAUSE_S, background: bool = True,
-                 before_write: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 before_write: Callable[[dict[str, Any]], None] | None = None,
+                 target: Target | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.directory = Path(directory)
+        # where checkpoints go instead of ``directory``: a partitioned instance's bucket objects
+        self.target = target
         self.keep = keep
         self.interval_s = interval_s
         self.pause_s = pause_s
@@ -152,7 +170,7 @@ class Checkpointer:
         self.last_success_at = 0.0  # wall time the newest written checkpoint's state was taken (0: none)
         self.last_duration_s = 0.0  # how long writing it took, encoding to directory fsync
         self.last_bytes = 0
-        self.last_path: Path | None = None
+        self.last_path: Path | str | None = None
         self.last_error = ""
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -163,12 +181,15 @@ class Checkpointer:
         Raises ``OSError`` when the directory cannot be created (call it before connecting)."""
         if self._thread is not None:
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        removed = remove_temporary_files(self.directory)
-        if removed:
-            log.info("removed %d unfinished checkpoint file(s) left by an earlier run: %s",
-                     len(removed), ", ".join(p.name for p in removed))
-        self._sequence = next_sequence(self.directory)
+        if self.target is not None:
+            self._sequence = self.target.next_sequence()
+        else:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            removed = remove_temporary_files(self.directory)
+            if removed:
+                log.info("removed %d unfinished checkpoint file(s) left by an earlier run: %s",
+                         len(removed), ", ".join(p.name for p in removed))
+            self._sequence = next_sequence(self.directory)
         self._thread = threading.Thread(target=self._run, name="forkless-checkpoint", daemon=True)
         self._thread.start()
 
@@ -319,14 +340,17 @@ class Checkpointer:
             self.finished += 1
 
     def _write_one(self, job: Snapshot | PendingSnapshot) -> None:
-        path = checkpoint_path(self.directory, self._sequence)
+        path: Path | str = checkpoint_path(self.directory, self._sequence)
         t0 = time.monotonic()
         try:
             # a copied PendingSnapshot becomes a Snapshot here (the stream table put in LRU order)
             snapshot = job if isinstance(job, Snapshot) else job.finish(self._pause)
             if self.before_write is not None and snapshot.positions:
                 self.before_write(snapshot.positions)
-            size = self._write(path, snapshot)
+            if self.target is not None:
+                size, path = self.target.write(self._sequence, snapshot, self._pause)
+            else:
+                size = self._write(path, snapshot)
         except Exception as exc:
             self._failed(exc)
             return
@@ -339,11 +363,14 @@ class Checkpointer:
         if self._failing:
             self._failing = False
             log.info("checkpoints are written again: %s", path)
-        log.debug("checkpoint %s: %d streams, %d bytes in %.3fs", path.name, len(snapshot.names), size,
-                  self.last_duration_s)
+        log.debug("checkpoint %s: %d streams, %d bytes in %.3fs", getattr(path, "name", path), len(snapshot.names),
+                  size, self.last_duration_s)
         try:
-            prune(self.directory, self.keep)
-        except OSError as exc:
+            if self.target is not None:
+                self.target.prune()
+            else:
+                prune(self.directory, self.keep)
+        except Exception as exc:
             self._log_once(exc, "could not delete an old checkpoint")
 
     def _pause(self) -> None:

@@ -36,6 +36,8 @@ from controller.errors import (
     CheckpointMismatch,
     FeedFatal,
     IOThreadError,
+    LeaseHeld,
+    LeaseLost,
     MetricsServerError,
     PositionLost,
     ProcessorContractError,
@@ -108,9 +110,12 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     except KeyboardInterrupt:  # a second Ctrl-C: run() aborted the IO side and gave the process back
         print("forkless: second interrupt: exiting now", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except FeedFatal as exc:
+    except (FeedFatal, LeaseLost) as exc:
         print(f"forkless: feed error: {exc}", file=sys.stderr)
         return EXIT_FEED
+    except LeaseHeld as exc:
+        print(f"forkless: partitions held by another instance: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except ConfigError as exc:  # known only once JAX runs: FORKLESS_DEVICES beyond the local devices
         print(f"forkless: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -6,6 +6,10 @@ Rules:
 - A bad value raises ``ConfigError`` naming the variable, the value and what is allowed;
   ``app.py`` turns it into exit status 2 before any thread starts.
 - Secrets (``SUBSCRIBE``, ``AUTH_TOKEN``, ``HEADERS``) never appear in ``repr``, errors or ``--help``.
+- A partitioned JetStream feed (``"partition_count"``) leaves here with its partitions resolved
+  (``JetStreamSpec.partitions``): from its ``"partitions"`` or from ``FORKLESS_INSTANCE``/
+  ``FORKLESS_INSTANCES``, exactly one of the two; it is the process's only feed, and its
+  checkpoints go to ``FORKLESS_CHECKPOINT_BUCKET``, never ``FORKLESS_CHECKPOINT_DIR``.
 - JAX's own variables (``JAX_PLATFORMS``, ``JAX_COMPILATION_CACHE_DIR`` …) are not read
   here; they pass through to JAX untouched.
 """
@@ -25,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from io_loop.netaddr import parse_host_port, redact_url, redact_urls, url_host_port
+from io_loop.partitions import PARTITION_FIELD, instance_share, parse_partitions
 from io_loop.settings import REPLY_POLICIES, SEQ_MODES, FeedSpec, IOSettings, JetStreamSpec, RelaySettings
 
 PREFIX = "FORKLESS_"
@@ -120,6 +125,21 @@ def _ws_url(text: str) -> str:
     return text
 
 
+def _bucket(text: str) -> str:
+    """A JetStream bucket name (object store, KV)."""
+    text = text.strip()
+    if not BUCKET_NAME.fullmatch(text):
+        raise ValueError
+    return text
+
+
+def _optional_text(parse: Callable[[str], str]) -> Callable[[str], str]:
+    def parse_optional(text: str) -> str:
+        return "" if text.strip() == "" else parse(text)
+
+    return parse_optional
+
+
 def _addr(text: str) -> str:
     text = text.strip()
     if text:
@@ -177,7 +197,10 @@ def _checkpoint_dir(text: str) -> str:
 FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 FEED_KEYS = ("url", "subscribe", "headers", "name", "required", "replies")
 # a JetStream feed: an entry with "nats" (README "JetStream feeds")
-JETSTREAM_KEYS = ("name", "nats", "stream", "subject", "results", "start", "required", "replies", "token", "creds")
+JETSTREAM_KEYS = ("name", "nats", "stream", "subject", "results", "start", "required", "replies", "token", "creds",
+                  "partition_count", "partitions")
+MAX_PARTITIONS = 65536
+BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a JetStream object-store or KV bucket (nats-py's rule, capped)
 STREAM_NAME = re.compile(r"[^\s.*>/\\]{1,255}")  # what nats-server accepts as a stream name
 SUBJECT_TOKEN = re.compile(r"[^\s.]+")
 
@@ -242,6 +265,12 @@ def _feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:
     doubled = sorted({name for name in names if names.count(name) > 1})
     if doubled:
         raise ValueProblem(f"feed names must differ: {', '.join(map(repr, doubled))} appear(s) twice")
+    partitioned = [i for i, feed in enumerate(feeds) if feed.jetstream is not None and feed.jetstream.partitioned]
+    if partitioned and len(feeds) > 1:
+        i = partitioned[0]
+        raise ValueProblem(f"feed {i} ({feeds[i].name!r}) is partitioned (\"partition_count\"), so it must be the "
+                           f"only feed of the process ({len(feeds)} are given): its streams are named by the payload's "
+                           '"stream" alone, and its checkpoints hold only its partitions\' streams')
     return tuple(feeds)
 
 
@@ -307,9 +336,12 @@ def _jetstream_feed(item: dict[str, Any], name: Any, where: str, default_replies
         raise ValueProblem(f'{where}: "stream" must name a JetStream stream (1-255 characters, no spaces, '
                            '".", "*", ">", "/" or "\\")')
     subject = item.get("subject", "")
-    if subject != "" and not _subject(subject, wildcards=True):
+    templated = isinstance(subject, str) and PARTITION_FIELD in subject
+    if subject != "" and not _subject(subject.replace(PARTITION_FIELD, "0") if templated else subject,
+                                      wildcards=True):
         raise ValueProblem(f'{where}: "subject" must be a NATS subject filter such as "ticks.>" (dot-separated '
                            'tokens, "*" for one token, ">" last), or left out for the whole stream')
+    partition_count, partitions = _partitions(item, subject, where)
     replies = item.get("replies", default_replies)
     if replies not in REPLY_POLICIES:
         raise ValueProblem(f'{where}: "replies" must be one of {", ".join(map(repr, REPLY_POLICIES))}')
@@ -337,7 +369,75 @@ def _jetstream_feed(item: dict[str, Any], name: Any, where: str, default_replies
     if len(sources) > 1:
         raise ValueProblem(f"{where}: one source of credentials, not {' and '.join(sources)}")
     return FeedSpec(name, servers.strip(), required=required, replies=replies,
-                    jetstream=JetStreamSpec(stream, subject, results, start, token=token, creds=creds))
+                    jetstream=JetStreamSpec(stream, subject, results, start, token=token, creds=creds,
+                                            partition_count=partition_count, partitions=partitions))
+
+
+def _partitions(item: dict[str, Any], subject: str, where: str) -> tuple[int, tuple[int, ...]]:
+    """A JetStream entry's ``"partition_count"`` (0: not partitioned) and ``"partitions"`` (``()``:
+    not given, so ``FORKLESS_INSTANCE``/``FORKLESS_INSTANCES`` must give them: ``_assign_partitions``),
+    and the rule that ``"subject"`` holds ``{partition}`` as one whole token exactly when partitioned."""
+    count = item.get("partition_count", 0)
+    if "partition_count" not in item:
+        if "partitions" in item:
+            raise ValueProblem(f'{where}: "partitions" needs "partition_count" (P, the stream\'s number of '
+                               "partitions, as in its subject transform's {{partition(P,1)}})")
+        if PARTITION_FIELD in subject:
+            raise ValueProblem(f'{where}: "subject" holds {PARTITION_FIELD} but the feed has no "partition_count": '
+                               f'give "partition_count" (P) to consume by partition, or a subject without '
+                               f"{PARTITION_FIELD}")
+        return 0, ()
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_PARTITIONS:
+        raise ValueProblem(f'{where}: "partition_count" must be an integer from 1 to {MAX_PARTITIONS} (P, as in the '
+                           "stream's subject transform {{partition(P,1)}})")
+    if subject.split(".").count(PARTITION_FIELD) != 1 or subject.count(PARTITION_FIELD) != 1:
+        raise ValueProblem(f'{where}: "subject" of a partitioned feed must hold {PARTITION_FIELD} once, as one whole '
+                           f'token, where the stream\'s subject transform puts the partition, such as '
+                           f'"ticks.{PARTITION_FIELD}.>"')
+    if "partitions" not in item:
+        return count, ()
+    text = item["partitions"]
+    if not isinstance(text, str):
+        raise ValueProblem(f'{where}: "partitions" must be a string of partitions and ranges, such as "0-5" or '
+                           '"0,2,7-9"')
+    try:
+        return count, parse_partitions(text, count)
+    except ValueError as exc:
+        raise ValueProblem(f'{where}: "partitions" must be partitions and ranges of 0-{count - 1}, such as "0-5" '
+                           f'or "0,2,7-9": {exc}') from None
+
+
+def _assign_partitions(feeds: tuple[FeedSpec, ...], instance: int | None,
+                       instances: int | None) -> tuple[FeedSpec, ...]:
+    """The feeds with a partitioned feed's partitions resolved: its own ``"partitions"``, or instance
+    ``instance`` of ``instances``'s share of its partition_count; ``ConfigError`` when both are given
+    or neither."""
+    out = []
+    for index, feed in enumerate(feeds):
+        spec = feed.jetstream
+        if spec is None or not spec.partitioned:
+            out.append(feed)
+            continue
+        label = f"feed {index} ({feed.name!r})"
+        where = f"{label} of FORKLESS_FEEDS"
+        if instance is not None and instances is not None:
+            if spec.partitions:
+                raise ConfigError(PREFIX + "INSTANCE", str(instance), f'no FORKLESS_INSTANCE/FORKLESS_INSTANCES '
+                                  f'when {where} names its "partitions": either the entry\'s partitions or this '
+                                  "instance's share of its partition_count, not both")
+            try:
+                share = instance_share(instance, instances, spec.partition_count)
+            except ValueError as exc:
+                raise ConfigError(PREFIX + "INSTANCES", str(instances), f"at most the partition_count of {where} "
+                                  f"({spec.partition_count}): {exc}") from None
+            spec = dataclasses.replace(spec, partitions=share)
+        elif not spec.partitions:
+            raise ConfigError(PREFIX + "FEEDS", "<hidden>", f'{label}: a partitioned '
+                              'feed ("partition_count") needs the partitions this instance owns: "partitions" in '
+                              'the entry (such as "0-5"), or FORKLESS_INSTANCE and FORKLESS_INSTANCES (instance i '
+                              "of N owns its contiguous share of the partition_count)")
+        out.append(dataclasses.replace(feed, jetstream=spec))
+    return tuple(out)
 
 
 def _feeds_text(text: str) -> str:
@@ -458,6 +558,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("CHECKPOINT_DIR", "checkpoint_dir", _checkpoint_dir,
              "a writable directory path (created if missing), or empty",
              "keep checkpoints of the state and the stream table here (empty: off)"),
+    Variable("CHECKPOINT_BUCKET", "checkpoint_bucket", _optional_text(_bucket),
+             "1-64 letters, digits, '_' or '-', or empty",
+             "a partitioned JetStream feed's checkpoints: one object per partition in this JetStream object-store"
+             " bucket on the feed's server (created if missing), restored by whichever instance owns the partition;"
+             " turns checkpoints on like CHECKPOINT_DIR (not both; the only kind a partitioned feed has)"),
     Variable("CHECKPOINT_S", "checkpoint_s", _float(0.0, lo_open=True), "a number > 0",
              "seconds between checkpoints; one more is written at every orderly stop"),
     Variable("CHECKPOINT_KEEP", "checkpoint_keep", _int(1, 1000), "an integer from 1 to 1000",
@@ -469,6 +574,20 @@ VARIABLES: tuple[Variable, ...] = (
              "idle: the periodic checkpoints are written at the OS's idle priority (Linux SCHED_IDLE), never"
              " taking a core from the steps, but slowed or skipped on a host whose cores other processes keep"
              " busy; normal: at the process's own priority. The stop's checkpoint is written at normal priority"),
+    # -- partitioned instances (a JetStream feed with "partition_count")
+    Variable("INSTANCE", "instance", _optional(_int(0, MAX_PARTITIONS - 1)), "an integer >= 0, or empty",
+             "this instance's number i (0-based; a StatefulSet pod's ordinal) among INSTANCES: it owns the"
+             " contiguous share [i*P/N, (i+1)*P/N) of the partitioned feed's partition_count P, in place of the"
+             ' entry\'s "partitions" (not both); set together with INSTANCES'),
+    Variable("INSTANCES", "instances", _optional(_int(1, MAX_PARTITIONS)), "an integer from 1 to 65536, or empty",
+             "N, the number of instances sharing the partitioned feed's partitions (at most its partition_count);"
+             " set together with INSTANCE"),
+    Variable("LEASE_S", "lease_s", _float(0.0, lo_open=True), "a number > 0",
+             "a partitioned feed's lease on each partition it owns: renewed while it runs, released at an orderly"
+             " stop, expired this long after its holder died (a new owner waits for that)"),
+    Variable("LEASE_BUCKET", "lease_bucket", _bucket, "1-64 letters, digits, '_' or '-'",
+             "the JetStream KV bucket on the partitioned feed's server that holds the partitions' leases (created"
+             " if missing)"),
     # -- the relay (forkless relay: OPERATING.md "The relay")
     Variable("RELAY_NATS", "relay_nats", _nats_urls, "one nats:// or tls:// URL, or several comma-separated",
              "forkless relay: the NATS server(s) to publish to (a user:password in the URL is never logged);"
@@ -537,6 +656,11 @@ class Config:
     checkpoint_keep: int = 3
     checkpoint_restore: str = "auto"
     checkpoint_priority: str = "idle"
+    checkpoint_bucket: str = ""
+    instance: int | None = None
+    instances: int | None = None
+    lease_s: float = 10.0
+    lease_bucket: str = "forkless-leases"
     relay_nats: str = ""
     relay_subject: str = ""
     relay_token: str = field(default="", repr=False)
@@ -563,6 +687,7 @@ class Config:
             both = "FORKLESS_WS_URL" if self.ws_url else "FORKLESS_SUBSCRIBE"
             raise ConfigError(PREFIX + "FEEDS", "<hidden>", f"either FORKLESS_FEEDS or {both} (the one-feed "
                               "shorthand), not both: move that feed into the FORKLESS_FEEDS list")
+        self._validate_partitions()
         self._validate_credentials()
         relay_sources = [what for what, present in (
             ("a user:password in FORKLESS_RELAY_NATS", any(urlsplit(u.strip()).username
@@ -601,6 +726,35 @@ class Config:
             raise ConfigError(PREFIX + "AUTH_TOKEN", "<hidden>", "one source of credentials, not "
                               "FORKLESS_AUTH_TOKEN and an Authorization header in FORKLESS_HEADERS")
 
+    def _validate_partitions(self) -> None:
+        """A partitioned JetStream feed and what goes with it: its partitions from exactly one place,
+        FORKLESS_INSTANCE with FORKLESS_INSTANCES, its checkpoints in the bucket and nowhere else."""
+        if (self.instance is None) != (self.instances is None):
+            given, missing = ("INSTANCE", "INSTANCES") if self.instance is not None else ("INSTANCES", "INSTANCE")
+            raise ConfigError(PREFIX + given, _as_text(getattr(self, given.lower())),
+                              f"set together with FORKLESS_{missing} (both or neither)")
+        if self.instance is not None and self.instances is not None and self.instance >= self.instances:
+            raise ConfigError(PREFIX + "INSTANCE", str(self.instance), f"an integer from 0 to FORKLESS_INSTANCES - 1 "
+                              f"= {self.instances - 1} (instances are numbered from 0)")
+        if self.checkpoint_bucket and self.checkpoint_dir:
+            raise ConfigError(PREFIX + "CHECKPOINT_BUCKET", self.checkpoint_bucket, "either FORKLESS_CHECKPOINT_BUCKET "
+                              "(a partitioned feed's checkpoints) or FORKLESS_CHECKPOINT_DIR, not both")
+        partitioned = [feed for feed in self.feed_specs if feed.jetstream is not None and feed.jetstream.partitioned]
+        if not partitioned:
+            if self.instance is not None:
+                raise ConfigError(PREFIX + "INSTANCE", str(self.instance), "no FORKLESS_INSTANCE/FORKLESS_INSTANCES "
+                                  "without a partitioned JetStream feed (a FORKLESS_FEEDS entry with "
+                                  '"partition_count"):'
+                                  " every instance would consume the whole feed")
+            if self.checkpoint_bucket:
+                raise ConfigError(PREFIX + "CHECKPOINT_BUCKET", self.checkpoint_bucket, "a partitioned JetStream feed "
+                                  '(a FORKLESS_FEEDS entry with "partition_count"), whose server holds the bucket; '
+                                  "other feeds keep their checkpoints in FORKLESS_CHECKPOINT_DIR")
+        elif self.checkpoint_dir:
+            raise ConfigError(PREFIX + "CHECKPOINT_DIR", self.checkpoint_dir, f"empty with a partitioned feed "
+                              f"({partitioned[0].label}): its checkpoints are kept per partition in "
+                              "FORKLESS_CHECKPOINT_BUCKET, where any instance can restore them")
+
     @property
     def buckets(self) -> tuple[int, ...]:
         """Batch sizes the step is compiled for: powers of four below ``max_batch``, and it.
@@ -626,7 +780,7 @@ class Config:
         """The feeds to connect to: ``FORKLESS_FEEDS``, else one feed named ``0`` from
         ``FORKLESS_WS_URL``/``FORKLESS_SUBSCRIBE`` (its url is empty for the demo feed)."""
         if self.feeds:
-            return _feed_list(self.feeds, self.replies)
+            return _assign_partitions(_feed_list(self.feeds, self.replies), self.instance, self.instances)
         return (FeedSpec("0", self.ws_url, self.subscribe, replies=self.replies),)
 
     @property
@@ -636,9 +790,9 @@ class Config:
 
     @property
     def checkpoints_on(self) -> bool:
-        """``FORKLESS_CHECKPOINT_DIR`` is set: checkpoints are written (and restored unless
-        ``FORKLESS_CHECKPOINT_RESTORE=never``)."""
-        return self.checkpoint_dir != ""
+        """``FORKLESS_CHECKPOINT_DIR`` or ``FORKLESS_CHECKPOINT_BUCKET`` is set: checkpoints are
+        written (and restored unless ``FORKLESS_CHECKPOINT_RESTORE=never``)."""
+        return self.checkpoint_dir != "" or self.checkpoint_bucket != ""
 
     def io_settings(self) -> IOSettings:
         """What the IO side reads of this configuration (io_loop/settings.py): its fields by the

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, PositionLost
+from io_loop.errors import FeedFatal, IOThreadError, LeaseHeld, LeaseLost, MetricsServerError, PositionLost
 
 __all__ = [
     "EXIT_CONFIG",
@@ -25,6 +25,8 @@ __all__ = [
     "CheckpointMismatch",
     "FeedFatal",
     "IOThreadError",
+    "LeaseHeld",
+    "LeaseLost",
     "MetricsServerError",
     "PositionLost",
     "ProcessorContractError",
@@ -37,10 +39,12 @@ EXIT_STATUSES = {
     EXIT_CRASH: "crash, traceback printed (or --check: JAX, compilation or the metrics address failed)",
     EXIT_CONFIG: "bad configuration, one line naming the variable (or a FORKLESS_METRICS_ADDR that cannot be "
                  "served, a processor that breaks the contract, a checkpoint written with other settings, or a "
-                 "JetStream stream that no longer holds the messages the checkpoint needs)",
+                 "JetStream stream that no longer holds the messages the checkpoint needs, or partitions whose "
+                 "lease another live instance holds)",
     EXIT_FEED: "the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up; with "
-               "several feeds, every feed (or one, with FORKLESS_FEED_FATAL=any) (or --check: a feed is unreachable; "
-               "forkless relay: also its NATS server, or messages read and not stored by the stop's deadline)",
+               "several feeds, every feed (or one, with FORKLESS_FEED_FATAL=any) (or --check: a feed is unreachable); "
+               "a partition's lease lost (not renewed in time); forkless relay: also its NATS server, or messages "
+               "read and not stored by the stop's deadline",
     EXIT_INTERRUPTED: "a second Ctrl-C (SIGINT) during the orderly stop: the IO side aborted, what was not sent is "
                       "counted as dropped, no checkpoint written",
 }

@@ -56,11 +56,12 @@ from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import codec_dtype, compilations, release_freed_memory
 from controller.config import Config
-from controller.engine import Engine, StepFailed, compile_step
+from controller.engine import Engine, StepFailed, compile_step, state_shapes
 from controller.errors import ProcessorContractError
 from controller.host import ProcessSettings, StopSignals
 from controller.ioside import IOFactory, IOSide, OnResults, io_thread
 from controller.processor import Processor, default_processor
+from controller.partitioned import PartitionOwner, check_partitionable
 from controller.recovery import Recovery
 from controller.replies import NON_FINITE_REASON, Replies
 from controller.slots import StreamSlots
@@ -74,6 +75,7 @@ from controller.stats import (
     status_line,
     whole_snapshot,
 )
+from io_loop.errors import LeaseLost
 from io_loop.on_connect import OnConnect
 
 __all__ = ["Controller", "IOFactory", "IOSide", "OnConnect", "OnResults", "compilations"]
@@ -124,6 +126,12 @@ class Controller:
         self.codec = GuardedCodec(user_codec, self.config.features, dtype=x_dtype)
         self.on_results = on_results
         cfg = self.config
+        # a partitioned JetStream feed (issue 24): leases and per-partition checkpoint objects
+        self._partition_feed = next((spec for spec in cfg.feed_specs
+                                     if spec.jetstream is not None and spec.jetstream.partitioned), None)
+        self._owner: PartitionOwner | None = None
+        if self._partition_feed is not None:
+            check_partitionable(self.processor)
         if cfg.checkpoints_on and not getattr(self.processor, "name", None):
             # a checkpoint is restored only into the processor that wrote it: it must say which it is
             raise ProcessorContractError(
@@ -189,8 +197,18 @@ class Controller:
         self._started = True
         # a checkpoint that does not fit is refused before the compile (CheckpointMismatch)
         recovery = self.recovery
-        restored = recovery.load() if self.checkpointer and self.config.checkpoint_restore == "auto" else None
-        self.compile()
+        if self._partition_feed is not None:  # the leases first: nothing is restored or consumed without them
+            self._owner = PartitionOwner.open(self.config, self.processor, self._partition_feed,
+                                              state_shapes(self.processor, self.config))
+            recovery.partitioned = self._owner.checkpoints
+            if self.checkpointer is not None:
+                self.checkpointer.target = self._owner.checkpoints
+        try:
+            restored = recovery.load() if self.checkpointer and self.config.checkpoint_restore == "auto" else None
+            self.compile()
+        except BaseException:
+            self._close_owner()
+            raise
         if self.checkpointer is not None:
             if restored is not None:
                 recovery.restore(self.engine, restored)
@@ -204,7 +222,14 @@ class Controller:
             self._host.restore()
             if self.checkpointer is not None:
                 self.checkpointer.stop(0.0)
+            self._close_owner()
             raise
+
+    def _close_owner(self) -> None:
+        """Release a partitioned instance's leases (after the stop's checkpoint)."""
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.close()
 
     def compile(self) -> None:
         """Initialise the state on the device and compile the step for every bucket (AOT)."""
@@ -312,6 +337,7 @@ class Controller:
                 log.error("the checkpoint of the stop was not written within FORKLESS_SHUTDOWN_TIMEOUT_S=%s",
                           self.config.shutdown_timeout_s)
         finally:
+            self._close_owner()
             self._host.restore()
 
     def _drain_inbound(self) -> int:
@@ -379,6 +405,7 @@ class Controller:
                     self.stop()
             raise
         finally:
+            self._close_owner()  # a partitioned instance's leases, also when stop() never ran
             self._host.restore()  # also when the IO thread failed and stop() never ran
             self._signals.restore()
 
@@ -392,6 +419,9 @@ class Controller:
         if not self._started:
             raise RuntimeError("call start() (or use the controller as a context manager) first")
         self._io.raise_if_failed()
+        if self._owner is not None and self._owner.lost:
+            raise LeaseLost(f"{self._partition_feed.label}: the lease of a partition could not be renewed in time "
+                            "(FORKLESS_LEASE_S): another instance may own it now, so this one stops")
         # chunks queued now; a chunk may hold more than one batch, so chunks are counted
         target = self._pulled + (0 if self._inbound_closed else self._side.inbound.qsize())
         done = self._cycle(timeout)

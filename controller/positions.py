@@ -15,6 +15,12 @@ Rules:
 - In a checkpoint's header, ``record()`` gives, by feed name: the stream and subject filter
   (a position is kept per subject of the feed: a restore with another stream or filter stops
   with ``CheckpointMismatch``), the position (``seq``, ``index``, ``last``) and ``replied``.
+- A partitioned feed (issue 24) restores one position per owned partition (``floors``: each
+  partition's object holds its own, controller/partitioned.py); the IO side starts at the
+  lowest and skips, per partition, what that partition's state already holds. ``record()``
+  then also gives ``partitions`` (partition -> [seq, index, last]), and ``seq`` is None until
+  this run consumed a message of the feed; each partition's object records the further of
+  the two.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class SourcePositions:
         self.consumed: dict[int, Origin] = {}  # feed index -> last consumed origin
         self.replied: dict[int, Origin] = {}  # feed index -> origin of the last reply frame handed over
         self.applied: dict[int, int] = dict.fromkeys(self.specs, 0)  # messages consumed in this process
+        self.floors: dict[int, dict[int, Origin]] = {}  # partitioned feeds: partition -> restored position
 
     def __bool__(self) -> bool:
         return bool(self.specs)
@@ -62,20 +69,25 @@ class SourcePositions:
     def record(self) -> dict[str, dict[str, Any]]:
         """The positions as a checkpoint's header holds them (see the module rules)."""
         out = {}
-        for i, origin in self.consumed.items():
+        for i in sorted(set(self.consumed) | set(self.floors)):
             js = self.specs[i].jetstream
+            origin = self.consumed.get(i)
             replied = self.replied.get(i)
-            out[self.specs[i].name] = {
-                "stream": js.stream, "subject": js.subject, "seq": origin.seq, "index": origin.index,
-                "last": origin.last, "replied": [replied.seq, replied.index] if replied is not None else None}
+            out[self.specs[i].name] = entry = {
+                "stream": js.stream, "subject": js.subject,
+                "seq": None if origin is None else origin.seq, "index": None if origin is None else origin.index,
+                "last": None if origin is None else origin.last,
+                "replied": [replied.seq, replied.index] if replied is not None else None}
+            if i in self.floors:
+                entry["partitions"] = {str(p): list(o) for p, o in self.floors[i].items()}
         return out
 
-    def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin]:
-        """Take the positions of a restored checkpoint; returns them by feed name, for the IO side.
-        A feed of the checkpoint that is not configured now is left out; one whose stream or
-        subject differs raises ``CheckpointMismatch``."""
+    def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin | dict[int, Origin]]:
+        """Take the positions of a restored checkpoint; returns them by feed name, for the IO side
+        (a partitioned feed's: by partition). A feed of the checkpoint that is not configured now
+        is left out; one whose stream or subject differs raises ``CheckpointMismatch``."""
         by_name = {spec.name: i for i, spec in self.specs.items()}
-        out: dict[str, Origin] = {}
+        out: dict[str, Origin | dict[int, Origin]] = {}
         for name, pos in saved.items():
             i = by_name.get(name)
             if i is None:
@@ -85,7 +97,11 @@ class SourcePositions:
                 if pos.get(key) != now:
                     raise CheckpointMismatch(path, f"JetStream feed {name!r}: {key}", pos.get(key), now)
             # "replied" is not taken: that checkpoint was committed once its replies were stored
-            self.consumed[i] = out[name] = Origin(int(pos["seq"]), int(pos["index"]), bool(pos["last"]))
+            if "partitions" in pos:
+                self.floors[i] = out[name] = {int(p): Origin(int(o[0]), int(o[1]), bool(o[2]))
+                                              for p, o in pos["partitions"].items()}
+            else:
+                self.consumed[i] = out[name] = Origin(int(pos["seq"]), int(pos["index"]), bool(pos["last"]))
         return out
 
     @staticmethod

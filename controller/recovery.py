@@ -14,6 +14,9 @@ Rules:
   thread); a restore hands the positions to the IO side, which resumes after them.
 - The device state itself is the engine's (controller/engine.py): this module asks it to
   begin a snapshot or restore one, and never holds the state.
+- A partitioned instance (``partitioned`` set: controller/partitioned.py) loads its owned
+  partitions' objects instead of a file, and restores them into the processor's init state:
+  slots 0..n-1, per-partition positions, no counts (each instance counts its own run).
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from controller.checkpoint import PendingSnapshot, Restored, load_newest
 from controller.config import Config
 from controller.engine import Engine, state_shapes
+from controller.partitioned import PartitionedCheckpoints, PartitionPieces
 from controller.positions import SourcePositions
 from controller.slots import StreamSlots
 from controller.stats import IOSnapshot, MainStats, SourceFigures
@@ -59,6 +64,7 @@ class Recovery:
         self.sources = SourcePositions(config.feed_specs)
         self.positions: dict[str, Origin] = {}  # where a restored checkpoint left each JetStream feed
         self.restored_from: str | None = None
+        self.partitioned: PartitionedCheckpoints | None = None  # a partitioned instance's bucket objects
 
     def settings(self) -> dict[str, Any]:
         """What a checkpoint must match to be restored."""
@@ -67,10 +73,15 @@ class Recovery:
                 "processor": getattr(self.processor, "name", None),
                 "processor_version": str(getattr(self.processor, "version", "1"))}
 
-    def load(self) -> Restored | None:
+    def load(self) -> Restored | PartitionPieces | None:
         """The newest complete checkpoint, read before the compile; raises ``CheckpointMismatch``
         if it was written by another processor (name, version), with other shape-defining
         settings, or with another state structure, leaf shape or dtype."""
+        if self.partitioned is not None:
+            pieces = self.partitioned.load(self.settings())
+            if pieces is None:
+                log.info("no checkpoint in %s: starting fresh", self.partitioned.label)
+            return pieces
         # the file holds the canonical layout (row s = slot s), whatever the device count
         restored = load_newest(self.config.checkpoint_dir, self.settings(),
                                like=state_shapes(self.processor, self.config))
@@ -78,9 +89,12 @@ class Recovery:
             log.info("no checkpoint in %s: starting fresh", self.config.checkpoint_dir)
         return restored
 
-    def restore(self, engine: Engine, restored: Restored) -> None:
+    def restore(self, engine: Engine, restored: Restored | PartitionPieces) -> None:
         """Put a loaded checkpoint's state on the device and its stream table and counts in place
         (before the first connection)."""
+        if isinstance(restored, PartitionPieces):
+            self._restore_partitions(engine, restored)
+            return
         shared = bool(getattr(self.processor, "restore_shared", False))
         engine.restore(restored.state, shared=shared)
         leaves = engine.shared_leaves()
@@ -99,6 +113,22 @@ class Recovery:
         log.info("restored %d streams from %s (checkpoint of %s, %d messages processed before)",
                  restored.streams, restored.path,
                  datetime.datetime.fromtimestamp(restored.wall_time).isoformat(timespec="seconds"), main.processed)
+
+    def _restore_partitions(self, engine: Engine, pieces: PartitionPieces) -> None:
+        part = self.partitioned
+        init = jax.device_get(self.processor.init(self.config))
+        engine.restore(part.restore_into(init, pieces), shared=False)
+        shift = time.monotonic() - time.time()
+        seen = np.concatenate(pieces.last_seen) if pieces.last_seen else np.zeros(0)
+        self.slots.restore(pieces.names, np.arange(pieces.streams, dtype=np.int32), seen + shift)
+        spec = next(s for s in self.config.feed_specs if s.name == part.feed).jetstream
+        self.positions = self.sources.restore(
+            {part.feed: {"stream": spec.stream, "subject": spec.subject,
+                         "partitions": {str(p): pos for p, pos in pieces.positions.items()}}}, part.label)
+        self.restored_from = f"{len(pieces.objects)} objects of {part.label}"
+        log.info("restored %d streams from %s (newest written %s): %s", pieces.streams, part.label,
+                 datetime.datetime.fromtimestamp(pieces.wall_time).isoformat(timespec="seconds"),
+                 ", ".join(pieces.objects))
 
     def begin(self, engine: Engine, incremental: bool) -> PendingSnapshot:
         """A checkpoint as of now (between two steps), which ``Checkpointer.tick`` copies a

@@ -5,12 +5,14 @@ Rules:
   caller of the controller never reaches into the IO side's modules to catch them.
 - ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
+- ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/natsstore.py``), raised
+  to the thread that called the store, not through the IO thread.
 - The exit status each maps to is stated in ``controller/errors.py``, with the others.
 """
 
 from __future__ import annotations
 
-__all__ = ["FeedFatal", "IOThreadError", "MetricsServerError", "PositionLost"]
+__all__ = ["FeedFatal", "IOThreadError", "LeaseHeld", "LeaseLost", "MetricsServerError", "PositionLost"]
 
 
 class FeedFatal(Exception):
@@ -21,6 +23,26 @@ class PositionLost(Exception):
     """A JetStream stream no longer holds the messages the recorded position needs (retention
     removed them, or the stream was made again): the state cannot be continued exactly.
     Exit status 2; ``FORKLESS_CHECKPOINT_RESTORE=never`` accepts the loss."""
+
+
+class LeaseHeld(Exception):
+    """Another live instance holds partitions we claim: it renewed their leases while we waited
+    (or took them first). ``keys``: the lease keys still held by others, sorted; ``holder``: who
+    holds them (several holders joined by ", "). The message names both."""
+
+    def __init__(self, keys: list[str], holder: str, message: str = "") -> None:
+        super().__init__(message or f"the leases of {', '.join(keys)} are held by {holder!r}, which is alive")
+        self.keys = list(keys)
+        self.holder = holder
+
+    def __reduce__(self) -> tuple:  # the default would call __init__ with the message only
+        return type(self), (self.keys, self.holder, str(self))
+
+
+class LeaseLost(Exception):
+    """A partition lease of ours could not be renewed before it expired, or someone else took
+    it: the partitions may have a new owner, so nothing more is written for them; the instance
+    stops with exit status 3."""
 
 
 class MetricsServerError(RuntimeError):

@@ -41,11 +41,21 @@ Rules:
   against the position: if it no longer holds the messages the position needs (retention), or
   ends before it (a stream made again): ``PositionLost`` (exit 2).
 - Secrets (the URL's user:password, ``token``, the creds file's content) are never logged.
+- A partitioned feed (``partition_count``, issue 24) consumes its owned partitions' subjects
+  with one consumer (``filter_subjects``). A restore hands it one position per partition
+  (``resume`` by partition: each partition's checkpoint object has its own); it starts at the
+  lowest and skips, per partition, the messages (and the good elements of a message) that the
+  partition's position covers, until it is past all of them. A partition without a recorded
+  position starts per ``start``. An element whose stream is not in the partition of the
+  subject it came on (``partition_of(escape_stream(stream))``, the server's function: a
+  publisher that did not escape the name, or another partition count) is an error reply,
+  counted, never applied: its state would belong to another partition.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import secrets
@@ -54,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import janus
+import numpy as np
 import nats
 import nats.errors
 import nats.js.errors
@@ -67,7 +78,8 @@ from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
-from io_loop.settings import FeedSpec, IOSettings
+from io_loop.partitions import escape_stream, format_partitions, partition_of, partition_transform, transform_problems
+from io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
 
 __all__ = ["JetStreamFeed", "msg_id", "probe_jetstream"]
 
@@ -82,6 +94,8 @@ INACTIVE_S = 30.0  # an ephemeral consumer unused this long (its process killed)
 STREAM_INFO_EVERY_S = 1.0  # the stream's last sequence (for the lag) is read this often
 GIVE_UP_CLOSE_S = 0.25
 NATS_ERRORS = (nats.errors.Error, OSError, TimeoutError)
+FOREIGN_REASON = "stream not in this subject's partition"
+PARTITION_CACHE = 1 << 20  # streams whose partition is remembered (the cache is emptied when full)
 
 
 def msg_id(stream: str, origin: Origin) -> str:
@@ -204,8 +218,15 @@ class JetStreamFeed:
         self.handover = Handover(inbound, settings.max_batch, drop_oldest=False, on_dropped=lambda _: None,
                                  feed=index)
         self.resume = resume
+        # a partitioned feed's restored positions: partition -> (next sequence, elements to skip)
+        self._floors: dict[int, tuple[int, int]] | None = None
+        if isinstance(resume, dict):
+            self._floors = {p: origin.resume() for p, origin in resume.items()}
+            resume = None
+        self._floors_end = 0  # at and after this sequence no floor can apply
+        self._partition_cache: dict[str, int] = {}
         self._next: tuple[int, int] | None = resume.resume() if resume is not None else None
-        self._from_checkpoint = resume is not None  # until the first message is handed over
+        self._from_checkpoint = resume is not None or bool(self._floors)  # until the first message is handed over
         if self._next is not None:
             self.source.next_seq = self._next[0]
         self._stopping = False
@@ -322,6 +343,13 @@ class JetStreamFeed:
         """Where consuming starts; ``PositionLost`` when the stream cannot give what it needs."""
         source = self.source
         source.stream_last_seq = max(source.stream_last_seq, last)
+        if self._next is None and self._floors:  # a partitioned feed's restored positions: start at the lowest
+            fresh = (max(first, 1), 0) if self.spec.start == "first" else (last + 1, 0)
+            for p in self.spec.partitions:
+                self._floors.setdefault(p, fresh)
+            self._next = min(self._floors.values())
+            self._floors_end = max(seq for seq, _ in self._floors.values()) + 1
+            source.next_seq = self._next[0]
         if self._next is None:
             self._next = (max(first, 1), 0) if self.spec.start == "first" else (last + 1, 0)
             source.next_seq = self._next[0]
@@ -408,11 +436,14 @@ class JetStreamFeed:
         spec, conn = self.spec, self._live
         start, _ = self._next
         name = f"forkless-{self.feed.name}-{secrets.token_hex(6)}"
+        subjects = spec.subjects()
         try:
             await nc.jsm(timeout=self.settings.connect_timeout_s).add_consumer(spec.stream, ConsumerConfig(
                 name=name, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start,
                 ack_policy=AckPolicy.ALL, ack_wait=ACK_WAIT_S, max_ack_pending=2 * self.pull_batch,
-                filter_subject=spec.subject or None, inactive_threshold=INACTIVE_S, mem_storage=True))
+                filter_subject=subjects[0] if len(subjects) == 1 else None,
+                filter_subjects=list(subjects) if len(subjects) > 1 else None,
+                inactive_threshold=INACTIVE_S, mem_storage=True))
         except NATS_ERRORS as exc:
             return End(Outcome.LOST, f"creating the consumer failed: {_describe(exc)}")
         inbox = nc.new_inbox()
@@ -486,11 +517,27 @@ class JetStreamFeed:
         source.fetched += 1
         source.stream_last_seq = max(source.stream_last_seq, seq + pending)
         stats.frames_in += 1
-        decoded = codec.decode(msg.data)
-        decoded_ns = time.monotonic_ns()
         need, skip = self._next
         if seq != need:
             skip = 0
+        partition = -1
+        if self.spec.partitioned:
+            partition = self.spec.partition_of_subject(msg.subject)
+            if self._floors:
+                floor = self._floors.get(partition)
+                if floor is not None and seq < floor[0]:  # the partition's restored state holds it already
+                    source.skipped += 1
+                    self._next = (seq + 1, 0)
+                    source.next_seq = seq + 1
+                    return
+                if floor is not None and seq == floor[0]:
+                    skip = max(skip, floor[1])
+                if seq >= self._floors_end:
+                    self._floors = None  # past every partition's position: no more checks
+        decoded = codec.decode(msg.data)
+        if partition >= 0 and len(decoded):
+            decoded = self._own_partition(decoded, partition)
+        decoded_ns = time.monotonic_ns()
         n = len(decoded)
         self._reader_in_handover = True
         try:
@@ -513,6 +560,32 @@ class JetStreamFeed:
             self._reader_in_handover = False
         self._next = (seq + 1, 0)
         source.next_seq = seq + 1
+
+    def _own_partition(self, decoded: Any, partition: int) -> Any:
+        """``decoded`` without the elements whose stream is not in ``partition`` (each an error reply)."""
+        cache, count = self._partition_cache, self.spec.partition_count
+        foreign = []
+        for i, stream in enumerate(decoded.stream):
+            p = cache.get(stream)
+            if p is None:
+                if len(cache) >= PARTITION_CACHE:
+                    cache.clear()
+                try:
+                    p = cache[stream] = partition_of(escape_stream(stream), count)
+                except ValueError:
+                    p = -1
+            if p != partition:
+                foreign.append(i)
+        if not foreign:
+            return decoded
+        keep = np.ones(len(decoded), bool)
+        keep[foreign] = False
+        out = copy.copy(decoded)
+        out.seq = [s for s, k in zip(decoded.seq, keep) if k]
+        out.stream = [s for s, k in zip(decoded.stream, keep) if k]
+        out.x = decoded.x[keep]
+        out.errors = [(FOREIGN_REASON, decoded.seq[i]) for i in foreign] + list(decoded.errors)
+        return out
 
     async def _watch_stream(self, nc: Any) -> End:
         """The stream's last sequence, for the lag (``SourceStats.stream_last_seq``)."""
@@ -625,8 +698,10 @@ class JetStreamFeed:
 async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe_window_s: float) -> list[str]:
     """The network half of ``--check`` for a JetStream feed: connect as the feed would, read the
     stream, find the stream that stores the results subject and its duplicate window (a warning
-    when shorter than ``dedupe_window_s``). Prints through ``say``; returns the problems (empty:
-    the feed can be used)."""
+    when shorter than ``dedupe_window_s``). A partitioned feed: the stream's subject transform
+    must make its partition_count's partitions where its subject has ``{partition}``
+    (``_check_partitions``), and the checkpoint and lease buckets are looked for. Prints through
+    ``say``; returns the problems (empty: the feed can be used)."""
     spec = feed.jetstream
     loop = asyncio.get_running_loop()
     errors: list[str] = []
@@ -650,10 +725,13 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
         try:
             info = await jsm.stream_info(spec.stream)
             state = info.state
+            consuming = "by partition (below)" if spec.partitioned else repr(spec.subject or "all of it")
             say(f"  stream {spec.stream!r}: {state.messages} messages, sequences {state.first_seq}-{state.last_seq}, "
-                f"subjects {', '.join(info.config.subjects or [])}; consuming {spec.subject or 'all of it'!r} "
+                f"subjects {', '.join(info.config.subjects or [])}; consuming {consuming} "
                 f"from {'its first message' if spec.start == 'first' else 'new messages'} unless a checkpoint "
                 "recorded a position")
+            if spec.partitioned:
+                problems.extend(_check_partitions(spec, info.config, say))
         except nats.js.errors.NotFoundError:
             problems.append(f"stream {spec.stream!r} not found on {feed.shown_url}")
         except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
@@ -672,6 +750,8 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
                 problems.append(f"no stream stores the results subject {spec.results!r}")
         else:
             say("  no results subject (\"replies\": \"none\")")
+        if spec.partitioned:
+            await _look_for_buckets(settings, jsm, say)
     except NATS_ERRORS as exc:
         problems.append(f"asking {feed.shown_url} failed: {_describe(exc)}")
     finally:
@@ -681,3 +761,57 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
         except (*NATS_ERRORS, asyncio.CancelledError):
             pass
     return problems
+
+
+def _check_partitions(spec: JetStreamSpec, config: Any, say: Any) -> list[str]:
+    """A partitioned feed against its stream's configuration (nats-py's ``StreamConfig``): the
+    subject transforms of the stream and of its sources and mirror that write a partition must
+    agree with the feed's partition_count and subject; at least one must. Prints what it finds
+    and this instance's partitions; returns the problems."""
+    transforms = []  # (where, src, dest)
+    if config.subject_transform is not None:
+        transforms.append(("the stream's", config.subject_transform))
+    for source in [*(config.sources or []), *([config.mirror] if config.mirror is not None else [])]:
+        for transform in source.subject_transforms or []:
+            transforms.append((f"source {source.name!r}'s", transform))
+    found = [(where, t) for where, raw in transforms
+             if (t := partition_transform(raw.src or ">", raw.dest or "")) is not None]
+    count = spec.partition_count
+    if not found:
+        have = "; ".join(f"{where} {raw.src!r} -> {raw.dest!r}" for where, raw in transforms) or "none"
+        return [f"stream {spec.stream!r} has no subject transform writing a partition (its subject transforms: "
+                f"{have}), but the feed's \"partition_count\" is {count}: give the stream one such as "
+                f"'ticks.*' -> 'ticks.{{{{partition({count},1)}}}}.{{{{wildcard(1)}}}}' (OPERATING.md \"Partitioned "
+                "instances\")"]
+    problems = []
+    for where, transform in found:
+        wrong = transform_problems(spec.subject, count, transform)
+        problems.extend(f"stream {spec.stream!r}: {problem}" for problem in wrong)
+        if not wrong:
+            say(f"  partitioned by {where} subject transform {transform}: {count} partitions, as the feed's "
+                f"\"partition_count\"; its subject {spec.subject!r} takes the partition where the transform "
+                "writes it")
+    subjects = spec.subjects()
+    shown = ", ".join(subjects[:4]) + (f", … ({len(subjects)} subjects)" if len(subjects) > 4 else "")
+    say(f"  this instance's partitions: {format_partitions(spec.partitions)} ({len(spec.partitions)} of {count}); "
+        f"consuming {shown}")
+    return problems
+
+
+async def _look_for_buckets(settings: IOSettings, jsm: Any, say: Any) -> None:
+    """Say whether a partitioned feed's checkpoint bucket (``FORKLESS_CHECKPOINT_BUCKET``, a JetStream
+    object store) and lease bucket (``FORKLESS_LEASE_BUCKET``, a KV bucket) exist; one that does
+    not is made at the first start, so it is no problem."""
+    buckets = [("lease bucket", settings.lease_bucket, "KV", "KV_")]
+    if settings.checkpoint_bucket:
+        buckets.insert(0, ("checkpoint bucket", settings.checkpoint_bucket, "object store", "OBJ_"))
+    else:
+        say('  no FORKLESS_CHECKPOINT_BUCKET: no checkpoints; every start consumes its partitions from "start"')
+    for what, name, kind, prefix in buckets:
+        try:
+            state = (await jsm.stream_info(prefix + name)).state
+        except nats.js.errors.NotFoundError:
+            say(f"  {what} {name!r} ({kind}): does not exist yet; the first instance to start creates it")
+            continue
+        say(f"  {what} {name!r} ({kind}, stream {prefix + name}): exists, {state.messages} messages, "
+            f"{state.bytes} bytes")

@@ -10,13 +10,18 @@ Rules:
   ``Config`` derives from ``FORKLESS_WS_URL``/``SUBSCRIBE``/``FEEDS``.
 - Immutable, so every thread may read it. Secrets (``auth_token``, ``headers``, a feed's
   ``subscribe`` and ``headers``) stay out of ``repr``.
+- A partitioned JetStream feed's ``partitions`` are already resolved (from its entry's
+  ``"partitions"`` or from ``FORKLESS_INSTANCE``/``FORKLESS_INSTANCES``): the IO side consumes
+  ``JetStreamSpec.subjects()`` and never works out a share itself (io_loop/partitions.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from io_loop.netaddr import redact_url, redact_urls
+from io_loop.partitions import PARTITION_FIELD, partition_subjects
 
 __all__ = ["REPLY_POLICIES", "SEQ_MODES", "FeedSpec", "IOSettings", "JetStreamSpec", "RelaySettings"]
 
@@ -41,6 +46,43 @@ class JetStreamSpec:
     start: str = "first"  # "first" (the stream's first message) or "new" (what arrives after the start)
     token: str = field(default="", repr=False)
     creds: str = ""  # the path of a NATS .creds file (its content is the secret, the path is not)
+    # a partitioned feed (OPERATING.md "Partitioned instances"): P, the stream's partition count
+    # (its subject transform's {{partition(P,…)}}), 0 when not partitioned; ``subject`` then holds
+    # ``{partition}`` as one whole token, and ``partitions`` are the ones this instance owns, sorted
+    partition_count: int = 0
+    partitions: tuple[int, ...] = ()
+
+    @property
+    def partitioned(self) -> bool:
+        """The feed consumes some of the stream's P partitions (``"partition_count"`` given)."""
+        return self.partition_count > 0
+
+    def subjects(self) -> tuple[str, ...]:
+        """The consumer's filter subjects: one per owned partition (``subject`` with ``{partition}``
+        replaced), else ``(subject,)``, or ``()`` for the whole stream."""
+        if self.partitioned:
+            return partition_subjects(self.subject, self.partitions)
+        return (self.subject,) if self.subject else ()
+
+    @cached_property
+    def _partition_token(self) -> int:
+        """Where ``subject`` has ``{partition}`` (its token's index), worked out once."""
+        return self.subject.split(".").index(PARTITION_FIELD)
+
+    def partition_of_subject(self, subject: str) -> int:
+        """The partition a delivered message's subject names: its token where ``subject`` has
+        ``{partition}``. ValueError if the feed is not partitioned, or that token is not a
+        partition 0..P-1 (a subject the stream's transform did not make)."""
+        if not self.partitioned:
+            raise ValueError(f"stream {self.stream!r} is not consumed by partition (no partition_count)")
+        position = self._partition_token
+        tokens = subject.split(".")
+        token = tokens[position] if position < len(tokens) else ""
+        if not (token.isascii() and token.isdigit() and str(int(token)) == token) or \
+                int(token) >= self.partition_count:
+            raise ValueError(f"subject {subject!r} has no partition 0-{self.partition_count - 1} where "
+                             f"{self.subject!r} has {PARTITION_FIELD}")
+        return int(token)
 
 
 @dataclass(frozen=True)
@@ -108,6 +150,10 @@ class IOSettings:
     demo_rate: float
     demo_streams: int
     warmup: int
+    # a partitioned feed's checkpoints ("": none) and leases: JetStream buckets on its server
+    checkpoint_bucket: str = ""
+    lease_bucket: str = "forkless-leases"
+    lease_s: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ the few admin steps they take with nats-py: make streams, publish, read a stream
 Rules:
 - Never a mock of NATS: the server is the real one, on 127.0.0.1 only, on a free port, with a
   temporary store directory (``-js -sd <dir> -p <port>``). ``restart`` starts it again on the
-  same port and store: what JetStream wrote survives, as after a real restart.
+  same port and store: what JetStream wrote survives, as after a real restart. With ``user`` and
+  ``password`` it requires them (``--user --pass``): ``url`` stays without them, ``auth_url``
+  carries them.
 - The admin helpers are plain functions (each runs its own short event loop and connection),
   so a test calls them from its own thread while the app or the controller runs.
 """
@@ -22,7 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NatsServer", "create_streams", "nats_server_binary", "publish", "read_stream", "stream_state"]
+__all__ = ["NatsServer", "create_streams", "nats_server_binary", "publish", "read_stream", "read_stream_subjects",
+           "stream_state"]
 
 
 def nats_server_binary() -> str | None:
@@ -40,10 +43,12 @@ def _free_port() -> int:
 class NatsServer:
     """``nats-server -js`` on 127.0.0.1 (see the module rules)."""
 
-    def __init__(self, store: Path, port: int | None = None) -> None:
+    def __init__(self, store: Path, port: int | None = None, *, user: str = "", password: str = "") -> None:
         self.store = Path(store)
         self.port = port or _free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
+        self.auth = ["--user", user, "--pass", password] if user else []
+        self.auth_url = f"nats://{user}:{password}@127.0.0.1:{self.port}" if user else self.url
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = self.store.parent / f"nats-server-{self.port}.log"
 
@@ -53,7 +58,7 @@ class NatsServer:
         self.store.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([binary, "-js", "-sd", str(self.store), "-a", "127.0.0.1",
-                                          "-p", str(self.port)], stdout=log, stderr=log)
+                                          "-p", str(self.port), *self.auth], stdout=log, stderr=log)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -67,7 +72,7 @@ class NatsServer:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                asyncio.run(_with_js(self.url, lambda nc, js: js._jsm.account_info()))
+                asyncio.run(_with_js(self.auth_url, lambda nc, js: js._jsm.account_info()))
                 return self
             except Exception:
                 if time.monotonic() > deadline:
@@ -138,18 +143,27 @@ def stream_state(url: str, stream: str) -> Any:
 
 def read_stream(url: str, stream: str) -> list[tuple[dict[str, str], bytes]]:
     """Every message the stream holds now, in order: (headers, payload)."""
+    return [(headers, data) for _, headers, data in _read_all(url, stream)]
+
+
+def read_stream_subjects(url: str, stream: str) -> list[tuple[str, bytes]]:
+    """Every message the stream holds now, in order: (the subject it is stored under, payload)."""
+    return [(subject, data) for subject, _, data in _read_all(url, stream)]
+
+
+def _read_all(url: str, stream: str) -> list[tuple[str, dict[str, str], bytes]]:
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-    async def body(nc: Any, js: Any) -> list[tuple[dict[str, str], bytes]]:
+    async def body(nc: Any, js: Any) -> list[tuple[str, dict[str, str], bytes]]:
         total = (await js.stream_info(stream)).state.messages
-        out: list[tuple[dict[str, str], bytes]] = []
+        out: list[tuple[str, dict[str, str], bytes]] = []
         if not total:
             return out
         sub = await js.pull_subscribe(">", stream=stream, config=ConsumerConfig(
             deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=10, mem_storage=True))
         while len(out) < total:
             for msg in await sub.fetch(min(1000, total - len(out)), timeout=5):
-                out.append((dict(msg.headers or {}), msg.data))
+                out.append((msg.subject, dict(msg.headers or {}), msg.data))
         await sub.unsubscribe()
         return out
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from controller.config import VARIABLES, Config, ConfigError
+from io_loop.partitions import instance_share
 from tests.harness import run_app
 
 # one bad value for every variable that can be wrong
@@ -51,6 +56,11 @@ BAD = {
     "FORKLESS_CHECKPOINT_KEEP": "0",
     "FORKLESS_CHECKPOINT_RESTORE": "always",
     "FORKLESS_CHECKPOINT_PRIORITY": "low",
+    "FORKLESS_CHECKPOINT_BUCKET": "ckpt.bucket",
+    "FORKLESS_INSTANCE": "-1",
+    "FORKLESS_INSTANCES": "0",
+    "FORKLESS_LEASE_S": "0",
+    "FORKLESS_LEASE_BUCKET": "forkless leases",
     "FORKLESS_RELAY_NATS": "http://127.0.0.1:4222",
     "FORKLESS_RELAY_SUBJECT": "ticks.*",
     "FORKLESS_RELAY_CREDS": "/no/such.creds",
@@ -154,3 +164,156 @@ def test_the_io_settings_carry_the_configuration_s_values_by_the_same_names():
     assert "auth_token" not in repr(settings) and '{"s": 1}' not in repr(settings)  # secrets stay out of repr
     several = Config(feeds='[{"url": "ws://127.0.0.1:9/a", "name": "a"}, {"url": "ws://127.0.0.1:9/b"}]')
     assert several.io_settings().feeds_from_list and len(several.io_settings().feed_specs) == 2
+
+
+# ---- partitioned JetStream feeds (OPERATING.md "Partitioned instances") ------------------------------
+
+
+def _partitioned(**fields) -> str:
+    entry = {"name": "ticks", "nats": "nats://127.0.0.1:4222", "stream": "TICKS", "subject": "ticks.{partition}.>",
+             "results": "scores", "partition_count": 12}
+    return json.dumps([{**entry, **fields}])
+
+
+def test_a_partitioned_feed_consumes_the_subjects_of_the_partitions_its_entry_names():
+    spec = Config.from_env({"FORKLESS_FEEDS": _partitioned(partitions="0-2, 7,9-10")}).feed_specs[0].jetstream
+    assert spec.partitioned and (spec.partition_count, spec.partitions) == (12, (0, 1, 2, 7, 9, 10))
+    assert spec.subjects() == ("ticks.0.>", "ticks.1.>", "ticks.2.>", "ticks.7.>", "ticks.9.>", "ticks.10.>")
+
+
+def test_instance_and_instances_give_a_partitioned_feed_its_contiguous_share():
+    env = {"FORKLESS_FEEDS": _partitioned(), "FORKLESS_INSTANCES": "5"}
+    shares = [Config.from_env({**env, "FORKLESS_INSTANCE": str(i)}).feed_specs[0].jetstream.partitions
+              for i in range(5)]
+    assert shares == [(0, 1), (2, 3), (4, 5, 6), (7, 8), (9, 10, 11)]  # [i*12//5, (i+1)*12//5)
+    cfg = Config.from_env({**env, "FORKLESS_INSTANCE": "4"})
+    assert (cfg.instance, cfg.instances) == (4, 5)
+
+
+def test_the_partition_of_a_delivered_subject_is_read_where_the_subject_has_the_placeholder():
+    spec = Config.from_env({"FORKLESS_FEEDS": _partitioned(subject="md.*.{partition}.>", partitions="0")}
+                           ).feed_specs[0].jetstream
+    assert spec.partition_of_subject("md.eu.11.BTC~2DUSD") == 11
+    assert spec.partition_of_subject("md.us.0.x.y") == 0
+    for bad in ("md.eu.12.x", "md.eu.x.y", "md.eu.07.x", "md.eu", "md.eu.-1.x"):
+        with pytest.raises(ValueError, match="no partition 0-11"):
+            spec.partition_of_subject(bad)
+
+
+def test_a_feed_that_is_not_partitioned_has_its_subject_or_the_whole_stream():
+    feeds = [{"name": "a", "nats": "nats://h:1", "stream": "A", "subject": "a.>", "results": "r"}]
+    spec = Config.from_env({"FORKLESS_FEEDS": json.dumps(feeds)}).feed_specs[0].jetstream
+    assert not spec.partitioned and spec.subjects() == ("a.>",) and spec.partitions == ()
+    with pytest.raises(ValueError, match="not consumed by partition"):
+        spec.partition_of_subject("a.1")
+    whole = Config.from_env({"FORKLESS_FEEDS": json.dumps([{**feeds[0], "subject": ""}])}).feed_specs[0].jetstream
+    assert whole.subjects() == ()
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"partition_count": 0}, '"partition_count" must be an integer from 1 to 65536'),
+    ({"partition_count": 65537}, '"partition_count" must be an integer from 1 to 65536'),
+    ({"partition_count": "12"}, '"partition_count" must be an integer from 1 to 65536'),
+    ({"partition_count": True}, '"partition_count" must be an integer from 1 to 65536'),
+    ({"subject": "ticks.>"}, '"subject" of a partitioned feed must hold {partition} once, as one whole token'),
+    ({"subject": "ticks.p{partition}.>"}, '"subject" of a partitioned feed must hold {partition} once'),
+    ({"subject": "{partition}.{partition}"}, '"subject" of a partitioned feed must hold {partition} once'),
+    ({"subject": ""}, '"subject" of a partitioned feed must hold {partition} once'),
+    ({"subject": "ticks.>.{partition}"}, '"subject" must be a NATS subject filter'),
+    ({"partitions": "0-12"}, '"partitions" must be partitions and ranges of 0-11, such as "0-5" or "0,2,7-9": '
+                             "partition 12 is outside 0-11"),
+    ({"partitions": "5-3"}, "the range '5-3' goes backwards"),
+    ({"partitions": "1,1"}, "partition 1 is given twice"),
+    ({"partitions": "one"}, "'one' is not a partition or a range a-b"),
+    ({"partitions": [0, 1]}, '"partitions" must be a string of partitions and ranges'),
+    ({"partition_count": None, "partitions": "0"}, '"partitions" needs "partition_count"'),
+    ({"partition_count": None, "partitions": None},
+     '"subject" holds {partition} but the feed has no "partition_count"'),
+])
+def test_a_bad_partitioned_entry_names_the_feed_and_the_field(fields, expected):
+    entry = json.loads(_partitioned(**{"partitions": "0-5", **fields}))[0]
+    entry = {k: v for k, v in entry.items() if v is not None}
+    with pytest.raises(ConfigError) as err:
+        Config.from_env({"FORKLESS_FEEDS": json.dumps([entry])})
+    assert err.value.variable == "FORKLESS_FEEDS" and "feed 0 ('ticks')" in str(err.value), str(err.value)
+    assert expected in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(("env", "variable", "expected"), [
+    ({"FORKLESS_FEEDS": _partitioned()}, "FORKLESS_FEEDS",
+     'feed 0 (\'ticks\'): a partitioned feed ("partition_count") needs the partitions this instance owns: '
+     '"partitions" in the entry (such as "0-5"), or FORKLESS_INSTANCE and FORKLESS_INSTANCES'),
+    ({"FORKLESS_FEEDS": _partitioned(partitions="0-5"), "FORKLESS_INSTANCE": "0", "FORKLESS_INSTANCES": "2"},
+     "FORKLESS_INSTANCE", 'names its "partitions": either the entry\'s partitions or this instance\'s share'),
+    ({"FORKLESS_FEEDS": _partitioned(), "FORKLESS_INSTANCE": "1"}, "FORKLESS_INSTANCE",
+     "set together with FORKLESS_INSTANCES (both or neither)"),
+    ({"FORKLESS_FEEDS": _partitioned(), "FORKLESS_INSTANCES": "2"}, "FORKLESS_INSTANCES",
+     "set together with FORKLESS_INSTANCE (both or neither)"),
+    ({"FORKLESS_FEEDS": _partitioned(), "FORKLESS_INSTANCE": "3", "FORKLESS_INSTANCES": "3"}, "FORKLESS_INSTANCE",
+     "an integer from 0 to FORKLESS_INSTANCES - 1 = 2"),
+    ({"FORKLESS_FEEDS": _partitioned(), "FORKLESS_INSTANCE": "0", "FORKLESS_INSTANCES": "13"}, "FORKLESS_INSTANCES",
+     "at most the partition_count of feed 0 ('ticks') of FORKLESS_FEEDS (12): 13 instances for 12 partitions"),
+    ({"FORKLESS_INSTANCE": "0", "FORKLESS_INSTANCES": "1"}, "FORKLESS_INSTANCE",
+     "without a partitioned JetStream feed"),
+    ({"FORKLESS_CHECKPOINT_BUCKET": "ckpt"}, "FORKLESS_CHECKPOINT_BUCKET",
+     'a partitioned JetStream feed (a FORKLESS_FEEDS entry with "partition_count"), whose server holds the bucket'),
+    ({"FORKLESS_FEEDS": _partitioned(partitions="0"), "FORKLESS_CHECKPOINT_BUCKET": "ckpt",
+      "FORKLESS_CHECKPOINT_DIR": "/tmp"}, "FORKLESS_CHECKPOINT_BUCKET",
+     "either FORKLESS_CHECKPOINT_BUCKET (a partitioned feed's checkpoints) or FORKLESS_CHECKPOINT_DIR, not both"),
+    ({"FORKLESS_FEEDS": _partitioned(partitions="0"), "FORKLESS_CHECKPOINT_DIR": "/tmp"}, "FORKLESS_CHECKPOINT_DIR",
+     "empty with a partitioned feed (feed 'ticks' (nats://127.0.0.1:4222)): its checkpoints are kept per partition "
+     "in FORKLESS_CHECKPOINT_BUCKET"),
+    ({"FORKLESS_FEEDS": json.dumps([*json.loads(_partitioned(partitions="0")), {"url": "ws://127.0.0.1:9/f"}])},
+     "FORKLESS_FEEDS", "feed 0 ('ticks') is partitioned (\"partition_count\"), so it must be the only feed of the "
+     "process (2 are given)"),
+])
+def test_a_partitioned_configuration_that_does_not_add_up_names_the_variable(env, variable, expected):
+    with pytest.raises(ConfigError) as err:
+        Config.from_env(env)
+    assert err.value.variable == variable and expected in str(err.value), str(err.value)
+
+
+def test_the_checkpoint_bucket_turns_checkpoints_on_and_the_leases_have_their_defaults():
+    cfg = Config.from_env({"FORKLESS_FEEDS": _partitioned(partitions="0-11"), "FORKLESS_CHECKPOINT_BUCKET": "ckpt"})
+    assert cfg.checkpoints_on and (cfg.checkpoint_bucket, cfg.checkpoint_dir) == ("ckpt", "")
+    assert (cfg.lease_s, cfg.lease_bucket, cfg.instance, cfg.instances) == (10.0, "forkless-leases", None, None)
+    io = cfg.io_settings()
+    assert (io.checkpoint_bucket, io.lease_s, io.lease_bucket) == ("ckpt", 10.0, "forkless-leases")
+    tuned = Config.from_env({"FORKLESS_FEEDS": _partitioned(partitions="3"), "FORKLESS_LEASE_S": "2.5",
+                             "FORKLESS_LEASE_BUCKET": "my_leases-1"})
+    assert (tuned.lease_s, tuned.lease_bucket, tuned.checkpoints_on) == (2.5, "my_leases-1", False)
+
+
+def test_the_app_exits_2_when_a_partitioned_feed_is_given_its_partitions_twice():
+    proc = run_app(env={"FORKLESS_FEEDS": _partitioned(partitions="0-5"), "FORKLESS_INSTANCE": "0",
+                        "FORKLESS_INSTANCES": "2"})
+    assert proc.returncode == 2
+    assert "FORKLESS_INSTANCE='0' is invalid" in proc.stderr and '"partitions"' in proc.stderr
+    assert proc.stdout == ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(count=st.integers(1, 40), instances=st.integers(-2, 45), instance=st.integers(-2, 45))
+def test_any_instance_numbering_is_its_share_or_refused_naming_the_variable(count, instances, instance):
+    env = {"FORKLESS_FEEDS": _partitioned(partition_count=count), "FORKLESS_INSTANCE": str(instance),
+           "FORKLESS_INSTANCES": str(instances)}
+    try:
+        cfg = Config.from_env(env)
+    except ConfigError as exc:
+        assert exc.variable in ("FORKLESS_INSTANCE", "FORKLESS_INSTANCES")
+        assert not (0 <= instance < instances <= count)
+    else:
+        assert 0 <= instance < instances <= count
+        assert cfg.feed_specs[0].jetstream.partitions == instance_share(instance, instances, count)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="0123456789-, x", max_size=12), count=st.integers(1, 20))
+def test_any_partitions_text_is_parsed_or_refused_naming_the_feed(text, count):
+    try:
+        cfg = Config.from_env({"FORKLESS_FEEDS": _partitioned(partition_count=count, partitions=text)})
+    except ConfigError as exc:
+        assert exc.variable == "FORKLESS_FEEDS" and "feed 0 ('ticks'): \"partitions\"" in str(exc)
+    else:
+        owned = cfg.feed_specs[0].jetstream.partitions
+        assert owned and list(owned) == sorted(set(owned)) and all(0 <= p < count for p in owned)

@@ -1,0 +1,176 @@
+"""Partitioned instances (issue 24) against a real nats-server: instances as subprocesses, each
+owning a share of P=12 partitions of one stream (the server's subject transform assigns them),
+leases in a KV bucket, per-partition checkpoints in an object-store bucket; killed with -9,
+rescaled 3 -> 2 -> 4, every input answered exactly once with the result of a run that never
+stopped; overlapping partitions refused; dead holders' leases waited out.
+
+Several JAX processes share two cores here: the timeouts are generous and explicit."""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+import pytest
+
+from tests.harness import UNIT_S, wait_until
+from tests.servers import assert_results_match_reference
+from tests.test_jetstream import FEATURES, Publisher, _never_restarted, _results
+
+pytestmark = pytest.mark.timeout(400 * UNIT_S)
+
+P = 12
+OPEN = r"connection \d+ open"
+
+
+def _feed(url: str, **extra: Any) -> dict[str, Any]:
+    return {"name": "ticks", "nats": url, "stream": "TICKS", "subject": "ticks.{partition}.>", "results": "scores",
+            "partition_count": P, **extra}
+
+
+def _env(url: str, tmp: Any, *, instance: int | None = None, instances: int | None = None,
+         feed: dict[str, Any] | None = None, lease_s: float = 8.0, **extra: str) -> dict[str, str]:
+    env = {"FORKLESS_FEEDS": json.dumps([feed or _feed(url)]), "FORKLESS_FEATURES": str(FEATURES),
+           "FORKLESS_MAX_BATCH": "16", "FORKLESS_MAX_STREAMS": "64", "FORKLESS_STATUS_S": "0",
+           "FORKLESS_CHECKPOINT_BUCKET": "forkless-ckpt", "FORKLESS_CHECKPOINT_S": "1",
+           "FORKLESS_CHECKPOINT_PRIORITY": "normal", "FORKLESS_LEASE_S": str(lease_s),
+           "FORKLESS_RECONNECT_MIN_S": "0.1", "FORKLESS_RECONNECT_MAX_S": "0.5",
+           "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", **extra}
+    if instance is not None:
+        env["FORKLESS_INSTANCE"], env["FORKLESS_INSTANCES"] = str(instance), str(instances)
+    return env
+
+
+def _create_partitioned_streams(url: str) -> None:
+    """TICKS stores ``ticks.<key>`` as ``ticks.<partition>.<key>`` (the server's partition
+    function), SCORES holds the results with a duplicate window."""
+    import asyncio
+
+    import nats
+    from nats.js.api import StreamConfig, SubjectTransform
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(
+            name="TICKS", subjects=["ticks.*"],
+            subject_transform=SubjectTransform(src="ticks.*", dest=f"ticks.{{{{partition({P},1)}}}}.{{{{wildcard(1)}}}}")))
+        await js.add_stream(StreamConfig(name="SCORES", subjects=["scores"], duplicate_window=300.0))
+        await nc.close()
+
+    asyncio.run(main())
+
+
+def _checkpoint_objects(url: str) -> set[str]:
+    """The objects in the checkpoint bucket, read with nats-py's own ObjectStore."""
+    import asyncio
+
+    import nats
+    import nats.js.errors
+
+    async def main() -> set[str]:
+        nc = await nats.connect(url)
+        try:
+            store = await nc.jetstream().object_store("forkless-ckpt")
+            return {info.name for info in await store.list()}
+        except nats.js.errors.Error:  # no bucket, or no object yet
+            return set()
+        finally:
+            await nc.close()
+
+    return asyncio.run(main())
+
+
+def _checkpointed(url: str) -> set[int]:
+    return {int(name.split("/")[1]) for name in _checkpoint_objects(url)}
+
+
+def _start(app: Any, envs: list[dict[str, str]]) -> list[Any]:
+    procs = [app(env=env) for env in envs]
+    for proc in procs:
+        proc.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+    return procs
+
+
+def _results_grow(url: str, by: int) -> None:
+    from tests.natsserver import stream_state
+
+    target = stream_state(url, "SCORES").messages + by
+    wait_until(lambda: stream_state(url, "SCORES").messages >= target, timeout_s=60 * UNIT_S,
+               what=f"{by} more results", poll_s=0.2)
+
+
+def test_three_instances_killed_restarted_as_two_then_four_answer_every_input_exactly_once(app, nats_server, tmp_path):
+    from tests.natsserver import stream_state
+
+    url = nats_server.url
+    _create_partitioned_streams(url)
+    with Publisher(url, streams=24, rate_hz=300.0) as publisher:
+        three = _start(app, [_env(url, tmp_path, instance=i, instances=3) for i in range(3)])
+        _results_grow(url, 150)
+        wait_until(lambda: _checkpointed(url) == set(range(P)), timeout_s=60 * UNIT_S,
+                   what="a checkpoint object of every partition", poll_s=0.5)
+        _results_grow(url, 100)  # and then some more: killed between checkpoints
+        for proc in three:
+            proc.signal(signal.SIGKILL)
+        for proc in three:
+            assert proc.finish(10 * UNIT_S).returncode == -9
+        # the dead holders' leases (8 s) are waited out, then every partition is served again
+        two = [app(env=_env(url, tmp_path, instance=i, instances=2)) for i in range(2)]
+        waited = [proc.wait_for_line(r"waiting for the lease", stream="stderr", timeout_s=120 * UNIT_S)
+                  for proc in two]
+        assert all("held by" in line for line in waited), waited
+        for proc in two:
+            proc.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+        _results_grow(url, 150)
+        first = _checkpoint_objects(url)
+        wait_until(lambda: _checkpoint_objects(url) - first, timeout_s=60 * UNIT_S, what="newer checkpoint objects",
+                   poll_s=0.5)
+        for proc in two:
+            proc.signal(signal.SIGTERM)  # an orderly stop releases the leases: the four wait for nothing
+        for proc in two:
+            done = proc.finish(60 * UNIT_S)
+            assert done.returncode == 0, done.stderr
+            assert "restored" in done.stderr  # each took over partitions from the dead three
+        four = _start(app, [_env(url, tmp_path, instance=i, instances=4) for i in range(4)])
+        assert not any("waiting for the lease" in proc.stderr for proc in four)
+        _results_grow(url, 100)
+    published = len(publisher.messages)
+    wait_until(lambda: stream_state(url, "SCORES").messages >= published, timeout_s=90 * UNIT_S,
+               what=f"{published} results in the results stream", poll_s=0.2)
+    for proc in four:
+        proc.signal(signal.SIGTERM)
+    for proc in four:
+        done = proc.finish(60 * UNIT_S)
+        assert done.returncode == 0, done.stderr
+
+    by_id, ids = _results(url)
+    expected = [f"TICKS:{i + 1}:0" for i in range(published)]
+    assert len(ids) == published and sorted(ids) == sorted(expected)  # exactly one result per input
+    results = {by_id[f"TICKS:{i + 1}:0"]["seq"]: [by_id[f"TICKS:{i + 1}:0"]] for i in range(published)}
+    assert_results_match_reference(publisher.messages, results)
+    replies, _ = _never_restarted(publisher.messages)  # one run over all partitions, never stopped
+    assert [results[m["seq"]][0] for m in publisher.messages] == [replies[m["seq"]] for m in publisher.messages]
+
+
+def test_overlapping_partitions_are_refused_and_a_dead_holders_lease_is_waited_out(app, nats_server, tmp_path):
+    url = nats_server.url
+    _create_partitioned_streams(url)
+    (first,) = _start(app, [_env(url, tmp_path, feed=_feed(url, partitions="0-5"))])
+    second = app(env=_env(url, tmp_path, feed=_feed(url, partitions="4-8")))
+    refused = second.finish(120 * UNIT_S)
+    assert refused.returncode == 2, refused.stderr
+    line = next(line for line in refused.stderr.splitlines() if line.startswith("forkless:"))
+    assert "TICKS.4" in line and "TICKS.5" in line and "TICKS.6" not in line, line  # the held ones only
+    assert f":{first.proc.pid}:" in line, line  # and who holds them
+    assert first.proc.poll() is None  # the holder runs on
+    first.signal(signal.SIGKILL)
+    assert first.finish(10 * UNIT_S).returncode == -9
+    again = app(env=_env(url, tmp_path, feed=_feed(url, partitions="4-8")))
+    again.wait_for_line(r"waiting for the lease", stream="stderr", timeout_s=120 * UNIT_S)
+    again.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+    again.signal(signal.SIGTERM)
+    done = again.finish(60 * UNIT_S)
+    assert done.returncode == 0, done.stderr
