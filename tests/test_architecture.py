@@ -84,6 +84,7 @@ COMPOSITION = [
     "controller/host.py",
     "controller/ioside.py",
     "controller/loop.py",
+    "controller/partitioned.py",
     "controller/recovery.py",
     "controller/relaycmd.py",
 ]

@@ -459,13 +459,17 @@ def test_rescaling_the_kubernetes_example_changes_the_shares_and_still_covers_ev
         _shares({**env, "FORKLESS_INSTANCES": str(count + 1)}, count + 1)
 
 
-def test_the_program_refuses_a_partitioned_feed_until_consuming_by_partition_lands():
-    # issue 24: the consuming side (the lead's piece) replaces this refusal; see controller/loop.py
-    from controller.config import Config, ConfigError
+@pytest.mark.parametrize("declares", [{"per_stream": False}, {"restore_shared": True}])
+def test_a_processor_whose_state_cannot_be_split_by_partition_is_refused(declares):
+    from controller.config import Config
+    from controller.errors import ProcessorContractError
     from controller.loop import Controller
+    from controller.processor import ewma_processor
 
     cfg = Config(feeds=json.dumps([{"name": "ticks", "nats": "nats://127.0.0.1:9", "stream": "TICKS",
                                     "subject": "ticks.{partition}.>", "results": "scores", "partition_count": 12,
                                     "partitions": "0-5"}]))
-    with pytest.raises(ConfigError, match="no partitioned JetStream feed"):
-        Controller(cfg)
+    processor = ewma_processor()._replace(**declares)
+    with pytest.raises(ProcessorContractError, match=next(iter(declares))):
+        Controller(cfg, processor=processor)
+    Controller(cfg, processor=ewma_processor())  # the default detector keeps streams apart: accepted
