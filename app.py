@@ -3,6 +3,7 @@
     python app.py            run (the embedded demo feed when FORKLESS_WS_URL is unset)
     python app.py --check    validate the set-up, compile, try the feed, and exit
     python app.py --help     list every FORKLESS_* variable with its default
+    python app.py relay      publish the WebSocket feeds into a JetStream stream (no JAX)
 
 The program itself is ``controller.cli`` (also installed as the ``forkless`` command);
 its exit statuses are stated in controller/errors.py.

@@ -10,6 +10,7 @@ block to it, so a hand edit fails the tests). What is generated, and from where:
 - README.md ``exit``: ``exit_statuses_markdown()`` (``controller.errors.EXIT_STATUSES``)
 - OPERATING.md ``variables``: ``controller.config.variables_table_markdown()`` (``VARIABLES``)
 - OPERATING.md ``metrics``: ``controller.metrics.metrics_table_markdown()`` (``metric_families``)
+- OPERATING.md ``relay-metrics``: ``controller.relaycmd.relay_metrics_table_markdown()`` (the relay's)
 - bench/README.md ``bench:results``: ``bench.run.results_markdown()`` of ``bench/out/results.json``
   (a full ``python -m bench.run`` rewrites that block itself)
 - bench/README.md ``bench:devices``: ``bench.run.devices_markdown()`` of ``bench/out/devices.json``
@@ -29,6 +30,7 @@ from bench.run import DEFAULT_OUT, DEVICES_BLOCK, RESULTS_BLOCK, devices_markdow
 from controller.config import variables_table_markdown
 from controller.errors import EXIT_STATUSES
 from controller.metrics import metrics_table_markdown
+from controller.relaycmd import relay_metrics_table_markdown
 
 ROOT = Path(__file__).resolve().parent
 REGENERATE = "python gendocs.py"
@@ -61,6 +63,7 @@ BLOCKS = (
     Block("README.md", "exit", exit_statuses_markdown),
     Block("OPERATING.md", "variables", variables_table_markdown),
     Block("OPERATING.md", "metrics", metrics_table_markdown),
+    Block("OPERATING.md", "relay-metrics", relay_metrics_table_markdown),
     Block("bench/README.md", RESULTS_BLOCK, bench_results_markdown),
     Block("bench/README.md", DEVICES_BLOCK, bench_devices_markdown),
 )

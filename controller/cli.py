@@ -3,6 +3,7 @@
     forkless            run (the embedded demo feed when FORKLESS_WS_URL is unset)
     forkless --check    validate the set-up, compile, try the feed, and exit
     forkless --help     list every FORKLESS_* variable with its default
+    forkless relay      publish the WebSocket feeds into a JetStream stream (controller/relaycmd.py, no JAX)
 
 Exit statuses are stated once, in controller/errors.py (``EXIT_STATUSES``).
 
@@ -10,7 +11,8 @@ Rules:
 - The configuration is read and validated before JAX is imported: a bad variable exits 2
   in a fraction of a second, without JAX's start-up (hence the function-level imports of
   the modules that import JAX: the preflight and the controller loop).
-- Every way a run can end maps to one exit status here, and only here.
+- Every way a run can end maps to one exit status here, and only here (``forkless relay``'s
+  in controller/relaycmd.py, a program of its own without JAX).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         + help_text()
         + f"\n\nExit status: {statuses}.",
     )
+    parser.epilog += f"\n\n{prog} relay publishes the WebSocket feeds into a JetStream stream ({prog} relay --help)."
     parser.add_argument("--check", action="store_true",
                         help="validate the configuration, show JAX devices, compile every bucket, "
                              "try one connection to the feed, then exit 0 or non-zero with the reason")
@@ -77,6 +80,12 @@ def load_config(environ: Any = None) -> Config:
 def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = None,
          prog: str = "python app.py") -> int:
     """The program; also callable by embedding scripts that bring their own processor/codec."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["relay"]:
+        # the relay imports nats-py (an optional extra) and no JAX: only when asked for
+        from controller.relaycmd import main as relay_main
+
+        return relay_main(argv[1:], prog=prog)
     args = _parser(prog).parse_args(argv)
     try:
         config = load_config()

@@ -28,9 +28,9 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit
 
-from io_loop.netaddr import parse_host_port, redact_url, url_host_port
+from io_loop.netaddr import parse_host_port, redact_url, redact_urls, url_host_port
 from io_loop.partitions import PARTITION_FIELD, instance_share, parse_partitions
-from io_loop.settings import REPLY_POLICIES, FeedSpec, IOSettings, JetStreamSpec
+from io_loop.settings import REPLY_POLICIES, SEQ_MODES, FeedSpec, IOSettings, JetStreamSpec, RelaySettings
 
 PREFIX = "FORKLESS_"
 BUCKET_GROWTH = 4
@@ -274,6 +274,32 @@ def _feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:
     return tuple(feeds)
 
 
+def _nats_urls(text: str) -> str:
+    """One nats:// or tls:// URL, or several comma-separated (each with a host, port 1-65535); "" stays ""."""
+    text = text.strip()
+    for url in text.split(",") if text else ():
+        scheme, sep, _ = url.strip().partition("://")
+        if scheme not in ("nats", "tls") or not sep:
+            raise ValueError
+        url_host_port(url.strip())
+    return text
+
+
+def _relay_subject(text: str) -> str:
+    """The relay's subject prefix: a NATS subject without wildcards ("" stays "")."""
+    text = text.strip()
+    if text and not _subject(text, wildcards=False):
+        raise ValueError
+    return text
+
+
+def _existing_file(text: str) -> str:
+    text = text.strip()
+    if text and not os.path.isfile(text):
+        raise ValueError
+    return text
+
+
 def _subject(text: Any, *, wildcards: bool) -> bool:
     """A NATS subject: dot-separated tokens without spaces; with ``wildcards``, a token may be
     ``*``, and the last one ``>``."""
@@ -300,13 +326,8 @@ def _jetstream_feed(item: dict[str, Any], name: Any, where: str, default_replies
         raise ValueProblem(f'{where}: "name" must be 1-64 letters, digits, "_", "." or "-"')
     servers = item["nats"]
     try:
-        if not isinstance(servers, str) or not servers.strip():
+        if not isinstance(servers, str) or not _nats_urls(servers):
             raise ValueError
-        for url in servers.split(","):
-            scheme, sep, _ = url.strip().partition("://")
-            if scheme not in ("nats", "tls") or not sep:
-                raise ValueError
-            url_host_port(url.strip())
     except ValueError:
         raise ValueProblem(f'{where}: "nats" must be one nats:// or tls:// URL, or several comma-separated '
                            "(host, port 1-65535)") from None
@@ -567,6 +588,19 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("LEASE_BUCKET", "lease_bucket", _bucket, "1-64 letters, digits, '_' or '-'",
              "the JetStream KV bucket on the partitioned feed's server that holds the partitions' leases (created"
              " if missing)"),
+    # -- the relay (forkless relay: OPERATING.md "The relay")
+    Variable("RELAY_NATS", "relay_nats", _nats_urls, "one nats:// or tls:// URL, or several comma-separated",
+             "forkless relay: the NATS server(s) to publish to (a user:password in the URL is never logged);"
+             " required for the relay"),
+    Variable("RELAY_SUBJECT", "relay_subject", _relay_subject, "a NATS subject without wildcards",
+             "forkless relay: each message is published to <this>.<escaped stream name>; required for the relay"),
+    Variable("RELAY_TOKEN", "relay_token", str.strip, "any text",
+             "forkless relay: the NATS token to connect with; never logged", secret=True),
+    Variable("RELAY_CREDS", "relay_creds", _existing_file, "the path of an existing NATS .creds file",
+             "forkless relay: the NATS credentials file to connect with"),
+    Variable("RELAY_SEQ", "relay_seq", _choice(*SEQ_MODES), "feed, stream or none",
+             "forkless relay: how the feeds number their messages, for counting gaps: feed (one seq per feed, +1"
+             " per message, as the demo feed's), stream (one seq per stream), none (no gap counting)"),
 )
 
 
@@ -627,6 +661,11 @@ class Config:
     instances: int | None = None
     lease_s: float = 10.0
     lease_bucket: str = "forkless-leases"
+    relay_nats: str = ""
+    relay_subject: str = ""
+    relay_token: str = field(default="", repr=False)
+    relay_creds: str = ""
+    relay_seq: str = "feed"
 
     def __post_init__(self) -> None:
         if not isinstance(self.subscribe, str):  # a JSON value given in code: stored as the text to send
@@ -650,6 +689,14 @@ class Config:
                               "shorthand), not both: move that feed into the FORKLESS_FEEDS list")
         self._validate_partitions()
         self._validate_credentials()
+        relay_sources = [what for what, present in (
+            ("a user:password in FORKLESS_RELAY_NATS", any(urlsplit(u.strip()).username
+                                                           for u in self.relay_nats.split(",") if u.strip())),
+            ("FORKLESS_RELAY_TOKEN", bool(self.relay_token)), ("FORKLESS_RELAY_CREDS", bool(self.relay_creds)))
+            if present]
+        if len(relay_sources) > 1:
+            raise ConfigError(PREFIX + ("RELAY_TOKEN" if self.relay_token else "RELAY_CREDS"), "<hidden>",
+                              f"one source of credentials for the relay, not {' and '.join(relay_sources)}")
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ConfigError(PREFIX + "RECONNECT_MAX_S", str(self.reconnect_max_s),
                               f"a number >= FORKLESS_RECONNECT_MIN_S ({self.reconnect_min_s})")
@@ -754,6 +801,29 @@ class Config:
                           **{f.name: getattr(self, f.name) for f in dataclasses.fields(IOSettings)
                              if f.name != "feeds_from_list"})
 
+    def relay_settings(self) -> tuple[IOSettings, RelaySettings]:
+        """What ``forkless relay`` runs with: the IO side's settings (its feeds never sent a reply)
+        and the publisher's; ``ConfigError`` naming the variable (or the feed) the relay cannot use:
+        FORKLESS_RELAY_NATS or FORKLESS_RELAY_SUBJECT unset, a JetStream entry in FORKLESS_FEEDS,
+        FORKLESS_OVERFLOW=drop_oldest (the relay never drops a message)."""
+        for var, value in (("RELAY_NATS", self.relay_nats), ("RELAY_SUBJECT", self.relay_subject)):
+            if not value:
+                raise ConfigError(PREFIX + var, "", f"to be set for the relay: {_variable(var).allowed}")
+        for index, spec in enumerate(self.feed_specs):
+            if spec.jetstream is not None:
+                raise ConfigError(PREFIX + "FEEDS", "<hidden>", f"WebSocket feeds only for the relay: feed {index} "
+                                  f"({spec.name!r}) is a JetStream feed (\"nats\"); the relay publishes to "
+                                  "FORKLESS_RELAY_NATS, it does not read a stream")
+        if self.overflow != "block":
+            raise ConfigError(PREFIX + "OVERFLOW", self.overflow, "block for the relay: it never drops a message "
+                              "(a full inbound queue stops reading the socket)")
+        io = self.io_settings()
+        io = dataclasses.replace(io, feed_specs=tuple(dataclasses.replace(spec, replies="none")
+                                                      for spec in io.feed_specs))
+        target = FeedSpec("relay", self.relay_nats, jetstream=JetStreamSpec("", token=self.relay_token,
+                                                                              creds=self.relay_creds))
+        return io, RelaySettings(target, self.relay_subject, self.relay_seq, self.max_batch)
+
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
 
@@ -793,6 +863,10 @@ def _subscribe_text(value: Any) -> str:
                           "which json cannot write (it is or holds a set, bytes, NaN, another object …)") from None
 
 
+def _variable(name: str) -> Variable:
+    return next(var for var in VARIABLES if var.name == name)
+
+
 def _allowed(var: Variable, exc: BaseException) -> str:
     """What the variable allows, plus the parser's detail when it gave one (``ValueProblem``)."""
     return f"{var.allowed}: {exc}" if isinstance(exc, ValueProblem) else var.allowed
@@ -804,6 +878,8 @@ def _shown(var: Variable, text: str) -> str:
         return "<hidden>"
     if var.field == "ws_url":
         return redact_url(text.strip())
+    if var.field == "relay_nats":
+        return redact_urls(text.strip())
     return text
 
 

@@ -43,7 +43,8 @@ EXIT_STATUSES = {
                  "lease another live instance holds)",
     EXIT_FEED: "the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up; with "
                "several feeds, every feed (or one, with FORKLESS_FEED_FATAL=any) (or --check: a feed is unreachable); "
-               "a partition's lease lost (not renewed in time)",
+               "a partition's lease lost (not renewed in time); forkless relay: also its NATS server, or messages "
+               "read and not stored by the stop's deadline",
     EXIT_INTERRUPTED: "a second Ctrl-C (SIGINT) during the orderly stop: the IO side aborted, what was not sent is "
                       "counted as dropped, no checkpoint written",
 }

@@ -8,6 +8,9 @@ Rules:
 - The IO thread's reader of ``outbound`` is woken by one event per put (``OutboundSender``,
   ``OutboundReceiver``) instead of janus's notification: one turn of the loop instead of
   three (measured in the latency budget's ``outbound`` hop, bench/README.md).
+- With a sink on the IO loop instead of the main thread (the relay, io_loop/thread.py), the IO
+  thread takes from ``inbound``'s async side too, and ends ``outbound`` itself (``end_outbound``):
+  the main thread then touches neither queue.
 - Orderly stop, in this order: the IO thread stops reading and shuts ``inbound`` down
   (the main thread drains what is left, then gets ``SyncQueueShutDown``); the main thread
   sends its last results and shuts ``outbound`` down (the IO thread sends what is left,
@@ -133,6 +136,10 @@ class Bridge:
     def stop_inbound(self) -> None:
         """No more chunks will come; the main thread drains what is queued, then sees ShutDown."""
         self._inbound.shutdown()
+
+    def end_outbound(self) -> None:
+        """No replies will come (a sink took the chunks, io_loop/thread.py): the feeds' writers end."""
+        self._outbound_sender.shutdown()
 
     def depths(self) -> tuple[int, int]:
         return self._inbound.async_q.qsize(), self._outbound.async_q.qsize()

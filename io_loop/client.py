@@ -227,7 +227,7 @@ class FeedClient:
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse, first: list[str | bytes]) -> End:
         """Run one connection until it is lost or everything is sent; ``first`` is sent before anything."""
         self._connection_id += 1
-        conn = self._connection_id
+        conn = self.handover.connection = self._connection_id
         stats = self.stats
         stats.connects += 1
         stats.connected = True

@@ -84,6 +84,7 @@ class Chunk:
     feed: int = 0  # index of the feed (``IOSettings.feed_specs``) whose connection it came from
     trace: Trace | None = None  # one in SAMPLE_EVERY messages: its first message's hop times
     origin: list[Origin] | None = None  # per message, from a replayable source (JetStream); None otherwise
+    connection: int = 0  # the feed's connection (1, 2, …) its frames were read on; 0 for a JetStream feed
 
     def __len__(self) -> int:
         return len(self.seq)

@@ -10,6 +10,9 @@ Rules:
   a chunk. The reader calls ``flush`` at once when ``should_flush()`` says so (``max_batch``
   messages gathered, or an earlier put still waiting for room).
 - Order is kept: a chunk is never put while an earlier one is still waiting for room.
+- A chunk carries the reader's ``connection`` (set by the feed at each new connection) as it was
+  when its first frame was gathered; a connection's frames are put before the next one opens
+  (a put is scheduled for the loop's next turn, and opening a connection takes more than one).
 - One message in ``SAMPLE_EVERY`` carries a ``Trace`` (io_loop/crossing.py): the chunk
   holding it is stamped with its first frame's read and decode times, and just before its put.
 - Queue full: ``block`` waits for room (so the reader stops reading and TCP pushes back on
@@ -60,6 +63,8 @@ class Handover:
         self._in_put = 0  # messages in a put flush() is waiting on
         self._first_decoded_ns = 0
         self._until_sample = 1  # the first chunk is sampled, then one message in SAMPLE_EVERY
+        self.connection = 0  # the feed's current connection (FeedClient sets it), stamped on chunks
+        self._gathered_connection = 0  # the connection of the messages in _parts
 
     def __len__(self) -> int:
         """Messages gathered and not yet put (not counting a put that waits for room)."""
@@ -82,6 +87,7 @@ class Handover:
                 self._origins = []
             self._origins.extend(origin)
         if not self._parts:
+            self._gathered_connection = self.connection
             self._first_ns = received_ns
             self._first_decoded_ns = decoded_ns or received_ns
             if not self._scheduled:
@@ -126,13 +132,15 @@ class Handover:
             self._until_sample = SAMPLE_EVERY
             trace = Trace(self.feed, self._first_ns, self._first_decoded_ns)
         if len(parts) == 1:
-            return Chunk(parts[0].seq, parts[0].stream, parts[0].x, self._first_ns, self.feed, trace, origin)
+            return Chunk(parts[0].seq, parts[0].stream, parts[0].x, self._first_ns, self.feed, trace, origin,
+                         self._gathered_connection)
         seq: list[Any] = []
         stream: list[str] = []
         for part in parts:
             seq.extend(part.seq)
             stream.extend(part.stream)
-        return Chunk(seq, stream, np.concatenate([part.x for part in parts]), self._first_ns, self.feed, trace, origin)
+        return Chunk(seq, stream, np.concatenate([part.x for part in parts]), self._first_ns, self.feed, trace, origin,
+                     self._gathered_connection)
 
     def _put_soon(self) -> None:
         """Loop callback: put what was gathered without waiting. If the queue is full, a task

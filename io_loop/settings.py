@@ -23,12 +23,14 @@ from functools import cached_property
 from io_loop.netaddr import redact_url, redact_urls
 from io_loop.partitions import PARTITION_FIELD, partition_subjects
 
-__all__ = ["REPLY_POLICIES", "FeedSpec", "IOSettings", "JetStreamSpec"]
+__all__ = ["REPLY_POLICIES", "SEQ_MODES", "FeedSpec", "IOSettings", "JetStreamSpec", "RelaySettings"]
 
 # what a feed is sent back (FORKLESS_REPLIES, a feed's "replies"): "all" results and error
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
 # own ping/pong/close): results still reach ``on_results`` and the counters
 REPLY_POLICIES = ("all", "results", "none")
+# how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps (io_loop/relay.py)
+SEQ_MODES = ("feed", "stream", "none")
 
 
 @dataclass(frozen=True)
@@ -152,3 +154,17 @@ class IOSettings:
     checkpoint_bucket: str = ""
     lease_bucket: str = "forkless-leases"
     lease_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    """What the relay's publisher reads (io_loop/relay.py), from ``Config.relay_settings()``: its NATS
+    server(s), described as a JetStream feed's are (``target.url`` comma-separated, the token and
+    creds in ``target.jetstream``, its stream name unused), the subject prefix
+    (FORKLESS_RELAY_SUBJECT), how the feeds number their messages (FORKLESS_RELAY_SEQ) and the
+    in-flight bound (FORKLESS_MAX_BATCH)."""
+
+    target: FeedSpec
+    subject: str
+    seq: str = "feed"  # one of SEQ_MODES
+    max_in_flight: int = 256

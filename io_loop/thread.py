@@ -16,6 +16,12 @@ Rules:
   frames, copied counters) and the bridge's queues.
 - No process is started and nothing forks: the demo feed and the metrics server run as
   tasks on this same loop.
+- A ``sink`` (``InboundSink``, the relay's publisher: io_loop/relay.py) takes the place of the main
+  thread as the reader of ``inbound``: it runs on this loop beside the feeds, taking chunks from
+  inbound's async side, and the main thread touches neither queue. No replies come, so once the
+  sink has returned (inbound shut down by the stop and everything taken dealt with) outbound is
+  ended here, and the feeds close. If the feeds fail first, inbound is shut down and the sink
+  gets until ``shutdown_timeout_s`` to deal with what was read; then the feeds' error is raised.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from io_loop.bridge import Bridge, MainSide
 from io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
@@ -38,11 +44,19 @@ from io_loop.settings import IOSettings
 if TYPE_CHECKING:
     from io_loop.demo_feed import DemoFeed
 
-__all__ = ["IOThread"]
+__all__ = ["IOThread", "InboundSink"]
 
 log = logging.getLogger("forkless.io")
 
 ABORT_CLEANUP_S = 0.2
+
+
+class InboundSink(Protocol):
+    """What takes the chunks instead of the main thread (see the module rules)."""
+
+    async def run(self, inbound: Any) -> None:
+        """Take chunks from ``inbound`` (``janus.AsyncQueue``) until it raises ``AsyncQueueShutDown``,
+        deal with them, then return; raise ``FeedFatal`` when they cannot be dealt with."""
 
 
 class IOThread:
@@ -50,8 +64,9 @@ class IOThread:
                  stats_snapshot: Callable[[], Any] = lambda: None,
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
                  on_connect: OnConnect | None = None, positions: Mapping[str, Origin] | None = None,
-                 name: str = "forkless-io") -> None:
+                 sink: InboundSink | None = None, name: str = "forkless-io") -> None:
         self.settings = settings
+        self._sink = sink
         self.positions = dict(positions or {})  # JetStream feeds' restored positions, by feed name
         self.codec = codec
         self.stats = stats
@@ -179,7 +194,10 @@ class IOThread:
             background.append(asyncio.create_task(self._watch_lag(), name="forkless-lag"))
             self._main_side = bridge.main_side()
             self._ready.set()
-            await self._feeds.run()
+            if self._sink is None:
+                await self._feeds.run()
+            else:
+                await self._run_with_sink(self._sink, self._feeds, bridge)
         finally:
             for task in background:
                 task.cancel()
@@ -195,6 +213,32 @@ class IOThread:
             except TimeoutError:
                 log.warning("clean-up after the abort cut short after %.1fs", ABORT_CLEANUP_S)
             await bridge.aclose()
+
+    async def _run_with_sink(self, sink: InboundSink, feeds: FeedSet, bridge: Bridge) -> None:
+        """The feeds and the sink together, until both are done (see the module rules)."""
+        feeding = asyncio.create_task(feeds.run(), name="forkless-feeds")
+        sinking = asyncio.create_task(sink.run(bridge.inbound), name="forkless-sink")
+        try:
+            done, _ = await asyncio.wait({feeding, sinking}, return_when=asyncio.FIRST_COMPLETED)
+            if sinking in done:
+                sinking.result()  # the sink's failure (FeedFatal) ends the loop at once
+                bridge.end_outbound()  # no replies will come: the feeds' writers end, the connections close
+                await feeding
+                return
+            # the feeds run until outbound ends, so they ended by failing: the sink deals with
+            # what was read (bounded by the stop's timeout), then their error is raised
+            bridge.stop_inbound()
+            try:
+                async with asyncio.timeout(self.settings.shutdown_timeout_s):
+                    await asyncio.shield(sinking)
+            except TimeoutError:
+                log.error("the feeds failed and what they had read was not dealt with within "
+                          "FORKLESS_SHUTDOWN_TIMEOUT_S=%s", self.settings.shutdown_timeout_s)
+            feeding.result()
+        finally:
+            for task in (feeding, sinking):
+                task.cancel()
+            await asyncio.gather(feeding, sinking, return_exceptions=True)
 
     async def _stop_reading(self, deadline: float | None) -> None:
         if self.demo is not None:

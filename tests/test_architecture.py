@@ -73,6 +73,7 @@ IO = [
     "io_loop/jetstream.py",
     "io_loop/natsstore.py",
     "io_loop/probe.py",
+    "io_loop/relay.py",
     "io_loop/thread.py",
 ]
 COMPOSITION = [
@@ -85,6 +86,7 @@ COMPOSITION = [
     "controller/loop.py",
     "controller/partitioned.py",
     "controller/recovery.py",
+    "controller/relaycmd.py",
 ]
 LAYERS = {"core": CORE, "device": DEVICE, "io": IO, "composition": COMPOSITION}
 

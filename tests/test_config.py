@@ -61,11 +61,15 @@ BAD = {
     "FORKLESS_INSTANCES": "0",
     "FORKLESS_LEASE_S": "0",
     "FORKLESS_LEASE_BUCKET": "forkless leases",
+    "FORKLESS_RELAY_NATS": "http://127.0.0.1:4222",
+    "FORKLESS_RELAY_SUBJECT": "ticks.*",
+    "FORKLESS_RELAY_CREDS": "/no/such.creds",
+    "FORKLESS_RELAY_SEQ": "global",
 }
 
 
 def test_every_variable_has_a_bad_value_in_this_test():
-    assert {v.env for v in VARIABLES} - {"FORKLESS_AUTH_TOKEN"} == set(BAD)
+    assert {v.env for v in VARIABLES} - {"FORKLESS_AUTH_TOKEN", "FORKLESS_RELAY_TOKEN"} == set(BAD)
 
 
 def test_defaults_are_the_documented_ones():

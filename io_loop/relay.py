@@ -1,0 +1,514 @@
+"""The relay's publishing side (``forkless relay``): every message the WebSocket feeds hand over is
+published to a JetStream stream, one JSON object per NATS message, and held until the server has
+stored it. Imported only by the relay (it imports nats-py, an optional extra).
+
+Rules:
+- Runs on the IO loop as the IO thread's sink (io_loop/thread.py ``InboundSink``): it takes the
+  chunks the feeds' hand-overs put on the bridge's inbound queue, on the same loop; the relay's
+  main thread touches neither queue (it starts, watches and stops the IO thread). This is the
+  simpler of the two shapes: no second loop, no hop between threads, and backpressure is one
+  rule: a chunk is taken from inbound only while fewer than ``max_in_flight`` (FORKLESS_MAX_BATCH)
+  messages are held (waiting to be published, or published and not yet acknowledged). Inbound is
+  bounded and the relay's hand-over blocks (FORKLESS_OVERFLOW=block), so a slow or absent server
+  stops the feeds' readers and TCP pushes back on the WebSocket servers.
+- Ids: a message gets its id when it is taken, ``Nats-Msg-Id: <run id>:<n>`` (the run id random per
+  process start, n counting from 1), and keeps it for every retry: a retried publish is dropped by
+  the stream's duplicate window if the server had stored it, and two real messages never share an
+  id (a feed's own ``seq`` may restart after a reconnect).
+- Acknowledgements: each publish asks for the JetStream ack on an inbox of this connection
+  (``<inbox>.<n>``). A message is held until its ack says stored (or duplicate). Any failure (the
+  connection lost, an error ack such as no stream for the subject, no ack for
+  FORKLESS_CONNECT_TIMEOUT_S) drops the connection; after the ``Backoff`` delay every held message
+  is published again, in order, with its id: nothing is ever skipped. FORKLESS_RECONNECT_TRIES
+  failures in a row (0: never) end the relay with ``FeedFatal`` (exit 3), as for a feed.
+- Payload: ``{"seq", "stream", "x"}`` with ``x`` as the codec decoded it (float64 in the relay),
+  written with the shortest text that reads back to the same double, so the default codec decodes
+  the payload to exactly what it would have decoded from the feed's own frame. The subject is
+  ``<subject>.<escape_stream(stream)>`` (io_loop/partitions.py).
+- Gaps: ``SeqGaps`` (pure) follows each feed's ``seq`` (FORKLESS_RELAY_SEQ=feed: the feed numbers
+  its messages one by one, as the demo feed does; ``stream``: each stream's own numbering; ``none``)
+  and counts the messages whose seq jumps over missing ones, and the numbers jumped over, by reason:
+  across a reconnect of the feed (the chunk's ``connection`` changed) or within one connection; a
+  seq that goes back (a feed that restarted its numbering) is counted apart. Each gap is logged
+  (at most one line per feed per ``GAP_LOG_S``, the next line saying how many were not), the totals
+  at the stop.
+- Orderly stop: the sink returns once inbound is shut down and empty and every held message is
+  acknowledged. What is still held when it is cancelled (the IO thread aborted: the stop deadline
+  passed, a second SIGINT, a feed's failure) is counted in ``unpublished`` and logged.
+- Secrets (a user:password in the URL, the token, the creds file's content) are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import janus
+import nats
+import nats.errors
+import orjson
+
+from io_loop.backoff import Backoff
+from io_loop.counters import copy_counts
+from io_loop.crossing import Chunk
+from io_loop.errors import FeedFatal
+from io_loop.jetstream import NATS_ERRORS, connect_options
+from io_loop.partitions import escape_stream
+from io_loop.settings import SEQ_MODES, IOSettings, RelaySettings
+
+__all__ = ["GAP_REASONS", "Gap", "Publisher", "RelaySnapshot", "RelayStats", "SeqGaps"]
+
+log = logging.getLogger("forkless.relay")
+
+ACROSS_RECONNECT, WITHIN_CONNECTION = "across a reconnect", "within a connection"
+GAP_REASONS = (ACROSS_RECONNECT, WITHIN_CONNECTION)
+GAP_LOG_S = 5.0  # a feed's gaps are logged at most once per this long (the next line counts the rest)
+GIVE_UP_CLOSE_S = 0.25
+SUBJECT_CACHE = 100_000  # stream names whose subject is kept (then the cache starts again)
+
+
+# ---- counting gaps (pure) -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gap:
+    """One message whose seq did not follow the previous one of its feed (or stream)."""
+
+    feed: int
+    stream: str
+    before: int  # the previous seq
+    seq: int
+    reason: str  # one of GAP_REASONS
+
+    @property
+    def missing(self) -> int:
+        """Numbers jumped over (0 when the seq went back or repeated)."""
+        return max(0, self.seq - self.before - 1)
+
+
+class SeqGaps:
+    """Follows the seqs of each feed (``per="feed"``) or of each stream (``"stream"``); ``"none"``
+    counts nothing. Pure: the caller passes each chunk's messages and logs what comes back."""
+
+    def __init__(self, per: str) -> None:
+        if per not in SEQ_MODES:
+            raise ValueError(f"per must be one of {SEQ_MODES}")
+        self.per = per
+        self._last: dict[Any, tuple[int, int]] = {}  # key -> (seq, connection)
+        self.gaps: Counter[str] = Counter()  # messages whose seq jumped, by reason
+        self.missing: Counter[str] = Counter()  # numbers jumped over, by reason
+        self.back: Counter[str] = Counter()  # messages whose seq went back or repeated, by reason
+
+    def observe(self, feed: int, connection: int, seqs: list[Any], streams: list[str]) -> list[Gap]:
+        """Follow one chunk's messages (in order); the gaps and goings-back found."""
+        if self.per == "none":
+            return []
+        found: list[Gap] = []
+        last = self._last
+        by_stream = self.per == "stream"
+        for seq, stream in zip(seqs, streams):
+            key = (feed, stream) if by_stream else feed
+            prev = last.get(key)
+            last[key] = (seq, connection)
+            if prev is None or seq == prev[0] + 1:
+                continue
+            reason = ACROSS_RECONNECT if connection != prev[1] else WITHIN_CONNECTION
+            gap = Gap(feed, stream, prev[0], seq, reason)
+            if seq > prev[0]:
+                self.gaps[reason] += 1
+                self.missing[reason] += gap.missing
+            else:
+                self.back[reason] += 1
+            found.append(gap)
+        return found
+
+
+# ---- the counters ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RelayStats:
+    """Written by the IO thread only (the publisher); read elsewhere through ``snapshot()``."""
+
+    taken: int = 0  # messages taken from inbound (each gets an id)
+    published: int = 0  # first publications
+    retried: int = 0  # publications again (after a failure)
+    acked: int = 0  # messages the server acknowledged (stored, or a duplicate of one stored)
+    duplicates: int = 0  # of those, acknowledged as duplicates (a retry of one already stored)
+    held: int = 0  # taken and not yet acknowledged (waiting or in flight)
+    unpublished: int = 0  # held when the publisher was cancelled: never stored
+    connects: int = 0
+    reconnects: int = 0
+    connect_failures: int = 0
+    connected: bool = False
+    state_since: float = 0.0  # wall-clock seconds of the last connect/disconnect
+    last_error: str = ""
+    gaps: SeqGaps = field(default_factory=lambda: SeqGaps("none"))
+
+    def snapshot(self) -> RelaySnapshot:
+        gaps = self.gaps
+        return RelaySnapshot(
+            taken=self.taken, published=self.published, retried=self.retried, acked=self.acked,
+            duplicates=self.duplicates, held=self.held, unpublished=self.unpublished, connects=self.connects,
+            reconnects=self.reconnects, connect_failures=self.connect_failures, connected=self.connected,
+            state_since=self.state_since, last_error=self.last_error, gaps=copy_counts(gaps.gaps),
+            missing=copy_counts(gaps.missing), back=copy_counts(gaps.back))
+
+
+@dataclass(frozen=True)
+class RelaySnapshot:
+    """The publisher's figures at one moment (see ``RelayStats``)."""
+
+    taken: int
+    published: int
+    retried: int
+    acked: int
+    duplicates: int
+    held: int
+    unpublished: int
+    connects: int
+    reconnects: int
+    connect_failures: int
+    connected: bool
+    state_since: float
+    last_error: str
+    gaps: dict[str, int]
+    missing: dict[str, int]
+    back: dict[str, int]
+
+
+# ---- the publisher --------------------------------------------------------------------------------
+
+
+class _Held:
+    """One message taken and not yet acknowledged."""
+
+    __slots__ = ("n", "payload", "sent", "subject")
+
+    def __init__(self, n: int, subject: str, payload: bytes) -> None:
+        self.n = n
+        self.subject = subject
+        self.payload = payload
+        self.sent = False  # published at least once
+
+
+class _Lost(Exception):
+    """A connection attempt failed; ``fatal`` when retrying cannot help (credentials refused)."""
+
+    def __init__(self, reason: str, *, fatal: bool = False) -> None:
+        super().__init__(reason)
+        self.fatal = fatal
+
+
+class _Connection:
+    """One connection's fate: the first failure seen on it (its callbacks write here, so a late
+    callback of an old connection cannot touch the next one)."""
+
+    __slots__ = ("failure", "wake")
+
+    def __init__(self, wake: asyncio.Event) -> None:
+        self.failure = ""
+        self.wake = wake
+
+    def fail(self, reason: str) -> None:
+        if not self.failure:
+            self.failure = reason
+        self.wake.set()
+
+
+class Publisher:
+    """The relay's sink (see the module rules): ``await run(inbound)`` until inbound is shut down
+    and everything taken is stored; raises ``FeedFatal`` when the server cannot be used.
+    ``feed_names``: the feeds' names by index, for the logs."""
+
+    def __init__(self, relay: RelaySettings, settings: IOSettings, stats: RelayStats, feed_names: list[str]) -> None:
+        self.relay = relay
+        self.settings = settings
+        self.stats = stats
+        stats.gaps = self.gaps = SeqGaps(relay.seq)
+        self.feed_names = feed_names
+        self.run_id = secrets.token_hex(8)
+        self.shown_url = relay.target.shown_url
+        self._n = 0  # ids given so far
+        self._waiting: deque[_Held] = deque()  # taken, not published on the current connection
+        self._in_flight: dict[int, _Held] = {}  # published on the current connection, not acknowledged
+        self._inbound_done = False
+        self._wake = asyncio.Event()  # something changed: an ack, a new message, a failure
+        self._room = asyncio.Event()  # fewer than max_in_flight held
+        self._subjects: dict[str, str] = {}
+        self._gap_logged_at: dict[int, float] = {}
+        self._gaps_not_logged: Counter[int] = Counter()
+
+    # ---- the sink -------------------------------------------------------------------------------
+
+    async def run(self, inbound: Any) -> None:
+        cfg = self.settings
+        backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s, cfg.reconnect_reset_s, cfg.reconnect_tries)
+        taker = asyncio.create_task(self._take(inbound), name="forkless-relay-take")
+        log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages in flight)", self.relay.subject,
+                 self.shown_url, self.run_id, self.relay.max_in_flight)
+        try:
+            while True:
+                try:
+                    nc, conn = await self._connect()
+                except _Lost as exc:
+                    reason, fatal = str(exc), exc.fatal
+                    self.stats.connect_failures += 1
+                    self.stats.last_error = reason
+                    delay = None if fatal else backoff.failed()
+                    if delay is None:
+                        raise FeedFatal(f"relay: giving up on {self.shown_url}"
+                                        f"{'' if fatal else f' after {backoff.failures} failed attempts in a row'}: "
+                                        f"{reason}") from None
+                    log.warning("relay: connecting to %s failed: %s; retrying in %.2fs", self.shown_url, reason, delay)
+                    await self._pause(delay, taker)
+                    continue
+                backoff.connected(time.monotonic())
+                reason = await self._serve(nc, conn, taker)
+                backoff.disconnected(time.monotonic())
+                if not reason:
+                    log.info("relay: every message taken is stored (%d); connection to %s closed", self.stats.acked,
+                             self.shown_url)
+                    return
+                self.stats.last_error = reason
+                delay = backoff.failed()
+                if delay is None:
+                    raise FeedFatal(f"relay: giving up on {self.shown_url} after {backoff.failures} failures in a "
+                                    f"row, {self.stats.held} messages not stored: {reason}")
+                log.warning("relay: %s; %d messages held, published again after a new connection in %.2fs",
+                            reason, self.stats.held, delay)
+                self.stats.reconnects += 1
+                await self._pause(delay, taker)
+        finally:
+            taker.cancel()
+            await asyncio.gather(taker, return_exceptions=True)
+            held = len(self._waiting) + len(self._in_flight)
+            if held:
+                self.stats.unpublished += held
+                log.error("relay: %d messages taken from the feeds were never stored by %s (ids %s:%d and after)",
+                          held, self.shown_url, self.run_id, min(m.n for m in (*self._waiting,
+                                                                             *self._in_flight.values())))
+            self._log_gap_totals()
+
+    async def _pause(self, delay: float, taker: asyncio.Task) -> None:
+        """The backoff's delay (the taker goes on filling up to the bound meanwhile)."""
+        if taker.done() and not self._inbound_done:
+            taker.result()  # what killed it (a bug): raised, not waited on forever
+        await asyncio.sleep(delay)
+
+    # ---- taking chunks ------------------------------------------------------------------------------
+
+    async def _take(self, inbound: Any) -> None:
+        bound = self.relay.max_in_flight
+        while True:
+            while self.stats.held >= bound:
+                self._room.clear()
+                await self._room.wait()
+            try:
+                self._add(await inbound.get())
+                while self.stats.held < bound:  # what else is queued, without a turn of the loop each
+                    self._add(inbound.get_nowait())
+            except asyncio.QueueEmpty:
+                pass
+            except janus.AsyncQueueShutDown:
+                self._inbound_done = True
+                return
+            finally:
+                self._wake.set()
+
+    def _add(self, chunk: Chunk) -> None:
+        """Give each message of ``chunk`` its id, subject and payload; follow its seqs."""
+        for gap in self.gaps.observe(chunk.feed, chunk.connection, chunk.seq, chunk.stream):
+            self._log_gap(gap)
+        rows = chunk.x.tolist()  # float64: Python floats, written back exactly
+        dumps, subjects, waiting = orjson.dumps, self._subjects, self._waiting
+        for seq, stream, x in zip(chunk.seq, chunk.stream, rows):
+            subject = subjects.get(stream)
+            if subject is None:
+                if len(subjects) >= SUBJECT_CACHE:
+                    subjects.clear()
+                subject = subjects[stream] = f"{self.relay.subject}.{escape_stream(stream)}"
+            self._n += 1
+            waiting.append(_Held(self._n, subject, dumps({"seq": seq, "stream": stream, "x": x})))
+        self.stats.taken += len(chunk)
+        self.stats.held += len(chunk)
+
+    # ---- the connection -----------------------------------------------------------------------------
+
+    async def _connect(self) -> tuple[Any, _Connection]:
+        cfg = self.settings
+        conn = _Connection(self._wake)
+        errors: list[str] = []
+
+        async def on_closed() -> None:
+            conn.fail("the connection to the NATS server was lost")
+
+        async def on_error(exc: Exception) -> None:  # nats-py's default logs a traceback per error
+            errors.append(_describe(exc))
+
+        options = connect_options(cfg, self.relay.target, error_cb=on_error, disconnected_cb=on_closed,
+                                  closed_cb=on_closed)
+        try:
+            async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(options["servers"]) + 1):
+                nc = await nats.connect(**options)
+        except nats.errors.AuthorizationError:
+            raise _Lost("the server refused the credentials (check the user:password in FORKLESS_RELAY_NATS, "
+                        "FORKLESS_RELAY_TOKEN or FORKLESS_RELAY_CREDS)", fatal=True) from None
+        except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
+            raise _Lost(f"cannot connect: {errors[-1] if errors else _describe(exc)}") from None
+        return nc, conn
+
+    async def _serve(self, nc: Any, conn: _Connection, taker: asyncio.Task) -> str:
+        """Publish until everything taken is stored and inbound is done (returns ""), or until the
+        connection fails (returns why; the messages in flight wait to be published again)."""
+        stats, bound = self.stats, self.relay.max_in_flight
+        stats.connects += 1
+        stats.connected = True
+        stats.state_since = time.time()
+        log.info("relay: connected to %s", self.shown_url)
+        prefix = nc.new_inbox() + "."
+        cut = len(prefix)
+        in_flight, waiting, wake = self._in_flight, self._waiting, self._wake
+        headers_id = f"{self.run_id}:"
+
+        async def on_ack(msg: Any) -> None:
+            try:
+                n = int(msg.subject[cut:])
+            except ValueError:
+                return
+            held = in_flight.get(n)
+            if held is None:  # an ack of an earlier connection's publication, or a copy
+                return
+            problem = _ack_problem(msg)
+            if problem:
+                conn.fail(problem.replace("{subject}", repr(held.subject)))
+                return
+            del in_flight[n]
+            stats.acked += 1
+            stats.held -= 1
+            if b'"duplicate":true' in msg.data:
+                stats.duplicates += 1
+            if stats.held < bound:
+                self._room.set()
+            wake.set()
+
+        try:
+            sub = await nc.subscribe(prefix + "*", cb=on_ack)
+        except NATS_ERRORS as exc:
+            await self._end(nc, conn)
+            return f"subscribing to the acknowledgements failed: {_describe(exc)}"
+        timeout = self.settings.connect_timeout_s
+        loop = asyncio.get_running_loop()
+        acked, waiting_since = stats.acked, loop.time()  # the last ack seen, and since when we wait for one
+        try:
+            while True:
+                if not in_flight:  # nothing awaited: the wait for an ack starts with the next publication
+                    acked, waiting_since = stats.acked, loop.time()
+                while waiting and len(in_flight) < bound and not conn.failure:
+                    held = waiting.popleft()
+                    in_flight[held.n] = held
+                    if held.sent:
+                        stats.retried += 1
+                    else:
+                        held.sent = True
+                        stats.published += 1
+                    await nc.publish(held.subject, held.payload, reply=f"{prefix}{held.n}",
+                                     headers={"Nats-Msg-Id": f"{headers_id}{held.n}"})
+                if conn.failure:
+                    return conn.failure
+                if taker.done() and not self._inbound_done:
+                    taker.result()  # what killed it (a bug): raised, not waited on forever
+                if not in_flight and not waiting and self._inbound_done:
+                    return ""
+                now = loop.time()
+                if stats.acked != acked:  # progress: the wait for an ack starts again
+                    acked, waiting_since = stats.acked, now
+                elif now - waiting_since >= timeout:  # new messages arriving do not extend it
+                    return (f"no acknowledgement from {self.shown_url} within {timeout:g}s "
+                            "(FORKLESS_CONNECT_TIMEOUT_S)")
+                wake.clear()
+                try:
+                    async with asyncio.timeout(waiting_since + timeout - now if in_flight else None):
+                        await wake.wait()
+                except TimeoutError:
+                    pass
+        except NATS_ERRORS as exc:
+            return f"publishing failed: {_describe(exc)}"
+        finally:
+            # what was in flight waits to be published again, in order, before what was waiting
+            if in_flight:
+                waiting.extendleft(sorted(in_flight.values(), key=lambda m: m.n, reverse=True))
+                in_flight.clear()
+            try:
+                await sub.unsubscribe()
+            except NATS_ERRORS:
+                pass
+            await self._end(nc, conn)
+
+    async def _end(self, nc: Any, conn: _Connection) -> None:
+        conn.failure = conn.failure or "closed"  # its callbacks (the close's own) change nothing now
+        try:
+            async with asyncio.timeout(GIVE_UP_CLOSE_S):
+                await nc.close()
+        except (*NATS_ERRORS, asyncio.CancelledError):
+            pass
+        self.stats.connected = False
+        self.stats.state_since = time.time()
+
+    # ---- gaps ------------------------------------------------------------------------------------------
+
+    def _feed_name(self, index: int) -> str:
+        return self.feed_names[index] if 0 <= index < len(self.feed_names) else str(index)
+
+    def _log_gap(self, gap: Gap) -> None:
+        now = time.monotonic()
+        last = self._gap_logged_at.get(gap.feed)
+        if last is not None and now - last < GAP_LOG_S:
+            self._gaps_not_logged[gap.feed] += 1
+            return
+        self._gap_logged_at[gap.feed] = now
+        more = self._gaps_not_logged.pop(gap.feed, 0)
+        where = f"stream {gap.stream!r} of feed {self._feed_name(gap.feed)!r}" if self.gaps.per == "stream" \
+            else f"feed {self._feed_name(gap.feed)!r}"
+        what = (f"{gap.missing} messages missing" if gap.seq > gap.before
+                else "the seq went back (the feed restarted its numbering?)")
+        log.warning("relay: %s: seq %d followed %d %s: %s%s", where, gap.seq, gap.before, gap.reason, what,
+                    f" ({more} more gaps since the last such line)" if more else "")
+
+    def _log_gap_totals(self) -> None:
+        gaps = self.gaps
+        if gaps.gaps or gaps.back:
+            parts = [f"{gaps.gaps[r]} gaps {r} ({gaps.missing[r]} messages missing)" for r in GAP_REASONS
+                     if gaps.gaps[r]]
+            parts += [f"{gaps.back[r]} times the seq went back {r}" for r in GAP_REASONS if gaps.back[r]]
+            log.warning("relay: seq gaps in this run: %s", "; ".join(parts))
+
+
+def _ack_problem(msg: Any) -> str:
+    """Why a JetStream ack says the message was not stored ("" when it was); ``{subject}`` stands
+    for the message's subject."""
+    status = msg.headers.get("Status") if msg.headers else None
+    if status == "503":
+        return ("no stream stores the subject {subject}: create one with the subjects '<FORKLESS_RELAY_SUBJECT>.>' "
+                "and a duplicate window (OPERATING.md \"The relay\")")
+    if status:
+        return f"the server answered {status} {msg.headers.get('Description', '')}".strip()
+    data = msg.data
+    if b'"error"' in data:
+        try:
+            error = json.loads(data).get("error") or {}
+        except ValueError:
+            return "the server's acknowledgement is not JSON"
+        return f"the server did not store a message to {{subject}}: {error.get('description', error)}"
+    return ""
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text and text[0] else type(exc).__name__
