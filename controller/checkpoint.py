@@ -85,10 +85,30 @@ from controller.placement import CanonicalRows, Placement
 from controller.rowcopy import RowCopy
 from controller.slots import TableCopy
 
-__all__ = ["FORMAT", "CheckpointAbandoned", "checkpoint_bytes", "CheckpointDamaged", "CheckpointMismatch", "PendingSnapshot", "Restored",
-           "Snapshot", "StateCopy", "checkpoint_path", "library_versions", "list_checkpoints", "load_newest",
-           "next_sequence", "parse_checkpoint", "prune", "read_checkpoint", "remove_temporary_files", "restore_state",
-           "shares_device_memory", "take_snapshot", "write_checkpoint"]
+__all__ = [
+    "FORMAT",
+    "CheckpointAbandoned",
+    "CheckpointDamaged",
+    "CheckpointMismatch",
+    "PendingSnapshot",
+    "Restored",
+    "Snapshot",
+    "StateCopy",
+    "checkpoint_bytes",
+    "checkpoint_path",
+    "library_versions",
+    "list_checkpoints",
+    "load_newest",
+    "next_sequence",
+    "parse_checkpoint",
+    "prune",
+    "read_checkpoint",
+    "remove_temporary_files",
+    "restore_state",
+    "shares_device_memory",
+    "take_snapshot",
+    "write_checkpoint",
+]
 
 log = logging.getLogger("forkless.checkpoint")
 

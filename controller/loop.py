@@ -60,8 +60,8 @@ from controller.engine import Engine, StepFailed, compile_step, state_shapes
 from controller.errors import ProcessorContractError
 from controller.host import ProcessSettings, StopSignals
 from controller.ioside import IOFactory, IOSide, OnResults, io_thread
-from controller.processor import Processor, default_processor
 from controller.partitioned import PartitionOwner, check_partitionable
+from controller.processor import Processor, default_processor
 from controller.recovery import Recovery
 from controller.replies import NON_FINITE_REASON, Replies
 from controller.slots import StreamSlots

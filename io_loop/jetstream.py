@@ -66,10 +66,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import janus
-import numpy as np
 import nats
 import nats.errors
 import nats.js.errors
+import numpy as np
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from io_loop.backoff import Backoff

@@ -56,7 +56,8 @@ def _create_partitioned_streams(url: str) -> None:
         js = nc.jetstream()
         await js.add_stream(StreamConfig(
             name="TICKS", subjects=["ticks.*"],
-            subject_transform=SubjectTransform(src="ticks.*", dest=f"ticks.{{{{partition({P},1)}}}}.{{{{wildcard(1)}}}}")))
+            subject_transform=SubjectTransform(
+                src="ticks.*", dest=f"ticks.{{{{partition({P},1)}}}}.{{{{wildcard(1)}}}}")))
         await js.add_stream(StreamConfig(name="SCORES", subjects=["scores"], duplicate_window=300.0))
         await nc.close()
 
@@ -215,3 +216,35 @@ def test_an_instance_whose_partition_count_is_not_the_streams_exits_3_naming_bot
     done = app(env=_env(url, tmp_path, feed=feed, FORKLESS_RECONNECT_TRIES="1")).finish(120 * UNIT_S)
     assert done.returncode == 3, done.stderr
     assert f"makes {P} partitions, the feed's \"partition_count\" is 8" in done.stderr
+
+
+def test_the_demo_feed_through_the_relay_into_the_partitioned_stream_is_answered_once_by_two_instances(
+        app, nats_server, tmp_path):
+    import re
+
+    from tests.harness import run_app
+    from tests.natsserver import read_stream, stream_state
+
+    url = nats_server.url
+    _create_partitioned_streams(url)
+    relay_env = {"FORKLESS_RELAY_NATS": url, "FORKLESS_RELAY_SUBJECT": "ticks", "FORKLESS_FEATURES": str(FEATURES),
+                 "FORKLESS_STATUS_S": "0", "FORKLESS_DEMO_RATE": "2000", "FORKLESS_DEMO_STREAMS": "24",
+                 "FORKLESS_DURATION": "1.5"}
+    two = _start(app, [_env(url, tmp_path, instance=i, instances=2) for i in range(2)])  # serving as it arrives
+    relayed = run_app("relay", env=relay_env, timeout_s=90 * UNIT_S)
+    assert relayed.returncode == 0, relayed.stderr[-3000:]
+    read = int(re.search(r"relay books: (\d+) messages read = \1 stored", relayed.stderr).group(1))
+    assert read > 0 and stream_state(url, "TICKS").messages == read
+    wait_until(lambda: stream_state(url, "SCORES").messages >= read, timeout_s=90 * UNIT_S,
+               what="a result for every relayed message", poll_s=0.2)
+    for proc in two:
+        proc.signal(signal.SIGTERM)
+    for proc in two:
+        done = proc.finish(60 * UNIT_S)
+        assert done.returncode == 0, done.stderr
+    inputs = [json.loads(payload) for _, payload in read_stream(url, "TICKS")]
+    by_id, ids = _results(url)
+    assert sorted(ids) == sorted(f"TICKS:{i + 1}:0" for i in range(read))  # exactly one result per message
+    assert not [r for r in by_id.values() if "error" in r]
+    assert {(r["stream"], r["seq"]) for r in by_id.values()} == {(m["stream"], m["seq"]) for m in inputs}
+    assert all(two[i].stderr.count("books: in 0 ") == 0 for i in range(2))  # both instances had work
