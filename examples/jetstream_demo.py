@@ -1,6 +1,7 @@
 """The JetStream recipe of OPERATING.md ("JetStream feeds"), in three steps, with nats-py:
 
     python examples/jetstream_demo.py setup      # the input stream TICKS and the results stream SCORES
+                                                 # (--partitions P: TICKS partitioned by the server, P parts)
     python examples/jetstream_demo.py publish    # demo messages into TICKS (--count, --rate)
     python examples/jetstream_demo.py compare    # exactly one result per input, equal to a reference
 
@@ -23,7 +24,7 @@ import sys
 
 import nats
 import numpy as np
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig, SubjectTransform
 
 ALPHA, THRESHOLD, WARMUP, EPS = 0.05, 4.0, 20, 1e-6  # the defaults of FORKLESS_ALPHA, _THRESHOLD, _WARMUP
 
@@ -31,9 +32,16 @@ ALPHA, THRESHOLD, WARMUP, EPS = 0.05, 4.0, 20, 1e-6  # the defaults of FORKLESS_
 async def setup(args: argparse.Namespace) -> None:
     nc = await nats.connect(args.nats)
     js = nc.jetstream()
-    await js.add_stream(StreamConfig(name="TICKS", subjects=["ticks.>"]))
+    if args.partitions:  # OPERATING.md "Partitioned instances": ticks.<stream> stored as ticks.<partition>.<stream>
+        dest = f"ticks.{{{{partition({args.partitions},1)}}}}.{{{{wildcard(1)}}}}"
+        transform = SubjectTransform(src="ticks.*", dest=dest)
+        await js.add_stream(StreamConfig(name="TICKS", subjects=["ticks.*"], subject_transform=transform))
+        shown = f"ticks.* stored as ticks.<partition of {args.partitions}>.<stream>"
+    else:
+        await js.add_stream(StreamConfig(name="TICKS", subjects=["ticks.>"]))
+        shown = "ticks.>"
     await js.add_stream(StreamConfig(name="SCORES", subjects=["scores"], duplicate_window=args.window))
-    print(f"streams TICKS (ticks.>) and SCORES (scores, duplicate window {args.window:g} s) on {args.nats}")
+    print(f"streams TICKS ({shown}) and SCORES (scores, duplicate window {args.window:g} s) on {args.nats}")
     await nc.close()
 
 
@@ -125,6 +133,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=1000.0, help="messages a second")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--window", type=float, default=300.0, help="SCORES' duplicate window, seconds")
+    parser.add_argument("--partitions", type=int, default=0,
+                        help="setup: partition TICKS into this many partitions (OPERATING.md 'Partitioned instances')")
     args = parser.parse_args()
     step = {"setup": setup, "publish": publish, "compare": compare}[args.step]
     return asyncio.run(step(args)) or 0
