@@ -67,9 +67,10 @@ from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
+from io_loop.nats_compat import RawClient
 from io_loop.settings import FeedSpec, IOSettings
 
-__all__ = ["JetStreamFeed", "msg_id", "probe_jetstream"]
+__all__ = ["JetStreamFeed", "delivery_numbers", "msg_id", "probe_jetstream"]
 
 log = logging.getLogger("forkless.jetstream")
 
@@ -87,6 +88,27 @@ NATS_ERRORS = (nats.errors.Error, OSError, TimeoutError)
 def msg_id(stream: str, origin: Origin) -> str:
     """The ``Nats-Msg-Id`` of a reply: ``<stream name>:<stream sequence of the input>:<index>``."""
     return f"{stream}:{origin.seq}:{origin.index}"
+
+
+def delivery_numbers(reply: bytes) -> tuple[int, int, int, int] | None:
+    """A JetStream delivery's ``(times delivered, stream sequence, consumer sequence, pending)``
+    from its reply subject, ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer
+    seq>.<timestamp>.<pending>``, or with a domain and an account hash after ``$JS.ACK`` (11 or
+    more tokens, the newer servers'); None for anything else."""
+    tokens = reply.split(b".")
+    n = len(tokens)
+    if n == 9:
+        at = 4
+    elif n >= 11:
+        at = 6
+    else:
+        return None
+    if tokens[0] != b"$JS" or tokens[1] != b"ACK":
+        return None
+    try:
+        return int(tokens[at]), int(tokens[at + 1]), int(tokens[at + 2]), int(tokens[at + 4])
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -296,7 +318,8 @@ class JetStreamFeed:
         options = connect_options(cfg, self.feed, error_cb=on_error, disconnected_cb=on_closed, closed_cb=on_closed)
         try:
             async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(self.servers) + 1):
-                nc = await nats.connect(**options)
+                nc = RawClient()
+                await nc.connect(**options)
         except nats.errors.AuthorizationError:
             raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", "
                           f"\"token\" or \"creds\" of {self.feed.label})", fatal=True) from None
@@ -416,15 +439,13 @@ class JetStreamFeed:
         except NATS_ERRORS as exc:
             return End(Outcome.LOST, f"creating the consumer failed: {_describe(exc)}")
         inbox = nc.new_inbox()
-        # deliveries go to a queue of ours, awaited directly: nats-py's next_msg waits in a task of its
-        # own with asyncio.wait_for, which on Python 3.11 can swallow a cancellation (the stop's, the
-        # end of a connection) when a message arrives at the same moment, and the reader then runs on
+        # deliveries go to a queue of ours, awaited directly (nats-py's next_msg waits in a task of its
+        # own with asyncio.wait_for, which on Python 3.11 can swallow a cancellation: the stop's, the end
+        # of a connection, when a message arrives at the same moment, and the reader then runs on), as
+        # (reply subject, payload, headers) straight from the protocol parser (nats_compat.RawClient)
         deliveries: asyncio.Queue = asyncio.Queue()
-
-        async def deliver(msg: Any) -> None:
-            deliveries.put_nowait(msg)
-
-        sub = await nc.subscribe(inbox, cb=deliver, pending_msgs_limit=4 * self.pull_batch + 64)
+        sub = await nc.raw_subscribe(inbox, lambda _subject, reply, data, headers: deliveries.put_nowait(
+            (reply, data, headers)))
         request = json.dumps({"batch": self.pull_batch, "expires": int(PULL_EXPIRES_S * 1e9),
                               "idle_heartbeat": int(PULL_HEARTBEAT_S * 1e9)}).encode()
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{name}"
@@ -432,44 +453,46 @@ class JetStreamFeed:
         try:
             while self._live == conn:
                 await nc.publish(subject, request, reply=inbox)
-                got, last = 0, None
+                got, last = 0, b""
                 while got < self.pull_batch:
                     try:  # a delivery already queued is taken without a timer (most of them, at full speed)
-                        msg = deliveries.get_nowait()
+                        reply, data, headers = deliveries.get_nowait()
                     except asyncio.QueueEmpty:
                         try:
                             async with asyncio.timeout(PULL_HEARTBEAT_S * MISSED_HEARTBEATS):
-                                msg = await deliveries.get()
+                                reply, data, headers = await deliveries.get()
                         except TimeoutError:
                             return End(Outcome.LOST, f"nothing from the consumer for "
                                                      f"{PULL_HEARTBEAT_S * MISSED_HEARTBEATS:g}s (no heartbeat)")
-                    status = msg.headers.get("Status") if msg.headers else None
+                    status = headers.get("Status") if headers else None
                     if status:
                         if status == "100":  # idle heartbeat
                             continue
                         if status in ("404", "408"):  # no messages / the request expired: ask again
                             break
                         return End(Outcome.LOST, f"the consumer answered {status} "
-                                                 f"{msg.headers.get('Description', '')}".strip())
+                                                 f"{headers.get('Description', '')}".strip())
+                    numbers = delivery_numbers(reply)
+                    if numbers is None:
+                        return End(Outcome.LOST, f"a delivery without JetStream's reply subject: {reply[:200]!r}")
                     got += 1
-                    last = msg
-                    meta = msg.metadata
-                    seq = meta.sequence.stream
-                    if meta.num_delivered == 1:
-                        if meta.sequence.consumer != expected:
+                    last = reply
+                    delivered, seq, consumer_seq, pending = numbers
+                    if delivered == 1:
+                        if consumer_seq != expected:
                             return End(Outcome.LOST, f"delivery gap at stream sequence {seq} (consumer sequence "
-                                                     f"{meta.sequence.consumer}, expected {expected})")
+                                                     f"{consumer_seq}, expected {expected})")
                         expected += 1
                     if seq < self._next[0]:  # consumed already (a redelivery)
                         self.source.skipped += 1
                         continue
-                    if meta.num_delivered > 1:
+                    if delivered > 1:
                         return End(Outcome.LOST, f"stream sequence {seq} redelivered before it was consumed")
-                    await self._consume(msg, seq, meta.num_pending)
+                    await self._consume(data, seq, pending)
                     if self._stopping:
                         break
-                if last is not None:
-                    await last.ack()  # ack policy "all": everything up to it
+                if last:
+                    await nc.publish(last.decode())  # the ack; ack policy "all": everything up to it
                 if self._stopping:
                     return End(Outcome.STOPPED)
             return End(Outcome.LOST, "connection over")
@@ -479,14 +502,14 @@ class JetStreamFeed:
             except NATS_ERRORS:
                 pass
 
-    async def _consume(self, msg: Any, seq: int, pending: int) -> None:
+    async def _consume(self, data: bytes, seq: int, pending: int) -> None:
         """Decode one stream message and hand its good elements over (those not handed over before)."""
         stats, source, codec = self.stats, self.source, self.codec
         received = time.monotonic_ns()
         source.fetched += 1
         source.stream_last_seq = max(source.stream_last_seq, seq + pending)
         stats.frames_in += 1
-        decoded = codec.decode(msg.data)
+        decoded = codec.decode(data)
         decoded_ns = time.monotonic_ns()
         need, skip = self._next
         if seq != need:

@@ -493,10 +493,6 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
     codec = Controller(cfg).codec
     spec: FeedSpec = cfg.feed_specs[0]
 
-    class Msg:
-        def __init__(self, payload: list) -> None:
-            self.data = json.dumps(payload).encode()
-
     good = make_messages(3, streams=1, seed=25)
     payload = [good[0], {"seq": 99}, good[1], good[2]]  # elements 0, 1 and 2 good; the bad one's reply is :3
 
@@ -506,8 +502,8 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
 
         feed = JetStreamFeed(cfg.io_settings(), codec, IOStats(), spec, inbound=inbound, outbox=outbox,
                              resume=Origin(7, 0, False))  # element 0 of message 7 is in the restored state
-        await feed._consume(Msg(payload), 7, 0)
-        await feed._consume(Msg([good[0]]), 8, 0)
+        await feed._consume(json.dumps(payload).encode(), 7, 0)
+        await feed._consume(json.dumps([good[0]]).encode(), 8, 0)
         await feed.handover.flush()
         await asyncio.sleep(0)
         chunks = [inbound.get_nowait() for _ in range(inbound.qsize())]
