@@ -67,10 +67,10 @@ from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
-from io_loop.nats_compat import RawClient
+from io_loop.nats_compat import RawClient, publish_commands
 from io_loop.settings import FeedSpec, IOSettings
 
-__all__ = ["JetStreamFeed", "delivery_numbers", "msg_id", "probe_jetstream"]
+__all__ = ["JetStreamFeed", "delivery_numbers", "msg_id", "probe_jetstream", "reply_commands"]
 
 log = logging.getLogger("forkless.jetstream")
 
@@ -88,6 +88,29 @@ NATS_ERRORS = (nats.errors.Error, OSError, TimeoutError)
 def msg_id(stream: str, origin: Origin) -> str:
     """The ``Nats-Msg-Id`` of a reply: ``<stream name>:<stream sequence of the input>:<index>``."""
     return f"{stream}:{origin.seq}:{origin.index}"
+
+
+def reply_commands(subject: bytes, inbox: bytes, first: int, stream: str, frames: list[Any],
+                   origins: list[Origin], max_payload: int) -> bytes:
+    """The NATS protocol commands publishing ``frames`` (str or bytes) to ``subject``, frame k
+    with the header ``Nats-Msg-Id: msg_id(stream, origins[k])`` and the reply subject
+    ``<inbox><first + k>`` (where the results stream acknowledges it), as one buffer
+    (nats_compat.publish_commands). A frame larger than the server's ``max_payload``:
+    ``MaxPayloadError``, as nats-py's ``publish`` raises."""
+    header = b"NATS/1.0\r\nNats-Msg-Id: " + stream.encode() + b":"
+    parts: list[bytes] = []
+    add = parts.append
+    for k, frame in enumerate(frames):
+        payload = frame if type(frame) is bytes else frame.encode()
+        if len(payload) > max_payload:
+            raise nats.errors.MaxPayloadError
+        origin = origins[k]
+        hdr = header + b"%d:%d\r\n\r\n" % (origin.seq, origin.index)
+        add(b"HPUB %s %s%d %d %d\r\n" % (subject, inbox, first + k, len(hdr), len(hdr) + len(payload)))
+        add(hdr)
+        add(payload)
+        add(b"\r\n")
+    return b"".join(parts)
 
 
 def delivery_numbers(reply: bytes) -> tuple[int, int, int, int] | None:
@@ -148,18 +171,18 @@ class _Acks:
         first_missing = self.done.find(0)
         return len(self.done) if first_missing < 0 else first_missing
 
-    async def on_ack(self, msg: Any) -> None:
+    def on_ack(self, subject: bytes, _reply: bytes, data: bytes, headers: dict[str, str] | None) -> None:
+        """One acknowledgement, from nats_compat.RawClient (a raw subscription to ``<inbox>*``)."""
         try:
-            k = int(msg.subject[self.cut:]) - self.base
+            k = int(subject[self.cut:]) - self.base
         except ValueError:
             return
         if not 0 <= k < len(self.done) or self.done[k] or self.error is not None:
             return  # an earlier item's (acknowledged after a timeout), or a copy
-        data = msg.data
-        status = msg.headers.get("Status") if msg.headers else None
+        status = headers.get("Status") if headers else None
         if status:
             self.error = (nats.js.errors.NoStreamResponseError() if status == "503" else
-                          nats.errors.Error(f"the server answered {status} {msg.headers.get('Description', '')}"))
+                          nats.errors.Error(f"the server answered {status} {headers.get('Description', '')}"))
         elif b'"error":' in data and "error" in (resp := json.loads(data)):
             self.error = nats.js.errors.APIError.from_error(resp["error"])
         else:
@@ -573,7 +596,8 @@ class JetStreamFeed:
         # JSON parse per reply); the writer wakes once per item, when all of its frames are acknowledged
         inbox = nc.new_inbox() + "."
         acks = _Acks(len(inbox))
-        self._ack_sub = await nc.subscribe(inbox + "*", cb=acks.on_ack)
+        self._ack_sub = await nc.raw_subscribe(inbox + "*", acks.on_ack)
+        subject, inbox_bytes = results.encode(), inbox.encode()
         sent = 0
         while True:
             if self._current is None:
@@ -596,11 +620,9 @@ class JetStreamFeed:
                 continue
             acks.begin(sent, len(frames) - start)
             try:
-                for j in range(start, len(frames)):
-                    frame = frames[j]
-                    await nc.publish(results, frame if type(frame) is bytes else frame.encode(),
-                                     reply=f"{inbox}{sent}", headers={"Nats-Msg-Id": msg_id(stream, origin[j])})
-                    sent += 1
+                await publish_commands(nc, reply_commands(subject, inbox_bytes, sent, stream, frames[start:],
+                                                          origin[start:], nc.max_payload))
+                sent += len(frames) - start
                 while not acks.complete():  # all of the item's acknowledgements awaited together
                     before = acks.acked
                     acks.wake.clear()
