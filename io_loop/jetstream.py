@@ -17,6 +17,10 @@ Rules:
   unused). One pull request at a time for ``pull_batch`` messages, with idle heartbeats; the
   next is asked for only once the messages of the last are handed over, so a full inbound
   queue stops fetching, and the server never has more than ``pull_batch`` messages out to us.
+  Deliveries come through a raw subscription (io_loop/nats_compat.py: nats-py's protocol parser
+  hands us the bytes, no ``Msg`` per message), their numbers (times delivered, stream and consumer
+  sequence, pending) read from the reply subject (``delivery_numbers``, both of JetStream's token
+  layouts; a delivery without one drops the connection).
   A delivery below the position (a redelivery) is skipped; a first delivery whose consumer
   sequence is not the next one (a gap), or a redelivery of a message never consumed, drops the
   connection, and the next consumer starts at the position again.
@@ -28,8 +32,9 @@ Rules:
   ones are indexed after the good ones (deterministic, so a replay makes the same ids).
 - Replies: the outbox's items in order (the main thread's results and error replies, and this
   feed's error replies to bad input), each frame published to the ``results`` subject with the
-  header ``Nats-Msg-Id: <stream>:<seq>:<index>`` and a reply subject of this feed's own (one
-  subscription per connection, ``_Acks``); an item's frames are published together and their
+  header ``Nats-Msg-Id: <stream>:<seq>:<index>`` and a reply subject of this feed's own,
+  ``<inbox><n>`` (one raw subscription per connection, ``_Acks``); an item's frames are written
+  as one buffer of HPUB commands (``reply_commands``, ``nats_compat.publish_commands``) and their
   acknowledgements awaited together before the next item, and what was not acknowledged (from
   the first frame not acknowledged on) is published again after a reconnect (the results
   stream's duplicate window drops a copy). ``SourceStats.confirmed`` is the origin of
@@ -593,7 +598,8 @@ class JetStreamFeed:
         stats, stream, results = self.stats, self.spec.stream, self.spec.results
         # the results stream's acknowledgements come to an inbox of ours, ``<inbox>.<n>`` with n counting
         # this connection's publications (nats-py's publish_async costs a future, a semaphore and a
-        # JSON parse per reply); the writer wakes once per item, when all of its frames are acknowledged
+        # JSON parse per reply), straight from the parser to _Acks.on_ack (a raw subscription); the
+        # writer wakes once per item, when all of its frames are acknowledged
         inbox = nc.new_inbox() + "."
         acks = _Acks(len(inbox))
         self._ack_sub = await nc.raw_subscribe(inbox + "*", acks.on_ack)
