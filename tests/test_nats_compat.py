@@ -85,9 +85,10 @@ def test_a_raw_subscription_gets_subject_reply_payload_and_parsed_headers_in_ord
 def test_a_message_arriving_after_unsubscribe_is_not_handed_to_the_handler(nats_server):
     async def body(nc: Any) -> list:
         got: list[bytes] = []
-        sub = await nc.raw_subscribe("raw", lambda _s, _r, data, _h: got.append(data))
+        came = asyncio.Event()
+        sub = await nc.raw_subscribe("raw", lambda _s, _r, data, _h: (got.append(data), came.set()))
         await nc.publish("raw", b"before")
-        await nc.flush()  # a round trip: "before" has come back by the PONG
+        await came.wait()  # (not nc.flush(): nats-py writes its PING ahead of what its flusher holds)
         await sub.unsubscribe()
         # what the server sent before it read the UNSUB, fed to nats-py's own parser
         await nc._ps.parse(b"MSG raw %d 5\r\nafter\r\n" % sub._id)
