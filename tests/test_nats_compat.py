@@ -150,3 +150,77 @@ def test_publishing_commands_on_a_closed_connection_raises_connection_closed(nat
             await publish_commands(nc, b"PUB x 0\r\n\r\n")
 
     asyncio.run(main())
+
+
+class _Recorder:
+    """What a protocol parser asks of its client, in order (the parser's only collaborator)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self._raw: dict = {}
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: Any) -> None:
+        self.calls.append(("msg", sid, bytes(subject), bytes(reply), data, headers))
+
+    async def _process_ping(self) -> None:
+        self.calls.append(("ping",))
+
+    async def _process_pong(self) -> None:
+        self.calls.append(("pong",))
+
+    async def _process_info(self, info: dict) -> None:
+        self.calls.append(("info", info))
+
+    async def _process_err(self, err: str) -> None:
+        self.calls.append(("err", err))
+
+
+_HEARTBEAT = b"NATS/1.0 100 Idle Heartbeat\r\nNats-Last-Consumer: 3\r\n\r\n"
+_ID_HEADER = b"NATS/1.0\r\nNats-Msg-Id: T:1:0\r\n\r\n"
+_WIRE = (b'INFO {"server_id":"x","max_payload":1048576}\r\n'
+         b"MSG _INBOX.a 2 $JS.ACK.TICKS.c.1.7.7.1764600000000000000.3 5\r\nhello\r\n"
+         b"MSG _INBOX.b.0 3 9\r\n{\"seq\":1}\r\n"
+         b"HMSG _INBOX.a 2 %d %d\r\n%s\r\n" % (len(_HEARTBEAT), len(_HEARTBEAT), _HEARTBEAT)
+         + b"PING\r\n"
+         b"HMSG scores 4 r.1 %d %d\r\n%sabc\r\n" % (len(_ID_HEADER), len(_ID_HEADER) + 3, _ID_HEADER)
+         + b"MSG empty 5 0\r\n\r\n"
+         b"+OK\r\n"
+         b"MSG  spaced   6  r  2\r\nok\r\n"
+         b"PONG\r\n"
+         b"MSG tail 7 4\r\nlast\r\n")
+
+
+def _parse_in_pieces(parser_class: Any, pieces: list[bytes]) -> list[tuple]:
+    client = _Recorder()
+    parser = parser_class(client)
+
+    async def feed() -> None:
+        for piece in pieces:
+            await parser.parse(piece)
+
+    asyncio.run(feed())
+    assert not parser.buf, "bytes left over after whole operations"
+    return client.calls
+
+
+def test_the_fast_parser_makes_the_calls_nats_pys_parser_makes_wherever_the_bytes_are_cut():
+    from nats.protocol.parser import Parser
+
+    from io_loop.nats_compat import FastParser
+
+    whole = _parse_in_pieces(Parser, [_WIRE])
+    assert [c[0] for c in whole] == ["info", "msg", "msg", "msg", "ping", "msg", "msg", "msg", "pong", "msg"]
+    assert _parse_in_pieces(FastParser, [_WIRE]) == whole
+    for cut in range(1, len(_WIRE)):
+        assert _parse_in_pieces(FastParser, [_WIRE[:cut], _WIRE[cut:]]) == whole, f"cut at byte {cut}"
+    assert _parse_in_pieces(FastParser, [_WIRE[i:i + 1] for i in range(len(_WIRE))]) == whole
+    assert _parse_in_pieces(FastParser, [_WIRE[i:i + 7] for i in range(0, len(_WIRE), 7)]) == whole
+
+
+def test_the_fast_parser_hands_a_malformed_line_to_nats_pys_which_refuses_it():
+    from nats.errors import ProtocolError
+
+    from io_loop.nats_compat import FastParser
+
+    with pytest.raises(ProtocolError):
+        _parse_in_pieces(FastParser, [b"MSG a 1 x\r\nhello\r\n"])
