@@ -5,7 +5,9 @@ Rules:
   one goes from nats-py's protocol parser straight to a plain function of ours,
   ``handler(subject, reply, data, headers)`` (subject and reply as the protocol's bytes, the
   payload, the headers parsed by nats-py or None when there are none), called on the IO loop in
-  the order the server sent them. No ``Msg`` object, no queue and no task of nats-py's in between:
+  the order the server sent them (an exception it raises goes to the connection's ``error_cb``,
+  as one from a nats-py callback does, and the next message is handled as usual; uncaught it
+  would end nats-py's read loop). No ``Msg`` object, no queue and no task of nats-py's in between:
   at full speed these were a third of the IO thread's time for a JetStream feed (bench/README.md).
   Every other subscription (the JetStream API's requests) is nats-py's own, unchanged. It
   overrides ``_process_msg`` (the parser's one call per MSG/HMSG) and ``_remove_sub``.
@@ -54,7 +56,10 @@ class RawClient(Client):
         handler = self._raw.get(sid)
         if handler is None:
             return await super()._process_msg(sid, subject, reply, data, headers)
-        handler(subject, reply, data, await self._process_headers(headers) if headers else None)
+        try:
+            handler(subject, reply, data, await self._process_headers(headers) if headers else None)
+        except Exception as exc:  # as nats-py does for a callback: to error_cb, and the next message goes on
+            await self._error_cb(exc)
 
     def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
         self._raw.pop(sid, None)

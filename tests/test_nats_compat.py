@@ -82,6 +82,41 @@ def test_a_raw_subscription_gets_subject_reply_payload_and_parsed_headers_in_ord
     assert plain == [("plain", b"nats-py's own")]
 
 
+def test_a_handler_that_raises_is_reported_to_error_cb_and_the_next_message_still_comes(nats_server):
+    from io_loop.nats_compat import RawClient
+
+    async def main() -> tuple[list, list]:
+        errors: list[Exception] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(exc)
+
+        nc = RawClient()
+        await nc.connect(nats_server.url, allow_reconnect=False, connect_timeout=2, error_cb=on_error)
+        got: list[bytes] = []
+        came = asyncio.Event()
+
+        def handler(_s: bytes, _r: bytes, data: bytes, _h: Any) -> None:
+            if data == b"bad":
+                raise ValueError("a handler's bug")
+            got.append(data)
+            came.set()
+
+        try:
+            async with asyncio.timeout(LIMIT_S):
+                await nc.raw_subscribe("raw", handler)
+                await nc.publish("raw", b"bad")
+                await nc.publish("raw", b"good")
+                await came.wait()
+        finally:
+            await nc.close()
+        return got, errors
+
+    got, errors = asyncio.run(main())
+    assert got == [b"good"]
+    assert [str(e) for e in errors] == ["a handler's bug"]
+
+
 def test_a_message_arriving_after_unsubscribe_is_not_handed_to_the_handler(nats_server):
     async def body(nc: Any) -> list:
         got: list[bytes] = []
