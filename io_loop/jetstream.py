@@ -17,6 +17,10 @@ Rules:
   unused). One pull request at a time for ``pull_batch`` messages, with idle heartbeats; the
   next is asked for only once the messages of the last are handed over, so a full inbound
   queue stops fetching, and the server never has more than ``pull_batch`` messages out to us.
+  Deliveries come through a raw subscription (io_loop/nats_compat.py: nats-py's protocol parser
+  hands us the bytes, no ``Msg`` per message), their numbers (times delivered, stream and consumer
+  sequence, pending) read from the reply subject (``delivery_numbers``, both of JetStream's token
+  layouts; a delivery without one drops the connection).
   A delivery below the position (a redelivery) is skipped; a first delivery whose consumer
   sequence is not the next one (a gap), or a redelivery of a message never consumed, drops the
   connection, and the next consumer starts at the position again.
@@ -28,8 +32,9 @@ Rules:
   ones are indexed after the good ones (deterministic, so a replay makes the same ids).
 - Replies: the outbox's items in order (the main thread's results and error replies, and this
   feed's error replies to bad input), each frame published to the ``results`` subject with the
-  header ``Nats-Msg-Id: <stream>:<seq>:<index>`` and a reply subject of this feed's own (one
-  subscription per connection, ``_Acks``); an item's frames are published together and their
+  header ``Nats-Msg-Id: <stream>:<seq>:<index>`` and a reply subject of this feed's own,
+  ``<inbox><n>`` (one raw subscription per connection, ``_Acks``); an item's frames are written
+  as one buffer of HPUB commands (``reply_commands``, ``nats_compat.publish_commands``) and their
   acknowledgements awaited together before the next item, and what was not acknowledged (from
   the first frame not acknowledged on) is published again after a reconnect (the results
   stream's duplicate window drops a copy). ``SourceStats.confirmed`` is the origin of
@@ -80,10 +85,11 @@ from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
+from io_loop.nats_compat import RawClient, publish_commands
 from io_loop.partitions import escape_stream, format_partitions, partition_of, partition_transform, transform_problems
 from io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
 
-__all__ = ["JetStreamFeed", "msg_id", "probe_jetstream"]
+__all__ = ["JetStreamFeed", "delivery_numbers", "msg_id", "probe_jetstream", "reply_commands"]
 
 log = logging.getLogger("forkless.jetstream")
 
@@ -103,6 +109,50 @@ PARTITION_CACHE = 1 << 20  # streams whose partition is remembered (the cache is
 def msg_id(stream: str, origin: Origin) -> str:
     """The ``Nats-Msg-Id`` of a reply: ``<stream name>:<stream sequence of the input>:<index>``."""
     return f"{stream}:{origin.seq}:{origin.index}"
+
+
+def reply_commands(subject: bytes, inbox: bytes, first: int, stream: str, frames: list[Any],
+                   origins: list[Origin], max_payload: int) -> bytes:
+    """The NATS protocol commands publishing ``frames`` (str or bytes) to ``subject``, frame k
+    with the header ``Nats-Msg-Id: msg_id(stream, origins[k])`` and the reply subject
+    ``<inbox><first + k>`` (where the results stream acknowledges it), as one buffer
+    (nats_compat.publish_commands). A frame larger than the server's ``max_payload``:
+    ``MaxPayloadError``, as nats-py's ``publish`` raises."""
+    header = b"NATS/1.0\r\nNats-Msg-Id: " + stream.encode() + b":"
+    parts: list[bytes] = []
+    add = parts.append
+    for k, frame in enumerate(frames):
+        payload = frame if type(frame) is bytes else frame.encode()
+        if len(payload) > max_payload:
+            raise nats.errors.MaxPayloadError
+        origin = origins[k]
+        hdr = header + b"%d:%d\r\n\r\n" % (origin.seq, origin.index)
+        add(b"HPUB %s %s%d %d %d\r\n" % (subject, inbox, first + k, len(hdr), len(hdr) + len(payload)))
+        add(hdr)
+        add(payload)
+        add(b"\r\n")
+    return b"".join(parts)
+
+
+def delivery_numbers(reply: bytes) -> tuple[int, int, int, int] | None:
+    """A JetStream delivery's ``(times delivered, stream sequence, consumer sequence, pending)``
+    from its reply subject, ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer
+    seq>.<timestamp>.<pending>``, or with a domain and an account hash after ``$JS.ACK`` (11 or
+    more tokens, the newer servers'); None for anything else."""
+    tokens = reply.split(b".")
+    n = len(tokens)
+    if n == 9:
+        at = 4
+    elif n >= 11:
+        at = 6
+    else:
+        return None
+    if tokens[0] != b"$JS" or tokens[1] != b"ACK":
+        return None
+    try:
+        return int(tokens[at]), int(tokens[at + 1]), int(tokens[at + 2]), int(tokens[at + 4])
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -142,18 +192,18 @@ class _Acks:
         first_missing = self.done.find(0)
         return len(self.done) if first_missing < 0 else first_missing
 
-    async def on_ack(self, msg: Any) -> None:
+    def on_ack(self, subject: bytes, _reply: bytes, data: bytes, headers: dict[str, str] | None) -> None:
+        """One acknowledgement, from nats_compat.RawClient (a raw subscription to ``<inbox>*``)."""
         try:
-            k = int(msg.subject[self.cut:]) - self.base
+            k = int(subject[self.cut:]) - self.base
         except ValueError:
             return
         if not 0 <= k < len(self.done) or self.done[k] or self.error is not None:
             return  # an earlier item's (acknowledged after a timeout), or a copy
-        data = msg.data
-        status = msg.headers.get("Status") if msg.headers else None
+        status = headers.get("Status") if headers else None
         if status:
             self.error = (nats.js.errors.NoStreamResponseError() if status == "503" else
-                          nats.errors.Error(f"the server answered {status} {msg.headers.get('Description', '')}"))
+                          nats.errors.Error(f"the server answered {status} {headers.get('Description', '')}"))
         elif b'"error":' in data and "error" in (resp := json.loads(data)):
             self.error = nats.js.errors.APIError.from_error(resp["error"])
         else:
@@ -319,7 +369,8 @@ class JetStreamFeed:
         options = connect_options(cfg, self.feed, error_cb=on_error, disconnected_cb=on_closed, closed_cb=on_closed)
         try:
             async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(self.servers) + 1):
-                nc = await nats.connect(**options)
+                nc = RawClient()
+                await nc.connect(**options)
         except nats.errors.AuthorizationError:
             raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", "
                           f"\"token\" or \"creds\" of {self.feed.label})", fatal=True) from None
@@ -453,15 +504,14 @@ class JetStreamFeed:
         except NATS_ERRORS as exc:
             return End(Outcome.LOST, f"creating the consumer failed: {_describe(exc)}")
         inbox = nc.new_inbox()
-        # deliveries go to a queue of ours, awaited directly: nats-py's next_msg waits in a task of its
-        # own with asyncio.wait_for, which on Python 3.11 can swallow a cancellation (the stop's, the
-        # end of a connection) when a message arrives at the same moment, and the reader then runs on
+        # deliveries go to a queue of ours, awaited directly (nats-py's next_msg waits in a task of its
+        # own with asyncio.wait_for, which on Python 3.11 can swallow a cancellation: the stop's, the end
+        # of a connection, when a message arrives at the same moment, and the reader then runs on), as
+        # (the message's subject, reply subject, payload, headers) straight from the protocol parser
+        # (nats_compat.RawClient)
         deliveries: asyncio.Queue = asyncio.Queue()
-
-        async def deliver(msg: Any) -> None:
-            deliveries.put_nowait(msg)
-
-        sub = await nc.subscribe(inbox, cb=deliver, pending_msgs_limit=4 * self.pull_batch + 64)
+        sub = await nc.raw_subscribe(inbox, lambda subject, reply, data, headers: deliveries.put_nowait(
+            (subject, reply, data, headers)))
         request = json.dumps({"batch": self.pull_batch, "expires": int(PULL_EXPIRES_S * 1e9),
                               "idle_heartbeat": int(PULL_HEARTBEAT_S * 1e9)}).encode()
         subject = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{name}"
@@ -469,44 +519,46 @@ class JetStreamFeed:
         try:
             while self._live == conn:
                 await nc.publish(subject, request, reply=inbox)
-                got, last = 0, None
+                got, last = 0, b""
                 while got < self.pull_batch:
                     try:  # a delivery already queued is taken without a timer (most of them, at full speed)
-                        msg = deliveries.get_nowait()
+                        where, reply, data, headers = deliveries.get_nowait()
                     except asyncio.QueueEmpty:
                         try:
                             async with asyncio.timeout(PULL_HEARTBEAT_S * MISSED_HEARTBEATS):
-                                msg = await deliveries.get()
+                                where, reply, data, headers = await deliveries.get()
                         except TimeoutError:
                             return End(Outcome.LOST, f"nothing from the consumer for "
                                                      f"{PULL_HEARTBEAT_S * MISSED_HEARTBEATS:g}s (no heartbeat)")
-                    status = msg.headers.get("Status") if msg.headers else None
+                    status = headers.get("Status") if headers else None
                     if status:
                         if status == "100":  # idle heartbeat
                             continue
                         if status in ("404", "408"):  # no messages / the request expired: ask again
                             break
                         return End(Outcome.LOST, f"the consumer answered {status} "
-                                                 f"{msg.headers.get('Description', '')}".strip())
+                                                 f"{headers.get('Description', '')}".strip())
+                    numbers = delivery_numbers(reply)
+                    if numbers is None:
+                        return End(Outcome.LOST, f"a delivery without JetStream's reply subject: {reply[:200]!r}")
                     got += 1
-                    last = msg
-                    meta = msg.metadata
-                    seq = meta.sequence.stream
-                    if meta.num_delivered == 1:
-                        if meta.sequence.consumer != expected:
+                    last = reply
+                    delivered, seq, consumer_seq, pending = numbers
+                    if delivered == 1:
+                        if consumer_seq != expected:
                             return End(Outcome.LOST, f"delivery gap at stream sequence {seq} (consumer sequence "
-                                                     f"{meta.sequence.consumer}, expected {expected})")
+                                                     f"{consumer_seq}, expected {expected})")
                         expected += 1
                     if seq < self._next[0]:  # consumed already (a redelivery)
                         self.source.skipped += 1
                         continue
-                    if meta.num_delivered > 1:
+                    if delivered > 1:
                         return End(Outcome.LOST, f"stream sequence {seq} redelivered before it was consumed")
-                    await self._consume(msg, seq, meta.num_pending)
+                    await self._consume(data, seq, pending, where)
                     if self._stopping:
                         break
-                if last is not None:
-                    await last.ack()  # ack policy "all": everything up to it
+                if last:
+                    await nc.publish(last.decode())  # the ack; ack policy "all": everything up to it
                 if self._stopping:
                     return End(Outcome.STOPPED)
             return End(Outcome.LOST, "connection over")
@@ -516,7 +568,7 @@ class JetStreamFeed:
             except NATS_ERRORS:
                 pass
 
-    async def _consume(self, msg: Any, seq: int, pending: int) -> None:
+    async def _consume(self, data: bytes, seq: int, pending: int, subject: bytes | str = b"") -> None:
         """Decode one stream message and hand its good elements over (those not handed over before)."""
         stats, source, codec = self.stats, self.source, self.codec
         received = time.monotonic_ns()
@@ -528,7 +580,7 @@ class JetStreamFeed:
             skip = 0
         partition = -1
         if self.spec.partitioned:
-            partition = self.spec.partition_of_subject(msg.subject)
+            partition = self.spec.partition_of_subject(subject.decode() if type(subject) is bytes else subject)
             if self._floors:
                 floor = self._floors.get(partition)
                 if floor is not None and seq < floor[0]:  # the partition's restored state holds it already
@@ -540,7 +592,7 @@ class JetStreamFeed:
                     skip = max(skip, floor[1])
                 if seq >= self._floors_end:
                     self._floors = None  # past every partition's position: no more checks
-        decoded = codec.decode(msg.data)
+        decoded = codec.decode(data)
         if partition >= 0 and len(decoded):
             decoded = self._own_partition(decoded, partition)
         decoded_ns = time.monotonic_ns()
@@ -626,10 +678,12 @@ class JetStreamFeed:
         stats, stream, results = self.stats, self.spec.stream, self.spec.results
         # the results stream's acknowledgements come to an inbox of ours, ``<inbox>.<n>`` with n counting
         # this connection's publications (nats-py's publish_async costs a future, a semaphore and a
-        # JSON parse per reply); the writer wakes once per item, when all of its frames are acknowledged
+        # JSON parse per reply), straight from the parser to _Acks.on_ack (a raw subscription); the
+        # writer wakes once per item, when all of its frames are acknowledged
         inbox = nc.new_inbox() + "."
         acks = _Acks(len(inbox))
-        self._ack_sub = await nc.subscribe(inbox + "*", cb=acks.on_ack)
+        self._ack_sub = await nc.raw_subscribe(inbox + "*", acks.on_ack)
+        subject, inbox_bytes = results.encode(), inbox.encode()
         sent = 0
         while True:
             if self._current is None:
@@ -652,11 +706,9 @@ class JetStreamFeed:
                 continue
             acks.begin(sent, len(frames) - start)
             try:
-                for j in range(start, len(frames)):
-                    frame = frames[j]
-                    await nc.publish(results, frame if type(frame) is bytes else frame.encode(),
-                                     reply=f"{inbox}{sent}", headers={"Nats-Msg-Id": msg_id(stream, origin[j])})
-                    sent += 1
+                await publish_commands(nc, reply_commands(subject, inbox_bytes, sent, stream, frames[start:],
+                                                          origin[start:], nc.max_payload))
+                sent += len(frames) - start
                 while not acks.complete():  # all of the item's acknowledgements awaited together
                     before = acks.acked
                     acks.wake.clear()

@@ -72,6 +72,7 @@ IO = [
     "io_loop/on_connect.py",
     "io_loop/jetstream.py",
     "io_loop/natsstore.py",
+    "io_loop/nats_compat.py",
     "io_loop/probe.py",
     "io_loop/relay.py",
     "io_loop/thread.py",

@@ -493,10 +493,6 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
     codec = Controller(cfg).codec
     spec: FeedSpec = cfg.feed_specs[0]
 
-    class Msg:
-        def __init__(self, payload: list) -> None:
-            self.data = json.dumps(payload).encode()
-
     good = make_messages(3, streams=1, seed=25)
     payload = [good[0], {"seq": 99}, good[1], good[2]]  # elements 0, 1 and 2 good; the bad one's reply is :3
 
@@ -506,8 +502,8 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
 
         feed = JetStreamFeed(cfg.io_settings(), codec, IOStats(), spec, inbound=inbound, outbox=outbox,
                              resume=Origin(7, 0, False))  # element 0 of message 7 is in the restored state
-        await feed._consume(Msg(payload), 7, 0)
-        await feed._consume(Msg([good[0]]), 8, 0)
+        await feed._consume(json.dumps(payload).encode(), 7, 0)
+        await feed._consume(json.dumps([good[0]]).encode(), 8, 0)
         await feed.handover.flush()
         await asyncio.sleep(0)
         chunks = [inbound.get_nowait() for _ in range(inbound.qsize())]
@@ -565,3 +561,19 @@ def test_an_unreachable_server_and_a_missing_stream_give_up_after_the_tries_with
     assert f"giving up on feed 'down' (nats://127.0.0.1:{free_port}) after 2 failed attempts in a row: cannot " \
            "connect" in last
     assert f"feed 'nostream' ({nats_server.url}) after 2 failed attempts in a row: stream 'NOPE' not found" in last
+
+
+@pytest.mark.parametrize(("reply", "expected"), [
+    (b"$JS.ACK.TICKS.c1.1.42.40.1764600000000000000.7", (1, 42, 40, 7)),  # stream, consumer, then the numbers
+    (b"$JS.ACK._.ACCHASH.TICKS.c1.2.42.40.1764600000000000000.7.tok", (2, 42, 40, 7)),  # a domain and account hash
+    (b"$JS.ACK.hub.ACCHASH.TICKS.c1.3.42.40.1764600000000000000.0", (3, 42, 40, 0)),  # 11 tokens: no random one
+    (b"$JS.ACK.TICKS.c1.1.42.40.1764600000000000000", None),  # too short
+    (b"_INBOX.a.b.c.d.e.f.g.h", None),
+    (b"$JS.ACK.TICKS.c1.x.42.40.1.7", None),
+    (b"", None),
+])
+def test_a_deliverys_numbers_come_from_its_reply_subject_in_both_token_layouts(reply, expected):
+    pytest.importorskip("nats")
+    from io_loop.jetstream import delivery_numbers
+
+    assert delivery_numbers(reply) == expected
