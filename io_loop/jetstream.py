@@ -228,6 +228,13 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:200]}" if text and text[0] else type(exc).__name__
 
 
+def credentials_refused(exc: BaseException) -> bool:
+    """The server refused the credentials. nats-py 2.16 raises ``AuthorizationError`` only on a
+    reconnect; at the first connect (with our reconnect policy every connect is a first one) it
+    is a plain ``Error`` carrying the server's ``-ERR 'Authorization Violation'``."""
+    return isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower()
+
+
 def connect_options(settings: IOSettings, feed: FeedSpec, **callbacks: Any) -> dict[str, Any]:
     """``nats.connect``'s options for a feed: its servers, credentials and TLS, one attempt per
     server (the reconnect policy is ours: ``Backoff``), the heartbeat as nats-py's ping."""
@@ -371,10 +378,10 @@ class JetStreamFeed:
             async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(self.servers) + 1):
                 nc = RawClient()
                 await nc.connect(**options)
-        except nats.errors.AuthorizationError:
-            raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", "
-                          f"\"token\" or \"creds\" of {self.feed.label})", fatal=True) from None
         except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
+            if credentials_refused(exc):
+                raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", "
+                              f"\"token\" or \"creds\" of {self.feed.label})", fatal=True) from None
             why = self._nats_error or _describe(exc)
             raise _Failed(f"cannot connect to {self.shown_url}: {why}") from None
         try:
@@ -771,9 +778,10 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
     try:
         async with asyncio.timeout(settings.connect_timeout_s * 2 * len(feed.url.split(",")) + 1):
             nc = await nats.connect(**connect_options(settings, feed, error_cb=on_error))
-    except nats.errors.AuthorizationError:
-        return [f"{feed.shown_url} refused the credentials (the user:password in \"nats\", \"token\" or \"creds\")"]
     except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
+        if credentials_refused(exc):
+            return [f"{feed.shown_url} refused the credentials (the user:password in \"nats\", \"token\" or "
+                    "\"creds\")"]
         return [f"cannot connect to {feed.shown_url}: {errors[-1] if errors else _describe(exc)}"]
     problems: list[str] = []
     try:

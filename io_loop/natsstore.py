@@ -91,7 +91,7 @@ from nats.nuid import NUID
 
 from io_loop.backoff import Backoff
 from io_loop.errors import FeedFatal, LeaseHeld, LeaseLost
-from io_loop.jetstream import NATS_ERRORS, connect_options
+from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
 from io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["NatsStore", "ObjectDamaged", "StoreError"]
@@ -350,9 +350,7 @@ class NatsStore:
             async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(options["servers"]) + 1):
                 nc = await nats.connect(**options)
         except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
-            # nats-py 2.16 raises AuthorizationError only on a reconnect; at the first connect (and with
-            # allow_reconnect off every connect is one) it is a plain Error with the server's -ERR text
-            if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
+            if credentials_refused(exc):
                 raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", \"token\" "
                               f"or \"creds\" of {self.feed.label})", fatal=True) from None
             raise _Failed(f"cannot connect: {self._nats_error or _describe(exc)}") from None

@@ -58,7 +58,7 @@ from io_loop.backoff import Backoff
 from io_loop.counters import copy_counts
 from io_loop.crossing import Chunk
 from io_loop.errors import FeedFatal
-from io_loop.jetstream import NATS_ERRORS, connect_options
+from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
 from io_loop.partitions import escape_stream
 from io_loop.settings import SEQ_MODES, IOSettings, RelaySettings
 
@@ -357,10 +357,10 @@ class Publisher:
         try:
             async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(options["servers"]) + 1):
                 nc = await nats.connect(**options)
-        except nats.errors.AuthorizationError:
-            raise _Lost("the server refused the credentials (check the user:password in FORKLESS_RELAY_NATS, "
-                        "FORKLESS_RELAY_TOKEN or FORKLESS_RELAY_CREDS)", fatal=True) from None
         except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
+            if credentials_refused(exc):
+                raise _Lost("the server refused the credentials (check the user:password in FORKLESS_RELAY_NATS, "
+                            "FORKLESS_RELAY_TOKEN or FORKLESS_RELAY_CREDS)", fatal=True) from None
             raise _Lost(f"cannot connect: {errors[-1] if errors else _describe(exc)}") from None
         return nc, conn
 

