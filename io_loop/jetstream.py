@@ -89,7 +89,8 @@ from io_loop.nats_compat import RawClient, publish_commands
 from io_loop.partitions import escape_stream, format_partitions, partition_of, partition_transform, transform_problems
 from io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
 
-__all__ = ["JetStreamFeed", "delivery_numbers", "msg_id", "probe_jetstream", "reply_commands"]
+__all__ = ["ConnectFailed", "JetStreamFeed", "credentials_refused", "delivery_numbers", "describe_error", "msg_id",
+           "probe_jetstream", "reply_commands"]
 
 log = logging.getLogger("forkless.jetstream")
 
@@ -215,17 +216,24 @@ class _Acks:
             self.wake.set()
 
 
-class _Failed(Exception):
-    """A connection attempt failed; ``fatal`` when retrying cannot help (credentials refused)."""
+class ConnectFailed(Exception):
+    """A connection attempt failed; ``fatal`` when retrying cannot help (credentials refused).
+    Also the store's (io_loop/natsstore.py)."""
 
     def __init__(self, reason: str, *, fatal: bool = False) -> None:
         super().__init__(reason)
         self.fatal = fatal
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
+    """One line for a NATS error: its type and its first line (a timeout without text said so)."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text and text[0] else type(exc).__name__
+    if text and text[0]:
+        return f"{type(exc).__name__}: {text[0][:200]}"
+    return "no answer in time (TimeoutError)" if isinstance(exc, TimeoutError) else type(exc).__name__
+
+
+_Failed, _describe = ConnectFailed, describe_error
 
 
 def credentials_refused(exc: BaseException) -> bool:

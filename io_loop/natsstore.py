@@ -92,6 +92,8 @@ from nats.nuid import NUID
 from io_loop.backoff import Backoff
 from io_loop.errors import FeedFatal, LeaseHeld, LeaseLost
 from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
+from io_loop.jetstream import ConnectFailed as _Failed
+from io_loop.jetstream import describe_error as _describe
 from io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["NatsStore", "ObjectDamaged", "StoreError"]
@@ -123,20 +125,6 @@ class ObjectDamaged(StoreError):
     """An object's content does not match its meta (size, SHA-256, a chunk missing, the meta
     unreadable): use an older one."""
 
-
-class _Failed(Exception):
-    """A connection attempt failed; ``fatal`` when retrying cannot help."""
-
-    def __init__(self, reason: str, *, fatal: bool = False) -> None:
-        super().__init__(reason)
-        self.fatal = fatal
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    if text and text[0]:
-        return f"{type(exc).__name__}: {text[0][:200]}"
-    return "no answer in time (TimeoutError)" if isinstance(exc, TimeoutError) else type(exc).__name__
 
 
 def _wrong_last(exc: BaseException) -> bool:
