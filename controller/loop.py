@@ -47,6 +47,7 @@ from controller.batching import (
     OUTBOUND,
     STEP,
     TAKEN,
+    Chunk,
     MicroBatcher,
     Taken,
     Trace,
@@ -159,7 +160,11 @@ class Controller:
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
         self._inbound_closed = False
-        self._pulled = 0  # chunks taken from inbound so far (process_pending's bound)
+        # process_pending's bound: chunks taken from inbound so far, and messages; the messages
+        # added to the batcher up to the call's last chunk (``_owed``) and the messages taken
+        self._pulled = 0
+        self._pull_target = 0
+        self._added = self._owed = self._taken = 0
         self.abandoned_io = False
         self._logged_non_finite = False  # True if the IO thread still ran when stop() gave up on it
         self._stop_requested = threading.Event()
@@ -387,53 +392,60 @@ class Controller:
         how many messages were processed. Raises if the IO thread has failed.
 
         It returns once what was queued when it was called has been processed, so a feed
-        that never pauses cannot keep the caller (or ``run()``'s stop check) waiting.
+        that never pauses cannot keep the caller (or ``run()``'s stop check) waiting. Its last
+        batch is topped up from what arrived since, like any batch; what that leaves waits in
+        the batcher for the next call, as it would have in the queue.
         """
         if not self._started:
             raise RuntimeError("call start() (or use the controller as a context manager) first")
         self._io.raise_if_failed()
-        # chunks queued now; a chunk may hold more than one batch, so chunks are counted
-        target = self._pulled + (0 if self._inbound_closed else self._side.inbound.qsize())
+        # chunks queued now; a chunk may hold more than one batch, so chunks are counted, and
+        # the messages they hold once pulled (``_owed``; what the batcher holds is owed too)
+        target = self._pull_target = self._pulled + (0 if self._inbound_closed else self._side.inbound.qsize())
+        self._owed = self._added
         done = self._cycle(timeout)
-        while len(self.batcher) or (self._pulled < target and not self._inbound_closed
-                                    and self._side.inbound.qsize()):
-            done += self._cycle(0.0, pull=self._pulled < target)
+        while self._taken < self._owed or (self._pulled < target and not self._inbound_closed
+                                           and self._side.inbound.qsize()):
+            done += self._cycle(0.0)
         if self.checkpointer is not None:
             self.checkpointer.tick(time.monotonic(), self._begin_checkpoint)
         return done
 
-    def _cycle(self, timeout: float, deadline: float | None = None, *, pull: bool = True) -> int:
-        """Collect one batch (blocking up to ``timeout`` for its first message) and process it;
-        ``pull=False`` only takes a batch from what the batcher already holds."""
+    def _cycle(self, timeout: float, deadline: float | None = None) -> int:
+        """Collect one batch (blocking up to ``timeout`` for its first message when the batcher
+        is empty; topping up what it holds from what is already waiting) and process it."""
         inbound = self._side.inbound
         batcher = self.batcher
-        if pull and not len(batcher) and not self._inbound_closed:
+        if not len(batcher) and not self._inbound_closed:
             try:
-                chunk = inbound.get(timeout=timeout) if timeout > 0 else inbound.get_nowait()
-                self._pulled += 1
-                if chunk.trace is not None:
-                    chunk.trace.ns[TAKEN] = time.monotonic_ns()
-                batcher.add(chunk, time.monotonic())
+                self._add(inbound.get(timeout=timeout) if timeout > 0 else inbound.get_nowait())
             except Empty:
                 return 0
             except janus.SyncQueueShutDown:
                 self._inbound_closed = True
-        while pull and not self._inbound_closed and batcher.wants_more(time.monotonic()):
+        while not self._inbound_closed and batcher.wants_more(time.monotonic()):
             try:
-                chunk = inbound.get_nowait()
-                if chunk.trace is not None:
-                    chunk.trace.ns[TAKEN] = time.monotonic_ns()
-                batcher.add(chunk, time.monotonic())
-                self._pulled += 1
+                self._add(inbound.get_nowait())
             except Empty:
                 break
             except janus.SyncQueueShutDown:
                 self._inbound_closed = True
-        taken = batcher.take(time.monotonic())
+        taken = batcher.take()
         if taken is None:
             return 0
+        self._taken += len(taken)
         self._process(taken, deadline)
         return len(taken)
+
+    def _add(self, chunk: Chunk) -> None:
+        """A chunk taken from inbound, into the batcher (and counted for ``process_pending``)."""
+        if chunk.trace is not None:
+            chunk.trace.ns[TAKEN] = time.monotonic_ns()
+        self.batcher.add(chunk, time.monotonic())
+        self._pulled += 1
+        self._added += len(chunk)
+        if self._pulled <= self._pull_target:
+            self._owed = self._added
 
     def _process(self, taken: Taken, deadline: float | None) -> None:
         """Slot, step, hand the batch's results to ``on_results``, encode, put one ``Outgoing``.
