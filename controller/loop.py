@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import signal
 import threading
 import time
@@ -159,6 +160,7 @@ class Controller:
             if io_factory is io_thread and on_connect is not None else io_factory
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
+        self._io_cpu: Callable[[], float] | None = None  # the IO side's cpu_seconds, once started (if known)
         self._inbound_closed = False
         # process_pending's bound: chunks taken from inbound so far, and messages; the messages
         # added to the batcher up to the call's last chunk (``_owed``) and the messages taken
@@ -205,6 +207,9 @@ class Controller:
         try:
             self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats, **extra)
             self._side = self._io.start()
+            # the IO thread's CPU clock, read around each step (pipelining: MainStats.step_io_cpu_s);
+            # not read at all where it is unknown (NaN)
+            self._io_cpu = self._io.cpu_seconds if not math.isnan(self._io.cpu_seconds()) else None
         except BaseException:  # no IO side (MetricsServerError, say): give back what apply() changed
             self._host.restore()
             if self.checkpointer is not None:
@@ -551,6 +556,8 @@ class Controller:
         counted; the engine kept the state, or replaced it if the failed step had lost it)."""
         stats = self.main_stats
         m = len(key)
+        io_cpu = self._io_cpu
+        io_cpu_0 = io_cpu() if io_cpu is not None else 0.0
         t0 = time.perf_counter()
         try:
             outputs, bad = self.engine.step(x, key)
@@ -563,6 +570,8 @@ class Controller:
                           "from a fresh state")
             return None
         stats.step_seconds.observe(time.perf_counter() - t0)
+        if io_cpu is not None:
+            stats.step_io_cpu_s += io_cpu() - io_cpu_0
         stats.processed += m
         anomaly = outputs.get("anomaly")
         if anomaly is not None:
@@ -613,7 +622,8 @@ class Controller:
             if engine is not None else None,
             streams=(len(self.slots), self.slots.evicted),
             checkpoints=self.checkpointer.stats_fields() if self.checkpointer is not None else {},
-            sources=self.recovery.source_figures(io))
+            sources=self.recovery.source_figures(io),
+            io_cpu_s=self._io.cpu_seconds() if self._io is not None else math.nan)
 
     @property
     def metrics_url(self) -> str | None:

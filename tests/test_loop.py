@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -306,6 +307,28 @@ def test_a_failure_on_the_io_side_makes_process_pending_raise_it():
     assert fake.inbound.qsize() == 1  # nothing was taken after the failure
     with pytest.raises(FeedFatal):  # stop() reports it too, after stopping
         ctl.stop()
+
+
+def test_the_io_sides_cpu_time_read_around_each_step_is_counted_as_overlapping_the_steps():
+    reads = iter(range(1, 1000))  # the IO side's CPU clock: one second more at every read
+    fake = FakeIO()
+    fake.cpu_clock = lambda: float(next(reads))
+    with started(fake) as ctl:
+        for i in range(3):
+            fake.inbound.put_nowait(chunk([i], ["a"]))
+        process_all(ctl)
+        stats = ctl.stats()
+    # read once at the start, then before and after each of the 3 steps, then by stats()
+    assert (stats.batches, stats.step_io_cpu_s, stats.io_cpu_s) == (3, 3.0, 8.0)
+
+
+def test_no_cpu_time_is_counted_when_the_io_side_cannot_tell_it():
+    fake = FakeIO()  # cpu_seconds() is NaN
+    with started(fake) as ctl:
+        fake.inbound.put_nowait(chunk([0], ["a"]))
+        process_all(ctl)
+        stats = ctl.stats()
+    assert stats.step_io_cpu_s == 0.0 and math.isnan(stats.io_cpu_s)
 
 
 # ---- process_pending returns ------------------------------------------------------------------------
