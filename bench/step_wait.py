@@ -12,7 +12,9 @@ leftover's deadline when it took a full batch; after a step longer than the dead
 batch went out with the leftover alone, without topping it up from what was waiting, so
 batches alternated full and short (until 2026-12-01: a leftover now begins collecting with the
 first chunk added to it). Prints per variant: max msg/s of each repeat and their median, the
-mean batch, the CPU µs a message and the cores the design kept busy.
+mean batch, the CPU µs a message and the cores the design kept busy, and for forkless the
+pipelining figure (the share of its IO thread's CPU time that fell in steps, beside the main
+thread's share of the time in steps).
 """
 
 from __future__ import annotations
@@ -68,11 +70,13 @@ def main(argv: list[str] | None = None) -> int:
                         bench_run.REPO_ROOT = here
                     rows.append({"variant": name, "cost": cost, "step_ms": target["step_ms"],
                                  "throughput_msg_s": run["loadgen"]["throughput_msg_s"],
-                                 "batch_size_mean": (run["client"] or {}).get("batch_size_mean"), **run["cpu"]})
+                                 "batch_size_mean": (run["client"] or {}).get("batch_size_mean"), **run["cpu"],
+                                 "overlap": (run["client"] or {}).get("overlap") or {}})
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))
-    print("\n| step | variant | max msg/s (each repeat) | median | mean batch | CPU µs a msg | cores |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| step | variant | max msg/s (each repeat) | median | mean batch | CPU µs a msg | cores "
+          "| IO thread's CPU in steps · main thread in steps |")
+    print("|---|---|---|---|---|---|---|---|")
     for cost in dict.fromkeys(r["cost"] for r in rows):
         for name, *_ in variants:
             mine = [r for r in rows if r["cost"] == cost and r["variant"] == name]
@@ -81,8 +85,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| ~{mine[0]['step_ms']:.1f} ms | {name} | {each} | {med:,.0f} "
                   f"| {statistics.median(r['batch_size_mean'] or 0 for r in mine):.0f} "
                   f"| {statistics.median(r['client_us_per_msg'] or 0 for r in mine):.1f} "
-                  f"| {statistics.median(r['client_cores'] or 0 for r in mine):.2f} |")
+                  f"| {statistics.median(r['client_cores'] or 0 for r in mine):.2f} "
+                  f"| {_share(mine, 'io_cpu_in_steps_share')} · {_share(mine, 'steps_wall_share')} |")
     return 0
+
+
+def _share(rows: list[dict[str, Any]], key: str) -> str:
+    """The median of a pipelining share over the repeats (``bench.forkless_client.overlap``), in %."""
+    values = [r["overlap"][key] for r in rows if r["overlap"].get(key) is not None]
+    return f"{100 * statistics.median(values):.0f}%" if values else "–"
 
 
 if __name__ == "__main__":
