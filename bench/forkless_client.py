@@ -14,7 +14,8 @@ line on) with ``FORKLESS_WS_URL`` set to ``--url`` (or, for a JSON list of URLs,
 - at the end, the controller's own figures (``ctl.stats()``) are written as JSON to
   ``--out``: IO-loop lag quantiles during traffic (first message in to connection closed),
   compilations after warm-up, the internal latency (received to reply written: ``write_latency``),
-  batch sizes, step times.
+  batch sizes, step times, and the pipelining figure (``overlap``: the IO thread's CPU time
+  that fell while the main thread was inside a step, against the steps' share of the time).
 
 ``--heavy`` runs ``bench.heavy.heavy_processor`` instead of the default (lag measurement);
 ``--heavy-iters N --heavy-size S`` a heavy step of a calibrated cost (``bench.step_cost``).
@@ -59,6 +60,25 @@ def _window_hops(first: Any, last: Any) -> dict[str, Any]:
     return {hop: h - first.hops[hop] for hop, h in last.hops.items()}
 
 
+def overlap(first: Any, last: Any) -> dict[str, Any]:
+    """Pipelining over the window: how much of the IO thread's CPU time fell while the main
+    thread was inside a step (``StatsSnapshot.step_io_cpu_s``), against the steps' share of
+    the wall time (what the share would be if the IO thread's work ignored the steps)."""
+    if first is None or math.isnan(last.io_cpu_s) or math.isnan(first.io_cpu_s):
+        return {}
+    wall = last.at - first.at
+    io_cpu = last.io_cpu_s - first.io_cpu_s
+    in_steps = last.step_io_cpu_s - first.step_io_cpu_s
+    step_s = (last.step_seconds - first.step_seconds).total
+    return {
+        "wall_s": wall, "io_cpu_s": io_cpu, "io_cpu_in_steps_s": in_steps, "step_s": step_s,
+        "io_cores": io_cpu / wall if wall > 0 else None,
+        "io_cpu_in_steps_share": in_steps / io_cpu if io_cpu > 0 else None,  # of the IO thread's CPU time
+        "io_busy_in_steps": in_steps / step_s if step_s > 0 else None,  # IO CPU seconds a second of step
+        "steps_wall_share": step_s / wall if wall > 0 else None,  # the main thread inside a step
+    }
+
+
 def summarise(first: Any, last: Any, final: Any) -> dict[str, Any]:
     """The JSON written at the end: window figures (``last - first``) and totals (``final``)."""
     lag = last.loop_lag - first.loop_lag if first is not None else last.loop_lag
@@ -86,6 +106,7 @@ def summarise(first: Any, last: Any, final: Any) -> dict[str, Any]:
                     for hop, h in _window_hops(first, last).items()},
         "device_messages": list(final.device_messages),
         "device_fill": None if math.isnan(final.device_fill) else final.device_fill,
+        "overlap": overlap(first, last),
         "pid": os.getpid(),
     }
 

@@ -615,6 +615,8 @@ def summarise_steps(section: dict[str, Any], summary: dict[str, Any],
                 # at the maximum throughput: cores the design and the generator kept busy, the design's CPU a message
                 "cpu_window": {k: _median([(r.get("cpu") or {}).get(k) for r in cpu_runs])
                                for k in ("client_cores", "loadgen_cores", "client_us_per_msg")},
+                # at the maximum throughput: pipelining (forkless only: its IO thread against its steps)
+                "overlap_window": _median_overlap(cpu_runs),
                 "answered_all": all(r["loadgen"].get("sent") == r["loadgen"].get("answered") for r in mine),
                 "runs": len(mine),
             }
@@ -692,6 +694,7 @@ def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict
         if design != "io-ceiling":  # the latency budget: median over the repeats of each hop's quantiles
             row["hops_us"] = {load: _median_hops([(r["client"] or {}).get("hops_us") or {} for r in mine
                                                   if r["load"] == load]) for load in ("rate_1k", "rate_10k")}
+            row["overlap"] = {load: _median_overlap([r for r in mine if r["load"] == load]) for load in LOADS}
         row["peak_processes"] = max(mine, key=lambda r: r["peak_rss_mib"])["peak_processes"] if mine else []
         if design in JAX_DESIGNS:
             lags = [(r["client"] or {}).get("loop_lag_ms") or {} for r in mine if r["load"] == "rate_1k"]
@@ -711,6 +714,16 @@ def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict
     if steps is not None:
         summary["step_map"] = summarise_steps(steps, summary, runs)
     return summary
+
+
+OVERLAP = ("io_cpu_in_steps_share", "io_busy_in_steps", "steps_wall_share", "io_cores")
+
+
+def _median_overlap(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Medians over ``runs`` of the client's pipelining figures (``bench.forkless_client.overlap``);
+    empty for a design that has none."""
+    each = [(r.get("client") or {}).get("overlap") or {} for r in runs]
+    return {k: _median([o.get(k) for o in each]) for k in OVERLAP} if any(each) else {}
 
 
 def _median_hops(per_run: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -986,6 +999,19 @@ def _verdict(ratios: dict[str, float | None]) -> str:
     return "; ".join(parts) if parts else "–"
 
 
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
+def _overlap_cell(o: dict[str, float | None] | None) -> str:
+    """Pipelining in one cell: the share of the IO thread's CPU time that fell in steps, the
+    steps' share of the wall time, and the IO thread's cores while the main thread stepped."""
+    if not o:
+        return "–"
+    return (f"{_pct(o.get('io_cpu_in_steps_share'))} · {_pct(o.get('steps_wall_share'))} · "
+            f"{_md(o.get('io_busy_in_steps'))}")
+
+
 def step_map_markdown(results: dict[str, Any]) -> str:
     """The "step cost" part of the report: forkless, inline and spawn at each step cost, and
     forkless against inline in words (``summary["step_map"]``, ``summarise_steps``)."""
@@ -1006,11 +1032,17 @@ def step_map_markdown(results: dict[str, Any]) -> str:
         "ping: round trip of a WebSocket ping sent every ~5 ms on a second connection served by the loop that "
         "answers the feed (`bench/ping_probe.py`), ms; max msg/s with "
         f"{plan['window']:,} in flight (the default step's from the table above). Step ms: the calibration's "
-        "`Engine.step` of one message / of a full batch, and the mean step each design saw.",
+        "`Engine.step` of one message / of a full batch, and the mean step each design saw. Pipelining (forkless "
+        "only; inline has one thread): of its IO thread's CPU time, the share that fell while the main thread was "
+        "inside a step (its CPU clock read around each step), beside the share of the time the main thread spent "
+        "in steps (what the first would be if the IO thread's work ignored the steps), and the IO thread's CPU "
+        "seconds per second of step.",
         "",
         "| step | step ms: calibrated (1 / full) | design | step ms seen | mean batch @1k | p50 @1k | p99 @1k "
-        "| max msg/s | at max: mean batch · CPU µs a msg · cores design / generator | ping p50 / p99 | pings lost |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| max msg/s | at max: mean batch · CPU µs a msg · cores design / generator "
+        "| at max: IO thread's CPU in steps · main thread in steps · IO cores while stepping "
+        "| ping p50 / p99 | pings lost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cost, row in costs.items():
         name = "default detector" if cost == DEFAULT_STEP else f"~{row['target_ms']:g} ms"
@@ -1023,6 +1055,7 @@ def step_map_markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {name} | {calibrated} | {design} | {_md(d['step_ms_mean'])} "
                          f"| {_md(d['batch_size_mean_1k'], 1)} | {_md(d['rate_1k'].get('p50'))} "
                          f"| {_md(d['rate_1k'].get('p99'))} | {_md(d['throughput_msg_s'])} | {at_max} "
+                         f"| {_overlap_cell(d.get('overlap_window'))} "
                          f"| {_md(ping['p50'])} / {_md(ping['p99'])} | {d['pings_lost'] if d['pings'] else '–'} |")
     lines += ["", "Forkless against inline, by step cost (ratios of the medians above):", "",
               "| step | forkless / inline: p50 @1k | p99 @1k | max msg/s (each repeat's) | ping p99 | in words |",
@@ -1113,6 +1146,18 @@ def hops_markdown(results: dict[str, Any]) -> str:
         cells = [_md((s[d]["hops_us"][load].get(hop) or {}).get(q), 0) for d in designs
                  for load in ("rate_1k", "rate_10k") for q in ("p50", "p99")]
         lines.append(f"| {hop} | " + " | ".join(cells) + " |")
+    overlap = (s.get("forkless") or {}).get("overlap") or {}
+    if any(overlap.values()):
+        lines += ["", "Pipelining, forkless with the default step (medians over the repeats; the step-cost table "
+                  "has it at the heavier steps): of the IO thread's CPU time, the share that fell while the main "
+                  "thread was inside a step, beside the main thread's share of the time in steps; the IO "
+                  "thread's CPU in cores, over the run and while the main thread stepped.", "",
+                  "| load | IO thread's CPU in steps | main thread in steps | IO thread, cores | IO cores while "
+                  "stepping |", "|---|---|---|---|---|"]
+        for load, name in (("rate_1k", "1,000 msg/s"), ("rate_10k", "10,000 msg/s"), ("window", "max throughput")):
+            o = overlap.get(load) or {}
+            lines.append(f"| {name} | {_pct(o.get('io_cpu_in_steps_share'))} | {_pct(o.get('steps_wall_share'))} "
+                         f"| {_md(o.get('io_cores'))} | {_md(o.get('io_busy_in_steps'))} |")
     return "\n".join(lines)
 
 

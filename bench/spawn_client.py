@@ -309,7 +309,7 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
                 ended = add(inbound.get_nowait())
             except queue.Empty:
                 break
-        taken = batcher.take(time.monotonic())
+        taken = batcher.take()
         if taken is None:
             continue
         n = len(taken)

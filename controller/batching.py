@@ -9,9 +9,14 @@ Rules:
   than the room left is split, its tail going first into the next batch.
 - Size and deadline: a batch holds at most ``max_batch`` messages. After its first message
   the caller may keep adding chunks that are *already waiting* while ``wants_more(now)`` is
-  true, i.e. until the batch is full or ``max_wait_s`` has passed since the first message.
+  true, i.e. until the batch is full or ``max_wait_s`` has passed since it began collecting.
   The batcher never asks the caller to wait for an empty queue, so a lone message goes
   straight through.
+- A batch begins collecting with its first message; what a ``take`` leaves (the rest of a
+  chunk, or of chunks, a full batch had no room for) begins collecting again with the first
+  chunk added after the take. The time between (the caller stepping the batch taken) is not
+  collecting, so a leftover is topped up from what is already waiting before it is cut,
+  however long the step was; with nothing waiting it goes out at once, as a lone message does.
 - Padding: a batch of n messages is padded to the smallest bucket >= n (``Config.buckets``: powers
   of four up to ``max_batch``) so the jitted step only ever sees a few shapes, all compiled at start-up.
 - Stream slots (name -> row of the state table) are controller/slots.py's business.
@@ -96,23 +101,25 @@ class MicroBatcher:
         return self._size
 
     def add(self, chunk: Chunk, now: float) -> None:
-        """Queue a chunk; ``now`` starts the deadline if the batcher was empty."""
+        """Queue a chunk; ``now`` starts the deadline if the batcher was empty or holds only
+        what the last ``take`` left."""
         if len(chunk) == 0:
             return
-        if self._size == 0:
+        if self._first_at is None:
             self._first_at = now
         self._chunks.append(chunk)
         self._size += len(chunk)
 
     def wants_more(self, now: float) -> bool:
-        """True while the next batch has room and its first message is younger than max_wait."""
+        """True while the next batch has room and has been collecting for less than max_wait
+        (a leftover has not begun collecting until a chunk is added to it)."""
         if self._size == 0:
             return True
         if self._size >= self.max_batch:
             return False
-        return self._first_at is not None and now - self._first_at < self.max_wait_s
+        return self._first_at is None or now - self._first_at < self.max_wait_s
 
-    def take(self, now: float) -> Taken | None:
+    def take(self) -> Taken | None:
         """Remove and return up to ``max_batch`` messages in arrival order (None if empty)."""
         if self._size == 0:
             return None
@@ -148,8 +155,10 @@ class MicroBatcher:
             else:
                 self._offset = stop
         self._size -= want
-        # what is left was already waiting, so its deadline starts now
-        self._first_at = now if self._size else None
+        # what is left begins collecting with the next chunk added: the caller steps this
+        # batch first, and a deadline started now would have passed by then, sending the
+        # leftover out alone however much is waiting behind it
+        self._first_at = None
         x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=0)
         return Taken(seqs, streams, x, received, feeds, mixed, traces, origins)
 

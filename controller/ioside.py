@@ -46,6 +46,8 @@ class IOSide(Protocol):
 
     def snapshot(self) -> IOSnapshot: ...
 
+    def cpu_seconds(self) -> float: ...  # the IO thread's CPU seconds so far, from any thread (NaN: unknown)
+
 
 OnResults = Callable[[list[Any], list[str], dict[str, np.ndarray]], None]
 """``on_results(seq, stream, outputs)``: called in the main thread after each step, before the

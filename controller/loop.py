@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import signal
 import threading
 import time
@@ -47,6 +48,7 @@ from controller.batching import (
     OUTBOUND,
     STEP,
     TAKEN,
+    Chunk,
     MicroBatcher,
     Taken,
     Trace,
@@ -166,8 +168,13 @@ class Controller:
             if io_factory is io_thread and on_connect is not None else io_factory
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
+        self._io_cpu: Callable[[], float] | None = None  # the IO side's cpu_seconds, once started (if known)
         self._inbound_closed = False
-        self._pulled = 0  # chunks taken from inbound so far (process_pending's bound)
+        # process_pending's bound: chunks taken from inbound so far, and messages; the messages
+        # added to the batcher up to the call's last chunk (``_owed``) and the messages taken
+        self._pulled = 0
+        self._pull_target = 0
+        self._added = self._owed = self._taken = 0
         self.abandoned_io = False
         self._logged_non_finite = False  # True if the IO thread still ran when stop() gave up on it
         self._stop_requested = threading.Event()
@@ -218,6 +225,9 @@ class Controller:
         try:
             self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats, **extra)
             self._side = self._io.start()
+            # the IO thread's CPU clock, read around each step (pipelining: MainStats.step_io_cpu_s);
+            # not read at all where it is unknown (NaN)
+            self._io_cpu = self._io.cpu_seconds if not math.isnan(self._io.cpu_seconds()) else None
         except BaseException:  # no IO side (MetricsServerError, say): give back what apply() changed
             self._host.restore()
             if self.checkpointer is not None:
@@ -414,7 +424,9 @@ class Controller:
         how many messages were processed. Raises if the IO thread has failed.
 
         It returns once what was queued when it was called has been processed, so a feed
-        that never pauses cannot keep the caller (or ``run()``'s stop check) waiting.
+        that never pauses cannot keep the caller (or ``run()``'s stop check) waiting. Its last
+        batch is topped up from what arrived since, like any batch; what that leaves waits in
+        the batcher for the next call, as it would have in the queue.
         """
         if not self._started:
             raise RuntimeError("call start() (or use the controller as a context manager) first")
@@ -422,48 +434,53 @@ class Controller:
         if self._owner is not None and self._owner.lost:
             raise LeaseLost(f"{self._partition_feed.label}: the lease of a partition could not be renewed in time "
                             "(FORKLESS_LEASE_S): another instance may own it now, so this one stops")
-        # chunks queued now; a chunk may hold more than one batch, so chunks are counted
-        target = self._pulled + (0 if self._inbound_closed else self._side.inbound.qsize())
+        # chunks queued now; a chunk may hold more than one batch, so chunks are counted, and
+        # the messages they hold once pulled (``_owed``; what the batcher holds is owed too)
+        target = self._pull_target = self._pulled + (0 if self._inbound_closed else self._side.inbound.qsize())
+        self._owed = self._added
         done = self._cycle(timeout)
-        while len(self.batcher) or (self._pulled < target and not self._inbound_closed
-                                    and self._side.inbound.qsize()):
-            done += self._cycle(0.0, pull=self._pulled < target)
+        while self._taken < self._owed or (self._pulled < target and not self._inbound_closed
+                                           and self._side.inbound.qsize()):
+            done += self._cycle(0.0)
         if self.checkpointer is not None:
             self.checkpointer.tick(time.monotonic(), self._begin_checkpoint)
         return done
 
-    def _cycle(self, timeout: float, deadline: float | None = None, *, pull: bool = True) -> int:
-        """Collect one batch (blocking up to ``timeout`` for its first message) and process it;
-        ``pull=False`` only takes a batch from what the batcher already holds."""
+    def _cycle(self, timeout: float, deadline: float | None = None) -> int:
+        """Collect one batch (blocking up to ``timeout`` for its first message when the batcher
+        is empty; topping up what it holds from what is already waiting) and process it."""
         inbound = self._side.inbound
         batcher = self.batcher
-        if pull and not len(batcher) and not self._inbound_closed:
+        if not len(batcher) and not self._inbound_closed:
             try:
-                chunk = inbound.get(timeout=timeout) if timeout > 0 else inbound.get_nowait()
-                self._pulled += 1
-                if chunk.trace is not None:
-                    chunk.trace.ns[TAKEN] = time.monotonic_ns()
-                batcher.add(chunk, time.monotonic())
+                self._add(inbound.get(timeout=timeout) if timeout > 0 else inbound.get_nowait())
             except Empty:
                 return 0
             except janus.SyncQueueShutDown:
                 self._inbound_closed = True
-        while pull and not self._inbound_closed and batcher.wants_more(time.monotonic()):
+        while not self._inbound_closed and batcher.wants_more(time.monotonic()):
             try:
-                chunk = inbound.get_nowait()
-                if chunk.trace is not None:
-                    chunk.trace.ns[TAKEN] = time.monotonic_ns()
-                batcher.add(chunk, time.monotonic())
-                self._pulled += 1
+                self._add(inbound.get_nowait())
             except Empty:
                 break
             except janus.SyncQueueShutDown:
                 self._inbound_closed = True
-        taken = batcher.take(time.monotonic())
+        taken = batcher.take()
         if taken is None:
             return 0
+        self._taken += len(taken)
         self._process(taken, deadline)
         return len(taken)
+
+    def _add(self, chunk: Chunk) -> None:
+        """A chunk taken from inbound, into the batcher (and counted for ``process_pending``)."""
+        if chunk.trace is not None:
+            chunk.trace.ns[TAKEN] = time.monotonic_ns()
+        self.batcher.add(chunk, time.monotonic())
+        self._pulled += 1
+        self._added += len(chunk)
+        if self._pulled <= self._pull_target:
+            self._owed = self._added
 
     def _process(self, taken: Taken, deadline: float | None) -> None:
         """Slot, step, hand the batch's results to ``on_results``, encode, put one ``Outgoing``.
@@ -569,6 +586,8 @@ class Controller:
         counted; the engine kept the state, or replaced it if the failed step had lost it)."""
         stats = self.main_stats
         m = len(key)
+        io_cpu = self._io_cpu
+        io_cpu_0 = io_cpu() if io_cpu is not None else 0.0
         t0 = time.perf_counter()
         try:
             outputs, bad = self.engine.step(x, key)
@@ -581,6 +600,8 @@ class Controller:
                           "from a fresh state")
             return None
         stats.step_seconds.observe(time.perf_counter() - t0)
+        if io_cpu is not None:
+            stats.step_io_cpu_s += io_cpu() - io_cpu_0
         stats.processed += m
         anomaly = outputs.get("anomaly")
         if anomaly is not None:
@@ -631,7 +652,8 @@ class Controller:
             if engine is not None else None,
             streams=(len(self.slots), self.slots.evicted),
             checkpoints=self.checkpointer.stats_fields() if self.checkpointer is not None else {},
-            sources=self.recovery.source_figures(io))
+            sources=self.recovery.source_figures(io),
+            io_cpu_s=self._io.cpu_seconds() if self._io is not None else math.nan)
 
     @property
     def metrics_url(self) -> str | None:

@@ -17,6 +17,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -141,6 +142,13 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
                            snap.loop_lag, SECONDS_STEP))
     fams.append(_histogram("forkless_step_seconds", "Wall time of one compiled step, device to host included.",
                            snap.step_seconds, SECONDS_STEP))
+    if not math.isnan(snap.io_cpu_s):  # the IO thread's CPU clock is known (Linux and most Unixes)
+        io_cpu = CounterMetricFamily("forkless_io_thread_cpu_seconds", "CPU time of the IO thread, split by whether "
+                                     "the main thread was inside a step meanwhile (in_step: the IO side's work that "
+                                     "overlapped the steps).", labels=["main_thread"])
+        io_cpu.add_metric(["in_step"], snap.step_io_cpu_s)
+        io_cpu.add_metric(["outside_step"], max(0.0, snap.io_cpu_s - snap.step_io_cpu_s))
+        fams.append(io_cpu)
 
     fams.append(CounterMetricFamily("forkless_compilations", "XLA compilations in this process (flat after ready).",
                                     value=snap.compilations))
@@ -342,7 +350,7 @@ def _every_field_populated() -> StatsSnapshot:
         connection_since=1.0, inbound_depth=1, outbound_depth=1, unsent=1, batch_size=sizes, latency=seconds,
         write_latency=seconds, feed_latency=(seconds,), replies_declined={_VARIES: 1},
         loop_lag=seconds, step_seconds=seconds, compilations=1, compilations_after_warmup=0, devices=(_VARIES,),
-        ready=True, compiled=True, last_error="x", device_messages=(1,), device_rows=1,
+        ready=True, compiled=True, last_error="x", device_messages=(1,), device_rows=1, io_cpu_s=2.0, step_io_cpu_s=1.0,
         hops=dict.fromkeys((*HOPS, "total"), seconds), sources=(SourceFigures(_VARIES, 1, 1, 1, 1, 2, 1, 1),),
         feeds=(FeedSnapshot(_VARIES, True, "x", IOSnapshot(
             frames_in=1, messages_in=1, results_out=1, errors_out=1, answer_errors_out=1, error_replies_unsent=1,

@@ -52,6 +52,9 @@ class MainStats:
     resets: Counter = field(default_factory=Counter)  # state reset, by reason (see the README)
     batch_size: Histogram | None = None
     step_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
+    # the IO thread's CPU seconds that fell while this thread was inside a step (its CPU clock
+    # read before and after each step): the IO side's work that overlapped the steps
+    step_io_cpu_s: float = 0.0
     compilations_at_ready: int | None = None
     # receipt -> results handed over (after on_results, before the put on outbound), one per feed
     latency: list[Histogram] = field(default_factory=lambda: [Histogram(SECONDS_BOUNDS)])
@@ -138,6 +141,10 @@ class StatsSnapshot:
     write_latency: HistogramSnapshot = field(default_factory=lambda: Histogram(SECONDS_BOUNDS).snapshot())
     feed_latency: tuple[HistogramSnapshot, ...] = ()  # ``latency`` per feed (the order of ``feeds``)
     sources: tuple[SourceFigures, ...] = ()  # the JetStream feeds' positions (empty without one)
+    # pipelining: the IO thread's CPU seconds so far (NaN: not known on this platform, or no IO
+    # thread), and those of them that fell while the main thread was inside a step
+    io_cpu_s: float = math.nan
+    step_io_cpu_s: float = 0.0
 
     @property
     def device_fill(self) -> float:
@@ -258,11 +265,13 @@ def books_line(snap: StatsSnapshot) -> str:
 
 def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: int,
                    devices: tuple[tuple[str, ...], tuple[int, ...], int] | None, streams: tuple[int, int],
-                   checkpoints: dict[str, Any], sources: tuple[SourceFigures, ...]) -> StatsSnapshot:
+                   checkpoints: dict[str, Any], sources: tuple[SourceFigures, ...],
+                   io_cpu_s: float = math.nan) -> StatsSnapshot:
     """``Controller.stats()``: the main thread's counters (``main``, copied here with
     ``copy_counts``) and the IO side's snapshot as one ``StatsSnapshot``. ``devices``: the
     engine's ``(devices, messages per device, rows stepped)``, None before the compile;
-    ``streams``: ``(active, evicted)``; ``checkpoints``: the checkpointer's fields."""
+    ``streams``: ``(active, evicted)``; ``checkpoints``: the checkpointer's fields;
+    ``io_cpu_s``: the IO thread's CPU seconds (``IOSide.cpu_seconds``)."""
     at_ready = main.compilations_at_ready
     feed_latency = [histogram.snapshot() for histogram in main.latency]
     latency = feed_latency[0]
@@ -314,6 +323,8 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         feeds=io.feeds,
         hops=add_hops(io.hops, {hop: histogram.snapshot() for hop, histogram in main.hops.items()}),
         sources=sources,
+        io_cpu_s=io_cpu_s,
+        step_io_cpu_s=main.step_io_cpu_s,
     )
 
 

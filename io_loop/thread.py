@@ -13,7 +13,8 @@ Rules:
   body, ``on_connect``, the embedder's hook for each new connection: io_loop/on_connect.py, and
   ``positions``, where the restored checkpoint left each JetStream feed); the main thread learns
   about this side only through ``snapshot()`` (queue depths, unsent
-  frames, copied counters) and the bridge's queues.
+  frames, copied counters), ``cpu_seconds()`` (this thread's CPU clock, which the main thread
+  reads around each step: how much of this side's work overlaps the steps) and the bridge's queues.
 - No process is started and nothing forks: the demo feed and the metrics server run as
   tasks on this same loop.
 - A ``sink`` (``InboundSink``, the relay's publisher: io_loop/relay.py) takes the place of the main
@@ -28,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -84,6 +87,8 @@ class IOThread:
         self._bridge: Bridge | None = None
         self._main_side: MainSide | None = None
         self._aborted = False
+        self._cpu_clock: int | None = None  # this thread's CPU clock (``time.pthread_getcpuclockid``)
+        self._cpu_at_end: float | None = None  # its CPU seconds when it ended
 
     # ---- main-thread API --------------------------------------------------------------------
 
@@ -135,6 +140,20 @@ class IOThread:
                 raise failure
             raise IOThreadError(f"the IO thread died: {failure!r}") from failure
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds this thread has used (``time.thread_time`` as the thread itself would read
+        it), callable from any thread; NaN before it started, or where the platform has no
+        per-thread CPU clock. About 0.3 µs a call (one ``clock_gettime``)."""
+        if self._cpu_at_end is not None:
+            return self._cpu_at_end
+        clock = self._cpu_clock
+        if clock is None:
+            return math.nan
+        try:
+            return time.clock_gettime(clock)
+        except OSError:  # the thread ended between the two reads above
+            return self._cpu_at_end if self._cpu_at_end is not None else math.nan
+
     def snapshot(self) -> IOSnapshot:
         """Everything the IO side counts, copied: totals, and each feed's own; callable from any thread."""
         bridge, feeds = self._bridge, self._feeds
@@ -144,6 +163,12 @@ class IOThread:
     # ---- the thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
+        getclock = getattr(time, "pthread_getcpuclockid", None)  # Unix; not macOS
+        if getclock is not None:
+            try:
+                self._cpu_clock = getclock(threading.get_ident())
+            except OSError:
+                pass
         loop = asyncio.new_event_loop()
         self._loop = loop
         try:
@@ -160,6 +185,7 @@ class IOThread:
                 loop.run_until_complete(loop.shutdown_asyncgens())
             finally:
                 loop.close()
+                self._cpu_at_end = time.thread_time()
                 self._ready.set()
 
     async def _main(self) -> None:

@@ -18,6 +18,7 @@ wait until a deadline is the behaviour under test.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -138,6 +139,7 @@ class FakeIO:
         self.codec: Codec | None = None
         self.io_stats: IOStats | None = None
         self.stats_snapshot: Callable[[], StatsSnapshot] | None = None
+        self.cpu_clock: Callable[[], float] | None = None  # what cpu_seconds() reads (None: NaN)
 
     def __call__(self, config: Config, codec: Codec, io_stats: IOStats,
                  stats_snapshot: Callable[[], StatsSnapshot]) -> FakeIO:
@@ -166,6 +168,10 @@ class FakeIO:
             if isinstance(failure, (FeedFatal, MetricsServerError, IOThreadError)):
                 raise failure
             raise IOThreadError(f"the IO thread died: {failure!r}") from failure
+
+    def cpu_seconds(self) -> float:
+        """The IO side's CPU seconds: ``cpu_clock()`` if set (a test's clock), else NaN (unknown)."""
+        return self.cpu_clock() if self.cpu_clock is not None else math.nan
 
     def snapshot(self) -> IOSnapshot:
         assert self.io_stats is not None, "snapshot() before the controller made the IO side"

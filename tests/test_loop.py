@@ -3,7 +3,9 @@
 ``tests/fake_io.py`` stands in for the IO thread with in-memory queues, so each test puts
 ``Chunk``s on ``inbound``, drives the controller and reads the ``Outgoing`` items it put on
 ``outbound``. ``max_wait_ms=0`` makes batching deterministic: a batch is the first chunk
-waiting (or the rest of a chunk larger than ``max_batch``), never more, whatever the clock says.
+waiting, never more, whatever the clock says; the rest of a chunk larger than ``max_batch`` is
+topped up with the next chunk waiting (controller/batching.py: a leftover begins collecting
+with the first chunk added to it).
 Every controller with the same processor and shapes reuses one compilation.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -94,10 +97,11 @@ def test_results_come_out_in_arrival_order_and_equal_the_one_at_a_time_reference
         assert r["anomaly"] == anomaly, r
         flagged += anomaly
     assert flagged >= 2  # the two spikes at least
-    assert [len(item.frames) for item in items] == [1, 3, 4, 2, 2] * 8  # the chunk of 6: 4 then 2
+    # the chunk of 6: 4, then its last 2 topped up with the next chunk waiting (of 2)
+    assert [len(item.frames) for item in items] == [1, 3, 4, 4] * 8
     assert [ns for item in items for ns in item.received_ns] == [c.received_ns for c in chunks for _ in c.seq]
     assert sum(item.results for item in items) == 96
-    assert (stats.processed, stats.anomalies, stats.batches, stats.errors) == (96, flagged, 40, {})
+    assert (stats.processed, stats.anomalies, stats.batches, stats.errors) == (96, flagged, 32, {})
 
 
 def test_no_compilation_after_warm_up_whatever_the_batch_sizes():
@@ -111,8 +115,9 @@ def test_no_compilation_after_warm_up_whatever_the_batch_sizes():
         stats = ctl.stats()
     assert compilations() == after_warmup
     assert stats.compilations_after_warmup == 0
-    # every bucket ran, exact and padded: sizes 1 | 2-4 | 5-16, nothing beyond
-    assert (stats.batch_size.bounds, stats.batch_size.counts) == ((1, 4, 16), (2, 6, 16, 0))
+    # every bucket ran, exact and padded: sizes 1 | 2-4 | 5-16, nothing beyond (the chunks of
+    # 1-16 one batch each; those of 17-20 split into 16s, each rest topped up by the next chunk)
+    assert (stats.batch_size.bounds, stats.batch_size.counts) == ((1, 4, 16), (1, 3, 17, 0))
 
 
 def frozen(obj: object) -> bool:
@@ -168,7 +173,8 @@ def test_freeze_gc_freezes_nothing_when_the_host_has_frozen_objects_already():
 def test_a_stream_beyond_max_streams_gets_a_too_many_streams_error_and_is_counted():
     fake = FakeIO()
     with started(fake) as ctl:
-        fake.inbound.put_nowait(chunk(range(7), [f"s{i}" for i in range(7)]))
+        fake.inbound.put_nowait(chunk(range(4), [f"s{i}" for i in range(4)]))  # two batches, neither split
+        fake.inbound.put_nowait(chunk(range(4, 7), [f"s{i}" for i in range(4, 7)]))
         # one batch: the 8th stream takes the last slot, the 9th is refused, a known one still works
         fake.inbound.put_nowait(chunk([7, 8, 9], ["s7", "s8", "s0"]))
         process_all(ctl)
@@ -303,6 +309,28 @@ def test_a_failure_on_the_io_side_makes_process_pending_raise_it():
         ctl.stop()
 
 
+def test_the_io_sides_cpu_time_read_around_each_step_is_counted_as_overlapping_the_steps():
+    reads = iter(range(1, 1000))  # the IO side's CPU clock: one second more at every read
+    fake = FakeIO()
+    fake.cpu_clock = lambda: float(next(reads))
+    with started(fake) as ctl:
+        for i in range(3):
+            fake.inbound.put_nowait(chunk([i], ["a"]))
+        process_all(ctl)
+        stats = ctl.stats()
+    # read once at the start, then before and after each of the 3 steps, then by stats()
+    assert (stats.batches, stats.step_io_cpu_s, stats.io_cpu_s) == (3, 3.0, 8.0)
+
+
+def test_no_cpu_time_is_counted_when_the_io_side_cannot_tell_it():
+    fake = FakeIO()  # cpu_seconds() is NaN
+    with started(fake) as ctl:
+        fake.inbound.put_nowait(chunk([0], ["a"]))
+        process_all(ctl)
+        stats = ctl.stats()
+    assert stats.step_io_cpu_s == 0.0 and math.isnan(stats.io_cpu_s)
+
+
 # ---- process_pending returns ------------------------------------------------------------------------
 
 
@@ -316,6 +344,31 @@ def test_process_pending_returns_after_what_was_queued_at_the_call_while_the_fee
     # it returned (a caller that never stops taking fails inside EndlessQueue at its limit)
     assert done >= 3  # at least what was waiting at the call
     assert seqs == list(range(done))  # in order, each reply once
+
+
+def test_a_split_chunks_rest_is_topped_up_from_the_queue_not_sent_alone():
+    fake = FakeIO()
+    with started(fake) as ctl:
+        fake.inbound.put_nowait(chunk(range(6), ["a"] * 6))
+        fake.inbound.put_nowait(chunk([6, 7], ["b"] * 2))
+        assert ctl.process_pending() == 8
+        items = drain(fake.outbound)
+    assert [[r["seq"] for r in frames([item])] for item in items] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_process_pending_tops_up_its_last_batch_from_what_arrived_since_and_leaves_the_rest_queued():
+    # one chunk of 6 waits at the call; each chunk taken is replaced by one of 3 (the feed goes on)
+    endless = EndlessQueue(lambda n: chunk(range(6), ["a"] * 6) if n == 0 else
+                           chunk(range(3 + 3 * n, 6 + 3 * n), ["b"] * 3), initial=1, limit=100)
+    fake = FakeIO(inbound=endless)
+    with started(fake) as ctl:
+        assert ctl.process_pending() == 8  # 0-3, then 4-5 topped up with 6-7 of the chunk that came next
+        assert len(ctl.batcher) == 1  # 8 waits for the next call, as it would have in the queue
+        first = [[r["seq"] for r in frames([item])] for item in drain(fake.outbound)]
+        assert ctl.process_pending() == 4  # 8, topped up with 9-11 that were queued at the call
+        second = [[r["seq"] for r in frames([item])] for item in drain(fake.outbound)]
+    assert first == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert second == [[8, 9, 10, 11]]
 
 
 def test_process_pending_processes_queued_chunks_larger_than_max_batch_completely():

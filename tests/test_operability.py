@@ -15,6 +15,7 @@ import logging
 import math
 import re
 import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -191,6 +192,30 @@ def test_metrics_histograms_are_the_snapshot_buckets(observed: dict) -> None:
     assert _buckets(m, "forkless_batch_size") == [(float(b), c) for b, c in snap.batch_size.cumulative()]
     assert _value(m, "forkless_batch_size_sum") == GOOD
     assert _value(m, "forkless_step_seconds_count") == snap.batches == _value(m, "forkless_batches_total")
+
+
+def test_the_io_threads_cpu_time_is_counted_and_split_by_whether_the_main_thread_was_stepping(
+        observed: dict) -> None:
+    before, after = observed["snap"], observed["snap_after_scrape"]
+    # the IO thread read, decoded and wrote every frame: it used CPU; some of it, or none, fell in steps
+    assert 0 < before.io_cpu_s <= after.io_cpu_s
+    assert 0 <= before.step_io_cpu_s <= before.io_cpu_s
+    split = _labelled(_samples(observed["metrics"][2]), "forkless_io_thread_cpu_seconds_total", "main_thread")
+    assert set(split) == {"in_step", "outside_step"}
+    # the scrape ran on the IO thread between the two snapshots, and no step ran meanwhile
+    assert split["in_step"] == before.step_io_cpu_s == after.step_io_cpu_s
+    assert before.io_cpu_s <= split["in_step"] + split["outside_step"] <= after.io_cpu_s
+
+
+def test_the_io_cpu_time_is_the_io_threads_own_not_the_callers() -> None:
+    with FeedServer(send_frames([_message(0, "s0")])) as feed:
+        with Controller(_config(feed.url)) as ctl:
+            _pump(ctl, lambda: feed.received_count == 1, "the reply")
+            io_before, main_before = ctl.stats().io_cpu_s, time.thread_time()
+            while time.thread_time() - main_before < 0.3:  # the main thread busy; the IO thread idle
+                pass
+            io_used, main_used = ctl.stats().io_cpu_s - io_before, time.thread_time() - main_before
+    assert 0 <= io_used < main_used / 2
 
 
 def test_stats_agree_with_the_status_line_and_metrics(observed: dict) -> None:
