@@ -29,10 +29,12 @@ duplicate window. Every time is the server's (stored timestamps) or this machine
   then both are sent SIGTERM (the stop writes every partition's final checkpoint object and
   releases the leases), and once both have exited 4 instances (``FORKLESS_INSTANCES=4``) are
   started at once. The rescale time is from the SIGTERM to the last of the four logging
-  "connection 1 open", split into the stop (SIGTERM -> both old processes exited), the new
-  processes' start to "restored N streams" (the last of four: Python and JAX imported, leases
-  taken, objects read and parsed) and from there to "connection 1 open" (state to the device,
-  the compile with the persistent compilation cache warm from the first two, the connection).
+  "connection 1 open", split into the stop (SIGTERM -> both old processes exited) and the new
+  processes' way from their launch, by their own log lines (the last of four at each): "holding
+  the leases" (Python, JAX and nats-py imported, the server connected, the leases taken), the
+  objects read (the start of the compile: "compiled the step ... in X s" minus X), "compiled
+  the step" (the persistent compilation cache warm from the first two), "restored N streams"
+  (the rows into the state and the stream table), "connection 1 open".
   Also: the newest checkpoint object's bytes per partition (the bucket, nats-py's
   ``object_store(...).list()``), and whether the four restored counts add up to the streams.
 
@@ -250,8 +252,9 @@ _OPEN = re.compile(r"connection 1 open")
 # a new instance's way to serving (controller/loop.py ``start``): leases taken (after Python, JAX
 # and nats-py are imported and the server connected), its partitions' objects read and the step
 # compiled, the rows restored into the state, the feed's connection open
-_MILESTONES = {"leases": re.compile(r"holding the leases"), "compiled": re.compile(r"compiled the step"),
-               "restored": _RESTORED, "open": _OPEN}
+_COMPILED = re.compile(r"compiled the step .* in ([0-9.]+)s")
+_MILESTONES = {"leases": re.compile(r"holding the leases"), "compiled": _COMPILED, "restored": _RESTORED,
+               "open": _OPEN}
 
 
 # ---- throughput of 1, 2, 4 instances -------------------------------------------------------------------
@@ -345,6 +348,8 @@ def measure_rescale(streams: int, work: Path, cache: str) -> dict[str, Any]:
             log = work / f"rs-new{i}.log"
             mark = {key: _log_time(log, pattern, proc, 600)[0] - launched for key, pattern in _MILESTONES.items()}
             counts.append(int(_log_time(log, _RESTORED, proc, 10)[1].group(1)))
+            # the objects are read between the leases and the compile, which logs its own duration
+            mark["read"] = mark["compiled"] - float(_log_time(log, _COMPILED, proc, 10)[1].group(1))
             marks.append(mark)
         new_rss = [round(_peak_rss_mib(p.pid)) for p in new]
         _stop(new, 600)
@@ -352,7 +357,7 @@ def measure_rescale(streams: int, work: Path, cache: str) -> dict[str, Any]:
         _kill([*old, *new])
         server.terminate()
         server.wait(10)
-    last = {key: max(m[key] for m in marks) for key in _MILESTONES}
+    last = {key: max(m[key] for m in marks) for key in ("leases", "read", "compiled", "restored", "open")}
     return {"streams": streams, "features": RESCALE_FEATURES, "partitions": P, "publish_s": round(publish_s, 2),
             "consume_s": round(consume_s, 2), "consume_msg_s": round(streams / consume_s),
             "stop_s": round(t_stopped - t_term, 3), "launch_s": round(launched - t_stopped, 3),
@@ -380,8 +385,9 @@ def section(quick: bool) -> dict[str, Any]:
         rs = measure_rescale(sizes["rescale_streams"], work, cache)
         last = rs["new_last_s"]
         print(f"  rescale {rs['rescale_s']} s (stop {rs['stop_s']} s; the new ones from their launch: leases "
-              f"{last['leases']} s, compiled {last['compiled']} s, restored {last['restored']} s, "
-              f"open {last['open']} s); restored {rs['restored_total']:,} streams", flush=True)
+              f"{last['leases']} s, read {last['read']} s, compiled {last['compiled']} s, "
+              f"restored {last['restored']} s, open {last['open']} s); restored {rs['restored_total']:,} streams",
+              flush=True)
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count(), "quick": quick,
             "seconds": round(time.monotonic() - began), "throughput": tp, "rescale": rs}
 
@@ -415,11 +421,12 @@ def markdown(figures: dict[str, Any]) -> str:
         f"{rs['consume_s']:.1f} s ({rs['consume_msg_s']:,} msg/s).",
         "",
         "| SIGTERM -> every partition served | the old two's stop (final checkpoint, leases released) | "
-        "new four launched -> leases held | -> objects read, step compiled | -> rows restored | -> connection open |",
-        "|---|---|---|---|---|---|",
+        "new four launched -> leases held | -> objects read | -> step compiled | -> rows restored | "
+        "-> connection open |",
+        "|---|---|---|---|---|---|---|",
         f"| **{rs['rescale_s']:.2f} s** | {rs['stop_s']:.2f} s | {last['leases']:.2f} s | "
-        f"{last['compiled'] - last['leases']:+.2f} s | {last['restored'] - last['compiled']:+.2f} s | "
-        f"{last['open'] - last['restored']:+.2f} s |",
+        f"{last['read'] - last['leases']:+.2f} s | {last['compiled'] - last['read']:+.2f} s | "
+        f"{last['restored'] - last['compiled']:+.2f} s | {last['open'] - last['restored']:+.2f} s |",
         "",
         "(each new column: the last of the four to reach that point, after the previous column's last)",
         "",
