@@ -14,15 +14,16 @@ duplicate window. Every time is the server's (stored timestamps) or this machine
 - Throughput (``measure_throughput``): ``COUNT`` messages over ``STREAMS`` streams (8 features)
   are published first into a staging stream STAGE (same transform, so they are stored as
   ``ticks.<partition>.<name>``); N instances are started together (leases only, no checkpoint
-  bucket) and, once every one of them has logged "connection 1 open", TICKS is given STAGE as
-  its source: the server copies the backlog into TICKS (its stored subjects unchanged) and the
-  instances consume it. So no instance's start-up (JAX, the compile) falls inside the window, and
-  no publisher in Python competes for the cores while it is measured. Throughput = results /
+  bucket); once every one of them has logged "connection 1 open", they are held still (SIGSTOP)
+  while TICKS is given STAGE as its source and the server copies the backlog into TICKS (its
+  stored subjects unchanged), then let go together (SIGCONT) to consume it. So no instance's
+  start-up (JAX, the compile) falls inside the window, no publisher in Python competes for the
+  cores while it is measured, and the window is the consumption of a backlog alone. Throughput = results /
   (stored time of the last result - that of the first). Repeated ``rounds`` times, fresh
   streams each time, N rotated within each round; medians. Beside it: the load average at the
   start of each run, the CPU seconds the instances and nats-server spent in the window
-  (``psutil``: user + system, from the last "open" to the last result), and the time the server
-  took to copy the backlog into TICKS (its first to its last stored input).
+  (``psutil``: user + system, from the last "open" to the last result; the copy included), and
+  the time the server took to copy the backlog into TICKS (its first to its last stored input).
 - Rescale (``measure_rescale``): ``RESCALE_STREAMS`` messages, one per stream (4 features), published
   to TICKS; 2 instances with ``FORKLESS_MAX_STREAMS`` >= that and ``FORKLESS_CHECKPOINT_BUCKET``
   consume them (timed: the publication, then the consumption until the last result is stored);
@@ -51,6 +52,7 @@ import calendar
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -73,6 +75,7 @@ CKPT_BUCKET = "bench-ckpt"
 BLOCK = "bench:partitioned"  # bench/README.md's block, from bench/out/partitioned.json (gendocs.py)
 _TRANSFORM = f"ticks.{{{{partition({P},1)}}}}.{{{{wildcard(1)}}}}"
 _RESTORED = re.compile(r"restored (\d+) streams")
+_BOOKS = re.compile(r"books: in (\d+) ")
 
 
 # ---- the server's side --------------------------------------------------------------------------------
@@ -270,7 +273,18 @@ def _throughput_run(url: str, server_pid: int, n: int, count: int, streams: int,
             _log_time(work / f"{tag}-i{i}.log", _OPEN, proc, 300)
         pids = [p.pid for p in procs]
         cpu0, srv0 = _cpu_s(pids), _cpu_s([server_pid])
-        asyncio.run(_admin(url, _source_stage))
+        # the instances held still (SIGSTOP, well inside their heartbeat and lease margins) while
+        # the server copies the backlog: with four instances fetching, the copy was as slow as
+        # the consumption (3.1-3.8 s of a 3.4-3.8 s window in three runs; 0.2 s with idle
+        # consumers), so it paced them; held, the window is the consumption of a backlog alone
+        for proc in procs:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            asyncio.run(_admin(url, _source_stage))
+            _wait_messages(url, "TICKS", count, 60, [])
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGCONT)
         _wait_messages(url, "SCORES", count, 300, procs)
         cpu1, srv1 = _cpu_s(pids), _cpu_s([server_pid])
     except BaseException:
@@ -353,6 +367,9 @@ def measure_rescale(streams: int, work: Path, cache: str) -> dict[str, Any]:
             marks.append(mark)
         new_rss = [round(_peak_rss_mib(p.pid)) for p in new]
         _stop(new, 600)
+        # the restored positions: the new four apply nothing again (their books at the stop)
+        reapplied = sum(int(_log_time(work / f"rs-new{i}.log", _BOOKS, proc, 10)[1].group(1))
+                        for i, proc in enumerate(new))
     finally:
         _kill([*old, *new])
         server.terminate()
@@ -366,6 +383,7 @@ def measure_rescale(streams: int, work: Path, cache: str) -> dict[str, Any]:
             "per_instance": [{key: round(v, 3) for key, v in m.items()} | {"streams": n}
                              for m, n in zip(marks, counts)],
             "restored_counts": counts, "restored_total": sum(counts), "adds_up": sum(counts) == streams,
+            "new_applied": reapplied,
             "checkpoint_bytes": {str(p): b for p, b in sizes.items()}, "checkpoint_bytes_total": sum(sizes.values()),
             "peak_rss_mib": {"old": old_rss, "new": new_rss}}
 
@@ -433,7 +451,9 @@ def markdown(figures: dict[str, Any]) -> str:
         f"Restored {' + '.join(f'{n:,}' for n in rs['restored_counts'])} = {rs['restored_total']:,} streams "
         f"({'equal to' if rs['adds_up'] else 'NOT equal to'} the {rs['streams']:,} fed); checkpoint objects "
         f"{rs['checkpoint_bytes_total']:,} bytes, per partition {min(per_part):,}-{max(per_part):,} bytes; "
-        f"peak RSS per instance {rs['peak_rss_mib']['old']} MiB (2 old), {rs['peak_rss_mib']['new']} MiB (4 new).",
+        f"peak RSS per instance {rs['peak_rss_mib']['old']} MiB (2 old), {rs['peak_rss_mib']['new']} MiB (4 new)."
+        + ("" if rs.get("new_applied") is None else
+           f" The four new instances applied {rs['new_applied']:,} messages again (their books at the stop)."),
     ]
     return "\n".join(lines) + "\n"
 

@@ -165,6 +165,7 @@ def test_quick_partitioned_section_answers_every_message_and_restores_every_stre
     assert rs["streams"] == QUICK["rescale_streams"]
     assert len(rs["restored_counts"]) == 4 and all(n > 0 for n in rs["restored_counts"])
     assert rs["restored_total"] == rs["streams"] and rs["adds_up"] is True
+    assert rs["new_applied"] == 0  # the restored positions: nothing consumed twice after the rescale
     assert sorted(int(p) for p in rs["checkpoint_bytes"]) == list(range(P))  # an object for every partition
     assert all(_number(v) and v > 0 for v in rs["new_last_s"].values()), rs["new_last_s"]
     assert _number(rs["stop_s"]) and _number(rs["rescale_s"])
