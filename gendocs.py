@@ -15,6 +15,8 @@ block to it, so a hand edit fails the tests). What is generated, and from where:
   (a full ``python -m bench.run`` rewrites that block itself)
 - bench/README.md ``bench:devices``: ``bench.run.devices_markdown()`` of ``bench/out/devices.json``
   (written by ``python -m bench.run --devices-only`` or a full run)
+- bench/README.md ``bench:partitioned``: ``bench.partitioned.markdown()`` of ``bench/out/partitioned.json``
+  (written by ``python -m bench.run --partitioned-only``)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import partitioned
 from bench.run import DEFAULT_OUT, DEVICES_BLOCK, RESULTS_BLOCK, devices_markdown, results_markdown
 from controller.config import variables_table_markdown
 from controller.errors import EXIT_STATUSES
@@ -52,6 +55,11 @@ def bench_devices_markdown() -> str:
     return devices_markdown(json.loads((DEFAULT_OUT / "devices.json").read_text(encoding="utf-8")))
 
 
+def bench_partitioned_markdown() -> str:
+    """``bench.partitioned.markdown`` of the committed ``bench/out/partitioned.json``."""
+    return partitioned.markdown(json.loads((DEFAULT_OUT / "partitioned.json").read_text(encoding="utf-8")))
+
+
 @dataclass(frozen=True)
 class Block:
     path: str  # relative to the repository's root
@@ -66,6 +74,7 @@ BLOCKS = (
     Block("OPERATING.md", "relay-metrics", relay_metrics_table_markdown),
     Block("bench/README.md", RESULTS_BLOCK, bench_results_markdown),
     Block("bench/README.md", DEVICES_BLOCK, bench_devices_markdown),
+    Block("bench/README.md", partitioned.BLOCK, bench_partitioned_markdown),
 )
 
 

@@ -23,6 +23,10 @@ start to first result with an empty and with a warm persistent compilation cache
 JetStream (``--jetstream-only``, bench/jetstream.py): a JetStream feed's maximum throughput and
 latency at 1,000 msg/s beside the WebSocket feed's, against a real nats-server, and the
 checkpoint stall with a JetStream feed; written to ``OUT/jetstream.json``.
+Partitioned instances (``--partitioned-only``, bench/partitioned.py, issue 24): throughput of 1, 2
+and 4 instances over one partitioned JetStream stream, and the rescale time 2 -> 4 instances with
+10^6 streams of state; written to ``OUT/partitioned.json``. Neither JetStream section is part of
+the full run (each takes minutes of its own and needs nats-server).
 Step cost: forkless, inline and spawn with the default detector, a ~1 ms and a ~10 ms step
 (``bench.heavy`` calibrated on this machine by ``bench.step_cost``): latency at 1,000 msg/s,
 maximum throughput, and how long a WebSocket ping waits for its pong while the design steps
@@ -1252,6 +1256,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jetstream-only", action="store_true",
                    help="run only the JetStream section (a real nats-server; max throughput and latency at "
                         "1,000 msg/s beside the WebSocket feed's, the checkpoint stall) into OUT/jetstream.json")
+    p.add_argument("--partitioned-only", action="store_true",
+                   help="run only the partitioned-instances section (a real nats-server; throughput of 1, 2, 4 "
+                        "instances, the rescale 2 -> 4 with 10^6 streams) into OUT/partitioned.json")
     p.add_argument("--accelerator", action="store_true",
                    help="the reduced plan for an accelerator (bench/gpu.sh): the designs and the step costs, one "
                         "repeat, no state scaling and no forced CPU devices; writes OUT/results.md, never this "
@@ -1283,6 +1290,18 @@ def main(argv: list[str] | None = None) -> int:
         (out / "jetstream.json").write_text(json.dumps(figures, indent=1))
         print()
         print(jetstream.markdown(figures))
+        return 0
+    if a.partitioned_only:
+        from bench import partitioned  # it imports this module (and nats-py): only when asked for
+
+        out.mkdir(parents=True, exist_ok=True)
+        figures = {**partitioned.section(a.quick), "command": command + " --partitioned-only"}
+        (out / "partitioned.json").write_text(json.dumps(figures, indent=1))
+        print()
+        print(partitioned.markdown(figures))
+        if not a.quick and is_default_out:
+            partitioned.write_block(figures)
+            print(f"rewrote the partitioned block of {BENCH_README.relative_to(REPO_ROOT)}")
         return 0
     if a.devices_only:
         results = run_devices_only(plan, out, command + " --devices-only")

