@@ -202,9 +202,13 @@ class Controller:
         if self._started:
             return
         self._started = True
-        # a checkpoint that does not fit is refused before the compile (CheckpointMismatch)
+        # a checkpoint that does not fit is refused before the compile (CheckpointMismatch); a
+        # partitioned instance compiles first, then takes its leases and reads its partitions'
+        # objects: its partitions go unserved from the old owners' stop to its first connection
+        # (a rescale), and the compile need not fall inside that window (bench/partitioned.py)
         recovery = self.recovery
-        if self._partition_feed is not None:  # the leases first: nothing is restored or consumed without them
+        if self._partition_feed is not None:
+            self.compile()
             self._owner = PartitionOwner.open(self.config, self.processor, self._partition_feed,
                                               state_shapes(self.processor, self.config))
             recovery.partitioned = self._owner.checkpoints
