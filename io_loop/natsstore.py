@@ -641,9 +641,10 @@ class NatsStore:
             self._held.pop(key, None)
             self._valid_until.pop(key, None)
         self.lost_keys = sorted({*self.lost_keys, *keys})
-        self.lost.set()
+        # logged before ``lost`` is set: whoever wakes on it finds the reason already logged
         log.error("lost the lease of %s (bucket %r, holder %r): %s; no checkpoint is written from now on",
                   ", ".join(sorted(keys)), self.lease_bucket, self.holder, why)
+        self.lost.set()
 
     def _lost_message(self) -> str:
         return (f"the lease of {', '.join(self.lost_keys) or 'a partition'} was lost (bucket {self.lease_bucket!r}, "
