@@ -481,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="forkless-bench-part-") as tmp:
             rs = measure_rescale(a.rescale_streams or (QUICK if a.quick else FULL)["rescale_streams"], Path(tmp),
                                  str(Path(tmp) / "jax-cache"))
+        if a.out:
+            Path(a.out).write_text(json.dumps(rs, indent=1))
         print(json.dumps(rs, indent=1))
         return 0
     if a.rescale_streams:

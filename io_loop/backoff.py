@@ -26,6 +26,13 @@ class Backoff:
         self._rng = rng or random.Random()
         self._up_since: float | None = None
 
+    @classmethod
+    def from_settings(cls, settings: object) -> Backoff:
+        """The policy of ``FORKLESS_RECONNECT_*`` (any object with the ``reconnect_*`` settings:
+        ``IOSettings``, ``RelaySettings``)."""
+        s = settings
+        return cls(s.reconnect_min_s, s.reconnect_max_s, s.reconnect_reset_s, s.reconnect_tries)  # type: ignore[attr-defined]
+
     def connected(self, now: float) -> None:
         self._up_since = now
 

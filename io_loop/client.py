@@ -48,7 +48,7 @@ from io_loop.handover import Handover
 from io_loop.on_connect import HookFailed, OnConnect, call_hook
 from io_loop.settings import FeedSpec, IOSettings
 
-__all__ = ["End", "FeedClient", "Outcome"]
+__all__ = ["End", "FeedClient", "FeedControl", "Outcome"]
 
 log = logging.getLogger("forkless.client")
 
@@ -95,7 +95,44 @@ async def pause_before_reconnect(feed: Any, delay: float) -> None:
         await asyncio.sleep(min(left, 0.05))
 
 
-class FeedClient:
+class FeedControl:
+    """What the IO thread asks of every source of messages (a ``FeedClient``, a
+    ``JetStreamFeed``): stop reading without losing a message half handed over, and the reply
+    item being written. A source sets ``handover``, ``_stopping``, ``_reader_task``,
+    ``_reader_in_handover``, ``_current`` and ``_offset``."""
+
+    handover: Handover
+    _stopping: bool
+    _reader_task: asyncio.Task | None
+    _reader_in_handover: bool
+    _current: Outgoing | None
+    _offset: int
+
+    async def stop_reading(self) -> None:
+        """Stop taking messages, without losing one half handed over (then ``inbound`` may be shut)."""
+        self._stopping = True
+        task = self._reader_task
+        if task is not None and not task.done():
+            if not self._reader_in_handover:
+                task.cancel()
+            await asyncio.wait([task])
+        if not self.handover.idle:
+            await self.handover.flush()
+
+    def held_frames(self) -> int:
+        """Frames taken from ``outbound`` but not yet written (or not yet acknowledged)."""
+        current = self._current
+        return 0 if current is None else len(current.frames) - self._offset
+
+    def take_held(self) -> tuple[Outgoing | None, int]:
+        """Give up the item being written (for the stop's count, or a feed that gave up): the
+        item and how many of its frames were written; it is not held any more."""
+        held = self._current, self._offset
+        self._current, self._offset = None, 0
+        return held
+
+
+class FeedClient(FeedControl):
     """Connects to one feed and serves connections until stopped and drained (see the rules).
 
     ``inbound``: where chunks go (the bridge's); ``outbox``: where this feed's replies come
@@ -132,37 +169,12 @@ class FeedClient:
         self.send_errors = feed.replies == "all"  # error replies to bad input (the feed's reply policy)
         self._declined_logged: set[str] = set()
 
-    # ---- control (IO loop) ------------------------------------------------------------------
-
-    async def stop_reading(self) -> None:
-        """Stop taking frames, without losing one half handed over (then ``inbound`` may be shut)."""
-        self._stopping = True
-        task = self._reader_task
-        if task is not None and not task.done():
-            if not self._reader_in_handover:
-                task.cancel()
-            await asyncio.wait([task])
-        if not self.handover.idle:
-            await self.handover.flush()
-
-    def held_frames(self) -> int:
-        """Frames taken from ``outbound`` but not yet written to a socket."""
-        current = self._current
-        return 0 if current is None else len(current.frames) - self._offset
-
-    def take_held(self) -> tuple[Outgoing | None, int]:
-        """Give up the item being written (for the stop's count, or a feed that gave up): the
-        item and how many of its frames were written; it is not held any more."""
-        held = self._current, self._offset
-        self._current, self._offset = None, 0
-        return held
-
     # ---- the connection loop ----------------------------------------------------------------
 
     async def run(self) -> None:
         """Connect, serve, reconnect, until stopped and every result is sent (or FeedFatal)."""
         cfg = self.settings
-        backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s, cfg.reconnect_reset_s, cfg.reconnect_tries)
+        backoff = Backoff.from_settings(cfg)
         async with new_session() as session:
             while not self._outbound_done:
                 if self._ssl is not None and cfg.tls_insecure:

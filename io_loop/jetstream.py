@@ -78,7 +78,7 @@ import numpy as np
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from io_loop.backoff import Backoff
-from io_loop.client import End, Outcome, pause_before_reconnect
+from io_loop.client import End, FeedControl, Outcome, pause_before_reconnect
 from io_loop.connect import make_ssl_context
 from io_loop.counters import IOStats, SourceStats
 from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing
@@ -89,7 +89,7 @@ from io_loop.nats_compat import RawClient, publish_commands
 from io_loop.partitions import escape_stream, format_partitions, partition_of, partition_transform, transform_problems
 from io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
 
-__all__ = ["ConnectFailed", "JetStreamFeed", "credentials_refused", "delivery_numbers", "describe_error", "msg_id",
+__all__ = ["JetStreamFeed", "NatsConnectFailed", "credentials_refused", "delivery_numbers", "describe_error", "msg_id",
            "probe_jetstream", "reply_commands"]
 
 log = logging.getLogger("forkless.jetstream")
@@ -216,7 +216,7 @@ class _Acks:
             self.wake.set()
 
 
-class ConnectFailed(Exception):
+class NatsConnectFailed(Exception):
     """A connection attempt failed; ``fatal`` when retrying cannot help (credentials refused).
     Also the store's (io_loop/natsstore.py)."""
 
@@ -233,7 +233,7 @@ def describe_error(exc: BaseException) -> str:
     return "no answer in time (TimeoutError)" if isinstance(exc, TimeoutError) else type(exc).__name__
 
 
-_Failed, _describe = ConnectFailed, describe_error
+_Failed, _describe = NatsConnectFailed, describe_error
 
 
 def credentials_refused(exc: BaseException) -> bool:
@@ -262,7 +262,7 @@ def connect_options(settings: IOSettings, feed: FeedSpec, **callbacks: Any) -> d
     return options
 
 
-class JetStreamFeed:
+class JetStreamFeed(FeedControl):
     """One JetStream feed (see the module rules). ``inbound``: the bridge's inbound queue;
     ``outbox``: where its replies come from and its error replies to bad input go; ``stats``:
     its own counters (``stats.source`` is its position); ``resume``: the last ``Origin`` the
@@ -308,35 +308,13 @@ class JetStreamFeed:
         self._nats_error = ""
         self.stop_deadline: float | None = None  # monotonic; set by the IO thread's request_stop
 
-    # ---- control (IO loop), as FeedClient's -----------------------------------------------------
-
-    async def stop_reading(self) -> None:
-        """Stop fetching, without losing a message half handed over."""
-        self._stopping = True
-        task = self._reader_task
-        if task is not None and not task.done():
-            if not self._reader_in_handover:
-                task.cancel()
-            await asyncio.wait([task])
-        if not self.handover.idle:
-            await self.handover.flush()
-
-    def held_frames(self) -> int:
-        current = self._current
-        return 0 if current is None else len(current.frames) - self._offset
-
-    def take_held(self) -> tuple[Outgoing | None, int]:
-        held = self._current, self._offset
-        self._current, self._offset = None, 0
-        return held
-
     # ---- the connection loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Connect, serve, reconnect, until stopped and every reply is published (or FeedFatal,
         PositionLost)."""
         cfg = self.settings
-        backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s, cfg.reconnect_reset_s, cfg.reconnect_tries)
+        backoff = Backoff.from_settings(cfg)
         while not self._outbound_done:
             try:
                 nc, closed = await self._connect()

@@ -92,7 +92,7 @@ from nats.nuid import NUID
 from io_loop.backoff import Backoff
 from io_loop.errors import FeedFatal, LeaseHeld, LeaseLost
 from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
-from io_loop.jetstream import ConnectFailed as _Failed
+from io_loop.jetstream import NatsConnectFailed as _Failed
 from io_loop.jetstream import describe_error as _describe
 from io_loop.settings import FeedSpec, IOSettings
 
@@ -302,7 +302,7 @@ class NatsStore:
     async def _start(self) -> None:
         cfg = self.settings
         self._connecting = asyncio.Lock()
-        backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s, cfg.reconnect_reset_s, cfg.reconnect_tries)
+        backoff = Backoff.from_settings(cfg)
         while True:
             try:
                 await self._connect()

@@ -249,7 +249,7 @@ class Publisher:
 
     async def run(self, inbound: Any) -> None:
         cfg = self.settings
-        backoff = Backoff(cfg.reconnect_min_s, cfg.reconnect_max_s, cfg.reconnect_reset_s, cfg.reconnect_tries)
+        backoff = Backoff.from_settings(cfg)
         taker = asyncio.create_task(self._take(inbound), name="forkless-relay-take")
         log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages in flight)", self.relay.subject,
                  self.shown_url, self.run_id, self.relay.max_in_flight)
