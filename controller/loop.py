@@ -58,7 +58,7 @@ from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import codec_dtype, compilations, release_freed_memory
 from controller.config import Config
-from controller.engine import Engine, StepFailed, compile_step, state_shapes
+from controller.engine import Engine, StepFailed, compile_step
 from controller.errors import ProcessorContractError
 from controller.host import ProcessSettings, StopSignals
 from controller.ioside import IOFactory, IOSide, OnResults, io_thread
@@ -209,8 +209,7 @@ class Controller:
         recovery = self.recovery
         if self._partition_feed is not None:
             self.compile()
-            self._owner = PartitionOwner.open(self.config, self.processor, self._partition_feed,
-                                              state_shapes(self.processor, self.config))
+            self._owner = PartitionOwner.open(self.config, self._partition_feed, self.engine.checkpoint_shapes)
             recovery.partitioned = self._owner.checkpoints
             if self.checkpointer is not None:
                 self.checkpointer.target = self._owner.checkpoints

@@ -332,7 +332,7 @@ class PartitionOwner:
         self.checkpoints = checkpoints
 
     @classmethod
-    def open(cls, config: Any, processor: Any, feed: Any, like: Any) -> PartitionOwner:
+    def open(cls, config: Any, feed: Any, like: Any) -> PartitionOwner:
         """Connect, take the leases (blocking: a dead holder's are waited out), and make the
         checkpoint objects' reader/writer if a bucket is configured."""
         # nats-py is an optional extra, loaded only by a process with a JetStream feed
