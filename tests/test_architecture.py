@@ -491,6 +491,19 @@ def test_importing_this_does_not_import_jax(statement: str):
     assert not jax_modules, f"{statement!r} imported {len(jax_modules)} JAX modules, e.g. {jax_modules[:3]}"
 
 
+OPTIONAL_LIBRARIES = {"nats", "prometheus_client", "msgspec"}  # JetStream feeds, /metrics, never
+
+
+def test_a_websocket_only_run_imports_no_library_only_some_runs_need():
+    # a whole run on the demo feed (WebSocket, no metrics): what it imports is what such a run pays in memory
+    loaded_modules = modules_loaded_by(
+        "import os\nos.environ.update(FORKLESS_DURATION='1', FORKLESS_STATUS_S='0')\n"
+        "from app import load_config\nfrom controller.loop import Controller\nController(load_config()).run()")
+    assert "io_loop.client" in loaded_modules and "jax" in loaded_modules  # it did run a feed and a step
+    optional = sorted({m.split(".")[0] for m in loaded_modules} & OPTIONAL_LIBRARIES)
+    assert not optional, f"a WebSocket-only run imported {optional}: import them only where they are used"
+
+
 # ---- one owner of the device state ---------------------------------------------------------------
 
 STATE_OWNER = "controller/engine.py"
