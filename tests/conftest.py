@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from io_loop.backoff import Backoff
+from tests import harness
 from tests.harness import BACKOFF_SEED, TIMEOUT_SCALE, UNIT_S, AppProcess
 from tests.servers import SERVERS, LoopbackServer, Script
 
@@ -76,6 +77,17 @@ def app() -> Iterator[Callable[..., AppProcess]]:
     yield start
     for proc in started:
         proc.kill()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_jax_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One persistent JAX compilation cache for every app subprocess of the session
+    (``harness.SHARED_JAX_CACHE``): each ``python app.py`` loads the steps an earlier one compiled
+    instead of compiling them again. Only compile time changes; a test that sets
+    ``JAX_COMPILATION_CACHE_DIR`` itself, and the benchmark, keep their own."""
+    harness.SHARED_JAX_CACHE = str(tmp_path_factory.mktemp("jax-cache"))
+    yield
+    harness.SHARED_JAX_CACHE = None
 
 
 @pytest.fixture(autouse=True)

@@ -43,6 +43,10 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_SCALE = float(os.environ.get("FORKLESS_TEST_TIMEOUT_SCALE", "1"))
 UNIT_S = 1.0 * TIMEOUT_SCALE
 BACKOFF_SEED = 0  # the seed of every Backoff built without an rng in a test (conftest.seeded_backoff)
+# a persistent JAX compilation cache shared by every app subprocess of the session (set by
+# conftest.shared_jax_cache): the same steps are compiled once instead of in every subprocess.
+# None: no shared cache. A test that sets JAX_COMPILATION_CACHE_DIR itself keeps its own.
+SHARED_JAX_CACHE: str | None = None
 
 
 # ---- waiting --------------------------------------------------------------------------------------
@@ -70,11 +74,14 @@ def wait_until(condition: Callable[[], bool], *, timeout_s: float, what: str, po
 # ---- the app as a subprocess ---------------------------------------------------------------------
 
 
-def app_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+def app_env(overrides: Mapping[str, str] | None = None, *, shared_cache: bool = True) -> dict[str, str]:
     """This process's environment without any ``FORKLESS_*`` variable, with
-    ``JAX_PLATFORMS=cpu``, then ``overrides``."""
+    ``JAX_PLATFORMS=cpu`` (and ``JAX_COMPILATION_CACHE_DIR=SHARED_JAX_CACHE`` where set and
+    ``shared_cache``), then ``overrides``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
     env["JAX_PLATFORMS"] = "cpu"
+    if shared_cache and SHARED_JAX_CACHE and "JAX_COMPILATION_CACHE_DIR" not in env:
+        env["JAX_COMPILATION_CACHE_DIR"] = SHARED_JAX_CACHE
     env.update(overrides or {})
     return env
 
@@ -99,7 +106,9 @@ class AppProcess:
     def __init__(self, *args: str, env: Mapping[str, str] | None = None,
                  program: Sequence[str] = ("app.py",)) -> None:
         self.argv = [sys.executable, *program, *args]
-        self.env = app_env(env)
+        # the benchmark manages its own caches (a cold start is one of its figures)
+        bench = len(program) > 1 and program[0] == "-m" and program[1].startswith("bench.")
+        self.env = app_env(env, shared_cache=not bench)
         self.proc: subprocess.Popen[str] | None = None
         self._lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._cond = threading.Condition()
