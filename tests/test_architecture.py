@@ -499,7 +499,7 @@ def test_a_websocket_only_run_imports_no_library_only_some_runs_need():
     loaded_modules = modules_loaded_by(
         "import os\nos.environ.update(FORKLESS_DURATION='1', FORKLESS_STATUS_S='0')\n"
         "from app import load_config\nfrom controller.loop import Controller\nController(load_config()).run()")
-    assert "io_loop.client" in loaded_modules and "jax" in loaded_modules  # it did run a feed and a step
+    assert "io_loop.client" in loaded_modules and "jax" in loaded_modules  # it did start a feed and JAX
     optional = sorted({m.split(".")[0] for m in loaded_modules} & OPTIONAL_LIBRARIES)
     assert not optional, f"a WebSocket-only run imported {optional}: import them only where they are used"
 
