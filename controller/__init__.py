@@ -27,6 +27,9 @@ _EXPORTS = {
     "GuardedCodec": "controller.codec",
     "ProcessorContractError": "controller.errors",
     "FeedFatal": "controller.errors",
+    "Source": "io_loop.source",
+    "SourceContext": "io_loop.source",
+    "SourceStopped": "io_loop.source",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,8 +12,9 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -21,9 +22,47 @@ from controller.codec import Codec
 from controller.config import Config
 from controller.stats import IOSnapshot, IOStats, StatsSnapshot
 from io_loop.on_connect import OnConnect
+from io_loop.settings import REPLY_POLICIES, FeedSpec
+from io_loop.source import Source
 from io_loop.thread import IOThread
 
-__all__ = ["IOFactory", "IOSide", "OnResults", "io_thread"]
+__all__ = ["FeedPlan", "IOFactory", "IOSide", "OnEvent", "OnResults", "feed_plan", "io_thread"]
+
+
+class FeedPlan(NamedTuple):
+    """What the controller runs: every feed's spec in order (the configured feeds, then the
+    user's own sources), the user's sources by name, and whether the demo feed runs."""
+
+    specs: tuple[FeedSpec, ...]
+    sources: dict[str, Source]
+    uses_demo_feed: bool
+
+
+def feed_plan(config: Config, sources: Sequence[Source] = ()) -> FeedPlan:
+    """The one place that decides which feeds run: the configured ones (``FORKLESS_WS_URL``,
+    ``FORKLESS_FEEDS``) beside the user's own ``sources``; with sources and nothing configured,
+    the sources run instead of the embedded demo feed."""
+    if not sources:
+        return FeedPlan(config.feed_specs, {}, config.uses_demo_feed)
+    configured = () if config.uses_demo_feed else config.feed_specs
+    taken = {spec.name for spec in configured}
+    specs: list[FeedSpec] = list(configured)
+    by_name: dict[str, Source] = {}
+    for source in sources:
+        name = getattr(source, "name", None)
+        if not isinstance(name, str) or not name or not callable(getattr(source, "run", None)):
+            raise TypeError(f"a source is an object with a non-empty str name and async run(ctx) "
+                            f"(controller.Source); got {source!r}")
+        if name in taken:
+            raise ValueError(f"two feeds or sources are named {name!r}: each source needs a name of its own "
+                             f"(the configured feeds are {', '.join(sorted(spec.name for spec in configured)) or 'none'})")
+        replies = getattr(source, "replies", "all")
+        if replies not in REPLY_POLICIES:
+            raise ValueError(f"source {name!r} has replies={replies!r}; expected one of {', '.join(REPLY_POLICIES)}")
+        taken.add(name)
+        by_name[name] = source
+        specs.append(FeedSpec(name, "", replies=replies, required=bool(getattr(source, "required", True))))
+    return FeedPlan(tuple(specs), by_name, False)
 
 
 class IOSide(Protocol):
@@ -54,19 +93,28 @@ OnResults = Callable[[list[Any], list[str], dict[str, np.ndarray]], None]
 replies are handed to the IO thread; ``outputs`` maps each output name to a numpy array whose
 leading axis is the batch's messages (padding already cut off), in arrival order."""
 
+OnEvent = Callable[[str, Any], None]
+"""``on_event(source, event)``: called in the main thread for each object a user source handed
+over as it is (``SourceContext.emit_event``), in order, from ``process_pending``."""
+
 IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSide]
 """Builds the IO side; ``Controller(on_connect=...)`` is bound into the default one (the real
 IO thread), and a custom factory (the tests' fake IO side) makes no connections to call it on."""
 
 
 def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
-               on_connect: OnConnect | None = None, positions: dict[str, Any] | None = None) -> IOSide:
-    """The real IO side; ``positions``: the JetStream feeds' positions a restored checkpoint
-    recorded (passed only when there are some)."""
+               on_connect: OnConnect | None = None, positions: dict[str, Any] | None = None,
+               plan: FeedPlan | None = None) -> IOSide:
+    """The real IO side; ``positions``: the replayable feeds' positions a restored checkpoint
+    recorded (passed only when there are some); ``plan``: the feeds with the user's own sources
+    (passed only when there are some)."""
     render = None
     if config.metrics_addr:
         from controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
 
         render = exposition(snapshot)
-    return IOThread(config.io_settings(), codec, stats, stats_snapshot=snapshot, render_metrics=render,
-                    on_connect=on_connect, positions=positions)
+    settings = config.io_settings()
+    if plan is not None:
+        settings = dataclasses.replace(settings, feed_specs=plan.specs, uses_demo_feed=plan.uses_demo_feed)
+    return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render,
+                    on_connect=on_connect, positions=positions, sources=plan.sources if plan is not None else None)

@@ -61,7 +61,7 @@ from controller.config import Config
 from controller.engine import Engine, StepFailed, compile_step
 from controller.errors import ProcessorContractError
 from controller.host import ProcessSettings, StopSignals
-from controller.ioside import IOFactory, IOSide, OnResults, io_thread
+from controller.ioside import IOFactory, IOSide, OnEvent, OnResults, feed_plan, io_thread
 from controller.partitioned import PartitionOwner, check_partitionable
 from controller.processor import Processor, default_processor
 from controller.recovery import Recovery
@@ -77,10 +77,12 @@ from controller.stats import (
     status_line,
     whole_snapshot,
 )
+from io_loop.crossing import Events, Outgoing
 from io_loop.errors import LeaseLost
-from io_loop.on_connect import OnConnect
+from io_loop.on_connect import OnConnect, frames_of
+from io_loop.source import Source
 
-__all__ = ["Controller", "IOFactory", "IOSide", "OnConnect", "OnResults", "compilations"]
+__all__ = ["Controller", "IOFactory", "IOSide", "OnConnect", "OnEvent", "OnResults", "compilations"]
 
 log = logging.getLogger("forkless.controller")
 
@@ -107,7 +109,8 @@ class Controller:
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
                  codec: Codec | None = None, out: Callable[[str], None] | None = None,
                  on_results: OnResults | None = None, io_factory: IOFactory = io_thread,
-                 freeze_gc: bool = False, on_connect: OnConnect | None = None) -> None:
+                 freeze_gc: bool = False, on_connect: OnConnect | None = None,
+                 sources: Sequence[Source] = (), on_event: OnEvent | None = None) -> None:
         """``freeze_gc=True``: freeze the objects alive when the run starts (``gc.freeze``: JAX's
         modules, the compiled steps, the stream table's containers), so the collector does not
         walk them again while it runs — a full collection walked them all, holding the GIL 15-67
@@ -117,8 +120,19 @@ class Controller:
 
         ``on_connect(feed, connection)``: frames to send first on every new connection of a feed,
         computed then (a signed, timestamped subscription); it runs on the IO thread's loop
-        (io_loop/on_connect.py has the rules, EMBEDDING.md an example)."""
+        (io_loop/on_connect.py has the rules, EMBEDDING.md an example).
+
+        ``sources``: the user's own clients (``controller.Source``, io_loop/source.py), run on the
+        IO thread beside the configured feeds, or instead of the demo feed when none is
+        configured; ``on_event(source, event)`` gets, in the main thread, what they hand over as
+        it is (``ctx.emit_event``)."""
         self.config = config if config is not None else Config.from_env()
+        # the feeds this controller runs: the configured ones and the user's own sources
+        self.plan = feed_plan(self.config, sources)
+        self.feed_specs = self.plan.specs
+        self._feed_index = {spec.name: i for i, spec in enumerate(self.feed_specs)}
+        self.on_event = on_event
+        self._logged_unhandled_event = False
         self.processor = processor if processor is not None else default_processor(self.config)
         x_dtype = codec_dtype(self.processor)
         user_codec = codec if codec is not None else JsonCodec(
@@ -145,7 +159,7 @@ class Controller:
         self.incremental_checkpoints = True
         self._print = out if out is not None else _print_line
         self.io_stats = IOStats()
-        specs = self.config.feed_specs
+        specs = self.feed_specs
         self.main_stats = MainStats(batch_size=Histogram(self.config.buckets),
                                     latency=[Histogram(SECONDS_BOUNDS) for _ in specs])
         # what each message gets back, under its feed's reply policy
@@ -154,15 +168,16 @@ class Controller:
         self.slots = StreamSlots(self.config.max_streams, idle_s=self.config.stream_idle_s)
         # checkpoints: what they hold beside the state, restoring one, the JetStream feeds' positions
         self.recovery = Recovery(cfg, self.processor, self.slots, self.main_stats,
-                                 lambda: self._io.snapshot() if self._io is not None else None)
+                                 lambda: self._io.snapshot() if self._io is not None else None, specs=specs,
+                                 user_sources=frozenset(self.plan.sources))
         self.sources = self.recovery.sources
         self.checkpointer = Checkpointer(cfg.checkpoint_dir, keep=cfg.checkpoint_keep, interval_s=cfg.checkpoint_s,
                                          background=cfg.checkpoint_priority == "idle",
                                          before_write=self.recovery.await_replies if self.sources else None) \
             if cfg.checkpoints_on else None
         # with several feeds (unless FORKLESS_SHARED_STREAMS=1) a stream's key is "feed:stream"
-        self._feed_prefixes = [spec.name + ":" for spec in self.config.feed_specs] \
-            if self.config.stream_keys_by_feed else None
+        self._feed_prefixes = [spec.name + ":" for spec in specs] \
+            if len(specs) > 1 and not cfg.shared_streams else None
         self.engine: Engine | None = None  # the device state's owner, made by compile()
         self._io_factory = functools.partial(io_factory, on_connect=on_connect) \
             if io_factory is io_thread and on_connect is not None else io_factory
@@ -224,7 +239,9 @@ class Controller:
                 recovery.restore(self.engine, restored)
             self.checkpointer.start()
         self._host.apply()
-        extra = {"positions": recovery.positions} if recovery.positions else {}
+        extra: dict[str, Any] = {"positions": recovery.positions} if recovery.positions else {}
+        if self.plan.sources:
+            extra["plan"] = self.plan
         try:
             self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats, **extra)
             self._side = self._io.start()
@@ -354,11 +371,15 @@ class Controller:
             self._host.restore()
 
     def _drain_inbound(self) -> int:
-        """Take what is still queued inbound (at the stop deadline); how many messages it held."""
+        """Take what is still queued inbound (at the stop deadline); how many messages it held
+        (events left are counted in ``events_unhandled``)."""
         left = 0
         while not self._inbound_closed:
             try:
-                left += len(self._side.inbound.get_nowait())
+                item = self._side.inbound.get_nowait()
+                if type(item) is Events:
+                    self.main_stats.events_unhandled += len(item.items)
+                left += len(item)
             except Empty:
                 break
             except janus.SyncQueueShutDown:
@@ -475,8 +496,15 @@ class Controller:
         self._process(taken, deadline)
         return len(taken)
 
-    def _add(self, chunk: Chunk) -> None:
-        """A chunk taken from inbound, into the batcher (and counted for ``process_pending``)."""
+    def _add(self, chunk: Chunk | Events) -> None:
+        """A chunk taken from inbound, into the batcher (and counted for ``process_pending``); a
+        user source's events go to ``on_event`` at once."""
+        if type(chunk) is Events:
+            self._pulled += 1
+            if self._pulled <= self._pull_target:
+                self._owed = self._added
+            self._deliver(chunk)
+            return
         if chunk.trace is not None:
             chunk.trace.ns[TAKEN] = time.monotonic_ns()
         self.batcher.add(chunk, time.monotonic())
@@ -484,6 +512,52 @@ class Controller:
         self._added += len(chunk)
         if self._pulled <= self._pull_target:
             self._owed = self._added
+
+    def _deliver(self, events: Events) -> None:
+        """A user source's events, in order, to ``on_event``; without one they are counted."""
+        stats = self.main_stats
+        on_event = self.on_event
+        name = self.feed_specs[events.feed].name
+        if on_event is None:
+            stats.events_unhandled += len(events.items)
+            if not self._logged_unhandled_event:
+                self._logged_unhandled_event = True
+                log.error("source %r handed over events, but the controller has no on_event: counted in "
+                          "events_unhandled (logged once)", name)
+            return
+        for i, event in enumerate(events.items):
+            stats.events += 1
+            try:
+                on_event(name, event)
+            except BaseException:
+                stats.events_unhandled += len(events.items) - i - 1
+                raise
+
+    def send(self, feed: str, frame: Any) -> None:
+        """Hand a frame to the feed or source named ``feed`` now, not with the next batch's replies
+        (an order, say): it is written (a WebSocket feed) or yielded by ``ctx.outgoing()`` (a user
+        source) as soon as the IO loop turns, in order with the replies before it. ``frame`` is a
+        ``str``, UTF-8 ``bytes``, a list of frames, or a JSON value (sent as its compact text).
+        Call it from the thread that drives the controller; it waits while outbound is full."""
+        index = self._feed_index.get(feed)
+        if index is None:
+            raise ValueError(f"no feed or source is named {feed!r}; there are: "
+                             f"{', '.join(repr(spec.name) for spec in self.feed_specs)}")
+        spec = self.feed_specs[index]
+        if spec.jetstream is not None:
+            raise ValueError(f"{spec.label} is a JetStream feed: it publishes replies to its results subject and "
+                             "is sent no frames")
+        if not self._started or self._side is None:
+            raise RuntimeError("call start() (or use the controller as a context manager) before send()")
+        if self._stopped:
+            raise RuntimeError("the controller has stopped: nothing more is sent")
+        try:
+            frames = frames_of(frame)
+        except TypeError as exc:
+            raise TypeError(f"send(): {exc}") from None
+        if frames:
+            self._io.raise_if_failed()
+            self._put_outbound(Outgoing(frames, answers=False, feed=index, sent=True), None)
 
     def _process(self, taken: Taken, deadline: float | None) -> None:
         """Slot, step, hand the batch's results to ``on_results``, encode, put one ``Outgoing``.

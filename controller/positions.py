@@ -37,10 +37,11 @@ __all__ = ["SourcePositions"]
 
 
 class SourcePositions:
-    """The JetStream feeds' positions in the main thread (see the module rules)."""
+    """The replayable feeds' positions in the main thread (see the module rules): the JetStream
+    feeds', and those of the user's own sources (``user``, by name) that give positions."""
 
-    def __init__(self, specs: Sequence[FeedSpec]) -> None:
-        self.specs = {i: spec for i, spec in enumerate(specs) if spec.jetstream is not None}
+    def __init__(self, specs: Sequence[FeedSpec], user: frozenset[str] = frozenset()) -> None:
+        self.specs = {i: spec for i, spec in enumerate(specs) if spec.jetstream is not None or spec.name in user}
         self.consumed: dict[int, Origin] = {}  # feed index -> last consumed origin
         self.replied: dict[int, Origin] = {}  # feed index -> origin of the last reply frame handed over
         self.applied: dict[int, int] = dict.fromkeys(self.specs, 0)  # messages consumed in this process
@@ -72,6 +73,10 @@ class SourcePositions:
         for i in sorted(set(self.consumed) | set(self.floors)):
             js = self.specs[i].jetstream
             origin = self.consumed.get(i)
+            if js is None:  # a user's source: its own position, opaque here; no results stream to wait for
+                out[self.specs[i].name] = {"position": origin.seq, "index": origin.index, "last": origin.last,
+                                           "replied": None}
+                continue
             replied = self.replied.get(i)
             out[self.specs[i].name] = entry = {
                 "stream": js.stream, "subject": js.subject,
@@ -93,6 +98,13 @@ class SourcePositions:
             if i is None:
                 continue
             js = self.specs[i].jetstream
+            if js is None:  # a user's source
+                if "position" not in pos:
+                    raise CheckpointMismatch(path, f"feed {name!r}: kind", "a JetStream feed", "a user's source")
+                self.consumed[i] = out[name] = Origin(pos["position"], int(pos["index"]), bool(pos["last"]))
+                continue
+            if "position" in pos:
+                raise CheckpointMismatch(path, f"feed {name!r}: kind", "a user's source", "a JetStream feed")
             for key, now in (("stream", js.stream), ("subject", js.subject)):
                 if pos.get(key) != now:
                     raise CheckpointMismatch(path, f"JetStream feed {name!r}: {key}", pos.get(key), now)

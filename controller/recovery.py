@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -38,6 +38,7 @@ from controller.positions import SourcePositions
 from controller.slots import StreamSlots
 from controller.stats import IOSnapshot, MainStats, SourceFigures
 from io_loop.crossing import Origin
+from io_loop.settings import FeedSpec
 
 __all__ = ["CONFIRM_POLL_S", "CONFIRM_WAIT_S", "Recovery"]
 
@@ -54,14 +55,15 @@ class Recovery:
     beginning one, and the JetStream feeds' positions (``sources``) recorded in each."""
 
     def __init__(self, config: Config, processor: Any, slots: StreamSlots, stats: MainStats,
-                 io_snapshot: Callable[[], IOSnapshot | None]) -> None:
+                 io_snapshot: Callable[[], IOSnapshot | None], *, specs: Sequence[FeedSpec] | None = None,
+                 user_sources: frozenset[str] = frozenset()) -> None:
         self.config = config
         self.processor = processor
         self.slots = slots
         self.stats = stats
         self._io_snapshot = io_snapshot
         # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
-        self.sources = SourcePositions(config.feed_specs)
+        self.sources = SourcePositions(config.feed_specs if specs is None else specs, user_sources)
         self.positions: dict[str, Origin] = {}  # where a restored checkpoint left each JetStream feed
         self.restored_from: str | None = None
         self.partitioned: PartitionedCheckpoints | None = None  # a partitioned instance's bucket objects

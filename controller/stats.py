@@ -60,6 +60,8 @@ class MainStats:
     latency: list[Histogram] = field(default_factory=lambda: [Histogram(SECONDS_BOUNDS)])
     # the latency budget of the sampled messages whose batch sent their feed no frame (ends at "assemble")
     hops: dict[str, Histogram] = field(default_factory=new_hops)
+    events: int = 0  # a user source's objects handed to on_event (io_loop/source.py)
+    events_unhandled: int = 0  # ... that found no on_event (counted, logged once), or came after the stop
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,15 @@ class StatsSnapshot:
     # thread), and those of them that fell while the main thread was inside a step
     io_cpu_s: float = math.nan
     step_io_cpu_s: float = 0.0
+    # the user's own sources (io_loop/source.py): objects handed over as they are, those that reached
+    # on_event and those that did not, frames the main thread sent (Controller.send) written and not
+    # written, and what the sources counted themselves (ctx.count)
+    events_in: int = 0
+    events: int = 0
+    events_unhandled: int = 0
+    sent_out: int = 0
+    sent_unsent: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def device_fill(self) -> float:
@@ -325,6 +336,8 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         sources=sources,
         io_cpu_s=io_cpu_s,
         step_io_cpu_s=main.step_io_cpu_s,
+        events_in=io.events_in, events=main.events, events_unhandled=main.events_unhandled,
+        sent_out=io.sent_out, sent_unsent=io.sent_unsent, counts=io.counts,
     )
 
 

@@ -442,9 +442,13 @@ class FeedClient(FeedControl):
                     stats.observe_hops(trace.hops_s())
 
     def _count_written(self, item: Outgoing, start: int, stop: int) -> None:
-        """Count ``item.frames[start:stop]`` as written: results and error replies."""
-        errors = item.errors_between(start, stop)
+        """Count ``item.frames[start:stop]`` as written: results and error replies (or frames the
+        main thread sent on its own)."""
         stats = self.stats
+        if item.sent:
+            stats.sent_out += stop - start
+            return
+        errors = item.errors_between(start, stop)
         stats.results_out += stop - start - errors
         stats.errors_out += errors
         if item.answers:

@@ -184,6 +184,10 @@ class IOStats:
     # the latency budget: seconds per hop of the sampled messages (batching.HOPS, then "total")
     hops: dict[str, Histogram] = field(default_factory=lambda: new_hops())
     source: SourceStats | None = None  # a JetStream feed's position (None for a WebSocket feed)
+    events_in: int = 0  # objects a user source handed over as they are (``SourceContext.emit_event``)
+    sent_out: int = 0  # frames the main thread sent on its own (``Controller.send``), written
+    sent_unsent: int = 0  # of those, frames never written (the stop, a feed given up, a source ended)
+    counts: Counter = field(default_factory=Counter)  # what a user source counted itself (``ctx.count``)
 
     def observe_hops(self, seconds: list[float]) -> None:
         """One sampled message's ``Trace.hops_s()``."""
@@ -203,6 +207,8 @@ class IOStats:
             inbound_depth=inbound_depth, outbound_depth=outbound_depth, unsent=unsent,
             hops={hop: histogram.snapshot() for hop, histogram in self.hops.items()},
             source=None if self.source is None else dataclasses.replace(self.source),
+            events_in=self.events_in, sent_out=self.sent_out, sent_unsent=self.sent_unsent,
+            counts=copy_counts(self.counts),
         )
 
 
@@ -234,6 +240,10 @@ class IOSnapshot:
     hops: dict[str, HistogramSnapshot] = field(default_factory=dict)  # the latency budget (IOStats.hops)
     replies_declined: dict[str, int] = field(default_factory=dict)  # IOStats.replies_declined
     source: SourceStats | None = None  # a JetStream feed's position, copied (a feed's own snapshot only)
+    events_in: int = 0  # IOStats.events_in
+    sent_out: int = 0  # IOStats.sent_out
+    sent_unsent: int = 0  # IOStats.sent_unsent
+    counts: dict[str, int] = field(default_factory=dict)  # IOStats.counts (a user source's own)
 
 
 @dataclass(frozen=True)
@@ -272,7 +282,8 @@ def add_hops(a: dict[str, HistogramSnapshot], b: dict[str, HistogramSnapshot]) -
 
 
 _SUMMED = ("frames_in", "messages_in", "results_out", "errors_out", "answer_errors_out", "error_replies_unsent",
-           "written_unconfirmed", "connects", "reconnects", "connect_failures", "unsent")
+           "written_unconfirmed", "connects", "reconnects", "connect_failures", "unsent", "events_in", "sent_out",
+           "sent_unsent")
 
 
 def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
@@ -283,12 +294,14 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
     totals: dict[str, Any] = {name: getattr(thread, name) + sum(getattr(f.io, name) for f in feeds)
                               for name in _SUMMED}
     errors, dropped, declined = Counter(thread.errors), Counter(thread.dropped), Counter(thread.replies_declined)
+    counts = Counter(thread.counts)
     latency = thread.write_latency
     hops = dict(thread.hops)
     for f in feeds:
         errors.update(f.io.errors)
         dropped.update(f.io.dropped)
         declined.update(f.io.replies_declined)
+        counts.update(f.io.counts)
         latency = latency + f.io.write_latency
         hops = add_hops(hops, f.io.hops)
     required = [f for f in feeds if f.required] or list(feeds)
@@ -298,7 +311,7 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
         last_error = latest.io.last_error if len(feeds) == 1 else f"feed {latest.name!r}: {latest.io.last_error}"
     return dataclasses.replace(
         thread, **totals, errors=dict(errors), dropped=dict(dropped), write_latency=latency, hops=hops,
-        replies_declined=dict(declined),
+        replies_declined=dict(declined), counts=dict(counts),
         connected=bool(required) and all(f.up for f in required),
         state_since=latest.io.state_since if latest is not None else thread.state_since,
         last_error=last_error, feeds=tuple(feeds))

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 __all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICKED", "READ", "SAMPLE_EVERY",
-           "STEP", "TAKEN", "WRITTEN", "Chunk", "Origin", "Outgoing", "Trace", "count_unsent"]
+           "STEP", "TAKEN", "WRITTEN", "Chunk", "Events", "Origin", "Outgoing", "Trace", "Unsent",
+           "count_unsent"]
 
 
 class Origin(NamedTuple):
@@ -91,6 +92,20 @@ class Chunk:
 
 
 @dataclass
+class Events:
+    """Objects a source hands to the main thread as they are (``SourceContext.emit_event``: a
+    fill, a book), on ``inbound`` beside the chunks, in order with them; not messages of the
+    books (no processor sees them), counted on their own."""
+
+    feed: int
+    items: list[Any]
+    received_ns: int
+
+    def __len__(self) -> int:
+        return 0  # no messages: the books count chunks' messages only
+
+
+@dataclass
 class Outgoing:
     """Frames for the IO thread to send, in order.
 
@@ -116,6 +131,7 @@ class Outgoing:
     parts: tuple[Outgoing, ...] = ()
     traces: list[Trace] = field(default_factory=list)  # sampled messages among those answered here
     origin: list[Origin] | None = None  # per frame, its message's (a JetStream feed's replies); else None
+    sent: bool = False  # frames the main thread sent on its own (``Controller.send``): no answers, no errors
 
     def unbundled(self) -> tuple[Outgoing, ...]:
         """The items to send: the parts of a bundle, else this item itself."""
@@ -133,19 +149,30 @@ class Outgoing:
 
     def errors_between(self, start: int, stop: int) -> int:
         """How many of ``frames[start:stop]`` are error frames."""
+        if self.sent:
+            return 0
         if not self.answers:
             return stop - start
         return bisect.bisect_left(self.error_at, stop) - bisect.bisect_left(self.error_at, start)
 
 
-def count_unsent(items: list[tuple[Outgoing | None, int]]) -> tuple[int, int]:
+class Unsent(NamedTuple):
+    answers: int  # frames answering received messages
+    errors: int  # error replies to bad input
+    sent: int  # frames the main thread sent on its own
+
+
+def count_unsent(items: list[tuple[Outgoing | None, int]]) -> Unsent:
     """For ``(item, frames already written)`` pairs that will never be sent further: how many
-    unsent frames answer received messages, and how many are error replies to bad input."""
-    answers = errors = 0
+    unsent frames answer received messages, how many are error replies to bad input, and how
+    many the main thread sent on its own."""
+    answers = errors = sent = 0
     for item, written in items:
         for part in item.unbundled() if item is not None else ():
-            if part.answers:
+            if part.sent:
+                sent += len(part.frames) - written
+            elif part.answers:
                 answers += len(part.frames) - written
             else:
                 errors += len(part.frames) - written
-    return answers, errors
+    return Unsent(answers, errors, sent)

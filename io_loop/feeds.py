@@ -40,6 +40,7 @@ from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal
 from io_loop.on_connect import OnConnect
 from io_loop.settings import IOSettings
+from io_loop.source import Source, SourceRunner
 
 __all__ = ["FeedSet", "Outbox"]
 
@@ -90,7 +91,7 @@ class FeedSet:
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, *,
                  demo_url: str | None = None, on_connect: OnConnect | None = None,
-                 positions: Mapping[str, Origin] | None = None) -> None:
+                 positions: Mapping[str, Origin] | None = None, sources: Mapping[str, Source] | None = None) -> None:
         self.settings = settings
         self.bridge = bridge
         self.specs = settings.feed_specs
@@ -98,8 +99,14 @@ class FeedSet:
         routed = len(self.specs) > 1
         self.outboxes: list[Outbox] = [Outbox() for _ in self.specs] if routed else []
         self.clients: list[Any] = []
+        sources = sources or {}
         for i, spec in enumerate(self.specs):
             outbox = self.outboxes[i] if routed else bridge.outbound
+            if spec.name in sources:  # a user's own source (io_loop/source.py)
+                self.clients.append(SourceRunner(sources[spec.name], settings, codec, IOStats(), spec,
+                                                 inbound=bridge.inbound, outbox=outbox, index=i,
+                                                 resume=(positions or {}).get(spec.name)))
+                continue
             if spec.jetstream is not None:
                 # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
                 from io_loop.jetstream import JetStreamFeed
@@ -177,7 +184,8 @@ class FeedSet:
 
     def _count_lost(self, index: int, items: list[tuple[Outgoing | None, int]]) -> None:
         stats = self.clients[index].stats
-        answers, errors = count_unsent(items)
+        answers, errors, sent = count_unsent(items)
+        stats.sent_unsent += sent
         if answers:
             stats.dropped[GIVEN_UP_REASON] += answers
             log.error("%d replies to messages of %s dropped: it gave up", answers, self.specs[index].label)

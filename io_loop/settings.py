@@ -113,6 +113,8 @@ class FeedSpec:
     @property
     def label(self) -> str:
         """How messages name it: ``feed 'name' (ws://host/path)``, never with credentials or query."""
+        if not self.url:  # a user's own source (or the demo feed, before its address is known)
+            return f"feed {self.name!r}"
         return f"feed {self.name!r} ({self.shown_url})"
 
 

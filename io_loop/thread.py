@@ -43,6 +43,7 @@ from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, Positio
 from io_loop.feeds import FeedSet
 from io_loop.on_connect import OnConnect
 from io_loop.settings import IOSettings
+from io_loop.source import Source
 
 if TYPE_CHECKING:
     from io_loop.demo_feed import DemoFeed
@@ -67,9 +68,11 @@ class IOThread:
                  stats_snapshot: Callable[[], Any] = lambda: None,
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
                  on_connect: OnConnect | None = None, positions: Mapping[str, Origin] | None = None,
-                 sink: InboundSink | None = None, name: str = "forkless-io") -> None:
+                 sink: InboundSink | None = None, sources: Mapping[str, Source] | None = None,
+                 name: str = "forkless-io") -> None:
         self.settings = settings
         self._sink = sink
+        self._sources = dict(sources or {})  # the user's own sources, by feed name (io_loop/source.py)
         self.positions = dict(positions or {})  # JetStream feeds' restored positions, by feed name
         self.codec = codec
         self.stats = stats
@@ -207,7 +210,7 @@ class IOThread:
                 log.info("demo feed listening on %s (%d streams, %g msg/s)", demo_url, cfg.demo_streams,
                          cfg.demo_rate)
             self._feeds = FeedSet(cfg, self.codec, bridge, demo_url=demo_url, on_connect=self._on_connect,
-                                  positions=self.positions)
+                                  positions=self.positions, sources=self._sources)
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:
@@ -301,7 +304,7 @@ class IOThread:
                 unsent.append((outbound.get_nowait(), 0))
             except Exception:
                 break
-        answers, errors = count_unsent(unsent)
+        answers, errors, sent = count_unsent(unsent)
         # messages received but never handed to the main thread, or handed over after it
         # stopped taking them (an aborted stop): counted as not processed
         left = feeds.discard_gathered() if feeds is not None else 0
@@ -320,3 +323,6 @@ class IOThread:
         if errors:
             self.stats.error_replies_unsent += errors
             log.error("%d error replies to bad input could not be sent before the stop", errors)
+        if sent:
+            self.stats.sent_unsent += sent
+            log.error("%d frames the main thread sent could not be written before the stop", sent)

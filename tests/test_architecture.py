@@ -75,6 +75,7 @@ IO = [
     "io_loop/nats_compat.py",
     "io_loop/probe.py",
     "io_loop/relay.py",
+    "io_loop/source.py",
     "io_loop/thread.py",
 ]
 COMPOSITION = [

@@ -1,0 +1,268 @@
+"""An exchange session on forkless: the user's own async client on the IO thread, a JAX main loop.
+
+The program people bring (their ``DataClientWorker``: log in over HTTP, open the WebSocket with the
+token, subscribe, answer the exchange's JSON heartbeat, send orders when the main loop decides,
+receive fills), written as a ``controller.Source``:
+
+- the client is the user's, unchanged in spirit: it logs in again whenever the session ends (the
+  token expired: close 4003, or HTTP 401 on the reconnect) and answers ``{"type":"ping"}`` with
+  ``{"type":"pong"}`` itself, on the IO thread, counted as what it is (``ctx.count``);
+- trades, books and fills reach the main thread as they are (``ctx.emit_event`` → ``on_event``):
+  the price keeps the exchange's exact text, no processor squeezes it into a row;
+- the main loop ticks every 100 ms, runs a jitted model over a window of the latest prices per
+  symbol, and sends an order the moment it decides (``Controller.send``), whatever the market does.
+
+Why a ``Source`` rather than the bare IO thread (``controller.IOPortal``): the controller's books,
+metrics, status and orderly stop count this client as they count a built-in feed, and an order
+sent is counted until it is written. Nothing is sent to the exchange but the subscribe, the pongs
+and the orders.
+
+    python examples/exchange_session.py --url http://127.0.0.1:8080 --duration 30 --stats stats.json
+
+It prints ``main loop started`` on stderr once its loop runs; SIGTERM or Ctrl-C ends it with exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script from a clone: the repository's packages beside it
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import aiohttp  # noqa: E402
+
+SYMBOLS = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT")
+WINDOW = 64  # latest prices per symbol the model sees
+TICK_S = 0.1
+THRESHOLD = 2.5  # |z| of the last price against its window that makes the model order
+ORDER_GAP_S = 1.0  # per symbol, at most one model order in this long
+
+log = logging.getLogger("exchange_session")
+
+
+class ExchangeSession:
+    """The user's own client of the exchange, as a forkless ``Source`` (see the module docstring)."""
+
+    name = "exchange"
+    replies = "none"  # no processor answers anything: the exchange is sent only what this client sends
+
+    def __init__(self, url: str, user: str = "alice", password: str = "s3cret",
+                 symbols: tuple[str, ...] = SYMBOLS) -> None:
+        self.url = url.rstrip("/")
+        self.user, self.password, self.symbols = user, password, symbols
+        self.logins = 0
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._up = asyncio.Event()
+
+    async def run(self, ctx: Any) -> None:
+        async with aiohttp.ClientSession() as http:
+            sessions = asyncio.create_task(self._sessions(http, ctx), name="exchange-sessions")
+            try:
+                await self._send(ctx)  # ends once the main thread has sent its last order (the stop)
+            finally:
+                sessions.cancel()
+                await asyncio.gather(sessions, return_exceptions=True)
+
+    async def _sessions(self, http: aiohttp.ClientSession, ctx: Any) -> None:
+        """Log in and serve a session, again and again: an expired token (close 4003, or 401 on
+        the reconnect) or a lost connection leads to a new login."""
+        while True:
+            try:
+                await self._session(http, ctx)
+            except (aiohttp.ClientError, ConnectionError, TimeoutError, KeyError, ValueError) as exc:
+                log.warning("session ended: %r; logging in again", exc)
+            await asyncio.sleep(0.05)
+
+    async def _session(self, http: aiohttp.ClientSession, ctx: Any) -> None:
+        """One login and one WebSocket session, until the exchange ends it."""
+        async with http.post(f"{self.url}/login", json={"user": self.user, "password": self.password}) as resp:
+            resp.raise_for_status()
+            token = (await resp.json())["token"]
+        self.logins += 1
+        ctx.count("logins")
+        ws_url = self.url.replace("http", "ws", 1) + "/ws"
+        try:
+            ws = await http.ws_connect(ws_url, params={"token": token})
+        except aiohttp.WSServerHandshakeError as exc:  # 401: the token expired meanwhile; log in again
+            ctx.set_connected(False, f"handshake refused with HTTP {exc.status}")
+            raise
+        async with ws:
+            await ws.send_str(json.dumps({"type": "subscribe", "symbols": list(self.symbols)}))
+            self._ws = ws
+            self._up.set()
+            ctx.set_connected(True)
+            try:
+                async for msg in ws:
+                    if msg.type is not aiohttp.WSMsgType.TEXT:
+                        continue
+                    received_ns = time.monotonic_ns()
+                    event = json.loads(msg.data)  # prices stay the exchange's text
+                    kind = event.get("type")
+                    if kind == "ping":  # the application heartbeat: answered here, at once
+                        await ws.send_str(json.dumps({"type": "pong", "id": event["id"]}))
+                        ctx.count("pongs")
+                    elif ctx.stopping.is_set():  # the stop began: nothing more is read in
+                        ctx.count("frames after the stop")
+                    elif kind in ("trade", "book", "fill", "reject"):
+                        event["received_ns"] = received_ns
+                        await ctx.emit_event(event)
+                    else:
+                        ctx.count(f"other frames ({kind})")
+            finally:
+                self._up.clear()
+                self._ws = None
+                ctx.set_connected(False, f"closed by the exchange (code {ws.close_code})")
+
+    async def _send(self, ctx: Any) -> None:
+        """The orders the main loop sends, written as soon as they come (held while reconnecting)."""
+        async for frame in ctx.outgoing():
+            text = frame.decode() if isinstance(frame, bytes) else frame
+            while True:
+                await self._up.wait()
+                ws = self._ws
+                try:
+                    await ws.send_str(text)
+                    break
+                except (ConnectionError, RuntimeError, AttributeError):  # lost meanwhile: send on the next one
+                    await asyncio.sleep(0.01)
+
+
+def make_model() -> Any:
+    """The user's JAX model: per symbol, the z-score of the last price against its window."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def model(window: jax.Array, filled: jax.Array) -> jax.Array:
+        weight = (jnp.arange(WINDOW)[None, :] >= WINDOW - filled[:, None]).astype(window.dtype)
+        n = jnp.maximum(weight.sum(axis=1), 1.0)
+        mean = (window * weight).sum(axis=1) / n
+        var = (((window - mean[:, None]) ** 2) * weight).sum(axis=1) / n
+        return (window[:, -1] - mean) / jnp.sqrt(var + 1e-12)
+
+    return model
+
+
+def quantile_ms(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True, help="the exchange, http://HOST:PORT")
+    parser.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until SIGTERM/Ctrl-C)")
+    parser.add_argument("--stats", help="write the session's figures here (JSON)")
+    parser.add_argument("--prices", help="write 'seq price' per trade here, the price as the exchange sent it")
+    parser.add_argument("--force-order-every", type=float, default=0.0,
+                        help="also place a small order from the main loop's timer every S seconds")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("FORKLESS_LOG_LEVEL", "WARNING"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    import numpy as np
+
+    from controller import Config, Controller
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    session = ExchangeSession(args.url)
+    model = make_model()
+    window = np.zeros((len(SYMBOLS), WINDOW), np.float32)
+    filled = np.zeros(len(SYMBOLS), np.int32)
+    row = {symbol: i for i, symbol in enumerate(SYMBOLS)}
+    pending: dict[str, int] = {}  # client_order_id -> monotonic ns it was decided
+    rtt_ms: list[float] = []
+    trade_ms: list[float] = []
+    counts = collections.Counter()
+    prices_out = open(args.prices, "w") if args.prices else None  # noqa: SIM115 (closed below)
+
+    def on_event(source: str, event: dict[str, Any]) -> None:
+        now = time.monotonic_ns()
+        kind = event["type"]
+        counts[kind + "s"] += 1
+        if kind == "trade":
+            trade_ms.append((now - event["received_ns"]) / 1e6)
+            i = row.get(event["symbol"])
+            if i is not None:
+                window[i, :-1] = window[i, 1:]
+                window[i, -1] = float(event["price"])
+                filled[i] = min(WINDOW, filled[i] + 1)
+            if prices_out is not None:
+                prices_out.write(f"{event['seq']} {event['price']}\n")
+        elif kind in ("fill", "reject"):
+            decided = pending.pop(event.get("client_order_id", ""), None)
+            if decided is not None:
+                rtt_ms.append((now - decided) / 1e6)
+
+    def order(ctl: Any, symbol: str, side: str, qty: str) -> None:
+        counts["orders"] += 1
+        oid = f"o{counts['orders']}"
+        pending[oid] = time.monotonic_ns()
+        ctl.send("exchange", {"type": "order", "symbol": symbol, "side": side, "qty": qty, "client_order_id": oid})
+
+    config = Config.from_env()
+    started = time.monotonic()
+    last_model_order = dict.fromkeys(SYMBOLS, 0.0)
+    try:
+        with Controller(config, sources=[session], on_event=on_event) as ctl:
+            print("main loop started", file=sys.stderr, flush=True)
+            next_tick = next_force = time.monotonic()
+            while not stop.is_set():
+                now = time.monotonic()
+                if args.duration and now - started >= args.duration:
+                    break
+                if now < next_tick:
+                    ctl.process_pending(timeout=next_tick - now)  # events as they come, until the tick
+                    continue
+                next_tick += TICK_S
+                z = np.asarray(model(window, filled))
+                for symbol, i in row.items():
+                    if filled[i] >= 8 and abs(z[i]) > THRESHOLD and now - last_model_order[symbol] > ORDER_GAP_S:
+                        last_model_order[symbol] = now
+                        order(ctl, symbol, "sell" if z[i] > 0 else "buy", "0.01")
+                if args.force_order_every and now >= next_force:
+                    next_force = now + args.force_order_every
+                    order(ctl, SYMBOLS[counts["orders"] % len(SYMBOLS)], "buy", "0.001")
+            for _ in range(5):  # the fills of the last orders
+                ctl.process_pending(timeout=0.02)
+            snapshot = ctl.stats()
+    except KeyboardInterrupt:
+        snapshot = None
+    finally:
+        if prices_out is not None:
+            prices_out.close()
+    wall = time.monotonic() - started
+    if args.stats:
+        cpu = os.times()
+        figures = {
+            "orders": counts["orders"], "fills": counts["fills"], "rejects": counts["rejects"],
+            "trades": counts["trades"], "books": counts["books"], "logins": session.logins,
+            "order_rtt_ms_p50": quantile_ms(rtt_ms, 0.5), "order_rtt_ms_p99": quantile_ms(rtt_ms, 0.99),
+            "order_rtt_ms_max": max(rtt_ms, default=math.nan),
+            "trade_ms_p50": quantile_ms(trade_ms, 0.5), "trade_ms_p99": quantile_ms(trade_ms, 0.99),
+            "cpu_s": cpu.user + cpu.system, "wall_s": wall,
+            "pongs": snapshot.counts.get("pongs", 0) if snapshot is not None else None,
+            "events_unhandled": snapshot.events_unhandled if snapshot is not None else None,
+            "orders_unsent": snapshot.sent_unsent if snapshot is not None else None,
+        }
+        Path(args.stats).write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
