@@ -54,8 +54,9 @@ def feed_plan(config: Config, sources: Sequence[Source] = ()) -> FeedPlan:
             raise TypeError(f"a source is an object with a non-empty str name and async run(ctx) "
                             f"(controller.Source); got {source!r}")
         if name in taken:
+            names = ", ".join(sorted(spec.name for spec in configured)) or "none"
             raise ValueError(f"two feeds or sources are named {name!r}: each source needs a name of its own "
-                             f"(the configured feeds are {', '.join(sorted(spec.name for spec in configured)) or 'none'})")
+                             f"(the configured feeds are {names})")
         replies = getattr(source, "replies", "all")
         if replies not in REPLY_POLICIES:
             raise ValueError(f"source {name!r} has replies={replies!r}; expected one of {', '.join(REPLY_POLICIES)}")

@@ -41,7 +41,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script from a clone: the repository's packages beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import aiohttp  # noqa: E402
+import aiohttp
 
 SYMBOLS = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT")
 WINDOW = 64  # latest prices per symbol the model sees
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     rtt_ms: list[float] = []
     trade_ms: list[float] = []
     counts = collections.Counter()
-    prices_out = open(args.prices, "w") if args.prices else None  # noqa: SIM115 (closed below)
+    prices_out = open(args.prices, "w") if args.prices else None
 
     def on_event(source: str, event: dict[str, Any]) -> None:
         now = time.monotonic_ns()
