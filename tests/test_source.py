@@ -1,0 +1,234 @@
+"""The public ``Source`` protocol (io_loop/source.py): a user's own client on the IO thread.
+
+Each source here is written against the public API only (``controller.Source``: a ``name`` and
+``async run(ctx)``), as a user would write it, and talks to a real loopback server written with
+another library (``websockets``) than the client (aiohttp). One ``Processor`` is shared so the
+step compiles once for the file. Exactly-once across ``kill -9`` is tests/test_source_restart.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import aiohttp
+import pytest
+
+from controller import Config, Controller, FeedFatal, SourceStopped
+from controller.ioside import feed_plan
+from controller.processor import ewma_processor
+from tests.harness import UNIT_S, assert_books_balance, drive
+from tests.servers import make_messages, parse_replies, send_frames
+
+pytestmark = pytest.mark.timeout(90 * UNIT_S)
+
+PROCESSOR = ewma_processor()
+FEATURES = 4
+
+
+def _config(**changes: Any) -> Config:
+    base: dict[str, Any] = dict(features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64,
+                                heartbeat_s=0.0, connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.2,
+                                shutdown_timeout_s=5.0, status_s=0.0)
+    base.update(changes)
+    return Config(**base)
+
+
+class WsSource:
+    """A user's client: connects with aiohttp, hands every frame to the codec, answers the
+    server's JSON pings itself, writes what the main thread sends."""
+
+    def __init__(self, url: str, name: str = "mine", replies: str = "all") -> None:
+        self.url, self.name, self.replies = url, name, replies
+
+    async def run(self, ctx: Any) -> None:
+        async with aiohttp.ClientSession() as http, http.ws_connect(self.url) as ws:
+            async def read() -> None:
+                async for msg in ws:
+                    data = json.loads(msg.data)
+                    if isinstance(data, dict) and data.get("type") == "ping":
+                        await ws.send_str(json.dumps({"type": "pong", "id": data["id"]}))
+                        ctx.count("pongs")
+                    elif not ctx.stopping.is_set():
+                        await ctx.emit(msg.data)
+
+            reader = asyncio.create_task(read())
+            async for frame in ctx.outgoing():
+                await ws.send_str(frame.decode() if isinstance(frame, bytes) else frame)
+            reader.cancel()
+
+
+def test_a_users_own_client_feeds_the_processor_and_every_message_is_answered_on_its_connection(feed_server):
+    messages = make_messages(60, features=FEATURES)
+    pings = [{"type": "ping", "id": i} for i in range(3)]
+    server = feed_server(send_frames([*pings[:1], *messages[:30], *pings[1:], *messages[30:]]), impl="websockets")
+    with Controller(_config(), processor=PROCESSOR, sources=[WsSource(server.url)]) as ctl:
+        drive(ctl, lambda: ctl.stats().messages_out >= 60, timeout_s=30 * UNIT_S, what="60 results written")
+        server.wait_for(lambda: len(server.received) >= 63, 10 * UNIT_S, "60 results and 3 pongs received")
+    results, errors = parse_replies([f for f in server.received if '"pong"' not in f])
+    assert sorted(results) == [m["seq"] for m in messages] and all(len(r) == 1 for r in results.values())
+    assert errors == []
+    pongs = [json.loads(f) for f in server.received if '"pong"' in f]
+    assert [p["id"] for p in pongs] == [0, 1, 2]
+    snap = ctl.stats()
+    assert snap.counts == {"pongs": 3} and snap.errors_total == 0  # a heartbeat is no error
+    assert snap.feeds[0].name == "mine" and snap.feeds[0].io.messages_in == 60
+    assert_books_balance(ctl)
+
+
+class EventSource:
+    """Hands objects over as they are, then waits for the stop."""
+
+    name = "events"
+
+    def __init__(self, events: list[Any]) -> None:
+        self.events = events
+        self.sent: list[Any] = []
+
+    async def run(self, ctx: Any) -> None:
+        for event in self.events:
+            await ctx.emit_event(event)
+        async for frame in ctx.outgoing():
+            self.sent.append(frame)
+
+
+def test_events_reach_on_event_as_they_are_in_order_without_a_processor_step():
+    book = {"type": "book", "symbol": "BTCUSDT", "bids": [["37000.10", "0.5"]] * 5, "asks": [["37000.20", "1"]] * 5}
+    events = [{"type": "trade", "price": "37000.1000000000", "seq": i} for i in range(200)] + [book, ("a", 1)]
+    got: list[tuple[str, Any]] = []
+    with Controller(_config(), processor=PROCESSOR, sources=[EventSource(events)],
+                    on_event=lambda source, event: got.append((source, event))) as ctl:
+        drive(ctl, lambda: len(got) >= len(events), timeout_s=20 * UNIT_S, what="every event delivered")
+    assert got == [("events", e) for e in events]
+    assert got[0][1]["price"] == "37000.1000000000"  # the text as it was, no float round trip
+    snap = ctl.stats()
+    assert (snap.events_in, snap.events, snap.events_unhandled, snap.processed, snap.errors_total) == \
+        (len(events), len(events), 0, 0, 0)
+
+
+def test_events_with_no_on_event_are_counted_not_lost_silently(caplog):
+    with Controller(_config(), processor=PROCESSOR, sources=[EventSource(list(range(5)))]) as ctl:
+        drive(ctl, lambda: ctl.stats().events_unhandled >= 5, timeout_s=20 * UNIT_S, what="5 events counted")
+    assert "has no on_event" in caplog.text
+
+
+def test_send_hands_a_frame_to_the_source_at_once_with_no_message_flowing():
+    source = EventSource([])
+    with Controller(_config(), processor=PROCESSOR, sources=[source]) as ctl:
+        ctl.send("events", {"type": "order", "qty": "0.001"})
+        ctl.send("events", ["a", b"b"])
+        drive(ctl, lambda: len(source.sent) >= 3, timeout_s=10 * UNIT_S, what="the sent frames yielded")
+        assert ctl.stats().processed == 0  # no batch carried them
+        with pytest.raises(ValueError, match="no feed or source is named 'nope'"):
+            ctl.send("nope", "x")
+    assert source.sent == ['{"type":"order","qty":"0.001"}', "a", b"b"]
+    snap = ctl.stats()
+    assert snap.sent_out == 3 and snap.sent_unsent == 0 and snap.messages_out == 0 and snap.errors_out == 0
+
+
+def test_send_writes_a_frame_to_a_configured_websocket_feed_beside_a_source(feed_server):
+    server = feed_server(impl="websockets")
+    source = EventSource([{"hello": 1}])
+    got: list[Any] = []
+    with Controller(_config(ws_url=server.url), processor=PROCESSOR, sources=[source],
+                    on_event=lambda s, e: got.append(e)) as ctl:
+        server.wait_for(lambda: len(server.connections) == 1, 10 * UNIT_S, "the feed connected")
+        ctl.send("0", '{"op":"order"}')
+        server.wait_for(lambda: server.received == ['{"op":"order"}'], 10 * UNIT_S, "the order received")
+        drive(ctl, lambda: got == [{"hello": 1}], timeout_s=10 * UNIT_S, what="the source's event")
+        assert [feed.name for feed in ctl.stats().feeds] == ["0", "events"]
+    assert ctl.stats().sent_out == 1
+
+
+class FailingSource:
+    name = "failing"
+
+    async def run(self, ctx: Any) -> None:
+        await asyncio.sleep(0.05)
+        raise_the_users_error()
+
+
+def raise_the_users_error() -> None:
+    raise RuntimeError("the exchange said no")
+
+
+def test_a_source_that_raises_reaches_the_main_thread_with_its_traceback():
+    with pytest.raises(FeedFatal, match="source 'failing' failed: RuntimeError: the exchange said no") as info, \
+            Controller(_config(), processor=PROCESSOR, sources=[FailingSource()]) as ctl:
+        drive(ctl, lambda: False, timeout_s=10 * UNIT_S, what="the failure raised")
+    cause = info.value.__cause__
+    assert isinstance(cause, RuntimeError)
+    frames = [frame.name for frame in __import__("traceback").extract_tb(cause.__traceback__)]
+    assert "raise_the_users_error" in frames
+
+
+class StopWatcher:
+    """Emits until the stop begins, then records what an emit does."""
+
+    name = "watcher"
+
+    def __init__(self) -> None:
+        self.after_stop: list[str] = []
+        self.emitted = 0
+
+    async def run(self, ctx: Any) -> None:
+        async def feed() -> None:
+            i = 0
+            while not ctx.stopping.is_set():
+                await ctx.emit(json.dumps({"seq": i, "stream": "s", "x": [1.0] * FEATURES}))
+                self.emitted += 1
+                i += 1
+                await asyncio.sleep(0.002)
+            try:
+                await ctx.emit(json.dumps({"seq": -1, "stream": "s", "x": [1.0] * FEATURES}))
+                self.after_stop.append("taken")
+            except SourceStopped:
+                self.after_stop.append("SourceStopped")
+
+        task = asyncio.create_task(feed())
+        async for _ in ctx.outgoing():
+            pass
+        await task
+
+
+def test_the_stop_ends_a_source_in_order_and_an_emit_after_it_began_is_refused():
+    source = StopWatcher()
+    with Controller(_config(), processor=PROCESSOR, sources=[source]) as ctl:
+        drive(ctl, lambda: ctl.stats().processed >= 20, timeout_s=20 * UNIT_S, what="20 messages processed")
+    assert source.after_stop == ["SourceStopped"]
+    snap = ctl.stats()
+    assert snap.messages_in == source.emitted == snap.processed  # nothing emitted was lost
+    assert snap.messages_out == source.emitted and snap.in_flight == 0
+
+
+def test_the_plan_puts_sources_beside_configured_feeds_or_in_the_demo_feeds_place():
+    source = EventSource([])
+    alone = feed_plan(Config(), [source])
+    assert [s.name for s in alone.specs] == ["events"] and not alone.uses_demo_feed
+    beside = feed_plan(Config(ws_url="ws://127.0.0.1:9/x"), [source])
+    assert [s.name for s in beside.specs] == ["0", "events"]
+    assert feed_plan(Config(), ()).uses_demo_feed
+    with pytest.raises(ValueError, match="two feeds or sources are named '0'"):
+        feed_plan(Config(ws_url="ws://127.0.0.1:9/x"), [type("S", (), {"name": "0", "run": source.run})()])
+    with pytest.raises(TypeError, match="non-empty str name"):
+        feed_plan(Config(), [object()])
+    with pytest.raises(ValueError, match="replies='some'"):
+        feed_plan(Config(), [type("S", (), {"name": "x", "replies": "some", "run": source.run})()])
+
+
+def test_the_io_thread_the_source_runs_on_is_forkless_own():
+    seen: list[str] = []
+
+    class Where:
+        name = "where"
+
+        async def run(self, ctx: Any) -> None:
+            seen.append(threading.current_thread().name)
+            async for _ in ctx.outgoing():
+                pass
+
+    with Controller(_config(), processor=PROCESSOR, sources=[Where()]) as ctl:
+        drive(ctl, lambda: bool(seen), timeout_s=10 * UNIT_S, what="the source started")
+    assert seen == ["forkless-io"]
