@@ -1,0 +1,82 @@
+"""A user's program with a replayable source of its own, for the exactly-once test across kill -9
+(tests/test_source_restart.py), written against the public API only.
+
+    python -m tests.source_program INPUT FINAL CHECKPOINT_DIR
+
+The source reads INPUT's lines (one frame each, a JSON list of messages), its position the line's
+number; after a restart it replays from ``ctx.resume_from`` inclusive. When every line has been
+handed over it says so with an event; the program then stops in order and writes FINAL: the last
+count the processor gave each stream (the state's own count, so a message applied twice or never
+shows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+
+from controller import Config, Controller, Processor
+
+
+def init(config: Config) -> dict[str, Any]:
+    return {"n": jnp.zeros(config.max_streams + 1)}
+
+
+def step(state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    n = state["n"].at[batch.key].add(batch.valid.astype(jnp.float32))
+    return {"n": n}, {"n": n[batch.key]}
+
+
+class LinesSource:
+    name = "lines"
+    replies = "none"
+
+    def __init__(self, path: str, gap_s: float) -> None:
+        self.lines = Path(path).read_text().splitlines()
+        self.gap_s = gap_s
+
+    async def run(self, ctx: Any) -> None:
+        start = 0 if ctx.resume_from is None else ctx.resume_from
+        print(f"resumed at {ctx.resume_from}", flush=True)
+
+        async def read() -> None:
+            for number in range(start, len(self.lines)):
+                await ctx.emit(self.lines[number], position=number)
+                await asyncio.sleep(self.gap_s)
+            await ctx.emit_event("done")
+
+        reader = asyncio.create_task(read())
+        async for _ in ctx.outgoing():
+            pass
+        reader.cancel()
+
+
+def main() -> int:
+    source_path, final_path, checkpoint_dir = sys.argv[1:4]
+    gap_s = float(sys.argv[4]) if len(sys.argv) > 4 else 0.004
+    config = Config.from_env(features=1, max_batch=2, max_wait_ms=1.0, checkpoint_dir=checkpoint_dir,
+                             checkpoint_s=0.2, status_s=0.0)
+    last: dict[str, float] = {}
+    done: list[str] = []
+
+    def on_results(seq: list[Any], stream: list[str], outputs: dict[str, Any]) -> None:
+        for name, n in zip(stream, outputs["n"].tolist()):
+            last[name] = n
+
+    processor = Processor(init, step, name="count", version="1")
+    with Controller(config, processor=processor, sources=[LinesSource(source_path, gap_s)], on_results=on_results,
+                    on_event=lambda source, event: done.append(event)) as ctl:
+        print(f"restored from {ctl.restored_from}", flush=True)
+        while not done:
+            ctl.process_pending(timeout=0.05)
+    Path(final_path).write_text(json.dumps(last))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
