@@ -56,7 +56,7 @@ def test_the_readme_s_short_example_runs_its_own_processor_with_the_json_codec(f
 
 def test_every_example_in_the_documents_is_run_by_a_test():
     tested = {("README.md", "short"), ("EMBEDDING.md", "blocking"), ("EMBEDDING.md", "on_results"),
-              ("EMBEDDING.md", "driven"), ("EMBEDDING.md", "subscribe")}
+              ("EMBEDDING.md", "driven"), ("EMBEDDING.md", "subscribe"), ("EMBEDDING.md", "source")}
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested
@@ -122,6 +122,30 @@ def test_the_subscribe_example_signs_every_connection_and_consumes_the_acknowled
         assert sub["sig"] == hmac.new(b"secret-1", payload, hashlib.sha256).hexdigest()
     replies = [json.loads(frame) for conn in server.connections for frame in conn.received[1:]]
     assert [r["seq"] for r in replies] == [0, 1, 2, 3] and not any("error" in r for r in replies)
+
+
+def test_the_source_example_keeps_its_own_client_answers_the_heartbeat_and_orders_at_once(feed_server):
+    trades = [{"type": "trade", "symbol": "BTCUSDT", "price": "37000.1000", "seq": i} for i in range(3)]
+
+    async def exchange(conn):  # pings, then trades; each order is filled; nothing else may come
+        await conn.send({"type": "ping", "id": 7})
+        for trade in trades:
+            await conn.send(trade)
+        while True:
+            frame = await conn.recv(timeout=30)
+            if frame is None:
+                return
+            sent = json.loads(frame)
+            if sent.get("type") == "order":
+                await conn.send({"type": "fill", "client_order_id": sent["client_order_id"], "price": "37000.1000"})
+
+    server = feed_server(exchange, impl="websockets")
+    proc = run_app(env={"EXCHANGE_URL": server.url}, program=("-c", example("source")), timeout_s=90 * UNIT_S)
+    assert proc.returncode == 0, proc.stderr
+    assert "filled ['o0', 'o1', 'o2'] pongs 1" in proc.stdout
+    received = [json.loads(frame) for frame in server.received]
+    assert received[0] == {"type": "pong", "id": 7}
+    assert [r["type"] for r in received[1:]] == ["order"] * 3  # nothing else reached the exchange
 
 
 def test_the_csv_example_runs_against_the_csv_feed_that_ships_with_it(capsys):
