@@ -4,19 +4,17 @@ Rules:
 - ``start()``, ``stop()``, ``poll()`` and the queues' sync ends (``to_main``, ``from_main``:
   ``MainQueue``) belong to the main thread; the worker runs as one task on the portal's own loop
   in its own thread and touches only the async ends (``WorkerQueue``). Nobody else holds both.
-- The start handshake: the loop makes the janus queues, the worker takes its first step, and
-  only then does ``start()`` return; a worker that fails before its first ``await`` fails
-  ``start()``.
+- The start handshake: ``start()`` returns once the loop has made the janus queues and the
+  worker has taken its first step; a worker that fails before its first ``await`` fails it.
 - The worker is ``worker(to_main, from_main)``, returning a coroutine. The stop begins by setting
   ``stopping`` (an ``asyncio.Event``, also each ``WorkerQueue``'s ``.stopping``); the worker has
   until the last quarter of the stop's time (at most ``CANCEL_RESERVE_S``) to return, is then
   cancelled, again every ``RECANCEL_S`` while it swallows the cancellation, until the deadline.
 - A worker that raises is never swallowed: its exception is logged, both queues are shut down at
-  once (what they held is dropped), and every later queue call and ``poll()`` raise
-  ``WorkerFailed`` from it (its traceback is the ``__cause__``'s), as does ``stop()`` unless one
-  of those has raised it already. A worker that
-  returns, and the stop, shut ``to_main`` down keeping what it holds: the main thread takes the
-  rest, then gets ``PortalClosed`` (a janus ``SyncQueueShutDown``).
+  once (what they held is dropped, counted in the log), and every later queue call and ``poll()``
+  raise ``WorkerFailed`` from it (its traceback is the ``__cause__``'s), as does ``stop()`` unless
+  one of them has. A worker that returns, and the stop, shut ``to_main`` down keeping what it
+  holds: the main thread takes the rest, then gets ``PortalClosed`` (a janus ``SyncQueueShutDown``).
 - The stop never outlasts its deadline: a worker still running then (it ignores cancellation,
   or blocks the loop) is reported (logged, ``WorkerFailed`` from ``stop()``), its queues are shut
   down from the main thread, and its thread, a daemon, is left behind. A second ``stop()`` does nothing.
@@ -60,7 +58,22 @@ class PortalClosed(janus.SyncQueueShutDown):
     """The queue has ended without a failure: the worker returned, or the portal stopped."""
 
 
-class WorkerQueue:
+class _Sized:
+    """``qsize``, ``empty`` and ``full``, as ``queue.Queue``'s, of the janus end ``_q``."""
+
+    _q: Any
+
+    def qsize(self) -> int:
+        return self._q.qsize()
+
+    def empty(self) -> bool:
+        return self._q.empty()
+
+    def full(self) -> bool:
+        return self._q.full()
+
+
+class WorkerQueue(_Sized):
     """The worker's end of a queue, named and behaving as ``queue.Queue``/``multiprocessing.Queue``
     where that is safe on the loop: ``put_nowait``, ``get_nowait``, ``qsize``, ``empty``, ``full``;
     ``put`` and ``get`` are coroutines (a blocking call would stop the loop). ``stopping`` is set
@@ -89,17 +102,8 @@ class WorkerQueue:
     async def get(self) -> Any:
         return await self._q.get()
 
-    def qsize(self) -> int:
-        return self._q.qsize()
 
-    def empty(self) -> bool:
-        return self._q.empty()
-
-    def full(self) -> bool:
-        return self._q.full()
-
-
-class MainQueue:
+class MainQueue(_Sized):
     """The main thread's end of a queue: ``queue.Queue``'s calls (``queue.Empty``, ``queue.Full``);
     once the queue has ended they raise ``WorkerFailed`` (the worker failed) or ``PortalClosed``."""
 
@@ -125,15 +129,6 @@ class MainQueue:
     def put_nowait(self, item: Any) -> None:
         self.put(item, False)
 
-    def qsize(self) -> int:
-        return self._q.qsize()
-
-    def empty(self) -> bool:
-        return self._q.empty()
-
-    def full(self) -> bool:
-        return self._q.full()
-
 
 class IOPortal:
     """Runs ``worker(to_main, from_main)`` on a dedicated thread and event loop (see the module rules).
@@ -143,11 +138,9 @@ class IOPortal:
 
     def __init__(self, worker: Callable[[WorkerQueue, WorkerQueue], Awaitable[Any]], *, queue_size: int = 10_000,
                  stop_timeout_s: float = 2.0, start_timeout_s: float = 30.0, name: str = "forkless-io") -> None:
-        if not isinstance(queue_size, int) or queue_size < 0:
-            raise ValueError(f"queue_size must be an int >= 0 (0: no bound), not {queue_size!r}")
-        if not stop_timeout_s > 0 or not start_timeout_s > 0:
-            raise ValueError(f"stop_timeout_s and start_timeout_s must be > 0, not {stop_timeout_s!r}, "
-                             f"{start_timeout_s!r}")
+        if not isinstance(queue_size, int) or queue_size < 0 or not stop_timeout_s > 0 or not start_timeout_s > 0:
+            raise ValueError(f"IOPortal needs queue_size >= 0 (an int; 0: no bound), stop_timeout_s > 0 and "
+                             f"start_timeout_s > 0, not {queue_size!r}, {stop_timeout_s!r}, {start_timeout_s!r}")
         self._worker = worker
         self.queue_size, self.stop_timeout_s, self.start_timeout_s = queue_size, stop_timeout_s, start_timeout_s
         self.stopping = asyncio.Event()  # set on the loop when the stop begins; the worker may await it
@@ -168,13 +161,13 @@ class IOPortal:
 
     @property
     def to_main(self) -> MainQueue:
-        """What the worker sends: take it with ``get``/``get_nowait``."""
-        return self._main_ends()[0]
+        """What the worker sends: take it with ``get``/``get_nowait`` (once ``start()`` has returned)."""
+        return self._main_end(0)
 
     @property
     def from_main(self) -> MainQueue:
         """What the main thread sends the worker: ``put``/``put_nowait``."""
-        return self._main_ends()[1]
+        return self._main_end(1)
 
     @property
     def alive(self) -> bool:
@@ -255,10 +248,10 @@ class IOPortal:
             raise WorkerFailed(self._broken) from None
         raise PortalClosed(self._end) from None
 
-    def _main_ends(self) -> tuple[MainQueue, MainQueue]:
+    def _main_end(self, i: int) -> MainQueue:
         if self._ends is None:
             raise RuntimeError("the portal's queues exist once start() has returned")
-        return self._ends
+        return self._ends[i]
 
     # ---- the IO thread ------------------------------------------------------------------------
 
@@ -267,14 +260,18 @@ class IOPortal:
         self._loop = loop
         try:
             loop.run_until_complete(self._main())
+            left = asyncio.all_tasks(loop)  # what the worker started and left running: cancelled, as asyncio.run does
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.wait(left, timeout=CANCEL_RESERVE_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
         except BaseException as exc:  # only the portal's own bookkeeping: the worker's are caught in _work
             self._fail(exc)
         finally:
-            try:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            finally:
-                loop.close()
-                self._ready.set()
+            loop.close()
+            self._ready.set()
 
     async def _main(self) -> None:
         self._queues = to_main, from_main = janus.Queue(self.queue_size), janus.Queue(self.queue_size)
@@ -308,8 +305,10 @@ class IOPortal:
         if self._failure is not None:
             return
         self._failure = exc
-        log.error("the IO worker failed", exc_info=exc)
-        for q in self._queues or ():
+        queues = self._queues or ()
+        dropped = sum(q.async_q.qsize() for q in queues)
+        log.error("the IO worker failed%s", f" ({dropped} queued items dropped)" if dropped else "", exc_info=exc)
+        for q in queues:
             q.shutdown(immediate=True)  # wakes a main thread blocked in get or put
 
     def _begin_stop(self, deadline: float) -> None:

@@ -9,8 +9,12 @@ unchanged; the servers are real, on loopback (tests/servers.py). Waits are bound
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import multiprocessing
 import queue
+import signal
+import sys
 import threading
 import traceback
 
@@ -210,6 +214,22 @@ def test_the_worker_side_queue_exceptions_are_both_the_queue_and_the_asyncio_one
         assert portal.to_main.get(timeout=10 * timeout_unit) == ((True, True), (True, True, True), 0, True)
         with pytest.raises(queue.Empty):  # the main side's are queue.Queue's
             portal.to_main.get_nowait()
+
+
+def test_the_portal_leaves_its_host_process_as_it_found_it(timeout_unit):
+    def host():
+        return (sys.getswitchinterval(), gc.isenabled(), gc.get_freeze_count(), signal.getsignal(signal.SIGINT),
+                signal.getsignal(signal.SIGTERM), threading.enumerate(), multiprocessing.active_children())
+
+    async def worker(to_main, from_main):
+        to_main.put_nowait((threading.current_thread().name, threading.current_thread().daemon))
+        await to_main.stopping.wait()
+
+    before = host()
+    with IOPortal(worker, name="forkless-io-host") as portal:
+        assert portal.to_main.get(timeout=10 * timeout_unit) == ("forkless-io-host", True)
+        assert multiprocessing.active_children() == []  # no process started, nothing forked
+    assert host() == before
 
 
 def test_the_portal_is_exported_by_both_packages_and_checks_its_arguments():
