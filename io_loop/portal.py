@@ -8,8 +8,8 @@ Rules:
   worker has taken its first step; a worker that fails before its first ``await`` fails it.
 - The worker is ``worker(to_main, from_main)``, returning a coroutine. The stop begins by setting
   ``stopping`` (an ``asyncio.Event``, also each ``WorkerQueue``'s ``.stopping``); the worker has
-  until the last quarter of the stop's time (at most ``CANCEL_RESERVE_S``) to return, is then
-  cancelled, again every ``RECANCEL_S`` while it swallows the cancellation, until the deadline.
+  the stop's time less a reserve (a quarter of it, at most ``CANCEL_RESERVE_S``) to return, is
+  then cancelled, again every ``RECANCEL_S`` while it swallows the cancellation, until the deadline.
 - A worker that raises is never swallowed: its exception is logged, both queues are shut down at
   once (what they held is dropped, counted in the log), and every later queue call and ``poll()``
   raise ``WorkerFailed`` from it (its traceback is the ``__cause__``'s), as does ``stop()`` unless
