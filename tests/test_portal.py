@@ -216,6 +216,18 @@ def test_the_worker_side_queue_exceptions_are_both_the_queue_and_the_asyncio_one
             portal.to_main.get_nowait()
 
 
+def test_queue_size_0_bounds_nothing_as_a_multiprocessing_queue(timeout_unit):
+    async def flooding_worker(to_main, from_main):
+        for i in range(25_000):  # more than the default bound of 10 000
+            to_main.put_nowait(i)
+        to_main.put_nowait(to_main.full())
+        await to_main.stopping.wait()
+
+    with IOPortal(flooding_worker, queue_size=0) as portal:
+        got = [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(25_001)]
+    assert got == [*range(25_000), False]
+
+
 def test_the_portal_leaves_its_host_process_as_it_found_it(timeout_unit):
     def host():
         return (sys.getswitchinterval(), gc.isenabled(), gc.get_freeze_count(), signal.getsignal(signal.SIGINT),
