@@ -30,6 +30,9 @@ _EXPORTS = {
     "Source": "io_loop.source",
     "SourceContext": "io_loop.source",
     "SourceStopped": "io_loop.source",
+    "IOPortal": "io_loop.portal",
+    "PortalClosed": "io_loop.portal",
+    "WorkerFailed": "io_loop.portal",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -18,6 +18,9 @@ _EXPORTS = {
     "MetricsServerError": "io_loop.errors",
     "FeedSpec": "io_loop.settings",
     "IOSettings": "io_loop.settings",
+    "IOPortal": "io_loop.portal",
+    "PortalClosed": "io_loop.portal",
+    "WorkerFailed": "io_loop.portal",
     "IOThread": "io_loop.thread",
 }
 

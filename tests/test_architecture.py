@@ -71,6 +71,7 @@ IO = [
     "io_loop/http.py",
     "io_loop/on_connect.py",
     "io_loop/jetstream.py",
+    "io_loop/portal.py",
     "io_loop/natsstore.py",
     "io_loop/nats_compat.py",
     "io_loop/probe.py",

@@ -56,7 +56,8 @@ def test_the_readme_s_short_example_runs_its_own_processor_with_the_json_codec(f
 
 def test_every_example_in_the_documents_is_run_by_a_test():
     tested = {("README.md", "short"), ("EMBEDDING.md", "blocking"), ("EMBEDDING.md", "on_results"),
-              ("EMBEDDING.md", "driven"), ("EMBEDDING.md", "subscribe"), ("EMBEDDING.md", "source")}
+              ("EMBEDDING.md", "driven"), ("EMBEDDING.md", "subscribe"), ("EMBEDDING.md", "source"),
+              ("EMBEDDING.md", "portal")}
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested
@@ -146,6 +147,17 @@ def test_the_source_example_keeps_its_own_client_answers_the_heartbeat_and_order
     received = [json.loads(frame) for frame in server.received]
     assert received[0] == {"type": "pong", "id": 7}
     assert [r["type"] for r in received[1:]] == ["order"] * 3  # nothing else reached the exchange
+
+
+def test_the_portal_example_runs_the_classic_multiprocessing_client_unchanged_on_the_io_thread(feed_server):
+    frames = [json.dumps({"seq": i, "price": 100.0 + i}) for i in range(10)]
+    server = feed_server(send_frames(frames))
+    proc = run_example("portal", server.url)
+    server.wait_for(lambda: len(server.connections) == 1 and server.connections[0].closed_at is not None,
+                    5 * UNIT_S, "the example's connection closed")
+    assert proc.returncode == 0, proc.stderr
+    assert "10 messages in, 10 orders out" in proc.stdout
+    assert server.replies() == [{"order": i} for i in range(10)]
 
 
 def test_the_csv_example_runs_against_the_csv_feed_that_ships_with_it(capsys):

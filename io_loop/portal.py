@@ -1,0 +1,324 @@
+"""IOPortal: your own coroutine on forkless's dedicated IO thread, with two bounded queues to the main thread.
+
+Rules:
+- ``start()``, ``stop()``, ``poll()`` and the queues' sync ends (``to_main``, ``from_main``:
+  ``MainQueue``) belong to the main thread; the worker runs as one task on the portal's own loop
+  in its own thread and touches only the async ends (``WorkerQueue``). Nobody else holds both.
+- The start handshake: ``start()`` returns once the loop has made the janus queues and the
+  worker has taken its first step; a worker that fails before its first ``await`` fails it.
+- The worker is ``worker(to_main, from_main)``, returning a coroutine. The stop begins by setting
+  ``stopping`` (an ``asyncio.Event``, also each ``WorkerQueue``'s ``.stopping``); the worker has
+  the stop's time less a reserve (a quarter of it, at most ``CANCEL_RESERVE_S``) to return, is
+  then cancelled, again every ``RECANCEL_S`` while it swallows the cancellation, until the deadline.
+- A worker that raises is never swallowed: its exception is logged, both queues are shut down at
+  once (what they held is dropped, counted in the log), and every later queue call and ``poll()``
+  raise ``WorkerFailed`` from it (its traceback is the ``__cause__``'s), as does ``stop()`` unless
+  one of them has. A worker that returns, and the stop, shut ``to_main`` down keeping what it
+  holds: the main thread takes the rest, then gets ``PortalClosed`` (a janus ``SyncQueueShutDown``).
+- The stop never outlasts its deadline: a worker still running then (it ignores cancellation,
+  or blocks the loop) is reported (logged, ``WorkerFailed`` from ``stop()``), its queues are shut
+  down from the main thread, and its thread, a daemon, is left behind. A second ``stop()`` does nothing.
+- A library leaves its host alone: no process-wide setting is changed (the loop is not made the
+  thread's current loop), nothing forks or exits, logs go to ``forkless.portal``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
+
+import janus
+
+__all__ = ["Empty", "Full", "IOPortal", "MainQueue", "PortalClosed", "WorkerFailed", "WorkerQueue"]
+
+log = logging.getLogger("forkless.portal")
+
+CANCEL_RESERVE_S = 1.0  # at most this much of the stop's time is kept for cancelling the worker
+RECANCEL_S = 0.02  # how often a worker that swallows the cancellation is cancelled again
+
+
+class Empty(queue.Empty, asyncio.QueueEmpty):
+    """``WorkerQueue.get_nowait`` found nothing: both ``queue.Empty`` and ``asyncio.QueueEmpty``."""
+
+
+class Full(queue.Full, asyncio.QueueFull):
+    """``WorkerQueue.put_nowait`` found it full: both ``queue.Full`` and ``asyncio.QueueFull``."""
+
+
+class WorkerFailed(RuntimeError):
+    """The worker raised (its exception is the ``__cause__``), or did not start or end in time."""
+
+
+class PortalClosed(janus.SyncQueueShutDown):
+    """The queue has ended without a failure: the worker returned, or the portal stopped."""
+
+
+class _Sized:
+    """``qsize``, ``empty`` and ``full``, as ``queue.Queue``'s, of the janus end ``_q``."""
+
+    _q: Any
+
+    def qsize(self) -> int:
+        return self._q.qsize()
+
+    def empty(self) -> bool:
+        return self._q.empty()
+
+    def full(self) -> bool:
+        return self._q.full()
+
+
+class WorkerQueue(_Sized):
+    """The worker's end of a queue, named and behaving as ``queue.Queue``/``multiprocessing.Queue``
+    where that is safe on the loop: ``put_nowait``, ``get_nowait``, ``qsize``, ``empty``, ``full``;
+    ``put`` and ``get`` are coroutines (a blocking call would stop the loop). ``stopping`` is set
+    when the portal's stop begins. After the end, calls raise janus's ``AsyncQueueShutDown``."""
+
+    def __init__(self, q: janus.AsyncQueue[Any], stopping: asyncio.Event) -> None:
+        self._q = q
+        self.stopping = stopping
+
+    def put_nowait(self, item: Any) -> None:
+        try:
+            self._q.put_nowait(item)
+        except asyncio.QueueFull:
+            raise Full(f"the queue holds queue_size={self._q.maxsize} items: the main thread takes them too "
+                       "slowly (a larger queue_size, or 0 for no bound)") from None
+
+    def get_nowait(self) -> Any:
+        try:
+            return self._q.get_nowait()
+        except asyncio.QueueEmpty:
+            raise Empty from None
+
+    async def put(self, item: Any) -> None:
+        await self._q.put(item)
+
+    async def get(self) -> Any:
+        return await self._q.get()
+
+
+class MainQueue(_Sized):
+    """The main thread's end of a queue: ``queue.Queue``'s calls (``queue.Empty``, ``queue.Full``);
+    once the queue has ended they raise ``WorkerFailed`` (the worker failed) or ``PortalClosed``."""
+
+    def __init__(self, q: janus.SyncQueue[Any], raise_end: Callable[[], NoReturn]) -> None:
+        self._q = q
+        self._raise_end = raise_end
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        try:
+            return self._q.get(block, timeout)
+        except janus.SyncQueueShutDown:
+            self._raise_end()
+
+    def get_nowait(self) -> Any:
+        return self.get(False)
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        try:
+            self._q.put(item, block, timeout)
+        except janus.SyncQueueShutDown:
+            self._raise_end()
+
+    def put_nowait(self, item: Any) -> None:
+        self.put(item, False)
+
+
+class IOPortal:
+    """Runs ``worker(to_main, from_main)`` on a dedicated thread and event loop (see the module rules).
+    ``queue_size`` bounds each queue (0: no bound, as ``multiprocessing.Queue``); ``stop_timeout_s``
+    bounds ``stop()``; ``start_timeout_s`` bounds ``start()``. Use it as a context manager, or call
+    ``start()`` then ``stop()``."""
+
+    def __init__(self, worker: Callable[[WorkerQueue, WorkerQueue], Awaitable[Any]], *, queue_size: int = 10_000,
+                 stop_timeout_s: float = 2.0, start_timeout_s: float = 30.0, name: str = "forkless-io") -> None:
+        if not isinstance(queue_size, int) or queue_size < 0 or not stop_timeout_s > 0 or not start_timeout_s > 0:
+            raise ValueError(f"IOPortal needs queue_size >= 0 (an int; 0: no bound), stop_timeout_s > 0 and "
+                             f"start_timeout_s > 0, not {queue_size!r}, {stop_timeout_s!r}, {start_timeout_s!r}")
+        self._worker = worker
+        self.queue_size, self.stop_timeout_s, self.start_timeout_s = queue_size, stop_timeout_s, start_timeout_s
+        self.stopping = asyncio.Event()  # set on the loop when the stop begins; the worker may await it
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queues: tuple[janus.Queue[Any], janus.Queue[Any]] | None = None
+        self._ends: tuple[MainQueue, MainQueue] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._stopper: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None  # what the worker raised
+        self._broken: str | None = None  # a deadline the worker broke (start or stop)
+        self._delivered = False  # the failure has been raised in the main thread
+        self._end = "the portal has stopped"
+        self._started = self._stopped = False
+
+    # ---- main thread --------------------------------------------------------------------------
+
+    @property
+    def to_main(self) -> MainQueue:
+        """What the worker sends: take it with ``get``/``get_nowait`` (once ``start()`` has returned)."""
+        return self._main_end(0)
+
+    @property
+    def from_main(self) -> MainQueue:
+        """What the main thread sends the worker: ``put``/``put_nowait``."""
+        return self._main_end(1)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> IOPortal:
+        """Start the thread; return once its loop runs, the queues exist and the worker has taken
+        its first step. Raises ``WorkerFailed`` if it failed by then. A second call does nothing."""
+        if self._stopped:
+            raise RuntimeError("this IOPortal has stopped; a portal runs once: make a new one")
+        if self._started:
+            return self
+        self._started = True
+        self._thread.start()
+        if not self._ready.wait(self.start_timeout_s):
+            self._stopped = True
+            self._stop(0.0, because=f"did not start within start_timeout_s={self.start_timeout_s}")
+        elif self._failure is not None:
+            self._stopped = True
+            self._thread.join(self.stop_timeout_s)  # it is closing its queues and its loop
+        self.raise_if_failed()
+        return self
+
+    def poll(self) -> bool:
+        """True while the worker runs, False once it has ended; raises ``WorkerFailed`` if it failed."""
+        self.raise_if_failed()
+        return self.alive
+
+    def raise_if_failed(self) -> None:
+        """Raise ``WorkerFailed`` (from the worker's exception) if the worker failed or broke a deadline."""
+        if self._failure is not None or self._broken is not None:
+            self._raise_end()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """The orderly stop (see the module rules), within ``timeout`` seconds (``stop_timeout_s``
+        by default); raises ``WorkerFailed`` if the worker did not end in time, or failed and no
+        call has raised that yet. What the worker had put stays in ``to_main``. A second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._started:
+            timeout = self.stop_timeout_s if timeout is None else timeout
+            self._stop(timeout, because=f"did not end within the stop's {timeout}s")
+            if not self._delivered:
+                self.raise_if_failed()
+
+    def __enter__(self) -> IOPortal:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self.stop()
+        except WorkerFailed:
+            if exc is None:  # with an exception already on its way, the failure has been logged
+                raise
+
+    def _stop(self, timeout: float, *, because: str) -> None:
+        deadline = time.monotonic() + timeout
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._begin_stop, deadline)
+            except RuntimeError:  # the loop has closed: the worker has ended
+                pass
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            self._broken = f"the IO worker {because}; its thread {self._thread.name!r} is left running (a daemon)"
+            log.error("%s", self._broken)
+            for q in self._queues or ():
+                q.shutdown(immediate=True)  # thread-safe: nothing the main thread calls can block now
+
+    def _raise_end(self) -> NoReturn:
+        failure = self._failure
+        if failure is not None:
+            self._delivered = True
+            raise WorkerFailed(f"the IO worker failed: {failure!r}") from failure
+        if self._broken is not None:
+            raise WorkerFailed(self._broken) from None
+        raise PortalClosed(self._end) from None
+
+    def _main_end(self, i: int) -> MainQueue:
+        if self._ends is None:
+            raise RuntimeError("the portal's queues exist once start() has returned")
+        return self._ends[i]
+
+    # ---- the IO thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()  # not set as the thread's current loop: nothing global changes
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main())
+            left = asyncio.all_tasks(loop)  # what the worker started and left running: cancelled, as asyncio.run does
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.wait(left, timeout=CANCEL_RESERVE_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        except BaseException as exc:  # only the portal's own bookkeeping: the worker's are caught in _work
+            self._fail(exc)
+        finally:
+            loop.close()
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._queues = to_main, from_main = janus.Queue(self.queue_size), janus.Queue(self.queue_size)
+        self._ends = MainQueue(to_main.sync_q, self._raise_end), MainQueue(from_main.sync_q, self._raise_end)
+        ends = WorkerQueue(to_main.async_q, self.stopping), WorkerQueue(from_main.async_q, self.stopping)
+        self._task = task = asyncio.create_task(self._work(*ends), name=f"{self._thread.name}-worker")
+        await asyncio.sleep(0)  # the worker's first step runs before this returns: a quick failure fails start()
+        self._ready.set()
+        await asyncio.wait({task})
+        if self._failure is None and not self.stopping.is_set():
+            self._end = "the worker returned before the stop"
+        unread = from_main.async_q.qsize()
+        if unread and self._failure is None:
+            log.warning("%d items the main thread put were not taken by the IO worker before it ended", unread)
+        from_main.shutdown(immediate=True)  # first: once to_main has ended, from_main has too
+        to_main.shutdown(immediate=self._failure is not None)  # what the worker put stays for the main thread
+        await from_main.wait_closed()
+        await to_main.wait_closed()
+
+    async def _work(self, to_main: WorkerQueue, from_main: WorkerQueue) -> None:
+        try:
+            await self._worker(to_main, from_main)
+        except asyncio.CancelledError as exc:
+            if not self.stopping.is_set():
+                self._fail(exc)
+            raise
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: a library never exits its host
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is not None:
+            return
+        self._failure = exc
+        queues = self._queues or ()
+        dropped = sum(q.async_q.qsize() for q in queues)
+        log.error("the IO worker failed%s", f" ({dropped} queued items dropped)" if dropped else "", exc_info=exc)
+        for q in queues:
+            q.shutdown(immediate=True)  # wakes a main thread blocked in get or put
+
+    def _begin_stop(self, deadline: float) -> None:
+        self.stopping.set()
+        if self._task is not None and self._stopper is None:
+            self._stopper = asyncio.ensure_future(self._cancel_at(self._task, deadline))
+
+    async def _cancel_at(self, task: asyncio.Task[Any], deadline: float) -> None:
+        reserve = min(CANCEL_RESERVE_S, (deadline - time.monotonic()) / 4)
+        await asyncio.wait({task}, timeout=max(0.0, deadline - reserve - time.monotonic()))
+        while not task.done() and time.monotonic() < deadline:
+            task.cancel()
+            await asyncio.wait({task}, timeout=min(RECANCEL_S, max(0.0, deadline - time.monotonic())))

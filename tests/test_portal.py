@@ -1,0 +1,253 @@
+"""The IO thread as a public primitive (io_loop/portal.py): your own coroutine on forkless's IO
+thread and loop, two bounded queues to the main thread, the stop and error guarantees.
+
+The classic worker below is written for ``multiprocessing.Queue`` as people write it, and runs
+unchanged; the servers are real, on loopback (tests/servers.py). Waits are bounded by
+``timeout_unit``; nothing asserts how long something took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import multiprocessing
+import queue
+import signal
+import sys
+import threading
+import traceback
+
+import aiohttp
+import pytest
+
+import controller
+import io_loop
+from io_loop.portal import IOPortal, PortalClosed, WorkerFailed
+from tests.servers import send_frames
+
+
+class DataClientWorker:
+    """Reads a WebSocket feed into ``to_queue`` and sends the orders it finds in ``from_queue``:
+    written for ``multiprocessing.Queue`` (``asyncio.run(dcw.run())`` in a child process)."""
+
+    def __init__(self, to_queue, from_queue, url):
+        self.to_queue = to_queue
+        self.from_queue = from_queue
+        self.url = url
+
+    async def run(self):
+        async with aiohttp.ClientSession() as session, session.ws_connect(self.url) as ws:
+            sender = asyncio.create_task(self.send_orders(ws))
+            try:
+                async for msg in ws:
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        self.to_queue.put_nowait(json.loads(msg.data))
+            finally:
+                sender.cancel()
+
+    async def send_orders(self, ws):
+        while True:
+            try:
+                order = self.from_queue.get_nowait()
+            except queue.Empty:
+                await asyncio.sleep(0.001)
+                continue
+            await ws.send_str(json.dumps(order))
+
+
+def test_the_classic_multiprocessing_worker_runs_unchanged_on_the_portal(feed_server, timeout_unit):
+    frames = [{"seq": i, "price": 100.0 + i} for i in range(20)]
+    server = feed_server(send_frames(frames))
+    with IOPortal(lambda to_main, from_main: DataClientWorker(to_main, from_main, server.url).run(),
+                  stop_timeout_s=2 * timeout_unit) as portal:
+        got = [portal.to_main.get(timeout=10 * timeout_unit) for _ in frames]
+        for msg in got:
+            portal.from_main.put({"order": msg["seq"], "at": msg["price"]})
+        server.wait_for(lambda: server.received_count == len(frames), 10 * timeout_unit, "every order sent")
+    assert got == frames
+    assert server.replies() == [{"order": i, "at": 100.0 + i} for i in range(20)]
+    assert not portal.alive
+
+
+def test_a_worker_s_exception_wakes_a_blocked_get_with_the_worker_s_traceback(timeout_unit):
+    async def failing_worker(to_main, from_main):
+        await from_main.get()
+        await asyncio.sleep(0.05)  # the main thread is most likely blocked in get by now (the test holds either way)
+        raise ValueError("the feed sent nonsense")
+
+    with IOPortal(failing_worker) as portal:
+        portal.from_main.put("go")
+        with pytest.raises(WorkerFailed) as caught:
+            portal.to_main.get(timeout=10 * timeout_unit)
+        assert isinstance(caught.value.__cause__, ValueError)
+        assert "in failing_worker" in "".join(traceback.format_exception(caught.value))
+        with pytest.raises(WorkerFailed):  # every later call too, and poll
+            portal.from_main.put_nowait("more")
+        with pytest.raises(WorkerFailed):
+            portal.poll()
+
+
+def test_a_worker_s_exception_is_raised_by_stop(timeout_unit):
+    async def failing_worker(to_main, from_main):
+        await from_main.get()
+        raise KeyError("gone")
+
+    portal = IOPortal(failing_worker, stop_timeout_s=5 * timeout_unit).start()
+    portal.from_main.put("go")
+    with pytest.raises(WorkerFailed) as caught:
+        portal.stop()
+    assert isinstance(caught.value.__cause__, KeyError)
+    assert "in failing_worker" in "".join(traceback.format_exception(caught.value))
+    portal.stop()  # a second stop does nothing: it does not raise again
+
+
+def test_a_worker_that_fails_at_once_fails_start():
+    def not_a_worker(to_main):  # called with two queues: TypeError before any await
+        raise AssertionError("never called with one argument")
+
+    portal = IOPortal(not_a_worker)
+    with pytest.raises(WorkerFailed) as caught:
+        portal.start()
+    assert isinstance(caught.value.__cause__, TypeError)
+    assert not portal.alive
+
+
+def test_the_stop_keeps_its_deadline_with_a_worker_that_ignores_it_and_swallows_one_cancellation(timeout_unit):
+    cancellations = []
+
+    async def stubborn_worker(to_main, from_main):
+        while True:
+            try:
+                await asyncio.sleep(3600)  # never looks at the stopping event
+            except asyncio.CancelledError:
+                cancellations.append(to_main.stopping.is_set())
+                if len(cancellations) > 1:
+                    raise
+
+    portal = IOPortal(stubborn_worker, stop_timeout_s=2 * timeout_unit).start()
+    portal.stop()  # raises WorkerFailed if the thread had not ended by the deadline
+    assert cancellations == [True, True]
+    assert not portal.alive
+
+
+def test_a_worker_that_never_ends_is_reported_by_stop_and_left_behind(timeout_unit):
+    release = threading.Event()
+
+    async def deaf_worker(to_main, from_main):
+        while not release.is_set():
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                pass
+
+    portal = IOPortal(deaf_worker, stop_timeout_s=0.5 * timeout_unit, name="forkless-io-deaf").start()
+    try:
+        with pytest.raises(WorkerFailed, match=r"did not end within the stop's .*left running"):
+            portal.stop()
+        assert portal.alive
+        with pytest.raises(WorkerFailed):  # the queues are shut down: nothing blocks on them
+            portal.to_main.get(timeout=10 * timeout_unit)
+        portal.stop()  # the second stop does nothing
+    finally:
+        release.set()
+        portal._thread.join(10 * timeout_unit)
+
+
+def test_a_second_stop_does_nothing(timeout_unit):
+    async def polite_worker(to_main, from_main):
+        await to_main.stopping.wait()
+
+    portal = IOPortal(polite_worker).start()
+    portal.stop()
+    assert not portal.alive
+    portal.stop()
+    with pytest.raises(RuntimeError, match="runs once"):  # nor does it start again
+        portal.start()
+
+
+def test_the_worker_learns_the_stop_began_and_what_it_sent_last_stays_for_the_main_thread(timeout_unit):
+    async def polite_worker(to_main, from_main):
+        await from_main.stopping.wait()
+        to_main.put_nowait("bye")
+
+    with IOPortal(polite_worker, stop_timeout_s=10 * timeout_unit) as portal:
+        assert portal.poll() and not portal.stopping.is_set()
+    assert portal.stopping.is_set() and not portal.poll()
+    assert portal.to_main.get_nowait() == "bye"
+    with pytest.raises(PortalClosed):
+        portal.to_main.get_nowait()
+
+
+def test_a_worker_that_returns_ends_to_main_after_what_it_sent(timeout_unit):
+    async def short_worker(to_main, from_main):
+        for i in range(3):
+            await to_main.put(i)
+
+    with IOPortal(short_worker) as portal:
+        assert [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(3)] == [0, 1, 2]
+        with pytest.raises(PortalClosed, match="returned before the stop") as caught:
+            portal.to_main.get(timeout=10 * timeout_unit)
+        assert isinstance(caught.value, io_loop.portal.janus.SyncQueueShutDown)
+        with pytest.raises(PortalClosed):
+            portal.from_main.put_nowait("too late")
+
+
+def test_the_worker_side_queue_exceptions_are_both_the_queue_and_the_asyncio_ones(timeout_unit):
+    async def probing_worker(to_main, from_main):
+        try:
+            from_main.get_nowait()
+        except Exception as exc:
+            empty = (isinstance(exc, queue.Empty), isinstance(exc, asyncio.QueueEmpty))
+        to_main.put_nowait("fills the queue")
+        try:
+            to_main.put_nowait("one too many")
+        except Exception as exc:
+            full = (isinstance(exc, queue.Full), isinstance(exc, asyncio.QueueFull), "queue_size=1" in str(exc))
+        await from_main.get()  # the main thread has taken the first item
+        to_main.put_nowait((empty, full, to_main.qsize(), from_main.empty()))
+        await to_main.stopping.wait()  # returning would end to_main
+
+    with IOPortal(probing_worker, queue_size=1) as portal:
+        assert portal.to_main.get(timeout=10 * timeout_unit) == "fills the queue"
+        portal.from_main.put("next")
+        assert portal.to_main.get(timeout=10 * timeout_unit) == ((True, True), (True, True, True), 0, True)
+        with pytest.raises(queue.Empty):  # the main side's are queue.Queue's
+            portal.to_main.get_nowait()
+
+
+def test_queue_size_0_bounds_nothing_as_a_multiprocessing_queue(timeout_unit):
+    async def flooding_worker(to_main, from_main):
+        for i in range(25_000):  # more than the default bound of 10 000
+            to_main.put_nowait(i)
+        to_main.put_nowait(to_main.full())
+        await to_main.stopping.wait()
+
+    with IOPortal(flooding_worker, queue_size=0) as portal:
+        got = [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(25_001)]
+    assert got == [*range(25_000), False]
+
+
+def test_the_portal_leaves_its_host_process_as_it_found_it(timeout_unit):
+    def host():
+        return (sys.getswitchinterval(), gc.isenabled(), gc.get_freeze_count(), signal.getsignal(signal.SIGINT),
+                signal.getsignal(signal.SIGTERM), threading.enumerate(), multiprocessing.active_children())
+
+    async def worker(to_main, from_main):
+        to_main.put_nowait((threading.current_thread().name, threading.current_thread().daemon))
+        await to_main.stopping.wait()
+
+    before = host()
+    with IOPortal(worker, name="forkless-io-host") as portal:
+        assert portal.to_main.get(timeout=10 * timeout_unit) == ("forkless-io-host", True)
+        assert multiprocessing.active_children() == []  # no process started, nothing forked
+    assert host() == before
+
+
+def test_the_portal_is_exported_by_both_packages_and_checks_its_arguments():
+    assert controller.IOPortal is io_loop.IOPortal is IOPortal
+    assert controller.WorkerFailed is io_loop.WorkerFailed is WorkerFailed
+    with pytest.raises(ValueError, match="queue_size"):
+        IOPortal(lambda a, b: None, queue_size=-1)
+    with pytest.raises(RuntimeError, match="start"):
+        IOPortal(lambda a, b: None).to_main  # noqa: B018
