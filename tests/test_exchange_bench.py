@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from tests.harness import UNIT_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRICE = re.compile(r"^\d+\.\d{1,10}$")
+WAIT_S = 10 * UNIT_S  # the longest any frame or count is waited for
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def exchange(start_exchange: Callable[..., Exchange]) -> Exchange:
 def login(url: str, user: str = "alice", password: str = "s3cret") -> str:
     body = json.dumps({"user": user, "password": password}).encode()
     req = urllib.request.Request(f"{url}/login", data=body, method="POST", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10 * UNIT_S) as resp:
+    with urllib.request.urlopen(req, timeout=WAIT_S) as resp:
         return json.load(resp)["token"]
 
 
@@ -62,24 +64,29 @@ def ws_url(url: str, token: str) -> str:
     return f"{url.replace('http', 'ws', 1)}/ws?token={token}"
 
 
-def recv(ws: ClientConnection) -> dict[str, Any]:
-    return json.loads(ws.recv(timeout=10 * UNIT_S))
-
-
 def recv_type(ws: ClientConnection, kind: str, answer_pings: bool = True) -> dict[str, Any]:
-    """The next frame of ``kind``, answering the pings on the way."""
-    while True:
-        msg = recv(ws)
+    """The next frame of ``kind``, answering the pings on the way; fails after WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        msg = json.loads(ws.recv(timeout=WAIT_S))
         if msg["type"] == kind:
             return msg
         if msg["type"] == "ping" and answer_pings:
             ws.send(json.dumps({"type": "pong", "id": msg["id"]}))
+    raise AssertionError(f"no {kind!r} frame within {WAIT_S:.0f}s")
+
+
+def close_code(ws: ClientConnection, answer_pings: bool) -> int | None:
+    """Read until the exchange closes the connection; the code it closed with. Fails after WAIT_S."""
+    with pytest.raises(ConnectionClosed) as closed:
+        recv_type(ws, "never sent", answer_pings)
+    return closed.value.rcvd.code if closed.value.rcvd is not None else None
 
 
 @contextlib.contextmanager
 def subscribed(ex: Exchange, symbols: list[str]) -> Iterator[ClientConnection]:
     """A logged-in connection, subscribed to ``symbols``."""
-    with connect(ws_url(ex.url, login(ex.url)), open_timeout=10 * UNIT_S) as ws:
+    with connect(ws_url(ex.url, login(ex.url)), open_timeout=WAIT_S) as ws:
         ws.send(json.dumps({"type": "subscribe", "symbols": symbols}))
         assert recv_type(ws, "subscribed") == {"type": "subscribed", "symbols": symbols}
         yield ws
@@ -120,7 +127,7 @@ def test_a_ping_answered_in_time_is_counted_on_time(exchange: Exchange) -> None:
     with subscribed(exchange, ["BTCUSDT"]) as ws:
         ping = recv_type(ws, "ping", answer_pings=False)
         ws.send(json.dumps({"type": "pong", "id": ping["id"]}))
-        counters = exchange.wait_for(lambda c: c["pongs_on_time"] >= 1, 10 * UNIT_S, "a pong on time")
+        counters = exchange.wait_for(lambda c: c["pongs_on_time"] >= 1, WAIT_S, "a pong on time")
     assert counters["violations"] == {}
 
 
@@ -142,14 +149,14 @@ def test_an_order_fills_at_a_traded_price_and_a_bad_one_is_rejected(exchange: Ex
 
 
 def test_anything_but_subscribe_pong_and_order_is_a_violation_by_kind(exchange: Exchange) -> None:
-    with connect(ws_url(exchange.url, login(exchange.url)), open_timeout=10 * UNIT_S) as ws:
+    with connect(ws_url(exchange.url, login(exchange.url)), open_timeout=WAIT_S) as ws:
         ws.send(json.dumps({"type": "order", "symbol": "BTCUSDT", "side": "buy", "qty": "1", "client_order_id": "x"}))
         ws.send(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
         recv_type(ws, "subscribed")
         for frame in ({"type": "subscribe", "symbols": ["ETHUSDT"]}, {"type": "hello"}, {"type": "pong", "id": 999}):
             ws.send(json.dumps(frame))
         ws.send("not json")
-        counters = exchange.wait_for(lambda c: sum(c["violations"].values()) >= 5, 10 * UNIT_S, "five violations")
+        counters = exchange.wait_for(lambda c: sum(c["violations"].values()) >= 5, WAIT_S, "five violations")
     assert counters["violations"] == {"before_subscribe": 1, "subscribe_again": 1, "type:hello": 1,
                                       "pong_unexpected": 1, "not_json_object": 1}
     assert counters["orders"] == 0
@@ -157,27 +164,22 @@ def test_anything_but_subscribe_pong_and_order_is_a_violation_by_kind(exchange: 
 
 def test_an_unanswered_ping_closes_the_connection_with_4001(start_exchange: Callable[..., Exchange]) -> None:
     exchange = start_exchange(pong_within_s=0.2)
-    with subscribed(exchange, ["BTCUSDT"]) as ws, pytest.raises(ConnectionClosed) as closed:
-        while True:
-            recv(ws)
-    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4001
-    counters = exchange.wait_for(lambda c: c["closes"]["4001"] == 1, 10 * UNIT_S, "a 4001 close counted")
+    with subscribed(exchange, ["BTCUSDT"]) as ws:
+        assert close_code(ws, answer_pings=False) == 4001
+    counters = exchange.wait_for(lambda c: c["closes"]["4001"] == 1, WAIT_S, "a 4001 close counted")
     assert counters["pings_missed"] == 1
 
 
 def test_an_expired_token_closes_with_4003_and_is_then_refused_401(start_exchange: Callable[..., Exchange]) -> None:
     exchange = start_exchange(token_ttl_s=0.5)
     token = login(exchange.url)
-    with connect(ws_url(exchange.url, token), open_timeout=10 * UNIT_S) as ws, \
-            pytest.raises(ConnectionClosed) as closed:
+    with connect(ws_url(exchange.url, token), open_timeout=WAIT_S) as ws:
         ws.send(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
-        while True:
-            recv_type(ws, "never")
-    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4003
+        assert close_code(ws, answer_pings=True) == 4003
     with pytest.raises(InvalidStatus) as refused:
-        connect(ws_url(exchange.url, token), open_timeout=10 * UNIT_S)
+        connect(ws_url(exchange.url, token), open_timeout=WAIT_S)
     assert refused.value.response.status_code == 401
-    counters = exchange.wait_for(lambda c: c["closes"]["4003"] == 1, 10 * UNIT_S, "a 4003 close counted")
+    counters = exchange.wait_for(lambda c: c["closes"]["4003"] == 1, WAIT_S, "a 4003 close counted")
     assert counters["ws_refused_401"] == 1
 
 
@@ -206,7 +208,7 @@ def session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     try:
         done = subprocess.run(program_cmd(request.param, url, tmp, PROGRAM_S), cwd=REPO_ROOT, env=program_env(),
                               capture_output=True, text=True, timeout=90 * UNIT_S)
-        counters = ex.wait_for(lambda c: sum(c["closes"].values()) >= c["connections"], 10 * UNIT_S,
+        counters = ex.wait_for(lambda c: sum(c["closes"].values()) >= c["connections"], WAIT_S,
                                "every connection's close counted")
         yield {"design": request.param, "rc": done.returncode, "stderr": done.stderr, "counters": counters,
                "stats": json.loads((tmp / "stats.json").read_text()) if (tmp / "stats.json").exists() else None,
