@@ -69,10 +69,23 @@ FIGURES = (
 COUNTS = ("orders", "fills", "unfilled", "trades", "logins")
 
 
+def select_designs(wanted: list[str], known: tuple[Design, ...] = DESIGNS,
+                   root: Path = REPO_ROOT) -> tuple[list[Design], dict[str, str]]:
+    """The ``wanted`` designs (in ``known``'s order) whose program exists under ``root``, and a
+    note for each one skipped; ValueError names a design that is not known."""
+    unknown = sorted(set(wanted) - {d.name for d in known})
+    if unknown:
+        raise ValueError(f"unknown designs {unknown}; known: {[d.name for d in known]}")
+    chosen = [d for d in known if d.name in wanted]
+    skipped = {d.name: f"{d.script} does not exist yet" for d in chosen if not (root / d.script).exists()}
+    return [d for d in chosen if d.name not in skipped], skipped
+
+
 def start_exchange(args: list[str], log: Path) -> tuple[subprocess.Popen[str], str]:
     """``python -m bench.exchange ARGS`` in its own process; returns it and its URL, once it listens."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench.exchange", "--port", "0", *args], cwd=REPO_ROOT,
-                            stdout=subprocess.PIPE, stderr=log.open("w", encoding="utf-8"), text=True)
+    with log.open("w", encoding="utf-8") as stderr:  # the child has its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "bench.exchange", "--port", "0", *args], cwd=REPO_ROOT,
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -183,17 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet-for", type=float, default=1.5)
     p.add_argument("--token-ttl", type=float, default=1e9, help="seconds a token lives (default: the run)")
     a = p.parse_args(argv)
-    wanted = a.designs.split(",")
-    unknown = set(wanted) - {d.name for d in DESIGNS}
-    if unknown:
-        p.error(f"unknown designs {sorted(unknown)}; known: {[d.name for d in DESIGNS]}")
-    designs, skipped = [], {}
-    for d in DESIGNS:
-        if d.name in wanted:
-            if (REPO_ROOT / d.script).exists():
-                designs.append(d)
-            else:
-                skipped[d.name] = f"{d.script} does not exist yet"
+    try:
+        designs, skipped = select_designs(a.designs.split(","))
+    except ValueError as exc:
+        p.error(str(exc))
+    if not designs:
+        print(f"nothing to run: {skipped}", file=sys.stderr)
+        return 1
     logs = a.out.parent / "exchange_logs"
     logs.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {d.name: [] for d in designs}

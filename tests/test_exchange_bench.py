@@ -24,6 +24,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from bench.exchange import Exchange
+from bench.exchange_session import Design, markdown, ratios, select_designs, summarise
 from tests.harness import UNIT_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -181,6 +182,31 @@ def test_an_expired_token_closes_with_4003_and_is_then_refused_401(start_exchang
     assert refused.value.response.status_code == 401
     counters = exchange.wait_for(lambda c: c["closes"]["4003"] == 1, WAIT_S, "a 4003 close counted")
     assert counters["ws_refused_401"] == 1
+
+
+# ---- the harness's bookkeeping (bench/exchange_session.py), on literal runs -------------------------
+
+
+def test_harness_skips_a_design_whose_program_does_not_exist_with_a_note(tmp_path: Path) -> None:
+    (tmp_path / "here.py").write_text("")
+    known = (Design("a", "here.py", ()), Design("b", "not_yet.py", ()))
+    assert select_designs(["b", "a"], known, tmp_path) == ([known[0]], {"b": "not_yet.py does not exist yet"})
+    with pytest.raises(ValueError, match="unknown designs \\['c'\\]"):
+        select_designs(["a", "c"], known, tmp_path)
+
+
+def test_harness_reports_medians_over_rounds_and_ratios_to_thread() -> None:
+    def run(rtt_p50: float, cpu_per_s: float, closes_4001: int = 0) -> dict[str, Any]:
+        stats = {"order_rtt_ms_p50": rtt_p50, "cpu_per_s": cpu_per_s, "orders": 10, "fills": 10}
+        return {"rc": 0, "stats": stats, "exchange": {"closes": {"4001": closes_4001}, "violations": {"x": 1}}}
+
+    medians = {"thread": summarise([run(1.0, 0.1), run(3.0, 0.3), run(2.0, 0.2)]),
+               "spawn": summarise([run(4.0, 0.4), run(4.0, 0.4, closes_4001=1)])}
+    assert (medians["thread"]["order_rtt_ms_p50"], medians["thread"]["cpu_per_s"]) == (2.0, 0.2)
+    assert (medians["spawn"]["orders"], medians["spawn"]["closes_4001"], medians["spawn"]["violations"]) == (20, 1, 2)
+    vs = ratios(medians)
+    assert vs["spawn"]["order_rtt_ms_p50"] == 2.0 and vs["spawn"]["trade_ms_p99"] is None
+    assert "| spawn | 4 (×2.00) |" in markdown(medians, vs, {"forkless": "not there"})
 
 
 # ---- the user's program, thread and spawn designs ------------------------------------------------
