@@ -66,6 +66,23 @@ def decimal_text(units: int, decimals: int) -> str:
     return f"{units // UNIT}.{(units % UNIT) // step:0{decimals}d}"
 
 
+def order_problem(obj: dict[str, Any]) -> str | None:
+    """Why an order frame is rejected; None for a good one."""
+    if obj.get("symbol") not in SYMBOLS:
+        return f"symbol must be one of {', '.join(SYMBOLS)}"
+    if obj.get("side") not in ("buy", "sell"):
+        return "side must be buy or sell"
+    if not isinstance(obj.get("client_order_id"), str) or not obj["client_order_id"]:
+        return "client_order_id must be a non-empty string"
+    try:
+        qty = Decimal(obj["qty"]) if isinstance(obj.get("qty"), str) else None
+    except InvalidOperation:
+        qty = None
+    if qty is None or not qty.is_finite() or qty <= 0:
+        return "qty must be a positive decimal string"
+    return None
+
+
 class Exchange:
     """The exchange's state and counters; ``start()`` serves it on its own thread and loop,
     ``serve()`` on the caller's loop (the CLI)."""
@@ -161,19 +178,7 @@ class Exchange:
 
     def order(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.count("orders")
-        reason = None
-        if obj.get("symbol") not in SYMBOLS:
-            reason = "unknown symbol"
-        elif obj.get("side") not in ("buy", "sell"):
-            reason = "side must be buy or sell"
-        elif not isinstance(obj.get("client_order_id"), str) or not obj["client_order_id"]:
-            reason = "client_order_id must be a non-empty string"
-        else:
-            try:
-                if not isinstance(obj.get("qty"), str) or not Decimal(obj["qty"]) > 0:
-                    reason = "qty must be a positive decimal string"
-            except InvalidOperation:
-                reason = "qty must be a positive decimal string"
+        reason = order_problem(obj)
         if reason is not None:
             self.count("rejects")
             return {"type": "reject", "client_order_id": obj.get("client_order_id"), "reason": reason}
