@@ -43,7 +43,11 @@ RUN_SLACK_S = 120.0  # start-up (JAX import, compile) and stop, on a loaded mach
 @dataclass(frozen=True)
 class Design:
     """One design's program: ``script`` must exist (relative to the repo root); it is run as
-    ``python *argv --url ... --duration ... --stats ... --prices ... --force-order-every ...``."""
+    ``python *argv --url ... --duration ... --stats ... --prices ... --force-order-every ...``
+    (cwd the repo root, ``PYTHONPATH`` the repo root), and must exit 0 having written to
+    ``--stats`` a JSON object with the keys of FIGURES (but ``cpu_per_s``) and COUNTS, and
+    ``cpu_s`` and ``wall_s`` over its main loop's run (bench/exchange_client.py's ``run_main``
+    writes exactly these)."""
 
     name: str
     script: str
