@@ -212,7 +212,7 @@ def parse_args(prog: str, argv: list[str] | None = None) -> argparse.Namespace:
 def z_scores(windows: Any, counts: Any) -> Any:
     """The model: the last price's z-score against each symbol's window (right-aligned, ``counts``
     valid prices each)."""
-    import jax.numpy as jnp
+    import jax.numpy as jnp  # here, as in run_main: the spawn child imports this module and must not load JAX
 
     valid = jnp.arange(windows.shape[1])[None, :] >= (windows.shape[1] - counts)[:, None]
     n = jnp.maximum(counts, 1)[:, None]
