@@ -180,7 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     from controller import Config, Controller
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stopped_by = ["duration"]
+
+    def on_sigterm(*_: Any) -> None:
+        stopped_by[0] = "SIGTERM"
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     session = ExchangeSession(args.url)
     model = make_model()
     window = np.zeros((len(SYMBOLS), WINDOW), np.float32)
@@ -244,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                         order(ctl, symbol, "sell" if z[i] > 0 else "buy", "0.01")
                 if args.force_order_every and now >= next_force:
                     next_force = now + args.force_order_every
+                    counts["orders_forced"] += 1
                     order(ctl, SYMBOLS[counts["orders"] % len(SYMBOLS)], "buy", "0.001")
             wall = time.monotonic() - started
             cpu_end = os.times()
@@ -251,13 +258,15 @@ def main(argv: list[str] | None = None) -> int:
             snapshot = ctl.stats()
     except KeyboardInterrupt:
         snapshot, wall, cpu_s = None, time.monotonic() - started, math.nan
+        stopped_by[0] = "SIGINT"
     finally:
         if prices_out is not None:
             prices_out.close()
     if args.stats:
         every = rtt_ms[False] + rtt_ms[True]
         figures = {
-            "orders": counts["orders"], "fills": counts["fills"], "rejects": counts["rejects"],
+            "orders": counts["orders"], "orders_forced": counts["orders_forced"], "fills": counts["fills"],
+            "rejects": counts["rejects"], "stopped_by": stopped_by[0],
             "trades": counts["trades"], "books": counts["books"], "logins": session.logins,
             "unfilled": len(pending),
             "order_rtt_ms_p50": quantile_ms(every, 0.5), "order_rtt_ms_p99": quantile_ms(every, 0.99),

@@ -216,7 +216,8 @@ TOKEN_TTL_S = 1.0
 
 
 def program_cmd(design: str, url: str, tmp: Path, duration_s: float) -> list[str]:
-    return [sys.executable, "-m", f"bench.exchange_{design}", "--url", url, "--duration", str(duration_s),
+    program = ["examples/exchange_session.py"] if design == "forkless" else ["-m", f"bench.exchange_{design}"]
+    return [sys.executable, *program, "--url", url, "--duration", str(duration_s),
             "--stats", str(tmp / "stats.json"), "--prices", str(tmp / "prices.txt"), "--force-order-every", "0.2"]
 
 
@@ -224,12 +225,15 @@ def program_env() -> dict[str, str]:
     return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO_ROOT)}
 
 
-@pytest.fixture(scope="module", params=["thread", "spawn"])
+DESIGNS = ["thread", "spawn", "forkless"]  # forkless: examples/exchange_session.py, the client a Source
+
+
+@pytest.fixture(scope="module", params=DESIGNS)
 def session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One run of the design's program for PROGRAM_S against an exchange whose tokens expire
     every TOKEN_TTL_S; its stats, prices and exit status, and the exchange's counters after."""
     tmp = tmp_path_factory.mktemp(f"exchange-{request.param}")
-    ex = Exchange(ping_every_s=0.3, token_ttl_s=TOKEN_TTL_S, record=True)
+    ex = Exchange(ping_every_s=0.3, token_ttl_s=TOKEN_TTL_S, quiet_every_s=1.0, quiet_for_s=0.5, record=True)
     url = ex.start()
     try:
         done = subprocess.run(program_cmd(request.param, url, tmp, PROGRAM_S), cwd=REPO_ROOT, env=program_env(),
@@ -258,6 +262,12 @@ def test_program_gets_a_fill_for_its_forced_orders(session: dict[str, Any]) -> N
     assert stats["order_rtt_ms_p50"] is not None and stats["trade_ms_p50"] is not None
 
 
+def test_program_gets_its_orders_filled_while_the_market_is_quiet(session: dict[str, Any]) -> None:
+    stats = session["stats"]
+    assert stats["order_rtt_quiet_n"] >= 1, "forced orders were decided while no trade came"
+    assert stats["unfilled"] <= 2, "at most the orders in flight at the stop unfilled"
+
+
 def test_program_logs_in_again_when_its_token_expires(session: dict[str, Any]) -> None:
     assert session["stats"]["logins"] >= 2
     assert session["counters"]["logins"] == session["stats"]["logins"]
@@ -279,7 +289,7 @@ def test_program_answers_every_ping_and_sends_nothing_else(session: dict[str, An
     assert (counters["closes"]["4001"], counters["pings_missed"], counters["violations"]) == (0, 0, {})
 
 
-@pytest.mark.parametrize("design", ["thread", "spawn"])
+@pytest.mark.parametrize("design", DESIGNS)
 def test_program_exits_0_on_sigterm_with_its_stats(design: str, tmp_path: Path,
                                                    start_exchange: Callable[..., Exchange]) -> None:
     ex = start_exchange(ping_every_s=0.3, record=False)
