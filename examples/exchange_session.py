@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         pending[oid] = (time.monotonic_ns(), time.monotonic() - last_trade[0] > QUIET_GAP_S)
         ctl.send("exchange", {"type": "order", "symbol": symbol, "side": side, "qty": qty, "client_order_id": oid})
 
+    model(window, filled).block_until_ready()  # compiled before the session opens: no trade waits for XLA
     config = Config.from_env()
     started = time.monotonic()
     last_model_order = dict.fromkeys(SYMBOLS, 0.0)

@@ -70,7 +70,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import janus
 import nats
 import nats.errors
 import nats.js.errors
@@ -81,13 +80,14 @@ from io_loop.backoff import Backoff
 from io_loop.client import End, FeedControl, Outcome, pause_before_reconnect
 from io_loop.connect import make_ssl_context
 from io_loop.counters import IOStats, SourceStats
-from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing
+from io_loop.crossing import Origin, Outgoing
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
 from io_loop.nats_compat import RawClient, publish_commands
 from io_loop.partitions import escape_stream, format_partitions, partition_of, partition_transform, transform_problems
 from io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
+from io_loop.writer import HeldReply
 
 __all__ = ["JetStreamFeed", "NatsConnectFailed", "credentials_refused", "delivery_numbers", "describe_error", "msg_id",
            "probe_jetstream", "reply_commands"]
@@ -297,12 +297,10 @@ class JetStreamFeed(FeedControl):
         if self._next is not None:
             self.source.next_seq = self._next[0]
         self._stopping = False
-        self._outbound_done = False
+        self.held = HeldReply(outbox, stats)  # the reply item being published; survives reconnects
         self._reader_task: asyncio.Task | None = None
         self._reader_in_handover = False
         self._ack_sub: Any = None  # the writer's subscription to the acknowledgements
-        self._current: Outgoing | None = None  # item being published; survives reconnects
-        self._offset = 0  # frames of _current acknowledged by the server
         self._connection_id = 0
         self._live = 0  # the connection being served (0: none); its loops end when it changes
         self._nats_error = ""
@@ -315,7 +313,7 @@ class JetStreamFeed(FeedControl):
         PositionLost)."""
         cfg = self.settings
         backoff = Backoff.from_settings(cfg)
-        while not self._outbound_done:
+        while not self.held.drained:
             try:
                 nc, closed = await self._connect()
             except _Failed as exc:
@@ -335,7 +333,7 @@ class JetStreamFeed(FeedControl):
             backoff.disconnected(time.monotonic())
             if end.outcome is not Outcome.CLOSED:
                 self.stats.last_error = end.reason
-            if self._outbound_done:
+            if self.held.drained:
                 break
             delay = backoff.failed()
             if delay is None:
@@ -678,24 +676,16 @@ class JetStreamFeed(FeedControl):
         self._ack_sub = await nc.raw_subscribe(inbox + "*", acks.on_ack)
         subject, inbox_bytes = results.encode(), inbox.encode()
         sent = 0
+        held = self.held
         while True:
-            if self._current is None:
-                try:
-                    self._current = await self.outbox.get()
-                except janus.AsyncQueueShutDown:
-                    self._outbound_done = True
-                    return End(Outcome.DRAINED)
-                self._offset = 0
-                if self._current.traces:
-                    picked = time.monotonic_ns()
-                    for trace in self._current.traces:
-                        trace.ns[PICKED] = picked
-            item = self._current
+            item = await held.next()
+            if item is None:
+                return End(Outcome.DRAINED)
             frames, origin = item.frames, item.origin
-            start = self._offset
+            start = held.offset
             if not results or origin is None:  # replies "none", or nothing to name them by: not published
                 stats.dropped["reply not published (no results subject)"] += item.results
-                self._current = None
+                held.take_held()
                 continue
             acks.begin(sent, len(frames) - start)
             try:
@@ -719,28 +709,13 @@ class JetStreamFeed(FeedControl):
             except NATS_ERRORS as exc:
                 return End(Outcome.LOST, f"publishing to {results!r} failed: {_describe(exc)}")
             finally:
-                self._offset = start + acks.prefix()  # acknowledged in order from the start: not published again
+                # acknowledged in order from the start: not published again
+                held.wrote(start + acks.prefix())
                 self.source.duplicates += acks.duplicates
                 acks.duplicates = 0
-                self._count_written(item, start, self._offset)
             if item.answers and origin:
                 self.source.confirmed = (origin[-1].seq, origin[-1].index)
-            self._current = None
-            if item.received_ns:
-                now = time.monotonic_ns()
-                stats.write_latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
-                for trace in item.traces:
-                    trace.ns[WRITTEN] = now
-                    stats.observe_hops(trace.hops_s())
-
-    def _count_written(self, item: Outgoing, start: int, stop: int) -> None:
-        """Count ``item.frames[start:stop]`` as published: results and error replies."""
-        errors = item.errors_between(start, stop)
-        stats = self.stats
-        stats.results_out += stop - start - errors
-        stats.errors_out += errors
-        if item.answers:
-            stats.answer_errors_out += errors
+            held.finish()
 
 
 # ---- --check ------------------------------------------------------------------------------------------
