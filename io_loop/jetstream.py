@@ -236,6 +236,11 @@ def describe_error(exc: BaseException) -> str:
 _Failed, _describe = NatsConnectFailed, describe_error
 
 
+def _when(created: Any) -> str:
+    """A stream's created time (nats-py's datetime) as the server's UTC text."""
+    return created.isoformat() if hasattr(created, "isoformat") else str(created)
+
+
 def credentials_refused(exc: BaseException) -> bool:
     """The server refused the credentials. nats-py 2.16 raises ``AuthorizationError`` only on a
     reconnect; at the first connect (with our reconnect policy every connect is a first one) it
@@ -306,6 +311,7 @@ class JetStreamFeed(FeedControl):
         self._connection_id = 0
         self._live = 0  # the connection being served (0: none); its loops end when it changes
         self._nats_error = ""
+        self._stream_created: Any = None  # the stream's created time at this run's first connection
         self.stop_deadline: float | None = None  # monotonic; set by the IO thread's request_stop
 
     # ---- the connection loop ------------------------------------------------------------------------
@@ -383,11 +389,34 @@ class JetStreamFeed(FeedControl):
                 problems = _check_partitions(self.spec, info.config, lambda line: None)
                 if problems:
                     raise FeedFatal(f"{self.feed.label}: " + "; ".join(problems))
+            self._check_identity(info.state.last_seq, info.created)
             self._check_position(info.state.first_seq, info.state.last_seq)
         except BaseException:
             await self._close(nc)
             raise
         return nc, closed
+
+    def _check_identity(self, last: int, created: Any) -> None:
+        """``PositionLost`` when the stream is not the one this run consumed: its created time
+        differs from the first connection's, or it ends before a sequence this run saw in it
+        (a stream deleted and made again numbers its messages from 1 again: resuming at this
+        run's position in it would skip the new stream's first messages)."""
+        source = self.source
+        fix = ("start with FORKLESS_CHECKPOINT_RESTORE=never to accept the loss (the state starts empty and "
+               "the feed at its \"start\")")
+        if created is not None:
+            if self._stream_created is None:
+                self._stream_created = created
+            elif created != self._stream_created:
+                raise PositionLost(
+                    f"{self.feed.label}: stream {self.spec.stream!r} was deleted and made again: created "
+                    f"{_when(created)}, but at this run's first connection it had been created "
+                    f"{_when(self._stream_created)}; "
+                    f"its sequences are not the ones this run's position counts. To continue anyway, {fix}")
+        if last < source.stream_last_seq:
+            raise PositionLost(
+                f"{self.feed.label}: stream {self.spec.stream!r} ends at sequence {last}, but this run saw it reach "
+                f"{source.stream_last_seq}: was the stream deleted and made again? To continue anyway, {fix}")
 
     def _check_position(self, first: int, last: int) -> None:
         """Where consuming starts; ``PositionLost`` when the stream cannot give what it needs."""
@@ -650,6 +679,8 @@ class JetStreamFeed(FeedControl):
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was deleted")
             except NATS_ERRORS:
                 continue  # the heartbeats and publications decide whether the connection is lost
+            if info.created is not None and self._stream_created is not None and info.created != self._stream_created:
+                return End(Outcome.LOST, f"stream {self.spec.stream!r} was made again")  # refused at the reconnect
             self.source.stream_last_seq = max(self.source.stream_last_seq, info.state.last_seq)
         return End(Outcome.LOST, "connection over")
 
