@@ -14,7 +14,10 @@ Rules:
   the position are not replayed, so their replies must already be stored.
 - In a checkpoint's header, ``record()`` gives, by feed name: the stream and subject filter
   (a position is kept per subject of the feed: a restore with another stream or filter stops
-  with ``CheckpointMismatch``), the position (``seq``, ``index``, ``last``) and ``replied``.
+  with ``CheckpointMismatch``), the position (``seq``, ``index``, ``last``) and ``replied``;
+  and ``covered`` where the IO side found the stream holding no further message of the
+  feed's subjects up to it (``SourceStats.covered``): a restore then resumes after it, so
+  retention of other subjects' messages there loses nothing of the feed's (issue 30).
 - A partitioned feed (issue 24) restores one position per owned partition (``floors``: each
   partition's object holds its own, controller/partitioned.py); the IO side starts at the
   lowest and skips, per partition, what that partition's state already holds. ``record()``
@@ -66,9 +69,14 @@ class SourcePositions:
 
     # ---- checkpoints ----------------------------------------------------------------------------------
 
-    def record(self) -> dict[str, dict[str, Any]]:
-        """The positions as a checkpoint's header holds them (see the module rules)."""
+    def record(self, covered: Mapping[str, tuple[int, int]] | None = None) -> dict[str, dict[str, Any]]:
+        """The positions as a checkpoint's header holds them (see the module rules). ``covered``:
+        the IO side's ``SourceStats.covered`` by feed name (with the messages up to ``handed`` handed
+        over, the stream held none further of the feed's subjects up to ``through``): where the
+        position is at or past ``handed``, every message of the feed's subjects up to ``through``
+        is in the state, recorded as ``covered``."""
         out = {}
+        covered = covered or {}
         for i in sorted(set(self.consumed) | set(self.floors)):
             js = self.specs[i].jetstream
             origin = self.consumed.get(i)
@@ -78,6 +86,9 @@ class SourcePositions:
                 "seq": None if origin is None else origin.seq, "index": None if origin is None else origin.index,
                 "last": None if origin is None else origin.last,
                 "replied": [replied.seq, replied.index] if replied is not None else None}
+            handed, through = covered.get(self.specs[i].name, (0, 0))
+            if origin is not None and i not in self.floors and origin.last and handed <= origin.seq < through:
+                entry["covered"] = through
             if i in self.floors:
                 entry["partitions"] = {str(p): list(o) for p, o in self.floors[i].items()}
         return out
@@ -101,7 +112,11 @@ class SourcePositions:
                 self.floors[i] = out[name] = {int(p): Origin(int(o[0]), int(o[1]), bool(o[2]))
                                               for p, o in pos["partitions"].items()}
             else:
-                self.consumed[i] = out[name] = Origin(int(pos["seq"]), int(pos["index"]), bool(pos["last"]))
+                origin = Origin(int(pos["seq"]), int(pos["index"]), bool(pos["last"]))
+                if origin.last and int(pos.get("covered") or 0) > origin.seq:
+                    # no message of the feed's subjects between them: the state holds all of them up to it
+                    origin = Origin(int(pos["covered"]), 0, True)
+                self.consumed[i] = out[name] = origin
         return out
 
     @staticmethod

@@ -44,7 +44,13 @@ Rules:
   acknowledged) with the same ``Backoff`` as the WebSocket feeds; tries used up, or the server
   refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
   against the position: if it no longer holds the messages the position needs (retention), or
-  ends before it (a stream made again): ``PositionLost`` (exit 2).
+  ends before it (a stream made again): ``PositionLost`` (exit 2). Retention is judged by the
+  feed's own subjects: a pull that ends with nothing more to deliver (or a delivery with
+  nothing pending) proves the stream held no further message of them up to the last sequence
+  it had reached before the request (``SourceStats.covered``, recorded in checkpoints), so
+  only a first sequence past that refuses. A stream whose created time differs from the one
+  this run first connected to, or that ends before a sequence this run saw in it, was made
+  again: ``PositionLost`` too, never resumed into.
 - Secrets (the URL's user:password, ``token``, the creds file's content) are never logged.
 - A partitioned feed (``partition_count``, issue 24) consumes its owned partitions' subjects
   with one consumer (``filter_subjects``). A restore hands it one position per partition
@@ -444,12 +450,16 @@ class JetStreamFeed(FeedControl):
             raise PositionLost(
                 f"{self.feed.label}: stream {self.spec.stream!r} ends at sequence {last}, but {whose} recorded "
                 f"{applied} as the last applied: was the stream deleted and made again? To continue anyway, {fix}")
-        if first > need and need <= last:
+        # no message of the feed's own subjects is missing below the first one that the consumer, at
+        # the position, found nothing more after (other subjects' messages there are not ours)
+        covered = source.covered[1] if source.covered[0] == need - 1 and not skip else 0
+        if first > max(need, covered + 1) and need <= last:
+            beyond = f", and none of its subjects' up to {covered}" if covered >= need else ""
             raise PositionLost(
                 f"{self.feed.label}: stream {self.spec.stream!r} no longer holds messages {whose} needs: its first "
-                f"sequence is {first}, {whose} recorded {applied} as the last applied (the next needed is {need}); "
-                f"retention removed them. Keep messages longer in the stream (max_age, max_msgs, max_bytes), or "
-                f"{fix}")
+                f"sequence is {first}, {whose} recorded {applied} as the last applied (the next needed is "
+                f"{need}{beyond}); retention removed them. Keep messages longer in the stream (max_age, max_msgs, "
+                f"max_bytes), or {fix}")
         log.info("%s: resuming at stream sequence %d%s (%s's position)", self.feed.label, need,
                  f", after its first {skip} elements" if skip else "", whose)
 
@@ -540,6 +550,9 @@ class JetStreamFeed(FeedControl):
         expected = 1  # the consumer sequence of the next first delivery
         try:
             while self._live == conn:
+                # the stream reached this before the request: a pull that ends with nothing more for us
+                # says no message of the feed's subjects up to it is left (_covered)
+                known_last = self.source.stream_last_seq
                 await nc.publish(subject, request, reply=inbox)
                 got, last = 0, b""
                 while got < self.pull_batch:
@@ -557,6 +570,7 @@ class JetStreamFeed(FeedControl):
                         if status == "100":  # idle heartbeat
                             continue
                         if status in ("404", "408"):  # no messages / the request expired: ask again
+                            self._covered(known_last)
                             break
                         return End(Outcome.LOST, f"the consumer answered {status} "
                                                  f"{headers.get('Description', '')}".strip())
@@ -577,6 +591,8 @@ class JetStreamFeed(FeedControl):
                     if delivered > 1:
                         return End(Outcome.LOST, f"stream sequence {seq} redelivered before it was consumed")
                     await self._consume(data, seq, pending, where)
+                    if pending == 0:  # nothing of the feed's subjects after it, as far as the stream had reached
+                        self._covered(max(seq, known_last))
                     if self._stopping:
                         break
                 if last:
@@ -589,6 +605,14 @@ class JetStreamFeed(FeedControl):
                 await sub.unsubscribe()
             except NATS_ERRORS:
                 pass
+
+    def _covered(self, seq: int) -> None:
+        """Every message of the feed's subjects up to ``seq`` is handed over: the consumer, made at
+        the position, had nothing more to deliver when the stream had reached ``seq``. Retention
+        of other subjects' messages up to it loses nothing of ours (``_check_position``). Not
+        while a message is partly handed over (a restored position inside a payload)."""
+        if self._next is not None and self._next[1] == 0 and seq > self.source.covered[1]:
+            self.source.covered = (self._next[0] - 1, seq)
 
     async def _consume(self, data: bytes, seq: int, pending: int, subject: bytes | str = b"") -> None:
         """Decode one stream message and hand its good elements over (those not handed over before)."""

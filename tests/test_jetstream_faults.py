@@ -12,7 +12,7 @@ import pytest
 
 from tests.harness import UNIT_S, wait_until
 from tests.servers import make_messages
-from tests.test_jetstream import _app_env, _js_feed
+from tests.test_jetstream import _app_env, _js_feed, _results
 
 pytestmark = pytest.mark.timeout(180 * UNIT_S)
 
@@ -84,3 +84,121 @@ def test_a_stream_that_ends_before_what_this_run_saw_of_it_or_was_created_again_
         feed._check_identity(44, created)
     with pytest.raises(PositionLost, match=r"was deleted and made again: created 2026-12-01T12:00:01\+00:00"):
         feed._check_identity(500, created + datetime.timedelta(seconds=1))
+
+
+# ---- retention of other subjects' messages (issue 30, fault 4) ------------------------------------
+
+
+def _answered(url: str, seqs: list[int]) -> dict[Any, list[dict]]:
+    """The results stream's result to each input stream sequence, by the input message's "seq"."""
+    by_id, _ = _results(url)
+    return {by_id[f"TICKS:{s}:0"]["seq"]: [by_id[f"TICKS:{s}:0"]] for s in seqs if f"TICKS:{s}:0" in by_id}
+
+
+def _source(ctl: Any) -> Any:
+    return ctl.stats().feeds[0].io.source
+
+
+def test_a_feed_whose_subject_got_nothing_while_retention_removed_other_subjects_messages_reconnects_and_goes_on(
+        nats_server, monkeypatch):
+    from controller.loop import Controller
+    from tests.harness import drive
+    from tests.natsserver import create_streams, publish
+    from tests.servers import assert_results_match_reference
+    from tests.test_jetstream import _config
+
+    monkeypatch.setattr("io_loop.jetstream.PULL_EXPIRES_S", 1.5)  # an idle pull ends sooner
+    monkeypatch.setattr("io_loop.jetstream.PULL_HEARTBEAT_S", 0.5)  # (the server wants it below half of that)
+    create_streams(nats_server.url, max_msgs=50)  # the stream keeps the newest 50 messages, of any subject
+    ours = make_messages(15, streams=3, seed=41)
+    seqs = publish(nats_server.url, "ticks.a", [json.dumps(m) for m in ours[:10]])
+    cfg = _config([_js_feed(nats_server.url, subject="ticks.a")], reconnect_min_s=0.1, reconnect_max_s=0.3)
+    with Controller(cfg) as ctl:
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 10, timeout_s=30 * UNIT_S, what="10 results")
+        others = publish(nats_server.url, "ticks.b", [json.dumps(m) for m in make_messages(100, seed=42)])
+        assert others[-1] == 110 and _stream_first(nats_server.url) == 61  # 1..60 removed: ours among them
+        drive(ctl, lambda: _source(ctl).covered[1] >= 110, timeout_s=30 * UNIT_S,
+              what="a pull that found nothing more of ticks.a after the others were published")
+        nats_server.restart()  # a reconnect: the position (10) is below the stream's first sequence (61)
+        drive(ctl, lambda: ctl.stats().feeds[0].io.reconnects >= 1 and ctl.stats().feeds[0].io.connected,
+              timeout_s=30 * UNIT_S, what="connected again")
+        seqs += publish(nats_server.url, "ticks.a", [json.dumps(m) for m in ours[10:]])
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 15, timeout_s=30 * UNIT_S,
+              what="the 5 new messages of ticks.a answered")
+    assert_results_match_reference(ours, _answered(nats_server.url, seqs))  # one history, nothing lost
+
+
+def _stream_first(url: str) -> int:
+    from tests.natsserver import stream_state
+
+    return stream_state(url, "TICKS").first_seq
+
+
+def _first_life(url: str, cfg: Any, ours: list[dict]) -> list[int]:
+    """A run that answers the first 10 of ``ours`` (subject ticks.a) and stops; its checkpoints go to cfg's dir."""
+    from controller.loop import Controller
+    from tests.harness import drive
+    from tests.natsserver import publish
+
+    seqs = publish(url, "ticks.a", [json.dumps(m) for m in ours[:10]])
+    with Controller(cfg) as ctl:
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 10, timeout_s=30 * UNIT_S, what="10 results")
+        publish(url, "ticks.b", [json.dumps(m) for m in make_messages(100, seed=42)])
+        drive(ctl, lambda: _source(ctl).covered[1] >= 110, timeout_s=30 * UNIT_S,
+              what="a pull that found nothing more of ticks.a after the others were published")
+    return seqs
+
+
+def _filtered_config(url: str, tmp_path: Any) -> Any:
+    from tests.test_jetstream import _config
+
+    return _config([_js_feed(url, subject="ticks.a")], checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_s=0.2,
+                   checkpoint_priority="normal")
+
+
+def test_a_restart_after_only_other_subjects_messages_were_removed_resumes_from_the_checkpoint(
+        nats_server, monkeypatch, tmp_path):
+    from controller.checkpoint import load_newest
+    from controller.loop import Controller
+    from tests.harness import drive
+    from tests.natsserver import create_streams, publish
+    from tests.servers import assert_results_match_reference
+
+    monkeypatch.setattr("io_loop.jetstream.PULL_EXPIRES_S", 1.5)
+    monkeypatch.setattr("io_loop.jetstream.PULL_HEARTBEAT_S", 0.5)
+    create_streams(nats_server.url, max_msgs=50)
+    ours = make_messages(15, streams=3, seed=43)
+    cfg = _filtered_config(nats_server.url, tmp_path)
+    seqs = _first_life(nats_server.url, cfg, ours)
+    newest = load_newest(tmp_path / "ckpt", {}, Controller(cfg).processor.init(cfg))
+    assert (newest.positions["ticks"]["seq"], newest.positions["ticks"]["covered"]) == (10, 110)
+    assert _stream_first(nats_server.url) == 61  # 1..60 removed: the 10 of ticks.a and 50 of ticks.b
+    with Controller(cfg) as ctl:  # restores; resumes after 110: nothing of ticks.a lies between
+        seqs += publish(nats_server.url, "ticks.a", [json.dumps(m) for m in ours[10:]])
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 5, timeout_s=30 * UNIT_S,
+              what="the 5 new messages of ticks.a answered")
+        assert ctl.restored_from is not None
+    assert_results_match_reference(ours, _answered(nats_server.url, seqs))  # on the restored state
+
+
+def test_a_restart_after_retention_removed_a_message_of_the_feeds_own_subject_still_exits_2(
+        nats_server, monkeypatch, tmp_path):
+    from controller.loop import Controller
+    from io_loop.errors import PositionLost
+    from tests.harness import drive
+    from tests.natsserver import create_streams, publish
+
+    monkeypatch.setattr("io_loop.jetstream.PULL_EXPIRES_S", 1.5)
+    monkeypatch.setattr("io_loop.jetstream.PULL_HEARTBEAT_S", 0.5)
+    create_streams(nats_server.url, max_msgs=50)
+    ours = make_messages(15, streams=3, seed=44)
+    cfg = _filtered_config(nats_server.url, tmp_path)
+    _first_life(nats_server.url, cfg, ours)  # recorded: 10, and nothing of ticks.a up to 110
+    publish(nats_server.url, "ticks.a", [json.dumps(ours[10])])  # 111: ours, then removed with 61..110
+    publish(nats_server.url, "ticks.b", [json.dumps(m) for m in make_messages(50, seed=45)])
+    assert _stream_first(nats_server.url) == 112
+    with pytest.raises(PositionLost) as lost, Controller(cfg) as ctl:
+        drive(ctl, lambda: False, timeout_s=30 * UNIT_S, what="refused")
+    text = str(lost.value)
+    assert "no longer holds messages the checkpoint needs: its first sequence is 112" in text, text
+    assert "the checkpoint recorded 110 as the last applied" in text, text
