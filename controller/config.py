@@ -569,7 +569,9 @@ VARIABLES: tuple[Variable, ...] = (
              "newest checkpoints kept; older ones are deleted after each successful write"),
     Variable("CHECKPOINT_RESTORE", "checkpoint_restore", _choice("auto", "never"), "auto or never",
              "auto: start from the newest complete checkpoint (a damaged one is skipped; one written with"
-             " other FEATURES/MAX_STREAMS/processor exits 2); never: start empty"),
+             " other FEATURES/MAX_STREAMS/processor exits 2; every one damaged: a JetStream feed exits 2 unless"
+             ' its "start" is "first" and its stream still holds every message from sequence 1, which it then'
+             " consumes again); never: start empty (the explicit way to accept a lost checkpoint or position)"),
     Variable("CHECKPOINT_PRIORITY", "checkpoint_priority", _choice("idle", "normal"), "idle or normal",
              "idle: the periodic checkpoints are written at the OS's idle priority (Linux SCHED_IDLE), never"
              " taking a core from the steps, but slowed or skipped on a host whose cores other processes keep"

@@ -25,6 +25,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -37,7 +38,7 @@ from controller.partitioned import PartitionedCheckpoints, PartitionPieces
 from controller.positions import SourcePositions
 from controller.slots import StreamSlots
 from controller.stats import IOSnapshot, MainStats, SourceFigures
-from io_loop.crossing import Origin
+from io_loop.crossing import Origin, PositionUnknown
 
 __all__ = ["CONFIRM_POLL_S", "CONFIRM_WAIT_S", "Recovery"]
 
@@ -62,7 +63,7 @@ class Recovery:
         self._io_snapshot = io_snapshot
         # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
         self.sources = SourcePositions(config.feed_specs)
-        self.positions: dict[str, Origin] = {}  # where a restored checkpoint left each JetStream feed
+        self.positions: dict[str, Origin | PositionUnknown] = {}  # where a restored checkpoint left each JetStream feed
         self.restored_from: str | None = None
         self.partitioned: PartitionedCheckpoints | None = None  # a partitioned instance's bucket objects
 
@@ -83,9 +84,19 @@ class Recovery:
                 log.info("no checkpoint in %s: starting fresh", self.partitioned.label)
             return pieces
         # the file holds the canonical layout (row s = slot s), whatever the device count
+        damaged: list[Path] = []
         restored = load_newest(self.config.checkpoint_dir, self.settings(),
-                               like=state_shapes(self.processor, self.config))
-        if restored is None:
+                               like=state_shapes(self.processor, self.config), skipped=damaged)
+        if restored is None and damaged:
+            # the JetStream feeds' positions are unknown: each feed decides at its first connection
+            # whether its stream still holds everything (then it replays all of it), else PositionLost
+            why = (f"every checkpoint in {self.config.checkpoint_dir} is damaged "
+                   f"({', '.join(p.name for p in damaged)})")
+            self.positions = {spec.name: PositionUnknown(why) for spec in self.sources.specs.values()
+                              if not spec.jetstream.partitioned}
+            log.warning("%s: starting with an empty state%s", why, "; the JetStream feeds' positions are unknown"
+                        if self.positions else "")
+        elif restored is None:
             log.info("no checkpoint in %s: starting fresh", self.config.checkpoint_dir)
         return restored
 

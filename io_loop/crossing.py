@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 __all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICKED", "READ", "SAMPLE_EVERY",
-           "STEP", "TAKEN", "WRITTEN", "Chunk", "Origin", "Outgoing", "Trace", "count_unsent"]
+           "STEP", "TAKEN", "WRITTEN", "Chunk", "Origin", "Outgoing", "PositionUnknown", "Trace", "count_unsent"]
 
 
 class Origin(NamedTuple):
@@ -36,6 +36,14 @@ class Origin(NamedTuple):
     def resume(self) -> tuple[int, int]:
         """Where consuming goes on after this element: (stream sequence, good elements of it to skip)."""
         return (self.seq + 1, 0) if self.last else (self.seq, self.index + 1)
+
+
+class PositionUnknown(NamedTuple):
+    """Handed to a JetStream feed in place of its ``Origin`` when checkpoints existed but every
+    one was damaged: the position they recorded is unknown. ``why`` names the files. The feed
+    starts only where that loses nothing (io_loop/jetstream.py), else ``PositionLost``."""
+
+    why: str
 
 # ---- the latency budget: hop times of a sample of messages ---------------------------------
 

@@ -9,7 +9,9 @@ Rules:
 - Where it starts: the position the restored checkpoint recorded (``resume``, the last
   ``Origin`` the main thread had consumed, handed in by the controller at start), else the
   entry's ``start`` ("first": the stream's first message, "new": what arrives after the
-  first connection). From then on it keeps its own position, ``(next stream sequence, good
+  first connection; checkpoints that were all damaged hand ``PositionUnknown``: it starts
+  at the stream's first message only if ``start`` is "first" and the stream holds every
+  message from sequence 1, else ``PositionLost``). From then on it keeps its own position, ``(next stream sequence, good
   elements of it already handed over)``, and every connection makes a new consumer starting
   there: the server's consumer holds nothing we need.
 - Consuming: an ephemeral pull consumer (deliver from a start sequence, ack policy "all",
@@ -87,7 +89,7 @@ from io_loop.backoff import Backoff
 from io_loop.client import End, FeedControl, Outcome, pause_before_reconnect
 from io_loop.connect import make_ssl_context
 from io_loop.counters import IOStats, SourceStats
-from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing
+from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing, PositionUnknown
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
@@ -296,6 +298,9 @@ class JetStreamFeed(FeedControl):
         self.handover = Handover(inbound, settings.max_batch, drop_oldest=False, on_dropped=lambda _: None,
                                  feed=index)
         self.resume = resume
+        self._unknown = ""  # why the checkpoints' position is unknown (all damaged: PositionUnknown)
+        if isinstance(resume, PositionUnknown):
+            self._unknown, resume = resume.why, None
         # a partitioned feed's restored positions: partition -> (next sequence, elements to skip)
         self._floors: dict[int, tuple[int, int]] | None = None
         if isinstance(resume, dict):
@@ -396,11 +401,33 @@ class JetStreamFeed(FeedControl):
                 if problems:
                     raise FeedFatal(f"{self.feed.label}: " + "; ".join(problems))
             self._check_identity(info.state.last_seq, info.created)
-            self._check_position(info.state.first_seq, info.state.last_seq)
+            self._check_position(info.state.first_seq, info.state.last_seq, info.state.num_deleted or 0)
         except BaseException:
             await self._close(nc)
             raise
         return nc, closed
+
+    def _start_without_position(self, first: int, last: int, deleted: int) -> None:
+        """Every checkpoint was damaged: the position they recorded is unknown. Consuming the
+        stream from its first message rebuilds the same state only if the feed's ``start`` is
+        "first" and the stream still holds every message it ever stored (first sequence 1,
+        none deleted); anything else may lose messages the state held: ``PositionLost``."""
+        why, self._unknown = self._unknown, ""
+        if (self.spec.start == "first" or last == 0) and first <= 1 and not deleted:  # (or it never held any)
+            log.warning("%s: %s, but stream %r holds every message from sequence 1 (to %d): consuming all of it "
+                        "again rebuilds the state (replies older than the results stream's duplicate window are "
+                        "stored again)", self.feed.label, why, self.spec.stream, last)
+            return
+        holds = (f"its first sequence is {first}" if first > 1 else f"{deleted} of its messages were deleted"
+                 if deleted else "it holds every message")
+        unsafe = (f"messages the lost state held may be gone from stream {self.spec.stream!r} ({holds})"
+                  if self.spec.start == "first" and (first > 1 or deleted) else
+                  f"the feed's \"start\" is \"new\", which would skip what arrived since (stream "
+                  f"{self.spec.stream!r}: {holds})")
+        raise PositionLost(
+            f"{self.feed.label}: {why}, so the position they recorded is unknown, and {unsafe}: refusing to start "
+            f"fresh. To start fresh anyway, accepting the loss, start with FORKLESS_CHECKPOINT_RESTORE=never (the "
+            f"state starts empty and the feed at its \"start\")")
 
     def _check_identity(self, last: int, created: Any) -> None:
         """``PositionLost`` when the stream is not the one this run consumed: its created time
@@ -424,9 +451,12 @@ class JetStreamFeed(FeedControl):
                 f"{self.feed.label}: stream {self.spec.stream!r} ends at sequence {last}, but this run saw it reach "
                 f"{source.stream_last_seq}: was the stream deleted and made again? To continue anyway, {fix}")
 
-    def _check_position(self, first: int, last: int) -> None:
-        """Where consuming starts; ``PositionLost`` when the stream cannot give what it needs."""
+    def _check_position(self, first: int, last: int, deleted: int = 0) -> None:
+        """Where consuming starts; ``PositionLost`` when the stream cannot give what it needs
+        (``deleted``: the stream's count of messages removed from its middle)."""
         source = self.source
+        if self._unknown and self._next is None:
+            self._start_without_position(first, last, deleted)
         source.stream_last_seq = max(source.stream_last_seq, last)
         if self._next is None and self._floors:  # a partitioned feed's restored positions: start at the lowest
             fresh = (max(first, 1), 0) if self.spec.start == "first" else (last + 1, 0)

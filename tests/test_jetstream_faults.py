@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from typing import Any
 
 import pytest
@@ -202,3 +203,98 @@ def test_a_restart_after_retention_removed_a_message_of_the_feeds_own_subject_st
     text = str(lost.value)
     assert "no longer holds messages the checkpoint needs: its first sequence is 112" in text, text
     assert "the checkpoint recorded 110 as the last applied" in text, text
+
+
+# ---- every checkpoint damaged (issue 30, fault 1) ------------------------------------------------------
+
+
+def _damage_every_checkpoint(directory: Any) -> list[str]:
+    """Flip a byte in the middle of each checkpoint file (its checksum then fails); their names."""
+    from controller.checkpoint import list_checkpoints
+
+    names = []
+    for path in list_checkpoints(directory):
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+        names.append(path.name)
+    assert names
+    return names
+
+
+def test_every_checkpoint_damaged_and_the_stream_missing_messages_exits_2_naming_the_files_and_the_first_sequence(
+        app, nats_server, tmp_path):
+    from tests.natsserver import create_streams, publish
+
+    create_streams(nats_server.url, max_msgs=50)
+    messages = make_messages(90, streams=3, seed=51)
+    publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages[:30]])
+    env = _app_env(nats_server.url, tmp_path / "ckpt", tmp_path / "jax-cache")
+    first = app(env=env)
+    wait_until(lambda: _scores(nats_server.url) == 30, timeout_s=60 * UNIT_S, what="30 results", poll_s=0.1)
+    first.signal(signal.SIGTERM)
+    assert first.finish(30 * UNIT_S).returncode == 0
+    names = _damage_every_checkpoint(tmp_path / "ckpt")
+    publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages[30:]])  # 1..40 removed
+    refused = app(env=env).finish(60 * UNIT_S)
+    assert refused.returncode == 2, refused.stderr
+    line = refused.stderr.strip().splitlines()[-1]
+    assert line.startswith("forkless: checkpoint error: feed 'ticks' (nats://127.0.0.1:"), line
+    for words in (f"every checkpoint in {tmp_path / 'ckpt'} is damaged ({', '.join(reversed(names))})",
+                  "messages the lost state held may be gone from stream 'TICKS' (its first sequence is 41)",
+                  "FORKLESS_CHECKPOINT_RESTORE=never"):
+        assert words in line, line
+    assert _scores(nats_server.url) == 30  # nothing answered from an empty state
+
+
+def test_every_checkpoint_damaged_but_the_stream_holding_all_from_sequence_1_rebuilds_the_state_by_replaying_it(
+        nats_server, tmp_path):
+    from controller.loop import Controller
+    from tests.harness import drive
+    from tests.natsserver import create_streams, publish
+    from tests.servers import assert_results_match_reference
+    from tests.test_jetstream import _config
+
+    create_streams(nats_server.url)  # no limits: the stream keeps every message
+    messages = make_messages(50, streams=3, seed=52)
+    seqs = publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages[:30]])
+    cfg = _config([_js_feed(nats_server.url)], checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_s=0.2,
+                  checkpoint_priority="normal")
+    with Controller(cfg) as ctl:
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 30, timeout_s=30 * UNIT_S, what="30 results")
+    _damage_every_checkpoint(tmp_path / "ckpt")
+    seqs += publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages[30:]])
+    with Controller(cfg) as ctl:
+        assert ctl.restored_from is None
+        drive(ctl, lambda: ctl.stats().sources[0].applied == 50 and ctl.stats().feeds[0].io.results_out == 50,
+              timeout_s=30 * UNIT_S, what="all 50 consumed again and answered")
+    _, ids = _results(nats_server.url)
+    assert sorted(ids) == sorted(f"TICKS:{s}:0" for s in seqs)  # one result per input
+    assert_results_match_reference(messages, _answered(nats_server.url, seqs))
+
+
+@pytest.mark.parametrize(("start", "first", "last", "deleted", "expected"), [
+    ("first", 1, 40, 0, (1, 0)),  # everything from 1 is there: replayed
+    ("new", 0, 0, 0, (1, 0)),  # the stream never held a message
+    ("first", 41, 90, 0, "may be gone from stream 'TICKS' (its first sequence is 41)"),
+    ("first", 1, 90, 3, "may be gone from stream 'TICKS' (3 of its messages were deleted)"),
+    ("new", 1, 90, 0, "the feed's \"start\" is \"new\", which would skip what arrived since"),
+])
+def test_with_every_checkpoint_damaged_a_feed_starts_only_where_its_stream_still_holds_everything(
+        start, first, last, deleted, expected):
+    from io_loop.crossing import PositionUnknown
+    from io_loop.errors import PositionLost
+    from io_loop.jetstream import JetStreamFeed
+
+    feed = _feed(start=start)
+    feed = JetStreamFeed(feed.settings, feed.codec, feed.stats, feed.feed, inbound=None, outbox=None,
+                         resume=PositionUnknown("every checkpoint in /c is damaged (ckpt-000000001.fkc)"))
+    if isinstance(expected, str):
+        with pytest.raises(PositionLost) as lost:
+            feed._check_position(first, last, deleted)
+        text = str(lost.value)
+        assert "every checkpoint in /c is damaged (ckpt-000000001.fkc)" in text and expected in text, text
+        assert "FORKLESS_CHECKPOINT_RESTORE=never" in text
+    else:
+        feed._check_position(first, last, deleted)
+        assert feed._next == expected
