@@ -73,6 +73,7 @@ import asyncio
 import copy
 import json
 import logging
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -113,6 +114,7 @@ GIVE_UP_CLOSE_S = 0.25
 NATS_ERRORS = (nats.errors.Error, OSError, TimeoutError)
 FOREIGN_REASON = "stream not in this subject's partition"
 PARTITION_CACHE = 1 << 20  # streams whose partition is remembered (the cache is emptied when full)
+DUPLICATE_ACK = re.compile(rb'"duplicate"\s*:\s*true')  # nats-server 2.15 writes '"duplicate": true'
 
 
 def msg_id(stream: str, origin: Origin) -> str:
@@ -218,7 +220,7 @@ class _Acks:
         else:
             self.done[k] = 1
             self.acked += 1
-            if b'"duplicate":true' in data:
+            if b'"duplicate"' in data and DUPLICATE_ACK.search(data):
                 self.duplicates += 1
         if self.complete():
             self.wake.set()
