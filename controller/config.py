@@ -518,7 +518,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("OVERFLOW", "overflow", _choice("block", "drop_oldest"), "block or drop_oldest",
              "inbound queue full: block stops reading the socket; drop_oldest drops and counts"),
     Variable("MAX_MSG_BYTES", "max_msg_bytes", _int(64, 1 << 30), "an integer from 64 to 1073741824",
-             "largest frame accepted; a larger one closes the connection with 1009 and reconnects"),
+             "largest frame accepted; a larger one closes the connection with 1009 and reconnects. A JetStream"
+             " feed's payload over it is not decoded: one error reply (message too large), counted, acknowledged"),
     Variable("MAX_FRAME_ITEMS", "max_frame_items", _int(1, 1_000_000), "an integer from 1 to 1000000",
              "most messages in one JSON-array frame"),
     # -- connection management

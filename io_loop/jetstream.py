@@ -29,7 +29,9 @@ Rules:
 - Acks: the last message of each pull, once every message of it is handed over. They are flow
   control only (``max_ack_pending``, no redelivery of what this process holds): a restart
   resumes from the checkpoint's position, a reconnect from this feed's own.
-- Decoding: the codec's ``decode`` on each payload, exactly as for a WebSocket frame. Good
+- Decoding: the codec's ``decode`` on each payload, exactly as for a WebSocket frame; a payload
+  over ``max_msg_bytes`` is not decoded: one error reply ("message too large"), counted, and
+  acknowledged with the others (the connection stays up: the stream would deliver it again). Good
   elements get ``Origin(seq, i, last)`` with i = 0, 1, … in order; the error replies to bad
   ones are indexed after the good ones (deterministic, so a replay makes the same ids).
 - Replies: the outbox's items in order (the main thread's results and error replies, and this
@@ -113,6 +115,7 @@ STREAM_INFO_EVERY_S = 1.0  # the stream's last sequence (for the lag) is read th
 GIVE_UP_CLOSE_S = 0.25
 NATS_ERRORS = (nats.errors.Error, OSError, TimeoutError)
 FOREIGN_REASON = "stream not in this subject's partition"
+TOO_LARGE_REASON = "message too large"  # a payload over FORKLESS_MAX_MSG_BYTES
 PARTITION_CACHE = 1 << 20  # streams whose partition is remembered (the cache is emptied when full)
 DUPLICATE_ACK = re.compile(rb'"duplicate"\s*:\s*true')  # nats-server 2.15 writes '"duplicate": true'
 
@@ -176,6 +179,19 @@ class _Part:
 
     def __len__(self) -> int:
         return len(self.seq)
+
+
+@dataclass
+class _NotDecoded:
+    """A payload refused before the codec saw it (over ``max_msg_bytes``): no element, one error."""
+
+    errors: list[tuple[str, Any]]
+
+    def __len__(self) -> int:
+        return 0
+
+    def error_counts(self) -> list[tuple[str, int]]:
+        return [(reason, 1) for reason, _ in self.errors]
 
 
 class _Acks:
@@ -670,7 +686,12 @@ class JetStreamFeed(FeedControl):
                     skip = max(skip, floor[1])
                 if seq >= self._floors_end:
                     self._floors = None  # past every partition's position: no more checks
-        decoded = codec.decode(data)
+        if len(data) > self.settings.max_msg_bytes:  # not decoded: one error for it, acknowledged like any poison
+            log.warning("%s: stream %r sequence %d: a payload of %d bytes, over FORKLESS_MAX_MSG_BYTES (%d)",
+                        self.feed.label, self.spec.stream, seq, len(data), self.settings.max_msg_bytes)
+            decoded = _NotDecoded([(TOO_LARGE_REASON, None)])
+        else:
+            decoded = codec.decode(data)
         if partition >= 0 and len(decoded):
             decoded = self._own_partition(decoded, partition)
         decoded_ns = time.monotonic_ns()

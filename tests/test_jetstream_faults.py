@@ -299,3 +299,32 @@ def test_with_every_checkpoint_damaged_a_feed_starts_only_where_its_stream_still
     else:
         feed._check_position(first, last, deleted)
         assert feed._next == expected
+
+
+# ---- FORKLESS_MAX_MSG_BYTES on JetStream payloads -------------------------------------------------------
+
+
+def test_a_jetstream_payload_over_max_msg_bytes_gets_one_error_reply_is_counted_and_consuming_goes_on(nats_server):
+    from controller.loop import Controller
+    from tests.harness import drive
+    from tests.natsserver import create_streams, publish
+    from tests.servers import assert_results_match_reference
+    from tests.test_jetstream import _config
+
+    create_streams(nats_server.url)
+    good = make_messages(2, streams=2, seed=61)
+    listed = make_messages(6, streams=2, seed=62, start=100)  # six good elements in one payload
+    payloads = [json.dumps(good[0]), json.dumps(listed), json.dumps(good[1])]
+    assert len(payloads[1]) > 300 > max(len(payloads[0]), len(payloads[2]))
+    seqs = publish(nats_server.url, "ticks.a", payloads)
+    cfg = _config([_js_feed(nats_server.url)], max_msg_bytes=300)
+    with Controller(cfg) as ctl:
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out + ctl.stats().feeds[0].io.errors_out >= 3,
+              timeout_s=30 * UNIT_S, what="the three payloads answered")
+        io = ctl.stats().feeds[0].io
+        assert (io.results_out, io.errors_out, dict(io.errors)) == (2, 1, {"message too large": 1})
+        assert ctl.stats().sources[0].applied == 2  # none of the six elements applied
+    by_id, ids = _results(nats_server.url)
+    assert sorted(ids) == sorted([f"TICKS:{seqs[0]}:0", f"TICKS:{seqs[1]}:0", f"TICKS:{seqs[2]}:0"])
+    assert by_id[f"TICKS:{seqs[1]}:0"]["error"] == "message too large"
+    assert_results_match_reference(good, _answered(nats_server.url, [seqs[0], seqs[2]]))
