@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from controller.errors import CheckpointMismatch
-from io_loop.crossing import Origin
+from io_loop.counters import SourceStats
+from io_loop.crossing import Origin, Resume
 from io_loop.settings import FeedSpec
 
 __all__ = ["SourcePositions"]
@@ -69,14 +70,15 @@ class SourcePositions:
 
     # ---- checkpoints ----------------------------------------------------------------------------------
 
-    def record(self, covered: Mapping[str, tuple[int, int]] | None = None) -> dict[str, dict[str, Any]]:
-        """The positions as a checkpoint's header holds them (see the module rules). ``covered``:
-        the IO side's ``SourceStats.covered`` by feed name (with the messages up to ``handed`` handed
-        over, the stream held none further of the feed's subjects up to ``through``): where the
-        position is at or past ``handed``, every message of the feed's subjects up to ``through``
-        is in the state, recorded as ``covered``."""
+    def record(self, io: Mapping[str, SourceStats] | None = None) -> dict[str, dict[str, Any]]:
+        """The positions as a checkpoint's header holds them (see the module rules). ``io``: the IO
+        side's ``SourceStats`` by feed name: its ``covered`` (with the messages up to ``handed``
+        handed over, the stream held none further of the feed's subjects up to ``through``): where
+        the position is at or past ``handed``, every message of the feed's subjects up to
+        ``through`` is in the state, recorded as ``covered``; its ``stream_created``, recorded as
+        ``created``."""
         out = {}
-        covered = covered or {}
+        io = io or {}
         for i in sorted(set(self.consumed) | set(self.floors)):
             js = self.specs[i].jetstream
             origin = self.consumed.get(i)
@@ -86,19 +88,22 @@ class SourcePositions:
                 "seq": None if origin is None else origin.seq, "index": None if origin is None else origin.index,
                 "last": None if origin is None else origin.last,
                 "replied": [replied.seq, replied.index] if replied is not None else None}
-            handed, through = covered.get(self.specs[i].name, (0, 0))
+            source = io.get(self.specs[i].name)
+            handed, through = source.covered if source is not None else (0, 0)
             if origin is not None and i not in self.floors and origin.last and handed <= origin.seq < through:
                 entry["covered"] = through
+            if source is not None and source.stream_created and i not in self.floors:
+                entry["created"] = source.stream_created
             if i in self.floors:
                 entry["partitions"] = {str(p): list(o) for p, o in self.floors[i].items()}
         return out
 
-    def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin | dict[int, Origin]]:
+    def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin | Resume | dict[int, Origin]]:
         """Take the positions of a restored checkpoint; returns them by feed name, for the IO side
         (a partitioned feed's: by partition). A feed of the checkpoint that is not configured now
         is left out; one whose stream or subject differs raises ``CheckpointMismatch``."""
         by_name = {spec.name: i for i, spec in self.specs.items()}
-        out: dict[str, Origin | dict[int, Origin]] = {}
+        out: dict[str, Origin | Resume | dict[int, Origin]] = {}
         for name, pos in saved.items():
             i = by_name.get(name)
             if i is None:
@@ -116,7 +121,9 @@ class SourcePositions:
                 if origin.last and int(pos.get("covered") or 0) > origin.seq:
                     # no message of the feed's subjects between them: the state holds all of them up to it
                     origin = Origin(int(pos["covered"]), 0, True)
-                self.consumed[i] = out[name] = origin
+                self.consumed[i] = origin
+                # the IO side refuses a stream created at another time than the one recorded
+                out[name] = Resume(origin, str(pos["created"])) if pos.get("created") else origin
         return out
 
     @staticmethod

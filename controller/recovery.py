@@ -38,6 +38,7 @@ from controller.partitioned import PartitionedCheckpoints, PartitionPieces
 from controller.positions import SourcePositions
 from controller.slots import StreamSlots
 from controller.stats import IOSnapshot, MainStats, SourceFigures
+from io_loop.counters import SourceStats
 from io_loop.crossing import Origin, PositionUnknown
 
 __all__ = ["CONFIRM_POLL_S", "CONFIRM_WAIT_S", "Recovery"]
@@ -150,13 +151,13 @@ class Recovery:
             self.slots.begin_copy(), {"processed": main.processed, "anomalies": main.anomalies},
             {**self.settings(), "alpha": cfg.alpha, "threshold": cfg.threshold,
              "warmup": cfg.warmup, "devices": len(engine.devices)}, wall, seen_shift=wall - time.monotonic(),
-            incremental=incremental, positions=self.sources.record(self._covered()) if self.sources else None)
+            incremental=incremental, positions=self.sources.record(self._io_sources()) if self.sources else None)
 
-    def _covered(self) -> dict[str, tuple[int, int]]:
-        """Each JetStream feed's ``SourceStats.covered`` (the IO side's: how far the stream holds no
-        further message of its subjects), by feed name, for ``SourcePositions.record``."""
+    def _io_sources(self) -> dict[str, SourceStats]:
+        """Each JetStream feed's ``SourceStats`` (the IO side's: how far the stream holds no further
+        message of its subjects, the stream's created time), by feed name, for ``SourcePositions.record``."""
         io = self._io_snapshot()
-        return {f.name: f.io.source.covered for f in (io.feeds if io is not None else ()) if f.io.source is not None}
+        return {f.name: f.io.source for f in (io.feeds if io is not None else ()) if f.io.source is not None}
 
     def await_replies(self, positions: dict[str, Any]) -> None:
         """On the checkpoint writer's thread, before a checkpoint with JetStream positions is

@@ -158,6 +158,7 @@ class SourceStats:
     # (handed, through): with the messages up to stream sequence ``handed`` handed over, the stream held
     # no further message of the feed's subjects up to ``through`` (a pull found nothing more)
     covered: tuple[int, int] = (0, 0)
+    stream_created: str = ""  # the stream's created time (ISO 8601) at the first connection ("": not yet)
 
 
 @dataclass

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import json
 import logging
 import re
@@ -92,7 +93,7 @@ from io_loop.backoff import Backoff
 from io_loop.client import End, FeedControl, Outcome, pause_before_reconnect
 from io_loop.connect import make_ssl_context
 from io_loop.counters import IOStats, SourceStats
-from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing, PositionUnknown
+from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing, PositionUnknown, Resume
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
@@ -267,6 +268,15 @@ def _when(created: Any) -> str:
     return created.isoformat() if hasattr(created, "isoformat") else str(created)
 
 
+def _same_time(created: Any, recorded: str) -> bool:
+    """A stream's created time is the one recorded (as ``_when`` wrote it), to the millisecond
+    (what another nats-py version might round differently; two streams are never made that close)."""
+    try:
+        return abs((created - datetime.datetime.fromisoformat(recorded)).total_seconds()) < 1e-3
+    except (TypeError, ValueError):
+        return _when(created) == recorded
+
+
 def credentials_refused(exc: BaseException) -> bool:
     """The server refused the credentials. nats-py 2.16 raises ``AuthorizationError`` only on a
     reconnect; at the first connect (with our reconnect policy every connect is a first one) it
@@ -315,10 +325,13 @@ class JetStreamFeed(FeedControl):
         self.pull_batch = max(PULL_BATCH_MIN, settings.max_batch)
         self.handover = Handover(inbound, settings.max_batch, drop_oldest=False, on_dropped=lambda _: None,
                                  feed=index)
-        self.resume = resume
         self._unknown = ""  # why the checkpoints' position is unknown (all damaged: PositionUnknown)
         if isinstance(resume, PositionUnknown):
             self._unknown, resume = resume.why, None
+        self._recorded_created = ""  # the stream's created time the restored checkpoint recorded
+        if isinstance(resume, Resume):
+            self._recorded_created, resume = resume.stream_created, resume.origin
+        self.resume = resume
         # a partitioned feed's restored positions: partition -> (next sequence, elements to skip)
         self._floors: dict[int, tuple[int, int]] | None = None
         if isinstance(resume, dict):
@@ -457,7 +470,14 @@ class JetStreamFeed(FeedControl):
                "the feed at its \"start\")")
         if created is not None:
             if self._stream_created is None:
+                if self._recorded_created and not _same_time(created, self._recorded_created):
+                    raise PositionLost(
+                        f"{self.feed.label}: stream {self.spec.stream!r} was deleted and made again since the "
+                        f"checkpoint was written: created {_when(created)}, but the checkpoint recorded its "
+                        f"position in a stream created {self._recorded_created}; its sequences are not the ones "
+                        f"the checkpoint's position counts. To continue anyway, {fix}")
                 self._stream_created = created
+                source.stream_created = _when(created)
             elif created != self._stream_created:
                 raise PositionLost(
                     f"{self.feed.label}: stream {self.spec.stream!r} was deleted and made again: created "

@@ -58,6 +58,41 @@ def test_a_stream_deleted_and_made_again_while_running_exits_2_and_is_never_resu
     assert _scores(nats_server.url) == 30  # nothing of the new stream answered from the old one's state
 
 
+def test_a_stream_deleted_and_made_again_between_two_runs_is_refused_by_the_checkpoints_created_time(
+        nats_server, tmp_path):
+    from controller.checkpoint import load_newest
+    from controller.loop import Controller
+    from io_loop.errors import PositionLost
+    from tests.harness import drive
+    from tests.natsserver import create_streams, publish
+    from tests.test_jetstream import _config
+
+    create_streams(nats_server.url)
+    messages = make_messages(330, streams=3, seed=32)
+    publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages[:30]])
+    cfg = _config([_js_feed(nats_server.url)], checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_s=0.2,
+                  checkpoint_priority="normal")
+    with Controller(cfg) as ctl:
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 30, timeout_s=30 * UNIT_S, what="30 results")
+    recorded = load_newest(tmp_path / "ckpt", {}, Controller(cfg).processor.init(cfg)).positions["ticks"]
+    assert recorded["seq"] == 30 and recorded["created"]
+
+    async def make_again(nc: Any, js: Any) -> None:
+        from nats.js.api import StreamConfig
+
+        await js.delete_stream("TICKS")
+        await js.add_stream(StreamConfig(name="TICKS", subjects=["ticks.>"]))
+
+    _admin(nats_server.url, make_again)
+    publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages[30:]])  # 1..300: past the position
+    with pytest.raises(PositionLost) as lost, Controller(cfg) as ctl:
+        drive(ctl, lambda: False, timeout_s=30 * UNIT_S, what="refused")
+    text = str(lost.value)
+    assert "stream 'TICKS' was deleted and made again since the checkpoint was written" in text, text
+    assert f"the checkpoint recorded its position in a stream created {recorded['created']}" in text, text
+    assert _scores(nats_server.url) == 30
+
+
 def _feed(**extra: Any) -> Any:
     pytest.importorskip("nats")
     from controller.loop import Controller
