@@ -17,7 +17,9 @@ Rules:
   with ``CheckpointMismatch``), the position (``seq``, ``index``, ``last``) and ``replied``;
   and ``covered`` where the IO side found the stream holding no further message of the
   feed's subjects up to it (``SourceStats.covered``): a restore then resumes after it, so
-  retention of other subjects' messages there loses nothing of the feed's (issue 30).
+  retention of other subjects' messages there loses nothing of the feed's (issue 30); and
+  ``created``, the stream's created time at the IO side's first connection: a restore hands
+  it over with the position (``Resume``), and a stream created at another time is refused.
 - A partitioned feed (issue 24) restores one position per owned partition (``floors``: each
   partition's object holds its own, controller/partitioned.py); the IO side starts at the
   lowest and skips, per partition, what that partition's state already holds. ``record()``

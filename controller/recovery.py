@@ -39,7 +39,7 @@ from controller.positions import SourcePositions
 from controller.slots import StreamSlots
 from controller.stats import IOSnapshot, MainStats, SourceFigures
 from io_loop.counters import SourceStats
-from io_loop.crossing import Origin, PositionUnknown
+from io_loop.crossing import Origin, PositionUnknown, Resume
 
 __all__ = ["CONFIRM_POLL_S", "CONFIRM_WAIT_S", "Recovery"]
 
@@ -64,7 +64,8 @@ class Recovery:
         self._io_snapshot = io_snapshot
         # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
         self.sources = SourcePositions(config.feed_specs)
-        self.positions: dict[str, Origin | PositionUnknown] = {}  # where a restored checkpoint left each JetStream feed
+        # where a restored checkpoint left each JetStream feed (PositionUnknown: every checkpoint damaged)
+        self.positions: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
         self.restored_from: str | None = None
         self.partitioned: PartitionedCheckpoints | None = None  # a partitioned instance's bucket objects
 

@@ -11,9 +11,9 @@ Rules:
   entry's ``start`` ("first": the stream's first message, "new": what arrives after the
   first connection; checkpoints that were all damaged hand ``PositionUnknown``: it starts
   at the stream's first message only if ``start`` is "first" and the stream holds every
-  message from sequence 1, else ``PositionLost``). From then on it keeps its own position, ``(next stream sequence, good
-  elements of it already handed over)``, and every connection makes a new consumer starting
-  there: the server's consumer holds nothing we need.
+  message from sequence 1, else ``PositionLost``). From then on it keeps its own position,
+  ``(next stream sequence, good elements of it already handed over)``, and every connection
+  makes a new consumer starting there: the server's consumer holds nothing we need.
 - Consuming: an ephemeral pull consumer (deliver from a start sequence, ack policy "all",
   ``max_ack_pending`` bounded, memory storage, removed by the server after ``INACTIVE_S``
   unused). One pull request at a time for ``pull_batch`` messages, with idle heartbeats; the
