@@ -39,7 +39,8 @@ EXIT_STATUSES = {
     EXIT_CRASH: "crash, traceback printed (or --check: JAX, compilation or the metrics address failed)",
     EXIT_CONFIG: "bad configuration, one line naming the variable (or a FORKLESS_METRICS_ADDR that cannot be "
                  "served, a processor that breaks the contract, a checkpoint written with other settings, or a "
-                 "JetStream stream that no longer holds the messages the checkpoint needs, or partitions whose "
+                 "JetStream stream that no longer holds the messages the checkpoint needs, was made again, or whose "
+                 "position every checkpoint lost by being damaged, or partitions whose "
                  "lease another live instance holds)",
     EXIT_FEED: "the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up; with "
                "several feeds, every feed (or one, with FORKLESS_FEED_FATAL=any) (or --check: a feed is unreachable); "
