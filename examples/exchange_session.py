@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             print("main loop started", file=sys.stderr, flush=True)
             started = time.monotonic()  # --duration counts the main loop's time, not the compile's
             cpu_at_start = os.times()
-            next_tick = next_force = time.monotonic()
+            next_tick = started + TICK_S
+            next_force = started + args.force_order_every if args.force_order_every > 0 else math.inf
             while not stop.is_set():
                 now = time.monotonic()
                 if args.duration and now - started >= args.duration:
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                 if now < next_tick:
                     ctl.process_pending(timeout=next_tick - now)  # events as they come, until the tick
                     continue
-                next_tick += TICK_S
+                next_tick = max(next_tick + TICK_S, now)
                 latest = np.where(filled > 0, window[:, -1], 1.0)[:, None]
                 z = np.asarray(model(window / latest - 1.0, filled))  # relative prices: float32 keeps the digits
                 for symbol, i in row.items():
@@ -249,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                     if decides and now - last_model_order[symbol] > ORDER_GAP_S:
                         last_model_order[symbol] = now
                         order(ctl, symbol, "sell" if z[i] > 0 else "buy", "0.01")
-                if args.force_order_every and now >= next_force:
-                    next_force = now + args.force_order_every
+                if now >= next_force:
+                    next_force = max(next_force + args.force_order_every, now)
                     counts["orders_forced"] += 1
                     order(ctl, SYMBOLS[counts["orders"] % len(SYMBOLS)], "buy", "0.001")
             wall = time.monotonic() - started
