@@ -100,8 +100,10 @@ class FeedControl:
     _reader_task: asyncio.Task | None
     _reader_in_handover: bool
 
-    async def stop_reading(self) -> None:
-        """Stop taking messages, without losing one half handed over (then ``inbound`` may be shut)."""
+    async def stop_reading(self, deadline: float | None = None) -> None:
+        """Stop taking messages, without losing one half handed over (then ``inbound`` may be shut);
+        ``deadline`` (monotonic) bounds the closing handshake that follows."""
+        self.stop_deadline = deadline
         self._stopping = True
         task = self._reader_task
         if task is not None and not task.done():
@@ -152,7 +154,7 @@ class FeedClient(FeedControl):
         self._last_frame_at = 0.0
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
-        self.stop_deadline: float | None = None  # monotonic; set by the IO thread's request_stop
+        self.stop_deadline: float | None = None  # monotonic; the stop's, given to stop_reading
         self.send_errors = feed.replies == "all"  # error replies to bad input (the feed's reply policy)
         self._declined_logged: set[str] = set()
 

@@ -152,9 +152,7 @@ class FeedSet:
 
     async def stop_reading(self, deadline: float | None) -> None:
         """Every feed stops taking frames (see FeedClient.stop_reading); then inbound is shut."""
-        for client in self.clients:
-            client.stop_deadline = deadline
-        await asyncio.gather(*(client.stop_reading() for client in self.clients))
+        await asyncio.gather(*(client.stop_reading(deadline) for client in self.clients))
         self.bridge.stop_inbound()
 
     async def _route(self) -> None:

@@ -352,7 +352,7 @@ class JetStreamFeed(FeedControl):
         self._live = 0  # the connection being served (0: none); its loops end when it changes
         self._nats_error = ""
         self._stream_created: Any = None  # the stream's created time at this run's first connection
-        self.stop_deadline: float | None = None  # monotonic; set by the IO thread's request_stop
+        self.stop_deadline: float | None = None  # monotonic; the stop's, given to stop_reading
 
     # ---- the connection loop ------------------------------------------------------------------------
 

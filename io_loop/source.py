@@ -330,7 +330,7 @@ class SourceRunner:
         else:
             self.stats.error_replies_unsent += left
 
-    async def stop_reading(self) -> None:
+    async def stop_reading(self, deadline: float | None = None) -> None:
         """The stop: no more emits are taken; one in progress finishes; the hand-over is flushed."""
         self._stopping = True
         self.ctx.stopping.set()
