@@ -6,7 +6,7 @@ Rules:
   with the same interface (the main thread's loop tested without sockets, as httpx's
   ``MockTransport`` tests a client).
 - The IO thread gets what it needs as constructor arguments (settings, codec, counters to
-  write, the whole-process snapshot, the metrics renderer, the embedder's connect hook, the
+  write, the whole-process snapshot, the metrics renderer, the embedder's connect hooks, the
   restored JetStream positions), never attributes set on it from outside.
 """
 
@@ -20,6 +20,7 @@ import numpy as np
 from controller.codec import Codec
 from controller.config import Config
 from controller.stats import IOSnapshot, IOStats, StatsSnapshot
+from io_loop.before_connect import BeforeConnect
 from io_loop.on_connect import OnConnect
 from io_loop.thread import IOThread
 
@@ -55,12 +56,14 @@ replies are handed to the IO thread; ``outputs`` maps each output name to a nump
 leading axis is the batch's messages (padding already cut off), in arrival order."""
 
 IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSide]
-"""Builds the IO side; ``Controller(on_connect=...)`` is bound into the default one (the real
-IO thread), and a custom factory (the tests' fake IO side) makes no connections to call it on."""
+"""Builds the IO side; ``Controller(on_connect=..., before_connect=...)`` are bound into the default
+one (the real IO thread), and a custom factory (the tests' fake IO side) makes no connections to
+call them on."""
 
 
 def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
-               on_connect: OnConnect | None = None, positions: dict[str, Any] | None = None) -> IOSide:
+               on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
+               positions: dict[str, Any] | None = None) -> IOSide:
     """The real IO side; ``positions``: the JetStream feeds' positions a restored checkpoint
     recorded (passed only when there are some)."""
     render = None
@@ -69,4 +72,4 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
 
         render = exposition(snapshot)
     return IOThread(config.io_settings(), codec, stats, stats_snapshot=snapshot, render_metrics=render,
-                    on_connect=on_connect, positions=positions)
+                    on_connect=on_connect, before_connect=before_connect, positions=positions)
