@@ -174,7 +174,9 @@ class FeedClient(FeedControl):
         self.before_connect = before_connect
         self._attempt = 0  # attempts since the feed started or a connection was served (before_connect's count)
         self._logged_hook_failures: set[str] = set()
-        self._ssl_context: ssl.SSLContext | None = None  # made at the first wss:// attempt
+        # TLS: made now for a configured wss:// URL (a CA file OpenSSL refuses fails at once), else at the
+        # first wss:// URL a before-connect hook gives
+        self._ssl_context = make_ssl_context(settings) if url.startswith("wss:") else None
         self.handover = Handover(inbound, settings.max_batch, drop_oldest=settings.overflow == "drop_oldest",
                                  on_dropped=self._count_dropped_oldest, feed=index)
         self._stopping = False

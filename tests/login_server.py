@@ -41,7 +41,7 @@ class LoginFeedServer(FeedServer):
 
     @property
     def login_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/login"
+        return f"{'https' if self.ssl_context is not None else 'http'}://127.0.0.1:{self.port}/login"
 
     def expire(self, token: str) -> None:
         """From now on ``token`` is refused (server loop only)."""

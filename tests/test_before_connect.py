@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,7 +26,7 @@ from controller.processor import ewma_processor
 from io_loop.before_connect import resolve
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.login_server import LOGIN_KEY, LoginFeedServer, token_of
-from tests.servers import FeedConn, make_messages, parse_replies
+from tests.servers import FeedConn, make_messages, parse_replies, self_signed_certificate, server_ssl_context
 
 pytestmark = pytest.mark.timeout(60 * UNIT_S)
 
@@ -61,9 +62,9 @@ def login_server() -> Iterator[Callable[..., LoginFeedServer]]:
     assert not [exc for server in started for exc in server.script_errors]
 
 
-async def _log_in(server: LoginFeedServer) -> str:
+async def _log_in(server: LoginFeedServer, tls: ssl.SSLContext | bool = True) -> str:
     async with aiohttp.ClientSession() as http:
-        async with http.post(server.login_url, json={"key": LOGIN_KEY}) as response:
+        async with http.post(server.login_url, json={"key": LOGIN_KEY}, ssl=tls) as response:
             response.raise_for_status()
             return (await response.json())["token"]
 
@@ -227,6 +228,27 @@ def test_a_close_with_an_application_code_reconnects_with_a_fresh_hook_call(logi
     assert calls == [1, 1] and [seen.token for seen in server.handshakes] == ["tok-1", "tok-2"]
     assert stats.reconnects == 1 and stats.connect_failures == 0
     assert "closed by the server (code 4003)" in _log_text(caplog)
+    assert_books_balance(ctl)
+
+
+def test_a_wss_url_from_the_hook_is_opened_with_tls_and_the_configured_ca_file(login_server, tmp_path):
+    cert, key = self_signed_certificate(tmp_path)
+    trusted = ssl.create_default_context(cafile=str(cert))
+
+    async def hook(feed: str, attempt: int) -> Handshake:
+        return Handshake(url=f"{server.url}?token={await _log_in(server, trusted)}")
+
+    async def script(conn: FeedConn) -> None:
+        await _answered(conn, make_messages(2))
+        await conn.read_until_closed(timeout=30)
+
+    server = login_server(script, ssl_context=server_ssl_context(cert, key))
+    assert server.url.startswith("wss://")
+    configured = server.url.replace("wss://", "ws://")  # the configured URL is plain: no TLS context made at start
+    with Controller(_config(configured, ca_file=str(cert)), processor=PROCESSOR, before_connect=hook) as ctl:
+        drive(ctl, lambda: server.received_count >= 2, timeout_s=15 * UNIT_S, what="replies over TLS")
+        stats = ctl.stats()
+    assert [seen.token for seen in server.handshakes] == ["tok-1"] and stats.connect_failures == 0
     assert_books_balance(ctl)
 
 
