@@ -17,6 +17,7 @@ _EXPORTS = {
     "Config": "controller.config",
     "ConfigError": "controller.config",
     "Controller": "controller.loop",
+    "Handshake": "io_loop.before_connect",
     "compilations": "controller.compiled",
     "EWMAState": "controller.processor",
     "Processor": "controller.processor",

@@ -6,7 +6,7 @@ Rules:
   with the same interface (the main thread's loop tested without sockets, as httpx's
   ``MockTransport`` tests a client).
 - The IO thread gets what it needs as constructor arguments (settings, codec, counters to
-  write, the whole-process snapshot, the metrics renderer, the embedder's connect hook, the
+  write, the whole-process snapshot, the metrics renderer, the embedder's connect hooks, the
   restored JetStream positions), never attributes set on it from outside.
 """
 
@@ -21,6 +21,7 @@ import numpy as np
 from controller.codec import Codec
 from controller.config import Config
 from controller.stats import IOSnapshot, IOStats, StatsSnapshot
+from io_loop.before_connect import BeforeConnect
 from io_loop.on_connect import OnConnect
 from io_loop.settings import REPLY_POLICIES, FeedSpec
 from io_loop.source import Source
@@ -99,13 +100,14 @@ OnEvent = Callable[[str, Any], None]
 over as it is (``SourceContext.emit_event``), in order, from ``process_pending``."""
 
 IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSide]
-"""Builds the IO side; ``Controller(on_connect=...)`` is bound into the default one (the real
-IO thread), and a custom factory (the tests' fake IO side) makes no connections to call it on."""
+"""Builds the IO side; ``Controller(on_connect=..., before_connect=...)`` are bound into the default
+one (the real IO thread), and a custom factory (the tests' fake IO side) makes no connections to
+call them on."""
 
 
 def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
-               on_connect: OnConnect | None = None, positions: dict[str, Any] | None = None,
-               plan: FeedPlan | None = None) -> IOSide:
+               on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
+               positions: dict[str, Any] | None = None, plan: FeedPlan | None = None) -> IOSide:
     """The real IO side; ``positions``: the replayable feeds' positions a restored checkpoint
     recorded (passed only when there are some); ``plan``: the feeds with the user's own sources
     (passed only when there are some)."""
@@ -118,4 +120,5 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
     if plan is not None:
         settings = dataclasses.replace(settings, feed_specs=plan.specs, uses_demo_feed=plan.uses_demo_feed)
     return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render,
-                    on_connect=on_connect, positions=positions, sources=plan.sources if plan is not None else None)
+                    on_connect=on_connect, before_connect=before_connect, positions=positions,
+                    sources=plan.sources if plan is not None else None)

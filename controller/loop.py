@@ -77,12 +77,14 @@ from controller.stats import (
     status_line,
     whole_snapshot,
 )
+from io_loop.before_connect import BeforeConnect
 from io_loop.crossing import Events, Outgoing
 from io_loop.errors import LeaseLost
 from io_loop.on_connect import OnConnect, frames_of
 from io_loop.source import Source
 
-__all__ = ["Controller", "IOFactory", "IOSide", "OnConnect", "OnEvent", "OnResults", "compilations"]
+__all__ = ["BeforeConnect", "Controller", "IOFactory", "IOSide", "OnConnect", "OnEvent", "OnResults",
+           "compilations"]
 
 log = logging.getLogger("forkless.controller")
 
@@ -110,7 +112,8 @@ class Controller:
                  codec: Codec | None = None, out: Callable[[str], None] | None = None,
                  on_results: OnResults | None = None, io_factory: IOFactory = io_thread,
                  freeze_gc: bool = False, on_connect: OnConnect | None = None,
-                 sources: Sequence[Source] = (), on_event: OnEvent | None = None) -> None:
+                 before_connect: BeforeConnect | None = None, sources: Sequence[Source] = (),
+                 on_event: OnEvent | None = None) -> None:
         """``freeze_gc=True``: freeze the objects alive when the run starts (``gc.freeze``: JAX's
         modules, the compiled steps, the stream table's containers), so the collector does not
         walk them again while it runs — a full collection walked them all, holding the GIL 15-67
@@ -121,6 +124,11 @@ class Controller:
         ``on_connect(feed, connection)``: frames to send first on every new connection of a feed,
         computed then (a signed, timestamped subscription); it runs on the IO thread's loop
         (io_loop/on_connect.py has the rules, EMBEDDING.md an example).
+
+        ``before_connect(feed, attempt)``: this attempt's URL and headers, a ``Handshake`` (or
+        None for the configured ones), before every opening handshake (a login, a token
+        refresh); with it a handshake refused with HTTP 401/403 asks it again instead of giving
+        up. It runs on the IO thread's loop (io_loop/before_connect.py, EMBEDDING.md).
 
         ``sources``: the user's own clients (``controller.Source``, io_loop/source.py), run on the
         IO thread beside the configured feeds, or instead of the demo feed when none is
@@ -179,8 +187,9 @@ class Controller:
         self._feed_prefixes = [spec.name + ":" for spec in specs] \
             if len(specs) > 1 and not cfg.shared_streams else None
         self.engine: Engine | None = None  # the device state's owner, made by compile()
-        self._io_factory = functools.partial(io_factory, on_connect=on_connect) \
-            if io_factory is io_thread and on_connect is not None else io_factory
+        hooks = {name: hook for name, hook in (("on_connect", on_connect), ("before_connect", before_connect))
+                 if hook is not None}
+        self._io_factory = functools.partial(io_factory, **hooks) if io_factory is io_thread and hooks else io_factory
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
         self._io_cpu: Callable[[], float] | None = None  # the IO side's cpu_seconds, once started (if known)

@@ -15,9 +15,13 @@ Rules:
 - On each new connection the feed's ``subscribe`` text, then the on-connect hook's frames
   (io_loop/on_connect.py), are sent before anything else; a hook that fails fails the attempt
   like a failed connect.
+- Before each attempt's handshake the before-connect hook (io_loop/before_connect.py), if
+  given, says the attempt's URL and headers; a hook that fails fails the attempt like a failed
+  connect.
 - Reconnect on any loss (refused, reset, TLS, handshake timeout, 5xx, close frame,
-  heartbeat timeout, stale feed) with ``Backoff``; an HTTP 4xx handshake (but 408/429) or
-  used-up tries raise ``FeedFatal``.
+  heartbeat timeout, stale feed) with ``Backoff``; an HTTP 4xx handshake (but 408/429, and
+  401/403 when a before-connect hook can give new credentials) or used-up tries raise
+  ``FeedFatal``.
 - Orderly stop (``stop_reading``): the reader is never cancelled while handing a chunk over,
   so no received frame is lost (the caller shuts ``inbound`` down once every feed has
   stopped). The writer sends everything until ``outbox`` is shut down and empty, then the
@@ -30,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +43,17 @@ import aiohttp
 
 from io_loop import aiohttp_compat
 from io_loop.backoff import Backoff
-from io_loop.connect import ConnectFailed, HandshakeRefused, make_ssl_context, new_session, open_feed, redact_url, short
+from io_loop.before_connect import BeforeConnect, call_before_connect
+from io_loop.connect import (
+    ConnectFailed,
+    HandshakeRefused,
+    handshake_headers,
+    make_ssl_context,
+    new_session,
+    open_feed,
+    redact_url,
+    short,
+)
 from io_loop.counters import IOStats
 from io_loop.crossing import Outgoing
 from io_loop.decoding import FrameDecoder
@@ -55,6 +70,8 @@ log = logging.getLogger("forkless.client")
 CLOSE_TIMEOUT_S = 2.0  # how long an orderly close waits for the server's close frame
 GIVE_UP_CLOSE_S = 0.25  # how long closing a connection that is being given up may take
 MAX_LOGGED_REASONS = 1000  # declined replies: reasons logged (once each), then only counted
+# refused handshakes a before-connect hook may answer with new credentials (an expired token)
+CREDENTIALS_REFUSED = (401, 403)
 
 
 class Outcome(enum.Enum):
@@ -130,10 +147,12 @@ class FeedClient(FeedControl):
     from and its reader's error replies go (asyncio-queue-like, ending with
     ``janus.AsyncQueueShutDown``); ``stats``: this feed's own counters; ``url`` overrides
     ``feed.url`` (the embedded demo feed's address); ``index`` is stamped on its chunks;
-    ``on_connect`` computes frames to send first on each connection (io_loop/on_connect.py)."""
+    ``on_connect`` computes frames to send first on each connection (io_loop/on_connect.py);
+    ``before_connect`` each attempt's URL and headers (io_loop/before_connect.py)."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, feed: FeedSpec, *, inbound: Any,
-                 outbox: Any, index: int = 0, url: str | None = None, on_connect: OnConnect | None = None) -> None:
+                 outbox: Any, index: int = 0, url: str | None = None, on_connect: OnConnect | None = None,
+                 before_connect: BeforeConnect | None = None) -> None:
         self.settings = settings
         self.codec = codec
         self.feed = feed
@@ -143,8 +162,12 @@ class FeedClient(FeedControl):
         self.shown_url = redact_url(url)
         self.subscribe = feed.subscribe
         self.on_connect = on_connect
+        self.before_connect = before_connect
+        self._attempt = 0  # attempts since the feed started or a connection was served (before_connect's count)
         self._logged_hook_failures: set[str] = set()
-        self._ssl = make_ssl_context(settings) if url.startswith("wss:") else None
+        # TLS: made now for a configured wss:// URL (a CA file OpenSSL refuses fails at once), else at the
+        # first wss:// URL a before-connect hook gives
+        self._ssl_context = make_ssl_context(settings) if url.startswith("wss:") else None
         self.handover = Handover(inbound, settings.max_batch, drop_oldest=settings.overflow == "drop_oldest",
                                  on_dropped=self._count_dropped_oldest, feed=index)
         self._stopping = False
@@ -166,17 +189,25 @@ class FeedClient(FeedControl):
         backoff = Backoff.from_settings(cfg)
         async with new_session() as session:
             while not self.held.drained:
-                if self._ssl is not None and cfg.tls_insecure:
-                    log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)",
-                                self.shown_url)
+                self._attempt += 1
                 try:
-                    ws = await open_feed(session, self.url, cfg, self._ssl, feed=self.feed)
+                    url, headers = await self._handshake()
+                    tls = self._ssl(url)
+                    if tls is not None and cfg.tls_insecure:
+                        log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)",
+                                    self.shown_url)
+                    ws = await open_feed(session, url, cfg, tls, feed=self.feed, headers=headers)
                     first = await self._first_frames(ws)
                 except (ConnectFailed, HandshakeRefused) as exc:
-                    if isinstance(exc, HandshakeRefused) and exc.fatal:
+                    if not isinstance(exc, HandshakeRefused):
+                        reason = str(exc)
+                    elif exc.status in CREDENTIALS_REFUSED and self.before_connect is not None:
+                        # an expired token, say: the next attempt asks the hook again (after the backoff)
+                        reason = f"handshake refused with HTTP {exc.status}: asking before_connect for new credentials"
+                    elif exc.fatal:
                         raise FeedFatal(str(exc)) from None
-                    reason = f"handshake failed with HTTP {exc.status}" if isinstance(exc, HandshakeRefused) \
-                        else str(exc)
+                    else:
+                        reason = f"handshake failed with HTTP {exc.status}"
                     self.stats.connect_failures += 1
                     self.stats.last_error = reason
                     delay = backoff.failed()
@@ -187,6 +218,7 @@ class FeedClient(FeedControl):
                     await pause_before_reconnect(self, delay)
                     continue
                 backoff.connected(time.monotonic())
+                self._attempt = 0
                 end = await self._serve(ws, first)
                 backoff.disconnected(time.monotonic())
                 if end.outcome is not Outcome.CLOSED:
@@ -202,6 +234,36 @@ class FeedClient(FeedControl):
                 self.stats.reconnects += 1
                 await pause_before_reconnect(self, delay)
 
+    async def _handshake(self) -> tuple[str, dict[str, str] | None]:
+        """This attempt's URL and headers (``None``: the configured ones): without a before-connect
+        hook the configured URL; with one, what it says. A hook that fails raises ``ConnectFailed``."""
+        if self.before_connect is None:
+            return self.url, None
+        try:
+            url, headers = await call_before_connect(self.before_connect, self.feed.name, self._attempt,
+                                                     self.settings.connect_timeout_s, self.url,
+                                                     handshake_headers(self.settings, self.feed))
+        except HookFailed as exc:
+            self._log_hook_failure(exc)
+            raise ConnectFailed(str(exc)) from None
+        self.shown_url = redact_url(url)
+        return url, headers
+
+    def _ssl(self, url: str) -> ssl.SSLContext | None:
+        """The TLS context for ``url``: None for ws://, one made once for every wss:// attempt."""
+        if not url.startswith("wss:"):
+            return None
+        if self._ssl_context is None:
+            self._ssl_context = make_ssl_context(self.settings)
+        return self._ssl_context
+
+    def _log_hook_failure(self, exc: HookFailed) -> None:
+        """A hook's failure: its traceback logged once per distinct error (the retry's warning says the rest)."""
+        key = str(exc)
+        if key not in self._logged_hook_failures and len(self._logged_hook_failures) < 100:
+            self._logged_hook_failures.add(key)
+            log.error("%s on %s; the attempt counts as a failed connect (logged once per distinct error)",
+                      key, self.shown_url, exc_info=exc.__cause__)
 
     async def _first_frames(self, ws: aiohttp.ClientWebSocketResponse) -> list[str | bytes]:
         """The frames sent first on a new connection: the feed's ``subscribe`` text, then what the
@@ -213,17 +275,13 @@ class FeedClient(FeedControl):
             return frames + await call_hook(self.on_connect, self.feed.name, self._connection_id + 1,
                                             self.settings.connect_timeout_s)
         except HookFailed as exc:
-            key = str(exc)
-            if key not in self._logged_hook_failures and len(self._logged_hook_failures) < 100:
-                self._logged_hook_failures.add(key)
-                log.error("%s on %s; the attempt counts as a failed connect (logged once per distinct error)",
-                          key, self.shown_url, exc_info=exc.__cause__)
+            self._log_hook_failure(exc)
             try:
                 async with asyncio.timeout(GIVE_UP_CLOSE_S):
                     await ws.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR)
             except TimeoutError:
                 aiohttp_compat.drop(ws)
-            raise ConnectFailed(key) from None
+            raise ConnectFailed(str(exc)) from None
 
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse, first: list[str | bytes]) -> End:
         """Run one connection until it is lost or everything is sent; ``first`` is sent before anything."""

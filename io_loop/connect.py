@@ -20,14 +20,15 @@ import asyncio
 import os
 import socket
 import ssl
+from collections.abc import Iterable, Mapping
 
 import aiohttp
 
 from io_loop.netaddr import redact_url
 from io_loop.settings import FeedSpec, IOSettings
 
-__all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "open_feed",
-           "redact_url"]
+__all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "merge_headers",
+           "open_feed", "redact_url"]
 
 RETRYABLE_4XX = (408, 429)
 _HINTS = {401: "unauthorised: check FORKLESS_AUTH_TOKEN",
@@ -73,14 +74,21 @@ def make_ssl_context(settings: IOSettings) -> ssl.SSLContext:
 def handshake_headers(settings: IOSettings, feed: FeedSpec | None = None) -> dict[str, str]:
     """``FORKLESS_HEADERS``, then the feed's own headers (which win, by name in any case),
     plus ``Authorization: Bearer`` from ``FORKLESS_AUTH_TOKEN``."""
-    headers = dict(settings.headers)
-    for name, value in feed.headers if feed is not None else ():
-        for same in [known for known in headers if known.lower() == name.lower()]:
-            del headers[same]
-        headers[name] = value
+    headers = merge_headers(settings.headers, feed.headers if feed is not None else ())
     if settings.auth_token:
         headers["Authorization"] = f"Bearer {settings.auth_token}"
     return headers
+
+
+def merge_headers(headers: Iterable[tuple[str, str]] | Mapping[str, str],
+                  extra: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """``headers`` with ``extra`` added, each replacing any of the same name in any case."""
+    merged = dict(headers)
+    for name, value in extra:
+        for same in [known for known in merged if known.lower() == name.lower()]:
+            del merged[same]
+        merged[name] = value
+    return merged
 
 
 def new_session() -> aiohttp.ClientSession:
@@ -102,15 +110,17 @@ def new_session() -> aiohttp.ClientSession:
 
 async def open_feed(session: aiohttp.ClientSession, url: str, settings: IOSettings,
                     ssl_context: ssl.SSLContext | None, *, heartbeat: bool = True,
-                    feed: FeedSpec | None = None) -> aiohttp.ClientWebSocketResponse:
-    """Connect and complete the opening handshake within ``connect_timeout_s`` (with ``feed``'s
-    headers added to the configured ones)."""
+                    feed: FeedSpec | None = None,
+                    headers: Mapping[str, str] | None = None) -> aiohttp.ClientWebSocketResponse:
+    """Connect and complete the opening handshake within ``connect_timeout_s``, sending
+    ``headers`` (this attempt's, from the before-connect hook: io_loop/before_connect.py) or by
+    default the configured ones with ``feed``'s added (``handshake_headers``)."""
     shown = redact_url(url)
     try:
         async with asyncio.timeout(settings.connect_timeout_s):
             return await session.ws_connect(
                 url,
-                headers=handshake_headers(settings, feed),
+                headers=handshake_headers(settings, feed) if headers is None else headers,
                 heartbeat=(settings.heartbeat_s or None) if heartbeat else None,
                 ssl=ssl_context if ssl_context is not None else True,
                 max_msg_size=settings.max_msg_bytes + 1,  # aiohttp refuses a frame of exactly its limit

@@ -32,6 +32,7 @@ from typing import Any
 
 import janus
 
+from io_loop.before_connect import BeforeConnect
 from io_loop.bridge import Bridge
 from io_loop.client import FeedClient
 from io_loop.counters import FeedSnapshot, IOStats
@@ -87,11 +88,13 @@ class Outbox(asyncio.Queue):
 
 class FeedSet:
     """The feeds of one IO thread (see the module rules). ``demo_url`` stands in for a feed
-    whose url is empty (the embedded demo feed); ``on_connect`` is every client's hook."""
+    whose url is empty (the embedded demo feed); ``on_connect`` and ``before_connect`` are every
+    WebSocket client's hooks."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, *,
                  demo_url: str | None = None, on_connect: OnConnect | None = None,
-                 positions: Mapping[str, Origin] | None = None, sources: Mapping[str, Source] | None = None) -> None:
+                 before_connect: BeforeConnect | None = None, positions: Mapping[str, Origin] | None = None,
+                 sources: Mapping[str, Source] | None = None) -> None:
         self.settings = settings
         self.bridge = bridge
         self.specs = settings.feed_specs
@@ -116,7 +119,7 @@ class FeedSet:
                 continue
             self.clients.append(FeedClient(settings, codec, IOStats(), spec, inbound=bridge.inbound, outbox=outbox,
                                            index=i, url=demo_url if not spec.url else None,
-                                           on_connect=on_connect))
+                                           on_connect=on_connect, before_connect=before_connect))
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0
 

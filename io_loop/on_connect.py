@@ -29,18 +29,25 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HookFailed", "OnConnect", "call_hook", "frames_of"]
+from io_loop.netaddr import redact_url
+
+__all__ = ["HookFailed", "OnConnect", "call_hook", "frames_of", "guarded_call"]
+
+# a URL in the text of a hook's exception (aiohttp's errors name the URL, query and all): shown redacted
+URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 OnConnect = Callable[[str, int], Any]
 """``on_connect(feed, connection) -> None | frame | list of frames`` (or an awaitable of one)."""
 
 
 class HookFailed(Exception):
-    """The on-connect hook raised, returned something that is not frames, or timed out; ``str``
-    says which (without the traceback); ``__cause__`` is the hook's exception, if any."""
+    """The on-connect hook (or the before-connect hook) raised, returned something it may not,
+    or timed out; ``str`` says which (without the traceback, URLs in it redacted); ``__cause__``
+    is the hook's exception, if any."""
 
 
 def frames_of(result: Any) -> list[str | bytes]:
@@ -65,18 +72,25 @@ def frames_of(result: Any) -> list[str | bytes]:
 async def call_hook(hook: OnConnect, feed: str, connection: int, timeout_s: float) -> list[str | bytes]:
     """Call ``hook(feed, connection)`` (awaiting what it returns, if awaitable, within
     ``timeout_s``) and return its frames; ``HookFailed`` for anything else."""
+    return await guarded_call("on_connect", hook, feed, connection, timeout_s, frames_of)
+
+
+async def guarded_call(name: str, hook: Callable[[str, int], Any], feed: str, number: int, timeout_s: float,
+                       convert: Callable[[Any], Any]) -> Any:
+    """``convert(hook(feed, number))``, awaiting what the hook returns (if awaitable) within
+    ``timeout_s``; ``HookFailed`` naming the ``name`` hook for whatever it or ``convert`` raised,
+    or the timeout. Shared by the on-connect and before-connect hooks (io_loop/before_connect.py)."""
     limit = asyncio.timeout(timeout_s)
     try:
-        result = hook(feed, connection)
+        result = hook(feed, number)
         if inspect.isawaitable(result):
             async with limit:
                 result = await result
-        return frames_of(result)
+        return convert(result)
     except Exception as exc:
         if isinstance(exc, TimeoutError) and limit.expired():
-            raise HookFailed(f"the on_connect hook did not return within FORKLESS_CONNECT_TIMEOUT_S={timeout_s}s") \
+            raise HookFailed(f"the {name} hook did not return within FORKLESS_CONNECT_TIMEOUT_S={timeout_s}s") \
                 from None
         lines = str(exc).strip().splitlines()
-        text = (lines[0] if lines else "")[:200]
-        raise HookFailed(f"the on_connect hook failed: {type(exc).__name__}{': ' + text if text else ''}") \
-            from exc
+        text = URL_IN_TEXT.sub(lambda url: redact_url(url.group()), lines[0] if lines else "")[:200]
+        raise HookFailed(f"the {name} hook failed: {type(exc).__name__}{': ' + text if text else ''}") from exc

@@ -10,7 +10,8 @@ Rules:
 - The seam: the thread is given what it needs as constructor arguments (its ``IOSettings``,
   the codec's decoding half, its ``IOStats`` to write, ``stats_snapshot``, the controller's
   whole-process snapshot for the health endpoints, ``render_metrics``, the ``/metrics``
-  body, ``on_connect``, the embedder's hook for each new connection: io_loop/on_connect.py, and
+  body, ``on_connect``, the embedder's hook for each new connection: io_loop/on_connect.py,
+  ``before_connect``, its hook for each attempt's URL and headers: io_loop/before_connect.py, and
   ``positions``, where the restored checkpoint left each JetStream feed); the main thread learns
   about this side only through ``snapshot()`` (queue depths, unsent
   frames, copied counters), ``cpu_seconds()`` (this thread's CPU clock, which the main thread
@@ -35,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from io_loop.before_connect import BeforeConnect
 from io_loop.bridge import Bridge, MainSide
 from io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
 from io_loop.crossing import Origin, count_unsent
@@ -67,9 +69,9 @@ class IOThread:
     def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, *,
                  stats_snapshot: Callable[[], Any] = lambda: None,
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
-                 on_connect: OnConnect | None = None, positions: Mapping[str, Origin] | None = None,
-                 sink: InboundSink | None = None, sources: Mapping[str, Source] | None = None,
-                 name: str = "forkless-io") -> None:
+                 on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
+                 positions: Mapping[str, Origin] | None = None, sink: InboundSink | None = None,
+                 sources: Mapping[str, Source] | None = None, name: str = "forkless-io") -> None:
         self.settings = settings
         self._sink = sink
         self._sources = dict(sources or {})  # the user's own sources, by feed name (io_loop/source.py)
@@ -82,6 +84,7 @@ class IOThread:
         self._stats_snapshot = stats_snapshot
         self._render_metrics = render_metrics
         self._on_connect = on_connect
+        self._before_connect = before_connect
         self._feeds: FeedSet | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._ready = threading.Event()
@@ -210,7 +213,8 @@ class IOThread:
                 log.info("demo feed listening on %s (%d streams, %g msg/s)", demo_url, cfg.demo_streams,
                          cfg.demo_rate)
             self._feeds = FeedSet(cfg, self.codec, bridge, demo_url=demo_url, on_connect=self._on_connect,
-                                  positions=self.positions, sources=self._sources)
+                                  before_connect=self._before_connect, positions=self.positions,
+                                  sources=self._sources)
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:

@@ -62,6 +62,7 @@ DEVICE = [
 ]
 IO = [
     "io_loop/aiohttp_compat.py",
+    "io_loop/before_connect.py",
     "io_loop/bridge.py",
     "io_loop/client.py",
     "io_loop/connect.py",

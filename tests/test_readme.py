@@ -57,7 +57,7 @@ def test_the_readme_s_short_example_runs_its_own_processor_with_the_json_codec(f
 def test_every_example_in_the_documents_is_run_by_a_test():
     tested = {("README.md", "short"), ("EMBEDDING.md", "blocking"), ("EMBEDDING.md", "on_results"),
               ("EMBEDDING.md", "driven"), ("EMBEDDING.md", "subscribe"), ("EMBEDDING.md", "source"),
-              ("EMBEDDING.md", "portal")}
+              ("EMBEDDING.md", "portal"), ("EMBEDDING.md", "credentials")}
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested
@@ -158,6 +158,37 @@ def test_the_portal_example_runs_the_classic_multiprocessing_client_unchanged_on
     assert proc.returncode == 0, proc.stderr
     assert "10 messages in, 10 orders out" in proc.stdout
     assert server.replies() == [{"order": i} for i in range(10)]
+
+
+def test_the_credentials_example_logs_in_again_when_its_token_is_refused_and_the_feed_goes_on():
+    from tests.login_server import LoginFeedServer, token_of
+    from tests.servers import make_messages
+
+    first, second = make_messages(4, features=8), make_messages(4, features=8, start=4)
+
+    async def script(conn):
+        for m in first if conn.index == 0 else second:
+            await conn.send(m)
+        for _ in range(4):
+            await conn.recv(timeout=10)
+        if conn.index == 0:
+            conn.server.expire(token_of(conn))
+            await conn.close_keep_reading(4003)  # "token expired": the reconnect's token is refused with 401
+        else:
+            await conn.read_until_closed(timeout=30)
+
+    with LoginFeedServer(script) as server:
+        proc = run_app(env={"FORKLESS_WS_URL": server.url, "EXCHANGE_LOGIN_URL": server.login_url,
+                            "FORKLESS_RECONNECT_MIN_S": "0.1"},
+                       program=("-c", example("credentials")), timeout_s=90 * UNIT_S)
+        assert proc.returncode == 0, proc.stderr
+        assert not server.script_errors
+        assert "8 messages, 2 connections, 1 refused" in proc.stdout
+        assert server.logins == ["tok-1", "tok-2"]
+        assert [(seen.token, seen.status) for seen in server.handshakes] == [("tok-1", None), ("tok-1", 401),
+                                                                              ("tok-2", None)]
+        assert "asking before_connect for new credentials" in proc.stderr and "tok-" not in proc.stderr
+        assert sorted(json.loads(frame)["seq"] for frame in server.received) == list(range(8))
 
 
 def test_the_csv_example_runs_against_the_csv_feed_that_ships_with_it(capsys):
