@@ -60,13 +60,15 @@ IO thread), and a custom factory (the tests' fake IO side) makes no connections 
 
 
 def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
-               on_connect: OnConnect | None = None, positions: dict[str, Any] | None = None) -> IOSide:
+               on_connect: OnConnect | None = None, positions: dict[str, Any] | None = None,
+               fence: Callable[[], bool] | None = None) -> IOSide:
     """The real IO side; ``positions``: the JetStream feeds' positions a restored checkpoint
-    recorded (passed only when there are some)."""
+    recorded (passed only when there are some); ``fence``: a partitioned instance's lease check,
+    asked before each publication of replies (passed only by a partitioned instance)."""
     render = None
     if config.metrics_addr:
         from controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
 
         render = exposition(snapshot)
     return IOThread(config.io_settings(), codec, stats, stats_snapshot=snapshot, render_metrics=render,
-                    on_connect=on_connect, positions=positions)
+                    on_connect=on_connect, positions=positions, fence=fence)

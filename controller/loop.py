@@ -184,6 +184,7 @@ class Controller:
         self._host = ProcessSettings(switch_interval_s=SWITCH_INTERVAL_S, freeze_gc=freeze_gc)
         self._signals = StopSignals(self._on_signal)
         self._aborting = False  # a second SIGINT: run() raises KeyboardInterrupt
+        self._lease_lost = False  # a partitioned instance's lease lost: the stop drops what it holds
         # set by request_stop(): a put that waits for a socket that never drains gives up then
         self._stop_deadline: float | None = None
         self._work_deadline: float | None = None  # processing and sending end here (request_stop)
@@ -224,7 +225,9 @@ class Controller:
                 recovery.restore(self.engine, restored)
             self.checkpointer.start()
         self._host.apply()
-        extra = {"positions": recovery.positions} if recovery.positions else {}
+        extra: dict[str, Any] = {"positions": recovery.positions} if recovery.positions else {}
+        if self._owner is not None:  # the IO side asks before publishing: never after the leases ran out
+            extra["fence"] = self._owner.holds
         try:
             self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats, **extra)
             self._side = self._io.start()
@@ -294,7 +297,9 @@ class Controller:
 
         Bounded by ``shutdown_timeout_s``; what could not be sent by then is counted as
         dropped and logged. Raises if the IO thread failed; else, once stopped, the first
-        exception ``on_results`` raised during the stop (the stop goes on past it).
+        exception ``on_results`` raised during the stop (the stop goes on past it). A
+        partitioned instance whose lease is lost (or ran out) stops without answering or
+        checkpointing anything more, then raises ``LeaseLost`` (``_stop_lease_lost``).
         """
         if not self._started or self._stopped or self._side is None:  # not started, or its start failed
             return
@@ -303,6 +308,8 @@ class Controller:
         self.request_stop()  # fixes the stop deadline, if a signal or the caller has not already
         deadline, work_deadline = self._stop_deadline, self._work_deadline
         io.request_stop(work_deadline)
+        if self._owner is not None and self._owner.lost:
+            self._stop_lease_lost(deadline, work_deadline)
         raised: Exception | None = None  # on_results' first failure, raised once stopped
         try:
             while (not self._inbound_closed or len(self.batcher)) and time.monotonic() < work_deadline:
@@ -326,6 +333,28 @@ class Controller:
         if raised is not None:
             raise raised
 
+    def _stop_lease_lost(self, deadline: float, work_deadline: float) -> None:
+        """The stop of a partitioned instance whose lease is lost or ran out unrenewed: another
+        instance may own its partitions and answer from their checkpoint, so what this one holds
+        is dropped, never processed or published (the IO side's fence drops what is queued to
+        publish), no checkpoint is written, and ``LeaseLost`` is raised (exit 3)."""
+        self._lease_lost = True  # _end_threads waits for no checkpoint: one in flight is fenced (LeaseLost)
+        try:
+            held = len(self.batcher) + self._drain_inbound()
+            self.main_stats.dropped["lease lost"] += held
+            self._side.outbound.shutdown()
+            if self.checkpointer is not None:
+                self.checkpointer.stop(0.0)  # no final checkpoint: the partitions may be another's now
+        finally:
+            self._end_threads(deadline, work_deadline)
+        snap = self.stats()
+        log.error("the lease of a partition is lost: %d received messages dropped unanswered (%d of them "
+                  "unprocessed) and no checkpoint written; their new owner answers them from its checkpoint",
+                  snap.dropped.get("lease lost", 0), held)
+        raise LeaseLost(f"{self._partition_feed.label}: the lease of a partition was lost or ran out unrenewed "
+                        "(FORKLESS_LEASE_S): another instance may own it now, so this one stopped without "
+                        "publishing what it held")
+
     def _end_threads(self, deadline: float, work_deadline: float) -> None:
         """The end of ``stop()``: join the IO thread, write the stop's checkpoint, give the process back."""
         io = self._io
@@ -346,7 +375,8 @@ class Controller:
                 if not io.join(max(0.0, deadline - time.monotonic())):
                     self.abandoned_io = True
                     log.error("the IO thread did not end after the abort; leaving it behind (it is a daemon)")
-            if self.checkpointer is not None and not self.checkpointer.stop(max(0.0, deadline - time.monotonic())):
+            if self.checkpointer is not None and not self._lease_lost \
+                    and not self.checkpointer.stop(max(0.0, deadline - time.monotonic())):
                 log.error("the checkpoint of the stop was not written within FORKLESS_SHUTDOWN_TIMEOUT_S=%s",
                           self.config.shutdown_timeout_s)
         finally:

@@ -359,7 +359,13 @@ class PartitionOwner:
 
     @property
     def lost(self) -> bool:
-        return self.store.lost.is_set()
+        """A lease lost, or run out unrenewed (a pause past the lease): see ``holds``."""
+        return not self.store.holds()
+
+    def holds(self) -> bool:
+        """Every lease still held by time (any thread, no I/O): the IO side's fence before it
+        publishes replies (io_loop/jetstream.py)."""
+        return self.store.holds()
 
     def close(self) -> None:
         """Release the leases and close the connection (idempotent)."""

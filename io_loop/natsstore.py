@@ -41,6 +41,12 @@ Rules:
   The last check and the meta's publication are not one atomic step: a meta sent in the instant
   the lease runs out is stored. That window is one publish long, and a new owner takes a key only
   once the server has let it expire (or later).
+- Fencing the replies: ``holds()`` (any thread, no I/O) is False once a lease is lost or its
+  last acknowledged renewal is a lease old, whether or not the renewer has noticed yet (a
+  process paused by SIGSTOP wakes with every thread at once). The IO side asks it before it
+  publishes each item of replies (io_loop/jetstream.py) and drops what it may not publish, so a
+  zombie never publishes what it held: the partitions' new owner answers those from its
+  checkpoint. The window between the check and the publication is one item long, as above.
 - ``release`` deletes each key still ours, only at our revision (``delete(last=)``), so a key
   someone else took meanwhile is left alone; a key that cannot be deleted expires by itself.
 - Objects are stored in nats-py's object-store layout (``$O.<bucket>.C.<nuid>`` chunks of
@@ -74,6 +80,7 @@ import concurrent.futures
 import hashlib
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -186,6 +193,9 @@ class NatsStore:
         self._ttl_s = self.lease_s  # the lease bucket's TTL in force
         self._held: dict[str, int] = {}  # key -> our revision
         self._valid_until: dict[str, float] = {}  # key -> monotonic time its lease runs out for us
+        # the earliest of ``_valid_until`` (-inf: nothing held): one float, written on the store's
+        # loop and read by any thread (``holds``) without a lock
+        self._held_until = -math.inf
         self._renewer: asyncio.Task | None = None
         self._stop_renewing: asyncio.Event | None = None
         self._renew_error = ""
@@ -203,6 +213,17 @@ class NatsStore:
         """How long a claimant waits for a silent holder before taking its key."""
         longest = max(self.lease_s, self._ttl_s)
         return longest + longest * MARGIN_FRACTION + MARGIN_S
+
+    def holds(self) -> bool:
+        """Whether every lease of ours is still held by time: none lost, and the earliest renewal
+        not older than a lease (``now < sent + lease`` for each key's last acknowledged renewal).
+        Any thread; no I/O. The IO side asks before publishing each batch of replies, so an
+        instance that was paused (SIGSTOP, a VM frozen) past its lease never publishes what it
+        held, whether or not its renewer has noticed yet (see the module rules, "Fencing")."""
+        return not self.lost.is_set() and time.monotonic() < self._held_until
+
+    def _update_held_until(self) -> None:
+        self._held_until = min(self._valid_until.values(), default=-math.inf)
 
     # ---- the thread and the calls onto it --------------------------------------------------------------
 
@@ -469,6 +490,7 @@ class NatsStore:
     def _took(self, key: str, revision: int, sent: float, took: list[str]) -> None:
         self._held[key] = revision
         self._valid_until[key] = sent + self._lease
+        self._update_held_until()
         took.append(key)
 
     async def _try_take(self, key: str, took: list[str]) -> tuple[str, int] | None:
@@ -628,6 +650,7 @@ class NatsStore:
         if self._held.get(key) == revision:
             self._held[key] = new
             self._valid_until[key] = sent + self._lease
+            self._update_held_until()
             self._renew_error = ""
 
     def _expire(self, now: float) -> None:
@@ -637,6 +660,7 @@ class NatsStore:
             self._lose(expired, f"not renewed for {self._lease:g} s{why}")
 
     def _lose(self, keys: list[str], why: str) -> None:
+        self._held_until = -math.inf  # first: ``holds`` is False from here on (``lost`` is never cleared)
         for key in keys:
             self._held.pop(key, None)
             self._valid_until.pop(key, None)
@@ -674,6 +698,7 @@ class NatsStore:
         revisions = {key: self._held.pop(key) for key in keys if key in self._held}
         for key in keys:
             self._valid_until.pop(key, None)
+        self._update_held_until()
 
         async def delete(key: str) -> None:
             try:

@@ -1,0 +1,91 @@
+"""Partitioned instances under faults (issue 30) against a real nats-server, each instance a
+subprocess: a zombie paused past its lease, a stop during the lease wait, a partial deployment.
+
+Several JAX processes share two cores here: the timeouts are generous and explicit; a bound
+that is the behaviour under test is written in ``UNIT_S`` as well."""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import signal
+import time
+
+import pytest
+
+from tests.harness import UNIT_S, wait_until
+from tests.servers import assert_results_match_reference
+from tests.test_jetstream import Publisher, _never_restarted, _results
+from tests.test_partitioned import OPEN, P, _checkpointed, _create_partitioned_streams, _env, _feed, _results_grow
+
+pytestmark = pytest.mark.timeout(400 * UNIT_S)
+
+
+def _burst(url: str, publisher: Publisher, n: int) -> None:
+    """``n`` more of the publisher's messages at once, published while it is paused (their
+    stream sequences follow its own: seq + 1)."""
+    from tests.natsserver import publish
+
+    batch = [publisher.message(len(publisher.messages) + k) for k in range(n)]
+    seqs = publish(url, lambda i: f"ticks.{batch[i]['stream']}", [json.dumps(m) for m in batch])
+    assert seqs == [m["seq"] + 1 for m in batch]
+    publisher.messages.extend(batch)
+
+
+def _scores(url: str) -> int:
+    from tests.natsserver import stream_state
+
+    return stream_state(url, "SCORES").messages
+
+
+def test_an_instance_paused_past_its_lease_and_the_duplicate_window_publishes_nothing_it_held(
+        app, nats_server, tmp_path):
+    """SIGSTOP past the lease: a second instance takes the partitions over from the checkpoint
+    and answers everything; SIGCONT once the results' duplicate window has passed: the old owner
+    finds its lease lost and drops what it held (exit 3), so no input is answered twice."""
+    url = nats_server.url
+    window_s = 30 * UNIT_S  # the results stream's duplicate window
+    _create_partitioned_streams(url, duplicate_window_s=window_s)
+    env = _env(url, tmp_path, feed=_feed(url, partitions=f"0-{P - 1}"), lease_s=2.0)
+    with Publisher(url, streams=24, rate_hz=300.0) as publisher:
+        old = app(env=env)
+        old.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+        wait_until(lambda: _checkpointed(url) == set(range(P)), timeout_s=60 * UNIT_S,
+                   what="a checkpoint object of every partition", poll_s=0.5)
+        with publisher.paused():
+            wait_until(lambda: _scores(url) >= len(publisher.messages), timeout_s=60 * UNIT_S,
+                       what="the old owner caught up", poll_s=0.2)
+            before = _scores(url)
+            _burst(url, publisher, 4000)
+            wait_until(lambda: _scores(url) >= before + 200, timeout_s=60 * UNIT_S, what="the burst answered",
+                       poll_s=0.01)
+            paused = old.signal(signal.SIGSTOP)  # mid-burst: replies held in its queues and in flight
+        new = app(env=env)
+        new.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+        # the premise: the new owner replays what the old one published after its last checkpoint
+        # within the duplicate window (else the replay, not the zombie, would store those twice)
+        assert time.monotonic() - paused < window_s - 5 * UNIT_S, "the new owner started too late for the window"
+        _results_grow(url, 100)
+    published = len(publisher.messages)
+    wait_until(lambda: _scores(url) >= published, timeout_s=90 * UNIT_S, what="every input answered", poll_s=0.5)
+    time.sleep(window_s + 2 * UNIT_S)  # what the zombie held is now outside the duplicate window
+    old.signal(signal.SIGCONT)
+    zombie = old.finish(60 * UNIT_S)
+    new.signal(signal.SIGTERM)
+    done = new.finish(60 * UNIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    by_id, ids = _results(url)
+    twice = sorted(i for i, n in collections.Counter(ids).items() if n > 1)
+    assert not twice, f"{len(twice)} inputs answered twice: {twice[:10]}"
+    assert zombie.returncode == 3, zombie.stderr[-3000:]
+    assert "lost the lease" in zombie.stderr
+    assert "closed after publishing every reply" not in zombie.stderr
+    held = re.search(r"the lease of a partition is lost: (\d+) received messages dropped", zombie.stderr)
+    assert held and int(held.group(1)) >= 1, zombie.stderr[-3000:]  # it did hold replies when paused
+    messages = publisher.messages
+    assert set(ids) == {f"TICKS:{m['seq'] + 1}:0" for m in messages}
+    results = {m["seq"]: [by_id[f"TICKS:{m['seq'] + 1}:0"]] for m in messages}
+    assert_results_match_reference(messages, results)
+    replies, _ = _never_restarted(messages)
+    assert [results[m["seq"]][0] for m in messages] == [replies[m["seq"]] for m in messages]
