@@ -20,6 +20,8 @@ Rules:
 - Checkpoints (``FORKLESS_CHECKPOINT_DIR``): the tick at the end of ``process_pending``
   begins one when due (``Engine.begin_snapshot``, kept exact by the engine), or copies up to
   a budget more of the one in progress (controller/checkpointer.py).
+- A stop requested during ``start()`` (a signal while it compiles, waits for a dead holder's
+  lease, restores) ends the start there: no IO side is started, leases taken are released.
 - The host process is left as it was found (controller/host.py): what ``start()`` changes
   process-wide, ``stop()`` gives back; ``run()`` never exits the process (a second SIGINT
   aborts the IO side and raises ``KeyboardInterrupt``).
@@ -77,7 +79,7 @@ from controller.stats import (
     status_line,
     whole_snapshot,
 )
-from io_loop.errors import LeaseLost
+from io_loop.errors import LeaseLost, StopRequested
 from io_loop.on_connect import OnConnect
 
 __all__ = ["Controller", "IOFactory", "IOSide", "OnConnect", "OnResults", "compilations"]
@@ -207,10 +209,18 @@ class Controller:
         # partitioned instance compiles first, then takes its leases and reads its partitions'
         # objects: its partitions go unserved from the old owners' stop to its first connection
         # (a rescale), and the compile need not fall inside that window (bench/partitioned.py)
+        # a stop requested during the start (a signal while compiling, waiting for a dead holder's
+        # lease, restoring) ends it there: nothing more is started and the leases taken are released
         recovery = self.recovery
         if self._partition_feed is not None:
             self.compile()
-            self._owner = PartitionOwner.open(self.config, self._partition_feed, self.engine.checkpoint_shapes)
+            if self._stop_requested.is_set():
+                return self._stopped_in_start("the compile")
+            try:
+                self._owner = PartitionOwner.open(self.config, self._partition_feed, self.engine.checkpoint_shapes,
+                                                  stop=self._stop_requested)
+            except StopRequested:
+                return self._stopped_in_start("the wait for the partitions' leases")
             recovery.partitioned = self._owner.checkpoints
             if self.checkpointer is not None:
                 self.checkpointer.target = self._owner.checkpoints
@@ -220,6 +230,8 @@ class Controller:
         except BaseException:
             self._close_owner()
             raise
+        if self._stop_requested.is_set():
+            return self._stopped_in_start("the restore and compile")
         if self.checkpointer is not None:
             if restored is not None:
                 recovery.restore(self.engine, restored)
@@ -240,6 +252,12 @@ class Controller:
                 self.checkpointer.stop(0.0)
             self._close_owner()
             raise
+
+    def _stopped_in_start(self, during: str) -> None:
+        """``start()`` ends early: a stop was requested during ``during``; no IO side is started
+        (``stop()`` and ``process_pending()`` then do nothing), the leases taken are released."""
+        log.info("stop requested during %s: not starting", during)
+        self._close_owner()
 
     def _close_owner(self) -> None:
         """Release a partitioned instance's leases (after the stop's checkpoint)."""
@@ -463,6 +481,8 @@ class Controller:
         """
         if not self._started:
             raise RuntimeError("call start() (or use the controller as a context manager) first")
+        if self._side is None:  # a stop was requested during start(): nothing was started
+            return 0
         self._io.raise_if_failed()
         if self._owner is not None and self._owner.lost:
             raise LeaseLost(f"{self._partition_feed.label}: the lease of a partition could not be renewed in time "

@@ -32,7 +32,8 @@ Rules:
 - ``PartitionOwner`` is the instance's side of it: at start, before anything is restored, it
   connects to the feed's server, takes a lease on every owned partition (``lease_key``: one
   key per stream and partition in the KV bucket ``FORKLESS_LEASE_BUCKET``; another live
-  holder: ``LeaseHeld``, exit 2; a dead one's lease is waited out), and makes the checkpoint
+  holder: ``LeaseHeld``, exit 2; a dead one's lease is waited out, unless the controller's stop
+  is requested meanwhile: ``StopRequested``, nothing held), and makes the checkpoint
   objects' reader and writer when ``FORKLESS_CHECKPOINT_BUCKET`` is set; the controller checks
   ``lost`` every cycle (a lease that could not be renewed: ``LeaseLost``, exit 3) and calls
   ``close`` after the stop's checkpoint (the leases are released).
@@ -45,6 +46,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -332,9 +334,10 @@ class PartitionOwner:
         self.checkpoints = checkpoints
 
     @classmethod
-    def open(cls, config: Any, feed: Any, like: Any) -> PartitionOwner:
+    def open(cls, config: Any, feed: Any, like: Any, stop: threading.Event | None = None) -> PartitionOwner:
         """Connect, take the leases (blocking: a dead holder's are waited out), and make the
-        checkpoint objects' reader/writer if a bucket is configured."""
+        checkpoint objects' reader/writer if a bucket is configured. ``stop`` set meanwhile (a
+        signal during the wait): ``StopRequested``, with nothing held."""
         # nats-py is an optional extra, loaded only by a process with a JetStream feed
         from io_loop.natsstore import NatsStore
 
@@ -342,9 +345,9 @@ class PartitionOwner:
         holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         store = NatsStore(config.io_settings(), feed, bucket=config.checkpoint_bucket or None,
                           lease_bucket=config.lease_bucket, lease_s=config.lease_s, holder=holder)
-        store.start()
+        store.start(stop)
         try:
-            store.acquire([lease_key(spec.stream, p) for p in spec.partitions])
+            store.acquire([lease_key(spec.stream, p) for p in spec.partitions], stop)
             log.info("%s: holding the leases of partitions %s of %d (as %s)", feed.label, _ranges(spec.partitions),
                      spec.partition_count, holder)
             checkpoints = None

@@ -12,7 +12,8 @@ Rules:
 
 from __future__ import annotations
 
-__all__ = ["FeedFatal", "IOThreadError", "LeaseHeld", "LeaseLost", "MetricsServerError", "PositionLost"]
+__all__ = ["FeedFatal", "IOThreadError", "LeaseHeld", "LeaseLost", "MetricsServerError", "PositionLost",
+           "StopRequested"]
 
 
 class FeedFatal(Exception):
@@ -43,6 +44,12 @@ class LeaseLost(Exception):
     """A partition lease of ours could not be renewed before it expired, or someone else took
     it: the partitions may have a new owner, so nothing more is written for them; the instance
     stops with exit status 3."""
+
+
+class StopRequested(Exception):
+    """The caller's stop was requested while the partition store waited for it (its connection
+    retries, a dead holder's lease): what the call had taken is released. Not an error: the
+    controller's start ends there, and the run stops cleanly (exit status 0)."""
 
 
 class MetricsServerError(RuntimeError):

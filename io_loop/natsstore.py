@@ -26,6 +26,10 @@ Rules:
   this call took); its value gone (expired, deleted) means it is free, and it is created; still
   unchanged at the deadline (the server removes expired values a little late), it is taken at
   that revision (``update(last=)``: only if nobody wrote it meanwhile).
+- A wait is never deaf to a stop: ``start`` and ``acquire`` take the caller's stop (a
+  ``threading.Event``, set by its signal handler) and look at it every ``STOP_POLL_S`` while
+  they wait (between connection attempts; for a silent holder); once it is set they raise
+  ``StopRequested``, having released every key that call took.
 - A holder name names one live instance: a second process started under the same name takes
   its leases over at once (meant for a restart after a kill), and the first finds out at its
   next renewal, within lease/3.
@@ -97,7 +101,7 @@ from nats.js.object_store import ObjectStore
 from nats.nuid import NUID
 
 from io_loop.backoff import Backoff
-from io_loop.errors import FeedFatal, LeaseHeld, LeaseLost
+from io_loop.errors import FeedFatal, LeaseHeld, LeaseLost, StopRequested
 from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
 from io_loop.jetstream import NatsConnectFailed as _Failed
 from io_loop.jetstream import describe_error as _describe
@@ -117,6 +121,7 @@ POLLS_PER_LEASE = 6  # a waiting claimant reads the held keys this often per lea
 MARGIN_FRACTION, MARGIN_S = 0.1, 0.5  # a claimant waits for a silent holder a lease plus this
 TAKE_ATTEMPTS = 5  # a key changing hands under a claimant this often: StoreError
 CLOSE_S = 1.0
+STOP_POLL_S = 0.05  # a wait (connection retries, a dead holder's lease) looks at the caller's stop this often
 BUCKET_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")  # nats-py's rule for KV and object-store buckets
 KEY_NAME = re.compile(r"^[-/_=.a-zA-Z0-9]+$")  # a KV key (nats-py's rule), not starting or ending with "."
 WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's error codes for an expected-last-sequence mismatch
@@ -137,6 +142,19 @@ class ObjectDamaged(StoreError):
 def _wrong_last(exc: BaseException) -> bool:
     return isinstance(exc, nats.js.errors.KeyWrongLastSequenceError) or (
         isinstance(exc, nats.js.errors.APIError) and exc.err_code in WRONG_LAST_SEQUENCE)
+
+
+async def _sleep(seconds: float, stop: threading.Event | None) -> None:
+    """``asyncio.sleep(seconds)``, looking at ``stop`` every ``STOP_POLL_S``: ``StopRequested``
+    once it is set (a ``threading.Event``: the caller's stop request, set by a signal handler)."""
+    end = time.monotonic() + seconds
+    while True:
+        if stop is not None and stop.is_set():
+            raise StopRequested("a stop was requested while the checkpoint store waited")
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        await asyncio.sleep(min(left, STOP_POLL_S) if stop is not None else left)
 
 
 def _holders(held: dict[str, list]) -> str:
@@ -227,9 +245,10 @@ class NatsStore:
 
     # ---- the thread and the calls onto it --------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, stop: threading.Event | None = None) -> None:
         """Start the thread, connect (retrying), make the buckets if missing. Raises ``FeedFatal``
-        when the server cannot be used; then the store is closed."""
+        when the server cannot be used, ``StopRequested`` once ``stop`` is set between two
+        attempts; then the store is closed."""
         with self._guard:
             if self._loop is not None or self._closed:
                 raise RuntimeError("NatsStore.start: started already (a store is started once)")
@@ -238,7 +257,7 @@ class NatsStore:
             self._thread = threading.Thread(target=self._run_loop, args=(loop,), name="forkless-store", daemon=True)
             self._thread.start()
         try:
-            self._call(self._start())
+            self._call(self._start(stop))
         except BaseException:
             self._end_thread()
             raise
@@ -320,7 +339,7 @@ class NatsStore:
 
     # ---- connecting ------------------------------------------------------------------------------------
 
-    async def _start(self) -> None:
+    async def _start(self, stop: threading.Event | None) -> None:
         cfg = self.settings
         self._connecting = asyncio.Lock()
         backoff = Backoff.from_settings(cfg)
@@ -340,7 +359,7 @@ class NatsStore:
                     raise FeedFatal(f"giving up on the checkpoint store on {self._shown} after {backoff.failures} "
                                     f"failed attempts in a row: {exc}") from None
                 log.warning("checkpoint store on %s: %s; retrying in %.2fs", self._shown, exc, delay)
-                await asyncio.sleep(delay)
+                await _sleep(delay, stop)
 
     async def _connect(self) -> None:
         """One attempt; raises ``_Failed``."""
@@ -449,17 +468,19 @@ class NatsStore:
 
     # ---- leases ------------------------------------------------------------------------------------------
 
-    def acquire(self, keys: Sequence[str]) -> None:
+    def acquire(self, keys: Sequence[str], stop: threading.Event | None = None) -> None:
         """Take the lease of every key (see the module rules); renewed from now on until
         ``release``. Raises ``LeaseHeld`` (a live instance holds some: none of this call's keys
-        kept), ``LeaseLost`` (a lease of ours was lost before), ``StoreError``."""
+        kept), ``LeaseLost`` (a lease of ours was lost before), ``StoreError``, and
+        ``StopRequested`` once ``stop`` is set while it waits for a holder (none of this call's
+        keys kept: released at once, within ``STOP_POLL_S`` and one round trip)."""
         keys = list(dict.fromkeys(keys))
         for key in keys:
             if not KEY_NAME.match(key) or key.startswith(".") or key.endswith("."):
                 raise ValueError(f"{key!r} is not a lease key (letters, digits and -/_=. not at either end)")
         if self.lost.is_set():
             raise LeaseLost(self._lost_message())
-        self._call(self._acquire(keys))
+        self._call(self._acquire(keys, stop))
 
     def release(self) -> None:
         """Delete our keys (each only if still ours) and stop renewing. Idempotent."""
@@ -467,7 +488,7 @@ class NatsStore:
             return
         self._call(self._release())
 
-    async def _acquire(self, keys: list[str]) -> None:
+    async def _acquire(self, keys: list[str], stop: threading.Event | None = None) -> None:
         await self._connection()
         todo = [key for key in keys if key not in self._held]
         took: list[str] = []
@@ -478,7 +499,7 @@ class NatsStore:
                 self._ensure_renewer()
             held = {key: list(found) for key, found in zip(todo, results) if found is not None}
             if held:
-                await self._wait_for(held, took)
+                await self._wait_for(held, took, stop)
         except BaseException:
             await self._release_keys(took)
             raise
@@ -528,7 +549,7 @@ class NatsStore:
         raise StoreError(f"the lease of {key} changed hands {TAKE_ATTEMPTS} times while this instance tried to "
                          f"take it (bucket {self.lease_bucket!r})")
 
-    async def _wait_for(self, held: dict[str, list], took: list[str]) -> None:
+    async def _wait_for(self, held: dict[str, list], took: list[str], stop: threading.Event | None = None) -> None:
         """Wait for the holders of ``held`` ({key: [holder, revision]}) to let their leases expire;
         take each key then. ``LeaseHeld`` as soon as one holder shows it is alive."""
         t0 = time.monotonic()
@@ -570,7 +591,7 @@ class NatsStore:
 
         while held:
             now = time.monotonic()
-            await asyncio.sleep(max(0.0, min(poll_s, deadline - now)))
+            await _sleep(max(0.0, min(poll_s, deadline - now)), stop)
             if self.lost.is_set():
                 raise LeaseLost(self._lost_message())
             await self._connection()

@@ -89,3 +89,59 @@ def test_an_instance_paused_past_its_lease_and_the_duplicate_window_publishes_no
     assert_results_match_reference(messages, results)
     replies, _ = _never_restarted(messages)
     assert [results[m["seq"]][0] for m in messages] == [replies[m["seq"]] for m in messages]
+
+
+def _lease_holders(url: str) -> dict[str, str]:
+    """The lease bucket's keys with a value now: key -> holder name (read with nats-py)."""
+    import asyncio
+
+    import nats
+    import nats.js.errors
+
+    async def main() -> dict[str, str]:
+        nc = await nats.connect(url)
+        try:
+            kv = await nc.jetstream().key_value("forkless-leases")
+            try:
+                keys = await kv.keys()
+            except nats.js.errors.NoKeysError:
+                return {}
+            out = {}
+            for key in keys:
+                try:
+                    out[key] = (await kv.get(key)).value.decode()
+                except nats.js.errors.KeyNotFoundError:
+                    pass
+            return out
+        finally:
+            await nc.close()
+
+    return asyncio.run(main())
+
+
+def test_sigterm_during_the_wait_for_a_dead_holders_lease_stops_within_the_deadline_holding_nothing(
+        app, nats_server, tmp_path):
+    url = nats_server.url
+    _create_partitioned_streams(url)
+    shutdown_s = 2.0
+    env = _env(url, tmp_path, feed=_feed(url, partitions=f"0-{P - 1}"), lease_s=20.0,
+               FORKLESS_SHUTDOWN_TIMEOUT_S=str(shutdown_s))
+    holder = app(env=_env(url, tmp_path, feed=_feed(url, partitions="0-5"), lease_s=20.0))
+    holder.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+    holder.signal(signal.SIGKILL)  # its leases of 0-5 stay live for FORKLESS_LEASE_S
+    assert holder.finish(10 * UNIT_S).returncode == -9
+    waiting = app(env=env)  # takes 6-11 at once, waits for 0-5
+    waiting.wait_for_line(r"waiting for the lease", stream="stderr", timeout_s=120 * UNIT_S)
+    taken = {key for key, who in _lease_holders(url).items() if f":{waiting.proc.pid}:" in who}
+    assert taken == {f"TICKS.{p}" for p in range(6, P)}, taken  # the free ones, taken before the wait
+    time.sleep(1.0)
+    told = waiting.signal(signal.SIGTERM)
+    done = waiting.finish(60 * UNIT_S)
+    took_s = time.monotonic() - told
+    assert done.returncode == 0, done.stderr[-3000:]
+    # a correctness bound (the dead holder's lease had ~18 s to run), with slack for a loaded host
+    assert took_s < shutdown_s + 0.5 + 2 * UNIT_S, (took_s, done.stderr[-3000:])
+    assert "stop requested during the wait for the partitions' leases" in done.stderr
+    assert "connection 1 open" not in done.stderr and "restored" not in done.stderr
+    mine = {key: who for key, who in _lease_holders(url).items() if f":{waiting.proc.pid}:" in who}
+    assert not mine, mine  # every lease it had taken is released
