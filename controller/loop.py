@@ -706,7 +706,8 @@ class Controller:
             streams=(len(self.slots), self.slots.evicted),
             checkpoints=self.checkpointer.stats_fields() if self.checkpointer is not None else {},
             sources=self.recovery.source_figures(io),
-            io_cpu_s=self._io.cpu_seconds() if self._io is not None else math.nan)
+            io_cpu_s=self._io.cpu_seconds() if self._io is not None else math.nan,
+            partitions_unowned=owner.unowned if (owner := self._owner) is not None else 0)
 
     @property
     def metrics_url(self) -> str | None:

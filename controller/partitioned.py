@@ -33,7 +33,9 @@ Rules:
   connects to the feed's server, takes a lease on every owned partition (``lease_key``: one
   key per stream and partition in the KV bucket ``FORKLESS_LEASE_BUCKET``; another live
   holder: ``LeaseHeld``, exit 2; a dead one's lease is waited out, unless the controller's stop
-  is requested meanwhile: ``StopRequested``, nothing held), and makes the checkpoint
+  is requested meanwhile: ``StopRequested``, nothing held), checks the deployment record
+  (``deployment_key``: the partition count and FORKLESS_INSTANCES of the live instances; another
+  layout alive: ``DeploymentMismatch``, exit 2), and makes the checkpoint
   objects' reader and writer when ``FORKLESS_CHECKPOINT_BUCKET`` is set; the controller checks
   ``lost`` every cycle (a lease that could not be renewed: ``LeaseLost``, exit 3) and calls
   ``close`` after the stop's checkpoint (the leases are released).
@@ -320,9 +322,18 @@ def check_partitionable(processor: Any) -> None:
 def lease_key(stream: str, partition: int) -> str:
     """The KV key of a partition's lease: the stream name (characters a KV key cannot hold
     written as ``=XX``), a dot, the partition."""
-    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "".join(f"={b:02X}" for b in c.encode())
+    return f"{_key_safe(stream)}.{partition}"
+
+
+def deployment_key(stream: str) -> str:
+    """The KV key of the stream's deployment record (the partition count and instances its live
+    instances run with), beside its partitions' leases."""
+    return f"{_key_safe(stream)}.deployment"
+
+
+def _key_safe(stream: str) -> str:
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "".join(f"={b:02X}" for b in c.encode())
                    for c in stream)
-    return f"{safe}.{partition}"
 
 
 class PartitionOwner:
@@ -348,6 +359,10 @@ class PartitionOwner:
         store.start(stop)
         try:
             store.acquire([lease_key(spec.stream, p) for p in spec.partitions], stop)
+            # after the leases (a dead deployment's record expires with them): another layout alive is refused
+            store.claim_deployment(deployment_key(spec.stream),
+                                   {"partition_count": spec.partition_count, "instances": config.instances},
+                                   {lease_key(spec.stream, p): p for p in range(spec.partition_count)}, stop)
             log.info("%s: holding the leases of partitions %s of %d (as %s)", feed.label, _ranges(spec.partitions),
                      spec.partition_count, holder)
             checkpoints = None
@@ -359,6 +374,11 @@ class PartitionOwner:
             store.close()
             raise
         return cls(store, feed, checkpoints)
+
+    @property
+    def unowned(self) -> int:
+        """How many of the stream's partitions have had no live lease for longer than a lease."""
+        return len(self.store.unowned)
 
     @property
     def lost(self) -> bool:

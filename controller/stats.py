@@ -145,6 +145,8 @@ class StatsSnapshot:
     # thread), and those of them that fell while the main thread was inside a step
     io_cpu_s: float = math.nan
     step_io_cpu_s: float = 0.0
+    # a partitioned instance: the stream's partitions with no live lease for longer than a lease
+    partitions_unowned: int = 0
 
     @property
     def device_fill(self) -> float:
@@ -266,12 +268,13 @@ def books_line(snap: StatsSnapshot) -> str:
 def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: int,
                    devices: tuple[tuple[str, ...], tuple[int, ...], int] | None, streams: tuple[int, int],
                    checkpoints: dict[str, Any], sources: tuple[SourceFigures, ...],
-                   io_cpu_s: float = math.nan) -> StatsSnapshot:
+                   io_cpu_s: float = math.nan, partitions_unowned: int = 0) -> StatsSnapshot:
     """``Controller.stats()``: the main thread's counters (``main``, copied here with
     ``copy_counts``) and the IO side's snapshot as one ``StatsSnapshot``. ``devices``: the
     engine's ``(devices, messages per device, rows stepped)``, None before the compile;
     ``streams``: ``(active, evicted)``; ``checkpoints``: the checkpointer's fields;
-    ``io_cpu_s``: the IO thread's CPU seconds (``IOSide.cpu_seconds``)."""
+    ``io_cpu_s``: the IO thread's CPU seconds (``IOSide.cpu_seconds``); ``partitions_unowned``:
+    a partitioned instance's count of its stream's partitions that no instance owns."""
     at_ready = main.compilations_at_ready
     feed_latency = [histogram.snapshot() for histogram in main.latency]
     latency = feed_latency[0]
@@ -325,6 +328,7 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         sources=sources,
         io_cpu_s=io_cpu_s,
         step_io_cpu_s=main.step_io_cpu_s,
+        partitions_unowned=partitions_unowned,
     )
 
 

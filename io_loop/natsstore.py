@@ -30,6 +30,15 @@ Rules:
   ``threading.Event``, set by its signal handler) and look at it every ``STOP_POLL_S`` while
   they wait (between connection attempts; for a silent holder); once it is set they raise
   ``StopRequested``, having released every key that call took.
+- The deployment record (``claim_deployment``, after ``acquire``): one more KV key beside the
+  leases holding the partition count and instances the stream's live instances run with, written
+  again by each at every renewal round. Another layout written again within a lease is another
+  live deployment (``DeploymentMismatch``, after releasing what was taken); one left unchanged
+  for a lease belongs to dead instances and is replaced. Once a lease, each instance reads every
+  partition's lease key: partitions without a value for longer than a lease are ``unowned``
+  (logged when the set changes; the controller's ``forkless_partitions_unowned``). At an orderly
+  release the record is deleted when no partition's lease key holds a value any more (the last
+  instance stopped), so another layout may start at once.
 - A holder name names one live instance: a second process started under the same name takes
   its leases over at once (meant for a restart after a kill), and the first finds out at its
   next renewal, within lease/3.
@@ -101,7 +110,7 @@ from nats.js.object_store import ObjectStore
 from nats.nuid import NUID
 
 from io_loop.backoff import Backoff
-from io_loop.errors import FeedFatal, LeaseHeld, LeaseLost, StopRequested
+from io_loop.errors import DeploymentMismatch, FeedFatal, LeaseHeld, LeaseLost, StopRequested
 from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
 from io_loop.jetstream import NatsConnectFailed as _Failed
 from io_loop.jetstream import describe_error as _describe
@@ -155,6 +164,34 @@ async def _sleep(seconds: float, stop: threading.Event | None) -> None:
         if left <= 0:
             return
         await asyncio.sleep(min(left, STOP_POLL_S) if stop is not None else left)
+
+
+def _same_layout(recorded: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """The same partition count, and the same number of instances where both have one (an
+    instance given its "partitions" explicitly records none)."""
+    if recorded.get("partition_count") != ours.get("partition_count"):
+        return False
+    a, b = recorded.get("instances"), ours.get("instances")
+    return a is None or b is None or a == b
+
+
+def _layout(layout: dict[str, Any]) -> str:
+    if "partition_count" not in layout:
+        return repr(layout)
+    n = layout.get("instances")
+    return f"partition_count {layout['partition_count']}, " + (f"FORKLESS_INSTANCES={n}" if n is not None
+                                                               else "partitions named in the feed entry")
+
+
+def _partition_list(parts: Sequence[int]) -> str:
+    out, start = [], None
+    for i, p in enumerate(parts):
+        if start is None:
+            start = p
+        if i + 1 == len(parts) or parts[i + 1] != p + 1:
+            out.append(str(start) if start == p else f"{start}-{p}")
+            start = None
+    return ",".join(out)
 
 
 def _holders(held: dict[str, list]) -> str:
@@ -218,6 +255,13 @@ class NatsStore:
         self._stop_renewing: asyncio.Event | None = None
         self._renew_error = ""
         self._taken_over: list[str] = []  # keys of our own holder name taken over by the acquire running
+        # the deployment record (``claim_deployment``): its key, our value, every partition's lease key
+        self._deployment: tuple[str, bytes, dict[str, int]] | None = None
+        self._unowned_since: dict[str, float] = {}  # a peer key seen without a value: since when
+        self._rounds = 0
+        # the partitions whose lease key has held no value for longer than a lease (written on the
+        # store's loop, read anywhere: a tuple, replaced whole)
+        self.unowned: tuple[int, ...] = ()
 
     # ---- the lease's length, from lease_s and the bucket's TTL ---------------------------------------
 
@@ -631,6 +675,8 @@ class NatsStore:
                 async with asyncio.timeout(max(0.0, earliest - started)):
                     await self._connection()
                     await self._each(self._renew, list(self._held))
+                    if self._deployment is not None:
+                        await self._keep_deployment()
             except (TimeoutError, StoreError, *NATS_ERRORS) as exc:
                 self._renew_error = _describe(exc)
             except Exception as exc:  # a renewal must never end the loop silently
@@ -712,6 +758,114 @@ class NatsStore:
         if keys:
             await self._release_keys(keys)
             log.info("released the leases of %s", ", ".join(sorted(keys)))
+        if self._deployment is not None:
+            await self._end_deployment()
+
+    # ---- the deployment record -------------------------------------------------------------------------
+
+    def claim_deployment(self, key: str, layout: dict[str, Any], peers: dict[str, int],
+                         stop: threading.Event | None = None) -> None:
+        """Check the deployment record ``key`` (a KV key in the lease bucket: the partition count
+        and instances every live instance of this stream runs with) against ``layout``, then keep
+        it written with each renewal. ``peers``: every partition's lease key -> its partition
+        (the store watches them: ``unowned``). Call after ``acquire``. A record with another
+        layout, written again within a lease (a live instance keeps it): ``DeploymentMismatch``;
+        one left unchanged for a lease (its writers are dead) is replaced. ``StopRequested`` as
+        for ``acquire``."""
+        if not KEY_NAME.match(key):
+            raise ValueError(f"{key!r} is not a KV key")
+        self._call(self._claim_deployment(key, dict(layout), dict(peers), stop))
+
+    async def _claim_deployment(self, key: str, layout: dict[str, Any], peers: dict[str, int],
+                                stop: threading.Event | None) -> None:
+        await self._connection()
+        kv, ours = self._kv, json.dumps(layout, sort_keys=True).encode()
+        seen: int | None = None
+        t0 = time.monotonic()
+        while True:
+            try:
+                entry = await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                entry = None
+            if entry is None or entry.value is None:
+                break
+            try:
+                recorded = json.loads(entry.value)
+            except ValueError:
+                recorded = {"unreadable": entry.value.decode(errors="replace")}
+            if _same_layout(recorded, layout):
+                break
+            if seen is None:
+                seen = entry.revision
+                log.warning("the deployment record %r (bucket %r) says %s, this instance runs with %s: waiting up to "
+                            "%.1f s to see whether an instance that keeps it is alive", key, self.lease_bucket,
+                            _layout(recorded), _layout(layout), self._wait_s)
+            elif entry.revision != seen:
+                raise DeploymentMismatch(recorded, layout, (
+                    f"the live instances sharing this stream run with {_layout(recorded)} (deployment record {key!r} "
+                    f"in bucket {self.lease_bucket!r}), this one with {_layout(layout)}: start every instance with "
+                    "the same FORKLESS_INSTANCES and partition_count (stop them all first to change either)"))
+            elif time.monotonic() - t0 >= self._wait_s:
+                log.warning("the deployment record %r was not written for %.1f s (its instances are gone): replaced",
+                            key, time.monotonic() - t0)
+                break
+            await _sleep(self._lease / POLLS_PER_LEASE, stop)
+        await kv.put(key, ours)
+        self._deployment = (key, ours, peers)
+
+    async def _keep_deployment(self) -> None:
+        """One renewal round's part: write the record again; once a lease, read every partition's
+        lease key and log the partitions that have had no holder for longer than a lease."""
+        key, ours, peers = self._deployment
+        await self._kv.put(key, ours)
+        self._rounds += 1
+        if self._rounds % RENEWS_PER_LEASE:
+            return
+
+        async def free(peer: str) -> bool:
+            try:
+                entry = await self._kv.get(peer)
+            except nats.js.errors.KeyNotFoundError:
+                return True
+            return entry.value is None or not entry.value
+
+        now = time.monotonic()
+        names = list(peers)
+        for peer, empty in zip(names, await self._each(free, names)):
+            if not empty:
+                self._unowned_since.pop(peer, None)
+            else:
+                self._unowned_since.setdefault(peer, now)
+        unowned = tuple(sorted(peers[k] for k, since in self._unowned_since.items() if now - since > self._lease))
+        before, self.unowned = self.unowned, unowned  # set before the line is logged: whoever reads it sees both
+        if unowned != before:
+            if unowned:
+                log.warning("partitions %s (of %d) have had no live lease for more than %g s: no instance owns "
+                            "them, so their messages go unanswered (start the instances that own them)",
+                            _partition_list(unowned), len(peers), self._lease)
+            elif before:
+                log.info("every partition has an owner again")
+
+    async def _end_deployment(self) -> None:
+        """At release: delete the record when no partition's lease key holds a value (the last
+        instance of the deployment stopped), so another layout may start at once."""
+        key, _, peers = self._deployment
+        self._deployment = None
+        self.unowned = ()
+
+        async def held(peer: str) -> bool:
+            try:
+                entry = await self._kv.get(peer)
+            except nats.js.errors.KeyNotFoundError:
+                return False
+            return bool(entry.value)
+
+        try:
+            await self._connection()
+            if not any(await self._each(held, list(peers))):
+                await self._kv.delete(key)
+        except (StoreError, *NATS_ERRORS, nats.js.errors.Error):
+            pass  # it expires by itself within the TTL
 
     async def _release_keys(self, keys: list[str]) -> None:
         """Delete each key at our revision (not one someone else wrote since); what fails expires."""

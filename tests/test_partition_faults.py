@@ -145,3 +145,40 @@ def test_sigterm_during_the_wait_for_a_dead_holders_lease_stops_within_the_deadl
     assert "connection 1 open" not in done.stderr and "restored" not in done.stderr
     mine = {key: who for key, who in _lease_holders(url).items() if f":{waiting.proc.pid}:" in who}
     assert not mine, mine  # every lease it had taken is released
+
+
+def test_an_instance_started_with_another_instance_count_is_refused_with_exit_2_naming_both(
+        app, nats_server, tmp_path):
+    url = nats_server.url
+    _create_partitioned_streams(url)
+    first = app(env=_env(url, tmp_path, instance=0, instances=2, lease_s=2.0))  # partitions 0-5
+    first.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+    wrong = app(env=_env(url, tmp_path, instance=2, instances=3, lease_s=2.0))  # 8-11: no lease in common
+    refused = wrong.finish(60 * UNIT_S)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    line = next(line for line in refused.stderr.splitlines() if line.startswith("forkless:"))
+    assert "FORKLESS_INSTANCES=2" in line and "FORKLESS_INSTANCES=3" in line and "partition_count 12" in line, line
+    assert first.proc.poll() is None  # the deployment runs on
+    assert not [who for who in _lease_holders(url).values() if f":{wrong.proc.pid}:" in who]  # 8-11 released
+    first.signal(signal.SIGTERM)
+    assert first.finish(60 * UNIT_S).returncode == 0
+
+
+def test_partitions_without_a_live_lease_for_longer_than_a_lease_are_warned_of_and_counted(
+        app, nats_server, tmp_path):
+    import urllib.request
+
+    url = nats_server.url
+    _create_partitioned_streams(url)
+    alone = app(env=_env(url, tmp_path, instance=0, instances=2, lease_s=2.0,  # 0-5; nobody runs 1 of 2
+                         FORKLESS_METRICS_ADDR="127.0.0.1:0"))
+    alone.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+    line = alone.wait_for_line(r"have had no live lease", stream="stderr", timeout_s=30 * UNIT_S)
+    assert "partitions 6-11 (of 12)" in line, line
+    where = re.search(r"metrics on (\S+)", alone.wait_for_line(r"metrics on ", stream="stderr",
+                                                               timeout_s=10 * UNIT_S)).group(1)
+    with urllib.request.urlopen(where, timeout=10) as response:
+        text = response.read().decode()
+    assert re.search(r"^forkless_partitions_unowned 6\.0$", text, re.M), [x for x in text.splitlines() if "unown" in x]
+    alone.signal(signal.SIGTERM)
+    assert alone.finish(60 * UNIT_S).returncode == 0
