@@ -34,6 +34,7 @@ from controller.errors import (
     EXIT_OK,
     EXIT_STATUSES,
     CheckpointMismatch,
+    DeploymentMismatch,
     FeedFatal,
     IOThreadError,
     LeaseHeld,
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         return EXIT_FEED
     except LeaseHeld as exc:
         print(f"forkless: partitions held by another instance: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except DeploymentMismatch as exc:
+        print(f"forkless: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except ConfigError as exc:  # known only once JAX runs: FORKLESS_DEVICES beyond the local devices
         print(f"forkless: configuration error: {exc}", file=sys.stderr)

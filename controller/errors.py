@@ -13,7 +13,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from io_loop.errors import FeedFatal, IOThreadError, LeaseHeld, LeaseLost, MetricsServerError, PositionLost
+from io_loop.errors import (
+    DeploymentMismatch,
+    FeedFatal,
+    IOThreadError,
+    LeaseHeld,
+    LeaseLost,
+    MetricsServerError,
+    PositionLost,
+)
 
 __all__ = [
     "EXIT_CONFIG",
@@ -23,6 +31,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_STATUSES",
     "CheckpointMismatch",
+    "DeploymentMismatch",
     "FeedFatal",
     "IOThreadError",
     "LeaseHeld",
@@ -41,7 +50,8 @@ EXIT_STATUSES = {
                  "served, a processor that breaks the contract, a checkpoint written with other settings, or a "
                  "JetStream stream that no longer holds the messages the checkpoint needs, was made again, or whose "
                  "position every checkpoint lost by being damaged, or partitions whose "
-                 "lease another live instance holds)",
+                 "lease another live instance holds, or live instances of the stream started with another "
+                 "FORKLESS_INSTANCES or partition_count)",
     EXIT_FEED: "the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up; with "
                "several feeds, every feed (or one, with FORKLESS_FEED_FATAL=any) (or --check: a feed is unreachable); "
                "a partition's lease lost (not renewed in time); forkless relay: also its NATS server, or messages "

@@ -107,10 +107,12 @@ call them on."""
 
 def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
                on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
-               positions: dict[str, Any] | None = None, plan: FeedPlan | None = None) -> IOSide:
+               positions: dict[str, Any] | None = None, plan: FeedPlan | None = None,
+               fence: Callable[[], bool] | None = None) -> IOSide:
     """The real IO side; ``positions``: the replayable feeds' positions a restored checkpoint
     recorded (passed only when there are some); ``plan``: the feeds with the user's own sources
-    (passed only when there are some)."""
+    (passed only when there are some); ``fence``: a partitioned instance's lease check, asked
+    before each publication of replies (passed only by a partitioned instance)."""
     render = None
     if config.metrics_addr:
         from controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
@@ -121,4 +123,4 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
         settings = dataclasses.replace(settings, feed_specs=plan.specs, uses_demo_feed=plan.uses_demo_feed)
     return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render,
                     on_connect=on_connect, before_connect=before_connect, positions=positions,
-                    sources=plan.sources if plan is not None else None)
+                    sources=plan.sources if plan is not None else None, fence=fence)

@@ -20,6 +20,8 @@ Rules:
 - Checkpoints (``FORKLESS_CHECKPOINT_DIR``): the tick at the end of ``process_pending``
   begins one when due (``Engine.begin_snapshot``, kept exact by the engine), or copies up to
   a budget more of the one in progress (controller/checkpointer.py).
+- A stop requested during ``start()`` (a signal while it compiles, waits for a dead holder's
+  lease, restores) ends the start there: no IO side is started, leases taken are released.
 - The host process is left as it was found (controller/host.py): what ``start()`` changes
   process-wide, ``stop()`` gives back; ``run()`` never exits the process (a second SIGINT
   aborts the IO side and raises ``KeyboardInterrupt``).
@@ -79,7 +81,7 @@ from controller.stats import (
 )
 from io_loop.before_connect import BeforeConnect
 from io_loop.crossing import Events, Outgoing
-from io_loop.errors import LeaseLost
+from io_loop.errors import LeaseLost, StopRequested
 from io_loop.on_connect import OnConnect, frames_of
 from io_loop.source import Source
 
@@ -208,6 +210,7 @@ class Controller:
         self._host = ProcessSettings(switch_interval_s=SWITCH_INTERVAL_S, freeze_gc=freeze_gc)
         self._signals = StopSignals(self._on_signal)
         self._aborting = False  # a second SIGINT: run() raises KeyboardInterrupt
+        self._lease_lost = False  # a partitioned instance's lease lost: the stop drops what it holds
         # set by request_stop(): a put that waits for a socket that never drains gives up then
         self._stop_deadline: float | None = None
         self._work_deadline: float | None = None  # processing and sending end here (request_stop)
@@ -230,10 +233,18 @@ class Controller:
         # partitioned instance compiles first, then takes its leases and reads its partitions'
         # objects: its partitions go unserved from the old owners' stop to its first connection
         # (a rescale), and the compile need not fall inside that window (bench/partitioned.py)
+        # a stop requested during the start (a signal while compiling, waiting for a dead holder's
+        # lease, restoring) ends it there: nothing more is started and the leases taken are released
         recovery = self.recovery
         if self._partition_feed is not None:
             self.compile()
-            self._owner = PartitionOwner.open(self.config, self._partition_feed, self.engine.checkpoint_shapes)
+            if self._stop_requested.is_set():
+                return self._stopped_in_start("the compile")
+            try:
+                self._owner = PartitionOwner.open(self.config, self._partition_feed, self.engine.checkpoint_shapes,
+                                                  stop=self._stop_requested)
+            except StopRequested:
+                return self._stopped_in_start("the wait for the partitions' leases")
             recovery.partitioned = self._owner.checkpoints
             if self.checkpointer is not None:
                 self.checkpointer.target = self._owner.checkpoints
@@ -243,6 +254,8 @@ class Controller:
         except BaseException:
             self._close_owner()
             raise
+        if self._stop_requested.is_set():
+            return self._stopped_in_start("the restore and compile")
         if self.checkpointer is not None:
             if restored is not None:
                 recovery.restore(self.engine, restored)
@@ -251,6 +264,8 @@ class Controller:
         extra: dict[str, Any] = {"positions": recovery.positions} if recovery.positions else {}
         if self.plan.sources:
             extra["plan"] = self.plan
+        if self._owner is not None:  # the IO side asks before publishing: never after the leases ran out
+            extra["fence"] = self._owner.holds
         try:
             self._io = self._io_factory(self.config, self.codec, self.io_stats, self.stats, **extra)
             self._side = self._io.start()
@@ -263,6 +278,12 @@ class Controller:
                 self.checkpointer.stop(0.0)
             self._close_owner()
             raise
+
+    def _stopped_in_start(self, during: str) -> None:
+        """``start()`` ends early: a stop was requested during ``during``; no IO side is started
+        (``stop()`` and ``process_pending()`` then do nothing), the leases taken are released."""
+        log.info("stop requested during %s: not starting", during)
+        self._close_owner()
 
     def _close_owner(self) -> None:
         """Release a partitioned instance's leases (after the stop's checkpoint)."""
@@ -320,7 +341,9 @@ class Controller:
 
         Bounded by ``shutdown_timeout_s``; what could not be sent by then is counted as
         dropped and logged. Raises if the IO thread failed; else, once stopped, the first
-        exception ``on_results`` raised during the stop (the stop goes on past it).
+        exception ``on_results`` raised during the stop (the stop goes on past it). A
+        partitioned instance whose lease is lost (or ran out) stops without answering or
+        checkpointing anything more, then raises ``LeaseLost`` (``_stop_lease_lost``).
         """
         if not self._started or self._stopped or self._side is None:  # not started, or its start failed
             return
@@ -329,6 +352,8 @@ class Controller:
         self.request_stop()  # fixes the stop deadline, if a signal or the caller has not already
         deadline, work_deadline = self._stop_deadline, self._work_deadline
         io.request_stop(work_deadline)
+        if self._owner is not None and self._owner.lost:
+            self._stop_lease_lost(deadline, work_deadline)
         raised: Exception | None = None  # on_results' first failure, raised once stopped
         try:
             while (not self._inbound_closed or len(self.batcher)) and time.monotonic() < work_deadline:
@@ -352,6 +377,28 @@ class Controller:
         if raised is not None:
             raise raised
 
+    def _stop_lease_lost(self, deadline: float, work_deadline: float) -> None:
+        """The stop of a partitioned instance whose lease is lost or ran out unrenewed: another
+        instance may own its partitions and answer from their checkpoint, so what this one holds
+        is dropped, never processed or published (the IO side's fence drops what is queued to
+        publish), no checkpoint is written, and ``LeaseLost`` is raised (exit 3)."""
+        self._lease_lost = True  # _end_threads waits for no checkpoint: one in flight is fenced (LeaseLost)
+        try:
+            held = len(self.batcher) + self._drain_inbound()
+            self.main_stats.dropped["lease lost"] += held
+            self._side.outbound.shutdown()
+            if self.checkpointer is not None:
+                self.checkpointer.stop(0.0)  # no final checkpoint: the partitions may be another's now
+        finally:
+            self._end_threads(deadline, work_deadline)
+        snap = self.stats()
+        log.error("the lease of a partition is lost: %d received messages dropped unanswered (%d of them "
+                  "unprocessed) and no checkpoint written; their new owner answers them from its checkpoint",
+                  snap.dropped.get("lease lost", 0), held)
+        raise LeaseLost(f"{self._partition_feed.label}: the lease of a partition was lost or ran out unrenewed "
+                        "(FORKLESS_LEASE_S): another instance may own it now, so this one stopped without "
+                        "publishing what it held")
+
     def _end_threads(self, deadline: float, work_deadline: float) -> None:
         """The end of ``stop()``: join the IO thread, write the stop's checkpoint, give the process back."""
         io = self._io
@@ -372,7 +419,8 @@ class Controller:
                 if not io.join(max(0.0, deadline - time.monotonic())):
                     self.abandoned_io = True
                     log.error("the IO thread did not end after the abort; leaving it behind (it is a daemon)")
-            if self.checkpointer is not None and not self.checkpointer.stop(max(0.0, deadline - time.monotonic())):
+            if self.checkpointer is not None and not self._lease_lost \
+                    and not self.checkpointer.stop(max(0.0, deadline - time.monotonic())):
                 log.error("the checkpoint of the stop was not written within FORKLESS_SHUTDOWN_TIMEOUT_S=%s",
                           self.config.shutdown_timeout_s)
         finally:
@@ -463,6 +511,8 @@ class Controller:
         """
         if not self._started:
             raise RuntimeError("call start() (or use the controller as a context manager) first")
+        if self._side is None:  # a stop was requested during start(): nothing was started
+            return 0
         self._io.raise_if_failed()
         if self._owner is not None and self._owner.lost:
             raise LeaseLost(f"{self._partition_feed.label}: the lease of a partition could not be renewed in time "
@@ -739,7 +789,8 @@ class Controller:
             streams=(len(self.slots), self.slots.evicted),
             checkpoints=self.checkpointer.stats_fields() if self.checkpointer is not None else {},
             sources=self.recovery.source_figures(io),
-            io_cpu_s=self._io.cpu_seconds() if self._io is not None else math.nan)
+            io_cpu_s=self._io.cpu_seconds() if self._io is not None else math.nan,
+            partitions_unowned=owner.unowned if (owner := self._owner) is not None else 0)
 
     @property
     def metrics_url(self) -> str | None:

@@ -171,6 +171,9 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     fams.extend(_device_families(snap))
     fams.extend(_checkpoint_families(snap))
     fams.extend(_jetstream_families(snap))
+    fams.append(GaugeMetricFamily("forkless_partitions_unowned", "A partitioned instance: its stream's partitions "
+                                  "with no live lease for longer than FORKLESS_LEASE_S (no instance owns them: their "
+                                  "messages go unanswered).", value=snap.partitions_unowned))
     return fams
 
 

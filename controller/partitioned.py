@@ -32,7 +32,10 @@ Rules:
 - ``PartitionOwner`` is the instance's side of it: at start, before anything is restored, it
   connects to the feed's server, takes a lease on every owned partition (``lease_key``: one
   key per stream and partition in the KV bucket ``FORKLESS_LEASE_BUCKET``; another live
-  holder: ``LeaseHeld``, exit 2; a dead one's lease is waited out), and makes the checkpoint
+  holder: ``LeaseHeld``, exit 2; a dead one's lease is waited out, unless the controller's stop
+  is requested meanwhile: ``StopRequested``, nothing held), checks the deployment record
+  (``deployment_key``: the partition count and FORKLESS_INSTANCES of the live instances; another
+  layout alive: ``DeploymentMismatch``, exit 2), and makes the checkpoint
   objects' reader and writer when ``FORKLESS_CHECKPOINT_BUCKET`` is set; the controller checks
   ``lost`` every cycle (a lease that could not be renewed: ``LeaseLost``, exit 3) and calls
   ``close`` after the stop's checkpoint (the leases are released).
@@ -45,6 +48,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -318,9 +322,18 @@ def check_partitionable(processor: Any) -> None:
 def lease_key(stream: str, partition: int) -> str:
     """The KV key of a partition's lease: the stream name (characters a KV key cannot hold
     written as ``=XX``), a dot, the partition."""
-    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "".join(f"={b:02X}" for b in c.encode())
+    return f"{_key_safe(stream)}.{partition}"
+
+
+def deployment_key(stream: str) -> str:
+    """The KV key of the stream's deployment record (the partition count and instances its live
+    instances run with), beside its partitions' leases."""
+    return f"{_key_safe(stream)}.deployment"
+
+
+def _key_safe(stream: str) -> str:
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "".join(f"={b:02X}" for b in c.encode())
                    for c in stream)
-    return f"{safe}.{partition}"
 
 
 class PartitionOwner:
@@ -332,9 +345,10 @@ class PartitionOwner:
         self.checkpoints = checkpoints
 
     @classmethod
-    def open(cls, config: Any, feed: Any, like: Any) -> PartitionOwner:
+    def open(cls, config: Any, feed: Any, like: Any, stop: threading.Event | None = None) -> PartitionOwner:
         """Connect, take the leases (blocking: a dead holder's are waited out), and make the
-        checkpoint objects' reader/writer if a bucket is configured."""
+        checkpoint objects' reader/writer if a bucket is configured. ``stop`` set meanwhile (a
+        signal during the wait): ``StopRequested``, with nothing held."""
         # nats-py is an optional extra, loaded only by a process with a JetStream feed
         from io_loop.natsstore import NatsStore
 
@@ -342,9 +356,13 @@ class PartitionOwner:
         holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         store = NatsStore(config.io_settings(), feed, bucket=config.checkpoint_bucket or None,
                           lease_bucket=config.lease_bucket, lease_s=config.lease_s, holder=holder)
-        store.start()
+        store.start(stop)
         try:
-            store.acquire([lease_key(spec.stream, p) for p in spec.partitions])
+            store.acquire([lease_key(spec.stream, p) for p in spec.partitions], stop)
+            # after the leases (a dead deployment's record expires with them): another layout alive is refused
+            store.claim_deployment(deployment_key(spec.stream),
+                                   {"partition_count": spec.partition_count, "instances": config.instances},
+                                   {lease_key(spec.stream, p): p for p in range(spec.partition_count)}, stop)
             log.info("%s: holding the leases of partitions %s of %d (as %s)", feed.label, _ranges(spec.partitions),
                      spec.partition_count, holder)
             checkpoints = None
@@ -358,8 +376,19 @@ class PartitionOwner:
         return cls(store, feed, checkpoints)
 
     @property
+    def unowned(self) -> int:
+        """How many of the stream's partitions have had no live lease for longer than a lease."""
+        return len(self.store.unowned)
+
+    @property
     def lost(self) -> bool:
-        return self.store.lost.is_set()
+        """A lease lost, or run out unrenewed (a pause past the lease): see ``holds``."""
+        return not self.store.holds()
+
+    def holds(self) -> bool:
+        """Every lease still held by time (any thread, no I/O): the IO side's fence before it
+        publishes replies (io_loop/jetstream.py)."""
+        return self.store.holds()
 
     def close(self) -> None:
         """Release the leases and close the connection (idempotent)."""

@@ -156,6 +156,8 @@ class StatsSnapshot:
     sent_out: int = 0
     sent_unsent: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    # a partitioned instance: the stream's partitions with no live lease for longer than a lease
+    partitions_unowned: int = 0
 
     @property
     def device_fill(self) -> float:
@@ -277,12 +279,13 @@ def books_line(snap: StatsSnapshot) -> str:
 def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: int,
                    devices: tuple[tuple[str, ...], tuple[int, ...], int] | None, streams: tuple[int, int],
                    checkpoints: dict[str, Any], sources: tuple[SourceFigures, ...],
-                   io_cpu_s: float = math.nan) -> StatsSnapshot:
+                   io_cpu_s: float = math.nan, partitions_unowned: int = 0) -> StatsSnapshot:
     """``Controller.stats()``: the main thread's counters (``main``, copied here with
     ``copy_counts``) and the IO side's snapshot as one ``StatsSnapshot``. ``devices``: the
     engine's ``(devices, messages per device, rows stepped)``, None before the compile;
     ``streams``: ``(active, evicted)``; ``checkpoints``: the checkpointer's fields;
-    ``io_cpu_s``: the IO thread's CPU seconds (``IOSide.cpu_seconds``)."""
+    ``io_cpu_s``: the IO thread's CPU seconds (``IOSide.cpu_seconds``); ``partitions_unowned``:
+    a partitioned instance's count of its stream's partitions that no instance owns."""
     at_ready = main.compilations_at_ready
     feed_latency = [histogram.snapshot() for histogram in main.latency]
     latency = feed_latency[0]
@@ -338,6 +341,7 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         step_io_cpu_s=main.step_io_cpu_s,
         events_in=io.events_in, events=main.events, events_unhandled=main.events_unhandled,
         sent_out=io.sent_out, sent_unsent=io.sent_unsent, counts=io.counts,
+        partitions_unowned=partitions_unowned,
     )
 
 

@@ -12,7 +12,8 @@ Rules:
 
 from __future__ import annotations
 
-__all__ = ["FeedFatal", "IOThreadError", "LeaseHeld", "LeaseLost", "MetricsServerError", "PositionLost"]
+__all__ = ["DeploymentMismatch", "FeedFatal", "IOThreadError", "LeaseHeld", "LeaseLost", "MetricsServerError",
+           "PositionLost", "StopRequested"]
 
 
 class FeedFatal(Exception):
@@ -43,6 +44,28 @@ class LeaseLost(Exception):
     """A partition lease of ours could not be renewed before it expired, or someone else took
     it: the partitions may have a new owner, so nothing more is written for them; the instance
     stops with exit status 3."""
+
+
+class DeploymentMismatch(Exception):
+    """Live instances sharing this partitioned stream were started with another partition count
+    or number of instances (``FORKLESS_INSTANCES``), as the lease bucket's deployment record says:
+    together the two layouts would leave partitions without an owner, or with two. ``recorded``
+    and ``ours`` are the two layouts ({"partition_count": P, "instances": N}); the message names
+    both. Exit status 2."""
+
+    def __init__(self, recorded: dict, ours: dict, message: str = "") -> None:
+        super().__init__(message or f"the live instances run with {recorded}, this one with {ours}")
+        self.recorded = dict(recorded)
+        self.ours = dict(ours)
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.recorded, self.ours, str(self))
+
+
+class StopRequested(Exception):
+    """The caller's stop was requested while the partition store waited for it (its connection
+    retries, a dead holder's lease): what the call had taken is released. Not an error: the
+    controller's start ends there, and the run stops cleanly (exit status 0)."""
 
 
 class MetricsServerError(RuntimeError):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import janus
@@ -94,7 +94,7 @@ class FeedSet:
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, *,
                  demo_url: str | None = None, on_connect: OnConnect | None = None,
                  before_connect: BeforeConnect | None = None, positions: Mapping[str, Origin] | None = None,
-                 sources: Mapping[str, Source] | None = None) -> None:
+                 sources: Mapping[str, Source] | None = None, fence: Callable[[], bool] | None = None) -> None:
         self.settings = settings
         self.bridge = bridge
         self.specs = settings.feed_specs
@@ -115,7 +115,8 @@ class FeedSet:
                 from io_loop.jetstream import JetStreamFeed
 
                 self.clients.append(JetStreamFeed(settings, codec, IOStats(), spec, inbound=bridge.inbound,
-                                                  outbox=outbox, index=i, resume=(positions or {}).get(spec.name)))
+                                                  outbox=outbox, index=i, resume=(positions or {}).get(spec.name),
+                                                  fence=fence if spec.jetstream.partitioned else None))
                 continue
             self.clients.append(FeedClient(settings, codec, IOStats(), spec, inbound=bridge.inbound, outbox=outbox,
                                            index=i, url=demo_url if not spec.url else None,

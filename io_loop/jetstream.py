@@ -44,6 +44,10 @@ Rules:
   stream's duplicate window drops a copy). ``SourceStats.confirmed`` is the origin of
   the last main-thread reply acknowledged: a checkpoint is committed only once every reply to
   the messages it covers is (controller/loop.py).
+- A partitioned feed is fenced by its leases (``fence``, the store's ``holds``): before each
+  item is published, a False ``fence`` (a lease lost, or run out unrenewed after a pause) drops
+  the item instead, counted in ``dropped`` ("lease lost") and logged once: another instance may
+  own the partitions now and answers those messages from its checkpoint.
 - Reconnect on any loss (connection, server restart, heartbeats missing, a publish not
   acknowledged) with the same ``Backoff`` as the WebSocket feeds; tries used up, or the server
   refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
@@ -79,6 +83,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -310,8 +315,10 @@ class JetStreamFeed(FeedControl):
     restored checkpoint recorded for it (None: start per ``start``)."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, feed: FeedSpec, *, inbound: Any,
-                 outbox: Any, index: int = 0, resume: Origin | None = None) -> None:
+                 outbox: Any, index: int = 0, resume: Origin | None = None,
+                 fence: Callable[[], bool] | None = None) -> None:
         assert feed.jetstream is not None
+        self.fence = fence  # a partitioned instance's leases: False once it may no longer publish
         self.settings = settings
         self.codec = codec
         self.feed = feed
@@ -348,6 +355,7 @@ class JetStreamFeed(FeedControl):
         self._reader_task: asyncio.Task | None = None
         self._reader_in_handover = False
         self._ack_sub: Any = None  # the writer's subscription to the acknowledgements
+        self._fenced = False  # the fence refused a publication (logged once)
         self._connection_id = 0
         self._live = 0  # the connection being served (0: none); its loops end when it changes
         self._nats_error = ""
@@ -562,7 +570,11 @@ class JetStreamFeed(FeedControl):
                     end = writer.result()
                     if end.outcome is not Outcome.DRAINED:
                         return end
-                    log.info("%s: connection %d closed after publishing every reply", self.feed.label, conn)
+                    if self._fenced:
+                        log.info("%s: connection %d closed; the replies left were dropped (the leases are lost)",
+                                 self.feed.label, conn)
+                    else:
+                        log.info("%s: connection %d closed after publishing every reply", self.feed.label, conn)
                     return End(Outcome.CLOSED)
                 if reader is not None and reader in done:
                     tasks.discard(reader)
@@ -813,6 +825,18 @@ class JetStreamFeed(FeedControl):
             start = held.offset
             if not results or origin is None:  # replies "none", or nothing to name them by: not published
                 stats.dropped["reply not published (no results subject)"] += item.results
+                held.take_held()
+                continue
+            if self.fence is not None and not self.fence():
+                # the partitions' leases are lost or ran out unrenewed (a pause past the lease):
+                # their new owner answers these from its checkpoint, so they are never published here
+                dropped = len(frames) - start
+                stats.dropped["lease lost"] += dropped
+                if not self._fenced:
+                    self._fenced = True
+                    log.error("%s: the partitions' leases are lost or ran out unrenewed: no reply is published "
+                              "from now on (their new owner answers them; counted in dropped, \"lease lost\")",
+                              self.feed.label)
                 held.take_held()
                 continue
             acks.begin(sent, len(frames) - start)

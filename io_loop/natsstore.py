@@ -26,6 +26,19 @@ Rules:
   this call took); its value gone (expired, deleted) means it is free, and it is created; still
   unchanged at the deadline (the server removes expired values a little late), it is taken at
   that revision (``update(last=)``: only if nobody wrote it meanwhile).
+- A wait is never deaf to a stop: ``start`` and ``acquire`` take the caller's stop (a
+  ``threading.Event``, set by its signal handler) and look at it every ``STOP_POLL_S`` while
+  they wait (between connection attempts; for a silent holder); once it is set they raise
+  ``StopRequested``, having released every key that call took.
+- The deployment record (``claim_deployment``, after ``acquire``): one more KV key beside the
+  leases holding the partition count and instances the stream's live instances run with, written
+  again by each at every renewal round. Another layout written again within a lease is another
+  live deployment (``DeploymentMismatch``, after releasing what was taken); one left unchanged
+  for a lease belongs to dead instances and is replaced. Once a lease, each instance reads every
+  partition's lease key: partitions without a value for longer than a lease are ``unowned``
+  (logged when the set changes; the controller's ``forkless_partitions_unowned``). At an orderly
+  release the record is deleted when no partition's lease key holds a value any more (the last
+  instance stopped), so another layout may start at once.
 - A holder name names one live instance: a second process started under the same name takes
   its leases over at once (meant for a restart after a kill), and the first finds out at its
   next renewal, within lease/3.
@@ -41,6 +54,12 @@ Rules:
   The last check and the meta's publication are not one atomic step: a meta sent in the instant
   the lease runs out is stored. That window is one publish long, and a new owner takes a key only
   once the server has let it expire (or later).
+- Fencing the replies: ``holds()`` (any thread, no I/O) is False once a lease is lost or its
+  last acknowledged renewal is a lease old, whether or not the renewer has noticed yet (a
+  process paused by SIGSTOP wakes with every thread at once). The IO side asks it before it
+  publishes each item of replies (io_loop/jetstream.py) and drops what it may not publish, so a
+  zombie never publishes what it held: the partitions' new owner answers those from its
+  checkpoint. The window between the check and the publication is one item long, as above.
 - ``release`` deletes each key still ours, only at our revision (``delete(last=)``), so a key
   someone else took meanwhile is left alone; a key that cannot be deleted expires by itself.
 - Objects are stored in nats-py's object-store layout (``$O.<bucket>.C.<nuid>`` chunks of
@@ -74,6 +93,7 @@ import concurrent.futures
 import hashlib
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -90,7 +110,7 @@ from nats.js.object_store import ObjectStore
 from nats.nuid import NUID
 
 from io_loop.backoff import Backoff
-from io_loop.errors import FeedFatal, LeaseHeld, LeaseLost
+from io_loop.errors import DeploymentMismatch, FeedFatal, LeaseHeld, LeaseLost, StopRequested
 from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
 from io_loop.jetstream import NatsConnectFailed as _Failed
 from io_loop.jetstream import describe_error as _describe
@@ -110,6 +130,7 @@ POLLS_PER_LEASE = 6  # a waiting claimant reads the held keys this often per lea
 MARGIN_FRACTION, MARGIN_S = 0.1, 0.5  # a claimant waits for a silent holder a lease plus this
 TAKE_ATTEMPTS = 5  # a key changing hands under a claimant this often: StoreError
 CLOSE_S = 1.0
+STOP_POLL_S = 0.05  # a wait (connection retries, a dead holder's lease) looks at the caller's stop this often
 BUCKET_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")  # nats-py's rule for KV and object-store buckets
 KEY_NAME = re.compile(r"^[-/_=.a-zA-Z0-9]+$")  # a KV key (nats-py's rule), not starting or ending with "."
 WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's error codes for an expected-last-sequence mismatch
@@ -130,6 +151,47 @@ class ObjectDamaged(StoreError):
 def _wrong_last(exc: BaseException) -> bool:
     return isinstance(exc, nats.js.errors.KeyWrongLastSequenceError) or (
         isinstance(exc, nats.js.errors.APIError) and exc.err_code in WRONG_LAST_SEQUENCE)
+
+
+async def _sleep(seconds: float, stop: threading.Event | None) -> None:
+    """``asyncio.sleep(seconds)``, looking at ``stop`` every ``STOP_POLL_S``: ``StopRequested``
+    once it is set (a ``threading.Event``: the caller's stop request, set by a signal handler)."""
+    end = time.monotonic() + seconds
+    while True:
+        if stop is not None and stop.is_set():
+            raise StopRequested("a stop was requested while the checkpoint store waited")
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        await asyncio.sleep(min(left, STOP_POLL_S) if stop is not None else left)
+
+
+def _same_layout(recorded: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """The same partition count, and the same number of instances where both have one (an
+    instance given its "partitions" explicitly records none)."""
+    if recorded.get("partition_count") != ours.get("partition_count"):
+        return False
+    a, b = recorded.get("instances"), ours.get("instances")
+    return a is None or b is None or a == b
+
+
+def _layout(layout: dict[str, Any]) -> str:
+    if "partition_count" not in layout:
+        return repr(layout)
+    n = layout.get("instances")
+    return f"partition_count {layout['partition_count']}, " + (f"FORKLESS_INSTANCES={n}" if n is not None
+                                                               else "partitions named in the feed entry")
+
+
+def _partition_list(parts: Sequence[int]) -> str:
+    out, start = [], None
+    for i, p in enumerate(parts):
+        if start is None:
+            start = p
+        if i + 1 == len(parts) or parts[i + 1] != p + 1:
+            out.append(str(start) if start == p else f"{start}-{p}")
+            start = None
+    return ",".join(out)
 
 
 def _holders(held: dict[str, list]) -> str:
@@ -186,10 +248,20 @@ class NatsStore:
         self._ttl_s = self.lease_s  # the lease bucket's TTL in force
         self._held: dict[str, int] = {}  # key -> our revision
         self._valid_until: dict[str, float] = {}  # key -> monotonic time its lease runs out for us
+        # the earliest of ``_valid_until`` (-inf: nothing held): one float, written on the store's
+        # loop and read by any thread (``holds``) without a lock
+        self._held_until = -math.inf
         self._renewer: asyncio.Task | None = None
         self._stop_renewing: asyncio.Event | None = None
         self._renew_error = ""
         self._taken_over: list[str] = []  # keys of our own holder name taken over by the acquire running
+        # the deployment record (``claim_deployment``): its key, our value, every partition's lease key
+        self._deployment: tuple[str, bytes, dict[str, int]] | None = None
+        self._unowned_since: dict[str, float] = {}  # a peer key seen without a value: since when
+        self._rounds = 0
+        # the partitions whose lease key has held no value for longer than a lease (written on the
+        # store's loop, read anywhere: a tuple, replaced whole)
+        self.unowned: tuple[int, ...] = ()
 
     # ---- the lease's length, from lease_s and the bucket's TTL ---------------------------------------
 
@@ -204,11 +276,23 @@ class NatsStore:
         longest = max(self.lease_s, self._ttl_s)
         return longest + longest * MARGIN_FRACTION + MARGIN_S
 
+    def holds(self) -> bool:
+        """Whether every lease of ours is still held by time: none lost, and the earliest renewal
+        not older than a lease (``now < sent + lease`` for each key's last acknowledged renewal).
+        Any thread; no I/O. The IO side asks before publishing each batch of replies, so an
+        instance that was paused (SIGSTOP, a VM frozen) past its lease never publishes what it
+        held, whether or not its renewer has noticed yet (see the module rules, "Fencing")."""
+        return not self.lost.is_set() and time.monotonic() < self._held_until
+
+    def _update_held_until(self) -> None:
+        self._held_until = min(self._valid_until.values(), default=-math.inf)
+
     # ---- the thread and the calls onto it --------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, stop: threading.Event | None = None) -> None:
         """Start the thread, connect (retrying), make the buckets if missing. Raises ``FeedFatal``
-        when the server cannot be used; then the store is closed."""
+        when the server cannot be used, ``StopRequested`` once ``stop`` is set between two
+        attempts; then the store is closed."""
         with self._guard:
             if self._loop is not None or self._closed:
                 raise RuntimeError("NatsStore.start: started already (a store is started once)")
@@ -217,7 +301,7 @@ class NatsStore:
             self._thread = threading.Thread(target=self._run_loop, args=(loop,), name="forkless-store", daemon=True)
             self._thread.start()
         try:
-            self._call(self._start())
+            self._call(self._start(stop))
         except BaseException:
             self._end_thread()
             raise
@@ -299,7 +383,7 @@ class NatsStore:
 
     # ---- connecting ------------------------------------------------------------------------------------
 
-    async def _start(self) -> None:
+    async def _start(self, stop: threading.Event | None) -> None:
         cfg = self.settings
         self._connecting = asyncio.Lock()
         backoff = Backoff.from_settings(cfg)
@@ -319,7 +403,7 @@ class NatsStore:
                     raise FeedFatal(f"giving up on the checkpoint store on {self._shown} after {backoff.failures} "
                                     f"failed attempts in a row: {exc}") from None
                 log.warning("checkpoint store on %s: %s; retrying in %.2fs", self._shown, exc, delay)
-                await asyncio.sleep(delay)
+                await _sleep(delay, stop)
 
     async def _connect(self) -> None:
         """One attempt; raises ``_Failed``."""
@@ -428,17 +512,19 @@ class NatsStore:
 
     # ---- leases ------------------------------------------------------------------------------------------
 
-    def acquire(self, keys: Sequence[str]) -> None:
+    def acquire(self, keys: Sequence[str], stop: threading.Event | None = None) -> None:
         """Take the lease of every key (see the module rules); renewed from now on until
         ``release``. Raises ``LeaseHeld`` (a live instance holds some: none of this call's keys
-        kept), ``LeaseLost`` (a lease of ours was lost before), ``StoreError``."""
+        kept), ``LeaseLost`` (a lease of ours was lost before), ``StoreError``, and
+        ``StopRequested`` once ``stop`` is set while it waits for a holder (none of this call's
+        keys kept: released at once, within ``STOP_POLL_S`` and one round trip)."""
         keys = list(dict.fromkeys(keys))
         for key in keys:
             if not KEY_NAME.match(key) or key.startswith(".") or key.endswith("."):
                 raise ValueError(f"{key!r} is not a lease key (letters, digits and -/_=. not at either end)")
         if self.lost.is_set():
             raise LeaseLost(self._lost_message())
-        self._call(self._acquire(keys))
+        self._call(self._acquire(keys, stop))
 
     def release(self) -> None:
         """Delete our keys (each only if still ours) and stop renewing. Idempotent."""
@@ -446,7 +532,7 @@ class NatsStore:
             return
         self._call(self._release())
 
-    async def _acquire(self, keys: list[str]) -> None:
+    async def _acquire(self, keys: list[str], stop: threading.Event | None = None) -> None:
         await self._connection()
         todo = [key for key in keys if key not in self._held]
         took: list[str] = []
@@ -457,7 +543,7 @@ class NatsStore:
                 self._ensure_renewer()
             held = {key: list(found) for key, found in zip(todo, results) if found is not None}
             if held:
-                await self._wait_for(held, took)
+                await self._wait_for(held, took, stop)
         except BaseException:
             await self._release_keys(took)
             raise
@@ -469,6 +555,7 @@ class NatsStore:
     def _took(self, key: str, revision: int, sent: float, took: list[str]) -> None:
         self._held[key] = revision
         self._valid_until[key] = sent + self._lease
+        self._update_held_until()
         took.append(key)
 
     async def _try_take(self, key: str, took: list[str]) -> tuple[str, int] | None:
@@ -506,7 +593,7 @@ class NatsStore:
         raise StoreError(f"the lease of {key} changed hands {TAKE_ATTEMPTS} times while this instance tried to "
                          f"take it (bucket {self.lease_bucket!r})")
 
-    async def _wait_for(self, held: dict[str, list], took: list[str]) -> None:
+    async def _wait_for(self, held: dict[str, list], took: list[str], stop: threading.Event | None = None) -> None:
         """Wait for the holders of ``held`` ({key: [holder, revision]}) to let their leases expire;
         take each key then. ``LeaseHeld`` as soon as one holder shows it is alive."""
         t0 = time.monotonic()
@@ -548,7 +635,7 @@ class NatsStore:
 
         while held:
             now = time.monotonic()
-            await asyncio.sleep(max(0.0, min(poll_s, deadline - now)))
+            await _sleep(max(0.0, min(poll_s, deadline - now)), stop)
             if self.lost.is_set():
                 raise LeaseLost(self._lost_message())
             await self._connection()
@@ -588,6 +675,8 @@ class NatsStore:
                 async with asyncio.timeout(max(0.0, earliest - started)):
                     await self._connection()
                     await self._each(self._renew, list(self._held))
+                    if self._deployment is not None:
+                        await self._keep_deployment()
             except (TimeoutError, StoreError, *NATS_ERRORS) as exc:
                 self._renew_error = _describe(exc)
             except Exception as exc:  # a renewal must never end the loop silently
@@ -628,6 +717,7 @@ class NatsStore:
         if self._held.get(key) == revision:
             self._held[key] = new
             self._valid_until[key] = sent + self._lease
+            self._update_held_until()
             self._renew_error = ""
 
     def _expire(self, now: float) -> None:
@@ -637,6 +727,7 @@ class NatsStore:
             self._lose(expired, f"not renewed for {self._lease:g} s{why}")
 
     def _lose(self, keys: list[str], why: str) -> None:
+        self._held_until = -math.inf  # first: ``holds`` is False from here on (``lost`` is never cleared)
         for key in keys:
             self._held.pop(key, None)
             self._valid_until.pop(key, None)
@@ -667,6 +758,114 @@ class NatsStore:
         if keys:
             await self._release_keys(keys)
             log.info("released the leases of %s", ", ".join(sorted(keys)))
+        if self._deployment is not None:
+            await self._end_deployment()
+
+    # ---- the deployment record -------------------------------------------------------------------------
+
+    def claim_deployment(self, key: str, layout: dict[str, Any], peers: dict[str, int],
+                         stop: threading.Event | None = None) -> None:
+        """Check the deployment record ``key`` (a KV key in the lease bucket: the partition count
+        and instances every live instance of this stream runs with) against ``layout``, then keep
+        it written with each renewal. ``peers``: every partition's lease key -> its partition
+        (the store watches them: ``unowned``). Call after ``acquire``. A record with another
+        layout, written again within a lease (a live instance keeps it): ``DeploymentMismatch``;
+        one left unchanged for a lease (its writers are dead) is replaced. ``StopRequested`` as
+        for ``acquire``."""
+        if not KEY_NAME.match(key):
+            raise ValueError(f"{key!r} is not a KV key")
+        self._call(self._claim_deployment(key, dict(layout), dict(peers), stop))
+
+    async def _claim_deployment(self, key: str, layout: dict[str, Any], peers: dict[str, int],
+                                stop: threading.Event | None) -> None:
+        await self._connection()
+        kv, ours = self._kv, json.dumps(layout, sort_keys=True).encode()
+        seen: int | None = None
+        t0 = time.monotonic()
+        while True:
+            try:
+                entry = await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                entry = None
+            if entry is None or entry.value is None:
+                break
+            try:
+                recorded = json.loads(entry.value)
+            except ValueError:
+                recorded = {"unreadable": entry.value.decode(errors="replace")}
+            if _same_layout(recorded, layout):
+                break
+            if seen is None:
+                seen = entry.revision
+                log.warning("the deployment record %r (bucket %r) says %s, this instance runs with %s: waiting up to "
+                            "%.1f s to see whether an instance that keeps it is alive", key, self.lease_bucket,
+                            _layout(recorded), _layout(layout), self._wait_s)
+            elif entry.revision != seen:
+                raise DeploymentMismatch(recorded, layout, (
+                    f"the live instances sharing this stream run with {_layout(recorded)} (deployment record {key!r} "
+                    f"in bucket {self.lease_bucket!r}), this one with {_layout(layout)}: start every instance with "
+                    "the same FORKLESS_INSTANCES and partition_count (stop them all first to change either)"))
+            elif time.monotonic() - t0 >= self._wait_s:
+                log.warning("the deployment record %r was not written for %.1f s (its instances are gone): replaced",
+                            key, time.monotonic() - t0)
+                break
+            await _sleep(self._lease / POLLS_PER_LEASE, stop)
+        await kv.put(key, ours)
+        self._deployment = (key, ours, peers)
+
+    async def _keep_deployment(self) -> None:
+        """One renewal round's part: write the record again; once a lease, read every partition's
+        lease key and log the partitions that have had no holder for longer than a lease."""
+        key, ours, peers = self._deployment
+        await self._kv.put(key, ours)
+        self._rounds += 1
+        if self._rounds % RENEWS_PER_LEASE:
+            return
+
+        async def free(peer: str) -> bool:
+            try:
+                entry = await self._kv.get(peer)
+            except nats.js.errors.KeyNotFoundError:
+                return True
+            return entry.value is None or not entry.value
+
+        now = time.monotonic()
+        names = list(peers)
+        for peer, empty in zip(names, await self._each(free, names)):
+            if not empty:
+                self._unowned_since.pop(peer, None)
+            else:
+                self._unowned_since.setdefault(peer, now)
+        unowned = tuple(sorted(peers[k] for k, since in self._unowned_since.items() if now - since > self._lease))
+        before, self.unowned = self.unowned, unowned  # set before the line is logged: whoever reads it sees both
+        if unowned != before:
+            if unowned:
+                log.warning("partitions %s (of %d) have had no live lease for more than %g s: no instance owns "
+                            "them, so their messages go unanswered (start the instances that own them)",
+                            _partition_list(unowned), len(peers), self._lease)
+            elif before:
+                log.info("every partition has an owner again")
+
+    async def _end_deployment(self) -> None:
+        """At release: delete the record when no partition's lease key holds a value (the last
+        instance of the deployment stopped), so another layout may start at once."""
+        key, _, peers = self._deployment
+        self._deployment = None
+        self.unowned = ()
+
+        async def held(peer: str) -> bool:
+            try:
+                entry = await self._kv.get(peer)
+            except nats.js.errors.KeyNotFoundError:
+                return False
+            return bool(entry.value)
+
+        try:
+            await self._connection()
+            if not any(await self._each(held, list(peers))):
+                await self._kv.delete(key)
+        except (StoreError, *NATS_ERRORS, nats.js.errors.Error):
+            pass  # it expires by itself within the TTL
 
     async def _release_keys(self, keys: list[str]) -> None:
         """Delete each key at our revision (not one someone else wrote since); what fails expires."""
@@ -674,6 +873,7 @@ class NatsStore:
         revisions = {key: self._held.pop(key) for key in keys if key in self._held}
         for key in keys:
             self._valid_until.pop(key, None)
+        self._update_held_until()
 
         async def delete(key: str) -> None:
             try:

@@ -32,6 +32,12 @@ Rules:
   seq that goes back (a feed that restarted its numbering) is counted apart. Each gap is logged
   (at most one line per feed per ``GAP_LOG_S``, the next line saying how many were not), the totals
   at the stop.
+- The start against the stream (``RELAY_SEQ=feed`` with one feed): before its first publication
+  the relay reads the last message the stream holds under ``<subject>.>`` and, once the feed's
+  first message of this run is taken, logs its seq against that one's: right after it, a gap
+  of N (what an earlier relay read and never stored, as after a kill -9, or what the feed sent
+  while none ran), or at or before it (not a gap). Once per run; a failed look-up is logged and
+  not retried.
 - Orderly stop: the sink returns once inbound is shut down and empty and every held message is
   acknowledged. What is still held when it is cancelled (the IO thread aborted: the stop deadline
   passed, a second SIGINT, a feed's failure) is counted in ``unpublished`` and logged.
@@ -52,6 +58,7 @@ from typing import Any
 import janus
 import nats
 import nats.errors
+import nats.js.errors
 import orjson
 
 from io_loop.backoff import Backoff
@@ -244,6 +251,13 @@ class Publisher:
         self._subjects: dict[str, str] = {}
         self._gap_logged_at: dict[int, float] = {}
         self._gaps_not_logged: Counter[int] = Counter()
+        # the start against the stream (FORKLESS_RELAY_SEQ=feed, one feed): the feed's first seq this
+        # run, and the seq of the last message the stream held when the first connection was made
+        self._start_check = relay.seq == "feed" and len(feed_names) == 1
+        self._first_seq: Any = None
+        self._last_stored: Any = None
+        self._looked_up = False
+        self._stream_name = ""
 
     # ---- the sink -------------------------------------------------------------------------------
 
@@ -326,6 +340,9 @@ class Publisher:
         """Give each message of ``chunk`` its id, subject and payload; follow its seqs."""
         for gap in self.gaps.observe(chunk.feed, chunk.connection, chunk.seq, chunk.stream):
             self._log_gap(gap)
+        if self._first_seq is None and self._start_check and len(chunk):
+            self._first_seq = chunk.seq[0]
+            self._compare_start()
         rows = chunk.x.tolist()  # float64: Python floats, written back exactly
         dumps, subjects, waiting = orjson.dumps, self._subjects, self._waiting
         for seq, stream, x in zip(chunk.seq, chunk.stream, rows):
@@ -372,6 +389,8 @@ class Publisher:
         stats.connected = True
         stats.state_since = time.time()
         log.info("relay: connected to %s", self.shown_url)
+        if self._start_check and not self._looked_up:
+            await self._look_up_last_stored(nc)
         prefix = nc.new_inbox() + "."
         cut = len(prefix)
         in_flight, waiting, wake = self._in_flight, self._waiting, self._wake
@@ -462,6 +481,55 @@ class Publisher:
         self.stats.state_since = time.time()
 
     # ---- gaps ------------------------------------------------------------------------------------------
+
+    async def _look_up_last_stored(self, nc: Any) -> None:
+        """Before this run's first publication: the seq in the last message the stream holds
+        under ``<subject>.>`` (what an earlier relay stored last). Looked up once; a failure is
+        logged, not retried (it is a report, not a condition of the run)."""
+        subject = f"{self.relay.subject}.>"
+        try:
+            async with asyncio.timeout(self.settings.connect_timeout_s):
+                jsm = nc.jetstream()
+                self._stream_name = await jsm.find_stream_name_by_subject(subject)
+                try:
+                    msg = await jsm.get_last_msg(self._stream_name, subject)
+                except nats.js.errors.NotFoundError:
+                    self._last_stored = "none"
+                else:
+                    seq = json.loads(msg.data or b"{}").get("seq")
+                    self._last_stored = seq if isinstance(seq, int) and not isinstance(seq, bool) else "unknown"
+        except (*NATS_ERRORS, nats.js.errors.Error, ValueError, AttributeError) as exc:
+            log.info("relay: the last message stored under %s could not be read (%s): the start is not compared "
+                     "with it", subject, _describe(exc))
+            self._last_stored = "unknown"
+        self._looked_up = True
+        self._compare_start()
+
+    def _compare_start(self) -> None:
+        """Once both are known: the feed's first seq of this run against the last one stored,
+        logged once (a gap with its size: what an earlier relay read and never stored, a kill -9's
+        loss, or what the feed sent while no relay ran)."""
+        first, last = self._first_seq, self._last_stored
+        if first is None or last is None or last == "unknown":
+            return
+        self._start_check = False  # logged once
+        feed, stream = self._feed_name(0), self._stream_name
+        if not isinstance(first, int) or isinstance(first, bool):
+            return
+        if last == "none":
+            log.info("relay: feed %r starts at seq %d; stream %r holds nothing under %s.> yet", feed, first, stream,
+                     self.relay.subject)
+        elif first == last + 1:
+            log.info("relay: feed %r starts at seq %d, right after the last one stored in stream %r (seq %d): "
+                     "nothing missing between the runs", feed, first, stream, last)
+        elif first > last + 1:
+            log.warning("relay: feed %r starts at seq %d, the last one stored in stream %r is seq %d: a gap of %d "
+                        "messages between the runs (read and never stored by the relay before, as after a kill -9, "
+                        "or sent while no relay ran)", feed, first, stream, last, first - last - 1)
+        else:
+            log.info("relay: feed %r starts at seq %d, at or before the last one stored in stream %r (seq %d): the "
+                     "feed sends again from an earlier point or numbers anew (not a gap; copies are stored again)",
+                     feed, first, stream, last)
 
     def _feed_name(self, index: int) -> str:
         return self.feed_names[index] if 0 <= index < len(self.feed_names) else str(index)

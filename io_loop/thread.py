@@ -11,8 +11,9 @@ Rules:
   the codec's decoding half, its ``IOStats`` to write, ``stats_snapshot``, the controller's
   whole-process snapshot for the health endpoints, ``render_metrics``, the ``/metrics``
   body, ``on_connect``, the embedder's hook for each new connection: io_loop/on_connect.py,
-  ``before_connect``, its hook for each attempt's URL and headers: io_loop/before_connect.py, and
-  ``positions``, where the restored checkpoint left each JetStream feed); the main thread learns
+  ``before_connect``, its hook for each attempt's URL and headers: io_loop/before_connect.py,
+  ``positions``, where the restored checkpoint left each JetStream feed, and ``fence``, a
+  partitioned feed's lease check before each publication: io_loop/jetstream.py); the main thread learns
   about this side only through ``snapshot()`` (queue depths, unsent
   frames, copied counters), ``cpu_seconds()`` (this thread's CPU clock, which the main thread
   reads around each step: how much of this side's work overlaps the steps) and the bridge's queues.
@@ -71,8 +72,10 @@ class IOThread:
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
                  on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
                  positions: Mapping[str, Origin] | None = None, sink: InboundSink | None = None,
-                 sources: Mapping[str, Source] | None = None, name: str = "forkless-io") -> None:
+                 sources: Mapping[str, Source] | None = None, name: str = "forkless-io",
+                 fence: Callable[[], bool] | None = None) -> None:
         self.settings = settings
+        self._fence = fence  # a partitioned feed's leases: False once it may no longer publish
         self._sink = sink
         self._sources = dict(sources or {})  # the user's own sources, by feed name (io_loop/source.py)
         self.positions = dict(positions or {})  # JetStream feeds' restored positions, by feed name
@@ -214,7 +217,7 @@ class IOThread:
                          cfg.demo_rate)
             self._feeds = FeedSet(cfg, self.codec, bridge, demo_url=demo_url, on_connect=self._on_connect,
                                   before_connect=self._before_connect, positions=self.positions,
-                                  sources=self._sources)
+                                  sources=self._sources, fence=self._fence)
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:

@@ -431,3 +431,73 @@ def test_an_existing_lease_bucket_with_another_ttl_is_used_with_a_warning(server
                for m in warnings), warnings
     store.acquire(["TICKS.1"])
     assert _lease(server.url, "TICKS.1", store.lease_bucket)[0] == "inst-0"
+
+
+# ---- issue 30: the fence by time, a stop during the wait, the deployment record -----------------------
+
+
+def _freeze(store: NatsStore, seconds: float) -> None:
+    """Hold the store's own loop (its renewer) for ``seconds``, as a SIGSTOP holds every thread."""
+    import time
+
+    store._loop.call_soon_threadsafe(time.sleep, seconds)
+
+
+def test_holds_turns_false_a_lease_after_the_last_renewal_even_before_the_renewer_notices(server, stores):
+    import time
+
+    store = stores(server.url, "inst-0")
+    store.acquire(["TICKS.0"])
+    assert store.holds()
+    frozen_at = time.monotonic()
+    _freeze(store, LEASE_S * 2)
+    wait_until(lambda: not store.holds(), timeout_s=LEASE_S + 2 * UNIT_S, what="holds() False")
+    assert time.monotonic() - frozen_at <= LEASE_S + 1 * UNIT_S
+    assert not store.lost.is_set()  # the renewer is still frozen: the fence did not wait for it
+    assert store.lost.wait(LEASE_S * 2 + 5 * UNIT_S)  # and once it runs, the lease is lost
+    assert not store.holds()
+
+
+def test_a_stop_during_the_wait_for_a_silent_holder_raises_stop_requested_keeping_nothing(server, stores):
+    import threading
+    import time
+
+    from io_loop.errors import StopRequested
+
+    silent = stores(server.url, "silent", lease_s=5.0)
+    silent.acquire(["TICKS.0"])
+    _freeze(silent, 8.0)  # alive but silent: its key must be waited out (5 s and a margin)
+    claimant = stores(server.url, "claimant", lease_s=5.0)
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(StopRequested):
+        claimant.acquire(["TICKS.0", "TICKS.1"], stop)
+    assert time.monotonic() - t0 < 0.5 + 1.0 * UNIT_S
+    assert _lease(server.url, "TICKS.1", claimant.lease_bucket) is None  # the free one, taken, then released
+    assert _lease(server.url, "TICKS.0", claimant.lease_bucket)[0] == "silent"
+
+
+def test_a_deployment_record_of_another_layout_kept_alive_is_refused_and_a_dead_ones_is_replaced(
+        server, stores, caplog):
+    from io_loop.errors import DeploymentMismatch
+
+    caplog.set_level(logging.INFO, logger="forkless.store")
+    peers = {f"TICKS.{p}": p for p in range(4)}
+    first = stores(server.url, "first")
+    first.acquire(["TICKS.0", "TICKS.1"])
+    first.claim_deployment("TICKS.deployment", {"partition_count": 4, "instances": 2}, peers)
+    other = stores(server.url, "other")
+    other.acquire(["TICKS.3"])
+    with pytest.raises(DeploymentMismatch, match=r"FORKLESS_INSTANCES=2.*FORKLESS_INSTANCES=4") as refused:
+        other.claim_deployment("TICKS.deployment", {"partition_count": 4, "instances": 4}, peers)
+    assert refused.value.recorded == {"partition_count": 4, "instances": 2}
+    _freeze(first, LEASE_S * 3)  # the live one goes silent: its record is no longer written
+    other.claim_deployment("TICKS.deployment", {"partition_count": 4, "instances": 4}, peers)
+    stored = _lease(server.url, "TICKS.deployment", other.lease_bucket)[0]
+    assert json.loads(stored) == {"instances": 4, "partition_count": 4}
+    # partitions 0-2: no live lease (first's expired, 2 never taken) for longer than a lease
+    wait_until(lambda: other.unowned == (0, 1, 2), timeout_s=6 * LEASE_S + 5 * UNIT_S, what="0-2 unowned")
+    assert any("partitions 0-2 (of 4) have had no live lease" in m for m in _messages(caplog, logging.WARNING))
+    other.close()  # the last holder: the record goes with it
+    assert _lease(server.url, "TICKS.deployment", other.lease_bucket) is None

@@ -43,7 +43,7 @@ def _env(url: str, tmp: Any, *, instance: int | None = None, instances: int | No
     return env
 
 
-def _create_partitioned_streams(url: str) -> None:
+def _create_partitioned_streams(url: str, duplicate_window_s: float = 300.0) -> None:
     """TICKS stores ``ticks.<key>`` as ``ticks.<partition>.<key>`` (the server's partition
     function), SCORES holds the results with a duplicate window."""
     import asyncio
@@ -58,7 +58,7 @@ def _create_partitioned_streams(url: str) -> None:
             name="TICKS", subjects=["ticks.*"],
             subject_transform=SubjectTransform(
                 src="ticks.*", dest=f"ticks.{{{{partition({P},1)}}}}.{{{{wildcard(1)}}}}")))
-        await js.add_stream(StreamConfig(name="SCORES", subjects=["scores"], duplicate_window=300.0))
+        await js.add_stream(StreamConfig(name="SCORES", subjects=["scores"], duplicate_window=duplicate_window_s))
         await nc.close()
 
     asyncio.run(main())

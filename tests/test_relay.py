@@ -222,6 +222,25 @@ def test_a_seq_gap_across_a_feed_reconnect_and_within_a_connection_is_counted_an
     assert len(_stored(nats_server.url)) == 25  # the gap is reported, not filled or hidden
 
 
+def test_a_start_compares_the_feeds_first_seq_with_the_last_stored_and_logs_a_gap_with_its_size(
+        feed_server, nats_server, app):
+    _make_stream(nats_server.url)
+    first = make_messages(20, features=FEATURES, seed=4)  # seq 0-19, stored by the first relay
+    later = make_messages(10, features=FEATURES, seed=5, start=27)  # 20-26: as if read by a relay killed -9
+    server = feed_server(_sending([first, later]), impl="websockets")
+    one = app("relay", env=_env(nats_server.url, server.url))
+    _wait_stored(nats_server.url, 20, "the first run's messages stored")
+    done = _end(one)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"feed '0' starts at seq 0; stream {STREAM!r} holds nothing under {SUBJECT}.> yet" in done.stderr
+    two = app("relay", env=_env(nats_server.url, server.url))
+    _wait_stored(nats_server.url, 30, "the second run's messages stored")
+    done = _end(two)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (f"feed '0' starts at seq 27, the last one stored in stream {STREAM!r} is seq 19: a gap of 7 messages "
+            "between the runs") in done.stderr
+
+
 def test_seq_gaps_are_followed_per_feed_or_per_stream_and_a_restarted_numbering_is_not_a_gap():
     per_feed = SeqGaps("feed")
     assert per_feed.observe(0, 1, [0, 1, 2], ["a", "b", "a"]) == []
