@@ -24,7 +24,8 @@ Rules:
   a process killed mid-write leaves only a temporary file (``remove_temporary_files``).
 - Every file ends with the SHA-256 of all its bytes before it and an end marker. A file that
   is truncated, fails its checksum or lacks the marker is damaged: ``load_newest`` skips it
-  with a warning and falls back to the one before it.
+  with a warning and falls back to the one before it, and tells its caller which it skipped
+  (every one damaged is not "no checkpoint": controller/recovery.py).
 - A complete checkpoint that does not fit this run (a shape-defining setting, the state's
   structure or a leaf's shape or dtype differs) is never skipped silently:
   ``CheckpointMismatch`` names the setting and both values.
@@ -685,11 +686,14 @@ def _dtype(name: str) -> np.dtype:
         return np.dtype(getattr(ml_dtypes, name))
 
 
-def load_newest(directory: Path | str, expect: Mapping[str, Any], like: Any) -> Restored | None:
+def load_newest(directory: Path | str, expect: Mapping[str, Any], like: Any,
+                skipped: list[Path] | None = None) -> Restored | None:
     """Read the newest complete checkpoint in ``directory`` (None when there is none).
 
     A damaged file (truncated, bad checksum, no end marker, unreadable) is skipped with a
-    warning on "forkless.checkpoint" and the one before it is tried. Temporary files are
+    warning on "forkless.checkpoint" and the one before it is tried; each skipped file is
+    appended to ``skipped`` when given (None returned with files skipped: every checkpoint
+    is damaged, not "there was none"). Temporary files are
     ignored. The first complete one must fit this run, else ``CheckpointMismatch``:
     - every key of ``expect`` (e.g. ``features``, ``max_streams``, ``processor``) must be
       saved with an equal value; saved settings not in ``expect`` are only recorded;
@@ -703,6 +707,8 @@ def load_newest(directory: Path | str, expect: Mapping[str, Any], like: Any) -> 
             header, arrays = read_checkpoint(path)
         except (CheckpointDamaged, OSError) as exc:
             log.warning("skipping checkpoint %s: %s", path.name, exc)
+            if skipped is not None:
+                skipped.append(path)
             continue
         if header.get("format") != FORMAT:
             raise CheckpointMismatch(path, "checkpoint format", header.get("format"), FORMAT)
@@ -714,6 +720,8 @@ def load_newest(directory: Path | str, expect: Mapping[str, Any], like: Any) -> 
             slots, last_seen = arrays["streams.slots"], arrays["streams.last_seen"]
         except (KeyError, ValueError) as exc:
             log.warning("skipping checkpoint %s: unreadable stream table: %s", path.name, exc)
+            if skipped is not None:
+                skipped.append(path)
             continue
         return Restored(path=path, state=state, names=names, slots=slots, last_seen=last_seen,
                         counts=dict(header.get("counts", {})), settings=dict(header.get("settings", {})),

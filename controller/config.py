@@ -509,7 +509,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("OVERFLOW", "overflow", _choice("block", "drop_oldest"), "block or drop_oldest",
              "inbound queue full: block stops reading the socket; drop_oldest drops and counts"),
     Variable("MAX_MSG_BYTES", "max_msg_bytes", _int(64, 1 << 30), "an integer from 64 to 1073741824",
-             "largest frame accepted; a larger one closes the connection with 1009 and reconnects"),
+             "largest frame accepted; a larger one closes the connection with 1009 and reconnects. A JetStream"
+             " feed's payload over it is not decoded: one error reply (message too large), counted, acknowledged"),
     Variable("MAX_FRAME_ITEMS", "max_frame_items", _int(1, 1_000_000), "an integer from 1 to 1000000",
              "most messages in one JSON-array frame"),
     # -- connection management
@@ -560,7 +561,9 @@ VARIABLES: tuple[Variable, ...] = (
              "newest checkpoints kept; older ones are deleted after each successful write"),
     Variable("CHECKPOINT_RESTORE", "checkpoint_restore", _choice("auto", "never"), "auto or never",
              "auto: start from the newest complete checkpoint (a damaged one is skipped; one written with"
-             " other FEATURES/MAX_STREAMS/processor exits 2); never: start empty"),
+             " other FEATURES/MAX_STREAMS/processor exits 2; every one damaged: a JetStream feed exits 2 unless"
+             ' its "start" is "first" and its stream still holds every message from sequence 1, which it then'
+             " consumes again); never: start empty (the explicit way to accept a lost checkpoint or position)"),
     Variable("CHECKPOINT_PRIORITY", "checkpoint_priority", _choice("idle", "normal"), "idle or normal",
              "idle: the periodic checkpoints are written at the OS's idle priority (Linux SCHED_IDLE), never"
              " taking a core from the steps, but slowed or skipped on a host whose cores other processes keep"

@@ -68,6 +68,16 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
                           feeds, "frames_in"))
     fams.append(_per_feed(CounterMetricFamily, "forkless_error_replies", "Error frames sent back to the feed.",
                           feeds, "errors_out"))
+    fams.append(_per_feed(CounterMetricFamily, "forkless_events", "Objects a source of your own handed to the "
+                          "main thread as they are (ctx.emit_event).", feeds, "events_in"))
+    fams.append(_per_feed(CounterMetricFamily, "forkless_sent_frames", "Frames the main thread sent the feed on its "
+                          "own (Controller.send), written.", feeds, "sent_out"))
+    counted = CounterMetricFamily("forkless_source_counts", "What a source of your own counted itself (ctx.count: "
+                                  "heartbeats answered, say), by what.", labels=["feed", "what"])
+    for feed in snap.feeds:
+        for what, count in sorted(feed.io.counts.items())[:MAX_REASONS]:
+            counted.add_metric([feed.name, what], count)
+    fams.append(counted)
     fams.append(CounterMetricFamily("forkless_processed", "Messages run through the step.",
                                     value=snap.processed))
     fams.append(CounterMetricFamily("forkless_batches", "Batches run through the step.", value=snap.batches))
@@ -254,6 +264,8 @@ class _FeedRow:
     given_up: int
     latency: HistogramSnapshot  # to the results handed over (the main thread's, per feed)
     write_latency: HistogramSnapshot  # to the reply frame written (the feed's own)
+    events_in: int = 0  # a user source's events handed over
+    sent_out: int = 0  # Controller.send frames written
 
 
 def _feed_rows(snap: StatsSnapshot) -> list[_FeedRow]:
@@ -268,7 +280,8 @@ def _feed_rows(snap: StatsSnapshot) -> list[_FeedRow]:
         latency = (snap.latency, *(empty,) * (len(snap.feeds) - 1))
     return [_FeedRow(f.name, f.io.frames_in, f.io.messages_in, f.io.results_out, f.io.errors_out, f.io.connects,
                      f.io.reconnects, f.io.connect_failures, int(f.io.connected), f.io.state_since, f.io.unsent,
-                     int(bool(f.given_up)), lat, f.io.write_latency) for f, lat in zip(snap.feeds, latency)]
+                     int(bool(f.given_up)), lat, f.io.write_latency, f.io.events_in, f.io.sent_out)
+            for f, lat in zip(snap.feeds, latency)]
 
 
 def _per_feed(kind: type, name: str, doc: str, feeds: list[_FeedRow], attr: str) -> Metric:
@@ -356,7 +369,7 @@ def _every_field_populated() -> StatsSnapshot:
             frames_in=1, messages_in=1, results_out=1, errors_out=1, answer_errors_out=1, error_replies_unsent=1,
             written_unconfirmed=1, errors={}, dropped={}, connects=1, reconnects=1, connect_failures=1,
             connected=True, state_since=1.0, last_error="x", write_latency=seconds, loop_lag=seconds, inbound_depth=0,
-            outbound_depth=0, unsent=1)),),
+            outbound_depth=0, unsent=1, events_in=1, sent_out=1, counts={_VARIES: 1})),),
     )
 
 

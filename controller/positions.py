@@ -14,7 +14,12 @@ Rules:
   the position are not replayed, so their replies must already be stored.
 - In a checkpoint's header, ``record()`` gives, by feed name: the stream and subject filter
   (a position is kept per subject of the feed: a restore with another stream or filter stops
-  with ``CheckpointMismatch``), the position (``seq``, ``index``, ``last``) and ``replied``.
+  with ``CheckpointMismatch``), the position (``seq``, ``index``, ``last``) and ``replied``;
+  and ``covered`` where the IO side found the stream holding no further message of the
+  feed's subjects up to it (``SourceStats.covered``): a restore then resumes after it, so
+  retention of other subjects' messages there loses nothing of the feed's (issue 30); and
+  ``created``, the stream's created time at the IO side's first connection: a restore hands
+  it over with the position (``Resume``), and a stream created at another time is refused.
 - A partitioned feed (issue 24) restores one position per owned partition (``floors``: each
   partition's object holds its own, controller/partitioned.py); the IO side starts at the
   lowest and skips, per partition, what that partition's state already holds. ``record()``
@@ -30,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from controller.errors import CheckpointMismatch
-from io_loop.crossing import Origin
+from io_loop.counters import SourceStats
+from io_loop.crossing import Origin, Resume
 from io_loop.settings import FeedSpec
 
 __all__ = ["SourcePositions"]
@@ -67,9 +73,15 @@ class SourcePositions:
 
     # ---- checkpoints ----------------------------------------------------------------------------------
 
-    def record(self) -> dict[str, dict[str, Any]]:
-        """The positions as a checkpoint's header holds them (see the module rules)."""
+    def record(self, io: Mapping[str, SourceStats] | None = None) -> dict[str, dict[str, Any]]:
+        """The positions as a checkpoint's header holds them (see the module rules). ``io``: the IO
+        side's ``SourceStats`` by feed name: its ``covered`` (with the messages up to ``handed``
+        handed over, the stream held none further of the feed's subjects up to ``through``): where
+        the position is at or past ``handed``, every message of the feed's subjects up to
+        ``through`` is in the state, recorded as ``covered``; its ``stream_created``, recorded as
+        ``created``."""
         out = {}
+        io = io or {}
         for i in sorted(set(self.consumed) | set(self.floors)):
             js = self.specs[i].jetstream
             origin = self.consumed.get(i)
@@ -83,16 +95,22 @@ class SourcePositions:
                 "seq": None if origin is None else origin.seq, "index": None if origin is None else origin.index,
                 "last": None if origin is None else origin.last,
                 "replied": [replied.seq, replied.index] if replied is not None else None}
+            source = io.get(self.specs[i].name)
+            handed, through = source.covered if source is not None else (0, 0)
+            if origin is not None and i not in self.floors and origin.last and handed <= origin.seq < through:
+                entry["covered"] = through
+            if source is not None and source.stream_created and i not in self.floors:
+                entry["created"] = source.stream_created
             if i in self.floors:
                 entry["partitions"] = {str(p): list(o) for p, o in self.floors[i].items()}
         return out
 
-    def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin | dict[int, Origin]]:
+    def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin | Resume | dict[int, Origin]]:
         """Take the positions of a restored checkpoint; returns them by feed name, for the IO side
         (a partitioned feed's: by partition). A feed of the checkpoint that is not configured now
         is left out; one whose stream or subject differs raises ``CheckpointMismatch``."""
         by_name = {spec.name: i for i, spec in self.specs.items()}
-        out: dict[str, Origin | dict[int, Origin]] = {}
+        out: dict[str, Origin | Resume | dict[int, Origin]] = {}
         for name, pos in saved.items():
             i = by_name.get(name)
             if i is None:
@@ -113,7 +131,13 @@ class SourcePositions:
                 self.floors[i] = out[name] = {int(p): Origin(int(o[0]), int(o[1]), bool(o[2]))
                                               for p, o in pos["partitions"].items()}
             else:
-                self.consumed[i] = out[name] = Origin(int(pos["seq"]), int(pos["index"]), bool(pos["last"]))
+                origin = Origin(int(pos["seq"]), int(pos["index"]), bool(pos["last"]))
+                if origin.last and int(pos.get("covered") or 0) > origin.seq:
+                    # no message of the feed's subjects between them: the state holds all of them up to it
+                    origin = Origin(int(pos["covered"]), 0, True)
+                self.consumed[i] = origin
+                # the IO side refuses a stream created at another time than the one recorded
+                out[name] = Resume(origin, str(pos["created"])) if pos.get("created") else origin
         return out
 
     @staticmethod

@@ -25,6 +25,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -37,7 +38,9 @@ from controller.partitioned import PartitionedCheckpoints, PartitionPieces
 from controller.positions import SourcePositions
 from controller.slots import StreamSlots
 from controller.stats import IOSnapshot, MainStats, SourceFigures
-from io_loop.crossing import Origin
+from io_loop.counters import SourceStats
+from io_loop.crossing import Origin, PositionUnknown, Resume
+from io_loop.errors import PositionLost
 from io_loop.settings import FeedSpec
 
 __all__ = ["CONFIRM_POLL_S", "CONFIRM_WAIT_S", "Recovery"]
@@ -64,7 +67,8 @@ class Recovery:
         self._io_snapshot = io_snapshot
         # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
         self.sources = SourcePositions(config.feed_specs if specs is None else specs, user_sources)
-        self.positions: dict[str, Origin] = {}  # where a restored checkpoint left each JetStream feed
+        # where a restored checkpoint left each JetStream feed (PositionUnknown: every checkpoint damaged)
+        self.positions: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
         self.restored_from: str | None = None
         self.partitioned: PartitionedCheckpoints | None = None  # a partitioned instance's bucket objects
 
@@ -85,9 +89,24 @@ class Recovery:
                 log.info("no checkpoint in %s: starting fresh", self.partitioned.label)
             return pieces
         # the file holds the canonical layout (row s = slot s), whatever the device count
+        damaged: list[Path] = []
         restored = load_newest(self.config.checkpoint_dir, self.settings(),
-                               like=state_shapes(self.processor, self.config))
-        if restored is None:
+                               like=state_shapes(self.processor, self.config), skipped=damaged)
+        if restored is None and damaged:
+            # the JetStream feeds' positions are unknown: each feed decides at its first connection
+            # whether its stream still holds everything (then it replays all of it), else PositionLost
+            why = (f"every checkpoint in {self.config.checkpoint_dir} is damaged "
+                   f"({', '.join(p.name for p in damaged)})")
+            users = [spec.name for spec in self.sources.specs.values() if spec.jetstream is None]
+            if users:  # a user's source cannot say whether it still holds everything: never started fresh silently
+                raise PositionLost(f"{why}: the position of source {', '.join(map(repr, users))} is unknown, and "
+                                   "what the lost state held cannot be replayed exactly; FORKLESS_CHECKPOINT_RESTORE="
+                                   "never starts it fresh")
+            self.positions = {spec.name: PositionUnknown(why) for spec in self.sources.specs.values()
+                              if not spec.jetstream.partitioned}
+            log.warning("%s: starting with an empty state%s", why, "; the JetStream feeds' positions are unknown"
+                        if self.positions else "")
+        elif restored is None:
             log.info("no checkpoint in %s: starting fresh", self.config.checkpoint_dir)
         return restored
 
@@ -141,7 +160,13 @@ class Recovery:
             self.slots.begin_copy(), {"processed": main.processed, "anomalies": main.anomalies},
             {**self.settings(), "alpha": cfg.alpha, "threshold": cfg.threshold,
              "warmup": cfg.warmup, "devices": len(engine.devices)}, wall, seen_shift=wall - time.monotonic(),
-            incremental=incremental, positions=self.sources.record() if self.sources else None)
+            incremental=incremental, positions=self.sources.record(self._io_sources()) if self.sources else None)
+
+    def _io_sources(self) -> dict[str, SourceStats]:
+        """Each JetStream feed's ``SourceStats`` (the IO side's: how far the stream holds no further
+        message of its subjects, the stream's created time), by feed name, for ``SourcePositions.record``."""
+        io = self._io_snapshot()
+        return {f.name: f.io.source for f in (io.feeds if io is not None else ()) if f.io.source is not None}
 
     def await_replies(self, positions: dict[str, Any]) -> None:
         """On the checkpoint writer's thread, before a checkpoint with JetStream positions is

@@ -48,6 +48,8 @@ WINDOW = 64  # latest prices per symbol the model sees
 TICK_S = 0.1
 THRESHOLD = 2.5  # |z| of the last price against its window that makes the model order
 ORDER_GAP_S = 1.0  # per symbol, at most one model order in this long
+MIN_PRICES = 16  # no model order on a window shorter than this
+QUIET_GAP_S = 0.3  # an order decided when no trade has come for this long counts as "quiet market"
 
 log = logging.getLogger("exchange_session")
 
@@ -155,11 +157,10 @@ def make_model() -> Any:
     return model
 
 
-def quantile_ms(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def quantile_ms(values: list[float], q: float) -> float | None:
+    import numpy as np
+
+    return float(np.quantile(values, q)) if values else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,14 +180,21 @@ def main(argv: list[str] | None = None) -> int:
     from controller import Config, Controller
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stopped_by = ["duration"]
+
+    def on_sigterm(*_: Any) -> None:
+        stopped_by[0] = "SIGTERM"
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     session = ExchangeSession(args.url)
     model = make_model()
     window = np.zeros((len(SYMBOLS), WINDOW), np.float32)
     filled = np.zeros(len(SYMBOLS), np.int32)
     row = {symbol: i for i, symbol in enumerate(SYMBOLS)}
-    pending: dict[str, int] = {}  # client_order_id -> monotonic ns it was decided
-    rtt_ms: list[float] = []
+    pending: dict[str, tuple[int, bool]] = {}  # client_order_id -> (monotonic ns it was decided, quiet market)
+    rtt_ms: dict[bool, list[float]] = {False: [], True: []}
+    last_trade = [-math.inf]
     trade_ms: list[float] = []
     counts = collections.Counter()
     prices_out = open(args.prices, "w") if args.prices else None
@@ -197,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         counts[kind + "s"] += 1
         if kind == "trade":
             trade_ms.append((now - event["received_ns"]) / 1e6)
+            last_trade[0] = time.monotonic()
             i = row.get(event["symbol"])
             if i is not None:
                 window[i, :-1] = window[i, 1:]
@@ -207,21 +216,25 @@ def main(argv: list[str] | None = None) -> int:
         elif kind in ("fill", "reject"):
             decided = pending.pop(event.get("client_order_id", ""), None)
             if decided is not None:
-                rtt_ms.append((now - decided) / 1e6)
+                rtt_ms[decided[1]].append((now - decided[0]) / 1e6)
 
     def order(ctl: Any, symbol: str, side: str, qty: str) -> None:
         counts["orders"] += 1
         oid = f"o{counts['orders']}"
-        pending[oid] = time.monotonic_ns()
+        pending[oid] = (time.monotonic_ns(), time.monotonic() - last_trade[0] > QUIET_GAP_S)
         ctl.send("exchange", {"type": "order", "symbol": symbol, "side": side, "qty": qty, "client_order_id": oid})
 
+    model(window, filled).block_until_ready()  # compiled before the session opens: no trade waits for XLA
     config = Config.from_env()
     started = time.monotonic()
     last_model_order = dict.fromkeys(SYMBOLS, 0.0)
     try:
         with Controller(config, sources=[session], on_event=on_event) as ctl:
             print("main loop started", file=sys.stderr, flush=True)
-            next_tick = next_force = time.monotonic()
+            started = time.monotonic()  # --duration counts the main loop's time, not the compile's
+            cpu_at_start = os.times()
+            next_tick = started + TICK_S
+            next_force = started + args.force_order_every if args.force_order_every > 0 else math.inf
             while not stop.is_set():
                 now = time.monotonic()
                 if args.duration and now - started >= args.duration:
@@ -229,33 +242,41 @@ def main(argv: list[str] | None = None) -> int:
                 if now < next_tick:
                     ctl.process_pending(timeout=next_tick - now)  # events as they come, until the tick
                     continue
-                next_tick += TICK_S
-                z = np.asarray(model(window, filled))
+                next_tick = max(next_tick + TICK_S, now)
+                latest = np.where(filled > 0, window[:, -1], 1.0)[:, None]
+                z = np.asarray(model(window / latest - 1.0, filled))  # relative prices: float32 keeps the digits
                 for symbol, i in row.items():
-                    if filled[i] >= 8 and abs(z[i]) > THRESHOLD and now - last_model_order[symbol] > ORDER_GAP_S:
+                    decides = filled[i] >= MIN_PRICES and abs(z[i]) > THRESHOLD
+                    if decides and now - last_model_order[symbol] > ORDER_GAP_S:
                         last_model_order[symbol] = now
                         order(ctl, symbol, "sell" if z[i] > 0 else "buy", "0.01")
-                if args.force_order_every and now >= next_force:
-                    next_force = now + args.force_order_every
+                if now >= next_force:
+                    next_force = max(next_force + args.force_order_every, now)
+                    counts["orders_forced"] += 1
                     order(ctl, SYMBOLS[counts["orders"] % len(SYMBOLS)], "buy", "0.001")
-            for _ in range(5):  # the fills of the last orders
-                ctl.process_pending(timeout=0.02)
+            wall = time.monotonic() - started
+            cpu_end = os.times()
+            cpu_s = cpu_end.user + cpu_end.system - cpu_at_start.user - cpu_at_start.system
             snapshot = ctl.stats()
     except KeyboardInterrupt:
-        snapshot = None
+        snapshot, wall, cpu_s = None, time.monotonic() - started, math.nan
+        stopped_by[0] = "SIGINT"
     finally:
         if prices_out is not None:
             prices_out.close()
-    wall = time.monotonic() - started
     if args.stats:
-        cpu = os.times()
+        every = rtt_ms[False] + rtt_ms[True]
         figures = {
-            "orders": counts["orders"], "fills": counts["fills"], "rejects": counts["rejects"],
+            "orders": counts["orders"], "orders_forced": counts["orders_forced"], "fills": counts["fills"],
+            "rejects": counts["rejects"], "stopped_by": stopped_by[0],
             "trades": counts["trades"], "books": counts["books"], "logins": session.logins,
-            "order_rtt_ms_p50": quantile_ms(rtt_ms, 0.5), "order_rtt_ms_p99": quantile_ms(rtt_ms, 0.99),
-            "order_rtt_ms_max": max(rtt_ms, default=math.nan),
+            "unfilled": len(pending),
+            "order_rtt_ms_p50": quantile_ms(every, 0.5), "order_rtt_ms_p99": quantile_ms(every, 0.99),
+            "order_rtt_ms_max": max(every, default=None),
+            "order_rtt_quiet_ms_p50": quantile_ms(rtt_ms[True], 0.5),
+            "order_rtt_quiet_ms_p99": quantile_ms(rtt_ms[True], 0.99), "order_rtt_quiet_n": len(rtt_ms[True]),
             "trade_ms_p50": quantile_ms(trade_ms, 0.5), "trade_ms_p99": quantile_ms(trade_ms, 0.99),
-            "cpu_s": cpu.user + cpu.system, "wall_s": wall,
+            "trade_ms_max": max(trade_ms, default=None), "cpu_s": cpu_s, "wall_s": wall,
             "pongs": snapshot.counts.get("pongs", 0) if snapshot is not None else None,
             "events_unhandled": snapshot.events_unhandled if snapshot is not None else None,
             "orders_unsent": snapshot.sent_unsent if snapshot is not None else None,

@@ -35,18 +35,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import janus
 
 from io_loop import aiohttp_compat
 from io_loop.backoff import Backoff
 from io_loop.connect import ConnectFailed, HandshakeRefused, make_ssl_context, new_session, open_feed, redact_url, short
 from io_loop.counters import IOStats
-from io_loop.crossing import PICKED, WRITTEN, Outgoing
+from io_loop.crossing import Outgoing
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal
 from io_loop.handover import Handover
 from io_loop.on_connect import HookFailed, OnConnect, call_hook
 from io_loop.settings import FeedSpec, IOSettings
+from io_loop.writer import HeldReply
 
 __all__ = ["End", "FeedClient", "FeedControl", "Outcome"]
 
@@ -72,41 +72,33 @@ class End:
     reason: str = ""
 
 
-async def pause_before_reconnect(feed: Any, delay: float) -> None:
+async def pause_before_reconnect(feed: FeedControl, delay: float) -> None:
     """Sleep ``delay`` seconds before a feed's next attempt; while it is stopping, notice when
-    nothing is left to send. ``feed`` is a ``FeedClient`` or an ``io_loop.jetstream.JetStreamFeed``:
-    both keep ``_stopping``, ``_current``/``_offset`` (the reply item being sent), ``outbox`` and
-    ``_outbound_done``, with the same meaning."""
+    nothing is left to send (its ``held`` reply drained)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + delay
     while True:
         left = end - loop.time()
         if left <= 0:
             return
-        if feed._stopping and feed._current is None:
-            try:
-                feed._current = feed.outbox.get_nowait()
-                feed._offset = 0
-            except asyncio.QueueEmpty:
-                pass
-            except janus.AsyncQueueShutDown:
-                feed._outbound_done = True
+        if feed._stopping:
+            feed.held.poll()
+            if feed.held.drained:
                 return
         await asyncio.sleep(min(left, 0.05))
 
 
 class FeedControl:
-    """What the IO thread asks of every source of messages (a ``FeedClient``, a
-    ``JetStreamFeed``): stop reading without losing a message half handed over, and the reply
-    item being written. A source sets ``handover``, ``_stopping``, ``_reader_task``,
-    ``_reader_in_handover``, ``_current`` and ``_offset``."""
+    """What the IO thread asks of a built-in feed's client (a ``FeedClient``, a ``JetStreamFeed``;
+    a user's source has its own, io_loop/source.py): stop reading without losing a message half
+    handed over, and the reply item being written (``held``, io_loop/writer.py). A client sets
+    ``handover``, ``held``, ``_stopping``, ``_reader_task`` and ``_reader_in_handover``."""
 
     handover: Handover
+    held: HeldReply
     _stopping: bool
     _reader_task: asyncio.Task | None
     _reader_in_handover: bool
-    _current: Outgoing | None
-    _offset: int
 
     async def stop_reading(self) -> None:
         """Stop taking messages, without losing one half handed over (then ``inbound`` may be shut)."""
@@ -121,15 +113,12 @@ class FeedControl:
 
     def held_frames(self) -> int:
         """Frames taken from ``outbound`` but not yet written (or not yet acknowledged)."""
-        current = self._current
-        return 0 if current is None else len(current.frames) - self._offset
+        return self.held.held_frames()
 
     def take_held(self) -> tuple[Outgoing | None, int]:
         """Give up the item being written (for the stop's count, or a feed that gave up): the
         item and how many of its frames were written; it is not held any more."""
-        held = self._current, self._offset
-        self._current, self._offset = None, 0
-        return held
+        return self.held.take_held()
 
 
 class FeedClient(FeedControl):
@@ -157,11 +146,9 @@ class FeedClient(FeedControl):
         self.handover = Handover(inbound, settings.max_batch, drop_oldest=settings.overflow == "drop_oldest",
                                  on_dropped=self._count_dropped_oldest, feed=index)
         self._stopping = False
-        self._outbound_done = False
+        self.held = HeldReply(outbox, stats)  # the reply item being sent; survives reconnects
         self._reader_task: asyncio.Task | None = None
         self._reader_in_handover = False
-        self._current: Outgoing | None = None  # item being sent; survives reconnects
-        self._offset = 0  # frames of _current already sent
         self._last_frame_at = 0.0
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
@@ -176,7 +163,7 @@ class FeedClient(FeedControl):
         cfg = self.settings
         backoff = Backoff.from_settings(cfg)
         async with new_session() as session:
-            while not self._outbound_done:
+            while not self.held.drained:
                 if self._ssl is not None and cfg.tls_insecure:
                     log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)",
                                 self.shown_url)
@@ -202,7 +189,7 @@ class FeedClient(FeedControl):
                 backoff.disconnected(time.monotonic())
                 if end.outcome is not Outcome.CLOSED:
                     self.stats.last_error = end.reason
-                if self._outbound_done:
+                if self.held.drained:
                     break
                 delay = backoff.failed()
                 if delay is None:
@@ -399,60 +386,31 @@ class FeedClient(FeedControl):
         log.warning("inbound queue full: dropped the oldest %d messages (FORKLESS_OVERFLOW=drop_oldest)", messages)
 
     async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> End:
-        stats = self.stats
-        outbound = self.outbox
+        held = self.held
         cork = self._cork
         while True:
-            if self._current is None:
-                try:
-                    self._current = await outbound.get()
-                except janus.AsyncQueueShutDown:
-                    self._outbound_done = True
-                    return End(Outcome.DRAINED)
-                self._offset = 0
-                if self._current.traces:
-                    picked = time.monotonic_ns()
-                    for trace in self._current.traces:
-                        trace.ns[PICKED] = picked
-            item = self._current
+            item = await held.next()
+            if item is None:
+                return End(Outcome.DRAINED)
             frames = item.frames
             if cork is not None:
                 cork.corked = True
-            start = self._offset
+            written = held.offset
             try:
-                while self._offset < len(frames):
-                    frame = frames[self._offset]
+                while written < len(frames):
+                    frame = frames[written]
                     if type(frame) is bytes:  # UTF-8 JSON from the codec: send as a text frame as is
                         await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
                     else:
                         await ws.send_str(frame)
-                    self._offset += 1
+                    written += 1
             except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
                 return End(Outcome.LOST, f"send failed: {exc.__class__.__name__}: {short(exc)}")
             finally:
                 if cork is not None:
                     cork.uncork()
-                self._count_written(item, start, self._offset)  # also when stopped part-way
-            self._current = None
-            if item.received_ns:
-                now = time.monotonic_ns()
-                stats.write_latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
-                for trace in item.traces:
-                    trace.ns[WRITTEN] = now
-                    stats.observe_hops(trace.hops_s())
-
-    def _count_written(self, item: Outgoing, start: int, stop: int) -> None:
-        """Count ``item.frames[start:stop]`` as written: results and error replies (or frames the
-        main thread sent on its own)."""
-        stats = self.stats
-        if item.sent:
-            stats.sent_out += stop - start
-            return
-        errors = item.errors_between(start, stop)
-        stats.results_out += stop - start - errors
-        stats.errors_out += errors
-        if item.answers:
-            stats.answer_errors_out += errors
+                held.wrote(written)  # also when stopped part-way
+            held.finish()
 
     async def _watch_stale(self) -> None:
         loop = asyncio.get_running_loop()

@@ -155,6 +155,10 @@ class SourceStats:
     # replies are published in order, so every reply before it is stored too
     confirmed: tuple[int, int] = (0, -1)
     duplicates: int = 0  # replies the results stream dropped as duplicates (published again after a replay)
+    # (handed, through): with the messages up to stream sequence ``handed`` handed over, the stream held
+    # no further message of the feed's subjects up to ``through`` (a pull found nothing more)
+    covered: tuple[int, int] = (0, 0)
+    stream_created: str = ""  # the stream's created time (ISO 8601) at the first connection ("": not yet)
 
 
 @dataclass

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 __all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICKED", "READ", "SAMPLE_EVERY",
-           "STEP", "TAKEN", "WRITTEN", "Chunk", "Events", "Origin", "Outgoing", "Trace", "Unsent",
+           "STEP", "TAKEN", "WRITTEN", "Chunk", "Events", "Origin", "Outgoing", "PositionUnknown", "Resume", "Trace",
+           "Unsent",
            "count_unsent"]
 
 
@@ -37,6 +38,22 @@ class Origin(NamedTuple):
     def resume(self) -> tuple[int, int]:
         """Where consuming goes on after this element: (stream sequence, good elements of it to skip)."""
         return (self.seq + 1, 0) if self.last else (self.seq, self.index + 1)
+
+
+class Resume(NamedTuple):
+    """A restored position with the created time (ISO 8601) of the stream it was recorded in:
+    a JetStream feed refuses a stream created at another time (deleted and made again)."""
+
+    origin: Origin
+    stream_created: str
+
+
+class PositionUnknown(NamedTuple):
+    """Handed to a JetStream feed in place of its ``Origin`` when checkpoints existed but every
+    one was damaged: the position they recorded is unknown. ``why`` names the files. The feed
+    starts only where that loses nothing (io_loop/jetstream.py), else ``PositionLost``."""
+
+    why: str
 
 # ---- the latency budget: hop times of a sample of messages ---------------------------------
 

@@ -70,7 +70,8 @@ class PositionLost(ForklessError):
 
     exit_status = EXIT_CONFIG
     exit_label = "checkpoint error"
-    exit_meaning = "a JetStream stream that no longer holds the messages the checkpoint needs"
+    exit_meaning = ("a JetStream stream that no longer holds the messages the checkpoint needs, was made again, or "
+                    "whose position every checkpoint lost by being damaged")
 
 
 class LeaseHeld(ForklessError):

@@ -9,9 +9,11 @@ Rules:
 - Where it starts: the position the restored checkpoint recorded (``resume``, the last
   ``Origin`` the main thread had consumed, handed in by the controller at start), else the
   entry's ``start`` ("first": the stream's first message, "new": what arrives after the
-  first connection). From then on it keeps its own position, ``(next stream sequence, good
-  elements of it already handed over)``, and every connection makes a new consumer starting
-  there: the server's consumer holds nothing we need.
+  first connection; checkpoints that were all damaged hand ``PositionUnknown``: it starts
+  at the stream's first message only if ``start`` is "first" and the stream holds every
+  message from sequence 1, else ``PositionLost``). From then on it keeps its own position,
+  ``(next stream sequence, good elements of it already handed over)``, and every connection
+  makes a new consumer starting there: the server's consumer holds nothing we need.
 - Consuming: an ephemeral pull consumer (deliver from a start sequence, ack policy "all",
   ``max_ack_pending`` bounded, memory storage, removed by the server after ``INACTIVE_S``
   unused). One pull request at a time for ``pull_batch`` messages, with idle heartbeats; the
@@ -27,7 +29,9 @@ Rules:
 - Acks: the last message of each pull, once every message of it is handed over. They are flow
   control only (``max_ack_pending``, no redelivery of what this process holds): a restart
   resumes from the checkpoint's position, a reconnect from this feed's own.
-- Decoding: the codec's ``decode`` on each payload, exactly as for a WebSocket frame. Good
+- Decoding: the codec's ``decode`` on each payload, exactly as for a WebSocket frame; a payload
+  over ``max_msg_bytes`` is not decoded: one error reply ("message too large"), counted, and
+  acknowledged with the others (the connection stays up: the stream would deliver it again). Good
   elements get ``Origin(seq, i, last)`` with i = 0, 1, … in order; the error replies to bad
   ones are indexed after the good ones (deterministic, so a replay makes the same ids).
 - Replies: the outbox's items in order (the main thread's results and error replies, and this
@@ -44,7 +48,13 @@ Rules:
   acknowledged) with the same ``Backoff`` as the WebSocket feeds; tries used up, or the server
   refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
   against the position: if it no longer holds the messages the position needs (retention), or
-  ends before it (a stream made again): ``PositionLost`` (exit 2).
+  ends before it (a stream made again): ``PositionLost`` (exit 2). Retention is judged by the
+  feed's own subjects: a pull that ends with nothing more to deliver (or a delivery with
+  nothing pending) proves the stream held no further message of them up to the last sequence
+  it had reached before the request (``SourceStats.covered``, recorded in checkpoints), so
+  only a first sequence past that refuses. A stream whose created time differs from the one
+  this run first connected to, or that ends before a sequence this run saw in it, was made
+  again: ``PositionLost`` too, never resumed into.
 - Secrets (the URL's user:password, ``token``, the creds file's content) are never logged.
 - A partitioned feed (``partition_count``, issue 24) consumes its owned partitions' subjects
   with one consumer (``filter_subjects``). A restore hands it one position per partition
@@ -63,14 +73,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import json
 import logging
+import re
 import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import janus
 import nats
 import nats.errors
 import nats.js.errors
@@ -81,13 +92,14 @@ from io_loop.backoff import Backoff
 from io_loop.client import End, FeedControl, Outcome, pause_before_reconnect
 from io_loop.connect import make_ssl_context
 from io_loop.counters import IOStats, SourceStats
-from io_loop.crossing import PICKED, WRITTEN, Origin, Outgoing
+from io_loop.crossing import Origin, Outgoing, PositionUnknown, Resume
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
 from io_loop.nats_compat import RawClient, publish_commands
 from io_loop.partitions import escape_stream, format_partitions, partition_of, partition_transform, transform_problems
 from io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
+from io_loop.writer import HeldReply
 
 __all__ = ["JetStreamFeed", "NatsConnectFailed", "credentials_refused", "delivery_numbers", "describe_error", "msg_id",
            "probe_jetstream", "reply_commands"]
@@ -104,7 +116,9 @@ STREAM_INFO_EVERY_S = 1.0  # the stream's last sequence (for the lag) is read th
 GIVE_UP_CLOSE_S = 0.25
 NATS_ERRORS = (nats.errors.Error, OSError, TimeoutError)
 FOREIGN_REASON = "stream not in this subject's partition"
+TOO_LARGE_REASON = "message too large"  # a payload over FORKLESS_MAX_MSG_BYTES
 PARTITION_CACHE = 1 << 20  # streams whose partition is remembered (the cache is emptied when full)
+DUPLICATE_ACK = re.compile(rb'"duplicate"\s*:\s*true')  # nats-server 2.15 writes '"duplicate": true'
 
 
 def msg_id(stream: str, origin: Origin) -> str:
@@ -168,6 +182,19 @@ class _Part:
         return len(self.seq)
 
 
+@dataclass
+class _NotDecoded:
+    """A payload refused before the codec saw it (over ``max_msg_bytes``): no element, one error."""
+
+    errors: list[tuple[str, Any]]
+
+    def __len__(self) -> int:
+        return 0
+
+    def error_counts(self) -> list[tuple[str, int]]:
+        return [(reason, 1) for reason, _ in self.errors]
+
+
 class _Acks:
     """The results stream's acknowledgements of the item being published: frame k of it was
     published with the reply subject ``<inbox><base + k>``. ``wake`` is set once every frame is
@@ -210,7 +237,7 @@ class _Acks:
         else:
             self.done[k] = 1
             self.acked += 1
-            if b'"duplicate":true' in data:
+            if b'"duplicate"' in data and DUPLICATE_ACK.search(data):
                 self.duplicates += 1
         if self.complete():
             self.wake.set()
@@ -234,6 +261,20 @@ def describe_error(exc: BaseException) -> str:
 
 
 _Failed, _describe = NatsConnectFailed, describe_error
+
+
+def _when(created: Any) -> str:
+    """A stream's created time (nats-py's datetime) as the server's UTC text."""
+    return created.isoformat() if hasattr(created, "isoformat") else str(created)
+
+
+def _same_time(created: Any, recorded: str) -> bool:
+    """A stream's created time is the one recorded (as ``_when`` wrote it), to the millisecond
+    (what another nats-py version might round differently; two streams are never made that close)."""
+    try:
+        return abs((created - datetime.datetime.fromisoformat(recorded)).total_seconds()) < 1e-3
+    except (TypeError, ValueError):
+        return _when(created) == recorded
 
 
 def credentials_refused(exc: BaseException) -> bool:
@@ -284,6 +325,12 @@ class JetStreamFeed(FeedControl):
         self.pull_batch = max(PULL_BATCH_MIN, settings.max_batch)
         self.handover = Handover(inbound, settings.max_batch, drop_oldest=False, on_dropped=lambda _: None,
                                  feed=index)
+        self._unknown = ""  # why the checkpoints' position is unknown (all damaged: PositionUnknown)
+        if isinstance(resume, PositionUnknown):
+            self._unknown, resume = resume.why, None
+        self._recorded_created = ""  # the stream's created time the restored checkpoint recorded
+        if isinstance(resume, Resume):
+            self._recorded_created, resume = resume.stream_created, resume.origin
         self.resume = resume
         # a partitioned feed's restored positions: partition -> (next sequence, elements to skip)
         self._floors: dict[int, tuple[int, int]] | None = None
@@ -297,15 +344,14 @@ class JetStreamFeed(FeedControl):
         if self._next is not None:
             self.source.next_seq = self._next[0]
         self._stopping = False
-        self._outbound_done = False
+        self.held = HeldReply(outbox, stats)  # the reply item being published; survives reconnects
         self._reader_task: asyncio.Task | None = None
         self._reader_in_handover = False
         self._ack_sub: Any = None  # the writer's subscription to the acknowledgements
-        self._current: Outgoing | None = None  # item being published; survives reconnects
-        self._offset = 0  # frames of _current acknowledged by the server
         self._connection_id = 0
         self._live = 0  # the connection being served (0: none); its loops end when it changes
         self._nats_error = ""
+        self._stream_created: Any = None  # the stream's created time at this run's first connection
         self.stop_deadline: float | None = None  # monotonic; set by the IO thread's request_stop
 
     # ---- the connection loop ------------------------------------------------------------------------
@@ -315,7 +361,7 @@ class JetStreamFeed(FeedControl):
         PositionLost)."""
         cfg = self.settings
         backoff = Backoff.from_settings(cfg)
-        while not self._outbound_done:
+        while not self.held.drained:
             try:
                 nc, closed = await self._connect()
             except _Failed as exc:
@@ -335,7 +381,7 @@ class JetStreamFeed(FeedControl):
             backoff.disconnected(time.monotonic())
             if end.outcome is not Outcome.CLOSED:
                 self.stats.last_error = end.reason
-            if self._outbound_done:
+            if self.held.drained:
                 break
             delay = backoff.failed()
             if delay is None:
@@ -383,15 +429,70 @@ class JetStreamFeed(FeedControl):
                 problems = _check_partitions(self.spec, info.config, lambda line: None)
                 if problems:
                     raise FeedFatal(f"{self.feed.label}: " + "; ".join(problems))
-            self._check_position(info.state.first_seq, info.state.last_seq)
+            self._check_identity(info.state.last_seq, info.created)
+            self._check_position(info.state.first_seq, info.state.last_seq, info.state.num_deleted or 0)
         except BaseException:
             await self._close(nc)
             raise
         return nc, closed
 
-    def _check_position(self, first: int, last: int) -> None:
-        """Where consuming starts; ``PositionLost`` when the stream cannot give what it needs."""
+    def _start_without_position(self, first: int, last: int, deleted: int) -> None:
+        """Every checkpoint was damaged: the position they recorded is unknown. Consuming the
+        stream from its first message rebuilds the same state only if the feed's ``start`` is
+        "first" and the stream still holds every message it ever stored (first sequence 1,
+        none deleted); anything else may lose messages the state held: ``PositionLost``."""
+        why, self._unknown = self._unknown, ""
+        if (self.spec.start == "first" or last == 0) and first <= 1 and not deleted:  # (or it never held any)
+            log.warning("%s: %s, but stream %r holds every message from sequence 1 (to %d): consuming all of it "
+                        "again rebuilds the state (replies older than the results stream's duplicate window are "
+                        "stored again)", self.feed.label, why, self.spec.stream, last)
+            return
+        holds = (f"its first sequence is {first}" if first > 1 else f"{deleted} of its messages were deleted"
+                 if deleted else "it holds every message")
+        unsafe = (f"messages the lost state held may be gone from stream {self.spec.stream!r} ({holds})"
+                  if self.spec.start == "first" and (first > 1 or deleted) else
+                  f"the feed's \"start\" is \"new\", which would skip what arrived since (stream "
+                  f"{self.spec.stream!r}: {holds})")
+        raise PositionLost(
+            f"{self.feed.label}: {why}, so the position they recorded is unknown, and {unsafe}: refusing to start "
+            f"fresh. To start fresh anyway, accepting the loss, start with FORKLESS_CHECKPOINT_RESTORE=never (the "
+            f"state starts empty and the feed at its \"start\")")
+
+    def _check_identity(self, last: int, created: Any) -> None:
+        """``PositionLost`` when the stream is not the one this run consumed: its created time
+        differs from the first connection's, or it ends before a sequence this run saw in it
+        (a stream deleted and made again numbers its messages from 1 again: resuming at this
+        run's position in it would skip the new stream's first messages)."""
         source = self.source
+        fix = ("start with FORKLESS_CHECKPOINT_RESTORE=never to accept the loss (the state starts empty and "
+               "the feed at its \"start\")")
+        if created is not None:
+            if self._stream_created is None:
+                if self._recorded_created and not _same_time(created, self._recorded_created):
+                    raise PositionLost(
+                        f"{self.feed.label}: stream {self.spec.stream!r} was deleted and made again since the "
+                        f"checkpoint was written: created {_when(created)}, but the checkpoint recorded its "
+                        f"position in a stream created {self._recorded_created}; its sequences are not the ones "
+                        f"the checkpoint's position counts. To continue anyway, {fix}")
+                self._stream_created = created
+                source.stream_created = _when(created)
+            elif created != self._stream_created:
+                raise PositionLost(
+                    f"{self.feed.label}: stream {self.spec.stream!r} was deleted and made again: created "
+                    f"{_when(created)}, but at this run's first connection it had been created "
+                    f"{_when(self._stream_created)}; "
+                    f"its sequences are not the ones this run's position counts. To continue anyway, {fix}")
+        if last < source.stream_last_seq:
+            raise PositionLost(
+                f"{self.feed.label}: stream {self.spec.stream!r} ends at sequence {last}, but this run saw it reach "
+                f"{source.stream_last_seq}: was the stream deleted and made again? To continue anyway, {fix}")
+
+    def _check_position(self, first: int, last: int, deleted: int = 0) -> None:
+        """Where consuming starts; ``PositionLost`` when the stream cannot give what it needs
+        (``deleted``: the stream's count of messages removed from its middle)."""
+        source = self.source
+        if self._unknown and self._next is None:
+            self._start_without_position(first, last, deleted)
         source.stream_last_seq = max(source.stream_last_seq, last)
         if self._next is None and self._floors:  # a partitioned feed's restored positions: start at the lowest
             fresh = (max(first, 1), 0) if self.spec.start == "first" else (last + 1, 0)
@@ -415,12 +516,16 @@ class JetStreamFeed(FeedControl):
             raise PositionLost(
                 f"{self.feed.label}: stream {self.spec.stream!r} ends at sequence {last}, but {whose} recorded "
                 f"{applied} as the last applied: was the stream deleted and made again? To continue anyway, {fix}")
-        if first > need and need <= last:
+        # no message of the feed's own subjects is missing below the first one that the consumer, at
+        # the position, found nothing more after (other subjects' messages there are not ours)
+        covered = source.covered[1] if source.covered[0] == need - 1 and not skip else 0
+        if first > max(need, covered + 1) and need <= last:
+            beyond = f", and none of its subjects' up to {covered}" if covered >= need else ""
             raise PositionLost(
                 f"{self.feed.label}: stream {self.spec.stream!r} no longer holds messages {whose} needs: its first "
-                f"sequence is {first}, {whose} recorded {applied} as the last applied (the next needed is {need}); "
-                f"retention removed them. Keep messages longer in the stream (max_age, max_msgs, max_bytes), or "
-                f"{fix}")
+                f"sequence is {first}, {whose} recorded {applied} as the last applied (the next needed is "
+                f"{need}{beyond}); retention removed them. Keep messages longer in the stream (max_age, max_msgs, "
+                f"max_bytes), or {fix}")
         log.info("%s: resuming at stream sequence %d%s (%s's position)", self.feed.label, need,
                  f", after its first {skip} elements" if skip else "", whose)
 
@@ -511,6 +616,9 @@ class JetStreamFeed(FeedControl):
         expected = 1  # the consumer sequence of the next first delivery
         try:
             while self._live == conn:
+                # the stream reached this before the request: a pull that ends with nothing more for us
+                # says no message of the feed's subjects up to it is left (_covered)
+                known_last = self.source.stream_last_seq
                 await nc.publish(subject, request, reply=inbox)
                 got, last = 0, b""
                 while got < self.pull_batch:
@@ -528,6 +636,7 @@ class JetStreamFeed(FeedControl):
                         if status == "100":  # idle heartbeat
                             continue
                         if status in ("404", "408"):  # no messages / the request expired: ask again
+                            self._covered(known_last)
                             break
                         return End(Outcome.LOST, f"the consumer answered {status} "
                                                  f"{headers.get('Description', '')}".strip())
@@ -548,6 +657,8 @@ class JetStreamFeed(FeedControl):
                     if delivered > 1:
                         return End(Outcome.LOST, f"stream sequence {seq} redelivered before it was consumed")
                     await self._consume(data, seq, pending, where)
+                    if pending == 0:  # nothing of the feed's subjects after it, as far as the stream had reached
+                        self._covered(max(seq, known_last))
                     if self._stopping:
                         break
                 if last:
@@ -560,6 +671,14 @@ class JetStreamFeed(FeedControl):
                 await sub.unsubscribe()
             except NATS_ERRORS:
                 pass
+
+    def _covered(self, seq: int) -> None:
+        """Every message of the feed's subjects up to ``seq`` is handed over: the consumer, made at
+        the position, had nothing more to deliver when the stream had reached ``seq``. Retention
+        of other subjects' messages up to it loses nothing of ours (``_check_position``). Not
+        while a message is partly handed over (a restored position inside a payload)."""
+        if self._next is not None and self._next[1] == 0 and seq > self.source.covered[1]:
+            self.source.covered = (self._next[0] - 1, seq)
 
     async def _consume(self, data: bytes, seq: int, pending: int, subject: bytes | str = b"") -> None:
         """Decode one stream message and hand its good elements over (those not handed over before)."""
@@ -585,7 +704,12 @@ class JetStreamFeed(FeedControl):
                     skip = max(skip, floor[1])
                 if seq >= self._floors_end:
                     self._floors = None  # past every partition's position: no more checks
-        decoded = codec.decode(data)
+        if len(data) > self.settings.max_msg_bytes:  # not decoded: one error for it, acknowledged like any poison
+            log.warning("%s: stream %r sequence %d: a payload of %d bytes, over FORKLESS_MAX_MSG_BYTES (%d)",
+                        self.feed.label, self.spec.stream, seq, len(data), self.settings.max_msg_bytes)
+            decoded = _NotDecoded([(TOO_LARGE_REASON, None)])
+        else:
+            decoded = codec.decode(data)
         if partition >= 0 and len(decoded):
             decoded = self._own_partition(decoded, partition)
         decoded_ns = time.monotonic_ns()
@@ -650,6 +774,8 @@ class JetStreamFeed(FeedControl):
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was deleted")
             except NATS_ERRORS:
                 continue  # the heartbeats and publications decide whether the connection is lost
+            if info.created is not None and self._stream_created is not None and info.created != self._stream_created:
+                return End(Outcome.LOST, f"stream {self.spec.stream!r} was made again")  # refused at the reconnect
             self.source.stream_last_seq = max(self.source.stream_last_seq, info.state.last_seq)
         return End(Outcome.LOST, "connection over")
 
@@ -678,24 +804,16 @@ class JetStreamFeed(FeedControl):
         self._ack_sub = await nc.raw_subscribe(inbox + "*", acks.on_ack)
         subject, inbox_bytes = results.encode(), inbox.encode()
         sent = 0
+        held = self.held
         while True:
-            if self._current is None:
-                try:
-                    self._current = await self.outbox.get()
-                except janus.AsyncQueueShutDown:
-                    self._outbound_done = True
-                    return End(Outcome.DRAINED)
-                self._offset = 0
-                if self._current.traces:
-                    picked = time.monotonic_ns()
-                    for trace in self._current.traces:
-                        trace.ns[PICKED] = picked
-            item = self._current
+            item = await held.next()
+            if item is None:
+                return End(Outcome.DRAINED)
             frames, origin = item.frames, item.origin
-            start = self._offset
+            start = held.offset
             if not results or origin is None:  # replies "none", or nothing to name them by: not published
                 stats.dropped["reply not published (no results subject)"] += item.results
-                self._current = None
+                held.take_held()
                 continue
             acks.begin(sent, len(frames) - start)
             try:
@@ -719,28 +837,13 @@ class JetStreamFeed(FeedControl):
             except NATS_ERRORS as exc:
                 return End(Outcome.LOST, f"publishing to {results!r} failed: {_describe(exc)}")
             finally:
-                self._offset = start + acks.prefix()  # acknowledged in order from the start: not published again
+                # acknowledged in order from the start: not published again
+                held.wrote(start + acks.prefix())
                 self.source.duplicates += acks.duplicates
                 acks.duplicates = 0
-                self._count_written(item, start, self._offset)
             if item.answers and origin:
                 self.source.confirmed = (origin[-1].seq, origin[-1].index)
-            self._current = None
-            if item.received_ns:
-                now = time.monotonic_ns()
-                stats.write_latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
-                for trace in item.traces:
-                    trace.ns[WRITTEN] = now
-                    stats.observe_hops(trace.hops_s())
-
-    def _count_written(self, item: Outgoing, start: int, stop: int) -> None:
-        """Count ``item.frames[start:stop]`` as published: results and error replies."""
-        errors = item.errors_between(start, stop)
-        stats = self.stats
-        stats.results_out += stop - start - errors
-        stats.errors_out += errors
-        if item.answers:
-            stats.answer_errors_out += errors
+            held.finish()
 
 
 # ---- --check ------------------------------------------------------------------------------------------

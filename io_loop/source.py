@@ -33,15 +33,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-import janus
 import numpy as np
 
 from io_loop.counters import IOStats
-from io_loop.crossing import PICKED, WRITTEN, Events, Origin, Outgoing
+from io_loop.crossing import Events, Origin, Outgoing
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, ForklessError
 from io_loop.handover import Handover
 from io_loop.settings import FeedSpec, IOSettings
+from io_loop.writer import HeldReply
 
 __all__ = ["Source", "SourceContext", "SourceRunner", "SourceStopped"]
 
@@ -216,10 +216,8 @@ class SourceRunner:
         self._busy = 0  # emit calls in progress
         self._idle = asyncio.Event()
         self._idle.set()
-        self._current: Outgoing | None = None  # the item whose frames outgoing() is handing out
-        self._offset = 0  # frames of it delivered
-        self._handed = False  # a frame of _current was handed out and not yet counted delivered
-        self._outbound_done = False
+        self.held = HeldReply(outbox, stats)  # the item whose frames outgoing() hands out (io_loop/writer.py)
+        self._handed = False  # a frame of it was handed out and not yet counted delivered
 
     # ---- the source's side ----------------------------------------------------------------------
 
@@ -265,52 +263,26 @@ class SourceRunner:
         await self.inbound.put(Events(self.index, [event], time.monotonic_ns()))
 
     async def frames(self) -> AsyncIterator[str | bytes]:
+        held = self.held
         while True:
             self._delivered()
-            if self._current is None:
-                try:
-                    self._current = await self.outbox.get()
-                except janus.AsyncQueueShutDown:
-                    self._outbound_done = True
-                    return
-                self._offset = 0
-                if self._current.traces:
-                    picked = time.monotonic_ns()
-                    for trace in self._current.traces:
-                        trace.ns[PICKED] = picked
-            item = self._current
-            if self._offset < len(item.frames):
+            item = await held.next()
+            if item is None:
+                return
+            if held.offset < len(item.frames):
                 self._handed = True
-                yield item.frames[self._offset]
+                yield item.frames[held.offset]
 
     def _delivered(self) -> None:
         """The frame handed out last counts as delivered; an item wholly delivered is done."""
-        item = self._current
-        if item is None:
+        held = self.held
+        if held.item is None:
             return
         if self._handed:
             self._handed = False
-            self._count_written(item, self._offset, self._offset + 1)
-            self._offset += 1
-        if self._offset >= len(item.frames):
-            self._current = None
-            if item.received_ns:
-                now = time.monotonic_ns()
-                self.stats.write_latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
-                for trace in item.traces:
-                    trace.ns[WRITTEN] = now
-                    self.stats.observe_hops(trace.hops_s())
-
-    def _count_written(self, item: Outgoing, start: int, stop: int) -> None:
-        stats = self.stats
-        if item.sent:
-            stats.sent_out += stop - start
-            return
-        errors = item.errors_between(start, stop)
-        stats.results_out += stop - start - errors
-        stats.errors_out += errors
-        if item.answers:
-            stats.answer_errors_out += errors
+            held.wrote(held.offset + 1)
+        if held.offset >= len(held.item.frames):
+            held.finish()
 
     def _count_dropped_oldest(self, messages: int) -> None:
         self.stats.dropped["inbound overflow (drop_oldest)"] += messages
@@ -339,16 +311,14 @@ class SourceRunner:
     async def _drain_after_end(self) -> None:
         """``run`` returned: what still comes for the source is counted, until outbound ends."""
         self._delivered()
-        held, self._current = self._current, None
-        if held is not None:
-            self._count_unsendable(held, self._offset)
-        while not self._outbound_done:
-            try:
-                item = await self.outbox.get()
-            except janus.AsyncQueueShutDown:
-                self._outbound_done = True
+        item, written = self.held.take_held()
+        while True:
+            if item is not None:
+                self._count_unsendable(item, written)
+            item, written = await self.held.next(), 0
+            if item is None:  # outbound ended: the stop
                 return
-            self._count_unsendable(item, 0)
+            self.held.take_held()
 
     def _count_unsendable(self, item: Outgoing, written: int) -> None:
         left = len(item.frames) - written
@@ -369,10 +339,8 @@ class SourceRunner:
             await self.handover.flush()
 
     def held_frames(self) -> int:
-        current = self._current
-        return 0 if current is None else len(current.frames) - self._offset
+        return self.held.held_frames()
 
     def take_held(self) -> tuple[Outgoing | None, int]:
-        held = self._current, self._offset
-        self._current, self._offset, self._handed = None, 0, False
-        return held
+        self._handed = False
+        return self.held.take_held()

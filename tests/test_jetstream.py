@@ -415,6 +415,8 @@ def test_a_checkpoint_is_committed_only_once_the_results_stream_stored_the_repli
     assert sorted(ids) == sorted(f"TICKS:{i}:0" for i in range(1, 21))
     cfg = Config(features=FEATURES, max_streams=64)
     newest = load_newest(ckpt, {}, default_processor(cfg).init(cfg))  # the stop's
+    created = newest.positions["ticks"].pop("created")  # the stream's created time (a stream made again: refused)
+    assert __import__("datetime").datetime.fromisoformat(created).tzinfo is not None
     assert newest.positions == {"ticks": {"stream": "TICKS", "subject": "ticks.>", "seq": 20, "index": 0,
                                           "last": True, "replied": [20, 0]}}
 

@@ -76,6 +76,11 @@ def test_a_users_own_client_feeds_the_processor_and_every_message_is_answered_on
     assert snap.counts == {"pongs": 3} and snap.errors_total == 0  # a heartbeat is no error
     assert snap.feeds[0].name == "mine" and snap.feeds[0].io.messages_in == 60
     assert_books_balance(ctl)
+    from controller.metrics import metric_families  # /metrics counts it as it counts a built-in feed
+
+    samples = {(m.name, tuple(sorted(x.labels.items()))): x.value for m in metric_families(snap) for x in m.samples}
+    assert samples[("forkless_source_counts", (("feed", "mine"), ("what", "pongs")))] == 3
+    assert samples[("forkless_messages", (("direction", "in"), ("feed", "mine")))] == 60
 
 
 class EventSource:

@@ -50,3 +50,21 @@ def test_a_replayable_user_source_keeps_every_message_exactly_once_across_kill_9
     assert 0 < resumed < FRAMES - 1, result.stdout  # it went on from a checkpoint, not from the start
     assert "restored from" in result.stdout and "restored from None" not in result.stdout
     assert json.loads(final.read_text()) == dict(expected)  # each message in the state exactly once
+
+
+def test_every_checkpoint_damaged_refuses_to_start_a_replayable_user_source_fresh(tmp_path):
+    source = tmp_path / "input.jsonl"
+    source.write_text("".join(json.dumps([{"seq": i, "stream": "s", "x": [1.0]}]) + "\n" for i in range(20)))
+    final, checkpoints = tmp_path / "final.json", tmp_path / "ckpt"
+    argv = ("-m", "tests.source_program", str(source), str(final), str(checkpoints), "0")
+    with AppProcess(program=argv) as first:
+        assert first.finish(120 * UNIT_S).returncode == 0
+    assert json.loads(final.read_text()) == {"s": 20} and list(checkpoints.iterdir())
+    for path in checkpoints.iterdir():  # every checkpoint damaged: a flipped byte in each
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    with AppProcess(program=argv) as second:
+        result = second.finish(120 * UNIT_S)
+    assert result.returncode != 0
+    assert "PositionLost" in result.stderr and "the position of source 'lines' is unknown" in result.stderr

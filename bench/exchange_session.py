@@ -1,0 +1,234 @@
+"""The exchange-session benchmark (issue 29): the same user's program in each design, against
+the toy exchange (bench/exchange.py), round by round, medians per design.
+
+    python -m bench.exchange_session [--duration 20] [--rounds 3] [--designs thread,spawn,forkless]
+        [--out bench/out/exchange_session.json]
+
+Each run is a fresh exchange process (``--quiet-every``/``--quiet-for``: a quiet market, so
+orders placed while no trades arrive are measured too) and one design's program with the same
+command line (``--force-order-every 0.2``); the designs take turns within each round, so the
+machine's noise falls on all of them alike. A design whose program does not exist yet is
+skipped with a note. Per design, medians over the rounds of: the order round trip p50/p99 (all,
+and quiet-market only), trade -> main loop p50/p99, CPU seconds per second of the program's
+process tree, each also as a ratio to the thread design's; the exchange's 4001 closes and
+violations are summed, so a design that misbehaves shows. Prints a Markdown table and writes
+JSON (every run's figures, the medians, the ratios); each process's output goes to
+``OUT_DIR/exchange_logs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "bench" / "out" / "exchange_session.json"
+FORCE_ORDER_EVERY_S = 0.2
+START_TIMEOUT_S = 30.0
+RUN_SLACK_S = 120.0  # start-up (JAX import, compile) and stop, on a loaded machine
+
+
+@dataclass(frozen=True)
+class Design:
+    """One design's program: ``script`` must exist (relative to the repo root); it is run as
+    ``python *argv --url ... --duration ... --stats ... --prices ... --force-order-every ...``
+    (cwd the repo root, ``PYTHONPATH`` the repo root), and must exit 0 having written to
+    ``--stats`` a JSON object with the keys of FIGURES (but ``cpu_per_s``) and COUNTS, and
+    ``cpu_s`` and ``wall_s`` over its main loop's run (bench/exchange_client.py's ``run_main``
+    writes exactly these)."""
+
+    name: str
+    script: str
+    argv: tuple[str, ...]
+
+
+DESIGNS = (
+    Design("thread", "bench/exchange_thread.py", ("-m", "bench.exchange_thread")),
+    Design("spawn", "bench/exchange_spawn.py", ("-m", "bench.exchange_spawn")),
+    Design("forkless", "examples/exchange_session.py", ("examples/exchange_session.py",)),
+)
+BASELINE = "thread"
+# (figure in the table, key in the design's --stats JSON); cpu_per_s is computed
+FIGURES = (
+    ("order RTT p50 ms", "order_rtt_ms_p50"),
+    ("order RTT p99 ms", "order_rtt_ms_p99"),
+    ("quiet RTT p50 ms", "order_rtt_quiet_ms_p50"),
+    ("quiet RTT p99 ms", "order_rtt_quiet_ms_p99"),
+    ("trade→loop p50 ms", "trade_ms_p50"),
+    ("trade→loop p99 ms", "trade_ms_p99"),
+    ("CPU s/s", "cpu_per_s"),
+)
+COUNTS = ("orders", "fills", "unfilled", "trades", "logins")
+
+
+def select_designs(wanted: list[str], known: tuple[Design, ...] = DESIGNS,
+                   root: Path = REPO_ROOT) -> tuple[list[Design], dict[str, str]]:
+    """The ``wanted`` designs (in ``known``'s order) whose program exists under ``root``, and a
+    note for each one skipped; ValueError names a design that is not known."""
+    unknown = sorted(set(wanted) - {d.name for d in known})
+    if unknown:
+        raise ValueError(f"unknown designs {unknown}; known: {[d.name for d in known]}")
+    chosen = [d for d in known if d.name in wanted]
+    skipped = {d.name: f"{d.script} does not exist yet" for d in chosen if not (root / d.script).exists()}
+    return [d for d in chosen if d.name not in skipped], skipped
+
+
+def start_exchange(args: list[str], log: Path) -> tuple[subprocess.Popen[str], str]:
+    """``python -m bench.exchange ARGS`` in its own process; returns it and its URL, once it listens."""
+    with log.open("w", encoding="utf-8") as stderr:  # the child has its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "bench.exchange", "--port", "0", *args], cwd=REPO_ROOT,
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        line = proc.stdout.readline() if ready else ""
+        if line.startswith("listening on "):
+            return proc, line.split()[-1]
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError(f"bench.exchange did not say 'listening on' within {START_TIMEOUT_S:.0f}s (see {log})")
+
+
+def stop(proc: subprocess.Popen[Any], timeout_s: float) -> int | None:
+    """SIGTERM ``proc`` unless it has ended, wait; kill it past ``timeout_s``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+
+
+def run_once(design: Design, a: argparse.Namespace, logs: Path, tag: str) -> dict[str, Any]:
+    """One design against a fresh exchange: its stats, the exchange's counters, exit statuses."""
+    summary = logs / f"{tag}.exchange.json"
+    exchange_args = ["--rate", str(a.rate), "--quiet-every", str(a.quiet_every), "--quiet-for", str(a.quiet_for),
+                     "--token-ttl", str(a.token_ttl), "--summary", str(summary)]
+    exchange, url = start_exchange(exchange_args, logs / f"{tag}.exchange.log")
+    stats_path, prices_path = logs / f"{tag}.stats.json", logs / f"{tag}.prices.txt"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    cmd = [sys.executable, *design.argv, "--url", url, "--duration", str(a.duration), "--stats", str(stats_path),
+           "--prices", str(prices_path), "--force-order-every", str(FORCE_ORDER_EVERY_S)]
+    try:
+        with (logs / f"{tag}.log").open("w", encoding="utf-8") as log:
+            client = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                rc = client.wait(a.duration + RUN_SLACK_S)
+            except subprocess.TimeoutExpired:
+                rc = stop(client, 10.0)
+    finally:
+        exchange_rc = stop(exchange, 10.0)
+    run: dict[str, Any] = {"design": design.name, "rc": rc, "exchange_rc": exchange_rc, "log": str(logs / f"{tag}.log")}
+    run["exchange"] = json.loads(summary.read_text()) if summary.exists() else None
+    if stats_path.exists():
+        stats = json.loads(stats_path.read_text())
+        stats["cpu_per_s"] = stats["cpu_s"] / stats["wall_s"] if stats.get("wall_s") else None
+        run["stats"] = stats
+    else:
+        run["stats"] = None
+    return run
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of FIGURES over a design's runs that wrote stats; COUNTS and the exchange's
+    4001 closes and violations summed."""
+    done = [r["stats"] for r in runs if r["stats"]]
+    out: dict[str, Any] = {"runs": len(runs), "runs_ok": sum(r["rc"] == 0 and r["stats"] is not None for r in runs)}
+    for _, key in FIGURES:
+        values = [s[key] for s in done if s.get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+    for key in COUNTS:
+        out[key] = sum(s.get(key, 0) for s in done)
+    exchanges = [r["exchange"] for r in runs if r["exchange"]]
+    out["closes_4001"] = sum(e["closes"].get("4001", 0) for e in exchanges)
+    out["violations"] = sum(sum(e["violations"].values()) for e in exchanges)
+    return out
+
+
+def ratios(medians: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each design's medians divided by the baseline's (None where either is missing)."""
+    base = medians.get(BASELINE)
+    if base is None:
+        return {}
+    return {name: {key: (m[key] / base[key] if m[key] is not None and base[key] else None) for _, key in FIGURES}
+            for name, m in medians.items()}
+
+
+def markdown(medians: dict[str, dict[str, Any]], vs: dict[str, dict[str, float | None]],
+             skipped: dict[str, str]) -> str:
+    def cell(name: str, key: str) -> str:
+        v = medians[name][key]
+        if v is None:
+            return "–"
+        r = vs.get(name, {}).get(key)
+        return f"{v:.3g}" + (f" (×{r:.2f})" if r is not None and name != BASELINE else "")
+
+    head = ["design", *(label for label, _ in FIGURES), "orders/fills", "4001s", "violations"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, m in medians.items():
+        lines.append("| " + " | ".join([name, *(cell(name, key) for _, key in FIGURES), f"{m['orders']}/{m['fills']}",
+                                        str(m["closes_4001"]), str(m["violations"])]) + " |")
+    notes = [f"\n{name}: skipped, {why}" for name, why in skipped.items()]
+    return "\n".join(lines) + "".join(notes) + f"\n\n(×: ratio to {BASELINE}; medians over rounds)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.exchange_session", description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of each program's main loop")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--designs", default=",".join(d.name for d in DESIGNS), help="comma-separated names")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--rate", type=float, default=500.0, help="the exchange's trades per second")
+    p.add_argument("--quiet-every", type=float, default=5.0)
+    p.add_argument("--quiet-for", type=float, default=1.5)
+    p.add_argument("--token-ttl", type=float, default=1e9, help="seconds a token lives (default: the run)")
+    a = p.parse_args(argv)
+    try:
+        designs, skipped = select_designs(a.designs.split(","))
+    except ValueError as exc:
+        p.error(str(exc))
+    if not designs:
+        print(f"nothing to run: {skipped}", file=sys.stderr)
+        return 1
+    logs = a.out.parent / "exchange_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict[str, Any]]] = {d.name: [] for d in designs}
+    for r in range(a.rounds):
+        for d in designs[r % len(designs):] + designs[:r % len(designs)]:  # rotated, round by round
+            run = run_once(d, a, logs, f"{d.name}-r{r}")
+            runs[d.name].append(run)
+            print(f"round {r} {d.name}: rc {run['rc']}, order RTT p50 "
+                  f"{(run['stats'] or {}).get('order_rtt_ms_p50')} ms", file=sys.stderr, flush=True)
+    medians = {name: summarise(rs) for name, rs in runs.items()}
+    vs = ratios(medians)
+    table = markdown(medians, vs, skipped)
+    print(table)
+    result = {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
+                          "load_avg_1m_at_end": os.getloadavg()[0]},
+              "plan": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
+              | {"force_order_every_s": FORCE_ORDER_EVERY_S},
+              "skipped": skipped, "medians": medians, "vs_" + BASELINE: vs, "runs": runs, "markdown": table}
+    a.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0 if all(m["runs_ok"] == m["runs"] for m in medians.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
