@@ -4,7 +4,7 @@
   both are pinned here exactly (a name added or dropped is a decision, made here), and every
   name resolves.
 - Every exception class defined in controller/ and io_loop/ (found by importing each module
-  and walking its classes) derives from ``ForklessError`` unless ``INTERNAL`` names it with the
+  and walking its classes; an ast walk checks none is hidden in a function) derives from ``ForklessError`` unless ``INTERNAL`` names it with the
   reason it never reaches a caller; ``except controller.ForklessError`` catches each of them.
 - The classes that end a run for a reason of their own (``exit_status`` not a crash's, or a
   label, or a line for the README's table) are exactly ``controller.errors.ENDS_A_RUN``.
@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import importlib
 import inspect
@@ -156,6 +157,20 @@ def test_the_walk_finds_the_exceptions_it_is_meant_to():
     # a walk that found nothing would pass every test below
     assert {"io_loop.errors.ForklessError", "controller.errors.ConfigError", "io_loop.portal.Empty",
             "io_loop.source.SourceStopped", "controller.check._Failure"} <= set(EXCEPTIONS)
+
+
+def test_the_walk_misses_no_exception_class_the_source_defines():
+    # inspect sees a module's top-level classes; ast sees every class statement, nested ones too
+    names = {cls.__name__ for cls in EXCEPTIONS.values()} | {"Exception", "BaseException"}
+    written = set()
+    for module in _modules():
+        path = ROOT / (module.replace(".", "/") + ("/__init__.py" if "." not in module else ".py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases}
+                if bases & names or any(b.endswith(("Error", "Exception", "Empty", "Full", "ShutDown")) for b in bases):
+                    written.add(f"{module}.{node.name}")
+    assert written == set(EXCEPTIONS), sorted(written ^ set(EXCEPTIONS))
 
 
 def test_every_internal_exception_listed_exists_and_says_why():
