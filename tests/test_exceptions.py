@@ -6,6 +6,8 @@ fake IO side (tests/fake_io.py): no thread, no socket.
   stops in order, then raises it.
 - A start that fails once the process was changed (the IO side did not start) gives it back.
 - EMBEDDING.md's table names every exception class the controller exports, each by one path (`controller.X`).
+- The program (``controller.cli.main``) ends a run with each ending class's ``exit_status`` and the
+  line it always printed (``forkless: <label>: <message>``; a crash's traceback after it); 130 for a second Ctrl-C.
 """
 
 from __future__ import annotations

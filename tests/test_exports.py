@@ -4,8 +4,9 @@
   both are pinned here exactly (a name added or dropped is a decision, made here), and every
   name resolves.
 - Every exception class defined in controller/ and io_loop/ (found by importing each module
-  and walking its classes; an ast walk checks none is hidden in a function) derives from ``ForklessError`` unless ``INTERNAL`` names it with the
-  reason it never reaches a caller; ``except controller.ForklessError`` catches each of them.
+  and walking its classes; an ast walk checks none is hidden in a function) derives from
+  ``ForklessError`` unless ``INTERNAL`` names it with the reason it never reaches a caller;
+  ``except controller.ForklessError`` catches each of them.
 - The classes that end a run for a reason of their own (``exit_status`` not a crash's, or a
   label, or a line for the README's table) are exactly ``controller.errors.ENDS_A_RUN``.
 """
