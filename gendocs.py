@@ -7,7 +7,8 @@ A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``
 between the markers is exactly what its function returns (``tests/test_docs.py`` holds every
 block to it, so a hand edit fails the tests). What is generated, and from where:
 
-- README.md ``exit``: ``exit_statuses_markdown()`` (``controller.errors.EXIT_STATUSES``)
+- README.md ``exit``: ``exit_statuses_markdown()`` (``controller.errors.EXIT_STATUSES`` and the
+  ``exit_status``/``exit_meaning`` of each class in ``controller.errors.ENDS_A_RUN``)
 - OPERATING.md ``variables``: ``controller.config.variables_table_markdown()`` (``VARIABLES``)
 - OPERATING.md ``metrics``: ``controller.metrics.metrics_table_markdown()`` (``metric_families``)
 - OPERATING.md ``relay-metrics``: ``controller.relaycmd.relay_metrics_table_markdown()`` (the relay's)
@@ -31,7 +32,7 @@ from pathlib import Path
 from bench import partitioned
 from bench.run import DEFAULT_OUT, DEVICES_BLOCK, RESULTS_BLOCK, devices_markdown, results_markdown
 from controller.config import variables_table_markdown
-from controller.errors import EXIT_STATUSES
+from controller.errors import ENDS_A_RUN, EXIT_STATUSES
 from controller.metrics import metrics_table_markdown
 from controller.relaycmd import relay_metrics_table_markdown
 
@@ -39,9 +40,14 @@ ROOT = Path(__file__).resolve().parent
 REGENERATE = "python gendocs.py"
 
 def exit_statuses_markdown() -> str:
-    """The table of exit statuses, one row per ``EXIT_STATUSES`` entry."""
-    lines = ["| exit status | meaning |", "|---|---|"]
-    lines += [f"| {code} | {text} |" for code, text in EXIT_STATUSES.items()]
+    """The table of exit statuses: a row per ``EXIT_STATUSES`` entry (what the status means, whatever
+    ends the run with it), each followed by a row per exception class that ends a run with that
+    status (``ENDS_A_RUN``: its ``exit_status`` and ``exit_meaning``)."""
+    lines = ["| exit status | exception | meaning |", "|---|---|---|"]
+    for code, text in EXIT_STATUSES.items():
+        lines.append(f"| {code} | | {text} |")
+        lines += [f"| {code} | `{cls.__name__}` | {cls.exit_meaning} |"
+                  for cls in ENDS_A_RUN if cls.exit_status == code]
     return "\n".join(lines) + "\n"
 
 

@@ -9,25 +9,34 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# the user API, each name from the module that defines it (one import path per type: ``controller.X``);
+# internals (``GuardedCodec``, ``compilations``, …) are imported from their modules
 _EXPORTS = {
     "Batch": "controller.batching",
     "Codec": "controller.codec",
     "Decoded": "controller.codec",
     "JsonCodec": "controller.codec",
     "Config": "controller.config",
-    "ConfigError": "controller.config",
     "Controller": "controller.loop",
     "Handshake": "io_loop.before_connect",
-    "compilations": "controller.compiled",
     "EWMAState": "controller.processor",
     "Processor": "controller.processor",
     "default_processor": "controller.processor",
     "ewma_processor": "controller.processor",
+    "stream_processor": "controller.processor",
     "StatsSnapshot": "controller.stats",
     "setup_logging": "controller.logs",
-    "GuardedCodec": "controller.codec",
-    "ProcessorContractError": "controller.errors",
+    "ForklessError": "controller.errors",
+    "CheckpointMismatch": "controller.errors",
+    "ConfigError": "controller.errors",
+    "DeploymentMismatch": "controller.errors",
     "FeedFatal": "controller.errors",
+    "IOThreadError": "controller.errors",
+    "LeaseHeld": "controller.errors",
+    "LeaseLost": "controller.errors",
+    "MetricsServerError": "controller.errors",
+    "PositionLost": "controller.errors",
+    "ProcessorContractError": "controller.errors",
     "Source": "io_loop.source",
     "SourceContext": "io_loop.source",
     "SourceStopped": "io_loop.source",

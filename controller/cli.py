@@ -5,14 +5,16 @@
     forkless --help     list every FORKLESS_* variable with its default
     forkless relay      publish the WebSocket feeds into a JetStream stream (controller/relaycmd.py, no JAX)
 
-Exit statuses are stated once, in controller/errors.py (``EXIT_STATUSES``).
+Exit statuses are stated once: each exception's ``exit_status`` (``ForklessError``, controller/errors.py
+and io_loop/errors.py), and what each status means in general (``EXIT_STATUSES``).
 
 Rules:
 - The configuration is read and validated before JAX is imported: a bad variable exits 2
   in a fraction of a second, without JAX's start-up (hence the function-level imports of
   the modules that import JAX: the preflight and the controller loop).
 - Every way a run can end maps to one exit status here, and only here (``forkless relay``'s
-  in controller/relaycmd.py, a program of its own without JAX).
+  in controller/relaycmd.py, a program of its own without JAX): every ``ForklessError`` by its
+  class's attributes, with one clause (``report``); a second Ctrl-C is 130; anything else is a crash.
 """
 
 from __future__ import annotations
@@ -25,27 +27,11 @@ import sys
 import traceback
 from typing import Any
 
-from controller.config import PREFIX, VARIABLES, Config, ConfigError, help_text
-from controller.errors import (
-    EXIT_CONFIG,
-    EXIT_CRASH,
-    EXIT_FEED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_STATUSES,
-    CheckpointMismatch,
-    DeploymentMismatch,
-    FeedFatal,
-    IOThreadError,
-    LeaseHeld,
-    LeaseLost,
-    MetricsServerError,
-    PositionLost,
-    ProcessorContractError,
-)
+from controller.config import PREFIX, VARIABLES, Config, help_text
+from controller.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, EXIT_STATUSES, ForklessError
 from controller.logs import flush_log_repeats, setup_logging
 
-__all__ = ["console_main", "load_config", "main"]
+__all__ = ["console_main", "load_config", "main", "report"]
 
 log = logging.getLogger("forkless")
 
@@ -78,6 +64,15 @@ def load_config(environ: Any = None) -> Config:
     return Config.from_env(environ)
 
 
+def report(exc: ForklessError) -> int:
+    """Write the program's line for ``exc`` to stderr (``forkless: <exit_label>: <message>``, and for
+    a crash the traceback of its cause) and return its class's ``exit_status``."""
+    print(f"forkless: {exc.exit_label}: {exc}" if exc.exit_label else f"forkless: {exc}", file=sys.stderr)
+    if exc.exit_status == EXIT_CRASH:
+        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+    return exc.exit_status
+
+
 def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = None,
          prog: str = "python app.py") -> int:
     """The program; also callable by embedding scripts that bring their own processor/codec."""
@@ -90,9 +85,8 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     args = _parser(prog).parse_args(argv)
     try:
         config = load_config()
-    except ConfigError as exc:
-        print(f"forkless: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+    except ForklessError as exc:  # a ConfigError
+        return report(exc)
 
     setup_logging(config.log_level, config.log_format)
 
@@ -111,31 +105,8 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     except KeyboardInterrupt:  # a second Ctrl-C: run() aborted the IO side and gave the process back
         print("forkless: second interrupt: exiting now", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (FeedFatal, LeaseLost) as exc:
-        print(f"forkless: feed error: {exc}", file=sys.stderr)
-        return EXIT_FEED
-    except LeaseHeld as exc:
-        print(f"forkless: partitions held by another instance: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except DeploymentMismatch as exc:
-        print(f"forkless: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except ConfigError as exc:  # known only once JAX runs: FORKLESS_DEVICES beyond the local devices
-        print(f"forkless: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except MetricsServerError as exc:  # a setting that cannot be served
-        print(f"forkless: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except ProcessorContractError as exc:
-        print(f"forkless: processor error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except (CheckpointMismatch, PositionLost) as exc:
-        print(f"forkless: checkpoint error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except IOThreadError as exc:
-        print(f"forkless: {exc}", file=sys.stderr)
-        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
-        return EXIT_CRASH
+    except ForklessError as exc:  # FeedFatal, a ConfigError known only once JAX runs, IOThreadError, …
+        return report(exc)
     finally:
         flush_log_repeats()
     demo = controller.demo if controller is not None else None

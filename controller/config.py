@@ -28,6 +28,7 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit
 
+from controller.errors import ConfigError  # defined with the other exceptions; imported from here too
 from io_loop.netaddr import parse_host_port, redact_url, redact_urls, url_host_port
 from io_loop.partitions import PARTITION_FIELD, instance_share, parse_partitions
 from io_loop.settings import REPLY_POLICIES, SEQ_MODES, FeedSpec, IOSettings, JetStreamSpec, RelaySettings
@@ -35,16 +36,6 @@ from io_loop.settings import REPLY_POLICIES, SEQ_MODES, FeedSpec, IOSettings, Je
 PREFIX = "FORKLESS_"
 BUCKET_GROWTH = 4
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the variable and what is allowed."""
-
-    def __init__(self, variable: str, value: str, allowed: str) -> None:
-        self.variable = variable
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{variable}={value!r} is invalid: expected {allowed}")
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,16 @@
-"""The exceptions that end a run for a reason the program reports in one line.
+"""The exceptions that end a run for a reason the program reports in one line, and the exit statuses.
 
 Rules:
-- The four the IO side raises (``FeedFatal``, ``MetricsServerError``, ``PositionLost``, ``IOThreadError``) are
-  defined in ``io_loop/errors.py`` (the leaf imports nothing from here) and re-exported here,
-  the same classes, so the composition layer and embedding code catch them by these names.
-- The process's exit statuses are stated here, once; ``app.py``/``forkless``, ``--check`` and
-  the README's table all use these names.
+- One root: every exception forkless raises on purpose derives from ``ForklessError``, defined
+  in ``io_loop/errors.py`` (the leaf imports nothing from here) and re-exported here with the
+  IO side's (``FeedFatal``, ``MetricsServerError``, ``PositionLost``, ``IOThreadError``,
+  ``LeaseHeld``, ``LeaseLost``), the same classes, so the composition layer and embedding code
+  catch them by these names.
+- Each class carries its exit status (``exit_status``), the label of the program's line
+  (``exit_label``) and its line in the README's table (``exit_meaning``); ``controller/cli.py``
+  and ``forkless relay`` map every ``ForklessError`` by them, with one clause.
+- ``EXIT_STATUSES`` says what each status means in general, beside the classes that end a run
+  with it (``ENDS_A_RUN``): ``gendocs.py`` makes the README's table of both.
 """
 
 from __future__ import annotations
@@ -14,8 +19,14 @@ import os
 from typing import Any
 
 from io_loop.errors import (
+    EXIT_CONFIG,
+    EXIT_CRASH,
+    EXIT_FEED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
     DeploymentMismatch,
     FeedFatal,
+    ForklessError,
     IOThreadError,
     LeaseHeld,
     LeaseLost,
@@ -24,6 +35,7 @@ from io_loop.errors import (
 )
 
 __all__ = [
+    "ENDS_A_RUN",
     "EXIT_CONFIG",
     "EXIT_CRASH",
     "EXIT_FEED",
@@ -31,8 +43,10 @@ __all__ = [
     "EXIT_OK",
     "EXIT_STATUSES",
     "CheckpointMismatch",
+    "ConfigError",
     "DeploymentMismatch",
     "FeedFatal",
+    "ForklessError",
     "IOThreadError",
     "LeaseHeld",
     "LeaseLost",
@@ -41,34 +55,49 @@ __all__ = [
     "ProcessorContractError",
 ]
 
-EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_FEED = 0, 1, 2, 3
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
+# what each status means, whatever ends the run with it; the classes in ENDS_A_RUN add their own lines
 EXIT_STATUSES = {
     EXIT_OK: "clean stop (or --check passed)",
     EXIT_CRASH: "crash, traceback printed (or --check: JAX, compilation or the metrics address failed)",
-    EXIT_CONFIG: "bad configuration, one line naming the variable (or a FORKLESS_METRICS_ADDR that cannot be "
-                 "served, a processor that breaks the contract, a checkpoint written with other settings, or a "
-                 "JetStream stream that no longer holds the messages the checkpoint needs, was made again, or whose "
-                 "position every checkpoint lost by being damaged, or partitions whose "
-                 "lease another live instance holds, or live instances of the stream started with another "
-                 "FORKLESS_INSTANCES or partition_count)",
-    EXIT_FEED: "the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up; with "
-               "several feeds, every feed (or one, with FORKLESS_FEED_FATAL=any) (or --check: a feed is unreachable); "
-               "a partition's lease lost (not renewed in time); forkless relay: also its NATS server, or messages "
-               "read and not stored by the stop's deadline",
+    EXIT_CONFIG: "bad configuration, one line naming what is wrong",
+    EXIT_FEED: "the feed cannot be used (or --check: a feed is unreachable); forkless relay: also its NATS server, "
+               "or messages read and not stored by the stop's deadline",
     EXIT_INTERRUPTED: "a second Ctrl-C (SIGINT) during the orderly stop: the IO side aborted, what was not sent is "
                       "counted as dropped, no checkpoint written",
 }
 
 
-class ProcessorContractError(ValueError):
+class ConfigError(ForklessError, ValueError):
+    """A configuration value is invalid; the message names the variable and what is allowed: exit status 2."""
+
+    exit_status = EXIT_CONFIG
+    exit_label = "configuration error"
+    exit_meaning = ("a variable's value is not allowed, one line naming the variable, the value and what is allowed "
+                    "(or FORKLESS_DEVICES asks for more devices than there are)")
+
+    def __init__(self, variable: str, value: str, allowed: str) -> None:
+        self.variable = variable
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{variable}={value!r} is invalid: expected {allowed}")
+
+
+class ProcessorContractError(ForklessError, ValueError):
     """A processor's step breaks the contract (README "Embedding"): found when it is compiled,
     before any connection is made: exit status 2."""
 
+    exit_status = EXIT_CONFIG
+    exit_label = "processor error"
+    exit_meaning = "a processor that breaks the contract (found when compiling, before any connection)"
 
-class CheckpointMismatch(ValueError):
+
+class CheckpointMismatch(ForklessError, ValueError):
     """A complete checkpoint that this run cannot continue from: a shape-defining setting, the
     state's structure or a state leaf differs. The CLI exits with status 2."""
+
+    exit_status = EXIT_CONFIG
+    exit_label = "checkpoint error"
+    exit_meaning = "a checkpoint written with other settings (or by another processor)"
 
     def __init__(self, path: str | os.PathLike, setting: str, saved: Any, current: Any) -> None:
         self.path = str(path)
@@ -79,3 +108,18 @@ class CheckpointMismatch(ValueError):
             f"checkpoint {self.path} does not fit this run: {setting}: {saved!r} in the checkpoint, "
             f"{current!r} now; run with the settings it was written with, or start empty with "
             f"FORKLESS_CHECKPOINT_RESTORE=never or another FORKLESS_CHECKPOINT_DIR")
+
+
+# the classes that end a run of the program for a reason of their own, in the README table's order
+ENDS_A_RUN: tuple[type[ForklessError], ...] = (
+    IOThreadError,
+    ConfigError,
+    MetricsServerError,
+    ProcessorContractError,
+    CheckpointMismatch,
+    PositionLost,
+    LeaseHeld,
+    DeploymentMismatch,
+    FeedFatal,
+    LeaseLost,
+)

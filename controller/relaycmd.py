@@ -32,7 +32,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,14 +41,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controller.cli import load_config
+from controller.cli import load_config, report
 from controller.codec import JsonCodec
-from controller.config import Config, ConfigError, help_text
-from controller.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK
+from controller.config import Config, help_text
+from controller.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, FeedFatal, ForklessError
 from controller.host import StopSignals
 from controller.logs import flush_log_repeats, setup_logging
 from io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
-from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 from io_loop.thread import IOThread
 
 __all__ = ["RelayView", "main", "relay_metric_families", "relay_metrics_table_markdown", "relay_status_line"]
@@ -121,9 +119,8 @@ def main(argv: list[str] | None = None, *, prog: str = "python app.py") -> int:
     try:
         config = load_config()
         io_settings, relay_settings = config.relay_settings()
-    except ConfigError as exc:
-        print(f"forkless: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+    except ForklessError as exc:  # a ConfigError
+        return report(exc)
     setup_logging(config.log_level, config.log_format)
     try:
         from io_loop.relay import Publisher, RelayStats  # nats-py: an optional extra (pip install ".[nats]")
@@ -209,17 +206,10 @@ class Relay:
             self.request_stop()
             self._end_thread()
             io.raise_if_failed()
-        except FeedFatal as exc:
-            self._end_thread()
-            print(f"forkless: feed error: {exc}", file=sys.stderr)
-            return EXIT_FEED
-        except MetricsServerError as exc:
-            print(f"forkless: configuration error: {exc}", file=sys.stderr)
-            return EXIT_CONFIG
-        except IOThreadError as exc:
-            print(f"forkless: {exc}", file=sys.stderr)
-            traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
-            return EXIT_CRASH
+        except ForklessError as exc:  # FeedFatal, MetricsServerError, IOThreadError
+            if isinstance(exc, FeedFatal):  # the feeds gave up while the thread runs: it stores what was read
+                self._end_thread()
+            return report(exc)
         final = self.view()
         if cfg.status_s > 0:
             self._print(relay_status_line(final, first, final=True))

@@ -9,19 +9,24 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# the IO side's public part: the exceptions, your own source, your own coroutine on the IO thread
+# (the controller re-exports each, where the documents name it); the rest is imported from its module
 _EXPORTS = {
-    "Bridge": "io_loop.bridge",
-    "MainSide": "io_loop.bridge",
-    "FeedClient": "io_loop.client",
+    "DeploymentMismatch": "io_loop.errors",
     "FeedFatal": "io_loop.errors",
+    "ForklessError": "io_loop.errors",
     "IOThreadError": "io_loop.errors",
+    "LeaseHeld": "io_loop.errors",
+    "LeaseLost": "io_loop.errors",
     "MetricsServerError": "io_loop.errors",
-    "FeedSpec": "io_loop.settings",
-    "IOSettings": "io_loop.settings",
+    "PositionLost": "io_loop.errors",
+    "Handshake": "io_loop.before_connect",
     "IOPortal": "io_loop.portal",
     "PortalClosed": "io_loop.portal",
     "WorkerFailed": "io_loop.portal",
-    "IOThread": "io_loop.thread",
+    "Source": "io_loop.source",
+    "SourceContext": "io_loop.source",
+    "SourceStopped": "io_loop.source",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,35 +1,89 @@
-"""The exceptions the IO side ends a run with; the composition layer catches them by these names.
+"""The root of forkless's exceptions, and those the IO side ends a run with.
 
 Rules:
-- Defined here, in the leaf, and re-exported by ``controller.errors`` (the same classes), so a
-  caller of the controller never reaches into the IO side's modules to catch them.
+- ``ForklessError`` is the root of every exception forkless raises on purpose: ``except
+  ForklessError`` catches them all. It is defined here, in the leaf (which imports nothing from
+  ``controller``), and re-exported by ``controller.errors``, with the other classes here: the
+  same classes, so a caller of the controller never reaches into the IO side's modules.
+- Each class states how the ``forkless`` program ends when it ends a run (``exit_status``, the
+  words before the message on the program's one line, ``exit_label``, and the one-line
+  ``exit_meaning`` of the README's exit status table); the statuses' numbers are stated here,
+  once (``EXIT_*``), and ``controller/cli.py`` maps every ``ForklessError`` by these attributes.
+- A class keeps the built-in base callers catch it by (``RuntimeError``, ``ValueError``) beside
+  ``ForklessError``.
 - ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
 - ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/natsstore.py``), raised
   to the thread that called the store, not through the IO thread.
-- The exit status each maps to is stated in ``controller/errors.py``, with the others.
 """
 
 from __future__ import annotations
 
-__all__ = ["DeploymentMismatch", "FeedFatal", "IOThreadError", "LeaseHeld", "LeaseLost", "MetricsServerError",
-           "PositionLost", "StopRequested"]
+from typing import ClassVar
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_CRASH",
+    "EXIT_FEED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "DeploymentMismatch",
+    "FeedFatal",
+    "ForklessError",
+    "IOThreadError",
+    "LeaseHeld",
+    "LeaseLost",
+    "MetricsServerError",
+    "PositionLost",
+    "StopRequested",
+]
+
+EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_FEED = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 
 
-class FeedFatal(Exception):
+class ForklessError(Exception):
+    """The root of every exception forkless raises on purpose: ``except ForklessError`` catches them all.
+
+    Class attributes, for the ``forkless`` program when one ends a run: ``exit_status`` (1, a
+    crash, unless a class says otherwise), ``exit_label`` (the words before the message on its
+    line on stderr, ``forkless: <label>: <message>``; none: ``forkless: <message>``, and for
+    status 1 the traceback after it) and ``exit_meaning`` (the README's exit status table's
+    line; none: the class ends a run only as any crash does)."""
+
+    exit_status: ClassVar[int] = EXIT_CRASH
+    exit_label: ClassVar[str] = ""
+    exit_meaning: ClassVar[str] = ""
+
+
+class FeedFatal(ForklessError):
     """The feed cannot be used (4xx handshake, tries used up): exit status 3."""
 
+    exit_status = EXIT_FEED
+    exit_label = "feed error"
+    exit_meaning = ("the feed cannot be used: handshake refused with a 4xx, or reconnect tries used up; with several "
+                    "feeds, every feed (or one, with FORKLESS_FEED_FATAL=any)")
 
-class PositionLost(Exception):
+
+class PositionLost(ForklessError):
     """A JetStream stream no longer holds the messages the recorded position needs (retention
     removed them, or the stream was made again): the state cannot be continued exactly.
     Exit status 2; ``FORKLESS_CHECKPOINT_RESTORE=never`` accepts the loss."""
 
+    exit_status = EXIT_CONFIG
+    exit_label = "checkpoint error"
+    exit_meaning = ("a JetStream stream that no longer holds the messages the checkpoint needs, was made again, or "
+                    "whose position every checkpoint lost by being damaged")
 
-class LeaseHeld(Exception):
+
+class LeaseHeld(ForklessError):
     """Another live instance holds partitions we claim: it renewed their leases while we waited
     (or took them first). ``keys``: the lease keys still held by others, sorted; ``holder``: who
-    holds them (several holders joined by ", "). The message names both."""
+    holds them (several holders joined by ", "). The message names both. Exit status 2."""
+
+    exit_status = EXIT_CONFIG
+    exit_label = "partitions held by another instance"
+    exit_meaning = "partitions whose lease another live instance holds"
 
     def __init__(self, keys: list[str], holder: str, message: str = "") -> None:
         super().__init__(message or f"the leases of {', '.join(keys)} are held by {holder!r}, which is alive")
@@ -40,18 +94,25 @@ class LeaseHeld(Exception):
         return type(self), (self.keys, self.holder, str(self))
 
 
-class LeaseLost(Exception):
+class LeaseLost(ForklessError):
     """A partition lease of ours could not be renewed before it expired, or someone else took
     it: the partitions may have a new owner, so nothing more is written for them; the instance
     stops with exit status 3."""
 
+    exit_status = EXIT_FEED
+    exit_label = "feed error"
+    exit_meaning = "a partition's lease lost (not renewed in time, or taken by another instance)"
 
-class DeploymentMismatch(Exception):
+class DeploymentMismatch(ForklessError):
     """Live instances sharing this partitioned stream were started with another partition count
     or number of instances (``FORKLESS_INSTANCES``), as the lease bucket's deployment record says:
     together the two layouts would leave partitions without an owner, or with two. ``recorded``
     and ``ours`` are the two layouts ({"partition_count": P, "instances": N}); the message names
     both. Exit status 2."""
+
+    exit_status = EXIT_CONFIG
+    exit_label = "configuration error"
+    exit_meaning = "live instances of the stream started with another FORKLESS_INSTANCES or partition_count"
 
     def __init__(self, recorded: dict, ours: dict, message: str = "") -> None:
         super().__init__(message or f"the live instances run with {recorded}, this one with {ours}")
@@ -68,9 +129,16 @@ class StopRequested(Exception):
     controller's start ends there, and the run stops cleanly (exit status 0)."""
 
 
-class MetricsServerError(RuntimeError):
+class MetricsServerError(ForklessError, RuntimeError):
     """``FORKLESS_METRICS_ADDR`` cannot be served (bad address, port in use): exit status 2."""
 
+    exit_status = EXIT_CONFIG
+    exit_label = "configuration error"
+    exit_meaning = "a FORKLESS_METRICS_ADDR that cannot be served (the port is taken, say)"
 
-class IOThreadError(RuntimeError):
+
+class IOThreadError(ForklessError, RuntimeError):
     """The IO thread died of something unexpected; ``__cause__`` is what killed it: exit status 1."""
+
+    exit_meaning = ("the IO thread died of something unexpected (or did not start in time): what killed it, "
+                    "with its traceback")

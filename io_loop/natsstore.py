@@ -110,7 +110,7 @@ from nats.js.object_store import ObjectStore
 from nats.nuid import NUID
 
 from io_loop.backoff import Backoff
-from io_loop.errors import DeploymentMismatch, FeedFatal, LeaseHeld, LeaseLost, StopRequested
+from io_loop.errors import DeploymentMismatch, FeedFatal, ForklessError, LeaseHeld, LeaseLost, StopRequested
 from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
 from io_loop.jetstream import NatsConnectFailed as _Failed
 from io_loop.jetstream import describe_error as _describe
@@ -137,7 +137,7 @@ WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's error codes for an expected-
 NAME_IN_USE = 10058  # "stream name already in use with a different configuration"
 
 
-class StoreError(Exception):
+class StoreError(ForklessError):
     """An operation on the store failed (server unreachable, an answer refused or late); the
     store stays usable and the next call tries again."""
 

@@ -34,6 +34,8 @@ from typing import Any, NoReturn
 
 import janus
 
+from io_loop.errors import ForklessError
+
 __all__ = ["Empty", "Full", "IOPortal", "MainQueue", "PortalClosed", "WorkerFailed", "WorkerQueue"]
 
 log = logging.getLogger("forkless.portal")
@@ -42,19 +44,19 @@ CANCEL_RESERVE_S = 1.0  # at most this much of the stop's time is kept for cance
 RECANCEL_S = 0.02  # how often a worker that swallows the cancellation is cancelled again
 
 
-class Empty(queue.Empty, asyncio.QueueEmpty):
+class Empty(ForklessError, queue.Empty, asyncio.QueueEmpty):
     """``WorkerQueue.get_nowait`` found nothing: both ``queue.Empty`` and ``asyncio.QueueEmpty``."""
 
 
-class Full(queue.Full, asyncio.QueueFull):
+class Full(ForklessError, queue.Full, asyncio.QueueFull):
     """``WorkerQueue.put_nowait`` found it full: both ``queue.Full`` and ``asyncio.QueueFull``."""
 
 
-class WorkerFailed(RuntimeError):
+class WorkerFailed(ForklessError, RuntimeError):
     """The worker raised (its exception is the ``__cause__``), or did not start or end in time."""
 
 
-class PortalClosed(janus.SyncQueueShutDown):
+class PortalClosed(ForklessError, janus.SyncQueueShutDown):
     """The queue has ended without a failure: the worker returned, or the portal stopped."""
 
 

@@ -38,7 +38,7 @@ import numpy as np
 from io_loop.counters import IOStats
 from io_loop.crossing import Events, Origin, Outgoing
 from io_loop.decoding import FrameDecoder
-from io_loop.errors import FeedFatal
+from io_loop.errors import FeedFatal, ForklessError
 from io_loop.handover import Handover
 from io_loop.settings import FeedSpec, IOSettings
 from io_loop.writer import HeldReply
@@ -48,7 +48,7 @@ __all__ = ["Source", "SourceContext", "SourceRunner", "SourceStopped"]
 log = logging.getLogger("forkless.source")
 
 
-class SourceStopped(Exception):
+class SourceStopped(ForklessError):
     """Raised by ``SourceContext.emit*`` once the stop has begun: the message was not taken."""
 
 

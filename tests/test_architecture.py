@@ -559,5 +559,5 @@ def test_importing_the_leaf_s_core_modules_loads_no_controller_janus_aiohttp_or_
 def test_the_io_loop_package_re_exports_lazily():
     loaded_modules = modules_loaded_by("import io_loop")
     assert not {m for m in loaded_modules if m.startswith("io_loop.")}
-    names = modules_loaded_by("import io_loop; io_loop.IOThread; io_loop.FeedFatal")
-    assert {"io_loop.thread", "io_loop.errors"} <= names
+    names = modules_loaded_by("import io_loop; io_loop.IOPortal; io_loop.FeedFatal")
+    assert {"io_loop.portal", "io_loop.errors"} <= names

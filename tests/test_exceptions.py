@@ -5,7 +5,9 @@ fake IO side (tests/fake_io.py): no thread, no socket.
   over; ``stop()`` goes on with the orderly stop and raises the first one at the end; ``run()``
   stops in order, then raises it.
 - A start that fails once the process was changed (the IO side did not start) gives it back.
-- EMBEDDING.md's table names every exception class forkless defines for a caller.
+- EMBEDDING.md's table names every exception class the controller exports, each by one path (`controller.X`).
+- The program (``controller.cli.main``) ends a run with each ending class's ``exit_status`` and the
+  line it always printed (``forkless: <label>: <message>``; a crash's traceback after it); 130 for a second Ctrl-C.
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ import sys
 
 import pytest
 
-from controller import errors
-from controller.config import ConfigError
+import controller
 from controller.errors import MetricsServerError
 from controller.loop import Controller
 from tests.fake_io import FakeIO, drain
@@ -101,6 +102,80 @@ def test_the_embedding_guide_names_every_exception_a_caller_can_get():
     section = text[text.index("## Exceptions"):]
     section = section[:section.index("\n## ")]
     named = set(re.findall(r"^\| `(\w+)`", section, re.M))
-    expected = {name for name in errors.__all__ if not name.startswith("EXIT")} | {
-        ConfigError.__name__, "KeyboardInterrupt", "RuntimeError"}
+    exported = {name for name in controller.__all__
+                if isinstance(getattr(controller, name), type) and issubclass(getattr(controller, name), BaseException)}
+    expected = exported - {"ForklessError"} | {"KeyboardInterrupt", "RuntimeError"}  # the root: in the intro
     assert expected <= named, f"EMBEDDING.md's exception table lacks {sorted(expected - named)}"
+    assert "`except controller.ForklessError`" in section
+
+
+def test_the_embedding_guide_names_one_import_path_per_exception_controller_s():
+    text = (ROOT / "EMBEDDING.md").read_text()
+    section = text[text.index("## Exceptions"):]
+    section = section[:section.index("\n## ")]
+    paths = set(re.findall(r"`((?:controller|io_loop)\.[\w.]+)`", section))
+    assert len(paths) > 10
+    for path in paths:  # controller.errors, io_loop.errors: other ways to the same class
+        assert path.startswith("controller.") and path.split(".", 1)[1] in controller.__all__, path
+
+
+# ---- the program: every ForklessError by its class's attributes, the lines as they always were ----
+
+CAUSE = OSError("the socket went away")
+ENDINGS = [
+    (controller.FeedFatal("every feed has given up"), 3, "forkless: feed error: every feed has given up"),
+    (controller.LeaseLost("lease of p0 lost"), 3, "forkless: feed error: lease of p0 lost"),
+    (controller.LeaseHeld(["p0"], "host-b"), 2,
+     "forkless: partitions held by another instance: the leases of p0 are held by 'host-b', which is alive"),
+    (controller.ConfigError("FORKLESS_DEVICES", "9", "at most 1"), 2,
+     "forkless: configuration error: FORKLESS_DEVICES='9' is invalid: expected at most 1"),
+    (controller.MetricsServerError("cannot serve metrics"), 2, "forkless: configuration error: cannot serve metrics"),
+    (controller.ProcessorContractError("bad step"), 2, "forkless: processor error: bad step"),
+    (controller.CheckpointMismatch("/ck/1", "features", 4, 3), 2,
+     "forkless: checkpoint error: checkpoint /ck/1 does not fit this run: features: 4 in the checkpoint, 3 now; "
+     "run with the settings it was written with, or start empty with FORKLESS_CHECKPOINT_RESTORE=never or another "
+     "FORKLESS_CHECKPOINT_DIR"),
+    (controller.PositionLost("stream gone"), 2, "forkless: checkpoint error: stream gone"),
+    (controller.IOThreadError("the IO thread died: OSError()"), 1, "forkless: the IO thread died: OSError()"),
+    (KeyboardInterrupt(), 130, "forkless: second interrupt: exiting now"),
+]
+
+
+@pytest.mark.parametrize(("raised", "status", "first_line"), ENDINGS, ids=lambda v: type(v).__name__)
+def test_the_program_ends_a_run_with_the_class_s_exit_status_and_its_line(monkeypatch, capsys, raised, status,
+                                                                          first_line):
+    from controller import cli, loop
+
+    class Ending:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def run(self) -> None:
+            if isinstance(raised, controller.IOThreadError):
+                try:
+                    raise CAUSE
+                except OSError as cause:
+                    raise raised from cause
+            raise raised
+
+    monkeypatch.setattr(cli, "load_config", lambda: CONFIG)
+    monkeypatch.setattr(cli, "setup_logging", lambda *args: None)
+    monkeypatch.setattr(loop, "Controller", Ending)
+    assert cli.main([]) == status
+    err = capsys.readouterr().err
+    assert err.startswith(first_line), err
+    if isinstance(raised, controller.ForklessError):
+        assert raised.exit_status == status
+    if status == 1:  # a crash: the traceback of its cause follows the line
+        assert "Traceback" in err and "OSError: the socket went away" in err
+    else:
+        assert err == first_line + "\n"
+
+
+def test_a_bad_variable_ends_the_program_with_2_and_one_line(monkeypatch, capsys):
+    from controller import cli
+
+    monkeypatch.setenv("FORKLESS_ALPHA", "2")
+    assert cli.main([]) == 2
+    assert capsys.readouterr().err == "forkless: configuration error: FORKLESS_ALPHA='2' is invalid: " \
+                                      "expected a number in (0, 1]\n"

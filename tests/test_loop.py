@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from controller import compilations
 from controller.batching import Chunk, Outgoing
+from controller.compiled import compilations
 from controller.config import Config
 from controller.errors import FeedFatal
 from controller.loop import Controller

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from controller.codec import JsonCodec
+from controller.errors import FeedFatal, IOThreadError, MetricsServerError
 from io_loop.partitions import escape_stream
 from io_loop.relay import ACROSS_RECONNECT, WITHIN_CONNECTION, SeqGaps
 from tests.harness import UNIT_S, run_app, wait_until
@@ -368,3 +369,61 @@ def test_the_demo_feed_through_the_relay_is_consumed_by_the_app_one_result_per_m
     outputs = [json.loads(payload) for _, payload in read_stream(nats_server.url, "SCORES")]
     assert len(outputs) == read and not [o for o in outputs if "error" in o]
     assert {(o["stream"], o["seq"]) for o in outputs} == inputs  # one result per message, nothing else
+
+
+# ---- the relay's exit statuses: every ForklessError by its class, in-process, no thread or server ----
+
+
+class _IOThatFails:
+    """An IO thread whose start fails with ``raised`` (the relay's IOThread, as Relay builds it)."""
+
+    raised: BaseException
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.demo = None
+        self.joined = False
+
+    def start(self) -> None:
+        raise self.raised
+
+    @property
+    def alive(self) -> bool:
+        return False
+
+    def join(self, timeout: float | None = None) -> bool:
+        self.joined = True
+        return True
+
+
+def _crash() -> IOThreadError:
+    try:
+        raise OSError("the loop broke")
+    except OSError as cause:
+        try:
+            raise IOThreadError("the IO thread died: OSError('the loop broke')") from cause
+        except IOThreadError as exc:
+            return exc
+
+
+@pytest.mark.parametrize(("raised", "status", "first_line"), [
+    (FeedFatal("relay: giving up on nats://127.0.0.1:1"), 3, "forkless: feed error: relay: giving up on nats://127.0.0.1:1"),
+    (MetricsServerError("cannot serve metrics"), 2, "forkless: configuration error: cannot serve metrics"),
+    (_crash(), 1, "forkless: the IO thread died: OSError('the loop broke')"),
+], ids=lambda v: type(v).__name__)
+def test_the_relay_ends_with_the_class_s_exit_status_and_its_line(monkeypatch, capsys, raised, status, first_line):
+    from controller import relaycmd
+    from controller.config import Config
+
+    monkeypatch.setattr(_IOThatFails, "raised", raised, raising=False)
+    monkeypatch.setattr(relaycmd, "IOThread", _IOThatFails)
+    config = Config(relay_nats="nats://127.0.0.1:1", relay_subject=SUBJECT)
+    io_settings, relay_settings = config.relay_settings()
+    relay = relaycmd.Relay(config, io_settings, lambda *args: None, None, relay_settings)
+    assert relay.run() == status == raised.exit_status
+    err = capsys.readouterr().err
+    assert err.startswith(first_line + "\n"), err
+    if status == 1:
+        assert "OSError: the loop broke" in err
+    else:
+        assert err == first_line + "\n"
+    assert relay.io.joined == isinstance(raised, FeedFatal)  # the stop's end of the thread, after a feed gave up
