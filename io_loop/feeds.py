@@ -87,12 +87,12 @@ class Outbox(asyncio.Queue):
 
 
 class FeedSet:
-    """The feeds of one IO thread (see the module rules). ``demo_url`` stands in for a feed
-    whose url is empty (the embedded demo feed); ``on_connect`` and ``before_connect`` are every
-    WebSocket client's hooks."""
+    """The feeds of one IO thread (see the module rules): the one place that picks each feed's
+    client by its kind (a user's source, a JetStream feed, the embedded demo feed, a WebSocket
+    feed); ``on_connect`` and ``before_connect`` are every WebSocket client's hooks."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, *,
-                 demo_url: str | None = None, on_connect: OnConnect | None = None,
+                 on_connect: OnConnect | None = None,
                  before_connect: BeforeConnect | None = None, positions: Mapping[str, Origin] | None = None,
                  sources: Mapping[str, Source] | None = None, fence: Callable[[], bool] | None = None) -> None:
         self.settings = settings
@@ -118,9 +118,16 @@ class FeedSet:
                                                   outbox=outbox, index=i, resume=(positions or {}).get(spec.name),
                                                   fence=fence if spec.jetstream.partitioned else None))
                 continue
+            if not spec.url and settings.uses_demo_feed:
+                # only when it runs: the demo feed's server (io_loop/demo_source.py has the reason)
+                from io_loop.demo_source import DemoRunner
+
+                self.clients.append(DemoRunner(settings, codec, IOStats(), spec, inbound=bridge.inbound,
+                                               outbox=outbox, index=i, on_connect=on_connect,
+                                               before_connect=before_connect))
+                continue
             self.clients.append(FeedClient(settings, codec, IOStats(), spec, inbound=bridge.inbound, outbox=outbox,
-                                           index=i, url=demo_url if not spec.url else None,
-                                           on_connect=on_connect, before_connect=before_connect))
+                                           index=i, on_connect=on_connect, before_connect=before_connect))
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0
 
@@ -192,6 +199,11 @@ class FeedSet:
             stats.dropped[GIVEN_UP_REASON] += answers
             log.error("%d replies to messages of %s dropped: it gave up", answers, self.specs[index].label)
         stats.error_replies_unsent += errors
+
+    @property
+    def demo(self) -> Any:
+        """The embedded demo feed (io_loop/demo_feed.py's ``DemoFeed``), or None when it does not run."""
+        return next((client.demo for client in self.clients if hasattr(client, "demo")), None)
 
     # ---- the stop's accounting and observing --------------------------------------------------
 

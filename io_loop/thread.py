@@ -82,7 +82,6 @@ class IOThread:
         self.codec = codec
         self.stats = stats
         self.failure: BaseException | None = None
-        self.demo: DemoFeed | None = None
         self.metrics_url: str | None = None
         self._stats_snapshot = stats_snapshot
         self._render_metrics = render_metrics
@@ -135,6 +134,11 @@ class IOThread:
                 loop.call_soon_threadsafe(task.cancel)
             except RuntimeError:
                 pass
+
+    @property
+    def demo(self) -> DemoFeed | None:
+        """The embedded demo feed (its ``summary()``), or None when it does not run."""
+        return self._feeds.demo if self._feeds is not None else None
 
     @property
     def alive(self) -> bool:
@@ -204,18 +208,7 @@ class IOThread:
         background: list[asyncio.Task] = []
         metrics = None
         try:
-            demo_url = None
-            if cfg.uses_demo_feed:
-                # only when it runs: the demo feed and aiohttp's server cost 3.7 MiB of resident
-                # memory a real deployment never uses (measured 2026-11-30, /proc/self/statm)
-                from io_loop.demo_feed import DemoFeed
-
-                self.demo = DemoFeed(rate_hz=cfg.demo_rate, streams=cfg.demo_streams,
-                                     features=cfg.features, warmup=cfg.warmup)
-                demo_url = await self.demo.start()
-                log.info("demo feed listening on %s (%d streams, %g msg/s)", demo_url, cfg.demo_streams,
-                         cfg.demo_rate)
-            self._feeds = FeedSet(cfg, self.codec, bridge, demo_url=demo_url, on_connect=self._on_connect,
+            self._feeds = FeedSet(cfg, self.codec, bridge, on_connect=self._on_connect,
                                   before_connect=self._before_connect, positions=self.positions,
                                   sources=self._sources, fence=self._fence)
             if len(self._feeds.specs) > 1:
@@ -244,8 +237,6 @@ class IOThread:
                 async with asyncio.timeout(ABORT_CLEANUP_S if self._aborted else None):
                     if metrics is not None:
                         await metrics.stop()
-                    if self.demo is not None:
-                        await self.demo.stop()
             except TimeoutError:
                 log.warning("clean-up after the abort cut short after %.1fs", ABORT_CLEANUP_S)
             await bridge.aclose()
@@ -277,12 +268,6 @@ class IOThread:
             await asyncio.gather(feeding, sinking, return_exceptions=True)
 
     async def _stop_reading(self, deadline: float | None) -> None:
-        if self.demo is not None:
-            # keep reading until the frames already on the loopback wire are answered,
-            # so the demo's tally is complete
-            self.demo.stop_sending()
-            if self.settings.feed_specs[0].replies != "none":  # with "none" no reply ever comes
-                await self.demo.wait_replies(timeout=min(2.0, self.settings.shutdown_timeout_s / 2))
         if self._feeds is not None:
             await self._feeds.stop_reading(deadline)
         elif self._bridge is not None:

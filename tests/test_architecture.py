@@ -67,6 +67,7 @@ IO = [
     "io_loop/client.py",
     "io_loop/connect.py",
     "io_loop/demo_feed.py",
+    "io_loop/demo_source.py",
     "io_loop/feeds.py",
     "io_loop/handover.py",
     "io_loop/http.py",
