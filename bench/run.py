@@ -903,23 +903,7 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         steps_started = time.monotonic()
         steps = step_cost_section(plan, work, caches)
         steps["elapsed_s"] = round(time.monotonic() - steps_started, 1)
-        table_runs: dict[int, list[dict[str, Any]]] = {size: [] for size in TABLES}
-        scaling: dict[str, Any] | None = None
-        section: dict[str, Any] | None = None
-        if not plan.accelerator:  # the CPU's own sections: the table's size, forced CPU devices
-            print(f"state scaling: forkless at 1,000 msg/s with FORKLESS_MAX_STREAMS "
-                  f"{' and '.join(map(str, TABLES))}:", flush=True)
-            for rep in range(plan.repeats):
-                for size in rotated(TABLES, rep):
-                    table_runs[size].append(run_load("forkless", "rate_1k", plan, work, caches["forkless"],
-                                                     f"forkless-streams{size}-r{rep}",
-                                                     env={"FORKLESS_MAX_STREAMS": str(size)}))
-            print("state scaling: the step alone", flush=True)
-            scaling = state_scaling.measure(quick=plan.repeats == 1)
-            print("devices: the step alone, then forkless at its maximum throughput:", flush=True)
-            devices_started = time.monotonic()
-            section = devices_section(plan, work)
-            devices_elapsed_s = time.monotonic() - devices_started
+        cpu = None if plan.accelerator else cpu_sections(plan, work, caches)
         logs = out / "logs"
         shutil.rmtree(logs, ignore_errors=True)
         shutil.copytree(work / "logs", logs)
@@ -939,16 +923,38 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         "step_costs": steps,
         "runs": runs,
     }
-    if scaling is not None:
-        results["state_scaling"] = {**scaling, "app_1k": {
-            str(size): {q: _median([(r["loadgen"].get("latency_ms") or {}).get(q) for r in rs]) for q in ("p50", "p99")}
-            for size, rs in table_runs.items()}}
+    if cpu is not None:
+        results["state_scaling"] = cpu["state_scaling"]
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    if section is not None:
-        (out / "devices.json").write_text(json.dumps(devices_results(section, plan, command, devices_elapsed_s),
-                                                     indent=1))
+    if cpu is not None:
+        (out / "devices.json").write_text(json.dumps(devices_results(cpu["devices"], plan, command,
+                                                                     cpu["devices_elapsed_s"]), indent=1))
     plot(results, out / "bench.png")
     return results
+
+
+def cpu_sections(plan: Plan, work: Path, caches: dict[str, str]) -> dict[str, Any]:
+    """The CPU's own sections of a run, which an ``--accelerator`` run leaves out: state scaling
+    (forkless at 1,000 msg/s with each of ``TABLES``, then ``bench.state_scaling``'s step alone)
+    and the devices section. ``state_scaling`` and ``devices`` go into the results as they are;
+    ``table_runs``: the state-scaling load runs, for a check of their accounting."""
+    table_runs: dict[int, list[dict[str, Any]]] = {size: [] for size in TABLES}
+    print(f"state scaling: forkless at 1,000 msg/s with FORKLESS_MAX_STREAMS {' and '.join(map(str, TABLES))}:",
+          flush=True)
+    for rep in range(plan.repeats):
+        for size in rotated(TABLES, rep):
+            table_runs[size].append(run_load("forkless", "rate_1k", plan, work, caches["forkless"],
+                                             f"forkless-streams{size}-r{rep}", env={"FORKLESS_MAX_STREAMS": str(size)}))
+    print("state scaling: the step alone", flush=True)
+    scaling = state_scaling.measure(quick=plan.repeats == 1)
+    print("devices: the step alone, then forkless at its maximum throughput:", flush=True)
+    devices_started = time.monotonic()
+    section = devices_section(plan, work)
+    app_1k = {str(size): {q: _median([(r["loadgen"].get("latency_ms") or {}).get(q) for r in rs])
+                          for q in ("p50", "p99")} for size, rs in table_runs.items()}
+    return {"state_scaling": {**scaling, "app_1k": app_1k}, "devices": section,
+            "devices_elapsed_s": time.monotonic() - devices_started,
+            "table_runs": {str(size): rs for size, rs in table_runs.items()}}
 
 
 def report(results: dict[str, Any]) -> str:
