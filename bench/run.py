@@ -97,6 +97,9 @@ TIMEOUT_SCALE = float(os.environ.get("FORKLESS_BENCH_TIMEOUT_SCALE", "1"))
 # after the last send, a run waits until every message sent has its reply, at most this long
 # (bench.loadgen --drain-s; bench.ping_probe --drain-s for the pongs)
 DRAIN_S = 60.0 * TIMEOUT_SCALE
+# how long the load generator and the ping probe wait for the design to connect (its start-up:
+# imports and the compilation of every bucket, before it connects)
+CONNECT_S = 120.0 * TIMEOUT_SCALE
 
 
 def bound(seconds: float) -> float:
@@ -334,24 +337,26 @@ def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag
             "--streams", str(STREAMS), "--features", str(FEATURES), "--host", "127.0.0.1", "--port", "0"]
     if load == "window":
         args += ["--window", str(plan.window)]
-    args += ["--drain-s", f"{DRAIN_S:g}"]  # the run ends once every message is answered (see DRAIN_S)
+    # the run ends once every message is answered (see DRAIN_S); the design connects once it has
+    # compiled, which a loaded machine can take a minute over
+    args += ["--drain-s", f"{DRAIN_S:g}", "--connect-timeout", f"{CONNECT_S:g}"]
     figures_path = work / f"{tag}.json"
     log_path = work / "logs" / f"{tag}.log"
     prober, probe_url, ping = None, None, None
     if probe:
         prober, probe_url = start_probe(["--duration", str(duration), "--warmup-s", str(plan.warmup_s),
-                                         "--drain-s", f"{DRAIN_S:g}"])
+                                         "--drain-s", f"{DRAIN_S:g}", "--connect-timeout", f"{CONNECT_S:g}"])
     loadgen, url = start_loadgen(args)
     started = time.perf_counter()
     try:
         with open(log_path, "w", encoding="utf-8") as log:
             client = subprocess.Popen(client_cmd(design, url, figures_path, heavy, step, probe_url,
-                                                 max_s=duration + DRAIN_S + bound(120)), cwd=REPO_ROOT,
+                                                 max_s=CONNECT_S + duration + DRAIN_S + bound(60)), cwd=REPO_ROOT,
                                       env={**client_env(cache_dir), **(env or {})}, stdout=log,
                                       stderr=subprocess.STDOUT)
             with TreeSampler(client.pid) as rss, TreeSampler(loadgen.pid) as generator:
                 try:
-                    result = wait_result(loadgen, timeout=duration + DRAIN_S + bound(90))
+                    result = wait_result(loadgen, timeout=CONNECT_S + duration + DRAIN_S + bound(30))
                     reported = time.perf_counter()
                     if prober is not None:
                         ping = wait_result(prober, timeout=DRAIN_S + bound(30))
