@@ -92,7 +92,7 @@ TABLES = (4096, 1_000_000)  # FORKLESS_MAX_STREAMS for the app part of "state sc
 # Every wait below is on an event (the last reply in, a process's exit, a first result) and has
 # a bound only for when that event never comes (a message lost, a process hung): a slow machine
 # makes a run end later, never early. FORKLESS_BENCH_TIMEOUT_SCALE multiplies every bound, as
-# FORKLESS_TEST_TIMEOUT_SCALE does the tests' (tests/test_bench_smoke.py passes it on).
+# FORKLESS_TEST_TIMEOUT_SCALE does the tests' (tests/quick_bench.py passes it on).
 TIMEOUT_SCALE = float(os.environ.get("FORKLESS_BENCH_TIMEOUT_SCALE", "1"))
 # after the last send, a run waits until every message sent has its reply, at most this long
 # (bench.loadgen --drain-s; bench.ping_probe --drain-s for the pongs)
