@@ -8,7 +8,9 @@ from the moment it is opened sends a ping every ``--interval-ms`` (jittered unif
 between half and one and a half times it, so the pings do not lock onto the load's period)
 for ``--duration`` seconds; each ping carries its number, and its round trip is the time
 from sending it to reading its pong, both on this process's clock. Pings sent in the first
-``--warmup-s`` seconds are not counted. It then closes the connection, stops listening, prints
+``--warmup-s`` seconds are not counted. It then waits until every ping has its pong (at most
+``--drain-s`` seconds: a bound for a client that stopped answering, not a measurement window;
+``bench.run`` passes a generous one), closes the connection, stops listening, prints
 ``RESULT <json>`` (``rtt_ms`` p50/p99/max, ``pings``, ``pongs``, ``lost``: pings not answered
 by the end) and exits.
 
@@ -20,7 +22,7 @@ loop: in the inline design, the step. The load generator (``bench/loadgen.py``) 
 pings, so this is where the wait is measured, the same way for every design.
 
 It always stops by itself: no connection within ``--connect-timeout`` seconds, or a run
-capped at ``duration + 30`` seconds (and a SIGALRM backstop).
+capped at ``duration + 30`` seconds of pinging plus the drain (and a SIGALRM backstop).
 """
 
 from __future__ import annotations
@@ -43,11 +45,11 @@ from aiohttp import WSMsgType, web
 
 from bench.loadgen import REPO_ROOT, LoadgenProcess, _next_line, _pump
 
-DRAIN_S = 1.0  # after the last ping, wait this long for pongs before closing
+DRAIN_S = 1.0  # after the last ping, wait at most this long (the default of --drain-s) for the last pongs
 
 
 async def serve(duration: float, warmup_s: float, interval_s: float, connect_timeout: float,
-                host: str = "127.0.0.1") -> dict[str, Any]:
+                host: str = "127.0.0.1", drain_s: float = DRAIN_S) -> dict[str, Any]:
     connected = asyncio.Event()
     result: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
     taken = False
@@ -89,7 +91,7 @@ async def serve(duration: float, warmup_s: float, interval_s: float, connect_tim
         try:
             await asyncio.wait_for(pinger(), duration + 30.0)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(_all_answered(sent, rtts)), DRAIN_S)
+                await asyncio.wait_for(asyncio.shield(_all_answered(sent, rtts, read)), drain_s)
         finally:
             counted = {n for n, t in sent.items() if t >= counted_from}
             ms = np.asarray([rtt / 1e6 for n, rtt in rtts if n in counted])
@@ -113,7 +115,7 @@ async def serve(duration: float, warmup_s: float, interval_s: float, connect_tim
     await runner.setup()
     site = web.TCPSite(runner, host, 0)
     await site.start()
-    _alarm(connect_timeout + duration + 40.0)
+    _alarm(connect_timeout + duration + drain_s + 40.0)
     print(f"LISTENING ws://{host}:{runner.addresses[0][1]}/", flush=True)
     try:
         await asyncio.wait_for(connected.wait(), connect_timeout)
@@ -126,8 +128,9 @@ async def serve(duration: float, warmup_s: float, interval_s: float, connect_tim
     return report
 
 
-async def _all_answered(sent: dict[int, int], rtts: list[tuple[int, float]]) -> None:
-    while len(rtts) < len(sent):
+async def _all_answered(sent: dict[int, int], rtts: list[tuple[int, float]], reader: asyncio.Task[None]) -> None:
+    """Until every ping sent has its pong, or the connection is closed (its reader ended)."""
+    while len(rtts) < len(sent) and not reader.done():
         await asyncio.sleep(0.01)
 
 
@@ -159,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-s", type=float, default=0.0, help="pings sent before this are not counted")
     p.add_argument("--interval-ms", type=float, default=5.0)
     p.add_argument("--connect-timeout", type=float, default=60.0)
+    p.add_argument("--drain-s", type=float, default=DRAIN_S,
+                   help="after the last ping, wait until every pong is in, at most this long")
     a = p.parse_args(argv)
-    report = asyncio.run(serve(a.duration, a.warmup_s, a.interval_ms / 1000, a.connect_timeout))
+    report = asyncio.run(serve(a.duration, a.warmup_s, a.interval_ms / 1000, a.connect_timeout,
+                               drain_s=a.drain_s))
     print("RESULT " + orjson.dumps(report).decode(), flush=True)
     return 0 if "error" not in report else 2
 

@@ -89,6 +89,22 @@ SAMPLE_S = 0.05
 FEATURES = 8
 STREAMS = 16
 TABLES = (4096, 1_000_000)  # FORKLESS_MAX_STREAMS for the app part of "state scaling"
+# Every wait below is on an event (the last reply in, a process's exit, a first result) and has
+# a bound only for when that event never comes (a message lost, a process hung): a slow machine
+# makes a run end later, never early. FORKLESS_BENCH_TIMEOUT_SCALE multiplies every bound, as
+# FORKLESS_TEST_TIMEOUT_SCALE does the tests' (tests/quick_bench.py passes it on).
+TIMEOUT_SCALE = float(os.environ.get("FORKLESS_BENCH_TIMEOUT_SCALE", "1"))
+# after the last send, a run waits until every message sent has its reply, at most this long
+# (bench.loadgen --drain-s; bench.ping_probe --drain-s for the pongs)
+DRAIN_S = 60.0 * TIMEOUT_SCALE
+# how long the load generator and the ping probe wait for the design to connect (its start-up:
+# imports and the compilation of every bucket, before it connects)
+CONNECT_S = 120.0 * TIMEOUT_SCALE
+
+
+def bound(seconds: float) -> float:
+    """A wait's bound, ``seconds`` times ``TIMEOUT_SCALE``."""
+    return seconds * TIMEOUT_SCALE
 
 
 @dataclass(frozen=True)
@@ -185,9 +201,10 @@ def client_env(cache_dir: str | None) -> dict[str, str]:
 
 
 def client_cmd(design: str, url: str, figures: Path, heavy: bool = False, step: dict[str, Any] | None = None,
-               probe_url: str | None = None) -> list[str]:
+               probe_url: str | None = None, max_s: float | None = None) -> list[str]:
     """The design's command line; ``step``: a calibrated heavy step (``size``, ``iters``);
-    ``probe_url``: a ``bench.ping_probe`` to connect to as well (forkless: a second feed)."""
+    ``probe_url``: a ``bench.ping_probe`` to connect to as well (forkless: a second feed);
+    ``max_s``: the client's own backstop (``--max-s``, forkless and spawn) instead of its default."""
     if design == "io-ceiling":
         return [sys.executable, "-m", "bench.io_ceiling", "--url", url, "--features", str(FEATURES)]
     module = {"forkless": "bench.forkless_client", "forkless-nojax": "bench.forkless_client",
@@ -195,6 +212,8 @@ def client_cmd(design: str, url: str, figures: Path, heavy: bool = False, step: 
     extra = ["--heavy"] if heavy else []
     if step is not None:
         extra += ["--heavy-size", str(step["size"]), "--heavy-iters", str(step["iters"])]
+    if max_s is not None and design in ("forkless", "forkless-nojax", "spawn"):
+        extra += ["--max-s", f"{max_s:g}"]
     if probe_url and design.startswith("forkless"):
         url = json.dumps([url, probe_url])  # the probe is a second feed (FORKLESS_FEEDS)
     elif probe_url:
@@ -318,26 +337,31 @@ def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag
             "--streams", str(STREAMS), "--features", str(FEATURES), "--host", "127.0.0.1", "--port", "0"]
     if load == "window":
         args += ["--window", str(plan.window)]
+    # the run ends once every message is answered (see DRAIN_S); the design connects once it has
+    # compiled, which a loaded machine can take a minute over
+    args += ["--drain-s", f"{DRAIN_S:g}", "--connect-timeout", f"{CONNECT_S:g}"]
     figures_path = work / f"{tag}.json"
     log_path = work / "logs" / f"{tag}.log"
     prober, probe_url, ping = None, None, None
     if probe:
-        prober, probe_url = start_probe(["--duration", str(duration), "--warmup-s", str(plan.warmup_s)])
+        prober, probe_url = start_probe(["--duration", str(duration), "--warmup-s", str(plan.warmup_s),
+                                         "--drain-s", f"{DRAIN_S:g}", "--connect-timeout", f"{CONNECT_S:g}"])
     loadgen, url = start_loadgen(args)
     started = time.perf_counter()
     try:
         with open(log_path, "w", encoding="utf-8") as log:
-            client = subprocess.Popen(client_cmd(design, url, figures_path, heavy, step, probe_url), cwd=REPO_ROOT,
+            client = subprocess.Popen(client_cmd(design, url, figures_path, heavy, step, probe_url,
+                                                 max_s=CONNECT_S + duration + DRAIN_S + bound(60)), cwd=REPO_ROOT,
                                       env={**client_env(cache_dir), **(env or {})}, stdout=log,
                                       stderr=subprocess.STDOUT)
             with TreeSampler(client.pid) as rss, TreeSampler(loadgen.pid) as generator:
                 try:
-                    result = wait_result(loadgen, timeout=duration + 90)
+                    result = wait_result(loadgen, timeout=CONNECT_S + duration + DRAIN_S + bound(30))
                     reported = time.perf_counter()
                     if prober is not None:
-                        ping = wait_result(prober, timeout=30)
+                        ping = wait_result(prober, timeout=DRAIN_S + bound(30))
                 finally:
-                    rc = stop_tree(client, 30.0)
+                    rc = stop_tree(client, bound(30))
     finally:
         if prober is not None and prober.poll() is None:
             prober.kill()
@@ -466,11 +490,11 @@ def time_to_first_result(design: str, cache_dir: str, work: Path, tag: str) -> f
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            feed.wait(60.0)
+            feed.wait(bound(60))
         finally:
             if proc.poll() is None and design == "forkless":
                 proc.send_signal(signal.SIGTERM)  # the orderly stop a user gets with Ctrl-C
-            stop_tree(proc, 15.0)
+            stop_tree(proc, bound(15))
             feed.close()
     if feed.first_result_at is None:
         return None
@@ -486,7 +510,7 @@ def compute_ceiling(plan: Plan, work: Path, cache_dir: str) -> dict[str, Any]:
     path = work / "compute-ceiling.json"
     subprocess.run([sys.executable, "-m", "bench.compute_ceiling", "--seconds", str(plan.compute_s),
                     "--streams", str(STREAMS), "--out", str(path)],
-                   cwd=REPO_ROOT, env=client_env(cache_dir), check=True, timeout=120)
+                   cwd=REPO_ROOT, env=client_env(cache_dir), check=True, timeout=bound(120))
     figures = json.loads(path.read_text())
     print(f"  compute-ceiling              {figures['throughput_msg_s']:.0f} msg/s", flush=True)
     return figures
@@ -500,7 +524,7 @@ def devices_section(plan: Plan, work: Path) -> dict[str, Any]:
         subprocess.run([sys.executable, "-m", "bench.devices", "--seconds", str(plan.compute_s),
                         "--streams", str(STREAMS), "--out", str(path)], cwd=REPO_ROOT,
                        env={**client_env(str(work / f"jax-cache-devices-{n}")), "JAX_NUM_CPU_DEVICES": str(n)},
-                       check=True, timeout=180)
+                       check=True, timeout=bound(180))
         by_count[n] = {"compute": json.loads(path.read_text()), "runs": []}
         print(f"  step alone on {n} device(s)     {by_count[n]['compute']['throughput_msg_s']:.0f} msg/s, host "
               f"routing {by_count[n]['compute']['host_routing_us']:.1f} µs a batch", flush=True)
@@ -542,7 +566,7 @@ def calibrate_steps(plan: Plan, work: Path) -> dict[str, Any]:
     path = work / "step-cost.json"
     subprocess.run([sys.executable, "-m", "bench.step_cost", "--targets-ms", *(f"{ms:g}" for ms in plan.step_costs_ms),
                     "--seconds", str(plan.calibrate_s), "--out", str(path)],
-                   cwd=REPO_ROOT, env=client_env(None), check=True, timeout=600)
+                   cwd=REPO_ROOT, env=client_env(None), check=True, timeout=bound(600))
     figures = json.loads(path.read_text())
     for t in figures["targets"]:
         print(f"  step ~{t['target_ms']:g} ms: {t['iters']} matmuls of {figures['size']}x{figures['size']}, "
@@ -660,7 +684,7 @@ def lag_floor(seconds: float) -> dict[str, Any]:
         "    return out\n"
         f"print(json.dumps(asyncio.run(m({max(10, int(seconds / 0.05))}))))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=bound(60))
     ms = np.asarray(json.loads(out.stdout)) * 1000
     figures = {"p50": float(np.quantile(ms, 0.5)), "p99": float(np.quantile(ms, 0.99)), "samples": len(ms)}
     print(f"  idle asyncio loop lag        p50 {figures['p50']:.2f} p99 {figures['p99']:.2f} ms", flush=True)
@@ -884,23 +908,7 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         steps_started = time.monotonic()
         steps = step_cost_section(plan, work, caches)
         steps["elapsed_s"] = round(time.monotonic() - steps_started, 1)
-        table_runs: dict[int, list[dict[str, Any]]] = {size: [] for size in TABLES}
-        scaling: dict[str, Any] | None = None
-        section: dict[str, Any] | None = None
-        if not plan.accelerator:  # the CPU's own sections: the table's size, forced CPU devices
-            print(f"state scaling: forkless at 1,000 msg/s with FORKLESS_MAX_STREAMS "
-                  f"{' and '.join(map(str, TABLES))}:", flush=True)
-            for rep in range(plan.repeats):
-                for size in rotated(TABLES, rep):
-                    table_runs[size].append(run_load("forkless", "rate_1k", plan, work, caches["forkless"],
-                                                     f"forkless-streams{size}-r{rep}",
-                                                     env={"FORKLESS_MAX_STREAMS": str(size)}))
-            print("state scaling: the step alone", flush=True)
-            scaling = state_scaling.measure(quick=plan.repeats == 1)
-            print("devices: the step alone, then forkless at its maximum throughput:", flush=True)
-            devices_started = time.monotonic()
-            section = devices_section(plan, work)
-            devices_elapsed_s = time.monotonic() - devices_started
+        cpu = None if plan.accelerator else cpu_sections(plan, work, caches)
         logs = out / "logs"
         shutil.rmtree(logs, ignore_errors=True)
         shutil.copytree(work / "logs", logs)
@@ -920,16 +928,38 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         "step_costs": steps,
         "runs": runs,
     }
-    if scaling is not None:
-        results["state_scaling"] = {**scaling, "app_1k": {
-            str(size): {q: _median([(r["loadgen"].get("latency_ms") or {}).get(q) for r in rs]) for q in ("p50", "p99")}
-            for size, rs in table_runs.items()}}
+    if cpu is not None:
+        results["state_scaling"] = cpu["state_scaling"]
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    if section is not None:
-        (out / "devices.json").write_text(json.dumps(devices_results(section, plan, command, devices_elapsed_s),
-                                                     indent=1))
+    if cpu is not None:
+        (out / "devices.json").write_text(json.dumps(devices_results(cpu["devices"], plan, command,
+                                                                     cpu["devices_elapsed_s"]), indent=1))
     plot(results, out / "bench.png")
     return results
+
+
+def cpu_sections(plan: Plan, work: Path, caches: dict[str, str]) -> dict[str, Any]:
+    """The CPU's own sections of a run, which an ``--accelerator`` run leaves out: state scaling
+    (forkless at 1,000 msg/s with each of ``TABLES``, then ``bench.state_scaling``'s step alone)
+    and the devices section. ``state_scaling`` and ``devices`` go into the results as they are;
+    ``table_runs``: the state-scaling load runs, for a check of their accounting."""
+    table_runs: dict[int, list[dict[str, Any]]] = {size: [] for size in TABLES}
+    print(f"state scaling: forkless at 1,000 msg/s with FORKLESS_MAX_STREAMS {' and '.join(map(str, TABLES))}:",
+          flush=True)
+    for rep in range(plan.repeats):
+        for size in rotated(TABLES, rep):
+            table_runs[size].append(run_load("forkless", "rate_1k", plan, work, caches["forkless"],
+                                             f"forkless-streams{size}-r{rep}", env={"FORKLESS_MAX_STREAMS": str(size)}))
+    print("state scaling: the step alone", flush=True)
+    scaling = state_scaling.measure(quick=plan.repeats == 1)
+    print("devices: the step alone, then forkless at its maximum throughput:", flush=True)
+    devices_started = time.monotonic()
+    section = devices_section(plan, work)
+    app_1k = {str(size): {q: _median([(r["loadgen"].get("latency_ms") or {}).get(q) for r in rs])
+                          for q in ("p50", "p99")} for size, rs in table_runs.items()}
+    return {"state_scaling": {**scaling, "app_1k": app_1k}, "devices": section,
+            "devices_elapsed_s": time.monotonic() - devices_started,
+            "table_runs": {str(size): rs for size, rs in table_runs.items()}}
 
 
 def report(results: dict[str, Any]) -> str:

@@ -1,6 +1,7 @@
 """Fixtures shared by the tests: loopback feed servers, the app as a subprocess, a free port,
-the timeout unit, and a seeded reconnect backoff. The machinery lives in tests/servers.py
-and tests/harness.py; here it is only started and always cleaned up."""
+the timeout unit, a seeded reconnect backoff, and the session's one small benchmark run. The
+machinery lives in tests/servers.py, tests/harness.py and tests/quick_bench.py; here it is only
+started and always cleaned up."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from io_loop.backoff import Backoff
 from tests import harness
 from tests.harness import BACKOFF_SEED, TIMEOUT_SCALE, UNIT_S, AppProcess
+from tests.quick_bench import QuickBench, run_gpu_script
 from tests.servers import SERVERS, LoopbackServer, Script
 
 DEFAULT_TEST_TIMEOUT_S = 120  # pyproject's pytest-timeout default, scaled below
@@ -88,6 +90,14 @@ def shared_jax_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
     harness.SHARED_JAX_CACHE = str(tmp_path_factory.mktemp("jax-cache"))
     yield
     harness.SHARED_JAX_CACHE = None
+
+
+@pytest.fixture(scope="session")
+def quick_benchmark(tmp_path_factory: pytest.TempPathFactory) -> QuickBench:
+    """The session's one small benchmark run (tests/quick_bench.py): ``bench/gpu.sh`` on the CPU at
+    the smoke size, made when a test first asks for it; tests/test_bench_gpu.py and
+    tests/test_bench_smoke.py check it. A test that asks for it needs ``quick_bench.TEST_TIMEOUT_S``."""
+    return run_gpu_script(tmp_path_factory.mktemp("quick-bench"))
 
 
 @pytest.fixture(autouse=True)

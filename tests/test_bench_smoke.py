@@ -1,9 +1,14 @@
 """Smoke run of the whole benchmark (``python -m bench.run --quick``), so it cannot rot.
 
-One short repeat of every design and every figure (two to three minutes on 2 cores), the
-step-cost section with one calibrated step (~1 ms) and the ping probe included. The
-assertions are on completeness and accounting only — every design has numbers, every
-message sent was answered, every ping got its pong — never on how fast anything was.
+One short repeat of every design and every figure, the step-cost section with one calibrated
+step (~1 ms) and the ping probe included. The run is the session's one small benchmark run
+(the ``quick_benchmark`` fixture, tests/quick_bench.py: ``bench/gpu.sh`` on the CPU, that is
+``python -m bench.run --accelerator --quick``, which tests/test_bench_gpu.py checks too, about
+three minutes on 2 cores); the two sections that a plain ``--quick`` run adds on a CPU (state
+scaling, forced CPU devices) are run and checked on their own below. The assertions are on
+completeness and accounting only — every design has numbers, every message sent was answered,
+every ping got its pong — never on how fast anything was: every run waits until its last reply
+is in (bench/run.py, ``DRAIN_S``), however slow the machine.
 """
 
 from __future__ import annotations
@@ -15,24 +20,21 @@ from typing import Any
 
 import pytest
 
-from tests.harness import UNIT_S, run_app
-
-RUN_TIMEOUT_S = 420 * UNIT_S
+from tests.harness import TIMEOUT_SCALE, UNIT_S, run_app
+from tests.quick_bench import TEST_TIMEOUT_S, QuickBench
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, str]:
-    out = tmp_path_factory.mktemp("bench-out")
-    proc = run_app(program=("-m", "bench.run", "--quick", "--out", str(out)), timeout_s=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads((out / "results.json").read_text()), out, proc.stdout
+@pytest.fixture
+def results(quick_benchmark: QuickBench) -> tuple[dict[str, Any], Path, str]:
+    assert quick_benchmark.returncode == 0, quick_benchmark.failure()
+    return quick_benchmark.data, quick_benchmark.out, quick_benchmark.stdout
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_quick_benchmark_answers_every_message_of_every_run(results: tuple[dict[str, Any], Path, str]) -> None:
     data, _, _ = results
     designs = {run["design"] for run in data["runs"]}
@@ -45,7 +47,7 @@ def test_quick_benchmark_answers_every_message_of_every_run(results: tuple[dict[
         assert run["client_rc"] == 0, run["tag"]
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_quick_benchmark_has_numeric_figures_for_every_design(results: tuple[dict[str, Any], Path, str]) -> None:
     summary = results[0]["summary"]
     for design in ("forkless", "spawn", "inline", "io-ceiling", "forkless-nojax"):
@@ -70,7 +72,7 @@ def test_quick_benchmark_has_numeric_figures_for_every_design(results: tuple[dic
             assert all(_number(hops[hop]["p50"]) and hops[hop]["p50"] >= 0 for hop in hops), (design, load)
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_spawn_design_runs_three_processes_and_its_child_never_imports_jax(
         results: tuple[dict[str, Any], Path, str]) -> None:
     runs = [r for r in results[0]["runs"] if r["design"] == "spawn"]
@@ -80,7 +82,7 @@ def test_spawn_design_runs_three_processes_and_its_child_never_imports_jax(
         assert run["processes"] == 3, run["tag"]  # parent, spawned child, resource tracker
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_inline_design_runs_on_one_thread_compiles_nothing_after_warm_up_and_batches_by_read_pass(
         results: tuple[dict[str, Any], Path, str]) -> None:
     data = results[0]
@@ -97,7 +99,7 @@ def test_inline_design_runs_on_one_thread_compiles_nothing_after_warm_up_and_bat
     assert all(r["client"]["batch_size_mean"] > 1 for r in window)  # a read pass of many frames, one step
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_step_cost_section_calibrates_a_step_and_pings_every_design_while_it_steps(
         results: tuple[dict[str, Any], Path, str]) -> None:
     data = results[0]
@@ -127,7 +129,7 @@ def test_step_cost_section_calibrates_a_step_and_pings_every_design_while_it_ste
     assert judged["max throughput with a ~10 ms step >= 1.3 x inline"]["met"] is None  # not in the quick plan
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_quick_benchmark_writes_the_plot_and_prints_the_table(results: tuple[dict[str, Any], Path, str]) -> None:
     _, out, stdout = results
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -135,6 +137,49 @@ def test_quick_benchmark_writes_the_plot_and_prints_the_table(results: tuple[dic
         assert any(line.startswith(row) for line in stdout.splitlines()), row
     assert "latency budget (per hop, µs):" in stdout and "| outbound |" in stdout
     assert "step cost:" in stdout and "| ~1 ms | " in stdout
+
+
+CPU_SECTIONS_TIMEOUT_S = 600 * UNIT_S  # a hang backstop, as quick_bench.RUN_TIMEOUT_S (184 s at load average ~8)
+CPU_SECTIONS = """
+import json, sys
+from pathlib import Path
+from bench.run import Plan, cpu_sections
+work = Path(sys.argv[1])
+(work / "logs").mkdir()
+got = cpu_sections(Plan.quick(), work, {"forkless": str(work / "jax-cache-forkless")})
+(work / "cpu-sections.json").write_text(json.dumps(got))
+"""
+
+
+@pytest.mark.timeout(CPU_SECTIONS_TIMEOUT_S + 30)
+def test_quick_benchmark_s_cpu_sections_state_scaling_and_forced_devices_answer_every_message(tmp_path: Path) -> None:
+    """The sections a plain ``--quick`` run adds to the shared ``--accelerator --quick`` one
+    (``bench.run.cpu_sections`` with the quick plan, as ``run_all`` calls it): forkless at
+    1,000 msg/s with each state table size, the step alone at each size, and the devices
+    section (the step alone and forkless at its window on 1, 2 and 4 forced CPU devices)."""
+    from bench.run import DEVICE_COUNTS, TABLES
+
+    proc = run_app(str(tmp_path), program=("-c", CPU_SECTIONS), timeout_s=CPU_SECTIONS_TIMEOUT_S,
+                   env={"FORKLESS_BENCH_TIMEOUT_SCALE": str(TIMEOUT_SCALE)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads((tmp_path / "cpu-sections.json").read_text())
+    runs = got["table_runs"]
+    assert sorted(runs) == sorted(str(size) for size in TABLES)
+    for run in (r for rs in runs.values() for r in rs):
+        lg = run["loadgen"]
+        assert lg["sent"] > 0 and lg["sent"] == lg["answered"], run["tag"]
+        assert lg["missing"] == 0 and lg["errors"] == 0 and lg["duplicates"] == 0, run["tag"]
+        assert run["client_rc"] == 0, run["tag"]
+    scaling = got["state_scaling"]
+    assert {"steps", "old", "steps_split", "rss_baseline", "rss", "targets"} <= set(scaling)
+    assert scaling["steps"] and all(_number(r["step_us"]) for r in scaling["steps"])
+    assert all(_number(scaling["app_1k"][str(size)][q]) for size in TABLES for q in ("p50", "p99"))
+    devices = got["devices"]
+    assert devices["counts"] == list(DEVICE_COUNTS)
+    for n in DEVICE_COUNTS:
+        row = devices["by_devices"][str(n)]
+        assert _number(row["compute_msg_s"]) and _number(row["app_max_msg_s"]), n
+        assert row["answered_all"] is True and row["compilations_after_warmup"] == 0, n
 
 
 PARTITIONED_TIMEOUT_S = 240 * UNIT_S

@@ -1,0 +1,78 @@
+"""The one small benchmark run of the test session, shared by the tests that check it.
+
+``bench/gpu.sh`` run on the CPU at the smoke size: ``FORKLESS_GPU_SKIP_INSTALL=1`` (it prints
+the install command instead of running it), ``JAX_PLATFORMS=cpu`` and ``FORKLESS_BENCH_QUICK=1``,
+so it runs ``python -m bench.run --accelerator --quick``: every design, every load, the heavy
+step, start-up, the ceilings and the step-cost section, one short repeat each. The two
+sections a plain ``--quick`` run adds on a CPU (state scaling, forced CPU devices) are checked
+on their own (``tests/test_bench_smoke.py``), so nothing is run twice.
+
+``tests/test_bench_gpu.py`` checks the script's part (the install line, the command it runs, the
+reduced plan, ``results.md``), ``tests/test_bench_smoke.py`` the benchmark's (every message of
+every run answered, every figure a number). The run is made once, by the session-scoped
+``quick_benchmark`` fixture (tests/conftest.py), whichever test asks for it first.
+
+Every wait in the benchmark ends on an event and has a bound only for when the event never
+comes; ``FORKLESS_BENCH_TIMEOUT_SCALE`` scales those bounds as ``FORKLESS_TEST_TIMEOUT_SCALE``
+scales the tests', so a slow machine makes the run longer, never incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from tests.harness import ROOT, TIMEOUT_SCALE, UNIT_S, app_env
+
+SCRIPT = ROOT / "bench" / "gpu.sh"
+# The run's backstop, for a hang only: every wait inside the benchmark ends on its event and has
+# its own bound (bench/run.py), so this one is set for a machine far slower than a free 2-core
+# one (about 3.5 minutes there; 420 s was outlasted at a load average of 7 to 11 on 2 cores,
+# where the run had reached its step-cost section). A test that may be the first to ask for
+# the run waits this long.
+RUN_TIMEOUT_S = 900 * UNIT_S
+TEST_TIMEOUT_S = RUN_TIMEOUT_S + 30
+
+
+@dataclass
+class QuickBench:
+    """How the run ended and where it wrote (``out``: results.json, results.md, bench.png)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    out: Path
+
+    @cached_property
+    def data(self) -> dict[str, Any]:
+        """``results.json``, read once."""
+        result: dict[str, Any] = json.loads((self.out / "results.json").read_text())
+        return result
+
+    def failure(self) -> str:
+        return self.stdout[-3000:] + self.stderr[-3000:]
+
+
+def run_gpu_script(workdir: Path) -> QuickBench:
+    """``bash bench/gpu.sh WORKDIR/out`` from ``workdir``, as the CPU check runs it; the script and
+    everything it started are killed if it runs past ``RUN_TIMEOUT_S``."""
+    out = workdir / "out"
+    env = app_env({"FORKLESS_GPU_SKIP_INSTALL": "1", "FORKLESS_BENCH_QUICK": "1", "PYTHON": sys.executable,
+                   "FORKLESS_BENCH_TIMEOUT_SCALE": str(TIMEOUT_SCALE)}, shared_cache=False)
+    proc = subprocess.Popen(["bash", str(SCRIPT), str(out)], cwd=workdir, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"bench/gpu.sh did not finish within {RUN_TIMEOUT_S:.0f} s\n"
+                             f"{stdout[-3000:]}{stderr[-3000:]}") from None
+    return QuickBench(proc.returncode, stdout, stderr, out)
