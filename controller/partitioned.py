@@ -68,7 +68,7 @@ from controller.checkpoint import (
 )
 from controller.compiled import per_stream_leaf
 from controller.errors import ProcessorContractError
-from io_loop.partitions import partition_subjects, partitions_of
+from io_loop.partitions import format_partitions, partition_subjects, partitions_of
 
 __all__ = ["PartitionOwner", "PartitionPieces", "PartitionedCheckpoints", "check_partitionable", "lease_key",
            "object_name"]
@@ -130,7 +130,7 @@ class PartitionedCheckpoints:
         self.leaf_names = ["state" + jax.tree_util.keystr(path) for path, _ in flat]
         self.per_stream = [per_stream_leaf(leaf, slots) for _, leaf in flat]
         self.row_shapes = [(tuple(leaf.shape[1:]), np.dtype(leaf.dtype)) for _, leaf in flat]
-        self.label = f"bucket objects {stream}/<partition>/ (partitions {_ranges(self.partitions)})"
+        self.label = f"bucket objects {stream}/<partition>/ (partitions {format_partitions(self.partitions)})"
 
     # ---- numbering ----------------------------------------------------------------------------------
 
@@ -296,17 +296,6 @@ def _after(a: Sequence[Any], b: Sequence[Any]) -> bool:
     return (int(a[0]), int(a[1])) > (int(b[0]), int(b[1]))
 
 
-def _ranges(parts: Sequence[int]) -> str:
-    out, start = [], None
-    for i, p in enumerate(parts):
-        if start is None:
-            start = p
-        if i + 1 == len(parts) or parts[i + 1] != p + 1:
-            out.append(str(start) if start == p else f"{start}-{p}")
-            start = None
-    return ",".join(out)
-
-
 def check_partitionable(processor: Any) -> None:
     """``ProcessorContractError`` (exit 2) for a processor whose state cannot be split by partition."""
     if not getattr(processor, "per_stream", True):
@@ -363,8 +352,8 @@ class PartitionOwner:
             store.claim_deployment(deployment_key(spec.stream),
                                    {"partition_count": spec.partition_count, "instances": config.instances},
                                    {lease_key(spec.stream, p): p for p in range(spec.partition_count)}, stop)
-            log.info("%s: holding the leases of partitions %s of %d (as %s)", feed.label, _ranges(spec.partitions),
-                     spec.partition_count, holder)
+            log.info("%s: holding the leases of partitions %s of %d (as %s)", feed.label,
+                     format_partitions(spec.partitions), spec.partition_count, holder)
             checkpoints = None
             if config.checkpoint_bucket:
                 checkpoints = PartitionedCheckpoints(

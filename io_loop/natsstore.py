@@ -114,6 +114,7 @@ from io_loop.errors import DeploymentMismatch, FeedFatal, ForklessError, LeaseHe
 from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
 from io_loop.jetstream import NatsConnectFailed as _Failed
 from io_loop.jetstream import describe_error as _describe
+from io_loop.partitions import format_partitions
 from io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["NatsStore", "ObjectDamaged", "StoreError"]
@@ -181,17 +182,6 @@ def _layout(layout: dict[str, Any]) -> str:
     n = layout.get("instances")
     return f"partition_count {layout['partition_count']}, " + (f"FORKLESS_INSTANCES={n}" if n is not None
                                                                else "partitions named in the feed entry")
-
-
-def _partition_list(parts: Sequence[int]) -> str:
-    out, start = [], None
-    for i, p in enumerate(parts):
-        if start is None:
-            start = p
-        if i + 1 == len(parts) or parts[i + 1] != p + 1:
-            out.append(str(start) if start == p else f"{start}-{p}")
-            start = None
-    return ",".join(out)
 
 
 def _holders(held: dict[str, list]) -> str:
@@ -842,7 +832,7 @@ class NatsStore:
             if unowned:
                 log.warning("partitions %s (of %d) have had no live lease for more than %g s: no instance owns "
                             "them, so their messages go unanswered (start the instances that own them)",
-                            _partition_list(unowned), len(peers), self._lease)
+                            format_partitions(unowned), len(peers), self._lease)
             elif before:
                 log.info("every partition has an owner again")
 
