@@ -95,6 +95,7 @@ class IOThread:
         self._bridge: Bridge | None = None
         self._main_side: MainSide | None = None
         self._aborted = False
+        self._stopping: list[asyncio.Task] = []  # the stop's tasks, made on the loop by request_stop
         self._cpu_clock: int | None = None  # this thread's CPU clock (``time.pthread_getcpuclockid``)
         self._cpu_at_end: float | None = None  # its CPU seconds when it ended
 
@@ -115,7 +116,7 @@ class IOThread:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
-                loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._stop_reading(deadline)))
+                loop.call_soon_threadsafe(self._begin_stop, deadline)
             except RuntimeError:  # the loop closed meanwhile
                 pass
 
@@ -228,9 +229,9 @@ class IOThread:
             else:
                 await self._run_with_sink(self._sink, self._feeds, bridge)
         finally:
-            for task in background:
+            for task in (*background, *self._stopping):
                 task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await asyncio.gather(*background, *self._stopping, return_exceptions=True)
             self._count_unsent()
             try:
                 # after an abort the stop deadline has (nearly) passed: clean up briefly or not at all
@@ -266,6 +267,12 @@ class IOThread:
             for task in (feeding, sinking):
                 task.cancel()
             await asyncio.gather(feeding, sinking, return_exceptions=True)
+
+    def _begin_stop(self, deadline: float | None) -> None:
+        """On the loop: start the stop as a task the loop keeps (``_main`` finishes it), so it is
+        never collected unstarted when the loop ends first."""
+        self._stopping.append(asyncio.get_running_loop().create_task(self._stop_reading(deadline),
+                                                                     name="forkless-stop"))
 
     async def _stop_reading(self, deadline: float | None) -> None:
         if self._feeds is not None:
