@@ -187,7 +187,7 @@ def _checkpoint_dir(text: str) -> str:
 
 FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 FEED_KEYS = ("url", "subscribe", "headers", "name", "required", "replies")
-# a JetStream feed: an entry with "nats" (README "JetStream feeds")
+# a JetStream feed: an entry with "nats" (docs/jetstream.md)
 JETSTREAM_KEYS = ("name", "nats", "stream", "subject", "results", "start", "required", "replies", "token", "creds",
                   "partition_count", "partitions")
 MAX_PARTITIONS = 65536
