@@ -9,9 +9,9 @@ block to it, so a hand edit fails the tests). What is generated, and from where:
 
 - README.md ``exit``: ``exit_statuses_markdown()`` (``controller.errors.EXIT_STATUSES`` and the
   ``exit_status``/``exit_meaning`` of each class in ``controller.errors.ENDS_A_RUN``)
-- OPERATING.md ``variables``: ``controller.config.variables_table_markdown()`` (``VARIABLES``)
-- OPERATING.md ``metrics``: ``controller.metrics.metrics_table_markdown()`` (``metric_families``)
-- OPERATING.md ``relay-metrics``: ``controller.relaycmd.relay_metrics_table_markdown()`` (the relay's)
+- docs/variables.md ``variables``: ``controller.config.variables_table_markdown()`` (``VARIABLES``)
+- docs/metrics.md ``metrics``: ``controller.metrics.metrics_table_markdown()`` (``metric_families``)
+- docs/relay.md ``relay-metrics``: ``controller.relaycmd.relay_metrics_table_markdown()`` (the relay's)
 - bench/README.md ``bench:results``: ``bench.run.results_markdown()`` of ``bench/out/results.json``
   (a full ``python -m bench.run`` rewrites that block itself)
 - bench/README.md ``bench:devices``: ``bench.run.devices_markdown()`` of ``bench/out/devices.json``
@@ -75,9 +75,9 @@ class Block:
 
 BLOCKS = (
     Block("README.md", "exit", exit_statuses_markdown),
-    Block("OPERATING.md", "variables", variables_table_markdown),
-    Block("OPERATING.md", "metrics", metrics_table_markdown),
-    Block("OPERATING.md", "relay-metrics", relay_metrics_table_markdown),
+    Block("docs/variables.md", "variables", variables_table_markdown),
+    Block("docs/metrics.md", "metrics", metrics_table_markdown),
+    Block("docs/relay.md", "relay-metrics", relay_metrics_table_markdown),
     Block("bench/README.md", RESULTS_BLOCK, bench_results_markdown),
     Block("bench/README.md", DEVICES_BLOCK, bench_devices_markdown),
     Block("bench/README.md", partitioned.BLOCK, bench_partitioned_markdown),

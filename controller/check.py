@@ -62,7 +62,7 @@ def run_check(config: Config, processor: Any = None, codec: Codec | None = None,
     if config.metrics_addr:
         step("metrics address", lambda: check_metrics_addr(config.metrics_addr, say))
     # a JetStream feed's results stream must drop a result published again after a restart: its
-    # duplicate window must cover a checkpoint interval plus a restart (OPERATING.md "JetStream feeds")
+    # duplicate window must cover a checkpoint interval plus a restart (docs/jetstream.md)
     step("feed", lambda: probe_feed(config.io_settings(), codec, say, dedupe_window_s=2 * config.checkpoint_s + 60),
          code=EXIT_FEED)
 

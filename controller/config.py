@@ -187,7 +187,7 @@ def _checkpoint_dir(text: str) -> str:
 
 FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 FEED_KEYS = ("url", "subscribe", "headers", "name", "required", "replies")
-# a JetStream feed: an entry with "nats" (README "JetStream feeds")
+# a JetStream feed: an entry with "nats" (docs/jetstream.md)
 JETSTREAM_KEYS = ("name", "nats", "stream", "subject", "results", "start", "required", "replies", "token", "creds",
                   "partition_count", "partitions")
 MAX_PARTITIONS = 65536
@@ -466,8 +466,8 @@ VARIABLES: tuple[Variable, ...] = (
              'a JSON list of {"url", "subscribe", "headers", "name", "required", "replies"} objects (WebSocket feeds)'
              ' and {"nats", "stream", "subject", "results", "start", …} objects (JetStream feeds), or @path to a file'
              " holding one; not together with WS_URL or SUBSCRIBE",
-             "several feeds in one process, each its own connection (README \"Several feeds\", OPERATING.md"
-             " \"JetStream feeds\"); never logged", secret=True),
+             "several feeds in one process, each its own connection (docs/feeds.md, docs/jetstream.md); never"
+             " logged", secret=True),
     Variable("SHARED_STREAMS", "shared_streams", _bool, "0 or 1",
              "with several feeds: 1 makes a stream name the same stream on every feed (one state);"
              " 0 keeps feed:stream apart"),
@@ -582,7 +582,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("LEASE_BUCKET", "lease_bucket", _bucket, "1-64 letters, digits, '_' or '-'",
              "the JetStream KV bucket on the partitioned feed's server that holds the partitions' leases (created"
              " if missing)"),
-    # -- the relay (forkless relay: OPERATING.md "The relay")
+    # -- the relay (forkless relay: docs/relay.md)
     Variable("RELAY_NATS", "relay_nats", _nats_urls, "one nats:// or tls:// URL, or several comma-separated",
              "forkless relay: the NATS server(s) to publish to (a user:password in the URL is never logged);"
              " required for the relay"),

@@ -140,7 +140,7 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     hops = HistogramMetricFamily("forkless_hop_seconds", f"The latency budget: time a sampled message (one in "
                                  f"{SAMPLE_EVERY}) spent in each hop from its frame being read to its reply "
                                  "being written, or to its results being handed over when no frame is sent "
-                                 "(OPERATING.md \"Performance\"); hop=\"total\" is the whole way.",
+                                 "(docs/performance.md); hop=\"total\" is the whole way.",
                                  labels=["hop"])
     for hop, hist in snap.hops.items():
         hops.add_metric([hop], _buckets(hist, SECONDS_STEP), sum_value=hist.total)
@@ -178,7 +178,7 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
 
 
 def _jetstream_families(snap: StatsSnapshot) -> list[Metric]:
-    """Each JetStream feed's position (OPERATING.md "JetStream feeds"); no samples without one."""
+    """Each JetStream feed's position (docs/jetstream.md, "Figures"); no samples without one."""
     rows = [
         (CounterMetricFamily, "forkless_jetstream_fetched", "Stream messages a JetStream feed fetched (a replay's "
          "included).", "fetched"),
@@ -400,7 +400,7 @@ def _labels_cell(fam: Metric) -> str:
 def metrics_table_markdown() -> str:
     """The Markdown table of every ``forkless_*`` metric: name, type, labels, help.
 
-    Drawn from ``metric_families`` itself (OPERATING.md holds it between
+    Drawn from ``metric_families`` itself (docs/metrics.md holds it between
     ``<!-- metrics:start/end -->``; ``gendocs.py`` writes it, ``tests/test_docs.py`` checks it).
     """
     lines = ["| metric | type | labels | help |", "|---|---|---|---|"]

@@ -109,7 +109,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         prog=f"{prog} relay", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Read the WebSocket feeds (FORKLESS_FEEDS or FORKLESS_WS_URL; the embedded demo feed when "
                     "neither is set) and publish every message to <FORKLESS_RELAY_SUBJECT>.<escaped stream> on "
-                    "FORKLESS_RELAY_NATS, each acknowledged by JetStream (OPERATING.md \"The relay\"). No JAX.",
+                    "FORKLESS_RELAY_NATS, each acknowledged by JetStream (docs/relay.md). No JAX.",
         epilog="Environment variables:\n" + help_text())
 
 
@@ -358,7 +358,7 @@ def exposition(view: Callable[[], RelayView]) -> Callable[[], tuple[bytes, str]]
 
 
 def relay_metrics_table_markdown() -> str:
-    """The Markdown table of the relay's metrics (OPERATING.md ``relay-metrics``, by gendocs.py)."""
+    """The Markdown table of the relay's metrics (docs/relay.md ``relay-metrics``, by gendocs.py)."""
     io = IOStats().snapshot()
     relay = _EmptyRelay()
     lines = ["| metric | type | labels | help |", "|---|---|---|---|"]

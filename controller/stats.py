@@ -67,7 +67,7 @@ class MainStats:
 @dataclass(frozen=True)
 class SourceFigures:
     """One JetStream feed's position figures: what its IO side fetched and had acknowledged, and
-    what the main thread applied (OPERATING.md "JetStream feeds")."""
+    what the main thread applied (docs/jetstream.md, "Figures")."""
 
     name: str
     fetched: int  # stream messages fetched (a replay's included)

@@ -1,4 +1,4 @@
-"""The JetStream recipe of OPERATING.md ("JetStream feeds"), in three steps, with nats-py:
+"""The JetStream recipe of docs/jetstream.md ("A local recipe"), in three steps, with nats-py:
 
     python examples/jetstream_demo.py setup      # the input stream TICKS and the results stream SCORES
                                                  # (--partitions P: TICKS partitioned by the server, P parts)
@@ -32,7 +32,7 @@ ALPHA, THRESHOLD, WARMUP, EPS = 0.05, 4.0, 20, 1e-6  # the defaults of FORKLESS_
 async def setup(args: argparse.Namespace) -> None:
     nc = await nats.connect(args.nats)
     js = nc.jetstream()
-    if args.partitions:  # OPERATING.md "Partitioned instances": ticks.<stream> stored as ticks.<partition>.<stream>
+    if args.partitions:  # docs/partitions.md ("The stream"): ticks.<stream> stored as ticks.<partition>.<stream>
         dest = f"ticks.{{{{partition({args.partitions},1)}}}}.{{{{wildcard(1)}}}}"
         transform = SubjectTransform(src="ticks.*", dest=dest)
         await js.add_stream(StreamConfig(name="TICKS", subjects=["ticks.*"], subject_transform=transform))
@@ -134,7 +134,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--window", type=float, default=300.0, help="SCORES' duplicate window, seconds")
     parser.add_argument("--partitions", type=int, default=0,
-                        help="setup: partition TICKS into this many partitions (OPERATING.md 'Partitioned instances')")
+                        help="setup: partition TICKS into this many partitions (docs/partitions.md)")
     args = parser.parse_args()
     step = {"setup": setup, "publish": publish, "compare": compare}[args.step]
     return asyncio.run(step(args)) or 0

@@ -1,4 +1,5 @@
-"""The IO side: one thread, one asyncio loop, every socket.
+"""The IO side: the IO thread, one asyncio loop with every feed's socket (the checkpoint and lease
+store keeps its own thread and NATS connection: ``io_loop/natsstore.py``).
 
 A leaf: nothing here imports ``controller``. Names are imported lazily, so importing one small
 module (``io_loop.backoff``, ``io_loop.netaddr``, the settings) loads neither janus nor aiohttp.

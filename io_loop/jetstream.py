@@ -857,7 +857,7 @@ class JetStreamFeed(FeedControl):
                     raise acks.error
             except nats.js.errors.NoStreamResponseError:
                 return End(Outcome.LOST, f"no stream stores the results subject {results!r}: create one "
-                                         "(with a duplicate window, OPERATING.md \"JetStream feeds\")")
+                                         "(with a duplicate window, docs/jetstream.md)")
             except NATS_ERRORS as exc:
                 return End(Outcome.LOST, f"publishing to {results!r} failed: {_describe(exc)}")
             finally:
@@ -960,8 +960,7 @@ def _check_partitions(spec: JetStreamSpec, config: Any, say: Any) -> list[str]:
         have = "; ".join(f"{where} {raw.src!r} -> {raw.dest!r}" for where, raw in transforms) or "none"
         return [f"stream {spec.stream!r} has no subject transform writing a partition (its subject transforms: "
                 f"{have}), but the feed's \"partition_count\" is {count}: give the stream one such as "
-                f"'ticks.*' -> 'ticks.{{{{partition({count},1)}}}}.{{{{wildcard(1)}}}}' (OPERATING.md \"Partitioned "
-                "instances\")"]
+                f"'ticks.*' -> 'ticks.{{{{partition({count},1)}}}}.{{{{wildcard(1)}}}}' (docs/partitions.md)"]
     problems = []
     for where, transform in found:
         wrong = transform_problems(spec.subject, count, transform)

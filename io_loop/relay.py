@@ -564,7 +564,7 @@ def _ack_problem(msg: Any) -> str:
     status = msg.headers.get("Status") if msg.headers else None
     if status == "503":
         return ("no stream stores the subject {subject}: create one with the subjects '<FORKLESS_RELAY_SUBJECT>.>' "
-                "and a duplicate window (OPERATING.md \"The relay\")")
+                "and a duplicate window (docs/relay.md, \"The stream\")")
     if status:
         return f"the server answered {status} {msg.headers.get('Description', '')}".strip()
     data = msg.data

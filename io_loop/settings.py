@@ -46,7 +46,7 @@ class JetStreamSpec:
     start: str = "first"  # "first" (the stream's first message) or "new" (what arrives after the start)
     token: str = field(default="", repr=False)
     creds: str = ""  # the path of a NATS .creds file (its content is the secret, the path is not)
-    # a partitioned feed (OPERATING.md "Partitioned instances"): P, the stream's partition count
+    # a partitioned feed (docs/partitions.md): P, the stream's partition count
     # (its subject transform's {{partition(P,…)}}), 0 when not partitioned; ``subject`` then holds
     # ``{partition}`` as one whole token, and ``partitions`` are the ones this instance owns, sorted
     partition_count: int = 0

@@ -1,4 +1,5 @@
-"""IOThread: the one dedicated thread that owns the asyncio loop and every socket.
+"""IOThread: the one dedicated thread that owns the asyncio loop and every feed's socket (the
+checkpoint and lease store keeps its own thread and NATS connection: ``io_loop/natsstore.py``).
 
 Rules:
 - ``start()``, ``request_stop()``, ``join()`` and ``abort()`` are called from the main thread;

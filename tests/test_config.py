@@ -166,7 +166,7 @@ def test_the_io_settings_carry_the_configuration_s_values_by_the_same_names():
     assert several.io_settings().feeds_from_list and len(several.io_settings().feed_specs) == 2
 
 
-# ---- partitioned JetStream feeds (OPERATING.md "Partitioned instances") ------------------------------
+# ---- partitioned JetStream feeds (docs/partitions.md) ------------------------------------------------
 
 
 def _partitioned(**fields) -> str:

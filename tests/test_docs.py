@@ -5,7 +5,8 @@ Every block between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` (listed in
 ``gendocs.BLOCKS``) must equal its generator's output, so a hand edit, or a change to a
 variable, a metric or an exit status without regenerating, fails here. ``python gendocs.py``
 rewrites them all. The README is the front door and stays small; the manual is EMBEDDING.md,
-OPERATING.md and DESIGN.md.
+DESIGN.md and the operator's guide, OPERATING.md: an index of pages under docs/, one topic each,
+none over ``PAGE_MAX_BYTES``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ from controller.stats import HistogramSnapshot, status_line
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = f"run `{gendocs.REGENERATE}` to regenerate"
-DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md")
+PAGES = tuple(sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))  # the operator's guide
+DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md", *PAGES)
+LINKED = (*DOCUMENTS, "bench/README.md")  # every document whose relative links must lead somewhere
 README_MAX_BYTES = 14_000  # the front door; the manual lives in the other documents
+PAGE_MAX_BYTES = 15_360  # a page of docs/ holds one topic; a longer topic is split into pages
 
 
 def text(path: str) -> str:
@@ -67,12 +71,12 @@ def test_gendocs_check_names_a_hand_edited_block_and_regenerate_restores_it(tmp_
     for block in gendocs.BLOCKS:
         (tmp_path / block.path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / block.path, tmp_path / block.path)
-    operating = tmp_path / "OPERATING.md"
-    edited = operating.read_text().replace("| `forkless_ready` | gauge |", "| `forkless_ready` | counter |")
-    operating.write_text(edited)
-    assert gendocs.stale_blocks(tmp_path) == ["OPERATING.md: metrics"]
-    assert gendocs.regenerate(tmp_path) == ["OPERATING.md: metrics"]
-    assert operating.read_text() == text("OPERATING.md")
+    metrics = tmp_path / "docs/metrics.md"
+    edited = metrics.read_text().replace("| `forkless_ready` | gauge |", "| `forkless_ready` | counter |")
+    metrics.write_text(edited)
+    assert gendocs.stale_blocks(tmp_path) == ["docs/metrics.md: metrics"]
+    assert gendocs.regenerate(tmp_path) == ["docs/metrics.md: metrics"]
+    assert metrics.read_text() == text("docs/metrics.md")
     assert gendocs.stale_blocks(tmp_path) == []
 
 
@@ -84,14 +88,14 @@ def test_a_block_without_its_markers_is_an_error_not_an_empty_block() -> None:
 def test_the_metrics_table_lists_exactly_the_forkless_metrics_that_metrics_exposes() -> None:
     exposition = render(make_registry(_every_field_populated, process=False)).decode()
     exposed = re.findall(r"^# TYPE (\S+) ", exposition, re.M)
-    documented = [row[0].strip("`") for row in table_rows(gendocs.read_block(text("OPERATING.md"), "metrics"))]
+    documented = [row[0].strip("`") for row in table_rows(gendocs.read_block(text("docs/metrics.md"), "metrics"))]
     assert documented == exposed
 
 
 def _documented_metrics() -> dict[str, str]:
-    """name -> help of every row of OPERATING.md's metrics table."""
+    """name -> help of every row of docs/metrics.md's metrics table."""
     return {row[0].strip("`"): row[3].replace("\\|", "|")
-            for row in table_rows(gendocs.read_block(text("OPERATING.md"), "metrics"))}
+            for row in table_rows(gendocs.read_block(text("docs/metrics.md"), "metrics"))}
 
 
 def test_every_metric_named_in_a_sample_scrape_is_in_the_metrics_table() -> None:
@@ -112,7 +116,7 @@ def test_every_metric_named_in_a_sample_scrape_is_in_the_metrics_table() -> None
 
 
 def test_the_documented_limit_on_reasons_is_the_code_s() -> None:
-    assert f"At most {MAX_REASONS} reasons are kept per counter" in text("OPERATING.md")
+    assert f"At most {MAX_REASONS} reasons are kept per counter" in text("docs/metrics.md")
 
 
 def _shape(line: str) -> str:
@@ -154,8 +158,23 @@ def test_exit_statuses_are_listed_once_in_the_readme_s_generated_table() -> None
 def test_the_readme_is_the_front_door_not_the_manual() -> None:
     size = len((ROOT / "README.md").read_bytes())
     assert size <= README_MAX_BYTES, (
-        f"README.md is {size} bytes, over {README_MAX_BYTES}: move the detail to EMBEDDING.md, OPERATING.md "
+        f"README.md is {size} bytes, over {README_MAX_BYTES}: move the detail to EMBEDDING.md, a page of docs/ "
         f"or DESIGN.md and link to it")
+
+
+def test_the_operator_s_guide_is_pages_of_one_topic() -> None:
+    assert len(PAGES) >= 10, PAGES
+    for page in PAGES:
+        size = len((ROOT / page).read_bytes())
+        assert size <= PAGE_MAX_BYTES, (
+            f"{page} is {size} bytes, over {PAGE_MAX_BYTES}: split the topic into two pages with real headings, "
+            f"and list the new one in OPERATING.md")
+
+
+def test_the_index_lists_every_page() -> None:
+    index = text("OPERATING.md")
+    missing = [page for page in PAGES if f"]({page})" not in index]
+    assert not missing, f"OPERATING.md does not link {missing}: one line each in its list of pages"
 
 
 def _outside_code(markdown: str) -> str:
@@ -185,7 +204,7 @@ def test_anchors_follow_github_s_rule() -> None:
         "a", "python-apppy---check", "the-datas-way-here", "a-1"}
 
 
-@pytest.mark.parametrize("path", DOCUMENTS)
+@pytest.mark.parametrize("path", LINKED)
 def test_every_relative_link_points_at_a_file_that_exists_and_a_heading_it_has(path: str) -> None:
     broken = []
     for target in re.findall(r"\]\(([^)\s]+)\)", _outside_code(text(path))):

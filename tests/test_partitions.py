@@ -1,6 +1,6 @@
 """io_loop/partitions.py: stream names as subject tokens, the partition function (proven against a
 real nats-server's ``{{partition(P,1)}}`` subject transform), partition ranges, instance shares,
-and the arithmetic of OPERATING.md's Kubernetes example."""
+and the arithmetic of docs/partitions-running.md's Kubernetes example."""
 
 from __future__ import annotations
 
@@ -381,7 +381,7 @@ def test_the_check_command_prints_the_instance_s_partitions_and_passes_on_an_agr
     assert "check passed" in result.stdout
 
 
-# ---- OPERATING.md's Kubernetes example ------------------------------------------------------------------
+# ---- docs/partitions-running.md's Kubernetes example ----------------------------------------------------
 
 
 def _yaml_scalar(text: str) -> str:
@@ -395,10 +395,10 @@ def _yaml_scalar(text: str) -> str:
 
 
 def _statefulset_example() -> tuple[int, float, dict[str, str], dict[str, str]]:
-    """The StatefulSet of OPERATING.md "Kubernetes (example)": its replicas, its termination grace
-    period, its env values, and its env taken from fields (the downward API)."""
-    text = (ROOT / "OPERATING.md").read_text(encoding="utf-8")
-    section = text[text.index("### Kubernetes (example)"):]
+    """The StatefulSet of docs/partitions-running.md "Kubernetes (example)": its replicas, its
+    termination grace period, its env values, and its env taken from fields (the downward API)."""
+    text = (ROOT / "docs/partitions-running.md").read_text(encoding="utf-8")
+    section = text[text.index("## Kubernetes (example)"):]
     start = section.index("```yaml\n") + len("```yaml\n")
     block = section[start:section.index("\n```", start)]
     replicas = int(re.search(r"^\s*replicas:\s*(\d+)", block, re.M).group(1))
