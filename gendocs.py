@@ -9,7 +9,7 @@ block to it, so a hand edit fails the tests). What is generated, and from where:
 
 - README.md ``exit``: ``exit_statuses_markdown()`` (``controller.errors.EXIT_STATUSES`` and the
   ``exit_status``/``exit_meaning`` of each class in ``controller.errors.ENDS_A_RUN``)
-- docs/variables.md ``variables``: ``controller.config.variables_table_markdown()`` (``VARIABLES``)
+- docs/variables.md ``variables``: ``controller.vardocs.variables_table_markdown()`` (``VARIABLES``)
 - docs/metrics.md ``metrics``: ``controller.metrics.metrics_table_markdown()`` (``metric_families``)
 - docs/relay.md ``relay-metrics``: ``controller.relaycmd.relay_metrics_table_markdown()`` (the relay's)
 - bench/README.md ``bench:results``: ``bench.run.results_markdown()`` of ``bench/out/results.json``
@@ -31,10 +31,10 @@ from pathlib import Path
 
 from bench import partitioned
 from bench.run import DEFAULT_OUT, DEVICES_BLOCK, RESULTS_BLOCK, devices_markdown, results_markdown
-from controller.config import variables_table_markdown
 from controller.errors import ENDS_A_RUN, EXIT_STATUSES
 from controller.metrics import metrics_table_markdown
 from controller.relaycmd import relay_metrics_table_markdown
+from controller.vardocs import variables_table_markdown
 
 ROOT = Path(__file__).resolve().parent
 REGENERATE = "python gendocs.py"

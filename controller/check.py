@@ -19,8 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.codec import Codec, JsonCodec
-from controller.config import VARIABLES, Config, ConfigError, _as_text
-from controller.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
+from controller.config import Config
+from controller.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK, ConfigError
+from controller.variables import VARIABLES, as_text
 from io_loop.netaddr import redact_url
 from io_loop.partitions import format_partitions
 from io_loop.probe import ProbeFailed, check_metrics_addr, probe_feed
@@ -99,7 +100,7 @@ def _show_config(config: Config, say: Callable[[str], None]) -> None:
         elif var.field == "ws_url":
             shown = redact_url(value) if value else "(unset)" if config.feeds else "(unset: the embedded demo feed)"
         else:
-            shown = _as_text(value) or "(unset)"
+            shown = as_text(value) or "(unset)"
         mark = "" if value == getattr(defaults, var.field) else "   (not the default)"
         say(f"  {var.env:<28} {shown}{mark}")
     say(f"  batch sizes compiled: {','.join(map(str, config.buckets))}")

@@ -27,9 +27,11 @@ import sys
 import traceback
 from typing import Any
 
-from controller.config import PREFIX, VARIABLES, Config, help_text
+from controller.config import Config
 from controller.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, EXIT_STATUSES, ForklessError
 from controller.logs import flush_log_repeats, setup_logging
+from controller.vardocs import help_text
+from controller.variables import PREFIX, VARIABLES
 
 __all__ = ["console_main", "load_config", "main", "report"]
 

@@ -38,8 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from controller.batching import Batch, pad_batch
-from controller.config import ConfigError
-from controller.errors import ProcessorContractError
+from controller.errors import ConfigError, ProcessorContractError
 from controller.placement import OutputField
 
 log = logging.getLogger("forkless.compile")

@@ -43,10 +43,11 @@ from prometheus_client.registry import Collector
 
 from controller.cli import load_config, report
 from controller.codec import JsonCodec
-from controller.config import Config, help_text
+from controller.config import Config
 from controller.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, FeedFatal, ForklessError
 from controller.host import StopSignals
 from controller.logs import flush_log_repeats, setup_logging
+from controller.vardocs import help_text
 from io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
 from io_loop.thread import IOThread
 

@@ -104,7 +104,7 @@ def partition_of(token: str, count: int) -> int:
 def partitions_of(names: Sequence[str], count: int) -> np.ndarray:
     """The partition of every stream name (``partition_of(escape_stream(name), count)``), as int32;
     vectorised over the names' bytes (a million names in well under a second)."""
-    # imported here: the configuration (controller/config.py, io_loop/settings.py) and the relay
+    # imported here: the configuration (controller/feedspec.py, controller/config.py, io_loop/settings.py) and the relay
     # import this module, and numpy costs them ~50 ms and ~16 MiB (measured with -X importtime and
     # ru_maxrss); only the checkpoints' split of the table by partition needs it
     import numpy as np

@@ -36,6 +36,7 @@ CORE = [
     "controller/codec.py",
     "controller/config.py",
     "controller/errors.py",
+    "controller/feedspec.py",
     "controller/logs.py",
     "controller/metrics.py",
     "controller/placement.py",
@@ -45,6 +46,9 @@ CORE = [
     "controller/rowcopy.py",
     "controller/slots.py",
     "controller/stats.py",
+    "controller/values.py",
+    "controller/vardocs.py",
+    "controller/variables.py",
     "io_loop/__init__.py",
     "io_loop/backoff.py",
     "io_loop/counters.py",
@@ -107,9 +111,9 @@ CLOCK = {"time", "datetime"}
 # once per window_s, and logging.Filter.filter(record) is given no "now" to compare with
 # (record.created is wall-clock time, which can jump; the window uses time.monotonic()).
 CLOCK_ALLOWED_IN_CORE = {"controller/logs.py": {"time"}}
-# config.py parses FORKLESS_CA_FILE with OpenSSL at validation (no socket is opened), so a file
+# values.py parses FORKLESS_CA_FILE with OpenSSL at validation (no socket is opened), so a file
 # that is not PEM is a configuration error (exit 2) rather than a TLS failure at the first connect
-CONCURRENCY_ALLOWED_IN_CORE = {"controller/config.py": {"ssl"}}
+CONCURRENCY_ALLOWED_IN_CORE = {"controller/values.py": {"ssl"}}
 # Third-party libraries the core imports only where named: prometheus_client costs about 10 MiB
 # and is loaded only when metrics are served; JAX must not load before the configuration is
 # valid, and the IO side imports most of the core, so JAX only where processors are defined.

@@ -32,7 +32,8 @@ from controller.checkpoint import (
 )
 from controller.checkpointer import Checkpointer
 from controller.compiled import example_batch
-from controller.config import Config, ConfigError
+from controller.config import Config
+from controller.errors import ConfigError
 from controller.metrics import metric_families
 from controller.processor import EWMAState, default_processor
 from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line

@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.config import VARIABLES, Config, ConfigError
+from controller.config import Config
+from controller.errors import ConfigError
+from controller.variables import VARIABLES
 from io_loop.partitions import instance_share
 from tests.harness import run_app
 

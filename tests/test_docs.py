@@ -22,9 +22,9 @@ import pytest
 import gendocs
 from bench.run import RESULTS_BLOCK, results_markdown, write_results_block
 from controller.batching import HOPS
-from controller.config import VARIABLES
 from controller.metrics import MAX_REASONS, _every_field_populated, make_registry, render
 from controller.stats import HistogramSnapshot, status_line
+from controller.variables import VARIABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = f"run `{gendocs.REGENERATE}` to regenerate"

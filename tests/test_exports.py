@@ -89,7 +89,7 @@ INTERNAL = {
                                                  "it and counts the failure",
     "controller.checkpoint.CheckpointDamaged": "a truncated or corrupt checkpoint file: the restore logs it and "
                                                "takes an older one",
-    "controller.config.ValueProblem": "a value's parser's complaint: Config.from_env raises ConfigError naming "
+    "controller.values.ValueProblem": "a value's parser's complaint: Config.from_env raises ConfigError naming "
                                       "the variable instead",
     "controller.engine.StepFailed": "a step that failed while running: the loop answers the batch "
                                     "'processing failed' and counts it",

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from controller.batching import HOPS, PICKED, READ, SAMPLE_EVERY, WRITTEN, Trace
-from controller.config import Config, ConfigError
+from controller.config import Config
+from controller.errors import ConfigError
 from controller.loop import Controller
 from controller.metrics import metric_families
 from controller.processor import ewma_processor

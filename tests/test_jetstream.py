@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from controller.config import Config, ConfigError
+from controller.config import Config
+from controller.errors import ConfigError
 from controller.loop import Controller
 from controller.metrics import metric_families
 from controller.processor import ewma_processor

@@ -430,7 +430,8 @@ def _shares(env: dict[str, str], replicas: int) -> list[tuple[int, ...]]:
 
 
 def test_the_kubernetes_example_gives_each_pod_its_share_and_the_pods_cover_every_partition_once():
-    from controller.config import VARIABLES, Config
+    from controller.config import Config
+    from controller.variables import VARIABLES
 
     replicas, grace_s, env, fields = _statefulset_example()
     assert fields == {"FORKLESS_INSTANCE": "metadata.labels['apps.kubernetes.io/pod-index']"}
@@ -446,7 +447,7 @@ def test_the_kubernetes_example_gives_each_pod_its_share_and_the_pods_cover_ever
 
 
 def test_rescaling_the_kubernetes_example_changes_the_shares_and_still_covers_every_partition_once():
-    from controller.config import ConfigError
+    from controller.errors import ConfigError
 
     replicas, _, env, _ = _statefulset_example()
     count = json.loads(env["FORKLESS_FEEDS"])[0]["partition_count"]

@@ -20,7 +20,7 @@ import pytest
 
 from controller import Config, Controller, JsonCodec
 from controller.batching import Chunk, Trace
-from controller.config import ConfigError
+from controller.errors import ConfigError
 from controller.metrics import metric_families
 from controller.processor import default_processor
 from controller.stats import status_line

@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.cli import main
-from controller.config import VARIABLES, Config, ConfigError
+from controller.config import Config
+from controller.errors import ConfigError
+from controller.variables import VARIABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from controller.codec import Decoded, JsonCodec
-from controller.config import Config, ConfigError
+from controller.config import Config
+from controller.errors import ConfigError
 from controller.loop import Controller
 from controller.processor import ewma_processor
 from controller.stats import books_line
