@@ -22,12 +22,30 @@ DEFAULT_TEST_TIMEOUT_S = 120  # pyproject's pytest-timeout default, scaled below
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Scale pytest-timeout's default with FORKLESS_TEST_TIMEOUT_SCALE, like every other wait."""
-    if TIMEOUT_SCALE == 1:
-        return
+    """Scale pytest-timeout's default with FORKLESS_TEST_TIMEOUT_SCALE, like every other wait; and
+    keep together on one pytest-xdist worker (``--dist loadgroup``, pyproject's addopts) what
+    shares a fixture wider than a test: the session's one benchmark run, and each module whose
+    fixtures are module-scoped (a server or a compiled program started once for the module)."""
     for item in items:
-        if item.get_closest_marker("timeout") is None:
+        if TIMEOUT_SCALE != 1 and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEFAULT_TEST_TIMEOUT_S * TIMEOUT_SCALE))
+        group = _shared_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test that shares a fixture wider than itself, or None."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    if "quick_benchmark" in info.names_closure:
+        return "quick-benchmark"
+    for name in info.names_closure:
+        defs = info.name2fixturedefs.get(name) or ()
+        if any(d.scope in ("module", "class", "package") for d in defs):
+            return item.nodeid.split("::", 1)[0]
+    return None
 
 
 @pytest.fixture
