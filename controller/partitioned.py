@@ -20,7 +20,11 @@ Rules:
 - A stream's position in a partition's object is the feed's position as of the checkpoint, or
   the partition's own restored position when that is further (an instance that took over
   partitions from several others starts its consumer at the lowest of them, and skips, per
-  partition, what each already holds: io_loop/jetstream.py).
+  partition, what each already holds: io_loop/jetstream.py). Where the IO side found the stream
+  holding no further message of the feed's subjects from at or below that position up to a
+  later sequence (``covering``, controller/positions.py), the object records it as ``covered``,
+  and a restore resumes the partition after it: retention of other partitions' messages there
+  refuses nothing (issue 30). An object without it resumes at its position, as before.
 - Restore (``load``, before the compile): per owned partition, its newest object that reads
   back whole; a damaged one (bad checksum, truncated) is skipped with a warning and the one
   before it used; one of another processor (name, version) or with other features, or whose
@@ -193,8 +197,14 @@ class PartitionedCheckpoints:
             return {}
         seq, index, last = cur
         (subject,) = partition_subjects(self.template, [partition])
-        return {self.feed: {"stream": pos["stream"], "subject": subject, "partition": partition,
-                            "seq": seq, "index": index, "last": last, "replied": pos.get("replied")}}
+        out = {"stream": pos["stream"], "subject": subject, "partition": partition,
+               "seq": seq, "index": index, "last": last, "replied": pos.get("replied")}
+        handed, through = pos.get("covering") or (0, 0)
+        if last and handed <= seq < through:
+            # the partition's state holds its messages up to seq, so up to handed: and the stream held
+            # none of the feed's subjects' between handed and through (controller/positions.py)
+            out["covered"] = through
+        return {self.feed: out}
 
     def prune(self) -> None:
         for items in self._existing().values():
@@ -264,6 +274,9 @@ class PartitionedCheckpoints:
                         raise CheckpointMismatch(where, f"JetStream feed {self.feed!r}: stream", pos.get("stream"),
                                                  self.stream)
                     pieces.positions[p] = [int(pos["seq"]), int(pos["index"]), bool(pos["last"])]
+                    if pos["last"] and int(pos.get("covered") or 0) > int(pos["seq"]):
+                        # none of the partition's messages between them: its state holds all of them up to it
+                        pieces.positions[p] = [int(pos["covered"]), 0, True]
                 pieces.objects.append(name)
                 pieces.wall_time = max(pieces.wall_time, float(header.get("wall_time", 0.0)))
                 pieces.nbytes += len(data)

@@ -25,7 +25,8 @@ Rules:
   lowest and skips, per partition, what that partition's state already holds. ``record()``
   then also gives ``partitions`` (partition -> [seq, index, last]), and ``seq`` is None until
   this run consumed a message of the feed; each partition's object records the further of
-  the two.
+  the two. Its ``SourceStats.covered`` is given whole (``covering``: [handed, through]), and
+  each partition's object records ``covered`` where its own position is at or past ``handed``.
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ class SourcePositions:
         side's ``SourceStats`` by feed name: its ``covered`` (with the messages up to ``handed``
         handed over, the stream held none further of the feed's subjects up to ``through``): where
         the position is at or past ``handed``, every message of the feed's subjects up to
-        ``through`` is in the state, recorded as ``covered``; its ``stream_created``, recorded as
-        ``created``."""
+        ``through`` is in the state, recorded as ``covered`` (a partitioned feed's pair as
+        ``covering``, for each partition's object to judge by its own position); its
+        ``stream_created``, recorded as ``created``."""
         out = {}
         io = io or {}
         for i in sorted(set(self.consumed) | set(self.floors)):
@@ -97,7 +99,10 @@ class SourcePositions:
                 "replied": [replied.seq, replied.index] if replied is not None else None}
             source = io.get(self.specs[i].name)
             handed, through = source.covered if source is not None else (0, 0)
-            if origin is not None and i not in self.floors and origin.last and handed <= origin.seq < through:
+            if js.partitioned:  # judged per partition, against each one's own position (controller/partitioned.py)
+                if through > handed:
+                    entry["covering"] = [handed, through]
+            elif origin is not None and origin.last and handed <= origin.seq < through:
                 entry["covered"] = through
             if source is not None and source.stream_created and i not in self.floors:
                 entry["created"] = source.stream_created

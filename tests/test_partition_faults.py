@@ -1,5 +1,6 @@
 """Partitioned instances under faults (issue 30) against a real nats-server, each instance a
-subprocess: a zombie paused past its lease, a stop during the lease wait, a partial deployment.
+subprocess: a zombie paused past its lease, a stop during the lease wait, a partial deployment,
+retention of other partitions' messages across a restart.
 
 Several JAX processes share two cores here: the timeouts are generous and explicit; a bound
 that is the behaviour under test is written in ``UNIT_S`` as well."""
@@ -182,3 +183,162 @@ def test_partitions_without_a_live_lease_for_longer_than_a_lease_are_warned_of_a
     assert re.search(r"^forkless_partitions_unowned 6\.0$", text, re.M), [x for x in text.splitlines() if "unown" in x]
     alone.signal(signal.SIGTERM)
     assert alone.finish(60 * UNIT_S).returncode == 0
+
+
+# ---- retention of other partitions' messages across a restart (issue 30, fault 4) -----------------
+
+OURS = ("s2", "s9", "s8")  # streams in partitions 0, 1, 2: the instance's (it owns 0-5)
+THEIRS = ("s4", "s7", "s6", "s0")  # streams in partitions 6, 8, 7, 10: nobody's here
+
+
+def _named(messages: list[dict], names: tuple[str, ...]) -> list[dict]:
+    """``messages`` (tests.servers.make_messages: streams s0, s1, …) with their streams renamed to ``names``."""
+    return [{**m, "stream": names[int(m["stream"][1:])]} for m in messages]
+
+
+def _publish(url: str, messages: list[dict]) -> list[int]:
+    from tests.natsserver import publish
+
+    return publish(url, lambda i: f"ticks.{messages[i]['stream']}", [json.dumps(m) for m in messages])
+
+
+def _newest_position(url: str, partition: int) -> dict:
+    """The feed's position in the newest checkpoint object of ``partition`` (read with nats-py)."""
+    import asyncio
+
+    import nats
+
+    from controller.checkpoint import parse_checkpoint
+
+    async def main() -> bytes:
+        nc = await nats.connect(url)
+        try:
+            store = await nc.jetstream().object_store("forkless-ckpt")
+            names = sorted(info.name for info in await store.list() if info.name.startswith(f"TICKS/{partition}/"))
+            return (await store.get(names[-1])).data
+        finally:
+            await nc.close()
+
+    header, _ = parse_checkpoint(asyncio.run(main()), f"partition {partition}")
+    return header["positions"]["ticks"]
+
+
+def test_a_restart_after_retention_removed_only_other_partitions_messages_resumes_and_a_lost_own_one_exits_2(
+        app, nats_server, tmp_path):
+    """An instance of partitions 0-5 answers 10 inputs; 100 of partitions 6-11 (nobody's) push the
+    stream past them (max_msgs 50) while it idles; stopped and started again it resumes from its
+    objects (before this, exit 2: its partitions' objects recorded positions only, judged against
+    the stream's first sequence) and answers 5 more exactly once. Then one of its own messages is
+    removed by retention while it is stopped: the next start still exits 2."""
+    from io_loop.jetstream import PULL_EXPIRES_S, STREAM_INFO_EVERY_S
+    from tests.servers import make_messages
+
+    url = nats_server.url
+    _create_partitioned_streams(url, max_msgs=50)  # the newest 50 messages, of any partition
+    env = _env(url, tmp_path, feed=_feed(url, partitions="0-5"), lease_s=2.0)
+    ours = _named(make_messages(16, streams=len(OURS), seed=46), OURS)
+    seqs = _publish(url, ours[:10])
+    first = app(env=env)
+    first.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+    wait_until(lambda: _scores(url) == 10, timeout_s=60 * UNIT_S, what="10 results", poll_s=0.2)
+    others = _publish(url, _named(make_messages(100, streams=len(THEIRS), seed=47), THEIRS))
+    assert others[-1] == 110 and _stream_first(url) == 61  # 1..60 removed: ours among them
+    # idle: a pull asked for once the instance saw the stream at 110 ends with nothing for its partitions
+    time.sleep(2 * PULL_EXPIRES_S + STREAM_INFO_EVERY_S + 2 * UNIT_S)
+    first.signal(signal.SIGTERM)  # the stop's checkpoint: an object per partition 0-5
+    done = first.finish(60 * UNIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recorded = _newest_position(url, 0)
+
+    again = app(env=env)  # nothing of partitions 0-5 lies between 10 and 110
+    line = again.wait_for_line(rf"{OPEN}|^forkless: ", stream="stderr", timeout_s=120 * UNIT_S)
+    assert re.search(OPEN, line), f"the restart was refused: {line}"
+    assert recorded["seq"] == 10 and recorded["covered"] >= 110, recorded
+    assert "resuming at stream sequence 111" in again.stderr, again.stderr[-3000:]
+    seqs += _publish(url, ours[10:15])
+    wait_until(lambda: _scores(url) == 15, timeout_s=60 * UNIT_S, what="the 5 new inputs answered", poll_s=0.2)
+    again.signal(signal.SIGTERM)
+    done = again.finish(60 * UNIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    by_id, ids = _results(url)
+    assert sorted(ids) == sorted(f"TICKS:{s}:0" for s in seqs), ids  # each input once, nothing else
+    assert_results_match_reference(ours[:15], {m["seq"]: [by_id[f"TICKS:{s}:0"]] for m, s in zip(ours, seqs)})
+
+    # one of partition 0's own messages, then 50 of others: retention removes it before anyone read it
+    assert _publish(url, ours[15:]) == [seqs[-1] + 1]
+    _publish(url, _named(make_messages(50, streams=len(THEIRS), seed=48), THEIRS))
+    assert _stream_first(url) == seqs[-1] + 2
+    refused = app(env=env).finish(120 * UNIT_S)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    line = next(line for line in refused.stderr.splitlines() if line.startswith("forkless:"))
+    assert "no longer holds messages the checkpoint needs" in line and f"first sequence is {seqs[-1] + 2}" in line, line
+
+
+def _stream_first(url: str) -> int:
+    from tests.natsserver import stream_state
+
+    return stream_state(url, "TICKS").first_seq
+
+
+class _Objects(dict):
+    """An object store in memory (controller/partitioned.py's ``ObjectStore``)."""
+
+    def put(self, name: str, data: bytes) -> None:
+        self[name] = data
+
+    def names(self, prefix: str = "") -> list[str]:
+        return [name for name in self if name.startswith(prefix)]
+
+    def delete(self, name: str) -> None:
+        self.pop(name, None)
+
+
+@pytest.mark.parametrize(("position", "expected"), [
+    # the feed's position 10, nothing of its subjects after it up to 110: every partition resumes after 110
+    ({"seq": 10, "covering": [10, 110]}, {0: [110, 0, True], 1: [110, 0, True], 2: [110, 0, True]}),
+    # a restored floor further than the feed's: at or past 110 it is kept; a lower one is raised to 110
+    ({"seq": 50, "covering": [50, 110], "partitions": {"0": [200, 0, True], "1": [30, 0, True]}},
+     {0: [200, 0, True], 1: [110, 0, True], 2: [110, 0, True]}),
+    # nothing consumed in this run (an idle instance restarted again): each restored floor judges for itself
+    ({"seq": None, "covering": [110, 300], "partitions": {"0": [110, 0, True], "1": [90, 0, True],
+                                                          "2": [120, 0, True]}},
+     {0: [300, 0, True], 1: [90, 0, True], 2: [300, 0, True]}),
+    # handed over past the position (not yet in the state), or a message partly consumed: as before
+    ({"seq": 10, "covering": [20, 110]}, {0: [10, 0, True], 1: [10, 0, True], 2: [10, 0, True]}),
+    ({"seq": 10, "index": 1, "last": False, "covering": [9, 110]},
+     {0: [10, 1, False], 1: [10, 1, False], 2: [10, 1, False]}),
+])
+def test_each_partitions_object_records_how_far_its_own_messages_are_covered_and_a_restore_resumes_after_it(
+        position, expected):
+    import numpy as np
+
+    from controller.checkpoint import Snapshot
+    from controller.partitioned import PartitionedCheckpoints
+
+    like = {"m": np.zeros((5, 2), np.float32)}
+    objects = PartitionedCheckpoints(_Objects(), feed="ticks", stream="TICKS", template="ticks.{partition}.>",
+                                     count=P, partitions=(0, 1, 2), keep=2, like=like, slots=5)
+    positions = {"ticks": {"stream": "TICKS", "subject": "ticks.{partition}.>", "index": 0, "last": True,
+                           "replied": None, **position}}
+    objects.write(0, Snapshot(state=like, names=[], slots=np.zeros(0, np.int32), last_seen=np.zeros(0),
+                              counts={}, settings={}, wall_time=0.0, positions=positions))
+    assert objects.load({}).positions == expected
+
+
+def test_a_partitions_object_without_covered_written_before_it_was_recorded_resumes_at_its_position():
+    import numpy as np
+
+    from controller.checkpoint import Snapshot, checkpoint_bytes
+    from controller.partitioned import PartitionedCheckpoints, object_name
+
+    like = {"m": np.zeros((5, 2), np.float32)}
+    store = _Objects()
+    objects = PartitionedCheckpoints(store, feed="ticks", stream="TICKS", template="ticks.{partition}.>",
+                                     count=P, partitions=(3,), keep=2, like=like, slots=5)
+    old = {"ticks": {"stream": "TICKS", "subject": "ticks.3.>", "partition": 3, "seq": 10, "index": 0,
+                     "last": True, "replied": None}}  # the fields an object had before "covered"
+    store.put(object_name("TICKS", 3, 0), checkpoint_bytes(Snapshot(
+        state=[np.zeros((0, 2), np.float32)], names=[], slots=np.zeros(0, np.int32), last_seen=np.zeros(0),
+        counts={}, settings={"partition": 3, "partition_count": P, "leaves": ["state['m']"]}, wall_time=0.0,
+        positions=old)))
+    assert objects.load({}).positions == {3: [10, 0, True]}

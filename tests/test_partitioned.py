@@ -43,9 +43,9 @@ def _env(url: str, tmp: Any, *, instance: int | None = None, instances: int | No
     return env
 
 
-def _create_partitioned_streams(url: str, duplicate_window_s: float = 300.0) -> None:
+def _create_partitioned_streams(url: str, duplicate_window_s: float = 300.0, **limits: Any) -> None:
     """TICKS stores ``ticks.<key>`` as ``ticks.<partition>.<key>`` (the server's partition
-    function), SCORES holds the results with a duplicate window."""
+    function; ``limits``: its max_msgs, max_age …), SCORES holds the results with a duplicate window."""
     import asyncio
 
     import nats
@@ -57,7 +57,7 @@ def _create_partitioned_streams(url: str, duplicate_window_s: float = 300.0) -> 
         await js.add_stream(StreamConfig(
             name="TICKS", subjects=["ticks.*"],
             subject_transform=SubjectTransform(
-                src="ticks.*", dest=f"ticks.{{{{partition({P},1)}}}}.{{{{wildcard(1)}}}}")))
+                src="ticks.*", dest=f"ticks.{{{{partition({P},1)}}}}.{{{{wildcard(1)}}}}"), **limits))
         await js.add_stream(StreamConfig(name="SCORES", subjects=["scores"], duplicate_window=duplicate_window_s))
         await nc.close()
 
