@@ -57,7 +57,7 @@ run; orbax-checkpoint 0.12.8 installed with ``pip install --target`` outside the
   14 MB), +0.26-0.30 s and +27 MiB to import after JAX, 17 more OS threads during a save,
   and restores a checkpoint with a flipped byte without an error (105 elements silently
   wrong); the simple writer imports in 0.015 s (+1.5 MiB) and runs one thread.
-Decision: the simple format (controller/checkpoint.py), not orbax-checkpoint.
+Decision: the simple format (controller/ckptformat.py, controller/checkpoint.py), not orbax-checkpoint.
 
 The controller's checkpoints (issue 12; 2026-11-30, JAX 0.10.2 CPU, the same shared 2-core
 machine, load average 1.6-2.3 from other agents' test runs). ``--writer controller``: the real
@@ -157,8 +157,9 @@ def measure(writer: str, streams: int, features: int, seconds: float, every_s: f
 
     t_import = time.perf_counter()
     if writer in ("simple", "sleep"):
-        from controller.checkpoint import take_snapshot, write_checkpoint
+        from controller.checkpoint import write_checkpoint
         from controller.checkpointer import Checkpointer
+        from controller.snapshot import take_snapshot
 
         def write_or_sleep(path, snapshot):
             if writer == "sleep":  # the control: the same windows, no work in them
@@ -456,8 +457,9 @@ def measure_startup(streams: int, features: int, runs: int, work: Path) -> dict:
     import os
 
     import bench.run as runbench
-    from controller.checkpoint import Snapshot, checkpoint_path, write_checkpoint
+    from controller.checkpoint import checkpoint_path, write_checkpoint
     from controller.processor import EWMAState
+    from controller.snapshot import Snapshot
 
     ckpt_dir = work / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ Rules:
   stop is written by a thread of the caller's priority ("forkless-checkpoint-final", started
   by ``stop``, once the first has ended), so a stop never waits behind other processes for a
   core: an unprivileged thread cannot raise its priority back.
-- ``tick``'s ``take()`` may return a ``Snapshot`` (taken whole: ``checkpoint.take_snapshot``)
+- ``tick``'s ``take()`` may return a ``Snapshot`` (taken whole: ``snapshot.take_snapshot``)
   or a ``PendingSnapshot`` (the controller's: copied between steps). A pending one is held
   here (``pending``) and advanced on every later ``tick`` for at most ``copy_budget_s`` of
   the main thread; once copied it is handed to the writer thread, which calls its
@@ -50,15 +50,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from controller.checkpoint import (
-    PendingSnapshot,
-    Snapshot,
-    checkpoint_path,
-    next_sequence,
-    prune,
-    remove_temporary_files,
-    write_checkpoint,
-)
+from controller.checkpoint import checkpoint_path, next_sequence, prune, remove_temporary_files, write_checkpoint
+from controller.snapshot import PendingSnapshot, Snapshot
 
 __all__ = ["Checkpointer", "Target", "WriteFn"]
 

@@ -9,7 +9,7 @@ Rules:
   writes the state (tests/test_architecture.py holds every assignment of it to this module).
 - Whatever must happen before the state is written happens here: a checkpoint being copied
   between steps keeps the rows a step or reset is about to write (copy-on-write,
-  controller/checkpoint.py ``PendingSnapshot``) — called by the engine, so no caller can forget it.
+  controller/snapshot.py ``PendingSnapshot``) — called by the engine, so no caller can forget it.
 - One device or several (``FORKLESS_DEVICES``) is the engine's business, behind one interface:
   a *layout* (``_OneDevice``, ``_Sharded``) says how the state is placed, how a batch is laid
   out for the compiled step and how its results come back; the compile path, the step, the
@@ -42,7 +42,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from controller.batching import Batch, bucket_for, pad_batch
-from controller.checkpoint import PendingSnapshot, canonical_rows
 from controller.compiled import (
     XLA_CPU_TASK_BYTES,
     as_bytes,
@@ -64,6 +63,7 @@ from controller.errors import ProcessorContractError
 from controller.placement import OutputField, Placement, Route, unpack_outputs
 from controller.processor import reset_rows, row_template
 from controller.slots import TableCopy
+from controller.snapshot import PendingSnapshot, canonical_rows
 
 __all__ = ["AXIS", "Engine", "StepFailed", "Stepped", "compile_step", "state_shapes"]
 

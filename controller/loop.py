@@ -55,7 +55,6 @@ from controller.batching import (
     Taken,
     Trace,
 )
-from controller.checkpoint import PendingSnapshot
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import codec_dtype, compilations, release_freed_memory
@@ -69,6 +68,7 @@ from controller.processor import Processor, default_processor
 from controller.recovery import Recovery
 from controller.replies import NON_FINITE_REASON, Replies
 from controller.slots import StreamSlots
+from controller.snapshot import PendingSnapshot
 from controller.stats import (
     SECONDS_BOUNDS,
     Histogram,

@@ -3,7 +3,7 @@ bucket (``FORKLESS_CHECKPOINT_BUCKET``), so that whichever instance owns a parti
 restore exactly its rows, wherever they were written.
 
 Rules:
-- An object is a checkpoint in the file format of controller/checkpoint.py (header, arrays,
+- An object is a checkpoint in the format of controller/ckptformat.py (header, arrays,
   SHA-256 trailer and end marker), holding one partition only: its streams' names and
   last-seen times, their rows of every per-stream leaf, compact (row i = the object's i-th
   stream), and the feed's position for that partition. No shared leaves (a partitioned
@@ -60,18 +60,10 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from controller.checkpoint import (
-    FORMAT,
-    CheckpointDamaged,
-    CheckpointMismatch,
-    Snapshot,
-    _check_settings,
-    _decode_names,
-    checkpoint_bytes,
-    parse_checkpoint,
-)
+from controller.ckptformat import CheckpointDamaged, check_fits, decode_names, no_pause, parse_checkpoint
 from controller.compiled import per_stream_leaf
-from controller.errors import ProcessorContractError
+from controller.errors import CheckpointMismatch, ProcessorContractError
+from controller.snapshot import Snapshot, checkpoint_bytes
 from io_loop.partitions import format_partitions, partition_subjects, partitions_of
 
 __all__ = ["PartitionOwner", "PartitionPieces", "PartitionedCheckpoints", "check_partitionable", "lease_key",
@@ -80,10 +72,6 @@ __all__ = ["PartitionOwner", "PartitionPieces", "PartitionedCheckpoints", "check
 log = logging.getLogger("forkless.checkpoint")
 
 _NAME = re.compile(r"^(?P<prefix>.+)/(?P<partition>\d+)/ckpt-(?P<seq>\d{9,})\.fkc$")
-
-
-def _no_pause() -> None:
-    pass
 
 
 class ObjectStore(Protocol):
@@ -157,7 +145,7 @@ class PartitionedCheckpoints:
 
     # ---- writing (the checkpoint writer thread) -----------------------------------------------------
 
-    def write(self, sequence: int, snapshot: Snapshot, pause: Callable[[], None] = _no_pause) -> tuple[int, str]:
+    def write(self, sequence: int, snapshot: Snapshot, pause: Callable[[], None] = no_pause) -> tuple[int, str]:
         """One object per owned partition; returns the bytes written and a label for the logs."""
         names = snapshot.names if isinstance(snapshot.names, list) else list(snapshot.names)
         parts = partitions_of(names, self.count)
@@ -217,8 +205,6 @@ class PartitionedCheckpoints:
         """Each owned partition's newest good object (see the module rules); None if none has one."""
         expect = {k: v for k, v in expect.items() if k != "max_streams"}  # rows are compact: any capacity
         pieces = PartitionPieces()
-        rows_expected = [shape for shape, flag in zip(self.row_shapes, self.per_stream) if flag]
-        leaf_names = [n for n, flag in zip(self.leaf_names, self.per_stream) if flag]
         found_any = False
         # nats-py is an optional extra: loaded only where a partitioned feed (and so a NatsStore) exists
         from io_loop.natsstore import ObjectDamaged
@@ -234,28 +220,7 @@ class PartitionedCheckpoints:
                     continue
                 where = f"{name} (bucket object)"
                 try:
-                    header, arrays = parse_checkpoint(data, where)
-                    settings = header.get("settings", {})
-                    if header.get("format") != FORMAT:
-                        raise CheckpointMismatch(where, "checkpoint format", header.get("format"), FORMAT)
-                    _check_settings(where, settings, expect)
-                    if settings.get("partition") != p or settings.get("partition_count") != self.count:
-                        raise CheckpointMismatch(where, "partition / partition_count",
-                                                 [settings.get("partition"), settings.get("partition_count")],
-                                                 [p, self.count])
-                    if settings.get("leaves") != leaf_names:
-                        raise CheckpointMismatch(where, "the per-stream leaves", settings.get("leaves"), leaf_names)
-                    n = int(header.get("streams", 0))
-                    names = _decode_names(arrays["streams.names"], header.get("names_encoding", "json"), n)
-                    rows = []
-                    for i, (shape, dtype) in enumerate(rows_expected):
-                        got = arrays[f"state[{i}]"]
-                        if got.shape != (n, *shape) or got.dtype != dtype:
-                            raise CheckpointMismatch(where, f"state leaf {leaf_names[i]!r}",
-                                                     f"{got.dtype.name}{list(got.shape[1:])}",
-                                                     f"{dtype.name}{list(shape)}")
-                        rows.append(got)
-                    seen = arrays["streams.last_seen"]
+                    header, names, rows, seen = self._read(where, data, p, expect)
                 except CheckpointMismatch:
                     raise  # never skipped: it names the setting and both values
                 except CheckpointDamaged as exc:
@@ -265,26 +230,57 @@ class PartitionedCheckpoints:
                     log.warning("skipping checkpoint object %s: unreadable: %s", name, exc)
                     continue
                 found_any = True
-                pieces.names.extend(names)
-                pieces.last_seen.append(np.asarray(seen, np.float64))
-                pieces.rows.append(rows)
-                pos = header.get("positions", {}).get(self.feed)
-                if pos is not None:
-                    if pos.get("stream") != self.stream:
-                        raise CheckpointMismatch(where, f"JetStream feed {self.feed!r}: stream", pos.get("stream"),
-                                                 self.stream)
-                    pieces.positions[p] = [int(pos["seq"]), int(pos["index"]), bool(pos["last"])]
-                    if pos["last"] and int(pos.get("covered") or 0) > int(pos["seq"]):
-                        # none of the partition's messages between them: its state holds all of them up to it
-                        pieces.positions[p] = [int(pos["covered"]), 0, True]
+                self._add(pieces, where, p, header, names, rows, seen)
                 pieces.objects.append(name)
-                pieces.wall_time = max(pieces.wall_time, float(header.get("wall_time", 0.0)))
                 pieces.nbytes += len(data)
                 break
         if len(pieces.names) > self.slots - 1:
             raise CheckpointMismatch(self.label, "streams in the owned partitions (FORKLESS_MAX_STREAMS)",
                                      len(pieces.names), self.slots - 1)
         return pieces if found_any else None
+
+    def _read(self, where: str, data: bytes, p: int, expect: Mapping[str, Any]
+              ) -> tuple[dict[str, Any], list[str], list[np.ndarray], np.ndarray]:
+        """Partition ``p``'s object: its header, stream names, per-stream rows and last-seen
+        times. ``CheckpointMismatch`` when it does not fit; ``CheckpointDamaged``, ``KeyError``,
+        ``ValueError`` when it does not read back."""
+        header, arrays = parse_checkpoint(data, where)
+        settings = header.get("settings", {})
+        check_fits(where, header, expect)
+        if settings.get("partition") != p or settings.get("partition_count") != self.count:
+            raise CheckpointMismatch(where, "partition / partition_count",
+                                     [settings.get("partition"), settings.get("partition_count")], [p, self.count])
+        leaf_names = [n for n, flag in zip(self.leaf_names, self.per_stream) if flag]
+        if settings.get("leaves") != leaf_names:
+            raise CheckpointMismatch(where, "the per-stream leaves", settings.get("leaves"), leaf_names)
+        n = int(header.get("streams", 0))
+        names = decode_names(arrays["streams.names"], header.get("names_encoding", "json"), n)
+        rows = []
+        rows_expected = [shape for shape, flag in zip(self.row_shapes, self.per_stream) if flag]
+        for i, (shape, dtype) in enumerate(rows_expected):
+            got = arrays[f"state[{i}]"]
+            if got.shape != (n, *shape) or got.dtype != dtype:
+                raise CheckpointMismatch(where, f"state leaf {leaf_names[i]!r}",
+                                         f"{got.dtype.name}{list(got.shape[1:])}", f"{dtype.name}{list(shape)}")
+            rows.append(got)
+        return header, names, rows, arrays["streams.last_seen"]
+
+    def _add(self, pieces: PartitionPieces, where: str, p: int, header: dict[str, Any], names: list[str],
+             rows: list[np.ndarray], seen: np.ndarray) -> None:
+        """Partition ``p``'s object read back, added to ``pieces`` (its position checked)."""
+        pieces.names.extend(names)
+        pieces.last_seen.append(np.asarray(seen, np.float64))
+        pieces.rows.append(rows)
+        pos = header.get("positions", {}).get(self.feed)
+        if pos is not None:
+            if pos.get("stream") != self.stream:
+                raise CheckpointMismatch(where, f"JetStream feed {self.feed!r}: stream", pos.get("stream"),
+                                         self.stream)
+            pieces.positions[p] = [int(pos["seq"]), int(pos["index"]), bool(pos["last"])]
+            if pos["last"] and int(pos.get("covered") or 0) > int(pos["seq"]):
+                # none of the partition's messages between them: its state holds all of them up to it
+                pieces.positions[p] = [int(pos["covered"]), 0, True]
+        pieces.wall_time = max(pieces.wall_time, float(header.get("wall_time", 0.0)))
 
     def restore_into(self, init: Any, pieces: PartitionPieces) -> Any:
         """``init`` (the processor's init state, canonical host arrays) with the partitions' rows in

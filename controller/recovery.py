@@ -31,12 +31,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from controller.checkpoint import PendingSnapshot, Restored, load_newest
+from controller.checkpoint import Restored, load_newest
 from controller.config import Config
 from controller.engine import Engine, state_shapes
 from controller.partitioned import PartitionedCheckpoints, PartitionPieces
 from controller.positions import SourcePositions
 from controller.slots import StreamSlots
+from controller.snapshot import PendingSnapshot
 from controller.stats import IOSnapshot, MainStats, SourceFigures
 from io_loop.counters import SourceStats
 from io_loop.crossing import Origin, PositionUnknown, Resume

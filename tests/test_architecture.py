@@ -33,6 +33,7 @@ SCANNED_FILES = ("app.py",)
 CORE = [
     "controller/__init__.py",
     "controller/batching.py",
+    "controller/ckptformat.py",
     "controller/codec.py",
     "controller/config.py",
     "controller/errors.py",
@@ -63,6 +64,7 @@ DEVICE = [
     "controller/checkpoint.py",
     "controller/compiled.py",
     "controller/engine.py",
+    "controller/snapshot.py",
 ]
 IO = [
     "io_loop/aiohttp_compat.py",

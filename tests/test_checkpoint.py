@@ -20,22 +20,15 @@ import jax
 import numpy as np
 import pytest
 
-from controller.checkpoint import (
-    TEMP_PREFIX,
-    CheckpointMismatch,
-    Snapshot,
-    checkpoint_path,
-    list_checkpoints,
-    load_newest,
-    take_snapshot,
-    write_checkpoint,
-)
+from controller.checkpoint import checkpoint_path, list_checkpoints, load_newest, write_checkpoint
 from controller.checkpointer import Checkpointer
+from controller.ckptformat import TEMP_PREFIX
 from controller.compiled import example_batch
 from controller.config import Config
-from controller.errors import ConfigError
+from controller.errors import CheckpointMismatch, ConfigError
 from controller.metrics import metric_families
 from controller.processor import EWMAState, default_processor
+from controller.snapshot import Snapshot, take_snapshot
 from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
 
 WAIT_S = 10.0 * float(os.environ.get("FORKLESS_TEST_TIME_SCALE", "1"))

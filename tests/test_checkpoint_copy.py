@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import controller.checkpoint as checkpoint
+import controller.snapshot as snapshot
 from controller.batching import Chunk
 from controller.config import Config
 from controller.loop import Controller
@@ -129,7 +130,7 @@ def feed(fake: FakeIO, ctl: Controller, streams: list[str], seq: int, rng: np.ra
 
 def small_chunks(monkeypatch: pytest.MonkeyPatch, ctl: Controller) -> None:
     """A few rows per chunk and one chunk per tick: the copy spans many steps."""
-    monkeypatch.setattr(checkpoint, "COPY_CHUNK_BYTES", 48)
+    monkeypatch.setattr(snapshot, "COPY_CHUNK_BYTES", 48)
     ctl.checkpointer.copy_budget_s = 0.0
 
 
@@ -198,7 +199,7 @@ def test_a_checkpoint_due_while_one_is_being_copied_is_skipped_and_counted(
         writer.schedule(0.0)  # due again while copying
         seq = feed(fake, ctl, ["b"], seq, rng)
         assert writer.skipped == 1 and writer.pending is first
-        assert writer.submit(checkpoint.take_snapshot(ctl.state, ([], [], []), {}, {}, 0.0)) is False
+        assert writer.submit(snapshot.take_snapshot(ctl.state, ([], [], []), {}, {}, 0.0)) is False
         assert writer.skipped == 2
         while writer.pending is not None:
             seq = feed(fake, ctl, ["a"], seq, rng)
@@ -277,7 +278,7 @@ def test_a_copy_whose_state_was_lost_by_a_failed_step_is_counted_as_failed_and_n
 
 def test_the_writer_pauses_between_chunks_of_names_and_the_file_is_the_same(tmp_path: Path) -> None:
     names = [f"stream-{i}" for i in range(5000)]
-    snap = checkpoint.Snapshot({"mean": np.arange(6, dtype=np.float32)}, names, np.arange(5000, dtype=np.int32),
+    snap = snapshot.Snapshot({"mean": np.arange(6, dtype=np.float32)}, names, np.arange(5000, dtype=np.int32),
                                np.zeros(5000), {"processed": 1}, {}, 0.0)
     pauses = []
     checkpoint.write_checkpoint(tmp_path / "paused.fkc", snap, pause=lambda: pauses.append(1))

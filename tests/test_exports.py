@@ -85,9 +85,9 @@ IO_LOOP_ALL = [
 # exceptions that never reach a caller, and why; every other one derives from ForklessError
 INTERNAL = {
     "controller.check._Failure": "--check's record of a failed step: run_check turns it into its exit status",
-    "controller.checkpoint.CheckpointAbandoned": "a checkpoint copy the state outran: the checkpointer drops "
+    "controller.snapshot.CheckpointAbandoned": "a checkpoint copy the state outran: the checkpointer drops "
                                                  "it and counts the failure",
-    "controller.checkpoint.CheckpointDamaged": "a truncated or corrupt checkpoint file: the restore logs it and "
+    "controller.ckptformat.CheckpointDamaged": "a truncated or corrupt checkpoint file: the restore logs it and "
                                                "takes an older one",
     "controller.values.ValueProblem": "a value's parser's complaint: Config.from_env raises ConfigError naming "
                                       "the variable instead",

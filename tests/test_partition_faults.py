@@ -208,7 +208,7 @@ def _newest_position(url: str, partition: int) -> dict:
 
     import nats
 
-    from controller.checkpoint import parse_checkpoint
+    from controller.ckptformat import parse_checkpoint
 
     async def main() -> bytes:
         nc = await nats.connect(url)
@@ -312,8 +312,8 @@ def test_each_partitions_object_records_how_far_its_own_messages_are_covered_and
         position, expected):
     import numpy as np
 
-    from controller.checkpoint import Snapshot
     from controller.partitioned import PartitionedCheckpoints
+    from controller.snapshot import Snapshot
 
     like = {"m": np.zeros((5, 2), np.float32)}
     objects = PartitionedCheckpoints(_Objects(), feed="ticks", stream="TICKS", template="ticks.{partition}.>",
@@ -328,8 +328,8 @@ def test_each_partitions_object_records_how_far_its_own_messages_are_covered_and
 def test_a_partitions_object_without_covered_written_before_it_was_recorded_resumes_at_its_position():
     import numpy as np
 
-    from controller.checkpoint import Snapshot, checkpoint_bytes
     from controller.partitioned import PartitionedCheckpoints, object_name
+    from controller.snapshot import Snapshot, checkpoint_bytes
 
     like = {"m": np.zeros((5, 2), np.float32)}
     store = _Objects()

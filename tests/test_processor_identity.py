@@ -143,7 +143,8 @@ def test_the_program_exits_2_with_one_line_for_an_unnamed_processor_with_checkpo
 
 
 def test_a_checkpoint_written_before_processors_had_names_restores_into_the_default(tmp_path):
-    from controller.checkpoint import checkpoint_path, load_newest, take_snapshot, write_checkpoint
+    from controller.checkpoint import checkpoint_path, load_newest, write_checkpoint
+    from controller.snapshot import take_snapshot
 
     cfg = config(tmp_path)
     proc = default_processor(cfg)
