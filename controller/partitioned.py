@@ -207,7 +207,7 @@ class PartitionedCheckpoints:
         pieces = PartitionPieces()
         found_any = False
         # nats-py is an optional extra: loaded only where a partitioned feed (and so a NatsStore) exists
-        from io_loop.natsstore import ObjectDamaged
+        from io_loop.objects import ObjectDamaged
 
         for p, items in self._existing().items():
             for _, name in reversed(items):

@@ -13,7 +13,7 @@ Rules:
   ``ForklessError``.
 - ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
-- ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/natsstore.py``), raised
+- ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/leases.py``), raised
   to the thread that called the store, not through the IO thread.
 """
 

@@ -250,7 +250,7 @@ class _Acks:
 
 class NatsConnectFailed(Exception):
     """A connection attempt failed; ``fatal`` when retrying cannot help (credentials refused).
-    Also the store's (io_loop/natsstore.py)."""
+    Also the store's (io_loop/storethread.py)."""
 
     def __init__(self, reason: str, *, fatal: bool = False) -> None:
         super().__init__(reason)

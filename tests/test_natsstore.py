@@ -21,7 +21,8 @@ pytest.importorskip("nats", reason="nats-py is not installed (pip install -r req
 
 from controller.config import Config
 from io_loop.errors import FeedFatal, LeaseHeld, LeaseLost
-from io_loop.natsstore import NatsStore, ObjectDamaged
+from io_loop.natsstore import NatsStore
+from io_loop.objects import ObjectDamaged
 from tests.harness import UNIT_S, wait_until
 from tests.natsserver import NatsServer, nats_server_binary
 
@@ -440,7 +441,7 @@ def _freeze(store: NatsStore, seconds: float) -> None:
     """Hold the store's own loop (its renewer) for ``seconds``, as a SIGSTOP holds every thread."""
     import time
 
-    store._loop.call_soon_threadsafe(time.sleep, seconds)
+    store._thread.loop.call_soon_threadsafe(time.sleep, seconds)
 
 
 def test_holds_turns_false_a_lease_after_the_last_renewal_even_before_the_renewer_notices(server, stores):
