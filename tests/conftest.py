@@ -18,7 +18,7 @@ from tests.harness import BACKOFF_SEED, TIMEOUT_SCALE, UNIT_S, AppProcess
 from tests.quick_bench import QuickBench, run_gpu_script
 from tests.servers import SERVERS, LoopbackServer, Script
 
-DEFAULT_TEST_TIMEOUT_S = 120  # pyproject's pytest-timeout default, scaled below
+DEFAULT_TEST_TIMEOUT_S = 300  # pyproject's pytest-timeout default, scaled below
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -197,8 +197,9 @@ class AppProcess:
 
 
 def run_app(*args: str, env: Mapping[str, str] | None = None, program: Sequence[str] = ("app.py",),
-            timeout_s: float = 60 * UNIT_S) -> AppResult:
-    """Run the app to its end (see ``AppProcess``); fails if it runs past ``timeout_s``."""
+            timeout_s: float = 180 * UNIT_S) -> AppResult:
+    """Run the app to its end (see ``AppProcess``); fails if it runs past ``timeout_s`` (a backstop
+    for a hang, set for a loaded machine: a start-up there has taken 50 s)."""
     with AppProcess(*args, env=env, program=program) as app:
         return app.finish(timeout_s)
 

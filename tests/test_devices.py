@@ -259,14 +259,14 @@ def test_a_checkpoint_taken_on_some_devices_restores_on_others(tmp_path, checkpo
 
 
 def test_the_demo_runs_over_four_devices_and_its_start_up_line_names_them():
-    result = run_app(env={**FOUR, "FORKLESS_DURATION": "1", "FORKLESS_STATUS_S": "0.5"}, timeout_s=60 * UNIT_S)
+    result = run_app(env={**FOUR, "FORKLESS_DURATION": "1", "FORKLESS_STATUS_S": "0.5"})
     assert result.returncode == 0, result.stderr
     assert "on 4 device(s): cpu:0, cpu:1, cpu:2, cpu:3, the stream table sharded over them" in result.stderr
     assert re.search(r"\| 4 devices fill \d+% \|", result.stdout), result.stdout
 
 
 def test_more_devices_than_the_process_has_exits_2_naming_the_variable():
-    result = run_app(env={**FOUR, "FORKLESS_DEVICES": "8"}, timeout_s=60 * UNIT_S)
+    result = run_app(env={**FOUR, "FORKLESS_DEVICES": "8"})
     assert result.returncode == 2
     assert "FORKLESS_DEVICES='8' is invalid: expected all, or at most 4" in result.stderr
 

@@ -103,7 +103,7 @@ def _buckets(samples: dict, name: str) -> list[tuple[float, float]]:
 
 
 def _app(*args: str, **variables: str) -> AppResult:
-    return run_app(*args, env=variables, timeout_s=60 * UNIT_S)
+    return run_app(*args, env=variables)
 
 
 # ---- one real pipeline run, observed from every side --------------------------------------------

@@ -315,7 +315,7 @@ def test_sigterm_stores_everything_read_even_what_is_in_flight_then_exits_0(feed
       "FORKLESS_OVERFLOW": "drop_oldest"}, "FORKLESS_OVERFLOW"),
 ])
 def test_a_configuration_the_relay_cannot_use_exits_2_naming_it(env, named):
-    result = run_app("relay", env=env, timeout_s=60 * UNIT_S)
+    result = run_app("relay", env=env)
     assert result.returncode == 2, result.stderr
     assert "configuration error" in result.stderr and named in result.stderr, result.stderr
 
@@ -326,7 +326,7 @@ def test_a_configuration_the_relay_cannot_use_exits_2_naming_it(env, named):
 def test_an_unreachable_server_is_given_up_after_the_tries_with_exit_3_and_no_secret_shown(free_port, feed_server):
     server = feed_server(_sending([make_messages(5, features=FEATURES)]), impl="websockets")
     result = run_app("relay", env=_env(f"nats://relay:SECRET-PW@127.0.0.1:{free_port}", server.url,
-                                       FORKLESS_RECONNECT_TRIES="2"), timeout_s=60 * UNIT_S)
+                                       FORKLESS_RECONNECT_TRIES="2"))
     assert result.returncode == 3, result.stderr[-3000:]
     assert f"relay: giving up on nats://127.0.0.1:{free_port} after 2 failed attempts in a row" in result.stderr
     assert "SECRET-PW" not in result.stderr + result.stdout
