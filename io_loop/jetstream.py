@@ -80,7 +80,6 @@ import copy
 import datetime
 import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable
@@ -95,19 +94,20 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from io_loop.backoff import Backoff
 from io_loop.client import End, FeedControl, Outcome, pause_before_reconnect
-from io_loop.connect import make_ssl_context
 from io_loop.counters import IOStats, SourceStats
 from io_loop.crossing import Origin, Outgoing, PositionUnknown, Resume
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
 from io_loop.nats_compat import RawClient, publish_commands
+from io_loop.natsconn import NATS_ERRORS, connect_options, credentials_refused, duplicate_ack
+from io_loop.natsconn import NatsConnectFailed as _Failed
+from io_loop.natsconn import describe_error as _describe
 from io_loop.partitions import escape_stream, format_partitions, partition_of, partition_transform, transform_problems
 from io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
 from io_loop.writer import HeldReply
 
-__all__ = ["JetStreamFeed", "NatsConnectFailed", "credentials_refused", "delivery_numbers", "describe_error", "msg_id",
-           "probe_jetstream", "reply_commands"]
+__all__ = ["JetStreamFeed", "delivery_numbers", "msg_id", "probe_jetstream", "reply_commands"]
 
 log = logging.getLogger("forkless.jetstream")
 
@@ -119,11 +119,9 @@ ACK_WAIT_S = 30.0
 INACTIVE_S = 30.0  # an ephemeral consumer unused this long (its process killed) is removed by the server
 STREAM_INFO_EVERY_S = 1.0  # the stream's last sequence (for the lag) is read this often
 GIVE_UP_CLOSE_S = 0.25
-NATS_ERRORS = (nats.errors.Error, OSError, TimeoutError)
 FOREIGN_REASON = "stream not in this subject's partition"
 TOO_LARGE_REASON = "message too large"  # a payload over FORKLESS_MAX_MSG_BYTES
 PARTITION_CACHE = 1 << 20  # streams whose partition is remembered (the cache is emptied when full)
-DUPLICATE_ACK = re.compile(rb'"duplicate"\s*:\s*true')  # nats-server 2.15 writes '"duplicate": true'
 
 
 def msg_id(stream: str, origin: Origin) -> str:
@@ -242,30 +240,10 @@ class _Acks:
         else:
             self.done[k] = 1
             self.acked += 1
-            if b'"duplicate"' in data and DUPLICATE_ACK.search(data):
+            if duplicate_ack(data):
                 self.duplicates += 1
         if self.complete():
             self.wake.set()
-
-
-class NatsConnectFailed(Exception):
-    """A connection attempt failed; ``fatal`` when retrying cannot help (credentials refused).
-    Also the store's (io_loop/natsstore.py)."""
-
-    def __init__(self, reason: str, *, fatal: bool = False) -> None:
-        super().__init__(reason)
-        self.fatal = fatal
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line for a NATS error: its type and its first line (a timeout without text said so)."""
-    text = str(exc).strip().splitlines()
-    if text and text[0]:
-        return f"{type(exc).__name__}: {text[0][:200]}"
-    return "no answer in time (TimeoutError)" if isinstance(exc, TimeoutError) else type(exc).__name__
-
-
-_Failed, _describe = NatsConnectFailed, describe_error
 
 
 def _when(created: Any) -> str:
@@ -280,32 +258,6 @@ def _same_time(created: Any, recorded: str) -> bool:
         return abs((created - datetime.datetime.fromisoformat(recorded)).total_seconds()) < 1e-3
     except (TypeError, ValueError):
         return _when(created) == recorded
-
-
-def credentials_refused(exc: BaseException) -> bool:
-    """The server refused the credentials. nats-py 2.16 raises ``AuthorizationError`` only on a
-    reconnect; at the first connect (with our reconnect policy every connect is a first one) it
-    is a plain ``Error`` carrying the server's ``-ERR 'Authorization Violation'``."""
-    return isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower()
-
-
-def connect_options(settings: IOSettings, feed: FeedSpec, **callbacks: Any) -> dict[str, Any]:
-    """``nats.connect``'s options for a feed: its servers, credentials and TLS, one attempt per
-    server (the reconnect policy is ours: ``Backoff``), the heartbeat as nats-py's ping."""
-    spec = feed.jetstream
-    servers = [url.strip() for url in feed.url.split(",")]
-    options: dict[str, Any] = {
-        "servers": servers, "name": f"forkless-{feed.name}", "allow_reconnect": False,
-        "max_reconnect_attempts": 1, "reconnect_time_wait": 0, "connect_timeout": settings.connect_timeout_s,
-        "ping_interval": settings.heartbeat_s if settings.heartbeat_s > 0 else 120, "max_outstanding_pings": 2,
-        **callbacks}
-    if spec.token:
-        options["token"] = spec.token
-    if spec.creds:
-        options["user_credentials"] = spec.creds
-    if any(url.startswith("tls://") for url in servers):
-        options["tls"] = make_ssl_context(settings)
-    return options
 
 
 class JetStreamFeed(FeedControl):

@@ -8,7 +8,7 @@ Rules:
   and may be called from any thread but the store's own (there it raises RuntimeError: it would
   wait for itself). Everything of the store's state (held leases, the connection) is touched on
   its loop only; ``lost`` (a ``threading.Event``) and ``lost_keys`` are all other threads read.
-- Connecting: the feed's servers, credentials and TLS (``jetstream.connect_options``). ``start``
+- Connecting: the feed's servers, credentials and TLS (``natsconn.connect_options``). ``start``
   retries with ``Backoff`` per ``FORKLESS_RECONNECT_*``; tries used up, or the credentials
   refused: ``FeedFatal``. A connection lost later is made again on demand, one attempt by the
   operation that needs it (a renewal comes every lease/3): that operation fails with
@@ -111,9 +111,9 @@ from nats.nuid import NUID
 
 from io_loop.backoff import Backoff
 from io_loop.errors import DeploymentMismatch, FeedFatal, ForklessError, LeaseHeld, LeaseLost, StopRequested
-from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
-from io_loop.jetstream import NatsConnectFailed as _Failed
-from io_loop.jetstream import describe_error as _describe
+from io_loop.natsconn import NATS_ERRORS, connect_options, credentials_refused
+from io_loop.natsconn import NatsConnectFailed as _Failed
+from io_loop.natsconn import describe_error as _describe
 from io_loop.partitions import format_partitions
 from io_loop.settings import FeedSpec, IOSettings
 

@@ -65,7 +65,7 @@ from io_loop.backoff import Backoff
 from io_loop.counters import copy_counts
 from io_loop.crossing import Chunk
 from io_loop.errors import FeedFatal
-from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
+from io_loop.natsconn import NATS_ERRORS, connect_options, credentials_refused, duplicate_ack
 from io_loop.partitions import escape_stream
 from io_loop.settings import SEQ_MODES, IOSettings, RelaySettings
 
@@ -411,7 +411,7 @@ class Publisher:
             del in_flight[n]
             stats.acked += 1
             stats.held -= 1
-            if b'"duplicate":true' in msg.data:
+            if duplicate_ack(msg.data):
                 stats.duplicates += 1
             if stats.held < bound:
                 self._room.set()

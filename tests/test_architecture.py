@@ -78,6 +78,7 @@ IO = [
     "io_loop/on_connect.py",
     "io_loop/jetstream.py",
     "io_loop/portal.py",
+    "io_loop/natsconn.py",
     "io_loop/natsstore.py",
     "io_loop/nats_compat.py",
     "io_loop/probe.py",
