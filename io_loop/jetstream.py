@@ -86,7 +86,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import nats
 import nats.errors
 import nats.js.errors
 import numpy as np
@@ -100,7 +99,14 @@ from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, PositionLost
 from io_loop.handover import Handover
 from io_loop.nats_compat import RawClient, publish_commands
-from io_loop.natsconn import NATS_ERRORS, connect_options, credentials_refused, duplicate_ack
+from io_loop.natsconn import (
+    NATS_ERRORS,
+    close_quietly,
+    connect_once,
+    connect_options,
+    duplicate_ack,
+    unsubscribe_quietly,
+)
 from io_loop.natsconn import NatsConnectFailed as _Failed
 from io_loop.natsconn import describe_error as _describe
 from io_loop.partitions import escape_stream, format_partitions, partition_of, partition_transform, transform_problems
@@ -279,7 +285,6 @@ class JetStreamFeed(FeedControl):
         self.stats = stats
         self.source = stats.source = SourceStats()
         self.shown_url = feed.shown_url
-        self.servers = [url.strip() for url in feed.url.split(",")]
         self.replies = getattr(feed, "replies", "all")  # the feed's reply policy: all, results or none
         self.pull_batch = max(PULL_BATCH_MIN, settings.max_batch)
         self.handover = Handover(inbound, settings.max_batch, drop_oldest=False, on_dropped=lambda _: None,
@@ -367,15 +372,12 @@ class JetStreamFeed(FeedControl):
 
         options = connect_options(cfg, self.feed, error_cb=on_error, disconnected_cb=on_closed, closed_cb=on_closed)
         try:
-            async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(self.servers) + 1):
-                nc = RawClient()
-                await nc.connect(**options)
-        except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
-            if credentials_refused(exc):
+            nc = await connect_once(cfg, options, RawClient())
+        except _Failed as exc:
+            if exc.fatal:
                 raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", "
                               f"\"token\" or \"creds\" of {self.feed.label})", fatal=True) from None
-            why = self._nats_error or _describe(exc)
-            raise _Failed(f"cannot connect to {self.shown_url}: {why}") from None
+            raise _Failed(f"cannot connect to {self.shown_url}: {self._nats_error or exc}") from None
         try:
             try:
                 info = await nc.jsm(timeout=cfg.connect_timeout_s).stream_info(self.spec.stream)
@@ -392,7 +394,7 @@ class JetStreamFeed(FeedControl):
             self._check_identity(info.state.last_seq, info.created)
             self._check_position(info.state.first_seq, info.state.last_seq, info.state.num_deleted or 0)
         except BaseException:
-            await self._close(nc)
+            await close_quietly(nc, GIVE_UP_CLOSE_S)
             raise
         return nc, closed
 
@@ -489,13 +491,6 @@ class JetStreamFeed(FeedControl):
         log.info("%s: resuming at stream sequence %d%s (%s's position)", self.feed.label, need,
                  f", after its first {skip} elements" if skip else "", whose)
 
-    async def _close(self, nc: Any) -> None:
-        try:
-            async with asyncio.timeout(GIVE_UP_CLOSE_S):
-                await nc.close()
-        except (*NATS_ERRORS, asyncio.CancelledError):
-            pass
-
     async def _serve(self, nc: Any, closed: asyncio.Event) -> End:
         """Run one connection until it is lost or everything is published."""
         self._connection_id += 1
@@ -545,7 +540,7 @@ class JetStreamFeed(FeedControl):
                 task.cancel()
             if tasks:
                 await asyncio.wait(tasks)
-            await self._close(nc)
+            await close_quietly(nc, GIVE_UP_CLOSE_S)
             stats.connected = False
             stats.state_since = time.time()
 
@@ -631,10 +626,7 @@ class JetStreamFeed(FeedControl):
                     return End(Outcome.STOPPED)
             return End(Outcome.LOST, "connection over")
         finally:
-            try:
-                await sub.unsubscribe()
-            except NATS_ERRORS:
-                pass
+            await unsubscribe_quietly(sub)
 
     def _covered(self, seq: int) -> None:
         """Every message of the feed's subjects up to ``seq`` is handed over: the consumer, made at
@@ -752,10 +744,7 @@ class JetStreamFeed(FeedControl):
             sub = self._ack_sub
             self._ack_sub = None
             if sub is not None:
-                try:
-                    await sub.unsubscribe()
-                except NATS_ERRORS:
-                    pass
+                await unsubscribe_quietly(sub)
 
     async def _publish_replies(self, nc: Any) -> End:
         stats, stream, results = self.stats, self.spec.stream, self.spec.results
@@ -841,13 +830,12 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
 
     t0 = loop.time()
     try:
-        async with asyncio.timeout(settings.connect_timeout_s * 2 * len(feed.url.split(",")) + 1):
-            nc = await nats.connect(**connect_options(settings, feed, error_cb=on_error))
-    except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
-        if credentials_refused(exc):
+        nc = await connect_once(settings, connect_options(settings, feed, error_cb=on_error))
+    except _Failed as exc:
+        if exc.fatal:
             return [f"{feed.shown_url} refused the credentials (the user:password in \"nats\", \"token\" or "
                     "\"creds\")"]
-        return [f"cannot connect to {feed.shown_url}: {errors[-1] if errors else _describe(exc)}"]
+        return [f"cannot connect to {feed.shown_url}: {errors[-1] if errors else exc}"]
     problems: list[str] = []
     try:
         say(f"  connected to {feed.shown_url} in {(loop.time() - t0) * 1000:.1f} ms "
@@ -886,11 +874,7 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
     except NATS_ERRORS as exc:
         problems.append(f"asking {feed.shown_url} failed: {_describe(exc)}")
     finally:
-        try:
-            async with asyncio.timeout(1.0):
-                await nc.close()
-        except (*NATS_ERRORS, asyncio.CancelledError):
-            pass
+        await close_quietly(nc, 1.0)
     return problems
 
 

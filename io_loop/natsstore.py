@@ -101,7 +101,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import nats
 import nats.errors
 import nats.js.errors
 from nats.js import api
@@ -111,7 +110,7 @@ from nats.nuid import NUID
 
 from io_loop.backoff import Backoff
 from io_loop.errors import DeploymentMismatch, FeedFatal, ForklessError, LeaseHeld, LeaseLost, StopRequested
-from io_loop.natsconn import NATS_ERRORS, connect_options, credentials_refused
+from io_loop.natsconn import NATS_ERRORS, close_quietly, connect_once, connect_options
 from io_loop.natsconn import NatsConnectFailed as _Failed
 from io_loop.natsconn import describe_error as _describe
 from io_loop.partitions import format_partitions
@@ -409,13 +408,12 @@ class NatsStore:
         options["name"] = f"forkless-store-{self.feed.name}"
         self._nats_error = ""
         try:
-            async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(options["servers"]) + 1):
-                nc = await nats.connect(**options)
-        except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
-            if credentials_refused(exc):
+            nc = await connect_once(cfg, options)
+        except _Failed as exc:
+            if exc.fatal:
                 raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", \"token\" "
                               f"or \"creds\" of {self.feed.label})", fatal=True) from None
-            raise _Failed(f"cannot connect: {self._nats_error or _describe(exc)}") from None
+            raise _Failed(f"cannot connect: {self._nats_error or exc}") from None
         self._nc = nc
         self._js = nc.jetstream(timeout=self._api_s)
         self._kv = KeyValue(name=self.lease_bucket, stream=f"KV_{self.lease_bucket}",
@@ -424,11 +422,7 @@ class NatsStore:
     async def _drop_connection(self) -> None:
         nc, self._nc = self._nc, None
         if nc is not None:
-            try:
-                async with asyncio.timeout(CLOSE_S):
-                    await nc.close()
-            except (*NATS_ERRORS, asyncio.CancelledError):
-                pass
+            await close_quietly(nc, CLOSE_S)
 
     async def _connection(self) -> None:
         """Connected, or one attempt to connect again; ``StoreError`` if it fails."""
