@@ -20,7 +20,7 @@ Rules:
 - A stream's position in a partition's object is the feed's position as of the checkpoint, or
   the partition's own restored position when that is further (an instance that took over
   partitions from several others starts its consumer at the lowest of them, and skips, per
-  partition, what each already holds: io_loop/jetstream.py).
+  partition, what each already holds: io_loop/jsconsumer.py).
 - Restore (``load``, before the compile): per owned partition, its newest object that reads
   back whole; a damaged one (bad checksum, truncated) is skipped with a warning and the one
   before it used; one of another processor (name, version) or with other features, or whose
@@ -376,7 +376,7 @@ class PartitionOwner:
 
     def holds(self) -> bool:
         """Every lease still held by time (any thread, no I/O): the IO side's fence before it
-        publishes replies (io_loop/jetstream.py)."""
+        publishes replies (io_loop/jspublish.py)."""
         return self.store.holds()
 
     def close(self) -> None:
