@@ -20,7 +20,7 @@ Rules:
 - A stream's position in a partition's object is the feed's position as of the checkpoint, or
   the partition's own restored position when that is further (an instance that took over
   partitions from several others starts its consumer at the lowest of them, and skips, per
-  partition, what each already holds: io_loop/jetstream.py). Where the IO side found the stream
+  partition, what each already holds: io_loop/jsconsumer.py). Where the IO side found the stream
   holding no further message of the feed's subjects from at or below that position up to a
   later sequence (``covering``, controller/positions.py), the object records it as ``covered``,
   and a restore resumes the partition after it: retention of other partitions' messages there
@@ -385,7 +385,7 @@ class PartitionOwner:
 
     def holds(self) -> bool:
         """Every lease still held by time (any thread, no I/O): the IO side's fence before it
-        publishes replies (io_loop/jetstream.py)."""
+        publishes replies (io_loop/jspublish.py)."""
         return self.store.holds()
 
     def close(self) -> None:

@@ -51,7 +51,7 @@ class Resume(NamedTuple):
 class PositionUnknown(NamedTuple):
     """Handed to a JetStream feed in place of its ``Origin`` when checkpoints existed but every
     one was damaged: the position they recorded is unknown. ``why`` names the files. The feed
-    starts only where that loses nothing (io_loop/jetstream.py), else ``PositionLost``."""
+    starts only where that loses nothing (io_loop/jsconsumer.py), else ``PositionLost``."""
 
     why: str
 

@@ -38,7 +38,7 @@ Rules:
 - Fencing the replies: ``holds()`` (any thread, no I/O) is False once a lease is lost or its
   last acknowledged renewal is a lease old, whether or not the renewer has noticed yet (a
   process paused by SIGSTOP wakes with every thread at once). The IO side asks it before it
-  publishes each item of replies (io_loop/jetstream.py) and drops what it may not publish, so a
+  publishes each item of replies (io_loop/jspublish.py) and drops what it may not publish, so a
   zombie never publishes what it held: the partitions' new owner answers those from its
   checkpoint. The window between the check and the publication is one item long, as above.
 - ``release`` deletes each key still ours, only at our revision (``delete(last=)``), so a key
@@ -60,9 +60,9 @@ from nats.js import api
 from nats.js.kv import KeyValue
 
 from io_loop.errors import LeaseHeld, LeaseLost
-from io_loop.jetstream import NATS_ERRORS
-from io_loop.jetstream import NatsConnectFailed as _Failed
-from io_loop.jetstream import describe_error as _describe
+from io_loop.natsconn import NATS_ERRORS
+from io_loop.natsconn import NatsConnectFailed as _Failed
+from io_loop.natsconn import describe_error as _describe
 from io_loop.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreError, StoreThread, each, sleep_or_stop
 
 __all__ = ["Leases", "RoundPart", "wrong_last"]

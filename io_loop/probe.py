@@ -8,7 +8,7 @@ Rules:
   timeouts (io_loop/connect.py, the same code the client uses), waits briefly for a first
   frame, and closes with 1000. A JetStream feed's probe connects to its server, reads its
   stream and finds the stream storing its results subject, warning when that stream's
-  duplicate window is shorter than a restart needs (io_loop/jetstream.py). With several
+  duplicate window is shorter than a restart needs (io_loop/jsprobe.py). With several
   feeds (``FORKLESS_FEEDS``) every feed is probed and the probe fails if any of them does,
   naming them. When no feed is configured it starts
   the embedded demo feed and probes that.
@@ -108,7 +108,7 @@ async def _probe_one(settings: IOSettings, codec: FrameDecoder, say: Callable[[s
         await _connect_once(settings, codec, feed.url, say, feed)
         return
     # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-    from io_loop.jetstream import probe_jetstream
+    from io_loop.jsprobe import probe_jetstream
 
     problems = await probe_jetstream(settings, feed, say, dedupe_window_s)
     if problems:

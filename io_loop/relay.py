@@ -56,8 +56,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import janus
-import nats
-import nats.errors
 import nats.js.errors
 import orjson
 
@@ -65,7 +63,16 @@ from io_loop.backoff import Backoff
 from io_loop.counters import copy_counts
 from io_loop.crossing import Chunk
 from io_loop.errors import FeedFatal
-from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
+from io_loop.natsconn import (
+    NATS_ERRORS,
+    NatsConnectFailed,
+    close_quietly,
+    connect_once,
+    connect_options,
+    describe_error,
+    duplicate_ack,
+    unsubscribe_quietly,
+)
 from io_loop.partitions import escape_stream
 from io_loop.settings import SEQ_MODES, IOSettings, RelaySettings
 
@@ -205,14 +212,6 @@ class _Held:
         self.sent = False  # published at least once
 
 
-class _Lost(Exception):
-    """A connection attempt failed; ``fatal`` when retrying cannot help (credentials refused)."""
-
-    def __init__(self, reason: str, *, fatal: bool = False) -> None:
-        super().__init__(reason)
-        self.fatal = fatal
-
-
 class _Connection:
     """One connection's fate: the first failure seen on it (its callbacks write here, so a late
     callback of an old connection cannot touch the next one)."""
@@ -271,7 +270,7 @@ class Publisher:
             while True:
                 try:
                     nc, conn = await self._connect()
-                except _Lost as exc:
+                except NatsConnectFailed as exc:
                     reason, fatal = str(exc), exc.fatal
                     self.stats.connect_failures += 1
                     self.stats.last_error = reason
@@ -367,18 +366,18 @@ class Publisher:
             conn.fail("the connection to the NATS server was lost")
 
         async def on_error(exc: Exception) -> None:  # nats-py's default logs a traceback per error
-            errors.append(_describe(exc))
+            errors.append(describe_error(exc))
 
         options = connect_options(cfg, self.relay.target, error_cb=on_error, disconnected_cb=on_closed,
                                   closed_cb=on_closed)
         try:
-            async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(options["servers"]) + 1):
-                nc = await nats.connect(**options)
-        except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
-            if credentials_refused(exc):
-                raise _Lost("the server refused the credentials (check the user:password in FORKLESS_RELAY_NATS, "
-                            "FORKLESS_RELAY_TOKEN or FORKLESS_RELAY_CREDS)", fatal=True) from None
-            raise _Lost(f"cannot connect: {errors[-1] if errors else _describe(exc)}") from None
+            nc = await connect_once(cfg, options)
+        except NatsConnectFailed as exc:
+            if exc.fatal:
+                raise NatsConnectFailed("the server refused the credentials (check the user:password in "
+                                        "FORKLESS_RELAY_NATS, FORKLESS_RELAY_TOKEN or FORKLESS_RELAY_CREDS)",
+                                        fatal=True) from None
+            raise NatsConnectFailed(f"cannot connect: {errors[-1] if errors else exc}") from None
         return nc, conn
 
     async def _serve(self, nc: Any, conn: _Connection, taker: asyncio.Task) -> str:
@@ -411,7 +410,7 @@ class Publisher:
             del in_flight[n]
             stats.acked += 1
             stats.held -= 1
-            if b'"duplicate":true' in msg.data:
+            if duplicate_ack(msg.data):
                 stats.duplicates += 1
             if stats.held < bound:
                 self._room.set()
@@ -421,7 +420,7 @@ class Publisher:
             sub = await nc.subscribe(prefix + "*", cb=on_ack)
         except NATS_ERRORS as exc:
             await self._end(nc, conn)
-            return f"subscribing to the acknowledgements failed: {_describe(exc)}"
+            return f"subscribing to the acknowledgements failed: {describe_error(exc)}"
         timeout = self.settings.connect_timeout_s
         loop = asyncio.get_running_loop()
         acked, waiting_since = stats.acked, loop.time()  # the last ack seen, and since when we wait for one
@@ -458,25 +457,18 @@ class Publisher:
                 except TimeoutError:
                     pass
         except NATS_ERRORS as exc:
-            return f"publishing failed: {_describe(exc)}"
+            return f"publishing failed: {describe_error(exc)}"
         finally:
             # what was in flight waits to be published again, in order, before what was waiting
             if in_flight:
                 waiting.extendleft(sorted(in_flight.values(), key=lambda m: m.n, reverse=True))
                 in_flight.clear()
-            try:
-                await sub.unsubscribe()
-            except NATS_ERRORS:
-                pass
+            await unsubscribe_quietly(sub)
             await self._end(nc, conn)
 
     async def _end(self, nc: Any, conn: _Connection) -> None:
         conn.failure = conn.failure or "closed"  # its callbacks (the close's own) change nothing now
-        try:
-            async with asyncio.timeout(GIVE_UP_CLOSE_S):
-                await nc.close()
-        except (*NATS_ERRORS, asyncio.CancelledError):
-            pass
+        await close_quietly(nc, GIVE_UP_CLOSE_S)
         self.stats.connected = False
         self.stats.state_since = time.time()
 
@@ -500,7 +492,7 @@ class Publisher:
                     self._last_stored = seq if isinstance(seq, int) and not isinstance(seq, bool) else "unknown"
         except (*NATS_ERRORS, nats.js.errors.Error, ValueError, AttributeError) as exc:
             log.info("relay: the last message stored under %s could not be read (%s): the start is not compared "
-                     "with it", subject, _describe(exc))
+                     "with it", subject, describe_error(exc))
             self._last_stored = "unknown"
         self._looked_up = True
         self._compare_start()
@@ -575,8 +567,3 @@ def _ack_problem(msg: Any) -> str:
             return "the server's acknowledgement is not JSON"
         return f"the server did not store a message to {{subject}}: {error.get('description', error)}"
     return ""
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200]}" if text and text[0] else type(exc).__name__

@@ -7,7 +7,7 @@ Rules:
   loop never delays a renewal. ``call`` runs a coroutine there and blocks until it is done; it
   may be called from any thread but the store's own (there it raises RuntimeError: it would
   wait for itself). The connection is touched on the loop only.
-- Connecting: the feed's servers, credentials and TLS (``jetstream.connect_options``). ``start``
+- Connecting: the feed's servers, credentials and TLS (``natsconn.connect_options``). ``start``
   retries with ``Backoff`` per ``FORKLESS_RECONNECT_*``; tries used up, or the credentials
   refused: ``FeedFatal``. A connection lost later is made again on demand (``connection``), one
   attempt by the operation that needs it: that operation fails with ``StoreError`` if the
@@ -36,9 +36,9 @@ import nats.js.errors
 
 from io_loop.backoff import Backoff
 from io_loop.errors import FeedFatal, ForklessError, StopRequested
-from io_loop.jetstream import NATS_ERRORS, connect_options, credentials_refused
-from io_loop.jetstream import NatsConnectFailed as _Failed
-from io_loop.jetstream import describe_error as _describe
+from io_loop.natsconn import NATS_ERRORS, close_quietly, connect_once, connect_options
+from io_loop.natsconn import NatsConnectFailed as _Failed
+from io_loop.natsconn import describe_error as _describe
 from io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["StoreError", "StoreThread", "each", "sleep_or_stop"]
@@ -239,24 +239,19 @@ class StoreThread:
         options["name"] = f"forkless-store-{self.feed.name}"
         self.nats_error = ""
         try:
-            async with asyncio.timeout(cfg.connect_timeout_s * 2 * len(options["servers"]) + 1):
-                nc = await nats.connect(**options)
-        except (*NATS_ERRORS, nats.errors.NoServersError) as exc:
-            if credentials_refused(exc):
+            nc = await connect_once(cfg, options)
+        except _Failed as exc:
+            if exc.fatal:
                 raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", \"token\" "
                               f"or \"creds\" of {self.feed.label})", fatal=True) from None
-            raise _Failed(f"cannot connect: {self.nats_error or _describe(exc)}") from None
+            raise _Failed(f"cannot connect: {self.nats_error or exc}") from None
         self._nc = nc
         self.js = nc.jetstream(timeout=self.api_s)
 
     async def _drop_connection(self) -> None:
         nc, self._nc = self._nc, None
         if nc is not None:
-            try:
-                async with asyncio.timeout(CLOSE_S):
-                    await nc.close()
-            except (*NATS_ERRORS, asyncio.CancelledError):
-                pass
+            await close_quietly(nc, CLOSE_S)
 
     async def connection(self) -> None:
         """Connected, or one attempt to connect again; ``StoreError`` if it fails."""

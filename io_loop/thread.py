@@ -14,7 +14,7 @@ Rules:
   body, ``on_connect``, the embedder's hook for each new connection: io_loop/on_connect.py,
   ``before_connect``, its hook for each attempt's URL and headers: io_loop/before_connect.py,
   ``positions``, where the restored checkpoint left each JetStream feed, and ``fence``, a
-  partitioned feed's lease check before each publication: io_loop/jetstream.py); the main thread learns
+  partitioned feed's lease check before each publication: io_loop/jspublish.py); the main thread learns
   about this side only through ``snapshot()`` (queue depths, unsent
   frames, copied counters), ``cpu_seconds()`` (this thread's CPU clock, which the main thread
   reads around each step: how much of this side's work overlaps the steps) and the bridge's queues.

@@ -97,15 +97,13 @@ INTERNAL = {
                                      "with FeedFatal",
     "io_loop.connect.HandshakeRefused": "one refused handshake: tried again, or (a 4xx) given up with FeedFatal",
     "io_loop.connect._RedirectRefused": "a 3xx answer inside open_feed, which raises HandshakeRefused for it",
-    "io_loop.jetstream.NatsConnectFailed": "one failed attempt to reach NATS: tried again, then given up with "
-                                           "FeedFatal (a feed) or StoreError (the checkpoint store)",
+    "io_loop.natsconn.NatsConnectFailed": "one failed attempt to reach NATS: tried again, then given up with "
+                                          "FeedFatal (a feed, the relay) or StoreError (the checkpoint store)",
     "io_loop.on_connect.HookFailed": "an on_connect hook that failed: the connection attempt fails and is "
                                      "tried again",
     "io_loop.errors.StopRequested": "a stop requested while the partition store waited: the controller's start "
                                     "ends there and the run stops cleanly",
     "io_loop.probe.ProbeFailed": "--check's probe of a feed or the metrics address: run_check reports it",
-    "io_loop.relay._Lost": "one failed attempt of the relay to reach NATS: tried again, then given up "
-                           "with FeedFatal",
 }
 
 

@@ -489,6 +489,7 @@ def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a
 def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_and_ids_stay_the_same():
     from io_loop.crossing import Origin
     from io_loop.jetstream import JetStreamFeed
+    from io_loop.jsconsumer import Take
     from io_loop.settings import FeedSpec
 
     pytest.importorskip("nats")
@@ -505,8 +506,11 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
 
         feed = JetStreamFeed(cfg.io_settings(), codec, IOStats(), spec, inbound=inbound, outbox=outbox,
                              resume=Origin(7, 0, False))  # element 0 of message 7 is in the restored state
-        await feed._consume(json.dumps(payload).encode(), 7, 0)
-        await feed._consume(json.dumps([good[0]]).encode(), 8, 0)
+        for seq, data in ((7, json.dumps(payload)), (8, json.dumps([good[0]]))):
+            take = feed.consumer.deliver(f"$JS.ACK.TICKS.c1.1.{seq}.{seq - 6}.1764600000000000000.0".encode())
+            assert type(take) is Take and take.seq == seq
+            await feed._consume(data.encode(), take)
+            feed.consumer.consumed(take, seq)
         await feed.handover.flush()
         await asyncio.sleep(0)
         chunks = [inbound.get_nowait() for _ in range(inbound.qsize())]
@@ -533,23 +537,22 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
 ])
 def test_where_consuming_starts_and_when_the_stream_no_longer_holds_what_the_position_needs(resume, first, last,
                                                                                               expected):
-    pytest.importorskip("nats")
-    from io_loop.counters import IOStats
+    from io_loop.counters import SourceStats
     from io_loop.crossing import Origin
     from io_loop.errors import PositionLost
-    from io_loop.jetstream import JetStreamFeed
+    from io_loop.jsconsumer import Consumer
 
     start = "new" if resume == "new" else "first"
-    cfg = _config([_js_feed("nats://127.0.0.1:4222", start=start)])
-    feed = JetStreamFeed(cfg.io_settings(), Controller(cfg).codec, IOStats(), cfg.feed_specs[0], inbound=None,
-                         outbox=None, resume=Origin(*resume) if isinstance(resume, tuple) else None)
+    spec = _config([_js_feed("nats://127.0.0.1:4222", start=start)]).feed_specs[0]
+    consumer = Consumer(spec.jetstream, spec.label, SourceStats(),
+                        Origin(*resume) if isinstance(resume, tuple) else None)
     if isinstance(expected, str):
         with pytest.raises(PositionLost, match="FORKLESS_CHECKPOINT_RESTORE=never") as lost:
-            feed._check_position(first, last)
+            consumer.check_stream(first, last)
         assert expected in str(lost.value) and "feed 'ticks'" in str(lost.value)
     else:
-        feed._check_position(first, last)
-        assert feed._next == expected
+        consumer.check_stream(first, last)
+        assert consumer.next == expected
 
 
 def test_an_unreachable_server_and_a_missing_stream_give_up_after_the_tries_with_exit_3(nats_server, free_port):
@@ -576,8 +579,7 @@ def test_an_unreachable_server_and_a_missing_stream_give_up_after_the_tries_with
     (b"", None),
 ])
 def test_a_deliverys_numbers_come_from_its_reply_subject_in_both_token_layouts(reply, expected):
-    pytest.importorskip("nats")
-    from io_loop.jetstream import delivery_numbers
+    from io_loop.jsconsumer import delivery_numbers
 
     assert delivery_numbers(reply) == expected
 

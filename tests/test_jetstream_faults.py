@@ -113,7 +113,7 @@ def test_a_stream_that_ends_before_what_this_run_saw_of_it_or_was_created_again_
     feed = _feed()
     created = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
     feed._check_identity(40, created)
-    feed._check_position(1, 40)
+    feed.consumer.check_stream(1, 40)
     feed._check_identity(45, created)  # the same stream, grown
     feed.source.stream_last_seq = 45
     with pytest.raises(PositionLost, match="ends at sequence 44, but this run saw it reach 45"):
@@ -318,22 +318,24 @@ def test_every_checkpoint_damaged_but_the_stream_holding_all_from_sequence_1_reb
 ])
 def test_with_every_checkpoint_damaged_a_feed_starts_only_where_its_stream_still_holds_everything(
         start, first, last, deleted, expected):
+    from io_loop.counters import SourceStats
     from io_loop.crossing import PositionUnknown
     from io_loop.errors import PositionLost
-    from io_loop.jetstream import JetStreamFeed
+    from io_loop.jsconsumer import Consumer
+    from tests.test_jetstream import _config
 
-    feed = _feed(start=start)
-    feed = JetStreamFeed(feed.settings, feed.codec, feed.stats, feed.feed, inbound=None, outbox=None,
-                         resume=PositionUnknown("every checkpoint in /c is damaged (ckpt-000000001.fkc)"))
+    spec = _config([_js_feed("nats://127.0.0.1:4222", start=start)]).feed_specs[0]
+    consumer = Consumer(spec.jetstream, spec.label, SourceStats(),
+                        PositionUnknown("every checkpoint in /c is damaged (ckpt-000000001.fkc)"))
     if isinstance(expected, str):
         with pytest.raises(PositionLost) as lost:
-            feed._check_position(first, last, deleted)
+            consumer.check_stream(first, last, deleted)
         text = str(lost.value)
         assert "every checkpoint in /c is damaged (ckpt-000000001.fkc)" in text and expected in text, text
         assert "FORKLESS_CHECKPOINT_RESTORE=never" in text
     else:
-        feed._check_position(first, last, deleted)
-        assert feed._next == expected
+        consumer.check_stream(first, last, deleted)
+        assert consumer.next == expected
 
 
 # ---- FORKLESS_MAX_MSG_BYTES on JetStream payloads -------------------------------------------------------

@@ -134,7 +134,7 @@ def test_a_message_arriving_after_unsubscribe_is_not_handed_to_the_handler(nats_
 
 def test_a_buffer_of_hpub_commands_arrives_as_its_messages_with_their_headers_and_replies(nats_server):
     from io_loop.crossing import Origin
-    from io_loop.jetstream import reply_commands
+    from io_loop.jspublish import reply_commands
     from io_loop.nats_compat import publish_commands
 
     async def body(nc: Any) -> list:
@@ -167,7 +167,7 @@ def test_a_reply_larger_than_the_servers_max_payload_is_refused_before_anything_
     import nats.errors
 
     from io_loop.crossing import Origin
-    from io_loop.jetstream import reply_commands
+    from io_loop.jspublish import reply_commands
 
     with pytest.raises(nats.errors.MaxPayloadError):
         reply_commands(b"scores", b"i.", 0, "TICKS", ["ok", "x" * 11], [Origin(1, 0, False), Origin(1, 1, True)], 10)

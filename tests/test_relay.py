@@ -189,6 +189,31 @@ def test_a_nats_server_paused_then_restarted_mid_run_loses_and_duplicates_nothin
     assert books and int(books.group(1)) > 0, result.stderr[-3000:]  # the pause made the relay publish again
 
 
+def test_a_message_published_again_after_its_acknowledgement_was_lost_is_counted_as_one_duplicate(
+        feed_server, nats_server, app):
+    _make_stream(nats_server.url)
+    messages = make_messages(2, features=FEATURES, seed=9)
+    paused = threading.Event()
+    server = feed_server(_sending([messages], gates={1: paused}), impl="websockets")
+    proc = app("relay", env=_env(nats_server.url, server.url))
+    _wait_stored(nats_server.url, 1, "the first message stored")
+    # paused: the second message is published into its socket and never acknowledged; the relay gives
+    # up on the connection, the server (continued) stores it from that connection's bytes, and the
+    # relay's publication again with the same id is acknowledged as a duplicate (nats-server 2.15
+    # writes '"duplicate": true', with a space)
+    nats_server.proc.send_signal(signal.SIGSTOP)
+    paused.set()
+    proc.wait_for_line(r"relay: no acknowledgement from", stream="stderr", timeout_s=30 * UNIT_S)
+    nats_server.proc.send_signal(signal.SIGCONT)
+    _wait_stored(nats_server.url, 2, "the second message stored")
+    result = _end(proc)  # the stop waits for the held message's acknowledgement
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    assert "relay books: 2 messages read = 2 stored" in result.stderr, result.stderr[-3000:]
+    assert "1 publications retried, 1 duplicates dropped by the stream" in result.stderr, result.stderr[-3000:]
+    assert [json.loads(payload)["seq"] for _, _, payload in _stored(nats_server.url)] == [0, 1]
+
+
 # ---- (3) a seq gap across a reconnect of the feed is counted and logged --------------------------------
 
 

@@ -1,0 +1,229 @@
+"""A JetStream feed's replies published to its results subject: the writer of a ``JetStreamFeed``
+(io_loop/jetstream.py), one per connection, in the role a WebSocket client's writer has. Imported
+only when such a feed is configured (nats-py is an optional extra).
+
+Rules:
+- The outbox's items in order (the main thread's results and error replies, and the feed's error
+  replies to bad input), taken through the feed's ``HeldReply`` (io_loop/writer.py), which keeps
+  an item across reconnects. Each frame is published to the ``results`` subject with the header
+  ``Nats-Msg-Id: <stream>:<seq>:<index>`` (``msg_id``) and a reply subject of this connection's
+  own, ``<inbox><n>`` (one raw subscription per connection, ``ReplyAcks``); an item's frames are
+  written as one buffer of HPUB commands (``reply_commands``, ``nats_compat.publish_commands``)
+  and their acknowledgements awaited together before the next item.
+- What was not acknowledged (from the first frame not acknowledged on) is published again after a
+  reconnect; the results stream's duplicate window drops a copy, counted in
+  ``SourceStats.duplicates``. ``SourceStats.confirmed`` is the origin of the last main-thread
+  reply acknowledged: a checkpoint is committed only once every reply to the messages it covers
+  is (controller/loop.py).
+- Nothing acknowledges in time (``connect_timeout_s`` without one), an error acknowledgement, no
+  stream storing the subject: the connection is lost (``End``), and the feed reconnects.
+- Replies ``"none"`` (no results subject), or an item with nothing to name it by: not published,
+  counted in ``dropped``.
+- A partitioned feed is fenced by its leases (``fence``, the store's ``holds``): before each item
+  is published, a False ``fence`` (a lease lost, or run out unrenewed after a pause) drops the
+  item instead, counted in ``dropped`` ("lease lost") and logged once: another instance may own
+  the partitions now and answers those messages from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+
+from io_loop.client import End, Outcome
+from io_loop.counters import IOStats, SourceStats
+from io_loop.crossing import Origin, Outgoing
+from io_loop.nats_compat import publish_commands
+from io_loop.natsconn import NATS_ERRORS, describe_error, duplicate_ack, unsubscribe_quietly
+from io_loop.settings import FeedSpec, IOSettings
+from io_loop.writer import HeldReply
+
+__all__ = ["ReplyAcks", "ReplyPublisher", "msg_id", "reply_commands"]
+
+log = logging.getLogger("forkless.jetstream")
+
+
+def msg_id(stream: str, origin: Origin) -> str:
+    """The ``Nats-Msg-Id`` of a reply: ``<stream name>:<stream sequence of the input>:<index>``."""
+    return f"{stream}:{origin.seq}:{origin.index}"
+
+
+def reply_commands(subject: bytes, inbox: bytes, first: int, stream: str, frames: list[Any],
+                   origins: list[Origin], max_payload: int) -> bytes:
+    """The NATS protocol commands publishing ``frames`` (str or bytes) to ``subject``, frame k
+    with the header ``Nats-Msg-Id: msg_id(stream, origins[k])`` and the reply subject
+    ``<inbox><first + k>`` (where the results stream acknowledges it), as one buffer
+    (nats_compat.publish_commands). A frame larger than the server's ``max_payload``:
+    ``MaxPayloadError``, as nats-py's ``publish`` raises."""
+    header = b"NATS/1.0\r\nNats-Msg-Id: " + stream.encode() + b":"
+    parts: list[bytes] = []
+    add = parts.append
+    for k, frame in enumerate(frames):
+        payload = frame if type(frame) is bytes else frame.encode()
+        if len(payload) > max_payload:
+            raise nats.errors.MaxPayloadError
+        origin = origins[k]
+        hdr = header + b"%d:%d\r\n\r\n" % (origin.seq, origin.index)
+        add(b"HPUB %s %s%d %d %d\r\n" % (subject, inbox, first + k, len(hdr), len(hdr) + len(payload)))
+        add(hdr)
+        add(payload)
+        add(b"\r\n")
+    return b"".join(parts)
+
+
+class ReplyAcks:
+    """The results stream's acknowledgements of the item being published: frame k of it was
+    published with the reply subject ``<inbox><base + k>``. ``wake`` is called once every frame
+    is acknowledged, or at the first error (an error response, no stream storing the subject).
+    No socket: ``on_ack`` is handed each acknowledgement as the protocol parser gives it."""
+
+    def __init__(self, cut: int, wake: Callable[[], Any]) -> None:
+        self.cut = cut  # the length of ``<inbox>``
+        self.wake = wake
+        self.base = 0
+        self.done = bytearray()
+        self.acked = 0
+        self.duplicates = 0
+        self.error: Exception | None = None
+
+    def begin(self, base: int, n: int) -> None:
+        self.base, self.done, self.acked, self.error = base, bytearray(n), 0, None
+
+    def complete(self) -> bool:
+        return self.acked == len(self.done) or self.error is not None
+
+    def prefix(self) -> int:
+        """Frames acknowledged in order from the item's first."""
+        first_missing = self.done.find(0)
+        return len(self.done) if first_missing < 0 else first_missing
+
+    def on_ack(self, subject: bytes, _reply: bytes, data: bytes, headers: dict[str, str] | None) -> None:
+        """One acknowledgement, from nats_compat.RawClient (a raw subscription to ``<inbox>*``)."""
+        try:
+            k = int(subject[self.cut:]) - self.base
+        except ValueError:
+            return
+        if not 0 <= k < len(self.done) or self.done[k] or self.error is not None:
+            return  # an earlier item's (acknowledged after a timeout), or a copy
+        status = headers.get("Status") if headers else None
+        if status:
+            self.error = (nats.js.errors.NoStreamResponseError() if status == "503" else
+                          nats.errors.Error(f"the server answered {status} {headers.get('Description', '')}"))
+        elif b'"error":' in data and "error" in (resp := json.loads(data)):
+            self.error = nats.js.errors.APIError.from_error(resp["error"])
+        else:
+            self.done[k] = 1
+            self.acked += 1
+            if duplicate_ack(data):
+                self.duplicates += 1
+        if self.complete():
+            self.wake()
+
+
+class ReplyPublisher:
+    """The replies of one JetStream feed published on one connection at a time (see the module
+    rules): ``await run(nc)`` until the outbox is drained (``Outcome.DRAINED``) or the connection
+    is lost. ``held``: the feed's reply item; ``source``: its figures (``confirmed``,
+    ``duplicates``); ``fence``: a partitioned instance's leases."""
+
+    def __init__(self, settings: IOSettings, feed: FeedSpec, stats: IOStats, source: SourceStats, held: HeldReply,
+                 fence: Callable[[], bool] | None = None) -> None:
+        self.settings = settings
+        self.feed = feed
+        self.stats = stats
+        self.source = source
+        self.held = held
+        self.fence = fence
+        self.fenced = False  # the fence refused a publication (logged once)
+        self._ack_sub: Any = None  # this connection's subscription to the acknowledgements
+
+    async def run(self, nc: Any) -> End:
+        try:
+            return await self._publish(nc)
+        finally:
+            sub = self._ack_sub
+            self._ack_sub = None
+            if sub is not None:
+                await unsubscribe_quietly(sub)
+
+    async def _publish(self, nc: Any) -> End:
+        stream, results = self.feed.jetstream.stream, self.feed.jetstream.results
+        # the results stream's acknowledgements come to an inbox of ours, ``<inbox>.<n>`` with n counting
+        # this connection's publications (nats-py's publish_async costs a future, a semaphore and a
+        # JSON parse per reply), straight from the parser to ReplyAcks.on_ack (a raw subscription); the
+        # writer wakes once per item, when all of its frames are acknowledged
+        inbox = nc.new_inbox() + "."
+        wake = asyncio.Event()
+        acks = ReplyAcks(len(inbox), wake.set)
+        self._ack_sub = await nc.raw_subscribe(inbox + "*", acks.on_ack)
+        subject, inbox_bytes = results.encode(), inbox.encode()
+        sent = 0
+        held = self.held
+        while True:
+            item = await held.next()
+            if item is None:
+                return End(Outcome.DRAINED)
+            frames, origin = item.frames, item.origin
+            start = held.offset
+            if not self._may_publish(item, start):
+                held.take_held()
+                continue
+            acks.begin(sent, len(frames) - start)
+            try:
+                await publish_commands(nc, reply_commands(subject, inbox_bytes, sent, stream, frames[start:],
+                                                          origin[start:], nc.max_payload))
+                sent += len(frames) - start
+                await self._acknowledged(acks, wake)
+            except nats.js.errors.NoStreamResponseError:
+                return End(Outcome.LOST, f"no stream stores the results subject {results!r}: create one "
+                                         "(with a duplicate window, docs/jetstream.md)")
+            except NATS_ERRORS as exc:
+                return End(Outcome.LOST, f"publishing to {results!r} failed: {describe_error(exc)}")
+            finally:
+                # acknowledged in order from the start: not published again
+                held.wrote(start + acks.prefix())
+                self.source.duplicates += acks.duplicates
+                acks.duplicates = 0
+            if item.answers and origin:
+                self.source.confirmed = (origin[-1].seq, origin[-1].index)
+            held.finish()
+
+    def _may_publish(self, item: Outgoing, start: int) -> bool:
+        """Whether ``item`` (its frames from ``start`` on) is published; what is not is counted."""
+        stats = self.stats
+        if not self.feed.jetstream.results or item.origin is None:
+            # replies "none", or nothing to name them by: not published
+            stats.dropped["reply not published (no results subject)"] += item.results
+            return False
+        if self.fence is not None and not self.fence():
+            # the partitions' leases are lost or ran out unrenewed (a pause past the lease):
+            # their new owner answers these from its checkpoint, so they are never published here
+            stats.dropped["lease lost"] += len(item.frames) - start
+            if not self.fenced:
+                self.fenced = True
+                log.error("%s: the partitions' leases are lost or ran out unrenewed: no reply is published "
+                          "from now on (their new owner answers them; counted in dropped, \"lease lost\")",
+                          self.feed.label)
+            return False
+        return True
+
+    async def _acknowledged(self, acks: ReplyAcks, wake: asyncio.Event) -> None:
+        """Every frame of the item acknowledged; raises the error acknowledgement, or a timeout
+        when none came for ``connect_timeout_s``."""
+        while not acks.complete():  # all of the item's acknowledgements awaited together
+            before = acks.acked
+            wake.clear()
+            try:
+                async with asyncio.timeout(self.settings.connect_timeout_s):
+                    await wake.wait()
+            except TimeoutError:
+                if acks.acked == before:
+                    raise nats.errors.TimeoutError from None
+        if acks.error is not None:
+            raise acks.error

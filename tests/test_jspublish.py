@@ -1,0 +1,68 @@
+"""``ReplyAcks`` (io_loop/jspublish.py), the results stream's acknowledgements of the item a
+JetStream feed is publishing, handed literal acknowledgements as the protocol parser gives them:
+no server, no socket. The publisher against a real nats-server is in tests/test_jetstream.py;
+here: a frame counts as published only once acknowledged, and in order from the item's first
+(what is not is published again after a reconnect), duplicates in either spelling, no stream for the subject."""
+
+from __future__ import annotations
+
+import pytest
+
+nats_errors = pytest.importorskip("nats.js.errors")
+
+from io_loop.jspublish import ReplyAcks  # noqa: E402
+
+INBOX = b"_INBOX.abc."
+
+
+def _acks() -> tuple[ReplyAcks, list[int]]:
+    woken: list[int] = []
+    return ReplyAcks(len(INBOX), lambda: woken.append(1)), woken
+
+
+def _ack(acks: ReplyAcks, n: int, data: bytes = b'{"stream":"SCORES", "seq":1}', headers=None) -> None:
+    acks.on_ack(INBOX + b"%d" % n, b"", data, headers)
+
+
+def test_frames_count_as_published_only_once_acknowledged_and_in_order_from_the_first():
+    acks, woken = _acks()
+    acks.begin(10, 3)  # frames 0-2 of the item were published with the reply subjects <inbox>10-12
+    _ack(acks, 12)
+    assert (acks.acked, acks.prefix(), acks.complete()) == (1, 0, False)  # frame 0 not acknowledged: all again
+    _ack(acks, 10)
+    assert (acks.prefix(), acks.complete(), woken) == (1, False, [])
+    _ack(acks, 11)
+    assert (acks.prefix(), acks.complete(), woken) == (3, True, [1])  # woken once, when all are
+
+
+def test_an_earlier_items_acknowledgement_a_copy_or_a_foreign_subject_changes_nothing():
+    acks, woken = _acks()
+    acks.begin(10, 2)
+    for n in (9, 12):  # an earlier item's (acknowledged after its timeout), beyond this one
+        _ack(acks, n)
+    acks.on_ack(b"_INBOX.abc.x", b"", b"{}", None)
+    _ack(acks, 10)
+    _ack(acks, 10)  # a copy
+    assert (acks.acked, acks.prefix(), woken) == (1, 1, [])
+
+
+@pytest.mark.parametrize("data", [b'{"stream":"SCORES", "seq":4, "duplicate": true}',  # nats-server 2.15
+                                  b'{"stream":"SCORES","seq":4,"duplicate":true}'])
+def test_a_duplicate_acknowledgement_counts_as_published_and_as_a_duplicate_in_either_spelling(data):
+    acks, _ = _acks()
+    acks.begin(0, 2)
+    _ack(acks, 0, data)
+    _ack(acks, 1, b'{"stream":"SCORES", "seq":5, "duplicate": false}')
+    assert (acks.prefix(), acks.duplicates) == (2, 1)
+
+
+def test_no_stream_for_the_subject_ends_the_wait_with_the_error():
+    acks, woken = _acks()
+    acks.begin(0, 3)
+    _ack(acks, 0)
+    _ack(acks, 1, b"", {"Status": "503"})
+    assert isinstance(acks.error, nats_errors.NoStreamResponseError) and acks.complete() and woken == [1]
+    _ack(acks, 2)  # after the error: not counted
+    assert (acks.acked, acks.prefix()) == (1, 1)
+    acks.begin(3, 1)  # the next item starts without it
+    assert acks.error is None and not acks.complete()
