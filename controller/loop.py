@@ -60,7 +60,6 @@ from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import codec_dtype, compilations, release_freed_memory
 from controller.config import Config
 from controller.engine import Engine, StepFailed, compile_step
-from controller.errors import ProcessorContractError
 from controller.host import ProcessSettings, StopSignals
 from controller.ioside import IOFactory, IOSide, OnEvent, OnResults, feed_plan, io_thread
 from controller.partitioned import PartitionOwner, check_partitionable
@@ -158,12 +157,6 @@ class Controller:
         self._owner: PartitionOwner | None = None
         if self._partition_feed is not None:
             check_partitionable(self.processor)
-        if cfg.checkpoints_on and not getattr(self.processor, "name", None):
-            # a checkpoint is restored only into the processor that wrote it: it must say which it is
-            raise ProcessorContractError(
-                "checkpoints (FORKLESS_CHECKPOINT_DIR) need a processor that declares its identity: build it with "
-                "Processor(init, step, name=..., version=...) (the name and version are stored in each checkpoint "
-                "and matched on restore)")
         # False: each checkpoint copies the whole state at once, as on an accelerator (tests and
         # bench/checkpoint_stall.py compare it with the copy between steps)
         self.incremental_checkpoints = True
@@ -245,11 +238,10 @@ class Controller:
                                                   stop=self._stop_requested)
             except StopRequested:
                 return self._stopped_in_start("the wait for the partitions' leases")
-            recovery.partitioned = self._owner.checkpoints
-            if self.checkpointer is not None:
-                self.checkpointer.target = self._owner.checkpoints
+        # a partitioned instance's bucket objects, instead of files
+        target = self._owner.checkpoints if self._owner is not None else None
         try:
-            restored = recovery.load() if self.checkpointer and self.config.checkpoint_restore == "auto" else None
+            restored = recovery.load(target) if self.checkpointer and self.config.checkpoint_restore == "auto" else None
             self.compile()
         except BaseException:
             self._close_owner()
@@ -259,7 +251,7 @@ class Controller:
         if self.checkpointer is not None:
             if restored is not None:
                 recovery.restore(self.engine, restored)
-            self.checkpointer.start()
+            self.checkpointer.start(target)
         self._host.apply()
         extra: dict[str, Any] = {"positions": recovery.positions} if recovery.positions else {}
         if self.plan.sources:
