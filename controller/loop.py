@@ -6,15 +6,10 @@ Rules:
   one device or several is the engine's business, never the loop's.
 - Every bucket size is compiled ahead of time in ``start()`` before the IO thread opens a
   connection, so no message waits for XLA and nothing compiles after warm-up.
-- One batch at a time: take what is waiting (``MicroBatcher`` rules), slot streams, step,
-  encode, put one ``Outgoing`` item. Replies keep the order their messages arrived in.
-- Each feed's reply policy (``FORKLESS_REPLIES``, a feed's ``"replies"``) is applied where the
-  frames are made: ``none`` encodes nothing and puts nothing, ``results`` makes no error frame;
-  what is not sent is counted (``no_reply`` in the books, ``replies_declined`` by reason) and
-  logged once per reason. ``latency`` (receipt -> results handed over) is measured here, for
-  every result, whatever is sent.
-- A step that raises answers each message of its batch with "processing failed" and
-  keeps the state from before that batch; the traceback is logged once per distinct error.
+- One batch at a time: take what is waiting (``MicroBatcher`` rules), then ``BatchStep``
+  (controller/batchstep.py) slots, steps, answers and puts one ``Outgoing`` item. Replies keep
+  the order their messages arrived in; each feed's reply policy is applied where the frames are
+  made (controller/replies.py).
 - The IO thread's health is checked at least every ``POLL_S``; if it died, the loop stops
   and raises (``FeedFatal`` or ``IOThreadError``).
 - Checkpoints (``FORKLESS_CHECKPOINT_DIR``): the tick at the end of ``process_pending``
@@ -36,7 +31,6 @@ import math
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from queue import Empty, Full
 from typing import Any
@@ -44,28 +38,19 @@ from typing import Any
 import janus
 import numpy as np
 
-from controller.batching import (
-    ENCODED,
-    FETCHED,
-    OUTBOUND,
-    STEP,
-    TAKEN,
-    Chunk,
-    MicroBatcher,
-    Taken,
-    Trace,
-)
+from controller.batching import TAKEN, Chunk, MicroBatcher
+from controller.batchstep import BatchStep
 from controller.checkpointer import Checkpointer
 from controller.codec import Codec, GuardedCodec, JsonCodec
 from controller.compiled import codec_dtype, compilations, release_freed_memory
 from controller.config import Config
-from controller.engine import Engine, StepFailed, compile_step
+from controller.engine import Engine, compile_step
 from controller.host import ProcessSettings, StopSignals
 from controller.ioside import IOFactory, IOSide, OnEvent, OnResults, feed_plan, io_thread
 from controller.partitioned import PartitionOwner, check_partitionable
 from controller.processor import Processor, default_processor
 from controller.recovery import Recovery
-from controller.replies import NON_FINITE_REASON, Replies
+from controller.replies import Replies
 from controller.slots import StreamSlots
 from controller.snapshot import PendingSnapshot
 from controller.stats import (
@@ -187,7 +172,7 @@ class Controller:
         self._io_factory = functools.partial(io_factory, **hooks) if io_factory is io_thread and hooks else io_factory
         self._io: IOSide | None = None
         self._side: Any = None  # io_loop.bridge.MainSide once started
-        self._io_cpu: Callable[[], float] | None = None  # the IO side's cpu_seconds, once started (if known)
+        self._step: BatchStep | None = None  # each batch's way from taken to put, once started
         self._inbound_closed = False
         # process_pending's bound: chunks taken from inbound so far, and messages; the messages
         # added to the batcher up to the call's last chunk (``_owed``) and the messages taken
@@ -195,11 +180,10 @@ class Controller:
         self._pull_target = 0
         self._added = self._owed = self._taken = 0
         self.abandoned_io = False
-        self._logged_non_finite = False  # True if the IO thread still ran when stop() gave up on it
+        # True if the IO thread still ran when stop() gave up on it
         self._stop_requested = threading.Event()
         self._started = False
         self._stopped = False
-        self._logged_failures: set[str] = set()
         self._host = ProcessSettings(switch_interval_s=SWITCH_INTERVAL_S, freeze_gc=freeze_gc)
         self._signals = StopSignals(self._on_signal)
         self._aborting = False  # a second SIGINT: run() raises KeyboardInterrupt
@@ -263,7 +247,10 @@ class Controller:
             self._side = self._io.start()
             # the IO thread's CPU clock, read around each step (pipelining: MainStats.step_io_cpu_s);
             # not read at all where it is unknown (NaN)
-            self._io_cpu = self._io.cpu_seconds if not math.isnan(self._io.cpu_seconds()) else None
+            io_cpu = self._io.cpu_seconds if not math.isnan(self._io.cpu_seconds()) else None
+            self._step = BatchStep(self.engine, self.slots, self.replies, self.sources, self.main_stats,
+                                   put=self._put_outbound, on_results=self._hand_results,
+                                   feed_prefixes=self._feed_prefixes, io_cpu=io_cpu)
         except BaseException:  # no IO side (MetricsServerError, say): give back what apply() changed
             self._host.restore()
             if self.checkpointer is not None:
@@ -544,7 +531,7 @@ class Controller:
         if taken is None:
             return 0
         self._taken += len(taken)
-        self._process(taken, deadline)
+        self._step(taken, deadline)
         return len(taken)
 
     def _add(self, chunk: Chunk | Events) -> None:
@@ -563,6 +550,12 @@ class Controller:
         self._added += len(chunk)
         if self._pulled <= self._pull_target:
             self._owed = self._added
+
+    def _hand_results(self, seq: list[Any], stream: list[str], outputs: dict[str, np.ndarray]) -> None:
+        """A batch's results to ``on_results``, read at each batch (it may be replaced meanwhile)."""
+        on_results = self.on_results
+        if on_results is not None:
+            on_results(seq, stream, outputs)
 
     def _deliver(self, events: Events) -> None:
         """A user source's events, in order, to ``on_event``; without one they are counted."""
@@ -609,141 +602,6 @@ class Controller:
         if frames:
             self._io.raise_if_failed()
             self._put_outbound(Outgoing(frames, answers=False, feed=index, sent=True), None)
-
-    def _process(self, taken: Taken, deadline: float | None) -> None:
-        """Slot, step, hand the batch's results to ``on_results``, encode, put one ``Outgoing``.
-
-        Each message gets exactly one of: a result frame, an error frame (refused: too many
-        streams; processing failed; a non-finite result; encode failed) or no frame, counted as
-        ``no_reply`` (the codec's choice, or a reply declined: see ``_assemble``)."""
-        stats = self.main_stats
-        n = len(taken)
-        keys = taken.stream
-        if self._feed_prefixes is not None:  # several feeds: a stream is (feed, stream)
-            prefixes = self._feed_prefixes
-            keys = [prefixes[feed] + stream for feed, stream in zip(taken.feed, keys)]
-        slots, ok, recycled = self.slots.lookup(keys, time.monotonic())
-        if recycled:
-            self._reset_slots(recycled)
-        refused: dict[int, str] = {}  # message index -> error reason
-        if not ok.all():
-            too_many = np.flatnonzero(~ok).tolist()
-            refused.update(dict.fromkeys(too_many, self.replies.too_many))
-            stats.errors["too many streams"] += len(too_many)
-        traces = taken.traces
-        _stamp(traces, STEP)
-        if refused:
-            rows: Sequence[int] = [i for i in range(n) if i not in refused]
-            ran = self._run_step(taken.x[rows], slots[rows]) if rows else None
-        else:  # the common case: every message runs, no copies
-            rows = range(n)
-            ran = self._run_step(taken.x, slots)
-        _stamp(traces, FETCHED)
-        host_error: BaseException | None = None
-        replies = self.replies
-        policy = replies.policy_of(taken)  # None: feeds with different reply policies
-        answered: list[str | bytes | None] = []  # one per row of ``encoded`` still to answer
-        encoded: Sequence[int] = []  # the rows whose results were encoded (their feeds want results)
-        are_results = False
-        if rows and ran is None:
-            refused.update(dict.fromkeys(rows, "processing failed"))
-            rows = []
-        elif rows:
-            outputs, bad = ran
-            if bad.any():
-                rows, outputs = self._refuse_non_finite(taken, rows, outputs, bad, slots, refused)
-            if isinstance(rows, range):
-                seq, stream = taken.seq, taken.stream
-            else:
-                seq, stream = [taken.seq[i] for i in rows], [taken.stream[i] for i in rows]
-            if self.on_results is not None and rows:
-                try:
-                    self.on_results(seq, stream, outputs)
-                except BaseException as exc:
-                    # the host program's own code failed: raised to the caller of run() or
-                    # process_pending() once this batch's replies are handed over (not lost)
-                    host_error = exc
-            encoded, answered, are_results = replies.encode(taken, rows, seq, stream, outputs, policy)
-        _stamp(traces, ENCODED)
-        stats.batches += 1
-        stats.batch_size.observe(n)
-        frames, received, error_at, origin = replies.assemble(taken, rows, encoded, answered, are_results, refused,
-                                                              policy)
-        handed = time.monotonic_ns()  # results handed over: on_results has returned, the frames are made
-        for trace in traces:
-            trace.ns[OUTBOUND] = handed
-        if rows:
-            replies.observe_latency(taken, rows, handed)
-        # JetStream feeds: each reply carries its message's origin (its id), and the feed's position moves
-        sources = None if taken.origin is None else [taken.origin[i] for i in origin]
-        item = replies.outgoing(taken, frames, received, error_at, origin, sources)
-        if item is not None:
-            self._put_outbound(item, deadline)
-        if sources is not None:
-            self.sources.after_batch(taken.feed, taken.origin, sources, [taken.feed[i] for i in origin])
-        if host_error is not None:
-            raise host_error
-
-    def _refuse_non_finite(self, taken: Taken, rows: Sequence[int], outputs: dict[str, np.ndarray],
-                           bad: np.ndarray, slots: np.ndarray, refused: dict[int, str]) -> tuple[list, dict]:
-        """Messages whose outputs or stream state came out non-finite are answered with an
-        error, and those streams' rows are reset, so each starts again like a new stream.
-        Counted and logged once."""
-        stats = self.main_stats
-        bad_rows = [rows[j] for j in np.flatnonzero(bad).tolist()]
-        refused.update(dict.fromkeys(bad_rows, NON_FINITE_REASON))
-        stats.errors["non-finite result"] += len(bad_rows)
-        streams = {int(slots[i]) for i in bad_rows}
-        self._reset_slots(sorted(streams))
-        stats.resets["stream reset: non-finite"] += len(streams)
-        if not self._logged_non_finite:
-            self._logged_non_finite = True
-            log.error("the step produced non-finite values for stream %r (and %d more this batch): its state "
-                      "was reset and it starts again like a new stream (logged once; counted in resets)",
-                      taken.stream[bad_rows[0]], len(streams) - 1)
-        keep = np.flatnonzero(~bad)
-        return [rows[j] for j in keep.tolist()], {k: v[keep] for k, v in outputs.items()}
-
-    def _reset_slots(self, recycled: list[int]) -> None:
-        """Give recycled slots a fresh stream's state (before the step that uses them)."""
-        self.engine.reset(recycled)
-
-    def _run_step(self, x: np.ndarray, key: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
-        """Run the engine's step on one batch: its outputs on the host cut to the batch's
-        messages, and which messages came out non-finite; None if the step failed (logged and
-        counted; the engine kept the state, or replaced it if the failed step had lost it)."""
-        stats = self.main_stats
-        m = len(key)
-        io_cpu = self._io_cpu
-        io_cpu_0 = io_cpu() if io_cpu is not None else 0.0
-        t0 = time.perf_counter()
-        try:
-            outputs, bad = self.engine.step(x, key)
-        except StepFailed as failed:
-            self._log_failure(failed.__cause__ or failed)
-            stats.errors["processing failed"] += m
-            if failed.state_lost:
-                stats.resets["state lost with a failed step"] += 1
-                log.error("the failed step had been given the state (donated): every stream starts again "
-                          "from a fresh state")
-            return None
-        stats.step_seconds.observe(time.perf_counter() - t0)
-        if io_cpu is not None:
-            stats.step_io_cpu_s += io_cpu() - io_cpu_0
-        stats.processed += m
-        anomaly = outputs.get("anomaly")
-        if anomaly is not None:
-            stats.anomalies += int(np.count_nonzero(anomaly[~bad] if bad.any() else anomaly))
-        return outputs, bad
-
-    def _log_failure(self, exc: BaseException) -> None:
-        key = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        if key in self._logged_failures:
-            log.warning("processing failed again: %s", key[:200])
-            return
-        self._logged_failures.add(key)
-        log.error("processing failed; the batch is answered with errors and the state is kept:\n%s",
-                  "".join(traceback.format_exception(exc)))
 
     def _put_outbound(self, item: Any, deadline: float | None) -> None:
         """Hand replies to the IO thread, waiting while ``outbound`` is full (the socket is
@@ -806,14 +664,6 @@ class Controller:
             raise KeyboardInterrupt
         self.request_stop()  # first: once the line below is logged, a second SIGINT aborts
         log.info("%s received: stopping (reading stopped, sending what is left)", signal.Signals(signum).name)
-
-
-def _stamp(traces: list[Trace], stamp: int) -> None:
-    """Stamp the batch's sampled messages (the latency budget, batching.HOPS)."""
-    if traces:
-        now = time.monotonic_ns()
-        for trace in traces:
-            trace.ns[stamp] = now
 
 
 def _print_line(line: str) -> None:

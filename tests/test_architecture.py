@@ -94,6 +94,7 @@ IO = [
 ]
 COMPOSITION = [
     "app.py",
+    "controller/batchstep.py",
     "controller/check.py",
     "controller/checkpointer.py",
     "controller/cli.py",
