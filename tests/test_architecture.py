@@ -100,8 +100,10 @@ COMPOSITION = [
     "controller/cli.py",
     "controller/host.py",
     "controller/ioside.py",
+    "controller/lifecycle.py",
     "controller/loop.py",
     "controller/partitioned.py",
+    "controller/queues.py",
     "controller/recovery.py",
     "controller/relaycmd.py",
 ]
