@@ -8,8 +8,8 @@ step, state donated, sharded by stream over every local device with ``shard_map`
 are several), for full batches of ``FORKLESS_MAX_BATCH`` messages whose streams take turns
 as the load generator's do, routed to their devices beforehand; one ``device_get`` of the
 outputs per batch, as the controller does. Separately, the host side of one batch as
-``Controller._run_step`` does it: padding (one device) or grouping by device into the
-``[N, Bd]`` layout, and putting the outputs back in arrival order. ``bench/run.py``'s devices
+``BatchStep._run_step`` (controller/batchstep.py) does it: padding (one device) or grouping by
+device into the ``[N, Bd]`` layout, and putting the outputs back in arrival order. ``bench/run.py``'s devices
 section runs this for 1, 2 and 4 forced CPU devices, each in a process of its own.
 """
 

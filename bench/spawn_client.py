@@ -52,7 +52,7 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LAG_INTERVAL_S = 0.02  # as io_loop/counters.py
-POLL_S = 0.1  # as controller/loop.py
+POLL_S = 0.1  # as controller/queues.py
 SAMPLE_EVERY = 64  # as controller/batching.py (not imported: the child's imports stay minimal)
 READY = "ready"  # parent -> child: compiled, connect now
 

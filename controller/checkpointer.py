@@ -30,9 +30,11 @@ Rules:
   the GIL).
 - ``start()`` creates the directory and removes the temporary files of a writer that was
   killed; ``stop(timeout, final=...)`` waits for the write in flight, then writes ``final``
-  (the checkpoint of an orderly stop) and joins the thread. One process per directory.
-- With a ``target`` (a partitioned instance: controller/partitioned.py) the checkpoints are
-  its objects instead of files: it numbers them (``next_sequence`` at start), writes one
+  (the checkpoint of an orderly stop) and joins the thread (``begin_stop(take)`` hands ``final`` at
+  once, a later ``stop(timeout)`` waits for it). One process per directory. ``NoCheckpoints``
+  has the same calls for a run without checkpoints, so the controller calls them unconditionally.
+- With a ``target`` (a partitioned instance: controller/partitioned.py, handed to ``start``) the
+  checkpoints are its objects instead of files: it numbers them (``next_sequence`` at start), writes one
   (``write``) and keeps the newest (``prune``); the rest of these rules are the same.
 """
 
@@ -53,7 +55,7 @@ from typing import Any, Protocol
 from controller.checkpoint import checkpoint_path, next_sequence, prune, remove_temporary_files, write_checkpoint
 from controller.snapshot import PendingSnapshot, Snapshot
 
-__all__ = ["Checkpointer", "Target", "WriteFn"]
+__all__ = ["Checkpointer", "NoCheckpoints", "Target", "WriteFn", "checkpoints_for"]
 
 log = logging.getLogger("forkless.checkpoint")
 
@@ -61,6 +63,33 @@ WriteFn = Callable[[Path, Snapshot], int]
 """``write(path, snapshot) -> size_bytes``: writes one checkpoint atomically or raises
 (``checkpoint.write_checkpoint``; tests pass one that waits on an event first)."""
 
+
+
+class NoCheckpoints:
+    """The checkpointer of a run without checkpoints: the same calls, nothing taken or written."""
+
+    def start(self, target: Target | None = None) -> None:
+        pass
+
+    def tick(self, now: float, take: Callable[[], Snapshot]) -> bool:
+        return False
+
+    def begin_stop(self, take_final: Callable[[], Snapshot | PendingSnapshot]) -> None:
+        pass
+
+    def end(self, deadline: float | None) -> bool:
+        return True
+
+    def stats_fields(self) -> dict[str, Any]:
+        return {}
+
+
+def checkpoints_for(config: Any, before_write: Callable[[dict[str, Any]], None] | None) -> Checkpointer | NoCheckpoints:
+    """The controller's checkpoint writer as ``config`` sets it (``NoCheckpoints`` when they are off)."""
+    if not config.checkpoints_on:
+        return NoCheckpoints()
+    return Checkpointer(config.checkpoint_dir, keep=config.checkpoint_keep, interval_s=config.checkpoint_s,
+                        background=config.checkpoint_priority == "idle", before_write=before_write)
 
 
 class Target(Protocol):
@@ -168,12 +197,16 @@ class Checkpointer:
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Create the directory, delete temporary files a killed writer left, start the thread.
+    def start(self, target: Target | None = None) -> None:
+        """Create the directory, delete temporary files a killed writer left, start the thread;
+        with a ``target`` (a partitioned instance's objects, known only once its leases are
+        taken) the checkpoints go there instead.
 
         Raises ``OSError`` when the directory cannot be created (call it before connecting)."""
         if self._thread is not None:
             return
+        if target is not None:
+            self.target = target
         if self.target is not None:
             self._sequence = self.target.next_sequence()
         else:
@@ -213,6 +246,19 @@ class Checkpointer:
             if waited is not None:
                 waited.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not thread.is_alive() and (self._final is None or not self._final.is_alive())
+
+    def begin_stop(self, take_final: Callable[[], Snapshot | PendingSnapshot]) -> None:
+        """The orderly stop's first half: ``take_final()`` now (after the last batch) and hand it to
+        the final writer; ``stop(timeout)`` then waits for it."""
+        self.stop(0.0, final=take_final())
+
+    def end(self, deadline: float | None) -> bool:
+        """The writer given back: waits for the stop's checkpoint until ``deadline``
+        (``time.monotonic()``), or with None ends it at once; False: not written by the deadline."""
+        if deadline is None:
+            self.stop(0.0)
+            return True
+        return self.stop(max(0.0, deadline - time.monotonic()))
 
     # ---- handing over snapshots (main thread) -----------------------------------------------------
 

@@ -317,3 +317,11 @@ class GuardedCodec:
         self._logged.add(key)
         self.log.error("the codec's %s failed (%s); answered with an error, carrying on (logged once)",
                        method, key[1], exc_info=exc)
+
+
+def guarded(codec: Codec | None, features: int, *, max_frame_items: int, dtype: Any) -> GuardedCodec:
+    """The codec a controller runs: ``codec`` (by default ``JsonCodec``) behind ``GuardedCodec``,
+    so a custom codec's exceptions become error replies, never a dead thread, and its ``x`` is
+    cast to ``dtype`` (the processor's input dtype) if it differs."""
+    user = codec if codec is not None else JsonCodec(features, max_frame_items=max_frame_items, dtype=dtype)
+    return GuardedCodec(user, features, dtype=dtype)

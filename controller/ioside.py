@@ -4,7 +4,8 @@ Rules:
 - The controller starts, stops and observes the IO side only through ``IOSide``; the real one
   is ``io_loop.thread.IOThread``, and tests use a fake built on plain queues (tests/fake_io.py)
   with the same interface (the main thread's loop tested without sockets, as httpx's
-  ``MockTransport`` tests a client).
+  ``MockTransport`` tests a client). Before one is started the controller holds a ``NoIOSide``,
+  whose counters read as they are and whose calls do nothing, so it never asks whether there is one.
 - The IO thread gets what it needs as constructor arguments (settings, codec, counters to
   write, the whole-process snapshot, the metrics renderer, the embedder's connect hooks, the
   restored JetStream positions), never attributes set on it from outside.
@@ -13,6 +14,8 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -27,7 +30,8 @@ from io_loop.settings import REPLY_POLICIES, FeedSpec
 from io_loop.source import Source
 from io_loop.thread import IOThread
 
-__all__ = ["FeedPlan", "IOFactory", "IOSide", "OnEvent", "OnResults", "feed_plan", "io_thread"]
+__all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "OnEvent", "OnResults", "feed_plan", "io_thread",
+           "with_hooks"]
 
 
 class FeedPlan(NamedTuple):
@@ -37,6 +41,24 @@ class FeedPlan(NamedTuple):
     specs: tuple[FeedSpec, ...]
     sources: dict[str, Source]
     uses_demo_feed: bool
+
+    def sendable(self, feed: str) -> int:
+        """The index of the feed or source named ``feed``, to which ``Controller.send`` may hand
+        frames; ``ValueError`` naming the choices for an unknown name or a JetStream feed."""
+        index = next((i for i, spec in enumerate(self.specs) if spec.name == feed), None)
+        if index is None:
+            raise ValueError(f"no feed or source is named {feed!r}; there are: "
+                             f"{', '.join(repr(spec.name) for spec in self.specs)}")
+        spec = self.specs[index]
+        if spec.jetstream is not None:
+            raise ValueError(f"{spec.label} is a JetStream feed: it publishes replies to its results subject and "
+                             "is sent no frames")
+        return index
+
+    def stream_prefixes(self, shared_streams: bool) -> list[str] | None:
+        """With several feeds (unless ``FORKLESS_SHARED_STREAMS=1``) a stream's key is "feed:stream":
+        each feed's prefix; None when a stream's key is its name."""
+        return [spec.name + ":" for spec in self.specs] if len(self.specs) > 1 and not shared_streams else None
 
 
 def feed_plan(config: Config, sources: Sequence[Source] = ()) -> FeedPlan:
@@ -90,6 +112,30 @@ class IOSide(Protocol):
     def cpu_seconds(self) -> float: ...  # the IO thread's CPU seconds so far, from any thread (NaN: unknown)
 
 
+class NoIOSide:
+    """The IO side before one is started (or when a stop ended the start first): nothing runs, its
+    counters read as they are, and the calls that act on a running one do nothing."""
+
+    failure: BaseException | None = None
+    metrics_url: str | None = None
+    demo: Any = None
+
+    def __init__(self, stats: IOStats) -> None:
+        self._stats = stats
+
+    def abort(self) -> None:
+        pass
+
+    def raise_if_failed(self) -> None:
+        pass
+
+    def snapshot(self) -> IOSnapshot:
+        return self._stats.snapshot()
+
+    def cpu_seconds(self) -> float:
+        return math.nan
+
+
 OnResults = Callable[[list[Any], list[str], dict[str, np.ndarray]], None]
 """``on_results(seq, stream, outputs)``: called in the main thread after each step, before the
 replies are handed to the IO thread; ``outputs`` maps each output name to a numpy array whose
@@ -103,6 +149,15 @@ IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSi
 """Builds the IO side; ``Controller(on_connect=..., before_connect=...)`` are bound into the default
 one (the real IO thread), and a custom factory (the tests' fake IO side) makes no connections to
 call them on."""
+
+
+def with_hooks(io_factory: IOFactory, *, on_connect: OnConnect | None,
+               before_connect: BeforeConnect | None) -> IOFactory:
+    """``io_factory`` with the embedder's connect hooks bound in, where it is the real IO thread's
+    (a custom factory, the tests' fake IO side, makes no connections to call them on)."""
+    hooks = {name: hook for name, hook in (("on_connect", on_connect), ("before_connect", before_connect))
+             if hook is not None}
+    return functools.partial(io_factory, **hooks) if io_factory is io_thread and hooks else io_factory
 
 
 def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,

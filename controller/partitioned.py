@@ -42,7 +42,8 @@ Rules:
   layout alive: ``DeploymentMismatch``, exit 2), and makes the checkpoint
   objects' reader and writer when ``FORKLESS_CHECKPOINT_BUCKET`` is set; the controller checks
   ``lost`` every cycle (a lease that could not be renewed: ``LeaseLost``, exit 3) and calls
-  ``close`` after the stop's checkpoint (the leases are released).
+  ``close`` after the stop's checkpoint (the leases are released). ``NoPartitions`` has the same
+  calls for an instance that is not partitioned, so the controller calls them unconditionally.
 """
 
 from __future__ import annotations
@@ -64,10 +65,11 @@ from controller.ckptformat import CheckpointDamaged, check_fits, decode_names, n
 from controller.compiled import per_stream_leaf
 from controller.errors import CheckpointMismatch, ProcessorContractError
 from controller.snapshot import Snapshot, checkpoint_bytes
+from io_loop.errors import LeaseLost
 from io_loop.partitions import format_partitions, partition_subjects, partitions_of
 
-__all__ = ["PartitionOwner", "PartitionPieces", "PartitionedCheckpoints", "check_partitionable", "lease_key",
-           "object_name"]
+__all__ = ["NoPartitions", "PartitionOwner", "PartitionPieces", "PartitionedCheckpoints", "check_partitionable",
+           "lease_key", "object_name", "partitioned_feed"]
 
 log = logging.getLogger("forkless.checkpoint")
 
@@ -317,6 +319,15 @@ def check_partitionable(processor: Any) -> None:
             "restore_shared=True (it learns shared leaves online), which no single partition's checkpoint can hold")
 
 
+def partitioned_feed(feeds: Sequence[Any], processor: Any) -> Any:
+    """The partitioned JetStream feed among ``feeds`` (config.py allows one at most), its
+    processor checked (``check_partitionable``); None when there is none."""
+    feed = next((spec for spec in feeds if spec.jetstream is not None and spec.jetstream.partitioned), None)
+    if feed is not None:
+        check_partitionable(processor)
+    return feed
+
+
 def lease_key(stream: str, partition: int) -> str:
     """The KV key of a partition's lease: the stream name (characters a KV key cannot hold
     written as ``=XX``), a dot, the partition."""
@@ -388,6 +399,33 @@ class PartitionOwner:
         publishes replies (io_loop/jspublish.py)."""
         return self.store.holds()
 
+    def raise_if_lost(self) -> None:
+        """``LeaseLost`` if a lease could not be renewed in time (the controller asks every cycle)."""
+        if self.lost:
+            raise LeaseLost(f"{self.feed.label}: the lease of a partition could not be renewed in time "
+                            "(FORKLESS_LEASE_S): another instance may own it now, so this one stops")
+
+    def io_arguments(self) -> dict[str, Any]:
+        """What the IO side is given: ``fence``, asked before each publication of replies."""
+        return {"fence": self.holds}
+
     def close(self) -> None:
         """Release the leases and close the connection (idempotent)."""
         self.store.close()
+
+
+class NoPartitions:
+    """The owner of an instance that is not partitioned: the same calls, nothing held, nothing lost."""
+
+    checkpoints = None
+    lost = False
+    unowned = 0
+
+    def raise_if_lost(self) -> None:
+        pass
+
+    def io_arguments(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -1,8 +1,9 @@
 """Recovery: what a checkpoint holds beside the device state, and how a run continues from one.
 
 Rules:
-- A checkpoint is restored only into the processor that wrote it: its declared name and
-  version and the shape-defining settings are written into every checkpoint and matched on
+- A checkpoint is restored only into the processor that wrote it (with checkpoints on, one
+  that declares no name is refused at construction: ``ProcessorContractError``): its declared
+  name and version and the shape-defining settings are written into every checkpoint and matched on
   restore, with the state's structure, leaf shapes and dtypes (``load``, before the compile:
   a mismatch is ``CheckpointMismatch`` naming the setting and both values).
 - Shared leaves (not per-stream: weights) come from the processor's ``init`` at every start,
@@ -14,7 +15,7 @@ Rules:
   thread); a restore hands the positions to the IO side, which resumes after them.
 - The device state itself is the engine's (controller/engine.py): this module asks it to
   begin a snapshot or restore one, and never holds the state.
-- A partitioned instance (``partitioned`` set: controller/partitioned.py) loads its owned
+- A partitioned instance (``load(partitioned)``: controller/partitioned.py) loads its owned
   partitions' objects instead of a file, and restores them into the processor's init state:
   slots 0..n-1, per-partition positions, no counts (each instance counts its own run).
 """
@@ -34,6 +35,7 @@ import numpy as np
 from controller.checkpoint import Restored, load_newest
 from controller.config import Config
 from controller.engine import Engine, state_shapes
+from controller.errors import ProcessorContractError
 from controller.partitioned import PartitionedCheckpoints, PartitionPieces
 from controller.positions import SourcePositions
 from controller.slots import StreamSlots
@@ -61,6 +63,12 @@ class Recovery:
     def __init__(self, config: Config, processor: Any, slots: StreamSlots, stats: MainStats,
                  io_snapshot: Callable[[], IOSnapshot | None], *, specs: Sequence[FeedSpec] | None = None,
                  user_sources: frozenset[str] = frozenset()) -> None:
+        if config.checkpoints_on and not getattr(processor, "name", None):
+            # a checkpoint is restored only into the processor that wrote it: it must say which it is
+            raise ProcessorContractError(
+                "checkpoints (FORKLESS_CHECKPOINT_DIR) need a processor that declares its identity: build it with "
+                "Processor(init, step, name=..., version=...) (the name and version are stored in each checkpoint "
+                "and matched on restore)")
         self.config = config
         self.processor = processor
         self.slots = slots
@@ -71,7 +79,7 @@ class Recovery:
         # where a restored checkpoint left each JetStream feed (PositionUnknown: every checkpoint damaged)
         self.positions: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
         self.restored_from: str | None = None
-        self.partitioned: PartitionedCheckpoints | None = None  # a partitioned instance's bucket objects
+        self._partitioned: PartitionedCheckpoints | None = None  # a partitioned instance's bucket objects
 
     def settings(self) -> dict[str, Any]:
         """What a checkpoint must match to be restored."""
@@ -80,14 +88,16 @@ class Recovery:
                 "processor": getattr(self.processor, "name", None),
                 "processor_version": str(getattr(self.processor, "version", "1"))}
 
-    def load(self) -> Restored | PartitionPieces | None:
-        """The newest complete checkpoint, read before the compile; raises ``CheckpointMismatch``
-        if it was written by another processor (name, version), with other shape-defining
-        settings, or with another state structure, leaf shape or dtype."""
-        if self.partitioned is not None:
-            pieces = self.partitioned.load(self.settings())
+    def load(self, partitioned: PartitionedCheckpoints | None = None) -> Restored | PartitionPieces | None:
+        """The newest complete checkpoint, read before the compile (``partitioned``: a partitioned
+        instance's bucket objects, read instead of a file); raises ``CheckpointMismatch`` if it was
+        written by another processor (name, version), with other shape-defining settings, or with
+        another state structure, leaf shape or dtype."""
+        if partitioned is not None:
+            self._partitioned = partitioned
+            pieces = partitioned.load(self.settings())
             if pieces is None:
-                log.info("no checkpoint in %s: starting fresh", self.partitioned.label)
+                log.info("no checkpoint in %s: starting fresh", partitioned.label)
             return pieces
         # the file holds the canonical layout (row s = slot s), whatever the device count
         damaged: list[Path] = []
@@ -137,7 +147,7 @@ class Recovery:
                  datetime.datetime.fromtimestamp(restored.wall_time).isoformat(timespec="seconds"), main.processed)
 
     def _restore_partitions(self, engine: Engine, pieces: PartitionPieces) -> None:
-        part = self.partitioned
+        part = self._partitioned
         init = jax.device_get(self.processor.init(self.config))
         engine.restore(part.restore_into(init, pieces), shared=False)
         shift = time.monotonic() - time.time()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,11 @@ class MainStats:
     hops: dict[str, Histogram] = field(default_factory=new_hops)
     events: int = 0  # a user source's objects handed to on_event (io_loop/source.py)
     events_unhandled: int = 0  # ... that found no on_event (counted, logged once), or came after the stop
+
+    @classmethod
+    def for_run(cls, buckets: Sequence[int], feeds: int) -> MainStats:
+        """The counters of a run with these bucket sizes and ``feeds`` feeds (a latency histogram each)."""
+        return cls(batch_size=Histogram(buckets), latency=[Histogram(SECONDS_BOUNDS) for _ in range(feeds)])
 
 
 @dataclass(frozen=True)

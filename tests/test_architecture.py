@@ -98,13 +98,16 @@ IO = [
 ]
 COMPOSITION = [
     "app.py",
+    "controller/batchstep.py",
     "controller/check.py",
     "controller/checkpointer.py",
     "controller/cli.py",
     "controller/host.py",
     "controller/ioside.py",
+    "controller/lifecycle.py",
     "controller/loop.py",
     "controller/partitioned.py",
+    "controller/queues.py",
     "controller/recovery.py",
     "controller/relaycmd.py",
 ]

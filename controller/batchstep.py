@@ -1,0 +1,208 @@
+"""BatchStep: one taken batch, from its messages to its results handed over and its replies put.
+
+Rules:
+- Main thread only; no threads, no queues of its own: what it makes is handed to ``put`` (the
+  controller's outbound put, which waits while *outbound* is full; a test's list), so it runs
+  and is tested without an IO side.
+- Each message gets exactly one of: a result frame, an error frame (refused: too many streams;
+  processing failed; a non-finite result; encode failed) or no frame, counted as ``no_reply``
+  (controller/replies.py applies each feed's reply policy). Replies keep arrival order.
+- The order of a batch: slot its streams (recycled slots reset first), step through the
+  engine (the one owner of the device state), refuse non-finite rows and reset their streams,
+  hand the results to ``on_results``, encode, stamp ``OUTBOUND`` (results handed over: the
+  ``latency`` ends), put the one ``Outgoing`` (none when nothing is sent), move the JetStream
+  feeds' positions. What ``on_results`` raised is raised once the batch's replies are put.
+- A step that raises answers its batch with "processing failed" (the engine kept the state,
+  or replaced it if the failed step had lost it); the traceback is logged once per distinct
+  error. A non-finite result is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from controller.batching import ENCODED, FETCHED, OUTBOUND, STEP, Outgoing, Taken, Trace
+from controller.engine import Engine, StepFailed
+from controller.positions import SourcePositions
+from controller.replies import NON_FINITE_REASON, Replies
+from controller.slots import StreamSlots
+from controller.stats import MainStats
+
+__all__ = ["BatchStep", "Put"]
+
+log = logging.getLogger("forkless.controller")
+
+Put = Callable[[Outgoing, float | None], None]
+"""``put(item, deadline)``: hand one batch's ``Outgoing`` to the IO side (``deadline``: the stop's
+work deadline, or None)."""
+
+
+class BatchStep:
+    """A batch taken from the micro-batcher, stepped, answered and counted (see the module rules).
+
+    ``on_results(seq, stream, outputs)`` gets every batch that has results; ``feed_prefixes``:
+    with several feeds (unless their streams are shared) a stream's key is "feed:stream";
+    ``io_cpu``: the IO thread's CPU clock, read around each step (None: not known)."""
+
+    def __init__(self, engine: Engine, slots: StreamSlots, replies: Replies, positions: SourcePositions,
+                 stats: MainStats, *, put: Put, on_results: Callable[[list, list, dict], None],
+                 feed_prefixes: Sequence[str] | None = None, io_cpu: Callable[[], float] | None = None) -> None:
+        self.engine = engine
+        self.slots = slots
+        self.replies = replies
+        self.positions = positions
+        self.stats = stats
+        self._put = put
+        self._on_results = on_results
+        self._feed_prefixes = feed_prefixes
+        self._io_cpu = io_cpu
+        self._logged_failures: set[str] = set()
+        self._logged_non_finite = False
+
+    def __call__(self, taken: Taken, deadline: float | None = None) -> None:
+        """Slot, step, hand the results to ``on_results``, encode, put one ``Outgoing``."""
+        stats, replies = self.stats, self.replies
+        n = len(taken)
+        slots, refused = self._slot(taken)
+        traces = taken.traces
+        _stamp(traces, STEP)
+        if refused:
+            rows: Sequence[int] = [i for i in range(n) if i not in refused]
+            ran = self._run_step(taken.x[rows], slots[rows]) if rows else None
+        else:  # the common case: every message runs, no copies
+            rows = range(n)
+            ran = self._run_step(taken.x, slots)
+        _stamp(traces, FETCHED)
+        host_error: BaseException | None = None
+        policy = replies.policy_of(taken)  # None: feeds with different reply policies
+        answered: list[str | bytes | None] = []  # one per row of ``encoded`` still to answer
+        encoded: Sequence[int] = []  # the rows whose results were encoded (their feeds want results)
+        are_results = False
+        if rows and ran is None:
+            refused.update(dict.fromkeys(rows, "processing failed"))
+            rows = []
+        elif rows:
+            outputs, bad = ran
+            if bad.any():
+                rows, outputs = self._refuse_non_finite(taken, rows, outputs, bad, slots, refused)
+            seq, stream = (taken.seq, taken.stream) if isinstance(rows, range) else \
+                ([taken.seq[i] for i in rows], [taken.stream[i] for i in rows])
+            if rows:
+                try:
+                    self._on_results(seq, stream, outputs)
+                except BaseException as exc:
+                    # the host program's own code failed: raised to the caller of run() or
+                    # process_pending() once this batch's replies are handed over (not lost)
+                    host_error = exc
+            encoded, answered, are_results = replies.encode(taken, rows, seq, stream, outputs, policy)
+        _stamp(traces, ENCODED)
+        stats.batches += 1
+        stats.batch_size.observe(n)
+        self._hand_over(taken, rows, encoded, answered, are_results, refused, policy, deadline)
+        if host_error is not None:
+            raise host_error
+
+    def _slot(self, taken: Taken) -> tuple[np.ndarray, dict[int, str]]:
+        """Each message's state slot (recycled slots reset first), and the messages refused (too many streams)."""
+        keys = taken.stream
+        if self._feed_prefixes is not None:  # several feeds: a stream is (feed, stream)
+            prefixes = self._feed_prefixes
+            keys = [prefixes[feed] + stream for feed, stream in zip(taken.feed, keys)]
+        slots, ok, recycled = self.slots.lookup(keys, time.monotonic())
+        if recycled:
+            self.engine.reset(recycled)
+        refused: dict[int, str] = {}  # message index -> error reason
+        if not ok.all():
+            too_many = np.flatnonzero(~ok).tolist()
+            refused.update(dict.fromkeys(too_many, self.replies.too_many))
+            self.stats.errors["too many streams"] += len(too_many)
+        return slots, refused
+
+    def _hand_over(self, taken: Taken, rows: Sequence[int], encoded: Sequence[int], answered: list,
+                   are_results: bool, refused: dict[int, str], policy: str | None, deadline: float | None) -> None:
+        """The batch's frames in arrival order, stamped and put as one item; its latency; the positions moved."""
+        replies = self.replies
+        frames, received, error_at, origin = replies.assemble(taken, rows, encoded, answered, are_results, refused,
+                                                              policy)
+        handed = time.monotonic_ns()  # results handed over: on_results has returned, the frames are made
+        for trace in taken.traces:
+            trace.ns[OUTBOUND] = handed
+        if rows:
+            replies.observe_latency(taken, rows, handed)
+        # JetStream feeds: each reply carries its message's origin (its id), and the feed's position moves
+        sources = None if taken.origin is None else [taken.origin[i] for i in origin]
+        item = replies.outgoing(taken, frames, received, error_at, origin, sources)
+        if item is not None:
+            self._put(item, deadline)
+        if sources is not None:
+            self.positions.after_batch(taken.feed, taken.origin, sources, [taken.feed[i] for i in origin])
+
+    def _refuse_non_finite(self, taken: Taken, rows: Sequence[int], outputs: dict[str, np.ndarray],
+                           bad: np.ndarray, slots: np.ndarray, refused: dict[int, str]) -> tuple[list, dict]:
+        """Messages whose outputs or stream state came out non-finite are answered with an
+        error, and those streams' rows are reset, so each starts again like a new stream.
+        Counted and logged once."""
+        stats = self.stats
+        bad_rows = [rows[j] for j in np.flatnonzero(bad).tolist()]
+        refused.update(dict.fromkeys(bad_rows, NON_FINITE_REASON))
+        stats.errors["non-finite result"] += len(bad_rows)
+        streams = {int(slots[i]) for i in bad_rows}
+        self.engine.reset(sorted(streams))
+        stats.resets["stream reset: non-finite"] += len(streams)
+        if not self._logged_non_finite:
+            self._logged_non_finite = True
+            log.error("the step produced non-finite values for stream %r (and %d more this batch): its state "
+                      "was reset and it starts again like a new stream (logged once; counted in resets)",
+                      taken.stream[bad_rows[0]], len(streams) - 1)
+        keep = np.flatnonzero(~bad)
+        return [rows[j] for j in keep.tolist()], {k: v[keep] for k, v in outputs.items()}
+
+    def _run_step(self, x: np.ndarray, key: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+        """Run the engine's step on one batch: its outputs on the host cut to the batch's
+        messages, and which messages came out non-finite; None if the step failed (logged and
+        counted; the engine kept the state, or replaced it if the failed step had lost it)."""
+        stats = self.stats
+        m = len(key)
+        io_cpu = self._io_cpu
+        io_cpu_0 = io_cpu() if io_cpu is not None else 0.0
+        t0 = time.perf_counter()
+        try:
+            outputs, bad = self.engine.step(x, key)
+        except StepFailed as failed:
+            self._log_failure(failed.__cause__ or failed)
+            stats.errors["processing failed"] += m
+            if failed.state_lost:
+                stats.resets["state lost with a failed step"] += 1
+                log.error("the failed step had been given the state (donated): every stream starts again "
+                          "from a fresh state")
+            return None
+        stats.step_seconds.observe(time.perf_counter() - t0)
+        if io_cpu is not None:
+            stats.step_io_cpu_s += io_cpu() - io_cpu_0
+        stats.processed += m
+        anomaly = outputs.get("anomaly")
+        if anomaly is not None:
+            stats.anomalies += int(np.count_nonzero(anomaly[~bad] if bad.any() else anomaly))
+        return outputs, bad
+
+    def _log_failure(self, exc: BaseException) -> None:
+        key = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if key in self._logged_failures:
+            log.warning("processing failed again: %s", key[:200])
+            return
+        self._logged_failures.add(key)
+        log.error("processing failed; the batch is answered with errors and the state is kept:\n%s",
+                  "".join(traceback.format_exception(exc)))
+
+
+def _stamp(traces: list[Trace], stamp: int) -> None:
+    """Stamp the batch's sampled messages (the latency budget, batching.HOPS)."""
+    if traces:
+        now = time.monotonic_ns()
+        for trace in traces:
+            trace.ns[stamp] = now

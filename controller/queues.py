@@ -1,0 +1,226 @@
+"""The main thread's ends of the two queues: what it takes from *inbound* and puts on *outbound*.
+
+Rules:
+- Main thread only (``StopDeadline.fix`` also from a signal handler or another thread).
+- ``Intake`` takes chunks from *inbound* into the micro-batcher (stamped ``TAKEN``) and hands a
+  user source's events to ``on_event`` at once, in order, no batcher between (without one they
+  are counted in ``events_unhandled``, logged once). It never waits on an
+  empty queue once a batch has begun: a batch is topped up only from what is already waiting.
+  It counts chunks and messages so that ``process_pending`` ends once what was queued when it
+  was called has been processed (``pending``), however fast the feed produces. Each batch it
+  collects goes to the step (``cycle``); the orderly stop's batches run until *inbound* is shut
+  down and drained or the work deadline (``finish``).
+- ``Outbound.put`` waits while *outbound* is full (the socket is slow), checking the IO side's
+  health every ``POLL_S``: for as long as it takes, or, once a stop was requested, until its
+  work deadline; what is still unput then is counted as dropped ("outbound full at stop").
+- ``StopDeadline``: the stop's deadline is fixed once, by the first request, ``timeout`` from
+  then; processing and sending end ``STOP_RESERVE_S`` (at most a third of it) before, so that
+  the IO thread can end and the process exit by the deadline whatever the socket does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from queue import Empty, Full
+from typing import Any
+
+import janus
+
+from controller.batching import TAKEN, Chunk, MicroBatcher, Taken
+from controller.stats import MainStats
+from io_loop.crossing import Events, Outgoing
+
+__all__ = ["POLL_S", "STOP_RESERVE_S", "Intake", "Outbound", "StopDeadline"]
+
+log = logging.getLogger("forkless.controller")
+
+POLL_S = 0.1
+STOP_RESERVE_S = 0.5  # of SHUTDOWN_TIMEOUT_S (at most a third), kept for ending the threads and the process
+
+
+class StopDeadline:
+    """When the stop must be over (``at``) and when processing and sending end (``work``), both
+    ``time.monotonic()`` seconds; None until ``fix`` is first called."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.at: float | None = None
+        self.work: float | None = None
+
+    def fix(self) -> None:
+        """Fix both deadlines from now, unless an earlier request did."""
+        if self.at is None:
+            timeout = self.timeout_s
+            self.at = at = time.monotonic() + timeout
+            self.work = at - min(STOP_RESERVE_S, timeout / 3)
+
+
+class Intake:
+    """*inbound*'s sync side as the main thread reads it (see the module rules): each batch
+    collected is handed to ``step(taken, deadline)`` (controller/batchstep.py's ``BatchStep``)."""
+
+    def __init__(self, inbound: Any, batcher: MicroBatcher, stats: MainStats,
+                 step: Callable[[Taken, float | None], None], *, names: Sequence[str],
+                 on_event: Callable[[], Callable[[str, Any], None] | None]) -> None:
+        self.inbound = inbound
+        self.batcher = batcher
+        self.stats = stats
+        self._step = step
+        self.names = names  # each feed's name, by index
+        self._on_event = on_event  # the controller's on_event as it is now (None: none)
+        self._logged_unhandled_event = False
+        self.closed = False  # inbound is shut down and drained
+        # process_pending's bound: chunks taken from inbound so far, and messages; the messages
+        # added to the batcher up to the call's last chunk (``_owed``) and the messages taken
+        self._pulled = 0
+        self._pull_target = 0
+        self._added = self._owed = self._taken = 0
+
+    def pending(self, timeout: float) -> int:
+        """``process_pending``'s work: batches until what was queued when it was called has been
+        processed (waiting up to ``timeout`` for a first message); how many messages. A chunk may
+        hold more than one batch, so chunks are counted, and the messages they hold once pulled
+        (``_owed``; what the batcher holds is owed too)."""
+        target = self._pull_target = self._pulled + (0 if self.closed else self.inbound.qsize())
+        self._owed = self._added
+        done = self.cycle(timeout)
+        while self._taken < self._owed or (self._pulled < target and not self.closed and self.inbound.qsize()):
+            done += self.cycle(0.0)
+        return done
+
+    def finish(self, work_deadline: float, failed: Callable[[], bool]) -> Exception | None:
+        """An orderly stop's batches: until inbound is shut down and drained, the work deadline
+        passes or ``failed()`` (the IO side's); the first exception a batch raised meanwhile (its
+        replies were handed over: the stop goes on past it)."""
+        raised: Exception | None = None
+        while (not self.closed or len(self.batcher)) and time.monotonic() < work_deadline:
+            if failed():
+                break
+            try:
+                self.cycle(POLL_S, deadline=work_deadline)
+            except Exception as exc:
+                raised = raised or exc
+        return raised
+
+    def cycle(self, timeout: float, deadline: float | None = None) -> int:
+        """Collect one batch and step it; how many messages it held."""
+        taken = self.collect(timeout)
+        if taken is None:
+            return 0
+        self._step(taken, deadline)
+        return len(taken)
+
+    def collect(self, timeout: float) -> Taken | None:
+        """One batch: blocking up to ``timeout`` for its first message when the batcher is empty,
+        topping up what it holds from what is already waiting; None if there is none."""
+        inbound, batcher = self.inbound, self.batcher
+        if not len(batcher) and not self.closed:
+            try:
+                self._add(inbound.get(timeout=timeout) if timeout > 0 else inbound.get_nowait())
+            except Empty:
+                return None
+            except janus.SyncQueueShutDown:
+                self.closed = True
+        while not self.closed and batcher.wants_more(time.monotonic()):
+            try:
+                self._add(inbound.get_nowait())
+            except Empty:
+                break
+            except janus.SyncQueueShutDown:
+                self.closed = True
+        taken = batcher.take()
+        if taken is not None:
+            self._taken += len(taken)
+        return taken
+
+    def _add(self, chunk: Chunk | Events) -> None:
+        """A chunk taken from inbound, into the batcher (and counted for ``owed``); a user
+        source's events go to ``on_event`` at once."""
+        if type(chunk) is Events:
+            self._pulled += 1
+            if self._pulled <= self._pull_target:
+                self._owed = self._added
+            self._deliver(chunk)
+            return
+        if chunk.trace is not None:
+            chunk.trace.ns[TAKEN] = time.monotonic_ns()
+        self.batcher.add(chunk, time.monotonic())
+        self._pulled += 1
+        self._added += len(chunk)
+        if self._pulled <= self._pull_target:
+            self._owed = self._added
+
+    def _deliver(self, events: Events) -> None:
+        """A user source's events, in order, to ``on_event``; without one they are counted."""
+        stats = self.stats
+        on_event = self._on_event()
+        name = self.names[events.feed]
+        if on_event is None:
+            stats.events_unhandled += len(events.items)
+            if not self._logged_unhandled_event:
+                self._logged_unhandled_event = True
+                log.error("source %r handed over events, but the controller has no on_event: counted in "
+                          "events_unhandled (logged once)", name)
+            return
+        for i, event in enumerate(events.items):
+            stats.events += 1
+            try:
+                on_event(name, event)
+            except BaseException:
+                stats.events_unhandled += len(events.items) - i - 1
+                raise
+
+    def drain(self) -> int:
+        """Take what is still queued (at the stop deadline); how many messages it and the batcher
+        held (events left are counted in ``events_unhandled``)."""
+        left = len(self.batcher)
+        while not self.closed:
+            try:
+                item = self.inbound.get_nowait()
+                if type(item) is Events:
+                    self.stats.events_unhandled += len(item.items)
+                left += len(item)
+            except Empty:
+                break
+            except janus.SyncQueueShutDown:
+                self.closed = True
+        return left
+
+
+class Outbound:
+    """*outbound*'s sync side as the main thread writes it (see the module rules); ``io``: the
+    IO side, whose failure is raised while a put waits."""
+
+    def __init__(self, outbound: Any, io: Any, stats: MainStats, deadline: StopDeadline) -> None:
+        self.outbound = outbound
+        self.io = io
+        self.stats = stats
+        self.deadline = deadline
+
+    def put(self, item: Outgoing, deadline: float | None = None) -> None:
+        """Hand replies to the IO thread, waiting while ``outbound`` is full: until ``deadline``,
+        or the stop's work deadline once a stop was requested, else for as long as it takes."""
+        outbound = self.outbound
+        while True:
+            if deadline is None:
+                deadline = self.deadline.work
+            wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            try:
+                if wait > 0:
+                    outbound.put(item, timeout=wait)
+                else:
+                    outbound.put_nowait(item)
+                return
+            except Full:
+                self.io.raise_if_failed()
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.stats.dropped["outbound full at stop"] += item.frame_count
+                    log.error("%d replies dropped: the outbound queue stayed full until the stop deadline",
+                              item.frame_count)
+                    return
+
+    def shutdown(self) -> None:
+        """No more puts: the IO thread sends what is queued, then ends (io_loop/bridge.py)."""
+        self.outbound.shutdown()

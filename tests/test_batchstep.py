@@ -1,0 +1,134 @@
+"""The per-batch pipeline (controller/batchstep.py) on its own: no IO side, no thread, no queue.
+
+A ``BatchStep`` is built from a real compiled step (a running product per stream, which
+overflows float32 to inf on purpose), a real stream table, the real reply assembly and codec;
+its ``put`` is a list. Each test hands it batches taken from a real ``MicroBatcher`` and reads
+the items it put, the results ``on_results`` got and the counters.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from controller.batching import Chunk, MicroBatcher, Outgoing, Taken
+from controller.batchstep import BatchStep
+from controller.codec import guarded
+from controller.config import Config
+from controller.engine import compile_step
+from controller.positions import SourcePositions
+from controller.processor import Processor
+from controller.replies import NON_FINITE_REASON, Replies
+from controller.slots import StreamSlots
+from controller.stats import MainStats
+
+F = 2
+CONFIG = Config(features=F, max_batch=4, max_streams=3, max_wait_ms=0.0, status_s=0.0)
+
+
+def _init(config: Config) -> Any:
+    return jnp.ones(config.max_streams + 1, jnp.float32)
+
+
+def _step(prod: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
+    """Per stream, the running product of x[0]; a padding row writes 1 to the spare row."""
+    new = prod[batch.key] * batch.x[:, 0]
+    prod = prod.at[jnp.where(batch.valid, batch.key, prod.shape[0] - 1)].set(jnp.where(batch.valid, new, 1.0))
+    return prod, {"prod": new}
+
+
+PRODUCT = Processor(_init, _step)
+
+
+@pytest.fixture
+def engine_factory():
+    """A fresh engine (a fresh state) for each test, compiled for every bucket like the controller's."""
+    return lambda: compile_step(PRODUCT, CONFIG)
+
+
+class Run:
+    """A BatchStep and everything it writes to, as the controller wires it, minus the IO side."""
+
+    def __init__(self, engine: Any, on_results: Any = None) -> None:
+        self.stats = MainStats.for_run(CONFIG.buckets, 1)
+        codec = guarded(None, F, max_frame_items=CONFIG.max_frame_items, dtype=np.float32)
+        self.replies = Replies(codec, self.stats, ["all"], CONFIG.max_streams)
+        self.slots = StreamSlots(CONFIG.max_streams)
+        self.put: list[tuple[Outgoing, float | None]] = []
+        self.results: list[tuple[list, list, dict]] = []
+        self.batcher = MicroBatcher(CONFIG.max_batch, 0.0)
+        self.step = BatchStep(engine, self.slots, self.replies, SourcePositions(CONFIG.feed_specs), self.stats,
+                              put=lambda item, deadline: self.put.append((item, deadline)),
+                              on_results=on_results or (lambda *args: self.results.append(args)))
+
+    def batch(self, seqs: list[int], streams: list[str], xs: list[float]) -> Taken:
+        x = np.array([[v, 0.0] for v in xs], np.float32)
+        self.batcher.add(Chunk(seqs, streams, x, 1_000), 0.0)
+        taken = self.batcher.take()
+        assert taken is not None and len(taken) == len(seqs)
+        return taken
+
+    def frames(self) -> list[dict[str, Any]]:
+        return [json.loads(frame) for item, _ in self.put for frame in item.frames]
+
+
+def test_a_batch_is_stepped_answered_in_arrival_order_counted_and_put_as_one_item(engine_factory):
+    run = Run(engine_factory())
+    run.step(run.batch([0, 1, 2], ["a", "b", "c"], [2.0, 3.0, 5.0]), 12.5)
+
+    assert run.frames() == [{"seq": 0, "stream": "a", "prod": 2.0}, {"seq": 1, "stream": "b", "prod": 3.0},
+                            {"seq": 2, "stream": "c", "prod": 5.0}]
+    [(item, deadline)] = run.put
+    assert (item.results, item.error_at, deadline) == (3, (), 12.5)  # the caller's deadline goes with the put
+    [(seq, stream, outputs)] = run.results
+    assert (seq, stream) == ([0, 1, 2], ["a", "b", "c"])
+    np.testing.assert_array_equal(outputs["prod"], np.array([2.0, 3.0, 5.0], np.float32))
+    stats = run.stats
+    assert (stats.batches, stats.processed, stats.batch_size.n) == (1, 3, 1)
+    assert stats.step_seconds.n == 1 and not stats.errors and not stats.resets
+    assert stats.latency[0].n == 3  # every result's latency, receipt -> handed over
+
+
+def test_a_non_finite_row_is_refused_its_stream_reset_and_the_rest_of_the_batch_answered(engine_factory):
+    run = Run(engine_factory())
+    run.step(run.batch([0, 1], ["a", "b"], [1e30, 3.0]), None)
+    run.step(run.batch([2, 3], ["a", "b"], [1e30, 2.0]), None)  # a: 1e30 * 1e30 = inf in float32
+    run.step(run.batch([4], ["a"], [5.0]), None)  # a starts again from a fresh state: 5, not inf
+
+    assert run.frames() == [
+        {"seq": 0, "stream": "a", "prod": float(np.float32(1e30))}, {"seq": 1, "stream": "b", "prod": 3.0},
+        {"error": NON_FINITE_REASON, "seq": 2}, {"seq": 3, "stream": "b", "prod": 6.0},
+        {"seq": 4, "stream": "a", "prod": 5.0}]
+    assert [(item.results, item.error_at) for item, _ in run.put] == [(2, ()), (1, (0,)), (1, ())]
+    # on_results gets only the finite rows
+    assert [(seq, stream) for seq, stream, _ in run.results] == [([0, 1], ["a", "b"]), ([3], ["b"]), ([4], ["a"])]
+    stats = run.stats
+    assert stats.errors == {"non-finite result": 1}
+    assert stats.resets == {"stream reset: non-finite": 1}
+    assert (stats.batches, stats.processed) == (3, 5)  # the refused row ran through the step too
+
+
+def test_a_stream_beyond_the_table_is_refused_before_the_step_and_the_others_run(engine_factory):
+    run = Run(engine_factory())
+    run.step(run.batch([0, 1, 2, 3], ["a", "b", "c", "d"], [2.0, 3.0, 4.0, 5.0]), None)  # 3 slots
+
+    assert run.frames() == [{"seq": 0, "stream": "a", "prod": 2.0}, {"seq": 1, "stream": "b", "prod": 3.0},
+                            {"seq": 2, "stream": "c", "prod": 4.0},
+                            {"error": "too many streams (FORKLESS_MAX_STREAMS=3)", "seq": 3}]
+    assert run.stats.errors == {"too many streams": 1}
+    assert run.stats.processed == 3
+
+
+def test_what_on_results_raised_is_raised_once_the_batch_s_replies_are_put(engine_factory):
+    def failing(seq, stream, outputs):
+        raise KeyError("the host's bug")
+
+    run = Run(engine_factory(), on_results=failing)
+    with pytest.raises(KeyError, match="the host's bug"):
+        run.step(run.batch([0], ["a"], [2.0]), None)
+    assert run.frames() == [{"seq": 0, "stream": "a", "prod": 2.0}]
+    assert run.stats.batches == 1
