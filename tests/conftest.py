@@ -21,6 +21,7 @@ from tests.servers import SERVERS, LoopbackServer, Script
 DEFAULT_TEST_TIMEOUT_S = 300  # pyproject's pytest-timeout default, scaled below
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Scale pytest-timeout's default with FORKLESS_TEST_TIMEOUT_SCALE, like every other wait; and
     keep together on one pytest-xdist worker (``--dist loadgroup``, pyproject's addopts) what
