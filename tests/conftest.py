@@ -5,6 +5,7 @@ started and always cleaned up."""
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -15,7 +16,7 @@ import pytest
 from io_loop.backoff import Backoff
 from tests import harness
 from tests.harness import BACKOFF_SEED, TIMEOUT_SCALE, UNIT_S, AppProcess
-from tests.quick_bench import QuickBench, run_gpu_script
+from tests.quick_bench import QuickBench, shared_run
 from tests.servers import SERVERS, LoopbackServer, Script
 
 DEFAULT_TEST_TIMEOUT_S = 300  # pyproject's pytest-timeout default, scaled below
@@ -116,7 +117,9 @@ def quick_benchmark(tmp_path_factory: pytest.TempPathFactory) -> QuickBench:
     """The session's one small benchmark run (tests/quick_bench.py): ``bench/gpu.sh`` on the CPU at
     the smoke size, made when a test first asks for it; tests/test_bench_gpu.py and
     tests/test_bench_smoke.py check it. A test that asks for it needs ``quick_bench.TEST_TIMEOUT_S``."""
-    return run_gpu_script(tmp_path_factory.mktemp("quick-bench"))
+    # the session's base directory's parent is shared by every xdist worker of the session
+    base = tmp_path_factory.getbasetemp()
+    return shared_run(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
 
 
 @pytest.fixture(autouse=True)

@@ -60,6 +60,23 @@ class QuickBench:
         return self.stdout[-3000:] + self.stderr[-3000:]
 
 
+def shared_run(root: Path) -> QuickBench:
+    """The run, made once for the whole session however many pytest-xdist workers ask: the first
+    to take ``root/quick-bench.lock`` runs it under ``root/quick-bench`` and writes how it ended,
+    the others wait on the lock and read that (the recipe of xdist's documentation)."""
+    import fcntl
+
+    workdir, ended = root / "quick-bench", root / "quick-bench.json"
+    with open(root / "quick-bench.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ended.exists():
+            workdir.mkdir(exist_ok=True)
+            run = run_gpu_script(workdir)
+            ended.write_text(json.dumps({"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr}))
+        got = json.loads(ended.read_text())
+    return QuickBench(got["returncode"], got["stdout"], got["stderr"], workdir / "out")
+
+
 def run_gpu_script(workdir: Path) -> QuickBench:
     """``bash bench/gpu.sh WORKDIR/out`` from ``workdir``, as the CPU check runs it; the script and
     everything it started are killed if it runs past ``RUN_TIMEOUT_S``."""
