@@ -25,7 +25,7 @@ DEFAULT_TEST_TIMEOUT_S = 300  # pyproject's pytest-timeout default, scaled below
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Scale pytest-timeout's default with FORKLESS_TEST_TIMEOUT_SCALE, like every other wait; and
-    keep together on one pytest-xdist worker (``--dist loadgroup``, pyproject's addopts) what
+    keep together on one pytest-xdist worker (``pytest -n 2 --dist loadgroup``, by hand) what
     shares a fixture wider than a test: the session's one benchmark run, and each module whose
     fixtures are module-scoped (a server or a compiled program started once for the module)."""
     for item in items:
