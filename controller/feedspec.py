@@ -70,15 +70,20 @@ def feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:
     return tuple(feeds)
 
 
+def _check_fields_and_name(item: dict[str, Any], name: Any, where: str, keys: tuple[str, ...] | list[str],
+                           fields_are: str) -> None:
+    """An entry's fields are all known (``keys``) and its ``name`` is well formed; ``ValueProblem`` if not."""
+    unknown = sorted(set(item) - set(keys))
+    if unknown:
+        raise ValueProblem(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}{fields_are} {', '.join(keys)}")
+    if not isinstance(name, str) or not FEED_NAME.fullmatch(name):
+        raise ValueProblem(f'{where}: "name" must be 1-64 letters, digits, "_", "." or "-"')
+
+
 def _websocket_feed(item: dict[str, Any], name: Any, where: str, replies: str) -> FeedSpec:
     """One WebSocket entry of ``FORKLESS_FEEDS`` (see ``FEED_KEYS``); ``ValueProblem`` names the
     feed and the field, never a secret (the URL's credentials, ``subscribe``, ``headers``)."""
-    unknown = sorted(set(item) - set(FEED_KEYS))
-    if unknown:
-        raise ValueProblem(f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; "
-                           f"the fields are {', '.join(FEED_KEYS)}")
-    if not isinstance(name, str) or not FEED_NAME.fullmatch(name):
-        raise ValueProblem(f'{where}: "name" must be 1-64 letters, digits, "_", "." or "-"')
+    _check_fields_and_name(item, name, where, FEED_KEYS, "; the fields are")
     url = item.get("url")
     try:
         if not isinstance(url, str) or not ws_url(url):
@@ -106,12 +111,7 @@ def _websocket_feed(item: dict[str, Any], name: Any, where: str, replies: str) -
 def _jetstream_feed(item: dict[str, Any], name: Any, where: str, default_replies: str = "all") -> FeedSpec:
     """One JetStream entry of ``FORKLESS_FEEDS`` (see ``JETSTREAM_KEYS``); ``ValueProblem`` names the
     feed and the field, never a secret (the URL's credentials, ``token``)."""
-    unknown = sorted(set(item) - set(JETSTREAM_KEYS))
-    if unknown:
-        raise ValueProblem(f"{where}: unknown field(s) {', '.join(map(repr, unknown))} for a JetStream feed; "
-                           f"its fields are {', '.join(JETSTREAM_KEYS)}")
-    if not isinstance(name, str) or not FEED_NAME.fullmatch(name):
-        raise ValueProblem(f'{where}: "name" must be 1-64 letters, digits, "_", "." or "-"')
+    _check_fields_and_name(item, name, where, JETSTREAM_KEYS, " for a JetStream feed; its fields are")
     servers = item["nats"]
     try:
         if not isinstance(servers, str) or not nats_urls(servers):
