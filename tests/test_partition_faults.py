@@ -80,7 +80,9 @@ def test_an_instance_paused_past_its_lease_and_the_duplicate_window_publishes_no
     twice = sorted(i for i, n in collections.Counter(ids).items() if n > 1)
     assert not twice, f"{len(twice)} inputs answered twice: {twice[:10]}"
     assert zombie.returncode == 3, zombie.stderr[-3000:]
-    assert "lost the lease" in zombie.stderr
+    # whichever sees it first after SIGCONT: the store's renewal refused ("lost the lease"), or the
+    # main thread's check that the last renewal is a lease old ("could not be renewed in time")
+    assert "lost the lease" in zombie.stderr or "could not be renewed in time" in zombie.stderr, zombie.stderr[-3000:]
     assert "closed after publishing every reply" not in zombie.stderr
     held = re.search(r"the lease of a partition is lost: (\d+) received messages dropped", zombie.stderr)
     assert held and int(held.group(1)) >= 1, zombie.stderr[-3000:]  # it did hold replies when paused
