@@ -11,11 +11,16 @@ Rules:
   at full speed these were a third of the IO thread's time for a JetStream feed (bench/README.md).
   Every other subscription (the JetStream API's requests) is nats-py's own, unchanged. It
   overrides ``_process_msg`` (the parser's one call per MSG/HMSG) and ``_remove_sub``.
-- ``publish_commands(nc, data)`` appends publications already written as NATS protocol commands
-  (HPUB, the client protocol's own format) to nats-py's outgoing buffer in one piece, which its
-  flusher task writes: one buffer for a batch of replies instead of one command built per
-  ``publish``. It makes the checks ``publish`` makes (closed, draining, disconnected); the
-  payload size is the caller's (``nc.max_payload``).
+- ``publish_commands(nc, data)`` sends publications already written as NATS protocol commands
+  (HPUB, the client protocol's own format) in one piece: one buffer for a batch of replies
+  instead of one command built per ``publish``. When nats-py's outgoing buffer is empty it is
+  written to the transport at once, in the same step as the caller's last check (no await in
+  between): a partitioned feed's lease fence (io_loop/jspublish.py) is then never passed by
+  bytes that wait in the process for a later loop turn, so a process paused (SIGSTOP) after the
+  check has handed them to the kernel already, which sends them while it is paused. Otherwise it
+  is appended behind what is queued (the order kept), for nats-py's flusher task. It makes the
+  checks ``publish`` makes (closed, draining, disconnected); the payload size is the caller's
+  (``nc.max_payload``).
 - ``missing(nc)`` names what this nats-py no longer has; a test runs it against a real
   connection, so an upgrade that moves these fails the suite instead of breaking the feed.
 - Imports nats-py only (an optional extra): imported only when a JetStream feed is configured.
@@ -34,7 +39,7 @@ __all__ = ["RawClient", "RawHandler", "missing", "publish_commands"]
 RawHandler = Callable[[bytes, bytes, bytes, "dict[str, str] | None"], None]
 
 _CLIENT_PRIVATE = ("_process_msg", "_process_headers", "_remove_sub", "_send_command", "_flush_pending")
-_CONNECTED_PRIVATE = ("_subs", "_flush_queue", "_pending", "_ps")
+_CONNECTED_PRIVATE = ("_subs", "_flush_queue", "_pending", "_ps", "_transport")
 
 
 class RawClient(Client):
@@ -67,13 +72,17 @@ class RawClient(Client):
 
 
 async def publish_commands(nc: Any, data: bytes) -> None:
-    """Queue ``data`` (whole NATS protocol commands) for nats-py's flusher task, as one piece."""
+    """Send ``data`` (whole NATS protocol commands) as one piece: at once when nothing is queued
+    ahead of it, else behind what is, for nats-py's flusher task (see the module rules)."""
     if nc.is_closed:
         raise nats.errors.ConnectionClosedError
     if nc.is_draining_pubs:
         raise nats.errors.ConnectionDrainingError
     if not nc.is_connected:
         raise nats.errors.OutboundBufferLimitError  # what publish() raises with reconnecting off
+    if not nc._pending and nc._transport is not None:
+        nc._transport.write(data)  # nothing queued ahead of it: at once, the order kept
+        return
     await nc._send_command(data)
     if nc._flush_queue is not None and nc._flush_queue.empty():  # as publish() does: kick the flusher
         await nc._flush_pending()

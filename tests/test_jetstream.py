@@ -306,6 +306,7 @@ def _never_restarted(messages: list[dict]) -> tuple[dict[int, dict], Any]:
     return replies, state
 
 
+@pytest.mark.timeout(400 * UNIT_S)  # eleven JAX processes one after another: the module's 120 s is a hang bound
 def test_ten_kill_9s_at_random_moments_leave_exactly_one_result_per_input_equal_to_a_run_never_restarted(
         app, nats_server, tmp_path):
     import random

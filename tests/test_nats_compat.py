@@ -147,13 +147,14 @@ def test_a_buffer_of_hpub_commands_arrives_as_its_messages_with_their_headers_an
                 done.set()
 
         await nc.raw_subscribe("scores", handler)
-        await nc.flush()  # the flusher has written everything and waits: publish_commands must wake it
+        await nc.flush()  # nothing queued: publish_commands writes to the transport itself
         frames = ['{"seq":1}', b'{"seq":2,"z":"\xc3\xa9"}', ""]
         await publish_commands(nc, reply_commands(b"scores", b"_INBOX.t.", 40, "TICKS", frames,
                                                   [Origin(7, 0, False), Origin(7, 1, True), Origin(9, 0, True)],
                                                   nc.max_payload))
-        await asyncio.sleep(0)  # one turn of the loop: the woken flusher task writes them to the socket
-        assert not nc._pending, "the flusher was not woken: the replies would wait for nats-py's next flush"
+        # handed over before it returned, without a turn of the loop for nats-py's flusher: a lease
+        # fence checked just before cannot be passed by bytes still waiting in the process
+        assert not nc._pending, "the replies wait in nats-py's buffer for its flusher task"
         await done.wait()
         return got
 
@@ -161,6 +162,29 @@ def test_a_buffer_of_hpub_commands_arrives_as_its_messages_with_their_headers_an
         (b"scores", b"_INBOX.t.40", b'{"seq":1}', {"Nats-Msg-Id": "TICKS:7:0"}),
         (b"scores", b"_INBOX.t.41", b'{"seq":2,"z":"\xc3\xa9"}', {"Nats-Msg-Id": "TICKS:7:1"}),
         (b"scores", b"_INBOX.t.42", b"", {"Nats-Msg-Id": "TICKS:9:0"})]
+
+
+def test_commands_published_behind_queued_ones_keep_their_order_and_wake_the_flusher(nats_server):
+    from io_loop.nats_compat import publish_commands
+
+    async def body(nc: Any) -> list:
+        got: list[bytes] = []
+        done = asyncio.Event()
+
+        def handler(subject: bytes, reply: bytes, data: bytes, headers: dict | None) -> None:
+            got.append(data)
+            if len(got) == 2:
+                done.set()
+
+        await nc.raw_subscribe("order", handler)
+        await nc.flush()
+        await nc._send_command(b"PUB order 5\r\nfirst\r\n")  # queued for the flusher, not yet written
+        await publish_commands(nc, b"PUB order 6\r\nsecond\r\n")
+        assert nc._pending, "written ahead of what was queued before it"
+        await asyncio.wait_for(done.wait(), 10)  # the flusher was woken: nothing waits for a later flush
+        return got
+
+    assert _run(nats_server.url, body) == [b"first", b"second"]
 
 
 def test_a_reply_larger_than_the_servers_max_payload_is_refused_before_anything_is_written():
