@@ -15,8 +15,11 @@ Rules:
   ``SourceStats.duplicates``. ``SourceStats.confirmed`` is the origin of the last main-thread
   reply acknowledged: a checkpoint is committed only once every reply to the messages it covers
   is (controller/loop.py).
-- Nothing acknowledges in time (``connect_timeout_s`` without one), an error acknowledgement, no
-  stream storing the subject: the connection is lost (``End``), and the feed reconnects.
+- Nothing acknowledges in time (``connect_timeout_s`` without one), an error acknowledgement (the
+  stream refused a frame: ``error_ack``, at once, with the server's description), no stream
+  storing the subject: the connection is lost (``End``), and the feed reconnects. An
+  acknowledgement not understood is an error acknowledgement: never counted as stored, never
+  an exception out of the subscription's handler (``ReplyAcks.on_ack``).
 - Replies ``"none"`` (no results subject), or an item with nothing to name it by: not published,
   counted in ``dropped``.
 - A partitioned feed is fenced by its leases (``fence``, the store's ``holds``): before each item
@@ -44,7 +47,7 @@ from io_loop.natsconn import NATS_ERRORS, describe_error, duplicate_ack, unsubsc
 from io_loop.settings import FeedSpec, IOSettings
 from io_loop.writer import HeldReply
 
-__all__ = ["ReplyAcks", "ReplyPublisher", "msg_id", "reply_commands"]
+__all__ = ["ReplyAcks", "ReplyPublisher", "error_ack", "msg_id", "reply_commands"]
 
 log = logging.getLogger("forkless.jetstream")
 
@@ -77,6 +80,37 @@ def reply_commands(subject: bytes, inbox: bytes, first: int, stream: str, frames
     return b"".join(parts)
 
 
+# nats-py's classes for an error's "code", as ``APIError.from_error`` picks them (which raises the
+# error instead of returning it: of no use in a subscription's handler)
+_API_ERRORS: dict[int, type[nats.js.errors.APIError]] = {
+    400: nats.js.errors.BadRequestError, 404: nats.js.errors.NotFoundError, 500: nats.js.errors.ServerError,
+    503: nats.js.errors.ServiceUnavailableError}
+
+
+def error_ack(data: bytes) -> Exception | None:
+    """The error a publish acknowledgement's body carries, or None when it says the message is
+    stored. ``{"error": {"code": 400, "err_code": 10054, "description": "message size exceeds
+    maximum allowed"}, …}`` is nats-py's ``APIError`` for its code (``BadRequestError`` here),
+    as ``js.publish`` raises it. Never raises: a body that is not a JSON object, or whose
+    "error" is not one, is a ``nats.errors.Error`` naming it (the frame is not known stored)."""
+    try:
+        resp = json.loads(data)
+    except Exception:  # not JSON (ValueError, UnicodeDecodeError), or nested past the parser's depth
+        return nats.errors.Error(f"an acknowledgement that is not JSON: {data[:200]!r}")
+    if not isinstance(resp, dict):
+        return nats.errors.Error(f"an acknowledgement that is not a JSON object: {data[:200]!r}")
+    if "error" not in resp:
+        return None
+    error = resp["error"]
+    if not isinstance(error, dict):
+        return nats.js.errors.APIError(description=f"{error!r:.200}")
+    code, err_code, description = error.get("code"), error.get("err_code"), error.get("description")
+    code = code if type(code) is int else None
+    return _API_ERRORS.get(code, nats.js.errors.APIError)(
+        code=code, err_code=err_code if type(err_code) is int else None,
+        description=None if description is None else str(description)[:200])
+
+
 class ReplyAcks:
     """The results stream's acknowledgements of the item being published: frame k of it was
     published with the reply subject ``<inbox><base + k>``. ``wake`` is called once every frame
@@ -104,24 +138,30 @@ class ReplyAcks:
         return len(self.done) if first_missing < 0 else first_missing
 
     def on_ack(self, subject: bytes, _reply: bytes, data: bytes, headers: dict[str, str] | None) -> None:
-        """One acknowledgement, from nats_compat.RawClient (a raw subscription to ``<inbox>*``)."""
+        """One acknowledgement, from nats_compat.RawClient (a raw subscription to ``<inbox>*``).
+        Raises nothing: what it raised would go to the connection's ``error_cb``, and the item
+        would wait for ``connect_timeout_s`` instead of ending with the error."""
         try:
             k = int(subject[self.cut:]) - self.base
         except ValueError:
             return
         if not 0 <= k < len(self.done) or self.done[k] or self.error is not None:
             return  # an earlier item's (acknowledged after a timeout), or a copy
-        status = headers.get("Status") if headers else None
-        if status:
-            self.error = (nats.js.errors.NoStreamResponseError() if status == "503" else
-                          nats.errors.Error(f"the server answered {status} {headers.get('Description', '')}"))
-        elif b'"error":' in data and "error" in (resp := json.loads(data)):
-            self.error = nats.js.errors.APIError.from_error(resp["error"])
-        else:
-            self.done[k] = 1
-            self.acked += 1
-            if duplicate_ack(data):
-                self.duplicates += 1
+        try:
+            status = headers.get("Status") if headers else None
+            if status:
+                self.error = (nats.js.errors.NoStreamResponseError() if status == "503" else
+                              nats.errors.Error(f"the server answered {status} {headers.get('Description', '')}"))
+            elif b'"error"' in data and (error := error_ack(data)) is not None:  # a stored frame's: not parsed
+                self.error = error
+            else:
+                self.done[k] = 1
+                self.acked += 1
+                if duplicate_ack(data):
+                    self.duplicates += 1
+        except Exception as exc:  # not foreseen: the item's error, not a wait in vain
+            self.error = nats.errors.Error(f"an acknowledgement not understood ({describe_error(exc)}): "
+                                           f"{data[:200]!r}")
         if self.complete():
             self.wake()
 
@@ -183,6 +223,10 @@ class ReplyPublisher:
             except nats.js.errors.NoStreamResponseError:
                 return End(Outcome.LOST, f"no stream stores the results subject {results!r}: create one "
                                          "(with a duplicate window, docs/jetstream.md)")
+            except nats.js.errors.APIError as exc:  # an error acknowledgement: the stream's limits, say
+                return End(Outcome.LOST, f"the results stream refused a reply published to {results!r}: "
+                                         f"{exc.description or describe_error(exc)} (code {exc.code}, "
+                                         f"err_code {exc.err_code})")
             except NATS_ERRORS as exc:
                 return End(Outcome.LOST, f"publishing to {results!r} failed: {describe_error(exc)}")
             finally:

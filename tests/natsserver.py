@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,9 +109,10 @@ async def _with_js(url: str, body: Callable[[Any, Any], Any]) -> Any:
 
 def create_streams(url: str, *, stream: str = "TICKS", subjects: Sequence[str] = ("ticks.>",),
                    results: str = "SCORES", results_subject: str = "scores", duplicate_window_s: float = 300.0,
-                   **limits: Any) -> None:
+                   results_limits: Mapping[str, Any] | None = None, **limits: Any) -> None:
     """The input stream (``limits``: its max_msgs, max_age …) and the results stream, with a
-    duplicate window (``stream=""``, ``results=""``: without that one)."""
+    duplicate window (``results_limits``: its own, such as max_msg_size) (``stream=""``,
+    ``results=""``: without that one)."""
     from nats.js.api import StreamConfig
 
     async def body(nc: Any, js: Any) -> None:
@@ -119,7 +120,7 @@ def create_streams(url: str, *, stream: str = "TICKS", subjects: Sequence[str] =
             await js.add_stream(StreamConfig(name=stream, subjects=list(subjects), **limits))
         if results:
             await js.add_stream(StreamConfig(name=results, subjects=[results_subject],
-                                             duplicate_window=duplicate_window_s))
+                                             duplicate_window=duplicate_window_s, **(results_limits or {})))
 
     asyncio.run(_with_js(url, body))
 

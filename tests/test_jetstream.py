@@ -423,6 +423,30 @@ def test_a_checkpoint_is_committed_only_once_the_results_stream_stored_the_repli
                                           "last": True, "replied": [20, 0]}}
 
 
+@pytest.mark.parametrize(("results_limits", "refusal"), [
+    ({"max_msg_size": 16}, "message size exceeds maximum allowed"),  # every reply refused (400)
+    ({"max_msgs": 1, "discard": "new"}, "maximum messages exceeded"),  # the first stored, the second refused (503)
+], ids=["too-large", "stream-full"])
+def test_a_reply_the_results_stream_refuses_ends_the_connection_at_once_with_the_servers_reason(
+        nats_server, caplog, results_limits, refusal):
+    from tests.natsserver import create_streams, publish
+
+    create_streams(nats_server.url, results_limits=results_limits)
+    messages = make_messages(3, streams=1, seed=25)
+    publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages])
+    # no acknowledgement awaited in vain: an error acknowledgement ends the wait, connect_timeout_s never runs out;
+    # the stop gives up on the replies the stream keeps refusing after shutdown_timeout_s
+    cfg = _config([_js_feed(nats_server.url)], connect_timeout_s=30.0, shutdown_timeout_s=1.0)
+    with caplog.at_level("WARNING", logger="forkless.jetstream"), Controller(cfg, processor=ewma_processor()) as ctl:
+        drive(ctl, lambda: ctl.main_stats.processed == 3, timeout_s=30 * UNIT_S, what="the messages applied")
+        drive(ctl, lambda: ctl.stats().feeds[0].io.reconnects >= 1, timeout_s=10 * UNIT_S,
+              what="the connection lost at the refusal (not 30 s later, at connect_timeout_s)")
+        snap = ctl.stats()
+    assert refusal in snap.feeds[0].io.last_error, snap.feeds[0].io.last_error
+    lost = [r.getMessage() for r in caplog.records if "connection 1 lost" in r.getMessage()]
+    assert len(lost) == 1 and refusal in lost[0], lost
+
+
 def test_the_server_killed_and_restarted_mid_run_loses_nothing_and_applies_nothing_twice(nats_server, tmp_path):
     import jax
     import numpy as np

@@ -2,13 +2,16 @@
 JetStream feed is publishing, handed literal acknowledgements as the protocol parser gives them:
 no server, no socket. The publisher against a real nats-server is in tests/test_jetstream.py;
 here: a frame counts as published only once acknowledged, and in order from the item's first
-(what is not is published again after a reconnect), duplicates in either spelling, no stream for the subject."""
+(what is not is published again after a reconnect), duplicates in either spelling, no stream for the subject,
+the stream's error acknowledgements, and acknowledgements not understood."""
 
 from __future__ import annotations
 
 import pytest
 
 nats_errors = pytest.importorskip("nats.js.errors")
+
+import nats.errors  # noqa: E402
 
 from io_loop.jspublish import ReplyAcks  # noqa: E402
 
@@ -66,3 +69,30 @@ def test_no_stream_for_the_subject_ends_the_wait_with_the_error():
     assert (acks.acked, acks.prefix()) == (1, 1)
     acks.begin(3, 1)  # the next item starts without it
     assert acks.error is None and not acks.complete()
+
+
+@pytest.mark.parametrize(("data", "kind", "code", "err_code", "description"), [
+    (b'{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"},'
+     b'"stream":"SCORES","seq":0}', "BadRequestError", 400, 10054, "message size exceeds maximum allowed"),
+    (b'{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},"stream":"SCORES","seq":0}',
+     "ServiceUnavailableError", 503, 10077, "maximum messages exceeded"),  # nats-server 2.15's, as they come
+    (b'{"error":{"code":409,"description":"something new"}}', "APIError", 409, None, "something new"),
+])
+def test_an_error_acknowledgement_ends_the_wait_with_the_servers_error(data, kind, code, err_code, description):
+    acks, woken = _acks()
+    acks.begin(0, 2)
+    _ack(acks, 0, data)
+    error = acks.error
+    assert isinstance(error, nats_errors.APIError) and type(error).__name__ == kind
+    assert (error.code, error.err_code, error.description) == (code, err_code, description)
+    assert acks.complete() and woken == [1] and (acks.acked, acks.prefix()) == (0, 0)  # published again
+
+
+@pytest.mark.parametrize("data", [b'{"error":', b'{"error": "refused"}', b'["error"]', b'{"error":{"code":[1]}}',
+                                  b'\xff"error"'])
+def test_an_acknowledgement_not_understood_ends_the_wait_as_an_error_and_never_counts_as_stored(data):
+    acks, woken = _acks()
+    acks.begin(0, 1)
+    _ack(acks, 0, data)  # never raises (it would go to the connection's error_cb, and the wait to the timeout)
+    assert isinstance(acks.error, nats.errors.Error) and acks.complete() and woken == [1]
+    assert (acks.acked, acks.prefix()) == (0, 0)
