@@ -344,3 +344,66 @@ def test_a_partitions_object_without_covered_written_before_it_was_recorded_resu
         counts={}, settings={"partition": 3, "partition_count": P, "leaves": ["state['m']"]}, wall_time=0.0,
         positions=old)))
     assert objects.load({}).positions == {3: [10, 0, True]}
+
+
+# ---- the stream deleted and made again between two runs (issue 30, fault 3) ----------------------
+
+
+def _make_ticks_again(url: str) -> None:
+    """TICKS deleted and created again with the same partitioning (SCORES and the buckets kept)."""
+    import asyncio
+
+    import nats
+    from nats.js.api import StreamConfig, SubjectTransform
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            await js.delete_stream("TICKS")
+            await js.add_stream(StreamConfig(
+                name="TICKS", subjects=["ticks.*"],
+                subject_transform=SubjectTransform(
+                    src="ticks.*", dest=f"ticks.{{{{partition({P},1)}}}}.{{{{wildcard(1)}}}}")))
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+
+
+def test_a_stream_deleted_and_made_again_between_two_runs_is_refused_by_the_partitions_created_time(
+        app, nats_server, tmp_path):
+    """An instance of every partition answers 30 inputs and stops (its objects written); TICKS is
+    deleted and made again with 300 messages (past every partition's position): the next start
+    exits 2 naming the stream, as an unpartitioned feed does, and answers nothing of the new
+    stream (before this, it resumed into it at the old positions, skipping its first messages)."""
+    from tests.servers import make_messages
+
+    url = nats_server.url
+    _create_partitioned_streams(url)
+    env = _env(url, tmp_path, feed=_feed(url, partitions=f"0-{P - 1}"), lease_s=2.0)
+    messages = make_messages(330, streams=8, seed=33)
+    assert _publish(url, messages[:30])[-1] == 30
+    first = app(env=env)
+    first.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+    wait_until(lambda: _scores(url) == 30, timeout_s=60 * UNIT_S, what="30 results", poll_s=0.2)
+    first.signal(signal.SIGTERM)  # the stop's checkpoint: an object per partition, at its position
+    done = first.finish(60 * UNIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recorded = _newest_position(url, 0)
+
+    _make_ticks_again(url)
+    assert _publish(url, messages[30:])[-1] == 300  # the new stream's sequences 1..300
+    again = app(env=env)
+    line = again.wait_for_line(r"resuming at stream sequence|^forkless: ", stream="stderr", timeout_s=120 * UNIT_S)
+    if not line.startswith("forkless: "):
+        time.sleep(5 * UNIT_S)
+        pytest.fail(f"the new stream was resumed into at the old position: {line!r}; "
+                    f"{_scores(url) - 30} of its inputs answered from the old stream's state")
+    refused = again.finish(60 * UNIT_S)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    line = next(line for line in refused.stderr.splitlines() if line.startswith("forkless:"))
+    assert "stream 'TICKS' was deleted and made again since the checkpoint was written" in line, line
+    assert f"recorded its position in a stream created {recorded['created']}" in line, line
+    assert "FORKLESS_CHECKPOINT_RESTORE=never" in line, line
+    assert _scores(url) == 30  # nothing of the new stream answered from the old one's state
