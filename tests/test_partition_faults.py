@@ -1,6 +1,6 @@
 """Partitioned instances under faults (issue 30) against a real nats-server, each instance a
 subprocess: a zombie paused past its lease, a stop during the lease wait, a partial deployment,
-retention of other partitions' messages across a restart.
+retention of other partitions' messages across a restart, the stream made again between two runs.
 
 Several JAX processes share two cores here: the timeouts are generous and explicit; a bound
 that is the behaviour under test is written in ``UNIT_S`` as well."""
