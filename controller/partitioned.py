@@ -25,6 +25,12 @@ Rules:
   later sequence (``covering``, controller/positions.py), the object records it as ``covered``,
   and a restore resumes the partition after it: retention of other partitions' messages there
   refuses nothing (issue 30). An object without it resumes at its position, as before.
+- Each object records the stream's created time with its position (``created``, as an
+  unpartitioned checkpoint does: controller/positions.py); the restore hands it to the feed
+  (``Resume``), which refuses a stream created at another time, deleted and made again since
+  (issue 30). Owned partitions' objects that recorded different created times cannot all be
+  in the stream as it is now: ``PositionLost`` at the restore. Objects without it (older) are
+  not checked.
 - Restore (``load``, before the compile): per owned partition, its newest object that reads
   back whole; a damaged one (bad checksum, truncated) is skipped with a warning and the one
   before it used; one of another processor (name, version) or with other features, or whose
@@ -65,7 +71,8 @@ from controller.ckptformat import CheckpointDamaged, check_fits, decode_names, n
 from controller.compiled import per_stream_leaf
 from controller.errors import CheckpointMismatch, ProcessorContractError
 from controller.snapshot import Snapshot, checkpoint_bytes
-from io_loop.errors import LeaseLost
+from io_loop.errors import LeaseLost, PositionLost
+from io_loop.jsconsumer import ACCEPT_LOSS
 from io_loop.partitions import format_partitions, partition_subjects, partitions_of
 
 __all__ = ["NoPartitions", "PartitionOwner", "PartitionPieces", "PartitionedCheckpoints", "check_partitionable",
@@ -95,6 +102,7 @@ class PartitionPieces:
     last_seen: list[np.ndarray] = field(default_factory=list)
     rows: list[list[np.ndarray]] = field(default_factory=list)  # per partition, per per-stream leaf
     positions: dict[int, list[Any]] = field(default_factory=dict)  # partition -> [seq, index, last]
+    created: dict[int, str] = field(default_factory=dict)  # partition -> the stream's created time recorded
     objects: list[str] = field(default_factory=list)
     wall_time: float = 0.0
     nbytes: int = 0
@@ -194,6 +202,8 @@ class PartitionedCheckpoints:
             # the partition's state holds its messages up to seq, so up to handed: and the stream held
             # none of the feed's subjects' between handed and through (controller/positions.py)
             out["covered"] = through
+        if pos.get("created"):  # the stream the position counts in (a floor's: checked at the connection)
+            out["created"] = pos["created"]
         return {self.feed: out}
 
     def prune(self) -> None:
@@ -282,7 +292,24 @@ class PartitionedCheckpoints:
             if pos["last"] and int(pos.get("covered") or 0) > int(pos["seq"]):
                 # none of the partition's messages between them: its state holds all of them up to it
                 pieces.positions[p] = [int(pos["covered"]), 0, True]
+            if pos.get("created"):
+                pieces.created[p] = str(pos["created"])
         pieces.wall_time = max(pieces.wall_time, float(header.get("wall_time", 0.0)))
+
+    def stream_created(self, pieces: PartitionPieces) -> str:
+        """The stream's created time the partitions' objects recorded ("" where none did: not
+        checked); ``PositionLost`` when they recorded different ones (the stream was made again
+        between them: not every partition's position counts in the stream as it is now)."""
+        by_time: dict[str, list[int]] = {}
+        for p, created in sorted(pieces.created.items()):
+            by_time.setdefault(created, []).append(p)
+        if len(by_time) > 1:
+            times = "; ".join(f"partitions {format_partitions(ps)}: created {t}" for t, ps in sorted(by_time.items()))
+            raise PositionLost(
+                f"{self.label}: the objects recorded their positions in streams {self.stream!r} created at different "
+                f"times ({times}): it was deleted and made again between them, so not every partition's position "
+                f"counts in the stream as it is now. To continue anyway, {ACCEPT_LOSS}")
+        return next(iter(by_time), "")
 
     def restore_into(self, init: Any, pieces: PartitionPieces) -> Any:
         """``init`` (the processor's init state, canonical host arrays) with the partitions' rows in

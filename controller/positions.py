@@ -18,15 +18,17 @@ Rules:
   and ``covered`` where the IO side found the stream holding no further message of the
   feed's subjects up to it (``SourceStats.covered``): a restore then resumes after it, so
   retention of other subjects' messages there loses nothing of the feed's (issue 30); and
-  ``created``, the stream's created time at the IO side's first connection: a restore hands
-  it over with the position (``Resume``), and a stream created at another time is refused.
+  ``created``, the stream's created time at the IO side's first connection (before it, the
+  restored checkpoint's): a restore hands it over with the position (``Resume``), and a stream
+  created at another time is refused; a checkpoint without it (older) is not checked.
 - A partitioned feed (issue 24) restores one position per owned partition (``floors``: each
   partition's object holds its own, controller/partitioned.py); the IO side starts at the
   lowest and skips, per partition, what that partition's state already holds. ``record()``
   then also gives ``partitions`` (partition -> [seq, index, last]), and ``seq`` is None until
   this run consumed a message of the feed; each partition's object records the further of
   the two. Its ``SourceStats.covered`` is given whole (``covering``: [handed, through]), and
-  each partition's object records ``covered`` where its own position is at or past ``handed``.
+  each partition's object records ``covered`` where its own position is at or past ``handed``,
+  and ``created`` as above: its restore hands the floors over in a ``Resume`` as well.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class SourcePositions:
         self.replied: dict[int, Origin] = {}  # feed index -> origin of the last reply frame handed over
         self.applied: dict[int, int] = dict.fromkeys(self.specs, 0)  # messages consumed in this process
         self.floors: dict[int, dict[int, Origin]] = {}  # partitioned feeds: partition -> restored position
+        self.created: dict[int, str] = {}  # feed index -> the stream's created time the restore recorded
 
     def __bool__(self) -> bool:
         return bool(self.specs)
@@ -81,7 +84,7 @@ class SourcePositions:
         the position is at or past ``handed``, every message of the feed's subjects up to
         ``through`` is in the state, recorded as ``covered`` (a partitioned feed's pair as
         ``covering``, for each partition's object to judge by its own position); its
-        ``stream_created``, recorded as ``created``."""
+        ``stream_created``, recorded as ``created`` (the restored one until the IO side has it)."""
         out = {}
         io = io or {}
         for i in sorted(set(self.consumed) | set(self.floors)):
@@ -104,15 +107,17 @@ class SourcePositions:
                     entry["covering"] = [handed, through]
             elif origin is not None and origin.last and handed <= origin.seq < through:
                 entry["covered"] = through
-            if source is not None and source.stream_created and i not in self.floors:
-                entry["created"] = source.stream_created
+            created = (source.stream_created if source is not None else "") or self.created.get(i, "")
+            if created:  # (a connection that found another created time stopped the run: PositionLost)
+                entry["created"] = created
             if i in self.floors:
                 entry["partitions"] = {str(p): list(o) for p, o in self.floors[i].items()}
         return out
 
     def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin | Resume | dict[int, Origin]]:
         """Take the positions of a restored checkpoint; returns them by feed name, for the IO side
-        (a partitioned feed's: by partition). A feed of the checkpoint that is not configured now
+        (a partitioned feed's: by partition), in a ``Resume`` where it recorded the stream's
+        created time. A feed of the checkpoint that is not configured now
         is left out; one whose stream or subject differs raises ``CheckpointMismatch``."""
         by_name = {spec.name: i for i, spec in self.specs.items()}
         out: dict[str, Origin | Resume | dict[int, Origin]] = {}
@@ -132,17 +137,22 @@ class SourcePositions:
                 if pos.get(key) != now:
                     raise CheckpointMismatch(path, f"JetStream feed {name!r}: {key}", pos.get(key), now)
             # "replied" is not taken: that checkpoint was committed once its replies were stored
+            resume: Origin | dict[int, Origin]
             if "partitions" in pos:
-                self.floors[i] = out[name] = {int(p): Origin(int(o[0]), int(o[1]), bool(o[2]))
-                                              for p, o in pos["partitions"].items()}
+                self.floors[i] = resume = {int(p): Origin(int(o[0]), int(o[1]), bool(o[2]))
+                                           for p, o in pos["partitions"].items()}
             else:
-                origin = Origin(int(pos["seq"]), int(pos["index"]), bool(pos["last"]))
-                if origin.last and int(pos.get("covered") or 0) > origin.seq:
+                resume = Origin(int(pos["seq"]), int(pos["index"]), bool(pos["last"]))
+                if resume.last and int(pos.get("covered") or 0) > resume.seq:
                     # no message of the feed's subjects between them: the state holds all of them up to it
-                    origin = Origin(int(pos["covered"]), 0, True)
-                self.consumed[i] = origin
-                # the IO side refuses a stream created at another time than the one recorded
-                out[name] = Resume(origin, str(pos["created"])) if pos.get("created") else origin
+                    resume = Origin(int(pos["covered"]), 0, True)
+                self.consumed[i] = resume
+            # the IO side refuses a stream created at another time than the one recorded
+            if pos.get("created"):
+                self.created[i] = str(pos["created"])
+                out[name] = Resume(resume, self.created[i])
+            else:
+                out[name] = resume
         return out
 
     @staticmethod

@@ -17,7 +17,8 @@ Rules:
   begin a snapshot or restore one, and never holds the state.
 - A partitioned instance (``load(partitioned)``: controller/partitioned.py) loads its owned
   partitions' objects instead of a file, and restores them into the processor's init state:
-  slots 0..n-1, per-partition positions, no counts (each instance counts its own run).
+  slots 0..n-1, per-partition positions and the stream's created time they recorded, no
+  counts (each instance counts its own run).
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ class Recovery:
 
     def _restore_partitions(self, engine: Engine, pieces: PartitionPieces) -> None:
         part = self._partitioned
+        created = part.stream_created(pieces)  # (objects of streams created at different times: PositionLost)
         init = jax.device_get(self.processor.init(self.config))
         engine.restore(part.restore_into(init, pieces), shared=False)
         shift = time.monotonic() - time.time()
@@ -155,7 +157,7 @@ class Recovery:
         self.slots.restore(pieces.names, np.arange(pieces.streams, dtype=np.int32), seen + shift)
         spec = next(s for s in self.config.feed_specs if s.name == part.feed).jetstream
         self.positions = self.sources.restore(
-            {part.feed: {"stream": spec.stream, "subject": spec.subject,
+            {part.feed: {"stream": spec.stream, "subject": spec.subject, "created": created,
                          "partitions": {str(p): pos for p, pos in pieces.positions.items()}}}, part.label)
         self.restored_from = f"{len(pieces.objects)} objects of {part.label}"
         log.info("restored %d streams from %s (newest written %s): %s", pieces.streams, part.label,

@@ -42,9 +42,10 @@ class Origin(NamedTuple):
 
 class Resume(NamedTuple):
     """A restored position with the created time (ISO 8601) of the stream it was recorded in:
-    a JetStream feed refuses a stream created at another time (deleted and made again)."""
+    a JetStream feed refuses a stream created at another time (deleted and made again). A
+    partitioned feed's ``origin`` is its positions by partition (partition -> ``Origin``)."""
 
-    origin: Origin
+    origin: Origin | dict[int, Origin]
     stream_created: str
 
 

@@ -112,8 +112,8 @@ SKIP = _Skip()
 class Consumer:
     """One JetStream feed's position and its decisions (see the module rules). ``label`` names
     the feed in errors; ``source``: the feed's figures, written here; ``resume``: what the
-    restored checkpoint recorded (an ``Origin``, a ``Resume``, partition -> ``Origin``, a
-    ``PositionUnknown``), None to start per ``start``."""
+    restored checkpoint recorded (an ``Origin``, partition -> ``Origin``, either in a ``Resume``
+    with the stream's created time, a ``PositionUnknown``), None to start per ``start``."""
 
     def __init__(self, spec: JetStreamSpec, label: str, source: SourceStats, resume: Any = None) -> None:
         self.spec = spec

@@ -226,3 +226,11 @@ def test_an_element_of_another_partition_is_an_error_reply_before_the_decoders_o
     assert decoded.seq == [1, 2, 3, 4]  # the decoder's own object is left as it was
     whole = _Decoded([1], [mine[0]], np.zeros((1, 2)))
     assert c.own_partition(whole, 1) is whole
+
+
+def test_a_partitioned_feeds_positions_in_a_resume_carry_the_recorded_created_time():
+    c = Consumer(PARTITIONED, "feed 'ticks'", SourceStats(),
+                 Resume({0: Origin(10, 0, True), 1: Origin(4, 0, True)}, "2026-12-01T12:00:00+00:00"))
+    assert c.recorded_created == "2026-12-01T12:00:00+00:00" and c.from_checkpoint
+    c.check_stream(1, 20)
+    assert c.floors == {0: (11, 0), 1: (5, 0)} and c.next == (5, 0)

@@ -1,6 +1,6 @@
 """Partitioned instances under faults (issue 30) against a real nats-server, each instance a
 subprocess: a zombie paused past its lease, a stop during the lease wait, a partial deployment,
-retention of other partitions' messages across a restart.
+retention of other partitions' messages across a restart, the stream made again between two runs.
 
 Several JAX processes share two cores here: the timeouts are generous and explicit; a bound
 that is the behaviour under test is written in ``UNIT_S`` as well."""
@@ -12,6 +12,7 @@ import json
 import re
 import signal
 import time
+from typing import Any
 
 import pytest
 
@@ -356,3 +357,134 @@ def test_a_partitions_object_without_covered_written_before_it_was_recorded_resu
         counts={}, settings={"partition": 3, "partition_count": P, "leaves": ["state['m']"]}, wall_time=0.0,
         positions=old)))
     assert objects.load({}).positions == {3: [10, 0, True]}
+
+
+# ---- the stream deleted and made again between two runs (issue 30, fault 3) ----------------------
+
+
+def _make_ticks_again(url: str) -> None:
+    """TICKS deleted and created again with the same partitioning (SCORES and the buckets kept)."""
+    import asyncio
+
+    import nats
+    from nats.js.api import StreamConfig, SubjectTransform
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            await js.delete_stream("TICKS")
+            await js.add_stream(StreamConfig(
+                name="TICKS", subjects=["ticks.*"],
+                subject_transform=SubjectTransform(
+                    src="ticks.*", dest=f"ticks.{{{{partition({P},1)}}}}.{{{{wildcard(1)}}}}")))
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+
+
+def test_a_stream_deleted_and_made_again_between_two_runs_is_refused_by_the_partitions_created_time(
+        app, nats_server, tmp_path):
+    """An instance of every partition answers 30 inputs and stops (its objects written); TICKS is
+    deleted and made again with 300 messages (past every partition's position): the next start
+    exits 2 naming the stream, as an unpartitioned feed does, and answers nothing of the new
+    stream (before this, it resumed into it at the old positions, skipping its first messages)."""
+    from tests.servers import make_messages
+
+    url = nats_server.url
+    _create_partitioned_streams(url)
+    env = _env(url, tmp_path, feed=_feed(url, partitions=f"0-{P - 1}"), lease_s=2.0)
+    messages = make_messages(330, streams=8, seed=33)
+    assert _publish(url, messages[:30])[-1] == 30
+    first = app(env=env)
+    first.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+    wait_until(lambda: _scores(url) == 30, timeout_s=60 * UNIT_S, what="30 results", poll_s=0.2)
+    first.signal(signal.SIGTERM)  # the stop's checkpoint: an object per partition, at its position
+    done = first.finish(60 * UNIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recorded = _newest_position(url, 0)
+
+    _make_ticks_again(url)
+    assert _publish(url, messages[30:])[-1] == 300  # the new stream's sequences 1..300
+    again = app(env=env)
+    line = again.wait_for_line(r"resuming at stream sequence|^forkless: ", stream="stderr", timeout_s=120 * UNIT_S)
+    if not line.startswith("forkless: "):
+        time.sleep(5 * UNIT_S)
+        pytest.fail(f"the new stream was resumed into at the old position: {line!r}; "
+                    f"{_scores(url) - 30} of its inputs answered from the old stream's state")
+    refused = again.finish(60 * UNIT_S)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    line = next(line for line in refused.stderr.splitlines() if line.startswith("forkless:"))
+    assert "stream 'TICKS' was deleted and made again since the checkpoint was written" in line, line
+    assert f"recorded its position in a stream created {recorded['created']}" in line, line
+    assert "FORKLESS_CHECKPOINT_RESTORE=never" in line, line
+    assert _scores(url) == 30  # nothing of the new stream answered from the old one's state
+
+
+CREATED = "2026-12-01T12:00:00.123456+00:00"
+
+
+def _objects_with(store: _Objects, created_by_partition: dict[int, str | None]) -> Any:
+    """A PartitionedCheckpoints of the partitions given, each with an object at position 10
+    recording that created time (None: none recorded, as an object written before it was)."""
+    import numpy as np
+
+    from controller.partitioned import PartitionedCheckpoints, object_name
+    from controller.snapshot import Snapshot, checkpoint_bytes
+
+    like = {"m": np.zeros((5, 2), np.float32)}
+    for p, created in created_by_partition.items():
+        pos = {"stream": "TICKS", "subject": f"ticks.{p}.>", "partition": p, "seq": 10, "index": 0, "last": True,
+               "replied": None, **({"created": created} if created else {})}
+        store.put(object_name("TICKS", p, 0), checkpoint_bytes(Snapshot(
+            state=[np.zeros((0, 2), np.float32)], names=[], slots=np.zeros(0, np.int32), last_seen=np.zeros(0),
+            counts={}, settings={"partition": p, "partition_count": P, "leaves": ["state['m']"]}, wall_time=0.0,
+            positions={"ticks": pos})))
+    return PartitionedCheckpoints(store, feed="ticks", stream="TICKS", template="ticks.{partition}.>", count=P,
+                                  partitions=tuple(created_by_partition), keep=2, like=like, slots=5)
+
+
+def test_each_partitions_object_records_the_streams_created_time_and_the_restore_hands_it_over_in_a_resume():
+    import numpy as np
+
+    from controller.partitioned import PartitionedCheckpoints
+    from controller.positions import SourcePositions
+    from controller.snapshot import Snapshot
+    from io_loop.crossing import Origin, Resume
+    from io_loop.settings import FeedSpec, JetStreamSpec
+
+    like = {"m": np.zeros((5, 2), np.float32)}
+    objects = PartitionedCheckpoints(_Objects(), feed="ticks", stream="TICKS", template="ticks.{partition}.>",
+                                     count=P, partitions=(0, 1), keep=2, like=like, slots=5)
+    positions = {"ticks": {"stream": "TICKS", "subject": "ticks.{partition}.>", "seq": 10, "index": 0, "last": True,
+                           "replied": None, "created": CREATED}}
+    objects.write(0, Snapshot(state=like, names=[], slots=np.zeros(0, np.int32), last_seen=np.zeros(0),
+                              counts={}, settings={}, wall_time=0.0, positions=positions))
+    pieces = objects.load({})
+    assert pieces.created == {0: CREATED, 1: CREATED} and objects.stream_created(pieces) == CREATED
+
+    spec = JetStreamSpec(stream="TICKS", subject="ticks.{partition}.>", results="scores", partition_count=P,
+                         partitions=(0, 1))
+    sources = SourcePositions([FeedSpec("ticks", "nats://127.0.0.1:4222", jetstream=spec)])
+    saved = {"stream": "TICKS", "subject": "ticks.{partition}.>", "created": CREATED,
+             "partitions": {"0": [10, 0, True], "1": [4, 0, True]}}
+    floors = {0: Origin(10, 0, True), 1: Origin(4, 0, True)}
+    assert sources.restore({"ticks": saved}, "objects") == {"ticks": Resume(floors, CREATED)}
+    # before the IO side has connected (a stop during the first connection), the restored time is recorded
+    assert sources.record()["ticks"]["created"] == CREATED
+
+
+def test_partitions_objects_of_streams_created_at_different_times_are_refused_and_older_ones_not_checked():
+    from io_loop.errors import PositionLost
+
+    later = "2026-12-02T08:00:00+00:00"
+    objects = _objects_with(_Objects(), {0: CREATED, 1: CREATED, 2: later, 3: None})
+    pieces = objects.load({})
+    with pytest.raises(PositionLost) as lost:
+        objects.stream_created(pieces)
+    text = str(lost.value)
+    assert f"partitions 0-1: created {CREATED}; partitions 2: created {later}" in text, text
+    assert "stream" in text and "'TICKS'" in text and "FORKLESS_CHECKPOINT_RESTORE=never" in text, text
+    old = _objects_with(_Objects(), {3: None, 4: None})  # written before the created time was recorded
+    assert old.stream_created(old.load({})) == ""
