@@ -49,6 +49,7 @@ import logging
 import secrets
 import time
 from collections import Counter, deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import janus
@@ -267,17 +268,38 @@ class Publisher:
     async def _serve(self, nc: Any, conn: _Connection, taker: asyncio.Task) -> str:
         """Publish until everything taken is stored and inbound is done (returns ""), or until the
         connection fails (returns why; the messages in flight wait to be published again)."""
-        stats, bound = self.stats, self.relay.max_in_flight
+        await self._connected(nc)
+        prefix = nc.new_inbox() + "."
+        try:
+            sub = await nc.subscribe(prefix + "*", cb=self._on_ack(conn, len(prefix)))
+        except NATS_ERRORS as exc:
+            await self._end(nc, conn)
+            return f"subscribing to the acknowledgements failed: {describe_error(exc)}"
+        try:
+            return await self._publish(nc, conn, prefix, taker)
+        except NATS_ERRORS as exc:
+            return f"publishing failed: {describe_error(exc)}"
+        finally:
+            self._requeue_in_flight()
+            await unsubscribe_quietly(sub)
+            await self._end(nc, conn)
+
+    async def _connected(self, nc: Any) -> None:
+        """A new connection counted and logged; before this run's first publication, the last
+        message the stream holds looked up (the start against the stream)."""
+        stats = self.stats
         stats.connects += 1
         stats.connected = True
         stats.state_since = time.time()
         log.info("relay: connected to %s", self.shown_url)
         if self._start_check and not self._looked_up:
             await self._look_up_last_stored(nc)
-        prefix = nc.new_inbox() + "."
-        cut = len(prefix)
-        in_flight, waiting, wake = self._in_flight, self._waiting, self._wake
-        headers_id = f"{self.run_id}:"
+
+    def _on_ack(self, conn: _Connection, cut: int) -> Callable[[Any], Awaitable[None]]:
+        """The callback of ``conn``'s acknowledgements (subjects ``<inbox>.<n>``, ``cut`` the length of
+        ``<inbox>.``): a message stored (or a duplicate) is no longer held; an error ack fails ``conn``."""
+        stats, bound = self.stats, self.relay.max_in_flight
+        in_flight, wake = self._in_flight, self._wake
 
         async def on_ack(msg: Any) -> None:
             try:
@@ -300,55 +322,62 @@ class Publisher:
                 self._room.set()
             wake.set()
 
-        try:
-            sub = await nc.subscribe(prefix + "*", cb=on_ack)
-        except NATS_ERRORS as exc:
-            await self._end(nc, conn)
-            return f"subscribing to the acknowledgements failed: {describe_error(exc)}"
+        return on_ack
+
+    async def _publish(self, nc: Any, conn: _Connection, prefix: str, taker: asyncio.Task) -> str:
+        """Publish what waits and wait for the acks, until everything taken is stored and inbound is
+        done (returns "") or ``conn`` fails: its callbacks say why, or no ack came for
+        FORKLESS_CONNECT_TIMEOUT_S while some were awaited."""
+        stats, in_flight, waiting, wake = self.stats, self._in_flight, self._waiting, self._wake
         timeout = self.settings.connect_timeout_s
         loop = asyncio.get_running_loop()
         acked, waiting_since = stats.acked, loop.time()  # the last ack seen, and since when we wait for one
-        try:
-            while True:
-                if not in_flight:  # nothing awaited: the wait for an ack starts with the next publication
-                    acked, waiting_since = stats.acked, loop.time()
-                while waiting and len(in_flight) < bound and not conn.failure:
-                    held = waiting.popleft()
-                    in_flight[held.n] = held
-                    if held.sent:
-                        stats.retried += 1
-                    else:
-                        held.sent = True
-                        stats.published += 1
-                    await nc.publish(held.subject, held.payload, reply=f"{prefix}{held.n}",
-                                     headers={"Nats-Msg-Id": f"{headers_id}{held.n}"})
-                if conn.failure:
-                    return conn.failure
-                if taker.done() and not self._inbound_done:
-                    taker.result()  # what killed it (a bug): raised, not waited on forever
-                if not in_flight and not waiting and self._inbound_done:
-                    return ""
-                now = loop.time()
-                if stats.acked != acked:  # progress: the wait for an ack starts again
-                    acked, waiting_since = stats.acked, now
-                elif now - waiting_since >= timeout:  # new messages arriving do not extend it
-                    return (f"no acknowledgement from {self.shown_url} within {timeout:g}s "
-                            "(FORKLESS_CONNECT_TIMEOUT_S)")
-                wake.clear()
-                try:
-                    async with asyncio.timeout(waiting_since + timeout - now if in_flight else None):
-                        await wake.wait()
-                except TimeoutError:
-                    pass
-        except NATS_ERRORS as exc:
-            return f"publishing failed: {describe_error(exc)}"
-        finally:
-            # what was in flight waits to be published again, in order, before what was waiting
-            if in_flight:
-                waiting.extendleft(sorted(in_flight.values(), key=lambda m: m.n, reverse=True))
-                in_flight.clear()
-            await unsubscribe_quietly(sub)
-            await self._end(nc, conn)
+        while True:
+            if not in_flight:  # nothing awaited: the wait for an ack starts with the next publication
+                acked, waiting_since = stats.acked, loop.time()
+            await self._publish_waiting(nc, conn, prefix)
+            if conn.failure:
+                return conn.failure
+            if taker.done() and not self._inbound_done:
+                taker.result()  # what killed it (a bug): raised, not waited on forever
+            if not in_flight and not waiting and self._inbound_done:
+                return ""
+            now = loop.time()
+            if stats.acked != acked:  # progress: the wait for an ack starts again
+                acked, waiting_since = stats.acked, now
+            elif now - waiting_since >= timeout:  # new messages arriving do not extend it
+                return (f"no acknowledgement from {self.shown_url} within {timeout:g}s "
+                        "(FORKLESS_CONNECT_TIMEOUT_S)")
+            wake.clear()
+            try:
+                async with asyncio.timeout(waiting_since + timeout - now if in_flight else None):
+                    await wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _publish_waiting(self, nc: Any, conn: _Connection, prefix: str) -> None:
+        """Publish the waiting messages in order while fewer than ``max_in_flight`` are in flight and
+        ``conn`` has not failed, each with its id and its ack's subject ``<prefix><n>``."""
+        stats, bound = self.stats, self.relay.max_in_flight
+        in_flight, waiting = self._in_flight, self._waiting
+        headers_id = f"{self.run_id}:"
+        while waiting and len(in_flight) < bound and not conn.failure:
+            held = waiting.popleft()
+            in_flight[held.n] = held
+            if held.sent:
+                stats.retried += 1
+            else:
+                held.sent = True
+                stats.published += 1
+            await nc.publish(held.subject, held.payload, reply=f"{prefix}{held.n}",
+                             headers={"Nats-Msg-Id": f"{headers_id}{held.n}"})
+
+    def _requeue_in_flight(self) -> None:
+        """After a connection: what was in flight waits to be published again, in order, before what was waiting."""
+        in_flight = self._in_flight
+        if in_flight:
+            self._waiting.extendleft(sorted(in_flight.values(), key=lambda m: m.n, reverse=True))
+            in_flight.clear()
 
     async def _end(self, nc: Any, conn: _Connection) -> None:
         conn.failure = conn.failure or "closed"  # its callbacks (the close's own) change nothing now
