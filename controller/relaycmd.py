@@ -66,7 +66,7 @@ class RelayView:
     with the names the health endpoints read (io_loop/http.py)."""
 
     io: IOSnapshot
-    relay: Any  # io_loop.relay.RelaySnapshot
+    relay: Any  # io_loop.relaystats.RelaySnapshot
     at: float = 0.0  # time.monotonic() when taken
 
     compiled = True  # nothing to compile: ready means connected

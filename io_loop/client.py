@@ -285,16 +285,8 @@ class FeedClient(FeedControl):
 
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse, first: list[str | bytes]) -> End:
         """Run one connection until it is lost or everything is sent; ``first`` is sent before anything."""
-        self._connection_id += 1
-        conn = self.handover.connection = self._connection_id
-        stats = self.stats
-        stats.connects += 1
-        stats.connected = True
-        stats.state_since = time.time()
-        self._cork = aiohttp_compat.cork(ws)
-        written_before = stats.results_out + stats.errors_out
-        self._last_frame_at = asyncio.get_running_loop().time()
-        log.info("connection %d to %s open", conn, self.shown_url, extra={"connection": conn})
+        conn = self._opened(ws)
+        written_before = self.stats.results_out + self.stats.errors_out
         tasks: set[asyncio.Task] = set()
         clean = False
         try:
@@ -303,60 +295,87 @@ class FeedClient(FeedControl):
                     await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
                 else:
                     await ws.send_str(frame)
-            writer = asyncio.create_task(self._write(ws), name="forkless-writer")
-            tasks.add(writer)
-            reader = None
-            if not self._stopping:
-                reader = self._reader_task = asyncio.create_task(self._read(ws), name="forkless-reader")
-                tasks.add(reader)
-            if self.settings.stale_s > 0:
-                tasks.add(asyncio.create_task(self._watch_stale(), name="forkless-stale"))
-            while True:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                if writer in done:
-                    end = writer.result()
-                    if end.outcome is not Outcome.DRAINED:
-                        return end
-                    # the server's answering close means it read every frame written before ours
-                    clean = await self._close_after_drain(ws)
-                    if clean:
-                        log.info("connection %d closed with code 1000 after sending every result", conn,
-                                 extra={"connection": conn})
-                    return End(Outcome.CLOSED)
-                if reader is not None and reader in done:
-                    tasks.discard(reader)
-                    if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
-                        continue  # stopping: keep writing until outbound is drained
-                    return reader.result()
-                return End(Outcome.LOST, f"no frame for {self.settings.stale_s}s (FORKLESS_STALE_S)")
+            writer, reader = self._start_tasks(ws, tasks)
+            end, clean = await self._until_ended(ws, tasks, writer, reader)
+            return end
         except (ConnectionError, aiohttp.ClientError) as exc:
             return End(Outcome.LOST, f"{exc.__class__.__name__}: {short(exc)}")
         finally:
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.wait(tasks)
-            unconfirmed = stats.results_out + stats.errors_out - written_before
-            if not clean and unconfirmed:  # the peer may not have read them: counted, never silent
-                stats.written_unconfirmed += unconfirmed
-                log.warning("connection %d ended without the server's closing handshake: the %d reply frames "
-                            "written to it may not all have been read", conn, unconfirmed,
-                            extra={"connection": conn})
-            current = asyncio.current_task()
-            if not ws.closed and current is not None and current.cancelling():
-                aiohttp_compat.drop(ws)  # an aborted stop: no closing handshake, no waiting
-            if not ws.closed:
-                try:  # a peer that never reads cannot hold this: GOING_AWAY is a courtesy
-                    async with asyncio.timeout(GIVE_UP_CLOSE_S):
-                        await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
-                except TimeoutError:
-                    log.warning("connection %d dropped without a closing handshake", conn,
-                                extra={"connection": conn})
-            stats.connected = False
-            stats.state_since = time.time()
+            await self._closed(ws, conn, tasks, clean, written_before)
+
+    def _opened(self, ws: aiohttp.ClientWebSocketResponse) -> int:
+        """A new connection counted, corked and logged; its id (the hand-over stamps it on chunks)."""
+        self._connection_id += 1
+        conn = self.handover.connection = self._connection_id
+        stats = self.stats
+        stats.connects += 1
+        stats.connected = True
+        stats.state_since = time.time()
+        self._cork = aiohttp_compat.cork(ws)
+        self._last_frame_at = asyncio.get_running_loop().time()
+        log.info("connection %d to %s open", conn, self.shown_url, extra={"connection": conn})
+        return conn
+
+    def _start_tasks(self, ws: aiohttp.ClientWebSocketResponse,
+                     tasks: set[asyncio.Task]) -> tuple[asyncio.Task, asyncio.Task | None]:
+        """The writer, the reader (none once stopping), the stale watch (FORKLESS_STALE_S), each put in ``tasks``."""
+        writer = asyncio.create_task(self._write(ws), name="forkless-writer")
+        tasks.add(writer)
+        reader = None
+        if not self._stopping:
+            reader = self._reader_task = asyncio.create_task(self._read(ws), name="forkless-reader")
+            tasks.add(reader)
+        if self.settings.stale_s > 0:
+            tasks.add(asyncio.create_task(self._watch_stale(), name="forkless-stale"))
+        return writer, reader
+
+    async def _until_ended(self, ws: aiohttp.ClientWebSocketResponse, tasks: set[asyncio.Task], writer: asyncio.Task,
+                           reader: asyncio.Task | None) -> tuple[End, bool]:
+        """How the connection ended (the writer drained and closed it, the reader lost it, or it went stale),
+        and whether the server answered our close (so it read every reply written)."""
+        while True:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if writer in done:
+                end = writer.result()
+                if end.outcome is not Outcome.DRAINED:
+                    return end, False
+                # the server's answering close means it read every frame written before ours
+                return End(Outcome.CLOSED), await self._close_after_drain(ws)
+            if reader is not None and reader in done:
+                tasks.discard(reader)
+                if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
+                    continue  # stopping: keep writing until outbound is drained
+                return reader.result(), False
+            return End(Outcome.LOST, f"no frame for {self.settings.stale_s}s (FORKLESS_STALE_S)"), False
+
+    async def _closed(self, ws: aiohttp.ClientWebSocketResponse, conn: int, tasks: set[asyncio.Task], clean: bool,
+                      written_before: int) -> None:
+        """However it ended: its tasks cancelled, the replies not confirmed by the server's closing
+        handshake counted, the socket closed (bounded), the feed counted as disconnected."""
+        stats = self.stats
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        unconfirmed = stats.results_out + stats.errors_out - written_before
+        if not clean and unconfirmed:  # the peer may not have read them: counted, never silent
+            stats.written_unconfirmed += unconfirmed
+            log.warning("connection %d ended without the server's closing handshake: the %d reply frames "
+                        "written to it may not all have been read", conn, unconfirmed, extra={"connection": conn})
+        current = asyncio.current_task()
+        if not ws.closed and current is not None and current.cancelling():
+            aiohttp_compat.drop(ws)  # an aborted stop: no closing handshake, no waiting
+        if not ws.closed:
+            try:  # a peer that never reads cannot hold this: GOING_AWAY is a courtesy
+                async with asyncio.timeout(GIVE_UP_CLOSE_S):
+                    await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
+            except TimeoutError:
+                log.warning("connection %d dropped without a closing handshake", conn, extra={"connection": conn})
+        stats.connected = False
+        stats.state_since = time.time()
 
     async def _close_after_drain(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
-        """Close with 1000 and wait (bounded) for the server's close before dropping TCP.
+        """Close with 1000 and wait (bounded) for the server's close before dropping TCP: True when it came.
 
         aiohttp marks a connection whose ``receive()`` was cancelled (``stop_reading``) as an
         abnormal closure, and ``close()`` then drops the TCP connection right after our close
@@ -373,6 +392,8 @@ class FeedClient(FeedControl):
         try:
             async with asyncio.timeout(limit):
                 await ws.close(code=aiohttp.WSCloseCode.OK, message=b"done")
+            conn = self._connection_id
+            log.info("connection %d closed with code 1000 after sending every result", conn, extra={"connection": conn})
             return True
         except TimeoutError:
             log.warning("the server did not answer our close within %.1fs; connection dropped", limit)

@@ -25,13 +25,10 @@ Rules:
   written with the shortest text that reads back to the same double, so the default codec decodes
   the payload to exactly what it would have decoded from the feed's own frame. The subject is
   ``<subject>.<escape_stream(stream)>`` (io_loop/partitions.py).
-- Gaps: ``SeqGaps`` (pure) follows each feed's ``seq`` (FORKLESS_RELAY_SEQ=feed: the feed numbers
-  its messages one by one, as the demo feed does; ``stream``: each stream's own numbering; ``none``)
-  and counts the messages whose seq jumps over missing ones, and the numbers jumped over, by reason:
-  across a reconnect of the feed (the chunk's ``connection`` changed) or within one connection; a
-  seq that goes back (a feed that restarted its numbering) is counted apart. Each gap is logged
-  (at most one line per feed per ``GAP_LOG_S``, the next line saying how many were not), the totals
-  at the stop.
+- Gaps: ``SeqGaps`` (pure, io_loop/relaystats.py, with the counters ``RelayStats``) follows each
+  feed's ``seq`` (FORKLESS_RELAY_SEQ) and counts the gaps by reason, across a reconnect of the feed
+  or within one connection, and the seqs that go back. Each gap is logged here (at most one line
+  per feed per ``GAP_LOG_S``, the next line saying how many were not), the totals at the stop.
 - The start against the stream (``RELAY_SEQ=feed`` with one feed): before its first publication
   the relay reads the last message the stream holds under ``<subject>.>`` and, once the feed's
   first message of this run is taken, logs its seq against that one's: right after it, a gap
@@ -52,7 +49,7 @@ import logging
 import secrets
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import janus
@@ -60,7 +57,6 @@ import nats.js.errors
 import orjson
 
 from io_loop.backoff import Backoff
-from io_loop.counters import copy_counts
 from io_loop.crossing import Chunk
 from io_loop.errors import FeedFatal
 from io_loop.natsconn import (
@@ -74,127 +70,16 @@ from io_loop.natsconn import (
     unsubscribe_quietly,
 )
 from io_loop.partitions import escape_stream
-from io_loop.settings import SEQ_MODES, IOSettings, RelaySettings
+from io_loop.relaystats import GAP_REASONS, Gap, RelaySnapshot, RelayStats, SeqGaps
+from io_loop.settings import IOSettings, RelaySettings
 
 __all__ = ["GAP_REASONS", "Gap", "Publisher", "RelaySnapshot", "RelayStats", "SeqGaps"]
 
 log = logging.getLogger("forkless.relay")
 
-ACROSS_RECONNECT, WITHIN_CONNECTION = "across a reconnect", "within a connection"
-GAP_REASONS = (ACROSS_RECONNECT, WITHIN_CONNECTION)
 GAP_LOG_S = 5.0  # a feed's gaps are logged at most once per this long (the next line counts the rest)
 GIVE_UP_CLOSE_S = 0.25
 SUBJECT_CACHE = 100_000  # stream names whose subject is kept (then the cache starts again)
-
-
-# ---- counting gaps (pure) -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Gap:
-    """One message whose seq did not follow the previous one of its feed (or stream)."""
-
-    feed: int
-    stream: str
-    before: int  # the previous seq
-    seq: int
-    reason: str  # one of GAP_REASONS
-
-    @property
-    def missing(self) -> int:
-        """Numbers jumped over (0 when the seq went back or repeated)."""
-        return max(0, self.seq - self.before - 1)
-
-
-class SeqGaps:
-    """Follows the seqs of each feed (``per="feed"``) or of each stream (``"stream"``); ``"none"``
-    counts nothing. Pure: the caller passes each chunk's messages and logs what comes back."""
-
-    def __init__(self, per: str) -> None:
-        if per not in SEQ_MODES:
-            raise ValueError(f"per must be one of {SEQ_MODES}")
-        self.per = per
-        self._last: dict[Any, tuple[int, int]] = {}  # key -> (seq, connection)
-        self.gaps: Counter[str] = Counter()  # messages whose seq jumped, by reason
-        self.missing: Counter[str] = Counter()  # numbers jumped over, by reason
-        self.back: Counter[str] = Counter()  # messages whose seq went back or repeated, by reason
-
-    def observe(self, feed: int, connection: int, seqs: list[Any], streams: list[str]) -> list[Gap]:
-        """Follow one chunk's messages (in order); the gaps and goings-back found."""
-        if self.per == "none":
-            return []
-        found: list[Gap] = []
-        last = self._last
-        by_stream = self.per == "stream"
-        for seq, stream in zip(seqs, streams):
-            key = (feed, stream) if by_stream else feed
-            prev = last.get(key)
-            last[key] = (seq, connection)
-            if prev is None or seq == prev[0] + 1:
-                continue
-            reason = ACROSS_RECONNECT if connection != prev[1] else WITHIN_CONNECTION
-            gap = Gap(feed, stream, prev[0], seq, reason)
-            if seq > prev[0]:
-                self.gaps[reason] += 1
-                self.missing[reason] += gap.missing
-            else:
-                self.back[reason] += 1
-            found.append(gap)
-        return found
-
-
-# ---- the counters ---------------------------------------------------------------------------------
-
-
-@dataclass
-class RelayStats:
-    """Written by the IO thread only (the publisher); read elsewhere through ``snapshot()``."""
-
-    taken: int = 0  # messages taken from inbound (each gets an id)
-    published: int = 0  # first publications
-    retried: int = 0  # publications again (after a failure)
-    acked: int = 0  # messages the server acknowledged (stored, or a duplicate of one stored)
-    duplicates: int = 0  # of those, acknowledged as duplicates (a retry of one already stored)
-    held: int = 0  # taken and not yet acknowledged (waiting or in flight)
-    unpublished: int = 0  # held when the publisher was cancelled: never stored
-    connects: int = 0
-    reconnects: int = 0
-    connect_failures: int = 0
-    connected: bool = False
-    state_since: float = 0.0  # wall-clock seconds of the last connect/disconnect
-    last_error: str = ""
-    gaps: SeqGaps = field(default_factory=lambda: SeqGaps("none"))
-
-    def snapshot(self) -> RelaySnapshot:
-        gaps = self.gaps
-        return RelaySnapshot(
-            taken=self.taken, published=self.published, retried=self.retried, acked=self.acked,
-            duplicates=self.duplicates, held=self.held, unpublished=self.unpublished, connects=self.connects,
-            reconnects=self.reconnects, connect_failures=self.connect_failures, connected=self.connected,
-            state_since=self.state_since, last_error=self.last_error, gaps=copy_counts(gaps.gaps),
-            missing=copy_counts(gaps.missing), back=copy_counts(gaps.back))
-
-
-@dataclass(frozen=True)
-class RelaySnapshot:
-    """The publisher's figures at one moment (see ``RelayStats``)."""
-
-    taken: int
-    published: int
-    retried: int
-    acked: int
-    duplicates: int
-    held: int
-    unpublished: int
-    connects: int
-    reconnects: int
-    connect_failures: int
-    connected: bool
-    state_since: float
-    last_error: str
-    gaps: dict[str, int]
-    missing: dict[str, int]
-    back: dict[str, int]
 
 
 # ---- the publisher --------------------------------------------------------------------------------
@@ -383,17 +268,38 @@ class Publisher:
     async def _serve(self, nc: Any, conn: _Connection, taker: asyncio.Task) -> str:
         """Publish until everything taken is stored and inbound is done (returns ""), or until the
         connection fails (returns why; the messages in flight wait to be published again)."""
-        stats, bound = self.stats, self.relay.max_in_flight
+        await self._connected(nc)
+        prefix = nc.new_inbox() + "."
+        try:
+            sub = await nc.subscribe(prefix + "*", cb=self._on_ack(conn, len(prefix)))
+        except NATS_ERRORS as exc:
+            await self._end(nc, conn)
+            return f"subscribing to the acknowledgements failed: {describe_error(exc)}"
+        try:
+            return await self._publish(nc, conn, prefix, taker)
+        except NATS_ERRORS as exc:
+            return f"publishing failed: {describe_error(exc)}"
+        finally:
+            self._requeue_in_flight()
+            await unsubscribe_quietly(sub)
+            await self._end(nc, conn)
+
+    async def _connected(self, nc: Any) -> None:
+        """A new connection counted and logged; before this run's first publication, the last
+        message the stream holds looked up (the start against the stream)."""
+        stats = self.stats
         stats.connects += 1
         stats.connected = True
         stats.state_since = time.time()
         log.info("relay: connected to %s", self.shown_url)
         if self._start_check and not self._looked_up:
             await self._look_up_last_stored(nc)
-        prefix = nc.new_inbox() + "."
-        cut = len(prefix)
-        in_flight, waiting, wake = self._in_flight, self._waiting, self._wake
-        headers_id = f"{self.run_id}:"
+
+    def _on_ack(self, conn: _Connection, cut: int) -> Callable[[Any], Awaitable[None]]:
+        """The callback of ``conn``'s acknowledgements (subjects ``<inbox>.<n>``, ``cut`` the length of
+        ``<inbox>.``): a message stored (or a duplicate) is no longer held; an error ack fails ``conn``."""
+        stats, bound = self.stats, self.relay.max_in_flight
+        in_flight, wake = self._in_flight, self._wake
 
         async def on_ack(msg: Any) -> None:
             try:
@@ -416,55 +322,62 @@ class Publisher:
                 self._room.set()
             wake.set()
 
-        try:
-            sub = await nc.subscribe(prefix + "*", cb=on_ack)
-        except NATS_ERRORS as exc:
-            await self._end(nc, conn)
-            return f"subscribing to the acknowledgements failed: {describe_error(exc)}"
+        return on_ack
+
+    async def _publish(self, nc: Any, conn: _Connection, prefix: str, taker: asyncio.Task) -> str:
+        """Publish what waits and wait for the acks, until everything taken is stored and inbound is
+        done (returns "") or ``conn`` fails: its callbacks say why, or no ack came for
+        FORKLESS_CONNECT_TIMEOUT_S while some were awaited."""
+        stats, in_flight, waiting, wake = self.stats, self._in_flight, self._waiting, self._wake
         timeout = self.settings.connect_timeout_s
         loop = asyncio.get_running_loop()
         acked, waiting_since = stats.acked, loop.time()  # the last ack seen, and since when we wait for one
-        try:
-            while True:
-                if not in_flight:  # nothing awaited: the wait for an ack starts with the next publication
-                    acked, waiting_since = stats.acked, loop.time()
-                while waiting and len(in_flight) < bound and not conn.failure:
-                    held = waiting.popleft()
-                    in_flight[held.n] = held
-                    if held.sent:
-                        stats.retried += 1
-                    else:
-                        held.sent = True
-                        stats.published += 1
-                    await nc.publish(held.subject, held.payload, reply=f"{prefix}{held.n}",
-                                     headers={"Nats-Msg-Id": f"{headers_id}{held.n}"})
-                if conn.failure:
-                    return conn.failure
-                if taker.done() and not self._inbound_done:
-                    taker.result()  # what killed it (a bug): raised, not waited on forever
-                if not in_flight and not waiting and self._inbound_done:
-                    return ""
-                now = loop.time()
-                if stats.acked != acked:  # progress: the wait for an ack starts again
-                    acked, waiting_since = stats.acked, now
-                elif now - waiting_since >= timeout:  # new messages arriving do not extend it
-                    return (f"no acknowledgement from {self.shown_url} within {timeout:g}s "
-                            "(FORKLESS_CONNECT_TIMEOUT_S)")
-                wake.clear()
-                try:
-                    async with asyncio.timeout(waiting_since + timeout - now if in_flight else None):
-                        await wake.wait()
-                except TimeoutError:
-                    pass
-        except NATS_ERRORS as exc:
-            return f"publishing failed: {describe_error(exc)}"
-        finally:
-            # what was in flight waits to be published again, in order, before what was waiting
-            if in_flight:
-                waiting.extendleft(sorted(in_flight.values(), key=lambda m: m.n, reverse=True))
-                in_flight.clear()
-            await unsubscribe_quietly(sub)
-            await self._end(nc, conn)
+        while True:
+            if not in_flight:  # nothing awaited: the wait for an ack starts with the next publication
+                acked, waiting_since = stats.acked, loop.time()
+            await self._publish_waiting(nc, conn, prefix)
+            if conn.failure:
+                return conn.failure
+            if taker.done() and not self._inbound_done:
+                taker.result()  # what killed it (a bug): raised, not waited on forever
+            if not in_flight and not waiting and self._inbound_done:
+                return ""
+            now = loop.time()
+            if stats.acked != acked:  # progress: the wait for an ack starts again
+                acked, waiting_since = stats.acked, now
+            elif now - waiting_since >= timeout:  # new messages arriving do not extend it
+                return (f"no acknowledgement from {self.shown_url} within {timeout:g}s "
+                        "(FORKLESS_CONNECT_TIMEOUT_S)")
+            wake.clear()
+            try:
+                async with asyncio.timeout(waiting_since + timeout - now if in_flight else None):
+                    await wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _publish_waiting(self, nc: Any, conn: _Connection, prefix: str) -> None:
+        """Publish the waiting messages in order while fewer than ``max_in_flight`` are in flight and
+        ``conn`` has not failed, each with its id and its ack's subject ``<prefix><n>``."""
+        stats, bound = self.stats, self.relay.max_in_flight
+        in_flight, waiting = self._in_flight, self._waiting
+        headers_id = f"{self.run_id}:"
+        while waiting and len(in_flight) < bound and not conn.failure:
+            held = waiting.popleft()
+            in_flight[held.n] = held
+            if held.sent:
+                stats.retried += 1
+            else:
+                held.sent = True
+                stats.published += 1
+            await nc.publish(held.subject, held.payload, reply=f"{prefix}{held.n}",
+                             headers={"Nats-Msg-Id": f"{headers_id}{held.n}"})
+
+    def _requeue_in_flight(self) -> None:
+        """After a connection: what was in flight waits to be published again, in order, before what was waiting."""
+        in_flight = self._in_flight
+        if in_flight:
+            self._waiting.extendleft(sorted(in_flight.values(), key=lambda m: m.n, reverse=True))
+            in_flight.clear()
 
     async def _end(self, nc: Any, conn: _Connection) -> None:
         conn.failure = conn.failure or "closed"  # its callbacks (the close's own) change nothing now

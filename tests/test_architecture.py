@@ -59,6 +59,7 @@ CORE = [
     "io_loop/jsconsumer.py",
     "io_loop/netaddr.py",
     "io_loop/partitions.py",
+    "io_loop/relaystats.py",
     "io_loop/settings.py",
 ]
 DEVICE = [

@@ -18,7 +18,7 @@ import pytest
 from controller.codec import JsonCodec
 from controller.errors import FeedFatal, IOThreadError, MetricsServerError
 from io_loop.partitions import escape_stream
-from io_loop.relay import ACROSS_RECONNECT, WITHIN_CONNECTION, SeqGaps
+from io_loop.relaystats import ACROSS_RECONNECT, WITHIN_CONNECTION, SeqGaps
 from tests.harness import UNIT_S, run_app, wait_until
 from tests.servers import FeedConn, make_messages
 
