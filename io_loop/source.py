@@ -116,11 +116,12 @@ class SourceContext:
             runner.leave()
 
     async def emit_rows(self, seq: list[Any], stream: list[str], x: Any, position: int | str | None = None) -> int:
-        """Hand messages already decoded: ``seq`` and ``stream`` one per message, ``x`` [n, features]."""
+        """Hand messages already decoded: ``seq`` and ``stream`` one per message, ``x`` [n, features],
+        made an array of the processor's input dtype (float32, or float64: never through float32)."""
         runner = self._runner
         runner.enter()
         try:
-            x = np.asarray(x, dtype=np.float32)
+            x = np.asarray(x, dtype=getattr(runner.codec, "dtype", np.float32))
             if x.ndim != 2 or x.shape != (len(seq), self.features) or len(stream) != len(seq):
                 raise ValueError(f"emit_rows takes seq and stream of one length n and x of shape (n, {self.features}); "
                                  f"got {len(seq)}, {len(stream)} and {x.shape}")

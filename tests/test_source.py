@@ -147,6 +147,65 @@ def test_send_writes_a_frame_to_a_configured_websocket_feed_beside_a_source(feed
     assert ctl.stats().sent_out == 1
 
 
+class RowsSource:
+    """Hands messages over already decoded (``emit_rows``), then waits for the stop."""
+
+    name = "rows"
+
+    def __init__(self, batches: list[tuple[list[int], list[str], Any]]) -> None:
+        self.batches = batches
+        self.answers: list[Any] = []  # not `replies`: that attribute is the source's reply policy
+
+    async def run(self, ctx: Any) -> None:
+        for seq, stream, x in self.batches:
+            await ctx.emit_rows(seq, stream, x)
+        async for frame in ctx.outgoing():
+            self.answers.append(json.loads(frame))
+
+
+def test_rows_a_source_decoded_itself_are_processed_and_answered_in_the_processor_dtype():
+    import numpy as np
+
+    seen: list[Any] = []
+    rows = [([i, i + 1], ["a", "b"], [[float(i)] * FEATURES, [0.1] * FEATURES]) for i in range(0, 20, 2)]
+    source = RowsSource(rows)
+    with Controller(_config(), processor=PROCESSOR, sources=[source],
+                    on_results=lambda seq, stream, outputs: seen.extend(seq)) as ctl:
+        drive(ctl, lambda: len(source.answers) >= 20, timeout_s=20 * UNIT_S, what="20 replies yielded")
+    assert sorted(seen) == list(range(20)) and sorted(r["seq"] for r in source.answers) == list(range(20))
+    snap = ctl.stats()
+    assert (snap.messages_in, snap.processed, snap.errors_total) == (20, 20, 0)
+    # x is built in the codec's (the processor's) dtype: float64 values are not rounded through float32
+    from controller.codec import GuardedCodec, JsonCodec
+
+    from types import SimpleNamespace
+
+    from io_loop.source import SourceContext
+
+    class Runner:  # the parts of a SourceRunner emit_rows uses: its codec's dtype, then take()
+        feed, settings = SimpleNamespace(name="rows"), SimpleNamespace(features=1)
+        codec = GuardedCodec(JsonCodec(1, dtype=np.float64), 1, dtype=np.float64)
+        got: Any = None
+
+        def enter(self) -> None: ...
+
+        def leave(self) -> None: ...
+
+        async def take(self, rows: Any, received: int, origins: Any) -> int:
+            Runner.got = rows.x
+            return len(rows)
+
+    asyncio.run(SourceContext(Runner(), None, None).emit_rows([1], ["a"], [[37000.10]]))
+    assert Runner.got.dtype == np.float64 and Runner.got[0, 0] == 37000.10
+
+
+def test_rows_of_the_wrong_shape_fail_the_source_with_a_clear_error():
+    source = RowsSource([([1, 2], ["a", "b"], [[1.0] * (FEATURES + 1)] * 2)])
+    with pytest.raises(FeedFatal, match=r"emit_rows takes seq and stream of one length n and x of shape \(n, 4\)"), \
+            Controller(_config(), processor=PROCESSOR, sources=[source]) as ctl:
+        drive(ctl, lambda: False, timeout_s=10 * UNIT_S, what="the failure raised")
+
+
 class FailingSource:
     name = "failing"
 
