@@ -76,12 +76,12 @@ class DeploymentRecord:
     async def claim(self, stop: threading.Event | None) -> None:
         """Wait while another live layout keeps the record (``DeploymentMismatch`` once it shows
         it is alive), then write ours."""
-        await self._thread.connection()
         leases, key, layout = self._leases, self.key, self.layout
-        kv = leases.kv
         seen: int | None = None
         t0 = time.monotonic()
         while True:
+            await self._thread.connection()
+            kv = leases.kv  # over the connection of the moment: the server may have restarted during the wait
             try:
                 entry = await kv.get(key)
             except nats.js.errors.KeyNotFoundError:

@@ -254,13 +254,13 @@ class Leases:
         log.warning("waiting for the lease of %s held by %s to expire (up to %.1f s)", ", ".join(sorted(held)),
                     _holders(held), self.wait_s)
         poll_s = self.lease / POLLS_PER_LEASE
-        kv = self.kv
         while held:
             now = time.monotonic()
             await sleep_or_stop(max(0.0, min(poll_s, deadline - now)), stop)
             if self.lost.is_set():
                 raise LeaseLost(self.lost_message())
             await self._thread.connection()
+            kv = self.kv  # over the connection of the moment: the server may have restarted during the wait
             states = dict(zip(list(held), await each(lambda key: self._look(kv, key, held), list(held))))
             for key, state in states.items():
                 if state == "alive":

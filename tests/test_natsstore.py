@@ -382,6 +382,41 @@ def test_a_server_restart_within_the_lease_keeps_the_leases_and_the_store_connec
         server.stop()
 
 
+def test_a_server_restart_while_acquire_waits_for_a_dead_holders_lease_is_waited_through(tmp_path, stores, caplog):
+    """The wait reads the lease bucket over the connection of the moment: after the server's
+    restart the store connects again and the wait goes on to take the expired lease."""
+    import threading
+
+    if nats_server_binary() is None:
+        pytest.skip("nats-server is not installed")
+    caplog.set_level(logging.INFO, logger="forkless.store")
+    server = NatsServer(tmp_path / "store").start()
+    try:
+        lease_s = 4.0  # the holder's lease outlives the restart below
+        store = stores(server.url, "inst-1", lease_s=lease_s)
+        _kill_9(_holder_process(server.url, store.lease_bucket, "inst-0", "TICKS.3", lease_s=lease_s))
+        outcome: list[Any] = []
+
+        def acquire() -> None:
+            try:
+                store.acquire(["TICKS.3"])
+                outcome.append("taken")
+            except BaseException as exc:  # noqa: BLE001 - what the test reports
+                outcome.append(exc)
+
+        waiter = threading.Thread(target=acquire)
+        waiter.start()
+        wait_until(lambda: any(m.startswith("waiting for the lease") for m in _messages(caplog, logging.WARNING)),
+                   timeout_s=30 * UNIT_S, what="the wait for the dead holder's lease")
+        server.restart()
+        waiter.join(60 * UNIT_S)
+        assert outcome == ["taken"], outcome
+        assert _lease(server.url, "TICKS.3", store.lease_bucket)[0] == "inst-1"
+        assert not store.lost.is_set()
+    finally:
+        server.stop()
+
+
 # ---- connecting ---------------------------------------------------------------------------------------
 
 
