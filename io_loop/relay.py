@@ -475,8 +475,14 @@ def _ack_problem(msg: Any) -> str:
     data = msg.data
     if b'"error"' in data:
         try:
-            error = json.loads(data).get("error") or {}
+            body = json.loads(data)
         except ValueError:
             return "the server's acknowledgement is not JSON"
-        return f"the server did not store a message to {{subject}}: {error.get('description', error)}"
+        if not isinstance(body, dict):
+            return f"the server's acknowledgement is not a JSON object: {data[:200]!r}"
+        if "error" not in body:  # '"error"' was a value (a stream named so): stored
+            return ""
+        error = body["error"]
+        why = error.get("description", error) if isinstance(error, dict) else error
+        return f"the server did not store a message to {{subject}}: {why}"
     return ""

@@ -267,6 +267,24 @@ def test_a_start_compares_the_feeds_first_seq_with_the_last_stored_and_logs_a_ga
             "between the runs") in done.stderr
 
 
+@pytest.mark.parametrize("data, problem", [
+    (b'{"stream":"RELAY","seq":7}', ""),
+    (b'{"stream":"error","seq":7}', ""),  # '"error"' as a value: stored
+    (b'{"stream":"RELAY","seq":7,"duplicate":true}', ""),
+    (b'{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}',
+     "the server did not store a message to {subject}: maximum messages exceeded"),
+    (b'{"error":"refused"}', "the server did not store a message to {subject}: refused"),
+    (b'["error"]', "the server's acknowledgement is not a JSON object: b'[\"error\"]'"),
+    (b'{"error": nope', "the server's acknowledgement is not JSON"),
+])
+def test_an_acknowledgement_is_read_as_stored_or_as_the_servers_reason_and_never_raises(data, problem):
+    from types import SimpleNamespace
+
+    from io_loop.relay import _ack_problem
+
+    assert _ack_problem(SimpleNamespace(headers=None, data=data)) == problem
+
+
 def test_seq_gaps_are_followed_per_feed_or_per_stream_and_a_restarted_numbering_is_not_a_gap():
     per_feed = SeqGaps("feed")
     assert per_feed.observe(0, 1, [0, 1, 2], ["a", "b", "a"]) == []
