@@ -37,6 +37,7 @@ _EXPORTS = {
     "MetricsServerError": "controller.errors",
     "PositionLost": "controller.errors",
     "ProcessorContractError": "controller.errors",
+    "StoreError": "controller.errors",
     "Source": "io_loop.source",
     "SourceContext": "io_loop.source",
     "SourceStopped": "io_loop.source",

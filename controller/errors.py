@@ -32,6 +32,7 @@ from io_loop.errors import (
     LeaseLost,
     MetricsServerError,
     PositionLost,
+    StoreError,
 )
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "MetricsServerError",
     "PositionLost",
     "ProcessorContractError",
+    "StoreError",
 ]
 
 # what each status means, whatever ends the run with it; the classes in ENDS_A_RUN add their own lines

@@ -21,6 +21,7 @@ _EXPORTS = {
     "LeaseLost": "io_loop.errors",
     "MetricsServerError": "io_loop.errors",
     "PositionLost": "io_loop.errors",
+    "StoreError": "io_loop.errors",
     "Handshake": "io_loop.before_connect",
     "IOPortal": "io_loop.portal",
     "PortalClosed": "io_loop.portal",

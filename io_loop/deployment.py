@@ -26,11 +26,11 @@ from typing import Any
 
 import nats.js.errors
 
-from io_loop.errors import DeploymentMismatch
+from io_loop.errors import DeploymentMismatch, StoreError
 from io_loop.leases import POLLS_PER_LEASE, RENEWS_PER_LEASE, Leases
 from io_loop.natsconn import NATS_ERRORS
 from io_loop.partitions import format_partitions
-from io_loop.storethread import StoreError, StoreThread, each, sleep_or_stop
+from io_loop.storethread import StoreThread, each, sleep_or_stop
 
 __all__ = ["DeploymentRecord"]
 

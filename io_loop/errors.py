@@ -36,6 +36,7 @@ __all__ = [
     "MetricsServerError",
     "PositionLost",
     "StopRequested",
+    "StoreError",
 ]
 
 EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_FEED = 0, 1, 2, 3
@@ -121,6 +122,13 @@ class DeploymentMismatch(ForklessError):
 
     def __reduce__(self) -> tuple:
         return type(self), (self.recorded, self.ours, str(self))
+
+
+class StoreError(ForklessError):
+    """An operation on the checkpoint and lease store (io_loop/natsstore.py) failed: server
+    unreachable, an answer refused or late. The store stays usable and the next call tries
+    again; raised to the thread that called the store (a partitioned instance's start, its
+    checkpoints), it ends a run as a crash does."""
 
 
 class StopRequested(Exception):

@@ -59,11 +59,11 @@ import nats.js.errors
 from nats.js import api
 from nats.js.kv import KeyValue
 
-from io_loop.errors import LeaseHeld, LeaseLost
+from io_loop.errors import LeaseHeld, LeaseLost, StoreError
 from io_loop.natsconn import NATS_ERRORS
 from io_loop.natsconn import NatsConnectFailed as _Failed
 from io_loop.natsconn import describe_error as _describe
-from io_loop.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreError, StoreThread, each, sleep_or_stop
+from io_loop.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread, each, sleep_or_stop
 
 __all__ = ["Leases", "RoundPart", "wrong_last"]
 
@@ -261,7 +261,7 @@ class Leases:
                 raise LeaseLost(self.lost_message())
             await self._thread.connection()
             kv = self.kv  # over the connection of the moment: the server may have restarted during the wait
-            states = dict(zip(list(held), await each(lambda key: self._look(kv, key, held), list(held))))
+            states = dict(zip(list(held), await each(lambda key, kv=kv: self._look(kv, key, held), list(held))))
             for key, state in states.items():
                 if state == "alive":
                     raise self._alive(held, held[key][0])
@@ -273,7 +273,8 @@ class Leases:
                 del held[key]
             if held and time.monotonic() >= deadline:
                 silent = sorted(held)
-                for key, ok in zip(silent, await each(lambda key: self._take_silent(kv, key, held, took), silent)):
+                taken = await each(lambda key, kv=kv: self._take_silent(kv, key, held, took), silent)
+                for key, ok in zip(silent, taken):
                     if not ok:
                         raise self._alive(held, held[key][0])
                     del held[key]

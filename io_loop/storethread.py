@@ -35,13 +35,13 @@ import nats.errors
 import nats.js.errors
 
 from io_loop.backoff import Backoff
-from io_loop.errors import FeedFatal, ForklessError, StopRequested
+from io_loop.errors import FeedFatal, StopRequested, StoreError
 from io_loop.natsconn import NATS_ERRORS, close_quietly, connect_once, connect_options
 from io_loop.natsconn import NatsConnectFailed as _Failed
 from io_loop.natsconn import describe_error as _describe
 from io_loop.settings import FeedSpec, IOSettings
 
-__all__ = ["StoreError", "StoreThread", "each", "sleep_or_stop"]
+__all__ = ["StoreThread", "each", "sleep_or_stop"]
 
 log = logging.getLogger("forkless.store")
 
@@ -52,11 +52,6 @@ CLOSE_S = 1.0
 STOP_POLL_S = 0.05  # a wait (connection retries, a dead holder's lease) looks at the caller's stop this often
 TAKE_ATTEMPTS = 5  # a lease key changing hands under a claimant, an object overwritten while read: StoreError
 NAME_IN_USE = 10058  # JetStream's "stream name already in use with a different configuration"
-
-
-class StoreError(ForklessError):
-    """An operation on the store failed (server unreachable, an answer refused or late); the
-    store stays usable and the next call tries again."""
 
 
 async def sleep_or_stop(seconds: float, stop: threading.Event | None) -> None:

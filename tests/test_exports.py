@@ -57,6 +57,7 @@ CONTROLLER_ALL = [
     "SourceContext",
     "SourceStopped",
     "StatsSnapshot",
+    "StoreError",
     "WorkerFailed",
     "default_processor",
     "ewma_processor",
@@ -79,6 +80,7 @@ IO_LOOP_ALL = [
     "Source",
     "SourceContext",
     "SourceStopped",
+    "StoreError",
     "WorkerFailed",
 ]
 

@@ -401,7 +401,7 @@ def test_a_server_restart_while_acquire_waits_for_a_dead_holders_lease_is_waited
             try:
                 store.acquire(["TICKS.3"])
                 outcome.append("taken")
-            except BaseException as exc:  # noqa: BLE001 - what the test reports
+            except BaseException as exc:
                 outcome.append(exc)
 
         waiter = threading.Thread(target=acquire)

@@ -176,10 +176,9 @@ def test_rows_a_source_decoded_itself_are_processed_and_answered_in_the_processo
     snap = ctl.stats()
     assert (snap.messages_in, snap.processed, snap.errors_total) == (20, 20, 0)
     # x is built in the codec's (the processor's) dtype: float64 values are not rounded through float32
-    from controller.codec import GuardedCodec, JsonCodec
-
     from types import SimpleNamespace
 
+    from controller.codec import GuardedCodec, JsonCodec
     from io_loop.source import SourceContext
 
     class Runner:  # the parts of a SourceRunner emit_rows uses: its codec's dtype, then take()
