@@ -8,10 +8,11 @@ Rules:
   processing failed; a non-finite result; encode failed) or no frame, counted as ``no_reply``
   (controller/replies.py applies each feed's reply policy). Replies keep arrival order.
 - The order of a batch: slot its streams (recycled slots reset first), step through the
-  engine (the one owner of the device state), refuse non-finite rows and reset their streams,
-  hand the results to ``on_results``, encode, stamp ``OUTBOUND`` (results handed over: the
-  ``latency`` ends), put the one ``Outgoing`` (none when nothing is sent), move the JetStream
-  feeds' positions. What ``on_results`` raised is raised once the batch's replies are put.
+  engine (the one owner of the device state), count the processor's declared counters over the
+  finite rows, refuse non-finite rows and reset their streams, hand the results to
+  ``on_results``, encode, stamp ``OUTBOUND`` (results handed over: the ``latency`` ends), put
+  the one ``Outgoing`` (none when nothing is sent), move the JetStream feeds' positions. What
+  ``on_results`` raised is raised once the batch's replies are put.
 - A step that raises answers its batch with "processing failed" (the engine kept the state,
   or replaced it if the failed step had lost it); the traceback is logged once per distinct
   error. A non-finite result is logged once.
@@ -22,11 +23,12 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from controller.batching import ENCODED, FETCHED, OUTBOUND, STEP, Outgoing, Taken, Trace
+from controller.declared import count
 from controller.engine import Engine, StepFailed
 from controller.positions import SourcePositions
 from controller.replies import NON_FINITE_REASON, Replies
@@ -47,11 +49,13 @@ class BatchStep:
 
     ``on_results(seq, stream, outputs)`` gets every batch that has results; ``feed_prefixes``:
     with several feeds (unless their streams are shared) a stream's key is "feed:stream";
-    ``io_cpu``: the IO thread's CPU clock, read around each step (None: not known)."""
+    ``io_cpu``: the IO thread's CPU clock, read around each step (None: not known); ``counters``:
+    the processor's declared counters (controller/declared.py), each summed into ``stats.counters``."""
 
     def __init__(self, engine: Engine, slots: StreamSlots, replies: Replies, positions: SourcePositions,
                  stats: MainStats, *, put: Put, on_results: Callable[[list, list, dict], None],
-                 feed_prefixes: Sequence[str] | None = None, io_cpu: Callable[[], float] | None = None) -> None:
+                 feed_prefixes: Sequence[str] | None = None, io_cpu: Callable[[], float] | None = None,
+                 counters: Mapping[str, str] | None = None) -> None:
         self.engine = engine
         self.slots = slots
         self.replies = replies
@@ -61,6 +65,7 @@ class BatchStep:
         self._on_results = on_results
         self._feed_prefixes = feed_prefixes
         self._io_cpu = io_cpu
+        self._counters = dict(counters or {})
         self._logged_failures: set[str] = set()
         self._logged_non_finite = False
 
@@ -185,9 +190,8 @@ class BatchStep:
         if io_cpu is not None:
             stats.step_io_cpu_s += io_cpu() - io_cpu_0
         stats.processed += m
-        anomaly = outputs.get("anomaly")
-        if anomaly is not None:
-            stats.anomalies += int(np.count_nonzero(anomaly[~bad] if bad.any() else anomaly))
+        if self._counters:  # the processor's declared counters, over the messages answered with results
+            count(self._counters, outputs, ~bad if bad.any() else None, stats.counters)
         return outputs, bad
 
     def _log_failure(self, exc: BaseException) -> None:

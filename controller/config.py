@@ -56,6 +56,8 @@ class Config:
     ca_file: str = ""
     tls_insecure: bool = False
     features: int = 8
+    # the default detector's (read only where it is built: processor.default_processor; the
+    # demo feed plants anomalies after the warm-up): a processor of your own ignores them
     alpha: float = 0.05
     threshold: float = 4.0
     warmup: int = 20
@@ -228,10 +230,11 @@ class Config:
 
     def io_settings(self) -> IOSettings:
         """What the IO side reads of this configuration (io_loop/settings.py): its fields by the
-        same names, ``feed_specs`` and ``uses_demo_feed`` as derived here."""
-        return IOSettings(feeds_from_list=self.feeds != "",
-                          **{f.name: getattr(self, f.name) for f in dataclasses.fields(IOSettings)
-                             if f.name != "feeds_from_list"})
+        same names, ``feed_specs`` and ``uses_demo_feed`` as derived here, and the demo feed's
+        warm-up (the default detector's, FORKLESS_WARMUP: when it starts planting anomalies)."""
+        derived = {"feeds_from_list": self.feeds != "", "demo_warmup": self.warmup}
+        return IOSettings(**derived, **{f.name: getattr(self, f.name) for f in dataclasses.fields(IOSettings)
+                                        if f.name not in derived})
 
     def relay_settings(self) -> tuple[IOSettings, RelaySettings]:
         """What ``forkless relay`` runs with: the IO side's settings (its feeds never sent a reply)

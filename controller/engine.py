@@ -59,6 +59,7 @@ from controller.compiled import (
     unsplit_cpu_ops,
     use_devices,
 )
+from controller.declared import check_counters, declared
 from controller.errors import ProcessorContractError
 from controller.placement import OutputField, Placement, Route, unpack_outputs
 from controller.processor import reset_rows, row_template
@@ -119,7 +120,9 @@ class _OneDevice:
         return jax.jit(guarded(step), donate_argnums=0)
 
     def check(self, step: Callable[..., Any], state: Any, bucket: int) -> None:
-        check_contract(state, jax.eval_shape(step, state, self.example(bucket)), bucket)
+        out_info = jax.eval_shape(step, state, self.example(bucket))
+        check_contract(state, out_info, bucket)
+        check_counters(declared(self.processor).counters, out_info[1])
 
     def example(self, bucket: int) -> Batch:
         return example_batch(self.config.features, bucket, self.spare_key, self.dtype)
@@ -229,6 +232,7 @@ class _Sharded:
         local = example_batch(self.config.features, bucket, self.spare_key, self.dtype)
         out_info = jax.eval_shape(step, self.local_state, local)
         check_contract(self.local_state, out_info, bucket)
+        check_counters(declared(self.processor).counters, out_info[1])
         check_replicated_unchanged(step, self.local_state, local, self.per_stream)
         if not self.layout:
             self.layout = output_layout(out_info[1])

@@ -225,9 +225,9 @@ class Controller:
         """The main thread's ends of the started IO side's queues, and each batch's way between them."""
         stats = self.main_stats
         self._outbound = Outbound(side.outbound, io, stats, self._deadline)
-        prefixes = self.plan.stream_prefixes(self.config.shared_streams)
+        prefixes, counters = self.plan.stream_prefixes(self.config.shared_streams), self.recovery.declared.counters
         step = BatchStep(self.engine, self.slots, self.replies, self.sources, stats, put=self._outbound.put,
-                         on_results=self._hand_results, feed_prefixes=prefixes,
+                         on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
                          # the IO thread's CPU clock, read around each step (pipelining:
                          # MainStats.step_io_cpu_s); not read at all where it is unknown (NaN)
                          io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds)

@@ -98,8 +98,18 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(_by_reason("forkless_replies_declined", "Replies not sent, by reason (the error's, or \"result\"): "
                            "the feed's reply policy (FORKLESS_REPLIES, a feed's \"replies\") or the codec's "
                            "encode_error returning None declined them.", snap.replies_declined))
-    fams.append(CounterMetricFamily("forkless_anomalies", "Messages the processor flagged as anomalies.",
-                                    value=snap.anomalies))
+    # the processor's declared counters: the default detector's "anomalies" keeps a family of its own
+    if "anomalies" in snap.counters:
+        fams.append(CounterMetricFamily("forkless_anomalies", "Messages the default detector flagged as anomalies "
+                                        "(its declared counter \"anomalies\").", value=snap.anomalies))
+    declared = CounterMetricFamily("forkless_processor_counts", "The processor's declared counters "
+                                   "(Processor(counters=...)): each a bool or int output summed over the messages "
+                                   "answered with results, by counter name; the default detector's is "
+                                   "forkless_anomalies.", labels=["name"])
+    for name, value in snap.counters.items():
+        if name != "anomalies":
+            declared.add_metric([name], value)
+    fams.append(declared)
     fams.append(_by_reason("forkless_errors", "Messages or frames refused or failed, by reason.", snap.errors))
     fams.append(_by_reason("forkless_dropped", "Messages or replies dropped, by reason.", snap.dropped))
 
@@ -361,7 +371,7 @@ def _every_field_populated() -> StatsSnapshot:
     seconds = HistogramSnapshot(SECONDS_BOUNDS, (1,) * (len(SECONDS_BOUNDS) + 1), 1.0, len(SECONDS_BOUNDS) + 1)
     sizes = HistogramSnapshot((1.0, 4.0), (1, 1, 1), 9.0, 3)
     return StatsSnapshot(
-        at=1.0, messages_in=1, frames_in=1, messages_out=1, errors_out=1, processed=1, anomalies=1, batches=1,
+        at=1.0, messages_in=1, frames_in=1, messages_out=1, errors_out=1, processed=1, batches=1,
         errors={_VARIES: 1}, dropped={_VARIES: 1}, connects=1, reconnects=1, connect_failures=1, connected=True,
         connection_since=1.0, inbound_depth=1, outbound_depth=1, unsent=1, batch_size=sizes, latency=seconds,
         write_latency=seconds, feed_latency=(seconds,), replies_declined={_VARIES: 1},
@@ -373,6 +383,7 @@ def _every_field_populated() -> StatsSnapshot:
             written_unconfirmed=1, errors={}, dropped={}, connects=1, reconnects=1, connect_failures=1,
             connected=True, state_since=1.0, last_error="x", write_latency=seconds, loop_lag=seconds, inbound_depth=0,
             outbound_depth=0, unsent=1, events_in=1, sent_out=1, counts={_VARIES: 1})),),
+        counters={"anomalies": 1, _VARIES: 1},
     )
 
 

@@ -46,6 +46,13 @@ Rules:
   shared leaves, those not per-stream such as weights loaded from a file, come from this
   run's ``init``, only the per-stream rows from the checkpoint; True: from the checkpoint
   too). The restore path reads them; a processor without a name is identified by its step.
+- Declarations (controller/declared.py; each None by default: nothing): ``counters`` (counter
+  name -> the name of a bool or int output, summed over each batch's finite messages, kept in
+  the stats, the status line, the metrics and every checkpoint's counts, restored from them),
+  ``settings`` (name -> JSON value, written into every checkpoint and matched on restore like
+  the name: what the state's meaning depends on) and ``recorded`` (written, not matched). The
+  default detector declares the counter ``anomalies`` and records alpha, threshold and warm-up
+  (changing them keeps the state); the core knows none of these names.
 
 Per-row processors (``stream_processor``): write ``row_step(params, row, x) -> (row, out)``
 for one message of one stream and let the helper batch it; it obeys every rule above:
@@ -67,7 +74,7 @@ for one message of one stream and let the helper batch it; it obeys every rule a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -92,6 +99,11 @@ class Processor(NamedTuple):
     restore_shared: bool = False  # restore shared (not per-stream) leaves from the checkpoint too
     # batch.x's dtype: jnp.float32, or jnp.float64 (needs JAX's x64 mode: EMBEDDING.md)
     input_dtype: Any = jnp.float32
+    # declarations (module docstring): counter name -> bool/int output summed per batch; settings
+    # written into every checkpoint and matched on restore; settings written only
+    counters: Mapping[str, str] | None = None
+    settings: Mapping[str, Any] | None = None
+    recorded: Mapping[str, Any] | None = None
 
 
 class StreamState(NamedTuple):
@@ -146,12 +158,16 @@ def ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
         anomaly = (out["n"] >= warmup) & (score > threshold) & batch.valid
         return state, {"z": out["z"], "score": score, "anomaly": anomaly}
 
-    return per_row._replace(step=step)
+    # the detector's own counter and the settings its checkpoints record (only: tuning them keeps the state)
+    return per_row._replace(step=step, counters={"anomalies": "anomaly"},
+                            recorded={"alpha": alpha, "threshold": threshold, "warmup": warmup})
 
 
 def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[str, jax.Array]]], *,
                      init_row: Callable[[Any], Any], init_params: Callable[[Any], Any] | None = None,
-                     name: str, version: str = "1", restore_shared: bool = False) -> Processor:
+                     name: str, version: str = "1", restore_shared: bool = False,
+                     counters: Mapping[str, str] | None = None, settings: Mapping[str, Any] | None = None,
+                     recorded: Mapping[str, Any] | None = None) -> Processor:
     """A batched, O(B) ``Processor`` from ``row_step(params, row, x) -> (row, out)``, the update
     of one stream's row by one message (module docstring, "Per-row processors").
 
@@ -159,7 +175,8 @@ def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[s
     ``jax.jit``, so jnp or numpy values); ``init_params(config)``, if given, the shared
     leaves (weights: numpy arrays, say, loaded from a file), put on the device as they are.
     ``out`` is a dict of arrays, each stacked over the batch into the step's outputs.
-    ``name``, ``version`` and ``restore_shared`` go into the ``Processor`` as they are.
+    ``name``, ``version``, ``restore_shared`` and the declarations (``counters``, ``settings``,
+    ``recorded``) go into the ``Processor`` as they are.
     """
 
     def init(config: Any) -> Any:
@@ -233,7 +250,8 @@ def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[s
         table = jax.tree.map(lambda leaf, rows: leaf.at[idx].set(rows, mode="drop"), table, post)
         return (table if init_params is None else StreamState(params, table)), out
 
-    return Processor(init, step, per_stream=True, name=name, version=version, restore_shared=restore_shared)
+    return Processor(init, step, per_stream=True, name=name, version=version, restore_shared=restore_shared,
+                     counters=counters, settings=settings, recorded=recorded)
 
 
 def _strong(value: Any) -> jax.Array:
@@ -319,5 +337,6 @@ def _per_stream(leaf: Any, slots: int) -> bool:
 
 
 def default_processor(config: Any) -> Processor:
-    """The EWMA detector (named "ewma") with the configuration's alpha, threshold and warm-up."""
+    """The EWMA detector (named "ewma") with the configuration's alpha, threshold and warm-up
+    (FORKLESS_ALPHA, FORKLESS_THRESHOLD, FORKLESS_WARMUP: read here only)."""
     return ewma_processor(alpha=config.alpha, threshold=config.threshold, warmup=config.warmup)

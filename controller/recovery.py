@@ -3,9 +3,13 @@
 Rules:
 - A checkpoint is restored only into the processor that wrote it (with checkpoints on, one
   that declares no name is refused at construction: ``ProcessorContractError``): its declared
-  name and version and the shape-defining settings are written into every checkpoint and matched on
+  name and version, the shape-defining settings and the settings the processor declares
+  (``Processor.settings``; controller/declared.py) are written into every checkpoint and matched on
   restore, with the state's structure, leaf shapes and dtypes (``load``, before the compile:
-  a mismatch is ``CheckpointMismatch`` naming the setting and both values).
+  a mismatch is ``CheckpointMismatch`` naming the setting and both values). What it declares as
+  ``recorded`` (the default detector's alpha, threshold, warm-up) is written, never matched.
+- The counts: ``processed`` and each counter the processor declares (``Processor.counters``),
+  restored by name; a checkpoint without one of them restores it as 0.
 - Shared leaves (not per-stream: weights) come from the processor's ``init`` at every start,
   unless it says ``restore_shared=True``; the per-stream state, the stream table and the
   counts come from the checkpoint, and the start log says which leaves came from where.
@@ -35,6 +39,7 @@ import numpy as np
 
 from controller.checkpoint import Restored, load_newest
 from controller.config import Config
+from controller.declared import declared
 from controller.engine import Engine, state_shapes
 from controller.errors import ProcessorContractError
 from controller.partitioned import PartitionedCheckpoints, PartitionPieces
@@ -72,6 +77,10 @@ class Recovery:
                 "and matched on restore)")
         self.config = config
         self.processor = processor
+        # what the processor declared: its counters (kept here and in every checkpoint's counts) and
+        # the settings its checkpoints record (controller/declared.py); refused now if the core cannot keep them
+        self.declared = declared(processor)
+        stats.counters.update(dict.fromkeys(self.declared.counters, 0))  # every key there before the first batch
         self.slots = slots
         self.stats = stats
         self._io_snapshot = io_snapshot
@@ -83,11 +92,12 @@ class Recovery:
         self._partitioned: PartitionedCheckpoints | None = None  # a partitioned instance's bucket objects
 
     def settings(self) -> dict[str, Any]:
-        """What a checkpoint must match to be restored."""
+        """What a checkpoint must match to be restored: the core's shape-defining settings, the
+        processor's identity and the settings it declared (``Processor.settings``)."""
         cfg = self.config
         return {"features": cfg.features, "max_streams": cfg.max_streams,
                 "processor": getattr(self.processor, "name", None),
-                "processor_version": str(getattr(self.processor, "version", "1"))}
+                "processor_version": str(getattr(self.processor, "version", "1")), **self.declared.settings}
 
     def load(self, partitioned: PartitionedCheckpoints | None = None) -> Restored | PartitionPieces | None:
         """The newest complete checkpoint, read before the compile (``partitioned``: a partitioned
@@ -139,7 +149,7 @@ class Recovery:
         self.slots.restore(restored.names, restored.slots, np.asarray(restored.last_seen) + shift)
         main = self.stats
         main.processed = int(restored.counts.get("processed", 0))
-        main.anomalies = int(restored.counts.get("anomalies", 0))
+        main.counters.update(self.declared.counts_from(restored.counts))
         # each JetStream feed goes on from the message after the one its state holds
         self.positions = self.sources.restore(restored.positions, restored.path)
         self.restored_from = str(restored.path)
@@ -168,11 +178,11 @@ class Recovery:
         """A checkpoint as of now (between two steps), which ``Checkpointer.tick`` copies a
         chunk at a time between the next steps; the engine keeps it exact."""
         wall = time.time()
-        main, cfg = self.stats, self.config
+        main = self.stats
         return engine.begin_snapshot(
-            self.slots.begin_copy(), {"processed": main.processed, "anomalies": main.anomalies},
-            {**self.settings(), "alpha": cfg.alpha, "threshold": cfg.threshold,
-             "warmup": cfg.warmup, "devices": len(engine.devices)}, wall, seen_shift=wall - time.monotonic(),
+            self.slots.begin_copy(), {"processed": main.processed, **main.counters},
+            {**self.settings(), **self.declared.recorded, "devices": len(engine.devices)}, wall,
+            seen_shift=wall - time.monotonic(),
             incremental=incremental, positions=self.sources.record(self._io_sources()) if self.sources else None)
 
     def _io_sources(self) -> dict[str, SourceStats]:

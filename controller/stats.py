@@ -45,7 +45,8 @@ class MainStats:
 
     batches: int = 0
     processed: int = 0
-    anomalies: int = 0
+    # the processor's declared counters (controller/declared.py), by name, in declaration order
+    counters: dict[str, int] = field(default_factory=dict)
     errors: Counter = field(default_factory=Counter)  # by reason (too many streams, processing failed)
     dropped: Counter = field(default_factory=Counter)  # received messages never answered, by reason
     no_reply: int = 0  # received messages answered with no frame (the codec's None, a declined reply)
@@ -100,7 +101,6 @@ class StatsSnapshot:
     messages_out: int  # result frames sent
     errors_out: int  # error frames sent
     processed: int
-    anomalies: int
     batches: int
     errors: dict[str, int]  # by reason: bad input, too many streams, processing failed
     dropped: dict[str, int]
@@ -164,6 +164,13 @@ class StatsSnapshot:
     counts: dict[str, int] = field(default_factory=dict)
     # a partitioned instance: the stream's partitions with no live lease for longer than a lease
     partitions_unowned: int = 0
+    # the processor's declared counters (Processor.counters; the default detector's "anomalies")
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def anomalies(self) -> int:
+        """The default detector's counter (``counters["anomalies"]``; 0 for a processor without it)."""
+        return self.counters.get("anomalies", 0)
 
     @property
     def device_fill(self) -> float:
@@ -238,7 +245,7 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
         f"batch {mean_batch} msg",
         f"latency p50 {_ms(lat.quantile(0.5))} p99 {_ms(lat.quantile(0.99))}",
         f"write-latency p99 {_ms(written.quantile(0.99))}",
-        f"anomalies {now.anomalies}",
+        *(f"{name} {n}" for name, n in now.counters.items()),  # the processor's declared counters
         f"errors {now.errors_total}",
         f"dropped {now.dropped_total}",
         f"io-lag p99 {_ms(lag.quantile(0.99))}",
@@ -306,7 +313,6 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         messages_out=io.results_out,
         errors_out=io.errors_out,
         processed=main.processed,
-        anomalies=main.anomalies,
         batches=main.batches,
         errors=_merged(io.errors, copy_counts(main.errors)),
         dropped=_merged(io.dropped, copy_counts(main.dropped)),
@@ -348,6 +354,7 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         events_in=io.events_in, events=main.events, events_unhandled=main.events_unhandled,
         sent_out=io.sent_out, sent_unsent=io.sent_unsent, counts=io.counts,
         partitions_unowned=partitions_unowned,
+        counters=copy_counts(main.counters),
     )
 
 

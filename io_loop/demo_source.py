@@ -48,7 +48,7 @@ class DemoRunner:
         self.feed = feed
         self.stats = stats
         self.demo = DemoFeed(rate_hz=settings.demo_rate, streams=settings.demo_streams, features=settings.features,
-                             warmup=settings.warmup)
+                             warmup=settings.demo_warmup)
         self._client_args = dict(inbound=inbound, outbox=outbox, index=index, on_connect=on_connect,
                                  before_connect=before_connect)
         self._codec = codec

@@ -77,7 +77,7 @@ async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[
             # its per-connection INFO lines would only clutter the check's own report
             logging.getLogger(DemoFeed.__module__).setLevel(logging.WARNING)
             demo = DemoFeed(rate_hz=settings.demo_rate, streams=settings.demo_streams,
-                            features=settings.features, warmup=settings.warmup)
+                            features=settings.features, warmup=settings.demo_warmup)
             url = await demo.start()
             say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on {url}")
             await _connect_once(settings, codec, url, say, settings.feed_specs[0])

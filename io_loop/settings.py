@@ -151,7 +151,9 @@ class IOSettings:
     metrics_addr: str
     demo_rate: float
     demo_streams: int
-    warmup: int
+    # messages each demo stream sends before the demo feed plants anomalies in it: the default
+    # detector's warm-up (FORKLESS_WARMUP), which the demo feed's recall is scored against
+    demo_warmup: int
     # a partitioned feed's checkpoints ("": none) and leases: JetStream buckets on its server
     checkpoint_bucket: str = ""
     lease_bucket: str = "forkless-leases"

@@ -36,6 +36,7 @@ CORE = [
     "controller/ckptformat.py",
     "controller/codec.py",
     "controller/config.py",
+    "controller/declared.py",
     "controller/errors.py",
     "controller/feedspec.py",
     "controller/logs.py",

@@ -475,7 +475,7 @@ def test_a_checkpoint_dir_under_a_file_is_refused(tmp_path: Path) -> None:
 def _stats(**changes) -> StatsSnapshot:
     seconds = Histogram(SECONDS_BOUNDS).snapshot()
     return StatsSnapshot(
-        at=0.0, messages_in=0, frames_in=0, messages_out=0, errors_out=0, processed=0, anomalies=0, batches=0,
+        at=0.0, messages_in=0, frames_in=0, messages_out=0, errors_out=0, processed=0, batches=0,
         errors={}, dropped={}, connects=0, reconnects=0, connect_failures=0, connected=False, connection_since=0.0,
         inbound_depth=0, outbound_depth=0, unsent=0, batch_size=Histogram((1,)).snapshot(), latency=seconds,
         loop_lag=seconds, step_seconds=seconds, compilations=0, compilations_after_warmup=None, devices=(),

@@ -159,7 +159,7 @@ def test_the_written_checkpoint_is_the_state_and_table_at_t0_though_steps_ran_du
         assert pending is not None and pending.incremental is incremental
         state_t0 = [np.array(leaf) for leaf in jax.device_get(ctl.state)]  # copies; the views are dropped
         names_t0, slots_t0, seen_t0 = ctl.slots.export()
-        counts_t0 = (ctl.main_stats.processed, ctl.main_stats.anomalies)
+        counts_t0 = (ctl.main_stats.processed, ctl.main_stats.counters["anomalies"])
         pointer = ctl.state.mean.unsafe_buffer_pointer()
         steps = 0
         while ctl.checkpointer.pending is not None:

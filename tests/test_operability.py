@@ -343,7 +343,7 @@ def test_the_app_exits_2_with_one_line_when_the_metrics_port_is_taken() -> None:
 
 def _snapshot(**changes: Any) -> StatsSnapshot:
     seconds = Histogram(SECONDS_BOUNDS).snapshot()
-    base = dict(at=0.0, messages_in=0, frames_in=0, messages_out=0, errors_out=0, processed=0, anomalies=0,
+    base = dict(at=0.0, messages_in=0, frames_in=0, messages_out=0, errors_out=0, processed=0,
                 batches=0, errors={}, dropped={}, connects=0, reconnects=0, connect_failures=0, connected=False,
                 connection_since=0.0, inbound_depth=0, outbound_depth=0, unsent=0,
                 batch_size=Histogram((1, 2, 4)).snapshot(), latency=seconds, loop_lag=seconds,

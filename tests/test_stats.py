@@ -41,7 +41,7 @@ def snapshot(at, messages_in, messages_out, latency=(), batches=()):
     empty = Histogram(SECONDS_BOUNDS).snapshot()
     return StatsSnapshot(
         at=at, messages_in=messages_in, frames_in=messages_in, messages_out=messages_out, errors_out=1,
-        processed=messages_out, anomalies=3, batches=len(batches), errors={"not JSON": 1}, dropped={},
+        processed=messages_out, counters={"anomalies": 3}, batches=len(batches), errors={"not JSON": 1}, dropped={},
         connects=1, reconnects=0, connect_failures=0, connected=True, connection_since=0.0,
         inbound_depth=0, outbound_depth=0, unsent=0, batch_size=bs.snapshot(), latency=lat.snapshot(),
         loop_lag=empty, step_seconds=empty, compilations=9, compilations_after_warmup=0, devices=("cpu:0",),
