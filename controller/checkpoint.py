@@ -1,5 +1,6 @@
 """Checkpoints in a directory: writing one atomically, listing and pruning them, finding and
-reading back the newest complete one.
+reading back the newest complete one; ``DirectoryStore``, the checkpoint store of
+``FORKLESS_CHECKPOINT_DIR`` (``CheckpointStore``, controller/checkpointer.py).
 
 Rules:
 - No threads and no clock here. ``write_checkpoint`` runs on the checkpointer's thread
@@ -50,7 +51,9 @@ from controller.ckptformat import (
 from controller.snapshot import Snapshot, encode_snapshot, restore_state
 
 __all__ = [
+    "DirectoryStore",
     "Restored",
+    "as_restored",
     "checkpoint_path",
     "list_checkpoints",
     "load_newest",
@@ -76,7 +79,7 @@ class Restored:
     """A checkpoint read back by ``load_newest``: host arrays in the expected state structure
     (``jax.device_put`` it), the stream table for ``StreamSlots.restore``, counts, metadata."""
 
-    path: Path
+    path: Path | str  # the file, or where a store of another kind kept it
     state: Any
     names: list[str]
     slots: np.ndarray
@@ -233,6 +236,26 @@ def read_checkpoint(path: Path | str) -> tuple[dict[str, Any], dict[str, np.ndar
     return parse_checkpoint(buf, str(path))
 
 
+def as_restored(where: Path | str, header: Mapping[str, Any], arrays: Mapping[str, np.ndarray],
+                expect: Mapping[str, Any], like: Any, nbytes: int) -> Restored:
+    """One checkpoint's header and arrays (``read_checkpoint``, or ``ckptformat.parse_checkpoint``
+    of its bytes: a store of another kind) as a ``Restored`` for this run. ``CheckpointMismatch``
+    when it does not fit (see ``load_newest``); ``CheckpointDamaged`` when its stream table does
+    not read back (skip it, as a damaged file is skipped)."""
+    check_fits(where, header, expect)
+    state = restore_state(where, arrays, like)
+    try:
+        names = decode_names(arrays["streams.names"], header.get("names_encoding", "json"),
+                             int(header.get("streams", 0)))
+        slots, last_seen = arrays["streams.slots"], arrays["streams.last_seen"]
+    except (KeyError, ValueError) as exc:
+        raise CheckpointDamaged(f"unreadable stream table: {exc}") from exc
+    return Restored(path=where, state=state, names=names, slots=slots, last_seen=last_seen,
+                    counts=dict(header.get("counts", {})), settings=dict(header.get("settings", {})),
+                    versions=dict(header.get("versions", {})), wall_time=float(header.get("wall_time", 0.0)),
+                    nbytes=nbytes, positions=dict(header.get("positions", {})))
+
+
 def load_newest(directory: Path | str, expect: Mapping[str, Any], like: Any,
                 skipped: list[Path] | None = None) -> Restored | None:
     """Read the newest complete checkpoint in ``directory`` (None when there is none).
@@ -252,24 +275,57 @@ def load_newest(directory: Path | str, expect: Mapping[str, Any], like: Any,
     for path in reversed(list_checkpoints(directory)):
         try:
             header, arrays = read_checkpoint(path)
-        except (CheckpointDamaged, OSError) as exc:
+            return as_restored(path, header, arrays, expect, like, os.path.getsize(path))
+        except (CheckpointDamaged, OSError) as exc:  # a mismatch is neither: raised, never skipped
             log.warning("skipping checkpoint %s: %s", path.name, exc)
             if skipped is not None:
                 skipped.append(path)
-            continue
-        check_fits(path, header, expect)
-        state = restore_state(path, arrays, like)
-        try:
-            names = decode_names(arrays["streams.names"], header.get("names_encoding", "json"),
-                                 int(header.get("streams", 0)))
-            slots, last_seen = arrays["streams.slots"], arrays["streams.last_seen"]
-        except (KeyError, ValueError) as exc:
-            log.warning("skipping checkpoint %s: unreadable stream table: %s", path.name, exc)
-            if skipped is not None:
-                skipped.append(path)
-            continue
-        return Restored(path=path, state=state, names=names, slots=slots, last_seen=last_seen,
-                        counts=dict(header.get("counts", {})), settings=dict(header.get("settings", {})),
-                        versions=dict(header.get("versions", {})), wall_time=float(header.get("wall_time", 0.0)),
-                        nbytes=os.path.getsize(path), positions=dict(header.get("positions", {})))
     return None
+
+
+# ---- the store ---------------------------------------------------------------------------------------
+
+
+class DirectoryStore:
+    """Checkpoints as files in ``directory`` (the rules above), the newest ``keep`` kept: the
+    checkpoint store of ``FORKLESS_CHECKPOINT_DIR`` (``CheckpointStore``, controller/checkpointer.py).
+    One process per directory. ``write(path, snapshot) -> size_bytes``, when given, writes each
+    file instead of ``write_checkpoint`` (tests pass one that waits on an event first)."""
+
+    def __init__(self, directory: Path | str, *, keep: int = 3,
+                 write: Callable[[Path, Snapshot], int] = write_checkpoint) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.directory = Path(directory)
+        self.keep = keep
+        self.label = str(self.directory)
+        self._write = write
+
+    def start(self) -> None:
+        """Create the directory and delete the temporary files a killed writer left (logged);
+        ``OSError`` when it cannot be created. Before the first write."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        removed = remove_temporary_files(self.directory)
+        if removed:
+            log.info("removed %d unfinished checkpoint file(s) left by an earlier run: %s",
+                     len(removed), ", ".join(p.name for p in removed))
+
+    def next_sequence(self) -> int:
+        """The number after the newest file's (0 when there is none)."""
+        return next_sequence(self.directory)
+
+    def write(self, sequence: int, snapshot: Snapshot, pause: Callable[[], None] = no_pause) -> tuple[int, Path]:
+        """Checkpoint number ``sequence`` written atomically (``write_checkpoint``, pausing between
+        its chunks; a custom ``write`` is called as given): its size and its path."""
+        path = checkpoint_path(self.directory, sequence)
+        if self._write is write_checkpoint:
+            return write_checkpoint(path, snapshot, pause), path
+        return self._write(path, snapshot), path
+
+    def prune(self) -> None:
+        """Delete all but the newest ``keep`` files (after a successful write)."""
+        prune(self.directory, self.keep)
+
+    def load(self, expect: Mapping[str, Any], like: Any, skipped: list[Path] | None = None) -> Restored | None:
+        """The newest complete checkpoint that fits (``load_newest``)."""
+        return load_newest(self.directory, expect, like, skipped)

@@ -28,19 +28,23 @@ Rules:
   ``failures``, ``last_*`` to the writer thread, then to the final one (which starts writing
   once the first has ended). The other side only reads them (plain attributes, atomic under
   the GIL).
-- ``start()`` creates the directory and removes the temporary files of a writer that was
-  killed; ``stop(timeout, final=...)`` waits for the write in flight, then writes ``final``
-  (the checkpoint of an orderly stop) and joins the thread (``begin_stop(take)`` hands ``final`` at
-  once, a later ``stop(timeout)`` waits for it). One process per directory. ``NoCheckpoints``
-  has the same calls for a run without checkpoints, so the controller calls them unconditionally.
-- With a ``target`` (a partitioned instance: controller/partitioned.py, handed to ``start``) the
-  checkpoints are its objects instead of files: it numbers them (``next_sequence`` at start), writes one
-  (``write``) and keeps the newest (``prune``); the rest of these rules are the same.
+- Every checkpoint goes through a store (``CheckpointStore``): it numbers them (``next_sequence``
+  at start), writes one (``write``), keeps the newest (``prune``) and reads the newest back
+  (``load``, controller/recovery.py). A run's store is chosen in one place, ``store_for``: the
+  embedding program's own (``Controller(checkpoint_store=...)``), a partitioned instance's bucket
+  objects (controller/partitioned.py, known once its leases are taken), or the directory
+  ``FORKLESS_CHECKPOINT_DIR`` (``DirectoryStore``, controller/checkpoint.py). Nothing here or in
+  the loop depends on which.
+- ``start(store)`` starts the store (a directory is created and the temporary files of a writer
+  that was killed are removed) and the thread; ``stop(timeout, final=...)`` waits for the write
+  in flight, then writes ``final`` (the checkpoint of an orderly stop) and joins the thread
+  (``begin_stop(take)`` hands ``final`` at once, a later ``stop(timeout)`` waits for it). One
+  process per store. ``NoCheckpoints`` has the same calls for a run without checkpoints, so the
+  controller calls them unconditionally.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -48,14 +52,14 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from controller.checkpoint import checkpoint_path, next_sequence, prune, remove_temporary_files, write_checkpoint
+from controller.checkpoint import DirectoryStore, write_checkpoint
 from controller.snapshot import PendingSnapshot, Snapshot
 
-__all__ = ["Checkpointer", "NoCheckpoints", "Target", "WriteFn", "checkpoints_for"]
+__all__ = ["CheckpointStore", "Checkpointer", "NoCheckpoints", "WriteFn", "checkpoints_for", "store_for"]
 
 log = logging.getLogger("forkless.checkpoint")
 
@@ -68,7 +72,7 @@ WriteFn = Callable[[Path, Snapshot], int]
 class NoCheckpoints:
     """The checkpointer of a run without checkpoints: the same calls, nothing taken or written."""
 
-    def start(self, target: Target | None = None) -> None:
+    def start(self, store: CheckpointStore | None = None) -> None:
         pass
 
     def tick(self, now: float, take: Callable[[], Snapshot]) -> bool:
@@ -84,22 +88,65 @@ class NoCheckpoints:
         return {}
 
 
-def checkpoints_for(config: Any, before_write: Callable[[dict[str, Any]], None] | None) -> Checkpointer | NoCheckpoints:
-    """The controller's checkpoint writer as ``config`` sets it (``NoCheckpoints`` when they are off)."""
-    if not config.checkpoints_on:
+class CheckpointStore(Protocol):
+    """Where a run's checkpoints are kept (see the module rules); ``label`` names it in the logs.
+
+    ``start`` and ``load`` run on the main thread before the writer thread starts (``load``
+    before the compile); ``write`` and ``prune`` on the writer thread, one call at a time."""
+
+    label: str
+
+    def start(self) -> None:
+        """Before the first write (``Checkpointer.start``): create what it needs, clear what a
+        killed writer left; raise (``OSError``) when it cannot be written."""
+
+    def next_sequence(self) -> int:
+        """The number of the next checkpoint: above every one it holds (0 when empty)."""
+
+    def write(self, sequence: int, snapshot: Snapshot, pause: Callable[[], None]) -> tuple[int, Path | str]:
+        """Checkpoint ``sequence`` kept whole or not at all (``snapshot.checkpoint_bytes`` are its
+        bytes in the checkpoint format); its size in bytes and where it went. Call ``pause()``
+        between chunks of work; raise on failure (counted, the previous one stays the newest)."""
+
+    def prune(self) -> None:
+        """Delete the old ones (after a successful write), keeping the newest few."""
+
+    def load(self, expect: Mapping[str, Any], like: Any, skipped: list[Any] | None = None) -> Any:
+        """The newest complete checkpoint that fits as a ``checkpoint.Restored`` (``checkpoint.as_restored``
+        of its header and arrays), None when there is none; a damaged one skipped with a warning
+        and appended to ``skipped``; ``CheckpointMismatch`` for one that does not fit (a partitioned
+        instance's objects: ``partitioned.PartitionPieces``)."""
+
+
+def store_for(config: Any, own: CheckpointStore | None, partitioned: CheckpointStore | None) -> CheckpointStore | None:
+    """The run's checkpoint store, chosen here only: the embedding program's ``own``
+    (``Controller(checkpoint_store=...)``), a partitioned instance's bucket objects (``partitioned``,
+    once its leases are taken), the directory ``FORKLESS_CHECKPOINT_DIR``; None: checkpoints are off."""
+    if own is not None:
+        return own
+    if partitioned is not None:
+        return partitioned
+    if config.checkpoint_dir:
+        return DirectoryStore(config.checkpoint_dir, keep=config.checkpoint_keep)
+    return None
+
+
+def checkpoints_for(config: Any, before_write: Callable[[dict[str, Any]], None] | None,
+                    own: CheckpointStore | None = None) -> Checkpointer | NoCheckpoints:
+    """The controller's checkpoint writer as ``config`` sets it, or for the embedding program's
+    ``own`` store (``NoCheckpoints`` when they are off); its store (``store_for``) is handed to
+    ``start``. ``ValueError`` for an ``own`` store beside a configured one, or with a partitioned feed."""
+    if own is not None:
+        if config.checkpoints_on:
+            raise ValueError("checkpoint_store= and FORKLESS_CHECKPOINT_DIR or FORKLESS_CHECKPOINT_BUCKET: "
+                             "a run keeps its checkpoints in one store (give the one or set the other)")
+        if any(spec.jetstream is not None and spec.jetstream.partitioned for spec in config.feed_specs):
+            raise ValueError("checkpoint_store= with a partitioned feed: its checkpoints are one object per "
+                             "partition in FORKLESS_CHECKPOINT_BUCKET, where any instance can restore them")
+    elif not config.checkpoints_on:
         return NoCheckpoints()
-    return Checkpointer(config.checkpoint_dir, keep=config.checkpoint_keep, interval_s=config.checkpoint_s,
-                        background=config.checkpoint_priority == "idle", before_write=before_write)
-
-
-class Target(Protocol):
-    """Where checkpoints go instead of a directory (controller/partitioned.py's bucket objects)."""
-
-    def next_sequence(self) -> int: ...
-
-    def write(self, sequence: int, snapshot: Snapshot, pause: Callable[[], None]) -> tuple[int, str]: ...
-
-    def prune(self) -> None: ...
+    return Checkpointer(None, interval_s=config.checkpoint_s, background=config.checkpoint_priority == "idle",
+                        before_write=before_write)
 
 
 _STOP = object()
@@ -135,7 +182,9 @@ def _background_thread() -> None:
 
 
 class Checkpointer:
-    """The background writer of checkpoints into ``directory``, keeping the newest ``keep``.
+    """The background writer of checkpoints into ``store``: a ``CheckpointStore``, or a directory
+    (a ``DirectoryStore`` keeping the newest ``keep``, writing each file with ``write``), or None
+    (the store is handed to ``start``).
 
     Usage, all from the main thread::
 
@@ -145,27 +194,21 @@ class Checkpointer:
         ckpt.stop(timeout, final=take())                       # after the last batch
     """
 
-    def __init__(self, directory: Path | str, *, keep: int = 3, interval_s: float = 60.0,
+    def __init__(self, store: CheckpointStore | Path | str | None, *, keep: int = 3, interval_s: float = 60.0,
                  write: WriteFn = write_checkpoint, copy_budget_s: float = COPY_BUDGET_S,
                  pause_s: float = PAUSE_S, background: bool = True,
-                 before_write: Callable[[dict[str, Any]], None] | None = None,
-                 target: Target | None = None) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+                 before_write: Callable[[dict[str, Any]], None] | None = None) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
-        self.directory = Path(directory)
-        # where checkpoints go instead of ``directory``: a partitioned instance's bucket objects
-        self.target = target
-        self.keep = keep
+        # where the checkpoints go (None: the store handed to start()); keep= and write= are a directory's
+        directory = isinstance(store, (str, os.PathLike))
+        self.store = DirectoryStore(store, keep=keep, write=write) if directory else store
         self.interval_s = interval_s
         self.pause_s = pause_s
         self.background = background
         # called on the writer thread with a snapshot's positions before it is written (the
         # controller waits there for its replies to be stored); raising fails that checkpoint
         self.before_write = before_write
-        # the default writer pauses between its chunks; a custom one (tests) is called as given
-        self._write = functools.partial(write_checkpoint, pause=self._pause) if write is write_checkpoint else write
         self.copy_budget_s = copy_budget_s
         self._pending: PendingSnapshot | None = None
         self._pending_since = 0.0
@@ -197,25 +240,20 @@ class Checkpointer:
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
-    def start(self, target: Target | None = None) -> None:
-        """Create the directory, delete temporary files a killed writer left, start the thread;
-        with a ``target`` (a partitioned instance's objects, known only once its leases are
-        taken) the checkpoints go there instead.
+    def start(self, store: CheckpointStore | None = None) -> None:
+        """Start the store (a directory: created, the temporary files a killed writer left
+        deleted), number on from its newest checkpoint, start the thread; ``store``: the run's
+        (``store_for``), when none was given at construction.
 
-        Raises ``OSError`` when the directory cannot be created (call it before connecting)."""
+        Raises ``OSError`` when the store cannot be written (call it before connecting)."""
         if self._thread is not None:
             return
-        if target is not None:
-            self.target = target
-        if self.target is not None:
-            self._sequence = self.target.next_sequence()
-        else:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            removed = remove_temporary_files(self.directory)
-            if removed:
-                log.info("removed %d unfinished checkpoint file(s) left by an earlier run: %s",
-                         len(removed), ", ".join(p.name for p in removed))
-            self._sequence = next_sequence(self.directory)
+        if store is not None:
+            self.store = store
+        if self.store is None:
+            raise RuntimeError("Checkpointer.start() needs a store: none was given here or at construction")
+        self.store.start()
+        self._sequence = self.store.next_sequence()
         self._thread = threading.Thread(target=self._run, name="forkless-checkpoint", daemon=True)
         self._thread.start()
 
@@ -379,17 +417,13 @@ class Checkpointer:
             self.finished += 1
 
     def _write_one(self, job: Snapshot | PendingSnapshot) -> None:
-        path: Path | str = checkpoint_path(self.directory, self._sequence)
         t0 = time.monotonic()
         try:
             # a copied PendingSnapshot becomes a Snapshot here (the stream table put in LRU order)
             snapshot = job if isinstance(job, Snapshot) else job.finish(self._pause)
             if self.before_write is not None and snapshot.positions:
                 self.before_write(snapshot.positions)
-            if self.target is not None:
-                size, path = self.target.write(self._sequence, snapshot, self._pause)
-            else:
-                size = self._write(path, snapshot)
+            size, path = self.store.write(self._sequence, snapshot, self._pause)
         except Exception as exc:
             self._failed(exc)
             return
@@ -405,10 +439,7 @@ class Checkpointer:
         log.debug("checkpoint %s: %d streams, %d bytes in %.3fs", getattr(path, "name", path), len(snapshot.names),
                   size, self.last_duration_s)
         try:
-            if self.target is not None:
-                self.target.prune()
-            else:
-                prune(self.directory, self.keep)
+            self.store.prune()
         except Exception as exc:
             self._log_once(exc, "could not delete an old checkpoint")
 

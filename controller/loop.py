@@ -42,7 +42,7 @@ import numpy as np
 
 from controller.batching import MicroBatcher
 from controller.batchstep import BatchStep
-from controller.checkpointer import Checkpointer, checkpoints_for
+from controller.checkpointer import Checkpointer, CheckpointStore, checkpoints_for, store_for
 from controller.codec import Codec, guarded
 from controller.compiled import codec_dtype, compilations, release_freed_memory
 from controller.config import Config
@@ -103,7 +103,8 @@ class Controller:
     ``sources``: the user's own clients (``controller.Source``, io_loop/source.py), run on the
     IO thread beside the configured feeds, or instead of the demo feed when none is
     configured; ``on_event(source, event)`` gets, in the main thread, what they hand over as
-    it is (``ctx.emit_event``).
+    it is (``ctx.emit_event``). ``checkpoint_store``: where checkpoints go instead of
+    ``FORKLESS_CHECKPOINT_DIR`` (a ``CheckpointStore``: controller/checkpointer.py, EMBEDDING.md).
     """
 
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
@@ -111,7 +112,7 @@ class Controller:
                  on_results: OnResults | None = None, io_factory: IOFactory = io_thread,
                  freeze_gc: bool = False, on_connect: OnConnect | None = None,
                  before_connect: BeforeConnect | None = None, sources: Sequence[Source] = (),
-                 on_event: OnEvent | None = None) -> None:
+                 on_event: OnEvent | None = None, checkpoint_store: CheckpointStore | None = None) -> None:
         """The wiring; nothing runs and nothing is compiled until ``start()`` (see the class)."""
         self.config = cfg = config if config is not None else Config.from_env()
         # the feeds this controller runs: the configured ones and the user's own sources
@@ -138,9 +139,12 @@ class Controller:
         self._io: IOSide | NoIOSide = NoIOSide(self.io_stats)  # the real one once start() starts it
         # checkpoints: what they hold beside the state, restoring one, the JetStream feeds' positions
         self.recovery = Recovery(cfg, self.processor, self.slots, self.main_stats, lambda: self._io.snapshot(),
-                                 specs=specs, user_sources=frozenset(self.plan.sources))
+                                 specs=specs, user_sources=frozenset(self.plan.sources),
+                                 own_store=checkpoint_store is not None)
         self.sources = self.recovery.sources
-        self._checkpoints = checkpoints_for(cfg, self.recovery.await_replies if self.sources else None)
+        self._own_store = checkpoint_store  # the embedding program's own, instead of FORKLESS_CHECKPOINT_DIR
+        self._checkpoints = checkpoints_for(cfg, self.recovery.await_replies if self.sources else None,
+                                            checkpoint_store)
         self._owner: PartitionOwner | NoPartitions = NoPartitions()  # a partitioned instance's, once started
         self.engine: Engine | None = None  # the device state's owner, made by compile()
         self._io_factory = with_hooks(io_factory, on_connect=on_connect, before_connect=before_connect)
@@ -206,13 +210,14 @@ class Controller:
         # (a rescale), and the compile need not fall inside that window (bench/partitioned.py)
         self._owner = self._open_owner()
         life.hold(self._close_owner)
-        target = self._owner.checkpoints  # a partitioned instance's bucket objects, instead of files
-        restored = recovery.load(target) if cfg.checkpoints_on and cfg.checkpoint_restore == "auto" else None
+        # the one place the run's checkpoint store is chosen (None: checkpoints are off)
+        store = store_for(cfg, self._own_store, self._owner.checkpoints)
+        restored = recovery.load(store) if store is not None and cfg.checkpoint_restore == "auto" else None
         self.compile()
         self._check_stop("the restore and compile")
         if restored is not None:
             recovery.restore(self.engine, restored)
-        self._checkpoints.start(target)
+        self._checkpoints.start(store)
         life.hold_checkpoints(self._checkpoints)
         self._host.apply()
         self._io = io = self._io_factory(cfg, self.codec, self.io_stats, self.stats, **self._io_arguments())

@@ -148,6 +148,9 @@ class PartitionedCheckpoints:
             items.sort()
         return found
 
+    def start(self) -> None:
+        """Nothing to prepare: the bucket is the store's (a ``CheckpointStore``: controller/checkpointer.py)."""
+
     def next_sequence(self) -> int:
         """Above every object of the owned partitions (whoever wrote them)."""
         seqs = [seq for items in self._existing().values() for seq, _ in items]
@@ -213,8 +216,11 @@ class PartitionedCheckpoints:
 
     # ---- restoring (the main thread, before the compile) -------------------------------------------
 
-    def load(self, expect: Mapping[str, Any]) -> PartitionPieces | None:
-        """Each owned partition's newest good object (see the module rules); None if none has one."""
+    def load(self, expect: Mapping[str, Any], like: Any = None, skipped: list[Any] | None = None
+             ) -> PartitionPieces | None:
+        """Each owned partition's newest good object (see the module rules); None if none has one.
+        ``like`` and ``skipped`` (the ``CheckpointStore`` call) are not used: the objects' shapes
+        are this object's, and a damaged one is only logged (the partition's previous one is used)."""
         expect = {k: v for k, v in expect.items() if k != "max_streams"}  # rows are compact: any capacity
         pieces = PartitionPieces()
         found_any = False

@@ -19,8 +19,10 @@ Rules:
   thread); a restore hands the positions to the IO side, which resumes after them.
 - The device state itself is the engine's (controller/engine.py): this module asks it to
   begin a snapshot or restore one, and never holds the state.
-- A partitioned instance (``load(partitioned)``: controller/partitioned.py) loads its owned
-  partitions' objects instead of a file, and restores them into the processor's init state:
+- ``load(store)`` asks the run's checkpoint store (``CheckpointStore``, controller/checkpointer.py:
+  a directory, an embedding program's own, a partitioned instance's bucket objects) for its newest
+  checkpoint. A partitioned instance's (controller/partitioned.py) are its owned partitions'
+  objects, which ``restore`` puts into the processor's init state:
   slots 0..n-1, per-partition positions and the stream's created time they recorded, no
   counts (each instance counts its own run).
 """
@@ -31,13 +33,13 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from controller.checkpoint import Restored, load_newest
+from controller.checkpoint import Restored
+from controller.checkpointer import CheckpointStore
 from controller.config import Config
 from controller.declared import declared
 from controller.engine import Engine, state_shapes
@@ -68,8 +70,9 @@ class Recovery:
 
     def __init__(self, config: Config, processor: Any, slots: StreamSlots, stats: MainStats,
                  io_snapshot: Callable[[], IOSnapshot | None], *, specs: Sequence[FeedSpec] | None = None,
-                 user_sources: frozenset[str] = frozenset()) -> None:
-        if config.checkpoints_on and not getattr(processor, "name", None):
+                 user_sources: frozenset[str] = frozenset(), own_store: bool = False) -> None:
+        # own_store: the embedding program's checkpoint store (Controller(checkpoint_store=...)): checkpoints on
+        if (config.checkpoints_on or own_store) and not getattr(processor, "name", None):
             # a checkpoint is restored only into the processor that wrote it: it must say which it is
             raise ProcessorContractError(
                 "checkpoints (FORKLESS_CHECKPOINT_DIR) need a processor that declares its identity: build it with "
@@ -99,26 +102,21 @@ class Recovery:
                 "processor": getattr(self.processor, "name", None),
                 "processor_version": str(getattr(self.processor, "version", "1")), **self.declared.settings}
 
-    def load(self, partitioned: PartitionedCheckpoints | None = None) -> Restored | PartitionPieces | None:
-        """The newest complete checkpoint, read before the compile (``partitioned``: a partitioned
-        instance's bucket objects, read instead of a file); raises ``CheckpointMismatch`` if it was
-        written by another processor (name, version), with other shape-defining settings, or with
-        another state structure, leaf shape or dtype."""
-        if partitioned is not None:
-            self._partitioned = partitioned
-            pieces = partitioned.load(self.settings())
-            if pieces is None:
-                log.info("no checkpoint in %s: starting fresh", partitioned.label)
-            return pieces
-        # the file holds the canonical layout (row s = slot s), whatever the device count
-        damaged: list[Path] = []
-        restored = load_newest(self.config.checkpoint_dir, self.settings(),
-                               like=state_shapes(self.processor, self.config), skipped=damaged)
+    def load(self, store: CheckpointStore) -> Restored | PartitionPieces | None:
+        """The newest complete checkpoint in the run's ``store`` (``checkpointer.store_for``), read
+        before the compile; raises ``CheckpointMismatch`` if it was written by another processor
+        (name, version), with other shape-defining settings, or with another state structure, leaf
+        shape or dtype. Every one damaged: an empty state, the JetStream feeds' positions unknown."""
+        # a checkpoint holds the canonical layout (row s = slot s), whatever the device count
+        damaged: list[Any] = []
+        restored = store.load(self.settings(), like=state_shapes(self.processor, self.config), skipped=damaged)
+        if isinstance(restored, PartitionPieces):  # merged into the init state by restore()
+            self._partitioned = store
         if restored is None and damaged:
             # the JetStream feeds' positions are unknown: each feed decides at its first connection
             # whether its stream still holds everything (then it replays all of it), else PositionLost
-            why = (f"every checkpoint in {self.config.checkpoint_dir} is damaged "
-                   f"({', '.join(p.name for p in damaged)})")
+            why = (f"every checkpoint in {store.label} is damaged "
+                   f"({', '.join(getattr(p, 'name', str(p)) for p in damaged)})")
             users = [spec.name for spec in self.sources.specs.values() if spec.jetstream is None]
             if users:  # a user's source cannot say whether it still holds everything: never started fresh silently
                 raise PositionLost(f"{why}: the position of source {', '.join(map(repr, users))} is unknown, and "
@@ -129,7 +127,7 @@ class Recovery:
             log.warning("%s: starting with an empty state%s", why, "; the JetStream feeds' positions are unknown"
                         if self.positions else "")
         elif restored is None:
-            log.info("no checkpoint in %s: starting fresh", self.config.checkpoint_dir)
+            log.info("no checkpoint in %s: starting fresh", store.label)
         return restored
 
     def restore(self, engine: Engine, restored: Restored | PartitionPieces) -> None:
