@@ -92,9 +92,38 @@ class NatsServer:
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
 
+    def pause(self, timeout_s: float = 10.0) -> None:
+        """SIGSTOP, returning once every thread of the server is stopped: ``kill`` only queues the
+        signal, and a thread running on another core can answer a little longer (an
+        acknowledgement the test meant to hold back)."""
+        self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout_s
+        while not _all_stopped(self.proc.pid):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nats-server {self.proc.pid} did not stop within {timeout_s} s of SIGSTOP")
+            time.sleep(0.001)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+def _all_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` in the stopped state ("T" in /proc/<pid>/task/<tid>/stat; Linux)."""
+    import os
+
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+        states = []
+        for tid in tids:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+    except FileNotFoundError:
+        return False
+    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 async def _with_js(url: str, body: Callable[[Any, Any], Any]) -> Any:

@@ -165,10 +165,10 @@ def test_a_nats_server_paused_then_restarted_mid_run_loses_and_duplicates_nothin
     _wait_stored(nats_server.url, 200, "the first third stored")
     # paused (SIGSTOP): the next messages are published into its socket and never acknowledged; the
     # relay gives up on the connection and publishes them again once it answers (same ids)
-    nats_server.proc.send_signal(signal.SIGSTOP)
+    nats_server.pause()
     paused.set()
     proc.wait_for_line(r"relay: no acknowledgement from", stream="stderr", timeout_s=30 * UNIT_S)
-    nats_server.proc.send_signal(signal.SIGCONT)
+    nats_server.resume()
     _wait_stored(nats_server.url, 400, "the second third stored")
     nats_server.stop()  # SIGTERM: what it stored stays in its store
     stopped.set()  # the feed sends the last third while the server is down
@@ -201,10 +201,10 @@ def test_a_message_published_again_after_its_acknowledgement_was_lost_is_counted
     # up on the connection, the server (continued) stores it from that connection's bytes, and the
     # relay's publication again with the same id is acknowledged as a duplicate (nats-server 2.15
     # writes '"duplicate": true', with a space)
-    nats_server.proc.send_signal(signal.SIGSTOP)
+    nats_server.pause()
     paused.set()
     proc.wait_for_line(r"relay: no acknowledgement from", stream="stderr", timeout_s=30 * UNIT_S)
-    nats_server.proc.send_signal(signal.SIGCONT)
+    nats_server.resume()
     _wait_stored(nats_server.url, 2, "the second message stored")
     result = _end(proc)  # the stop waits for the held message's acknowledgement
     assert result.returncode == 0, result.stderr[-3000:]
@@ -326,14 +326,14 @@ def test_sigterm_stores_everything_read_even_what_is_in_flight_then_exits_0(feed
                                  FORKLESS_METRICS_ADDR="127.0.0.1:0"))
     _wait_stored(nats_server.url, 100, "the first 100 messages stored")
     # the server paused: the last 5 are published and not acknowledged when the SIGTERM comes
-    nats_server.proc.send_signal(signal.SIGSTOP)
+    nats_server.pause()
     paused.set()
     wait_until(lambda: _metric(_metrics(proc), "forkless_relay_published_total") == 105, timeout_s=30 * UNIT_S,
                what="the last 5 published", poll_s=0.05)
     assert _metric(_metrics(proc), "forkless_relay_acked_total") == 100
     proc.signal(signal.SIGTERM)
     proc.wait_for_line(r"SIGTERM received", stream="stderr", timeout_s=30 * UNIT_S)
-    nats_server.proc.send_signal(signal.SIGCONT)
+    nats_server.resume()
     result = proc.finish(60 * UNIT_S)
     assert result.returncode == 0, result.stderr[-3000:]
 
