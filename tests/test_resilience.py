@@ -474,7 +474,7 @@ def test_stop_ends_within_the_shutdown_timeout_while_the_server_does_not_read(fe
     def stop_once_backed_up() -> None:
         # stop once the unread replies have backed up all the way round
         try:
-            wait_until(_pushed_back(ctl, feed, queue_size), timeout_s=20 * UNIT_S,
+            wait_until(_pushed_back(ctl, feed, queue_size), timeout_s=60 * UNIT_S,
                        what="outbound full and the server's writes held back")
         except AssertionError as exc:
             problems.append(exc)
