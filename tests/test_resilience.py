@@ -362,12 +362,22 @@ class _NonReadingFeed:
 
     async def _script(self, conn: AiohttpConn) -> None:
         conn.stop_reading()
+        # the reading starts at ``resume()`` whether or not a send is blocked then: a send held
+        # back by the client (which does not read while its own writes are held back) would
+        # otherwise keep this script from ever reading again, once aiohttp's own flow control
+        # paused the transport anew (a deadlock of the test server's, seen in CI)
+        reader = asyncio.create_task(self._read_once_resumed(conn))
         i = 0
         while not self.stop_sending.is_set():
             await conn.send(make_messages(50, start=i, seed=i))
             i += 50
             self.frames_sent += 1
             await asyncio.sleep(0)
+        await reader
+
+    async def _read_once_resumed(self, conn: AiohttpConn) -> None:
+        while not self.stop_sending.is_set():
+            await asyncio.sleep(0.01)
         await conn.read_until_closed(timeout=30)
 
     def resume(self) -> None:
