@@ -330,7 +330,15 @@ def test_the_controller_compiles_the_table_ops_unsplit_and_gives_every_thread_it
     cfg = Config(features=8, max_streams=65_536, max_batch=256)
     proc = default_processor(cfg)
     example = pad_batch(np.ones((3, 8), np.float32), np.arange(3, dtype=np.int32), 256, cfg.max_streams)
-    plain = jax.jit(guarded(proc.step), donate_argnums=0).lower(jax.device_put(proc.init(cfg)), example).compile()
+    # the control is not stored in the session's persistent compilation cache (tests/conftest.py):
+    # the cache's key does not hold the CPUs a compile could use, so compile_step would load it
+    name = "jax_persistent_cache_min_compile_time_secs"
+    kept_from_cache = getattr(jax.config, name)
+    jax.config.update(name, 1e9)
+    try:
+        plain = jax.jit(guarded(proc.step), donate_argnums=0).lower(jax.device_put(proc.init(cfg)), example).compile()
+    finally:
+        jax.config.update(name, kept_from_cache)
     assert "outer_dimension_partitions" in plain.as_text()  # the control: this is what it guards against
     before = _thread_cpus()
     compiled = compile_step(proc, cfg)
