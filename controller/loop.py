@@ -213,7 +213,7 @@ class Controller:
         # the one place the run's checkpoint store is chosen (None: checkpoints are off)
         store = store_for(cfg, self._own_store, self._owner.checkpoints)
         restored = recovery.load(store) if store is not None and cfg.checkpoint_restore == "auto" else None
-        self.compile()
+        self._compile(self._stop_between_buckets)
         self._check_stop("the restore and compile")
         if restored is not None:
             recovery.restore(self.engine, restored)
@@ -243,12 +243,15 @@ class Controller:
         if self._stop_requested.is_set():
             raise StopRequested(during)
 
+    def _stop_between_buckets(self, bucket: int, seconds: float) -> None:
+        self._check_stop("the compile")
+
     def _open_owner(self) -> PartitionOwner | NoPartitions:
         """A partitioned instance's leases, after the compile (blocking: a dead holder's are waited out)."""
         feed = self._partition_feed
         if feed is None:
             return NoPartitions()
-        self.compile()
+        self._compile(self._stop_between_buckets)
         self._check_stop("the compile")
         try:
             return PartitionOwner.open(self.config, feed, self.engine.checkpoint_shapes, stop=self._stop_requested)
@@ -270,11 +273,16 @@ class Controller:
 
     def compile(self) -> None:
         """Initialise the state on the device and compile the step for every bucket (AOT)."""
+        self._compile(None)
+
+    def _compile(self, after_bucket: Callable[[int, float], None] | None) -> None:
+        """``compile``; ``after_bucket`` is called after each bucket's compile (``start`` checks
+        there whether a stop was requested, so a stop waits for one bucket, not all of them)."""
         if self.engine is not None:
             return
         cfg = self.config
         t0 = time.monotonic()
-        self.engine = compile_step(self.processor, cfg)
+        self.engine = compile_step(self.processor, cfg, after_bucket)
         self.main_stats.compilations_at_ready = compilations()
         release_freed_memory()
         log.info("compiled the step for batch sizes %s on %s in %.2fs", ",".join(map(str, cfg.buckets)),

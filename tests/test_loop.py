@@ -377,3 +377,25 @@ def test_process_pending_processes_queued_chunks_larger_than_max_batch_completel
         for i in range(3):
             fake.inbound.put_nowait(chunk(range(6 * i, 6 * i + 6), ["a", "b", "c", "d", "e", "f"]))
         assert ctl.process_pending() == 18
+
+
+def test_a_stop_requested_during_the_compile_ends_it_after_the_bucket_being_compiled(caplog):
+    # every bucket compiled would be seconds (cold, 2 cores); a stop waits for one bucket only
+    cfg = Config(features=F, max_batch=64, max_streams=8, max_wait_ms=0.0, status_s=0.0)
+    assert len(cfg.buckets) > 1
+    compiled: list[int] = []
+    ctl = Controller(cfg, processor=PROCESSOR, io_factory=FakeIO())
+    ctl.request_stop()  # as a SIGTERM that came while the first bucket compiled
+    original = ctl._stop_between_buckets
+
+    def counting(bucket: int, seconds: float) -> None:
+        compiled.append(bucket)
+        original(bucket, seconds)
+
+    ctl._stop_between_buckets = counting
+    with caplog.at_level("INFO", logger="forkless"):
+        ctl.start()
+    assert compiled == [cfg.buckets[0]]
+    assert ctl.engine is None
+    assert "stop requested during the compile: not starting" in caplog.text
+    ctl.stop()  # nothing was started: nothing to stop
