@@ -4,12 +4,12 @@ connection its message came from.
 Rules:
 - Every feed is a ``Source`` (io_loop/source.py) run by a ``SourceRunner``: a user's own, the
   WebSocket feed's (io_loop/client.py), the embedded demo feed's (io_loop/demo_source.py).
-  ``feed_source`` is the one place a feed's kind is decided, from the configuration. (A JetStream
-  feed is still a client of its own with the runner's face, io_loop/jetstream.py: not yet a
-  ``Source``.) Each has its own connection, reconnect/backoff, heartbeat, stale watchdog,
-  subscribe-on-connect, unsent-reply buffer and counters (its own ``IOStats``). All of them put
-  their chunks on the one inbound queue, stamped with the feed's index, so one micro-batch may
-  mix feeds.
+  ``feed_client`` is the one place a feed's kind is decided, from the configuration (with
+  ``feed_source``), and the only call the feed set makes for a feed; a JetStream feed is still a
+  client of its own with the runner's face (io_loop/jetstream.py), not yet a ``Source``. Each
+  has its own connection, reconnect/backoff, heartbeat, stale watchdog, subscribe-on-connect,
+  unsent-reply buffer and counters (its own ``IOStats``). All of them put their chunks on the one
+  inbound queue, stamped with the feed's index, so one micro-batch may mix feeds.
 - Replies: with one feed, its client writes straight from the bridge's outbound queue (no
   extra hop). With several, the router task takes each ``Outgoing`` from outbound (a batch
   that mixed feeds comes as one bundle of per-feed parts: one hand-over between the threads
@@ -46,7 +46,7 @@ from io_loop.on_connect import OnConnect
 from io_loop.settings import FeedSpec, IOSettings
 from io_loop.source import Source, SourceRunner
 
-__all__ = ["FeedSet", "Outbox", "feed_source"]
+__all__ = ["FeedSet", "Outbox", "feed_client", "feed_source"]
 
 log = logging.getLogger("forkless.feeds")
 
@@ -103,9 +103,27 @@ def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, S
     return WebSocketSource(settings, spec, on_connect=on_connect, before_connect=before_connect)
 
 
+def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDecoder, *, inbound: Any, outbox: Any,
+                sources: Mapping[str, Source], positions: Mapping[str, Origin], on_connect: OnConnect | None,
+                before_connect: BeforeConnect | None, fence: Callable[[], bool] | None) -> Any:
+    """The IO side of one configured feed: a ``SourceRunner`` for its source (``feed_source``), or
+    for a JetStream feed its ``JetStreamFeed``, which is not a ``Source`` yet but has the runner's
+    face (io_loop/jetstream.py). The feed set calls only this."""
+    if spec.jetstream is not None and spec.name not in sources:
+        # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
+        from io_loop.jetstream import JetStreamFeed
+
+        return JetStreamFeed(settings, codec, IOStats(), spec, inbound=inbound, outbox=outbox, index=index,
+                             resume=positions.get(spec.name), fence=fence if spec.jetstream.partitioned else None)
+    source = feed_source(spec, settings, sources=sources, on_connect=on_connect, before_connect=before_connect)
+    return SourceRunner(source, settings, codec, IOStats(), spec, inbound=inbound, outbox=outbox, index=index,
+                        resume=positions.get(spec.name))
+
+
 class FeedSet:
-    """The feeds of one IO thread (see the module rules): a ``SourceRunner`` for each feed's
-    source (``feed_source``); ``on_connect`` and ``before_connect`` are every WebSocket feed's hooks."""
+    """The feeds of one IO thread (see the module rules): each feed's client from ``feed_client``
+    (a ``SourceRunner`` for each feed's source); ``on_connect`` and ``before_connect`` are every
+    WebSocket feed's hooks."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, *,
                  on_connect: OnConnect | None = None,
@@ -117,25 +135,15 @@ class FeedSet:
         self.given_up = [""] * len(self.specs)
         routed = len(self.specs) > 1
         self.outboxes: list[Outbox] = [Outbox() for _ in self.specs] if routed else []
-        self.clients: list[Any] = []
         sources = sources or {}
-        positions = positions or {}
-        self.demo: Any = None  # the embedded demo feed (io_loop/demo_feed.py's DemoFeed) when it runs
-        for i, spec in enumerate(self.specs):
-            outbox = self.outboxes[i] if routed else bridge.outbound
-            if spec.jetstream is not None and spec.name not in sources:
-                # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-                from io_loop.jetstream import JetStreamFeed
-
-                self.clients.append(JetStreamFeed(settings, codec, IOStats(), spec, inbound=bridge.inbound,
-                                                  outbox=outbox, index=i, resume=positions.get(spec.name),
-                                                  fence=fence if spec.jetstream.partitioned else None))
-                continue
-            source = feed_source(spec, settings, sources=sources, on_connect=on_connect, before_connect=before_connect)
-            if spec.name not in sources and hasattr(source, "demo"):
-                self.demo = source.demo
-            self.clients.append(SourceRunner(source, settings, codec, IOStats(), spec, inbound=bridge.inbound,
-                                             outbox=outbox, index=i, resume=positions.get(spec.name)))
+        self.clients: list[Any] = [
+            feed_client(spec, i, settings, codec, inbound=bridge.inbound,
+                        outbox=self.outboxes[i] if routed else bridge.outbound, sources=sources,
+                        positions=positions or {}, on_connect=on_connect, before_connect=before_connect, fence=fence)
+            for i, spec in enumerate(self.specs)]
+        # the embedded demo feed (io_loop/demo_feed.py's DemoFeed) when it runs: a built-in source's
+        self.demo: Any = next((client.source.demo for client in self.clients if isinstance(client, SourceRunner)
+                               and client.feed.name not in sources and hasattr(client.source, "demo")), None)
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0
 

@@ -144,8 +144,7 @@ class JetStreamFeed:
     its own counters (``stats.source`` is its position); ``resume``: what the restored
     checkpoint recorded for it (``Consumer``'s; None: start per ``start``); ``fence``: a
     partitioned instance's leases. It has a ``SourceRunner``'s face (``run``, ``stop_reading``,
-    ``held_frames``, ``take_held``, ``handover``, ``stats``), all of it its own: nothing is set
-    on it from outside."""
+    ``held_frames``, ``take_held``, ``handover``, ``stats``), nothing of it set from outside."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, feed: FeedSpec, *, inbound: Any,
                  outbox: Any, index: int = 0, resume: Any = None, fence: Callable[[], bool] | None = None) -> None:
@@ -221,9 +220,8 @@ class JetStreamFeed:
         return self.held.drained
 
     async def stop_reading(self, deadline: float | None = None) -> None:
-        """Stop taking messages, without losing one half handed over (then ``inbound`` may be shut):
-        a reader waiting for a delivery is cancelled, one handing a message over finishes it and
-        stops. ``deadline`` (monotonic) bounds the stop's work."""
+        """Stop taking messages, none lost half handed over (a reader handing one over finishes it,
+        one waiting is cancelled); then ``inbound`` may be shut. ``deadline``: monotonic."""
         self.stop_deadline = deadline
         self._stopping = True
         task = self._reader_task
@@ -234,13 +232,10 @@ class JetStreamFeed:
         if not self.handover.idle:
             await self.handover.flush()
 
-    def held_frames(self) -> int:
-        """Replies taken from the outbox but not yet published (or not yet acknowledged)."""
+    def held_frames(self) -> int:  # replies taken from the outbox, not yet published (or acknowledged)
         return self.held.held_frames()
 
-    def take_held(self) -> tuple[Outgoing | None, int]:
-        """Give up the item being published (the stop's count, a feed that gave up): it and how
-        many of its frames were published; it is not held any more."""
+    def take_held(self) -> tuple[Outgoing | None, int]:  # the item given up, with its frames published
         return self.held.take_held()
 
     async def _connect(self) -> tuple[Any, asyncio.Event]:
