@@ -24,9 +24,9 @@ Rules:
 - Orderly stop: ``SourceRunner.stop_reading`` sets ``ctx.stopping`` and waits for the emit in
   progress. A reader waiting in ``receive()`` is cancelled by the connection's watch of
   ``ctx.stopping``; one inside ``ctx.emit`` never is (it finishes and ends by itself), so no
-  received frame is lost half handed over. The writer sends
-  everything until the replies end, then the socket is closed with code 1000; replies written
-  to a connection that ended without the server's closing handshake are ``written_unconfirmed``.
+  received frame is lost half handed over. The writer sends everything until the replies end,
+  then the socket is closed with code 1000; replies written to a connection that ended without
+  the server's closing handshake are ``written_unconfirmed``.
 - Secrets (token, headers) are never logged; URLs are logged without query or credentials.
 """
 
@@ -127,6 +127,7 @@ class WebSocketSource:
         self._last_frame_at = 0.0
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
+        self._last_failure = ""  # the last failed attempt's reason, for the retry's warning
 
     # ---- the connection loop ----------------------------------------------------------------
 
