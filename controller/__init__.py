@@ -38,6 +38,7 @@ _EXPORTS = {
     "PositionLost": "controller.errors",
     "ProcessorContractError": "controller.errors",
     "StoreError": "controller.errors",
+    "ReplyBatch": "io_loop.source",
     "Source": "io_loop.source",
     "SourceContext": "io_loop.source",
     "SourceStopped": "io_loop.source",

@@ -26,6 +26,7 @@ _EXPORTS = {
     "IOPortal": "io_loop.portal",
     "PortalClosed": "io_loop.portal",
     "WorkerFailed": "io_loop.portal",
+    "ReplyBatch": "io_loop.source",
     "Source": "io_loop.source",
     "SourceContext": "io_loop.source",
     "SourceStopped": "io_loop.source",

@@ -2,7 +2,7 @@
 
 Rules:
 - The hook is the embedder's callable (``Controller(config, before_connect=hook)``), handed to
-  the IO side as a constructor argument (``IOThread`` → ``FeedSet`` → ``FeedClient``), like the
+  the IO side as a constructor argument (``IOThread`` → ``FeedSet`` → ``WebSocketSource``), like the
   on-connect hook (io_loop/on_connect.py); the IO side never imports the controller. It is for
   credentials that change: a login over HTTP, a token refresh, a signed URL.
 - ``hook(feed, attempt)`` runs on the IO thread's event loop before every opening handshake of

@@ -1,17 +1,16 @@
-"""FeedClient: the reconnect loop around one WebSocket connection at a time, for one feed.
+"""WebSocketSource: the built-in WebSocket feed, a ``Source`` (io_loop/source.py) like a user's own
+client: the reconnect loop around one WebSocket connection at a time, for one feed.
 
 Rules:
-- Runs in the IO thread's loop only. One reader task and one writer task per connection.
-  With several feeds (io_loop/feeds.py) there is one FeedClient per feed on the same loop.
-- Reader: frame -> ``codec.decode`` -> good messages to the ``Handover`` (which puts them on
-  ``inbound`` as chunks stamped with this feed's index, see io_loop/handover.py), error
-  replies to this feed's ``outbox`` (so every frame sent goes through the one writer). Only
-  with ``"replies": "all"``: otherwise they are not even encoded (nor when ``encode_error``
-  returns None); each is counted in ``replies_declined`` by reason, logged once per reason.
-- Writer: takes ``Outgoing`` items from ``outbox`` (the bridge's outbound queue with one
-  feed; this feed's own queue with several) and sends their frames in order, each item in
-  one socket write (io_loop/aiohttp_compat.py). The item being sent and its position survive
-  a lost connection and are resumed on the next one; nothing taken is forgotten.
+- Runs on the IO thread's loop only, under a ``SourceRunner`` exactly as a user's source does, and
+  talks to the rest only through its ``SourceContext``. One reader task and one writer task per
+  connection. With several feeds (io_loop/feeds.py) there is one per feed on the same loop.
+- Reader: frame -> ``ctx.emit(frame, received_ns=...)``, which decodes it, hands the good messages
+  over (io_loop/handover.py) and answers or declines the bad ones under the feed's reply policy
+  (``replies_declined``, logged once per reason). One await a frame; nothing else per frame.
+- Writer: ``ctx.replies()``, each reply batch in one socket write (io_loop/aiohttp_compat.py's
+  cork). A batch part-written when a connection is lost is handed again first on the next one;
+  nothing taken is forgotten.
 - On each new connection the feed's ``subscribe`` text, then the on-connect hook's frames
   (io_loop/on_connect.py), are sent before anything else; a hook that fails fails the attempt
   like a failed connect.
@@ -22,10 +21,12 @@ Rules:
   heartbeat timeout, stale feed) with ``Backoff``; an HTTP 4xx handshake (but 408/429, and
   401/403 when a before-connect hook can give new credentials) or used-up tries raise
   ``FeedFatal``.
-- Orderly stop (``stop_reading``): the reader is never cancelled while handing a chunk over,
-  so no received frame is lost (the caller shuts ``inbound`` down once every feed has
-  stopped). The writer sends everything until ``outbox`` is shut down and empty, then the
-  socket is closed with code 1000.
+- Orderly stop: ``SourceRunner.stop_reading`` sets ``ctx.stopping`` and waits for the emit in
+  progress. A reader waiting in ``receive()`` is cancelled by the connection's watch of
+  ``ctx.stopping``; one inside ``ctx.emit`` never is (it finishes and ends by itself), so no
+  received frame is lost half handed over. The writer sends everything until the replies end,
+  then the socket is closed with code 1000; replies written to a connection that ended without
+  the server's closing handshake are ``written_unconfirmed``.
 - Secrets (token, headers) are never logged; URLs are logged without query or credentials.
 """
 
@@ -36,8 +37,8 @@ import enum
 import logging
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
@@ -54,22 +55,17 @@ from io_loop.connect import (
     redact_url,
     short,
 )
-from io_loop.counters import IOStats
-from io_loop.crossing import Outgoing
-from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal
-from io_loop.handover import Handover
 from io_loop.on_connect import HookFailed, OnConnect, call_hook
 from io_loop.settings import FeedSpec, IOSettings
-from io_loop.writer import HeldReply
+from io_loop.source import SourceContext, SourceStopped
 
-__all__ = ["End", "FeedClient", "FeedControl", "Outcome"]
+__all__ = ["End", "Outcome", "WebSocketSource", "pause_before_reconnect"]
 
 log = logging.getLogger("forkless.client")
 
 CLOSE_TIMEOUT_S = 2.0  # how long an orderly close waits for the server's close frame
 GIVE_UP_CLOSE_S = 0.25  # how long closing a connection that is being given up may take
-MAX_LOGGED_REASONS = 1000  # declined replies: reasons logged (once each), then only counted
 # refused handshakes a before-connect hook may answer with new credentials (an expired token)
 CREDENTIALS_REFUSED = (401, 403)
 
@@ -89,75 +85,34 @@ class End:
     reason: str = ""
 
 
-async def pause_before_reconnect(feed: FeedControl, delay: float) -> None:
-    """Sleep ``delay`` seconds before a feed's next attempt; while it is stopping, notice when
-    nothing is left to send (its ``held`` reply drained)."""
+async def pause_before_reconnect(delay: float, ended: Callable[[], bool]) -> None:
+    """Sleep ``delay`` seconds before a feed's next attempt, or less once ``ended()`` says the
+    stop has come and nothing is left to send (a feed that is down need not connect again)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + delay
     while True:
         left = end - loop.time()
-        if left <= 0:
+        if left <= 0 or ended():
             return
-        if feed._stopping:
-            feed.held.poll()
-            if feed.held.drained:
-                return
         await asyncio.sleep(min(left, 0.05))
 
 
-class FeedControl:
-    """What the IO thread asks of a built-in feed's client (a ``FeedClient``, a ``JetStreamFeed``;
-    a user's source has its own, io_loop/source.py): stop reading without losing a message half
-    handed over, and the reply item being written (``held``, io_loop/writer.py). A client sets
-    ``handover``, ``held``, ``_stopping``, ``_reader_task`` and ``_reader_in_handover``."""
+class WebSocketSource:
+    """The built-in WebSocket feed as a ``Source`` (io_loop/source.py; see the module rules):
+    connects to ``feed.url`` (or ``url``: the embedded demo feed's address) and serves
+    connections until stopped and drained. ``on_connect`` computes frames to send first on each
+    connection (io_loop/on_connect.py); ``before_connect`` each attempt's URL and headers
+    (io_loop/before_connect.py)."""
 
-    handover: Handover
-    held: HeldReply
-    _stopping: bool
-    _reader_task: asyncio.Task | None
-    _reader_in_handover: bool
+    starts_connected = False  # connected once a connection is open (SourceContext.connection_opened)
 
-    async def stop_reading(self, deadline: float | None = None) -> None:
-        """Stop taking messages, without losing one half handed over (then ``inbound`` may be shut);
-        ``deadline`` (monotonic) bounds the closing handshake that follows."""
-        self.stop_deadline = deadline
-        self._stopping = True
-        task = self._reader_task
-        if task is not None and not task.done():
-            if not self._reader_in_handover:
-                task.cancel()
-            await asyncio.wait([task])
-        if not self.handover.idle:
-            await self.handover.flush()
-
-    def held_frames(self) -> int:
-        """Frames taken from ``outbound`` but not yet written (or not yet acknowledged)."""
-        return self.held.held_frames()
-
-    def take_held(self) -> tuple[Outgoing | None, int]:
-        """Give up the item being written (for the stop's count, or a feed that gave up): the
-        item and how many of its frames were written; it is not held any more."""
-        return self.held.take_held()
-
-
-class FeedClient(FeedControl):
-    """Connects to one feed and serves connections until stopped and drained (see the rules).
-
-    ``inbound``: where chunks go (the bridge's); ``outbox``: where this feed's replies come
-    from and its reader's error replies go (asyncio-queue-like, ending with
-    ``janus.AsyncQueueShutDown``); ``stats``: this feed's own counters; ``url`` overrides
-    ``feed.url`` (the embedded demo feed's address); ``index`` is stamped on its chunks;
-    ``on_connect`` computes frames to send first on each connection (io_loop/on_connect.py);
-    ``before_connect`` each attempt's URL and headers (io_loop/before_connect.py)."""
-
-    def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, feed: FeedSpec, *, inbound: Any,
-                 outbox: Any, index: int = 0, url: str | None = None, on_connect: OnConnect | None = None,
-                 before_connect: BeforeConnect | None = None) -> None:
+    def __init__(self, settings: IOSettings, feed: FeedSpec, *, url: str | None = None,
+                 on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None) -> None:
+        self.name = feed.name
+        self.replies = feed.replies
+        self.required = feed.required
         self.settings = settings
-        self.codec = codec
         self.feed = feed
-        self.outbox = outbox
-        self.stats = stats
         self.url = url = url or feed.url
         self.shown_url = redact_url(url)
         self.subscribe = feed.subscribe
@@ -168,27 +123,22 @@ class FeedClient(FeedControl):
         # TLS: made now for a configured wss:// URL (a CA file OpenSSL refuses fails at once), else at the
         # first wss:// URL a before-connect hook gives
         self._ssl_context = make_ssl_context(settings) if url.startswith("wss:") else None
-        self.handover = Handover(inbound, settings.max_batch, drop_oldest=settings.overflow == "drop_oldest",
-                                 on_dropped=self._count_dropped_oldest, feed=index)
-        self._stopping = False
-        self.held = HeldReply(outbox, stats)  # the reply item being sent; survives reconnects
-        self._reader_task: asyncio.Task | None = None
-        self._reader_in_handover = False
+        self._emitting = False  # the reader is inside ctx.emit: the stop lets it finish, never cancels it
         self._last_frame_at = 0.0
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
-        self.stop_deadline: float | None = None  # monotonic; the stop's, given to stop_reading
-        self.send_errors = feed.replies == "all"  # error replies to bad input (the feed's reply policy)
-        self._declined_logged: set[str] = set()
+        self._last_failure = ""  # the last failed attempt's reason, for the retry's warning
 
     # ---- the connection loop ----------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self, ctx: SourceContext) -> None:
         """Connect, serve, reconnect, until stopped and every result is sent (or FeedFatal)."""
+        self._ctx = ctx
         cfg = self.settings
         backoff = Backoff.from_settings(cfg)
+        ended = ctx.replies_ended  # the main thread's last reply is taken: no reason to connect again
         async with new_session() as session:
-            while not self.held.drained:
+            while not ended():
                 self._attempt += 1
                 try:
                     url, headers = await self._handshake()
@@ -199,31 +149,16 @@ class FeedClient(FeedControl):
                     ws = await open_feed(session, url, cfg, tls, feed=self.feed, headers=headers)
                     first = await self._first_frames(ws)
                 except (ConnectFailed, HandshakeRefused) as exc:
-                    if not isinstance(exc, HandshakeRefused):
-                        reason = str(exc)
-                    elif exc.status in CREDENTIALS_REFUSED and self.before_connect is not None:
-                        # an expired token, say: the next attempt asks the hook again (after the backoff)
-                        reason = f"handshake refused with HTTP {exc.status}: asking before_connect for new credentials"
-                    elif exc.fatal:
-                        raise FeedFatal(str(exc)) from None
-                    else:
-                        reason = f"handshake failed with HTTP {exc.status}"
-                    self.stats.connect_failures += 1
-                    self.stats.last_error = reason
-                    delay = backoff.failed()
-                    if delay is None:
-                        raise FeedFatal(f"giving up on {self.shown_url} after {backoff.failures} "
-                                        f"failed attempts in a row: {reason}") from None
-                    log.warning("connecting to %s failed: %s; retrying in %.2fs", self.shown_url, reason, delay)
-                    await pause_before_reconnect(self, delay)
+                    delay = self._failed(exc, backoff)
+                    log.warning("connecting to %s failed: %s; retrying in %.2fs", self.shown_url,
+                                self._last_failure, delay)
+                    await pause_before_reconnect(delay, ended)
                     continue
                 backoff.connected(time.monotonic())
                 self._attempt = 0
                 end = await self._serve(ws, first)
                 backoff.disconnected(time.monotonic())
-                if end.outcome is not Outcome.CLOSED:
-                    self.stats.last_error = end.reason
-                if self.held.drained:
+                if ended():
                     break
                 delay = backoff.failed()
                 if delay is None:
@@ -231,8 +166,27 @@ class FeedClient(FeedControl):
                                     f"lost connections in a row: {end.reason}")
                 log.warning("connection %d to %s lost: %s; reconnecting in %.2fs",
                             self._connection_id, self.shown_url, end.reason, delay)
-                self.stats.reconnects += 1
-                await pause_before_reconnect(self, delay)
+                ctx.reconnecting()
+                await pause_before_reconnect(delay, ended)
+
+    def _failed(self, exc: ConnectFailed | HandshakeRefused, backoff: Backoff) -> float:
+        """A failed attempt counted; the delay before the next one (``FeedFatal`` when there is none)."""
+        if not isinstance(exc, HandshakeRefused):
+            reason = str(exc)
+        elif exc.status in CREDENTIALS_REFUSED and self.before_connect is not None:
+            # an expired token, say: the next attempt asks the hook again (after the backoff)
+            reason = f"handshake refused with HTTP {exc.status}: asking before_connect for new credentials"
+        elif exc.fatal:
+            raise FeedFatal(str(exc)) from None
+        else:
+            reason = f"handshake failed with HTTP {exc.status}"
+        self._ctx.connect_failed(reason)
+        self._last_failure = reason
+        delay = backoff.failed()
+        if delay is None:
+            raise FeedFatal(f"giving up on {self.shown_url} after {backoff.failures} "
+                            f"failed attempts in a row: {reason}") from None
+        return delay
 
     async def _handshake(self) -> tuple[str, dict[str, str] | None]:
         """This attempt's URL and headers (``None``: the configured ones): without a before-connect
@@ -286,51 +240,49 @@ class FeedClient(FeedControl):
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse, first: list[str | bytes]) -> End:
         """Run one connection until it is lost or everything is sent; ``first`` is sent before anything."""
         conn = self._opened(ws)
-        written_before = self.stats.results_out + self.stats.errors_out
+        written_before = self._ctx.replies_written
         tasks: set[asyncio.Task] = set()
-        clean = False
+        end, clean = End(Outcome.LOST, "connection ended"), False
         try:
             for frame in first:  # the subscription: FORKLESS_SUBSCRIBE's text, the on-connect hook's frames
                 if type(frame) is bytes:
                     await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
                 else:
                     await ws.send_str(frame)
-            writer, reader = self._start_tasks(ws, tasks)
-            end, clean = await self._until_ended(ws, tasks, writer, reader)
+            writer, reader, stop_watch = self._start_tasks(ws, tasks)
+            end, clean = await self._until_ended(ws, tasks, writer, reader, stop_watch)
             return end
         except (ConnectionError, aiohttp.ClientError) as exc:
-            return End(Outcome.LOST, f"{exc.__class__.__name__}: {short(exc)}")
+            end = End(Outcome.LOST, f"{exc.__class__.__name__}: {short(exc)}")
+            return end
         finally:
-            await self._closed(ws, conn, tasks, clean, written_before)
+            await self._closed(ws, conn, tasks, clean, written_before, end)
 
     def _opened(self, ws: aiohttp.ClientWebSocketResponse) -> int:
         """A new connection counted, corked and logged; its id (the hand-over stamps it on chunks)."""
-        self._connection_id += 1
-        conn = self.handover.connection = self._connection_id
-        stats = self.stats
-        stats.connects += 1
-        stats.connected = True
-        stats.state_since = time.time()
+        conn = self._connection_id = self._ctx.connection_opened()
         self._cork = aiohttp_compat.cork(ws)
         self._last_frame_at = asyncio.get_running_loop().time()
         log.info("connection %d to %s open", conn, self.shown_url, extra={"connection": conn})
         return conn
 
     def _start_tasks(self, ws: aiohttp.ClientWebSocketResponse,
-                     tasks: set[asyncio.Task]) -> tuple[asyncio.Task, asyncio.Task | None]:
-        """The writer, the reader (none once stopping), the stale watch (FORKLESS_STALE_S), each put in ``tasks``."""
+                     tasks: set[asyncio.Task]) -> tuple[asyncio.Task, asyncio.Task | None, asyncio.Task | None]:
+        """The writer, the reader and the stop's watch (none once stopping), the stale watch
+        (FORKLESS_STALE_S), each put in ``tasks``."""
         writer = asyncio.create_task(self._write(ws), name="forkless-writer")
         tasks.add(writer)
-        reader = None
-        if not self._stopping:
-            reader = self._reader_task = asyncio.create_task(self._read(ws), name="forkless-reader")
-            tasks.add(reader)
+        reader = stop_watch = None
+        if not self._ctx.stopping.is_set():
+            reader = asyncio.create_task(self._read(ws), name="forkless-reader")
+            stop_watch = asyncio.create_task(self._ctx.stopping.wait(), name="forkless-stopping")
+            tasks |= {reader, stop_watch}
         if self.settings.stale_s > 0:
             tasks.add(asyncio.create_task(self._watch_stale(), name="forkless-stale"))
-        return writer, reader
+        return writer, reader, stop_watch
 
     async def _until_ended(self, ws: aiohttp.ClientWebSocketResponse, tasks: set[asyncio.Task], writer: asyncio.Task,
-                           reader: asyncio.Task | None) -> tuple[End, bool]:
+                           reader: asyncio.Task | None, stop_watch: asyncio.Task | None) -> tuple[End, bool]:
         """How the connection ended (the writer drained and closed it, the reader lost it, or it went stale),
         and whether the server answered our close (so it read every reply written)."""
         while True:
@@ -344,22 +296,30 @@ class FeedClient(FeedControl):
             if reader is not None and reader in done:
                 tasks.discard(reader)
                 if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
+                    reader = None
                     continue  # stopping: keep writing until outbound is drained
                 return reader.result(), False
-            return End(Outcome.LOST, f"no frame for {self.settings.stale_s}s (FORKLESS_STALE_S)"), False
+            if stop_watch is None or stop_watch not in done:
+                return End(Outcome.LOST, f"no frame for {self.settings.stale_s}s (FORKLESS_STALE_S)"), False
+            tasks.discard(stop_watch)
+            stop_watch = None
+            # the stop: a reader waiting for a frame ends now; one inside ctx.emit finishes it and
+            # ends by itself (the frame is handed over whole, never lost half-way)
+            if reader is not None and not self._emitting:
+                reader.cancel()
 
     async def _closed(self, ws: aiohttp.ClientWebSocketResponse, conn: int, tasks: set[asyncio.Task], clean: bool,
-                      written_before: int) -> None:
+                      written_before: int, end: End) -> None:
         """However it ended: its tasks cancelled, the replies not confirmed by the server's closing
         handshake counted, the socket closed (bounded), the feed counted as disconnected."""
-        stats = self.stats
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
-        unconfirmed = stats.results_out + stats.errors_out - written_before
+        ctx = self._ctx
+        unconfirmed = ctx.replies_written - written_before
         if not clean and unconfirmed:  # the peer may not have read them: counted, never silent
-            stats.written_unconfirmed += unconfirmed
+            ctx.unconfirmed(unconfirmed)
             log.warning("connection %d ended without the server's closing handshake: the %d reply frames "
                         "written to it may not all have been read", conn, unconfirmed, extra={"connection": conn})
         current = asyncio.current_task()
@@ -371,24 +331,24 @@ class FeedClient(FeedControl):
                     await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
             except TimeoutError:
                 log.warning("connection %d dropped without a closing handshake", conn, extra={"connection": conn})
-        stats.connected = False
-        stats.state_since = time.time()
+        ctx.connection_closed("" if end.outcome is Outcome.CLOSED else end.reason)
 
     async def _close_after_drain(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
         """Close with 1000 and wait (bounded) for the server's close before dropping TCP: True when it came.
 
-        aiohttp marks a connection whose ``receive()`` was cancelled (``stop_reading``) as an
-        abnormal closure, and ``close()`` then drops the TCP connection right after our close
-        frame. With frames we never read still in the socket buffer, the kernel answers with
-        RST, and the server may lose our last replies and the close frame. So that mark is
-        cleared: ``close()`` then reads and discards frames until the server's close, within
+        aiohttp marks a connection whose ``receive()`` was cancelled (the stop) as an abnormal
+        closure, and ``close()`` then drops the TCP connection right after our close frame.
+        With frames we never read still in the socket buffer, the kernel answers with RST, and
+        the server may lose our last replies and the close frame. So that mark is cleared:
+        ``close()`` then reads and discards frames until the server's close, within
         ``CLOSE_TIMEOUT_S``.
         """
-        if self._stopping:
+        ctx = self._ctx
+        if ctx.stopping.is_set():
             aiohttp_compat.clear_abnormal_close(ws)
         limit = min(CLOSE_TIMEOUT_S, self.settings.shutdown_timeout_s)
-        if self.stop_deadline is not None:  # the stop's work deadline: the rest is the process's
-            limit = max(0.05, min(limit, self.stop_deadline - time.monotonic()))
+        if ctx.stop_deadline is not None:  # the stop's work deadline: the rest is the process's
+            limit = max(0.05, min(limit, ctx.stop_deadline - time.monotonic()))
         try:
             async with asyncio.timeout(limit):
                 await ws.close(code=aiohttp.WSCloseCode.OK, message=b"done")
@@ -400,86 +360,47 @@ class FeedClient(FeedControl):
             return False
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> End:
-        stats = self.stats
-        codec = self.codec
-        outbound = self.outbox
-        handover = self.handover
+        """Frames to ``ctx.emit`` (decoded and handed over there) until the connection ends or the stop."""
+        emit = self._ctx.emit
+        stopping = self._ctx.stopping
         loop = asyncio.get_running_loop()
+        text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
         while True:
             msg = await ws.receive()
             kind = msg.type
-            if kind is aiohttp.WSMsgType.TEXT or kind is aiohttp.WSMsgType.BINARY:
+            if kind is text or kind is binary:
                 received = time.monotonic_ns()
                 self._last_frame_at = loop.time()
-                stats.frames_in += 1
-                decoded = codec.decode(msg.data)
-                decoded_ns = time.monotonic_ns()
-                self._reader_in_handover = True
+                self._emitting = True
                 try:
-                    if decoded.errors:
-                        for reason, count in decoded.error_counts():
-                            stats.errors[reason] += count
-                            log.warning("bad input on connection %d: %s", self._connection_id, reason,
-                                        extra={"connection": self._connection_id})
-                        if self.send_errors:
-                            frames = [codec.encode_error(reason, seq) for reason, seq in decoded.errors]
-                            if None in frames:  # the codec declined some
-                                self._decline([counted for frame, counted in zip(frames, decoded.error_counts())
-                                               if frame is None], "the codec's encode_error returned None")
-                                frames = [frame for frame in frames if frame is not None]
-                            if frames:
-                                await outbound.put(Outgoing(frames, answers=False))
-                        else:
-                            self._decline(decoded.error_counts(), f"the feed's replies are {self.feed.replies!r}")
-                    if len(decoded):
-                        stats.messages_in += len(decoded)
-                        handover.add(decoded, received, decoded_ns)
-                        if handover.should_flush():
-                            await handover.flush()
+                    await emit(msg.data, received_ns=received)
+                except SourceStopped:  # the stop began while this frame was read: it is not taken, as if unread
+                    return End(Outcome.STOPPED)
                 finally:
-                    self._reader_in_handover = False
-                if self._stopping:
+                    self._emitting = False
+                if stopping.is_set():
                     return End(Outcome.STOPPED)
             elif kind is aiohttp.WSMsgType.ERROR:
                 # aiohttp puts a protocol error (e.g. 1009, frame too big) in msg.data and
                 # only other failures (e.g. a missing pong) in ws.exception()
                 exc = msg.data if isinstance(msg.data, BaseException) else ws.exception()
                 if isinstance(exc, aiohttp.WebSocketError) and exc.code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG:
-                    stats.errors["frame too large"] += 1
+                    self._ctx.count_error("frame too large")
                     return End(Outcome.LOST, f"frame larger than FORKLESS_MAX_MSG_BYTES "
                                              f"({self.settings.max_msg_bytes}), closed with 1009")
                 return End(Outcome.LOST, f"connection error: {exc.__class__.__name__}: {short(exc)}")
             elif kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
                 return End(Outcome.LOST, f"closed by the server (code {ws.close_code})")
 
-    def _decline(self, counts: list[tuple[str, int]], why: str) -> None:
-        """Error replies to bad input not sent: counted by reason, each reason logged once."""
-        declined = self.stats.replies_declined
-        for reason, count in counts:
-            declined[reason] += count
-            if reason not in self._declined_logged and len(self._declined_logged) < MAX_LOGGED_REASONS:
-                self._declined_logged.add(reason)
-                log.info("feed %r (%s): error replies for %r are not sent (%s); counted in replies_declined, "
-                         "logged once per reason", self.feed.name, self.shown_url, reason, why)
-
-    def _count_dropped_oldest(self, messages: int) -> None:
-        self.stats.dropped["inbound overflow (drop_oldest)"] += messages
-        log.warning("inbound queue full: dropped the oldest %d messages (FORKLESS_OVERFLOW=drop_oldest)", messages)
-
     async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> End:
-        held = self.held
+        """Each reply batch in one socket write (the cork), until the main thread's last one."""
         cork = self._cork
-        while True:
-            item = await held.next()
-            if item is None:
-                return End(Outcome.DRAINED)
-            frames = item.frames
+        async for batch in self._ctx.replies():
             if cork is not None:
                 cork.corked = True
-            written = held.offset
+            written = 0
             try:
-                while written < len(frames):
-                    frame = frames[written]
+                for frame in batch.frames:
                     if type(frame) is bytes:  # UTF-8 JSON from the codec: send as a text frame as is
                         await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
                     else:
@@ -490,8 +411,8 @@ class FeedClient(FeedControl):
             finally:
                 if cork is not None:
                     cork.uncork()
-                held.wrote(written)  # also when stopped part-way
-            held.finish()
+                batch.wrote(written)  # also when stopped part-way
+        return End(Outcome.DRAINED)
 
     async def _watch_stale(self) -> None:
         loop = asyncio.get_running_loop()

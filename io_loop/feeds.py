@@ -1,12 +1,15 @@
-"""FeedSet: every configured feed's ``FeedClient`` on the IO loop, and each reply routed back
-to the connection its message came from.
+"""FeedSet: every configured feed's source on the IO loop, and each reply routed back to the
+connection its message came from.
 
 Rules:
-- One ``FeedClient`` per WebSocket feed (``IOSettings.feed_specs``; a JetStream feed has a
-  ``JetStreamFeed`` in the same role, io_loop/jetstream.py), each with its own connection,
-  reconnect/backoff, heartbeat, stale watchdog, subscribe-on-connect, unsent-reply buffer and
-  counters (its own ``IOStats``). All of them put their chunks on the one inbound queue,
-  stamped with the feed's index, so one micro-batch may mix feeds.
+- Every feed is a ``Source`` (io_loop/source.py) run by a ``SourceRunner``: a user's own, the
+  WebSocket feed's (io_loop/client.py), the embedded demo feed's (io_loop/demo_source.py).
+  ``feed_client`` is the one place a feed's kind is decided, from the configuration (with
+  ``feed_source``), and the only call the feed set makes for a feed; a JetStream feed is still a
+  client of its own with the runner's face (io_loop/jetstream.py), not yet a ``Source``. Each
+  has its own connection, reconnect/backoff, heartbeat, stale watchdog, subscribe-on-connect,
+  unsent-reply buffer and counters (its own ``IOStats``). All of them put their chunks on the one
+  inbound queue, stamped with the feed's index, so one micro-batch may mix feeds.
 - Replies: with one feed, its client writes straight from the bridge's outbound queue (no
   extra hop). With several, the router task takes each ``Outgoing`` from outbound (a batch
   that mixed feeds comes as one bundle of per-feed parts: one hand-over between the threads
@@ -18,8 +21,8 @@ Rules:
   messages that can no longer be sent are counted as dropped ("feed given up"), never lost
   silently. The IO loop ends with ``FeedFatal`` (exit 3) when every feed has given up, or at
   the first one with ``FORKLESS_FEED_FATAL=any``. With one feed its ``FeedFatal`` ends it at once.
-- Orderly stop: every feed stops reading (no half handed-over frame is lost), then inbound is
-  shut down; when outbound is shut down and drained, the router ends every outbox, and each
+- Orderly stop: every feed stops reading (``SourceRunner.stop_reading``: no half handed-over frame
+  is lost), then inbound is shut down; when outbound is shut down and drained, the router ends every outbox, and each
   writer sends what is left and closes with 1000.
 """
 
@@ -34,16 +37,16 @@ import janus
 
 from io_loop.before_connect import BeforeConnect
 from io_loop.bridge import Bridge
-from io_loop.client import FeedClient
+from io_loop.client import WebSocketSource
 from io_loop.counters import FeedSnapshot, IOStats
 from io_loop.crossing import Origin, Outgoing, count_unsent
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal
 from io_loop.on_connect import OnConnect
-from io_loop.settings import IOSettings
+from io_loop.settings import FeedSpec, IOSettings
 from io_loop.source import Source, SourceRunner
 
-__all__ = ["FeedSet", "Outbox"]
+__all__ = ["FeedSet", "Outbox", "feed_client", "feed_source"]
 
 log = logging.getLogger("forkless.feeds")
 
@@ -86,10 +89,41 @@ class Outbox(asyncio.Queue):
         self.put_nowait(self._END)
 
 
+def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, Source],
+                on_connect: OnConnect | None, before_connect: BeforeConnect | None) -> Source:
+    """The source of one configured feed: the one place its kind is decided, from the configuration
+    (a user's source by its name, the embedded demo feed for the feed with no url, a WebSocket feed)."""
+    if spec.name in sources:  # a user's own source
+        return sources[spec.name]
+    if not spec.url and settings.uses_demo_feed:
+        # only when it runs: the demo feed's server (io_loop/demo_source.py has the reason)
+        from io_loop.demo_source import DemoSource
+
+        return DemoSource(settings, spec, on_connect=on_connect, before_connect=before_connect)
+    return WebSocketSource(settings, spec, on_connect=on_connect, before_connect=before_connect)
+
+
+def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDecoder, *, inbound: Any, outbox: Any,
+                sources: Mapping[str, Source], positions: Mapping[str, Origin], on_connect: OnConnect | None,
+                before_connect: BeforeConnect | None, fence: Callable[[], bool] | None) -> Any:
+    """The IO side of one configured feed: a ``SourceRunner`` for its source (``feed_source``), or
+    for a JetStream feed its ``JetStreamFeed``, which is not a ``Source`` yet but has the runner's
+    face (io_loop/jetstream.py). The feed set calls only this."""
+    if spec.jetstream is not None and spec.name not in sources:
+        # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
+        from io_loop.jetstream import JetStreamFeed
+
+        return JetStreamFeed(settings, codec, IOStats(), spec, inbound=inbound, outbox=outbox, index=index,
+                             resume=positions.get(spec.name), fence=fence if spec.jetstream.partitioned else None)
+    source = feed_source(spec, settings, sources=sources, on_connect=on_connect, before_connect=before_connect)
+    return SourceRunner(source, settings, codec, IOStats(), spec, inbound=inbound, outbox=outbox, index=index,
+                        resume=positions.get(spec.name))
+
+
 class FeedSet:
-    """The feeds of one IO thread (see the module rules): the one place that picks each feed's
-    client by its kind (a user's source, a JetStream feed, the embedded demo feed, a WebSocket
-    feed); ``on_connect`` and ``before_connect`` are every WebSocket client's hooks."""
+    """The feeds of one IO thread (see the module rules): each feed's client from ``feed_client``
+    (a ``SourceRunner`` for each feed's source); ``on_connect`` and ``before_connect`` are every
+    WebSocket feed's hooks."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, *,
                  on_connect: OnConnect | None = None,
@@ -101,33 +135,15 @@ class FeedSet:
         self.given_up = [""] * len(self.specs)
         routed = len(self.specs) > 1
         self.outboxes: list[Outbox] = [Outbox() for _ in self.specs] if routed else []
-        self.clients: list[Any] = []
         sources = sources or {}
-        for i, spec in enumerate(self.specs):
-            outbox = self.outboxes[i] if routed else bridge.outbound
-            if spec.name in sources:  # a user's own source (io_loop/source.py)
-                self.clients.append(SourceRunner(sources[spec.name], settings, codec, IOStats(), spec,
-                                                 inbound=bridge.inbound, outbox=outbox, index=i,
-                                                 resume=(positions or {}).get(spec.name)))
-                continue
-            if spec.jetstream is not None:
-                # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-                from io_loop.jetstream import JetStreamFeed
-
-                self.clients.append(JetStreamFeed(settings, codec, IOStats(), spec, inbound=bridge.inbound,
-                                                  outbox=outbox, index=i, resume=(positions or {}).get(spec.name),
-                                                  fence=fence if spec.jetstream.partitioned else None))
-                continue
-            if not spec.url and settings.uses_demo_feed:
-                # only when it runs: the demo feed's server (io_loop/demo_source.py has the reason)
-                from io_loop.demo_source import DemoRunner
-
-                self.clients.append(DemoRunner(settings, codec, IOStats(), spec, inbound=bridge.inbound,
-                                               outbox=outbox, index=i, on_connect=on_connect,
-                                               before_connect=before_connect))
-                continue
-            self.clients.append(FeedClient(settings, codec, IOStats(), spec, inbound=bridge.inbound, outbox=outbox,
-                                           index=i, on_connect=on_connect, before_connect=before_connect))
+        self.clients: list[Any] = [
+            feed_client(spec, i, settings, codec, inbound=bridge.inbound,
+                        outbox=self.outboxes[i] if routed else bridge.outbound, sources=sources,
+                        positions=positions or {}, on_connect=on_connect, before_connect=before_connect, fence=fence)
+            for i, spec in enumerate(self.specs)]
+        # the embedded demo feed (io_loop/demo_feed.py's DemoFeed) when it runs: a built-in source's
+        self.demo: Any = next((client.source.demo for client in self.clients if isinstance(client, SourceRunner)
+                               and client.feed.name not in sources and hasattr(client.source, "demo")), None)
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0
 
@@ -162,7 +178,7 @@ class FeedSet:
                 await asyncio.wait(leftover)
 
     async def stop_reading(self, deadline: float | None) -> None:
-        """Every feed stops taking frames (see FeedClient.stop_reading); then inbound is shut."""
+        """Every feed stops taking frames (see SourceRunner.stop_reading); then inbound is shut."""
         await asyncio.gather(*(client.stop_reading(deadline) for client in self.clients))
         self.bridge.stop_inbound()
 
@@ -199,11 +215,6 @@ class FeedSet:
             stats.dropped[GIVEN_UP_REASON] += answers
             log.error("%d replies to messages of %s dropped: it gave up", answers, self.specs[index].label)
         stats.error_replies_unsent += errors
-
-    @property
-    def demo(self) -> Any:
-        """The embedded demo feed (io_loop/demo_feed.py's ``DemoFeed``), or None when it does not run."""
-        return next((client.demo for client in self.clients if hasattr(client, "demo")), None)
 
     # ---- the stop's accounting and observing --------------------------------------------------
 

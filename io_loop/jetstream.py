@@ -1,5 +1,5 @@
 """JetStreamFeed: one JetStream feed (an entry of ``FORKLESS_FEEDS`` with ``"nats"``), in the role a
-``FeedClient`` has for a WebSocket feed: consume, decode, hand chunks over, publish the replies,
+``WebSocketSource`` has for a WebSocket feed: consume, decode, hand chunks over, publish the replies,
 reconnect. The I/O pump around the pure bookkeeping of io_loop/jsconsumer.py (where consuming has
 reached, what each delivery means); its replies are published by io_loop/jspublish.py. Imported
 only when such a feed is configured (nats-py is an optional extra).
@@ -62,7 +62,7 @@ import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from io_loop.backoff import Backoff
-from io_loop.client import End, FeedControl, Outcome, pause_before_reconnect
+from io_loop.client import End, Outcome, pause_before_reconnect
 from io_loop.counters import IOStats, SourceStats
 from io_loop.crossing import Origin, Outgoing
 from io_loop.decoding import FrameDecoder
@@ -138,12 +138,13 @@ def _same_time(created: Any, recorded: str) -> bool:
         return _when(created) == recorded
 
 
-class JetStreamFeed(FeedControl):
+class JetStreamFeed:
     """One JetStream feed (see the module rules). ``inbound``: the bridge's inbound queue;
     ``outbox``: where its replies come from and its error replies to bad input go; ``stats``:
     its own counters (``stats.source`` is its position); ``resume``: what the restored
     checkpoint recorded for it (``Consumer``'s; None: start per ``start``); ``fence``: a
-    partitioned instance's leases."""
+    partitioned instance's leases. It has a ``SourceRunner``'s face (``run``, ``stop_reading``,
+    ``held_frames``, ``take_held``, ``handover``, ``stats``), nothing of it set from outside."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, feed: FeedSpec, *, inbound: Any,
                  outbox: Any, index: int = 0, resume: Any = None, fence: Callable[[], bool] | None = None) -> None:
@@ -193,7 +194,7 @@ class JetStreamFeed(FeedControl):
                     raise FeedFatal(f"giving up on {self.feed.label} after {backoff.failures} failed attempts "
                                     f"in a row: {exc}") from None
                 log.warning("%s: %s; retrying in %.2fs", self.feed.label, exc, delay)
-                await pause_before_reconnect(self, delay)
+                await pause_before_reconnect(delay, self._ended)
                 continue
             backoff.connected(time.monotonic())
             end = await self._serve(nc, closed)
@@ -209,7 +210,33 @@ class JetStreamFeed(FeedControl):
             log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.feed.label,
                         self._connection_id, end.reason, delay)
             self.stats.reconnects += 1
-            await pause_before_reconnect(self, delay)
+            await pause_before_reconnect(delay, self._ended)
+
+    def _ended(self) -> bool:
+        """The stop has come and every reply is taken (a feed that is down need not connect again)."""
+        if not self._stopping:
+            return False
+        self.held.poll()
+        return self.held.drained
+
+    async def stop_reading(self, deadline: float | None = None) -> None:
+        """Stop taking messages, none lost half handed over (a reader handing one over finishes it,
+        one waiting is cancelled); then ``inbound`` may be shut. ``deadline``: monotonic."""
+        self.stop_deadline = deadline
+        self._stopping = True
+        task = self._reader_task
+        if task is not None and not task.done():
+            if not self._reader_in_handover:
+                task.cancel()
+            await asyncio.wait([task])
+        if not self.handover.idle:
+            await self.handover.flush()
+
+    def held_frames(self) -> int:  # replies taken from the outbox, not yet published (or acknowledged)
+        return self.held.held_frames()
+
+    def take_held(self) -> tuple[Outgoing | None, int]:  # the item given up, with its frames published
+        return self.held.take_held()
 
     async def _connect(self) -> tuple[Any, asyncio.Event]:
         """One attempt: connect to a server of the list, read the stream's state, check the

@@ -2,7 +2,7 @@
 
 Rules:
 - The hook is the embedder's callable (``Controller(config, on_connect=hook)``), handed to the
-  IO side as a constructor argument (``IOThread`` → ``FeedSet`` → ``FeedClient``); the IO side
+  IO side as a constructor argument (``IOThread`` → ``FeedSet`` → ``WebSocketSource``); the IO side
   never imports the controller. It is for subscriptions that must be made per connection:
   signed, timestamped, or listing what the program holds now.
 - ``hook(feed, connection)`` runs on the IO thread's event loop for every connection of every

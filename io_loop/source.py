@@ -19,9 +19,19 @@ Rules:
   A ``run`` that returns earlier means the source has no more messages; replies that still
   come for it are counted as dropped ("source ended"). A ``run`` that raises gives the feed
   up as a failed connection would (``FeedFatal``, the traceback kept as its cause).
-- ``SourceRunner`` is the IO thread's side of one source, with the same face as the built-in
-  feeds' clients (``run``, ``stop_reading``, ``held_frames``, ``take_held``, ``handover``,
-  ``stats``): the feed set (io_loop/feeds.py) does not know which kind it runs.
+- A source that manages its own connections (the built-in WebSocket feed, io_loop/client.py, is
+  one) says what happens to them: ``connection_opened()`` (its id is stamped on what is emitted
+  from then), ``connection_closed()``, ``connect_failed(why)``, ``reconnecting(why)``; with
+  ``starts_connected = False`` it is not counted as connected before its first connection.
+- Replies a batch at a time: ``ctx.replies()`` hands out each reply batch (io_loop/writer.py's
+  ``ReplyBatch``, one socket write each); a batch not wholly written is handed again first, from
+  its first unwritten frame. ``outgoing()`` is the frame-at-a-time form of the same.
+- The stop has one mechanism, ``SourceRunner.stop_reading``: the source's optional
+  ``before_stop(ctx)`` (finish what is in flight), then ``ctx.stopping`` is set and the emits in
+  progress are waited for; nothing half handed over is lost.
+- ``SourceRunner`` is the IO thread's side of one source, user's or built-in (``run``,
+  ``stop_reading``, ``held_frames``, ``take_held``, ``handover``, ``stats``): the feed set
+  (io_loop/feeds.py) does not know which kind it runs.
 """
 
 from __future__ import annotations
@@ -41,11 +51,13 @@ from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, ForklessError
 from io_loop.handover import Handover
 from io_loop.settings import FeedSpec, IOSettings
-from io_loop.writer import HeldReply
+from io_loop.writer import HeldReply, ReplyBatch
 
-__all__ = ["Source", "SourceContext", "SourceRunner", "SourceStopped"]
+__all__ = ["ReplyBatch", "Source", "SourceContext", "SourceRunner", "SourceStopped"]
 
 log = logging.getLogger("forkless.source")
+
+MAX_LOGGED_REASONS = 1000  # declined replies: reasons logged (once each), then only counted
 
 
 class SourceStopped(ForklessError):
@@ -56,7 +68,9 @@ class SourceStopped(ForklessError):
 class Source(Protocol):
     """A source of messages written by the user (see the module rules). Optional attributes:
     ``replies`` (``"all"``, ``"results"`` or ``"none"``: what the main thread sends back to its
-    messages, default ``"all"``) and ``required`` (readiness waits for it, default True)."""
+    messages, default ``"all"``), ``required`` (readiness waits for it, default True),
+    ``starts_connected`` (default True: connected while ``run`` runs unless told otherwise) and
+    ``async before_stop(ctx)`` (called when the orderly stop begins, before ``ctx.stopping``)."""
 
     name: str
 
@@ -95,25 +109,44 @@ class SourceContext:
         self._skip = skip  # messages of the frame at resume_from the state holds (None: all of them)
         self._resume_pending = resume_from is not None
         self.stopping = asyncio.Event()  # set when the orderly stop begins
+        self.stop_deadline: float | None = None  # monotonic: when the stop's work must be done (None: no bound)
 
     @property
     def features(self) -> int:
         """How many values a message's ``x`` holds (``FORKLESS_FEATURES``)."""
         return self._runner.settings.features
 
-    async def emit(self, frame: str | bytes, position: int | str | None = None) -> int:
+    async def emit(self, frame: str | bytes, position: int | str | None = None, *,
+                   received_ns: int | None = None) -> int:
         """Hand one frame to the codec (decoded on this thread, like a built-in feed's frames);
         its good messages go to the main thread, its bad parts are counted (and answered, under
-        the source's reply policy). Awaits while inbound is full. Returns the good messages taken."""
+        the source's reply policy). ``received_ns`` (``time.monotonic_ns()``) is when the frame
+        was received, for the latencies (default: now). Awaits while inbound is full. Returns
+        the good messages taken."""
         runner = self._runner
-        runner.enter()
-        try:
-            received = time.monotonic_ns()
+        if runner.stopping_now:
+            raise SourceStopped(f"source {self.name!r} is stopping: nothing more is taken")
+        runner.busy += 1  # runner.enter() inlined: this is every frame's path
+        try:  # one coroutine a frame; an await only to flush or to answer bad input
+            if received_ns is None:
+                received_ns = time.monotonic_ns()
             runner.stats.frames_in += 1
             decoded = runner.codec.decode(frame)
-            return await runner.take(decoded, received, self._origins(decoded, position))
+            origins = None if position is None else self._origins(decoded, position)
+            if decoded.errors:
+                await runner.bad_input(decoded)
+            n = len(decoded)
+            if n:
+                runner.stats.messages_in += n
+                handover = runner.handover
+                handover.add(decoded, received_ns, time.monotonic_ns(), origins)
+                if handover.should_flush():
+                    await handover.flush()
+            return n
         finally:
-            runner.leave()
+            runner.busy -= 1
+            if runner.idle_wait is not None and not runner.busy:
+                runner.idle_wait.set()
 
     async def emit_rows(self, seq: list[Any], stream: list[str], x: Any, position: int | str | None = None) -> int:
         """Hand messages already decoded: ``seq`` and ``stream`` one per message, ``x`` [n, features],
@@ -147,6 +180,31 @@ class SourceContext:
         A frame counts as delivered when the next one is asked for."""
         return self._runner.frames()
 
+    def replies(self) -> ReplyBatch:
+        """The same frames a batch at a time (write each batch in one go): ``async for batch in
+        ctx.replies()``, write ``batch.frames``, then ``batch.wrote(n)`` with how many were written.
+        A batch not wholly written (a lost connection) is handed again first, from its first
+        unwritten frame. Ends once the main thread has sent its last one (the stop)."""
+        return self._runner.batch
+
+    def replies_ended(self) -> bool:
+        """True once the main thread has sent its last frame and every one was handed out, without
+        waiting (a source that is down when the stop comes need not connect again)."""
+        held = self._runner.held
+        held.poll()
+        return held.drained
+
+    @property
+    def replies_written(self) -> int:
+        """Reply frames written so far (results and error replies; not ``Controller.send`` frames)."""
+        stats = self._runner.stats
+        return stats.results_out + stats.errors_out
+
+    def unconfirmed(self, frames: int) -> None:
+        """``frames`` reply frames were written to a connection that ended without the peer
+        confirming it read them (no closing handshake): counted in ``written_unconfirmed``."""
+        self._runner.stats.written_unconfirmed += frames
+
     def count(self, what: str, n: int = 1) -> None:
         """Count something the source did on its own (``"heartbeats answered"``): it shows in
         the source's figures (``counts``), never as an error."""
@@ -164,6 +222,41 @@ class SourceContext:
         stats.state_since = time.time()
         if not connected and reason:
             stats.last_error = reason
+
+    def count_error(self, reason: str, n: int = 1) -> None:
+        """Count bad input the codec never saw (``"frame too large"``), as ``errors`` by reason."""
+        self._runner.stats.errors[reason] += n
+
+    def connection_opened(self) -> int:
+        """A new connection is up: counted (``connects``), shown as connected. Returns its id
+        (1, 2, …), which the messages emitted from now on carry."""
+        runner = self._runner
+        stats = runner.stats
+        runner.connection_id += 1
+        runner.handover.connection = runner.connection_id
+        stats.connects += 1
+        stats.connected = True
+        stats.state_since = time.time()
+        return runner.connection_id
+
+    def connection_closed(self, reason: str = "") -> None:
+        """The connection ended (however): shown as not connected; ``reason``, when given (it was
+        lost), kept as the last error."""
+        stats = self._runner.stats
+        stats.connected = False
+        stats.state_since = time.time()
+        if reason:
+            stats.last_error = reason
+
+    def connect_failed(self, reason: str) -> None:
+        """An attempt to connect failed: counted (``connect_failures``), ``reason`` kept as the last error."""
+        stats = self._runner.stats
+        stats.connect_failures += 1
+        stats.last_error = reason
+
+    def reconnecting(self) -> None:
+        """A connection was lost and the source will connect again: counted (``reconnects``)."""
+        self._runner.stats.reconnects += 1
 
     def _origins(self, decoded: Any, position: Any) -> list[Origin] | None:
         """One ``Origin`` per good message of a frame at ``position`` (None without one); the
@@ -194,7 +287,7 @@ def _drop_first(decoded: Any, drop: int) -> None:
 
 
 class SourceRunner:
-    """The IO thread's side of one user ``Source`` (see the module rules)."""
+    """The IO thread's side of one ``Source``, a user's or a built-in feed (see the module rules)."""
 
     def __init__(self, source: Source, settings: IOSettings, codec: FrameDecoder, stats: IOStats, feed: FeedSpec,
                  *, inbound: Any, outbox: Any, index: int, resume: Origin | None = None) -> None:
@@ -213,43 +306,64 @@ class SourceRunner:
         else:  # the frame at resume.seq: its messages up to resume.index are in the state
             self.ctx = SourceContext(self, resume.seq, None if resume.last else resume.index + 1)
         self.send_errors = feed.replies == "all"
-        self._stopping = False
-        self._busy = 0  # emit calls in progress
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self.held = HeldReply(outbox, stats)  # the item whose frames outgoing() hands out (io_loop/writer.py)
-        self._handed = False  # a frame of it was handed out and not yet counted delivered
+        self.connection_id = 0  # the source's current connection (SourceContext.connection_opened)
+        self.stopping_now = False  # the stop began: no emit is taken
+        self.busy = 0  # emit calls in progress
+        self.idle_wait: asyncio.Event | None = None  # made by a stop that waits for them
+        self.held = HeldReply(outbox, stats)  # the item being written, kept across reconnects (io_loop/writer.py)
+        self.batch = ReplyBatch(self.held)  # ctx.replies()
+        self._handed = False  # outgoing(): a frame was handed out and not yet counted delivered
+        self._declined_logged: set[str] = set()
 
     # ---- the source's side ----------------------------------------------------------------------
 
     def enter(self) -> None:
-        if self._stopping:
+        if self.stopping_now:
             raise SourceStopped(f"source {self.feed.name!r} is stopping: nothing more is taken")
-        self._busy += 1
-        self._idle.clear()
+        self.busy += 1
 
     def leave(self) -> None:
-        self._busy -= 1
-        if not self._busy:
-            self._idle.set()
+        self.busy -= 1
+        if not self.busy and self.idle_wait is not None:
+            self.idle_wait.set()
+
+    async def bad_input(self, decoded: Any) -> None:
+        """A frame's bad parts: counted by reason, answered with error replies under the reply
+        policy (those the codec declines, or all of them when the policy sends none, counted in
+        ``replies_declined``)."""
+        stats = self.stats
+        counts = decoded.error_counts()
+        for reason, count in counts:
+            stats.errors[reason] += count
+            log.warning("bad input on connection %d: %s", self.connection_id, reason,
+                        extra={"connection": self.connection_id, "feed": self.feed.name})
+        if not self.send_errors:
+            self._decline(counts, f"the feed's replies are {self.feed.replies!r}")
+            return
+        frames = [self.codec.encode_error(reason, seq) for reason, seq in decoded.errors]
+        if None in frames:  # the codec declined some
+            self._decline([counted for frame, counted in zip(frames, counts) if frame is None],
+                          "the codec's encode_error returned None")
+            frames = [frame for frame in frames if frame is not None]
+        if frames:
+            await self.outbox.put(Outgoing(frames, answers=False, feed=self.index))
+
+    def _decline(self, counts: list[tuple[str, int]], why: str) -> None:
+        """Error replies to bad input not sent: counted by reason, each reason logged once."""
+        declined = self.stats.replies_declined
+        for reason, count in counts:
+            declined[reason] += count
+            if reason not in self._declined_logged and len(self._declined_logged) < MAX_LOGGED_REASONS:
+                self._declined_logged.add(reason)
+                log.info("%s: error replies for %r are not sent (%s); counted in replies_declined, "
+                         "logged once per reason", self.feed.label, reason, why)
 
     async def take(self, decoded: Any, received_ns: int, origin: list[Origin] | None) -> int:
-        stats = self.stats
         if decoded.errors:
-            for reason, count in decoded.error_counts():
-                stats.errors[reason] += count
-            log.warning("bad input from source %r: %s", self.feed.name, decoded.errors[0][0])
-            if self.send_errors:
-                frames = [self.codec.encode_error(reason, seq) for reason, seq in decoded.errors]
-                frames = [frame for frame in frames if frame is not None]
-                if frames:
-                    await self.outbox.put(Outgoing(frames, answers=False, feed=self.index))
-            else:
-                for reason, count in decoded.error_counts():
-                    stats.replies_declined[reason] += count
+            await self.bad_input(decoded)
         n = len(decoded)
         if n:
-            stats.messages_in += n
+            self.stats.messages_in += n
             handover = self.handover
             handover.add(decoded, received_ns, time.monotonic_ns(), origin)
             if handover.should_flush():
@@ -264,42 +378,35 @@ class SourceRunner:
         await self.inbound.put(Events(self.index, [event], time.monotonic_ns()))
 
     async def frames(self) -> AsyncIterator[str | bytes]:
-        held = self.held
-        while True:
-            self._delivered()
-            item = await held.next()
-            if item is None:
-                return
-            if held.offset < len(item.frames):
+        """``outgoing()``: ``replies()`` a frame at a time; a frame counts as delivered when the
+        next is asked for (or when ``run`` returns)."""
+        batch = self.batch
+        async for _ in batch:
+            for frame in batch.frames:
                 self._handed = True
-                yield item.frames[held.offset]
-
-    def _delivered(self) -> None:
-        """The frame handed out last counts as delivered; an item wholly delivered is done."""
-        held = self.held
-        if held.item is None:
-            return
-        if self._handed:
-            self._handed = False
-            held.wrote(held.offset + 1)
-        if held.offset >= len(held.item.frames):
-            held.finish()
+                yield frame
+                self._handed = False
+                batch.wrote(1)
 
     def _count_dropped_oldest(self, messages: int) -> None:
         self.stats.dropped["inbound overflow (drop_oldest)"] += messages
+        log.warning("inbound queue full: dropped the oldest %d messages (FORKLESS_OVERFLOW=drop_oldest)", messages)
 
-    # ---- the IO thread's side (the face every feed's client has) --------------------------------
+    # ---- the IO thread's side (io_loop/feeds.py) ------------------------------------------------
 
     async def run(self) -> None:
         stats = self.stats
-        stats.connected = True
-        stats.connects += 1
-        stats.state_since = time.time()
+        if getattr(self.source, "starts_connected", True):
+            stats.connected = True
+            stats.connects += 1
+            stats.state_since = time.time()
         try:
             await self.source.run(self.ctx)
         except (asyncio.CancelledError, SourceStopped):
-            if not self._stopping:
+            if not self.stopping_now:
                 raise
+        except ForklessError:  # FeedFatal, PositionLost: said already, as they are
+            raise
         except Exception as exc:
             stats.last_error = f"{type(exc).__name__}: {exc}"
             log.error("source %r failed", self.feed.name, exc_info=exc)
@@ -311,7 +418,9 @@ class SourceRunner:
 
     async def _drain_after_end(self) -> None:
         """``run`` returned: what still comes for the source is counted, until outbound ends."""
-        self._delivered()
+        if self._handed:  # outgoing()'s last frame counts as delivered
+            self._handed = False
+            self.batch.wrote(1)
         item, written = self.held.take_held()
         while True:
             if item is not None:
@@ -332,10 +441,17 @@ class SourceRunner:
             self.stats.error_replies_unsent += left
 
     async def stop_reading(self, deadline: float | None = None) -> None:
-        """The stop: no more emits are taken; one in progress finishes; the hand-over is flushed."""
-        self._stopping = True
+        """The stop: the source's ``before_stop``; then no more emits are taken, one in progress
+        finishes, the hand-over is flushed. ``deadline`` (monotonic) bounds the stop's work."""
+        before_stop = getattr(self.source, "before_stop", None)
+        if before_stop is not None and not self.stopping_now:
+            await before_stop(self.ctx)
+        self.stopping_now = True
+        self.ctx.stop_deadline = deadline
         self.ctx.stopping.set()
-        await self._idle.wait()
+        while self.busy:
+            self.idle_wait = asyncio.Event()
+            await self.idle_wait.wait()
         if not self.handover.idle:
             await self.handover.flush()
 

@@ -10,6 +10,9 @@ Rules:
   connection goes on from there, so nothing taken from the outbox is forgotten.
 - ``take_held()`` gives the item up (the stop's count, a feed that gave up); ``held_frames()``
   is the feed's unsent count.
+- ``ReplyBatch`` is its public face (a source's ``ctx.replies()``, io_loop/source.py): one object
+  per feed, its own async iterator, so taking a batch allocates nothing and costs one await, as
+  ``next()`` does.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import janus
 from io_loop.counters import IOStats
 from io_loop.crossing import PICKED, WRITTEN, Outgoing
 
-__all__ = ["HeldReply"]
+__all__ = ["HeldReply", "ReplyBatch"]
 
 
 class HeldReply:
@@ -100,3 +103,53 @@ class HeldReply:
         held = self.item, self.offset
         self.item, self.offset = None, 0
         return held
+
+
+class ReplyBatch:
+    """The replies a source writes, a batch at a time (``ctx.replies()``): iterate it to get the
+    next batch (it yields itself), write ``frames`` (the frames still to write, in order), then
+    say how many were written with ``wrote(n)``. A batch not wholly written (the connection was
+    lost) is handed again first, with only its unwritten frames; the iteration ends once the
+    main thread has sent its last reply (the stop). One per feed; IO loop only."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self, held: HeldReply) -> None:
+        self._held = held
+
+    def __aiter__(self) -> ReplyBatch:
+        return self
+
+    async def __anext__(self) -> ReplyBatch:
+        held = self._held
+        while True:
+            item = held.item
+            if item is None:
+                if held.drained:
+                    raise StopAsyncIteration
+                try:  # held.next() inlined: one await a batch, as before
+                    held._took(await held.outbox.get())
+                except janus.AsyncQueueShutDown:
+                    held.drained = True
+                    raise StopAsyncIteration from None
+                item = held.item
+            if held.offset < len(item.frames):
+                return self
+            held.finish()  # nothing (left) to write in it
+
+    @property
+    def frames(self) -> list[str | bytes]:
+        """The frames of this batch still to write (all of them, unless handed again after a
+        lost connection). A frame is ``str``, or ``bytes`` holding UTF-8 text."""
+        held = self._held
+        return held.item.frames if not held.offset else held.item.frames[held.offset:]
+
+    def wrote(self, n: int) -> None:
+        """``n`` more frames of ``frames`` were written (counted; call it also when the writing
+        stopped part-way). Once every frame is written the batch is done."""
+        held = self._held
+        if held.item is None or not n:
+            return
+        held.wrote(held.offset + n)
+        if held.offset >= len(held.item.frames):
+            held.finish()

@@ -409,7 +409,7 @@ def test_a_flood_of_identical_bad_frames_logs_a_few_json_lines_with_a_count(feed
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", rec["timestamp"])
     opened = [r for r in records if r["level"] == "INFO" and "open" in r["message"]]
     assert opened and opened[0]["connection"] == 1  # context travels as a field
-    warnings = [r for r in records if r["level"] == "WARNING" and r["logger"] == "forkless.client"]
+    warnings = [r for r in records if r["level"] == "WARNING" and r["logger"] == "forkless.source"]
     # at most one line per 0.25 s window (plus the first), however long the flood took to read
     first, last = (datetime.fromisoformat(warnings[i]["timestamp"]) for i in (0, -1))
     assert 2 <= len(warnings) <= (last - first).total_seconds() / 0.25 + 2

@@ -57,7 +57,7 @@ def test_the_readme_s_short_example_runs_its_own_processor_with_the_json_codec(f
 def test_every_example_in_the_documents_is_run_by_a_test():
     tested = {("README.md", "short"), ("EMBEDDING.md", "blocking"), ("EMBEDDING.md", "on_results"),
               ("EMBEDDING.md", "driven"), ("EMBEDDING.md", "subscribe"), ("EMBEDDING.md", "source"),
-              ("EMBEDDING.md", "portal"), ("EMBEDDING.md", "credentials")}
+              ("EMBEDDING.md", "portal"), ("EMBEDDING.md", "credentials"), ("EMBEDDING.md", "reconnecting")}
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested
@@ -123,6 +123,28 @@ def test_the_subscribe_example_signs_every_connection_and_consumes_the_acknowled
         assert sub["sig"] == hmac.new(b"secret-1", payload, hashlib.sha256).hexdigest()
     replies = [json.loads(frame) for conn in server.connections for frame in conn.received[1:]]
     assert [r["seq"] for r in replies] == [0, 1, 2, 3] and not any("error" in r for r in replies)
+
+
+def test_the_reconnecting_example_is_counted_as_a_built_in_feed_and_answers_every_message(feed_server):
+    messages = [{"seq": i, "stream": "ab"[i % 2], "x": [float(i)] * 8} for i in range(20)]
+
+    async def script(conn):  # ten messages a connection; the first is closed once they are answered
+        part = messages[:10] if conn.index == 0 else messages[10:]
+        for m in part:
+            await conn.send(m)
+        if conn.index == 0:
+            for _ in part:
+                await conn.recv(timeout=30)
+            await conn.close_keep_reading()
+        else:
+            await conn.read_until_closed(timeout=30)
+
+    server = feed_server(script, impl="websockets")
+    proc = run_app(env={"QUOTES_URL": server.url}, program=("-c", example("reconnecting")), timeout_s=90 * UNIT_S)
+    assert proc.returncode == 0, proc.stderr
+    assert "20 replies, 2 connections, 1 reconnect" in proc.stdout
+    replies = [json.loads(frame) for conn in server.connections for frame in conn.received]
+    assert sorted(r["seq"] for r in replies) == list(range(20))
 
 
 def test_the_source_example_keeps_its_own_client_answers_the_heartbeat_and_orders_at_once(feed_server):

@@ -632,13 +632,13 @@ def test_fuzzed_frames_each_get_an_error_good_ones_are_correct_and_the_connectio
 
     server = feed_server(script)
     cfg = _config(server.url, max_frame_items=20, max_msg_bytes=1 << 20)
-    logging.getLogger("forkless.client").setLevel(logging.ERROR)  # 1,000s of bad-input warnings
+    logging.getLogger("forkless.source").setLevel(logging.ERROR)  # 1,000s of bad-input warnings
     try:
         with Controller(cfg, processor=PROCESSOR) as ctl:
             drive(ctl, lambda: server.received_count >= expected, timeout_s=40 * UNIT_S, what=f"{expected} replies")
             stats = ctl.stats()
     finally:
-        logging.getLogger("forkless.client").setLevel(logging.NOTSET)
+        logging.getLogger("forkless.source").setLevel(logging.NOTSET)
     # the client closed with 1000 after sending every reply: nothing more may have come
     server.wait_for(_all_closed(server), 5 * UNIT_S, "the client's close")
     assert len(server.connections) == 1 and stats.reconnects == 0
