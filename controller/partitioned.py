@@ -33,7 +33,8 @@ Rules:
   not checked.
 - Restore (``load``, before the compile): per owned partition, its newest object that reads
   back whole; a damaged one (bad checksum, truncated) is skipped with a warning and the one
-  before it used; one of another processor (name, version) or with other features, or whose
+  before it used; every one of a partition damaged is ``PositionLost`` (issue 30, fault 1: its
+  state and position are lost, and starting it fresh would hide that); one of another processor (name, version) or with other features, or whose
   per-stream leaves differ in row shape or dtype, is ``CheckpointMismatch``. The partitions'
   streams are put one after the other into slots 0..n-1 of the processor's init state
   (``restore_into``); more streams than ``FORKLESS_MAX_STREAMS`` is ``CheckpointMismatch``.
@@ -220,42 +221,63 @@ class PartitionedCheckpoints:
              ) -> PartitionPieces | None:
         """Each owned partition's newest good object (see the module rules); None if none has one.
         ``like`` and ``skipped`` (the ``CheckpointStore`` call) are not used: the objects' shapes
-        are this object's, and a damaged one is only logged (the partition's previous one is used)."""
+        are this object's. A damaged one is logged and the partition's previous one used; a
+        partition whose every object is damaged raises ``PositionLost`` (its state and position
+        are lost: started fresh, its later messages would be answered from an empty state)."""
         expect = {k: v for k, v in expect.items() if k != "max_streams"}  # rows are compact: any capacity
         pieces = PartitionPieces()
         found_any = False
-        # nats-py is an optional extra: loaded only where a partitioned feed (and so a NatsStore) exists
-        from io_loop.objects import ObjectDamaged
-
+        lost: dict[int, list[str]] = {}  # partition -> its objects, every one damaged
         for p, items in self._existing().items():
+            damaged: list[str] = []
             for _, name in reversed(items):
-                try:
-                    data = self.store.get(name)
-                except ObjectDamaged as exc:
-                    log.warning("skipping checkpoint object %s: %s", name, exc)
+                got = self._read_object(name, p, expect)
+                if got is None:  # gone since it was listed (pruned): not damaged
                     continue
-                if data is None:
+                if isinstance(got, str):
+                    log.warning("skipping checkpoint object %s: %s", name, got)
+                    damaged.append(name)
                     continue
-                where = f"{name} (bucket object)"
-                try:
-                    header, names, rows, seen = self._read(where, data, p, expect)
-                except CheckpointMismatch:
-                    raise  # never skipped: it names the setting and both values
-                except CheckpointDamaged as exc:
-                    log.warning("skipping checkpoint object %s: %s", name, exc)
-                    continue
-                except (KeyError, ValueError) as exc:
-                    log.warning("skipping checkpoint object %s: unreadable: %s", name, exc)
-                    continue
+                header, names, rows, seen, nbytes = got
                 found_any = True
-                self._add(pieces, where, p, header, names, rows, seen)
+                self._add(pieces, f"{name} (bucket object)", p, header, names, rows, seen)
                 pieces.objects.append(name)
-                pieces.nbytes += len(data)
+                pieces.nbytes += nbytes
                 break
+            else:
+                if damaged:
+                    lost[p] = damaged
+        if lost:
+            raise PositionLost(
+                f"{self.label}: every checkpoint object of partitions {format_partitions(sorted(lost))} is damaged "
+                f"({', '.join(name for names in lost.values() for name in names)}), so the state they held and "
+                f"their positions are unknown: refusing to start them fresh. To continue anyway, {ACCEPT_LOSS}")
         if len(pieces.names) > self.slots - 1:
             raise CheckpointMismatch(self.label, "streams in the owned partitions (FORKLESS_MAX_STREAMS)",
                                      len(pieces.names), self.slots - 1)
         return pieces if found_any else None
+
+    def _read_object(self, name: str, p: int, expect: Mapping[str, Any]) -> Any:
+        """Partition ``p``'s object ``name``: ``_read``'s parts and its size; None when it is gone;
+        why it cannot be used (a ``str``) when it is damaged or unreadable. ``CheckpointMismatch``
+        is raised, never skipped: it names the setting and both values."""
+        # nats-py is an optional extra: loaded only where a partitioned feed (and so a NatsStore) exists
+        from io_loop.objects import ObjectDamaged
+
+        try:
+            data = self.store.get(name)
+        except ObjectDamaged as exc:
+            return str(exc)
+        if data is None:
+            return None
+        try:
+            return (*self._read(f"{name} (bucket object)", data, p, expect), len(data))
+        except CheckpointMismatch:
+            raise  # a ValueError too, but never skipped
+        except CheckpointDamaged as exc:
+            return str(exc)
+        except (KeyError, ValueError) as exc:
+            return f"unreadable: {exc}"
 
     def _read(self, where: str, data: bytes, p: int, expect: Mapping[str, Any]
               ) -> tuple[dict[str, Any], list[str], list[np.ndarray], np.ndarray]:

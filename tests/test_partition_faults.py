@@ -488,3 +488,31 @@ def test_partitions_objects_of_streams_created_at_different_times_are_refused_an
     assert "stream" in text and "'TICKS'" in text and "FORKLESS_CHECKPOINT_RESTORE=never" in text, text
     old = _objects_with(_Objects(), {3: None, 4: None})  # written before the created time was recorded
     assert old.stream_created(old.load({})) == ""
+
+
+# ---- every object of a partition damaged (issue 30, fault 1 for partitioned instances) ---------
+
+
+def test_every_object_of_a_partition_damaged_is_refused_naming_them_and_a_good_older_one_is_restored():
+    """A partition whose objects are all damaged has lost its state and its position: starting it
+    fresh would answer its later messages from an empty state, silently (before this it did).
+    PositionLost names the partition and its objects; one good object, even older, restores."""
+    from controller.partitioned import object_name
+    from io_loop.errors import PositionLost
+
+    store = _Objects()
+    objects = _objects_with(store, {0: CREATED, 1: CREATED, 2: CREATED})
+    good_older = store[object_name("TICKS", 0, 0)]
+    for p in (0, 1):
+        name = object_name("TICKS", p, 0)
+        store.put(object_name("TICKS", p, 1), store[name][:-7] + b"damaged")  # the newest, damaged
+    store.put(object_name("TICKS", 0, 0), b"not a checkpoint")  # partition 0's older one too
+    with pytest.raises(PositionLost) as refused:
+        objects.load({})
+    said = str(refused.value)
+    assert "partitions 0" in said and object_name("TICKS", 0, 0) in said and object_name("TICKS", 0, 1) in said
+    assert object_name("TICKS", 1, 1) not in said  # partition 1 has a good older object
+    assert "FORKLESS_CHECKPOINT_RESTORE=never" in said
+
+    store.put(object_name("TICKS", 0, 0), good_older)  # one good object of partition 0: restored from it
+    assert objects.load({}).positions == {0: [10, 0, True], 1: [10, 0, True], 2: [10, 0, True]}
