@@ -22,7 +22,7 @@
 #   FORKLESS_GPU_SKIP_INSTALL=1  install nothing (the requirements are in place); the install
 #                                command is printed instead
 #   JAX_PLATFORMS                default cuda; JAX_PLATFORMS=cpu runs the same on the CPU, to check
-#                                the script's shape on a machine without a GPU (tests/test_bench_gpu.py)
+#                                the script's shape on a machine without a GPU (tests/test_bench_smoke.py)
 #   FORKLESS_BENCH_QUICK=1       the smoke size (bench.run --quick): seconds, not minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."

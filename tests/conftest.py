@@ -22,32 +22,17 @@ from tests.servers import SERVERS, LoopbackServer, Script
 DEFAULT_TEST_TIMEOUT_S = 300  # pyproject's pytest-timeout default, scaled below
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Scale pytest-timeout's default with FORKLESS_TEST_TIMEOUT_SCALE, like every other wait; and
-    keep together on one pytest-xdist worker (``pytest -n 2 --dist loadgroup``, by hand) what
-    shares a fixture wider than a test: the session's one benchmark run, and each module whose
-    fixtures are module-scoped (a server or a compiled program started once for the module)."""
+    """Scale pytest-timeout's default with FORKLESS_TEST_TIMEOUT_SCALE, like every other wait.
+
+    The suite runs on two pytest-xdist workers by file (pyproject: ``-n 2 --dist loadfile``):
+    what shares a fixture wider than a test (the session's one benchmark run, a module's server
+    or compiled program) is kept in one file, so it is made once. ``--dist loadgroup`` does not
+    group anything with pytest 9.2 and xdist 3.8 (xdist renames ``item._nodeid``, which pytest
+    no longer reads), so groups are not used."""
     for item in items:
         if TIMEOUT_SCALE != 1 and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEFAULT_TEST_TIMEOUT_S * TIMEOUT_SCALE))
-        group = _shared_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def _shared_group(item: pytest.Item) -> str | None:
-    """The xdist group of a test that shares a fixture wider than itself, or None."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    if "quick_benchmark" in info.names_closure:
-        return "quick-benchmark"
-    for name in info.names_closure:
-        defs = info.name2fixturedefs.get(name) or ()
-        if any(d.scope in ("module", "class", "package") for d in defs):
-            return item.nodeid.split("::", 1)[0]
-    return None
 
 
 @pytest.fixture
@@ -126,8 +111,7 @@ def shared_jax_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
 @pytest.fixture(scope="session")
 def quick_benchmark(tmp_path_factory: pytest.TempPathFactory) -> QuickBench:
     """The session's one small benchmark run (tests/quick_bench.py): ``bench/gpu.sh`` on the CPU at
-    the smoke size, made when a test first asks for it; tests/test_bench_gpu.py and
-    tests/test_bench_smoke.py check it. A test that asks for it needs ``quick_bench.TEST_TIMEOUT_S``."""
+    the smoke size, made when a test first asks for it; tests/test_bench_smoke.py checks it. A test that asks for it needs ``quick_bench.TEST_TIMEOUT_S``."""
     # the session's base directory's parent is shared by every xdist worker of the session
     base = tmp_path_factory.getbasetemp()
     return shared_run(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)

