@@ -307,4 +307,7 @@ def test_program_exits_0_on_sigterm_with_its_stats(design: str, tmp_path: Path,
     assert rc == 0, stderr
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["stopped_by"] == "SIGTERM"
-    assert stats["fills"] >= 1
+    # the exchange filled two orders, so the main loop had placed them; whether a fill had come
+    # back through the design's hand-over before the SIGTERM depends on the machine's speed
+    # (spawn's once had not: fills 0 under load), so it is not asserted
+    assert stats["orders"] >= 2
