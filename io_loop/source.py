@@ -135,14 +135,9 @@ class SourceContext:
             origins = None if position is None else self._origins(decoded, position)
             if decoded.errors:
                 await runner.bad_input(decoded)
-            n = len(decoded)
-            if n:
-                runner.stats.messages_in += n
-                handover = runner.handover
-                handover.add(decoded, received_ns, time.monotonic_ns(), origins)
-                if handover.should_flush():
-                    await handover.flush()
-            return n
+            if runner.hand_over(decoded, received_ns, origins):  # runner.take inlined: no second coroutine
+                await runner.handover.flush()
+            return len(decoded)
         finally:
             runner.busy -= 1
             if runner.idle_wait is not None and not runner.busy:
@@ -359,16 +354,23 @@ class SourceRunner:
                          "logged once per reason", self.feed.label, reason, why)
 
     async def take(self, decoded: Any, received_ns: int, origin: list[Origin] | None) -> int:
+        """A decoded frame's bad parts answered or declined, its good messages handed over."""
         if decoded.errors:
             await self.bad_input(decoded)
+        if self.hand_over(decoded, received_ns, origin):
+            await self.handover.flush()
+        return len(decoded)
+
+    def hand_over(self, decoded: Any, received_ns: int, origin: list[Origin] | None) -> bool:
+        """The good messages counted and gathered by the hand-over; True when it must be flushed
+        (awaited) before the next frame is taken."""
         n = len(decoded)
-        if n:
-            self.stats.messages_in += n
-            handover = self.handover
-            handover.add(decoded, received_ns, time.monotonic_ns(), origin)
-            if handover.should_flush():
-                await handover.flush()
-        return n
+        if not n:
+            return False
+        self.stats.messages_in += n
+        handover = self.handover
+        handover.add(decoded, received_ns, time.monotonic_ns(), origin)
+        return handover.should_flush()
 
     async def take_event(self, event: Any) -> None:
         handover = self.handover
