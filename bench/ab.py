@@ -26,7 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", required=True, help="the other checkout (its bench/forkless_client.py runs as A)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None, help="write the raw runs here as JSON")
+    p.add_argument("--loads", default="rate_1k,rate_10k,window",
+                   help="which loads, comma-separated (one alone takes more repeats in the same time)")
     a = p.parse_args(argv)
+    loads = [load for load in a.loads.split(",") if load]
+    unknown = sorted(set(loads) - {load for load, _ in FIGURES})
+    if unknown:
+        p.error(f"--loads: {', '.join(unknown)} is not one of rate_1k, rate_10k, window")
     roots = {"A": Path(a.base).resolve(), "B": bench_run.REPO_ROOT}
     plan = bench_run.Plan.full()
     runs: dict[tuple[str, str], list[float]] = {}
@@ -38,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             bench_run.REPO_ROOT = roots[side]
             bench_run.run_load("forkless", "rate_1k", bench_run.Plan.quick(), work, cache, f"warm-{side}")
         for rep in range(a.repeats):
-            for load in ("rate_1k", "rate_10k", "window"):
+            for load in loads:
                 for side in ("A", "B") if rep % 2 == 0 else ("B", "A"):
                     bench_run.REPO_ROOT = roots[side]
                     r = bench_run.run_load("forkless", load, plan, work, str(work / f"cache-{side}"),
@@ -53,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     bench_run.REPO_ROOT = roots["B"]
     print(f"\nA = {roots['A']}\nB = {roots['B']}\nmedians over {a.repeats} alternating repeats")
     print("| figure | A | B | B/A |\n|---|---|---|---|")
-    names = [f"{load} {q}" for load, q in FIGURES if load != "window"] + ["window msg/s", "peak RSS MiB"]
+    names = ([f"{load} {q}" for load, q in FIGURES if load != "window" and load in loads]
+             + ["window msg/s"] * ("window" in loads) + ["peak RSS MiB"])
     for name in names:
         va = statistics.median(v for v in runs[("A", name)] if v is not None)
         vb = statistics.median(v for v in runs[("B", name)] if v is not None)
