@@ -36,8 +36,9 @@ Rules:
   before it used; every one of a partition damaged is ``PositionLost`` (issue 30, fault 1: its
   state and position are lost, and starting it fresh would hide that); one of another
   processor (name, version) or with other features, or whose per-stream leaves differ in row
-  shape or dtype, is ``CheckpointMismatch``. The partitions' streams are put one after the other into slots 0..n-1 of the processor's init state
-  (``restore_into``); more streams than ``FORKLESS_MAX_STREAMS`` is ``CheckpointMismatch``.
+  shape or dtype, is ``CheckpointMismatch``. The partitions' streams are put one after the
+  other into slots 0..n-1 of the processor's init state (``restore_into``); more streams than
+  ``FORKLESS_MAX_STREAMS`` is ``CheckpointMismatch``.
 - I/O goes through a store with ``put``/``get``/``names``/``delete`` (io_loop/natsstore.py's
   ``NatsStore``), whose puts refuse once a partition's lease is lost (fencing).
 - ``PartitionOwner`` is the instance's side of it: at start, before anything is restored, it
