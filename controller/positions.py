@@ -116,9 +116,10 @@ class SourcePositions:
 
     def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin | Resume | dict[int, Origin]]:
         """Take the positions of a restored checkpoint; returns them by feed name, for the IO side
-        (a partitioned feed's: by partition), in a ``Resume`` where it recorded the stream's
-        created time. A feed of the checkpoint that is not configured now
-        is left out; one whose stream or subject differs raises ``CheckpointMismatch``."""
+        (a partitioned feed's: by partition); a JetStream feed's always in a ``Resume``, with the
+        stream's created time the checkpoint recorded ("" when it did not). A feed of the
+        checkpoint that is not configured now is left out; one whose stream or subject differs
+        raises ``CheckpointMismatch``."""
         by_name = {spec.name: i for i, spec in self.specs.items()}
         out: dict[str, Origin | Resume | dict[int, Origin]] = {}
         for name, pos in saved.items():
@@ -147,12 +148,10 @@ class SourcePositions:
                     # no message of the feed's subjects between them: the state holds all of them up to it
                     resume = Origin(int(pos["covered"]), 0, True)
                 self.consumed[i] = resume
-            # the IO side refuses a stream created at another time than the one recorded
+            # the IO side refuses a stream created at another time than the one recorded ("": not recorded)
             if pos.get("created"):
                 self.created[i] = str(pos["created"])
-                out[name] = Resume(resume, self.created[i])
-            else:
-                out[name] = resume
+            out[name] = Resume(resume, str(pos.get("created") or ""))
         return out
 
     @staticmethod

@@ -102,8 +102,8 @@ class Chunk:
     received_ns: int
     feed: int = 0  # index of the feed (``IOSettings.feed_specs``) whose connection it came from
     trace: Trace | None = None  # one in SAMPLE_EVERY messages: its first message's hop times
-    origin: list[Origin] | None = None  # per message, from a replayable source (JetStream); None otherwise
-    connection: int = 0  # the feed's connection (1, 2, …) its frames were read on; 0 for a JetStream feed
+    origin: list[Origin] | None = None  # per message, from a source that gives positions; None otherwise
+    connection: int = 0  # the source's connection (1, 2, …) its frames were read on (0: it counts none)
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -148,7 +148,7 @@ class Outgoing:
     feed: int = 0
     parts: tuple[Outgoing, ...] = ()
     traces: list[Trace] = field(default_factory=list)  # sampled messages among those answered here
-    origin: list[Origin] | None = None  # per frame, its message's (a JetStream feed's replies); else None
+    origin: list[Origin] | None = None  # per frame, its message's (a source that gives positions); else None
     sent: bool = False  # frames the main thread sent on its own (``Controller.send``): no answers, no errors
 
     def unbundled(self) -> tuple[Outgoing, ...]:

@@ -3,12 +3,11 @@ connection its message came from.
 
 Rules:
 - Every feed is a ``Source`` (io_loop/source.py) run by a ``SourceRunner``: a user's own, the
-  WebSocket feed's (io_loop/client.py), the embedded demo feed's (io_loop/demo_source.py).
-  ``feed_client`` is the one place a feed's kind is decided, from the configuration (with
-  ``feed_source``), and the only call the feed set makes for a feed; a JetStream feed is still a
-  client of its own with the runner's face (io_loop/jetstream.py), not yet a ``Source``. Each
-  has its own connection, reconnect/backoff, heartbeat, stale watchdog, subscribe-on-connect,
-  unsent-reply buffer and counters (its own ``IOStats``). All of them put their chunks on the one
+  WebSocket feed's (io_loop/client.py), the embedded demo feed's (io_loop/demo_source.py),
+  the JetStream feed's (io_loop/jetstream.py). ``feed_source`` is the one place a feed's kind is
+  decided, from the configuration, and ``feed_client`` the only call the feed set makes for a
+  feed. Each has its own connection, reconnect/backoff, heartbeat, stale watchdog,
+  subscribe-on-connect, unsent-reply buffer and counters (its own ``IOStats``). All of them put their chunks on the one
   inbound queue, stamped with the feed's index, so one micro-batch may mix feeds.
 - Replies: with one feed, its client writes straight from the bridge's outbound queue (no
   extra hop). With several, the router task takes each ``Outgoing`` from outbound (a batch
@@ -39,7 +38,7 @@ from io_loop.before_connect import BeforeConnect
 from io_loop.bridge import Bridge
 from io_loop.client import WebSocketSource
 from io_loop.counters import FeedSnapshot, IOStats
-from io_loop.crossing import Origin, Outgoing, count_unsent
+from io_loop.crossing import Outgoing, count_unsent
 from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal
 from io_loop.on_connect import OnConnect
@@ -90,11 +89,18 @@ class Outbox(asyncio.Queue):
 
 
 def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, Source],
-                on_connect: OnConnect | None, before_connect: BeforeConnect | None) -> Source:
+                on_connect: OnConnect | None, before_connect: BeforeConnect | None,
+                fence: Callable[[], bool] | None = None) -> Source:
     """The source of one configured feed: the one place its kind is decided, from the configuration
-    (a user's source by its name, the embedded demo feed for the feed with no url, a WebSocket feed)."""
+    (a user's source by its name, a JetStream feed, the embedded demo feed for the feed with no
+    url, a WebSocket feed). ``fence``: a partitioned instance's leases (a partitioned JetStream feed's)."""
     if spec.name in sources:  # a user's own source
         return sources[spec.name]
+    if spec.jetstream is not None:
+        # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
+        from io_loop.jetstream import JetStreamSource
+
+        return JetStreamSource(settings, spec, fence=fence if spec.jetstream.partitioned else None)
     if not spec.url and settings.uses_demo_feed:
         # only when it runs: the demo feed's server (io_loop/demo_source.py has the reason)
         from io_loop.demo_source import DemoSource
@@ -104,20 +110,14 @@ def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, S
 
 
 def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDecoder, *, inbound: Any, outbox: Any,
-                sources: Mapping[str, Source], positions: Mapping[str, Origin], on_connect: OnConnect | None,
-                before_connect: BeforeConnect | None, fence: Callable[[], bool] | None) -> Any:
-    """The IO side of one configured feed: a ``SourceRunner`` for its source (``feed_source``), or
-    for a JetStream feed its ``JetStreamFeed``, which is not a ``Source`` yet but has the runner's
-    face (io_loop/jetstream.py). The feed set calls only this."""
-    if spec.jetstream is not None and spec.name not in sources:
-        # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-        from io_loop.jetstream import JetStreamFeed
-
-        return JetStreamFeed(settings, codec, IOStats(), spec, inbound=inbound, outbox=outbox, index=index,
-                             resume=positions.get(spec.name), fence=fence if spec.jetstream.partitioned else None)
-    source = feed_source(spec, settings, sources=sources, on_connect=on_connect, before_connect=before_connect)
-    return SourceRunner(source, settings, codec, IOStats(), spec, inbound=inbound, outbox=outbox, index=index,
-                        resume=positions.get(spec.name))
+                sources: Mapping[str, Source], positions: Mapping[str, Any], on_connect: OnConnect | None,
+                before_connect: BeforeConnect | None, fence: Callable[[], bool] | None) -> SourceRunner:
+    """The IO side of one configured feed: a ``SourceRunner`` for its source (``feed_source``),
+    handed what the restored checkpoint recorded for it. The feed set calls only this."""
+    source = feed_source(spec, settings, sources=sources, on_connect=on_connect, before_connect=before_connect,
+                         fence=fence)
+    return SourceRunner(source, settings, codec, IOStats(source=getattr(source, "figures", None)), spec,
+                        inbound=inbound, outbox=outbox, index=index, resume=positions.get(spec.name))
 
 
 class FeedSet:
@@ -127,7 +127,7 @@ class FeedSet:
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, *,
                  on_connect: OnConnect | None = None,
-                 before_connect: BeforeConnect | None = None, positions: Mapping[str, Origin] | None = None,
+                 before_connect: BeforeConnect | None = None, positions: Mapping[str, Any] | None = None,
                  sources: Mapping[str, Source] | None = None, fence: Callable[[], bool] | None = None) -> None:
         self.settings = settings
         self.bridge = bridge
@@ -136,14 +136,14 @@ class FeedSet:
         routed = len(self.specs) > 1
         self.outboxes: list[Outbox] = [Outbox() for _ in self.specs] if routed else []
         sources = sources or {}
-        self.clients: list[Any] = [
+        self.clients: list[SourceRunner] = [
             feed_client(spec, i, settings, codec, inbound=bridge.inbound,
                         outbox=self.outboxes[i] if routed else bridge.outbound, sources=sources,
                         positions=positions or {}, on_connect=on_connect, before_connect=before_connect, fence=fence)
             for i, spec in enumerate(self.specs)]
         # the embedded demo feed (io_loop/demo_feed.py's DemoFeed) when it runs: a built-in source's
-        self.demo: Any = next((client.source.demo for client in self.clients if isinstance(client, SourceRunner)
-                               and client.feed.name not in sources and hasattr(client.source, "demo")), None)
+        self.demo: Any = next((client.source.demo for client in self.clients
+                               if client.feed.name not in sources and hasattr(client.source, "demo")), None)
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0
 

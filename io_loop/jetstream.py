@@ -1,15 +1,17 @@
-"""JetStreamFeed: one JetStream feed (an entry of ``FORKLESS_FEEDS`` with ``"nats"``), in the role a
-``WebSocketSource`` has for a WebSocket feed: consume, decode, hand chunks over, publish the replies,
-reconnect. The I/O pump around the pure bookkeeping of io_loop/jsconsumer.py (where consuming has
-reached, what each delivery means); its replies are published by io_loop/jspublish.py. Imported
-only when such a feed is configured (nats-py is an optional extra).
+"""JetStreamSource: one JetStream feed (an entry of ``FORKLESS_FEEDS`` with ``"nats"``) as a
+``Source`` (io_loop/source.py), run by a ``SourceRunner`` exactly as a user's source and the
+WebSocket feed's are: consume, decode, hand over, publish the replies, reconnect. The I/O pump
+around the pure bookkeeping of io_loop/jsconsumer.py (where consuming has reached, what each
+delivery means); its replies are published by io_loop/jspublish.py. Imported only when such a
+feed is configured (nats-py is an optional extra).
 
 Rules:
-- Runs on the IO loop only, beside the WebSocket feeds (io_loop/feeds.py), with the same inbound
-  queue; its hand-over always blocks (``FORKLESS_OVERFLOW=drop_oldest`` does not apply: a dropped
-  message would break the exactly-once state).
-- Where it starts and what each delivery means: ``Consumer`` (io_loop/jsconsumer.py), handed the
-  restored checkpoint's position (``resume``) by the controller at start. Every connection makes
+- Runs on the IO loop only, beside the other feeds (io_loop/feeds.py), through its ``SourceContext``
+  alone; it is ``replayable``, so its hand-over always blocks (``FORKLESS_OVERFLOW=drop_oldest``
+  does not apply: a dropped message would break the exactly-once state).
+- Where it starts and what each delivery means: ``Consumer`` (io_loop/jsconsumer.py), made at
+  ``run`` from ``ctx.resume_from``, the restored checkpoint's record for the feed (a ``Resume``
+  with the stream's created time, a ``PositionUnknown``, or None). Every connection makes
   a new consumer starting at the position.
 - Consuming: an ephemeral pull consumer (deliver from a start sequence, ack policy "all",
   ``max_ack_pending`` bounded, memory storage, removed by the server after ``INACTIVE_S``
@@ -22,14 +24,16 @@ Rules:
 - Acks: the last message of each pull, once every message of it is handed over. They are flow
   control only (``max_ack_pending``, no redelivery of what this process holds): a restart
   resumes from the checkpoint's position, a reconnect from this feed's own.
-- Decoding: the codec's ``decode`` on each payload, exactly as for a WebSocket frame; a payload
-  over ``max_msg_bytes`` is not decoded: one error reply ("message too large"), counted, and
-  acknowledged with the others (the connection stays up: the stream would deliver it again). Good
-  elements get ``Origin(seq, i, last)`` with i = 0, 1, … in order; the error replies to bad
-  ones are indexed after the good ones (deterministic, so a replay makes the same ids). A
-  partitioned feed's elements of another partition are error replies (``Consumer.own_partition``).
+- Decoding: ``ctx.decode`` on each payload, exactly as for a WebSocket frame, then
+  ``ctx.emit_decoded`` at the payload's stream sequence (its position), from the first element
+  the state does not hold (``Take.skip``); a payload over ``max_msg_bytes`` is not decoded: one
+  error reply ("message too large"), counted, and acknowledged with the others (the connection
+  stays up: the stream would deliver it again). Good elements get ``Origin(seq, i, last)`` with
+  i = 0, 1, … in order; the error replies to bad ones are indexed after the good ones
+  (deterministic, so a replay makes the same ids). A partitioned feed's elements of another
+  partition are error replies (``Consumer.own_partition``).
 - Replies: ``ReplyPublisher`` (io_loop/jspublish.py), the writer of each connection, through the
-  feed's ``HeldReply``, fenced by a partitioned instance's leases (``fence``).
+  source's ``ctx.replies()``, fenced by a partitioned instance's leases (``fence``).
 - Reconnect on any loss (connection, server restart, heartbeats missing, a publish not
   acknowledged) with the same ``Backoff`` as the WebSocket feeds; tries used up, or the server
   refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
@@ -63,11 +67,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from io_loop.backoff import Backoff
 from io_loop.client import End, Outcome, pause_before_reconnect
-from io_loop.counters import IOStats, SourceStats
-from io_loop.crossing import Origin, Outgoing
-from io_loop.decoding import FrameDecoder
+from io_loop.counters import SourceStats
 from io_loop.errors import FeedFatal, PositionLost
-from io_loop.handover import Handover
 from io_loop.jsconsumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
 from io_loop.jsprobe import check_partitions
 from io_loop.jspublish import ReplyPublisher
@@ -82,9 +83,9 @@ from io_loop.natsconn import (
     unsubscribe_quietly,
 )
 from io_loop.settings import FeedSpec, IOSettings
-from io_loop.writer import HeldReply
+from io_loop.source import SourceContext
 
-__all__ = ["JetStreamFeed"]
+__all__ = ["JetStreamSource"]
 
 log = logging.getLogger("forkless.jetstream")
 
@@ -97,18 +98,6 @@ INACTIVE_S = 30.0  # an ephemeral consumer unused this long (its process killed)
 STREAM_INFO_EVERY_S = 1.0  # the stream's last sequence (for the lag) is read this often
 GIVE_UP_CLOSE_S = 0.25
 TOO_LARGE_REASON = "message too large"  # a payload over FORKLESS_MAX_MSG_BYTES
-
-
-@dataclass
-class _Part:
-    """The good elements of a payload not yet handed over (after a partly consumed message)."""
-
-    seq: list[Any]
-    stream: list[str]
-    x: Any
-
-    def __len__(self) -> int:
-        return len(self.seq)
 
 
 @dataclass
@@ -138,105 +127,82 @@ def _same_time(created: Any, recorded: str) -> bool:
         return _when(created) == recorded
 
 
-class JetStreamFeed:
-    """One JetStream feed (see the module rules). ``inbound``: the bridge's inbound queue;
-    ``outbox``: where its replies come from and its error replies to bad input go; ``stats``:
-    its own counters (``stats.source`` is its position); ``resume``: what the restored
-    checkpoint recorded for it (``Consumer``'s; None: start per ``start``); ``fence``: a
-    partitioned instance's leases. It has a ``SourceRunner``'s face (``run``, ``stop_reading``,
-    ``held_frames``, ``take_held``, ``handover``, ``stats``), nothing of it set from outside."""
+class JetStreamSource:
+    """One JetStream feed as a ``Source`` (io_loop/source.py; see the module rules), run by a
+    ``SourceRunner`` exactly as a user's source is. ``fence``: a partitioned instance's leases.
+    Its position figures are ``figures`` (the runner's ``stats.source``); it resumes from
+    ``ctx.resume_from``, the restored checkpoint's record (a ``Resume``, a ``PositionUnknown``,
+    or None), itself (``Consumer``), never dropped from (``replayable``)."""
 
-    def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, feed: FeedSpec, *, inbound: Any,
-                 outbox: Any, index: int = 0, resume: Any = None, fence: Callable[[], bool] | None = None) -> None:
+    replayable = True  # FORKLESS_OVERFLOW=drop_oldest does not apply: a dropped message would break exactly-once
+    starts_connected = False  # connected once a connection is up (ctx.connection_opened)
+
+    def __init__(self, settings: IOSettings, feed: FeedSpec, *, fence: Callable[[], bool] | None = None) -> None:
         assert feed.jetstream is not None
+        self.name = feed.name
+        self.replies = feed.replies
+        self.required = feed.required
         self.settings = settings
-        self.codec = codec
         self.feed = feed
         self.spec = feed.jetstream
-        self.outbox = outbox
-        self.stats = stats
-        self.source = stats.source = SourceStats()
-        self.consumer = Consumer(self.spec, feed.label, self.source, resume)
+        self.figures = SourceStats()
+        self.consumer = Consumer(self.spec, feed.label, self.figures)  # made again at run, from ctx.resume_from
         self.shown_url = feed.shown_url
-        self.replies = getattr(feed, "replies", "all")  # the feed's reply policy: all, results or none
         self.pull_batch = max(PULL_BATCH_MIN, settings.max_batch)
-        self.handover = Handover(inbound, settings.max_batch, drop_oldest=False, on_dropped=lambda _: None,
-                                 feed=index)
         self._stopping = False
-        self.held = HeldReply(outbox, stats)  # the reply item being published; survives reconnects
         # a partitioned instance's leases (fence: False once it may no longer publish)
-        self.publisher = ReplyPublisher(settings, feed, stats, self.source, self.held, fence)
+        self.publisher = ReplyPublisher(settings, feed, self.figures, fence)
         self._reader_task: asyncio.Task | None = None
         self._reader_in_handover = False
-        self._connection_id = 0
         self._live = 0  # the connection being served (0: none); its loops end when it changes
         self._nats_error = ""
         self._stream_created: Any = None  # the stream's created time at this run's first connection
-        self.stop_deadline: float | None = None  # monotonic; the stop's, given to stop_reading
 
     # ---- the connection loop ------------------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self, ctx: SourceContext) -> None:
         """Connect, serve, reconnect, until stopped and every reply is published (or FeedFatal,
         PositionLost)."""
-        cfg = self.settings
-        backoff = Backoff.from_settings(cfg)
-        while not self.held.drained:
+        self.consumer = Consumer(self.spec, self.feed.label, self.figures, ctx.resume_from)
+        backoff = Backoff.from_settings(self.settings)
+        ended = lambda: self._stopping and ctx.replies_ended()  # down at the stop: no new connection
+        while not ctx.replies_ended():
             try:
                 nc, closed = await self._connect()
             except NatsConnectFailed as exc:
                 if exc.fatal:
                     raise FeedFatal(f"{self.feed.label}: {exc}") from None
-                self.stats.connect_failures += 1
-                self.stats.last_error = str(exc)
+                ctx.connect_failed(str(exc))
                 delay = backoff.failed()
                 if delay is None:
                     raise FeedFatal(f"giving up on {self.feed.label} after {backoff.failures} failed attempts "
                                     f"in a row: {exc}") from None
                 log.warning("%s: %s; retrying in %.2fs", self.feed.label, exc, delay)
-                await pause_before_reconnect(delay, self._ended)
+                await pause_before_reconnect(delay, ended)
                 continue
             backoff.connected(time.monotonic())
-            end = await self._serve(nc, closed)
+            conn, end = await self._serve(ctx, nc, closed)
             backoff.disconnected(time.monotonic())
-            if end.outcome is not Outcome.CLOSED:
-                self.stats.last_error = end.reason
-            if self.held.drained:
+            if ctx.replies_ended():
                 break
             delay = backoff.failed()
             if delay is None:
                 raise FeedFatal(f"giving up on {self.feed.label} after {backoff.failures} lost connections "
                                 f"in a row: {end.reason}")
-            log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.feed.label,
-                        self._connection_id, end.reason, delay)
-            self.stats.reconnects += 1
-            await pause_before_reconnect(delay, self._ended)
+            log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.feed.label, conn, end.reason,
+                        delay)
+            ctx.reconnecting()
+            await pause_before_reconnect(delay, ended)
 
-    def _ended(self) -> bool:
-        """The stop has come and every reply is taken (a feed that is down need not connect again)."""
-        if not self._stopping:
-            return False
-        self.held.poll()
-        return self.held.drained
-
-    async def stop_reading(self, deadline: float | None = None) -> None:
-        """Stop taking messages, none lost half handed over (a reader handing one over finishes it,
-        one waiting is cancelled); then ``inbound`` may be shut. ``deadline``: monotonic."""
-        self.stop_deadline = deadline
+    async def before_stop(self, ctx: SourceContext) -> None:
+        """The stop begins: the reader stops taking messages, none lost half handed over (a reader
+        handing one over finishes it, one waiting for deliveries is cancelled)."""
         self._stopping = True
         task = self._reader_task
         if task is not None and not task.done():
             if not self._reader_in_handover:
                 task.cancel()
             await asyncio.wait([task])
-        if not self.handover.idle:
-            await self.handover.flush()
-
-    def held_frames(self) -> int:  # replies taken from the outbox, not yet published (or acknowledged)
-        return self.held.held_frames()
-
-    def take_held(self) -> tuple[Outgoing | None, int]:  # the item given up, with its frames published
-        return self.held.take_held()
 
     async def _connect(self) -> tuple[Any, asyncio.Event]:
         """One attempt: connect to a server of the list, read the stream's state, check the
@@ -290,7 +256,7 @@ class JetStreamFeed:
         differs from the first connection's (or the restored checkpoint's), or it ends before a
         sequence this run saw in it (a stream deleted and made again numbers its messages from 1
         again: resuming at this run's position in it would skip the new stream's first messages)."""
-        source, label, stream = self.source, self.feed.label, self.spec.stream
+        source, label, stream = self.figures, self.feed.label, self.spec.stream
         recorded = self.consumer.recorded_created
         if created is not None:
             if self._stream_created is None:
@@ -312,41 +278,41 @@ class JetStreamFeed:
                 f"{label}: stream {stream!r} ends at sequence {last}, but this run saw it reach "
                 f"{source.stream_last_seq}: was the stream deleted and made again? To continue anyway, {ACCEPT_LOSS}")
 
-    async def _serve(self, nc: Any, closed: asyncio.Event) -> End:
-        """Run one connection until it is lost or everything is published."""
-        self._connection_id += 1
-        conn = self._live = self._connection_id
-        stats = self.stats
-        stats.connects += 1
-        stats.connected = True
-        stats.state_since = time.time()
+    async def _serve(self, ctx: SourceContext, nc: Any, closed: asyncio.Event) -> tuple[int, End]:
+        """Run one connection until it is lost or everything is published: its id and how it ended."""
+        conn = self._live = ctx.connection_opened()
         log.info("%s: connection %d open (stream %r, subject %r, replies to %r)", self.feed.label, conn,
                  self.spec.stream, self.spec.subject or ">", self.spec.results or "(none)")
         tasks: set[asyncio.Task] = set()
+        end = End(Outcome.LOST, "connection over")
         try:
-            writer = asyncio.create_task(self.publisher.run(nc), name="forkless-js-writer")
+            writer = asyncio.create_task(self.publisher.run(nc, ctx.replies()), name="forkless-js-writer")
             lost = asyncio.create_task(closed.wait(), name="forkless-js-closed")
             watch = asyncio.create_task(self._watch_stream(nc), name="forkless-js-stream")
             tasks |= {writer, lost, watch}
             reader = None
             if not self._stopping:
-                reader = self._reader_task = asyncio.create_task(self._read(nc), name="forkless-js-reader")
+                reader = self._reader_task = asyncio.create_task(self._read(ctx, nc), name="forkless-js-reader")
                 tasks.add(reader)
             while True:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 if writer in done:
-                    return self._written(writer.result(), conn)
+                    end = self._written(writer.result(), conn)
+                    break
                 if reader is not None and reader in done:
                     tasks.discard(reader)
                     if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
                         reader = None
                         continue  # stopping: keep publishing until outbound is drained
-                    return reader.result()
+                    end = reader.result()
+                    break
                 if lost in done:
-                    return End(Outcome.LOST, f"connection lost{': ' + self._nats_error if self._nats_error else ''}")
-                return watch.result()
+                    end = End(Outcome.LOST, f"connection lost{': ' + self._nats_error if self._nats_error else ''}")
+                    break
+                end = watch.result()
+                break
         except NATS_ERRORS as exc:
-            return End(Outcome.LOST, describe_error(exc))
+            end = End(Outcome.LOST, describe_error(exc))
         finally:
             self._live = 0
             for task in tasks:
@@ -354,8 +320,8 @@ class JetStreamFeed:
             if tasks:
                 await asyncio.wait(tasks)
             await close_quietly(nc, GIVE_UP_CLOSE_S)
-            stats.connected = False
-            stats.state_since = time.time()
+            ctx.connection_closed("" if end.outcome is Outcome.CLOSED else end.reason)
+        return conn, end
 
     def _written(self, end: End, conn: int) -> End:
         """How a connection ends when its writer did: lost, or closed once every reply is published."""
@@ -370,7 +336,7 @@ class JetStreamFeed:
 
     # ---- consuming ------------------------------------------------------------------------------------
 
-    async def _read(self, nc: Any) -> End:
+    async def _read(self, ctx: SourceContext, nc: Any) -> End:
         spec, conn = self.spec, self._live
         name = f"forkless-{self.feed.name}-{secrets.token_hex(6)}"
         subjects = spec.subjects()
@@ -397,20 +363,21 @@ class JetStreamFeed:
         pull = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{name}"
         try:
             while self._live == conn:
-                end = await self._pull(nc, pull, request, inbox, deliveries)
+                end = await self._pull(ctx, nc, pull, request, inbox, deliveries)
                 if end is not None:
                     return end
             return End(Outcome.LOST, "connection over")
         finally:
             await unsubscribe_quietly(sub)
 
-    async def _pull(self, nc: Any, pull: str, request: bytes, inbox: str, deliveries: asyncio.Queue) -> End | None:
+    async def _pull(self, ctx: SourceContext, nc: Any, pull: str, request: bytes, inbox: str,
+                    deliveries: asyncio.Queue) -> End | None:
         """One pull request: its deliveries handed over (as ``Consumer`` decides), then the ack of
         the last; an ``End`` when the connection must end (or the reader stop), else None."""
         consumer = self.consumer
         # the stream reached this before the request: a pull that ends with nothing more for us says no
         # message of the feed's subjects up to it is left (Consumer.covered)
-        known_last = self.source.stream_last_seq
+        known_last = self.figures.stream_last_seq
         await nc.publish(pull, request, reply=inbox)
         got, last = 0, b""
         while got < self.pull_batch:
@@ -438,9 +405,8 @@ class JetStreamFeed:
             last = reply
             if take is SKIP:
                 continue
-            self.stats.frames_in += 1
             if not take.held:
-                await self._consume(data, take)
+                await self._consume(ctx, data, take)
             consumer.consumed(take, known_last)
             if self._stopping:
                 break
@@ -448,37 +414,25 @@ class JetStreamFeed:
             await nc.publish(last.decode())  # the ack; ack policy "all": everything up to it
         return End(Outcome.STOPPED) if self._stopping else None
 
-    async def _consume(self, data: bytes, take: Take) -> None:
+    async def _consume(self, ctx: SourceContext, data: bytes, take: Take) -> None:
         """Decode one stream message and hand its good elements over (those not handed over before)."""
-        stats, codec, seq, skip = self.stats, self.codec, take.seq, take.skip
         received = time.monotonic_ns()
         if len(data) > self.settings.max_msg_bytes:  # not decoded: one error for it, acknowledged like any poison
             log.warning("%s: stream %r sequence %d: a payload of %d bytes, over FORKLESS_MAX_MSG_BYTES (%d)",
-                        self.feed.label, self.spec.stream, seq, len(data), self.settings.max_msg_bytes)
+                        self.feed.label, self.spec.stream, take.seq, len(data), self.settings.max_msg_bytes)
             decoded = _NotDecoded([(TOO_LARGE_REASON, None)])
         else:
-            decoded = codec.decode(data)
+            decoded = ctx.decode(data)
         if take.partition >= 0 and len(decoded):
             decoded = self.consumer.own_partition(decoded, take.partition)
-        decoded_ns = time.monotonic_ns()
-        n = len(decoded)
+        if decoded.errors:
+            log.warning("bad input in stream %r at sequence %d: %s", self.spec.stream, take.seq,
+                        "; ".join(reason for reason, _ in decoded.error_counts()))
+        if len(decoded) > take.skip:
+            self.consumer.handing_over()
         self._reader_in_handover = True
         try:
-            if decoded.errors:
-                for reason, count in decoded.error_counts():
-                    stats.errors[reason] += count
-                    log.warning("bad input in stream %r at sequence %d: %s", self.spec.stream, seq, reason)
-                if self.replies == "all" and self.spec.results:
-                    frames = [codec.encode_error(reason, s) for reason, s in decoded.errors]
-                    await self.outbox.put(Outgoing(frames, answers=False,
-                                                   origin=[Origin(seq, n + k, True) for k in range(len(frames))]))
-            if n > skip:
-                part = decoded if not skip else _Part(decoded.seq[skip:], decoded.stream[skip:], decoded.x[skip:])
-                stats.messages_in += n - skip
-                self.handover.add(part, received, decoded_ns, [Origin(seq, i, i == n - 1) for i in range(skip, n)])
-                self.consumer.handing_over()
-                if self.handover.should_flush():
-                    await self.handover.flush()
+            await ctx.emit_decoded(decoded, take.seq, first=take.skip, received_ns=received)
         finally:
             self._reader_in_handover = False
 
@@ -496,5 +450,5 @@ class JetStreamFeed:
                 continue  # the heartbeats and publications decide whether the connection is lost
             if info.created is not None and self._stream_created is not None and info.created != self._stream_created:
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was made again")  # refused at the reconnect
-            self.source.stream_last_seq = max(self.source.stream_last_seq, info.state.last_seq)
+            self.figures.stream_last_seq = max(self.figures.stream_last_seq, info.state.last_seq)
         return End(Outcome.LOST, "connection over")

@@ -1,15 +1,16 @@
-"""A JetStream feed's replies published to its results subject: the writer of a ``JetStreamFeed``
+"""A JetStream feed's replies published to its results subject: the writer of a ``JetStreamSource``
 (io_loop/jetstream.py), one per connection, in the role a WebSocket client's writer has. Imported
 only when such a feed is configured (nats-py is an optional extra).
 
 Rules:
-- The outbox's items in order (the main thread's results and error replies, and the feed's error
-  replies to bad input), taken through the feed's ``HeldReply`` (io_loop/writer.py), which keeps
-  an item across reconnects. Each frame is published to the ``results`` subject with the header
-  ``Nats-Msg-Id: <stream>:<seq>:<index>`` (``msg_id``) and a reply subject of this connection's
-  own, ``<inbox><n>`` (one raw subscription per connection, ``ReplyAcks``); an item's frames are
-  written as one buffer of HPUB commands (``reply_commands``, ``nats_compat.publish_commands``)
-  and their acknowledgements awaited together before the next item.
+- The source's reply batches in order (the main thread's results and error replies, and the
+  feed's error replies to bad input), taken through its ``ctx.replies()`` (io_loop/writer.py's
+  ``ReplyBatch``, which keeps a batch across reconnects). Each frame is published to the
+  ``results`` subject with the header ``Nats-Msg-Id: <stream>:<seq>:<index>`` (``msg_id``, from
+  the batch's ``positions``) and a reply subject of this connection's own, ``<inbox><n>`` (one
+  raw subscription per connection, ``ReplyAcks``); a batch's frames are written as one buffer of
+  HPUB commands (``reply_commands``, ``nats_compat.publish_commands``) and their
+  acknowledgements awaited together before the next batch.
 - What was not acknowledged (from the first frame not acknowledged on) is published again after a
   reconnect; the results stream's duplicate window drops a copy, counted in
   ``SourceStats.duplicates``. ``SourceStats.confirmed`` is the origin of the last main-thread
@@ -20,11 +21,11 @@ Rules:
   storing the subject: the connection is lost (``End``), and the feed reconnects. An
   acknowledgement not understood is an error acknowledgement: never counted as stored, never
   an exception out of the subscription's handler (``ReplyAcks.on_ack``).
-- Replies ``"none"`` (no results subject), or an item with nothing to name it by: not published,
+- Replies ``"none"`` (no results subject), or a batch with nothing to name it by: not published,
   counted in ``dropped``.
-- A partitioned feed is fenced by its leases (``fence``, the store's ``holds``): before each item
+- A partitioned feed is fenced by its leases (``fence``, the store's ``holds``): before each batch
   is published, a False ``fence`` (a lease lost, or run out unrenewed after a pause) drops the
-  item instead, counted in ``dropped`` ("lease lost") and logged once: another instance may own
+  batch instead, counted in ``dropped`` ("lease lost") and logged once: another instance may own
   the partitions now and answers those messages from its checkpoint.
 """
 
@@ -40,12 +41,12 @@ import nats.errors
 import nats.js.errors
 
 from io_loop.client import End, Outcome
-from io_loop.counters import IOStats, SourceStats
-from io_loop.crossing import Origin, Outgoing
+from io_loop.counters import SourceStats
+from io_loop.crossing import Origin
 from io_loop.nats_compat import publish_commands
 from io_loop.natsconn import NATS_ERRORS, describe_error, duplicate_ack, unsubscribe_quietly
 from io_loop.settings import FeedSpec, IOSettings
-from io_loop.writer import HeldReply
+from io_loop.writer import ReplyBatch
 
 __all__ = ["ReplyAcks", "ReplyPublisher", "error_ack", "msg_id", "reply_commands"]
 
@@ -168,57 +169,50 @@ class ReplyAcks:
 
 class ReplyPublisher:
     """The replies of one JetStream feed published on one connection at a time (see the module
-    rules): ``await run(nc)`` until the outbox is drained (``Outcome.DRAINED``) or the connection
-    is lost. ``held``: the feed's reply item; ``source``: its figures (``confirmed``,
-    ``duplicates``); ``fence``: a partitioned instance's leases."""
+    rules): ``await run(nc, batch)`` until the replies end (``Outcome.DRAINED``) or the
+    connection is lost. ``batch``: the source's ``ctx.replies()``; ``source``: its figures
+    (``confirmed``, ``duplicates``); ``fence``: a partitioned instance's leases."""
 
-    def __init__(self, settings: IOSettings, feed: FeedSpec, stats: IOStats, source: SourceStats, held: HeldReply,
+    def __init__(self, settings: IOSettings, feed: FeedSpec, source: SourceStats,
                  fence: Callable[[], bool] | None = None) -> None:
         self.settings = settings
         self.feed = feed
-        self.stats = stats
         self.source = source
-        self.held = held
         self.fence = fence
         self.fenced = False  # the fence refused a publication (logged once)
         self._ack_sub: Any = None  # this connection's subscription to the acknowledgements
 
-    async def run(self, nc: Any) -> End:
+    async def run(self, nc: Any, batch: ReplyBatch) -> End:
         try:
-            return await self._publish(nc)
+            return await self._publish(nc, batch)
         finally:
             sub = self._ack_sub
             self._ack_sub = None
             if sub is not None:
                 await unsubscribe_quietly(sub)
 
-    async def _publish(self, nc: Any) -> End:
+    async def _publish(self, nc: Any, batch: ReplyBatch) -> End:
         stream, results = self.feed.jetstream.stream, self.feed.jetstream.results
         # the results stream's acknowledgements come to an inbox of ours, ``<inbox>.<n>`` with n counting
         # this connection's publications (nats-py's publish_async costs a future, a semaphore and a
         # JSON parse per reply), straight from the parser to ReplyAcks.on_ack (a raw subscription); the
-        # writer wakes once per item, when all of its frames are acknowledged
+        # writer wakes once per batch, when all of its frames are acknowledged
         inbox = nc.new_inbox() + "."
         wake = asyncio.Event()
         acks = ReplyAcks(len(inbox), wake.set)
         self._ack_sub = await nc.raw_subscribe(inbox + "*", acks.on_ack)
         subject, inbox_bytes = results.encode(), inbox.encode()
         sent = 0
-        held = self.held
-        while True:
-            item = await held.next()
-            if item is None:
-                return End(Outcome.DRAINED)
-            frames, origin = item.frames, item.origin
-            start = held.offset
-            if not self._may_publish(item, start):
-                held.take_held()
+        async for _ in batch:  # a batch not wholly published comes again, from its first frame not acknowledged
+            frames, origins = batch.frames, batch.positions
+            if not self._may_publish(batch, origins):
                 continue
-            acks.begin(sent, len(frames) - start)
+            n, answers = len(frames), batch.answers
+            acks.begin(sent, n)
             try:
-                await publish_commands(nc, reply_commands(subject, inbox_bytes, sent, stream, frames[start:],
-                                                          origin[start:], nc.max_payload))
-                sent += len(frames) - start
+                await publish_commands(nc, reply_commands(subject, inbox_bytes, sent, stream, frames, origins,
+                                                          nc.max_payload))
+                sent += n
                 await self._acknowledged(acks, wake)
             except nats.js.errors.NoStreamResponseError:
                 return End(Outcome.LOST, f"no stream stores the results subject {results!r}: create one "
@@ -231,24 +225,24 @@ class ReplyPublisher:
                 return End(Outcome.LOST, f"publishing to {results!r} failed: {describe_error(exc)}")
             finally:
                 # acknowledged in order from the start: not published again
-                held.wrote(start + acks.prefix())
+                acked = acks.prefix()
+                if acked == n and answers:
+                    self.source.confirmed = (origins[-1].seq, origins[-1].index)
+                batch.wrote(acked)
                 self.source.duplicates += acks.duplicates
                 acks.duplicates = 0
-            if item.answers and origin:
-                self.source.confirmed = (origin[-1].seq, origin[-1].index)
-            held.finish()
+        return End(Outcome.DRAINED)
 
-    def _may_publish(self, item: Outgoing, start: int) -> bool:
-        """Whether ``item`` (its frames from ``start`` on) is published; what is not is counted."""
-        stats = self.stats
-        if not self.feed.jetstream.results or item.origin is None:
+    def _may_publish(self, batch: ReplyBatch, origins: list[Origin] | None) -> bool:
+        """Whether the batch is published; what is not is dropped, counted."""
+        if not self.feed.jetstream.results or origins is None:
             # replies "none", or nothing to name them by: not published
-            stats.dropped["reply not published (no results subject)"] += item.results
+            batch.drop("reply not published (no results subject)")
             return False
         if self.fence is not None and not self.fence():
             # the partitions' leases are lost or ran out unrenewed (a pause past the lease):
             # their new owner answers these from its checkpoint, so they are never published here
-            stats.dropped["lease lost"] += len(item.frames) - start
+            batch.drop("lease lost")
             if not self.fenced:
                 self.fenced = True
                 log.error("%s: the partitions' leases are lost or ran out unrenewed: no reply is published "

@@ -13,6 +13,14 @@ Rules:
   ``ctx.resume_from`` is the position of the last frame the state holds (wholly or in part).
   The source replays from that frame *inclusive*; the context drops the messages of it the
   state already holds. A position is an ``int`` or a ``str`` (it goes into the checkpoint).
+  Error replies to a positioned frame's bad parts are numbered after its good messages, so a
+  replay makes the same ids. A source with ``replayable = True`` is never dropped from
+  (``FORKLESS_OVERFLOW=drop_oldest`` does not apply to it: a dropped message would break the
+  exactly-once state). A source that records more than a position in the checkpoint (the
+  built-in JetStream feed: the stream's created time, positions by partition) is handed that
+  record as it is in ``ctx.resume_from`` and does its own skipping (``emit_decoded(first=)``).
+- A source that inspects or filters messages before they are handed over decodes a frame with
+  ``ctx.decode`` and hands the result over with ``ctx.emit_decoded`` (``emit`` is the two in one).
 - The stop: ``ctx.stopping`` is set when the orderly stop begins; from then ``emit*`` raise
   ``SourceStopped`` (the frame is not taken: a replayable source replays it next time).
   ``outgoing()`` ends once the main thread has sent its last frame; then ``run`` returns.
@@ -69,7 +77,9 @@ class Source(Protocol):
     """A source of messages written by the user (see the module rules). Optional attributes:
     ``replies`` (``"all"``, ``"results"`` or ``"none"``: what the main thread sends back to its
     messages, default ``"all"``), ``required`` (readiness waits for it, default True),
-    ``starts_connected`` (default True: connected while ``run`` runs unless told otherwise) and
+    ``starts_connected`` (default True: connected while ``run`` runs unless told otherwise),
+    ``replayable`` (default False; True: never dropped from, see ``FORKLESS_OVERFLOW``),
+    ``figures`` (a ``SourceStats``: the position figures it keeps, shown in its books) and
     ``async before_stop(ctx)`` (called when the orderly stop begins, before ``ctx.stopping``)."""
 
     name: str
@@ -102,12 +112,12 @@ def _check_position(position: Any) -> None:
 class SourceContext:
     """What a source is handed (see the module rules). IO loop only, like the source itself."""
 
-    def __init__(self, runner: SourceRunner, resume_from: Any, skip: int | None) -> None:
+    def __init__(self, runner: SourceRunner, resume_from: Any, skip: int | None, *, pending: bool = True) -> None:
         self._runner = runner
         self.name = runner.feed.name
         self.resume_from = resume_from  # the position to replay from, inclusive (None: from the start)
         self._skip = skip  # messages of the frame at resume_from the state holds (None: all of them)
-        self._resume_pending = resume_from is not None
+        self._resume_pending = pending and resume_from is not None
         self.stopping = asyncio.Event()  # set when the orderly stop begins
         self.stop_deadline: float | None = None  # monotonic: when the stop's work must be done (None: no bound)
 
@@ -134,7 +144,7 @@ class SourceContext:
             decoded = runner.codec.decode(frame)
             origins = None if position is None else self._origins(decoded, position)
             if decoded.errors:
-                await runner.bad_input(decoded)
+                await runner.bad_input(decoded, position)
             if runner.hand_over(decoded, received_ns, origins):  # runner.take inlined: no second coroutine
                 await runner.handover.flush()
             return len(decoded)
@@ -142,6 +152,40 @@ class SourceContext:
             runner.busy -= 1
             if runner.idle_wait is not None and not runner.busy:
                 runner.idle_wait.set()
+
+    def decode(self, frame: str | bytes) -> Any:
+        """The codec's reading of one frame (a ``DecodedFrame``: ``seq``, ``stream``, ``x`` of its
+        good messages, ``errors`` of its bad parts), for ``emit_decoded``. Nothing is counted yet."""
+        return self._runner.codec.decode(frame)
+
+    async def emit_decoded(self, decoded: Any, position: int | str | None = None, *, first: int = 0,
+                           received_ns: int | None = None) -> int:
+        """Hand over a frame ``decode`` read (and the source may have changed: its ``seq``,
+        ``stream`` and ``x`` cut alike, bad parts added to ``errors``), counted as one frame in.
+        ``first``: its good messages before this one are not handed over (the state holds them: a
+        source that does its own resuming); they keep their indices at ``position``. Awaits while
+        inbound is full. Returns the good messages taken."""
+        runner = self._runner
+        runner.enter()
+        try:
+            if received_ns is None:
+                received_ns = time.monotonic_ns()
+            runner.stats.frames_in += 1
+            n = len(decoded)
+            if decoded.errors:
+                await runner.bad_input(decoded, position)
+            first = min(first, n)
+            if first:
+                _check_position(position)
+                _drop_first(decoded, first)
+                origins = [Origin(position, i, i == n - 1) for i in range(first, n)]
+            else:
+                origins = None if position is None else self._origins(decoded, position)
+            if runner.hand_over(decoded, received_ns, origins):
+                await runner.handover.flush()
+            return n - first
+        finally:
+            runner.leave()
 
     async def emit_rows(self, seq: list[Any], stream: list[str], x: Any, position: int | str | None = None) -> int:
         """Hand messages already decoded: ``seq`` and ``stream`` one per message, ``x`` [n, features],
@@ -294,10 +338,11 @@ class SourceRunner:
         self.inbound = inbound
         self.outbox = outbox
         self.index = index
-        self.handover = Handover(inbound, settings.max_batch, drop_oldest=settings.overflow == "drop_oldest",
+        drop_oldest = settings.overflow == "drop_oldest" and not getattr(source, "replayable", False)
+        self.handover = Handover(inbound, settings.max_batch, drop_oldest=drop_oldest,
                                  on_dropped=self._count_dropped_oldest, feed=index)
-        if resume is None:
-            self.ctx = SourceContext(self, None, None)
+        if not isinstance(resume, Origin):  # None, or a record the source reads itself (the module rules)
+            self.ctx = SourceContext(self, resume, None, pending=False)
         else:  # the frame at resume.seq: its messages up to resume.index are in the state
             self.ctx = SourceContext(self, resume.seq, None if resume.last else resume.index + 1)
         self.send_errors = feed.replies == "all"
@@ -322,10 +367,11 @@ class SourceRunner:
         if not self.busy and self.idle_wait is not None:
             self.idle_wait.set()
 
-    async def bad_input(self, decoded: Any) -> None:
+    async def bad_input(self, decoded: Any, position: Any = None) -> None:
         """A frame's bad parts: counted by reason, answered with error replies under the reply
         policy (those the codec declines, or all of them when the policy sends none, counted in
-        ``replies_declined``)."""
+        ``replies_declined``). At a ``position`` the replies are numbered after the frame's good
+        messages (the same ids when it is replayed)."""
         stats = self.stats
         counts = decoded.error_counts()
         for reason, count in counts:
@@ -341,7 +387,9 @@ class SourceRunner:
                           "the codec's encode_error returned None")
             frames = [frame for frame in frames if frame is not None]
         if frames:
-            await self.outbox.put(Outgoing(frames, answers=False, feed=self.index))
+            n = len(decoded)
+            origin = None if position is None else [Origin(position, n + k, True) for k in range(len(frames))]
+            await self.outbox.put(Outgoing(frames, answers=False, feed=self.index, origin=origin))
 
     def _decline(self, counts: list[tuple[str, int]], why: str) -> None:
         """Error replies to bad input not sent: counted by reason, each reason logged once."""
@@ -356,7 +404,7 @@ class SourceRunner:
     async def take(self, decoded: Any, received_ns: int, origin: list[Origin] | None) -> int:
         """A decoded frame's bad parts answered or declined, its good messages handed over."""
         if decoded.errors:
-            await self.bad_input(decoded)
+            await self.bad_input(decoded, origin[0].seq if origin else None)
         if self.hand_over(decoded, received_ns, origin):
             await self.handover.flush()
         return len(decoded)

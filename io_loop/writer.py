@@ -144,6 +144,31 @@ class ReplyBatch:
         held = self._held
         return held.item.frames if not held.offset else held.item.frames[held.offset:]
 
+    @property
+    def positions(self) -> list[Any] | None:
+        """For each frame of ``frames``, the ``Origin`` (``seq``: the position of the message it
+        answers, ``index``: its place there) that names it, as a replayable source publishes it
+        (an id a duplicate window recognises); None when the batch has none (no positions given)."""
+        held = self._held
+        origin = held.item.origin
+        return origin if origin is None or not held.offset else origin[held.offset:]
+
+    @property
+    def answers(self) -> bool:
+        """True when the batch answers messages (results and their error replies); False for
+        error replies to bad input and frames the main thread sent on its own."""
+        return self._held.item.answers
+
+    def drop(self, reason: str) -> None:
+        """Give the rest of the batch up unwritten (the source may not write it): its frames
+        counted in ``dropped`` by ``reason``; the batch is done."""
+        held = self._held
+        item = held.item
+        if item is None:
+            return
+        held.stats.dropped[reason] += len(item.frames) - held.offset
+        held.take_held()
+
     def wrote(self, n: int) -> None:
         """``n`` more frames of ``frames`` were written (counted; call it also when the writing
         stopped part-way). Once every frame is written the batch is done."""

@@ -490,7 +490,7 @@ def test_the_server_killed_and_restarted_mid_run_loses_nothing_and_applies_nothi
 def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a_payload(tmp_path):
     from controller.errors import CheckpointMismatch
     from controller.positions import SourcePositions
-    from io_loop.crossing import Origin
+    from io_loop.crossing import Origin, Resume
 
     specs = _config([{"url": "ws://127.0.0.1:9/w", "name": "w"}, _js_feed("nats://127.0.0.1:4222")]).feed_specs
     pos = SourcePositions(specs)
@@ -504,7 +504,7 @@ def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a
     assert SourcePositions.unconfirmed(recorded, {"ticks": (6, 0)}) != []
     assert SourcePositions.unconfirmed(recorded, {"ticks": (7, 0)}) == []
     again = SourcePositions(specs)
-    assert again.restore(recorded, tmp_path) == {"ticks": Origin(7, 1, False)}
+    assert again.restore(recorded, tmp_path) == {"ticks": Resume(Origin(7, 1, False), "")}
     assert again.replied == {}  # the restored checkpoint's replies were stored before it was committed
     other = _config([_js_feed("nats://127.0.0.1:4222", subject="ticks.a")]).feed_specs
     with pytest.raises(CheckpointMismatch, match=re.escape("JetStream feed 'ticks': subject: 'ticks.>' in the")):
@@ -512,10 +512,12 @@ def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a
 
 
 def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_and_ids_stay_the_same():
-    from io_loop.crossing import Origin
-    from io_loop.jetstream import JetStreamFeed
-    from io_loop.jsconsumer import Take
+    from io_loop.counters import IOStats
+    from io_loop.crossing import Origin, Resume
+    from io_loop.jetstream import JetStreamSource
+    from io_loop.jsconsumer import Consumer, Take
     from io_loop.settings import FeedSpec
+    from io_loop.source import SourceRunner
 
     pytest.importorskip("nats")
     cfg = _config([_js_feed("nats://127.0.0.1:4222")])
@@ -527,16 +529,17 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
 
     async def run() -> tuple[list, list]:
         inbound, outbox = asyncio.Queue(), asyncio.Queue()
-        from io_loop.counters import IOStats
-
-        feed = JetStreamFeed(cfg.io_settings(), codec, IOStats(), spec, inbound=inbound, outbox=outbox,
-                             resume=Origin(7, 0, False))  # element 0 of message 7 is in the restored state
+        source = JetStreamSource(cfg.io_settings(), spec)
+        # element 0 of message 7 is in the restored state
+        runner = SourceRunner(source, cfg.io_settings(), codec, IOStats(source=source.figures), spec,
+                              inbound=inbound, outbox=outbox, index=0, resume=Resume(Origin(7, 0, False), ""))
+        consumer = source.consumer = Consumer(spec.jetstream, spec.label, source.figures, runner.ctx.resume_from)
         for seq, data in ((7, json.dumps(payload)), (8, json.dumps([good[0]]))):
-            take = feed.consumer.deliver(f"$JS.ACK.TICKS.c1.1.{seq}.{seq - 6}.1764600000000000000.0".encode())
+            take = consumer.deliver(f"$JS.ACK.TICKS.c1.1.{seq}.{seq - 6}.1764600000000000000.0".encode())
             assert type(take) is Take and take.seq == seq
-            await feed._consume(data.encode(), take)
-            feed.consumer.consumed(take, seq)
-        await feed.handover.flush()
+            await source._consume(runner.ctx, data.encode(), take)
+            consumer.consumed(take, seq)
+        await runner.handover.flush()
         await asyncio.sleep(0)
         chunks = [inbound.get_nowait() for _ in range(inbound.qsize())]
         return chunks, [outbox.get_nowait() for _ in range(outbox.qsize())]

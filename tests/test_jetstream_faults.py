@@ -95,14 +95,11 @@ def test_a_stream_deleted_and_made_again_between_two_runs_is_refused_by_the_chec
 
 def _feed(**extra: Any) -> Any:
     pytest.importorskip("nats")
-    from controller.loop import Controller
-    from io_loop.counters import IOStats
-    from io_loop.jetstream import JetStreamFeed
+    from io_loop.jetstream import JetStreamSource
     from tests.test_jetstream import _config
 
     cfg = _config([_js_feed("nats://127.0.0.1:4222", **extra)])
-    return JetStreamFeed(cfg.io_settings(), Controller(cfg).codec, IOStats(), cfg.feed_specs[0], inbound=None,
-                         outbox=None)
+    return JetStreamSource(cfg.io_settings(), cfg.feed_specs[0])
 
 
 def test_a_stream_that_ends_before_what_this_run_saw_of_it_or_was_created_again_is_refused():
@@ -115,7 +112,7 @@ def test_a_stream_that_ends_before_what_this_run_saw_of_it_or_was_created_again_
     feed._check_identity(40, created)
     feed.consumer.check_stream(1, 40)
     feed._check_identity(45, created)  # the same stream, grown
-    feed.source.stream_last_seq = 45
+    feed.figures.stream_last_seq = 45
     with pytest.raises(PositionLost, match="ends at sequence 44, but this run saw it reach 45"):
         feed._check_identity(44, created)
     with pytest.raises(PositionLost, match=r"was deleted and made again: created 2026-12-01T12:00:01\+00:00"):

@@ -205,6 +205,61 @@ def test_rows_of_the_wrong_shape_fail_the_source_with_a_clear_error():
         drive(ctl, lambda: False, timeout_s=10 * UNIT_S, what="the failure raised")
 
 
+class PositionedSource:
+    """Decodes each frame itself (``ctx.decode``), drops its elements of stream "skip" as a user's
+    filter would, hands the rest over at the frame's position (``emit_decoded``; the first frame
+    from its second message on, as a source resuming inside it does), and writes its replies a
+    batch at a time, keeping each frame's position and giving up the error replies to bad input."""
+
+    name = "positioned"
+    replayable = True
+
+    def __init__(self, frames: list[str]) -> None:
+        self.frames = frames
+        self.written: list[tuple[Any, int, int]] = []  # (reply, position, index)
+
+    async def run(self, ctx: Any) -> None:
+        for position, frame in enumerate(self.frames, start=1):
+            decoded = ctx.decode(frame)
+            await ctx.emit_decoded(decoded, position, first=1 if position == 1 else 0)
+        async for batch in ctx.replies():
+            if not batch.answers:
+                batch.drop("error replies not wanted")
+                continue
+            self.written += [(json.loads(f), o.seq, o.index) for f, o in zip(batch.frames, batch.positions)]
+            batch.wrote(len(batch.frames))
+
+
+def test_a_source_hands_over_what_it_decoded_itself_at_positions_and_its_replies_carry_them():
+    messages = make_messages(9, features=FEATURES)
+    frames = [json.dumps(messages[i:i + 3]) for i in range(0, 9, 3)]
+    frames[2] = json.dumps([*messages[6:9], {"seq": 99}])  # a bad element: its error reply is index 3
+    source = PositionedSource(frames)
+    with Controller(_config(), processor=PROCESSOR, sources=[source]) as ctl:
+        drive(ctl, lambda: len(source.written) >= 8, timeout_s=20 * UNIT_S, what="8 replies written")
+    by_seq = {reply["seq"]: (position, index) for reply, position, index in source.written}
+    assert by_seq == {m["seq"]: (1 + i // 3, i % 3) for i, m in enumerate(messages) if i}  # frame 1 from index 1
+    snap = ctl.stats()
+    assert (snap.messages_in, snap.feeds[0].io.frames_in) == (8, 3)
+    assert sum(snap.errors.values()) == 1
+    assert snap.feeds[0].io.dropped == {"error replies not wanted": 1}
+
+
+def test_a_replayable_source_is_never_dropped_from_even_with_overflow_drop_oldest():
+    from controller.codec import JsonCodec
+    from io_loop.counters import IOStats
+    from io_loop.source import SourceRunner
+
+    cfg = _config(overflow="drop_oldest")
+    feed = feed_plan(cfg, [EventSource([])]).specs[0]
+    kinds = {}
+    for source in (EventSource([]), PositionedSource([])):
+        runner = SourceRunner(source, cfg.io_settings(), JsonCodec(FEATURES), IOStats(), feed,
+                              inbound=asyncio.Queue(), outbox=asyncio.Queue(), index=0)
+        kinds[type(source).__name__] = runner.handover.drop_oldest
+    assert kinds == {"EventSource": True, "PositionedSource": False}
+
+
 class FailingSource:
     name = "failing"
 
