@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write the raw runs here as JSON")
     p.add_argument("--loads", default="rate_1k,rate_10k,window",
                    help="which loads, comma-separated (one alone takes more repeats in the same time)")
+    p.add_argument("--hops", action="store_true",
+                   help="also the client's own latency budget: each hop's p50 (µs) and its CPU µs a message")
     a = p.parse_args(argv)
     loads = [load for load in a.loads.split(",") if load]
     unknown = sorted(set(loads) - {load for load, _ in FIGURES})
@@ -56,15 +58,20 @@ def main(argv: list[str] | None = None) -> int:
                         for q in ("p50", "p99"):
                             runs.setdefault((side, f"{load} {q}"), []).append((lg.get("latency_ms") or {}).get(q))
                     runs.setdefault((side, "peak RSS MiB"), []).append(r["peak_rss_mib"])
+                    if a.hops:
+                        for hop, h in ((r.get("client") or {}).get("hops_us") or {}).items():
+                            runs.setdefault((side, f"{load} {hop} p50 µs"), []).append(h.get("p50"))
+                        runs.setdefault((side, f"{load} CPU µs/msg"), []).append(r["cpu"]["client_us_per_msg"])
     bench_run.REPO_ROOT = roots["B"]
     print(f"\nA = {roots['A']}\nB = {roots['B']}\nmedians over {a.repeats} alternating repeats")
     print("| figure | A | B | B/A |\n|---|---|---|---|")
     names = ([f"{load} {q}" for load, q in FIGURES if load != "window" and load in loads]
              + ["window msg/s"] * ("window" in loads) + ["peak RSS MiB"])
+    names += sorted({name for side, name in runs if side == "A" and name not in names})  # --hops
     for name in names:
-        va = statistics.median(v for v in runs[("A", name)] if v is not None)
-        vb = statistics.median(v for v in runs[("B", name)] if v is not None)
-        print(f"| {name} | {va:,.3f} | {vb:,.3f} | {vb / va:.2f} |")
+        va = statistics.median([v for v in runs.get(("A", name), []) if v is not None] or [float("nan")])
+        vb = statistics.median([v for v in runs.get(("B", name), []) if v is not None] or [float("nan")])
+        print(f"| {name} | {va:,.3f} | {vb:,.3f} | {vb / va if va else float('nan'):.2f} |")
     if a.out:
         Path(a.out).write_text(json.dumps({f"{s} {n}": v for (s, n), v in runs.items()}, indent=1))
     return 0
