@@ -113,6 +113,9 @@ class _NotDecoded:
         return [(reason, 1) for reason, _ in self.errors]
 
 
+_NOTHING = _NotDecoded([])  # a delivery the state holds: counted as a frame in, nothing handed over
+
+
 def _when(created: Any) -> str:
     """A stream's created time (nats-py's datetime) as the server's UTC text."""
     return created.isoformat() if hasattr(created, "isoformat") else str(created)
@@ -405,7 +408,9 @@ class JetStreamSource:
             last = reply
             if take is SKIP:
                 continue
-            if not take.held:
+            if take.held:  # a partition's restored position is past it: read, nothing of it handed over
+                await ctx.emit_decoded(_NOTHING, take.seq)
+            else:
                 await self._consume(ctx, data, take)
             consumer.consumed(take, known_last)
             if self._stopping:
