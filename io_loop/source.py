@@ -142,9 +142,9 @@ class SourceContext:
                 received_ns = time.monotonic_ns()
             runner.stats.frames_in += 1
             decoded = runner.codec.decode(frame)
+            if decoded.errors:  # before _origins may cut the messages the restored state holds: the ids
+                await runner.bad_input(decoded, position)  # of the error replies count every good one
             origins = None if position is None else self._origins(decoded, position)
-            if decoded.errors:
-                await runner.bad_input(decoded, position)
             if runner.hand_over(decoded, received_ns, origins):  # runner.take inlined: no second coroutine
                 await runner.handover.flush()
             return len(decoded)
@@ -387,6 +387,8 @@ class SourceRunner:
                           "the codec's encode_error returned None")
             frames = [frame for frame in frames if frame is not None]
         if frames:
+            if position is not None:
+                _check_position(position)
             n = len(decoded)
             origin = None if position is None else [Origin(position, n + k, True) for k in range(len(frames))]
             await self.outbox.put(Outgoing(frames, answers=False, feed=self.index, origin=origin))

@@ -260,6 +260,31 @@ def test_a_replayable_source_is_never_dropped_from_even_with_overflow_drop_oldes
     assert kinds == {"EventSource": True, "PositionedSource": False}
 
 
+def test_error_replies_of_the_frame_resumed_inside_keep_the_ids_a_full_replay_gives():
+    from controller.codec import JsonCodec
+    from io_loop.counters import IOStats
+    from io_loop.crossing import Origin
+    from io_loop.source import SourceRunner
+
+    cfg = _config()
+    feed = feed_plan(cfg, [EventSource([])]).specs[0]
+    good = make_messages(2, features=FEATURES)
+    frame = json.dumps([good[0], good[1], {"seq": 99}])  # two good messages, then a bad one
+
+    async def run(resume: Any) -> tuple[list[Origin], list[Origin]]:
+        inbound, outbox = asyncio.Queue(), asyncio.Queue()
+        runner = SourceRunner(EventSource([]), cfg.io_settings(), JsonCodec(FEATURES), IOStats(), feed,
+                              inbound=inbound, outbox=outbox, index=0, resume=resume)
+        await runner.ctx.emit(frame, 5)
+        await runner.handover.flush()
+        return inbound.get_nowait().origin, outbox.get_nowait().origin
+
+    whole = asyncio.run(run(None))
+    resumed = asyncio.run(run(Origin(5, 0, False)))  # the restored state holds message 0 of the frame
+    assert whole == ([Origin(5, 0, False), Origin(5, 1, True)], [Origin(5, 2, True)])
+    assert resumed == ([Origin(5, 1, True)], [Origin(5, 2, True)])  # the error reply's id as in the whole frame
+
+
 class FailingSource:
     name = "failing"
 
