@@ -430,9 +430,6 @@ class JetStreamSource:
             decoded = ctx.decode(data)
         if take.partition >= 0 and len(decoded):
             decoded = self.consumer.own_partition(decoded, take.partition)
-        if decoded.errors:
-            log.warning("bad input in stream %r at sequence %d: %s", self.spec.stream, take.seq,
-                        "; ".join(reason for reason, _ in decoded.error_counts()))
         if len(decoded) > take.skip:
             self.consumer.handing_over()
         self._reader_in_handover = True

@@ -376,8 +376,9 @@ class SourceRunner:
         counts = decoded.error_counts()
         for reason, count in counts:
             stats.errors[reason] += count
-            log.warning("bad input on connection %d: %s", self.connection_id, reason,
-                        extra={"connection": self.connection_id, "feed": self.feed.name})
+            log.warning("bad input on connection %d: %s", self.connection_id, reason,  # one text a reason: logs
+                        extra={"connection": self.connection_id, "feed": self.feed.name,  # aggregate repeats
+                               **({"position": position} if position is not None else {})})
         if not self.send_errors:
             self._decline(counts, f"the feed's replies are {self.feed.replies!r}")
             return
