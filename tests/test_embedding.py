@@ -79,8 +79,10 @@ def test_a_codec_that_raises_on_every_third_frame_gets_every_frame_answered_and_
     feed = feed_server(send_frames([json.dumps(m) for m in messages]), impl="websockets")
     with Controller(_config(feed.url), codec=EveryThirdDecodeRaises()) as ctl:
         drive(ctl, lambda: feed.received_count >= len(messages), timeout_s=WAIT_S, what="a reply to every frame")
-        stats = ctl.stats()
         assert ctl._io is not None and ctl._io.failure is None
+    # read after the stop: the IO thread counts a frame once its write returned, which can be after
+    # the server has it
+    stats = ctl.stats()
     replies = feed.replies()
     errors = [r for r in replies if "error" in r]
     results = [r for r in replies if "error" not in r]
@@ -108,7 +110,7 @@ def test_encode_failures_answer_that_batch_with_errors_and_carry_on(feed_server)
     feed = feed_server(send_frames([json.dumps(m) for m in messages]), impl="websockets")
     with Controller(_config(feed.url, max_batch=1), codec=EncodeRaisesOnSpikes(F)) as ctl:
         drive(ctl, lambda: feed.received_count >= len(messages), timeout_s=WAIT_S, what="every reply")
-        stats = ctl.stats()
+    stats = ctl.stats()  # after the stop, as above
     replies = {r["seq"]: r for r in feed.replies()}
     assert replies[5] == {"error": "encode failed", "seq": 5}  # the fallback JSON error frame
     assert all("z" in replies[s] for s in range(12) if s != 5)
