@@ -241,7 +241,8 @@ def guarded(step: Callable[[Any, Batch], tuple[Any, dict[str, Any]]]
         n = batch.key.shape[0]
         finite = jnp.ones(n, bool)
         for value in outputs.values():
-            if jnp.issubdtype(value.dtype, jnp.inexact):
+            # an output not [B, ...] breaks the contract, which the compile checks on this trace
+            if jnp.issubdtype(value.dtype, jnp.inexact) and value.shape[:1] == (n,):
                 finite &= jnp.isfinite(value.reshape(n, -1)).all(axis=1)
         return new_state, outputs, ~finite & batch.valid
 

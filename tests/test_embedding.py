@@ -154,6 +154,21 @@ def test_a_step_with_a_non_batched_output_is_refused_at_start_naming_the_output(
         ctl.compile()
 
 
+def test_a_step_whose_outputs_are_batched_only_at_the_first_bucket_is_refused_at_the_bucket_that_breaks():
+    """The first bucket is checked before anything is lowered; every later one on its own
+    lowering's trace (controller/engine.py): an output of a fixed length 1 passes at B = 1 only."""
+    ewma = default_processor(Config(features=F))
+
+    def step(state, batch):
+        state, outputs = ewma.step(state, batch)
+        return state, {**outputs, "first": outputs["score"][:1]}
+
+    ctl = Controller(Config(features=F, max_batch=16), processor=Processor(ewma.init, step))
+    with pytest.raises(ProcessorContractError, match=r"output 'first' has shape \[1\]: outputs must have shape "
+                                                     r"\[B, \.\.\.\] \(B = 4"):
+        ctl.compile()
+
+
 class SumState(NamedTuple):
     total: jax.Array  # float32 [S + 1, F]
 
