@@ -1287,7 +1287,7 @@ def write_results_block(results: dict[str, Any], readme: Path = BENCH_README) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description="Run the forkless benchmark.")
-    p.add_argument("--quick", action="store_true", help="one short repeat of everything (a smoke run, ~1 min)")
+    p.add_argument("--quick", action="store_true", help="one short repeat of everything (a smoke run, ~2 min)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="where results.json and bench.png go")
     p.add_argument("--devices-only", action="store_true",
                    help="run only the devices section (1, 2, 4 forced CPU devices) into OUT/devices.json, and "
