@@ -57,6 +57,7 @@ from controller.recovery import Recovery
 from controller.replies import Replies
 from controller.slots import StreamSlots
 from controller.snapshot import PendingSnapshot
+from controller.serving import serve
 from controller.stats import IOStats, MainStats, StatsSnapshot, books_line, status_line, whole_snapshot
 from io_loop.before_connect import BeforeConnect
 from io_loop.crossing import Outgoing
@@ -391,10 +392,12 @@ class Controller:
         self._signals.install()
         try:
             self.start()
-            first = self._serve()
+            cfg = self.config
+            first = serve(self.process_pending, self.stats, self._print, self._stop_requested,
+                          duration_s=cfg.duration_s, status_s=cfg.status_s, poll_s=POLL_S)
             self.stop()
             final = self.stats()
-            if self.config.status_s > 0:
+            if cfg.status_s > 0:
                 self._print(status_line(final, first, final=True))
             log.log(logging.ERROR if final.in_flight else logging.INFO, "%s", books_line(final))
         except KeyboardInterrupt:
@@ -413,28 +416,6 @@ class Controller:
             # what start() took, also when stop() never ran (the IO side failed, a second SIGINT)
             self._life.end(ABORTED if self._aborting else FAILED)
             self._signals.restore()
-
-    def _serve(self) -> StatsSnapshot:
-        """``run()``'s loop until a stop is requested or ``duration_s`` is over, with a status line
-        every ``status_s``; the snapshot it began with."""
-        cfg = self.config
-        started = time.monotonic()
-        end = started + cfg.duration_s if cfg.duration_s else math.inf
-        next_status = started + cfg.status_s if cfg.status_s > 0 else math.inf
-        first = last = self.stats()
-        while not self._stop_requested.is_set():
-            now = time.monotonic()
-            if now >= end:
-                break
-            if now >= next_status:
-                snap = self.stats()
-                self._print(status_line(snap, last))
-                last = snap
-                next_status += cfg.status_s
-                if next_status < now:
-                    next_status = now + cfg.status_s
-            self.process_pending(timeout=POLL_S)
-        return first
 
     def process_pending(self, timeout: float = 0.0) -> int:
         """Process what is waiting (waiting up to ``timeout`` for a first message); returns

@@ -112,6 +112,7 @@ COMPOSITION = [
     "controller/queues.py",
     "controller/recovery.py",
     "controller/relaycmd.py",
+    "controller/serving.py",
 ]
 LAYERS = {"core": CORE, "device": DEVICE, "io": IO, "composition": COMPOSITION}
 
