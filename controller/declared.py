@@ -101,4 +101,6 @@ def count(counters: Mapping[str, str], outputs: Mapping[str, np.ndarray], keep: 
     """Add each counter's output, summed over the rows ``keep`` selects (None: every row), to ``into``."""
     for name, output in counters.items():
         values = outputs[output] if keep is None else outputs[output][keep]
-        into[name] = into.get(name, 0) + int(np.sum(values, dtype=np.int64))
+        # a flag: count_nonzero (about 1 µs against 5 µs for np.sum on a batch's few rows)
+        got = np.count_nonzero(values) if values.dtype == np.bool_ else np.sum(values, dtype=np.int64)
+        into[name] = into.get(name, 0) + int(got)

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import groupby
 
 import numpy as np
 
@@ -143,7 +144,8 @@ class Replies:
 
     def observe_latency(self, taken: Taken, rows: Sequence[int], handed_ns: int) -> None:
         """``latency``: receipt -> results handed over, for each message of ``rows``; one
-        observation per chunk (its messages share a receipt time), not per message."""
+        observation per chunk (its messages share a receipt time and are consecutive in a
+        batch), not per message: a run of equal receipts is one ``observe_each``."""
         if isinstance(rows, range):
             received, feeds = taken.received_ns, taken.feed
         else:
@@ -151,11 +153,11 @@ class Replies:
         latency = self.stats.latency
         if not taken.feeds_mixed:
             histogram = latency[taken.feed[0]]
-            for arrived, count in Counter(received).items():
-                histogram.observe_each((handed_ns - arrived) * 1e-9, count)
+            for arrived, run in groupby(received):
+                histogram.observe_each((handed_ns - arrived) * 1e-9, _length(run))
         else:
-            for (feed, arrived), count in Counter(zip(feeds, received)).items():
-                latency[feed].observe_each((handed_ns - arrived) * 1e-9, count)
+            for (feed, arrived), run in groupby(zip(feeds, received)):
+                latency[feed].observe_each((handed_ns - arrived) * 1e-9, _length(run))
 
     def outgoing(self, taken: Taken, frames: list, received: list[int], error_at: tuple[int, ...],
                  origin: Sequence[int], sources: list | None) -> Outgoing | None:
@@ -193,3 +195,8 @@ def split_by_feed(frames: list, received: list[int], error_at: tuple[int, ...],
                      traces=[trace for trace in traces if trace.feed == feed],
                      origin=None if origin is None else [origin[j] for j in picked])
             for feed, picked in by_feed.items()]
+
+
+def _length(run: Iterator[object]) -> int:
+    """How many items a ``groupby`` run holds."""
+    return sum(1 for _ in run)

@@ -132,3 +132,22 @@ def test_what_on_results_raised_is_raised_once_the_batch_s_replies_are_put(engin
         run.step(run.batch([0], ["a"], [2.0]), None)
     assert run.frames() == [{"seq": 0, "stream": "a", "prod": 2.0}]
     assert run.stats.batches == 1
+
+
+def test_the_latency_of_a_batch_of_several_chunks_is_observed_once_per_message_from_its_own_chunk(engine_factory):
+    # chunks that arrived 1,000 s apart share a batch: each message's latency is from its own
+    # chunk's receipt (runs of one receipt are observed together, never merged across chunks)
+    import time
+
+    run = Run(engine_factory())
+    now = time.monotonic_ns()
+    x = np.array([[1.0, 0.0]] * 2, np.float32)
+    run.batcher.add(Chunk([0, 1], ["a", "b"], x, now - 1_000 * 10**9), 0.0)
+    run.batcher.add(Chunk([2, 3], ["a", "c"], x, now), 0.0)
+    run.batcher.add(Chunk([4], ["b"], x[:1], now - 1_000 * 10**9), 0.0)  # a third chunk: the next batch
+    taken = run.batcher.take()
+    assert taken is not None and taken.received_ns == [now - 1_000 * 10**9] * 2 + [now] * 2
+    run.step(taken, None)
+    latency = run.stats.latency[0]
+    assert latency.n == 4 and latency.counts[-1] == 2  # the two from the old chunk: past the last bound
+    assert 2_000.0 <= latency.total < 2_000.0 + latency.bounds[-1] * 2
