@@ -25,7 +25,7 @@ DEFAULT_TEST_TIMEOUT_S = 300  # pyproject's pytest-timeout default, scaled below
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Scale pytest-timeout's default with FORKLESS_TEST_TIMEOUT_SCALE, like every other wait.
 
-    The suite runs on four pytest-xdist workers by file (pyproject: ``-n 4 --dist loadfile``):
+    The suite runs on three pytest-xdist workers by file (pyproject: ``-n 3 --dist loadfile``):
     what shares a fixture wider than a test (the session's one benchmark run, a module's server
     or compiled program) is kept in one file, so it is made once. ``--dist loadgroup`` does not
     group anything with pytest 9.2 and xdist 3.8 (xdist renames ``item._nodeid``, which pytest
