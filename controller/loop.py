@@ -55,9 +55,9 @@ from controller.processor import Processor, default_processor
 from controller.queues import POLL_S, Intake, Outbound, StopDeadline
 from controller.recovery import Recovery
 from controller.replies import Replies
+from controller.serving import serve
 from controller.slots import StreamSlots
 from controller.snapshot import PendingSnapshot
-from controller.serving import serve
 from controller.stats import IOStats, MainStats, StatsSnapshot, books_line, status_line, whole_snapshot
 from io_loop.before_connect import BeforeConnect
 from io_loop.crossing import Outgoing

@@ -9,6 +9,7 @@ the items it put, the results ``on_results`` got and the counters.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import jax.numpy as jnp
@@ -137,8 +138,6 @@ def test_what_on_results_raised_is_raised_once_the_batch_s_replies_are_put(engin
 def test_the_latency_of_a_batch_of_several_chunks_is_observed_once_per_message_from_its_own_chunk(engine_factory):
     # chunks that arrived 1,000 s apart share a batch: each message's latency is from its own
     # chunk's receipt (runs of one receipt are observed together, never merged across chunks)
-    import time
-
     run = Run(engine_factory())
     now = time.monotonic_ns()
     x = np.array([[1.0, 0.0]] * 2, np.float32)
