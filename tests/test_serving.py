@@ -74,10 +74,12 @@ def test_it_ends_once_the_duration_is_over() -> None:
 
 
 def test_a_line_every_interval_each_over_the_interval_since_the_last() -> None:
-    run = _Run(holds=(0.5,) * 7, stop_at=7)
+    # four calls in the first second, two in the second: each line's rate is over its own second
+    run = _Run(holds=(0.25,) * 4 + (0.5,) * 3, stop_at=7)
     run.serve(status_s=1.0)
-    assert [at for at, _ in run.lines] == [101.0, 102.0, 103.0]
-    assert all(" | " in line for _, line in run.lines)
+    assert [at for at, _ in run.lines] == [101.0, 102.0]
+    (_, first), (_, second) = run.lines
+    assert first.startswith("in 4 msg (4/s) | ") and second.startswith("in 6 msg (2/s) | "), run.lines
 
 
 def test_a_batch_held_past_several_intervals_gets_one_line_then_one_an_interval_again() -> None:
