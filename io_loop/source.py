@@ -39,7 +39,8 @@ Rules:
   progress are waited for; nothing half handed over is lost.
 - ``SourceRunner`` is the IO thread's side of one source, user's or built-in (``run``,
   ``stop_reading``, ``held_frames``, ``take_held``, ``handover``, ``stats``): the feed set
-  (io_loop/feeds.py) does not know which kind it runs.
+  (io_loop/feeds.py) does not know which kind it runs. Its outbound side (what the main thread
+  sends the source) is io_loop/writer.py's ``Outbound``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from io_loop.decoding import FrameDecoder
 from io_loop.errors import FeedFatal, ForklessError
 from io_loop.handover import Handover
 from io_loop.settings import FeedSpec, IOSettings
-from io_loop.writer import HeldReply, ReplyBatch
+from io_loop.writer import Outbound, ReplyBatch
 
 __all__ = ["ReplyBatch", "Source", "SourceContext", "SourceRunner", "SourceStopped"]
 
@@ -217,21 +218,19 @@ class SourceContext:
         frames sent with ``Controller.send``. Ends once the main thread has sent its last one
         (the stop). A frame is ``str``, or ``bytes`` holding UTF-8 text (the JSON codec's replies).
         A frame counts as delivered when the next one is asked for."""
-        return self._runner.frames()
+        return self._runner.out.frames()
 
     def replies(self) -> ReplyBatch:
         """The same frames a batch at a time (write each batch in one go): ``async for batch in
         ctx.replies()``, write ``batch.frames``, then ``batch.wrote(n)`` with how many were written.
         A batch not wholly written (a lost connection) is handed again first, from its first
         unwritten frame. Ends once the main thread has sent its last one (the stop)."""
-        return self._runner.batch
+        return self._runner.out.batch
 
     def replies_ended(self) -> bool:
         """True once the main thread has sent its last frame and every one was handed out, without
         waiting (a source that is down when the stop comes need not connect again)."""
-        held = self._runner.held
-        held.poll()
-        return held.drained
+        return self._runner.out.ended()
 
     @property
     def replies_written(self) -> int:
@@ -350,9 +349,7 @@ class SourceRunner:
         self.stopping_now = False  # the stop began: no emit is taken
         self.busy = 0  # emit calls in progress
         self.idle_wait: asyncio.Event | None = None  # made by a stop that waits for them
-        self.held = HeldReply(outbox, stats)  # the item being written, kept across reconnects (io_loop/writer.py)
-        self.batch = ReplyBatch(self.held)  # ctx.replies()
-        self._handed = False  # outgoing(): a frame was handed out and not yet counted delivered
+        self.out = Outbound(outbox, stats)  # what the main thread sends it (io_loop/writer.py)
         self._declined_logged: set[str] = set()
 
     # ---- the source's side ----------------------------------------------------------------------
@@ -430,17 +427,6 @@ class SourceRunner:
         self.stats.events_in += 1
         await self.inbound.put(Events(self.index, [event], time.monotonic_ns()))
 
-    async def frames(self) -> AsyncIterator[str | bytes]:
-        """``outgoing()``: ``replies()`` a frame at a time; a frame counts as delivered when the
-        next is asked for (or when ``run`` returns)."""
-        batch = self.batch
-        async for _ in batch:
-            for frame in batch.frames:
-                self._handed = True
-                yield frame
-                self._handed = False
-                batch.wrote(1)
-
     def _count_dropped_oldest(self, messages: int) -> None:
         self.stats.dropped["inbound overflow (drop_oldest)"] += messages
         log.warning("inbound queue full: dropped the oldest %d messages (FORKLESS_OVERFLOW=drop_oldest)", messages)
@@ -467,31 +453,7 @@ class SourceRunner:
         finally:
             stats.connected = False
             stats.state_since = time.time()
-        await self._drain_after_end()
-
-    async def _drain_after_end(self) -> None:
-        """``run`` returned: what still comes for the source is counted, until outbound ends."""
-        if self._handed:  # outgoing()'s last frame counts as delivered
-            self._handed = False
-            self.batch.wrote(1)
-        item, written = self.held.take_held()
-        while True:
-            if item is not None:
-                self._count_unsendable(item, written)
-            item, written = await self.held.next(), 0
-            if item is None:  # outbound ended: the stop
-                return
-            self.held.take_held()
-
-    def _count_unsendable(self, item: Outgoing, written: int) -> None:
-        left = len(item.frames) - written
-        if item.sent:
-            self.stats.sent_unsent += left
-        elif item.answers:
-            self.stats.dropped["source ended"] += left - item.errors_between(written, len(item.frames))
-            self.stats.error_replies_unsent += item.errors_between(written, len(item.frames))
-        else:
-            self.stats.error_replies_unsent += left
+        await self.out.drain_after_end()
 
     async def stop_reading(self, deadline: float | None = None) -> None:
         """The stop: the source's ``before_stop``; then no more emits are taken, one in progress
@@ -509,8 +471,7 @@ class SourceRunner:
             await self.handover.flush()
 
     def held_frames(self) -> int:
-        return self.held.held_frames()
+        return self.out.held_frames()
 
     def take_held(self) -> tuple[Outgoing | None, int]:
-        self._handed = False
-        return self.held.take_held()
+        return self.out.take_held()

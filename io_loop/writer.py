@@ -13,12 +13,16 @@ Rules:
 - ``ReplyBatch`` is its public face (a source's ``ctx.replies()``, io_loop/source.py): one object
   per feed, its own async iterator, so taking a batch allocates nothing and costs one await, as
   ``next()`` does.
+- ``Outbound`` is a source runner's whole outbound side: the two above, ``outgoing()``'s
+  frame-at-a-time form (a frame counts as delivered when the next is asked for), and, once the
+  source's ``run`` has returned, the count of what still comes for it until the stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import janus
@@ -26,7 +30,7 @@ import janus
 from io_loop.counters import IOStats
 from io_loop.crossing import PICKED, WRITTEN, Outgoing
 
-__all__ = ["HeldReply", "ReplyBatch"]
+__all__ = ["HeldReply", "Outbound", "ReplyBatch"]
 
 
 class HeldReply:
@@ -178,3 +182,64 @@ class ReplyBatch:
         held.wrote(held.offset + n)
         if held.offset >= len(held.item.frames):
             held.finish()
+
+
+class Outbound:
+    """What the main thread sends one source: the held item, its ``ReplyBatch`` and
+    ``outgoing()``'s frames (see the module rules). IO loop only."""
+
+    def __init__(self, outbox: Any, stats: IOStats) -> None:
+        self.stats = stats
+        self.held = HeldReply(outbox, stats)  # the item being written, kept across reconnects
+        self.batch = ReplyBatch(self.held)  # ctx.replies()
+        self._handed = False  # frames(): a frame was handed out and not yet counted delivered
+
+    async def frames(self) -> AsyncIterator[str | bytes]:
+        """``outgoing()``: ``replies()`` a frame at a time; a frame counts as delivered when the
+        next is asked for (or when the source's ``run`` returns)."""
+        batch = self.batch
+        async for _ in batch:
+            for frame in batch.frames:
+                self._handed = True
+                yield frame
+                self._handed = False
+                batch.wrote(1)
+
+    def ended(self) -> bool:
+        """True once the main thread has sent its last frame and every one was handed out."""
+        held = self.held
+        held.poll()
+        return held.drained
+
+    async def drain_after_end(self) -> None:
+        """The source's ``run`` returned: what still comes for it is counted, until outbound ends."""
+        if self._handed:  # outgoing()'s last frame counts as delivered
+            self._handed = False
+            self.batch.wrote(1)
+        item, written = self.held.take_held()
+        while True:
+            if item is not None:
+                self._count_unsendable(item, written)
+            item, written = await self.held.next(), 0
+            if item is None:  # outbound ended: the stop
+                return
+            self.held.take_held()
+
+    def _count_unsendable(self, item: Outgoing, written: int) -> None:
+        left = len(item.frames) - written
+        stats = self.stats
+        if item.sent:
+            stats.sent_unsent += left
+        elif item.answers:
+            errors = item.errors_between(written, len(item.frames))
+            stats.dropped["source ended"] += left - errors
+            stats.error_replies_unsent += errors
+        else:
+            stats.error_replies_unsent += left
+
+    def held_frames(self) -> int:
+        return self.held.held_frames()
+
+    def take_held(self) -> tuple[Outgoing | None, int]:
+        self._handed = False
+        return self.held.take_held()
