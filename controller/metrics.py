@@ -55,9 +55,14 @@ MAX_REASONS = 32
 
 def metric_families(snap: StatsSnapshot) -> list[Metric]:
     """Every ``forkless_*`` metric family for one snapshot (pure; see the module rules)."""
-    fams: list[Metric] = []
-
     feeds = _feed_rows(snap)
+    return [*_message_families(snap, feeds), *_book_families(snap), *_connection_families(snap, feeds),
+            *_latency_families(snap, feeds), *_process_families(snap)]
+
+
+def _message_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric]:
+    """Messages, frames, events and sent frames per feed; what a source counted itself."""
+    fams: list[Metric] = []
     messages = CounterMetricFamily("forkless_messages", "Messages received from the feed (in) and result "
                                    "frames sent back (out).", labels=["direction", "feed"])
     for f in feeds:
@@ -78,6 +83,12 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
         for what, count in sorted(feed.io.counts.items())[:MAX_REASONS]:
             counted.add_metric([feed.name, what], count)
     fams.append(counted)
+    return fams
+
+
+def _book_families(snap: StatsSnapshot) -> list[Metric]:
+    """The books: processed, in flight, streams, resets, declined, the declared counters, errors, drops."""
+    fams: list[Metric] = []
     fams.append(CounterMetricFamily("forkless_processed", "Messages run through the step.",
                                     value=snap.processed))
     fams.append(CounterMetricFamily("forkless_batches", "Batches run through the step.", value=snap.batches))
@@ -112,7 +123,12 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(declared)
     fams.append(_by_reason("forkless_errors", "Messages or frames refused or failed, by reason.", snap.errors))
     fams.append(_by_reason("forkless_dropped", "Messages or replies dropped, by reason.", snap.dropped))
+    return fams
 
+
+def _connection_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric]:
+    """Each feed's connections, its unsent replies, and the queues' depths."""
+    fams: list[Metric] = []
     fams.append(_per_feed(CounterMetricFamily, "forkless_connects", "Connections opened to the feed.",
                           feeds, "connects"))
     fams.append(_per_feed(CounterMetricFamily, "forkless_reconnects", "Connections lost and retried.",
@@ -135,7 +151,12 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     depth.add_metric(["outbound"], snap.outbound_depth)
     depth.add_metric(["unsent"], snap.unsent)
     fams.append(depth)
+    return fams
 
+
+def _latency_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric]:
+    """The latency histograms (end to end, written, hops), batch sizes, loop lag, steps, IO CPU."""
+    fams: list[Metric] = []
     latency = HistogramMetricFamily("forkless_latency_seconds", "From a message's frame arriving to its results "
                                     "being handed over (on_results returned, reply frames made), for every result "
                                     "whatever is sent back.", labels=["feed"])
@@ -169,7 +190,12 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
         io_cpu.add_metric(["in_step"], snap.step_io_cpu_s)
         io_cpu.add_metric(["outside_step"], max(0.0, snap.io_cpu_s - snap.step_io_cpu_s))
         fams.append(io_cpu)
+    return fams
 
+
+def _process_families(snap: StatsSnapshot) -> list[Metric]:
+    """The process: compilations, readiness, devices, checkpoints, JetStream, partitions."""
+    fams: list[Metric] = []
     fams.append(CounterMetricFamily("forkless_compilations", "XLA compilations in this process (flat after ready).",
                                     value=snap.compilations))
     fams.append(GaugeMetricFamily("forkless_ready", "1 when connected and the step is compiled, else 0.",
@@ -185,6 +211,7 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
                                   "with no live lease for longer than FORKLESS_LEASE_S (no instance owns them: their "
                                   "messages go unanswered).", value=snap.partitions_unowned))
     return fams
+
 
 
 def _jetstream_families(snap: StatsSnapshot) -> list[Metric]:

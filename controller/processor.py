@@ -163,21 +163,10 @@ def ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
                             recorded={"alpha": alpha, "threshold": threshold, "warmup": warmup})
 
 
-def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[str, jax.Array]]], *,
-                     init_row: Callable[[Any], Any], init_params: Callable[[Any], Any] | None = None,
-                     name: str, version: str = "1", restore_shared: bool = False,
-                     counters: Mapping[str, str] | None = None, settings: Mapping[str, Any] | None = None,
-                     recorded: Mapping[str, Any] | None = None) -> Processor:
-    """A batched, O(B) ``Processor`` from ``row_step(params, row, x) -> (row, out)``, the update
-    of one stream's row by one message (module docstring, "Per-row processors").
-
-    ``init_row(config)`` builds a fresh stream's row (a pytree of arrays; run under
-    ``jax.jit``, so jnp or numpy values); ``init_params(config)``, if given, the shared
-    leaves (weights: numpy arrays, say, loaded from a file), put on the device as they are.
-    ``out`` is a dict of arrays, each stacked over the batch into the step's outputs.
-    ``name``, ``version``, ``restore_shared`` and the declarations (``counters``, ``settings``,
-    ``recorded``) go into the ``Processor`` as they are.
-    """
+def _stream_init(init_row: Callable[[Any], Any], init_params: Callable[[Any], Any] | None,
+                 name: str) -> Callable[[Any], Any]:
+    """``stream_processor``'s ``init``: the stream table from ``init_row`` (every slot a fresh
+    row), and the shared leaves from ``init_params`` beside it, checked not to look per-stream."""
 
     def init(config: Any) -> Any:
         slots = config.max_streams + 1
@@ -203,6 +192,27 @@ def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[s
                     f"per-stream leaf (it would be reset with a stream's slot and split over devices): store it "
                     f"transposed or with a leading axis of 1, or choose another max_streams")
         return StreamState(params, rows)
+
+    return init
+
+
+def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[str, jax.Array]]], *,
+                     init_row: Callable[[Any], Any], init_params: Callable[[Any], Any] | None = None,
+                     name: str, version: str = "1", restore_shared: bool = False,
+                     counters: Mapping[str, str] | None = None, settings: Mapping[str, Any] | None = None,
+                     recorded: Mapping[str, Any] | None = None) -> Processor:
+    """A batched, O(B) ``Processor`` from ``row_step(params, row, x) -> (row, out)``, the update
+    of one stream's row by one message (module docstring, "Per-row processors").
+
+    ``init_row(config)`` builds a fresh stream's row (a pytree of arrays; run under
+    ``jax.jit``, so jnp or numpy values); ``init_params(config)``, if given, the shared
+    leaves (weights: numpy arrays, say, loaded from a file), put on the device as they are.
+    ``out`` is a dict of arrays, each stacked over the batch into the step's outputs.
+    ``name``, ``version``, ``restore_shared`` and the declarations (``counters``, ``settings``,
+    ``recorded``) go into the ``Processor`` as they are.
+    """
+
+    init = _stream_init(init_row, init_params, name)
 
     def step(state: Any, batch: Any) -> tuple[Any, dict[str, jax.Array]]:
         params, table = (None, state) if init_params is None else state

@@ -313,6 +313,12 @@ def relay_metric_families(view: RelayView) -> list[Metric]:
         for reason in ("across a reconnect", "within a connection"):
             fam.add_metric([reason], counts.get(reason, 0))
         fams.append(fam)
+    return fams + _relay_feed_families(io)
+
+
+def _relay_feed_families(io: IOSnapshot) -> list[Metric]:
+    """The relay's feeds (read, connections), their bad input and drops, and its IO loop's lag."""
+    fams: list[Metric] = []
     feeds = io.feeds
     for kind, name, doc, attr in (
             (CounterMetricFamily, "forkless_messages_read", "Messages read from each feed (decoded well).",

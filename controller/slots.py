@@ -81,6 +81,37 @@ class StreamSlots:
         the slots taken from an evicted idle stream during this call; reset their state
         before running the batch. Refused messages get the spare slot ``max_streams``.
         """
+        if self.idle_s is None:  # nothing is ever evicted: no recency to keep (last_seen is first sight)
+            return self._lookup_kept(streams, now)
+        return self._lookup_evicting(streams, now)
+
+    def _lookup_kept(self, streams: Sequence[str], now: float) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """``lookup`` without ``idle_s``: a slot once given is kept; only first sights are marked."""
+        n = len(streams)
+        slots = np.empty(n, np.int32)
+        ok = np.ones(n, bool)
+        table = self._slots
+        names = self._names
+        first_new = len(table)
+        for i, name in enumerate(streams):
+            slot = table.get(name)
+            if slot is None:
+                if len(table) >= self.max_streams:
+                    ok[i] = False
+                    slots[i] = self.max_streams
+                    continue
+                slot = table[name] = len(table)
+                names.append(name)
+            slots[i] = slot
+        if len(table) > first_new:  # new slots only: nothing a copy in progress holds changes
+            new = np.arange(first_new, len(table))
+            self._seen[new] = now
+            self._order[new] = self._sightings + np.arange(len(new))
+            self._sightings += len(new)
+        return slots, ok, []
+
+    def _lookup_evicting(self, streams: Sequence[str], now: float) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """``lookup`` with ``idle_s``: recency kept (the table in order of last sight), idle streams evicted."""
         n = len(streams)
         slots = np.empty(n, np.int32)
         ok = np.ones(n, bool)
@@ -88,24 +119,6 @@ class StreamSlots:
         table = self._slots
         names = self._names
         refused = False
-        if self.idle_s is None:  # nothing is ever evicted: no recency to keep (last_seen is first sight)
-            first_new = len(table)
-            for i, name in enumerate(streams):
-                slot = table.get(name)
-                if slot is None:
-                    if len(table) >= self.max_streams:
-                        ok[i] = False
-                        slots[i] = self.max_streams
-                        continue
-                    slot = table[name] = len(table)
-                    names.append(name)
-                slots[i] = slot
-            if len(table) > first_new:  # new slots only: nothing a copy in progress holds changes
-                new = np.arange(first_new, len(table))
-                self._seen[new] = now
-                self._order[new] = self._sightings + np.arange(len(new))
-                self._sightings += len(new)
-            return slots, ok, recycled
         copy = self._copy
         for i, name in enumerate(streams):
             slot = table.get(name)
