@@ -67,6 +67,7 @@ DEVICE = [
     "controller/checkpoint.py",
     "controller/compiled.py",
     "controller/engine.py",
+    "controller/layouts.py",
     "controller/snapshot.py",
 ]
 IO = [
