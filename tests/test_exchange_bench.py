@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
@@ -228,6 +229,29 @@ def program_env() -> dict[str, str]:
 DESIGNS = ["thread", "spawn", "forkless"]  # forkless: examples/exchange_session.py, the client a Source
 
 
+def run_watching_children(cmd: list[str], tmp: Path) -> tuple[int, str, set[int]]:
+    """Run the program to its end; its exit status, its stderr, and every process seen below
+    it (its process tree sampled every 10 ms while it runs: a fork or a spawned child shows)."""
+    with open(tmp / "stderr.txt", "w+", encoding="utf-8") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=program_env(), stdout=subprocess.DEVNULL, stderr=err,
+                                text=True)
+        children: set[int] = set()
+        deadline = time.monotonic() + 90 * UNIT_S
+        try:
+            tree = psutil.Process(proc.pid)
+            while proc.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(psutil.Error):
+                    children.update(child.pid for child in tree.children(recursive=True))
+                time.sleep(0.01)
+            rc = proc.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        return rc, err.read(), children
+
+
 @pytest.fixture(scope="module", params=DESIGNS)
 def session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """One run of the design's program for PROGRAM_S against an exchange whose tokens expire
@@ -236,11 +260,10 @@ def session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     ex = Exchange(ping_every_s=0.3, token_ttl_s=TOKEN_TTL_S, quiet_every_s=1.0, quiet_for_s=0.5, record=True)
     url = ex.start()
     try:
-        done = subprocess.run(program_cmd(request.param, url, tmp, PROGRAM_S), cwd=REPO_ROOT, env=program_env(),
-                              capture_output=True, text=True, timeout=90 * UNIT_S)
+        rc, stderr, children = run_watching_children(program_cmd(request.param, url, tmp, PROGRAM_S), tmp)
         counters = ex.wait_for(lambda c: sum(c["closes"].values()) >= c["connections"], WAIT_S,
                                "every connection's close counted")
-        yield {"design": request.param, "rc": done.returncode, "stderr": done.stderr, "counters": counters,
+        yield {"design": request.param, "rc": rc, "stderr": stderr, "counters": counters, "children": children,
                "stats": json.loads((tmp / "stats.json").read_text()) if (tmp / "stats.json").exists() else None,
                "prices": (tmp / "prices.txt").read_text().splitlines() if (tmp / "prices.txt").exists() else [],
                "sent": ex.sent_prices()}
@@ -287,6 +310,13 @@ def test_program_answers_every_ping_and_sends_nothing_else(session: dict[str, An
     counters = session["counters"]
     assert counters["pongs_on_time"] >= 1
     assert (counters["closes"]["4001"], counters["pings_missed"], counters["violations"]) == (0, 0, {})
+
+
+def test_program_runs_in_one_process_unless_it_is_the_spawn_design(session: dict[str, Any]) -> None:
+    if session["design"] == "spawn":  # the sampling's own check: the spawn design's child is seen
+        assert session["children"], "the spawn design's child process was not seen"
+    else:
+        assert session["children"] == set(), "a process was started below the program"
 
 
 @pytest.mark.parametrize("design", DESIGNS)
