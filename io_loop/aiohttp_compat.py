@@ -40,6 +40,10 @@ class CorkedTransport:
         else:
             self._transport.write(data)
 
+    def cork(self) -> None:
+        """Hold the writes from now until ``uncork``."""
+        self.corked = True
+
     def uncork(self) -> None:
         self.corked = False
         if self._held:

@@ -397,7 +397,7 @@ class WebSocketSource:
         cork = self._cork
         async for batch in self._ctx.replies():
             if cork is not None:
-                cork.corked = True
+                cork.cork()
             written = 0
             try:
                 for frame in batch.frames:

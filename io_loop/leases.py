@@ -124,6 +124,11 @@ class Leases:
         self._taken_over: list[str] = []  # keys of our own holder name taken over by the acquire running
         self.part: RoundPart | None = None  # the deployment record, once claimed
 
+    def keep_with_renewals(self, part: RoundPart) -> None:
+        """``part`` (the claimed deployment record) is kept in every renewal round from now on,
+        and ended with the release. The store's loop only."""
+        self.part = part
+
     # ---- the lease's length, from lease_s and the bucket's TTL ---------------------------------------
 
     @property

@@ -146,7 +146,8 @@ class NatsStore:
 
     async def _claim_deployment(self, record: DeploymentRecord, stop: threading.Event | None) -> None:
         await record.claim(stop)
-        self._deployment = self._leases.part = record
+        self._leases.keep_with_renewals(record)
+        self._deployment = record
 
     # ---- objects -----------------------------------------------------------------------------------------
 
