@@ -85,7 +85,7 @@ class ConfigError(ForklessError, ValueError):
 
 
 class ProcessorContractError(ForklessError, ValueError):
-    """A processor's step breaks the contract (EMBEDDING.md "The contract"): found when it is compiled,
+    """A processor's step breaks the contract (docs/embedding/contract.md): found when it is compiled,
     before any connection is made: exit status 2."""
 
     exit_status = EXIT_CONFIG

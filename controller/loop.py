@@ -94,18 +94,18 @@ class Controller:
 
     ``on_connect(feed, connection)``: frames to send first on every new connection of a feed,
     computed then (a signed, timestamped subscription); it runs on the IO thread's loop
-    (io_loop/on_connect.py has the rules, EMBEDDING.md an example).
+    (io_loop/on_connect.py has the rules, docs/embedding/subscriptions.md an example).
 
     ``before_connect(feed, attempt)``: this attempt's URL and headers, a ``Handshake`` (or
     None for the configured ones), before every opening handshake (a login, a token
     refresh); with it a handshake refused with HTTP 401/403 asks it again instead of giving
-    up. It runs on the IO thread's loop (io_loop/before_connect.py, EMBEDDING.md).
+    up. It runs on the IO thread's loop (io_loop/before_connect.py, docs/embedding/subscriptions.md).
 
     ``sources``: the user's own clients (``controller.Source``, io_loop/source.py), run on the
     IO thread beside the configured feeds, or instead of the demo feed when none is
     configured; ``on_event(source, event)`` gets, in the main thread, what they hand over as
     it is (``ctx.emit_event``). ``checkpoint_store``: where checkpoints go instead of
-    ``FORKLESS_CHECKPOINT_DIR`` (a ``CheckpointStore``: controller/checkpointer.py, EMBEDDING.md).
+    ``FORKLESS_CHECKPOINT_DIR`` (a ``CheckpointStore``: controller/checkpointer.py, docs/embedding/sources.md).
     """
 
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,

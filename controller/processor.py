@@ -97,7 +97,7 @@ class Processor(NamedTuple):
     name: str | None = None  # what the processor is ("ewma"), matched on restore; needed with checkpoints on
     version: str = "1"  # the state's layout and meaning; compared for equality on restore
     restore_shared: bool = False  # restore shared (not per-stream) leaves from the checkpoint too
-    # batch.x's dtype: jnp.float32, or jnp.float64 (needs JAX's x64 mode: EMBEDDING.md)
+    # batch.x's dtype: jnp.float32, or jnp.float64 (needs JAX's x64 mode: docs/embedding/contract.md)
     input_dtype: Any = jnp.float32
     # declarations (module docstring): counter name -> bool/int output summed per batch; settings
     # written into every checkpoint and matched on restore; settings written only

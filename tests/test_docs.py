@@ -4,9 +4,10 @@ things, and their links lead somewhere.
 Every block between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` (listed in
 ``gendocs.BLOCKS``) must equal its generator's output, so a hand edit, or a change to a
 variable, a metric or an exit status without regenerating, fails here. ``python gendocs.py``
-rewrites them all. The README is the front door and stays small; the manual is EMBEDDING.md,
-DESIGN.md and the operator's guide, OPERATING.md: an index of pages under docs/, one topic each,
-none over ``PAGE_MAX_BYTES``.
+rewrites them all. The README is the front door and stays small; the manual is the embedding
+guide, EMBEDDING.md (an index of pages under docs/embedding/), DESIGN.md and the operator's
+guide, OPERATING.md (an index of pages under docs/): one topic a page, none over
+``PAGE_MAX_BYTES``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from controller.variables import VARIABLES
 ROOT = Path(__file__).resolve().parent.parent
 FIX = f"run `{gendocs.REGENERATE}` to regenerate"
 PAGES = tuple(sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))  # the operator's guide
-DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md", *PAGES)
+EMBEDDING_PAGES = tuple(sorted(f"docs/embedding/{p.name}" for p in (ROOT / "docs" / "embedding").glob("*.md")))
+DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md", *PAGES, *EMBEDDING_PAGES)
 LINKED = (*DOCUMENTS, "bench/README.md")  # every document whose relative links must lead somewhere
 README_MAX_BYTES = 14_000  # the front door; the manual lives in the other documents
 PAGE_MAX_BYTES = 15_360  # a page of docs/ holds one topic; a longer topic is split into pages
@@ -176,6 +178,16 @@ def test_the_index_lists_every_page() -> None:
     index = text("OPERATING.md")
     missing = [page for page in PAGES if f"]({page})" not in index]
     assert not missing, f"OPERATING.md does not link {missing}: one line each in its list of pages"
+
+
+def test_the_embedding_guide_is_an_index_of_pages_of_one_topic() -> None:
+    assert len(EMBEDDING_PAGES) >= 5, EMBEDDING_PAGES
+    index = text("EMBEDDING.md")
+    assert len(index.encode()) <= 4_096, "EMBEDDING.md is the index: the guide itself is on its pages"
+    for page in EMBEDDING_PAGES:
+        size = len((ROOT / page).read_bytes())
+        assert size <= PAGE_MAX_BYTES, f"{page} is {size} bytes, over {PAGE_MAX_BYTES}: split it, list both"
+        assert f"]({page})" in index, f"EMBEDDING.md does not link {page}"
 
 
 def _outside_code(markdown: str) -> str:

@@ -1,11 +1,12 @@
-"""What an embedding program gets when something fails (EMBEDDING.md, "Exceptions"), against a
+"""What an embedding program gets when something fails (docs/embedding/exceptions.md), against a
 fake IO side (tests/fake_io.py): no thread, no socket.
 
 - ``on_results`` raising: ``process_pending()`` raises it after the batch's replies are handed
   over; ``stop()`` goes on with the orderly stop and raises the first one at the end; ``run()``
   stops in order, then raises it.
 - A start that fails once the process was changed (the IO side did not start) gives it back.
-- EMBEDDING.md's table names every exception class the controller exports, each by one path (`controller.X`).
+- docs/embedding/exceptions.md's table names every exception class the controller exports, each by
+  one path (`controller.X`).
 - The program (``controller.cli.main``) ends a run with each ending class's ``exit_status`` and the
   line it always printed (``forkless: <label>: <message>``; a crash's traceback after it); 130 for a second Ctrl-C.
 """
@@ -98,21 +99,21 @@ def test_a_start_whose_io_side_fails_gives_the_process_back_and_stop_then_does_n
 
 
 def test_the_embedding_guide_names_every_exception_a_caller_can_get():
-    text = (ROOT / "EMBEDDING.md").read_text()
+    text = (ROOT / "docs" / "embedding" / "exceptions.md").read_text()
     section = text[text.index("## Exceptions"):]
-    section = section[:section.index("\n## ")]
+    section = section.split("\n## ")[0]
     named = set(re.findall(r"^\| `(\w+)`", section, re.M))
     exported = {name for name in controller.__all__
                 if isinstance(getattr(controller, name), type) and issubclass(getattr(controller, name), BaseException)}
     expected = exported - {"ForklessError"} | {"KeyboardInterrupt", "RuntimeError"}  # the root: in the intro
-    assert expected <= named, f"EMBEDDING.md's exception table lacks {sorted(expected - named)}"
+    assert expected <= named, f"docs/embedding/exceptions.md's exception table lacks {sorted(expected - named)}"
     assert "`except controller.ForklessError`" in section
 
 
 def test_the_embedding_guide_names_one_import_path_per_exception_controller_s():
-    text = (ROOT / "EMBEDDING.md").read_text()
+    text = (ROOT / "docs" / "embedding" / "exceptions.md").read_text()
     section = text[text.index("## Exceptions"):]
-    section = section[:section.index("\n## ")]
+    section = section.split("\n## ")[0]
     paths = set(re.findall(r"`((?:controller|io_loop)\.[\w.]+)`", section))
     assert len(paths) > 10
     for path in paths:  # controller.errors, io_loop.errors: other ways to the same class

@@ -17,7 +17,9 @@ from tests.harness import ROOT, UNIT_S, AppResult, run_app
 from tests.servers import send_frames
 
 README = (ROOT / "README.md").read_text()
-EMBEDDING = (ROOT / "EMBEDDING.md").read_text()
+# the embedding guide: EMBEDDING.md and its pages under docs/embedding/
+GUIDE = (ROOT / "EMBEDDING.md", *sorted((ROOT / "docs" / "embedding").glob("*.md")))
+EMBEDDING = "".join(path.read_text() for path in GUIDE)
 
 
 def example(name: str, document: str = "EMBEDDING.md") -> str:
