@@ -104,19 +104,26 @@ class Handover:
         """Put everything gathered now, in order (waiting for room unless ``drop_oldest``)."""
         if self._pending is not None:
             await self._pending
-        chunk = self._take()
-        if chunk is None:
-            return
-        if chunk.trace is not None:
-            chunk.trace.ns[INBOUND] = time.monotonic_ns()
-        if self.drop_oldest:
-            self._put_dropping_oldest(chunk)
-        else:
+        chunk = self._take_to_put()
+        if chunk is not None:
             self._in_put = len(chunk)  # until it is on the queue: an aborted stop counts it
             await self.queue.put(chunk)
             self._in_put = 0
 
     # ---- internals --------------------------------------------------------------------------
+
+    def _take_to_put(self) -> Chunk | None:
+        """What was gathered, as one chunk stamped on its way inbound, for the caller to put;
+        None when nothing was gathered, or when it was put here already (``drop_oldest``)."""
+        chunk = self._take()
+        if chunk is None:
+            return None
+        if chunk.trace is not None:
+            chunk.trace.ns[INBOUND] = time.monotonic_ns()
+        if self.drop_oldest:
+            self._put_dropping_oldest(chunk)
+            return None
+        return chunk
 
     def _take(self) -> Chunk | None:
         parts = self._parts
@@ -148,13 +155,8 @@ class Handover:
         self._scheduled = False
         if self._pending is not None:
             return  # the reader puts after the pending put (see flush)
-        chunk = self._take()
+        chunk = self._take_to_put()
         if chunk is None:
-            return
-        if chunk.trace is not None:
-            chunk.trace.ns[INBOUND] = time.monotonic_ns()
-        if self.drop_oldest:
-            self._put_dropping_oldest(chunk)
             return
         try:
             self.queue.put_nowait(chunk)
