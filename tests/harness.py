@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "BACKOFF_SEED",
+    "KILLED_EXIT_S",
     "ROOT",
     "TIMEOUT_SCALE",
     "UNIT_S",
@@ -42,6 +43,9 @@ __all__ = [
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_SCALE = float(os.environ.get("FORKLESS_TEST_TIMEOUT_SCALE", "1"))
 UNIT_S = 1.0 * TIMEOUT_SCALE
+# how long a process sent SIGKILL is waited for: it always exits, so this only bounds a hang; on a
+# saturated machine a killed JAX process took over 10 s to be reaped (one core, 2026-12-04)
+KILLED_EXIT_S = 60 * UNIT_S
 BACKOFF_SEED = 0  # the seed of every Backoff built without an rng in a test (conftest.seeded_backoff)
 # a persistent JAX compilation cache shared by every app subprocess of the session (set by
 # conftest.shared_jax_cache): the same steps are compiled once instead of in every subprocess.

@@ -18,7 +18,7 @@ from controller.loop import Controller
 from controller.metrics import metric_families
 from controller.processor import ewma_processor
 from controller.stats import status_line
-from tests.harness import UNIT_S, assert_books_balance, drive, run_app
+from tests.harness import KILLED_EXIT_S, UNIT_S, assert_books_balance, drive, run_app
 from tests.servers import FeedConn, assert_results_match_reference, make_messages, parse_replies
 
 pytestmark = pytest.mark.timeout(120 * UNIT_S)
@@ -327,7 +327,7 @@ def test_ten_kill_9s_at_random_moments_leave_exactly_one_result_per_input_equal_
             proc.wait_for_line(r"connection \d+ open", stream="stderr", timeout_s=120 * UNIT_S)
             __import__("time").sleep(rng.uniform(0.0, 2.0))
             proc.signal(__import__("signal").SIGKILL)
-            assert proc.finish(10 * UNIT_S).returncode == -9, life
+            assert proc.finish(KILLED_EXIT_S).returncode == -9, life
         final = app(env=env)
         final.wait_for_line(r"connection \d+ open", stream="stderr", timeout_s=120 * UNIT_S)
         __import__("time").sleep(1.0)

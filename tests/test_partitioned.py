@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import UNIT_S, wait_until
+from tests.harness import KILLED_EXIT_S, UNIT_S, wait_until
 from tests.servers import assert_results_match_reference
 from tests.test_jetstream import FEATURES, Publisher, _never_restarted, _results
 
@@ -134,7 +134,7 @@ def test_three_instances_killed_restarted_as_two_then_four_answer_every_input_ex
             proc.signal(signal.SIGKILL)
         killed = time.monotonic()
         for proc in three:
-            assert proc.finish(10 * UNIT_S).returncode == -9
+            assert proc.finish(KILLED_EXIT_S).returncode == -9
         # the dead holders' leases (8 s) are waited out, then every partition is served again
         two = [app(env=_env(url, tmp_path, instance=i, instances=2)) for i in range(2)]
         for proc in two:
@@ -183,7 +183,7 @@ def test_overlapping_partitions_are_refused_and_a_dead_holders_lease_is_waited_o
     assert first.proc.poll() is None  # the holder runs on
     first.signal(signal.SIGKILL)
     killed = time.monotonic()
-    assert first.finish(10 * UNIT_S).returncode == -9
+    assert first.finish(KILLED_EXIT_S).returncode == -9
     again = app(env=_env(url, tmp_path, feed=_feed(url, partitions="4-8")))
     _waited_out(again, killed, lease_s=8.0)
     again.signal(signal.SIGTERM)

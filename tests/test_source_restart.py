@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from tests.harness import UNIT_S, AppProcess, wait_until
+from tests.harness import KILLED_EXIT_S, UNIT_S, AppProcess, wait_until
 
 pytestmark = pytest.mark.timeout(180 * UNIT_S)
 
@@ -40,7 +40,7 @@ def test_a_replayable_user_source_keeps_every_message_exactly_once_across_kill_9
         wait_until(lambda: checkpoints.exists() and len(list(checkpoints.iterdir())) >= 2,
                    timeout_s=60 * UNIT_S, what="two checkpoints written", poll_s=0.05)
         first.signal(signal.SIGKILL)
-        assert first.finish(10 * UNIT_S).returncode == -signal.SIGKILL
+        assert first.finish(KILLED_EXIT_S).returncode == -signal.SIGKILL
     assert not final.exists()
 
     with AppProcess(program=argv) as second:
