@@ -314,8 +314,9 @@ def test_ten_kill_9s_at_random_moments_leave_exactly_one_result_per_input_equal_
     import jax
     import numpy as np
 
-    from controller.checkpoint import load_newest
+    from controller.checkpoint import list_checkpoints, load_newest
     from controller.processor import default_processor
+    from tests.harness import wait_until
     from tests.natsserver import create_streams, stream_state
 
     create_streams(nats_server.url)
@@ -325,6 +326,9 @@ def test_ten_kill_9s_at_random_moments_leave_exactly_one_result_per_input_equal_
         for life in range(10):
             proc = app(env=env)
             proc.wait_for_line(r"connection \d+ open", stream="stderr", timeout_s=120 * UNIT_S)
+            if life == 9:  # however slow the machine, the final life has a checkpoint to restore
+                wait_until(lambda: list_checkpoints(tmp_path / "ckpt"), timeout_s=60 * UNIT_S,
+                           what="a checkpoint before the last kill", poll_s=0.05)
             __import__("time").sleep(rng.uniform(0.0, 2.0))
             proc.signal(__import__("signal").SIGKILL)
             assert proc.finish(KILLED_EXIT_S).returncode == -9, life
@@ -332,14 +336,12 @@ def test_ten_kill_9s_at_random_moments_leave_exactly_one_result_per_input_equal_
         final.wait_for_line(r"connection \d+ open", stream="stderr", timeout_s=120 * UNIT_S)
         __import__("time").sleep(1.0)
     published = len(publisher.messages)
-    from tests.harness import wait_until
-
     wait_until(lambda: stream_state(nats_server.url, "SCORES").messages >= published, timeout_s=60 * UNIT_S,
                what=f"{published} results in the results stream", poll_s=0.2)
     final.signal(__import__("signal").SIGTERM)
     done = final.finish(30 * UNIT_S)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.count("restored") == 1  # the final life restored a checkpoint (each life did)
+    assert done.stderr.count("restored") == 1  # the final life restored a checkpoint
 
     by_id, ids = _results(nats_server.url)
     expected = [f"TICKS:{i + 1}:0" for i in range(published)]

@@ -64,7 +64,7 @@ def test_handshake_4xx_exits_3_at_once_with_a_message_naming_the_status(feed_ser
     assert TOKEN not in out + err
 
 
-def test_io_thread_crash_exits_non_zero_within_2s_with_the_traceback(feed_server: Any, app: App) -> None:
+def test_io_thread_crash_exits_non_zero_promptly_with_the_traceback(feed_server: Any, app: App) -> None:
     crashed_at: list[float] = []
 
     async def script(conn: FeedConn) -> None:
@@ -94,10 +94,12 @@ def test_io_thread_crash_exits_non_zero_within_2s_with_the_traceback(feed_server
         sys.exit(app.main([], codec=Boom(4)))
     """)
     server = feed_server(script)
-    code, _out, err, exited = app(env=_env(server.url), program=("-c", program)).finish(RUN_TIMEOUT_S)
+    # the stop's deadline is a minute: an exit that waited for it, not noticing the crash, shows
+    env = _env(server.url, FORKLESS_SHUTDOWN_TIMEOUT_S="60")
+    code, _out, err, exited = app(env=env, program=("-c", program)).finish(RUN_TIMEOUT_S + 60 * UNIT_S)
     assert crashed_at, err
     assert code == 1, err
-    assert exited - crashed_at[0] <= 2.0 * UNIT_S
+    assert exited - crashed_at[0] < 30 * UNIT_S  # under a second here; the bound leaves a slow machine room
     assert "Traceback" in err and "InjectedCrash: injected IO-thread failure" in err
 
 
