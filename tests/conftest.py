@@ -106,17 +106,27 @@ def app() -> Iterator[Callable[..., AppProcess]]:
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_jax_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """One persistent JAX compilation cache for every app subprocess of the session
-    (``harness.SHARED_JAX_CACHE``) and for the test process itself: each ``python app.py`` and
-    each ``Controller`` a test builds loads the steps an earlier one compiled instead of
-    compiling them again. Only compile time changes; a test that sets
-    ``JAX_COMPILATION_CACHE_DIR`` itself, and the benchmark, keep their own."""
-    harness.SHARED_JAX_CACHE = cache = str(tmp_path_factory.mktemp("jax-cache"))
+    """One persistent JAX compilation cache for the whole session, every xdist worker, every app
+    subprocess (``harness.SHARED_JAX_CACHE``) and the test processes themselves: each
+    ``python app.py`` and each ``Controller`` a test builds loads the steps an earlier one, in
+    any worker, compiled instead of compiling them again. Only compile time changes; a test that
+    sets ``JAX_COMPILATION_CACHE_DIR`` itself, and the benchmark, keep their own.
+
+    One directory, not one per worker: JAX's cache key includes the directory's path (the XLA
+    autotuning cache it names inside it, jax 0.10), so the same program never hit in another
+    worker's cache (538 programs compiled in a run against 660, 2026-12-04). With a size bound
+    (``harness.SHARED_JAX_CACHE_BYTES``) JAX locks the directory (``filelock``) around each read
+    and write, so a process never reads an entry another is still writing."""
+    base = tmp_path_factory.getbasetemp()
+    # the session's base directory's parent is shared by every xdist worker of the session
+    base = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    harness.SHARED_JAX_CACHE = cache = str(base / "jax-cache")
     # and for the controllers the tests build in this process: each compiles the same few
     # buckets, 3.4 s a time without the cache against 0.8 s with it (2 cores, 2026-12-03)
     import jax
 
-    settings = {"jax_compilation_cache_dir": cache, "jax_persistent_cache_min_compile_time_secs": 0.0}
+    settings = {"jax_compilation_cache_dir": cache, "jax_persistent_cache_min_compile_time_secs": 0.0,
+                "jax_compilation_cache_max_size": harness.SHARED_JAX_CACHE_BYTES}
     before = {name: getattr(jax.config, name) for name in settings}
     for name, value in settings.items():
         jax.config.update(name, value)

@@ -16,6 +16,7 @@ Rules:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -51,6 +52,9 @@ BACKOFF_SEED = 0  # the seed of every Backoff built without an rng in a test (co
 # conftest.shared_jax_cache): the same steps are compiled once instead of in every subprocess.
 # None: no shared cache. A test that sets JAX_COMPILATION_CACHE_DIR itself keeps its own.
 SHARED_JAX_CACHE: str | None = None
+# its size bound: far above what a run writes (~7 MB); that there is one makes JAX lock the
+# directory around each read and write (conftest.shared_jax_cache)
+SHARED_JAX_CACHE_BYTES = 2**30 if importlib.util.find_spec("filelock") else -1  # -1: no bound, no lock
 
 
 # ---- waiting --------------------------------------------------------------------------------------
@@ -86,6 +90,7 @@ def app_env(overrides: Mapping[str, str] | None = None, *, shared_cache: bool = 
     env["JAX_PLATFORMS"] = "cpu"
     if shared_cache and SHARED_JAX_CACHE and "JAX_COMPILATION_CACHE_DIR" not in env:
         env["JAX_COMPILATION_CACHE_DIR"] = SHARED_JAX_CACHE
+        env["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(SHARED_JAX_CACHE_BYTES)
     env.update(overrides or {})
     return env
 
