@@ -5,9 +5,9 @@ Every block between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` (listed in
 ``gendocs.BLOCKS``) must equal its generator's output, so a hand edit, or a change to a
 variable, a metric or an exit status without regenerating, fails here. ``python gendocs.py``
 rewrites them all. The README is the front door and stays small; the manual is the embedding
-guide, EMBEDDING.md (an index of pages under docs/embedding/), DESIGN.md and the operator's
-guide, OPERATING.md (an index of pages under docs/): one topic a page, none over
-``PAGE_MAX_BYTES``.
+guide, EMBEDDING.md (an index of pages under docs/embedding/), DESIGN.md (its module map on
+pages under docs/design/) and the operator's guide, OPERATING.md (an index of pages under
+docs/): one topic a page, none over ``PAGE_MAX_BYTES``.
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 FIX = f"run `{gendocs.REGENERATE}` to regenerate"
 PAGES = tuple(sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))  # the operator's guide
 EMBEDDING_PAGES = tuple(sorted(f"docs/embedding/{p.name}" for p in (ROOT / "docs" / "embedding").glob("*.md")))
-DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md", *PAGES, *EMBEDDING_PAGES)
+DESIGN_PAGES = tuple(sorted(f"docs/design/{p.name}" for p in (ROOT / "docs" / "design").glob("*.md")))  # the module map
+DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md", *PAGES, *EMBEDDING_PAGES, *DESIGN_PAGES)
 LINKED = (*DOCUMENTS, "bench/README.md")  # every document whose relative links must lead somewhere
 README_MAX_BYTES = 14_000  # the front door; the manual lives in the other documents
 PAGE_MAX_BYTES = 15_360  # a page of docs/ holds one topic; a longer topic is split into pages
+DESIGN_MAX_BYTES = 17_408  # DESIGN.md: the shape, the threads, a message's way, the rules; the module map is on its pages
 
 
 def text(path: str) -> str:
@@ -190,6 +192,16 @@ def test_the_embedding_guide_is_an_index_of_pages_of_one_topic() -> None:
         assert f"]({page})" in index, f"EMBEDDING.md does not link {page}"
 
 
+def test_the_design_is_a_narrative_and_its_module_map_is_pages() -> None:
+    size = len((ROOT / "DESIGN.md").read_bytes())
+    assert size <= DESIGN_MAX_BYTES, f"DESIGN.md is {size} bytes, over {DESIGN_MAX_BYTES}: move a topic to docs/design/"
+    assert len(DESIGN_PAGES) >= 2, DESIGN_PAGES
+    for page in DESIGN_PAGES:
+        size = len((ROOT / page).read_bytes())
+        assert size <= PAGE_MAX_BYTES, f"{page} is {size} bytes, over {PAGE_MAX_BYTES}: split it, link both"
+        assert f"]({page})" in text("DESIGN.md"), f"DESIGN.md does not link {page}"
+
+
 def _outside_code(markdown: str) -> str:
     """``markdown`` without its fenced code blocks and inline code spans."""
     prose = re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
@@ -239,14 +251,15 @@ def test_every_forkless_variable_named_in_the_documents_exists() -> None:
         assert named <= known, f"{path} names variables that do not exist: {sorted(named - known)}"
 
 
-def test_design_md_maps_every_module_of_controller_and_io_loop() -> None:
-    design = text("DESIGN.md")
+def test_the_module_map_lists_every_module_of_controller_and_io_loop_and_no_other() -> None:
     for package in ("controller", "io_loop"):
-        table = design[design.index(f"`{package}/`:"):]
-        listed = re.findall(r"^\| `(\w+\.py)` \|", table.split("\n\n", 2)[1], re.M)
+        page = f"docs/design/{package}.md"
+        assert f"]({page})" in text("DESIGN.md"), f"DESIGN.md does not link its module map {page}"
+        listed = re.findall(r"^\| `(\w+\.py)` \|", text(page), re.M)
         present = sorted(p.name for p in (ROOT / package).glob("*.py"))
-        missing = sorted(set(present) - set(listed))
-        assert not missing, f"DESIGN.md's module map of {package}/ lacks {missing}: add one line for each"
+        missing, stale = sorted(set(present) - set(listed)), sorted(set(listed) - set(present))
+        assert not missing, f"{page} lacks {missing}: add one line for each"
+        assert not stale, f"{page} lists modules that no longer exist: {stale}"
 
 
 def test_design_md_walks_the_hops_of_the_latency_budget_in_order() -> None:
