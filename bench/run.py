@@ -517,21 +517,24 @@ def compute_ceiling(plan: Plan, work: Path, cache_dir: str) -> dict[str, Any]:
     return figures
 
 
-def devices_section(plan: Plan, work: Path) -> dict[str, Any]:
-    """The step alone and the app's maximum throughput on 1, 2 and 4 forced CPU devices."""
+def devices_section(plan: Plan, work: Path, cache_dir: str | None = None) -> dict[str, Any]:
+    """The step alone and the app's maximum throughput on 1, 2 and 4 forced CPU devices. Each
+    count's compilation cache is its own unless ``cache_dir`` is given (one for all: the keys
+    differ by device count anyway)."""
     by_count: dict[int, dict[str, Any]] = {}
+    caches = {n: cache_dir or str(work / f"jax-cache-devices-{n}") for n in DEVICE_COUNTS}
     for n in DEVICE_COUNTS:
         path = work / f"devices-compute-{n}.json"
         subprocess.run([sys.executable, "-m", "bench.devices", "--seconds", str(plan.compute_s),
                         "--streams", str(STREAMS), "--out", str(path)], cwd=REPO_ROOT,
-                       env={**client_env(str(work / f"jax-cache-devices-{n}")), "JAX_NUM_CPU_DEVICES": str(n)},
+                       env={**client_env(caches[n]), "JAX_NUM_CPU_DEVICES": str(n)},
                        check=True, timeout=bound(180))
         by_count[n] = {"compute": json.loads(path.read_text()), "runs": []}
         print(f"  step alone on {n} device(s)     {by_count[n]['compute']['throughput_msg_s']:.0f} msg/s, host "
               f"routing {by_count[n]['compute']['host_routing_us']:.1f} µs a batch", flush=True)
     for rep in range(plan.repeats):
         for n in rotated(DEVICE_COUNTS, rep):
-            by_count[n]["runs"].append(run_load("forkless", "window", plan, work, str(work / f"jax-cache-devices-{n}"),
+            by_count[n]["runs"].append(run_load("forkless", "window", plan, work, caches[n],
                                                 f"forkless-devices{n}-r{rep}", env={"JAX_NUM_CPU_DEVICES": str(n)}))
     rows = {}
     for n, got in by_count.items():
@@ -951,7 +954,8 @@ def cpu_sections(plan: Plan, work: Path, caches: dict[str, str]) -> dict[str, An
     """The CPU's own sections of a run, which an ``--accelerator`` run leaves out: state scaling
     (forkless at 1,000 msg/s with each of ``TABLES``, then ``bench.state_scaling``'s step alone)
     and the devices section. ``state_scaling`` and ``devices`` go into the results as they are;
-    ``table_runs``: the state-scaling load runs, for a check of their accounting."""
+    ``table_runs``: the state-scaling load runs, for a check of their accounting.
+    ``caches["devices"]``, where given: the devices section's one compilation cache."""
     table_runs: dict[int, list[dict[str, Any]]] = {size: [] for size in TABLES}
     print(f"state scaling: forkless at 1,000 msg/s with FORKLESS_MAX_STREAMS {' and '.join(map(str, TABLES))}:",
           flush=True)
@@ -963,7 +967,7 @@ def cpu_sections(plan: Plan, work: Path, caches: dict[str, str]) -> dict[str, An
     scaling = state_scaling.measure(quick=plan.repeats == 1)
     print("devices: the step alone, then forkless at its maximum throughput:", flush=True)
     devices_started = time.monotonic()
-    section = devices_section(plan, work)
+    section = devices_section(plan, work, caches.get("devices"))
     app_1k = {str(size): {q: _median([(r["loadgen"].get("latency_ms") or {}).get(q) for r in rs])
                           for q in ("p50", "p99")} for size, rs in table_runs.items()}
     return {"state_scaling": {**scaling, "app_1k": app_1k}, "devices": section,
@@ -1158,7 +1162,7 @@ def run_devices_only(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         work = Path(tmp)
         (work / "logs").mkdir()
         print("devices: the step alone, then forkless at its maximum throughput:", flush=True)
-        section = devices_section(plan, work)
+        section = devices_section(plan, work, caches.get("devices"))
     results = devices_results(section, plan, command, time.monotonic() - started)
     (out / "devices.json").write_text(json.dumps(results, indent=1))
     return results

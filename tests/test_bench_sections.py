@@ -22,13 +22,18 @@ def _number(value: Any) -> bool:
 
 
 CPU_SECTIONS_TIMEOUT_S = 600 * UNIT_S  # a hang backstop, as quick_bench.RUN_TIMEOUT_S (184 s at load average ~8)
+# the session's compilation cache (JAX_COMPILATION_CACHE_DIR, tests/harness.py) where there is
+# one: what other tests compiled (the default detector at the default table, on 1 and 4 devices)
+# is loaded, not compiled again; the sections' figures are not checked, only their accounting
 CPU_SECTIONS = """
-import json, sys
+import json, os, sys
 from pathlib import Path
 from bench.run import Plan, cpu_sections
 work = Path(sys.argv[1])
 (work / "logs").mkdir()
-got = cpu_sections(Plan.quick(), work, {"forkless": str(work / "jax-cache-forkless")})
+shared = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+caches = {"forkless": shared or str(work / "jax-cache-forkless"), **({"devices": shared} if shared else {})}
+got = cpu_sections(Plan.quick(), work, caches)
 (work / "cpu-sections.json").write_text(json.dumps(got))
 """
 
