@@ -1162,7 +1162,7 @@ def run_devices_only(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         work = Path(tmp)
         (work / "logs").mkdir()
         print("devices: the step alone, then forkless at its maximum throughput:", flush=True)
-        section = devices_section(plan, work, caches.get("devices"))
+        section = devices_section(plan, work)
     results = devices_results(section, plan, command, time.monotonic() - started)
     (out / "devices.json").write_text(json.dumps(results, indent=1))
     return results

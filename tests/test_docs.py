@@ -36,7 +36,7 @@ DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md", *PAGES, *
 LINKED = (*DOCUMENTS, "bench/README.md")  # every document whose relative links must lead somewhere
 README_MAX_BYTES = 14_000  # the front door; the manual lives in the other documents
 PAGE_MAX_BYTES = 15_360  # a page of docs/ holds one topic; a longer topic is split into pages
-DESIGN_MAX_BYTES = 17_408  # DESIGN.md: the shape, the threads, a message's way, the rules; the module map is on its pages
+DESIGN_MAX_BYTES = 17_408  # DESIGN.md: the shape, the threads, a message's way, the rules (the module map: its pages)
 
 
 def text(path: str) -> str:
