@@ -265,15 +265,15 @@ class Publisher:
         self.thread.join(10)
 
 
-def _app_env(nats_url: str, ckpt: Any, jax_cache: Any, **extra: str) -> dict[str, str]:
+def _app_env(nats_url: str, ckpt: Any, **extra: str) -> dict[str, str]:
     return {"FORKLESS_FEEDS": json.dumps([_js_feed(nats_url)]), "FORKLESS_FEATURES": str(FEATURES),
             "FORKLESS_MAX_BATCH": "16", "FORKLESS_MAX_STREAMS": "64", "FORKLESS_STATUS_S": "0",
             "FORKLESS_CHECKPOINT_DIR": str(ckpt), "FORKLESS_CHECKPOINT_S": "1",
             "FORKLESS_CHECKPOINT_PRIORITY": "normal", "FORKLESS_RECONNECT_MIN_S": "0.1",
             "FORKLESS_RECONNECT_MAX_S": "0.5",
-            # restarts load the compiled steps instead of compiling them again (each is under 1 s)
-            "JAX_COMPILATION_CACHE_DIR": str(jax_cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", **extra}
+            # restarts (and every other test of these settings) load the compiled steps from the
+            # session's cache (tests/harness.py) instead of compiling them again
+            **extra}
 
 
 def _never_restarted(messages: list[dict]) -> tuple[dict[int, dict], Any]:
@@ -321,7 +321,7 @@ def test_ten_kill_9s_at_random_moments_leave_exactly_one_result_per_input_equal_
 
     create_streams(nats_server.url)
     rng = random.Random(2222)
-    env = _app_env(nats_server.url, tmp_path / "ckpt", tmp_path / "jax-cache")
+    env = _app_env(nats_server.url, tmp_path / "ckpt")
     with Publisher(nats_server.url) as publisher:
         for life in range(10):
             proc = app(env=env)
@@ -370,7 +370,7 @@ def test_retention_that_dropped_what_the_checkpoint_needs_exits_2_and_restore_ne
     create_streams(nats_server.url, max_msgs=50)  # the stream keeps the newest 50 messages
     messages = make_messages(130, streams=3, seed=23)
     publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages[:30]])
-    env = _app_env(nats_server.url, tmp_path / "ckpt", tmp_path / "jax-cache")
+    env = _app_env(nats_server.url, tmp_path / "ckpt")
     first = app(env=env)
     wait_until(lambda: stream_state(nats_server.url, "SCORES").messages == 30, timeout_s=60 * UNIT_S,
                what="30 results", poll_s=0.1)

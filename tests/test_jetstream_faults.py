@@ -37,7 +37,7 @@ def test_a_stream_deleted_and_made_again_while_running_exits_2_and_is_never_resu
     messages = make_messages(330, streams=3, seed=31)
     publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages[:30]])
     # a fixed 2 s before each reconnect: the new stream holds more than the old position before it
-    env = _app_env(nats_server.url, tmp_path / "ckpt", tmp_path / "jax-cache", FORKLESS_RECONNECT_MIN_S="2",
+    env = _app_env(nats_server.url, tmp_path / "ckpt", FORKLESS_RECONNECT_MIN_S="2",
                    FORKLESS_RECONNECT_MAX_S="2")
     proc = app(env=env)
     wait_until(lambda: _scores(nats_server.url) == 30, timeout_s=60 * UNIT_S, what="30 results", poll_s=0.1)
@@ -261,7 +261,7 @@ def test_every_checkpoint_damaged_and_the_stream_missing_messages_exits_2_naming
     create_streams(nats_server.url, max_msgs=50)
     messages = make_messages(90, streams=3, seed=51)
     publish(nats_server.url, "ticks.a", [json.dumps(m) for m in messages[:30]])
-    env = _app_env(nats_server.url, tmp_path / "ckpt", tmp_path / "jax-cache")
+    env = _app_env(nats_server.url, tmp_path / "ckpt")
     first = app(env=env)
     wait_until(lambda: _scores(nats_server.url) == 30, timeout_s=60 * UNIT_S, what="30 results", poll_s=0.1)
     first.signal(signal.SIGTERM)

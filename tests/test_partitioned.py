@@ -37,8 +37,7 @@ def _env(url: str, tmp: Any, *, instance: int | None = None, instances: int | No
            "FORKLESS_CHECKPOINT_BUCKET": "forkless-ckpt", "FORKLESS_CHECKPOINT_S": "1",
            "FORKLESS_CHECKPOINT_PRIORITY": "normal", "FORKLESS_LEASE_S": str(lease_s),
            "FORKLESS_RECONNECT_MIN_S": "0.1", "FORKLESS_RECONNECT_MAX_S": "0.5",
-           "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", **extra}
+           **extra}  # the compiled steps: from the session's cache (tests/harness.py)
     if instance is not None:
         env["FORKLESS_INSTANCE"], env["FORKLESS_INSTANCES"] = str(instance), str(instances)
     return env

@@ -160,8 +160,7 @@ def test_kill_9_during_periodic_checkpoints_always_leaves_complete_checkpoints_t
         feed = feed_server(_endless(run), impl="websockets")
         before = _newest(ckpt)
         proc = app(env=_env(ckpt, feed.url, FORKLESS_MAX_STREAMS=str(max_streams), FORKLESS_CHECKPOINT_S="0.05",
-                            FORKLESS_CHECKPOINT_KEEP="2",
-                            JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache")))
+                            FORKLESS_CHECKPOINT_KEEP="2"))
         wait_until(lambda before=before: _newest(ckpt) != before, timeout_s=60 * UNIT_S,
                    what=f"run {run}: a first checkpoint")
         if point == "mid-write":

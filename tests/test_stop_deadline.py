@@ -63,17 +63,12 @@ STOP_POINTS: dict[str, Callable[[str, threading.Event], bool]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tmp_path_factory.mktemp("jax-cache"))
-
-
 @pytest.mark.parametrize("point", list(STOP_POINTS))
-def test_sigterm_with_a_feed_that_never_reads_exits_with_the_books_balanced(cache_dir, feed_server, app, point):
+def test_sigterm_with_a_feed_that_never_reads_exits_with_the_books_balanced(feed_server, app, point):
     sent = threading.Event()
     feed = feed_server(_flood_then_never_read(sent), impl="websockets")
     proc: AppProcess = app(env=dict(
-        JAX_COMPILATION_CACHE_DIR=cache_dir, FORKLESS_WS_URL=feed.url, FORKLESS_FEATURES="4",
+        FORKLESS_WS_URL=feed.url, FORKLESS_FEATURES="4",
         FORKLESS_MAX_BATCH="64", FORKLESS_QUEUE_SIZE=str(QUEUE_SIZE), FORKLESS_STATUS_S="0.5",
         FORKLESS_SHUTDOWN_TIMEOUT_S=str(SHUTDOWN_S), FORKLESS_RECONNECT_MIN_S="5",
         FORKLESS_METRICS_ADDR="127.0.0.1:0"))
