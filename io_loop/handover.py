@@ -63,8 +63,13 @@ class Handover:
         self._in_put = 0  # messages in a put flush() is waiting on
         self._first_decoded_ns = 0
         self._until_sample = 1  # the first chunk is sampled, then one message in SAMPLE_EVERY
-        self.connection = 0  # the feed's current connection (SourceContext.connection_opened), stamped on chunks
+        self.connection = 0  # the feed's current connection (connection_opened), stamped on chunks
         self._gathered_connection = 0  # the connection of the messages in _parts
+
+    def connection_opened(self, connection: int) -> None:
+        """The feed's connection ``connection`` is up: the messages gathered from now on carry it
+        (``SourceContext.connection_opened``)."""
+        self.connection = connection
 
     def __len__(self) -> int:
         """Messages gathered and not yet put (not counting a put that waits for room)."""

@@ -271,7 +271,7 @@ class SourceContext:
         runner = self._runner
         stats = runner.stats
         runner.connection_id += 1
-        runner.handover.connection = runner.connection_id
+        runner.handover.connection_opened(runner.connection_id)
         stats.connects += 1
         stats.connected = True
         stats.state_since = time.time()

@@ -608,3 +608,49 @@ def test_no_product_function_is_over_about_60_lines():
                                                                  FUNCTION_MAX_LINES))}
     assert not long, f"over {FUNCTION_MAX_LINES} lines: {long}"
     assert long_functions("def f():\n" + "    x = 1\n" * 80, FUNCTION_MAX_LINES) == [("f", 81)]
+
+
+# ---- no object's fields set from another module ------------------------------------------------
+# Counter records are plain records of counters, each written by its one owning thread, read as
+# snapshots: the modules that declare them. A decoded frame may be cut by the source that
+# decoded it (the JetStream consumer drops other partitions' messages from a copy). Anything else
+# a module sets on an object of a class another module declares goes through a method there.
+COUNTER_RECORDS = ("controller/stats.py", "io_loop/counters.py", "io_loop/relaystats.py")
+FRAME_CUTS = {("io_loop/jsconsumer.py", "out", attr) for attr in ("seq", "stream", "x", "errors")}
+
+
+def _declared_fields() -> dict[str, set[str]]:
+    """Each attribute name, and the product modules whose classes declare it (a class-level
+    field, or ``self.NAME = …`` in a method)."""
+    declared: dict[str, set[str]] = {}
+    for path in PRODUCT:
+        for cls in (n for n in ast.walk(ast.parse(read(path))) if isinstance(n, ast.ClassDef)):
+            names = [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+            names += [t.attr for n in ast.walk(cls) for t in _assigned(n)
+                      if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"]
+            for name in names:
+                declared.setdefault(name, set()).add(path)
+    return declared
+
+
+def _assigned(node: ast.AST) -> list[ast.expr]:
+    targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
+               if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+    return [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+
+
+def test_no_module_sets_fields_of_another_module_s_objects_but_counter_records():
+    declared = _declared_fields()
+    found = []
+    for path in PRODUCT:
+        for node in ast.walk(ast.parse(read(path))):
+            for target in _assigned(node):
+                if not isinstance(target, ast.Attribute) or (
+                        isinstance(target.value, ast.Name) and target.value.id in ("self", "cls")):
+                    continue
+                owners = declared.get(target.attr, set())
+                base = ast.unparse(target.value)
+                if (owners and path not in owners and not owners & set(COUNTER_RECORDS)
+                        and (path, base, target.attr) not in FRAME_CUTS):
+                    found.append(f"{path}:{node.lineno} sets {base}.{target.attr} (declared in {sorted(owners)})")
+    assert not found, "give the owning class a method for it: " + "; ".join(found)
