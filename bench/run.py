@@ -293,11 +293,21 @@ def _short_cmd(p: psutil.Process) -> str:
 
 def cpu_cores(series: list[tuple[float, float]], start: float, end: float) -> float | None:
     """CPU seconds per second (cores kept busy) between ``start`` and ``end`` (perf_counter),
-    from a ``TreeSampler``'s series, read at the samples nearest inside the window."""
+    from a ``TreeSampler``'s series, read at the samples nearest inside the window. Where the
+    samples inside span under half of it (a short window on a loaded machine, where the sampler
+    thread waits its turn: a quick run's 0.4 s once had fewer than two), at the nearest samples
+    around it instead, so the figure covers a little more than the window rather than being
+    missing; None only with no sample on one side of it."""
     inside = [(t, c) for t, c in series if start <= t <= end]
-    if len(inside) < 2 or inside[-1][0] - inside[0][0] < 0.2:
-        return None
-    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+    if len(inside) >= 2 and inside[-1][0] - inside[0][0] >= (end - start) / 2:
+        first, last = inside[0], inside[-1]
+    else:
+        before = [(t, c) for t, c in series if t <= start]
+        after = [(t, c) for t, c in series if t >= end]
+        if not before or not after:
+            return None
+        first, last = before[-1], after[0]
+    return (last[1] - first[1]) / (last[0] - first[0])
 
 
 def stop_tree(proc: subprocess.Popen[Any], timeout: float) -> int | None:
