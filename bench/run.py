@@ -575,12 +575,15 @@ def step_name(ms: float) -> str:
     return f"{ms:g}ms"
 
 
-def calibrate_steps(plan: Plan, work: Path) -> dict[str, Any]:
-    """``bench.step_cost``'s calibration of the heavy step to ``plan.step_costs_ms``, in a process of its own."""
+def calibrate_steps(plan: Plan, work: Path, cache_dir: str | None = None) -> dict[str, Any]:
+    """``bench.step_cost``'s calibration of the heavy step to ``plan.step_costs_ms``, in a process of its own.
+    ``cache_dir``: the compilation cache of the heavier steps, so that the design to run a
+    calibrated step first loads what the calibration compiled (``compile_step``, the same
+    program) instead of compiling it again (~4 CPU-s a step cost on 2 cores)."""
     path = work / "step-cost.json"
     subprocess.run([sys.executable, "-m", "bench.step_cost", "--targets-ms", *(f"{ms:g}" for ms in plan.step_costs_ms),
                     "--seconds", str(plan.calibrate_s), "--out", str(path)],
-                   cwd=REPO_ROOT, env=client_env(None), check=True, timeout=bound(600))
+                   cwd=REPO_ROOT, env=client_env(cache_dir), check=True, timeout=bound(600))
     figures = json.loads(path.read_text())
     for t in figures["targets"]:
         print(f"  step ~{t['target_ms']:g} ms: {t['iters']} matmuls of {figures['size']}x{figures['size']}, "
@@ -593,7 +596,7 @@ def step_cost_section(plan: Plan, work: Path, caches: dict[str, str]) -> dict[st
     """Forkless, inline and spawn at the default step and at each calibrated step cost: at
     1,000 msg/s with the ping probe, and at the bounded window (the default step's window runs
     are the main table's). Designs rotated between repeats, as in the main table."""
-    calibration = calibrate_steps(plan, work)
+    calibration = calibrate_steps(plan, work, caches[HEAVIER])
     steps = {step_name(t["target_ms"]): {"cost": step_name(t["target_ms"]), "size": calibration["size"],
                                          "iters": t["iters"]} for t in calibration["targets"]}
     runs: list[dict[str, Any]] = []
