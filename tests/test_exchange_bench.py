@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import signal
 import subprocess
@@ -26,7 +25,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from bench.exchange import Exchange
 from bench.exchange_session import Design, markdown, ratios, select_designs, summarise
-from tests.harness import UNIT_S
+from tests.harness import UNIT_S, app_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRICE = re.compile(r"^\d+\.\d{1,10}$")
@@ -223,7 +222,9 @@ def program_cmd(design: str, url: str, tmp: Path, duration_s: float) -> list[str
 
 
 def program_env() -> dict[str, str]:
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO_ROOT)}
+    # the session's compilation cache (tests/harness.py): the programs load the default step
+    # other tests compiled instead of compiling it cold in each run
+    return app_env({"PYTHONPATH": str(REPO_ROOT)})
 
 
 DESIGNS = ["thread", "spawn", "forkless"]  # forkless: examples/exchange_session.py, the client a Source

@@ -18,7 +18,7 @@ from controller.checkpoint import list_checkpoints, load_newest, read_checkpoint
 from controller.checkpointer import Checkpointer
 from controller.config import Config
 from controller.processor import default_processor
-from tests.harness import UNIT_S, wait_until
+from tests.harness import UNIT_S, app_env, wait_until
 from tests.reference import EWMAReference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,8 +45,8 @@ def _messages(n: int, start: int = 0) -> list[dict]:
 
 
 def _env(ckpt: Path, url: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
-    env.update(JAX_PLATFORMS="cpu", FORKLESS_WS_URL=url, FORKLESS_FEATURES=str(F), FORKLESS_MAX_BATCH="16",
+    env = app_env()  # the session's compilation cache: every life of these runs loads one program
+    env.update(FORKLESS_WS_URL=url, FORKLESS_FEATURES=str(F), FORKLESS_MAX_BATCH="16",
                FORKLESS_STATUS_S="0", FORKLESS_CHECKPOINT_DIR=str(ckpt), FORKLESS_RECONNECT_MIN_S="5")
     env.update(extra)
     return env
