@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import app_env
+
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED_DIRS = ("controller", "io_loop")
 SCANNED_FILES = ("app.py",)
@@ -494,9 +496,9 @@ def test_the_reason_rule_accepts_same_line_above_group_and_try_comments_only():
 # ---- JAX is not imported by what must start before it ----------------------------------------------
 
 
-def modules_loaded_by(statement: str) -> set[str]:
+def modules_loaded_by(statement: str, env: dict[str, str] | None = None) -> set[str]:
     code = f"import sys\n{statement}\nprint('\\n'.join(sorted(sys.modules)))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     return set(done.stdout.split())
 
@@ -524,7 +526,8 @@ def test_a_websocket_only_run_imports_no_library_only_some_runs_need():
     # a whole run on the demo feed (WebSocket, no metrics): what it imports is what such a run pays in memory
     loaded_modules = modules_loaded_by(
         "import os\nos.environ.update(FORKLESS_DURATION='1', FORKLESS_STATUS_S='0')\n"
-        "from app import load_config\nfrom controller.loop import Controller\nController(load_config()).run()")
+        "from app import load_config\nfrom controller.loop import Controller\nController(load_config()).run()",
+        env=app_env())  # the session's compilation cache: the default step loaded, not compiled cold
     assert "io_loop.client" in loaded_modules and "jax" in loaded_modules  # it did start a feed and JAX
     optional = sorted({m.split(".")[0] for m in loaded_modules} & OPTIONAL_LIBRARIES)
     assert not optional, f"a WebSocket-only run imported {optional}: import them only where they are used"
