@@ -235,6 +235,8 @@ class TreeSampler:
         self.max_processes = 0
         self.cpu_series: list[tuple[float, float]] = []
         self._cpu: dict[int, float] = {}  # pid -> its CPU seconds when last seen (kept once it has gone)
+        self._procs: dict[int, psutil.Process] = {}  # the descendants seen, by pid
+        self._proc_children = os.path.exists(f"/proc/{pid}/task/{pid}/children")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
@@ -257,7 +259,7 @@ class TreeSampler:
 
     def sample(self, root: psutil.Process) -> None:
         try:
-            procs = [root, *root.children(recursive=True)]
+            procs = [root, *self._descendants(root)]
         except psutil.NoSuchProcess:
             return
         total = 0
@@ -276,6 +278,37 @@ class TreeSampler:
         if total > self.peak_bytes:
             self.peak_bytes = total
             self.peak_processes = seen
+
+
+    def _descendants(self, root: psutil.Process) -> list[psutil.Process]:
+        """Every process below ``root``. On Linux from each thread's ``/proc/PID/task/TID/children``
+        (0.16 ms a sample of a JAX process, against 1.3 ms for psutil's ``children``, which reads
+        every process of the machine: the sampler took ~5% of a core beside the run it measures);
+        psutil's elsewhere."""
+        if not self._proc_children:
+            return root.children(recursive=True)
+        found, todo = [], [root.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                        kids = [int(k) for k in f.read().split()]
+                except OSError:
+                    continue
+                todo += kids
+                for kid in kids:
+                    if kid not in self._procs:
+                        try:
+                            self._procs[kid] = psutil.Process(kid)
+                        except psutil.NoSuchProcess:
+                            continue
+                    found.append(self._procs[kid])
+        return found
 
 
 def _short_cmd(p: psutil.Process) -> str:
