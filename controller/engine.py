@@ -46,6 +46,7 @@ from controller.compiled import (
 )
 from controller.layouts import OneDevice, Sharded, Stepped
 from controller.placement import Route
+from controller.programs import keep, kept, program_key
 from controller.slots import TableCopy
 from controller.snapshot import PendingSnapshot
 
@@ -239,6 +240,27 @@ def _cache_every_compile() -> Any:
         jax.config.update(name, before)
 
 
+def _compile_buckets(layout: Any, processor: Any, config: Any, state: Any,
+                     on_compiled: Callable[[int, float], None] | None) -> dict[int, Any]:
+    """The step compiled for each bucket, the processor's contract checked on the way."""
+    jitted = layout.jit(processor.step)
+    # the contract on the shapes first (cheap, and clear errors), then at each bucket as it
+    # is lowered
+    layout.check(processor.step, state, config.buckets[0])
+    check_row_writes(processor, config)
+    steps = {}
+    for bucket in config.buckets:
+        t0 = time.perf_counter()
+        steps[bucket] = layout.lower(jitted, state, bucket).compile()
+        # drop what jit keeps of it (its trace and lowering; the executable is ours) and
+        # give the freed heap back: the start's peak is one bucket's work, not all of them
+        jitted.clear_cache()
+        release_freed_memory()
+        if on_compiled is not None:
+            on_compiled(bucket, time.perf_counter() - t0)
+    return steps
+
+
 def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float], None] | None) -> Engine:
     check_input_dtype(processor)  # float32, or float64 with JAX's x64 mode on: before anything is built
     devices = use_devices(getattr(config, "devices", "all"))
@@ -247,25 +269,24 @@ def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float
     # below XLA's 256 KB a task it splits nothing, and compiling on one CPU is slower (LLVM's
     # workers share it): +1.1 s at the default settings on 2 cores, so only where it pays
     unsplit = unsplit_cpu_ops(devices) if largest >= XLA_CPU_TASK_BYTES else contextlib.nullcontext()
+    # the same program compiled before in this process: its executables, nothing traced again
+    # (controller/programs.py says when that is sure)
+    key = program_key(processor, config, devices, canonical)
     with unsplit:
         layout = Sharded(processor, config, devices) if len(devices) > 1 else OneDevice(processor, config, devices[0])
         state = layout.fresh()
-        template, reset = layout.compile_reset(state)
-        jitted = layout.jit(processor.step)
-        # the contract on the shapes first (cheap, and clear errors), then at each bucket as it
-        # is lowered
-        layout.check(processor.step, state, config.buckets[0])
-        check_row_writes(processor, config)
-        steps = {}
-        for bucket in config.buckets:
-            t0 = time.perf_counter()
-            steps[bucket] = layout.lower(jitted, state, bucket).compile()
-            # drop what jit keeps of it (its trace and lowering; the executable is ours) and
-            # give the freed heap back: the start's peak is one bucket's work, not all of them
-            jitted.clear_cache()
-            release_freed_memory()
-            if on_compiled is not None:
-                on_compiled(bucket, time.perf_counter() - t0)
+        again = kept(key)
+        if again is not None:
+            make_template, reset, steps = again.template, again.reset, dict(again.steps)
+            for bucket in config.buckets:
+                if on_compiled is not None:
+                    on_compiled(bucket, 0.0)
+        else:
+            make_template = layout.compile_template(state)
+            reset = layout.compile_reset(state, make_template(state))
+            steps = _compile_buckets(layout, processor, config, state, on_compiled)
+            keep(key, steps, reset, make_template)
+        template = make_template(state)
     if layout.placement is None:
         held = sorted({str(d) for leaf in jax.tree.leaves(state) for d in leaf.devices()}) or [str(devices[0])]
     else:

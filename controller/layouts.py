@@ -5,7 +5,8 @@ Rules:
   (``FORKLESS_DEVICES``): ``OneDevice`` (no mesh, a padded ``Batch`` in, ``(state, outputs,
   bad)`` out) or ``Sharded`` (a 1-D mesh ``"d"``, per-stream leaves sharded by stream,
   controller/placement.py; the step ``shard_map``-ped, one packed array each way per device).
-- Both have one interface: ``fresh`` (the initial state, placed), ``compile_reset``, ``jit``,
+- Both have one interface: ``fresh`` (the initial state, placed), ``compile_template`` (its fresh
+  rows), ``compile_reset``, ``jit``,
   ``check`` and ``lower`` (the step compiled per bucket, its contract checked,
   controller/compiled.py), ``example``, ``lay_out`` (a batch for the step and its route back),
   ``results`` (the step's outputs on the host as ``Stepped``, in arrival order),
@@ -78,11 +79,15 @@ class OneDevice:
         self.shardings = jax.tree.map(lambda leaf: leaf.sharding, state)
         return state
 
-    def compile_reset(self, state: Any) -> tuple[Any, Any]:
-        template = one_call(lambda s: row_template(s, self.config.max_streams + 1), state)
-        reset = jax.jit(reset_rows, donate_argnums=0).lower(
+    def compile_template(self, state: Any) -> Callable[[Any], Any]:
+        """state -> the fresh row of each per-stream leaf, for the reset (``row_template``),
+        compiled (one computation, kept with the program: controller/programs.py)."""
+        slots = self.config.max_streams + 1
+        return jax.jit(lambda s: row_template(s, slots)).lower(state).compile()  # type: ignore[no-any-return]
+
+    def compile_reset(self, state: Any, template: Any) -> Any:
+        return jax.jit(reset_rows, donate_argnums=0).lower(
             state, template, np.zeros(self.config.max_batch, np.int32)).compile()
-        return template, reset
 
     def jit(self, step: Callable[..., Any]) -> Any:
         # the state is donated: XLA updates the table in place, so a step costs O(B), not O(S)
@@ -171,10 +176,14 @@ class Sharded:
 
         self.fresh = jax.jit(fresh_state, out_shardings=self.shardings).lower().compile()
 
-    def compile_reset(self, state: Any) -> tuple[Any, Any]:
+    def compile_template(self, state: Any) -> Callable[[Any], Any]:
+        """state -> the fresh row of each per-stream leaf, for the reset, on every device."""
         replicated = NamedSharding(self.mesh, P())
-        template = jax.device_put(one_call(lambda s: jax.tree.map(lambda leaf, sharded: leaf[0] if sharded else None,
-                                                                  s, self.per_stream), state), replicated)
+        return lambda s: jax.device_put(one_call(lambda t: jax.tree.map(
+            lambda leaf, sharded: leaf[0] if sharded else None, t, self.per_stream), s), replicated)
+
+    def compile_reset(self, state: Any, template: Any) -> Any:
+        replicated = NamedSharding(self.mesh, P())
         template_specs = jax.tree.map(lambda _: P(), template)
         reset = jax.jit(jax.shard_map(reset_rows, mesh=self.mesh, in_specs=(self.specs, template_specs, P(AXIS)),
                                       out_specs=self.specs, check_vma=False),
@@ -182,7 +191,7 @@ class Sharded:
                         out_shardings=self.shardings, donate_argnums=0,
                         ).lower(state, template, np.zeros(self.placement.devices * self.config.max_batch, np.int32)
                                 ).compile()
-        return template, reset
+        return reset
 
     def jit(self, step: Callable[..., Any]) -> Any:
         features = self.config.features

@@ -74,6 +74,7 @@ for one message of one stream and let the helper batch it; it obeys every rule a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -348,5 +349,12 @@ def _per_stream(leaf: Any, slots: int) -> bool:
 
 def default_processor(config: Any) -> Processor:
     """The EWMA detector (named "ewma") with the configuration's alpha, threshold and warm-up
-    (FORKLESS_ALPHA, FORKLESS_THRESHOLD, FORKLESS_WARMUP: read here only)."""
-    return ewma_processor(alpha=config.alpha, threshold=config.threshold, warmup=config.warmup)
+    (FORKLESS_ALPHA, FORKLESS_THRESHOLD, FORKLESS_WARMUP: read here only). One processor per
+    setting of the three: every controller of the same settings in a process compiles it once
+    (controller/programs.py)."""
+    return _ewma_of(config.alpha, config.threshold, config.warmup)
+
+
+@functools.lru_cache(maxsize=8)
+def _ewma_of(alpha: float, threshold: float, warmup: int) -> Processor:
+    return ewma_processor(alpha=alpha, threshold=threshold, warmup=warmup)

@@ -70,6 +70,7 @@ DEVICE = [
     "controller/compiled.py",
     "controller/engine.py",
     "controller/layouts.py",
+    "controller/programs.py",
     "controller/snapshot.py",
 ]
 IO = [

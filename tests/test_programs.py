@@ -1,0 +1,146 @@
+"""controller/programs.py: a program compiled once in a process is not traced or compiled again
+by the next ``compile_step`` of the same processor and settings; anything that changes what it
+computes is compiled anew, and every engine has a state of its own."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from controller import programs
+from controller.compiled import compilations
+from controller.config import Config
+from controller.engine import compile_step
+from controller.errors import ProcessorContractError
+from controller.processor import Processor, default_processor, ewma_processor
+
+X = np.array([[1.0, 2.0], [3.0, -1.0], [0.5, 0.5]], np.float32)
+KEY = np.array([0, 1, 0], np.int32)
+
+
+@pytest.fixture(autouse=True)
+def nothing_kept() -> Any:
+    programs.forget()
+    yield
+    programs.forget()
+
+
+def config(**overrides: Any) -> Config:
+    return Config(**{"features": 2, "max_streams": 8, "max_batch": 4, **overrides})
+
+
+def init_compilations(processor: Any, cfg: Config) -> int:
+    """What ``processor.init`` itself compiles (the helper-built processors' table is one
+    computation, run at every init): all a kept program's next ``compile_step`` may compile."""
+    before = compilations()
+    jax.block_until_ready(processor.init(cfg))
+    return compilations() - before
+
+
+def scores(engine: Any, rounds: int = 2) -> list[list[float]]:
+    return [engine.step(X, KEY).outputs["score"].tolist() for _ in range(rounds)]
+
+
+def test_the_same_processor_and_settings_compile_once_and_each_engine_has_its_own_state() -> None:
+    cfg = config()
+    processor = default_processor(cfg)
+    first = compile_step(processor, cfg)
+    own = init_compilations(processor, cfg)
+    before = compilations()
+    second = compile_step(default_processor(cfg), cfg)  # the default detector: one per setting
+    assert compilations() - before == own
+    ran_first = scores(first)
+    assert scores(second) == ran_first  # a fresh state, not the first engine's after its steps
+    assert scores(first, 1)[0] != ran_first[0]
+
+
+def test_another_processor_of_the_same_shapes_is_compiled_and_computes_its_own_results() -> None:
+    cfg = config()
+    low = compile_step(ewma_processor(alpha=0.05), cfg)
+    before = compilations()
+    high = compile_step(ewma_processor(alpha=0.5), cfg)
+    assert compilations() > before
+    assert scores(low)[1] != scores(high)[1]
+
+
+@pytest.mark.parametrize("change", [{"features": 3}, {"max_batch": 16}, {"max_streams": 16}])
+def test_other_shapes_or_batch_sizes_are_compiled_anew(change: dict[str, Any]) -> None:
+    processor = ewma_processor()
+    compile_step(processor, config())
+    before = compilations()
+    engine = compile_step(processor, config(**change))
+    assert compilations() > before
+    assert set(engine._compiled.steps) == set(config(**change).buckets)
+
+
+class Scaled:
+    """A processor object whose step is a bound method: what it computes may change with it."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.base = ewma_processor()
+
+    def init(self, cfg: Any) -> Any:
+        return self.base.init(cfg)
+
+    def step(self, state: Any, batch: Any) -> Any:
+        state, out = self.base.step(state, batch)
+        return state, {**out, "score": out["score"] * self.factor}
+
+
+def test_a_processor_of_bound_methods_is_traced_at_every_compile() -> None:
+    cfg = config()
+    processor = Scaled(1.0)
+    once = scores(compile_step(processor, cfg))
+    processor.factor = 2.0
+    twice = scores(compile_step(processor, cfg))
+    np.testing.assert_allclose(np.asarray(twice), 2 * np.asarray(once), rtol=1e-6)
+
+
+def test_a_processor_that_breaks_the_contract_is_refused_at_every_compile() -> None:
+    base = ewma_processor()
+
+    def step(state: Any, batch: Any) -> Any:  # writes every row of the table
+        state, out = base.step(state, batch)
+        return state._replace(mean=state.mean + 1.0), out
+
+    bad = Processor(base.init, step)
+    for _ in range(2):
+        with pytest.raises(ProcessorContractError, match="rows other than its batch's"):
+            compile_step(bad, config())
+
+
+def test_the_processor_s_functions_are_not_kept_alive_by_it() -> None:
+    weights = jnp.ones((2,), jnp.float32)
+    base = ewma_processor()
+
+    def step(state: Any, batch: Any) -> Any:
+        state, out = base.step(state, batch)
+        return state, {**out, "score": out["score"] * weights[0]}
+
+    processor = Processor(base.init, step)
+    compile_step(processor, config())
+    assert programs.kept(next(iter(programs._kept))) is not None
+    alive = weakref.ref(step)
+    del processor, step
+    gc.collect()
+    assert alive() is None
+
+
+def test_only_the_newest_programs_are_kept() -> None:
+    processors = [ewma_processor(alpha=0.01 * (i + 1)) for i in range(programs.KEPT + 2)]
+    for processor in processors:
+        compile_step(processor, config())
+    assert len(programs._kept) == programs.KEPT
+    own = init_compilations(processors[-1], config())
+    before = compilations()
+    compile_step(processors[-1], config())
+    assert compilations() - before == own
+    compile_step(processors[0], config())
+    assert compilations() - before > 2 * own
