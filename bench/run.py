@@ -126,6 +126,9 @@ class Plan:
     calibrate_s: float = 0.3  # timing per candidate in bench.step_cost
     # an accelerator's reduced plan (bench/gpu.sh): no state scaling, no forced CPU devices
     accelerator: bool = False
+    # the heavy runs' matmuls a step (bench.heavy's HEAVY_SIZE): None, its HEAVY_ITERS (~100 ms
+    # on 2 cores); the smoke size's fewer, its lag figure a check that the section runs, not a figure
+    heavy_iters: int | None = None
 
     @classmethod
     def full(cls) -> Plan:
@@ -133,8 +136,8 @@ class Plan:
 
     @classmethod
     def quick(cls) -> Plan:
-        return cls(repeats=1, duration_s=0.5, warmup_s=0.1, window=256, compute_s=0.2, lag_floor_s=0.3,
-                   step_costs_ms=(1.0,), default_step_pings=False, step_duration_s=0.5, calibrate_s=0.1)
+        return cls(repeats=1, duration_s=0.3, warmup_s=0.1, window=256, compute_s=0.2, lag_floor_s=0.3,
+                   step_costs_ms=(1.0,), default_step_pings=False, step_duration_s=0.3, calibrate_s=0.1, heavy_iters=2)
 
     @classmethod
     def gpu(cls, quick: bool = False) -> Plan:
@@ -957,8 +960,11 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
                 for design in rotated(DESIGNS, rep):
                     runs.append(run_load(design, load, plan, work, caches[design], f"{design}-{load}-r{rep}"))
         print("heavy step at 1,000 msg/s:", flush=True)
+        # size 0: bench.heavy's HEAVY_SIZE (bench.run imports no JAX)
+        lighter = None if plan.heavy_iters is None else {"size": 0, "iters": plan.heavy_iters}
         for design in JAX_DESIGNS:
-            runs.append(run_load(design, "rate_1k", plan, work, caches[HEAVIER], f"{design}-heavy", heavy=True))
+            runs.append(run_load(design, "rate_1k", plan, work, caches[HEAVIER], f"{design}-heavy", heavy=True,
+                                 step=lighter))
         print(f"step cost: {', '.join(MAP_DESIGNS)} with the default step and ~"
               f"{', ~'.join(f'{ms:g}' for ms in plan.step_costs_ms)} ms steps ({plan.step_duration_s:g} s runs; at "
               "1,000 msg/s with the ping probe, and at the window):", flush=True)
@@ -1026,7 +1032,8 @@ def report(results: dict[str, Any]) -> str:
         f"{results['date']} · {m['cpu']} · {m['cores']} cores · Python {m['python']} · jax {m['jax']} · "
         f"{results['elapsed_s']} s",
         "latency in ms from the due time (medians over repeats); max msg/s with a bounded window;",
-        "lag = IO-loop lag during traffic at 1,000 msg/s (heavy: with a ~100 ms step); "
+        "lag = IO-loop lag during traffic at 1,000 msg/s (heavy: with a "
+        f"{'~100 ms' if results['plan'].get('heavy_iters') is None else 'lighter (smoke size)'} step); "
         f"idle-loop lag floor here p50 {results['summary']['idle_loop_lag_ms']['p50']:.2f} "
         f"p99 {results['summary']['idle_loop_lag_ms']['p99']:.2f} ms",
         "",

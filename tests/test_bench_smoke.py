@@ -49,6 +49,9 @@ def test_quick_benchmark_answers_every_message_of_every_run(results: tuple[dict[
         assert lg["sent"] == lg["answered"], run["tag"]
         assert lg["missing"] == 0 and lg["errors"] == 0 and lg["duplicates"] == 0, run["tag"]
         assert run["client_rc"] == 0, run["tag"]
+    heavy = [run for run in data["runs"] if run["heavy"]]  # the plan's lighter heavy step (bench/README.md)
+    assert sorted(run["design"] for run in heavy) == ["forkless", "inline", "spawn"]
+    assert all(run["step"] == {"size": 0, "iters": data["plan"]["heavy_iters"]} for run in heavy)
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
