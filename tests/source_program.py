@@ -1,10 +1,12 @@
 """A user's program with a replayable source of its own, for the exactly-once test across kill -9
 (tests/test_source_restart.py), written against the public API only.
 
-    python -m tests.source_program INPUT FINAL CHECKPOINT_DIR
+    python -m tests.source_program INPUT FINAL CHECKPOINT_DIR [GAP_S [HOLD_AT GATE]]
 
 The source reads INPUT's lines (one frame each, a JSON list of messages), its position the line's
-number; after a restart it replays from ``ctx.resume_from`` inclusive. When every line has been
+number, GAP_S seconds apart (0.004); after a restart it replays from ``ctx.resume_from`` inclusive.
+With HOLD_AT and GATE it waits before line HOLD_AT until the file GATE exists, so that a run the
+test kills cannot have finished first however slow the machine. When every line has been
 handed over it says so with an event; the program then stops in order and writes FINAL: the last
 count the processor gave each stream (the state's own count, so a message applied twice or never
 shows).
@@ -36,9 +38,10 @@ class LinesSource:
     name = "lines"
     replies = "none"
 
-    def __init__(self, path: str, gap_s: float) -> None:
+    def __init__(self, path: str, gap_s: float, hold_at: int = -1, gate: str = "") -> None:
         self.lines = Path(path).read_text().splitlines()
         self.gap_s = gap_s
+        self.hold_at, self.gate = hold_at, Path(gate)
 
     async def run(self, ctx: Any) -> None:
         start = 0 if ctx.resume_from is None else ctx.resume_from
@@ -46,6 +49,10 @@ class LinesSource:
 
         async def read() -> None:
             for number in range(start, len(self.lines)):
+                if number == self.hold_at:
+                    print(f"holding at {number}", flush=True)
+                    while not self.gate.exists():
+                        await asyncio.sleep(0.02)
                 await ctx.emit(self.lines[number], position=number)
                 await asyncio.sleep(self.gap_s)
             await ctx.emit_event("done")
@@ -59,6 +66,7 @@ class LinesSource:
 def main() -> int:
     source_path, final_path, checkpoint_dir = sys.argv[1:4]
     gap_s = float(sys.argv[4]) if len(sys.argv) > 4 else 0.004
+    hold_at, gate = (int(sys.argv[5]), sys.argv[6]) if len(sys.argv) > 6 else (-1, "")
     config = Config.from_env(features=1, max_batch=2, max_wait_ms=1.0, checkpoint_dir=checkpoint_dir,
                              checkpoint_s=0.2, status_s=0.0)
     last: dict[str, float] = {}
@@ -69,7 +77,8 @@ def main() -> int:
             last[name] = n
 
     processor = Processor(init, step, name="count", version="1")
-    with Controller(config, processor=processor, sources=[LinesSource(source_path, gap_s)], on_results=on_results,
+    source = LinesSource(source_path, gap_s, hold_at, gate)
+    with Controller(config, processor=processor, sources=[source], on_results=on_results,
                     on_event=lambda source, event: done.append(event)) as ctl:
         print(f"restored from {ctl.restored_from}", flush=True)
         while not done:

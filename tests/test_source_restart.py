@@ -32,8 +32,12 @@ def test_a_replayable_user_source_keeps_every_message_exactly_once_across_kill_9
         lines.append(json.dumps(frame))
     source = tmp_path / "input.jsonl"
     source.write_text("\n".join(lines) + "\n")
-    final, checkpoints = tmp_path / "final.json", tmp_path / "ckpt"
-    argv = ("-m", "tests.source_program", str(source), str(final), str(checkpoints))
+    final, checkpoints, gate = tmp_path / "final.json", tmp_path / "ckpt", tmp_path / "gate"
+    # the first run holds before the middle line until the gate is opened, which it never is: the
+    # kill lands while frames flow on a fast machine, in the hold at the latest on a slow one,
+    # never after the end (the run was finished before the kill on one core, 2026-12-04)
+    argv = ("-m", "tests.source_program", str(source), str(final), str(checkpoints), "0.004", str(FRAMES // 2),
+            str(gate))
 
     with AppProcess(program=argv) as first:
         first.wait_for_line(r"resumed at None", timeout_s=60 * UNIT_S)
@@ -43,6 +47,7 @@ def test_a_replayable_user_source_keeps_every_message_exactly_once_across_kill_9
         assert first.finish(KILLED_EXIT_S).returncode == -signal.SIGKILL
     assert not final.exists()
 
+    gate.touch()
     with AppProcess(program=argv) as second:
         result = second.finish(120 * UNIT_S)
     assert result.returncode == 0, result.stderr
