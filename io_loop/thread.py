@@ -97,6 +97,7 @@ class IOThread:
         self._main_side: MainSide | None = None
         self._aborted = False
         self._stopping: list[asyncio.Task] = []  # the stop's tasks, made on the loop by request_stop
+        self._stop_closed = False  # True once _main has taken the stop's tasks to finish: none is made after
         self._cpu_clock: int | None = None  # this thread's CPU clock (``time.pthread_getcpuclockid``)
         self._cpu_at_end: float | None = None  # its CPU seconds when it ended
 
@@ -230,6 +231,9 @@ class IOThread:
             else:
                 await self._run_with_sink(self._sink, self._feeds, bridge)
         finally:
+            # a stop asked from here on (while the loop closes) has nothing left to stop: it makes no
+            # task, which no one would run or await (the coroutine "never awaited", 2026-12-04)
+            self._stop_closed = True
             for task in (*background, *self._stopping):
                 task.cancel()
             await asyncio.gather(*background, *self._stopping, return_exceptions=True)
@@ -271,7 +275,9 @@ class IOThread:
 
     def _begin_stop(self, deadline: float | None) -> None:
         """On the loop: start the stop as a task the loop keeps (``_main`` finishes it), so it is
-        never collected unstarted when the loop ends first."""
+        never collected unstarted when the loop ends first; nothing once ``_main`` has ended."""
+        if self._stop_closed:
+            return
         self._stopping.append(asyncio.get_running_loop().create_task(self._stop_reading(deadline),
                                                                      name="forkless-stop"))
 

@@ -757,3 +757,33 @@ def test_tls_insecure_connects_and_warns_at_every_connect(feed_server: Any, tmp_
         drive(ctl, lambda: len(server.connections) >= 2, timeout_s=15 * UNIT_S, what="two connections")
     warnings = [r for r in caplog.records if "verification is OFF" in r.getMessage()]
     assert len(warnings) >= 2
+
+
+def test_a_stop_asked_again_while_the_io_loop_closes_leaves_no_task_unrun(feed_server: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop asked while the IO thread's loop is closing (after its main coroutine ended: a
+    signal's stop beside ``stop()``'s) makes no task: one made then would never run, its
+    coroutine "never awaited" (a RuntimeWarning seen in the suite, 2026-12-04)."""
+    from io_loop.thread import IOThread
+
+    threads: list[IOThread] = []
+    run, closing = IOThread._run, asyncio.BaseEventLoop.shutdown_asyncgens
+
+    def recorded(self: IOThread) -> None:
+        threads.append(self)
+        run(self)
+
+    def stop_again(loop: asyncio.AbstractEventLoop) -> Any:
+        for io in threads:
+            if io._loop is loop:
+                io.request_stop()  # arrives on the loop as it runs shutdown_asyncgens, after the main ended
+        return closing(loop)
+
+    monkeypatch.setattr(IOThread, "_run", recorded)
+    monkeypatch.setattr(asyncio.BaseEventLoop, "shutdown_asyncgens", stop_again)
+    server = feed_server()
+    with Controller(_config(server.url), processor=PROCESSOR) as ctl:
+        wait_until(lambda: len(server.connections) >= 1, timeout_s=30 * UNIT_S, what="the feed connected")
+        ctl.process_pending(timeout=0.05)
+    assert len(threads) == 1 and threads[0].join(10 * UNIT_S)
+    assert threads[0]._stopping and all(task.done() for task in threads[0]._stopping)
