@@ -277,16 +277,16 @@ def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float
         state = layout.fresh()
         again = kept(key)
         if again is not None:
-            make_template, reset, steps = again.template, again.reset, dict(again.steps)
+            template, reset, steps = again.template(state), again.reset, dict(again.steps)
             for bucket in config.buckets:
                 if on_compiled is not None:
                     on_compiled(bucket, 0.0)
         else:
             make_template = layout.compile_template(state)
-            reset = layout.compile_reset(state, make_template(state))
+            template = make_template(state)
+            reset = layout.compile_reset(state, template)
             steps = _compile_buckets(layout, processor, config, state, on_compiled)
             keep(key, steps, reset, make_template)
-        template = make_template(state)
     if layout.placement is None:
         held = sorted({str(d) for leaf in jax.tree.leaves(state) for d in leaf.devices()}) or [str(devices[0])]
     else:
