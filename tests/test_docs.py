@@ -33,7 +33,8 @@ PAGES = tuple(sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))  #
 EMBEDDING_PAGES = tuple(sorted(f"docs/embedding/{p.name}" for p in (ROOT / "docs" / "embedding").glob("*.md")))
 DESIGN_PAGES = tuple(sorted(f"docs/design/{p.name}" for p in (ROOT / "docs" / "design").glob("*.md")))  # the module map
 DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md", *PAGES, *EMBEDDING_PAGES, *DESIGN_PAGES)
-LINKED = (*DOCUMENTS, "bench/README.md", "bench/out-gpu/README.md")  # every document whose relative links must lead somewhere
+# every document whose relative links must lead somewhere
+LINKED = (*DOCUMENTS, "bench/README.md", "bench/out-gpu/README.md")
 README_MAX_BYTES = 14_000  # the front door; the manual lives in the other documents
 PAGE_MAX_BYTES = 15_360  # a page of docs/ holds one topic; a longer topic is split into pages
 DESIGN_MAX_BYTES = 17_408  # DESIGN.md: the shape, the threads, a message's way, the rules (the module map: its pages)
