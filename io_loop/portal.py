@@ -315,7 +315,9 @@ class IOPortal:
 
     def _begin_stop(self, deadline: float) -> None:
         self.stopping.set()
-        if self._task is not None and self._stopper is None:
+        # a worker already ended (a stop arriving as the loop closes, after _main) has nothing to
+        # cancel: a task made then would never run, its coroutine "never awaited"
+        if self._task is not None and not self._task.done() and self._stopper is None:
             self._stopper = asyncio.ensure_future(self._cancel_at(self._task, deadline))
 
     async def _cancel_at(self, task: asyncio.Task[Any], deadline: float) -> None:

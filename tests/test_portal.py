@@ -16,6 +16,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 
 import aiohttp
@@ -100,6 +101,37 @@ def test_a_worker_s_exception_is_raised_by_stop(timeout_unit):
     assert isinstance(caught.value.__cause__, KeyError)
     assert "in failing_worker" in "".join(traceback.format_exception(caught.value))
     portal.stop()  # a second stop does nothing: it does not raise again
+
+
+def test_a_stop_arriving_as_the_loop_closes_makes_no_task(monkeypatch, timeout_unit):
+    """A stop that reaches the loop after the worker ended (while the loop shuts its async
+    generators down, as ``stop()``'s ``call_soon_threadsafe`` can) makes no cancelling task: one
+    made then would never run, its coroutine "never awaited" (a RuntimeWarning seen in the suite at
+    test_a_worker_s_exception_is_raised_by_stop, 2026-12-04)."""
+    portals: list[IOPortal] = []
+    closing = asyncio.BaseEventLoop.shutdown_asyncgens
+
+    async def stop_as_it_closes(loop: asyncio.AbstractEventLoop) -> None:
+        for p in portals:
+            if p._loop is loop:
+                p._begin_stop(time.monotonic() + 5 * timeout_unit)  # what stop() asks the loop to run
+        await closing(loop)
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "shutdown_asyncgens", stop_as_it_closes)
+
+    async def failing_worker(to_main, from_main):
+        await from_main.get()
+        raise KeyError("gone")
+
+    portal = IOPortal(failing_worker, stop_timeout_s=5 * timeout_unit)
+    portals.append(portal)
+    portal.start()
+    portal.from_main.put("go")
+    portal._thread.join(10 * timeout_unit)
+    assert not portal._thread.is_alive()
+    assert portal._stopper is None
+    with pytest.raises(WorkerFailed):
+        portal.stop()
 
 
 def test_a_worker_that_fails_at_once_fails_start():
