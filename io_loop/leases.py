@@ -71,6 +71,10 @@ log = logging.getLogger("forkless.store")
 
 RENEWS_PER_LEASE = 3
 POLLS_PER_LEASE = 6  # a waiting claimant reads the held keys this often per lease
+# a waited-for holder is alive once this many of its renewals are seen during the wait: one alone
+# may be the last it sent before it stopped (SIGSTOP, a frozen VM), stored late by a busy server
+# (seen in the suite: a paused instance's renewal stored after the claimant's first read)
+ALIVE_RENEWALS = 2
 MARGIN_FRACTION, MARGIN_S = 0.1, 0.5  # a claimant waits for a silent holder a lease plus this
 WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's error codes for an expected-last-sequence mismatch
 
@@ -253,12 +257,14 @@ class Leases:
 
     async def _wait_for(self, held: dict[str, list], took: list[str], stop: threading.Event | None = None) -> None:
         """Wait for the holders of ``held`` ({key: [holder, revision]}) to let their leases expire;
-        take each key then. ``LeaseHeld`` as soon as one holder shows it is alive."""
+        take each key then. ``LeaseHeld`` as soon as one holder shows it is alive: a second renewal
+        seen (``ALIVE_RENEWALS``), or another holder's write."""
         t0 = time.monotonic()
         deadline = t0 + self.wait_s
         log.warning("waiting for the lease of %s held by %s to expire (up to %.1f s)", ", ".join(sorted(held)),
                     _holders(held), self.wait_s)
         poll_s = self.lease / POLLS_PER_LEASE
+        renewals: dict[str, int] = {}
         while held:
             now = time.monotonic()
             await sleep_or_stop(max(0.0, min(poll_s, deadline - now)), stop)
@@ -266,10 +272,21 @@ class Leases:
                 raise LeaseLost(self.lost_message())
             await self._thread.connection()
             kv = self.kv  # over the connection of the moment: the server may have restarted during the wait
+            holders = {key: held[key][0] for key in held}
             states = dict(zip(list(held), await each(lambda key, kv=kv: self._look(kv, key, held), list(held))))
+            once = []
             for key, state in states.items():
-                if state == "alive":
+                if state != "alive":
+                    continue
+                renewals[key] = renewals.get(key, 0) + 1
+                if held[key][0] != holders[key] or renewals[key] >= ALIVE_RENEWALS:
                     raise self._alive(held, held[key][0])
+                once.append(key)
+            if once:  # the holder may have sent it just before it stopped: the wait starts again from it
+                deadline = max(deadline, time.monotonic() + self.wait_s)
+                log.info("%s renewed the lease of %s during the wait: waiting for a second renewal, or for this "
+                         "one to expire (up to %.1f s)", _holders({k: held[k] for k in once}), ", ".join(sorted(once)),
+                         self.wait_s)
             free = [key for key, state in states.items() if state == "free"]
             for key, found in zip(free, await each(lambda key: self._try_take(key, took), free)):
                 if found is not None:  # someone else took it first: alive

@@ -294,6 +294,42 @@ def test_a_key_deleted_while_a_claimant_waits_is_taken_at_once(server, stores, c
     assert _lease(server.url, "TICKS.1", store.lease_bucket)[0] == "inst-1"
 
 
+def test_one_renewal_stored_during_the_wait_is_waited_out_and_the_key_taken(server, stores, caplog):
+    """A holder's renewal seen once during the wait, then nothing: the last one it sent before it
+    stopped (SIGSTOP, a frozen VM), stored late by a busy server (seen in the suite's paused-instance
+    test, where the claimant refused a stopped instance). Not a sign of life on its own: the wait
+    starts again from it, and the key is taken once that renewal has expired. A holder that keeps
+    renewing is refused (test_a_live_holder_makes_acquire_raise_lease_held_naming_keys_and_holder_keeping_nothing)."""
+    import threading
+
+    caplog.set_level(logging.INFO, logger="forkless.store")
+    store = stores(server.url, "inst-1", start=False)
+    _ghost(server.url, store.lease_bucket, "TICKS.1", ttl_s=None)  # a silent holder's key stays until taken
+    store.start()
+    outcome: list[BaseException | None] = []
+
+    def claim() -> None:
+        try:
+            outcome.append(store.acquire(["TICKS.1"]))
+        except BaseException as exc:  # the test reports it
+            outcome.append(exc)
+
+    claimant = threading.Thread(target=claim, daemon=True)
+    claimant.start()
+    wait_until(lambda: any(m.startswith("waiting for the lease of TICKS.1 held by 'ghost'")
+                           for m in _messages(caplog, logging.WARNING)), timeout_s=10 * UNIT_S, what="the wait")
+
+    async def late_renewal(js: Any) -> None:
+        await (await js.key_value(store.lease_bucket)).put("TICKS.1", b"ghost")
+
+    _admin(server.url, late_renewal)
+    claimant.join(60 * UNIT_S)
+    assert outcome == [None], outcome
+    assert _lease(server.url, "TICKS.1", store.lease_bucket)[0] == "inst-1"
+    assert any(m.startswith("'ghost' renewed the lease of TICKS.1 during the wait")
+               for m in _messages(caplog, logging.INFO)), _messages(caplog, logging.INFO)
+
+
 def test_in_a_bucket_without_a_ttl_a_silent_holder_s_key_is_taken_after_the_wait(server, stores, caplog):
     caplog.set_level(logging.INFO, logger="forkless.store")
     store = stores(server.url, "inst-1", start=False)
