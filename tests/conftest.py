@@ -61,8 +61,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _rewrite_asserts_once(config: pytest.Config) -> None:
-    """Write pytest's own cache of the assert-rewritten test modules (and of the plugins it
-    rewrites, hypothesis's ~80 modules) once, before the workers start.
+    """Write pytest's own cache of the assert-rewritten test modules (and of the plugin modules
+    this process has loaded; hypothesis's others, imported later by the tests, stay rewritten in
+    each worker) once, before the workers start.
 
     pytest rewrites the asserts of every test module as it imports it, and caches the result
     in ``__pycache__`` only where bytecode may be written: with ``PYTHONDONTWRITEBYTECODE`` each
