@@ -31,18 +31,14 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-from io_loop.decoding import FrameDecoder
+from io_loop.decoding import NOT_NUMBERS_REASON, X_MAX, X_RANGE_REASON, FrameDecoder
 
 MAX_STREAM_CHARS = 256
 # one frame's error replies are bounded, so output stays O(input): after this many, one
 # summary reply stands for the rest of that frame's bad elements
 MAX_ERROR_REPLIES = 16
 FOLDED_REASON = f"bad element beyond {MAX_ERROR_REPLIES} error replies in one frame"
-# The accepted input range: |x| <= X_MAX. Within it the default detector's float32
-# arithmetic cannot overflow (d = x - mean <= 2e18, d**2 <= 4e36 < float32's 3.4e38), so a
-# stream's state stays finite; a larger value is refused as bad input with its own reason.
-X_MAX = 1e18
-X_RANGE_REASON = "x must be finite and within ±1e18"
+# The accepted input range (|x| <= X_MAX, X_RANGE_REASON) is io_loop/decoding.py's: emit_rows refuses the same.
 
 
 @dataclass
@@ -168,7 +164,7 @@ class JsonCodec:
         for v in x:
             kind = type(v)
             if kind is not float and kind is not int:
-                return "x must hold numbers only", seq
+                return NOT_NUMBERS_REASON, seq
             if not -X_MAX <= v <= X_MAX:  # also false for NaN
                 return X_RANGE_REASON, seq
         return None, seq

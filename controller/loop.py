@@ -453,10 +453,7 @@ class Controller:
             raise RuntimeError("call start() (or use the controller as a context manager) before send()")
         if self._stopped:
             raise RuntimeError("the controller has stopped: nothing more is sent")
-        try:
-            frames = frames_of(frame)
-        except TypeError as exc:
-            raise TypeError(f"send(): {exc}") from None
+        frames = frames_of(frame, "send() was given")
         if frames:
             self._io.raise_if_failed()
             self._outbound.put(Outgoing(frames, answers=False, feed=index, sent=True), None)

@@ -10,13 +10,23 @@ Rules:
   ``x`` [n, F] in the processor's input dtype, float32 by default), which the hand-over
   gathers into ``Chunk``s (io_loop/handover.py), and one ``(reason, seq)`` per bad part in
   ``errors``.
+- The accepted range of ``x`` is one for every way in (``X_MAX``): the codec refuses a value
+  outside it as bad input (``X_RANGE_REASON``), and so does ``SourceContext.emit_rows``
+  (io_loop/source.py) for rows a source decoded itself.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["DecodedFrame", "FrameDecoder"]
+__all__ = ["NOT_NUMBERS_REASON", "X_MAX", "X_RANGE_REASON", "DecodedFrame", "FrameDecoder"]
+
+# The accepted input range: |x| <= X_MAX. Within it the default detector's float32
+# arithmetic cannot overflow (d = x - mean <= 2e18, d**2 <= 4e36 < float32's 3.4e38), so a
+# stream's state stays finite; a larger value is refused as bad input with its own reason.
+X_MAX = 1e18
+X_RANGE_REASON = "x must be finite and within ±1e18"
+NOT_NUMBERS_REASON = "x must hold numbers only"  # None, a str, a bool where a number belongs
 
 
 class DecodedFrame(Protocol):

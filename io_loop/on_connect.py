@@ -50,9 +50,10 @@ class HookFailed(Exception):
     is the hook's exception, if any."""
 
 
-def frames_of(result: Any) -> list[str | bytes]:
+def frames_of(result: Any, given: str = "on_connect returned") -> list[str | bytes]:
     """What the hook returned, as the frames to send (see the rules); ``TypeError`` naming the
-    type for anything that is not a frame."""
+    type for anything that is not a frame, after ``given`` (who handed it: ``Controller.send``
+    says ``"send() was given"``)."""
     if result is None:
         return []
     items = result if isinstance(result, (list, tuple)) else (result,)
@@ -64,7 +65,7 @@ def frames_of(result: Any) -> list[str | bytes]:
         try:
             frames.append(json.dumps(item, separators=(",", ":"), allow_nan=False))
         except (TypeError, ValueError, RecursionError):
-            raise TypeError(f"on_connect returned a {type(item).__name__} that json cannot write; a frame is "
+            raise TypeError(f"{given} a {type(item).__name__} that json cannot write; a frame is "
                             "a str, bytes (UTF-8 text) or a JSON value (dict, list, …), or None") from None
     return frames
 

@@ -13,6 +13,10 @@ Rules:
   ``ctx.resume_from`` is the position of the last frame the state holds (wholly or in part).
   The source replays from that frame *inclusive*; the context drops the messages of it the
   state already holds. A position is an ``int`` or a ``str`` (it goes into the checkpoint).
+  A source's emits all carry a position or none does (its first emit decides), each one greater
+  than the one before (``str`` ones compared as text), all of one type: a position names one
+  frame (io_loop/emitted.py checks it; a refused emit raises ``ValueError`` or ``TypeError``
+  and takes nothing). ``emit_decoded(first=k)`` needs a position and an ``int`` k >= 0.
   Error replies to a positioned frame's bad parts are numbered after its good messages, so a
   replay makes the same ids. A source with ``replayable = True`` is never dropped from
   (``FORKLESS_OVERFLOW=drop_oldest`` does not apply to it: a dropped message would break the
@@ -21,6 +25,10 @@ Rules:
   record as it is in ``ctx.resume_from`` and does its own skipping (``emit_decoded(first=)``).
 - A source that inspects or filters messages before they are handed over decodes a frame with
   ``ctx.decode`` and hands the result over with ``ctx.emit_decoded`` (``emit`` is the two in one).
+- Bad values are bad input however they come: ``emit_rows`` refuses a row whose ``x`` is not
+  real numbers within the codec's ±1e18 (NaN, inf, None, text, a complex with an imaginary
+  part), counted and answered by reason as ``emit`` refuses a bad element; its other rows are
+  handed over, and no stream's state sees the refused ones. A wrong shape is ``ValueError``.
 - The stop: ``ctx.stopping`` is set when the orderly stop begins; from then ``emit*`` raise
   ``SourceStopped`` (the frame is not taken: a replayable source replays it next time).
   ``outgoing()`` ends once the main thread has sent its last frame; then ``run`` returns.
@@ -33,7 +41,8 @@ Rules:
   ``starts_connected = False`` it is not counted as connected before its first connection.
 - Replies a batch at a time: ``ctx.replies()`` hands out each reply batch (io_loop/writer.py's
   ``ReplyBatch``, one socket write each); a batch not wholly written is handed again first, from
-  its first unwritten frame. ``outgoing()`` is the frame-at-a-time form of the same.
+  its first unwritten frame. ``batch.wrote(n)`` takes an int from 0 to the frames left, else
+  raises and counts nothing. ``outgoing()`` is the frame-at-a-time form of the same.
 - The stop has one mechanism, ``SourceRunner.stop_reading``: the source's optional
   ``before_stop(ctx)`` (finish what is in flight), then ``ctx.stopping`` is set and the emits in
   progress are waited for; nothing half handed over is lost.
@@ -49,7 +58,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -57,6 +65,8 @@ import numpy as np
 from io_loop.counters import IOStats
 from io_loop.crossing import Events, Origin, Outgoing
 from io_loop.decoding import FrameDecoder
+from io_loop.emitted import Positions, check_first, checked_rows, drop_first
+from io_loop.emitted import check_position as _check_position
 from io_loop.errors import FeedFatal, ForklessError
 from io_loop.handover import Handover
 from io_loop.settings import FeedSpec, IOSettings
@@ -88,28 +98,6 @@ class Source(Protocol):
     async def run(self, ctx: SourceContext) -> None: ...
 
 
-@dataclass
-class _Rows:
-    """Messages a source decoded itself, in the shape the hand-over takes (``DecodedFrame``)."""
-
-    seq: list[Any]
-    stream: list[str]
-    x: Any
-    errors: list[tuple[str, Any]] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.seq)
-
-    def error_counts(self) -> list[tuple[str, int]]:
-        return []
-
-
-def _check_position(position: Any) -> None:
-    if position is not None and type(position) not in (int, str):
-        raise TypeError(f"a position is an int or a str (it is written into the checkpoint), not "
-                        f"{type(position).__name__}")
-
-
 class SourceContext:
     """What a source is handed (see the module rules). IO loop only, like the source itself."""
 
@@ -121,6 +109,7 @@ class SourceContext:
         self._resume_pending = pending and resume_from is not None
         self.stopping = asyncio.Event()  # set when the orderly stop begins
         self.stop_deadline: float | None = None  # monotonic: when the stop's work must be done (None: no bound)
+        self._positions = Positions(self.name)  # the position rules, checked at every emit
 
     @property
     def features(self) -> int:
@@ -137,6 +126,8 @@ class SourceContext:
         runner = self._runner
         if runner.stopping_now:
             raise SourceStopped(f"source {self.name!r} is stopping: nothing more is taken")
+        if position is not None or self._positions.positioned is not False:  # no call for a source without
+            self._positions.place(position)  # positions
         runner.busy += 1  # runner.enter() inlined: this is every frame's path
         try:  # one coroutine a frame; an await only to flush or to answer bad input
             if received_ns is None:
@@ -164,11 +155,18 @@ class SourceContext:
         """Hand over a frame ``decode`` read (and the source may have changed: its ``seq``,
         ``stream`` and ``x`` cut alike, bad parts added to ``errors``), counted as one frame in.
         ``first``: its good messages before this one are not handed over (the state holds them: a
-        source that does its own resuming); they keep their indices at ``position``. Awaits while
-        inbound is full. Returns the good messages taken."""
+        source that does its own resuming); they keep their indices at ``position``, which it needs
+        (``ValueError`` without one; a ``first`` that is not an int of 0 or more is refused too).
+        Awaits while inbound is full. Returns the good messages taken."""
         runner = self._runner
         runner.enter()
         try:
+            check_first(first)
+            if first and position is None:
+                raise ValueError(f"emit_decoded(first={first}) needs the frame's position: the messages the "
+                                 f"state holds are known by their place in a positioned frame")
+            if position is not None or self._positions.positioned is not False:
+                self._positions.place(position)
             if received_ns is None:
                 received_ns = time.monotonic_ns()
             runner.stats.frames_in += 1
@@ -177,8 +175,8 @@ class SourceContext:
                 await runner.bad_input(decoded, position)
             first = min(first, n)
             if first:
-                _check_position(position)
-                _drop_first(decoded, first)
+                self._resume_pending = False  # the source does its own resuming
+                drop_first(decoded, first)
                 origins = [Origin(position, i, i == n - 1) for i in range(first, n)]
             else:
                 origins = None if position is None else self._origins(decoded, position)
@@ -190,16 +188,23 @@ class SourceContext:
 
     async def emit_rows(self, seq: list[Any], stream: list[str], x: Any, position: int | str | None = None) -> int:
         """Hand messages already decoded: ``seq`` and ``stream`` one per message, ``x`` [n, features],
-        made an array of the processor's input dtype (float32, or float64: never through float32)."""
+        made an array of the processor's input dtype (float32, or float64: never through float32).
+        A wrong shape raises ``ValueError`` (nothing taken). A row whose ``x`` holds NaN, an
+        infinity, a value beyond ±1e18 (checked before the cast), ``None``, text, a complex number
+        with an imaginary part, or is of a bool array, is refused as ``emit`` refuses bad input
+        (counted by reason in ``errors``, answered under the reply policy), the other rows handed
+        over. Returns the good rows taken."""
         runner = self._runner
         runner.enter()
         try:
-            x = np.asarray(x, dtype=getattr(runner.codec, "dtype", np.float32))
-            if x.ndim != 2 or x.shape != (len(seq), self.features) or len(stream) != len(seq):
-                raise ValueError(f"emit_rows takes seq and stream of one length n and x of shape (n, {self.features}); "
-                                 f"got {len(seq)}, {len(stream)} and {x.shape}")
-            rows = _Rows(list(seq), [str(s) for s in stream], x)
-            return await runner.take(rows, time.monotonic_ns(), self._origins(rows, position))
+            rows = checked_rows(seq, stream, x, self.features, getattr(runner.codec, "dtype", np.float32))
+            if position is not None or self._positions.positioned is not False:
+                self._positions.place(position)
+            received_ns = time.monotonic_ns()
+            if rows.errors:  # before _origins may cut the rows the restored state holds (emit's order)
+                await runner.bad_input(rows, position)
+                rows.errors = []  # answered: take() has nothing more to answer
+            return await runner.take(rows, received_ns, self._origins(rows, position))
         finally:
             runner.leave()
 
@@ -309,19 +314,13 @@ class SourceContext:
                 drop = n if self._skip is None else min(n, self._skip)
                 if drop:  # indices stay the frame's own, so a later checkpoint inside it resumes right
                     self._runner.stats.counts["replayed messages skipped"] += drop
-                    _drop_first(decoded, drop)
+                    drop_first(decoded, drop)
                     return [Origin(position, i, i == n - 1) for i in range(drop, n)]
             else:
                 log.warning("source %r resumed at %r, not at the position the checkpoint recorded (%r): "
                             "messages between may be missing or applied twice", self.name, position,
                             self.resume_from)
         return [Origin(position, i, i == n - 1) for i in range(n)]
-
-
-def _drop_first(decoded: Any, drop: int) -> None:
-    decoded.seq = decoded.seq[drop:]
-    decoded.stream = decoded.stream[drop:]
-    decoded.x = decoded.x[drop:]
 
 
 class SourceRunner:

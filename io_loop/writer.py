@@ -12,7 +12,8 @@ Rules:
   is the feed's unsent count.
 - ``ReplyBatch`` is its public face (a source's ``ctx.replies()``, io_loop/source.py): one object
   per feed, its own async iterator, so taking a batch allocates nothing and costs one await, as
-  ``next()`` does.
+  ``next()`` does. Its ``wrote(n)`` takes an int from 0 to the frames left, else raises and
+  counts nothing: a wrong count would unbalance the books.
 - ``Outbound`` is a source runner's whole outbound side: the two above, ``outgoing()``'s
   frame-at-a-time form (a frame counts as delivered when the next is asked for), and, once the
   source's ``run`` has returned, the count of what still comes for it until the stop.
@@ -175,7 +176,21 @@ class ReplyBatch:
 
     def wrote(self, n: int) -> None:
         """``n`` more frames of ``frames`` were written (counted; call it also when the writing
-        stopped part-way). Once every frame is written the batch is done."""
+        stopped part-way). Once every frame is written the batch is done. ``n`` is an int from 0
+        to ``len(frames)``: anything else raises (``TypeError``, ``ValueError``) and counts nothing.
+        After the batch was given up (the stop took it, counted as unsent) it does nothing."""
+        if isinstance(n, bool) or not hasattr(n, "__index__"):  # a float, None, text: not a count of frames
+            raise TypeError(f"ReplyBatch.wrote(n) takes the int count of frames written, not {type(n).__name__}: {n!r}")
+        n = n.__index__()
+        held = self._held
+        left = 0 if held.item is None else len(held.item.frames) - held.offset
+        if n < 0 or (n > left and held.item is not None):
+            raise ValueError(f"ReplyBatch.wrote(n): n counts frames of this batch's {left} frames that were written "
+                             f"(0 to {left}), not {n}")
+        self._wrote(n)
+
+    def _wrote(self, n: int) -> None:
+        """``wrote`` without the checks (``Outbound``'s own calls, 1 at a time)."""
         held = self._held
         if held.item is None or not n:
             return
@@ -203,7 +218,7 @@ class Outbound:
                 self._handed = True
                 yield frame
                 self._handed = False
-                batch.wrote(1)
+                batch._wrote(1)
 
     def ended(self) -> bool:
         """True once the main thread has sent its last frame and every one was handed out."""
@@ -215,7 +230,7 @@ class Outbound:
         """The source's ``run`` returned: what still comes for it is counted, until outbound ends."""
         if self._handed:  # outgoing()'s last frame counts as delivered
             self._handed = False
-            self.batch.wrote(1)
+            self.batch._wrote(1)
         item, written = self.held.take_held()
         while True:
             if item is not None:

@@ -81,6 +81,7 @@ IO = [
     "io_loop/connect.py",
     "io_loop/demo_feed.py",
     "io_loop/demo_source.py",
+    "io_loop/emitted.py",
     "io_loop/feeds.py",
     "io_loop/handover.py",
     "io_loop/http.py",
