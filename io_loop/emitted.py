@@ -129,15 +129,15 @@ class Positions:
         source's emits all carry a position or none does (its first decides), each greater than
         the last, all of one type. ``TypeError`` / ``ValueError`` naming what is wrong."""
         positioned = position is not None
-        if self.positioned is None:
-            self.positioned = positioned
-        elif positioned != self.positioned:
+        if positioned:
+            check_position(position)
+        if self.positioned is not None and positioned != self.positioned:
             raise ValueError(f"source {self.name!r}: position={position!r}, but its earlier emits had "
                              f"{'positions' if self.positioned else 'none'}: every emit of a source carries a "
                              f"position (the checkpoint records where the state is by them) or none does")
         if not positioned:
+            self.positioned = False
             return
-        check_position(position)
         last = self.last
         if last is not None:
             if type(position) is not type(last):
@@ -149,4 +149,4 @@ class Positions:
                                  f"({last!r}): each frame needs its own position, greater than the one before (a "
                                  f"repeated one would be applied twice after a restart; str positions compare as "
                                  f"text: zero-pad numbers in them, or use an int)")
-        self.last = position
+        self.positioned, self.last = True, position  # only once every rule holds: a refused emit decides nothing

@@ -111,6 +111,18 @@ def test_emit_decoded_skipping_messages_without_a_position_is_refused():
     assert snap.messages_in == 2 and snap.feeds[0].io.frames_in == 1
 
 
+def test_a_position_of_a_wrong_type_is_refused_before_anything_is_counted_and_decides_nothing():
+    async def steps(self: Misuser, ctx: Any) -> None:
+        await self.attempt(ctx.emit(_frame(range(0, 2)), position=1.5))
+        await ctx.emit(_frame(range(2, 4)))  # the refused emit did not make this source a positioned one
+
+    source = Misuser(steps)
+    snap = _run(source, 2)
+    assert len(source.refused) == 1 and "a position is an int or a str" in str(source.refused[0])
+    assert sorted(a["seq"] for a in source.answers) == [2, 3]
+    assert (snap.messages_in, snap.feeds[0].io.frames_in) == (2, 1)
+
+
 # ---- 5: positions that do not increase ------------------------------------------------------------
 
 
