@@ -237,6 +237,9 @@ class IOThread:
             for task in (*background, *self._stopping):
                 task.cancel()
             await asyncio.gather(*background, *self._stopping, return_exceptions=True)
+            # outbound shut before what it holds is counted: a put the main thread makes from here on
+            # is refused (and counted there), never taken after the count and lost with the queue
+            bridge.end_outbound()
             self._count_unsent()
             try:
                 # after an abort the stop deadline has (nearly) passed: clean up briefly or not at all

@@ -1,0 +1,74 @@
+"""A user's ``Source`` and the controller's lifecycle: a source that dies, ends or fails in its
+``before_stop``; what ``send`` does then; what the loop's lag shows of a source that blocks it.
+
+Each source is written against the public API only (``controller.Source``: a ``name`` and
+``async run(ctx)``) and run by a real ``Controller``; the books must balance in every case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import pytest
+
+from controller import Config, Controller, FeedFatal
+from controller.processor import ewma_processor
+from tests.harness import UNIT_S, assert_books_balance, drive
+
+pytestmark = pytest.mark.timeout(90 * UNIT_S)
+
+PROCESSOR = ewma_processor()
+FEATURES = 4
+
+
+def _config(**changes: Any) -> Config:
+    base: dict[str, Any] = dict(features=FEATURES, max_batch=4, max_streams=64, max_wait_ms=1.0, queue_size=4,
+                                heartbeat_s=0.0, connect_timeout_s=2.0, shutdown_timeout_s=5.0, status_s=0.0)
+    base.update(changes)
+    return Config(**base)
+
+
+def _frame(seq: int) -> str:
+    return json.dumps({"seq": seq, "stream": f"s{seq % 3}", "x": [1.0] * FEATURES})
+
+
+class DiesWhileRepliesWait:
+    """Emits, never writes a reply, and fails once the main thread waits on a full outbound queue."""
+
+    name = "dying"
+
+    def __init__(self, main_waits: threading.Event) -> None:
+        self.main_waits = main_waits
+
+    async def run(self, ctx: Any) -> None:
+        async def feed() -> None:
+            for seq in range(10_000):
+                await ctx.emit(_frame(seq))
+
+        feeding = asyncio.create_task(feed())
+        await asyncio.get_running_loop().run_in_executor(None, self.main_waits.wait)
+        feeding.cancel()
+        raise ConnectionResetError("the exchange reset the connection")
+
+
+def test_a_source_that_dies_while_the_main_thread_puts_replies_raises_feedfatal_and_the_books_balance():
+    main_waits = threading.Event()
+    batches = [0]
+    cfg = _config()
+
+    def on_results(seq: list, stream: list, outputs: dict) -> None:
+        batches[0] += 1
+        if batches[0] > cfg.queue_size:  # this batch's put waits: outbound is full, nobody reads it
+            main_waits.set()
+
+    with pytest.raises(FeedFatal, match="source 'dying' failed: ConnectionResetError") as info, \
+            Controller(cfg, processor=PROCESSOR, sources=[DiesWhileRepliesWait(main_waits)],
+                       on_results=on_results) as ctl:
+        drive(ctl, lambda: False, timeout_s=20 * UNIT_S, what="the failure raised")
+    assert isinstance(info.value.__cause__, ConnectionResetError)
+    snap = ctl.stats()
+    assert snap.messages_in > 0 and snap.in_flight == 0, snap.dropped
+    assert_books_balance(ctl)
