@@ -72,3 +72,54 @@ def test_a_source_that_dies_while_the_main_thread_puts_replies_raises_feedfatal_
     snap = ctl.stats()
     assert snap.messages_in > 0 and snap.in_flight == 0, snap.dropped
     assert_books_balance(ctl)
+
+
+class FailsBeforeStop:
+    """Emits, writes its replies, and fails in ``before_stop``."""
+
+    name = "closing"
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    async def run(self, ctx: Any) -> None:
+        async def feed() -> None:
+            seq = 0
+            while not ctx.stopping.is_set():
+                await ctx.emit(_frame(seq))
+                seq += 1
+                await asyncio.sleep(0.005)
+
+        feeding = asyncio.create_task(feed())
+        async for _ in ctx.outgoing():
+            self.written += 1
+        feeding.cancel()
+
+    async def before_stop(self, ctx: Any) -> None:
+        raise_in_before_stop()
+
+
+def raise_in_before_stop() -> None:
+    raise PermissionError("the exchange refused the cancel-all")
+
+
+def test_an_exception_in_before_stop_reaches_the_main_thread_and_the_stop_does_not_wait_out_its_deadline():
+    import time
+    import traceback
+
+    source = FailsBeforeStop()
+    cfg = _config(shutdown_timeout_s=30 * UNIT_S, queue_size=64, max_batch=16)
+    ctl = Controller(cfg, processor=PROCESSOR, sources=[source])
+    ctl.start()
+    try:
+        drive(ctl, lambda: source.written >= 10, timeout_s=20 * UNIT_S, what="10 replies written")
+    finally:
+        began = time.monotonic()
+        with pytest.raises(FeedFatal, match="source 'closing' failed in before_stop: PermissionError") as info:
+            ctl.stop()
+        stopped_s = time.monotonic() - began
+    cause = info.value.__cause__
+    assert isinstance(cause, PermissionError)
+    assert "raise_in_before_stop" in [frame.name for frame in traceback.extract_tb(cause.__traceback__)]
+    assert stopped_s < cfg.shutdown_timeout_s / 2, f"the stop took {stopped_s:.1f}s: it waited for its deadline"
+    assert_books_balance(ctl)
