@@ -447,7 +447,8 @@ class Controller:
         (an order, say): it is written (a WebSocket feed) or yielded by ``ctx.outgoing()`` (a user
         source) as soon as the IO loop turns, in order with the replies before it. ``frame`` is a
         ``str``, UTF-8 ``bytes``, a list of frames, or a JSON value (sent as its compact text).
-        Call it from the thread that drives the controller; it waits while outbound is full."""
+        Call it from the thread that drives the controller; it waits while outbound is full.
+        ``RuntimeError`` when the feed has ended (a source whose ``run`` returned, a feed given up)."""
         index = self.plan.sendable(feed)
         if not self._running:
             raise RuntimeError("call start() (or use the controller as a context manager) before send()")
@@ -459,6 +460,7 @@ class Controller:
             raise TypeError(f"send(): {exc}") from None
         if frames:
             self._io.raise_if_failed()
+            self.plan.refuse_ended(self._io.snapshot(), index, len(frames))
             self._outbound.put(Outgoing(frames, answers=False, feed=index, sent=True), None)
 
     # ---- observing --------------------------------------------------------------------------

@@ -253,12 +253,14 @@ class IOSnapshot:
 @dataclass(frozen=True)
 class FeedSnapshot:
     """One feed's figures: its own ``IOStats`` snapshot (connection, frames, messages, replies,
-    write latency, unsent), its name, whether readiness waits for it, and why it was given up ("" while used)."""
+    write latency, unsent), its name, whether readiness waits for it, why it was given up ("" while used),
+    and whether its source has ended (its ``run`` returned)."""
 
     name: str
     required: bool
     given_up: str
     io: IOSnapshot
+    ended: bool = False  # a source's run has returned (or raised): nothing more is written for it
 
     @property
     def up(self) -> bool:

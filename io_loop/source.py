@@ -25,7 +25,9 @@ Rules:
   ``SourceStopped`` (the frame is not taken: a replayable source replays it next time).
   ``outgoing()`` ends once the main thread has sent its last frame; then ``run`` returns.
   A ``run`` that returns earlier means the source has no more messages; replies that still
-  come for it are counted as dropped ("source ended"). A ``run`` that raises gives the feed
+  come for it are counted as dropped ("source ended"), ``Controller.send`` frames as
+  ``sent_unsent`` (logged once), and ``ended`` tells the main thread (its feed's snapshot), whose
+  ``send`` then refuses. A ``run`` that raises gives the feed
   up as a failed connection would (``FeedFatal``, the traceback kept as its cause).
 - A source that manages its own connections (the built-in WebSocket feed, io_loop/client.py, is
   one) says what happens to them: ``connection_opened()`` (its id is stamped on what is emitted
@@ -351,10 +353,11 @@ class SourceRunner:
         self.stopping_now = False  # the stop began: no emit is taken
         self.busy = 0  # emit calls in progress
         self.idle_wait: asyncio.Event | None = None  # made by a stop that waits for them
-        self.out = Outbound(outbox, stats)  # what the main thread sends it (io_loop/writer.py)
+        self.out = Outbound(outbox, stats, name=feed.name)  # what the main thread sends it (io_loop/writer.py)
         self._declined_logged: set[str] = set()
         self._running: asyncio.Task | None = None  # the task of ``run`` (cancelled by a failed before_stop)
         self._stop_failed: FeedFatal | None = None  # what the source's before_stop raised, as FeedFatal
+        self.ended = False  # the source's run has returned (or raised): nothing more is written for it
 
     # ---- the source's side ----------------------------------------------------------------------
 
@@ -456,6 +459,7 @@ class SourceRunner:
         except Exception as exc:
             raise self._failed(exc, "") from exc
         finally:
+            self.ended = True
             stats.connected = False
             stats.state_since = time.time()
         try:

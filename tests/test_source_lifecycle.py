@@ -123,3 +123,41 @@ def test_an_exception_in_before_stop_reaches_the_main_thread_and_the_stop_does_n
     assert "raise_in_before_stop" in [frame.name for frame in traceback.extract_tb(cause.__traceback__)]
     assert stopped_s < cfg.shutdown_timeout_s / 2, f"the stop took {stopped_s:.1f}s: it waited for its deadline"
     assert_books_balance(ctl)
+
+
+class ExpiresAfterOneOrder:
+    """Takes one order, then its session ends (a token expired, no re-login): ``run`` returns
+    once the test says so, with the orders sent meanwhile unread."""
+
+    name = "exchange"
+
+    def __init__(self, may_end: threading.Event) -> None:
+        self.may_end = may_end
+        self.got: list[Any] = []
+
+    async def run(self, ctx: Any) -> None:
+        async for frame in ctx.outgoing():
+            self.got.append(frame)
+            break
+        await asyncio.get_running_loop().run_in_executor(None, self.may_end.wait)
+
+
+def test_send_to_a_source_whose_run_returned_raises_and_what_it_could_not_write_is_logged_once(caplog):
+    may_end = threading.Event()
+    source = ExpiresAfterOneOrder(may_end)
+    with Controller(_config(queue_size=64), processor=PROCESSOR, sources=[source]) as ctl:
+        ctl.send("exchange", {"order": 0})
+        drive(ctl, lambda: len(source.got) == 1, timeout_s=10 * UNIT_S, what="the first order taken")
+        for i in range(1, 40):  # sent while the session is still up, never read: it ends first
+            ctl.send("exchange", {"order": i})
+        may_end.set()
+        drive(ctl, lambda: not ctl.stats().feeds[0].io.connected, timeout_s=10 * UNIT_S, what="the source ended")
+        with pytest.raises(RuntimeError, match=r"send\('exchange'\): 1 frames not sent: the source has ended "
+                                               r"\(its run returned\)"):
+            ctl.send("exchange", {"order": 40})
+        drive(ctl, lambda: ctl.stats().sent_unsent >= 39, timeout_s=10 * UNIT_S, what="39 orders counted")
+    snap = ctl.stats()
+    assert (snap.sent_out, snap.sent_unsent) == (1, 39) and snap.feeds[0].ended
+    logged = [r.getMessage() for r in caplog.records if "could not be written" in r.getMessage()]
+    assert len(logged) == 1 and "source 'exchange' has ended" in logged[0], logged
+    assert_books_balance(ctl)
