@@ -30,7 +30,7 @@ __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "His
 
 # latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
 SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
-# how often the IO thread samples its loop's lag (one trip round the loop)
+# how often the IO thread samples its loop's lag (io_loop/thread.py ``_watch_lag``)
 LAG_INTERVAL_S = 0.02
 COPY_TRIES = 10
 

@@ -57,6 +57,9 @@ __all__ = ["IOThread", "InboundSink"]
 log = logging.getLogger("forkless.io")
 
 ABORT_CLEANUP_S = 0.2
+# epoll waits in whole milliseconds (selectors rounds a timeout up): an idle loop's timer fires up to this late
+TIMER_ROUNDING_S = 0.001
+MAX_MISSED_SAMPLES = 3000  # a block of the loop stands for at most this many samples it delayed (a minute)
 
 
 class InboundSink(Protocol):
@@ -291,16 +294,26 @@ class IOThread:
             self._bridge.stop_inbound()
 
     async def _watch_lag(self) -> None:
-        """The IO-loop lag the status line and metrics report: every ``LAG_INTERVAL_S``, how
-        long a callback that is ready now waits for its turn (one trip round the loop). Unlike
-        "how late did a timer fire" it does not include epoll's 1 ms timeout rounding."""
+        """The IO-loop lag the status line and metrics report, sampled every ``LAG_INTERVAL_S``:
+        the longer of how long a callback that is ready now waits for its turn (one trip round
+        the loop) and how late the sampling timer fired, less epoll's rounding
+        (``TIMER_ROUNDING_S``: an idle loop's figure is the trip's). The timer's lateness covers
+        whatever held the loop while it waited (a source's blocking call of 2 s is a sample of
+        about 2 s); a block longer than the interval also stands for the samples it delayed, each
+        as late as it was then (HdrHistogram's expected-interval correction), so the quantiles
+        weigh a block by how long it lasted."""
         loop = asyncio.get_running_loop()
         lag = self.stats.loop_lag
         while True:
+            due = loop.time() + LAG_INTERVAL_S
             await asyncio.sleep(LAG_INTERVAL_S)
             start = loop.time()
+            late = start - due - TIMER_ROUNDING_S
             await asyncio.sleep(0)
-            lag.observe(loop.time() - start)
+            lag.observe(max(loop.time() - start, late))
+            if late > LAG_INTERVAL_S:
+                missed = min(int(late / LAG_INTERVAL_S), MAX_MISSED_SAMPLES)
+                lag.observe_many(late - k * LAG_INTERVAL_S for k in range(1, missed + 1))
 
     def _count_unsent(self) -> None:
         """Whatever replies could not be sent are counted and logged, never silently lost:

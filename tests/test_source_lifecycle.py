@@ -161,3 +161,36 @@ def test_send_to_a_source_whose_run_returned_raises_and_what_it_could_not_write_
     logged = [r.getMessage() for r in caplog.records if "could not be written" in r.getMessage()]
     assert len(logged) == 1 and "source 'exchange' has ended" in logged[0], logged
     assert_books_balance(ctl)
+
+
+class BlocksItsLoop:
+    """Blocks the IO loop once (a synchronous call in a coroutine: a blocking SDK, say), then says so."""
+
+    name = "blocking"
+
+    def __init__(self, block_s: float) -> None:
+        self.block_s = block_s
+        self.blocked = threading.Event()
+
+    async def run(self, ctx: Any) -> None:
+        import time
+
+        await asyncio.sleep(0.1)  # the lag sampler's timer is waiting by now
+        time.sleep(self.block_s)  # the misuse under test
+        self.blocked.set()
+        async for _ in ctx.outgoing():
+            pass
+
+
+def test_a_source_that_blocks_its_loop_shows_in_the_loop_lag_for_as_long_as_it_blocked():
+    source = BlocksItsLoop(block_s=0.5)
+    with Controller(_config(), processor=PROCESSOR, sources=[source]) as ctl:
+        drive(ctl, source.blocked.is_set, timeout_s=10 * UNIT_S, what="the loop blocked")
+        lag = ctl.stats().loop_lag
+        drive(ctl, lambda: ctl.stats().loop_lag.n > lag.n, timeout_s=10 * UNIT_S, what="the lag sampled after it")
+        lag = ctl.stats().loop_lag
+    # the block delayed the sampler's timer by about 0.5 s less at most one sampling interval (20 ms):
+    # at least one sample of 0.25 s or more, and quantiles that weigh the block by how long it lasted
+    late = sum(count for bound, count in zip((*lag.bounds, float("inf")), lag.counts) if bound > 0.25)
+    assert late >= 5, f"{late} samples above 0.25 s of {lag.n}; the largest about {lag.quantile(1.0):.4f} s"
+    assert lag.quantile(0.99) > 0.25
