@@ -413,9 +413,12 @@ class Controller:
                     self.stop()
             raise
         finally:
-            # what start() took, also when stop() never ran (the IO side failed, a second SIGINT)
-            self._life.end(ABORTED if self._aborting else FAILED)
-            self._signals.restore()
+            try:  # what start() took, also when stop() never ran (the IO side failed, a second SIGINT)
+                self._life.end(ABORTED if self._aborting else FAILED)
+            finally:
+                self._signals.restore()
+        if self._aborting:  # a second SIGINT that came while the host's settings were given back
+            raise KeyboardInterrupt
 
     def process_pending(self, timeout: float = 0.0) -> int:
         """Process what is waiting (waiting up to ``timeout`` for a first message); returns
@@ -493,11 +496,15 @@ class Controller:
 
     def _on_signal(self, signum: int) -> None:
         """SIGINT/SIGTERM while ``run()`` runs: an orderly stop; a second SIGINT aborts."""
+        if signum == signal.SIGINT and self._aborting:  # raised once: not again inside the unwinding it began
+            log.warning("interrupt while aborting: the abort is under way (about a second)")
+            return
         if signum == signal.SIGINT and self._stop_requested.is_set():
             log.warning("second interrupt: aborting (what was not sent is dropped, no checkpoint is written)")
             self._aborting = True
             self._io.abort()
-            raise KeyboardInterrupt
+            if self._life.interruptible:  # else run() raises it once the host's settings are given back
+                raise KeyboardInterrupt
         self.request_stop()  # first: once the line below is logged, a second SIGINT aborts
         log.info("%s received: stopping (reading stopped, sending what is left)", signal.Signals(signum).name)
 

@@ -15,7 +15,8 @@ Rules:
   work deadline; what is still unput then is counted as dropped ("outbound full at stop"). An
   item the IO side can no longer take (it failed, or ended and shut *outbound*) is counted as
   dropped ("IO side ended": the IO side counts what it took, this side what it did not), then
-  the IO side's failure is raised (``FeedFatal`` with the source's exception as its cause).
+  the IO side's failure is raised (``FeedFatal`` with the source's exception as its cause); an
+  IO side aborted by a second SIGINT has none: the put returns, and the interrupt is raised.
 - ``StopDeadline``: the stop's deadline is fixed once, by the first request, ``timeout`` from
   then; processing and sending end ``STOP_RESERVE_S`` (at most a third of it) before, so that
   the IO thread can end and the process exit by the deadline whatever the socket does.
@@ -34,7 +35,6 @@ import janus
 from controller.batching import TAKEN, Chunk, MicroBatcher, Taken
 from controller.stats import MainStats
 from io_loop.crossing import Events, Outgoing, count_unsent
-from io_loop.errors import IOThreadError
 
 __all__ = ["POLL_S", "STOP_RESERVE_S", "Intake", "Outbound", "StopDeadline"]
 
@@ -226,11 +226,11 @@ class Outbound:
                               item.frame_count)
                     return
 
-            except janus.SyncQueueShutDown:  # the IO side ended (failed) and shut outbound: it takes nothing more
+            except janus.SyncQueueShutDown:  # the IO side ended and shut outbound: it takes nothing more
                 self._count_unput(item)
                 self.io.join(self.deadline.timeout_s)  # its failure is kept once its loop has ended
                 self.io.raise_if_failed()
-                raise IOThreadError("the IO side ended while the main thread handed it replies") from None
+                return  # no failure: it was aborted (a second SIGINT), which the caller raises
 
     def _raise_if_failed(self, item: Outgoing) -> None:
         """The IO side's failure raised, ``item`` (never put) counted first."""

@@ -94,6 +94,9 @@ class IOThread:
         self._feeds: FeedSet | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._ready = threading.Event()
+        # set by the thread as its last act (its books are final): what join() waits for. Not Thread.join:
+        # a KeyboardInterrupt inside it marks a live thread as ended (CPython 3.11, bpo-45274's fix)
+        self._ended = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main_task: asyncio.Task | None = None
         self._bridge: Bridge | None = None
@@ -126,9 +129,14 @@ class IOThread:
                 pass
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the thread; True if it has ended."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        """Wait for the thread; True if it has ended (its last act done: every count final). Safe
+        to call again after a ``KeyboardInterrupt`` interrupted it (a second SIGINT)."""
+        if self._thread.ident is None:  # never started
+            return True
+        if not self._ended.wait(timeout):
+            return False
+        self._thread.join(timeout)  # what is left of it after its last act: the thread's own exit
+        return True
 
     def abort(self) -> None:
         """Cancel the loop's main task (what was not sent is counted as dropped); the clean-up
@@ -148,7 +156,7 @@ class IOThread:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.ident is not None and not self._ended.is_set()
 
     def raise_if_failed(self) -> None:
         """Re-raise what ended the thread: ``FeedFatal`` and ``MetricsServerError`` as they are,
@@ -206,6 +214,7 @@ class IOThread:
                 loop.close()
                 self._cpu_at_end = time.thread_time()
                 self._ready.set()
+                self._ended.set()
 
     async def _main(self) -> None:
         cfg = self.settings
