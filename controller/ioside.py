@@ -55,6 +55,16 @@ class FeedPlan(NamedTuple):
                              "is sent no frames")
         return index
 
+    def refuse_ended(self, io: IOSnapshot, index: int, frames: int) -> None:
+        """``Controller.send``'s refusal of feed ``index`` once it has ended (a source whose ``run``
+        returned, a feed given up): ``RuntimeError`` naming it and why. What reaches one that ends
+        after this check is counted and logged by the IO side (``sent_unsent``)."""
+        feed = io.feeds[index] if index < len(io.feeds) else None
+        if feed is not None and (feed.ended or feed.given_up):
+            why = f"it gave up: {feed.given_up}" if feed.given_up else "its run returned"
+            raise RuntimeError(f"send({feed.name!r}): {frames} frames not sent: the source has ended ({why}); "
+                               "nothing more is written to it in this run")
+
     def stream_prefixes(self, shared_streams: bool) -> list[str] | None:
         """With several feeds (unless ``FORKLESS_SHARED_STREAMS=1``) a stream's key is "feed:stream":
         each feed's prefix; None when a stream's key is its name."""

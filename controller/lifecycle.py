@@ -11,7 +11,8 @@ Rules:
 - How the run ended decides the waits. ``ORDERLY`` and ``LEASE_LOST``: the IO side has until
   the stop's deadline (``end_io``); ``ORDERLY`` only: the checkpoint writer is waited for
   until the deadline (the stop's checkpoint), else it is ended at once. ``ABORTED`` (a second
-  SIGINT aborted the IO side already): the IO side gets ``ABORT_JOIN_S``. ``FAILED``: the IO
+  SIGINT aborted the IO side already): the IO side gets ``ABORT_JOIN_S``, as it does when that
+  SIGINT interrupts an orderly stop's join (so the books are whole when it is raised). ``FAILED``: the IO
   side (which failed, or was just started by a start that failed) is aborted, not waited for,
   so that a crashed IO thread never delays the exit.
 - Nothing here exits the process; an IO thread that does not end is left behind (a daemon)
@@ -65,6 +66,16 @@ class Lifetime:
         self.abandoned_io = False  # True if the IO thread still ran when the ending gave up on it
         self._how = FAILED
         self._stack = contextlib.ExitStack()
+        # a second SIGINT may be raised only where it cannot cut a give-back in half: before ``end``,
+        # or while ``end`` waits for the IO side (see ``interruptible``)
+        self._ending = False
+        self._joining = False
+
+    @property
+    def interruptible(self) -> bool:
+        """False while ``end`` gives back something other than the IO side (the host's settings, the
+        leases): a ``KeyboardInterrupt`` raised there would leave it half given back."""
+        return not self._ending or self._joining
 
     def hold(self, give_back: Callable[[], None]) -> None:
         """A resource taken; ``give_back()`` is called once by ``end``."""
@@ -82,6 +93,7 @@ class Lifetime:
         """Give back everything held, in reverse, ended ``how`` (``ORDERLY``, ``LEASE_LOST``,
         ``ABORTED``, ``FAILED``); once: a later call does nothing."""
         self._how = how
+        self._ending = True
         self._stack.close()
 
     def _end_checkpoints(self, checkpoints: Any) -> None:
@@ -95,6 +107,16 @@ class Lifetime:
         if how == FAILED:  # an IO side that failed ends by itself (a daemon): not waited for
             io.abort()
             return
-        ended = end_io(io, self.deadline, self.deadline.timeout_s) if how != ABORTED else io.join(ABORT_JOIN_S)
+        self._joining = True
+        try:
+            ended = end_io(io, self.deadline, self.deadline.timeout_s) if how != ABORTED else io.join(ABORT_JOIN_S)
+        except KeyboardInterrupt:  # a second SIGINT during the join: the IO side was aborted (Controller._on_signal);
+            # its books are final once it has counted what it held: waited for as an aborted stop is, then raised
+            self._joining = False
+            if not io.join(ABORT_JOIN_S):
+                self.abandoned_io = True
+            raise
+        finally:
+            self._joining = False
         if not ended:
             self.abandoned_io = True

@@ -413,9 +413,12 @@ class Controller:
                     self.stop()
             raise
         finally:
-            # what start() took, also when stop() never ran (the IO side failed, a second SIGINT)
-            self._life.end(ABORTED if self._aborting else FAILED)
-            self._signals.restore()
+            try:  # what start() took, also when stop() never ran (the IO side failed, a second SIGINT)
+                self._life.end(ABORTED if self._aborting else FAILED)
+            finally:
+                self._signals.restore()
+        if self._aborting:  # a second SIGINT that came while the host's settings were given back
+            raise KeyboardInterrupt
 
     def process_pending(self, timeout: float = 0.0) -> int:
         """Process what is waiting (waiting up to ``timeout`` for a first message); returns
@@ -447,7 +450,8 @@ class Controller:
         (an order, say): it is written (a WebSocket feed) or yielded by ``ctx.outgoing()`` (a user
         source) as soon as the IO loop turns, in order with the replies before it. ``frame`` is a
         ``str``, UTF-8 ``bytes``, a list of frames, or a JSON value (sent as its compact text).
-        Call it from the thread that drives the controller; it waits while outbound is full."""
+        Call it from the thread that drives the controller; it waits while outbound is full.
+        ``RuntimeError`` when the feed has ended (a source whose ``run`` returned, a feed given up)."""
         index = self.plan.sendable(feed)
         if not self._running:
             raise RuntimeError("call start() (or use the controller as a context manager) before send()")
@@ -456,6 +460,7 @@ class Controller:
         frames = frames_of(frame, "send() was given")
         if frames:
             self._io.raise_if_failed()
+            self.plan.refuse_ended(self._io.snapshot(), index, len(frames))
             self._outbound.put(Outgoing(frames, answers=False, feed=index, sent=True), None)
 
     # ---- observing --------------------------------------------------------------------------
@@ -488,11 +493,15 @@ class Controller:
 
     def _on_signal(self, signum: int) -> None:
         """SIGINT/SIGTERM while ``run()`` runs: an orderly stop; a second SIGINT aborts."""
+        if signum == signal.SIGINT and self._aborting:  # raised once: not again inside the unwinding it began
+            log.warning("interrupt while aborting: the abort is under way (about a second)")
+            return
         if signum == signal.SIGINT and self._stop_requested.is_set():
             log.warning("second interrupt: aborting (what was not sent is dropped, no checkpoint is written)")
             self._aborting = True
             self._io.abort()
-            raise KeyboardInterrupt
+            if self._life.interruptible:  # else run() raises it once the host's settings are given back
+                raise KeyboardInterrupt
         self.request_stop()  # first: once the line below is logged, a second SIGINT aborts
         log.info("%s received: stopping (reading stopped, sending what is left)", signal.Signals(signum).name)
 

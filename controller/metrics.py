@@ -178,8 +178,9 @@ def _latency_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric
     fams.append(hops)
     fams.append(_histogram("forkless_batch_size", "Messages per batch run through the step.",
                            snap.batch_size, 1))
-    fams.append(_histogram("forkless_io_loop_lag_seconds", "How long a ready callback waits for its turn on the IO "
-                           f"loop (one trip round the loop, sampled every {LAG_INTERVAL_S * 1000:g} ms).",
+    fams.append(_histogram("forkless_io_loop_lag_seconds", "How late the IO loop runs what is due, sampled every "
+                           f"{LAG_INTERVAL_S * 1000:g} ms: a ready callback's wait for its turn, or the sampling "
+                           "timer's lateness, the longer (a block of the loop shows for as long as it lasted).",
                            snap.loop_lag, SECONDS_STEP))
     fams.append(_histogram("forkless_step_seconds", "Wall time of one compiled step, device to host included.",
                            snap.step_seconds, SECONDS_STEP))

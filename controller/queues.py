@@ -12,7 +12,11 @@ Rules:
   down and drained or the work deadline (``finish``).
 - ``Outbound.put`` waits while *outbound* is full (the socket is slow), checking the IO side's
   health every ``POLL_S``: for as long as it takes, or, once a stop was requested, until its
-  work deadline; what is still unput then is counted as dropped ("outbound full at stop").
+  work deadline; what is still unput then is counted as dropped ("outbound full at stop"). An
+  item the IO side can no longer take (it failed, or ended and shut *outbound*) is counted as
+  dropped ("IO side ended": the IO side counts what it took, this side what it did not), then
+  the IO side's failure is raised (``FeedFatal`` with the source's exception as its cause); an
+  IO side aborted by a second SIGINT has none: the put returns, and the interrupt is raised.
 - ``StopDeadline``: the stop's deadline is fixed once, by the first request, ``timeout`` from
   then; processing and sending end ``STOP_RESERVE_S`` (at most a third of it) before, so that
   the IO thread can end and the process exit by the deadline whatever the socket does.
@@ -30,7 +34,7 @@ import janus
 
 from controller.batching import TAKEN, Chunk, MicroBatcher, Taken
 from controller.stats import MainStats
-from io_loop.crossing import Events, Outgoing
+from io_loop.crossing import Events, Outgoing, count_unsent
 
 __all__ = ["POLL_S", "STOP_RESERVE_S", "Intake", "Outbound", "StopDeadline"]
 
@@ -38,6 +42,7 @@ log = logging.getLogger("forkless.controller")
 
 POLL_S = 0.1
 STOP_RESERVE_S = 0.5  # of SHUTDOWN_TIMEOUT_S (at most a third), kept for ending the threads and the process
+IO_ENDED_REASON = "IO side ended"  # dropped: replies the IO side ended before taking
 
 
 class StopDeadline:
@@ -214,12 +219,31 @@ class Outbound:
                     outbound.put_nowait(item)
                 return
             except Full:
-                self.io.raise_if_failed()
+                self._raise_if_failed(item)
                 if deadline is not None and time.monotonic() >= deadline:
                     self.stats.dropped["outbound full at stop"] += item.frame_count
                     log.error("%d replies dropped: the outbound queue stayed full until the stop deadline",
                               item.frame_count)
                     return
+
+            except janus.SyncQueueShutDown:  # the IO side ended and shut outbound: it takes nothing more
+                self._count_unput(item)
+                self.io.join(self.deadline.timeout_s)  # its failure is kept once its loop has ended
+                self.io.raise_if_failed()
+                return  # no failure: it was aborted (a second SIGINT), which the caller raises
+
+    def _raise_if_failed(self, item: Outgoing) -> None:
+        """The IO side's failure raised, ``item`` (never put) counted first."""
+        if self.io.failure is not None:
+            self._count_unput(item)
+            self.io.raise_if_failed()
+
+    def _count_unput(self, item: Outgoing) -> None:
+        """Replies the IO side will never take: those answering messages counted as dropped."""
+        answers = count_unsent([(item, 0)]).answers
+        if answers:
+            self.stats.dropped[IO_ENDED_REASON] += answers
+            log.error("%d replies dropped: the IO side ended before taking them", answers)
 
     def shutdown(self) -> None:
         """No more puts: the IO thread sends what is queued, then ends (io_loop/bridge.py)."""

@@ -343,8 +343,9 @@ def _relay_feed_families(io: IOSnapshot) -> list[Metric]:
     lag = io.loop_lag
     cumulative = lag.cumulative()
     buckets = [(str(bound), count) for bound, count in cumulative[:-1][::5]] + [("+Inf", cumulative[-1][1])]
-    fams.append(HistogramMetricFamily("forkless_io_loop_lag_seconds", "How long a ready callback waits for its "
-                                      "turn on the IO loop.", buckets=buckets, sum_value=lag.total))
+    fams.append(HistogramMetricFamily("forkless_io_loop_lag_seconds", "How late the IO loop runs what is due (a "
+                                      "block of the loop shows for as long as it lasted).", buckets=buckets,
+                                      sum_value=lag.total))
     return fams
 
 

@@ -30,7 +30,7 @@ __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "His
 
 # latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
 SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
-# how often the IO thread samples its loop's lag (one trip round the loop)
+# how often the IO thread samples its loop's lag (io_loop/thread.py ``_watch_lag``)
 LAG_INTERVAL_S = 0.02
 COPY_TRIES = 10
 
@@ -253,12 +253,14 @@ class IOSnapshot:
 @dataclass(frozen=True)
 class FeedSnapshot:
     """One feed's figures: its own ``IOStats`` snapshot (connection, frames, messages, replies,
-    write latency, unsent), its name, whether readiness waits for it, and why it was given up ("" while used)."""
+    write latency, unsent), its name, whether readiness waits for it, why it was given up ("" while used),
+    and whether its source has ended (its ``run`` returned)."""
 
     name: str
     required: bool
     given_up: str
     io: IOSnapshot
+    ended: bool = False  # a source's run has returned (or raised): nothing more is written for it
 
     @property
     def up(self) -> bool:

@@ -239,5 +239,6 @@ class FeedSet:
         """Each feed's figures, copied (callable from any thread)."""
         return [FeedSnapshot(spec.name, spec.required, why,
                              client.stats.snapshot(0, 0, client.held_frames()
-                                                   + (self.outboxes[i].frames if self.outboxes else 0)))
+                                                   + (self.outboxes[i].frames if self.outboxes else 0)),
+                             ended=client.ended)
                 for i, (spec, client, why) in enumerate(zip(self.specs, self.clients, self.given_up))]

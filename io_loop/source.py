@@ -33,7 +33,9 @@ Rules:
   ``SourceStopped`` (the frame is not taken: a replayable source replays it next time).
   ``outgoing()`` ends once the main thread has sent its last frame; then ``run`` returns.
   A ``run`` that returns earlier means the source has no more messages; replies that still
-  come for it are counted as dropped ("source ended"). A ``run`` that raises gives the feed
+  come for it are counted as dropped ("source ended"), ``Controller.send`` frames as
+  ``sent_unsent`` (logged once), and ``ended`` tells the main thread (its feed's snapshot), whose
+  ``send`` then refuses. A ``run`` that raises gives the feed
   up as a failed connection would (``FeedFatal``, the traceback kept as its cause).
 - A source that manages its own connections (the built-in WebSocket feed, io_loop/client.py, is
   one) says what happens to them: ``connection_opened()`` (its id is stamped on what is emitted
@@ -45,7 +47,9 @@ Rules:
   raises and counts nothing. ``outgoing()`` is the frame-at-a-time form of the same.
 - The stop has one mechanism, ``SourceRunner.stop_reading``: the source's optional
   ``before_stop(ctx)`` (finish what is in flight), then ``ctx.stopping`` is set and the emits in
-  progress are waited for; nothing half handed over is lost.
+  progress are waited for; nothing half handed over is lost. A ``before_stop`` that raises fails
+  the source as a ``run`` that raises does (``FeedFatal`` from it, at once: its ``run`` is
+  cancelled), and the stop goes on, so it never waits for its deadline because of it.
 - ``SourceRunner`` is the IO thread's side of one source, user's or built-in (``run``,
   ``stop_reading``, ``held_frames``, ``take_held``, ``handover``, ``stats``): the feed set
   (io_loop/feeds.py) does not know which kind it runs. Its outbound side (what the main thread
@@ -348,8 +352,11 @@ class SourceRunner:
         self.stopping_now = False  # the stop began: no emit is taken
         self.busy = 0  # emit calls in progress
         self.idle_wait: asyncio.Event | None = None  # made by a stop that waits for them
-        self.out = Outbound(outbox, stats)  # what the main thread sends it (io_loop/writer.py)
+        self.out = Outbound(outbox, stats, name=feed.name)  # what the main thread sends it (io_loop/writer.py)
         self._declined_logged: set[str] = set()
+        self._running: asyncio.Task | None = None  # the task of ``run`` (cancelled by a failed before_stop)
+        self._stop_failed: FeedFatal | None = None  # what the source's before_stop raised, as FeedFatal
+        self.ended = False  # the source's run has returned (or raised): nothing more is written for it
 
     # ---- the source's side ----------------------------------------------------------------------
 
@@ -438,28 +445,51 @@ class SourceRunner:
             stats.connected = True
             stats.connects += 1
             stats.state_since = time.time()
+        self._running = asyncio.current_task()
         try:
             await self.source.run(self.ctx)
         except (asyncio.CancelledError, SourceStopped):
+            if self._stop_failed is not None:
+                raise self._stop_failed from self._stop_failed.__cause__
             if not self.stopping_now:
                 raise
         except ForklessError:  # FeedFatal, PositionLost: said already, as they are
             raise
         except Exception as exc:
-            stats.last_error = f"{type(exc).__name__}: {exc}"
-            log.error("source %r failed", self.feed.name, exc_info=exc)
-            raise FeedFatal(f"source {self.feed.name!r} failed: {type(exc).__name__}: {exc}") from exc
+            raise self._failed(exc, "") from exc
         finally:
+            self.ended = True
             stats.connected = False
             stats.state_since = time.time()
-        await self.out.drain_after_end()
+        try:
+            if self._stop_failed is None:
+                await self.out.drain_after_end()
+        except asyncio.CancelledError:
+            if self._stop_failed is None:
+                raise
+        if self._stop_failed is not None:
+            raise self._stop_failed from self._stop_failed.__cause__
+
+    def _failed(self, exc: Exception, during: str) -> FeedFatal:
+        """The source's exception (raised by its ``run`` or ``during`` its hook), logged with its
+        traceback, as the ``FeedFatal`` that gives the source up (raise it ``from exc``)."""
+        self.stats.last_error = f"{type(exc).__name__}: {exc}"
+        log.error("source %r failed%s", self.feed.name, during, exc_info=exc)
+        return FeedFatal(f"source {self.feed.name!r} failed{during}: {type(exc).__name__}: {exc}")
 
     async def stop_reading(self, deadline: float | None = None) -> None:
         """The stop: the source's ``before_stop``; then no more emits are taken, one in progress
         finishes, the hand-over is flushed. ``deadline`` (monotonic) bounds the stop's work."""
         before_stop = getattr(self.source, "before_stop", None)
         if before_stop is not None and not self.stopping_now:
-            await before_stop(self.ctx)
+            try:
+                await before_stop(self.ctx)
+            except Exception as exc:  # the source fails as if its run raised it: given up at once
+                fatal = exc if isinstance(exc, FeedFatal) else self._failed(exc, " in before_stop")
+                fatal.__cause__ = exc if fatal is not exc else exc.__cause__
+                self._stop_failed = fatal
+                if self._running is not None and not self._running.done():
+                    self._running.cancel()
         self.stopping_now = True
         self.ctx.stop_deadline = deadline
         self.ctx.stopping.set()

@@ -57,6 +57,9 @@ __all__ = ["IOThread", "InboundSink"]
 log = logging.getLogger("forkless.io")
 
 ABORT_CLEANUP_S = 0.2
+# epoll waits in whole milliseconds (selectors rounds a timeout up): an idle loop's timer fires up to this late
+TIMER_ROUNDING_S = 0.001
+MAX_MISSED_SAMPLES = 3000  # a block of the loop stands for at most this many samples it delayed (a minute)
 
 
 class InboundSink(Protocol):
@@ -91,6 +94,9 @@ class IOThread:
         self._feeds: FeedSet | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._ready = threading.Event()
+        # set by the thread as its last act (its books are final): what join() waits for. Not Thread.join:
+        # a KeyboardInterrupt inside it marks a live thread as ended (CPython 3.11, bpo-45274's fix)
+        self._ended = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main_task: asyncio.Task | None = None
         self._bridge: Bridge | None = None
@@ -123,9 +129,14 @@ class IOThread:
                 pass
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the thread; True if it has ended."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        """Wait for the thread; True if it has ended (its last act done: every count final). Safe
+        to call again after a ``KeyboardInterrupt`` interrupted it (a second SIGINT)."""
+        if self._thread.ident is None:  # never started
+            return True
+        if not self._ended.wait(timeout):
+            return False
+        self._thread.join(timeout)  # what is left of it after its last act: the thread's own exit
+        return True
 
     def abort(self) -> None:
         """Cancel the loop's main task (what was not sent is counted as dropped); the clean-up
@@ -145,7 +156,7 @@ class IOThread:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.ident is not None and not self._ended.is_set()
 
     def raise_if_failed(self) -> None:
         """Re-raise what ended the thread: ``FeedFatal`` and ``MetricsServerError`` as they are,
@@ -203,6 +214,7 @@ class IOThread:
                 loop.close()
                 self._cpu_at_end = time.thread_time()
                 self._ready.set()
+                self._ended.set()
 
     async def _main(self) -> None:
         cfg = self.settings
@@ -237,6 +249,9 @@ class IOThread:
             for task in (*background, *self._stopping):
                 task.cancel()
             await asyncio.gather(*background, *self._stopping, return_exceptions=True)
+            # outbound shut before what it holds is counted: a put the main thread makes from here on
+            # is refused (and counted there), never taken after the count and lost with the queue
+            bridge.end_outbound()
             self._count_unsent()
             try:
                 # after an abort the stop deadline has (nearly) passed: clean up briefly or not at all
@@ -288,16 +303,26 @@ class IOThread:
             self._bridge.stop_inbound()
 
     async def _watch_lag(self) -> None:
-        """The IO-loop lag the status line and metrics report: every ``LAG_INTERVAL_S``, how
-        long a callback that is ready now waits for its turn (one trip round the loop). Unlike
-        "how late did a timer fire" it does not include epoll's 1 ms timeout rounding."""
+        """The IO-loop lag the status line and metrics report, sampled every ``LAG_INTERVAL_S``:
+        the longer of how long a callback that is ready now waits for its turn (one trip round
+        the loop) and how late the sampling timer fired, less epoll's rounding
+        (``TIMER_ROUNDING_S``: an idle loop's figure is the trip's). The timer's lateness covers
+        whatever held the loop while it waited (a source's blocking call of 2 s is a sample of
+        about 2 s); a block longer than the interval also stands for the samples it delayed, each
+        as late as it was then (HdrHistogram's expected-interval correction), so the quantiles
+        weigh a block by how long it lasted."""
         loop = asyncio.get_running_loop()
         lag = self.stats.loop_lag
         while True:
+            due = loop.time() + LAG_INTERVAL_S
             await asyncio.sleep(LAG_INTERVAL_S)
             start = loop.time()
+            late = start - due - TIMER_ROUNDING_S
             await asyncio.sleep(0)
-            lag.observe(loop.time() - start)
+            lag.observe(max(loop.time() - start, late))
+            if late > LAG_INTERVAL_S:
+                missed = min(int(late / LAG_INTERVAL_S), MAX_MISSED_SAMPLES)
+                lag.observe_many(late - k * LAG_INTERVAL_S for k in range(1, missed + 1))
 
     def _count_unsent(self) -> None:
         """Whatever replies could not be sent are counted and logged, never silently lost:

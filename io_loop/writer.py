@@ -16,12 +16,14 @@ Rules:
   counts nothing: a wrong count would unbalance the books.
 - ``Outbound`` is a source runner's whole outbound side: the two above, ``outgoing()``'s
   frame-at-a-time form (a frame counts as delivered when the next is asked for), and, once the
-  source's ``run`` has returned, the count of what still comes for it until the stop.
+  source's ``run`` has returned, the count of what still comes for it until the stop (logged
+  once: the source does not run again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,6 +34,8 @@ from io_loop.counters import IOStats
 from io_loop.crossing import PICKED, WRITTEN, Outgoing
 
 __all__ = ["HeldReply", "Outbound", "ReplyBatch"]
+
+log = logging.getLogger("forkless.source")
 
 
 class HeldReply:
@@ -203,11 +207,13 @@ class Outbound:
     """What the main thread sends one source: the held item, its ``ReplyBatch`` and
     ``outgoing()``'s frames (see the module rules). IO loop only."""
 
-    def __init__(self, outbox: Any, stats: IOStats) -> None:
+    def __init__(self, outbox: Any, stats: IOStats, *, name: str = "") -> None:
         self.stats = stats
+        self.name = name  # the source's, for the log
         self.held = HeldReply(outbox, stats)  # the item being written, kept across reconnects
         self.batch = ReplyBatch(self.held)  # ctx.replies()
         self._handed = False  # frames(): a frame was handed out and not yet counted delivered
+        self._logged_unsendable = False  # what came after the source's run returned: logged once
 
     async def frames(self) -> AsyncIterator[str | bytes]:
         """``outgoing()``: ``replies()`` a frame at a time; a frame counts as delivered when the
@@ -243,6 +249,12 @@ class Outbound:
     def _count_unsendable(self, item: Outgoing, written: int) -> None:
         left = len(item.frames) - written
         stats = self.stats
+        if left and not self._logged_unsendable:
+            self._logged_unsendable = True
+            log.error("source %r has ended (its run returned): %d frames (%s) could not be written; what comes "
+                      "for it until the stop is counted (Controller.send frames in sent_unsent, replies as "
+                      "dropped 'source ended'), logged once", self.name, left,
+                      "sent with Controller.send" if item.sent else "replies")
         if item.sent:
             stats.sent_unsent += left
         elif item.answers:

@@ -74,3 +74,31 @@ def test_a_second_sigint_raises_keyboard_interrupt_from_run_and_never_ends_the_h
     found = report(out)
     assert found["interrupted"]
     assert found["after"] == found["before"]
+
+
+def test_two_controllers_with_overlapping_lives_leave_the_host_as_it_was_whatever_the_order_of_their_stops(app):
+    proc: AppProcess = app(env={"FORKLESS_STATUS_S": "0"}, program=("-m", "tests.overlap_program"))
+    code, out, err, _ = proc.finish(180 * UNIT_S)
+    assert code == 0, err
+    found = report(out)
+    before = found["before"]
+    assert found["during"]["switch_interval"] == 0.001 and found["during"]["frozen"]  # both ran, settings changed
+    assert not before["frozen"] and before["switch_interval"] == 0.0123
+    assert found["inside B"]["sigint"] != before["sigint"]  # A's run, then B's, handled the signals
+    for sequence in ("after A B A B", "after A B B A", "after nested runs"):
+        assert found[sequence] == before, sequence
+
+
+def test_a_second_sigint_inside_the_stops_join_of_the_io_thread_raises_with_the_books_balanced(app):
+    proc: AppProcess = app(env={"FORKLESS_STATUS_S": "0"}, program=("-m", "tests.interrupt_program"))
+    proc.wait_for_line("emitted 200", timeout_s=120 * UNIT_S)
+    proc.signal(signal.SIGINT)
+    proc.wait_for_line("in the join", timeout_s=60 * UNIT_S)  # every reply is held by the IO thread, unwritten
+    proc.signal(signal.SIGINT)
+    code, out, err, _ = proc.finish(60 * UNIT_S)
+    assert code == 0, err  # the host ended on its own terms
+    books = report(out)
+    assert books["interrupted"] and books["messages_in"] >= 200
+    assert books["in_flight"] == 0, books
+    assert books["messages_in"] == (books["messages_out"] + books["answer_errors_out"] + books["no_reply"]
+                                    + sum(books["dropped"].values())), books
