@@ -1,0 +1,112 @@
+"""Overflow is a property of each source (io_loop/spill.py): a source's overflow drops only its
+own items, counted under its own name, never a replayable source's; and a stalled main loop does
+not silence a source's heartbeat.
+
+Sources here are written against the public API only (a ``name`` and ``async run(ctx)``), as a
+user would write them. Counts and content only, never speed: a stall is held until the feed has
+sent a given number of frames, not for a given time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from controller import Config, Controller
+from controller.processor import ewma_processor
+from tests.harness import UNIT_S, assert_books_balance, drive, wait_until
+
+pytestmark = pytest.mark.timeout(120 * UNIT_S)
+
+PROCESSOR = ewma_processor()
+FEATURES = 4
+REASON = "inbound overflow (drop_oldest)"
+
+
+def _config(**changes: Any) -> Config:
+    base: dict[str, Any] = dict(features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=4,
+                                heartbeat_s=0.0, connect_timeout_s=2.0, shutdown_timeout_s=10.0, status_s=0.0)
+    base.update(changes)
+    return Config(**base)
+
+
+def _frame(seq: int, stream: str) -> str:
+    return json.dumps({"seq": seq, "stream": stream, "x": [float(seq % 7), 1.0, 2.0, 3.0]})
+
+
+class Replayable:
+    """A source that gives positions and replays from them: it must never be dropped from."""
+
+    name = "ledger"
+    replayable = True
+    replies = "none"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.emitted = 0
+
+    async def run(self, ctx: Any) -> None:
+        for i in range(self.n):
+            await ctx.emit(_frame(i, "ledger"), position=i)
+            await ctx.emit_event({"ledger": i})
+            self.emitted += 1
+        await ctx.stopping.wait()
+
+
+class Noisy:
+    """A latest-value source: drops its own oldest when it cannot keep up, and says so."""
+
+    name = "noisy"
+    overflow = "drop_oldest"
+    buffer = 8
+    replies = "none"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.done = False
+
+    async def run(self, ctx: Any) -> None:
+        for i in range(self.n):
+            await ctx.emit(_frame(10_000 + i, "noisy"))
+            await ctx.emit_event({"noisy": i})
+            if i % 4 == 0:
+                await asyncio.sleep(0)  # a few frames a loop turn, as a socket's reads come
+        self.done = True
+        await ctx.stopping.wait()
+
+
+def test_a_noisy_drop_oldest_source_drops_only_its_own_items_never_a_replayable_source_s():
+    # FORKLESS_OVERFLOW=drop_oldest as well: it must not apply to the replayable source
+    ledger, noisy = Replayable(300), Noisy(300)
+    events: dict[str, list[Any]] = {"ledger": [], "noisy": []}
+    results: dict[str, list[int]] = {"ledger": [], "noisy": []}
+
+    def on_results(seqs: list[Any], streams: list[str], outputs: Any) -> None:
+        for seq, stream in zip(seqs, streams):
+            results[stream.split(":")[-1]].append(seq)
+
+    with Controller(_config(overflow="drop_oldest"), processor=PROCESSOR, sources=[ledger, noisy],
+                    on_event=lambda source, event: events[source].append(event), on_results=on_results) as ctl:
+        # the main loop takes nothing until the noisy source has emitted everything: inbound is
+        # full all along, and the noisy source's overflow has every chance to take others' items
+        wait_until(lambda: noisy.done, timeout_s=30 * UNIT_S, what="the noisy source's 300 frames emitted")
+        drive(ctl, lambda: ledger.emitted == 300 and ctl.stats().in_flight == 0, timeout_s=60 * UNIT_S,
+              what="the ledger's 300 frames emitted and every message processed or dropped")
+    assert_books_balance(ctl)  # the stop handed over every event still waiting
+    snap = ctl.stats()
+    by_name = {feed.name: feed.io for feed in snap.feeds}
+    assert results["ledger"] == list(range(300)), "the replayable source loses nothing, in order"
+    assert events["ledger"] == [{"ledger": i} for i in range(300)]
+    assert by_name["ledger"].dropped == {} and by_name["ledger"].events_dropped == {}
+    noisy_io = by_name["noisy"]
+    dropped, events_dropped = noisy_io.dropped.get(REASON, 0), noisy_io.events_dropped.get(REASON, 0)
+    assert dropped > 0 and events_dropped > 0, "the noisy source's own overflow dropped, counted under its name"
+    assert len(results["noisy"]) + dropped == 300  # each of its messages processed or counted dropped
+    assert len(events["noisy"]) + events_dropped == 300  # each of its events delivered or counted dropped
+    assert results["noisy"] == sorted(results["noisy"]) and events["noisy"] == sorted(events["noisy"],
+                                                                                       key=lambda e: e["noisy"])
+    assert noisy_io.buffered_peak <= Noisy.buffer + 1  # its bound, plus the one item that went over it
+    assert snap.dropped == {REASON: dropped} and snap.events_dropped == {REASON: events_dropped}
