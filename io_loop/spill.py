@@ -7,13 +7,15 @@ Rules:
   pump task per source moves them onto inbound as room frees (one item at a time: the one in the
   pump's hand is being put and is never dropped). Order is kept per source.
 - ``bound``: how many messages and events (each event counts one) may wait here, the item in
-  the pump's hand included; the one that goes over it may be held too. Within it an emit never waits, so a source keeps reading its socket and
-  answering its heartbeat through a stalled main loop. Beyond it the source's ``overflow`` applies:
-  ``block``: the emit awaits until the waiting items fit again (backpressure: the source stops
-  reading, TCP pushes back); ``drop_oldest``: the oldest of the source's OWN waiting items are
-  dropped, messages counted in its ``dropped`` ("inbound overflow (drop_oldest)"), events in its
-  ``events_dropped`` (same reason). Nothing of another source is ever touched. A bound of 0 is
-  the queue's bound alone (the pump's one item, then block or drop).
+  the pump's hand included (the one that goes over it is held too: memory is bounded by
+  ``bound`` plus one item). Within it an emit never waits, so a source keeps reading its
+  socket and answering its heartbeat through a stalled main loop. Beyond it the source's
+  ``overflow`` applies: ``block``: the emit awaits until the waiting items fit again
+  (backpressure: the source stops reading, TCP pushes back); ``drop_oldest``: the oldest of the
+  source's OWN waiting items are dropped (never the one being put), messages counted in its
+  ``dropped`` ("inbound overflow (drop_oldest)"), events in its ``events_dropped`` (same reason).
+  Nothing of another source is ever touched. A bound of 0 is the queue's bound alone (one item
+  waits for room, then block or drop).
 - Consecutive events waiting here are gathered into one ``Events`` item (at most ``max_batch``):
   the main thread catches up after a stall in fewer queue trips.
 - Drops are logged once per episode: the first drop, then the episode's totals once everything

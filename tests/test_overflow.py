@@ -110,3 +110,49 @@ def test_a_noisy_drop_oldest_source_drops_only_its_own_items_never_a_replayable_
                                                                                        key=lambda e: e["noisy"])
     assert noisy_io.buffered_peak <= Noisy.buffer + 1  # its bound, plus the one item that went over it
     assert snap.dropped == {REASON: dropped} and snap.events_dropped == {REASON: events_dropped}
+
+
+# ---- a stalled main loop and the exchange's heartbeat ------------------------------------------------
+
+STALL_TRADES = 3500  # the stall lasts while the exchange sends this many trades: ~7 s at 500/s, over 3x the
+# inbound queue's 1024 items; held by count, not by time
+
+
+def test_the_exchange_session_keeps_its_connection_through_a_stalled_main_loop_with_default_settings():
+    from bench.exchange import Exchange
+    from examples.exchange_session import ExchangeSession
+
+    # pings every 0.2 s, each to be answered within 2 s (scaled) or the exchange closes with 4001
+    ex = Exchange(rate=500.0, ping_every_s=0.2, pong_within_s=2.0 * UNIT_S)
+    session = ExchangeSession(ex.start())
+    trades: list[int] = []
+    stall: dict[str, Any] = {}
+
+    def on_event(source: str, event: dict[str, Any]) -> None:
+        if event["type"] != "trade":
+            return
+        trades.append(event["seq"])
+        if not stall:  # the first trade stalls the main loop (a long compile, a GC pause, a slow step)
+            at = ex.counters()["trades_sent"]
+            stall["counters"] = ex.wait_for(
+                lambda c: c["trades_sent"] >= at + STALL_TRADES or c["closes"]["4001"] or c["pings_missed"],
+                120 * UNIT_S, f"{STALL_TRADES} trades sent during the stall")
+
+    try:
+        with Controller(Config(status_s=0.0), sources=[session], on_event=on_event) as ctl:
+            drive(ctl, lambda: bool(stall), timeout_s=60 * UNIT_S, what="the stall begun and ended")
+            drive(ctl, lambda: len(trades) > STALL_TRADES, timeout_s=60 * UNIT_S,
+                  what="the trades of the stall delivered")
+            snap = ctl.stats()
+    finally:
+        ex.stop()
+    during = stall["counters"]
+    assert during["closes"]["4001"] == 0 and during["pings_missed"] == 0, "the heartbeat was answered"
+    after = ex.counters()
+    assert (after["connections"], after["pings_missed"], session.logins) == (1, 0, 1), "one session throughout"
+    assert trades == list(range(trades[0], trades[0] + len(trades))), "every trade, in order, none dropped"
+    io = snap.feeds[0].io
+    assert snap.events_dropped == {} and snap.dropped == {}
+    # the stall was longer than the inbound queue holds: the source's own buffer took the rest,
+    # within its bound (FORKLESS_SOURCE_BUFFER's default), so memory stayed bounded
+    assert 0 < io.buffered_peak <= Config().source_buffer + 1
