@@ -73,7 +73,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HEADERS", "headers", header_pairs, "a JSON object of string values",
              "extra handshake headers; never logged", secret=True),
     Variable("FEEDS", "feeds", feeds_text,
-             'a JSON list of {"url", "subscribe", "headers", "name", "required", "replies"} objects (WebSocket feeds)'
+             'a JSON list of {"url", "subscribe", "headers", "name", "required", "replies", "overflow", "buffer"}'
+             ' objects (WebSocket feeds)'
              ' and {"nats", "stream", "subject", "results", "start", …} objects (JetStream feeds), or @path to a file'
              " holding one; not together with WS_URL or SUBSCRIBE",
              "several feeds in one process, each its own connection (docs/feeds.md, docs/jetstream.md); never"
