@@ -83,6 +83,7 @@ IO = [
     "io_loop/demo_source.py",
     "io_loop/feeds.py",
     "io_loop/handover.py",
+    "io_loop/spill.py",
     "io_loop/http.py",
     "io_loop/on_connect.py",
     "io_loop/jetstream.py",

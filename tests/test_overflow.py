@@ -156,3 +156,50 @@ def test_the_exchange_session_keeps_its_connection_through_a_stalled_main_loop_w
     # the stall was longer than the inbound queue holds: the source's own buffer took the rest,
     # within its bound (FORKLESS_SOURCE_BUFFER's default), so memory stayed bounded
     assert 0 < io.buffered_peak <= Config().source_buffer + 1
+
+
+# ---- where a source's overflow is declared ------------------------------------------------------------
+
+
+def test_a_feed_entry_takes_overflow_and_buffer_and_a_bad_one_is_refused_naming_the_field():
+    from controller.feedspec import feed_list
+    from controller.values import ValueProblem
+
+    spec = feed_list('[{"url": "ws://h/a", "name": "a", "overflow": "drop_oldest", "buffer": 100}, {"url": "ws://h/b"}]')
+    assert [(s.overflow, s.buffer) for s in spec] == [("drop_oldest", 100), ("", None)]
+    for bad, field in (('"overflow": "drop_newest"', '"overflow"'), ('"buffer": -1', '"buffer"'),
+                       ('"buffer": 1.5', '"buffer"')):
+        with pytest.raises(ValueProblem, match=f"feed 0 \\('a'\\): {field} must be"):
+            feed_list(f'[{{"url": "ws://h/a", "name": "a", {bad}}}]')
+
+
+def test_a_source_s_overflow_and_buffer_are_checked_and_a_replayable_source_cannot_drop():
+    from controller.ioside import feed_plan
+
+    class Mine:
+        name = "mine"
+
+        async def run(self, ctx: Any) -> None: ...
+
+    for attrs, message in (({"overflow": "drop_newest"}, "overflow='drop_newest'; expected one of block, drop_oldest"),
+                           ({"buffer": -5}, "buffer=-5; expected an int >= 0"),
+                           ({"buffer": "10"}, "buffer='10'; expected an int >= 0"),
+                           ({"replayable": True, "overflow": "drop_oldest"},
+                            "replayable and has overflow='drop_oldest'")):
+        source = Mine()
+        for key, value in attrs.items():
+            setattr(source, key, value)
+        with pytest.raises(ValueError, match="source 'mine' .*" + message.replace("(", r"\(").replace(")", r"\)")):
+            feed_plan(_config(), [source])
+    source = Mine()
+    source.overflow, source.buffer = "drop_oldest", 0
+    assert [spec.name for spec in feed_plan(_config(), [source]).specs] == ["mine"]
+
+
+def test_the_relay_refuses_a_feed_whose_overflow_drops():
+    from controller.errors import ConfigError
+
+    cfg = Config.from_env({"FORKLESS_FEEDS": '[{"url": "ws://h/a", "name": "a", "overflow": "drop_oldest"}]',
+                           "FORKLESS_RELAY_NATS": "nats://127.0.0.1:4222", "FORKLESS_RELAY_SUBJECT": "md"})
+    with pytest.raises(ConfigError, match="relay never drops a message"):
+        cfg.relay_settings()
