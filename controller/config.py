@@ -29,7 +29,7 @@ from controller.values import ValueProblem
 from controller.variables import PREFIX, VARIABLES, Variable, as_text, variable
 from io_loop.netaddr import redact_url, redact_urls
 from io_loop.partitions import instance_share
-from io_loop.settings import FeedSpec, IOSettings, JetStreamSpec, RelaySettings
+from io_loop.settings import DEFAULT_SOURCE_BUFFER, FeedSpec, IOSettings, JetStreamSpec, RelaySettings
 
 __all__ = ["BUCKET_GROWTH", "Config"]
 
@@ -68,6 +68,7 @@ class Config:
     max_wait_ms: float = 2.0
     queue_size: int = 1024
     overflow: str = "block"
+    source_buffer: int = DEFAULT_SOURCE_BUFFER
     max_msg_bytes: int = 1 << 20
     max_frame_items: int = 10_000
     heartbeat_s: float = 15.0
@@ -252,6 +253,10 @@ class Config:
         if self.overflow != "block":
             raise ConfigError(PREFIX + "OVERFLOW", self.overflow, "block for the relay: it never drops a message "
                               "(a full inbound queue stops reading the socket)")
+        for index, spec in enumerate(self.feed_specs):
+            if spec.overflow not in ("", "block"):
+                raise ConfigError(PREFIX + "FEEDS", "<hidden>", f'"overflow" block for the relay: feed {index} '
+                                  f"({spec.name!r}) has {spec.overflow!r}; the relay never drops a message")
         io = self.io_settings()
         io = dataclasses.replace(io, feed_specs=tuple(dataclasses.replace(spec, replies="none")
                                                       for spec in io.feed_specs))

@@ -25,7 +25,7 @@ from io_loop.settings import REPLY_POLICIES, FeedSpec, JetStreamSpec
 __all__ = ["FEED_KEYS", "FEED_NAME", "JETSTREAM_KEYS", "MAX_PARTITIONS", "STREAM_NAME", "feed_list", "feeds_text"]
 
 FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-FEED_KEYS = ("url", "subscribe", "headers", "name", "required", "replies")
+FEED_KEYS = ("url", "subscribe", "headers", "name", "required", "replies", "overflow", "buffer")
 # a JetStream feed: an entry with "nats" (docs/jetstream.md)
 JETSTREAM_KEYS = ("name", "nats", "stream", "subject", "results", "start", "required", "replies", "token", "creds",
                   "partition_count", "partitions")
@@ -104,8 +104,15 @@ def _websocket_feed(item: dict[str, Any], name: Any, where: str, replies: str) -
     policy = item.get("replies", replies)
     if policy not in REPLY_POLICIES:
         raise ValueProblem(f'{where}: "replies" must be one of {", ".join(map(repr, REPLY_POLICIES))}')
+    overflow = item.get("overflow", "")
+    if overflow not in ("", "block", "drop_oldest"):
+        raise ValueProblem(f'{where}: "overflow" must be "block" or "drop_oldest"')
+    buffer = item.get("buffer")
+    if buffer is not None and (type(buffer) is not int or not 0 <= buffer <= 10_000_000):
+        raise ValueProblem(f'{where}: "buffer" must be an integer from 0 to 10000000 (messages it may hold while '
+                           f'the inbound queue is full)')
     return FeedSpec(name, url.strip(), subscribe, tuple((str(k), v) for k, v in headers.items()), required,
-                    policy)
+                    policy, overflow=overflow, buffer=buffer)
 
 
 def _jetstream_feed(item: dict[str, Any], name: Any, where: str, default_replies: str = "all") -> FeedSpec:

@@ -28,6 +28,7 @@ from io_loop.before_connect import BeforeConnect
 from io_loop.on_connect import OnConnect
 from io_loop.settings import REPLY_POLICIES, FeedSpec
 from io_loop.source import Source
+from io_loop.spill import declared_policy
 from io_loop.thread import IOThread
 
 __all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "OnEvent", "OnResults", "feed_plan", "io_thread",
@@ -93,6 +94,7 @@ def feed_plan(config: Config, sources: Sequence[Source] = ()) -> FeedPlan:
         replies = getattr(source, "replies", "all")
         if replies not in REPLY_POLICIES:
             raise ValueError(f"source {name!r} has replies={replies!r}; expected one of {', '.join(REPLY_POLICIES)}")
+        declared_policy(source, name)  # its own overflow and buffer, checked (io_loop/spill.py)
         taken.add(name)
         by_name[name] = source
         specs.append(FeedSpec(name, "", replies=replies, required=bool(getattr(source, "required", True))))

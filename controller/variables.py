@@ -73,7 +73,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HEADERS", "headers", header_pairs, "a JSON object of string values",
              "extra handshake headers; never logged", secret=True),
     Variable("FEEDS", "feeds", feeds_text,
-             'a JSON list of {"url", "subscribe", "headers", "name", "required", "replies"} objects (WebSocket feeds)'
+             'a JSON list of {"url", "subscribe", "headers", "name", "required", "replies", "overflow", "buffer"}'
+             ' objects (WebSocket feeds)'
              ' and {"nats", "stream", "subject", "results", "start", …} objects (JetStream feeds), or @path to a file'
              " holding one; not together with WS_URL or SUBSCRIBE",
              "several feeds in one process, each its own connection (docs/feeds.md, docs/jetstream.md); never"
@@ -117,7 +118,11 @@ VARIABLES: tuple[Variable, ...] = (
              "bound of each queue: inbound chunks (frames read together, at most MAX_BATCH messages"
              " or one frame), outbound batches"),
     Variable("OVERFLOW", "overflow", choice("block", "drop_oldest"), "block or drop_oldest",
-             "inbound queue full: block stops reading the socket; drop_oldest drops and counts"),
+             "a source's own buffer full (SOURCE_BUFFER): block stops reading the socket; drop_oldest drops the"
+             " source's own oldest messages and events, counted under its name (never a replayable source's)"),
+    Variable("SOURCE_BUFFER", "source_buffer", integer(0, 10_000_000), "an integer from 0 to 10000000",
+             "messages and events each source may hold while the inbound queue is full (a stalled main loop),"
+             " its reader not waiting; then OVERFLOW applies. 0: the queue's bound alone"),
     Variable("MAX_MSG_BYTES", "max_msg_bytes", integer(64, 1 << 30), "an integer from 64 to 1073741824",
              "largest frame accepted; a larger one closes the connection with 1009 and reconnects. A JetStream"
              " feed's payload over it is not decoded: one error reply (message too large), counted, acknowledged"),

@@ -192,6 +192,9 @@ class IOStats:
     sent_out: int = 0  # frames the main thread sent on its own (``Controller.send``), written
     sent_unsent: int = 0  # of those, frames never written (the stop, a feed given up, a source ended)
     counts: Counter = field(default_factory=Counter)  # what a user source counted itself (``ctx.count``)
+    events_dropped: Counter = field(default_factory=Counter)  # events given up (its overflow, the stop), by reason
+    buffered: int = 0  # messages and events waiting in the source's own buffer (io_loop/spill.py)
+    buffered_peak: int = 0  # the most that ever waited there (at most its bound plus one item)
 
     def observe_hops(self, seconds: list[float]) -> None:
         """One sampled message's ``Trace.hops_s()``."""
@@ -212,7 +215,8 @@ class IOStats:
             hops={hop: histogram.snapshot() for hop, histogram in self.hops.items()},
             source=None if self.source is None else dataclasses.replace(self.source),
             events_in=self.events_in, sent_out=self.sent_out, sent_unsent=self.sent_unsent,
-            counts=copy_counts(self.counts),
+            counts=copy_counts(self.counts), events_dropped=copy_counts(self.events_dropped),
+            buffered=self.buffered, buffered_peak=self.buffered_peak,
         )
 
 
@@ -248,6 +252,9 @@ class IOSnapshot:
     sent_out: int = 0  # IOStats.sent_out
     sent_unsent: int = 0  # IOStats.sent_unsent
     counts: dict[str, int] = field(default_factory=dict)  # IOStats.counts (a user source's own)
+    events_dropped: dict[str, int] = field(default_factory=dict)  # IOStats.events_dropped
+    buffered: int = 0  # IOStats.buffered (summed over the feeds)
+    buffered_peak: int = 0  # IOStats.buffered_peak (a feed's own; the largest feed's in the totals)
 
 
 @dataclass(frozen=True)
@@ -289,7 +296,7 @@ def add_hops(a: dict[str, HistogramSnapshot], b: dict[str, HistogramSnapshot]) -
 
 _SUMMED = ("frames_in", "messages_in", "results_out", "errors_out", "answer_errors_out", "error_replies_unsent",
            "written_unconfirmed", "connects", "reconnects", "connect_failures", "unsent", "events_in", "sent_out",
-           "sent_unsent")
+           "sent_unsent", "buffered")
 
 
 def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
@@ -300,7 +307,7 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
     totals: dict[str, Any] = {name: getattr(thread, name) + sum(getattr(f.io, name) for f in feeds)
                               for name in _SUMMED}
     errors, dropped, declined = Counter(thread.errors), Counter(thread.dropped), Counter(thread.replies_declined)
-    counts = Counter(thread.counts)
+    counts, events_dropped = Counter(thread.counts), Counter(thread.events_dropped)
     latency = thread.write_latency
     hops = dict(thread.hops)
     for f in feeds:
@@ -308,6 +315,7 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
         dropped.update(f.io.dropped)
         declined.update(f.io.replies_declined)
         counts.update(f.io.counts)
+        events_dropped.update(f.io.events_dropped)
         latency = latency + f.io.write_latency
         hops = add_hops(hops, f.io.hops)
     required = [f for f in feeds if f.required] or list(feeds)
@@ -317,7 +325,8 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
         last_error = latest.io.last_error if len(feeds) == 1 else f"feed {latest.name!r}: {latest.io.last_error}"
     return dataclasses.replace(
         thread, **totals, errors=dict(errors), dropped=dict(dropped), write_latency=latency, hops=hops,
-        replies_declined=dict(declined), counts=dict(counts),
+        replies_declined=dict(declined), counts=dict(counts), events_dropped=dict(events_dropped),
+        buffered_peak=max([thread.buffered_peak, *(f.io.buffered_peak for f in feeds)]),
         connected=bool(required) and all(f.up for f in required),
         state_since=latest.io.state_since if latest is not None else thread.state_since,
         last_error=last_error, feeds=tuple(feeds))

@@ -8,29 +8,32 @@ Rules:
   chunk: ``add`` gathers and schedules a put for when the loop next turns (``call_soon``),
   instead of one cross-thread wake-up per frame. Latency is counted from the first frame of
   a chunk. The reader calls ``flush`` at once when ``should_flush()`` says so (``max_batch``
-  messages gathered, or an earlier put still waiting for room).
-- Order is kept: a chunk is never put while an earlier one is still waiting for room.
+  messages gathered, or the source's buffer over its bound under ``block``).
+- Order is kept: chunks and events go through the source's own ``Spill`` (io_loop/spill.py),
+  which puts them on the queue in order.
 - A chunk carries the reader's ``connection`` (set by the feed at each new connection) as it was
   when its first frame was gathered; a connection's frames are put before the next one opens
   (a put is scheduled for the loop's next turn, and opening a connection takes more than one).
 - One message in ``SAMPLE_EVERY`` carries a ``Trace`` (io_loop/crossing.py): the chunk
   holding it is stamped with its first frame's read and decode times, and just before its put.
-- Queue full: ``block`` waits for room (so the reader stops reading and TCP pushes back on
-  the server); ``drop_oldest`` drops the oldest queued chunk and reports how many messages
-  it held through ``on_dropped``. Nothing else is ever dropped.
+- Queue full: the source's own buffer (``buffer`` messages and events, io_loop/spill.py) takes
+  what cannot be put; beyond it ``block`` waits for room (so the reader stops reading and TCP
+  pushes back on the server) and ``drop_oldest`` drops the oldest of the source's OWN waiting
+  items, counted in its ``stats``. Nothing of another source is ever dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 
-from io_loop.crossing import INBOUND, SAMPLE_EVERY, Chunk, Origin, Trace
+from io_loop.counters import IOStats
+from io_loop.crossing import INBOUND, SAMPLE_EVERY, Chunk, Events, Origin, Trace
 from io_loop.decoding import DecodedFrame
+from io_loop.spill import Spill
 
 __all__ = ["Handover", "InboundQueue"]
 
@@ -46,21 +49,19 @@ class InboundQueue(Protocol):
 class Handover:
     """Gathers decoded frames and puts them on ``queue`` as chunks (see the module rules)."""
 
-    def __init__(self, queue: InboundQueue, max_batch: int, *, drop_oldest: bool,
-                 on_dropped: Callable[[int], None], feed: int = 0) -> None:
+    def __init__(self, queue: InboundQueue, max_batch: int, *, drop_oldest: bool = False, buffer: int = 0,
+                 stats: IOStats | None = None, name: str = "", feed: int = 0) -> None:
         self.queue = queue
         self.feed = feed  # stamped on every chunk: the replies go back to that feed's connection
         self.max_batch = max_batch
         self.drop_oldest = drop_oldest
-        self.on_dropped = on_dropped
+        # the source's own buffer in front of the queue: its overflow policy applies there only
+        self.spill = Spill(queue, buffer, drop_oldest=drop_oldest, stats=stats, name=name, max_batch=max_batch)
         self._parts: list[DecodedFrame] = []
         self._origins: list[Origin] | None = None  # of the messages in _parts (a replayable source's)
         self._gathered = 0  # messages in _parts
         self._first_ns = 0
         self._scheduled = False
-        self._pending: asyncio.Future[None] | None = None  # a put waiting for room
-        self._pending_messages = 0  # messages in that put
-        self._in_put = 0  # messages in a put flush() is waiting on
         self._first_decoded_ns = 0
         self._until_sample = 1  # the first chunk is sampled, then one message in SAMPLE_EVERY
         self.connection = 0  # the feed's current connection (connection_opened), stamped on chunks
@@ -72,13 +73,13 @@ class Handover:
         self.connection = connection
 
     def __len__(self) -> int:
-        """Messages gathered and not yet put (not counting a put that waits for room)."""
+        """Messages gathered and not yet put (not counting what waits in the source's buffer)."""
         return self._gathered
 
     @property
     def idle(self) -> bool:
-        """True when nothing is gathered and no put is waiting."""
-        return not self._parts and self._pending is None
+        """True when nothing is gathered and nothing of the source waits to be put."""
+        return not self._parts and self.spill.empty
 
     def add(self, decoded: DecodedFrame, received_ns: int, decoded_ns: int = 0,
             origin: list[Origin] | None = None) -> None:
@@ -103,31 +104,40 @@ class Handover:
 
     def should_flush(self) -> bool:
         """True when the reader should ``await flush()`` before reading on."""
-        return self._gathered >= self.max_batch or self._pending is not None
+        return self._gathered >= self.max_batch or self.spill.over
 
     async def flush(self) -> None:
-        """Put everything gathered now, in order (waiting for room unless ``drop_oldest``)."""
-        if self._pending is not None:
-            await self._pending
+        """Hand over everything gathered now, in order; waits while the source's buffer is over
+        its bound (``block``), never under ``drop_oldest``."""
         chunk = self._take_to_put()
         if chunk is not None:
-            self._in_put = len(chunk)  # until it is on the queue: an aborted stop counts it
-            await self.queue.put(chunk)
-            self._in_put = 0
+            self.spill.put(chunk)
+        await self.spill.wait_room()
+
+    async def put_event(self, events: Events) -> None:
+        """Hand over a source's events after what it gathered before them (in order); waits as
+        ``flush`` does."""
+        chunk = self._take_to_put()
+        if chunk is not None:
+            self.spill.put(chunk)
+        self.spill.put(events)
+        await self.spill.wait_room()
+
+    async def drained(self) -> None:
+        """Hand over what is gathered and wait until everything of the source is on the queue."""
+        chunk = self._take_to_put()
+        if chunk is not None:
+            self.spill.put(chunk)
+        await self.spill.drained()
 
     # ---- internals --------------------------------------------------------------------------
 
     def _take_to_put(self) -> Chunk | None:
         """What was gathered, as one chunk stamped on its way inbound, for the caller to put;
-        None when nothing was gathered, or when it was put here already (``drop_oldest``)."""
+        None when nothing was gathered."""
         chunk = self._take()
-        if chunk is None:
-            return None
-        if chunk.trace is not None:
+        if chunk is not None and chunk.trace is not None:
             chunk.trace.ns[INBOUND] = time.monotonic_ns()
-        if self.drop_oldest:
-            self._put_dropping_oldest(chunk)
-            return None
         return chunk
 
     def _take(self) -> Chunk | None:
@@ -155,47 +165,16 @@ class Handover:
                      self._gathered_connection)
 
     def _put_soon(self) -> None:
-        """Loop callback: put what was gathered without waiting. If the queue is full, a task
-        waits for room, and ``should_flush`` makes the reader wait for it before more."""
+        """Loop callback: hand over what was gathered without waiting (the source's buffer takes
+        it if the queue is full; ``should_flush`` makes the reader wait when that is over its bound)."""
         self._scheduled = False
-        if self._pending is not None:
-            return  # the reader puts after the pending put (see flush)
         chunk = self._take_to_put()
-        if chunk is None:
-            return
-        try:
-            self.queue.put_nowait(chunk)
-        except asyncio.QueueFull:
-            self._pending = asyncio.ensure_future(self._put_later(chunk))
-
-    async def _put_later(self, chunk: Chunk) -> None:
-        self._pending_messages = len(chunk)
-        try:
-            await self.queue.put(chunk)
-            self._pending_messages = 0
-        finally:
-            self._pending = None
+        if chunk is not None:
+            self.spill.put(chunk)
 
     def discard(self) -> int:
-        """At an aborted stop: drop what is gathered and any put still waiting for room;
-        how many messages that was (the caller counts them)."""
-        dropped = self._gathered + self._in_put
-        self._parts, self._gathered, self._in_put, self._origins = [], 0, 0, None
-        if self._pending is not None:
-            self._pending.cancel()
-            dropped += self._pending_messages
-            self._pending_messages = 0
-        return dropped
-
-    def _put_dropping_oldest(self, chunk: Chunk) -> None:
-        queue = self.queue
-        while True:
-            try:
-                queue.put_nowait(chunk)
-                return
-            except asyncio.QueueFull:
-                try:
-                    old = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    continue
-                self.on_dropped(len(old))
+        """At an aborted stop: drop what is gathered and what waits in the source's buffer; how
+        many messages that was (the caller counts them; the events are counted in ``stats``)."""
+        dropped = self._gathered
+        self._parts, self._gathered, self._origins = [], 0, None
+        return dropped + self.spill.discard()

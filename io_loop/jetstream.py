@@ -138,6 +138,7 @@ class JetStreamSource:
     or None), itself (``Consumer``), never dropped from (``replayable``)."""
 
     replayable = True  # FORKLESS_OVERFLOW=drop_oldest does not apply: a dropped message would break exactly-once
+    buffer = 0  # no buffer of its own (io_loop/spill.py): the stream holds what waits, the reader waits for room
     starts_connected = False  # connected once a connection is up (ctx.connection_opened)
 
     def __init__(self, settings: IOSettings, feed: FeedSpec, *, fence: Callable[[], bool] | None = None) -> None:

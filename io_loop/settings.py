@@ -23,7 +23,8 @@ from functools import cached_property
 from io_loop.netaddr import redact_url, redact_urls
 from io_loop.partitions import PARTITION_FIELD, partition_subjects
 
-__all__ = ["REPLY_POLICIES", "SEQ_MODES", "FeedSpec", "IOSettings", "JetStreamSpec", "RelaySettings"]
+__all__ = ["DEFAULT_SOURCE_BUFFER", "REPLY_POLICIES", "SEQ_MODES", "FeedSpec", "IOSettings", "JetStreamSpec",
+           "RelaySettings"]
 
 # what a feed is sent back (FORKLESS_REPLIES, a feed's "replies"): "all" results and error
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
@@ -32,6 +33,11 @@ REPLY_POLICIES = ("all", "results", "none")
 # how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps (io_loop/relay.py)
 SEQ_MODES = ("feed", "stream", "none")
 
+# messages and events one source may hold while the inbound queue is full (FORKLESS_SOURCE_BUFFER,
+# io_loop/spill.py): a 9 s stall of the main loop at 500 trades/s is 4,500 events, beyond the
+# 1024 items the inbound queue holds; 20,000 rides out a 40 s stall at that rate, its memory
+# bounded at about 20,000 x a message's or an event's size
+DEFAULT_SOURCE_BUFFER = 20_000
 
 @dataclass(frozen=True)
 class JetStreamSpec:
@@ -98,6 +104,9 @@ class FeedSpec:
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     required: bool = True  # /readyz waits for it
     replies: str = "all"  # one of REPLY_POLICIES
+    # its own overflow (io_loop/spill.py): "" and None take FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER
+    overflow: str = ""
+    buffer: int | None = None
     # a JetStream feed: ``url`` holds its NATS server URL(s), comma-separated (io_loop/jetstream.py)
     jetstream: JetStreamSpec | None = None
 
@@ -136,7 +145,7 @@ class IOSettings:
     features: int
     max_batch: int
     queue_size: int
-    overflow: str  # "block" or "drop_oldest"
+    overflow: str  # "block" or "drop_oldest": a source's own buffer full (io_loop/spill.py)
     max_msg_bytes: int
     # connection management
     heartbeat_s: float
@@ -158,6 +167,8 @@ class IOSettings:
     checkpoint_bucket: str = ""
     lease_bucket: str = "forkless-leases"
     lease_s: float = 10.0
+    # messages and events each source may hold while inbound is full (io_loop/spill.py)
+    source_buffer: int = DEFAULT_SOURCE_BUFFER
 
 
 @dataclass(frozen=True)

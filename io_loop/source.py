@@ -6,8 +6,13 @@ Rules:
   ``SourceContext``: ``emit`` a frame for the codec, ``emit_rows`` messages already decoded,
   ``emit_event`` any object for the main thread as it is (a fill, a book), ``outgoing()`` the
   frames the main thread sends it (replies to its messages, ``Controller.send``), ``stopping``.
-- Backpressure, never a silent drop: every ``emit*`` awaits while inbound is full (the source
-  stops reading; TCP pushes back), and nothing a source emitted is lost once the call returned.
+- Overflow is each source's own (io_loop/spill.py): while inbound is full, what a source emits
+  waits in its own buffer (``buffer`` messages and events, default ``FORKLESS_SOURCE_BUFFER``),
+  so an ``emit*`` returns at once and the source keeps answering its heartbeat through a stalled
+  main loop. Beyond the buffer its ``overflow`` applies: ``block`` (the default) makes every
+  ``emit*`` await (the source stops reading; TCP pushes back), ``drop_oldest`` drops the oldest
+  of its OWN waiting messages and events, counted under its name. Nothing a source emitted is
+  lost silently once the call returned, and no source's overflow touches another's items.
 - Positions (exactly-once for any replayable source): ``emit(frame, position=p)`` tags the
   frame's messages; a checkpoint records where the state is, and after a restart
   ``ctx.resume_from`` is the position of the last frame the state holds (wholly or in part).
@@ -19,10 +24,11 @@ Rules:
   and takes nothing). ``emit_decoded(first=k)`` needs a position and an ``int`` k >= 0.
   Error replies to a positioned frame's bad parts are numbered after its good messages, so a
   replay makes the same ids. A source with ``replayable = True`` is never dropped from
-  (``FORKLESS_OVERFLOW=drop_oldest`` does not apply to it: a dropped message would break the
-  exactly-once state). A source that records more than a position in the checkpoint (the
-  built-in JetStream feed: the stream's created time, positions by partition) is handed that
-  record as it is in ``ctx.resume_from`` and does its own skipping (``emit_decoded(first=)``).
+  (``FORKLESS_OVERFLOW=drop_oldest`` does not apply to it, and its own ``overflow="drop_oldest"``
+  is refused: a dropped message would break the exactly-once state). A source that records
+  more than a position in the checkpoint (the built-in JetStream feed: the stream's created
+  time, positions by partition) is handed that record as it is in ``ctx.resume_from`` and
+  does its own skipping (``emit_decoded(first=)``).
 - A source that inspects or filters messages before they are handed over decodes a frame with
   ``ctx.decode`` and hands the result over with ``ctx.emit_decoded`` (``emit`` is the two in one).
 - Bad values are bad input however they come: ``emit_rows`` refuses a row whose ``x`` is not
@@ -74,6 +80,7 @@ from io_loop.emitted import check_position as _check_position
 from io_loop.errors import FeedFatal, ForklessError
 from io_loop.handover import Handover
 from io_loop.settings import FeedSpec, IOSettings
+from io_loop.spill import source_policy
 from io_loop.writer import Outbound, ReplyBatch
 
 __all__ = ["ReplyBatch", "Source", "SourceContext", "SourceRunner", "SourceStopped"]
@@ -94,6 +101,11 @@ class Source(Protocol):
     messages, default ``"all"``), ``required`` (readiness waits for it, default True),
     ``starts_connected`` (default True: connected while ``run`` runs unless told otherwise),
     ``replayable`` (default False; True: never dropped from, see ``FORKLESS_OVERFLOW``),
+    ``overflow`` (``"block"`` or ``"drop_oldest"``: what happens when its own buffer is full,
+    default ``FORKLESS_OVERFLOW``; ``"drop_oldest"`` drops only its own oldest messages and
+    events, counted under its name; refused for a replayable source), ``buffer`` (an int >= 0:
+    messages and events it may hold while the inbound queue is full, its emits not waiting;
+    default ``FORKLESS_SOURCE_BUFFER``),
     ``figures`` (a ``SourceStats``: the position figures it keeps, shown in its books) and
     ``async before_stop(ctx)`` (called when the orderly stop begins, before ``ctx.stopping``)."""
 
@@ -340,9 +352,9 @@ class SourceRunner:
         self.inbound = inbound
         self.outbox = outbox
         self.index = index
-        drop_oldest = settings.overflow == "drop_oldest" and not getattr(source, "replayable", False)
-        self.handover = Handover(inbound, settings.max_batch, drop_oldest=drop_oldest,
-                                 on_dropped=self._count_dropped_oldest, feed=index)
+        drop_oldest, buffer = source_policy(source, feed, settings)  # its own overflow (io_loop/spill.py)
+        self.handover = Handover(inbound, settings.max_batch, drop_oldest=drop_oldest, buffer=buffer, stats=stats,
+                                 name=feed.name, feed=index)
         if not isinstance(resume, Origin):  # None, or a record the source reads itself (the module rules)
             self.ctx = SourceContext(self, resume, None, pending=False)
         else:  # the frame at resume.seq: its messages up to resume.index are in the state
@@ -427,15 +439,9 @@ class SourceRunner:
         return handover.should_flush()
 
     async def take_event(self, event: Any) -> None:
-        handover = self.handover
-        if not handover.idle:  # rows emitted before it go first
-            await handover.flush()
+        """One event handed over after the rows emitted before it (the source's own buffer keeps the order)."""
         self.stats.events_in += 1
-        await self.inbound.put(Events(self.index, [event], time.monotonic_ns()))
-
-    def _count_dropped_oldest(self, messages: int) -> None:
-        self.stats.dropped["inbound overflow (drop_oldest)"] += messages
-        log.warning("inbound queue full: dropped the oldest %d messages (FORKLESS_OVERFLOW=drop_oldest)", messages)
+        await self.handover.put_event(Events(self.index, [event], time.monotonic_ns()))
 
     # ---- the IO thread's side (io_loop/feeds.py) ------------------------------------------------
 
@@ -496,8 +502,7 @@ class SourceRunner:
         while self.busy:
             self.idle_wait = asyncio.Event()
             await self.idle_wait.wait()
-        if not self.handover.idle:
-            await self.handover.flush()
+        await self.handover.drained()  # what waits in the source's own buffer goes inbound first
 
     def held_frames(self) -> int:
         return self.out.held_frames()

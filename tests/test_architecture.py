@@ -84,6 +84,7 @@ IO = [
     "io_loop/emitted.py",
     "io_loop/feeds.py",
     "io_loop/handover.py",
+    "io_loop/spill.py",
     "io_loop/http.py",
     "io_loop/on_connect.py",
     "io_loop/jetstream.py",

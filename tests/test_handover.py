@@ -7,11 +7,14 @@ already scheduled (the ``call_soon`` put) and nothing else, so every step is det
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 
 from controller.batching import Chunk
 from controller.codec import Decoded
+from io_loop.counters import IOStats
+from io_loop.crossing import Events
 from io_loop.handover import Handover
 
 
@@ -30,7 +33,7 @@ async def next_turn() -> None:
 
 
 def blocking(queue: asyncio.Queue, max_batch: int = 100) -> Handover:
-    return Handover(queue, max_batch, drop_oldest=False, on_dropped=lambda n: None)
+    return Handover(queue, max_batch)  # no buffer of its own: the queue's bound alone, then block
 
 
 def test_frames_added_in_one_loop_turn_leave_as_one_chunk():
@@ -103,38 +106,104 @@ def test_block_mode_keeps_the_order_when_a_put_waits_for_room():
     assert idle_at_end
 
 
-def test_drop_oldest_drops_the_oldest_queued_chunk_and_reports_its_message_count():
-    async def main() -> tuple[list[list[int]], list[int]]:
+def test_drop_oldest_drops_the_oldest_of_its_own_buffer_and_counts_it_never_a_queued_chunk():
+    async def main() -> tuple[list[list[int]], dict[str, int], list[list[int]]]:
         queue: asyncio.Queue[Chunk] = asyncio.Queue(maxsize=2)
-        dropped: list[int] = []
-        handover = Handover(queue, 100, drop_oldest=True, on_dropped=dropped.append)
-        handover.add(decoded([1], ["a"]), received_ns=1)
-        await next_turn()
-        handover.add(decoded([2, 3], ["a", "b"]), received_ns=2)
-        await next_turn()  # the queue is full now: [1], [2, 3]
-        handover.add(decoded([4, 5, 6], ["a", "b", "c"]), received_ns=3)
-        await next_turn()
-        return [queue.get_nowait().seq for _ in range(queue.qsize())], dropped
+        stats = IOStats()
+        handover = Handover(queue, 100, drop_oldest=True, buffer=2, stats=stats)
+        for seq in range(1, 7):  # one chunk a loop turn: [1] [2] on the queue, [3] in the pump's hand,
+            handover.add(decoded([seq], ["a"]), received_ns=seq)  # [4] waiting, [5] drops [4], [6] drops [5]
+            await next_turn()
+        queued = [queue.get_nowait().seq for _ in range(queue.qsize())]
+        rest: list[list[int]] = []
+        while not handover.idle:  # the rest goes on as room frees
+            await next_turn()
+            rest += [queue.get_nowait().seq for _ in range(queue.qsize())]
+        return queued, dict(stats.dropped), rest
 
-    left, dropped = asyncio.run(main())
-    assert left == [[2, 3], [4, 5, 6]]  # the new chunk is never the one dropped
-    assert dropped == [1]
+    queued, dropped, rest = asyncio.run(main())
+    assert queued == [[1], [2]]  # what is on the shared queue is never taken back
+    assert dropped == {"inbound overflow (drop_oldest)": 2}
+    assert rest == [[3], [6]]  # the oldest waiting ones went, never the one being put; order kept
 
 
-def test_drop_oldest_flush_drops_the_oldest_queued_chunk_not_the_flushed_one():
-    async def main() -> tuple[list[list[int]], list[int]]:
+def test_drop_oldest_flush_never_waits_and_drops_only_its_own_waiting_chunks():
+    async def main() -> tuple[list[list[int]], dict[str, int]]:
         queue: asyncio.Queue[Chunk] = asyncio.Queue(maxsize=1)
-        dropped: list[int] = []
-        handover = Handover(queue, 2, drop_oldest=True, on_dropped=dropped.append)
-        handover.add(decoded([1, 2], ["a", "b"]), received_ns=1)
-        await handover.flush()
-        handover.add(decoded([3, 4], ["a", "b"]), received_ns=2)
-        await handover.flush()  # never waits in drop_oldest mode
-        return [queue.get_nowait().seq for _ in range(queue.qsize())], dropped
+        stats = IOStats()
+        handover = Handover(queue, 2, drop_oldest=True, buffer=0, stats=stats)
+        for first in (1, 3, 5):
+            handover.add(decoded([first, first + 1], ["a", "b"]), received_ns=first)
+            await handover.flush()  # never waits in drop_oldest mode
+        got = [queue.get_nowait().seq]
+        while not handover.idle:
+            await next_turn()
+            got += [queue.get_nowait().seq for _ in range(queue.qsize())]
+        return got, dict(stats.dropped)
 
-    left, dropped = asyncio.run(main())
-    assert left == [[3, 4]]
-    assert dropped == [2]
+    got, dropped = asyncio.run(main())
+    assert got == [[1, 2], [3, 4]]  # [1, 2] queued, [3, 4] in the pump's hand, [5, 6] over a bound of 0
+    assert dropped == {"inbound overflow (drop_oldest)": 2}
+
+
+def test_a_noisy_drop_oldest_source_never_drops_a_blocking_source_s_items_and_events_are_counted():
+    async def main() -> tuple[dict[int, list], IOStats, IOStats]:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=4)
+        noisy_stats, quiet_stats = IOStats(), IOStats()
+        noisy = Handover(queue, 100, drop_oldest=True, buffer=3, stats=noisy_stats, feed=0)
+        quiet = Handover(queue, 100, drop_oldest=False, buffer=1000, stats=quiet_stats, feed=1)
+        for n in range(20):
+            quiet.add(decoded([n], ["q"]), received_ns=n)
+            await quiet.put_event(Events(1, [f"q{n}"], n))
+            noisy.add(decoded([100 + n], ["n"]), received_ns=n)
+            await noisy.put_event(Events(0, [f"n{n}"], n))
+            await next_turn()
+        got: dict[int, list] = {0: [], 1: []}
+        while not (noisy.idle and quiet.idle) or queue.qsize():
+            while queue.qsize():
+                item = queue.get_nowait()
+                got[item.feed] += item.items if type(item) is Events else item.seq
+            await next_turn()
+        return got, noisy_stats, quiet_stats
+
+    got, noisy, quiet = asyncio.run(main())
+    assert got[1] == [x for n in range(20) for x in (n, f"q{n}")]  # the blocking source loses nothing, in order
+    assert quiet.dropped == {} and quiet.events_dropped == {}
+    kept = got[0]
+    dropped_messages = noisy.dropped["inbound overflow (drop_oldest)"]
+    dropped_events = noisy.events_dropped["inbound overflow (drop_oldest)"]
+    assert dropped_messages > 0 and dropped_events > 0
+    assert len(kept) + dropped_messages + dropped_events == 40  # every one of its items kept or counted
+    assert kept == sorted(kept, key=lambda x: int(x[1:]) if isinstance(x, str) else x - 100)  # in order
+    assert noisy.buffered_peak <= 3 and quiet.buffered == 0
+
+
+def test_events_waiting_together_cross_as_one_item_and_an_aborted_stop_counts_what_waits():
+    async def main() -> tuple[list[Any], int, IOStats]:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=1)
+        stats = IOStats()
+        handover = Handover(queue, 100, buffer=100, stats=stats)
+        for n in range(5):
+            await handover.put_event(Events(0, [n], n))  # never waits: within the bound
+        await next_turn()
+        first = queue.get_nowait()
+        await next_turn()  # the pump puts the event in its hand
+        second = queue.get_nowait()
+        await next_turn()
+        third = queue.get_nowait()  # the three that waited together, as one item
+        handover.add(decoded([1, 2], ["a", "b"]), received_ns=1)
+        await next_turn()  # on the queue
+        handover.add(decoded([3], ["a"]), received_ns=2)
+        await next_turn()  # in the pump's hand
+        await handover.put_event(Events(0, ["late"], 3))  # waiting
+        handover.add(decoded([4], ["a"]), received_ns=4)  # gathered
+        return [first.items, second.items, third.items], handover.discard(), stats
+
+    items, discarded, stats = asyncio.run(main())
+    assert items == [[0], [1], [2, 3, 4]]
+    assert discarded == 2  # [3] in the pump's hand and [4] gathered ([1, 2] is on the queue: the caller's)
+    assert stats.events_dropped == {"not processed before the stop": 1}
+    assert stats.buffered == 0
 
 
 def test_an_empty_decoded_is_ignored_and_does_not_start_a_chunk():

@@ -1,0 +1,242 @@
+"""A source's own buffer in front of the shared inbound queue: overflow is a property of each source.
+
+Rules:
+- Runs on the IO loop only. Every source's hand-over (io_loop/handover.py) puts its chunks and
+  events here, never on the inbound queue itself. With nothing of the source waiting, an item goes
+  straight onto inbound; while inbound is full, the source's items wait here, in order, and one
+  pump task per source moves them onto inbound as room frees (one item at a time: the one in the
+  pump's hand is being put and is never dropped). Order is kept per source.
+- ``bound``: how many messages and events (each event counts one) may wait here, the item in
+  the pump's hand included (the one that goes over it is held too: memory is bounded by
+  ``bound`` plus one item). Within it an emit never waits, so a source keeps reading its
+  socket and answering its heartbeat through a stalled main loop. Beyond it the source's
+  ``overflow`` applies: ``block``: the emit awaits until the waiting items fit again
+  (backpressure: the source stops reading, TCP pushes back); ``drop_oldest``: the oldest of the
+  source's OWN waiting items are dropped (never the one being put), messages counted in its
+  ``dropped`` ("inbound overflow (drop_oldest)"), events in its ``events_dropped`` (same reason).
+  Nothing of another source is ever touched. A bound of 0 is the queue's bound alone (one item
+  waits for room, then block or drop).
+- Consecutive events waiting here are gathered into one ``Events`` item (at most ``max_batch``):
+  the main thread catches up after a stall in fewer queue trips.
+- Drops are logged once per episode: the first drop, then the episode's totals once everything
+  waiting has gone onto inbound. A full buffer under ``block`` is logged once per episode too.
+- The books: every message here was counted in ``messages_in`` and is in flight until it is
+  answered or dropped; ``discard`` (an aborted stop) gives them up and returns how many
+  (the caller counts them), and counts the events given up itself. ``drained`` waits until
+  nothing of the source waits (the orderly stop, before inbound is shut down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from io_loop.counters import IOStats
+from io_loop.crossing import Events
+from io_loop.settings import DEFAULT_SOURCE_BUFFER
+
+__all__ = ["DEFAULT_SOURCE_BUFFER", "OVERFLOW_POLICIES", "Spill", "declared_policy", "source_policy"]
+
+log = logging.getLogger("forkless.source")
+
+OVERFLOW_POLICIES = ("block", "drop_oldest")
+OVERFLOW_REASON = "inbound overflow (drop_oldest)"
+STOP_REASON = "not processed before the stop"
+
+
+def declared_policy(source: Any, name: str) -> tuple[str | None, int | None]:
+    """A source's own optional ``overflow`` and ``buffer`` attributes (None where it declares
+    none), checked: ``ValueError`` naming the source and the attribute."""
+    overflow = getattr(source, "overflow", None)
+    if overflow is not None and overflow not in OVERFLOW_POLICIES:
+        raise ValueError(f"source {name!r} has overflow={overflow!r}; expected one of {', '.join(OVERFLOW_POLICIES)}")
+    if overflow == "drop_oldest" and getattr(source, "replayable", False):
+        raise ValueError(f"source {name!r} is replayable and has overflow='drop_oldest': a replayable source is "
+                         f"never dropped from (a dropped message breaks the exactly-once state); use 'block'")
+    buffer = getattr(source, "buffer", None)
+    if buffer is not None and (type(buffer) is not int or buffer < 0):
+        raise ValueError(f"source {name!r} has buffer={buffer!r}; expected an int >= 0 (messages and events it "
+                         f"may hold while the inbound queue is full)")
+    return overflow, buffer
+
+
+def source_policy(source: Any, spec: Any, settings: Any) -> tuple[bool, int]:
+    """(drop_oldest, bound) of one source: its own attributes, else its feed entry's
+    (FORKLESS_FEEDS), else FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER. A replayable source
+    never drops, whatever FORKLESS_OVERFLOW says."""
+    overflow, buffer = declared_policy(source, spec.name)
+    overflow = overflow or getattr(spec, "overflow", "") or settings.overflow
+    if buffer is None:
+        buffer = getattr(spec, "buffer", None)
+    if buffer is None:
+        buffer = getattr(settings, "source_buffer", DEFAULT_SOURCE_BUFFER)
+    return overflow == "drop_oldest" and not getattr(source, "replayable", False), buffer
+
+
+def _sizes(item: Any) -> tuple[int, int]:
+    """(messages, events) of one inbound item."""
+    return (0, len(item.items)) if type(item) is Events else (len(item), 0)
+
+
+class Spill:
+    """One source's buffer in front of ``queue`` (see the module rules)."""
+
+    def __init__(self, queue: Any, bound: int, *, drop_oldest: bool, stats: IOStats | None = None,
+                 name: str = "", max_batch: int = 256) -> None:
+        self.queue = queue
+        self.bound = bound
+        self.drop_oldest = drop_oldest
+        self.stats = stats if stats is not None else IOStats()
+        self.name = name
+        self.max_batch = max_batch
+        self._items: deque[Any] = deque()
+        self.waiting = 0  # messages and events in _items
+        self._hand = (0, 0)  # (messages, events) of the item the pump is putting
+        self._pump: asyncio.Task[None] | None = None
+        self._room: asyncio.Event | None = None  # made by an emit waiting for room (block)
+        self._episode = [0, 0]  # messages, events dropped since the buffer last drained
+        self._full_logged = False
+
+    @property
+    def empty(self) -> bool:
+        """Nothing of the source waits here or is being put."""
+        return self._pump is None and not self._items
+
+    @property
+    def over(self) -> bool:
+        """True when an emit must wait for room (``block``, more than ``bound`` waiting)."""
+        return not self.drop_oldest and self.held > self.bound
+
+    @property
+    def held(self) -> int:
+        """Messages and events waiting here, the pump's item included."""
+        return self.waiting + sum(self._hand)
+
+    def put(self, item: Any) -> None:
+        """Hand ``item`` over: onto inbound now if nothing of the source waits and there is room,
+        else into the buffer (the policy applies beyond the bound). Never waits."""
+        if self._pump is None:
+            try:
+                self.queue.put_nowait(item)
+                return
+            except asyncio.QueueFull:
+                pass
+            self._hand = _sizes(item)
+            self._pump = asyncio.ensure_future(self._run(item))
+            self._note()
+            return
+        items = self._items
+        if type(item) is Events and items and type(items[-1]) is Events and len(items[-1].items) < self.max_batch:
+            items[-1].items.extend(item.items)  # events waiting together cross in one item
+        else:
+            items.append(item)
+        self.waiting += sum(_sizes(item))
+        if self.drop_oldest:
+            self._drop_over_bound()
+        elif self.held > self.bound and not self._full_logged:
+            self._full_logged = True
+            log.warning("source %r: the inbound queue is full and %d messages and events wait in its buffer "
+                        "(its bound, FORKLESS_SOURCE_BUFFER or its own): its emits wait (logged once until it "
+                        "drains)", self.name, self.held)
+        self._note()
+
+    async def wait_room(self) -> None:
+        """Wait while the buffer is over its bound (``block``); at once otherwise."""
+        while self.over:
+            if self._room is None:
+                self._room = asyncio.Event()
+            await self._room.wait()
+
+    async def drained(self) -> None:
+        """Wait until everything of the source is on inbound (the orderly stop)."""
+        while self._pump is not None:
+            await asyncio.wait([self._pump])
+
+    def discard(self) -> int:
+        """At an aborted stop: give up what waits and the item being put; the messages given up
+        (the caller counts them), the events counted here."""
+        messages, events = self._hand
+        for item in self._items:
+            m, e = _sizes(item)
+            messages, events = messages + m, events + e
+        self._items.clear()
+        self.waiting, self._hand = 0, (0, 0)
+        if self._pump is not None:
+            self._pump.cancel()  # its put has not happened: a cancelled put leaves nothing on the queue
+            self._pump = None
+        if events:
+            self.stats.events_dropped[STOP_REASON] += events
+            log.error("source %r: %d events were not handed to the main thread before the stop", self.name, events)
+        self._note()
+        return messages
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    async def _run(self, item: Any) -> None:
+        """The pump: put the items in order as room frees."""
+        try:
+            while True:
+                await self.queue.put(item)
+                self._hand = (0, 0)
+                self._wake()
+                if not self._items:
+                    break
+                item = self._items.popleft()
+                self._hand = _sizes(item)
+                self.waiting -= sum(self._hand)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # inbound shut down under it (an aborted stop): counted, never silent
+            self._pump = None
+            left = self.discard()
+            self.stats.dropped[STOP_REASON] += left
+            log.error("source %r: %d messages could not be put on the inbound queue (%r)", self.name, left, exc)
+            return
+        self._pump = None
+        self._wake()
+        self._drained_now()
+
+    def _drop_over_bound(self) -> None:
+        items, stats = self._items, self.stats
+        while self.held > self.bound and items:
+            oldest = items[0]
+            if type(oldest) is Events and len(oldest.items) > 1:
+                del oldest.items[0]
+                messages, events = 0, 1
+            else:
+                items.popleft()
+                messages, events = _sizes(oldest)
+            self.waiting -= messages + events
+            if messages:
+                stats.dropped[OVERFLOW_REASON] += messages
+            if events:
+                stats.events_dropped[OVERFLOW_REASON] += events
+            if self._episode == [0, 0]:
+                log.warning("source %r: the inbound queue is full and its buffer holds %d messages and events: "
+                            "dropping its oldest (overflow drop_oldest; logged once until it drains)",
+                            self.name, self.bound)
+            self._episode[0] += messages
+            self._episode[1] += events
+
+    def _wake(self) -> None:
+        if self._room is not None and not self.over:
+            self._room.set()
+            self._room = None
+        self._note()
+
+    def _note(self) -> None:
+        stats = self.stats
+        stats.buffered = self.held
+        if stats.buffered > stats.buffered_peak:
+            stats.buffered_peak = stats.buffered
+
+    def _drained_now(self) -> None:
+        """Everything waiting is on inbound: an episode of drops (or of a full buffer) ends."""
+        messages, events = self._episode
+        if messages or events:
+            log.warning("source %r: its buffer drained; %d messages and %d events were dropped while the inbound "
+                        "queue was full (counted in its dropped and events_dropped)", self.name, messages, events)
+        self._episode = [0, 0]
+        self._full_logged = False
