@@ -345,8 +345,8 @@ def test_the_blocking_calls_block_as_multiprocessing_s_from_an_executor_thread(t
     with IOPortal(executor_worker, stop_timeout_s=10 * timeout_unit) as portal:
         assert portal.to_main.get(timeout=10 * timeout_unit) == ("ready", True)
         portal.from_main.put({"order": 1})
-        assert portal.to_main.get(timeout=10 * timeout_unit) == ({"order": 1}, (0, True, False))
         portal.from_main.put("last")
+        assert portal.to_main.get(timeout=10 * timeout_unit) == ({"order": 1}, (1, False, False))
         assert portal.to_main.get(timeout=10 * timeout_unit) == "last"
 
 
@@ -354,6 +354,8 @@ def test_get_on_the_loop_is_awaitable_or_non_blocking_and_one_not_awaited_takes_
         timeout_unit, caplog):
     async def getting_worker(to_main, from_main):
         first = await from_main.get()  # async style still works
+        while from_main.empty():  # the main thread puts "two" just after "one"
+            await asyncio.sleep(0.001)
         second = from_main.get(block=False)  # multiprocessing style on the loop: the item, at once
         try:
             await from_main.get(timeout=0.01)

@@ -2,13 +2,14 @@
 which expire, a subscription, the exchange's JSON heartbeat, trades, and orders that fill.
 
 - ``GET /login?user=alice&password=s3cret`` -> 200, the body a new token (wrong: 403). A token
-  lives ``token_ttl_s``; at its end every session opened with it is closed with 4003 ("token
+  lives ``token_ttl_s`` (or until ``expire_all()``); at its end every session opened with it is closed with 4003 ("token
   expired") and ``GET /ws?token=`` with it is refused with 401.
 - ``GET /ws?token=...``: the client's first frame must be ``{"type":"subscribe","symbols":[...]}``
   -> ``{"type":"subscribed"}``. Then a trade every ``trade_every_s`` (``seq`` global) and a
   ``{"type":"ping","id":n}`` every ``ping_every_s``, to be answered ``{"type":"pong","id":n}``
   before the next ping or the session is closed with 4001.
-- ``{"type":"order","client_order_id":...}`` -> ``{"type":"fill","client_order_id":...,"session":k}``.
+- ``{"type":"order","client_order_id":...}`` -> ``{"type":"fill","client_order_id":...,"session":k}``;
+  with ``expire_after_orders=n`` every token expires right after the n-th order's fill.
 
 Records, written on the server's loop under ``_lock`` and copied by ``figures()``: ``logins``,
 ``refused`` (401s), ``sessions`` (close code of each, None while open), ``orders`` (every
@@ -38,8 +39,10 @@ USER, PASSWORD = "alice", "s3cret"
 
 
 class WsExchange:
-    def __init__(self, *, token_ttl_s: float = 3600.0, trade_every_s: float = 0.02, ping_every_s: float = 0.2) -> None:
+    def __init__(self, *, token_ttl_s: float = 3600.0, trade_every_s: float = 0.02, ping_every_s: float = 0.2,
+                 expire_after_orders: int = 0) -> None:
         self.token_ttl_s, self.trade_every_s, self.ping_every_s = token_ttl_s, trade_every_s, ping_every_s
+        self.expire_after_orders = expire_after_orders  # > 0: every token expires once this many orders are filled
         self._thread = LoopThread("ws-exchange")
         self._lock = threading.Lock()
         self._live: dict[str, float] = {}  # token -> when it expires (monotonic)
@@ -60,6 +63,10 @@ class WsExchange:
         with contextlib.suppress(Exception):
             self._thread.call(self._close(), 10.0)
         self._thread.stop()
+
+    def expire_all(self) -> None:
+        """Every token issued so far expires now: their sessions close with 4003, their handshakes get 401."""
+        self._thread.call_soon(self._live.clear)
 
     def figures(self) -> dict[str, Any]:
         with self._lock:
@@ -150,13 +157,14 @@ class WsExchange:
                     await ws.send(json.dumps({"type": "ping", "id": next(pings)}))
                 await ws.send(json.dumps({"type": "trade", "symbol": "BTCUSDT", "price": "37000.10",
                                           "seq": next(self._seq)}))
-                await asyncio.sleep(self.trade_every_s)
-            return 1000
+                await asyncio.wait([reader], timeout=self.trade_every_s)
+            return reader.result() or 1000
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
 
-    async def _read(self, ws: ServerConnection, number: int, answered: asyncio.Event) -> None:
+    async def _read(self, ws: ServerConnection, number: int, answered: asyncio.Event) -> int | None:
+        """The client's frames, until it closes (None) or an order expires the tokens (4003)."""
         async for data in ws:
             frame = json.loads(data)
             if frame.get("type") == "pong":
@@ -166,5 +174,9 @@ class WsExchange:
                 self._note("orders", frame.get("client_order_id"))
                 await ws.send(json.dumps({"type": "fill", "client_order_id": frame.get("client_order_id"),
                                           "session": number}))
+                if len(self._figures["orders"]) == self.expire_after_orders:
+                    self._live.clear()
+                    return 4003  # the session closes now
             else:
                 self._note("violations", frame)
+        return None
