@@ -45,6 +45,8 @@ _EXPORTS = {
     "IOPortal": "io_loop.portal",
     "PortalClosed": "io_loop.portal",
     "WorkerFailed": "io_loop.portal",
+    "Relogin": "io_loop.relogin",
+    "SendFailed": "io_loop.relogin",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -3,7 +3,9 @@
 Rules:
 - ``start()``, ``stop()``, ``poll()`` and the queues' sync ends (``to_main``, ``from_main``:
   ``MainQueue``) belong to the main thread; the worker runs as one task on the portal's own loop
-  in its own thread and touches only the async ends (``WorkerQueue``). Nobody else holds both.
+  in its own thread and touches only its ends (``WorkerQueue``, io_loop/portalqueue.py: called as
+  ``multiprocessing.Queue``'s, on the loop or from its executor threads, or awaited). Nobody else
+  holds both.
 - The start handshake: ``start()`` returns once the loop has made the janus queues and the
   worker has taken its first step; a worker that fails before its first ``await`` fails it.
 - The worker is ``worker(to_main, from_main)``, returning a coroutine. The stop begins by setting
@@ -14,7 +16,9 @@ Rules:
   once (what they held is dropped, counted in the log), and every later queue call and ``poll()``
   raise ``WorkerFailed`` from it (its traceback is the ``__cause__``'s), as does ``stop()`` unless
   one of them has. A worker that returns, and the stop, shut ``to_main`` down keeping what it
-  holds: the main thread takes the rest, then gets ``PortalClosed`` (a janus ``SyncQueueShutDown``).
+  holds (and what its ``put`` still held): the main thread takes the rest, then gets
+  ``PortalClosed`` (a janus ``SyncQueueShutDown``); a worker that returned before the stop is
+  logged, ``poll()`` is False from then, and ``PortalClosed`` says what to do (``WORKER_RETURNED``).
 - The stop never outlasts its deadline: a worker still running then (it ignores cancellation,
   or blocks the loop) is reported (logged, ``WorkerFailed`` from ``stop()``), its queues are shut
   down from the main thread, and its thread, a daemon, is left behind. A second ``stop()`` does nothing.
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -35,21 +38,19 @@ from typing import Any, NoReturn
 import janus
 
 from io_loop.errors import ForklessError
+from io_loop.portalqueue import Empty, Full, MainQueue, WorkerQueue
 
 __all__ = ["Empty", "Full", "IOPortal", "MainQueue", "PortalClosed", "WorkerFailed", "WorkerQueue"]
 
 log = logging.getLogger("forkless.portal")
 
+WORKER_RETURNED = (
+    "the IO worker returned before the stop (its coroutine ended on its own: did its client's connection close, "
+    "a session or a token expire?), and the main thread has taken everything it sent: nothing more will come. "
+    "Catch PortalClosed in your loop (portal.poll() is False once the worker has returned) and stop or start a "
+    "new IOPortal, or keep the client connected inside the worker (controller.Relogin logs in again)")
 CANCEL_RESERVE_S = 1.0  # at most this much of the stop's time is kept for cancelling the worker
 RECANCEL_S = 0.02  # how often a worker that swallows the cancellation is cancelled again
-
-
-class Empty(ForklessError, queue.Empty, asyncio.QueueEmpty):
-    """``WorkerQueue.get_nowait`` found nothing: both ``queue.Empty`` and ``asyncio.QueueEmpty``."""
-
-
-class Full(ForklessError, queue.Full, asyncio.QueueFull):
-    """``WorkerQueue.put_nowait`` found it full: both ``queue.Full`` and ``asyncio.QueueFull``."""
 
 
 class WorkerFailed(ForklessError, RuntimeError):
@@ -58,78 +59,6 @@ class WorkerFailed(ForklessError, RuntimeError):
 
 class PortalClosed(ForklessError, janus.SyncQueueShutDown):
     """The queue has ended without a failure: the worker returned, or the portal stopped."""
-
-
-class _Sized:
-    """``qsize``, ``empty`` and ``full``, as ``queue.Queue``'s, of the janus end ``_q``."""
-
-    _q: Any
-
-    def qsize(self) -> int:
-        return self._q.qsize()
-
-    def empty(self) -> bool:
-        return self._q.empty()
-
-    def full(self) -> bool:
-        return self._q.full()
-
-
-class WorkerQueue(_Sized):
-    """The worker's end of a queue, named and behaving as ``queue.Queue``/``multiprocessing.Queue``
-    where that is safe on the loop: ``put_nowait``, ``get_nowait``, ``qsize``, ``empty``, ``full``;
-    ``put`` and ``get`` are coroutines (a blocking call would stop the loop). ``stopping`` is set
-    when the portal's stop begins. After the end, calls raise janus's ``AsyncQueueShutDown``."""
-
-    def __init__(self, q: janus.AsyncQueue[Any], stopping: asyncio.Event) -> None:
-        self._q = q
-        self.stopping = stopping
-
-    def put_nowait(self, item: Any) -> None:
-        try:
-            self._q.put_nowait(item)
-        except asyncio.QueueFull:
-            raise Full(f"the queue holds queue_size={self._q.maxsize} items: the main thread takes them too "
-                       "slowly (a larger queue_size, or 0 for no bound)") from None
-
-    def get_nowait(self) -> Any:
-        try:
-            return self._q.get_nowait()
-        except asyncio.QueueEmpty:
-            raise Empty from None
-
-    async def put(self, item: Any) -> None:
-        await self._q.put(item)
-
-    async def get(self) -> Any:
-        return await self._q.get()
-
-
-class MainQueue(_Sized):
-    """The main thread's end of a queue: ``queue.Queue``'s calls (``queue.Empty``, ``queue.Full``);
-    once the queue has ended they raise ``WorkerFailed`` (the worker failed) or ``PortalClosed``."""
-
-    def __init__(self, q: janus.SyncQueue[Any], raise_end: Callable[[], NoReturn]) -> None:
-        self._q = q
-        self._raise_end = raise_end
-
-    def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        try:
-            return self._q.get(block, timeout)
-        except janus.SyncQueueShutDown:
-            self._raise_end()
-
-    def get_nowait(self) -> Any:
-        return self.get(False)
-
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        try:
-            self._q.put(item, block, timeout)
-        except janus.SyncQueueShutDown:
-            self._raise_end()
-
-    def put_nowait(self, item: Any) -> None:
-        self.put(item, False)
 
 
 class IOPortal:
@@ -158,6 +87,9 @@ class IOPortal:
         self._delivered = False  # the failure has been raised in the main thread
         self._end = "the portal has stopped"
         self._started = self._stopped = False
+        self._worker_ends: tuple[WorkerQueue, ...] = ()
+        self._worker_done = False
+        self.result: Any = None  # what the worker's coroutine returned, once it has
 
     # ---- main thread --------------------------------------------------------------------------
 
@@ -194,9 +126,10 @@ class IOPortal:
         return self
 
     def poll(self) -> bool:
-        """True while the worker runs, False once it has ended; raises ``WorkerFailed`` if it failed."""
+        """True while the worker runs, False once it has returned (what it sent may still be in
+        ``to_main``: take it until ``PortalClosed``); raises ``WorkerFailed`` if it failed."""
         self.raise_if_failed()
-        return self.alive
+        return self.alive and not self._worker_done
 
     def raise_if_failed(self) -> None:
         """Raise ``WorkerFailed`` (from the worker's exception) if the worker failed or broke a deadline."""
@@ -278,14 +211,20 @@ class IOPortal:
     async def _main(self) -> None:
         self._queues = to_main, from_main = janus.Queue(self.queue_size), janus.Queue(self.queue_size)
         self._ends = MainQueue(to_main.sync_q, self._raise_end), MainQueue(from_main.sync_q, self._raise_end)
-        ends = WorkerQueue(to_main.async_q, self.stopping), WorkerQueue(from_main.async_q, self.stopping)
+        self._worker_ends = ends = (WorkerQueue(to_main, self.stopping, "to_main"),
+                                    WorkerQueue(from_main, self.stopping, "from_main"))
         self._task = task = asyncio.create_task(self._work(*ends), name=f"{self._thread.name}-worker")
         await asyncio.sleep(0)  # the worker's first step runs before this returns: a quick failure fails start()
         self._ready.set()
         await asyncio.wait({task})
-        if self._failure is None and not self.stopping.is_set():
-            self._end = "the worker returned before the stop"
-        unread = from_main.async_q.qsize()
+        if self._failure is None:
+            self._ends[0].leftover.extend(await ends[0].take_held())  # the main thread takes them after the rest
+            if not self.stopping.is_set():
+                self._end = WORKER_RETURNED
+                log.warning("the IO worker returned before the stop (its coroutine ended on its own); the main "
+                            "thread gets PortalClosed once it has taken the %d items it sent that are left",
+                            self._ends[0].qsize())
+        unread = from_main.async_q.qsize() + len(await ends[1].take_held())
         if unread and self._failure is None:
             log.warning("%d items the main thread put were not taken by the IO worker before it ended", unread)
         from_main.shutdown(immediate=True)  # first: once to_main has ended, from_main has too
@@ -295,20 +234,22 @@ class IOPortal:
 
     async def _work(self, to_main: WorkerQueue, from_main: WorkerQueue) -> None:
         try:
-            await self._worker(to_main, from_main)
+            self.result = await self._worker(to_main, from_main)
         except asyncio.CancelledError as exc:
             if not self.stopping.is_set():
                 self._fail(exc)
             raise
         except BaseException as exc:  # SystemExit and KeyboardInterrupt too: a library never exits its host
             self._fail(exc)
+        finally:
+            self._worker_done = True  # before the queues end: poll() is False by the time a get raises
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is not None:
             return
         self._failure = exc
         queues = self._queues or ()
-        dropped = sum(q.async_q.qsize() for q in queues)
+        dropped = sum(q.async_q.qsize() for q in queues) + sum(len(end._held) for end in self._worker_ends)
         log.error("the IO worker failed%s", f" ({dropped} queued items dropped)" if dropped else "", exc_info=exc)
         for q in queues:
             q.shutdown(immediate=True)  # wakes a main thread blocked in get or put

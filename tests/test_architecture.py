@@ -91,6 +91,8 @@ IO = [
     "io_loop/jsprobe.py",
     "io_loop/jspublish.py",
     "io_loop/portal.py",
+    "io_loop/portalqueue.py",
+    "io_loop/relogin.py",
     "io_loop/deployment.py",
     "io_loop/leases.py",
     "io_loop/natsconn.py",

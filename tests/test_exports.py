@@ -53,7 +53,9 @@ CONTROLLER_ALL = [
     "PositionLost",
     "Processor",
     "ProcessorContractError",
+    "Relogin",
     "ReplyBatch",
+    "SendFailed",
     "Source",
     "SourceContext",
     "SourceStopped",
@@ -164,7 +166,7 @@ def test_internals_are_not_exported_but_stay_importable_from_their_modules(name)
 
 def test_the_walk_finds_the_exceptions_it_is_meant_to():
     # a walk that found nothing would pass every test below
-    assert {"io_loop.errors.ForklessError", "controller.errors.ConfigError", "io_loop.portal.Empty",
+    assert {"io_loop.errors.ForklessError", "controller.errors.ConfigError", "io_loop.portalqueue.Empty",
             "io_loop.source.SourceStopped", "controller.check._Failure"} <= set(EXCEPTIONS)
 
 

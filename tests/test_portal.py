@@ -283,3 +283,108 @@ def test_the_portal_is_exported_by_both_packages_and_checks_its_arguments():
         IOPortal(lambda a, b: None, queue_size=-1)
     with pytest.raises(RuntimeError, match="start"):
         IOPortal(lambda a, b: None).to_main  # noqa: B018
+
+
+# ---- the worker's queue ends called as multiprocessing.Queue's (issue 43, item 7) --------------
+
+
+def test_a_put_not_awaited_on_the_loop_delivers_every_item_in_order_even_past_queue_size(timeout_unit, recwarn):
+    async def sync_style_worker(to_main, from_main):
+        for i in range(10):  # multiprocessing.Queue style: never awaited, the queue holds 2
+            to_main.put(i)
+        seen = (to_main.full(), to_main.qsize())
+        try:
+            to_main.put_nowait("may not pass the held items")
+        except queue.Full:
+            seen += ("Full",)
+        to_main.put(seen, True, 0.5)  # put(item, block, timeout): held too, never lost
+        await to_main.stopping.wait()
+
+    with IOPortal(sync_style_worker, queue_size=2, stop_timeout_s=10 * timeout_unit) as portal:
+        got = [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(11)]
+    assert got == [*range(10), (True, 10, "Full")]
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+def test_an_awaited_put_waits_for_room_and_with_a_timeout_raises_full_and_withdraws_the_item(timeout_unit):
+    timed_out = threading.Event()
+
+    async def async_style_worker(to_main, from_main):
+        await to_main.put("first")  # room: in at once
+        try:
+            await to_main.put("withdrawn", timeout=0.01)  # the main thread takes nothing until timed_out
+        except queue.Full as exc:
+            outcome = type(exc).__name__
+        timed_out.set()
+        await to_main.put(outcome)  # full: waits until the main thread takes "first"
+        await to_main.put("waited for room")
+        await to_main.stopping.wait()
+
+    with IOPortal(async_style_worker, queue_size=1, stop_timeout_s=10 * timeout_unit) as portal:
+        assert timed_out.wait(10 * timeout_unit)
+        got = [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(3)]
+    assert got == ["first", "Full", "waited for room"]
+
+
+def test_the_blocking_calls_block_as_multiprocessing_s_from_an_executor_thread(timeout_unit):
+    async def executor_worker(to_main, from_main):
+        loop = asyncio.get_running_loop()
+        try:  # get(True, 0.05) in an executor: Empty after the timeout, as multiprocessing's
+            await loop.run_in_executor(None, from_main.get, True, 0.05)
+        except queue.Empty:
+            timed_out = True
+        await loop.run_in_executor(None, to_main.put, ("ready", timed_out), True, 10.0)
+        order = await loop.run_in_executor(None, from_main.get)  # blocks until the main thread puts
+        sizes = await loop.run_in_executor(None, lambda: (from_main.qsize(), from_main.empty(), to_main.full()))
+        await loop.run_in_executor(None, to_main.put_nowait, (order, sizes))
+        taken = await loop.run_in_executor(None, from_main.get_nowait)
+        to_main.put(taken)
+        await to_main.stopping.wait()
+
+    with IOPortal(executor_worker, stop_timeout_s=10 * timeout_unit) as portal:
+        assert portal.to_main.get(timeout=10 * timeout_unit) == ("ready", True)
+        portal.from_main.put({"order": 1})
+        portal.from_main.put("last")
+        assert portal.to_main.get(timeout=10 * timeout_unit) == ({"order": 1}, (1, False, False))
+        assert portal.to_main.get(timeout=10 * timeout_unit) == "last"
+
+
+def test_get_on_the_loop_is_awaitable_or_non_blocking_and_one_not_awaited_takes_nothing_and_says_so(
+        timeout_unit, caplog):
+    async def getting_worker(to_main, from_main):
+        first = await from_main.get()  # async style still works
+        while from_main.empty():  # the main thread puts "two" just after "one"
+            await asyncio.sleep(0.001)
+        second = from_main.get(block=False)  # multiprocessing style on the loop: the item, at once
+        try:
+            await from_main.get(timeout=0.01)
+        except queue.Empty:
+            empty = "Empty"
+        from_main.get()  # a blocking get on the loop, not awaited: takes nothing, and says so
+        gc.collect()
+        to_main.put((first, second, empty))
+        to_main.put(await from_main.get())  # "three" was not taken by the get not awaited
+        await to_main.stopping.wait()
+
+    with IOPortal(getting_worker, stop_timeout_s=10 * timeout_unit) as portal:
+        portal.from_main.put("one")
+        portal.from_main.put("two")
+        assert portal.to_main.get(timeout=10 * timeout_unit) == ("one", "two", "Empty")
+        portal.from_main.put("three")
+        assert portal.to_main.get(timeout=10 * timeout_unit) == "three"
+    assert "from_main.get() was called on the IO loop and not awaited: nothing was taken" in caplog.text
+    assert "run_in_executor" in caplog.text
+
+
+def test_a_worker_that_returns_hands_over_what_its_put_still_held_then_portal_closed_says_why(timeout_unit):
+    async def short_worker(to_main, from_main):
+        for i in range(5):
+            to_main.put(i)  # queue_size 2: three are held when it returns
+
+    with IOPortal(short_worker, queue_size=2) as portal:
+        portal._thread.join(10 * timeout_unit)  # the worker has returned and the loop has closed
+        assert not portal.poll()
+        assert [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(5)] == [0, 1, 2, 3, 4]
+        with pytest.raises(PortalClosed, match=r"returned before the stop .* Catch PortalClosed"):
+            portal.to_main.get(timeout=10 * timeout_unit)

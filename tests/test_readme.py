@@ -59,7 +59,8 @@ def test_the_readme_s_short_example_runs_its_own_processor_with_the_json_codec(f
 def test_every_example_in_the_documents_is_run_by_a_test():
     tested = {("README.md", "short"), ("EMBEDDING.md", "blocking"), ("EMBEDDING.md", "on_results"),
               ("EMBEDDING.md", "driven"), ("EMBEDDING.md", "subscribe"), ("EMBEDDING.md", "source"),
-              ("EMBEDDING.md", "portal"), ("EMBEDDING.md", "credentials"), ("EMBEDDING.md", "reconnecting")}
+              ("EMBEDDING.md", "portal"), ("EMBEDDING.md", "credentials"), ("EMBEDDING.md", "reconnecting"),
+              ("EMBEDDING.md", "relogin")}  # relogin: tests/test_relogin.py
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested

@@ -1,0 +1,299 @@
+"""The queue ends of an ``IOPortal`` (io_loop/portal.py): the worker's, which behave as
+``multiprocessing.Queue``'s when called that way, and the main thread's, ``queue.Queue``'s.
+
+Rules:
+- ``WorkerQueue`` is made on the portal's loop. Called on the loop it never blocks: ``put``
+  enqueues at once or, the queue full, holds the item in order (moved in as the main thread
+  takes; never lost, awaited or not) and returns an awaitable that waits for it to be in;
+  ``get`` returns an awaitable (a blocking get would stop the loop). Called from another thread
+  (``loop.run_in_executor``) ``put`` and ``get`` block as ``multiprocessing.Queue``'s do.
+- Only the loop touches what is held; the portal takes it at the end (``take_held``): for the
+  main thread after the rest (``MainQueue.leftover``) when the worker returned, counted in the
+  log as dropped when it failed.
+- ``MainQueue`` is the main thread's: ``queue.Queue``'s calls; once the queue has ended they
+  raise what the portal says (``WorkerFailed`` or ``PortalClosed``), after the leftover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Generator
+from typing import Any, NoReturn
+
+import janus
+
+from io_loop.errors import ForklessError
+
+__all__ = ["Empty", "Full", "MainQueue", "WorkerQueue"]
+
+log = logging.getLogger("forkless.portal")
+
+
+class Empty(ForklessError, queue.Empty, asyncio.QueueEmpty):
+    """``WorkerQueue.get_nowait`` found nothing: both ``queue.Empty`` and ``asyncio.QueueEmpty``."""
+
+
+class Full(ForklessError, queue.Full, asyncio.QueueFull):
+    """``WorkerQueue.put_nowait`` found it full: both ``queue.Full`` and ``asyncio.QueueFull``."""
+
+
+class _Sized:
+    """``qsize``, ``empty`` and ``full``, as ``queue.Queue``'s, of the janus end ``_q``."""
+
+    _q: Any
+
+    def qsize(self) -> int:
+        return self._q.qsize()
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
+    def full(self) -> bool:
+        return self._q.full()
+
+
+class _Enqueued:
+    """What ``WorkerQueue.put`` returns when the item is already in the queue: awaiting it does
+    nothing, and not awaiting it loses nothing (it is not a coroutine: no "never awaited")."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return iter(())
+
+
+ENQUEUED = _Enqueued()
+
+
+class _Held:
+    """An item ``put`` on the loop while the queue was full: held, in order, until the main thread
+    makes room, then moved in. Awaiting it waits for that (with the put's ``timeout``: ``Full``,
+    the item withdrawn); not awaiting it still delivers it."""
+
+    __slots__ = ("_end", "_timeout", "item", "moved")
+
+    def __init__(self, item: Any, end: WorkerQueue, timeout: float | None) -> None:
+        self.item, self._end, self._timeout = item, end, timeout
+        self.moved = asyncio.get_running_loop().create_future()  # set once the item is in the queue
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self._end._wait_moved(self, self._timeout).__await__()
+
+
+class _Get:
+    """What ``WorkerQueue.get`` returns on the loop: await it for the item. One never awaited took
+    nothing; it says so in the log when it is dropped (a blocking get cannot run on the loop)."""
+
+    __slots__ = ("_awaited", "_end", "_timeout")
+
+    def __init__(self, end: WorkerQueue, timeout: float | None) -> None:
+        self._end, self._timeout, self._awaited = end, timeout, False
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        self._awaited = True
+        return self._end._get_within(self._timeout).__await__()
+
+    def __repr__(self) -> str:
+        return "<WorkerQueue.get() not awaited: nothing was taken; see WorkerQueue>"
+
+    def __del__(self) -> None:
+        if not self._awaited:
+            log.error("%s.get() was called on the IO loop and not awaited: nothing was taken. On the loop, "
+                      "await it, or call get_nowait() or get(block=False); a blocking get(timeout=...) runs "
+                      "in loop.run_in_executor", self._end.name)
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and not timeout >= 0:  # as queue.Queue's
+        raise ValueError(f"timeout must be a non-negative number of seconds or None, not {timeout!r}")
+
+
+class WorkerQueue(_Sized):
+    """The worker's end of a queue, behaving as ``multiprocessing.Queue``'s when called that way,
+    on the loop or from another thread (``loop.run_in_executor``), and awaitable on the loop:
+
+    - ``put(item, block=True, timeout=None)``: on the loop it never blocks: the item is in the
+      queue before it returns, or, the queue full, held in order and moved in as the main thread
+      takes (never lost, awaited or not); awaiting what it returns waits for the item to be in
+      (``timeout``: ``Full`` after it, the item withdrawn). From another thread it blocks as
+      ``multiprocessing.Queue.put`` does. ``block=False`` is ``put_nowait``.
+    - ``get(block=True, timeout=None)``: from another thread it blocks as
+      ``multiprocessing.Queue.get`` does (``Empty`` after ``timeout``); on the loop it returns an
+      awaitable (``await get()``; ``timeout``: ``Empty`` after it): a blocking call would stop the
+      loop. ``get(False)`` is ``get_nowait``, anywhere.
+    - ``put_nowait``, ``get_nowait``, ``qsize``, ``empty``, ``full`` anywhere; ``Empty`` and
+      ``Full`` are both the ``queue`` and the ``asyncio`` ones. Held items count in ``qsize``;
+      ``full()`` is True while any is held.
+
+    ``stopping`` is set when the portal's stop begins. After the end, calls raise janus's
+    ``AsyncQueueShutDown`` on the loop, ``SyncQueueShutDown`` in another thread."""
+
+    def __init__(self, q: janus.Queue[Any], stopping: asyncio.Event, name: str) -> None:
+        self._q, self._sync = q.async_q, q.sync_q
+        self.stopping, self.name = stopping, name
+        self._loop_thread = threading.get_ident()  # made on the loop
+        self._held: deque[_Held] = deque()  # items put while full, in order (loop only)
+        self._mover: asyncio.Task[None] | None = None
+        self._held_logged = False
+
+    def qsize(self) -> int:
+        return self._q.qsize() + len(self._held)
+
+    def full(self) -> bool:
+        return bool(self._held) or self._q.full()
+
+    def _full(self) -> Full:
+        return Full(f"the queue holds queue_size={self._q.maxsize} items: the main thread takes them too "
+                    "slowly (a larger queue_size, or 0 for no bound)")
+
+    def put_nowait(self, item: Any) -> None:
+        if threading.get_ident() != self._loop_thread:
+            try:
+                self._sync.put_nowait(item)
+            except queue.Full:
+                raise self._full() from None
+            return
+        if self._held:  # held items go first: this one may not pass them
+            raise self._full()
+        try:
+            self._q.put_nowait(item)
+        except asyncio.QueueFull:
+            raise self._full() from None
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> _Enqueued | _Held:
+        _check_timeout(timeout)
+        if not block:
+            self.put_nowait(item)
+            return ENQUEUED
+        if threading.get_ident() != self._loop_thread:
+            try:
+                self._sync.put(item, True, timeout)
+            except queue.Full:
+                raise self._full() from None
+            return ENQUEUED
+        if not self._held:
+            try:
+                self._q.put_nowait(item)
+                return ENQUEUED
+            except asyncio.QueueFull:
+                pass
+        held = _Held(item, self, timeout)
+        self._held.append(held)
+        if self._mover is None:
+            self._mover = asyncio.get_running_loop().create_task(self._move(), name=f"forkless-portal-{self.name}")
+        if not self._held_logged:
+            self._held_logged = True
+            log.warning("%s is full (queue_size=%d): put() holds what comes, in order, until the main thread "
+                        "takes some (await put() to wait for room instead; logged once)", self.name, self._q.maxsize)
+        return held
+
+    def get_nowait(self) -> Any:
+        try:
+            if threading.get_ident() != self._loop_thread:
+                return self._sync.get_nowait()
+            return self._q.get_nowait()
+        except (queue.Empty, asyncio.QueueEmpty):
+            raise Empty from None
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        _check_timeout(timeout)
+        if not block:
+            return self.get_nowait()
+        if threading.get_ident() == self._loop_thread:
+            return _Get(self, timeout)
+        try:
+            return self._sync.get(True, timeout)
+        except queue.Empty:
+            raise Empty from None
+
+    # ---- the loop's side of put and get ---------------------------------------------------------
+
+    async def _move(self) -> None:
+        """Move the held items into the queue as room comes, in order (one task while any is held)."""
+        try:
+            while self._held:
+                held = self._held[0]
+                await self._q.put(held.item)  # a cancelled janus put has not put its item
+                self._held.popleft()
+                held.moved.set_result(None)
+        except janus.AsyncQueueShutDown:
+            pass  # the end: what is still held is the portal's to hand over or count (IOPortal._main)
+        finally:
+            if self._mover is asyncio.current_task():
+                self._mover = None
+
+    async def _wait_moved(self, held: _Held, timeout: float | None) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(held.moved)  # cancelling the waiter leaves the item held, to be delivered
+        except TimeoutError:
+            if held.moved.done() or not self._withdraw(held):
+                return
+            raise self._full() from None
+
+    def _withdraw(self, held: _Held) -> bool:
+        """Take a held item back (its put timed out); False if it is no longer held."""
+        if held not in self._held:
+            return False
+        if self._held[0] is held and self._mover is not None:
+            self._mover.cancel()  # its put of this item has not happened: a cancelled put never does
+            self._mover = None
+        self._held.remove(held)
+        if self._held and self._mover is None:
+            self._mover = asyncio.get_running_loop().create_task(self._move(), name=f"forkless-portal-{self.name}")
+        return True
+
+    async def _get_within(self, timeout: float | None) -> Any:
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._q.get()
+        except TimeoutError:
+            raise Empty from None
+
+    async def take_held(self) -> list[Any]:
+        """The items still held, taken (the mover stopped): at the end, for the main thread or the count."""
+        mover, self._mover = self._mover, None
+        if mover is not None:
+            mover.cancel()
+            await asyncio.gather(mover, return_exceptions=True)
+        items = [held.item for held in self._held]
+        self._held.clear()
+        return items
+
+
+class MainQueue(_Sized):
+    """The main thread's end of a queue: ``queue.Queue``'s calls (``queue.Empty``, ``queue.Full``);
+    once the queue has ended they raise ``WorkerFailed`` (the worker failed) or ``PortalClosed``,
+    after handing out what the worker's ``put`` still held when it returned."""
+
+    def __init__(self, q: janus.SyncQueue[Any], raise_end: Callable[[], NoReturn]) -> None:
+        self._q = q
+        self._raise_end = raise_end
+        self.leftover: deque[Any] = deque()  # filled on the loop before the queue ends; read after
+
+    def qsize(self) -> int:
+        return self._q.qsize() + len(self.leftover)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        try:
+            return self._q.get(block, timeout)
+        except janus.SyncQueueShutDown:
+            if self.leftover:
+                return self.leftover.popleft()
+            self._raise_end()
+
+    def get_nowait(self) -> Any:
+        return self.get(False)
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        try:
+            self._q.put(item, block, timeout)
+        except janus.SyncQueueShutDown:
+            self._raise_end()
+
+    def put_nowait(self, item: Any) -> None:
+        self.put(item, False)

@@ -1,0 +1,182 @@
+"""A loopback exchange on the ``websockets`` library (not aiohttp): a login that issues tokens
+which expire, a subscription, the exchange's JSON heartbeat, trades, and orders that fill.
+
+- ``GET /login?user=alice&password=s3cret`` -> 200, the body a new token (wrong: 403). A token
+  lives ``token_ttl_s`` (or until ``expire_all()``); at its end every session opened with it is closed with 4003 ("token
+  expired") and ``GET /ws?token=`` with it is refused with 401.
+- ``GET /ws?token=...``: the client's first frame must be ``{"type":"subscribe","symbols":[...]}``
+  -> ``{"type":"subscribed"}``. Then a trade every ``trade_every_s`` (``seq`` global) and a
+  ``{"type":"ping","id":n}`` every ``ping_every_s``, to be answered ``{"type":"pong","id":n}``
+  before the next ping or the session is closed with 4001.
+- ``{"type":"order","client_order_id":...}`` -> ``{"type":"fill","client_order_id":...,"session":k}``;
+  with ``expire_after_orders=n`` every token expires right after the n-th order's fill.
+
+Records, written on the server's loop under ``_lock`` and copied by ``figures()``: ``logins``,
+``refused`` (401s), ``sessions`` (close code of each, None while open), ``orders`` (every
+client_order_id received, in order, repeats kept), ``pongs``, ``violations``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from tests.servers import LoopThread
+
+USER, PASSWORD = "alice", "s3cret"
+
+
+class WsExchange:
+    def __init__(self, *, token_ttl_s: float = 3600.0, trade_every_s: float = 0.02, ping_every_s: float = 0.2,
+                 expire_after_orders: int = 0) -> None:
+        self.token_ttl_s, self.trade_every_s, self.ping_every_s = token_ttl_s, trade_every_s, ping_every_s
+        self.expire_after_orders = expire_after_orders  # > 0: every token expires once this many orders are filled
+        self._thread = LoopThread("ws-exchange")
+        self._lock = threading.Lock()
+        self._live: dict[str, float] = {}  # token -> when it expires (monotonic)
+        self._tokens = itertools.count(1)
+        self._seq = itertools.count(1)
+        self._figures: dict[str, Any] = {"logins": 0, "refused": 0, "sessions": [], "orders": [], "pongs": 0,
+                                         "violations": []}
+        self.url = ""
+
+    def start(self) -> str:
+        """Serve on a free port of 127.0.0.1; the base URL, ``http://127.0.0.1:PORT``."""
+        self._thread.start()
+        port = self._thread.call(self._serve(), 10.0)
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._thread.call(self._close(), 10.0)
+        self._thread.stop()
+
+    def expire_all(self) -> None:
+        """Every token issued so far expires now: their sessions close with 4003, their handshakes get 401."""
+        self._thread.call_soon(self._live.clear)
+
+    def figures(self) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(self._figures)
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while not predicate(figures := self.figures()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the exchange did not see {what} within {timeout_s:.0f}s: {figures}")
+            time.sleep(0.01)
+        return figures
+
+    # ---- the server's loop ------------------------------------------------------------------------
+
+    async def _serve(self) -> int:
+        self._server = await serve(self._session, "127.0.0.1", 0, process_request=self._http, ping_interval=None,
+                                   close_timeout=1.0)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def _close(self) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    def _note(self, key: str, value: Any = 1) -> None:
+        with self._lock:
+            if isinstance(self._figures[key], list):
+                self._figures[key].append(value)
+            else:
+                self._figures[key] += value
+
+    def _http(self, connection: ServerConnection, request: Request) -> Response | None:
+        parts = urlsplit(request.path)
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        if parts.path == "/login":
+            if (query.get("user"), query.get("password")) != (USER, PASSWORD):
+                return connection.respond(403, "wrong user or password\n")
+            token = f"t{next(self._tokens)}"
+            self._live[token] = time.monotonic() + self.token_ttl_s
+            self._note("logins")
+            return connection.respond(200, token)
+        if parts.path != "/ws":
+            return connection.respond(404, "not here\n")
+        if self._live.get(query.get("token", ""), 0.0) <= time.monotonic():
+            self._note("refused")
+            return connection.respond(401, "token expired or unknown\n")
+        return None
+
+    async def _session(self, ws: ServerConnection) -> None:
+        token = parse_qs(urlsplit(ws.request.path).query)["token"][0]
+        with self._lock:
+            number = len(self._figures["sessions"])
+            self._figures["sessions"].append(None)
+        code = None
+        try:
+            first = json.loads(await ws.recv())
+            if first.get("type") != "subscribe":
+                self._note("violations", f"first frame {first!r}")
+                code = 4000
+            else:
+                await ws.send(json.dumps({"type": "subscribed", "symbols": first.get("symbols")}))
+                code = await self._serve_session(ws, token, number)
+            await ws.close(code, "see the code")
+        except ConnectionClosed:
+            pass
+        finally:
+            with self._lock:
+                self._figures["sessions"][number] = code if code is not None else ws.close_code
+
+    async def _serve_session(self, ws: ServerConnection, token: str, number: int) -> int:
+        """Trades, pings and fills until the token expires (4003) or a ping goes unanswered (4001)."""
+        answered = asyncio.Event()
+        answered.set()
+        reader = asyncio.create_task(self._read(ws, number, answered))
+        try:
+            next_ping = time.monotonic() + self.ping_every_s
+            pings = itertools.count(1)
+            while not reader.done():
+                now = time.monotonic()
+                if now >= self._live.get(token, 0.0):
+                    self._live.pop(token, None)
+                    return 4003
+                if now >= next_ping:
+                    if not answered.is_set():
+                        return 4001
+                    answered.clear()
+                    next_ping = now + self.ping_every_s
+                    await ws.send(json.dumps({"type": "ping", "id": next(pings)}))
+                await ws.send(json.dumps({"type": "trade", "symbol": "BTCUSDT", "price": "37000.10",
+                                          "seq": next(self._seq)}))
+                await asyncio.wait([reader], timeout=self.trade_every_s)
+            return reader.result() or 1000
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read(self, ws: ServerConnection, number: int, answered: asyncio.Event) -> int | None:
+        """The client's frames, until it closes (None) or an order expires the tokens (4003)."""
+        async for data in ws:
+            frame = json.loads(data)
+            if frame.get("type") == "pong":
+                self._note("pongs")
+                answered.set()
+            elif frame.get("type") == "order":
+                self._note("orders", frame.get("client_order_id"))
+                await ws.send(json.dumps({"type": "fill", "client_order_id": frame.get("client_order_id"),
+                                          "session": number}))
+                if len(self._figures["orders"]) == self.expire_after_orders:
+                    self._live.clear()
+                    return 4003  # the session closes now
+            else:
+                self._note("violations", frame)
+        return None
