@@ -190,8 +190,8 @@ class Consumer:
                 f"{self.label}: stream {stream!r} ends at sequence {last}, but {whose} recorded "
                 f"{applied} as the last applied: was the stream deleted and made again? To continue anyway, "
                 f"{ACCEPT_LOSS}")
-        # no message of the feed's own subjects is missing below the first one that the consumer, at
-        # the position, found nothing more after (other subjects' messages there are not ours)
+        # no message of the feed's own subjects is missing up to what it covered (a probe proved every
+        # one of them up to there handed over: other subjects' messages there are not ours)
         covered = self.source.covered[1] if self.source.covered[0] == need - 1 and not skip else 0
         if first > max(need, covered + 1) and need <= last:
             beyond = f", and none of its subjects' up to {covered}" if covered >= need else ""
