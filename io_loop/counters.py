@@ -156,7 +156,8 @@ class SourceStats:
     confirmed: tuple[int, int] = (0, -1)
     duplicates: int = 0  # replies the results stream dropped as duplicates (published again after a replay)
     # (handed, through): with the messages up to stream sequence ``handed`` handed over, the stream held
-    # no further message of the feed's subjects up to ``through`` (a pull found nothing more)
+    # no further message of the feed's subjects up to ``through`` (what the feed covered: a probe of its
+    # consumer's and the stream's state proved it, io_loop/jsconsumer.py ``Consumer.probed``)
     covered: tuple[int, int] = (0, 0)
     stream_created: str = ""  # the stream's created time (ISO 8601) at the first connection ("": not yet)
 

@@ -41,6 +41,12 @@ Rules:
   holds what the position needs). A stream whose created time differs from the one this run
   first connected to (or the restored checkpoint recorded), or that ends before a sequence this
   run saw in it, was made again: ``PositionLost`` too, never resumed into.
+- What the feed covered (issue 43; ``Consumer.probed``): every ``STREAM_INFO_EVERY_S`` the
+  stream's state is read, and where the feed may have covered more, its consumer's state and the
+  stream's first sequence after it; once more when the stop begins (bounded by
+  ``STOP_PROBE_S``), so the stop's checkpoint records it. An idle feed (a partitioned
+  instance's partitions without messages) thus keeps up with retention of other subjects'
+  messages across reconnects, server restarts and its own restarts.
 - A partitioned feed (``partition_count``, issue 24) consumes its owned partitions' subjects
   with one consumer (``filter_subjects``). At every connection the stream's subject transform
   is checked against ``partition_count`` and the subject, as ``--check`` does
@@ -95,7 +101,8 @@ PULL_HEARTBEAT_S = 1.0  # the server's idle heartbeat on an open pull request
 MISSED_HEARTBEATS = 3  # nothing at all for this many heartbeats: the connection is dropped
 ACK_WAIT_S = 30.0
 INACTIVE_S = 30.0  # an ephemeral consumer unused this long (its process killed) is removed by the server
-STREAM_INFO_EVERY_S = 1.0  # the stream's last sequence (for the lag) is read this often
+STREAM_INFO_EVERY_S = 0.5  # the stream's state (the lag, what the feed covered) is read this often
+STOP_PROBE_S = 1.0  # the stop's last look at what the feed covered waits this long at most
 GIVE_UP_CLOSE_S = 0.25
 TOO_LARGE_REASON = "message too large"  # a payload over FORKLESS_MAX_MSG_BYTES
 
@@ -161,6 +168,8 @@ class JetStreamSource:
         self._live = 0  # the connection being served (0: none); its loops end when it changes
         self._nats_error = ""
         self._stream_created: Any = None  # the stream's created time at this run's first connection
+        self._nc: Any = None  # the live connection (None: none)
+        self._consumer_name = ""  # the live connection's consumer ("": not made yet)
 
     # ---- the connection loop ------------------------------------------------------------------------
 
@@ -202,6 +211,12 @@ class JetStreamSource:
         """The stop begins: the reader stops taking messages, none lost half handed over (a reader
         handing one over finishes it, one waiting for deliveries is cancelled)."""
         self._stopping = True
+        if self._nc is not None and self._consumer_name:  # what the feed covered, for the stop's checkpoint
+            try:
+                async with asyncio.timeout(STOP_PROBE_S):
+                    await self._probe(self._nc.jsm(timeout=STOP_PROBE_S))
+            except (TimeoutError, *NATS_ERRORS):
+                pass  # the checkpoint records what earlier probes found
         task = self._reader_task
         if task is not None and not task.done():
             if not self._reader_in_handover:
@@ -285,6 +300,7 @@ class JetStreamSource:
     async def _serve(self, ctx: SourceContext, nc: Any, closed: asyncio.Event) -> tuple[int, End]:
         """Run one connection until it is lost or everything is published: its id and how it ended."""
         conn = self._live = ctx.connection_opened()
+        self._nc = nc
         log.info("%s: connection %d open (stream %r, subject %r, replies to %r)", self.feed.label, conn,
                  self.spec.stream, self.spec.subject or ">", self.spec.results or "(none)")
         tasks: set[asyncio.Task] = set()
@@ -319,6 +335,7 @@ class JetStreamSource:
             end = End(Outcome.LOST, describe_error(exc))
         finally:
             self._live = 0
+            self._nc, self._consumer_name = None, ""
             for task in tasks:
                 task.cancel()
             if tasks:
@@ -353,6 +370,7 @@ class JetStreamSource:
                 inactive_threshold=INACTIVE_S, mem_storage=True))
         except NATS_ERRORS as exc:
             return End(Outcome.LOST, f"creating the consumer failed: {describe_error(exc)}")
+        self._consumer_name = name
         inbox = nc.new_inbox()
         # deliveries go to a queue of ours, awaited directly (nats-py's next_msg waits in a task of its
         # own with asyncio.wait_for, which on Python 3.11 can swallow a cancellation: the stop's, the end
@@ -379,9 +397,6 @@ class JetStreamSource:
         """One pull request: its deliveries handed over (as ``Consumer`` decides), then the ack of
         the last; an ``End`` when the connection must end (or the reader stop), else None."""
         consumer = self.consumer
-        # the stream reached this before the request: a pull that ends with nothing more for us says no
-        # message of the feed's subjects up to it is left (Consumer.covered)
-        known_last = self.figures.stream_last_seq
         await nc.publish(pull, request, reply=inbox)
         got, last = 0, b""
         while got < self.pull_batch:
@@ -399,7 +414,6 @@ class JetStreamSource:
                 if status == "100":  # idle heartbeat
                     continue
                 if status in ("404", "408"):  # no messages / the request expired: ask again
-                    consumer.pull_ended(known_last)
                     break
                 return End(Outcome.LOST, f"the consumer answered {status} {headers.get('Description', '')}".strip())
             take = consumer.deliver(reply, where)
@@ -413,7 +427,7 @@ class JetStreamSource:
                 await ctx.emit_decoded(_NOTHING, take.seq)
             else:
                 await self._consume(ctx, data, take)
-            consumer.consumed(take, known_last)
+            consumer.consumed(take)
             if self._stopping:
                 break
         if last:
@@ -440,18 +454,40 @@ class JetStreamSource:
             self._reader_in_handover = False
 
     async def _watch_stream(self, nc: Any) -> End:
-        """The stream's last sequence, for the lag (``SourceStats.stream_last_seq``)."""
+        """The stream's state, every ``STREAM_INFO_EVERY_S``: its last sequence for the lag
+        (``SourceStats.stream_last_seq``), and what the feed covered (``_probe``)."""
         jsm = nc.jsm(timeout=self.settings.connect_timeout_s)
         conn = self._live
         while self._live == conn:  # also ends it should nats-py swallow its cancellation (see _read)
             await asyncio.sleep(STREAM_INFO_EVERY_S)
             try:
-                info = await jsm.stream_info(self.spec.stream)
+                info = await self._probe(jsm)
             except nats.js.errors.NotFoundError:
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was deleted")
             except NATS_ERRORS:
                 continue  # the heartbeats and publications decide whether the connection is lost
             if info.created is not None and self._stream_created is not None and info.created != self._stream_created:
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was made again")  # refused at the reconnect
-            self.figures.stream_last_seq = max(self.figures.stream_last_seq, info.state.last_seq)
         return End(Outcome.LOST, "connection over")
+
+    async def _probe(self, jsm: Any) -> Any:
+        """The stream's state (returned); where the feed may have covered more, then its
+        consumer's state and the stream's first sequence, for ``Consumer.probed``."""
+        consumer, stream = self.consumer, self.spec.stream
+        mark = consumer.activity  # a delivery read from here on voids the probe
+        info = await jsm.stream_info(stream)
+        last = info.state.last_seq
+        self.figures.stream_last_seq = max(self.figures.stream_last_seq, last)
+        name = self._consumer_name
+        if not name or not consumer.may_cover(last):
+            return info
+        try:
+            state = await jsm.consumer_info(stream, name)
+        except nats.js.errors.NotFoundError:
+            return info  # the consumer is gone (a server restart): the connection is about to end
+        after = await jsm.stream_info(stream)
+        if name == self._consumer_name and (after.created is None or after.created == info.created):
+            delivered = state.delivered.consumer_seq if state.delivered is not None else 0
+            consumer.probed(mark, last, state.num_pending or 0, delivered or 0, bool(state.num_waiting),
+                            after.state.first_seq)
+        return info

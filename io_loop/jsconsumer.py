@@ -20,10 +20,18 @@ Rules:
   anything else is a ``Take``.
 - ``check_stream`` at every connection: the stream must still hold what the position needs,
   else ``PositionLost`` (exit 2): retention removed it, or the stream ends before it (made
-  again). Retention is judged by the feed's own subjects: a pull that ends with nothing more to
-  deliver (``pull_ended``), or a delivery with nothing pending, proves the stream held no
-  further message of them up to the last sequence it had reached before the request
-  (``SourceStats.covered``, recorded in checkpoints), so only a first sequence past that refuses.
+  again). Retention is judged by what the feed has covered (``SourceStats.covered``, recorded in
+  checkpoints), not by its last applied message alone: only a first sequence past that refuses.
+- Covered (issue 43): every message of the feed's subjects up to a sequence is handed over.
+  Learned by a probe while connected (``probed``): the stream's last sequence read, then the
+  consumer's state (nothing pending, every delivery it made handed over), then the stream's
+  first sequence; it proves the feed covered that last sequence when nothing was removed past
+  what it had covered before (the first sequence at most one past it), or when the feed was
+  caught up with a pull waiting since it last knew itself covered, with nothing delivered since
+  (``idle_from``: a message of its subjects stored meanwhile would have been delivered at once,
+  so retention of other subjects' messages, however fast, removed nothing of its own). A
+  message of the feed's subjects removed before it was delivered is never covered: its first
+  sequence refuses at the next connection or restore.
   Checkpoints that were all damaged hand ``PositionUnknown``: the feed starts at the stream's
   first message only if ``start`` is "first" and the stream holds every message from sequence 1,
   else ``PositionLost``.
@@ -136,6 +144,10 @@ class Consumer:
         if self.next is not None:
             source.next_seq = self.next[0]
         self.expected = 1  # the consumer sequence of the next first delivery
+        self.received = 0  # the consumer sequence of the last delivery read (``deliver``)
+        self.settled = 0  # the consumer sequence of the last delivery handed over, held or skipped
+        self.activity = 0  # moves at every delivery and every new consumer (``probed`` sees a change)
+        self.idle_from: int | None = None  # ``activity`` when the feed was last known caught up, a pull waiting
         self._partitions: dict[str, int] = {}
 
     # ---- at a connection ------------------------------------------------------------------------
@@ -178,8 +190,8 @@ class Consumer:
                 f"{self.label}: stream {stream!r} ends at sequence {last}, but {whose} recorded "
                 f"{applied} as the last applied: was the stream deleted and made again? To continue anyway, "
                 f"{ACCEPT_LOSS}")
-        # no message of the feed's own subjects is missing below the first one that the consumer, at
-        # the position, found nothing more after (other subjects' messages there are not ours)
+        # no message of the feed's own subjects is missing up to what it covered (a probe proved every
+        # one of them up to there handed over: other subjects' messages there are not ours)
         covered = self.source.covered[1] if self.source.covered[0] == need - 1 and not skip else 0
         if first > max(need, covered + 1) and need <= last:
             beyond = f", and none of its subjects' up to {covered}" if covered >= need else ""
@@ -215,6 +227,9 @@ class Consumer:
     def new_consumer(self) -> int:
         """A new consumer is made at the position: the stream sequence it starts at."""
         self.expected = 1
+        self.received = self.settled = 0
+        self.activity += 1
+        self.idle_from = None
         return self.next[0]
 
     # ---- each delivery ---------------------------------------------------------------------------
@@ -225,6 +240,8 @@ class Consumer:
         if numbers is None:
             return Drop(f"a delivery without JetStream's reply subject: {reply[:200]!r}")
         delivered, seq, consumer_seq, pending = numbers
+        self.activity += 1
+        self.received = consumer_seq
         if delivered == 1:
             if consumer_seq != self.expected:
                 return Drop(f"delivery gap at stream sequence {seq} (consumer sequence {consumer_seq}, expected "
@@ -232,6 +249,7 @@ class Consumer:
             self.expected += 1
         if seq < self.next[0]:  # consumed already (a redelivery)
             self.source.skipped += 1
+            self.settled = consumer_seq
             return SKIP
         if delivered > 1:
             return Drop(f"stream sequence {seq} redelivered before it was consumed")
@@ -259,25 +277,44 @@ class Consumer:
         """Good elements of a delivery are being handed over: the position is this run's now."""
         self.from_checkpoint = False
 
-    def consumed(self, take: Take, known_last: int) -> None:
-        """``take`` is handed over (or held): the position moves past it. ``known_last``: the last
-        sequence the stream had reached before the pull that delivered it."""
+    def consumed(self, take: Take) -> None:
+        """``take`` is handed over (or held): the position moves past it. With nothing pending
+        after it, the feed is caught up (its pull still waiting: ``idle_from``)."""
         self.next = (take.seq + 1, 0)
         self.source.next_seq = take.seq + 1
-        if take.pending == 0:  # nothing of the feed's subjects after it, as far as the stream had reached
-            self.covered(max(take.seq, known_last))
+        self.settled = self.received
+        if take.pending == 0:
+            self.idle_from = self.activity
 
-    def pull_ended(self, known_last: int) -> None:
-        """A pull ended with nothing more to deliver (no messages, or the request expired)."""
-        self.covered(known_last)
+    # ---- what the feed covered -----------------------------------------------------------------
 
-    def covered(self, seq: int) -> None:
-        """Every message of the feed's subjects up to ``seq`` is handed over: the consumer, made at
-        the position, had nothing more to deliver when the stream had reached ``seq``. Retention
-        of other subjects' messages up to it loses nothing of ours (``check_stream``). Not while
-        a message is partly handed over (a restored position inside a payload)."""
-        if self.next is not None and self.next[1] == 0 and seq > self.source.covered[1]:
-            self.source.covered = (self.next[0] - 1, seq)
+    def may_cover(self, last: int) -> bool:
+        """A probe could prove more covered than now, the stream having reached ``last``."""
+        if self.next is None or self.next[1]:
+            return False
+        handed, through = self.source.covered
+        return handed != self.next[0] - 1 or through < last
+
+    def probed(self, mark: int, last: int, pending: int, delivered: int, waiting: bool, first: int) -> bool:
+        """A probe (the module rules): ``mark``, ``activity`` before the stream's last sequence
+        ``last`` was read; then the consumer's state: ``pending`` messages of the feed's subjects
+        (its num_pending), ``delivered`` (the consumer sequence of its last delivery), ``waiting``
+        (a pull of ours waits); then the stream's ``first`` sequence. True when it proved every
+        message of the feed's subjects up to ``last`` handed over (``SourceStats.covered``)."""
+        if (self.next is None or self.next[1] or mark != self.activity or pending
+                or delivered != self.settled or self.received != self.settled):
+            return False  # a delivery moved meanwhile, one is not handed over yet, or one is pending
+        need = self.next[0]
+        handed, through = self.source.covered
+        known = through if handed == need - 1 else need - 1  # covered before this probe
+        caught_up = waiting and self.idle_from == self.activity
+        if first > known + 1 and not caught_up:
+            return False  # retention removed messages past what was covered: some may have been ours
+        if last >= need - 1 and (last > through or handed != need - 1):
+            self.source.covered = (need - 1, last)
+        if waiting:
+            self.idle_from = self.activity
+        return True
 
     # ---- a partitioned feed's elements ------------------------------------------------------------
 

@@ -540,7 +540,7 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
             take = consumer.deliver(f"$JS.ACK.TICKS.c1.1.{seq}.{seq - 6}.1764600000000000000.0".encode())
             assert type(take) is Take and take.seq == seq
             await source._consume(runner.ctx, data.encode(), take)
-            consumer.consumed(take, seq)
+            consumer.consumed(take)
         await runner.handover.flush()
         await asyncio.sleep(0)
         chunks = [inbound.get_nowait() for _ in range(inbound.qsize())]

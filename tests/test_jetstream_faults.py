@@ -237,6 +237,89 @@ def test_a_restart_after_retention_removed_a_message_of_the_feeds_own_subject_st
     assert "the checkpoint recorded 110 as the last applied" in text, text
 
 
+# ---- issue 43, items 15-16: what the feed covered, learned while it has nothing pending --------------
+
+
+def test_a_filtered_feed_stopped_right_after_retention_removed_other_subjects_messages_resumes_at_restart(
+        app, nats_server, tmp_path):
+    """Issue 43, item 16: a feed of ticks.a answers 100 inputs; 1,200 of ticks.b follow at once
+    (max_msgs 500: the stream then holds 801-1300) and the app is stopped with SIGTERM right
+    away. Its stop's checkpoint records what the feed covered (nothing of ticks.a after 100 up
+    to 1300), so the restart resumes and answers 5 more on the same state (before this, exit 2:
+    the coverage came only from a pull that expired after the others were published). Then one
+    message of ticks.a is removed by retention while the app is stopped: the next start exits 2."""
+    from tests.natsserver import create_streams, publish
+    from tests.servers import assert_results_match_reference
+
+    url = nats_server.url
+    create_streams(url, max_msgs=500)
+    ours = make_messages(106, streams=3, seed=51)
+    seqs = publish(url, "ticks.a", [json.dumps(m) for m in ours[:100]])
+    env = {**_app_env(url, tmp_path / "ckpt"), "FORKLESS_FEEDS": json.dumps([_js_feed(url, subject="ticks.a")])}
+    first = app(env=env)
+    wait_until(lambda: _scores(url) == 100, timeout_s=60 * UNIT_S, what="100 results", poll_s=0.1)
+    others = publish(url, "ticks.b", [json.dumps(m) for m in make_messages(1200, seed=52)])
+    assert others[-1] == 1300 and _stream_first(url) == 801  # 1..800 removed: every one of ours among them
+    first.signal(signal.SIGTERM)
+    done = first.finish(60 * UNIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    again = app(env=env)
+    line = again.wait_for_line(r"connection \d+ open|^forkless: ", stream="stderr", timeout_s=60 * UNIT_S)
+    assert "connection" in line, f"the restart was refused: {line}"
+    seqs += publish(url, "ticks.a", [json.dumps(m) for m in ours[100:105]])
+    wait_until(lambda: _scores(url) == 105, timeout_s=60 * UNIT_S, what="the 5 new inputs answered", poll_s=0.1)
+    again.signal(signal.SIGTERM)
+    done = again.finish(60 * UNIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming at stream sequence 1301 (the checkpoint's position)" in done.stderr, done.stderr[-3000:]
+    assert_results_match_reference(ours[:105], _answered(url, seqs))  # one history, on the restored state
+
+    # a message of ticks.a (1306), then 500 of ticks.b remove it before any run read it: still refused
+    assert publish(url, "ticks.a", [json.dumps(ours[105])]) == [1306]
+    publish(url, "ticks.b", [json.dumps(m) for m in make_messages(500, seed=53)])
+    assert _stream_first(url) == 1307
+    refused = app(env=env).finish(60 * UNIT_S)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "no longer holds messages the checkpoint needs: its first sequence is 1307" in line, line
+    assert "the checkpoint recorded 1305 as the last applied" in line, line
+
+
+def test_an_idle_feed_learns_what_it_covered_while_its_pull_waits_and_a_reconnect_after_retention_goes_on(
+        nats_server, monkeypatch):
+    """Issue 43, items 15-16, the running guard: pulls that never expire during the test (so no
+    pull's end can say anything); a feed of ticks.a answers 10, then 1,200 of ticks.b push the
+    stream past them at once (max_msgs 500). The feed learns, from the consumer's and the
+    stream's state while its pull waits, that nothing of ticks.a lies up to 1210; the server
+    restarts, the feed reconnects past the removed messages and answers 5 more on the same state
+    (before this, it learned nothing until a pull expired, and the reconnect exited 2)."""
+    from controller.loop import Controller
+    from tests.harness import drive
+    from tests.natsserver import create_streams, publish
+    from tests.servers import assert_results_match_reference
+    from tests.test_jetstream import _config
+
+    monkeypatch.setattr("io_loop.jetstream.PULL_EXPIRES_S", 600.0)  # no pull ends while the test runs
+    create_streams(nats_server.url, max_msgs=500)
+    ours = make_messages(15, streams=3, seed=54)
+    seqs = publish(nats_server.url, "ticks.a", [json.dumps(m) for m in ours[:10]])
+    cfg = _config([_js_feed(nats_server.url, subject="ticks.a")], reconnect_min_s=0.1, reconnect_max_s=0.3)
+    with Controller(cfg) as ctl:
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 10, timeout_s=30 * UNIT_S, what="10 results")
+        others = publish(nats_server.url, "ticks.b", [json.dumps(m) for m in make_messages(1200, seed=55)])
+        assert others[-1] == 1210 and _stream_first(nats_server.url) == 711
+        drive(ctl, lambda: _source(ctl).covered == (10, 1210), timeout_s=30 * UNIT_S,
+              what="the feed found nothing of ticks.a pending with the stream at 1210")
+        nats_server.restart()
+        drive(ctl, lambda: ctl.stats().feeds[0].io.reconnects >= 1 and ctl.stats().feeds[0].io.connected,
+              timeout_s=30 * UNIT_S, what="connected again")
+        seqs += publish(nats_server.url, "ticks.a", [json.dumps(m) for m in ours[10:]])
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 15, timeout_s=30 * UNIT_S,
+              what="the 5 new messages of ticks.a answered")
+    assert_results_match_reference(ours, _answered(nats_server.url, seqs))
+
+
 # ---- every checkpoint damaged (issue 30, fault 1) ------------------------------------------------------
 
 

@@ -46,7 +46,7 @@ def test_a_first_delivery_out_of_the_consumers_order_is_a_gap_and_a_new_consumer
     for k in (1, 2):
         take = c.deliver(reply(k, k))
         assert take == Take(k, 5)
-        c.consumed(take, 100)
+        c.consumed(take)
     gap = c.deliver(reply(4, 4))  # consumer sequence 3 never came
     assert gap == Drop("delivery gap at stream sequence 4 (consumer sequence 4, expected 3)")
     assert c.next == (3, 0)  # the next consumer starts at what was not handed over
@@ -57,7 +57,7 @@ def test_a_first_delivery_out_of_the_consumers_order_is_a_gap_and_a_new_consumer
 def test_a_redelivery_of_what_was_consumed_is_skipped_and_of_what_was_not_drops_the_connection():
     c = consumer()
     c.new_consumer()
-    c.consumed(c.deliver(reply(1, 1)), 100)
+    c.consumed(c.deliver(reply(1, 1)))
     assert c.deliver(reply(1, 1, delivered=2)) is SKIP  # the server sent it again: applied once only
     assert c.source.skipped == 1 and c.next == (2, 0)
     assert c.deliver(reply(2, 2, delivered=2)) == Drop("stream sequence 2 redelivered before it was consumed")
@@ -87,7 +87,7 @@ def test_the_position_moves_only_once_a_message_is_handed_over_not_when_it_is_de
     assert c.source.fetched == 1 and c.source.stream_last_seq == 100
     assert c.new_consumer() == 1
     c.deliver(reply(1, 1))
-    c.consumed(take, 0)
+    c.consumed(take)
     assert c.next == (2, 0) and c.source.next_seq == 2
     assert c.new_consumer() == 2
 
@@ -100,23 +100,52 @@ def test_a_restored_position_inside_a_payload_skips_its_good_elements_handed_ove
     assert take == Take(7, 5, skip=2)
     c.handing_over()
     assert not c.from_checkpoint
-    c.consumed(take, 100)
+    c.consumed(take)
     assert c.deliver(reply(8, 2)) == Take(8, 5)  # the next message whole
 
 
-def test_nothing_pending_or_an_empty_pull_proves_no_message_of_the_feeds_subjects_is_left_up_to_there():
+def test_a_probe_with_nothing_pending_and_every_delivery_handed_over_proves_the_feed_covered_the_streams_last():
     c = consumer(first=1, last=40)
     c.new_consumer()
     take = c.deliver(reply(3, 1, pending=0))
-    c.consumed(take, 40)  # the stream had reached 40 before the pull: nothing of ours after 3 up to it
-    assert c.source.covered == (3, 40)
-    c.pull_ended(55)  # a later pull found nothing more, the stream having reached 55
-    assert c.source.covered == (3, 55)
-    c.pull_ended(50)  # never goes back
+    mark = c.activity
+    assert not c.probed(mark, 40, 0, 1, True, 1)  # delivered, not yet handed over: proves nothing
+    c.consumed(take)
+    assert c.probed(mark, 40, 0, 1, True, 1) and c.source.covered == (3, 40)
+    assert c.probed(c.activity, 55, 0, 1, False, 1) and c.source.covered == (3, 55)
+    assert c.probed(c.activity, 50, 0, 1, True, 1) and c.source.covered == (3, 55)  # never goes back
+    assert not c.probed(c.activity, 70, 1, 1, True, 1)  # a message of the feed's subjects pending
+    assert not c.probed(c.activity, 70, 0, 2, True, 1)  # the consumer delivered one not read yet
+    assert not c.probed(mark - 1, 70, 0, 1, True, 1)  # a delivery was read while the probe ran
     assert c.source.covered == (3, 55)
     inside = consumer(Origin(7, 0, False))
-    inside.pull_ended(90)  # not while a message is partly handed over
+    inside.new_consumer()
+    assert not inside.probed(inside.activity, 90, 0, 0, True, 1)  # not while a message is partly handed over
     assert inside.source.covered == (0, 0)
+
+
+def test_past_what_it_covered_retention_is_accepted_only_from_a_feed_caught_up_with_its_pull_waiting_since():
+    """The stream's first sequence after the consumer's state: beyond what was covered, some of
+    the removed messages might have been the feed's, unless it was caught up with a pull waiting
+    (and nothing delivered) since it last knew itself covered."""
+    idle = consumer(first=1, last=40)
+    idle.new_consumer()
+    idle.consumed(idle.deliver(reply(3, 1, pending=0)))  # caught up at 3, its pull still waiting
+    assert idle.probed(idle.activity, 900, 0, 1, True, 401)  # a burst of others: nothing of ours could hide
+    assert idle.source.covered == (3, 900)
+    assert idle.probed(idle.activity, 1500, 0, 1, True, 1001)
+    assert idle.source.covered == (3, 1500)
+
+    lagging = consumer(first=1, last=40)
+    lagging.new_consumer()
+    lagging.consumed(lagging.deliver(reply(3, 1, pending=7)))  # more of ours were pending after 3
+    assert not lagging.probed(lagging.activity, 900, 0, 1, True, 401)  # were some of 4..400 ours? unknown
+    assert lagging.source.covered == (0, 0)
+    assert lagging.probed(lagging.activity, 900, 0, 1, False, 4)  # nothing removed past 3: proved
+    assert lagging.source.covered == (3, 900)
+    assert not lagging.probed(lagging.activity, 1500, 0, 1, False, 1001)  # no pull waited since: unknown
+    assert lagging.probed(lagging.activity, 1500, 0, 1, True, 901)  # within what it covered
+    assert lagging.probed(lagging.activity, 2000, 0, 1, True, 1400)  # and from then on it waited
 
 
 # ---- at a connection: where it starts, what the stream must still hold -------------------------------
@@ -143,7 +172,8 @@ def test_a_restored_position_resumes_and_says_whose_it_is():
 def test_retention_of_other_subjects_messages_loses_nothing_of_the_feeds_but_of_its_own_is_position_lost():
     c = consumer(first=1, last=40)
     c.new_consumer()
-    c.consumed(c.deliver(reply(10, 1, pending=0)), 40)  # handed over to 10; nothing of ours up to 40
+    c.consumed(c.deliver(reply(10, 1, pending=0)))
+    assert c.probed(c.activity, 40, 0, 1, True, 1)  # handed over to 10; nothing of ours up to 40
     c.check_stream(41, 60)  # retention removed 1-40: none of them was ours, and 41 is the next needed
     with pytest.raises(PositionLost, match=r"its first sequence is 42, this run recorded 10 as the last applied "
                                            r"\(the next needed is 11, and none of its subjects' up to 40\)"):
@@ -178,7 +208,7 @@ def test_a_partitioned_feed_starts_at_its_lowest_position_and_skips_per_partitio
     assert c.new_consumer() == 5
     held = c.deliver(reply(6, 1), b"ticks.0.a")  # partition 0's state holds up to 10
     assert held == Take(6, 5, partition=0, held=True) and c.source.skipped == 1
-    c.consumed(held, 20)
+    c.consumed(held)
     assert c.next == (7, 0)
     assert c.deliver(reply(7, 2), b"ticks.1.b") == Take(7, 5, partition=1)  # partition 1 is past its position
     assert c.deliver(reply(11, 3), b"ticks.0.a") == Take(11, 5, partition=0)

@@ -309,6 +309,75 @@ def test_a_restart_after_retention_removed_only_other_partitions_messages_resume
     assert "no longer holds messages the checkpoint needs" in line and f"first sequence is {seqs[-1] + 2}" in line, line
 
 
+def _covered(url: str, partition: int) -> int:
+    """How far the newest object of ``partition`` recorded its messages covered (0: no object yet)."""
+    import nats.js.errors
+
+    try:
+        return int(_newest_position(url, partition).get("covered") or 0)
+    except (nats.js.errors.NotFoundError, IndexError):
+        return 0
+
+
+def test_an_idle_instance_keeps_up_with_retention_of_other_partitions_across_a_server_restart_and_its_own(
+        app, nats_server, tmp_path):
+    """Issue 43, item 15: an instance of partitions 0-5 answers 10 inputs, then idles while 1,200
+    of partitions 6-11 (nobody's) follow at once (max_msgs 500: the first sequence passes its
+    position). It learns while its pull waits that none of its partitions' messages lies up to
+    1210 (its objects record it), the server restarts, and it reconnects and answers 5 more
+    (before this: exit 2 while running, "its first sequence is 711, this run recorded 10 as the
+    last applied"). 1,200 more of others, SIGTERM at once: its restart resumes past them and
+    answers one more (before this: exit 2 at the restart). Then one of its own messages removed
+    while it is stopped: the next start exits 2."""
+    from tests.servers import make_messages
+
+    url = nats_server.url
+    _create_partitioned_streams(url, max_msgs=500)
+    env = _env(url, tmp_path, feed=_feed(url, partitions="0-5"))
+    ours = _named(make_messages(17, streams=len(OURS), seed=61), OURS)
+    seqs = _publish(url, ours[:10])
+    first = app(env=env)
+    first.wait_for_line(OPEN, stream="stderr", timeout_s=120 * UNIT_S)
+    wait_until(lambda: _scores(url) == 10, timeout_s=60 * UNIT_S, what="10 results", poll_s=0.2)
+    others = _publish(url, _named(make_messages(1200, streams=len(THEIRS), seed=62), THEIRS))
+    assert others[-1] == 1210 and _stream_first(url) == 711  # 1..710 removed: its 10 among them
+    wait_until(lambda: _covered(url, 0) >= 1210, timeout_s=60 * UNIT_S,
+               what="an object recording that nothing of partitions 0-5 lies up to 1210", poll_s=0.2)
+    nats_server.restart()
+    wait_until(lambda: len(re.findall(OPEN, first.stderr)) >= 2 or first.proc.poll() is not None,
+               timeout_s=60 * UNIT_S, what="connected again", poll_s=0.2)
+    assert first.proc.poll() is None, first.stderr[-3000:]
+    seqs += _publish(url, ours[10:15])
+    wait_until(lambda: _scores(url) == 15, timeout_s=60 * UNIT_S, what="the 5 new inputs answered", poll_s=0.2)
+
+    later = _publish(url, _named(make_messages(1200, streams=len(THEIRS), seed=63), THEIRS))
+    assert _stream_first(url) == later[-1] - 499  # its 5 new ones removed too
+    first.signal(signal.SIGTERM)  # at once: the stop's checkpoint records what it covered
+    done = first.finish(60 * UNIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = app(env=env)
+    line = again.wait_for_line(rf"{OPEN}|^forkless: ", stream="stderr", timeout_s=120 * UNIT_S)
+    assert re.search(OPEN, line), f"the restart was refused: {line}"
+    assert f"resuming at stream sequence {later[-1] + 1}" in again.stderr, again.stderr[-3000:]
+    seqs += _publish(url, ours[15:16])
+    wait_until(lambda: _scores(url) == 16, timeout_s=60 * UNIT_S, what="the new input answered", poll_s=0.2)
+    again.signal(signal.SIGTERM)
+    done = again.finish(60 * UNIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    by_id, ids = _results(url)
+    assert sorted(ids) == sorted(f"TICKS:{s}:0" for s in seqs), ids  # each input once, nothing else
+    assert_results_match_reference(ours[:16], {m["seq"]: [by_id[f"TICKS:{s}:0"]] for m, s in zip(ours, seqs)})
+
+    # one of its own messages, then 500 of others: retention removes it before anyone read it
+    (lost,) = _publish(url, ours[16:])
+    _publish(url, _named(make_messages(500, streams=len(THEIRS), seed=64), THEIRS))
+    assert _stream_first(url) == lost + 1
+    refused = app(env=env).finish(120 * UNIT_S)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    line = next(line for line in refused.stderr.splitlines() if line.startswith("forkless:"))
+    assert "no longer holds messages the checkpoint needs" in line and f"first sequence is {lost + 1}" in line, line
+
+
 def _stream_first(url: str) -> int:
     from tests.natsserver import stream_state
 
