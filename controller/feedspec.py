@@ -18,14 +18,14 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from controller.values import ValueProblem, is_subject, nats_urls, ws_url
+from controller.values import ValueProblem, is_subject, nats_urls, unix_socket, ws_url
 from io_loop.partitions import PARTITION_FIELD, parse_partitions
 from io_loop.settings import REPLY_POLICIES, FeedSpec, JetStreamSpec
 
 __all__ = ["FEED_KEYS", "FEED_NAME", "JETSTREAM_KEYS", "MAX_PARTITIONS", "STREAM_NAME", "feed_list", "feeds_text"]
 
 FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-FEED_KEYS = ("url", "subscribe", "headers", "name", "required", "replies")
+FEED_KEYS = ("url", "unix_socket", "subscribe", "headers", "name", "required", "replies")
 # a JetStream feed: an entry with "nats" (docs/jetstream.md)
 JETSTREAM_KEYS = ("name", "nats", "stream", "subject", "results", "start", "required", "replies", "token", "creds",
                   "partition_count", "partitions")
@@ -90,6 +90,14 @@ def _websocket_feed(item: dict[str, Any], name: Any, where: str, replies: str) -
             raise ValueError
     except ValueError:
         raise ValueProblem(f'{where}: "url" must be a ws:// or wss:// URL (port 1-65535)') from None
+    path = item.get("unix_socket", "")
+    try:
+        if not isinstance(path, str) or (path.strip() == "" and "unix_socket" in item):
+            raise ValueProblem("expected the path of a unix-domain socket (leave the field out for TCP)")
+        path = unix_socket(path)
+    except ValueProblem as exc:
+        raise ValueProblem(f'{where}: "unix_socket" must be the absolute path of a unix-domain socket, the handshake '
+                           f'still sending "url"\'s path and host: {exc}') from None
     subscribe = item.get("subscribe", "")
     if subscribe is None:
         subscribe = ""
@@ -105,7 +113,7 @@ def _websocket_feed(item: dict[str, Any], name: Any, where: str, replies: str) -
     if policy not in REPLY_POLICIES:
         raise ValueProblem(f'{where}: "replies" must be one of {", ".join(map(repr, REPLY_POLICIES))}')
     return FeedSpec(name, url.strip(), subscribe, tuple((str(k), v) for k, v in headers.items()), required,
-                    policy)
+                    policy, unix_socket=path)
 
 
 def _jetstream_feed(item: dict[str, Any], name: Any, where: str, default_replies: str = "all") -> FeedSpec:
