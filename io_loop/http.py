@@ -26,8 +26,8 @@ Rules:
 
 from __future__ import annotations
 
-import errno
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -94,14 +94,17 @@ class MetricsServer:
                 await web.SockSite(runner, self._listener.sock).start()
             else:
                 await web.TCPSite(runner, self.host, self.port).start()
-                if not runner.addresses:  # asyncio skips an address whose socket is refused
-                    raise OSError(errno.EPERM, "no socket could be made for that address (a host that refuses TCP "
-                                               "sockets? unix:/path serves on a unix-domain socket)")
         except OSError as exc:
             await runner.cleanup()
             self._remove_socket()
-            raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: "
-                                     f"{exc.strerror or exc}") from exc
+            # listen_unix's reasons are its own sentences; asyncio's bind error is shown as the OS says it
+            reason = (exc.strerror or exc) if self.unix_socket or not exc.errno else os.strerror(exc.errno)
+            raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: {reason}") from exc
+        if not self.unix_socket and not runner.addresses:  # asyncio skips an address whose socket is refused
+            await runner.cleanup()
+            raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: no socket could be "
+                                     "made for that address (a host that refuses TCP sockets? unix:/path serves on "
+                                     "a unix-domain socket)")
         self._runner = runner
         self._started_at = time.monotonic()
         if self.unix_socket:

@@ -40,6 +40,7 @@ from io_loop.connect import (
 )
 from io_loop.decoding import FrameDecoder
 from io_loop.demo_feed import DemoFeed
+from io_loop.demo_feed import log as demo_log
 from io_loop.netaddr import parse_host_port, unix_address, unix_label
 from io_loop.settings import FeedSpec, IOSettings
 from io_loop.unixsocket import listen_unix
@@ -98,7 +99,7 @@ async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[
     try:
         if settings.uses_demo_feed:
             # its per-connection INFO lines would only clutter the check's own report
-            logging.getLogger(DemoFeed.__module__).setLevel(logging.WARNING)
+            demo_log.setLevel(logging.WARNING)  # "forkless.demo_feed" (the module name is not the logger's)
             demo = DemoFeed(rate_hz=settings.demo_rate, streams=settings.demo_streams,
                             features=settings.features, warmup=settings.demo_warmup,
                             unix_socket=settings.demo_unix_socket)
