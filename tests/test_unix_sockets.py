@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -325,4 +324,3 @@ def test_a_feeds_entry_and_the_one_feed_shorthand_carry_the_socket():
     one = Config.from_env({"FORKLESS_WS_URL": "ws://localhost/feed", "FORKLESS_WS_UNIX_SOCKET": f" {path} "})
     assert one.ws_unix_socket == path and one.feed_specs[0].unix_socket == path
     assert f"unix_socket={path!r}" in repr(one.feed_specs[0])
-    assert ssl.create_default_context()  # wss:// over a socket needs nothing more in the configuration
