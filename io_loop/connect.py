@@ -168,9 +168,9 @@ def describe_error(exc: BaseException) -> str:
         return _unix_failure(exc.path, os_error)
     if isinstance(os_error, socket.gaierror):
         return f"cannot resolve the host name: {os_error.strerror}"
-    errno = getattr(os_error, "errno", None)
-    if isinstance(os_error, OSError) and errno:
-        return f"{os.strerror(errno)} (errno {errno})"
+    code = getattr(os_error, "errno", None)
+    if isinstance(os_error, OSError) and code:
+        return f"{os.strerror(code)} (errno {code})"
     return f"{exc.__class__.__name__}: {short(exc)}"
 
 

@@ -106,8 +106,9 @@ async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[
             try:
                 url = await demo.start()
             except OSError as exc:
-                raise ProbeFailed(f"cannot serve the demo feed on FORKLESS_DEMO_UNIX_SOCKET="
-                                  f"{settings.demo_unix_socket}: {exc.strerror or exc}") from None
+                where = (f"FORKLESS_DEMO_UNIX_SOCKET={settings.demo_unix_socket}" if settings.demo_unix_socket
+                         else "loopback TCP")
+                raise ProbeFailed(f"cannot serve the demo feed on {where}: {exc.strerror or exc}") from None
             say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on {shown_target(url, demo.unix_socket)}")
             feed = dataclasses.replace(settings.feed_specs[0], unix_socket=demo.unix_socket)
             await _connect_once(settings, codec, url, say, feed)

@@ -230,6 +230,10 @@ def test_without_unix_sockets_a_host_refusing_tcp_gets_a_clear_error_naming_the_
     assert proc.returncode != 0
     assert "no socket could be made to listen on 127.0.0.1" in proc.stderr
     assert "FORKLESS_DEMO_UNIX_SOCKET serves the demo feed on a unix-domain socket" in proc.stderr
+    check = run_app("--check", env={"FORKLESS_MAX_BATCH": "1"}, program=NO_INET)
+    assert check.returncode == 3, check.stdout + check.stderr
+    assert ("forkless: check failed: cannot serve the demo feed on loopback TCP: no socket could be made to listen "
+            "on 127.0.0.1") in check.stderr
 
 
 async def _get_through(path: str, route: str) -> Any:
