@@ -45,6 +45,7 @@ class Config:
     """
 
     ws_url: str = ""
+    ws_unix_socket: str = ""  # connect to ws_url's feed through this unix-domain socket
     # a JSON text; in code also a JSON value (dict, list …), kept as its compact JSON text
     subscribe: str = field(default="", repr=False)
     auth_token: str = field(default="", repr=False)
@@ -86,6 +87,7 @@ class Config:
     metrics_addr: str = ""
     demo_rate: float = 200.0
     demo_streams: int = 8
+    demo_unix_socket: str = ""  # the demo feed serves (and is read) on this unix-domain socket
     checkpoint_dir: str = ""
     checkpoint_s: float = 60.0
     checkpoint_keep: int = 3
@@ -122,6 +124,7 @@ class Config:
             both = "FORKLESS_WS_URL" if self.ws_url else "FORKLESS_SUBSCRIBE"
             raise ConfigError(PREFIX + "FEEDS", "<hidden>", f"either FORKLESS_FEEDS or {both} (the one-feed "
                               "shorthand), not both: move that feed into the FORKLESS_FEEDS list")
+        self._validate_unix_sockets()
         self._validate_partitions()
         self._validate_credentials()
         relay_sources = [what for what, present in (
@@ -135,6 +138,22 @@ class Config:
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ConfigError(PREFIX + "RECONNECT_MAX_S", str(self.reconnect_max_s),
                               f"a number >= FORKLESS_RECONNECT_MIN_S ({self.reconnect_min_s})")
+
+    def _validate_unix_sockets(self) -> None:
+        """FORKLESS_WS_UNIX_SOCKET goes with FORKLESS_WS_URL (the handshake's path and Host), never with
+        FORKLESS_FEEDS (whose entries take "unix_socket"); FORKLESS_DEMO_UNIX_SOCKET only with the demo feed."""
+        if self.ws_unix_socket and self.feeds:
+            raise ConfigError(PREFIX + "WS_UNIX_SOCKET", self.ws_unix_socket, 'empty with FORKLESS_FEEDS: give each '
+                              'feed\'s socket as its entry\'s "unix_socket"')
+        if self.ws_unix_socket and not self.ws_url:
+            raise ConfigError(PREFIX + "WS_UNIX_SOCKET", self.ws_unix_socket, "set together with FORKLESS_WS_URL, "
+                              "whose path and host the handshake sends through the socket (e.g. ws://localhost/feed); "
+                              "for the embedded demo feed on a unix-domain socket, FORKLESS_DEMO_UNIX_SOCKET")
+        if self.demo_unix_socket and not self.uses_demo_feed:
+            given = "FORKLESS_FEEDS" if self.feeds else "FORKLESS_WS_URL"
+            raise ConfigError(PREFIX + "DEMO_UNIX_SOCKET", self.demo_unix_socket, f"empty when {given} is set: the "
+                              "embedded demo feed runs only without a feed of your own (a feed's own socket is "
+                              'FORKLESS_WS_UNIX_SOCKET, or "unix_socket" in its FORKLESS_FEEDS entry)')
 
     def _validate_credentials(self) -> None:
         """One source of handshake credentials per feed: URL user:password, AUTH_TOKEN, or an
@@ -216,7 +235,7 @@ class Config:
         ``FORKLESS_WS_URL``/``FORKLESS_SUBSCRIBE`` (its url is empty for the demo feed)."""
         if self.feeds:
             return _assign_partitions(feed_list(self.feeds, self.replies), self.instance, self.instances)
-        return (FeedSpec("0", self.ws_url, self.subscribe, replies=self.replies),)
+        return (FeedSpec("0", self.ws_url, self.subscribe, replies=self.replies, unix_socket=self.ws_unix_socket),)
 
     @property
     def stream_keys_by_feed(self) -> bool:

@@ -18,14 +18,14 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from controller.values import ValueProblem, is_subject, nats_urls, ws_url
+from controller.values import ValueProblem, is_subject, nats_urls, unix_socket, ws_url
 from io_loop.partitions import PARTITION_FIELD, parse_partitions
 from io_loop.settings import REPLY_POLICIES, FeedSpec, JetStreamSpec
 
 __all__ = ["FEED_KEYS", "FEED_NAME", "JETSTREAM_KEYS", "MAX_PARTITIONS", "STREAM_NAME", "feed_list", "feeds_text"]
 
 FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-FEED_KEYS = ("url", "subscribe", "headers", "name", "required", "replies", "overflow", "buffer")
+FEED_KEYS = ("url", "unix_socket", "subscribe", "headers", "name", "required", "replies", "overflow", "buffer")
 # a JetStream feed: an entry with "nats" (docs/jetstream.md)
 JETSTREAM_KEYS = ("name", "nats", "stream", "subject", "results", "start", "required", "replies", "token", "creds",
                   "partition_count", "partitions")
@@ -90,6 +90,14 @@ def _websocket_feed(item: dict[str, Any], name: Any, where: str, replies: str) -
             raise ValueError
     except ValueError:
         raise ValueProblem(f'{where}: "url" must be a ws:// or wss:// URL (port 1-65535)') from None
+    path = item.get("unix_socket", "")
+    try:
+        if not isinstance(path, str) or (path.strip() == "" and "unix_socket" in item):
+            raise ValueProblem("expected the path of a unix-domain socket (leave the field out for TCP)")
+        path = unix_socket(path)
+    except ValueProblem as exc:
+        raise ValueProblem(f'{where}: "unix_socket" must be the absolute path of a unix-domain socket, the handshake '
+                           f'still sending "url"\'s path and host: {exc}') from None
     subscribe = item.get("subscribe", "")
     if subscribe is None:
         subscribe = ""
@@ -112,7 +120,7 @@ def _websocket_feed(item: dict[str, Any], name: Any, where: str, replies: str) -
         raise ValueProblem(f'{where}: "buffer" must be an integer from 0 to 10000000 (messages it may hold while '
                            f'the inbound queue is full)')
     return FeedSpec(name, url.strip(), subscribe, tuple((str(k), v) for k, v in headers.items()), required,
-                    policy, overflow=overflow, buffer=buffer)
+                    policy, overflow=overflow, buffer=buffer, unix_socket=path)
 
 
 def _jetstream_feed(item: dict[str, Any], name: Any, where: str, default_replies: str = "all") -> FeedSpec:

@@ -17,15 +17,16 @@ import math
 import os
 import re
 import ssl
+import stat
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from io_loop.netaddr import parse_host_port, url_host_port
+from io_loop.netaddr import parse_host_port, unix_address, unix_socket_path, url_host_port
 
 __all__ = ["BUCKET_NAME", "SUBJECT_TOKEN", "ValueProblem", "address", "boolean", "bucket", "checkpoint_dir", "choice",
-           "device_count", "existing_file", "header_pairs", "integer", "is_subject", "json_text", "nats_urls", "number",
-           "optional", "optional_text", "pem_file", "relay_subject", "ws_url"]
+           "device_count", "existing_file", "header_pairs", "integer", "is_subject", "json_text", "listen_socket",
+           "nats_urls", "number", "optional", "optional_text", "pem_file", "relay_subject", "unix_socket", "ws_url"]
 
 BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a JetStream object-store or KV bucket (nats-py's rule, capped)
 SUBJECT_TOKEN = re.compile(r"[^\s.]+")
@@ -111,10 +112,47 @@ def optional_text(parse: Callable[[str], str]) -> Callable[[str], str]:
 
 
 def address(text: str) -> str:
+    """``host:port``, ``unix:/path`` (a socket this process will listen on: ``listen_socket``), or empty."""
     text = text.strip()
-    if text:
+    if not text:
+        return text
+    try:
+        path = unix_address(text)
+    except ValueError as exc:
+        raise ValueProblem(str(exc)) from None
+    if path is not None:
+        listen_socket(path)
+    else:
         parse_host_port(text)
     return text
+
+
+def unix_socket(text: str) -> str:
+    """The path of a unix-domain socket to connect to (``netaddr.unix_socket_path``), or empty: its
+    server may start later, so it need not exist yet."""
+    text = text.strip()
+    if text == "":
+        return ""
+    try:
+        return unix_socket_path(text)
+    except ValueError as exc:
+        raise ValueProblem(str(exc)) from None
+
+
+def listen_socket(text: str) -> str:
+    """The path of a unix-domain socket this process will listen on, or empty: its directory must
+    exist and be writable, and the path must not be something other than a socket."""
+    path = unix_socket(text)
+    if not path:
+        return ""
+    directory = os.path.dirname(path) or "/"
+    if not os.path.isdir(directory):
+        raise ValueProblem(f"the directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueProblem(f"the directory {directory} is not writable by this process")
+    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise ValueProblem(f"{path} exists and is not a socket")
+    return path
 
 
 def json_text(text: str) -> str:

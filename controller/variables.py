@@ -29,12 +29,14 @@ from controller.values import (
     header_pairs,
     integer,
     json_text,
+    listen_socket,
     nats_urls,
     number,
     optional,
     optional_text,
     pem_file,
     relay_subject,
+    unix_socket,
     ws_url,
 )
 from io_loop.settings import REPLY_POLICIES, SEQ_MODES
@@ -65,6 +67,11 @@ VARIABLES: tuple[Variable, ...] = (
     # -- the feed
     Variable("WS_URL", "ws_url", ws_url, "a ws:// or wss:// URL (port 1-65535), or empty",
              "WebSocket feed to connect to; empty starts the embedded demo feed"),
+    Variable("WS_UNIX_SOCKET", "ws_unix_socket", unix_socket,
+             "an absolute path of at most 107 bytes, or empty",
+             "connect to WS_URL's feed through this unix-domain socket instead of TCP: the handshake's path and"
+             " Host (and, for wss://, TLS's server name) still come from WS_URL, e.g. ws://localhost/feed; needs"
+             ' WS_URL (a FORKLESS_FEEDS entry takes "unix_socket")'),
     Variable("SUBSCRIBE", "subscribe", json_text, "a JSON text or @path to a file holding one",
              "message sent first on every new connection (empty: none); never logged, as it"
              " often holds credentials", secret=True),
@@ -73,8 +80,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HEADERS", "headers", header_pairs, "a JSON object of string values",
              "extra handshake headers; never logged", secret=True),
     Variable("FEEDS", "feeds", feeds_text,
-             'a JSON list of {"url", "subscribe", "headers", "name", "required", "replies", "overflow", "buffer"}'
-             ' objects (WebSocket feeds)'
+             'a JSON list of {"url", "unix_socket", "subscribe", "headers", "name", "required", "replies", "overflow",'
+             ' "buffer"} objects (WebSocket feeds)'
              ' and {"nats", "stream", "subject", "results", "start", …} objects (JetStream feeds), or @path to a file'
              " holding one; not together with WS_URL or SUBSCRIBE",
              "several feeds in one process, each its own connection (docs/feeds.md, docs/jetstream.md); never"
@@ -154,13 +161,20 @@ VARIABLES: tuple[Variable, ...] = (
              "logging level"),
     Variable("LOG_FORMAT", "log_format", choice("text", "json"), "text or json",
              "json writes one JSON object per log line"),
-    Variable("METRICS_ADDR", "metrics_addr", address, "host:port, or empty",
-             "serve /metrics, /healthz, /readyz there (empty: off)"),
+    Variable("METRICS_ADDR", "metrics_addr", address,
+             "host:port, or unix:/path (an absolute path in an existing writable directory), or empty",
+             "serve /metrics, /healthz, /readyz there (empty: off); unix:/path serves them on a unix-domain"
+             " socket, made at the start and removed at the stop"),
     # -- the demo feed
     Variable("DEMO_RATE", "demo_rate", number(0.0, 100_000.0, lo_open=True), "a number in (0, 100000]",
              "demo feed messages per second (all streams together)"),
     Variable("DEMO_STREAMS", "demo_streams", integer(1, 100_000), "an integer from 1 to 100000",
              "number of demo feed streams"),
+    Variable("DEMO_UNIX_SOCKET", "demo_unix_socket", listen_socket,
+             "an absolute path of at most 107 bytes in an existing writable directory, or empty",
+             "the embedded demo feed serves on this unix-domain socket (made at the start, removed at the stop)"
+             " and is read through it, instead of a loopback TCP port: no TCP socket is opened; only with the demo"
+             " feed (WS_URL and FEEDS unset)"),
     # -- checkpoints
     Variable("CHECKPOINT_DIR", "checkpoint_dir", checkpoint_dir,
              "a writable directory path (created if missing), or empty",

@@ -12,16 +12,23 @@ Rules:
 - ``missing(ws)`` names what this aiohttp no longer has; a test runs it against a real
   connection, so an aiohttp upgrade that moves these attributes fails the suite instead of
   silently turning the corked write off.
+- ``UnixConnector``: aiohttp's own connects a wss:// URL's request through a unix-domain socket
+  in the clear (aiohttp 3.14 has no TLS there); ours wraps the socket in TLS, verified against
+  the URL's host, through its private ``_create_connection`` and ``_factory``. Where this
+  aiohttp lacks them it refuses a wss:// URL (``ClientConnectorSSLError``) rather than send it in
+  the clear; ``unix_tls_missing()`` names what is missing, run by a test.
 - Imports aiohttp only (no numpy, no JAX): the benchmark's spawn child uses it too.
 """
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import aiohttp
+from aiohttp.client_exceptions import UnixClientConnectorError
 
-__all__ = ["CorkedTransport", "clear_abnormal_close", "cork", "drop", "missing"]
+__all__ = ["CorkedTransport", "UnixConnector", "clear_abnormal_close", "cork", "drop", "missing", "unix_tls_missing"]
 
 
 class CorkedTransport:
@@ -94,3 +101,38 @@ def missing(ws: aiohttp.ClientWebSocketResponse) -> list[str]:
     if not hasattr(ws, "_close_code"):
         gaps.append("ClientWebSocketResponse._close_code")
     return gaps
+
+
+def unix_tls_missing(connector: aiohttp.UnixConnector | None = None) -> list[str]:
+    """What ``UnixConnector``'s TLS needs and this aiohttp (or ``connector``) lacks (empty: all there)."""
+    gaps = []
+    if not callable(getattr(aiohttp.UnixConnector, "_create_connection", None)):
+        gaps.append("UnixConnector._create_connection")
+    if connector is not None and not callable(getattr(connector, "_factory", None)):
+        gaps.append("BaseConnector._factory")
+    return gaps
+
+
+class UnixConnector(aiohttp.UnixConnector):
+    """aiohttp's ``UnixConnector``, with TLS over the socket for a wss:// URL (see the module rules):
+    the request's TLS context (``ws_connect(ssl=...)``), the server name the URL's host."""
+
+    async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
+        if not req.is_ssl():
+            return await super()._create_connection(req, traces, timeout)
+        gaps = unix_tls_missing(self)
+        if gaps:
+            raise aiohttp.ClientConnectorSSLError(req.connection_key, OSError(
+                f"this aiohttp ({aiohttp.__version__}) lacks what TLS over a unix-domain socket needs: "
+                f"{', '.join(gaps)}"))
+        context = req.ssl if isinstance(req.ssl, ssl.SSLContext) else ssl.create_default_context()
+        try:
+            _, proto = await self._loop.create_unix_connection(
+                self._factory, self.path, ssl=context, server_hostname=(req.server_hostname or req.host).rstrip("."))
+        except ssl.SSLCertVerificationError as exc:
+            raise aiohttp.ClientConnectorCertificateError(req.connection_key, exc) from exc
+        except ssl.SSLError as exc:
+            raise aiohttp.ClientConnectorSSLError(req.connection_key, exc) from exc
+        except OSError as exc:
+            raise UnixClientConnectorError(self.path, req.connection_key, exc) from exc
+        return proto

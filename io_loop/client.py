@@ -27,6 +27,9 @@ Rules:
   received frame is lost half handed over. The writer sends everything until the replies end,
   then the socket is closed with code 1000; replies written to a connection that ended without
   the server's closing handshake are ``written_unconfirmed``.
+- A feed with a unix-domain socket (``FeedSpec.unix_socket``) connects through it on every attempt
+  (io_loop/connect.py's ``new_session``), the URL (a before-connect hook's too) giving the
+  handshake's path and ``Host``; logs name it ``ws://host/path via unix:/path``.
 - Secrets (token, headers) are never logged; URLs are logged without query or credentials.
 """
 
@@ -52,8 +55,8 @@ from io_loop.connect import (
     make_ssl_context,
     new_session,
     open_feed,
-    redact_url,
     short,
+    shown_target,
 )
 from io_loop.errors import FeedFatal
 from io_loop.on_connect import HookFailed, OnConnect, call_hook
@@ -114,7 +117,8 @@ class WebSocketSource:
         self.settings = settings
         self.feed = feed
         self.url = url = url or feed.url
-        self.shown_url = redact_url(url)
+        self.unix_socket = feed.unix_socket
+        self.shown_url = shown_target(url, self.unix_socket)
         self.subscribe = feed.subscribe
         self.on_connect = on_connect
         self.before_connect = before_connect
@@ -137,7 +141,7 @@ class WebSocketSource:
         cfg = self.settings
         backoff = Backoff.from_settings(cfg)
         ended = ctx.replies_ended  # the main thread's last reply is taken: no reason to connect again
-        async with new_session() as session:
+        async with new_session(self.unix_socket) as session:
             while not ended():
                 self._attempt += 1
                 try:
@@ -200,7 +204,7 @@ class WebSocketSource:
         except HookFailed as exc:
             self._log_hook_failure(exc)
             raise ConnectFailed(str(exc)) from None
-        self.shown_url = redact_url(url)
+        self.shown_url = shown_target(url, self.unix_socket)
         return url, headers
 
     def _ssl(self, url: str) -> ssl.SSLContext | None:

@@ -12,23 +12,32 @@ Rules:
   ``Authorization`` to wherever a 3xx points. A 3xx answer raises ``HandshakeRefused``
   (fatal) naming the target without its query or credentials. Sessions come from
   ``new_session()``, whose trace hook stops the redirect before the second request is sent.
+- A feed with a unix-domain socket (``FeedSpec.unix_socket``) gets a session whose connector
+  connects every request through that socket (io_loop/aiohttp_compat.py's ``UnixConnector``,
+  TLS over it for wss://): the URL then gives only the handshake's path and ``Host`` (and TLS's
+  server name); no TCP socket is opened and no name is resolved. Messages name the target as
+  ``ws://host/path via unix:/path`` (``shown_target``), and a failure says what the socket's
+  path is missing (no such file, nothing listening, no permission).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import ssl
 from collections.abc import Iterable, Mapping
 
 import aiohttp
+from aiohttp.client_exceptions import UnixClientConnectorError
 
-from io_loop.netaddr import redact_url
+from io_loop.aiohttp_compat import UnixConnector
+from io_loop.netaddr import redact_url, unix_label
 from io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "merge_headers",
-           "open_feed", "redact_url"]
+           "new_session", "open_feed", "redact_url", "shown_target"]
 
 RETRYABLE_4XX = (408, 429)
 _HINTS = {401: "unauthorised: check FORKLESS_AUTH_TOKEN",
@@ -91,8 +100,15 @@ def merge_headers(headers: Iterable[tuple[str, str]] | Mapping[str, str],
     return merged
 
 
-def new_session() -> aiohttp.ClientSession:
-    """A client session that refuses to follow redirects (see the module rules)."""
+def shown_target(url: str, unix_socket: str = "") -> str:
+    """How messages name where a feed connects: the URL without credentials or query, and
+    ``via unix:/path`` when it goes through a unix-domain socket."""
+    return redact_url(url) + (f" via {unix_label(unix_socket)}" if unix_socket else "")
+
+
+def new_session(unix_socket: str = "") -> aiohttp.ClientSession:
+    """A client session that refuses to follow redirects (see the module rules); with
+    ``unix_socket``, one that connects every request through that unix-domain socket."""
 
     async def on_redirect(session: aiohttp.ClientSession, ctx: object,
                           params: aiohttp.TraceRequestRedirectParams) -> None:
@@ -105,7 +121,8 @@ def new_session() -> aiohttp.ClientSession:
 
     trace = aiohttp.TraceConfig()
     trace.on_request_redirect.append(on_redirect)
-    return aiohttp.ClientSession(trace_configs=[trace])
+    connector = UnixConnector(path=unix_socket) if unix_socket else None
+    return aiohttp.ClientSession(trace_configs=[trace], connector=connector)
 
 
 async def open_feed(session: aiohttp.ClientSession, url: str, settings: IOSettings,
@@ -144,13 +161,16 @@ async def open_feed(session: aiohttp.ClientSession, url: str, settings: IOSettin
 
 
 def describe_error(exc: BaseException) -> str:
-    """'ClientConnectorError: Connection refused (errno 111)' rather than aiohttp's wrapper text."""
+    """'Connection refused (errno 111)' rather than aiohttp's wrapper text; for a unix-domain
+    socket, what its path lacks."""
     os_error = getattr(exc, "os_error", None)
+    if isinstance(exc, UnixClientConnectorError):
+        return _unix_failure(exc.path, os_error)
     if isinstance(os_error, socket.gaierror):
         return f"cannot resolve the host name: {os_error.strerror}"
-    errno = getattr(os_error, "errno", None)
-    if isinstance(os_error, OSError) and errno:
-        return f"{os.strerror(errno)} (errno {errno})"
+    code = getattr(os_error, "errno", None)
+    if isinstance(os_error, OSError) and code:
+        return f"{os.strerror(code)} (errno {code})"
     return f"{exc.__class__.__name__}: {short(exc)}"
 
 
@@ -159,3 +179,19 @@ def short(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else exc.__class__.__name__
     return text if len(text) <= 200 else text[:200] + "…"
+
+
+_UNIX_HINTS = {errno.ENOENT: "no such socket: is the feed's server running, and is the path right?",
+               errno.ECONNREFUSED: "nothing is listening on the socket (its server has stopped)",
+               errno.EACCES: "permission denied: this user may not write to the socket",
+               errno.ENOTDIR: "a part of the path is not a directory",
+               errno.ENOTSOCK: "the path is not a socket"}
+
+
+def _unix_failure(path: str, os_error: object) -> str:
+    """Why connecting to the unix-domain socket ``path`` failed, in words an operator can act on."""
+    code = getattr(os_error, "errno", None)
+    what = _UNIX_HINTS.get(code) if code else None
+    if what is None:
+        what = f"{os.strerror(code)} (errno {code})" if code else f"{os_error.__class__.__name__}: {os_error}"
+    return f"{what} ({path})"

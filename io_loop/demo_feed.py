@@ -8,7 +8,10 @@ end to end, and the feed can tell how well the detector caught the anomalies it 
 Rules:
 
 * Loopback only: ``host`` must be a literal loopback address (``127.0.0.1``, ``::1``);
-  the server listens on a free port chosen by the OS and serves ``/feed``.
+  the server listens on a free port chosen by the OS and serves ``/feed``. With
+  ``unix_socket`` it listens on that unix-domain socket instead (io_loop/unixsocket.py: a live
+  server's socket is never taken over; the file is removed at ``stop()``) and opens no TCP
+  socket; its URL is then ``ws://localhost/feed``, the handshake's path and Host.
 * Wire protocol (JSON text frames). Feed -> client:
   ``{"seq": int, "stream": str, "x": [F floats]}``. Client -> feed, one reply per
   message: ``{"seq", "stream", "z", "score", "anomaly"}`` or
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import errno
 import json
 import logging
 import math
@@ -49,6 +53,7 @@ import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from io_loop.netaddr import is_loopback
+from io_loop.unixsocket import ListeningUnixSocket, listen_unix
 
 __all__ = ["DemoFeed", "DemoScore", "DemoSummary"]
 
@@ -291,7 +296,7 @@ class DemoFeed:
     """Loopback WebSocket server streaming synthetic sensor data; see the module rules."""
 
     def __init__(self, *, rate_hz: float, streams: int, features: int, warmup: int,
-                 seed: int = 0, host: str = "127.0.0.1", anomaly_rate: float = 0.005) -> None:
+                 seed: int = 0, host: str = "127.0.0.1", anomaly_rate: float = 0.005, unix_socket: str = "") -> None:
         if not is_loopback(host, literal=True):
             raise ValueError(f"demo feed host must be a literal loopback address, got {host!r}")
         if not (math.isfinite(rate_hz) and rate_hz > 0):
@@ -301,6 +306,8 @@ class DemoFeed:
         if not 0.0 <= anomaly_rate <= 1.0:
             raise ValueError(f"anomaly_rate must be in [0, 1], got {anomaly_rate!r}")
         self._host = host
+        self.unix_socket = unix_socket  # "" for loopback TCP
+        self._listener: ListeningUnixSocket | None = None
         self._rate = float(rate_hz)
         self._tick = min(max(1.0 / self._rate, MIN_TICK_S), MAX_TICK_S)
         self._max_credit = max(1.0, self._rate * MAX_BURST_S)
@@ -331,7 +338,8 @@ class DemoFeed:
         return self._score.summary()
 
     async def start(self) -> str:
-        """Serve on a free loopback port in the running loop; return the ws URL."""
+        """Serve on a free loopback port (or the unix-domain socket) in the running loop; return the
+        ws URL (with a unix socket, ``ws://localhost/feed``: the handshake's path and Host)."""
         if self._runner is not None:
             raise RuntimeError("DemoFeed.start() called twice")
         app = web.Application()
@@ -339,15 +347,25 @@ class DemoFeed:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self._host, 0)
-            await site.start()
-            port = runner.addresses[0][1]
+            if self.unix_socket:
+                self._listener = listen_unix(self.unix_socket)
+                await web.SockSite(runner, self._listener.sock).start()
+                host = "localhost"
+            else:
+                site = web.TCPSite(runner, self._host, 0)
+                await site.start()
+                if not runner.addresses:  # asyncio skips an address whose socket is refused
+                    raise OSError(errno.EPERM, f"no socket could be made to listen on {self._host} (a host that "
+                                               "refuses TCP sockets? FORKLESS_DEMO_UNIX_SOCKET serves the demo feed "
+                                               "on a unix-domain socket)")
+                port = runner.addresses[0][1]
+                host = (f"[{self._host}]" if ":" in self._host else self._host) + f":{port}"
         except BaseException:
             await runner.cleanup()
+            self._remove_socket()
             raise
         self._runner = runner
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        self._url = f"ws://{host}:{port}{FEED_PATH}"
+        self._url = f"ws://{host}{FEED_PATH}"
         log.debug("demo feed listening on %s", self._url)
         return self._url
 
@@ -389,8 +407,17 @@ class DemoFeed:
         )
         if self._runner is not None:
             runner, self._runner = self._runner, None
-            await runner.cleanup()
+            try:
+                await runner.cleanup()
+            finally:
+                self._remove_socket()
             log.debug("%s", self.summary().line())  # the program prints it once, on stdout
+
+    def _remove_socket(self) -> None:
+        """The unix-domain socket closed and its file removed (if still ours), when there is one."""
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            listener.close()
 
     async def _handle(self, request: web.Request) -> web.WebSocketResponse:
         # compress=False: deflate buys nothing on loopback, and _send_loop's accounting

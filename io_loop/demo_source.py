@@ -7,6 +7,7 @@ Rules:
   source is: the IO thread and the feed set do not know the demo feed is there.
 - ``run(ctx)`` starts the server (``DemoFeed``, io_loop/demo_feed.py) on the IO loop, then runs a
   ``WebSocketSource`` connected to it on the same ``ctx``, and stops the server once it has ended.
+  With ``FORKLESS_DEMO_UNIX_SOCKET`` both ends use that unix-domain socket: no TCP socket at all.
 - The stop (``before_stop``, before ``ctx.stopping`` is set): the server stops sending, the frames
   already on the loopback wire are answered (when the feed is sent replies), then the source stops
   reading as any source does; so the demo's tally is complete.
@@ -17,10 +18,12 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from io_loop.before_connect import BeforeConnect
 from io_loop.client import WebSocketSource
+from io_loop.connect import shown_target
 from io_loop.demo_feed import DemoFeed
 from io_loop.on_connect import OnConnect
 from io_loop.settings import FeedSpec, IOSettings
@@ -47,7 +50,7 @@ class DemoSource:
         self.settings = settings
         self.feed = feed
         self.demo = DemoFeed(rate_hz=settings.demo_rate, streams=settings.demo_streams, features=settings.features,
-                             warmup=settings.demo_warmup)
+                             warmup=settings.demo_warmup, unix_socket=settings.demo_unix_socket)
         self._hooks = dict(on_connect=on_connect, before_connect=before_connect)
         self._listening = False
 
@@ -56,9 +59,11 @@ class DemoSource:
         try:
             url = await self.demo.start()
             self._listening = True
-            log.info("demo feed listening on %s (%d streams, %g msg/s)", url, cfg.demo_streams, cfg.demo_rate)
+            log.info("demo feed listening on %s (%d streams, %g msg/s)", shown_target(url, self.demo.unix_socket),
+                     cfg.demo_streams, cfg.demo_rate)
             # a stop that came while the server started: ctx.stopping is set, so nothing is read
-            await WebSocketSource(cfg, self.feed, url=url, **self._hooks).run(ctx)
+            feed = dataclasses.replace(self.feed, unix_socket=self.demo.unix_socket)
+            await WebSocketSource(cfg, feed, url=url, **self._hooks).run(ctx)
         finally:
             current = asyncio.current_task()
             cancelled = current.cancelling() if current is not None else 0

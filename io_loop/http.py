@@ -6,7 +6,10 @@ Rules:
   blocked loop shows up as a scrape timeout, which is what an orchestrator's probe needs.
 - Binds exactly the ``host:port`` of ``FORKLESS_METRICS_ADDR`` (port 0 picks a free port;
   ``start()`` returns the real URL). The default is off; a non-loopback address is used
-  only because the operator wrote it, and is logged as such.
+  only because the operator wrote it, and is logged as such. ``unix:/path`` serves on that
+  unix-domain socket instead (io_loop/unixsocket.py: a live server's socket is never taken
+  over, the file is removed at ``stop()``), opening no TCP socket; ``start()`` then returns
+  ``unix:/path`` (scraped as ``curl --unix-socket /path http://localhost/metrics``).
 - ``/metrics`` is whatever the ``render`` callable it is handed returns (body and content
   type), called once per scrape on this loop; the controller hands it the Prometheus
   exposition of one ``StatsSnapshot`` (``controller.metrics.exposition``). This module knows
@@ -33,7 +36,8 @@ from typing import Any
 from aiohttp import web
 
 from io_loop.errors import MetricsServerError
-from io_loop.netaddr import is_loopback, parse_host_port
+from io_loop.netaddr import is_loopback, parse_host_port, unix_address, unix_label
+from io_loop.unixsocket import ListeningUnixSocket, listen_unix
 
 __all__ = ["MetricsServer"]
 
@@ -57,8 +61,11 @@ class MetricsServer:
     def __init__(self, addr: str, *, snapshot: Callable[[], Any], alive: Callable[[], bool],
                  render: Render | None = None) -> None:
         self.addr = addr
+        self.host, self.port = "", 0
         try:
-            self.host, self.port = parse_host_port(addr)
+            self.unix_socket = unix_address(addr) or ""
+            if not self.unix_socket:
+                self.host, self.port = parse_host_port(addr)
         except ValueError as exc:
             raise MetricsServerError(f"FORKLESS_METRICS_ADDR={addr!r} is invalid: {exc}") from None
         self.snapshot = snapshot
@@ -66,6 +73,7 @@ class MetricsServer:
         self._render = render if render is not None else no_metrics
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
+        self._listener: ListeningUnixSocket | None = None
         self._started_at = time.monotonic()
 
     # ---- lifecycle (IO loop) ----------------------------------------------------------------
@@ -81,17 +89,30 @@ class MetricsServer:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port)
-            await site.start()
+            if self.unix_socket:
+                self._listener = listen_unix(self.unix_socket)
+                await web.SockSite(runner, self._listener.sock).start()
+            else:
+                await web.TCPSite(runner, self.host, self.port).start()
         except OSError as exc:
             await runner.cleanup()
-            raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: "
-                                     f"{os.strerror(exc.errno) if exc.errno else exc}") from exc
+            self._remove_socket()
+            # listen_unix's reasons are its own sentences; asyncio's bind error is shown as the OS says it
+            reason = (exc.strerror or exc) if self.unix_socket or not exc.errno else os.strerror(exc.errno)
+            raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: {reason}") from exc
+        if not self.unix_socket and not runner.addresses:  # asyncio skips an address whose socket is refused
+            await runner.cleanup()
+            raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: no socket could be "
+                                     "made for that address (a host that refuses TCP sockets? unix:/path serves on "
+                                     "a unix-domain socket)")
         self._runner = runner
+        self._started_at = time.monotonic()
+        if self.unix_socket:
+            self.url = unix_label(self.unix_socket)
+            return self.url
         port = runner.addresses[0][1]
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{port}"
-        self._started_at = time.monotonic()
         if not is_loopback(self.host):
             log.warning("metrics and health endpoints are reachable beyond this host on %s "
                         "(FORKLESS_METRICS_ADDR names a non-loopback address)", self.url)
@@ -101,7 +122,22 @@ class MetricsServer:
         """Close the listener and any open scrape connections."""
         if self._runner is not None:
             runner, self._runner = self._runner, None
-            await runner.cleanup()
+            try:
+                await runner.cleanup()
+            finally:
+                self._remove_socket()
+
+    def _remove_socket(self) -> None:
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            listener.close()
+
+    @property
+    def where(self) -> str:
+        """Where ``/metrics`` is, for the log: its URL, or ``http://localhost/metrics via unix:/path``."""
+        if self.unix_socket:
+            return f"http://localhost/metrics via {unix_label(self.unix_socket)}"
+        return f"{self.url}/metrics"
 
     # ---- what the endpoints report ----------------------------------------------------------
 

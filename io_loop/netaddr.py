@@ -8,6 +8,11 @@ Rules:
   error, never passed on to the socket or the client's URL parser.
 - Errors are ``ValueError`` with a sentence saying what was expected, for the caller to put
   beside the variable's name. ``redact_url`` never raises: it also shows malformed URLs.
+- A unix-domain socket is named by an absolute path (``unix_socket_path``): a relative one would
+  mean another socket whenever the process starts in another directory. At most
+  ``UNIX_PATH_MAX_BYTES`` bytes (Linux's ``sun_path``, with its terminating NUL), so a path the
+  kernel would refuse is refused with the configuration, not at the first connect. An address
+  for a listener may be ``unix:/path`` (``unix_address``); shown as such (``unix_label``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,11 @@ import ipaddress
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["is_loopback", "parse_host_port", "parse_port", "redact_url", "redact_urls", "url_host_port"]
+__all__ = ["UNIX_PATH_MAX_BYTES", "UNIX_PREFIX", "is_loopback", "parse_host_port", "parse_port", "redact_url",
+           "redact_urls", "unix_address", "unix_label", "unix_socket_path", "url_host_port"]
+
+UNIX_PREFIX = "unix:"  # a listener's address on a unix-domain socket: unix:/run/forkless/metrics.sock
+UNIX_PATH_MAX_BYTES = 107  # sizeof(sockaddr_un.sun_path) on Linux, less the terminating NUL
 
 
 def parse_port(text: str, *, allow_zero: bool = True) -> int:
@@ -110,3 +119,36 @@ def redact_url(url: str) -> str:
 def redact_urls(text: str) -> str:
     """A comma-separated list of URLs (a NATS cluster's servers), each as ``redact_url`` shows it."""
     return ",".join(redact_url(part.strip()) for part in text.split(","))
+
+
+def unix_socket_path(text: str) -> str:
+    """A unix-domain socket's path (see the module rules): absolute, no NUL, at most
+    ``UNIX_PATH_MAX_BYTES`` bytes, not a directory's (ending in ``/``). Returns it stripped."""
+    path = text.strip()
+    if not path:
+        raise ValueError("expected the path of a unix-domain socket, not an empty text")
+    if "\x00" in path:
+        raise ValueError("a NUL character in the socket's path")
+    if not path.startswith("/"):
+        raise ValueError(f"an absolute path (starting with /), not {path!r}: a relative one names another socket "
+                         "in every working directory")
+    if path.endswith("/"):
+        raise ValueError(f"the path of the socket itself, not of a directory: {path!r}")
+    size = len(path.encode("utf-8", "surrogateescape"))
+    if size > UNIX_PATH_MAX_BYTES:
+        raise ValueError(f"at most {UNIX_PATH_MAX_BYTES} bytes (the kernel's limit for a socket's path), "
+                         f"not {size}: choose a shorter directory")
+    return path
+
+
+def unix_address(addr: str) -> str | None:
+    """The socket's path when ``addr`` is ``unix:/path`` (checked: ``unix_socket_path``), else None."""
+    addr = addr.strip()
+    if not addr.startswith(UNIX_PREFIX):
+        return None
+    return unix_socket_path(addr[len(UNIX_PREFIX):])
+
+
+def unix_label(path: str) -> str:
+    """How logs and messages show a unix-domain socket: ``unix:/path``."""
+    return UNIX_PREFIX + path

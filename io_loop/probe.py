@@ -12,11 +12,16 @@ Rules:
   feeds (``FORKLESS_FEEDS``) every feed is probed and the probe fails if any of them does,
   naming them. When no feed is configured it starts
   the embedded demo feed and probes that.
+- A feed with a unix-domain socket is probed through it (``new_session``); the demo feed with
+  ``FORKLESS_DEMO_UNIX_SOCKET`` serves and is probed on that socket; a metrics address
+  ``unix:/path`` is bound and removed as the server would (io_loop/unixsocket.py). No TCP socket
+  is opened for any of them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 from collections.abc import Callable
@@ -31,12 +36,14 @@ from io_loop.connect import (
     make_ssl_context,
     new_session,
     open_feed,
-    redact_url,
+    shown_target,
 )
 from io_loop.decoding import FrameDecoder
 from io_loop.demo_feed import DemoFeed
-from io_loop.netaddr import parse_host_port
+from io_loop.demo_feed import log as demo_log
+from io_loop.netaddr import parse_host_port, unix_address, unix_label
 from io_loop.settings import FeedSpec, IOSettings
+from io_loop.unixsocket import listen_unix
 
 __all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "check_metrics_addr", "probe_feed"]
 
@@ -50,6 +57,14 @@ class ProbeFailed(Exception):
 def check_metrics_addr(addr: str, say: Callable[[str], None]) -> None:
     """Bind (and release) the metrics address, as the metrics server will."""
     try:
+        path = unix_address(addr)
+    except ValueError as exc:
+        raise ProbeFailed(f"cannot listen on FORKLESS_METRICS_ADDR={addr}: {exc}") from None
+    if path is not None:
+        _check_unix_listener(path, "FORKLESS_METRICS_ADDR")
+        say(f"  {addr}: free; /metrics, /healthz and /readyz will be served on that unix-domain socket")
+        return
+    try:
         host, port = parse_host_port(addr)
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, kind, proto, _, sockaddr = infos[0]
@@ -60,6 +75,15 @@ def check_metrics_addr(addr: str, say: Callable[[str], None]) -> None:
         raise ProbeFailed(f"cannot listen on FORKLESS_METRICS_ADDR={addr}: "
                           f"{getattr(exc, 'strerror', None) or exc}") from None
     say(f"  {addr}: free; /metrics, /healthz and /readyz will be served there")
+
+
+def _check_unix_listener(path: str, variable: str) -> None:
+    """The unix-domain socket ``path`` can be listened on (io_loop/unixsocket.py's rules): bound once,
+    then removed (a stale socket file found there is removed too, as the server would)."""
+    try:
+        listen_unix(path).close()
+    except OSError as exc:
+        raise ProbeFailed(f"cannot listen on {variable}={unix_label(path)}: {exc.strerror or exc}") from None
 
 
 def probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None], *,
@@ -75,12 +99,19 @@ async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[
     try:
         if settings.uses_demo_feed:
             # its per-connection INFO lines would only clutter the check's own report
-            logging.getLogger(DemoFeed.__module__).setLevel(logging.WARNING)
+            demo_log.setLevel(logging.WARNING)  # "forkless.demo_feed" (the module name is not the logger's)
             demo = DemoFeed(rate_hz=settings.demo_rate, streams=settings.demo_streams,
-                            features=settings.features, warmup=settings.demo_warmup)
-            url = await demo.start()
-            say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on {url}")
-            await _connect_once(settings, codec, url, say, settings.feed_specs[0])
+                            features=settings.features, warmup=settings.demo_warmup,
+                            unix_socket=settings.demo_unix_socket)
+            try:
+                url = await demo.start()
+            except OSError as exc:
+                where = (f"FORKLESS_DEMO_UNIX_SOCKET={settings.demo_unix_socket}" if settings.demo_unix_socket
+                         else "loopback TCP")
+                raise ProbeFailed(f"cannot serve the demo feed on {where}: {exc.strerror or exc}") from None
+            say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on {shown_target(url, demo.unix_socket)}")
+            feed = dataclasses.replace(settings.feed_specs[0], unix_socket=demo.unix_socket)
+            await _connect_once(settings, codec, url, say, feed)
             return
         feeds = settings.feed_specs
         if len(feeds) == 1:
@@ -117,7 +148,7 @@ async def _probe_one(settings: IOSettings, codec: FrameDecoder, say: Callable[[s
 
 async def _connect_once(settings: IOSettings, codec: FrameDecoder, url: str, say: Callable[[str], None],
                         feed: FeedSpec) -> None:
-    shown = redact_url(url)
+    shown = shown_target(url, feed.unix_socket)
     headers = handshake_headers(settings, feed)
     if headers:
         say(f"  handshake headers: {', '.join(sorted(headers))} (values hidden)")
@@ -127,7 +158,7 @@ async def _connect_once(settings: IOSettings, codec: FrameDecoder, url: str, say
             f"{', verification OFF (FORKLESS_TLS_INSECURE=1)' if settings.tls_insecure else ''}")
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    async with new_session() as session:
+    async with new_session(feed.unix_socket) as session:
         try:
             ws = await open_feed(session, url, settings, ssl_ctx, heartbeat=False, feed=feed)
         except HandshakeRefused as exc:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from io_loop.netaddr import redact_url, redact_urls
+from io_loop.netaddr import redact_url, redact_urls, unix_label
 from io_loop.partitions import PARTITION_FIELD, partition_subjects
 
 __all__ = ["DEFAULT_SOURCE_BUFFER", "REPLY_POLICIES", "SEQ_MODES", "FeedSpec", "IOSettings", "JetStreamSpec",
@@ -96,7 +96,9 @@ class FeedSpec:
     """One feed of ``FORKLESS_FEEDS`` (or the one ``FORKLESS_WS_URL`` names): where to connect,
     what to send first, extra handshake headers. ``name`` labels its metrics, logs and (with
     several feeds, unless ``FORKLESS_SHARED_STREAMS=1``) its streams' identities; ``replies``
-    says what it is sent back."""
+    says what it is sent back. ``unix_socket``: a WebSocket feed reached through that
+    unix-domain socket, ``url`` then giving only the handshake's path and Host (and TLS's
+    server name for wss://)."""
 
     name: str
     url: str
@@ -109,9 +111,11 @@ class FeedSpec:
     buffer: int | None = None
     # a JetStream feed: ``url`` holds its NATS server URL(s), comma-separated (io_loop/jetstream.py)
     jetstream: JetStreamSpec | None = None
+    unix_socket: str = ""  # a WebSocket feed's unix-domain socket ("": TCP to the URL's host and port)
 
     def __repr__(self) -> str:  # the URL without credentials (user:password@ in a URL is a secret)
-        return (f"FeedSpec(name={self.name!r}, url={self.shown_url!r}, required={self.required!r}, "
+        via = f", unix_socket={self.unix_socket!r}" if self.unix_socket else ""
+        return (f"FeedSpec(name={self.name!r}, url={self.shown_url!r}{via}, required={self.required!r}, "
                 f"replies={self.replies!r}, jetstream={self.jetstream!r})")
 
     @property
@@ -121,10 +125,12 @@ class FeedSpec:
 
     @property
     def label(self) -> str:
-        """How messages name it: ``feed 'name' (ws://host/path)``, never with credentials or query."""
+        """How messages name it: ``feed 'name' (ws://host/path)``, never with credentials or query;
+        ``feed 'name' (ws://host/path via unix:/path)`` through a unix-domain socket."""
         if not self.url:  # a user's own source (or the demo feed, before its address is known)
             return f"feed {self.name!r}"
-        return f"feed {self.name!r} ({self.shown_url})"
+        via = f" via {unix_label(self.unix_socket)}" if self.unix_socket else ""
+        return f"feed {self.name!r} ({self.shown_url}{via})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +169,8 @@ class IOSettings:
     # messages each demo stream sends before the demo feed plants anomalies in it: the default
     # detector's warm-up (FORKLESS_WARMUP), which the demo feed's recall is scored against
     demo_warmup: int
+    # the demo feed serves on this unix-domain socket, and is read through it ("": loopback TCP)
+    demo_unix_socket: str = ""
     # a partitioned feed's checkpoints ("": none) and leases: JetStream buckets on its server
     checkpoint_bucket: str = ""
     lease_bucket: str = "forkless-leases"

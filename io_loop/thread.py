@@ -234,7 +234,7 @@ class IOThread:
                 metrics = MetricsServer(cfg.metrics_addr, snapshot=self._stats_snapshot, alive=self._thread.is_alive,
                                         render=self._render_metrics)
                 self.metrics_url = await metrics.start()
-                log.info("metrics on %s/metrics", self.metrics_url)
+                log.info("metrics on %s", metrics.where)
             background.append(asyncio.create_task(self._watch_lag(), name="forkless-lag"))
             self._main_side = bridge.main_side()
             self._ready.set()

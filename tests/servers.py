@@ -32,6 +32,9 @@ Rules:
   own writes; ``compress=False`` declines the permessage-deflate the client offers, so
   replies take their full size and those buffers fill sooner.
 - TLS: pass ``ssl_context`` (see ``self_signed_certificate``); the URL is then ``wss://``.
+- A unix-domain socket: pass ``unix_socket`` (a path); the server listens there instead of on
+  TCP (aiohttp's ``UnixSite``, websockets' ``unix_serve``) and ``url`` is ``ws://localhost/feed``
+  (or ``wss://``), the handshake's path and Host for a client that connects through the socket.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ import aiohttp
 import websockets
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import Server, ServerConnection, serve, unix_serve
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 
@@ -332,8 +335,10 @@ class LoopbackServer:
     impl = ""
 
     def __init__(self, script: Script | None = None, *, handshake_status: Callable[[int], int | None] | None = None,
-                 ssl_context: ssl.SSLContext | None = None, max_msg_size: int = MAX_MSG_BYTES) -> None:
+                 ssl_context: ssl.SSLContext | None = None, max_msg_size: int = MAX_MSG_BYTES,
+                 unix_socket: str = "") -> None:
         self.script: Script = script or _read_forever
+        self.unix_socket = unix_socket
         self.handshake_status = handshake_status
         self.ssl_context = ssl_context
         self.max_msg_size = max_msg_size
@@ -355,7 +360,8 @@ class LoopbackServer:
         self.loop_thread.start()
         self.loop_thread.call(self._start(), START_TIMEOUT_S)
         scheme = "wss" if self.ssl_context is not None else "ws"
-        self.url = f"{scheme}://127.0.0.1:{self.port}{PATH}"
+        host = "localhost" if self.unix_socket else f"127.0.0.1:{self.port}"
+        self.url = f"{scheme}://{host}{PATH}"
         return self.url
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -487,7 +493,7 @@ class FeedServer(LoopbackServer):
         self.autoping = autoping
         self.compress = compress
         self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
+        self._site: web.BaseSite | None = None
 
     async def _start(self) -> None:
         app = web.Application()
@@ -503,10 +509,14 @@ class FeedServer(LoopbackServer):
 
     async def _listen(self) -> None:
         assert self._runner is not None
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.ssl_context, reuse_address=True)
+        site: web.BaseSite
+        if self.unix_socket:
+            site = web.UnixSite(self._runner, self.unix_socket, ssl_context=self.ssl_context)
+        else:
+            site = web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=self.ssl_context, reuse_address=True)
         await site.start()
         self._site = site
-        if not self.port:
+        if not self.port and not self.unix_socket:
             server = site._server
             assert server is not None
             self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
@@ -546,11 +556,14 @@ class WebsocketsFeedServer(LoopbackServer):
         await asyncio.wait([asyncio.ensure_future(s.wait_closed()) for s in self._servers], timeout=CLOSE_TIMEOUT_S)
 
     async def _listen(self) -> None:
-        server = await serve(self._handle, "127.0.0.1", self.port, ssl=self.ssl_context,
-                             process_request=self._process_request, max_size=self.max_msg_size,
-                             ping_interval=None, close_timeout=CLOSE_TIMEOUT_S)
+        options: dict[str, Any] = dict(ssl=self.ssl_context, process_request=self._process_request,
+                                       max_size=self.max_msg_size, ping_interval=None, close_timeout=CLOSE_TIMEOUT_S)
+        if self.unix_socket:
+            server = await unix_serve(self._handle, self.unix_socket, **options)
+        else:
+            server = await serve(self._handle, "127.0.0.1", self.port, **options)
         self._servers.append(server)
-        if not self.port:
+        if not self.port and not self.unix_socket:
             self.port = server.sockets[0].getsockname()[1]
 
     async def _stop_listening(self) -> None:
@@ -600,7 +613,8 @@ def send_frames(*per_connection: Sequence[Any], gap_s: float = 0.0) -> Script:
 
 
 def self_signed_certificate(directory: Path, host: str = "127.0.0.1") -> tuple[Path, Path]:
-    """Write a self-signed certificate for ``host`` (an IP SAN) and its key; return their paths."""
+    """Write a self-signed certificate for ``host`` (an IP SAN, or a DNS SAN for a name such as
+    ``localhost``) and its key; return their paths."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -617,7 +631,7 @@ def self_signed_certificate(directory: Path, host: str = "127.0.0.1") -> tuple[P
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([_san(host)]), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
@@ -627,6 +641,16 @@ def self_signed_certificate(directory: Path, host: str = "127.0.0.1") -> tuple[P
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return cert_path, key_path
+
+
+def _san(host: str) -> Any:
+    """The subject alternative name for ``host``: an IP address, else a DNS name."""
+    from cryptography import x509
+
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
 
 
 def server_ssl_context(cert_path: Path, key_path: Path) -> ssl.SSLContext:

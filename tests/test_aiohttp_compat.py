@@ -134,3 +134,14 @@ def test_uncorked_frames_are_written_one_by_one():
     writes, received = run(test)
     assert writes == 3
     assert received == ["one", "two", "three"]
+
+
+def test_nothing_tls_over_a_unix_socket_needs_is_missing_from_the_installed_aiohttp():
+    async def gaps() -> list[str]:
+        connector = aiohttp_compat.UnixConnector(path="/nonexistent.sock")  # nothing connects until a request
+        try:
+            return aiohttp_compat.unix_tls_missing(connector)
+        finally:
+            await connector.close()
+
+    assert asyncio.run(gaps()) == []

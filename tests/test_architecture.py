@@ -104,6 +104,7 @@ IO = [
     "io_loop/relay.py",
     "io_loop/source.py",
     "io_loop/thread.py",
+    "io_loop/unixsocket.py",
     "io_loop/writer.py",
 ]
 COMPOSITION = [

@@ -17,6 +17,7 @@ from tests.harness import run_app
 # one bad value for every variable that can be wrong
 BAD = {
     "FORKLESS_WS_URL": "http://example.com/feed",
+    "FORKLESS_WS_UNIX_SOCKET": "relative/feed.sock",
     "FORKLESS_SUBSCRIBE": "{not json",
     "FORKLESS_HEADERS": '["a"]',
     "FORKLESS_FEEDS": '[{"url": "http://example.com/feed"}]',
@@ -54,6 +55,7 @@ BAD = {
     "FORKLESS_METRICS_ADDR": "9464",
     "FORKLESS_DEMO_RATE": "0",
     "FORKLESS_DEMO_STREAMS": "0",
+    "FORKLESS_DEMO_UNIX_SOCKET": "/no/such/directory/demo.sock",
     "FORKLESS_CHECKPOINT_DIR": "/dev/null",
     "FORKLESS_CHECKPOINT_S": "0",
     "FORKLESS_CHECKPOINT_KEEP": "0",
