@@ -64,8 +64,11 @@ class FeedPlan(NamedTuple):
 def feed_plan(config: Config, sources: Sequence[Source] = ()) -> FeedPlan:
     """The one place that decides which feeds run: the configured ones (``FORKLESS_WS_URL``,
     ``FORKLESS_FEEDS``) beside the user's own ``sources``; with sources and nothing configured,
-    the sources run instead of the embedded demo feed."""
+    the sources run instead of the embedded demo feed. The demo feed's settings are checked
+    only when it runs (``ConfigError``: ``Config.check_demo_feed``)."""
     if not sources:
+        if config.uses_demo_feed:  # its settings are checked only when it runs
+            config.check_demo_feed()
         return FeedPlan(config.feed_specs, {}, config.uses_demo_feed)
     configured = () if config.uses_demo_feed else config.feed_specs
     taken = {spec.name for spec in configured}

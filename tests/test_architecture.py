@@ -40,6 +40,7 @@ CORE = [
     "controller/config.py",
     "controller/declared.py",
     "controller/errors.py",
+    "controller/eventsonly.py",
     "controller/feedspec.py",
     "controller/logs.py",
     "controller/metrics.py",

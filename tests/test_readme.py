@@ -167,7 +167,7 @@ def test_the_source_example_keeps_its_own_client_answers_the_heartbeat_and_order
     server = feed_server(exchange, impl="websockets")
     proc = run_app(env={"EXCHANGE_URL": server.url}, program=("-c", example("source")), timeout_s=90 * UNIT_S)
     assert proc.returncode == 0, proc.stderr
-    assert "filled ['o0', 'o1', 'o2'] pongs 1" in proc.stdout
+    assert "filled ['o0', 'o1', 'o2'] pongs 1 compilations 0" in proc.stdout  # events only: nothing compiled
     received = [json.loads(frame) for frame in server.received]
     assert received[0] == {"type": "pong", "id": 7}
     assert [r["type"] for r in received[1:]] == ["order"] * 3  # nothing else reached the exchange
