@@ -28,11 +28,13 @@ from typing import Any
 from controller.batching import Taken
 from controller.stats import MainStats
 
-__all__ = ["EVENTS_ONLY_DROPPED", "DroppedMessages", "check_events_only"]
+__all__ = ["EVENTS_ONLY_DROPPED", "NO_WEIGHTS", "DroppedMessages", "check_events_only"]
 
 log = logging.getLogger("forkless.controller")
 
 EVENTS_ONLY_DROPPED = "no processor (events only)"  # the reason in ``dropped``
+NO_WEIGHTS = ("set_weights(): an events-only controller runs no processor: the model your own loop runs takes its "
+              "new weights itself (docs/embedding/weights.md)")
 
 
 def check_events_only(config: Any, *, processor: Any, on_results: Any, sources: Sequence[Any], store: Any) -> None:

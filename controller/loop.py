@@ -47,7 +47,7 @@ from controller.codec import Codec, guarded
 from controller.compiled import codec_dtype, compilations, release_freed_memory
 from controller.config import Config
 from controller.engine import Engine, compile_step
-from controller.eventsonly import DroppedMessages, check_events_only
+from controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
 from controller.host import ProcessSettings, StopSignals
 from controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnResults, feed_plan, io_thread, with_hooks
 from controller.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
@@ -124,7 +124,7 @@ class Controller:
             check_events_only(cfg, processor=processor, on_results=on_results, sources=sources, store=checkpoint_store)
         self.events_only = events_only
         # the feeds this controller runs: the configured ones and the user's own sources
-        self.plan = feed_plan(cfg, sources)
+        self.plan = feed_plan(cfg, sources, check_demo=io_factory is io_thread)
         self.feed_specs = specs = self.plan.specs
         self.on_event = on_event
         self.processor = None if events_only else processor if processor is not None else default_processor(cfg)
@@ -296,6 +296,13 @@ class Controller:
         release_freed_memory()
         log.info("compiled the step for batch sizes %s on %s in %.2fs", ",".join(map(str, cfg.buckets)),
                  self.engine.describe(), time.monotonic() - t0)
+
+    def set_weights(self, params: Any, *, version: str | None = None) -> str:
+        """Swap the processor's weights for ``params`` (same structure, shapes, dtypes) before the next batch's
+        step, nothing compiled again; from any thread, once started (controller/weights.py). Their version."""
+        if self.engine is None:
+            raise RuntimeError(NO_WEIGHTS if self.events_only else "set_weights(): call start() first")
+        return self.engine.offer_weights(params, version)
 
     @property
     def state(self) -> Any:
@@ -483,7 +490,7 @@ class Controller:
             if engine is not None else ((), (), 0) if self.events_only else None,
             streams=(len(self.slots), self.slots.evicted), checkpoints=self._checkpoints.stats_fields(),
             sources=self.recovery.source_figures(io), io_cpu_s=io_side.cpu_seconds(),
-            partitions_unowned=self._owner.unowned)
+            partitions_unowned=self._owner.unowned, weights=engine.weights if engine is not None else None)
 
     @property
     def metrics_url(self) -> str | None:

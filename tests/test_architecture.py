@@ -73,6 +73,7 @@ DEVICE = [
     "controller/layouts.py",
     "controller/programs.py",
     "controller/snapshot.py",
+    "controller/weights.py",
 ]
 IO = [
     "io_loop/aiohttp_compat.py",
