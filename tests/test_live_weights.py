@@ -23,6 +23,7 @@ from controller.config import Config
 from controller.loop import Controller
 from controller.processor import ewma_processor, stream_processor
 from tests.fake_io import FakeIO
+from tests.harness import UNIT_S, run_app
 
 F = 2
 CONFIG = Config(features=F, max_batch=4, max_streams=8, max_wait_ms=0.0, status_s=0.0)
@@ -163,3 +164,19 @@ def test_set_weights_is_refused_where_there_are_no_weights_to_swap():
     events_only = Controller(Config(max_streams=8), sources=[_Idle()], events_only=True)
     with pytest.raises(RuntimeError, match="events-only controller runs no processor"):
         events_only.set_weights(NEW)
+
+
+SEVERAL_DEVICES = """
+from tests import test_live_weights as t
+ctl, results, compiled = t._run(t.CONFIG.replace(devices=2), lambda ctl: ctl.set_weights(t.NEW, version="v2"))
+assert len(ctl.stats().devices) == 2, ctl.stats().devices
+assert results == t._reference(t._messages(0, 12), t._messages(12, 12)), results
+print("swapped on", len(ctl.stats().devices), "devices;", compiled, "compiled;", ctl.stats().weights.version)
+"""
+
+
+def test_a_swap_on_several_devices_puts_the_weights_on_every_device_and_compiles_nothing():
+    proc = run_app(env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, program=("-c", SEVERAL_DEVICES),
+                   timeout_s=120 * UNIT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "swapped on 2 devices; 0 compiled; v2" in proc.stdout
