@@ -56,14 +56,18 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 
 def load_config(environ: Any = None) -> Config:
-    """``Config.from_env`` plus a warning for ``FORKLESS_*`` names that mean nothing (typos)."""
+    """``Config.from_env`` plus a warning for ``FORKLESS_*`` names that mean nothing (typos), and the
+    demo feed's settings checked when it runs (before JAX is imported)."""
     environ = os.environ if environ is None else environ
     known = {var.env for var in VARIABLES}
     unknown = sorted(k for k in environ if k.startswith(PREFIX) and k not in known)
     for name in unknown:
         print(f"forkless: warning: {name} is not a forkless variable and is ignored "
               "(see --help)", file=sys.stderr)
-    return Config.from_env(environ)
+    config = Config.from_env(environ)
+    if config.uses_demo_feed:  # the program runs no source of its own: the demo feed runs
+        config.check_demo_feed()
+    return config
 
 
 def report(exc: ForklessError) -> int:

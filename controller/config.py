@@ -300,11 +300,15 @@ class Config:
             except (ValueError, TypeError, OSError) as exc:
                 raise ConfigError(var.env, _shown(var, raw), _allowed(var, exc)) from None
         values.update(overrides)
-        config = cls(**values)
-        if config.uses_demo_feed and config.demo_streams > config.max_streams:
-            raise ConfigError(PREFIX + "DEMO_STREAMS", str(config.demo_streams),
-                              f"at most FORKLESS_MAX_STREAMS ({config.max_streams}) when the demo feed runs")
-        return config
+        return cls(**values)
+
+    def check_demo_feed(self) -> None:
+        """The demo feed's own settings, checked only where it runs (``feed_plan``: no feed
+        configured and no source of the embedding program's; the program checks it up front):
+        ``ConfigError`` when ``FORKLESS_DEMO_STREAMS`` exceeds ``FORKLESS_MAX_STREAMS``."""
+        if self.demo_streams > self.max_streams:
+            raise ConfigError(PREFIX + "DEMO_STREAMS", str(self.demo_streams),
+                              f"at most FORKLESS_MAX_STREAMS ({self.max_streams}) when the demo feed runs")
 
 
 def _subscribe_text(value: Any) -> str:

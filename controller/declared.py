@@ -32,7 +32,7 @@ __all__ = ["CORE_COUNTS", "CORE_SETTINGS", "Declared", "check_counters", "count"
 CORE_COUNTS = frozenset({"processed"})
 # settings the core writes into checkpoints itself (Recovery.settings, the snapshot, partitioned objects)
 CORE_SETTINGS = frozenset({"features", "max_streams", "processor", "processor_version", "devices", "leaves",
-                           "partition", "partition_count"})
+                           "partition", "partition_count", "weights"})
 
 
 class Declared(NamedTuple):

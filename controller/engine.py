@@ -21,6 +21,9 @@ Rules:
 - A step that fails at run time after being given the state (donated) leaves no state: the
   engine puts a fresh one in its place and says so (``StepFailed.state_lost``); a checkpoint
   being copied from the lost state is abandoned (``PendingSnapshot``'s ``intact``).
+- Live weights (controller/weights.py): new values for ``state.params`` of a ``StreamState``
+  offered from any thread (``offer_weights``) are put in place at the start of the next
+  ``step``, where the old leaves were, before it runs: the compiled steps run on unchanged.
 """
 
 from __future__ import annotations
@@ -46,9 +49,11 @@ from controller.compiled import (
 )
 from controller.layouts import OneDevice, Sharded, Stepped
 from controller.placement import Route
+from controller.processor import StreamState
 from controller.programs import keep, kept, program_key
 from controller.slots import TableCopy
 from controller.snapshot import PendingSnapshot
+from controller.weights import LiveWeights, Weights
 
 __all__ = ["Engine", "StepFailed", "compile_step", "state_shapes"]
 
@@ -96,6 +101,10 @@ class Engine:
         self.generation = 0  # bumped whenever the state is replaced (a restore, a lost state)
         self.device_rows = 0  # rows the devices stepped, padding included
         self.device_messages = np.zeros(len(devices), np.int64)
+        self.steps_run = 0  # steps that ran (batches stepped) by this engine
+        # a StreamState's params can be swapped while it runs (controller/weights.py); None: no params
+        self.live_weights = LiveWeights(canonical.params, jax.device_get(state.params)) \
+            if isinstance(canonical, StreamState) else None
 
     # ---- what the loop calls --------------------------------------------------------------------
 
@@ -103,6 +112,8 @@ class Engine:
         """Run the compiled step on one batch (``x`` [m, F], ``key`` int32 slots [m]); its
         results on the host. Raises ``StepFailed`` (the state kept, or replaced if it was lost)."""
         layout = self._layout
+        if self.live_weights is not None and self.live_weights.pending:
+            self._swap_weights()
         m = len(key)
         bucket, batch, route, written = layout.lay_out(x, key)
         self._before_write(written)
@@ -115,6 +126,7 @@ class Engine:
                 self._replace(layout.fresh())
             raise StepFailed(exc, lost) from exc
         self._state = new_state
+        self.steps_run += 1
         self.device_rows += layout.device_rows(bucket)
         self.device_messages += layout.counts(m, route)
         return stepped
@@ -138,6 +150,20 @@ class Engine:
             intact=lambda: self.generation == generation, host_copy=layout.host_copy, positions=positions)
         self._copying = pending
         return pending
+
+    def offer_weights(self, params: Any, version: str | None = None) -> str:
+        """New values for ``state.params``, applied at the start of the next ``step`` (any thread;
+        controller/weights.py); their version. ``ValueError`` for a state without params."""
+        if self.live_weights is None:
+            raise ValueError("set_weights: this processor's state is not a StreamState(params, rows), so it has no "
+                             "weights to swap: build it with stream_processor(..., init_params=...) or make init "
+                             "return controller.processor.StreamState(params, rows) and read params in step")
+        return self.live_weights.offer(params, version)
+
+    @property
+    def weights(self) -> Weights | None:
+        """The weights in force (None: the state has no params)."""
+        return self.live_weights.current if self.live_weights is not None else None
 
     @property
     def state(self) -> Any:
@@ -203,6 +229,17 @@ class Engine:
     def _replace(self, state: Any) -> None:
         self._state = state
         self.generation += 1
+
+    def _swap_weights(self) -> None:
+        """The offered weights in place of ``state.params``, each leaf put where the old one was
+        (its device or devices); the per-stream rows are untouched, so a checkpoint being
+        copied stays exact (it took the shared leaves whole when it began)."""
+        leaves = self.live_weights.take(self.steps_run, int(self.device_messages.sum()))
+        if leaves is None:
+            return
+        old, treedef = jax.tree.flatten(self._state.params)
+        placed = [jax.device_put(new, leaf.sharding) for new, leaf in zip(leaves, old)]
+        self._state = self._state._replace(params=jax.tree.unflatten(treedef, placed))
 
 
 def _read_in_place(tree: Any) -> Any:

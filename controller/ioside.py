@@ -72,11 +72,15 @@ class FeedPlan(NamedTuple):
         return [spec.name + ":" for spec in self.specs] if len(self.specs) > 1 and not shared_streams else None
 
 
-def feed_plan(config: Config, sources: Sequence[Source] = ()) -> FeedPlan:
+def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: bool = True) -> FeedPlan:
     """The one place that decides which feeds run: the configured ones (``FORKLESS_WS_URL``,
     ``FORKLESS_FEEDS``) beside the user's own ``sources``; with sources and nothing configured,
-    the sources run instead of the embedded demo feed."""
+    the sources run instead of the embedded demo feed. The demo feed's settings are checked
+    only when it runs (``ConfigError``: ``Config.check_demo_feed``); ``check_demo=False``: an IO
+    side of the caller's own runs no demo feed (the tests' fake)."""
     if not sources:
+        if config.uses_demo_feed and check_demo:  # its settings are checked only when it runs
+            config.check_demo_feed()
         return FeedPlan(config.feed_specs, {}, config.uses_demo_feed)
     configured = () if config.uses_demo_feed else config.feed_specs
     taken = {spec.name for spec in configured}

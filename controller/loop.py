@@ -47,6 +47,7 @@ from controller.codec import Codec, guarded
 from controller.compiled import codec_dtype, compilations, release_freed_memory
 from controller.config import Config
 from controller.engine import Engine, compile_step
+from controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
 from controller.host import ProcessSettings, StopSignals
 from controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnResults, feed_plan, io_thread, with_hooks
 from controller.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
@@ -106,6 +107,8 @@ class Controller:
     configured; ``on_event(source, event)`` gets, in the main thread, what they hand over as
     it is (``ctx.emit_event``). ``checkpoint_store``: where checkpoints go instead of
     ``FORKLESS_CHECKPOINT_DIR`` (a ``CheckpointStore``: controller/checkpointer.py, docs/embedding/sources.md).
+    ``events_only=True``: the sources hand over only events, and no processor runs: nothing is
+    compiled and no device state exists (controller/eventsonly.py has the rules).
     """
 
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
@@ -113,17 +116,21 @@ class Controller:
                  on_results: OnResults | None = None, io_factory: IOFactory = io_thread,
                  freeze_gc: bool = False, on_connect: OnConnect | None = None,
                  before_connect: BeforeConnect | None = None, sources: Sequence[Source] = (),
-                 on_event: OnEvent | None = None, checkpoint_store: CheckpointStore | None = None) -> None:
+                 on_event: OnEvent | None = None, checkpoint_store: CheckpointStore | None = None,
+                 events_only: bool = False) -> None:
         """The wiring; nothing runs and nothing is compiled until ``start()`` (see the class)."""
         self.config = cfg = config if config is not None else Config.from_env()
+        if events_only:  # before the plan: no demo feed's settings are checked when none runs
+            check_events_only(cfg, processor=processor, on_results=on_results, sources=sources, store=checkpoint_store)
+        self.events_only = events_only
         # the feeds this controller runs: the configured ones and the user's own sources
-        self.plan = feed_plan(cfg, sources)
+        self.plan = feed_plan(cfg, sources, check_demo=io_factory is io_thread)
         self.feed_specs = specs = self.plan.specs
         self.on_event = on_event
-        self.processor = processor if processor is not None else default_processor(cfg)
+        self.processor = None if events_only else processor if processor is not None else default_processor(cfg)
         # a custom codec's exceptions become error replies, never a dead thread (codec.py)
         self.codec = guarded(codec, cfg.features, max_frame_items=cfg.max_frame_items,
-                             dtype=codec_dtype(self.processor))
+                             dtype=np.dtype(np.float32) if events_only else codec_dtype(self.processor))
         self.on_results = on_results
         # a partitioned JetStream feed (issue 24): leases and per-partition checkpoint objects
         self._partition_feed = partitioned_feed(cfg.feed_specs, self.processor)
@@ -232,13 +239,14 @@ class Controller:
         stats = self.main_stats
         self._outbound = Outbound(side.outbound, io, stats, self._deadline)
         prefixes, counters = self.plan.stream_prefixes(self.config.shared_streams), self.recovery.declared.counters
-        step = BatchStep(self.engine, self.slots, self.replies, self.sources, stats, put=self._outbound.put,
-                         on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
-                         # the IO thread's CPU clock, read around each step (pipelining:
-                         # MainStats.step_io_cpu_s); not read at all where it is unknown (NaN)
-                         io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds)
-        self._intake = Intake(side.inbound, self.batcher, stats, step, names=[spec.name for spec in self.feed_specs],
-                              on_event=lambda: self.on_event)
+        names = [spec.name for spec in self.feed_specs]
+        step = DroppedMessages(stats, names) if self.engine is None else BatchStep(
+            self.engine, self.slots, self.replies, self.sources, stats, put=self._outbound.put,
+            on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
+            # the IO thread's CPU clock, read around each step (pipelining:
+            # MainStats.step_io_cpu_s); not read at all where it is unknown (NaN)
+            io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds)
+        self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event)
 
     def _check_stop(self, during: str) -> None:
         if self._stop_requested.is_set():
@@ -273,13 +281,13 @@ class Controller:
         owner.close()
 
     def compile(self) -> None:
-        """Initialise the state on the device and compile the step for every bucket (AOT)."""
+        """Initialise the state on the device and compile the step for every bucket (AOT); events only: nothing."""
         self._compile(None)
 
     def _compile(self, after_bucket: Callable[[int, float], None] | None) -> None:
         """``compile``; ``after_bucket`` is called after each bucket's compile (``start`` checks
         there whether a stop was requested, so a stop waits for one bucket, not all of them)."""
-        if self.engine is not None:
+        if self.engine is not None or self.events_only:  # events only: nothing to compile
             return
         cfg = self.config
         t0 = time.monotonic()
@@ -288,6 +296,13 @@ class Controller:
         release_freed_memory()
         log.info("compiled the step for batch sizes %s on %s in %.2fs", ",".join(map(str, cfg.buckets)),
                  self.engine.describe(), time.monotonic() - t0)
+
+    def set_weights(self, params: Any, *, version: str | None = None) -> str:
+        """Swap the processor's weights for ``params`` (same structure, shapes, dtypes) before the next batch's
+        step, nothing compiled again; from any thread, once started (controller/weights.py). Their version."""
+        if self.engine is None:
+            raise RuntimeError(NO_WEIGHTS if self.events_only else "set_weights(): call start() first")
+        return self.engine.offer_weights(params, version)
 
     @property
     def state(self) -> Any:
@@ -474,10 +489,10 @@ class Controller:
         return whole_snapshot(
             self.main_stats, io, at=time.monotonic(), compilations=compilations(),
             devices=(engine.devices, tuple(int(v) for v in engine.device_messages), engine.device_rows)
-            if engine is not None else None,
+            if engine is not None else ((), (), 0) if self.events_only else None,
             streams=(len(self.slots), self.slots.evicted), checkpoints=self._checkpoints.stats_fields(),
             sources=self.recovery.source_figures(io), io_cpu_s=io_side.cpu_seconds(),
-            partitions_unowned=self._owner.unowned)
+            partitions_unowned=self._owner.unowned, weights=engine.weights if engine is not None else None)
 
     @property
     def metrics_url(self) -> str | None:

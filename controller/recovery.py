@@ -13,6 +13,9 @@ Rules:
 - Shared leaves (not per-stream: weights) come from the processor's ``init`` at every start,
   unless it says ``restore_shared=True``; the per-stream state, the stream table and the
   counts come from the checkpoint, and the start log says which leaves came from where.
+- Live weights: every checkpoint records the weights its state was produced with (``"weights"``
+  in its settings: version, digest, since which step; recorded, not matched); with
+  ``restore_shared=True`` they are in force again after the restore.
 - JetStream feeds (exactly-once): each checkpoint records every such feed's position as of
   the same moment as the state (``controller/positions.py``), and is written only once the
   results stream has acknowledged the replies it covers (``await_replies``, on the writer's
@@ -138,6 +141,8 @@ class Recovery:
             return
         shared = bool(getattr(self.processor, "restore_shared", False))
         engine.restore(restored.state, shared=shared)
+        if shared and engine.live_weights is not None:  # the checkpoint's weights are in force again
+            engine.live_weights.restored(restored.settings.get("weights"))
         leaves = engine.shared_leaves()
         log.info("per-stream state taken from the checkpoint%s", "" if not leaves else (
             f"; shared leaves {', '.join(leaves)} " + ("from it too (restore_shared=True)" if shared else
@@ -177,9 +182,11 @@ class Recovery:
         chunk at a time between the next steps; the engine keeps it exact."""
         wall = time.time()
         main = self.stats
+        # which weights the state was produced with (live weights, controller/weights.py): recorded, never matched
+        weights = {"weights": engine.weights.record()} if engine.weights is not None else {}
         return engine.begin_snapshot(
             self.slots.begin_copy(), {"processed": main.processed, **main.counters},
-            {**self.settings(), **self.declared.recorded, "devices": len(engine.devices)}, wall,
+            {**self.settings(), **self.declared.recorded, "devices": len(engine.devices), **weights}, wall,
             seen_shift=wall - time.monotonic(),
             incremental=incremental, positions=self.sources.record(self._io_sources()) if self.sources else None)
 

@@ -170,6 +170,8 @@ class StatsSnapshot:
     partitions_unowned: int = 0
     # the processor's declared counters (Processor.counters; the default detector's "anomalies")
     counters: dict[str, int] = field(default_factory=dict)
+    # the weights in force (controller/weights.py ``Weights``: version, digest, since which step); None: no params
+    weights: Any = None
 
     @property
     def anomalies(self) -> int:
@@ -296,13 +298,14 @@ def books_line(snap: StatsSnapshot) -> str:
 def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: int,
                    devices: tuple[tuple[str, ...], tuple[int, ...], int] | None, streams: tuple[int, int],
                    checkpoints: dict[str, Any], sources: tuple[SourceFigures, ...],
-                   io_cpu_s: float = math.nan, partitions_unowned: int = 0) -> StatsSnapshot:
+                   io_cpu_s: float = math.nan, partitions_unowned: int = 0, weights: Any = None) -> StatsSnapshot:
     """``Controller.stats()``: the main thread's counters (``main``, copied here with
     ``copy_counts``) and the IO side's snapshot as one ``StatsSnapshot``. ``devices``: the
     engine's ``(devices, messages per device, rows stepped)``, None before the compile;
     ``streams``: ``(active, evicted)``; ``checkpoints``: the checkpointer's fields;
     ``io_cpu_s``: the IO thread's CPU seconds (``IOSide.cpu_seconds``); ``partitions_unowned``:
-    a partitioned instance's count of its stream's partitions that no instance owns."""
+    a partitioned instance's count of its stream's partitions that no instance owns; ``weights``:
+    the engine's weights in force (controller/weights.py)."""
     at_ready = main.compilations_at_ready
     feed_latency = [histogram.snapshot() for histogram in main.latency]
     latency = feed_latency[0]
@@ -351,6 +354,7 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         events_dropped=io.events_dropped, buffered=io.buffered,
         partitions_unowned=partitions_unowned,
         counters=copy_counts(main.counters),
+        weights=weights,
     )
 
 

@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     last_model_order = dict.fromkeys(SYMBOLS, 0.0)
     try:
-        with Controller(config, sources=[session], on_event=on_event) as ctl:
+        # events only: trades and fills reach on_event, the model is this loop's own: nothing compiled at start
+        with Controller(config, sources=[session], on_event=on_event, events_only=True) as ctl:
             print("main loop started", file=sys.stderr, flush=True)
             started = time.monotonic()  # --duration counts the main loop's time, not the compile's
             cpu_at_start = os.times()

@@ -40,6 +40,7 @@ CORE = [
     "controller/config.py",
     "controller/declared.py",
     "controller/errors.py",
+    "controller/eventsonly.py",
     "controller/feedspec.py",
     "controller/logs.py",
     "controller/metrics.py",
@@ -72,6 +73,7 @@ DEVICE = [
     "controller/layouts.py",
     "controller/programs.py",
     "controller/snapshot.py",
+    "controller/weights.py",
 ]
 IO = [
     "io_loop/aiohttp_compat.py",

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.cli import load_config
 from controller.config import Config
 from controller.errors import ConfigError
 from controller.variables import VARIABLES
@@ -103,8 +104,14 @@ def test_values_are_parsed_and_cross_checked():
     assert (c.features, c.duration_s, c.log_level, c.headers) == (16, 2.5, "DEBUG", (("X-Key", "v"),))
     with pytest.raises(ConfigError, match="FORKLESS_RECONNECT_MAX_S"):
         Config.from_env({"FORKLESS_RECONNECT_MIN_S": "5", "FORKLESS_RECONNECT_MAX_S": "1"})
+    # the demo feed's settings are checked where it runs (the program, a controller that runs it),
+    # not by the configuration alone: an embedding program's own sources run instead of it
+    small = Config.from_env({"FORKLESS_DEMO_STREAMS": "10", "FORKLESS_MAX_STREAMS": "5"})
     with pytest.raises(ConfigError, match="FORKLESS_DEMO_STREAMS"):
-        Config.from_env({"FORKLESS_DEMO_STREAMS": "10", "FORKLESS_MAX_STREAMS": "5"})
+        small.check_demo_feed()
+    with pytest.raises(ConfigError, match="FORKLESS_DEMO_STREAMS"):
+        load_config({"FORKLESS_DEMO_STREAMS": "10", "FORKLESS_MAX_STREAMS": "5"})
+    load_config({"FORKLESS_DEMO_STREAMS": "10", "FORKLESS_MAX_STREAMS": "5", "FORKLESS_WS_URL": "ws://h/"})
 
 
 def test_subscribe_can_name_a_file(tmp_path):

@@ -60,10 +60,25 @@ def test_every_example_in_the_documents_is_run_by_a_test():
     tested = {("README.md", "short"), ("EMBEDDING.md", "blocking"), ("EMBEDDING.md", "on_results"),
               ("EMBEDDING.md", "driven"), ("EMBEDDING.md", "subscribe"), ("EMBEDDING.md", "source"),
               ("EMBEDDING.md", "portal"), ("EMBEDDING.md", "credentials"), ("EMBEDDING.md", "reconnecting"),
-              ("EMBEDDING.md", "relogin")}  # relogin: tests/test_relogin.py
+              ("EMBEDDING.md", "relogin"), ("EMBEDDING.md", "weights")}  # relogin: tests/test_relogin.py
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested
+
+
+def test_the_weights_example_swaps_the_weights_between_two_batches_with_nothing_compiled(feed_server):
+    frames = [json.dumps({"seq": i, "stream": "s", "x": [1.0] * 8}) for i in range(10)]
+    server = feed_server(send_frames(frames, gap_s=0.1))  # paced: the swap falls between two messages
+    proc = run_example("weights", server.url)
+    assert proc.returncode == 0, proc.stderr
+    swapped = re.search(r"weights v2 since message (\d+), compilations after warm-up 0", proc.stdout)
+    assert swapped, proc.stdout
+    k = int(swapped.group(1))
+    replies = server.replies()
+    # 8 ones with w = 1, b = 0, then with w = 2, b = 1; the running total carries on across the swap
+    assert [r["y"] for r in replies] == [8.0] * k + [17.0] * (10 - k) and 5 <= k < 10
+    assert [r["total"] for r in replies] == [8.0 * (i + 1) for i in range(k)] + \
+        [8.0 * k + 17.0 * (i + 1) for i in range(10 - k)]
 
 
 def test_the_blocking_embedding_example_runs_with_its_own_processor_and_codec(feed_server):
@@ -168,7 +183,7 @@ def test_the_source_example_keeps_its_own_client_answers_the_heartbeat_and_order
     server = feed_server(exchange, impl="websockets")
     proc = run_app(env={"EXCHANGE_URL": server.url}, program=("-c", example("source")), timeout_s=90 * UNIT_S)
     assert proc.returncode == 0, proc.stderr
-    assert "filled ['o0', 'o1', 'o2'] pongs 1" in proc.stdout
+    assert "filled ['o0', 'o1', 'o2'] pongs 1 compilations 0" in proc.stdout  # events only: nothing compiled
     received = [json.loads(frame) for frame in server.received]
     assert received[0] == {"type": "pong", "id": 7}
     assert [r["type"] for r in received[1:]] == ["order"] * 3  # nothing else reached the exchange

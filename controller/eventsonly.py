@@ -1,0 +1,80 @@
+"""Events-only controllers: the user's own sources hand the main loop events, and no processor runs.
+
+Rules:
+- Chosen explicitly, ``Controller(config, sources=[...], on_event=..., events_only=True)``: a
+  program whose sources hand over only events (``ctx.emit_event``: fills, books, trades as
+  text) and whose own loop decides. Nothing is compiled, no processor is built (not even the
+  default detector), no device state exists, and the demo feed's settings are never checked
+  (no demo feed runs). Not chosen by guessing: a controller given sources and no processor
+  still runs the default detector, as before, for sources that hand over messages.
+- What contradicts it is refused when the controller is built (``ValueError`` naming the
+  argument or variable): a processor, ``on_results``, no sources, a configured feed
+  (``FORKLESS_WS_URL``, ``FORKLESS_FEEDS``: their messages need a processor), checkpoints
+  (``FORKLESS_CHECKPOINT_DIR``, ``FORKLESS_CHECKPOINT_BUCKET``, ``checkpoint_store``: there is
+  no state to keep).
+- Messages a source hands over anyway (``ctx.emit``, ``emit_rows``) are never lost silently:
+  each batch of them is counted in ``dropped`` ("no processor (events only)"), so the books
+  balance, and the first is logged as an error naming the source and the fix.
+- Pure: no JAX. This module is the "no processor" object the loop calls instead of
+  ``BatchStep`` (controller/batchstep.py): the loop never asks which one it has.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from controller.batching import Taken
+from controller.stats import MainStats
+
+__all__ = ["EVENTS_ONLY_DROPPED", "NO_WEIGHTS", "DroppedMessages", "check_events_only"]
+
+log = logging.getLogger("forkless.controller")
+
+EVENTS_ONLY_DROPPED = "no processor (events only)"  # the reason in ``dropped``
+NO_WEIGHTS = ("set_weights(): an events-only controller runs no processor: the model your own loop runs takes its "
+              "new weights itself (docs/embedding/weights.md)")
+
+
+def check_events_only(config: Any, *, processor: Any, on_results: Any, sources: Sequence[Any], store: Any) -> None:
+    """``ValueError`` naming what contradicts ``events_only=True`` (module rules), else nothing."""
+    fix = "drop events_only=True to run a processor"
+    if processor is not None:
+        raise ValueError(f"events_only=True runs no processor, and processor={processor!r} was given: {fix}, or "
+                         "leave processor out")
+    if on_results is not None:
+        raise ValueError(f"events_only=True runs no processor, so on_results would never be called: {fix}, or "
+                         "leave on_results out")
+    if not sources:
+        raise ValueError("events_only=True needs sources=[...]: the user's own sources hand over the events "
+                         "(ctx.emit_event); without them the demo feed's messages would need a processor")
+    if not config.uses_demo_feed:
+        which = "FORKLESS_FEEDS" if config.feeds else "FORKLESS_WS_URL"
+        raise ValueError(f"events_only=True runs only the user's own sources, and {which} configures a feed whose "
+                         f"messages need a processor: unset {which}, or {fix}")
+    if config.checkpoints_on or store is not None:
+        which = ("checkpoint_store" if store is not None else
+                 "FORKLESS_CHECKPOINT_DIR" if config.checkpoint_dir else "FORKLESS_CHECKPOINT_BUCKET")
+        raise ValueError(f"events_only=True keeps no state to checkpoint, and {which} is set: unset it, or {fix}")
+
+
+class DroppedMessages:
+    """The step of an events-only controller (module rules): a batch of messages is counted as
+    dropped and the first is logged, naming its source; called as ``BatchStep`` is."""
+
+    def __init__(self, stats: MainStats, names: Sequence[str]) -> None:
+        self.stats = stats
+        self.names = names  # each feed's name, by index
+        self._logged = False
+
+    def __call__(self, taken: Taken, deadline: float | None = None) -> None:
+        n = len(taken)
+        self.stats.dropped[EVENTS_ONLY_DROPPED] += n
+        if not self._logged:
+            self._logged = True
+            sources = sorted({self.names[feed] for feed in taken.feed})
+            log.error("source %s handed over %d message(s) (ctx.emit, ctx.emit_rows), but the controller is events "
+                      "only (events_only=True) and runs no processor: they are dropped, counted in dropped (%r). "
+                      "Hand objects over with ctx.emit_event, or give the controller a processor (logged once)",
+                      ", ".join(map(repr, sources)), n, EVENTS_ONLY_DROPPED)
