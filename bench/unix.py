@@ -34,6 +34,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 UNIX_SCHEME = "ws+unix"
 UNIX_ENV = "FORKLESS_BENCH_UNIX"  # "1": every socket of the run a unix one (bench.run --unix)
+SOCKET_DIR_ENV = "FORKLESS_BENCH_SOCKET_DIR"  # where a unix run's sockets are made (bench.run: one folder a run)
 NO_INET_DIR = Path(__file__).resolve().parent / "no_inet"  # holds the sitecustomize.py that calls refuse_inet
 INET_FAMILIES = (socket.AF_INET, socket.AF_INET6)
 
@@ -87,9 +88,16 @@ async def start_site(runner: Any, host: str, unix_socket: str | None, ws_path: s
 
 
 def new_socket_path(tag: str) -> str:
-    """A fresh socket path in a new private folder (unix socket paths are limited to ~107 bytes, so
-    it lives under the system's temporary folder, not under a deep work folder)."""
-    return str(Path(tempfile.mkdtemp(prefix="fkb-")) / f"{tag[:40]}.sock")
+    """A fresh socket path for ``tag`` in the run's socket folder (``SOCKET_DIR_ENV``, made by
+    ``bench.run --unix``; a new private folder if unset). Unix socket paths are limited to ~107
+    bytes, so the folder lives under the system's temporary folder, not under a deep work folder."""
+    folder = os.environ.get(SOCKET_DIR_ENV) or tempfile.mkdtemp(prefix="fkb-")
+    path = Path(folder) / f"{tag[:60]}.sock"
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path(folder) / f"{tag[:60]}-{n}.sock"
+    return str(path)
 
 
 def forkless_env(url: str) -> dict[str, str]:
