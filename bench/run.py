@@ -77,9 +77,13 @@ from bench.ping_probe import start_probe
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "bench" / "out"
-BENCH_README = REPO_ROOT / "bench" / "README.md"
-RESULTS_BLOCK = "bench:results"  # bench/README.md: <!-- bench:results:start --> … <!-- bench:results:end -->
-DEVICES_BLOCK = "bench:devices"
+BENCH_README = REPO_ROOT / "bench" / "README.md"  # the summary page: its block is the last run's main table
+BENCH_DOCS = REPO_ROOT / "bench" / "docs"  # a page a topic
+RESULTS_PAGE = BENCH_DOCS / "last-run.md"  # the whole results block
+DEVICES_PAGE = BENCH_DOCS / "devices.md"
+SUMMARY_BLOCK = "bench:summary"  # bench/README.md: <!-- bench:summary:start --> … <!-- bench:summary:end -->
+RESULTS_BLOCK = "bench:results"  # bench/docs/last-run.md: <!-- bench:results:start --> … <!-- bench:results:end -->
+DEVICES_BLOCK = "bench:devices"  # bench/docs/devices.md
 DEVICE_COUNTS = (1, 2, 4)  # forced CPU devices (JAX_NUM_CPU_DEVICES) of the devices section
 DESIGNS = ("forkless", "spawn", "inline", "io-ceiling", "forkless-nojax")
 # the designs that never step on a device: on an accelerator they run with JAX_PLATFORMS=cpu, so
@@ -1269,15 +1273,9 @@ def devices_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_devices_block(results: dict[str, Any], readme: Path = BENCH_README) -> bool:
-    """Put ``devices_markdown(results)`` between the devices markers of ``readme``; True if it changed."""
-    from gendocs import replace_block  # see write_results_block
-
-    text = readme.read_text(encoding="utf-8")
-    new = replace_block(text, DEVICES_BLOCK, devices_markdown(results))
-    if new != text:
-        readme.write_text(new, encoding="utf-8")
-    return new != text
+def write_devices_block(results: dict[str, Any], page: Path = DEVICES_PAGE) -> bool:
+    """Put ``devices_markdown(results)`` between the devices markers of ``page``; True if it changed."""
+    return _write_block(page, DEVICES_BLOCK, devices_markdown(results))
 
 
 def run_devices_only(plan: Plan, out: Path, command: str) -> dict[str, Any]:
@@ -1334,50 +1332,21 @@ def hops_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def summary_markdown(results: dict[str, Any]) -> str:
+    """bench/README.md's block: when, where and the main table of one ``results.json`` (the first
+    part of ``results_markdown``)."""
+    return "\n".join(_main_table(results)) + "\n"
+
+
 def results_markdown(results: dict[str, Any]) -> str:
-    """The measured part of bench/README.md for one ``results.json``: when, where, the table, the targets.
+    """The measured part of bench/docs/last-run.md for one ``results.json``: when, where, the
+    table, the targets, and the sections' tables.
 
     Everything here comes from ``results``; the hand-written text around the block must not
     quote its figures. ``write_results_block`` puts it between the block's markers.
     """
-    m, plan, s = results["machine"], results["plan"], results["summary"]
-    when = datetime.datetime.fromisoformat(results["date"]).astimezone(datetime.UTC)
-    # runs made before "jax_platforms" was recorded ran the clients with client_env's default
-    platform_ = results.get("jax_platforms") or "cpu"
-    versions = ", ".join(f"{mod} {m[mod]}" for mod in ("jax", "jaxlib", "aiohttp", "janus", "numpy") if m.get(mod))
-    settings = results["loadgen_settings"]
-    lines = [
-        f"Run of {when:%Y-%m-%d %H:%M} UTC: `{results['command']}` with `JAX_PLATFORMS={platform_}`, "
-        f"{results['elapsed_s']:.0f} s in all, on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
-        + (f"JAX device {results['jax_device']}, " if results.get("jax_device") else "")
-        + f"Python {m['python']}, {versions}.",
-        f"Medians over {plan['repeats']} repeat(s) of {plan['duration_s']:g} s (the first {plan['warmup_s']:g} s "
-        f"not counted); latency in ms from the due time; {settings['streams']} streams, {settings['features']} "
-        f"features; maximum throughput with {plan['window']:,} messages in flight.",
-        "",
-        "| design | p50 @1k | p99 @1k | p99.9 @1k | p50 @10k | p99 @10k | p99.9 @10k | max msg/s "
-        "| peak RSS MiB (processes) | IO-loop lag p50/p99 ms | lag p99 during the heavy step "
-        "| compiles after warm-up | first result cold / warm cache |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for design in (*DESIGNS, "compute-ceiling"):
-        if design not in s:  # a design this stored run did not have
-            continue
-        r = s[design]
-        cells = [design]
-        if design == "compute-ceiling":
-            cells += ["–"] * 6 + [_md(r["throughput_msg_s"])] + ["–"] * 5
-        else:
-            cells += [_md(r[load][q]) for load in ("rate_1k", "rate_10k") for q in ("p50", "p99", "p999")]
-            cells.append(_md(r["throughput_msg_s"]))
-            rss = "–" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:.0f}"
-            cells.append(rss + (f" ({r['processes']})" if r.get("processes") else ""))
-            lag, heavy, first = r.get("loop_lag_ms_1k"), r.get("loop_lag_ms_heavy"), r.get("first_result_s")
-            cells.append(f"{_md(lag['p50'])} / {_md(lag['p99'])}" if lag else "–")
-            cells.append(_md(heavy["p99"]) if heavy else "–")
-            cells.append(_md(r.get("compilations_after_warmup")) if design in JAX_DESIGNS else "–")
-            cells.append(f"{_md(first.get('cold_s'))} s / {_md(first.get('warm_s'))} s" if first else "–")
-        lines.append("| " + " | ".join(cells) + " |")
+    s = results["summary"]
+    lines = _main_table(results)
     floor = s.get("idle_loop_lag_ms") or {}
     compute = results.get("compute_ceiling") or {}
     heavy_step = s["forkless"].get("heavy_step_ms")
@@ -1399,22 +1368,75 @@ def results_markdown(results: dict[str, Any]) -> str:
     lines += ["", "#### Step cost: forkless, inline and spawn", "", step_map_markdown(results),
               "", "#### Latency budget", "", hops_markdown(results), "",
               "#### CPU per message and the device's floor", "", per_message.markdown(results),
-              "", "#### State scaling", "",
-              state_scaling_markdown(results)]
+              "", "#### State scaling", "", state_scaling_markdown(results)]
     return "\n".join(lines) + "\n"
 
 
-def write_results_block(results: dict[str, Any], readme: Path = BENCH_README) -> bool:
-    """Put ``results_markdown(results)`` between the results markers of ``readme``; True if it changed."""
+def _main_table(results: dict[str, Any]) -> list[str]:
+    """When and where the run was made, and its main table, as lines."""
+    m, plan, s = results["machine"], results["plan"], results["summary"]
+    when = datetime.datetime.fromisoformat(results["date"]).astimezone(datetime.UTC)
+    # runs made before "jax_platforms" was recorded ran the clients with client_env's default
+    platform_ = results.get("jax_platforms") or "cpu"
+    versions = ", ".join(f"{mod} {m[mod]}" for mod in ("jax", "jaxlib", "aiohttp", "janus", "numpy") if m.get(mod))
+    settings = results["loadgen_settings"]
+    lines = [
+        f"Run of {when:%Y-%m-%d %H:%M} UTC: `{results['command']}` with `JAX_PLATFORMS={platform_}`, "
+        f"{results['elapsed_s']:.0f} s in all, on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
+        + (f"JAX device {results['jax_device']}, " if results.get("jax_device") else "")
+        + f"Python {m['python']}, {versions}.",
+        f"Medians over {plan['repeats']} repeat(s) of {plan['duration_s']:g} s (the first {plan['warmup_s']:g} s "
+        f"not counted); latency in ms from the due time; {settings['streams']} streams, {settings['features']} "
+        f"features; maximum throughput with {plan['window']:,} messages in flight.",
+        "",
+        "| design | p50 @1k | p99 @1k | p99.9 @1k | p50 @10k | p99 @10k | p99.9 @10k | max msg/s "
+        "| peak RSS MiB (processes) | IO-loop lag p50/p99 ms | lag p99 during the heavy step "
+        "| compiles after warm-up | first result cold / warm cache |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    # a design this stored run did not have is left out
+    return lines + [_main_row(design, s[design]) for design in (*DESIGNS, "compute-ceiling") if design in s]
+
+
+def _main_row(design: str, r: dict[str, Any]) -> str:
+    """One design's row of the main table."""
+    cells = [design]
+    if design == "compute-ceiling":
+        cells += ["–"] * 6 + [_md(r["throughput_msg_s"])] + ["–"] * 5
+    else:
+        cells += [_md(r[load][q]) for load in ("rate_1k", "rate_10k") for q in ("p50", "p99", "p999")]
+        cells.append(_md(r["throughput_msg_s"]))
+        rss = "–" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:.0f}"
+        cells.append(rss + (f" ({r['processes']})" if r.get("processes") else ""))
+        lag, heavy, first = r.get("loop_lag_ms_1k"), r.get("loop_lag_ms_heavy"), r.get("first_result_s")
+        cells.append(f"{_md(lag['p50'])} / {_md(lag['p99'])}" if lag else "–")
+        cells.append(_md(heavy["p99"]) if heavy else "–")
+        cells.append(_md(r.get("compilations_after_warmup")) if design in JAX_DESIGNS else "–")
+        cells.append(f"{_md(first.get('cold_s'))} s / {_md(first.get('warm_s'))} s" if first else "–")
+    return "| " + " | ".join(cells) + " |"
+
+
+def _write_block(path: Path, name: str, body: str) -> bool:
+    """Put ``body`` between the markers ``name`` of ``path``; True if it changed."""
     # gendocs imports this module (it regenerates every block, this one included): imported
     # here, when a run has finished, so that neither module needs the other to import first
     from gendocs import replace_block
 
-    text = readme.read_text(encoding="utf-8")
-    new = replace_block(text, RESULTS_BLOCK, results_markdown(results))
+    text = path.read_text(encoding="utf-8")
+    new = replace_block(text, name, body)
     if new != text:
-        readme.write_text(new, encoding="utf-8")
+        path.write_text(new, encoding="utf-8")
     return new != text
+
+
+def write_summary_block(results: dict[str, Any], readme: Path = BENCH_README) -> bool:
+    """Put ``summary_markdown(results)`` between the summary markers of ``readme``; True if it changed."""
+    return _write_block(readme, SUMMARY_BLOCK, summary_markdown(results))
+
+
+def write_results_block(results: dict[str, Any], page: Path = RESULTS_PAGE) -> bool:
+    """Put ``results_markdown(results)`` between the results markers of ``page``; True if it changed."""
+    return _write_block(page, RESULTS_BLOCK, results_markdown(results))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1453,8 +1475,9 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads((out / "results.json").read_text())
         print(report(results))
         if is_default_out:
-            changed = write_results_block(results)
-            print(f"\n{BENCH_README.relative_to(REPO_ROOT)}: {'rewritten' if changed else 'already up to date'}")
+            changed = write_results_block(results) | write_summary_block(results)
+            print(f"\n{RESULTS_PAGE.relative_to(REPO_ROOT)} and {BENCH_README.relative_to(REPO_ROOT)}: "
+                  f"{'rewritten' if changed else 'already up to date'}")
         return 0
     if a.tpu:
         plan = Plan.tpu(quick=a.quick)
@@ -1500,7 +1523,7 @@ def run_and_report(a: argparse.Namespace, plan: Plan, out: Path, command: str, i
         print(partitioned.markdown(figures))
         if not a.quick and is_default_out:
             partitioned.write_block(figures)
-            print(f"rewrote the partitioned block of {BENCH_README.relative_to(REPO_ROOT)}")
+            print(f"rewrote the partitioned block of {partitioned.PAGE.relative_to(REPO_ROOT)}")
         return 0
     if a.devices_only:
         results = run_devices_only(plan, out, command + " --devices-only")
@@ -1508,7 +1531,7 @@ def run_and_report(a: argparse.Namespace, plan: Plan, out: Path, command: str, i
         print(devices_markdown(results))
         if not a.quick and is_default_out:
             write_devices_block(results)
-            print(f"rewrote the devices block of {BENCH_README.relative_to(REPO_ROOT)}")
+            print(f"rewrote the devices block of {DEVICES_PAGE.relative_to(REPO_ROOT)}")
         return 0
     results = run_all(plan, out, command)
     print()
@@ -1522,8 +1545,10 @@ def run_and_report(a: argparse.Namespace, plan: Plan, out: Path, command: str, i
               "with --out")
     elif not a.quick:
         write_results_block(results)
+        write_summary_block(results)
         write_devices_block(json.loads((out / "devices.json").read_text()))
-        print(f"rewrote the results and devices blocks of {BENCH_README.relative_to(REPO_ROOT)}")
+        print(f"rewrote the results blocks of {RESULTS_PAGE.relative_to(REPO_ROOT)} and "
+              f"{BENCH_README.relative_to(REPO_ROOT)}, and the devices block of {DEVICES_PAGE.relative_to(REPO_ROOT)}")
     return 0
 
 
