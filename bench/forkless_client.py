@@ -6,7 +6,9 @@
 It does what ``python app.py`` does (``load_config`` from the environment, the app's logging,
 ``Controller(config).run()`` with the default codec, the default processor and the status
 line on) with ``FORKLESS_WS_URL`` set to ``--url`` (or, for a JSON list of URLs,
-``FORKLESS_FEEDS`` with one feed each). Two additions, outside the controller:
+``FORKLESS_FEEDS`` with one feed each); a unix address (``ws+unix://``, bench/unix.py) is handed
+over as a user would: ``FORKLESS_WS_UNIX_SOCKET`` beside ``FORKLESS_WS_URL=ws://localhost/``, or a
+feed's ``"unix_socket"``. Two additions, outside the controller:
 
 - a watcher thread that reads the controller's counters every 20 ms and calls
   ``request_stop()`` once every feed has closed its connection (a load generator closes it

@@ -14,8 +14,8 @@
 #      steps calibrated to ~1 ms and ~10 ms on this GPU, with the ping probe); one repeat each
 #      of 2.5 s (the reduced plan: no state scaling, no forced CPU devices);
 #   4. writes OUT/results.json, OUT/bench.png, OUT/logs/ and OUT/results.md: the same tables as
-#      bench/README.md's results block, whose first line names the platform (JAX_PLATFORMS=cuda)
-#      and the JAX device. Nothing in the repository's bench/README.md is changed.
+#      bench/docs/last-run.md's results block, whose first line names the platform (JAX_PLATFORMS=cuda)
+#      and the JAX device. Nothing in the repository's bench/README.md or bench/docs/ is changed.
 #
 # Environment:
 #   PYTHON                       the interpreter (default: python)

@@ -36,10 +36,18 @@ maximum throughput, and how long a WebSocket ping waits for its pong while the d
 Devices (``--devices-only`` runs just this section): the controller's compiled step alone
 (``bench.devices``) and forkless's maximum throughput with 1, 2 and 4 forced CPU devices
 (``JAX_NUM_CPU_DEVICES``), each in a process of its own, in one run; written to
-``OUT/devices.json`` and, into the default ``bench/out``, the devices block of bench/README.md.
+``OUT/devices.json`` and, into the default ``bench/out``, the devices block of bench/docs/devices.md.
+
+On an accelerator (``--accelerator``, bench/gpu.sh; ``--tpu``, bench/tpu.sh: ``Plan.tpu``) the CPU's own
+sections are left out and ``OUT/results.md`` is written. ``--unix`` (or ``FORKLESS_BENCH_UNIX=1``):
+every socket of the run a unix-domain one and every process of it refusing inet sockets
+(bench/unix.py), as the lent TPU host requires; the compute ceiling's process also measures the
+device floor (bench/device_floor.py) where the plan asks for it, and every design's CPU µs a
+message (forkless's IO and main threads apart) is in the tables (bench/per_message.py).
 
 Writes ``OUT/results.json`` (every run's numbers), ``OUT/bench.png`` and ``OUT/logs/``. A full
-run into the default ``bench/out`` also rewrites the results block of ``bench/README.md``
+run into the default ``bench/out`` also rewrites the results block of ``bench/docs/last-run.md`` and the
+summary block of ``bench/README.md``
 (``results_markdown``); ``--report-only`` rewrites it from the existing ``results.json``
 without running anything.
 """
@@ -1127,7 +1135,7 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# ---- the results block of bench/README.md -----------------------------------------------------
+# ---- the results blocks of bench/docs/last-run.md and bench/README.md ---------------------------
 
 
 def _md(v: Any, digits: int = 2) -> str:
@@ -1247,7 +1255,7 @@ def step_map_markdown(results: dict[str, Any]) -> str:
 
 
 def devices_markdown(results: dict[str, Any]) -> str:
-    """The devices block of bench/README.md for one ``devices.json`` (``devices_section`` and its run)."""
+    """The devices block of bench/docs/devices.md for one ``devices.json`` (``devices_section`` and its run)."""
     m, plan, section = results["machine"], results["plan"], results["devices"]
     when = datetime.datetime.fromisoformat(results["date"]).astimezone(datetime.UTC)
     lines = [
@@ -1445,7 +1453,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="where results.json and bench.png go")
     p.add_argument("--devices-only", action="store_true",
                    help="run only the devices section (1, 2, 4 forced CPU devices) into OUT/devices.json, and "
-                        "rewrite bench/README.md's devices block from it")
+                        "rewrite bench/docs/devices.md's devices block from it")
     p.add_argument("--jetstream-only", action="store_true",
                    help="run only the JetStream section (a real nats-server; max throughput and latency at "
                         "1,000 msg/s beside the WebSocket feed's, the checkpoint stall) into OUT/jetstream.json")
@@ -1455,7 +1463,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--accelerator", action="store_true",
                    help="the reduced plan for an accelerator (bench/gpu.sh): the designs and the step costs, one "
                         "repeat, no state scaling and no forced CPU devices; writes OUT/results.md, never this "
-                        "repository's bench/README.md")
+                        "repository's bench/README.md or bench/docs/")
     p.add_argument("--tpu", action="store_true",
                    help="the accelerator plan sized for the lent TPU host (bench/tpu.sh): every design at the three "
                         "loads, the compute ceiling and the device floor, forkless's start-up, in ~9 minutes; "
@@ -1465,11 +1473,11 @@ def main(argv: list[str] | None = None) -> int:
                         "load generator, the clients and forkless (FORKLESS_WS_UNIX_SOCKET); every process of the run "
                         "refuses TCP and UDP sockets, as the TPU host does")
     p.add_argument("--report-only", action="store_true",
-                   help="run nothing: print the report of OUT/results.json and rewrite bench/README.md's "
-                        "results block from it")
+                   help="run nothing: print the report of OUT/results.json and rewrite the results blocks of "
+                        "bench/docs/last-run.md and bench/README.md from it")
     a = p.parse_args(argv)
     out = Path(a.out)
-    # bench/README.md describes bench/out/results.json (tests/test_docs.py holds them together)
+    # bench/README.md and bench/docs/ describe bench/out/results.json (tests/test_docs.py holds them together)
     is_default_out = out.resolve() == DEFAULT_OUT.resolve()
     if a.report_only:
         results = json.loads((out / "results.json").read_text())
@@ -1537,12 +1545,12 @@ def run_and_report(a: argparse.Namespace, plan: Plan, out: Path, command: str, i
     print()
     print(report(results))
     print(f"\nwrote {out / 'results.json'}" + (f" and {out / 'bench.png'}" if (out / "bench.png").exists() else ""))
-    if not is_default_out:  # the results block of bench/README.md, for a run kept elsewhere (bench/gpu.sh, tpu.sh)
+    if not is_default_out:  # the results block, for a run kept elsewhere (bench/gpu.sh, tpu.sh)
         (out / "results.md").write_text(results_markdown(results), encoding="utf-8")
         print(f"wrote {out / 'results.md'}")
     elif a.accelerator or a.tpu or a.unix:
-        print("an --accelerator, --tpu or --unix run into bench/out does not rewrite bench/README.md: keep it "
-              "with --out")
+        print("an --accelerator, --tpu or --unix run into bench/out does not rewrite bench/README.md or "
+              "bench/docs/: keep it with --out")
     elif not a.quick:
         write_results_block(results)
         write_summary_block(results)
