@@ -12,11 +12,12 @@ block to it, so a hand edit fails the tests). What is generated, and from where:
 - docs/variables.md ``variables``: ``controller.vardocs.variables_table_markdown()`` (``VARIABLES``)
 - docs/metrics.md ``metrics``: ``controller.metrics.metrics_table_markdown()`` (``metric_families``)
 - docs/relay.md ``relay-metrics``: ``controller.relaycmd.relay_metrics_table_markdown()`` (the relay's)
-- bench/README.md ``bench:results``: ``bench.run.results_markdown()`` of ``bench/out/results.json``
-  (a full ``python -m bench.run`` rewrites that block itself)
-- bench/README.md ``bench:devices``: ``bench.run.devices_markdown()`` of ``bench/out/devices.json``
+- bench/README.md ``bench:summary``: ``bench.run.summary_markdown()`` of ``bench/out/results.json``
+  (the main table), and bench/docs/last-run.md ``bench:results``: ``bench.run.results_markdown()``
+  of it (a full ``python -m bench.run`` rewrites both blocks itself)
+- bench/docs/devices.md ``bench:devices``: ``bench.run.devices_markdown()`` of ``bench/out/devices.json``
   (written by ``python -m bench.run --devices-only`` or a full run)
-- bench/README.md ``bench:partitioned``: ``bench.partitioned.markdown()`` of ``bench/out/partitioned.json``
+- bench/docs/partitioned.md ``bench:partitioned``: ``bench.partitioned.markdown()`` of ``bench/out/partitioned.json``
   (written by ``python -m bench.run --partitioned-only``)
 """
 
@@ -30,7 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import partitioned
-from bench.run import DEFAULT_OUT, DEVICES_BLOCK, RESULTS_BLOCK, devices_markdown, results_markdown
+from bench.run import (
+    DEFAULT_OUT,
+    DEVICES_BLOCK,
+    RESULTS_BLOCK,
+    SUMMARY_BLOCK,
+    devices_markdown,
+    results_markdown,
+    summary_markdown,
+)
 from controller.errors import ENDS_A_RUN, EXIT_STATUSES
 from controller.metrics import metrics_table_markdown
 from controller.relaycmd import relay_metrics_table_markdown
@@ -56,6 +65,11 @@ def bench_results_markdown() -> str:
     return results_markdown(json.loads((DEFAULT_OUT / "results.json").read_text(encoding="utf-8")))
 
 
+def bench_summary_markdown() -> str:
+    """``summary_markdown`` of the committed ``bench/out/results.json``."""
+    return summary_markdown(json.loads((DEFAULT_OUT / "results.json").read_text(encoding="utf-8")))
+
+
 def bench_devices_markdown() -> str:
     """``devices_markdown`` of the committed ``bench/out/devices.json``."""
     return devices_markdown(json.loads((DEFAULT_OUT / "devices.json").read_text(encoding="utf-8")))
@@ -78,9 +92,10 @@ BLOCKS = (
     Block("docs/variables.md", "variables", variables_table_markdown),
     Block("docs/metrics.md", "metrics", metrics_table_markdown),
     Block("docs/relay.md", "relay-metrics", relay_metrics_table_markdown),
-    Block("bench/README.md", RESULTS_BLOCK, bench_results_markdown),
-    Block("bench/README.md", DEVICES_BLOCK, bench_devices_markdown),
-    Block("bench/README.md", partitioned.BLOCK, bench_partitioned_markdown),
+    Block("bench/README.md", SUMMARY_BLOCK, bench_summary_markdown),
+    Block("bench/docs/last-run.md", RESULTS_BLOCK, bench_results_markdown),
+    Block("bench/docs/devices.md", DEVICES_BLOCK, bench_devices_markdown),
+    Block("bench/docs/partitioned.md", partitioned.BLOCK, bench_partitioned_markdown),
 )
 
 

@@ -7,6 +7,8 @@ The step the controller runs, compiled ahead of time for the largest bucket
 ``device_get`` of the outputs per batch as the controller does. Streams are assigned round
 robin like the load generator's, so a batch has the same per-stream repeats the designs see.
 No sockets, no JSON, no queues: no design can process messages faster than this.
+``--floor-s S``: the device's round trip of a trivial step as well (``bench.device_floor``),
+in the same process, so that a TPU run opens the chip once for both.
 """
 
 from __future__ import annotations
@@ -58,9 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.compute_ceiling", description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--streams", type=int, default=16)
+    p.add_argument("--floor-s", type=float, default=0.0, help="also measure the device's round trip of a "
+                   "trivial step (bench.device_floor) this long, in this process: under \"device_floor\"")
     p.add_argument("--out", default="", help="write the figures as JSON here (default: print them)")
     a = p.parse_args(argv)
     figures = measure(a.seconds, a.streams)
+    if a.floor_s > 0:
+        from bench.device_floor import measure as floor
+
+        figures["device_floor"] = floor(a.floor_s, a.streams)
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             json.dump(figures, f)

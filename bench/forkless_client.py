@@ -6,7 +6,9 @@
 It does what ``python app.py`` does (``load_config`` from the environment, the app's logging,
 ``Controller(config).run()`` with the default codec, the default processor and the status
 line on) with ``FORKLESS_WS_URL`` set to ``--url`` (or, for a JSON list of URLs,
-``FORKLESS_FEEDS`` with one feed each). Two additions, outside the controller:
+``FORKLESS_FEEDS`` with one feed each); a unix address (``ws+unix://``, bench/unix.py) is handed
+over as a user would: ``FORKLESS_WS_UNIX_SOCKET`` beside ``FORKLESS_WS_URL=ws://localhost/``, or a
+feed's ``"unix_socket"``. Two additions, outside the controller:
 
 - a watcher thread that reads the controller's counters every 20 ms and calls
   ``request_stop()`` once every feed has closed its connection (a load generator closes it
@@ -15,7 +17,8 @@ line on) with ``FORKLESS_WS_URL`` set to ``--url`` (or, for a JSON list of URLs,
   ``--out``: IO-loop lag quantiles during traffic (first message in to connection closed),
   compilations after warm-up, the internal latency (received to reply written: ``write_latency``),
   batch sizes, step times, and the pipelining figure (``overlap``: the IO thread's CPU time
-  that fell while the main thread was inside a step, against the steps' share of the time).
+  that fell while the main thread was inside a step, against the steps' share of the time), and
+  the CPU µs per message of the IO thread and of the main thread apart (``cpu_us_per_msg``).
 
 ``--heavy`` runs ``bench.heavy.heavy_processor`` instead of the default (lag measurement);
 ``--heavy-iters N --heavy-size S`` a heavy step of a calibrated cost (``bench.step_cost``).
@@ -37,6 +40,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from bench.unix import forkless_env, forkless_feed
 
 WATCH_S = 0.02
 
@@ -124,11 +129,13 @@ def main(argv: list[str] | None = None) -> int:
                    "identity (zeros out, no XLA call): what the thread design costs without JAX")
     a = p.parse_args(argv)
 
+    # the product's own variables, as a user sets them: a unix address (bench.unix) through
+    # FORKLESS_WS_UNIX_SOCKET, or a feed's "unix_socket"
     if a.url.startswith("["):  # several feeds: a JSON list of URLs (bench.feeds_scaling)
-        os.environ["FORKLESS_FEEDS"] = json.dumps([{"url": url, "name": f"f{i}"}
+        os.environ["FORKLESS_FEEDS"] = json.dumps([forkless_feed(url, f"f{i}")
                                                    for i, url in enumerate(json.loads(a.url))])
     else:
-        os.environ["FORKLESS_WS_URL"] = a.url
+        os.environ.update(forkless_env(a.url))
     from app import load_config
     from controller.logs import setup_logging
     from controller.loop import Controller
@@ -143,16 +150,18 @@ def main(argv: list[str] | None = None) -> int:
     ctl = (_host_identity_controller() if a.no_jax else Controller)(config, processor=processor)
     window: dict[str, Any] = {}
 
+    main_clock = _thread_clock(threading.main_thread())
+
     def watch() -> None:
         deadline = time.monotonic() + a.max_s
         while time.monotonic() < deadline:
             time.sleep(WATCH_S)
             snap = ctl.stats()
             if "first" not in window and snap.messages_in > 0:
-                window["first"] = snap
+                window["first"], window["main_cpu_first"] = snap, _read_clock(main_clock)
             # every feed has been connected and none is any more: the load generators are done
             if snap.feeds and all(f.io.connects for f in snap.feeds) and not any(f.io.connected for f in snap.feeds):
-                window["last"] = snap
+                window["last"], window["main_cpu_last"] = snap, _read_clock(main_clock)
                 break
         ctl.request_stop()
 
@@ -160,11 +169,38 @@ def main(argv: list[str] | None = None) -> int:
     ctl.run()
     final = ctl.stats()
     figures = summarise(window.get("first"), window.get("last", final), final)
+    figures["cpu_us_per_msg"] = cpu_per_message(window)
     if a.no_jax:
         figures["design"] = "forkless-nojax"
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(figures, f)
     return 0
+
+
+def _thread_clock(thread: threading.Thread) -> int | None:
+    """The CPU-time clock of ``thread`` (Linux and most Unixes), None where there is none."""
+    try:
+        return time.pthread_getcpuclockid(thread.ident or 0)
+    except (AttributeError, OSError):
+        return None
+
+
+def _read_clock(clock: int | None) -> float:
+    return math.nan if clock is None else time.clock_gettime(clock)
+
+
+def cpu_per_message(window: dict[str, Any]) -> dict[str, float | None]:
+    """CPU µs per message over the window (first message in to every feed closed), the IO thread
+    (the controller's own clock of it) and the main thread (the stepping thread's clock) apart;
+    XLA's own threads and the rest of the process are in neither (``bench.run`` has the process's)."""
+    first, last = window.get("first"), window.get("last")
+    if first is None or last is None or last.messages_in <= first.messages_in:
+        return {"io_thread": None, "main_thread": None, "messages": None}
+    n = last.messages_in - first.messages_in
+    io = (last.io_cpu_s - first.io_cpu_s) / n * 1e6
+    main = (window["main_cpu_last"] - window["main_cpu_first"]) / n * 1e6
+    return {"io_thread": None if math.isnan(io) else io, "main_thread": None if math.isnan(main) else main,
+            "messages": n}
 
 
 def _host_identity_controller() -> type:

@@ -14,16 +14,20 @@
 #      steps calibrated to ~1 ms and ~10 ms on this GPU, with the ping probe); one repeat each
 #      of 2.5 s (the reduced plan: no state scaling, no forced CPU devices);
 #   4. writes OUT/results.json, OUT/bench.png, OUT/logs/ and OUT/results.md: the same tables as
-#      bench/README.md's results block, whose first line names the platform (JAX_PLATFORMS=cuda)
-#      and the JAX device. Nothing in the repository's bench/README.md is changed.
+#      bench/docs/last-run.md's results block, whose first line names the platform (JAX_PLATFORMS=cuda)
+#      and the JAX device. Nothing in the repository's bench/README.md or bench/docs/ is changed.
 #
 # Environment:
 #   PYTHON                       the interpreter (default: python)
 #   FORKLESS_GPU_SKIP_INSTALL=1  install nothing (the requirements are in place); the install
 #                                command is printed instead
 #   JAX_PLATFORMS                default cuda; JAX_PLATFORMS=cpu runs the same on the CPU, to check
-#                                the script's shape on a machine without a GPU (tests/test_bench_smoke.py)
+#                                the script's shape on a machine without a GPU
 #   FORKLESS_BENCH_QUICK=1       the smoke size (bench.run --quick): seconds, not minutes
+#   FORKLESS_BENCH_UNIX=1        every socket a unix-domain one (bench.run --unix, bench/unix.py)
+#   FORKLESS_BENCH_DRY_RUN=1     print the install and the benchmark's command, run neither
+#                                (tests/test_bench_smoke.py; the same bench.run is run there by
+#                                bench/tpu.sh, the session's benchmark run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-bench/out-gpu}"
@@ -41,6 +45,19 @@ if [[ -z "$jax_range" ]]; then
     exit 2
 fi
 install=("$PY" -m pip install -r requirements-dev.txt "jax[cuda12]${jax_range}")
+run=("$PY" -m bench.run --accelerator)
+if [[ "${FORKLESS_BENCH_UNIX:-0}" == 1 ]]; then
+    run+=(--unix)
+fi
+if [[ "${FORKLESS_BENCH_QUICK:-0}" == 1 ]]; then
+    run+=(--quick)
+fi
+run+=(--out "$OUT")
+if [[ "${FORKLESS_BENCH_DRY_RUN:-0}" == 1 ]]; then
+    echo "bench/gpu.sh: dry run: ${install[*]}"
+    echo "bench/gpu.sh: dry run: JAX_PLATFORMS=$JAX_PLATFORMS ${run[*]}"
+    exit 0
+fi
 if [[ "${FORKLESS_GPU_SKIP_INSTALL:-0}" == 1 ]]; then
     echo "bench/gpu.sh: install skipped (FORKLESS_GPU_SKIP_INSTALL=1): ${install[*]}"
 else
@@ -56,11 +73,6 @@ if os.environ["JAX_PLATFORMS"].startswith("cuda") and devices[0].platform != "gp
     raise SystemExit(f"bench/gpu.sh: JAX runs on {devices[0].platform}, not the GPU: is jax[cuda12] installed?")
 EOF
 
-run=("$PY" -m bench.run --accelerator)
-if [[ "${FORKLESS_BENCH_QUICK:-0}" == 1 ]]; then
-    run+=(--quick)
-fi
-run+=(--out "$OUT")
 echo "bench/gpu.sh: JAX_PLATFORMS=$JAX_PLATFORMS ${run[*]}"
 "${run[@]}"
 echo "bench/gpu.sh: $(( $(date +%s) - started )) s in all; the tables are in $OUT/results.md"

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.unix import client_session, handshake_url
+
 LAG_INTERVAL_S = 0.02  # as io_loop/counters.py and the spawn child
 
 
@@ -174,11 +176,12 @@ async def serve(url: str, inline: Inline, probe_url: str | None) -> dict[str, An
     lag_task = asyncio.create_task(watch_lag())
     probe_task = None
     try:
-        async with aiohttp.ClientSession() as session:
+        # one session a socket: a unix address needs a connector of its own (bench.unix)
+        async with client_session(url) as session, client_session(probe_url or url) as probing:
             if probe_url:
-                probe = await session.ws_connect(probe_url, autoping=True, heartbeat=None)
+                probe = await probing.ws_connect(handshake_url(probe_url), autoping=True, heartbeat=None)
                 probe_task = asyncio.create_task(drain_probe(probe))
-            async with session.ws_connect(url, heartbeat=cfg.heartbeat_s or None, autoping=True,
+            async with session.ws_connect(handshake_url(url), heartbeat=cfg.heartbeat_s or None, autoping=True,
                                           max_msg_size=cfg.max_msg_bytes + 1) as ws:
                 step_task = asyncio.create_task(stepper(ws))
                 try:
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     from controller.slots import StreamSlots
     from controller.stats import SECONDS_BOUNDS, Histogram
 
-    cfg = Config.from_env(ws_url=a.url)
+    cfg = Config.from_env(ws_url=handshake_url(a.url))
     from bench.heavy import processor_for
 
     processor = processor_for(cfg, a.heavy, a.heavy_size, a.heavy_iters)

@@ -26,9 +26,10 @@ import asyncio
 import sys
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import WSMsgType
+
+from bench.unix import client_session, handshake_url
 
 
 def make_reply(data: bytes | str, features: int, zeros: list[float]) -> bytes:
@@ -56,8 +57,8 @@ async def run_io_ceiling(url: str, features: int = 8) -> None:
     zeros = [0.0] * features
     text = WSMsgType.TEXT
     async with (
-        aiohttp.ClientSession() as session,
-        session.ws_connect(url, autoping=True, heartbeat=None, compress=0, decode_text=False) as ws,
+        client_session(url) as session,  # a UnixConnector for a unix address (bench.unix)
+        session.ws_connect(handshake_url(url), autoping=True, heartbeat=None, compress=0, decode_text=False) as ws,
     ):
         send_frame = ws.send_frame
         async for msg in ws:
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.io_ceiling",
         description="io-ceiling client: reply from the event loop, no queue, no JAX.",
     )
-    p.add_argument("--url", required=True, help="ws:// URL printed by bench.loadgen")
+    p.add_argument("--url", required=True, help="ws:// (or ws+unix://) address printed by bench.loadgen")
     p.add_argument("--features", type=int, default=8)
     a = p.parse_args(argv)
     asyncio.run(run_io_ceiling(a.url, a.features))

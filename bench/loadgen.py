@@ -6,7 +6,8 @@ under test::
     python -m bench.loadgen --host 127.0.0.1 --port 0 --mode rate \
         --rate 10000 --duration 10 --warmup-s 1
 
-It prints ``LISTENING ws://HOST:PORT/`` (flushed) once listening, serves
+It prints ``LISTENING ws://HOST:PORT/`` (flushed) once listening (``--unix-socket PATH``: on that
+unix socket instead, ``LISTENING ws+unix://...``, the address form of ``bench.unix``), serves
 exactly ONE client connection (or ``--connections N``: N connections, each its
 own run with its own ``--window``/``--rate``, for the several-feeds benchmark),
 then prints ``RESULT <json>`` and exits. With N connections the RESULT sums the
@@ -87,6 +88,8 @@ import numpy as np
 import orjson
 from aiohttp import WSMsgType, web
 
+from bench.unix import start_site
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 SAMPLE_MAX = 20_000
@@ -111,6 +114,7 @@ class Config:
     mode: str
     host: str
     port: int
+    unix_socket: str
     rate: float
     window: int
     duration: float
@@ -133,6 +137,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    p.add_argument("--unix-socket", default="", help="serve on this unix socket instead of TCP (bench.unix: the "
+                   "LISTENING address is then ws+unix://...)")
     p.add_argument("--mode", choices=("rate", "window"), default="rate")
     p.add_argument("--rate", type=float, default=1000.0, help="msg/s (rate mode)")
     p.add_argument("--window", type=int, default=64, help="in flight (window mode)")
@@ -176,6 +182,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         mode=a.mode,
         host=a.host,
         port=a.port,
+        unix_socket=a.unix_socket,
         rate=a.rate,
         window=a.window,
         duration=a.duration,
@@ -572,12 +579,14 @@ async def serve(cfg: Config) -> int:
     app.router.add_get("/", server.handle)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port)
-    await site.start()
-    port = runner.addresses[0][1]
-    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    if cfg.unix_socket:
+        address = await start_site(runner, cfg.host, cfg.unix_socket)
+    else:
+        await web.TCPSite(runner, cfg.host, cfg.port).start()
+        port = runner.addresses[0][1]
+        address = f"ws://{f'[{cfg.host}]' if ':' in cfg.host else cfg.host}:{port}/"
     _arm_alarm(cfg.connect_timeout + 10.0)
-    _emit(f"LISTENING ws://{host}:{port}/")
+    _emit(f"LISTENING {address}")
     rc = 0
     try:
         try:

@@ -65,7 +65,7 @@ from typing import Any
 import psutil
 
 from bench.jetstream import _admin, _free_port, _server_binary, _wait_server
-from bench.run import BENCH_README, REPO_ROOT, client_env
+from bench.run import BENCH_DOCS, REPO_ROOT, client_env
 
 P = 16
 FEATURES = 8
@@ -73,7 +73,8 @@ RESCALE_FEATURES = 4
 FULL = {"count": 40_000, "streams": 256, "rounds": 3, "instances": (1, 2, 4), "rescale_streams": 1_000_000}
 QUICK = {"count": 2_000, "streams": 64, "rounds": 1, "instances": (1, 2), "rescale_streams": 2_000}
 CKPT_BUCKET = "bench-ckpt"
-BLOCK = "bench:partitioned"  # bench/README.md's block, from bench/out/partitioned.json (gendocs.py)
+BLOCK = "bench:partitioned"  # bench/docs/partitioned.md's block, from bench/out/partitioned.json (gendocs.py)
+PAGE = BENCH_DOCS / "partitioned.md"
 _TRANSFORM = f"ticks.{{{{partition({P},1)}}}}.{{{{wildcard(1)}}}}"
 _RESTORED = re.compile(r"restored (\d+) streams")
 _BOOKS = re.compile(r"books: in (\d+) ")
@@ -459,7 +460,7 @@ def markdown(figures: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_block(figures: dict[str, Any], readme: Path = BENCH_README) -> bool:
+def write_block(figures: dict[str, Any], readme: Path = PAGE) -> bool:
     """Put ``markdown(figures)`` between the ``bench:partitioned`` markers of ``readme``; True if it changed."""
     from gendocs import replace_block  # see bench.run.write_results_block
 

@@ -3,7 +3,8 @@
     python -m bench.ping_probe --duration 4 --warmup-s 1 [--interval-ms 5]
 
 A WebSocket server in its own process (like ``bench.loadgen``: it never shares a GIL with the
-design under test). It prints ``LISTENING ws://HOST:PORT/``, serves ONE connection, and
+design under test). It prints ``LISTENING ws://HOST:PORT/`` (``--unix-socket PATH``: served on
+that unix socket, ``LISTENING ws+unix://...``, ``bench.unix``), serves ONE connection, and
 from the moment it is opened sends a ping every ``--interval-ms`` (jittered uniformly
 between half and one and a half times it, so the pings do not lock onto the load's period)
 for ``--duration`` seconds; each ping carries its number, and its round trip is the time
@@ -44,12 +45,13 @@ import orjson
 from aiohttp import WSMsgType, web
 
 from bench.loadgen import REPO_ROOT, LoadgenProcess, _next_line, _pump
+from bench.unix import start_site
 
 DRAIN_S = 1.0  # after the last ping, wait at most this long (the default of --drain-s) for the last pongs
 
 
 async def serve(duration: float, warmup_s: float, interval_s: float, connect_timeout: float,
-                host: str = "127.0.0.1", drain_s: float = DRAIN_S) -> dict[str, Any]:
+                host: str = "127.0.0.1", drain_s: float = DRAIN_S, unix_socket: str = "") -> dict[str, Any]:
     connected = asyncio.Event()
     result: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
     taken = False
@@ -113,17 +115,17 @@ async def serve(duration: float, warmup_s: float, interval_s: float, connect_tim
     app.router.add_get("/", handle)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, 0)
-    await site.start()
+    address = await start_site(runner, host, unix_socket or None)
     _alarm(connect_timeout + duration + drain_s + 40.0)
-    print(f"LISTENING ws://{host}:{runner.addresses[0][1]}/", flush=True)
+    print(f"LISTENING {address}", flush=True)
     try:
         await asyncio.wait_for(connected.wait(), connect_timeout)
     except TimeoutError:
         report = {"error": f"no client connected within {connect_timeout:g} s"}
     else:
         report = await result
-    await site.stop()  # no second connection: a reconnecting client is refused at the socket
+    for site in list(runner.sites):  # no second connection: a reconnecting client is refused at the socket
+        await site.stop()
     await runner.cleanup()
     return report
 
@@ -164,9 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--drain-s", type=float, default=DRAIN_S,
                    help="after the last ping, wait until every pong is in, at most this long")
+    p.add_argument("--unix-socket", default="", help="serve on this unix socket instead of TCP (bench.unix)")
     a = p.parse_args(argv)
     report = asyncio.run(serve(a.duration, a.warmup_s, a.interval_ms / 1000, a.connect_timeout,
-                               drain_s=a.drain_s))
+                               drain_s=a.drain_s, unix_socket=a.unix_socket))
     print("RESULT " + orjson.dumps(report).decode(), flush=True)
     return 0 if "error" not in report else 2
 

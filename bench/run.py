@@ -36,10 +36,18 @@ maximum throughput, and how long a WebSocket ping waits for its pong while the d
 Devices (``--devices-only`` runs just this section): the controller's compiled step alone
 (``bench.devices``) and forkless's maximum throughput with 1, 2 and 4 forced CPU devices
 (``JAX_NUM_CPU_DEVICES``), each in a process of its own, in one run; written to
-``OUT/devices.json`` and, into the default ``bench/out``, the devices block of bench/README.md.
+``OUT/devices.json`` and, into the default ``bench/out``, the devices block of bench/docs/devices.md.
+
+On an accelerator (``--accelerator``, bench/gpu.sh; ``--tpu``, bench/tpu.sh: ``Plan.tpu``) the CPU's own
+sections are left out and ``OUT/results.md`` is written. ``--unix`` (or ``FORKLESS_BENCH_UNIX=1``):
+every socket of the run a unix-domain one and every process of it refusing inet sockets
+(bench/unix.py), as the lent TPU host requires; the compute ceiling's process also measures the
+device floor (bench/device_floor.py) where the plan asks for it, and every design's CPU µs a
+message (forkless's IO and main threads apart) is in the tables (bench/per_message.py).
 
 Writes ``OUT/results.json`` (every run's numbers), ``OUT/bench.png`` and ``OUT/logs/``. A full
-run into the default ``bench/out`` also rewrites the results block of ``bench/README.md``
+run into the default ``bench/out`` also rewrites the results block of ``bench/docs/last-run.md`` and the
+summary block of ``bench/README.md``
 (``results_markdown``); ``--report-only`` rewrites it from the existing ``results.json``
 without running anything.
 """
@@ -71,17 +79,24 @@ from typing import Any
 import numpy as np
 import psutil
 
-from bench import state_scaling
+from bench import per_message, state_scaling, unix
 from bench.loadgen import start_loadgen, wait_result
 from bench.ping_probe import start_probe
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "bench" / "out"
-BENCH_README = REPO_ROOT / "bench" / "README.md"
-RESULTS_BLOCK = "bench:results"  # bench/README.md: <!-- bench:results:start --> … <!-- bench:results:end -->
-DEVICES_BLOCK = "bench:devices"
+BENCH_README = REPO_ROOT / "bench" / "README.md"  # the summary page: its block is the last run's main table
+BENCH_DOCS = REPO_ROOT / "bench" / "docs"  # a page a topic
+RESULTS_PAGE = BENCH_DOCS / "last-run.md"  # the whole results block
+DEVICES_PAGE = BENCH_DOCS / "devices.md"
+SUMMARY_BLOCK = "bench:summary"  # bench/README.md: <!-- bench:summary:start --> … <!-- bench:summary:end -->
+RESULTS_BLOCK = "bench:results"  # bench/docs/last-run.md: <!-- bench:results:start --> … <!-- bench:results:end -->
+DEVICES_BLOCK = "bench:devices"  # bench/docs/devices.md
 DEVICE_COUNTS = (1, 2, 4)  # forced CPU devices (JAX_NUM_CPU_DEVICES) of the devices section
 DESIGNS = ("forkless", "spawn", "inline", "io-ceiling", "forkless-nojax")
+# the designs that never step on a device: on an accelerator they run with JAX_PLATFORMS=cpu, so
+# that they neither take the chip (one program at a time may hold a TPU) nor pay for opening it
+HOST_DESIGNS = ("io-ceiling", "forkless-nojax")
 JAX_DESIGNS = ("forkless", "spawn", "inline")
 MAP_DESIGNS = ("forkless", "inline", "spawn")  # the designs measured at every step cost
 HEAVIER = "heavier-steps"  # the compilation cache every design's heavier steps share (run_all)
@@ -129,6 +144,12 @@ class Plan:
     # the heavy runs' matmuls a step (bench.heavy's HEAVY_SIZE): None, its HEAVY_ITERS (~100 ms
     # on 2 cores); the smoke size's fewer, its lag figure a check that the section runs, not a figure
     heavy_iters: int | None = None
+    # which sections run: the designs with a start-up figure, the heavy-step runs, the step-cost
+    # section; the device floor's seconds (bench.device_floor in the compute ceiling's process)
+    startup_designs: tuple[str, ...] = ("forkless", "spawn", "inline")
+    heavy_runs: bool = True
+    step_cost: bool = True
+    floor_s: float = 0.0
 
     @classmethod
     def full(cls) -> Plan:
@@ -148,6 +169,19 @@ class Plan:
             return dataclasses.replace(cls.quick(), accelerator=True)
         return cls(repeats=1, duration_s=2.5, warmup_s=0.8, window=1024, compute_s=1.0, lag_floor_s=1.0,
                    step_duration_s=2.0, default_step_pings=False, calibrate_s=0.2, accelerator=True)
+
+    @classmethod
+    def tpu(cls, quick: bool = False) -> Plan:
+        """bench/tpu.sh's plan, in one command of at most ~9 minutes on a TPU host where every
+        program that opens the chip pays ~15 s: every design at the three loads, one repeat of
+        2.5 s; the compute ceiling and the device floor in one process; the start-up figure of
+        forkless only; no heavy-step runs and no step-cost section (~20 more openings of the chip).
+        ``quick``: the smoke size on a CPU, and there every section (the suite's one benchmark
+        run, tests/quick_bench.py, checks them all with it)."""
+        if quick:
+            return dataclasses.replace(cls.gpu(quick=True), floor_s=0.2)
+        return dataclasses.replace(cls.gpu(), startup_designs=("forkless",), heavy_runs=False, step_cost=False,
+                                   floor_s=1.0)
 
 
 LOADS = {
@@ -187,6 +221,21 @@ def machine() -> dict[str, Any]:
 
 
 # ---- processes ------------------------------------------------------------------------------
+
+
+def unix_args(tag: str) -> list[str]:
+    """A server's ``--unix-socket`` (bench.loadgen, bench.ping_probe) in a unix run, else nothing."""
+    return ["--unix-socket", unix.new_socket_path(tag)] if unix.enabled() else []
+
+
+def use_unix_sockets() -> str:
+    """From now on every socket of this run is a unix one and no process of it may open an inet
+    socket (``bench.unix``): this process's environment, inherited by everything it starts, and
+    its own audit hook. Returns the run's socket folder (the caller removes it)."""
+    folder = tempfile.mkdtemp(prefix="fkb-")
+    os.environ.update(unix.child_env({**os.environ, unix.UNIX_ENV: "1", unix.SOCKET_DIR_ENV: folder}))
+    unix.refuse_inet()
+    return folder
 
 
 def client_env(cache_dir: str | None) -> dict[str, str]:
@@ -380,7 +429,8 @@ def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag
     ``duration_s``: instead of the plan's."""
     duration = plan.duration_s if duration_s is None else duration_s
     args = [*LOADS[load], "--duration", str(duration), "--warmup-s", str(plan.warmup_s),
-            "--streams", str(STREAMS), "--features", str(FEATURES), "--host", "127.0.0.1", "--port", "0"]
+            "--streams", str(STREAMS), "--features", str(FEATURES), "--host", "127.0.0.1", "--port", "0",
+            *unix_args(tag)]
     if load == "window":
         args += ["--window", str(plan.window)]
     # the run ends once every message is answered (see DRAIN_S); the design connects once it has
@@ -391,14 +441,16 @@ def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag
     prober, probe_url, ping = None, None, None
     if probe:
         prober, probe_url = start_probe(["--duration", str(duration), "--warmup-s", str(plan.warmup_s),
-                                         "--drain-s", f"{DRAIN_S:g}", "--connect-timeout", f"{CONNECT_S:g}"])
+                                         "--drain-s", f"{DRAIN_S:g}", "--connect-timeout", f"{CONNECT_S:g}",
+                                         *unix_args(f"{tag}-probe")])
     loadgen, url = start_loadgen(args)
     started = time.perf_counter()
     try:
         with open(log_path, "w", encoding="utf-8") as log:
             client = subprocess.Popen(client_cmd(design, url, figures_path, heavy, step, probe_url,
                                                  max_s=CONNECT_S + duration + DRAIN_S + bound(60)), cwd=REPO_ROOT,
-                                      env={**client_env(cache_dir), **(env or {})}, stdout=log,
+                                      env={**client_env(cache_dir), **host_only(design, plan), **(env or {})},
+                                      stdout=log,
                                       stderr=subprocess.STDOUT)
             with TreeSampler(client.pid) as rss, TreeSampler(loadgen.pid) as generator:
                 try:
@@ -425,7 +477,7 @@ def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag
            "client_us_per_msg": (client_cores / answered_per_s * 1e6) if client_cores and answered_per_s else None}
     sample = result.pop("latencies_ms_sample", None) or []
     run = {
-        "design": design, "load": load, "heavy": heavy, "tag": tag,
+        "design": design, "load": load, "heavy": heavy, "tag": tag, "feed": url,
         **({"step": step} if step is not None else {}), **({"probe": ping} if probe else {}),
         "wall_s": round(time.perf_counter() - started, 2),
         "client_rc": rc,
@@ -445,6 +497,11 @@ def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag
           f"p50 {_fmt(lat.get('p50'))} p99 {_fmt(lat.get('p99'))} ms  "
           f"{_fmt(result.get('throughput_msg_s'), 0)} msg/s  rss {run['peak_rss_mib']} MiB{pinged}", flush=True)
     return run
+
+
+def host_only(design: str, plan: Plan) -> dict[str, str]:
+    """``JAX_PLATFORMS=cpu`` for a design that never steps on a device, in an accelerator's plan."""
+    return {"JAX_PLATFORMS": "cpu"} if plan.accelerator and design in HOST_DESIGNS else {}
 
 
 # ---- start-up: process start to first result --------------------------------------------------
@@ -511,9 +568,8 @@ class FirstResultFeed:
         app.router.add_get("/", handle)
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"ws://127.0.0.1:{runner.addresses[0][1]}/"
+        self.url = await unix.start_site(runner, "127.0.0.1", unix.new_socket_path("first-result")
+                                         if unix.enabled() else None)
         self._ready.set()
         await self._stop_event.wait()
         await runner.cleanup()
@@ -528,7 +584,7 @@ def time_to_first_result(design: str, cache_dir: str, work: Path, tag: str) -> f
     url = feed.start()
     env = client_env(cache_dir)
     if design == "forkless":
-        env.update(FORKLESS_WS_URL=url, FORKLESS_SHUTDOWN_TIMEOUT_S="3")
+        env.update(unix.forkless_env(url), FORKLESS_SHUTDOWN_TIMEOUT_S="3")
         cmd = [sys.executable, "app.py"]
     else:
         cmd = client_cmd(design, url, work / f"{tag}.json")
@@ -555,10 +611,14 @@ def time_to_first_result(design: str, cache_dir: str, work: Path, tag: str) -> f
 def compute_ceiling(plan: Plan, work: Path, cache_dir: str) -> dict[str, Any]:
     path = work / "compute-ceiling.json"
     subprocess.run([sys.executable, "-m", "bench.compute_ceiling", "--seconds", str(plan.compute_s),
-                    "--streams", str(STREAMS), "--out", str(path)],
+                    "--streams", str(STREAMS), "--out", str(path), "--floor-s", f"{plan.floor_s:g}"],
                    cwd=REPO_ROOT, env=client_env(cache_dir), check=True, timeout=bound(120))
     figures = json.loads(path.read_text())
     print(f"  compute-ceiling              {figures['throughput_msg_s']:.0f} msg/s", flush=True)
+    if figures.get("device_floor"):
+        floor = figures["device_floor"]["round_trip_ms"]
+        print(f"  device floor (trivial step)  p50 {floor['p50']:.3f} p99 {floor['p99']:.3f} ms a round trip on "
+              f"{figures['device_floor']['device']}", flush=True)
     return figures
 
 
@@ -777,6 +837,7 @@ def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict
                                                   if r["load"] == load]) for load in ("rate_1k", "rate_10k")}
             row["overlap"] = {load: _median_overlap([r for r in mine if r["load"] == load]) for load in LOADS}
         row["peak_processes"] = max(mine, key=lambda r: r["peak_rss_mib"])["peak_processes"] if mine else []
+        row["cpu_us_per_msg"] = {load: cpu_per_message([r for r in mine if r["load"] == load]) for load in LOADS}
         if design in JAX_DESIGNS:
             lags = [(r["client"] or {}).get("loop_lag_ms") or {} for r in mine if r["load"] == "rate_1k"]
             row["loop_lag_ms_1k"] = {q: _median([lag.get(q) for lag in lags]) for q in ("p50", "p99")}
@@ -791,10 +852,21 @@ def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict
             row["first_result_s"] = startup.get(design, {})
         summary[design] = row
     summary["compute-ceiling"] = {"throughput_msg_s": compute.get("throughput_msg_s")}
+    if compute.get("device_floor"):
+        summary["device_floor"] = compute["device_floor"]
     summary["idle_loop_lag_ms"] = floor
     if steps is not None:
         summary["step_map"] = summarise_steps(steps, summary, runs)
     return summary
+
+
+def cpu_per_message(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Medians over ``runs`` of the CPU µs a message: the design's whole process tree (sampled by
+    ``TreeSampler``), and forkless's IO thread and main thread apart (its own clocks of them)."""
+    own = [((r.get("client") or {}).get("cpu_us_per_msg") or {}) for r in runs]
+    return {"process": _median([r["cpu"].get("client_us_per_msg") for r in runs]),
+            "io_thread": _median([o.get("io_thread") for o in own]),
+            "main_thread": _median([o.get("main_thread") for o in own])}
 
 
 OVERLAP = ("io_cpu_in_steps_share", "io_busy_in_steps", "steps_wall_share", "io_cores")
@@ -946,7 +1018,7 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         runs: list[dict[str, Any]] = []
         startup: dict[str, dict[str, Any]] = {}
         print("start-up (process start to first result):", flush=True)
-        for design in JAX_DESIGNS:
+        for design in plan.startup_designs:
             cold = time_to_first_result(design, caches[design], work, f"{design}-first-cold")
             warm = time_to_first_result(design, caches[design], work, f"{design}-first-warm")
             startup[design] = {"cold_s": cold, "warm_s": warm}
@@ -959,18 +1031,15 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
             for load in LOADS:
                 for design in rotated(DESIGNS, rep):
                     runs.append(run_load(design, load, plan, work, caches[design], f"{design}-{load}-r{rep}"))
-        print("heavy step at 1,000 msg/s:", flush=True)
-        # size 0: bench.heavy's HEAVY_SIZE (bench.run imports no JAX)
-        lighter = None if plan.heavy_iters is None else {"size": 0, "iters": plan.heavy_iters}
-        for design in JAX_DESIGNS:
-            runs.append(run_load(design, "rate_1k", plan, work, caches[HEAVIER], f"{design}-heavy", heavy=True,
-                                 step=lighter))
-        print(f"step cost: {', '.join(MAP_DESIGNS)} with the default step and ~"
-              f"{', ~'.join(f'{ms:g}' for ms in plan.step_costs_ms)} ms steps ({plan.step_duration_s:g} s runs; at "
-              "1,000 msg/s with the ping probe, and at the window):", flush=True)
-        steps_started = time.monotonic()
-        steps = step_cost_section(plan, work, caches)
-        steps["elapsed_s"] = round(time.monotonic() - steps_started, 1)
+        runs += heavy_runs(plan, work, caches)
+        steps = None
+        if plan.step_cost:
+            print(f"step cost: {', '.join(MAP_DESIGNS)} with the default step and ~"
+                  f"{', ~'.join(f'{ms:g}' for ms in plan.step_costs_ms)} ms steps ({plan.step_duration_s:g} s runs; "
+                  "at 1,000 msg/s with the ping probe, and at the window):", flush=True)
+            steps_started = time.monotonic()
+            steps = step_cost_section(plan, work, caches)
+            steps["elapsed_s"] = round(time.monotonic() - steps_started, 1)
         cpu = None if plan.accelerator else cpu_sections(plan, work, caches)
         logs = out / "logs"
         shutil.rmtree(logs, ignore_errors=True)
@@ -987,7 +1056,9 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
         "summary": summary,
         "targets": targets(summary),
         "compute_ceiling": compute,
-        "jax_device": steps["calibration"].get("device"),
+        "jax_device": (steps or {}).get("calibration", {}).get("device") or (compute.get("device_floor") or {}).get(
+            "device"),
+        "unix_sockets": unix.enabled(),
         "step_costs": steps,
         "runs": runs,
     }
@@ -997,8 +1068,23 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
     if cpu is not None:
         (out / "devices.json").write_text(json.dumps(devices_results(cpu["devices"], plan, command,
                                                                      cpu["devices_elapsed_s"]), indent=1))
-    plot(results, out / "bench.png")
+    try:
+        plot(results, out / "bench.png")
+    except ImportError as exc:  # a host without matplotlib (the lent TPU host): the tables are the results
+        print(f"no {out / 'bench.png'}: {exc}", flush=True)
     return results
+
+
+def heavy_runs(plan: Plan, work: Path, caches: dict[str, str]) -> list[dict[str, Any]]:
+    """forkless, spawn and inline at 1,000 msg/s with the heavy step (the IO loop's lag while a
+    long step runs), where the plan has them."""
+    if not plan.heavy_runs:
+        return []
+    print("heavy step at 1,000 msg/s:", flush=True)
+    # size 0: bench.heavy's HEAVY_SIZE (bench.run imports no JAX)
+    lighter = None if plan.heavy_iters is None else {"size": 0, "iters": plan.heavy_iters}
+    return [run_load(design, "rate_1k", plan, work, caches[HEAVIER], f"{design}-heavy", heavy=True, step=lighter)
+            for design in JAX_DESIGNS]
 
 
 def cpu_sections(plan: Plan, work: Path, caches: dict[str, str]) -> dict[str, Any]:
@@ -1045,11 +1131,11 @@ def report(results: dict[str, Any]) -> str:
         mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
         lines.append(f"  {mark} {t['target']}: {_fmt(t['value'])} (limit {_fmt(t['limit'])})")
     lines += ["", "step cost:", step_map_markdown(results), "", "latency budget (per hop, µs):",
-              hops_markdown(results)]
+              hops_markdown(results), "", "CPU per message and the device's floor:", per_message.markdown(results)]
     return "\n".join(lines)
 
 
-# ---- the results block of bench/README.md -----------------------------------------------------
+# ---- the results blocks of bench/docs/last-run.md and bench/README.md ---------------------------
 
 
 def _md(v: Any, digits: int = 2) -> str:
@@ -1169,7 +1255,7 @@ def step_map_markdown(results: dict[str, Any]) -> str:
 
 
 def devices_markdown(results: dict[str, Any]) -> str:
-    """The devices block of bench/README.md for one ``devices.json`` (``devices_section`` and its run)."""
+    """The devices block of bench/docs/devices.md for one ``devices.json`` (``devices_section`` and its run)."""
     m, plan, section = results["machine"], results["plan"], results["devices"]
     when = datetime.datetime.fromisoformat(results["date"]).astimezone(datetime.UTC)
     lines = [
@@ -1195,15 +1281,9 @@ def devices_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_devices_block(results: dict[str, Any], readme: Path = BENCH_README) -> bool:
-    """Put ``devices_markdown(results)`` between the devices markers of ``readme``; True if it changed."""
-    from gendocs import replace_block  # see write_results_block
-
-    text = readme.read_text(encoding="utf-8")
-    new = replace_block(text, DEVICES_BLOCK, devices_markdown(results))
-    if new != text:
-        readme.write_text(new, encoding="utf-8")
-    return new != text
+def write_devices_block(results: dict[str, Any], page: Path = DEVICES_PAGE) -> bool:
+    """Put ``devices_markdown(results)`` between the devices markers of ``page``; True if it changed."""
+    return _write_block(page, DEVICES_BLOCK, devices_markdown(results))
 
 
 def run_devices_only(plan: Plan, out: Path, command: str) -> dict[str, Any]:
@@ -1260,12 +1340,48 @@ def hops_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def summary_markdown(results: dict[str, Any]) -> str:
+    """bench/README.md's block: when, where and the main table of one ``results.json`` (the first
+    part of ``results_markdown``)."""
+    return "\n".join(_main_table(results)) + "\n"
+
+
 def results_markdown(results: dict[str, Any]) -> str:
-    """The measured part of bench/README.md for one ``results.json``: when, where, the table, the targets.
+    """The measured part of bench/docs/last-run.md for one ``results.json``: when, where, the
+    table, the targets, and the sections' tables.
 
     Everything here comes from ``results``; the hand-written text around the block must not
     quote its figures. ``write_results_block`` puts it between the block's markers.
     """
+    s = results["summary"]
+    lines = _main_table(results)
+    floor = s.get("idle_loop_lag_ms") or {}
+    compute = results.get("compute_ceiling") or {}
+    heavy_step = s["forkless"].get("heavy_step_ms")
+    lines += [
+        "",
+        f"On this machine in this run: the load generator's own send lag at 1,000 msg/s, p50 "
+        f"{_md(_send_lag_p50_ms(results))} ms (part of every latency above, the same for every design); "
+        f"an idle asyncio loop's lag, p50 {_md(floor.get('p50'))} / p99 {_md(floor.get('p99'))} ms; "
+        f"the heavy step (`bench/heavy.py`) {_md(heavy_step, 0)} ms a batch on average in forkless; "
+        f"the compute ceiling's step {_md(compute.get('step_ms_mean'))} ms a batch of "
+        f"{compute.get('batch_size', '–')}.",
+        "",
+        "| target (`targets()` in `bench/run.py`) | forkless | limit | judged on this run |",
+        "|---|---|---|---|",
+    ]
+    for t in results["targets"]:
+        verdict = {True: "met", False: "**missed**", None: "not measured"}[t["met"]]
+        lines.append(f"| {t['target']} | {_md(t['value'])} | {_md(t['limit'])} | {verdict} |")
+    lines += ["", "#### Step cost: forkless, inline and spawn", "", step_map_markdown(results),
+              "", "#### Latency budget", "", hops_markdown(results), "",
+              "#### CPU per message and the device's floor", "", per_message.markdown(results),
+              "", "#### State scaling", "", state_scaling_markdown(results)]
+    return "\n".join(lines) + "\n"
+
+
+def _main_table(results: dict[str, Any]) -> list[str]:
+    """When and where the run was made, and its main table, as lines."""
     m, plan, s = results["machine"], results["plan"], results["summary"]
     when = datetime.datetime.fromisoformat(results["date"]).astimezone(datetime.UTC)
     # runs made before "jax_platforms" was recorded ran the clients with client_env's default
@@ -1286,59 +1402,49 @@ def results_markdown(results: dict[str, Any]) -> str:
         "| compiles after warm-up | first result cold / warm cache |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for design in (*DESIGNS, "compute-ceiling"):
-        if design not in s:  # a design this stored run did not have
-            continue
-        r = s[design]
-        cells = [design]
-        if design == "compute-ceiling":
-            cells += ["–"] * 6 + [_md(r["throughput_msg_s"])] + ["–"] * 5
-        else:
-            cells += [_md(r[load][q]) for load in ("rate_1k", "rate_10k") for q in ("p50", "p99", "p999")]
-            cells.append(_md(r["throughput_msg_s"]))
-            rss = "–" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:.0f}"
-            cells.append(rss + (f" ({r['processes']})" if r.get("processes") else ""))
-            lag, heavy, first = r.get("loop_lag_ms_1k"), r.get("loop_lag_ms_heavy"), r.get("first_result_s")
-            cells.append(f"{_md(lag['p50'])} / {_md(lag['p99'])}" if lag else "–")
-            cells.append(_md(heavy["p99"]) if heavy else "–")
-            cells.append(_md(r.get("compilations_after_warmup")) if design in JAX_DESIGNS else "–")
-            cells.append(f"{_md(first.get('cold_s'))} s / {_md(first.get('warm_s'))} s" if first else "–")
-        lines.append("| " + " | ".join(cells) + " |")
-    floor = s.get("idle_loop_lag_ms") or {}
-    compute = results.get("compute_ceiling") or {}
-    heavy_step = s["forkless"].get("heavy_step_ms")
-    lines += [
-        "",
-        f"On this machine in this run: the load generator's own send lag at 1,000 msg/s, p50 "
-        f"{_md(_send_lag_p50_ms(results))} ms (part of every latency above, the same for every design); "
-        f"an idle asyncio loop's lag, p50 {_md(floor.get('p50'))} / p99 {_md(floor.get('p99'))} ms; "
-        f"the heavy step (`bench/heavy.py`) {_md(heavy_step, 0)} ms a batch on average in forkless; "
-        f"the compute ceiling's step {_md(compute.get('step_ms_mean'))} ms a batch of "
-        f"{compute.get('batch_size', '–')}.",
-        "",
-        "| target (`targets()` in `bench/run.py`) | forkless | limit | judged on this run |",
-        "|---|---|---|---|",
-    ]
-    for t in results["targets"]:
-        verdict = {True: "met", False: "**missed**", None: "not measured"}[t["met"]]
-        lines.append(f"| {t['target']} | {_md(t['value'])} | {_md(t['limit'])} | {verdict} |")
-    lines += ["", "#### Step cost: forkless, inline and spawn", "", step_map_markdown(results),
-              "", "#### Latency budget", "", hops_markdown(results), "", "#### State scaling", "",
-              state_scaling_markdown(results)]
-    return "\n".join(lines) + "\n"
+    # a design this stored run did not have is left out
+    return lines + [_main_row(design, s[design]) for design in (*DESIGNS, "compute-ceiling") if design in s]
 
 
-def write_results_block(results: dict[str, Any], readme: Path = BENCH_README) -> bool:
-    """Put ``results_markdown(results)`` between the results markers of ``readme``; True if it changed."""
+def _main_row(design: str, r: dict[str, Any]) -> str:
+    """One design's row of the main table."""
+    cells = [design]
+    if design == "compute-ceiling":
+        cells += ["–"] * 6 + [_md(r["throughput_msg_s"])] + ["–"] * 5
+    else:
+        cells += [_md(r[load][q]) for load in ("rate_1k", "rate_10k") for q in ("p50", "p99", "p999")]
+        cells.append(_md(r["throughput_msg_s"]))
+        rss = "–" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:.0f}"
+        cells.append(rss + (f" ({r['processes']})" if r.get("processes") else ""))
+        lag, heavy, first = r.get("loop_lag_ms_1k"), r.get("loop_lag_ms_heavy"), r.get("first_result_s")
+        cells.append(f"{_md(lag['p50'])} / {_md(lag['p99'])}" if lag else "–")
+        cells.append(_md(heavy["p99"]) if heavy else "–")
+        cells.append(_md(r.get("compilations_after_warmup")) if design in JAX_DESIGNS else "–")
+        cells.append(f"{_md(first.get('cold_s'))} s / {_md(first.get('warm_s'))} s" if first else "–")
+    return "| " + " | ".join(cells) + " |"
+
+
+def _write_block(path: Path, name: str, body: str) -> bool:
+    """Put ``body`` between the markers ``name`` of ``path``; True if it changed."""
     # gendocs imports this module (it regenerates every block, this one included): imported
     # here, when a run has finished, so that neither module needs the other to import first
     from gendocs import replace_block
 
-    text = readme.read_text(encoding="utf-8")
-    new = replace_block(text, RESULTS_BLOCK, results_markdown(results))
+    text = path.read_text(encoding="utf-8")
+    new = replace_block(text, name, body)
     if new != text:
-        readme.write_text(new, encoding="utf-8")
+        path.write_text(new, encoding="utf-8")
     return new != text
+
+
+def write_summary_block(results: dict[str, Any], readme: Path = BENCH_README) -> bool:
+    """Put ``summary_markdown(results)`` between the summary markers of ``readme``; True if it changed."""
+    return _write_block(readme, SUMMARY_BLOCK, summary_markdown(results))
+
+
+def write_results_block(results: dict[str, Any], page: Path = RESULTS_PAGE) -> bool:
+    """Put ``results_markdown(results)`` between the results markers of ``page``; True if it changed."""
+    return _write_block(page, RESULTS_BLOCK, results_markdown(results))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1347,7 +1453,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="where results.json and bench.png go")
     p.add_argument("--devices-only", action="store_true",
                    help="run only the devices section (1, 2, 4 forced CPU devices) into OUT/devices.json, and "
-                        "rewrite bench/README.md's devices block from it")
+                        "rewrite bench/docs/devices.md's devices block from it")
     p.add_argument("--jetstream-only", action="store_true",
                    help="run only the JetStream section (a real nats-server; max throughput and latency at "
                         "1,000 msg/s beside the WebSocket feed's, the checkpoint stall) into OUT/jetstream.json")
@@ -1357,26 +1463,55 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--accelerator", action="store_true",
                    help="the reduced plan for an accelerator (bench/gpu.sh): the designs and the step costs, one "
                         "repeat, no state scaling and no forced CPU devices; writes OUT/results.md, never this "
-                        "repository's bench/README.md")
+                        "repository's bench/README.md or bench/docs/")
+    p.add_argument("--tpu", action="store_true",
+                   help="the accelerator plan sized for the lent TPU host (bench/tpu.sh): every design at the three "
+                        "loads, the compute ceiling and the device floor, forkless's start-up, in ~9 minutes; "
+                        "writes OUT/results.md")
+    p.add_argument("--unix", action="store_true",
+                   help="every socket of the run a unix-domain one (also FORKLESS_BENCH_UNIX=1): the servers, the "
+                        "load generator, the clients and forkless (FORKLESS_WS_UNIX_SOCKET); every process of the run "
+                        "refuses TCP and UDP sockets, as the TPU host does")
     p.add_argument("--report-only", action="store_true",
-                   help="run nothing: print the report of OUT/results.json and rewrite bench/README.md's "
-                        "results block from it")
+                   help="run nothing: print the report of OUT/results.json and rewrite the results blocks of "
+                        "bench/docs/last-run.md and bench/README.md from it")
     a = p.parse_args(argv)
     out = Path(a.out)
-    # bench/README.md describes bench/out/results.json (tests/test_docs.py holds them together)
+    # bench/README.md and bench/docs/ describe bench/out/results.json (tests/test_docs.py holds them together)
     is_default_out = out.resolve() == DEFAULT_OUT.resolve()
     if a.report_only:
         results = json.loads((out / "results.json").read_text())
         print(report(results))
         if is_default_out:
-            changed = write_results_block(results)
-            print(f"\n{BENCH_README.relative_to(REPO_ROOT)}: {'rewritten' if changed else 'already up to date'}")
+            changed = write_results_block(results) | write_summary_block(results)
+            print(f"\n{RESULTS_PAGE.relative_to(REPO_ROOT)} and {BENCH_README.relative_to(REPO_ROOT)}: "
+                  f"{'rewritten' if changed else 'already up to date'}")
         return 0
-    if a.accelerator:
+    if a.tpu:
+        plan = Plan.tpu(quick=a.quick)
+    elif a.accelerator:
         plan = Plan.gpu(quick=a.quick)
     else:
         plan = Plan.quick() if a.quick else Plan.full()
-    command = "python -m bench.run" + (" --accelerator" if a.accelerator else "") + (" --quick" if a.quick else "")
+    a.unix = a.unix or unix.enabled()
+    command = ("python -m bench.run" + (" --tpu" if a.tpu else " --accelerator" if a.accelerator else "")
+               + (" --unix" if a.unix else "") + (" --quick" if a.quick else ""))
+    if a.unix:
+        if not unix.product_takes_unix_socket():
+            print("bench.run --unix: this checkout's forkless has no FORKLESS_WS_UNIX_SOCKET, so its designs cannot "
+                  "reach a feed over a unix socket; run without --unix (and FORKLESS_BENCH_UNIX unset)",
+                  file=sys.stderr)
+            return 2
+        sockets = use_unix_sockets()
+        try:
+            return run_and_report(a, plan, out, command, is_default_out)
+        finally:
+            shutil.rmtree(sockets, ignore_errors=True)
+    return run_and_report(a, plan, out, command, is_default_out)
+
+
+def run_and_report(a: argparse.Namespace, plan: Plan, out: Path, command: str, is_default_out: bool) -> int:
+    """The run ``main`` chose, its report, and the files it writes."""
     if a.jetstream_only:
         from bench import jetstream  # it imports this module (and nats-py): only when asked for
 
@@ -1396,7 +1531,7 @@ def main(argv: list[str] | None = None) -> int:
         print(partitioned.markdown(figures))
         if not a.quick and is_default_out:
             partitioned.write_block(figures)
-            print(f"rewrote the partitioned block of {BENCH_README.relative_to(REPO_ROOT)}")
+            print(f"rewrote the partitioned block of {partitioned.PAGE.relative_to(REPO_ROOT)}")
         return 0
     if a.devices_only:
         results = run_devices_only(plan, out, command + " --devices-only")
@@ -1404,21 +1539,24 @@ def main(argv: list[str] | None = None) -> int:
         print(devices_markdown(results))
         if not a.quick and is_default_out:
             write_devices_block(results)
-            print(f"rewrote the devices block of {BENCH_README.relative_to(REPO_ROOT)}")
+            print(f"rewrote the devices block of {DEVICES_PAGE.relative_to(REPO_ROOT)}")
         return 0
     results = run_all(plan, out, command)
     print()
     print(report(results))
-    print(f"\nwrote {out / 'results.json'} and {out / 'bench.png'}")
-    if not is_default_out:  # the results block of bench/README.md, for a run kept elsewhere (bench/gpu.sh)
+    print(f"\nwrote {out / 'results.json'}" + (f" and {out / 'bench.png'}" if (out / "bench.png").exists() else ""))
+    if not is_default_out:  # the results block, for a run kept elsewhere (bench/gpu.sh, tpu.sh)
         (out / "results.md").write_text(results_markdown(results), encoding="utf-8")
         print(f"wrote {out / 'results.md'}")
-    elif a.accelerator:
-        print("an --accelerator run into bench/out does not rewrite bench/README.md: keep it with --out")
+    elif a.accelerator or a.tpu or a.unix:
+        print("an --accelerator, --tpu or --unix run into bench/out does not rewrite bench/README.md or "
+              "bench/docs/: keep it with --out")
     elif not a.quick:
         write_results_block(results)
+        write_summary_block(results)
         write_devices_block(json.loads((out / "devices.json").read_text()))
-        print(f"rewrote the results and devices blocks of {BENCH_README.relative_to(REPO_ROOT)}")
+        print(f"rewrote the results blocks of {RESULTS_PAGE.relative_to(REPO_ROOT)} and "
+              f"{BENCH_README.relative_to(REPO_ROOT)}, and the devices block of {DEVICES_PAGE.relative_to(REPO_ROOT)}")
     return 0
 
 

@@ -50,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.unix import client_session, handshake_url
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LAG_INTERVAL_S = 0.02  # as io_loop/counters.py
 POLL_S = 0.1  # as controller/queues.py
@@ -169,11 +171,12 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
     probe_task = None
     try:
         await ready.wait()  # as the controller: connect only once every bucket is compiled
-        async with aiohttp.ClientSession() as session:
+        # one session a socket: a unix address needs a connector of its own (bench.unix)
+        async with client_session(url) as session, client_session(settings.get("probe_url") or url) as probing:
             if settings.get("probe_url"):
-                probe = await session.ws_connect(settings["probe_url"], autoping=True, heartbeat=None)
+                probe = await probing.ws_connect(handshake_url(settings["probe_url"]), autoping=True, heartbeat=None)
                 probe_task = asyncio.create_task(drain_probe(probe))
-            async with session.ws_connect(url, heartbeat=settings["heartbeat_s"] or None,
+            async with session.ws_connect(handshake_url(url), heartbeat=settings["heartbeat_s"] or None,
                                           max_msg_size=settings["max_msg_bytes"], autoping=True) as ws:
                 writer = asyncio.create_task(write(ws))
                 try:
@@ -225,7 +228,7 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
                 probe_url: str = "") -> int:
     from controller.config import Config  # no JAX yet: the child is started before JAX loads
 
-    cfg = Config.from_env(ws_url=url)
+    cfg = Config.from_env(ws_url=handshake_url(url))
     settings = {"features": cfg.features, "max_frame_items": cfg.max_frame_items,
                 "heartbeat_s": cfg.heartbeat_s, "max_msg_bytes": cfg.max_msg_bytes, "probe_url": probe_url}
     ctx = mp.get_context("spawn")

@@ -205,7 +205,7 @@ def shared_jax_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
 
 @pytest.fixture(scope="session")
 def quick_benchmark(tmp_path_factory: pytest.TempPathFactory) -> QuickBench:
-    """The session's one small benchmark run (tests/quick_bench.py): ``bench/gpu.sh`` on the CPU at
+    """The session's one small benchmark run (tests/quick_bench.py): ``bench/tpu.sh`` on the CPU at
     the smoke size, made when a test first asks for it; tests/test_bench_smoke.py checks it. A
     test that asks for it needs ``quick_bench.TEST_TIMEOUT_S``."""
     # the session's base directory's parent is shared by every xdist worker of the session

@@ -1,10 +1,10 @@
-"""Smoke run of the whole benchmark (``python -m bench.run --quick``) and of ``bench/gpu.sh``, so
-neither can rot.
+"""Smoke run of the whole benchmark (``python -m bench.run --tpu --unix --quick``) through
+``bench/tpu.sh``, and of ``bench/gpu.sh``'s dry run, so none can rot.
 
 One short repeat of every design and every figure, the step-cost section with one calibrated
 step (~1 ms) and the ping probe included. The run is the session's one small benchmark run
-(the ``quick_benchmark`` fixture, tests/quick_bench.py: ``bench/gpu.sh`` on the CPU, that is
-``python -m bench.run --accelerator --quick``, about 1.5 minutes alone on 2 cores): every test that
+(the ``quick_benchmark`` fixture, tests/quick_bench.py: ``bench/tpu.sh`` on the CPU, that is
+``python -m bench.run --tpu --unix --quick`` over unix sockets, about 1.5 minutes alone on 2 cores): every test that
 checks it is in this file, so that the suite's workers (``pytest -n 3 --dist loadfile``) run it
 once, on one worker, while the others go on; the two sections that a plain ``--quick`` run
 adds on a CPU (state scaling, forced CPU devices) and the partitioned section are run and
@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.quick_bench import ROOT, SCRIPT, TEST_TIMEOUT_S, QuickBench
+from tests.harness import UNIT_S, app_env
+from tests.quick_bench import GPU_SCRIPT, ROOT, SCRIPT, TEST_TIMEOUT_S, UNIX_SOCKETS, QuickBench
 
 
 def _number(value: Any) -> bool:
@@ -146,44 +147,88 @@ def test_quick_benchmark_writes_the_plot_and_prints_the_table(results: tuple[dic
     assert "step cost:" in stdout and "| ~1 ms | " in stdout
 
 
-# ---- bench/gpu.sh, the benchmark's one GPU command, checked for shape on the CPU ----------------
-# No GPU is needed: the script runs with ``FORKLESS_GPU_SKIP_INSTALL=1`` (it prints the install
-# command instead of running it), ``JAX_PLATFORMS=cpu`` and ``FORKLESS_BENCH_QUICK=1`` (the smoke
-# size of ``python -m bench.run --accelerator``): the session's one small benchmark run above.
-# Here: the script's own part, what it runs and writes, never how fast anything was.
+# ---- bench/tpu.sh and bench/gpu.sh, the benchmark's accelerator commands, checked on the CPU ------
+# No TPU or GPU is needed: the session's one small benchmark run above is ``bench/tpu.sh`` with
+# ``JAX_PLATFORMS=cpu`` and ``FORKLESS_BENCH_QUICK=1`` (the smoke size of ``python -m bench.run
+# --tpu --unix``); ``bench/gpu.sh`` runs the same ``bench.run`` (``--accelerator``) and is checked
+# by its dry run. Here: the scripts' own part, what they run and write, never how fast anything was.
 
 
-def test_the_gpu_script_is_valid_bash() -> None:
-    proc = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True, timeout=30)
+@pytest.mark.parametrize("script", [SCRIPT, GPU_SCRIPT], ids=["tpu.sh", "gpu.sh"])
+def test_the_accelerator_scripts_are_valid_bash(script: Path) -> None:
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
 
 
+def test_the_gpu_script_would_install_cuda_jax_in_the_project_s_range_and_run_the_accelerator_plan(
+        tmp_path: Path) -> None:
+    env = app_env({"FORKLESS_BENCH_DRY_RUN": "1", "FORKLESS_BENCH_QUICK": "1", "FORKLESS_BENCH_UNIX": "1",
+                   "PYTHON": sys.executable, "JAX_PLATFORMS": "cpu"})
+    proc = subprocess.run(["bash", str(GPU_SCRIPT), str(tmp_path / "out")], capture_output=True, text=True,
+                          env=env, timeout=30 * UNIT_S)
+    assert proc.returncode == 0, proc.stderr
+    jax_range = re.search(r"^jax([<>=][^\s#]*)", (ROOT / "requirements.txt").read_text(), re.M).group(1)
+    assert f"dry run: {sys.executable} -m pip install -r requirements-dev.txt jax[cuda12]{jax_range}" in proc.stdout
+    assert (f"dry run: JAX_PLATFORMS=cpu {sys.executable} -m bench.run --accelerator --unix --quick --out "
+            f"{tmp_path / 'out'}") in proc.stdout
+    assert not (tmp_path / "out").exists()  # nothing run
+
+
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_the_gpu_script_installs_cuda_jax_in_the_project_s_range_and_writes_the_tables_on_the_cpu(
+def test_the_tpu_script_runs_every_design_and_the_device_floor_and_writes_the_tables_on_the_cpu(
         quick_benchmark: QuickBench) -> None:
     run, out = quick_benchmark, quick_benchmark.out
     assert run.returncode == 0, run.failure()
-
-    # the install it would run: the dev requirements and jax[cuda12] pinned to requirements.txt's range
-    jax_range = re.search(r"^jax([<>=][^\s#]*)", (ROOT / "requirements.txt").read_text(), re.M).group(1)
-    install = next(line for line in run.stdout.splitlines() if "install skipped" in line)
-    assert f"-m pip install -r requirements-dev.txt jax[cuda12]{jax_range}" in install
-    assert f"JAX_PLATFORMS=cpu {sys.executable} -m bench.run --accelerator --quick --out {out}" in run.stdout
+    assert "pip install" not in run.stdout + run.stderr  # the TPU host has no package index
+    flag = " --unix" if UNIX_SOCKETS else ""
+    assert f"JAX_PLATFORMS=cpu {sys.executable} -m bench.run --tpu{flag} --quick --out {out}" in run.stdout
 
     data = run.data
-    assert data["command"] == "python -m bench.run --accelerator --quick"
-    assert data["plan"]["accelerator"] is True
+    assert data["command"] == f"python -m bench.run --tpu{flag} --quick"
+    assert data["plan"]["accelerator"] is True and data["plan"]["floor_s"] > 0
     assert "state_scaling" not in data and not (out / "devices.json").exists()  # the CPU's own sections
     assert {r["design"] for r in data["runs"]} == {"forkless", "spawn", "inline", "io-ceiling", "forkless-nojax"}
     for r in data["runs"] + data["step_costs"]["runs"]:
         assert r["loadgen"]["sent"] == r["loadgen"]["answered"] > 0, r["tag"]
     assert set(data["summary"]["step_map"]["costs"]) == {"default", "1ms"}
 
+    floor = data["summary"]["device_floor"]  # the device's own round trip of a trivial step
+    assert floor["platform"] == "cpu" and floor["steps"] > 0
+    assert 0 < floor["round_trip_ms"]["p50"] <= floor["round_trip_ms"]["p99"]
+    for design in ("forkless", "forkless-nojax"):  # CPU µs a message, the IO and main threads apart
+        for load in ("rate_1k", "rate_10k", "window"):
+            cpu = data["summary"][design]["cpu_us_per_msg"][load]
+            assert all(_number(cpu[k]) and cpu[k] > 0 for k in ("process", "io_thread", "main_thread")), (design, load)
+    for design in ("spawn", "inline", "io-ceiling"):
+        assert _number(data["summary"][design]["cpu_us_per_msg"]["window"]["process"]), design
+
     # the same tables as bench/README.md's block, the platform and the device stated first
     tables = (out / "results.md").read_text()
     first = tables.splitlines()[0]
-    assert "`python -m bench.run --accelerator --quick` with `JAX_PLATFORMS=cpu`" in first
+    assert f"`python -m bench.run --tpu{flag} --quick` with `JAX_PLATFORMS=cpu`" in first
     assert "JAX device cpu" in first
-    for heading in ("| design | p50 @1k |", "#### Step cost: forkless, inline and spawn", "#### Latency budget"):
+    for heading in ("| design | p50 @1k |", "#### Step cost: forkless, inline and spawn", "#### Latency budget",
+                    "#### CPU per message and the device's floor", "| design | 1,000 msg/s: all / IO thread"):
         assert heading in tables
-    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "The device's own round trip of a trivial per-stream state step" in tables
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_the_tpu_script_s_run_is_over_unix_sockets_and_opens_no_inet_socket(quick_benchmark: QuickBench) -> None:
+    """Every process of the run refused inet sockets (bench/unix.py's audit hook, loaded by
+    bench/no_inet/sitecustomize.py), so a run that went through answered everything over unix
+    sockets: the load generator and the probe printed unix addresses, the clients reached them."""
+    if not UNIX_SOCKETS:
+        pytest.skip("this checkout's forkless has no FORKLESS_WS_UNIX_SOCKET yet: the session's run was made "
+                    "over TCP (tests/quick_bench.py)")
+    run = quick_benchmark
+    assert run.returncode == 0, run.failure()
+    data = run.data
+    assert data["unix_sockets"] is True
+    runs = data["runs"] + data["step_costs"]["runs"]
+    assert {r["design"] for r in runs} == {"forkless", "spawn", "inline", "io-ceiling", "forkless-nojax"}
+    for r in runs:
+        assert r["feed"].startswith("ws+unix://"), r["tag"]
+        assert r["loadgen"]["sent"] == r["loadgen"]["answered"] > 0, r["tag"]
+    assert all(r["probe"]["pongs"] == r["probe"]["pings"] > 0 for r in runs if "probe" in r)
+    assert not any("PermissionError" in p.read_text(errors="replace") for p in (run.out / "logs").glob("*.log"))

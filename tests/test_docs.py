@@ -17,11 +17,19 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import gendocs
-from bench.run import RESULTS_BLOCK, results_markdown, write_results_block
+from bench.run import (
+    RESULTS_BLOCK,
+    SUMMARY_BLOCK,
+    results_markdown,
+    summary_markdown,
+    write_results_block,
+    write_summary_block,
+)
 from controller.batching import HOPS
 from controller.metrics import MAX_REASONS, _every_field_populated, make_registry, render
 from controller.stats import HistogramSnapshot, status_line
@@ -33,8 +41,11 @@ PAGES = tuple(sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))  #
 EMBEDDING_PAGES = tuple(sorted(f"docs/embedding/{p.name}" for p in (ROOT / "docs" / "embedding").glob("*.md")))
 DESIGN_PAGES = tuple(sorted(f"docs/design/{p.name}" for p in (ROOT / "docs" / "design").glob("*.md")))  # the module map
 DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md", *PAGES, *EMBEDDING_PAGES, *DESIGN_PAGES)
+# the benchmark's documents: a summary page and a page a topic (bench/docs/)
+BENCH_PAGES = ("bench/README.md", *sorted(f"bench/docs/{p.name}" for p in (ROOT / "bench" / "docs").glob("*.md")))
+BENCH_PAGE_MAX_BYTES = 16_384
 # every document whose relative links must lead somewhere
-LINKED = (*DOCUMENTS, "bench/README.md", "bench/out-gpu/README.md")
+LINKED = (*DOCUMENTS, *BENCH_PAGES, "bench/out-gpu/README.md", "bench/out-tpu/README.md")
 README_MAX_BYTES = 14_000  # the front door; the manual lives in the other documents
 PAGE_MAX_BYTES = 15_360  # a page of docs/ holds one topic; a longer topic is split into pages
 DESIGN_MAX_BYTES = 17_408  # DESIGN.md: the shape, the threads, a message's way, the rules (the module map: its pages)
@@ -55,21 +66,39 @@ def test_the_generated_block_is_exactly_what_its_generator_writes(block: gendocs
     assert gendocs.read_block(text(block.path), block.name) == block.render(), f"{block.path}: {block.name}: {FIX}"
 
 
-def test_the_bench_readme_results_are_the_rendering_of_results_json() -> None:
+def test_the_bench_pages_results_are_the_rendering_of_results_json() -> None:
     results = json.loads(text("bench/out/results.json"))
-    assert gendocs.read_block(text("bench/README.md"), RESULTS_BLOCK) == results_markdown(results), (
-        f"bench/README.md does not show bench/out/results.json: run `python -m bench.run --report-only` "
-        f"(or `{gendocs.REGENERATE}`)")
+    fix = f"run `python -m bench.run --report-only` (or `{gendocs.REGENERATE}`)"
+    assert gendocs.read_block(text("bench/docs/last-run.md"), RESULTS_BLOCK) == results_markdown(results), (
+        f"bench/docs/last-run.md does not show bench/out/results.json: {fix}")
+    assert gendocs.read_block(text("bench/README.md"), SUMMARY_BLOCK) == summary_markdown(results), (
+        f"bench/README.md does not show bench/out/results.json's main table: {fix}")
+    assert results_markdown(results).startswith(summary_markdown(results))  # the summary is the block's start
 
 
-def test_the_bench_writes_its_results_block_over_a_hand_edit(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
+@pytest.mark.parametrize(("path", "block", "write"), [
+    ("bench/docs/last-run.md", RESULTS_BLOCK, write_results_block),
+    ("bench/README.md", SUMMARY_BLOCK, write_summary_block)], ids=["last-run.md", "README.md"])
+def test_the_bench_writes_its_results_blocks_over_a_hand_edit(tmp_path: Path, path: str, block: str,
+                                                              write: Any) -> None:
+    page = tmp_path / "page.md"
     results = json.loads(text("bench/out/results.json"))
-    edited = gendocs.replace_block(text("bench/README.md"), RESULTS_BLOCK, "| forkless | 0.01 | faster |\n")
-    readme.write_text(edited, encoding="utf-8")
-    assert write_results_block(results, readme) is True
-    assert readme.read_text(encoding="utf-8") == text("bench/README.md")
-    assert write_results_block(results, readme) is False
+    page.write_text(gendocs.replace_block(text(path), block, "| forkless | 0.01 | faster |\n"), encoding="utf-8")
+    assert write(results, page) is True
+    assert page.read_text(encoding="utf-8") == text(path)
+    assert write(results, page) is False
+
+
+def test_the_bench_documents_are_a_summary_and_pages_of_one_topic() -> None:
+    assert len(BENCH_PAGES) >= 10, BENCH_PAGES
+    for page in BENCH_PAGES:
+        size = len((ROOT / page).read_bytes())
+        assert size <= BENCH_PAGE_MAX_BYTES, f"{page} is {size} bytes, over {BENCH_PAGE_MAX_BYTES}: split its topic"
+    summary = text("bench/README.md")
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", summary))
+    assert linked == {page.removeprefix("bench/") for page in BENCH_PAGES[1:]}, "bench/README.md links every page"
+    for part in ("## What is measured", "## The last figures", "### On the CPU", "### On the TPU", "## The targets"):
+        assert part in summary, part
 
 
 def test_gendocs_check_names_a_hand_edited_block_and_regenerate_restores_it(tmp_path: Path) -> None:
@@ -148,7 +177,7 @@ def test_every_sample_status_line_has_the_fields_of_the_real_status_line() -> No
 
 def test_the_bench_readme_says_what_decides_every_target_the_benchmark_judges() -> None:
     readme = text("bench/README.md")
-    why = readme[readme.index("## The targets"):readme.index("## Levers")]
+    why = readme[readme.index("## The targets"):readme.index("## The pages")]
     explained = set(re.findall(r"`([^`]*(?:<=|>=|<|==)[^`]*)`", why))
     judged = {t["target"] for t in json.loads(text("bench/out/results.json"))["targets"]}
     assert explained == judged

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The benchmark on the lent TPU host, in one command of at most ~9 minutes:
+#
+#     bash bench/tpu.sh [OUT]        # OUT: where the results go (default bench/out-tpu/DATE, UTC)
+#
+# The TPU host (one TPU v5e chip, 13 cores, Python 3.11 with JAX and libtpu) has no package index
+# and refuses every TCP or UDP socket, loopback included; unix-domain sockets work, and one
+# program at a time may hold the chip (each program that opens it pays ~15 s). So this script
+#   1. installs nothing: it checks that the modules the benchmark imports are there (carry their
+#      wheels: janus, aiohttp and its dependencies, orjson, psutil, ...) and names any missing;
+#   2. checks that JAX sees the TPU (JAX_PLATFORMS=tpu);
+#   3. runs `python -m bench.run --tpu --unix --out OUT`: every socket a unix-domain one (the load
+#      generator, the ping probe, the clients, forkless through FORKLESS_WS_UNIX_SOCKET), every
+#      process of the run refusing inet sockets (bench/unix.py), the designs one after another:
+#      forkless, spawn, inline, io-ceiling and forkless-nojax at 1,000 and 10,000 msg/s and at the
+#      bounded window (io-ceiling and forkless-nojax with JAX_PLATFORMS=cpu: they never step on the
+#      chip), the compute ceiling and the device floor (bench/device_floor.py, the device's own
+#      round trip of a trivial donated per-stream step) in one process, forkless's start-up;
+#      one repeat each of 2.5 s (bench/run.py's Plan.tpu);
+#   4. writes OUT/results.json, OUT/logs/ and OUT/results.md: the tables of bench/docs/last-run.md's results
+#      block (the platform and the JAX device on its first line), the latency budget per hop, the
+#      device floor and the CPU µs per message (forkless's IO thread and main thread apart);
+#      OUT/bench.png where matplotlib is installed. Nothing in the repository is changed: the
+#      integrator copies OUT to bench/out-tpu/DATE (bench/out-tpu/README.md).
+#
+# Environment:
+#   PYTHON                  the interpreter (default: python3)
+#   JAX_PLATFORMS           default tpu; JAX_PLATFORMS=cpu runs the same on the CPU, to check the
+#                           script's shape on a machine without a TPU (tests/test_bench_smoke.py)
+#   FORKLESS_BENCH_QUICK=1  the smoke size (bench.run --tpu --quick): every section, seconds each
+#   FORKLESS_BENCH_UNIX=0   TCP on loopback instead of unix sockets (a host where TCP works)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-bench/out-tpu/$(date -u +%Y-%m-%d)}"
+PY="${PYTHON:-python3}"
+export JAX_PLATFORMS="${JAX_PLATFORMS:-tpu}"
+started=$(date +%s)
+
+"$PY" - <<'EOF'
+import importlib.util, os, sys
+# what bench.run and its clients import (requirements.txt's runtime and the benchmark's own)
+needed = ("jax", "numpy", "janus", "aiohttp", "orjson", "psutil")
+missing = [m for m in needed if importlib.util.find_spec(m) is None]
+if missing:
+    raise SystemExit(f"bench/tpu.sh: missing {', '.join(missing)}: install their wheels (no package index is "
+                     "needed: pip install --no-index --find-links WHEELS ...), then run again")
+import jax
+devices = jax.devices()
+print(f"bench/tpu.sh: JAX_PLATFORMS={os.environ['JAX_PLATFORMS']}, jax {jax.__version__}, devices {devices}")
+if os.environ["JAX_PLATFORMS"].startswith("tpu") and devices[0].platform != "tpu":
+    raise SystemExit(f"bench/tpu.sh: JAX runs on {devices[0].platform}, not the TPU: is libtpu installed?")
+EOF
+
+run=("$PY" -m bench.run --tpu)
+if [[ "${FORKLESS_BENCH_UNIX:-1}" != 0 ]]; then
+    run+=(--unix)
+else
+    export FORKLESS_BENCH_UNIX=0
+fi
+if [[ "${FORKLESS_BENCH_QUICK:-0}" == 1 ]]; then
+    run+=(--quick)
+fi
+run+=(--out "$OUT")
+echo "bench/tpu.sh: JAX_PLATFORMS=$JAX_PLATFORMS ${run[*]}"
+"${run[@]}"
+echo "bench/tpu.sh: $(( $(date +%s) - started )) s in all; the tables are in $OUT/results.md"
