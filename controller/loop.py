@@ -461,12 +461,9 @@ class Controller:
             on_results(seq, stream, outputs)
 
     def send(self, feed: str, frame: Any) -> None:
-        """Hand a frame to the feed or source named ``feed`` now, not with the next batch's replies
-        (an order, say): it is written (a WebSocket feed) or yielded by ``ctx.outgoing()`` (a user
-        source) as soon as the IO loop turns, in order with the replies before it. ``frame`` is a
-        ``str``, UTF-8 ``bytes``, a list of frames, or a JSON value (sent as its compact text).
-        Call it from the thread that drives the controller; it waits while outbound is full.
-        ``RuntimeError`` when the feed has ended (a source whose ``run`` returned, a feed given up)."""
+        """Hand a frame (``str``, UTF-8 ``bytes``, a list of them, or a JSON value) to the feed or source
+        ``feed`` now, in order with the replies before it (docs/embedding/controller.md). From the driving
+        thread; waits while outbound is full. ``RuntimeError`` once the feed has ended."""
         index = self.plan.sendable(feed)
         if not self._running:
             raise RuntimeError("call start() (or use the controller as a context manager) before send()")
@@ -495,13 +492,11 @@ class Controller:
             partitions_unowned=self._owner.unowned, weights=engine.weights if engine is not None else None)
 
     @property
-    def metrics_url(self) -> str | None:
-        """``http://host:port`` of /metrics, /healthz, /readyz once started (None when off)."""
+    def metrics_url(self) -> str | None:  # http://host:port of /metrics, /healthz, /readyz once started
         return self._io.metrics_url
 
     @property
-    def demo(self) -> Any:
-        """The embedded demo feed (its ``summary()``), or None when a real feed is used."""
+    def demo(self) -> Any:  # the embedded demo feed (its summary()), or None when a real feed is used
         return self._io.demo
 
     # ---- signals ----------------------------------------------------------------------------
