@@ -11,7 +11,7 @@ its exit statuses are stated in controller/errors.py.
 
 from __future__ import annotations
 
-from controller.cli import exit_with, load_config, main
+from forkless.controller.cli import exit_with, load_config, main
 
 __all__ = ["load_config", "main"]
 

@@ -30,6 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from forkless.controller.errors import ENDS_A_RUN, EXIT_STATUSES
+from forkless.controller.metrics import metrics_table_markdown
+from forkless.controller.relaycmd import relay_metrics_table_markdown
+from forkless.controller.vardocs import variables_table_markdown
+
 from bench import partitioned
 from bench.run import (
     DEFAULT_OUT,
@@ -40,10 +45,6 @@ from bench.run import (
     results_markdown,
     summary_markdown,
 )
-from controller.errors import ENDS_A_RUN, EXIT_STATUSES
-from controller.metrics import metrics_table_markdown
-from controller.relaycmd import relay_metrics_table_markdown
-from controller.vardocs import variables_table_markdown
 
 ROOT = Path(__file__).resolve().parent
 REGENERATE = "python gendocs.py"

@@ -134,11 +134,10 @@ def _os_threads() -> int:
 def measure(writer: str, streams: int, features: int, seconds: float, every_s: float, bucket: int,
             donate: bool, directory: Path, orbax_names: bool = True, rounds: int = 4) -> dict:
     import jax
-
-    from controller.batching import pad_batch
-    from controller.config import Config
-    from controller.loop import SWITCH_INTERVAL_S
-    from controller.processor import default_processor
+    from forkless.controller.batching import pad_batch
+    from forkless.controller.config import Config
+    from forkless.controller.loop import SWITCH_INTERVAL_S
+    from forkless.controller.processor import default_processor
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)  # as the controller runs
     cfg = Config(features=features, max_streams=streams, max_batch=bucket)
@@ -157,9 +156,9 @@ def measure(writer: str, streams: int, features: int, seconds: float, every_s: f
 
     t_import = time.perf_counter()
     if writer in ("simple", "sleep"):
-        from controller.checkpoint import write_checkpoint
-        from controller.checkpointer import Checkpointer
-        from controller.snapshot import take_snapshot
+        from forkless.controller.checkpoint import write_checkpoint
+        from forkless.controller.checkpointer import Checkpointer
+        from forkless.controller.snapshot import take_snapshot
 
         def write_or_sleep(path, snapshot):
             if writer == "sleep":  # the control: the same windows, no work in them
@@ -264,7 +263,7 @@ def _restore(writer: str, processor, cfg, directory: Path, settings: dict, orbax
     like = jax.eval_shape(lambda: processor.init(cfg))
     t0 = time.perf_counter()
     if writer == "simple":
-        from controller.checkpoint import load_newest
+        from forkless.controller.checkpoint import load_newest
 
         restored = load_newest(directory, settings, like)
         t_read = time.perf_counter() - t0
@@ -308,9 +307,10 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
     (``on_results``); delays from each message's due time to its step's result."""
     import threading
 
-    from controller.batching import Chunk
-    from controller.config import Config
-    from controller.loop import POLL_S, Controller
+    from forkless.controller.batching import Chunk
+    from forkless.controller.config import Config
+    from forkless.controller.loop import POLL_S, Controller
+
     from tests.fake_io import FakeIO, drain
 
     names = [f"stream-{i}" for i in range(streams)]
@@ -456,10 +456,11 @@ def measure_startup(streams: int, features: int, runs: int, work: Path) -> dict:
     stop's checkpoint, so the next restores a file of the same size."""
     import os
 
+    from forkless.controller.checkpoint import checkpoint_path, write_checkpoint
+    from forkless.controller.processor import EWMAState
+    from forkless.controller.snapshot import Snapshot
+
     import bench.run as runbench
-    from controller.checkpoint import checkpoint_path, write_checkpoint
-    from controller.processor import EWMAState
-    from controller.snapshot import Snapshot
 
     ckpt_dir = work / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)

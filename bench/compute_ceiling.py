@@ -23,10 +23,9 @@ import numpy as np
 
 def measure(seconds: float = 2.0, streams: int = 16) -> dict:
     import jax
-
-    from controller.batching import pad_batch
-    from controller.config import Config
-    from controller.processor import default_processor
+    from forkless.controller.batching import pad_batch
+    from forkless.controller.config import Config
+    from forkless.controller.processor import default_processor
 
     cfg = Config.from_env(ws_url="ws://127.0.0.1:1/")
     processor = default_processor(cfg)

@@ -25,12 +25,11 @@ import numpy as np
 
 def measure(seconds: float = 2.0, streams: int = 16) -> dict:
     import jax
-
-    from controller.batching import pad_batch
-    from controller.config import Config
-    from controller.engine import compile_step
-    from controller.processor import default_processor
-    from controller.slots import StreamSlots
+    from forkless.controller.batching import pad_batch
+    from forkless.controller.config import Config
+    from forkless.controller.engine import compile_step
+    from forkless.controller.processor import default_processor
+    from forkless.controller.slots import StreamSlots
 
     cfg = Config.from_env(ws_url="ws://127.0.0.1:1/")
     engine = compile_step(default_processor(cfg), cfg)

@@ -136,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
                                                    for i, url in enumerate(json.loads(a.url))])
     else:
         os.environ.update(forkless_env(a.url))
+    from forkless.controller.logs import setup_logging
+    from forkless.controller.loop import Controller
+
     from app import load_config
-    from controller.logs import setup_logging
-    from controller.loop import Controller
 
     config = load_config()
     setup_logging(config.log_level, config.log_format)
@@ -206,8 +207,7 @@ def cpu_per_message(window: dict[str, Any]) -> dict[str, float | None]:
 def _host_identity_controller() -> type:
     """``Controller`` with ``_run_step`` answering every message with zeros on the host."""
     import numpy as np
-
-    from controller.loop import Controller
+    from forkless.controller.loop import Controller
 
     class HostIdentity(Controller):
         def _run_step(self, x: Any, key: Any) -> Any:

@@ -19,8 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-
-from controller.processor import Processor, default_processor
+from forkless.controller.processor import Processor, default_processor
 
 HEAVY_SIZE = 1024
 HEAVY_ITERS = 10

@@ -52,7 +52,7 @@ class Inline:
     """The decoded messages of the current read pass, and the step of each pass."""
 
     def __init__(self, engine: Any, codec: Any, slots: Any, config: Any) -> None:
-        from controller.engine import StepFailed
+        from forkless.controller.engine import StepFailed
 
         self.engine, self.codec, self.slots, self.config = engine, codec, slots, config
         self._step_failed = StepFailed
@@ -126,8 +126,7 @@ async def send(ws: Any, frame: str | bytes, text: Any) -> None:
 
 async def serve(url: str, inline: Inline, probe_url: str | None) -> dict[str, Any]:
     import aiohttp
-
-    from io_loop.aiohttp_compat import cork
+    from forkless.io_loop.aiohttp_compat import cork
 
     text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
     cfg, codec, figures = inline.config, inline.codec, inline.figures
@@ -225,12 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-url", default="", help="also connect to this bench.ping_probe")
     a = p.parse_args(argv)
 
-    from controller.codec import JsonCodec
-    from controller.compiled import compilations
-    from controller.config import Config
-    from controller.engine import compile_step
-    from controller.slots import StreamSlots
-    from controller.stats import SECONDS_BOUNDS, Histogram
+    from forkless.controller.codec import JsonCodec
+    from forkless.controller.compiled import compilations
+    from forkless.controller.config import Config
+    from forkless.controller.engine import compile_step
+    from forkless.controller.slots import StreamSlots
+    from forkless.controller.stats import SECONDS_BOUNDS, Histogram
 
     cfg = Config.from_env(ws_url=handshake_url(a.url))
     from bench.heavy import processor_for

@@ -54,7 +54,7 @@ def _per_message_us(fn, frames: list[bytes], batch: int, repeats: int = 5) -> fl
 
 
 def decode_once() -> dict[str, float]:
-    from controller.codec import JsonCodec
+    from forkless.controller.codec import JsonCodec
 
     out = {}
     for batch in (1, 64):
@@ -79,10 +79,9 @@ def decode_once() -> dict[str, float]:
 
 def step_once(dtype: str, seconds: float = 2.0) -> dict[str, float]:
     import jax
-
-    from controller.config import Config
-    from controller.engine import compile_step
-    from controller.processor import default_processor
+    from forkless.controller.config import Config
+    from forkless.controller.engine import compile_step
+    from forkless.controller.processor import default_processor
 
     cfg = Config(features=FEATURES, max_batch=B)
     processor = default_processor(cfg)

@@ -243,9 +243,8 @@ def measure_stall(streams: int, seconds: float, every_s: float, rounds: int, rat
     acknowledged the replies it covers, controller/recovery.py ``await_replies``). Gaps are
     between consecutive steps' results (``on_results``)."""
     import numpy as np
-
-    from controller.config import Config
-    from controller.loop import POLL_S, Controller
+    from forkless.controller.config import Config
+    from forkless.controller.loop import POLL_S, Controller
 
     port = _free_port()
     url = f"nats://127.0.0.1:{port}"

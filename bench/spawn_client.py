@@ -69,9 +69,8 @@ def child_main(url: str, settings: dict[str, Any], inbound: Any, outbound: Any) 
 
 async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any) -> None:
     import aiohttp
-
-    from controller.codec import JsonCodec  # numpy and orjson: no JAX in the child
-    from io_loop.aiohttp_compat import cork  # aiohttp: no JAX in the child
+    from forkless.controller.codec import JsonCodec  # numpy and orjson: no JAX in the child
+    from forkless.io_loop.aiohttp_compat import cork  # aiohttp: no JAX in the child
 
     text = aiohttp.WSMsgType.TEXT
     codec = JsonCodec(settings["features"], max_frame_items=settings["max_frame_items"])
@@ -226,7 +225,7 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
 
 def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int = 0, heavy_iters: int = 0,
                 probe_url: str = "") -> int:
-    from controller.config import Config  # no JAX yet: the child is started before JAX loads
+    from forkless.controller.config import Config  # no JAX yet: the child is started before JAX loads
 
     cfg = Config.from_env(ws_url=handshake_url(url))
     settings = {"features": cfg.features, "max_frame_items": cfg.max_frame_items,
@@ -238,8 +237,7 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
     child.start()  # before compiling: the child's start-up overlaps the compilation
 
     import jax
-
-    from controller.batching import (
+    from forkless.controller.batching import (
         ENCODED,
         FETCHED,
         HOPS,
@@ -252,12 +250,12 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
         bucket_for,
         pad_batch,
     )
-    from controller.codec import JsonCodec
-    from controller.compiled import compilations
-    from controller.engine import compile_step
-    from controller.processor import default_processor
-    from controller.slots import StreamSlots
-    from controller.stats import SECONDS_BOUNDS, Histogram
+    from forkless.controller.codec import JsonCodec
+    from forkless.controller.compiled import compilations
+    from forkless.controller.engine import compile_step
+    from forkless.controller.processor import default_processor
+    from forkless.controller.slots import StreamSlots
+    from forkless.controller.stats import SECONDS_BOUNDS, Histogram
 
     if heavy or heavy_iters:
         from bench.heavy import processor_for

@@ -52,8 +52,7 @@ def _old_ewma_step(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
     """The EWMA step before issue 10, kept for the before/after: the table is the loop carry."""
     import jax
     import jax.numpy as jnp
-
-    from controller.processor import EWMAState, _occurrence_rank
+    from forkless.controller.processor import EWMAState, _occurrence_rank
 
     def step(state: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
         x = batch.x.astype(jnp.float32)
@@ -87,8 +86,7 @@ def _old_ewma_step(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
 def _batches(streams: int, bucket: int, count: int, seed: int = 0) -> list[Any]:
     """``count`` device batches of ``bucket`` distinct streams drawn from the whole table."""
     import jax
-
-    from controller.batching import pad_batch
+    from forkless.controller.batching import pad_batch
 
     rng = np.random.default_rng(seed)
     out = []
@@ -111,10 +109,9 @@ def time_step(streams: int, bucket: int, iterations: int, old: bool = False, spl
     import contextlib
 
     import jax
-
-    from controller.compiled import unsplit_cpu_ops
-    from controller.config import Config
-    from controller.processor import default_processor
+    from forkless.controller.compiled import unsplit_cpu_ops
+    from forkless.controller.config import Config
+    from forkless.controller.processor import default_processor
 
     cfg = Config(features=FEATURES, max_streams=streams)
     processor = default_processor(cfg)
@@ -144,16 +141,15 @@ def time_step(streams: int, bucket: int, iterations: int, old: bool = False, spl
 def _child(streams: int, features: int, steps: int) -> dict:
     """In a child process: build the state, run ``steps`` donated steps, report the peak RSS."""
     import jax
-
-    from controller.config import Config
-    from controller.processor import default_processor
+    from forkless.controller.config import Config
+    from forkless.controller.processor import default_processor
 
     cfg = Config(features=features, max_streams=streams)
     processor = default_processor(cfg)
     state = jax.device_put(processor.init(cfg))
     state_bytes = _state_bytes(state)
     rng = np.random.default_rng(0)
-    from controller.batching import pad_batch
+    from forkless.controller.batching import pad_batch
 
     batch = pad_batch(rng.standard_normal((256, features)).astype(np.float32),
                       rng.choice(streams, size=256, replace=False).astype(np.int32), 256, streams)

@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
-
-from io_loop.crossing import (
+from forkless.io_loop.crossing import (
     DECODED,
     ENCODED,
     FETCHED,

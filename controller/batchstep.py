@@ -26,14 +26,13 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-
-from controller.batching import ENCODED, FETCHED, OUTBOUND, STEP, Outgoing, Taken, Trace
-from controller.declared import count
-from controller.engine import Engine, StepFailed
-from controller.positions import SourcePositions
-from controller.replies import NON_FINITE_REASON, Replies
-from controller.slots import StreamSlots
-from controller.stats import MainStats
+from forkless.controller.batching import ENCODED, FETCHED, OUTBOUND, STEP, Outgoing, Taken, Trace
+from forkless.controller.declared import count
+from forkless.controller.engine import Engine, StepFailed
+from forkless.controller.positions import SourcePositions
+from forkless.controller.replies import NON_FINITE_REASON, Replies
+from forkless.controller.slots import StreamSlots
+from forkless.controller.stats import MainStats
 
 __all__ = ["BatchStep", "Put"]
 

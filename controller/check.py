@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from controller.codec import Codec, JsonCodec
-from controller.config import Config
-from controller.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK, ConfigError
-from controller.variables import VARIABLES, as_text
-from io_loop.netaddr import redact_url
-from io_loop.partitions import format_partitions
-from io_loop.probe import ProbeFailed, check_metrics_addr, probe_feed
+from forkless.controller.codec import Codec, JsonCodec
+from forkless.controller.config import Config
+from forkless.controller.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK, ConfigError
+from forkless.controller.variables import VARIABLES, as_text
+from forkless.io_loop.netaddr import redact_url
+from forkless.io_loop.partitions import format_partitions
+from forkless.io_loop.probe import ProbeFailed, check_metrics_addr, probe_feed
 
 __all__ = ["run_check"]
 
@@ -140,9 +140,9 @@ def _show_jax(say: Callable[[str], None]) -> None:
 
 def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None:
     # these import JAX: only after _show_jax proved it starts (see there)
-    from controller.compiled import compilations
-    from controller.engine import compile_step
-    from controller.processor import default_processor
+    from forkless.controller.compiled import compilations
+    from forkless.controller.engine import compile_step
+    from forkless.controller.processor import default_processor
 
     try:
         processor = processor if processor is not None else default_processor(config)

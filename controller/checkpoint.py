@@ -34,8 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from controller.ckptformat import (
+from forkless.controller.ckptformat import (
     MIN_BYTES,
     CheckpointDamaged,
     check_fits,
@@ -48,7 +47,7 @@ from controller.ckptformat import (
     temporary_name,
     trailer,
 )
-from controller.snapshot import Snapshot, encode_snapshot, restore_state
+from forkless.controller.snapshot import Snapshot, encode_snapshot, restore_state
 
 __all__ = [
     "DirectoryStore",

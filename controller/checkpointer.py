@@ -56,8 +56,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from controller.checkpoint import DirectoryStore, write_checkpoint
-from controller.snapshot import PendingSnapshot, Snapshot
+from forkless.controller.checkpoint import DirectoryStore, write_checkpoint
+from forkless.controller.snapshot import PendingSnapshot, Snapshot
 
 __all__ = ["CheckpointStore", "Checkpointer", "NoCheckpoints", "WriteFn", "checkpoints_for", "store_for"]
 

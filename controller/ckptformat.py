@@ -46,9 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from controller.errors import CheckpointMismatch
-from controller.placement import CanonicalRows
+from forkless.controller.errors import CheckpointMismatch
+from forkless.controller.placement import CanonicalRows
 
 __all__ = [
     "FORMAT",

@@ -27,11 +27,11 @@ import sys
 import traceback
 from typing import Any
 
-from controller.config import Config
-from controller.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, EXIT_STATUSES, ForklessError
-from controller.logs import flush_log_repeats, setup_logging
-from controller.vardocs import help_text
-from controller.variables import PREFIX, VARIABLES
+from forkless.controller.config import Config
+from forkless.controller.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, EXIT_STATUSES, ForklessError
+from forkless.controller.logs import flush_log_repeats, setup_logging
+from forkless.controller.vardocs import help_text
+from forkless.controller.variables import PREFIX, VARIABLES
 
 __all__ = ["console_main", "load_config", "main", "report"]
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["relay"]:
         # the relay imports nats-py (an optional extra) and no JAX: only when asked for
-        from controller.relaycmd import main as relay_main
+        from forkless.controller.relaycmd import main as relay_main
 
         return relay_main(argv[1:], prog=prog)
     args = _parser(prog).parse_args(argv)
@@ -97,11 +97,11 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     setup_logging(config.log_level, config.log_format)
 
     if args.check:
-        from controller.check import run_check  # imports JAX: only after the configuration is valid
+        from forkless.controller.check import run_check  # imports JAX: only after the configuration is valid
 
         return run_check(config, processor=processor, codec=codec)
 
-    from controller.loop import Controller  # imports JAX: only after the configuration is valid
+    from forkless.controller.loop import Controller  # imports JAX: only after the configuration is valid
 
     # the program owns its process: it freezes the objects alive at start (controller/host.py)
     controller = None

@@ -30,8 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import orjson
-
-from io_loop.decoding import NOT_NUMBERS_REASON, X_MAX, X_RANGE_REASON, FrameDecoder
+from forkless.io_loop.decoding import NOT_NUMBERS_REASON, X_MAX, X_RANGE_REASON, FrameDecoder
 
 MAX_STREAM_CHARS = 256
 # one frame's error replies are bounded, so output stays O(input): after this many, one

@@ -36,10 +36,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from controller.batching import Batch, pad_batch
-from controller.errors import ConfigError, ProcessorContractError
-from controller.placement import OutputField
+from forkless.controller.batching import Batch, pad_batch
+from forkless.controller.errors import ConfigError, ProcessorContractError
+from forkless.controller.placement import OutputField
 
 log = logging.getLogger("forkless.compile")
 

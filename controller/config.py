@@ -23,13 +23,13 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit
 
-from controller.errors import ConfigError
-from controller.feedspec import feed_list
-from controller.values import ValueProblem
-from controller.variables import PREFIX, VARIABLES, Variable, as_text, variable
-from io_loop.netaddr import redact_url, redact_urls
-from io_loop.partitions import instance_share
-from io_loop.settings import DEFAULT_SOURCE_BUFFER, FeedSpec, IOSettings, JetStreamSpec, RelaySettings
+from forkless.controller.errors import ConfigError
+from forkless.controller.feedspec import feed_list
+from forkless.controller.values import ValueProblem
+from forkless.controller.variables import PREFIX, VARIABLES, Variable, as_text, variable
+from forkless.io_loop.netaddr import redact_url, redact_urls
+from forkless.io_loop.partitions import instance_share
+from forkless.io_loop.settings import DEFAULT_SOURCE_BUFFER, FeedSpec, IOSettings, JetStreamSpec, RelaySettings
 
 __all__ = ["BUCKET_GROWTH", "Config"]
 

@@ -23,8 +23,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
-
-from controller.errors import ProcessorContractError
+from forkless.controller.errors import ProcessorContractError
 
 __all__ = ["CORE_COUNTS", "CORE_SETTINGS", "Declared", "check_counters", "count", "declared"]
 

@@ -37,8 +37,7 @@ from typing import Any
 
 import jax
 import numpy as np
-
-from controller.compiled import (
+from forkless.controller.compiled import (
     XLA_CPU_TASK_BYTES,
     check_input_dtype,
     check_row_writes,
@@ -47,13 +46,13 @@ from controller.compiled import (
     unsplit_cpu_ops,
     use_devices,
 )
-from controller.layouts import OneDevice, Sharded, Stepped
-from controller.placement import Route
-from controller.processor import StreamState
-from controller.programs import keep, kept, program_key
-from controller.slots import TableCopy
-from controller.snapshot import PendingSnapshot
-from controller.weights import LiveWeights, Weights
+from forkless.controller.layouts import OneDevice, Sharded, Stepped
+from forkless.controller.placement import Route
+from forkless.controller.processor import StreamState
+from forkless.controller.programs import keep, kept, program_key
+from forkless.controller.slots import TableCopy
+from forkless.controller.snapshot import PendingSnapshot
+from forkless.controller.weights import LiveWeights, Weights
 
 __all__ = ["Engine", "StepFailed", "compile_step", "state_shapes"]
 

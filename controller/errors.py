@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from io_loop.errors import (
+from forkless.io_loop.errors import (
     EXIT_CONFIG,
     EXIT_CRASH,
     EXIT_FEED,

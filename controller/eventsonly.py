@@ -25,8 +25,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from controller.batching import Taken
-from controller.stats import MainStats
+from forkless.controller.batching import Taken
+from forkless.controller.stats import MainStats
 
 __all__ = ["EVENTS_ONLY_DROPPED", "NO_WEIGHTS", "DroppedMessages", "check_events_only"]
 

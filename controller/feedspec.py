@@ -18,9 +18,9 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from controller.values import ValueProblem, is_subject, nats_urls, unix_socket, ws_url
-from io_loop.partitions import PARTITION_FIELD, parse_partitions
-from io_loop.settings import REPLY_POLICIES, FeedSpec, JetStreamSpec
+from forkless.controller.values import ValueProblem, is_subject, nats_urls, unix_socket, ws_url
+from forkless.io_loop.partitions import PARTITION_FIELD, parse_partitions
+from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec, JetStreamSpec
 
 __all__ = ["FEED_KEYS", "FEED_NAME", "JETSTREAM_KEYS", "MAX_PARTITIONS", "STREAM_NAME", "feed_list", "feeds_text"]
 

@@ -20,16 +20,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
-
-from controller.codec import Codec
-from controller.config import Config
-from controller.stats import IOSnapshot, IOStats, StatsSnapshot
-from io_loop.before_connect import BeforeConnect
-from io_loop.on_connect import OnConnect
-from io_loop.settings import REPLY_POLICIES, FeedSpec
-from io_loop.source import Source
-from io_loop.spill import declared_policy
-from io_loop.thread import IOThread
+from forkless.controller.codec import Codec
+from forkless.controller.config import Config
+from forkless.controller.stats import IOSnapshot, IOStats, StatsSnapshot
+from forkless.io_loop.before_connect import BeforeConnect
+from forkless.io_loop.on_connect import OnConnect
+from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec
+from forkless.io_loop.source import Source
+from forkless.io_loop.spill import declared_policy
+from forkless.io_loop.thread import IOThread
 
 __all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "OnEvent", "OnResults", "feed_plan", "io_thread",
            "with_hooks"]
@@ -186,7 +185,7 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
     before each publication of replies (passed only by a partitioned instance)."""
     render = None
     if config.metrics_addr:
-        from controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
+        from forkless.controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
 
         render = exposition(snapshot)
     settings = config.io_settings()

@@ -23,11 +23,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
-
-from controller.batching import Batch, bucket_for, pad_batch
-from controller.compiled import (
+from forkless.controller.batching import Batch, bucket_for, pad_batch
+from forkless.controller.compiled import (
     as_bytes,
     check_contract,
     check_replicated_unchanged,
@@ -38,11 +35,13 @@ from controller.compiled import (
     output_layout,
     per_stream_leaf,
 )
-from controller.declared import check_counters, declared
-from controller.errors import ProcessorContractError
-from controller.placement import OutputField, Placement, Route, unpack_outputs
-from controller.processor import reset_rows, row_template
-from controller.snapshot import canonical_rows
+from forkless.controller.declared import check_counters, declared
+from forkless.controller.errors import ProcessorContractError
+from forkless.controller.placement import OutputField, Placement, Route, unpack_outputs
+from forkless.controller.processor import reset_rows, row_template
+from forkless.controller.snapshot import canonical_rows
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 __all__ = ["AXIS", "OneDevice", "Sharded", "Stepped"]
 

@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from controller.ioside import IOSide
-from controller.queues import StopDeadline
+from forkless.controller.ioside import IOSide
+from forkless.controller.queues import StopDeadline
 
 __all__ = ["ABORTED", "ABORT_JOIN_S", "FAILED", "LEASE_LOST", "ORDERLY", "Lifetime", "end_io"]
 

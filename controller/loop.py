@@ -39,32 +39,31 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
-from controller.batching import MicroBatcher
-from controller.batchstep import BatchStep
-from controller.checkpointer import Checkpointer, CheckpointStore, checkpoints_for, store_for
-from controller.codec import Codec, guarded
-from controller.compiled import codec_dtype, compilations, release_freed_memory
-from controller.config import Config
-from controller.engine import Engine, compile_step
-from controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
-from controller.host import ProcessSettings, StopSignals
-from controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnResults, feed_plan, io_thread, with_hooks
-from controller.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
-from controller.partitioned import NoPartitions, PartitionOwner, partitioned_feed
-from controller.processor import Processor, default_processor
-from controller.queues import POLL_S, Intake, Outbound, StopDeadline
-from controller.recovery import Recovery
-from controller.replies import Replies
-from controller.serving import serve
-from controller.slots import StreamSlots
-from controller.snapshot import PendingSnapshot
-from controller.stats import IOStats, MainStats, StatsSnapshot, books_line, status_line, whole_snapshot
-from io_loop.before_connect import BeforeConnect
-from io_loop.crossing import Outgoing
-from io_loop.errors import LeaseLost, StopRequested
-from io_loop.on_connect import OnConnect, frames_of
-from io_loop.source import Source
+from forkless.controller.batching import MicroBatcher
+from forkless.controller.batchstep import BatchStep
+from forkless.controller.checkpointer import Checkpointer, CheckpointStore, checkpoints_for, store_for
+from forkless.controller.codec import Codec, guarded
+from forkless.controller.compiled import codec_dtype, compilations, release_freed_memory
+from forkless.controller.config import Config
+from forkless.controller.engine import Engine, compile_step
+from forkless.controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
+from forkless.controller.host import ProcessSettings, StopSignals
+from forkless.controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnResults, feed_plan, io_thread, with_hooks
+from forkless.controller.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
+from forkless.controller.partitioned import NoPartitions, PartitionOwner, partitioned_feed
+from forkless.controller.processor import Processor, default_processor
+from forkless.controller.queues import POLL_S, Intake, Outbound, StopDeadline
+from forkless.controller.recovery import Recovery
+from forkless.controller.replies import Replies
+from forkless.controller.serving import serve
+from forkless.controller.slots import StreamSlots
+from forkless.controller.snapshot import PendingSnapshot
+from forkless.controller.stats import IOStats, MainStats, StatsSnapshot, books_line, status_line, whole_snapshot
+from forkless.io_loop.before_connect import BeforeConnect
+from forkless.io_loop.crossing import Outgoing
+from forkless.io_loop.errors import LeaseLost, StopRequested
+from forkless.io_loop.on_connect import OnConnect, frames_of
+from forkless.io_loop.source import Source
 
 __all__ = ["BeforeConnect", "Controller", "IOFactory", "IOSide", "OnConnect", "OnEvent", "OnResults",
            "compilations"]

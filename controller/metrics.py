@@ -22,6 +22,16 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from forkless.controller.batching import HOPS, SAMPLE_EVERY
+from forkless.controller.stats import (
+    LAG_INTERVAL_S,
+    SECONDS_BOUNDS,
+    FeedSnapshot,
+    HistogramSnapshot,
+    IOSnapshot,
+    SourceFigures,
+    StatsSnapshot,
+)
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -32,17 +42,6 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
-
-from controller.batching import HOPS, SAMPLE_EVERY
-from controller.stats import (
-    LAG_INTERVAL_S,
-    SECONDS_BOUNDS,
-    FeedSnapshot,
-    HistogramSnapshot,
-    IOSnapshot,
-    SourceFigures,
-    StatsSnapshot,
-)
 
 __all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "exposition", "make_registry", "metric_families",
            "metrics_table_markdown", "render"]

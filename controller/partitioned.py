@@ -68,14 +68,13 @@ from typing import Any, Protocol
 
 import jax
 import numpy as np
-
-from controller.ckptformat import CheckpointDamaged, check_fits, decode_names, no_pause, parse_checkpoint
-from controller.compiled import per_stream_leaf
-from controller.errors import CheckpointMismatch, ProcessorContractError
-from controller.snapshot import Snapshot, checkpoint_bytes
-from io_loop.errors import LeaseLost, PositionLost
-from io_loop.jsconsumer import ACCEPT_LOSS
-from io_loop.partitions import format_partitions, partition_subjects, partitions_of
+from forkless.controller.ckptformat import CheckpointDamaged, check_fits, decode_names, no_pause, parse_checkpoint
+from forkless.controller.compiled import per_stream_leaf
+from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
+from forkless.controller.snapshot import Snapshot, checkpoint_bytes
+from forkless.io_loop.errors import LeaseLost, PositionLost
+from forkless.io_loop.jsconsumer import ACCEPT_LOSS
+from forkless.io_loop.partitions import format_partitions, partition_subjects, partitions_of
 
 __all__ = ["NoPartitions", "PartitionOwner", "PartitionPieces", "PartitionedCheckpoints", "check_partitionable",
            "lease_key", "object_name", "partitioned_feed"]
@@ -263,7 +262,7 @@ class PartitionedCheckpoints:
         why it cannot be used (a ``str``) when it is damaged or unreadable. ``CheckpointMismatch``
         is raised, never skipped: it names the setting and both values."""
         # nats-py is an optional extra: loaded only where a partitioned feed (and so a NatsStore) exists
-        from io_loop.objects import ObjectDamaged
+        from forkless.io_loop.objects import ObjectDamaged
 
         try:
             data = self.store.get(name)
@@ -415,7 +414,7 @@ class PartitionOwner:
         checkpoint objects' reader/writer if a bucket is configured. ``stop`` set meanwhile (a
         signal during the wait): ``StopRequested``, with nothing held."""
         # nats-py is an optional extra, loaded only by a process with a JetStream feed
-        from io_loop.natsstore import NatsStore
+        from forkless.io_loop.natsstore import NatsStore
 
         spec = feed.jetstream
         holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"

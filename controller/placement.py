@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
-
-from controller.batching import bucket_for
+from forkless.controller.batching import bucket_for
 
 __all__ = ["CanonicalRows", "OutputField", "Placement", "Route", "unpack_outputs"]
 

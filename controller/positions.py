@@ -37,10 +37,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.errors import CheckpointMismatch
-from io_loop.counters import SourceStats
-from io_loop.crossing import Origin, Resume
-from io_loop.settings import FeedSpec
+from forkless.controller.errors import CheckpointMismatch
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.crossing import Origin, Resume
+from forkless.io_loop.settings import FeedSpec
 
 __all__ = ["SourcePositions"]
 

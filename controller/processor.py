@@ -80,8 +80,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-
-from controller.errors import ProcessorContractError
+from forkless.controller.errors import ProcessorContractError
 
 EPS = 1e-6
 

@@ -32,10 +32,9 @@ import weakref
 from typing import Any, NamedTuple
 
 import jax
-
-from controller.compiled import input_dtype
-from controller.declared import declared
-from controller.errors import ProcessorContractError
+from forkless.controller.compiled import input_dtype
+from forkless.controller.declared import declared
+from forkless.controller.errors import ProcessorContractError
 
 __all__ = ["KEPT", "Kept", "forget", "keep", "kept", "program_key"]
 

@@ -31,10 +31,9 @@ from queue import Empty, Full
 from typing import Any
 
 import janus
-
-from controller.batching import TAKEN, Chunk, MicroBatcher, Taken
-from controller.stats import MainStats
-from io_loop.crossing import Events, Outgoing, count_unsent
+from forkless.controller.batching import TAKEN, Chunk, MicroBatcher, Taken
+from forkless.controller.stats import MainStats
+from forkless.io_loop.crossing import Events, Outgoing, count_unsent
 
 __all__ = ["POLL_S", "STOP_RESERVE_S", "Intake", "Outbound", "StopDeadline"]
 

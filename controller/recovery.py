@@ -40,22 +40,21 @@ from typing import Any
 
 import jax
 import numpy as np
-
-from controller.checkpoint import Restored
-from controller.checkpointer import CheckpointStore
-from controller.config import Config
-from controller.declared import declared
-from controller.engine import Engine, state_shapes
-from controller.errors import ProcessorContractError
-from controller.partitioned import PartitionedCheckpoints, PartitionPieces
-from controller.positions import SourcePositions
-from controller.slots import StreamSlots
-from controller.snapshot import PendingSnapshot
-from controller.stats import IOSnapshot, MainStats, SourceFigures
-from io_loop.counters import SourceStats
-from io_loop.crossing import Origin, PositionUnknown, Resume
-from io_loop.errors import PositionLost
-from io_loop.settings import FeedSpec
+from forkless.controller.checkpoint import Restored
+from forkless.controller.checkpointer import CheckpointStore
+from forkless.controller.config import Config
+from forkless.controller.declared import declared
+from forkless.controller.engine import Engine, state_shapes
+from forkless.controller.errors import ProcessorContractError
+from forkless.controller.partitioned import PartitionedCheckpoints, PartitionPieces
+from forkless.controller.positions import SourcePositions
+from forkless.controller.slots import StreamSlots
+from forkless.controller.snapshot import PendingSnapshot
+from forkless.controller.stats import IOSnapshot, MainStats, SourceFigures
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
+from forkless.io_loop.errors import PositionLost
+from forkless.io_loop.settings import FeedSpec
 
 __all__ = ["CONFIRM_POLL_S", "CONFIRM_WAIT_S", "Recovery"]
 

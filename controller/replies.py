@@ -25,10 +25,9 @@ from collections.abc import Iterator, Sequence
 from itertools import groupby
 
 import numpy as np
-
-from controller.batching import OUTBOUND, Outgoing, Taken, Trace
-from controller.codec import ENCODE_FAILED, Codec
-from controller.stats import MainStats, observe_hops
+from forkless.controller.batching import OUTBOUND, Outgoing, Taken, Trace
+from forkless.controller.codec import ENCODE_FAILED, Codec
+from forkless.controller.stats import MainStats, observe_hops
 
 __all__ = ["MAX_LOGGED_REASONS", "NON_FINITE_REASON", "Replies", "split_by_feed"]
 

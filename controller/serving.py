@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from controller.stats import StatsSnapshot, status_line
+from forkless.controller.stats import StatsSnapshot, status_line
 
 __all__ = ["serve"]
 

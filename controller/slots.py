@@ -36,8 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
-
-from controller.rowcopy import RowCopy
+from forkless.controller.rowcopy import RowCopy
 
 __all__ = ["OrderedNames", "StreamSlots", "TableCopy", "lru_order"]
 

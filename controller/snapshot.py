@@ -47,13 +47,12 @@ from typing import Any
 
 import jax
 import numpy as np
-
-from controller import ckptformat
-from controller.ckptformat import no_pause
-from controller.errors import CheckpointMismatch
-from controller.placement import CanonicalRows, Placement
-from controller.rowcopy import RowCopy
-from controller.slots import TableCopy
+from forkless.controller import ckptformat
+from forkless.controller.ckptformat import no_pause
+from forkless.controller.errors import CheckpointMismatch
+from forkless.controller.placement import CanonicalRows, Placement
+from forkless.controller.rowcopy import RowCopy
+from forkless.controller.slots import TableCopy
 
 __all__ = [
     "COPY_CHUNK_BYTES",

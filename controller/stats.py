@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from io_loop.counters import (
+from forkless.io_loop.counters import (
     LAG_INTERVAL_S,
     SECONDS_BOUNDS,
     FeedSnapshot,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from io_loop.netaddr import parse_host_port, unix_address, unix_socket_path, url_host_port
+from forkless.io_loop.netaddr import parse_host_port, unix_address, unix_socket_path, url_host_port
 
 __all__ = ["BUCKET_NAME", "SUBJECT_TOKEN", "ValueProblem", "address", "boolean", "bucket", "checkpoint_dir", "choice",
            "device_count", "existing_file", "header_pairs", "integer", "is_subject", "json_text", "listen_socket",

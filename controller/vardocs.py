@@ -3,8 +3,8 @@ both drawn from ``VARIABLES`` and ``Config``'s defaults (pure)."""
 
 from __future__ import annotations
 
-from controller.config import Config
-from controller.variables import VARIABLES, as_text
+from forkless.controller.config import Config
+from forkless.controller.variables import VARIABLES, as_text
 
 __all__ = ["help_text", "variables_table_markdown"]
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.feedspec import MAX_PARTITIONS, feeds_text
-from controller.values import (
+from forkless.controller.feedspec import MAX_PARTITIONS, feeds_text
+from forkless.controller.values import (
     address,
     boolean,
     bucket,
@@ -39,7 +39,7 @@ from controller.values import (
     unix_socket,
     ws_url,
 )
-from io_loop.settings import REPLY_POLICIES, SEQ_MODES
+from forkless.io_loop.settings import REPLY_POLICIES, SEQ_MODES
 
 __all__ = ["LOG_LEVELS", "PREFIX", "VARIABLES", "Variable", "as_text", "variable"]
 

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from controller import Config, Controller
+    from forkless import Config, Controller
 
     stop = threading.Event()
     stopped_by = ["duration"]

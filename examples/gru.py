@@ -18,7 +18,7 @@ of random ones to try it: ``save_random_weights("gru.npz", features=2, hidden=16
 
 Embed it (the default JSON codec sends every output back; ``on_results`` sees them first)::
 
-    from controller import Config, Controller
+    from forkless import Config, Controller
     from examples.gru import gru_processor
 
     def on_results(seq, stream, outputs):
@@ -46,8 +46,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from controller.processor import Processor, stream_processor
+from forkless.controller.processor import Processor, stream_processor
 
 __all__ = ["gru_processor", "gru_row_step", "load_weights", "save_random_weights"]
 

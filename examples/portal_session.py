@@ -28,7 +28,7 @@ if __package__ in (None, ""):  # run as a script from a clone: the repository's 
 
 import aiohttp
 
-from controller import IOPortal, PortalClosed
+from forkless import IOPortal, PortalClosed
 
 
 class DataClientWorker:

@@ -10,26 +10,31 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+if __name__ == "io_loop":  # imported by its old top-level name, in a checkout: forkless/_oldpath.py
+    from forkless._oldpath import alias
+
+    alias(__name__)
+
 # the IO side's public part: the exceptions, your own source, your own coroutine on the IO thread
 # (the controller re-exports each, where the documents name it); the rest is imported from its module
 _EXPORTS = {
-    "DeploymentMismatch": "io_loop.errors",
-    "FeedFatal": "io_loop.errors",
-    "ForklessError": "io_loop.errors",
-    "IOThreadError": "io_loop.errors",
-    "LeaseHeld": "io_loop.errors",
-    "LeaseLost": "io_loop.errors",
-    "MetricsServerError": "io_loop.errors",
-    "PositionLost": "io_loop.errors",
-    "StoreError": "io_loop.errors",
-    "Handshake": "io_loop.before_connect",
-    "IOPortal": "io_loop.portal",
-    "PortalClosed": "io_loop.portal",
-    "WorkerFailed": "io_loop.portal",
-    "ReplyBatch": "io_loop.source",
-    "Source": "io_loop.source",
-    "SourceContext": "io_loop.source",
-    "SourceStopped": "io_loop.source",
+    "DeploymentMismatch": "forkless.io_loop.errors",
+    "FeedFatal": "forkless.io_loop.errors",
+    "ForklessError": "forkless.io_loop.errors",
+    "IOThreadError": "forkless.io_loop.errors",
+    "LeaseHeld": "forkless.io_loop.errors",
+    "LeaseLost": "forkless.io_loop.errors",
+    "MetricsServerError": "forkless.io_loop.errors",
+    "PositionLost": "forkless.io_loop.errors",
+    "StoreError": "forkless.io_loop.errors",
+    "Handshake": "forkless.io_loop.before_connect",
+    "IOPortal": "forkless.io_loop.portal",
+    "PortalClosed": "forkless.io_loop.portal",
+    "WorkerFailed": "forkless.io_loop.portal",
+    "ReplyBatch": "forkless.io_loop.source",
+    "Source": "forkless.io_loop.source",
+    "SourceContext": "forkless.io_loop.source",
+    "SourceStopped": "forkless.io_loop.source",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from io_loop.connect import merge_headers
-from io_loop.netaddr import redact_url, url_host_port
-from io_loop.on_connect import guarded_call
+from forkless.io_loop.connect import merge_headers
+from forkless.io_loop.netaddr import redact_url, url_host_port
+from forkless.io_loop.on_connect import guarded_call
 
 __all__ = ["BeforeConnect", "Handshake", "call_before_connect", "resolve"]
 

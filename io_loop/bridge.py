@@ -23,8 +23,7 @@ import asyncio
 from dataclasses import dataclass
 
 import janus
-
-from io_loop.crossing import Chunk, Outgoing
+from forkless.io_loop.crossing import Chunk, Outgoing
 
 __all__ = ["Bridge", "MainSide"]
 

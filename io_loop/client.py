@@ -44,11 +44,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
-
-from io_loop import aiohttp_compat
-from io_loop.backoff import Backoff
-from io_loop.before_connect import BeforeConnect, call_before_connect
-from io_loop.connect import (
+from forkless.io_loop import aiohttp_compat
+from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.before_connect import BeforeConnect, call_before_connect
+from forkless.io_loop.connect import (
     ConnectFailed,
     HandshakeRefused,
     handshake_headers,
@@ -58,10 +57,10 @@ from io_loop.connect import (
     short,
     shown_target,
 )
-from io_loop.errors import FeedFatal
-from io_loop.on_connect import HookFailed, OnConnect, call_hook
-from io_loop.settings import FeedSpec, IOSettings
-from io_loop.source import SourceContext, SourceStopped
+from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.on_connect import HookFailed, OnConnect, call_hook
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.source import SourceContext, SourceStopped
 
 __all__ = ["End", "Outcome", "WebSocketSource", "pause_before_reconnect"]
 

@@ -31,10 +31,9 @@ from collections.abc import Iterable, Mapping
 
 import aiohttp
 from aiohttp.client_exceptions import UnixClientConnectorError
-
-from io_loop.aiohttp_compat import UnixConnector
-from io_loop.netaddr import redact_url, unix_label
-from io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.aiohttp_compat import UnixConnector
+from forkless.io_loop.netaddr import redact_url, unix_label
+from forkless.io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "merge_headers",
            "new_session", "open_feed", "redact_url", "shown_target"]

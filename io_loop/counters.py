@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from io_loop.crossing import HOPS
+from forkless.io_loop.crossing import HOPS
 
 __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "HistogramSnapshot", "IOSnapshot",
            "IOStats", "SourceStats", "add_hops", "combine_io", "copy_counts", "new_hops", "observe_hops"]

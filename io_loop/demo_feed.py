@@ -51,9 +51,8 @@ from typing import Any
 
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
-
-from io_loop.netaddr import is_loopback
-from io_loop.unixsocket import ListeningUnixSocket, listen_unix
+from forkless.io_loop.netaddr import is_loopback
+from forkless.io_loop.unixsocket import ListeningUnixSocket, listen_unix
 
 __all__ = ["DemoFeed", "DemoScore", "DemoSummary"]
 

@@ -21,13 +21,13 @@ import asyncio
 import dataclasses
 import logging
 
-from io_loop.before_connect import BeforeConnect
-from io_loop.client import WebSocketSource
-from io_loop.connect import shown_target
-from io_loop.demo_feed import DemoFeed
-from io_loop.on_connect import OnConnect
-from io_loop.settings import FeedSpec, IOSettings
-from io_loop.source import SourceContext
+from forkless.io_loop.before_connect import BeforeConnect
+from forkless.io_loop.client import WebSocketSource
+from forkless.io_loop.connect import shown_target
+from forkless.io_loop.demo_feed import DemoFeed
+from forkless.io_loop.on_connect import OnConnect
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.source import SourceContext
 
 __all__ = ["DemoSource"]
 

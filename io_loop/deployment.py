@@ -25,12 +25,11 @@ import time
 from typing import Any
 
 import nats.js.errors
-
-from io_loop.errors import DeploymentMismatch, StoreError
-from io_loop.leases import POLLS_PER_LEASE, RENEWS_PER_LEASE, Leases
-from io_loop.natsconn import NATS_ERRORS
-from io_loop.partitions import format_partitions
-from io_loop.storethread import StoreThread, each, sleep_or_stop
+from forkless.io_loop.errors import DeploymentMismatch, StoreError
+from forkless.io_loop.leases import POLLS_PER_LEASE, RENEWS_PER_LEASE, Leases
+from forkless.io_loop.natsconn import NATS_ERRORS
+from forkless.io_loop.partitions import format_partitions
+from forkless.io_loop.storethread import StoreThread, each, sleep_or_stop
 
 __all__ = ["DeploymentRecord"]
 

@@ -33,17 +33,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import janus
-
-from io_loop.before_connect import BeforeConnect
-from io_loop.bridge import Bridge
-from io_loop.client import WebSocketSource
-from io_loop.counters import FeedSnapshot, IOStats
-from io_loop.crossing import Outgoing, count_unsent
-from io_loop.decoding import FrameDecoder
-from io_loop.errors import FeedFatal
-from io_loop.on_connect import OnConnect
-from io_loop.settings import FeedSpec, IOSettings
-from io_loop.source import Source, SourceRunner
+from forkless.io_loop.before_connect import BeforeConnect
+from forkless.io_loop.bridge import Bridge
+from forkless.io_loop.client import WebSocketSource
+from forkless.io_loop.counters import FeedSnapshot, IOStats
+from forkless.io_loop.crossing import Outgoing, count_unsent
+from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.on_connect import OnConnect
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.source import Source, SourceRunner
 
 __all__ = ["FeedSet", "Outbox", "feed_client", "feed_source"]
 
@@ -98,12 +97,12 @@ def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, S
         return sources[spec.name]
     if spec.jetstream is not None:
         # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-        from io_loop.jetstream import JetStreamSource
+        from forkless.io_loop.jetstream import JetStreamSource
 
         return JetStreamSource(settings, spec, fence=fence if spec.jetstream.partitioned else None)
     if not spec.url and settings.uses_demo_feed:
         # only when it runs: the demo feed's server (io_loop/demo_source.py has the reason)
-        from io_loop.demo_source import DemoSource
+        from forkless.io_loop.demo_source import DemoSource
 
         return DemoSource(settings, spec, on_connect=on_connect, before_connect=before_connect)
     return WebSocketSource(settings, spec, on_connect=on_connect, before_connect=before_connect)

@@ -29,11 +29,10 @@ import time
 from typing import Any, Protocol
 
 import numpy as np
-
-from io_loop.counters import IOStats
-from io_loop.crossing import INBOUND, SAMPLE_EVERY, Chunk, Events, Origin, Trace
-from io_loop.decoding import DecodedFrame
-from io_loop.spill import Spill
+from forkless.io_loop.counters import IOStats
+from forkless.io_loop.crossing import INBOUND, SAMPLE_EVERY, Chunk, Events, Origin, Trace
+from forkless.io_loop.decoding import DecodedFrame
+from forkless.io_loop.spill import Spill
 
 __all__ = ["Handover", "InboundQueue"]
 

@@ -34,10 +34,9 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-
-from io_loop.errors import MetricsServerError
-from io_loop.netaddr import is_loopback, parse_host_port, unix_address, unix_label
-from io_loop.unixsocket import ListeningUnixSocket, listen_unix
+from forkless.io_loop.errors import MetricsServerError
+from forkless.io_loop.netaddr import is_loopback, parse_host_port, unix_address, unix_label
+from forkless.io_loop.unixsocket import ListeningUnixSocket, listen_unix
 
 __all__ = ["MetricsServer"]
 

@@ -69,17 +69,15 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-from io_loop.backoff import Backoff
-from io_loop.client import End, Outcome, pause_before_reconnect
-from io_loop.counters import SourceStats
-from io_loop.errors import FeedFatal, PositionLost
-from io_loop.jsconsumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
-from io_loop.jsprobe import check_partitions
-from io_loop.jspublish import ReplyPublisher
-from io_loop.nats_compat import RawClient
-from io_loop.natsconn import (
+from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.client import End, Outcome, pause_before_reconnect
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.errors import FeedFatal, PositionLost
+from forkless.io_loop.jsconsumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
+from forkless.io_loop.jsprobe import check_partitions
+from forkless.io_loop.jspublish import ReplyPublisher
+from forkless.io_loop.nats_compat import RawClient
+from forkless.io_loop.natsconn import (
     NATS_ERRORS,
     NatsConnectFailed,
     close_quietly,
@@ -88,8 +86,9 @@ from io_loop.natsconn import (
     describe_error,
     unsubscribe_quietly,
 )
-from io_loop.settings import FeedSpec, IOSettings
-from io_loop.source import SourceContext
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.source import SourceContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 __all__ = ["JetStreamSource"]
 

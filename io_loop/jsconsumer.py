@@ -52,11 +52,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from io_loop.counters import SourceStats
-from io_loop.crossing import PositionUnknown, Resume
-from io_loop.errors import PositionLost
-from io_loop.partitions import escape_stream, partition_of
-from io_loop.settings import JetStreamSpec
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.crossing import PositionUnknown, Resume
+from forkless.io_loop.errors import PositionLost
+from forkless.io_loop.partitions import escape_stream, partition_of
+from forkless.io_loop.settings import JetStreamSpec
 
 __all__ = ["FOREIGN_REASON", "SKIP", "Consumer", "Drop", "Take", "delivery_numbers"]
 

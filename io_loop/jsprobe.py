@@ -19,8 +19,7 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
-
-from io_loop.natsconn import (
+from forkless.io_loop.natsconn import (
     NATS_ERRORS,
     NatsConnectFailed,
     close_quietly,
@@ -28,8 +27,8 @@ from io_loop.natsconn import (
     connect_options,
     describe_error,
 )
-from io_loop.partitions import format_partitions, partition_transform, transform_problems
-from io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
+from forkless.io_loop.partitions import format_partitions, partition_transform, transform_problems
+from forkless.io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
 
 __all__ = ["check_partitions", "probe_jetstream"]
 

@@ -39,14 +39,13 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
-
-from io_loop.client import End, Outcome
-from io_loop.counters import SourceStats
-from io_loop.crossing import Origin
-from io_loop.nats_compat import publish_commands
-from io_loop.natsconn import NATS_ERRORS, describe_error, duplicate_ack, unsubscribe_quietly
-from io_loop.settings import FeedSpec, IOSettings
-from io_loop.writer import ReplyBatch
+from forkless.io_loop.client import End, Outcome
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.crossing import Origin
+from forkless.io_loop.nats_compat import publish_commands
+from forkless.io_loop.natsconn import NATS_ERRORS, describe_error, duplicate_ack, unsubscribe_quietly
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.writer import ReplyBatch
 
 __all__ = ["ReplyAcks", "ReplyPublisher", "error_ack", "msg_id", "reply_commands"]
 

@@ -56,14 +56,13 @@ import time
 from typing import Any, Protocol
 
 import nats.js.errors
+from forkless.io_loop.errors import LeaseHeld, LeaseLost, StoreError
+from forkless.io_loop.natsconn import NATS_ERRORS
+from forkless.io_loop.natsconn import NatsConnectFailed as _Failed
+from forkless.io_loop.natsconn import describe_error as _describe
+from forkless.io_loop.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread, each, sleep_or_stop
 from nats.js import api
 from nats.js.kv import KeyValue
-
-from io_loop.errors import LeaseHeld, LeaseLost, StoreError
-from io_loop.natsconn import NATS_ERRORS
-from io_loop.natsconn import NatsConnectFailed as _Failed
-from io_loop.natsconn import describe_error as _describe
-from io_loop.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread, each, sleep_or_stop
 
 __all__ = ["Leases", "RoundPart", "wrong_last"]
 

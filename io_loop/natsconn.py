@@ -25,9 +25,8 @@ from typing import Any
 
 import nats
 import nats.errors
-
-from io_loop.connect import make_ssl_context
-from io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.connect import make_ssl_context
+from forkless.io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["NATS_ERRORS", "NatsConnectFailed", "close_quietly", "connect_once", "connect_options",
            "credentials_refused", "describe_error", "duplicate_ack", "unsubscribe_quietly"]

@@ -30,12 +30,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from io_loop.deployment import DeploymentRecord
-from io_loop.errors import LeaseLost
-from io_loop.leases import Leases
-from io_loop.objects import Objects
-from io_loop.settings import FeedSpec, IOSettings
-from io_loop.storethread import StoreThread
+from forkless.io_loop.deployment import DeploymentRecord
+from forkless.io_loop.errors import LeaseLost
+from forkless.io_loop.leases import Leases
+from forkless.io_loop.objects import Objects
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.storethread import StoreThread
 
 __all__ = ["NatsStore"]
 

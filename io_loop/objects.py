@@ -41,14 +41,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import nats.js.errors
+from forkless.io_loop.errors import StoreError
+from forkless.io_loop.natsconn import NATS_ERRORS
+from forkless.io_loop.natsconn import describe_error as _describe
+from forkless.io_loop.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread
 from nats.js import api
 from nats.js.object_store import ObjectStore
 from nats.nuid import NUID
-
-from io_loop.errors import StoreError
-from io_loop.natsconn import NATS_ERRORS
-from io_loop.natsconn import describe_error as _describe
-from io_loop.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread
 
 __all__ = ["ObjectDamaged", "Objects"]
 

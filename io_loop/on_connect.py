@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from io_loop.netaddr import redact_url
+from forkless.io_loop.netaddr import redact_url
 
 __all__ = ["HookFailed", "OnConnect", "call_hook", "frames_of", "guarded_call"]
 

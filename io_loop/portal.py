@@ -36,9 +36,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import janus
-
-from io_loop.errors import ForklessError
-from io_loop.portalqueue import Empty, Full, MainQueue, WorkerQueue
+from forkless.io_loop.errors import ForklessError
+from forkless.io_loop.portalqueue import Empty, Full, MainQueue, WorkerQueue
 
 __all__ = ["Empty", "Full", "IOPortal", "MainQueue", "PortalClosed", "WorkerFailed", "WorkerQueue"]
 

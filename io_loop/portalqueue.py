@@ -25,8 +25,7 @@ from collections.abc import Callable, Generator
 from typing import Any, NoReturn
 
 import janus
-
-from io_loop.errors import ForklessError
+from forkless.io_loop.errors import ForklessError
 
 __all__ = ["Empty", "Full", "MainQueue", "WorkerQueue"]
 

@@ -28,8 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-
-from io_loop.connect import (
+from forkless.io_loop.connect import (
     ConnectFailed,
     HandshakeRefused,
     handshake_headers,
@@ -38,12 +37,12 @@ from io_loop.connect import (
     open_feed,
     shown_target,
 )
-from io_loop.decoding import FrameDecoder
-from io_loop.demo_feed import DemoFeed
-from io_loop.demo_feed import log as demo_log
-from io_loop.netaddr import parse_host_port, unix_address, unix_label
-from io_loop.settings import FeedSpec, IOSettings
-from io_loop.unixsocket import listen_unix
+from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.demo_feed import DemoFeed
+from forkless.io_loop.demo_feed import log as demo_log
+from forkless.io_loop.netaddr import parse_host_port, unix_address, unix_label
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.unixsocket import listen_unix
 
 __all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "check_metrics_addr", "probe_feed"]
 
@@ -139,7 +138,7 @@ async def _probe_one(settings: IOSettings, codec: FrameDecoder, say: Callable[[s
         await _connect_once(settings, codec, feed.url, say, feed)
         return
     # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-    from io_loop.jsprobe import probe_jetstream
+    from forkless.io_loop.jsprobe import probe_jetstream
 
     problems = await probe_jetstream(settings, feed, say, dedupe_window_s)
     if problems:

@@ -55,11 +55,10 @@ from typing import Any
 import janus
 import nats.js.errors
 import orjson
-
-from io_loop.backoff import Backoff
-from io_loop.crossing import Chunk
-from io_loop.errors import FeedFatal
-from io_loop.natsconn import (
+from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.crossing import Chunk
+from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.natsconn import (
     NATS_ERRORS,
     NatsConnectFailed,
     close_quietly,
@@ -69,9 +68,9 @@ from io_loop.natsconn import (
     duplicate_ack,
     unsubscribe_quietly,
 )
-from io_loop.partitions import escape_stream
-from io_loop.relaystats import GAP_REASONS, Gap, RelaySnapshot, RelayStats, SeqGaps
-from io_loop.settings import IOSettings, RelaySettings
+from forkless.io_loop.partitions import escape_stream
+from forkless.io_loop.relaystats import GAP_REASONS, Gap, RelaySnapshot, RelayStats, SeqGaps
+from forkless.io_loop.settings import IOSettings, RelaySettings
 
 __all__ = ["GAP_REASONS", "Gap", "Publisher", "RelaySnapshot", "RelayStats", "SeqGaps"]
 

@@ -18,8 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from io_loop.counters import copy_counts
-from io_loop.settings import SEQ_MODES
+from forkless.io_loop.counters import copy_counts
+from forkless.io_loop.settings import SEQ_MODES
 
 __all__ = ["ACROSS_RECONNECT", "GAP_REASONS", "WITHIN_CONNECTION", "Gap", "RelaySnapshot", "RelayStats", "SeqGaps"]
 

@@ -34,10 +34,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from io_loop.backoff import Backoff
-from io_loop.errors import FeedFatal, ForklessError
-from io_loop.netaddr import redact_url
-from io_loop.on_connect import URL_IN_TEXT, HookFailed, guarded_call
+from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.errors import FeedFatal, ForklessError
+from forkless.io_loop.netaddr import redact_url
+from forkless.io_loop.on_connect import URL_IN_TEXT, HookFailed, guarded_call
 
 __all__ = ["Relogin", "SendFailed"]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from io_loop.netaddr import redact_url, redact_urls, unix_label
-from io_loop.partitions import PARTITION_FIELD, partition_subjects
+from forkless.io_loop.netaddr import redact_url, redact_urls, unix_label
+from forkless.io_loop.partitions import PARTITION_FIELD, partition_subjects
 
 __all__ = ["DEFAULT_SOURCE_BUFFER", "REPLY_POLICIES", "SEQ_MODES", "FeedSpec", "IOSettings", "JetStreamSpec",
            "RelaySettings"]

@@ -71,17 +71,16 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-
-from io_loop.counters import IOStats
-from io_loop.crossing import Events, Origin, Outgoing
-from io_loop.decoding import FrameDecoder
-from io_loop.emitted import Positions, check_first, checked_rows, drop_first
-from io_loop.emitted import check_position as _check_position
-from io_loop.errors import FeedFatal, ForklessError
-from io_loop.handover import Handover
-from io_loop.settings import FeedSpec, IOSettings
-from io_loop.spill import source_policy
-from io_loop.writer import Outbound, ReplyBatch
+from forkless.io_loop.counters import IOStats
+from forkless.io_loop.crossing import Events, Origin, Outgoing
+from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.emitted import Positions, check_first, checked_rows, drop_first
+from forkless.io_loop.emitted import check_position as _check_position
+from forkless.io_loop.errors import FeedFatal, ForklessError
+from forkless.io_loop.handover import Handover
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.spill import source_policy
+from forkless.io_loop.writer import Outbound, ReplyBatch
 
 __all__ = ["ReplyBatch", "Source", "SourceContext", "SourceRunner", "SourceStopped"]
 

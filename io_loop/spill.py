@@ -33,9 +33,9 @@ import logging
 from collections import deque
 from typing import Any
 
-from io_loop.counters import IOStats
-from io_loop.crossing import Events
-from io_loop.settings import DEFAULT_SOURCE_BUFFER
+from forkless.io_loop.counters import IOStats
+from forkless.io_loop.crossing import Events
+from forkless.io_loop.settings import DEFAULT_SOURCE_BUFFER
 
 __all__ = ["DEFAULT_SOURCE_BUFFER", "OVERFLOW_POLICIES", "Spill", "declared_policy", "source_policy"]
 

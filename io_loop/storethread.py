@@ -33,13 +33,12 @@ from typing import Any, TypeVar
 import nats
 import nats.errors
 import nats.js.errors
-
-from io_loop.backoff import Backoff
-from io_loop.errors import FeedFatal, StopRequested, StoreError
-from io_loop.natsconn import NATS_ERRORS, close_quietly, connect_once, connect_options
-from io_loop.natsconn import NatsConnectFailed as _Failed
-from io_loop.natsconn import describe_error as _describe
-from io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.errors import FeedFatal, StopRequested, StoreError
+from forkless.io_loop.natsconn import NATS_ERRORS, close_quietly, connect_once, connect_options
+from forkless.io_loop.natsconn import NatsConnectFailed as _Failed
+from forkless.io_loop.natsconn import describe_error as _describe
+from forkless.io_loop.settings import FeedSpec, IOSettings
 
 __all__ = ["StoreThread", "each", "sleep_or_stop"]
 

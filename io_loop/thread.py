@@ -38,19 +38,19 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from io_loop.before_connect import BeforeConnect
-from io_loop.bridge import Bridge, MainSide
-from io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
-from io_loop.crossing import Origin, count_unsent
-from io_loop.decoding import FrameDecoder
-from io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, PositionLost
-from io_loop.feeds import FeedSet
-from io_loop.on_connect import OnConnect
-from io_loop.settings import IOSettings
-from io_loop.source import Source
+from forkless.io_loop.before_connect import BeforeConnect
+from forkless.io_loop.bridge import Bridge, MainSide
+from forkless.io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
+from forkless.io_loop.crossing import Origin, count_unsent
+from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, PositionLost
+from forkless.io_loop.feeds import FeedSet
+from forkless.io_loop.on_connect import OnConnect
+from forkless.io_loop.settings import IOSettings
+from forkless.io_loop.source import Source
 
 if TYPE_CHECKING:
-    from io_loop.demo_feed import DemoFeed
+    from forkless.io_loop.demo_feed import DemoFeed
 
 __all__ = ["IOThread", "InboundSink"]
 
@@ -229,7 +229,7 @@ class IOThread:
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:
-                from io_loop.http import MetricsServer  # only when served: aiohttp.web, 1.7 MiB resident
+                from forkless.io_loop.http import MetricsServer  # only when served: aiohttp.web, 1.7 MiB resident
 
                 metrics = MetricsServer(cfg.metrics_addr, snapshot=self._stats_snapshot, alive=self._thread.is_alive,
                                         render=self._render_metrics)

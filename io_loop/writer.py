@@ -29,9 +29,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import janus
-
-from io_loop.counters import IOStats
-from io_loop.crossing import PICKED, WRITTEN, Outgoing
+from forkless.io_loop.counters import IOStats
+from forkless.io_loop.crossing import PICKED, WRITTEN, Outgoing
 
 __all__ = ["HeldReply", "Outbound", "ReplyBatch"]
 

@@ -22,12 +22,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from forkless.controller.batching import Chunk
+from forkless.controller.config import Config
+from forkless.controller.errors import ProcessorContractError
+from forkless.controller.loop import Controller
+from forkless.controller.processor import Processor
 
-from controller.batching import Chunk
-from controller.config import Config
-from controller.errors import ProcessorContractError
-from controller.loop import Controller
-from controller.processor import Processor
 from tests.fake_io import FakeIO, drain
 
 F = 3

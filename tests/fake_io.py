@@ -26,12 +26,11 @@ from queue import Empty, Full
 from typing import Any
 
 import janus
-
-from controller.codec import Codec
-from controller.config import Config
-from controller.errors import FeedFatal, IOThreadError, MetricsServerError
-from controller.stats import IOSnapshot, IOStats, StatsSnapshot
-from io_loop.bridge import MainSide
+from forkless.controller.codec import Codec
+from forkless.controller.config import Config
+from forkless.controller.errors import FeedFatal, IOThreadError, MetricsServerError
+from forkless.controller.stats import IOSnapshot, IOStats, StatsSnapshot
+from forkless.io_loop.bridge import MainSide
 
 __all__ = ["EndlessQueue", "FakeIO", "FakeQueue", "drain"]
 

@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orjson
+from forkless.controller.batching import Chunk
+from forkless.controller.config import Config
+from forkless.controller.loop import Controller
+from forkless.controller.processor import Processor
 
-from controller.batching import Chunk
-from controller.config import Config
-from controller.loop import Controller
-from controller.processor import Processor
 from tests.fake_io import FakeIO, drain
 
 F = 2

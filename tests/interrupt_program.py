@@ -21,8 +21,9 @@ import threading
 import time
 from typing import Any
 
-from controller import Config, Controller
-from controller.processor import ewma_processor
+from forkless.controller.processor import ewma_processor
+
+from forkless import Config, Controller
 
 
 class GoesQuietAtTheStop:

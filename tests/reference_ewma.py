@@ -8,8 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-
-from controller.processor import EPS, EWMAState, Processor, _occurrences
+from forkless.controller.processor import EPS, EWMAState, Processor, _occurrences
 
 
 def reference_ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20,

@@ -22,7 +22,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from controller import Config, Controller, Processor
+from forkless import Config, Controller, Processor
 
 
 def init(config: Config) -> dict[str, Any]:

@@ -8,8 +8,8 @@ import json
 import sys
 import threading
 
-from controller.config import Config
-from io_loop.natsstore import NatsStore
+from forkless.controller.config import Config
+from forkless.io_loop.natsstore import NatsStore
 
 
 def main(url: str, lease_bucket: str, lease_s: str, holder: str, *keys: str) -> None:

@@ -14,8 +14,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-
-from io_loop import aiohttp_compat
+from forkless.io_loop import aiohttp_compat
 
 LIMIT_S = 10.0  # bounds each test if something hangs; nothing waits this long when it works
 

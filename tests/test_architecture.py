@@ -179,9 +179,12 @@ class Import:
 
 
 def module_name(path: str) -> str:
+    """The dotted name a file is imported as: ``controller/loop.py`` is ``forkless.controller.loop``."""
     parts = path.removesuffix(".py").split("/")
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in SCANNED_DIRS:
+        parts.insert(0, "forkless")
     return ".".join(parts)
 
 
@@ -230,7 +233,8 @@ def find_imports(source: str, path: str, modules: dict[str, str] = MODULES) -> l
 def loaded(target: str) -> list[str]:
     """``a.b.c`` and the packages whose ``__init__`` importing it runs: ``a``, ``a.b``."""
     parts = target.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    # forkless/__init__.py, which every one of them runs, only names the two packages: no layer of its own
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1) if parts[:i] != ["forkless"]]
 
 
 def read(path: str) -> str:
@@ -417,11 +421,11 @@ def lazy_params():
 def test_the_known_lazy_imports_are_found():
     # some lazy imports that exist today, so that a scanner that stopped seeing them fails here
     assert {
-        "controller/cli.py:main:controller.check",
-        "controller/cli.py:main:controller.loop",
+        "controller/cli.py:main:forkless.controller.check",
+        "controller/cli.py:main:forkless.controller.loop",
         "controller/check.py:_show_jax:jax",
-        "controller/check.py:_compile:controller.compiled",
-        "controller/ioside.py:io_thread:controller.metrics",
+        "controller/check.py:_compile:forkless.controller.compiled",
+        "controller/ioside.py:io_thread:forkless.controller.metrics",
     } <= {imp.key for imp in LAZY}
 
 
@@ -439,7 +443,7 @@ def test_known_without_reason_lists_only_lazy_imports_that_exist():
 
 SAMPLE = '''\
 import os
-from io_loop import backoff
+from forkless.io_loop import backoff
 
 
 class A:
@@ -452,7 +456,7 @@ class A:
 
     async def coroutine(self):
         async def inner():
-            from controller.stats import IOStats
+            from forkless.controller.stats import IOStats
             return IOStats
         return inner
 '''
@@ -462,17 +466,17 @@ def test_the_scanner_sees_top_level_class_level_and_nested_function_imports():
     found = find_imports(SAMPLE, "controller/sample.py")
     assert [(imp.line, imp.targets, imp.lazy) for imp in found] == [
         (1, ("os",), False),
-        (2, ("io_loop.backoff",), False),
+        (2, ("forkless.io_loop.backoff",), False),
         (6, ("json",), False),
         (10, ("socket",), True),
-        (15, ("controller.stats",), True),
+        (15, ("forkless.controller.stats",), True),
     ]
 
 
 def test_the_scanner_resolves_relative_imports_and_counts_parent_packages():
     found = find_imports("from . import backoff\nfrom .bridge import Bridge\n", "io_loop/client.py")
-    assert [imp.targets for imp in found] == [("io_loop.backoff",), ("io_loop.bridge",)]
-    assert loaded("io_loop.backoff") == ["io_loop", "io_loop.backoff"]
+    assert [imp.targets for imp in found] == [("forkless.io_loop.backoff",), ("forkless.io_loop.bridge",)]
+    assert loaded("forkless.io_loop.backoff") == ["forkless.io_loop", "forkless.io_loop.backoff"]
 
 
 LAZY_SAMPLE = '''\
@@ -515,14 +519,14 @@ IO_MODULES = sorted(module_name(p) for p in IO)
 
 
 @pytest.mark.parametrize("statement", [
-    "import controller.config",
-    "from controller import Config, ConfigError",
+    "import forkless.controller.config",
+    "from forkless import Config, ConfigError",
     "import app",
     "import " + ", ".join(IO_MODULES),
-], ids=["controller.config", "controller.Config", "app", "io_loop-and-every-io-module"])
+], ids=["forkless.controller.config", "forkless.Config", "app", "io_loop-and-every-io-module"])
 def test_importing_this_does_not_import_jax(statement: str):
     loaded_modules = modules_loaded_by(statement)
-    assert "controller.config" in loaded_modules or "io_loop" in loaded_modules  # it did import something
+    assert "forkless.controller.config" in loaded_modules or "forkless.io_loop" in loaded_modules  # imported something
     jax_modules = sorted(m for m in loaded_modules if m.split(".")[0] in JAX)
     assert not jax_modules, f"{statement!r} imported {len(jax_modules)} JAX modules, e.g. {jax_modules[:3]}"
 
@@ -534,9 +538,9 @@ def test_a_websocket_only_run_imports_no_library_only_some_runs_need():
     # a whole run on the demo feed (WebSocket, no metrics): what it imports is what such a run pays in memory
     loaded_modules = modules_loaded_by(
         "import os\nos.environ.update(FORKLESS_DURATION='1', FORKLESS_STATUS_S='0')\n"
-        "from app import load_config\nfrom controller.loop import Controller\nController(load_config()).run()",
+        "from app import load_config\nfrom forkless.controller.loop import Controller\nController(load_config()).run()",
         env=app_env())  # the session's compilation cache: the default step loaded, not compiled cold
-    assert "io_loop.client" in loaded_modules and "jax" in loaded_modules  # it did start a feed and JAX
+    assert "forkless.io_loop.client" in loaded_modules and "jax" in loaded_modules  # it did start a feed and JAX
     optional = sorted({m.split(".")[0] for m in loaded_modules} & OPTIONAL_LIBRARIES)
     assert not optional, f"a WebSocket-only run imported {optional}: import them only where they are used"
 
@@ -577,8 +581,8 @@ def test_only_the_engine_assigns_the_device_state():
 
 
 def test_importing_io_loop_backoff_loads_neither_janus_nor_aiohttp():
-    loaded_modules = modules_loaded_by("import io_loop.backoff")
-    assert "io_loop.backoff" in loaded_modules
+    loaded_modules = modules_loaded_by("import forkless.io_loop.backoff")
+    assert "forkless.io_loop.backoff" in loaded_modules
     assert not {"janus", "aiohttp", "numpy"} & loaded_modules
 
 
@@ -593,7 +597,7 @@ def test_the_io_loop_package_re_exports_lazily():
     loaded_modules = modules_loaded_by("import io_loop")
     assert not {m for m in loaded_modules if m.startswith("io_loop.")}
     names = modules_loaded_by("import io_loop; io_loop.IOPortal; io_loop.FeedFatal")
-    assert {"io_loop.portal", "io_loop.errors"} <= names
+    assert {"forkless.io_loop.portal", "forkless.io_loop.errors"} <= names
 
 
 # ---- modules along their jobs: small modules, short functions ---------------------------------------

@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from io_loop.backoff import Backoff
+from forkless.io_loop.backoff import Backoff
 
 
 def _backoff(tries: int = 0, seed: int = 1) -> Backoff:

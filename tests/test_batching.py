@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from controller.batching import Chunk, MicroBatcher, bucket_for, pad_batch
+from forkless.controller.batching import Chunk, MicroBatcher, bucket_for, pad_batch
 
 
 def chunk(seqs, t=0):

@@ -15,17 +15,16 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from controller.batching import Chunk, MicroBatcher, Outgoing, Taken
-from controller.batchstep import BatchStep
-from controller.codec import guarded
-from controller.config import Config
-from controller.engine import compile_step
-from controller.positions import SourcePositions
-from controller.processor import Processor
-from controller.replies import NON_FINITE_REASON, Replies
-from controller.slots import StreamSlots
-from controller.stats import MainStats
+from forkless.controller.batching import Chunk, MicroBatcher, Outgoing, Taken
+from forkless.controller.batchstep import BatchStep
+from forkless.controller.codec import guarded
+from forkless.controller.config import Config
+from forkless.controller.engine import compile_step
+from forkless.controller.positions import SourcePositions
+from forkless.controller.processor import Processor
+from forkless.controller.replies import NON_FINITE_REASON, Replies
+from forkless.controller.slots import StreamSlots
+from forkless.controller.stats import MainStats
 
 F = 2
 CONFIG = Config(features=F, max_batch=4, max_streams=3, max_wait_ms=0.0, status_s=0.0)

@@ -19,17 +19,16 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-
-from controller.checkpoint import checkpoint_path, list_checkpoints, load_newest, write_checkpoint
-from controller.checkpointer import Checkpointer
-from controller.ckptformat import TEMP_PREFIX
-from controller.compiled import example_batch
-from controller.config import Config
-from controller.errors import CheckpointMismatch, ConfigError
-from controller.metrics import metric_families
-from controller.processor import EWMAState, default_processor
-from controller.snapshot import Snapshot, take_snapshot
-from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
+from forkless.controller.checkpoint import checkpoint_path, list_checkpoints, load_newest, write_checkpoint
+from forkless.controller.checkpointer import Checkpointer
+from forkless.controller.ckptformat import TEMP_PREFIX
+from forkless.controller.compiled import example_batch
+from forkless.controller.config import Config
+from forkless.controller.errors import CheckpointMismatch, ConfigError
+from forkless.controller.metrics import metric_families
+from forkless.controller.processor import EWMAState, default_processor
+from forkless.controller.snapshot import Snapshot, take_snapshot
+from forkless.controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
 
 WAIT_S = 10.0 * float(os.environ.get("FORKLESS_TEST_TIME_SCALE", "1"))
 
@@ -272,7 +271,8 @@ def test_a_state_of_another_structure_names_the_missing_leaf(tmp_path: Path) -> 
 
 
 def test_checkpoint_priority_reaches_the_writer_and_defaults_to_idle(tmp_path: Path) -> None:
-    from controller.loop import Controller
+    from forkless.controller.loop import Controller
+
     from tests.fake_io import FakeIO
 
     default = Controller(Config.from_env({"FORKLESS_CHECKPOINT_DIR": str(tmp_path)}), io_factory=FakeIO())

@@ -14,19 +14,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import forkless.controller.checkpoint as checkpoint
+import forkless.controller.snapshot as snapshot
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from forkless.controller.batching import Chunk
+from forkless.controller.config import Config
+from forkless.controller.loop import Controller
+from forkless.controller.processor import Processor, default_processor
+from forkless.controller.rowcopy import RowCopy
+from forkless.controller.slots import StreamSlots
 
-import controller.checkpoint as checkpoint
-import controller.snapshot as snapshot
-from controller.batching import Chunk
-from controller.config import Config
-from controller.loop import Controller
-from controller.processor import Processor, default_processor
-from controller.rowcopy import RowCopy
-from controller.slots import StreamSlots
 from tests.fake_io import FakeIO, drain
 
 WAIT_S = 10.0 * float(os.environ.get("FORKLESS_TEST_TIME_SCALE", "1"))
@@ -289,7 +289,7 @@ def test_the_writer_pauses_between_chunks_of_names_and_the_file_is_the_same(tmp_
 
 
 def test_ordered_names_read_the_live_list_with_recycled_slots_put_back() -> None:
-    from controller.slots import OrderedNames
+    from forkless.controller.slots import OrderedNames
 
     live = ["a", "b", "c", "d"]
     replaced: dict[int, str] = {}

@@ -14,16 +14,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from forkless.controller.batching import Chunk
+from forkless.controller.checkpoint import DirectoryStore, Restored, as_restored, list_checkpoints
+from forkless.controller.checkpointer import Checkpointer, store_for
+from forkless.controller.ckptformat import CheckpointDamaged, parse_checkpoint
+from forkless.controller.config import Config
+from forkless.controller.errors import ProcessorContractError
+from forkless.controller.loop import Controller
+from forkless.controller.processor import Processor, default_processor
+from forkless.controller.snapshot import Snapshot, checkpoint_bytes
 
-from controller.batching import Chunk
-from controller.checkpoint import DirectoryStore, Restored, as_restored, list_checkpoints
-from controller.checkpointer import Checkpointer, store_for
-from controller.ckptformat import CheckpointDamaged, parse_checkpoint
-from controller.config import Config
-from controller.errors import ProcessorContractError
-from controller.loop import Controller
-from controller.processor import Processor, default_processor
-from controller.snapshot import Snapshot, checkpoint_bytes
 from tests.fake_io import FakeIO, drain
 
 F = 3

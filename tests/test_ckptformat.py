@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from controller.ckptformat import (
+from forkless.controller.ckptformat import (
     FORMAT,
     MIN_BYTES,
     CheckpointDamaged,
@@ -24,8 +23,8 @@ from controller.ckptformat import (
     sequence_of,
     temporary_name,
 )
-from controller.errors import CheckpointMismatch
-from controller.placement import CanonicalRows, Placement
+from forkless.controller.errors import CheckpointMismatch
+from forkless.controller.placement import CanonicalRows, Placement
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["alpha", "", "ünï côdé", "lone \ud800 surrogate", "tab\there"]
@@ -128,7 +127,8 @@ def test_check_fits_names_the_setting_and_reads_a_legacy_processor_id():
 
 
 def test_importing_the_format_loads_no_jax():
-    code = "import sys, controller.ckptformat; print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))"
+    code = ("import sys, forkless.controller.ckptformat; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

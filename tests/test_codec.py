@@ -6,8 +6,7 @@ import json
 
 import numpy as np
 import pytest
-
-from controller.codec import JsonCodec
+from forkless.controller.codec import JsonCodec
 
 F = 3
 codec = JsonCodec(F, max_frame_items=4)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from forkless.controller.cli import load_config
+from forkless.controller.config import Config
+from forkless.controller.errors import ConfigError
+from forkless.controller.variables import VARIABLES
+from forkless.io_loop.partitions import instance_share
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.cli import load_config
-from controller.config import Config
-from controller.errors import ConfigError
-from controller.variables import VARIABLES
-from io_loop.partitions import instance_share
 from tests.harness import run_app
 
 # one bad value for every variable that can be wrong
@@ -164,7 +164,7 @@ def test_devices_is_all_or_a_count():
 def test_the_io_settings_carry_the_configuration_s_values_by_the_same_names():
     import dataclasses
 
-    from io_loop.settings import IOSettings
+    from forkless.io_loop.settings import IOSettings
 
     cfg = Config(ws_url="wss://127.0.0.1:9/feed", subscribe='{"s": 1}', auth_token="t", max_batch=16, stale_s=3.0,
                  metrics_addr="127.0.0.1:0", reconnect_tries=4)

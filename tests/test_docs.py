@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from forkless.controller.batching import HOPS
+from forkless.controller.metrics import MAX_REASONS, _every_field_populated, make_registry, render
+from forkless.controller.stats import HistogramSnapshot, status_line
+from forkless.controller.variables import VARIABLES
 
 import gendocs
 from bench.run import (
@@ -30,10 +34,6 @@ from bench.run import (
     write_results_block,
     write_summary_block,
 )
-from controller.batching import HOPS
-from controller.metrics import MAX_REASONS, _every_field_populated, make_registry, render
-from controller.stats import HistogramSnapshot, status_line
-from controller.variables import VARIABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = f"run `{gendocs.REGENERATE}` to regenerate"

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from forkless.controller.processor import default_processor
 
-from controller import Config, Controller, Decoded, JsonCodec, Processor, ProcessorContractError
-from controller.processor import default_processor
+from forkless import Config, Controller, Decoded, JsonCodec, Processor, ProcessorContractError
 from tests.harness import UNIT_S, drive
 from tests.reference import EWMAReference
 from tests.servers import send_frames
@@ -218,7 +218,7 @@ def test_the_app_exits_2_with_one_line_for_a_processor_that_breaks_the_contract(
 
 
 def test_decode_returning_columns_of_the_wrong_shape_is_a_decode_failure_not_a_crash():
-    from controller.codec import GuardedCodec
+    from forkless.controller.codec import GuardedCodec
 
     class Bad:
         def decode(self, frame):

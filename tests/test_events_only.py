@@ -13,10 +13,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from forkless.controller.compiled import compilations
+from forkless.controller.eventsonly import EVENTS_ONLY_DROPPED
 
-from controller import Config, Controller
-from controller.compiled import compilations
-from controller.eventsonly import EVENTS_ONLY_DROPPED
+from forkless import Config, Controller
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.servers import send_frames
 
@@ -101,7 +101,7 @@ def test_what_contradicts_events_only_is_refused_naming_it(changes, kwargs, name
     config = Config(max_streams=4, **changes)
     arguments: dict[str, Any] = {"sources": [Exchange("ws://127.0.0.1:1/")], **kwargs}
     if arguments.get("processor") == "given":
-        from controller.processor import ewma_processor
+        from forkless.controller.processor import ewma_processor
 
         arguments["processor"] = ewma_processor()
     with pytest.raises(ValueError, match="events_only=True") as raised:

@@ -6,7 +6,7 @@ fake IO side (tests/fake_io.py): no thread, no socket.
   stops in order, then raises it.
 - A start that fails once the process was changed (the IO side did not start) gives it back.
 - docs/embedding/exceptions.md's table names every exception class the controller exports, each by
-  one path (`controller.X`).
+  one path (`forkless.X`).
 - The program (``controller.cli.main``) ends a run with each ending class's ``exit_status`` and the
   line it always printed (``forkless: <label>: <message>``; a crash's traceback after it); 130 for a second Ctrl-C.
 """
@@ -16,11 +16,11 @@ from __future__ import annotations
 import re
 import sys
 
+import forkless.controller as controller
 import pytest
+from forkless.controller.errors import MetricsServerError
+from forkless.controller.loop import Controller
 
-import controller
-from controller.errors import MetricsServerError
-from controller.loop import Controller
 from tests.fake_io import FakeIO, drain
 from tests.harness import ROOT
 from tests.test_loop import CONFIG, PROCESSOR, chunk, frames
@@ -107,17 +107,17 @@ def test_the_embedding_guide_names_every_exception_a_caller_can_get():
                 if isinstance(getattr(controller, name), type) and issubclass(getattr(controller, name), BaseException)}
     expected = exported - {"ForklessError"} | {"KeyboardInterrupt", "RuntimeError"}  # the root: in the intro
     assert expected <= named, f"docs/embedding/exceptions.md's exception table lacks {sorted(expected - named)}"
-    assert "`except controller.ForklessError`" in section
+    assert "`except forkless.ForklessError`" in section
 
 
 def test_the_embedding_guide_names_one_import_path_per_exception_controller_s():
     text = (ROOT / "docs" / "embedding" / "exceptions.md").read_text()
     section = text[text.index("## Exceptions"):]
     section = section.split("\n## ")[0]
-    paths = set(re.findall(r"`((?:controller|io_loop)\.[\w.]+)`", section))
+    paths = set(re.findall(r"`((?:forkless|controller|io_loop)\.[\w.]+)`", section))
     assert len(paths) > 10
-    for path in paths:  # controller.errors, io_loop.errors: other ways to the same class
-        assert path.startswith("controller.") and path.split(".", 1)[1] in controller.__all__, path
+    for path in paths:  # forkless.controller.errors, forkless.io_loop.errors: other ways to the same class
+        assert path.startswith("forkless.") and path.split(".", 1)[1] in controller.__all__, path
 
 
 # ---- the program: every ForklessError by its class's attributes, the lines as they always were ----
@@ -145,7 +145,7 @@ ENDINGS = [
 @pytest.mark.parametrize(("raised", "status", "first_line"), ENDINGS, ids=lambda v: type(v).__name__)
 def test_the_program_ends_a_run_with_the_class_s_exit_status_and_its_line(monkeypatch, capsys, raised, status,
                                                                           first_line):
-    from controller import cli, loop
+    from forkless.controller import cli, loop
 
     class Ending:
         def __init__(self, *args, **kwargs) -> None:
@@ -174,7 +174,7 @@ def test_the_program_ends_a_run_with_the_class_s_exit_status_and_its_line(monkey
 
 
 def test_a_bad_variable_ends_the_program_with_2_and_one_line(monkeypatch, capsys):
-    from controller import cli
+    from forkless.controller import cli
 
     monkeypatch.setenv("FORKLESS_ALPHA", "2")
     assert cli.main([]) == 2

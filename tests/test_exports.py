@@ -20,13 +20,12 @@ import inspect
 import queue
 from pathlib import Path
 
+import forkless.controller as controller
+import forkless.io_loop as io_loop
 import janus
 import pytest
-
-import controller
-import io_loop
-from controller.errors import ENDS_A_RUN, EXIT_CRASH, EXIT_STATUSES, ForklessError
-from io_loop.portal import Empty, Full, PortalClosed
+from forkless.controller.errors import ENDS_A_RUN, EXIT_CRASH, EXIT_STATUSES, ForklessError
+from forkless.io_loop.portal import Empty, Full, PortalClosed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,26 +89,32 @@ IO_LOOP_ALL = [
 
 # exceptions that never reach a caller, and why; every other one derives from ForklessError
 INTERNAL = {
-    "controller.check._Failure": "--check's record of a failed step: run_check turns it into its exit status",
-    "controller.snapshot.CheckpointAbandoned": "a checkpoint copy the state outran: the checkpointer drops "
-                                                 "it and counts the failure",
-    "controller.ckptformat.CheckpointDamaged": "a truncated or corrupt checkpoint file: the restore logs it and "
-                                               "takes an older one",
-    "controller.values.ValueProblem": "a value's parser's complaint: Config.from_env raises ConfigError naming "
-                                      "the variable instead",
-    "controller.engine.StepFailed": "a step that failed while running: the loop answers the batch "
-                                    "'processing failed' and counts it",
-    "io_loop.connect.ConnectFailed": "one failed connection attempt: the client tries again, then gives up "
-                                     "with FeedFatal",
-    "io_loop.connect.HandshakeRefused": "one refused handshake: tried again, or (a 4xx) given up with FeedFatal",
-    "io_loop.connect._RedirectRefused": "a 3xx answer inside open_feed, which raises HandshakeRefused for it",
-    "io_loop.natsconn.NatsConnectFailed": "one failed attempt to reach NATS: tried again, then given up with "
-                                          "FeedFatal (a feed, the relay) or StoreError (the checkpoint store)",
-    "io_loop.on_connect.HookFailed": "an on_connect hook that failed: the connection attempt fails and is "
-                                     "tried again",
-    "io_loop.errors.StopRequested": "a stop requested while the partition store waited: the controller's start "
-                                    "ends there and the run stops cleanly",
-    "io_loop.probe.ProbeFailed": "--check's probe of a feed or the metrics address: run_check reports it",
+    "forkless.controller.check._Failure":
+        "--check's record of a failed step: run_check turns it into its exit status",
+    "forkless.controller.snapshot.CheckpointAbandoned":
+        "a checkpoint copy the state outran: the checkpointer drops it and counts the failure",
+    "forkless.controller.ckptformat.CheckpointDamaged":
+        "a truncated or corrupt checkpoint file: the restore logs it and takes an older one",
+    "forkless.controller.values.ValueProblem":
+        "a value's parser's complaint: Config.from_env raises ConfigError naming the variable instead",
+    "forkless.controller.engine.StepFailed":
+        "a step that failed while running: the loop answers the batch 'processing failed' and counts it",
+    "forkless.io_loop.connect.ConnectFailed":
+        "one failed connection attempt: the client tries again, then gives up with FeedFatal",
+    "forkless.io_loop.connect.HandshakeRefused":
+        "one refused handshake: tried again, or (a 4xx) given up with FeedFatal",
+    "forkless.io_loop.connect._RedirectRefused":
+        "a 3xx answer inside open_feed, which raises HandshakeRefused for it",
+    "forkless.io_loop.natsconn.NatsConnectFailed":
+        "one failed attempt to reach NATS: tried again, then given up with FeedFatal (a feed, the relay) or "
+        "StoreError (the checkpoint store)",
+    "forkless.io_loop.on_connect.HookFailed":
+        "an on_connect hook that failed: the connection attempt fails and is tried again",
+    "forkless.io_loop.errors.StopRequested":
+        "a stop requested while the partition store waited: the controller's start ends there and the run "
+        "stops cleanly",
+    "forkless.io_loop.probe.ProbeFailed":
+        "--check's probe of a feed or the metrics address: run_check reports it",
 }
 
 
@@ -117,7 +122,7 @@ def _modules() -> list[str]:
     names = []
     for package in ("controller", "io_loop"):
         for path in sorted((ROOT / package).glob("*.py")):
-            names.append(package if path.stem == "__init__" else f"{package}.{path.stem}")
+            names.append(f"forkless.{package}" if path.stem == "__init__" else f"forkless.{package}.{path.stem}")
     return names
 
 
@@ -160,14 +165,15 @@ def test_internals_are_not_exported_but_stay_importable_from_their_modules(name)
     assert name not in controller.__all__
     with pytest.raises(AttributeError):
         getattr(controller, name)
-    module = {"GuardedCodec": "controller.codec", "compilations": "controller.compiled"}[name]
+    module = {"GuardedCodec": "forkless.controller.codec", "compilations": "forkless.controller.compiled"}[name]
     assert callable(getattr(importlib.import_module(module), name))
 
 
 def test_the_walk_finds_the_exceptions_it_is_meant_to():
     # a walk that found nothing would pass every test below
-    assert {"io_loop.errors.ForklessError", "controller.errors.ConfigError", "io_loop.portalqueue.Empty",
-            "io_loop.source.SourceStopped", "controller.check._Failure"} <= set(EXCEPTIONS)
+    assert {"forkless.io_loop.errors.ForklessError", "forkless.controller.errors.ConfigError",
+            "forkless.io_loop.portalqueue.Empty", "forkless.io_loop.source.SourceStopped",
+            "forkless.controller.check._Failure"} <= set(EXCEPTIONS)
 
 
 def test_the_walk_misses_no_exception_class_the_source_defines():
@@ -175,7 +181,8 @@ def test_the_walk_misses_no_exception_class_the_source_defines():
     names = {cls.__name__ for cls in EXCEPTIONS.values()} | {"Exception", "BaseException"}
     written = set()
     for module in _modules():
-        path = ROOT / (module.replace(".", "/") + ("/__init__.py" if "." not in module else ".py"))
+        inside = module.removeprefix("forkless.")
+        path = ROOT / (inside.replace(".", "/") + ("/__init__.py" if "." not in inside else ".py"))
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases}

@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from forkless.controller.batching import HOPS, PICKED, READ, SAMPLE_EVERY, WRITTEN, Trace
+from forkless.controller.config import Config
+from forkless.controller.errors import ConfigError
+from forkless.controller.loop import Controller
+from forkless.controller.metrics import metric_families
+from forkless.controller.processor import ewma_processor
+from forkless.controller.stats import status_line
 
-from controller.batching import HOPS, PICKED, READ, SAMPLE_EVERY, WRITTEN, Trace
-from controller.config import Config
-from controller.errors import ConfigError
-from controller.loop import Controller
-from controller.metrics import metric_families
-from controller.processor import ewma_processor
-from controller.stats import status_line
 from tests.fake_io import FakeIO, drain
 from tests.harness import UNIT_S, assert_books_balance, drive, run_app
 from tests.reference import EWMAReference

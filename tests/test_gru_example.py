@@ -11,11 +11,11 @@ import sys
 import jax
 import numpy as np
 import pytest
+from forkless.controller.batching import Batch, pad_batch
+from forkless.controller.config import Config
+from forkless.controller.engine import compile_step
+from forkless.controller.processor import StreamState
 
-from controller.batching import Batch, pad_batch
-from controller.config import Config
-from controller.engine import compile_step
-from controller.processor import StreamState
 from examples.gru import gru_processor, load_weights, save_random_weights
 from tests.harness import ROOT, UNIT_S, app_env
 
@@ -134,7 +134,7 @@ def test_the_gru_is_named_gru_and_compiles_through_compile_step(weights_file):
 TWO_DEVICES = """
 import json, sys
 import numpy as np
-from controller.config import Config
+from forkless.controller.config import Config
 from examples.gru import gru_processor
 from tests.device_runs import batches_of, run
 names = [f"s{k}" for k in np.random.default_rng(5).integers(0, 5, size=40)]

@@ -10,12 +10,11 @@ import asyncio
 from typing import Any
 
 import numpy as np
-
-from controller.batching import Chunk
-from controller.codec import Decoded
-from io_loop.counters import IOStats
-from io_loop.crossing import Events
-from io_loop.handover import Handover
+from forkless.controller.batching import Chunk
+from forkless.controller.codec import Decoded
+from forkless.io_loop.counters import IOStats
+from forkless.io_loop.crossing import Events
+from forkless.io_loop.handover import Handover
 
 
 def decoded(seqs: list[int], streams: list[str]) -> Decoded:

@@ -19,14 +19,14 @@ import jax.numpy as jnp
 import numpy as np
 import orjson
 import pytest
+from forkless.controller.batching import pad_batch
+from forkless.controller.codec import Decoded, GuardedCodec, JsonCodec
+from forkless.controller.config import Config
+from forkless.controller.errors import ProcessorContractError
+from forkless.controller.loop import Controller
+from forkless.controller.placement import Placement
+from forkless.controller.processor import default_processor
 
-from controller.batching import pad_batch
-from controller.codec import Decoded, GuardedCodec, JsonCodec
-from controller.config import Config
-from controller.errors import ProcessorContractError
-from controller.loop import Controller
-from controller.placement import Placement
-from controller.processor import default_processor
 from tests import input_dtype_runs
 from tests.fake_io import FakeIO
 from tests.harness import ROOT, UNIT_S, app_env

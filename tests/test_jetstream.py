@@ -11,13 +11,13 @@ import threading
 from typing import Any
 
 import pytest
+from forkless.controller.config import Config
+from forkless.controller.errors import ConfigError
+from forkless.controller.loop import Controller
+from forkless.controller.metrics import metric_families
+from forkless.controller.processor import ewma_processor
+from forkless.controller.stats import status_line
 
-from controller.config import Config
-from controller.errors import ConfigError
-from controller.loop import Controller
-from controller.metrics import metric_families
-from controller.processor import ewma_processor
-from controller.stats import status_line
 from tests.harness import KILLED_EXIT_S, UNIT_S, assert_books_balance, drive, run_app
 from tests.servers import FeedConn, assert_results_match_reference, make_messages, parse_replies
 
@@ -281,8 +281,8 @@ def _never_restarted(messages: list[dict]) -> tuple[dict[int, dict], Any]:
     each message's reply by seq, and the final state on the host."""
     import jax
     import numpy as np
+    from forkless.controller.batching import Chunk
 
-    from controller.batching import Chunk
     from tests.fake_io import FakeIO, drain
 
     cfg = Config(features=FEATURES, max_batch=16, max_streams=64, status_s=0.0)
@@ -313,9 +313,9 @@ def test_ten_kill_9s_at_random_moments_leave_exactly_one_result_per_input_equal_
 
     import jax
     import numpy as np
+    from forkless.controller.checkpoint import list_checkpoints, load_newest
+    from forkless.controller.processor import default_processor
 
-    from controller.checkpoint import list_checkpoints, load_newest
-    from controller.processor import default_processor
     from tests.harness import wait_until
     from tests.natsserver import create_streams, stream_state
 
@@ -396,8 +396,9 @@ def test_retention_that_dropped_what_the_checkpoint_needs_exits_2_and_restore_ne
 
 
 def test_a_checkpoint_is_committed_only_once_the_results_stream_stored_the_replies_it_covers(nats_server, tmp_path):
-    from controller.checkpoint import list_checkpoints, load_newest
-    from controller.processor import default_processor
+    from forkless.controller.checkpoint import list_checkpoints, load_newest
+    from forkless.controller.processor import default_processor
+
     from tests.natsserver import create_streams, publish
 
     create_streams(nats_server.url, results="")  # no results stream yet: no reply can be stored
@@ -490,9 +491,9 @@ def test_the_server_killed_and_restarted_mid_run_loses_nothing_and_applies_nothi
 
 
 def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a_payload(tmp_path):
-    from controller.errors import CheckpointMismatch
-    from controller.positions import SourcePositions
-    from io_loop.crossing import Origin, Resume
+    from forkless.controller.errors import CheckpointMismatch
+    from forkless.controller.positions import SourcePositions
+    from forkless.io_loop.crossing import Origin, Resume
 
     specs = _config([{"url": "ws://127.0.0.1:9/w", "name": "w"}, _js_feed("nats://127.0.0.1:4222")]).feed_specs
     pos = SourcePositions(specs)
@@ -514,12 +515,12 @@ def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a
 
 
 def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_and_ids_stay_the_same():
-    from io_loop.counters import IOStats
-    from io_loop.crossing import Origin, Resume
-    from io_loop.jetstream import JetStreamSource
-    from io_loop.jsconsumer import Consumer, Take
-    from io_loop.settings import FeedSpec
-    from io_loop.source import SourceRunner
+    from forkless.io_loop.counters import IOStats
+    from forkless.io_loop.crossing import Origin, Resume
+    from forkless.io_loop.jetstream import JetStreamSource
+    from forkless.io_loop.jsconsumer import Consumer, Take
+    from forkless.io_loop.settings import FeedSpec
+    from forkless.io_loop.source import SourceRunner
 
     pytest.importorskip("nats")
     cfg = _config([_js_feed("nats://127.0.0.1:4222")])
@@ -567,10 +568,10 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
 ])
 def test_where_consuming_starts_and_when_the_stream_no_longer_holds_what_the_position_needs(resume, first, last,
                                                                                               expected):
-    from io_loop.counters import SourceStats
-    from io_loop.crossing import Origin
-    from io_loop.errors import PositionLost
-    from io_loop.jsconsumer import Consumer
+    from forkless.io_loop.counters import SourceStats
+    from forkless.io_loop.crossing import Origin
+    from forkless.io_loop.errors import PositionLost
+    from forkless.io_loop.jsconsumer import Consumer
 
     start = "new" if resume == "new" else "first"
     spec = _config([_js_feed("nats://127.0.0.1:4222", start=start)]).feed_specs[0]
@@ -609,7 +610,7 @@ def test_an_unreachable_server_and_a_missing_stream_give_up_after_the_tries_with
     (b"", None),
 ])
 def test_a_deliverys_numbers_come_from_its_reply_subject_in_both_token_layouts(reply, expected):
-    from io_loop.jsconsumer import delivery_numbers
+    from forkless.io_loop.jsconsumer import delivery_numbers
 
     assert delivery_numbers(reply) == expected
 

@@ -60,9 +60,10 @@ def test_a_stream_deleted_and_made_again_while_running_exits_2_and_is_never_resu
 
 def test_a_stream_deleted_and_made_again_between_two_runs_is_refused_by_the_checkpoints_created_time(
         nats_server, tmp_path):
-    from controller.checkpoint import load_newest
-    from controller.loop import Controller
-    from io_loop.errors import PositionLost
+    from forkless.controller.checkpoint import load_newest
+    from forkless.controller.loop import Controller
+    from forkless.io_loop.errors import PositionLost
+
     from tests.harness import drive
     from tests.natsserver import create_streams, publish
     from tests.test_jetstream import _config
@@ -95,7 +96,8 @@ def test_a_stream_deleted_and_made_again_between_two_runs_is_refused_by_the_chec
 
 def _feed(**extra: Any) -> Any:
     pytest.importorskip("nats")
-    from io_loop.jetstream import JetStreamSource
+    from forkless.io_loop.jetstream import JetStreamSource
+
     from tests.test_jetstream import _config
 
     cfg = _config([_js_feed("nats://127.0.0.1:4222", **extra)])
@@ -105,7 +107,7 @@ def _feed(**extra: Any) -> Any:
 def test_a_stream_that_ends_before_what_this_run_saw_of_it_or_was_created_again_is_refused():
     import datetime
 
-    from io_loop.errors import PositionLost
+    from forkless.io_loop.errors import PositionLost
 
     feed = _feed()
     created = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
@@ -134,14 +136,15 @@ def _source(ctl: Any) -> Any:
 
 def test_a_feed_whose_subject_got_nothing_while_retention_removed_other_subjects_messages_reconnects_and_goes_on(
         nats_server, monkeypatch):
-    from controller.loop import Controller
+    from forkless.controller.loop import Controller
+
     from tests.harness import drive
     from tests.natsserver import create_streams, publish
     from tests.servers import assert_results_match_reference
     from tests.test_jetstream import _config
 
-    monkeypatch.setattr("io_loop.jetstream.PULL_EXPIRES_S", 1.5)  # an idle pull ends sooner
-    monkeypatch.setattr("io_loop.jetstream.PULL_HEARTBEAT_S", 0.5)  # (the server wants it below half of that)
+    monkeypatch.setattr("forkless.io_loop.jetstream.PULL_EXPIRES_S", 1.5)  # an idle pull ends sooner
+    monkeypatch.setattr("forkless.io_loop.jetstream.PULL_HEARTBEAT_S", 0.5)  # (the server wants it below half of that)
     create_streams(nats_server.url, max_msgs=50)  # the stream keeps the newest 50 messages, of any subject
     ours = make_messages(15, streams=3, seed=41)
     seqs = publish(nats_server.url, "ticks.a", [json.dumps(m) for m in ours[:10]])
@@ -169,7 +172,8 @@ def _stream_first(url: str) -> int:
 
 def _first_life(url: str, cfg: Any, ours: list[dict]) -> list[int]:
     """A run that answers the first 10 of ``ours`` (subject ticks.a) and stops; its checkpoints go to cfg's dir."""
-    from controller.loop import Controller
+    from forkless.controller.loop import Controller
+
     from tests.harness import drive
     from tests.natsserver import publish
 
@@ -191,14 +195,15 @@ def _filtered_config(url: str, tmp_path: Any) -> Any:
 
 def test_a_restart_after_only_other_subjects_messages_were_removed_resumes_from_the_checkpoint(
         nats_server, monkeypatch, tmp_path):
-    from controller.checkpoint import load_newest
-    from controller.loop import Controller
+    from forkless.controller.checkpoint import load_newest
+    from forkless.controller.loop import Controller
+
     from tests.harness import drive
     from tests.natsserver import create_streams, publish
     from tests.servers import assert_results_match_reference
 
-    monkeypatch.setattr("io_loop.jetstream.PULL_EXPIRES_S", 1.5)
-    monkeypatch.setattr("io_loop.jetstream.PULL_HEARTBEAT_S", 0.5)
+    monkeypatch.setattr("forkless.io_loop.jetstream.PULL_EXPIRES_S", 1.5)
+    monkeypatch.setattr("forkless.io_loop.jetstream.PULL_HEARTBEAT_S", 0.5)
     create_streams(nats_server.url, max_msgs=50)
     ours = make_messages(15, streams=3, seed=43)
     cfg = _filtered_config(nats_server.url, tmp_path)
@@ -216,13 +221,14 @@ def test_a_restart_after_only_other_subjects_messages_were_removed_resumes_from_
 
 def test_a_restart_after_retention_removed_a_message_of_the_feeds_own_subject_still_exits_2(
         nats_server, monkeypatch, tmp_path):
-    from controller.loop import Controller
-    from io_loop.errors import PositionLost
+    from forkless.controller.loop import Controller
+    from forkless.io_loop.errors import PositionLost
+
     from tests.harness import drive
     from tests.natsserver import create_streams, publish
 
-    monkeypatch.setattr("io_loop.jetstream.PULL_EXPIRES_S", 1.5)
-    monkeypatch.setattr("io_loop.jetstream.PULL_HEARTBEAT_S", 0.5)
+    monkeypatch.setattr("forkless.io_loop.jetstream.PULL_EXPIRES_S", 1.5)
+    monkeypatch.setattr("forkless.io_loop.jetstream.PULL_HEARTBEAT_S", 0.5)
     create_streams(nats_server.url, max_msgs=50)
     ours = make_messages(15, streams=3, seed=44)
     cfg = _filtered_config(nats_server.url, tmp_path)
@@ -294,13 +300,14 @@ def test_an_idle_feed_learns_what_it_covered_while_its_pull_waits_and_a_reconnec
     stream's state while its pull waits, that nothing of ticks.a lies up to 1210; the server
     restarts, the feed reconnects past the removed messages and answers 5 more on the same state
     (before this, it learned nothing until a pull expired, and the reconnect exited 2)."""
-    from controller.loop import Controller
+    from forkless.controller.loop import Controller
+
     from tests.harness import drive
     from tests.natsserver import create_streams, publish
     from tests.servers import assert_results_match_reference
     from tests.test_jetstream import _config
 
-    monkeypatch.setattr("io_loop.jetstream.PULL_EXPIRES_S", 600.0)  # no pull ends while the test runs
+    monkeypatch.setattr("forkless.io_loop.jetstream.PULL_EXPIRES_S", 600.0)  # no pull ends while the test runs
     create_streams(nats_server.url, max_msgs=500)
     ours = make_messages(15, streams=3, seed=54)
     seqs = publish(nats_server.url, "ticks.a", [json.dumps(m) for m in ours[:10]])
@@ -325,7 +332,7 @@ def test_an_idle_feed_learns_what_it_covered_while_its_pull_waits_and_a_reconnec
 
 def _damage_every_checkpoint(directory: Any) -> list[str]:
     """Flip a byte in the middle of each checkpoint file (its checksum then fails); their names."""
-    from controller.checkpoint import list_checkpoints
+    from forkless.controller.checkpoint import list_checkpoints
 
     names = []
     for path in list_checkpoints(directory):
@@ -364,7 +371,8 @@ def test_every_checkpoint_damaged_and_the_stream_missing_messages_exits_2_naming
 
 def test_every_checkpoint_damaged_but_the_stream_holding_all_from_sequence_1_rebuilds_the_state_by_replaying_it(
         nats_server, tmp_path):
-    from controller.loop import Controller
+    from forkless.controller.loop import Controller
+
     from tests.harness import drive
     from tests.natsserver import create_streams, publish
     from tests.servers import assert_results_match_reference
@@ -398,10 +406,11 @@ def test_every_checkpoint_damaged_but_the_stream_holding_all_from_sequence_1_reb
 ])
 def test_with_every_checkpoint_damaged_a_feed_starts_only_where_its_stream_still_holds_everything(
         start, first, last, deleted, expected):
-    from io_loop.counters import SourceStats
-    from io_loop.crossing import PositionUnknown
-    from io_loop.errors import PositionLost
-    from io_loop.jsconsumer import Consumer
+    from forkless.io_loop.counters import SourceStats
+    from forkless.io_loop.crossing import PositionUnknown
+    from forkless.io_loop.errors import PositionLost
+    from forkless.io_loop.jsconsumer import Consumer
+
     from tests.test_jetstream import _config
 
     spec = _config([_js_feed("nats://127.0.0.1:4222", start=start)]).feed_specs[0]
@@ -422,7 +431,8 @@ def test_with_every_checkpoint_damaged_a_feed_starts_only_where_its_stream_still
 
 
 def test_a_jetstream_payload_over_max_msg_bytes_gets_one_error_reply_is_counted_and_consuming_goes_on(nats_server):
-    from controller.loop import Controller
+    from forkless.controller.loop import Controller
+
     from tests.harness import drive
     from tests.natsserver import create_streams, publish
     from tests.servers import assert_results_match_reference

@@ -12,13 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from io_loop.counters import SourceStats
-from io_loop.crossing import Origin, PositionUnknown, Resume
-from io_loop.errors import PositionLost
-from io_loop.jsconsumer import FOREIGN_REASON, SKIP, Consumer, Drop, Take
-from io_loop.partitions import escape_stream, partition_of
-from io_loop.settings import JetStreamSpec
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
+from forkless.io_loop.errors import PositionLost
+from forkless.io_loop.jsconsumer import FOREIGN_REASON, SKIP, Consumer, Drop, Take
+from forkless.io_loop.partitions import escape_stream, partition_of
+from forkless.io_loop.settings import JetStreamSpec
 
 SPEC = JetStreamSpec(stream="TICKS", subject="ticks.>", results="scores")
 PARTITIONED = JetStreamSpec(stream="TICKS", subject="ticks.{partition}.>", results="scores", partition_count=4,

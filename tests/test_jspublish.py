@@ -12,8 +12,7 @@ import pytest
 nats_errors = pytest.importorskip("nats.js.errors")
 
 import nats.errors  # noqa: E402
-
-from io_loop.jspublish import ReplyAcks  # noqa: E402
+from forkless.io_loop.jspublish import ReplyAcks  # noqa: E402
 
 INBOX = b"_INBOX.abc."
 

@@ -13,12 +13,12 @@ import time
 import numpy as np
 import pytest
 from aiohttp import web
+from forkless.controller.batching import Chunk
+from forkless.controller.codec import FOLDED_REASON, MAX_ERROR_REPLIES, JsonCodec
+from forkless.controller.errors import FeedFatal
 from websockets.asyncio.server import serve
 
-from controller import Config, Controller
-from controller.batching import Chunk
-from controller.codec import FOLDED_REASON, MAX_ERROR_REPLIES, JsonCodec
-from controller.errors import FeedFatal
+from forkless import Config, Controller
 from tests.fake_io import FakeIO, drain
 from tests.reference import EWMAReference
 
@@ -99,7 +99,7 @@ def test_a_redirect_to_another_origin_is_refused_and_no_header_reaches_it():
 
 
 def test_a_redirect_to_a_malformed_url_is_refused_naming_it_not_a_crash():
-    from io_loop.connect import HandshakeRefused, new_session, open_feed
+    from forkless.io_loop.connect import HandshakeRefused, new_session, open_feed
 
     async def handle(request: web.Request) -> web.Response:  # web.HTTPFound would refuse the Location itself
         return web.Response(status=302, headers={"Location": "ws://[::1/elsewhere?sig=abc"})

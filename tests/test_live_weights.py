@@ -15,13 +15,13 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from forkless.controller.batching import Chunk
+from forkless.controller.checkpoint import list_checkpoints, read_checkpoint
+from forkless.controller.compiled import compilations
+from forkless.controller.config import Config
+from forkless.controller.loop import Controller
+from forkless.controller.processor import ewma_processor, stream_processor
 
-from controller.batching import Chunk
-from controller.checkpoint import list_checkpoints, read_checkpoint
-from controller.compiled import compilations
-from controller.config import Config
-from controller.loop import Controller
-from controller.processor import ewma_processor, stream_processor
 from tests.fake_io import FakeIO
 from tests.harness import UNIT_S, run_app
 

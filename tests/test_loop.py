@@ -21,13 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from forkless.controller.batching import Chunk, Outgoing
+from forkless.controller.compiled import compilations
+from forkless.controller.config import Config
+from forkless.controller.errors import FeedFatal
+from forkless.controller.loop import Controller
+from forkless.controller.processor import Processor, default_processor
 
-from controller.batching import Chunk, Outgoing
-from controller.compiled import compilations
-from controller.config import Config
-from controller.errors import FeedFatal
-from controller.loop import Controller
-from controller.processor import Processor, default_processor
 from tests.fake_io import EndlessQueue, FakeIO, FakeQueue, drain
 from tests.reference import EWMAReference
 

@@ -19,10 +19,11 @@ import pytest
 
 pytest.importorskip("nats", reason="nats-py is not installed (pip install -r requirements-dev.txt)")
 
-from controller.config import Config
-from io_loop.errors import FeedFatal, LeaseHeld, LeaseLost
-from io_loop.natsstore import NatsStore
-from io_loop.objects import ObjectDamaged
+from forkless.controller.config import Config
+from forkless.io_loop.errors import FeedFatal, LeaseHeld, LeaseLost
+from forkless.io_loop.natsstore import NatsStore
+from forkless.io_loop.objects import ObjectDamaged
+
 from tests.harness import UNIT_S, wait_until
 from tests.natsserver import NatsServer, nats_server_binary
 
@@ -534,7 +535,7 @@ def test_a_stop_during_the_wait_for_a_silent_holder_raises_stop_requested_keepin
     import threading
     import time
 
-    from io_loop.errors import StopRequested
+    from forkless.io_loop.errors import StopRequested
 
     silent = stores(server.url, "silent", lease_s=5.0)
     silent.acquire(["TICKS.0"])
@@ -552,7 +553,7 @@ def test_a_stop_during_the_wait_for_a_silent_holder_raises_stop_requested_keepin
 
 def test_a_deployment_record_of_another_layout_kept_alive_is_refused_and_a_dead_ones_is_replaced(
         server, stores, caplog):
-    from io_loop.errors import DeploymentMismatch
+    from forkless.io_loop.errors import DeploymentMismatch
 
     caplog.set_level(logging.INFO, logger="forkless.store")
     peers = {f"TICKS.{p}": p for p in range(4)}

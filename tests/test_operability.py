@@ -24,15 +24,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from forkless.controller.config import Config
+from forkless.controller.errors import MetricsServerError
+from forkless.controller.logs import JsonFormatter, RateLimitFilter
+from forkless.controller.loop import Controller
+from forkless.controller.metrics import MAX_REASONS, exposition, make_registry, metric_families, render
+from forkless.controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
+from forkless.io_loop.http import MetricsServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.config import Config
-from controller.errors import MetricsServerError
-from controller.logs import JsonFormatter, RateLimitFilter
-from controller.loop import Controller
-from controller.metrics import MAX_REASONS, exposition, make_registry, metric_families, render
-from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
-from io_loop.http import MetricsServer
 from tests.harness import UNIT_S, AppResult, drive, run_app
 from tests.servers import FeedConn, FeedServer, LoopbackServer, send_frames
 

@@ -14,9 +14,9 @@ import json
 from typing import Any
 
 import pytest
+from forkless.controller.processor import ewma_processor
 
-from controller import Config, Controller
-from controller.processor import ewma_processor
+from forkless import Config, Controller
 from tests.harness import UNIT_S, assert_books_balance, drive, wait_until
 
 pytestmark = pytest.mark.timeout(120 * UNIT_S)
@@ -162,8 +162,8 @@ def test_the_exchange_session_keeps_its_connection_through_a_stalled_main_loop_w
 
 
 def test_a_feed_entry_takes_overflow_and_buffer_and_a_bad_one_is_refused_naming_the_field():
-    from controller.feedspec import feed_list
-    from controller.values import ValueProblem
+    from forkless.controller.feedspec import feed_list
+    from forkless.controller.values import ValueProblem
 
     spec = feed_list('[{"url": "ws://h/a", "name": "a", "overflow": "drop_oldest", "buffer": 100}, {"url": "ws://h/b"}]')
     assert [(s.overflow, s.buffer) for s in spec] == [("drop_oldest", 100), ("", None)]
@@ -174,7 +174,7 @@ def test_a_feed_entry_takes_overflow_and_buffer_and_a_bad_one_is_refused_naming_
 
 
 def test_a_source_s_overflow_and_buffer_are_checked_and_a_replayable_source_cannot_drop():
-    from controller.ioside import feed_plan
+    from forkless.controller.ioside import feed_plan
 
     class Mine:
         name = "mine"
@@ -197,7 +197,7 @@ def test_a_source_s_overflow_and_buffer_are_checked_and_a_replayable_source_cann
 
 
 def test_the_relay_refuses_a_feed_whose_overflow_drops():
-    from controller.errors import ConfigError
+    from forkless.controller.errors import ConfigError
 
     cfg = Config.from_env({"FORKLESS_FEEDS": '[{"url": "ws://h/a", "name": "a", "overflow": "drop_oldest"}]',
                            "FORKLESS_RELAY_NATS": "nats://127.0.0.1:4222", "FORKLESS_RELAY_SUBJECT": "md"})

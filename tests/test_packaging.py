@@ -1,6 +1,7 @@
-"""forkless installs as a package: a wheel holding controller and io_loop (not bench, not
-tests), the dependencies of requirements.txt, and a ``forkless`` console script that is
-``python app.py``. Built with pip from the repository's own pyproject.toml."""
+"""forkless installs as a package: a wheel holding ``forkless`` with controller/ and io_loop/ inside it (not bench,
+not tests), the dependencies of requirements.txt, and a ``forkless`` console script that is ``python app.py``.
+Built with pip from the repository's own pyproject.toml. A program's own ``controller.py`` or ``io_loop.py`` beside
+it shadows nothing of forkless, installed or in a checkout."""
 
 from __future__ import annotations
 
@@ -40,29 +41,30 @@ def _requirements() -> list[str]:
     return sorted(line.split("#")[0].strip() for line in lines if line.split("#")[0].strip())
 
 
-def test_the_wheel_holds_the_two_packages_and_the_requirements(installed):
+def test_the_wheel_holds_forkless_alone_and_the_requirements(installed):
     wheel, _ = installed
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         tops = {n.split("/")[0] for n in names}
         meta = z.read(next(n for n in names if n.endswith("dist-info/METADATA"))).decode()
         entry = z.read(next(n for n in names if n.endswith("dist-info/entry_points.txt"))).decode()
-    assert tops == {"controller", "io_loop", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert tops == {"forkless", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert {"forkless/controller/loop.py", "forkless/io_loop/source.py"} <= set(names)
     requires = sorted(line.removeprefix("Requires-Dist: ") for line in meta.splitlines()
                       if line.startswith("Requires-Dist: ") and "extra ==" not in line)
     extras = [line for line in meta.splitlines() if line.startswith("Requires-Dist: ") and "extra ==" in line]
     norm = lambda r: r.replace(" ", "").split("<")[0].split(">")[0].lower()
     assert sorted(map(norm, requires)) == sorted(map(norm, _requirements()))
     assert [norm(e.split(";")[0].removeprefix("Requires-Dist: ")) for e in extras] == ["nats-py"]  # ".[nats]"
-    assert "forkless = controller.cli:console_main" in entry
+    assert "forkless = forkless.controller.cli:console_main" in entry
 
 
 def test_the_installed_packages_import_from_any_directory(installed, tmp_path):
     _, target = installed
-    proc = subprocess.run([sys.executable, "-c", "import controller, io_loop; print(controller.__file__)"],
+    proc = subprocess.run([sys.executable, "-c", "import forkless.controller as c; print(c.__file__)"],
                           cwd=tmp_path, env=_env(target), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(target / "controller" / "__init__.py")
+    assert proc.stdout.strip() == str(target / "forkless" / "controller" / "__init__.py")
 
 
 def test_the_console_script_is_the_app(installed, tmp_path):
@@ -77,3 +79,51 @@ def test_the_console_script_is_the_app(installed, tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip() == ("forkless: configuration error: FORKLESS_ALPHA='2' is invalid: "
                                   "expected a number in (0, 1]")
+
+
+# a user's program folder: his own controller.py and io_loop.py (the seed's program names its class Controller)
+SHADOWING = {
+    "controller.py": "class Controller:\n    mine = True\n",
+    "io_loop.py": "raise ImportError('the user program\\'s io_loop.py was imported by forkless')\n",
+    "main.py": ("import controller\nfrom forkless import Config, Controller, Source, ewma_processor\n"
+                "from forkless.io_loop.source import SourceContext\n"
+                "assert controller.Controller.mine and Controller.__module__ == 'forkless.controller.loop'\n"
+                "import forkless.controller.loop, forkless.io_loop.thread\n"
+                "print('ok', Config().max_batch, Source.__module__)\n"),
+}
+
+
+def _program_folder(tmp_path: Path) -> Path:
+    for name, text in SHADOWING.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_a_program_s_own_controller_py_shadows_nothing_installed(installed, tmp_path):
+    _, target = installed
+    folder = _program_folder(tmp_path)
+    proc = subprocess.run([sys.executable, "main.py"], cwd=folder, env=_env(target), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ok", "256", "forkless.io_loop.source"]
+
+
+def test_a_program_s_own_controller_py_shadows_nothing_in_a_checkout(tmp_path):
+    folder = _program_folder(tmp_path)
+    env = {**_env(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "main.py"], cwd=folder, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ok", "256", "forkless.io_loop.source"]
+
+
+def test_the_old_import_path_works_in_a_checkout_and_names_the_new_one(tmp_path):
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "from controller import Config\nimport controller.loop, io_loop.source\nimport forkless\n"
+            "assert controller.loop is forkless.controller.loop and io_loop.source.Source is forkless.Source\n"
+            "assert Config is forkless.Config and controller.loop.__spec__.name == 'forkless.controller.loop'\n")
+    env = {**_env(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "'import controller' is forkless's old import path: write 'from forkless import" in proc.stderr
+    assert "'import io_loop' is forkless's old import path" in proc.stderr

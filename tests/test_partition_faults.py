@@ -242,8 +242,7 @@ def _newest_position(url: str, partition: int) -> dict:
     import asyncio
 
     import nats
-
-    from controller.ckptformat import parse_checkpoint
+    from forkless.controller.ckptformat import parse_checkpoint
 
     async def main() -> bytes:
         nc = await nats.connect(url)
@@ -265,7 +264,8 @@ def test_a_restart_after_retention_removed_only_other_partitions_messages_resume
     objects (before this, exit 2: its partitions' objects recorded positions only, judged against
     the stream's first sequence) and answers 5 more exactly once. Then one of its own messages is
     removed by retention while it is stopped: the next start still exits 2."""
-    from io_loop.jetstream import PULL_EXPIRES_S, STREAM_INFO_EVERY_S
+    from forkless.io_loop.jetstream import PULL_EXPIRES_S, STREAM_INFO_EVERY_S
+
     from tests.servers import make_messages
 
     url = nats_server.url
@@ -415,9 +415,8 @@ class _Objects(dict):
 def test_each_partitions_object_records_how_far_its_own_messages_are_covered_and_a_restore_resumes_after_it(
         position, expected):
     import numpy as np
-
-    from controller.partitioned import PartitionedCheckpoints
-    from controller.snapshot import Snapshot
+    from forkless.controller.partitioned import PartitionedCheckpoints
+    from forkless.controller.snapshot import Snapshot
 
     like = {"m": np.zeros((5, 2), np.float32)}
     objects = PartitionedCheckpoints(_Objects(), feed="ticks", stream="TICKS", template="ticks.{partition}.>",
@@ -431,9 +430,8 @@ def test_each_partitions_object_records_how_far_its_own_messages_are_covered_and
 
 def test_a_partitions_object_without_covered_written_before_it_was_recorded_resumes_at_its_position():
     import numpy as np
-
-    from controller.partitioned import PartitionedCheckpoints, object_name
-    from controller.snapshot import Snapshot, checkpoint_bytes
+    from forkless.controller.partitioned import PartitionedCheckpoints, object_name
+    from forkless.controller.snapshot import Snapshot, checkpoint_bytes
 
     like = {"m": np.zeros((5, 2), np.float32)}
     store = _Objects()
@@ -518,9 +516,8 @@ def _objects_with(store: _Objects, created_by_partition: dict[int, str | None]) 
     """A PartitionedCheckpoints of the partitions given, each with an object at position 10
     recording that created time (None: none recorded, as an object written before it was)."""
     import numpy as np
-
-    from controller.partitioned import PartitionedCheckpoints, object_name
-    from controller.snapshot import Snapshot, checkpoint_bytes
+    from forkless.controller.partitioned import PartitionedCheckpoints, object_name
+    from forkless.controller.snapshot import Snapshot, checkpoint_bytes
 
     like = {"m": np.zeros((5, 2), np.float32)}
     for p, created in created_by_partition.items():
@@ -536,12 +533,11 @@ def _objects_with(store: _Objects, created_by_partition: dict[int, str | None]) 
 
 def test_each_partitions_object_records_the_streams_created_time_and_the_restore_hands_it_over_in_a_resume():
     import numpy as np
-
-    from controller.partitioned import PartitionedCheckpoints
-    from controller.positions import SourcePositions
-    from controller.snapshot import Snapshot
-    from io_loop.crossing import Origin, Resume
-    from io_loop.settings import FeedSpec, JetStreamSpec
+    from forkless.controller.partitioned import PartitionedCheckpoints
+    from forkless.controller.positions import SourcePositions
+    from forkless.controller.snapshot import Snapshot
+    from forkless.io_loop.crossing import Origin, Resume
+    from forkless.io_loop.settings import FeedSpec, JetStreamSpec
 
     like = {"m": np.zeros((5, 2), np.float32)}
     objects = PartitionedCheckpoints(_Objects(), feed="ticks", stream="TICKS", template="ticks.{partition}.>",
@@ -565,7 +561,7 @@ def test_each_partitions_object_records_the_streams_created_time_and_the_restore
 
 
 def test_partitions_objects_of_streams_created_at_different_times_are_refused_and_older_ones_not_checked():
-    from io_loop.errors import PositionLost
+    from forkless.io_loop.errors import PositionLost
 
     later = "2026-12-02T08:00:00+00:00"
     objects = _objects_with(_Objects(), {0: CREATED, 1: CREATED, 2: later, 3: None})
@@ -586,8 +582,8 @@ def test_every_object_of_a_partition_damaged_is_refused_naming_them_and_a_good_o
     """A partition whose objects are all damaged has lost its state and its position: starting it
     fresh would answer its later messages from an empty state, silently (before this it did).
     PositionLost names the partition and its objects; one good object, even older, restores."""
-    from controller.partitioned import object_name
-    from io_loop.errors import PositionLost
+    from forkless.controller.partitioned import object_name
+    from forkless.io_loop.errors import PositionLost
 
     store = _Objects()
     objects = _objects_with(store, {0: CREATED, 1: CREATED, 2: CREATED})

@@ -192,9 +192,10 @@ def test_overlapping_partitions_are_refused_and_a_dead_holders_lease_is_waited_o
 
 def test_an_element_published_under_another_streams_partition_is_answered_with_an_error_never_applied(
         nats_server, tmp_path):
-    from controller.config import Config
-    from controller.loop import Controller
-    from io_loop.partitions import escape_stream, partition_of
+    from forkless.controller.config import Config
+    from forkless.controller.loop import Controller
+    from forkless.io_loop.partitions import escape_stream, partition_of
+
     from tests.harness import drive
     from tests.natsserver import publish
 

@@ -10,8 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from io_loop.partitions import (
+from forkless.io_loop.partitions import (
     PartitionTransform,
     escape_stream,
     format_partitions,
@@ -23,6 +22,7 @@ from io_loop.partitions import (
     transform_problems,
     unescape_stream,
 )
+
 from tests.harness import UNIT_S, run_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -257,9 +257,9 @@ def test_a_transform_that_disagrees_with_the_feed_is_a_problem_naming_both(subje
 def _probe(url: str, entry: dict, **config: object) -> tuple[list[str], str | None]:
     """``--check``'s network half for one feed (io_loop/probe.py), in this process: what it printed,
     and its failure (None when the feed passed)."""
-    from controller.codec import JsonCodec
-    from controller.config import Config
-    from io_loop.probe import ProbeFailed, probe_feed
+    from forkless.controller.codec import JsonCodec
+    from forkless.controller.config import Config
+    from forkless.io_loop.probe import ProbeFailed, probe_feed
 
     cfg = Config(feeds=json.dumps([{"name": "ticks", "nats": url, "results": "scores", **entry}]),
                  connect_timeout_s=5.0, **config)
@@ -423,15 +423,15 @@ def _statefulset_example() -> tuple[int, float, dict[str, str], dict[str, str]]:
 
 def _shares(env: dict[str, str], replicas: int) -> list[tuple[int, ...]]:
     """Each pod's partitions, from the configuration forkless reads with the pod's ordinal."""
-    from controller.config import Config
+    from forkless.controller.config import Config
 
     return [Config.from_env({**env, "FORKLESS_INSTANCE": str(ordinal)}).feed_specs[0].jetstream.partitions
             for ordinal in range(replicas)]
 
 
 def test_the_kubernetes_example_gives_each_pod_its_share_and_the_pods_cover_every_partition_once():
-    from controller.config import Config
-    from controller.variables import VARIABLES
+    from forkless.controller.config import Config
+    from forkless.controller.variables import VARIABLES
 
     replicas, grace_s, env, fields = _statefulset_example()
     assert fields == {"FORKLESS_INSTANCE": "metadata.labels['apps.kubernetes.io/pod-index']"}
@@ -447,7 +447,7 @@ def test_the_kubernetes_example_gives_each_pod_its_share_and_the_pods_cover_ever
 
 
 def test_rescaling_the_kubernetes_example_changes_the_shares_and_still_covers_every_partition_once():
-    from controller.errors import ConfigError
+    from forkless.controller.errors import ConfigError
 
     replicas, _, env, _ = _statefulset_example()
     count = json.loads(env["FORKLESS_FEEDS"])[0]["partition_count"]
@@ -462,10 +462,10 @@ def test_rescaling_the_kubernetes_example_changes_the_shares_and_still_covers_ev
 
 @pytest.mark.parametrize("declares", [{"per_stream": False}, {"restore_shared": True}])
 def test_a_processor_whose_state_cannot_be_split_by_partition_is_refused(declares):
-    from controller.config import Config
-    from controller.errors import ProcessorContractError
-    from controller.loop import Controller
-    from controller.processor import ewma_processor
+    from forkless.controller.config import Config
+    from forkless.controller.errors import ProcessorContractError
+    from forkless.controller.loop import Controller
+    from forkless.controller.processor import ewma_processor
 
     cfg = Config(feeds=json.dumps([{"name": "ticks", "nats": "nats://127.0.0.1:9", "stream": "TICKS",
                                     "subject": "ticks.{partition}.>", "results": "scores", "partition_count": 12,

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
-from controller import Config, Controller
+from forkless import Config, Controller
 from tests.harness import UNIT_S, drive
 from tests.reference import EWMAReference
 from tests.servers import SERVERS, send_frames

@@ -20,11 +20,11 @@ import time
 import traceback
 
 import aiohttp
+import forkless.controller as controller
+import forkless.io_loop as io_loop
 import pytest
+from forkless.io_loop.portal import IOPortal, PortalClosed, WorkerFailed
 
-import controller
-import io_loop
-from io_loop.portal import IOPortal, PortalClosed, WorkerFailed
 from tests.servers import send_frames
 
 

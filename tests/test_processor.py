@@ -12,13 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from controller.batching import Batch, pad_batch
-from controller.compiled import guarded
-from controller.config import Config
-from controller.engine import compile_step
-from controller.loop import compilations
-from controller.processor import (
+from forkless.controller.batching import Batch, pad_batch
+from forkless.controller.compiled import guarded
+from forkless.controller.config import Config
+from forkless.controller.engine import compile_step
+from forkless.controller.loop import compilations
+from forkless.controller.processor import (
     EPS,
     EWMAState,
     _occurrence_rank,
@@ -26,7 +25,8 @@ from controller.processor import (
     reset_rows,
     row_template,
 )
-from controller.slots import StreamSlots
+from forkless.controller.slots import StreamSlots
+
 from tests.reference import EWMAReference
 
 

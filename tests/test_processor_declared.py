@@ -11,15 +11,15 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import pytest
+from forkless.controller.checkpoint import list_checkpoints, read_checkpoint
+from forkless.controller.compiled import compilations
+from forkless.controller.config import Config
+from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
+from forkless.controller.loop import Controller
+from forkless.controller.metrics import metric_families
+from forkless.controller.processor import Processor, default_processor
+from forkless.controller.stats import status_line
 
-from controller.checkpoint import list_checkpoints, read_checkpoint
-from controller.compiled import compilations
-from controller.config import Config
-from controller.errors import CheckpointMismatch, ProcessorContractError
-from controller.loop import Controller
-from controller.metrics import metric_families
-from controller.processor import Processor, default_processor
-from controller.stats import status_line
 from tests.fake_io import FakeIO, drain
 from tests.test_loop import chunk, process_all
 

@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from forkless.controller.compiled import compilations
+from forkless.controller.config import Config
+from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
+from forkless.controller.loop import Controller
+from forkless.controller.processor import Processor, default_processor
 
-from controller.compiled import compilations
-from controller.config import Config
-from controller.errors import CheckpointMismatch, ProcessorContractError
-from controller.loop import Controller
-from controller.processor import Processor, default_processor
 from tests.fake_io import FakeIO, drain
 from tests.test_loop import chunk, process_all
 
@@ -132,7 +132,7 @@ def test_a_processor_without_a_name_cannot_be_used_with_checkpoints(tmp_path):
 
 
 def test_the_program_exits_2_with_one_line_for_an_unnamed_processor_with_checkpoints(tmp_path):
-    code = ("import sys, app, tests.test_processor_identity as t; from controller.processor import Processor; "
+    code = ("import sys, app, tests.test_processor_identity as t; from forkless.controller.processor import Processor; "
             "p = t.weighted_sum(1.0); sys.exit(app.main([], processor=Processor(p.init, p.step)))")
     env = {"JAX_PLATFORMS": "cpu", "FORKLESS_FEATURES": str(F), "FORKLESS_DURATION": "5", "PATH": "/usr/bin:/bin",
            "FORKLESS_CHECKPOINT_DIR": str(tmp_path)}
@@ -143,8 +143,8 @@ def test_the_program_exits_2_with_one_line_for_an_unnamed_processor_with_checkpo
 
 
 def test_a_checkpoint_written_before_processors_had_names_restores_into_the_default(tmp_path):
-    from controller.checkpoint import checkpoint_path, load_newest, write_checkpoint
-    from controller.snapshot import take_snapshot
+    from forkless.controller.checkpoint import checkpoint_path, load_newest, write_checkpoint
+    from forkless.controller.snapshot import take_snapshot
 
     cfg = config(tmp_path)
     proc = default_processor(cfg)

@@ -11,13 +11,12 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-
-from controller import programs
-from controller.compiled import compilations
-from controller.config import Config
-from controller.engine import compile_step
-from controller.errors import ProcessorContractError
-from controller.processor import Processor, default_processor, ewma_processor
+from forkless.controller import programs
+from forkless.controller.compiled import compilations
+from forkless.controller.config import Config
+from forkless.controller.engine import compile_step
+from forkless.controller.errors import ProcessorContractError
+from forkless.controller.processor import Processor, default_processor, ewma_processor
 
 # one message a step and one batch size (max_batch 1: one bucket), so that each program here
 # compiles in ~0.5 CPU-s; the default detector's programs are the suite's persistent cache's

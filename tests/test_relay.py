@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from forkless.controller.codec import JsonCodec
+from forkless.controller.errors import FeedFatal, IOThreadError, MetricsServerError
+from forkless.io_loop.partitions import escape_stream
+from forkless.io_loop.relaystats import ACROSS_RECONNECT, WITHIN_CONNECTION, SeqGaps
 
-from controller.codec import JsonCodec
-from controller.errors import FeedFatal, IOThreadError, MetricsServerError
-from io_loop.partitions import escape_stream
-from io_loop.relaystats import ACROSS_RECONNECT, WITHIN_CONNECTION, SeqGaps
 from tests.harness import UNIT_S, run_app, wait_until
 from tests.servers import FeedConn, make_messages
 
@@ -148,9 +148,10 @@ def test_the_relay_process_never_imports_jax(feed_server, nats_server, app):
     assert result.returncode == 0, result.stderr[-3000:]
     imported = [line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
                 if line.startswith("import time:") and "|" in line]
-    assert "io_loop.relay" in imported and "nats" in imported  # the relay ran, and imports were seen
+    assert "forkless.io_loop.relay" in imported and "nats" in imported  # the relay ran, and imports were seen
     assert not [name for name in imported if name == "jax" or name.startswith(("jax.", "jaxlib"))]
-    assert not [name for name in imported if name in ("controller.loop", "controller.engine", "controller.processor")]
+    assert not [name for name in imported
+                if name in ("forkless.controller.loop", "forkless.controller.engine", "forkless.controller.processor")]
 
 
 # ---- (2) the NATS server paused, then restarted, mid-run: nothing lost, nothing duplicated --------------
@@ -280,7 +281,7 @@ def test_a_start_compares_the_feeds_first_seq_with_the_last_stored_and_logs_a_ga
 def test_an_acknowledgement_is_read_as_stored_or_as_the_servers_reason_and_never_raises(data, problem):
     from types import SimpleNamespace
 
-    from io_loop.relay import _ack_problem
+    from forkless.io_loop.relay import _ack_problem
 
     assert _ack_problem(SimpleNamespace(headers=None, data=data)) == problem
 
@@ -454,8 +455,8 @@ def _crash() -> IOThreadError:
     (_crash(), 1, "forkless: the IO thread died: OSError('the loop broke')"),
 ], ids=lambda v: type(v).__name__)
 def test_the_relay_ends_with_the_class_s_exit_status_and_its_line(monkeypatch, capsys, raised, status, first_line):
-    from controller import relaycmd
-    from controller.config import Config
+    from forkless.controller import relaycmd
+    from forkless.controller.config import Config
 
     monkeypatch.setattr(_IOThatFails, "raised", raised, raising=False)
     monkeypatch.setattr(relaycmd, "IOThread", _IOThatFails)

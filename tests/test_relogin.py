@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller import FeedFatal, Relogin, SendFailed
+from forkless import FeedFatal, Relogin, SendFailed
 from tests.harness import UNIT_S, run_app
 from tests.test_readme import example
 from tests.ws_exchange import USER, WsExchange

@@ -79,7 +79,7 @@ def test_io_thread_crash_exits_non_zero_promptly_with_the_traceback(feed_server:
     program = textwrap.dedent("""
         import sys
         import app
-        from controller.codec import JsonCodec
+        from forkless.controller.codec import JsonCodec
 
         class InjectedCrash(BaseException):  # not an Exception: passes the codec guard, as an IO-side bug would
             pass

@@ -27,12 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 import psutil
 import pytest
+from forkless.controller.config import Config
+from forkless.controller.loop import Controller
+from forkless.controller.processor import Processor, ewma_processor
+from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.handover import Handover
 
-from controller.config import Config
-from controller.loop import Controller
-from controller.processor import Processor, ewma_processor
-from io_loop.backoff import Backoff
-from io_loop.handover import Handover
 from tests.harness import BACKOFF_SEED, UNIT_S, assert_books_balance, drive, wait_until
 from tests.servers import (
     SERVERS,
@@ -771,7 +771,7 @@ def test_a_stop_asked_again_while_the_io_loop_closes_leaves_no_task_unrun(feed_s
     """A stop asked while the IO thread's loop is closing (after its main coroutine ended: a
     signal's stop beside ``stop()``'s) makes no task: one made then would never run, its
     coroutine "never awaited" (a RuntimeWarning seen in the suite, 2026-12-04)."""
-    from io_loop.thread import IOThread
+    from forkless.io_loop.thread import IOThread
 
     threads: list[IOThread] = []
     run, closing = IOThread._run, asyncio.BaseEventLoop.shutdown_asyncgens

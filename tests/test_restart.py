@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from forkless.controller.checkpoint import list_checkpoints, load_newest, read_checkpoint
+from forkless.controller.checkpointer import Checkpointer
+from forkless.controller.config import Config
+from forkless.controller.processor import default_processor
 
-from controller.checkpoint import list_checkpoints, load_newest, read_checkpoint
-from controller.checkpointer import Checkpointer
-from controller.config import Config
-from controller.processor import default_processor
 from tests.harness import UNIT_S, app_env, wait_until
 from tests.reference import EWMAReference
 

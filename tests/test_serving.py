@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import threading
 
-from controller.serving import serve
-from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot
+from forkless.controller.serving import serve
+from forkless.controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot
 
 
 def _snapshot(processed: int, at: float) -> StatsSnapshot:

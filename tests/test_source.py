@@ -15,10 +15,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from forkless.controller.ioside import feed_plan
+from forkless.controller.processor import ewma_processor
 
-from controller import Config, Controller, FeedFatal, SourceStopped
-from controller.ioside import feed_plan
-from controller.processor import ewma_processor
+from forkless import Config, Controller, FeedFatal, SourceStopped
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.servers import make_messages, parse_replies, send_frames
 
@@ -76,7 +76,7 @@ def test_a_users_own_client_feeds_the_processor_and_every_message_is_answered_on
     assert snap.counts == {"pongs": 3} and snap.errors_total == 0  # a heartbeat is no error
     assert snap.feeds[0].name == "mine" and snap.feeds[0].io.messages_in == 60
     assert_books_balance(ctl)
-    from controller.metrics import metric_families  # /metrics counts it as it counts a built-in feed
+    from forkless.controller.metrics import metric_families  # /metrics counts it as it counts a built-in feed
 
     samples = {(m.name, tuple(sorted(x.labels.items()))): x.value for m in metric_families(snap) for x in m.samples}
     assert samples[("forkless_source_counts", (("feed", "mine"), ("what", "pongs")))] == 3
@@ -178,8 +178,8 @@ def test_rows_a_source_decoded_itself_are_processed_and_answered_in_the_processo
     # x is built in the codec's (the processor's) dtype: float64 values are not rounded through float32
     from types import SimpleNamespace
 
-    from controller.codec import GuardedCodec, JsonCodec
-    from io_loop.source import SourceContext
+    from forkless.controller.codec import GuardedCodec, JsonCodec
+    from forkless.io_loop.source import SourceContext
 
     class Runner:  # the parts of a SourceRunner emit_rows uses: its codec's dtype, then take()
         feed, settings = SimpleNamespace(name="rows"), SimpleNamespace(features=1)
@@ -246,9 +246,9 @@ def test_a_source_hands_over_what_it_decoded_itself_at_positions_and_its_replies
 
 
 def test_a_replayable_source_is_never_dropped_from_even_with_overflow_drop_oldest():
-    from controller.codec import JsonCodec
-    from io_loop.counters import IOStats
-    from io_loop.source import SourceRunner
+    from forkless.controller.codec import JsonCodec
+    from forkless.io_loop.counters import IOStats
+    from forkless.io_loop.source import SourceRunner
 
     cfg = _config(overflow="drop_oldest")
     feed = feed_plan(cfg, [EventSource([])]).specs[0]
@@ -261,10 +261,10 @@ def test_a_replayable_source_is_never_dropped_from_even_with_overflow_drop_oldes
 
 
 def test_error_replies_of_the_frame_resumed_inside_keep_the_ids_a_full_replay_gives():
-    from controller.codec import JsonCodec
-    from io_loop.counters import IOStats
-    from io_loop.crossing import Origin
-    from io_loop.source import SourceRunner
+    from forkless.controller.codec import JsonCodec
+    from forkless.io_loop.counters import IOStats
+    from forkless.io_loop.crossing import Origin
+    from forkless.io_loop.source import SourceRunner
 
     cfg = _config()
     feed = feed_plan(cfg, [EventSource([])]).specs[0]

@@ -6,8 +6,7 @@ import math
 from dataclasses import FrozenInstanceError, replace
 
 import pytest
-
-from controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
+from forkless.controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
 
 
 def test_quantiles_land_in_the_right_bucket():
@@ -99,14 +98,14 @@ class _GrowingWhileCopied(dict):
 
 
 def test_copy_counts_tries_again_when_the_writer_added_a_key_meanwhile():
-    from io_loop.counters import copy_counts
+    from forkless.io_loop.counters import copy_counts
 
     copied = copy_counts(_GrowingWhileCopied(3, bad=2, worse=1))
     assert copied == {"bad": 2, "worse": 1} and type(copied) is dict
 
 
 def test_the_io_side_s_snapshot_copies_its_counter_dicts_with_copy_counts():
-    from io_loop.counters import IOStats
+    from forkless.io_loop.counters import IOStats
 
     stats = IOStats(errors=_GrowingWhileCopied(2, bad=2), dropped=_GrowingWhileCopied(1, lost=1))
     snap = stats.snapshot()

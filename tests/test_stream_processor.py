@@ -9,14 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from controller.batching import Batch, pad_batch
-from controller.compiled import check_replicated_unchanged
-from controller.config import Config
-from controller.engine import compile_step
-from controller.errors import ProcessorContractError
-from controller.loop import compilations
-from controller.processor import (
+from forkless.controller.batching import Batch, pad_batch
+from forkless.controller.compiled import check_replicated_unchanged
+from forkless.controller.config import Config
+from forkless.controller.engine import compile_step
+from forkless.controller.errors import ProcessorContractError
+from forkless.controller.loop import compilations
+from forkless.controller.processor import (
     EWMAState,
     Processor,
     StreamState,
@@ -26,6 +25,7 @@ from controller.processor import (
     row_template,
     stream_processor,
 )
+
 from tests.reference import EWMAReference
 from tests.reference_ewma import reference_ewma_processor
 from tests.test_processor import _table_ops

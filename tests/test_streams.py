@@ -9,13 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from forkless.controller.batching import Batch
+from forkless.controller.compiled import guarded
+from forkless.controller.config import Config
+from forkless.controller.engine import compile_step
+from forkless.controller.loop import Controller
+from forkless.controller.processor import Processor, default_processor
 
-from controller.batching import Batch
-from controller.compiled import guarded
-from controller.config import Config
-from controller.engine import compile_step
-from controller.loop import Controller
-from controller.processor import Processor, default_processor
 from tests.fake_io import FakeIO, drain
 from tests.reference import EWMAReference
 from tests.test_loop import chunk, process_all
@@ -32,7 +32,7 @@ def test_the_controllers_compiled_step_updates_the_state_in_place():
         assert _aliased_inputs(step.as_text()) == {0, 1, 2}, f"bucket {bucket}: the state is not donated"
     state = compiled.take_state()
     batch = chunk([0], ["a"])
-    from controller.batching import pad_batch
+    from forkless.controller.batching import pad_batch
 
     new_state, _, _ = compiled.steps[1](state, pad_batch(batch.x, np.zeros(1, np.int32), 1, cfg.max_streams))
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))  # given to the step, not copied

@@ -17,14 +17,14 @@ import threading
 from typing import Any
 
 import pytest
+from forkless.controller.codec import Decoded, JsonCodec
+from forkless.controller.config import Config
+from forkless.controller.errors import ConfigError
+from forkless.controller.loop import Controller
+from forkless.controller.processor import ewma_processor
+from forkless.controller.stats import books_line
+from forkless.io_loop.on_connect import HookFailed, call_hook, frames_of
 
-from controller.codec import Decoded, JsonCodec
-from controller.config import Config
-from controller.errors import ConfigError
-from controller.loop import Controller
-from controller.processor import ewma_processor
-from controller.stats import books_line
-from io_loop.on_connect import HookFailed, call_hook, frames_of
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.servers import SERVERS, FeedConn, make_messages, parse_replies
 

@@ -22,15 +22,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from forkless.controller.codec import JsonCodec
+from forkless.controller.config import Config
+from forkless.controller.errors import ConfigError, MetricsServerError
+from forkless.controller.loop import Controller
+from forkless.controller.processor import ewma_processor
+from forkless.io_loop.http import MetricsServer
+from forkless.io_loop.probe import ProbeFailed, probe_feed
+from forkless.io_loop.unixsocket import listen_unix
 
-from controller.codec import JsonCodec
-from controller.config import Config
-from controller.errors import ConfigError, MetricsServerError
-from controller.loop import Controller
-from controller.processor import ewma_processor
-from io_loop.http import MetricsServer
-from io_loop.probe import ProbeFailed, probe_feed
-from io_loop.unixsocket import listen_unix
 from tests.harness import UNIT_S, AppProcess, assert_books_balance, drive, run_app
 from tests.no_inet import REFUSED
 from tests.servers import (
