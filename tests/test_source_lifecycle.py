@@ -91,9 +91,11 @@ class FailsBeforeStop:
                 await asyncio.sleep(0.005)
 
         feeding = asyncio.create_task(feed())
-        async for _ in ctx.outgoing():
-            self.written += 1
-        feeding.cancel()
+        try:  # the failed before_stop cancels this run: the feeder is cancelled with it, not left pending
+            async for _ in ctx.outgoing():
+                self.written += 1
+        finally:
+            feeding.cancel()
 
     async def before_stop(self, ctx: Any) -> None:
         raise_in_before_stop()
