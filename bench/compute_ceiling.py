@@ -14,11 +14,12 @@ in the same process, so that a TPU run opens the chip once for both.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import numpy as np
+
+from bench.device_floor import write_figures
 
 
 def measure(seconds: float = 2.0, streams: int = 16) -> dict:
@@ -68,11 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.device_floor import measure as floor
 
         figures["device_floor"] = floor(a.floor_s, a.streams)
-    if a.out:
-        with open(a.out, "w", encoding="utf-8") as f:
-            json.dump(figures, f)
-    else:
-        print(json.dumps(figures))
+    write_figures(figures, a.out)
     return 0
 
 

@@ -69,12 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="write the figures as JSON here (default: print them)")
     a = p.parse_args(argv)
     figures = measure(a.seconds, a.streams)
-    if a.out:
-        with open(a.out, "w", encoding="utf-8") as f:
+    write_figures(figures, a.out)
+    return 0
+
+
+def write_figures(figures: dict[str, Any], out: str) -> None:
+    """A measuring module's figures as JSON: into the file ``out``, or printed when it is empty
+    (bench.devices, bench.compute_ceiling and this module's ``--out``)."""
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
             json.dump(figures, f)
     else:
         print(json.dumps(figures))
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,11 +16,12 @@ section runs this for 1, 2 and 4 forced CPU devices, each in a process of its ow
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import numpy as np
+
+from bench.device_floor import write_figures
 
 
 def measure(seconds: float = 2.0, streams: int = 16) -> dict:
@@ -90,11 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="write the figures as JSON here (default: print them)")
     a = p.parse_args(argv)
     figures = measure(a.seconds, a.streams)
-    if a.out:
-        with open(a.out, "w", encoding="utf-8") as f:
-            json.dump(figures, f)
-    else:
-        print(json.dumps(figures))
+    write_figures(figures, a.out)
     return 0
 
 
