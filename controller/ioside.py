@@ -24,6 +24,7 @@ from forkless.controller.codec import Codec
 from forkless.controller.config import Config
 from forkless.controller.stats import IOSnapshot, IOStats, StatsSnapshot
 from forkless.io_loop.before_connect import BeforeConnect
+from forkless.io_loop.finishing import declared_awaiting
 from forkless.io_loop.on_connect import OnConnect
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec
 from forkless.io_loop.source import Source
@@ -98,6 +99,7 @@ def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: boo
         if replies not in REPLY_POLICIES:
             raise ValueError(f"source {name!r} has replies={replies!r}; expected one of {', '.join(REPLY_POLICIES)}")
         declared_policy(source, name)  # its own overflow and buffer, checked (io_loop/spill.py)
+        declared_awaiting(source, name)  # what it awaits at the stop, a method (io_loop/finishing.py)
         taken.add(name)
         by_name[name] = source
         specs.append(FeedSpec(name, "", replies=replies, required=bool(getattr(source, "required", True))))

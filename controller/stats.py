@@ -166,6 +166,8 @@ class StatsSnapshot:
     # drop_oldest, an aborted stop), and the messages and events waiting in them now
     events_dropped: dict[str, int] = field(default_factory=dict)
     buffered: int = 0
+    # replies a source still awaited (its awaiting()) when the stop ended its wait, by why (io_loop/finishing.py)
+    awaited_unanswered: dict[str, int] = field(default_factory=dict)
     # a partitioned instance: the stream's partitions with no live lease for longer than a lease
     partitions_unowned: int = 0
     # the processor's declared counters (Processor.counters; the default detector's "anomalies")
@@ -351,7 +353,7 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         step_io_cpu_s=main.step_io_cpu_s,
         events_in=io.events_in, events=main.events, events_unhandled=main.events_unhandled,
         sent_out=io.sent_out, sent_unsent=io.sent_unsent, counts=io.counts,
-        events_dropped=io.events_dropped, buffered=io.buffered,
+        events_dropped=io.events_dropped, buffered=io.buffered, awaited_unanswered=io.awaited_unanswered,
         partitions_unowned=partitions_unowned,
         counters=copy_counts(main.counters),
         weights=weights,

@@ -196,6 +196,8 @@ class IOStats:
     events_dropped: Counter = field(default_factory=Counter)  # events given up (its overflow, the stop), by reason
     buffered: int = 0  # messages and events waiting in the source's own buffer (io_loop/spill.py)
     buffered_peak: int = 0  # the most that ever waited there (at most its bound plus one item)
+    # replies a source still awaited (its awaiting()) when the stop's wait for them ended, by why (io_loop/finishing.py)
+    awaited_unanswered: Counter = field(default_factory=Counter)
 
     def observe_hops(self, seconds: list[float]) -> None:
         """One sampled message's ``Trace.hops_s()``."""
@@ -218,6 +220,7 @@ class IOStats:
             events_in=self.events_in, sent_out=self.sent_out, sent_unsent=self.sent_unsent,
             counts=copy_counts(self.counts), events_dropped=copy_counts(self.events_dropped),
             buffered=self.buffered, buffered_peak=self.buffered_peak,
+            awaited_unanswered=copy_counts(self.awaited_unanswered),
         )
 
 
@@ -256,6 +259,7 @@ class IOSnapshot:
     events_dropped: dict[str, int] = field(default_factory=dict)  # IOStats.events_dropped
     buffered: int = 0  # IOStats.buffered (summed over the feeds)
     buffered_peak: int = 0  # IOStats.buffered_peak (a feed's own; the largest feed's in the totals)
+    awaited_unanswered: dict[str, int] = field(default_factory=dict)  # IOStats.awaited_unanswered
 
 
 @dataclass(frozen=True)
@@ -309,6 +313,7 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
                               for name in _SUMMED}
     errors, dropped, declined = Counter(thread.errors), Counter(thread.dropped), Counter(thread.replies_declined)
     counts, events_dropped = Counter(thread.counts), Counter(thread.events_dropped)
+    awaited = Counter(thread.awaited_unanswered)
     latency = thread.write_latency
     hops = dict(thread.hops)
     for f in feeds:
@@ -317,6 +322,7 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
         declined.update(f.io.replies_declined)
         counts.update(f.io.counts)
         events_dropped.update(f.io.events_dropped)
+        awaited.update(f.io.awaited_unanswered)
         latency = latency + f.io.write_latency
         hops = add_hops(hops, f.io.hops)
     required = [f for f in feeds if f.required] or list(feeds)
@@ -327,6 +333,7 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
     return dataclasses.replace(
         thread, **totals, errors=dict(errors), dropped=dict(dropped), write_latency=latency, hops=hops,
         replies_declined=dict(declined), counts=dict(counts), events_dropped=dict(events_dropped),
+        awaited_unanswered=dict(awaited),
         buffered_peak=max([thread.buffered_peak, *(f.io.buffered_peak for f in feeds)]),
         connected=bool(required) and all(f.up for f in required),
         state_since=latest.io.state_since if latest is not None else thread.state_since,

@@ -21,7 +21,8 @@ Rules:
   silently. The IO loop ends with ``FeedFatal`` (exit 3) when every feed has given up, or at
   the first one with ``FORKLESS_FEED_FATAL=any``. With one feed its ``FeedFatal`` ends it at once.
 - Orderly stop: every feed stops reading (``SourceRunner.stop_reading``: no half handed-over frame
-  is lost), then inbound is shut down; when outbound is shut down and drained, the router ends every outbox, and each
+  is lost; a source that declares ``awaiting()`` first takes its replies, io_loop/finishing.py),
+  then inbound is shut down; when outbound is shut down and drained, the router ends every outbox, and each
   writer sends what is left and closes with 1000.
 """
 
@@ -177,8 +178,10 @@ class FeedSet:
                 await asyncio.wait(leftover)
 
     async def stop_reading(self, deadline: float | None) -> None:
-        """Every feed stops taking frames (see SourceRunner.stop_reading); then inbound is shut."""
-        await asyncio.gather(*(client.stop_reading(deadline) for client in self.clients))
+        """Every feed stops taking frames (see SourceRunner.stop_reading); then inbound is shut.
+        With several feeds, what outbound holds is not yet routed to them (io_loop/finishing.py)."""
+        unrouted = self.bridge.outbound.qsize if self.outboxes else lambda: 0
+        await asyncio.gather(*(client.stop_reading(deadline, unrouted) for client in self.clients))
         self.bridge.stop_inbound()
 
     async def _route(self) -> None:

@@ -20,12 +20,10 @@ Rules:
   state already holds. A position is an ``int`` or a ``str`` (it goes into the checkpoint).
   A source's emits all carry a position or none does (its first emit decides), each one greater
   than the one before (``str`` ones compared as text), all of one type: a position names one
-  frame (io_loop/emitted.py checks it; a refused emit raises ``ValueError`` or ``TypeError``
-  and takes nothing). ``emit_decoded(first=k)`` needs a position and an ``int`` k >= 0.
-  Error replies to a positioned frame's bad parts are numbered after its good messages, so a
-  replay makes the same ids. A source with ``replayable = True`` is never dropped from
-  (``FORKLESS_OVERFLOW=drop_oldest`` does not apply to it, and its own ``overflow="drop_oldest"``
-  is refused: a dropped message would break the exactly-once state). A source that records
+  frame (io_loop/emitted.py checks it; a refused emit raises and takes nothing). Error replies
+  to a positioned frame's bad parts are numbered after its good messages (a replay makes the same
+  ids). A source with ``replayable = True`` is never dropped from (``FORKLESS_OVERFLOW=drop_oldest``
+  does not apply to it, its own ``overflow="drop_oldest"`` is refused). A source that records
   more than a position in the checkpoint (the built-in JetStream feed: the stream's created
   time, positions by partition) is handed that record as it is in ``ctx.resume_from`` and
   does its own skipping (``emit_decoded(first=)``).
@@ -36,26 +34,26 @@ Rules:
   part), counted and answered by reason as ``emit`` refuses a bad element; its other rows are
   handed over, and no stream's state sees the refused ones. A wrong shape is ``ValueError``.
 - The stop: ``ctx.stopping`` is set when the orderly stop begins; from then ``emit*`` raise
-  ``SourceStopped`` (the frame is not taken: a replayable source replays it next time).
+  ``SourceStopped`` (the frame is not taken: a replayable source replays it next time), unless the
+  source declares ``awaiting()``: then its replies are taken until it awaits none (io_loop/finishing.py).
   ``outgoing()`` ends once the main thread has sent its last frame; then ``run`` returns.
   A ``run`` that returns earlier means the source has no more messages; replies that still
   come for it are counted as dropped ("source ended"), ``Controller.send`` frames as
   ``sent_unsent`` (logged once), and ``ended`` tells the main thread (its feed's snapshot), whose
-  ``send`` then refuses. A ``run`` that raises gives the feed
-  up as a failed connection would (``FeedFatal``, the traceback kept as its cause).
+  ``send`` then refuses. A ``run`` that raises gives the feed up as a failed connection would
+  (``FeedFatal``, the traceback kept as its cause).
 - A source that manages its own connections (the built-in WebSocket feed, io_loop/client.py, is
   one) says what happens to them: ``connection_opened()`` (its id is stamped on what is emitted
   from then), ``connection_closed()``, ``connect_failed(why)``, ``reconnecting(why)``; with
   ``starts_connected = False`` it is not counted as connected before its first connection.
 - Replies a batch at a time: ``ctx.replies()`` hands out each reply batch (io_loop/writer.py's
-  ``ReplyBatch``, one socket write each); a batch not wholly written is handed again first, from
-  its first unwritten frame. ``batch.wrote(n)`` takes an int from 0 to the frames left, else
-  raises and counts nothing. ``outgoing()`` is the frame-at-a-time form of the same.
+  ``ReplyBatch``, one socket write each; ``outgoing()`` is the frame-at-a-time form); a batch not
+  wholly written is handed again first, from its first unwritten frame.
 - The stop has one mechanism, ``SourceRunner.stop_reading``: the source's optional
-  ``before_stop(ctx)`` (finish what is in flight), then ``ctx.stopping`` is set and the emits in
-  progress are waited for; nothing half handed over is lost. A ``before_stop`` that raises fails
-  the source as a ``run`` that raises does (``FeedFatal`` from it, at once: its ``run`` is
-  cancelled), and the stop goes on, so it never waits for its deadline because of it.
+  ``before_stop(ctx)``, ``ctx.stopping``, the finishing phase of one that declares ``awaiting()``,
+  then the emits in progress are waited for; nothing half handed over is lost. A ``before_stop``
+  (or ``awaiting()``) that raises fails the source as a ``run`` that raises does (``FeedFatal``
+  from it, at once: its ``run`` is cancelled), and the stop goes on without waiting out its deadline.
 - ``SourceRunner`` is the IO thread's side of one source, user's or built-in (``run``,
   ``stop_reading``, ``held_frames``, ``take_held``, ``handover``, ``stats``): the feed set
   (io_loop/feeds.py) does not know which kind it runs. Its outbound side (what the main thread
@@ -67,7 +65,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -77,6 +75,7 @@ from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.emitted import Positions, check_first, checked_rows, drop_first
 from forkless.io_loop.emitted import check_position as _check_position
 from forkless.io_loop.errors import FeedFatal, ForklessError
+from forkless.io_loop.finishing import finish_awaited
 from forkless.io_loop.handover import Handover
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.spill import source_policy
@@ -105,8 +104,9 @@ class Source(Protocol):
     events, counted under its name; refused for a replayable source), ``buffer`` (an int >= 0:
     messages and events it may hold while the inbound queue is full, its emits not waiting;
     default ``FORKLESS_SOURCE_BUFFER``),
-    ``figures`` (a ``SourceStats``: the position figures it keeps, shown in its books) and
-    ``async before_stop(ctx)`` (called when the orderly stop begins, before ``ctx.stopping``)."""
+    ``figures`` (a ``SourceStats``: the position figures it keeps, shown in its books),
+    ``async before_stop(ctx)`` (called when the orderly stop begins, before ``ctx.stopping``) and
+    ``awaiting()`` (replies it still awaits: the stop takes them until 0, io_loop/finishing.py)."""
 
     name: str
 
@@ -475,6 +475,14 @@ class SourceRunner:
         if self._stop_failed is not None:
             raise self._stop_failed from self._stop_failed.__cause__
 
+    def fail_in_stop(self, exc: Exception, during: str) -> None:
+        """A hook raised ``exc`` ``during`` the stop: the source is given up at once (``run`` cancelled, raising it)."""
+        fatal = exc if isinstance(exc, FeedFatal) else self._failed(exc, during)
+        fatal.__cause__ = exc if fatal is not exc else exc.__cause__
+        self._stop_failed = fatal
+        if self._running is not None and not self._running.done():
+            self._running.cancel()
+
     def _failed(self, exc: Exception, during: str) -> FeedFatal:
         """The source's exception (raised by its ``run`` or ``during`` its hook), logged with its
         traceback, as the ``FeedFatal`` that gives the source up (raise it ``from exc``)."""
@@ -482,22 +490,24 @@ class SourceRunner:
         log.error("source %r failed%s", self.feed.name, during, exc_info=exc)
         return FeedFatal(f"source {self.feed.name!r} failed{during}: {type(exc).__name__}: {exc}")
 
-    async def stop_reading(self, deadline: float | None = None) -> None:
-        """The stop: the source's ``before_stop``; then no more emits are taken, one in progress
-        finishes, the hand-over is flushed. ``deadline`` (monotonic) bounds the stop's work."""
+    async def stop_reading(self, deadline: float | None = None, unrouted: Callable[[], int] = lambda: 0) -> None:
+        """The stop: ``before_stop``; ``ctx.stopping``; one that declares ``awaiting()`` hands its replies over
+        until it awaits none (io_loop/finishing.py; ``unrouted``: outbound items not yet routed); then the emits
+        in progress finish, the hand-over is flushed. ``deadline`` (monotonic) bounds the stop's work."""
         before_stop = getattr(self.source, "before_stop", None)
         if before_stop is not None and not self.stopping_now:
             try:
                 await before_stop(self.ctx)
             except Exception as exc:  # the source fails as if its run raised it: given up at once
-                fatal = exc if isinstance(exc, FeedFatal) else self._failed(exc, " in before_stop")
-                fatal.__cause__ = exc if fatal is not exc else exc.__cause__
-                self._stop_failed = fatal
-                if self._running is not None and not self._running.done():
-                    self._running.cancel()
-        self.stopping_now = True
+                self.fail_in_stop(exc, " in before_stop")
+        awaiting = getattr(self.source, "awaiting", None)
+        if awaiting is None or self.stopping_now or self._stop_failed is not None:
+            self.stopping_now = True  # before anything sees ctx.stopping: no emit is taken from then
         self.ctx.stop_deadline = deadline
         self.ctx.stopping.set()
+        if not self.stopping_now:
+            await finish_awaited(self, awaiting, deadline, unrouted)
+            self.stopping_now = True
         while self.busy:
             self.idle_wait = asyncio.Event()
             await self.idle_wait.wait()

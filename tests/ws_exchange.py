@@ -9,7 +9,8 @@ which expire, a subscription, the exchange's JSON heartbeat, trades, and orders 
   ``{"type":"ping","id":n}`` every ``ping_every_s``, to be answered ``{"type":"pong","id":n}``
   before the next ping or the session is closed with 4001.
 - ``{"type":"order","client_order_id":...}`` -> ``{"type":"fill","client_order_id":...,"session":k}``;
-  with ``expire_after_orders=n`` every token expires right after the n-th order's fill.
+  with ``expire_after_orders=n`` every token expires right after the n-th order's fill; with
+  ``hold_fills=True`` the fills wait until ``release_fills()`` (never, if it is not called).
 
 Records, written on the server's loop under ``_lock`` and copied by ``figures()``: ``logins``,
 ``refused`` (401s), ``sessions`` (close code of each, None while open), ``orders`` (every
@@ -40,9 +41,13 @@ USER, PASSWORD = "alice", "s3cret"
 
 class WsExchange:
     def __init__(self, *, token_ttl_s: float = 3600.0, trade_every_s: float = 0.02, ping_every_s: float = 0.2,
-                 expire_after_orders: int = 0) -> None:
+                 expire_after_orders: int = 0, hold_fills: bool = False) -> None:
         self.token_ttl_s, self.trade_every_s, self.ping_every_s = token_ttl_s, trade_every_s, ping_every_s
         self.expire_after_orders = expire_after_orders  # > 0: every token expires once this many orders are filled
+        self._released = asyncio.Event()  # hold_fills: set by release_fills() (on the server's loop)
+        if not hold_fills:
+            self._released.set()
+        self._fills: set[asyncio.Task] = set()  # fills waiting for the release
         self._thread = LoopThread("ws-exchange")
         self._lock = threading.Lock()
         self._live: dict[str, float] = {}  # token -> when it expires (monotonic)
@@ -67,6 +72,10 @@ class WsExchange:
     def expire_all(self) -> None:
         """Every token issued so far expires now: their sessions close with 4003, their handshakes get 401."""
         self._thread.call_soon(self._live.clear)
+
+    def release_fills(self) -> None:
+        """``hold_fills``: every fill held so far is sent now, and later ones at once."""
+        self._thread.call_soon(self._released.set)
 
     def figures(self) -> dict[str, Any]:
         with self._lock:
@@ -172,11 +181,21 @@ class WsExchange:
                 answered.set()
             elif frame.get("type") == "order":
                 self._note("orders", frame.get("client_order_id"))
-                await ws.send(json.dumps({"type": "fill", "client_order_id": frame.get("client_order_id"),
-                                          "session": number}))
+                fill = json.dumps({"type": "fill", "client_order_id": frame.get("client_order_id"), "session": number})
+                if self._released.is_set():
+                    await ws.send(fill)
+                else:  # held: sent once released, while this session goes on reading
+                    task = asyncio.create_task(self._fill_when_released(ws, fill))
+                    self._fills.add(task)
+                    task.add_done_callback(self._fills.discard)
                 if len(self._figures["orders"]) == self.expire_after_orders:
                     self._live.clear()
                     return 4003  # the session closes now
             else:
                 self._note("violations", frame)
         return None
+
+    async def _fill_when_released(self, ws: ServerConnection, fill: str) -> None:
+        await self._released.wait()
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(fill)

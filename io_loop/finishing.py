@@ -1,0 +1,99 @@
+"""The stop's finishing phase: a source that declares what it still awaits keeps handing its
+replies (fills, acks) over through the orderly stop, until it awaits nothing or the deadline.
+
+Rules:
+- A source may declare ``awaiting()``: how many replies it still awaits from its peer (orders it
+  wrote whose fill has not come), an ``int`` >= 0, asked on the IO loop. Declared as something
+  else than a method: ``TypeError`` when the controller is built (``declared_awaiting``).
+- Its stop (``SourceRunner.stop_reading``): ``before_stop``, then ``ctx.stopping`` is set (no new
+  work: it reads no more market data), then ``finish_awaited``: its emits are still taken and the
+  main loop still hands them on (``on_event``, the processor) until (a) every frame the main
+  thread sent it before the stop has been handed to it (nothing queued for it, nothing held),
+  and (b) ``awaiting()`` is 0. It ends at the stop's work deadline (``deadline``; None: the
+  source's ``shutdown_timeout_s`` from now), or when the source's ``run`` has ended. Then its
+  emits raise ``SourceStopped``, as every source's do from ``ctx.stopping`` on when it declares
+  nothing (the stop as it always was).
+- What it still awaited when the wait ended early is counted in its ``awaited_unanswered`` by
+  why ("stop deadline", "source ended": nothing more can come) and logged once (error). These
+  replies never arrived: they are no messages and no events, so the books do not hold them.
+- ``awaiting()`` is asked after each of its emits and every ``AWAIT_POLL_S`` (a count may fall
+  without an emit: a reject the source settles itself). An ``awaiting()`` that raises or returns
+  anything but an ``int`` >= 0 fails the source as a ``before_stop`` that raises does
+  (``FeedFatal`` from it; its ``run`` is cancelled) and the stop goes on without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["AWAIT_POLL_S", "DEADLINE_REASON", "ENDED_REASON", "declared_awaiting", "finish_awaited"]
+
+log = logging.getLogger("forkless.source")
+
+AWAIT_POLL_S = 0.01  # how often awaiting() is asked when no emit comes
+DEADLINE_REASON = "stop deadline"
+ENDED_REASON = "source ended"
+
+
+def declared_awaiting(source: Any, name: str) -> Callable[[], Any] | None:
+    """The source's ``awaiting`` (None: it declares none); ``TypeError`` when it is no method."""
+    awaiting = getattr(source, "awaiting", None)
+    if awaiting is not None and not callable(awaiting):
+        raise TypeError(f"source {name!r} declares awaiting = {awaiting!r}: a method, awaiting(), returning how many "
+                        "replies it still awaits (an int >= 0), is what the stop asks (docs/embedding/stop.md)")
+    return awaiting
+
+
+def _count(awaiting: Callable[[], Any]) -> int:
+    left = awaiting()
+    if isinstance(left, bool) or not isinstance(left, int) or left < 0:
+        raise ValueError(f"awaiting() returned {left!r}: it says how many replies the source still awaits, "
+                         "an int >= 0")
+    return left
+
+
+def _handed(runner: Any, unrouted: Callable[[], int]) -> bool:
+    """True when nothing the main thread sent this source waits on the IO side: its outbox (and,
+    with several feeds, the bridge's outbound queue before the router) is empty and no item is
+    held. Frames put before the stop began are ahead of any later ones, so once this holds they
+    have all been handed to the source (it asked for the next one)."""
+    return not unrouted() and not runner.outbox.qsize() and runner.out.held.item is None
+
+
+async def finish_awaited(runner: Any, awaiting: Callable[[], Any], deadline: float | None,
+                         unrouted: Callable[[], int] = lambda: 0) -> None:
+    """The finishing phase of ``runner`` (a ``SourceRunner`` whose ``ctx.stopping`` is set, its
+    emits still taken); see the module rules. A failing ``awaiting()`` is handed to
+    ``runner.fail_in_stop``."""
+    name = runner.feed.name
+    if deadline is None:
+        deadline = time.monotonic() + runner.settings.shutdown_timeout_s
+    handed = False
+    while True:
+        handed = handed or _handed(runner, unrouted)
+        try:
+            left = _count(awaiting)
+        except Exception as exc:
+            runner.fail_in_stop(exc, " in awaiting()")
+            return
+        if handed and not left:
+            return
+        remaining = deadline - time.monotonic()
+        reason = ENDED_REASON if runner.ended else DEADLINE_REASON if remaining <= 0 else ""
+        if reason:
+            break
+        runner.idle_wait = wake = asyncio.Event()  # set as an emit of it ends (SourceRunner.leave)
+        try:
+            async with asyncio.timeout(min(AWAIT_POLL_S, remaining)):
+                await wake.wait()
+        except TimeoutError:
+            pass
+    if left:
+        runner.stats.awaited_unanswered[reason] += left
+        why = "by the stop's deadline" if reason == DEADLINE_REASON else "before its run ended"
+        log.error("source %r: %d replies it awaited had not come %s%s; counted in awaited_unanswered",
+                  name, left, why, "" if handed else " (frames sent to it before the stop were not all written)")

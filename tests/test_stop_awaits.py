@@ -1,0 +1,225 @@
+"""The stop that delivers what is in flight (issue 44, item 3; docs/embedding/stop.md): a source
+that declares ``awaiting()`` keeps handing its replies (fills) to ``on_event`` through the
+orderly stop, until it awaits nothing or the stop's deadline; what it still awaited then is
+counted (``awaited_unanswered``) and logged once.
+
+The user's program here is a source of its own against a real ``websockets`` exchange on
+loopback (tests/ws_exchange.py) whose fills are held until the stop has begun: every fill comes
+after ``ctx.stopping`` is set, so none reaches the main loop unless the stop takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from typing import Any
+
+import aiohttp
+import pytest
+from forkless.io_loop.source import SourceStopped
+
+from forkless import Config, Controller, FeedFatal
+from tests.harness import UNIT_S, assert_books_balance, drive
+from tests.ws_exchange import PASSWORD, USER, WsExchange
+
+pytestmark = pytest.mark.timeout(90 * UNIT_S)
+
+ORDERS = 10
+
+
+def _config(**changes: Any) -> Config:
+    base: dict[str, Any] = dict(features=4, max_batch=4, max_streams=16, max_wait_ms=1.0, heartbeat_s=0.0,
+                                shutdown_timeout_s=30 * UNIT_S, status_s=0.0)
+    base.update(changes)
+    return Config(**base)
+
+
+class Trader:
+    """The user's client: logs in, subscribes, answers pings, writes the orders the main loop
+    sends and hands trades and fills over. ``awaiting()``: orders written whose fill has not come."""
+
+    name = "exchange"
+    replies = "none"
+
+    def __init__(self, url: str, stop_began: threading.Event, *, declares: bool = True) -> None:
+        self.url = url
+        self.stop_began = stop_began
+        self.open: set[str] = set()
+        self.refused_after_stop = 0  # emits the stop refused (SourceStopped)
+        if declares:
+            self.awaiting = lambda: len(self.open)
+
+    async def before_stop(self, ctx: Any) -> None:
+        self.stop_began.set()  # the exchange sends its fills from now on
+
+    async def run(self, ctx: Any) -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{self.url}/login", params={"user": USER, "password": PASSWORD}) as resp:
+                token = await resp.text()
+            async with http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": token}) as ws:
+                await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
+                reader = asyncio.create_task(self._read(ws, ctx))
+                try:
+                    async for frame in ctx.outgoing():  # ends once the main thread has sent its last frame
+                        self.open.add(json.loads(frame)["client_order_id"])
+                        await ws.send_str(frame.decode() if isinstance(frame, bytes) else frame)
+                finally:
+                    reader.cancel()
+                    await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read(self, ws: Any, ctx: Any) -> None:
+        async for msg in ws:
+            event = json.loads(msg.data)
+            kind = event["type"]
+            if kind == "ping":
+                await ws.send_str(json.dumps({"type": "pong", "id": event["id"]}))
+            elif kind == "fill" or (kind == "trade" and not ctx.stopping.is_set()):  # no new market data
+                self.open.discard(event["client_order_id"]) if kind == "fill" else None
+                try:
+                    await ctx.emit_event(event)
+                except SourceStopped:
+                    self.refused_after_stop += 1
+
+
+class Idle:
+    """A second source that hands nothing over: with two, replies are routed through per-feed outboxes."""
+
+    name = "idle"
+    replies = "none"
+
+    async def run(self, ctx: Any) -> None:
+        async for _ in ctx.outgoing():
+            pass
+
+
+def _order(i: int) -> dict[str, Any]:
+    return {"type": "order", "symbol": "BTCUSDT", "side": "buy", "qty": "0.01", "client_order_id": f"o{i}"}
+
+
+def _trade_then_stop(exchange: WsExchange, trader: Trader, cfg: Config, **controller: Any) -> tuple[Controller, list]:
+    """Connect, send ORDERS orders, stop at once; the events on_event got, in order."""
+    events: list[dict[str, Any]] = []
+    ctl = Controller(cfg, on_event=lambda source, event: events.append(event), events_only=True, **controller)
+    with ctl:
+        drive(ctl, lambda: any(e["type"] == "trade" for e in events), timeout_s=30 * UNIT_S, what="a first trade")
+        for i in range(ORDERS):
+            ctl.send("exchange", _order(i))
+    return ctl, events
+
+
+@pytest.mark.parametrize("sources", ["one source", "beside another source"])
+def test_every_fill_of_orders_sent_just_before_the_stop_reaches_on_event_with_no_drain(sources: str) -> None:
+    stop_began = threading.Event()
+    exchange = WsExchange(hold_fills=True)
+    url = exchange.start()
+    trader = Trader(url, stop_began)
+    releaser = threading.Thread(target=lambda: stop_began.wait(60 * UNIT_S) and exchange.release_fills())
+    releaser.start()
+    try:
+        extra = [Idle()] if sources != "one source" else []
+        ctl, events = _trade_then_stop(exchange, trader, _config(), sources=[trader, *extra])
+    finally:
+        stop_began.set()
+        releaser.join()
+        exchange.stop()
+    fills = [e["client_order_id"] for e in events if e["type"] == "fill"]
+    assert fills == [f"o{i}" for i in range(ORDERS)], f"fills that reached on_event: {fills}"
+    assert trader.refused_after_stop == 0 and trader.open == set()
+    snap = ctl.stats()
+    assert snap.awaited_unanswered == {}
+    assert snap.events_in == snap.events == len(events) and snap.events_unhandled == 0
+    assert snap.sent_out == ORDERS and snap.sent_unsent == 0
+    assert_books_balance(ctl)
+
+
+def test_a_stop_whose_fills_never_come_ends_at_its_deadline_with_what_was_awaited_counted_and_logged(caplog):
+    exchange = WsExchange(hold_fills=True)  # never released
+    url = exchange.start()
+    trader = Trader(url, threading.Event())
+    try:
+        with caplog.at_level(logging.WARNING, logger="forkless"):
+            ctl, events = _trade_then_stop(exchange, trader, _config(shutdown_timeout_s=2 * UNIT_S),
+                                           sources=[trader])
+        orders = exchange.figures()["orders"]
+    finally:
+        exchange.stop()
+    assert orders == [f"o{i}" for i in range(ORDERS)], "every order was written"
+    assert not any(e["type"] == "fill" for e in events)
+    snap = ctl.stats()
+    assert snap.awaited_unanswered == {"stop deadline": ORDERS}
+    assert snap.feeds[0].io.awaited_unanswered == {"stop deadline": ORDERS}
+    logged = [r.getMessage() for r in caplog.records if "awaited_unanswered" in r.getMessage()]
+    assert len(logged) == 1 and f"{ORDERS} replies" in logged[0] and "'exchange'" in logged[0], logged
+    assert not ctl.abandoned_io
+    assert_books_balance(ctl)
+
+
+class AwaitingFails(Trader):
+    def __init__(self, url: str, result: Any) -> None:
+        super().__init__(url, threading.Event(), declares=False)  # its own awaiting() below
+        self.result = result
+
+    def awaiting(self) -> Any:
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+@pytest.mark.parametrize("result, says", [
+    (KeyError("o3"), "KeyError: 'o3'"),
+    (-1, "ValueError: awaiting\\(\\) returned -1: it says how many replies the source still awaits, an int >= 0"),
+    ("2", "ValueError: awaiting\\(\\) returned '2': it says how many replies the source still awaits"),
+])
+def test_an_awaiting_that_raises_or_says_no_count_fails_the_source_and_the_stop_does_not_wait_it_out(result, says):
+    import time
+
+    exchange = WsExchange(hold_fills=True)
+    url = exchange.start()
+    source = AwaitingFails(url, result)
+    cfg = _config()
+    try:
+        began = [0.0]
+        with pytest.raises(FeedFatal, match=f"source 'exchange' failed in awaiting\\(\\): {says}") as info:
+            ctl = Controller(cfg, on_event=lambda s, e: None, events_only=True, sources=[source])
+            with ctl:
+                drive(ctl, lambda: exchange.figures()["sessions"] != [], timeout_s=30 * UNIT_S, what="a session")
+                ctl.send("exchange", _order(0))
+                began[0] = time.monotonic()
+        stopped_s = time.monotonic() - began[0]
+    finally:
+        exchange.stop()
+    if isinstance(result, Exception):
+        assert info.value.__cause__ is result
+    assert stopped_s < cfg.shutdown_timeout_s / 2, f"the stop took {stopped_s:.1f}s: it waited for its deadline"
+    assert_books_balance(ctl)
+
+
+def test_an_awaiting_that_is_not_callable_is_refused_when_the_controller_is_built() -> None:
+    class Declares:
+        name = "exchange"
+        awaiting = 3
+
+        async def run(self, ctx: Any) -> None: ...
+
+    with pytest.raises(TypeError, match="source 'exchange' declares awaiting = 3: a method, awaiting\\(\\)"):
+        Controller(_config(), sources=[Declares()], events_only=True)
+
+
+def test_a_source_that_declares_nothing_has_its_emits_refused_from_the_stop_on_as_before() -> None:
+    stop_began = threading.Event()
+    exchange = WsExchange(hold_fills=True)
+    url = exchange.start()
+    trader = Trader(url, stop_began, declares=False)
+    releaser = threading.Thread(target=lambda: stop_began.wait(60 * UNIT_S) and exchange.release_fills())
+    releaser.start()
+    try:
+        ctl, events = _trade_then_stop(exchange, trader, _config(), sources=[trader])
+    finally:
+        stop_began.set()
+        releaser.join()
+        exchange.stop()
+    assert not any(e["type"] == "fill" for e in events)
+    assert ctl.stats().awaited_unanswered == {}
+    assert_books_balance(ctl)
