@@ -5,8 +5,12 @@ token, subscribe, answer the exchange's JSON heartbeat, send orders when the mai
 receive fills), written as a ``controller.Source``:
 
 - the client is the user's, unchanged in spirit: it logs in again whenever the session ends (the
-  token expired: close 4003, or HTTP 401 on the reconnect) and answers ``{"type":"ping"}`` with
-  ``{"type":"pong"}`` itself, on the IO thread, counted as what it is (``ctx.count``);
+  token expired: close 4003, or HTTP 401 on the reconnect) with ``forkless.Relogin``, which holds
+  the orders sent meanwhile, and answers ``{"type":"ping"}`` with ``{"type":"pong"}`` itself, on
+  the IO thread, counted as what it is (``ctx.count``);
+- it says which fills it still awaits (``awaiting()``): the orderly stop stops the market data,
+  hands every fill of the orders in flight to the main loop, and ends once none is awaited (or at
+  its deadline, counted): no drain of its own before ``stop()`` (docs/embedding/stop.md);
 - trades, books and fills reach the main thread as they are (``ctx.emit_event`` → ``on_event``):
   the price keeps the exchange's exact text, no processor squeezes it into a row;
 - the main loop ticks every 100 ms, runs a jitted model over a window of the latest prices per
@@ -25,7 +29,6 @@ It prints ``main loop started`` on stderr once its loop runs; SIGTERM or Ctrl-C 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import json
 import logging
@@ -43,6 +46,8 @@ if __package__ in (None, ""):  # run as a script from a clone: the repository's 
 
 import aiohttp
 
+from forkless import Relogin, SendFailed, SourceStopped
+
 SYMBOLS = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT")
 WINDOW = 64  # latest prices per symbol the model sees
 TICK_S = 0.1
@@ -59,86 +64,79 @@ class ExchangeSession:
 
     name = "exchange"
     replies = "none"  # no processor answers anything: the exchange is sent only what this client sends
+    starts_connected = False  # Relogin says when it is connected
 
     def __init__(self, url: str, user: str = "alice", password: str = "s3cret",
                  symbols: tuple[str, ...] = SYMBOLS) -> None:
         self.url = url.rstrip("/")
         self.user, self.password, self.symbols = user, password, symbols
         self.logins = 0
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
-        self._up = asyncio.Event()
+        self.open: dict[str, Any] = {}  # client_order_id -> the connection it was written on, no fill or reject yet
+        self.lost: set[str] = set()  # orders whose session ended before their fill came (it never will)
+
+    def awaiting(self) -> int:
+        """The stop's question (docs/embedding/stop.md): fills still to come. The stop stops the
+        market data, keeps handing fills to the main loop, and ends once this is 0."""
+        return len(self.open)
 
     async def run(self, ctx: Any) -> None:
         async with aiohttp.ClientSession() as http:
-            sessions = asyncio.create_task(self._sessions(http, ctx), name="exchange-sessions")
-            try:
-                await self._send(ctx)  # ends once the main thread has sent its last order (the stop)
-            finally:
-                sessions.cancel()
-                await asyncio.gather(sessions, return_exceptions=True)
+            async def connect(attempt: int) -> aiohttp.ClientWebSocketResponse:
+                """A fresh login for every connection (a token expires: close 4003, or 401 here)."""
+                login = {"user": self.user, "password": self.password}
+                async with http.post(f"{self.url}/login", json=login) as resp:
+                    resp.raise_for_status()
+                    token = (await resp.json())["token"]
+                self.logins += 1
+                ctx.count("logins")
+                ws = await http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": token})
+                await ws.send_str(json.dumps({"type": "subscribe", "symbols": list(self.symbols)}))
+                return ws
 
-    async def _sessions(self, http: aiohttp.ClientSession, ctx: Any) -> None:
-        """Log in and serve a session, again and again: an expired token (close 4003, or 401 on
-        the reconnect) or a lost connection leads to a new login."""
-        while True:
-            try:
-                await self._session(http, ctx)
-            except (aiohttp.ClientError, ConnectionError, TimeoutError, KeyError, ValueError) as exc:
-                log.warning("session ended: %r; logging in again", exc)
-            await asyncio.sleep(0.05)
+            async def write(ws: aiohttp.ClientWebSocketResponse, frame: str | bytes) -> None:
+                text = frame.decode() if isinstance(frame, bytes) else frame
+                oid = json.loads(text).get("client_order_id")
+                self.open[oid] = ws  # before the write: a session that ends meanwhile knows it
+                self.lost.discard(oid)  # written again after a lost connection
+                await ws.send_str(text)
 
-    async def _session(self, http: aiohttp.ClientSession, ctx: Any) -> None:
-        """One login and one WebSocket session, until the exchange ends it."""
-        async with http.post(f"{self.url}/login", json={"user": self.user, "password": self.password}) as resp:
-            resp.raise_for_status()
-            token = (await resp.json())["token"]
-        self.logins += 1
-        ctx.count("logins")
-        ws_url = self.url.replace("http", "ws", 1) + "/ws"
+            async with Relogin(connect, lambda ws: self._serve(ws, ctx), ctx=ctx, send=write, name="exchange") as link:
+                async for order in ctx.outgoing():  # ends once the main thread has sent its last order (the stop)
+                    try:
+                        await link.send(order)  # held while it logs in again
+                    except SendFailed:
+                        ctx.count("orders not written")
+
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, ctx: Any) -> None:
+        """One session, until the exchange ends it (the token expired) or the connection is lost."""
         try:
-            ws = await http.ws_connect(ws_url, params={"token": token})
-        except aiohttp.WSServerHandshakeError as exc:  # 401: the token expired meanwhile; log in again
-            ctx.set_connected(False, f"handshake refused with HTTP {exc.status}")
-            raise
-        async with ws:
-            await ws.send_str(json.dumps({"type": "subscribe", "symbols": list(self.symbols)}))
-            self._ws = ws
-            self._up.set()
-            ctx.set_connected(True)
-            try:
-                async for msg in ws:
-                    if msg.type is not aiohttp.WSMsgType.TEXT:
-                        continue
-                    received_ns = time.monotonic_ns()
-                    event = json.loads(msg.data)  # prices stay the exchange's text
-                    kind = event.get("type")
-                    if kind == "ping":  # the application heartbeat: answered here, at once
-                        await ws.send_str(json.dumps({"type": "pong", "id": event["id"]}))
-                        ctx.count("pongs")
-                    elif ctx.stopping.is_set():  # the stop began: nothing more is read in
-                        ctx.count("frames after the stop")
-                    elif kind in ("trade", "book", "fill", "reject"):
-                        event["received_ns"] = received_ns
+            async for msg in ws:
+                if msg.type is not aiohttp.WSMsgType.TEXT:
+                    continue
+                received_ns = time.monotonic_ns()
+                event = json.loads(msg.data)  # prices stay the exchange's text
+                kind = event.get("type")
+                if kind == "ping":  # the application heartbeat: answered here, at once
+                    await ws.send_str(json.dumps({"type": "pong", "id": event["id"]}))
+                    ctx.count("pongs")
+                elif kind in ("fill", "reject"):  # replies: handed over through the stop too
+                    self.open.pop(event.get("client_order_id"), None)
+                    event["received_ns"] = received_ns
+                    try:
                         await ctx.emit_event(event)
-                    else:
-                        ctx.count(f"other frames ({kind})")
-            finally:
-                self._up.clear()
-                self._ws = None
-                ctx.set_connected(False, f"closed by the exchange (code {ws.close_code})")
-
-    async def _send(self, ctx: Any) -> None:
-        """The orders the main loop sends, written as soon as they come (held while reconnecting)."""
-        async for frame in ctx.outgoing():
-            text = frame.decode() if isinstance(frame, bytes) else frame
-            while True:
-                await self._up.wait()
-                ws = self._ws
-                try:
-                    await ws.send_str(text)
-                    break
-                except (ConnectionError, RuntimeError, AttributeError):  # lost meanwhile: send on the next one
-                    await asyncio.sleep(0.01)
+                    except SourceStopped:  # after the stop's deadline: not taken any more
+                        ctx.count("replies after the stop")
+                elif ctx.stopping.is_set():  # the stop began: no new market data is read in
+                    ctx.count("market data after the stop")
+                elif kind in ("trade", "book"):
+                    event["received_ns"] = received_ns
+                    await ctx.emit_event(event)
+                else:
+                    ctx.count(f"other frames ({kind})")
+        finally:  # the exchange answers an order on its own session only: what it owed is lost with it
+            for oid in [oid for oid, conn in self.open.items() if conn is ws]:
+                del self.open[oid]
+                self.lost.add(oid)
 
 
 def make_model() -> Any:
@@ -171,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prices", help="write 'seq price' per trade here, the price as the exchange sent it")
     parser.add_argument("--force-order-every", type=float, default=0.0,
                         help="also place a small order from the main loop's timer every S seconds")
+    parser.add_argument("--orders-at-stop", type=int, default=0,
+                        help="place N small orders right before the stop (closing out): their fills too reach the "
+                             "main loop, through the stop")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("FORKLESS_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     last_model_order = dict.fromkeys(SYMBOLS, 0.0)
     try:
         # events only: trades and fills reach on_event, the model is this loop's own: nothing compiled at start
-        with Controller(config, sources=[session], on_event=on_event, events_only=True) as ctl:
+        ctl = Controller(config, sources=[session], on_event=on_event, events_only=True)
+        with ctl:  # its stop hands over the fills of the orders in flight (ExchangeSession.awaiting)
             print("main loop started", file=sys.stderr, flush=True)
             started = time.monotonic()  # --duration counts the main loop's time, not the compile's
             cpu_at_start = os.times()
@@ -255,10 +257,13 @@ def main(argv: list[str] | None = None) -> int:
                     next_force = max(next_force + args.force_order_every, now)
                     counts["orders_forced"] += 1
                     order(ctl, SYMBOLS[counts["orders"] % len(SYMBOLS)], "buy", "0.001")
+            for k in range(args.orders_at_stop):  # sent just before the stop: filled while it stops
+                counts["orders_at_stop"] += 1
+                order(ctl, SYMBOLS[k % len(SYMBOLS)], "sell", "0.001")
             wall = time.monotonic() - started
             cpu_end = os.times()
             cpu_s = cpu_end.user + cpu_end.system - cpu_at_start.user - cpu_at_start.system
-            snapshot = ctl.stats()
+        snapshot = ctl.stats()  # after the stop: its books whole
     except KeyboardInterrupt:
         snapshot, wall, cpu_s = None, time.monotonic() - started, math.nan
         stopped_by[0] = "SIGINT"
@@ -269,9 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         every = rtt_ms[False] + rtt_ms[True]
         figures = {
             "orders": counts["orders"], "orders_forced": counts["orders_forced"], "fills": counts["fills"],
+            "orders_at_stop": counts["orders_at_stop"],
             "rejects": counts["rejects"], "stopped_by": stopped_by[0],
             "trades": counts["trades"], "books": counts["books"], "logins": session.logins,
-            "unfilled": len(pending),
+            "unfilled": len(pending), "orders_lost_with_session": len(session.lost),
+            "awaited_unanswered": snapshot.awaited_unanswered if snapshot is not None else None,
             "order_rtt_ms_p50": quantile_ms(every, 0.5), "order_rtt_ms_p99": quantile_ms(every, 0.99),
             "order_rtt_ms_max": max(every, default=None),
             "order_rtt_quiet_ms_p50": quantile_ms(rtt_ms[True], 0.5),

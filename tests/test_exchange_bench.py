@@ -212,13 +212,16 @@ def test_harness_reports_medians_over_rounds_and_ratios_to_thread() -> None:
 # ---- the user's program, thread and spawn designs ------------------------------------------------
 
 PROGRAM_S = 3.0
+ORDERS_AT_STOP = 5  # the forkless program's orders sent right before its stop (without the stop's awaiting(): 0 filled)
 TOKEN_TTL_S = 1.0
 
 
 def program_cmd(design: str, url: str, tmp: Path, duration_s: float) -> list[str]:
     program = ["examples/exchange_session.py"] if design == "forkless" else ["-m", f"bench.exchange_{design}"]
+    at_stop = ["--orders-at-stop", str(ORDERS_AT_STOP)] if design == "forkless" else []  # closing out, then stop()
     return [sys.executable, *program, "--url", url, "--duration", str(duration_s),
-            "--stats", str(tmp / "stats.json"), "--prices", str(tmp / "prices.txt"), "--force-order-every", "0.2"]
+            "--stats", str(tmp / "stats.json"), "--prices", str(tmp / "prices.txt"), "--force-order-every", "0.2",
+            *at_stop]
 
 
 def program_env() -> dict[str, str]:
@@ -284,6 +287,20 @@ def test_program_gets_a_fill_for_its_forced_orders(session: dict[str, Any]) -> N
     assert stats["fills"] >= stats["orders"] - 2, "at most the orders in flight at the stop unfilled"
     assert stats["rejects"] == 0 and session["counters"]["rejects"] == 0
     assert stats["order_rtt_ms_p50"] is not None and stats["trade_ms_p50"] is not None
+
+
+def test_forkless_program_gets_every_fill_of_the_orders_in_flight_through_its_stop_with_no_drain(
+        session: dict[str, Any]) -> None:
+    """examples/exchange_session.py declares ``awaiting()`` (docs/embedding/stop.md): its stop hands
+    every fill still to come to on_event. Unfilled are only the orders whose session ended before
+    their fill (the exchange answers on the order's own session: a token expired under it)."""
+    if session["design"] != "forkless":
+        pytest.skip("the thread and spawn designs stop with what is in flight unfilled")
+    stats = session["stats"]
+    assert stats["orders_at_stop"] == ORDERS_AT_STOP
+    assert stats["awaited_unanswered"] == {} and stats["events_unhandled"] == 0 and stats["orders_unsent"] == 0
+    assert stats["unfilled"] == stats["orders_lost_with_session"], stats
+    assert stats["fills"] + stats["rejects"] + stats["unfilled"] == stats["orders"], stats
 
 
 def test_program_gets_its_orders_filled_while_the_market_is_quiet(session: dict[str, Any]) -> None:

@@ -18,9 +18,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from forkless.io_loop.source import SourceStopped
 
-from forkless import Config, Controller, FeedFatal
+from forkless import Config, Controller, FeedFatal, SourceStopped
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.ws_exchange import PASSWORD, USER, WsExchange
 
