@@ -16,10 +16,11 @@ Rules:
 - What it still awaited when the wait ended early is counted in its ``awaited_unanswered`` by
   why ("stop deadline", "source ended": nothing more can come) and logged once (error). These
   replies never arrived: they are no messages and no events, so the books do not hold them.
-- ``awaiting()`` is asked after each of its emits and every ``AWAIT_POLL_S`` (a count may fall
-  without an emit: a reject the source settles itself). An ``awaiting()`` that raises or returns
-  anything but an ``int`` >= 0 fails the source as a ``before_stop`` that raises does
-  (``FeedFatal`` from it; its ``run`` is cancelled) and the stop goes on without waiting.
+- ``awaiting()`` is asked every ``AWAIT_POLL_S`` (a count may fall without an emit: a reject the
+  source settles itself), so the phase ends at most that long after the last reply. An
+  ``awaiting()`` that raises or returns anything but an ``int`` >= 0 fails the source as a
+  ``before_stop`` that raises does (``FeedFatal`` from it; its ``run`` is cancelled) and the stop
+  goes on without waiting.
 """
 
 from __future__ import annotations
@@ -86,12 +87,7 @@ async def finish_awaited(runner: Any, awaiting: Callable[[], Any], deadline: flo
         reason = ENDED_REASON if runner.ended else DEADLINE_REASON if remaining <= 0 else ""
         if reason:
             break
-        runner.idle_wait = wake = asyncio.Event()  # set as an emit of it ends (SourceRunner.leave)
-        try:
-            async with asyncio.timeout(min(AWAIT_POLL_S, remaining)):
-                await wake.wait()
-        except TimeoutError:
-            pass
+        await asyncio.sleep(min(AWAIT_POLL_S, remaining))
     if left:
         runner.stats.awaited_unanswered[reason] += left
         why = "by the stop's deadline" if reason == DEADLINE_REASON else "before its run ended"

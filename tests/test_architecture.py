@@ -85,6 +85,7 @@ IO = [
     "io_loop/demo_source.py",
     "io_loop/emitted.py",
     "io_loop/feeds.py",
+    "io_loop/finishing.py",
     "io_loop/handover.py",
     "io_loop/spill.py",
     "io_loop/http.py",

@@ -60,7 +60,8 @@ def test_every_example_in_the_documents_is_run_by_a_test():
     tested = {("README.md", "short"), ("EMBEDDING.md", "blocking"), ("EMBEDDING.md", "on_results"),
               ("EMBEDDING.md", "driven"), ("EMBEDDING.md", "subscribe"), ("EMBEDDING.md", "source"),
               ("EMBEDDING.md", "portal"), ("EMBEDDING.md", "credentials"), ("EMBEDDING.md", "reconnecting"),
-              ("EMBEDDING.md", "relogin"), ("EMBEDDING.md", "weights")}  # relogin: tests/test_relogin.py
+              ("EMBEDDING.md", "relogin"), ("EMBEDDING.md", "weights"),  # relogin: tests/test_relogin.py
+              ("EMBEDDING.md", "stop")}
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested
@@ -187,6 +188,21 @@ def test_the_source_example_keeps_its_own_client_answers_the_heartbeat_and_order
     received = [json.loads(frame) for frame in server.received]
     assert received[0] == {"type": "pong", "id": 7}
     assert [r["type"] for r in received[1:]] == ["order"] * 3  # nothing else reached the exchange
+
+
+def test_the_stop_example_gets_every_fill_of_the_orders_sent_right_before_the_stop():
+    from tests.ws_exchange import WsExchange
+
+    exchange = WsExchange()
+    try:
+        proc = run_app(env={"EXCHANGE_URL": exchange.start()}, program=("-c", example("stop")),
+                       timeout_s=90 * UNIT_S)
+        orders = exchange.figures()["orders"]
+    finally:
+        exchange.stop()
+    assert proc.returncode == 0, proc.stderr
+    assert orders == [f"c{i}" for i in range(10)]
+    assert "filled 10 of 10 through the stop; still awaited at its end: {}" in proc.stdout, proc.stdout
 
 
 def test_the_portal_example_runs_the_classic_multiprocessing_client_unchanged_on_the_io_thread(feed_server):
