@@ -155,6 +155,60 @@ def test_a_stop_whose_fills_never_come_ends_at_its_deadline_with_what_was_awaite
     assert_books_balance(ctl)
 
 
+class EndsWithItsSession(Trader):
+    """Its ``run`` returns once the exchange ends its session; ``before_stop`` expires every token
+    (the exchange closes the session with 4003), so it ends while it still awaits its fills."""
+
+    def __init__(self, url: str, exchange: WsExchange) -> None:
+        super().__init__(url, threading.Event())
+        self.exchange = exchange
+
+    async def before_stop(self, ctx: Any) -> None:
+        self.exchange.expire_all()
+
+    async def run(self, ctx: Any) -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{self.url}/login", params={"user": USER, "password": PASSWORD}) as resp:
+                token = await resp.text()
+            async with http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": token}) as ws:
+                await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
+
+                async def write() -> None:
+                    async for frame in ctx.outgoing():
+                        self.open.add(json.loads(frame)["client_order_id"])
+                        await ws.send_str(frame)
+
+                writer = asyncio.create_task(write())
+                await self._read(ws, ctx)  # until the exchange closes the session
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+
+
+def test_a_source_whose_run_ends_while_it_awaits_replies_ends_the_wait_with_them_counted(caplog):
+    exchange = WsExchange(hold_fills=True)  # never released
+    url = exchange.start()
+    source = EndsWithItsSession(url, exchange)
+    events: list[dict[str, Any]] = []
+    cfg = _config()
+    try:
+        with caplog.at_level(logging.WARNING, logger="forkless"):
+            ctl = Controller(cfg, on_event=lambda s, e: events.append(e), events_only=True, sources=[source])
+            with ctl:
+                drive(ctl, lambda: bool(events), timeout_s=30 * UNIT_S, what="a first trade")
+                for i in range(ORDERS):
+                    ctl.send("exchange", _order(i))
+                exchange.wait_for(lambda f: len(f["orders"]) == ORDERS, 30 * UNIT_S, "every order")
+        sessions = exchange.figures()["sessions"]
+    finally:
+        exchange.stop()
+    assert sessions == [4003]
+    snap = ctl.stats()
+    assert snap.awaited_unanswered == {"source ended": ORDERS}
+    logged = [r.getMessage() for r in caplog.records if "awaited_unanswered" in r.getMessage()]
+    assert len(logged) == 1 and "before its run ended" in logged[0], logged
+    assert_books_balance(ctl)
+
+
 class AwaitingFails(Trader):
     def __init__(self, url: str, result: Any) -> None:
         super().__init__(url, threading.Event(), declares=False)  # its own awaiting() below
