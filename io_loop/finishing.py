@@ -35,7 +35,7 @@ __all__ = ["AWAIT_POLL_S", "DEADLINE_REASON", "ENDED_REASON", "declared_awaiting
 
 log = logging.getLogger("forkless.source")
 
-AWAIT_POLL_S = 0.01  # how often awaiting() is asked when no emit comes
+AWAIT_POLL_S = 0.01  # how often awaiting() is asked during the phase
 DEADLINE_REASON = "stop deadline"
 ENDED_REASON = "source ended"
 
@@ -50,9 +50,11 @@ def declared_awaiting(source: Any, name: str) -> Callable[[], Any] | None:
 
 
 def _count(awaiting: Callable[[], Any]) -> int:
-    left = awaiting()
-    if isinstance(left, bool) or not isinstance(left, int) or left < 0:
-        raise ValueError(f"awaiting() returned {left!r}: it says how many replies the source still awaits, "
+    """What ``awaiting()`` says, checked: an int >= 0 (a numpy integer too; not a bool)."""
+    said = awaiting()
+    left = said.__index__() if hasattr(said, "__index__") and not isinstance(said, bool) else -1
+    if left < 0:
+        raise ValueError(f"awaiting() returned {said!r}: it says how many replies the source still awaits, "
                          "an int >= 0")
     return left
 

@@ -224,6 +224,7 @@ class AwaitingFails(Trader):
     (KeyError("o3"), "KeyError: 'o3'"),
     (-1, "ValueError: awaiting\\(\\) returned -1: it says how many replies the source still awaits, an int >= 0"),
     ("2", "ValueError: awaiting\\(\\) returned '2': it says how many replies the source still awaits"),
+    (True, "ValueError: awaiting\\(\\) returned True: "),
 ])
 def test_an_awaiting_that_raises_or_says_no_count_fails_the_source_and_the_stop_does_not_wait_it_out(result, says):
     import time
