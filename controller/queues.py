@@ -9,7 +9,8 @@ Rules:
   It counts chunks and messages so that ``process_pending`` ends once what was queued when it
   was called has been processed (``pending``), however fast the feed produces. Each batch it
   collects goes to the step (``cycle``); the orderly stop's batches run until *inbound* is shut
-  down and drained or the work deadline (``finish``).
+  down and drained or the work deadline (``finish``; a batch is not topped up past it, so a slow
+  ``on_event`` does not take the events behind it past it: what is left is counted, and logged).
 - ``Outbound.put`` waits while *outbound* is full (the socket is slow), checking the IO side's
   health every ``POLL_S``: for as long as it takes, or, once a stop was requested, until its
   work deadline; what is still unput then is counted as dropped ("outbound full at stop"). An
@@ -110,15 +111,16 @@ class Intake:
 
     def cycle(self, timeout: float, deadline: float | None = None) -> int:
         """Collect one batch and step it; how many messages it held."""
-        taken = self.collect(timeout)
+        taken = self.collect(timeout, deadline)
         if taken is None:
             return 0
         self._step(taken, deadline)
         return len(taken)
 
-    def collect(self, timeout: float) -> Taken | None:
+    def collect(self, timeout: float, deadline: float | None = None) -> Taken | None:
         """One batch: blocking up to ``timeout`` for its first message when the batcher is empty,
-        topping up what it holds from what is already waiting; None if there is none."""
+        topping up what it holds from what is already waiting (not past ``deadline``, the stop's:
+        a slow ``on_event`` does not take the events queued behind it past it); None if there is none."""
         inbound, batcher = self.inbound, self.batcher
         if not len(batcher) and not self.closed:
             try:
@@ -127,7 +129,7 @@ class Intake:
                 return None
             except janus.SyncQueueShutDown:
                 self.closed = True
-        while not self.closed and batcher.wants_more(time.monotonic()):
+        while not self.closed and batcher.wants_more(now := time.monotonic()) and (deadline is None or now < deadline):
             try:
                 self._add(inbound.get_nowait())
             except Empty:
@@ -179,17 +181,21 @@ class Intake:
     def drain(self) -> int:
         """Take what is still queued (at the stop deadline); how many messages it and the batcher
         held (events left are counted in ``events_unhandled``)."""
-        left = len(self.batcher)
+        left, events = len(self.batcher), 0
         while not self.closed:
             try:
                 item = self.inbound.get_nowait()
                 if type(item) is Events:
-                    self.stats.events_unhandled += len(item.items)
+                    events += len(item.items)
                 left += len(item)
             except Empty:
                 break
             except janus.SyncQueueShutDown:
                 self.closed = True
+        if events:  # a source's replies handed over through the stop (docs/embedding/stop.md), say
+            self.stats.events_unhandled += events
+            log.error("%d events were not delivered to on_event before the stop deadline: counted in "
+                      "events_unhandled", events)
         return left
 
 

@@ -155,6 +155,44 @@ def test_a_stop_whose_fills_never_come_ends_at_its_deadline_with_what_was_awaite
     assert_books_balance(ctl)
 
 
+def test_fills_that_came_but_were_not_delivered_before_the_main_loop_s_deadline_are_counted_and_logged(caplog):
+    import time
+
+    stop_began = threading.Event()
+    exchange = WsExchange(hold_fills=True)
+    url = exchange.start()
+    trader = Trader(url, stop_began)
+    releaser = threading.Thread(target=lambda: stop_began.wait(60 * UNIT_S) and exchange.release_fills())
+    releaser.start()
+    fills: list[str] = []
+
+    def on_event(source: str, event: dict[str, Any]) -> None:
+        if event["type"] == "fill":
+            fills.append(event["client_order_id"])
+            time.sleep(0.5)  # a slow handler: 10 fills outlast the stop's 1.5 s of work
+
+    cfg = _config(shutdown_timeout_s=2.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="forkless"):
+            with Controller(cfg, on_event=on_event, events_only=True, sources=[trader]) as ctl:
+                drive(ctl, lambda: exchange.figures()["sessions"] != [], timeout_s=30 * UNIT_S, what="a session")
+                for i in range(ORDERS):
+                    ctl.send("exchange", _order(i))
+                exchange.wait_for(lambda f: len(f["orders"]) == ORDERS, 30 * UNIT_S, "every order")
+    finally:
+        stop_began.set()
+        releaser.join()
+        exchange.stop()
+    snap = ctl.stats()
+    assert snap.awaited_unanswered == {}, "every fill came: the source awaited none at the end"
+    assert 0 < len(fills) < ORDERS
+    assert snap.events_unhandled == ORDERS - len(fills) and snap.events_in == snap.events + snap.events_unhandled
+    logged = [r.getMessage() for r in caplog.records if "not delivered to on_event" in r.getMessage()]
+    assert logged == [f"{ORDERS - len(fills)} events were not delivered to on_event before the stop deadline: "
+                      "counted in events_unhandled"]
+    assert_books_balance(ctl)
+
+
 class EndsWithItsSession(Trader):
     """Its ``run`` returns once the exchange ends its session; ``before_stop`` expires every token
     (the exchange closes the session with 4003), so it ends while it still awaits its fills."""
