@@ -307,9 +307,10 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
     (``on_results``); delays from each message's due time to its step's result."""
     import threading
 
-    from forkless.controller.batching import Chunk
     from forkless.controller.config import Config
-    from forkless.controller.loop import POLL_S, Controller
+    from forkless.controller.loop import Controller
+    from forkless.controller.queues import POLL_S
+    from forkless.io_loop.crossing import Chunk
 
     from tests.fake_io import FakeIO, drain
 

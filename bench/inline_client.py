@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     from forkless.controller.config import Config
     from forkless.controller.engine import compile_step
     from forkless.controller.slots import StreamSlots
-    from forkless.controller.stats import SECONDS_BOUNDS, Histogram
+    from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 
     cfg = Config.from_env(ws_url=handshake_url(a.url))
     from bench.heavy import processor_for

@@ -244,7 +244,8 @@ def measure_stall(streams: int, seconds: float, every_s: float, rounds: int, rat
     between consecutive steps' results (``on_results``)."""
     import numpy as np
     from forkless.controller.config import Config
-    from forkless.controller.loop import POLL_S, Controller
+    from forkless.controller.loop import Controller
+    from forkless.controller.queues import POLL_S
 
     port = _free_port()
     url = f"nats://127.0.0.1:{port}"

@@ -237,25 +237,14 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
     child.start()  # before compiling: the child's start-up overlaps the compilation
 
     import jax
-    from forkless.controller.batching import (
-        ENCODED,
-        FETCHED,
-        HOPS,
-        OUTBOUND,
-        STEP,
-        TAKEN,
-        Chunk,
-        MicroBatcher,
-        Trace,
-        bucket_for,
-        pad_batch,
-    )
+    from forkless.controller.batching import MicroBatcher, bucket_for, pad_batch
     from forkless.controller.codec import JsonCodec
     from forkless.controller.compiled import compilations
     from forkless.controller.engine import compile_step
     from forkless.controller.processor import default_processor
     from forkless.controller.slots import StreamSlots
-    from forkless.controller.stats import SECONDS_BOUNDS, Histogram
+    from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
+    from forkless.io_loop.crossing import ENCODED, FETCHED, HOPS, OUTBOUND, STEP, TAKEN, Chunk, Trace
 
     if heavy or heavy_iters:
         from bench.heavy import processor_for

@@ -8,8 +8,8 @@ controller's core may import them. Imports are
 counted wherever they are written: at the top of a file, inside functions and methods, under
 ``if``/``try``. Importing ``a.b.c`` also runs ``a/__init__.py`` and ``a/b/__init__.py``, so those
 count as imported too. bench/ is out of scope. Not seen: ``importlib.import_module(name)`` with
-a computed name (``controller/__init__.py`` re-exports lazily that way, composition names such
-as ``Controller`` included); the subprocess tests at the bottom import for real.
+a computed name (``forkless/__init__.py`` exports the user API lazily that way, composition
+names such as ``Controller`` included); the subprocess tests at the bottom import for real.
 """
 
 from __future__ import annotations
