@@ -27,9 +27,8 @@ from forkless.io_loop.counters import HistogramSnapshot
 from forkless.io_loop.crossing import HOPS
 
 import gendocs
-from bench.run import (
-    RESULTS_BLOCK,
-    SUMMARY_BLOCK,
+from bench.plan import RESULTS_BLOCK, SUMMARY_BLOCK
+from bench.tables import (
     results_markdown,
     summary_markdown,
     write_results_block,
