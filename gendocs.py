@@ -12,10 +12,10 @@ block to it, so a hand edit fails the tests). What is generated, and from where:
 - docs/variables.md ``variables``: ``controller.vardocs.variables_table_markdown()`` (``VARIABLES``)
 - docs/metrics.md ``metrics``: ``controller.metrics.metrics_table_markdown()`` (``metric_families``)
 - docs/relay.md ``relay-metrics``: ``controller.relaycmd.relay_metrics_table_markdown()`` (the relay's)
-- bench/README.md ``bench:summary``: ``bench.run.summary_markdown()`` of ``bench/out/results.json``
-  (the main table), and bench/docs/last-run.md ``bench:results``: ``bench.run.results_markdown()``
+- bench/README.md ``bench:summary``: ``bench.tables.summary_markdown()`` of ``bench/out/results.json``
+  (the main table), and bench/docs/last-run.md ``bench:results``: ``bench.tables.results_markdown()``
   of it (a full ``python -m bench.run`` rewrites both blocks itself)
-- bench/docs/devices.md ``bench:devices``: ``bench.run.devices_markdown()`` of ``bench/out/devices.json``
+- bench/docs/devices.md ``bench:devices``: ``bench.tables.devices_markdown()`` of ``bench/out/devices.json``
   (written by ``python -m bench.run --devices-only`` or a full run)
 - bench/docs/partitioned.md ``bench:partitioned``: ``bench.partitioned.markdown()`` of ``bench/out/partitioned.json``
   (written by ``python -m bench.run --partitioned-only``)
@@ -36,11 +36,8 @@ from forkless.controller.relaycmd import relay_metrics_table_markdown
 from forkless.controller.vardocs import variables_table_markdown
 
 from bench import partitioned
-from bench.run import (
-    DEFAULT_OUT,
-    DEVICES_BLOCK,
-    RESULTS_BLOCK,
-    SUMMARY_BLOCK,
+from bench.plan import DEFAULT_OUT, DEVICES_BLOCK, RESULTS_BLOCK, SUMMARY_BLOCK
+from bench.tables import (
     devices_markdown,
     results_markdown,
     summary_markdown,

@@ -5,6 +5,12 @@ throughput) runs against the forkless client of this checkout (B) and of ``--bas
 alternating A B A B … so drift of a shared machine falls on both; the load generator is this
 checkout's. Prints medians side by side and the ratio B/A per figure. For "did a change keep
 the figures within noise" (the architecture refactor), not for the dated report.
+
+Rules:
+- Each side's design runs from its own checkout (``run_load(..., root=)``); the load generator, the plan
+  and the table are this checkout's.
+- The sides alternate within the run, so a drift of the machine falls on both; a figure is a median over
+  the repeats.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import run as bench_run
+from bench.loads import run_load
+from bench.plan import REPO_ROOT, Plan
 
 FIGURES = (("rate_1k", "p50"), ("rate_1k", "p99"), ("rate_10k", "p50"), ("rate_10k", "p99"), ("window", "msg/s"))
 
@@ -35,22 +42,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(loads) - {load for load, _ in FIGURES})
     if unknown:
         p.error(f"--loads: {', '.join(unknown)} is not one of rate_1k, rate_10k, window")
-    roots = {"A": Path(a.base).resolve(), "B": bench_run.REPO_ROOT}
-    plan = bench_run.Plan.full()
+    roots = {"A": Path(a.base).resolve(), "B": REPO_ROOT}
+    plan = Plan.full()
     runs: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "logs").mkdir()
         for side in roots:  # warm each side's compilation cache once, not counted
             cache = str(work / f"cache-{side}")
-            bench_run.REPO_ROOT = roots[side]
-            bench_run.run_load("forkless", "rate_1k", bench_run.Plan.quick(), work, cache, f"warm-{side}")
+            run_load("forkless", "rate_1k", Plan.quick(), work, cache, f"warm-{side}", root=roots[side])
         for rep in range(a.repeats):
             for load in loads:
                 for side in ("A", "B") if rep % 2 == 0 else ("B", "A"):
-                    bench_run.REPO_ROOT = roots[side]
-                    r = bench_run.run_load("forkless", load, plan, work, str(work / f"cache-{side}"),
-                                           f"{side}-{load}-{rep}")
+                    r = run_load("forkless", load, plan, work, str(work / f"cache-{side}"), f"{side}-{load}-{rep}",
+                                 root=roots[side])
                     lg = r["loadgen"]
                     if load == "window":
                         runs.setdefault((side, "window msg/s"), []).append(lg.get("throughput_msg_s"))
@@ -62,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
                         for hop, h in ((r.get("client") or {}).get("hops_us") or {}).items():
                             runs.setdefault((side, f"{load} {hop} p50 µs"), []).append(h.get("p50"))
                         runs.setdefault((side, f"{load} CPU µs/msg"), []).append(r["cpu"]["client_us_per_msg"])
-    bench_run.REPO_ROOT = roots["B"]
     print(f"\nA = {roots['A']}\nB = {roots['B']}\nmedians over {a.repeats} alternating repeats")
     print("| figure | A | B | B/A |\n|---|---|---|---|")
     names = ([f"{load} {q}" for load, q in FIGURES if load != "window" and load in loads]

@@ -91,7 +91,7 @@ controller did before, and what it does on an accelerator), a checkpoint every 3
 - The max-gap target (<= 2x) was met in 2 of 3 runs (1.57, 1.93; 2.25 in the third); the
   window medians, which noise moves less, are within 1.1-1.2x of "off".
 
-``--writer startup``: ``python app.py`` as bench/run.py starts it, a 1M-stream checkpoint
+``--writer startup``: ``python app.py`` as bench/loads.py starts it, a 1M-stream checkpoint
 (88 MB) in FORKLESS_CHECKPOINT_DIR, a warm JAX_COMPILATION_CACHE_DIR; times from the app's
 log (restore starts after "compiled the step"; the harness sends SIGTERM on the first result):
 
@@ -102,6 +102,10 @@ log (restore starts after "compiled the step"; the harness sends SIGTERM on the 
 - ``StreamSlots.restore`` was 1.4-1.5 s of it before (a Python loop and a set over a million
   names, and an OrderedDict); now 0.6-0.7 s (numpy, and a plain dict without idle_s). The
   rest: reading and checking the file 0.2-0.25 s, the names 0.1 s, ``device_put`` 0.05-0.1 s.
+
+Rules:
+- Phases without and with checkpoints alternate, so the machine's noise lands in both.
+- ``startup`` starts the app as a user does (bench/loads.py's ``time_to_first_result``).
 """
 
 from __future__ import annotations
@@ -155,6 +159,41 @@ def measure(writer: str, streams: int, features: int, seconds: float, every_s: f
     state_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(state))
 
     t_import = time.perf_counter()
+    begin, in_flight, finish = _writer_calls(writer, directory, every_s, (names, slots, last_seen), settings,
+                                             orbax_names)
+    import_s = time.perf_counter() - t_import
+
+    for b in batches[:4]:  # warm up
+        state, out = step(state, b)
+        jax.device_get(out)
+
+    threads_before = _os_threads()
+    run = _alternate(step, state, batches, seconds / (2 * rounds), every_s, rounds, begin, in_flight, threads_before)
+    finish()
+    blocking, totals, gaps_on, gaps_off = run["blocking"], run["totals"], run["gaps_on"], run["gaps_off"]
+    result = {
+        "writer": writer, "streams": streams, "features": features, "bucket": bucket, "donate": donate,
+        "state_mb": state_bytes / 1e6, "steps": run["steps"], "checkpoints": len(blocking), "rounds": rounds,
+        "import_s": import_s, "orbax_names": orbax_names if writer == "orbax" else None,
+        "os_threads": {"before": threads_before, "max_in_flight": run["threads_max"]},
+        "main_thread_blocking_ms": {"max": max(blocking) * 1e3, "median": statistics.median(blocking) * 1e3}
+        if blocking else {},
+        "checkpoint_total_s": {"max": max(totals), "median": statistics.median(totals)} if totals else {},
+        "gaps_checkpointing": _quantiles(gaps_on), "gaps_in_flight": _quantiles(run["gaps_in_flight"]),
+        "gaps_without": _quantiles(gaps_off),
+    }
+    if gaps_on and gaps_off:
+        result["stall_ratio_max"] = max(gaps_on) / max(gaps_off)
+        result["meets_target"] = result["stall_ratio_max"] <= 2.0
+    if writer != "sleep":
+        result["restore"] = _restore(writer, processor, cfg, directory, settings, orbax_names)
+    return result
+
+
+def _writer_calls(writer: str, directory: Path, every_s: float, table: tuple, settings: dict,
+                  orbax_names: bool) -> tuple:
+    """The writer's three calls: ``begin(state, i)`` a checkpoint, ``in_flight()``, ``finish()``."""
+    names, slots, last_seen = table
     if writer in ("simple", "sleep"):
         from forkless.controller.checkpoint import write_checkpoint
         from forkless.controller.checkpointer import Checkpointer
@@ -173,12 +212,8 @@ def measure(writer: str, streams: int, features: int, seconds: float, every_s: f
             snap = take_snapshot(state, (names, slots, last_seen), {"processed": i}, settings, time.time())
             ckpt.submit(snap)
 
-        def in_flight() -> bool:
-            return ckpt.busy
-
-        def finish() -> None:
-            ckpt.stop(60)
-    elif writer == "orbax":
+        return begin, lambda: ckpt.busy, lambda: ckpt.stop(60)
+    if writer == "orbax":
         import orbax.checkpoint as ocp
 
         mngr = ocp.CheckpointManager(directory.absolute(), options=ocp.CheckpointManagerOptions(
@@ -190,25 +225,21 @@ def measure(writer: str, streams: int, features: int, seconds: float, every_s: f
                 items["streams"] = ocp.args.JsonSave({"names": names})
             mngr.save(i, args=ocp.args.Composite(**items))
 
-        def in_flight() -> bool:
-            return mngr.is_saving_in_progress()
+        return begin, mngr.is_saving_in_progress, mngr.wait_until_finished
+    raise SystemExit(f"unknown writer {writer!r}")
 
-        def finish() -> None:
-            mngr.wait_until_finished()
-    else:
-        raise SystemExit(f"unknown writer {writer!r}")
-    import_s = time.perf_counter() - t_import
 
-    for b in batches[:4]:  # warm up
-        state, out = step(state, b)
-        jax.device_get(out)
+def _alternate(step, state, batches: list, phase_s: float, every_s: float, rounds: int, begin, in_flight,
+               threads_before: int) -> dict:
+    """``rounds`` times a phase without checkpoints (the baseline), then one with a checkpoint begun every
+    ``every_s``: each step's gap from the last by phase, each checkpoint's blocking and total time, the OS
+    threads at most while one is in flight."""
+    import jax
 
-    threads_before = _os_threads()
     threads_max = threads_before
     gaps_on, gaps_off, gaps_in_flight, blocking, totals = [], [], [], [], []
     i = 0
     last = time.perf_counter()
-    phase_s = seconds / (2 * rounds)
     for _ in range(rounds):
         # off: no checkpoint at all (the baseline), then on: one every every_s
         for on in (False, True):
@@ -237,24 +268,8 @@ def measure(writer: str, streams: int, features: int, seconds: float, every_s: f
                     if not in_flight():
                         totals.append(now - ckpt_started)
                         ckpt_started = None
-    finish()
-    result = {
-        "writer": writer, "streams": streams, "features": features, "bucket": bucket, "donate": donate,
-        "state_mb": state_bytes / 1e6, "steps": i, "checkpoints": len(blocking), "rounds": rounds,
-        "import_s": import_s, "orbax_names": orbax_names if writer == "orbax" else None,
-        "os_threads": {"before": threads_before, "max_in_flight": threads_max},
-        "main_thread_blocking_ms": {"max": max(blocking) * 1e3, "median": statistics.median(blocking) * 1e3}
-        if blocking else {},
-        "checkpoint_total_s": {"max": max(totals), "median": statistics.median(totals)} if totals else {},
-        "gaps_checkpointing": _quantiles(gaps_on), "gaps_in_flight": _quantiles(gaps_in_flight),
-        "gaps_without": _quantiles(gaps_off),
-    }
-    if gaps_on and gaps_off:
-        result["stall_ratio_max"] = max(gaps_on) / max(gaps_off)
-        result["meets_target"] = result["stall_ratio_max"] <= 2.0
-    if writer != "sleep":
-        result["restore"] = _restore(writer, processor, cfg, directory, settings, orbax_names)
-    return result
+    return {"steps": i, "gaps_on": gaps_on, "gaps_off": gaps_off, "gaps_in_flight": gaps_in_flight,
+            "blocking": blocking, "totals": totals, "threads_max": threads_max}
 
 
 def _restore(writer: str, processor, cfg, directory: Path, settings: dict, orbax_names: bool) -> dict:
@@ -307,11 +322,11 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
     (``on_results``); delays from each message's due time to its step's result."""
     import threading
 
-    from forkless.controller.batching import Chunk
     from forkless.controller.config import Config
-    from forkless.controller.loop import POLL_S, Controller
+    from forkless.controller.loop import Controller
+    from forkless.controller.queues import POLL_S
 
-    from tests.fake_io import FakeIO, drain
+    from tests.fake_io import FakeIO
 
     names = [f"stream-{i}" for i in range(streams)]
     done_at: list[float] = []
@@ -338,25 +353,7 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
         ctl.slots.lookup(names[i:i + 65536], time.monotonic())
     fill_s = time.perf_counter() - t0
     stop = threading.Event()
-    rng = np.random.default_rng(1)
-    xs = rng.standard_normal((4096, features)).astype(np.float32)
-
-    def feed() -> None:
-        seq = 0
-        start = time.perf_counter()
-        while not stop.is_set():
-            target = start + seq / rate
-            wait = target - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            due[seq] = target
-            fake.inbound.put_nowait(Chunk([seq], [names[int(rng.integers(streams))]], xs[seq % 4096:seq % 4096 + 1],
-                                          time.monotonic_ns()))
-            seq += 1
-            if seq % 256 == 0:
-                drain(fake.outbound)
-
-    feeder = threading.Thread(target=feed, name="feeder", daemon=True)
+    feeder = threading.Thread(target=_feed, args=(fake, names, features, rate, due, stop), name="feeder", daemon=True)
     feeder.start()
     warm_until = time.monotonic() + WARMUP_S  # not counted: one-time costs of the first seconds
     while time.monotonic() < warm_until:
@@ -376,36 +373,9 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
             ckpt.schedule(float("inf"))
             while ckpt.busy:  # the previous phase's checkpoint finishes outside this one
                 ctl.process_pending(timeout=POLL_S)
-            begin = len(done_at)
-            begin_delays = len(delays)
-            now = time.monotonic()
-            phase_end = now + phase_s
-            next_ckpt = now + min(every_s, phase_s) / 4
-            written = ckpt.written
-            while time.monotonic() < phase_end or (mode != "off" and ckpt.busy):
-                if not ckpt.busy and time.monotonic() >= next_ckpt and time.monotonic() < phase_end:
-                    if mode != "off":  # "off": the same moments, to compare windows with windows
-                        ckpt.schedule(0.0)
-                    next_ckpt += every_s
-                    per_mode[mode]["checkpoints"].append(time.perf_counter())
-                elif mode != "off":
-                    ckpt.schedule(float("inf"))
-                copying = ckpt.pending is not None
-                ctl.process_pending(timeout=POLL_S)
-                if copying and ckpt.pending is None and ckpt.abandoned == 0:
-                    per_mode[mode]["copy_s"].append(ckpt.last_copy_s)
-                    per_mode[mode]["copy_main_s"].append(ckpt.last_copy_main_s)
-            gaps = np.diff(done_at[begin:]).tolist()
-            per_mode[mode]["gaps"] += gaps
-            for gap, where in zip(gaps, stage[begin + 1:]):  # a gap belongs to the step that ended it
-                if where:
-                    per_mode[mode][where].append(gap)
-            per_mode[mode]["delays"] += delays[begin_delays:]
-            ends = np.asarray(done_at[begin + 1:])
-            for t in per_mode[mode]["checkpoints"][len(per_mode[mode]["windows"]):]:
-                inside = (ends >= t) & (ends < t + WINDOW_S)
-                per_mode[mode]["windows"].append(max(np.asarray(gaps)[inside], default=0.0))
-            per_mode[mode]["written_s"].append(ckpt.written - written)
+            begin, begin_delays = len(done_at), len(delays)
+            _controller_phase(ctl, mode, phase_s, every_s, per_mode[mode])
+            _phase_gaps(per_mode[mode], done_at[begin:], stage[begin + 1:], delays[begin_delays:])
     stop.set()
     feeder.join(5)
     ckpt.schedule(float("inf"))
@@ -415,8 +385,80 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
               "rounds": rounds, "phase_s": phase_s, "fill_s": fill_s, "processed": snap.processed,
               "checkpoint_failures": snap.checkpoint_failures, "checkpoint_bytes": snap.checkpoint_bytes,
               "checkpoint_write_s": snap.checkpoint_duration_s, "modes": {}}
+    result["modes"] = _controller_modes(per_mode)
+    return result
+
+
+def _feed(fake, names: list[str], features: int, rate: float, due: dict[int, float], stop) -> None:
+    """The feeder thread: one message every 1/``rate`` s, sent when due (open loop), its due time in ``due``."""
+    from forkless.io_loop.crossing import Chunk
+
+    from tests.fake_io import drain
+
+    rng = np.random.default_rng(1)
+    xs = rng.standard_normal((4096, features)).astype(np.float32)
+    seq = 0
+    start = time.perf_counter()
+    while not stop.is_set():
+        target = start + seq / rate
+        wait = target - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        due[seq] = target
+        fake.inbound.put_nowait(Chunk([seq], [names[int(rng.integers(len(names)))]], xs[seq % 4096:seq % 4096 + 1],
+                                      time.monotonic_ns()))
+        seq += 1
+        if seq % 256 == 0:
+            drain(fake.outbound)
+
+
+def _controller_phase(ctl, mode: str, phase_s: float, every_s: float, m: dict[str, list]) -> None:
+    """One phase of ``mode`` (the previous one's checkpoint finished): the controller processing for
+    ``phase_s``, a checkpoint begun every ``every_s`` (not in "off": the same moments noted, to compare windows
+    with windows); its copies' times in ``m``."""
+    from forkless.controller.queues import POLL_S
+
+    ckpt = ctl.checkpointer
+    now = time.monotonic()
+    phase_end = now + phase_s
+    next_ckpt = now + min(every_s, phase_s) / 4
+    written = ckpt.written
+    while time.monotonic() < phase_end or (mode != "off" and ckpt.busy):
+        if not ckpt.busy and time.monotonic() >= next_ckpt and time.monotonic() < phase_end:
+            if mode != "off":  # "off": the same moments, to compare windows with windows
+                ckpt.schedule(0.0)
+            next_ckpt += every_s
+            m["checkpoints"].append(time.perf_counter())
+        elif mode != "off":
+            ckpt.schedule(float("inf"))
+        copying = ckpt.pending is not None
+        ctl.process_pending(timeout=POLL_S)
+        if copying and ckpt.pending is None and ckpt.abandoned == 0:
+            m["copy_s"].append(ckpt.last_copy_s)
+            m["copy_main_s"].append(ckpt.last_copy_main_s)
+    m["written_s"].append(ckpt.written - written)
+
+
+def _phase_gaps(m: dict[str, list], done_at: list[float], stage: list[str], delays: list[float]) -> None:
+    """A phase's gaps between steps' results (each belongs to the step that ended it, and to its stage), its
+    delays, and the largest gap in each checkpoint's window."""
+    gaps = np.diff(done_at).tolist()
+    m["gaps"] += gaps
+    for gap, where in zip(gaps, stage):
+        if where:
+            m[where].append(gap)
+    m["delays"] += delays
+    ends = np.asarray(done_at[1:])
+    for t in m["checkpoints"][len(m["windows"]):]:
+        inside = (ends >= t) & (ends < t + WINDOW_S)
+        m["windows"].append(max(np.asarray(gaps)[inside], default=0.0))
+
+
+def _controller_modes(per_mode: dict[str, dict[str, list]]) -> dict[str, dict]:
+    """Each mode's figures, and against "off" its stall ratios."""
+    modes: dict[str, dict] = {}
     for mode, m in per_mode.items():
-        result["modes"][mode] = {
+        modes[mode] = {
             "gaps": _quantiles(m["gaps"]), "delay_from_due": _quantiles(m["delays"]),
             "gaps_while_copying": _quantiles(m["copying"]), "gaps_while_writing": _quantiles(m["writing"]),
             "gaps_during_checkpoint": _quantiles(m["copying"] + m["writing"]),
@@ -426,28 +468,28 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
             "copy_s": {"max": max(m["copy_s"]), "median": statistics.median(m["copy_s"])} if m["copy_s"] else {},
             "copy_main_thread_ms": {"max": max(m["copy_main_s"]) * 1e3,
                                     "median": statistics.median(m["copy_main_s"]) * 1e3} if m["copy_main_s"] else {}}
-    off = result["modes"].get("off", {}).get("gaps", {}).get("max_ms")
-    for mode in modes:
-        on = result["modes"][mode]["gaps"].get("max_ms")
+    off = modes.get("off", {}).get("gaps", {}).get("max_ms")
+    for mode in per_mode:
+        on = modes[mode]["gaps"].get("max_ms")
         if mode != "off" and off and on:
-            result["modes"][mode]["stall_ratio_max"] = on / off
-            result["modes"][mode]["meets_target"] = on / off <= 2.0
-            during = result["modes"][mode]["gaps_during_checkpoint"].get("max_ms")
+            modes[mode]["stall_ratio_max"] = on / off
+            modes[mode]["meets_target"] = on / off <= 2.0
+            during = modes[mode]["gaps_during_checkpoint"].get("max_ms")
             if during:  # the issue's words: the largest gap *during* a checkpoint (copied or written)
-                result["modes"][mode]["stall_ratio_during"] = during / off
-                result["modes"][mode]["meets_target_during"] = during / off <= 2.0
-            on_w = result["modes"][mode]["window_max_gap_ms"].get("median")
-            off_w = result["modes"]["off"]["window_max_gap_ms"].get("median")
+                modes[mode]["stall_ratio_during"] = during / off
+                modes[mode]["meets_target_during"] = during / off <= 2.0
+            on_w = modes[mode]["window_max_gap_ms"].get("median")
+            off_w = modes["off"]["window_max_gap_ms"].get("median")
             if on_w and off_w:
-                result["modes"][mode]["window_ratio_median"] = on_w / off_w
-    return result
+                modes[mode]["window_ratio_median"] = on_w / off_w
+    return modes
 
 
 # ---- restore: process start to first result with a 1M-stream checkpoint ----------------------------
 
 
 def measure_startup(streams: int, features: int, runs: int, work: Path) -> dict:
-    """``python app.py`` started as a user starts it (bench/run.py's ``time_to_first_result``:
+    """``python app.py`` started as a user starts it (bench/loads.py's ``time_to_first_result``:
     a local feed, process start to the first result on it), with a ``streams``-stream
     checkpoint in FORKLESS_CHECKPOINT_DIR (max streams = ``streams``; the feed's stream "s0"
     is one of them) and a persistent compilation cache shared by every run: the first run
@@ -460,7 +502,7 @@ def measure_startup(streams: int, features: int, runs: int, work: Path) -> dict:
     from forkless.controller.processor import EWMAState
     from forkless.controller.snapshot import Snapshot
 
-    import bench.run as runbench
+    from bench.loads import time_to_first_result
 
     ckpt_dir = work / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -479,7 +521,7 @@ def measure_startup(streams: int, features: int, runs: int, work: Path) -> dict:
     saved = {k: os.environ.get(k) for k in env_keys}
     os.environ.update(env_keys)  # client_env() copies os.environ
     def first_result(tag: str) -> float | None:
-        return runbench.time_to_first_result("forkless", cache, work, tag)
+        return time_to_first_result("forkless", cache, work, tag)
 
     try:
         cold = first_result("restore-cold")

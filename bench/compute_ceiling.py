@@ -9,6 +9,11 @@ robin like the load generator's, so a batch has the same per-stream repeats the 
 No sockets, no JSON, no queues: no design can process messages faster than this.
 ``--floor-s S``: the device's round trip of a trivial step as well (``bench.device_floor``),
 in the same process, so that a TPU run opens the chip once for both.
+
+Rules:
+- One process, JAX in it: only the step and its one ``device_get`` a batch are timed, on batches built
+  beforehand.
+- ``--floor-s`` measures the device floor in this same process, so an accelerator is opened once.
 """
 
 from __future__ import annotations

@@ -9,8 +9,12 @@ are several), for full batches of ``FORKLESS_MAX_BATCH`` messages whose streams 
 as the load generator's do, routed to their devices beforehand; one ``device_get`` of the
 outputs per batch, as the controller does. Separately, the host side of one batch as
 ``BatchStep._run_step`` (controller/batchstep.py) does it: padding (one device) or grouping by
-device into the ``[N, Bd]`` layout, and putting the outputs back in arrival order. ``bench/run.py``'s devices
+device into the ``[N, Bd]`` layout, and putting the outputs back in arrival order. ``bench/sections.py``'s devices
 section runs this for 1, 2 and 4 forced CPU devices, each in a process of its own.
+
+Rules:
+- One device count a process, fixed by the environment (``JAX_NUM_CPU_DEVICES``) before JAX starts.
+- The step and the host's routing are timed apart: the step on batches routed beforehand.
 """
 
 from __future__ import annotations

@@ -25,6 +25,11 @@ The protocol, exactly (anything else a client sends is a violation, counted by k
   books and pings go on.
 
 All counters are written on the exchange's loop, under ``_cond``; readers copy under it.
+
+Rules:
+- One exchange a process (or a thread, in tests); its counters are written on its loop only, under
+  ``_cond``, and readers copy them under it.
+- What a client may send is exactly the protocol above: anything else is a violation, counted by kind.
 """
 
 from __future__ import annotations

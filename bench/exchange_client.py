@@ -22,6 +22,11 @@ so this holds across the spawn child too); CPU seconds of the process tree over 
 Both queues carry ``(kind, payload, arrival_ns)`` inbound and order dicts outbound; anything
 with ``put`` and ``get(timeout=)`` fits (``queue.Queue``, ``multiprocessing`` queues). This
 module's top level imports no JAX: the spawn child imports it.
+
+Rules:
+- The top level imports no JAX (the spawn child imports this module); ``run_main`` imports it.
+- The worker and the main loop share only their two queues; every stamp is ``time.monotonic_ns()``.
+- The main loop never sleeps blindly: it waits on the inbound queue up to the next tick.
 """
 
 from __future__ import annotations
@@ -247,44 +252,94 @@ def run_main(args: argparse.Namespace, design: str, to_worker: Any, from_worker:
     figures and returns the exit status (0, also after SIGTERM or Ctrl-C)."""
     import jax  # here, not at the top: the spawn child imports this module and must not load JAX
 
-    stopping = []
+    stopping: list[str] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append("SIGTERM"))
     model = jax.jit(z_scores)
     model(np.zeros((len(SYMBOLS), WINDOW), np.float32), np.zeros(len(SYMBOLS), np.int32)).block_until_ready()
+    main = MainLoop(design, to_worker, model)
+    to_worker.put(GO)
+    print("main loop started", file=sys.stderr, flush=True)
+    cpu0, t0 = tree_cpu_s(), time.monotonic()
+    try:
+        main.run(t0 + args.duration, args.force_order_every, from_worker, worker_alive, stopping)
+    except KeyboardInterrupt:
+        stopping.append("SIGINT")
+    wall_s, cpu_s = time.monotonic() - t0, tree_cpu_s() - cpu0
+    main.stop_worker(from_worker, worker_alive)
+    worker_join(5.0)
+    stats = {**main.stats(), "cpu_s": cpu_s, "wall_s": wall_s, "stopped_by": stopping[0] if stopping else "duration",
+             "compilations": model._cache_size() if hasattr(model, "_cache_size") else None,
+             "jax_platform": jax.devices()[0].platform, "worker": main.worker_figures}
+    Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
+    if args.prices:
+        Path(args.prices).write_text("".join(main.prices), encoding="utf-8")
+    return 0
 
-    windows = {s: deque(maxlen=WINDOW) for s in SYMBOLS}
-    index = {s: i for i, s in enumerate(SYMBOLS)}
-    prices: list[str] = []
-    trade_ms: list[float] = []
-    decided: dict[str, tuple[int, bool]] = {}  # client_order_id -> (decided ns, quiet market)
-    rtt_ms: dict[bool, list[float]] = {False: [], True: []}
-    n = {"orders": 0, "orders_forced": 0, "orders_model": 0, "fills": 0, "rejects": 0, "trades": 0, "books": 0,
-         "logins": 0, "ticks": 0, "errors": 0}
-    closes: dict[str, int] = {}
-    worker_figures: dict[str, Any] = {}
-    last_model_order = dict.fromkeys(SYMBOLS, -math.inf)
-    last_trade = -math.inf
 
-    def place(symbol: str, side: str, qty: str, now: float) -> None:
-        n["orders"] += 1
-        coid = f"{design}-{os.getpid()}-{n['orders']}"
-        decided[coid] = (time.monotonic_ns(), now - last_trade > QUIET_GAP_S)
-        to_worker.put({"type": "order", "symbol": symbol, "side": side, "qty": qty, "client_order_id": coid})
+class MainLoop:
+    """The main loop's state (see the module docstring): the windows of prices, the orders in flight,
+    and what is counted and timed."""
 
-    def take(item: tuple[str, Any, int]) -> None:
-        nonlocal last_trade
+    def __init__(self, design: str, to_worker: Any, model: Callable[[Any, Any], Any]) -> None:
+        self.design, self.to_worker, self.model = design, to_worker, model
+        self.windows = {s: deque(maxlen=WINDOW) for s in SYMBOLS}
+        self.index = {s: i for i, s in enumerate(SYMBOLS)}
+        self.prices: list[str] = []
+        self.trade_ms: list[float] = []
+        self.decided: dict[str, tuple[int, bool]] = {}  # client_order_id -> (decided ns, quiet market)
+        self.rtt_ms: dict[bool, list[float]] = {False: [], True: []}
+        self.n = {"orders": 0, "orders_forced": 0, "orders_model": 0, "fills": 0, "rejects": 0, "trades": 0,
+                  "books": 0, "logins": 0, "ticks": 0, "errors": 0}
+        self.closes: dict[str, int] = {}
+        self.worker_figures: dict[str, Any] = {}
+        self.last_model_order = dict.fromkeys(SYMBOLS, -math.inf)
+        self.last_trade = -math.inf
+
+    def run(self, end: float, force: float, from_worker: Any, worker_alive: Callable[[], bool],
+            stopping: list[str]) -> None:
+        """Until ``end`` (monotonic) or a stop: a tick every ``TICK_S``, waiting on the inbound queue between
+        ticks; a forced order every ``force`` seconds (0: none)."""
+        t0 = time.monotonic()
+        next_tick = t0 + TICK_S
+        next_force = t0 + force if force > 0 else math.inf
+        n = self.n
+        while not stopping and (now := time.monotonic()) < end:
+            if now < next_tick:
+                try:
+                    self.take(from_worker.get(timeout=min(next_tick, end) - now))
+                except queue.Empty:
+                    if not worker_alive():
+                        print(f"{self.design}: the worker has gone", file=sys.stderr, flush=True)
+                        break
+                continue
+            next_tick = max(next_tick + TICK_S, now)
+            self.tick(now)
+            if now >= next_force:
+                next_force = max(next_force + force, now)
+                n["orders_forced"] += 1
+                self.place(SYMBOLS[n["orders_forced"] % len(SYMBOLS)], ("buy", "sell")[n["orders_forced"] % 2],
+                           "0.001", now)
+
+    def place(self, symbol: str, side: str, qty: str, now: float) -> None:
+        self.n["orders"] += 1
+        coid = f"{self.design}-{os.getpid()}-{self.n['orders']}"
+        self.decided[coid] = (time.monotonic_ns(), now - self.last_trade > QUIET_GAP_S)
+        self.to_worker.put({"type": "order", "symbol": symbol, "side": side, "qty": qty, "client_order_id": coid})
+
+    def take(self, item: tuple[str, Any, int]) -> None:
         kind, obj, arrived = item
         picked = time.monotonic_ns()
+        n = self.n
         if kind == "trade":
-            trade_ms.append((picked - arrived) / 1e6)
-            windows[obj["symbol"]].append(float(obj["price"]))
-            prices.append(f"{obj['seq']} {obj['price']}\n")
+            self.trade_ms.append((picked - arrived) / 1e6)
+            self.windows[obj["symbol"]].append(float(obj["price"]))
+            self.prices.append(f"{obj['seq']} {obj['price']}\n")
             n["trades"] += 1
-            last_trade = time.monotonic()
+            self.last_trade = time.monotonic()
         elif kind == "fill":
-            sent = decided.pop(obj["client_order_id"], None)
+            sent = self.decided.pop(obj["client_order_id"], None)
             if sent is not None:
-                rtt_ms[sent[1]].append((picked - sent[0]) / 1e6)
+                self.rtt_ms[sent[1]].append((picked - sent[0]) / 1e6)
             n["fills"] += 1
         elif kind == "reject":
             n["rejects"] += 1
@@ -293,83 +348,54 @@ def run_main(args: argparse.Namespace, design: str, to_worker: Any, from_worker:
         elif kind == "login":
             n["logins"] = obj
         elif kind == "closed":
-            closes[str(obj)] = closes.get(str(obj), 0) + 1
+            self.closes[str(obj)] = self.closes.get(str(obj), 0) + 1
         elif kind == "error":
             n["errors"] += 1
-            print(f"{design} worker: {obj}", file=sys.stderr, flush=True)
+            print(f"{self.design} worker: {obj}", file=sys.stderr, flush=True)
         elif kind == "end":
-            worker_figures.update(obj)
+            self.worker_figures.update(obj)
 
-    def tick(now: float) -> None:
-        n["ticks"] += 1
+    def tick(self, now: float) -> None:
+        self.n["ticks"] += 1
         arr = np.zeros((len(SYMBOLS), WINDOW), np.float64)
         counts = np.zeros(len(SYMBOLS), np.int32)
-        for s, d in windows.items():
+        for s, d in self.windows.items():
             if d:  # relative to the last price: float32 keeps the digits that matter
-                arr[index[s], WINDOW - len(d):] = np.asarray(d) / d[-1] - 1.0
-                counts[index[s]] = len(d)
-        z = np.asarray(model(arr.astype(np.float32), counts))
-        for s, i in index.items():
-            if abs(z[i]) > Z_THRESHOLD and now - last_model_order[s] >= MODEL_ORDER_GAP_S:
-                last_model_order[s] = now
-                n["orders_model"] += 1
-                place(s, "sell" if z[i] > 0 else "buy", "0.01", now)
+                arr[self.index[s], WINDOW - len(d):] = np.asarray(d) / d[-1] - 1.0
+                counts[self.index[s]] = len(d)
+        z = np.asarray(self.model(arr.astype(np.float32), counts))
+        for s, i in self.index.items():
+            if abs(z[i]) > Z_THRESHOLD and now - self.last_model_order[s] >= MODEL_ORDER_GAP_S:
+                self.last_model_order[s] = now
+                self.n["orders_model"] += 1
+                self.place(s, "sell" if z[i] > 0 else "buy", "0.01", now)
 
-    to_worker.put(GO)
-    print("main loop started", file=sys.stderr, flush=True)
-    cpu0, t0 = tree_cpu_s(), time.monotonic()
-    end, next_tick = t0 + args.duration, t0 + TICK_S
-    force = args.force_order_every
-    next_force = t0 + force if force > 0 else math.inf
-    try:
-        while not stopping and (now := time.monotonic()) < end:
-            if now < next_tick:
-                try:
-                    take(from_worker.get(timeout=min(next_tick, end) - now))
-                except queue.Empty:
-                    if not worker_alive():
-                        print(f"{design}: the worker has gone", file=sys.stderr, flush=True)
-                        break
+    def stop_worker(self, from_worker: Any, worker_alive: Callable[[], bool]) -> None:
+        """Tell the worker to stop and take its last figures (at most 5 s)."""
+        self.to_worker.put(None)
+        deadline = time.monotonic() + 5.0
+        while not self.worker_figures and time.monotonic() < deadline:
+            try:
+                kind, obj, _ = from_worker.get(timeout=0.1)
+            except queue.Empty:
+                if not worker_alive():
+                    break
                 continue
-            next_tick = max(next_tick + TICK_S, now)
-            tick(now)
-            if now >= next_force:
-                next_force = max(next_force + force, now)
-                n["orders_forced"] += 1
-                place(SYMBOLS[n["orders_forced"] % len(SYMBOLS)], ("buy", "sell")[n["orders_forced"] % 2], "0.001", now)
-    except KeyboardInterrupt:
-        stopping.append("SIGINT")
-    wall_s, cpu_s = time.monotonic() - t0, tree_cpu_s() - cpu0
+            if kind in ("end", "login", "closed"):  # orders and trades after the stop are not counted
+                self.take((kind, obj, 0))
 
-    to_worker.put(None)
-    deadline = time.monotonic() + 5.0
-    while not worker_figures and time.monotonic() < deadline:
-        try:
-            kind, obj, _ = from_worker.get(timeout=0.1)
-        except queue.Empty:
-            if not worker_alive():
-                break
-            continue
-        if kind in ("end", "login", "closed"):  # orders and trades after the stop are not counted
-            take((kind, obj, 0))
-    worker_join(5.0)
-
-    rtt_all = rtt_ms[False] + rtt_ms[True]
-    stats = {
-        "design": design, **n, "unfilled": len(decided), "closes": closes,
-        "order_rtt_ms_p50": _ms(rtt_all, 0.5), "order_rtt_ms_p99": _ms(rtt_all, 0.99),
-        "order_rtt_ms_max": max(rtt_all, default=None),
-        "order_rtt_quiet_ms_p50": _ms(rtt_ms[True], 0.5), "order_rtt_quiet_ms_p99": _ms(rtt_ms[True], 0.99),
-        "order_rtt_quiet_n": len(rtt_ms[True]),
-        "order_rtt_busy_ms_p50": _ms(rtt_ms[False], 0.5), "order_rtt_busy_ms_p99": _ms(rtt_ms[False], 0.99),
-        "order_rtt_busy_n": len(rtt_ms[False]),
-        "trade_ms_p50": _ms(trade_ms, 0.5), "trade_ms_p99": _ms(trade_ms, 0.99),
-        "trade_ms_max": max(trade_ms, default=None),
-        "cpu_s": cpu_s, "wall_s": wall_s, "stopped_by": stopping[0] if stopping else "duration",
-        "compilations": model._cache_size() if hasattr(model, "_cache_size") else None,
-        "jax_platform": jax.devices()[0].platform, "worker": worker_figures,
-    }
-    Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
-    if args.prices:
-        Path(args.prices).write_text("".join(prices), encoding="utf-8")
-    return 0
+    def stats(self) -> dict[str, Any]:
+        """The counts and the quantiles of what was timed."""
+        rtt_ms, trade_ms = self.rtt_ms, self.trade_ms
+        rtt_all = rtt_ms[False] + rtt_ms[True]
+        return {
+            "design": self.design, **self.n, "unfilled": len(self.decided), "closes": self.closes,
+            "order_rtt_ms_p50": _ms(rtt_all, 0.5), "order_rtt_ms_p99": _ms(rtt_all, 0.99),
+            "order_rtt_ms_max": max(rtt_all, default=None),
+            "order_rtt_quiet_ms_p50": _ms(rtt_ms[True], 0.5), "order_rtt_quiet_ms_p99": _ms(rtt_ms[True], 0.99),
+            "order_rtt_quiet_n": len(rtt_ms[True]),
+            "order_rtt_busy_ms_p50": _ms(rtt_ms[False], 0.5), "order_rtt_busy_ms_p99": _ms(rtt_ms[False], 0.99),
+            "order_rtt_busy_n": len(rtt_ms[False]),
+            "trade_ms_p50": _ms(trade_ms, 0.5), "trade_ms_p99": _ms(trade_ms, 0.99),
+            "trade_ms_max": max(trade_ms, default=None),
+        }

@@ -14,6 +14,11 @@ process tree, each also as a ratio to the thread design's; the exchange's 4001 c
 violations are summed, so a design that misbehaves shows. Prints a Markdown table and writes
 JSON (every run's figures, the medians, the ratios); each process's output goes to
 ``OUT_DIR/exchange_logs/``.
+
+Rules:
+- Every run is a fresh exchange process and one design's program with the same command line; the
+  designs take turns within each round.
+- A design whose program is missing is skipped with a note, never counted as zero.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@
 
 The worker and the main loop are bench/exchange_client.py's; only the hand-over is here. The
 child is started before the parent loads JAX, so its start-up overlaps the compilation.
+
+Rules:
+- Only the hand-over is here; the child is started before the parent loads JAX and never imports it.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@
         --prices PATH --force-order-every S
 
 The worker and the main loop are bench/exchange_client.py's; only the hand-over is here.
+
+Rules:
+- Only the hand-over is here; the two ``queue.Queue``s are all the threads share.
 """
 
 from __future__ import annotations

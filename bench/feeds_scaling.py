@@ -13,6 +13,11 @@ their measurement windows), median over the repeats, which alternate N in rotate
 the machine's noise lands on every N; and the ratio to N = 1.
 
 Target (issue 13): total throughput with 16 feeds >= 0.8x that of 1 feed.
+
+Rules:
+- One generator process serves all N connections, and the total load is the same whatever N: only the
+  number of feeds changes.
+- N is rotated between repeats; a figure is the median over them.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import start_loadgen, wait_result
-from bench.run import REPO_ROOT, client_env, stop_tree
+from bench.plan import REPO_ROOT
+from bench.processes import client_env, stop_tree
 
 FEEDS = (1, 4, 16)
 WINDOW = 1024

@@ -28,6 +28,10 @@ a second feed on the IO thread's loop.
 thread, with the step replaced by a host identity (the default processor's outputs, all
 zero, made with numpy; no XLA call per batch), so the benchmark can tell what the threads
 cost from what JAX costs.
+
+Rules:
+- The controller runs exactly as ``python app.py`` runs it; what is added (the watcher thread, the
+  figures file) only reads its counters (``ctl.stats()``) and calls ``request_stop()``.
 """
 
 from __future__ import annotations

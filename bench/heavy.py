@@ -11,6 +11,10 @@ The step's cost is a parameter: ``bench.step_cost`` calibrates ``iters`` (at a s
 runs the calibrated processor with ``--heavy-iters N --heavy-size S`` (``processor_for``).
 
 Import it only where JAX is wanted (never in the spawn design's child).
+
+Rules:
+- The chain changes no answer: the heavy detector answers as the default one does.
+- It imports JAX: only where JAX is wanted.
 """
 
 from __future__ import annotations

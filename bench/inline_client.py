@@ -27,6 +27,11 @@ compiled before the connection is opened (the load generator's clock starts at t
 and times the pongs (answered by aiohttp's ``receive`` in this loop, like the feed's own).
 The design ends when the feed closes its connection; its figures (loop lag during traffic,
 compilations after warm-up, batch sizes, step times, the Python threads it ran) go to ``--out``.
+
+Rules:
+- One thread, one loop: every step runs on it (the design's whole point).
+- The same codec, slots, compiled step and corked writes as forkless; every bucket is compiled before
+  the connection opens.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ class Inline:
         self.too_many = f"too many streams (FORKLESS_MAX_STREAMS={config.max_streams})"
         self.figures: dict[str, Any] = {"frames_in": 0, "messages_in": 0, "results_out": 0, "errors_out": 0,
                                         "batches": 0, "processed": 0, "step_s": 0.0, "passes": 0}
+        self.traffic = False  # between the first frame in and the connection's end (the lag counts then)
+        self.lags: list[float] = []
+        self.sizes: list[int] = []
 
     def add(self, decoded: Any) -> None:
         self.seqs.extend(decoded.seq)
@@ -125,54 +133,9 @@ async def send(ws: Any, frame: str | bytes, text: Any) -> None:
 
 
 async def serve(url: str, inline: Inline, probe_url: str | None) -> dict[str, Any]:
-    import aiohttp
-    from forkless.io_loop.aiohttp_compat import cork
-
-    text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
-    cfg, codec, figures = inline.config, inline.codec, inline.figures
-    loop = asyncio.get_running_loop()
-    lags: list[float] = []
-    traffic = False
-    sizes: list[int] = []
-
-    async def watch_lag() -> None:
-        # as io_loop/thread.py: how long a ready callback waits for its turn (here: the step too)
-        while True:
-            await asyncio.sleep(LAG_INTERVAL_S)
-            start = loop.time()
-            await asyncio.sleep(0)
-            if traffic:
-                lags.append(loop.time() - start)
-
-    async def stepper(ws: Any) -> None:
-        corked = cork(ws)
-        max_batch = cfg.max_batch
-        while True:
-            await inline.kick.wait()
-            inline.kick.clear()
-            seq, stream, x = inline.take()
-            if x is None:
-                continue
-            figures["passes"] += 1
-            for start in range(0, len(seq), max_batch):
-                end = start + max_batch
-                frames = inline.step(seq[start:end], stream[start:end], x[start:end])
-                sizes.append(len(frames))
-                if corked is not None:
-                    corked.corked = True
-                try:
-                    for frame in frames:
-                        await send(ws, frame, text)
-                finally:
-                    if corked is not None:
-                        corked.uncork()  # the batch's frames leave in one write
-                figures["results_out"] += len(frames)
-
-    async def drain_probe(probe: Any) -> None:
-        async for _ in probe:  # pings are answered inside receive(), on this loop
-            pass
-
-    lag_task = asyncio.create_task(watch_lag())
+    """The design's run: the feed's connection (and the probe's), the reader, the stepper, the lag watch."""
+    cfg, figures = inline.config, inline.figures
+    lag_task = asyncio.create_task(watch_lag(inline))
     probe_task = None
     try:
         # one session a socket: a unix address needs a connector of its own (bench.unix)
@@ -182,22 +145,11 @@ async def serve(url: str, inline: Inline, probe_url: str | None) -> dict[str, An
                 probe_task = asyncio.create_task(drain_probe(probe))
             async with session.ws_connect(handshake_url(url), heartbeat=cfg.heartbeat_s or None, autoping=True,
                                           max_msg_size=cfg.max_msg_bytes + 1) as ws:
-                step_task = asyncio.create_task(stepper(ws))
+                step_task = asyncio.create_task(stepper(ws, inline))
                 try:
-                    async for msg in ws:
-                        if msg.type is text or msg.type is binary:
-                            traffic = True
-                            figures["frames_in"] += 1
-                            decoded = codec.decode(msg.data)
-                            for reason, seq in decoded.errors:
-                                figures["errors_out"] += 1
-                                await send(ws, codec.encode_error(reason, seq), text)
-                            if len(decoded):
-                                inline.add(decoded)
-                        elif msg.type is aiohttp.WSMsgType.ERROR:
-                            break
+                    await read_feed(ws, inline)
                 finally:
-                    traffic = False
+                    inline.traffic = False
                     step_task.cancel()
                     (outcome,) = await asyncio.gather(step_task, return_exceptions=True)
                     if not isinstance(outcome, asyncio.CancelledError):
@@ -209,9 +161,76 @@ async def serve(url: str, inline: Inline, probe_url: str | None) -> dict[str, An
     finally:
         lag_task.cancel()
         await asyncio.gather(lag_task, return_exceptions=True)
-    figures["lag_s"] = lags
-    figures["sizes"] = sizes
+    figures["lag_s"] = inline.lags
+    figures["sizes"] = inline.sizes
     return figures
+
+
+async def read_feed(ws: Any, inline: Inline) -> None:
+    """The reader: every frame decoded as it comes (errors answered at once), added to the read pass."""
+    import aiohttp
+
+    text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
+    codec, figures = inline.codec, inline.figures
+    async for msg in ws:
+        if msg.type is text or msg.type is binary:
+            inline.traffic = True
+            figures["frames_in"] += 1
+            decoded = codec.decode(msg.data)
+            for reason, seq in decoded.errors:
+                figures["errors_out"] += 1
+                await send(ws, codec.encode_error(reason, seq), text)
+            if len(decoded):
+                inline.add(decoded)
+        elif msg.type is aiohttp.WSMsgType.ERROR:
+            break
+
+
+async def stepper(ws: Any, inline: Inline) -> None:
+    """The stepper: each read pass's messages, in batches of at most ``max_batch``, stepped and written corked."""
+    import aiohttp
+    from forkless.io_loop.aiohttp_compat import cork
+
+    text = aiohttp.WSMsgType.TEXT
+    figures, sizes = inline.figures, inline.sizes
+    corked = cork(ws)
+    max_batch = inline.config.max_batch
+    while True:
+        await inline.kick.wait()
+        inline.kick.clear()
+        seq, stream, x = inline.take()
+        if x is None:
+            continue
+        figures["passes"] += 1
+        for start in range(0, len(seq), max_batch):
+            end = start + max_batch
+            frames = inline.step(seq[start:end], stream[start:end], x[start:end])
+            sizes.append(len(frames))
+            if corked is not None:
+                corked.corked = True
+            try:
+                for frame in frames:
+                    await send(ws, frame, text)
+            finally:
+                if corked is not None:
+                    corked.uncork()  # the batch's frames leave in one write
+            figures["results_out"] += len(frames)
+
+
+async def watch_lag(inline: Inline) -> None:
+    """As io_loop/thread.py: how long a ready callback waits for its turn (here: the step too)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(LAG_INTERVAL_S)
+        start = loop.time()
+        await asyncio.sleep(0)
+        if inline.traffic:
+            inline.lags.append(loop.time() - start)
+
+
+async def drain_probe(probe: Any) -> None:
+    async for _ in probe:  # pings are answered inside receive(), on this loop
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     from forkless.controller.config import Config
     from forkless.controller.engine import compile_step
     from forkless.controller.slots import StreamSlots
-    from forkless.controller.stats import SECONDS_BOUNDS, Histogram
+    from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 
     cfg = Config.from_env(ws_url=handshake_url(a.url))
     from bench.heavy import processor_for

@@ -14,6 +14,10 @@ Two figures, each printed as the median and the least of ``--runs`` runs:
   on with float32 input, x64 on with float64 input. The default detector casts its input to
   float32 and keeps a float32 state, so the last one measures the path's cost (the wider
   transfer and the cast), not float64 arithmetic.
+
+Rules:
+- JAX's 64-bit mode is process-wide: each configuration's step runs in a process of its own; the
+  decode runs in this one, without JAX.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ Usage::
 
 It returns (exit code 0) when the server closes the connection. Memory is
 measured from outside (psutil), so this stays a plain process.
+
+Rules:
+- No queue, no thread, no JAX: every answer is made on the event loop; a malformed frame gets an error
+  reply, never silence.
+- A plain process: its memory is measured from outside.
 """
 
 from __future__ import annotations

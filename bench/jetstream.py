@@ -23,6 +23,12 @@ Then the checkpoint stall with a JetStream feed (``measure_stall``; without it: 
 only it: ``--stall-only``): the largest gap between two main-thread steps with checkpoints on
 and off, the feed consumed at 1,000 msg/s (``STALL_FULL``: 100,000 streams, a checkpoint every
 2 s, 60 s in phases alternating off/on).
+
+Rules:
+- A real nats-server with a temporary store, started and stopped here; the app runs as users run it,
+  in a process of its own.
+- JetStream latencies are the server's stored timestamps (no clock skew); the WebSocket figures beside
+  them are the load generator's.
 """
 
 from __future__ import annotations
@@ -42,7 +48,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.run import REPO_ROOT, Plan, client_env, run_load, stop_tree
+from bench.loads import run_load
+from bench.plan import REPO_ROOT, Plan
+from bench.processes import client_env, stop_tree
 
 STREAMS = 16
 FEATURES = 8
@@ -242,9 +250,9 @@ def measure_stall(streams: int, seconds: float, every_s: float, rounds: int, rat
     each one records the feed's position and is written once the results stream has
     acknowledged the replies it covers, controller/recovery.py ``await_replies``). Gaps are
     between consecutive steps' results (``on_results``)."""
-    import numpy as np
     from forkless.controller.config import Config
-    from forkless.controller.loop import POLL_S, Controller
+    from forkless.controller.loop import Controller
+    from forkless.controller.queues import POLL_S
 
     port = _free_port()
     url = f"nats://127.0.0.1:{port}"
@@ -289,28 +297,7 @@ def measure_stall(streams: int, seconds: float, every_s: float, rounds: int, rat
         written0, failures0 = ckpt.written, ckpt.failures
         for _ in range(rounds):
             for mode in modes:
-                ckpt.schedule(float("inf"))
-                while ckpt.busy:
-                    ctl.process_pending(timeout=POLL_S)
-                begin = len(done_at)
-                now = time.monotonic()
-                phase_end, next_ckpt = now + phase_s, now + min(every_s, phase_s) / 4
-                while time.monotonic() < phase_end or (mode == "on" and ckpt.busy):
-                    if not ckpt.busy and time.monotonic() >= next_ckpt and time.monotonic() < phase_end:
-                        if mode == "on":  # "off": the same moments, to compare windows with windows
-                            ckpt.schedule(0.0)
-                        next_ckpt += every_s
-                        per[mode]["checkpoints"].append(time.perf_counter())
-                    elif mode == "on":
-                        ckpt.schedule(float("inf"))
-                    ctl.process_pending(timeout=POLL_S)
-                gaps = np.diff(done_at[begin:])
-                per[mode]["gaps"] += gaps.tolist()
-                per[mode]["during"] += [g for g, w in zip(gaps.tolist(), stage[begin + 1:]) if w]
-                ends = np.asarray(done_at[begin + 1:])
-                for t in per[mode]["checkpoints"][len(per[mode]["windows"]):]:
-                    inside = (ends >= t) & (ends < t + STALL_WINDOW_S)
-                    per[mode]["windows"].append(float(max(gaps[inside], default=0.0)))
+                _stall_phase(ctl, mode, phase_s, every_s, per[mode], done_at, stage)
         ckpt.schedule(float("inf"))
         snap = ctl.stats()
         written, failures = ckpt.written - written0, ckpt.failures - failures0
@@ -325,8 +312,50 @@ def measure_stall(streams: int, seconds: float, every_s: float, rounds: int, rat
     out: dict[str, Any] = {"streams": streams, "seconds": seconds, "every_s": every_s, "rounds": rounds,
                            "rate": rate, "processed": snap.processed, "checkpoints_written": written,
                            "checkpoint_failures": failures}
-    for mode in modes:
-        m = per[mode]
+    return {**out, **_stall_figures(per)}
+
+
+def _stall_phase(ctl: Any, mode: str, phase_s: float, every_s: float, m: dict[str, list], done_at: list[float],
+                 stage: list[str]) -> None:
+    """One phase of ``measure_stall`` once the previous one's checkpoint is written: ``phase_s`` of processing,
+    a checkpoint begun every ``every_s`` ("off": the same moments noted, to compare windows with windows);
+    the phase's gaps between steps' results into ``m``, those during a checkpoint, each checkpoint window's
+    largest."""
+    import numpy as np
+    from forkless.controller.queues import POLL_S
+
+    ckpt = ctl.checkpointer
+    ckpt.schedule(float("inf"))
+    while ckpt.busy:
+        ctl.process_pending(timeout=POLL_S)
+    begin = len(done_at)
+    now = time.monotonic()
+    phase_end, next_ckpt = now + phase_s, now + min(every_s, phase_s) / 4
+    while time.monotonic() < phase_end or (mode == "on" and ckpt.busy):
+        if not ckpt.busy and time.monotonic() >= next_ckpt and time.monotonic() < phase_end:
+            if mode == "on":  # "off": the same moments, to compare windows with windows
+                ckpt.schedule(0.0)
+            next_ckpt += every_s
+            m["checkpoints"].append(time.perf_counter())
+        elif mode == "on":
+            ckpt.schedule(float("inf"))
+        ctl.process_pending(timeout=POLL_S)
+    gaps = np.diff(done_at[begin:])
+    m["gaps"] += gaps.tolist()
+    m["during"] += [g for g, w in zip(gaps.tolist(), stage[begin + 1:]) if w]
+    ends = np.asarray(done_at[begin + 1:])
+    for t in m["checkpoints"][len(m["windows"]):]:
+        inside = (ends >= t) & (ends < t + STALL_WINDOW_S)
+        m["windows"].append(float(max(gaps[inside], default=0.0)))
+
+
+def _stall_figures(per: dict[str, dict[str, list]]) -> dict[str, Any]:
+    """Each mode's steps, largest and p99 gap, checkpoints and median window; "on"'s largest gap during a
+    checkpoint, and the ratio of the largest gaps."""
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    for mode, m in per.items():
         out[mode] = {"steps": len(m["gaps"]) + 1, "max_gap_ms": round(max(m["gaps"]) * 1e3, 2),
                      "p99_gap_ms": round(float(np.percentile(m["gaps"], 99)) * 1e3, 2),
                      "checkpoints": len(m["checkpoints"]),

@@ -20,8 +20,7 @@ Wire protocol (JSON text frames):
 * expected back: ``{"seq", "stream", "z", "score", "anomaly"}`` or
   ``{"error": str, "seq": int | null}``.
 
-Measurement rules
------------------
+Rules: the measurement's, the same for every design (the generator in its own process):
 * ``--mode rate`` (open loop). Message ``i`` is DUE at ``t0 + i / R``. The
   sender sends every message at, or as soon as possible after, its due time;
   when it falls behind it sends the backlog immediately, in bursts, and never

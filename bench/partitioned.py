@@ -43,6 +43,11 @@ duplicate window. Every time is the server's (stored timestamps) or this machine
 The 2-core machine: every instance is a Python process with an IO thread and a JAX main thread,
 and nats-server stores every input and every result; with 2 cores, N > 1 instances share the
 same two cores, so the throughput cannot scale with N here (see bench/README.md).
+
+Rules:
+- Every time is the server's stored timestamps or this machine's wall clock: one machine, one clock.
+- Instances are processes of their own, started and stopped here; N is rotated within each round, on
+  fresh streams; a figure is a median.
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ from typing import Any
 import psutil
 
 from bench.jetstream import _admin, _free_port, _server_binary, _wait_server
-from bench.run import BENCH_DOCS, REPO_ROOT, client_env
+from bench.plan import BENCH_DOCS, REPO_ROOT
+from bench.processes import client_env
 
 P = 16
 FEATURES = 8
@@ -462,7 +468,7 @@ def markdown(figures: dict[str, Any]) -> str:
 
 def write_block(figures: dict[str, Any], readme: Path = PAGE) -> bool:
     """Put ``markdown(figures)`` between the ``bench:partitioned`` markers of ``readme``; True if it changed."""
-    from gendocs import replace_block  # see bench.run.write_results_block
+    from gendocs import replace_block  # see bench.tables.write_results_block
 
     text = readme.read_text(encoding="utf-8")
     new = replace_block(text, BLOCK, markdown(figures))

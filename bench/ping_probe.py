@@ -24,6 +24,10 @@ pings, so this is where the wait is measured, the same way for every design.
 
 It always stops by itself: no connection within ``--connect-timeout`` seconds, or a run
 capped at ``duration + 30`` seconds of pinging plus the drain (and a SIGALRM backstop).
+
+Rules:
+- Its own process; a round trip is from sending a ping to reading its pong, on its own clock.
+- It always stops by itself (the connect timeout, the cap, the SIGALRM backstop).
 """
 
 from __future__ import annotations

@@ -31,6 +31,11 @@ The child ends when the feed closes the connection and tells the parent with a l
 This module is also what the spawned child imports, so its top level imports no JAX; the
 child imports only the pure codec and aiohttp (the ``controller`` package's ``__init__``
 imports nothing itself, and the child reports ``jax_imported`` to prove it stayed out).
+
+Rules:
+- The top level imports no JAX (the child imports this module); the child reports ``jax_imported``.
+- The parent does what controller/loop.py does with the project's own batcher, slots, padding and
+  codec: only the hand-over (two ``multiprocessing`` queues) differs.
 """
 
 from __future__ import annotations
@@ -68,79 +73,157 @@ def child_main(url: str, settings: dict[str, Any], inbound: Any, outbound: Any) 
 
 
 async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any) -> None:
-    import aiohttp
-    from forkless.controller.codec import JsonCodec  # numpy and orjson: no JAX in the child
-    from forkless.io_loop.aiohttp_compat import cork  # aiohttp: no JAX in the child
-
-    text = aiohttp.WSMsgType.TEXT
-    codec = JsonCodec(settings["features"], max_frame_items=settings["max_frame_items"])
+    child = Child(settings, inbound, outbound)
     loop = asyncio.get_running_loop()
-    seqs: list[Any] = []
-    streams: list[str] = []
-    xs: list[np.ndarray] = []
-    flush_pending = False
-    lags: list[float] = []
-    figures: dict[str, Any] = {"frames_in": 0, "messages_in": 0, "results_out": 0}
-    traffic = False
-    # the latency budget, as the forkless design stamps it (controller/batching.py HOPS): one
-    # message in SAMPLE_EVERY carries its stamps across both queues; the child computes the hops
-    first_ns = [0, 0]  # read and decoded, of the first frame of the item being gathered
-    until_sample = 1
-    hops: list[list[float]] = []
+    loop.add_reader(outbound._reader.fileno(), child.on_results)  # the queue's pipe: readable = results
+    lag_task = asyncio.create_task(child.watch_lag())
+    try:
+        await child.ready.wait()  # as the controller: connect only once every bucket is compiled
+        await child.serve(url, settings)
+    finally:
+        lag_task.cancel()
+        loop.remove_reader(outbound._reader.fileno())
+        child.flush()
+        figures = child.figures
+        figures["lag_s"] = child.lags
+        figures["hops_s"] = child.hops
+        figures["jax_imported"] = "jax" in sys.modules
+        figures["pid"] = os.getpid()
+        inbound.put(("end", figures))
 
-    def flush() -> None:
+
+class Child:
+    """The child's loop: frames read and decoded, everything decoded in one pass of the loop put on *inbound*
+    as one item; results taken from *outbound* (its pipe watched by the loop) and written, a batch a write."""
+
+    def __init__(self, settings: dict[str, Any], inbound: Any, outbound: Any) -> None:
+        import aiohttp
+        from forkless.controller.codec import JsonCodec  # numpy and orjson: no JAX in the child
+
+        self.text = aiohttp.WSMsgType.TEXT
+        self.codec = JsonCodec(settings["features"], max_frame_items=settings["max_frame_items"])
+        self.inbound, self.outbound = inbound, outbound
+        self.loop = asyncio.get_running_loop()
+        self.seqs: list[Any] = []
+        self.streams: list[str] = []
+        self.xs: list[np.ndarray] = []
+        self.flush_pending = False
+        self.lags: list[float] = []
+        self.figures: dict[str, Any] = {"frames_in": 0, "messages_in": 0, "results_out": 0}
+        self.traffic = False
+        # the latency budget, as the forkless design stamps it (io_loop/crossing.py HOPS): one
+        # message in SAMPLE_EVERY carries its stamps across both queues; the child computes the hops
+        self.first_ns = [0, 0]  # read and decoded, of the first frame of the item being gathered
+        self.until_sample = 1
+        self.hops: list[list[float]] = []
+        self.to_send: deque[list[str]] = deque()
+        self.wake = asyncio.Event()
+        self.ready = asyncio.Event()
+
+    def flush(self) -> None:
         # everything decoded in this pass of the loop goes over as one item
-        nonlocal seqs, streams, xs, flush_pending, until_sample
-        flush_pending = False
-        if seqs:
+        self.flush_pending = False
+        if self.seqs:
+            xs = self.xs
             x = xs[0] if len(xs) == 1 else np.concatenate(xs, axis=0)
-            until_sample -= len(seqs)
+            self.until_sample -= len(self.seqs)
             stamps = None
-            if until_sample <= 0:
-                until_sample = SAMPLE_EVERY
-                stamps = [*first_ns, time.monotonic_ns()]  # read, decoded, put on the inbound queue
-            inbound.put(("c", seqs, streams, x, stamps))
-            seqs, streams, xs = [], [], []
+            if self.until_sample <= 0:
+                self.until_sample = SAMPLE_EVERY
+                stamps = [*self.first_ns, time.monotonic_ns()]  # read, decoded, put on the inbound queue
+            self.inbound.put(("c", self.seqs, self.streams, x, stamps))
+            self.seqs, self.streams, self.xs = [], [], []
 
-    to_send: deque[list[str]] = deque()
-    wake = asyncio.Event()
-    ready = asyncio.Event()
-
-    def on_results() -> None:
+    def on_results(self) -> None:
         while True:
             try:
-                item = outbound.get_nowait()
+                item = self.outbound.get_nowait()
             except queue.Empty:
                 break
             if item == READY:
-                ready.set()
+                self.ready.set()
             else:
                 picked = time.monotonic_ns()  # taken by the child's writer side
                 for stamps in item[1]:
                     stamps[8] = picked
-                to_send.append(item)
-        wake.set()
+                self.to_send.append(item)
+        self.wake.set()
 
-    async def send(ws: Any, frame: str | bytes) -> None:
+    async def send(self, ws: Any, frame: str | bytes) -> None:
         if type(frame) is bytes:  # UTF-8 JSON from the codec: a text frame as is (as io_loop/client.py)
-            await ws.send_frame(frame, text)
+            await ws.send_frame(frame, self.text)
         else:
             await ws.send_str(frame)
 
-    async def write(ws: Any) -> None:
+    async def serve(self, url: str, settings: dict[str, Any]) -> None:
+        """The feed's connection (and the probe's) until the feed closes it."""
+        probe_url = settings.get("probe_url")
+        probe_task = None
+        # one session a socket: a unix address needs a connector of its own (bench.unix)
+        async with client_session(url) as session, client_session(probe_url or url) as probing:
+            if probe_url:
+                probe = await probing.ws_connect(handshake_url(probe_url), autoping=True, heartbeat=None)
+                probe_task = asyncio.create_task(drain_probe(probe))
+            async with session.ws_connect(handshake_url(url), heartbeat=settings["heartbeat_s"] or None,
+                                          max_msg_size=settings["max_msg_bytes"], autoping=True) as ws:
+                writer = asyncio.create_task(self.write(ws))
+                try:
+                    await self.read(ws)
+                finally:
+                    self.traffic = False
+                    writer.cancel()
+                    (outcome,) = await asyncio.gather(writer, return_exceptions=True)
+                    if not isinstance(outcome, asyncio.CancelledError):
+                        self.figures["writer_failed"] = repr(outcome)  # never silently
+                        print(f"spawn child: the writer failed: {outcome!r}", file=sys.stderr, flush=True)
+            if probe_task is not None:
+                await probe.close()
+                await asyncio.gather(probe_task, return_exceptions=True)
+
+    async def read(self, ws: Any) -> None:
+        """Each frame read and decoded (errors answered at once); a pass's messages gathered for ``flush``."""
+        import aiohttp
+
+        text, binary, error = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.ERROR
+        codec, figures, loop = self.codec, self.figures, self.loop
+        async for msg in ws:
+            if msg.type is text or msg.type is binary:
+                read_ns = time.monotonic_ns()
+                self.traffic = True
+                figures["frames_in"] += 1
+                decoded = codec.decode(msg.data)
+                if not self.seqs:
+                    self.first_ns[:] = [read_ns, time.monotonic_ns()]
+                for reason, seq in decoded.errors:
+                    await self.send(ws, codec.encode_error(reason, seq))
+                if len(decoded):
+                    figures["messages_in"] += len(decoded)
+                    self.seqs.extend(decoded.seq)
+                    self.streams.extend(decoded.stream)
+                    self.xs.append(decoded.x)
+                    if not self.flush_pending:
+                        self.flush_pending = True
+                        loop.call_soon(self.flush)
+            elif msg.type is error:
+                break
+
+    async def write(self, ws: Any) -> None:
         # the same one-write-per-batch corking as io_loop/client.py, so the designs differ
         # only in how work crosses between threads or processes
+        from forkless.io_loop.aiohttp_compat import cork  # aiohttp: no JAX in the child
+
         corked = cork(ws)
+        to_send, figures = self.to_send, self.figures
         while True:
-            await wake.wait()
-            wake.clear()
+            await self.wake.wait()
+            self.wake.clear()
             while to_send:
                 frames, traces = to_send.popleft()
                 if corked is not None:
                     corked.corked = True
                 try:
                     for frame in frames:
-                        await send(ws, frame)
+                        await self.send(ws, frame)
                 finally:
                     if corked is not None:
                         corked.uncork()
@@ -149,75 +232,22 @@ async def _child(url: str, settings: dict[str, Any], inbound: Any, outbound: Any
                     written = time.monotonic_ns()
                     for stamps in traces:
                         stamps[9] = written
-                        hops.append([(stamps[i + 1] - stamps[i]) * 1e-9 for i in range(9)]
-                                    + [(written - stamps[0]) * 1e-9])
+                        self.hops.append([(stamps[i + 1] - stamps[i]) * 1e-9 for i in range(9)]
+                                         + [(written - stamps[0]) * 1e-9])
 
-    async def watch_lag() -> None:
+    async def watch_lag(self) -> None:
         # as io_loop/thread.py: how long a ready callback waits for its turn
         while True:
             await asyncio.sleep(LAG_INTERVAL_S)
-            start = loop.time()
+            start = self.loop.time()
             await asyncio.sleep(0)
-            if traffic:
-                lags.append(loop.time() - start)
+            if self.traffic:
+                self.lags.append(self.loop.time() - start)
 
-    loop.add_reader(outbound._reader.fileno(), on_results)  # the queue's pipe: readable = results
-    async def drain_probe(probe: Any) -> None:
-        async for _ in probe:  # pings are answered inside receive(), on this loop
-            pass
 
-    lag_task = asyncio.create_task(watch_lag())
-    probe_task = None
-    try:
-        await ready.wait()  # as the controller: connect only once every bucket is compiled
-        # one session a socket: a unix address needs a connector of its own (bench.unix)
-        async with client_session(url) as session, client_session(settings.get("probe_url") or url) as probing:
-            if settings.get("probe_url"):
-                probe = await probing.ws_connect(handshake_url(settings["probe_url"]), autoping=True, heartbeat=None)
-                probe_task = asyncio.create_task(drain_probe(probe))
-            async with session.ws_connect(handshake_url(url), heartbeat=settings["heartbeat_s"] or None,
-                                          max_msg_size=settings["max_msg_bytes"], autoping=True) as ws:
-                writer = asyncio.create_task(write(ws))
-                try:
-                    async for msg in ws:
-                        if msg.type is aiohttp.WSMsgType.TEXT or msg.type is aiohttp.WSMsgType.BINARY:
-                            read_ns = time.monotonic_ns()
-                            traffic = True
-                            figures["frames_in"] += 1
-                            decoded = codec.decode(msg.data)
-                            if not seqs:
-                                first_ns[:] = [read_ns, time.monotonic_ns()]
-                            for reason, seq in decoded.errors:
-                                await send(ws, codec.encode_error(reason, seq))
-                            if len(decoded):
-                                figures["messages_in"] += len(decoded)
-                                seqs.extend(decoded.seq)
-                                streams.extend(decoded.stream)
-                                xs.append(decoded.x)
-                                if not flush_pending:
-                                    flush_pending = True
-                                    loop.call_soon(flush)
-                        elif msg.type is aiohttp.WSMsgType.ERROR:
-                            break
-                finally:
-                    traffic = False
-                    writer.cancel()
-                    (outcome,) = await asyncio.gather(writer, return_exceptions=True)
-                    if not isinstance(outcome, asyncio.CancelledError):
-                        figures["writer_failed"] = repr(outcome)  # never silently
-                        print(f"spawn child: the writer failed: {outcome!r}", file=sys.stderr, flush=True)
-            if probe_task is not None:
-                await probe.close()
-                await asyncio.gather(probe_task, return_exceptions=True)
-    finally:
-        lag_task.cancel()
-        loop.remove_reader(outbound._reader.fileno())
-        flush()
-        figures["lag_s"] = lags
-        figures["hops_s"] = hops
-        figures["jax_imported"] = "jax" in sys.modules
-        figures["pid"] = os.getpid()
-        inbound.put(("end", figures))
+async def drain_probe(probe: Any) -> None:
+    async for _ in probe:  # pings are answered inside receive(), on this loop
+        pass
 
 
 # ---- the parent: the same batching and jitted step as controller/loop.py ---------------------
@@ -236,85 +266,116 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
     child = ctx.Process(target=child_main, args=(url, settings, inbound, outbound), name="spawn-io", daemon=True)
     child.start()  # before compiling: the child's start-up overlaps the compilation
 
-    import jax
-    from forkless.controller.batching import (
-        ENCODED,
-        FETCHED,
-        HOPS,
-        OUTBOUND,
-        STEP,
-        TAKEN,
-        Chunk,
-        MicroBatcher,
-        Trace,
-        bucket_for,
-        pad_batch,
-    )
-    from forkless.controller.codec import JsonCodec
     from forkless.controller.compiled import compilations
-    from forkless.controller.engine import compile_step
-    from forkless.controller.processor import default_processor
-    from forkless.controller.slots import StreamSlots
-    from forkless.controller.stats import SECONDS_BOUNDS, Histogram
 
-    if heavy or heavy_iters:
-        from bench.heavy import processor_for
-
-        processor = processor_for(cfg, heavy, heavy_size, heavy_iters)
-    else:
-        processor = default_processor(cfg)
-    codec = JsonCodec(cfg.features, max_frame_items=cfg.max_frame_items)
-    ready = compile_step(processor, cfg)
-    # the same compiled steps as the controller's; this design drives them itself
-    compiled = ready.steps
-    state = ready.take_state()
-    on_cpu = jax.devices()[0].platform == "cpu"
+    parent = Parent(cfg, heavy, heavy_size, heavy_iters)
     compilations_at_ready = compilations()
     outbound.put(READY)
+    child_figures = parent.serve(inbound, outbound, child, time.monotonic() + max_s)
 
-    batcher = MicroBatcher(cfg.max_batch, cfg.max_wait_ms / 1000)
-    slots = StreamSlots(cfg.max_streams)
-    child_figures: dict[str, Any] = {}
-    batches = processed = 0
-    step_s = 0.0
-    sizes: list[int] = []
-    deadline = time.monotonic() + max_s
-    ended = False
+    outbound.cancel_join_thread()  # the child may be gone: never hang on a full pipe at exit
+    child.join(5.0)
+    if child.is_alive():
+        child.terminate()
+        child.join(2.0)
+    figures = {
+        "design": "spawn",
+        **child_lag_and_hops(child_figures),
+        "batch_size_mean": float(np.mean(parent.sizes)) if parent.sizes else None,
+        # pad + step + outputs on the host
+        "step_ms_mean": parent.step_s / parent.batches * 1000 if parent.batches else None,
+        "batches": parent.batches,
+        "processed": parent.processed,
+        "compilations": compilations(),
+        "compilations_after_warmup": compilations() - compilations_at_ready,
+        "child": child_figures,
+        "child_imported_jax": child_figures.get("jax_imported"),
+        "pid": os.getpid(),
+    }
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(figures, f)
+    return 0
 
-    def add(item: tuple) -> bool:
-        if item[0] == "end":
-            child_figures.update(item[1])
-            return True
-        trace = None
-        if item[4] is not None:  # a sampled message: its stamps so far, then taken by the parent
-            trace = Trace(0, item[4][0], item[4][1])
-            trace.ns[2], trace.ns[TAKEN] = item[4][2], time.monotonic_ns()
-        batcher.add(Chunk(item[1], item[2], item[3], 0, trace=trace), time.monotonic())
-        return False
 
-    def stamp(traces: list, at: int) -> None:
-        now = time.monotonic_ns()
-        for trace in traces:
-            trace.ns[at] = now
+class Parent:
+    """The parent's loop, as controller/loop.py's: items from the child into the micro-batcher, each batch
+    through the slots and the compiled step (compiled here, before the child is told to connect), its
+    replies onto *outbound*; what it measured."""
 
-    while (not ended or len(batcher)) and time.monotonic() < deadline:
-        if not len(batcher):
-            try:
-                ended = add(inbound.get(timeout=POLL_S))
-            except queue.Empty:
-                if not child.is_alive():
+    def __init__(self, cfg: Any, heavy: bool, heavy_size: int, heavy_iters: int) -> None:
+        import jax
+        from forkless.controller.batching import MicroBatcher, bucket_for, pad_batch
+        from forkless.controller.codec import JsonCodec
+        from forkless.controller.engine import compile_step
+        from forkless.controller.processor import default_processor
+        from forkless.controller.slots import StreamSlots
+
+        if heavy or heavy_iters:
+            from bench.heavy import processor_for
+
+            processor = processor_for(cfg, heavy, heavy_size, heavy_iters)
+        else:
+            processor = default_processor(cfg)
+        self.cfg = cfg
+        self.codec = JsonCodec(cfg.features, max_frame_items=cfg.max_frame_items)
+        ready = compile_step(processor, cfg)
+        # the same compiled steps as the controller's; this design drives them itself
+        self.compiled = ready.steps
+        self.state = ready.take_state()
+        self.on_cpu = jax.devices()[0].platform == "cpu"
+        self.batcher = MicroBatcher(cfg.max_batch, cfg.max_wait_ms / 1000)
+        self.slots = StreamSlots(cfg.max_streams)
+        self.batches = self.processed = 0
+        self.step_s = 0.0
+        self.sizes: list[int] = []
+        self._jax, self._bucket_for, self._pad_batch = jax, bucket_for, pad_batch
+
+    def serve(self, inbound: Any, outbound: Any, child: Any, deadline: float) -> dict[str, Any]:
+        """Until the child's last item (its figures, returned) and every batch is answered, or ``deadline``."""
+        from forkless.io_loop.crossing import TAKEN, Chunk, Trace
+
+        batcher = self.batcher
+        child_figures: dict[str, Any] = {}
+        ended = False
+
+        def add(item: tuple) -> bool:
+            if item[0] == "end":
+                child_figures.update(item[1])
+                return True
+            trace = None
+            if item[4] is not None:  # a sampled message: its stamps so far, then taken by the parent
+                trace = Trace(0, item[4][0], item[4][1])
+                trace.ns[2], trace.ns[TAKEN] = item[4][2], time.monotonic_ns()
+            batcher.add(Chunk(item[1], item[2], item[3], 0, trace=trace), time.monotonic())
+            return False
+
+        while (not ended or len(batcher)) and time.monotonic() < deadline:
+            if not len(batcher):
+                try:
+                    ended = add(inbound.get(timeout=POLL_S))
+                except queue.Empty:
+                    if not child.is_alive():
+                        break
+                    continue
+            while not ended and batcher.wants_more(time.monotonic()):
+                try:
+                    ended = add(inbound.get_nowait())
+                except queue.Empty:
                     break
+            taken = batcher.take()
+            if taken is None:
                 continue
-        while not ended and batcher.wants_more(time.monotonic()):
-            try:
-                ended = add(inbound.get_nowait())
-            except queue.Empty:
-                break
-        taken = batcher.take()
-        if taken is None:
-            continue
+            outbound.put(self.step(taken))
+        return child_figures
+
+    def step(self, taken: Any) -> tuple[list[str], list[list[int]]]:
+        """One taken batch: its streams' slots (refused past max_streams, as the controller does), the step,
+        the replies encoded; the outbound item (the frames, the sampled messages' stamps)."""
+        from forkless.io_loop.crossing import ENCODED, FETCHED, OUTBOUND, STEP
+
+        cfg, codec = self.cfg, self.codec
         n = len(taken)
-        key, ok, _ = slots.lookup(taken.stream, time.monotonic())
+        key, ok, _ = self.slots.lookup(taken.stream, time.monotonic())
         if not ok.all():  # as the controller: refuse streams past max_streams with an error
             idx = np.flatnonzero(ok)
             seq = [taken.seq[i] for i in idx.tolist()]
@@ -326,16 +387,16 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
         stamp(taken.traces, STEP)
         if seq:
             m = len(seq)
-            bucket = bucket_for(m, cfg.buckets)
+            bucket = self._bucket_for(m, cfg.buckets)
             t0 = time.perf_counter()
             # the same compiled (guarded, state-donated) step as the controller's, its outputs
             # fetched the same way (read in place on the CPU: controller/engine.py _read_in_place)
-            state, outputs, _ = compiled[bucket](state, pad_batch(x, key, bucket, cfg.max_streams))
-            outputs = jax.tree.map(np.asarray, outputs) if on_cpu else jax.device_get(outputs)
-            step_s += time.perf_counter() - t0
+            self.state, outputs, _ = self.compiled[bucket](self.state, self._pad_batch(x, key, bucket, cfg.max_streams))
+            outputs = self._jax.tree.map(np.asarray, outputs) if self.on_cpu else self._jax.device_get(outputs)
+            self.step_s += time.perf_counter() - t0
             stamp(taken.traces, FETCHED)
             frames = codec.encode_results(seq, stream, {k: np.asarray(v)[:m] for k, v in outputs.items()})
-            processed += m
+            self.processed += m
         else:
             stamp(taken.traces, FETCHED)
         stamp(taken.traces, ENCODED)
@@ -343,16 +404,24 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
             good = iter(frames)
             reason = f"too many streams (FORKLESS_MAX_STREAMS={cfg.max_streams})"
             frames = [next(good) if ok[i] else codec.encode_error(reason, taken.seq[i]) for i in range(n)]
-        batches += 1
-        sizes.append(n)
+        self.batches += 1
+        self.sizes.append(n)
         stamp(taken.traces, OUTBOUND)
-        outbound.put((frames, [trace.ns for trace in taken.traces]))
+        return frames, [trace.ns for trace in taken.traces]
 
-    outbound.cancel_join_thread()  # the child may be gone: never hang on a full pipe at exit
-    child.join(5.0)
-    if child.is_alive():
-        child.terminate()
-        child.join(2.0)
+
+def stamp(traces: list, at: int) -> None:
+    now = time.monotonic_ns()
+    for trace in traces:
+        trace.ns[at] = now
+
+
+def child_lag_and_hops(child_figures: dict[str, Any]) -> dict[str, Any]:
+    """The child's loop lag and latency budget (``lag_s``, ``hops_s``, taken out of its figures) as
+    forkless reports them (bench/forkless_client.py): µs per hop, ms of lag."""
+    from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
+    from forkless.io_loop.crossing import HOPS
+
     lag = Histogram(SECONDS_BOUNDS)
     lag.observe_many(child_figures.pop("lag_s", []))
     snap = lag.snapshot()
@@ -362,26 +431,13 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
         return None if math.isnan(v) else v * 1000
 
     sampled = np.asarray(child_figures.pop("hops_s", []), float).reshape(-1, len(HOPS) + 1)
-    figures = {
-        "design": "spawn",
+    return {
         # the latency budget, as forkless reports it (bench/forkless_client.py): µs per hop
         "hops_us": {hop: {"p50": float(np.quantile(sampled[:, i], 0.5)) * 1e6 if len(sampled) else None,
                           "p99": float(np.quantile(sampled[:, i], 0.99)) * 1e6 if len(sampled) else None,
                           "n": len(sampled)} for i, hop in enumerate((*HOPS, "total"))},
         "loop_lag_ms": {"p50": ms(0.5), "p99": ms(0.99), "max": ms(1.0), "samples": snap.n},
-        "batch_size_mean": float(np.mean(sizes)) if sizes else None,
-        "step_ms_mean": step_s / batches * 1000 if batches else None,  # pad + step + outputs on the host
-        "batches": batches,
-        "processed": processed,
-        "compilations": compilations(),
-        "compilations_after_warmup": compilations() - compilations_at_ready,
-        "child": child_figures,
-        "child_imported_jax": child_figures.get("jax_imported"),
-        "pid": os.getpid(),
     }
-    with open(out, "w", encoding="utf-8") as f:
-        json.dump(figures, f)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,10 @@ gathers and scatters 2-task parallel ops, each paying a hand-off to a second thr
 
 Targets: step time at S = 10^6 and 10^7 within 1.3x of S = 4,096 for the same B; peak RSS
 at S = 10^7, F = 8 at most the state's bytes + 0.3 GB.
+
+Rules:
+- Every S does the same work per step: a batch's B distinct streams are spread over the whole table.
+- Peak RSS is measured in a child process that builds only the state.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ message and at a full batch. Each design also reports the mean step time it saw.
 
 Prints (or writes to ``--out``) JSON: ``{"size", "base_ms", "per_iter_ms", "targets":
 [{"target_ms", "iters", "step_ms", "step_ms_full"}, ...], "batch_full", "platform", "device"}``.
+
+Rules:
+- Times are medians of warm calls of the step compiled ahead of time, state donated, outputs on the
+  host; the final figures go through ``compile_step`` -> ``Engine.step``, as the designs run it.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ first chunk added to it). Prints per variant: max msg/s of each repeat and their
 mean batch, the CPU µs a message and the cores the design kept busy, and for forkless the
 pipelining figure (the share of its IO thread's CPU time that fell in steps, beside the main
 thread's share of the time in steps).
+
+Rules:
+- The variants are rotated in each repeat; another checkout's forkless runs from its own root.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import run as bench_run
+from bench.loads import run_load
+from bench.plan import REPO_ROOT, Plan, step_name
+from bench.sections import calibrate_steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,13 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", default="", help="another checkout whose forkless runs as a variant too")
     p.add_argument("--out", default="", help="also write every run's figures here (JSON)")
     a = p.parse_args(argv)
-    here = bench_run.REPO_ROOT
-    plan = bench_run.Plan.full()
+    here = REPO_ROOT
+    plan = Plan.full()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="forkless-step-wait-") as tmp:
         work = Path(tmp)
         (work / "logs").mkdir()
-        calibration = bench_run.calibrate_steps(plan, work)
+        calibration = calibrate_steps(plan, work)
         wait = f"{a.max_wait_ms:g}"
         # (name, design, environment, checkout)
         variants = [("forkless", "forkless", {}, here)]
@@ -55,19 +60,15 @@ def main(argv: list[str] | None = None) -> int:
                              here))
         variants.append(("inline", "inline", {}, here))
         for target in calibration["targets"]:
-            cost = bench_run.step_name(target["target_ms"])
+            cost = step_name(target["target_ms"])
             step = {"cost": cost, "size": calibration["size"], "iters": target["iters"]}
             for rep in range(a.repeats):
                 k = rep % len(variants)
                 for name, design, env, root in variants[k:] + variants[:k]:
                     side = "base" if root != here else "here"
                     tag = f"{design}-{side}{'-wait' + wait if env else ''}-{cost}-r{rep}"
-                    bench_run.REPO_ROOT = root
-                    try:
-                        run = bench_run.run_load(design, "window", plan, work, str(work / f"jax-cache-{design}-{side}"),
-                                                 tag, env=env, step=step, duration_s=a.seconds)
-                    finally:
-                        bench_run.REPO_ROOT = here
+                    run = run_load(design, "window", plan, work, str(work / f"jax-cache-{design}-{side}"), tag,
+                                   env=env, step=step, duration_s=a.seconds, root=root)
                     rows.append({"variant": name, "cost": cost, "step_ms": target["step_ms"],
                                  "throughput_msg_s": run["loadgen"]["throughput_msg_s"],
                                  "batch_size_mean": (run["client"] or {}).get("batch_size_mean"), **run["cpu"],

@@ -8,6 +8,9 @@ For each case (streams S, batch B, distinct streams per batch): ``rounds`` times
 warm steps of the old step, then of the new one (the order swapped every round); prints the
 median step time of each and the new/old ratio. F = 8. Batches are drawn from the whole
 table; "B/4 distinct" batches hold each stream four times (four occurrence rounds).
+
+Rules:
+- Both steps in one process, compiled alike, run alternately, the order swapped every round; medians.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@
 #      bounded window (io-ceiling and forkless-nojax with JAX_PLATFORMS=cpu: they never step on the
 #      chip), the compute ceiling and the device floor (bench/device_floor.py, the device's own
 #      round trip of a trivial donated per-stream step) in one process, forkless's start-up;
-#      one repeat each of 2.5 s (bench/run.py's Plan.tpu);
+#      one repeat each of 2.5 s (bench/plan.py's Plan.tpu);
 #   4. writes OUT/results.json, OUT/logs/ and OUT/results.md: the tables of bench/docs/last-run.md's results
 #      block (the platform and the JAX device on its first line), the latency budget per hop, the
 #      device floor and the CPU µs per message (forkless's IO thread and main thread apart);

@@ -1,16 +1,16 @@
 """The main-thread side: configuration, codec, batching, processors, statistics, the loop.
 
-Imported as ``forkless.controller`` (forkless/__init__.py says why). The user API is ``forkless``'s
-(``from forkless import Controller``); its names are found here too, lazily, so reading the configuration
-(``app.py``'s first step, which must fail fast on a bad variable) does not import JAX.
+Imported as ``forkless.controller`` (forkless/__init__.py says why). The user API is ``forkless``'s alone
+(``from forkless import Controller``); this package exports nothing, and each module's ``__all__`` lists only
+what that module defines. Importing it loads nothing else, so reading the configuration (``app.py``'s first step,
+which must fail fast on a bad variable) does not import JAX.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from forkless import __all__  # the user API's names (forkless/__init__.py imports nothing heavy)
+from forkless._oldpath import old_name_attribute
 
 if __name__ == "controller":  # imported by its old top-level name, in a checkout: forkless/_oldpath.py
     from forkless._oldpath import alias
@@ -19,6 +19,4 @@ if __name__ == "controller":  # imported by its old top-level name, in a checkou
 
 
 def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module 'forkless.controller' has no attribute {name!r}")
-    return getattr(importlib.import_module("forkless"), name)
+    return old_name_attribute("controller", name)  # a program on the old path's names; otherwise AttributeError

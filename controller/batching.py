@@ -3,8 +3,8 @@
 Rules:
 - Pure: no threads, no queues, no clock; the caller passes ``now`` (seconds, monotonic).
 - ``Chunk`` (IO -> main) and ``Outgoing`` (main -> IO) are the only things that cross the
-  bridge between the threads; they are defined where the threads meet (io_loop/crossing.py)
-  and re-exported here, with the ``Trace`` stamps and ``HOPS``.
+  bridge between the threads; they are defined where the threads meet (io_loop/crossing.py),
+  with the ``Trace`` stamps and ``HOPS``, and imported from there.
 - Order is kept: messages leave in the order their chunks were added, and a chunk larger
   than the room left is split, its tail going first into the next batch.
 - Size and deadline: a batch holds at most ``max_batch`` messages. After its first message
@@ -31,27 +31,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from forkless.io_loop.crossing import (
-    DECODED,
-    ENCODED,
-    FETCHED,
-    HOPS,
-    INBOUND,
-    OUTBOUND,
-    PICKED,
-    READ,
-    SAMPLE_EVERY,
-    STEP,
-    TAKEN,
-    WRITTEN,
     Chunk,
-    Outgoing,
     Trace,
-    count_unsent,
 )
 
-__all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICKED", "READ", "SAMPLE_EVERY",
-           "STEP", "TAKEN", "WRITTEN", "Batch", "Chunk", "MicroBatcher", "Outgoing", "Taken", "Trace", "bucket_for",
-           "count_unsent", "pad_batch"]
+__all__ = ["Batch", "MicroBatcher", "Taken", "bucket_for", "pad_batch"]
 
 @dataclass
 class Taken:

@@ -26,13 +26,14 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-from forkless.controller.batching import ENCODED, FETCHED, OUTBOUND, STEP, Outgoing, Taken, Trace
+from forkless.controller.batching import Taken
 from forkless.controller.declared import count
 from forkless.controller.engine import Engine, StepFailed
 from forkless.controller.positions import SourcePositions
 from forkless.controller.replies import NON_FINITE_REASON, Replies
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats
+from forkless.io_loop.crossing import ENCODED, FETCHED, OUTBOUND, STEP, Outgoing, Trace
 
 __all__ = ["BatchStep", "Put"]
 
@@ -204,7 +205,7 @@ class BatchStep:
 
 
 def _stamp(traces: list[Trace], stamp: int) -> None:
-    """Stamp the batch's sampled messages (the latency budget, batching.HOPS)."""
+    """Stamp the batch's sampled messages (the latency budget, crossing.HOPS)."""
     if traces:
         now = time.monotonic_ns()
         for trace in traces:

@@ -20,8 +20,9 @@ from typing import Any
 
 from forkless.controller.codec import Codec, JsonCodec
 from forkless.controller.config import Config
-from forkless.controller.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK, ConfigError
+from forkless.controller.errors import ConfigError
 from forkless.controller.variables import VARIABLES, as_text
+from forkless.io_loop.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
 from forkless.io_loop.netaddr import redact_url
 from forkless.io_loop.partitions import format_partitions
 from forkless.io_loop.probe import ProbeFailed, check_metrics_addr, probe_feed

@@ -28,10 +28,11 @@ import traceback
 from typing import Any
 
 from forkless.controller.config import Config
-from forkless.controller.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, EXIT_STATUSES, ForklessError
+from forkless.controller.errors import EXIT_STATUSES
 from forkless.controller.logs import flush_log_repeats, setup_logging
 from forkless.controller.vardocs import help_text
 from forkless.controller.variables import PREFIX, VARIABLES
+from forkless.io_loop.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, ForklessError
 
 __all__ = ["console_main", "load_config", "main", "report"]
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["relay"]:
         # the relay imports nats-py (an optional extra) and no JAX: only when asked for
-        from forkless.controller.relaycmd import main as relay_main
+        from forkless.controller.relaycmd import relay_main
 
         return relay_main(argv[1:], prog=prog)
     args = _parser(prog).parse_args(argv)

@@ -32,6 +32,8 @@ import numpy as np
 import orjson
 from forkless.io_loop.decoding import NOT_NUMBERS_REASON, X_MAX, X_RANGE_REASON, FrameDecoder
 
+__all__ = ["Codec", "Decoded", "GuardedCodec", "JsonCodec", "fallback_error_frame", "guarded_codec"]
+
 MAX_STREAM_CHARS = 256
 # one frame's error replies are bounded, so output stays O(input): after this many, one
 # summary reply stands for the rest of that frame's bad elements
@@ -314,7 +316,7 @@ class GuardedCodec:
                        method, key[1], exc_info=exc)
 
 
-def guarded(codec: Codec | None, features: int, *, max_frame_items: int, dtype: Any) -> GuardedCodec:
+def guarded_codec(codec: Codec | None, features: int, *, max_frame_items: int, dtype: Any) -> GuardedCodec:
     """The codec a controller runs: ``codec`` (by default ``JsonCodec``) behind ``GuardedCodec``,
     so a custom codec's exceptions become error replies, never a dead thread, and its ``x`` is
     cast to ``dtype`` (the processor's input dtype) if it differs."""

@@ -2,10 +2,10 @@
 
 Rules:
 - One root: every exception forkless raises on purpose derives from ``ForklessError``, defined
-  in ``io_loop/errors.py`` (the leaf imports nothing from here) and re-exported here with the
-  IO side's (``FeedFatal``, ``MetricsServerError``, ``PositionLost``, ``IOThreadError``,
-  ``LeaseHeld``, ``LeaseLost``), the same classes, so the composition layer and embedding code
-  catch them by these names.
+  in ``io_loop/errors.py`` (the leaf imports nothing from here) with the IO side's (``FeedFatal``,
+  ``MetricsServerError``, ``PositionLost``, ``IOThreadError``, ``LeaseHeld``, ``LeaseLost``); the
+  classes here derive from it. Each is imported from the module that defines it; a caller
+  catches them as ``forkless.X``.
 - Each class carries its exit status (``exit_status``), the label of the program's line
   (``exit_label``) and its line in the README's table (``exit_meaning``); ``controller/cli.py``
   and ``forkless relay`` map every ``ForklessError`` by them, with one clause.
@@ -32,30 +32,9 @@ from forkless.io_loop.errors import (
     LeaseLost,
     MetricsServerError,
     PositionLost,
-    StoreError,
 )
 
-__all__ = [
-    "ENDS_A_RUN",
-    "EXIT_CONFIG",
-    "EXIT_CRASH",
-    "EXIT_FEED",
-    "EXIT_INTERRUPTED",
-    "EXIT_OK",
-    "EXIT_STATUSES",
-    "CheckpointMismatch",
-    "ConfigError",
-    "DeploymentMismatch",
-    "FeedFatal",
-    "ForklessError",
-    "IOThreadError",
-    "LeaseHeld",
-    "LeaseLost",
-    "MetricsServerError",
-    "PositionLost",
-    "ProcessorContractError",
-    "StoreError",
-]
+__all__ = ["ENDS_A_RUN", "EXIT_STATUSES", "CheckpointMismatch", "ConfigError", "ProcessorContractError"]
 
 # what each status means, whatever ends the run with it; the classes in ENDS_A_RUN add their own lines
 EXIT_STATUSES = {

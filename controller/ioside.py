@@ -22,8 +22,9 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 from forkless.controller.codec import Codec
 from forkless.controller.config import Config
-from forkless.controller.stats import IOSnapshot, IOStats, StatsSnapshot
+from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.before_connect import BeforeConnect
+from forkless.io_loop.counters import IOSnapshot, IOStats
 from forkless.io_loop.finishing import declared_awaiting
 from forkless.io_loop.on_connect import OnConnect
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec

@@ -20,6 +20,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+__all__ = ["JsonFormatter", "RateLimitFilter", "flush_log_repeats", "setup_logging"]
+
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 

@@ -42,7 +42,7 @@ import numpy as np
 from forkless.controller.batching import MicroBatcher
 from forkless.controller.batchstep import BatchStep
 from forkless.controller.checkpointer import Checkpointer, CheckpointStore, checkpoints_for, store_for
-from forkless.controller.codec import Codec, guarded
+from forkless.controller.codec import Codec, guarded_codec
 from forkless.controller.compiled import codec_dtype, compilations, release_freed_memory
 from forkless.controller.config import Config
 from forkless.controller.engine import Engine, compile_step
@@ -52,21 +52,21 @@ from forkless.controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnR
 from forkless.controller.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
 from forkless.controller.partitioned import NoPartitions, PartitionOwner, partitioned_feed
 from forkless.controller.processor import Processor, default_processor
-from forkless.controller.queues import POLL_S, Intake, Outbound, StopDeadline
+from forkless.controller.queues import POLL_S, Intake, Outlet, StopDeadline
 from forkless.controller.recovery import Recovery
 from forkless.controller.replies import Replies
 from forkless.controller.serving import serve
 from forkless.controller.slots import StreamSlots
 from forkless.controller.snapshot import PendingSnapshot
-from forkless.controller.stats import IOStats, MainStats, StatsSnapshot, books_line, status_line, whole_snapshot
+from forkless.controller.stats import MainStats, StatsSnapshot, books_line, status_line, whole_snapshot
 from forkless.io_loop.before_connect import BeforeConnect
+from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.errors import LeaseLost, StopRequested
 from forkless.io_loop.on_connect import OnConnect, frames_of
 from forkless.io_loop.source import Source
 
-__all__ = ["BeforeConnect", "Controller", "IOFactory", "IOSide", "OnConnect", "OnEvent", "OnResults",
-           "compilations"]
+__all__ = ["Controller"]
 
 log = logging.getLogger("forkless.controller")
 
@@ -128,8 +128,8 @@ class Controller:
         self.on_event = on_event
         self.processor = None if events_only else processor if processor is not None else default_processor(cfg)
         # a custom codec's exceptions become error replies, never a dead thread (codec.py)
-        self.codec = guarded(codec, cfg.features, max_frame_items=cfg.max_frame_items,
-                             dtype=np.dtype(np.float32) if events_only else codec_dtype(self.processor))
+        self.codec = guarded_codec(codec, cfg.features, max_frame_items=cfg.max_frame_items,
+                                   dtype=np.dtype(np.float32) if events_only else codec_dtype(self.processor))
         self.on_results = on_results
         # a partitioned JetStream feed (issue 24): leases and per-partition checkpoint objects
         self._partition_feed = partitioned_feed(cfg.feed_specs, self.processor)
@@ -157,7 +157,7 @@ class Controller:
         self._io_factory = with_hooks(io_factory, on_connect=on_connect, before_connect=before_connect)
         # made by start() once the IO side runs: its queues' main-thread ends (each batch's way between them)
         self._intake: Intake = None  # type: ignore[assignment]
-        self._outbound: Outbound = None  # type: ignore[assignment]
+        self._outbound: Outlet = None  # type: ignore[assignment]
         self._stop_requested = threading.Event()
         self._deadline = StopDeadline(cfg.shutdown_timeout_s)  # fixed by request_stop()
         self._started = False
@@ -236,7 +236,7 @@ class Controller:
     def _wire(self, io: IOSide, side: Any) -> None:
         """The main thread's ends of the started IO side's queues, and each batch's way between them."""
         stats = self.main_stats
-        self._outbound = Outbound(side.outbound, io, stats, self._deadline)
+        self._outbound = Outlet(side.outbound, io, stats, self._deadline)
         prefixes, counters = self.plan.stream_prefixes(self.config.shared_streams), self.recovery.declared.counters
         names = [spec.name for spec in self.feed_specs]
         step = DroppedMessages(stats, names) if self.engine is None else BatchStep(

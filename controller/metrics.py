@@ -22,16 +22,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from forkless.controller.batching import HOPS, SAMPLE_EVERY
-from forkless.controller.stats import (
-    LAG_INTERVAL_S,
-    SECONDS_BOUNDS,
-    FeedSnapshot,
-    HistogramSnapshot,
-    IOSnapshot,
-    SourceFigures,
-    StatsSnapshot,
-)
+from forkless.controller.stats import SourceFigures, StatsSnapshot
+from forkless.io_loop.counters import LAG_INTERVAL_S, SECONDS_BOUNDS, FeedSnapshot, HistogramSnapshot, IOSnapshot
+from forkless.io_loop.crossing import HOPS, SAMPLE_EVERY
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,

@@ -82,6 +82,9 @@ import jax
 import jax.numpy as jnp
 from forkless.controller.errors import ProcessorContractError
 
+__all__ = ["EWMAState", "Processor", "StreamState", "default_processor", "ewma_processor", "reset_rows", "row_template",
+           "stream_processor"]
+
 EPS = 1e-6
 
 

@@ -11,7 +11,7 @@ Rules:
   collects goes to the step (``cycle``); the orderly stop's batches run until *inbound* is shut
   down and drained or the work deadline (``finish``; a batch is not topped up past it, so a slow
   ``on_event`` does not take the events behind it past it: what is left is counted, and logged).
-- ``Outbound.put`` waits while *outbound* is full (the socket is slow), checking the IO side's
+- ``Outlet.put`` waits while *outbound* is full (the socket is slow), checking the IO side's
   health every ``POLL_S``: for as long as it takes, or, once a stop was requested, until its
   work deadline; what is still unput then is counted as dropped ("outbound full at stop"). An
   item the IO side can no longer take (it failed, or ended and shut *outbound*) is counted as
@@ -32,11 +32,11 @@ from queue import Empty, Full
 from typing import Any
 
 import janus
-from forkless.controller.batching import TAKEN, Chunk, MicroBatcher, Taken
+from forkless.controller.batching import MicroBatcher, Taken
 from forkless.controller.stats import MainStats
-from forkless.io_loop.crossing import Events, Outgoing, count_unsent
+from forkless.io_loop.crossing import TAKEN, Chunk, Events, Outgoing, count_unsent
 
-__all__ = ["POLL_S", "STOP_RESERVE_S", "Intake", "Outbound", "StopDeadline"]
+__all__ = ["POLL_S", "STOP_RESERVE_S", "Intake", "Outlet", "StopDeadline"]
 
 log = logging.getLogger("forkless.controller")
 
@@ -199,7 +199,7 @@ class Intake:
         return left
 
 
-class Outbound:
+class Outlet:
     """*outbound*'s sync side as the main thread writes it (see the module rules); ``io``: the
     IO side, whose failure is raised while a put waits."""
 

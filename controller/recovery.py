@@ -50,8 +50,8 @@ from forkless.controller.partitioned import PartitionedCheckpoints, PartitionPie
 from forkless.controller.positions import SourcePositions
 from forkless.controller.slots import StreamSlots
 from forkless.controller.snapshot import PendingSnapshot
-from forkless.controller.stats import IOSnapshot, MainStats, SourceFigures
-from forkless.io_loop.counters import SourceStats
+from forkless.controller.stats import MainStats, SourceFigures
+from forkless.io_loop.counters import IOSnapshot, SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
 from forkless.io_loop.errors import PositionLost
 from forkless.io_loop.settings import FeedSpec

@@ -40,17 +40,17 @@ import numpy as np
 from forkless.controller.cli import load_config, report
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
-from forkless.controller.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, FeedFatal, ForklessError
 from forkless.controller.host import StopSignals
 from forkless.controller.logs import flush_log_repeats, setup_logging
 from forkless.controller.vardocs import help_text
 from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
+from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, FeedFatal, ForklessError
 from forkless.io_loop.thread import IOThread
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["RelayView", "main", "relay_metric_families", "relay_metrics_table_markdown", "relay_status_line"]
+__all__ = ["RelayView", "relay_main", "relay_metric_families", "relay_metrics_table_markdown", "relay_status_line"]
 
 log = logging.getLogger("forkless.relay")
 
@@ -113,7 +113,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         epilog="Environment variables:\n" + help_text())
 
 
-def main(argv: list[str] | None = None, *, prog: str = "python app.py") -> int:
+def relay_main(argv: list[str] | None = None, *, prog: str = "python app.py") -> int:
     """The relay program; returns its exit status."""
     _parser(prog).parse_args(argv)
     try:
@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None, *, prog: str = "python app.py") -> int:
         return report(exc)
     setup_logging(config.log_level, config.log_format)
     try:
-        from forkless.io_loop.relay import Publisher, RelayStats  # nats-py: an optional extra (pip install ".[nats]")
+        from forkless.io_loop.relay import Publisher  # nats-py: an optional extra (pip install ".[nats]")
+        from forkless.io_loop.relaystats import RelayStats
     except ImportError as exc:
         print(f"forkless: the relay needs nats-py: pip install \"forkless[nats]\" ({exc})", file=sys.stderr)
         return EXIT_CONFIG

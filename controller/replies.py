@@ -25,9 +25,11 @@ from collections.abc import Iterator, Sequence
 from itertools import groupby
 
 import numpy as np
-from forkless.controller.batching import OUTBOUND, Outgoing, Taken, Trace
+from forkless.controller.batching import Taken
 from forkless.controller.codec import ENCODE_FAILED, Codec
-from forkless.controller.stats import MainStats, observe_hops
+from forkless.controller.stats import MainStats
+from forkless.io_loop.counters import observe_hops
+from forkless.io_loop.crossing import OUTBOUND, Outgoing, Trace
 
 __all__ = ["MAX_LOGGED_REASONS", "NON_FINITE_REASON", "Replies", "split_by_feed"]
 

@@ -3,8 +3,8 @@
 Rules:
 - Pure: no threads, no clock (the caller passes times).
 - Each counter object has one writer thread: ``MainStats`` is written only by the main thread,
-  ``IOStats`` (io_loop/counters.py, with the histograms and the IO side's snapshots, re-exported
-  here) only by the IO thread. Readers on the other side only read, through a snapshot, so no
+  ``IOStats`` (io_loop/counters.py, with the histograms and the IO side's snapshots) only by the
+  IO thread. Readers on the other side only read, through a snapshot, so no
   lock is needed and none is taken.
 - Copying a counter dict that another thread may be adding keys to goes through the one
   ``copy_counts`` (io_loop/counters.py), whichever side reads.
@@ -21,23 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forkless.io_loop.counters import (
-    LAG_INTERVAL_S,
     SECONDS_BOUNDS,
     FeedSnapshot,
     Histogram,
     HistogramSnapshot,
     IOSnapshot,
-    IOStats,
     add_hops,
-    combine_io,
     copy_counts,
     new_hops,
-    observe_hops,
 )
 
-__all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "HistogramSnapshot", "IOSnapshot",
-           "IOStats", "MainStats", "SourceFigures", "StatsSnapshot", "add_hops", "books_line", "checkpoint_part",
-           "combine_io", "copy_counts", "new_hops", "observe_hops", "status_line", "whole_snapshot"]
+__all__ = ["MainStats", "SourceFigures", "StatsSnapshot", "books_line", "checkpoint_part", "status_line",
+           "whole_snapshot"]
 
 @dataclass
 class MainStats:
@@ -130,7 +125,7 @@ class StatsSnapshot:
     written_unconfirmed: int = 0  # frames written to connections that ended without the closing handshake
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
     feeds: tuple[FeedSnapshot, ...] = ()  # per feed (FORKLESS_FEEDS); the fields above are totals
-    hops: dict[str, HistogramSnapshot] = field(default_factory=dict)  # latency budget, per hop (batching.HOPS)
+    hops: dict[str, HistogramSnapshot] = field(default_factory=dict)  # latency budget, per hop (crossing.HOPS)
     extra: dict[str, Any] = field(default_factory=dict)
     # checkpoints (controller/checkpointer.py; all 0 while FORKLESS_CHECKPOINT_DIR is unset)
     checkpoint_last_at: float = 0.0  # Unix time the newest written checkpoint's state was taken (0: none)

@@ -7,6 +7,9 @@ Rules:
   ``FutureWarning`` naming the fix. A program's own ``controller.py`` beside it is found first, as Python always did.
 - ``alias`` is called by the package's ``__init__`` when it runs under its old name; a meta-path finder then maps
   each ``controller.X`` / ``io_loop.X`` to ``forkless.controller.X`` / ``forkless.io_loop.X``.
+- The user API has one import path, ``forkless``: the packages themselves export nothing. Only under the old name do
+  they still answer its names (``from controller import Config``, ``io_loop.IOPortal``: ``old_name_attribute``), as
+  they did before; ``io_loop`` only its own, so it stays a leaf.
 """
 
 from __future__ import annotations
@@ -57,3 +60,15 @@ def alias(name: str) -> None:
     warnings.warn(f"'import {name}' is forkless's old import path: write 'from forkless import …' "
                   f"(or 'forkless.{name}.…' for a module of its own); the old path works in a checkout only",
                   FutureWarning, stacklevel=3)
+
+
+def old_name_attribute(package: str, name: str) -> Any:
+    """``controller.X`` / ``io_loop.X`` (a package's module ``__getattr__``): the user API's ``X`` for a program
+    that imported the package by its old name; ``AttributeError`` naming the one path otherwise."""
+    forkless = importlib.import_module("forkless")
+    module = forkless._EXPORTS.get(name, "")
+    if sys.modules.get(package) is sys.modules.get("forkless." + package) and module.startswith(
+            "forkless.io_loop." if package == "io_loop" else "forkless."):
+        return getattr(forkless, name)
+    hint = f": write 'from forkless import {name}'" if module else ""
+    raise AttributeError(f"module 'forkless.{package}' has no attribute {name!r}{hint}")

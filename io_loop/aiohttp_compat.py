@@ -9,7 +9,7 @@ Rules:
      ``receive()`` so that ``close()`` waits for the server's close frame (see the client).
   3. ``drop(ws)`` aborts the transport under ``ws._writer``: an aborted stop ends the
      connection at once instead of waiting to write a close frame nobody reads.
-- ``missing(ws)`` names what this aiohttp no longer has; a test runs it against a real
+- ``aiohttp_missing(ws)`` names what this aiohttp no longer has; a test runs it against a real
   connection, so an aiohttp upgrade that moves these attributes fails the suite instead of
   silently turning the corked write off.
 - ``UnixConnector``: aiohttp's own connects a wss:// URL's request through a unix-domain socket
@@ -28,7 +28,8 @@ from typing import Any
 import aiohttp
 from aiohttp.client_exceptions import UnixClientConnectorError
 
-__all__ = ["CorkedTransport", "UnixConnector", "clear_abnormal_close", "cork", "drop", "missing", "unix_tls_missing"]
+__all__ = ["CorkedTransport", "UnixConnector", "aiohttp_missing", "clear_abnormal_close", "cork", "drop",
+           "unix_tls_missing"]
 
 
 class CorkedTransport:
@@ -88,7 +89,7 @@ def drop(ws: aiohttp.ClientWebSocketResponse) -> None:
         transport.abort()
 
 
-def missing(ws: aiohttp.ClientWebSocketResponse) -> list[str]:
+def aiohttp_missing(ws: aiohttp.ClientWebSocketResponse) -> list[str]:
     """What the patches above need and this aiohttp's open ``ws`` lacks (empty: all there)."""
     gaps = []
     writer = getattr(ws, "_writer", None)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 
+__all__ = ["Backoff"]
+
 MAX_EXPONENT = 64  # 2**64 times any sensible min_s is far past any max_s
 
 

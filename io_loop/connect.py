@@ -35,8 +35,8 @@ from forkless.io_loop.aiohttp_compat import UnixConnector
 from forkless.io_loop.netaddr import redact_url, unix_label
 from forkless.io_loop.settings import FeedSpec, IOSettings
 
-__all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "merge_headers",
-           "new_session", "open_feed", "redact_url", "shown_target"]
+__all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "merge_headers", "new_session",
+           "open_feed", "shown_target"]
 
 RETRYABLE_4XX = (408, 429)
 _HINTS = {401: "unauthorised: check FORKLESS_AUTH_TOKEN",

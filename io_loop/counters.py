@@ -186,7 +186,7 @@ class IOStats:
     write_latency: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     loop_lag: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     last_error: str = ""  # why the last connection attempt failed or the last connection ended
-    # the latency budget: seconds per hop of the sampled messages (batching.HOPS, then "total")
+    # the latency budget: seconds per hop of the sampled messages (crossing.HOPS, then "total")
     hops: dict[str, Histogram] = field(default_factory=lambda: new_hops())
     source: SourceStats | None = None  # a JetStream feed's position (None for a WebSocket feed)
     events_in: int = 0  # objects a user source handed over as they are (``SourceContext.emit_event``)

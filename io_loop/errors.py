@@ -3,8 +3,8 @@
 Rules:
 - ``ForklessError`` is the root of every exception forkless raises on purpose: ``except
   ForklessError`` catches them all. It is defined here, in the leaf (which imports nothing from
-  ``controller``), and re-exported by ``controller.errors``, with the other classes here: the
-  same classes, so a caller of the controller never reaches into the IO side's modules.
+  ``controller``), with the other classes here; a caller has them as ``forkless.X`` (the
+  controller's own subclasses are in ``controller/errors.py``).
 - Each class states how the ``forkless`` program ends when it ends a run (``exit_status``, the
   words before the message on the program's one line, ``exit_label``, and the one-line
   ``exit_meaning`` of the README's exit status table); the statuses' numbers are stated here,

@@ -21,7 +21,7 @@ Rules:
   is appended behind what is queued (the order kept), for nats-py's flusher task. It makes the
   checks ``publish`` makes (closed, draining, disconnected); the payload size is the caller's
   (``nc.max_payload``).
-- ``missing(nc)`` names what this nats-py no longer has; a test runs it against a real
+- ``nats_missing(nc)`` names what this nats-py no longer has; a test runs it against a real
   connection, so an upgrade that moves these fails the suite instead of breaking the feed.
 - Imports nats-py only (an optional extra): imported only when a JetStream feed is configured.
 """
@@ -34,7 +34,7 @@ from typing import Any
 import nats.errors
 from nats.aio.client import Client
 
-__all__ = ["RawClient", "RawHandler", "missing", "publish_commands"]
+__all__ = ["RawClient", "RawHandler", "nats_missing", "publish_commands"]
 
 RawHandler = Callable[[bytes, bytes, bytes, "dict[str, str] | None"], None]
 
@@ -88,7 +88,7 @@ async def publish_commands(nc: Any, data: bytes) -> None:
         await nc._flush_pending()
 
 
-def missing(nc: Any) -> list[str]:
+def nats_missing(nc: Any) -> list[str]:
     """What of nats-py's private parts this module uses that ``nc`` (a connected ``RawClient``)
     does not have: empty when the feed's fast path works with this nats-py."""
     gone = [f"Client.{name}" for name in _CLIENT_PRIVATE if not callable(getattr(Client, name, None))]

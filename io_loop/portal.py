@@ -37,9 +37,9 @@ from typing import Any, NoReturn
 
 import janus
 from forkless.io_loop.errors import ForklessError
-from forkless.io_loop.portalqueue import Empty, Full, MainQueue, WorkerQueue
+from forkless.io_loop.portalqueue import MainQueue, WorkerQueue
 
-__all__ = ["Empty", "Full", "IOPortal", "MainQueue", "PortalClosed", "WorkerFailed", "WorkerQueue"]
+__all__ = ["IOPortal", "PortalClosed", "WorkerFailed"]
 
 log = logging.getLogger("forkless.portal")
 

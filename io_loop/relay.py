@@ -69,10 +69,10 @@ from forkless.io_loop.natsconn import (
     unsubscribe_quietly,
 )
 from forkless.io_loop.partitions import escape_stream
-from forkless.io_loop.relaystats import GAP_REASONS, Gap, RelaySnapshot, RelayStats, SeqGaps
+from forkless.io_loop.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
 from forkless.io_loop.settings import IOSettings, RelaySettings
 
-__all__ = ["GAP_REASONS", "Gap", "Publisher", "RelaySnapshot", "RelayStats", "SeqGaps"]
+__all__ = ["Publisher"]
 
 log = logging.getLogger("forkless.relay")
 

@@ -81,7 +81,7 @@ from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.spill import source_policy
 from forkless.io_loop.writer import Outbound, ReplyBatch
 
-__all__ = ["ReplyBatch", "Source", "SourceContext", "SourceRunner", "SourceStopped"]
+__all__ = ["Source", "SourceContext", "SourceRunner", "SourceStopped"]
 
 log = logging.getLogger("forkless.source")
 

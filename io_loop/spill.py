@@ -37,7 +37,7 @@ from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events
 from forkless.io_loop.settings import DEFAULT_SOURCE_BUFFER
 
-__all__ = ["DEFAULT_SOURCE_BUFFER", "OVERFLOW_POLICIES", "Spill", "declared_policy", "source_policy"]
+__all__ = ["OVERFLOW_POLICIES", "Spill", "declared_policy", "source_policy"]
 
 log = logging.getLogger("forkless.source")
 

@@ -22,11 +22,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from forkless.controller.batching import Chunk
 from forkless.controller.config import Config
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
+from forkless.io_loop.crossing import Chunk
 
 from tests.fake_io import FakeIO, drain
 

@@ -1,6 +1,6 @@
 """A fake IO side for ``controller.loop.Controller``: no thread, no event loop, no socket.
 
-``FakeIO`` has the interface of ``controller.loop.IOSide`` (the real one is
+``FakeIO`` has the interface of ``controller.ioside.IOSide`` (the real one is
 ``io_loop.thread.IOThread``) and is its own ``io_factory``::
 
     fake = FakeIO()
@@ -28,9 +28,10 @@ from typing import Any
 import janus
 from forkless.controller.codec import Codec
 from forkless.controller.config import Config
-from forkless.controller.errors import FeedFatal, IOThreadError, MetricsServerError
-from forkless.controller.stats import IOSnapshot, IOStats, StatsSnapshot
+from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.bridge import MainSide
+from forkless.io_loop.counters import IOSnapshot, IOStats
+from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 
 __all__ = ["EndlessQueue", "FakeIO", "FakeQueue", "drain"]
 

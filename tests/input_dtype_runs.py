@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orjson
-from forkless.controller.batching import Chunk
 from forkless.controller.config import Config
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
+from forkless.io_loop.crossing import Chunk
 
 from tests.fake_io import FakeIO, drain
 

@@ -44,7 +44,7 @@ GPU_SCRIPT = ROOT / "bench" / "gpu.sh"
 # whether the run is over unix sockets: only where forkless takes FORKLESS_WS_UNIX_SOCKET
 UNIX_SOCKETS = product_takes_unix_socket()
 # The run's backstop, for a hang only: every wait inside the benchmark ends on its event and has
-# its own bound (bench/run.py), so this one is set for a machine far slower than a free 2-core
+# its own bound (bench/plan.py), so this one is set for a machine far slower than a free 2-core
 # one (about 1.5 minutes there alone, 2.3 beside the suite; 420 s was outlasted at a load average of 7 to 11 on 2 cores,
 # where the run had reached its step-cost section). A test that may be the first to ask for
 # the run waits this long.

@@ -94,7 +94,7 @@ def spy_on_transport(ws: aiohttp.ClientWebSocketResponse) -> WriteSpy:
 
 def test_nothing_the_patches_need_is_missing_from_the_installed_aiohttp():
     async def test(server: Server, ws: aiohttp.ClientWebSocketResponse) -> list[str]:
-        return aiohttp_compat.missing(ws)
+        return aiohttp_compat.aiohttp_missing(ws)
 
     assert run(test) == []
 

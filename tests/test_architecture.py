@@ -7,15 +7,17 @@ bridge, counters, errors, addresses, the decoder protocol) are in the core, wher
 controller's core may import them. Imports are
 counted wherever they are written: at the top of a file, inside functions and methods, under
 ``if``/``try``. Importing ``a.b.c`` also runs ``a/__init__.py`` and ``a/b/__init__.py``, so those
-count as imported too. bench/ is out of scope. Not seen: ``importlib.import_module(name)`` with
-a computed name (``controller/__init__.py`` re-exports lazily that way, composition names such
-as ``Controller`` included); the subprocess tests at the bottom import for real.
+count as imported too. bench/ is out of their scope (its modules are held to their sizes and rules at the
+bottom). Not seen: ``importlib.import_module(name)`` with
+a computed name (``forkless/__init__.py`` exports the user API lazily that way, composition
+names such as ``Controller`` included); the subprocess tests at the bottom import for real.
 """
 
 from __future__ import annotations
 
 import ast
 import io
+import re
 import subprocess
 import sys
 import tokenize
@@ -624,6 +626,30 @@ def test_no_product_function_is_over_about_60_lines():
                                                                  FUNCTION_MAX_LINES))}
     assert not long, f"over {FUNCTION_MAX_LINES} lines: {long}"
     assert long_functions("def f():\n" + "    x = 1\n" * 80, FUNCTION_MAX_LINES) == [("f", 81)]
+
+
+# ---- bench/ shaped like the product: its own, roomier limits, and every module opens with its rules ---
+
+BENCH = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
+BENCH_MODULE_MAX_LINES = 700  # a benchmark module holds a measurement's whole procedure; past it, two jobs
+BENCH_FUNCTION_MAX_LINES = 80
+
+
+def test_no_bench_module_is_over_700_lines():
+    assert "bench/run.py" in BENCH and len(BENCH) > 20
+    long = {p: n for p in BENCH if (n := len(read(p).splitlines())) > BENCH_MODULE_MAX_LINES}
+    assert not long, f"over {BENCH_MODULE_MAX_LINES} lines: {long}"
+
+
+def test_no_bench_function_is_over_80_lines():
+    long = {p: found for p in BENCH if (found := long_functions(read(p), BENCH_FUNCTION_MAX_LINES))}
+    assert not long, f"over {BENCH_FUNCTION_MAX_LINES} lines: {long}"
+
+
+def test_every_bench_module_opens_with_its_rules():
+    # as controller/*.py do: what the module is, then "Rules:" and the rules it keeps
+    missing = [p for p in BENCH if not re.search(r"^Rules:", ast.get_docstring(ast.parse(read(p))) or "", re.M)]
+    assert not missing, f"no 'Rules:' section in the module docstring: {missing}"
 
 
 # ---- no object's fields set from another module ------------------------------------------------

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from forkless.controller.batching import Chunk, MicroBatcher, bucket_for, pad_batch
+from forkless.controller.batching import MicroBatcher, bucket_for, pad_batch
+from forkless.io_loop.crossing import Chunk
 
 
 def chunk(seqs, t=0):

@@ -15,9 +15,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from forkless.controller.batching import Chunk, MicroBatcher, Outgoing, Taken
+from forkless.controller.batching import MicroBatcher, Taken
 from forkless.controller.batchstep import BatchStep
-from forkless.controller.codec import guarded
+from forkless.controller.codec import guarded_codec
 from forkless.controller.config import Config
 from forkless.controller.engine import compile_step
 from forkless.controller.positions import SourcePositions
@@ -25,6 +25,7 @@ from forkless.controller.processor import Processor
 from forkless.controller.replies import NON_FINITE_REASON, Replies
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats
+from forkless.io_loop.crossing import Chunk, Outgoing
 
 F = 2
 CONFIG = Config(features=F, max_batch=4, max_streams=3, max_wait_ms=0.0, status_s=0.0)
@@ -55,7 +56,7 @@ class Run:
 
     def __init__(self, engine: Any, on_results: Any = None) -> None:
         self.stats = MainStats.for_run(CONFIG.buckets, 1)
-        codec = guarded(None, F, max_frame_items=CONFIG.max_frame_items, dtype=np.float32)
+        codec = guarded_codec(None, F, max_frame_items=CONFIG.max_frame_items, dtype=np.float32)
         self.replies = Replies(codec, self.stats, ["all"], CONFIG.max_streams)
         self.slots = StreamSlots(CONFIG.max_streams)
         self.put: list[tuple[Outgoing, float | None]] = []

@@ -199,10 +199,10 @@ def test_several_connections_each_get_their_own_run_and_the_result_sums_them(
 
 
 def test_the_cpu_figure_of_a_window_is_read_around_it_where_too_few_samples_fell_inside() -> None:
-    """``bench.run.cpu_cores``: CPU seconds a second over a run's measured window, from the
+    """``bench.processes.cpu_cores``: CPU seconds a second over a run's measured window, from the
     sampler's ``(time, CPU seconds)`` series; a loaded machine's sampler may take fewer samples
     than the window needs, and the figure is then read at the samples around it."""
-    from bench.run import cpu_cores
+    from bench.processes import cpu_cores
 
     dense = [(t / 20, t / 40) for t in range(21)]  # every 50 ms, half a core
     assert cpu_cores(dense, 0.1, 0.5) == pytest.approx(0.5)

@@ -28,7 +28,8 @@ CPU_SECTIONS_TIMEOUT_S = 600 * UNIT_S  # a hang backstop, as quick_bench.RUN_TIM
 CPU_SECTIONS = """
 import json, os, sys
 from pathlib import Path
-from bench.run import Plan, cpu_sections
+from bench.plan import Plan
+from bench.sections import cpu_sections
 work = Path(sys.argv[1])
 (work / "logs").mkdir()
 shared = os.environ.get("JAX_COMPILATION_CACHE_DIR")
@@ -41,10 +42,10 @@ got = cpu_sections(Plan.quick(), work, caches)
 @pytest.mark.timeout(CPU_SECTIONS_TIMEOUT_S + 30)
 def test_quick_benchmark_s_cpu_sections_state_scaling_and_forced_devices_answer_every_message(tmp_path: Path) -> None:
     """The sections a plain ``--quick`` run adds to the shared ``--accelerator --quick`` one
-    (``bench.run.cpu_sections`` with the quick plan, as ``run_all`` calls it): forkless at
+    (``bench.sections.cpu_sections`` with the quick plan, as ``run_all`` calls it): forkless at
     1,000 msg/s with each state table size, the step alone at each size, and the devices
     section (the step alone and forkless at its window on 1, 2 and 4 forced CPU devices)."""
-    from bench.run import DEVICE_COUNTS, TABLES
+    from bench.plan import DEVICE_COUNTS, TABLES
 
     proc = run_app(str(tmp_path), program=("-c", CPU_SECTIONS), timeout_s=CPU_SECTIONS_TIMEOUT_S,
                    env={"FORKLESS_BENCH_TIMEOUT_SCALE": str(TIMEOUT_SCALE)})

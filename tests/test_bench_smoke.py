@@ -11,7 +11,7 @@ adds on a CPU (state scaling, forced CPU devices) and the partitioned section ar
 checked on their own (tests/test_bench_sections.py). The assertions are on
 completeness and accounting only — every design has numbers, every message sent was answered,
 every ping got its pong — never on how fast anything was: every run waits until its last reply
-is in (bench/run.py, ``DRAIN_S``), however slow the machine.
+is in (bench/plan.py, ``DRAIN_S``), however slow the machine.
 """
 
 from __future__ import annotations

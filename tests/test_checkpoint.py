@@ -28,7 +28,8 @@ from forkless.controller.errors import CheckpointMismatch, ConfigError
 from forkless.controller.metrics import metric_families
 from forkless.controller.processor import EWMAState, default_processor
 from forkless.controller.snapshot import Snapshot, take_snapshot
-from forkless.controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
+from forkless.controller.stats import StatsSnapshot, status_line
+from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 
 WAIT_S = 10.0 * float(os.environ.get("FORKLESS_TEST_TIME_SCALE", "1"))
 

@@ -20,12 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from forkless.controller.batching import Chunk
 from forkless.controller.config import Config
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
 from forkless.controller.rowcopy import RowCopy
 from forkless.controller.slots import StreamSlots
+from forkless.io_loop.crossing import Chunk
 
 from tests.fake_io import FakeIO, drain
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from forkless.controller.batching import Chunk
 from forkless.controller.checkpoint import DirectoryStore, Restored, as_restored, list_checkpoints
 from forkless.controller.checkpointer import Checkpointer, store_for
 from forkless.controller.ckptformat import CheckpointDamaged, parse_checkpoint
@@ -23,6 +22,7 @@ from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
 from forkless.controller.snapshot import Snapshot, checkpoint_bytes
+from forkless.io_loop.crossing import Chunk
 
 from tests.fake_io import FakeIO, drain
 

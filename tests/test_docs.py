@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from forkless.controller.batching import HOPS
 from forkless.controller.metrics import MAX_REASONS, _every_field_populated, make_registry, render
-from forkless.controller.stats import HistogramSnapshot, status_line
+from forkless.controller.stats import status_line
 from forkless.controller.variables import VARIABLES
+from forkless.io_loop.counters import HistogramSnapshot
+from forkless.io_loop.crossing import HOPS
 
 import gendocs
-from bench.run import (
-    RESULTS_BLOCK,
-    SUMMARY_BLOCK,
+from bench.plan import RESULTS_BLOCK, SUMMARY_BLOCK
+from bench.tables import (
     results_markdown,
     summary_markdown,
     write_results_block,

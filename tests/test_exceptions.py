@@ -7,7 +7,7 @@ fake IO side (tests/fake_io.py): no thread, no socket.
 - A start that fails once the process was changed (the IO side did not start) gives it back.
 - docs/embedding/exceptions.md's table names every exception class the controller exports, each by
   one path (`forkless.X`).
-- The program (``controller.cli.main``) ends a run with each ending class's ``exit_status`` and the
+- The program (``forkless.controller.cli.main``) ends a run with each ending class's ``exit_status`` and the
   line it always printed (``forkless: <label>: <message>``; a crash's traceback after it); 130 for a second Ctrl-C.
 """
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 import re
 import sys
 
-import forkless.controller as controller
 import pytest
-from forkless.controller.errors import MetricsServerError
 from forkless.controller.loop import Controller
+from forkless.io_loop.errors import MetricsServerError
 
+import forkless
 from tests.fake_io import FakeIO, drain
 from tests.harness import ROOT
 from tests.test_loop import CONFIG, PROCESSOR, chunk, frames
@@ -103,8 +103,8 @@ def test_the_embedding_guide_names_every_exception_a_caller_can_get():
     section = text[text.index("## Exceptions"):]
     section = section.split("\n## ")[0]
     named = set(re.findall(r"^\| `(\w+)`", section, re.M))
-    exported = {name for name in controller.__all__
-                if isinstance(getattr(controller, name), type) and issubclass(getattr(controller, name), BaseException)}
+    exported = {name for name in forkless.__all__
+                if isinstance(getattr(forkless, name), type) and issubclass(getattr(forkless, name), BaseException)}
     expected = exported - {"ForklessError"} | {"KeyboardInterrupt", "RuntimeError"}  # the root: in the intro
     assert expected <= named, f"docs/embedding/exceptions.md's exception table lacks {sorted(expected - named)}"
     assert "`except forkless.ForklessError`" in section
@@ -117,27 +117,27 @@ def test_the_embedding_guide_names_one_import_path_per_exception_controller_s():
     paths = set(re.findall(r"`((?:forkless|controller|io_loop)\.[\w.]+)`", section))
     assert len(paths) > 10
     for path in paths:  # forkless.controller.errors, forkless.io_loop.errors: other ways to the same class
-        assert path.startswith("forkless.") and path.split(".", 1)[1] in controller.__all__, path
+        assert path.startswith("forkless.") and path.split(".", 1)[1] in forkless.__all__, path
 
 
 # ---- the program: every ForklessError by its class's attributes, the lines as they always were ----
 
 CAUSE = OSError("the socket went away")
 ENDINGS = [
-    (controller.FeedFatal("every feed has given up"), 3, "forkless: feed error: every feed has given up"),
-    (controller.LeaseLost("lease of p0 lost"), 3, "forkless: feed error: lease of p0 lost"),
-    (controller.LeaseHeld(["p0"], "host-b"), 2,
+    (forkless.FeedFatal("every feed has given up"), 3, "forkless: feed error: every feed has given up"),
+    (forkless.LeaseLost("lease of p0 lost"), 3, "forkless: feed error: lease of p0 lost"),
+    (forkless.LeaseHeld(["p0"], "host-b"), 2,
      "forkless: partitions held by another instance: the leases of p0 are held by 'host-b', which is alive"),
-    (controller.ConfigError("FORKLESS_DEVICES", "9", "at most 1"), 2,
+    (forkless.ConfigError("FORKLESS_DEVICES", "9", "at most 1"), 2,
      "forkless: configuration error: FORKLESS_DEVICES='9' is invalid: expected at most 1"),
-    (controller.MetricsServerError("cannot serve metrics"), 2, "forkless: configuration error: cannot serve metrics"),
-    (controller.ProcessorContractError("bad step"), 2, "forkless: processor error: bad step"),
-    (controller.CheckpointMismatch("/ck/1", "features", 4, 3), 2,
+    (forkless.MetricsServerError("cannot serve metrics"), 2, "forkless: configuration error: cannot serve metrics"),
+    (forkless.ProcessorContractError("bad step"), 2, "forkless: processor error: bad step"),
+    (forkless.CheckpointMismatch("/ck/1", "features", 4, 3), 2,
      "forkless: checkpoint error: checkpoint /ck/1 does not fit this run: features: 4 in the checkpoint, 3 now; "
      "run with the settings it was written with, or start empty with FORKLESS_CHECKPOINT_RESTORE=never or another "
      "FORKLESS_CHECKPOINT_DIR"),
-    (controller.PositionLost("stream gone"), 2, "forkless: checkpoint error: stream gone"),
-    (controller.IOThreadError("the IO thread died: OSError()"), 1, "forkless: the IO thread died: OSError()"),
+    (forkless.PositionLost("stream gone"), 2, "forkless: checkpoint error: stream gone"),
+    (forkless.IOThreadError("the IO thread died: OSError()"), 1, "forkless: the IO thread died: OSError()"),
     (KeyboardInterrupt(), 130, "forkless: second interrupt: exiting now"),
 ]
 
@@ -152,7 +152,7 @@ def test_the_program_ends_a_run_with_the_class_s_exit_status_and_its_line(monkey
             pass
 
         def run(self) -> None:
-            if isinstance(raised, controller.IOThreadError):
+            if isinstance(raised, forkless.IOThreadError):
                 try:
                     raise CAUSE
                 except OSError as cause:
@@ -165,7 +165,7 @@ def test_the_program_ends_a_run_with_the_class_s_exit_status_and_its_line(monkey
     assert cli.main([]) == status
     err = capsys.readouterr().err
     assert err.startswith(first_line), err
-    if isinstance(raised, controller.ForklessError):
+    if isinstance(raised, forkless.ForklessError):
         assert raised.exit_status == status
     if status == 1:  # a crash: the traceback of its cause follows the line
         assert "Traceback" in err and "OSError: the socket went away" in err

@@ -1,12 +1,16 @@
-"""The public API, pinned, and one root for its exceptions.
+"""The public API, one import path per name, and one root for its exceptions.
 
-- ``controller.__all__`` is the user API and ``io_loop.__all__`` the IO side's public part:
-  both are pinned here exactly (a name added or dropped is a decision, made here), and every
-  name resolves.
+- ``forkless.__all__`` is the user API, pinned here exactly (a name added or dropped is a decision, made here);
+  every name resolves, to an object defined in the module ``forkless`` names for it, whose ``__all__`` lists it.
+  ``forkless.controller`` and ``forkless.io_loop`` export nothing (the old import path's names aside).
+- One import path per name (websockets' tests/test_exports.py is the model): a module's ``__all__`` lists only names
+  that module defines, no name is in two modules' ``__all__``, and every ``from forkless.… import name`` in the
+  project (the product, tests, bench, examples) takes the name from the module that defines it. The documents name
+  a public name as ``forkless.X`` and any other by the module that defines it.
 - Every exception class defined in controller/ and io_loop/ (found by importing each module
   and walking its classes; an ast walk checks none is hidden in a function) derives from
   ``ForklessError`` unless ``INTERNAL`` names it with the reason it never reaches a caller;
-  ``except controller.ForklessError`` catches each of them.
+  ``except forkless.ForklessError`` catches each of them.
 - The classes that end a run for a reason of their own (``exit_status`` not a crash's, or a
   label, or a line for the README's table) are exactly ``controller.errors.ENDS_A_RUN``.
 """
@@ -18,20 +22,26 @@ import asyncio
 import importlib
 import inspect
 import queue
+import re
 from pathlib import Path
 
-import forkless.controller as controller
-import forkless.io_loop as io_loop
+import forkless.controller
+import forkless.io_loop
 import janus
 import pytest
-from forkless.controller.errors import ENDS_A_RUN, EXIT_CRASH, EXIT_STATUSES, ForklessError
-from forkless.io_loop.portal import Empty, Full, PortalClosed
+from forkless.controller.errors import ENDS_A_RUN, EXIT_STATUSES
+from forkless.io_loop.errors import EXIT_CRASH, ForklessError
+from forkless.io_loop.portal import PortalClosed
+from forkless.io_loop.portalqueue import Empty, Full
+
+import forkless
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CONTROLLER_ALL = [
+FORKLESS_ALL = [
     "Batch",
     "CheckpointMismatch",
+    "CheckpointStore",
     "Codec",
     "Config",
     "ConfigError",
@@ -65,26 +75,6 @@ CONTROLLER_ALL = [
     "ewma_processor",
     "setup_logging",
     "stream_processor",
-]
-
-IO_LOOP_ALL = [
-    "DeploymentMismatch",
-    "FeedFatal",
-    "ForklessError",
-    "Handshake",
-    "IOPortal",
-    "IOThreadError",
-    "LeaseHeld",
-    "LeaseLost",
-    "MetricsServerError",
-    "PortalClosed",
-    "PositionLost",
-    "ReplyBatch",
-    "Source",
-    "SourceContext",
-    "SourceStopped",
-    "StoreError",
-    "WorkerFailed",
 ]
 
 # exceptions that never reach a caller, and why; every other one derives from ForklessError
@@ -126,6 +116,41 @@ def _modules() -> list[str]:
     return names
 
 
+def _path(module: str) -> Path:
+    inside = module.removeprefix("forkless.")
+    return ROOT / (inside.replace(".", "/") + ("/__init__.py" if "." not in inside else ".py"))
+
+
+def _defined(path: Path) -> set[str]:
+    """The names a module binds at its top level itself (def, class, assignment), not by an import."""
+    names: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.If, ast.Try)):
+                walk(node.body)
+                walk(node.orelse)
+
+    walk(ast.parse(path.read_text(encoding="utf-8")).body)
+    return names
+
+
+def _declared_all(module: str) -> list[str] | None:
+    for node in ast.parse(_path(module).read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["__all__"]:
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+SUBMODULES = [m for m in _modules() if m.count(".") == 2]
+ALLS = {m: names for m in SUBMODULES if (names := _declared_all(m)) is not None}
+
+
 def _exception_classes() -> dict[str, type[BaseException]]:
     """``module.QualName`` of every exception class defined in controller/ and io_loop/."""
     found = {}
@@ -141,32 +166,125 @@ EXCEPTIONS = _exception_classes()
 PUBLIC = sorted(name for name in EXCEPTIONS if name not in INTERNAL)
 
 
-def test_controller_exports_exactly_the_user_api():
-    assert sorted(controller.__all__) == CONTROLLER_ALL
+def test_forkless_exports_exactly_the_user_api():
+    assert sorted(forkless.__all__) == FORKLESS_ALL
 
 
-def test_io_loop_exports_exactly_its_own_public_part():
-    assert sorted(io_loop.__all__) == IO_LOOP_ALL
+@pytest.mark.parametrize("name", FORKLESS_ALL)
+def test_every_public_name_is_defined_in_the_module_forkless_names(name):
+    where = forkless._EXPORTS[name]
+    obj = getattr(forkless, name)
+    assert obj is getattr(importlib.import_module(where), name)
+    assert obj.__module__ == where, f"forkless.{name} is defined in {obj.__module__}, not {where}"
+    assert name in (ALLS.get(where) or [name]), f"{where}.__all__ lacks {name}"
 
 
-@pytest.mark.parametrize("package", [controller, io_loop], ids=lambda p: p.__name__)
-def test_every_exported_name_resolves(package):
-    for name in package.__all__:
-        assert getattr(package, name) is not None, name
+@pytest.mark.parametrize("package", ["forkless.controller", "forkless.io_loop"])
+def test_the_packages_export_nothing_but_name_the_one_path(package):
+    module = importlib.import_module(package)
+    assert not hasattr(module, "__all__")
+    for name in ("Controller", "Source", "ForklessError"):
+        with pytest.raises(AttributeError, match=f"write 'from forkless import {name}'"):
+            getattr(module, name)
 
 
-def test_what_both_packages_export_is_the_same_object():
-    for name in set(controller.__all__) & set(io_loop.__all__):
-        assert getattr(controller, name) is getattr(io_loop, name), name
+def test_checkpoint_store_the_type_of_a_controller_argument_is_exported():
+    from forkless.controller.checkpointer import CheckpointStore
+
+    assert forkless.CheckpointStore is CheckpointStore
+    annotation = inspect.signature(forkless.Controller).parameters["checkpoint_store"].annotation
+    assert "CheckpointStore" in str(annotation)
 
 
-@pytest.mark.parametrize("name", ["GuardedCodec", "compilations"])
-def test_internals_are_not_exported_but_stay_importable_from_their_modules(name):
-    assert name not in controller.__all__
-    with pytest.raises(AttributeError):
-        getattr(controller, name)
-    module = {"GuardedCodec": "forkless.controller.codec", "compilations": "forkless.controller.compiled"}[name]
-    assert callable(getattr(importlib.import_module(module), name))
+def test_the_walk_finds_the_modules_and_their_all():
+    # a walk that found nothing would pass every test below
+    assert {"forkless.controller.loop", "forkless.io_loop.crossing", "forkless.io_loop.errors"} <= set(ALLS)
+    assert {"Controller"} == set(ALLS["forkless.controller.loop"])
+    assert _defined(_path("forkless.controller.batching")) >= {"Batch", "MicroBatcher", "pad_batch"}
+    assert "Chunk" not in _defined(_path("forkless.controller.batching"))  # imported from io_loop.crossing
+
+
+@pytest.mark.parametrize("module", sorted(ALLS))
+def test_a_module_s_all_lists_only_names_it_defines(module):
+    foreign = [name for name in ALLS[module] if name not in _defined(_path(module))]
+    assert not foreign, f"{module}.__all__ re-exports {foreign}: list them where they are defined only"
+    loaded = importlib.import_module(module)
+    for name in ALLS[module]:
+        obj = getattr(loaded, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert obj.__module__ == module, f"{module}.{name} is {obj.__module__}.{name}"
+
+
+def test_no_name_is_in_two_modules_all():
+    where: dict[str, list[str]] = {}
+    for module, names in ALLS.items():
+        assert len(set(names)) == len(names), module
+        for name in names:
+            where.setdefault(name, []).append(module)
+    assert not {n: ms for n, ms in where.items() if len(ms) > 1}
+
+
+def _project_files() -> list[Path]:
+    tops = ["controller", "io_loop", "forkless", "tests", "bench", "examples"]
+    files = [p for top in tops for p in sorted((ROOT / top).rglob("*.py")) if "out" not in p.relative_to(ROOT).parts]
+    return files + sorted(ROOT.glob("*.py"))
+
+
+def _imports_by_another_path(text: str, where: str) -> list[str]:
+    """Each ``from forkless.… import name`` in ``text`` whose module does not define ``name``."""
+    wrong = []
+    for node in ast.walk(ast.parse(text)):
+        if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                and node.module.startswith(("forkless.controller", "forkless.io_loop"))):
+            continue
+        for alias in node.names:
+            if node.module.count(".") == 1:  # a package: its modules only
+                ok = _path(f"{node.module}.{alias.name}").exists()
+            else:
+                ok = alias.name in _defined(_path(node.module))
+            if not ok:
+                wrong.append(f"{where}:{node.lineno}: from {node.module} import {alias.name}")
+    return wrong
+
+
+def test_the_project_imports_each_name_from_the_module_that_defines_it():
+    files = _project_files()
+    assert len(files) > 150 and ROOT / "app.py" in files and ROOT / "bench" / "run.py" in files
+    wrong = [line for path in files
+             for line in _imports_by_another_path(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_import_check_sees_an_import_by_another_path():
+    text = ("from forkless.controller.batching import Chunk, pad_batch\n"
+            "from forkless.controller import loop, Controller\n")
+    assert _imports_by_another_path(text, "p.py") == [
+        "p.py:1: from forkless.controller.batching import Chunk", "p.py:2: from forkless.controller import Controller"]
+
+
+DOCS = [ROOT / "EMBEDDING.md", ROOT / "README.md", ROOT / "OPERATING.md", ROOT / "DESIGN.md",
+        *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_the_documents_name_each_name_by_its_one_path():
+    wrong = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for path in re.findall(r"`((?:forkless\.)?(?:controller|io_loop)\.\w+\.\w+)", text):
+            module, name = path.removeprefix("forkless.").rsplit(".", 1)
+            module = "forkless." + module
+            if name in ("py", "md") or not _path(module).exists():
+                continue  # a file's name (controller/loop.py) or a module path alone
+            if name in forkless.__all__:
+                wrong.append(f"{doc.name}: `{path}`: write `forkless.{name}`")
+            elif not path.startswith("forkless."):
+                wrong.append(f"{doc.name}: `{path}`: write `{module}.{name}`")
+            elif name not in _defined(_path(module)):
+                wrong.append(f"{doc.name}: `{path}`: {module} does not define {name}")
+        for name in re.findall(r"`forkless\.([A-Z]\w*)`", text):
+            if name not in forkless.__all__:
+                wrong.append(f"{doc.name}: `forkless.{name}` is not exported")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_the_walk_finds_the_exceptions_it_is_meant_to():
@@ -204,28 +322,28 @@ def test_every_exception_a_caller_can_get_derives_from_forkless_error(name):
 
 
 @pytest.mark.parametrize("name", PUBLIC)
-def test_except_controller_forkless_error_catches_it(name):
+def test_except_forkless_error_catches_it(name):
     cls = EXCEPTIONS[name]
     raised = cls.__new__(cls)  # without __init__: whatever arguments it takes
     try:
         raise raised
-    except controller.ForklessError as caught:
+    except forkless.ForklessError as caught:
         assert caught is raised
     except BaseException:
-        pytest.fail(f"except controller.ForklessError does not catch {name}")
+        pytest.fail(f"except forkless.ForklessError does not catch {name}")
 
 
-@pytest.mark.parametrize("name", [n for n in CONTROLLER_ALL if n[0].isupper()])
+@pytest.mark.parametrize("name", [n for n in FORKLESS_ALL if n[0].isupper()])
 def test_every_exported_exception_is_a_forkless_error(name):
-    obj = getattr(controller, name)
+    obj = getattr(forkless, name)
     if isinstance(obj, type) and issubclass(obj, BaseException):
         assert issubclass(obj, ForklessError), name
 
 
 def test_the_built_in_bases_callers_catch_are_kept():
-    bases = {controller.ConfigError: ValueError, controller.ProcessorContractError: ValueError,
-             controller.CheckpointMismatch: ValueError, controller.MetricsServerError: RuntimeError,
-             controller.IOThreadError: RuntimeError, controller.WorkerFailed: RuntimeError}
+    bases = {forkless.ConfigError: ValueError, forkless.ProcessorContractError: ValueError,
+             forkless.CheckpointMismatch: ValueError, forkless.MetricsServerError: RuntimeError,
+             forkless.IOThreadError: RuntimeError, forkless.WorkerFailed: RuntimeError}
     for cls, base in bases.items():
         assert issubclass(cls, base), cls
     assert issubclass(Empty, queue.Empty) and issubclass(Empty, asyncio.QueueEmpty)

@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from forkless.controller.batching import HOPS, PICKED, READ, SAMPLE_EVERY, WRITTEN, Trace
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
 from forkless.controller.loop import Controller
 from forkless.controller.metrics import metric_families
 from forkless.controller.processor import ewma_processor
 from forkless.controller.stats import status_line
+from forkless.io_loop.crossing import HOPS, PICKED, READ, SAMPLE_EVERY, WRITTEN, Trace
 
 from tests.fake_io import FakeIO, drain
 from tests.harness import UNIT_S, assert_books_balance, drive, run_app
@@ -359,7 +359,7 @@ def _lockstep_timed(messages: list[dict], sent_ns: list[int], replied_ns: list[i
 
 
 def test_one_message_in_64_carries_hop_stamps_in_order_taken_between_its_send_and_its_reply(feed_server, monkeypatch):
-    # the latency budget (batching.HOPS), with two feeds: each feed's handover samples its first
+    # the latency budget (crossing.HOPS), with two feeds: each feed's handover samples its first
     # message and then one in SAMPLE_EVERY (io_loop/handover.py); with one message per chunk
     # that is exactly messages 0, 64, ..., 320 of each feed. The server's own clock brackets
     # each sampled message's stamps, and the histograms hold exactly what the stamps say.

@@ -10,10 +10,9 @@ import asyncio
 from typing import Any
 
 import numpy as np
-from forkless.controller.batching import Chunk
 from forkless.controller.codec import Decoded
 from forkless.io_loop.counters import IOStats
-from forkless.io_loop.crossing import Events
+from forkless.io_loop.crossing import Chunk, Events
 from forkless.io_loop.handover import Handover
 
 

@@ -281,7 +281,7 @@ def _never_restarted(messages: list[dict]) -> tuple[dict[int, dict], Any]:
     each message's reply by seq, and the final state on the host."""
     import jax
     import numpy as np
-    from forkless.controller.batching import Chunk
+    from forkless.io_loop.crossing import Chunk
 
     from tests.fake_io import FakeIO, drain
 

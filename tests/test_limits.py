@@ -13,9 +13,9 @@ import time
 import numpy as np
 import pytest
 from aiohttp import web
-from forkless.controller.batching import Chunk
 from forkless.controller.codec import FOLDED_REASON, MAX_ERROR_REPLIES, JsonCodec
-from forkless.controller.errors import FeedFatal
+from forkless.io_loop.crossing import Chunk
+from forkless.io_loop.errors import FeedFatal
 from websockets.asyncio.server import serve
 
 from forkless import Config, Controller

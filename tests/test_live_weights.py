@@ -15,12 +15,12 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from forkless.controller.batching import Chunk
 from forkless.controller.checkpoint import list_checkpoints, read_checkpoint
 from forkless.controller.compiled import compilations
 from forkless.controller.config import Config
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor, stream_processor
+from forkless.io_loop.crossing import Chunk
 
 from tests.fake_io import FakeIO
 from tests.harness import UNIT_S, run_app

@@ -21,12 +21,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from forkless.controller.batching import Chunk, Outgoing
 from forkless.controller.compiled import compilations
 from forkless.controller.config import Config
-from forkless.controller.errors import FeedFatal
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
+from forkless.io_loop.crossing import Chunk, Outgoing
+from forkless.io_loop.errors import FeedFatal
 
 from tests.fake_io import EndlessQueue, FakeIO, FakeQueue, drain
 from tests.reference import EWMAReference

@@ -41,10 +41,10 @@ def _run(url: str, body: Any) -> Any:
 
 
 def test_this_nats_py_has_every_private_part_the_fast_path_uses(nats_server):
-    from forkless.io_loop.nats_compat import missing
+    from forkless.io_loop.nats_compat import nats_missing
 
     async def body(nc: Any) -> list[str]:
-        return missing(nc)
+        return nats_missing(nc)
 
     assert _run(nats_server.url, body) == []
 

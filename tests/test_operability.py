@@ -25,11 +25,12 @@ from typing import Any
 import aiohttp
 import pytest
 from forkless.controller.config import Config
-from forkless.controller.errors import MetricsServerError
 from forkless.controller.logs import JsonFormatter, RateLimitFilter
 from forkless.controller.loop import Controller
 from forkless.controller.metrics import MAX_REASONS, exposition, make_registry, metric_families, render
-from forkless.controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
+from forkless.controller.stats import StatsSnapshot, status_line
+from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
+from forkless.io_loop.errors import MetricsServerError
 from forkless.io_loop.http import MetricsServer
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -20,11 +20,11 @@ import time
 import traceback
 
 import aiohttp
-import forkless.controller as controller
-import forkless.io_loop as io_loop
+import forkless.io_loop.portal
 import pytest
 from forkless.io_loop.portal import IOPortal, PortalClosed, WorkerFailed
 
+import forkless
 from tests.servers import send_frames
 
 
@@ -220,7 +220,7 @@ def test_a_worker_that_returns_ends_to_main_after_what_it_sent(timeout_unit):
         assert [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(3)] == [0, 1, 2]
         with pytest.raises(PortalClosed, match="returned before the stop") as caught:
             portal.to_main.get(timeout=10 * timeout_unit)
-        assert isinstance(caught.value, io_loop.portal.janus.SyncQueueShutDown)
+        assert isinstance(caught.value, forkless.io_loop.portal.janus.SyncQueueShutDown)
         with pytest.raises(PortalClosed):
             portal.from_main.put_nowait("too late")
 
@@ -276,9 +276,9 @@ def test_the_portal_leaves_its_host_process_as_it_found_it(timeout_unit):
     assert host() == before
 
 
-def test_the_portal_is_exported_by_both_packages_and_checks_its_arguments():
-    assert controller.IOPortal is io_loop.IOPortal is IOPortal
-    assert controller.WorkerFailed is io_loop.WorkerFailed is WorkerFailed
+def test_the_portal_is_exported_by_forkless_and_checks_its_arguments():
+    assert forkless.IOPortal is IOPortal
+    assert forkless.WorkerFailed is WorkerFailed
     with pytest.raises(ValueError, match="queue_size"):
         IOPortal(lambda a, b: None, queue_size=-1)
     with pytest.raises(RuntimeError, match="start"):

@@ -13,10 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from forkless.controller.batching import Batch, pad_batch
-from forkless.controller.compiled import guarded
+from forkless.controller.compiled import compilations, guarded
 from forkless.controller.config import Config
 from forkless.controller.engine import compile_step
-from forkless.controller.loop import compilations
 from forkless.controller.processor import (
     EPS,
     EWMAState,

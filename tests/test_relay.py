@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from forkless.controller.codec import JsonCodec
-from forkless.controller.errors import FeedFatal, IOThreadError, MetricsServerError
+from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 from forkless.io_loop.partitions import escape_stream
 from forkless.io_loop.relaystats import ACROSS_RECONNECT, WITHIN_CONNECTION, SeqGaps
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from forkless.controller.batching import Chunk, Trace
 from forkless.controller.errors import ConfigError
 from forkless.controller.metrics import metric_families
 from forkless.controller.processor import default_processor
 from forkless.controller.stats import status_line
+from forkless.io_loop.crossing import Chunk, Trace
 
 from forkless import Config, Controller, JsonCodec
 from tests.fake_io import FakeIO, drain

@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 
 from forkless.controller.serving import serve
-from forkless.controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot
+from forkless.controller.stats import StatsSnapshot
+from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 
 
 def _snapshot(processed: int, at: float) -> StatsSnapshot:

@@ -6,7 +6,8 @@ import math
 from dataclasses import FrozenInstanceError, replace
 
 import pytest
-from forkless.controller.stats import SECONDS_BOUNDS, Histogram, StatsSnapshot, status_line
+from forkless.controller.stats import StatsSnapshot, status_line
+from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 
 
 def test_quantiles_land_in_the_right_bucket():

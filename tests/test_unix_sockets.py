@@ -24,9 +24,10 @@ import aiohttp
 import pytest
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
-from forkless.controller.errors import ConfigError, MetricsServerError
+from forkless.controller.errors import ConfigError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor
+from forkless.io_loop.errors import MetricsServerError
 from forkless.io_loop.http import MetricsServer
 from forkless.io_loop.probe import ProbeFailed, probe_feed
 from forkless.io_loop.unixsocket import listen_unix
