@@ -18,7 +18,8 @@ Two processes (plus the multiprocessing resource tracker):
   what ``controller/loop.py`` does: ``Config.from_env`` for the same knobs, the default
   processor, every bucket compiled ahead of time, the same ``MicroBatcher`` rules (wait for
   a first item, add what is already waiting while ``wants_more``), ``StreamSlots``,
-  ``pad_batch``, one ``device_get`` per batch, ``JsonCodec.encode_results``, one outbound
+  the engine's layout of a batch and of its results (``Engine.layout``: padded, or packed on an
+  accelerator), one ``device_get`` per batch, ``JsonCodec.encode_results``, one outbound
   item per batch.
 
 ``--probe-url``: the child also opens a second connection, to ``bench.ping_probe``, on its
@@ -247,12 +248,10 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
         Chunk,
         MicroBatcher,
         Trace,
-        bucket_for,
-        pad_batch,
     )
     from forkless.controller.codec import JsonCodec
     from forkless.controller.compiled import compilations
-    from forkless.controller.engine import compile_step
+    from forkless.controller.engine import _read_in_place, compile_step
     from forkless.controller.processor import default_processor
     from forkless.controller.slots import StreamSlots
     from forkless.controller.stats import SECONDS_BOUNDS, Histogram
@@ -266,9 +265,10 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
     codec = JsonCodec(cfg.features, max_frame_items=cfg.max_frame_items)
     ready = compile_step(processor, cfg)
     # the same compiled steps as the controller's; this design drives them itself
-    compiled = ready.steps
+    compiled, layout = ready.steps, ready.layout
     state = ready.take_state()
-    on_cpu = jax.devices()[0].platform == "cpu"
+    # outputs fetched as the engine does: read in place on the CPU (controller/engine.py _read_in_place)
+    fetch = _read_in_place if jax.devices()[0].platform == "cpu" else jax.device_get
     compilations_at_ready = compilations()
     outbound.put(READY)
 
@@ -326,15 +326,15 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
         stamp(taken.traces, STEP)
         if seq:
             m = len(seq)
-            bucket = bucket_for(m, cfg.buckets)
             t0 = time.perf_counter()
-            # the same compiled (guarded, state-donated) step as the controller's, its outputs
-            # fetched the same way (read in place on the CPU: controller/engine.py _read_in_place)
-            state, outputs, _ = compiled[bucket](state, pad_batch(x, key, bucket, cfg.max_streams))
-            outputs = jax.tree.map(np.asarray, outputs) if on_cpu else jax.device_get(outputs)
+            # the same compiled (guarded, state-donated) step as the controller's, the batch laid
+            # out and its outputs fetched the same way (packed on an accelerator: controller/layouts.py)
+            bucket, batch, route, _ = layout.lay_out(x, key)
+            state, *ran = compiled[bucket](state, batch)
+            outputs = layout.results(tuple(ran), m, route, fetch).outputs
             step_s += time.perf_counter() - t0
             stamp(taken.traces, FETCHED)
-            frames = codec.encode_results(seq, stream, {k: np.asarray(v)[:m] for k, v in outputs.items()})
+            frames = codec.encode_results(seq, stream, outputs)
             processed += m
         else:
             stamp(taken.traces, FETCHED)

@@ -171,6 +171,13 @@ class Engine:
         return self.live_weights.current if self.live_weights is not None else None
 
     @property
+    def layout(self) -> OneDevice | Sharded:
+        """How a batch is laid out for ``steps`` and its results read back (``lay_out``,
+        ``results``), for a caller that drives ``steps`` itself (the benchmark's spawn design):
+        on an accelerator a step takes and gives packed arrays."""
+        return self._layout
+
+    @property
     def state(self) -> Any:
         """The state as it is now, to look at (tests, inspection); the next step is given it
         donated, so keep no reference to it across a step."""

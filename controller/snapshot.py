@@ -240,7 +240,9 @@ class PendingSnapshot:
         if not self.incremental and clone is not None:
             self._on_device = clone(state)
             for leaf in jax.tree.leaves(self._on_device):
-                leaf.copy_to_host_async()
+                start = getattr(leaf, "copy_to_host_async", None)  # not every array kind has it
+                if start is not None:
+                    start()
         elif not self.incremental:  # at T0: an accelerator's transfer, or the shards of several devices
             self._host = host_copy(state)
         self._table = table
