@@ -316,9 +316,11 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
     filled with ``streams`` names, one message every 1/``rate`` s from a feeder thread (open
     loop: sent when due) through the controller's queues (tests/fake_io.py: the IO side
     without sockets). Phases rotate ``rounds`` times through ``modes``: "off" (no
-    checkpoint), "incremental" (the default: copied between steps) and "whole" (the whole
-    state at once, as on an accelerator; on the CPU that is the old behaviour, where the next
-    donated step copies the table). Gaps are between consecutive steps' results
+    checkpoint), "incremental" (the default: copied between steps), "whole" (the whole
+    state at once, as on an accelerator: cloned on the device there, its host copy waited for
+    on the writer thread; on the CPU the old behaviour, where the next donated step copies the
+    table) and "device-get" (the whole state to the host on the main thread at T0: what an
+    accelerator did before issue 48). Gaps are between consecutive steps' results
     (``on_results``); delays from each message's due time to its step's result."""
     import threading
 
@@ -369,7 +371,8 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
                                             for m in modes}
     for _ in range(rounds):
         for mode in modes:
-            ctl.incremental_checkpoints = mode != "whole"
+            ctl.incremental_checkpoints = mode not in ("whole", "device-get")
+            ctl.engine.clone_checkpoints = mode != "device-get"
             ckpt.schedule(float("inf"))
             while ckpt.busy:  # the previous phase's checkpoint finishes outside this one
                 ctl.process_pending(timeout=POLL_S)
@@ -578,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                         "controller: the Controller's own checkpoints at --rate msg/s; "
                         "startup: restore to first result")
     p.add_argument("--rate", type=float, default=1000.0, help="controller: messages a second")
+    p.add_argument("--modes", default="off,incremental,whole",
+                   help="controller: the phases, of off, incremental, whole, device-get (comma-separated)")
     p.add_argument("--runs", type=int, default=3, help="startup: warm runs with and without a checkpoint")
     p.add_argument("--streams", type=int, default=1_000_000)
     p.add_argument("--features", type=int, default=8)
@@ -594,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.writer == "controller":
             result = measure_controller(args.streams, args.features, args.seconds, args.every, args.rate,
-                                        args.rounds, directory)
+                                        args.rounds, directory, tuple(args.modes.split(",")))
         elif args.writer == "startup":
             result = measure_startup(args.streams, args.features, args.runs, directory)
         else:

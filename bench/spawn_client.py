@@ -18,7 +18,8 @@ Two processes (plus the multiprocessing resource tracker):
   what ``controller/loop.py`` does: ``Config.from_env`` for the same knobs, the default
   processor, every bucket compiled ahead of time, the same ``MicroBatcher`` rules (wait for
   a first item, add what is already waiting while ``wants_more``), ``StreamSlots``,
-  ``pad_batch``, one ``device_get`` per batch, ``JsonCodec.encode_results``, one outbound
+  the engine's layout of a batch and of its results (``Engine.layout``: padded, or packed on an
+  accelerator), one ``device_get`` per batch, ``JsonCodec.encode_results``, one outbound
   item per batch.
 
 ``--probe-url``: the child also opens a second connection, to ``bench.ping_probe``, on its
@@ -304,9 +305,9 @@ class Parent:
 
     def __init__(self, cfg: Any, heavy: bool, heavy_size: int, heavy_iters: int) -> None:
         import jax
-        from forkless.controller.batching import MicroBatcher, bucket_for, pad_batch
+        from forkless.controller.batching import MicroBatcher
         from forkless.controller.codec import JsonCodec
-        from forkless.controller.engine import compile_step
+        from forkless.controller.engine import _read_in_place, compile_step
         from forkless.controller.processor import default_processor
         from forkless.controller.slots import StreamSlots
 
@@ -320,15 +321,15 @@ class Parent:
         self.codec = JsonCodec(cfg.features, max_frame_items=cfg.max_frame_items)
         ready = compile_step(processor, cfg)
         # the same compiled steps as the controller's; this design drives them itself
-        self.compiled = ready.steps
+        self.compiled, self.layout = ready.steps, ready.layout
         self.state = ready.take_state()
-        self.on_cpu = jax.devices()[0].platform == "cpu"
+        # outputs fetched as the engine does: read in place on the CPU (controller/engine.py _read_in_place)
+        self.fetch = _read_in_place if jax.devices()[0].platform == "cpu" else jax.device_get
         self.batcher = MicroBatcher(cfg.max_batch, cfg.max_wait_ms / 1000)
         self.slots = StreamSlots(cfg.max_streams)
         self.batches = self.processed = 0
         self.step_s = 0.0
         self.sizes: list[int] = []
-        self._jax, self._bucket_for, self._pad_batch = jax, bucket_for, pad_batch
 
     def serve(self, inbound: Any, outbound: Any, child: Any, deadline: float) -> dict[str, Any]:
         """Until the child's last item (its figures, returned) and every batch is answered, or ``deadline``."""
@@ -387,15 +388,15 @@ class Parent:
         stamp(taken.traces, STEP)
         if seq:
             m = len(seq)
-            bucket = self._bucket_for(m, cfg.buckets)
             t0 = time.perf_counter()
-            # the same compiled (guarded, state-donated) step as the controller's, its outputs
-            # fetched the same way (read in place on the CPU: controller/engine.py _read_in_place)
-            self.state, outputs, _ = self.compiled[bucket](self.state, self._pad_batch(x, key, bucket, cfg.max_streams))
-            outputs = self._jax.tree.map(np.asarray, outputs) if self.on_cpu else self._jax.device_get(outputs)
+            # the same compiled (guarded, state-donated) step as the controller's, the batch laid
+            # out and its outputs fetched the same way (packed on an accelerator: controller/layouts.py)
+            bucket, batch, route, _ = self.layout.lay_out(x, key)
+            self.state, *ran = self.compiled[bucket](self.state, batch)
+            outputs = self.layout.results(tuple(ran), m, route, self.fetch).outputs
             self.step_s += time.perf_counter() - t0
             stamp(taken.traces, FETCHED)
-            frames = codec.encode_results(seq, stream, {k: np.asarray(v)[:m] for k, v in outputs.items()})
+            frames = codec.encode_results(seq, stream, outputs)
             self.processed += m
         else:
             stamp(taken.traces, FETCHED)

@@ -17,7 +17,15 @@
 #      chip), the compute ceiling and the device floor (bench/device_floor.py, the device's own
 #      round trip of a trivial donated per-stream step) in one process, forkless's start-up;
 #      one repeat each of 2.5 s (bench/plan.py's Plan.tpu);
-#   4. writes OUT/results.json, OUT/logs/ and OUT/results.md: the tables of bench/docs/last-run.md's results
+#   4. then two measurements of issue 48, each one more opening of the chip: OUT/packed_io.json
+#      (bench/packed_io.py: a step's round trip with one array per input and output against one
+#      packed array each way, at 1 and 256 messages a step) and OUT/checkpoint_stall.json
+#      (bench/checkpoint_stall.py --writer controller: the largest step-to-step gap of the real
+#      controller at 1,000 msg/s with a 1M-stream, 68 MB state checkpointed every 2 s, phases
+#      "off", "whole" (cloned on the device, the host copy on the writer thread) and
+#      "device-get" (the host copy on the main thread, as before)); their main figures are
+#      printed at the end and written to OUT/transfers.md (bench/transfers.py);
+#   5. writes OUT/results.json, OUT/logs/ and OUT/results.md: the tables of bench/docs/last-run.md's results
 #      block (the platform and the JAX device on its first line), the latency budget per hop, the
 #      device floor and the CPU µs per message (forkless's IO thread and main thread apart);
 #      OUT/bench.png where matplotlib is installed. Nothing in the repository is changed: the
@@ -63,4 +71,18 @@ fi
 run+=(--out "$OUT")
 echo "bench/tpu.sh: JAX_PLATFORMS=$JAX_PLATFORMS ${run[*]}"
 "${run[@]}"
+
+if [[ "${FORKLESS_BENCH_QUICK:-0}" == 1 ]]; then
+    packed=(--seconds 0.3 --rounds 1)
+    stall=(--streams 20000 --seconds 6 --rounds 1 --every 1)
+else
+    packed=(--seconds 3 --rounds 3)
+    stall=(--streams 1000000 --seconds 36 --rounds 3 --every 2)
+fi
+echo "bench/tpu.sh: $PY -m bench.packed_io ${packed[*]} --out $OUT/packed_io.json"
+"$PY" -m bench.packed_io "${packed[@]}" --sizes 1,256 --out "$OUT/packed_io.json"
+echo "bench/tpu.sh: $PY -m bench.checkpoint_stall --writer controller ${stall[*]} --modes off,whole,device-get"
+"$PY" -m bench.checkpoint_stall --writer controller "${stall[@]}" --modes off,whole,device-get \
+    > "$OUT/checkpoint_stall.json"
+"$PY" -m bench.transfers "$OUT" | tee "$OUT/transfers.md"
 echo "bench/tpu.sh: $(( $(date +%s) - started )) s in all; the tables are in $OUT/results.md"

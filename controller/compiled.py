@@ -42,9 +42,10 @@ from forkless.controller.placement import OutputField
 
 log = logging.getLogger("forkless.compile")
 
-__all__ = ["as_bytes", "check_contract", "check_input_dtype", "check_replicated_unchanged", "check_row_writes",
-           "codec_dtype", "compilations", "example_batch", "guarded", "input_dtype", "one_call", "output_layout",
-           "per_stream_leaf", "release_freed_memory", "unsplit_cpu_ops", "use_devices"]
+__all__ = ["as_bytes", "check_contract", "check_input_dtype", "check_platform_dtypes", "check_replicated_unchanged",
+           "check_row_writes", "codec_dtype", "compilations", "example_batch", "guarded", "input_dtype", "one_call",
+           "output_layout", "per_stream_leaf", "release_freed_memory", "unpack_words", "unsplit_cpu_ops",
+           "use_devices"]
 
 _COMPILATIONS = [0]
 
@@ -107,6 +108,35 @@ def check_input_dtype(processor: Any) -> np.dtype:
                                      f"turn it on before starting, with {X64_FIX}; forkless does not change "
                                      f"process-wide settings itself")
     return dtype
+
+
+# what a TPU's float64 is (measured on a TPU v5e, JAX 0.10.2, 2026-12-05): XLA emulates it with
+# a pair of float32, so it has float32's range and about twice its precision
+TPU_FLOAT64 = ("on a TPU, float64 is not IEEE double: XLA emulates it with pairs of float32, with float32's "
+               "range (1e300 became inf, 1e-310 became 0) and less precision (exp erred by ~3.9e-14 against "
+               "~8.9e-16 on a CPU)")
+
+
+def check_platform_dtypes(processor: Any, shapes: Any, platform: str) -> None:
+    """Refuse (``ProcessorContractError``) a float64 input on a TPU (``platform``, a device's
+    ``platform`` string), and warn (logged) about float64 state leaves there: its float64 is
+    not IEEE double (``TPU_FLOAT64``), so the values would not be what the processor computes on
+    a CPU or a GPU. With JAX's 64-bit mode on (process-wide), ``jnp.zeros(rows)`` without a
+    dtype is float64: the warning names such leaves."""
+    if platform != "tpu":
+        return
+    dtype = input_dtype(processor)
+    if dtype.itemsize == 8:
+        raise ProcessorContractError(
+            f"the processor declares input_dtype=float64, and this process runs on a TPU: {TPU_FLOAT64}. "
+            f"Declare input_dtype=float32 to run on the TPU, or run on a CPU (JAX_PLATFORMS=cpu) or a GPU, "
+            f"where float64 is IEEE double")
+    wide = [jax.tree_util.keystr(path) or "(the state)"
+            for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]
+            if np.dtype(leaf.dtype) in (np.dtype(np.float64), np.dtype(np.complex128))]
+    if wide:
+        log.warning("state leaves %s are float64 on a TPU: %s. With JAX's 64-bit mode on, jnp.zeros(...) without a "
+                    "dtype is float64: give init's arrays dtype=jnp.float32", ", ".join(wide), TPU_FLOAT64)
 
 
 def use_devices(setting: int | str) -> list[Any]:
@@ -198,6 +228,22 @@ def as_bytes(leaves: list[jax.Array]) -> jax.Array:
             flat = flat.astype(jnp.uint8)
         parts.append(jax.lax.bitcast_convert_type(flat, jnp.uint8).reshape(b, -1))
     return jnp.concatenate(parts, axis=1)
+
+
+def unpack_words(words: jax.Array, features: int, dtype: Any) -> Batch:
+    """The ``Batch`` in a packed batch of uint32 words (``placement.pack_words``), on the device:
+    ``x`` from its bits as ``dtype``, the key as int32, ``valid``; bitcasts only."""
+    dtype = np.dtype(dtype)
+    width = features * dtype.itemsize // 4
+    bits = words[:, :width]
+    if dtype.itemsize == 8:  # two words a value, in the host's (little-endian) order, made one
+        # uint64 of the same width first: XLA:CPU's simplifier broke a u32 pair -> f64 -> u8
+        # chain of bitcasts (the byte outputs) into a wrongly shaped one (an HLO verifier error)
+        pairs = bits.reshape(words.shape[0], features, 2).astype(jnp.uint64)
+        bits = pairs[..., 0] | (pairs[..., 1] << 32)
+    x = jax.lax.bitcast_convert_type(bits, dtype)
+    key = jax.lax.bitcast_convert_type(words[:, width], jnp.int32)
+    return Batch(x, key, words[:, width + 1] != 0)
 
 
 def per_stream_leaf(leaf: Any, slots: int) -> bool:

@@ -40,6 +40,7 @@ import numpy as np
 from forkless.controller.compiled import (
     XLA_CPU_TASK_BYTES,
     check_input_dtype,
+    check_platform_dtypes,
     check_row_writes,
     per_stream_leaf,
     release_freed_memory,
@@ -73,6 +74,7 @@ class _Compiled:
     steps: dict[int, Any]
     template: Any
     reset: Any
+    clone: Any = None  # the state copied on its device(s), for a checkpoint (layouts.compile_clone)
 
 
 class Engine:
@@ -101,6 +103,9 @@ class Engine:
         self.device_rows = 0  # rows the devices stepped, padding included
         self.device_messages = np.zeros(len(devices), np.int64)
         self.steps_run = 0  # steps that ran (batches stepped) by this engine
+        # False: a checkpoint not copied in rows is taken to the host on the main thread at T0
+        # (jax.device_get), not cloned on the device; for bench/checkpoint_stall.py's "before"
+        self.clone_checkpoints = True
         # a StreamState's params can be swapped while it runs (controller/weights.py); None: no params
         self.live_weights = LiveWeights(canonical.params, jax.device_get(state.params)) \
             if isinstance(canonical, StreamState) else None
@@ -146,7 +151,8 @@ class Engine:
         pending = PendingSnapshot(
             self._state, table, counts, settings, wall_time, rows=self._config.max_streams + 1,
             get_state=lambda: self._state, seen_shift=seen_shift, incremental=incremental and layout.copies_rows,
-            intact=lambda: self.generation == generation, host_copy=layout.host_copy, positions=positions)
+            intact=lambda: self.generation == generation, host_copy=layout.host_copy, positions=positions,
+            clone=self._compiled.clone if self.clone_checkpoints else None)
         self._copying = pending
         return pending
 
@@ -163,6 +169,13 @@ class Engine:
     def weights(self) -> Weights | None:
         """The weights in force (None: the state has no params)."""
         return self.live_weights.current if self.live_weights is not None else None
+
+    @property
+    def layout(self) -> OneDevice | Sharded:
+        """How a batch is laid out for ``steps`` and its results read back (``lay_out``,
+        ``results``), for a caller that drives ``steps`` itself (the benchmark's spawn design):
+        on an accelerator a step takes and gives packed arrays."""
+        return self._layout
 
     @property
     def state(self) -> Any:
@@ -259,16 +272,22 @@ def compile_step(processor: Any, config: Any,
         return _compile_step(processor, config, on_compiled)
 
 
+JAX_MIN_COMPILE_TIME_S = 1.0  # JAX's default for jax_persistent_cache_min_compile_time_secs
+
+
 @contextlib.contextmanager
 def _cache_every_compile() -> Any:
-    """With a persistent compilation cache (JAX_COMPILATION_CACHE_DIR), cache every bucket: they
-    compile in well under JAX's default 1 s threshold. A JAX setting of the whole process, so
-    it is given back as it was once the steps are compiled."""
+    """With a persistent compilation cache (``jax_compilation_cache_dir``, set in ``jax.config``
+    or by JAX_COMPILATION_CACHE_DIR), cache every bucket: they compile in well under JAX's
+    default 1 s threshold. Not where the host set the threshold itself (in ``jax.config`` or
+    its variable). A JAX setting of the whole process, so it is given back as it was once the
+    steps are compiled."""
     name = "jax_persistent_cache_min_compile_time_secs"
-    if not os.environ.get("JAX_COMPILATION_CACHE_DIR") or "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" in os.environ:
+    before = getattr(jax.config, name)
+    if (not jax.config.jax_compilation_cache_dir or "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" in os.environ
+            or before != JAX_MIN_COMPILE_TIME_S):
         yield
         return
-    before = getattr(jax.config, name)
     jax.config.update(name, 0.0)
     try:
         yield
@@ -301,6 +320,7 @@ def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float
     check_input_dtype(processor)  # float32, or float64 with JAX's x64 mode on: before anything is built
     devices = use_devices(getattr(config, "devices", "all"))
     canonical = state_shapes(processor, config)
+    check_platform_dtypes(processor, canonical, devices[0].platform)  # a TPU's float64 is not IEEE double
     largest = max((leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(canonical)), default=0) // len(devices)
     # below XLA's 256 KB a task it splits nothing, and compiling on one CPU is slower (LLVM's
     # workers share it): +1.1 s at the default settings on 2 cores, so only where it pays
@@ -311,9 +331,11 @@ def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float
     with unsplit:
         layout = Sharded(processor, config, devices) if len(devices) > 1 else OneDevice(processor, config, devices[0])
         state = layout.fresh()
+        key = key and (*key, layout.packed)  # a packed step takes and gives other arrays
         again = kept(key)
         if again is not None:
             template, reset, steps = again.template(state), again.reset, dict(again.steps)
+            layout.use_outputs(again.outputs)
             for bucket in config.buckets:
                 if on_compiled is not None:
                     on_compiled(bucket, 0.0)
@@ -322,10 +344,11 @@ def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float
             template = make_template(state)
             reset = layout.compile_reset(state, template)
             steps = _compile_buckets(layout, processor, config, state, on_compiled)
-            keep(key, steps, reset, make_template)
+            keep(key, steps, reset, make_template, layout.fields)
+        clone = layout.compile_clone(state)
     if layout.placement is None:
         held = sorted({str(d) for leaf in jax.tree.leaves(state) for d in leaf.devices()}) or [str(devices[0])]
     else:
         held = [str(d) for d in devices]
-    return Engine(layout, state, _Compiled(steps, template, reset), tuple(held), canonical, processor, config)
+    return Engine(layout, state, _Compiled(steps, template, reset, clone), tuple(held), canonical, processor, config)
 

@@ -2,15 +2,24 @@
 
 Rules:
 - A layout is the engine's (controller/engine.py) one switch between one device and several
-  (``FORKLESS_DEVICES``): ``OneDevice`` (no mesh, a padded ``Batch`` in, ``(state, outputs,
-  bad)`` out) or ``Sharded`` (a 1-D mesh ``"d"``, per-stream leaves sharded by stream,
-  controller/placement.py; the step ``shard_map``-ped, one packed array each way per device).
+  (``FORKLESS_DEVICES``): ``OneDevice`` (no mesh; on the CPU a padded ``Batch`` in, ``(state,
+  outputs, bad)`` out, read in place; on an accelerator one packed array each way) or
+  ``Sharded`` (a 1-D mesh ``"d"``, per-stream leaves sharded by stream, controller/placement.py;
+  the step ``shard_map``-ped, one packed array each way per device).
+- A packed batch is uint32 words (``placement.pack_words``): a key never travels in a float
+  array, whose copy to an accelerator need not keep its bits (a TPU's float64 does not).
+  Packed results are bytes (``compiled.as_bytes``), read back with ``unpack_outputs``. Each
+  array is one transfer: on a TPU a step of 3 inputs and 4 outputs took 1.60 ms a round trip,
+  packed 1.36 ms; on the CPU the unpacked arrays are read in place (bench/packed_io.py).
+- A checkpoint of a state that is not copied in rows between steps (an accelerator, several
+  devices) is cloned on the device(s) on the main thread (``compile_clone``) and its copy to
+  the host started there; the writer thread waits for it (controller/snapshot.py).
 - Both have one interface: ``fresh`` (the initial state, placed), ``compile_template`` (its fresh
   rows), ``compile_reset``, ``jit``,
   ``check`` and ``lower`` (the step compiled per bucket, its contract checked,
   controller/compiled.py), ``example``, ``lay_out`` (a batch for the step and its route back),
   ``results`` (the step's outputs on the host as ``Stepped``, in arrival order),
-  ``reset_index``, ``to_device``, ``host_copy``, ``device_rows``, ``counts``.
+  ``reset_index``, ``to_device``, ``compile_clone``, ``host_copy``, ``device_rows``, ``counts``.
 - A layout holds no state: it is handed the state and gives back what to put in its place;
   only the engine assigns it.
 """
@@ -34,16 +43,17 @@ from forkless.controller.compiled import (
     one_call,
     output_layout,
     per_stream_leaf,
+    unpack_words,
 )
 from forkless.controller.declared import check_counters, declared
 from forkless.controller.errors import ProcessorContractError
-from forkless.controller.placement import OutputField, Placement, Route, unpack_outputs
+from forkless.controller.placement import OutputField, Placement, Route, pack_words, unpack_outputs
 from forkless.controller.processor import reset_rows, row_template
 from forkless.controller.snapshot import canonical_rows
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["AXIS", "OneDevice", "Sharded", "Stepped"]
+__all__ = ["AXIS", "OneDevice", "Sharded", "Stepped", "accelerated", "device_copy"]
 
 AXIS = "d"  # the mesh's one axis: the devices, along which the stream table is sharded
 
@@ -57,24 +67,37 @@ class Stepped(NamedTuple):
 
 
 
+def accelerated(platform: str) -> bool:
+    """Whether one device of ``platform`` (a device's ``platform`` string) takes the accelerator's
+    path: a packed array each way per step, a checkpoint cloned on the device. Not the CPU: its
+    arrays are read in place, so three of them cost less than packing them (bench/packed_io.py),
+    and its checkpoints are copied in rows between steps."""
+    return platform != "cpu"
+
+
 # ---- layouts: how the state and a batch are placed on one device or several ------------------
 
 
 class OneDevice:
-    """One device: the state as ``init`` builds it, a padded ``Batch``, ``(state, outputs, bad)``."""
+    """One device: the state as ``init`` builds it, on ``device``. ``packed`` (default: on an
+    accelerator) steps one uint32 array in and one byte array out; otherwise a padded ``Batch``
+    in, ``(state, outputs, bad)`` out."""
 
     placement = None
     per_stream = None
     copies_rows = True  # a checkpoint may copy the state a chunk of rows at a time between steps
 
-    def __init__(self, processor: Any, config: Any, device: Any) -> None:
-        self.processor, self.config = processor, config
+    def __init__(self, processor: Any, config: Any, device: Any, packed: bool | None = None) -> None:
+        self.processor, self.config, self.device = processor, config, device
         self.spare_key = config.max_streams
         self.dtype = input_dtype(processor)  # batch.x's
         self.shardings: Any = None
+        self.packed = accelerated(device.platform) if packed is None else packed
+        self.fields: tuple[OutputField, ...] = ()  # where each output sits in a packed result row
 
     def fresh(self) -> Any:
-        state = jax.device_put(self.processor.init(self.config))
+        with jax.default_device(self.device):
+            state = jax.device_put(self.processor.init(self.config), self.device)
         self.shardings = jax.tree.map(lambda leaf: leaf.sharding, state)
         return state
 
@@ -88,33 +111,73 @@ class OneDevice:
         return jax.jit(reset_rows, donate_argnums=0).lower(
             state, template, np.zeros(self.config.max_batch, np.int32)).compile()
 
+    def compile_clone(self, state: Any) -> Any:
+        """The state copied on its device, for a checkpoint; None on the CPU (copied in rows)."""
+        return device_copy(state, self.shardings) if accelerated(self.device.platform) else None
+
     def jit(self, step: Callable[..., Any]) -> Any:
         # the state is donated: XLA updates the table in place, so a step costs O(B), not O(S)
-        return jax.jit(guarded(step), donate_argnums=0)
+        guarded_step = guarded(step)
+        if not self.packed:
+            return jax.jit(guarded_step, donate_argnums=0)
+        features, dtype = self.config.features, self.dtype
+
+        def packed_step(state: Any, words: jax.Array) -> tuple[Any, jax.Array]:
+            new_state, outputs, bad = guarded_step(state, unpack_words(words, features, dtype))
+            return new_state, as_bytes([outputs[field.name] for field in self.fields[:-1]] + [bad])
+
+        return jax.jit(packed_step, donate_argnums=0)
+
+    def use_outputs(self, fields: tuple[OutputField, ...]) -> None:
+        """Where a kept program's packed step puts each output (controller/programs.py): its
+        steps are not traced again, so ``check`` does not learn it."""
+        self.fields = fields
 
     def check(self, step: Callable[..., Any], state: Any, bucket: int) -> None:
-        out_info = jax.eval_shape(step, state, self.example(bucket))
+        out_info = jax.eval_shape(step, state, self._batch(bucket))
         check_contract(state, out_info, bucket)
         check_counters(declared(self.processor).counters, out_info[1])
+        if not self.fields:
+            self.fields = output_layout(out_info[1])
 
     def lower(self, jitted: Any, state: Any, bucket: int) -> Any:
         """The step lowered for ``bucket``, its contract checked on the lowering's own trace (the
-        guard adds ``bad``): one trace a bucket, not two (0.06 s each with the default step)."""
+        guard adds ``bad``): one trace a bucket, not two (0.06 s each with the default step).
+        Packed, the lowering's outputs are bytes: checked on the step's shapes (``check``)."""
+        if self.packed:
+            if bucket != self.config.buckets[0]:
+                self.check(self.processor.step, state, bucket)
+            return jitted.lower(state, self.example(bucket))
         lowered = jitted.lower(state, self.example(bucket))
         new_state, outputs, _bad = lowered.out_info
         check_contract(state, (new_state, outputs), bucket)
         return lowered
 
-    def example(self, bucket: int) -> Batch:
+    def _batch(self, bucket: int) -> Batch:
         return example_batch(self.config.features, bucket, self.spare_key, self.dtype)
 
-    def lay_out(self, x: np.ndarray, key: np.ndarray) -> tuple[int, Batch, None, np.ndarray]:
+    def example(self, bucket: int) -> Batch | np.ndarray:
+        """An all-padding batch as the compiled step takes it."""
+        if self.packed:
+            return pack_words(np.zeros((0, self.config.features), self.dtype), np.zeros(0, np.int32), bucket,
+                              self.spare_key, self.dtype)
+        return self._batch(bucket)
+
+    def lay_out(self, x: np.ndarray, key: np.ndarray) -> tuple[int, Batch | np.ndarray, None, np.ndarray]:
         """The bucket, the batch for its step, the route back (none here) and the rows it writes."""
         bucket = bucket_for(len(key), self.config.buckets)
+        if self.packed:
+            written = np.full(bucket, self.spare_key, np.int32)
+            written[:len(key)] = key
+            return bucket, pack_words(x, key, bucket, self.spare_key, self.dtype), None, written
         batch = pad_batch(x, key, bucket, self.spare_key, self.dtype)
         return bucket, batch, None, batch.key
 
     def results(self, ran: tuple[Any, ...], m: int, route: None, fetch: Callable[[Any], Any]) -> Stepped:
+        if self.packed:
+            (packed,) = ran  # the outputs and flags in one byte array: one transfer
+            arrays = unpack_outputs(np.asarray(fetch(packed)), self.fields, slice(0, m))
+            return Stepped({field.name: a for field, a in zip(self.fields[:-1], arrays)}, arrays[-1])
         outputs, bad = fetch(ran)  # one transfer (also surfaces the step's runtime errors)
         return Stepped({name: np.asarray(value)[:m] for name, value in outputs.items()}, np.asarray(bad)[:m])
 
@@ -142,6 +205,7 @@ class Sharded:
     ``shard_map``-ped; one packed array in, one packed byte array out (controller/placement.py)."""
 
     copies_rows = False  # a sharded state's checkpoint is copied at once, put in order by the writer
+    packed = True  # one packed array each way per device
 
     def __init__(self, processor: Any, config: Any, devices: list[Any]) -> None:
         if not getattr(processor, "per_stream", True):
@@ -164,7 +228,7 @@ class Sharded:
             lambda leaf, sharded: jax.ShapeDtypeStruct(
                 (place.rows_per_device, *leaf.shape[1:]) if sharded else leaf.shape, leaf.dtype),
             canonical, self.per_stream)
-        self.layout: tuple[OutputField, ...] = ()
+        self.fields: tuple[OutputField, ...] = ()
 
         def fresh_state() -> Any:
             # the contract makes every per-stream row of init equal: row 0, repeated over the
@@ -193,18 +257,12 @@ class Sharded:
         return reset
 
     def jit(self, step: Callable[..., Any]) -> Any:
-        features = self.config.features
+        features, dtype = self.config.features, self.dtype
         guarded_step = guarded(step)
 
         def per_device(state: Any, packed: jax.Array) -> tuple[Any, jax.Array]:
-            # the key's bits sit in an int as wide as x's dtype (controller/placement.py, pack)
-            bits = jnp.int32 if packed.dtype.itemsize == 4 else jnp.int64
-            key = jax.lax.bitcast_convert_type(packed[:, features], bits)
-            if key.dtype != jnp.int32:
-                key = key.astype(jnp.int32)
-            batch = Batch(packed[:, :features], key, packed[:, features + 1] > 0)
-            new_state, outputs, bad = guarded_step(state, batch)
-            return new_state, as_bytes([outputs[field.name] for field in self.layout[:-1]] + [bad])
+            new_state, outputs, bad = guarded_step(state, unpack_words(packed, features, dtype))
+            return new_state, as_bytes([outputs[field.name] for field in self.fields[:-1]] + [bad])
 
         # check_vma off: the processor's own code need not mark device-varying values (pcast);
         # what it must not do (change a replicated leaf) is checked on its jaxpr instead
@@ -219,8 +277,8 @@ class Sharded:
         check_contract(self.local_state, out_info, bucket)
         check_counters(declared(self.processor).counters, out_info[1])
         check_replicated_unchanged(step, self.local_state, local, self.per_stream)
-        if not self.layout:
-            self.layout = output_layout(out_info[1])
+        if not self.fields:
+            self.fields = output_layout(out_info[1])
 
     def lower(self, jitted: Any, state: Any, bucket: int) -> Any:
         """The step lowered for ``bucket`` after its contract is checked (on the per-device step:
@@ -242,11 +300,15 @@ class Sharded:
 
     def results(self, ran: tuple[Any, ...], m: int, route: Route, fetch: Callable[[Any], Any]) -> Stepped:
         (packed,) = ran  # the outputs and flags packed in one byte array, as the batch was
-        arrays = unpack_outputs(np.asarray(fetch(packed)), self.layout, route.positions)  # back in arrival order
-        return Stepped({field.name: a for field, a in zip(self.layout[:-1], arrays)}, arrays[-1])
+        arrays = unpack_outputs(np.asarray(fetch(packed)), self.fields, route.positions)  # back in arrival order
+        return Stepped({field.name: a for field, a in zip(self.fields[:-1], arrays)}, arrays[-1])
 
     def reset_index(self, slots: list[int]) -> tuple[np.ndarray, None]:
         return self.placement.reset_index(slots, self.config.max_batch), None  # [N, max_batch] local rows
+
+    def compile_clone(self, state: Any) -> Any:
+        """The state copied on its devices, each shard where it is, for a checkpoint."""
+        return device_copy(state, self.shardings)
 
     def host_copy(self, state: Any) -> Any:
         """The state on the host in canonical order: each per-stream leaf taken shard by shard,
@@ -264,3 +326,11 @@ class Sharded:
 
     def counts(self, m: int, route: Route) -> np.ndarray:
         return route.counts
+
+
+def device_copy(state: Any, shardings: Any) -> Any:
+    """A compiled copy of ``state`` on the device(s) it is on (new buffers, never the given
+    ones: a later step may be donated the state while the copy is read)."""
+    copy = jax.jit(lambda s: jax.tree.map(jnp.copy, s),  # a copy op: XLA gives it a buffer of its own
+                   in_shardings=(shardings,), out_shardings=shardings)
+    return copy.lower(state).compile()

@@ -14,11 +14,13 @@ Rules:
   arrival order with one fancy index.
 - Each batch crosses to the devices as ONE array and its results come back as ONE array
   (each separate array is one transfer per device: three of them measured 434 µs against
-  183 µs for one, on 4 CPU devices): ``pack`` lays ``x``, the key's bits and ``valid`` side by
-  side in a float32 ``[N * Bd, F + 2]`` (float64 for a float64 input: the key then in the
-  bits of an int64, so x keeps all its bits); the step unpacks it on each device and packs its
+  183 µs for one, on 4 CPU devices): ``pack`` lays ``x``'s bits, the key and ``valid`` side by
+  side in uint32 words ``[N * Bd, F * k + 2]`` (``pack_words``; k = 1 for float32, 2 for
+  float64); the step takes them apart on each device (``compiled.unpack_words``) and packs its
   outputs and the finiteness flags into bytes ``[N * Bd, T]`` uint8, which ``unpack_outputs``
-  reads back with numpy views (``OutputLayout``).
+  reads back with numpy views (``OutputLayout``). The key never travels in a float array: a
+  TPU's float64 is not IEEE double, and a host-to-device copy of one turned the int64 bits of
+  small keys (subnormal doubles) into 0, every message routed to row 0 (issue 48).
 - The canonical order (row ``s`` = slot ``s``, then the spare) is what checkpoints hold, so a
   file does not depend on the device count: ``to_sharded`` and ``CanonicalRows`` convert.
 """
@@ -32,14 +34,35 @@ from typing import Any, NamedTuple
 import numpy as np
 from forkless.controller.batching import bucket_for
 
-__all__ = ["CanonicalRows", "OutputField", "Placement", "Route", "unpack_outputs"]
+__all__ = ["CanonicalRows", "OutputField", "Placement", "Route", "pack_words", "unpack_outputs", "words_per_row"]
 
 # rows converted per piece when a sharded table is written in canonical order: each piece is
 # a small copy (cache-sized), so the writer thread never holds one large buffer
 CANONICAL_CHUNK_BYTES = 8 << 20
 
 
-_INT_OF_WIDTH = {4: np.int32, 8: np.int64}  # the key's bits in a float32 / float64 packed batch
+def words_per_row(features: int, dtype: Any) -> int:
+    """uint32 words a message takes in a packed batch: ``x``'s bits, the key, ``valid``."""
+    return features * np.dtype(dtype).itemsize // 4 + 2
+
+
+def pack_words(x: np.ndarray, keys: np.ndarray, rows: int, spare: int, dtype: Any,
+               positions: np.ndarray | None = None) -> np.ndarray:
+    """A batch as one uint32 ``[rows, F * k + 2]`` array (k = ``dtype``'s itemsize / 4): per
+    row ``x`` as ``dtype``'s bits, the key (int32's bits), ``valid`` (1 or 0); message i at row
+    ``positions[i]`` (the first ``len(keys)`` rows when None), the other rows padding: key
+    ``spare``, valid 0. Integer words only, so no copy can change a bit (``compiled.unpack_words``
+    takes them apart on the device)."""
+    dtype = np.dtype(dtype)
+    features = x.shape[1]
+    width = features * dtype.itemsize // 4
+    words = np.zeros((rows, width + 2), np.uint32)
+    at = slice(0, len(keys)) if positions is None else positions
+    words[:, :width].view(dtype)[at] = x  # x cast to dtype as it is copied in (one copy)
+    words[:, width] = np.uint32(spare)
+    words[at, width] = np.asarray(keys).astype(np.int32).view(np.uint32)
+    words[at, width + 1] = 1
+    return words
 
 
 class Route(NamedTuple):
@@ -103,17 +126,11 @@ class Placement:
         return Route(bucket, positions, counts)
 
     def pack(self, x: np.ndarray, slots: np.ndarray, route: Route, dtype: Any = np.float32) -> np.ndarray:
-        """``batch`` as one ``[N * Bd, F + 2]`` array of ``dtype`` (the processor's input dtype,
-        float32 or float64): ``x``, then the key (the local row, in the bits of the int of the
-        same width), then ``valid`` (1.0 or 0.0); the step unpacks it on each device."""
-        features = x.shape[1]
-        packed = np.zeros((self.devices * route.bucket, features + 2), dtype)
-        as_int = packed.view(_INT_OF_WIDTH[packed.itemsize])
-        as_int[:, features] = self.spare_row
-        packed[route.positions, :features] = x
-        as_int[route.positions, features] = np.asarray(slots) // self.devices
-        packed[route.positions, features + 1] = 1.0
-        return packed
+        """The batch as one uint32 ``[N * Bd, F * k + 2]`` array (``pack_words``): each
+        message's ``x`` (``dtype``, the processor's input dtype) and its local row at its
+        route's position, padding pointing at the spare row; the step unpacks it on each device."""
+        return pack_words(x, np.asarray(slots) // self.devices, self.devices * route.bucket, self.spare_row, dtype,
+                          route.positions)
 
     def reset_index(self, slots: Sequence[int], per_device: int) -> np.ndarray:
         """Local rows to reset, as an int32 ``[N * per_device]`` layout padded with the spare
@@ -194,12 +211,15 @@ class OutputField(NamedTuple):
     nbytes: int
 
 
-def unpack_outputs(packed: np.ndarray, layout: Sequence[OutputField], positions: np.ndarray) -> list[np.ndarray]:
-    """The fields of ``layout`` for the messages at ``positions`` (arrival order), from the
-    step's packed results (uint8 ``[N * Bd, T]``): one array per field, in ``layout`` order."""
-    m, width = len(positions), packed.shape[1]
+def unpack_outputs(packed: np.ndarray, layout: Sequence[OutputField], positions: np.ndarray | slice
+                   ) -> list[np.ndarray]:
+    """The fields of ``layout`` for the messages at ``positions`` (arrival order; a slice: the
+    rows one device's batch fills), from the step's packed results (uint8 ``[N * Bd, T]``):
+    one array per field, in ``layout`` order."""
+    width = packed.shape[1]
     # each row as one opaque item: picking rows is then one copy a row, not one a byte
     picked = np.ascontiguousarray(packed).view(np.dtype((np.void, width))).reshape(-1)[positions]
+    m = len(picked)
     picked = picked.view(np.uint8).reshape(m, width)
     return [np.ascontiguousarray(picked[:, field.offset:field.offset + field.nbytes]).view(field.dtype)
             .reshape((m, *field.tail)) for field in layout]

@@ -52,6 +52,7 @@ class Kept(NamedTuple):
     steps: dict[int, Any]
     reset: Any
     template: Any
+    outputs: tuple[Any, ...] = ()  # where a packed step puts each output (layouts.OneDevice.fields)
 
 
 # insertion order is age; each of these calls is one dict operation (atomic in CPython), so two
@@ -87,11 +88,12 @@ def kept(key: tuple[Any, ...] | None) -> Kept | None:
     return None if key is None else _kept.get(key)
 
 
-def keep(key: tuple[Any, ...] | None, steps: dict[int, Any], reset: Any, template: Any) -> None:
+def keep(key: tuple[Any, ...] | None, steps: dict[int, Any], reset: Any, template: Any,
+         outputs: tuple[Any, ...] = ()) -> None:
     """Keep a program's executables (the oldest dropped beyond ``KEPT``)."""
     if key is None:
         return
-    _kept[key] = Kept(dict(steps), reset, template)
+    _kept[key] = Kept(dict(steps), reset, template, outputs)
     while len(_kept) > KEPT:
         try:
             del _kept[next(iter(_kept))]

@@ -2,6 +2,7 @@
 
     JAX_ENABLE_X64=1 python -m tests.input_dtype_runs OUT.json
     JAX_ENABLE_X64=1 JAX_NUM_CPU_DEVICES=4 python -m tests.input_dtype_runs OUT.json
+    JAX_ENABLE_X64=1 JAX_NUM_CPU_DEVICES=2 python -m tests.input_dtype_runs --large-keys OUT.json
 
 JAX's 64-bit mode is process-wide (and the library never turns it on), so this runs in a
 subprocess and the test process keeps it off. JSON frames go through the codec the
@@ -119,7 +120,60 @@ def expected() -> dict[str, Any]:
     return out
 
 
+LARGE_STREAMS = 1 << 26  # slots up to 2**26 - 1: local rows above 2**24 on 2 devices, which float32 cannot count
+
+
+def key_processor() -> Processor:
+    """A float64 processor that gives back the key (local row) and ``x`` it was given; its state
+    has no per-stream leaf, so a table of 2**26 streams costs nothing."""
+
+    def init(config: Any) -> jax.Array:
+        return jnp.zeros((), jnp.int32)
+
+    def step(state: jax.Array, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+        return state, {"key": batch.key, "x": batch.x}
+
+    return Processor(init, step, input_dtype=jnp.float64)
+
+
+LARGE_SLOTS = [(1 << 25) + 3, (1 << 26) - 1, 5, (1 << 24) + 1, (1 << 25) + 2, 16_777_217 * 2 + 1]
+
+
+class _Beyond:
+    """A run's configuration with a ``max_streams`` above what the variable accepts."""
+
+    def __init__(self, config: Config, max_streams: int) -> None:
+        self._config, self.max_streams = config, max_streams
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+def large_keys() -> dict[str, Any]:
+    """Slots whose local rows are above 2**24 through the engine of several devices (the
+    controller's own slot table of 2**26 names would be too big for a test): the keys each
+    device's step got, and the bits of its x."""
+    from forkless.controller.engine import compile_step
+
+    # FORKLESS_MAX_STREAMS stops at 10M, so the keys' range is a config's beyond it: the path's
+    # arithmetic does not depend on that limit (as compiled.check_row_writes probes a smaller one)
+    engine = compile_step(key_processor(), _Beyond(Config(features=F, max_batch=8, status_s=0.0), LARGE_STREAMS))
+    slots = np.asarray(LARGE_SLOTS, np.int32)
+    x = np.asarray([[float(i) + 0.1, 2.0 ** 60 + 2 * i] for i in range(len(slots))], np.float64)
+    layout = engine._layout  # what the step is handed: the laid-out batch's dtype
+    laid = layout.lay_out(x, slots)[1]
+    stepped = engine.step(x, slots)
+    return {"devices": len(engine.devices), "x64": bool(jax.config.jax_enable_x64),
+            "keys": stepped.outputs["key"].tolist(), "slots": slots.tolist(),
+            "x": [[float(v).hex() for v in row] for row in stepped.outputs["x"]],
+            "x_sent": [[float(v).hex() for v in row] for row in x],
+            "laid_out": [str(np.asarray(leaf).dtype) for leaf in jax.tree.leaves(laid)]}
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "--large-keys":
+        Path(argv[1]).write_text(json.dumps(large_keys()))
+        return 0
     Path(argv[0]).write_text(json.dumps(run()))
     return 0
 

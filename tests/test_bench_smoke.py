@@ -232,3 +232,26 @@ def test_the_tpu_script_s_run_is_over_unix_sockets_and_opens_no_inet_socket(quic
         assert r["loadgen"]["sent"] == r["loadgen"]["answered"] > 0, r["tag"]
     assert all(r["probe"]["pongs"] == r["probe"]["pings"] > 0 for r in runs if "probe" in r)
     assert not any("PermissionError" in p.read_text(errors="replace") for p in (run.out / "logs").glob("*.log"))
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_the_tpu_script_measures_packed_transfers_and_the_checkpoint_gap(quick_benchmark: QuickBench) -> None:
+    """Issue 48's figures: a step's round trip with one array each against one packed array each
+    way (bench/packed_io.py), the checkpoint gap cloned on the device against the host copy on
+    the main thread (bench/checkpoint_stall.py), and both as one table (bench/transfers.py)."""
+    import json
+
+    run, out = quick_benchmark, quick_benchmark.out
+    assert run.returncode == 0, run.failure()
+    packed = json.loads((out / "packed_io.json").read_text())
+    assert packed["platform"] == "cpu" and set(packed["sizes"]) == {"1", "256"}
+    for modes in packed["sizes"].values():
+        for mode in ("arrays", "packed"):
+            assert modes[mode]["steps"] > 0 and _number(modes[mode]["round_trip_ms"]["p50"]), mode
+    stall = json.loads((out / "checkpoint_stall.json").read_text())
+    assert set(stall["modes"]) == {"off", "whole", "device-get"} and stall["checkpoint_failures"] == 0
+    for mode in ("whole", "device-get"):
+        assert stall["modes"][mode]["checkpoints"] > 0 and stall["modes"][mode]["written"] > 0, mode
+        assert _number(stall["modes"][mode]["gaps_during_checkpoint"]["max_ms"]), mode
+    table = (out / "transfers.md").read_text()
+    assert table.startswith("## Transfers (cpu:0, ") and "| device-get |" in table and "| 256 |" in table

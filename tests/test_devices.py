@@ -52,11 +52,11 @@ def test_a_batch_is_grouped_by_device_in_arrival_order_and_padded_to_the_busiest
     assert route.counts.tolist() == [3, 2, 0, 0]
     assert route.positions.tolist() == [4, 0, 1, 5, 2]
     x = np.arange(10, dtype=np.float32).reshape(5, 2)
-    packed = place.pack(x, slots, route)  # one array: x, the key's bits, valid
-    assert packed.shape == (16, 4) and packed.dtype == np.float32
-    assert packed.view(np.int32)[:, 2].tolist() == [0, 1, 2, 3, 1, 0, 3, 3] + [3] * 8  # local rows; padding: spare 3
+    packed = place.pack(x, slots, route)  # one array of uint32 words: x's bits, the key, valid
+    assert packed.shape == (16, 4) and packed.dtype == np.uint32
+    assert packed[:, 2].tolist() == [0, 1, 2, 3, 1, 0, 3, 3] + [3] * 8  # local rows; padding: spare 3
     assert packed[:, 3].tolist() == [1, 1, 1, 0, 1, 1, 0, 0] + [0] * 8
-    assert packed[route.positions, :2].tolist() == x.tolist()  # and the outputs come back the same way
+    assert packed[route.positions, :2].view(np.float32).tolist() == x.tolist()  # the outputs come back the same way
     assert not packed[[3, 6, 7], :2].any()
 
 

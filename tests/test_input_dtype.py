@@ -21,6 +21,7 @@ import orjson
 import pytest
 from forkless.controller.batching import pad_batch
 from forkless.controller.codec import Decoded, GuardedCodec, JsonCodec
+from forkless.controller.compiled import check_platform_dtypes
 from forkless.controller.config import Config
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
@@ -71,11 +72,11 @@ def test_padding_and_the_packed_batch_of_several_devices_keep_float64_bits():
     place = Placement(devices=4, max_streams=10)
     slots = np.array([5, 0], np.int32)
     route = place.route(slots, (1, 4))
-    packed = place.pack(x, slots, route, np.float64)
-    assert packed.dtype == np.float64 and packed.shape == (4, 4)
-    assert np.array_equal(packed[route.positions, :2], x)
-    assert packed.view(np.int64)[:, 2].tolist() == [0, 1, 3, 3]  # local rows (slot // 4); the spare, 3
-    assert packed[:, 3].tolist() == [1, 1, 0, 0]
+    packed = place.pack(x, slots, route, np.float64)  # uint32 words: x's bits (two a value), key, valid
+    assert packed.dtype == np.uint32 and packed.shape == (4, 6)
+    assert np.array_equal(np.ascontiguousarray(packed[route.positions, :4]).view(np.float64), x)
+    assert packed[:, 4].tolist() == [0, 1, 3, 3]  # local rows (slot // 4); the spare, 3
+    assert packed[:, 5].tolist() == [1, 1, 0, 0]
 
 
 # ---- the contract: refused at compile -----------------------------------------------------------
@@ -111,6 +112,33 @@ def test_the_default_processor_gets_a_float32_codec_as_before():
         assert fake.codec.decode == fake.codec.codec.decode  # the built-in codec still runs unwrapped
 
 
+# ---- on a TPU, float64 is not IEEE double: refused (the platform string faked here) -----------------
+
+
+def test_a_float64_processor_on_a_tpu_is_refused_saying_what_its_float64_is():
+    shapes = jax.ShapeDtypeStruct((9, 2), np.float64)
+    with pytest.raises(ProcessorContractError) as err:
+        check_platform_dtypes(_echo64(), shapes, "tpu")
+    message = str(err.value)
+    assert "input_dtype=float64" in message and "on a TPU, float64 is not IEEE double" in message
+    assert "1e300 became inf" in message and "input_dtype=float32" in message and "JAX_PLATFORMS=cpu" in message
+    for platform in ("cpu", "gpu"):  # IEEE double there
+        check_platform_dtypes(_echo64(), shapes, platform)
+
+
+def test_a_float64_state_leaf_on_a_tpu_is_warned_about_naming_it(caplog):
+    processor = default_processor(Config(features=2))  # float32 input
+    shapes = {"mean": jax.ShapeDtypeStruct((9, 2), np.float64), "count": jax.ShapeDtypeStruct((9,), np.int32)}
+    with caplog.at_level("WARNING", logger="forkless.compile"):
+        check_platform_dtypes(processor, shapes, "tpu")
+    [record] = caplog.records
+    assert "['mean']" in record.getMessage() and "not IEEE double" in record.getMessage()
+    assert "dtype=jnp.float32" in record.getMessage() and "count" not in record.getMessage()
+    caplog.clear()
+    check_platform_dtypes(processor, shapes, "cpu")
+    assert not caplog.records
+
+
 # ---- the whole path, with x64 on (a subprocess) ----------------------------------------------------
 
 
@@ -138,3 +166,20 @@ def test_float64_inputs_reach_the_processor_and_come_back_bit_for_bit(tmp_path, 
     assert all(r["dtypes"] == {"x": "float64", "prev": "float64"} for r in figures["results"].values())
     assert figures["replies"] == want and figures["errors"] == []  # and the JSON replies carry them
     assert figures["compilations_after_warmup"] == 0
+
+
+def test_keys_above_2_to_the_24_are_routed_right_with_a_float64_processor_on_several_devices(tmp_path):
+    """Issue 48: the several-device layout carried the key's bits in the float64 batch, and a
+    TPU's copy of a float64 array does not keep bits (small keys came back 0: every message to
+    row 0). Now the key travels in integer words: exact on any device, at any size."""
+    out = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, "-m", "tests.input_dtype_runs", "--large-keys", str(out)], cwd=ROOT,
+                          env=app_env({"JAX_ENABLE_X64": "1", "JAX_NUM_CPU_DEVICES": "2"}), capture_output=True,
+                          text=True, timeout=180 * UNIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["x64"] and got["devices"] == 2
+    assert max(got["keys"]) > 2 ** 24
+    assert got["keys"] == [slot // 2 for slot in got["slots"]]  # each slot's local row on its device
+    assert got["x"] == got["x_sent"]  # and x's float64 bits with it
+    assert all(dtype in ("uint32", "int32", "bool") for dtype in got["laid_out"])  # no float array carries a key
