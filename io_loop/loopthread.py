@@ -5,8 +5,10 @@ anyio's ``BlockingPortal`` is the model: a start handshake, the exception delive
 
 Rules:
 - ``start(main, timeout)`` starts a daemon thread named ``name``, makes a new loop there and runs
-  ``main()`` on it as its main task. The loop is never made any thread's current loop: nothing
-  process-wide changes (a library leaves its host alone).
+  ``main()`` on it as its main task (``run_here``; an owner whose thread does more around it
+  passes its own ``body``, which calls ``run_here(main)``, and starts with ``start(None, …)``).
+  The loop is never made any thread's current loop: nothing process-wide changes (a library
+  leaves its host alone).
 - The start handshake: ``start`` returns True once ``main`` has called ``ready()`` (on the loop) or
   has ended, False when neither happened within ``timeout``.
 - What ``main`` raised (its cancellation too) is kept in ``failure``, what it returned in ``result``;
@@ -42,8 +44,9 @@ CANCEL_S = 2.0  # run_in_thread: how long an interrupted caller waits for the ca
 class LoopThread:
     """A thread, its loop and its main coroutine (see the module rules). Made once, started once."""
 
-    def __init__(self, name: str, *, cleanup_s: float | None = None, shutdown_executor: bool = False) -> None:
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+    def __init__(self, name: str, *, cleanup_s: float | None = None, shutdown_executor: bool = False,
+                 body: Callable[[], None] | None = None) -> None:
+        self.thread = threading.Thread(target=body or self._body, name=name, daemon=True)
         self.cleanup_s = cleanup_s
         self.shutdown_executor = shutdown_executor
         self.loop: asyncio.AbstractEventLoop | None = None  # set in the thread before main runs
@@ -51,6 +54,8 @@ class LoopThread:
         self.failure: BaseException | None = None
         self.result: Any = None
         self._main: Callable[[], Awaitable[Any]] | None = None
+        self._begun = False
+        self._cancelled = False  # cancel() was called: main is cancelled, or never begins
         self._ready = threading.Event()
         # set by the thread as its last act: what join() waits for. Not Thread.join alone: a
         # KeyboardInterrupt inside it marks a live thread as ended (CPython 3.11, bpo-45274's fix)
@@ -75,11 +80,13 @@ class LoopThread:
     def alive(self) -> bool:
         return self.started and not self._ended.is_set()
 
-    def start(self, main: Callable[[], Awaitable[Any]], timeout: float | None = None) -> bool:
-        """Start the thread running ``main()``; True once it has called ``ready()`` or ended, False
-        if neither within ``timeout`` seconds (None: no bound)."""
-        if self._main is not None:
+    def start(self, main: Callable[[], Awaitable[Any]] | None, timeout: float | None = None) -> bool:
+        """Start the thread running ``main()`` (None: the ``body`` given calls ``run_here`` itself);
+        True once it has called ``ready()`` or ended, False if neither within ``timeout`` seconds
+        (None: no bound)."""
+        if self._begun:
             raise RuntimeError(f"LoopThread {self.name!r} was started already (a LoopThread runs once)")
+        self._begun = True
         self._main = main
         self.thread.start()
         return self._ready.wait(timeout)
@@ -114,9 +121,13 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, loop)
 
     def cancel(self) -> bool:
-        """Cancel the main task, from any thread; False when there is none to cancel."""
+        """Cancel the main task, from any thread (asked before it began, it never begins); False
+        once the thread has ended."""
+        if self._ended.is_set():
+            return False
+        self._cancelled = True  # first, then the task: _guarded sets the task, then reads this
         task = self.main_task
-        return task is not None and self.call_soon(task.cancel)
+        return task is None or self.call_soon(task.cancel)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the thread's last act, at most ``timeout`` seconds in all; True if it has ended
@@ -146,7 +157,14 @@ class LoopThread:
 
     # ---- the thread ---------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _body(self) -> None:
+        assert self._main is not None, "LoopThread.start(None) needs a body that calls run_here(main)"
+        self.run_here(self._main)
+
+    def run_here(self, main: Callable[[], Awaitable[Any]]) -> None:
+        """The thread's work, on the calling thread (this LoopThread's): a new loop runs ``main()``,
+        then the exit (see the module rules). Called once, by the thread's body."""
+        self._main = main
         getclock = getattr(time, "pthread_getcpuclockid", None)  # Unix; not macOS
         if getclock is not None:
             try:
@@ -170,6 +188,8 @@ class LoopThread:
     async def _guarded(self) -> Any:
         assert self._main is not None
         self.main_task = asyncio.current_task()
+        if self._cancelled:
+            raise asyncio.CancelledError
         return await self._main()
 
     def _clean_up(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -93,8 +93,7 @@ class IOThread:
         self._feeds: FeedSet | None = None
         # the thread and its loop (io_loop/loopthread.py); what _main leaves running is cancelled at
         # its end, briefly: _main has ended every task it made
-        self._runner = LoopThread(name, cleanup_s=ABORT_CLEANUP_S)
-        self._main_task: asyncio.Task | None = None
+        self._runner = LoopThread(name, cleanup_s=ABORT_CLEANUP_S, body=self._run)
         self._bridge: Bridge | None = None
         self._main_side: MainSide | None = None
         self._aborted = False
@@ -105,7 +104,7 @@ class IOThread:
 
     def start(self, timeout: float = 30.0) -> MainSide:
         """Start the thread; return the queues' sync sides once the loop has made them."""
-        if not self._runner.start(self._run, timeout):
+        if not self._runner.start(None, timeout):
             raise IOThreadError(f"the IO thread did not start within {timeout}s")
         self.raise_if_failed()
         assert self._main_side is not None
@@ -159,7 +158,15 @@ class IOThread:
 
     # ---- the thread -------------------------------------------------------------------------
 
-    async def _run(self) -> None:
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._runner.loop
+
+    def _run(self) -> None:
+        """The thread's body: its loop runs ``_outcome``."""
+        self._runner.run_here(self._outcome)
+
+    async def _outcome(self) -> None:
         """The thread's main coroutine: ``_main``, what ends it kept in ``failure`` (see the rules)."""
         try:
             await self._main()
@@ -173,7 +180,6 @@ class IOThread:
 
     async def _main(self) -> None:
         cfg = self.settings
-        self._main_task = asyncio.current_task()
         self._bridge = bridge = Bridge(cfg.queue_size)
         background: list[asyncio.Task] = []
         metrics = None

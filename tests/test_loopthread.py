@@ -134,6 +134,19 @@ def test_cancel_cancels_main_and_the_cancellation_is_the_failure(timeout_unit):
     assert not runner.cancel() and not runner.call_soon(print)  # the loop has closed: nothing to do
 
 
+def test_a_cancel_asked_before_main_began_means_it_never_begins(timeout_unit):
+    began = []
+
+    async def main():
+        began.append(True)
+
+    runner = LoopThread("test-loop")
+    assert runner.cancel()
+    runner.start(main, 10 * timeout_unit)
+    assert runner.join(10 * timeout_unit)
+    assert began == [] and isinstance(runner.failure, asyncio.CancelledError)
+
+
 def test_submit_runs_a_coroutine_beside_main_and_refuses_one_from_the_loop_s_own_thread(timeout_unit):
     refused = []
 
@@ -200,3 +213,21 @@ def test_cpu_seconds_is_nan_before_the_start_and_final_after_the_end(timeout_uni
     runner.start(main)
     assert runner.join(10 * timeout_unit)
     assert runner.cpu_seconds() >= 0.0 and runner.cpu_seconds() == runner.cpu_seconds()
+
+
+def test_an_owner_s_own_body_runs_in_the_thread_around_run_here(timeout_unit):
+    around = []
+
+    async def main():
+        around.append("main")
+        runner.ready()
+
+    def body():
+        around.append(threading.current_thread().name)
+        runner.run_here(main)
+        around.append("after")
+
+    runner = LoopThread("test-body", body=body)
+    assert runner.start(None, 10 * timeout_unit)
+    assert runner.join(10 * timeout_unit)
+    assert around == ["test-body", "main", "after"] and runner.failure is None
