@@ -1,9 +1,11 @@
-"""Prometheus metrics drawn from ``StatsSnapshot``s: one collector, one registry per controller.
+"""Prometheus metrics drawn from snapshots: one collector, one registry per controller (or relay).
 
 Rules:
 - Nothing here counts anything. Each scrape takes one snapshot (``Controller.stats()``) and
   turns it into metric families, so ``/metrics``, ``stats()`` and the status line never
-  disagree.
+  disagree. The relay's ``/metrics`` is the same collector with its own families
+  (``exposition(view, families=relay_metric_families)``, controller/relaycmd.py), and builds
+  its histograms and by-reason counters with ``histogram_family`` and ``by_reason_family``.
 - Every controller gets its own ``CollectorRegistry``; the global default registry is never
   touched (several controllers may live in one process, e.g. in tests).
 - Histograms come from the snapshot's fixed buckets. Seconds histograms expose every
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +38,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "exposition", "make_registry", "metric_families",
-           "metrics_table_markdown", "render"]
+__all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "by_reason_family", "exposition", "histogram_family",
+           "make_registry", "metric_families", "metrics_table_markdown", "render"]
 
 log = logging.getLogger("forkless.metrics")
 
@@ -94,13 +96,14 @@ def _book_families(snap: StatsSnapshot) -> list[Metric]:
                                   value=snap.streams_active))
     fams.append(CounterMetricFamily("forkless_streams_evicted", "Idle streams whose slot was given to a new stream "
                                     "(FORKLESS_STREAM_IDLE_S).", value=snap.streams_evicted))
-    fams.append(_by_reason("forkless_state_resets", "Streams (or the whole state) reset, by reason.", snap.resets))
+    fams.append(by_reason_family("forkless_state_resets", "Streams (or the whole state) reset, by reason.",
+                                 snap.resets))
     fams.append(CounterMetricFamily("forkless_no_reply", "Received messages answered with no frame: the codec "
                                     "returned None, or the reply was declined (forkless_replies_declined).",
                                     value=snap.no_reply))
-    fams.append(_by_reason("forkless_replies_declined", "Replies not sent, by reason (the error's, or \"result\"): "
-                           "the feed's reply policy (FORKLESS_REPLIES, a feed's \"replies\") or the codec's "
-                           "encode_error returning None declined them.", snap.replies_declined))
+    fams.append(by_reason_family("forkless_replies_declined", "Replies not sent, by reason (the error's, or "
+                                 "\"result\"): the feed's reply policy (FORKLESS_REPLIES, a feed's \"replies\") or "
+                                 "the codec's encode_error returning None declined them.", snap.replies_declined))
     # the processor's declared counters: the default detector's "anomalies" keeps a family of its own
     if "anomalies" in snap.counters:
         fams.append(CounterMetricFamily("forkless_anomalies", "Messages the default detector flagged as anomalies "
@@ -113,8 +116,8 @@ def _book_families(snap: StatsSnapshot) -> list[Metric]:
         if name != "anomalies":
             declared.add_metric([name], value)
     fams.append(declared)
-    fams.append(_by_reason("forkless_errors", "Messages or frames refused or failed, by reason.", snap.errors))
-    fams.append(_by_reason("forkless_dropped", "Messages or replies dropped, by reason.", snap.dropped))
+    fams.append(by_reason_family("forkless_errors", "Messages or frames refused or failed, by reason.", snap.errors))
+    fams.append(by_reason_family("forkless_dropped", "Messages or replies dropped, by reason.", snap.dropped))
     return fams
 
 
@@ -168,13 +171,13 @@ def _latency_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric
     for hop, hist in snap.hops.items():
         hops.add_metric([hop], _buckets(hist, SECONDS_STEP), sum_value=hist.total)
     fams.append(hops)
-    fams.append(_histogram("forkless_batch_size", "Messages per batch run through the step.",
+    fams.append(histogram_family("forkless_batch_size", "Messages per batch run through the step.",
                            snap.batch_size, 1))
-    fams.append(_histogram("forkless_io_loop_lag_seconds", "How late the IO loop runs what is due, sampled every "
+    fams.append(histogram_family("forkless_io_loop_lag_seconds", "How late the IO loop runs what is due, sampled every "
                            f"{LAG_INTERVAL_S * 1000:g} ms: a ready callback's wait for its turn, or the sampling "
                            "timer's lateness, the longer (a block of the loop shows for as long as it lasted).",
                            snap.loop_lag, SECONDS_STEP))
-    fams.append(_histogram("forkless_step_seconds", "Wall time of one compiled step, device to host included.",
+    fams.append(histogram_family("forkless_step_seconds", "Wall time of one compiled step, device to host included.",
                            snap.step_seconds, SECONDS_STEP))
     if not math.isnan(snap.io_cpu_s):  # the IO thread's CPU clock is known (Linux and most Unixes)
         io_cpu = CounterMetricFamily("forkless_io_thread_cpu_seconds", "CPU time of the IO thread, split by whether "
@@ -267,7 +270,8 @@ def _checkpoint_families(snap: StatsSnapshot) -> list[Metric]:
     ]
 
 
-def _by_reason(name: str, doc: str, counts: Mapping[str, int]) -> CounterMetricFamily:
+def by_reason_family(name: str, doc: str, counts: Mapping[str, int]) -> CounterMetricFamily:
+    """A counter labelled by ``reason``: at most ``MAX_REASONS`` of them, the rarest beyond summed as "other"."""
     fam = CounterMetricFamily(name, doc, labels=["reason"])
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     kept = dict(ranked[:MAX_REASONS])
@@ -324,7 +328,7 @@ def _per_feed(kind: type, name: str, doc: str, feeds: list[_FeedRow], attr: str)
     return fam
 
 
-def _histogram(name: str, doc: str, hist: HistogramSnapshot, step: int) -> HistogramMetricFamily:
+def histogram_family(name: str, doc: str, hist: HistogramSnapshot, step: int) -> HistogramMetricFamily:
     """Cumulative buckets at every ``step``-th bound of the snapshot, then ``+Inf``."""
     return HistogramMetricFamily(name, doc, buckets=_buckets(hist, step), sum_value=hist.total)
 
@@ -342,26 +346,32 @@ def _buckets(hist: HistogramSnapshot, step: int) -> list[tuple[str, float]]:
     return buckets
 
 
+Families = Callable[[Any], Iterable[Metric]]  # a snapshot's metric families: metric_families, the relay's
+
+
 class SnapshotCollector(Collector):
-    """Calls ``snapshot()`` once per scrape and yields ``metric_families`` of the result.
+    """Calls ``snapshot()`` once per scrape and yields ``families`` of the result (``metric_families``
+    by default; the relay's ``relay_metric_families`` of its view).
 
     ``snapshot`` may return None (nothing to report yet); then no ``forkless_*`` family is
     yielded. It is called from the scraping thread (the IO thread for ``MetricsServer``).
     """
 
-    def __init__(self, snapshot: Callable[[], StatsSnapshot | None]) -> None:
+    def __init__(self, snapshot: Callable[[], Any], families: Families = metric_families) -> None:
         self.snapshot = snapshot
+        self.families = families
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot()  # copying counters another thread writes: see io_loop/counters.py copy_counts
         if snap is not None:
-            yield from metric_families(snap)
+            yield from self.families(snap)
 
 
-def make_registry(snapshot: Callable[[], StatsSnapshot | None], *, process: bool = True) -> CollectorRegistry:
+def make_registry(snapshot: Callable[[], Any], *, families: Families = metric_families,
+                  process: bool = True) -> CollectorRegistry:
     """A fresh registry with the snapshot collector (and the standard ``process_*`` metrics)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(snapshot))
+    registry.register(SnapshotCollector(snapshot, families))
     if process:
         ProcessCollector(registry=registry)
     return registry
@@ -372,12 +382,12 @@ def render(registry: Any) -> bytes:
     return generate_latest(registry)
 
 
-def exposition(snapshot: Callable[[], StatsSnapshot | None], *,
+def exposition(snapshot: Callable[[], Any], *, families: Families = metric_families,
                process: bool = True) -> Callable[[], tuple[bytes, str]]:
     """What the IO side's metrics server (io_loop/http.py) is handed to answer ``/metrics``:
     a callable returning the text exposition of a fresh registry (``make_registry``), drawn
-    from one ``snapshot()`` per call, and its content type."""
-    registry = make_registry(snapshot, process=process)
+    from one ``snapshot()`` per call (``families`` of it), and its content type."""
+    registry = make_registry(snapshot, families=families, process=process)
     return lambda: (render(registry), CONTENT_TYPE_LATEST)
 
 

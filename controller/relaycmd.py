@@ -19,7 +19,8 @@ Rules:
 - Exit statuses as the program's (controller/errors.py): 2 a configuration the relay cannot use
   (naming the variable or the feed), 3 a feed or the NATS server that cannot be used (tries used
   up, credentials refused) or messages not stored by the stop's deadline, 1 a crash.
-- Metrics: ``/metrics`` serves ``relay_metric_families`` of one ``RelayView`` per scrape;
+- Metrics: ``/metrics`` serves ``relay_metric_families`` of one ``RelayView`` per scrape, through
+  the controller's one collector (controller/metrics.py ``exposition``);
   ``/healthz`` and ``/readyz`` read the same view (ready while every required feed and the NATS
   server are connected).
 """
@@ -32,7 +33,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,20 +43,18 @@ from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
 from forkless.controller.host import StopSignals
 from forkless.controller.logs import flush_log_repeats, setup_logging
+from forkless.controller.metrics import SECONDS_STEP, by_reason_family, exposition, histogram_family
+from forkless.controller.queues import POLL_S, STOP_RESERVE_S
 from forkless.controller.vardocs import help_text
 from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, FeedFatal, ForklessError
 from forkless.io_loop.thread import IOThread
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = ["RelayView", "relay_main", "relay_metric_families", "relay_metrics_table_markdown", "relay_status_line"]
 
 log = logging.getLogger("forkless.relay")
 
-POLL_S = 0.1
-STOP_RESERVE_S = 0.5  # of SHUTDOWN_TIMEOUT_S (at most a third), kept for ending the IO thread
 ABORT_JOIN_S = 0.5
 
 
@@ -147,7 +146,7 @@ class Relay:
         self.publisher = publisher(relay_settings, io_settings, stats, names)
         # the payload carries x as the feed wrote it: decoded in float64, written back exactly
         codec = JsonCodec(config.features, max_frame_items=config.max_frame_items, dtype=np.float64)
-        render = exposition(self.view) if config.metrics_addr else None
+        render = exposition(self.view, families=relay_metric_families) if config.metrics_addr else None
         self.io = IOThread(io_settings, codec, self.io_stats, stats_snapshot=self.view, render_metrics=render,
                            sink=self.publisher)
         self._print = out if out is not None else (lambda line: print(line, flush=True))
@@ -334,35 +333,11 @@ def _relay_feed_families(io: IOSnapshot) -> list[Metric]:
         for f in feeds:
             fam.add_metric([f.name], int(getattr(f.io, attr)))
         fams.append(fam)
-    for name, doc, counts in (("forkless_errors", "Bad input refused (not published), by reason.", io.errors),
-                              ("forkless_dropped", "Messages dropped, by reason.", io.dropped)):
-        fam = CounterMetricFamily(name, doc, labels=["reason"])
-        for reason in sorted(counts):
-            fam.add_metric([reason], counts[reason])
-        fams.append(fam)
-    lag = io.loop_lag
-    cumulative = lag.cumulative()
-    buckets = [(str(bound), count) for bound, count in cumulative[:-1][::5]] + [("+Inf", cumulative[-1][1])]
-    fams.append(HistogramMetricFamily("forkless_io_loop_lag_seconds", "How late the IO loop runs what is due (a "
-                                      "block of the loop shows for as long as it lasted).", buckets=buckets,
-                                      sum_value=lag.total))
+    fams.append(by_reason_family("forkless_errors", "Bad input refused (not published), by reason.", io.errors))
+    fams.append(by_reason_family("forkless_dropped", "Messages dropped, by reason.", io.dropped))
+    fams.append(histogram_family("forkless_io_loop_lag_seconds", "How late the IO loop runs what is due (a block of "
+                                 "the loop shows for as long as it lasted).", io.loop_lag, SECONDS_STEP))
     return fams
-
-
-class _Collector(Collector):
-    def __init__(self, view: Callable[[], RelayView]) -> None:
-        self.view = view
-
-    def collect(self) -> Iterator[Metric]:
-        yield from relay_metric_families(self.view())
-
-
-def exposition(view: Callable[[], RelayView]) -> Callable[[], tuple[bytes, str]]:
-    """What the metrics server answers ``/metrics`` with: the relay's families and the process's."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(view))
-    ProcessCollector(registry=registry)
-    return lambda: (generate_latest(registry), CONTENT_TYPE_LATEST)
 
 
 def relay_metrics_table_markdown() -> str:

@@ -3,9 +3,9 @@
 Rules:
 - ``start()``, ``stop()``, ``poll()`` and the queues' sync ends (``to_main``, ``from_main``:
   ``MainQueue``) belong to the main thread; the worker runs as one task on the portal's own loop
-  in its own thread and touches only its ends (``WorkerQueue``, io_loop/portalqueue.py: called as
-  ``multiprocessing.Queue``'s, on the loop or from its executor threads, or awaited). Nobody else
-  holds both.
+  in its own thread (a ``LoopThread``: io_loop/loopthread.py) and touches only its ends
+  (``WorkerQueue``, io_loop/portalqueue.py: called as ``multiprocessing.Queue``'s, on the loop or
+  from its executor threads, or awaited). Nobody else holds both.
 - The start handshake: ``start()`` returns once the loop has made the janus queues and the
   worker has taken its first step; a worker that fails before its first ``await`` fails it.
 - The worker is ``worker(to_main, from_main)``, returning a coroutine. The stop begins by setting
@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import janus
 from forkless.io_loop.errors import ForklessError
+from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.portalqueue import MainQueue, WorkerQueue
 
 __all__ = ["IOPortal", "PortalClosed", "WorkerFailed"]
@@ -74,9 +74,10 @@ class IOPortal:
         self._worker = worker
         self.queue_size, self.stop_timeout_s, self.start_timeout_s = queue_size, stop_timeout_s, start_timeout_s
         self.stopping = asyncio.Event()  # set on the loop when the stop begins; the worker may await it
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # the thread and its loop (io_loop/loopthread.py): what the worker started and left running is
+        # cancelled at the end, as asyncio.run does, within CANCEL_RESERVE_S; its executor is shut down
+        self._runner = LoopThread(name, cleanup_s=CANCEL_RESERVE_S, shutdown_executor=True)
+        self._thread = self._runner.thread
         self._queues: tuple[janus.Queue[Any], janus.Queue[Any]] | None = None
         self._ends: tuple[MainQueue, MainQueue] | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -114,13 +115,12 @@ class IOPortal:
         if self._started:
             return self
         self._started = True
-        self._thread.start()
-        if not self._ready.wait(self.start_timeout_s):
+        if not self._runner.start(self._run, self.start_timeout_s):
             self._stopped = True
             self._stop(0.0, because=f"did not start within start_timeout_s={self.start_timeout_s}")
         elif self._failure is not None:
             self._stopped = True
-            self._thread.join(self.stop_timeout_s)  # it is closing its queues and its loop
+            self._runner.join(self.stop_timeout_s)  # it is closing its queues and its loop
         self.raise_if_failed()
         return self
 
@@ -160,14 +160,8 @@ class IOPortal:
 
     def _stop(self, timeout: float, *, because: str) -> None:
         deadline = time.monotonic() + timeout
-        loop = self._loop
-        if loop is not None:
-            try:
-                loop.call_soon_threadsafe(self._begin_stop, deadline)
-            except RuntimeError:  # the loop has closed: the worker has ended
-                pass
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        if self._thread.is_alive():
+        self._runner.call_soon(self._begin_stop, deadline)  # nothing once the loop has closed: the worker has ended
+        if not self._runner.join(max(0.0, deadline - time.monotonic())):
             self._broken = f"the IO worker {because}; its thread {self._thread.name!r} is left running (a daemon)"
             log.error("%s", self._broken)
             for q in self._queues or ():
@@ -189,23 +183,12 @@ class IOPortal:
 
     # ---- the IO thread ------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()  # not set as the thread's current loop: nothing global changes
-        self._loop = loop
+    async def _run(self) -> None:
+        """The thread's main coroutine (the loop is not the thread's current loop: nothing global changes)."""
         try:
-            loop.run_until_complete(self._main())
-            left = asyncio.all_tasks(loop)  # what the worker started and left running: cancelled, as asyncio.run does
-            for task in left:
-                task.cancel()
-            if left:
-                loop.run_until_complete(asyncio.wait(left, timeout=CANCEL_RESERVE_S))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
+            await self._main()
         except BaseException as exc:  # only the portal's own bookkeeping: the worker's are caught in _work
             self._fail(exc)
-        finally:
-            loop.close()
-            self._ready.set()
 
     async def _main(self) -> None:
         self._queues = to_main, from_main = janus.Queue(self.queue_size), janus.Queue(self.queue_size)
@@ -214,7 +197,7 @@ class IOPortal:
                                     WorkerQueue(from_main, self.stopping, "from_main"))
         self._task = task = asyncio.create_task(self._work(*ends), name=f"{self._thread.name}-worker")
         await asyncio.sleep(0)  # the worker's first step runs before this returns: a quick failure fails start()
-        self._ready.set()
+        self._runner.ready()
         await asyncio.wait({task})
         if self._failure is None:
             self._ends[0].leftover.extend(await ends[0].take_held())  # the main thread takes them after the rest

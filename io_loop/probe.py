@@ -16,6 +16,9 @@ Rules:
   ``FORKLESS_DEMO_UNIX_SOCKET`` serves and is probed on that socket; a metrics address
   ``unix:/path`` is bound and removed as the server would (io_loop/unixsocket.py). No TCP socket
   is opened for any of them.
+- The probes run on a loop of their own in a thread of their own ("forkless-check",
+  io_loop/loopthread.py's ``run_in_thread``): the caller's thread keeps its event loop, and
+  ``--check`` may be called from inside a running one; what a probe raises is raised in the caller.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from forkless.io_loop.connect import (
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.demo_feed import DemoFeed
 from forkless.io_loop.demo_feed import log as demo_log
+from forkless.io_loop.loopthread import run_in_thread
 from forkless.io_loop.netaddr import parse_host_port, unix_address, unix_label
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.unixsocket import listen_unix
@@ -89,7 +93,7 @@ def probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], N
                dedupe_window_s: float = 180.0) -> None:
     """Connect once to the feed (or the embedded demo feed); see the module rules.
     ``dedupe_window_s``: the duplicate window a JetStream feed's results stream should have."""
-    asyncio.run(_probe_feed(settings, codec, say, dedupe_window_s))
+    run_in_thread(lambda: _probe_feed(settings, codec, say, dedupe_window_s), name="forkless-check")
 
 
 async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None],

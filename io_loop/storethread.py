@@ -3,10 +3,10 @@
 
 Rules:
 - One NATS connection, on a daemon thread of its own ("forkless-store") running its own asyncio
-  loop, apart from the IO thread: a checkpoint of many MB never delays the feeds, and a busy IO
-  loop never delays a renewal. ``call`` runs a coroutine there and blocks until it is done; it
-  may be called from any thread but the store's own (there it raises RuntimeError: it would
-  wait for itself). The connection is touched on the loop only.
+  loop (a ``LoopThread``: io_loop/loopthread.py), apart from the IO thread: a checkpoint of many
+  MB never delays the feeds, and a busy IO loop never delays a renewal. ``call`` runs a coroutine
+  there and blocks until it is done; it may be called from any thread but the store's own (there
+  it raises RuntimeError: it would wait for itself). The connection is touched on the loop only.
 - Connecting: the feed's servers, credentials and TLS (``natsconn.connect_options``). ``start``
   retries with ``Backoff`` per ``FORKLESS_RECONNECT_*``; tries used up, or the credentials
   refused: ``FeedFatal``. A connection lost later is made again on demand (``connection``), one
@@ -35,6 +35,7 @@ import nats.errors
 import nats.js.errors
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.errors import FeedFatal, StopRequested, StoreError
+from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.natsconn import NATS_ERRORS, close_quietly, connect_once, connect_options
 from forkless.io_loop.natsconn import NatsConnectFailed as _Failed
 from forkless.io_loop.natsconn import describe_error as _describe
@@ -93,14 +94,18 @@ class StoreThread:
         self.shown = feed.shown_url
         self.api_s = settings.connect_timeout_s  # a JetStream API call's timeout
         self._guard = threading.Lock()  # start and close
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._runner: LoopThread | None = None  # the thread and its loop (io_loop/loopthread.py)
         self.closed = False
         # ---- the store's loop only ----
         self._nc: Any = None
         self.js: Any = None  # the connection's JetStream context (a new one with each connection)
         self._connecting: asyncio.Lock | None = None
         self.nats_error = ""  # what nats-py's error callback said last
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The store's loop once started."""
+        return self._runner.loop if self._runner is not None else None
 
     @property
     def running(self) -> bool:
@@ -113,12 +118,10 @@ class StoreThread:
         logged). Raises ``FeedFatal`` when the server cannot be used, ``StopRequested`` once
         ``stop`` is set between two attempts; then the thread is ended."""
         with self._guard:
-            if self.loop is not None or self.closed:
+            if self._runner is not None or self.closed:
                 raise RuntimeError("NatsStore.start: started already (a store is started once)")
-            loop = asyncio.new_event_loop()
-            self.loop = loop
-            self._thread = threading.Thread(target=self._run_loop, args=(loop,), name="forkless-store", daemon=True)
-            self._thread.start()
+            self._runner = runner = LoopThread("forkless-store")
+            runner.start(self._serve)  # returns once the loop serves calls
         try:
             self.call(self._start(stop, open_buckets))
         except BaseException:
@@ -131,7 +134,7 @@ class StoreThread:
         with self._guard:
             if self.closed:
                 return
-            if self.loop is None:
+            if self._runner is None:
                 self.closed = True
                 return
         try:  # bounded: with the server gone, the release's one connection attempt must not hold a stop
@@ -141,40 +144,32 @@ class StoreThread:
         finally:
             self._end_thread()
 
-    def _run_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            loop.close()
+    async def _serve(self) -> None:
+        """The thread's main coroutine: the loop serves ``call`` until ``_end_thread`` cancels it;
+        a call still running then is cancelled and awaited (LoopThread's exit)."""
+        assert self._runner is not None
+        self._runner.ready()
+        await asyncio.Event().wait()
 
     def _end_thread(self) -> None:
         with self._guard:
             self.closed = True
-            loop, thread = self.loop, self._thread
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(loop.stop)
-            except RuntimeError:  # closed meanwhile
-                pass
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(CLOSE_S * 5)
+            runner = self._runner
+        if runner is not None:
+            runner.cancel()  # nothing once the loop has closed
+            if runner.thread is not threading.current_thread():
+                runner.join(CLOSE_S * 5)
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the store's loop and wait for it; what NATS raises becomes ``StoreError``."""
-        loop = self.loop
-        if loop is None or self.closed:
+        runner = self._runner
+        if runner is None or self.closed or not runner.alive:
             coro.close()
             raise RuntimeError("the checkpoint store is not started (call start()) or is closed")
-        if threading.current_thread() is self._thread:
+        if threading.current_thread() is runner.thread:
             coro.close()
             raise RuntimeError("a NatsStore method was called on the store's own thread: it would wait for itself")
-        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        future = runner.submit(coro)
         try:
             return future.result(timeout)
         except concurrent.futures.CancelledError:

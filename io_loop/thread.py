@@ -3,7 +3,8 @@ checkpoint and lease store keeps its own thread and NATS connection: ``io_loop/n
 
 Rules:
 - ``start()``, ``request_stop()``, ``join()`` and ``abort()`` are called from the main thread;
-  everything else runs in the thread ("forkless-io") on its own loop.
+  everything else runs in the thread ("forkless-io") on its own loop: a ``LoopThread``
+  (io_loop/loopthread.py), which makes the thread and loop, waits for the start and joins.
 - The bridge (both janus queues) is created inside the running loop; ``start()`` returns
   its sync sides once they exist.
 - Anything that ends the loop with an exception is kept in ``failure``; the main thread
@@ -32,9 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,6 +43,7 @@ from forkless.io_loop.crossing import Origin, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, PositionLost
 from forkless.io_loop.feeds import FeedSet
+from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.on_connect import OnConnect
 from forkless.io_loop.settings import IOSettings
 from forkless.io_loop.source import Source
@@ -92,27 +91,20 @@ class IOThread:
         self._on_connect = on_connect
         self._before_connect = before_connect
         self._feeds: FeedSet | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._ready = threading.Event()
-        # set by the thread as its last act (its books are final): what join() waits for. Not Thread.join:
-        # a KeyboardInterrupt inside it marks a live thread as ended (CPython 3.11, bpo-45274's fix)
-        self._ended = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._main_task: asyncio.Task | None = None
+        # the thread and its loop (io_loop/loopthread.py); what _main leaves running is cancelled at
+        # its end, briefly: _main has ended every task it made
+        self._runner = LoopThread(name, cleanup_s=ABORT_CLEANUP_S, body=self._run)
         self._bridge: Bridge | None = None
         self._main_side: MainSide | None = None
         self._aborted = False
         self._stopping: list[asyncio.Task] = []  # the stop's tasks, made on the loop by request_stop
         self._stop_closed = False  # True once _main has taken the stop's tasks to finish: none is made after
-        self._cpu_clock: int | None = None  # this thread's CPU clock (``time.pthread_getcpuclockid``)
-        self._cpu_at_end: float | None = None  # its CPU seconds when it ended
 
     # ---- main-thread API --------------------------------------------------------------------
 
     def start(self, timeout: float = 30.0) -> MainSide:
         """Start the thread; return the queues' sync sides once the loop has made them."""
-        self._thread.start()
-        if not self._ready.wait(timeout):
+        if not self._runner.start(None, timeout):
             raise IOThreadError(f"the IO thread did not start within {timeout}s")
         self.raise_if_failed()
         assert self._main_side is not None
@@ -121,33 +113,18 @@ class IOThread:
     def request_stop(self, deadline: float | None = None) -> None:
         """Begin the orderly stop (stop reading; the rest follows the bridge's rules).
         ``deadline`` (``time.monotonic()`` seconds) bounds the waits of the closing handshake."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(self._begin_stop, deadline)
-            except RuntimeError:  # the loop closed meanwhile
-                pass
+        self._runner.call_soon(self._begin_stop, deadline)  # nothing once the loop has closed
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the thread; True if it has ended (its last act done: every count final). Safe
         to call again after a ``KeyboardInterrupt`` interrupted it (a second SIGINT)."""
-        if self._thread.ident is None:  # never started
-            return True
-        if not self._ended.wait(timeout):
-            return False
-        self._thread.join(timeout)  # what is left of it after its last act: the thread's own exit
-        return True
+        return self._runner.join(timeout)
 
     def abort(self) -> None:
         """Cancel the loop's main task (what was not sent is counted as dropped); the clean-up
         after it is bounded by ``ABORT_CLEANUP_S``, so the thread ends soon after."""
         self._aborted = True
-        loop, task = self._loop, self._main_task
-        if loop is not None and task is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:
-                pass
+        self._runner.cancel()
 
     @property
     def demo(self) -> DemoFeed | None:
@@ -156,7 +133,7 @@ class IOThread:
 
     @property
     def alive(self) -> bool:
-        return self._thread.ident is not None and not self._ended.is_set()
+        return self._runner.alive
 
     def raise_if_failed(self) -> None:
         """Re-raise what ended the thread: ``FeedFatal`` and ``MetricsServerError`` as they are,
@@ -171,15 +148,7 @@ class IOThread:
         """CPU seconds this thread has used (``time.thread_time`` as the thread itself would read
         it), callable from any thread; NaN before it started, or where the platform has no
         per-thread CPU clock. About 0.3 µs a call (one ``clock_gettime``)."""
-        if self._cpu_at_end is not None:
-            return self._cpu_at_end
-        clock = self._cpu_clock
-        if clock is None:
-            return math.nan
-        try:
-            return time.clock_gettime(clock)
-        except OSError:  # the thread ended between the two reads above
-            return self._cpu_at_end if self._cpu_at_end is not None else math.nan
+        return self._runner.cpu_seconds()
 
     def snapshot(self) -> IOSnapshot:
         """Everything the IO side counts, copied: totals, and each feed's own; callable from any thread."""
@@ -189,17 +158,18 @@ class IOThread:
 
     # ---- the thread -------------------------------------------------------------------------
 
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._runner.loop
+
     def _run(self) -> None:
-        getclock = getattr(time, "pthread_getcpuclockid", None)  # Unix; not macOS
-        if getclock is not None:
-            try:
-                self._cpu_clock = getclock(threading.get_ident())
-            except OSError:
-                pass
-        loop = asyncio.new_event_loop()
-        self._loop = loop
+        """The thread's body: its loop runs ``_outcome``."""
+        self._runner.run_here(self._outcome)
+
+    async def _outcome(self) -> None:
+        """The thread's main coroutine: ``_main``, what ends it kept in ``failure`` (see the rules)."""
         try:
-            loop.run_until_complete(self._main())
+            await self._main()
         except asyncio.CancelledError:
             if not self._aborted:
                 self.failure = IOThreadError("the IO loop was cancelled")
@@ -207,18 +177,9 @@ class IOThread:
             self.failure = exc
             if not isinstance(exc, (FeedFatal, MetricsServerError, PositionLost)):  # those get one clear line
                 log.error("the IO thread died", exc_info=exc)
-        finally:
-            try:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            finally:
-                loop.close()
-                self._cpu_at_end = time.thread_time()
-                self._ready.set()
-                self._ended.set()
 
     async def _main(self) -> None:
         cfg = self.settings
-        self._main_task = asyncio.current_task()
         self._bridge = bridge = Bridge(cfg.queue_size)
         background: list[asyncio.Task] = []
         metrics = None
@@ -231,13 +192,13 @@ class IOThread:
             if cfg.metrics_addr:
                 from forkless.io_loop.http import MetricsServer  # only when served: aiohttp.web, 1.7 MiB resident
 
-                metrics = MetricsServer(cfg.metrics_addr, snapshot=self._stats_snapshot, alive=self._thread.is_alive,
-                                        render=self._render_metrics)
+                metrics = MetricsServer(cfg.metrics_addr, snapshot=self._stats_snapshot,
+                                        alive=self._runner.thread.is_alive, render=self._render_metrics)
                 self.metrics_url = await metrics.start()
                 log.info("metrics on %s", metrics.where)
             background.append(asyncio.create_task(self._watch_lag(), name="forkless-lag"))
             self._main_side = bridge.main_side()
-            self._ready.set()
+            self._runner.ready()
             if self._sink is None:
                 await self._feeds.run()
             else:

@@ -95,6 +95,7 @@ IO = [
     "io_loop/jetstream.py",
     "io_loop/jsprobe.py",
     "io_loop/jspublish.py",
+    "io_loop/loopthread.py",
     "io_loop/portal.py",
     "io_loop/portalqueue.py",
     "io_loop/relogin.py",

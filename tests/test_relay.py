@@ -471,3 +471,23 @@ def test_the_relay_ends_with_the_class_s_exit_status_and_its_line(monkeypatch, c
     else:
         assert err == first_line + "\n"
     assert relay.io.joined == isinstance(raised, FeedFatal)  # the stop's end of the thread, after a feed gave up
+
+
+def test_the_relay_s_metrics_are_the_controller_s_one_collector_with_bounded_reasons() -> None:
+    """One Prometheus collector (controller/metrics.py) serves the relay's families too: the same
+    label bound (MAX_REASONS, the rarest summed as "other") holds for the relay's bad input."""
+    from forkless.controller import metrics, relaycmd
+    from forkless.controller.metrics import MAX_REASONS, make_registry, render
+    from forkless.io_loop.counters import IOStats
+    from forkless.io_loop.relaystats import RelayStats
+
+    io = IOStats()
+    for n in range(MAX_REASONS + 8):
+        io.errors[f"reason {n:02d}"] += 1 + n
+    view = relaycmd.RelayView(io.snapshot(), RelayStats().snapshot())
+    text = render(make_registry(lambda: view, families=relaycmd.relay_metric_families, process=False)).decode()
+    assert "forkless_relay_taken_total 0.0" in text
+    assert 'forkless_io_loop_lag_seconds_bucket{le="+Inf"} 0.0' in text
+    errors = [line for line in text.splitlines() if line.startswith("forkless_errors_total{")]
+    assert len(errors) == MAX_REASONS + 1 and 'forkless_errors_total{reason="other"} 36.0' in text
+    assert relaycmd.exposition is metrics.exposition  # no collector of its own
