@@ -89,7 +89,8 @@ class OneDevice:
             state, template, np.zeros(self.config.max_batch, np.int32)).compile()
 
     def jit(self, step: Callable[..., Any]) -> Any:
-        # the state is donated: XLA updates the table in place, so a step costs O(B), not O(S)
+        # the state is donated: XLA updates the table in place, so a step costs O(B), not O(S);
+        # the template (fresh rows, for the guard's reset) is not
         return jax.jit(guarded(step), donate_argnums=0)
 
     def check(self, step: Callable[..., Any], state: Any, bucket: int) -> None:
@@ -97,10 +98,10 @@ class OneDevice:
         check_contract(state, out_info, bucket)
         check_counters(declared(self.processor).counters, out_info[1])
 
-    def lower(self, jitted: Any, state: Any, bucket: int) -> Any:
+    def lower(self, jitted: Any, state: Any, template: Any, bucket: int) -> Any:
         """The step lowered for ``bucket``, its contract checked on the lowering's own trace (the
         guard adds ``bad``): one trace a bucket, not two (0.06 s each with the default step)."""
-        lowered = jitted.lower(state, self.example(bucket))
+        lowered = jitted.lower(state, self.example(bucket), template)
         new_state, outputs, _bad = lowered.out_info
         check_contract(state, (new_state, outputs), bucket)
         return lowered
@@ -196,22 +197,26 @@ class Sharded:
         features = self.config.features
         guarded_step = guarded(step)
 
-        def per_device(state: Any, packed: jax.Array) -> tuple[Any, jax.Array]:
+        def per_device(state: Any, packed: jax.Array, template: Any) -> tuple[Any, jax.Array]:
             # the key's bits sit in an int as wide as x's dtype (controller/placement.py, pack)
             bits = jnp.int32 if packed.dtype.itemsize == 4 else jnp.int64
             key = jax.lax.bitcast_convert_type(packed[:, features], bits)
             if key.dtype != jnp.int32:
                 key = key.astype(jnp.int32)
             batch = Batch(packed[:, :features], key, packed[:, features + 1] > 0)
-            new_state, outputs, bad = guarded_step(state, batch)
+            new_state, outputs, bad = guarded_step(state, batch, template)
             return new_state, as_bytes([outputs[field.name] for field in self.layout[:-1]] + [bad])
 
         # check_vma off: the processor's own code need not mark device-varying values (pcast);
         # what it must not do (change a replicated leaf) is checked on its jaxpr instead
-        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=(self.specs, P(AXIS)),
+        # the template (compile_template's: a fresh row of each per-stream leaf) on every device
+        template_specs = jax.tree.map(lambda sharded: P() if sharded else None, self.per_stream)
+        replicated = jax.tree.map(lambda sharded: NamedSharding(self.mesh, P()) if sharded else None,
+                                  self.per_stream)
+        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=(self.specs, P(AXIS), template_specs),
                                out_specs=(self.specs, P(AXIS)), check_vma=False)
-        return jax.jit(mapped, in_shardings=(self.shardings, self.rows), out_shardings=(self.shardings, self.rows),
-                       donate_argnums=0)
+        return jax.jit(mapped, in_shardings=(self.shardings, self.rows, replicated),
+                       out_shardings=(self.shardings, self.rows), donate_argnums=0)
 
     def check(self, step: Callable[..., Any], state: Any, bucket: int) -> None:
         local = example_batch(self.config.features, bucket, self.spare_key, self.dtype)
@@ -222,12 +227,12 @@ class Sharded:
         if not self.layout:
             self.layout = output_layout(out_info[1])
 
-    def lower(self, jitted: Any, state: Any, bucket: int) -> Any:
+    def lower(self, jitted: Any, state: Any, template: Any, bucket: int) -> Any:
         """The step lowered for ``bucket`` after its contract is checked (on the per-device step:
         the lowering's is the packed one); the first bucket's was checked before (``check``)."""
         if bucket != self.config.buckets[0]:
             self.check(self.processor.step, state, bucket)
-        return jitted.lower(state, self.example(bucket))
+        return jitted.lower(state, self.example(bucket), template)
 
     def example(self, bucket: int) -> np.ndarray:
         place = self.placement
