@@ -55,11 +55,12 @@ class InFlight:
         return len(self._begun) >= self.depth
 
     def __call__(self, taken: Taken, deadline: float | None = None) -> None:
-        """Begin ``taken``'s step; with ``depth`` steps then in flight, finish the oldest (with
-        ``depth`` 1: this one, at once)."""
+        """Begin ``taken``'s step; then finish the oldest while ``depth`` steps are in flight
+        (with ``depth`` 1: this one, at once) or it is done already (a step XLA:CPU ran inline,
+        in its dispatch: handed over at once, as one at a time would)."""
         self._begun.append(self.step.begin(taken))
         self.most = max(self.most, len(self._begun))
-        if self.full:
+        while self._begun and (self.full or self.oldest_ready()):
             self.finish_oldest(deadline)
 
     def oldest_ready(self) -> bool:
@@ -106,7 +107,7 @@ def depth_for(setting: int | str, platform: Any) -> int:
     return AUTO_DEPTH.get(str(platform), AUTO_DEPTH["accelerator"])
 
 
-# measured (bench/README.md "Steps in flight"): on the CPU a step of the default size runs inline
-# in its dispatch, so a second one in flight gains nothing; an accelerator's round trip is
-# latency the next step can hide
+# measured (bench/docs/steps-in-flight.md): on the CPU a small step runs inline, in its dispatch,
+# and a larger one competes for the same cores, so a second in flight gains nothing; an
+# accelerator's round trip is latency the next step can hide
 AUTO_DEPTH = {"cpu": 1, "accelerator": 2}
