@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import sys
 
-from forkless import Config, Controller, Processor
 from forkless.controller.logs import setup_logging
 
+from forkless import Config, Controller, Processor
 from tests.source_program import init, working_step
 
 
