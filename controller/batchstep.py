@@ -11,7 +11,7 @@ Rules:
   through the engine (the one owner of the device state) — ``begin``; then — ``end``, in the
   order begun (controller/inflight.py keeps up to FORKLESS_STEPS_IN_FLIGHT begun) — its results
   on the host, the processor's declared counters over the finite rows, non-finite rows refused
-  (the step reset their streams itself, compiled.guarded), the results handed to
+  and their streams reset (with steps in flight by the step itself, compiled.guarded), the results handed to
   ``on_results``, encode, stamp ``OUTBOUND`` (results handed over: the ``latency`` ends), put
   the one ``Outgoing`` (none when nothing is sent), move the JetStream feeds' positions. What
   ``on_results`` raised is raised once the batch's replies are put.
@@ -189,13 +189,16 @@ class BatchStep:
 
     def _refuse_non_finite(self, taken: Taken, rows: Sequence[int], outputs: dict[str, np.ndarray],
                            bad: np.ndarray, slots: np.ndarray, refused: dict[int, str]) -> tuple[list, dict]:
-        """Messages whose outputs came out non-finite are answered with an error; the step has
-        reset those streams' rows, so each starts again like a new stream. Counted and logged once."""
+        """Messages whose outputs came out non-finite are answered with an error and their streams'
+        rows reset (by the step itself with steps in flight), so each starts again like a new
+        stream. Counted and logged once."""
         stats = self.stats
         bad_rows = [rows[j] for j in np.flatnonzero(bad).tolist()]
         refused.update(dict.fromkeys(bad_rows, NON_FINITE_REASON))
         stats.errors["non-finite result"] += len(bad_rows)
-        streams = {int(slots[i]) for i in bad_rows}  # their rows were reset inside the step (compiled.guarded)
+        streams = {int(slots[i]) for i in bad_rows}
+        if not self.engine.resets_in_step:  # with steps in flight the step reset them itself (compiled.guarded)
+            self.engine.reset(sorted(streams))
         stats.resets["stream reset: non-finite"] += len(streams)
         if not self._logged_non_finite:
             self._logged_non_finite = True

@@ -10,8 +10,9 @@ Rules:
   a probe: checkpoints copied between steps rely on it); on several devices a replicated leaf
   comes back unchanged (``check_replicated_unchanged``, on the jaxpr).
 - Each compiled step is the processor's step wrapped by ``guarded``: messages whose outputs
-  come out non-finite are marked, and their streams' rows reset to a fresh stream's, on the
-  device inside the same step (so a step dispatched before the host sees them reads fresh rows).
+  come out non-finite are marked, and with steps in flight their streams' rows are reset to a
+  fresh stream's inside the same step (so a step dispatched before the host sees them reads
+  fresh rows); one step at a time, the loop resets them before the next step.
 - On the CPU, no op of the step is split across threads (``unsplit_cpu_ops``): XLA:CPU's
   parallel-task assigner prices a gather from or a scatter into the table by the table's
   bytes, so from about 256 KB up it splits the step's six table ops into one task per
@@ -223,17 +224,19 @@ def check_replicated_unchanged(step: Callable[..., Any], state: Any, batch: Batc
                 f"step must return it unchanged; it returns a new value: run this processor with FORKLESS_DEVICES=1")
 
 
-def guarded(step: Callable[[Any, Batch], tuple[Any, dict[str, Any]]]
+def guarded(step: Callable[[Any, Batch], tuple[Any, dict[str, Any]]], reset: bool = True
             ) -> Callable[[Any, Batch, Any], tuple[Any, dict[str, Any], Any]]:
     """``step`` plus the finiteness guard: ``(state, batch, template) -> (state, outputs, bad)``.
 
-    ``bad`` (bool [B]) marks the messages with a NaN or an infinity in any float output; their
-    streams' rows of every per-stream leaf are set to ``template`` (``row_template``: a fresh
-    stream's) in the same computation, so a stream whose state went non-finite starts again
-    instead of staying poisoned, and the next step, dispatched before this one's outputs
-    reach the host (steps in flight), already reads the fresh rows. Only the rows of bad
-    messages are written (the others' indices fall outside the table and are dropped), all of
-    them rows of ``batch.key``. It checks the outputs only: reading the batch's rows of the
+    ``bad`` (bool [B]) marks the messages with a NaN or an infinity in any float output; with
+    ``reset`` their streams' rows of every per-stream leaf are set to ``template``
+    (``row_template``: a fresh stream's) in the same computation (``reset_bad_rows``), so a
+    stream whose state went non-finite starts again instead of staying poisoned, and the next
+    step, dispatched before this one's outputs reach the host (steps in flight), already reads
+    the fresh rows. It costs scatters on every step (on the CPU +50 to +250 µs on the default
+    step, measured), so it is compiled in only with steps in flight; one step at a time, the
+    caller resets those streams itself before the next step (``template`` is then unused).
+    It checks the outputs only: reading the batch's rows of the
     table back after the step's in-place write measured +55 µs a step on the CPU (about a
     third of it), against +15 µs for the outputs. A processor whose state could go non-finite
     without its outputs showing it must keep its arithmetic within range (the default
@@ -248,7 +251,7 @@ def guarded(step: Callable[[Any, Batch], tuple[Any, dict[str, Any]]]
             if jnp.issubdtype(value.dtype, jnp.inexact) and value.shape[:1] == (n,):
                 finite &= jnp.isfinite(value.reshape(n, -1)).all(axis=1)
         bad = ~finite & batch.valid
-        return reset_bad_rows(new_state, template, batch.key, bad), outputs, bad
+        return (reset_bad_rows(new_state, template, batch.key, bad) if reset else new_state), outputs, bad
 
     return guarded_step
 

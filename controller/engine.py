@@ -14,6 +14,8 @@ Rules:
   A step that fails when finished had passed its (lost) state on: what was dispatched after
   it (steps, resets, weight swaps: the journal) runs again on the fresh or kept state, so the
   results are those of one step at a time. ``begin_snapshot`` refuses while steps are in flight.
+  With steps in flight (``steps_in_flight`` > 1) the compiled steps reset a non-finite stream's
+  rows themselves (``resets_in_step``: compiled.guarded), in the key of the kept programs.
 - Whatever must happen before the state is written happens here: a checkpoint being copied
   between steps keeps the rows a step or reset is about to write (copy-on-write,
   controller/snapshot.py ``PendingSnapshot``) — called by the engine, so no caller can forget it.
@@ -62,7 +64,7 @@ from forkless.controller.slots import TableCopy
 from forkless.controller.snapshot import PendingSnapshot
 from forkless.controller.weights import LiveWeights, Weights
 
-__all__ = ["Engine", "Pending", "StepFailed", "compile_step", "state_shapes"]
+__all__ = ["Engine", "Pending", "StepFailed", "compile_step", "state_shapes", "steps_in_flight"]
 
 class StepFailed(Exception):
     """The compiled step raised (``__cause__``); ``state_lost``: it had been given the state
@@ -134,6 +136,8 @@ class Engine:
         # 13 µs for the default outputs, against 85 µs for jax.device_get, which starts one
         # asynchronous copy per array); on an accelerator device_get's overlapped copies win
         self.platform = jax.devices()[0].platform  # "cpu", "tpu", "gpu" …
+        # the compiled steps reset a non-finite stream's rows themselves (compiled.guarded); else the caller does
+        self.resets_in_step = steps_in_flight(config, self.platform) > 1
         on_cpu = self.platform == "cpu"
         self._fetch: Callable[[Any], Any] = _read_in_place if on_cpu else jax.device_get
         # a step's results start their way to the host as it is dispatched (steps in flight);
@@ -364,6 +368,17 @@ class Engine:
         self._apply(lambda state: state._replace(params=params))
 
 
+def steps_in_flight(config: Any, platform: str) -> int:
+    """``FORKLESS_STEPS_IN_FLIGHT``'s depth on ``platform`` (the first device's: "cpu", "tpu" …):
+    its number, or for ``auto`` the measured default (bench/docs/steps-in-flight.md: on the CPU a
+    small step runs inline, in its dispatch, and a larger one competes for the same cores, so a
+    second in flight gains nothing; an accelerator's round trip is latency the next step can hide)."""
+    setting = getattr(config, "steps_in_flight", 1)
+    if setting != "auto":
+        return int(setting)
+    return 1 if platform == "cpu" else 2
+
+
 def _read_in_place(tree: Any) -> Any:
     """The step's outputs as numpy arrays, read in place (CPU only)."""
     return jax.tree.map(np.asarray, tree)
@@ -402,7 +417,7 @@ def _cache_every_compile() -> Any:
 def _compile_buckets(layout: Any, processor: Any, config: Any, state: Any, template: Any,
                      on_compiled: Callable[[int, float], None] | None) -> dict[int, Any]:
     """The step compiled for each bucket, the processor's contract checked on the way."""
-    jitted = layout.jit(processor.step)
+    jitted = layout.jit(processor.step, steps_in_flight(config, jax.devices()[0].platform) > 1)
     # the contract on the shapes first (cheap, and clear errors), then at each bucket as it
     # is lowered
     layout.check(processor.step, state, config.buckets[0])
@@ -431,6 +446,8 @@ def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float
     # the same program compiled before in this process: its executables, nothing traced again
     # (controller/programs.py says when that is sure)
     key = program_key(processor, config, devices, canonical)
+    if key is not None:  # the guard's reset is compiled in with steps in flight only
+        key = (*key, steps_in_flight(config, devices[0].platform) > 1)
     with unsplit:
         layout = Sharded(processor, config, devices) if len(devices) > 1 else OneDevice(processor, config, devices[0])
         state = layout.fresh()

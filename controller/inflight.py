@@ -22,7 +22,6 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
 
 from forkless.controller.batching import Taken
 from forkless.controller.batchstep import BatchStep, Begun
@@ -97,17 +96,3 @@ class InFlight:
         self._begun.clear()
         self.step.engine.abandon()
         return held
-
-
-def depth_for(setting: int | str, platform: Any) -> int:
-    """``FORKLESS_STEPS_IN_FLIGHT``'s depth: its number, or for ``auto`` the measured default of
-    the platform the steps run on (``platform``: the first device's, e.g. "cpu", "tpu")."""
-    if setting != "auto":
-        return int(setting)
-    return AUTO_DEPTH.get(str(platform), AUTO_DEPTH["accelerator"])
-
-
-# measured (bench/docs/steps-in-flight.md): on the CPU a small step runs inline, in its dispatch,
-# and a larger one competes for the same cores, so a second in flight gains nothing; an
-# accelerator's round trip is latency the next step can hide
-AUTO_DEPTH = {"cpu": 1, "accelerator": 2}

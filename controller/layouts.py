@@ -88,10 +88,10 @@ class OneDevice:
         return jax.jit(reset_rows, donate_argnums=0).lower(
             state, template, np.zeros(self.config.max_batch, np.int32)).compile()
 
-    def jit(self, step: Callable[..., Any]) -> Any:
+    def jit(self, step: Callable[..., Any], reset: bool) -> Any:
         # the state is donated: XLA updates the table in place, so a step costs O(B), not O(S);
-        # the template (fresh rows, for the guard's reset) is not
-        return jax.jit(guarded(step), donate_argnums=0)
+        # the template (fresh rows, for the guard's reset: ``reset``) is not
+        return jax.jit(guarded(step, reset), donate_argnums=0)
 
     def check(self, step: Callable[..., Any], state: Any, bucket: int) -> None:
         out_info = jax.eval_shape(step, state, self.example(bucket))
@@ -193,9 +193,9 @@ class Sharded:
                                 ).compile()
         return reset
 
-    def jit(self, step: Callable[..., Any]) -> Any:
+    def jit(self, step: Callable[..., Any], reset: bool) -> Any:
         features = self.config.features
-        guarded_step = guarded(step)
+        guarded_step = guarded(step, reset)
 
         def per_device(state: Any, packed: jax.Array, template: Any) -> tuple[Any, jax.Array]:
             # the key's bits sit in an int as wide as x's dtype (controller/placement.py, pack)

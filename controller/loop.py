@@ -46,10 +46,10 @@ from forkless.controller.checkpointer import Checkpointer, CheckpointStore, chec
 from forkless.controller.codec import Codec, guarded
 from forkless.controller.compiled import codec_dtype, compilations, release_freed_memory
 from forkless.controller.config import Config
-from forkless.controller.engine import Engine, compile_step
+from forkless.controller.engine import Engine, compile_step, steps_in_flight
 from forkless.controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
 from forkless.controller.host import ProcessSettings, StopSignals
-from forkless.controller.inflight import InFlight, depth_for
+from forkless.controller.inflight import InFlight
 from forkless.controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnResults, feed_plan, io_thread, with_hooks
 from forkless.controller.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
 from forkless.controller.partitioned import NoPartitions, PartitionOwner, partitioned_feed
@@ -243,7 +243,7 @@ class Controller:
             on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
             # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
             io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds),
-            depth_for(self.config.steps_in_flight, self.engine.platform))
+            steps_in_flight(self.config, self.engine.platform))
         self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event)
 
     def _check_stop(self, during: str) -> None:
