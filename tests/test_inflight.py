@@ -120,6 +120,7 @@ def test_three_steps_in_flight_answer_a_long_mixed_feed_exactly_as_one_at_a_time
     assert {e["error"] for e in replies if "error" in e} == errors
     for name in ("processed", "errors", "resets", "batches"):
         assert getattr(stats, name) == getattr(one[2], name), name
+    assert stats.compilations_after_warmup == 0
     assert stats.resets == {"stream reset: non-finite": 1} | (
         {"state lost with a failed step": 1} if processor is FAILING else {})
     for a, b in zip(jax.tree.leaves(saved.state), jax.tree.leaves(one[3].state)):
