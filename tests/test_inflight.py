@@ -186,3 +186,21 @@ def test_a_checkpoint_is_not_begun_with_steps_in_flight() -> None:
         engine.begin_snapshot(table, {}, {}, 0.0, seen_shift=0.0, incremental=False)
     engine.finish(pending)
     assert engine.begin_snapshot(table, {}, {}, 0.0, seen_shift=0.0, incremental=False) is not None
+
+
+def test_steps_left_in_flight_are_dropped_unanswered_with_what_a_stopping_instance_held() -> None:
+    # what a partitioned instance whose lease is lost does with them (Controller._drop_held)
+    fake = FakeIO()
+    ctl = Controller(_config(3), processor=TOTALS, io_factory=fake)
+    ctl.start()
+    fake.inbound.put_nowait(chunk([0], ["a"], [[1.0, 0.0]]))
+    fake.inbound.put_nowait(chunk([1], ["b"], [[1.0, 0.0]]))
+    fake.inbound.put_nowait(chunk([2, 3], ["a", "b"], [[1.0, 0.0], [1.0, 0.0]]))
+    ctl._process(0.0, settle=False)  # run()'s turn: its steps stay in flight
+    in_flight = ctl._intake.flight.messages
+    assert in_flight >= 1
+    assert ctl._intake.drain() == in_flight  # counted with the rest it held, never answered
+    assert len(ctl._intake.flight) == 0 and ctl.engine.unfinished == 0
+    answered = len(frames(drain(fake.outbound)))
+    assert answered + in_flight == 4
+    ctl.stop()
