@@ -24,13 +24,22 @@ from pathlib import Path
 
 from bench.loads import run_load
 from bench.plan import REPO_ROOT, Plan
+from bench.processes import use_unix_sockets
 
 FIGURES = (("rate_1k", "p50"), ("rate_1k", "p99"), ("rate_10k", "p50"), ("rate_10k", "p99"), ("window", "msg/s"))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.splitlines()[0])
-    p.add_argument("--base", required=True, help="the other checkout (its bench/forkless_client.py runs as A)")
+    p.add_argument("--base", required=True, help="the other checkout (its bench/forkless_client.py runs as A); "
+                   "'.' for this one, with --env-a/--env-b to A/B a setting")
+    p.add_argument("--env-a", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable of side A's client (repeatable), e.g. FORKLESS_STEPS_IN_FLIGHT=1")
+    p.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE", help="the same for side B")
+    p.add_argument("--plan", choices=("full", "tpu"), default="full",
+                   help="each run's length: full (4 s, the default) or tpu (2.5 s, bench/tpu.sh's)")
+    p.add_argument("--unix", action="store_true",
+                   help="every socket a unix-domain one, no inet socket (a host without TCP: bench/tpu.sh --ab)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None, help="write the raw runs here as JSON")
     p.add_argument("--loads", default="rate_1k,rate_10k,window",
@@ -43,19 +52,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--loads: {', '.join(unknown)} is not one of rate_1k, rate_10k, window")
     roots = {"A": Path(a.base).resolve(), "B": REPO_ROOT}
-    plan = Plan.full()
+    envs = {"A": _env(p, a.env_a), "B": _env(p, a.env_b)}
+    plan = Plan.full() if a.plan == "full" else Plan.tpu()
+    if a.unix:
+        use_unix_sockets()
     runs: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "logs").mkdir()
         for side in roots:  # warm each side's compilation cache once, not counted
             cache = str(work / f"cache-{side}")
-            run_load("forkless", "rate_1k", Plan.quick(), work, cache, f"warm-{side}", root=roots[side])
+            run_load("forkless", "rate_1k", Plan.quick(), work, cache, f"warm-{side}", env=envs[side],
+                     root=roots[side])
         for rep in range(a.repeats):
             for load in loads:
                 for side in ("A", "B") if rep % 2 == 0 else ("B", "A"):
                     r = run_load("forkless", load, plan, work, str(work / f"cache-{side}"), f"{side}-{load}-{rep}",
-                                 root=roots[side])
+                                 env=envs[side], root=roots[side])
                     lg = r["loadgen"]
                     if load == "window":
                         runs.setdefault((side, "window msg/s"), []).append(lg.get("throughput_msg_s"))
@@ -67,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                         for hop, h in ((r.get("client") or {}).get("hops_us") or {}).items():
                             runs.setdefault((side, f"{load} {hop} p50 µs"), []).append(h.get("p50"))
                         runs.setdefault((side, f"{load} CPU µs/msg"), []).append(r["cpu"]["client_us_per_msg"])
-    print(f"\nA = {roots['A']}\nB = {roots['B']}\nmedians over {a.repeats} alternating repeats")
+    print(f"\nA = {roots['A']} {' '.join(a.env_a)}\nB = {roots['B']} {' '.join(a.env_b)}\n"
+          f"medians over {a.repeats} alternating repeats")
     print("| figure | A | B | B/A |\n|---|---|---|---|")
     names = ([f"{load} {q}" for load, q in FIGURES if load != "window" and load in loads]
              + ["window msg/s"] * ("window" in loads) + ["peak RSS MiB"])
@@ -79,6 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         Path(a.out).write_text(json.dumps({f"{s} {n}": v for (s, n), v in runs.items()}, indent=1))
     return 0
+
+
+def _env(p: argparse.ArgumentParser, pairs: list[str]) -> dict[str, str]:
+    """``NAME=VALUE`` pairs as a dict; a pair without ``=`` is a usage error."""
+    bad = [pair for pair in pairs if "=" not in pair]
+    if bad:
+        p.error(f"--env-a/--env-b take NAME=VALUE, not {', '.join(bad)}")
+    return dict(pair.split("=", 1) for pair in pairs)
 
 
 if __name__ == "__main__":

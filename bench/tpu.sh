@@ -37,6 +37,12 @@
 #                           script's shape on a machine without a TPU (tests/test_bench_smoke.py)
 #   FORKLESS_BENCH_QUICK=1  the smoke size (bench.run --tpu --quick): every section, seconds each
 #   FORKLESS_BENCH_UNIX=0   TCP on loopback instead of unix sockets (a host where TCP works)
+#   FORKLESS_STEPS_IN_FLIGHT  passed to the forkless runs as it is (auto when unset: 2 on the TPU)
+#   FORKLESS_BENCH_AB_STEPS="1 2"  instead of the full run, an A/B of FORKLESS_STEPS_IN_FLIGHT on
+#                           forkless alone: bench.ab --plan tpu --unix, A = the first value, B = the
+#                           second, at 1,000 and 10,000 msg/s and the bounded window, alternating
+#                           A B / B A, FORKLESS_BENCH_AB_REPEATS (default 2) repeats, the hops
+#                           too; prints the medians side by side, writes OUT/ab.json (~5 minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-bench/out-tpu/$(date -u +%Y-%m-%d)}"
@@ -58,6 +64,20 @@ print(f"bench/tpu.sh: JAX_PLATFORMS={os.environ['JAX_PLATFORMS']}, jax {jax.__ve
 if os.environ["JAX_PLATFORMS"].startswith("tpu") and devices[0].platform != "tpu":
     raise SystemExit(f"bench/tpu.sh: JAX runs on {devices[0].platform}, not the TPU: is libtpu installed?")
 EOF
+
+if [[ -n "${FORKLESS_BENCH_AB_STEPS:-}" ]]; then
+    read -r k_a k_b <<<"$FORKLESS_BENCH_AB_STEPS"
+    mkdir -p "$OUT"
+    ab=("$PY" -m bench.ab --base . --plan tpu --repeats "${FORKLESS_BENCH_AB_REPEATS:-2}" --hops
+        --env-a "FORKLESS_STEPS_IN_FLIGHT=$k_a" --env-b "FORKLESS_STEPS_IN_FLIGHT=$k_b" --out "$OUT/ab.json")
+    if [[ "${FORKLESS_BENCH_UNIX:-1}" != 0 ]]; then
+        ab+=(--unix)
+    fi
+    echo "bench/tpu.sh: JAX_PLATFORMS=$JAX_PLATFORMS ${ab[*]}"
+    "${ab[@]}" | tee "$OUT/ab.md"
+    echo "bench/tpu.sh: $(( $(date +%s) - started )) s in all; the A/B is in $OUT/ab.md"
+    exit 0
+fi
 
 run=("$PY" -m bench.run --tpu)
 if [[ "${FORKLESS_BENCH_UNIX:-1}" != 0 ]]; then

@@ -7,9 +7,11 @@ Rules:
 - Each message gets exactly one of: a result frame, an error frame (refused: too many streams;
   processing failed; a non-finite result; encode failed) or no frame, counted as ``no_reply``
   (controller/replies.py applies each feed's reply policy). Replies keep arrival order.
-- The order of a batch: slot its streams (recycled slots reset first), step through the
-  engine (the one owner of the device state), count the processor's declared counters over the
-  finite rows, refuse non-finite rows and reset their streams, hand the results to
+- The order of a batch: slot its streams (recycled slots reset first), dispatch its step
+  through the engine (the one owner of the device state) — ``begin``; then — ``end``, in the
+  order begun (controller/inflight.py keeps up to FORKLESS_STEPS_IN_FLIGHT begun) — its results
+  on the host, the processor's declared counters over the finite rows, non-finite rows refused
+  and their streams reset (with steps in flight by the step itself, compiled.guarded), the results handed to
   ``on_results``, encode, stamp ``OUTBOUND`` (results handed over: the ``latency`` ends), put
   the one ``Outgoing`` (none when nothing is sent), move the JetStream feeds' positions. What
   ``on_results`` raised is raised once the batch's replies are put.
@@ -24,24 +26,42 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from forkless.controller.batching import Taken
 from forkless.controller.declared import count
-from forkless.controller.engine import Engine, StepFailed
+from forkless.controller.engine import Engine, Pending, StepFailed
 from forkless.controller.positions import SourcePositions
 from forkless.controller.replies import NON_FINITE_REASON, Replies
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats
 from forkless.io_loop.crossing import ENCODED, FETCHED, OUTBOUND, STEP, Outgoing, Trace
 
-__all__ = ["BatchStep", "Put"]
+__all__ = ["BatchStep", "Begun", "Put"]
 
 log = logging.getLogger("forkless.controller")
 
 Put = Callable[[Outgoing, float | None], None]
 """``put(item, deadline)``: hand one batch's ``Outgoing`` to the IO side (``deadline``: the stop's
 work deadline, or None)."""
+
+
+@dataclass(eq=False)
+class Begun:
+    """One batch begun (``BatchStep.begin``): its messages, their slots, those refused, the rows
+    stepped, the engine's pending step (None: nothing to step), and when it began."""
+
+    taken: Taken
+    slots: np.ndarray
+    refused: dict[int, str]
+    rows: Sequence[int]
+    pending: Pending | None
+    t0: float
+    io_cpu_0: float
+
+    def __len__(self) -> int:
+        return len(self.taken)
 
 
 class BatchStep:
@@ -68,21 +88,42 @@ class BatchStep:
         self._counters = dict(counters or {})
         self._logged_failures: set[str] = set()
         self._logged_non_finite = False
+        self._io_cpu_counted = 0.0  # the IO thread's CPU clock when the last step ended
 
     def __call__(self, taken: Taken, deadline: float | None = None) -> None:
         """Slot, step, hand the results to ``on_results``, encode, put one ``Outgoing``."""
-        stats, replies = self.stats, self.replies
+        self.end(self.begin(taken), deadline)
+
+    def begin(self, taken: Taken) -> Begun:
+        """Slot the batch's streams and dispatch its step (not waiting for it); ``end`` it, in
+        the order begun, for the rest. Several may be begun before the first is ended (steps
+        in flight, controller/inflight.py)."""
         n = len(taken)
         slots, refused = self._slot(taken)
-        traces = taken.traces
-        _stamp(traces, STEP)
+        _stamp(taken.traces, STEP)
+        io_cpu = self._io_cpu
+        begun = Begun(taken, slots, refused, range(n), None, time.perf_counter(),
+                      io_cpu() if io_cpu is not None else 0.0)
         if refused:
-            rows: Sequence[int] = [i for i in range(n) if i not in refused]
-            ran = self._run_step(taken.x[rows], slots[rows]) if rows else None
+            begun.rows = [i for i in range(n) if i not in refused]
+            if begun.rows:
+                begun.pending = self.engine.dispatch(taken.x[begun.rows], slots[begun.rows])
         else:  # the common case: every message runs, no copies
-            rows = range(n)
-            ran = self._run_step(taken.x, slots)
-        _stamp(traces, FETCHED)
+            begun.pending = self.engine.dispatch(taken.x, slots)
+        return begun
+
+    def ready(self, begun: Begun) -> bool:
+        """Whether ``end(begun)`` would not wait for the device."""
+        return begun.pending is None or self.engine.ready(begun.pending)
+
+    def end(self, begun: Begun, deadline: float | None = None) -> None:
+        """The begun batch's results: refusals, ``on_results``, encoding, the one ``Outgoing`` put,
+        the positions moved. What ``on_results`` raised is raised once the replies are put."""
+        stats, replies = self.stats, self.replies
+        taken, slots, refused, rows = begun.taken, begun.slots, begun.refused, begun.rows
+        n = len(taken)
+        ran = self._finish_step(begun) if begun.pending is not None else None
+        _stamp(taken.traces, FETCHED)
         host_error: BaseException | None = None
         policy = replies.policy_of(taken)  # None: feeds with different reply policies
         answered: list[str | bytes | None] = []  # one per row of ``encoded`` still to answer
@@ -105,7 +146,7 @@ class BatchStep:
                     # process_pending() once this batch's replies are handed over (not lost)
                     host_error = exc
             encoded, answered, are_results = replies.encode(taken, rows, seq, stream, outputs, policy)
-        _stamp(traces, ENCODED)
+        _stamp(taken.traces, ENCODED)
         stats.batches += 1
         stats.batch_size.observe(n)
         self._hand_over(taken, rows, encoded, answered, are_results, refused, policy, deadline)
@@ -149,15 +190,16 @@ class BatchStep:
 
     def _refuse_non_finite(self, taken: Taken, rows: Sequence[int], outputs: dict[str, np.ndarray],
                            bad: np.ndarray, slots: np.ndarray, refused: dict[int, str]) -> tuple[list, dict]:
-        """Messages whose outputs or stream state came out non-finite are answered with an
-        error, and those streams' rows are reset, so each starts again like a new stream.
-        Counted and logged once."""
+        """Messages whose outputs came out non-finite are answered with an error and their streams'
+        rows reset (by the step itself with steps in flight), so each starts again like a new
+        stream. Counted and logged once."""
         stats = self.stats
         bad_rows = [rows[j] for j in np.flatnonzero(bad).tolist()]
         refused.update(dict.fromkeys(bad_rows, NON_FINITE_REASON))
         stats.errors["non-finite result"] += len(bad_rows)
         streams = {int(slots[i]) for i in bad_rows}
-        self.engine.reset(sorted(streams))
+        if not self.engine.resets_in_step:  # with steps in flight the step reset them itself (compiled.guarded)
+            self.engine.reset(sorted(streams))
         stats.resets["stream reset: non-finite"] += len(streams)
         if not self._logged_non_finite:
             self._logged_non_finite = True
@@ -167,17 +209,14 @@ class BatchStep:
         keep = np.flatnonzero(~bad)
         return [rows[j] for j in keep.tolist()], {k: v[keep] for k, v in outputs.items()}
 
-    def _run_step(self, x: np.ndarray, key: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
-        """Run the engine's step on one batch: its outputs on the host cut to the batch's
-        messages, and which messages came out non-finite; None if the step failed (logged and
-        counted; the engine kept the state, or replaced it if the failed step had lost it)."""
+    def _finish_step(self, begun: Begun) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+        """The begun step's outputs on the host cut to the batch's messages (waiting for them),
+        and which messages came out non-finite; None if the step failed (logged and counted;
+        the engine kept the state, or replaced it if the failed step had lost it)."""
         stats = self.stats
-        m = len(key)
-        io_cpu = self._io_cpu
-        io_cpu_0 = io_cpu() if io_cpu is not None else 0.0
-        t0 = time.perf_counter()
+        m = begun.pending.m
         try:
-            outputs, bad = self.engine.step(x, key)
+            outputs, bad = self.engine.finish(begun.pending)
         except StepFailed as failed:
             self._log_failure(failed.__cause__ or failed)
             stats.errors["processing failed"] += m
@@ -186,9 +225,12 @@ class BatchStep:
                 log.error("the failed step had been given the state (donated): every stream starts again "
                           "from a fresh state")
             return None
-        stats.step_seconds.observe(time.perf_counter() - t0)
-        if io_cpu is not None:
-            stats.step_io_cpu_s += io_cpu() - io_cpu_0
+        stats.step_seconds.observe(time.perf_counter() - begun.t0)
+        io_cpu = self._io_cpu
+        if io_cpu is not None:  # the IO thread's CPU time while steps ran: overlapping steps counted once
+            now = io_cpu()
+            stats.step_io_cpu_s += now - max(begun.io_cpu_0, self._io_cpu_counted)
+            self._io_cpu_counted = now
         stats.processed += m
         if self._counters:  # the processor's declared counters, over the messages answered with results
             count(self._counters, outputs, ~bad if bad.any() else None, stats.counters)

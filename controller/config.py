@@ -67,6 +67,7 @@ class Config:
     devices: int | str = "all"
     max_batch: int = 256
     max_wait_ms: float = 2.0
+    steps_in_flight: int | str = "auto"
     queue_size: int = 1024
     overflow: str = "block"
     source_buffer: int = DEFAULT_SOURCE_BUFFER

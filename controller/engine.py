@@ -7,6 +7,15 @@ Rules:
 - Only the engine holds and assigns the state. The loop asks it to ``step`` a batch, ``reset``
   recycled slots, ``begin_snapshot`` a checkpoint and ``restore`` one; nothing else reads or
   writes the state (tests/test_architecture.py holds every assignment of it to this module).
+- Steps in flight: ``step`` is ``dispatch`` (the compiled step started, the copy of its results
+  to the host started, nothing waited for: a ``Pending``) then ``finish`` (the results on the
+  host), and several may be dispatched before the oldest is finished, always finished in
+  dispatch order. The device orders them (each is given the state the one before returned).
+  A step that fails when finished had passed its (lost) state on: what was dispatched after
+  it (steps, resets, weight swaps: the journal) runs again on the fresh or kept state, so the
+  results are those of one step at a time. ``begin_snapshot`` refuses while steps are in flight.
+  With steps in flight (``steps_in_flight`` > 1) the compiled steps reset a non-finite stream's
+  rows themselves (``resets_in_step``: compiled.guarded), in the key of the kept programs.
 - Whatever must happen before the state is written happens here: a checkpoint being copied
   between steps keeps the rows a step or reset is about to write (copy-on-write,
   controller/snapshot.py ``PendingSnapshot``) — called by the engine, so no caller can forget it.
@@ -31,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +65,7 @@ from forkless.controller.slots import TableCopy
 from forkless.controller.snapshot import PendingSnapshot
 from forkless.controller.weights import LiveWeights, Weights
 
-__all__ = ["Engine", "StepFailed", "compile_step", "state_shapes"]
+__all__ = ["Engine", "Pending", "StepFailed", "compile_step", "state_shapes", "steps_in_flight"]
 
 class StepFailed(Exception):
     """The compiled step raised (``__cause__``); ``state_lost``: it had been given the state
@@ -71,10 +81,39 @@ class StepFailed(Exception):
 
 @dataclass(frozen=True)
 class _Compiled:
-    steps: dict[int, Any]
+    steps: dict[int, Any]  # bucket -> compiled (state, batch, template) -> (state, *results)
     template: Any
     reset: Any
     clone: Any = None  # the state copied on its device(s), for a checkpoint (layouts.compile_clone)
+
+
+class _WithTemplate:
+    """A compiled step as ``(state, batch) -> (state, *results)``, the engine's template passed
+    (``Engine.steps``: for callers that drive the steps themselves); else the compiled object."""
+
+    def __init__(self, compiled: Any, template: Any) -> None:
+        self._compiled, self._template = compiled, template
+
+    def __call__(self, state: Any, batch: Any) -> Any:
+        return self._compiled(state, batch, self._template)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._compiled, name)
+
+
+class Pending:
+    """One step dispatched and not yet finished (``Engine.dispatch``, ``Engine.finish``): its
+    laid-out batch (kept, to run it again after an earlier step in flight failed), the
+    results being copied to the host, or the exception its dispatch raised."""
+
+    __slots__ = ("batch", "bucket", "failed", "lost", "m", "ran", "route", "state_in")
+
+    def __init__(self, bucket: int, batch: Any, route: Any, m: int) -> None:
+        self.bucket, self.batch, self.route, self.m = bucket, batch, route, m
+        self.ran: tuple[Any, ...] = ()
+        self.state_in: Any = None  # the state it was given (donated: deleted once it runs)
+        self.failed: BaseException | None = None
+        self.lost = False
 
 
 class Engine:
@@ -93,11 +132,22 @@ class Engine:
         self._processor = processor
         self._config = config
         self.devices = devices
-        self.steps: Mapping[int, Any] = compiled.steps  # read-only; for the preflight and the benchmark
+        # read-only, as (state, batch) -> (state, *results); for the preflight and the benchmark
+        self.steps: Mapping[int, Any] = {b: _WithTemplate(c, compiled.template) for b, c in compiled.steps.items()}
         # outputs of a CPU step are host memory already: np.asarray reads them in place (about
         # 13 µs for the default outputs, against 85 µs for jax.device_get, which starts one
         # asynchronous copy per array); on an accelerator device_get's overlapped copies win
-        self._fetch: Callable[[Any], Any] = _read_in_place if jax.devices()[0].platform == "cpu" else jax.device_get
+        self.platform = jax.devices()[0].platform  # "cpu", "tpu", "gpu" …
+        # the compiled steps reset a non-finite stream's rows themselves (compiled.guarded); else the caller does
+        self.resets_in_step = steps_in_flight(config, self.platform) > 1
+        on_cpu = self.platform == "cpu"
+        self._fetch: Callable[[Any], Any] = _read_in_place if on_cpu else jax.device_get
+        # a step's results start their way to the host as it is dispatched (steps in flight);
+        # on the CPU they are host memory already
+        self._copy_async = not on_cpu
+        # what was dispatched since the oldest unfinished step: steps (``Pending``) and the
+        # resets and weight swaps between them (state -> state), to run again if one fails
+        self._journal: deque[Pending | Callable[[Any], Any]] = deque()
         self._copying: PendingSnapshot | None = None  # a checkpoint being copied between steps
         self.generation = 0  # bumped whenever the state is replaced (a restore, a lost state)
         self.device_rows = 0  # rows the devices stepped, padding included
@@ -115,31 +165,71 @@ class Engine:
     def step(self, x: np.ndarray, key: np.ndarray) -> Stepped:
         """Run the compiled step on one batch (``x`` [m, F], ``key`` int32 slots [m]); its
         results on the host. Raises ``StepFailed`` (the state kept, or replaced if it was lost)."""
+        return self.finish(self.dispatch(x, key))
+
+    def dispatch(self, x: np.ndarray, key: np.ndarray) -> Pending:
+        """Start the compiled step on one batch and the copy of its results to the host, without
+        waiting for either; ``finish`` it (in dispatch order) for the results. A failure is
+        raised by ``finish`` (the state kept, or replaced if it was lost)."""
         layout = self._layout
         if self.live_weights is not None and self.live_weights.pending:
             self._swap_weights()
         m = len(key)
         bucket, batch, route, written = layout.lay_out(x, key)
         self._before_write(written)
-        try:
-            new_state, *ran = self._compiled.steps[bucket](self._state, batch)
-            stepped = layout.results(tuple(ran), m, route, self._fetch)
-        except Exception as exc:
-            lost = any(leaf.is_deleted() for leaf in jax.tree.leaves(self._state))
-            if lost:  # donated to the step that failed at run time: gone
-                self._replace(layout.fresh())
-            raise StepFailed(exc, lost) from exc
-        self._state = new_state
+        pending = Pending(bucket, batch, route, m)
+        self._run(pending)
+        self._journal.append(pending)
         self.steps_run += 1
         self.device_rows += layout.device_rows(bucket)
         self.device_messages += layout.counts(m, route)
-        return stepped
+        return pending
+
+    def ready(self, pending: Pending) -> bool:
+        """Whether ``finish(pending)`` would return without waiting for the device."""
+        return pending.failed is not None or all(leaf.is_ready() for leaf in jax.tree.leaves(pending.ran))
+
+    @property
+    def unfinished(self) -> int:
+        """Steps dispatched and not yet finished."""
+        return sum(1 for op in self._journal if isinstance(op, Pending))
+
+    def finish(self, pending: Pending) -> Stepped:
+        """The results of the oldest unfinished step on the host (waiting for them). Raises
+        ``StepFailed``: then the steps dispatched after it, which were given its state, run
+        again in order on the state kept or a fresh one, as they would have one at a time."""
+        journal = self._journal
+        if pending not in journal:
+            raise RuntimeError("Engine.finish: this step is not in flight (finished already, or abandoned)")
+        while journal[0] is not pending:
+            if isinstance(journal[0], Pending):
+                raise RuntimeError("Engine.finish: steps are finished in the order they were dispatched")
+            journal.popleft()
+        journal.popleft()
+        failure: BaseException | None = pending.failed
+        if failure is None:
+            try:
+                return self._layout.results(pending.ran, pending.m, pending.route, self._fetch)
+            except Exception as exc:  # it failed at run time, after being given the state
+                failure = exc
+                pending.lost = any(leaf.is_deleted() for leaf in jax.tree.leaves(pending.state_in))
+                self._replace(self._layout.fresh() if pending.lost else pending.state_in)
+        pending.state_in = None
+        if pending.failed is None:  # what was dispatched after it was given its lost or kept state
+            self._again()
+        raise StepFailed(failure, pending.lost) from failure
+
+    def abandon(self) -> int:
+        """Forget the steps in flight (their results are never fetched); how many there were."""
+        count = self.unfinished
+        self._journal.clear()
+        return count
 
     def reset(self, slots: list[int]) -> None:
         """Give these slots a fresh stream's state (before the step that uses them)."""
         idx, written = self._layout.reset_index(slots)
         self._before_write(written)
-        self._state = self._compiled.reset(self._state, self._compiled.template, idx)
+        self._apply(lambda state: self._compiled.reset(state, self._compiled.template, idx))
 
     def begin_snapshot(self, table: TableCopy, counts: Mapping[str, int], settings: Mapping[str, Any],
                        wall_time: float, *, seen_shift: float, incremental: bool,
@@ -147,6 +237,9 @@ class Engine:
         """A checkpoint of the state as of now (between two steps), copied a chunk at a time by
         its ``advance`` between the next steps, or at once (``incremental=False``, several
         devices, an accelerator); the engine keeps it exact until it is copied."""
+        if self.unfinished:
+            raise RuntimeError("Engine.begin_snapshot: steps are in flight; a checkpoint holds finished steps only "
+                               "(finish them first)")
         layout, generation = self._layout, self.generation
         pending = PendingSnapshot(
             self._state, table, counts, settings, wall_time, rows=self._config.max_streams + 1,
@@ -215,7 +308,7 @@ class Engine:
         """Run every bucket once on padding (the preflight); the outputs' names."""
         names: list[str] = []
         for bucket in self._compiled.steps:
-            new_state, *ran = self._compiled.steps[bucket](self._state, self._layout.example(bucket))
+            new_state, *ran = self.steps[bucket](self._state, self._layout.example(bucket))
             self._state = new_state
             route = None if self._layout.placement is None else Route(bucket, np.zeros(0, np.int64), np.zeros(0))
             names = sorted(self._layout.results(tuple(ran), 0, route, self._fetch).outputs)
@@ -242,6 +335,40 @@ class Engine:
         self._state = state
         self.generation += 1
 
+    def _run(self, pending: Pending) -> None:
+        """Dispatch ``pending``'s step on the state, and start its results' copy to the host; a
+        failure is kept in it (the state replaced by a fresh one if the step had been given it)."""
+        state = self._state
+        pending.failed, pending.lost = None, False
+        try:
+            new_state, *ran = self._compiled.steps[pending.bucket](state, pending.batch, self._compiled.template)
+        except Exception as exc:
+            pending.failed = exc
+            pending.lost = any(leaf.is_deleted() for leaf in jax.tree.leaves(state))
+            if pending.lost:  # donated to the step that failed: gone
+                self._replace(self._layout.fresh())
+            return
+        pending.ran, pending.state_in = tuple(ran), state
+        self._state = new_state
+        if self._copy_async:
+            for leaf in jax.tree.leaves(pending.ran):
+                leaf.copy_to_host_async()
+
+    def _apply(self, change: Callable[[Any], Any]) -> None:
+        """The state changed by ``change`` (a reset, a weight swap), kept in the journal while steps are in flight."""
+        self._state = change(self._state)
+        if self._journal:
+            self._journal.append(change)
+
+    def _again(self) -> None:
+        """Everything dispatched after a step that failed at run time, again, in order, on the
+        state now in place: it had been given the failed step's state."""
+        for op in self._journal:
+            if isinstance(op, Pending):
+                self._run(op)
+            else:
+                self._state = op(self._state)
+
     def _swap_weights(self) -> None:
         """The offered weights in place of ``state.params``, each leaf put where the old one was
         (its device or devices); the per-stream rows are untouched, so a checkpoint being
@@ -250,8 +377,19 @@ class Engine:
         if leaves is None:
             return
         old, treedef = jax.tree.flatten(self._state.params)
-        placed = [jax.device_put(new, leaf.sharding) for new, leaf in zip(leaves, old)]
-        self._state = self._state._replace(params=jax.tree.unflatten(treedef, placed))
+        params = jax.tree.unflatten(treedef, [jax.device_put(new, leaf.sharding) for new, leaf in zip(leaves, old)])
+        self._apply(lambda state: state._replace(params=params))
+
+
+def steps_in_flight(config: Any, platform: str) -> int:
+    """``FORKLESS_STEPS_IN_FLIGHT``'s depth on ``platform`` (the first device's: "cpu", "tpu" …):
+    its number, or for ``auto`` the measured default (bench/docs/steps-in-flight.md: on the CPU a
+    small step runs inline, in its dispatch, and a larger one competes for the same cores, so a
+    second in flight gains nothing; an accelerator's round trip is latency the next step can hide)."""
+    setting = getattr(config, "steps_in_flight", 1)
+    if setting != "auto":
+        return int(setting)
+    return 1 if platform == "cpu" else 2
 
 
 def _read_in_place(tree: Any) -> Any:
@@ -295,10 +433,10 @@ def _cache_every_compile() -> Any:
         jax.config.update(name, before)
 
 
-def _compile_buckets(layout: Any, processor: Any, config: Any, state: Any,
+def _compile_buckets(layout: Any, processor: Any, config: Any, state: Any, template: Any,
                      on_compiled: Callable[[int, float], None] | None) -> dict[int, Any]:
     """The step compiled for each bucket, the processor's contract checked on the way."""
-    jitted = layout.jit(processor.step)
+    jitted = layout.jit(processor.step, steps_in_flight(config, jax.devices()[0].platform) > 1)
     # the contract on the shapes first (cheap, and clear errors), then at each bucket as it
     # is lowered
     layout.check(processor.step, state, config.buckets[0])
@@ -306,7 +444,7 @@ def _compile_buckets(layout: Any, processor: Any, config: Any, state: Any,
     steps = {}
     for bucket in config.buckets:
         t0 = time.perf_counter()
-        steps[bucket] = layout.lower(jitted, state, bucket).compile()
+        steps[bucket] = layout.lower(jitted, state, template, bucket).compile()
         # drop what jit keeps of it (its trace and lowering; the executable is ours) and
         # give the freed heap back: the start's peak is one bucket's work, not all of them
         jitted.clear_cache()
@@ -328,6 +466,8 @@ def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float
     # the same program compiled before in this process: its executables, nothing traced again
     # (controller/programs.py says when that is sure)
     key = program_key(processor, config, devices, canonical)
+    if key is not None:  # the guard's reset is compiled in with steps in flight only
+        key = (*key, steps_in_flight(config, devices[0].platform) > 1)
     with unsplit:
         layout = Sharded(processor, config, devices) if len(devices) > 1 else OneDevice(processor, config, devices[0])
         state = layout.fresh()
@@ -343,7 +483,7 @@ def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float
             make_template = layout.compile_template(state)
             template = make_template(state)
             reset = layout.compile_reset(state, template)
-            steps = _compile_buckets(layout, processor, config, state, on_compiled)
+            steps = _compile_buckets(layout, processor, config, state, template, on_compiled)
             keep(key, steps, reset, make_template, layout.fields)
         clone = layout.compile_clone(state)
     if layout.placement is None:

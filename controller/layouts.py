@@ -115,15 +115,16 @@ class OneDevice:
         """The state copied on its device, for a checkpoint; None on the CPU (copied in rows)."""
         return device_copy(state, self.shardings) if accelerated(self.device.platform) else None
 
-    def jit(self, step: Callable[..., Any]) -> Any:
-        # the state is donated: XLA updates the table in place, so a step costs O(B), not O(S)
-        guarded_step = guarded(step)
+    def jit(self, step: Callable[..., Any], reset: bool) -> Any:
+        # the state is donated: XLA updates the table in place, so a step costs O(B), not O(S);
+        # the template (fresh rows, for the guard's reset: ``reset``) is not
+        guarded_step = guarded(step, reset)
         if not self.packed:
             return jax.jit(guarded_step, donate_argnums=0)
         features, dtype = self.config.features, self.dtype
 
-        def packed_step(state: Any, words: jax.Array) -> tuple[Any, jax.Array]:
-            new_state, outputs, bad = guarded_step(state, unpack_words(words, features, dtype))
+        def packed_step(state: Any, words: jax.Array, template: Any) -> tuple[Any, jax.Array]:
+            new_state, outputs, bad = guarded_step(state, unpack_words(words, features, dtype), template)
             return new_state, as_bytes([outputs[field.name] for field in self.fields[:-1]] + [bad])
 
         return jax.jit(packed_step, donate_argnums=0)
@@ -140,15 +141,15 @@ class OneDevice:
         if not self.fields:
             self.fields = output_layout(out_info[1])
 
-    def lower(self, jitted: Any, state: Any, bucket: int) -> Any:
+    def lower(self, jitted: Any, state: Any, template: Any, bucket: int) -> Any:
         """The step lowered for ``bucket``, its contract checked on the lowering's own trace (the
         guard adds ``bad``): one trace a bucket, not two (0.06 s each with the default step).
         Packed, the lowering's outputs are bytes: checked on the step's shapes (``check``)."""
         if self.packed:
             if bucket != self.config.buckets[0]:
                 self.check(self.processor.step, state, bucket)
-            return jitted.lower(state, self.example(bucket))
-        lowered = jitted.lower(state, self.example(bucket))
+            return jitted.lower(state, self.example(bucket), template)
+        lowered = jitted.lower(state, self.example(bucket), template)
         new_state, outputs, _bad = lowered.out_info
         check_contract(state, (new_state, outputs), bucket)
         return lowered
@@ -256,20 +257,24 @@ class Sharded:
                                 ).compile()
         return reset
 
-    def jit(self, step: Callable[..., Any]) -> Any:
+    def jit(self, step: Callable[..., Any], reset: bool) -> Any:
         features, dtype = self.config.features, self.dtype
-        guarded_step = guarded(step)
+        guarded_step = guarded(step, reset)
 
-        def per_device(state: Any, packed: jax.Array) -> tuple[Any, jax.Array]:
-            new_state, outputs, bad = guarded_step(state, unpack_words(packed, features, dtype))
+        def per_device(state: Any, packed: jax.Array, template: Any) -> tuple[Any, jax.Array]:
+            new_state, outputs, bad = guarded_step(state, unpack_words(packed, features, dtype), template)
             return new_state, as_bytes([outputs[field.name] for field in self.fields[:-1]] + [bad])
 
         # check_vma off: the processor's own code need not mark device-varying values (pcast);
         # what it must not do (change a replicated leaf) is checked on its jaxpr instead
-        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=(self.specs, P(AXIS)),
+        # the template (compile_template's: a fresh row of each per-stream leaf) on every device
+        template_specs = jax.tree.map(lambda sharded: P() if sharded else None, self.per_stream)
+        replicated = jax.tree.map(lambda sharded: NamedSharding(self.mesh, P()) if sharded else None,
+                                  self.per_stream)
+        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=(self.specs, P(AXIS), template_specs),
                                out_specs=(self.specs, P(AXIS)), check_vma=False)
-        return jax.jit(mapped, in_shardings=(self.shardings, self.rows), out_shardings=(self.shardings, self.rows),
-                       donate_argnums=0)
+        return jax.jit(mapped, in_shardings=(self.shardings, self.rows, replicated),
+                       out_shardings=(self.shardings, self.rows), donate_argnums=0)
 
     def check(self, step: Callable[..., Any], state: Any, bucket: int) -> None:
         local = example_batch(self.config.features, bucket, self.spare_key, self.dtype)
@@ -280,12 +285,12 @@ class Sharded:
         if not self.fields:
             self.fields = output_layout(out_info[1])
 
-    def lower(self, jitted: Any, state: Any, bucket: int) -> Any:
+    def lower(self, jitted: Any, state: Any, template: Any, bucket: int) -> Any:
         """The step lowered for ``bucket`` after its contract is checked (on the per-device step:
         the lowering's is the packed one); the first bucket's was checked before (``check``)."""
         if bucket != self.config.buckets[0]:
             self.check(self.processor.step, state, bucket)
-        return jitted.lower(state, self.example(bucket))
+        return jitted.lower(state, self.example(bucket), template)
 
     def example(self, bucket: int) -> np.ndarray:
         place = self.placement

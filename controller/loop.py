@@ -6,10 +6,11 @@ Rules:
   one device or several is the engine's business, never the loop's.
 - Every bucket size is compiled ahead of time in ``start()`` before the IO thread opens a
   connection, so no message waits for XLA and nothing compiles after warm-up.
-- One batch at a time: take what is waiting (``Intake``, controller/queues.py, under the
+- Batches in order: take what is waiting (``Intake``, controller/queues.py, under the
   ``MicroBatcher``'s rules), then ``BatchStep`` (controller/batchstep.py) slots, steps, answers
-  and puts one ``Outgoing`` item. Replies keep the order their messages arrived in; each feed's
-  reply policy is applied where the frames are made (controller/replies.py).
+  and puts one ``Outgoing`` item, up to ``FORKLESS_STEPS_IN_FLIGHT`` steps running at once
+  (controller/inflight.py). Replies keep arrival order; each feed's reply policy is applied
+  where the frames are made (controller/replies.py).
 - The IO thread's health is checked at least every ``POLL_S``; if it died, the loop stops
   and raises (``FeedFatal`` or ``IOThreadError``).
 - Checkpoints (``FORKLESS_CHECKPOINT_DIR``): the tick at the end of ``process_pending``
@@ -45,9 +46,10 @@ from forkless.controller.checkpointer import Checkpointer, CheckpointStore, chec
 from forkless.controller.codec import Codec, guarded_codec
 from forkless.controller.compiled import codec_dtype, compilations, release_freed_memory
 from forkless.controller.config import Config
-from forkless.controller.engine import Engine, compile_step
+from forkless.controller.engine import Engine, compile_step, steps_in_flight
 from forkless.controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
 from forkless.controller.host import ProcessSettings, StopSignals
+from forkless.controller.inflight import InFlight
 from forkless.controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnResults, feed_plan, io_thread, with_hooks
 from forkless.controller.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
 from forkless.controller.partitioned import NoPartitions, PartitionOwner, partitioned_feed
@@ -85,12 +87,10 @@ class Controller:
             while ...:
                 ctl.process_pending(timeout=0.1)
 
-    ``freeze_gc=True``: freeze the objects alive when the run starts (``gc.freeze``: JAX's
-    modules, the compiled steps, the stream table's containers), so the collector does not
-    walk them again while it runs — a full collection walked them all, holding the GIL 15-67
-    ms between two steps (bench/checkpoint_stall.py, 1M streams). Only if nothing is frozen
-    yet, undone by the stop (controller/host.py). The ``forkless`` program asks for it; an
-    embedded controller leaves the collector alone unless asked.
+    ``freeze_gc=True``: freeze the objects alive when the run starts (``gc.freeze``), so the
+    collector does not walk them again while it runs (a full collection held the GIL 15-67 ms
+    between two steps: bench/checkpoint_stall.py). Only if nothing is frozen yet, undone by the
+    stop (controller/host.py); the ``forkless`` program asks for it.
 
     ``on_connect(feed, connection)``: frames to send first on every new connection of a feed,
     computed then (a signed, timestamped subscription); it runs on the IO thread's loop
@@ -189,10 +189,9 @@ class Controller:
         self.stop()
 
     def start(self) -> None:
-        """Compile every bucket, put the state on the device, start the IO thread.
-
-        A failure, or a stop requested meanwhile (a signal while it compiles, waits for a dead
-        holder's lease, restores), gives back what it took (``_take``) and starts no IO side."""
+        """Compile every bucket, put the state on the device, start the IO thread. A failure, or a
+        stop requested meanwhile (a signal while it compiles, waits for a dead holder's lease,
+        restores), gives back what it took (``_take``) and starts no IO side."""
         if self._started:
             return
         self._started = True
@@ -239,12 +238,12 @@ class Controller:
         self._outbound = Outlet(side.outbound, io, stats, self._deadline)
         prefixes, counters = self.plan.stream_prefixes(self.config.shared_streams), self.recovery.declared.counters
         names = [spec.name for spec in self.feed_specs]
-        step = DroppedMessages(stats, names) if self.engine is None else BatchStep(
+        step = DroppedMessages(stats, names) if self.engine is None else InFlight(BatchStep(
             self.engine, self.slots, self.replies, self.sources, stats, put=self._outbound.put,
             on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
-            # the IO thread's CPU clock, read around each step (pipelining:
-            # MainStats.step_io_cpu_s); not read at all where it is unknown (NaN)
-            io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds)
+            # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
+            io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds),
+            steps_in_flight(self.config, self.engine.platform))
         self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event)
 
     def _check_stop(self, during: str) -> None:
@@ -312,7 +311,9 @@ class Controller:
     # ---- checkpoints --------------------------------------------------------------------------
 
     def _begin_checkpoint(self, incremental: bool | None = None) -> PendingSnapshot:
-        """A checkpoint as of now (between two steps); see ``Recovery.begin``."""
+        """A checkpoint as of now, every step in flight finished first; see ``Recovery.begin``."""
+        if self._intake is not None:  # None: not started (a test's own call)
+            self._intake.settle()
         return self.recovery.begin(self.engine, self.incremental_checkpoints if incremental is None else incremental)
 
     @property
@@ -323,11 +324,9 @@ class Controller:
     # ---- stopping ---------------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Ask ``run()`` to stop; safe from signal handlers and other threads.
-
-        Fixes the stop's deadline, ``shutdown_timeout_s`` from now. Processing and sending
-        end ``stop_reserve_s`` before it (the work deadline), so that the IO thread can end
-        and the process exit by the deadline whatever the socket does."""
+        """Ask ``run()`` to stop; safe from signal handlers and other threads. Fixes the stop's
+        deadline, ``shutdown_timeout_s`` from now; processing and sending end ``stop_reserve_s``
+        before it, so that the IO thread can end and the process exit by it whatever the socket does."""
         self._deadline.fix()
         self._stop_requested.set()
 
@@ -366,9 +365,9 @@ class Controller:
             raise raised
 
     def _finish(self, work_deadline: float) -> Exception | None:
-        """An orderly stop's work: process what is queued until inbound is shut and drained (or
-        the work deadline), count what is left, shut outbound, hand over the stop's checkpoint
-        (written while the IO thread ends). Returns ``on_results``' first failure meanwhile."""
+        """An orderly stop's work: process what is queued until inbound is shut and drained (or the work
+        deadline), finish the steps in flight, count what is left, shut outbound, hand over the stop's
+        checkpoint (written while the IO thread ends). Returns ``on_results``' first failure meanwhile."""
         raised = self._intake.finish(work_deadline, lambda: self._io.failure is not None)
         left = self._intake.drain()
         if left:
@@ -381,10 +380,10 @@ class Controller:
         return raised
 
     def _drop_held(self) -> int:
-        """The stop of a partitioned instance whose lease is lost or ran out unrenewed: another
-        instance may own its partitions and answer from their checkpoint, so what this one holds
-        is dropped, never processed or published (the IO side's fence drops what is queued to
-        publish), and no checkpoint is written. How many messages it held unprocessed."""
+        """The stop of a partitioned instance whose lease is lost or ran out: another may own its
+        partitions and answer from their checkpoint, so what this one holds (steps in flight too) is
+        dropped, never published (the IO side's fence drops what is queued to publish), and no
+        checkpoint is written. How many messages it held unanswered."""
         held = self._intake.drain()
         self.main_stats.dropped["lease lost"] += held
         self._outbound.shutdown()
@@ -406,9 +405,9 @@ class Controller:
         self._signals.install()
         try:
             self.start()
-            cfg = self.config
-            first = serve(self.process_pending, self.stats, self._print, self._stop_requested,
-                          duration_s=cfg.duration_s, status_s=cfg.status_s, poll_s=POLL_S)
+            cfg = self.config  # steps may stay in flight between its calls (settle=False)
+            first = serve(lambda timeout: self._process(timeout, settle=False), self.stats, self._print,
+                          self._stop_requested, duration_s=cfg.duration_s, status_s=cfg.status_s, poll_s=POLL_S)
             self.stop()
             final = self.stats()
             if cfg.status_s > 0:
@@ -438,18 +437,20 @@ class Controller:
         """Process what is waiting (waiting up to ``timeout`` for a first message); returns
         how many messages were processed. Raises if the IO thread has failed.
 
-        It returns once what was queued when it was called has been processed, so a feed
-        that never pauses cannot keep the caller (or ``run()``'s stop check) waiting. Its last
-        batch is topped up from what arrived since, like any batch; what that leaves waits in
-        the batcher for the next call, as it would have in the queue.
-        """
+        It returns once what was queued when it was called has been processed (its steps in
+        flight finished: every result handed over), so a feed that never pauses cannot keep the
+        caller waiting. Its last batch is topped up from what arrived since; what that leaves
+        waits in the batcher for the next call, as it would have in the queue."""
+        return self._process(timeout, settle=True)
+
+    def _process(self, timeout: float, settle: bool) -> int:  # settle=False: steps may stay in flight
         if not self._started:
             raise RuntimeError("call start() (or use the controller as a context manager) first")
         if not self._running:  # a stop was requested during start(): nothing was started
             return 0
         self._io.raise_if_failed()
         self._owner.raise_if_lost()
-        done = self._intake.pending(timeout)
+        done = self._intake.pending(timeout, settle)
         self._checkpoints.tick(time.monotonic(), self._begin_checkpoint)
         return done
 

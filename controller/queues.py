@@ -10,7 +10,14 @@ Rules:
   was called has been processed (``pending``), however fast the feed produces. Each batch it
   collects goes to the step (``cycle``); the orderly stop's batches run until *inbound* is shut
   down and drained or the work deadline (``finish``; a batch is not topped up past it, so a slow
-  ``on_event`` does not take the events behind it past it: what is left is counted, and logged).
+  ``on_event`` does not take the events behind it past it: what is left is counted, and logged),
+  then every step in flight is finished.
+- Steps in flight (``InFlight``, controller/inflight.py): a step that is done is handed over
+  before the next batch is collected; a batch that is waiting is dispatched while earlier
+  steps run; with nothing waiting, it waits for a message and polls the oldest step every
+  ``READY_POLL_S``, finishing it once done (``cycle``), so no finished step waits for input.
+  ``pending`` finishes them all before it returns (``settle``), unless told not to (``run()``:
+  they stay in flight between its calls).
 - ``Outlet.put`` waits while *outbound* is full (the socket is slow), checking the IO side's
   health every ``POLL_S``: for as long as it takes, or, once a stop was requested, until its
   work deadline; what is still unput then is counted as dropped ("outbound full at stop"). An
@@ -33,14 +40,16 @@ from typing import Any
 
 import janus
 from forkless.controller.batching import MicroBatcher, Taken
+from forkless.controller.inflight import InFlight
 from forkless.controller.stats import MainStats
 from forkless.io_loop.crossing import TAKEN, Chunk, Events, Outgoing, count_unsent
 
-__all__ = ["POLL_S", "STOP_RESERVE_S", "Intake", "Outlet", "StopDeadline"]
+__all__ = ["POLL_S", "READY_POLL_S", "STOP_RESERVE_S", "Intake", "Outlet", "StopDeadline"]
 
 log = logging.getLogger("forkless.controller")
 
 POLL_S = 0.1
+READY_POLL_S = 0.0001  # with steps in flight and nothing waiting: how often the oldest is looked at
 STOP_RESERVE_S = 0.5  # of SHUTDOWN_TIMEOUT_S (at most a third), kept for ending the threads and the process
 IO_ENDED_REASON = "IO side ended"  # dropped: replies the IO side ended before taking
 
@@ -73,6 +82,8 @@ class Intake:
         self.batcher = batcher
         self.stats = stats
         self._step = step
+        # the steps in flight (controller/inflight.py), when the step is an InFlight
+        self.flight: InFlight | None = step if isinstance(step, InFlight) else None
         self.names = names  # each feed's name, by index
         self._on_event = on_event  # the controller's on_event as it is now (None: none)
         self._logged_unhandled_event = False
@@ -83,17 +94,25 @@ class Intake:
         self._pull_target = 0
         self._added = self._owed = self._taken = 0
 
-    def pending(self, timeout: float) -> int:
+    def pending(self, timeout: float, settle: bool = True) -> int:
         """``process_pending``'s work: batches until what was queued when it was called has been
         processed (waiting up to ``timeout`` for a first message); how many messages. A chunk may
         hold more than one batch, so chunks are counted, and the messages they hold once pulled
-        (``_owed``; what the batcher holds is owed too)."""
+        (``_owed``; what the batcher holds is owed too). ``settle``: every step in flight is
+        finished before it returns (else they may stay in flight until the next call)."""
         target = self._pull_target = self._pulled + (0 if self.closed else self.inbound.qsize())
         self._owed = self._added
         done = self.cycle(timeout)
         while self._taken < self._owed or (self._pulled < target and not self.closed and self.inbound.qsize()):
             done += self.cycle(0.0)
+        if settle:
+            self.settle()
         return done
+
+    def settle(self) -> None:
+        """Finish every step in flight (before a checkpoint, at the end of ``pending``)."""
+        if self.flight is not None:
+            self.flight.settle()
 
     def finish(self, work_deadline: float, failed: Callable[[], bool]) -> Exception | None:
         """An orderly stop's batches: until inbound is shut down and drained, the work deadline
@@ -107,15 +126,38 @@ class Intake:
                 self.cycle(POLL_S, deadline=work_deadline)
             except Exception as exc:
                 raised = raised or exc
+        if self.flight is not None:  # what was dispatched is answered, whatever ended the loop
+            raised = raised or self.flight.settle_all(work_deadline)
         return raised
 
     def cycle(self, timeout: float, deadline: float | None = None) -> int:
-        """Collect one batch and step it; how many messages it held."""
+        """Collect one batch and step it; how many messages it held. With steps in flight, a
+        step that is done is finished instead (0), and while nothing is waiting the oldest is
+        awaited instead of the first message (the module rules)."""
+        flight = self.flight
+        while flight is not None and len(flight):
+            if flight.oldest_ready() or self.closed:
+                flight.finish_oldest(deadline)
+                return 0
+            taken = self.collect(0.0, deadline)  # only what is waiting already
+            if taken is not None:
+                self._step(taken, deadline)
+                return len(taken)
+            self._await(READY_POLL_S)
         taken = self.collect(timeout, deadline)
         if taken is None:
             return 0
         self._step(taken, deadline)
         return len(taken)
+
+    def _await(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for a chunk on *inbound*, into the batcher."""
+        try:
+            self._add(self.inbound.get(timeout=timeout))
+        except Empty:
+            pass
+        except janus.SyncQueueShutDown:
+            self.closed = True
 
     def collect(self, timeout: float, deadline: float | None = None) -> Taken | None:
         """One batch: blocking up to ``timeout`` for its first message when the batcher is empty,
@@ -179,9 +221,10 @@ class Intake:
                 raise
 
     def drain(self) -> int:
-        """Take what is still queued (at the stop deadline); how many messages it and the batcher
-        held (events left are counted in ``events_unhandled``)."""
-        left, events = len(self.batcher), 0
+        """Take what is still queued (at the stop deadline); how many messages it, the batcher and
+        the steps still in flight (forgotten unanswered) held (events left are counted in
+        ``events_unhandled``)."""
+        left, events = len(self.batcher) + (self.flight.discard() if self.flight is not None else 0), 0
         while not self.closed:
             try:
                 item = self.inbound.get_nowait()

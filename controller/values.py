@@ -248,3 +248,9 @@ def device_count(text: str) -> int | str:
     starts (controller/compiled.py ``use_devices`` checks it, with the same variable named)."""
     text = text.strip().lower()
     return "all" if text == "all" else integer(1, 4096)(text)
+
+
+def in_flight(text: str) -> int | str:
+    """``auto`` (the measured default of the platform, controller/inflight.py) or a count of steps."""
+    text = text.strip().lower()
+    return "auto" if text == "auto" else integer(1, 64)(text)

@@ -15,6 +15,7 @@ replies, and facts about the run (devices, shardings, compilations after warm-up
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,11 +54,16 @@ def run(config: Config, batches: list, processor: Processor | None = None) -> di
             results[s] = {"stream": stream[i], **{k: v[i].tolist() for k, v in outputs.items()}}
 
     fake = FakeIO()
+    # DEVICE_RUNS_IN_FLIGHT=K: FORKLESS_STEPS_IN_FLIGHT=K, every batch queued before the first is taken
+    depth = int(os.environ.get("DEVICE_RUNS_IN_FLIGHT", "1"))
+    config = config.replace(steps_in_flight=depth)
     with Controller(config, processor=processor, io_factory=fake, on_results=on_results) as ctl:
         for seqs, names, xs in batches:
             fake.inbound.put_nowait(Chunk(seqs, names, np.asarray(xs, np.float32), 0))
-            while ctl.process_pending():
+            while depth == 1 and ctl.process_pending():
                 pass
+        while ctl.process_pending():
+            pass
         frames = [json.loads(f) for item in drain(fake.outbound) for f in item.frames]
         stats = ctl.stats()
         shardings = {jax.tree_util.keystr(path): {"spec": str(getattr(leaf.sharding, "spec", None)),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,16 @@ def init(config: Config) -> dict[str, Any]:
 def step(state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     n = state["n"].at[batch.key].add(batch.valid.astype(jnp.float32))
     return {"n": n}, {"n": n[batch.key]}
+
+
+def working_step(state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``step`` plus matrix products whose result is dropped (x 0): enough work that XLA:CPU
+    dispatches the step asynchronously instead of running it inline, so steps are in flight."""
+    m = jnp.full((256, 256), 0.01)
+    for _ in range(3):
+        m = jnp.tanh(m @ m + 0.1)
+    new_state, out = step(state, batch)
+    return new_state, {"n": out["n"] + jnp.minimum(m.sum(), 0.0) * 0.0}
 
 
 class LinesSource:
@@ -76,13 +87,27 @@ def main() -> int:
         for name, n in zip(stream, outputs["n"].tolist()):
             last[name] = n
 
-    processor = Processor(init, step, name="count", version="1")
+    # SOURCE_PROGRAM_WORK=1: the step with work (FORKLESS_STEPS_IN_FLIGHT > 1: really in flight),
+    # driven by run(), which keeps steps in flight between its calls (checkpoints settle them)
+    work = os.environ.get("SOURCE_PROGRAM_WORK") == "1"
+    processor = Processor(init, working_step if work else step, name="count", version="1")
     source = LinesSource(source_path, gap_s, hold_at, gate)
-    with Controller(config, processor=processor, sources=[source], on_results=on_results,
-                    on_event=lambda source, event: done.append(event)) as ctl:
+
+    def on_event(source: str, event: Any) -> None:
+        done.append(event)
+        if work:
+            ctl.request_stop()
+
+    ctl = Controller(config, processor=processor, sources=[source], on_results=on_results, on_event=on_event)
+    if work:
+        ctl.run()
         print(f"restored from {ctl.restored_from}", flush=True)
-        while not done:
-            ctl.process_pending(timeout=0.05)
+    else:
+        with ctl:
+            print(f"restored from {ctl.restored_from}", flush=True)
+            while not done:
+                ctl.process_pending(timeout=0.05)
+    print(f"most steps in flight {ctl._intake.flight.most}", flush=True)  # private: read for the test only
     Path(final_path).write_text(json.dumps(last))
     return 0
 

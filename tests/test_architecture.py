@@ -120,6 +120,7 @@ COMPOSITION = [
     "controller/checkpointer.py",
     "controller/cli.py",
     "controller/host.py",
+    "controller/inflight.py",
     "controller/ioside.py",
     "controller/lifecycle.py",
     "controller/loop.py",

@@ -36,6 +36,7 @@ BAD = {
     "FORKLESS_STREAM_IDLE_S": "-1",
     "FORKLESS_MAX_BATCH": "0",
     "FORKLESS_MAX_WAIT_MS": "-1",
+    "FORKLESS_STEPS_IN_FLIGHT": "0",
     "FORKLESS_QUEUE_SIZE": "0",
     "FORKLESS_OVERFLOW": "drop_newest",
     "FORKLESS_SOURCE_BUFFER": "-1",
@@ -159,6 +160,15 @@ def test_devices_is_all_or_a_count():
     for bad in ("0", "two", "1.5", ""):
         with pytest.raises(ConfigError, match=r"FORKLESS_DEVICES=.* expected all, or an integer from 1 to 4096"):
             Config.from_env({"FORKLESS_DEVICES": bad})
+
+
+def test_steps_in_flight_is_auto_or_a_count():
+    assert Config().steps_in_flight == "auto"
+    assert Config.from_env({"FORKLESS_STEPS_IN_FLIGHT": " Auto "}).steps_in_flight == "auto"
+    assert Config.from_env({"FORKLESS_STEPS_IN_FLIGHT": "3"}).steps_in_flight == 3
+    for bad in ("0", "65", "two", "1.5", ""):
+        with pytest.raises(ConfigError, match=r"FORKLESS_STEPS_IN_FLIGHT=.* expected auto, or an integer from 1 to 64"):
+            Config.from_env({"FORKLESS_STEPS_IN_FLIGHT": bad})
 
 
 def test_the_io_settings_carry_the_configuration_s_values_by_the_same_names():

@@ -119,6 +119,13 @@ def on_four(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+def on_four_in_flight(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same runs on 4 devices with FORKLESS_STEPS_IN_FLIGHT=3, every batch queued at once."""
+    return _in_subprocess({**FOUR, "DEVICE_RUNS_IN_FLIGHT": "3"}, "scenarios",
+                          str(tmp_path_factory.mktemp("four-in-flight") / "out.json"))
+
+
+@pytest.fixture(scope="module")
 def on_one() -> dict[str, Any]:
     assert len(jax.local_devices()) == 1, "the test process itself keeps one device"
     return json.loads(json.dumps(device_runs.scenarios()))  # the same JSON round trip as the subprocess's
@@ -132,6 +139,15 @@ def test_the_four_forced_devices_all_run_messages(on_four):
     run = on_four["spread"]
     assert run["devices"] == ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
     assert all(n > 0 for n in run["device_messages"]) and sum(run["device_messages"]) == 91
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_results_on_four_devices_with_three_steps_in_flight_equal_one_devices_bit_for_bit(on_four_in_flight,
+                                                                                         on_one, name):
+    run = on_four_in_flight[name]
+    assert (run["devices"], run["results"]) == (["cpu:0", "cpu:1", "cpu:2", "cpu:3"], on_one[name]["results"])
+    assert (run["errors"], run["resets"]) == (on_one[name]["errors"], on_one[name]["resets"])
+    assert run["compilations_after_warmup"] == 0
 
 
 @pytest.mark.parametrize("name", RUNS)

@@ -450,6 +450,56 @@ def test_a_reply_the_results_stream_refuses_ends_the_connection_at_once_with_the
     assert len(lost) == 1 and refusal in lost[0], lost
 
 
+@pytest.mark.timeout(300 * UNIT_S)  # four JAX processes one after another: the module's 120 s is a hang bound
+def test_kill_9s_with_three_steps_in_flight_leave_exactly_one_result_per_input_each_applied_once(
+        app, nats_server, tmp_path):
+    import random
+    import signal
+    import time
+
+    from forkless.controller.checkpoint import list_checkpoints
+
+    from tests.harness import wait_until
+    from tests.natsserver import create_streams, stream_state
+
+    create_streams(nats_server.url)
+    rng = random.Random(4646)
+    # batches of at most 4 of the publisher's bursts of 10, steps that run milliseconds: in flight
+    env = _app_env(nats_server.url, tmp_path / "ckpt", FORKLESS_STEPS_IN_FLIGHT="3", FORKLESS_MAX_BATCH="4",
+                   FORKLESS_CHECKPOINT_S="0.3")
+    program = ("-m", "tests.inflight_program")
+    with Publisher(nats_server.url) as publisher:
+        for life in range(3):
+            proc = app(env=env, program=program)
+            proc.wait_for_line(r"connection \d+ open", stream="stderr", timeout_s=120 * UNIT_S)
+            if life == 2:  # however slow the machine, the final life has a checkpoint to restore
+                wait_until(lambda: list_checkpoints(tmp_path / "ckpt"), timeout_s=60 * UNIT_S,
+                           what="a checkpoint before the last kill", poll_s=0.05)
+            time.sleep(rng.uniform(0.2, 1.5))
+            proc.signal(signal.SIGKILL)
+            assert proc.finish(KILLED_EXIT_S).returncode == -9, life
+        final = app(env=env, program=program)
+        final.wait_for_line(r"connection \d+ open", stream="stderr", timeout_s=120 * UNIT_S)
+        time.sleep(1.0)
+    published = len(publisher.messages)
+    wait_until(lambda: stream_state(nats_server.url, "SCORES").messages >= published, timeout_s=60 * UNIT_S,
+               what=f"{published} results in the results stream", poll_s=0.2)
+    final.signal(signal.SIGTERM)
+    done = final.finish(30 * UNIT_S)
+    assert done.returncode == 0, done.stderr
+    assert "restored" in done.stderr
+    assert int(re.search(r"most steps in flight (\d+)", done.stdout).group(1)) >= 2, done.stdout
+
+    by_id, ids = _results(nats_server.url)
+    expected = [f"TICKS:{i + 1}:0" for i in range(published)]
+    assert sorted(ids) == sorted(expected) and len(ids) == published  # exactly one result per input
+    counts: dict[str, int] = {}
+    for m in publisher.messages:  # each message applied exactly once: its stream's count goes 1, 2, 3, …
+        counts[m["stream"]] = counts.get(m["stream"], 0) + 1
+        reply = by_id[f"TICKS:{m['seq'] + 1}:0"]
+        assert (reply["seq"], reply["stream"], reply["n"]) == (m["seq"], m["stream"], counts[m["stream"]])
+
+
 def test_the_server_killed_and_restarted_mid_run_loses_nothing_and_applies_nothing_twice(nats_server, tmp_path):
     import jax
     import numpy as np

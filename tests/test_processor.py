@@ -335,7 +335,9 @@ def test_the_controller_compiles_the_table_ops_unsplit_and_gives_every_thread_it
     kept_from_cache = getattr(jax.config, name)
     jax.config.update(name, 1e9)
     try:
-        plain = jax.jit(guarded(proc.step), donate_argnums=0).lower(jax.device_put(proc.init(cfg)), example).compile()
+        state = jax.device_put(proc.init(cfg))
+        template = row_template(state, cfg.max_streams + 1)
+        plain = jax.jit(guarded(proc.step), donate_argnums=0).lower(state, example, template).compile()
     finally:
         jax.config.update(name, kept_from_cache)
     assert "outer_dimension_partitions" in plain.as_text()  # the control: this is what it guards against

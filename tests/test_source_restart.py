@@ -20,7 +20,10 @@ PER_FRAME = 3  # with FORKLESS_MAX_BATCH=2, a checkpoint may fall inside a frame
 STREAMS = 5
 
 
-def test_a_replayable_user_source_keeps_every_message_exactly_once_across_kill_9(tmp_path):
+@pytest.mark.parametrize("in_flight", ["1", "3"])
+def test_a_replayable_user_source_keeps_every_message_exactly_once_across_kill_9(tmp_path, in_flight):
+    # in_flight 3: FORKLESS_STEPS_IN_FLIGHT=3 and a step with work enough to be dispatched
+    # asynchronously (tests/source_program.py): the kill lands while steps are in flight
     lines, expected = [], Counter()
     for f in range(FRAMES):
         frame = []
@@ -39,7 +42,8 @@ def test_a_replayable_user_source_keeps_every_message_exactly_once_across_kill_9
     argv = ("-m", "tests.source_program", str(source), str(final), str(checkpoints), "0.004", str(FRAMES // 2),
             str(gate))
 
-    with AppProcess(program=argv) as first:
+    env = {"FORKLESS_STEPS_IN_FLIGHT": in_flight, "SOURCE_PROGRAM_WORK": "1" if in_flight != "1" else "0"}
+    with AppProcess(program=argv, env=env) as first:
         first.wait_for_line(r"resumed at None", timeout_s=60 * UNIT_S)
         wait_until(lambda: checkpoints.exists() and len(list(checkpoints.iterdir())) >= 2,
                    timeout_s=60 * UNIT_S, what="two checkpoints written", poll_s=0.05)
@@ -48,13 +52,15 @@ def test_a_replayable_user_source_keeps_every_message_exactly_once_across_kill_9
     assert not final.exists()
 
     gate.touch()
-    with AppProcess(program=argv) as second:
+    with AppProcess(program=argv, env=env) as second:
         result = second.finish(120 * UNIT_S)
     assert result.returncode == 0, result.stderr
     resumed = int(re.search(r"resumed at (\d+)", result.stdout).group(1))
     assert 0 < resumed < FRAMES - 1, result.stdout  # it went on from a checkpoint, not from the start
     assert "restored from" in result.stdout and "restored from None" not in result.stdout
     assert json.loads(final.read_text()) == dict(expected)  # each message in the state exactly once
+    most = int(re.search(r"most steps in flight (\d+)", result.stdout).group(1))
+    assert most == 1 if in_flight == "1" else most >= 2, result.stdout
 
 
 def test_every_checkpoint_damaged_refuses_to_start_a_replayable_user_source_fresh(tmp_path):

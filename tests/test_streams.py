@@ -14,7 +14,7 @@ from forkless.controller.compiled import guarded
 from forkless.controller.config import Config
 from forkless.controller.engine import compile_step
 from forkless.controller.loop import Controller
-from forkless.controller.processor import Processor, default_processor
+from forkless.controller.processor import Processor, default_processor, row_template
 
 from tests.fake_io import FakeIO, drain
 from tests.reference import EWMAReference
@@ -95,7 +95,8 @@ def test_the_guarded_step_the_controller_compiles_touches_a_million_row_table_on
     state = jax.eval_shape(lambda: proc.init(cfg))
     batch = Batch(jax.ShapeDtypeStruct((bucket, cfg.features), jnp.float32),
                   jax.ShapeDtypeStruct((bucket,), jnp.int32), jax.ShapeDtypeStruct((bucket,), jnp.bool_))
-    assert _table_ops(guarded(proc.step), (state, batch), cfg.max_streams + 1) == []
+    template = jax.eval_shape(lambda s: row_template(s, cfg.max_streams + 1), state)  # the guard's reset rows
+    assert _table_ops(guarded(proc.step), (state, batch, template), cfg.max_streams + 1) == []
 
 
 def test_a_step_that_turns_a_stream_non_finite_answers_with_an_error_and_the_stream_starts_again():

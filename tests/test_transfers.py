@@ -59,10 +59,11 @@ def test_a_packed_step_takes_one_integer_array_and_gives_one_byte_array_with_the
         layout = layouts.OneDevice(processor, config, jax.devices()[0], packed=packed)
         state = layout.fresh()
         layout.check(processor.step, state, 4)
-        step = layout.lower(layout.jit(processor.step), state, 4).compile()
+        template = layout.compile_template(state)(state)
+        step = layout.lower(layout.jit(processor.step, True), state, template, 4).compile()
         bucket, batch, route, written = layout.lay_out(x, key)
         assert bucket == 4 and route is None and written.tolist() == [7, 0, 7, 8]  # padding writes the spare row
-        _state, *ran = step(state, batch)
+        _state, *ran = step(state, batch, template)
         if packed:
             assert (batch.dtype, batch.shape) == (np.uint32, (4, 5))  # x's bits, the key, valid: one array
             assert [(leaf.dtype, leaf.shape[0]) for leaf in ran] == [(np.uint8, 4)]  # every output: one array

@@ -1,0 +1,98 @@
+"""Steps in flight: the batches whose steps were dispatched and whose results are not yet handed over.
+
+Rules:
+- Main thread only; no threads, no clock of its own. ``begin`` dispatches a batch's step
+  (``BatchStep.begin``: slotted, stepped asynchronously, its results copied to the host
+  asynchronously) and keeps it; ``finish_oldest`` hands the oldest one's results over
+  (``BatchStep.end``). Batches are ended in the order they were begun, so replies and
+  ``on_results`` keep arrival order, per stream and overall.
+- At most ``depth`` steps are in flight (``FORKLESS_STEPS_IN_FLIGHT``): with ``depth`` in
+  flight, the oldest is finished before another is dispatched (``full``). ``depth`` 1 is one
+  batch at a time: each is finished as soon as it is begun, as before steps in flight existed.
+- What waits for what is the intake's (controller/queues.py): a step that is done is handed
+  over before anything else; with nothing waiting on *inbound* it waits for whichever comes
+  first, a message or the oldest step done, so no finished step is held back for input.
+- Whatever reads the state or the positions as a whole finishes every step in flight first
+  (``settle``): a checkpoint holds finished steps only (the engine refuses to begin one
+  otherwise), and the positions of the messages whose steps finished (they move in ``end``).
+- The stop settles every step in flight; a lost lease discards them (``discard``): their
+  messages are counted as dropped with the rest the instance held.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from forkless.controller.batching import Taken
+from forkless.controller.batchstep import BatchStep, Begun
+
+__all__ = ["InFlight"]
+
+
+class InFlight:
+    """The FIFO of begun batches between ``BatchStep.begin`` and ``BatchStep.end`` (module rules)."""
+
+    def __init__(self, step: BatchStep, depth: int) -> None:
+        if depth < 1:
+            raise ValueError(f"steps in flight: depth must be at least 1, got {depth}")
+        self.step = step
+        self.depth = depth
+        self._begun: deque[Begun] = deque()
+        self.most = 0  # the most steps that were in flight at once
+
+    def __len__(self) -> int:
+        return len(self._begun)
+
+    @property
+    def messages(self) -> int:
+        """Messages in the batches in flight."""
+        return sum(len(begun) for begun in self._begun)
+
+    @property
+    def full(self) -> bool:
+        """``depth`` steps are in flight: the oldest must be finished before another begins."""
+        return len(self._begun) >= self.depth
+
+    def __call__(self, taken: Taken, deadline: float | None = None) -> None:
+        """Begin ``taken``'s step; then finish the oldest while ``depth`` steps are in flight
+        (with ``depth`` 1: this one, at once) or it is done already (a step XLA:CPU ran inline,
+        in its dispatch: handed over at once, as one at a time would)."""
+        self._begun.append(self.step.begin(taken))
+        self.most = max(self.most, len(self._begun))
+        while self._begun and (self.full or self.oldest_ready()):
+            self.finish_oldest(deadline)
+
+    def oldest_ready(self) -> bool:
+        """The oldest step in flight is done: finishing it would not wait for the device."""
+        return bool(self._begun) and self.step.ready(self._begun[0])
+
+    def finish_oldest(self, deadline: float | None = None) -> int:
+        """Hand the oldest batch's results over (waiting for its step); how many messages it held.
+        Raises what ``on_results`` raised, once its replies are put."""
+        begun = self._begun.popleft()
+        self.step.end(begun, deadline)
+        return len(begun)
+
+    def settle(self, deadline: float | None = None) -> None:
+        """Finish every step in flight, oldest first. What ``on_results`` raised is raised at once
+        (its batch's replies put; the later ones stay in flight)."""
+        while self._begun:
+            self.finish_oldest(deadline)
+
+    def settle_all(self, deadline: float | None = None) -> Exception | None:
+        """Finish every step in flight, going on past failures (the stop); the first one."""
+        raised: Exception | None = None
+        while self._begun:
+            try:
+                self.finish_oldest(deadline)
+            except Exception as exc:
+                raised = raised or exc
+        return raised
+
+    def discard(self) -> int:
+        """Forget the steps in flight unanswered (a lost lease: nothing more is published); how
+        many messages they held."""
+        held = self.messages
+        self._begun.clear()
+        self.step.engine.abandon()
+        return held
