@@ -98,7 +98,10 @@ class Chunk:
 
     seq: list[Any]
     stream: list[str]
-    x: Any  # numpy [n, F], the processor's input dtype, float32 by default (no numpy import here: see the rules)
+    # numpy [n, F] of the processor's input dtype (float32 by default; no numpy import here: see the
+    # rules), or, gathered from several frames, a list of their own arrays whose rows in order are the
+    # chunk's: they are copied once, on the main thread, into the padded batch (``x_parts``)
+    x: Any
     received_ns: int
     feed: int = 0  # index of the feed (``IOSettings.feed_specs``) whose connection it came from
     trace: Trace | None = None  # one in SAMPLE_EVERY messages: its first message's hop times
@@ -107,6 +110,10 @@ class Chunk:
 
     def __len__(self) -> int:
         return len(self.seq)
+
+    def x_parts(self) -> list[Any]:
+        """The arrays that hold ``x``'s rows, in order (one, or the frames' own)."""
+        return self.x if isinstance(self.x, list) else [self.x]
 
 
 @dataclass

@@ -226,7 +226,9 @@ class Publisher:
         if self._first_seq is None and self._start_check and len(chunk):
             self._first_seq = chunk.seq[0]
             self._compare_start()
-        rows = chunk.x.tolist()  # float64: Python floats, written back exactly
+        rows: list[list[float]] = []
+        for part in chunk.x_parts():
+            rows += part.tolist()  # float64: Python floats, written back exactly
         dumps, subjects, waiting = orjson.dumps, self._subjects, self._waiting
         for seq, stream, x in zip(chunk.seq, chunk.stream, rows):
             subject = subjects.get(stream)

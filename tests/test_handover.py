@@ -50,10 +50,27 @@ def test_frames_added_in_one_loop_turn_leave_as_one_chunk():
     assert before == 0
     assert chunk.seq == [1, 2, 3, 4]
     assert chunk.stream == ["a", "b", "a", "c"]
-    np.testing.assert_array_equal(chunk.x, np.array([[1, 1.5], [2, 2.5], [3, 3.5], [4, 4.5]], np.float32))
-    assert chunk.x.dtype == np.float32
+    rows = np.concatenate(chunk.x_parts())
+    np.testing.assert_array_equal(rows, np.array([[1, 1.5], [2, 2.5], [3, 3.5], [4, 4.5]], np.float32))
+    assert rows.dtype == np.float32
     assert chunk.received_ns == 1_000  # latency is counted from the first frame of the chunk
     assert left == 0
+
+
+def test_a_chunk_of_several_frames_holds_their_own_arrays_not_a_copy():
+    # the IO thread copies no x: the main thread copies the frames' rows once, into the padded batch
+    frames = [decoded([1], ["a"]), decoded([2, 3], ["b", "a"])]
+
+    async def main() -> Chunk:
+        queue: asyncio.Queue[Chunk] = asyncio.Queue(maxsize=10)
+        handover = blocking(queue)
+        for frame in frames:
+            handover.add(frame, received_ns=1_000)
+        await next_turn()
+        return queue.get_nowait()
+
+    chunk = asyncio.run(main())
+    assert [part is frame.x for part, frame in zip(chunk.x_parts(), frames)] == [True, True]
 
 
 def test_should_flush_once_max_batch_messages_are_gathered():
