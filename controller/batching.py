@@ -183,13 +183,17 @@ class MicroBatcher:
                 if origins is None:
                     origins = [None] * taken
                 origins.extend(chunk.origin[start:stop] if chunk.origin is not None else [None] * (stop - start))
-            if start == 0 and stop == len(chunk):
+            if start == 0 and stop == len(chunk):  # the whole chunk: no slices
                 seqs += chunk.seq
                 streams += chunk.stream
+                if isinstance(chunk.x, list):
+                    xs += chunk.x
+                else:
+                    xs.append(chunk.x)
             else:
                 seqs += chunk.seq[start:stop]
                 streams += chunk.stream[start:stop]
-            _rows(chunk.x, start, stop, xs)
+                _rows(chunk.x, start, stop, xs)
             taken += stop - start
             runs.append((taken, chunk.feed, chunk.received_ns))
             if stop == len(chunk):
@@ -236,10 +240,7 @@ def _rows(x: Any, start: int, stop: int, out: list[np.ndarray]) -> None:
     """Append to ``out`` the arrays holding rows ``start:stop`` of a chunk's ``x`` (one array, or
     its frames' arrays in order: ``Chunk``), as views."""
     if not isinstance(x, list):
-        out.append(x if start == 0 and stop == len(x) else x[start:stop])
-        return
-    if start == 0 and stop == sum(len(part) for part in x):
-        out += x
+        out.append(x[start:stop])
         return
     at = 0  # the chunk's row where ``part`` begins
     for part in x:

@@ -259,3 +259,23 @@ def test_idle_is_true_only_with_nothing_gathered_and_no_put_waiting():
         return seen
 
     assert asyncio.run(main()) == [True, False, True, False, True]
+
+
+def test_the_writer_observes_every_frame_s_write_latency_from_its_own_chunk_receipt():
+    # the writer (io_loop/writer.py) observes a run of frames sharing a receipt at once: every frame
+    # counted, each with its own chunk's receipt
+    import time
+
+    from forkless.io_loop.crossing import Outgoing
+    from forkless.io_loop.writer import HeldReply
+
+    stats = IOStats()
+    held = HeldReply(None, stats)
+    now = time.monotonic_ns()
+    old = now - 1_000 * 10**9  # past the histogram's last bound
+    held._took(Outgoing([b"1", b"2", b"3", b"4"], [old, old, now, old]))
+    held.wrote(4)
+    held.finish()
+    latency = stats.write_latency
+    assert latency.n == 4 and latency.counts[-1] == 3
+    assert 3_000.0 <= latency.total < 3_000.0 + 60.0
