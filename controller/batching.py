@@ -19,6 +19,11 @@ Rules:
   however long the step was; with nothing waiting it goes out at once, as a lone message does.
 - Padding: a batch of n messages is padded to the smallest bucket >= n (``Config.buckets``: powers
   of four up to ``max_batch``) so the jitted step only ever sees a few shapes, all compiled at start-up.
+- One copy of ``x`` on the host: a chunk holds its frames' own arrays, and a batcher given the
+  buckets copies them once, straight into the batch's zeroed bucket-sized array (``PaddedRows``),
+  which ``pad_batch`` takes as it is.
+- Per-chunk values stay per chunk: ``Taken.runs``, one ``(end, feed, received_ns)`` per chunk's
+  piece of the batch; the per-message lists are made only where a rare path asks for them.
 - Stream slots (name -> row of the state table) are controller/slots.py's business.
 """
 
