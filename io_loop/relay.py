@@ -54,6 +54,7 @@ from typing import Any
 
 import janus
 import nats.js.errors
+import numpy as np
 import orjson
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.crossing import Chunk
@@ -227,8 +228,8 @@ class Publisher:
             self._first_seq = chunk.seq[0]
             self._compare_start()
         rows: list[list[float]] = []
-        for part in chunk.x_parts():
-            rows += part.tolist()  # float64: Python floats, written back exactly
+        for part in chunk.x_parts():  # float64: Python floats, written back exactly (an int as a float)
+            rows += (np.array(part, np.float64) if type(part) is list else part).tolist()
         dumps, subjects, waiting = orjson.dumps, self._subjects, self._waiting
         for seq, stream, x in zip(chunk.seq, chunk.stream, rows):
             subject = subjects.get(stream)
