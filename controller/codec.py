@@ -71,6 +71,10 @@ class Decoded:
     def x(self, value: np.ndarray) -> None:
         self._x, self.rows = value, None
 
+    def cast(self, dtype: Any) -> None:
+        """``x`` made ``dtype`` (a custom codec's, for the processor's input dtype)."""
+        self.x = self.x.astype(dtype)
+
     def __len__(self) -> int:
         return len(self.seq)
 
@@ -323,7 +327,7 @@ class GuardedCodec:
             return (f"decode returned x of shape {list(getattr(d.x, 'shape', []))}, "
                     f"expected [{n}, {self.features}] ({self.dtype})")
         if n and d.x.dtype != self.dtype:
-            d.x = d.x.astype(self.dtype)
+            d.cast(self.dtype)
         return ""
 
     def _log_once(self, method: str, exc: BaseException) -> None:
