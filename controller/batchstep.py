@@ -84,6 +84,7 @@ class BatchStep:
         self._put = put
         self._on_results = on_results
         self._feed_prefixes = feed_prefixes
+        self._keys: list[dict[str, str]] = [{} for _ in feed_prefixes or ()]  # per feed: stream -> its key
         self._io_cpu = io_cpu
         self._counters = dict(counters or {})
         self._logged_failures: set[str] = set()
@@ -157,8 +158,7 @@ class BatchStep:
         """Each message's state slot (recycled slots reset first), and the messages refused (too many streams)."""
         keys = taken.stream
         if self._feed_prefixes is not None:  # several feeds: a stream is (feed, stream)
-            prefixes = self._feed_prefixes
-            keys = [prefixes[feed] + stream for feed, stream in zip(taken.feed, keys)]
+            keys = self._stream_keys(taken)
         slots, ok, recycled = self.slots.lookup(keys, time.monotonic())
         if recycled:
             self.engine.reset(recycled)
@@ -168,6 +168,27 @@ class BatchStep:
             refused.update(dict.fromkeys(too_many, self.replies.too_many))
             self.stats.errors["too many streams"] += len(too_many)
         return slots, refused
+
+    def _stream_keys(self, taken: Taken) -> list[str]:
+        """Each message's slot key, "feed:stream", made once per stream of a feed and then found
+        in that feed's dict (cleared once it holds more names than the table has slots), in C
+        loops: one per run of the batch's messages from one feed."""
+        stream, keys, start = taken.stream, [], 0
+        runs = taken.runs if taken.feeds_mixed else taken.runs[-1:]  # unmixed: one run, the whole batch
+        for i, (end, feed, _) in enumerate(runs):
+            if i + 1 < len(runs) and runs[i + 1][1] == feed:
+                continue  # the next piece is of the same feed: one run
+            names = stream if start == 0 and end == len(stream) else stream[start:end]
+            cache = self._keys[feed]
+            try:
+                keys += list(map(cache.__getitem__, names))
+            except KeyError:  # a stream not seen yet (or since the dict was cleared)
+                if len(cache) >= self.slots.max_streams:
+                    cache.clear()
+                prefix = self._feed_prefixes[feed]  # type: ignore[index]
+                keys += [cache.get(name) or cache.setdefault(name, prefix + name) for name in names]
+            start = end
+        return keys
 
     def _hand_over(self, taken: Taken, rows: Sequence[int], encoded: Sequence[int], answered: list,
                    are_results: bool, refused: dict[int, str], policy: str | None, deadline: float | None) -> None:

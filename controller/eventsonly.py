@@ -73,7 +73,7 @@ class DroppedMessages:
         self.stats.dropped[EVENTS_ONLY_DROPPED] += n
         if not self._logged:
             self._logged = True
-            sources = sorted({self.names[feed] for feed in taken.feed})
+            sources = sorted({self.names[feed] for _, feed, _ in taken.runs})
             log.error("source %s handed over %d message(s) (ctx.emit, ctx.emit_rows), but the controller is events "
                       "only (events_only=True) and runs no processor: they are dropped, counted in dropped (%r). "
                       "Hand objects over with ctx.emit_event, or give the controller a processor (logged once)",

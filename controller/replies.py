@@ -59,8 +59,8 @@ class Replies:
         if self._policy is not None:
             return self._policy
         if not taken.feeds_mixed:
-            return self.policies[taken.feed[0]]
-        policies = {self.policies[feed] for feed in set(taken.feed)}
+            return self.policies[taken.first_feed]
+        policies = {self.policies[feed] for _, feed, _ in taken.runs}
         return policies.pop() if len(policies) == 1 else None
 
     def encode(self, taken: Taken, rows: Sequence[int], seq: list, stream: list, outputs: dict[str, np.ndarray],
@@ -146,14 +146,18 @@ class Replies:
     def observe_latency(self, taken: Taken, rows: Sequence[int], handed_ns: int) -> None:
         """``latency``: receipt -> results handed over, for each message of ``rows``; one
         observation per chunk (its messages share a receipt time and are consecutive in a
-        batch), not per message: a run of equal receipts is one ``observe_each``."""
-        if isinstance(rows, range):
-            received, feeds = taken.received_ns, taken.feed
-        else:
-            received, feeds = [taken.received_ns[i] for i in rows], [taken.feed[i] for i in rows]
+        batch), not per message: a chunk's piece of the batch (``Taken.runs``) is one
+        ``observe_each``, and so is a run of equal receipts among ``rows``."""
         latency = self.stats.latency
+        if isinstance(rows, range) and len(rows) == len(taken):  # every message: the chunks' runs
+            start = 0
+            for end, feed, arrived in taken.runs:
+                latency[feed].observe_each((handed_ns - arrived) * 1e-9, end - start)
+                start = end
+            return
+        received, feeds = [taken.received_ns[i] for i in rows], [taken.feed[i] for i in rows]
         if not taken.feeds_mixed:
-            histogram = latency[taken.feed[0]]
+            histogram = latency[taken.first_feed]
             for arrived, run in groupby(received):
                 histogram.observe_each((handed_ns - arrived) * 1e-9, _length(run))
         else:
@@ -169,7 +173,7 @@ class Replies:
             self.end_traces(traces)  # nothing goes to the IO thread: the sampled messages end here
             return None
         if not taken.feeds_mixed:
-            return Outgoing(frames, received, error_at, feed=taken.feed[0], traces=traces, origin=sources)
+            return Outgoing(frames, received, error_at, feed=taken.first_feed, traces=traces, origin=sources)
         # several feeds in one batch: each feed's replies go back on its own connection
         parts = split_by_feed(frames, received, error_at, [taken.feed[i] for i in origin], traces, sources)
         sent = {part.feed for part in parts}

@@ -98,7 +98,11 @@ class Chunk:
 
     seq: list[Any]
     stream: list[str]
-    x: Any  # numpy [n, F], the processor's input dtype, float32 by default (no numpy import here: see the rules)
+    # numpy [n, F] of the processor's input dtype (float32 by default; no numpy import here: see the
+    # rules), or a list of parts whose rows in order are the chunk's, each a frame's own array or a
+    # list of rows of parsed numbers (``Decoded.rows``): copied once, on the main thread, into the
+    # padded batch (``x_parts``)
+    x: Any
     received_ns: int
     feed: int = 0  # index of the feed (``IOSettings.feed_specs``) whose connection it came from
     trace: Trace | None = None  # one in SAMPLE_EVERY messages: its first message's hop times
@@ -107,6 +111,10 @@ class Chunk:
 
     def __len__(self) -> int:
         return len(self.seq)
+
+    def x_parts(self) -> list[Any]:
+        """The parts that hold ``x``'s rows, in order: arrays [k, F], or lists of k rows of numbers."""
+        return self.x if isinstance(self.x, list) else [self.x]
 
 
 @dataclass

@@ -54,6 +54,7 @@ from typing import Any
 
 import janus
 import nats.js.errors
+import numpy as np
 import orjson
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.crossing import Chunk
@@ -226,7 +227,9 @@ class Publisher:
         if self._first_seq is None and self._start_check and len(chunk):
             self._first_seq = chunk.seq[0]
             self._compare_start()
-        rows = chunk.x.tolist()  # float64: Python floats, written back exactly
+        rows: list[list[float]] = []
+        for part in chunk.x_parts():  # float64: Python floats, written back exactly (an int as a float)
+            rows += (np.array(part, np.float64) if type(part) is list else part).tolist()
         dumps, subjects, waiting = orjson.dumps, self._subjects, self._waiting
         for seq, stream, x in zip(chunk.seq, chunk.stream, rows):
             subject = subjects.get(stream)

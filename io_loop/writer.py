@@ -26,6 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from itertools import groupby
 from typing import Any
 
 import janus
@@ -97,7 +98,9 @@ class HeldReply:
         if item.received_ns:
             now = time.monotonic_ns()
             stats = self.stats
-            stats.write_latency.observe_many([(now - r) * 1e-9 for r in item.received_ns])
+            observe = stats.write_latency.observe_each
+            for arrived, run in groupby(item.received_ns):  # a chunk's frames share one: one observation
+                observe((now - arrived) * 1e-9, len(list(run)))
             for trace in item.traces:
                 trace.ns[WRITTEN] = now
                 stats.observe_hops(trace.hops_s())

@@ -94,3 +94,74 @@ def test_padding_rows_are_invalid_and_use_the_spare_slot():
     assert batch.valid.tolist() == [True, True, True, False]
 
 
+
+
+def rows(seqs):
+    """One frame's x: row i is [seq, seq + 0.5], so a row shows which message it is."""
+    return np.array([[s, s + 0.5] for s in seqs], np.float32).reshape(len(seqs), 2)
+
+
+def test_a_batch_x_is_made_in_its_padded_array_which_pad_batch_takes_without_a_copy():
+    b = MicroBatcher(max_batch=8, max_wait_s=0.0, buckets=(1, 2, 4, 8))
+    b.add(Chunk([1, 2, 3], ["a"] * 3, [rows([1]), rows([2, 3])], 0), 0.0)  # a chunk of two frames
+    b.add(Chunk([4, 5], ["a"] * 2, rows([4, 5]), 0), 0.0)
+    taken = b.take()
+    np.testing.assert_array_equal(taken.x, rows([1, 2, 3, 4, 5]))
+    padded = taken.x.padded
+    assert padded.shape == (8, 2) and not padded[5:].any()  # the bucket's padding rows: zeros
+    batch = pad_batch(taken.x, np.arange(5, dtype=np.int32), 8, spare_slot=9)
+    assert batch.x is padded  # no second copy
+    assert batch.key.tolist() == [0, 1, 2, 3, 4, 9, 9, 9] and batch.valid.sum() == 5
+    # an array made from it (the rows that run, when some are refused) is padded by a copy, as any array
+    part = pad_batch(taken.x[[0, 2]], np.zeros(2, np.int32), 2, spare_slot=9)
+    assert part.x is not padded and part.x.tolist() == rows([1, 3]).tolist()
+    shifted = pad_batch(taken.x[1:], np.zeros(4, np.int32), 8, spare_slot=9)
+    assert shifted.x is not padded and shifted.x[:4].tolist() == rows([2, 3, 4, 5]).tolist()
+    assert not shifted.x[4:].any()
+    # another dtype: padded by the copy that converts it
+    wide = pad_batch(taken.x, np.zeros(5, np.int32), 8, spare_slot=9, dtype=np.float64)
+    assert wide.x.dtype == np.float64 and wide.x[:5].tolist() == rows([1, 2, 3, 4, 5]).tolist()
+
+
+def test_a_chunk_of_frames_split_across_batches_keeps_each_message_its_row_feed_and_receipt():
+    b = MicroBatcher(max_batch=3, max_wait_s=0.0, buckets=(1, 2, 4))
+    b.add(Chunk([1, 2, 3, 4, 5], list("abcde"), [rows([1, 2]), rows([3]), rows([4, 5])], 111, feed=1), 0.0)
+    b.add(Chunk([6, 7], list("fg"), [rows([6]), rows([7])], 222, feed=0), 0.0)
+    batches = []
+    while (t := b.take()) is not None:
+        batches.append(t)
+    assert [t.seq for t in batches] == [[1, 2, 3], [4, 5, 6], [7]]
+    for t in batches:  # each message's own row, whatever frame and batch it fell in
+        np.testing.assert_array_equal(t.x, rows(t.seq))
+        assert t.stream == [chr(ord("a") + s - 1) for s in t.seq]
+    assert [t.runs for t in batches] == [[(3, 1, 111)], [(2, 1, 111), (3, 0, 222)], [(1, 0, 222)]]
+    assert [t.feed for t in batches] == [[1, 1, 1], [1, 1, 0], [0]]
+    assert [t.received_ns for t in batches] == [[111] * 3, [111, 111, 222], [222]]
+    assert [t.feeds_mixed for t in batches] == [False, True, False]
+    assert [t.first_feed for t in batches] == [1, 1, 0]
+
+
+def test_without_buckets_a_batch_x_is_the_chunks_rows_as_before():
+    b = MicroBatcher(max_batch=8, max_wait_s=0.0)
+    x = rows([1, 2])
+    b.add(Chunk([1, 2], ["a", "b"], x, 0), 0.0)
+    taken = b.take()
+    assert taken.x is x  # one whole chunk: its own array, nothing copied
+
+
+def test_parsed_numbers_and_arrays_are_copied_once_into_a_batch_of_the_processors_dtype():
+    # the default codec hands over its parsed numbers (rows): the batch is made of them in the
+    # processor's input dtype, a float64 input never through float32, ints as the codec would make them
+    b = MicroBatcher(max_batch=8, max_wait_s=0.0, buckets=(4, 8), dtype=np.float64)
+    b.add(Chunk([1, 2], ["a", "b"], [[[0.1, 2], [3, 1e18]]], 0), 0.0)
+    b.add(Chunk([3, 4, 5], ["a"] * 3, [np.array([[0.5, 0.25]]), [[7, 0.3]], np.array([[1.5, 2.5]])], 0), 0.0)
+    taken = b.take()
+    expected = np.array([[0.1, 2], [3, 1e18], [0.5, 0.25], [7, 0.3], [1.5, 2.5]], np.float64)
+    assert taken.x.dtype == np.float64 and taken.x.tolist() == expected.tolist()
+    assert pad_batch(taken.x, np.zeros(5, np.int32), 8, spare_slot=9, dtype=np.float64).x is taken.x.padded
+    # split across batches, the numbers follow their messages; without buckets, the same rows
+    b = MicroBatcher(max_batch=2, max_wait_s=0.0, dtype=np.float32)
+    b.add(Chunk([1, 2, 3], ["a"] * 3, [[[0.1, 2], [3, 4]], np.array([[5, 6]], np.float32)], 0), 0.0)
+    first, second = b.take(), b.take()
+    assert first.x.dtype == np.float32 and first.x.tolist() == np.array([[0.1, 2], [3, 4]], np.float32).tolist()
+    assert second.x.tolist() == [[5, 6]]

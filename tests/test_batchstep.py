@@ -150,3 +150,44 @@ def test_the_latency_of_a_batch_of_several_chunks_is_observed_once_per_message_f
     latency = run.stats.latency[0]
     assert latency.n == 4 and latency.counts[-1] == 2  # the two from the old chunk: past the last bound
     assert 2_000.0 <= latency.total < 2_000.0 + latency.bounds[-1] * 2
+
+
+def test_several_feeds_with_the_same_stream_name_keep_distinct_slots(engine_factory):
+    # a stream is (feed, stream): "a" of feed 0 and "a" of feed 1 are two streams, each with its own
+    # running product, in batches that mix the feeds and in batches of one feed
+    run = Run(engine_factory())
+    run.stats = stats = MainStats.for_run(CONFIG.buckets, 2)
+    run.replies = Replies(run.replies.codec, stats, ["all", "all"], CONFIG.max_streams)
+    run.step = BatchStep(engine_factory(), run.slots, run.replies, SourcePositions(CONFIG.feed_specs), stats,
+                         put=lambda item, deadline: run.put.append((item, deadline)),
+                         on_results=lambda *args: run.results.append(args), feed_prefixes=["f0:", "f1:"])
+
+    def batch(*chunks: tuple[int, list[int], list[str], list[float]]) -> Taken:
+        for feed, seqs, streams, xs in chunks:
+            run.batcher.add(Chunk(seqs, streams, [np.array([[v, 0.0]], np.float32) for v in xs], 1_000, feed), 0.0)
+        taken = run.batcher.take()
+        assert taken is not None and len(taken) == sum(len(c[1]) for c in chunks)
+        return taken
+
+    run.step(batch((0, [0], ["a"], [2.0]), (1, [1], ["a"], [3.0]), (0, [2], ["b"], [5.0])), None)
+    run.step(batch((0, [3], ["a"], [7.0]), (0, [4], ["b"], [2.0])), None)  # one feed: its keys found again
+    run.step(batch((1, [5], ["a"], [11.0])), None)
+    frames = [json.loads(frame) for item, _ in run.put for part in item.unbundled() for frame in part.frames]
+    assert {frame["seq"]: frame["prod"] for frame in frames} == {0: 2.0, 1: 3.0, 2: 5.0, 3: 14.0, 4: 10.0, 5: 33.0}
+    assert sorted((name, slot) for name, slot, _ in run.slots.items()) == [("f0:a", 0), ("f0:b", 2), ("f1:a", 1)]
+
+
+def test_a_feeds_stream_keeps_its_slot_when_the_keys_it_made_are_forgotten(engine_factory):
+    # each feed's keys are kept for at most max_streams names (3 here): the fourth name clears them,
+    # and a stream seen before gets its key made again, the same key: its slot and state go on
+    run = Run(engine_factory())
+    run.step = BatchStep(engine_factory(), run.slots, run.replies, SourcePositions(CONFIG.feed_specs), run.stats,
+                         put=lambda item, deadline: run.put.append((item, deadline)),
+                         on_results=lambda *args: run.results.append(args), feed_prefixes=["f0:"])
+    run.step(run.batch([0, 1, 2], ["a", "b", "c"], [2.0, 3.0, 5.0]), None)
+    run.step(run.batch([3], ["d"], [1.0]), None)  # a fourth stream: refused (3 slots)
+    run.step(run.batch([4, 5], ["a", "c"], [7.0, 2.0]), None)
+    frames = run.frames()
+    assert frames[3] == {"error": "too many streams (FORKLESS_MAX_STREAMS=3)", "seq": 3}
+    assert [frame.get("prod") for frame in frames[4:]] == [14.0, 10.0]
+    assert sorted((name, slot) for name, slot, _ in run.slots.items()) == [("f0:a", 0), ("f0:b", 1), ("f0:c", 2)]

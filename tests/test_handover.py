@@ -49,10 +49,27 @@ def test_frames_added_in_one_loop_turn_leave_as_one_chunk():
     assert before == 0
     assert chunk.seq == [1, 2, 3, 4]
     assert chunk.stream == ["a", "b", "a", "c"]
-    np.testing.assert_array_equal(chunk.x, np.array([[1, 1.5], [2, 2.5], [3, 3.5], [4, 4.5]], np.float32))
-    assert chunk.x.dtype == np.float32
+    rows = np.concatenate(chunk.x_parts())
+    np.testing.assert_array_equal(rows, np.array([[1, 1.5], [2, 2.5], [3, 3.5], [4, 4.5]], np.float32))
+    assert rows.dtype == np.float32
     assert chunk.received_ns == 1_000  # latency is counted from the first frame of the chunk
     assert left == 0
+
+
+def test_a_chunk_of_several_frames_holds_their_own_arrays_not_a_copy():
+    # the IO thread copies no x: the main thread copies the frames' rows once, into the padded batch
+    frames = [decoded([1], ["a"]), decoded([2, 3], ["b", "a"])]
+
+    async def main() -> Chunk:
+        queue: asyncio.Queue[Chunk] = asyncio.Queue(maxsize=10)
+        handover = blocking(queue)
+        for frame in frames:
+            handover.add(frame, received_ns=1_000)
+        await next_turn()
+        return queue.get_nowait()
+
+    chunk = asyncio.run(main())
+    assert [part is frame.x for part, frame in zip(chunk.x_parts(), frames)] == [True, True]
 
 
 def test_should_flush_once_max_batch_messages_are_gathered():
@@ -241,3 +258,43 @@ def test_idle_is_true_only_with_nothing_gathered_and_no_put_waiting():
         return seen
 
     assert asyncio.run(main()) == [True, False, True, False, True]
+
+
+def test_the_writer_observes_every_frame_s_write_latency_from_its_own_chunk_receipt():
+    # the writer (io_loop/writer.py) observes a run of frames sharing a receipt at once: every frame
+    # counted, each with its own chunk's receipt
+    import time
+
+    from forkless.io_loop.crossing import Outgoing
+    from forkless.io_loop.writer import HeldReply
+
+    stats = IOStats()
+    held = HeldReply(None, stats)
+    now = time.monotonic_ns()
+    old = now - 1_000 * 10**9  # past the histogram's last bound
+    held._took(Outgoing([b"1", b"2", b"3", b"4"], [old, old, now, old]))
+    held.wrote(4)
+    held.finish()
+    latency = stats.write_latency
+    assert latency.n == 4 and latency.counts[-1] == 3
+    assert 3_000.0 <= latency.total < 3_000.0 + 60.0
+
+
+def test_frames_of_the_default_codec_cross_as_their_parsed_numbers_in_one_list():
+    from forkless.controller.codec import JsonCodec
+
+    codec = JsonCodec(2)
+    frames = [codec.decode(b'{"seq": 1, "stream": "a", "x": [1, 0.5]}'),
+              codec.decode(b'[{"seq": 2, "stream": "b", "x": [2, 2.5]}, {"seq": 3, "stream": "a", "x": [3, 3.5]}]')]
+
+    async def main() -> Chunk:
+        queue: asyncio.Queue[Chunk] = asyncio.Queue(maxsize=10)
+        handover = blocking(queue)
+        for frame in frames:
+            handover.add(frame, received_ns=1_000)
+        await next_turn()
+        return queue.get_nowait()
+
+    chunk = asyncio.run(main())
+    assert chunk.seq == [1, 2, 3] and chunk.x_parts() == [[[1, 0.5], [2, 2.5], [3, 3.5]]]
+    assert frames[0].rows == [[1, 0.5]]  # the frame's own list is left as it was
