@@ -127,7 +127,8 @@ class Intake:
                 return None
             except janus.SyncQueueShutDown:
                 self.closed = True
-        while not self.closed and batcher.wants_more(time.monotonic()):
+        # qsize() first (no lock): an empty queue's get_nowait raises, which costs more than the look
+        while not self.closed and inbound.qsize() and batcher.wants_more(time.monotonic()):
             try:
                 self._add(inbound.get_nowait())
             except Empty:
