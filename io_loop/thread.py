@@ -352,10 +352,11 @@ class LagProbe:
     fired, less epoll's rounding (``TIMER_ROUNDING_S``: an idle loop's figure is the trip's).
     The timer's lateness covers whatever held the loop while it waited (a source's blocking call
     of 2 s is a sample of about 2 s), the trip whatever held it between the two callbacks; a
-    block longer than the interval, in either, also stands for the samples it delayed, each as late as it was then (HdrHistogram's expected-interval
-    correction), so the quantiles weigh a block by how long it lasted. Two plain callbacks a
-    sample (a timer, then one trip round the loop), no task woken: a sleeping task's wake-up
-    cost the idle IO thread about twice the CPU (bench/docs/exchange-session.md)."""
+    block longer than the interval, in either, also stands for the samples it delayed, each as
+    late as it was then (HdrHistogram's expected-interval correction), so the quantiles weigh a
+    block by how long it lasted. Two plain callbacks a sample (a timer, then one trip round the
+    loop): no future and no task step, 50 times a second on an idle IO thread
+    (bench/docs/exchange-session-cost.md)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, lag: Any) -> None:
         self.loop = loop

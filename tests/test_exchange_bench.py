@@ -24,8 +24,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from bench.exchange import Exchange
-from bench.exchange_session import (Design, _wait_sampling, differences, markdown, ratios, select_designs,
-                                    summarise)
+from bench.exchange_session import Design, _wait_sampling, differences, markdown, ratios, select_designs, summarise
 from tests.harness import UNIT_S, app_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
