@@ -59,7 +59,7 @@ log = logging.getLogger("forkless.io")
 ABORT_CLEANUP_S = 0.2
 # epoll waits in whole milliseconds (selectors rounds a timeout up): an idle loop's timer fires up to this late
 TIMER_ROUNDING_S = 0.001
-MAX_MISSED_SAMPLES = 3000  # a block of the loop stands for at most this many samples it delayed (a minute)
+MAX_MISSED_SAMPLES = 600  # a block of the loop stands for at most this many samples it delayed (a minute)
 
 
 class InboundSink(Protocol):
@@ -355,7 +355,7 @@ class LagProbe:
     block longer than the interval, in either, also stands for the samples it delayed, each as
     late as it was then (HdrHistogram's expected-interval correction), so the quantiles weigh a
     block by how long it lasted. Two plain callbacks a sample (a timer, then one trip round the
-    loop): no future and no task step, 50 times a second on an idle IO thread
+    loop): no future and no task step on an idle IO thread, ten times a second
     (bench/docs/exchange-session-cost.md)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, lag: Any) -> None:
