@@ -10,8 +10,14 @@ command line (``--force-order-every 0.2``); the designs take turns within each r
 machine's noise falls on all of them alike. A design whose program does not exist yet is
 skipped with a note. Per design, medians over the rounds of: the order round trip p50/p99 (all,
 and quiet-market only), trade -> main loop p50/p99, CPU seconds per second of the program's
-process tree, each also as a ratio to the thread design's; the exchange's 4001 closes and
-violations are summed, so a design that misbehaves shows. Prints a Markdown table and writes
+process tree, and the tree's resident memory (RSS, sampled by this harness every ``SAMPLE_S``:
+its peak over the whole run, start-up included, and its median over the main loop's run, from
+the program's ``main loop started`` on), each also as a ratio to the thread design's (RSS also
+as a difference in MB); the exchange's 4001 closes and violations are summed, so a design that
+misbehaves shows. Each run also keeps the CPU seconds of each thread of the program's own
+process over the main loop's run as sampled (``threads_cpu_s``, by thread id and name, from
+``/proc``; within ``SAMPLE_S`` of its ends): where a design's CPU goes. RSS steady is sampled
+over the same span. Prints a Markdown table and writes
 JSON (every run's figures, the medians, the ratios); each process's output goes to
 ``OUT_DIR/exchange_logs/``.
 
@@ -34,15 +40,20 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "bench" / "out" / "exchange_session.json"
 FORCE_ORDER_EVERY_S = 0.2
 START_TIMEOUT_S = 30.0
 RUN_SLACK_S = 120.0  # start-up (JAX import, compile) and stop, on a loaded machine
+SAMPLE_S = 0.25  # how often the program's process tree is sampled (RSS, per-thread CPU)
+STARTED = "main loop started"  # what each design's program prints (stderr) once its main loop runs
+MB = 1e6
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,10 @@ FIGURES = (
     ("trade→loop p50 ms", "trade_ms_p50"),
     ("trade→loop p99 ms", "trade_ms_p99"),
     ("CPU s/s", "cpu_per_s"),
+    ("RSS peak MB", "rss_mb_peak"),
+    ("RSS steady MB", "rss_mb_steady"),
 )
+DIFFERENCES = ("rss_mb_peak", "rss_mb_steady")  # also shown as a difference to the baseline's
 COUNTS = ("orders", "fills", "unfilled", "trades", "logins")
 
 
@@ -108,6 +122,86 @@ def start_exchange(args: list[str], log: Path) -> tuple[subprocess.Popen[str], s
     raise RuntimeError(f"bench.exchange did not say 'listening on' within {START_TIMEOUT_S:.0f}s (see {log})")
 
 
+def _threads_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of ``pid``, as ``"tid name"``: ``/proc``."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        out[f"{tid} {name}"] = (int(rest[11]) + int(rest[12])) / tick  # utime, stime (fields 14, 15)
+    return out
+
+
+@dataclass
+class TreeSampler:
+    """The program's process tree, sampled while it runs: RSS (bytes, summed over the tree) and
+    its own threads' CPU (see the module docstring); ``started`` once its main loop runs."""
+
+    pid: int
+    peak: int = 0
+    steady: list[int] = field(default_factory=list)
+    threads_at_start: dict[str, float] | None = None
+    threads_last: dict[str, float] = field(default_factory=dict)
+    started_at: float | None = None
+
+    def sample(self, started: bool, loop_s: float) -> None:
+        """One sample; ``loop_s``: how long the main loop runs (its threads' CPU is taken up to then)."""
+        try:
+            me = psutil.Process(self.pid)
+            procs = [me, *me.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        rss = 0
+        for proc in procs:
+            try:
+                rss += proc.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        self.peak = max(self.peak, rss)
+        if not started:
+            return
+        now = time.monotonic()
+        if self.started_at is None:
+            self.started_at = now
+            self.threads_at_start = _threads_cpu(self.pid)
+        if now - self.started_at <= loop_s:
+            self.steady.append(rss)
+            self.threads_last.update(_threads_cpu(self.pid))  # a thread that has ended keeps its last figure
+
+    def figures(self) -> dict[str, Any]:
+        start = self.threads_at_start or {}
+        return {"rss_mb_peak": self.peak / MB if self.peak else None,
+                "rss_mb_steady": statistics.median(self.steady) / MB if self.steady else None,
+                "rss_samples": len(self.steady),
+                "threads_cpu_s": {k: round(v - start.get(k, 0.0), 3) for k, v in self.threads_last.items()
+                                  if v - start.get(k, 0.0) > 0} if start else None}
+
+
+def _wait_sampling(proc: subprocess.Popen[Any], log: Path, loop_s: float,
+                   timeout_s: float) -> tuple[int | None, TreeSampler]:
+    """Wait for ``proc`` (up to ``timeout_s``), sampling its tree every ``SAMPLE_S`` (its main
+    loop runs ``loop_s`` once it has said so in ``log``)."""
+    sampler = TreeSampler(proc.pid)
+    deadline = time.monotonic() + timeout_s
+    started = False
+    while proc.poll() is None and time.monotonic() < deadline:
+        started = started or STARTED in log.read_text(encoding="utf-8", errors="replace")
+        sampler.sample(started, loop_s)
+        try:
+            return proc.wait(SAMPLE_S), sampler
+        except subprocess.TimeoutExpired:
+            pass
+    return proc.poll(), sampler
+
+
 def stop(proc: subprocess.Popen[Any], timeout_s: float) -> int | None:
     """SIGTERM ``proc`` unless it has ended, wait; kill it past ``timeout_s``."""
     if proc.poll() is None:
@@ -134,9 +228,8 @@ def run_once(design: Design, a: argparse.Namespace, logs: Path, tag: str) -> dic
     try:
         with (logs / f"{tag}.log").open("w", encoding="utf-8") as log:
             client = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                rc = client.wait(a.duration + RUN_SLACK_S)
-            except subprocess.TimeoutExpired:
+            rc, sampler = _wait_sampling(client, logs / f"{tag}.log", a.duration, a.duration + RUN_SLACK_S)
+            if rc is None:
                 rc = stop(client, 10.0)
     finally:
         exchange_rc = stop(exchange, 10.0)
@@ -145,7 +238,7 @@ def run_once(design: Design, a: argparse.Namespace, logs: Path, tag: str) -> dic
     if stats_path.exists():
         stats = json.loads(stats_path.read_text())
         stats["cpu_per_s"] = stats["cpu_s"] / stats["wall_s"] if stats.get("wall_s") else None
-        run["stats"] = stats
+        run["stats"] = stats | sampler.figures()
     else:
         run["stats"] = None
     return run
@@ -176,6 +269,15 @@ def ratios(medians: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | No
             for name, m in medians.items()}
 
 
+def differences(medians: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each design's medians of ``DIFFERENCES`` less the baseline's (None where either is missing)."""
+    base = medians.get(BASELINE)
+    if base is None:
+        return {}
+    return {name: {key: (m[key] - base[key] if m[key] is not None and base[key] is not None else None)
+                   for key in DIFFERENCES} for name, m in medians.items()}
+
+
 def markdown(medians: dict[str, dict[str, Any]], vs: dict[str, dict[str, float | None]],
              skipped: dict[str, str]) -> str:
     def cell(name: str, key: str) -> str:
@@ -183,7 +285,11 @@ def markdown(medians: dict[str, dict[str, Any]], vs: dict[str, dict[str, float |
         if v is None:
             return "–"
         r = vs.get(name, {}).get(key)
-        return f"{v:.3g}" + (f" (×{r:.2f})" if r is not None and name != BASELINE else "")
+        if r is None or name == BASELINE:
+            return f"{v:.3g}"
+        if key in DIFFERENCES:
+            return f"{v:.1f} (×{r:.2f}, {v - medians[BASELINE][key]:+.1f})"
+        return f"{v:.3g} (×{r:.2f})"
 
     head = ["design", *(label for label, _ in FIGURES), "orders/fills", "4001s", "violations"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -191,7 +297,8 @@ def markdown(medians: dict[str, dict[str, Any]], vs: dict[str, dict[str, float |
         lines.append("| " + " | ".join([name, *(cell(name, key) for _, key in FIGURES), f"{m['orders']}/{m['fills']}",
                                         str(m["closes_4001"]), str(m["violations"])]) + " |")
     notes = [f"\n{name}: skipped, {why}" for name, why in skipped.items()]
-    return "\n".join(lines) + "".join(notes) + f"\n\n(×: ratio to {BASELINE}; medians over rounds)"
+    return "\n".join(lines) + "".join(notes) + (f"\n\n(×: ratio to {BASELINE}, +/−: the difference in MB; "
+                                                 "medians over rounds)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                           "load_avg_1m_at_end": os.getloadavg()[0]},
               "plan": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
               | {"force_order_every_s": FORCE_ORDER_EVERY_S},
-              "skipped": skipped, "medians": medians, "vs_" + BASELINE: vs, "runs": runs, "markdown": table}
+              "skipped": skipped, "medians": medians, "vs_" + BASELINE: vs,
+              "minus_" + BASELINE: differences(medians), "runs": runs, "markdown": table}
     a.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0 if all(m["runs_ok"] == m["runs"] for m in medians.values()) else 1
 

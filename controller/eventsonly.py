@@ -15,6 +15,8 @@ Rules:
 - Messages a source hands over anyway (``ctx.emit``, ``emit_rows``) are never lost silently:
   each batch of them is counted in ``dropped`` ("no processor (events only)"), so the books
   balance, and the first is logged as an error naming the source and the fix.
+- Nothing process-wide is changed for it: the host's switch interval is left as it is (only a
+  step needs the GIL back soon after XLA returns; measured: bench/docs/exchange-session-cost.md).
 - Pure: no JAX. This module is the "no processor" object the loop calls instead of
   ``BatchStep`` (controller/batchstep.py): the loop never asks which one it has.
 """

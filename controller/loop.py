@@ -73,8 +73,8 @@ __all__ = ["Controller"]
 log = logging.getLogger("forkless.controller")
 
 # How long a thread may hold the GIL while another waits for it (CPython's default is 5 ms).
-# When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead
-# of 5 ms measured about +20% maximum throughput in an A/B run (see bench/README.md).
+# When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead of 5 ms
+# measured about +20% maximum throughput (bench/docs/levers.md). Events only: no step, host's left.
 SWITCH_INTERVAL_S = 0.001
 
 
@@ -164,7 +164,7 @@ class Controller:
         self._running = False  # start() started the IO side (a stop during start() leaves it False)
         self._stopped = False
         self._aborting = False  # a second SIGINT: run() raises KeyboardInterrupt
-        self._host = ProcessSettings(switch_interval_s=SWITCH_INTERVAL_S, freeze_gc=freeze_gc)
+        self._host = ProcessSettings(switch_interval_s=None if events_only else SWITCH_INTERVAL_S, freeze_gc=freeze_gc)
         self._signals = StopSignals(self._on_signal)
         # what start() takes, given back once, in reverse, by stop(), a failed start or run()'s end
         self._life = Lifetime(self._deadline)

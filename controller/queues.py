@@ -171,7 +171,9 @@ class Intake:
                 return None
             except janus.SyncQueueShutDown:
                 self.closed = True
-        while not self.closed and batcher.wants_more(now := time.monotonic()) and (deadline is None or now < deadline):
+        # qsize() first (no lock): an empty queue's get_nowait raises, which costs more than the look
+        while (not self.closed and inbound.qsize() and batcher.wants_more(now := time.monotonic())
+               and (deadline is None or now < deadline)):
             try:
                 self._add(inbound.get_nowait())
             except Empty:

@@ -190,30 +190,28 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     session = ExchangeSession(args.url)
     model = make_model()
-    window = np.zeros((len(SYMBOLS), WINDOW), np.float32)
+    window = np.zeros((len(SYMBOLS), WINDOW), np.float32)  # the model's input, made at each tick
     filled = np.zeros(len(SYMBOLS), np.int32)
+    latest_prices = {symbol: collections.deque(maxlen=WINDOW) for symbol in SYMBOLS}  # kept as trades come
     row = {symbol: i for i, symbol in enumerate(SYMBOLS)}
     pending: dict[str, tuple[int, bool]] = {}  # client_order_id -> (monotonic ns it was decided, quiet market)
     rtt_ms: dict[bool, list[float]] = {False: [], True: []}
     last_trade = [-math.inf]
     trade_ms: list[float] = []
     counts = collections.Counter()
-    prices_out = open(args.prices, "w") if args.prices else None
+    prices: list[str] = []  # "seq price" lines for --prices, written at the end
 
     def on_event(source: str, event: dict[str, Any]) -> None:
         now = time.monotonic_ns()
         kind = event["type"]
-        counts[kind + "s"] += 1
-        if kind == "trade":
+        counts[kind] += 1
+        if kind == "trade":  # as little as it takes: this runs for every trade, the model at each tick
             trade_ms.append((now - event["received_ns"]) / 1e6)
             last_trade[0] = time.monotonic()
-            i = row.get(event["symbol"])
-            if i is not None:
-                window[i, :-1] = window[i, 1:]
-                window[i, -1] = float(event["price"])
-                filled[i] = min(WINDOW, filled[i] + 1)
-            if prices_out is not None:
-                prices_out.write(f"{event['seq']} {event['price']}\n")
+            latest = latest_prices.get(event["symbol"])
+            if latest is not None:
+                latest.append(float(event["price"]))
+            prices.append(f"{event['seq']} {event['price']}\n")
         elif kind in ("fill", "reject"):
             decided = pending.pop(event.get("client_order_id", ""), None)
             if decided is not None:
@@ -246,8 +244,12 @@ def main(argv: list[str] | None = None) -> int:
                     ctl.process_pending(timeout=next_tick - now)  # events as they come, until the tick
                     continue
                 next_tick = max(next_tick + TICK_S, now)
-                latest = np.where(filled > 0, window[:, -1], 1.0)[:, None]
-                z = np.asarray(model(window / latest - 1.0, filled))  # relative prices: float32 keeps the digits
+                for symbol, i in row.items():
+                    latest = latest_prices[symbol]
+                    if latest:  # relative to the last price: float32 keeps the digits that matter
+                        window[i, WINDOW - len(latest):] = np.asarray(latest) / latest[-1] - 1.0
+                        filled[i] = len(latest)
+                z = np.asarray(model(window, filled))
                 for symbol, i in row.items():
                     decides = filled[i] >= MIN_PRICES and abs(z[i]) > THRESHOLD
                     if decides and now - last_model_order[symbol] > ORDER_GAP_S:
@@ -268,15 +270,15 @@ def main(argv: list[str] | None = None) -> int:
         snapshot, wall, cpu_s = None, time.monotonic() - started, math.nan
         stopped_by[0] = "SIGINT"
     finally:
-        if prices_out is not None:
-            prices_out.close()
+        if args.prices:
+            Path(args.prices).write_text("".join(prices), encoding="utf-8")
     if args.stats:
         every = rtt_ms[False] + rtt_ms[True]
         figures = {
-            "orders": counts["orders"], "orders_forced": counts["orders_forced"], "fills": counts["fills"],
+            "orders": counts["orders"], "orders_forced": counts["orders_forced"], "fills": counts["fill"],
             "orders_at_stop": counts["orders_at_stop"],
-            "rejects": counts["rejects"], "stopped_by": stopped_by[0],
-            "trades": counts["trades"], "books": counts["books"], "logins": session.logins,
+            "rejects": counts["reject"], "stopped_by": stopped_by[0],
+            "trades": counts["trade"], "books": counts["book"], "logins": session.logins,
             "unfilled": len(pending), "orders_lost_with_session": len(session.lost),
             "awaited_unanswered": snapshot.awaited_unanswered if snapshot is not None else None,
             "order_rtt_ms_p50": quantile_ms(every, 0.5), "order_rtt_ms_p99": quantile_ms(every, 0.99),

@@ -30,8 +30,9 @@ __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "His
 
 # latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
 SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
-# how often the IO thread samples its loop's lag (io_loop/thread.py ``_watch_lag``)
-LAG_INTERVAL_S = 0.02
+# how often the IO thread samples its loop's lag (io_loop/thread.py ``LagProbe``): each sample wakes an
+# idle loop; at 20 ms that was ~0.006 CPU-s/s, a fifth of an exchange session's (bench/docs/exchange-session-cost.md)
+LAG_INTERVAL_S = 0.1
 COPY_TRIES = 10
 
 

@@ -58,7 +58,7 @@ log = logging.getLogger("forkless.io")
 ABORT_CLEANUP_S = 0.2
 # epoll waits in whole milliseconds (selectors rounds a timeout up): an idle loop's timer fires up to this late
 TIMER_ROUNDING_S = 0.001
-MAX_MISSED_SAMPLES = 3000  # a block of the loop stands for at most this many samples it delayed (a minute)
+MAX_MISSED_SAMPLES = 600  # a block of the loop stands for at most this many samples it delayed (a minute)
 
 
 class InboundSink(Protocol):
@@ -264,26 +264,13 @@ class IOThread:
             self._bridge.stop_inbound()
 
     async def _watch_lag(self) -> None:
-        """The IO-loop lag the status line and metrics report, sampled every ``LAG_INTERVAL_S``:
-        the longer of how long a callback that is ready now waits for its turn (one trip round
-        the loop) and how late the sampling timer fired, less epoll's rounding
-        (``TIMER_ROUNDING_S``: an idle loop's figure is the trip's). The timer's lateness covers
-        whatever held the loop while it waited (a source's blocking call of 2 s is a sample of
-        about 2 s); a block longer than the interval also stands for the samples it delayed, each
-        as late as it was then (HdrHistogram's expected-interval correction), so the quantiles
-        weigh a block by how long it lasted."""
-        loop = asyncio.get_running_loop()
-        lag = self.stats.loop_lag
-        while True:
-            due = loop.time() + LAG_INTERVAL_S
-            await asyncio.sleep(LAG_INTERVAL_S)
-            start = loop.time()
-            late = start - due - TIMER_ROUNDING_S
-            await asyncio.sleep(0)
-            lag.observe(max(loop.time() - start, late))
-            if late > LAG_INTERVAL_S:
-                missed = min(int(late / LAG_INTERVAL_S), MAX_MISSED_SAMPLES)
-                lag.observe_many(late - k * LAG_INTERVAL_S for k in range(1, missed + 1))
+        """The IO-loop lag the status line and metrics report, sampled every ``LAG_INTERVAL_S``
+        (``LagProbe``) until cancelled."""
+        probe = LagProbe(asyncio.get_running_loop(), self.stats.loop_lag)
+        try:
+            await probe.run()
+        finally:
+            probe.stop()
 
     def _count_unsent(self) -> None:
         """Whatever replies could not be sent are counted and logged, never silently lost:
@@ -318,3 +305,50 @@ class IOThread:
         if sent:
             self.stats.sent_unsent += sent
             log.error("%d frames the main thread sent could not be written before the stop", sent)
+
+
+class LagProbe:
+    """The IO-loop lag, sampled every ``LAG_INTERVAL_S``: the longer of how long a callback that
+    is ready now waits for its turn (one trip round the loop) and how late the sampling timer
+    fired, less epoll's rounding (``TIMER_ROUNDING_S``: an idle loop's figure is the trip's).
+    The timer's lateness covers whatever held the loop while it waited (a source's blocking call
+    of 2 s is a sample of about 2 s), the trip whatever held it between the two callbacks; a
+    block longer than the interval, in either, also stands for the samples it delayed, each as
+    late as it was then (HdrHistogram's expected-interval correction), so the quantiles weigh a
+    block by how long it lasted. Two plain callbacks a sample (a timer, then one trip round the
+    loop): no future and no task step on an idle IO thread, ten times a second
+    (bench/docs/exchange-session-cost.md)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, lag: Any) -> None:
+        self.loop = loop
+        self.lag = lag
+        self._handle: asyncio.Handle | None = None
+        self._due = self._start = self._late = 0.0
+
+    async def run(self) -> None:
+        """Sample until cancelled."""
+        self._schedule()
+        await self.loop.create_future()  # never done: the callbacks do the work
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _schedule(self) -> None:
+        self._due = due = self.loop.time() + LAG_INTERVAL_S
+        self._handle = self.loop.call_at(due, self._fired)
+
+    def _fired(self) -> None:
+        self._start = start = self.loop.time()
+        self._late = start - self._due - TIMER_ROUNDING_S
+        self._handle = self.loop.call_soon(self._trip)
+
+    def _trip(self) -> None:
+        lag = self.lag
+        late = max(self.loop.time() - self._start, self._late)  # a block shows in one or the other
+        lag.observe(late)
+        if late > LAG_INTERVAL_S:
+            missed = min(int(late / LAG_INTERVAL_S), MAX_MISSED_SAMPLES)
+            lag.observe_many(late - k * LAG_INTERVAL_S for k in range(1, missed + 1))
+        self._schedule()

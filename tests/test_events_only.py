@@ -117,3 +117,24 @@ def test_sources_without_a_processor_still_run_the_default_detector_unless_event
 def test_the_demo_feeds_settings_are_checked_where_it_runs():
     with pytest.raises(ValueError, match="FORKLESS_DEMO_STREAMS"):
         Controller(Config.from_env(ENV))
+
+
+def test_an_events_only_controller_leaves_the_switch_interval_as_the_host_set_it(feed_server):
+    # the 1 ms interval is for a processor's step (the main thread gets the GIL back soon after
+    # XLA); an events-only controller steps nothing, and it measured no gain in an exchange session
+    # (bench/docs/exchange-session.md): it changes nothing process-wide that the host did not ask for
+    import sys
+
+    server = feed_server(send_frames(_trades(3)), impl="websockets")
+    host = sys.getswitchinterval()
+    sys.setswitchinterval(0.0123)
+    try:
+        got: list[Any] = []
+        with Controller(Config.from_env(ENV), sources=[Exchange(server.url)], on_event=lambda s, e: got.append(e),
+                        events_only=True) as ctl:
+            drive(ctl, lambda: len(got) >= 3, timeout_s=20 * UNIT_S, what="3 trades delivered")
+            during = sys.getswitchinterval()
+        assert during == 0.0123
+        assert sys.getswitchinterval() == 0.0123
+    finally:
+        sys.setswitchinterval(host)

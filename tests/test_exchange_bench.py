@@ -24,7 +24,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from bench.exchange import Exchange
-from bench.exchange_session import Design, markdown, ratios, select_designs, summarise
+from bench.exchange_session import Design, _wait_sampling, differences, markdown, ratios, select_designs, summarise
 from tests.harness import UNIT_S, app_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -207,6 +207,32 @@ def test_harness_reports_medians_over_rounds_and_ratios_to_thread() -> None:
     vs = ratios(medians)
     assert vs["spawn"]["order_rtt_ms_p50"] == 2.0 and vs["spawn"]["trade_ms_p99"] is None
     assert "| spawn | 4 (×2.00) |" in markdown(medians, vs, {"forkless": "not there"})
+
+
+def test_harness_reports_rss_as_a_ratio_and_a_difference_to_thread() -> None:
+    def run(steady_mb: float) -> dict[str, Any]:
+        stats = {"order_rtt_ms_p50": 1.0, "rss_mb_peak": steady_mb + 1, "rss_mb_steady": steady_mb}
+        return {"rc": 0, "stats": stats, "exchange": None}
+
+    medians = {"thread": summarise([run(200.0), run(210.0), run(190.0)]), "forkless": summarise([run(204.0)])}
+    assert medians["thread"]["rss_mb_steady"] == 200.0
+    assert differences(medians)["forkless"] == {"rss_mb_peak": 4.0, "rss_mb_steady": 4.0}
+    vs = ratios(medians)
+    assert vs["forkless"]["rss_mb_steady"] == 204.0 / 200.0
+    assert "| 204.0 (×1.02, +4.0) |" in markdown(medians, vs, {})
+
+
+def test_harness_samples_a_programs_rss_and_its_threads_cpu_once_its_main_loop_runs(tmp_path: Path) -> None:
+    log = tmp_path / "program.log"
+    busy = ("import sys, time; time.sleep(0.6); print('main loop started', file=sys.stderr, flush=True)\n"
+            "end = time.thread_time() + 0.3\nwhile time.thread_time() < end: pass\ntime.sleep(0.5)")
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", busy], stdout=out, stderr=subprocess.STDOUT)
+        rc, sampler = _wait_sampling(proc, log, loop_s=60.0, timeout_s=60.0)
+    figures = sampler.figures()
+    assert rc == 0 and figures["rss_mb_peak"] > 1 and figures["rss_mb_steady"] > 1 and figures["rss_samples"] >= 1
+    main = [cpu for name, cpu in figures["threads_cpu_s"].items() if name.split()[0] == str(proc.pid)]
+    assert main and main[0] > 0.1  # the main thread's busy 0.3 s, after the line
 
 
 # ---- the user's program, thread and spawn designs ------------------------------------------------
