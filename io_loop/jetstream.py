@@ -77,6 +77,7 @@ from forkless.io_loop.jsconsumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
 from forkless.io_loop.jsprobe import check_partitions
 from forkless.io_loop.jspublish import ReplyPublisher
 from forkless.io_loop.nats_compat import RawClient
+from forkless.io_loop.reconnect import drive
 from forkless.io_loop.natsconn import (
     NATS_ERRORS,
     NatsConnectFailed,
@@ -173,38 +174,10 @@ class JetStreamSource:
     # ---- the connection loop ------------------------------------------------------------------------
 
     async def run(self, ctx: SourceContext) -> None:
-        """Connect, serve, reconnect, until stopped and every reply is published (or FeedFatal,
-        PositionLost)."""
+        """Connect, serve, reconnect (io_loop/reconnect.py), until stopped and every reply is
+        published (or FeedFatal, PositionLost)."""
         self.consumer = Consumer(self.spec, self.feed.label, self.figures, ctx.resume_from)
-        backoff = Backoff.from_settings(self.settings)
-        ended = lambda: self._stopping and ctx.replies_ended()  # down at the stop: no new connection
-        while not ctx.replies_ended():
-            try:
-                nc, closed = await self._connect()
-            except NatsConnectFailed as exc:
-                if exc.fatal:
-                    raise FeedFatal(f"{self.feed.label}: {exc}") from None
-                ctx.connect_failed(str(exc))
-                delay = backoff.failed()
-                if delay is None:
-                    raise FeedFatal(f"giving up on {self.feed.label} after {backoff.failures} failed attempts "
-                                    f"in a row: {exc}") from None
-                log.warning("%s: %s; retrying in %.2fs", self.feed.label, exc, delay)
-                await pause_before_reconnect(delay, ended)
-                continue
-            backoff.connected(time.monotonic())
-            conn, end = await self._serve(ctx, nc, closed)
-            backoff.disconnected(time.monotonic())
-            if ctx.replies_ended():
-                break
-            delay = backoff.failed()
-            if delay is None:
-                raise FeedFatal(f"giving up on {self.feed.label} after {backoff.failures} lost connections "
-                                f"in a row: {end.reason}")
-            log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.feed.label, conn, end.reason,
-                        delay)
-            ctx.reconnecting()
-            await pause_before_reconnect(delay, ended)
+        await drive(_Link(self, ctx), Backoff.from_settings(self.settings))
 
     async def before_stop(self, ctx: SourceContext) -> None:
         """The stop begins: the reader stops taking messages, none lost half handed over (a reader
@@ -490,3 +463,42 @@ class JetStreamSource:
             consumer.probed(mark, last, state.num_pending or 0, delivered or 0, bool(state.num_waiting),
                             after.state.first_seq)
         return info
+
+
+class _Link:
+    """A ``JetStreamSource`` run's side of the reconnect driver (io_loop/reconnect.py)."""
+
+    failures = (NatsConnectFailed,)
+
+    def __init__(self, source: JetStreamSource, ctx: SourceContext) -> None:
+        self.source, self.ctx, self.label, self.conn = source, ctx, source.feed.label, 0
+
+    def more(self) -> bool:
+        return not self.ctx.replies_ended()
+
+    async def connect(self) -> tuple[Any, asyncio.Event]:
+        return await self.source._connect()
+
+    def attempt_failed(self, exc: BaseException) -> str:
+        if getattr(exc, "fatal", False):
+            raise FeedFatal(f"{self.label}: {exc}") from None
+        self.ctx.connect_failed(str(exc))
+        return str(exc)
+
+    def retrying(self, reason: str, delay: float) -> None:
+        log.warning("%s: %s; retrying in %.2fs", self.label, reason, delay)
+
+    async def serve(self, conn: tuple[Any, asyncio.Event]) -> str:
+        self.conn, end = await self.source._serve(self.ctx, *conn)
+        return end.reason
+
+    def reconnecting(self, reason: str, delay: float) -> None:
+        log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.label, self.conn, reason, delay)
+        self.ctx.reconnecting()
+
+    def gave_up(self, reason: str, failures: int, lost: bool) -> FeedFatal:
+        return FeedFatal(f"giving up on {self.label} after {failures} "
+                         f"{'lost connections' if lost else 'failed attempts'} in a row: {reason}")
+
+    async def pause(self, delay: float) -> None:  # down at the stop: no new connection
+        await pause_before_reconnect(delay, lambda: self.source._stopping and self.ctx.replies_ended())
