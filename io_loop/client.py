@@ -18,9 +18,9 @@ Rules:
   given, says the attempt's URL and headers; a hook that fails fails the attempt like a failed
   connect.
 - Reconnect on any loss (refused, reset, TLS, handshake timeout, 5xx, close frame,
-  heartbeat timeout, stale feed) with ``Backoff``; an HTTP 4xx handshake (but 408/429, and
-  401/403 when a before-connect hook can give new credentials) or used-up tries raise
-  ``FeedFatal``.
+  heartbeat timeout, stale feed) with ``Backoff``, by the reconnect driver (io_loop/reconnect.py);
+  an HTTP 4xx handshake (but 408/429, and 401/403 when a before-connect hook can give new
+  credentials) or used-up tries raise ``FeedFatal``.
 - Orderly stop: ``SourceRunner.stop_reading`` sets ``ctx.stopping`` and waits for the emit in
   progress. A reader waiting in ``receive()`` is cancelled by the connection's watch of
   ``ctx.stopping``; one inside ``ctx.emit`` never is (it finishes and ends by itself), so no

@@ -35,7 +35,8 @@ Rules:
 - Replies: ``ReplyPublisher`` (io_loop/jspublish.py), the writer of each connection, through the
   source's ``ctx.replies()``, fenced by a partitioned instance's leases (``fence``).
 - Reconnect on any loss (connection, server restart, heartbeats missing, a publish not
-  acknowledged) with the same ``Backoff`` as the WebSocket feeds; tries used up, or the server
+  acknowledged) with the same ``Backoff`` and reconnect driver (io_loop/reconnect.py) as the
+  WebSocket feeds; tries used up, or the server
   refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
   against the position (``Consumer.check_stream``: ``PositionLost``, exit 2, when it no longer
   holds what the position needs). A stream whose created time differs from the one this run

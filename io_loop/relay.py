@@ -18,7 +18,8 @@ Rules:
 - Acknowledgements: each publish asks for the JetStream ack on an inbox of this connection
   (``<inbox>.<n>``). A message is held until its ack says stored (or duplicate). Any failure (the
   connection lost, an error ack such as no stream for the subject, no ack for
-  FORKLESS_CONNECT_TIMEOUT_S) drops the connection; after the ``Backoff`` delay every held message
+  FORKLESS_CONNECT_TIMEOUT_S) drops the connection; after the ``Backoff`` delay (the reconnect driver,
+  io_loop/reconnect.py) every held message
   is published again, in order, with its id: nothing is ever skipped. FORKLESS_RECONNECT_TRIES
   failures in a row (0: never) end the relay with ``FeedFatal`` (exit 3), as for a feed.
 - Payload: ``{"seq", "stream", "x"}`` with ``x`` as the codec decoded it (float64 in the relay),
@@ -69,6 +70,7 @@ from forkless.io_loop.natsconn import (
     unsubscribe_quietly,
 )
 from forkless.io_loop.partitions import escape_stream
+from forkless.io_loop.reconnect import DONE, drive
 from forkless.io_loop.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
 from forkless.io_loop.settings import IOSettings, RelaySettings
 
@@ -145,43 +147,11 @@ class Publisher:
     # ---- the sink -------------------------------------------------------------------------------
 
     async def run(self, inbound: Any) -> None:
-        cfg = self.settings
-        backoff = Backoff.from_settings(cfg)
         taker = asyncio.create_task(self._take(inbound), name="forkless-relay-take")
         log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages in flight)", self.relay.subject,
                  self.shown_url, self.run_id, self.relay.max_in_flight)
         try:
-            while True:
-                try:
-                    nc, conn = await self._connect()
-                except NatsConnectFailed as exc:
-                    reason, fatal = str(exc), exc.fatal
-                    self.stats.connect_failures += 1
-                    self.stats.last_error = reason
-                    delay = None if fatal else backoff.failed()
-                    if delay is None:
-                        raise FeedFatal(f"relay: giving up on {self.shown_url}"
-                                        f"{'' if fatal else f' after {backoff.failures} failed attempts in a row'}: "
-                                        f"{reason}") from None
-                    log.warning("relay: connecting to %s failed: %s; retrying in %.2fs", self.shown_url, reason, delay)
-                    await self._pause(delay, taker)
-                    continue
-                backoff.connected(time.monotonic())
-                reason = await self._serve(nc, conn, taker)
-                backoff.disconnected(time.monotonic())
-                if not reason:
-                    log.info("relay: every message taken is stored (%d); connection to %s closed", self.stats.acked,
-                             self.shown_url)
-                    return
-                self.stats.last_error = reason
-                delay = backoff.failed()
-                if delay is None:
-                    raise FeedFatal(f"relay: giving up on {self.shown_url} after {backoff.failures} failures in a "
-                                    f"row, {self.stats.held} messages not stored: {reason}")
-                log.warning("relay: %s; %d messages held, published again after a new connection in %.2fs",
-                            reason, self.stats.held, delay)
-                self.stats.reconnects += 1
-                await self._pause(delay, taker)
+            await drive(_Link(self, taker), Backoff.from_settings(self.settings))
         finally:
             taker.cancel()
             await asyncio.gather(taker, return_exceptions=True)
@@ -485,3 +455,51 @@ def _ack_problem(msg: Any) -> str:
         why = error.get("description", error) if isinstance(error, dict) else error
         return f"the server did not store a message to {{subject}}: {why}"
     return ""
+
+
+class _Link:
+    """The publisher's side of the reconnect driver (io_loop/reconnect.py)."""
+
+    failures = (NatsConnectFailed,)
+
+    def __init__(self, publisher: Publisher, taker: asyncio.Task) -> None:
+        self.publisher, self.taker, self.stats, self.url = publisher, taker, publisher.stats, publisher.shown_url
+
+    def more(self) -> bool:  # until every message taken is stored (serve says DONE)
+        return True
+
+    async def connect(self) -> tuple[Any, _Connection]:
+        return await self.publisher._connect()
+
+    def attempt_failed(self, exc: BaseException) -> str:
+        reason = str(exc)
+        self.stats.connect_failures += 1
+        self.stats.last_error = reason
+        if getattr(exc, "fatal", False):
+            raise FeedFatal(f"relay: giving up on {self.url}: {reason}") from None
+        return reason
+
+    def retrying(self, reason: str, delay: float) -> None:
+        log.warning("relay: connecting to %s failed: %s; retrying in %.2fs", self.url, reason, delay)
+
+    async def serve(self, conn: tuple[Any, _Connection]) -> str | None:
+        reason = await self.publisher._serve(*conn, self.taker)
+        if not reason:
+            log.info("relay: every message taken is stored (%d); connection to %s closed", self.stats.acked, self.url)
+            return DONE
+        self.stats.last_error = reason
+        return reason
+
+    def reconnecting(self, reason: str, delay: float) -> None:
+        log.warning("relay: %s; %d messages held, published again after a new connection in %.2fs", reason,
+                    self.stats.held, delay)
+        self.stats.reconnects += 1
+
+    def gave_up(self, reason: str, failures: int, lost: bool) -> FeedFatal:
+        if lost:
+            return FeedFatal(f"relay: giving up on {self.url} after {failures} failures in a row, {self.stats.held} "
+                             f"messages not stored: {reason}")
+        return FeedFatal(f"relay: giving up on {self.url} after {failures} failed attempts in a row: {reason}")
+
+    async def pause(self, delay: float) -> None:
+        await self.publisher._pause(delay, self.taker)
