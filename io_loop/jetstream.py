@@ -78,7 +78,6 @@ from forkless.io_loop.jsconsumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
 from forkless.io_loop.jsprobe import check_partitions
 from forkless.io_loop.jspublish import ReplyPublisher
 from forkless.io_loop.nats_compat import RawClient
-from forkless.io_loop.reconnect import drive
 from forkless.io_loop.natsconn import (
     NATS_ERRORS,
     NatsConnectFailed,
@@ -88,6 +87,7 @@ from forkless.io_loop.natsconn import (
     describe_error,
     unsubscribe_quietly,
 )
+from forkless.io_loop.reconnect import drive
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.source import SourceContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy

@@ -8,7 +8,8 @@ Rules:
   failed attempt since (the before-connect hook's rule, io_loop/before_connect.py: ``attempt > 1``
   says the last failed, so log in again rather than reuse a token). ``await serve(conn)`` reads
   until the connection ends (returns, or raises). Then the link connects again with ``Backoff``
-  (io_loop/backoff.py; the loop is the reconnect driver's, io_loop/reconnect.py); with ``tries`` failures in a row it gives up: ``FeedFatal``.
+  (io_loop/backoff.py; the loop is the reconnect driver's, io_loop/reconnect.py); with ``tries``
+  failures in a row it gives up: ``FeedFatal``.
 - ``await link.send(frame)`` writes one frame, in the order sends were called. While no
   connection is up it is held (at most ``hold_s``; then ``SendFailed``). A write that raises
   (the connection broke under it) is written again on the next connection (``resend=True``), or
