@@ -68,8 +68,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import nats.errors
-import nats.js.errors
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.client import End, Outcome, pause_before_reconnect
 from forkless.io_loop.counters import SourceStats
@@ -79,12 +77,15 @@ from forkless.io_loop.jsprobe import check_partitions
 from forkless.io_loop.jspublish import ReplyPublisher
 from forkless.io_loop.nats_compat import RawClient
 from forkless.io_loop.natsconn import (
-    NATS_ERRORS,
     NatsConnectFailed,
+    NatsError,
+    NatsNotFound,
+    NatsUnavailable,
     close_quietly,
     connect_once,
     connect_options,
     describe_error,
+    mapped_nats_errors,
     unsubscribe_quietly,
 )
 from forkless.io_loop.reconnect import drive
@@ -187,8 +188,9 @@ class JetStreamSource:
         if self._nc is not None and self._consumer_name:  # what the feed covered, for the stop's checkpoint
             try:
                 async with asyncio.timeout(STOP_PROBE_S):
-                    await self._probe(self._nc.jsm(timeout=STOP_PROBE_S))
-            except (TimeoutError, *NATS_ERRORS):
+                    with mapped_nats_errors():
+                        await self._probe(self._nc.jsm(timeout=STOP_PROBE_S))
+            except (TimeoutError, NatsError):
                 pass  # the checkpoint records what earlier probes found
         task = self._reader_task
         if task is not None and not task.done():
@@ -227,13 +229,14 @@ class JetStreamSource:
         """Read the stream's state and check it: its partitioning, its identity, the position."""
         cfg = self.settings
         try:
-            info = await nc.jsm(timeout=cfg.connect_timeout_s).stream_info(self.spec.stream)
-        except nats.js.errors.NotFoundError:
+            with mapped_nats_errors():
+                info = await nc.jsm(timeout=cfg.connect_timeout_s).stream_info(self.spec.stream)
+        except NatsNotFound:
             raise NatsConnectFailed(f"stream {self.spec.stream!r} not found on {self.shown_url}") from None
-        except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+        except NatsUnavailable:
             raise NatsConnectFailed(f"JetStream is not enabled on {self.shown_url} (nats-server -js)") from None
-        except NATS_ERRORS as exc:
-            raise NatsConnectFailed(f"reading stream {self.spec.stream!r} failed: {describe_error(exc)}") from None
+        except NatsError as exc:
+            raise NatsConnectFailed(f"reading stream {self.spec.stream!r} failed: {exc}") from None
         if self.spec.partitioned:  # the stream must partition as the feed expects (as --check says)
             problems = check_partitions(self.spec, info.config, lambda line: None)
             if problems:
@@ -279,33 +282,34 @@ class JetStreamSource:
         tasks: set[asyncio.Task] = set()
         end = End(Outcome.LOST, "connection over")
         try:
-            writer = asyncio.create_task(self.publisher.run(nc, ctx.replies()), name="forkless-js-writer")
-            lost = asyncio.create_task(closed.wait(), name="forkless-js-closed")
-            watch = asyncio.create_task(self._watch_stream(nc), name="forkless-js-stream")
-            tasks |= {writer, lost, watch}
-            reader = None
-            if not self._stopping:
-                reader = self._reader_task = asyncio.create_task(self._read(ctx, nc), name="forkless-js-reader")
-                tasks.add(reader)
-            while True:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                if writer in done:
-                    end = self._written(writer.result(), conn)
+            with mapped_nats_errors():  # a publication, a pull, an ack that failed
+                writer = asyncio.create_task(self.publisher.run(nc, ctx.replies()), name="forkless-js-writer")
+                lost = asyncio.create_task(closed.wait(), name="forkless-js-closed")
+                watch = asyncio.create_task(self._watch_stream(nc), name="forkless-js-stream")
+                tasks |= {writer, lost, watch}
+                reader = None
+                if not self._stopping:
+                    reader = self._reader_task = asyncio.create_task(self._read(ctx, nc), name="forkless-js-reader")
+                    tasks.add(reader)
+                while True:
+                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    if writer in done:
+                        end = self._written(writer.result(), conn)
+                        break
+                    if reader is not None and reader in done:
+                        tasks.discard(reader)
+                        if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
+                            reader = None
+                            continue  # stopping: keep publishing until outbound is drained
+                        end = reader.result()
+                        break
+                    if lost in done:
+                        end = End(Outcome.LOST, f"connection lost{': ' + self._nats_error if self._nats_error else ''}")
+                        break
+                    end = watch.result()
                     break
-                if reader is not None and reader in done:
-                    tasks.discard(reader)
-                    if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
-                        reader = None
-                        continue  # stopping: keep publishing until outbound is drained
-                    end = reader.result()
-                    break
-                if lost in done:
-                    end = End(Outcome.LOST, f"connection lost{': ' + self._nats_error if self._nats_error else ''}")
-                    break
-                end = watch.result()
-                break
-        except NATS_ERRORS as exc:
-            end = End(Outcome.LOST, describe_error(exc))
+        except NatsError as exc:
+            end = End(Outcome.LOST, str(exc))
         finally:
             self._live = 0
             self._nc, self._consumer_name = None, ""
@@ -334,15 +338,17 @@ class JetStreamSource:
         spec, conn = self.spec, self._live
         name = f"forkless-{self.feed.name}-{secrets.token_hex(6)}"
         subjects = spec.subjects()
+        config = ConsumerConfig(
+            name=name, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.consumer.new_consumer(),
+            ack_policy=AckPolicy.ALL, ack_wait=ACK_WAIT_S, max_ack_pending=2 * self.pull_batch,
+            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            filter_subjects=list(subjects) if len(subjects) > 1 else None,
+            inactive_threshold=INACTIVE_S, mem_storage=True)
         try:
-            await nc.jsm(timeout=self.settings.connect_timeout_s).add_consumer(spec.stream, ConsumerConfig(
-                name=name, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.consumer.new_consumer(),
-                ack_policy=AckPolicy.ALL, ack_wait=ACK_WAIT_S, max_ack_pending=2 * self.pull_batch,
-                filter_subject=subjects[0] if len(subjects) == 1 else None,
-                filter_subjects=list(subjects) if len(subjects) > 1 else None,
-                inactive_threshold=INACTIVE_S, mem_storage=True))
-        except NATS_ERRORS as exc:
-            return End(Outcome.LOST, f"creating the consumer failed: {describe_error(exc)}")
+            with mapped_nats_errors():
+                await nc.jsm(timeout=self.settings.connect_timeout_s).add_consumer(spec.stream, config)
+        except NatsError as exc:
+            return End(Outcome.LOST, f"creating the consumer failed: {exc}")
         self._consumer_name = name
         inbox = nc.new_inbox()
         # deliveries go to a queue of ours, awaited directly (nats-py's next_msg waits in a task of its
@@ -434,10 +440,11 @@ class JetStreamSource:
         while self._live == conn:  # also ends it should nats-py swallow its cancellation (see _read)
             await asyncio.sleep(STREAM_INFO_EVERY_S)
             try:
-                info = await self._probe(jsm)
-            except nats.js.errors.NotFoundError:
+                with mapped_nats_errors():
+                    info = await self._probe(jsm)
+            except NatsNotFound:
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was deleted")
-            except NATS_ERRORS:
+            except NatsError:
                 continue  # the heartbeats and publications decide whether the connection is lost
             if info.created is not None and self._stream_created is not None and info.created != self._stream_created:
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was made again")  # refused at the reconnect
@@ -455,8 +462,9 @@ class JetStreamSource:
         if not name or not consumer.may_cover(last):
             return info
         try:
-            state = await jsm.consumer_info(stream, name)
-        except nats.js.errors.NotFoundError:
+            with mapped_nats_errors():
+                state = await jsm.consumer_info(stream, name)
+        except NatsNotFound:
             return info  # the consumer is gone (a server restart): the connection is about to end
         after = await jsm.stream_info(stream)
         if name == self._consumer_name and (after.created is None or after.created == info.created):
