@@ -18,8 +18,8 @@ Rules:
   ``NatsNotFound`` (the stream, consumer, key or object does not exist), ``NatsUnavailable`` (no
   responders, or a 503: JetStream not enabled), ``NatsApiError`` (another error the server
   answered); each one's text is ``describe_error``'s of nats-py's, which is its ``__cause__``.
-  The modules that use it (so far the JetStream feed, io_loop/jetstream.py, and ``--check``,
-  io_loop/jsprobe.py) name no nats-py exception in an ``except``.
+  The modules that use it (so far the JetStream feed, io_loop/jetstream.py, ``--check``,
+  io_loop/jsprobe.py, and the relay, io_loop/relay.py) name no nats-py exception in an ``except``.
 - A JetStream publish acknowledgement says "duplicate" (``duplicate_ack``) in either spelling the
   servers write: nats-server 2.15 writes ``"duplicate": true``, with a space.
 """
@@ -90,7 +90,10 @@ def mapped_nats_errors() -> Iterator[None]:
 
 
 def describe_error(exc: BaseException) -> str:
-    """One line for a NATS error: its type and its first line (a timeout without text said so)."""
+    """One line for a NATS error: its type and its first line (a timeout without text said so); a
+    mapped one (``NatsError``) already is that line."""
+    if isinstance(exc, NatsError):
+        return str(exc)
     text = str(exc).strip().splitlines()
     if text and text[0]:
         return f"{type(exc).__name__}: {text[0][:200]}"

@@ -54,19 +54,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import janus
-import nats.js.errors
 import orjson
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.crossing import Chunk
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.natsconn import (
-    NATS_ERRORS,
     NatsConnectFailed,
+    NatsError,
+    NatsNotFound,
     close_quietly,
     connect_once,
     connect_options,
     describe_error,
     duplicate_ack,
+    mapped_nats_errors,
     unsubscribe_quietly,
 )
 from forkless.io_loop.partitions import escape_stream
@@ -240,14 +241,16 @@ class Publisher:
         await self._connected(nc)
         prefix = nc.new_inbox() + "."
         try:
-            sub = await nc.subscribe(prefix + "*", cb=self._on_ack(conn, len(prefix)))
-        except NATS_ERRORS as exc:
+            with mapped_nats_errors():
+                sub = await nc.subscribe(prefix + "*", cb=self._on_ack(conn, len(prefix)))
+        except NatsError as exc:
             await self._end(nc, conn)
-            return f"subscribing to the acknowledgements failed: {describe_error(exc)}"
+            return f"subscribing to the acknowledgements failed: {exc}"
         try:
-            return await self._publish(nc, conn, prefix, taker)
-        except NATS_ERRORS as exc:
-            return f"publishing failed: {describe_error(exc)}"
+            with mapped_nats_errors():
+                return await self._publish(nc, conn, prefix, taker)
+        except NatsError as exc:
+            return f"publishing failed: {exc}"
         finally:
             self._requeue_in_flight()
             await unsubscribe_quietly(sub)
@@ -364,15 +367,17 @@ class Publisher:
         try:
             async with asyncio.timeout(self.settings.connect_timeout_s):
                 jsm = nc.jetstream()
-                self._stream_name = await jsm.find_stream_name_by_subject(subject)
+                with mapped_nats_errors():
+                    self._stream_name = await jsm.find_stream_name_by_subject(subject)
                 try:
-                    msg = await jsm.get_last_msg(self._stream_name, subject)
-                except nats.js.errors.NotFoundError:
+                    with mapped_nats_errors():
+                        msg = await jsm.get_last_msg(self._stream_name, subject)
+                except NatsNotFound:
                     self._last_stored = "none"
                 else:
                     seq = json.loads(msg.data or b"{}").get("seq")
                     self._last_stored = seq if isinstance(seq, int) and not isinstance(seq, bool) else "unknown"
-        except (*NATS_ERRORS, nats.js.errors.Error, ValueError, AttributeError) as exc:
+        except (TimeoutError, NatsError, ValueError, AttributeError) as exc:
             log.info("relay: the last message stored under %s could not be read (%s): the start is not compared "
                      "with it", subject, describe_error(exc))
             self._last_stored = "unknown"

@@ -38,7 +38,7 @@ def _mapped(url: str, body: Any) -> BaseException:
 def test_each_nats_failure_becomes_ours_with_nats_py_s_as_the_cause(nats_server):
     import nats.errors
     import nats.js.errors
-    from forkless.io_loop.natsconn import NatsApiError, NatsError, NatsNotFound, NatsUnavailable
+    from forkless.io_loop.natsconn import NatsApiError, NatsError, NatsNotFound, NatsUnavailable, describe_error
 
     async def missing_stream(nc: Any) -> None:
         await nc.jsm(timeout=2).stream_info("NO_SUCH_STREAM")
@@ -55,7 +55,7 @@ def test_each_nats_failure_becomes_ours_with_nats_py_s_as_the_cause(nats_server)
 
     exc = _mapped(nats_server.url, missing_stream)
     assert type(exc) is NatsNotFound and isinstance(exc.__cause__, nats.js.errors.NotFoundError)
-    assert str(exc).startswith("NotFoundError: ")
+    assert str(exc).startswith("NotFoundError: ") and describe_error(exc) == describe_error(exc.__cause__)
     exc = _mapped(nats_server.url, no_responders)
     assert type(exc) is NatsUnavailable and isinstance(exc.__cause__, nats.errors.NoRespondersError)
     exc = _mapped(nats_server.url, bad_request)
