@@ -18,9 +18,9 @@ Rules:
   given, says the attempt's URL and headers; a hook that fails fails the attempt like a failed
   connect.
 - Reconnect on any loss (refused, reset, TLS, handshake timeout, 5xx, close frame,
-  heartbeat timeout, stale feed) with ``Backoff``; an HTTP 4xx handshake (but 408/429, and
-  401/403 when a before-connect hook can give new credentials) or used-up tries raise
-  ``FeedFatal``.
+  heartbeat timeout, stale feed) with ``Backoff``, by the reconnect driver (io_loop/reconnect.py);
+  an HTTP 4xx handshake (but 408/429, and 401/403 when a before-connect hook can give new
+  credentials) or used-up tries raise ``FeedFatal``.
 - Orderly stop: ``SourceRunner.stop_reading`` sets ``ctx.stopping`` and waits for the emit in
   progress. A reader waiting in ``receive()`` is cancelled by the connection's watch of
   ``ctx.stopping``; one inside ``ctx.emit`` never is (it finishes and ends by itself), so no
@@ -59,6 +59,7 @@ from forkless.io_loop.connect import (
 )
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.on_connect import HookFailed, OnConnect, call_hook
+from forkless.io_loop.reconnect import drive
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.source import SourceContext, SourceStopped
 
@@ -130,50 +131,29 @@ class WebSocketSource:
         self._last_frame_at = 0.0
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
-        self._last_failure = ""  # the last failed attempt's reason, for the retry's warning
 
     # ---- the connection loop ----------------------------------------------------------------
 
     async def run(self, ctx: SourceContext) -> None:
-        """Connect, serve, reconnect, until stopped and every result is sent (or FeedFatal)."""
+        """Connect, serve, reconnect (io_loop/reconnect.py), until stopped and every result is sent
+        (or FeedFatal)."""
         self._ctx = ctx
-        cfg = self.settings
-        backoff = Backoff.from_settings(cfg)
-        ended = ctx.replies_ended  # the main thread's last reply is taken: no reason to connect again
         async with new_session(self.unix_socket) as session:
-            while not ended():
-                self._attempt += 1
-                try:
-                    url, headers = await self._handshake()
-                    tls = self._ssl(url)
-                    if tls is not None and cfg.tls_insecure:
-                        log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)",
-                                    self.shown_url)
-                    ws = await open_feed(session, url, cfg, tls, feed=self.feed, headers=headers)
-                    first = await self._first_frames(ws)
-                except (ConnectFailed, HandshakeRefused) as exc:
-                    delay = self._failed(exc, backoff)
-                    log.warning("connecting to %s failed: %s; retrying in %.2fs", self.shown_url,
-                                self._last_failure, delay)
-                    await pause_before_reconnect(delay, ended)
-                    continue
-                backoff.connected(time.monotonic())
-                self._attempt = 0
-                end = await self._serve(ws, first)
-                backoff.disconnected(time.monotonic())
-                if ended():
-                    break
-                delay = backoff.failed()
-                if delay is None:
-                    raise FeedFatal(f"giving up on {self.shown_url} after {backoff.failures} "
-                                    f"lost connections in a row: {end.reason}")
-                log.warning("connection %d to %s lost: %s; reconnecting in %.2fs",
-                            self._connection_id, self.shown_url, end.reason, delay)
-                ctx.reconnecting()
-                await pause_before_reconnect(delay, ended)
+            await drive(_Link(self, ctx, session), Backoff.from_settings(self.settings))
 
-    def _failed(self, exc: ConnectFailed | HandshakeRefused, backoff: Backoff) -> float:
-        """A failed attempt counted; the delay before the next one (``FeedFatal`` when there is none)."""
+    async def _open(self, session: aiohttp.ClientSession) -> tuple[aiohttp.ClientWebSocketResponse, list[str | bytes]]:
+        """One attempt: the handshake (the before-connect hook's URL and headers), then the frames to
+        send first. Raises ``ConnectFailed``, ``HandshakeRefused``."""
+        self._attempt += 1
+        url, headers = await self._handshake()
+        tls = self._ssl(url)
+        if tls is not None and self.settings.tls_insecure:
+            log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)", self.shown_url)
+        ws = await open_feed(session, url, self.settings, tls, feed=self.feed, headers=headers)
+        return ws, await self._first_frames(ws)
+
+    def _failed(self, exc: ConnectFailed | HandshakeRefused) -> str:
+        """A failed attempt counted; why it failed (``FeedFatal`` when retrying cannot help)."""
         if not isinstance(exc, HandshakeRefused):
             reason = str(exc)
         elif exc.status in CREDENTIALS_REFUSED and self.before_connect is not None:
@@ -184,12 +164,7 @@ class WebSocketSource:
         else:
             reason = f"handshake failed with HTTP {exc.status}"
         self._ctx.connect_failed(reason)
-        self._last_failure = reason
-        delay = backoff.failed()
-        if delay is None:
-            raise FeedFatal(f"giving up on {self.shown_url} after {backoff.failures} "
-                            f"failed attempts in a row: {reason}") from None
-        return delay
+        return reason
 
     async def _handshake(self) -> tuple[str, dict[str, str] | None]:
         """This attempt's URL and headers (``None``: the configured ones): without a before-connect
@@ -422,3 +397,41 @@ class WebSocketSource:
         limit = self.settings.stale_s
         while loop.time() - self._last_frame_at < limit:
             await asyncio.sleep(min(limit / 4, 1.0))
+
+
+class _Link:
+    """A ``WebSocketSource`` run's side of the reconnect driver (io_loop/reconnect.py): its attempts,
+    connections, counters, warnings and give-up texts."""
+
+    failures = (ConnectFailed, HandshakeRefused)
+
+    def __init__(self, source: WebSocketSource, ctx: SourceContext, session: aiohttp.ClientSession) -> None:
+        self.source, self.ctx, self.session = source, ctx, session
+
+    def more(self) -> bool:  # the main thread's last reply is taken: no reason to connect again
+        return not self.ctx.replies_ended()
+
+    async def connect(self) -> tuple[aiohttp.ClientWebSocketResponse, list[str | bytes]]:
+        return await self.source._open(self.session)
+
+    def attempt_failed(self, exc: BaseException) -> str:
+        return self.source._failed(exc)  # type: ignore[arg-type]
+
+    def retrying(self, reason: str, delay: float) -> None:
+        log.warning("connecting to %s failed: %s; retrying in %.2fs", self.source.shown_url, reason, delay)
+
+    async def serve(self, conn: tuple[aiohttp.ClientWebSocketResponse, list[str | bytes]]) -> str:
+        self.source._attempt = 0
+        return (await self.source._serve(*conn)).reason
+
+    def reconnecting(self, reason: str, delay: float) -> None:
+        log.warning("connection %d to %s lost: %s; reconnecting in %.2fs", self.source._connection_id,
+                    self.source.shown_url, reason, delay)
+        self.ctx.reconnecting()
+
+    def gave_up(self, reason: str, failures: int, lost: bool) -> FeedFatal:
+        return FeedFatal(f"giving up on {self.source.shown_url} after {failures} "
+                         f"{'lost connections' if lost else 'failed attempts'} in a row: {reason}")
+
+    async def pause(self, delay: float) -> None:
+        await pause_before_reconnect(delay, self.ctx.replies_ended)

@@ -35,7 +35,8 @@ Rules:
 - Replies: ``ReplyPublisher`` (io_loop/jspublish.py), the writer of each connection, through the
   source's ``ctx.replies()``, fenced by a partitioned instance's leases (``fence``).
 - Reconnect on any loss (connection, server restart, heartbeats missing, a publish not
-  acknowledged) with the same ``Backoff`` as the WebSocket feeds; tries used up, or the server
+  acknowledged) with the same ``Backoff`` and reconnect driver (io_loop/reconnect.py) as the
+  WebSocket feeds; tries used up, or the server
   refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
   against the position (``Consumer.check_stream``: ``PositionLost``, exit 2, when it no longer
   holds what the position needs). A stream whose created time differs from the one this run
@@ -67,8 +68,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import nats.errors
-import nats.js.errors
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.client import End, Outcome, pause_before_reconnect
 from forkless.io_loop.counters import SourceStats
@@ -78,14 +77,18 @@ from forkless.io_loop.jsprobe import check_partitions
 from forkless.io_loop.jspublish import ReplyPublisher
 from forkless.io_loop.nats_compat import RawClient
 from forkless.io_loop.natsconn import (
-    NATS_ERRORS,
     NatsConnectFailed,
+    NatsError,
+    NatsNotFound,
+    NatsUnavailable,
     close_quietly,
     connect_once,
     connect_options,
     describe_error,
+    mapped_nats_errors,
     unsubscribe_quietly,
 )
+from forkless.io_loop.reconnect import drive
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.source import SourceContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -173,38 +176,10 @@ class JetStreamSource:
     # ---- the connection loop ------------------------------------------------------------------------
 
     async def run(self, ctx: SourceContext) -> None:
-        """Connect, serve, reconnect, until stopped and every reply is published (or FeedFatal,
-        PositionLost)."""
+        """Connect, serve, reconnect (io_loop/reconnect.py), until stopped and every reply is
+        published (or FeedFatal, PositionLost)."""
         self.consumer = Consumer(self.spec, self.feed.label, self.figures, ctx.resume_from)
-        backoff = Backoff.from_settings(self.settings)
-        ended = lambda: self._stopping and ctx.replies_ended()  # down at the stop: no new connection
-        while not ctx.replies_ended():
-            try:
-                nc, closed = await self._connect()
-            except NatsConnectFailed as exc:
-                if exc.fatal:
-                    raise FeedFatal(f"{self.feed.label}: {exc}") from None
-                ctx.connect_failed(str(exc))
-                delay = backoff.failed()
-                if delay is None:
-                    raise FeedFatal(f"giving up on {self.feed.label} after {backoff.failures} failed attempts "
-                                    f"in a row: {exc}") from None
-                log.warning("%s: %s; retrying in %.2fs", self.feed.label, exc, delay)
-                await pause_before_reconnect(delay, ended)
-                continue
-            backoff.connected(time.monotonic())
-            conn, end = await self._serve(ctx, nc, closed)
-            backoff.disconnected(time.monotonic())
-            if ctx.replies_ended():
-                break
-            delay = backoff.failed()
-            if delay is None:
-                raise FeedFatal(f"giving up on {self.feed.label} after {backoff.failures} lost connections "
-                                f"in a row: {end.reason}")
-            log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.feed.label, conn, end.reason,
-                        delay)
-            ctx.reconnecting()
-            await pause_before_reconnect(delay, ended)
+        await drive(_Link(self, ctx), Backoff.from_settings(self.settings))
 
     async def before_stop(self, ctx: SourceContext) -> None:
         """The stop begins: the reader stops taking messages, none lost half handed over (a reader
@@ -213,8 +188,9 @@ class JetStreamSource:
         if self._nc is not None and self._consumer_name:  # what the feed covered, for the stop's checkpoint
             try:
                 async with asyncio.timeout(STOP_PROBE_S):
-                    await self._probe(self._nc.jsm(timeout=STOP_PROBE_S))
-            except (TimeoutError, *NATS_ERRORS):
+                    with mapped_nats_errors():
+                        await self._probe(self._nc.jsm(timeout=STOP_PROBE_S))
+            except (TimeoutError, NatsError):
                 pass  # the checkpoint records what earlier probes found
         task = self._reader_task
         if task is not None and not task.done():
@@ -253,13 +229,14 @@ class JetStreamSource:
         """Read the stream's state and check it: its partitioning, its identity, the position."""
         cfg = self.settings
         try:
-            info = await nc.jsm(timeout=cfg.connect_timeout_s).stream_info(self.spec.stream)
-        except nats.js.errors.NotFoundError:
+            with mapped_nats_errors():
+                info = await nc.jsm(timeout=cfg.connect_timeout_s).stream_info(self.spec.stream)
+        except NatsNotFound:
             raise NatsConnectFailed(f"stream {self.spec.stream!r} not found on {self.shown_url}") from None
-        except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+        except NatsUnavailable:
             raise NatsConnectFailed(f"JetStream is not enabled on {self.shown_url} (nats-server -js)") from None
-        except NATS_ERRORS as exc:
-            raise NatsConnectFailed(f"reading stream {self.spec.stream!r} failed: {describe_error(exc)}") from None
+        except NatsError as exc:
+            raise NatsConnectFailed(f"reading stream {self.spec.stream!r} failed: {exc}") from None
         if self.spec.partitioned:  # the stream must partition as the feed expects (as --check says)
             problems = check_partitions(self.spec, info.config, lambda line: None)
             if problems:
@@ -305,33 +282,34 @@ class JetStreamSource:
         tasks: set[asyncio.Task] = set()
         end = End(Outcome.LOST, "connection over")
         try:
-            writer = asyncio.create_task(self.publisher.run(nc, ctx.replies()), name="forkless-js-writer")
-            lost = asyncio.create_task(closed.wait(), name="forkless-js-closed")
-            watch = asyncio.create_task(self._watch_stream(nc), name="forkless-js-stream")
-            tasks |= {writer, lost, watch}
-            reader = None
-            if not self._stopping:
-                reader = self._reader_task = asyncio.create_task(self._read(ctx, nc), name="forkless-js-reader")
-                tasks.add(reader)
-            while True:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                if writer in done:
-                    end = self._written(writer.result(), conn)
+            with mapped_nats_errors():  # a publication, a pull, an ack that failed
+                writer = asyncio.create_task(self.publisher.run(nc, ctx.replies()), name="forkless-js-writer")
+                lost = asyncio.create_task(closed.wait(), name="forkless-js-closed")
+                watch = asyncio.create_task(self._watch_stream(nc), name="forkless-js-stream")
+                tasks |= {writer, lost, watch}
+                reader = None
+                if not self._stopping:
+                    reader = self._reader_task = asyncio.create_task(self._read(ctx, nc), name="forkless-js-reader")
+                    tasks.add(reader)
+                while True:
+                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    if writer in done:
+                        end = self._written(writer.result(), conn)
+                        break
+                    if reader is not None and reader in done:
+                        tasks.discard(reader)
+                        if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
+                            reader = None
+                            continue  # stopping: keep publishing until outbound is drained
+                        end = reader.result()
+                        break
+                    if lost in done:
+                        end = End(Outcome.LOST, f"connection lost{': ' + self._nats_error if self._nats_error else ''}")
+                        break
+                    end = watch.result()
                     break
-                if reader is not None and reader in done:
-                    tasks.discard(reader)
-                    if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
-                        reader = None
-                        continue  # stopping: keep publishing until outbound is drained
-                    end = reader.result()
-                    break
-                if lost in done:
-                    end = End(Outcome.LOST, f"connection lost{': ' + self._nats_error if self._nats_error else ''}")
-                    break
-                end = watch.result()
-                break
-        except NATS_ERRORS as exc:
-            end = End(Outcome.LOST, describe_error(exc))
+        except NatsError as exc:
+            end = End(Outcome.LOST, str(exc))
         finally:
             self._live = 0
             self._nc, self._consumer_name = None, ""
@@ -360,15 +338,17 @@ class JetStreamSource:
         spec, conn = self.spec, self._live
         name = f"forkless-{self.feed.name}-{secrets.token_hex(6)}"
         subjects = spec.subjects()
+        config = ConsumerConfig(
+            name=name, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.consumer.new_consumer(),
+            ack_policy=AckPolicy.ALL, ack_wait=ACK_WAIT_S, max_ack_pending=2 * self.pull_batch,
+            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            filter_subjects=list(subjects) if len(subjects) > 1 else None,
+            inactive_threshold=INACTIVE_S, mem_storage=True)
         try:
-            await nc.jsm(timeout=self.settings.connect_timeout_s).add_consumer(spec.stream, ConsumerConfig(
-                name=name, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.consumer.new_consumer(),
-                ack_policy=AckPolicy.ALL, ack_wait=ACK_WAIT_S, max_ack_pending=2 * self.pull_batch,
-                filter_subject=subjects[0] if len(subjects) == 1 else None,
-                filter_subjects=list(subjects) if len(subjects) > 1 else None,
-                inactive_threshold=INACTIVE_S, mem_storage=True))
-        except NATS_ERRORS as exc:
-            return End(Outcome.LOST, f"creating the consumer failed: {describe_error(exc)}")
+            with mapped_nats_errors():
+                await nc.jsm(timeout=self.settings.connect_timeout_s).add_consumer(spec.stream, config)
+        except NatsError as exc:
+            return End(Outcome.LOST, f"creating the consumer failed: {exc}")
         self._consumer_name = name
         inbox = nc.new_inbox()
         # deliveries go to a queue of ours, awaited directly (nats-py's next_msg waits in a task of its
@@ -460,10 +440,11 @@ class JetStreamSource:
         while self._live == conn:  # also ends it should nats-py swallow its cancellation (see _read)
             await asyncio.sleep(STREAM_INFO_EVERY_S)
             try:
-                info = await self._probe(jsm)
-            except nats.js.errors.NotFoundError:
+                with mapped_nats_errors():
+                    info = await self._probe(jsm)
+            except NatsNotFound:
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was deleted")
-            except NATS_ERRORS:
+            except NatsError:
                 continue  # the heartbeats and publications decide whether the connection is lost
             if info.created is not None and self._stream_created is not None and info.created != self._stream_created:
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was made again")  # refused at the reconnect
@@ -481,8 +462,9 @@ class JetStreamSource:
         if not name or not consumer.may_cover(last):
             return info
         try:
-            state = await jsm.consumer_info(stream, name)
-        except nats.js.errors.NotFoundError:
+            with mapped_nats_errors():
+                state = await jsm.consumer_info(stream, name)
+        except NatsNotFound:
             return info  # the consumer is gone (a server restart): the connection is about to end
         after = await jsm.stream_info(stream)
         if name == self._consumer_name and (after.created is None or after.created == info.created):
@@ -490,3 +472,42 @@ class JetStreamSource:
             consumer.probed(mark, last, state.num_pending or 0, delivered or 0, bool(state.num_waiting),
                             after.state.first_seq)
         return info
+
+
+class _Link:
+    """A ``JetStreamSource`` run's side of the reconnect driver (io_loop/reconnect.py)."""
+
+    failures = (NatsConnectFailed,)
+
+    def __init__(self, source: JetStreamSource, ctx: SourceContext) -> None:
+        self.source, self.ctx, self.label, self.conn = source, ctx, source.feed.label, 0
+
+    def more(self) -> bool:
+        return not self.ctx.replies_ended()
+
+    async def connect(self) -> tuple[Any, asyncio.Event]:
+        return await self.source._connect()
+
+    def attempt_failed(self, exc: BaseException) -> str:
+        if getattr(exc, "fatal", False):
+            raise FeedFatal(f"{self.label}: {exc}") from None
+        self.ctx.connect_failed(str(exc))
+        return str(exc)
+
+    def retrying(self, reason: str, delay: float) -> None:
+        log.warning("%s: %s; retrying in %.2fs", self.label, reason, delay)
+
+    async def serve(self, conn: tuple[Any, asyncio.Event]) -> str:
+        self.conn, end = await self.source._serve(self.ctx, *conn)
+        return end.reason
+
+    def reconnecting(self, reason: str, delay: float) -> None:
+        log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.label, self.conn, reason, delay)
+        self.ctx.reconnecting()
+
+    def gave_up(self, reason: str, failures: int, lost: bool) -> FeedFatal:
+        return FeedFatal(f"giving up on {self.label} after {failures} "
+                         f"{'lost connections' if lost else 'failed attempts'} in a row: {reason}")
+
+    async def pause(self, delay: float) -> None:  # down at the stop: no new connection
+        await pause_before_reconnect(delay, lambda: self.source._stopping and self.ctx.replies_ended())

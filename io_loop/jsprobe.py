@@ -17,15 +17,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import nats.errors
-import nats.js.errors
 from forkless.io_loop.natsconn import (
-    NATS_ERRORS,
     NatsConnectFailed,
+    NatsError,
+    NatsNotFound,
+    NatsUnavailable,
     close_quietly,
     connect_once,
     connect_options,
     describe_error,
+    mapped_nats_errors,
 )
 from forkless.io_loop.partitions import format_partitions, partition_transform, transform_problems
 from forkless.io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
@@ -59,13 +60,14 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
         say(f"  connected to {feed.shown_url} in {(loop.time() - t0) * 1000:.1f} ms "
             f"(nats-server {nc.connected_server_version})")
         jsm = nc.jsm(timeout=settings.connect_timeout_s)
-        if not await _probe_stream(feed, jsm, say, problems):
-            return problems
-        await _probe_results(feed.jetstream, jsm, say, dedupe_window_s, problems)
-        if feed.jetstream.partitioned:
-            await _look_for_buckets(settings, jsm, say)
-    except NATS_ERRORS as exc:
-        problems.append(f"asking {feed.shown_url} failed: {describe_error(exc)}")
+        with mapped_nats_errors():
+            if not await _probe_stream(feed, jsm, say, problems):
+                return problems
+            await _probe_results(feed.jetstream, jsm, say, dedupe_window_s, problems)
+            if feed.jetstream.partitioned:
+                await _look_for_buckets(settings, jsm, say)
+    except NatsError as exc:
+        problems.append(f"asking {feed.shown_url} failed: {exc}")
     finally:
         await close_quietly(nc, 1.0)
     return problems
@@ -76,7 +78,8 @@ async def _probe_stream(feed: FeedSpec, jsm: Any, say: Any, problems: list[str])
     does not answer at all (nothing more to ask)."""
     spec = feed.jetstream
     try:
-        info = await jsm.stream_info(spec.stream)
+        with mapped_nats_errors():
+            info = await jsm.stream_info(spec.stream)
         state = info.state
         consuming = "by partition (below)" if spec.partitioned else repr(spec.subject or "all of it")
         say(f"  stream {spec.stream!r}: {state.messages} messages, sequences {state.first_seq}-{state.last_seq}, "
@@ -85,9 +88,9 @@ async def _probe_stream(feed: FeedSpec, jsm: Any, say: Any, problems: list[str])
             "recorded a position")
         if spec.partitioned:
             problems.extend(check_partitions(spec, info.config, say))
-    except nats.js.errors.NotFoundError:
+    except NatsNotFound:
         problems.append(f"stream {spec.stream!r} not found on {feed.shown_url}")
-    except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+    except NatsUnavailable:
         problems.append(f"JetStream is not enabled on {feed.shown_url} (nats-server -js)")
         return False
     return True
@@ -100,14 +103,15 @@ async def _probe_results(spec: JetStreamSpec, jsm: Any, say: Any, dedupe_window_
         say("  no results subject (\"replies\": \"none\")")
         return
     try:
-        name = await jsm.find_stream_name_by_subject(spec.results)
-        window = (await jsm.stream_info(name)).config.duplicate_window or 0.0
+        with mapped_nats_errors():
+            name = await jsm.find_stream_name_by_subject(spec.results)
+            window = (await jsm.stream_info(name)).config.duplicate_window or 0.0
         say(f"  results subject {spec.results!r}: stored by stream {name!r}, duplicate window {window:g} s")
         if window < dedupe_window_s:
             say(f"  WARNING: the duplicate window of {name!r} ({window:g} s) is shorter than 2 x "
                 f"FORKLESS_CHECKPOINT_S + 60 s = {dedupe_window_s:g} s: after a restart, a result published "
                 "again may be stored twice")
-    except nats.js.errors.NotFoundError:
+    except NatsNotFound:
         problems.append(f"no stream stores the results subject {spec.results!r}")
 
 
@@ -156,8 +160,9 @@ async def _look_for_buckets(settings: IOSettings, jsm: Any, say: Any) -> None:
         say('  no FORKLESS_CHECKPOINT_BUCKET: no checkpoints; every start consumes its partitions from "start"')
     for what, name, kind, prefix in buckets:
         try:
-            state = (await jsm.stream_info(prefix + name)).state
-        except nats.js.errors.NotFoundError:
+            with mapped_nats_errors():
+                state = (await jsm.stream_info(prefix + name)).state
+        except NatsNotFound:
             say(f"  {what} {name!r} ({kind}): does not exist yet; the first instance to start creates it")
             continue
         say(f"  {what} {name!r} ({kind}, stream {prefix + name}): exists, {state.messages} messages, "

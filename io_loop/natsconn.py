@@ -13,6 +13,13 @@ Rules:
   (retrying cannot help).
 - Errors are shown as their type and first line (``describe_error``): never a URL's user:password,
   a token or a creds file's content, which nats-py's messages do not carry either.
+- nats-py's exceptions become ours at one edge (``mapped_nats_errors()``, as httpx's
+  ``map_httpcore_exceptions``): ``NatsError`` (the connection, a timeout, any other failure),
+  ``NatsNotFound`` (the stream, consumer, key or object does not exist), ``NatsUnavailable`` (no
+  responders, or a 503: JetStream not enabled), ``NatsApiError`` (another error the server
+  answered); each one's text is ``describe_error``'s of nats-py's, which is its ``__cause__``.
+  The modules that use it (so far the JetStream feed, io_loop/jetstream.py, ``--check``,
+  io_loop/jsprobe.py, and the relay, io_loop/relay.py) name no nats-py exception in an ``except``.
 - A JetStream publish acknowledgement says "duplicate" (``duplicate_ack``) in either spelling the
   servers write: nats-server 2.15 writes ``"duplicate": true``, with a space.
 """
@@ -21,15 +28,19 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import nats
 import nats.errors
+import nats.js.errors
 from forkless.io_loop.connect import make_ssl_context
 from forkless.io_loop.settings import FeedSpec, IOSettings
 
-__all__ = ["NATS_ERRORS", "NatsConnectFailed", "close_quietly", "connect_once", "connect_options",
-           "credentials_refused", "describe_error", "duplicate_ack", "unsubscribe_quietly"]
+__all__ = ["NATS_ERRORS", "NatsApiError", "NatsConnectFailed", "NatsError", "NatsNotFound", "NatsUnavailable",
+           "close_quietly", "connect_once", "connect_options", "credentials_refused", "describe_error",
+           "duplicate_ack", "mapped_nats_errors", "unsubscribe_quietly"]
 
 NATS_ERRORS = (nats.errors.Error, OSError, TimeoutError)
 DUPLICATE_ACK = re.compile(rb'"duplicate"\s*:\s*true')  # nats-server 2.15 writes '"duplicate": true'
@@ -44,8 +55,45 @@ class NatsConnectFailed(Exception):
         self.fatal = fatal
 
 
+class NatsError(Exception):
+    """Talking to NATS failed (``mapped_nats_errors``): the text is ``describe_error``'s of nats-py's
+    exception (the ``__cause__``)."""
+
+
+class NatsNotFound(NatsError):
+    """The server answered that the stream, consumer, key or object does not exist."""
+
+
+class NatsUnavailable(NatsError):
+    """No one answered the request (no responders), or the server answered 503: JetStream is not
+    enabled (or not ready)."""
+
+
+class NatsApiError(NatsError):
+    """The server answered another JetStream API error (a bad request, a limit)."""
+
+
+@contextmanager
+def mapped_nats_errors() -> Iterator[None]:
+    """nats-py's exceptions (and ``OSError``, ``TimeoutError``: ``NATS_ERRORS``) raised in the block
+    become ours (see the module rules); anything else passes through."""
+    try:
+        yield
+    except nats.js.errors.NotFoundError as exc:
+        raise NatsNotFound(describe_error(exc)) from exc
+    except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:
+        raise NatsUnavailable(describe_error(exc)) from exc
+    except nats.js.errors.APIError as exc:
+        raise NatsApiError(describe_error(exc)) from exc
+    except NATS_ERRORS as exc:
+        raise NatsError(describe_error(exc)) from exc
+
+
 def describe_error(exc: BaseException) -> str:
-    """One line for a NATS error: its type and its first line (a timeout without text said so)."""
+    """One line for a NATS error: its type and its first line (a timeout without text said so); a
+    mapped one (``NatsError``) already is that line."""
+    if isinstance(exc, NatsError):
+        return str(exc)
     text = str(exc).strip().splitlines()
     if text and text[0]:
         return f"{type(exc).__name__}: {text[0][:200]}"

@@ -18,7 +18,8 @@ Rules:
 - Acknowledgements: each publish asks for the JetStream ack on an inbox of this connection
   (``<inbox>.<n>``). A message is held until its ack says stored (or duplicate). Any failure (the
   connection lost, an error ack such as no stream for the subject, no ack for
-  FORKLESS_CONNECT_TIMEOUT_S) drops the connection; after the ``Backoff`` delay every held message
+  FORKLESS_CONNECT_TIMEOUT_S) drops the connection; after the ``Backoff`` delay (the reconnect driver,
+  io_loop/reconnect.py) every held message
   is published again, in order, with its id: nothing is ever skipped. FORKLESS_RECONNECT_TRIES
   failures in a row (0: never) end the relay with ``FeedFatal`` (exit 3), as for a feed.
 - Payload: ``{"seq", "stream", "x"}`` with ``x`` as the codec decoded it (float64 in the relay),
@@ -53,23 +54,25 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import janus
-import nats.js.errors
 import numpy as np
 import orjson
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.crossing import Chunk
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.natsconn import (
-    NATS_ERRORS,
     NatsConnectFailed,
+    NatsError,
+    NatsNotFound,
     close_quietly,
     connect_once,
     connect_options,
     describe_error,
     duplicate_ack,
+    mapped_nats_errors,
     unsubscribe_quietly,
 )
 from forkless.io_loop.partitions import escape_stream
+from forkless.io_loop.reconnect import DONE, drive
 from forkless.io_loop.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
 from forkless.io_loop.settings import IOSettings, RelaySettings
 
@@ -146,43 +149,11 @@ class Publisher:
     # ---- the sink -------------------------------------------------------------------------------
 
     async def run(self, inbound: Any) -> None:
-        cfg = self.settings
-        backoff = Backoff.from_settings(cfg)
         taker = asyncio.create_task(self._take(inbound), name="forkless-relay-take")
         log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages in flight)", self.relay.subject,
                  self.shown_url, self.run_id, self.relay.max_in_flight)
         try:
-            while True:
-                try:
-                    nc, conn = await self._connect()
-                except NatsConnectFailed as exc:
-                    reason, fatal = str(exc), exc.fatal
-                    self.stats.connect_failures += 1
-                    self.stats.last_error = reason
-                    delay = None if fatal else backoff.failed()
-                    if delay is None:
-                        raise FeedFatal(f"relay: giving up on {self.shown_url}"
-                                        f"{'' if fatal else f' after {backoff.failures} failed attempts in a row'}: "
-                                        f"{reason}") from None
-                    log.warning("relay: connecting to %s failed: %s; retrying in %.2fs", self.shown_url, reason, delay)
-                    await self._pause(delay, taker)
-                    continue
-                backoff.connected(time.monotonic())
-                reason = await self._serve(nc, conn, taker)
-                backoff.disconnected(time.monotonic())
-                if not reason:
-                    log.info("relay: every message taken is stored (%d); connection to %s closed", self.stats.acked,
-                             self.shown_url)
-                    return
-                self.stats.last_error = reason
-                delay = backoff.failed()
-                if delay is None:
-                    raise FeedFatal(f"relay: giving up on {self.shown_url} after {backoff.failures} failures in a "
-                                    f"row, {self.stats.held} messages not stored: {reason}")
-                log.warning("relay: %s; %d messages held, published again after a new connection in %.2fs",
-                            reason, self.stats.held, delay)
-                self.stats.reconnects += 1
-                await self._pause(delay, taker)
+            await drive(_Link(self, taker), Backoff.from_settings(self.settings))
         finally:
             taker.cancel()
             await asyncio.gather(taker, return_exceptions=True)
@@ -273,14 +244,16 @@ class Publisher:
         await self._connected(nc)
         prefix = nc.new_inbox() + "."
         try:
-            sub = await nc.subscribe(prefix + "*", cb=self._on_ack(conn, len(prefix)))
-        except NATS_ERRORS as exc:
+            with mapped_nats_errors():
+                sub = await nc.subscribe(prefix + "*", cb=self._on_ack(conn, len(prefix)))
+        except NatsError as exc:
             await self._end(nc, conn)
-            return f"subscribing to the acknowledgements failed: {describe_error(exc)}"
+            return f"subscribing to the acknowledgements failed: {exc}"
         try:
-            return await self._publish(nc, conn, prefix, taker)
-        except NATS_ERRORS as exc:
-            return f"publishing failed: {describe_error(exc)}"
+            with mapped_nats_errors():
+                return await self._publish(nc, conn, prefix, taker)
+        except NatsError as exc:
+            return f"publishing failed: {exc}"
         finally:
             self._requeue_in_flight()
             await unsubscribe_quietly(sub)
@@ -397,15 +370,17 @@ class Publisher:
         try:
             async with asyncio.timeout(self.settings.connect_timeout_s):
                 jsm = nc.jetstream()
-                self._stream_name = await jsm.find_stream_name_by_subject(subject)
+                with mapped_nats_errors():
+                    self._stream_name = await jsm.find_stream_name_by_subject(subject)
                 try:
-                    msg = await jsm.get_last_msg(self._stream_name, subject)
-                except nats.js.errors.NotFoundError:
+                    with mapped_nats_errors():
+                        msg = await jsm.get_last_msg(self._stream_name, subject)
+                except NatsNotFound:
                     self._last_stored = "none"
                 else:
                     seq = json.loads(msg.data or b"{}").get("seq")
                     self._last_stored = seq if isinstance(seq, int) and not isinstance(seq, bool) else "unknown"
-        except (*NATS_ERRORS, nats.js.errors.Error, ValueError, AttributeError) as exc:
+        except (TimeoutError, NatsError, ValueError, AttributeError) as exc:
             log.info("relay: the last message stored under %s could not be read (%s): the start is not compared "
                      "with it", subject, describe_error(exc))
             self._last_stored = "unknown"
@@ -488,3 +463,51 @@ def _ack_problem(msg: Any) -> str:
         why = error.get("description", error) if isinstance(error, dict) else error
         return f"the server did not store a message to {{subject}}: {why}"
     return ""
+
+
+class _Link:
+    """The publisher's side of the reconnect driver (io_loop/reconnect.py)."""
+
+    failures = (NatsConnectFailed,)
+
+    def __init__(self, publisher: Publisher, taker: asyncio.Task) -> None:
+        self.publisher, self.taker, self.stats, self.url = publisher, taker, publisher.stats, publisher.shown_url
+
+    def more(self) -> bool:  # until every message taken is stored (serve says DONE)
+        return True
+
+    async def connect(self) -> tuple[Any, _Connection]:
+        return await self.publisher._connect()
+
+    def attempt_failed(self, exc: BaseException) -> str:
+        reason = str(exc)
+        self.stats.connect_failures += 1
+        self.stats.last_error = reason
+        if getattr(exc, "fatal", False):
+            raise FeedFatal(f"relay: giving up on {self.url}: {reason}") from None
+        return reason
+
+    def retrying(self, reason: str, delay: float) -> None:
+        log.warning("relay: connecting to %s failed: %s; retrying in %.2fs", self.url, reason, delay)
+
+    async def serve(self, conn: tuple[Any, _Connection]) -> str | None:
+        reason = await self.publisher._serve(*conn, self.taker)
+        if not reason:
+            log.info("relay: every message taken is stored (%d); connection to %s closed", self.stats.acked, self.url)
+            return DONE
+        self.stats.last_error = reason
+        return reason
+
+    def reconnecting(self, reason: str, delay: float) -> None:
+        log.warning("relay: %s; %d messages held, published again after a new connection in %.2fs", reason,
+                    self.stats.held, delay)
+        self.stats.reconnects += 1
+
+    def gave_up(self, reason: str, failures: int, lost: bool) -> FeedFatal:
+        if lost:
+            return FeedFatal(f"relay: giving up on {self.url} after {failures} failures in a row, {self.stats.held} "
+                             f"messages not stored: {reason}")
+        return FeedFatal(f"relay: giving up on {self.url} after {failures} failed attempts in a row: {reason}")
+
+    async def pause(self, delay: float) -> None:
+        await self.publisher._pause(delay, self.taker)

@@ -8,7 +8,8 @@ Rules:
   failed attempt since (the before-connect hook's rule, io_loop/before_connect.py: ``attempt > 1``
   says the last failed, so log in again rather than reuse a token). ``await serve(conn)`` reads
   until the connection ends (returns, or raises). Then the link connects again with ``Backoff``
-  (io_loop/backoff.py); with ``tries`` failures in a row it gives up: ``FeedFatal``.
+  (io_loop/backoff.py; the loop is the reconnect driver's, io_loop/reconnect.py); with ``tries``
+  failures in a row it gives up: ``FeedFatal``.
 - ``await link.send(frame)`` writes one frame, in the order sends were called. While no
   connection is up it is held (at most ``hold_s``; then ``SendFailed``). A write that raises
   (the connection broke under it) is written again on the next connection (``resend=True``), or
@@ -38,6 +39,7 @@ from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.errors import FeedFatal, ForklessError
 from forkless.io_loop.netaddr import redact_url
 from forkless.io_loop.on_connect import URL_IN_TEXT, HookFailed, guarded_call
+from forkless.io_loop.reconnect import drive
 
 __all__ = ["Relogin", "SendFailed"]
 
@@ -170,31 +172,18 @@ class Relogin:
         self._changed = asyncio.Event()
 
     async def _keep_up(self) -> None:
-        attempt = 0
         try:
-            while True:
-                attempt += 1
-                try:
-                    conn = await guarded_call("connect", lambda _name, n: self._connect(n), self.name, attempt,
-                                              self.connect_timeout_s, lambda c: c)
-                except HookFailed as exc:
-                    self._lost(str(exc), opened=False)
-                    await self._pause(f"{self.name}: {attempt} failed attempts in a row: {exc}")
-                    continue
-                attempt = 0
-                await self._served(conn)
-                await self._pause(f"{self.name}: {self._backoff.failures} lost connections in a row")
+            await drive(_Link(self), self._backoff)
         finally:
             conn, self._conn = self._conn, None
             self._state_changed()
             if conn is not None:
                 await self._close(conn)
 
-    async def _served(self, conn: Any) -> None:
-        """One connection: up, served until it ends, closed."""
+    async def _served(self, conn: Any) -> str:
+        """One connection: up, served until it ends, closed; why it ended."""
         self._conn = conn
         self.connections += 1
-        self._backoff.connected(time.monotonic())
         if self._ctx is not None:
             self._ctx.connection_opened()
         self._state_changed()
@@ -206,9 +195,9 @@ class Relogin:
         finally:
             self._conn = None
             self._state_changed()
-            self._backoff.disconnected(time.monotonic())
             await self._close(conn)  # also when cancelled (the end of the async with)
         self._lost(f"the connection ended: {reason}", opened=True)
+        return reason
 
     def _lost(self, reason: str, *, opened: bool) -> None:
         if self._ctx is not None:
@@ -219,14 +208,11 @@ class Relogin:
                 self._ctx.connect_failed(reason)
         self._log("connecting again", reason)
 
-    async def _pause(self, giving_up: str) -> None:
-        delay = self._backoff.failed()
-        if delay is None:
-            self._fatal = FeedFatal(f"giving up: {giving_up}")
-            log.error("%s", self._fatal)
-            self._state_changed()
-            raise self._fatal
-        await asyncio.sleep(delay)
+    def _give_up(self, giving_up: str) -> FeedFatal:
+        self._fatal = FeedFatal(f"giving up: {giving_up}")
+        log.error("%s", self._fatal)
+        self._state_changed()
+        return self._fatal
 
     async def _close(self, conn: Any) -> None:
         close = getattr(conn, "close", None)
@@ -247,3 +233,45 @@ class Relogin:
         self._logged.add(key)
         log.log(logging.WARNING if first else logging.DEBUG, "%s: %s: %s%s", self.name, what, reason,
                 "" if not first else " (logged once per reason)")
+
+
+class _Link:
+    """A ``Relogin``'s side of the reconnect driver (io_loop/reconnect.py): it connects again until
+    it gives up or the ``async with`` ends; ``attempt`` counts the failed attempts since the start
+    or the last connection served, plus one (the before-connect hook's rule)."""
+
+    failures = (HookFailed,)
+
+    def __init__(self, relogin: Relogin) -> None:
+        self.relogin, self.attempt = relogin, 0
+
+    def more(self) -> bool:
+        return True
+
+    async def connect(self) -> Any:
+        self.attempt += 1
+        relogin = self.relogin
+        return await guarded_call("connect", lambda _name, n: relogin._connect(n), relogin.name, self.attempt,
+                                  relogin.connect_timeout_s, lambda c: c)
+
+    def attempt_failed(self, exc: BaseException) -> str:
+        self.relogin._lost(str(exc), opened=False)
+        return str(exc)
+
+    def retrying(self, reason: str, delay: float) -> None:
+        pass  # logged by _lost, once per reason
+
+    async def serve(self, conn: Any) -> str:
+        self.attempt = 0
+        return await self.relogin._served(conn)
+
+    def reconnecting(self, reason: str, delay: float) -> None:
+        pass  # counted and logged by _served
+
+    def gave_up(self, reason: str, failures: int, lost: bool) -> FeedFatal:
+        name = self.relogin.name
+        return self.relogin._give_up(f"{name}: {failures} lost connections in a row" if lost
+                                     else f"{name}: {self.attempt} failed attempts in a row: {reason}")
+
+    async def pause(self, delay: float) -> None:
+        await asyncio.sleep(delay)

@@ -98,6 +98,7 @@ IO = [
     "io_loop/loopthread.py",
     "io_loop/portal.py",
     "io_loop/portalqueue.py",
+    "io_loop/reconnect.py",
     "io_loop/relogin.py",
     "io_loop/deployment.py",
     "io_loop/leases.py",

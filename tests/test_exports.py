@@ -98,6 +98,15 @@ INTERNAL = {
     "forkless.io_loop.natsconn.NatsConnectFailed":
         "one failed attempt to reach NATS: tried again, then given up with FeedFatal (a feed, the relay) or "
         "StoreError (the checkpoint store)",
+    "forkless.io_loop.natsconn.NatsError":
+        "nats-py's failure mapped at the edge (mapped_nats_errors): its users catch it and end the connection, "
+        "fail the attempt (NatsConnectFailed) or report a --check problem",
+    "forkless.io_loop.natsconn.NatsNotFound":
+        "a NatsError: what the server does not hold, caught where it is asked for",
+    "forkless.io_loop.natsconn.NatsUnavailable":
+        "a NatsError: JetStream not answering, caught where it is asked (a failed attempt, a --check problem)",
+    "forkless.io_loop.natsconn.NatsApiError":
+        "a NatsError: another JetStream API error, caught as a NatsError",
     "forkless.io_loop.on_connect.HookFailed":
         "an on_connect hook that failed: the connection attempt fails and is tried again",
     "forkless.io_loop.errors.StopRequested":

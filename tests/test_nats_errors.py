@@ -1,0 +1,71 @@
+"""nats-py's exceptions mapped to ours at one edge (io_loop/natsconn.py ``mapped_nats_errors``),
+against a real nats-server (tests/natsserver.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.harness import UNIT_S
+
+pytest.importorskip("nats", reason="nats-py is not installed (pip install -r requirements-dev.txt)")
+
+LIMIT_S = 10.0 * UNIT_S  # bounds each wait if something hangs; nothing waits this long when it works
+
+
+def _mapped(url: str, body: Any) -> BaseException:
+    """What ``body(nc)`` raised inside ``mapped_nats_errors()`` on a connection to ``url``."""
+    import nats
+    from forkless.io_loop.natsconn import mapped_nats_errors
+
+    async def main() -> BaseException:
+        nc = await nats.connect(url, allow_reconnect=False, connect_timeout=2)
+        try:
+            async with asyncio.timeout(LIMIT_S):
+                with mapped_nats_errors():
+                    await body(nc)
+        except Exception as exc:
+            return exc
+        finally:
+            await nc.close()
+        raise AssertionError("nothing was raised")
+
+    return asyncio.run(main())
+
+
+def test_each_nats_failure_becomes_ours_with_nats_py_s_as_the_cause(nats_server):
+    import nats.errors
+    import nats.js.errors
+    from forkless.io_loop.natsconn import NatsApiError, NatsError, NatsNotFound, NatsUnavailable, describe_error
+
+    async def missing_stream(nc: Any) -> None:
+        await nc.jsm(timeout=2).stream_info("NO_SUCH_STREAM")
+
+    async def no_responders(nc: Any) -> None:
+        await nc.request("nobody.listens", b"", timeout=2)
+
+    async def bad_request(nc: Any) -> None:
+        await nc.jsm(timeout=2).add_stream(name="BAD", subjects=["bad.>"], max_msgs_per_subject=-5, num_replicas=7)
+
+    async def closed(nc: Any) -> None:
+        await nc.close()
+        await nc.publish("x", b"")
+
+    exc = _mapped(nats_server.url, missing_stream)
+    assert type(exc) is NatsNotFound and isinstance(exc.__cause__, nats.js.errors.NotFoundError)
+    assert str(exc).startswith("NotFoundError: ") and describe_error(exc) == describe_error(exc.__cause__)
+    exc = _mapped(nats_server.url, no_responders)
+    assert type(exc) is NatsUnavailable and isinstance(exc.__cause__, nats.errors.NoRespondersError)
+    exc = _mapped(nats_server.url, bad_request)
+    assert type(exc) is NatsApiError and isinstance(exc.__cause__, nats.js.errors.APIError)
+    exc = _mapped(nats_server.url, closed)
+    assert type(exc) is NatsError and isinstance(exc.__cause__, nats.errors.ConnectionClosedError)
+
+
+def test_other_exceptions_pass_through_unmapped():
+    from forkless.io_loop.natsconn import mapped_nats_errors
+
+    with pytest.raises(KeyError), mapped_nats_errors():
+        raise KeyError("a bug")
