@@ -47,6 +47,7 @@ import aiohttp
 from forkless.io_loop import aiohttp_compat
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.before_connect import BeforeConnect, call_before_connect
+from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.connect import (
     ConnectFailed,
     HandshakeRefused,
@@ -99,7 +100,7 @@ async def pause_before_reconnect(delay: float, ended: Callable[[], bool]) -> Non
         await asyncio.sleep(min(left, 0.05))
 
 
-class WebSocketSource:
+class WebSocketSource(SourceCapabilities):
     """The built-in WebSocket feed as a ``Source`` (io_loop/source.py; see the module rules):
     connects to ``feed.url`` (or ``url``: the embedded demo feed's address) and serves
     connections until stopped and drained. ``on_connect`` computes frames to send first on each

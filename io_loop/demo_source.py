@@ -22,6 +22,7 @@ import dataclasses
 import logging
 
 from forkless.io_loop.before_connect import BeforeConnect
+from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.client import WebSocketSource
 from forkless.io_loop.connect import shown_target
 from forkless.io_loop.demo_feed import DemoFeed
@@ -37,7 +38,7 @@ STOP_CLEANUP_S = 0.2  # how long stopping the server may take once the source wa
 REPLIES_WAIT_S = 2.0  # how long the stop waits for the replies to what the server sent (at most)
 
 
-class DemoSource:
+class DemoSource(SourceCapabilities):
     """The demo feed's server and its WebSocket source (see the module rules)."""
 
     starts_connected = False  # connected once the WebSocket source's connection is open

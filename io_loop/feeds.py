@@ -36,6 +36,7 @@ from typing import Any
 import janus
 from forkless.io_loop.before_connect import BeforeConnect
 from forkless.io_loop.bridge import Bridge
+from forkless.io_loop.capabilities import capability
 from forkless.io_loop.client import WebSocketSource
 from forkless.io_loop.counters import FeedSnapshot, IOStats
 from forkless.io_loop.crossing import Outgoing, count_unsent
@@ -116,7 +117,7 @@ def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDe
     handed what the restored checkpoint recorded for it. The feed set calls only this."""
     source = feed_source(spec, settings, sources=sources, on_connect=on_connect, before_connect=before_connect,
                          fence=fence)
-    return SourceRunner(source, settings, codec, IOStats(source=getattr(source, "figures", None)), spec,
+    return SourceRunner(source, settings, codec, IOStats(source=capability(source, "figures")), spec,
                         inbound=inbound, outbox=outbox, index=index, resume=positions.get(spec.name))
 
 
@@ -142,8 +143,9 @@ class FeedSet:
                         positions=positions or {}, on_connect=on_connect, before_connect=before_connect, fence=fence)
             for i, spec in enumerate(self.specs)]
         # the embedded demo feed (io_loop/demo_feed.py's DemoFeed) when it runs: a built-in source's
-        self.demo: Any = next((client.source.demo for client in self.clients
-                               if client.feed.name not in sources and hasattr(client.source, "demo")), None)
+        self.demo: Any = next((capability(client.source, "demo") for client in self.clients
+                               if client.feed.name not in sources and capability(client.source, "demo") is not None),
+                              None)
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0
 

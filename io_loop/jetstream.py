@@ -70,6 +70,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.client import End, Outcome, pause_before_reconnect
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.errors import FeedFatal, PositionLost
@@ -136,7 +137,7 @@ def _same_time(created: Any, recorded: str) -> bool:
         return _when(created) == recorded
 
 
-class JetStreamSource:
+class JetStreamSource(SourceCapabilities):
     """One JetStream feed as a ``Source`` (io_loop/source.py; see the module rules), run by a
     ``SourceRunner`` exactly as a user's source is. ``fence``: a partitioned instance's leases.
     Its position figures are ``figures`` (the runner's ``stats.source``); it resumes from
