@@ -58,6 +58,7 @@ from forkless.io_loop.connect import (
     short,
     shown_target,
 )
+from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.on_connect import HookFailed, OnConnect, call_hook
 from forkless.io_loop.settings import FeedSpec, IOSettings
@@ -132,6 +133,12 @@ class WebSocketSource(SourceCapabilities):
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
         self._last_failure = ""  # the last failed attempt's reason, for the retry's warning
+
+    async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
+        """``--check``'s try of the feed: one connection (io_loop/probe.py's ``probe_websocket``)."""
+        from forkless.io_loop.probe import probe_websocket  # only --check probes: a run never loads the probe
+
+        await probe_websocket(self.settings, codec, self.url, say, self.feed)
 
     # ---- the connection loop ----------------------------------------------------------------
 

@@ -75,7 +75,7 @@ from forkless.io_loop.client import End, Outcome, pause_before_reconnect
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.errors import FeedFatal, PositionLost
 from forkless.io_loop.jsconsumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
-from forkless.io_loop.jsprobe import check_partitions
+from forkless.io_loop.jsprobe import check_partitions, probe_jetstream
 from forkless.io_loop.jspublish import ReplyPublisher
 from forkless.io_loop.nats_compat import RawClient
 from forkless.io_loop.natsconn import (
@@ -206,6 +206,14 @@ class JetStreamSource(SourceCapabilities):
                         delay)
             ctx.reconnecting()
             await pause_before_reconnect(delay, ended)
+
+    async def probe(self, codec: Any, say: Callable[[str], None], *, dedupe_window_s: float = 180.0) -> None:
+        """``--check``'s try of the feed: its server, stream and results stream (io_loop/jsprobe.py)."""
+        from forkless.io_loop.probe import ProbeFailed  # only --check probes: a run never loads the probe
+
+        problems = await probe_jetstream(self.settings, self.feed, say, dedupe_window_s)
+        if problems:
+            raise ProbeFailed("; ".join(problems))
 
     async def before_stop(self, ctx: SourceContext) -> None:
         """The stop begins: the reader stops taking messages, none lost half handed over (a reader

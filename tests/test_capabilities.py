@@ -36,7 +36,7 @@ class Declared(SourceCapabilities):
 
 def test_a_source_that_declares_nothing_reads_every_default_as_a_subclass_does() -> None:
     assert set(CAPABILITIES) == {"replies", "required", "starts_connected", "replayable", "overflow", "buffer",
-                                 "figures", "before_stop", "awaiting", "demo"}
+                                 "figures", "before_stop", "awaiting", "demo", "probe"}
     for name in CAPABILITIES:
         assert capability(Bare(), name) == capability(Declared(), name) == DEFAULTS[name], name
 
@@ -97,3 +97,31 @@ def test_every_capability_is_documented_on_its_page() -> None:
     page = (ROOT / "docs/embedding/capabilities.md").read_text()
     missing = [name for name in CAPABILITIES if f"`{name}" not in page]
     assert not missing, f"docs/embedding/capabilities.md does not document {missing}"
+
+
+def test_check_asks_each_built_in_source_to_probe_itself_and_switches_on_no_kind() -> None:
+    from forkless.io_loop.settings import FeedSpec
+
+    settings = Config().io_settings()
+    assert callable(capability(WebSocketSource(settings, FeedSpec("f", "ws://127.0.0.1:1/feed")), "probe"))
+    assert callable(capability(DemoSource(settings, FeedSpec("demo", "")), "probe"))
+    assert "probe" in vars(pytest.importorskip("forkless.io_loop.jetstream").JetStreamSource)
+    text = (ROOT / "io_loop/probe.py").read_text()
+    kinds = [word for word in ("jetstream", "uses_demo_feed", "DemoFeed", "demo_feed") if word in text]
+    assert not kinds, f"io_loop/probe.py switches on the feed's kind ({kinds}): ask the source's probe()"
+
+
+def test_check_of_the_demo_feed_says_what_it_did_and_leaves_the_demo_logger_s_level_as_it_was() -> None:
+    import logging
+
+    from forkless.controller.codec import JsonCodec
+    from forkless.io_loop.probe import probe_feed
+
+    demo_log = logging.getLogger("forkless.demo_feed")
+    before = demo_log.level
+    config = Config()
+    lines: list[str] = []
+    probe_feed(config.io_settings(), JsonCodec(config.features), lines.append)
+    assert lines[0].startswith("  FORKLESS_WS_URL is unset: started the embedded demo feed on ")
+    assert lines[-1] == "  closed the connection (code 1000)"
+    assert demo_log.level == before
