@@ -26,6 +26,7 @@ from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.before_connect import BeforeConnect
 from forkless.io_loop.capabilities import capability
 from forkless.io_loop.counters import IOSnapshot, IOStats
+from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.finishing import declared_awaiting
 from forkless.io_loop.on_connect import OnConnect
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec
@@ -195,6 +196,8 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
     settings = config.io_settings()
     if plan is not None:
         settings = dataclasses.replace(settings, feed_specs=plan.specs, uses_demo_feed=plan.uses_demo_feed)
-    return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render,
-                    on_connect=on_connect, before_connect=before_connect, positions=positions,
-                    sources=plan.sources if plan is not None else None, fence=fence)
+    # every feed's source built here, the composition root: the hooks and the fence go straight to them
+    sources = feed_sources(settings, sources=plan.sources if plan is not None else None, on_connect=on_connect,
+                           before_connect=before_connect, fence=fence)
+    return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render, sources=sources,
+                    positions=positions)

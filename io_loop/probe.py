@@ -5,7 +5,7 @@ Rules:
   through ``say`` and returns. The exit status each failure maps to is the preflight's
   business (controller/check.py), not this module's.
 - The feed probe asks each feed's source to try itself (its ``probe``, io_loop/capabilities.py),
-  the source made where every feed's is (io_loop/feeds.py's ``feed_source``): this module knows
+  the sources made as every run's are (io_loop/feeds.py's ``feed_sources``): this module knows
   no kind of feed. A WebSocket feed's (io_loop/client.py) is ``probe_websocket``: ONE connection
   with the configured TLS, headers, token and timeouts (io_loop/connect.py, the same code the
   client uses), a brief wait for a first frame, a close with 1000. A JetStream feed's connects to
@@ -42,7 +42,7 @@ from forkless.io_loop.connect import (
     shown_target,
 )
 from forkless.io_loop.decoding import FrameDecoder
-from forkless.io_loop.feeds import feed_source
+from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.loopthread import run_in_thread
 from forkless.io_loop.netaddr import parse_host_port, unix_address, unix_label
 from forkless.io_loop.settings import FeedSpec, IOSettings
@@ -100,7 +100,7 @@ async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[
                       dedupe_window_s: float = 180.0) -> None:
     feeds = settings.feed_specs
     # each feed's source, from the one place a feed's kind is decided: the source probes itself
-    sources = [feed_source(feed, settings, sources={}, on_connect=None, before_connect=None) for feed in feeds]
+    sources = feed_sources(settings)
     if len(feeds) == 1:
         await _probe_source(sources[0], codec, say, dedupe_window_s)
         return
