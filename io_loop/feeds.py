@@ -146,8 +146,6 @@ class FeedSet:
             feed_client(spec, i, settings, codec, source, inbound=bridge.inbound,
                         outbox=self.outboxes[i] if routed else bridge.outbound, positions=positions or {})
             for i, (spec, source) in enumerate(zip(self.specs, sources, strict=True))]
-        # the embedded demo feed (io_loop/demo_feed.py's DemoFeed) when it runs: the one feed's built-in source's
-        self.demo: Any = capability(self.clients[0].source, "demo") if settings.uses_demo_feed else None
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0
 

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from forkless.io_loop.bridge import Bridge, MainSide
+from forkless.io_loop.capabilities import capability
 from forkless.io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
 from forkless.io_loop.crossing import Origin, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
@@ -124,8 +125,9 @@ class IOThread:
 
     @property
     def demo(self) -> DemoFeed | None:
-        """The embedded demo feed (its ``summary()``), or None when it does not run."""
-        return self._feeds.demo if self._feeds is not None else None
+        """The embedded demo feed (its ``summary()``), or None when it does not run: the ``demo``
+        capability of the one source it was handed (io_loop/demo_source.py's), from the start."""
+        return capability(self._sources[0], "demo") if self.settings.uses_demo_feed else None
 
     @property
     def alive(self) -> bool:

@@ -72,3 +72,10 @@ def test_neither_the_io_thread_nor_the_feed_set_carries_hooks_or_the_fence() -> 
     for cls in (IOThread, FeedSet):
         carried = {"on_connect", "before_connect", "fence"} & set(inspect.signature(cls).parameters)
         assert not carried, f"{cls.__name__} carries {carried}: hand them to the sources at the composition root"
+
+
+def test_the_demo_feed_is_the_io_thread_s_own_source_s_from_the_start_not_the_feed_set_s() -> None:
+    settings = Config().io_settings()
+    sources = feed_sources(settings)
+    io = IOThread(settings, JsonCodec(4), IOStats(), sources=sources)
+    assert io.demo is sources[0].demo is not None  # one hop: the source the thread was handed
