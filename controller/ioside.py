@@ -24,7 +24,9 @@ from forkless.controller.codec import Codec
 from forkless.controller.config import Config
 from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.before_connect import BeforeConnect
+from forkless.io_loop.capabilities import capability
 from forkless.io_loop.counters import IOSnapshot, IOStats
+from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.finishing import declared_awaiting
 from forkless.io_loop.on_connect import OnConnect
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec
@@ -96,14 +98,14 @@ def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: boo
             names = ", ".join(sorted(spec.name for spec in configured)) or "none"
             raise ValueError(f"two feeds or sources are named {name!r}: each source needs a name of its own "
                              f"(the configured feeds are {names})")
-        replies = getattr(source, "replies", "all")
+        replies = capability(source, "replies")
         if replies not in REPLY_POLICIES:
             raise ValueError(f"source {name!r} has replies={replies!r}; expected one of {', '.join(REPLY_POLICIES)}")
         declared_policy(source, name)  # its own overflow and buffer, checked (io_loop/spill.py)
         declared_awaiting(source, name)  # what it awaits at the stop, a method (io_loop/finishing.py)
         taken.add(name)
         by_name[name] = source
-        specs.append(FeedSpec(name, "", replies=replies, required=bool(getattr(source, "required", True))))
+        specs.append(FeedSpec(name, "", replies=replies, required=bool(capability(source, "required"))))
     return FeedPlan(tuple(specs), by_name, False)
 
 
@@ -194,6 +196,8 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
     settings = config.io_settings()
     if plan is not None:
         settings = dataclasses.replace(settings, feed_specs=plan.specs, uses_demo_feed=plan.uses_demo_feed)
-    return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render,
-                    on_connect=on_connect, before_connect=before_connect, positions=positions,
-                    sources=plan.sources if plan is not None else None, fence=fence)
+    # every feed's source built here, the composition root: the hooks and the fence go straight to them
+    sources = feed_sources(settings, sources=plan.sources if plan is not None else None, on_connect=on_connect,
+                           before_connect=before_connect, fence=fence)
+    return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render, sources=sources,
+                    positions=positions)

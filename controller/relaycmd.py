@@ -48,6 +48,7 @@ from forkless.controller.queues import POLL_S, STOP_RESERVE_S
 from forkless.controller.vardocs import help_text
 from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, FeedFatal, ForklessError
+from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.thread import IOThread
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -148,7 +149,7 @@ class Relay:
         codec = JsonCodec(config.features, max_frame_items=config.max_frame_items, dtype=np.float64)
         render = exposition(self.view, families=relay_metric_families) if config.metrics_addr else None
         self.io = IOThread(io_settings, codec, self.io_stats, stats_snapshot=self.view, render_metrics=render,
-                           sink=self.publisher)
+                           sources=feed_sources(io_settings), sink=self.publisher)
         self._print = out if out is not None else (lambda line: print(line, flush=True))
         self._stop = threading.Event()
         self._deadline: float | None = None

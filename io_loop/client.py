@@ -47,6 +47,7 @@ import aiohttp
 from forkless.io_loop import aiohttp_compat
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.before_connect import BeforeConnect, call_before_connect
+from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.connect import (
     ConnectFailed,
     HandshakeRefused,
@@ -57,6 +58,7 @@ from forkless.io_loop.connect import (
     short,
     shown_target,
 )
+from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.on_connect import HookFailed, OnConnect, call_hook
 from forkless.io_loop.reconnect import drive
@@ -100,7 +102,7 @@ async def pause_before_reconnect(delay: float, ended: Callable[[], bool]) -> Non
         await asyncio.sleep(min(left, 0.05))
 
 
-class WebSocketSource:
+class WebSocketSource(SourceCapabilities):
     """The built-in WebSocket feed as a ``Source`` (io_loop/source.py; see the module rules):
     connects to ``feed.url`` (or ``url``: the embedded demo feed's address) and serves
     connections until stopped and drained. ``on_connect`` computes frames to send first on each
@@ -131,6 +133,12 @@ class WebSocketSource:
         self._last_frame_at = 0.0
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
+
+    async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
+        """``--check``'s try of the feed: one connection (io_loop/probe.py's ``probe_websocket``)."""
+        from forkless.io_loop.probe import probe_websocket  # only --check probes: a run never loads the probe
+
+        await probe_websocket(self.settings, codec, self.url, say, self.feed)
 
     # ---- the connection loop ----------------------------------------------------------------
 

@@ -11,6 +11,9 @@ Rules:
 - The stop (``before_stop``, before ``ctx.stopping`` is set): the server stops sending, the frames
   already on the loopback wire are answered (when the feed is sent replies), then the source stops
   reading as any source does; so the demo's tally is complete.
+- ``--check`` (``probe``): the server started, one connection to it (io_loop/probe.py's
+  ``probe_websocket``), the server stopped; its per-connection INFO lines are held back meanwhile
+  (the demo feed logger's level is restored after).
 - Imported only when the demo feed runs: the server and aiohttp's web side cost 3.7 MiB of resident
   memory a real deployment never uses (measured 2026-11-30, /proc/self/statm).
 """
@@ -20,11 +23,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 
 from forkless.io_loop.before_connect import BeforeConnect
+from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.client import WebSocketSource
 from forkless.io_loop.connect import shown_target
+from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.demo_feed import DemoFeed
+from forkless.io_loop.demo_feed import log as demo_log
 from forkless.io_loop.on_connect import OnConnect
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.source import SourceContext
@@ -37,7 +44,7 @@ STOP_CLEANUP_S = 0.2  # how long stopping the server may take once the source wa
 REPLIES_WAIT_S = 2.0  # how long the stop waits for the replies to what the server sent (at most)
 
 
-class DemoSource:
+class DemoSource(SourceCapabilities):
     """The demo feed's server and its WebSocket source (see the module rules)."""
 
     starts_connected = False  # connected once the WebSocket source's connection is open
@@ -72,6 +79,28 @@ class DemoSource:
                     await self.demo.stop()
             except TimeoutError:
                 log.warning("the demo feed's server did not stop within %.1fs", STOP_CLEANUP_S)
+
+    async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
+        """``--check``'s try of the demo feed: its server started, one connection to it, the server stopped."""
+        from forkless.io_loop.probe import ProbeFailed, probe_websocket  # only --check probes: a run never loads it
+
+        cfg = self.settings
+        level = demo_log.level  # its per-connection INFO lines would only clutter the check's own report
+        demo_log.setLevel(logging.WARNING)  # "forkless.demo_feed" (the module name is not the logger's)
+        try:
+            try:
+                url = await self.demo.start()
+            except OSError as exc:
+                where = (f"FORKLESS_DEMO_UNIX_SOCKET={cfg.demo_unix_socket}" if cfg.demo_unix_socket
+                         else "loopback TCP")
+                raise ProbeFailed(f"cannot serve the demo feed on {where}: {exc.strerror or exc}") from None
+            say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on "
+                f"{shown_target(url, self.demo.unix_socket)}")
+            feed = dataclasses.replace(self.feed, unix_socket=self.demo.unix_socket)
+            await probe_websocket(cfg, codec, url, say, feed)
+        finally:
+            await self.demo.stop()
+            demo_log.setLevel(level)
 
     async def before_stop(self, ctx: SourceContext) -> None:
         """Let what the demo feed already sent be answered; then the source stops reading as any does."""

@@ -5,9 +5,12 @@ Rules:
 - Every feed is a ``Source`` (io_loop/source.py) run by a ``SourceRunner``: a user's own, the
   WebSocket feed's (io_loop/client.py), the embedded demo feed's (io_loop/demo_source.py),
   the JetStream feed's (io_loop/jetstream.py). ``feed_source`` is the one place a feed's kind is
-  decided, from the configuration, and ``feed_client`` the only call the feed set makes for a
-  feed. Each has its own connection, reconnect/backoff, heartbeat, stale watchdog,
-  subscribe-on-connect, unsent-reply buffer and counters (its own ``IOStats``). All of them put their chunks on the one
+  decided, from the configuration; ``feed_sources`` makes every feed's, called by the composition
+  root (controller/ioside.py, the relay, ``--check``), which hands the hooks and a partitioned
+  feed's lease fence straight to the sources: the IO thread and the feed set are handed the
+  sources ready made, and ``feed_client`` is the only call the feed set makes for a feed. Each
+  has its own connection, reconnect/backoff, heartbeat, stale watchdog, subscribe-on-connect,
+  unsent-reply buffer and counters (its own ``IOStats``). All of them put their chunks on the one
   inbound queue, stamped with the feed's index, so one micro-batch may mix feeds.
 - Replies: with one feed, its client writes straight from the bridge's outbound queue (no
   extra hop). With several, the router task takes each ``Outgoing`` from outbound (a batch
@@ -30,12 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import janus
 from forkless.io_loop.before_connect import BeforeConnect
 from forkless.io_loop.bridge import Bridge
+from forkless.io_loop.capabilities import capability
 from forkless.io_loop.client import WebSocketSource
 from forkless.io_loop.counters import FeedSnapshot, IOStats
 from forkless.io_loop.crossing import Outgoing, count_unsent
@@ -45,7 +49,7 @@ from forkless.io_loop.on_connect import OnConnect
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.source import Source, SourceRunner
 
-__all__ = ["FeedSet", "Outbox", "feed_client", "feed_source"]
+__all__ = ["FeedSet", "Outbox", "feed_client", "feed_source", "feed_sources"]
 
 log = logging.getLogger("forkless.feeds")
 
@@ -109,41 +113,39 @@ def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, S
     return WebSocketSource(settings, spec, on_connect=on_connect, before_connect=before_connect)
 
 
-def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDecoder, *, inbound: Any, outbox: Any,
-                sources: Mapping[str, Source], positions: Mapping[str, Any], on_connect: OnConnect | None,
-                before_connect: BeforeConnect | None, fence: Callable[[], bool] | None) -> SourceRunner:
-    """The IO side of one configured feed: a ``SourceRunner`` for its source (``feed_source``),
-    handed what the restored checkpoint recorded for it. The feed set calls only this."""
-    source = feed_source(spec, settings, sources=sources, on_connect=on_connect, before_connect=before_connect,
-                         fence=fence)
-    return SourceRunner(source, settings, codec, IOStats(source=getattr(source, "figures", None)), spec,
+def feed_sources(settings: IOSettings, *, sources: Mapping[str, Source] | None = None,
+                 on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
+                 fence: Callable[[], bool] | None = None) -> list[Source]:
+    """Every configured feed's source, one per ``settings.feed_specs`` (``feed_source``), for the
+    composition root to hand the IO thread."""
+    return [feed_source(spec, settings, sources=sources or {}, on_connect=on_connect, before_connect=before_connect,
+                        fence=fence) for spec in settings.feed_specs]
+
+
+def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDecoder, source: Source, *,
+                inbound: Any, outbox: Any, positions: Mapping[str, Any]) -> SourceRunner:
+    """The IO side of one configured feed: a ``SourceRunner`` for its ready source, handed what
+    the restored checkpoint recorded for it. The feed set calls only this."""
+    return SourceRunner(source, settings, codec, IOStats(source=capability(source, "figures")), spec,
                         inbound=inbound, outbox=outbox, index=index, resume=positions.get(spec.name))
 
 
 class FeedSet:
     """The feeds of one IO thread (see the module rules): each feed's client from ``feed_client``
-    (a ``SourceRunner`` for each feed's source); ``on_connect`` and ``before_connect`` are every
-    WebSocket feed's hooks."""
+    (a ``SourceRunner`` for each feed's ready source, ``sources`` one per ``settings.feed_specs``)."""
 
-    def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, *,
-                 on_connect: OnConnect | None = None,
-                 before_connect: BeforeConnect | None = None, positions: Mapping[str, Any] | None = None,
-                 sources: Mapping[str, Source] | None = None, fence: Callable[[], bool] | None = None) -> None:
+    def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, sources: Sequence[Source], *,
+                 positions: Mapping[str, Any] | None = None) -> None:
         self.settings = settings
         self.bridge = bridge
         self.specs = settings.feed_specs
         self.given_up = [""] * len(self.specs)
         routed = len(self.specs) > 1
         self.outboxes: list[Outbox] = [Outbox() for _ in self.specs] if routed else []
-        sources = sources or {}
         self.clients: list[SourceRunner] = [
-            feed_client(spec, i, settings, codec, inbound=bridge.inbound,
-                        outbox=self.outboxes[i] if routed else bridge.outbound, sources=sources,
-                        positions=positions or {}, on_connect=on_connect, before_connect=before_connect, fence=fence)
-            for i, spec in enumerate(self.specs)]
-        # the embedded demo feed (io_loop/demo_feed.py's DemoFeed) when it runs: a built-in source's
-        self.demo: Any = next((client.source.demo for client in self.clients
-                               if client.feed.name not in sources and hasattr(client.source, "demo")), None)
+            feed_client(spec, i, settings, codec, source, inbound=bridge.inbound,
+                        outbox=self.outboxes[i] if routed else bridge.outbound, positions=positions or {})
+            for i, (spec, source) in enumerate(zip(self.specs, sources, strict=True))]
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0
 

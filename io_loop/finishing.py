@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from forkless.io_loop.capabilities import capability
+
 __all__ = ["AWAIT_POLL_S", "DEADLINE_REASON", "ENDED_REASON", "declared_awaiting", "finish_awaited"]
 
 log = logging.getLogger("forkless.source")
@@ -42,7 +44,7 @@ ENDED_REASON = "source ended"
 
 def declared_awaiting(source: Any, name: str) -> Callable[[], Any] | None:
     """The source's ``awaiting`` (None: it declares none); ``TypeError`` when it is no method."""
-    awaiting = getattr(source, "awaiting", None)
+    awaiting = capability(source, "awaiting")
     if awaiting is not None and not callable(awaiting):
         raise TypeError(f"source {name!r} declares awaiting = {awaiting!r}: a method, awaiting(), returning how many "
                         "replies it still awaits (an int >= 0), is what the stop asks (docs/embedding/stop.md)")

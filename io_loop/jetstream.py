@@ -69,11 +69,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.client import End, Outcome, pause_before_reconnect
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.errors import FeedFatal, PositionLost
 from forkless.io_loop.jsconsumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
-from forkless.io_loop.jsprobe import check_partitions
+from forkless.io_loop.jsprobe import check_partitions, probe_jetstream
 from forkless.io_loop.jspublish import ReplyPublisher
 from forkless.io_loop.nats_compat import RawClient
 from forkless.io_loop.natsconn import (
@@ -139,7 +140,7 @@ def _same_time(created: Any, recorded: str) -> bool:
         return _when(created) == recorded
 
 
-class JetStreamSource:
+class JetStreamSource(SourceCapabilities):
     """One JetStream feed as a ``Source`` (io_loop/source.py; see the module rules), run by a
     ``SourceRunner`` exactly as a user's source is. ``fence``: a partitioned instance's leases.
     Its position figures are ``figures`` (the runner's ``stats.source``); it resumes from
@@ -180,6 +181,14 @@ class JetStreamSource:
         published (or FeedFatal, PositionLost)."""
         self.consumer = Consumer(self.spec, self.feed.label, self.figures, ctx.resume_from)
         await drive(_Link(self, ctx), Backoff.from_settings(self.settings))
+
+    async def probe(self, codec: Any, say: Callable[[str], None], *, dedupe_window_s: float = 180.0) -> None:
+        """``--check``'s try of the feed: its server, stream and results stream (io_loop/jsprobe.py)."""
+        from forkless.io_loop.probe import ProbeFailed  # only --check probes: a run never loads the probe
+
+        problems = await probe_jetstream(self.settings, self.feed, say, dedupe_window_s)
+        if problems:
+            raise ProbeFailed("; ".join(problems))
 
     async def before_stop(self, ctx: SourceContext) -> None:
         """The stop begins: the reader stops taking messages, none lost half handed over (a reader

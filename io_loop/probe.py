@@ -4,14 +4,16 @@ Rules:
 - Each probe raises ``ProbeFailed(reason)`` with one human sentence, or prints what it found
   through ``say`` and returns. The exit status each failure maps to is the preflight's
   business (controller/check.py), not this module's.
-- The feed probe makes ONE connection per feed with the configured TLS, headers, token and
-  timeouts (io_loop/connect.py, the same code the client uses), waits briefly for a first
-  frame, and closes with 1000. A JetStream feed's probe connects to its server, reads its
-  stream and finds the stream storing its results subject, warning when that stream's
-  duplicate window is shorter than a restart needs (io_loop/jsprobe.py). With several
-  feeds (``FORKLESS_FEEDS``) every feed is probed and the probe fails if any of them does,
-  naming them. When no feed is configured it starts
-  the embedded demo feed and probes that.
+- The feed probe asks each feed's source to try itself (its ``probe``, io_loop/capabilities.py),
+  the sources made as every run's are (io_loop/feeds.py's ``feed_sources``): this module knows
+  no kind of feed. A WebSocket feed's (io_loop/client.py) is ``probe_websocket``: ONE connection
+  with the configured TLS, headers, token and timeouts (io_loop/connect.py, the same code the
+  client uses), a brief wait for a first frame, a close with 1000. A JetStream feed's connects to
+  its server, reads its stream and finds the stream storing its results subject, warning when
+  that stream's duplicate window is shorter than a restart needs (io_loop/jsprobe.py). The
+  embedded demo feed's (io_loop/demo_source.py), when no feed is configured, serves it and
+  connects once. With several feeds (``FORKLESS_FEEDS``) every feed is probed and the probe
+  fails if any of them does, naming them.
 - A feed with a unix-domain socket is probed through it (``new_session``); the demo feed with
   ``FORKLESS_DEMO_UNIX_SOCKET`` serves and is probed on that socket; a metrics address
   ``unix:/path`` is bound and removed as the server would (io_loop/unixsocket.py). No TCP socket
@@ -24,13 +26,12 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import logging
 import socket
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+from forkless.io_loop.capabilities import capability
 from forkless.io_loop.connect import (
     ConnectFailed,
     HandshakeRefused,
@@ -41,14 +42,13 @@ from forkless.io_loop.connect import (
     shown_target,
 )
 from forkless.io_loop.decoding import FrameDecoder
-from forkless.io_loop.demo_feed import DemoFeed
-from forkless.io_loop.demo_feed import log as demo_log
+from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.loopthread import run_in_thread
 from forkless.io_loop.netaddr import parse_host_port, unix_address, unix_label
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.unixsocket import listen_unix
 
-__all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "check_metrics_addr", "probe_feed"]
+__all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "check_metrics_addr", "probe_feed", "probe_websocket"]
 
 FIRST_FRAME_WAIT_S = 2.0
 
@@ -98,59 +98,36 @@ def probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], N
 
 async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None],
                       dedupe_window_s: float = 180.0) -> None:
-    demo = None
-    try:
-        if settings.uses_demo_feed:
-            # its per-connection INFO lines would only clutter the check's own report
-            demo_log.setLevel(logging.WARNING)  # "forkless.demo_feed" (the module name is not the logger's)
-            demo = DemoFeed(rate_hz=settings.demo_rate, streams=settings.demo_streams,
-                            features=settings.features, warmup=settings.demo_warmup,
-                            unix_socket=settings.demo_unix_socket)
-            try:
-                url = await demo.start()
-            except OSError as exc:
-                where = (f"FORKLESS_DEMO_UNIX_SOCKET={settings.demo_unix_socket}" if settings.demo_unix_socket
-                         else "loopback TCP")
-                raise ProbeFailed(f"cannot serve the demo feed on {where}: {exc.strerror or exc}") from None
-            say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on {shown_target(url, demo.unix_socket)}")
-            feed = dataclasses.replace(settings.feed_specs[0], unix_socket=demo.unix_socket)
-            await _connect_once(settings, codec, url, say, feed)
-            return
-        feeds = settings.feed_specs
-        if len(feeds) == 1:
-            await _probe_one(settings, codec, say, feeds[0], dedupe_window_s)
-            return
-        failed = []
-        for feed in feeds:
-            say(f"  {feed.label}{'' if feed.required else ' (not required)'}:")
-            try:
-                await _probe_one(settings, codec, lambda line: say("  " + line), feed, dedupe_window_s)
-            except ProbeFailed as exc:
-                say(f"    FAILED: {exc}")
-                failed.append(f"feed {feed.name!r}")
-        if failed:
-            raise ProbeFailed(f"{len(failed)} of {len(feeds)} feeds failed: {', '.join(failed)} (see above)")
-    finally:
-        if demo is not None:
-            await demo.stop()
-
-
-async def _probe_one(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None], feed: FeedSpec,
-                     dedupe_window_s: float) -> None:
-    """One configured feed: a WebSocket connection, or a JetStream feed's server, stream and results."""
-    if feed.jetstream is None:
-        await _connect_once(settings, codec, feed.url, say, feed)
+    feeds = settings.feed_specs
+    # each feed's source, from the one place a feed's kind is decided: the source probes itself
+    sources = feed_sources(settings)
+    if len(feeds) == 1:
+        await _probe_source(sources[0], codec, say, dedupe_window_s)
         return
-    # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-    from forkless.io_loop.jsprobe import probe_jetstream
+    failed = []
+    for feed, source in zip(feeds, sources):
+        say(f"  {feed.label}{'' if feed.required else ' (not required)'}:")
+        try:
+            await _probe_source(source, codec, lambda line: say("  " + line), dedupe_window_s)
+        except ProbeFailed as exc:
+            say(f"    FAILED: {exc}")
+            failed.append(f"feed {feed.name!r}")
+    if failed:
+        raise ProbeFailed(f"{len(failed)} of {len(feeds)} feeds failed: {', '.join(failed)} (see above)")
 
-    problems = await probe_jetstream(settings, feed, say, dedupe_window_s)
-    if problems:
-        raise ProbeFailed("; ".join(problems))
+
+async def _probe_source(source: Any, codec: FrameDecoder, say: Callable[[str], None], dedupe_window_s: float) -> None:
+    """One feed's source tries itself (its ``probe``, io_loop/capabilities.py); one without is said and passed."""
+    probe = capability(source, "probe")
+    if probe is None:
+        say(f"  source {source.name!r} declares no probe(): not tried")
+        return
+    await probe(codec, say, dedupe_window_s=dedupe_window_s)
 
 
-async def _connect_once(settings: IOSettings, codec: FrameDecoder, url: str, say: Callable[[str], None],
-                        feed: FeedSpec) -> None:
+async def probe_websocket(settings: IOSettings, codec: FrameDecoder, url: str, say: Callable[[str], None],
+                          feed: FeedSpec) -> None:
+    """One WebSocket connection to ``url`` (the feed ``feed``), its first frame described, closed with 1000."""
     shown = shown_target(url, feed.unix_socket)
     headers = handshake_headers(settings, feed)
     if headers:

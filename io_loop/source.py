@@ -69,6 +69,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from forkless.io_loop.capabilities import capability
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events, Origin, Outgoing
 from forkless.io_loop.decoding import FrameDecoder
@@ -94,19 +95,10 @@ class SourceStopped(ForklessError):
 
 @runtime_checkable
 class Source(Protocol):
-    """A source of messages written by the user (see the module rules). Optional attributes:
-    ``replies`` (``"all"``, ``"results"`` or ``"none"``: what the main thread sends back to its
-    messages, default ``"all"``), ``required`` (readiness waits for it, default True),
-    ``starts_connected`` (default True: connected while ``run`` runs unless told otherwise),
-    ``replayable`` (default False; True: never dropped from, see ``FORKLESS_OVERFLOW``),
-    ``overflow`` (``"block"`` or ``"drop_oldest"``: what happens when its own buffer is full,
-    default ``FORKLESS_OVERFLOW``; ``"drop_oldest"`` drops only its own oldest messages and
-    events, counted under its name; refused for a replayable source), ``buffer`` (an int >= 0:
-    messages and events it may hold while the inbound queue is full, its emits not waiting;
-    default ``FORKLESS_SOURCE_BUFFER``),
-    ``figures`` (a ``SourceStats``: the position figures it keeps, shown in its books),
-    ``async before_stop(ctx)`` (called when the orderly stop begins, before ``ctx.stopping``) and
-    ``awaiting()`` (replies it still awaits: the stop takes them until 0, io_loop/finishing.py)."""
+    """A source of messages written by the user (see the module rules): a ``name`` and ``async run(ctx)``.
+    Its optional attributes (``replies``, ``required``, ``starts_connected``, ``replayable``,
+    ``overflow``, ``buffer``, ``figures``, ``before_stop``, ``awaiting``) are declared once, with their
+    defaults, in io_loop/capabilities.py's ``SourceCapabilities`` (subclassing it is optional)."""
 
     name: str
 
@@ -446,7 +438,7 @@ class SourceRunner:
 
     async def run(self) -> None:
         stats = self.stats
-        if getattr(self.source, "starts_connected", True):
+        if capability(self.source, "starts_connected"):
             stats.connected = True
             stats.connects += 1
             stats.state_since = time.time()
@@ -494,13 +486,13 @@ class SourceRunner:
         """The stop: ``before_stop``; ``ctx.stopping``; one that declares ``awaiting()`` hands its replies over
         until it awaits none (io_loop/finishing.py; ``unrouted``: outbound items not yet routed); then the emits
         in progress finish, the hand-over is flushed. ``deadline`` (monotonic) bounds the stop's work."""
-        before_stop = getattr(self.source, "before_stop", None)
+        before_stop = capability(self.source, "before_stop")
         if before_stop is not None and not self.stopping_now:
             try:
                 await before_stop(self.ctx)
             except Exception as exc:  # the source fails as if its run raised it: given up at once
                 self.fail_in_stop(exc, " in before_stop")
-        awaiting = getattr(self.source, "awaiting", None)
+        awaiting = capability(self.source, "awaiting")
         if awaiting is None or self.stopping_now or self._stop_failed is not None:
             self.stopping_now = True  # before anything sees ctx.stopping: no emit is taken from then
         self.ctx.stop_deadline = deadline

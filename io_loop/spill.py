@@ -33,6 +33,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from forkless.io_loop.capabilities import capability
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events
 from forkless.io_loop.settings import DEFAULT_SOURCE_BUFFER
@@ -49,13 +50,13 @@ STOP_REASON = "not processed before the stop"
 def declared_policy(source: Any, name: str) -> tuple[str | None, int | None]:
     """A source's own optional ``overflow`` and ``buffer`` attributes (None where it declares
     none), checked: ``ValueError`` naming the source and the attribute."""
-    overflow = getattr(source, "overflow", None)
+    overflow = capability(source, "overflow")
     if overflow is not None and overflow not in OVERFLOW_POLICIES:
         raise ValueError(f"source {name!r} has overflow={overflow!r}; expected one of {', '.join(OVERFLOW_POLICIES)}")
-    if overflow == "drop_oldest" and getattr(source, "replayable", False):
+    if overflow == "drop_oldest" and capability(source, "replayable"):
         raise ValueError(f"source {name!r} is replayable and has overflow='drop_oldest': a replayable source is "
                          f"never dropped from (a dropped message breaks the exactly-once state); use 'block'")
-    buffer = getattr(source, "buffer", None)
+    buffer = capability(source, "buffer")
     if buffer is not None and (type(buffer) is not int or buffer < 0):
         raise ValueError(f"source {name!r} has buffer={buffer!r}; expected an int >= 0 (messages and events it "
                          f"may hold while the inbound queue is full)")
@@ -72,7 +73,7 @@ def source_policy(source: Any, spec: Any, settings: Any) -> tuple[bool, int]:
         buffer = getattr(spec, "buffer", None)
     if buffer is None:
         buffer = getattr(settings, "source_buffer", DEFAULT_SOURCE_BUFFER)
-    return overflow == "drop_oldest" and not getattr(source, "replayable", False), buffer
+    return overflow == "drop_oldest" and not capability(source, "replayable"), buffer
 
 
 def _sizes(item: Any) -> tuple[int, int]:

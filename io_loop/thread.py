@@ -12,10 +12,10 @@ Rules:
 - The seam: the thread is given what it needs as constructor arguments (its ``IOSettings``,
   the codec's decoding half, its ``IOStats`` to write, ``stats_snapshot``, the controller's
   whole-process snapshot for the health endpoints, ``render_metrics``, the ``/metrics``
-  body, ``on_connect``, the embedder's hook for each new connection: io_loop/on_connect.py,
-  ``before_connect``, its hook for each attempt's URL and headers: io_loop/before_connect.py,
-  ``positions``, where the restored checkpoint left each JetStream feed, and ``fence``, a
-  partitioned feed's lease check before each publication: io_loop/jspublish.py); the main thread learns
+  body, ``sources``, every feed's source ready made, one per ``settings.feed_specs``, by the
+  composition root (io_loop/feeds.py's ``feed_sources``: the hooks and a partitioned feed's lease
+  fence are theirs, never this thread's), ``positions``, where the restored checkpoint left each
+  replayable feed); the main thread learns
   about this side only through ``snapshot()`` (queue depths, unsent
   frames, copied counters), ``cpu_seconds()`` (this thread's CPU clock, which the main thread
   reads around each step: how much of this side's work overlaps the steps) and the bridge's queues.
@@ -33,18 +33,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from forkless.io_loop.before_connect import BeforeConnect
 from forkless.io_loop.bridge import Bridge, MainSide
+from forkless.io_loop.capabilities import capability
 from forkless.io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
 from forkless.io_loop.crossing import Origin, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, PositionLost
 from forkless.io_loop.feeds import FeedSet
 from forkless.io_loop.loopthread import LoopThread
-from forkless.io_loop.on_connect import OnConnect
 from forkless.io_loop.settings import IOSettings
 from forkless.io_loop.source import Source
 
@@ -73,14 +72,14 @@ class IOThread:
     def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, *,
                  stats_snapshot: Callable[[], Any] = lambda: None,
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
-                 on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
-                 positions: Mapping[str, Origin] | None = None, sink: InboundSink | None = None,
-                 sources: Mapping[str, Source] | None = None, name: str = "forkless-io",
-                 fence: Callable[[], bool] | None = None) -> None:
+                 sources: Sequence[Source], positions: Mapping[str, Origin] | None = None,
+                 sink: InboundSink | None = None, name: str = "forkless-io") -> None:
+        if len(sources) != len(settings.feed_specs):
+            raise ValueError(f"IOThread needs one source per feed: {len(settings.feed_specs)} feeds, "
+                             f"{len(sources)} sources (io_loop/feeds.py's feed_sources makes them)")
         self.settings = settings
-        self._fence = fence  # a partitioned feed's leases: False once it may no longer publish
         self._sink = sink
-        self._sources = dict(sources or {})  # the user's own sources, by feed name (io_loop/source.py)
+        self._sources = list(sources)  # every feed's source, ready made (io_loop/feeds.py's feed_sources)
         self.positions = dict(positions or {})  # JetStream feeds' restored positions, by feed name
         self.codec = codec
         self.stats = stats
@@ -88,8 +87,6 @@ class IOThread:
         self.metrics_url: str | None = None
         self._stats_snapshot = stats_snapshot
         self._render_metrics = render_metrics
-        self._on_connect = on_connect
-        self._before_connect = before_connect
         self._feeds: FeedSet | None = None
         # the thread and its loop (io_loop/loopthread.py); what _main leaves running is cancelled at
         # its end, briefly: _main has ended every task it made
@@ -128,8 +125,9 @@ class IOThread:
 
     @property
     def demo(self) -> DemoFeed | None:
-        """The embedded demo feed (its ``summary()``), or None when it does not run."""
-        return self._feeds.demo if self._feeds is not None else None
+        """The embedded demo feed (its ``summary()``), or None when it does not run: the ``demo``
+        capability of the one source it was handed (io_loop/demo_source.py's), from the start."""
+        return capability(self._sources[0], "demo") if self.settings.uses_demo_feed else None
 
     @property
     def alive(self) -> bool:
@@ -184,9 +182,7 @@ class IOThread:
         background: list[asyncio.Task] = []
         metrics = None
         try:
-            self._feeds = FeedSet(cfg, self.codec, bridge, on_connect=self._on_connect,
-                                  before_connect=self._before_connect, positions=self.positions,
-                                  sources=self._sources, fence=self._fence)
+            self._feeds = FeedSet(cfg, self.codec, bridge, self._sources, positions=self.positions)
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:

@@ -58,6 +58,7 @@ CORE = [
     "controller/variables.py",
     "io_loop/__init__.py",
     "io_loop/backoff.py",
+    "io_loop/capabilities.py",
     "io_loop/counters.py",
     "io_loop/crossing.py",
     "io_loop/decoding.py",

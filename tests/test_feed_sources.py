@@ -1,0 +1,81 @@
+"""Sources are built at the composition root (issue 47): the configuration builds every feed's
+source ready made (io_loop/feeds.py's ``feed_sources``), and the IO thread is handed the list; the
+hooks and a partitioned feed's lease fence go straight to the sources, never through the IO thread
+or the feed set."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import pytest
+from forkless.controller.codec import JsonCodec
+from forkless.controller.config import Config
+from forkless.io_loop.client import WebSocketSource
+from forkless.io_loop.counters import IOStats
+from forkless.io_loop.crossing import Events
+from forkless.io_loop.demo_source import DemoSource
+from forkless.io_loop.feeds import FeedSet, feed_sources
+from forkless.io_loop.settings import FeedSpec
+from forkless.io_loop.thread import IOThread
+
+from tests.harness import UNIT_S
+
+pytestmark = pytest.mark.timeout(60 * UNIT_S)
+
+
+class Greeter:
+    """A user's source that subclasses nothing: one event, then it has no more."""
+
+    name = "mine"
+
+    async def run(self, ctx: Any) -> None:
+        await ctx.emit_event({"hello": id(self)})
+
+
+def test_the_io_thread_runs_the_very_sources_it_is_handed() -> None:
+    settings = dataclasses.replace(Config().io_settings(), feed_specs=(FeedSpec("mine", ""),), uses_demo_feed=False)
+    source = Greeter()
+    io = IOThread(settings, JsonCodec(4), IOStats(), sources=[source])
+    side = io.start()
+    try:
+        item = side.inbound.get(timeout=30 * UNIT_S)
+        assert isinstance(item, Events) and item.items == [{"hello": id(source)}]
+    finally:
+        io.abort()
+        assert io.join(30 * UNIT_S)
+
+
+def test_the_io_thread_refuses_sources_that_are_not_one_per_feed() -> None:
+    settings = Config().io_settings()
+    with pytest.raises(ValueError, match="IOThread needs one source per feed: 1 feeds, 0 sources"):
+        IOThread(settings, JsonCodec(4), IOStats(), sources=[])
+
+
+def test_the_configuration_builds_each_feed_s_source_with_its_hooks() -> None:
+    async def hook(feed: str, connection: Any) -> list[str]:
+        return []
+
+    demo = feed_sources(Config().io_settings(), on_connect=hook)
+    assert [type(source) for source in demo] == [DemoSource]
+    two = Config(feeds='[{"name": "a", "url": "ws://127.0.0.1:1/a"}, {"name": "b", "url": "ws://127.0.0.1:1/b"}]')
+    sources = feed_sources(two.io_settings(), on_connect=hook)
+    assert [(type(s), s.name, s.on_connect) for s in sources] == [(WebSocketSource, "a", hook),
+                                                                   (WebSocketSource, "b", hook)]
+    mine = Greeter()
+    assert feed_sources(dataclasses.replace(two.io_settings(), feed_specs=(FeedSpec("mine", ""),)),
+                        sources={"mine": mine}) == [mine]
+
+
+def test_neither_the_io_thread_nor_the_feed_set_carries_hooks_or_the_fence() -> None:
+    for cls in (IOThread, FeedSet):
+        carried = {"on_connect", "before_connect", "fence"} & set(inspect.signature(cls).parameters)
+        assert not carried, f"{cls.__name__} carries {carried}: hand them to the sources at the composition root"
+
+
+def test_the_demo_feed_is_the_io_thread_s_own_source_s_from_the_start_not_the_feed_set_s() -> None:
+    settings = Config().io_settings()
+    sources = feed_sources(settings)
+    io = IOThread(settings, JsonCodec(4), IOStats(), sources=sources)
+    assert io.demo is sources[0].demo is not None  # one hop: the source the thread was handed
