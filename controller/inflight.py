@@ -22,9 +22,12 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
 from forkless.controller.batching import Taken
-from forkless.controller.batchstep import BatchStep, Begun
+
+if TYPE_CHECKING:  # the step imports JAX (the engine); the queues that hold this FIFO must not (the relay's)
+    from forkless.controller.batchstep import BatchStep, Begun
 
 __all__ = ["InFlight"]
 

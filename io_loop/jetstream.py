@@ -34,10 +34,9 @@ Rules:
   partition are error replies (``Consumer.own_partition``).
 - Replies: ``ReplyPublisher`` (io_loop/jspublish.py), the writer of each connection, through the
   source's ``ctx.replies()``, fenced by a partitioned instance's leases (``fence``).
-- Reconnect on any loss (connection, server restart, heartbeats missing, a publish not
-  acknowledged) with the same ``Backoff`` and reconnect driver (io_loop/reconnect.py) as the
-  WebSocket feeds; tries used up, or the server
-  refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
+- Reconnect on any loss (connection, server restart, heartbeats missing, a publish not acknowledged)
+  with the WebSocket feeds' ``Backoff`` and reconnect driver (io_loop/reconnect.py); tries used up,
+  or the server refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
   against the position (``Consumer.check_stream``: ``PositionLost``, exit 2, when it no longer
   holds what the position needs). A stream whose created time differs from the one this run
   first connected to (or the restored checkpoint recorded), or that ends before a sequence this
@@ -50,9 +49,8 @@ Rules:
   messages across reconnects, server restarts and its own restarts.
 - A partitioned feed (``partition_count``, issue 24) consumes its owned partitions' subjects
   with one consumer (``filter_subjects``). At every connection the stream's subject transform
-  is checked against ``partition_count`` and the subject, as ``--check`` does
-  (io_loop/jsprobe.py ``check_partitions``): a disagreement is ``FeedFatal`` (exit 3), naming
-  both values.
+  is checked against ``partition_count`` and the subject, as ``--check`` does (io_loop/jsprobe.py
+  ``check_partitions``): a disagreement is ``FeedFatal`` (exit 3), naming both values.
 - Secrets (the URL's user:password, ``token``, the creds file's content) are never logged.
 """
 
