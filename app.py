@@ -5,13 +5,13 @@
     python app.py --help     list every FORKLESS_* variable with its default
     python app.py relay      publish the WebSocket feeds into a JetStream stream (no JAX)
 
-The program itself is ``controller.cli`` (also installed as the ``forkless`` command);
+The program itself is ``controller.commands.cli`` (also installed as the ``forkless`` command);
 its exit statuses are stated in controller/errors.py.
 """
 
 from __future__ import annotations
 
-from forkless.controller.cli import exit_with, load_config, main
+from forkless.controller.commands.cli import exit_with, load_config, main
 
 __all__ = ["load_config", "main"]
 

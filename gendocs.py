@@ -9,9 +9,9 @@ block to it, so a hand edit fails the tests). What is generated, and from where:
 
 - README.md ``exit``: ``exit_statuses_markdown()`` (``controller.errors.EXIT_STATUSES`` and the
   ``exit_status``/``exit_meaning`` of each class in ``controller.errors.ENDS_A_RUN``)
-- docs/variables.md ``variables``: ``controller.vardocs.variables_table_markdown()`` (``VARIABLES``)
+- docs/variables.md ``variables``: ``controller.settings.vardocs.variables_table_markdown()`` (``VARIABLES``)
 - docs/metrics.md ``metrics``: ``controller.metrics.metrics_table_markdown()`` (``metric_families``)
-- docs/relay.md ``relay-metrics``: ``controller.relaycmd.relay_metrics_table_markdown()`` (the relay's)
+- docs/relay.md ``relay-metrics``: ``controller.commands.relaycmd.relay_metrics_table_markdown()`` (the relay's)
 - bench/README.md ``bench:summary``: ``bench.tables.summary_markdown()`` of ``bench/out/results.json``
   (the main table), and bench/docs/last-run.md ``bench:results``: ``bench.tables.results_markdown()``
   of it (a full ``python -m bench.run`` rewrites both blocks itself)
@@ -30,10 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from forkless.controller.commands.relaycmd import relay_metrics_table_markdown
 from forkless.controller.errors import ENDS_A_RUN, EXIT_STATUSES
 from forkless.controller.metrics import metrics_table_markdown
-from forkless.controller.relaycmd import relay_metrics_table_markdown
-from forkless.controller.vardocs import variables_table_markdown
+from forkless.controller.settings.vardocs import variables_table_markdown
 
 from bench import partitioned
 from bench.plan import DEFAULT_OUT, DEVICES_BLOCK, RESULTS_BLOCK, SUMMARY_BLOCK

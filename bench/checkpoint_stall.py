@@ -57,7 +57,8 @@ run; orbax-checkpoint 0.12.8 installed with ``pip install --target`` outside the
   14 MB), +0.26-0.30 s and +27 MiB to import after JAX, 17 more OS threads during a save,
   and restores a checkpoint with a flipped byte without an error (105 elements silently
   wrong); the simple writer imports in 0.015 s (+1.5 MiB) and runs one thread.
-Decision: the simple format (controller/ckptformat.py, controller/checkpoint.py), not orbax-checkpoint.
+Decision: the simple format (controller/checkpoints/ckptformat.py, controller/checkpoints/checkpoint.py), not
+orbax-checkpoint.
 
 The controller's checkpoints (issue 12; 2026-11-30, JAX 0.10.2 CPU, the same shared 2-core
 machine, load average 1.6-2.3 from other agents' test runs). ``--writer controller``: the real
@@ -195,9 +196,9 @@ def _writer_calls(writer: str, directory: Path, every_s: float, table: tuple, se
     """The writer's three calls: ``begin(state, i)`` a checkpoint, ``in_flight()``, ``finish()``."""
     names, slots, last_seen = table
     if writer in ("simple", "sleep"):
-        from forkless.controller.checkpoint import write_checkpoint
-        from forkless.controller.checkpointer import Checkpointer
-        from forkless.controller.snapshot import take_snapshot
+        from forkless.controller.checkpoints.checkpoint import write_checkpoint
+        from forkless.controller.checkpoints.checkpointer import Checkpointer
+        from forkless.controller.checkpoints.snapshot import take_snapshot
 
         def write_or_sleep(path, snapshot):
             if writer == "sleep":  # the control: the same windows, no work in them
@@ -278,7 +279,7 @@ def _restore(writer: str, processor, cfg, directory: Path, settings: dict, orbax
     like = jax.eval_shape(lambda: processor.init(cfg))
     t0 = time.perf_counter()
     if writer == "simple":
-        from forkless.controller.checkpoint import load_newest
+        from forkless.controller.checkpoints.checkpoint import load_newest
 
         restored = load_newest(directory, settings, like)
         t_read = time.perf_counter() - t0
@@ -501,9 +502,9 @@ def measure_startup(streams: int, features: int, runs: int, work: Path) -> dict:
     stop's checkpoint, so the next restores a file of the same size."""
     import os
 
-    from forkless.controller.checkpoint import checkpoint_path, write_checkpoint
+    from forkless.controller.checkpoints.checkpoint import checkpoint_path, write_checkpoint
+    from forkless.controller.checkpoints.snapshot import Snapshot
     from forkless.controller.processor import EWMAState
-    from forkless.controller.snapshot import Snapshot
 
     from bench.loads import time_to_first_result
 

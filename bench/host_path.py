@@ -73,9 +73,9 @@ def frames(n: int, feeds: int) -> list[tuple[int, bytes]]:
 def run(n: int, feeds: int, per_chunk: int) -> dict[str, float]:
     from forkless.controller.batching import MicroBatcher
     from forkless.controller.batchstep import BatchStep
+    from forkless.controller.checkpoints.positions import SourcePositions
     from forkless.controller.codec import JsonCodec, guarded_codec
     from forkless.controller.config import Config
-    from forkless.controller.positions import SourcePositions
     from forkless.controller.replies import Replies
     from forkless.controller.slots import StreamSlots
     from forkless.controller.stats import MainStats

@@ -16,7 +16,7 @@ the event loop, the compiled step included:
   compiled step as forkless (``compile_step`` → ``Engine.step``: every bucket compiled ahead
   of time, the state donated, the outputs read in place on the CPU), encodes the replies
   with ``JsonCodec.encode_results`` and writes them corked, one socket write per batch
-  (``io_loop/aiohttp_compat.py``'s ``cork``, as forkless and the spawn design write).
+  (``io_loop/net/aiohttp_compat.py``'s ``cork``, as forkless and the spawn design write).
 
 While the step runs, the loop does not turn: nothing is read, no ping is answered. That is the
 design's whole difference from forkless, where the IO loop has its own thread and JAX
@@ -126,7 +126,7 @@ class Inline:
 
 
 async def send(ws: Any, frame: str | bytes, text: Any) -> None:
-    if type(frame) is bytes:  # UTF-8 JSON from the codec: a text frame as is (as io_loop/client.py)
+    if type(frame) is bytes:  # UTF-8 JSON from the codec: a text frame as is (as io_loop/sources/client.py)
         await ws.send_frame(frame, text)
     else:
         await ws.send_str(frame)
@@ -189,7 +189,7 @@ async def read_feed(ws: Any, inline: Inline) -> None:
 async def stepper(ws: Any, inline: Inline) -> None:
     """The stepper: each read pass's messages, in batches of at most ``max_batch``, stepped and written corked."""
     import aiohttp
-    from forkless.io_loop.aiohttp_compat import cork
+    from forkless.io_loop.net.aiohttp_compat import cork
 
     text = aiohttp.WSMsgType.TEXT
     figures, sizes = inline.figures, inline.sizes
@@ -244,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     from forkless.controller.codec import JsonCodec
-    from forkless.controller.compiled import compilations
     from forkless.controller.config import Config
+    from forkless.controller.device.compiled import compilations
     from forkless.controller.engine import compile_step
     from forkless.controller.slots import StreamSlots
     from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram

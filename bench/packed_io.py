@@ -3,7 +3,7 @@
     python -m bench.packed_io [--seconds 1] [--sizes 1,256] [--rounds 3] [--out figures.json]
 
 Rules: the default detector (3 inputs: x, key, valid; 4 outputs with the finiteness flags) on
-one device, through the engine's own layout (controller/layouts.py ``OneDevice``) with
+one device, through the engine's own layout (controller/device/layouts.py ``OneDevice``) with
 ``packed`` forced each way: "arrays" hands the compiled step a padded ``Batch`` and fetches its
 outputs as the engine does (read in place on the CPU, ``jax.device_get`` elsewhere); "packed"
 hands it one uint32 array and fetches one byte array. Each step is timed from the batch's
@@ -32,7 +32,7 @@ def _steps(packed: bool, size: int, features: int, streams: int) -> tuple[Any, A
     """A layout of ``packed``, its fresh state and the step compiled for ``size``'s bucket."""
     import jax
     from forkless.controller.config import Config
-    from forkless.controller.layouts import OneDevice
+    from forkless.controller.device.layouts import OneDevice
     from forkless.controller.processor import default_processor
 
     config = Config(features=features, max_streams=streams, max_batch=max(size, 1))

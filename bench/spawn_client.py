@@ -151,7 +151,7 @@ class Child:
         self.wake.set()
 
     async def send(self, ws: Any, frame: str | bytes) -> None:
-        if type(frame) is bytes:  # UTF-8 JSON from the codec: a text frame as is (as io_loop/client.py)
+        if type(frame) is bytes:  # UTF-8 JSON from the codec: a text frame as is (as io_loop/sources/client.py)
             await ws.send_frame(frame, self.text)
         else:
             await ws.send_str(frame)
@@ -209,9 +209,9 @@ class Child:
                 break
 
     async def write(self, ws: Any) -> None:
-        # the same one-write-per-batch corking as io_loop/client.py, so the designs differ
+        # the same one-write-per-batch corking as io_loop/sources/client.py, so the designs differ
         # only in how work crosses between threads or processes
-        from forkless.io_loop.aiohttp_compat import cork  # aiohttp: no JAX in the child
+        from forkless.io_loop.net.aiohttp_compat import cork  # aiohttp: no JAX in the child
 
         corked = cork(ws)
         to_send, figures = self.to_send, self.figures
@@ -267,7 +267,7 @@ def parent_main(url: str, out: str, heavy: bool, max_s: float, heavy_size: int =
     child = ctx.Process(target=child_main, args=(url, settings, inbound, outbound), name="spawn-io", daemon=True)
     child.start()  # before compiling: the child's start-up overlaps the compilation
 
-    from forkless.controller.compiled import compilations
+    from forkless.controller.device.compiled import compilations
 
     parent = Parent(cfg, heavy, heavy_size, heavy_iters)
     compilations_at_ready = compilations()
@@ -390,7 +390,7 @@ class Parent:
             m = len(seq)
             t0 = time.perf_counter()
             # the same compiled (guarded, state-donated) step as the controller's, the batch laid
-            # out and its outputs fetched the same way (packed on an accelerator: controller/layouts.py)
+            # out and its outputs fetched the same way (packed on an accelerator: controller/device/layouts.py)
             bucket, batch, route, _ = self.layout.lay_out(x, key)
             self.state, *ran = self.compiled[bucket](self.state, batch)
             outputs = self.layout.results(tuple(ran), m, route, self.fetch).outputs

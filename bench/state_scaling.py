@@ -14,7 +14,7 @@ Each batch holds B distinct streams spread over the whole table (one occurrence 
 so every S does the same work per step; repeated streams add rounds whatever S is.
 
 The B = 256 step times are measured twice: compiled as the controller compiles it (no op
-split across threads on the CPU: ``controller.compiled.unsplit_cpu_ops``), and as a plain
+split across threads on the CPU: ``controller.device.compiled.unsplit_cpu_ops``), and as a plain
 ``jax.jit`` compiles it, which is how the controller compiled it before. XLA:CPU splits an
 op across its thread pool when its cost model, which counts the whole table for a gather
 or scatter into it, says the op is big; so at large S a plain compile makes the step's
@@ -113,8 +113,8 @@ def time_step(streams: int, bucket: int, iterations: int, old: bool = False, spl
     import contextlib
 
     import jax
-    from forkless.controller.compiled import unsplit_cpu_ops
     from forkless.controller.config import Config
+    from forkless.controller.device.compiled import unsplit_cpu_ops
     from forkless.controller.processor import default_processor
 
     cfg = Config(features=FEATURES, max_streams=streams)

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from forkless.controller.batching import Taken
+from forkless.controller.checkpoints.positions import SourcePositions
 from forkless.controller.declared import count
 from forkless.controller.engine import Engine, Pending, StepFailed
-from forkless.controller.positions import SourcePositions
 from forkless.controller.replies import NON_FINITE_REASON, Replies
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats

@@ -1,8 +1,8 @@
 """Configuration: one frozen dataclass, read from ``FORKLESS_*`` environment variables.
 
 Rules:
-- Every variable is declared once, in ``VARIABLES`` (``controller/variables.py``), with its
-  parser (``controller/values.py``); a field's default here is its variable's default.
+- Every variable is declared once, in ``VARIABLES`` (``controller/settings/variables.py``), with its
+  parser (``controller/settings/values.py``); a field's default here is its variable's default.
 - A bad value raises ``ConfigError`` naming the variable, the value and what is allowed;
   ``app.py`` turns it into exit status 2 before any thread starts.
 - Secrets (``SUBSCRIBE``, ``AUTH_TOKEN``, ``HEADERS``) never appear in ``repr``, errors or ``--help``.
@@ -24,12 +24,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from forkless.controller.errors import ConfigError
-from forkless.controller.feedspec import feed_list
-from forkless.controller.values import ValueProblem
-from forkless.controller.variables import PREFIX, VARIABLES, Variable, as_text, variable
-from forkless.io_loop.netaddr import redact_url, redact_urls
-from forkless.io_loop.partitions import instance_share
+from forkless.controller.settings.feedspec import feed_list
+from forkless.controller.settings.values import ValueProblem
+from forkless.controller.settings.variables import PREFIX, VARIABLES, Variable, as_text, variable
+from forkless.io_loop.net.netaddr import redact_url, redact_urls
 from forkless.io_loop.settings import DEFAULT_SOURCE_BUFFER, FeedSpec, IOSettings, JetStreamSpec, RelaySettings
+from forkless.io_loop.sources.partitions import instance_share
 
 __all__ = ["BUCKET_GROWTH", "Config"]
 

@@ -18,19 +18,19 @@ Rules:
   rows themselves (``resets_in_step``: compiled.guarded), in the key of the kept programs.
 - Whatever must happen before the state is written happens here: a checkpoint being copied
   between steps keeps the rows a step or reset is about to write (copy-on-write,
-  controller/snapshot.py ``PendingSnapshot``) — called by the engine, so no caller can forget it.
+  controller/checkpoints/snapshot.py ``PendingSnapshot``) — called by the engine, so no caller can forget it.
 - One device or several (``FORKLESS_DEVICES``) is the engine's business, behind one interface:
-  a *layout* (controller/layouts.py: ``OneDevice``, ``Sharded``) says how the state is placed,
+  a *layout* (controller/device/layouts.py: ``OneDevice``, ``Sharded``) says how the state is placed,
   how a batch is laid out for the compiled step and how its results come back; the compile
   path, the step, the reset, snapshots and restores are written once over it.
-- The processor contract is checked while compiling (controller/compiled.py): outputs
+- The processor contract is checked while compiling (controller/device/compiled.py): outputs
   ``[B, ...]``, a state of unchanged structure, shapes and dtypes, a step that writes only its
   batch's rows of a per-stream leaf (``check_row_writes``), and, on several devices, shared
   leaves returned unchanged and ``per_stream=True``.
 - A step that fails at run time after being given the state (donated) leaves no state: the
   engine puts a fresh one in its place and says so (``StepFailed.state_lost``); a checkpoint
   being copied from the lost state is abandoned (``PendingSnapshot``'s ``intact``).
-- Live weights (controller/weights.py): new values for ``state.params`` of a ``StreamState``
+- Live weights (controller/device/weights.py): new values for ``state.params`` of a ``StreamState``
   offered from any thread (``offer_weights``) are put in place at the start of the next
   ``step``, where the old leaves were, before it runs: the compiled steps run on unchanged.
 """
@@ -47,7 +47,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from forkless.controller.compiled import (
+from forkless.controller.checkpoints.snapshot import PendingSnapshot
+from forkless.controller.device.compiled import (
     XLA_CPU_TASK_BYTES,
     check_input_dtype,
     check_platform_dtypes,
@@ -57,13 +58,12 @@ from forkless.controller.compiled import (
     unsplit_cpu_ops,
     use_devices,
 )
-from forkless.controller.layouts import OneDevice, Sharded, Stepped
-from forkless.controller.placement import Route
+from forkless.controller.device.layouts import OneDevice, Sharded, Stepped
+from forkless.controller.device.placement import Route
+from forkless.controller.device.programs import keep, kept, program_key
+from forkless.controller.device.weights import LiveWeights, Weights
 from forkless.controller.processor import StreamState
-from forkless.controller.programs import keep, kept, program_key
 from forkless.controller.slots import TableCopy
-from forkless.controller.snapshot import PendingSnapshot
-from forkless.controller.weights import LiveWeights, Weights
 
 __all__ = ["Engine", "Pending", "StepFailed", "compile_step", "state_shapes", "steps_in_flight"]
 
@@ -156,7 +156,7 @@ class Engine:
         # False: a checkpoint not copied in rows is taken to the host on the main thread at T0
         # (jax.device_get), not cloned on the device; for bench/checkpoint_stall.py's "before"
         self.clone_checkpoints = True
-        # a StreamState's params can be swapped while it runs (controller/weights.py); None: no params
+        # a StreamState's params can be swapped while it runs (controller/device/weights.py); None: no params
         self.live_weights = LiveWeights(canonical.params, jax.device_get(state.params)) \
             if isinstance(canonical, StreamState) else None
 
@@ -251,7 +251,7 @@ class Engine:
 
     def offer_weights(self, params: Any, version: str | None = None) -> str:
         """New values for ``state.params``, applied at the start of the next ``step`` (any thread;
-        controller/weights.py); their version. ``ValueError`` for a state without params."""
+        controller/device/weights.py); their version. ``ValueError`` for a state without params."""
         if self.live_weights is None:
             raise ValueError("set_weights: this processor's state is not a StreamState(params, rows), so it has no "
                              "weights to swap: build it with stream_processor(..., init_params=...) or make init "
@@ -464,7 +464,7 @@ def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float
     # workers share it): +1.1 s at the default settings on 2 cores, so only where it pays
     unsplit = unsplit_cpu_ops(devices) if largest >= XLA_CPU_TASK_BYTES else contextlib.nullcontext()
     # the same program compiled before in this process: its executables, nothing traced again
-    # (controller/programs.py says when that is sure)
+    # (controller/device/programs.py says when that is sure)
     key = program_key(processor, config, devices, canonical)
     if key is not None:  # the guard's reset is compiled in with steps in flight only
         key = (*key, steps_in_flight(config, devices[0].platform) > 1)

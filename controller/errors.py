@@ -7,7 +7,7 @@ Rules:
   classes here derive from it. Each is imported from the module that defines it; a caller
   catches them as ``forkless.X``.
 - Each class carries its exit status (``exit_status``), the label of the program's line
-  (``exit_label``) and its line in the README's table (``exit_meaning``); ``controller/cli.py``
+  (``exit_label``) and its line in the README's table (``exit_meaning``); ``controller/commands/cli.py``
   and ``forkless relay`` map every ``ForklessError`` by them, with one clause.
 - ``EXIT_STATUSES`` says what each status means in general, beside the classes that end a run
   with it (``ENDS_A_RUN``): ``gendocs.py`` makes the README's table of both.

@@ -23,14 +23,14 @@ import numpy as np
 from forkless.controller.codec import Codec
 from forkless.controller.config import Config
 from forkless.controller.stats import StatsSnapshot
-from forkless.io_loop.before_connect import BeforeConnect
 from forkless.io_loop.capabilities import capability
 from forkless.io_loop.counters import IOSnapshot, IOStats
 from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.finishing import declared_awaiting
-from forkless.io_loop.on_connect import OnConnect
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec
 from forkless.io_loop.source import Source
+from forkless.io_loop.sources.before_connect import BeforeConnect
+from forkless.io_loop.sources.on_connect import OnConnect
 from forkless.io_loop.spill import declared_policy
 from forkless.io_loop.thread import IOThread
 

@@ -15,7 +15,7 @@ Rules:
   and raises (``FeedFatal`` or ``IOThreadError``).
 - Checkpoints (``FORKLESS_CHECKPOINT_DIR``): the tick at the end of ``process_pending``
   begins one when due (``Engine.begin_snapshot``, kept exact by the engine), or copies up to
-  a budget more of the one in progress (controller/checkpointer.py).
+  a budget more of the one in progress (controller/checkpoints/checkpointer.py).
 - One exit path: ``start()`` puts each resource on one exit stack as it takes it (the host's
   process settings, a partitioned instance's leases, the checkpoint writer, the IO thread);
   ``stop()``, a start that fails or is stopped, and the end of ``run()`` unwind it, so each is
@@ -23,7 +23,7 @@ Rules:
   (``NoCheckpoints``, ``NoPartitions``, ``NoIOSide`` before the start), called unconditionally.
 - A stop requested during ``start()`` (a signal while it compiles, waits for a dead holder's
   lease, restores) ends the start there: no IO side is started, leases taken are released.
-- The host process is left as it was found (controller/host.py): what ``start()`` changes
+- The host process is left as it was found (controller/lifetime/host.py): what ``start()`` changes
   process-wide, ``stop()`` gives back; ``run()`` never exits the process (a second SIGINT
   aborts the IO side and raises ``KeyboardInterrupt``).
 """
@@ -42,31 +42,31 @@ from typing import Any
 import numpy as np
 from forkless.controller.batching import MicroBatcher
 from forkless.controller.batchstep import BatchStep
-from forkless.controller.checkpointer import Checkpointer, CheckpointStore, checkpoints_for, store_for
+from forkless.controller.checkpoints.checkpointer import Checkpointer, CheckpointStore, checkpoints_for, store_for
+from forkless.controller.checkpoints.recovery import Recovery
+from forkless.controller.checkpoints.snapshot import PendingSnapshot
 from forkless.controller.codec import Codec, guarded_codec
-from forkless.controller.compiled import codec_dtype, compilations, release_freed_memory
 from forkless.controller.config import Config
+from forkless.controller.device.compiled import codec_dtype, compilations, release_freed_memory
 from forkless.controller.engine import Engine, compile_step, steps_in_flight
 from forkless.controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
-from forkless.controller.host import ProcessSettings, StopSignals
 from forkless.controller.inflight import InFlight
 from forkless.controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnResults, feed_plan, io_thread, with_hooks
-from forkless.controller.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
-from forkless.controller.partitioned import NoPartitions, PartitionOwner, partitioned_feed
+from forkless.controller.lifetime.host import ProcessSettings, StopSignals
+from forkless.controller.lifetime.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
+from forkless.controller.lifetime.serving import serve
+from forkless.controller.partitions.partitioned import NoPartitions, PartitionOwner, partitioned_feed
 from forkless.controller.processor import Processor, default_processor
 from forkless.controller.queues import POLL_S, Intake, Outlet, StopDeadline
-from forkless.controller.recovery import Recovery
 from forkless.controller.replies import Replies
-from forkless.controller.serving import serve
 from forkless.controller.slots import StreamSlots
-from forkless.controller.snapshot import PendingSnapshot
 from forkless.controller.stats import MainStats, StatsSnapshot, books_line, status_line, whole_snapshot
-from forkless.io_loop.before_connect import BeforeConnect
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.errors import LeaseLost, StopRequested
-from forkless.io_loop.on_connect import OnConnect, frames_of
 from forkless.io_loop.source import Source
+from forkless.io_loop.sources.before_connect import BeforeConnect
+from forkless.io_loop.sources.on_connect import OnConnect, frames_of
 
 __all__ = ["Controller"]
 
@@ -90,24 +90,24 @@ class Controller:
     ``freeze_gc=True``: freeze the objects alive when the run starts (``gc.freeze``), so the
     collector does not walk them again while it runs (a full collection held the GIL 15-67 ms
     between two steps: bench/checkpoint_stall.py). Only if nothing is frozen yet, undone by the
-    stop (controller/host.py); the ``forkless`` program asks for it.
+    stop (controller/lifetime/host.py); the ``forkless`` program asks for it.
 
     ``on_connect(feed, connection)``: frames to send first on every new connection of a feed,
     computed then (a signed, timestamped subscription); it runs on the IO thread's loop
-    (io_loop/on_connect.py has the rules, docs/embedding/subscriptions.md an example).
+    (io_loop/sources/on_connect.py has the rules, docs/embedding/subscriptions.md an example).
 
     ``before_connect(feed, attempt)``: this attempt's URL and headers, a ``Handshake`` (or
     None for the configured ones), before every opening handshake (a login, a token
     refresh); with it a handshake refused with HTTP 401/403 asks it again instead of giving
-    up. It runs on the IO thread's loop (io_loop/before_connect.py, docs/embedding/subscriptions.md).
+    up. It runs on the IO thread's loop (io_loop/sources/before_connect.py, docs/embedding/subscriptions.md).
 
     ``sources``: the user's own clients (``controller.Source``, io_loop/source.py), run on the
     IO thread beside the configured feeds, or instead of the demo feed when none is
     configured; ``on_event(source, event)`` gets, in the main thread, what they hand over as
     it is (``ctx.emit_event``). ``checkpoint_store``: where checkpoints go instead of
-    ``FORKLESS_CHECKPOINT_DIR`` (a ``CheckpointStore``: controller/checkpointer.py, docs/embedding/sources.md).
-    ``events_only=True``: the sources hand over only events, and no processor runs: nothing is
-    compiled and no device state exists (controller/eventsonly.py has the rules).
+    ``FORKLESS_CHECKPOINT_DIR`` (a ``CheckpointStore``: controller/checkpoints/checkpointer.py,
+    docs/embedding/sources.md). ``events_only=True``: the sources hand over only events, and no processor runs: nothing
+    is compiled and no device state exists (controller/eventsonly.py has the rules).
     """
 
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
@@ -207,7 +207,7 @@ class Controller:
     def _take(self, life: Lifetime) -> None:
         """``start()``'s resources, each held by ``life`` as soon as it is taken, so they are
         given back in reverse: the IO side ended, the checkpoint writer ended, the leases
-        released, the host's process settings restored (controller/lifecycle.py)."""
+        released, the host's process settings restored (controller/lifetime/lifecycle.py)."""
         cfg, recovery = self.config, self.recovery
         life.hold(self._host.restore)  # last: nothing to give back until apply() below
         # a checkpoint that does not fit is refused before the compile (CheckpointMismatch); a
@@ -297,7 +297,7 @@ class Controller:
 
     def set_weights(self, params: Any, *, version: str | None = None) -> str:
         """Swap the processor's weights for ``params`` (same structure, shapes, dtypes) before the next batch's
-        step, nothing compiled again; from any thread, once started (controller/weights.py). Their version."""
+        step, nothing compiled again; from any thread, once started (controller/device/weights.py). Their version."""
         if self.engine is None:
             raise RuntimeError(NO_WEIGHTS if self.events_only else "set_weights(): call start() first")
         return self.engine.offer_weights(params, version)

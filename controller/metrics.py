@@ -4,7 +4,7 @@ Rules:
 - Nothing here counts anything. Each scrape takes one snapshot (``Controller.stats()``) and
   turns it into metric families, so ``/metrics``, ``stats()`` and the status line never
   disagree. The relay's ``/metrics`` is the same collector with its own families
-  (``exposition(view, families=relay_metric_families)``, controller/relaycmd.py), and builds
+  (``exposition(view, families=relay_metric_families)``, controller/commands/relaycmd.py), and builds
   its histograms and by-reason counters with ``histogram_family`` and ``by_reason_family``.
 - Every controller gets its own ``CollectorRegistry``; the global default registry is never
   touched (several controllers may live in one process, e.g. in tests).
@@ -384,7 +384,7 @@ def render(registry: Any) -> bytes:
 
 def exposition(snapshot: Callable[[], Any], *, families: Families = metric_families,
                process: bool = True) -> Callable[[], tuple[bytes, str]]:
-    """What the IO side's metrics server (io_loop/http.py) is handed to answer ``/metrics``:
+    """What the IO side's metrics server (io_loop/net/http.py) is handed to answer ``/metrics``:
     a callable returning the text exposition of a fresh registry (``make_registry``), drawn
     from one ``snapshot()`` per call (``families`` of it), and its content type."""
     registry = make_registry(snapshot, families=families, process=process)

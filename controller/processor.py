@@ -25,7 +25,7 @@ Rules:
   through the computation that produces the write, as the EWMA step does with its counts.
   Write only the batch's rows (``batch.key``, padding included) of a per-stream leaf: a
   checkpoint being copied between steps saves exactly those rows before each step
-  (controller/checkpoint.py), so a step that wrote other rows would make it inexact.
+  (controller/checkpoints/checkpoint.py), so a step that wrote other rows would make it inexact.
 - Several devices (``FORKLESS_DEVICES``): the same ``(init, step)`` runs unchanged; the
   controller shards it. A leaf whose leading axis is ``max_streams + 1`` is per-stream and
   is split by stream over the devices; any other leaf (shared weights, say) is replicated on
@@ -353,7 +353,7 @@ def default_processor(config: Any) -> Processor:
     """The EWMA detector (named "ewma") with the configuration's alpha, threshold and warm-up
     (FORKLESS_ALPHA, FORKLESS_THRESHOLD, FORKLESS_WARMUP: read here only). One processor per
     setting of the three: every controller of the same settings in a process compiles it once
-    (controller/programs.py)."""
+    (controller/device/programs.py)."""
     return _ewma_of(config.alpha, config.threshold, config.warmup)
 
 

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
-from forkless.controller.rowcopy import RowCopy
+from forkless.controller.checkpoints.rowcopy import RowCopy
 
 __all__ = ["OrderedNames", "StreamSlots", "TableCopy", "lru_order"]
 

@@ -127,7 +127,7 @@ class StatsSnapshot:
     feeds: tuple[FeedSnapshot, ...] = ()  # per feed (FORKLESS_FEEDS); the fields above are totals
     hops: dict[str, HistogramSnapshot] = field(default_factory=dict)  # latency budget, per hop (crossing.HOPS)
     extra: dict[str, Any] = field(default_factory=dict)
-    # checkpoints (controller/checkpointer.py; all 0 while FORKLESS_CHECKPOINT_DIR is unset)
+    # checkpoints (controller/checkpoints/checkpointer.py; all 0 while FORKLESS_CHECKPOINT_DIR is unset)
     checkpoint_last_at: float = 0.0  # Unix time the newest written checkpoint's state was taken (0: none)
     checkpoint_duration_s: float = 0.0  # how long writing it took
     checkpoint_bytes: int = 0  # its size
@@ -167,7 +167,8 @@ class StatsSnapshot:
     partitions_unowned: int = 0
     # the processor's declared counters (Processor.counters; the default detector's "anomalies")
     counters: dict[str, int] = field(default_factory=dict)
-    # the weights in force (controller/weights.py ``Weights``: version, digest, since which step); None: no params
+    # the weights in force (controller/device/weights.py ``Weights``: version, digest, since which step); None: no
+    # params
     weights: Any = None
 
     @property
@@ -302,7 +303,7 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
     ``streams``: ``(active, evicted)``; ``checkpoints``: the checkpointer's fields;
     ``io_cpu_s``: the IO thread's CPU seconds (``IOSide.cpu_seconds``); ``partitions_unowned``:
     a partitioned instance's count of its stream's partitions that no instance owns; ``weights``:
-    the engine's weights in force (controller/weights.py)."""
+    the engine's weights in force (controller/device/weights.py)."""
     at_ready = main.compilations_at_ready
     feed_latency = [histogram.snapshot() for histogram in main.latency]
     latency = feed_latency[0]

@@ -6,7 +6,8 @@ Rules:
   or ``forkless.io_loop`` (one module object per file, so classes and exceptions are the same), with one
   ``FutureWarning`` naming the fix. A program's own ``controller.py`` beside it is found first, as Python always did.
 - ``alias`` is called by the package's ``__init__`` when it runs under its old name; a meta-path finder then maps
-  each ``controller.X`` / ``io_loop.X`` to ``forkless.controller.X`` / ``forkless.io_loop.X``.
+  each ``controller.X`` / ``io_loop.X`` to ``forkless.controller.X`` / ``forkless.io_loop.X``; a module since
+  moved into a room is found by its old name too (``MOVED``).
 - The user API has one import path, ``forkless``: the packages themselves export nothing. Only under the old name do
   they still answer its names (``from controller import Config``, ``io_loop.IOPortal``: ``old_name_attribute``), as
   they did before; ``io_loop`` only its own, so it stays a leaf.
@@ -23,6 +24,58 @@ from types import ModuleType
 from typing import Any
 
 OLD_NAMES = ("controller", "io_loop")
+# the modules that moved into a room (rooms.py, issue 47): an old name finds the module's new one
+MOVED = {
+    "controller.check": "controller.commands.check",
+    "controller.checkpoint": "controller.checkpoints.checkpoint",
+    "controller.checkpointer": "controller.checkpoints.checkpointer",
+    "controller.ckptformat": "controller.checkpoints.ckptformat",
+    "controller.cli": "controller.commands.cli",
+    "controller.compiled": "controller.device.compiled",
+    "controller.feedspec": "controller.settings.feedspec",
+    "controller.host": "controller.lifetime.host",
+    "controller.layouts": "controller.device.layouts",
+    "controller.lifecycle": "controller.lifetime.lifecycle",
+    "controller.partitioned": "controller.partitions.partitioned",
+    "controller.placement": "controller.device.placement",
+    "controller.positions": "controller.checkpoints.positions",
+    "controller.programs": "controller.device.programs",
+    "controller.recovery": "controller.checkpoints.recovery",
+    "controller.relaycmd": "controller.commands.relaycmd",
+    "controller.rowcopy": "controller.checkpoints.rowcopy",
+    "controller.serving": "controller.lifetime.serving",
+    "controller.snapshot": "controller.checkpoints.snapshot",
+    "controller.values": "controller.settings.values",
+    "controller.vardocs": "controller.settings.vardocs",
+    "controller.variables": "controller.settings.variables",
+    "controller.weights": "controller.device.weights",
+    "io_loop.aiohttp_compat": "io_loop.net.aiohttp_compat",
+    "io_loop.before_connect": "io_loop.sources.before_connect",
+    "io_loop.client": "io_loop.sources.client",
+    "io_loop.connect": "io_loop.sources.connect",
+    "io_loop.demo_feed": "io_loop.sources.demo_feed",
+    "io_loop.demo_source": "io_loop.sources.demo_source",
+    "io_loop.deployment": "io_loop.nats.deployment",
+    "io_loop.http": "io_loop.net.http",
+    "io_loop.jetstream": "io_loop.sources.jetstream",
+    "io_loop.jsconsumer": "io_loop.sources.jsconsumer",
+    "io_loop.jsprobe": "io_loop.sources.jsprobe",
+    "io_loop.jspublish": "io_loop.sources.jspublish",
+    "io_loop.leases": "io_loop.nats.leases",
+    "io_loop.nats_compat": "io_loop.nats.nats_compat",
+    "io_loop.natsconn": "io_loop.nats.natsconn",
+    "io_loop.natsstore": "io_loop.nats.natsstore",
+    "io_loop.netaddr": "io_loop.net.netaddr",
+    "io_loop.objects": "io_loop.nats.objects",
+    "io_loop.on_connect": "io_loop.sources.on_connect",
+    "io_loop.partitions": "io_loop.sources.partitions",
+    "io_loop.probe": "io_loop.sources.probe",
+    "io_loop.relay": "io_loop.relay.publisher",
+    "io_loop.relaystats": "io_loop.relay.relaystats",
+    "io_loop.relogin": "io_loop.sources.relogin",
+    "io_loop.storethread": "io_loop.nats.storethread",
+    "io_loop.unixsocket": "io_loop.net.unixsocket",
+}
 
 
 class _OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -38,7 +91,7 @@ class _OldPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec: Any) -> ModuleType:
-        module = importlib.import_module("forkless." + spec.name)
+        module = importlib.import_module("forkless." + MOVED.get(spec.name, spec.name))
         self._specs[module.__name__] = module.__spec__
         return module
 

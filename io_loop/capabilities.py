@@ -58,7 +58,8 @@ class SourceCapabilities:
     """The embedded demo feed a built-in source serves (its summary line at the stop); a user's is not read."""
 
     probe: Any = None
-    """``async probe(codec, say, *, dedupe_window_s)``: ``--check``'s try of it (io_loop/probe.py); None: not tried."""
+    """``async probe(codec, say, *, dedupe_window_s)``: ``--check``'s try of it (io_loop/sources/probe.py); None: not
+    tried."""
 
 
 CAPABILITIES: tuple[str, ...] = tuple(name for name in vars(SourceCapabilities) if not name.startswith("_"))

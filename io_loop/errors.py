@@ -8,12 +8,12 @@ Rules:
 - Each class states how the ``forkless`` program ends when it ends a run (``exit_status``, the
   words before the message on the program's one line, ``exit_label``, and the one-line
   ``exit_meaning`` of the README's exit status table); the statuses' numbers are stated here,
-  once (``EXIT_*``), and ``controller/cli.py`` maps every ``ForklessError`` by these attributes.
+  once (``EXIT_*``), and ``controller/commands/cli.py`` maps every ``ForklessError`` by these attributes.
 - A class keeps the built-in base callers catch it by (``RuntimeError``, ``ValueError``) beside
   ``ForklessError``.
 - ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
-- ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/leases.py``), raised
+- ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/nats/leases.py``), raised
   to the thread that called the store, not through the IO thread.
 """
 
@@ -125,7 +125,7 @@ class DeploymentMismatch(ForklessError):
 
 
 class StoreError(ForklessError):
-    """An operation on the checkpoint and lease store (io_loop/natsstore.py) failed: server
+    """An operation on the checkpoint and lease store (io_loop/nats/natsstore.py) failed: server
     unreachable, an answer refused or late. The store stays usable and the next call tries
     again; raised to the thread that called the store (a partitioned instance's start, its
     checkpoints), it ends a run as a crash does."""

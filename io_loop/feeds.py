@@ -3,8 +3,8 @@ connection its message came from.
 
 Rules:
 - Every feed is a ``Source`` (io_loop/source.py) run by a ``SourceRunner``: a user's own, the
-  WebSocket feed's (io_loop/client.py), the embedded demo feed's (io_loop/demo_source.py),
-  the JetStream feed's (io_loop/jetstream.py). ``feed_source`` is the one place a feed's kind is
+  WebSocket feed's (io_loop/sources/client.py), the embedded demo feed's (io_loop/sources/demo_source.py),
+  the JetStream feed's (io_loop/sources/jetstream.py). ``feed_source`` is the one place a feed's kind is
   decided, from the configuration; ``feed_sources`` makes every feed's, called by the composition
   root (controller/ioside.py, the relay, ``--check``), which hands the hooks and a partitioned
   feed's lease fence straight to the sources: the IO thread and the feed set are handed the
@@ -37,17 +37,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import janus
-from forkless.io_loop.before_connect import BeforeConnect
 from forkless.io_loop.bridge import Bridge
 from forkless.io_loop.capabilities import capability
-from forkless.io_loop.client import WebSocketSource
 from forkless.io_loop.counters import FeedSnapshot, IOStats
 from forkless.io_loop.crossing import Outgoing, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
-from forkless.io_loop.on_connect import OnConnect
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.source import Source, SourceRunner
+from forkless.io_loop.sources.before_connect import BeforeConnect
+from forkless.io_loop.sources.client import WebSocketSource
+from forkless.io_loop.sources.on_connect import OnConnect
 
 __all__ = ["FeedSet", "Outbox", "feed_client", "feed_source", "feed_sources"]
 
@@ -102,12 +102,12 @@ def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, S
         return sources[spec.name]
     if spec.jetstream is not None:
         # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-        from forkless.io_loop.jetstream import JetStreamSource
+        from forkless.io_loop.sources.jetstream import JetStreamSource
 
         return JetStreamSource(settings, spec, fence=fence if spec.jetstream.partitioned else None)
     if not spec.url and settings.uses_demo_feed:
-        # only when it runs: the demo feed's server (io_loop/demo_source.py has the reason)
-        from forkless.io_loop.demo_source import DemoSource
+        # only when it runs: the demo feed's server (io_loop/sources/demo_source.py has the reason)
+        from forkless.io_loop.sources.demo_source import DemoSource
 
         return DemoSource(settings, spec, on_connect=on_connect, before_connect=before_connect)
     return WebSocketSource(settings, spec, on_connect=on_connect, before_connect=before_connect)

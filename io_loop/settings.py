@@ -12,7 +12,7 @@ Rules:
   ``subscribe`` and ``headers``) stay out of ``repr``.
 - A partitioned JetStream feed's ``partitions`` are already resolved (from its entry's
   ``"partitions"`` or from ``FORKLESS_INSTANCE``/``FORKLESS_INSTANCES``): the IO side consumes
-  ``JetStreamSpec.subjects()`` and never works out a share itself (io_loop/partitions.py).
+  ``JetStreamSpec.subjects()`` and never works out a share itself (io_loop/sources/partitions.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from forkless.io_loop.netaddr import redact_url, redact_urls, unix_label
-from forkless.io_loop.partitions import PARTITION_FIELD, partition_subjects
+from forkless.io_loop.net.netaddr import redact_url, redact_urls, unix_label
+from forkless.io_loop.sources.partitions import PARTITION_FIELD, partition_subjects
 
 __all__ = ["DEFAULT_SOURCE_BUFFER", "REPLY_POLICIES", "SEQ_MODES", "FeedSpec", "IOSettings", "JetStreamSpec",
            "RelaySettings"]
@@ -30,7 +30,7 @@ __all__ = ["DEFAULT_SOURCE_BUFFER", "REPLY_POLICIES", "SEQ_MODES", "FeedSpec", "
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
 # own ping/pong/close): results still reach ``on_results`` and the counters
 REPLY_POLICIES = ("all", "results", "none")
-# how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps (io_loop/relay.py)
+# how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps (io_loop/relay/publisher.py)
 SEQ_MODES = ("feed", "stream", "none")
 
 # messages and events one source may hold while the inbound queue is full (FORKLESS_SOURCE_BUFFER,
@@ -109,7 +109,7 @@ class FeedSpec:
     # its own overflow (io_loop/spill.py): "" and None take FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER
     overflow: str = ""
     buffer: int | None = None
-    # a JetStream feed: ``url`` holds its NATS server URL(s), comma-separated (io_loop/jetstream.py)
+    # a JetStream feed: ``url`` holds its NATS server URL(s), comma-separated (io_loop/sources/jetstream.py)
     jetstream: JetStreamSpec | None = None
     unix_socket: str = ""  # a WebSocket feed's unix-domain socket ("": TCP to the URL's host and port)
 
@@ -181,7 +181,7 @@ class IOSettings:
 
 @dataclass(frozen=True)
 class RelaySettings:
-    """What the relay's publisher reads (io_loop/relay.py), from ``Config.relay_settings()``: its NATS
+    """What the relay's publisher reads (io_loop/relay/publisher.py), from ``Config.relay_settings()``: its NATS
     server(s), described as a JetStream feed's are (``target.url`` comma-separated, the token and
     creds in ``target.jetstream``, its stream name unused), the subject prefix
     (FORKLESS_RELAY_SUBJECT), how the feeds number their messages (FORKLESS_RELAY_SEQ) and the

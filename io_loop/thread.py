@@ -1,5 +1,5 @@
 """IOThread: the one dedicated thread that owns the asyncio loop and every feed's socket (the
-checkpoint and lease store keeps its own thread and NATS connection: ``io_loop/natsstore.py``).
+checkpoint and lease store keeps its own thread and NATS connection: ``io_loop/nats/natsstore.py``).
 
 Rules:
 - ``start()``, ``request_stop()``, ``join()`` and ``abort()`` are called from the main thread;
@@ -21,7 +21,7 @@ Rules:
   reads around each step: how much of this side's work overlaps the steps) and the bridge's queues.
 - No process is started and nothing forks: the demo feed and the metrics server run as
   tasks on this same loop.
-- A ``sink`` (``InboundSink``, the relay's publisher: io_loop/relay.py) takes the place of the main
+- A ``sink`` (``InboundSink``, the relay's publisher: io_loop/relay/publisher.py) takes the place of the main
   thread as the reader of ``inbound``: it runs on this loop beside the feeds, taking chunks from
   inbound's async side, and the main thread touches neither queue. No replies come, so once the
   sink has returned (inbound shut down by the stop and everything taken dealt with) outbound is
@@ -48,7 +48,7 @@ from forkless.io_loop.settings import IOSettings
 from forkless.io_loop.source import Source
 
 if TYPE_CHECKING:
-    from forkless.io_loop.demo_feed import DemoFeed
+    from forkless.io_loop.sources.demo_feed import DemoFeed
 
 __all__ = ["IOThread", "InboundSink"]
 
@@ -126,7 +126,7 @@ class IOThread:
     @property
     def demo(self) -> DemoFeed | None:
         """The embedded demo feed (its ``summary()``), or None when it does not run: the ``demo``
-        capability of the one source it was handed (io_loop/demo_source.py's), from the start."""
+        capability of the one source it was handed (io_loop/sources/demo_source.py's), from the start."""
         return capability(self._sources[0], "demo") if self.settings.uses_demo_feed else None
 
     @property
@@ -186,7 +186,7 @@ class IOThread:
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:
-                from forkless.io_loop.http import MetricsServer  # only when served: aiohttp.web, 1.7 MiB resident
+                from forkless.io_loop.net.http import MetricsServer  # only when served: aiohttp.web, 1.7 MiB resident
 
                 metrics = MetricsServer(cfg.metrics_addr, snapshot=self._stats_snapshot,
                                         alive=self._runner.thread.is_alive, render=self._render_metrics)

@@ -45,7 +45,7 @@ class GoesQuietAtTheStop:
 
 
 def watch_for_the_join() -> None:
-    """Say when the main thread is inside the stop's join of the IO thread (controller/lifecycle.py)."""
+    """Say when the main thread is inside the stop's join of the IO thread (controller/lifetime/lifecycle.py)."""
     main = threading.main_thread().ident
     while True:
         frame = sys._current_frames().get(main)

@@ -1,4 +1,4 @@
-"""io_loop/aiohttp_compat.py against a real aiohttp WebSocket server on 127.0.0.1.
+"""io_loop/net/aiohttp_compat.py against a real aiohttp WebSocket server on 127.0.0.1.
 
 These are the tests that fail when an aiohttp upgrade moves the private attributes the corked
 write needs. The socket stays real; only a spy is put around the transport to count ``write``
@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from forkless.io_loop import aiohttp_compat
+from forkless.io_loop.net import aiohttp_compat
 
 LIMIT_S = 10.0  # bounds each test if something hangs; nothing waits this long when it works
 

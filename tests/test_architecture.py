@@ -36,101 +36,111 @@ SCANNED_FILES = ("app.py",)
 
 CORE = [
     "controller/__init__.py",
+    "controller/checkpoints/__init__.py",
+    "controller/partitions/__init__.py",
+    "controller/device/__init__.py",
+    "controller/settings/__init__.py",
+    "controller/commands/__init__.py",
+    "controller/lifetime/__init__.py",
     "controller/batching.py",
-    "controller/ckptformat.py",
+    "controller/checkpoints/ckptformat.py",
     "controller/codec.py",
     "controller/config.py",
     "controller/declared.py",
     "controller/errors.py",
     "controller/eventsonly.py",
-    "controller/feedspec.py",
+    "controller/settings/feedspec.py",
     "controller/logs.py",
     "controller/metrics.py",
-    "controller/placement.py",
-    "controller/positions.py",
+    "controller/device/placement.py",
+    "controller/checkpoints/positions.py",
     "controller/processor.py",
     "controller/replies.py",
-    "controller/rowcopy.py",
+    "controller/checkpoints/rowcopy.py",
     "controller/slots.py",
     "controller/stats.py",
-    "controller/values.py",
-    "controller/vardocs.py",
-    "controller/variables.py",
+    "controller/settings/values.py",
+    "controller/settings/vardocs.py",
+    "controller/settings/variables.py",
     "io_loop/__init__.py",
+    "io_loop/sources/__init__.py",
+    "io_loop/nats/__init__.py",
+    "io_loop/relay/__init__.py",
+    "io_loop/net/__init__.py",
     "io_loop/backoff.py",
     "io_loop/capabilities.py",
     "io_loop/counters.py",
     "io_loop/crossing.py",
     "io_loop/decoding.py",
     "io_loop/errors.py",
-    "io_loop/jsconsumer.py",
-    "io_loop/netaddr.py",
-    "io_loop/partitions.py",
-    "io_loop/relaystats.py",
+    "io_loop/sources/jsconsumer.py",
+    "io_loop/net/netaddr.py",
+    "io_loop/sources/partitions.py",
+    "io_loop/relay/relaystats.py",
     "io_loop/settings.py",
 ]
 DEVICE = [
-    "controller/checkpoint.py",
-    "controller/compiled.py",
+    "controller/checkpoints/checkpoint.py",
+    "controller/device/compiled.py",
     "controller/engine.py",
-    "controller/layouts.py",
-    "controller/programs.py",
-    "controller/snapshot.py",
-    "controller/weights.py",
+    "controller/device/layouts.py",
+    "controller/device/programs.py",
+    "controller/checkpoints/snapshot.py",
+    "controller/device/weights.py",
 ]
 IO = [
-    "io_loop/aiohttp_compat.py",
-    "io_loop/before_connect.py",
+    "io_loop/net/aiohttp_compat.py",
+    "io_loop/sources/before_connect.py",
     "io_loop/bridge.py",
-    "io_loop/client.py",
-    "io_loop/connect.py",
-    "io_loop/demo_feed.py",
-    "io_loop/demo_source.py",
+    "io_loop/sources/client.py",
+    "io_loop/sources/connect.py",
+    "io_loop/sources/demo_feed.py",
+    "io_loop/sources/demo_source.py",
     "io_loop/emitted.py",
     "io_loop/feeds.py",
     "io_loop/finishing.py",
     "io_loop/handover.py",
     "io_loop/spill.py",
-    "io_loop/http.py",
-    "io_loop/on_connect.py",
-    "io_loop/jetstream.py",
-    "io_loop/jsprobe.py",
-    "io_loop/jspublish.py",
+    "io_loop/net/http.py",
+    "io_loop/sources/on_connect.py",
+    "io_loop/sources/jetstream.py",
+    "io_loop/sources/jsprobe.py",
+    "io_loop/sources/jspublish.py",
     "io_loop/loopthread.py",
     "io_loop/portal.py",
     "io_loop/portalqueue.py",
     "io_loop/reconnect.py",
-    "io_loop/relogin.py",
-    "io_loop/deployment.py",
-    "io_loop/leases.py",
-    "io_loop/natsconn.py",
-    "io_loop/natsstore.py",
-    "io_loop/objects.py",
-    "io_loop/storethread.py",
-    "io_loop/nats_compat.py",
-    "io_loop/probe.py",
-    "io_loop/relay.py",
+    "io_loop/sources/relogin.py",
+    "io_loop/nats/deployment.py",
+    "io_loop/nats/leases.py",
+    "io_loop/nats/natsconn.py",
+    "io_loop/nats/natsstore.py",
+    "io_loop/nats/objects.py",
+    "io_loop/nats/storethread.py",
+    "io_loop/nats/nats_compat.py",
+    "io_loop/sources/probe.py",
+    "io_loop/relay/publisher.py",
     "io_loop/source.py",
     "io_loop/thread.py",
-    "io_loop/unixsocket.py",
+    "io_loop/net/unixsocket.py",
     "io_loop/writer.py",
 ]
 COMPOSITION = [
     "app.py",
     "controller/batchstep.py",
-    "controller/check.py",
-    "controller/checkpointer.py",
-    "controller/cli.py",
-    "controller/host.py",
+    "controller/commands/check.py",
+    "controller/checkpoints/checkpointer.py",
+    "controller/commands/cli.py",
+    "controller/lifetime/host.py",
     "controller/inflight.py",
     "controller/ioside.py",
-    "controller/lifecycle.py",
+    "controller/lifetime/lifecycle.py",
     "controller/loop.py",
-    "controller/partitioned.py",
+    "controller/partitions/partitioned.py",
     "controller/queues.py",
-    "controller/recovery.py",
-    "controller/relaycmd.py",
-    "controller/serving.py",
+    "controller/checkpoints/recovery.py",
+    "controller/commands/relaycmd.py",
+    "controller/lifetime/serving.py",
 ]
 LAYERS = {"core": CORE, "device": DEVICE, "io": IO, "composition": COMPOSITION}
 
@@ -147,7 +157,7 @@ CLOCK = {"time", "datetime"}
 CLOCK_ALLOWED_IN_CORE = {"controller/logs.py": {"time"}}
 # values.py parses FORKLESS_CA_FILE with OpenSSL at validation (no socket is opened), so a file
 # that is not PEM is a configuration error (exit 2) rather than a TLS failure at the first connect
-CONCURRENCY_ALLOWED_IN_CORE = {"controller/values.py": {"ssl"}}
+CONCURRENCY_ALLOWED_IN_CORE = {"controller/settings/values.py": {"ssl"}}
 # Third-party libraries the core imports only where named: prometheus_client costs about 10 MiB
 # and is loaded only when metrics are served; JAX must not load before the configuration is
 # valid, and the IO side imports most of the core, so JAX only where processors are defined.
@@ -196,7 +206,7 @@ def module_name(path: str) -> str:
 
 
 def scanned_paths() -> list[str]:
-    paths = [f"{d}/{p.name}" for d in SCANNED_DIRS for p in sorted((ROOT / d).glob("*.py"))]
+    paths = [p.relative_to(ROOT).as_posix() for d in SCANNED_DIRS for p in sorted((ROOT / d).rglob("*.py"))]
     return paths + [f for f in SCANNED_FILES if (ROOT / f).is_file()]
 
 
@@ -341,8 +351,8 @@ def test_io_loop_is_a_leaf_that_imports_nothing_from_controller():
 
 
 # partitions_of (the checkpoints' split of the stream table by partition) is vectorised with numpy,
-# imported inside it: importing io_loop.partitions still loads none (the test below)
-THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/partitions.py": {"numpy"}}
+# imported inside it: importing io_loop.sources.partitions still loads none (the test below)
+THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/sources/partitions.py": {"numpy"}}
 
 
 def test_the_io_loop_modules_in_the_core_import_no_third_party_library():
@@ -428,10 +438,10 @@ def lazy_params():
 def test_the_known_lazy_imports_are_found():
     # some lazy imports that exist today, so that a scanner that stopped seeing them fails here
     assert {
-        "controller/cli.py:main:forkless.controller.check",
-        "controller/cli.py:main:forkless.controller.loop",
-        "controller/check.py:_show_jax:jax",
-        "controller/check.py:_compile:forkless.controller.compiled",
+        "controller/commands/cli.py:main:forkless.controller.commands.check",
+        "controller/commands/cli.py:main:forkless.controller.loop",
+        "controller/commands/check.py:_show_jax:jax",
+        "controller/commands/check.py:_compile:forkless.controller.device.compiled",
         "controller/ioside.py:io_thread:forkless.controller.metrics",
     } <= {imp.key for imp in LAZY}
 
@@ -481,7 +491,7 @@ def test_the_scanner_sees_top_level_class_level_and_nested_function_imports():
 
 
 def test_the_scanner_resolves_relative_imports_and_counts_parent_packages():
-    found = find_imports("from . import backoff\nfrom .bridge import Bridge\n", "io_loop/client.py")
+    found = find_imports("from .. import backoff\nfrom ..bridge import Bridge\n", "io_loop/sources/client.py")
     assert [imp.targets for imp in found] == [("forkless.io_loop.backoff",), ("forkless.io_loop.bridge",)]
     assert loaded("forkless.io_loop.backoff") == ["forkless.io_loop", "forkless.io_loop.backoff"]
 
@@ -547,7 +557,8 @@ def test_a_websocket_only_run_imports_no_library_only_some_runs_need():
         "import os\nos.environ.update(FORKLESS_DURATION='1', FORKLESS_STATUS_S='0')\n"
         "from app import load_config\nfrom forkless.controller.loop import Controller\nController(load_config()).run()",
         env=app_env())  # the session's compilation cache: the default step loaded, not compiled cold
-    assert "forkless.io_loop.client" in loaded_modules and "jax" in loaded_modules  # it did start a feed and JAX
+    # it did start a feed and JAX
+    assert "forkless.io_loop.sources.client" in loaded_modules and "jax" in loaded_modules
     optional = sorted({m.split(".")[0] for m in loaded_modules} & OPTIONAL_LIBRARIES)
     assert not optional, f"a WebSocket-only run imported {optional}: import them only where they are used"
 
@@ -661,8 +672,8 @@ def test_every_bench_module_opens_with_its_rules():
 # snapshots: the modules that declare them. A decoded frame may be cut by the source that
 # decoded it (the JetStream consumer drops other partitions' messages from a copy). Anything else
 # a module sets on an object of a class another module declares goes through a method there.
-COUNTER_RECORDS = ("controller/stats.py", "io_loop/counters.py", "io_loop/relaystats.py")
-FRAME_CUTS = {("io_loop/jsconsumer.py", "out", attr) for attr in ("seq", "stream", "x", "errors")}
+COUNTER_RECORDS = ("controller/stats.py", "io_loop/counters.py", "io_loop/relay/relaystats.py")
+FRAME_CUTS = {("io_loop/sources/jsconsumer.py", "out", attr) for attr in ("seq", "stream", "x", "errors")}
 
 
 def _declared_fields() -> dict[str, set[str]]:
@@ -700,3 +711,25 @@ def test_no_module_sets_fields_of_another_module_s_objects_but_counter_records()
                         and (path, base, target.attr) not in FRAME_CUTS):
                     found.append(f"{path}:{node.lineno} sets {base}.{target.attr} (declared in {sorted(owners)})")
     assert not found, "give the owning class a method for it: " + "; ".join(found)
+
+
+# ---- rooms: a package's top level holds its core and its rooms by feature (issue 47) -----------------------------
+TOP_LEVEL_MAX_MODULES = 20  # a package's own modules beside its rooms (subpackages), its __init__ not counted
+
+
+def test_a_package_s_top_level_holds_at_most_20_modules_beside_its_rooms():
+    for package in SCANNED_DIRS:
+        top = [p for p in PATHS if p.startswith(f"{package}/") and p.count("/") == 1 and not p.endswith("/__init__.py")]
+        assert len(top) <= TOP_LEVEL_MAX_MODULES, (
+            f"{package}/ holds {len(top)} modules at its top level, over {TOP_LEVEL_MAX_MODULES}: put a feature's "
+            f"modules in a room (a subpackage), and list it in docs/design/{package}.md")
+
+
+def test_every_room_is_a_package_whose_init_imports_nothing():
+    rooms = sorted({p.rsplit("/", 1)[0] for p in PATHS if p.count("/") >= 2})
+    assert rooms, "no room found: the walk does not go into subpackages"
+    missing = [room for room in rooms if f"{room}/__init__.py" not in PATHS]
+    assert not missing, f"these folders hold modules but no __init__.py: {missing}"
+    eager = [f"{imp.where} imports {', '.join(imp.targets)}" for room in rooms
+             for imp in IMPORTS[f"{room}/__init__.py"] if imp.targets != ("__future__",)]
+    assert not eager, "a room's __init__ imports nothing (each module is imported by its own name): " + "; ".join(eager)

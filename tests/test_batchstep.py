@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from forkless.controller.batching import MicroBatcher, Taken
 from forkless.controller.batchstep import BatchStep
+from forkless.controller.checkpoints.positions import SourcePositions
 from forkless.controller.codec import guarded_codec
 from forkless.controller.config import Config
 from forkless.controller.engine import compile_step
-from forkless.controller.positions import SourcePositions
 from forkless.controller.processor import Processor
 from forkless.controller.replies import NON_FINITE_REASON, Replies
 from forkless.controller.slots import StreamSlots

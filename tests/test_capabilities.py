@@ -12,8 +12,8 @@ import pytest
 from forkless.controller.config import Config
 from forkless.controller.ioside import feed_plan
 from forkless.io_loop.capabilities import CAPABILITIES, DEFAULTS, SourceCapabilities, capability
-from forkless.io_loop.client import WebSocketSource
-from forkless.io_loop.demo_source import DemoSource
+from forkless.io_loop.sources.client import WebSocketSource
+from forkless.io_loop.sources.demo_source import DemoSource
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,7 +71,7 @@ def test_the_plan_reads_a_duck_typed_source_and_a_subclass_alike() -> None:
 def test_the_built_in_sources_declare_their_capabilities_on_the_one_base() -> None:
     assert issubclass(WebSocketSource, SourceCapabilities)
     assert issubclass(DemoSource, SourceCapabilities)
-    jetstream = pytest.importorskip("forkless.io_loop.jetstream")
+    jetstream = pytest.importorskip("forkless.io_loop.sources.jetstream")
     assert issubclass(jetstream.JetStreamSource, SourceCapabilities)
 
 
@@ -105,17 +105,17 @@ def test_check_asks_each_built_in_source_to_probe_itself_and_switches_on_no_kind
     settings = Config().io_settings()
     assert callable(capability(WebSocketSource(settings, FeedSpec("f", "ws://127.0.0.1:1/feed")), "probe"))
     assert callable(capability(DemoSource(settings, FeedSpec("demo", "")), "probe"))
-    assert "probe" in vars(pytest.importorskip("forkless.io_loop.jetstream").JetStreamSource)
-    text = (ROOT / "io_loop/probe.py").read_text()
+    assert "probe" in vars(pytest.importorskip("forkless.io_loop.sources.jetstream").JetStreamSource)
+    text = (ROOT / "io_loop/sources/probe.py").read_text()
     kinds = [word for word in ("jetstream", "uses_demo_feed", "DemoFeed", "demo_feed") if word in text]
-    assert not kinds, f"io_loop/probe.py switches on the feed's kind ({kinds}): ask the source's probe()"
+    assert not kinds, f"io_loop/sources/probe.py switches on the feed's kind ({kinds}): ask the source's probe()"
 
 
 def test_check_of_the_demo_feed_says_what_it_did_and_leaves_the_demo_logger_s_level_as_it_was() -> None:
     import logging
 
     from forkless.controller.codec import JsonCodec
-    from forkless.io_loop.probe import probe_feed
+    from forkless.io_loop.sources.probe import probe_feed
 
     demo_log = logging.getLogger("forkless.demo_feed")
     before = demo_log.level

@@ -19,15 +19,15 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from forkless.controller.checkpoint import checkpoint_path, list_checkpoints, load_newest, write_checkpoint
-from forkless.controller.checkpointer import Checkpointer
-from forkless.controller.ckptformat import TEMP_PREFIX
-from forkless.controller.compiled import example_batch
+from forkless.controller.checkpoints.checkpoint import checkpoint_path, list_checkpoints, load_newest, write_checkpoint
+from forkless.controller.checkpoints.checkpointer import Checkpointer
+from forkless.controller.checkpoints.ckptformat import TEMP_PREFIX
+from forkless.controller.checkpoints.snapshot import Snapshot, take_snapshot
 from forkless.controller.config import Config
+from forkless.controller.device.compiled import example_batch
 from forkless.controller.errors import CheckpointMismatch, ConfigError
 from forkless.controller.metrics import metric_families
 from forkless.controller.processor import EWMAState, default_processor
-from forkless.controller.snapshot import Snapshot, take_snapshot
 from forkless.controller.stats import StatsSnapshot, status_line
 from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 

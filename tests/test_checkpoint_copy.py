@@ -14,16 +14,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import forkless.controller.checkpoint as checkpoint
-import forkless.controller.snapshot as snapshot
+import forkless.controller.checkpoints.checkpoint as checkpoint
+import forkless.controller.checkpoints.snapshot as snapshot
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from forkless.controller.checkpoints.rowcopy import RowCopy
 from forkless.controller.config import Config
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
-from forkless.controller.rowcopy import RowCopy
 from forkless.controller.slots import StreamSlots
 from forkless.io_loop.crossing import Chunk
 
@@ -310,8 +310,8 @@ def test_a_snapshot_cloned_on_the_device_is_the_state_at_t0_and_the_steps_stay_i
     device_get held a TPU host's main thread 19.6 ms)."""
     import threading
 
+    from forkless.controller.device.layouts import device_copy
     from forkless.controller.engine import compile_step
-    from forkless.controller.layouts import device_copy
 
     cfg = config(tmp_path)
     engine = compile_step(PROCESSOR, cfg)

@@ -1,5 +1,5 @@
 """A checkpoint store of a new kind needs nothing of the controller but the ``CheckpointStore``
-calls (controller/checkpointer.py): ``MemoryStore`` below keeps checkpoints as bytes in a dict,
+calls (controller/checkpoints/checkpointer.py): ``MemoryStore`` below keeps checkpoints as bytes in a dict,
 is handed to ``Controller(checkpoint_store=...)``, and a second controller given it continues
 every stream exactly as an uninterrupted run does. The directory store is the same protocol.
 """
@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from forkless.controller.checkpoint import DirectoryStore, Restored, as_restored, list_checkpoints
-from forkless.controller.checkpointer import Checkpointer, store_for
-from forkless.controller.ckptformat import CheckpointDamaged, parse_checkpoint
+from forkless.controller.checkpoints.checkpoint import DirectoryStore, Restored, as_restored, list_checkpoints
+from forkless.controller.checkpoints.checkpointer import Checkpointer, store_for
+from forkless.controller.checkpoints.ckptformat import CheckpointDamaged, parse_checkpoint
+from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
 from forkless.controller.config import Config
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
-from forkless.controller.snapshot import Snapshot, checkpoint_bytes
 from forkless.io_loop.crossing import Chunk
 
 from tests.fake_io import FakeIO, drain

@@ -1,4 +1,4 @@
-"""The checkpoint format (controller/ckptformat.py) on its own: bytes made from named numpy
+"""The checkpoint format (controller/checkpoints/ckptformat.py) on its own: bytes made from named numpy
 arrays and read back, damage refused, file names, the fit checks. No JAX, no files."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from forkless.controller.ckptformat import (
+from forkless.controller.checkpoints.ckptformat import (
     FORMAT,
     MIN_BYTES,
     CheckpointDamaged,
@@ -23,8 +23,8 @@ from forkless.controller.ckptformat import (
     sequence_of,
     temporary_name,
 )
+from forkless.controller.device.placement import CanonicalRows, Placement
 from forkless.controller.errors import CheckpointMismatch
-from forkless.controller.placement import CanonicalRows, Placement
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["alpha", "", "ünï côdé", "lone \ud800 surrogate", "tab\there"]
@@ -127,7 +127,7 @@ def test_check_fits_names_the_setting_and_reads_a_legacy_processor_id():
 
 
 def test_importing_the_format_loads_no_jax():
-    code = ("import sys, forkless.controller.ckptformat; "
+    code = ("import sys, forkless.controller.checkpoints.ckptformat; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from forkless.controller.cli import load_config
+from forkless.controller.commands.cli import load_config
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
-from forkless.controller.variables import VARIABLES
-from forkless.io_loop.partitions import instance_share
+from forkless.controller.settings.variables import VARIABLES
+from forkless.io_loop.sources.partitions import instance_share
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

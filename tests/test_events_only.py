@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from forkless.controller.compiled import compilations
+from forkless.controller.device.compiled import compilations
 from forkless.controller.eventsonly import EVENTS_ONLY_DROPPED
 
 from forkless import Config, Controller

@@ -7,7 +7,7 @@ fake IO side (tests/fake_io.py): no thread, no socket.
 - A start that fails once the process was changed (the IO side did not start) gives it back.
 - docs/embedding/exceptions.md's table names every exception class the controller exports, each by
   one path (`forkless.X`).
-- The program (``forkless.controller.cli.main``) ends a run with each ending class's ``exit_status`` and the
+- The program (``forkless.controller.commands.cli.main``) ends a run with each ending class's ``exit_status`` and the
   line it always printed (``forkless: <label>: <message>``; a crash's traceback after it); 130 for a second Ctrl-C.
 """
 
@@ -145,7 +145,8 @@ ENDINGS = [
 @pytest.mark.parametrize(("raised", "status", "first_line"), ENDINGS, ids=lambda v: type(v).__name__)
 def test_the_program_ends_a_run_with_the_class_s_exit_status_and_its_line(monkeypatch, capsys, raised, status,
                                                                           first_line):
-    from forkless.controller import cli, loop
+    from forkless.controller import loop
+    from forkless.controller.commands import cli
 
     class Ending:
         def __init__(self, *args, **kwargs) -> None:
@@ -174,7 +175,7 @@ def test_the_program_ends_a_run_with_the_class_s_exit_status_and_its_line(monkey
 
 
 def test_a_bad_variable_ends_the_program_with_2_and_one_line(monkeypatch, capsys):
-    from forkless.controller import cli
+    from forkless.controller.commands import cli
 
     monkeypatch.setenv("FORKLESS_ALPHA", "2")
     assert cli.main([]) == 2

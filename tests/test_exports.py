@@ -79,40 +79,40 @@ FORKLESS_ALL = [
 
 # exceptions that never reach a caller, and why; every other one derives from ForklessError
 INTERNAL = {
-    "forkless.controller.check._Failure":
+    "forkless.controller.commands.check._Failure":
         "--check's record of a failed step: run_check turns it into its exit status",
-    "forkless.controller.snapshot.CheckpointAbandoned":
+    "forkless.controller.checkpoints.snapshot.CheckpointAbandoned":
         "a checkpoint copy the state outran: the checkpointer drops it and counts the failure",
-    "forkless.controller.ckptformat.CheckpointDamaged":
+    "forkless.controller.checkpoints.ckptformat.CheckpointDamaged":
         "a truncated or corrupt checkpoint file: the restore logs it and takes an older one",
-    "forkless.controller.values.ValueProblem":
+    "forkless.controller.settings.values.ValueProblem":
         "a value's parser's complaint: Config.from_env raises ConfigError naming the variable instead",
     "forkless.controller.engine.StepFailed":
         "a step that failed while running: the loop answers the batch 'processing failed' and counts it",
-    "forkless.io_loop.connect.ConnectFailed":
+    "forkless.io_loop.sources.connect.ConnectFailed":
         "one failed connection attempt: the client tries again, then gives up with FeedFatal",
-    "forkless.io_loop.connect.HandshakeRefused":
+    "forkless.io_loop.sources.connect.HandshakeRefused":
         "one refused handshake: tried again, or (a 4xx) given up with FeedFatal",
-    "forkless.io_loop.connect._RedirectRefused":
+    "forkless.io_loop.sources.connect._RedirectRefused":
         "a 3xx answer inside open_feed, which raises HandshakeRefused for it",
-    "forkless.io_loop.natsconn.NatsConnectFailed":
+    "forkless.io_loop.nats.natsconn.NatsConnectFailed":
         "one failed attempt to reach NATS: tried again, then given up with FeedFatal (a feed, the relay) or "
         "StoreError (the checkpoint store)",
-    "forkless.io_loop.natsconn.NatsError":
+    "forkless.io_loop.nats.natsconn.NatsError":
         "nats-py's failure mapped at the edge (mapped_nats_errors): its users catch it and end the connection, "
         "fail the attempt (NatsConnectFailed) or report a --check problem",
-    "forkless.io_loop.natsconn.NatsNotFound":
+    "forkless.io_loop.nats.natsconn.NatsNotFound":
         "a NatsError: what the server does not hold, caught where it is asked for",
-    "forkless.io_loop.natsconn.NatsUnavailable":
+    "forkless.io_loop.nats.natsconn.NatsUnavailable":
         "a NatsError: JetStream not answering, caught where it is asked (a failed attempt, a --check problem)",
-    "forkless.io_loop.natsconn.NatsApiError":
+    "forkless.io_loop.nats.natsconn.NatsApiError":
         "a NatsError: another JetStream API error, caught as a NatsError",
-    "forkless.io_loop.on_connect.HookFailed":
+    "forkless.io_loop.sources.on_connect.HookFailed":
         "an on_connect hook that failed: the connection attempt fails and is tried again",
     "forkless.io_loop.errors.StopRequested":
         "a stop requested while the partition store waited: the controller's start ends there and the run "
         "stops cleanly",
-    "forkless.io_loop.probe.ProbeFailed":
+    "forkless.io_loop.sources.probe.ProbeFailed":
         "--check's probe of a feed or the metrics address: run_check reports it",
 }
 
@@ -120,14 +120,15 @@ INTERNAL = {
 def _modules() -> list[str]:
     names = []
     for package in ("controller", "io_loop"):
-        for path in sorted((ROOT / package).glob("*.py")):
-            names.append(f"forkless.{package}" if path.stem == "__init__" else f"forkless.{package}.{path.stem}")
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            names.append(".".join(["forkless", *(parts[:-1] if parts[-1] == "__init__" else parts)]))
     return names
 
 
 def _path(module: str) -> Path:
-    inside = module.removeprefix("forkless.")
-    return ROOT / (inside.replace(".", "/") + ("/__init__.py" if "." not in inside else ".py"))
+    inside = ROOT / module.removeprefix("forkless.").replace(".", "/")
+    return inside / "__init__.py" if inside.is_dir() else inside.with_suffix(".py")  # a package (a room) or a module
 
 
 def _defined(path: Path) -> set[str]:
@@ -156,7 +157,7 @@ def _declared_all(module: str) -> list[str] | None:
     return None
 
 
-SUBMODULES = [m for m in _modules() if m.count(".") == 2]
+SUBMODULES = [m for m in _modules() if m.count(".") >= 2]  # every module and room of the two packages
 ALLS = {m: names for m in SUBMODULES if (names := _declared_all(m)) is not None}
 
 
@@ -198,7 +199,7 @@ def test_the_packages_export_nothing_but_name_the_one_path(package):
 
 
 def test_checkpoint_store_the_type_of_a_controller_argument_is_exported():
-    from forkless.controller.checkpointer import CheckpointStore
+    from forkless.controller.checkpoints.checkpointer import CheckpointStore
 
     assert forkless.CheckpointStore is CheckpointStore
     annotation = inspect.signature(forkless.Controller).parameters["checkpoint_store"].annotation
@@ -247,7 +248,7 @@ def _imports_by_another_path(text: str, where: str) -> list[str]:
                 and node.module.startswith(("forkless.controller", "forkless.io_loop"))):
             continue
         for alias in node.names:
-            if node.module.count(".") == 1:  # a package: its modules only
+            if _path(node.module).name == "__init__.py":  # a package (or a room): its modules only
                 ok = _path(f"{node.module}.{alias.name}").exists()
             else:
                 ok = alias.name in _defined(_path(node.module))
@@ -282,8 +283,8 @@ def test_the_documents_name_each_name_by_its_one_path():
         for path in re.findall(r"`((?:forkless\.)?(?:controller|io_loop)\.\w+\.\w+)", text):
             module, name = path.removeprefix("forkless.").rsplit(".", 1)
             module = "forkless." + module
-            if name in ("py", "md") or not _path(module).exists():
-                continue  # a file's name (controller/loop.py) or a module path alone
+            if name in ("py", "md") or not _path(module).exists() or _path(f"{module}.{name}").exists():
+                continue  # a file's name (controller/loop.py) or a module path alone (a room's module)
             if name in forkless.__all__:
                 wrong.append(f"{doc.name}: `{path}`: write `forkless.{name}`")
             elif not path.startswith("forkless."):
@@ -300,7 +301,7 @@ def test_the_walk_finds_the_exceptions_it_is_meant_to():
     # a walk that found nothing would pass every test below
     assert {"forkless.io_loop.errors.ForklessError", "forkless.controller.errors.ConfigError",
             "forkless.io_loop.portalqueue.Empty", "forkless.io_loop.source.SourceStopped",
-            "forkless.controller.check._Failure"} <= set(EXCEPTIONS)
+            "forkless.controller.commands.check._Failure"} <= set(EXCEPTIONS)
 
 
 def test_the_walk_misses_no_exception_class_the_source_defines():
@@ -309,7 +310,8 @@ def test_the_walk_misses_no_exception_class_the_source_defines():
     written = set()
     for module in _modules():
         inside = module.removeprefix("forkless.")
-        path = ROOT / (inside.replace(".", "/") + ("/__init__.py" if "." not in inside else ".py"))
+        base = ROOT / inside.replace(".", "/")  # a package (a room too), or a module
+        path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef):
                 bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases}

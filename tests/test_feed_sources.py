@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
-from forkless.io_loop.client import WebSocketSource
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events
-from forkless.io_loop.demo_source import DemoSource
 from forkless.io_loop.feeds import FeedSet, feed_sources
 from forkless.io_loop.settings import FeedSpec
+from forkless.io_loop.sources.client import WebSocketSource
+from forkless.io_loop.sources.demo_source import DemoSource
 from forkless.io_loop.thread import IOThread
 
 from tests.harness import UNIT_S

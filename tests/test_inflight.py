@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from forkless.controller import checkpoint
+from forkless.controller.checkpoints import checkpoint
 from forkless.controller.config import Config
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor

@@ -21,11 +21,11 @@ import orjson
 import pytest
 from forkless.controller.batching import pad_batch
 from forkless.controller.codec import Decoded, GuardedCodec, JsonCodec
-from forkless.controller.compiled import check_platform_dtypes
 from forkless.controller.config import Config
+from forkless.controller.device.compiled import check_platform_dtypes
+from forkless.controller.device.placement import Placement
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
-from forkless.controller.placement import Placement
 from forkless.controller.processor import default_processor
 
 from tests import input_dtype_runs

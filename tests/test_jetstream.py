@@ -313,7 +313,7 @@ def test_ten_kill_9s_at_random_moments_leave_exactly_one_result_per_input_equal_
 
     import jax
     import numpy as np
-    from forkless.controller.checkpoint import list_checkpoints, load_newest
+    from forkless.controller.checkpoints.checkpoint import list_checkpoints, load_newest
     from forkless.controller.processor import default_processor
 
     from tests.harness import wait_until
@@ -396,7 +396,7 @@ def test_retention_that_dropped_what_the_checkpoint_needs_exits_2_and_restore_ne
 
 
 def test_a_checkpoint_is_committed_only_once_the_results_stream_stored_the_replies_it_covers(nats_server, tmp_path):
-    from forkless.controller.checkpoint import list_checkpoints, load_newest
+    from forkless.controller.checkpoints.checkpoint import list_checkpoints, load_newest
     from forkless.controller.processor import default_processor
 
     from tests.natsserver import create_streams, publish
@@ -457,7 +457,7 @@ def test_kill_9s_with_three_steps_in_flight_leave_exactly_one_result_per_input_e
     import signal
     import time
 
-    from forkless.controller.checkpoint import list_checkpoints
+    from forkless.controller.checkpoints.checkpoint import list_checkpoints
 
     from tests.harness import wait_until
     from tests.natsserver import create_streams, stream_state
@@ -541,8 +541,8 @@ def test_the_server_killed_and_restarted_mid_run_loses_nothing_and_applies_nothi
 
 
 def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a_payload(tmp_path):
+    from forkless.controller.checkpoints.positions import SourcePositions
     from forkless.controller.errors import CheckpointMismatch
-    from forkless.controller.positions import SourcePositions
     from forkless.io_loop.crossing import Origin, Resume
 
     specs = _config([{"url": "ws://127.0.0.1:9/w", "name": "w"}, _js_feed("nats://127.0.0.1:4222")]).feed_specs
@@ -567,10 +567,10 @@ def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a
 def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_and_ids_stay_the_same():
     from forkless.io_loop.counters import IOStats
     from forkless.io_loop.crossing import Origin, Resume
-    from forkless.io_loop.jetstream import JetStreamSource
-    from forkless.io_loop.jsconsumer import Consumer, Take
     from forkless.io_loop.settings import FeedSpec
     from forkless.io_loop.source import SourceRunner
+    from forkless.io_loop.sources.jetstream import JetStreamSource
+    from forkless.io_loop.sources.jsconsumer import Consumer, Take
 
     pytest.importorskip("nats")
     cfg = _config([_js_feed("nats://127.0.0.1:4222")])
@@ -621,7 +621,7 @@ def test_where_consuming_starts_and_when_the_stream_no_longer_holds_what_the_pos
     from forkless.io_loop.counters import SourceStats
     from forkless.io_loop.crossing import Origin
     from forkless.io_loop.errors import PositionLost
-    from forkless.io_loop.jsconsumer import Consumer
+    from forkless.io_loop.sources.jsconsumer import Consumer
 
     start = "new" if resume == "new" else "first"
     spec = _config([_js_feed("nats://127.0.0.1:4222", start=start)]).feed_specs[0]
@@ -660,7 +660,7 @@ def test_an_unreachable_server_and_a_missing_stream_give_up_after_the_tries_with
     (b"", None),
 ])
 def test_a_deliverys_numbers_come_from_its_reply_subject_in_both_token_layouts(reply, expected):
-    from forkless.io_loop.jsconsumer import delivery_numbers
+    from forkless.io_loop.sources.jsconsumer import delivery_numbers
 
     assert delivery_numbers(reply) == expected
 

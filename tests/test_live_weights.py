@@ -1,4 +1,4 @@
-"""Live weights (controller/weights.py, ``Controller.set_weights``): a processor's parameters
+"""Live weights (controller/device/weights.py, ``Controller.set_weights``): a processor's parameters
 swapped while it runs, between two batches, with nothing compiled again and every stream's state kept.
 
 Against a fake IO side (tests/fake_io.py), so which batch runs with which weights is exact: the
@@ -15,9 +15,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from forkless.controller.checkpoint import list_checkpoints, read_checkpoint
-from forkless.controller.compiled import compilations
+from forkless.controller.checkpoints.checkpoint import list_checkpoints, read_checkpoint
 from forkless.controller.config import Config
+from forkless.controller.device.compiled import compilations
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor, stream_processor
 from forkless.io_loop.crossing import Chunk

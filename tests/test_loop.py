@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from forkless.controller.compiled import compilations
 from forkless.controller.config import Config
+from forkless.controller.device.compiled import compilations
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
 from forkless.io_loop.crossing import Chunk, Outgoing

@@ -1,4 +1,4 @@
-"""NatsStore (io_loop/natsstore.py): checkpoint objects and partition leases on JetStream, against a
+"""NatsStore (io_loop/nats/natsstore.py): checkpoint objects and partition leases on JetStream, against a
 real nats-server (tests/natsserver.py); a holder that dies is a process killed with -9."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ pytest.importorskip("nats", reason="nats-py is not installed (pip install -r req
 
 from forkless.controller.config import Config
 from forkless.io_loop.errors import FeedFatal, LeaseHeld, LeaseLost
-from forkless.io_loop.natsstore import NatsStore
-from forkless.io_loop.objects import ObjectDamaged
+from forkless.io_loop.nats.natsstore import NatsStore
+from forkless.io_loop.nats.objects import ObjectDamaged
 
 from tests.harness import UNIT_S, wait_until
 from tests.natsserver import NatsServer, nats_server_binary

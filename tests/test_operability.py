@@ -31,7 +31,7 @@ from forkless.controller.metrics import MAX_REASONS, exposition, make_registry, 
 from forkless.controller.stats import StatsSnapshot, status_line
 from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 from forkless.io_loop.errors import MetricsServerError
-from forkless.io_loop.http import MetricsServer
+from forkless.io_loop.net.http import MetricsServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import UNIT_S, AppResult, drive, run_app

@@ -162,8 +162,8 @@ def test_the_exchange_session_keeps_its_connection_through_a_stalled_main_loop_w
 
 
 def test_a_feed_entry_takes_overflow_and_buffer_and_a_bad_one_is_refused_naming_the_field():
-    from forkless.controller.feedspec import feed_list
-    from forkless.controller.values import ValueProblem
+    from forkless.controller.settings.feedspec import feed_list
+    from forkless.controller.settings.values import ValueProblem
 
     spec = feed_list('[{"url": "ws://h/a", "name": "a", "overflow": "drop_oldest", "buffer": 100}, {"url": "ws://h/b"}]')
     assert [(s.overflow, s.buffer) for s in spec] == [("drop_oldest", 100), ("", None)]

@@ -56,7 +56,7 @@ def test_an_instance_paused_past_its_lease_and_the_duplicate_window_publishes_no
     """SIGSTOP past the lease: a second instance takes the partitions over from the checkpoint
     and answers everything; SIGCONT once the results' duplicate window has passed: the old owner
     finds its lease lost and drops what it held (exit 3). What it publishes after SIGCONT is at
-    most the one item of replies it was writing when it was paused (io_loop/leases.py,
+    most the one item of replies it was writing when it was paused (io_loop/nats/leases.py,
     "Fencing the replies": the fence is checked before each item is written, and an item the
     socket had not taken yet goes out when the process runs again; seen once in a fresh-clone
     run of the suite, 16 replies, one item at FORKLESS_MAX_BATCH=16): nothing it held after."""
@@ -242,7 +242,7 @@ def _newest_position(url: str, partition: int) -> dict:
     import asyncio
 
     import nats
-    from forkless.controller.ckptformat import parse_checkpoint
+    from forkless.controller.checkpoints.ckptformat import parse_checkpoint
 
     async def main() -> bytes:
         nc = await nats.connect(url)
@@ -264,7 +264,7 @@ def test_a_restart_after_retention_removed_only_other_partitions_messages_resume
     objects (before this, exit 2: its partitions' objects recorded positions only, judged against
     the stream's first sequence) and answers 5 more exactly once. Then one of its own messages is
     removed by retention while it is stopped: the next start still exits 2."""
-    from forkless.io_loop.jetstream import PULL_EXPIRES_S, STREAM_INFO_EVERY_S
+    from forkless.io_loop.sources.jetstream import PULL_EXPIRES_S, STREAM_INFO_EVERY_S
 
     from tests.servers import make_messages
 
@@ -385,7 +385,7 @@ def _stream_first(url: str) -> int:
 
 
 class _Objects(dict):
-    """An object store in memory (controller/partitioned.py's ``ObjectStore``)."""
+    """An object store in memory (controller/partitions/partitioned.py's ``ObjectStore``)."""
 
     def put(self, name: str, data: bytes) -> None:
         self[name] = data
@@ -415,8 +415,8 @@ class _Objects(dict):
 def test_each_partitions_object_records_how_far_its_own_messages_are_covered_and_a_restore_resumes_after_it(
         position, expected):
     import numpy as np
-    from forkless.controller.partitioned import PartitionedCheckpoints
-    from forkless.controller.snapshot import Snapshot
+    from forkless.controller.checkpoints.snapshot import Snapshot
+    from forkless.controller.partitions.partitioned import PartitionedCheckpoints
 
     like = {"m": np.zeros((5, 2), np.float32)}
     objects = PartitionedCheckpoints(_Objects(), feed="ticks", stream="TICKS", template="ticks.{partition}.>",
@@ -430,8 +430,8 @@ def test_each_partitions_object_records_how_far_its_own_messages_are_covered_and
 
 def test_a_partitions_object_without_covered_written_before_it_was_recorded_resumes_at_its_position():
     import numpy as np
-    from forkless.controller.partitioned import PartitionedCheckpoints, object_name
-    from forkless.controller.snapshot import Snapshot, checkpoint_bytes
+    from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
+    from forkless.controller.partitions.partitioned import PartitionedCheckpoints, object_name
 
     like = {"m": np.zeros((5, 2), np.float32)}
     store = _Objects()
@@ -516,8 +516,8 @@ def _objects_with(store: _Objects, created_by_partition: dict[int, str | None]) 
     """A PartitionedCheckpoints of the partitions given, each with an object at position 10
     recording that created time (None: none recorded, as an object written before it was)."""
     import numpy as np
-    from forkless.controller.partitioned import PartitionedCheckpoints, object_name
-    from forkless.controller.snapshot import Snapshot, checkpoint_bytes
+    from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
+    from forkless.controller.partitions.partitioned import PartitionedCheckpoints, object_name
 
     like = {"m": np.zeros((5, 2), np.float32)}
     for p, created in created_by_partition.items():
@@ -533,9 +533,9 @@ def _objects_with(store: _Objects, created_by_partition: dict[int, str | None]) 
 
 def test_each_partitions_object_records_the_streams_created_time_and_the_restore_hands_it_over_in_a_resume():
     import numpy as np
-    from forkless.controller.partitioned import PartitionedCheckpoints
-    from forkless.controller.positions import SourcePositions
-    from forkless.controller.snapshot import Snapshot
+    from forkless.controller.checkpoints.positions import SourcePositions
+    from forkless.controller.checkpoints.snapshot import Snapshot
+    from forkless.controller.partitions.partitioned import PartitionedCheckpoints
     from forkless.io_loop.crossing import Origin, Resume
     from forkless.io_loop.settings import FeedSpec, JetStreamSpec
 
@@ -582,7 +582,7 @@ def test_every_object_of_a_partition_damaged_is_refused_naming_them_and_a_good_o
     """A partition whose objects are all damaged has lost its state and its position: starting it
     fresh would answer its later messages from an empty state, silently (before this it did).
     PositionLost names the partition and its objects; one good object, even older, restores."""
-    from forkless.controller.partitioned import object_name
+    from forkless.controller.partitions.partitioned import object_name
     from forkless.io_loop.errors import PositionLost
 
     store = _Objects()

@@ -1,4 +1,4 @@
-"""io_loop/partitions.py: stream names as subject tokens, the partition function (proven against a
+"""io_loop/sources/partitions.py: stream names as subject tokens, the partition function (proven against a
 real nats-server's ``{{partition(P,1)}}`` subject transform), partition ranges, instance shares,
 and the arithmetic of docs/partitions-running.md's Kubernetes example."""
 
@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from forkless.io_loop.partitions import (
+from forkless.io_loop.sources.partitions import (
     PartitionTransform,
     escape_stream,
     format_partitions,
@@ -140,8 +140,8 @@ def test_the_servers_subject_transform_puts_every_stream_in_the_partition_partit
     ours = {name: partition_of(escape_stream(name), count) for name in names}
     differing = {name: (by_server[name], ours[name]) for name in names if by_server[name] != ours[name]}
     some = dict(list(differing.items())[:5])
-    assert not differing, (f"nats-server's partition differs from io_loop/partitions.py's for {len(differing)} of "
-                           f"{len(names)} names (name: (server, ours)), such as {some}")
+    assert not differing, (f"nats-server's partition differs from io_loop/sources/partitions.py's for {len(differing)} "
+                           f"of {len(names)} names (name: (server, ours)), such as {some}")
     assert partitions_of(names, count).tolist() == [by_server[n] for n in names]
     assert len(set(by_server.values())) > min(count, 300) // 2  # the names spread over the partitions
 
@@ -255,11 +255,11 @@ def test_a_transform_that_disagrees_with_the_feed_is_a_problem_naming_both(subje
 
 
 def _probe(url: str, entry: dict, **config: object) -> tuple[list[str], str | None]:
-    """``--check``'s network half for one feed (io_loop/probe.py), in this process: what it printed,
+    """``--check``'s network half for one feed (io_loop/sources/probe.py), in this process: what it printed,
     and its failure (None when the feed passed)."""
     from forkless.controller.codec import JsonCodec
     from forkless.controller.config import Config
-    from forkless.io_loop.probe import ProbeFailed, probe_feed
+    from forkless.io_loop.sources.probe import ProbeFailed, probe_feed
 
     cfg = Config(feeds=json.dumps([{"name": "ticks", "nats": url, "results": "scores", **entry}]),
                  connect_timeout_s=5.0, **config)
@@ -431,7 +431,7 @@ def _shares(env: dict[str, str], replicas: int) -> list[tuple[int, ...]]:
 
 def test_the_kubernetes_example_gives_each_pod_its_share_and_the_pods_cover_every_partition_once():
     from forkless.controller.config import Config
-    from forkless.controller.variables import VARIABLES
+    from forkless.controller.settings.variables import VARIABLES
 
     replicas, grace_s, env, fields = _statefulset_example()
     assert fields == {"FORKLESS_INSTANCE": "metadata.labels['apps.kubernetes.io/pod-index']"}

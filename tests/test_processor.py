@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from forkless.controller.batching import Batch, pad_batch
-from forkless.controller.compiled import compilations, guarded
 from forkless.controller.config import Config
+from forkless.controller.device.compiled import compilations, guarded
 from forkless.controller.engine import compile_step
 from forkless.controller.processor import (
     EPS,

@@ -11,9 +11,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import pytest
-from forkless.controller.checkpoint import list_checkpoints, read_checkpoint
-from forkless.controller.compiled import compilations
+from forkless.controller.checkpoints.checkpoint import list_checkpoints, read_checkpoint
 from forkless.controller.config import Config
+from forkless.controller.device.compiled import compilations
 from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.metrics import metric_families

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from forkless.controller.compiled import compilations
 from forkless.controller.config import Config
+from forkless.controller.device.compiled import compilations
 from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
@@ -143,8 +143,8 @@ def test_the_program_exits_2_with_one_line_for_an_unnamed_processor_with_checkpo
 
 
 def test_a_checkpoint_written_before_processors_had_names_restores_into_the_default(tmp_path):
-    from forkless.controller.checkpoint import checkpoint_path, load_newest, write_checkpoint
-    from forkless.controller.snapshot import take_snapshot
+    from forkless.controller.checkpoints.checkpoint import checkpoint_path, load_newest, write_checkpoint
+    from forkless.controller.checkpoints.snapshot import take_snapshot
 
     cfg = config(tmp_path)
     proc = default_processor(cfg)

@@ -1,4 +1,4 @@
-"""controller/programs.py: a program compiled once in a process is not traced or compiled again
+"""controller/device/programs.py: a program compiled once in a process is not traced or compiled again
 by the next ``compile_step`` of the same processor and settings; anything that changes what it
 computes is compiled anew, and every engine has a state of its own."""
 
@@ -11,9 +11,9 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from forkless.controller import programs
-from forkless.controller.compiled import compilations
 from forkless.controller.config import Config
+from forkless.controller.device import programs
+from forkless.controller.device.compiled import compilations
 from forkless.controller.engine import compile_step
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.processor import Processor, default_processor, ewma_processor

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from forkless.controller.codec import JsonCodec
 from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
-from forkless.io_loop.partitions import escape_stream
-from forkless.io_loop.relaystats import ACROSS_RECONNECT, WITHIN_CONNECTION, SeqGaps
+from forkless.io_loop.relay.relaystats import ACROSS_RECONNECT, WITHIN_CONNECTION, SeqGaps
+from forkless.io_loop.sources.partitions import escape_stream
 
 from tests.harness import UNIT_S, run_app, wait_until
 from tests.servers import FeedConn, make_messages
@@ -148,7 +148,7 @@ def test_the_relay_process_never_imports_jax(feed_server, nats_server, app):
     assert result.returncode == 0, result.stderr[-3000:]
     imported = [line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
                 if line.startswith("import time:") and "|" in line]
-    assert "forkless.io_loop.relay" in imported and "nats" in imported  # the relay ran, and imports were seen
+    assert "forkless.io_loop.relay.publisher" in imported and "nats" in imported  # the relay ran, and imports were seen
     assert not [name for name in imported if name == "jax" or name.startswith(("jax.", "jaxlib"))]
     assert not [name for name in imported
                 if name in ("forkless.controller.loop", "forkless.controller.engine", "forkless.controller.processor")]
@@ -281,7 +281,7 @@ def test_a_start_compares_the_feeds_first_seq_with_the_last_stored_and_logs_a_ga
 def test_an_acknowledgement_is_read_as_stored_or_as_the_servers_reason_and_never_raises(data, problem):
     from types import SimpleNamespace
 
-    from forkless.io_loop.relay import _ack_problem
+    from forkless.io_loop.relay.publisher import _ack_problem
 
     assert _ack_problem(SimpleNamespace(headers=None, data=data)) == problem
 
@@ -455,7 +455,7 @@ def _crash() -> IOThreadError:
     (_crash(), 1, "forkless: the IO thread died: OSError('the loop broke')"),
 ], ids=lambda v: type(v).__name__)
 def test_the_relay_ends_with_the_class_s_exit_status_and_its_line(monkeypatch, capsys, raised, status, first_line):
-    from forkless.controller import relaycmd
+    from forkless.controller.commands import relaycmd
     from forkless.controller.config import Config
 
     monkeypatch.setattr(_IOThatFails, "raised", raised, raising=False)
@@ -476,10 +476,11 @@ def test_the_relay_ends_with_the_class_s_exit_status_and_its_line(monkeypatch, c
 def test_the_relay_s_metrics_are_the_controller_s_one_collector_with_bounded_reasons() -> None:
     """One Prometheus collector (controller/metrics.py) serves the relay's families too: the same
     label bound (MAX_REASONS, the rarest summed as "other") holds for the relay's bad input."""
-    from forkless.controller import metrics, relaycmd
+    from forkless.controller import metrics
+    from forkless.controller.commands import relaycmd
     from forkless.controller.metrics import MAX_REASONS, make_registry, render
     from forkless.io_loop.counters import IOStats
-    from forkless.io_loop.relaystats import RelayStats
+    from forkless.io_loop.relay.relaystats import RelayStats
 
     io = IOStats()
     for n in range(MAX_REASONS + 8):

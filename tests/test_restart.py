@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from forkless.controller.checkpoint import list_checkpoints, load_newest, read_checkpoint
-from forkless.controller.checkpointer import Checkpointer
+from forkless.controller.checkpoints.checkpoint import list_checkpoints, load_newest, read_checkpoint
+from forkless.controller.checkpoints.checkpointer import Checkpointer
 from forkless.controller.config import Config
 from forkless.controller.processor import default_processor
 

@@ -1,4 +1,4 @@
-"""``controller.serving.serve``, ``Controller.run()``'s loop, without a controller: what it is
+"""``controller.lifetime.serving.serve``, ``Controller.run()``'s loop, without a controller: what it is
 given is called, it ends on a stop request or at the duration, and its status lines come one
 an interval, never as a burst after a batch that held it past several. Its clock is the
 test's own, moved by the calls it makes, so nothing here depends on how fast the machine is."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from forkless.controller.serving import serve
+from forkless.controller.lifetime.serving import serve
 from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from forkless.controller.cli import main
+from forkless.controller.commands.cli import main
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
-from forkless.controller.variables import VARIABLES
+from forkless.controller.settings.variables import VARIABLES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -124,7 +124,7 @@ def _refused_naming(name: str, environ: dict[str, str]) -> bool:
 def _usable_url(url: str) -> None:
     """What the client does with an accepted URL: show it, and hand it to aiohttp (yarl)."""
     import yarl
-    from forkless.io_loop.netaddr import redact_url
+    from forkless.io_loop.net.netaddr import redact_url
 
     assert "t0ken" not in redact_url(url)
     parsed = yarl.URL(url)
@@ -143,7 +143,7 @@ def test_a_generated_feed_url_is_accepted_usable_or_refused_naming_the_variable(
 @settings(max_examples=300, deadline=None)
 @given(HOSTS, PORTS)
 def test_a_generated_metrics_address_is_accepted_as_host_and_port_or_refused_naming_the_variable(host, port):
-    from forkless.io_loop.netaddr import parse_host_port
+    from forkless.io_loop.net.netaddr import parse_host_port
 
     addr = host + port
     if not _refused_naming("FORKLESS_METRICS_ADDR", {"FORKLESS_METRICS_ADDR": addr}) and addr.strip():

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from forkless.controller.batching import Batch, pad_batch
-from forkless.controller.compiled import check_replicated_unchanged, compilations
 from forkless.controller.config import Config
+from forkless.controller.device.compiled import check_replicated_unchanged, compilations
 from forkless.controller.engine import compile_step
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.processor import (

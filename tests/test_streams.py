@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from forkless.controller.batching import Batch
-from forkless.controller.compiled import guarded
 from forkless.controller.config import Config
+from forkless.controller.device.compiled import guarded
 from forkless.controller.engine import compile_step
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor, row_template

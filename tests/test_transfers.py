@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 from forkless.controller import engine as engine_module
-from forkless.controller import layouts
+from forkless.controller.device import layouts
 
 from tests import device_runs
 from tests.harness import ROOT, UNIT_S, app_env
@@ -74,7 +74,7 @@ def test_a_packed_step_takes_one_integer_array_and_gives_one_byte_array_with_the
 
 TWO_DEVICES = """
 import json, sys, jax
-from forkless.controller import layouts
+from forkless.controller.device import layouts
 from forkless.controller.config import Config
 from forkless.controller.processor import default_processor
 config = Config(features=2, max_streams=8, max_batch=4)

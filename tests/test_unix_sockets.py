@@ -28,9 +28,9 @@ from forkless.controller.errors import ConfigError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor
 from forkless.io_loop.errors import MetricsServerError
-from forkless.io_loop.http import MetricsServer
-from forkless.io_loop.probe import ProbeFailed, probe_feed
-from forkless.io_loop.unixsocket import listen_unix
+from forkless.io_loop.net.http import MetricsServer
+from forkless.io_loop.net.unixsocket import listen_unix
+from forkless.io_loop.sources.probe import ProbeFailed, probe_feed
 
 from tests.harness import UNIT_S, AppProcess, assert_books_balance, drive, run_app
 from tests.no_inet import REFUSED

@@ -1,0 +1,231 @@
+"""Recovery: what a checkpoint holds beside the device state, and how a run continues from one.
+
+Rules:
+- A checkpoint is restored only into the processor that wrote it (with checkpoints on, one
+  that declares no name is refused at construction: ``ProcessorContractError``): its declared
+  name and version, the shape-defining settings and the settings the processor declares
+  (``Processor.settings``; controller/declared.py) are written into every checkpoint and matched on
+  restore, with the state's structure, leaf shapes and dtypes (``load``, before the compile:
+  a mismatch is ``CheckpointMismatch`` naming the setting and both values). What it declares as
+  ``recorded`` (the default detector's alpha, threshold, warm-up) is written, never matched.
+- The counts: ``processed`` and each counter the processor declares (``Processor.counters``),
+  restored by name; a checkpoint without one of them restores it as 0.
+- Shared leaves (not per-stream: weights) come from the processor's ``init`` at every start,
+  unless it says ``restore_shared=True``; the per-stream state, the stream table and the
+  counts come from the checkpoint, and the start log says which leaves came from where.
+- Live weights: every checkpoint records the weights its state was produced with (``"weights"``
+  in its settings: version, digest, since which step; recorded, not matched); with
+  ``restore_shared=True`` they are in force again after the restore.
+- JetStream feeds (exactly-once): each checkpoint records every such feed's position as of
+  the same moment as the state (``controller/checkpoints/positions.py``), and is written only once the
+  results stream has acknowledged the replies it covers (``await_replies``, on the writer's
+  thread); a restore hands the positions to the IO side, which resumes after them.
+- The device state itself is the engine's (controller/engine.py): this module asks it to
+  begin a snapshot or restore one, and never holds the state.
+- ``load(store)`` asks the run's checkpoint store (``CheckpointStore``, controller/checkpoints/checkpointer.py:
+  a directory, an embedding program's own, a partitioned instance's bucket objects) for its newest
+  checkpoint. A partitioned instance's (controller/partitions/partitioned.py) are its owned partitions'
+  objects, which ``restore`` puts into the processor's init state:
+  slots 0..n-1, per-partition positions and the stream's created time they recorded, no
+  counts (each instance counts its own run).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from forkless.controller.checkpoints.checkpoint import Restored
+from forkless.controller.checkpoints.checkpointer import CheckpointStore
+from forkless.controller.checkpoints.positions import SourcePositions
+from forkless.controller.checkpoints.snapshot import PendingSnapshot
+from forkless.controller.config import Config
+from forkless.controller.declared import declared
+from forkless.controller.engine import Engine, state_shapes
+from forkless.controller.errors import ProcessorContractError
+from forkless.controller.partitions.partitioned import PartitionedCheckpoints, PartitionPieces
+from forkless.controller.slots import StreamSlots
+from forkless.controller.stats import MainStats, SourceFigures
+from forkless.io_loop.counters import IOSnapshot, SourceStats
+from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
+from forkless.io_loop.errors import PositionLost
+from forkless.io_loop.settings import FeedSpec
+
+__all__ = ["CONFIRM_POLL_S", "CONFIRM_WAIT_S", "Recovery"]
+
+log = logging.getLogger("forkless.controller")
+
+# a checkpoint with JetStream positions waits (on the writer thread) this long at least for the
+# results stream to acknowledge the replies it covers, polling every CONFIRM_POLL_S
+CONFIRM_WAIT_S = 10.0
+CONFIRM_POLL_S = 0.005
+
+
+class Recovery:
+    """The controller's checkpoints: the settings they must match, loading and restoring one,
+    beginning one, and the JetStream feeds' positions (``sources``) recorded in each."""
+
+    def __init__(self, config: Config, processor: Any, slots: StreamSlots, stats: MainStats,
+                 io_snapshot: Callable[[], IOSnapshot | None], *, specs: Sequence[FeedSpec] | None = None,
+                 user_sources: frozenset[str] = frozenset(), own_store: bool = False) -> None:
+        # own_store: the embedding program's checkpoint store (Controller(checkpoint_store=...)): checkpoints on
+        if (config.checkpoints_on or own_store) and not getattr(processor, "name", None):
+            # a checkpoint is restored only into the processor that wrote it: it must say which it is
+            raise ProcessorContractError(
+                "checkpoints (FORKLESS_CHECKPOINT_DIR) need a processor that declares its identity: build it with "
+                "Processor(init, step, name=..., version=...) (the name and version are stored in each checkpoint "
+                "and matched on restore)")
+        self.config = config
+        self.processor = processor
+        # what the processor declared: its counters (kept here and in every checkpoint's counts) and
+        # the settings its checkpoints record (controller/declared.py); refused now if the core cannot keep them
+        self.declared = declared(processor)
+        stats.counters.update(dict.fromkeys(self.declared.counters, 0))  # every key there before the first batch
+        self.slots = slots
+        self.stats = stats
+        self._io_snapshot = io_snapshot
+        # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
+        self.sources = SourcePositions(config.feed_specs if specs is None else specs, user_sources)
+        # where a restored checkpoint left each JetStream feed (PositionUnknown: every checkpoint damaged)
+        self.positions: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
+        self.restored_from: str | None = None
+        self._partitioned: PartitionedCheckpoints | None = None  # a partitioned instance's bucket objects
+
+    def settings(self) -> dict[str, Any]:
+        """What a checkpoint must match to be restored: the core's shape-defining settings, the
+        processor's identity and the settings it declared (``Processor.settings``)."""
+        cfg = self.config
+        return {"features": cfg.features, "max_streams": cfg.max_streams,
+                "processor": getattr(self.processor, "name", None),
+                "processor_version": str(getattr(self.processor, "version", "1")), **self.declared.settings}
+
+    def load(self, store: CheckpointStore) -> Restored | PartitionPieces | None:
+        """The newest complete checkpoint in the run's ``store`` (``checkpointer.store_for``), read
+        before the compile; raises ``CheckpointMismatch`` if it was written by another processor
+        (name, version), with other shape-defining settings, or with another state structure, leaf
+        shape or dtype. Every one damaged: an empty state, the JetStream feeds' positions unknown."""
+        # a checkpoint holds the canonical layout (row s = slot s), whatever the device count
+        damaged: list[Any] = []
+        restored = store.load(self.settings(), like=state_shapes(self.processor, self.config), skipped=damaged)
+        if isinstance(restored, PartitionPieces):  # merged into the init state by restore()
+            self._partitioned = store
+        if restored is None and damaged:
+            # the JetStream feeds' positions are unknown: each feed decides at its first connection
+            # whether its stream still holds everything (then it replays all of it), else PositionLost
+            why = (f"every checkpoint in {store.label} is damaged "
+                   f"({', '.join(getattr(p, 'name', str(p)) for p in damaged)})")
+            users = [spec.name for spec in self.sources.specs.values() if spec.jetstream is None]
+            if users:  # a user's source cannot say whether it still holds everything: never started fresh silently
+                raise PositionLost(f"{why}: the position of source {', '.join(map(repr, users))} is unknown, and "
+                                   "what the lost state held cannot be replayed exactly; FORKLESS_CHECKPOINT_RESTORE="
+                                   "never starts it fresh")
+            self.positions = {spec.name: PositionUnknown(why) for spec in self.sources.specs.values()
+                              if not spec.jetstream.partitioned}
+            log.warning("%s: starting with an empty state%s", why, "; the JetStream feeds' positions are unknown"
+                        if self.positions else "")
+        elif restored is None:
+            log.info("no checkpoint in %s: starting fresh", store.label)
+        return restored
+
+    def restore(self, engine: Engine, restored: Restored | PartitionPieces) -> None:
+        """Put a loaded checkpoint's state on the device and its stream table and counts in place
+        (before the first connection)."""
+        if isinstance(restored, PartitionPieces):
+            self._restore_partitions(engine, restored)
+            return
+        shared = bool(getattr(self.processor, "restore_shared", False))
+        engine.restore(restored.state, shared=shared)
+        if shared and engine.live_weights is not None:  # the checkpoint's weights are in force again
+            engine.live_weights.restored(restored.settings.get("weights"))
+        leaves = engine.shared_leaves()
+        log.info("per-stream state taken from the checkpoint%s", "" if not leaves else (
+            f"; shared leaves {', '.join(leaves)} " + ("from it too (restore_shared=True)" if shared else
+                                                       "taken from the processor's init (restore_shared=False)")))
+        # last-seen times travel as wall-clock seconds (monotonic clocks differ between processes)
+        shift = time.monotonic() - time.time()
+        self.slots.restore(restored.names, restored.slots, np.asarray(restored.last_seen) + shift)
+        main = self.stats
+        main.processed = int(restored.counts.get("processed", 0))
+        main.counters.update(self.declared.counts_from(restored.counts))
+        # each JetStream feed goes on from the message after the one its state holds
+        self.positions = self.sources.restore(restored.positions, restored.path)
+        self.restored_from = str(restored.path)
+        log.info("restored %d streams from %s (checkpoint of %s, %d messages processed before)",
+                 restored.streams, restored.path,
+                 datetime.datetime.fromtimestamp(restored.wall_time).isoformat(timespec="seconds"), main.processed)
+
+    def _restore_partitions(self, engine: Engine, pieces: PartitionPieces) -> None:
+        part = self._partitioned
+        created = part.stream_created(pieces)  # (objects of streams created at different times: PositionLost)
+        init = jax.device_get(self.processor.init(self.config))
+        engine.restore(part.restore_into(init, pieces), shared=False)
+        shift = time.monotonic() - time.time()
+        seen = np.concatenate(pieces.last_seen) if pieces.last_seen else np.zeros(0)
+        self.slots.restore(pieces.names, np.arange(pieces.streams, dtype=np.int32), seen + shift)
+        spec = next(s for s in self.config.feed_specs if s.name == part.feed).jetstream
+        self.positions = self.sources.restore(
+            {part.feed: {"stream": spec.stream, "subject": spec.subject, "created": created,
+                         "partitions": {str(p): pos for p, pos in pieces.positions.items()}}}, part.label)
+        self.restored_from = f"{len(pieces.objects)} objects of {part.label}"
+        log.info("restored %d streams from %s (newest written %s): %s", pieces.streams, part.label,
+                 datetime.datetime.fromtimestamp(pieces.wall_time).isoformat(timespec="seconds"),
+                 ", ".join(pieces.objects))
+
+    def begin(self, engine: Engine, incremental: bool) -> PendingSnapshot:
+        """A checkpoint as of now (between two steps), which ``Checkpointer.tick`` copies a
+        chunk at a time between the next steps; the engine keeps it exact."""
+        wall = time.time()
+        main = self.stats
+        # which weights the state was produced with (live weights, controller/device/weights.py): recorded, never
+        # matched
+        weights = {"weights": engine.weights.record()} if engine.weights is not None else {}
+        return engine.begin_snapshot(
+            self.slots.begin_copy(), {"processed": main.processed, **main.counters},
+            {**self.settings(), **self.declared.recorded, "devices": len(engine.devices), **weights}, wall,
+            seen_shift=wall - time.monotonic(),
+            incremental=incremental, positions=self.sources.record(self._io_sources()) if self.sources else None)
+
+    def _io_sources(self) -> dict[str, SourceStats]:
+        """Each JetStream feed's ``SourceStats`` (the IO side's: how far the stream holds no further
+        message of its subjects, the stream's created time), by feed name, for ``SourcePositions.record``."""
+        io = self._io_snapshot()
+        return {f.name: f.io.source for f in (io.feeds if io is not None else ()) if f.io.source is not None}
+
+    def await_replies(self, positions: dict[str, Any]) -> None:
+        """On the checkpoint writer's thread, before a checkpoint with JetStream positions is
+        written: wait until the results stream has acknowledged every reply to the messages at or
+        below them (after a kill -9 those are not replayed, so their replies must be stored).
+        Raises (the checkpoint fails, the previous one stays the newest) if that takes longer
+        than ``CONFIRM_WAIT_S`` or a checkpoint interval, whichever is longer."""
+        deadline = time.monotonic() + max(CONFIRM_WAIT_S, self.config.checkpoint_s)
+        while True:
+            io = self._io_snapshot()
+            feeds = io.feeds if io is not None else ()
+            confirmed = {f.name: f.io.source.confirmed for f in feeds if f.io.source is not None}
+            behind = SourcePositions.unconfirmed(positions, confirmed)
+            if not behind:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError("replies not stored by the results stream in time: " + "; ".join(behind))
+            time.sleep(CONFIRM_POLL_S)
+
+    def source_figures(self, io: IOSnapshot) -> tuple[SourceFigures, ...]:
+        """Each JetStream feed's figures: the IO side's fetching and confirmations, the main thread's position."""
+        if not self.sources:
+            return ()
+        sources, out = self.sources, []
+        for feed in io.feeds:
+            src = feed.io.source
+            if src is None:
+                continue
+            index = next(i for i, spec in sources.specs.items() if spec.name == feed.name)
+            applied = sources.consumed.get(index)
+            applied_seq = 0 if applied is None else applied.seq - (0 if applied.last else 1)
+            out.append(SourceFigures(feed.name, src.fetched, sources.applied.get(index, 0), applied_seq,
+                                     src.confirmed[0], src.stream_last_seq, src.skipped, src.duplicates))
+        return tuple(out)

@@ -1,0 +1,174 @@
+"""``python app.py --check``: the preflight an operator runs first on a new box.
+
+It shows the configuration (secrets hidden), the JAX version, backend and devices; compiles
+the step for every bucket (controller/device/compiled.py, the code the controller runs) and runs
+each once; checks the metrics address can be bound and makes ONE connection to the feed
+(io_loop/sources/probe.py). Every step runs even when an earlier one failed, so one run lists every
+problem. Exit statuses are those of controller/errors.py: 0 everything worked; 1 JAX,
+compilation or the metrics address failed; 3 the feed is unreachable, refused the
+handshake, or timed out; 2 bad configuration, decided before this runs except for a
+FORKLESS_DEVICES beyond the devices JAX has, which only the compile step can see.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from forkless.controller.codec import Codec, JsonCodec
+from forkless.controller.config import Config
+from forkless.controller.errors import ConfigError
+from forkless.controller.settings.variables import VARIABLES, as_text
+from forkless.io_loop.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
+from forkless.io_loop.net.netaddr import redact_url
+from forkless.io_loop.sources.partitions import format_partitions
+from forkless.io_loop.sources.probe import ProbeFailed, check_metrics_addr, probe_feed
+
+__all__ = ["run_check"]
+
+
+class _Failure(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def run_check(config: Config, processor: Any = None, codec: Codec | None = None, *,
+              out: Callable[[str], None] | None = None) -> int:
+    """Run every check, printing what it finds; return the exit status (see the module doc)."""
+    say = out if out is not None else _print
+    failures: list[_Failure] = []
+
+    def step(title: str, fn: Callable[[], None], code: int = EXIT_CRASH) -> bool:
+        say(f"{title}:")
+        try:
+            fn()
+            return True
+        except ProbeFailed as exc:
+            failure = _Failure(code, str(exc))
+        except _Failure as exc:
+            failure = exc
+        say(f"  FAILED: {failure.reason}")
+        failures.append(failure)
+        return False
+
+    codec = codec if codec is not None else JsonCodec(config.features, max_frame_items=config.max_frame_items)
+    say("forkless --check")
+    step("configuration", lambda: _show_config(config, say))
+    if step("JAX", lambda: _show_jax(say)):
+        step("compiling the step", lambda: _compile(config, processor, say))
+    if config.metrics_addr:
+        step("metrics address", lambda: check_metrics_addr(config.metrics_addr, say))
+    # a JetStream feed's results stream must drop a result published again after a restart: its
+    # duplicate window must cover a checkpoint interval plus a restart (docs/jetstream.md)
+    step("feed", lambda: probe_feed(config.io_settings(), codec, say, dedupe_window_s=2 * config.checkpoint_s + 60),
+         code=EXIT_FEED)
+
+    if failures:
+        reasons = "; ".join(f.reason for f in failures)
+        say(f"check FAILED: {reasons}")
+        print(f"forkless: check failed: {reasons}", file=sys.stderr, flush=True)
+        return failures[0].code
+    say("check passed")
+    return EXIT_OK
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+# ---- configuration ------------------------------------------------------------------------------
+
+
+def _show_config(config: Config, say: Callable[[str], None]) -> None:
+    defaults = Config()
+    for var in VARIABLES:
+        value = getattr(config, var.field)
+        if var.field == "feeds" and value:
+            shown = f"{len(config.feed_specs)} feeds: " + ", ".join(
+                f"{feed.name}={feed.shown_url}" for feed in config.feed_specs) + " (subscribe, headers, tokens hidden)"
+        elif var.secret:
+            if not value:
+                shown = "(unset)"
+            elif isinstance(value, tuple):
+                shown = f"<hidden: {', '.join(k for k, _ in value)}>"
+            else:
+                shown = "<hidden>"
+        elif var.field == "ws_url":
+            shown = redact_url(value) if value else "(unset)" if config.feeds else "(unset: the embedded demo feed)"
+        else:
+            shown = as_text(value) or "(unset)"
+        mark = "" if value == getattr(defaults, var.field) else "   (not the default)"
+        say(f"  {var.env:<28} {shown}{mark}")
+    say(f"  batch sizes compiled: {','.join(map(str, config.buckets))}")
+    for feed in config.feed_specs:
+        spec = feed.jetstream
+        if spec is not None and spec.partitioned:
+            given = (f"FORKLESS_INSTANCE {config.instance} of FORKLESS_INSTANCES {config.instances}"
+                     if config.instance is not None else 'its "partitions"')
+            kept = f"in bucket {config.checkpoint_bucket!r}" if config.checkpoint_bucket else "off"
+            say(f"  {feed.label}: partitioned, partition_count {spec.partition_count}; this instance owns "
+                f"{format_partitions(spec.partitions)} ({len(spec.partitions)} of {spec.partition_count}, from "
+                f"{given}); checkpoints {kept}, leases in {config.lease_bucket!r} for {config.lease_s:g} s")
+
+
+# ---- JAX and compilation --------------------------------------------------------------------------
+
+
+def _show_jax(say: Callable[[str], None]) -> None:
+    # imported here, not at the top: a missing plugin or a bad JAX_PLATFORMS must become
+    # this step's FAILED line, not an import crash before the configuration is shown
+    try:
+        import jax
+        import jaxlib
+
+        backend = jax.default_backend()
+        devices = jax.devices()
+    except Exception as exc:
+        raise _Failure(EXIT_CRASH, f"JAX could not start: {type(exc).__name__}: {_first_line(exc)}") from None
+    say(f"  jax {jax.__version__}, jaxlib {jaxlib.__version__}")
+    say(f"  JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '') or '(unset)'}")
+    say(f"  backend {backend}, {len(devices)} device(s): "
+        + ", ".join(f"{d} ({d.device_kind})" for d in devices))
+    cache = jax.config.jax_compilation_cache_dir  # JAX_COMPILATION_CACHE_DIR, or set in jax.config
+    if cache:
+        say(f"  persistent compilation cache: {cache}")
+
+
+def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None:
+    # these import JAX: only after _show_jax proved it starts (see there)
+    from forkless.controller.device.compiled import compilations
+    from forkless.controller.engine import compile_step
+    from forkless.controller.processor import default_processor
+
+    try:
+        processor = processor if processor is not None else default_processor(config)
+        before = compilations()
+        t0 = time.perf_counter()
+        engine = compile_step(processor, config, on_compiled=lambda bucket, took: say(
+            f"  batch size {bucket:>6}: compiled in {took * 1000:.0f} ms"))
+        total_s = time.perf_counter() - t0
+        made = compilations() - before
+        say(f"  {len(config.buckets)} batch sizes in {total_s:.2f} s, {made} XLA compilations, on "
+            f"{engine.describe()}")
+        t0 = time.perf_counter()
+        names = engine.output_names()  # every batch size once, on padding
+        ran_s = time.perf_counter() - t0
+        again = compilations() - before - made
+    except ConfigError as exc:  # FORKLESS_DEVICES asks for more devices than JAX has
+        raise _Failure(EXIT_CONFIG, str(exc)) from None
+    except Exception as exc:
+        raise _Failure(EXIT_CRASH, f"the step failed to compile or run: {type(exc).__name__}: "
+                                   f"{_first_line(exc)}") from None
+    say(f"  ran every batch size once on zeros in {ran_s * 1000:.1f} ms: outputs "
+        f"{', '.join(names)}; {again} compilations after warm-up")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    return line if len(line) <= 200 else line[:200] + "…"

@@ -1,0 +1,372 @@
+"""``forkless relay`` (and ``python app.py relay``): the WebSocket feeds into a JetStream stream.
+
+    forkless relay           read FORKLESS_FEEDS / FORKLESS_WS_URL, publish every message to
+                             <FORKLESS_RELAY_SUBJECT>.<escaped stream> on FORKLESS_RELAY_NATS
+    forkless relay --help    the variables it reads
+
+Rules:
+- No JAX in this process: nothing here, nor anything it imports, imports JAX, the processors, the
+  engine or the controller's loop (a test runs the relay and checks ``sys.modules``). The
+  configuration is ``controller.config`` (pure), the codec the default ``JsonCodec`` in float64
+  (the payload carries the numbers exactly as the feed wrote them).
+- Threads: the IO thread (io_loop/thread.py) runs the feeds and the publisher
+  (io_loop/relay/publisher.py) on its loop, the publisher taking the chunks in place of the main thread;
+  this main thread only handles the signals, prints the status lines and stops the IO thread.
+- Orderly stop (SIGINT/SIGTERM, FORKLESS_DURATION): the feeds stop reading, everything read is
+  published and acknowledged, then exit 0. The stop is bounded by FORKLESS_SHUTDOWN_TIMEOUT_S:
+  messages still not stored then are counted, logged, and the exit status is 3. A second SIGINT
+  aborts at once (130), what was not stored counted the same way.
+- Exit statuses as the program's (controller/errors.py): 2 a configuration the relay cannot use
+  (naming the variable or the feed), 3 a feed or the NATS server that cannot be used (tries used
+  up, credentials refused) or messages not stored by the stop's deadline, 1 a crash.
+- Metrics: ``/metrics`` serves ``relay_metric_families`` of one ``RelayView`` per scrape, through
+  the controller's one collector (controller/metrics.py ``exposition``);
+  ``/healthz`` and ``/readyz`` read the same view (ready while every required feed and the NATS
+  server are connected).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from forkless.controller.codec import JsonCodec
+from forkless.controller.commands.cli import load_config, report
+from forkless.controller.config import Config
+from forkless.controller.lifetime.host import StopSignals
+from forkless.controller.logs import flush_log_repeats, setup_logging
+from forkless.controller.metrics import SECONDS_STEP, by_reason_family, exposition, histogram_family
+from forkless.controller.queues import POLL_S, STOP_RESERVE_S
+from forkless.controller.settings.vardocs import help_text
+from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
+from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, FeedFatal, ForklessError
+from forkless.io_loop.feeds import feed_sources
+from forkless.io_loop.thread import IOThread
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+__all__ = ["RelayView", "relay_main", "relay_metric_families", "relay_metrics_table_markdown", "relay_status_line"]
+
+log = logging.getLogger("forkless.relay")
+
+ABORT_JOIN_S = 0.5
+
+
+@dataclass(frozen=True)
+class RelayView:
+    """The relay at one moment: the IO side's figures and the publisher's (``io_loop.relay.publisher``),
+    with the names the health endpoints read (io_loop/net/http.py)."""
+
+    io: IOSnapshot
+    relay: Any  # io_loop.relay.relaystats.RelaySnapshot
+    at: float = 0.0  # time.monotonic() when taken
+
+    compiled = True  # nothing to compile: ready means connected
+
+    @property
+    def connected(self) -> bool:
+        return self.io.connected and self.relay.connected
+
+    @property
+    def feeds(self) -> tuple[FeedSnapshot, ...]:
+        return self.io.feeds
+
+    @property
+    def connects(self) -> int:
+        return self.io.connects
+
+    @property
+    def connect_failures(self) -> int:
+        return self.io.connect_failures
+
+    @property
+    def connection_since(self) -> float:
+        return self.io.state_since
+
+    @property
+    def last_error(self) -> str:
+        if not self.relay.connected and self.relay.last_error:
+            return f"the NATS server: {self.relay.last_error}"
+        return self.io.last_error
+
+    @property
+    def loop_lag(self) -> HistogramSnapshot:
+        return self.io.loop_lag
+
+
+# ---- the program ----------------------------------------------------------------------------------
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog=f"{prog} relay", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Read the WebSocket feeds (FORKLESS_FEEDS or FORKLESS_WS_URL; the embedded demo feed when "
+                    "neither is set) and publish every message to <FORKLESS_RELAY_SUBJECT>.<escaped stream> on "
+                    "FORKLESS_RELAY_NATS, each acknowledged by JetStream (docs/relay.md). No JAX.",
+        epilog="Environment variables:\n" + help_text())
+
+
+def relay_main(argv: list[str] | None = None, *, prog: str = "python app.py") -> int:
+    """The relay program; returns its exit status."""
+    _parser(prog).parse_args(argv)
+    try:
+        config = load_config()
+        io_settings, relay_settings = config.relay_settings()
+    except ForklessError as exc:  # a ConfigError
+        return report(exc)
+    setup_logging(config.log_level, config.log_format)
+    try:
+        from forkless.io_loop.relay.publisher import Publisher  # nats-py: an optional extra (pip install ".[nats]")
+        from forkless.io_loop.relay.relaystats import RelayStats
+    except ImportError as exc:
+        print(f"forkless: the relay needs nats-py: pip install \"forkless[nats]\" ({exc})", file=sys.stderr)
+        return EXIT_CONFIG
+    relay = Relay(config, io_settings, Publisher, RelayStats(), relay_settings)
+    try:
+        return relay.run()
+    finally:
+        flush_log_repeats()
+
+
+class Relay:
+    """The relay's main thread (see the module rules)."""
+
+    def __init__(self, config: Config, io_settings: Any, publisher: Callable[..., Any], stats: Any,
+                 relay_settings: Any, out: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.relay_stats = stats
+        self.io_stats = IOStats()
+        names = [spec.name for spec in io_settings.feed_specs]
+        self.publisher = publisher(relay_settings, io_settings, stats, names)
+        # the payload carries x as the feed wrote it: decoded in float64, written back exactly
+        codec = JsonCodec(config.features, max_frame_items=config.max_frame_items, dtype=np.float64)
+        render = exposition(self.view, families=relay_metric_families) if config.metrics_addr else None
+        self.io = IOThread(io_settings, codec, self.io_stats, stats_snapshot=self.view, render_metrics=render,
+                           sources=feed_sources(io_settings), sink=self.publisher)
+        self._print = out if out is not None else (lambda line: print(line, flush=True))
+        self._stop = threading.Event()
+        self._deadline: float | None = None
+        self._aborting = False
+
+    def view(self) -> RelayView:
+        """The relay's figures now (any thread)."""
+        return RelayView(self.io.snapshot(), self.relay_stats.snapshot(), time.monotonic())
+
+    def request_stop(self) -> None:
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self.config.shutdown_timeout_s
+        self._stop.set()
+
+    def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGINT and self._stop.is_set():
+            log.warning("second interrupt: aborting (what was not stored is counted as unpublished)")
+            self._aborting = True
+            self.io.abort()
+            return
+        self.request_stop()
+        log.info("%s received: stopping (reading stopped, publishing what was read)", signal.Signals(signum).name)
+
+    def run(self) -> int:
+        signals = StopSignals(self._on_signal)
+        signals.install()
+        try:
+            return self._run()
+        finally:
+            signals.restore()
+
+    def _run(self) -> int:
+        cfg, io = self.config, self.io
+        try:
+            io.start()
+            if io.demo is not None:
+                log.info("relaying the embedded demo feed (FORKLESS_WS_URL and FORKLESS_FEEDS are unset)")
+            started = time.monotonic()
+            end = started + cfg.duration_s if cfg.duration_s else None
+            next_status = started + cfg.status_s if cfg.status_s > 0 else None
+            first = last = self.view()
+            while not self._stop.is_set() and io.alive:
+                now = time.monotonic()
+                if end is not None and now >= end:
+                    self.request_stop()
+                    break
+                if next_status is not None and now >= next_status:
+                    snap = self.view()
+                    self._print(relay_status_line(snap, last))
+                    last = snap
+                    next_status = max(next_status + cfg.status_s, now)
+                waits = [POLL_S] + [t - now for t in (end, next_status) if t is not None]
+                self._stop.wait(max(0.0, min(waits)))
+            io.raise_if_failed()
+            self.request_stop()
+            self._end_thread()
+            io.raise_if_failed()
+        except ForklessError as exc:  # FeedFatal, MetricsServerError, IOThreadError
+            if isinstance(exc, FeedFatal):  # the feeds gave up while the thread runs: it stores what was read
+                self._end_thread()
+            return report(exc)
+        final = self.view()
+        if cfg.status_s > 0:
+            self._print(relay_status_line(final, first, final=True))
+        books = relay_books_line(final)
+        unstored = final.relay.unpublished
+        log.log(logging.ERROR if unstored else logging.INFO, "%s", books)
+        if self._aborting:
+            return EXIT_INTERRUPTED
+        if unstored:
+            print(f"forkless: relay: {unstored} messages read from the feeds were not stored by "
+                  f"FORKLESS_RELAY_NATS before the stop's deadline (FORKLESS_SHUTDOWN_TIMEOUT_S="
+                  f"{cfg.shutdown_timeout_s:g})", file=sys.stderr)
+            return EXIT_FEED
+        return EXIT_OK
+
+    def _end_thread(self) -> None:
+        """Stop the IO thread in order; abort it if it has not ended by the stop's deadline."""
+        io = self.io
+        if not io.alive:
+            io.join(ABORT_JOIN_S)
+            return
+        deadline = self._deadline if self._deadline is not None else time.monotonic()
+        reserve = min(STOP_RESERVE_S, self.config.shutdown_timeout_s / 3)
+        io.request_stop(deadline - reserve)
+        if not io.join(max(0.0, deadline - reserve - time.monotonic())):
+            if not self._aborting:
+                log.error("the relay did not store everything it read within FORKLESS_SHUTDOWN_TIMEOUT_S=%s; "
+                          "aborting", self.config.shutdown_timeout_s)
+            io.abort()
+            if not io.join(max(ABORT_JOIN_S, deadline - time.monotonic())):
+                log.error("the IO thread did not end after the abort; leaving it behind (it is a daemon)")
+
+
+# ---- the status line and the books ------------------------------------------------------------------
+
+
+def relay_status_line(now: RelayView, before: RelayView, *, final: bool = False) -> str:
+    """One line: messages read, stored, in flight, retried, gaps; the feeds' and the server's state."""
+    r, p, io = now.relay, before.relay, now.io
+    seconds = max(1e-9, now.at - before.at)
+    rate = (r.acked - p.acked) / seconds
+    feeds = io.feeds or ()
+    up = sum(f.up for f in feeds)
+    gaps = sum(r.gaps.values())
+    head = "relay final:" if final else "relay:"
+    return (f"{head} read {io.messages_in} stored {r.acked} ({rate:.0f}/s) in flight {r.held} "
+            f"retried {r.retried} duplicates {r.duplicates} gaps {gaps} ({sum(r.missing.values())} missing) "
+            f"| feeds up {up}/{len(feeds)} reconnects {io.reconnects} | nats "
+            f"{'up' if r.connected else 'down'} reconnects {r.reconnects}")
+
+
+def relay_books_line(view: RelayView) -> str:
+    """Every message read accounted for: stored, held, unpublished, or refused by the codec."""
+    r, io = view.relay, view.io
+    refused = sum(io.errors.values())
+    return (f"relay books: {io.messages_in} messages read = {r.acked} stored + {r.held - r.unpublished} held + "
+            f"{r.unpublished} never stored + {io.messages_in - r.taken} not taken from the feeds' hand-over; "
+            f"{refused} bad inputs refused; {r.retried} publications retried, {r.duplicates} duplicates dropped by "
+            f"the stream; seq gaps {dict(r.gaps) or 0}, missing {dict(r.missing) or 0}, went back "
+            f"{dict(r.back) or 0}")
+
+
+# ---- metrics ---------------------------------------------------------------------------------------
+
+
+def relay_metric_families(view: RelayView) -> list[Metric]:
+    """Every metric family of the relay's ``/metrics`` for one view (pure)."""
+    r, io = view.relay, view.io
+    fams: list[Metric] = []
+    rows = [
+        (CounterMetricFamily, "forkless_relay_taken", "Messages the publisher took from the feeds (each given "
+         "its Nats-Msg-Id).", r.taken),
+        (CounterMetricFamily, "forkless_relay_published", "Messages published for the first time.", r.published),
+        (CounterMetricFamily, "forkless_relay_acked", "Messages JetStream acknowledged (stored, or a duplicate of "
+         "one stored).", r.acked),
+        (CounterMetricFamily, "forkless_relay_retried", "Publications again after a failure (same id).", r.retried),
+        (CounterMetricFamily, "forkless_relay_duplicates", "Acknowledgements saying duplicate: a retried message "
+         "the stream had already stored.", r.duplicates),
+        (GaugeMetricFamily, "forkless_relay_in_flight", "Messages taken and not yet acknowledged (at most "
+         "FORKLESS_MAX_BATCH, plus the last chunk taken).", r.held),
+        (CounterMetricFamily, "forkless_relay_unpublished", "Messages taken and never stored (held when the stop's "
+         "deadline passed or the relay gave up).", r.unpublished),
+        (CounterMetricFamily, "forkless_relay_nats_connects", "Connections opened to the NATS server.", r.connects),
+        (CounterMetricFamily, "forkless_relay_nats_reconnects", "Connections to the NATS server lost or dropped "
+         "after a failed publication, and retried.", r.reconnects),
+        (CounterMetricFamily, "forkless_relay_nats_connect_failures", "Connection attempts to the NATS server that "
+         "failed.", r.connect_failures),
+        (GaugeMetricFamily, "forkless_relay_nats_connected", "1 while connected to the NATS server, else 0.",
+         int(r.connected)),
+    ]
+    for kind, name, doc, value in rows:
+        fams.append(kind(name, doc, value=value))
+    for name, doc, counts in (
+            ("forkless_relay_seq_gaps", "Messages whose seq jumped over missing numbers (FORKLESS_RELAY_SEQ), by "
+             "reason.", r.gaps),
+            ("forkless_relay_seq_missing", "Seq numbers jumped over, by reason.", r.missing),
+            ("forkless_relay_seq_back", "Messages whose seq went back or repeated (a feed that restarted its "
+             "numbering), by reason.", r.back)):
+        fam = CounterMetricFamily(name, doc, labels=["reason"])
+        for reason in ("across a reconnect", "within a connection"):
+            fam.add_metric([reason], counts.get(reason, 0))
+        fams.append(fam)
+    return fams + _relay_feed_families(io)
+
+
+def _relay_feed_families(io: IOSnapshot) -> list[Metric]:
+    """The relay's feeds (read, connections), their bad input and drops, and its IO loop's lag."""
+    fams: list[Metric] = []
+    feeds = io.feeds
+    for kind, name, doc, attr in (
+            (CounterMetricFamily, "forkless_messages_read", "Messages read from each feed (decoded well).",
+             "messages_in"),
+            (CounterMetricFamily, "forkless_frames_received", "WebSocket frames received from the feed.",
+             "frames_in"),
+            (CounterMetricFamily, "forkless_connects", "Connections opened to the feed.", "connects"),
+            (CounterMetricFamily, "forkless_reconnects", "Connections lost and retried.", "reconnects"),
+            (CounterMetricFamily, "forkless_connect_failures", "Connection attempts that failed.",
+             "connect_failures"),
+            (GaugeMetricFamily, "forkless_connected", "1 while connected to the feed, else 0.", "connected")):
+        fam = kind(name, doc, labels=["feed"])
+        for f in feeds:
+            fam.add_metric([f.name], int(getattr(f.io, attr)))
+        fams.append(fam)
+    fams.append(by_reason_family("forkless_errors", "Bad input refused (not published), by reason.", io.errors))
+    fams.append(by_reason_family("forkless_dropped", "Messages dropped, by reason.", io.dropped))
+    fams.append(histogram_family("forkless_io_loop_lag_seconds", "How late the IO loop runs what is due (a block of "
+                                 "the loop shows for as long as it lasted).", io.loop_lag, SECONDS_STEP))
+    return fams
+
+
+def relay_metrics_table_markdown() -> str:
+    """The Markdown table of the relay's metrics (docs/relay.md ``relay-metrics``, by gendocs.py)."""
+    io = IOStats().snapshot()
+    relay = _EmptyRelay()
+    lines = ["| metric | type | labels | help |", "|---|---|---|---|"]
+    for fam in relay_metric_families(RelayView(io, relay)):
+        labels = {"forkless_relay_seq_gaps", "forkless_relay_seq_missing", "forkless_relay_seq_back",
+                  "forkless_errors", "forkless_dropped"}
+        label = "reason" if fam.name in labels else "feed" if fam.name in _FEED_FAMILIES else "—"
+        suffix = "_total" if fam.type == "counter" else ""
+        lines.append(f"| `{fam.name}{suffix}` | {fam.type} | {label} | {fam.documentation} |")
+    return "\n".join(lines) + "\n"
+
+
+_FEED_FAMILIES = {"forkless_messages_read", "forkless_frames_received", "forkless_connects", "forkless_reconnects",
+                  "forkless_connect_failures", "forkless_connected"}
+
+
+class _EmptyRelay:
+    """A publisher's snapshot with nothing counted (for the documentation's table)."""
+
+    taken = published = retried = acked = duplicates = held = unpublished = 0
+    connects = reconnects = connect_failures = 0
+    connected = False
+    state_since = 0.0
+    last_error = ""
+    gaps: dict[str, int] = {}
+    missing: dict[str, int] = {}
+    back: dict[str, int] = {}

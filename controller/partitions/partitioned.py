@@ -1,0 +1,493 @@
+"""Checkpoints of a partitioned instance: one object per partition in a JetStream object-store
+bucket (``FORKLESS_CHECKPOINT_BUCKET``), so that whichever instance owns a partition next can
+restore exactly its rows, wherever they were written.
+
+Rules:
+- An object is a checkpoint in the format of controller/checkpoints/ckptformat.py (header, arrays,
+  SHA-256 trailer and end marker), holding one partition only: its streams' names and
+  last-seen times, their rows of every per-stream leaf, compact (row i = the object's i-th
+  stream), and the feed's position for that partition. No shared leaves (a partitioned
+  processor's come from its ``init``: ``restore_shared=True`` is refused) and no counts.
+- Names: ``<stream>/<partition>/ckpt-<sequence:09d>.fkc`` (``<stream>``: the JetStream stream).
+  Every checkpoint writes one object per owned partition, even a partition with no streams
+  (its position moves on), numbered above every object of the owned partitions found at start,
+  and keeps the newest ``keep`` per partition. A partition is a unit: a process killed between
+  two partitions' objects leaves each partition with a complete object of its own, and each
+  carries its own position, so each resumes from where its own state stands.
+- The split happens on the checkpoint writer thread, from the ``Snapshot`` the checkpointer
+  made: each stream's partition is ``partitions_of`` its name (io_loop/sources/partitions.py, the
+  server's own function), computed once per checkpoint, vectorised.
+- A stream's position in a partition's object is the feed's position as of the checkpoint, or
+  the partition's own restored position when that is further (an instance that took over
+  partitions from several others starts its consumer at the lowest of them, and skips, per
+  partition, what each already holds: io_loop/sources/jsconsumer.py). Where the IO side found the stream
+  holding no further message of the feed's subjects from at or below that position up to a
+  later sequence (``covering``, controller/checkpoints/positions.py), the object records it as ``covered``,
+  and a restore resumes the partition after it: retention of other partitions' messages there
+  refuses nothing (issue 30). An object without it resumes at its position, as before.
+- Each object records the stream's created time with its position (``created``, as an
+  unpartitioned checkpoint does: controller/checkpoints/positions.py); the restore hands it to the feed
+  (``Resume``), which refuses a stream created at another time, deleted and made again since
+  (issue 30). Owned partitions' objects that recorded different created times cannot all be
+  in the stream as it is now: ``PositionLost`` at the restore. Objects without it (older) are
+  not checked.
+- Restore (``load``, before the compile): per owned partition, its newest object that reads
+  back whole; a damaged one (bad checksum, truncated) is skipped with a warning and the one
+  before it used; every one of a partition damaged is ``PositionLost`` (issue 30, fault 1: its
+  state and position are lost, and starting it fresh would hide that); one of another
+  processor (name, version) or with other features, or whose per-stream leaves differ in row
+  shape or dtype, is ``CheckpointMismatch``. The partitions' streams are put one after the
+  other into slots 0..n-1 of the processor's init state (``restore_into``); more streams than
+  ``FORKLESS_MAX_STREAMS`` is ``CheckpointMismatch``.
+- I/O goes through a store with ``put``/``get``/``names``/``delete`` (io_loop/nats/natsstore.py's
+  ``NatsStore``), whose puts refuse once a partition's lease is lost (fencing).
+- ``PartitionOwner`` is the instance's side of it: at start, before anything is restored, it
+  connects to the feed's server, takes a lease on every owned partition (``lease_key``: one
+  key per stream and partition in the KV bucket ``FORKLESS_LEASE_BUCKET``; another live
+  holder: ``LeaseHeld``, exit 2; a dead one's lease is waited out, unless the controller's stop
+  is requested meanwhile: ``StopRequested``, nothing held), checks the deployment record
+  (``deployment_key``: the partition count and FORKLESS_INSTANCES of the live instances; another
+  layout alive: ``DeploymentMismatch``, exit 2), and makes the checkpoint
+  objects' reader and writer when ``FORKLESS_CHECKPOINT_BUCKET`` is set; the controller checks
+  ``lost`` every cycle (a lease that could not be renewed: ``LeaseLost``, exit 3) and calls
+  ``close`` after the stop's checkpoint (the leases are released). ``NoPartitions`` has the same
+  calls for an instance that is not partitioned, so the controller calls them unconditionally.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+from forkless.controller.checkpoints.ckptformat import (
+    CheckpointDamaged,
+    check_fits,
+    decode_names,
+    no_pause,
+    parse_checkpoint,
+)
+from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
+from forkless.controller.device.compiled import per_stream_leaf
+from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
+from forkless.io_loop.errors import LeaseLost, PositionLost
+from forkless.io_loop.sources.jsconsumer import ACCEPT_LOSS
+from forkless.io_loop.sources.partitions import format_partitions, partition_subjects, partitions_of
+
+__all__ = ["NoPartitions", "PartitionOwner", "PartitionPieces", "PartitionedCheckpoints", "check_partitionable",
+           "lease_key", "object_name", "partitioned_feed"]
+
+log = logging.getLogger("forkless.checkpoint")
+
+_NAME = re.compile(r"^(?P<prefix>.+)/(?P<partition>\d+)/ckpt-(?P<seq>\d{9,})\.fkc$")
+
+
+class ObjectStore(Protocol):
+    def put(self, name: str, data: bytes) -> None: ...
+    def get(self, name: str) -> bytes | None: ...
+    def names(self, prefix: str = "") -> list[str]: ...
+    def delete(self, name: str) -> None: ...
+
+
+def object_name(stream: str, partition: int, sequence: int) -> str:
+    return f"{stream}/{partition}/ckpt-{sequence:09d}.fkc"
+
+
+@dataclass
+class PartitionPieces:
+    """What ``load`` found: per partition, its streams and per-stream rows and its position."""
+
+    names: list[str] = field(default_factory=list)
+    last_seen: list[np.ndarray] = field(default_factory=list)
+    rows: list[list[np.ndarray]] = field(default_factory=list)  # per partition, per per-stream leaf
+    positions: dict[int, list[Any]] = field(default_factory=dict)  # partition -> [seq, index, last]
+    created: dict[int, str] = field(default_factory=dict)  # partition -> the stream's created time recorded
+    objects: list[str] = field(default_factory=list)
+    wall_time: float = 0.0
+    nbytes: int = 0
+
+    @property
+    def streams(self) -> int:
+        return len(self.names)
+
+
+class PartitionedCheckpoints:
+    """The owned partitions' checkpoint objects in ``store`` (see the module rules).
+    ``feed``: the partitioned feed's name (the key of its position); ``stream``/``template``:
+    its JetStream stream and subject template; ``like``: the state's canonical shapes
+    (``checkpoint_shapes``/``state_shapes``), whose per-stream leaves have ``slots`` rows."""
+
+    def __init__(self, store: ObjectStore, *, feed: str, stream: str, template: str, count: int,
+                 partitions: Sequence[int], keep: int, like: Any, slots: int) -> None:
+        self.store = store
+        self.feed = feed
+        self.stream = stream
+        self.template = template
+        self.count = count
+        self.partitions = tuple(partitions)
+        self.keep = keep
+        self.slots = slots
+        flat, _ = jax.tree_util.tree_flatten_with_path(like)
+        self.leaf_names = ["state" + jax.tree_util.keystr(path) for path, _ in flat]
+        self.per_stream = [per_stream_leaf(leaf, slots) for _, leaf in flat]
+        self.row_shapes = [(tuple(leaf.shape[1:]), np.dtype(leaf.dtype)) for _, leaf in flat]
+        self.label = f"bucket objects {stream}/<partition>/ (partitions {format_partitions(self.partitions)})"
+
+    # ---- numbering ----------------------------------------------------------------------------------
+
+    def _existing(self) -> dict[int, list[tuple[int, str]]]:
+        """The owned partitions' objects, oldest first: partition -> [(sequence, name)]."""
+        owned = set(self.partitions)
+        found: dict[int, list[tuple[int, str]]] = {p: [] for p in self.partitions}
+        for name in self.store.names(f"{self.stream}/"):
+            m = _NAME.match(name)
+            if m and m.group("prefix") == self.stream and int(m.group("partition")) in owned:
+                found[int(m.group("partition"))].append((int(m.group("seq")), name))
+        for items in found.values():
+            items.sort()
+        return found
+
+    def start(self) -> None:
+        """Nothing to prepare: the bucket is the store's (a ``CheckpointStore``:
+        controller/checkpoints/checkpointer.py)."""
+
+    def next_sequence(self) -> int:
+        """Above every object of the owned partitions (whoever wrote them)."""
+        seqs = [seq for items in self._existing().values() for seq, _ in items]
+        return max(seqs) + 1 if seqs else 0
+
+    # ---- writing (the checkpoint writer thread) -----------------------------------------------------
+
+    def write(self, sequence: int, snapshot: Snapshot, pause: Callable[[], None] = no_pause) -> tuple[int, str]:
+        """One object per owned partition; returns the bytes written and a label for the logs."""
+        names = snapshot.names if isinstance(snapshot.names, list) else list(snapshot.names)
+        parts = partitions_of(names, self.count)
+        pause()
+        slots = np.asarray(snapshot.slots)
+        seen = np.asarray(snapshot.last_seen)
+        leaves = jax.tree_util.tree_leaves(snapshot.state)
+        per_stream = [np.asarray(leaf) for leaf, flag in zip(leaves, self.per_stream) if flag]
+        order = np.argsort(parts, kind="stable")
+        bounds = np.searchsorted(parts[order], np.arange(self.count + 1))
+        total = 0
+        for p in self.partitions:
+            idx = order[bounds[p]:bounds[p + 1]]
+            rows = slots[idx]
+            piece = Snapshot(
+                state=[leaf[rows] for leaf in per_stream],
+                names=[names[i] for i in idx], slots=np.arange(len(idx), dtype=np.int32),
+                last_seen=seen[idx], counts={},
+                settings={**snapshot.settings, "partition": p, "partition_count": self.count,
+                          "leaves": [n for n, flag in zip(self.leaf_names, self.per_stream) if flag]},
+                wall_time=snapshot.wall_time, positions=self._position(snapshot.positions, p))
+            data = checkpoint_bytes(piece, pause)
+            self.store.put(object_name(self.stream, p, sequence), data)
+            total += len(data)
+            pause()
+        return total, f"{self.stream}/*/ckpt-{sequence:09d}.fkc ({len(self.partitions)} partitions)"
+
+    def _position(self, positions: Mapping[str, Any], partition: int) -> dict[str, Any]:
+        pos = positions.get(self.feed)
+        if pos is None:
+            return {}
+        floor = (pos.get("partitions") or {}).get(str(partition))
+        cur = None if pos.get("seq") is None else [pos["seq"], pos["index"], pos["last"]]
+        if floor is not None and (cur is None or _after(floor, cur)):
+            cur = floor
+        if cur is None:  # nothing of the feed consumed yet, and no position restored for it
+            return {}
+        seq, index, last = cur
+        (subject,) = partition_subjects(self.template, [partition])
+        out = {"stream": pos["stream"], "subject": subject, "partition": partition,
+               "seq": seq, "index": index, "last": last, "replied": pos.get("replied")}
+        handed, through = pos.get("covering") or (0, 0)
+        if last and handed <= seq < through:
+            # the partition's state holds its messages up to seq, so up to handed: and the stream held
+            # none of the feed's subjects' between handed and through (controller/checkpoints/positions.py)
+            out["covered"] = through
+        if pos.get("created"):  # the stream the position counts in (a floor's: checked at the connection)
+            out["created"] = pos["created"]
+        return {self.feed: out}
+
+    def prune(self) -> None:
+        for items in self._existing().values():
+            for _, name in items[:-self.keep]:
+                self.store.delete(name)
+
+    # ---- restoring (the main thread, before the compile) -------------------------------------------
+
+    def load(self, expect: Mapping[str, Any], like: Any = None, skipped: list[Any] | None = None
+             ) -> PartitionPieces | None:
+        """Each owned partition's newest good object (see the module rules); None if none has one.
+        ``like`` and ``skipped`` (the ``CheckpointStore`` call) are not used: the objects' shapes
+        are this object's. A damaged one is logged and the partition's previous one used; a
+        partition whose every object is damaged raises ``PositionLost`` (its state and position
+        are lost: started fresh, its later messages would be answered from an empty state)."""
+        expect = {k: v for k, v in expect.items() if k != "max_streams"}  # rows are compact: any capacity
+        pieces = PartitionPieces()
+        found_any = False
+        lost: dict[int, list[str]] = {}  # partition -> its objects, every one damaged
+        for p, items in self._existing().items():
+            damaged: list[str] = []
+            for _, name in reversed(items):
+                got = self._read_object(name, p, expect)
+                if got is None:  # gone since it was listed (pruned): not damaged
+                    continue
+                if isinstance(got, str):
+                    log.warning("skipping checkpoint object %s: %s", name, got)
+                    damaged.append(name)
+                    continue
+                header, names, rows, seen, nbytes = got
+                found_any = True
+                self._add(pieces, f"{name} (bucket object)", p, header, names, rows, seen)
+                pieces.objects.append(name)
+                pieces.nbytes += nbytes
+                break
+            else:
+                if damaged:
+                    lost[p] = damaged
+        if lost:
+            raise PositionLost(
+                f"{self.label}: every checkpoint object of partitions {format_partitions(sorted(lost))} is damaged "
+                f"({', '.join(name for names in lost.values() for name in names)}), so the state they held and "
+                f"their positions are unknown: refusing to start them fresh. To continue anyway, {ACCEPT_LOSS}")
+        if len(pieces.names) > self.slots - 1:
+            raise CheckpointMismatch(self.label, "streams in the owned partitions (FORKLESS_MAX_STREAMS)",
+                                     len(pieces.names), self.slots - 1)
+        return pieces if found_any else None
+
+    def _read_object(self, name: str, p: int, expect: Mapping[str, Any]) -> Any:
+        """Partition ``p``'s object ``name``: ``_read``'s parts and its size; None when it is gone;
+        why it cannot be used (a ``str``) when it is damaged or unreadable. ``CheckpointMismatch``
+        is raised, never skipped: it names the setting and both values."""
+        # nats-py is an optional extra: loaded only where a partitioned feed (and so a NatsStore) exists
+        from forkless.io_loop.nats.objects import ObjectDamaged
+
+        try:
+            data = self.store.get(name)
+        except ObjectDamaged as exc:
+            return str(exc)
+        if data is None:
+            return None
+        try:
+            return (*self._read(f"{name} (bucket object)", data, p, expect), len(data))
+        except CheckpointMismatch:
+            raise  # a ValueError too, but never skipped
+        except CheckpointDamaged as exc:
+            return str(exc)
+        except (KeyError, ValueError) as exc:
+            return f"unreadable: {exc}"
+
+    def _read(self, where: str, data: bytes, p: int, expect: Mapping[str, Any]
+              ) -> tuple[dict[str, Any], list[str], list[np.ndarray], np.ndarray]:
+        """Partition ``p``'s object: its header, stream names, per-stream rows and last-seen
+        times. ``CheckpointMismatch`` when it does not fit; ``CheckpointDamaged``, ``KeyError``,
+        ``ValueError`` when it does not read back."""
+        header, arrays = parse_checkpoint(data, where)
+        settings = header.get("settings", {})
+        check_fits(where, header, expect)
+        if settings.get("partition") != p or settings.get("partition_count") != self.count:
+            raise CheckpointMismatch(where, "partition / partition_count",
+                                     [settings.get("partition"), settings.get("partition_count")], [p, self.count])
+        leaf_names = [n for n, flag in zip(self.leaf_names, self.per_stream) if flag]
+        if settings.get("leaves") != leaf_names:
+            raise CheckpointMismatch(where, "the per-stream leaves", settings.get("leaves"), leaf_names)
+        n = int(header.get("streams", 0))
+        names = decode_names(arrays["streams.names"], header.get("names_encoding", "json"), n)
+        rows = []
+        rows_expected = [shape for shape, flag in zip(self.row_shapes, self.per_stream) if flag]
+        for i, (shape, dtype) in enumerate(rows_expected):
+            got = arrays[f"state[{i}]"]
+            if got.shape != (n, *shape) or got.dtype != dtype:
+                raise CheckpointMismatch(where, f"state leaf {leaf_names[i]!r}",
+                                         f"{got.dtype.name}{list(got.shape[1:])}", f"{dtype.name}{list(shape)}")
+            rows.append(got)
+        return header, names, rows, arrays["streams.last_seen"]
+
+    def _add(self, pieces: PartitionPieces, where: str, p: int, header: dict[str, Any], names: list[str],
+             rows: list[np.ndarray], seen: np.ndarray) -> None:
+        """Partition ``p``'s object read back, added to ``pieces`` (its position checked)."""
+        pieces.names.extend(names)
+        pieces.last_seen.append(np.asarray(seen, np.float64))
+        pieces.rows.append(rows)
+        pos = header.get("positions", {}).get(self.feed)
+        if pos is not None:
+            if pos.get("stream") != self.stream:
+                raise CheckpointMismatch(where, f"JetStream feed {self.feed!r}: stream", pos.get("stream"),
+                                         self.stream)
+            pieces.positions[p] = [int(pos["seq"]), int(pos["index"]), bool(pos["last"])]
+            if pos["last"] and int(pos.get("covered") or 0) > int(pos["seq"]):
+                # none of the partition's messages between them: its state holds all of them up to it
+                pieces.positions[p] = [int(pos["covered"]), 0, True]
+            if pos.get("created"):
+                pieces.created[p] = str(pos["created"])
+        pieces.wall_time = max(pieces.wall_time, float(header.get("wall_time", 0.0)))
+
+    def stream_created(self, pieces: PartitionPieces) -> str:
+        """The stream's created time the partitions' objects recorded ("" where none did: not
+        checked); ``PositionLost`` when they recorded different ones (the stream was made again
+        between them: not every partition's position counts in the stream as it is now)."""
+        by_time: dict[str, list[int]] = {}
+        for p, created in sorted(pieces.created.items()):
+            by_time.setdefault(created, []).append(p)
+        if len(by_time) > 1:
+            times = "; ".join(f"partitions {format_partitions(ps)}: created {t}" for t, ps in sorted(by_time.items()))
+            raise PositionLost(
+                f"{self.label}: the objects recorded their positions in streams {self.stream!r} created at different "
+                f"times ({times}): it was deleted and made again between them, so not every partition's position "
+                f"counts in the stream as it is now. To continue anyway, {ACCEPT_LOSS}")
+        return next(iter(by_time), "")
+
+    def restore_into(self, init: Any, pieces: PartitionPieces) -> Any:
+        """``init`` (the processor's init state, canonical host arrays) with the partitions' rows in
+        slots 0..n-1, in the order of ``pieces.names``."""
+        leaves, treedef = jax.tree_util.tree_flatten(init)
+        out, k = [], 0
+        for leaf, flag in zip(leaves, self.per_stream):
+            leaf = np.array(leaf)  # a writable copy
+            if flag:
+                at = 0
+                for rows in pieces.rows:
+                    block = rows[k]
+                    leaf[at:at + len(block)] = block
+                    at += len(block)
+                k += 1
+            out.append(leaf)
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _after(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Position ``a`` lies after ``b`` (both [seq, index, last])."""
+    return (int(a[0]), int(a[1])) > (int(b[0]), int(b[1]))
+
+
+def check_partitionable(processor: Any) -> None:
+    """``ProcessorContractError`` (exit 2) for a processor whose state cannot be split by partition."""
+    if not getattr(processor, "per_stream", True):
+        raise ProcessorContractError(
+            "a partitioned feed needs a processor whose step keeps streams apart: this one declares per_stream=False "
+            "(its step mixes streams), so a partition's state would depend on other partitions' streams")
+    if getattr(processor, "restore_shared", False):
+        raise ProcessorContractError(
+            "a partitioned feed needs a processor whose shared leaves come from its init: this one declares "
+            "restore_shared=True (it learns shared leaves online), which no single partition's checkpoint can hold")
+
+
+def partitioned_feed(feeds: Sequence[Any], processor: Any) -> Any:
+    """The partitioned JetStream feed among ``feeds`` (config.py allows one at most), its
+    processor checked (``check_partitionable``); None when there is none."""
+    feed = next((spec for spec in feeds if spec.jetstream is not None and spec.jetstream.partitioned), None)
+    if feed is not None:
+        check_partitionable(processor)
+    return feed
+
+
+def lease_key(stream: str, partition: int) -> str:
+    """The KV key of a partition's lease: the stream name (characters a KV key cannot hold
+    written as ``=XX``), a dot, the partition."""
+    return f"{_key_safe(stream)}.{partition}"
+
+
+def deployment_key(stream: str) -> str:
+    """The KV key of the stream's deployment record (the partition count and instances its live
+    instances run with), beside its partitions' leases."""
+    return f"{_key_safe(stream)}.deployment"
+
+
+def _key_safe(stream: str) -> str:
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "".join(f"={b:02X}" for b in c.encode())
+                   for c in stream)
+
+
+class PartitionOwner:
+    """The leases and checkpoint objects of a partitioned instance (see the module rules)."""
+
+    def __init__(self, store: Any, feed: Any, checkpoints: PartitionedCheckpoints | None) -> None:
+        self.store = store
+        self.feed = feed
+        self.checkpoints = checkpoints
+
+    @classmethod
+    def open(cls, config: Any, feed: Any, like: Any, stop: threading.Event | None = None) -> PartitionOwner:
+        """Connect, take the leases (blocking: a dead holder's are waited out), and make the
+        checkpoint objects' reader/writer if a bucket is configured. ``stop`` set meanwhile (a
+        signal during the wait): ``StopRequested``, with nothing held."""
+        # nats-py is an optional extra, loaded only by a process with a JetStream feed
+        from forkless.io_loop.nats.natsstore import NatsStore
+
+        spec = feed.jetstream
+        holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        store = NatsStore(config.io_settings(), feed, bucket=config.checkpoint_bucket or None,
+                          lease_bucket=config.lease_bucket, lease_s=config.lease_s, holder=holder)
+        store.start(stop)
+        try:
+            store.acquire([lease_key(spec.stream, p) for p in spec.partitions], stop)
+            # after the leases (a dead deployment's record expires with them): another layout alive is refused
+            store.claim_deployment(deployment_key(spec.stream),
+                                   {"partition_count": spec.partition_count, "instances": config.instances},
+                                   {lease_key(spec.stream, p): p for p in range(spec.partition_count)}, stop)
+            log.info("%s: holding the leases of partitions %s of %d (as %s)", feed.label,
+                     format_partitions(spec.partitions), spec.partition_count, holder)
+            checkpoints = None
+            if config.checkpoint_bucket:
+                checkpoints = PartitionedCheckpoints(
+                    store, feed=feed.name, stream=spec.stream, template=spec.subject, count=spec.partition_count,
+                    partitions=spec.partitions, keep=config.checkpoint_keep, like=like, slots=config.max_streams + 1)
+        except BaseException:
+            store.close()
+            raise
+        return cls(store, feed, checkpoints)
+
+    @property
+    def unowned(self) -> int:
+        """How many of the stream's partitions have had no live lease for longer than a lease."""
+        return len(self.store.unowned)
+
+    @property
+    def lost(self) -> bool:
+        """A lease lost, or run out unrenewed (a pause past the lease): see ``holds``."""
+        return not self.store.holds()
+
+    def holds(self) -> bool:
+        """Every lease still held by time (any thread, no I/O): the IO side's fence before it
+        publishes replies (io_loop/sources/jspublish.py)."""
+        return self.store.holds()
+
+    def raise_if_lost(self) -> None:
+        """``LeaseLost`` if a lease could not be renewed in time (the controller asks every cycle)."""
+        if self.lost:
+            raise LeaseLost(f"{self.feed.label}: the lease of a partition could not be renewed in time "
+                            "(FORKLESS_LEASE_S): another instance may own it now, so this one stops")
+
+    def io_arguments(self) -> dict[str, Any]:
+        """What the IO side is given: ``fence``, asked before each publication of replies."""
+        return {"fence": self.holds}
+
+    def close(self) -> None:
+        """Release the leases and close the connection (idempotent)."""
+        self.store.close()
+
+
+class NoPartitions:
+    """The owner of an instance that is not partitioned: the same calls, nothing held, nothing lost."""
+
+    checkpoints = None
+    lost = False
+    unowned = 0
+
+    def raise_if_lost(self) -> None:
+        pass
+
+    def io_arguments(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,10 @@
+"""The ``FORKLESS_*`` variables: the registry (``variables``), the value parsers (``values``), ``FORKLESS_FEEDS``
+parsed (``feedspec``) and the variables as documentation (``vardocs``); ``Config`` itself is controller/config.py.
+
+Rules:
+- A room of ``forkless.controller``: each module is imported by its full name
+  (``forkless.controller.settings.variables``); this ``__init__`` imports nothing, so importing one module of the
+  room loads only what that module imports.
+- The layers and their directions are the modules' own (tests/test_architecture.py lists each module in one layer);
+  a room changes where a module lives, not what it may import.
+"""

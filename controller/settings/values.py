@@ -1,0 +1,256 @@
+"""The value parsers of the ``FORKLESS_*`` variables: each takes the raw text and returns a value
+or raises ``ValueError`` (pure but for the file checks).
+
+Rules:
+- A parser refuses with ``ValueError`` (or ``TypeError``, ``OSError``); the variable's
+  ``allowed`` text says what is right. ``ValueProblem`` is a refusal with a detail fit to show,
+  appended to that text; a parser never puts a secret in it.
+- The parsers that check files do so when the configuration is read, not at the first use:
+  ``pem_file`` has OpenSSL load the CA file (no socket is opened), ``checkpoint_dir`` asks
+  whether the directory could be made and written, so either fails with exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import ssl
+import stat
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_socket_path, url_host_port
+
+__all__ = ["BUCKET_NAME", "SUBJECT_TOKEN", "ValueProblem", "address", "boolean", "bucket", "checkpoint_dir", "choice",
+           "device_count", "existing_file", "header_pairs", "integer", "is_subject", "json_text", "listen_socket",
+           "nats_urls", "number", "optional", "optional_text", "pem_file", "relay_subject", "unix_socket", "ws_url"]
+
+BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a JetStream object-store or KV bucket (nats-py's rule, capped)
+SUBJECT_TOKEN = re.compile(r"[^\s.]+")
+
+
+class ValueProblem(ValueError):
+    """A parser's refusal with a detail fit to show (never a secret): appended to the
+    variable's ``allowed`` text in the ``ConfigError``."""
+
+
+def integer(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text.strip())
+        if value < lo or (hi is not None and value > hi):
+            raise ValueError
+        return value
+
+    return parse
+
+
+def number(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = float(text.strip())
+        if not math.isfinite(value):
+            raise ValueError
+        if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
+            raise ValueError
+        return value
+
+    return parse
+
+
+def optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse_optional(text: str) -> Any:
+        return None if text.strip() == "" else parse(text)
+
+    return parse_optional
+
+
+def choice(*choices: str, upper: bool = False) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().upper() if upper else text.strip().lower()
+        if value not in choices:
+            raise ValueError
+        return value
+
+    return parse
+
+
+def boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError
+
+
+def ws_url(text: str) -> str:
+    text = text.strip()
+    if text == "":
+        return ""
+    parts = urlsplit(text)  # raises ValueError for some malformed IPv6 literals itself
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise ValueError
+    url_host_port(text)  # brackets only around an IPv6 address, then nothing or :port (1-65535)
+    return text
+
+
+def bucket(text: str) -> str:
+    """A JetStream bucket name (object store, KV)."""
+    text = text.strip()
+    if not BUCKET_NAME.fullmatch(text):
+        raise ValueError
+    return text
+
+
+def optional_text(parse: Callable[[str], str]) -> Callable[[str], str]:
+    def parse_optional(text: str) -> str:
+        return "" if text.strip() == "" else parse(text)
+
+    return parse_optional
+
+
+def address(text: str) -> str:
+    """``host:port``, ``unix:/path`` (a socket this process will listen on: ``listen_socket``), or empty."""
+    text = text.strip()
+    if not text:
+        return text
+    try:
+        path = unix_address(text)
+    except ValueError as exc:
+        raise ValueProblem(str(exc)) from None
+    if path is not None:
+        listen_socket(path)
+    else:
+        parse_host_port(text)
+    return text
+
+
+def unix_socket(text: str) -> str:
+    """The path of a unix-domain socket to connect to (``netaddr.unix_socket_path``), or empty: its
+    server may start later, so it need not exist yet."""
+    text = text.strip()
+    if text == "":
+        return ""
+    try:
+        return unix_socket_path(text)
+    except ValueError as exc:
+        raise ValueProblem(str(exc)) from None
+
+
+def listen_socket(text: str) -> str:
+    """The path of a unix-domain socket this process will listen on, or empty: its directory must
+    exist and be writable, and the path must not be something other than a socket."""
+    path = unix_socket(text)
+    if not path:
+        return ""
+    directory = os.path.dirname(path) or "/"
+    if not os.path.isdir(directory):
+        raise ValueProblem(f"the directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueProblem(f"the directory {directory} is not writable by this process")
+    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise ValueProblem(f"{path} exists and is not a socket")
+    return path
+
+
+def json_text(text: str) -> str:
+    """A JSON document, or ``@path`` naming a file holding one; returns the JSON text."""
+    text = text.strip()
+    if text == "":
+        return ""
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as f:
+            text = f.read()
+    json.loads(text)
+    return text
+
+
+def header_pairs(text: str) -> tuple[tuple[str, str], ...]:
+    if text.strip() == "":
+        return ()
+    value = json.loads(text)
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError
+    return tuple((str(k), v) for k, v in value.items())
+
+
+def pem_file(text: str) -> str:
+    """An existing file holding at least one PEM certificate that OpenSSL accepts."""
+    text = text.strip()
+    if text:
+        if not os.path.isfile(text):
+            raise ValueError
+        ssl.create_default_context().load_verify_locations(cafile=text)  # ssl.SSLError is an OSError
+    return text
+
+
+def checkpoint_dir(text: str) -> str:
+    """A directory to keep checkpoints in, created if missing: not an existing non-directory,
+    and under the nearest existing ancestor, a directory this process may write to."""
+    text = text.strip()
+    if text == "":
+        return ""
+    if "\x00" in text or any(len(part.encode("utf-8", "surrogatepass")) > 255 for part in text.split("/")):
+        raise ValueError
+    probe = os.path.abspath(text)
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError
+    return text
+
+
+def nats_urls(text: str) -> str:
+    """One nats:// or tls:// URL, or several comma-separated (each with a host, port 1-65535); "" stays ""."""
+    text = text.strip()
+    for url in text.split(",") if text else ():
+        scheme, sep, _ = url.strip().partition("://")
+        if scheme not in ("nats", "tls") or not sep:
+            raise ValueError
+        url_host_port(url.strip())
+    return text
+
+
+def relay_subject(text: str) -> str:
+    """The relay's subject prefix: a NATS subject without wildcards ("" stays "")."""
+    text = text.strip()
+    if text and not is_subject(text, wildcards=False):
+        raise ValueError
+    return text
+
+
+def existing_file(text: str) -> str:
+    text = text.strip()
+    if text and not os.path.isfile(text):
+        raise ValueError
+    return text
+
+
+def is_subject(text: Any, *, wildcards: bool) -> bool:
+    """A NATS subject: dot-separated tokens without spaces; with ``wildcards``, a token may be
+    ``*``, and the last one ``>``."""
+    if not isinstance(text, str) or not 0 < len(text) <= 1024:
+        return False
+    tokens = text.split(".")
+    for i, token in enumerate(tokens):
+        if not SUBJECT_TOKEN.fullmatch(token):
+            return False
+        wildcard = token == "*" or (token == ">" and i == len(tokens) - 1)
+        if ("*" in token or ">" in token) and not (wildcards and wildcard):
+            return False
+    return True
+
+
+def device_count(text: str) -> int | str:
+    """``all`` or a count; whether the process has that many devices is known only once JAX
+    starts (controller/device/compiled.py ``use_devices`` checks it, with the same variable named)."""
+    text = text.strip().lower()
+    return "all" if text == "all" else integer(1, 4096)(text)
+
+
+def in_flight(text: str) -> int | str:
+    """``auto`` (the measured default of the platform, controller/inflight.py) or a count of steps."""
+    text = text.strip().lower()
+    return "auto" if text == "auto" else integer(1, 64)(text)

@@ -1,0 +1,445 @@
+"""WebSocketSource: the built-in WebSocket feed, a ``Source`` (io_loop/source.py) like a user's own
+client: the reconnect loop around one WebSocket connection at a time, for one feed.
+
+Rules:
+- Runs on the IO thread's loop only, under a ``SourceRunner`` exactly as a user's source does, and
+  talks to the rest only through its ``SourceContext``. One reader task and one writer task per
+  connection. With several feeds (io_loop/feeds.py) there is one per feed on the same loop.
+- Reader: frame -> ``ctx.emit(frame, received_ns=...)``, which decodes it, hands the good messages
+  over (io_loop/handover.py) and answers or declines the bad ones under the feed's reply policy
+  (``replies_declined``, logged once per reason). One await a frame; nothing else per frame.
+- Writer: ``ctx.replies()``, each reply batch in one socket write (io_loop/net/aiohttp_compat.py's
+  cork). A batch part-written when a connection is lost is handed again first on the next one;
+  nothing taken is forgotten.
+- On each new connection the feed's ``subscribe`` text, then the on-connect hook's frames
+  (io_loop/sources/on_connect.py), are sent before anything else; a hook that fails fails the attempt
+  like a failed connect.
+- Before each attempt's handshake the before-connect hook (io_loop/sources/before_connect.py), if
+  given, says the attempt's URL and headers; a hook that fails fails the attempt like a failed
+  connect.
+- Reconnect on any loss (refused, reset, TLS, handshake timeout, 5xx, close frame,
+  heartbeat timeout, stale feed) with ``Backoff``, by the reconnect driver (io_loop/reconnect.py);
+  an HTTP 4xx handshake (but 408/429, and 401/403 when a before-connect hook can give new
+  credentials) or used-up tries raise ``FeedFatal``.
+- Orderly stop: ``SourceRunner.stop_reading`` sets ``ctx.stopping`` and waits for the emit in
+  progress. A reader waiting in ``receive()`` is cancelled by the connection's watch of
+  ``ctx.stopping``; one inside ``ctx.emit`` never is (it finishes and ends by itself), so no
+  received frame is lost half handed over. The writer sends everything until the replies end,
+  then the socket is closed with code 1000; replies written to a connection that ended without
+  the server's closing handshake are ``written_unconfirmed``.
+- A feed with a unix-domain socket (``FeedSpec.unix_socket``) connects through it on every attempt
+  (io_loop/sources/connect.py's ``new_session``), the URL (a before-connect hook's too) giving the
+  handshake's path and ``Host``; logs name it ``ws://host/path via unix:/path``.
+- Secrets (token, headers) are never logged; URLs are logged without query or credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.capabilities import SourceCapabilities
+from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.net import aiohttp_compat
+from forkless.io_loop.reconnect import drive
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.source import SourceContext, SourceStopped
+from forkless.io_loop.sources.before_connect import BeforeConnect, call_before_connect
+from forkless.io_loop.sources.connect import (
+    ConnectFailed,
+    HandshakeRefused,
+    handshake_headers,
+    make_ssl_context,
+    new_session,
+    open_feed,
+    short,
+    shown_target,
+)
+from forkless.io_loop.sources.on_connect import HookFailed, OnConnect, call_hook
+
+__all__ = ["End", "Outcome", "WebSocketSource", "pause_before_reconnect"]
+
+log = logging.getLogger("forkless.client")
+
+CLOSE_TIMEOUT_S = 2.0  # how long an orderly close waits for the server's close frame
+GIVE_UP_CLOSE_S = 0.25  # how long closing a connection that is being given up may take
+# refused handshakes a before-connect hook may answer with new credentials (an expired token)
+CREDENTIALS_REFUSED = (401, 403)
+
+
+class Outcome(enum.Enum):
+    """How a reader, a writer or a whole connection ended."""
+
+    DRAINED = "outbound shut down and every item sent"  # writer
+    STOPPED = "stopped reading on request"  # reader
+    CLOSED = "closed with 1000 after sending every result"  # connection
+    LOST = "connection lost"  # any of them; ``End.reason`` says why
+
+
+@dataclass(frozen=True)
+class End:
+    outcome: Outcome
+    reason: str = ""
+
+
+async def pause_before_reconnect(delay: float, ended: Callable[[], bool]) -> None:
+    """Sleep ``delay`` seconds before a feed's next attempt, or less once ``ended()`` says the
+    stop has come and nothing is left to send (a feed that is down need not connect again)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + delay
+    while True:
+        left = end - loop.time()
+        if left <= 0 or ended():
+            return
+        await asyncio.sleep(min(left, 0.05))
+
+
+class WebSocketSource(SourceCapabilities):
+    """The built-in WebSocket feed as a ``Source`` (io_loop/source.py; see the module rules):
+    connects to ``feed.url`` (or ``url``: the embedded demo feed's address) and serves
+    connections until stopped and drained. ``on_connect`` computes frames to send first on each
+    connection (io_loop/sources/on_connect.py); ``before_connect`` each attempt's URL and headers
+    (io_loop/sources/before_connect.py)."""
+
+    starts_connected = False  # connected once a connection is open (SourceContext.connection_opened)
+
+    def __init__(self, settings: IOSettings, feed: FeedSpec, *, url: str | None = None,
+                 on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None) -> None:
+        self.name = feed.name
+        self.replies = feed.replies
+        self.required = feed.required
+        self.settings = settings
+        self.feed = feed
+        self.url = url = url or feed.url
+        self.unix_socket = feed.unix_socket
+        self.shown_url = shown_target(url, self.unix_socket)
+        self.subscribe = feed.subscribe
+        self.on_connect = on_connect
+        self.before_connect = before_connect
+        self._attempt = 0  # attempts since the feed started or a connection was served (before_connect's count)
+        self._logged_hook_failures: set[str] = set()
+        # TLS: made now for a configured wss:// URL (a CA file OpenSSL refuses fails at once), else at the
+        # first wss:// URL a before-connect hook gives
+        self._ssl_context = make_ssl_context(settings) if url.startswith("wss:") else None
+        self._emitting = False  # the reader is inside ctx.emit: the stop lets it finish, never cancels it
+        self._last_frame_at = 0.0
+        self._connection_id = 0
+        self._cork: aiohttp_compat.CorkedTransport | None = None
+
+    async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
+        """``--check``'s try of the feed: one connection (io_loop/sources/probe.py's ``probe_websocket``)."""
+        from forkless.io_loop.sources.probe import probe_websocket  # only --check probes: a run never loads the probe
+
+        await probe_websocket(self.settings, codec, self.url, say, self.feed)
+
+    # ---- the connection loop ----------------------------------------------------------------
+
+    async def run(self, ctx: SourceContext) -> None:
+        """Connect, serve, reconnect (io_loop/reconnect.py), until stopped and every result is sent
+        (or FeedFatal)."""
+        self._ctx = ctx
+        async with new_session(self.unix_socket) as session:
+            await drive(_Link(self, ctx, session), Backoff.from_settings(self.settings))
+
+    async def _open(self, session: aiohttp.ClientSession) -> tuple[aiohttp.ClientWebSocketResponse, list[str | bytes]]:
+        """One attempt: the handshake (the before-connect hook's URL and headers), then the frames to
+        send first. Raises ``ConnectFailed``, ``HandshakeRefused``."""
+        self._attempt += 1
+        url, headers = await self._handshake()
+        tls = self._ssl(url)
+        if tls is not None and self.settings.tls_insecure:
+            log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)", self.shown_url)
+        ws = await open_feed(session, url, self.settings, tls, feed=self.feed, headers=headers)
+        return ws, await self._first_frames(ws)
+
+    def _failed(self, exc: ConnectFailed | HandshakeRefused) -> str:
+        """A failed attempt counted; why it failed (``FeedFatal`` when retrying cannot help)."""
+        if not isinstance(exc, HandshakeRefused):
+            reason = str(exc)
+        elif exc.status in CREDENTIALS_REFUSED and self.before_connect is not None:
+            # an expired token, say: the next attempt asks the hook again (after the backoff)
+            reason = f"handshake refused with HTTP {exc.status}: asking before_connect for new credentials"
+        elif exc.fatal:
+            raise FeedFatal(str(exc)) from None
+        else:
+            reason = f"handshake failed with HTTP {exc.status}"
+        self._ctx.connect_failed(reason)
+        return reason
+
+    async def _handshake(self) -> tuple[str, dict[str, str] | None]:
+        """This attempt's URL and headers (``None``: the configured ones): without a before-connect
+        hook the configured URL; with one, what it says. A hook that fails raises ``ConnectFailed``."""
+        if self.before_connect is None:
+            return self.url, None
+        try:
+            url, headers = await call_before_connect(self.before_connect, self.feed.name, self._attempt,
+                                                     self.settings.connect_timeout_s, self.url,
+                                                     handshake_headers(self.settings, self.feed))
+        except HookFailed as exc:
+            self._log_hook_failure(exc)
+            raise ConnectFailed(str(exc)) from None
+        self.shown_url = shown_target(url, self.unix_socket)
+        return url, headers
+
+    def _ssl(self, url: str) -> ssl.SSLContext | None:
+        """The TLS context for ``url``: None for ws://, one made once for every wss:// attempt."""
+        if not url.startswith("wss:"):
+            return None
+        if self._ssl_context is None:
+            self._ssl_context = make_ssl_context(self.settings)
+        return self._ssl_context
+
+    def _log_hook_failure(self, exc: HookFailed) -> None:
+        """A hook's failure: its traceback logged once per distinct error (the retry's warning says the rest)."""
+        key = str(exc)
+        if key not in self._logged_hook_failures and len(self._logged_hook_failures) < 100:
+            self._logged_hook_failures.add(key)
+            log.error("%s on %s; the attempt counts as a failed connect (logged once per distinct error)",
+                      key, self.shown_url, exc_info=exc.__cause__)
+
+    async def _first_frames(self, ws: aiohttp.ClientWebSocketResponse) -> list[str | bytes]:
+        """The frames sent first on a new connection: the feed's ``subscribe`` text, then what the
+        on-connect hook returns; a hook that fails closes ``ws`` (1011) and raises ``ConnectFailed``."""
+        frames: list[str | bytes] = [self.subscribe] if self.subscribe else []
+        if self.on_connect is None:
+            return frames
+        try:
+            return frames + await call_hook(self.on_connect, self.feed.name, self._connection_id + 1,
+                                            self.settings.connect_timeout_s)
+        except HookFailed as exc:
+            self._log_hook_failure(exc)
+            try:
+                async with asyncio.timeout(GIVE_UP_CLOSE_S):
+                    await ws.close(code=aiohttp.WSCloseCode.INTERNAL_ERROR)
+            except TimeoutError:
+                aiohttp_compat.drop(ws)
+            raise ConnectFailed(str(exc)) from None
+
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, first: list[str | bytes]) -> End:
+        """Run one connection until it is lost or everything is sent; ``first`` is sent before anything."""
+        conn = self._opened(ws)
+        written_before = self._ctx.replies_written
+        tasks: set[asyncio.Task] = set()
+        end, clean = End(Outcome.LOST, "connection ended"), False
+        try:
+            for frame in first:  # the subscription: FORKLESS_SUBSCRIBE's text, the on-connect hook's frames
+                if type(frame) is bytes:
+                    await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+                else:
+                    await ws.send_str(frame)
+            writer, reader, stop_watch = self._start_tasks(ws, tasks)
+            end, clean = await self._until_ended(ws, tasks, writer, reader, stop_watch)
+            return end
+        except (ConnectionError, aiohttp.ClientError) as exc:
+            end = End(Outcome.LOST, f"{exc.__class__.__name__}: {short(exc)}")
+            return end
+        finally:
+            await self._closed(ws, conn, tasks, clean, written_before, end)
+
+    def _opened(self, ws: aiohttp.ClientWebSocketResponse) -> int:
+        """A new connection counted, corked and logged; its id (the hand-over stamps it on chunks)."""
+        conn = self._connection_id = self._ctx.connection_opened()
+        self._cork = aiohttp_compat.cork(ws)
+        self._last_frame_at = asyncio.get_running_loop().time()
+        log.info("connection %d to %s open", conn, self.shown_url, extra={"connection": conn})
+        return conn
+
+    def _start_tasks(self, ws: aiohttp.ClientWebSocketResponse,
+                     tasks: set[asyncio.Task]) -> tuple[asyncio.Task, asyncio.Task | None, asyncio.Task | None]:
+        """The writer, the reader and the stop's watch (none once stopping), the stale watch
+        (FORKLESS_STALE_S), each put in ``tasks``."""
+        writer = asyncio.create_task(self._write(ws), name="forkless-writer")
+        tasks.add(writer)
+        reader = stop_watch = None
+        if not self._ctx.stopping.is_set():
+            reader = asyncio.create_task(self._read(ws), name="forkless-reader")
+            stop_watch = asyncio.create_task(self._ctx.stopping.wait(), name="forkless-stopping")
+            tasks |= {reader, stop_watch}
+        if self.settings.stale_s > 0:
+            tasks.add(asyncio.create_task(self._watch_stale(), name="forkless-stale"))
+        return writer, reader, stop_watch
+
+    async def _until_ended(self, ws: aiohttp.ClientWebSocketResponse, tasks: set[asyncio.Task], writer: asyncio.Task,
+                           reader: asyncio.Task | None, stop_watch: asyncio.Task | None) -> tuple[End, bool]:
+        """How the connection ended (the writer drained and closed it, the reader lost it, or it went stale),
+        and whether the server answered our close (so it read every reply written)."""
+        while True:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if writer in done:
+                end = writer.result()
+                if end.outcome is not Outcome.DRAINED:
+                    return end, False
+                # the server's answering close means it read every frame written before ours
+                return End(Outcome.CLOSED), await self._close_after_drain(ws)
+            if reader is not None and reader in done:
+                tasks.discard(reader)
+                if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
+                    reader = None
+                    continue  # stopping: keep writing until outbound is drained
+                return reader.result(), False
+            if stop_watch is None or stop_watch not in done:
+                return End(Outcome.LOST, f"no frame for {self.settings.stale_s}s (FORKLESS_STALE_S)"), False
+            tasks.discard(stop_watch)
+            stop_watch = None
+            # the stop: a reader waiting for a frame ends now; one inside ctx.emit finishes it and
+            # ends by itself (the frame is handed over whole, never lost half-way)
+            if reader is not None and not self._emitting:
+                reader.cancel()
+
+    async def _closed(self, ws: aiohttp.ClientWebSocketResponse, conn: int, tasks: set[asyncio.Task], clean: bool,
+                      written_before: int, end: End) -> None:
+        """However it ended: its tasks cancelled, the replies not confirmed by the server's closing
+        handshake counted, the socket closed (bounded), the feed counted as disconnected."""
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        ctx = self._ctx
+        unconfirmed = ctx.replies_written - written_before
+        if not clean and unconfirmed:  # the peer may not have read them: counted, never silent
+            ctx.unconfirmed(unconfirmed)
+            log.warning("connection %d ended without the server's closing handshake: the %d reply frames "
+                        "written to it may not all have been read", conn, unconfirmed, extra={"connection": conn})
+        current = asyncio.current_task()
+        if not ws.closed and current is not None and current.cancelling():
+            aiohttp_compat.drop(ws)  # an aborted stop: no closing handshake, no waiting
+        if not ws.closed:
+            try:  # a peer that never reads cannot hold this: GOING_AWAY is a courtesy
+                async with asyncio.timeout(GIVE_UP_CLOSE_S):
+                    await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
+            except TimeoutError:
+                log.warning("connection %d dropped without a closing handshake", conn, extra={"connection": conn})
+        ctx.connection_closed("" if end.outcome is Outcome.CLOSED else end.reason)
+
+    async def _close_after_drain(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
+        """Close with 1000 and wait (bounded) for the server's close before dropping TCP: True when it came.
+
+        aiohttp marks a connection whose ``receive()`` was cancelled (the stop) as an abnormal
+        closure, and ``close()`` then drops the TCP connection right after our close frame.
+        With frames we never read still in the socket buffer, the kernel answers with RST, and
+        the server may lose our last replies and the close frame. So that mark is cleared:
+        ``close()`` then reads and discards frames until the server's close, within
+        ``CLOSE_TIMEOUT_S``.
+        """
+        ctx = self._ctx
+        if ctx.stopping.is_set():
+            aiohttp_compat.clear_abnormal_close(ws)
+        limit = min(CLOSE_TIMEOUT_S, self.settings.shutdown_timeout_s)
+        if ctx.stop_deadline is not None:  # the stop's work deadline: the rest is the process's
+            limit = max(0.05, min(limit, ctx.stop_deadline - time.monotonic()))
+        try:
+            async with asyncio.timeout(limit):
+                await ws.close(code=aiohttp.WSCloseCode.OK, message=b"done")
+            conn = self._connection_id
+            log.info("connection %d closed with code 1000 after sending every result", conn, extra={"connection": conn})
+            return True
+        except TimeoutError:
+            log.warning("the server did not answer our close within %.1fs; connection dropped", limit)
+            return False
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> End:
+        """Frames to ``ctx.emit`` (decoded and handed over there) until the connection ends or the stop."""
+        emit = self._ctx.emit
+        stopping = self._ctx.stopping
+        loop = asyncio.get_running_loop()
+        text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
+        while True:
+            msg = await ws.receive()
+            kind = msg.type
+            if kind is text or kind is binary:
+                received = time.monotonic_ns()
+                self._last_frame_at = loop.time()
+                self._emitting = True
+                try:
+                    await emit(msg.data, received_ns=received)
+                except SourceStopped:  # the stop began while this frame was read: it is not taken, as if unread
+                    return End(Outcome.STOPPED)
+                finally:
+                    self._emitting = False
+                if stopping.is_set():
+                    return End(Outcome.STOPPED)
+            elif kind is aiohttp.WSMsgType.ERROR:
+                # aiohttp puts a protocol error (e.g. 1009, frame too big) in msg.data and
+                # only other failures (e.g. a missing pong) in ws.exception()
+                exc = msg.data if isinstance(msg.data, BaseException) else ws.exception()
+                if isinstance(exc, aiohttp.WebSocketError) and exc.code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG:
+                    self._ctx.count_error("frame too large")
+                    return End(Outcome.LOST, f"frame larger than FORKLESS_MAX_MSG_BYTES "
+                                             f"({self.settings.max_msg_bytes}), closed with 1009")
+                return End(Outcome.LOST, f"connection error: {exc.__class__.__name__}: {short(exc)}")
+            elif kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+                return End(Outcome.LOST, f"closed by the server (code {ws.close_code})")
+
+    async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> End:
+        """Each reply batch in one socket write (the cork), until the main thread's last one."""
+        cork = self._cork
+        async for batch in self._ctx.replies():
+            if cork is not None:
+                cork.cork()
+            written = 0
+            try:
+                for frame in batch.frames:
+                    if type(frame) is bytes:  # UTF-8 JSON from the codec: send as a text frame as is
+                        await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+                    else:
+                        await ws.send_str(frame)
+                    written += 1
+            except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
+                return End(Outcome.LOST, f"send failed: {exc.__class__.__name__}: {short(exc)}")
+            finally:
+                if cork is not None:
+                    cork.uncork()
+                batch.wrote(written)  # also when stopped part-way
+        return End(Outcome.DRAINED)
+
+    async def _watch_stale(self) -> None:
+        loop = asyncio.get_running_loop()
+        limit = self.settings.stale_s
+        while loop.time() - self._last_frame_at < limit:
+            await asyncio.sleep(min(limit / 4, 1.0))
+
+
+class _Link:
+    """A ``WebSocketSource`` run's side of the reconnect driver (io_loop/reconnect.py): its attempts,
+    connections, counters, warnings and give-up texts."""
+
+    failures = (ConnectFailed, HandshakeRefused)
+
+    def __init__(self, source: WebSocketSource, ctx: SourceContext, session: aiohttp.ClientSession) -> None:
+        self.source, self.ctx, self.session = source, ctx, session
+
+    def more(self) -> bool:  # the main thread's last reply is taken: no reason to connect again
+        return not self.ctx.replies_ended()
+
+    async def connect(self) -> tuple[aiohttp.ClientWebSocketResponse, list[str | bytes]]:
+        return await self.source._open(self.session)
+
+    def attempt_failed(self, exc: BaseException) -> str:
+        return self.source._failed(exc)  # type: ignore[arg-type]
+
+    def retrying(self, reason: str, delay: float) -> None:
+        log.warning("connecting to %s failed: %s; retrying in %.2fs", self.source.shown_url, reason, delay)
+
+    async def serve(self, conn: tuple[aiohttp.ClientWebSocketResponse, list[str | bytes]]) -> str:
+        self.source._attempt = 0
+        return (await self.source._serve(*conn)).reason
+
+    def reconnecting(self, reason: str, delay: float) -> None:
+        log.warning("connection %d to %s lost: %s; reconnecting in %.2fs", self.source._connection_id,
+                    self.source.shown_url, reason, delay)
+        self.ctx.reconnecting()
+
+    def gave_up(self, reason: str, failures: int, lost: bool) -> FeedFatal:
+        return FeedFatal(f"giving up on {self.source.shown_url} after {failures} "
+                         f"{'lost connections' if lost else 'failed attempts'} in a row: {reason}")
+
+    async def pause(self, delay: float) -> None:
+        await pause_before_reconnect(delay, self.ctx.replies_ended)

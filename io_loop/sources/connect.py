@@ -1,0 +1,196 @@
+"""Opening a WebSocket to the feed: headers, TLS, and what a refused handshake means.
+
+Rules:
+- One implementation, used by the client's reconnect loop and by ``--check``'s probe.
+- aiohttp's exceptions are translated here, at one edge: ``open_feed`` returns an open
+  ``ClientWebSocketResponse`` or raises ``HandshakeRefused`` (an HTTP status the server
+  chose; ``fatal`` for a 4xx other than 408/429) or ``ConnectFailed`` (worth retrying).
+- Secrets (token, headers) are never put into messages; URLs are shown without query or
+  credentials (``redact_url``).
+- Redirects are never followed: the handshake carries the credentials (``AUTH_TOKEN``,
+  ``HEADERS``, URL user:password), and aiohttp would send every header but
+  ``Authorization`` to wherever a 3xx points. A 3xx answer raises ``HandshakeRefused``
+  (fatal) naming the target without its query or credentials. Sessions come from
+  ``new_session()``, whose trace hook stops the redirect before the second request is sent.
+- A feed with a unix-domain socket (``FeedSpec.unix_socket``) gets a session whose connector
+  connects every request through that socket (io_loop/net/aiohttp_compat.py's ``UnixConnector``,
+  TLS over it for wss://): the URL then gives only the handshake's path and ``Host`` (and TLS's
+  server name); no TCP socket is opened and no name is resolved. Messages name the target as
+  ``ws://host/path via unix:/path`` (``shown_target``), and a failure says what the socket's
+  path is missing (no such file, nothing listening, no permission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import ssl
+from collections.abc import Iterable, Mapping
+
+import aiohttp
+from aiohttp.client_exceptions import UnixClientConnectorError
+from forkless.io_loop.net.aiohttp_compat import UnixConnector
+from forkless.io_loop.net.netaddr import redact_url, unix_label
+from forkless.io_loop.settings import FeedSpec, IOSettings
+
+__all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "merge_headers", "new_session",
+           "open_feed", "shown_target"]
+
+RETRYABLE_4XX = (408, 429)
+_HINTS = {401: "unauthorised: check FORKLESS_AUTH_TOKEN",
+          403: "forbidden: check FORKLESS_AUTH_TOKEN / FORKLESS_HEADERS",
+          404: "not found: check the path in FORKLESS_WS_URL"}
+
+
+class _RedirectRefused(Exception):
+    """Raised inside aiohttp's redirect trace hook, before it sends the next request."""
+
+    def __init__(self, status: int, location: str) -> None:
+        super().__init__(status, location)
+        self.status = status
+        self.location = location
+
+
+class ConnectFailed(Exception):
+    """No connection this time (refused, reset, timeout, TLS, 5xx …); ``str`` says why."""
+
+
+class HandshakeRefused(Exception):
+    """The server answered the opening handshake with an HTTP status other than 101."""
+
+    def __init__(self, shown_url: str, status: int, hint: str = "") -> None:
+        self.status = status
+        self.fatal = 300 <= status < 500 and status not in RETRYABLE_4XX
+        hint = hint or _HINTS.get(status, "client error: check FORKLESS_WS_URL" if self.fatal else "")
+        super().__init__(f"{shown_url} refused the WebSocket handshake with HTTP {status}"
+                         + (f" ({hint})" if hint else ""))
+
+
+def make_ssl_context(settings: IOSettings) -> ssl.SSLContext:
+    """System trust store, plus ``ca_file`` if given; verification off only if asked."""
+    ctx = ssl.create_default_context()
+    if settings.ca_file:
+        ctx.load_verify_locations(cafile=settings.ca_file)
+    if settings.tls_insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def handshake_headers(settings: IOSettings, feed: FeedSpec | None = None) -> dict[str, str]:
+    """``FORKLESS_HEADERS``, then the feed's own headers (which win, by name in any case),
+    plus ``Authorization: Bearer`` from ``FORKLESS_AUTH_TOKEN``."""
+    headers = merge_headers(settings.headers, feed.headers if feed is not None else ())
+    if settings.auth_token:
+        headers["Authorization"] = f"Bearer {settings.auth_token}"
+    return headers
+
+
+def merge_headers(headers: Iterable[tuple[str, str]] | Mapping[str, str],
+                  extra: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """``headers`` with ``extra`` added, each replacing any of the same name in any case."""
+    merged = dict(headers)
+    for name, value in extra:
+        for same in [known for known in merged if known.lower() == name.lower()]:
+            del merged[same]
+        merged[name] = value
+    return merged
+
+
+def shown_target(url: str, unix_socket: str = "") -> str:
+    """How messages name where a feed connects: the URL without credentials or query, and
+    ``via unix:/path`` when it goes through a unix-domain socket."""
+    return redact_url(url) + (f" via {unix_label(unix_socket)}" if unix_socket else "")
+
+
+def new_session(unix_socket: str = "") -> aiohttp.ClientSession:
+    """A client session that refuses to follow redirects (see the module rules); with
+    ``unix_socket``, one that connects every request through that unix-domain socket."""
+
+    async def on_redirect(session: aiohttp.ClientSession, ctx: object,
+                          params: aiohttp.TraceRequestRedirectParams) -> None:
+        location = params.response.headers.get("Location", "")
+        try:
+            target = redact_url(str(params.url.join(type(params.url)(location))))
+        except ValueError:  # the server's Location is not a URL (e.g. "ws://[::1/x"): shown as sent, redacted
+            target = redact_url(location)
+        raise _RedirectRefused(params.response.status, target)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_redirect.append(on_redirect)
+    connector = UnixConnector(path=unix_socket) if unix_socket else None
+    return aiohttp.ClientSession(trace_configs=[trace], connector=connector)
+
+
+async def open_feed(session: aiohttp.ClientSession, url: str, settings: IOSettings,
+                    ssl_context: ssl.SSLContext | None, *, heartbeat: bool = True,
+                    feed: FeedSpec | None = None,
+                    headers: Mapping[str, str] | None = None) -> aiohttp.ClientWebSocketResponse:
+    """Connect and complete the opening handshake within ``connect_timeout_s``, sending
+    ``headers`` (this attempt's, from the before-connect hook: io_loop/sources/before_connect.py) or by
+    default the configured ones with ``feed``'s added (``handshake_headers``)."""
+    shown = redact_url(url)
+    try:
+        async with asyncio.timeout(settings.connect_timeout_s):
+            return await session.ws_connect(
+                url,
+                headers=handshake_headers(settings, feed) if headers is None else headers,
+                heartbeat=(settings.heartbeat_s or None) if heartbeat else None,
+                ssl=ssl_context if ssl_context is not None else True,
+                max_msg_size=settings.max_msg_bytes + 1,  # aiohttp refuses a frame of exactly its limit
+                autoping=True,
+            )
+    except aiohttp.WSServerHandshakeError as exc:
+        raise HandshakeRefused(shown, exc.status) from None
+    except _RedirectRefused as exc:
+        raise HandshakeRefused(shown, exc.status, f"a redirect to {exc.location}, not followed: the handshake "
+                                                  "carries credentials; set FORKLESS_WS_URL to that URL if "
+                                                  "you trust it") from None
+    except aiohttp.ClientConnectorCertificateError as exc:
+        cert = exc.certificate_error
+        raise ConnectFailed(f"TLS certificate verification failed: {cert.__class__.__name__}: "
+                            f"{getattr(cert, 'verify_message', cert)} (FORKLESS_CA_FILE adds a CA bundle)") from None
+    except TimeoutError:
+        raise ConnectFailed(f"no connection and handshake within FORKLESS_CONNECT_TIMEOUT_S="
+                            f"{settings.connect_timeout_s}s") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise ConnectFailed(describe_error(exc)) from None
+
+
+def describe_error(exc: BaseException) -> str:
+    """'Connection refused (errno 111)' rather than aiohttp's wrapper text; for a unix-domain
+    socket, what its path lacks."""
+    os_error = getattr(exc, "os_error", None)
+    if isinstance(exc, UnixClientConnectorError):
+        return _unix_failure(exc.path, os_error)
+    if isinstance(os_error, socket.gaierror):
+        return f"cannot resolve the host name: {os_error.strerror}"
+    code = getattr(os_error, "errno", None)
+    if isinstance(os_error, OSError) and code:
+        return f"{os.strerror(code)} (errno {code})"
+    return f"{exc.__class__.__name__}: {short(exc)}"
+
+
+def short(exc: BaseException) -> str:
+    """The first line of an exception's text, at most 200 characters."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else exc.__class__.__name__
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
+_UNIX_HINTS = {errno.ENOENT: "no such socket: is the feed's server running, and is the path right?",
+               errno.ECONNREFUSED: "nothing is listening on the socket (its server has stopped)",
+               errno.EACCES: "permission denied: this user may not write to the socket",
+               errno.ENOTDIR: "a part of the path is not a directory",
+               errno.ENOTSOCK: "the path is not a socket"}
+
+
+def _unix_failure(path: str, os_error: object) -> str:
+    """Why connecting to the unix-domain socket ``path`` failed, in words an operator can act on."""
+    code = getattr(os_error, "errno", None)
+    what = _UNIX_HINTS.get(code) if code else None
+    if what is None:
+        what = f"{os.strerror(code)} (errno {code})" if code else f"{os_error.__class__.__name__}: {os_error}"
+    return f"{what} ({path})"

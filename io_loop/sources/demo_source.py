@@ -1,0 +1,112 @@
+"""The embedded demo feed as a ``Source`` (io_loop/source.py): its loopback server and the built-in
+WebSocket source pointed at it, together.
+
+Rules:
+- Chosen by the configuration (io_loop/feeds.py, ``feed_source``) for the feed whose url is empty
+  when the demo feed runs (``IOSettings.uses_demo_feed``), and run by a ``SourceRunner`` as any
+  source is: the IO thread and the feed set do not know the demo feed is there.
+- ``run(ctx)`` starts the server (``DemoFeed``, io_loop/sources/demo_feed.py) on the IO loop, then runs a
+  ``WebSocketSource`` connected to it on the same ``ctx``, and stops the server once it has ended.
+  With ``FORKLESS_DEMO_UNIX_SOCKET`` both ends use that unix-domain socket: no TCP socket at all.
+- The stop (``before_stop``, before ``ctx.stopping`` is set): the server stops sending, the frames
+  already on the loopback wire are answered (when the feed is sent replies), then the source stops
+  reading as any source does; so the demo's tally is complete.
+- ``--check`` (``probe``): the server started, one connection to it (io_loop/sources/probe.py's
+  ``probe_websocket``), the server stopped; its per-connection INFO lines are held back meanwhile
+  (the demo feed logger's level is restored after).
+- Imported only when the demo feed runs: the server and aiohttp's web side cost 3.7 MiB of resident
+  memory a real deployment never uses (measured 2026-11-30, /proc/self/statm).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+
+from forkless.io_loop.capabilities import SourceCapabilities
+from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.source import SourceContext
+from forkless.io_loop.sources.before_connect import BeforeConnect
+from forkless.io_loop.sources.client import WebSocketSource
+from forkless.io_loop.sources.connect import shown_target
+from forkless.io_loop.sources.demo_feed import DemoFeed
+from forkless.io_loop.sources.demo_feed import log as demo_log
+from forkless.io_loop.sources.on_connect import OnConnect
+
+__all__ = ["DemoSource"]
+
+log = logging.getLogger("forkless.io")
+
+STOP_CLEANUP_S = 0.2  # how long stopping the server may take once the source was cancelled (an abort)
+REPLIES_WAIT_S = 2.0  # how long the stop waits for the replies to what the server sent (at most)
+
+
+class DemoSource(SourceCapabilities):
+    """The demo feed's server and its WebSocket source (see the module rules)."""
+
+    starts_connected = False  # connected once the WebSocket source's connection is open
+
+    def __init__(self, settings: IOSettings, feed: FeedSpec, *, on_connect: OnConnect | None = None,
+                 before_connect: BeforeConnect | None = None) -> None:
+        self.name = feed.name
+        self.replies = feed.replies
+        self.required = feed.required
+        self.settings = settings
+        self.feed = feed
+        self.demo = DemoFeed(rate_hz=settings.demo_rate, streams=settings.demo_streams, features=settings.features,
+                             warmup=settings.demo_warmup, unix_socket=settings.demo_unix_socket)
+        self._hooks = dict(on_connect=on_connect, before_connect=before_connect)
+        self._listening = False
+
+    async def run(self, ctx: SourceContext) -> None:
+        cfg = self.settings
+        try:
+            url = await self.demo.start()
+            self._listening = True
+            log.info("demo feed listening on %s (%d streams, %g msg/s)", shown_target(url, self.demo.unix_socket),
+                     cfg.demo_streams, cfg.demo_rate)
+            # a stop that came while the server started: ctx.stopping is set, so nothing is read
+            feed = dataclasses.replace(self.feed, unix_socket=self.demo.unix_socket)
+            await WebSocketSource(cfg, feed, url=url, **self._hooks).run(ctx)
+        finally:
+            current = asyncio.current_task()
+            cancelled = current.cancelling() if current is not None else 0
+            try:
+                async with asyncio.timeout(STOP_CLEANUP_S if cancelled else None):
+                    await self.demo.stop()
+            except TimeoutError:
+                log.warning("the demo feed's server did not stop within %.1fs", STOP_CLEANUP_S)
+
+    async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
+        """``--check``'s try of the demo feed: its server started, one connection to it, the server stopped."""
+        from forkless.io_loop.sources.probe import (  # only --check probes: a run never loads it
+            ProbeFailed,
+            probe_websocket,
+        )
+
+        cfg = self.settings
+        level = demo_log.level  # its per-connection INFO lines would only clutter the check's own report
+        demo_log.setLevel(logging.WARNING)  # "forkless.demo_feed" (the module name is not the logger's)
+        try:
+            try:
+                url = await self.demo.start()
+            except OSError as exc:
+                where = (f"FORKLESS_DEMO_UNIX_SOCKET={cfg.demo_unix_socket}" if cfg.demo_unix_socket
+                         else "loopback TCP")
+                raise ProbeFailed(f"cannot serve the demo feed on {where}: {exc.strerror or exc}") from None
+            say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on "
+                f"{shown_target(url, self.demo.unix_socket)}")
+            feed = dataclasses.replace(self.feed, unix_socket=self.demo.unix_socket)
+            await probe_websocket(cfg, codec, url, say, feed)
+        finally:
+            await self.demo.stop()
+            demo_log.setLevel(level)
+
+    async def before_stop(self, ctx: SourceContext) -> None:
+        """Let what the demo feed already sent be answered; then the source stops reading as any does."""
+        self.demo.stop_sending()
+        if self._listening and self.feed.replies != "none":  # with "none" no reply ever comes
+            await self.demo.wait_replies(timeout=min(REPLIES_WAIT_S, self.settings.shutdown_timeout_s / 2))

@@ -1,0 +1,520 @@
+"""JetStreamSource: one JetStream feed (an entry of ``FORKLESS_FEEDS`` with ``"nats"``) as a
+``Source`` (io_loop/source.py), run by a ``SourceRunner`` exactly as a user's source and the
+WebSocket feed's are: consume, decode, hand over, publish the replies, reconnect. The I/O pump
+around the pure bookkeeping of io_loop/sources/jsconsumer.py (where consuming has reached, what each
+delivery means); its replies are published by io_loop/sources/jspublish.py. Imported only when such a
+feed is configured (nats-py is an optional extra).
+
+Rules:
+- Runs on the IO loop only, beside the other feeds (io_loop/feeds.py), through its ``SourceContext``
+  alone; it is ``replayable``, so its hand-over always blocks (``FORKLESS_OVERFLOW=drop_oldest``
+  does not apply: a dropped message would break the exactly-once state).
+- Where it starts and what each delivery means: ``Consumer`` (io_loop/sources/jsconsumer.py), made at
+  ``run`` from ``ctx.resume_from``, the restored checkpoint's record for the feed (a ``Resume``
+  with the stream's created time, a ``PositionUnknown``, or None). Every connection makes
+  a new consumer starting at the position.
+- Consuming: an ephemeral pull consumer (deliver from a start sequence, ack policy "all",
+  ``max_ack_pending`` bounded, memory storage, removed by the server after ``INACTIVE_S``
+  unused). One pull request at a time for ``pull_batch`` messages, with idle heartbeats; the
+  next is asked for only once the messages of the last are handed over, so a full inbound
+  queue stops fetching, and the server never has more than ``pull_batch`` messages out to us.
+  Deliveries come through a raw subscription (io_loop/nats/nats_compat.py: nats-py's protocol parser
+  hands us the bytes, no ``Msg`` per message); ``Consumer.deliver`` reads their reply subjects.
+  A ``Drop`` (a gap, a redelivery of a message never consumed) drops the connection.
+- Acks: the last message of each pull, once every message of it is handed over. They are flow
+  control only (``max_ack_pending``, no redelivery of what this process holds): a restart
+  resumes from the checkpoint's position, a reconnect from this feed's own.
+- Decoding: ``ctx.decode`` on each payload, exactly as for a WebSocket frame, then
+  ``ctx.emit_decoded`` at the payload's stream sequence (its position), from the first element
+  the state does not hold (``Take.skip``); a payload over ``max_msg_bytes`` is not decoded: one
+  error reply ("message too large"), counted, and acknowledged with the others (the connection
+  stays up: the stream would deliver it again). Good elements get ``Origin(seq, i, last)`` with
+  i = 0, 1, … in order; the error replies to bad ones are indexed after the good ones
+  (deterministic, so a replay makes the same ids). A partitioned feed's elements of another
+  partition are error replies (``Consumer.own_partition``).
+- Replies: ``ReplyPublisher`` (io_loop/sources/jspublish.py), the writer of each connection, through the
+  source's ``ctx.replies()``, fenced by a partitioned instance's leases (``fence``).
+- Reconnect on any loss (connection, server restart, heartbeats missing, a publish not acknowledged)
+  with the WebSocket feeds' ``Backoff`` and reconnect driver (io_loop/reconnect.py); tries used up,
+  or the server refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
+  against the position (``Consumer.check_stream``: ``PositionLost``, exit 2, when it no longer
+  holds what the position needs). A stream whose created time differs from the one this run
+  first connected to (or the restored checkpoint recorded), or that ends before a sequence this
+  run saw in it, was made again: ``PositionLost`` too, never resumed into.
+- What the feed covered (issue 43; ``Consumer.probed``): every ``STREAM_INFO_EVERY_S`` the
+  stream's state is read, and where the feed may have covered more, its consumer's state and the
+  stream's first sequence after it; once more when the stop begins (bounded by
+  ``STOP_PROBE_S``), so the stop's checkpoint records it. An idle feed (a partitioned
+  instance's partitions without messages) thus keeps up with retention of other subjects'
+  messages across reconnects, server restarts and its own restarts.
+- A partitioned feed (``partition_count``, issue 24) consumes its owned partitions' subjects
+  with one consumer (``filter_subjects``). At every connection the stream's subject transform
+  is checked against ``partition_count`` and the subject, as ``--check`` does (io_loop/sources/jsprobe.py
+  ``check_partitions``): a disagreement is ``FeedFatal`` (exit 3), naming both values.
+- Secrets (the URL's user:password, ``token``, the creds file's content) are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.capabilities import SourceCapabilities
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.errors import FeedFatal, PositionLost
+from forkless.io_loop.nats.nats_compat import RawClient
+from forkless.io_loop.nats.natsconn import (
+    NatsConnectFailed,
+    NatsError,
+    NatsNotFound,
+    NatsUnavailable,
+    close_quietly,
+    connect_once,
+    connect_options,
+    describe_error,
+    mapped_nats_errors,
+    unsubscribe_quietly,
+)
+from forkless.io_loop.reconnect import drive
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.source import SourceContext
+from forkless.io_loop.sources.client import End, Outcome, pause_before_reconnect
+from forkless.io_loop.sources.jsconsumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
+from forkless.io_loop.sources.jsprobe import check_partitions, probe_jetstream
+from forkless.io_loop.sources.jspublish import ReplyPublisher
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+__all__ = ["JetStreamSource"]
+
+log = logging.getLogger("forkless.jetstream")
+
+PULL_BATCH_MIN = 64  # messages asked for in one pull request (at least; MAX_BATCH when larger)
+PULL_EXPIRES_S = 5.0  # a pull request with nothing to deliver ends after this long (then a new one)
+PULL_HEARTBEAT_S = 1.0  # the server's idle heartbeat on an open pull request
+MISSED_HEARTBEATS = 3  # nothing at all for this many heartbeats: the connection is dropped
+ACK_WAIT_S = 30.0
+INACTIVE_S = 30.0  # an ephemeral consumer unused this long (its process killed) is removed by the server
+STREAM_INFO_EVERY_S = 0.5  # the stream's state (the lag, what the feed covered) is read this often
+STOP_PROBE_S = 1.0  # the stop's last look at what the feed covered waits this long at most
+GIVE_UP_CLOSE_S = 0.25
+TOO_LARGE_REASON = "message too large"  # a payload over FORKLESS_MAX_MSG_BYTES
+
+
+@dataclass
+class _NotDecoded:
+    """A payload refused before the codec saw it (over ``max_msg_bytes``): no element, one error."""
+
+    errors: list[tuple[str, Any]]
+
+    def __len__(self) -> int:
+        return 0
+
+    def error_counts(self) -> list[tuple[str, int]]:
+        return [(reason, 1) for reason, _ in self.errors]
+
+
+_NOTHING = _NotDecoded([])  # a delivery the state holds: counted as a frame in, nothing handed over
+
+
+def _when(created: Any) -> str:
+    """A stream's created time (nats-py's datetime) as the server's UTC text."""
+    return created.isoformat() if hasattr(created, "isoformat") else str(created)
+
+
+def _same_time(created: Any, recorded: str) -> bool:
+    """A stream's created time is the one recorded (as ``_when`` wrote it), to the millisecond
+    (what another nats-py version might round differently; two streams are never made that close)."""
+    try:
+        return abs((created - datetime.datetime.fromisoformat(recorded)).total_seconds()) < 1e-3
+    except (TypeError, ValueError):
+        return _when(created) == recorded
+
+
+class JetStreamSource(SourceCapabilities):
+    """One JetStream feed as a ``Source`` (io_loop/source.py; see the module rules), run by a
+    ``SourceRunner`` exactly as a user's source is. ``fence``: a partitioned instance's leases.
+    Its position figures are ``figures`` (the runner's ``stats.source``); it resumes from
+    ``ctx.resume_from``, the restored checkpoint's record (a ``Resume``, a ``PositionUnknown``,
+    or None), itself (``Consumer``), never dropped from (``replayable``)."""
+
+    replayable = True  # FORKLESS_OVERFLOW=drop_oldest does not apply: a dropped message would break exactly-once
+    buffer = 0  # no buffer of its own (io_loop/spill.py): the stream holds what waits, the reader waits for room
+    starts_connected = False  # connected once a connection is up (ctx.connection_opened)
+
+    def __init__(self, settings: IOSettings, feed: FeedSpec, *, fence: Callable[[], bool] | None = None) -> None:
+        assert feed.jetstream is not None
+        self.name = feed.name
+        self.replies = feed.replies
+        self.required = feed.required
+        self.settings = settings
+        self.feed = feed
+        self.spec = feed.jetstream
+        self.figures = SourceStats()
+        self.consumer = Consumer(self.spec, feed.label, self.figures)  # made again at run, from ctx.resume_from
+        self.shown_url = feed.shown_url
+        self.pull_batch = max(PULL_BATCH_MIN, settings.max_batch)
+        self._stopping = False
+        # a partitioned instance's leases (fence: False once it may no longer publish)
+        self.publisher = ReplyPublisher(settings, feed, self.figures, fence)
+        self._reader_task: asyncio.Task | None = None
+        self._reader_in_handover = False
+        self._live = 0  # the connection being served (0: none); its loops end when it changes
+        self._nats_error = ""
+        self._stream_created: Any = None  # the stream's created time at this run's first connection
+        self._nc: Any = None  # the live connection (None: none)
+        self._consumer_name = ""  # the live connection's consumer ("": not made yet)
+
+    # ---- the connection loop ------------------------------------------------------------------------
+
+    async def run(self, ctx: SourceContext) -> None:
+        """Connect, serve, reconnect (io_loop/reconnect.py), until stopped and every reply is
+        published (or FeedFatal, PositionLost)."""
+        self.consumer = Consumer(self.spec, self.feed.label, self.figures, ctx.resume_from)
+        await drive(_Link(self, ctx), Backoff.from_settings(self.settings))
+
+    async def probe(self, codec: Any, say: Callable[[str], None], *, dedupe_window_s: float = 180.0) -> None:
+        """``--check``'s try of the feed: its server, stream and results stream (io_loop/sources/jsprobe.py)."""
+        from forkless.io_loop.sources.probe import ProbeFailed  # only --check probes: a run never loads the probe
+
+        problems = await probe_jetstream(self.settings, self.feed, say, dedupe_window_s)
+        if problems:
+            raise ProbeFailed("; ".join(problems))
+
+    async def before_stop(self, ctx: SourceContext) -> None:
+        """The stop begins: the reader stops taking messages, none lost half handed over (a reader
+        handing one over finishes it, one waiting for deliveries is cancelled)."""
+        self._stopping = True
+        if self._nc is not None and self._consumer_name:  # what the feed covered, for the stop's checkpoint
+            try:
+                async with asyncio.timeout(STOP_PROBE_S):
+                    with mapped_nats_errors():
+                        await self._probe(self._nc.jsm(timeout=STOP_PROBE_S))
+            except (TimeoutError, NatsError):
+                pass  # the checkpoint records what earlier probes found
+        task = self._reader_task
+        if task is not None and not task.done():
+            if not self._reader_in_handover:
+                task.cancel()
+            await asyncio.wait([task])
+
+    async def _connect(self) -> tuple[Any, asyncio.Event]:
+        """One attempt: connect to a server of the list, read the stream's state, check the
+        position against it. Raises ``NatsConnectFailed`` (retried), ``PositionLost``."""
+        cfg = self.settings
+        closed = asyncio.Event()
+
+        async def on_closed() -> None:
+            closed.set()
+
+        async def on_error(exc: Exception) -> None:  # nats-py's default logs a traceback per error
+            self._nats_error = describe_error(exc)
+
+        options = connect_options(cfg, self.feed, error_cb=on_error, disconnected_cb=on_closed, closed_cb=on_closed)
+        try:
+            nc = await connect_once(cfg, options, RawClient())
+        except NatsConnectFailed as exc:
+            if exc.fatal:
+                raise NatsConnectFailed(f"the server refused the credentials (check the user:password in \"nats\", "
+                                        f"\"token\" or \"creds\" of {self.feed.label})", fatal=True) from None
+            raise NatsConnectFailed(f"cannot connect to {self.shown_url}: {self._nats_error or exc}") from None
+        try:
+            await self._check_stream(nc)
+        except BaseException:
+            await close_quietly(nc, GIVE_UP_CLOSE_S)
+            raise
+        return nc, closed
+
+    async def _check_stream(self, nc: Any) -> None:
+        """Read the stream's state and check it: its partitioning, its identity, the position."""
+        cfg = self.settings
+        try:
+            with mapped_nats_errors():
+                info = await nc.jsm(timeout=cfg.connect_timeout_s).stream_info(self.spec.stream)
+        except NatsNotFound:
+            raise NatsConnectFailed(f"stream {self.spec.stream!r} not found on {self.shown_url}") from None
+        except NatsUnavailable:
+            raise NatsConnectFailed(f"JetStream is not enabled on {self.shown_url} (nats-server -js)") from None
+        except NatsError as exc:
+            raise NatsConnectFailed(f"reading stream {self.spec.stream!r} failed: {exc}") from None
+        if self.spec.partitioned:  # the stream must partition as the feed expects (as --check says)
+            problems = check_partitions(self.spec, info.config, lambda line: None)
+            if problems:
+                raise FeedFatal(f"{self.feed.label}: " + "; ".join(problems))
+        self._check_identity(info.state.last_seq, info.created)
+        for level, line in self.consumer.check_stream(info.state.first_seq, info.state.last_seq,
+                                                      info.state.num_deleted or 0):
+            log.log(level, "%s", line)
+
+    def _check_identity(self, last: int, created: Any) -> None:
+        """``PositionLost`` when the stream is not the one this run consumed: its created time
+        differs from the first connection's (or the restored checkpoint's), or it ends before a
+        sequence this run saw in it (a stream deleted and made again numbers its messages from 1
+        again: resuming at this run's position in it would skip the new stream's first messages)."""
+        source, label, stream = self.figures, self.feed.label, self.spec.stream
+        recorded = self.consumer.recorded_created
+        if created is not None:
+            if self._stream_created is None:
+                if recorded and not _same_time(created, recorded):
+                    raise PositionLost(
+                        f"{label}: stream {stream!r} was deleted and made again since the checkpoint was written: "
+                        f"created {_when(created)}, but the checkpoint recorded its position in a stream created "
+                        f"{recorded}; its sequences are not the ones the checkpoint's position counts. To continue "
+                        f"anyway, {ACCEPT_LOSS}")
+                self._stream_created = created
+                source.stream_created = _when(created)
+            elif created != self._stream_created:
+                raise PositionLost(
+                    f"{label}: stream {stream!r} was deleted and made again: created {_when(created)}, but at this "
+                    f"run's first connection it had been created {_when(self._stream_created)}; its sequences are "
+                    f"not the ones this run's position counts. To continue anyway, {ACCEPT_LOSS}")
+        if last < source.stream_last_seq:
+            raise PositionLost(
+                f"{label}: stream {stream!r} ends at sequence {last}, but this run saw it reach "
+                f"{source.stream_last_seq}: was the stream deleted and made again? To continue anyway, {ACCEPT_LOSS}")
+
+    async def _serve(self, ctx: SourceContext, nc: Any, closed: asyncio.Event) -> tuple[int, End]:
+        """Run one connection until it is lost or everything is published: its id and how it ended."""
+        conn = self._live = ctx.connection_opened()
+        self._nc = nc
+        log.info("%s: connection %d open (stream %r, subject %r, replies to %r)", self.feed.label, conn,
+                 self.spec.stream, self.spec.subject or ">", self.spec.results or "(none)")
+        tasks: set[asyncio.Task] = set()
+        end = End(Outcome.LOST, "connection over")
+        try:
+            with mapped_nats_errors():  # a publication, a pull, an ack that failed
+                writer = asyncio.create_task(self.publisher.run(nc, ctx.replies()), name="forkless-js-writer")
+                lost = asyncio.create_task(closed.wait(), name="forkless-js-closed")
+                watch = asyncio.create_task(self._watch_stream(nc), name="forkless-js-stream")
+                tasks |= {writer, lost, watch}
+                reader = None
+                if not self._stopping:
+                    reader = self._reader_task = asyncio.create_task(self._read(ctx, nc), name="forkless-js-reader")
+                    tasks.add(reader)
+                while True:
+                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    if writer in done:
+                        end = self._written(writer.result(), conn)
+                        break
+                    if reader is not None and reader in done:
+                        tasks.discard(reader)
+                        if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
+                            reader = None
+                            continue  # stopping: keep publishing until outbound is drained
+                        end = reader.result()
+                        break
+                    if lost in done:
+                        end = End(Outcome.LOST, f"connection lost{': ' + self._nats_error if self._nats_error else ''}")
+                        break
+                    end = watch.result()
+                    break
+        except NatsError as exc:
+            end = End(Outcome.LOST, str(exc))
+        finally:
+            self._live = 0
+            self._nc, self._consumer_name = None, ""
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks)
+            await close_quietly(nc, GIVE_UP_CLOSE_S)
+            ctx.connection_closed("" if end.outcome is Outcome.CLOSED else end.reason)
+        return conn, end
+
+    def _written(self, end: End, conn: int) -> End:
+        """How a connection ends when its writer did: lost, or closed once every reply is published."""
+        if end.outcome is not Outcome.DRAINED:
+            return end
+        if self.publisher.fenced:
+            log.info("%s: connection %d closed; the replies left were dropped (the leases are lost)",
+                     self.feed.label, conn)
+        else:
+            log.info("%s: connection %d closed after publishing every reply", self.feed.label, conn)
+        return End(Outcome.CLOSED)
+
+    # ---- consuming ------------------------------------------------------------------------------------
+
+    async def _read(self, ctx: SourceContext, nc: Any) -> End:
+        spec, conn = self.spec, self._live
+        name = f"forkless-{self.feed.name}-{secrets.token_hex(6)}"
+        subjects = spec.subjects()
+        config = ConsumerConfig(
+            name=name, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.consumer.new_consumer(),
+            ack_policy=AckPolicy.ALL, ack_wait=ACK_WAIT_S, max_ack_pending=2 * self.pull_batch,
+            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            filter_subjects=list(subjects) if len(subjects) > 1 else None,
+            inactive_threshold=INACTIVE_S, mem_storage=True)
+        try:
+            with mapped_nats_errors():
+                await nc.jsm(timeout=self.settings.connect_timeout_s).add_consumer(spec.stream, config)
+        except NatsError as exc:
+            return End(Outcome.LOST, f"creating the consumer failed: {exc}")
+        self._consumer_name = name
+        inbox = nc.new_inbox()
+        # deliveries go to a queue of ours, awaited directly (nats-py's next_msg waits in a task of its
+        # own with asyncio.wait_for, which on Python 3.11 can swallow a cancellation: the stop's, the end
+        # of a connection, when a message arrives at the same moment, and the reader then runs on), as
+        # (the message's subject, reply subject, payload, headers) straight from the protocol parser
+        # (nats_compat.RawClient)
+        deliveries: asyncio.Queue = asyncio.Queue()
+        sub = await nc.raw_subscribe(inbox, lambda subject, reply, data, headers: deliveries.put_nowait(
+            (subject, reply, data, headers)))
+        request = json.dumps({"batch": self.pull_batch, "expires": int(PULL_EXPIRES_S * 1e9),
+                              "idle_heartbeat": int(PULL_HEARTBEAT_S * 1e9)}).encode()
+        pull = f"$JS.API.CONSUMER.MSG.NEXT.{spec.stream}.{name}"
+        try:
+            while self._live == conn:
+                end = await self._pull(ctx, nc, pull, request, inbox, deliveries)
+                if end is not None:
+                    return end
+            return End(Outcome.LOST, "connection over")
+        finally:
+            await unsubscribe_quietly(sub)
+
+    async def _pull(self, ctx: SourceContext, nc: Any, pull: str, request: bytes, inbox: str,
+                    deliveries: asyncio.Queue) -> End | None:
+        """One pull request: its deliveries handed over (as ``Consumer`` decides), then the ack of
+        the last; an ``End`` when the connection must end (or the reader stop), else None."""
+        consumer = self.consumer
+        await nc.publish(pull, request, reply=inbox)
+        got, last = 0, b""
+        while got < self.pull_batch:
+            try:  # a delivery already queued is taken without a timer (most of them, at full speed)
+                where, reply, data, headers = deliveries.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    async with asyncio.timeout(PULL_HEARTBEAT_S * MISSED_HEARTBEATS):
+                        where, reply, data, headers = await deliveries.get()
+                except TimeoutError:
+                    return End(Outcome.LOST, f"nothing from the consumer for "
+                                             f"{PULL_HEARTBEAT_S * MISSED_HEARTBEATS:g}s (no heartbeat)")
+            status = headers.get("Status") if headers else None
+            if status:
+                if status == "100":  # idle heartbeat
+                    continue
+                if status in ("404", "408"):  # no messages / the request expired: ask again
+                    break
+                return End(Outcome.LOST, f"the consumer answered {status} {headers.get('Description', '')}".strip())
+            take = consumer.deliver(reply, where)
+            if type(take) is Drop:
+                return End(Outcome.LOST, take.reason)
+            got += 1
+            last = reply
+            if take is SKIP:
+                continue
+            if take.held:  # a partition's restored position is past it: read, nothing of it handed over
+                await ctx.emit_decoded(_NOTHING, take.seq)
+            else:
+                await self._consume(ctx, data, take)
+            consumer.consumed(take)
+            if self._stopping:
+                break
+        if last:
+            await nc.publish(last.decode())  # the ack; ack policy "all": everything up to it
+        return End(Outcome.STOPPED) if self._stopping else None
+
+    async def _consume(self, ctx: SourceContext, data: bytes, take: Take) -> None:
+        """Decode one stream message and hand its good elements over (those not handed over before)."""
+        received = time.monotonic_ns()
+        if len(data) > self.settings.max_msg_bytes:  # not decoded: one error for it, acknowledged like any poison
+            log.warning("%s: stream %r sequence %d: a payload of %d bytes, over FORKLESS_MAX_MSG_BYTES (%d)",
+                        self.feed.label, self.spec.stream, take.seq, len(data), self.settings.max_msg_bytes)
+            decoded = _NotDecoded([(TOO_LARGE_REASON, None)])
+        else:
+            decoded = ctx.decode(data)
+        if take.partition >= 0 and len(decoded):
+            decoded = self.consumer.own_partition(decoded, take.partition)
+        if len(decoded) > take.skip:
+            self.consumer.handing_over()
+        self._reader_in_handover = True
+        try:
+            await ctx.emit_decoded(decoded, take.seq, first=take.skip, received_ns=received)
+        finally:
+            self._reader_in_handover = False
+
+    async def _watch_stream(self, nc: Any) -> End:
+        """The stream's state, every ``STREAM_INFO_EVERY_S``: its last sequence for the lag
+        (``SourceStats.stream_last_seq``), and what the feed covered (``_probe``)."""
+        jsm = nc.jsm(timeout=self.settings.connect_timeout_s)
+        conn = self._live
+        while self._live == conn:  # also ends it should nats-py swallow its cancellation (see _read)
+            await asyncio.sleep(STREAM_INFO_EVERY_S)
+            try:
+                with mapped_nats_errors():
+                    info = await self._probe(jsm)
+            except NatsNotFound:
+                return End(Outcome.LOST, f"stream {self.spec.stream!r} was deleted")
+            except NatsError:
+                continue  # the heartbeats and publications decide whether the connection is lost
+            if info.created is not None and self._stream_created is not None and info.created != self._stream_created:
+                return End(Outcome.LOST, f"stream {self.spec.stream!r} was made again")  # refused at the reconnect
+        return End(Outcome.LOST, "connection over")
+
+    async def _probe(self, jsm: Any) -> Any:
+        """The stream's state (returned); where the feed may have covered more, then its
+        consumer's state and the stream's first sequence, for ``Consumer.probed``."""
+        consumer, stream = self.consumer, self.spec.stream
+        mark = consumer.activity  # a delivery read from here on voids the probe
+        info = await jsm.stream_info(stream)
+        last = info.state.last_seq
+        self.figures.stream_last_seq = max(self.figures.stream_last_seq, last)
+        name = self._consumer_name
+        if not name or not consumer.may_cover(last):
+            return info
+        try:
+            with mapped_nats_errors():
+                state = await jsm.consumer_info(stream, name)
+        except NatsNotFound:
+            return info  # the consumer is gone (a server restart): the connection is about to end
+        after = await jsm.stream_info(stream)
+        if name == self._consumer_name and (after.created is None or after.created == info.created):
+            delivered = state.delivered.consumer_seq if state.delivered is not None else 0
+            consumer.probed(mark, last, state.num_pending or 0, delivered or 0, bool(state.num_waiting),
+                            after.state.first_seq)
+        return info
+
+
+class _Link:
+    """A ``JetStreamSource`` run's side of the reconnect driver (io_loop/reconnect.py)."""
+
+    failures = (NatsConnectFailed,)
+
+    def __init__(self, source: JetStreamSource, ctx: SourceContext) -> None:
+        self.source, self.ctx, self.label, self.conn = source, ctx, source.feed.label, 0
+
+    def more(self) -> bool:
+        return not self.ctx.replies_ended()
+
+    async def connect(self) -> tuple[Any, asyncio.Event]:
+        return await self.source._connect()
+
+    def attempt_failed(self, exc: BaseException) -> str:
+        if getattr(exc, "fatal", False):
+            raise FeedFatal(f"{self.label}: {exc}") from None
+        self.ctx.connect_failed(str(exc))
+        return str(exc)
+
+    def retrying(self, reason: str, delay: float) -> None:
+        log.warning("%s: %s; retrying in %.2fs", self.label, reason, delay)
+
+    async def serve(self, conn: tuple[Any, asyncio.Event]) -> str:
+        self.conn, end = await self.source._serve(self.ctx, *conn)
+        return end.reason
+
+    def reconnecting(self, reason: str, delay: float) -> None:
+        log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.label, self.conn, reason, delay)
+        self.ctx.reconnecting()
+
+    def gave_up(self, reason: str, failures: int, lost: bool) -> FeedFatal:
+        return FeedFatal(f"giving up on {self.label} after {failures} "
+                         f"{'lost connections' if lost else 'failed attempts'} in a row: {reason}")
+
+    async def pause(self, delay: float) -> None:  # down at the stop: no new connection
+        await pause_before_reconnect(delay, lambda: self.source._stopping and self.ctx.replies_ended())

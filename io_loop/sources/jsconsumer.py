@@ -1,0 +1,346 @@
+"""Where a JetStream feed's consuming has reached and what each delivery means, pure: the stream's
+state, reply subjects and subjects in, decisions out (websockets' protocol core is the model). No
+socket, no event loop, no clock: io_loop/sources/jetstream.py is the pump around it, which makes the
+consumers, pulls, decodes, hands over and asks ``Consumer`` at each step.
+
+Rules:
+- The position is ``next``: (the next stream sequence, good elements of it already handed over).
+  It starts at the restored checkpoint's (``resume``: the last ``Origin`` the main thread had
+  consumed), else, once the stream's state is known (``check_stream``), at the entry's ``start``
+  ("first": the stream's first message, "new": what arrives after the first connection). It
+  moves past a message only once the pump has handed it over (``consumed``), never when the
+  server delivers it: every connection makes a new consumer starting there (``new_consumer``),
+  and the server's consumer holds nothing the feed needs.
+- A delivery's numbers (times delivered, stream and consumer sequence, pending) come from its
+  reply subject (``delivery_numbers``, both of JetStream's token layouts). ``deliver`` decides:
+  a delivery below the position (a redelivery of what was consumed) is skipped (``SKIP``,
+  counted in ``skipped``); a first delivery whose consumer sequence is not the next one (a gap),
+  a redelivery of a message never consumed, or a reply subject without the numbers is ``Drop``
+  (the pump drops the connection, and the next consumer starts at the position again);
+  anything else is a ``Take``.
+- ``check_stream`` at every connection: the stream must still hold what the position needs,
+  else ``PositionLost`` (exit 2): retention removed it, or the stream ends before it (made
+  again). Retention is judged by what the feed has covered (``SourceStats.covered``, recorded in
+  checkpoints), not by its last applied message alone: only a first sequence past that refuses.
+- Covered (issue 43): every message of the feed's subjects up to a sequence is handed over.
+  Learned by a probe while connected (``probed``): the stream's last sequence read, then the
+  consumer's state (nothing pending, every delivery it made handed over), then the stream's
+  first sequence; it proves the feed covered that last sequence when nothing was removed past
+  what it had covered before (the first sequence at most one past it), or when the feed was
+  caught up with a pull waiting since it last knew itself covered, with nothing delivered since
+  (``idle_from``: a message of its subjects stored meanwhile would have been delivered at once,
+  so retention of other subjects' messages, however fast, removed nothing of its own). A
+  message of the feed's subjects removed before it was delivered is never covered: its first
+  sequence refuses at the next connection or restore.
+  Checkpoints that were all damaged hand ``PositionUnknown``: the feed starts at the stream's
+  first message only if ``start`` is "first" and the stream holds every message from sequence 1,
+  else ``PositionLost``.
+- A partitioned feed (``partition_count``) is handed one position per partition (``floors``):
+  it starts at the lowest and skips, per partition, the messages (and the good elements of a
+  message) that the partition's position covers (a ``Take`` with ``held``), until it is past all
+  of them; a partition without a recorded position starts per ``start``. An element whose
+  stream is not in the partition of the subject it came on (``own_partition``, the server's
+  function: a publisher that did not escape the name, or another partition count) is an error
+  reply, never applied: its state would belong to another partition.
+- It writes the position's figures in the feed's ``SourceStats`` (one writer: the IO thread).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.crossing import PositionUnknown, Resume
+from forkless.io_loop.errors import PositionLost
+from forkless.io_loop.settings import JetStreamSpec
+from forkless.io_loop.sources.partitions import escape_stream, partition_of
+
+__all__ = ["FOREIGN_REASON", "SKIP", "Consumer", "Drop", "Take", "delivery_numbers"]
+
+FOREIGN_REASON = "stream not in this subject's partition"
+PARTITION_CACHE = 1 << 20  # streams whose partition is remembered (the cache is emptied when full)
+ACCEPT_LOSS = ("start with FORKLESS_CHECKPOINT_RESTORE=never to accept the loss (the state starts empty and "
+               "the feed at its \"start\")")
+
+
+def delivery_numbers(reply: bytes) -> tuple[int, int, int, int] | None:
+    """A JetStream delivery's ``(times delivered, stream sequence, consumer sequence, pending)``
+    from its reply subject, ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer
+    seq>.<timestamp>.<pending>``, or with a domain and an account hash after ``$JS.ACK`` (11 or
+    more tokens, the newer servers'); None for anything else."""
+    tokens = reply.split(b".")
+    n = len(tokens)
+    if n == 9:
+        at = 4
+    elif n >= 11:
+        at = 6
+    else:
+        return None
+    if tokens[0] != b"$JS" or tokens[1] != b"ACK":
+        return None
+    try:
+        return int(tokens[at]), int(tokens[at + 1]), int(tokens[at + 2]), int(tokens[at + 4])
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    """A delivery to decode and hand over, after its first ``skip`` good elements (handed over
+    before: a restored position inside it); ``held``: the partition's restored state holds all
+    of it, nothing is handed over. ``partition``: the one its subject names (-1: not partitioned)."""
+
+    seq: int
+    pending: int
+    partition: int = -1
+    skip: int = 0
+    held: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """The connection must be dropped (the next consumer starts at the position again): ``reason``."""
+
+    reason: str
+
+
+class _Skip:
+    """A redelivery of a message consumed already: nothing to do."""
+
+    def __repr__(self) -> str:
+        return "SKIP"
+
+
+SKIP = _Skip()
+
+
+class Consumer:
+    """One JetStream feed's position and its decisions (see the module rules). ``label`` names
+    the feed in errors; ``source``: the feed's figures, written here; ``resume``: what the
+    restored checkpoint recorded (an ``Origin``, partition -> ``Origin``, either in a ``Resume``
+    with the stream's created time, a ``PositionUnknown``), None to start per ``start``."""
+
+    def __init__(self, spec: JetStreamSpec, label: str, source: SourceStats, resume: Any = None) -> None:
+        self.spec = spec
+        self.label = label
+        self.source = source
+        self.unknown = ""  # why the checkpoints' position is unknown (all damaged: PositionUnknown)
+        if isinstance(resume, PositionUnknown):
+            self.unknown, resume = resume.why, None
+        self.recorded_created = ""  # the stream's created time the restored checkpoint recorded
+        if isinstance(resume, Resume):
+            self.recorded_created, resume = resume.stream_created, resume.origin
+        # a partitioned feed's restored positions: partition -> (next sequence, elements to skip)
+        self.floors: dict[int, tuple[int, int]] | None = None
+        if isinstance(resume, dict):
+            self.floors = {p: origin.resume() for p, origin in resume.items()}
+            resume = None
+        self.floors_end = 0  # at and after this sequence no floor can apply
+        self.next: tuple[int, int] | None = resume.resume() if resume is not None else None
+        self.from_checkpoint = resume is not None or bool(self.floors)  # until the first message is handed over
+        if self.next is not None:
+            source.next_seq = self.next[0]
+        self.expected = 1  # the consumer sequence of the next first delivery
+        self.received = 0  # the consumer sequence of the last delivery read (``deliver``)
+        self.settled = 0  # the consumer sequence of the last delivery handed over, held or skipped
+        self.activity = 0  # moves at every delivery and every new consumer (``probed`` sees a change)
+        self.idle_from: int | None = None  # ``activity`` when the feed was last known caught up, a pull waiting
+        self._partitions: dict[str, int] = {}
+
+    # ---- at a connection ------------------------------------------------------------------------
+
+    def check_stream(self, first: int, last: int, deleted: int = 0) -> list[tuple[int, str]]:
+        """Where consuming starts, from the stream's first and last sequence and its count of
+        messages removed from its middle (``deleted``); ``PositionLost`` when the stream cannot
+        give what the position needs. Returns what to log: (logging level, line)."""
+        source = self.source
+        notes = []
+        if self.unknown and self.next is None:
+            notes.append(self._start_without_position(first, last, deleted))
+        source.stream_last_seq = max(source.stream_last_seq, last)
+        if self.next is None and self.floors:  # a partitioned feed's restored positions: start at the lowest
+            fresh = (max(first, 1), 0) if self.spec.start == "first" else (last + 1, 0)
+            for p in self.spec.partitions:
+                self.floors.setdefault(p, fresh)
+            self.next = min(self.floors.values())
+            self.floors_end = max(seq for seq, _ in self.floors.values()) + 1
+            source.next_seq = self.next[0]
+        if self.next is None:
+            self.next = (max(first, 1), 0) if self.spec.start == "first" else (last + 1, 0)
+            source.next_seq = self.next[0]
+            return [*notes, (logging.INFO, f"{self.label}: no recorded position; starting at stream sequence "
+                                           f"{self.next[0]} (\"start\": {self.spec.start!r})")]
+        self._check_held(first, last)
+        need, skip = self.next
+        whose = "the checkpoint" if self.from_checkpoint else "this run"
+        return [*notes, (logging.INFO, f"{self.label}: resuming at stream sequence {need}"
+                                       f"{f', after its first {skip} elements' if skip else ''} ({whose}'s position)")]
+
+    def _check_held(self, first: int, last: int) -> None:
+        """``PositionLost`` when the stream no longer holds what the position needs, or ends before it."""
+        need, skip = self.next
+        applied = need if skip else need - 1
+        whose = "the checkpoint" if self.from_checkpoint else "this run"
+        stream = self.spec.stream
+        if need > last + 1:
+            raise PositionLost(
+                f"{self.label}: stream {stream!r} ends at sequence {last}, but {whose} recorded "
+                f"{applied} as the last applied: was the stream deleted and made again? To continue anyway, "
+                f"{ACCEPT_LOSS}")
+        # no message of the feed's own subjects is missing up to what it covered (a probe proved every
+        # one of them up to there handed over: other subjects' messages there are not ours)
+        covered = self.source.covered[1] if self.source.covered[0] == need - 1 and not skip else 0
+        if first > max(need, covered + 1) and need <= last:
+            beyond = f", and none of its subjects' up to {covered}" if covered >= need else ""
+            raise PositionLost(
+                f"{self.label}: stream {stream!r} no longer holds messages {whose} needs: its first "
+                f"sequence is {first}, {whose} recorded {applied} as the last applied (the next needed is "
+                f"{need}{beyond}); retention removed them. Keep messages longer in the stream (max_age, max_msgs, "
+                f"max_bytes), or {ACCEPT_LOSS}")
+
+    def _start_without_position(self, first: int, last: int, deleted: int) -> tuple[int, str]:
+        """Every checkpoint was damaged: the position they recorded is unknown. Consuming the
+        stream from its first message rebuilds the same state only if the feed's ``start`` is
+        "first" and the stream still holds every message it ever stored (first sequence 1,
+        none deleted); anything else may lose messages the state held: ``PositionLost``."""
+        why, self.unknown = self.unknown, ""
+        stream, start = self.spec.stream, self.spec.start
+        if (start == "first" or last == 0) and first <= 1 and not deleted:  # (or it never held any)
+            return (logging.WARNING,
+                    f"{self.label}: {why}, but stream {stream!r} holds every message from sequence 1 (to {last}): "
+                    "consuming all of it again rebuilds the state (replies older than the results stream's "
+                    "duplicate window are stored again)")
+        holds = (f"its first sequence is {first}" if first > 1 else f"{deleted} of its messages were deleted"
+                 if deleted else "it holds every message")
+        unsafe = (f"messages the lost state held may be gone from stream {stream!r} ({holds})"
+                  if start == "first" and (first > 1 or deleted) else
+                  f"the feed's \"start\" is \"new\", which would skip what arrived since (stream "
+                  f"{stream!r}: {holds})")
+        raise PositionLost(
+            f"{self.label}: {why}, so the position they recorded is unknown, and {unsafe}: refusing to start "
+            f"fresh. To start fresh anyway, accepting the loss, start with FORKLESS_CHECKPOINT_RESTORE=never (the "
+            f"state starts empty and the feed at its \"start\")")
+
+    def new_consumer(self) -> int:
+        """A new consumer is made at the position: the stream sequence it starts at."""
+        self.expected = 1
+        self.received = self.settled = 0
+        self.activity += 1
+        self.idle_from = None
+        return self.next[0]
+
+    # ---- each delivery ---------------------------------------------------------------------------
+
+    def deliver(self, reply: bytes, subject: bytes | str = b"") -> Take | Drop | _Skip:
+        """What a delivery with reply subject ``reply``, on ``subject``, means (the module rules)."""
+        numbers = delivery_numbers(reply)
+        if numbers is None:
+            return Drop(f"a delivery without JetStream's reply subject: {reply[:200]!r}")
+        delivered, seq, consumer_seq, pending = numbers
+        self.activity += 1
+        self.received = consumer_seq
+        if delivered == 1:
+            if consumer_seq != self.expected:
+                return Drop(f"delivery gap at stream sequence {seq} (consumer sequence {consumer_seq}, expected "
+                            f"{self.expected})")
+            self.expected += 1
+        if seq < self.next[0]:  # consumed already (a redelivery)
+            self.source.skipped += 1
+            self.settled = consumer_seq
+            return SKIP
+        if delivered > 1:
+            return Drop(f"stream sequence {seq} redelivered before it was consumed")
+        source = self.source
+        source.fetched += 1
+        source.stream_last_seq = max(source.stream_last_seq, seq + pending)
+        need, skip = self.next
+        if seq != need:
+            skip = 0
+        if not self.spec.partitioned:
+            return Take(seq, pending, -1, skip)
+        partition = self.spec.partition_of_subject(subject.decode() if type(subject) is bytes else subject)
+        if self.floors:
+            floor = self.floors.get(partition)
+            if floor is not None and seq < floor[0]:  # the partition's restored state holds it already
+                source.skipped += 1
+                return Take(seq, pending, partition, 0, True)
+            if floor is not None and seq == floor[0]:
+                skip = max(skip, floor[1])
+            if seq >= self.floors_end:
+                self.floors = None  # past every partition's position: no more checks
+        return Take(seq, pending, partition, skip)
+
+    def handing_over(self) -> None:
+        """Good elements of a delivery are being handed over: the position is this run's now."""
+        self.from_checkpoint = False
+
+    def consumed(self, take: Take) -> None:
+        """``take`` is handed over (or held): the position moves past it. With nothing pending
+        after it, the feed is caught up (its pull still waiting: ``idle_from``)."""
+        self.next = (take.seq + 1, 0)
+        self.source.next_seq = take.seq + 1
+        self.settled = self.received
+        if take.pending == 0:
+            self.idle_from = self.activity
+
+    # ---- what the feed covered -----------------------------------------------------------------
+
+    def may_cover(self, last: int) -> bool:
+        """A probe could prove more covered than now, the stream having reached ``last``."""
+        if self.next is None or self.next[1]:
+            return False
+        handed, through = self.source.covered
+        return handed != self.next[0] - 1 or through < last
+
+    def probed(self, mark: int, last: int, pending: int, delivered: int, waiting: bool, first: int) -> bool:
+        """A probe (the module rules): ``mark``, ``activity`` before the stream's last sequence
+        ``last`` was read; then the consumer's state: ``pending`` messages of the feed's subjects
+        (its num_pending), ``delivered`` (the consumer sequence of its last delivery), ``waiting``
+        (a pull of ours waits); then the stream's ``first`` sequence. True when it proved every
+        message of the feed's subjects up to ``last`` handed over (``SourceStats.covered``)."""
+        if (self.next is None or self.next[1] or mark != self.activity or pending
+                or delivered != self.settled or self.received != self.settled):
+            return False  # a delivery moved meanwhile, one is not handed over yet, or one is pending
+        need = self.next[0]
+        handed, through = self.source.covered
+        known = through if handed == need - 1 else need - 1  # covered before this probe
+        caught_up = waiting and self.idle_from == self.activity
+        if first > known + 1 and not caught_up:
+            return False  # retention removed messages past what was covered: some may have been ours
+        if last >= need - 1 and (last > through or handed != need - 1):
+            self.source.covered = (need - 1, last)
+        if waiting:
+            self.idle_from = self.activity
+        return True
+
+    # ---- a partitioned feed's elements ------------------------------------------------------------
+
+    def own_partition(self, decoded: Any, partition: int) -> Any:
+        """``decoded`` without the elements whose stream is not in ``partition`` (each an error
+        reply, ``FOREIGN_REASON``, before the decoder's own errors)."""
+        cache, count = self._partitions, self.spec.partition_count
+        foreign = []
+        for i, stream in enumerate(decoded.stream):
+            p = cache.get(stream)
+            if p is None:
+                if len(cache) >= PARTITION_CACHE:
+                    cache.clear()
+                try:
+                    p = cache[stream] = partition_of(escape_stream(stream), count)
+                except ValueError:
+                    p = -1
+            if p != partition:
+                foreign.append(i)
+        if not foreign:
+            return decoded
+        dropped = set(foreign)
+        keep = [i for i in range(len(decoded)) if i not in dropped]
+        out = copy.copy(decoded)
+        out.seq = [decoded.seq[i] for i in keep]
+        out.stream = [decoded.stream[i] for i in keep]
+        out.x = decoded.x[keep]
+        out.errors = [(FOREIGN_REASON, decoded.seq[i]) for i in foreign] + list(decoded.errors)
+        return out

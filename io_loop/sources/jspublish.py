@@ -1,0 +1,266 @@
+"""A JetStream feed's replies published to its results subject: the writer of a ``JetStreamSource``
+(io_loop/sources/jetstream.py), one per connection, in the role a WebSocket client's writer has. Imported
+only when such a feed is configured (nats-py is an optional extra).
+
+Rules:
+- The source's reply batches in order (the main thread's results and error replies, and the
+  feed's error replies to bad input), taken through its ``ctx.replies()`` (io_loop/writer.py's
+  ``ReplyBatch``, which keeps a batch across reconnects). Each frame is published to the
+  ``results`` subject with the header ``Nats-Msg-Id: <stream>:<seq>:<index>`` (``msg_id``, from
+  the batch's ``positions``) and a reply subject of this connection's own, ``<inbox><n>`` (one
+  raw subscription per connection, ``ReplyAcks``); a batch's frames are written as one buffer of
+  HPUB commands (``reply_commands``, ``nats_compat.publish_commands``) and their
+  acknowledgements awaited together before the next batch.
+- What was not acknowledged (from the first frame not acknowledged on) is published again after a
+  reconnect; the results stream's duplicate window drops a copy, counted in
+  ``SourceStats.duplicates``. ``SourceStats.confirmed`` is the origin of the last main-thread
+  reply acknowledged: a checkpoint is committed only once every reply to the messages it covers
+  is (controller/loop.py).
+- Nothing acknowledges in time (``connect_timeout_s`` without one), an error acknowledgement (the
+  stream refused a frame: ``error_ack``, at once, with the server's description), no stream
+  storing the subject: the connection is lost (``End``), and the feed reconnects. An
+  acknowledgement not understood is an error acknowledgement: never counted as stored, never
+  an exception out of the subscription's handler (``ReplyAcks.on_ack``).
+- Replies ``"none"`` (no results subject), or a batch with nothing to name it by: not published,
+  counted in ``dropped``.
+- A partitioned feed is fenced by its leases (``fence``, the store's ``holds``): before each batch
+  is published, a False ``fence`` (a lease lost, or run out unrenewed after a pause) drops the
+  batch instead, counted in ``dropped`` ("lease lost") and logged once: another instance may own
+  the partitions now and answers those messages from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.crossing import Origin
+from forkless.io_loop.nats.nats_compat import publish_commands
+from forkless.io_loop.nats.natsconn import NATS_ERRORS, describe_error, duplicate_ack, unsubscribe_quietly
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.sources.client import End, Outcome
+from forkless.io_loop.writer import ReplyBatch
+
+__all__ = ["ReplyAcks", "ReplyPublisher", "error_ack", "msg_id", "reply_commands"]
+
+log = logging.getLogger("forkless.jetstream")
+
+
+def msg_id(stream: str, origin: Origin) -> str:
+    """The ``Nats-Msg-Id`` of a reply: ``<stream name>:<stream sequence of the input>:<index>``."""
+    return f"{stream}:{origin.seq}:{origin.index}"
+
+
+def reply_commands(subject: bytes, inbox: bytes, first: int, stream: str, frames: list[Any],
+                   origins: list[Origin], max_payload: int) -> bytes:
+    """The NATS protocol commands publishing ``frames`` (str or bytes) to ``subject``, frame k
+    with the header ``Nats-Msg-Id: msg_id(stream, origins[k])`` and the reply subject
+    ``<inbox><first + k>`` (where the results stream acknowledges it), as one buffer
+    (nats_compat.publish_commands). A frame larger than the server's ``max_payload``:
+    ``MaxPayloadError``, as nats-py's ``publish`` raises."""
+    header = b"NATS/1.0\r\nNats-Msg-Id: " + stream.encode() + b":"
+    parts: list[bytes] = []
+    add = parts.append
+    for k, frame in enumerate(frames):
+        payload = frame if type(frame) is bytes else frame.encode()
+        if len(payload) > max_payload:
+            raise nats.errors.MaxPayloadError
+        origin = origins[k]
+        hdr = header + b"%d:%d\r\n\r\n" % (origin.seq, origin.index)
+        add(b"HPUB %s %s%d %d %d\r\n" % (subject, inbox, first + k, len(hdr), len(hdr) + len(payload)))
+        add(hdr)
+        add(payload)
+        add(b"\r\n")
+    return b"".join(parts)
+
+
+# nats-py's classes for an error's "code", as ``APIError.from_error`` picks them (which raises the
+# error instead of returning it: of no use in a subscription's handler)
+_API_ERRORS: dict[int, type[nats.js.errors.APIError]] = {
+    400: nats.js.errors.BadRequestError, 404: nats.js.errors.NotFoundError, 500: nats.js.errors.ServerError,
+    503: nats.js.errors.ServiceUnavailableError}
+
+
+def error_ack(data: bytes) -> Exception | None:
+    """The error a publish acknowledgement's body carries, or None when it says the message is
+    stored. ``{"error": {"code": 400, "err_code": 10054, "description": "message size exceeds
+    maximum allowed"}, …}`` is nats-py's ``APIError`` for its code (``BadRequestError`` here),
+    as ``js.publish`` raises it. Never raises: a body that is not a JSON object, or whose
+    "error" is not one, is a ``nats.errors.Error`` naming it (the frame is not known stored)."""
+    try:
+        resp = json.loads(data)
+    except Exception:  # not JSON (ValueError, UnicodeDecodeError), or nested past the parser's depth
+        return nats.errors.Error(f"an acknowledgement that is not JSON: {data[:200]!r}")
+    if not isinstance(resp, dict):
+        return nats.errors.Error(f"an acknowledgement that is not a JSON object: {data[:200]!r}")
+    if "error" not in resp:
+        return None
+    error = resp["error"]
+    if not isinstance(error, dict):
+        return nats.js.errors.APIError(description=f"{error!r:.200}")
+    code, err_code, description = error.get("code"), error.get("err_code"), error.get("description")
+    code = code if type(code) is int else None
+    return _API_ERRORS.get(code, nats.js.errors.APIError)(
+        code=code, err_code=err_code if type(err_code) is int else None,
+        description=None if description is None else str(description)[:200])
+
+
+class ReplyAcks:
+    """The results stream's acknowledgements of the item being published: frame k of it was
+    published with the reply subject ``<inbox><base + k>``. ``wake`` is called once every frame
+    is acknowledged, or at the first error (an error response, no stream storing the subject).
+    No socket: ``on_ack`` is handed each acknowledgement as the protocol parser gives it."""
+
+    def __init__(self, cut: int, wake: Callable[[], Any]) -> None:
+        self.cut = cut  # the length of ``<inbox>``
+        self.wake = wake
+        self.base = 0
+        self.done = bytearray()
+        self.acked = 0
+        self.duplicates = 0
+        self.error: Exception | None = None
+
+    def begin(self, base: int, n: int) -> None:
+        self.base, self.done, self.acked, self.error = base, bytearray(n), 0, None
+
+    def complete(self) -> bool:
+        return self.acked == len(self.done) or self.error is not None
+
+    def prefix(self) -> int:
+        """Frames acknowledged in order from the item's first."""
+        first_missing = self.done.find(0)
+        return len(self.done) if first_missing < 0 else first_missing
+
+    def on_ack(self, subject: bytes, _reply: bytes, data: bytes, headers: dict[str, str] | None) -> None:
+        """One acknowledgement, from nats_compat.RawClient (a raw subscription to ``<inbox>*``).
+        Raises nothing: what it raised would go to the connection's ``error_cb``, and the item
+        would wait for ``connect_timeout_s`` instead of ending with the error."""
+        try:
+            k = int(subject[self.cut:]) - self.base
+        except ValueError:
+            return
+        if not 0 <= k < len(self.done) or self.done[k] or self.error is not None:
+            return  # an earlier item's (acknowledged after a timeout), or a copy
+        try:
+            status = headers.get("Status") if headers else None
+            if status:
+                self.error = (nats.js.errors.NoStreamResponseError() if status == "503" else
+                              nats.errors.Error(f"the server answered {status} {headers.get('Description', '')}"))
+            elif b'"error"' in data and (error := error_ack(data)) is not None:  # a stored frame's: not parsed
+                self.error = error
+            else:
+                self.done[k] = 1
+                self.acked += 1
+                if duplicate_ack(data):
+                    self.duplicates += 1
+        except Exception as exc:  # not foreseen: the item's error, not a wait in vain
+            self.error = nats.errors.Error(f"an acknowledgement not understood ({describe_error(exc)}): "
+                                           f"{data[:200]!r}")
+        if self.complete():
+            self.wake()
+
+
+class ReplyPublisher:
+    """The replies of one JetStream feed published on one connection at a time (see the module
+    rules): ``await run(nc, batch)`` until the replies end (``Outcome.DRAINED``) or the
+    connection is lost. ``batch``: the source's ``ctx.replies()``; ``source``: its figures
+    (``confirmed``, ``duplicates``); ``fence``: a partitioned instance's leases."""
+
+    def __init__(self, settings: IOSettings, feed: FeedSpec, source: SourceStats,
+                 fence: Callable[[], bool] | None = None) -> None:
+        self.settings = settings
+        self.feed = feed
+        self.source = source
+        self.fence = fence
+        self.fenced = False  # the fence refused a publication (logged once)
+        self._ack_sub: Any = None  # this connection's subscription to the acknowledgements
+
+    async def run(self, nc: Any, batch: ReplyBatch) -> End:
+        try:
+            return await self._publish(nc, batch)
+        finally:
+            sub = self._ack_sub
+            self._ack_sub = None
+            if sub is not None:
+                await unsubscribe_quietly(sub)
+
+    async def _publish(self, nc: Any, batch: ReplyBatch) -> End:
+        stream, results = self.feed.jetstream.stream, self.feed.jetstream.results
+        # the results stream's acknowledgements come to an inbox of ours, ``<inbox>.<n>`` with n counting
+        # this connection's publications (nats-py's publish_async costs a future, a semaphore and a
+        # JSON parse per reply), straight from the parser to ReplyAcks.on_ack (a raw subscription); the
+        # writer wakes once per batch, when all of its frames are acknowledged
+        inbox = nc.new_inbox() + "."
+        wake = asyncio.Event()
+        acks = ReplyAcks(len(inbox), wake.set)
+        self._ack_sub = await nc.raw_subscribe(inbox + "*", acks.on_ack)
+        subject, inbox_bytes = results.encode(), inbox.encode()
+        sent = 0
+        async for _ in batch:  # a batch not wholly published comes again, from its first frame not acknowledged
+            frames, origins = batch.frames, batch.positions
+            if not self._may_publish(batch, origins):
+                continue
+            n, answers = len(frames), batch.answers
+            acks.begin(sent, n)
+            try:
+                await publish_commands(nc, reply_commands(subject, inbox_bytes, sent, stream, frames, origins,
+                                                          nc.max_payload))
+                sent += n
+                await self._acknowledged(acks, wake)
+            except nats.js.errors.NoStreamResponseError:
+                return End(Outcome.LOST, f"no stream stores the results subject {results!r}: create one "
+                                         "(with a duplicate window, docs/jetstream.md)")
+            except nats.js.errors.APIError as exc:  # an error acknowledgement: the stream's limits, say
+                return End(Outcome.LOST, f"the results stream refused a reply published to {results!r}: "
+                                         f"{exc.description or describe_error(exc)} (code {exc.code}, "
+                                         f"err_code {exc.err_code})")
+            except NATS_ERRORS as exc:
+                return End(Outcome.LOST, f"publishing to {results!r} failed: {describe_error(exc)}")
+            finally:
+                # acknowledged in order from the start: not published again
+                acked = acks.prefix()
+                if acked == n and answers:
+                    self.source.confirmed = (origins[-1].seq, origins[-1].index)
+                batch.wrote(acked)
+                self.source.duplicates += acks.duplicates
+                acks.duplicates = 0
+        return End(Outcome.DRAINED)
+
+    def _may_publish(self, batch: ReplyBatch, origins: list[Origin] | None) -> bool:
+        """Whether the batch is published; what is not is dropped, counted."""
+        if not self.feed.jetstream.results or origins is None:
+            # replies "none", or nothing to name them by: not published
+            batch.drop("reply not published (no results subject)")
+            return False
+        if self.fence is not None and not self.fence():
+            # the partitions' leases are lost or ran out unrenewed (a pause past the lease):
+            # their new owner answers these from its checkpoint, so they are never published here
+            batch.drop("lease lost")
+            if not self.fenced:
+                self.fenced = True
+                log.error("%s: the partitions' leases are lost or ran out unrenewed: no reply is published "
+                          "from now on (their new owner answers them; counted in dropped, \"lease lost\")",
+                          self.feed.label)
+            return False
+        return True
+
+    async def _acknowledged(self, acks: ReplyAcks, wake: asyncio.Event) -> None:
+        """Every frame of the item acknowledged; raises the error acknowledgement, or a timeout
+        when none came for ``connect_timeout_s``."""
+        while not acks.complete():  # all of the item's acknowledgements awaited together
+            before = acks.acked
+            wake.clear()
+            try:
+                async with asyncio.timeout(self.settings.connect_timeout_s):
+                    await wake.wait()
+            except TimeoutError:
+                if acks.acked == before:
+                    raise nats.errors.TimeoutError from None
+        if acks.error is not None:
+            raise acks.error

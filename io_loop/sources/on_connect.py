@@ -1,0 +1,97 @@
+"""The on-connect hook: frames an embedder computes for each new connection of a feed.
+
+Rules:
+- The hook is the embedder's callable (``Controller(config, on_connect=hook)``), handed to the
+  IO side as a constructor argument (``IOThread`` → ``FeedSet`` → ``WebSocketSource``); the IO side
+  never imports the controller. It is for subscriptions that must be made per connection:
+  signed, timestamped, or listing what the program holds now.
+- ``hook(feed, connection)`` runs on the IO thread's event loop for every connection of every
+  feed (the embedded demo feed's too), after the handshake and before anything else is sent but
+  the feed's fixed ``subscribe`` text: ``feed`` is the feed's name (``"0"`` for
+  ``FORKLESS_WS_URL``), ``connection`` the number the connection has in the logs (1 for the
+  feed's first; one more for each connection served, so an attempt that failed does not use one).
+- It returns what to send (``frames_of``): ``None`` for nothing; one frame; or a list or tuple
+  of frames, sent in order. A frame is a ``str``; ``bytes`` holding UTF-8 text (sent as a text
+  frame, like a codec's replies); or any other JSON value (a dict, say), sent as its compact
+  JSON text. To send one JSON array, return its text. An awaitable (an ``async def`` hook) is
+  awaited, within ``FORKLESS_CONNECT_TIMEOUT_S``.
+- It must not block the loop (every feed's reading and writing waits while it runs), and it runs
+  in the IO thread: it may read only what is safe to read from another thread (an immutable
+  value the main thread swaps in whole, a copy made under a lock), never JAX arrays.
+- A hook that raises, returns something else or times out fails that connection attempt like a
+  failed connect (``HookFailed``): the connection is closed with 1011, counted in
+  ``connect_failures``, retried with the backoff (``FORKLESS_RECONNECT_TRIES`` counts it), and
+  the traceback is logged once per distinct error. The IO thread never dies of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from forkless.io_loop.net.netaddr import redact_url
+
+__all__ = ["HookFailed", "OnConnect", "call_hook", "frames_of", "guarded_call"]
+
+# a URL in the text of a hook's exception (aiohttp's errors name the URL, query and all): shown redacted
+URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+OnConnect = Callable[[str, int], Any]
+"""``on_connect(feed, connection) -> None | frame | list of frames`` (or an awaitable of one)."""
+
+
+class HookFailed(Exception):
+    """The on-connect hook (or the before-connect hook) raised, returned something it may not,
+    or timed out; ``str`` says which (without the traceback, URLs in it redacted); ``__cause__``
+    is the hook's exception, if any."""
+
+
+def frames_of(result: Any, given: str = "on_connect returned") -> list[str | bytes]:
+    """What the hook returned, as the frames to send (see the rules); ``TypeError`` naming the
+    type for anything that is not a frame, after ``given`` (who handed it: ``Controller.send``
+    says ``"send() was given"``)."""
+    if result is None:
+        return []
+    items = result if isinstance(result, (list, tuple)) else (result,)
+    frames: list[str | bytes] = []
+    for item in items:
+        if isinstance(item, (str, bytes)):
+            frames.append(item)
+            continue
+        try:
+            frames.append(json.dumps(item, separators=(",", ":"), allow_nan=False))
+        except (TypeError, ValueError, RecursionError):
+            raise TypeError(f"{given} a {type(item).__name__} that json cannot write; a frame is "
+                            "a str, bytes (UTF-8 text) or a JSON value (dict, list, …), or None") from None
+    return frames
+
+
+async def call_hook(hook: OnConnect, feed: str, connection: int, timeout_s: float) -> list[str | bytes]:
+    """Call ``hook(feed, connection)`` (awaiting what it returns, if awaitable, within
+    ``timeout_s``) and return its frames; ``HookFailed`` for anything else."""
+    return await guarded_call("on_connect", hook, feed, connection, timeout_s, frames_of)
+
+
+async def guarded_call(name: str, hook: Callable[[str, int], Any], feed: str, number: int, timeout_s: float,
+                       convert: Callable[[Any], Any]) -> Any:
+    """``convert(hook(feed, number))``, awaiting what the hook returns (if awaitable) within
+    ``timeout_s``; ``HookFailed`` naming the ``name`` hook for whatever it or ``convert`` raised,
+    or the timeout. Shared by the on-connect and before-connect hooks (io_loop/sources/before_connect.py)."""
+    limit = asyncio.timeout(timeout_s)
+    try:
+        result = hook(feed, number)
+        if inspect.isawaitable(result):
+            async with limit:
+                result = await result
+        return convert(result)
+    except Exception as exc:
+        if isinstance(exc, TimeoutError) and limit.expired():
+            raise HookFailed(f"the {name} hook did not return within FORKLESS_CONNECT_TIMEOUT_S={timeout_s}s") \
+                from None
+        lines = str(exc).strip().splitlines()
+        text = URL_IN_TEXT.sub(lambda url: redact_url(url.group()), lines[0] if lines else "")[:200]
+        raise HookFailed(f"the {name} hook failed: {type(exc).__name__}{': ' + text if text else ''}") from exc

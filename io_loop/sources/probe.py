@@ -1,0 +1,180 @@
+"""The network half of ``--check``: can the metrics address be bound, and does the feed answer?
+
+Rules:
+- Each probe raises ``ProbeFailed(reason)`` with one human sentence, or prints what it found
+  through ``say`` and returns. The exit status each failure maps to is the preflight's
+  business (controller/commands/check.py), not this module's.
+- The feed probe asks each feed's source to try itself (its ``probe``, io_loop/capabilities.py),
+  the sources made as every run's are (io_loop/feeds.py's ``feed_sources``): this module knows
+  no kind of feed. A WebSocket feed's (io_loop/sources/client.py) is ``probe_websocket``: ONE connection
+  with the configured TLS, headers, token and timeouts (io_loop/sources/connect.py, the same code the
+  client uses), a brief wait for a first frame, a close with 1000. A JetStream feed's connects to
+  its server, reads its stream and finds the stream storing its results subject, warning when
+  that stream's duplicate window is shorter than a restart needs (io_loop/sources/jsprobe.py). The
+  embedded demo feed's (io_loop/sources/demo_source.py), when no feed is configured, serves it and
+  connects once. With several feeds (``FORKLESS_FEEDS``) every feed is probed and the probe
+  fails if any of them does, naming them.
+- A feed with a unix-domain socket is probed through it (``new_session``); the demo feed with
+  ``FORKLESS_DEMO_UNIX_SOCKET`` serves and is probed on that socket; a metrics address
+  ``unix:/path`` is bound and removed as the server would (io_loop/net/unixsocket.py). No TCP socket
+  is opened for any of them.
+- The probes run on a loop of their own in a thread of their own ("forkless-check",
+  io_loop/loopthread.py's ``run_in_thread``): the caller's thread keeps its event loop, and
+  ``--check`` may be called from inside a running one; what a probe raises is raised in the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from forkless.io_loop.capabilities import capability
+from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.feeds import feed_sources
+from forkless.io_loop.loopthread import run_in_thread
+from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_label
+from forkless.io_loop.net.unixsocket import listen_unix
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.sources.connect import (
+    ConnectFailed,
+    HandshakeRefused,
+    handshake_headers,
+    make_ssl_context,
+    new_session,
+    open_feed,
+    shown_target,
+)
+
+__all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "check_metrics_addr", "probe_feed", "probe_websocket"]
+
+FIRST_FRAME_WAIT_S = 2.0
+
+
+class ProbeFailed(Exception):
+    """One probe failed; ``str`` is the reason, fit to print."""
+
+
+def check_metrics_addr(addr: str, say: Callable[[str], None]) -> None:
+    """Bind (and release) the metrics address, as the metrics server will."""
+    try:
+        path = unix_address(addr)
+    except ValueError as exc:
+        raise ProbeFailed(f"cannot listen on FORKLESS_METRICS_ADDR={addr}: {exc}") from None
+    if path is not None:
+        _check_unix_listener(path, "FORKLESS_METRICS_ADDR")
+        say(f"  {addr}: free; /metrics, /healthz and /readyz will be served on that unix-domain socket")
+        return
+    try:
+        host, port = parse_host_port(addr)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, sockaddr = infos[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(sockaddr)
+    except (OSError, ValueError) as exc:
+        raise ProbeFailed(f"cannot listen on FORKLESS_METRICS_ADDR={addr}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
+    say(f"  {addr}: free; /metrics, /healthz and /readyz will be served there")
+
+
+def _check_unix_listener(path: str, variable: str) -> None:
+    """The unix-domain socket ``path`` can be listened on (io_loop/net/unixsocket.py's rules): bound once,
+    then removed (a stale socket file found there is removed too, as the server would)."""
+    try:
+        listen_unix(path).close()
+    except OSError as exc:
+        raise ProbeFailed(f"cannot listen on {variable}={unix_label(path)}: {exc.strerror or exc}") from None
+
+
+def probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None], *,
+               dedupe_window_s: float = 180.0) -> None:
+    """Connect once to the feed (or the embedded demo feed); see the module rules.
+    ``dedupe_window_s``: the duplicate window a JetStream feed's results stream should have."""
+    run_in_thread(lambda: _probe_feed(settings, codec, say, dedupe_window_s), name="forkless-check")
+
+
+async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None],
+                      dedupe_window_s: float = 180.0) -> None:
+    feeds = settings.feed_specs
+    # each feed's source, from the one place a feed's kind is decided: the source probes itself
+    sources = feed_sources(settings)
+    if len(feeds) == 1:
+        await _probe_source(sources[0], codec, say, dedupe_window_s)
+        return
+    failed = []
+    for feed, source in zip(feeds, sources):
+        say(f"  {feed.label}{'' if feed.required else ' (not required)'}:")
+        try:
+            await _probe_source(source, codec, lambda line: say("  " + line), dedupe_window_s)
+        except ProbeFailed as exc:
+            say(f"    FAILED: {exc}")
+            failed.append(f"feed {feed.name!r}")
+    if failed:
+        raise ProbeFailed(f"{len(failed)} of {len(feeds)} feeds failed: {', '.join(failed)} (see above)")
+
+
+async def _probe_source(source: Any, codec: FrameDecoder, say: Callable[[str], None], dedupe_window_s: float) -> None:
+    """One feed's source tries itself (its ``probe``, io_loop/capabilities.py); one without is said and passed."""
+    probe = capability(source, "probe")
+    if probe is None:
+        say(f"  source {source.name!r} declares no probe(): not tried")
+        return
+    await probe(codec, say, dedupe_window_s=dedupe_window_s)
+
+
+async def probe_websocket(settings: IOSettings, codec: FrameDecoder, url: str, say: Callable[[str], None],
+                          feed: FeedSpec) -> None:
+    """One WebSocket connection to ``url`` (the feed ``feed``), its first frame described, closed with 1000."""
+    shown = shown_target(url, feed.unix_socket)
+    headers = handshake_headers(settings, feed)
+    if headers:
+        say(f"  handshake headers: {', '.join(sorted(headers))} (values hidden)")
+    ssl_ctx = make_ssl_context(settings) if url.startswith("wss:") else None
+    if ssl_ctx is not None:
+        say(f"  TLS: system trust store{' + ' + settings.ca_file if settings.ca_file else ''}"
+            f"{', verification OFF (FORKLESS_TLS_INSECURE=1)' if settings.tls_insecure else ''}")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    async with new_session(feed.unix_socket) as session:
+        try:
+            ws = await open_feed(session, url, settings, ssl_ctx, heartbeat=False, feed=feed)
+        except HandshakeRefused as exc:
+            raise ProbeFailed(str(exc)) from None
+        except ConnectFailed as exc:
+            raise ProbeFailed(f"cannot connect to {shown}: {exc}") from None
+        took_ms = (loop.time() - t0) * 1000
+        try:
+            say(f"  connected to {shown} in {took_ms:.1f} ms (HTTP 101"
+                f"{', subprotocol ' + ws.protocol if ws.protocol else ''})")
+            if feed.subscribe:
+                await ws.send_str(feed.subscribe)
+                say(f"  sent {'its subscribe message' if settings.feeds_from_list else 'FORKLESS_SUBSCRIBE'}"
+                    f" ({len(feed.subscribe)} characters)")
+            wait_s = min(FIRST_FRAME_WAIT_S, settings.connect_timeout_s)
+            try:
+                msg = await asyncio.wait_for(ws.receive(), wait_s)
+            except TimeoutError:
+                say(f"  no frame within {wait_s:g}s (a quiet feed is not an error)")
+            else:
+                _describe_frame(msg, codec, loop.time() - t0, say)
+        finally:
+            await ws.close(code=aiohttp.WSCloseCode.OK, message=b"forkless --check done")
+        say("  closed the connection (code 1000)")
+
+
+def _describe_frame(msg: Any, codec: FrameDecoder, after_s: float, say: Callable[[str], None]) -> None:
+    if msg.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+        say(f"  the feed ended the connection before any frame: {msg.type.name}"
+            f"{f' (code {msg.data})' if isinstance(msg.data, int) else ''}")
+        return
+    decoded = codec.decode(msg.data)
+    found = f"{len(decoded)} good message(s)"
+    if len(decoded):
+        found += f", first stream {decoded.stream[0]!r}"
+    if decoded.errors:
+        reasons = sorted({reason for reason, _ in decoded.errors})
+        found += f", {len(decoded.errors)} the controller would refuse ({'; '.join(reasons)})"
+    say(f"  first frame after {after_s * 1000:.0f} ms, {len(msg.data)} bytes: {found}")
