@@ -69,10 +69,6 @@ class InFlight:
         """The oldest step in flight is done: finishing it would not wait for the device."""
         return bool(self._begun) and self.step.ready(self._begun[0])
 
-    def oldest_began(self) -> float:
-        """When the oldest step in flight was dispatched (``time.perf_counter``, the step's clock)."""
-        return self._begun[0].t0
-
     def finish_oldest(self, deadline: float | None = None) -> int:
         """Hand the oldest batch's results over (waiting for its step); how many messages it held.
         Raises what ``on_results`` raised, once its replies are put."""

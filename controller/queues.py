@@ -14,8 +14,8 @@ Rules:
   then every step in flight is finished.
 - Steps in flight (``InFlight``, controller/inflight.py): a step that is done is handed over
   before the next batch is collected; a batch that is waiting is dispatched while earlier
-  steps run; with nothing waiting, it waits for a message through most of a typical step's time,
-  then polls the oldest step every ``READY_POLL_S``, finishing it once done (``cycle``).
+  steps run; with nothing waiting, it waits for a message and polls the oldest step every
+  ``READY_POLL_S``, finishing it once done (``cycle``), so no finished step waits for input.
   ``pending`` finishes them all before it returns (``settle``), unless told not to (``run()``:
   they stay in flight between its calls).
 - ``Outlet.put`` waits while *outbound* is full (the socket is slow), checking the IO side's
@@ -84,7 +84,6 @@ class Intake:
         self._step = step
         # the steps in flight (controller/inflight.py), when the step is an InFlight
         self.flight: InFlight | None = step if isinstance(step, InFlight) else None
-        self._step_s: float | None = None  # a step's typical time from its dispatch to done (steps in flight)
         self.names = names  # each feed's name, by index
         self._on_event = on_event  # the controller's on_event as it is now (None: none)
         self._logged_unhandled_event = False
@@ -138,30 +137,18 @@ class Intake:
         flight = self.flight
         while flight is not None and len(flight):
             if flight.oldest_ready() or self.closed:
-                # how long a step takes to be done (EWMA): the next waits sleep through most of it
-                took = time.perf_counter() - flight.oldest_began()
-                self._step_s = took if self._step_s is None else 0.8 * self._step_s + 0.2 * took
                 flight.finish_oldest(deadline)
                 return 0
             taken = self.collect(0.0, deadline)  # only what is waiting already
             if taken is not None:
                 self._step(taken, deadline)
                 return len(taken)
-            self._await(self._ready_wait(flight.oldest_began()))
+            self._await(READY_POLL_S)
         taken = self.collect(timeout, deadline)
         if taken is None:
             return 0
         self._step(taken, deadline)
         return len(taken)
-
-    def _ready_wait(self, began: float) -> float:
-        """How long to wait for a message before looking at the oldest step again: most of what
-        is left of a typical step (a message ends the wait at once), then every ``READY_POLL_S``;
-        each look costs the IO thread a turn of the GIL (measured on the TPU: bench/docs/steps-in-flight.md)."""
-        if self._step_s is None:
-            return READY_POLL_S
-        left = 0.9 * self._step_s - (time.perf_counter() - began)
-        return min(max(left, READY_POLL_S), POLL_S)
 
     def _await(self, timeout: float) -> None:
         """Wait up to ``timeout`` for a chunk on *inbound*, into the batcher."""
