@@ -99,6 +99,9 @@ class WsExchange:
     async def _close(self) -> None:
         self._server.close()
         await self._server.wait_closed()
+        for task in list(self._fills):  # fills still held (never released): not left pending on a closed loop
+            task.cancel()
+        await asyncio.gather(*self._fills, return_exceptions=True)
 
     def _note(self, key: str, value: Any = 1) -> None:
         with self._lock:
