@@ -19,10 +19,9 @@ Rules:
   however long the step was; with nothing waiting it goes out at once, as a lone message does.
 - Padding: a batch of n messages is padded to the smallest bucket >= n (``Config.buckets``: powers
   of four up to ``max_batch``) so the jitted step only ever sees a few shapes, all compiled at start-up.
-- One copy of ``x`` on the host: a chunk holds its frames' own arrays or parsed numbers
-  (``Decoded.rows``), and a batcher given the buckets copies them once, straight into the batch's
-  zeroed bucket-sized array of the processor's input dtype (``PaddedRows``), which ``pad_batch``
-  takes as it is.
+- One copy of ``x`` on the host: a chunk holds its frames' own arrays, and a batcher given the
+  buckets copies them once, straight into the batch's zeroed bucket-sized array (``PaddedRows``),
+  which ``pad_batch`` takes as it is.
 - Per-chunk values stay per chunk: ``Taken.runs``, one ``(end, feed, received_ns)`` per chunk's
   piece of the batch; the per-message lists are made only where a rare path asks for them.
 - Stream slots (name -> row of the state table) are controller/slots.py's business.
@@ -32,7 +31,6 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from itertools import chain
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -115,15 +113,13 @@ class Batch(NamedTuple):
 class MicroBatcher:
     """Collects chunks and hands out batches of at most ``max_batch`` messages."""
 
-    def __init__(self, max_batch: int, max_wait_s: float, buckets: tuple[int, ...] | None = None,
-                 dtype: Any = None) -> None:
+    def __init__(self, max_batch: int, max_wait_s: float, buckets: tuple[int, ...] | None = None) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         # with buckets, a batch's x is made in the leading rows of its padded array (``Taken``)
         self.buckets = tuple(buckets) if buckets else None
-        self.dtype = dtype  # of a batch's x (the processor's input dtype); None: the chunks' (float32 for rows)
         self._chunks: deque[Chunk] = deque()
         self._offset = 0  # messages of _chunks[0] already taken
         self._size = 0
@@ -201,44 +197,15 @@ class MicroBatcher:
         self._first_at = None
         return Taken(seqs, streams, self._batch_x(xs, want), runs, mixed, traces, origins)
 
-    def _batch_x(self, xs: list[Any], n: int) -> np.ndarray:
-        """The rows of ``xs`` (arrays, or lists of rows of numbers: ``Chunk``) as one [n, F] array:
-        with buckets, the leading rows of a zeroed bucket-sized array (``pad_batch`` pads in place),
-        each copied there once."""
-        first = xs[0]
-        rows = type(first) is list
-        dtype = self.dtype if self.dtype is not None else np.float32 if rows else first.dtype
+    def _batch_x(self, xs: list[np.ndarray], n: int) -> np.ndarray:
+        """The rows of ``xs`` as one [n, F] array: with buckets, the leading rows of a zeroed
+        bucket-sized array (``pad_batch`` pads in place), copied there in one call."""
         if self.buckets is None:
-            if len(xs) == 1:
-                return np.asarray(first, dtype) if rows else first  # type: ignore[no-any-return]
-            padded = np.empty((n, len(first[0]) if rows else first.shape[1]), dtype)
-            _fill(padded, xs)
-            return padded
-        padded = np.zeros((bucket_for(n, self.buckets), len(first[0]) if rows else first.shape[1]), dtype)
-        _fill(padded, xs)
+            return xs[0] if len(xs) == 1 else np.concatenate(xs, axis=0)
+        first = xs[0]
+        padded = np.zeros((bucket_for(n, self.buckets), first.shape[1]), first.dtype)
+        np.concatenate(xs, axis=0, out=padded[:n])
         return PaddedRows.of(padded, n)
-
-
-def _fill(out: np.ndarray, xs: list[Any]) -> None:
-    """Copy the rows of ``xs`` into ``out``'s leading rows, in order: consecutive arrays in one
-    ``np.concatenate``, a list of rows of numbers in one ``np.fromiter`` (measured 35-40% less than
-    assigning the nested list)."""
-    at = start = 0  # the rows filled; where the arrays not yet copied begin
-    arrays: list[np.ndarray] = []
-    for piece in xs:
-        if type(piece) is list:
-            if arrays:
-                np.concatenate(arrays, axis=0, out=out[start:at])
-                arrays = []
-            n = len(piece)  # rows of numbers: made the out's dtype one by one, as np.array(piece, dtype) does
-            out[at:at + n] = np.fromiter(chain.from_iterable(piece), out.dtype, n * out.shape[1]).reshape(n, -1)
-            at += n
-            start = at
-        else:
-            arrays.append(piece)
-            at += len(piece)
-    if arrays:
-        np.concatenate(arrays, axis=0, out=out[start:at])
 
 
 class PaddedRows(np.ndarray):
@@ -259,8 +226,8 @@ class PaddedRows(np.ndarray):
 
 
 def _rows(x: Any, start: int, stop: int, out: list[np.ndarray]) -> None:
-    """Append to ``out`` the parts holding rows ``start:stop`` of a chunk's ``x`` (one array, or
-    its parts in order: arrays or lists of rows, ``Chunk``), as views or list slices."""
+    """Append to ``out`` the arrays holding rows ``start:stop`` of a chunk's ``x`` (one array, or
+    its frames' arrays in order: ``Chunk``), as views."""
     if not isinstance(x, list):
         out.append(x[start:stop])
         return

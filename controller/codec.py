@@ -8,8 +8,7 @@ Rules:
   processor's input dtype (``Processor.input_dtype``: float32, or float64), built in that
   dtype from the parsed numbers, so a float64 input never passes through float32. The batch
   of a frame comes back column-wise (``Decoded``) so the main thread can stack it without
-  per-message work; ``JsonCodec`` hands the checked numbers over as ``rows`` and the main
-  thread makes them the batch's array (one copy, no array a frame on the IO thread).
+  per-message work.
 - Anything that speaks another protocol can replace ``JsonCodec`` by implementing
   ``Codec``: ``decode``, ``encode_results`` and ``encode_error``. ``encode_error`` may return
   None: no error frame (a feed that must never be sent one), counted as a declined reply.
@@ -26,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -42,36 +42,17 @@ FOLDED_REASON = f"bad element beyond {MAX_ERROR_REPLIES} error replies in one fr
 # The accepted input range (|x| <= X_MAX, X_RANGE_REASON) is io_loop/decoding.py's: emit_rows refuses the same.
 
 
+@dataclass
 class Decoded:
-    """What one frame held: good messages column-wise, and one error per bad part.
+    """What one frame held: good messages column-wise, and one error per bad part."""
 
-    ``x`` is [n, F] of the processor's input dtype. ``JsonCodec`` gives ``rows`` instead (the
-    parsed numbers, one list a message, already checked) and ``x`` is made from them on first
-    use: the hand-over passes the rows on, and the main thread copies them once, into the
-    padded batch (controller/batching.py), with no array made a frame on the IO thread."""
-
-    def __init__(self, seq: list[Any] | None = None, stream: list[str] | None = None, x: Any = None,
-                 errors: list[tuple[str, Any]] | None = None, folded: int = 0, *,
-                 rows: list[list[Any]] | None = None, dtype: Any = np.float32) -> None:
-        self.seq: list[Any] = [] if seq is None else seq
-        self.stream: list[str] = [] if stream is None else stream
-        self._x = x
-        self.rows = rows  # the parsed numbers of each message, while x is not made
-        self.dtype = dtype
-        self.errors: list[tuple[str, Any]] = [] if errors is None else errors
-        # bad elements beyond MAX_ERROR_REPLIES: not answered one by one; the last entry of
-        # ``errors`` is then one summary reply for all of them (counted under FOLDED_REASON)
-        self.folded = folded
-
-    @property
-    def x(self) -> np.ndarray:
-        if self._x is None:
-            self._x = np.array(self.rows, self.dtype) if self.rows else np.zeros((0, 0), np.float32)
-        return self._x  # type: ignore[no-any-return]
-
-    @x.setter
-    def x(self, value: np.ndarray) -> None:
-        self._x, self.rows = value, None
+    seq: list[Any] = field(default_factory=list)
+    stream: list[str] = field(default_factory=list)
+    x: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    errors: list[tuple[str, Any]] = field(default_factory=list)
+    # bad elements beyond MAX_ERROR_REPLIES: not answered one by one; the last entry of
+    # ``errors`` is then one summary reply for all of them (counted under FOLDED_REASON)
+    folded: int = 0
 
     def cast(self, dtype: Any) -> None:
         """``x`` made ``dtype`` (a custom codec's, for the processor's input dtype)."""
@@ -79,9 +60,6 @@ class Decoded:
 
     def __len__(self) -> int:
         return len(self.seq)
-
-    def __repr__(self) -> str:
-        return f"Decoded(seq={self.seq!r}, stream={self.stream!r}, x={self.x!r}, errors={self.errors!r})"
 
     def error_counts(self) -> list[tuple[str, int]]:
         """(reason, how many bad elements) for the counters: every bad element counted once."""
@@ -127,7 +105,7 @@ class JsonCodec:
         if type(doc) is dict:  # the common case: one message per frame
             reason, seq = self._check(doc)
             if reason is None:
-                return Decoded([seq], [doc["stream"]], rows=[doc["x"]], dtype=self.dtype)
+                return Decoded([seq], [doc["stream"]], np.array([doc["x"]], self.dtype))
             return Decoded(errors=[(reason, seq)])
 
         out = Decoded()
@@ -147,7 +125,7 @@ class JsonCodec:
             else:
                 out.errors.append((reason, seq))
         if rows:
-            out.rows, out.dtype = rows, self.dtype
+            out.x = np.array(rows, self.dtype)
         if len(out.errors) > MAX_ERROR_REPLIES:
             folded = len(out.errors) - (MAX_ERROR_REPLIES - 1)
             first = out.errors[MAX_ERROR_REPLIES - 1][0]

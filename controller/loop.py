@@ -141,7 +141,7 @@ class Controller:
         self.main_stats = MainStats.for_run(cfg.buckets, len(specs))
         # what each message gets back, under its feed's reply policy
         self.replies = Replies(self.codec, self.main_stats, [spec.replies for spec in specs], cfg.max_streams)
-        self.batcher = MicroBatcher(cfg.max_batch, cfg.max_wait_ms / 1000, cfg.buckets, self.codec.dtype)
+        self.batcher = MicroBatcher(cfg.max_batch, cfg.max_wait_ms / 1000, cfg.buckets)
         self.slots = StreamSlots(cfg.max_streams, idle_s=cfg.stream_idle_s)
         self._io: IOSide | NoIOSide = NoIOSide(self.io_stats)  # the real one once start() starts it
         # checkpoints: what they hold beside the state, restoring one, the JetStream feeds' positions

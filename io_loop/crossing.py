@@ -99,9 +99,8 @@ class Chunk:
     seq: list[Any]
     stream: list[str]
     # numpy [n, F] of the processor's input dtype (float32 by default; no numpy import here: see the
-    # rules), or a list of parts whose rows in order are the chunk's, each a frame's own array or a
-    # list of rows of parsed numbers (``Decoded.rows``): copied once, on the main thread, into the
-    # padded batch (``x_parts``)
+    # rules), or, gathered from several frames, a list of their own arrays whose rows in order are the
+    # chunk's: they are copied once, on the main thread, into the padded batch (``x_parts``)
     x: Any
     received_ns: int
     feed: int = 0  # index of the feed (``IOSettings.feed_specs``) whose connection it came from
@@ -113,7 +112,7 @@ class Chunk:
         return len(self.seq)
 
     def x_parts(self) -> list[Any]:
-        """The parts that hold ``x``'s rows, in order: arrays [k, F], or lists of k rows of numbers."""
+        """The arrays that hold ``x``'s rows, in order (one, or the frames' own)."""
         return self.x if isinstance(self.x, list) else [self.x]
 
 

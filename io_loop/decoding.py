@@ -35,8 +35,6 @@ class DecodedFrame(Protocol):
     seq: list[Any]
     stream: list[str]
     x: Any  # [n, F], the processor's input dtype (float32 by default)
-    # optional (read with getattr): the parsed numbers, one list a message, which the hand-over
-    # passes on instead of ``x`` when not None (``controller.codec.Decoded.rows``)
     errors: list[tuple[str, Any]]  # (reason, seq or None), one per error reply to send
 
     def __len__(self) -> int: ...  # good messages

@@ -14,9 +14,8 @@ Rules:
 - A chunk carries the reader's ``connection`` (set by the feed at each new connection) as it was
   when its first frame was gathered; a connection's frames are put before the next one opens
   (a put is scheduled for the loop's next turn, and opening a connection takes more than one).
-- A chunk of several frames holds their own ``x`` arrays, not one made of them, or their parsed
-  numbers (``Decoded.rows``, the default codec's): the main thread copies them once, straight
-  into the padded batch (controller/batching.py). No array is made here.
+- A chunk of several frames holds their own ``x`` arrays, not one made of them: the main thread
+  copies them once, straight into the padded batch (controller/batching.py).
 - One message in ``SAMPLE_EVERY`` carries a ``Trace`` (io_loop/crossing.py): the chunk
   holding it is stamped with its first frame's read and decode times, and just before its put.
 - Queue full: the source's own buffer (``buffer`` messages and events, io_loop/spill.py) takes
@@ -156,28 +155,15 @@ class Handover:
             self._until_sample = SAMPLE_EVERY
             trace = Trace(self.feed, self._first_ns, self._first_decoded_ns)
         if len(parts) == 1:
-            part = parts[0]
-            rows = getattr(part, "rows", None)
-            return Chunk(part.seq, part.stream, part.x if rows is None else [rows], self._first_ns, self.feed, trace,
-                         origin, self._gathered_connection)
+            return Chunk(parts[0].seq, parts[0].stream, parts[0].x, self._first_ns, self.feed, trace, origin,
+                         self._gathered_connection)
         seq: list[Any] = []
         stream: list[str] = []
-        # the frames' own arrays, or their parsed numbers (``rows``, one list for consecutive frames):
-        # the main thread copies them once, into the padded batch
-        xs: list[Any] = []
-        gathered_rows: list[Any] | None = None  # the list the frames' rows go on since the last array
+        xs = []  # the frames' own arrays: the main thread copies them once, into the padded batch
         for part in parts:
             seq += part.seq
             stream += part.stream
-            rows = getattr(part, "rows", None)
-            if rows is None:
-                xs.append(part.x)
-                gathered_rows = None
-            elif gathered_rows is None:
-                gathered_rows = list(rows)  # a list of its own: the frame's is left as it was
-                xs.append(gathered_rows)
-            else:
-                gathered_rows += rows
+            xs.append(part.x)
         return Chunk(seq, stream, xs, self._first_ns, self.feed, trace, origin, self._gathered_connection)
 
     def _put_soon(self) -> None:

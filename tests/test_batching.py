@@ -147,21 +147,3 @@ def test_without_buckets_a_batch_x_is_the_chunks_rows_as_before():
     b.add(Chunk([1, 2], ["a", "b"], x, 0), 0.0)
     taken = b.take()
     assert taken.x is x  # one whole chunk: its own array, nothing copied
-
-
-def test_parsed_numbers_and_arrays_are_copied_once_into_a_batch_of_the_processors_dtype():
-    # the default codec hands over its parsed numbers (rows): the batch is made of them in the
-    # processor's input dtype, a float64 input never through float32, ints as the codec would make them
-    b = MicroBatcher(max_batch=8, max_wait_s=0.0, buckets=(4, 8), dtype=np.float64)
-    b.add(Chunk([1, 2], ["a", "b"], [[[0.1, 2], [3, 1e18]]], 0), 0.0)
-    b.add(Chunk([3, 4, 5], ["a"] * 3, [np.array([[0.5, 0.25]]), [[7, 0.3]], np.array([[1.5, 2.5]])], 0), 0.0)
-    taken = b.take()
-    expected = np.array([[0.1, 2], [3, 1e18], [0.5, 0.25], [7, 0.3], [1.5, 2.5]], np.float64)
-    assert taken.x.dtype == np.float64 and taken.x.tolist() == expected.tolist()
-    assert pad_batch(taken.x, np.zeros(5, np.int32), 8, spare_slot=9, dtype=np.float64).x is taken.x.padded
-    # split across batches, the numbers follow their messages; without buckets, the same rows
-    b = MicroBatcher(max_batch=2, max_wait_s=0.0, dtype=np.float32)
-    b.add(Chunk([1, 2, 3], ["a"] * 3, [[[0.1, 2], [3, 4]], np.array([[5, 6]], np.float32)], 0), 0.0)
-    first, second = b.take(), b.take()
-    assert first.x.dtype == np.float32 and first.x.tolist() == np.array([[0.1, 2], [3, 4]], np.float32).tolist()
-    assert second.x.tolist() == [[5, 6]]

@@ -104,17 +104,3 @@ def test_a_non_finite_result_becomes_an_error_reply_not_invalid_json():
 
 def test_error_frames_have_reason_and_seq():
     assert json.loads(codec.encode_error("not JSON", None)) == {"error": "not JSON", "seq": None}
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_decode_hands_over_the_parsed_numbers_and_x_is_made_from_them_in_the_dtype(dtype):
-    # the IO thread makes no array a frame: the rows go to the batch; x, when asked for, is as before
-    codec = JsonCodec(2, dtype=dtype)
-    one = codec.decode(b'{"seq": 1, "stream": "a", "x": [0.1, 3]}')
-    many = codec.decode(b'[{"seq": 2, "stream": "a", "x": [1, 2]}, {"seq": 3}, '
-                        b'{"seq": 4, "stream": "b", "x": [5, 0.7]}]')
-    assert one.rows == [[0.1, 3]] and many.rows == [[1, 2], [5, 0.7]]
-    assert one.x.dtype == dtype and one.x.tolist() == np.array([[0.1, 3]], dtype).tolist()
-    assert many.x.tolist() == np.array([[1, 2], [5, 0.7]], dtype).tolist() and many.x.shape == (2, 2)
-    many.x = many.x[1:]  # a source cutting what its state holds (io_loop/emitted.py): the rows go with it
-    assert many.rows is None and many.x.tolist() == np.array([[5, 0.7]], dtype).tolist()

@@ -278,23 +278,3 @@ def test_the_writer_observes_every_frame_s_write_latency_from_its_own_chunk_rece
     latency = stats.write_latency
     assert latency.n == 4 and latency.counts[-1] == 3
     assert 3_000.0 <= latency.total < 3_000.0 + 60.0
-
-
-def test_frames_of_the_default_codec_cross_as_their_parsed_numbers_in_one_list():
-    from forkless.controller.codec import JsonCodec
-
-    codec = JsonCodec(2)
-    frames = [codec.decode(b'{"seq": 1, "stream": "a", "x": [1, 0.5]}'),
-              codec.decode(b'[{"seq": 2, "stream": "b", "x": [2, 2.5]}, {"seq": 3, "stream": "a", "x": [3, 3.5]}]')]
-
-    async def main() -> Chunk:
-        queue: asyncio.Queue[Chunk] = asyncio.Queue(maxsize=10)
-        handover = blocking(queue)
-        for frame in frames:
-            handover.add(frame, received_ns=1_000)
-        await next_turn()
-        return queue.get_nowait()
-
-    chunk = asyncio.run(main())
-    assert chunk.seq == [1, 2, 3] and chunk.x_parts() == [[[1, 0.5], [2, 2.5], [3, 3.5]]]
-    assert frames[0].rows == [[1, 0.5]]  # the frame's own list is left as it was

@@ -54,7 +54,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import janus
-import numpy as np
 import orjson
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.crossing import Chunk
@@ -199,8 +198,8 @@ class Publisher:
             self._first_seq = chunk.seq[0]
             self._compare_start()
         rows: list[list[float]] = []
-        for part in chunk.x_parts():  # float64: Python floats, written back exactly (an int as a float)
-            rows += (np.array(part, np.float64) if type(part) is list else part).tolist()
+        for part in chunk.x_parts():
+            rows += part.tolist()  # float64: Python floats, written back exactly
         dumps, subjects, waiting = orjson.dumps, self._subjects, self._waiting
         for seq, stream, x in zip(chunk.seq, chunk.stream, rows):
             subject = subjects.get(stream)
