@@ -45,6 +45,28 @@ def working_step(state: dict[str, Any], batch: Any) -> tuple[dict[str, Any], dic
     return new_state, {"n": out["n"] + jnp.minimum(m.sum(), 0.0) * 0.0}
 
 
+def steps_seen_done_late(after_s: float = 0.02) -> None:
+    """Test-only, for the line these programs print: a step is seen done (``Engine.ready``) only
+    once ``after_s`` has passed since its dispatch, so the batches that come meanwhile are
+    dispatched while it is in flight however fast this machine runs it (finishing one still
+    waits for the device as before; only when the loop looks, not what it gets, changes)."""
+    import time
+
+    from forkless.controller.engine import Engine
+
+    dispatch, ready, began = Engine.dispatch, Engine.ready, {}
+
+    def dispatch_noted(self: Engine, x: Any, key: Any) -> Any:
+        pending = dispatch(self, x, key)
+        began[id(pending)] = time.monotonic()
+        return pending
+
+    def ready_late(self: Engine, pending: Any) -> bool:
+        return time.monotonic() - began.get(id(pending), 0.0) >= after_s and ready(self, pending)
+
+    Engine.dispatch, Engine.ready = dispatch_noted, ready_late
+
+
 class LinesSource:
     name = "lines"
     replies = "none"
@@ -90,6 +112,8 @@ def main() -> int:
     # SOURCE_PROGRAM_WORK=1: the step with work (FORKLESS_STEPS_IN_FLIGHT > 1: really in flight),
     # driven by run(), which keeps steps in flight between its calls (checkpoints settle them)
     work = os.environ.get("SOURCE_PROGRAM_WORK") == "1"
+    if work:
+        steps_seen_done_late()
     processor = Processor(init, working_step if work else step, name="count", version="1")
     source = LinesSource(source_path, gap_s, hold_at, gate)
 
