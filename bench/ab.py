@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="which loads, comma-separated (one alone takes more repeats in the same time)")
     p.add_argument("--hops", action="store_true",
                    help="also the client's own latency budget: each hop's p50 (µs) and its CPU µs a message "
-                        "(the process's, and its IO and main threads' apart)")
+                        "(the process's, and its IO and main threads' apart) and the messages a step")
     a = p.parse_args(argv)
     loads = [load for load in a.loads.split(",") if load]
     unknown = sorted(set(loads) - {load for load, _ in FIGURES})
@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                         for hop, h in ((r.get("client") or {}).get("hops_us") or {}).items():
                             runs.setdefault((side, f"{load} {hop} p50 µs"), []).append(h.get("p50"))
                         runs.setdefault((side, f"{load} CPU µs/msg"), []).append(r["cpu"]["client_us_per_msg"])
+                        # how full the steps ran: more steps in flight may dispatch smaller batches
+                        runs.setdefault((side, f"{load} messages a step"), []).append(
+                            (r.get("client") or {}).get("batch_size_mean"))
                         own = (r.get("client") or {}).get("cpu_us_per_msg") or {}
                         for thread in ("io_thread", "main_thread"):
                             runs.setdefault((side, f"{load} {thread} CPU µs/msg"), []).append(own.get(thread))
