@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hops", action="store_true",
                    help="also the client's own latency budget: each hop's p50 (µs) and its CPU µs a message "
                         "(the process's, and its IO and main threads' apart) and the messages a step")
+    p.add_argument("--heavy-iters", type=int, default=0,
+                   help="both sides run bench.heavy's step with this many matmuls a batch (0: the default step)")
+    p.add_argument("--heavy-size", type=int, default=0, help="... of this size (0: bench.heavy's HEAVY_SIZE)")
     a = p.parse_args(argv)
     loads = [load for load in a.loads.split(",") if load]
     unknown = sorted(set(loads) - {load for load, _ in FIGURES})
@@ -57,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan.full() if a.plan == "full" else Plan.tpu()
     if a.unix:
         use_unix_sockets()
+    step = {"size": a.heavy_size, "iters": a.heavy_iters} if a.heavy_iters > 0 else None
     runs: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -64,12 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         for side in roots:  # warm each side's compilation cache once, not counted
             cache = str(work / f"cache-{side}")
             run_load("forkless", "rate_1k", Plan.quick(), work, cache, f"warm-{side}", env=envs[side],
-                     root=roots[side])
+                     root=roots[side], heavy=step is not None, step=step)
         for rep in range(a.repeats):
             for load in loads:
                 for side in ("A", "B") if rep % 2 == 0 else ("B", "A"):
                     r = run_load("forkless", load, plan, work, str(work / f"cache-{side}"), f"{side}-{load}-{rep}",
-                                 env=envs[side], root=roots[side])
+                                 env=envs[side], root=roots[side], heavy=step is not None, step=step)
                     lg = r["loadgen"]
                     if load == "window":
                         runs.setdefault((side, "window msg/s"), []).append(lg.get("throughput_msg_s"))

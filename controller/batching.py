@@ -138,6 +138,11 @@ class MicroBatcher:
         self._chunks.append(chunk)
         self._size += len(chunk)
 
+    @property
+    def leftover(self) -> bool:
+        """It holds only what the last ``take`` left, which has not begun collecting again."""
+        return self._size > 0 and self._first_at is None
+
     def wants_more(self, now: float) -> bool:
         """True while the next batch has room and has been collecting for less than max_wait
         (a leftover has not begun collecting until a chunk is added to it)."""

@@ -13,9 +13,13 @@ Rules:
   ``on_event`` does not take the events behind it past it: what is left is counted, and logged),
   then every step in flight is finished.
 - Steps in flight (``InFlight``, controller/inflight.py): a step that is done is handed over
-  before the next batch is collected; a batch that is waiting is dispatched while earlier
-  steps run; with nothing waiting, it waits for a message and polls the oldest step every
-  ``READY_POLL_S``, finishing it once done (``cycle``), so no finished step waits for input.
+  before the next batch is collected. While steps run, the next batch collects what arrives and
+  is dispatched behind them once it is closed (full, or collecting for ``max_wait_s``: the
+  batcher's own rule): a batch cut earlier would gain nothing by queueing on the device behind
+  the running step, while what arrives meanwhile missed it and waits a whole step more
+  (bench/docs/steps-in-flight.md). Until then the oldest step is polled every
+  ``READY_POLL_S`` and finished once done, then the batch is cut as one at a time would
+  (``cycle``), so no finished step waits for input.
   ``pending`` finishes them all before it returns (``settle``), unless told not to (``run()``:
   they stay in flight between its calls).
 - ``Outlet.put`` waits while *outbound* is full (the socket is slow), checking the IO side's
@@ -134,21 +138,38 @@ class Intake:
         """Collect one batch and step it; how many messages it held. With steps in flight, a
         step that is done is finished instead (0), and while nothing is waiting the oldest is
         awaited instead of the first message (the module rules)."""
-        flight = self.flight
+        flight, batcher = self.flight, self.batcher
         while flight is not None and len(flight):
             if flight.oldest_ready() or self.closed:
                 flight.finish_oldest(deadline)
                 return 0
-            taken = self.collect(0.0, deadline)  # only what is waiting already
-            if taken is not None:
-                self._step(taken, deadline)
-                return len(taken)
+            if len(batcher) and not self._top_up(deadline):  # closed: full, or collected for max_wait
+                taken = self.collect(0.0, deadline)
+                if taken is not None:
+                    self._step(taken, deadline)
+                    return len(taken)
             self._await(READY_POLL_S)
         taken = self.collect(timeout, deadline)
         if taken is None:
             return 0
         self._step(taken, deadline)
         return len(taken)
+
+    def _top_up(self, deadline: float | None) -> bool:
+        """The batch collecting while steps run, topped up from what is already waiting under the
+        batcher's rules; whether it is still open (has room and has collected for less than
+        ``max_wait_s``, and the stop's ``deadline`` has not passed)."""
+        inbound, batcher = self.inbound, self.batcher
+        while batcher.wants_more(now := time.monotonic()) and (deadline is None or now < deadline):
+            if self.closed or not inbound.qsize():
+                return not batcher.leftover  # a full batch's rest goes out at once, as it would alone
+            try:
+                self._add(inbound.get_nowait())
+            except Empty:
+                return True
+            except janus.SyncQueueShutDown:
+                self.closed = True
+        return False
 
     def _await(self, timeout: float) -> None:
         """Wait up to ``timeout`` for a chunk on *inbound*, into the batcher."""

@@ -62,8 +62,8 @@ FAILING = Processor(_init, _step_or_fail, name="inflight-totals-failing")
 
 
 def _config(depth: int, **more: Any) -> Config:
-    return Config(features=F, max_batch=4, max_streams=6, max_wait_ms=0.0, status_s=0.0, steps_in_flight=depth,
-                  **more)
+    return Config(**{"features": F, "max_batch": 4, "max_streams": 6, "max_wait_ms": 0.0, "status_s": 0.0,
+                     "steps_in_flight": depth, **more})
 
 
 def _feed() -> list:
@@ -215,3 +215,38 @@ def test_steps_left_in_flight_are_dropped_unanswered_with_what_a_stopping_instan
     answered = len(frames(drain(fake.outbound)))
     assert answered + in_flight == 4
     ctl.stop()
+
+
+def _arriving_while_in_flight(ctl: Controller, fake: FakeIO, arriving: list, looks_before_done: int = 5) -> None:
+    """``arriving`` is put on inbound the first time the loop looks at a step in flight, and the
+    step is seen done only at the ``looks_before_done``-th look: messages come while a step runs,
+    however fast this machine runs it."""
+    looks = []
+
+    def ready(pending: Any) -> bool:
+        looks.append(pending)
+        if len(looks) == 1:
+            for c in arriving:
+                fake.inbound.put_nowait(c)
+        return len(looks) >= looks_before_done
+
+    ctl.engine.ready = ready
+
+
+@pytest.mark.parametrize("arriving, most", [
+    ([chunk([1], ["b"], [[1.0, 0.0]])], 1),  # a partial batch waits for the running step, then goes out
+    ([chunk([1, 2, 3, 4], ["b", "c", "d", "e"], [[1.0, 0.0]] * 4)], 2),  # a full one is dispatched behind it
+], ids=["partial-waits", "full-joins"])
+def test_only_a_closed_batch_is_dispatched_behind_a_running_step(arriving: list, most: int) -> None:
+    fake = FakeIO()
+    ctl = Controller(_config(3, max_wait_ms=10_000.0), processor=TOTALS, io_factory=fake)
+    with ctl:
+        _arriving_while_in_flight(ctl, fake, arriving)
+        fake.inbound.put_nowait(chunk([0], ["a"], [[1.0, 0.0]]))
+        ctl._process(0.0, settle=False)  # run()'s turns: a's step stays in flight between them
+        ctl._process(0.0, settle=False)
+        while ctl.process_pending():
+            pass
+        replies = frames(drain(fake.outbound))
+    assert ctl._intake.flight.most == most
+    assert [r["seq"] for r in replies] == list(range(1 + len(arriving[0])))
