@@ -2,7 +2,8 @@
 
 Rules:
 - Every variable is declared once, in ``VARIABLES`` (``controller/settings/variables.py``), with its
-  parser (``controller/settings/values.py``); a field's default here is its variable's default.
+  rule (``controller/settings/values.py``: its text parsed, a value given in code checked by its
+  type and bounds as it is); a field's default here is its variable's default.
 - A bad value raises ``ConfigError`` naming the variable, the value and what is allowed;
   ``app.py`` turns it into exit status 2 before any thread starts.
 - Secrets (``SUBSCRIBE``, ``AUTH_TOKEN``, ``HEADERS``) never appear in ``repr``, errors or ``--help``.
@@ -111,16 +112,13 @@ class Config:
         self.validate()
 
     def validate(self) -> None:
-        """Check every field with the same rules as the environment, plus cross-field rules."""
+        """Check every field by its variable's rule (its type and bounds, as it is), plus cross-field rules."""
         for var in VARIABLES:
             value = getattr(self, var.field)
-            text = as_text(value)
             try:
-                parsed = var.parse(text)
+                var.check(value)
             except (ValueError, TypeError, OSError) as exc:
-                raise ConfigError(var.env, _shown(var, text), _allowed(var, exc)) from None
-            if parsed != value:
-                raise ConfigError(var.env, _shown(var, text), var.allowed)
+                raise ConfigError(var.env, _shown(var, value), _allowed(var, exc)) from None
         if self.feeds and (self.ws_url or self.subscribe):
             both = "FORKLESS_WS_URL" if self.ws_url else "FORKLESS_SUBSCRIBE"
             raise ConfigError(PREFIX + "FEEDS", "<hidden>", f"either FORKLESS_FEEDS or {both} (the one-feed "
@@ -365,10 +363,12 @@ def _allowed(var: Variable, exc: BaseException) -> str:
     return f"{var.allowed}: {exc}" if isinstance(exc, ValueProblem) else var.allowed
 
 
-def _shown(var: Variable, text: str) -> str:
-    """A bad value as an error may show it: secrets hidden, URLs without credentials or query."""
+def _shown(var: Variable, value: Any) -> str:
+    """A bad value (its text, or a value given in code) as an error may show it: written as the
+    variable would be (``as_text``), secrets hidden, URLs without credentials or query."""
     if var.secret:
         return "<hidden>"
+    text = as_text(value) if value is None or isinstance(value, (str, int, float)) else str(value)
     if var.field == "ws_url":
         return redact_url(text.strip())
     if var.field == "relay_nats":

@@ -49,6 +49,7 @@ CORE = [
     "controller/declared.py",
     "controller/errors.py",
     "controller/eventsonly.py",
+    "controller/settings/feedschema.py",
     "controller/settings/feedspec.py",
     "controller/logs.py",
     "controller/metrics.py",
@@ -548,7 +549,7 @@ def test_importing_this_does_not_import_jax(statement: str):
     assert not jax_modules, f"{statement!r} imported {len(jax_modules)} JAX modules, e.g. {jax_modules[:3]}"
 
 
-OPTIONAL_LIBRARIES = {"nats", "prometheus_client", "msgspec"}  # JetStream feeds, /metrics, never
+OPTIONAL_LIBRARIES = {"nats", "prometheus_client", "msgspec"}  # JetStream feeds, /metrics, FORKLESS_FEEDS
 
 
 def test_a_websocket_only_run_imports_no_library_only_some_runs_need():

@@ -132,6 +132,55 @@ def test_a_config_built_in_code_is_validated_too():
         Config(max_batch=0)
 
 
+# a value of the wrong type given in code: checked as it is (not written as text and read back, where
+# True passed as 1 and 1 as True, and malformed header pairs raised a bare ValueError)
+WRONG_TYPES = [
+    ({"features": "8"}, "FORKLESS_FEATURES", "'8'", "in code an int, not a str"),
+    ({"max_batch": 2.5}, "FORKLESS_MAX_BATCH", "'2.5'", "in code an int, not a float"),
+    ({"features": True}, "FORKLESS_FEATURES", "'1'", "in code an int, not a bool"),
+    ({"alpha": True}, "FORKLESS_ALPHA", "'1'", "in code an int or a float, not a bool"),
+    ({"stream_idle_s": "5"}, "FORKLESS_STREAM_IDLE_S", "'5'", "in code an int or a float, or None, not a str"),
+    ({"devices": 8.0}, "FORKLESS_DEVICES", "'8.0'", "in code 'all' or an int, not a float"),
+    ({"tls_insecure": 1}, "FORKLESS_TLS_INSECURE", "'1'", "in code True or False, not an int"),
+    ({"log_level": None}, "FORKLESS_LOG_LEVEL", "''", "in code a str, not None"),
+    ({"ws_url": 1}, "FORKLESS_WS_URL", "'1'", "in code a str, not an int"),
+    ({"auth_token": 12345}, "FORKLESS_AUTH_TOKEN", "'<hidden>'", "in code a str, not an int"),
+    ({"headers": [("X-Key", "k3y")]}, "FORKLESS_HEADERS", "'<hidden>'", "not a list"),
+    ({"headers": (("X-Key",),)}, "FORKLESS_HEADERS", "'<hidden>'", "expected a JSON object of string values"),
+]
+
+
+@pytest.mark.parametrize(("changes", "name", "shown", "detail"), WRONG_TYPES,
+                         ids=[next(iter(c)) + "=" + repr(next(iter(c.values()))) for c, *_ in WRONG_TYPES])
+def test_a_value_of_the_wrong_type_in_code_is_a_config_error_naming_the_variable_and_the_types(
+        changes, name, shown, detail):
+    with pytest.raises(ConfigError) as err:
+        Config(**changes)
+    assert err.value.variable == name
+    assert str(err.value).startswith(f"{name}={shown} is invalid: expected ") and detail in str(err.value), err.value
+    assert "k3y" not in str(err.value) and "12345" not in str(err.value)
+
+
+def test_a_value_given_in_code_is_kept_as_given_when_its_type_is_right():
+    cfg = Config(alpha=1, stream_idle_s=0, duration_s=2, devices=2, steps_in_flight=3, tls_insecure=True)
+    assert (cfg.alpha, cfg.stream_idle_s, cfg.duration_s, cfg.devices, cfg.steps_in_flight) == (1, 0, 2, 2, 3)
+    # a text variable's value is the text its variable would hold: no surrounding spaces, no @path read
+    for changes in ({"ws_url": " ws://127.0.0.1:9/feed"}, {"log_level": "info"}, {"subscribe": "@/etc/hostname"}):
+        with pytest.raises(ConfigError):
+            Config(**changes)
+
+
+def test_every_default_is_written_as_text_that_reads_back_as_it():
+    # what --help and --check show for a default (as_text) is the variable's own text for it
+    from forkless.controller.settings.variables import as_text
+
+    defaults = Config()
+    for var in VARIABLES:
+        value = getattr(defaults, var.field)
+        var.check(value)
+        assert var.parse(as_text(value)) == value, var.env
+
+
 @pytest.mark.parametrize("name", ["FORKLESS_FEATURES", "FORKLESS_WS_URL", "FORKLESS_OVERFLOW", "FORKLESS_DURATION"])
 def test_the_app_exits_2_naming_the_bad_variable_before_starting(name):
     proc = run_app(env={name: BAD[name]})

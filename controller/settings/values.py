@@ -1,10 +1,15 @@
-"""The value parsers of the ``FORKLESS_*`` variables: each takes the raw text and returns a value
-or raises ``ValueError`` (pure but for the file checks).
+"""The value rules of the ``FORKLESS_*`` variables: each ``Rule`` parses the raw text into a value
+and checks a value given in code (``Config(features=8)``) by its type and bounds directly (pure
+but for the file checks).
 
 Rules:
 - A parser refuses with ``ValueError`` (or ``TypeError``, ``OSError``); the variable's
   ``allowed`` text says what is right. ``ValueProblem`` is a refusal with a detail fit to show,
   appended to that text; a parser never puts a secret in it.
+- A value given in code is checked as it is, never written as text and parsed back: a wrong
+  type is a ``ValueProblem`` naming the types allowed and the one given (``bool`` is never an
+  int or a number); a value of a text variable (``text_rule``) must be what its parser returns
+  for it (no surrounding spaces, a ``@path`` not read).
 - The parsers that check files do so when the configuration is read, not at the first use:
   ``pem_file`` has OpenSSL load the CA file (no socket is opened), ``checkpoint_dir`` asks
   whether the directory could be made and written, so either fails with exit status 2.
@@ -19,14 +24,16 @@ import re
 import ssl
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_socket_path, url_host_port
 
-__all__ = ["BUCKET_NAME", "SUBJECT_TOKEN", "ValueProblem", "address", "boolean", "bucket", "checkpoint_dir", "choice",
-           "device_count", "existing_file", "header_pairs", "integer", "is_subject", "json_text", "listen_socket",
-           "nats_urls", "number", "optional", "optional_text", "pem_file", "relay_subject", "unix_socket", "ws_url"]
+__all__ = ["BUCKET_NAME", "SUBJECT_TOKEN", "Rule", "ValueProblem", "address", "boolean", "bucket", "checkpoint_dir",
+           "choice", "device_count", "existing_file", "header_pairs", "in_flight", "integer", "is_subject", "json_text",
+           "listen_socket", "nats_urls", "number", "optional", "optional_text", "pem_file", "relay_subject",
+           "text_rule", "unix_socket", "ws_url"]
 
 BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a JetStream object-store or KV bucket (nats-py's rule, capped)
 SUBJECT_TOKEN = re.compile(r"[^\s.]+")
@@ -37,52 +44,108 @@ class ValueProblem(ValueError):
     variable's ``allowed`` text in the ``ConfigError``."""
 
 
-def integer(lo: int, hi: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text.strip())
+def _none(value: Any) -> None:
+    """Bounds that every value of the right type keeps."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A variable's rule: ``parse`` its text (``Config.from_env``), ``check`` a value given in
+    code (``Config.validate``): of ``types`` (``kind`` says them in words), then within ``bounds``
+    (which raises ``ValueError`` when it is not)."""
+
+    parse: Callable[[str], Any]
+    types: tuple[type, ...]
+    kind: str
+    bounds: Callable[[Any], None] = _none
+
+    def __call__(self, text: str) -> Any:
+        return self.parse(text)
+
+    def check(self, value: Any) -> None:
+        if not isinstance(value, self.types) or (isinstance(value, bool) and bool not in self.types):
+            name = type(value).__name__
+            given = "None" if value is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+            raise ValueProblem(f"in code {self.kind}, not {given}")
+        self.bounds(value)
+
+
+def integer(lo: int, hi: int | None = None) -> Rule:
+    def bounds(value: int) -> None:
         if value < lo or (hi is not None and value > hi):
             raise ValueError
+
+    def parse(text: str) -> int:
+        value = int(text.strip())
+        bounds(value)
         return value
 
-    return parse
+    return Rule(parse, (int,), "an int", bounds)
 
 
-def number(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Callable[[str], float]:
+def number(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Rule:
+    def bounds(value: float) -> None:
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an int too large for a float
+            finite = False
+        if not finite or value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
+            raise ValueError
+
     def parse(text: str) -> float:
         value = float(text.strip())
-        if not math.isfinite(value):
-            raise ValueError
-        if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
-            raise ValueError
+        bounds(value)
         return value
 
-    return parse
+    return Rule(parse, (int, float), "an int or a float", bounds)
 
 
-def optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+def optional(rule: Rule) -> Rule:
+    """``rule``'s value, or ``None`` (the empty text)."""
+    def bounds(value: Any) -> None:
+        if value is not None:
+            rule.bounds(value)
+
     def parse_optional(text: str) -> Any:
-        return None if text.strip() == "" else parse(text)
+        return None if text.strip() == "" else rule.parse(text)
 
-    return parse_optional
+    kind = f"{rule.kind}, or None" if " or " in rule.kind else f"{rule.kind} or None"
+    return Rule(parse_optional, (*rule.types, type(None)), kind, bounds)
 
 
-def choice(*choices: str, upper: bool = False) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().upper() if upper else text.strip().lower()
+def choice(*choices: str, upper: bool = False) -> Rule:
+    def bounds(value: str) -> None:
         if value not in choices:
             raise ValueError
+
+    def parse(text: str) -> str:
+        value = text.strip().upper() if upper else text.strip().lower()
+        bounds(value)
         return value
 
-    return parse
+    return Rule(parse, (str,), "a str", bounds)
 
 
-def boolean(text: str) -> bool:
+def _boolean(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off", ""):
         return False
     raise ValueError
+
+
+boolean = Rule(_boolean, (bool,), "True or False")
+
+
+def text_rule(parse: Callable[[str], str]) -> Rule:
+    """A text variable's rule: ``parse`` reads the text; a value given in code must be a ``str``
+    that ``parse`` returns unchanged (so it is the value the variable would have)."""
+    def bounds(value: str) -> None:
+        if parse(value) != value:
+            raise ValueError
+
+    return Rule(parse, (str,), "a str", bounds)
 
 
 def ws_url(text: str) -> str:
@@ -167,13 +230,23 @@ def json_text(text: str) -> str:
     return text
 
 
-def header_pairs(text: str) -> tuple[tuple[str, str], ...]:
+def _header_pairs(text: str) -> tuple[tuple[str, str], ...]:
     if text.strip() == "":
         return ()
     value = json.loads(text)
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise ValueError
     return tuple((str(k), v) for k, v in value.items())
+
+
+def _pairs_bounds(value: tuple[Any, ...]) -> None:
+    """(name, value) pairs of ``str``, each name once (as a JSON object holds them)."""
+    if not all(isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(part, str) for part in pair)
+               for pair in value) or len({name for name, _ in value}) != len(value):
+        raise ValueError
+
+
+header_pairs = Rule(_header_pairs, (tuple,), "a tuple of (name, value) str pairs", _pairs_bounds)
 
 
 def pem_file(text: str) -> str:
@@ -243,14 +316,25 @@ def is_subject(text: Any, *, wildcards: bool) -> bool:
     return True
 
 
-def device_count(text: str) -> int | str:
-    """``all`` or a count; whether the process has that many devices is known only once JAX
-    starts (controller/device/compiled.py ``use_devices`` checks it, with the same variable named)."""
-    text = text.strip().lower()
-    return "all" if text == "all" else integer(1, 4096)(text)
+def _word_or_count(word: str, hi: int) -> Rule:
+    """``word`` or a count from 1 to ``hi``."""
+    count = integer(1, hi)
+
+    def bounds(value: int | str) -> None:
+        if isinstance(value, str) and value != word:
+            raise ValueError
+        if isinstance(value, int):
+            count.bounds(value)
+
+    def parse(text: str) -> int | str:
+        text = text.strip().lower()
+        return word if text == word else count(text)
+
+    return Rule(parse, (int, str), f"{word!r} or an int", bounds)
 
 
-def in_flight(text: str) -> int | str:
-    """``auto`` (the measured default of the platform, controller/inflight.py) or a count of steps."""
-    text = text.strip().lower()
-    return "auto" if text == "auto" else integer(1, 64)(text)
+# whether the process has that many devices is known only once JAX starts (controller/device/compiled.py
+# ``use_devices`` checks it, with the same variable named)
+device_count = _word_or_count("all", 4096)
+# ``auto``: the measured default of the platform, controller/inflight.py
+in_flight = _word_or_count("auto", 64)

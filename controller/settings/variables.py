@@ -1,5 +1,6 @@
 """The registry of the ``FORKLESS_*`` variables: each declared once in ``VARIABLES``, with its
-``Config`` field, its parser, what it allows and what it means (pure).
+``Config`` field, its rule (how its text is parsed and a value given in code checked), what it
+allows and what it means (pure).
 
 Rules:
 - ``--help``, the variables table of the documents and ``Config.from_env`` are all drawn from
@@ -13,12 +14,12 @@ Rules:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from forkless.controller.settings.feedspec import MAX_PARTITIONS, feeds_text
 from forkless.controller.settings.values import (
+    Rule,
     address,
     boolean,
     bucket,
@@ -37,6 +38,7 @@ from forkless.controller.settings.values import (
     optional_text,
     pem_file,
     relay_subject,
+    text_rule,
     unix_socket,
     ws_url,
 )
@@ -50,11 +52,11 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 @dataclass(frozen=True)
 class Variable:
-    """One ``FORKLESS_*`` variable: its field, how to parse it and what it means."""
+    """One ``FORKLESS_*`` variable: its field, its rule and what it means."""
 
     name: str  # without the prefix
     field: str
-    parse: Callable[[str], Any]
+    rule: Rule
     allowed: str
     help: str
     secret: bool = False
@@ -63,24 +65,32 @@ class Variable:
     def env(self) -> str:
         return PREFIX + self.name
 
+    def parse(self, text: str) -> Any:
+        """The variable's text as its field's value; ``ValueError`` (``TypeError``, ``OSError``) if not allowed."""
+        return self.rule(text)
+
+    def check(self, value: Any) -> None:
+        """A value given in code, checked by its type and bounds as it is; ``ValueError`` if not allowed."""
+        self.rule.check(value)
+
 
 VARIABLES: tuple[Variable, ...] = (
     # -- the feed
-    Variable("WS_URL", "ws_url", ws_url, "a ws:// or wss:// URL (port 1-65535), or empty",
+    Variable("WS_URL", "ws_url", text_rule(ws_url), "a ws:// or wss:// URL (port 1-65535), or empty",
              "WebSocket feed to connect to; empty starts the embedded demo feed"),
-    Variable("WS_UNIX_SOCKET", "ws_unix_socket", unix_socket,
+    Variable("WS_UNIX_SOCKET", "ws_unix_socket", text_rule(unix_socket),
              "an absolute path of at most 107 bytes, or empty",
              "connect to WS_URL's feed through this unix-domain socket instead of TCP: the handshake's path and"
              " Host (and, for wss://, TLS's server name) still come from WS_URL, e.g. ws://localhost/feed; needs"
              ' WS_URL (a FORKLESS_FEEDS entry takes "unix_socket")'),
-    Variable("SUBSCRIBE", "subscribe", json_text, "a JSON text or @path to a file holding one",
+    Variable("SUBSCRIBE", "subscribe", text_rule(json_text), "a JSON text or @path to a file holding one",
              "message sent first on every new connection (empty: none); never logged, as it"
              " often holds credentials", secret=True),
-    Variable("AUTH_TOKEN", "auth_token", str.strip, "any text",
+    Variable("AUTH_TOKEN", "auth_token", text_rule(str.strip), "any text",
              "sent as 'Authorization: Bearer <token>'; never logged", secret=True),
     Variable("HEADERS", "headers", header_pairs, "a JSON object of string values",
              "extra handshake headers; never logged", secret=True),
-    Variable("FEEDS", "feeds", feeds_text,
+    Variable("FEEDS", "feeds", text_rule(feeds_text),
              'a JSON list of {"url", "unix_socket", "subscribe", "headers", "name", "required", "replies", "overflow",'
              ' "buffer"} objects (WebSocket feeds)'
              ' and {"nats", "stream", "subject", "results", "start", …} objects (JetStream feeds), or @path to a file'
@@ -96,7 +106,7 @@ VARIABLES: tuple[Variable, ...] = (
              "what the feed is sent back: all (results and error replies), results (no error frames), none"
              " (nothing but SUBSCRIBE; results still reach on_results, the counters and the latency); a"
              ' FORKLESS_FEEDS entry\'s "replies" overrides it for that feed'),
-    Variable("CA_FILE", "ca_file", pem_file, "the path of an existing PEM file of CA certificates",
+    Variable("CA_FILE", "ca_file", text_rule(pem_file), "the path of an existing PEM file of CA certificates",
              "extra CA bundle for wss:// (the system store is always used)"),
     Variable("TLS_INSECURE", "tls_insecure", boolean, "0 or 1",
              "1 turns certificate verification off (logs a warning at every connect)"),
@@ -167,7 +177,7 @@ VARIABLES: tuple[Variable, ...] = (
              "logging level"),
     Variable("LOG_FORMAT", "log_format", choice("text", "json"), "text or json",
              "json writes one JSON object per log line"),
-    Variable("METRICS_ADDR", "metrics_addr", address,
+    Variable("METRICS_ADDR", "metrics_addr", text_rule(address),
              "host:port, or unix:/path (an absolute path in an existing writable directory), or empty",
              "serve /metrics, /healthz, /readyz there (empty: off); unix:/path serves them on a unix-domain"
              " socket, made at the start and removed at the stop"),
@@ -176,16 +186,16 @@ VARIABLES: tuple[Variable, ...] = (
              "demo feed messages per second (all streams together)"),
     Variable("DEMO_STREAMS", "demo_streams", integer(1, 100_000), "an integer from 1 to 100000",
              "number of demo feed streams"),
-    Variable("DEMO_UNIX_SOCKET", "demo_unix_socket", listen_socket,
+    Variable("DEMO_UNIX_SOCKET", "demo_unix_socket", text_rule(listen_socket),
              "an absolute path of at most 107 bytes in an existing writable directory, or empty",
              "the embedded demo feed serves on this unix-domain socket (made at the start, removed at the stop)"
              " and is read through it, instead of a loopback TCP port: no TCP socket is opened; only with the demo"
              " feed (WS_URL and FEEDS unset)"),
     # -- checkpoints
-    Variable("CHECKPOINT_DIR", "checkpoint_dir", checkpoint_dir,
+    Variable("CHECKPOINT_DIR", "checkpoint_dir", text_rule(checkpoint_dir),
              "a writable directory path (created if missing), or empty",
              "keep checkpoints of the state and the stream table here (empty: off)"),
-    Variable("CHECKPOINT_BUCKET", "checkpoint_bucket", optional_text(bucket),
+    Variable("CHECKPOINT_BUCKET", "checkpoint_bucket", text_rule(optional_text(bucket)),
              "1-64 letters, digits, '_' or '-', or empty",
              "a partitioned JetStream feed's checkpoints: one object per partition in this JetStream object-store"
              " bucket on the feed's server (created if missing), restored by whichever instance owns the partition;"
@@ -214,18 +224,18 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("LEASE_S", "lease_s", number(0.0, lo_open=True), "a number > 0",
              "a partitioned feed's lease on each partition it owns: renewed while it runs, released at an orderly"
              " stop, expired this long after its holder died (a new owner waits for that)"),
-    Variable("LEASE_BUCKET", "lease_bucket", bucket, "1-64 letters, digits, '_' or '-'",
+    Variable("LEASE_BUCKET", "lease_bucket", text_rule(bucket), "1-64 letters, digits, '_' or '-'",
              "the JetStream KV bucket on the partitioned feed's server that holds the partitions' leases (created"
              " if missing)"),
     # -- the relay (forkless relay: docs/relay.md)
-    Variable("RELAY_NATS", "relay_nats", nats_urls, "one nats:// or tls:// URL, or several comma-separated",
+    Variable("RELAY_NATS", "relay_nats", text_rule(nats_urls), "one nats:// or tls:// URL, or several comma-separated",
              "forkless relay: the NATS server(s) to publish to (a user:password in the URL is never logged);"
              " required for the relay"),
-    Variable("RELAY_SUBJECT", "relay_subject", relay_subject, "a NATS subject without wildcards",
+    Variable("RELAY_SUBJECT", "relay_subject", text_rule(relay_subject), "a NATS subject without wildcards",
              "forkless relay: each message is published to <this>.<escaped stream name>; required for the relay"),
-    Variable("RELAY_TOKEN", "relay_token", str.strip, "any text",
+    Variable("RELAY_TOKEN", "relay_token", text_rule(str.strip), "any text",
              "forkless relay: the NATS token to connect with; never logged", secret=True),
-    Variable("RELAY_CREDS", "relay_creds", existing_file, "the path of an existing NATS .creds file",
+    Variable("RELAY_CREDS", "relay_creds", text_rule(existing_file), "the path of an existing NATS .creds file",
              "forkless relay: the NATS credentials file to connect with"),
     Variable("RELAY_SEQ", "relay_seq", choice(*SEQ_MODES), "feed, stream or none",
              "forkless relay: how the feeds number their messages, for counting gaps: feed (one seq per feed, +1"
@@ -240,7 +250,7 @@ def variable(name: str) -> Variable:
 
 def as_text(value: Any) -> str:
     """A field's value as its variable would be written (``None`` empty, a bool ``1``/``0``,
-    header pairs a JSON object): what ``Config.validate`` parses again, and what ``--help`` shows."""
+    header pairs a JSON object): what ``--help``, ``--check`` and a ``ConfigError`` show."""
     if value is None:
         return ""
     if isinstance(value, bool):
