@@ -495,9 +495,10 @@ class Controller:
     def metrics_url(self) -> str | None:  # http://host:port of /metrics, /healthz, /readyz once started
         return self._io.metrics_url
 
-    @property
-    def demo(self) -> Any:  # the embedded demo feed (its summary()), or None when a real feed is used
-        return self._io.demo
+    def summaries(self) -> list[str]:
+        """A line on how the run went from each source that keeps one (the demo feed's tally: the
+        ``summary`` capability, io_loop/capabilities.py); the ``forkless`` program prints them at its end."""
+        return self._io.summaries()
 
     # ---- signals ----------------------------------------------------------------------------
 
