@@ -91,6 +91,10 @@ INTERNAL = {
         "a step that failed while running: the loop answers the batch 'processing failed' and counts it",
     "forkless.io_loop.sources.connect.ConnectFailed":
         "one failed connection attempt: the client tries again, then gives up with FeedFatal",
+    "forkless.io_loop.net.appsite.NoSocket":
+        "an OSError: no listening socket for a TCP address; the metrics server raises MetricsServerError for it, "
+        "the demo feed's start lets it through as the OSError it was before (--check's ProbeFailed, the source's "
+        "failure)",
     "forkless.io_loop.sources.connect.ConnectionLost":
         "aiohttp's failure on an open WebSocket mapped at the edge (mapped_aiohttp_errors): the client ends the "
         "connection with its text and reconnects",
