@@ -495,9 +495,7 @@ class Controller:
     def metrics_url(self) -> str | None:  # http://host:port of /metrics, /healthz, /readyz once started
         return self._io.metrics_url
 
-    def summaries(self) -> list[str]:
-        """A line on how the run went from each source that keeps one (the demo feed's tally: the
-        ``summary`` capability, io_loop/capabilities.py); the ``forkless`` program prints them at its end."""
+    def summaries(self) -> list[str]:  # each source's summary() line (the demo feed's tally), printed by the program
         return self._io.summaries()
 
     # ---- signals ----------------------------------------------------------------------------
