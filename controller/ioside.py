@@ -115,7 +115,6 @@ class IOSide(Protocol):
 
     failure: BaseException | None
     metrics_url: str | None
-    demo: Any
 
     def start(self) -> Any: ...  # -> an object with ``inbound`` and ``outbound`` sync queues
 
@@ -131,6 +130,8 @@ class IOSide(Protocol):
 
     def cpu_seconds(self) -> float: ...  # the IO thread's CPU seconds so far, from any thread (NaN: unknown)
 
+    def summaries(self) -> list[str]: ...  # each source's summary() line (the demo feed's tally)
+
 
 class NoIOSide:
     """The IO side before one is started (or when a stop ended the start first): nothing runs, its
@@ -138,7 +139,6 @@ class NoIOSide:
 
     failure: BaseException | None = None
     metrics_url: str | None = None
-    demo: Any = None
 
     def __init__(self, stats: IOStats) -> None:
         self._stats = stats
@@ -154,6 +154,9 @@ class NoIOSide:
 
     def cpu_seconds(self) -> float:
         return math.nan
+
+    def summaries(self) -> list[str]:
+        return []
 
 
 OnResults = Callable[[list[Any], list[str], dict[str, np.ndarray]], None]

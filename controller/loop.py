@@ -495,9 +495,8 @@ class Controller:
     def metrics_url(self) -> str | None:  # http://host:port of /metrics, /healthz, /readyz once started
         return self._io.metrics_url
 
-    @property
-    def demo(self) -> Any:  # the embedded demo feed (its summary()), or None when a real feed is used
-        return self._io.demo
+    def summaries(self) -> list[str]:  # each source's summary() line (the demo feed's tally), printed by the program
+        return self._io.summaries()
 
     # ---- signals ----------------------------------------------------------------------------
 

@@ -54,8 +54,9 @@ class SourceCapabilities:
     awaiting: Any = None
     """``awaiting()``: replies it still awaits; the stop takes them until 0 (io_loop/finishing.py); None: none."""
 
-    demo: Any = None
-    """The embedded demo feed a built-in source serves (its summary line at the stop); a user's is not read."""
+    summary: Any = None
+    """``summary()``: one line on how the run went, which the ``forkless`` program prints at its end (the demo
+    feed's tally); None: none."""
 
     probe: Any = None
     """``async probe(codec, say, *, dedupe_window_s)``: ``--check``'s try of it (io_loop/sources/probe.py); None: not

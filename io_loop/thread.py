@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from forkless.io_loop.bridge import Bridge, MainSide
 from forkless.io_loop.capabilities import capability
@@ -46,9 +46,6 @@ from forkless.io_loop.feeds import FeedSet
 from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.settings import IOSettings
 from forkless.io_loop.source import Source
-
-if TYPE_CHECKING:
-    from forkless.io_loop.sources.demo_feed import DemoFeed
 
 __all__ = ["IOThread", "InboundSink"]
 
@@ -123,11 +120,10 @@ class IOThread:
         self._aborted = True
         self._runner.cancel()
 
-    @property
-    def demo(self) -> DemoFeed | None:
-        """The embedded demo feed (its ``summary()``), or None when it does not run: the ``demo``
-        capability of the one source it was handed (io_loop/sources/demo_source.py's), from the start."""
-        return capability(self._sources[0], "demo") if self.settings.uses_demo_feed else None
+    def summaries(self) -> list[str]:
+        """The ``summary()`` line of each source that declares one (the demo feed's tally), in the
+        sources' order. Any thread; final once the thread has ended."""
+        return [summary() for summary in (capability(source, "summary") for source in self._sources) if summary]
 
     @property
     def alive(self) -> bool:

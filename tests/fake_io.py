@@ -130,7 +130,6 @@ class FakeIO:
         self.finishes = finishes
         self.failure: BaseException | None = None
         self.metrics_url: str | None = None
-        self.demo: Any = None
         self.started = False
         self.stop_requested = False
         self.aborted = False
@@ -168,6 +167,9 @@ class FakeIO:
             if isinstance(failure, (FeedFatal, MetricsServerError, IOThreadError)):
                 raise failure
             raise IOThreadError(f"the IO thread died: {failure!r}") from failure
+
+    def summaries(self) -> list[str]:
+        return []
 
     def cpu_seconds(self) -> float:
         """The IO side's CPU seconds: ``cpu_clock()`` if set (a test's clock), else NaN (unknown)."""

@@ -144,3 +144,28 @@ def test_nothing_tls_over_a_unix_socket_needs_is_missing_from_the_installed_aioh
             await connector.close()
 
     assert asyncio.run(gaps()) == []
+
+
+def test_aiohttp_s_failure_on_an_open_websocket_becomes_connection_lost_with_its_text():
+    from forkless.io_loop.sources.connect import ConnectionLost, mapped_aiohttp_errors
+
+    async def test(server: Server, ws: aiohttp.ClientWebSocketResponse) -> BaseException:
+        ws._writer.transport.close()  # the socket is gone under the open WebSocket
+        try:
+            with mapped_aiohttp_errors():
+                await ws.send_str("after the close")
+        except Exception as exc:
+            return exc
+        raise AssertionError("nothing was raised")
+
+    exc = run(test)
+    assert type(exc) is ConnectionLost and isinstance(exc.__cause__, aiohttp.ClientError)
+    assert str(exc) == f"{type(exc.__cause__).__name__}: {exc.__cause__}"
+
+
+def test_other_exceptions_pass_the_aiohttp_mapping_unmapped():
+    import pytest
+    from forkless.io_loop.sources.connect import mapped_aiohttp_errors
+
+    with pytest.raises(KeyError), mapped_aiohttp_errors():
+        raise KeyError("a bug")

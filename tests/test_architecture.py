@@ -91,6 +91,7 @@ DEVICE = [
 ]
 IO = [
     "io_loop/net/aiohttp_compat.py",
+    "io_loop/net/appsite.py",
     "io_loop/sources/before_connect.py",
     "io_loop/bridge.py",
     "io_loop/sources/client.py",

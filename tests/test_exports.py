@@ -91,6 +91,13 @@ INTERNAL = {
         "a step that failed while running: the loop answers the batch 'processing failed' and counts it",
     "forkless.io_loop.sources.connect.ConnectFailed":
         "one failed connection attempt: the client tries again, then gives up with FeedFatal",
+    "forkless.io_loop.net.appsite.NoSocket":
+        "an OSError: no listening socket for a TCP address; the metrics server raises MetricsServerError for it, "
+        "the demo feed's start lets it through as the OSError it was before (--check's ProbeFailed, the source's "
+        "failure)",
+    "forkless.io_loop.sources.connect.ConnectionLost":
+        "aiohttp's failure on an open WebSocket mapped at the edge (mapped_aiohttp_errors): the client ends the "
+        "connection with its text and reconnects",
     "forkless.io_loop.sources.connect.HandshakeRefused":
         "one refused handshake: tried again, or (a 4xx) given up with FeedFatal",
     "forkless.io_loop.sources.connect._RedirectRefused":
@@ -107,6 +114,11 @@ INTERNAL = {
         "a NatsError: JetStream not answering, caught where it is asked (a failed attempt, a --check problem)",
     "forkless.io_loop.nats.natsconn.NatsApiError":
         "a NatsError: another JetStream API error, caught as a NatsError",
+    "forkless.io_loop.nats.natsconn.NatsWrongLast":
+        "a NatsApiError: a write at a revision no longer the last, caught where a lease is taken, renewed or "
+        "released (someone else wrote the key)",
+    "forkless.io_loop.nats.natsconn.NatsNoStreamResponse":
+        "a NatsError: no stream stores a published subject, caught by the reply publisher (the connection ends)",
     "forkless.io_loop.sources.on_connect.HookFailed":
         "an on_connect hook that failed: the connection attempt fails and is tried again",
     "forkless.io_loop.errors.StopRequested":

@@ -74,8 +74,28 @@ def test_neither_the_io_thread_nor_the_feed_set_carries_hooks_or_the_fence() -> 
         assert not carried, f"{cls.__name__} carries {carried}: hand them to the sources at the composition root"
 
 
-def test_the_demo_feed_is_the_io_thread_s_own_source_s_from_the_start_not_the_feed_set_s() -> None:
+def test_the_demo_feed_s_tally_is_its_source_s_summary_line_read_straight_from_the_source() -> None:
     settings = Config().io_settings()
     sources = feed_sources(settings)
     io = IOThread(settings, JsonCodec(4), IOStats(), sources=sources)
-    assert io.demo is sources[0].demo is not None  # one hop: the source the thread was handed
+    assert io.summaries() == [sources[0].summary()] == [
+        "demo feed: 0 sent, 0 answered, 0 errors; injected anomalies 0: detected 0 (recall n/a), "
+        "false flags 0 (precision n/a)"]
+
+
+class Tallier(Greeter):
+    """A user's source that keeps a summary line (the ``summary`` capability)."""
+
+    name = "tally"
+
+    def summary(self) -> str:
+        return "tally: 3 greetings"
+
+
+def test_every_source_s_summary_line_is_the_io_thread_s_in_the_sources_order_and_none_without() -> None:
+    specs = (FeedSpec("tally", ""), FeedSpec("mine", ""), FeedSpec("again", ""))
+    settings = dataclasses.replace(Config().io_settings(), feed_specs=specs, uses_demo_feed=False)
+    again = Tallier()
+    again.name = "again"
+    io = IOThread(settings, JsonCodec(4), IOStats(), sources=[Tallier(), Greeter(), again])
+    assert io.summaries() == ["tally: 3 greetings", "tally: 3 greetings"]

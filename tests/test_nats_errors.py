@@ -64,6 +64,28 @@ def test_each_nats_failure_becomes_ours_with_nats_py_s_as_the_cause(nats_server)
     assert type(exc) is NatsError and isinstance(exc.__cause__, nats.errors.ConnectionClosedError)
 
 
+def test_a_write_at_an_old_revision_and_a_subject_no_stream_stores_are_named(nats_server):
+    import nats.js.errors
+    from forkless.io_loop.nats.natsconn import NatsApiError, NatsError, NatsNoStreamResponse, NatsWrongLast
+
+    async def old_revision(nc: Any) -> None:
+        kv = await nc.jetstream(timeout=2).create_key_value(bucket="wrong_last_test", history=1)
+        first = await kv.put("k", b"a")
+        await kv.put("k", b"b")
+        await kv.update("k", b"c", last=first)
+
+    async def no_stream(nc: Any) -> None:
+        await nc.jetstream(timeout=2).publish("no.stream.stores.this", b"")
+
+    exc = _mapped(nats_server.url, old_revision)
+    assert type(exc) is NatsWrongLast and isinstance(exc, NatsApiError)
+    assert isinstance(exc.__cause__, nats.js.errors.KeyWrongLastSequenceError)
+    assert exc.api and exc.description == exc.__cause__.description and "wrong last sequence" in exc.description
+    exc = _mapped(nats_server.url, no_stream)
+    assert type(exc) is NatsNoStreamResponse and isinstance(exc.__cause__, nats.js.errors.NoStreamResponseError)
+    assert not exc.api and exc.code is None and isinstance(exc, NatsError)
+
+
 def test_other_exceptions_pass_through_unmapped():
     from forkless.io_loop.nats.natsconn import mapped_nats_errors
 

@@ -424,7 +424,6 @@ class _IOThatFails:
     raised: BaseException
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.demo = None
         self.joined = False
 
     def start(self) -> None:

@@ -116,9 +116,8 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         return report(exc)
     finally:
         flush_log_repeats()
-    demo = controller.demo if controller is not None else None
-    if demo is not None:
-        print(demo.summary().line(), flush=True)
+    for line in controller.summaries() if controller is not None else ():
+        print(line, flush=True)
     return EXIT_OK
 
 

@@ -185,7 +185,7 @@ class Relay:
         cfg, io = self.config, self.io
         try:
             io.start()
-            if io.demo is not None:
+            if cfg.uses_demo_feed:
                 log.info("relaying the embedded demo feed (FORKLESS_WS_URL and FORKLESS_FEEDS are unset)")
             started = time.monotonic()
             end = started + cfg.duration_s if cfg.duration_s else None

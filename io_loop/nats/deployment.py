@@ -24,10 +24,9 @@ import threading
 import time
 from typing import Any
 
-import nats.js.errors
 from forkless.io_loop.errors import DeploymentMismatch, StoreError
 from forkless.io_loop.nats.leases import POLLS_PER_LEASE, RENEWS_PER_LEASE, Leases
-from forkless.io_loop.nats.natsconn import NATS_ERRORS
+from forkless.io_loop.nats.natsconn import NatsError, NatsNotFound, mapped_nats_errors
 from forkless.io_loop.nats.storethread import StoreThread, each, sleep_or_stop
 from forkless.io_loop.sources.partitions import format_partitions
 
@@ -82,8 +81,9 @@ class DeploymentRecord:
             await self._thread.connection()
             kv = leases.kv  # over the connection of the moment: the server may have restarted during the wait
             try:
-                entry = await kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
+                with mapped_nats_errors():
+                    entry = await kv.get(key)
+            except NatsNotFound:
                 entry = None
             if entry is None or entry.value is None:
                 break
@@ -121,8 +121,9 @@ class DeploymentRecord:
 
         async def free(peer: str) -> bool:
             try:
-                entry = await leases.kv.get(peer)
-            except nats.js.errors.KeyNotFoundError:
+                with mapped_nats_errors():
+                    entry = await leases.kv.get(peer)
+            except NatsNotFound:
                 return True
             return entry.value is None or not entry.value
 
@@ -151,14 +152,16 @@ class DeploymentRecord:
 
         async def held(peer: str) -> bool:
             try:
-                entry = await leases.kv.get(peer)
-            except nats.js.errors.KeyNotFoundError:
+                with mapped_nats_errors():
+                    entry = await leases.kv.get(peer)
+            except NatsNotFound:
                 return False
             return bool(entry.value)
 
         try:
             await self._thread.connection()
             if not any(await each(held, list(self.peers))):
-                await leases.kv.delete(self.key)
-        except (StoreError, *NATS_ERRORS, nats.js.errors.Error):
+                with mapped_nats_errors():
+                    await leases.kv.delete(self.key)
+        except (StoreError, NatsError):
             pass  # it expires by itself within the TTL

@@ -55,16 +55,15 @@ import threading
 import time
 from typing import Any, Protocol
 
-import nats.js.errors
 from forkless.io_loop.errors import LeaseHeld, LeaseLost, StoreError
-from forkless.io_loop.nats.natsconn import NATS_ERRORS
 from forkless.io_loop.nats.natsconn import NatsConnectFailed as _Failed
+from forkless.io_loop.nats.natsconn import NatsError, NatsNotFound, NatsWrongLast, mapped_nats_errors
 from forkless.io_loop.nats.natsconn import describe_error as _describe
 from forkless.io_loop.nats.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread, each, sleep_or_stop
 from nats.js import api
 from nats.js.kv import KeyValue
 
-__all__ = ["Leases", "RoundPart", "wrong_last"]
+__all__ = ["Leases", "RoundPart"]
 
 log = logging.getLogger("forkless.store")
 
@@ -75,13 +74,6 @@ POLLS_PER_LEASE = 6  # a waiting claimant reads the held keys this often per lea
 # (seen in the suite: a paused instance's renewal stored after the claimant's first read)
 ALIVE_RENEWALS = 2
 MARGIN_FRACTION, MARGIN_S = 0.1, 0.5  # a claimant waits for a silent holder a lease plus this
-WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's error codes for an expected-last-sequence mismatch
-
-
-def wrong_last(exc: BaseException) -> bool:
-    """Whether ``exc`` is JetStream's refusal of a write at a revision that is no longer the last."""
-    return isinstance(exc, nats.js.errors.KeyWrongLastSequenceError) or (
-        isinstance(exc, nats.js.errors.APIError) and exc.err_code in WRONG_LAST_SEQUENCE)
 
 
 def _holders(held: dict[str, list]) -> str:
@@ -167,16 +159,19 @@ class Leases:
     async def open_bucket(self, js: Any) -> str:
         """Make the lease bucket where missing; read its TTL. Returns what it opened, for the log."""
         try:
-            info = await js.stream_info(f"KV_{self.bucket}")
-        except nats.js.errors.NotFoundError:
+            with mapped_nats_errors():
+                info = await js.stream_info(f"KV_{self.bucket}")
+        except NatsNotFound:
             try:
-                await js.create_key_value(api.KeyValueConfig(
-                    bucket=self.bucket, history=1, ttl=self.lease_s,
-                    description="forkless partition leases (io_loop/nats/natsstore.py)"))
-            except nats.js.errors.BadRequestError as exc:
-                if exc.err_code != NAME_IN_USE:  # made by another instance at the same moment
+                with mapped_nats_errors():
+                    await js.create_key_value(api.KeyValueConfig(
+                        bucket=self.bucket, history=1, ttl=self.lease_s,
+                        description="forkless partition leases (io_loop/nats/natsstore.py)"))
+            except NatsError as exc:
+                if exc.code != 400 or exc.err_code != NAME_IN_USE:  # made by another instance at the same moment
                     raise
-            info = await js.stream_info(f"KV_{self.bucket}")
+            with mapped_nats_errors():
+                info = await js.stream_info(f"KV_{self.bucket}")
         if not info.config.max_msgs_per_subject or info.config.max_msgs_per_subject < 1:
             raise _Failed(f"stream KV_{self.bucket} is not a KV bucket: choose another lease bucket", fatal=True)
         ttl = info.config.max_age or 0.0
@@ -226,28 +221,28 @@ class Leases:
         for _ in range(TAKE_ATTEMPTS):
             sent = time.monotonic()
             try:
-                revision = await kv.create(key, self._holder_bytes)
+                with mapped_nats_errors():
+                    revision = await kv.create(key, self._holder_bytes)
                 self._took(key, revision, sent, took)
                 return None
-            except nats.js.errors.KeyNotFoundError:
+            except NatsNotFound:
                 continue  # it held a value that went away during the create: try again
-            except nats.js.errors.APIError as exc:
-                if not wrong_last(exc):
-                    raise
+            except NatsWrongLast:
+                pass
             try:
-                entry = await kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
+                with mapped_nats_errors():
+                    entry = await kv.get(key)
+            except NatsNotFound:
                 continue  # expired or deleted meanwhile
             holder = (entry.value or b"").decode(errors="replace")
             if holder != self.holder:
                 return holder, entry.revision
             sent = time.monotonic()
             try:
-                revision = await kv.update(key, self._holder_bytes, last=entry.revision)
-            except nats.js.errors.APIError as exc:
-                if wrong_last(exc):
-                    continue
-                raise
+                with mapped_nats_errors():
+                    revision = await kv.update(key, self._holder_bytes, last=entry.revision)
+            except NatsWrongLast:
+                continue
             self._took(key, revision, sent, took)
             self._taken_over.append(key)
             return None
@@ -315,8 +310,9 @@ class Leases:
     async def _look(self, kv: KeyValue, key: str, held: dict[str, list]) -> str:
         """A waited-for key: "free" (no value), "alive" (written since: ``held`` updated) or "same"."""
         try:
-            entry = await kv.get(key)
-        except nats.js.errors.KeyNotFoundError:
+            with mapped_nats_errors():
+                entry = await kv.get(key)
+        except NatsNotFound:
             return "free"
         if entry.revision != held[key][1]:
             held[key] = [(entry.value or b"").decode(errors="replace"), entry.revision]
@@ -327,11 +323,10 @@ class Leases:
         """Take a key at the revision seen at the start: False if someone wrote it since."""
         sent = time.monotonic()
         try:
-            new = await kv.update(key, self._holder_bytes, last=held[key][1])
-        except nats.js.errors.APIError as exc:
-            if wrong_last(exc):
-                return False
-            raise
+            with mapped_nats_errors():
+                new = await kv.update(key, self._holder_bytes, last=held[key][1])
+        except NatsWrongLast:
+            return False
         self._took(key, new, sent, took)
         return True
 
@@ -353,8 +348,9 @@ class Leases:
                     await self._thread.connection()
                     await each(self._renew, list(self._held))
                     if self.part is not None:
-                        await self.part.keep()
-            except (TimeoutError, StoreError, *NATS_ERRORS) as exc:
+                        with mapped_nats_errors():
+                            await self.part.keep()
+            except (TimeoutError, StoreError, NatsError) as exc:
                 self._renew_error = _describe(exc)
             except Exception as exc:  # a renewal must never end the loop silently
                 self._renew_error = _describe(exc)
@@ -375,20 +371,19 @@ class Leases:
             return
         sent = time.monotonic()
         try:
-            new = await self.kv.update(key, self._holder_bytes, last=revision)
-        except nats.js.errors.APIError as exc:
-            if not wrong_last(exc):
-                self._renew_error = _describe(exc)
-                return
+            with mapped_nats_errors():
+                new = await self.kv.update(key, self._holder_bytes, last=revision)
+        except NatsWrongLast:
             try:
-                entry = await self.kv.get(key)
+                with mapped_nats_errors():
+                    entry = await self.kv.get(key)
                 now = f"now held by {(entry.value or b'').decode(errors='replace')!r}"
-            except (*NATS_ERRORS, nats.js.errors.KeyNotFoundError):
+            except NatsError:
                 now = "now deleted or expired"
             if self._held.get(key) == revision:
                 self._lose([key], f"someone else wrote it ({now})")
             return
-        except (*NATS_ERRORS, TimeoutError) as exc:
+        except NatsError as exc:
             self._renew_error = _describe(exc)
             return
         if self._held.get(key) == revision:
@@ -454,11 +449,11 @@ class Leases:
 
         async def delete(key: str) -> None:
             try:
-                await self.kv.delete(key, last=revisions[key])
-            except nats.js.errors.APIError as exc:
-                if not wrong_last(exc):
-                    failed.append(key)
-            except (*NATS_ERRORS, TimeoutError):
+                with mapped_nats_errors():
+                    await self.kv.delete(key, last=revisions[key])
+            except NatsWrongLast:
+                pass  # someone else wrote it since: not ours to delete
+            except NatsError:
                 failed.append(key)
 
         if not revisions:

@@ -16,10 +16,15 @@ Rules:
 - nats-py's exceptions become ours at one edge (``mapped_nats_errors()``, as httpx's
   ``map_httpcore_exceptions``): ``NatsError`` (the connection, a timeout, any other failure),
   ``NatsNotFound`` (the stream, consumer, key or object does not exist), ``NatsUnavailable`` (no
-  responders, or a 503: JetStream not enabled), ``NatsApiError`` (another error the server
-  answered); each one's text is ``describe_error``'s of nats-py's, which is its ``__cause__``.
-  The modules that use it (so far the JetStream feed, io_loop/sources/jetstream.py, ``--check``,
-  io_loop/sources/jsprobe.py, and the relay, io_loop/relay/publisher.py) name no nats-py exception in an ``except``.
+  responders, or a 503: JetStream not enabled), ``NatsWrongLast`` (a write at a revision or
+  sequence that is no longer the last), ``NatsNoStreamResponse`` (no stream stores a published
+  subject), ``NatsApiError`` (another error the server answered); each one's text is
+  ``describe_error``'s of nats-py's, which is its ``__cause__``, and an error the server answered
+  keeps its ``code``, ``err_code`` and ``description`` (``api`` is True). No module but this one
+  names a nats-py exception in an ``except``: the JetStream feed (io_loop/sources/jetstream.py) and
+  its publisher (io_loop/sources/jspublish.py), ``--check`` (io_loop/sources/jsprobe.py), the relay
+  (io_loop/relay/publisher.py) and the checkpoint store (io_loop/nats/: whatever runs on its loop
+  through ``StoreThread.call`` is mapped there too) catch ours.
 - A JetStream publish acknowledgement says "duplicate" (``duplicate_ack``) in either spelling the
   servers write: nats-server 2.15 writes ``"duplicate": true``, with a space.
 """
@@ -38,12 +43,13 @@ import nats.js.errors
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.sources.connect import make_ssl_context
 
-__all__ = ["NATS_ERRORS", "NatsApiError", "NatsConnectFailed", "NatsError", "NatsNotFound", "NatsUnavailable",
-           "close_quietly", "connect_once", "connect_options", "credentials_refused", "describe_error",
-           "duplicate_ack", "mapped_nats_errors", "unsubscribe_quietly"]
+__all__ = ["NATS_ERRORS", "NatsApiError", "NatsConnectFailed", "NatsError", "NatsNoStreamResponse", "NatsNotFound",
+           "NatsUnavailable", "NatsWrongLast", "close_quietly", "connect_once", "connect_options",
+           "credentials_refused", "describe_error", "duplicate_ack", "mapped_nats_errors", "unsubscribe_quietly"]
 
 NATS_ERRORS = (nats.errors.Error, OSError, TimeoutError)
 DUPLICATE_ACK = re.compile(rb'"duplicate"\s*:\s*true')  # nats-server 2.15 writes '"duplicate": true'
+WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's error codes for an expected-last-sequence mismatch
 
 
 class NatsConnectFailed(Exception):
@@ -57,7 +63,23 @@ class NatsConnectFailed(Exception):
 
 class NatsError(Exception):
     """Talking to NATS failed (``mapped_nats_errors``): the text is ``describe_error``'s of nats-py's
-    exception (the ``__cause__``)."""
+    exception (the ``__cause__``). ``api``: the server answered a JetStream API error, whose
+    ``code``, ``err_code`` and ``description`` are kept (None otherwise)."""
+
+    api = False
+    code: int | None = None
+    err_code: int | None = None
+    description: str | None = None
+
+    @classmethod
+    def of(cls, exc: BaseException) -> NatsError:
+        """Ours for nats-py's ``exc`` (raise it ``from exc``)."""
+        mapped = cls(describe_error(exc))
+        if isinstance(exc, nats.js.errors.APIError):  # some of its subclasses set only some of these
+            mapped.api = True
+            mapped.code, mapped.err_code, mapped.description = (getattr(exc, name, None) for name in (
+                "code", "err_code", "description"))
+        return mapped
 
 
 class NatsNotFound(NatsError):
@@ -73,20 +95,38 @@ class NatsApiError(NatsError):
     """The server answered another JetStream API error (a bad request, a limit)."""
 
 
+class NatsWrongLast(NatsApiError):
+    """The server refused a write at a revision (a KV key's) or a sequence that is no longer the
+    last: someone else wrote it meanwhile."""
+
+
+class NatsNoStreamResponse(NatsError):
+    """No stream stores the subject a message was published to (no acknowledgement came)."""
+
+
 @contextmanager
 def mapped_nats_errors() -> Iterator[None]:
     """nats-py's exceptions (and ``OSError``, ``TimeoutError``: ``NATS_ERRORS``) raised in the block
     become ours (see the module rules); anything else passes through."""
     try:
         yield
-    except nats.js.errors.NotFoundError as exc:
-        raise NatsNotFound(describe_error(exc)) from exc
-    except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as exc:
-        raise NatsUnavailable(describe_error(exc)) from exc
-    except nats.js.errors.APIError as exc:
-        raise NatsApiError(describe_error(exc)) from exc
     except NATS_ERRORS as exc:
-        raise NatsError(describe_error(exc)) from exc
+        raise _mapped_type(exc).of(exc) from exc
+
+
+def _mapped_type(exc: BaseException) -> type[NatsError]:
+    if isinstance(exc, nats.js.errors.KeyWrongLastSequenceError) or (
+            isinstance(exc, nats.js.errors.APIError) and getattr(exc, "err_code", None) in WRONG_LAST_SEQUENCE):
+        return NatsWrongLast
+    if isinstance(exc, nats.js.errors.NotFoundError):
+        return NatsNotFound
+    if isinstance(exc, (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)):
+        return NatsUnavailable
+    if isinstance(exc, nats.js.errors.APIError):
+        return NatsApiError
+    if isinstance(exc, nats.js.errors.NoStreamResponseError):
+        return NatsNoStreamResponse
+    return NatsError
 
 
 def describe_error(exc: BaseException) -> str:

@@ -40,9 +40,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-import nats.js.errors
 from forkless.io_loop.errors import StoreError
-from forkless.io_loop.nats.natsconn import NATS_ERRORS
+from forkless.io_loop.nats.natsconn import NatsError, NatsNotFound, mapped_nats_errors
 from forkless.io_loop.nats.natsconn import describe_error as _describe
 from forkless.io_loop.nats.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread
 from nats.js import api
@@ -82,15 +81,18 @@ class Objects:
     async def open_bucket(self, js: Any) -> str:
         """Make the bucket where missing. Returns what it opened, for the log."""
         try:
-            info = await js.stream_info(self._stream)
-        except nats.js.errors.NotFoundError:
+            with mapped_nats_errors():
+                info = await js.stream_info(self._stream)
+        except NatsNotFound:
             try:
-                await js.create_object_store(
-                    self.bucket, description="forkless checkpoints (io_loop/nats/natsstore.py)")
-            except nats.js.errors.BadRequestError as exc:
-                if exc.err_code != NAME_IN_USE:  # made by another instance at the same moment
+                with mapped_nats_errors():
+                    await js.create_object_store(
+                        self.bucket, description="forkless checkpoints (io_loop/nats/natsstore.py)")
+            except NatsError as exc:
+                if exc.code != 400 or exc.err_code != NAME_IN_USE:  # made by another instance at the same moment
                     raise
-            info = await js.stream_info(self._stream)
+            with mapped_nats_errors():
+                info = await js.stream_info(self._stream)
         self._direct = bool(info.config.allow_direct)
         return f"object bucket {self.bucket!r}"
 
@@ -100,8 +102,10 @@ class Objects:
     async def _info(self, name: str) -> api.ObjectInfo | None:
         """The object's meta; None when there is none or it is deleted."""
         try:
-            msg = await self._thread.js.get_msg(self._stream, subject=self._meta_subject(name), direct=self._direct)
-        except nats.js.errors.NotFoundError:
+            with mapped_nats_errors():
+                msg = await self._thread.js.get_msg(self._stream, subject=self._meta_subject(name),
+                                                    direct=self._direct)
+        except NatsNotFound:
             return None
         try:
             info = api.ObjectInfo.from_response(json.loads(msg.data or b"{}"))
@@ -125,19 +129,23 @@ class Objects:
             name=name, bucket=self.bucket, nuid=nuid, size=len(view), chunks=count, digest=_digest(digest),
             mtime=datetime.now(UTC).isoformat(), options=api.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES))
         try:
-            await js.publish(self._meta_subject(name), json.dumps(info.as_dict()).encode(),
-                             headers={api.Header.ROLLUP: "sub"})
-        except nats.js.errors.APIError:  # the server answered: not stored, so the chunks are nobody's
-            try:
-                await js.purge_stream(self._stream, subject=f"$O.{self.bucket}.C.{nuid}")
-            except NATS_ERRORS:
-                pass
+            with mapped_nats_errors():
+                await js.publish(self._meta_subject(name), json.dumps(info.as_dict()).encode(),
+                                 headers={api.Header.ROLLUP: "sub"})
+        except NatsError as exc:
+            if exc.api:  # the server answered: not stored, so the chunks are nobody's
+                try:
+                    with mapped_nats_errors():
+                        await js.purge_stream(self._stream, subject=f"$O.{self.bucket}.C.{nuid}")
+                except NatsError:
+                    pass
             raise
         # any other failure (no answer) leaves the chunks: the server may have stored the meta
         if old is not None and old.nuid and old.nuid != nuid:
             try:
-                await js.purge_stream(self._stream, subject=f"$O.{self.bucket}.C.{old.nuid}")
-            except NATS_ERRORS as exc:
+                with mapped_nats_errors():
+                    await js.purge_stream(self._stream, subject=f"$O.{self.bucket}.C.{old.nuid}")
+            except NatsError as exc:
                 log.warning("object %r: the chunks of the version it replaced were not removed (%s)", name,
                             _describe(exc))
 
@@ -163,9 +171,10 @@ class Objects:
             for future in pending:
                 future.cancel()
             try:
-                async with asyncio.timeout(self._thread.api_s):
-                    await js.purge_stream(self._stream, subject=chunks)
-            except (*NATS_ERRORS, asyncio.CancelledError):
+                with mapped_nats_errors():
+                    async with asyncio.timeout(self._thread.api_s):
+                        await js.purge_stream(self._stream, subject=chunks)
+            except (NatsError, asyncio.CancelledError):
                 pass  # unreferenced chunks: space, not a wrong object
             raise
         return count, digest
@@ -211,9 +220,10 @@ class Objects:
         seq = 1
         for _ in range(info.chunks or 0):
             try:
-                msg = await self._thread.js.get_msg(self._stream, seq=seq, subject=subject, direct=self._direct,
-                                                    next=True)
-            except nats.js.errors.NotFoundError:
+                with mapped_nats_errors():
+                    msg = await self._thread.js.get_msg(self._stream, seq=seq, subject=subject, direct=self._direct,
+                                                        next=True)
+            except NatsNotFound:
                 return None
             parts.append(msg.data or b"")
             sha.update(parts[-1])
@@ -228,8 +238,9 @@ class Objects:
         store = ObjectStore(name=self.bucket, stream=self._stream, js=self._thread.js)
         try:
             async with asyncio.timeout(self._thread.api_s * 2):
-                infos = await store.list(ignore_deletes=True)
-        except nats.js.errors.NotFoundError:
+                with mapped_nats_errors():
+                    infos = await store.list(ignore_deletes=True)
+        except NatsNotFound:
             return []
         return sorted({info.name for info in infos if not info.deleted and info.name.startswith(prefix)})
 
@@ -238,6 +249,7 @@ class Objects:
         self._fence()
         await self._thread.connection()
         try:
-            await ObjectStore(name=self.bucket, stream=self._stream, js=self._thread.js).delete(name)
-        except nats.js.errors.ObjectNotFoundError:
+            with mapped_nats_errors():
+                await ObjectStore(name=self.bucket, stream=self._stream, js=self._thread.js).delete(name)
+        except NatsNotFound:
             pass

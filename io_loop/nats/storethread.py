@@ -15,6 +15,9 @@ Rules:
   error callback (which logs) is replaced.
 - The buckets are opened once connected, by the caller's ``open_buckets`` (the leases' and the
   objects'); what nats-py raises there becomes one attempt's failure, retried like a connection.
+- nats-py's exceptions are mapped to ours (``natsconn.mapped_nats_errors``) around every
+  coroutine ``call`` runs, so a failure the leases, objects or deployment record do not handle
+  themselves reaches the caller as one ``StoreError`` naming it; they catch ours, never nats-py's.
 - A wait is never deaf to a stop: ``start`` takes the caller's stop (a ``threading.Event``, set
   by its signal handler) and looks at it every ``STOP_POLL_S`` between attempts
   (``sleep_or_stop``, which the leases' waits use too); once it is set: ``StopRequested``.
@@ -30,14 +33,18 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
-import nats
-import nats.errors
-import nats.js.errors
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.errors import FeedFatal, StopRequested, StoreError
 from forkless.io_loop.loopthread import LoopThread
-from forkless.io_loop.nats.natsconn import NATS_ERRORS, close_quietly, connect_once, connect_options
 from forkless.io_loop.nats.natsconn import NatsConnectFailed as _Failed
+from forkless.io_loop.nats.natsconn import (
+    NatsError,
+    NatsUnavailable,
+    close_quietly,
+    connect_once,
+    connect_options,
+    mapped_nats_errors,
+)
 from forkless.io_loop.nats.natsconn import describe_error as _describe
 from forkless.io_loop.settings import FeedSpec, IOSettings
 
@@ -65,6 +72,12 @@ async def sleep_or_stop(seconds: float, stop: threading.Event | None) -> None:
         if left <= 0:
             return
         await asyncio.sleep(min(left, STOP_POLL_S) if stop is not None else left)
+
+
+async def _mapped(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro``, nats-py's exceptions raised as ours (``StoreThread.call``'s edge)."""
+    with mapped_nats_errors():
+        return await coro
 
 
 async def each(fn: Callable[[str], Awaitable[T]], items: Iterable[str]) -> list[T]:
@@ -169,12 +182,12 @@ class StoreThread:
         if threading.current_thread() is runner.thread:
             coro.close()
             raise RuntimeError("a NatsStore method was called on the store's own thread: it would wait for itself")
-        future = runner.submit(coro)
+        future = runner.submit(_mapped(coro))
         try:
             return future.result(timeout)
         except concurrent.futures.CancelledError:
             raise StoreError(f"the checkpoint store on {self.shown} was closed during the call") from None
-        except NATS_ERRORS as exc:  # TimeoutError among them: ours (the wait above) or the work's own
+        except (NatsError, TimeoutError) as exc:  # TimeoutError: the wait above (the work's own is a NatsError)
             if not future.done():
                 future.cancel()
                 raise StoreError(f"the checkpoint store on {self.shown} did not finish within {timeout:g} s") from None
@@ -206,12 +219,13 @@ class StoreThread:
     async def _open(self, open_buckets: Callable[[Any], Awaitable[str]]) -> str:
         """``open_buckets(js)``, nats-py's errors raised as ``_Failed``."""
         try:
-            return await open_buckets(self.js)
-        except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+            with mapped_nats_errors():
+                return await open_buckets(self.js)
+        except NatsUnavailable:
             raise _Failed("JetStream does not answer (not enabled: nats-server -js; or starting)") from None
-        except nats.js.errors.APIError as exc:
-            raise _Failed(f"making the buckets failed: {_describe(exc)}", fatal=exc.code in (400, 403)) from None
-        except NATS_ERRORS as exc:
+        except NatsError as exc:
+            if exc.api:  # the server answered an error
+                raise _Failed(f"making the buckets failed: {_describe(exc)}", fatal=exc.code in (400, 403)) from None
             raise _Failed(f"reading the buckets failed: {self.nats_error or _describe(exc)}") from None
 
     async def _connect(self) -> None:

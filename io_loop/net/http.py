@@ -7,7 +7,8 @@ Rules:
 - Binds exactly the ``host:port`` of ``FORKLESS_METRICS_ADDR`` (port 0 picks a free port;
   ``start()`` returns the real URL). The default is off; a non-loopback address is used
   only because the operator wrote it, and is logged as such. ``unix:/path`` serves on that
-  unix-domain socket instead (io_loop/net/unixsocket.py: a live server's socket is never taken
+  unix-domain socket instead (started and stopped by io_loop/net/appsite.py, as the demo feed is;
+  io_loop/net/unixsocket.py: a live server's socket is never taken
   over, the file is removed at ``stop()``), opening no TCP socket; ``start()`` then returns
   ``unix:/path`` (scraped as ``curl --unix-socket /path http://localhost/metrics``).
 - ``/metrics`` is whatever the ``render`` callable it is handed returns (body and content
@@ -35,8 +36,8 @@ from typing import Any
 
 from aiohttp import web
 from forkless.io_loop.errors import MetricsServerError
+from forkless.io_loop.net.appsite import NoSocket, Served, serve_app
 from forkless.io_loop.net.netaddr import is_loopback, parse_host_port, unix_address, unix_label
-from forkless.io_loop.net.unixsocket import ListeningUnixSocket, listen_unix
 
 __all__ = ["MetricsServer"]
 
@@ -71,45 +72,36 @@ class MetricsServer:
         self.alive = alive
         self._render = render if render is not None else no_metrics
         self.url: str | None = None
-        self._runner: web.AppRunner | None = None
-        self._listener: ListeningUnixSocket | None = None
+        self._served: Served | None = None
         self._started_at = time.monotonic()
 
     # ---- lifecycle (IO loop) ----------------------------------------------------------------
 
     async def start(self) -> str:
         """Listen on the configured address; return ``http://host:port`` (the real port)."""
-        if self._runner is not None:
+        if self._served is not None:
             raise RuntimeError("MetricsServer.start() called twice")
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await runner.setup()
         try:
-            if self.unix_socket:
-                self._listener = listen_unix(self.unix_socket)
-                await web.SockSite(runner, self._listener.sock).start()
-            else:
-                await web.TCPSite(runner, self.host, self.port).start()
+            served = await serve_app(app, host=self.host, port=self.port, unix_socket=self.unix_socket,
+                                     shutdown_timeout_s=1.0)
+        except NoSocket:
+            raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: no socket could be "
+                                     "made for that address (a host that refuses TCP sockets? unix:/path serves on "
+                                     "a unix-domain socket)") from None
         except OSError as exc:
-            await runner.cleanup()
-            self._remove_socket()
             # listen_unix's reasons are its own sentences; asyncio's bind error is shown as the OS says it
             reason = (exc.strerror or exc) if self.unix_socket or not exc.errno else os.strerror(exc.errno)
             raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: {reason}") from exc
-        if not self.unix_socket and not runner.addresses:  # asyncio skips an address whose socket is refused
-            await runner.cleanup()
-            raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: no socket could be "
-                                     "made for that address (a host that refuses TCP sockets? unix:/path serves on "
-                                     "a unix-domain socket)")
-        self._runner = runner
+        self._served = served
         self._started_at = time.monotonic()
         if self.unix_socket:
             self.url = unix_label(self.unix_socket)
             return self.url
-        port = runner.addresses[0][1]
+        port = served.port
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{port}"
         if not is_loopback(self.host):
@@ -119,17 +111,9 @@ class MetricsServer:
 
     async def stop(self) -> None:
         """Close the listener and any open scrape connections."""
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            try:
-                await runner.cleanup()
-            finally:
-                self._remove_socket()
-
-    def _remove_socket(self) -> None:
-        if self._listener is not None:
-            listener, self._listener = self._listener, None
-            listener.close()
+        if self._served is not None:
+            served, self._served = self._served, None
+            await served.close()
 
     @property
     def where(self) -> str:

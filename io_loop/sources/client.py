@@ -55,9 +55,11 @@ from forkless.io_loop.source import SourceContext, SourceStopped
 from forkless.io_loop.sources.before_connect import BeforeConnect, call_before_connect
 from forkless.io_loop.sources.connect import (
     ConnectFailed,
+    ConnectionLost,
     HandshakeRefused,
     handshake_headers,
     make_ssl_context,
+    mapped_aiohttp_errors,
     new_session,
     open_feed,
     short,
@@ -230,16 +232,17 @@ class WebSocketSource(SourceCapabilities):
         tasks: set[asyncio.Task] = set()
         end, clean = End(Outcome.LOST, "connection ended"), False
         try:
-            for frame in first:  # the subscription: FORKLESS_SUBSCRIBE's text, the on-connect hook's frames
-                if type(frame) is bytes:
-                    await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
-                else:
-                    await ws.send_str(frame)
-            writer, reader, stop_watch = self._start_tasks(ws, tasks)
-            end, clean = await self._until_ended(ws, tasks, writer, reader, stop_watch)
+            with mapped_aiohttp_errors():
+                for frame in first:  # the subscription: FORKLESS_SUBSCRIBE's text, the on-connect hook's frames
+                    if type(frame) is bytes:
+                        await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+                    else:
+                        await ws.send_str(frame)
+                writer, reader, stop_watch = self._start_tasks(ws, tasks)
+                end, clean = await self._until_ended(ws, tasks, writer, reader, stop_watch)
             return end
-        except (ConnectionError, aiohttp.ClientError) as exc:
-            end = End(Outcome.LOST, f"{exc.__class__.__name__}: {short(exc)}")
+        except ConnectionLost as exc:
+            end = End(Outcome.LOST, str(exc))
             return end
         finally:
             await self._closed(ws, conn, tasks, clean, written_before, end)
@@ -386,13 +389,16 @@ class WebSocketSource(SourceCapabilities):
                 cork.cork()
             written = 0
             try:
-                for frame in batch.frames:
-                    if type(frame) is bytes:  # UTF-8 JSON from the codec: send as a text frame as is
-                        await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
-                    else:
-                        await ws.send_str(frame)
-                    written += 1
-            except (ConnectionError, aiohttp.ClientError, RuntimeError) as exc:
+                with mapped_aiohttp_errors():
+                    for frame in batch.frames:
+                        if type(frame) is bytes:  # UTF-8 JSON from the codec: send as a text frame as is
+                            await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+                        else:
+                            await ws.send_str(frame)
+                        written += 1
+            except ConnectionLost as exc:
+                return End(Outcome.LOST, f"send failed: {exc}")
+            except RuntimeError as exc:
                 return End(Outcome.LOST, f"send failed: {exc.__class__.__name__}: {short(exc)}")
             finally:
                 if cork is not None:

@@ -2,9 +2,13 @@
 
 Rules:
 - One implementation, used by the client's reconnect loop and by ``--check``'s probe.
-- aiohttp's exceptions are translated here, at one edge: ``open_feed`` returns an open
-  ``ClientWebSocketResponse`` or raises ``HandshakeRefused`` (an HTTP status the server
-  chose; ``fatal`` for a 4xx other than 408/429) or ``ConnectFailed`` (worth retrying).
+- aiohttp's exceptions are translated here, at one edge (as httpx's ``map_httpcore_exceptions``):
+  ``open_feed`` returns an open ``ClientWebSocketResponse`` or raises ``HandshakeRefused`` (an
+  HTTP status the server chose; ``fatal`` for a 4xx other than 408/429) or ``ConnectFailed``
+  (worth retrying); on an open WebSocket, ``mapped_aiohttp_errors()`` turns aiohttp's
+  ``ClientError`` and a ``ConnectionError`` into ``ConnectionLost`` (its text: the type and the
+  first line of the original, its ``__cause__``). No other module names an aiohttp exception in
+  an ``except``.
 - Secrets (token, headers) are never put into messages; URLs are shown without query or
   credentials (``redact_url``).
 - Redirects are never followed: the handshake carries the credentials (``AUTH_TOKEN``,
@@ -27,7 +31,8 @@ import errno
 import os
 import socket
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 
 import aiohttp
 from aiohttp.client_exceptions import UnixClientConnectorError
@@ -35,8 +40,8 @@ from forkless.io_loop.net.aiohttp_compat import UnixConnector
 from forkless.io_loop.net.netaddr import redact_url, unix_label
 from forkless.io_loop.settings import FeedSpec, IOSettings
 
-__all__ = ["ConnectFailed", "HandshakeRefused", "handshake_headers", "make_ssl_context", "merge_headers", "new_session",
-           "open_feed", "shown_target"]
+__all__ = ["ConnectFailed", "ConnectionLost", "HandshakeRefused", "handshake_headers", "make_ssl_context",
+           "mapped_aiohttp_errors", "merge_headers", "new_session", "open_feed", "shown_target"]
 
 RETRYABLE_4XX = (408, 429)
 _HINTS = {401: "unauthorised: check FORKLESS_AUTH_TOKEN",
@@ -55,6 +60,21 @@ class _RedirectRefused(Exception):
 
 class ConnectFailed(Exception):
     """No connection this time (refused, reset, timeout, TLS, 5xx …); ``str`` says why."""
+
+
+class ConnectionLost(Exception):
+    """An open WebSocket failed while sending or receiving (``mapped_aiohttp_errors``): the text is
+    the original's type and first line, the original its ``__cause__``."""
+
+
+@contextmanager
+def mapped_aiohttp_errors() -> Iterator[None]:
+    """aiohttp's ``ClientError`` and a ``ConnectionError`` raised in the block become
+    ``ConnectionLost``; anything else passes through."""
+    try:
+        yield
+    except (ConnectionError, aiohttp.ClientError) as exc:
+        raise ConnectionLost(f"{exc.__class__.__name__}: {short(exc)}") from exc
 
 
 class HandshakeRefused(Exception):

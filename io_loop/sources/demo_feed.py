@@ -9,7 +9,8 @@ Rules:
 
 * Loopback only: ``host`` must be a literal loopback address (``127.0.0.1``, ``::1``);
   the server listens on a free port chosen by the OS and serves ``/feed``. With
-  ``unix_socket`` it listens on that unix-domain socket instead (io_loop/net/unixsocket.py: a live
+  ``unix_socket`` it listens on that unix-domain socket instead (started and stopped by
+  io_loop/net/appsite.py, as the metrics server is; io_loop/net/unixsocket.py: a live
   server's socket is never taken over; the file is removed at ``stop()``) and opens no TCP
   socket; its URL is then ``ws://localhost/feed``, the handshake's path and Host.
 * Wire protocol (JSON text frames). Feed -> client:
@@ -42,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import errno
 import json
 import logging
 import math
@@ -51,8 +51,8 @@ from typing import Any
 
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
+from forkless.io_loop.net.appsite import Served, serve_app
 from forkless.io_loop.net.netaddr import is_loopback
-from forkless.io_loop.net.unixsocket import ListeningUnixSocket, listen_unix
 
 __all__ = ["DemoFeed", "DemoScore", "DemoSummary"]
 
@@ -306,7 +306,6 @@ class DemoFeed:
             raise ValueError(f"anomaly_rate must be in [0, 1], got {anomaly_rate!r}")
         self._host = host
         self.unix_socket = unix_socket  # "" for loopback TCP
-        self._listener: ListeningUnixSocket | None = None
         self._rate = float(rate_hz)
         self._tick = min(max(1.0 / self._rate, MIN_TICK_S), MAX_TICK_S)
         self._max_credit = max(1.0, self._rate * MAX_BURST_S)
@@ -320,7 +319,7 @@ class DemoFeed:
         self._accepted = 0
         self._active: _Connection | None = None
         self._open: set[_Connection] = set()
-        self._runner: web.AppRunner | None = None
+        self._served: Served | None = None
         self._url: str | None = None
 
     @property
@@ -339,31 +338,18 @@ class DemoFeed:
     async def start(self) -> str:
         """Serve on a free loopback port (or the unix-domain socket) in the running loop; return the
         ws URL (with a unix socket, ``ws://localhost/feed``: the handshake's path and Host)."""
-        if self._runner is not None:
+        if self._served is not None:
             raise RuntimeError("DemoFeed.start() called twice")
         app = web.Application()
         app.router.add_get(FEED_PATH, self._handle)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
-        await runner.setup()
-        try:
-            if self.unix_socket:
-                self._listener = listen_unix(self.unix_socket)
-                await web.SockSite(runner, self._listener.sock).start()
-                host = "localhost"
-            else:
-                site = web.TCPSite(runner, self._host, 0)
-                await site.start()
-                if not runner.addresses:  # asyncio skips an address whose socket is refused
-                    raise OSError(errno.EPERM, f"no socket could be made to listen on {self._host} (a host that "
-                                               "refuses TCP sockets? FORKLESS_DEMO_UNIX_SOCKET serves the demo feed "
-                                               "on a unix-domain socket)")
-                port = runner.addresses[0][1]
-                host = (f"[{self._host}]" if ":" in self._host else self._host) + f":{port}"
-        except BaseException:
-            await runner.cleanup()
-            self._remove_socket()
-            raise
-        self._runner = runner
+        self._served = served = await serve_app(
+            app, host=self._host, unix_socket=self.unix_socket, shutdown_timeout_s=SHUTDOWN_TIMEOUT_S,
+            hint="a host that refuses TCP sockets? FORKLESS_DEMO_UNIX_SOCKET serves the demo feed on a unix-domain "
+                 "socket")
+        if self.unix_socket:
+            host = "localhost"
+        else:
+            host = (f"[{self._host}]" if ":" in self._host else self._host) + f":{served.port}"
         self._url = f"ws://{host}{FEED_PATH}"
         log.debug("demo feed listening on %s", self._url)
         return self._url
@@ -404,19 +390,10 @@ class DemoFeed:
               for c in list(self._open)),
             return_exceptions=True,
         )
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            try:
-                await runner.cleanup()
-            finally:
-                self._remove_socket()
+        if self._served is not None:
+            served, self._served = self._served, None
+            await served.close()
             log.debug("%s", self.summary().line())  # the program prints it once, on stdout
-
-    def _remove_socket(self) -> None:
-        """The unix-domain socket closed and its file removed (if still ours), when there is one."""
-        if self._listener is not None:
-            listener, self._listener = self._listener, None
-            listener.close()
 
     async def _handle(self, request: web.Request) -> web.WebSocketResponse:
         # compress=False: deflate buys nothing on loopback, and _send_loop's accounting

@@ -11,6 +11,8 @@ Rules:
 - The stop (``before_stop``, before ``ctx.stopping`` is set): the server stops sending, the frames
   already on the loopback wire are answered (when the feed is sent replies), then the source stops
   reading as any source does; so the demo's tally is complete.
+- ``summary()`` (a source capability, io_loop/capabilities.py): the server's tally (sent, answered,
+  recall, precision) in one line, which the ``forkless`` program prints at its end.
 - ``--check`` (``probe``): the server started, one connection to it (io_loop/sources/probe.py's
   ``probe_websocket``), the server stopped; its per-connection INFO lines are held back meanwhile
   (the demo feed logger's level is restored after).
@@ -56,7 +58,7 @@ class DemoSource(SourceCapabilities):
         self.required = feed.required
         self.settings = settings
         self.feed = feed
-        self.demo = DemoFeed(rate_hz=settings.demo_rate, streams=settings.demo_streams, features=settings.features,
+        self.server = DemoFeed(rate_hz=settings.demo_rate, streams=settings.demo_streams, features=settings.features,
                              warmup=settings.demo_warmup, unix_socket=settings.demo_unix_socket)
         self._hooks = dict(on_connect=on_connect, before_connect=before_connect)
         self._listening = False
@@ -64,19 +66,19 @@ class DemoSource(SourceCapabilities):
     async def run(self, ctx: SourceContext) -> None:
         cfg = self.settings
         try:
-            url = await self.demo.start()
+            url = await self.server.start()
             self._listening = True
-            log.info("demo feed listening on %s (%d streams, %g msg/s)", shown_target(url, self.demo.unix_socket),
+            log.info("demo feed listening on %s (%d streams, %g msg/s)", shown_target(url, self.server.unix_socket),
                      cfg.demo_streams, cfg.demo_rate)
             # a stop that came while the server started: ctx.stopping is set, so nothing is read
-            feed = dataclasses.replace(self.feed, unix_socket=self.demo.unix_socket)
+            feed = dataclasses.replace(self.feed, unix_socket=self.server.unix_socket)
             await WebSocketSource(cfg, feed, url=url, **self._hooks).run(ctx)
         finally:
             current = asyncio.current_task()
             cancelled = current.cancelling() if current is not None else 0
             try:
                 async with asyncio.timeout(STOP_CLEANUP_S if cancelled else None):
-                    await self.demo.stop()
+                    await self.server.stop()
             except TimeoutError:
                 log.warning("the demo feed's server did not stop within %.1fs", STOP_CLEANUP_S)
 
@@ -92,21 +94,25 @@ class DemoSource(SourceCapabilities):
         demo_log.setLevel(logging.WARNING)  # "forkless.demo_feed" (the module name is not the logger's)
         try:
             try:
-                url = await self.demo.start()
+                url = await self.server.start()
             except OSError as exc:
                 where = (f"FORKLESS_DEMO_UNIX_SOCKET={cfg.demo_unix_socket}" if cfg.demo_unix_socket
                          else "loopback TCP")
                 raise ProbeFailed(f"cannot serve the demo feed on {where}: {exc.strerror or exc}") from None
             say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on "
-                f"{shown_target(url, self.demo.unix_socket)}")
-            feed = dataclasses.replace(self.feed, unix_socket=self.demo.unix_socket)
+                f"{shown_target(url, self.server.unix_socket)}")
+            feed = dataclasses.replace(self.feed, unix_socket=self.server.unix_socket)
             await probe_websocket(cfg, codec, url, say, feed)
         finally:
-            await self.demo.stop()
+            await self.server.stop()
             demo_log.setLevel(level)
+
+    def summary(self) -> str:
+        """The demo run's tally in one line (``DemoSummary.line``); final once the source has ended."""
+        return self.server.summary().line()
 
     async def before_stop(self, ctx: SourceContext) -> None:
         """Let what the demo feed already sent be answered; then the source stops reading as any does."""
-        self.demo.stop_sending()
+        self.server.stop_sending()
         if self._listening and self.feed.replies != "none":  # with "none" no reply ever comes
-            await self.demo.wait_replies(timeout=min(REPLIES_WAIT_S, self.settings.shutdown_timeout_s / 2))
+            await self.server.wait_replies(timeout=min(REPLIES_WAIT_S, self.settings.shutdown_timeout_s / 2))

@@ -42,7 +42,14 @@ import nats.js.errors
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin
 from forkless.io_loop.nats.nats_compat import publish_commands
-from forkless.io_loop.nats.natsconn import NATS_ERRORS, describe_error, duplicate_ack, unsubscribe_quietly
+from forkless.io_loop.nats.natsconn import (
+    NatsError,
+    NatsNoStreamResponse,
+    describe_error,
+    duplicate_ack,
+    mapped_nats_errors,
+    unsubscribe_quietly,
+)
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.sources.client import End, Outcome
 from forkless.io_loop.writer import ReplyBatch
@@ -209,18 +216,19 @@ class ReplyPublisher:
             n, answers = len(frames), batch.answers
             acks.begin(sent, n)
             try:
-                await publish_commands(nc, reply_commands(subject, inbox_bytes, sent, stream, frames, origins,
-                                                          nc.max_payload))
-                sent += n
-                await self._acknowledged(acks, wake)
-            except nats.js.errors.NoStreamResponseError:
+                with mapped_nats_errors():
+                    await publish_commands(nc, reply_commands(subject, inbox_bytes, sent, stream, frames, origins,
+                                                              nc.max_payload))
+                    sent += n
+                    await self._acknowledged(acks, wake)
+            except NatsNoStreamResponse:
                 return End(Outcome.LOST, f"no stream stores the results subject {results!r}: create one "
                                          "(with a duplicate window, docs/jetstream.md)")
-            except nats.js.errors.APIError as exc:  # an error acknowledgement: the stream's limits, say
-                return End(Outcome.LOST, f"the results stream refused a reply published to {results!r}: "
-                                         f"{exc.description or describe_error(exc)} (code {exc.code}, "
-                                         f"err_code {exc.err_code})")
-            except NATS_ERRORS as exc:
+            except NatsError as exc:
+                if exc.api:  # an error acknowledgement: the stream's limits, say
+                    return End(Outcome.LOST, f"the results stream refused a reply published to {results!r}: "
+                                             f"{exc.description or describe_error(exc)} (code {exc.code}, "
+                                             f"err_code {exc.err_code})")
                 return End(Outcome.LOST, f"publishing to {results!r} failed: {describe_error(exc)}")
             finally:
                 # acknowledged in order from the start: not published again
