@@ -39,7 +39,7 @@ from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.nats.natsconn import NATS_ERRORS, close_quietly, connect_once, connect_options
 from forkless.io_loop.nats.natsconn import NatsConnectFailed as _Failed
 from forkless.io_loop.nats.natsconn import describe_error as _describe
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import FeedSpec, ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["StoreThread", "each", "sleep_or_stop"]
 
@@ -88,11 +88,13 @@ class StoreThread:
     """The store's thread, loop and connection to the server of the JetStream feed ``feed``
     (see the module rules). ``start`` first, ``close`` last."""
 
-    def __init__(self, settings: IOSettings, feed: FeedSpec) -> None:
-        self.settings = settings
+    def __init__(self, feed: FeedSpec, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings) -> None:
+        self.timeouts = timeouts
+        self.reconnect = reconnect
+        self.tls = tls
         self.feed = feed
         self.shown = feed.shown_url
-        self.api_s = settings.connect_timeout_s  # a JetStream API call's timeout
+        self.api_s = timeouts.connect_timeout_s  # a JetStream API call's timeout
         self._guard = threading.Lock()  # start and close
         self._runner: LoopThread | None = None  # the thread and its loop (io_loop/loopthread.py)
         self.closed = False
@@ -138,7 +140,7 @@ class StoreThread:
                 self.closed = True
                 return
         try:  # bounded: with the server gone, the release's one connection attempt must not hold a stop
-            self.call(self._close(last), timeout=self.settings.shutdown_timeout_s)
+            self.call(self._close(last), timeout=self.timeouts.shutdown_timeout_s)
         except Exception as exc:  # the connection is closed below in any case
             log.warning("closing the checkpoint store on %s: %s", self.shown, _describe(exc))
         finally:
@@ -183,9 +185,8 @@ class StoreThread:
     # ---- connecting (the store's loop) ---------------------------------------------------------------
 
     async def _start(self, stop: threading.Event | None, open_buckets: Callable[[Any], Awaitable[str]]) -> None:
-        cfg = self.settings
         self._connecting = asyncio.Lock()
-        backoff = Backoff.from_settings(cfg)
+        backoff = Backoff.of(self.reconnect)
         while True:
             try:
                 await self._connect()
@@ -216,19 +217,18 @@ class StoreThread:
 
     async def _connect(self) -> None:
         """One attempt; raises ``_Failed``."""
-        cfg = self.settings
-
         async def on_error(exc: Exception) -> None:  # nats-py's default logs the exception
             self.nats_error = _describe(exc)
 
         async def on_event() -> None:
             pass
 
-        options = connect_options(cfg, self.feed, error_cb=on_error, disconnected_cb=on_event, closed_cb=on_event)
+        options = connect_options(self.feed, self.timeouts, self.tls, error_cb=on_error, disconnected_cb=on_event,
+                                  closed_cb=on_event)
         options["name"] = f"forkless-store-{self.feed.name}"
         self.nats_error = ""
         try:
-            nc = await connect_once(cfg, options)
+            nc = await connect_once(self.timeouts, options)
         except _Failed as exc:
             if exc.fatal:
                 raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", \"token\" "

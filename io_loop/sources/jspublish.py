@@ -43,7 +43,7 @@ from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin
 from forkless.io_loop.nats.nats_compat import publish_commands
 from forkless.io_loop.nats.natsconn import NATS_ERRORS, describe_error, duplicate_ack, unsubscribe_quietly
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import FeedSpec, Timeouts
 from forkless.io_loop.sources.client import End, Outcome
 from forkless.io_loop.writer import ReplyBatch
 
@@ -172,9 +172,9 @@ class ReplyPublisher:
     connection is lost. ``batch``: the source's ``ctx.replies()``; ``source``: its figures
     (``confirmed``, ``duplicates``); ``fence``: a partitioned instance's leases."""
 
-    def __init__(self, settings: IOSettings, feed: FeedSpec, source: SourceStats,
+    def __init__(self, timeouts: Timeouts, feed: FeedSpec, source: SourceStats,
                  fence: Callable[[], bool] | None = None) -> None:
-        self.settings = settings
+        self.timeouts = timeouts
         self.feed = feed
         self.source = source
         self.fence = fence
@@ -257,7 +257,7 @@ class ReplyPublisher:
             before = acks.acked
             wake.clear()
             try:
-                async with asyncio.timeout(self.settings.connect_timeout_s):
+                async with asyncio.timeout(self.timeouts.connect_timeout_s):
                     await wake.wait()
             except TimeoutError:
                 if acks.acked == before:
