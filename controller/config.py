@@ -29,7 +29,15 @@ from forkless.controller.settings.feedspec import feed_list
 from forkless.controller.settings.values import ValueProblem
 from forkless.controller.settings.variables import PREFIX, VARIABLES, Variable, as_text, variable
 from forkless.io_loop.net.netaddr import redact_url, redact_urls
-from forkless.io_loop.settings import DEFAULT_SOURCE_BUFFER, FeedSpec, IOSettings, JetStreamSpec, RelaySettings
+from forkless.io_loop.settings import (
+    DEFAULT_SOURCE_BUFFER,
+    GROUPS,
+    FeedSpec,
+    IOSettings,
+    JetStreamSpec,
+    RelaySettings,
+    config_field,
+)
 from forkless.io_loop.sources.partitions import instance_share
 
 __all__ = ["BUCKET_GROWTH", "Config"]
@@ -248,12 +256,14 @@ class Config:
         return self.checkpoint_dir != "" or self.checkpoint_bucket != ""
 
     def io_settings(self) -> IOSettings:
-        """What the IO side reads of this configuration (io_loop/settings.py): its fields by the
-        same names, ``feed_specs`` and ``uses_demo_feed`` as derived here, and the demo feed's
-        warm-up (the default detector's, FORKLESS_WARMUP: when it starts planting anomalies)."""
-        derived = {"feeds_from_list": self.feeds != "", "demo_warmup": self.warmup}
-        return IOSettings(**derived, **{f.name: getattr(self, f.name) for f in dataclasses.fields(IOSettings)
-                                        if f.name not in derived})
+        """What the IO side reads of this configuration (io_loop/settings.py): ``feed_specs`` and
+        ``uses_demo_feed`` as derived here, and each group's fields from the fields they name
+        (the demo feed's warm-up is the default detector's, FORKLESS_WARMUP: when it starts
+        planting anomalies)."""
+        groups = {name: group(**{f.name: getattr(self, config_field(f)) for f in dataclasses.fields(group)})
+                  for name, group in GROUPS.items()}
+        return IOSettings(feed_specs=self.feed_specs, feeds_from_list=self.feeds != "", feed_fatal=self.feed_fatal,
+                          uses_demo_feed=self.uses_demo_feed, metrics_addr=self.metrics_addr, **groups)
 
     def relay_settings(self) -> tuple[IOSettings, RelaySettings]:
         """What ``forkless relay`` runs with: the IO side's settings (its feeds never sent a reply)
@@ -280,7 +290,8 @@ class Config:
                                                       for spec in io.feed_specs))
         target = FeedSpec("relay", self.relay_nats, jetstream=JetStreamSpec("", token=self.relay_token,
                                                                               creds=self.relay_creds))
-        return io, RelaySettings(target, self.relay_subject, self.relay_seq, self.max_batch)
+        return io, RelaySettings(target, self.relay_subject, self.relay_seq, self.max_batch, timeouts=io.timeouts,
+                                 reconnect=io.reconnect, tls=io.tls)
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

@@ -62,7 +62,7 @@ from forkless.controller.device.layouts import OneDevice, Sharded, Stepped
 from forkless.controller.device.placement import Route
 from forkless.controller.device.programs import keep, kept, program_key
 from forkless.controller.device.weights import LiveWeights, Weights
-from forkless.controller.processor import StreamState
+from forkless.controller.processor import StateShape, StreamState
 from forkless.controller.slots import TableCopy
 
 __all__ = ["Engine", "Pending", "StepFailed", "compile_step", "state_shapes", "steps_in_flight"]
@@ -398,8 +398,9 @@ def _read_in_place(tree: Any) -> Any:
 
 
 def state_shapes(processor: Any, config: Any) -> Any:
-    """The shapes and dtypes of ``processor.init(config)`` (a tree of ``ShapeDtypeStruct``), computing nothing."""
-    return jax.eval_shape(lambda: processor.init(config))
+    """The shapes and dtypes of ``processor.init`` of the configuration's ``StateShape`` (a tree of
+    ``ShapeDtypeStruct``), computing nothing."""
+    return jax.eval_shape(lambda: processor.init(StateShape.of(config)))
 
 
 def compile_step(processor: Any, config: Any,

@@ -1,8 +1,13 @@
 """Processors: a pure ``(init, step)`` pair, JAX style, and the default EWMA z-score detector.
 
 Rules:
-- ``init(config) -> state`` builds the state pytree; the controller puts it on the device
-  once and keeps it there across batches and reconnects.
+- ``init(shape) -> state`` builds the state pytree; the controller puts it on the device
+  once and keeps it there across batches and reconnects. ``shape`` is a ``StateShape``
+  (``max_streams``, ``features``), not the configuration: a setting the processor needs
+  besides (a learning rate, a weights file) is an argument of the function that builds it,
+  which ``init`` and ``step`` close over (``ewma_processor(alpha=...)``; ``default_processor``
+  passes it FORKLESS_ALPHA/THRESHOLD/WARMUP), or ``functools.partial``. Reading any other
+  attribute of ``shape`` raises ``AttributeError`` saying so.
 - ``step(state, batch) -> (state, outputs)`` is pure and jittable. ``batch`` is a
   ``controller.batching.Batch`` (x, key, valid) padded to a bucket size B; ``outputs`` is a
   dict of arrays with leading axis B. Rows with ``valid=False`` are padding: they must not
@@ -32,7 +37,7 @@ Rules:
   every device, and ``step`` must return it unchanged (checked when compiling). On each
   device ``step`` sees that device's shard: per-stream leaves of ``R`` rows (row ``R - 1``
   its spare), a batch of ``Bd`` rows whose ``key`` is a local row. So take the spare row
-  from the state (``leaf.shape[0] - 1``), never from ``config.max_streams``; on one device
+  from the state (``leaf.shape[0] - 1``), never from ``shape.max_streams``; on one device
   the two are the same. A step that mixes streams (a reduction over the batch, a read of
   another stream's row) gives other results on several devices: build it with
   ``per_stream=False`` and it is refused there, with an error naming ``FORKLESS_DEVICES=1``.
@@ -56,9 +61,9 @@ Rules:
 
 Per-row processors (``stream_processor``): write ``row_step(params, row, x) -> (row, out)``
 for one message of one stream and let the helper batch it; it obeys every rule above:
-- ``row`` is one stream's row, a pytree of arrays (``init_row(config)`` is a fresh stream's);
+- ``row`` is one stream's row, a pytree of arrays (``init_row(shape)`` is a fresh stream's);
   ``x`` the message's float32 [F]; ``out`` a dict of arrays (one message's outputs);
-  ``params`` the shared leaves (``init_params(config)``, or None), passed in, never changed.
+  ``params`` the shared leaves (``init_params(shape)``, or None), passed in, never changed.
 - State: without params, the table itself (each leaf of ``init_row``'s row stacked to
   ``[max_streams + 1, ...]``); with params, ``StreamState(params, rows)``. A params leaf
   whose leading axis is ``max_streams + 1`` would pass for per-stream (reset, sharded):
@@ -76,23 +81,49 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from forkless.controller.errors import ProcessorContractError
 
-__all__ = ["EWMAState", "Processor", "StreamState", "default_processor", "ewma_processor", "reset_rows", "row_template",
-           "stream_processor"]
+__all__ = ["EWMAState", "Processor", "StateShape", "StreamState", "default_processor", "ewma_processor", "reset_rows",
+           "row_template", "stream_processor"]
 
 EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class StateShape:
+    """What ``init`` (and a stream processor's ``init_row``/``init_params``) is handed: the sizes of
+    the state, nothing else. ``max_streams`` (FORKLESS_MAX_STREAMS): a per-stream leaf has
+    ``max_streams + 1`` rows; ``features`` (FORKLESS_FEATURES): a message's x is [features]. Any
+    other setting a processor needs is given when it is built (module docstring, "Rules")."""
+
+    max_streams: int
+    features: int
+
+    @classmethod
+    def of(cls, config: Any) -> StateShape:
+        """The shape of a configuration's state (a ``Config``, or anything with the two fields)."""
+        return cls(max_streams=config.max_streams, features=config.features)
+
+    def __getattr__(self, name: str) -> Any:  # only for a name the two fields are not
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"{name!r}: a processor's init is handed a StateShape(max_streams, features), not the whole Config; "
+            f"pass any other setting when you build the processor (an argument of your builder, as "
+            f"ewma_processor(alpha=..., threshold=..., warmup=...) takes the detector's, closed over by init, "
+            f"or functools.partial(init, {name}=config.{name}))", name=name, obj=self)
 
 
 class Processor(NamedTuple):
     """A model the controller can run: two pure functions, like an optax transform, and
     what identifies its state in a checkpoint (module docstring, "Identity")."""
 
-    init: Callable[[Any], Any]
+    init: Callable[[StateShape], Any]  # the state from its shape (module docstring, "Rules")
     step: Callable[[Any, Any], tuple[Any, dict[str, Any]]]
     # True: each message's outputs and state depend only on its own stream's rows and input,
     # so the step can be sharded by stream over several devices; False refuses more than one
@@ -139,9 +170,9 @@ def ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
     step it replaced (tests/reference_ewma.py), and as fast (``python -m bench.stream_step``).
     """
 
-    def init_row(config: Any) -> EWMAState:
-        return EWMAState(count=jnp.zeros((), jnp.int32), mean=jnp.zeros((config.features,), jnp.float32),
-                         var=jnp.zeros((config.features,), jnp.float32))
+    def init_row(shape: StateShape) -> EWMAState:
+        return EWMAState(count=jnp.zeros((), jnp.int32), mean=jnp.zeros((shape.features,), jnp.float32),
+                         var=jnp.zeros((shape.features,), jnp.float32))
 
     def row_step(params: None, row: EWMAState, x: jax.Array) -> tuple[EWMAState, dict[str, jax.Array]]:
         x = x.astype(jnp.float32)
@@ -171,11 +202,11 @@ def _stream_init(init_row: Callable[[Any], Any], init_params: Callable[[Any], An
     """``stream_processor``'s ``init``: the stream table from ``init_row`` (every slot a fresh
     row), and the shared leaves from ``init_params`` beside it, checked not to look per-stream."""
 
-    def init(config: Any) -> Any:
-        slots = config.max_streams + 1
+    def init(shape: StateShape) -> Any:
+        slots = shape.max_streams + 1
 
         def table() -> Any:
-            row = init_row(config)
+            row = init_row(shape)
             if not jax.tree.leaves(row):
                 raise ProcessorContractError(f"processor {name!r}: init_row returned {row!r}, a row with no arrays; "
                                              f"a stream's row must hold at least one array")
@@ -186,7 +217,7 @@ def _stream_init(init_row: Callable[[Any], Any], init_params: Callable[[Any], An
         rows = jax.jit(table)()
         if init_params is None:
             return rows
-        params = jax.tree.map(_strong, init_params(config))
+        params = jax.tree.map(_strong, init_params(shape))
         for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
             if _per_stream(leaf, slots):
                 raise ProcessorContractError(
@@ -207,8 +238,8 @@ def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[s
     """A batched, O(B) ``Processor`` from ``row_step(params, row, x) -> (row, out)``, the update
     of one stream's row by one message (module docstring, "Per-row processors").
 
-    ``init_row(config)`` builds a fresh stream's row (a pytree of arrays; run under
-    ``jax.jit``, so jnp or numpy values); ``init_params(config)``, if given, the shared
+    ``init_row(shape)`` builds a fresh stream's row (a pytree of arrays; run under
+    ``jax.jit``, so jnp or numpy values); ``init_params(shape)``, if given, the shared
     leaves (weights: numpy arrays, say, loaded from a file), put on the device as they are.
     ``out`` is a dict of arrays, each stacked over the batch into the step's outputs.
     ``name``, ``version``, ``restore_shared`` and the declarations (``counters``, ``settings``,
@@ -324,7 +355,7 @@ def _occurrence_rank(key: jax.Array) -> jax.Array:
 def row_template(state: Any, slots: int) -> Any:
     """One fresh row per per-stream leaf of ``state``, for ``reset_rows``.
 
-    ``state`` is a fresh ``init(config)`` state and ``slots`` the length of its per-stream
+    ``state`` is a fresh ``init(shape)`` state and ``slots`` the length of its per-stream
     leading axis, ``max_streams + 1``. A leaf whose leading axis is ``slots`` becomes its
     row 0; any other leaf (weights shared by all streams, say) becomes ``None``, which
     ``reset_rows`` leaves alone. Build it once, at start-up, and keep it on the device.

@@ -41,12 +41,11 @@ takes them from the file again, the hidden states from the checkpoint.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from forkless.controller.processor import Processor, stream_processor
+from forkless.controller.processor import Processor, StateShape, stream_processor
 
 __all__ = ["gru_processor", "gru_row_step", "load_weights", "save_random_weights"]
 
@@ -105,16 +104,16 @@ def gru_row_step(params: dict[str, jax.Array], h: jax.Array, x: jax.Array) -> tu
 
 def gru_processor(weights_path: str | os.PathLike[str], *, features: int, hidden: int) -> Processor:
     """The per-stream GRU with the weights in ``weights_path`` (read now, so a bad file fails
-    here); ``config.features`` must equal ``features``. Named "gru"."""
+    here); the configuration's features (``shape.features``) must equal ``features``. Named "gru"."""
     weights = load_weights(weights_path, features=features, hidden=hidden)
 
-    def init_params(config: Any) -> dict[str, np.ndarray]:
-        if config.features != features:
+    def init_params(shape: StateShape) -> dict[str, np.ndarray]:
+        if shape.features != features:
             raise ValueError(f"gru_processor: the weights in {weights_path} take {features} features, "
-                             f"the configuration has FORKLESS_FEATURES={config.features}")
+                             f"the configuration has FORKLESS_FEATURES={shape.features}")
         return weights
 
-    def init_row(config: Any) -> jax.Array:
+    def init_row(shape: StateShape) -> jax.Array:
         return jnp.zeros((hidden,), jnp.float32)
 
     return stream_processor(gru_row_step, init_row=init_row, init_params=init_params, name="gru")

@@ -28,6 +28,7 @@ _EXPORTS = {
     "Handshake": "forkless.io_loop.sources.before_connect",
     "EWMAState": "forkless.controller.processor",
     "Processor": "forkless.controller.processor",
+    "StateShape": "forkless.controller.processor",
     "default_processor": "forkless.controller.processor",
     "ewma_processor": "forkless.controller.processor",
     "stream_processor": "forkless.controller.processor",

@@ -11,6 +11,10 @@ Rules (pure: no clock, no sleeping; the caller passes ``now`` and sleeps the ret
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from forkless.io_loop.settings import ReconnectSettings
 
 __all__ = ["Backoff"]
 
@@ -29,11 +33,9 @@ class Backoff:
         self._up_since: float | None = None
 
     @classmethod
-    def from_settings(cls, settings: object) -> Backoff:
-        """The policy of ``FORKLESS_RECONNECT_*`` (any object with the ``reconnect_*`` settings:
-        ``IOSettings``, ``RelaySettings``)."""
-        s = settings
-        return cls(s.reconnect_min_s, s.reconnect_max_s, s.reconnect_reset_s, s.reconnect_tries)  # type: ignore[attr-defined]
+    def of(cls, reconnect: ReconnectSettings) -> Backoff:
+        """The policy of ``FORKLESS_RECONNECT_*`` (io_loop/settings.py's ``ReconnectSettings``)."""
+        return cls(reconnect.min_s, reconnect.max_s, reconnect.reset_s, reconnect.tries)
 
     def connected(self, now: float) -> None:
         self._up_since = now

@@ -5,7 +5,9 @@ Rules:
 - Every feed is a ``Source`` (io_loop/source.py) run by a ``SourceRunner``: a user's own, the
   WebSocket feed's (io_loop/sources/client.py), the embedded demo feed's (io_loop/sources/demo_source.py),
   the JetStream feed's (io_loop/sources/jetstream.py). ``feed_source`` is the one place a feed's kind is
-  decided, from the configuration; ``feed_sources`` makes every feed's, called by the composition
+  decided, from the configuration, and where each source is handed the settings groups it reads
+  (io_loop/settings.py: timeouts, reconnect, TLS, credentials, limits, the demo feed's), never the
+  whole ``IOSettings``; ``feed_sources`` makes every feed's, called by the composition
   root (controller/ioside.py, the relay, ``--check``), which hands the hooks and a partitioned
   feed's lease fence straight to the sources: the IO thread and the feed set are handed the
   sources ready made, and ``feed_client`` is the only call the feed set makes for a feed. Each
@@ -100,17 +102,26 @@ def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, S
     url, a WebSocket feed). ``fence``: a partitioned instance's leases (a partitioned JetStream feed's)."""
     if spec.name in sources:  # a user's own source
         return sources[spec.name]
+    s = settings
     if spec.jetstream is not None:
         # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
         from forkless.io_loop.sources.jetstream import JetStreamSource
 
-        return JetStreamSource(settings, spec, fence=fence if spec.jetstream.partitioned else None)
-    if not spec.url and settings.uses_demo_feed:
+        return JetStreamSource(spec, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls,
+                               max_batch=s.limits.max_batch, max_msg_bytes=s.limits.max_msg_bytes,
+                               partitioning=s.partitioning, fence=fence if spec.jetstream.partitioned else None)
+
+    def websocket(feed: FeedSpec, url: str | None = None) -> WebSocketSource:
+        return WebSocketSource(feed, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, credentials=s.credentials,
+                               max_msg_bytes=s.limits.max_msg_bytes, url=url, on_connect=on_connect,
+                               before_connect=before_connect, feeds_from_list=s.feeds_from_list)
+
+    if not spec.url and s.uses_demo_feed:
         # only when it runs: the demo feed's server (io_loop/sources/demo_source.py has the reason)
         from forkless.io_loop.sources.demo_source import DemoSource
 
-        return DemoSource(settings, spec, on_connect=on_connect, before_connect=before_connect)
-    return WebSocketSource(settings, spec, on_connect=on_connect, before_connect=before_connect)
+        return DemoSource(spec, s.demo, timeouts=s.timeouts, client=websocket)
+    return websocket(spec)
 
 
 def feed_sources(settings: IOSettings, *, sources: Mapping[str, Source] | None = None,
@@ -126,8 +137,9 @@ def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDe
                 inbound: Any, outbox: Any, positions: Mapping[str, Any]) -> SourceRunner:
     """The IO side of one configured feed: a ``SourceRunner`` for its ready source, handed what
     the restored checkpoint recorded for it. The feed set calls only this."""
-    return SourceRunner(source, settings, codec, IOStats(source=capability(source, "figures")), spec,
-                        inbound=inbound, outbox=outbox, index=index, resume=positions.get(spec.name))
+    return SourceRunner(source, settings.limits, codec, IOStats(source=capability(source, "figures")), spec,
+                        timeouts=settings.timeouts, inbound=inbound, outbox=outbox, index=index,
+                        resume=positions.get(spec.name))
 
 
 class FeedSet:

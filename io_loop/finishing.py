@@ -76,7 +76,7 @@ async def finish_awaited(runner: Any, awaiting: Callable[[], Any], deadline: flo
     ``runner.fail_in_stop``."""
     name = runner.feed.name
     if deadline is None:
-        deadline = time.monotonic() + runner.settings.shutdown_timeout_s
+        deadline = time.monotonic() + runner.timeouts.shutdown_timeout_s
     handed = False
     while True:
         handed = handed or _handed(runner, unrouted)

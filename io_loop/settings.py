@@ -1,14 +1,18 @@
-"""What the IO side reads of the configuration: one frozen dataclass, handed to it.
+"""What the IO side reads of the configuration: small frozen value objects, each handed only to what reads it.
 
 Rules:
 - Built by the controller from its validated ``Config`` (``Config.io_settings()``), so a
   value here was checked there, with the error naming the variable; nothing here reads the
-  environment or validates. The IO thread, the feeds, the client, the handshake and the probe
-  take an ``IOSettings``, never the whole configuration.
-- A field has the name of the ``Config`` field it comes from (``FORKLESS_<NAME>``), so the
-  variable behind a value is easy to find; ``feed_specs`` and ``uses_demo_feed`` are what
+  environment or validates. ``IOSettings`` holds the feeds and the groups (``GROUPS``:
+  reconnect, timeouts, TLS, credentials, limits, the demo feed, partitioning); the
+  composition root (io_loop/feeds.py's ``feed_sources``, io_loop/thread.py) hands each
+  component the groups it reads as typed constructor arguments, never the whole
+  ``IOSettings`` nor the configuration.
+- A field has the name of the ``Config`` field it comes from (``FORKLESS_<NAME>``), or names
+  it with ``_from`` (``ReconnectSettings.min_s`` is ``reconnect_min_s``), so the variable
+  behind a value is easy to find; ``feed_specs`` and ``uses_demo_feed`` are what
   ``Config`` derives from ``FORKLESS_WS_URL``/``SUBSCRIBE``/``FEEDS``.
-- Immutable, so every thread may read it. Secrets (``auth_token``, ``headers``, a feed's
+- Immutable, so every thread may read them. Secrets (``auth_token``, ``headers``, a feed's
   ``subscribe`` and ``headers``) stay out of ``repr``.
 - A partitioned JetStream feed's ``partitions`` are already resolved (from its entry's
   ``"partitions"`` or from ``FORKLESS_INSTANCE``/``FORKLESS_INSTANCES``): the IO side consumes
@@ -19,12 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from forkless.io_loop.net.netaddr import redact_url, redact_urls, unix_label
 from forkless.io_loop.sources.partitions import PARTITION_FIELD, partition_subjects
 
-__all__ = ["DEFAULT_SOURCE_BUFFER", "REPLY_POLICIES", "SEQ_MODES", "FeedSpec", "IOSettings", "JetStreamSpec",
-           "RelaySettings"]
+__all__ = ["DEFAULT_SOURCE_BUFFER", "GROUPS", "REPLY_POLICIES", "SEQ_MODES", "Credentials", "DemoSettings",
+           "FeedSpec", "IOSettings", "JetStreamSpec", "Limits", "PartitionSettings", "ReconnectSettings",
+           "RelaySettings", "Timeouts", "TlsSettings", "config_field"]
 
 # what a feed is sent back (FORKLESS_REPLIES, a feed's "replies"): "all" results and error
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
@@ -38,6 +44,8 @@ SEQ_MODES = ("feed", "stream", "none")
 # 1024 items the inbound queue holds; 20,000 rides out a 40 s stall at that rate, its memory
 # bounded at about 20,000 x a message's or an event's size
 DEFAULT_SOURCE_BUFFER = 20_000
+
+CONFIG_FIELD = "config_field"  # a group field's metadata: the Config field it comes from (``_from``)
 
 @dataclass(frozen=True)
 class JetStreamSpec:
@@ -133,50 +141,117 @@ class FeedSpec:
         return f"feed {self.name!r} ({self.shown_url}{via})"
 
 
+def _from(config_field: str, **kwargs: Any) -> Any:
+    """A field whose value is ``Config.<config_field>`` (``FORKLESS_<CONFIG_FIELD>``), named otherwise here."""
+    return field(metadata={CONFIG_FIELD: config_field}, **kwargs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconnectSettings:
+    """How a connection is retried (io_loop/backoff.py's ``Backoff.of``): FORKLESS_RECONNECT_MIN_S, _MAX_S,
+    _RESET_S, _TRIES; read by every connection's loop (WebSocket, JetStream, the store, the relay)."""
+
+    min_s: float = _from("reconnect_min_s")
+    max_s: float = _from("reconnect_max_s")
+    reset_s: float = _from("reconnect_reset_s")
+    tries: int = _from("reconnect_tries")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    """How long a connection's steps may take (io_loop/sources/connect.py, io_loop/nats/natsconn.py, the stop)."""
+
+    connect_timeout_s: float  # a connection and its handshake; a JetStream API call
+    heartbeat_s: float  # the WebSocket ping / the NATS ping interval (0: none)
+    stale_s: float  # a WebSocket feed with no frame for this long is reconnected (0: never)
+    shutdown_timeout_s: float  # the orderly stop's bound
+
+
+@dataclass(frozen=True, kw_only=True)
+class TlsSettings:
+    """How a TLS connection is verified (io_loop/sources/connect.py's ``make_ssl_context``)."""
+
+    ca_file: str  # FORKLESS_CA_FILE, added to the system trust store
+    insecure: bool = _from("tls_insecure")  # FORKLESS_TLS_INSECURE: verification off
+
+
+@dataclass(frozen=True, kw_only=True)
+class Credentials:
+    """What every WebSocket handshake carries (io_loop/sources/connect.py's ``handshake_headers``), kept out of
+    ``repr``: FORKLESS_HEADERS and FORKLESS_AUTH_TOKEN (a feed's own headers are its ``FeedSpec``'s)."""
+
+    headers: tuple[tuple[str, str], ...] = field(repr=False)
+    auth_token: str = field(repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """The sizes of what a source reads and hands over (io_loop/source.py, io_loop/spill.py, the bridge)."""
+
+    features: int
+    max_batch: int
+    queue_size: int
+    overflow: str  # "block" or "drop_oldest": a source's own buffer full (io_loop/spill.py)
+    max_msg_bytes: int
+    # messages and events each source may hold while inbound is full (io_loop/spill.py)
+    source_buffer: int = DEFAULT_SOURCE_BUFFER
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoSettings:
+    """The embedded demo feed's (io_loop/sources/demo_source.py): FORKLESS_DEMO_RATE, _STREAMS, _UNIX_SOCKET,
+    and what its messages carry (FORKLESS_FEATURES values each)."""
+
+    rate: float = _from("demo_rate")
+    streams: int = _from("demo_streams")
+    features: int
+    # messages each demo stream sends before the demo feed plants anomalies in it: the default
+    # detector's warm-up (FORKLESS_WARMUP), which the demo feed's recall is scored against
+    warmup: int
+    # the demo feed serves on this unix-domain socket, and is read through it ("": loopback TCP)
+    unix_socket: str = _from("demo_unix_socket", default="")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionSettings:
+    """A partitioned feed's checkpoints ("": none) and leases: JetStream buckets on its server
+    (io_loop/nats/natsstore.py; ``--check`` looks for them, io_loop/sources/jsprobe.py)."""
+
+    checkpoint_bucket: str = ""
+    lease_bucket: str = "forkless-leases"
+    lease_s: float = 10.0
+
+
+# the groups of IOSettings, by the name of its field holding each (Config.io_settings builds them)
+GROUPS = {"reconnect": ReconnectSettings, "timeouts": Timeouts, "tls": TlsSettings, "credentials": Credentials,
+          "limits": Limits, "demo": DemoSettings, "partitioning": PartitionSettings}
+
+
+def config_field(f: Any) -> str:
+    """The ``Config`` field a group's field comes from: its own name unless ``_from`` names another."""
+    return f.metadata.get(CONFIG_FIELD, f.name)
+
+
 @dataclass(frozen=True, kw_only=True)
 class IOSettings:
-    """Everything the IO side reads (see the module rules; the meanings are the variables')."""
+    """Everything the IO side reads (see the module rules): the feeds, and the groups of settings that the
+    composition root (io_loop/feeds.py, io_loop/thread.py) hands each component, only the ones it reads."""
 
     # the feeds
     feed_specs: tuple[FeedSpec, ...]  # one per connection; a url of "" is the embedded demo feed's
     feeds_from_list: bool  # they came from FORKLESS_FEEDS (else FORKLESS_WS_URL / SUBSCRIBE)
     feed_fatal: str  # "all" or "any"
     uses_demo_feed: bool
-    # the handshake and TLS
-    headers: tuple[tuple[str, str], ...] = field(repr=False)
-    auth_token: str = field(repr=False)
-    ca_file: str
-    tls_insecure: bool
-    # limits and the hand-over
-    features: int
-    max_batch: int
-    queue_size: int
-    overflow: str  # "block" or "drop_oldest": a source's own buffer full (io_loop/spill.py)
-    max_msg_bytes: int
-    # connection management
-    heartbeat_s: float
-    stale_s: float
-    connect_timeout_s: float
-    reconnect_min_s: float
-    reconnect_max_s: float
-    reconnect_reset_s: float
-    reconnect_tries: int
-    shutdown_timeout_s: float
     # served beside the feeds
     metrics_addr: str
-    demo_rate: float
-    demo_streams: int
-    # messages each demo stream sends before the demo feed plants anomalies in it: the default
-    # detector's warm-up (FORKLESS_WARMUP), which the demo feed's recall is scored against
-    demo_warmup: int
-    # the demo feed serves on this unix-domain socket, and is read through it ("": loopback TCP)
-    demo_unix_socket: str = ""
-    # a partitioned feed's checkpoints ("": none) and leases: JetStream buckets on its server
-    checkpoint_bucket: str = ""
-    lease_bucket: str = "forkless-leases"
-    lease_s: float = 10.0
-    # messages and events each source may hold while inbound is full (io_loop/spill.py)
-    source_buffer: int = DEFAULT_SOURCE_BUFFER
+    # the groups (GROUPS)
+    reconnect: ReconnectSettings
+    timeouts: Timeouts
+    tls: TlsSettings
+    credentials: Credentials
+    limits: Limits
+    demo: DemoSettings
+    partitioning: PartitionSettings = PartitionSettings()
 
 
 @dataclass(frozen=True)
@@ -184,10 +259,13 @@ class RelaySettings:
     """What the relay's publisher reads (io_loop/relay/publisher.py), from ``Config.relay_settings()``: its NATS
     server(s), described as a JetStream feed's are (``target.url`` comma-separated, the token and
     creds in ``target.jetstream``, its stream name unused), the subject prefix
-    (FORKLESS_RELAY_SUBJECT), how the feeds number their messages (FORKLESS_RELAY_SEQ) and the
-    in-flight bound (FORKLESS_MAX_BATCH)."""
+    (FORKLESS_RELAY_SUBJECT), how the feeds number their messages (FORKLESS_RELAY_SEQ), the
+    in-flight bound (FORKLESS_MAX_BATCH), and the groups its connection reads (the IO side's own)."""
 
     target: FeedSpec
     subject: str
     seq: str = "feed"  # one of SEQ_MODES
     max_in_flight: int = 256
+    timeouts: Timeouts = field(kw_only=True)
+    reconnect: ReconnectSettings = field(kw_only=True)
+    tls: TlsSettings = field(kw_only=True)

@@ -78,7 +78,7 @@ from forkless.io_loop.emitted import check_position as _check_position
 from forkless.io_loop.errors import FeedFatal, ForklessError
 from forkless.io_loop.finishing import finish_awaited
 from forkless.io_loop.handover import Handover
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import FeedSpec, Limits, Timeouts
 from forkless.io_loop.spill import source_policy
 from forkless.io_loop.writer import Outbound, ReplyBatch
 
@@ -121,7 +121,7 @@ class SourceContext:
     @property
     def features(self) -> int:
         """How many values a message's ``x`` holds (``FORKLESS_FEATURES``)."""
-        return self._runner.settings.features
+        return self._runner.limits.features
 
     async def emit(self, frame: str | bytes, position: int | str | None = None, *,
                    received_ns: int | None = None) -> int:
@@ -331,20 +331,23 @@ class SourceContext:
 
 
 class SourceRunner:
-    """The IO thread's side of one ``Source``, a user's or a built-in feed (see the module rules)."""
+    """The IO thread's side of one ``Source``, a user's or a built-in feed (see the module rules). It reads
+    the ``limits`` (features, FORKLESS_MAX_BATCH, the overflow and buffer: io_loop/spill.py) and the
+    stop's bound (``timeouts.shutdown_timeout_s``: io_loop/finishing.py)."""
 
-    def __init__(self, source: Source, settings: IOSettings, codec: FrameDecoder, stats: IOStats, feed: FeedSpec,
-                 *, inbound: Any, outbox: Any, index: int, resume: Origin | None = None) -> None:
+    def __init__(self, source: Source, limits: Limits, codec: FrameDecoder, stats: IOStats, feed: FeedSpec,
+                 *, timeouts: Timeouts, inbound: Any, outbox: Any, index: int, resume: Origin | None = None) -> None:
         self.source = source
-        self.settings = settings
+        self.limits = limits
+        self.timeouts = timeouts
         self.codec = codec
         self.stats = stats
         self.feed = feed
         self.inbound = inbound
         self.outbox = outbox
         self.index = index
-        drop_oldest, buffer = source_policy(source, feed, settings)  # its own overflow (io_loop/spill.py)
-        self.handover = Handover(inbound, settings.max_batch, drop_oldest=drop_oldest, buffer=buffer, stats=stats,
+        drop_oldest, buffer = source_policy(source, feed, limits)  # its own overflow (io_loop/spill.py)
+        self.handover = Handover(inbound, limits.max_batch, drop_oldest=drop_oldest, buffer=buffer, stats=stats,
                                  name=feed.name, feed=index)
         if not isinstance(resume, Origin):  # None, or a record the source reads itself (the module rules)
             self.ctx = SourceContext(self, resume, None, pending=False)

@@ -36,7 +36,7 @@ from typing import Any
 from forkless.io_loop.capabilities import capability
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events
-from forkless.io_loop.settings import DEFAULT_SOURCE_BUFFER
+from forkless.io_loop.settings import Limits
 
 __all__ = ["OVERFLOW_POLICIES", "Spill", "declared_policy", "source_policy"]
 
@@ -63,16 +63,16 @@ def declared_policy(source: Any, name: str) -> tuple[str | None, int | None]:
     return overflow, buffer
 
 
-def source_policy(source: Any, spec: Any, settings: Any) -> tuple[bool, int]:
+def source_policy(source: Any, spec: Any, limits: Limits) -> tuple[bool, int]:
     """(drop_oldest, bound) of one source: its own attributes, else its feed entry's
     (FORKLESS_FEEDS), else FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER. A replayable source
     never drops, whatever FORKLESS_OVERFLOW says."""
     overflow, buffer = declared_policy(source, spec.name)
-    overflow = overflow or getattr(spec, "overflow", "") or settings.overflow
+    overflow = overflow or getattr(spec, "overflow", "") or limits.overflow
     if buffer is None:
         buffer = getattr(spec, "buffer", None)
     if buffer is None:
-        buffer = getattr(settings, "source_buffer", DEFAULT_SOURCE_BUFFER)
+        buffer = limits.source_buffer
     return overflow == "drop_oldest" and not capability(source, "replayable"), buffer
 
 

@@ -9,7 +9,9 @@ Rules:
   its sync sides once they exist.
 - Anything that ends the loop with an exception is kept in ``failure``; the main thread
   calls ``raise_if_failed()`` at least every 100 ms, so it is never swallowed.
-- The seam: the thread is given what it needs as constructor arguments (its ``IOSettings``,
+- The seam: the thread is given what it needs as constructor arguments (its ``IOSettings``:
+  with the feed set it is the IO side's composition root, handing each feed's runner only
+  the settings groups it reads, io_loop/feeds.py's ``feed_client``;
   the codec's decoding half, its ``IOStats`` to write, ``stats_snapshot``, the controller's
   whole-process snapshot for the health endpoints, ``render_metrics``, the ``/metrics``
   body, ``sources``, every feed's source ready made, one per ``settings.feed_specs``, by the
@@ -174,7 +176,7 @@ class IOThread:
 
     async def _main(self) -> None:
         cfg = self.settings
-        self._bridge = bridge = Bridge(cfg.queue_size)
+        self._bridge = bridge = Bridge(cfg.limits.queue_size)
         background: list[asyncio.Task] = []
         metrics = None
         try:
@@ -230,11 +232,11 @@ class IOThread:
             # what was read (bounded by the stop's timeout), then their error is raised
             bridge.stop_inbound()
             try:
-                async with asyncio.timeout(self.settings.shutdown_timeout_s):
+                async with asyncio.timeout(self.settings.timeouts.shutdown_timeout_s):
                     await asyncio.shield(sinking)
             except TimeoutError:
                 log.error("the feeds failed and what they had read was not dealt with within "
-                          "FORKLESS_SHUTDOWN_TIMEOUT_S=%s", self.settings.shutdown_timeout_s)
+                          "FORKLESS_SHUTDOWN_TIMEOUT_S=%s", self.settings.timeouts.shutdown_timeout_s)
             feeding.result()
         finally:
             for task in (feeding, sinking):

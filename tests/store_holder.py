@@ -16,8 +16,8 @@ def main(url: str, lease_bucket: str, lease_s: str, holder: str, *keys: str) -> 
     settings = Config(feeds=json.dumps([{"name": "ticks", "nats": url, "stream": "TICKS", "results": "scores"}]),
                       connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.3,
                       reconnect_tries=5).io_settings()
-    store = NatsStore(settings, settings.feed_specs[0], bucket=None, lease_bucket=lease_bucket,
-                      lease_s=float(lease_s), holder=holder)
+    store = NatsStore(settings.feed_specs[0], timeouts=settings.timeouts, reconnect=settings.reconnect,
+                      tls=settings.tls, bucket=None, lease_bucket=lease_bucket, lease_s=float(lease_s), holder=holder)
     store.start()
     store.acquire(keys)
     print("held", flush=True)

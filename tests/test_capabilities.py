@@ -12,6 +12,7 @@ import pytest
 from forkless.controller.config import Config
 from forkless.controller.ioside import feed_plan
 from forkless.io_loop.capabilities import CAPABILITIES, DEFAULTS, SourceCapabilities, capability
+from forkless.io_loop.feeds import feed_source
 from forkless.io_loop.sources.client import WebSocketSource
 from forkless.io_loop.sources.demo_source import DemoSource
 
@@ -103,8 +104,10 @@ def test_check_asks_each_built_in_source_to_probe_itself_and_switches_on_no_kind
     from forkless.io_loop.settings import FeedSpec
 
     settings = Config().io_settings()
-    assert callable(capability(WebSocketSource(settings, FeedSpec("f", "ws://127.0.0.1:1/feed")), "probe"))
-    assert callable(capability(DemoSource(settings, FeedSpec("demo", "")), "probe"))
+    made = {spec.name: feed_source(spec, settings, sources={}, on_connect=None, before_connect=None)
+            for spec in (FeedSpec("f", "ws://127.0.0.1:1/feed"), FeedSpec("demo", ""))}
+    assert (type(made["f"]), type(made["demo"])) == (WebSocketSource, DemoSource)
+    assert callable(capability(made["f"], "probe")) and callable(capability(made["demo"], "probe"))
     assert "probe" in vars(pytest.importorskip("forkless.io_loop.sources.jetstream").JetStreamSource)
     text = (ROOT / "io_loop/sources/probe.py").read_text()
     kinds = [word for word in ("jetstream", "uses_demo_feed", "DemoFeed", "demo_feed") if word in text]

@@ -220,20 +220,28 @@ def test_steps_in_flight_is_auto_or_a_count():
             Config.from_env({"FORKLESS_STEPS_IN_FLIGHT": bad})
 
 
-def test_the_io_settings_carry_the_configuration_s_values_by_the_same_names():
+def test_the_io_settings_carry_the_configuration_s_values_in_groups_each_field_naming_its_config_field():
     import dataclasses
 
-    from forkless.io_loop.settings import IOSettings
+    from forkless.io_loop.settings import GROUPS, IOSettings, config_field
 
     cfg = Config(ws_url="wss://127.0.0.1:9/feed", subscribe='{"s": 1}', auth_token="t", max_batch=16, stale_s=3.0,
-                 metrics_addr="127.0.0.1:0", reconnect_tries=4)
+                 metrics_addr="127.0.0.1:0", reconnect_tries=4, reconnect_min_s=0.25, tls_insecure=True,
+                 demo_rate=50.0, warmup=7, lease_s=3.0)
     settings = cfg.io_settings()
-    for f in dataclasses.fields(IOSettings):
-        if f.name not in ("feeds_from_list", "demo_warmup"):
-            assert getattr(settings, f.name) == getattr(cfg, f.name), f.name
-    assert settings.demo_warmup == cfg.warmup  # the demo feed plants anomalies once the default detector is warm
+    for name, group in GROUPS.items():
+        value = getattr(settings, name)
+        assert type(value) is group and name in {f.name for f in dataclasses.fields(IOSettings)}
+        for f in dataclasses.fields(group):
+            assert getattr(value, f.name) == getattr(cfg, config_field(f)), (name, f.name)
+    # the names that differ from the variables' say which they come from
+    assert (settings.reconnect.min_s, settings.reconnect.tries, settings.tls.insecure) == (0.25, 4, True)
+    assert (settings.demo.rate, settings.demo.warmup) == (50.0, 7)  # anomalies planted once the detector is warm
+    assert (settings.timeouts.stale_s, settings.limits.max_batch, settings.partitioning.lease_s) == (3.0, 16, 3.0)
+    assert settings.metrics_addr == cfg.metrics_addr and settings.feed_fatal == cfg.feed_fatal
     assert settings.feed_specs == cfg.feed_specs and not settings.feeds_from_list and not settings.uses_demo_feed
     assert "auth_token" not in repr(settings) and '{"s": 1}' not in repr(settings)  # secrets stay out of repr
+    assert "'t'" not in repr(settings.credentials)
     several = Config(feeds='[{"url": "ws://127.0.0.1:9/a", "name": "a"}, {"url": "ws://127.0.0.1:9/b"}]')
     assert several.io_settings().feeds_from_list and len(several.io_settings().feed_specs) == 2
 
@@ -349,7 +357,7 @@ def test_the_checkpoint_bucket_turns_checkpoints_on_and_the_leases_have_their_de
     cfg = Config.from_env({"FORKLESS_FEEDS": _partitioned(partitions="0-11"), "FORKLESS_CHECKPOINT_BUCKET": "ckpt"})
     assert cfg.checkpoints_on and (cfg.checkpoint_bucket, cfg.checkpoint_dir) == ("ckpt", "")
     assert (cfg.lease_s, cfg.lease_bucket, cfg.instance, cfg.instances) == (10.0, "forkless-leases", None, None)
-    io = cfg.io_settings()
+    io = cfg.io_settings().partitioning
     assert (io.checkpoint_bucket, io.lease_s, io.lease_bucket) == ("ckpt", 10.0, "forkless-leases")
     tuned = Config.from_env({"FORKLESS_FEEDS": _partitioned(partitions="3"), "FORKLESS_LEASE_S": "2.5",
                              "FORKLESS_LEASE_BUCKET": "my_leases-1"})

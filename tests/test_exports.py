@@ -68,6 +68,7 @@ FORKLESS_ALL = [
     "Source",
     "SourceContext",
     "SourceStopped",
+    "StateShape",
     "StatsSnapshot",
     "StoreError",
     "WorkerFailed",

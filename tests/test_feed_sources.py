@@ -99,3 +99,19 @@ def test_every_source_s_summary_line_is_the_io_thread_s_in_the_sources_order_and
     again.name = "again"
     io = IOThread(settings, JsonCodec(4), IOStats(), sources=[Tallier(), Greeter(), again])
     assert io.summaries() == ["tally: 3 greetings", "tally: 3 greetings"]
+
+
+def test_only_the_composition_roots_take_the_whole_io_settings_every_component_its_groups():
+    """Each IO component is handed the settings groups it reads (io_loop/settings.py: timeouts, reconnect, TLS,
+    credentials, limits, the demo feed's, partitioning); only the composition roots import ``IOSettings``: the
+    feed set and its ``feed_source`` (feeds.py), the IO thread, and ``--check``'s ``probe_feed``."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    takers = set()
+    for path in (root / "io_loop").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and any(alias.name == "IOSettings" for alias in node.names):
+                takers.add(path.relative_to(root).as_posix())
+    assert takers == {"io_loop/feeds.py", "io_loop/thread.py", "io_loop/sources/probe.py"}

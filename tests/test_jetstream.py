@@ -565,10 +565,9 @@ def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a
 
 
 def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_and_ids_stay_the_same():
-    from forkless.io_loop.counters import IOStats
     from forkless.io_loop.crossing import Origin, Resume
+    from forkless.io_loop.feeds import feed_client, feed_source
     from forkless.io_loop.settings import FeedSpec
-    from forkless.io_loop.source import SourceRunner
     from forkless.io_loop.sources.jetstream import JetStreamSource
     from forkless.io_loop.sources.jsconsumer import Consumer, Take
 
@@ -582,10 +581,11 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
 
     async def run() -> tuple[list, list]:
         inbound, outbox = asyncio.Queue(), asyncio.Queue()
-        source = JetStreamSource(cfg.io_settings(), spec)
+        source = feed_source(spec, cfg.io_settings(), sources={}, on_connect=None, before_connect=None)
+        assert isinstance(source, JetStreamSource)
         # element 0 of message 7 is in the restored state
-        runner = SourceRunner(source, cfg.io_settings(), codec, IOStats(source=source.figures), spec,
-                              inbound=inbound, outbox=outbox, index=0, resume=Resume(Origin(7, 0, False), ""))
+        runner = feed_client(spec, 0, cfg.io_settings(), codec, source, inbound=inbound, outbox=outbox,
+                             positions={spec.name: Resume(Origin(7, 0, False), "")})
         consumer = source.consumer = Consumer(spec.jetstream, spec.label, source.figures, runner.ctx.resume_from)
         for seq, data in ((7, json.dumps(payload)), (8, json.dumps([good[0]]))):
             take = consumer.deliver(f"$JS.ACK.TICKS.c1.1.{seq}.{seq - 6}.1764600000000000000.0".encode())

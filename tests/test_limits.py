@@ -109,7 +109,9 @@ def test_a_redirect_to_a_malformed_url_is_refused_naming_it_not_a_crash():
         try:
             async with new_session() as session:
                 with pytest.raises(HandshakeRefused) as err:
-                    await open_feed(session, url, Config(ws_url=url).io_settings(), None)
+                    io = Config(ws_url=url).io_settings()
+                    await open_feed(session, url, None, headers={}, timeouts=io.timeouts,
+                                    max_msg_bytes=io.limits.max_msg_bytes)
         finally:
             await runner.cleanup()
         assert err.value.fatal

@@ -91,8 +91,8 @@ def stores(request: pytest.FixtureRequest) -> Iterator[Callable[..., NatsStore]]
     def make(url: str, holder: str = "a", *, lease_s: float = LEASE_S, start: bool = True,
              **changes: Any) -> NatsStore:
         settings = _settings(url, **changes)
-        store = NatsStore(settings, settings.feed_specs[0], bucket=f"CK{tag}", lease_bucket=f"L{tag}",
-                          lease_s=lease_s, holder=holder)
+        store = NatsStore(settings.feed_specs[0], timeouts=settings.timeouts, reconnect=settings.reconnect,
+                          tls=settings.tls, bucket=f"CK{tag}", lease_bucket=f"L{tag}", lease_s=lease_s, holder=holder)
         made.append(store)
         if start:
             store.start()

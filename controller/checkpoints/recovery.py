@@ -49,6 +49,7 @@ from forkless.controller.declared import declared
 from forkless.controller.engine import Engine, state_shapes
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.partitions.partitioned import PartitionedCheckpoints, PartitionPieces
+from forkless.controller.processor import StateShape
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats, SourceFigures
 from forkless.io_loop.counters import IOSnapshot, SourceStats
@@ -162,7 +163,7 @@ class Recovery:
     def _restore_partitions(self, engine: Engine, pieces: PartitionPieces) -> None:
         part = self._partitioned
         created = part.stream_created(pieces)  # (objects of streams created at different times: PositionLost)
-        init = jax.device_get(self.processor.init(self.config))
+        init = jax.device_get(self.processor.init(StateShape.of(self.config)))
         engine.restore(part.restore_into(init, pieces), shared=False)
         shift = time.monotonic() - time.time()
         seen = np.concatenate(pieces.last_seen) if pieces.last_seen else np.zeros(0)

@@ -144,7 +144,7 @@ class Relay:
         self.relay_stats = stats
         self.io_stats = IOStats()
         names = [spec.name for spec in io_settings.feed_specs]
-        self.publisher = publisher(relay_settings, io_settings, stats, names)
+        self.publisher = publisher(relay_settings, stats, names)
         # the payload carries x as the feed wrote it: decoded in float64, written back exactly
         codec = JsonCodec(config.features, max_frame_items=config.max_frame_items, dtype=np.float64)
         render = exposition(self.view, families=relay_metric_families) if config.metrics_addr else None

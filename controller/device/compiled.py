@@ -41,6 +41,7 @@ import numpy as np
 from forkless.controller.batching import Batch, pad_batch
 from forkless.controller.device.placement import OutputField
 from forkless.controller.errors import ConfigError, ProcessorContractError
+from forkless.controller.processor import StateShape
 
 log = logging.getLogger("forkless.compile")
 
@@ -344,17 +345,6 @@ PROBE_STREAMS = 12  # 13 rows: a shared leaf is rarely that long by chance
 PROBE_KEYS = (1, 4, 1)
 
 
-class _ProbeConfig:
-    """The run's configuration with a small ``max_streams``, for ``check_row_writes``."""
-
-    def __init__(self, config: Any, max_streams: int) -> None:
-        self._config = config
-        self.max_streams = max_streams
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._config, name)
-
-
 def check_row_writes(processor: Any, config: Any) -> None:
     """Raise ``ProcessorContractError`` if ``processor.step`` writes rows of a per-stream leaf
     other than its batch's (``batch.key``, the spare row of padding included).
@@ -367,7 +357,7 @@ def check_row_writes(processor: Any, config: Any) -> None:
     a decay of every stream, a ``jnp.where`` over the table) would make it inexact, and would
     cost O(max_streams) a step. A processor whose ``init`` or ``step`` cannot run at that size
     is not probed (logged)."""
-    small = _ProbeConfig(config, PROBE_STREAMS)
+    small = StateShape(max_streams=PROBE_STREAMS, features=config.features)
     slots = PROBE_STREAMS + 1
     rng = np.random.default_rng(0)
     bucket = min(4, config.max_batch)

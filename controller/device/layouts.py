@@ -49,7 +49,7 @@ from forkless.controller.device.compiled import (
 )
 from forkless.controller.device.placement import OutputField, Placement, Route, pack_words, unpack_outputs
 from forkless.controller.errors import ProcessorContractError
-from forkless.controller.processor import reset_rows, row_template
+from forkless.controller.processor import StateShape, reset_rows, row_template
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -97,7 +97,7 @@ class OneDevice:
 
     def fresh(self) -> Any:
         with jax.default_device(self.device):
-            state = jax.device_put(self.processor.init(self.config), self.device)
+            state = jax.device_put(self.processor.init(StateShape.of(self.config)), self.device)
         self.shardings = jax.tree.map(lambda leaf: leaf.sharding, state)
         return state
 
@@ -219,7 +219,8 @@ class Sharded:
         self.placement = place = Placement(n, config.max_streams)
         self.spare_key = place.spare_row
         self.mesh = jax.make_mesh((n,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
-        canonical = jax.eval_shape(lambda: processor.init(config))
+        shape = StateShape.of(config)  # what init is handed
+        canonical = jax.eval_shape(lambda: processor.init(shape))
         self.per_stream = jax.tree.map(lambda leaf: per_stream_leaf(leaf, config.max_streams + 1), canonical)
         self.specs = jax.tree.map(lambda sharded: P(AXIS) if sharded else P(), self.per_stream)
         self.shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self.specs,
@@ -234,7 +235,7 @@ class Sharded:
         def fresh_state() -> Any:
             # the contract makes every per-stream row of init equal: row 0, repeated over the
             # sharded table (XLA drops the rest of init, so no device holds the whole table)
-            state = processor.init(config)
+            state = processor.init(shape)
             return jax.tree.map(lambda leaf, sharded: jnp.broadcast_to(leaf[0], (place.table_rows, *leaf.shape[1:]))
                                 if sharded else leaf, state, self.per_stream)
 

@@ -425,8 +425,10 @@ class PartitionOwner:
 
         spec = feed.jetstream
         holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        store = NatsStore(config.io_settings(), feed, bucket=config.checkpoint_bucket or None,
-                          lease_bucket=config.lease_bucket, lease_s=config.lease_s, holder=holder)
+        io = config.io_settings()
+        store = NatsStore(feed, timeouts=io.timeouts, reconnect=io.reconnect, tls=io.tls,
+                          bucket=io.partitioning.checkpoint_bucket or None, lease_bucket=io.partitioning.lease_bucket,
+                          lease_s=io.partitioning.lease_s, holder=holder)
         store.start(stop)
         try:
             store.acquire([lease_key(spec.stream, p) for p in spec.partitions], stop)

@@ -40,7 +40,7 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import FeedSpec, Timeouts, TlsSettings
 from forkless.io_loop.sources.connect import make_ssl_context
 
 __all__ = ["NATS_ERRORS", "NatsApiError", "NatsConnectFailed", "NatsError", "NatsNoStreamResponse", "NatsNotFound",
@@ -147,31 +147,31 @@ def credentials_refused(exc: BaseException) -> bool:
     return isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower()
 
 
-def connect_options(settings: IOSettings, feed: FeedSpec, **callbacks: Any) -> dict[str, Any]:
+def connect_options(feed: FeedSpec, timeouts: Timeouts, tls: TlsSettings, **callbacks: Any) -> dict[str, Any]:
     """``nats.connect``'s options for a feed: its servers, credentials and TLS, one attempt per
     server (the reconnect policy is ours: ``Backoff``), the heartbeat as nats-py's ping."""
     spec = feed.jetstream
     servers = [url.strip() for url in feed.url.split(",")]
     options: dict[str, Any] = {
         "servers": servers, "name": f"forkless-{feed.name}", "allow_reconnect": False,
-        "max_reconnect_attempts": 1, "reconnect_time_wait": 0, "connect_timeout": settings.connect_timeout_s,
-        "ping_interval": settings.heartbeat_s if settings.heartbeat_s > 0 else 120, "max_outstanding_pings": 2,
+        "max_reconnect_attempts": 1, "reconnect_time_wait": 0, "connect_timeout": timeouts.connect_timeout_s,
+        "ping_interval": timeouts.heartbeat_s if timeouts.heartbeat_s > 0 else 120, "max_outstanding_pings": 2,
         **callbacks}
     if spec.token:
         options["token"] = spec.token
     if spec.creds:
         options["user_credentials"] = spec.creds
     if any(url.startswith("tls://") for url in servers):
-        options["tls"] = make_ssl_context(settings)
+        options["tls"] = make_ssl_context(tls)
     return options
 
 
-async def connect_once(settings: IOSettings, options: dict[str, Any], client: Any = None) -> Any:
+async def connect_once(timeouts: Timeouts, options: dict[str, Any], client: Any = None) -> Any:
     """One connection attempt with ``options`` (``connect_options``'): ``client`` connected (a
     nats_compat.RawClient), else nats-py's own. Raises ``NatsConnectFailed``: ``fatal`` when the
     server refused the credentials, its reason the failure (``describe_error``)."""
     try:
-        async with asyncio.timeout(settings.connect_timeout_s * 2 * len(options["servers"]) + 1):
+        async with asyncio.timeout(timeouts.connect_timeout_s * 2 * len(options["servers"]) + 1):
             if client is None:
                 return await nats.connect(**options)
             await client.connect(**options)

@@ -35,7 +35,7 @@ from forkless.io_loop.nats.deployment import DeploymentRecord
 from forkless.io_loop.nats.leases import Leases
 from forkless.io_loop.nats.objects import Objects
 from forkless.io_loop.nats.storethread import StoreThread
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import FeedSpec, ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["NatsStore"]
 
@@ -46,11 +46,12 @@ KEY_NAME = re.compile(r"^[-/_=.a-zA-Z0-9]+$")  # a KV key (nats-py's rule), not 
 class NatsStore:
     """Checkpoint objects in the object-store bucket ``bucket`` (None: no objects) and partition
     leases in the KV bucket ``lease_bucket`` on the server of the JetStream feed ``feed``, as
-    ``holder``, each lease ``lease_s`` long (see the module rules). ``start`` first, ``close``
+    ``holder``, each lease ``lease_s`` long (see the module rules); its connection is made with
+    ``timeouts``, ``reconnect`` and ``tls`` (io_loop/settings.py's groups). ``start`` first, ``close``
     last."""
 
-    def __init__(self, settings: IOSettings, feed: FeedSpec, *, bucket: str | None, lease_bucket: str,
-                 lease_s: float, holder: str) -> None:
+    def __init__(self, feed: FeedSpec, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings,
+                 bucket: str | None, lease_bucket: str, lease_s: float, holder: str) -> None:
         if feed.jetstream is None:
             raise ValueError(f"{feed.label} is not a JetStream feed: the store needs its NATS server")
         for what, name in (("bucket", bucket), ("lease_bucket", lease_bucket)):
@@ -60,13 +61,12 @@ class NatsStore:
             raise ValueError(f"lease_s must be > 0, not {lease_s!r}")
         if not holder:
             raise ValueError("holder must name this instance")
-        self.settings = settings
         self.feed = feed
         self.bucket = bucket
         self.lease_bucket = lease_bucket
         self.lease_s = float(lease_s)
         self.holder = holder
-        self._thread = StoreThread(settings, feed)
+        self._thread = StoreThread(feed, timeouts=timeouts, reconnect=reconnect, tls=tls)
         self._leases = Leases(self._thread, bucket=lease_bucket, lease_s=lease_s, holder=holder)
         self._objects = Objects(self._thread, bucket, self._leases.fence) if bucket else None
         self._deployment: DeploymentRecord | None = None

@@ -46,7 +46,7 @@ from forkless.io_loop.nats.natsconn import (
     mapped_nats_errors,
 )
 from forkless.io_loop.nats.natsconn import describe_error as _describe
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import FeedSpec, ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["StoreThread", "each", "sleep_or_stop"]
 
@@ -101,11 +101,13 @@ class StoreThread:
     """The store's thread, loop and connection to the server of the JetStream feed ``feed``
     (see the module rules). ``start`` first, ``close`` last."""
 
-    def __init__(self, settings: IOSettings, feed: FeedSpec) -> None:
-        self.settings = settings
+    def __init__(self, feed: FeedSpec, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings) -> None:
+        self.timeouts = timeouts
+        self.reconnect = reconnect
+        self.tls = tls
         self.feed = feed
         self.shown = feed.shown_url
-        self.api_s = settings.connect_timeout_s  # a JetStream API call's timeout
+        self.api_s = timeouts.connect_timeout_s  # a JetStream API call's timeout
         self._guard = threading.Lock()  # start and close
         self._runner: LoopThread | None = None  # the thread and its loop (io_loop/loopthread.py)
         self.closed = False
@@ -151,7 +153,7 @@ class StoreThread:
                 self.closed = True
                 return
         try:  # bounded: with the server gone, the release's one connection attempt must not hold a stop
-            self.call(self._close(last), timeout=self.settings.shutdown_timeout_s)
+            self.call(self._close(last), timeout=self.timeouts.shutdown_timeout_s)
         except Exception as exc:  # the connection is closed below in any case
             log.warning("closing the checkpoint store on %s: %s", self.shown, _describe(exc))
         finally:
@@ -196,9 +198,8 @@ class StoreThread:
     # ---- connecting (the store's loop) ---------------------------------------------------------------
 
     async def _start(self, stop: threading.Event | None, open_buckets: Callable[[Any], Awaitable[str]]) -> None:
-        cfg = self.settings
         self._connecting = asyncio.Lock()
-        backoff = Backoff.from_settings(cfg)
+        backoff = Backoff.of(self.reconnect)
         while True:
             try:
                 await self._connect()
@@ -230,19 +231,18 @@ class StoreThread:
 
     async def _connect(self) -> None:
         """One attempt; raises ``_Failed``."""
-        cfg = self.settings
-
         async def on_error(exc: Exception) -> None:  # nats-py's default logs the exception
             self.nats_error = _describe(exc)
 
         async def on_event() -> None:
             pass
 
-        options = connect_options(cfg, self.feed, error_cb=on_error, disconnected_cb=on_event, closed_cb=on_event)
+        options = connect_options(self.feed, self.timeouts, self.tls, error_cb=on_error, disconnected_cb=on_event,
+                                  closed_cb=on_event)
         options["name"] = f"forkless-store-{self.feed.name}"
         self.nats_error = ""
         try:
-            nc = await connect_once(cfg, options)
+            nc = await connect_once(self.timeouts, options)
         except _Failed as exc:
             if exc.fatal:
                 raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", \"token\" "

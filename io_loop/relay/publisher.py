@@ -72,7 +72,7 @@ from forkless.io_loop.nats.natsconn import (
 )
 from forkless.io_loop.reconnect import DONE, drive
 from forkless.io_loop.relay.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
-from forkless.io_loop.settings import IOSettings, RelaySettings
+from forkless.io_loop.settings import RelaySettings
 from forkless.io_loop.sources.partitions import escape_stream
 
 __all__ = ["Publisher"]
@@ -118,11 +118,11 @@ class _Connection:
 class Publisher:
     """The relay's sink (see the module rules): ``await run(inbound)`` until inbound is shut down
     and everything taken is stored; raises ``FeedFatal`` when the server cannot be used.
-    ``feed_names``: the feeds' names by index, for the logs."""
+    ``feed_names``: the feeds' names by index, for the logs. ``relay`` holds all it reads of the
+    configuration (its connection's timeouts, reconnect policy and TLS among it)."""
 
-    def __init__(self, relay: RelaySettings, settings: IOSettings, stats: RelayStats, feed_names: list[str]) -> None:
+    def __init__(self, relay: RelaySettings, stats: RelayStats, feed_names: list[str]) -> None:
         self.relay = relay
-        self.settings = settings
         self.stats = stats
         stats.gaps = self.gaps = SeqGaps(relay.seq)
         self.feed_names = feed_names
@@ -152,7 +152,7 @@ class Publisher:
         log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages in flight)", self.relay.subject,
                  self.shown_url, self.run_id, self.relay.max_in_flight)
         try:
-            await drive(_Link(self, taker), Backoff.from_settings(self.settings))
+            await drive(_Link(self, taker), Backoff.of(self.relay.reconnect))
         finally:
             taker.cancel()
             await asyncio.gather(taker, return_exceptions=True)
@@ -215,7 +215,7 @@ class Publisher:
     # ---- the connection -----------------------------------------------------------------------------
 
     async def _connect(self) -> tuple[Any, _Connection]:
-        cfg = self.settings
+        relay = self.relay
         conn = _Connection(self._wake)
         errors: list[str] = []
 
@@ -225,10 +225,10 @@ class Publisher:
         async def on_error(exc: Exception) -> None:  # nats-py's default logs a traceback per error
             errors.append(describe_error(exc))
 
-        options = connect_options(cfg, self.relay.target, error_cb=on_error, disconnected_cb=on_closed,
+        options = connect_options(relay.target, relay.timeouts, relay.tls, error_cb=on_error, disconnected_cb=on_closed,
                                   closed_cb=on_closed)
         try:
-            nc = await connect_once(cfg, options)
+            nc = await connect_once(relay.timeouts, options)
         except NatsConnectFailed as exc:
             if exc.fatal:
                 raise NatsConnectFailed("the server refused the credentials (check the user:password in "
@@ -303,7 +303,7 @@ class Publisher:
         done (returns "") or ``conn`` fails: its callbacks say why, or no ack came for
         FORKLESS_CONNECT_TIMEOUT_S while some were awaited."""
         stats, in_flight, waiting, wake = self.stats, self._in_flight, self._waiting, self._wake
-        timeout = self.settings.connect_timeout_s
+        timeout = self.relay.timeouts.connect_timeout_s
         loop = asyncio.get_running_loop()
         acked, waiting_since = stats.acked, loop.time()  # the last ack seen, and since when we wait for one
         while True:
@@ -367,7 +367,7 @@ class Publisher:
         logged, not retried (it is a report, not a condition of the run)."""
         subject = f"{self.relay.subject}.>"
         try:
-            async with asyncio.timeout(self.settings.connect_timeout_s):
+            async with asyncio.timeout(self.relay.timeouts.connect_timeout_s):
                 jsm = nc.jetstream()
                 with mapped_nats_errors():
                     self._stream_name = await jsm.find_stream_name_by_subject(subject)

@@ -50,7 +50,7 @@ from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.net import aiohttp_compat
 from forkless.io_loop.reconnect import drive
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import Credentials, FeedSpec, ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext, SourceStopped
 from forkless.io_loop.sources.before_connect import BeforeConnect, call_before_connect
 from forkless.io_loop.sources.connect import (
@@ -109,16 +109,25 @@ class WebSocketSource(SourceCapabilities):
     connects to ``feed.url`` (or ``url``: the embedded demo feed's address) and serves
     connections until stopped and drained. ``on_connect`` computes frames to send first on each
     connection (io_loop/sources/on_connect.py); ``before_connect`` each attempt's URL and headers
-    (io_loop/sources/before_connect.py)."""
+    (io_loop/sources/before_connect.py). It reads the settings groups it is handed (io_loop/settings.py):
+    ``timeouts``, ``reconnect``, ``tls``, ``credentials`` and ``max_msg_bytes`` (FORKLESS_MAX_MSG_BYTES);
+    ``feeds_from_list`` only says, in ``--check``'s report, where the subscribe message came from."""
 
     starts_connected = False  # connected once a connection is open (SourceContext.connection_opened)
 
-    def __init__(self, settings: IOSettings, feed: FeedSpec, *, url: str | None = None,
-                 on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None) -> None:
+    def __init__(self, feed: FeedSpec, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings,
+                 credentials: Credentials, max_msg_bytes: int, url: str | None = None,
+                 on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
+                 feeds_from_list: bool = False) -> None:
         self.name = feed.name
         self.replies = feed.replies
         self.required = feed.required
-        self.settings = settings
+        self.timeouts = timeouts
+        self.reconnect = reconnect
+        self.tls = tls
+        self.credentials = credentials
+        self.max_msg_bytes = max_msg_bytes
+        self.feeds_from_list = feeds_from_list
         self.feed = feed
         self.url = url = url or feed.url
         self.unix_socket = feed.unix_socket
@@ -130,7 +139,7 @@ class WebSocketSource(SourceCapabilities):
         self._logged_hook_failures: set[str] = set()
         # TLS: made now for a configured wss:// URL (a CA file OpenSSL refuses fails at once), else at the
         # first wss:// URL a before-connect hook gives
-        self._ssl_context = make_ssl_context(settings) if url.startswith("wss:") else None
+        self._ssl_context = make_ssl_context(tls) if url.startswith("wss:") else None
         self._emitting = False  # the reader is inside ctx.emit: the stop lets it finish, never cancels it
         self._last_frame_at = 0.0
         self._connection_id = 0
@@ -140,7 +149,7 @@ class WebSocketSource(SourceCapabilities):
         """``--check``'s try of the feed: one connection (io_loop/sources/probe.py's ``probe_websocket``)."""
         from forkless.io_loop.sources.probe import probe_websocket  # only --check probes: a run never loads the probe
 
-        await probe_websocket(self.settings, codec, self.url, say, self.feed)
+        await probe_websocket(self, codec, say)
 
     # ---- the connection loop ----------------------------------------------------------------
 
@@ -149,7 +158,7 @@ class WebSocketSource(SourceCapabilities):
         (or FeedFatal)."""
         self._ctx = ctx
         async with new_session(self.unix_socket) as session:
-            await drive(_Link(self, ctx, session), Backoff.from_settings(self.settings))
+            await drive(_Link(self, ctx, session), Backoff.of(self.reconnect))
 
     async def _open(self, session: aiohttp.ClientSession) -> tuple[aiohttp.ClientWebSocketResponse, list[str | bytes]]:
         """One attempt: the handshake (the before-connect hook's URL and headers), then the frames to
@@ -157,9 +166,10 @@ class WebSocketSource(SourceCapabilities):
         self._attempt += 1
         url, headers = await self._handshake()
         tls = self._ssl(url)
-        if tls is not None and self.settings.tls_insecure:
+        if tls is not None and self.tls.insecure:
             log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)", self.shown_url)
-        ws = await open_feed(session, url, self.settings, tls, feed=self.feed, headers=headers)
+        ws = await open_feed(session, url, tls, headers=handshake_headers(self.credentials, self.feed)
+                             if headers is None else headers, timeouts=self.timeouts, max_msg_bytes=self.max_msg_bytes)
         return ws, await self._first_frames(ws)
 
     def _failed(self, exc: ConnectFailed | HandshakeRefused) -> str:
@@ -183,8 +193,8 @@ class WebSocketSource(SourceCapabilities):
             return self.url, None
         try:
             url, headers = await call_before_connect(self.before_connect, self.feed.name, self._attempt,
-                                                     self.settings.connect_timeout_s, self.url,
-                                                     handshake_headers(self.settings, self.feed))
+                                                     self.timeouts.connect_timeout_s, self.url,
+                                                     handshake_headers(self.credentials, self.feed))
         except HookFailed as exc:
             self._log_hook_failure(exc)
             raise ConnectFailed(str(exc)) from None
@@ -196,7 +206,7 @@ class WebSocketSource(SourceCapabilities):
         if not url.startswith("wss:"):
             return None
         if self._ssl_context is None:
-            self._ssl_context = make_ssl_context(self.settings)
+            self._ssl_context = make_ssl_context(self.tls)
         return self._ssl_context
 
     def _log_hook_failure(self, exc: HookFailed) -> None:
@@ -215,7 +225,7 @@ class WebSocketSource(SourceCapabilities):
             return frames
         try:
             return frames + await call_hook(self.on_connect, self.feed.name, self._connection_id + 1,
-                                            self.settings.connect_timeout_s)
+                                            self.timeouts.connect_timeout_s)
         except HookFailed as exc:
             self._log_hook_failure(exc)
             try:
@@ -266,7 +276,7 @@ class WebSocketSource(SourceCapabilities):
             reader = asyncio.create_task(self._read(ws), name="forkless-reader")
             stop_watch = asyncio.create_task(self._ctx.stopping.wait(), name="forkless-stopping")
             tasks |= {reader, stop_watch}
-        if self.settings.stale_s > 0:
+        if self.timeouts.stale_s > 0:
             tasks.add(asyncio.create_task(self._watch_stale(), name="forkless-stale"))
         return writer, reader, stop_watch
 
@@ -289,7 +299,7 @@ class WebSocketSource(SourceCapabilities):
                     continue  # stopping: keep writing until outbound is drained
                 return reader.result(), False
             if stop_watch is None or stop_watch not in done:
-                return End(Outcome.LOST, f"no frame for {self.settings.stale_s}s (FORKLESS_STALE_S)"), False
+                return End(Outcome.LOST, f"no frame for {self.timeouts.stale_s}s (FORKLESS_STALE_S)"), False
             tasks.discard(stop_watch)
             stop_watch = None
             # the stop: a reader waiting for a frame ends now; one inside ctx.emit finishes it and
@@ -335,7 +345,7 @@ class WebSocketSource(SourceCapabilities):
         ctx = self._ctx
         if ctx.stopping.is_set():
             aiohttp_compat.clear_abnormal_close(ws)
-        limit = min(CLOSE_TIMEOUT_S, self.settings.shutdown_timeout_s)
+        limit = min(CLOSE_TIMEOUT_S, self.timeouts.shutdown_timeout_s)
         if ctx.stop_deadline is not None:  # the stop's work deadline: the rest is the process's
             limit = max(0.05, min(limit, ctx.stop_deadline - time.monotonic()))
         try:
@@ -376,7 +386,7 @@ class WebSocketSource(SourceCapabilities):
                 if isinstance(exc, aiohttp.WebSocketError) and exc.code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG:
                     self._ctx.count_error("frame too large")
                     return End(Outcome.LOST, f"frame larger than FORKLESS_MAX_MSG_BYTES "
-                                             f"({self.settings.max_msg_bytes}), closed with 1009")
+                                             f"({self.max_msg_bytes}), closed with 1009")
                 return End(Outcome.LOST, f"connection error: {exc.__class__.__name__}: {short(exc)}")
             elif kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
                 return End(Outcome.LOST, f"closed by the server (code {ws.close_code})")
@@ -408,7 +418,7 @@ class WebSocketSource(SourceCapabilities):
 
     async def _watch_stale(self) -> None:
         loop = asyncio.get_running_loop()
-        limit = self.settings.stale_s
+        limit = self.timeouts.stale_s
         while loop.time() - self._last_frame_at < limit:
             await asyncio.sleep(min(limit / 4, 1.0))
 

@@ -38,7 +38,7 @@ import aiohttp
 from aiohttp.client_exceptions import UnixClientConnectorError
 from forkless.io_loop.net.aiohttp_compat import UnixConnector
 from forkless.io_loop.net.netaddr import redact_url, unix_label
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import Credentials, FeedSpec, Timeouts, TlsSettings
 
 __all__ = ["ConnectFailed", "ConnectionLost", "HandshakeRefused", "handshake_headers", "make_ssl_context",
            "mapped_aiohttp_errors", "merge_headers", "new_session", "open_feed", "shown_target"]
@@ -88,23 +88,23 @@ class HandshakeRefused(Exception):
                          + (f" ({hint})" if hint else ""))
 
 
-def make_ssl_context(settings: IOSettings) -> ssl.SSLContext:
+def make_ssl_context(tls: TlsSettings) -> ssl.SSLContext:
     """System trust store, plus ``ca_file`` if given; verification off only if asked."""
     ctx = ssl.create_default_context()
-    if settings.ca_file:
-        ctx.load_verify_locations(cafile=settings.ca_file)
-    if settings.tls_insecure:
+    if tls.ca_file:
+        ctx.load_verify_locations(cafile=tls.ca_file)
+    if tls.insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
 
 
-def handshake_headers(settings: IOSettings, feed: FeedSpec | None = None) -> dict[str, str]:
+def handshake_headers(credentials: Credentials, feed: FeedSpec | None = None) -> dict[str, str]:
     """``FORKLESS_HEADERS``, then the feed's own headers (which win, by name in any case),
     plus ``Authorization: Bearer`` from ``FORKLESS_AUTH_TOKEN``."""
-    headers = merge_headers(settings.headers, feed.headers if feed is not None else ())
-    if settings.auth_token:
-        headers["Authorization"] = f"Bearer {settings.auth_token}"
+    headers = merge_headers(credentials.headers, feed.headers if feed is not None else ())
+    if credentials.auth_token:
+        headers["Authorization"] = f"Bearer {credentials.auth_token}"
     return headers
 
 
@@ -144,22 +144,22 @@ def new_session(unix_socket: str = "") -> aiohttp.ClientSession:
     return aiohttp.ClientSession(trace_configs=[trace], connector=connector)
 
 
-async def open_feed(session: aiohttp.ClientSession, url: str, settings: IOSettings,
-                    ssl_context: ssl.SSLContext | None, *, heartbeat: bool = True,
-                    feed: FeedSpec | None = None,
-                    headers: Mapping[str, str] | None = None) -> aiohttp.ClientWebSocketResponse:
-    """Connect and complete the opening handshake within ``connect_timeout_s``, sending
-    ``headers`` (this attempt's, from the before-connect hook: io_loop/sources/before_connect.py) or by
-    default the configured ones with ``feed``'s added (``handshake_headers``)."""
+async def open_feed(session: aiohttp.ClientSession, url: str, ssl_context: ssl.SSLContext | None, *,
+                    headers: Mapping[str, str], timeouts: Timeouts, max_msg_bytes: int,
+                    heartbeat: bool = True) -> aiohttp.ClientWebSocketResponse:
+    """Connect and complete the opening handshake within ``timeouts.connect_timeout_s``, sending
+    ``headers`` (the configured ones with the feed's added, ``handshake_headers``, or this attempt's
+    from the before-connect hook: io_loop/sources/before_connect.py); a frame over ``max_msg_bytes``
+    ends the connection (1009)."""
     shown = redact_url(url)
     try:
-        async with asyncio.timeout(settings.connect_timeout_s):
+        async with asyncio.timeout(timeouts.connect_timeout_s):
             return await session.ws_connect(
                 url,
-                headers=handshake_headers(settings, feed) if headers is None else headers,
-                heartbeat=(settings.heartbeat_s or None) if heartbeat else None,
+                headers=headers,
+                heartbeat=(timeouts.heartbeat_s or None) if heartbeat else None,
                 ssl=ssl_context if ssl_context is not None else True,
-                max_msg_size=settings.max_msg_bytes + 1,  # aiohttp refuses a frame of exactly its limit
+                max_msg_size=max_msg_bytes + 1,  # aiohttp refuses a frame of exactly its limit
                 autoping=True,
             )
     except aiohttp.WSServerHandshakeError as exc:
@@ -174,7 +174,7 @@ async def open_feed(session: aiohttp.ClientSession, url: str, settings: IOSettin
                             f"{getattr(cert, 'verify_message', cert)} (FORKLESS_CA_FILE adds a CA bundle)") from None
     except TimeoutError:
         raise ConnectFailed(f"no connection and handshake within FORKLESS_CONNECT_TIMEOUT_S="
-                            f"{settings.connect_timeout_s}s") from None
+                            f"{timeouts.connect_timeout_s}s") from None
     except (aiohttp.ClientError, OSError) as exc:
         raise ConnectFailed(describe_error(exc)) from None
 

@@ -6,7 +6,10 @@ Rules:
   when the demo feed runs (``IOSettings.uses_demo_feed``), and run by a ``SourceRunner`` as any
   source is: the IO thread and the feed set do not know the demo feed is there.
 - ``run(ctx)`` starts the server (``DemoFeed``, io_loop/sources/demo_feed.py) on the IO loop, then runs a
-  ``WebSocketSource`` connected to it on the same ``ctx``, and stops the server once it has ended.
+  ``WebSocketSource`` connected to it on the same ``ctx``, and stops the server once it has ended. That
+  source is made by the ``client`` it is handed (the composition root's: with the configured
+  timeouts, reconnect policy and hooks), given the feed and the server's address; the demo feed
+  reads its own settings (``DemoSettings``) and the stop's timeout, nothing else.
   With ``FORKLESS_DEMO_UNIX_SOCKET`` both ends use that unix-domain socket: no TCP socket at all.
 - The stop (``before_stop``, before ``ctx.stopping`` is set): the server stops sending, the frames
   already on the loopback wire are answered (when the feed is sent replies), then the source stops
@@ -26,17 +29,15 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.decoding import FrameDecoder
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import DemoSettings, FeedSpec, Timeouts
 from forkless.io_loop.source import SourceContext
-from forkless.io_loop.sources.before_connect import BeforeConnect
-from forkless.io_loop.sources.client import WebSocketSource
 from forkless.io_loop.sources.connect import shown_target
 from forkless.io_loop.sources.demo_feed import DemoFeed
 from forkless.io_loop.sources.demo_feed import log as demo_log
-from forkless.io_loop.sources.on_connect import OnConnect
 
 __all__ = ["DemoSource"]
 
@@ -51,28 +52,29 @@ class DemoSource(SourceCapabilities):
 
     starts_connected = False  # connected once the WebSocket source's connection is open
 
-    def __init__(self, settings: IOSettings, feed: FeedSpec, *, on_connect: OnConnect | None = None,
-                 before_connect: BeforeConnect | None = None) -> None:
+    def __init__(self, feed: FeedSpec, demo: DemoSettings, *, timeouts: Timeouts,
+                 client: Callable[[FeedSpec, str], Any]) -> None:
         self.name = feed.name
         self.replies = feed.replies
         self.required = feed.required
-        self.settings = settings
+        self.demo_settings = demo
+        self.timeouts = timeouts
         self.feed = feed
-        self.server = DemoFeed(rate_hz=settings.demo_rate, streams=settings.demo_streams, features=settings.features,
-                             warmup=settings.demo_warmup, unix_socket=settings.demo_unix_socket)
-        self._hooks = dict(on_connect=on_connect, before_connect=before_connect)
+        self.server = DemoFeed(rate_hz=demo.rate, streams=demo.streams, features=demo.features,
+                             warmup=demo.warmup, unix_socket=demo.unix_socket)
+        self._client = client  # (feed, url) -> the WebSocketSource reading the server (io_loop/feeds.py's)
         self._listening = False
 
     async def run(self, ctx: SourceContext) -> None:
-        cfg = self.settings
+        cfg = self.demo_settings
         try:
             url = await self.server.start()
             self._listening = True
             log.info("demo feed listening on %s (%d streams, %g msg/s)", shown_target(url, self.server.unix_socket),
-                     cfg.demo_streams, cfg.demo_rate)
+                     cfg.streams, cfg.rate)
             # a stop that came while the server started: ctx.stopping is set, so nothing is read
             feed = dataclasses.replace(self.feed, unix_socket=self.server.unix_socket)
-            await WebSocketSource(cfg, feed, url=url, **self._hooks).run(ctx)
+            await self._client(feed, url).run(ctx)
         finally:
             current = asyncio.current_task()
             cancelled = current.cancelling() if current is not None else 0
@@ -84,25 +86,22 @@ class DemoSource(SourceCapabilities):
 
     async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
         """``--check``'s try of the demo feed: its server started, one connection to it, the server stopped."""
-        from forkless.io_loop.sources.probe import (  # only --check probes: a run never loads it
-            ProbeFailed,
-            probe_websocket,
-        )
+        from forkless.io_loop.sources.probe import ProbeFailed  # only --check probes: a run never loads it
 
-        cfg = self.settings
+        cfg = self.demo_settings
         level = demo_log.level  # its per-connection INFO lines would only clutter the check's own report
         demo_log.setLevel(logging.WARNING)  # "forkless.demo_feed" (the module name is not the logger's)
         try:
             try:
                 url = await self.server.start()
             except OSError as exc:
-                where = (f"FORKLESS_DEMO_UNIX_SOCKET={cfg.demo_unix_socket}" if cfg.demo_unix_socket
+                where = (f"FORKLESS_DEMO_UNIX_SOCKET={cfg.unix_socket}" if cfg.unix_socket
                          else "loopback TCP")
                 raise ProbeFailed(f"cannot serve the demo feed on {where}: {exc.strerror or exc}") from None
             say(f"  FORKLESS_WS_URL is unset: started the embedded demo feed on "
                 f"{shown_target(url, self.server.unix_socket)}")
             feed = dataclasses.replace(self.feed, unix_socket=self.server.unix_socket)
-            await probe_websocket(cfg, codec, url, say, feed)
+            await self._client(feed, url).probe(codec, say)
         finally:
             await self.server.stop()
             demo_log.setLevel(level)
@@ -115,4 +114,4 @@ class DemoSource(SourceCapabilities):
         """Let what the demo feed already sent be answered; then the source stops reading as any does."""
         self.server.stop_sending()
         if self._listening and self.feed.replies != "none":  # with "none" no reply ever comes
-            await self.server.wait_replies(timeout=min(REPLIES_WAIT_S, self.settings.shutdown_timeout_s / 2))
+            await self.server.wait_replies(timeout=min(REPLIES_WAIT_S, self.timeouts.shutdown_timeout_s / 2))

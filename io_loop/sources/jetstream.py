@@ -84,7 +84,7 @@ from forkless.io_loop.nats.natsconn import (
     unsubscribe_quietly,
 )
 from forkless.io_loop.reconnect import drive
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import FeedSpec, PartitionSettings, ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext
 from forkless.io_loop.sources.client import End, Outcome, pause_before_reconnect
 from forkless.io_loop.sources.jsconsumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
@@ -143,27 +143,28 @@ class JetStreamSource(SourceCapabilities):
     ``SourceRunner`` exactly as a user's source is. ``fence``: a partitioned instance's leases.
     Its position figures are ``figures`` (the runner's ``stats.source``); it resumes from
     ``ctx.resume_from``, the restored checkpoint's record (a ``Resume``, a ``PositionUnknown``,
-    or None), itself (``Consumer``), never dropped from (``replayable``)."""
+    or None), itself (``Consumer``), never dropped from (``replayable``); reads only the settings it is handed."""
 
     replayable = True  # FORKLESS_OVERFLOW=drop_oldest does not apply: a dropped message would break exactly-once
     buffer = 0  # no buffer of its own (io_loop/spill.py): the stream holds what waits, the reader waits for room
     starts_connected = False  # connected once a connection is up (ctx.connection_opened)
 
-    def __init__(self, settings: IOSettings, feed: FeedSpec, *, fence: Callable[[], bool] | None = None) -> None:
+    def __init__(self, feed: FeedSpec, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings,
+                 max_batch: int, max_msg_bytes: int, partitioning: PartitionSettings | None = None,
+                 fence: Callable[[], bool] | None = None) -> None:
         assert feed.jetstream is not None
-        self.name = feed.name
-        self.replies = feed.replies
-        self.required = feed.required
-        self.settings = settings
+        self.name, self.replies, self.required = feed.name, feed.replies, feed.required
+        self.timeouts, self.reconnect, self.tls, self.max_msg_bytes = timeouts, reconnect, tls, max_msg_bytes
+        self.partitioning = partitioning or PartitionSettings()  # the buckets: only --check reads them
         self.feed = feed
         self.spec = feed.jetstream
         self.figures = SourceStats()
         self.consumer = Consumer(self.spec, feed.label, self.figures)  # made again at run, from ctx.resume_from
         self.shown_url = feed.shown_url
-        self.pull_batch = max(PULL_BATCH_MIN, settings.max_batch)
+        self.pull_batch = max(PULL_BATCH_MIN, max_batch)
         self._stopping = False
         # a partitioned instance's leases (fence: False once it may no longer publish)
-        self.publisher = ReplyPublisher(settings, feed, self.figures, fence)
+        self.publisher = ReplyPublisher(timeouts, feed, self.figures, fence)
         self._reader_task: asyncio.Task | None = None
         self._reader_in_handover = False
         self._live = 0  # the connection being served (0: none); its loops end when it changes
@@ -178,13 +179,13 @@ class JetStreamSource(SourceCapabilities):
         """Connect, serve, reconnect (io_loop/reconnect.py), until stopped and every reply is
         published (or FeedFatal, PositionLost)."""
         self.consumer = Consumer(self.spec, self.feed.label, self.figures, ctx.resume_from)
-        await drive(_Link(self, ctx), Backoff.from_settings(self.settings))
+        await drive(_Link(self, ctx), Backoff.of(self.reconnect))
 
     async def probe(self, codec: Any, say: Callable[[str], None], *, dedupe_window_s: float = 180.0) -> None:
         """``--check``'s try of the feed: its server, stream and results stream (io_loop/sources/jsprobe.py)."""
         from forkless.io_loop.sources.probe import ProbeFailed  # only --check probes: a run never loads the probe
 
-        problems = await probe_jetstream(self.settings, self.feed, say, dedupe_window_s)
+        problems = await probe_jetstream(self.feed, say, dedupe_window_s, self.timeouts, self.tls, self.partitioning)
         if problems:
             raise ProbeFailed("; ".join(problems))
 
@@ -208,7 +209,6 @@ class JetStreamSource(SourceCapabilities):
     async def _connect(self) -> tuple[Any, asyncio.Event]:
         """One attempt: connect to a server of the list, read the stream's state, check the
         position against it. Raises ``NatsConnectFailed`` (retried), ``PositionLost``."""
-        cfg = self.settings
         closed = asyncio.Event()
 
         async def on_closed() -> None:
@@ -217,9 +217,10 @@ class JetStreamSource(SourceCapabilities):
         async def on_error(exc: Exception) -> None:  # nats-py's default logs a traceback per error
             self._nats_error = describe_error(exc)
 
-        options = connect_options(cfg, self.feed, error_cb=on_error, disconnected_cb=on_closed, closed_cb=on_closed)
+        options = connect_options(self.feed, self.timeouts, self.tls, error_cb=on_error, disconnected_cb=on_closed,
+                                  closed_cb=on_closed)
         try:
-            nc = await connect_once(cfg, options, RawClient())
+            nc = await connect_once(self.timeouts, options, RawClient())
         except NatsConnectFailed as exc:
             if exc.fatal:
                 raise NatsConnectFailed(f"the server refused the credentials (check the user:password in \"nats\", "
@@ -234,10 +235,9 @@ class JetStreamSource(SourceCapabilities):
 
     async def _check_stream(self, nc: Any) -> None:
         """Read the stream's state and check it: its partitioning, its identity, the position."""
-        cfg = self.settings
         try:
             with mapped_nats_errors():
-                info = await nc.jsm(timeout=cfg.connect_timeout_s).stream_info(self.spec.stream)
+                info = await nc.jsm(timeout=self.timeouts.connect_timeout_s).stream_info(self.spec.stream)
         except NatsNotFound:
             raise NatsConnectFailed(f"stream {self.spec.stream!r} not found on {self.shown_url}") from None
         except NatsUnavailable:
@@ -353,7 +353,7 @@ class JetStreamSource(SourceCapabilities):
             inactive_threshold=INACTIVE_S, mem_storage=True)
         try:
             with mapped_nats_errors():
-                await nc.jsm(timeout=self.settings.connect_timeout_s).add_consumer(spec.stream, config)
+                await nc.jsm(timeout=self.timeouts.connect_timeout_s).add_consumer(spec.stream, config)
         except NatsError as exc:
             return End(Outcome.LOST, f"creating the consumer failed: {exc}")
         self._consumer_name = name
@@ -423,9 +423,9 @@ class JetStreamSource(SourceCapabilities):
     async def _consume(self, ctx: SourceContext, data: bytes, take: Take) -> None:
         """Decode one stream message and hand its good elements over (those not handed over before)."""
         received = time.monotonic_ns()
-        if len(data) > self.settings.max_msg_bytes:  # not decoded: one error for it, acknowledged like any poison
+        if len(data) > self.max_msg_bytes:  # not decoded: one error for it, acknowledged like any poison
             log.warning("%s: stream %r sequence %d: a payload of %d bytes, over FORKLESS_MAX_MSG_BYTES (%d)",
-                        self.feed.label, self.spec.stream, take.seq, len(data), self.settings.max_msg_bytes)
+                        self.feed.label, self.spec.stream, take.seq, len(data), self.max_msg_bytes)
             decoded = _NotDecoded([(TOO_LARGE_REASON, None)])
         else:
             decoded = ctx.decode(data)
@@ -442,7 +442,7 @@ class JetStreamSource(SourceCapabilities):
     async def _watch_stream(self, nc: Any) -> End:
         """The stream's state, every ``STREAM_INFO_EVERY_S``: its last sequence for the lag
         (``SourceStats.stream_last_seq``), and what the feed covered (``_probe``)."""
-        jsm = nc.jsm(timeout=self.settings.connect_timeout_s)
+        jsm = nc.jsm(timeout=self.timeouts.connect_timeout_s)
         conn = self._live
         while self._live == conn:  # also ends it should nats-py swallow its cancellation (see _read)
             await asyncio.sleep(STREAM_INFO_EVERY_S)

@@ -28,13 +28,14 @@ from forkless.io_loop.nats.natsconn import (
     describe_error,
     mapped_nats_errors,
 )
-from forkless.io_loop.settings import FeedSpec, IOSettings, JetStreamSpec
+from forkless.io_loop.settings import FeedSpec, JetStreamSpec, PartitionSettings, Timeouts, TlsSettings
 from forkless.io_loop.sources.partitions import format_partitions, partition_transform, transform_problems
 
 __all__ = ["check_partitions", "probe_jetstream"]
 
 
-async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe_window_s: float) -> list[str]:
+async def probe_jetstream(feed: FeedSpec, say: Any, dedupe_window_s: float, timeouts: Timeouts, tls: TlsSettings,
+                          partitioning: PartitionSettings) -> list[str]:
     """``--check`` for one JetStream feed: connect as the feed would, read the stream, find the
     stream that stores the results subject and its duplicate window (a warning when shorter than
     ``dedupe_window_s``). A partitioned feed: the stream's subject transform must make its
@@ -49,7 +50,7 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
 
     t0 = loop.time()
     try:
-        nc = await connect_once(settings, connect_options(settings, feed, error_cb=on_error))
+        nc = await connect_once(timeouts, connect_options(feed, timeouts, tls, error_cb=on_error))
     except NatsConnectFailed as exc:
         if exc.fatal:
             return [f"{feed.shown_url} refused the credentials (the user:password in \"nats\", \"token\" or "
@@ -59,13 +60,13 @@ async def probe_jetstream(settings: IOSettings, feed: FeedSpec, say: Any, dedupe
     try:
         say(f"  connected to {feed.shown_url} in {(loop.time() - t0) * 1000:.1f} ms "
             f"(nats-server {nc.connected_server_version})")
-        jsm = nc.jsm(timeout=settings.connect_timeout_s)
+        jsm = nc.jsm(timeout=timeouts.connect_timeout_s)
         with mapped_nats_errors():
             if not await _probe_stream(feed, jsm, say, problems):
                 return problems
             await _probe_results(feed.jetstream, jsm, say, dedupe_window_s, problems)
             if feed.jetstream.partitioned:
-                await _look_for_buckets(settings, jsm, say)
+                await _look_for_buckets(partitioning, jsm, say)
     except NatsError as exc:
         problems.append(f"asking {feed.shown_url} failed: {exc}")
     finally:
@@ -149,13 +150,13 @@ def check_partitions(spec: JetStreamSpec, config: Any, say: Any) -> list[str]:
     return problems
 
 
-async def _look_for_buckets(settings: IOSettings, jsm: Any, say: Any) -> None:
+async def _look_for_buckets(partitioning: PartitionSettings, jsm: Any, say: Any) -> None:
     """Say whether a partitioned feed's checkpoint bucket (``FORKLESS_CHECKPOINT_BUCKET``, a JetStream
     object store) and lease bucket (``FORKLESS_LEASE_BUCKET``, a KV bucket) exist; one that does
     not is made at the first start, so it is no problem."""
-    buckets = [("lease bucket", settings.lease_bucket, "KV", "KV_")]
-    if settings.checkpoint_bucket:
-        buckets.insert(0, ("checkpoint bucket", settings.checkpoint_bucket, "object store", "OBJ_"))
+    buckets = [("lease bucket", partitioning.lease_bucket, "KV", "KV_")]
+    if partitioning.checkpoint_bucket:
+        buckets.insert(0, ("checkpoint bucket", partitioning.checkpoint_bucket, "object store", "OBJ_"))
     else:
         say('  no FORKLESS_CHECKPOINT_BUCKET: no checkpoints; every start consumes its partitions from "start"')
     for what, name, kind, prefix in buckets:

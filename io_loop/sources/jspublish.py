@@ -50,7 +50,7 @@ from forkless.io_loop.nats.natsconn import (
     mapped_nats_errors,
     unsubscribe_quietly,
 )
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import FeedSpec, Timeouts
 from forkless.io_loop.sources.client import End, Outcome
 from forkless.io_loop.writer import ReplyBatch
 
@@ -179,9 +179,9 @@ class ReplyPublisher:
     connection is lost. ``batch``: the source's ``ctx.replies()``; ``source``: its figures
     (``confirmed``, ``duplicates``); ``fence``: a partitioned instance's leases."""
 
-    def __init__(self, settings: IOSettings, feed: FeedSpec, source: SourceStats,
+    def __init__(self, timeouts: Timeouts, feed: FeedSpec, source: SourceStats,
                  fence: Callable[[], bool] | None = None) -> None:
-        self.settings = settings
+        self.timeouts = timeouts
         self.feed = feed
         self.source = source
         self.fence = fence
@@ -265,7 +265,7 @@ class ReplyPublisher:
             before = acks.acked
             wake.clear()
             try:
-                async with asyncio.timeout(self.settings.connect_timeout_s):
+                async with asyncio.timeout(self.timeouts.connect_timeout_s):
                     await wake.wait()
             except TimeoutError:
                 if acks.acked == before:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from forkless.io_loop.capabilities import capability
@@ -37,7 +37,7 @@ from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.loopthread import run_in_thread
 from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_label
 from forkless.io_loop.net.unixsocket import listen_unix
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.settings import IOSettings
 from forkless.io_loop.sources.connect import (
     ConnectFailed,
     HandshakeRefused,
@@ -47,6 +47,9 @@ from forkless.io_loop.sources.connect import (
     open_feed,
     shown_target,
 )
+
+if TYPE_CHECKING:
+    from forkless.io_loop.sources.client import WebSocketSource
 
 __all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "check_metrics_addr", "probe_feed", "probe_websocket"]
 
@@ -125,22 +128,24 @@ async def _probe_source(source: Any, codec: FrameDecoder, say: Callable[[str], N
     await probe(codec, say, dedupe_window_s=dedupe_window_s)
 
 
-async def probe_websocket(settings: IOSettings, codec: FrameDecoder, url: str, say: Callable[[str], None],
-                          feed: FeedSpec) -> None:
-    """One WebSocket connection to ``url`` (the feed ``feed``), its first frame described, closed with 1000."""
+async def probe_websocket(source: WebSocketSource, codec: FrameDecoder, say: Callable[[str], None]) -> None:
+    """One WebSocket connection of ``source`` (to its ``url``, with its settings), its first frame described,
+    closed with 1000."""
+    feed, url, tls = source.feed, source.url, source.tls
     shown = shown_target(url, feed.unix_socket)
-    headers = handshake_headers(settings, feed)
+    headers = handshake_headers(source.credentials, feed)
     if headers:
         say(f"  handshake headers: {', '.join(sorted(headers))} (values hidden)")
-    ssl_ctx = make_ssl_context(settings) if url.startswith("wss:") else None
+    ssl_ctx = make_ssl_context(tls) if url.startswith("wss:") else None
     if ssl_ctx is not None:
-        say(f"  TLS: system trust store{' + ' + settings.ca_file if settings.ca_file else ''}"
-            f"{', verification OFF (FORKLESS_TLS_INSECURE=1)' if settings.tls_insecure else ''}")
+        say(f"  TLS: system trust store{' + ' + tls.ca_file if tls.ca_file else ''}"
+            f"{', verification OFF (FORKLESS_TLS_INSECURE=1)' if tls.insecure else ''}")
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     async with new_session(feed.unix_socket) as session:
         try:
-            ws = await open_feed(session, url, settings, ssl_ctx, heartbeat=False, feed=feed)
+            ws = await open_feed(session, url, ssl_ctx, headers=headers, timeouts=source.timeouts,
+                                 max_msg_bytes=source.max_msg_bytes, heartbeat=False)
         except HandshakeRefused as exc:
             raise ProbeFailed(str(exc)) from None
         except ConnectFailed as exc:
@@ -151,9 +156,9 @@ async def probe_websocket(settings: IOSettings, codec: FrameDecoder, url: str, s
                 f"{', subprotocol ' + ws.protocol if ws.protocol else ''})")
             if feed.subscribe:
                 await ws.send_str(feed.subscribe)
-                say(f"  sent {'its subscribe message' if settings.feeds_from_list else 'FORKLESS_SUBSCRIBE'}"
+                say(f"  sent {'its subscribe message' if source.feeds_from_list else 'FORKLESS_SUBSCRIBE'}"
                     f" ({len(feed.subscribe)} characters)")
-            wait_s = min(FIRST_FRAME_WAIT_S, settings.connect_timeout_s)
+            wait_s = min(FIRST_FRAME_WAIT_S, source.timeouts.connect_timeout_s)
             try:
                 msg = await asyncio.wait_for(ws.receive(), wait_s)
             except TimeoutError:
