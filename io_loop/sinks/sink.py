@@ -291,13 +291,16 @@ class SinkRunner:
 
 
 class Acknowledged:
-    """A signal from the IO loop to any thread: replies were acknowledged (written whole; for a
-    JetStream feed, stored by the results stream). ``notify()`` on the loop (a lock and a wake-up),
-    ``wait_for(predicate, timeout)`` elsewhere: no poll, the waiter wakes at each acknowledgement."""
+    """A signal from the IO loop to any thread: replies were acknowledged (a batch of answers
+    written whole; for a JetStream feed, stored by its results stream). ``notify()`` on the loop
+    (a lock and a wake-up, once a batch), ``wait_for(predicate, timeout)`` elsewhere: no poll, the
+    waiter checks again only after an acknowledgement. The predicate is called without the lock
+    held (it may copy the IO side's snapshot), and no acknowledgement between two checks is missed:
+    each wait is for the count to move past the one read before the check."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self.count = 0  # acknowledgements signalled so far
+        self.count = 0  # acknowledgements signalled so far (written under the lock)
 
     def notify(self) -> None:
         with self._cond:
@@ -305,13 +308,18 @@ class Acknowledged:
             self._cond.notify_all()
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        """Wait until ``predicate()`` is true (checked now and after each ``notify``), at most
+        """Wait until ``predicate()`` is true, checked now and after each ``notify``, at most
         ``timeout`` seconds; its last value."""
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return predicate()
-                self._cond.wait(left)
-            return True
+        cond = self._cond
+        while True:
+            with cond:
+                seen = self.count
+            if predicate():
+                return True
+            with cond:
+                while self.count == seen:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    cond.wait(left)
