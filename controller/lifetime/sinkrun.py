@@ -52,11 +52,22 @@ log = logging.getLogger("forkless.sink")
 
 @dataclass(frozen=True)
 class SinkView:
-    """A source → sink run at one moment: the IO side's figures and the sink's books."""
+    """A source → sink run at one moment: the IO side's figures and the sink's books, with the
+    names the health endpoints read (io_loop/net/http.py: ready while the required feeds are connected)."""
 
     io: IOSnapshot
     sink: SinkStats
     at: float = 0.0  # time.monotonic() when taken
+
+    compiled = True  # nothing to compile: ready means connected
+
+    connected = property(lambda self: self.io.connected)
+    feeds = property(lambda self: self.io.feeds)
+    connects = property(lambda self: self.io.connects)
+    connect_failures = property(lambda self: self.io.connect_failures)
+    connection_since = property(lambda self: self.io.state_since)
+    last_error = property(lambda self: self.io.last_error)
+    loop_lag = property(lambda self: self.io.loop_lag)
 
 
 def sink_status_line(now: Any, before: Any, *, final: bool = False) -> str:
@@ -97,6 +108,9 @@ class SinkRun:
         self._view = view
         self.status_line = status_line
         render = render_metrics(self.view) if render_metrics is not None and config.metrics_addr else None
+        if config.metrics_addr and render is None:
+            log.warning("FORKLESS_METRICS_ADDR=%s: a SinkRun of a program's own sink serves /healthz and /readyz "
+                        "there, but no metric families (docs/embedding/sinks.md)", config.metrics_addr)
         self.io = IOThread(settings, codec, self.io_stats, stats_snapshot=self.view, render_metrics=render,
                            sources=built, sink=self.runner)
         self.signals = signals
