@@ -186,11 +186,12 @@ def with_hooks(io_factory: IOFactory, *, on_connect: OnConnect | None,
 def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
                on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
                positions: dict[str, Any] | None = None, plan: FeedPlan | None = None,
-               fence: Callable[[], bool] | None = None) -> IOSide:
+               fence: Callable[[], bool] | None = None, acknowledged: Any = None) -> IOSide:
     """The real IO side; ``positions``: the replayable feeds' positions a restored checkpoint
     recorded (passed only when there are some); ``plan``: the feeds with the user's own sources
     (passed only when there are some); ``fence``: a partitioned instance's lease check, asked
-    before each publication of replies (passed only by a partitioned instance)."""
+    before each publication of replies (passed only by a partitioned instance); ``acknowledged``:
+    signalled as replies are acknowledged (io_loop/sinks/sink.py, passed where there are JetStream feeds)."""
     render = None
     if config.metrics_addr:
         from forkless.controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
@@ -203,4 +204,4 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
     sources = feed_sources(settings, sources=plan.sources if plan is not None else None, on_connect=on_connect,
                            before_connect=before_connect, fence=fence)
     return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render, sources=sources,
-                    positions=positions)
+                    positions=positions, acknowledged=acknowledged)

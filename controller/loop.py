@@ -268,10 +268,10 @@ class Controller:
     def _io_arguments(self) -> dict[str, Any]:
         """What the IO side is given beside its settings, each only where there is one: the
         restored positions, the plan with the user's sources, a partitioned instance's fence
-        (asked before publishing: never after the leases ran out)."""
-        positions, plan = self.recovery.positions, self.plan
+        (asked before publishing: never after the leases ran out), JetStream feeds' ``acknowledged``."""
+        positions, plan, acked = self.recovery.positions, self.plan, {"acknowledged": self.recovery.acknowledged}
         return {**({"positions": positions} if positions else {}), **({"plan": plan} if plan.sources else {}),
-                **self._owner.io_arguments()}
+                **(acked if self.sources else {}), **self._owner.io_arguments()}
 
     def _close_owner(self) -> None:
         """Release a partitioned instance's leases (after the stop's checkpoint)."""

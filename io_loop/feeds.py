@@ -134,12 +134,12 @@ def feed_sources(settings: IOSettings, *, sources: Mapping[str, Source] | None =
 
 
 def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDecoder, source: Source, *,
-                inbound: Any, outbox: Any, positions: Mapping[str, Any]) -> SourceRunner:
+                inbound: Any, outbox: Any, positions: Mapping[str, Any], acknowledged: Any = None) -> SourceRunner:
     """The IO side of one configured feed: a ``SourceRunner`` for its ready source, handed what
     the restored checkpoint recorded for it. The feed set calls only this."""
     return SourceRunner(source, settings.limits, codec, IOStats(source=capability(source, "figures")), spec,
                         timeouts=settings.timeouts, inbound=inbound, outbox=outbox, index=index,
-                        resume=positions.get(spec.name))
+                        resume=positions.get(spec.name), acknowledged=acknowledged)
 
 
 class FeedSet:
@@ -147,7 +147,7 @@ class FeedSet:
     (a ``SourceRunner`` for each feed's ready source, ``sources`` one per ``settings.feed_specs``)."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, sources: Sequence[Source], *,
-                 positions: Mapping[str, Any] | None = None) -> None:
+                 positions: Mapping[str, Any] | None = None, acknowledged: Any = None) -> None:
         self.settings = settings
         self.bridge = bridge
         self.specs = settings.feed_specs
@@ -156,7 +156,8 @@ class FeedSet:
         self.outboxes: list[Outbox] = [Outbox() for _ in self.specs] if routed else []
         self.clients: list[SourceRunner] = [
             feed_client(spec, i, settings, codec, source, inbound=bridge.inbound,
-                        outbox=self.outboxes[i] if routed else bridge.outbound, positions=positions or {})
+                        outbox=self.outboxes[i] if routed else bridge.outbound, positions=positions or {},
+                        acknowledged=acknowledged)
             for i, (spec, source) in enumerate(zip(self.specs, sources, strict=True))]
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0

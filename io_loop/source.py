@@ -336,7 +336,8 @@ class SourceRunner:
     stop's bound (``timeouts.shutdown_timeout_s``: io_loop/finishing.py)."""
 
     def __init__(self, source: Source, limits: Limits, codec: FrameDecoder, stats: IOStats, feed: FeedSpec,
-                 *, timeouts: Timeouts, inbound: Any, outbox: Any, index: int, resume: Origin | None = None) -> None:
+                 *, timeouts: Timeouts, inbound: Any, outbox: Any, index: int, resume: Origin | None = None,
+                 acknowledged: Any = None) -> None:
         self.source = source
         self.limits = limits
         self.timeouts = timeouts
@@ -358,7 +359,9 @@ class SourceRunner:
         self.stopping_now = False  # the stop began: no emit is taken
         self.busy = 0  # emit calls in progress
         self.idle_wait: asyncio.Event | None = None  # made by a stop that waits for them
-        self.out = Outbound(outbox, stats, name=feed.name)  # what the main thread sends it (io_loop/writer.py)
+        # what the main thread sends it (io_loop/writer.py); ``acknowledged`` (io_loop/sinks/sink.py) signalled as its
+        # batches of answers are written whole
+        self.out = Outbound(outbox, stats, name=feed.name, acknowledged=acknowledged)
         self._declined_logged: set[str] = set()
         self._running: asyncio.Task | None = None  # the task of ``run`` (cancelled by a failed before_stop)
         self._stop_failed: FeedFatal | None = None  # what the source's before_stop raised, as FeedFatal

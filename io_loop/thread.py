@@ -23,12 +23,16 @@ Rules:
   reads around each step: how much of this side's work overlaps the steps) and the bridge's queues.
 - No process is started and nothing forks: the demo feed and the metrics server run as
   tasks on this same loop.
-- A ``sink`` (``InboundSink``, the relay's publisher: io_loop/relay/publisher.py) takes the place of the main
-  thread as the reader of ``inbound``: it runs on this loop beside the feeds, taking chunks from
-  inbound's async side, and the main thread touches neither queue. No replies come, so once the
-  sink has returned (inbound shut down by the stop and everything taken dealt with) outbound is
-  ended here, and the feeds close. If the feeds fail first, inbound is shut down and the sink
+- A ``sink`` (io_loop/sinks/sink.py's public ``Sink``: the relay's publisher, io_loop/relay/publisher.py, or a
+  user's own) takes the place of the main thread as the reader of ``inbound``: run by its ``SinkRunner``
+  on this loop beside the feeds, it takes chunks and events from inbound's async side (as its
+  ``SinkContext``'s batches), and the main thread touches neither queue. No replies come, so once
+  the sink has returned (inbound shut down by the stop and everything taken dealt with) outbound
+  is ended here, and the feeds close. If the feeds fail first, inbound is shut down and the sink
   gets until ``shutdown_timeout_s`` to deal with what was read; then the feeds' error is raised.
+- ``acknowledged`` (io_loop/sinks/sink.py's ``Acknowledged``), when given, is signalled each time a feed's
+  batch of answers is written whole (a JetStream feed's: stored by its results stream), for the
+  checkpoint waiting on its replies (controller/checkpoints/recovery.py) to wake without a poll.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from forkless.io_loop.bridge import Bridge, MainSide
 from forkless.io_loop.capabilities import capability
@@ -47,9 +51,10 @@ from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 from forkless.io_loop.feeds import FeedSet
 from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.settings import IOSettings
+from forkless.io_loop.sinks.sink import Acknowledged, Sink, SinkRunner
 from forkless.io_loop.source import Source
 
-__all__ = ["IOThread", "InboundSink"]
+__all__ = ["IOThread"]
 
 log = logging.getLogger("forkless.io")
 
@@ -59,25 +64,20 @@ TIMER_ROUNDING_S = 0.001
 MAX_MISSED_SAMPLES = 600  # a block of the loop stands for at most this many samples it delayed (a minute)
 
 
-class InboundSink(Protocol):
-    """What takes the chunks instead of the main thread (see the module rules)."""
-
-    async def run(self, inbound: Any) -> None:
-        """Take chunks from ``inbound`` (``janus.AsyncQueue``) until it raises ``AsyncQueueShutDown``,
-        deal with them, then return; raise ``FeedFatal`` when they cannot be dealt with."""
-
-
 class IOThread:
     def __init__(self, settings: IOSettings, codec: FrameDecoder, stats: IOStats, *,
                  stats_snapshot: Callable[[], Any] = lambda: None,
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
                  sources: Sequence[Source], positions: Mapping[str, Origin] | None = None,
-                 sink: InboundSink | None = None, name: str = "forkless-io") -> None:
+                 sink: Sink | SinkRunner | None = None, acknowledged: Acknowledged | None = None,
+                 name: str = "forkless-io") -> None:
         if len(sources) != len(settings.feed_specs):
             raise ValueError(f"IOThread needs one source per feed: {len(settings.feed_specs)} feeds, "
                              f"{len(sources)} sources (io_loop/feeds.py's feed_sources makes them)")
         self.settings = settings
-        self._sink = sink
+        names = [spec.name for spec in settings.feed_specs]
+        self.sink = sink if sink is None or isinstance(sink, SinkRunner) else SinkRunner(sink, names)
+        self.acknowledged = acknowledged
         self._sources = list(sources)  # every feed's source, ready made (io_loop/feeds.py's feed_sources)
         self.positions = dict(positions or {})  # JetStream feeds' restored positions, by feed name
         self.codec = codec
@@ -180,7 +180,8 @@ class IOThread:
         background: list[asyncio.Task] = []
         metrics = None
         try:
-            self._feeds = FeedSet(cfg, self.codec, bridge, self._sources, positions=self.positions)
+            self._feeds = FeedSet(cfg, self.codec, bridge, self._sources, positions=self.positions,
+                                  acknowledged=self.acknowledged)
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:
@@ -193,10 +194,10 @@ class IOThread:
             background.append(asyncio.create_task(self._watch_lag(), name="forkless-lag"))
             self._main_side = bridge.main_side()
             self._runner.ready()
-            if self._sink is None:
+            if self.sink is None:
                 await self._feeds.run()
             else:
-                await self._run_with_sink(self._sink, self._feeds, bridge)
+                await self._run_with_sink(self.sink, self._feeds, bridge)
         finally:
             # a stop asked from here on (while the loop closes) has nothing left to stop: it makes no
             # task, which no one would run or await (the coroutine "never awaited", 2026-12-04)
@@ -217,7 +218,7 @@ class IOThread:
                 log.warning("clean-up after the abort cut short after %.1fs", ABORT_CLEANUP_S)
             await bridge.aclose()
 
-    async def _run_with_sink(self, sink: InboundSink, feeds: FeedSet, bridge: Bridge) -> None:
+    async def _run_with_sink(self, sink: SinkRunner, feeds: FeedSet, bridge: Bridge) -> None:
         """The feeds and the sink together, until both are done (see the module rules)."""
         feeding = asyncio.create_task(feeds.run(), name="forkless-feeds")
         sinking = asyncio.create_task(sink.run(bridge.inbound), name="forkless-sink")
@@ -252,6 +253,8 @@ class IOThread:
                                                                      name="forkless-stop"))
 
     async def _stop_reading(self, deadline: float | None) -> None:
+        if self.sink is not None:
+            self.sink.begin_stop()
         if self._feeds is not None:
             await self._feeds.stop_reading(deadline)
         elif self._bridge is not None:

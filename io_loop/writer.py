@@ -13,7 +13,10 @@ Rules:
 - ``ReplyBatch`` is its public face (a source's ``ctx.replies()``, io_loop/source.py): one object
   per feed, its own async iterator, so taking a batch allocates nothing and costs one await, as
   ``next()`` does. Its ``wrote(n)`` takes an int from 0 to the frames left, else raises and
-  counts nothing: a wrong count would unbalance the books.
+  counts nothing: a wrong count would unbalance the books. It is the per-feed implementation of
+  io_loop/sinks/sink.py's ``SinkBatch`` (``items``, ``positions``, ``wrote``, ``drop``): a feed's results
+  leave through it as a sink's items do; a batch of answers written whole signals the run's
+  ``Acknowledged`` (when it has one), which a checkpoint awaiting its replies waits on.
 - ``Outbound`` is a source runner's whole outbound side: the two above, ``outgoing()``'s
   frame-at-a-time form (a frame counts as delivered when the next is asked for), and, once the
   source's ``run`` has returned, the count of what still comes for it until the stop (logged
@@ -41,9 +44,10 @@ log = logging.getLogger("forkless.source")
 class HeldReply:
     """The item being written for one feed (see the module rules)."""
 
-    def __init__(self, outbox: Any, stats: IOStats) -> None:
+    def __init__(self, outbox: Any, stats: IOStats, acknowledged: Any = None) -> None:
         self.outbox = outbox
         self.stats = stats
+        self.acknowledged = acknowledged  # io_loop/sinks/sink.py's Acknowledged: told as answers are written
         self.item: Outgoing | None = None
         self.offset = 0  # frames of ``item`` written
         self.drained = False  # the outbox was shut down and every item taken
@@ -95,6 +99,8 @@ class HeldReply:
     def finish(self) -> None:
         """The item is written whole: its latency and sampled hops observed, the next one is taken next."""
         item, self.item = self.item, None
+        if item.answers and self.acknowledged is not None:
+            self.acknowledged.notify()
         if item.received_ns:
             now = time.monotonic_ns()
             stats = self.stats
@@ -156,6 +162,11 @@ class ReplyBatch:
         return held.item.frames if not held.offset else held.item.frames[held.offset:]
 
     @property
+    def items(self) -> list[str | bytes]:
+        """``frames``, by the name of io_loop/sinks/sink.py's ``SinkBatch``."""
+        return self.frames
+
+    @property
     def positions(self) -> list[Any] | None:
         """For each frame of ``frames``, the ``Origin`` (``seq``: the position of the message it
         answers, ``index``: its place there) that names it, as a replayable source publishes it
@@ -209,10 +220,10 @@ class Outbound:
     """What the main thread sends one source: the held item, its ``ReplyBatch`` and
     ``outgoing()``'s frames (see the module rules). IO loop only."""
 
-    def __init__(self, outbox: Any, stats: IOStats, *, name: str = "") -> None:
+    def __init__(self, outbox: Any, stats: IOStats, *, name: str = "", acknowledged: Any = None) -> None:
         self.stats = stats
         self.name = name  # the source's, for the log
-        self.held = HeldReply(outbox, stats)  # the item being written, kept across reconnects
+        self.held = HeldReply(outbox, stats, acknowledged)  # the item being written, kept across reconnects
         self.batch = ReplyBatch(self.held)  # ctx.replies()
         self._handed = False  # frames(): a frame was handed out and not yet counted delivered
         self._logged_unsendable = False  # what came after the source's run returned: logged once

@@ -67,6 +67,7 @@ CORE = [
     "io_loop/sources/__init__.py",
     "io_loop/nats/__init__.py",
     "io_loop/relay/__init__.py",
+    "io_loop/sinks/__init__.py",
     "io_loop/net/__init__.py",
     "io_loop/backoff.py",
     "io_loop/capabilities.py",
@@ -122,6 +123,7 @@ IO = [
     "io_loop/nats/nats_compat.py",
     "io_loop/sources/probe.py",
     "io_loop/relay/publisher.py",
+    "io_loop/sinks/sink.py",
     "io_loop/source.py",
     "io_loop/thread.py",
     "io_loop/net/unixsocket.py",
@@ -143,6 +145,7 @@ COMPOSITION = [
     "controller/checkpoints/recovery.py",
     "controller/commands/relaycmd.py",
     "controller/lifetime/serving.py",
+    "controller/lifetime/sinkrun.py",
 ]
 LAYERS = {"core": CORE, "device": DEVICE, "io": IO, "composition": COMPOSITION}
 

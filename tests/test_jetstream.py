@@ -416,6 +416,8 @@ def test_a_checkpoint_is_committed_only_once_the_results_stream_stored_the_repli
         create_streams(nats_server.url, stream="", results="SCORES")
         drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 20 and list_checkpoints(ckpt) != [],
               timeout_s=30 * UNIT_S, what="every reply stored, then a checkpoint")
+        # the checkpoint waited on the IO side's acknowledgements (a signal per batch of replies stored, no poll)
+        assert ctl.recovery.acknowledged.count > 0
     _, ids = _results(nats_server.url)
     assert sorted(ids) == sorted(f"TICKS:{i}:0" for i in range(1, 21))
     cfg = Config(features=FEATURES, max_streams=64)

@@ -418,6 +418,15 @@ def test_the_demo_feed_through_the_relay_is_consumed_by_the_app_one_result_per_m
 # ---- the relay's exit statuses: every ForklessError by its class, in-process, no thread or server ----
 
 
+class _NoSink:
+    """A sink that is never run (the IO thread's start fails first)."""
+
+    name = "nothing"
+
+    async def run(self, ctx: Any) -> None:
+        raise AssertionError("not run")
+
+
 class _IOThatFails:
     """An IO thread whose start fails with ``raised`` (the relay's IOThread, as Relay builds it)."""
 
@@ -456,12 +465,13 @@ def _crash() -> IOThreadError:
 def test_the_relay_ends_with_the_class_s_exit_status_and_its_line(monkeypatch, capsys, raised, status, first_line):
     from forkless.controller.commands import relaycmd
     from forkless.controller.config import Config
+    from forkless.controller.lifetime import sinkrun
 
     monkeypatch.setattr(_IOThatFails, "raised", raised, raising=False)
-    monkeypatch.setattr(relaycmd, "IOThread", _IOThatFails)
+    monkeypatch.setattr(sinkrun, "IOThread", _IOThatFails)  # the relay's runtime builds it
     config = Config(relay_nats="nats://127.0.0.1:1", relay_subject=SUBJECT)
     io_settings, relay_settings = config.relay_settings()
-    relay = relaycmd.Relay(config, io_settings, lambda *args: None, None, relay_settings)
+    relay = relaycmd.Relay(config, io_settings, lambda *args: _NoSink(), None, relay_settings)
     assert relay.run() == status == raised.exit_status
     err = capsys.readouterr().err
     assert err.startswith(first_line + "\n"), err

@@ -19,7 +19,9 @@ Rules:
 - JetStream feeds (exactly-once): each checkpoint records every such feed's position as of
   the same moment as the state (``controller/checkpoints/positions.py``), and is written only once the
   results stream has acknowledged the replies it covers (``await_replies``, on the writer's
-  thread); a restore hands the positions to the IO side, which resumes after them.
+  thread: it waits on ``acknowledged``, io_loop/sinks/sink.py's ``Acknowledged``, which the IO side
+  signals as each batch of answers is stored, and reads the IO snapshot only then: no poll);
+  a restore hands the positions to the IO side, which resumes after them.
 - The device state itself is the engine's (controller/engine.py): this module asks it to
   begin a snapshot or restore one, and never holds the state.
 - ``load(store)`` asks the run's checkpoint store (``CheckpointStore``, controller/checkpoints/checkpointer.py:
@@ -56,15 +58,15 @@ from forkless.io_loop.counters import IOSnapshot, SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
 from forkless.io_loop.errors import PositionLost
 from forkless.io_loop.settings import FeedSpec
+from forkless.io_loop.sinks.sink import Acknowledged
 
-__all__ = ["CONFIRM_POLL_S", "CONFIRM_WAIT_S", "Recovery"]
+__all__ = ["CONFIRM_WAIT_S", "Recovery"]
 
 log = logging.getLogger("forkless.controller")
 
 # a checkpoint with JetStream positions waits (on the writer thread) this long at least for the
-# results stream to acknowledge the replies it covers, polling every CONFIRM_POLL_S
+# results stream to acknowledge the replies it covers (woken by each acknowledgement, no poll)
 CONFIRM_WAIT_S = 10.0
-CONFIRM_POLL_S = 0.005
 
 
 class Recovery:
@@ -92,6 +94,8 @@ class Recovery:
         self._io_snapshot = io_snapshot
         # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
         self.sources = SourcePositions(config.feed_specs if specs is None else specs, user_sources)
+        # signalled by the IO side as replies are acknowledged (handed to it where there are JetStream feeds)
+        self.acknowledged = Acknowledged()
         # where a restored checkpoint left each JetStream feed (PositionUnknown: every checkpoint damaged)
         self.positions: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
         self.restored_from: str | None = None
@@ -202,18 +206,19 @@ class Recovery:
         written: wait until the results stream has acknowledged every reply to the messages at or
         below them (after a kill -9 those are not replayed, so their replies must be stored).
         Raises (the checkpoint fails, the previous one stays the newest) if that takes longer
-        than ``CONFIRM_WAIT_S`` or a checkpoint interval, whichever is longer."""
-        deadline = time.monotonic() + max(CONFIRM_WAIT_S, self.config.checkpoint_s)
-        while True:
+        than ``CONFIRM_WAIT_S`` or a checkpoint interval, whichever is longer. Woken by the IO
+        side's ``acknowledged`` (the snapshot read once now and once after each acknowledgement)."""
+        behind: list[str] = []
+
+        def caught_up() -> bool:
             io = self._io_snapshot()
             feeds = io.feeds if io is not None else ()
             confirmed = {f.name: f.io.source.confirmed for f in feeds if f.io.source is not None}
-            behind = SourcePositions.unconfirmed(positions, confirmed)
-            if not behind:
-                return
-            if time.monotonic() >= deadline:
-                raise TimeoutError("replies not stored by the results stream in time: " + "; ".join(behind))
-            time.sleep(CONFIRM_POLL_S)
+            behind[:] = SourcePositions.unconfirmed(positions, confirmed)
+            return not behind
+
+        if not self.acknowledged.wait_for(caught_up, max(CONFIRM_WAIT_S, self.config.checkpoint_s)):
+            raise TimeoutError("replies not stored by the results stream in time: " + "; ".join(behind))
 
     def source_figures(self, io: IOSnapshot) -> tuple[SourceFigures, ...]:
         """Each JetStream feed's figures: the IO side's fetching and confirmations, the main thread's position."""

@@ -9,9 +9,11 @@ Rules:
   engine or the controller's loop (a test runs the relay and checks ``sys.modules``). The
   configuration is ``controller.config`` (pure), the codec the default ``JsonCodec`` in float64
   (the payload carries the numbers exactly as the feed wrote them).
-- Threads: the IO thread (io_loop/thread.py) runs the feeds and the publisher
-  (io_loop/relay/publisher.py) on its loop, the publisher taking the chunks in place of the main thread;
-  this main thread only handles the signals, prints the status lines and stops the IO thread.
+- A source → sink run (controller/lifetime/sinkrun.py ``SinkRun``, the runtime a program's own sink
+  runs on): the IO thread (io_loop/thread.py) runs the feeds and the publisher (io_loop/relay/publisher.py,
+  a ``Sink``) on its loop, the publisher taking the chunks in place of the main thread; this main
+  thread waits with the controller's own pieces (signals, serving loop, stop deadline, ``end_io``).
+  What is the relay's own here: its view (``RelayView``), status and books lines, metrics, exit status.
 - Orderly stop (SIGINT/SIGTERM, FORKLESS_DURATION): the feeds stop reading, everything read is
   published and acknowledged, then exit 0. The stop is bounded by FORKLESS_SHUTDOWN_TIMEOUT_S:
   messages still not stored then are counted, logged, and the exit status is 3. A second SIGINT
@@ -29,34 +31,25 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from forkless.controller.codec import JsonCodec
 from forkless.controller.commands.cli import load_config, report
 from forkless.controller.config import Config
-from forkless.controller.lifetime.host import StopSignals
+from forkless.controller.lifetime.sinkrun import SinkRun
 from forkless.controller.logs import flush_log_repeats, setup_logging
 from forkless.controller.metrics import SECONDS_STEP, by_reason_family, exposition, histogram_family
-from forkless.controller.queues import POLL_S, STOP_RESERVE_S
 from forkless.controller.settings.vardocs import help_text
 from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
-from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, FeedFatal, ForklessError
-from forkless.io_loop.feeds import feed_sources
-from forkless.io_loop.thread import IOThread
+from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, ForklessError
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = ["RelayView", "relay_main", "relay_metric_families", "relay_metrics_table_markdown", "relay_status_line"]
 
 log = logging.getLogger("forkless.relay")
-
-ABORT_JOIN_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -136,88 +129,44 @@ def relay_main(argv: list[str] | None = None, *, prog: str = "python app.py") ->
 
 
 class Relay:
-    """The relay's main thread (see the module rules)."""
+    """The relay program: a source → sink run (controller/lifetime/sinkrun.py ``SinkRun``: the
+    controller's signal handling, serving loop and ending of the IO thread) of the feeds into the
+    publisher, and the relay's own view, lines, books and exit status (see the module rules)."""
 
     def __init__(self, config: Config, io_settings: Any, publisher: Callable[..., Any], stats: Any,
                  relay_settings: Any, out: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.relay_stats = stats
-        self.io_stats = IOStats()
         names = [spec.name for spec in io_settings.feed_specs]
         self.publisher = publisher(relay_settings, stats, names)
-        # the payload carries x as the feed wrote it: decoded in float64, written back exactly
-        codec = JsonCodec(config.features, max_frame_items=config.max_frame_items, dtype=np.float64)
-        render = exposition(self.view, families=relay_metric_families) if config.metrics_addr else None
-        self.io = IOThread(io_settings, codec, self.io_stats, stats_snapshot=self.view, render_metrics=render,
-                           sources=feed_sources(io_settings), sink=self.publisher)
-        self._print = out if out is not None else (lambda line: print(line, flush=True))
-        self._stop = threading.Event()
-        self._deadline: float | None = None
-        self._aborting = False
+        render = (lambda view: exposition(view, families=relay_metric_families)) if config.metrics_addr else None
+        self.runtime = SinkRun(self.publisher, config=config, io_settings=io_settings, signals=True, out=out,
+                               view=self._view, status_line=relay_status_line, render_metrics=render)
+
+    @property
+    def io(self) -> Any:
+        return self.runtime.io
+
+    def _view(self, run: SinkRun) -> RelayView:
+        return RelayView(run.io.snapshot(), self.relay_stats.snapshot(), time.monotonic())
 
     def view(self) -> RelayView:
         """The relay's figures now (any thread)."""
-        return RelayView(self.io.snapshot(), self.relay_stats.snapshot(), time.monotonic())
+        return self.runtime.view()
 
     def request_stop(self) -> None:
-        if self._deadline is None:
-            self._deadline = time.monotonic() + self.config.shutdown_timeout_s
-        self._stop.set()
-
-    def _on_signal(self, signum: int) -> None:
-        if signum == signal.SIGINT and self._stop.is_set():
-            log.warning("second interrupt: aborting (what was not stored is counted as unpublished)")
-            self._aborting = True
-            self.io.abort()
-            return
-        self.request_stop()
-        log.info("%s received: stopping (reading stopped, publishing what was read)", signal.Signals(signum).name)
+        self.runtime.request_stop()
 
     def run(self) -> int:
-        signals = StopSignals(self._on_signal)
-        signals.install()
+        cfg = self.config
         try:
-            return self._run()
-        finally:
-            signals.restore()
-
-    def _run(self) -> int:
-        cfg, io = self.config, self.io
-        try:
-            io.start()
-            if cfg.uses_demo_feed:
-                log.info("relaying the embedded demo feed (FORKLESS_WS_URL and FORKLESS_FEEDS are unset)")
-            started = time.monotonic()
-            end = started + cfg.duration_s if cfg.duration_s else None
-            next_status = started + cfg.status_s if cfg.status_s > 0 else None
-            first = last = self.view()
-            while not self._stop.is_set() and io.alive:
-                now = time.monotonic()
-                if end is not None and now >= end:
-                    self.request_stop()
-                    break
-                if next_status is not None and now >= next_status:
-                    snap = self.view()
-                    self._print(relay_status_line(snap, last))
-                    last = snap
-                    next_status = max(next_status + cfg.status_s, now)
-                waits = [POLL_S] + [t - now for t in (end, next_status) if t is not None]
-                self._stop.wait(max(0.0, min(waits)))
-            io.raise_if_failed()
-            self.request_stop()
-            self._end_thread()
-            io.raise_if_failed()
+            final = self.runtime.run()
         except ForklessError as exc:  # FeedFatal, MetricsServerError, IOThreadError
-            if isinstance(exc, FeedFatal):  # the feeds gave up while the thread runs: it stores what was read
-                self._end_thread()
             return report(exc)
-        final = self.view()
-        if cfg.status_s > 0:
-            self._print(relay_status_line(final, first, final=True))
         books = relay_books_line(final)
         unstored = final.relay.unpublished
         log.log(logging.ERROR if unstored else logging.INFO, "%s", books)
-        if self._aborting:
+        if self.runtime.aborted:
             return EXIT_INTERRUPTED
         if unstored:
             print(f"forkless: relay: {unstored} messages read from the feeds were not stored by "
@@ -225,23 +174,6 @@ class Relay:
                   f"{cfg.shutdown_timeout_s:g})", file=sys.stderr)
             return EXIT_FEED
         return EXIT_OK
-
-    def _end_thread(self) -> None:
-        """Stop the IO thread in order; abort it if it has not ended by the stop's deadline."""
-        io = self.io
-        if not io.alive:
-            io.join(ABORT_JOIN_S)
-            return
-        deadline = self._deadline if self._deadline is not None else time.monotonic()
-        reserve = min(STOP_RESERVE_S, self.config.shutdown_timeout_s / 3)
-        io.request_stop(deadline - reserve)
-        if not io.join(max(0.0, deadline - reserve - time.monotonic())):
-            if not self._aborting:
-                log.error("the relay did not store everything it read within FORKLESS_SHUTDOWN_TIMEOUT_S=%s; "
-                          "aborting", self.config.shutdown_timeout_s)
-            io.abort()
-            if not io.join(max(ABORT_JOIN_S, deadline - time.monotonic())):
-                log.error("the IO thread did not end after the abort; leaving it behind (it is a daemon)")
 
 
 # ---- the status line and the books ------------------------------------------------------------------

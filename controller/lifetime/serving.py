@@ -2,7 +2,8 @@
 
 Rules:
 - Main thread only; it calls what it is given (``process_pending``, ``stats``, ``out``) and
-  owns nothing, so it runs and is tested without a controller.
+  owns nothing, so it runs and is tested without a controller; a source → sink run
+  (controller/lifetime/sinkrun.py: the relay) serves with it too.
 - It ends when ``stop_requested`` is set or ``duration_s`` is over (0: no end), checking at
   least every ``poll_s``; it prints a status line every ``status_s`` (0: none), each over the
   interval since the last, and catches up without a burst when a batch held it past one.
@@ -14,6 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from forkless.controller.stats import StatsSnapshot, status_line
 
@@ -22,9 +24,11 @@ __all__ = ["serve"]
 
 def serve(process_pending: Callable[[float], int], stats: Callable[[], StatsSnapshot],
           out: Callable[[str], None], stop_requested: threading.Event, *, duration_s: float, status_s: float,
-          poll_s: float, clock: Callable[[], float] = time.monotonic) -> StatsSnapshot:
+          poll_s: float, clock: Callable[[], float] = time.monotonic,
+          line: Callable[[Any, Any], str] = status_line) -> StatsSnapshot:
     """Process until a stop is requested or ``duration_s`` is over; the snapshot it began with.
-    ``clock``: the monotonic clock it reads (a test's own)."""
+    ``clock``: the monotonic clock it reads (a test's own); ``line``: the status line of two
+    snapshots (a source → sink run's own, controller/lifetime/sinkrun.py)."""
     started = clock()
     end = started + duration_s if duration_s else math.inf
     next_status = started + status_s if status_s > 0 else math.inf
@@ -35,7 +39,7 @@ def serve(process_pending: Callable[[float], int], stats: Callable[[], StatsSnap
             break
         if now >= next_status:
             snap = stats()
-            out(status_line(snap, last))
+            out(line(snap, last))
             last = snap
             next_status += status_s
             if next_status < now:

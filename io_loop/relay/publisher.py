@@ -3,20 +3,21 @@ published to a JetStream stream, one JSON object per NATS message, and held unti
 stored it. Imported only by the relay (it imports nats-py, an optional extra).
 
 Rules:
-- Runs on the IO loop as the IO thread's sink (io_loop/thread.py ``InboundSink``): it takes the
-  chunks the feeds' hand-overs put on the bridge's inbound queue, on the same loop; the relay's
-  main thread touches neither queue (it starts, watches and stops the IO thread). This is the
-  simpler of the two shapes: no second loop, no hop between threads, and backpressure is one
-  rule: a chunk is taken from inbound only while fewer than ``max_in_flight`` (FORKLESS_MAX_BATCH)
-  messages are held (waiting to be published, or published and not yet acknowledged). Inbound is
-  bounded and the relay's hand-over blocks (FORKLESS_OVERFLOW=block), so a slow or absent server
-  stops the feeds' readers and TCP pushes back on the WebSocket servers.
+- A public ``Sink`` (io_loop/sinks/sink.py), run on the IO loop by the IO thread's ``SinkRunner``: it takes
+  the batches the feeds' hand-overs put on inbound (``ctx.next_batch()``), on the same loop; the
+  relay's main thread (controller/lifetime/sinkrun.py's ``SinkRun``) touches neither queue. No second
+  loop, no hop between threads, and backpressure is one rule: a batch is taken only while fewer than
+  ``max_in_flight`` (FORKLESS_MAX_BATCH) messages are held (waiting to be published, or published and
+  not yet acknowledged). Inbound is bounded and the relay's hand-over blocks (FORKLESS_OVERFLOW=block),
+  so a slow or absent server stops the feeds' readers and TCP pushes back on the WebSocket servers.
 - Ids: a message gets its id when it is taken, ``Nats-Msg-Id: <run id>:<n>`` (the run id random per
   process start, n counting from 1), and keeps it for every retry: a retried publish is dropped by
   the stream's duplicate window if the server had stored it, and two real messages never share an
   id (a feed's own ``seq`` may restart after a reconnect).
 - Acknowledgements: each publish asks for the JetStream ack on an inbox of this connection
-  (``<inbox>.<n>``). A message is held until its ack says stored (or duplicate). Any failure (the
+  (``<inbox>.<n>``). A message is held until its ack says stored (or duplicate); then its batch is
+  told (``wrote(1)``: the sink's books, io_loop/sinks/sink.py). Events (``emit_event``) are not messages
+  of the relay: dropped, counted ("events are not relayed"). Any failure (the
   connection lost, an error ack such as no stream for the subject, no ack for
   FORKLESS_CONNECT_TIMEOUT_S) drops the connection; after the ``Backoff`` delay (the reconnect driver,
   io_loop/reconnect.py) every held message
@@ -53,10 +54,8 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import janus
 import orjson
 from forkless.io_loop.backoff import Backoff
-from forkless.io_loop.crossing import Chunk
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.nats.natsconn import (
     NatsConnectFailed,
@@ -73,6 +72,7 @@ from forkless.io_loop.nats.natsconn import (
 from forkless.io_loop.reconnect import DONE, drive
 from forkless.io_loop.relay.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
 from forkless.io_loop.settings import RelaySettings
+from forkless.io_loop.sinks.sink import EventBatch, MessageBatch, SinkContext
 from forkless.io_loop.sources.partitions import escape_stream
 
 __all__ = ["Publisher"]
@@ -88,11 +88,12 @@ SUBJECT_CACHE = 100_000  # stream names whose subject is kept (then the cache st
 
 
 class _Held:
-    """One message taken and not yet acknowledged."""
+    """One message taken and not yet acknowledged (``batch``: the sink batch it came in)."""
 
-    __slots__ = ("n", "payload", "sent", "subject")
+    __slots__ = ("batch", "n", "payload", "sent", "subject")
 
-    def __init__(self, n: int, subject: str, payload: bytes) -> None:
+    def __init__(self, batch: MessageBatch, n: int, subject: str, payload: bytes) -> None:
+        self.batch = batch
         self.n = n
         self.subject = subject
         self.payload = payload
@@ -116,10 +117,12 @@ class _Connection:
 
 
 class Publisher:
-    """The relay's sink (see the module rules): ``await run(inbound)`` until inbound is shut down
-    and everything taken is stored; raises ``FeedFatal`` when the server cannot be used.
+    """The relay's sink (see the module rules): ``await run(ctx)`` until the batches end and
+    everything taken is stored; raises ``FeedFatal`` when the server cannot be used.
     ``feed_names``: the feeds' names by index, for the logs. ``relay`` holds all it reads of the
     configuration (its connection's timeouts, reconnect policy and TLS among it)."""
+
+    name = "relay"
 
     def __init__(self, relay: RelaySettings, stats: RelayStats, feed_names: list[str]) -> None:
         self.relay = relay
@@ -147,8 +150,8 @@ class Publisher:
 
     # ---- the sink -------------------------------------------------------------------------------
 
-    async def run(self, inbound: Any) -> None:
-        taker = asyncio.create_task(self._take(inbound), name="forkless-relay-take")
+    async def run(self, ctx: SinkContext) -> None:
+        taker = asyncio.create_task(self._take(ctx), name="forkless-relay-take")
         log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages in flight)", self.relay.subject,
                  self.shown_url, self.run_id, self.relay.max_in_flight)
         try:
@@ -172,27 +175,31 @@ class Publisher:
 
     # ---- taking chunks ------------------------------------------------------------------------------
 
-    async def _take(self, inbound: Any) -> None:
+    async def _take(self, ctx: SinkContext) -> None:
         bound = self.relay.max_in_flight
         while True:
             while self.stats.held >= bound:
                 self._room.clear()
                 await self._room.wait()
             try:
-                self._add(await inbound.get())
-                while self.stats.held < bound:  # what else is queued, without a turn of the loop each
-                    self._add(inbound.get_nowait())
-            except asyncio.QueueEmpty:
-                pass
-            except janus.AsyncQueueShutDown:
-                self._inbound_done = True
-                return
+                batch = await ctx.next_batch()
+                while batch is not None:
+                    self._add(batch)
+                    if self.stats.held >= bound:
+                        break
+                    batch = ctx.next_ready()  # what else is queued, without a turn of the loop each
+                if ctx.ended:
+                    self._inbound_done = True
+                    return
             finally:
                 self._wake.set()
 
-    def _add(self, chunk: Chunk) -> None:
+    def _add(self, chunk: MessageBatch | EventBatch) -> None:
         """Give each message of ``chunk`` its id, subject and payload; follow its seqs."""
-        for gap in self.gaps.observe(chunk.feed, chunk.connection, chunk.seq, chunk.stream):
+        if isinstance(chunk, EventBatch):
+            chunk.drop("events are not relayed")
+            return
+        for gap in self.gaps.observe(chunk.index, chunk.connection, chunk.seq, chunk.stream):
             self._log_gap(gap)
         if self._first_seq is None and self._start_check and len(chunk):
             self._first_seq = chunk.seq[0]
@@ -208,7 +215,7 @@ class Publisher:
                     subjects.clear()
                 subject = subjects[stream] = f"{self.relay.subject}.{escape_stream(stream)}"
             self._n += 1
-            waiting.append(_Held(self._n, subject, dumps({"seq": seq, "stream": stream, "x": x})))
+            waiting.append(_Held(chunk, self._n, subject, dumps({"seq": seq, "stream": stream, "x": x})))
         self.stats.taken += len(chunk)
         self.stats.held += len(chunk)
 
@@ -288,6 +295,7 @@ class Publisher:
                 conn.fail(problem.replace("{subject}", repr(held.subject)))
                 return
             del in_flight[n]
+            held.batch.wrote(1)
             stats.acked += 1
             stats.held -= 1
             if duplicate_ack(msg.data):

@@ -1,0 +1,325 @@
+"""The public ``Sink`` protocol: where what the sources hand over leaves, on the IO thread's loop.
+
+Rules:
+- A sink is any object with a ``name`` and ``async run(ctx)``, run on the IO thread's loop beside
+  the sources, in the main thread's place as the reader of what they hand over (a source → sink
+  run: the relay, io_loop/relay/publisher.py, or a user's own through ``forkless.SinkRun``). It
+  takes batches with ``async for batch in ctx.batches()``, in the order the sources handed them
+  over (each feed's in its own order): ``MessageBatch`` (a feed's decoded messages, column-wise)
+  or ``EventBatch`` (the objects a source handed over with ``emit_event``).
+- The books: every item taken is *held* until the sink says ``batch.wrote(n)`` (``n`` more of the
+  batch's items are written, or stored where the sink waits for its server's acknowledgement) or
+  ``batch.drop(reason)`` (the rest given up, counted in ``dropped`` by reason). ``wrote`` takes an
+  int from 0 to the items left, else raises and counts nothing (a wrong count would unbalance the
+  books). ``ctx.held`` is what is held; ``SinkStats`` counts taken, written, dropped and what was
+  held at the stop (``unwritten``): taken = written + dropped + held, always.
+- Backpressure: a batch is taken from inbound only when the sink asks for the next, so a sink that
+  holds what it has (a slow server) stops the sources: inbound fills, and each source's overflow
+  applies (the relay's block, so TCP pushes back on its feeds).
+- The stop: ``ctx.stopping`` is set when it begins; ``ctx.batches()`` ends once the sources have
+  stopped and everything they handed over was taken; the sink finishes what it holds and returns.
+  What is still held when ``run`` returns, or when it is cancelled (the abort: the stop's deadline
+  passed, a second SIGINT), is counted in ``unwritten`` and in ``dropped`` ("unwritten at the
+  stop"), and logged: nothing is lost silently.
+- Errors: a ``run`` that raises ends the run as a feed that gave up does: ``FeedFatal`` naming the
+  sink, its exception as the cause (a ``FeedFatal`` it raised is raised as it is).
+- The per-feed reply writer is the other implementation of ``SinkBatch``: ``ReplyBatch``
+  (io_loop/writer.py, a source's ``ctx.replies()``) hands a feed's reply frames in order, with
+  ``wrote(n)``, ``drop(reason)`` and ``positions``; once a batch of answers is written whole (for a
+  JetStream feed: acknowledged by the results stream) it signals ``Acknowledged``, which a
+  checkpoint waiting for its replies to be stored waits on (controller/checkpoints/recovery.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import janus
+import numpy as np
+from forkless.io_loop.crossing import Chunk, Events
+from forkless.io_loop.errors import FeedFatal
+
+__all__ = ["Acknowledged", "EventBatch", "MessageBatch", "Sink", "SinkBatch", "SinkContext", "SinkRunner",
+           "SinkStats"]
+
+log = logging.getLogger("forkless.sink")
+
+UNWRITTEN = "unwritten at the stop"
+
+
+@runtime_checkable
+class SinkBatch(Protocol):
+    """What a sink (or a source's reply writer) is handed: ``items`` in order, ``positions`` (what
+    names each, or None), ``wrote(n)`` and ``drop(reason)`` (see the module rules)."""
+
+    @property
+    def items(self) -> Sequence[Any]: ...
+
+    @property
+    def positions(self) -> Sequence[Any] | None: ...
+
+    def wrote(self, n: int) -> None: ...
+
+    def drop(self, reason: str) -> None: ...
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """A sink written by the user (see the module rules): a ``name`` and ``async run(ctx)``."""
+
+    name: str
+
+    async def run(self, ctx: SinkContext) -> None: ...
+
+
+@dataclass
+class SinkStats:
+    """A sink's books, written on the IO loop only (``snapshot`` copies them)."""
+
+    taken: int = 0  # items taken from inbound (messages and events)
+    written: int = 0  # of those, written (acknowledged) as the sink said
+    dropped: Counter = field(default_factory=Counter)  # given up, by reason (the stop's included)
+    unwritten: int = 0  # held when the sink returned or was cancelled (also in dropped)
+    batches: int = 0
+
+    @property
+    def held(self) -> int:
+        return self.taken - self.written - sum(self.dropped.values())
+
+    def snapshot(self) -> SinkStats:
+        return SinkStats(self.taken, self.written, Counter(self.dropped), self.unwritten, self.batches)
+
+
+def check_count(n: Any, left: int, what: str) -> int:
+    """``n`` as the int count of items written, 0 to ``left``; else ``TypeError``/``ValueError``."""
+    if isinstance(n, bool) or not hasattr(n, "__index__"):  # a float, None, text: not a count
+        raise TypeError(f"{what}.wrote(n) takes the int count of items written, not {type(n).__name__}: {n!r}")
+    n = n.__index__()
+    if not 0 <= n <= left:
+        raise ValueError(f"{what}.wrote(n): n counts items of this batch's {left} left that were written "
+                         f"(0 to {left}), not {n}")
+    return n
+
+
+class _Held:
+    """The part every sink batch shares: how many of its items are left, the books' updates."""
+
+    __slots__ = ("_left", "_stats")
+
+    def __init__(self, stats: SinkStats, n: int) -> None:
+        self._stats = stats
+        self._left = n
+
+    @property
+    def left(self) -> int:
+        """Items of the batch neither written nor dropped."""
+        return self._left
+
+    def wrote(self, n: int) -> None:
+        """``n`` more items of the batch were written (stored): an int from 0 to ``left``."""
+        n = check_count(n, self._left, type(self).__name__)
+        self._left -= n
+        self._stats.written += n
+
+    def drop(self, reason: str) -> None:
+        """Give up the batch's items not written, counted in ``dropped`` by ``reason``."""
+        if self._left:
+            self._stats.dropped[str(reason)] += self._left
+            self._left = 0
+
+
+class MessageBatch(_Held):
+    """A feed's decoded messages (one hand-over of its), column-wise: ``seq``, ``stream``, ``x``
+    (float rows, ``features`` wide), ``positions`` (a replayable source's, else None), ``feed``
+    (its name), ``connection`` (the source's connection they were read on; 0: it counts none),
+    ``received_ns`` (when their frame arrived). ``items`` is ``(seq, stream, x row)`` a message."""
+
+    __slots__ = ("_parts", "connection", "feed", "index", "positions", "received_ns", "seq", "stream")
+
+    def __init__(self, chunk: Chunk, feed: str, stats: SinkStats) -> None:
+        super().__init__(stats, len(chunk))
+        self.feed, self.index, self.connection = feed, chunk.feed, chunk.connection
+        self.seq, self.stream, self.positions = chunk.seq, chunk.stream, chunk.origin
+        self.received_ns = chunk.received_ns
+        self._parts = chunk.x_parts()
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def x_parts(self) -> list[Any]:
+        """The arrays holding ``x``'s rows in order (no copy)."""
+        return self._parts
+
+    @property
+    def x(self) -> Any:
+        parts = self._parts
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    @property
+    def items(self) -> list[tuple[Any, str, Any]]:
+        return list(zip(self.seq, self.stream, self.x))
+
+
+class EventBatch(_Held):
+    """Objects a source handed over with ``emit_event`` (``items``, as they are), from ``feed``."""
+
+    __slots__ = ("feed", "index", "items", "received_ns")
+
+    positions = None
+
+    def __init__(self, events: Events, feed: str, stats: SinkStats) -> None:
+        super().__init__(stats, len(events.items))
+        self.feed, self.index, self.items, self.received_ns = feed, events.feed, events.items, events.received_ns
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class SinkContext:
+    """What a sink is handed (see the module rules). IO loop only, like the sink itself."""
+
+    def __init__(self, name: str, inbound: Any, feed_names: Sequence[str], stats: SinkStats) -> None:
+        self.name = name
+        self.stopping = asyncio.Event()  # set when the orderly stop begins
+        self.stats = stats
+        self._inbound = inbound
+        self._feed_names = list(feed_names)
+        self._ended = False
+
+    @property
+    def held(self) -> int:
+        """Items taken and neither written nor dropped."""
+        return self.stats.held
+
+    @property
+    def ended(self) -> bool:
+        """True once ``batches()`` has ended: nothing more comes."""
+        return self._ended
+
+    async def batches(self) -> AsyncIterator[MessageBatch | EventBatch]:
+        """The batches the sources handed over, in order, until the stop has taken the last."""
+        while True:
+            batch = await self.next_batch()
+            if batch is None:
+                return
+            yield batch
+
+    async def next_batch(self) -> MessageBatch | EventBatch | None:
+        """The next batch (waiting for it); None once the sources have stopped and all was taken."""
+        if self._ended:
+            return None
+        try:
+            item = await self._inbound.get()
+        except janus.AsyncQueueShutDown:
+            self._ended = True
+            self.stopping.set()
+            return None
+        return self._batch(item)
+
+    def next_ready(self) -> MessageBatch | EventBatch | None:
+        """The next batch if one waits now, else None (no await: what is queued, taken at once)."""
+        if self._ended:
+            return None
+        try:
+            item = self._inbound.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+        except janus.AsyncQueueShutDown:
+            self._ended = True
+            self.stopping.set()
+            return None
+        return self._batch(item)
+
+    def _batch(self, item: Any) -> MessageBatch | EventBatch:
+        stats = self.stats
+        names = self._feed_names
+        name = names[item.feed] if 0 <= item.feed < len(names) else str(item.feed)
+        batch = EventBatch(item, name, stats) if isinstance(item, Events) else MessageBatch(item, name, stats)
+        stats.taken += len(batch)
+        stats.batches += 1
+        return batch
+
+
+class SinkRunner:
+    """The IO thread's side of one sink (io_loop/thread.py): ``await run(inbound)`` runs it, keeps
+    its books and turns its failure into ``FeedFatal`` (see the module rules)."""
+
+    def __init__(self, sink: Sink, feed_names: Sequence[str], stats: SinkStats | None = None) -> None:
+        name = getattr(sink, "name", None)
+        if not isinstance(name, str) or not name or not callable(getattr(sink, "run", None)):
+            raise TypeError(f"a sink is an object with a name (a non-empty str) and async run(ctx): {sink!r} is not "
+                            "(forkless.Sink, docs/embedding/sinks.md)")
+        self.sink = sink
+        self.name = name
+        self.feed_names = list(feed_names)
+        self.stats = stats if stats is not None else SinkStats()
+        self.ctx: SinkContext | None = None
+
+    def begin_stop(self) -> None:
+        """The orderly stop began (on the loop): ``ctx.stopping`` is set."""
+        if self.ctx is not None:
+            self.ctx.stopping.set()
+
+    async def run(self, inbound: Any) -> None:
+        self.ctx = ctx = SinkContext(self.name, inbound, self.feed_names, self.stats)
+        try:
+            await self.sink.run(ctx)
+        except FeedFatal:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise FeedFatal(f"sink {self.name!r} failed: {exc!r}") from exc
+        finally:
+            self._count_held()
+
+    def _count_held(self) -> None:
+        stats = self.stats
+        held = stats.held
+        if held > 0:
+            stats.unwritten += held
+            stats.dropped[UNWRITTEN] += held
+            log.error("sink %r: %d items taken were not written before the stop (counted in dropped, %r)",
+                      self.name, held, UNWRITTEN)
+
+
+class Acknowledged:
+    """A signal from the IO loop to any thread: replies were acknowledged (a batch of answers
+    written whole; for a JetStream feed, stored by its results stream). ``notify()`` on the loop
+    (a lock and a wake-up, once a batch), ``wait_for(predicate, timeout)`` elsewhere: no poll, the
+    waiter checks again only after an acknowledgement. The predicate is called without the lock
+    held (it may copy the IO side's snapshot), and no acknowledgement between two checks is missed:
+    each wait is for the count to move past the one read before the check."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.count = 0  # acknowledgements signalled so far (written under the lock)
+
+    def notify(self) -> None:
+        with self._cond:
+            self.count += 1
+            self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``predicate()`` is true, checked now and after each ``notify``, at most
+        ``timeout`` seconds; its last value."""
+        deadline = time.monotonic() + timeout
+        cond = self._cond
+        while True:
+            with cond:
+                seen = self.count
+            if predicate():
+                return True
+            with cond:
+                while self.count == seen:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    cond.wait(left)
