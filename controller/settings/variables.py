@@ -131,10 +131,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("MAX_BATCH", "max_batch", integer(1, 65536), "an integer from 1 to 65536",
              "largest micro-batch (batches are padded to powers of four up to this)"),
     Variable("MAX_WAIT_MS", "max_wait_ms", number(0.0, 10_000.0), "a number from 0 to 10000",
-             "longest a batch keeps collecting messages that are arriving; never waits on an empty queue"),
+             "longest a batch keeps collecting messages that are arriving; never waits on an empty queue (while"
+             " steps are in flight, a batch joins them once full or collecting this long)"),
     Variable("STEPS_IN_FLIGHT", "steps_in_flight", in_flight, "auto, or an integer from 1 to 64",
              "steps dispatched to the device before the oldest one's results are handed over: the next batch's"
-             " step starts while earlier ones run and their results are copied to the host (results, their order,"
+             " step (a closed batch's: full, or collecting for MAX_WAIT_MS) starts while earlier ones run and"
+             " their results are copied to the host (results, their order,"
              " checkpoints and replays unchanged; docs/performance.md). 1: one step at a time; auto: 1 on the CPU,"
              " 2 on an accelerator"),
     Variable("QUEUE_SIZE", "queue_size", integer(1, 1_000_000), "an integer from 1 to 1000000",
