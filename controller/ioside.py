@@ -9,6 +9,9 @@ Rules:
 - The IO thread gets what it needs as constructor arguments (settings, codec, counters to
   write, the whole-process snapshot, the metrics renderer, the embedder's connect hooks, the
   restored JetStream positions), never attributes set on it from outside.
+- What the controller reads of the IO side is its snapshot (``IOSide.snapshot``), but for
+  ``feed_ended``: ``Controller.send``'s check before every send, two reads and no copy (a whole
+  snapshot cost about 0.15 ms a send, measured: bench/docs/exchange-session-cost.md).
 """
 
 from __future__ import annotations
@@ -59,15 +62,14 @@ class FeedPlan(NamedTuple):
                              "is sent no frames")
         return index
 
-    def refuse_ended(self, io: IOSnapshot, index: int, frames: int) -> None:
-        """``Controller.send``'s refusal of feed ``index`` once it has ended (a source whose ``run``
-        returned, a feed given up): ``RuntimeError`` naming it and why. What reaches one that ends
-        after this check is counted and logged by the IO side (``sent_unsent``)."""
-        feed = io.feeds[index] if index < len(io.feeds) else None
-        if feed is not None and (feed.ended or feed.given_up):
-            why = f"it gave up: {feed.given_up}" if feed.given_up else "its run returned"
-            raise RuntimeError(f"send({feed.name!r}): {frames} frames not sent: the source has ended ({why}); "
-                               "nothing more is written to it in this run")
+    def refuse_ended(self, why: str, index: int, frames: int) -> None:
+        """``Controller.send``'s refusal of feed ``index`` once it has ended (``why``, from
+        ``IOSide.feed_ended``: a source whose ``run`` returned, a feed given up; "" while it takes
+        frames): ``RuntimeError`` naming it and why. What reaches one that ends after this check is
+        counted and logged by the IO side (``sent_unsent``)."""
+        if why:
+            raise RuntimeError(f"send({self.specs[index].name!r}): {frames} frames not sent: the source has ended "
+                               f"({why}); nothing more is written to it in this run")
 
     def stream_prefixes(self, shared_streams: bool) -> list[str] | None:
         """With several feeds (unless ``FORKLESS_SHARED_STREAMS=1``) a stream's key is "feed:stream":
@@ -128,6 +130,8 @@ class IOSide(Protocol):
 
     def snapshot(self) -> IOSnapshot: ...
 
+    def feed_ended(self, index: int) -> str: ...  # why feed ``index`` takes no more frames ("" while it does)
+
     def cpu_seconds(self) -> float: ...  # the IO thread's CPU seconds so far, from any thread (NaN: unknown)
 
     def summaries(self) -> list[str]: ...  # each source's summary() line (the demo feed's tally)
@@ -151,6 +155,9 @@ class NoIOSide:
 
     def snapshot(self) -> IOSnapshot:
         return self._stats.snapshot()
+
+    def feed_ended(self, index: int) -> str:
+        return ""
 
     def cpu_seconds(self) -> float:
         return math.nan

@@ -472,7 +472,7 @@ class Controller:
         frames = frames_of(frame, "send() was given")
         if frames:
             self._io.raise_if_failed()
-            self.plan.refuse_ended(self._io.snapshot(), index, len(frames))
+            self.plan.refuse_ended(self._io.feed_ended(index), index, len(frames))
             self._outbound.put(Outgoing(frames, answers=False, feed=index, sent=True), None)
 
     # ---- observing --------------------------------------------------------------------------

@@ -104,13 +104,14 @@ class Intake:
         hold more than one batch, so chunks are counted, and the messages they hold once pulled
         (``_owed``; what the batcher holds is owed too). ``settle``: every step in flight is
         finished before it returns (else they may stay in flight until the next call)."""
-        target = self._pull_target = self._pulled + (0 if self.closed else self.inbound.qsize())
+        inbound = self.inbound
+        target = self._pull_target = self._pulled + (0 if self.closed else inbound.qsize())
         self._owed = self._added
         done = self.cycle(timeout)
-        while self._taken < self._owed or (self._pulled < target and not self.closed and self.inbound.qsize()):
+        while self._taken < self._owed or (self._pulled < target and not self.closed and inbound.qsize()):
             done += self.cycle(0.0)
-        if settle:
-            self.settle()
+        if settle and self.flight is not None:
+            self.flight.settle()
         return done
 
     def settle(self) -> None:

@@ -252,6 +252,14 @@ class FeedSet:
         """At an aborted stop: messages gathered by the feeds' hand-overs, not yet on inbound."""
         return sum(client.handover.discard() for client in self.clients)
 
+    def ended(self, index: int) -> str:
+        """Why feed ``index`` takes no more frames: it gave up, or its source's ``run`` returned;
+        "" while it takes them (callable from any thread: two reads, no copy)."""
+        why = self.given_up[index]
+        if why:
+            return f"it gave up: {why}"
+        return "its run returned" if self.clients[index].ended else ""
+
     def snapshots(self) -> list[FeedSnapshot]:
         """Each feed's figures, copied (callable from any thread)."""
         return [FeedSnapshot(spec.name, spec.required, why,

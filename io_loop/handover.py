@@ -118,10 +118,24 @@ class Handover:
     async def put_event(self, events: Events) -> None:
         """Hand over a source's events after what it gathered before them (in order); waits as
         ``flush`` does."""
-        chunk = self._take_to_put()
-        if chunk is not None:
-            self.spill.put(chunk)
-        self.spill.put(events)
+        if self.hand_event(events):
+            await self.spill.wait_room()
+
+    def hand_event(self, events: Events) -> bool:
+        """``put_event`` without its wait: True when the caller must ``await wait_room()`` (the
+        source's buffer is over its bound under ``block``). An emit within the bound awaits
+        nothing: no coroutine is made for it (one event a wake-up is an exchange session's
+        common case, bench/docs/exchange-session-cost.md)."""
+        spill = self.spill
+        if self._parts:
+            chunk = self._take_to_put()
+            if chunk is not None:
+                spill.put(chunk)
+        spill.put(events)
+        return spill.over
+
+    async def wait_room(self) -> None:
+        """Wait while the source's buffer is over its bound (``block``); at once otherwise."""
         await self.spill.wait_room()
 
     async def drained(self) -> None:

@@ -221,7 +221,8 @@ class SourceContext:
         runner = self._runner
         runner.enter()
         try:
-            await runner.take_event(event)
+            if runner.take_event(event):  # the source's buffer is over its bound (block): wait for room
+                await runner.handover.wait_room()
         finally:
             runner.leave()
 
@@ -435,10 +436,11 @@ class SourceRunner:
         handover.add(decoded, received_ns, time.monotonic_ns(), origin)
         return handover.should_flush()
 
-    async def take_event(self, event: Any) -> None:
-        """One event handed over after the rows emitted before it (the source's own buffer keeps the order)."""
+    def take_event(self, event: Any) -> bool:
+        """One event handed over after the rows emitted before it (the source's own buffer keeps
+        the order); True when the emit must wait for room (``Handover.hand_event``)."""
         self.stats.events_in += 1
-        await self.handover.put_event(Events(self.index, [event], time.monotonic_ns()))
+        return self.handover.hand_event(Events(self.index, [event], time.monotonic_ns()))
 
     # ---- the IO thread's side (io_loop/feeds.py) ------------------------------------------------
 

@@ -152,6 +152,14 @@ class IOThread:
         inbound, outbound = bridge.depths() if bridge is not None else (0, 0)
         return combine_io(self.stats.snapshot(inbound, outbound, 0), feeds.snapshots() if feeds is not None else [])
 
+    def feed_ended(self, index: int) -> str:
+        """Why feed ``index`` takes no more frames ("" while it does): callable from any thread.
+        ``Controller.send`` asks before every send: two reads of values the IO thread writes
+        (atomic under the GIL), not a snapshot (a whole one took about 0.15 ms: an order's
+        round trip, bench/docs/exchange-session-cost.md)."""
+        feeds = self._feeds
+        return feeds.ended(index) if feeds is not None else ""
+
     # ---- the thread -------------------------------------------------------------------------
 
     @property

@@ -171,6 +171,9 @@ class FakeIO:
     def summaries(self) -> list[str]:
         return []
 
+    def feed_ended(self, index: int) -> str:
+        return ""  # the fake's feeds never end
+
     def cpu_seconds(self) -> float:
         """The IO side's CPU seconds: ``cpu_clock()`` if set (a test's clock), else NaN (unknown)."""
         return self.cpu_clock() if self.cpu_clock is not None else math.nan

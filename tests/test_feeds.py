@@ -272,6 +272,9 @@ def test_a_feed_refused_with_401_is_given_up_and_the_others_go_on(feed_server, f
     with Controller(cfg, processor=PROCESSOR) as ctl:
         drive(ctl, lambda: done.is_set() and ctl.stats().feeds[1].given_up != "", timeout_s=30 * UNIT_S,
               what="the good feed answered and the refused one given up")
+        with pytest.raises(RuntimeError, match=r"send\('locked'\): 1 frames not sent: the source has ended "
+                                               r"\(it gave up: .*HTTP 401"):
+            ctl.send("locked", "an order to the feed that gave up")
         snap = ctl.stats()
         with pytest.raises(urllib.error.HTTPError) as not_ready:
             urllib.request.urlopen(f"{ctl.metrics_url}/readyz", timeout=5 * UNIT_S)
