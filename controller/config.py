@@ -11,6 +11,9 @@ Rules:
   (``JetStreamSpec.partitions``): from its ``"partitions"`` or from ``FORKLESS_INSTANCE``/
   ``FORKLESS_INSTANCES``, exactly one of the two; it is the process's only feed, and its
   checkpoints go to ``FORKLESS_CHECKPOINT_BUCKET``, never ``FORKLESS_CHECKPOINT_DIR``.
+- What a component reads is built here, in one place per group: the IO side's (``io_settings``,
+  io_loop/settings.py) and the controller side's (``checkpoint_settings``, controller/settings/groups.py);
+  the composition roots hand each component its groups, never the whole ``Config``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from urllib.parse import urlsplit
 
 from forkless.controller.errors import ConfigError
 from forkless.controller.settings.feedspec import feed_list
+from forkless.controller.settings.groups import CheckpointSettings, InstanceSettings
 from forkless.controller.settings.values import ValueProblem
 from forkless.controller.settings.variables import PREFIX, VARIABLES, Variable, as_text, variable
 from forkless.io_loop.net.netaddr import redact_url, redact_urls
@@ -253,17 +257,32 @@ class Config:
     def checkpoints_on(self) -> bool:
         """``FORKLESS_CHECKPOINT_DIR`` or ``FORKLESS_CHECKPOINT_BUCKET`` is set: checkpoints are
         written (and restored unless ``FORKLESS_CHECKPOINT_RESTORE=never``)."""
-        return self.checkpoint_dir != "" or self.checkpoint_bucket != ""
+        return self.checkpoint_settings().on
 
     def io_settings(self) -> IOSettings:
         """What the IO side reads of this configuration (io_loop/settings.py): ``feed_specs`` and
         ``uses_demo_feed`` as derived here, and each group's fields from the fields they name
         (the demo feed's warm-up is the default detector's, FORKLESS_WARMUP: when it starts
         planting anomalies)."""
-        groups = {name: group(**{f.name: getattr(self, config_field(f)) for f in dataclasses.fields(group)})
-                  for name, group in GROUPS.items()}
+        groups = {name: self._group(group) for name, group in GROUPS.items()}
         return IOSettings(feed_specs=self.feed_specs, feeds_from_list=self.feeds != "", feed_fatal=self.feed_fatal,
                           uses_demo_feed=self.uses_demo_feed, metrics_addr=self.metrics_addr, **groups)
+
+    def checkpoint_settings(self) -> CheckpointSettings:
+        """What the checkpoints' writer, their store's choice and recovery read (controller/settings/groups.py)."""
+        return self._group(CheckpointSettings)
+
+    def instance_settings(self) -> InstanceSettings:
+        """What a partitioned instance's leases and checkpoint objects read (controller/settings/groups.py): its
+        store connects as the IO side's connections do, with their groups."""
+        io = self.io_settings()
+        return self._group(InstanceSettings, partitioning=io.partitioning, timeouts=io.timeouts,
+                           reconnect=io.reconnect, tls=io.tls)
+
+    def _group(self, group: type, **given: Any) -> Any:
+        """A settings group, each field not ``given`` from the field it names (``config_field``)."""
+        return group(**{f.name: getattr(self, config_field(f)) for f in dataclasses.fields(group)
+                        if f.name not in given}, **given)
 
     def relay_settings(self) -> tuple[IOSettings, RelaySettings]:
         """What ``forkless relay`` runs with: the IO side's settings (its feeds never sent a reply)

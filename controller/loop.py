@@ -56,7 +56,7 @@ from forkless.controller.lifetime.host import ProcessSettings, StopSignals
 from forkless.controller.lifetime.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
 from forkless.controller.lifetime.serving import serve
 from forkless.controller.partitions.partitioned import NoPartitions, PartitionOwner, partitioned_feed
-from forkless.controller.processor import Processor, default_processor
+from forkless.controller.processor import Processor, StateShape, default_processor
 from forkless.controller.queues import POLL_S, Intake, Outlet, StopDeadline
 from forkless.controller.replies import Replies
 from forkless.controller.slots import StreamSlots
@@ -145,13 +145,13 @@ class Controller:
         self.slots = StreamSlots(cfg.max_streams, idle_s=cfg.stream_idle_s)
         self._io: IOSide | NoIOSide = NoIOSide(self.io_stats)  # the real one once start() starts it
         # checkpoints: what they hold beside the state, restoring one, the JetStream feeds' positions
-        self.recovery = Recovery(cfg, self.processor, self.slots, self.main_stats, lambda: self._io.snapshot(),
-                                 specs=specs, user_sources=frozenset(self.plan.sources),
-                                 own_store=checkpoint_store is not None)
+        self.recovery = Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), self.processor, self.slots,
+                                 self.main_stats, lambda: self._io.snapshot(), specs,
+                                 user_sources=frozenset(self.plan.sources), own_store=checkpoint_store is not None)
         self.sources = self.recovery.sources
         self._own_store = checkpoint_store  # the embedding program's own, instead of FORKLESS_CHECKPOINT_DIR
-        self._checkpoints = checkpoints_for(cfg, self.recovery.await_replies if self.sources else None,
-                                            checkpoint_store)
+        self._checkpoints = checkpoints_for(self.recovery.checkpoints, self.recovery.await_replies if self.sources
+                                            else None, checkpoint_store, partitioned=self._partition_feed is not None)
         self._owner: PartitionOwner | NoPartitions = NoPartitions()  # a partitioned instance's, once started
         self.engine: Engine | None = None  # the device state's owner, made by compile()
         self._io_factory = with_hooks(io_factory, on_connect=on_connect, before_connect=before_connect)
@@ -217,8 +217,8 @@ class Controller:
         self._owner = self._open_owner()
         life.hold(self._close_owner)
         # the one place the run's checkpoint store is chosen (None: checkpoints are off)
-        store = store_for(cfg, self._own_store, self._owner.checkpoints)
-        restored = recovery.load(store) if store is not None and cfg.checkpoint_restore == "auto" else None
+        store = store_for(recovery.checkpoints, self._own_store, self._owner.checkpoints)
+        restored = recovery.load(store) if store is not None and recovery.checkpoints.restore == "auto" else None
         self._compile(self._stop_between_buckets)
         self._check_stop("the restore and compile")
         if restored is not None:
