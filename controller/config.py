@@ -12,8 +12,9 @@ Rules:
   ``FORKLESS_INSTANCES``, exactly one of the two; it is the process's only feed, and its
   checkpoints go to ``FORKLESS_CHECKPOINT_BUCKET``, never ``FORKLESS_CHECKPOINT_DIR``.
 - What a component reads is built here, in one place per group: the IO side's (``io_settings``,
-  io_loop/settings.py) and the controller side's (``checkpoint_settings``, controller/settings/groups.py);
-  the composition roots hand each component its groups, never the whole ``Config``.
+  io_loop/settings.py) and the controller side's (``checkpoint_settings``, ``instance_settings``:
+  controller/settings/groups.py); the composition roots hand each component its groups, never the whole
+  ``Config``.
 """
 
 from __future__ import annotations

@@ -261,7 +261,8 @@ class Controller:
         self._compile(self._stop_between_buckets)
         self._check_stop("the compile")
         try:
-            return PartitionOwner.open(self.config, feed, self.engine.checkpoint_shapes, stop=self._stop_requested)
+            settings = self.config.instance_settings()  # its leases' and checkpoint objects'
+            return PartitionOwner.open(settings, feed, self.engine.checkpoint_shapes, stop=self._stop_requested)
         except StopRequested:
             raise StopRequested("the wait for the partitions' leases") from None
 
@@ -287,8 +288,7 @@ class Controller:
         there whether a stop was requested, so a stop waits for one bucket, not all of them)."""
         if self.engine is not None or self.events_only:  # events only: nothing to compile
             return
-        cfg = self.config
-        t0 = time.monotonic()
+        cfg, t0 = self.config, time.monotonic()
         self.engine = compile_step(self.processor, cfg, after_bucket)
         self.main_stats.compilations_at_ready = compilations()
         release_freed_memory()

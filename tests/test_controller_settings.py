@@ -13,9 +13,10 @@ from forkless.controller.config import Config
 ROOT = Path(__file__).resolve().parents[1]
 
 # the components handed a group instead of the whole configuration
-COMPONENTS = ("controller/checkpoints/checkpointer.py", "controller/checkpoints/recovery.py")
+COMPONENTS = ("controller/checkpoints/checkpointer.py", "controller/checkpoints/recovery.py",
+              "controller/partitions/partitioned.py")
 # what only the composition roots (the loop, the commands) call on a ``Config``: a component is handed the result
-BUILDERS = {"io_settings", "checkpoint_settings", "relay_settings"}
+BUILDERS = {"io_settings", "checkpoint_settings", "instance_settings", "relay_settings"}
 
 
 def _takes_the_whole_config(path: Path) -> list[str]:
@@ -34,7 +35,7 @@ def _takes_the_whole_config(path: Path) -> list[str]:
     return found
 
 
-def test_the_checkpoint_components_take_their_groups_never_the_whole_config():
+def test_the_checkpoint_and_partition_components_take_their_groups_never_the_whole_config():
     taking = {path: found for path in COMPONENTS if (found := _takes_the_whole_config(ROOT / path))}
     assert not taking, taking
 
@@ -42,26 +43,50 @@ def test_the_checkpoint_components_take_their_groups_never_the_whole_config():
 def test_the_components_arguments_are_typed_as_their_groups():
     from forkless.controller.checkpoints.checkpointer import checkpoints_for, store_for
     from forkless.controller.checkpoints.recovery import Recovery
+    from forkless.controller.partitions.partitioned import PartitionOwner
 
     for function, name, group in ((store_for, "checkpoints", "CheckpointSettings"),
                                   (checkpoints_for, "checkpoints", "CheckpointSettings"),
                                   (Recovery, "checkpoints", "CheckpointSettings"),
-                                  (Recovery, "shape", "StateShape")):
+                                  (Recovery, "shape", "StateShape"),
+                                  (PartitionOwner.open, "settings", "InstanceSettings")):
         assert str(inspect.signature(function).parameters[name].annotation) == group, (function, name)
 
 
 def test_each_group_carries_the_configuration_s_values_each_field_naming_its_config_field():
-    from forkless.controller.settings.groups import CheckpointSettings
+    from forkless.controller.settings.groups import CheckpointSettings, InstanceSettings
     from forkless.io_loop.settings import config_field
 
     cfg = Config(checkpoint_dir="/tmp/ckpt", checkpoint_s=7.5, checkpoint_keep=5, checkpoint_restore="never",
-                 checkpoint_priority="normal")
+                 checkpoint_priority="normal", max_streams=64, lease_s=2.5, lease_bucket="leases", tls_insecure=True)
     checkpoints = cfg.checkpoint_settings()
     assert type(checkpoints) is CheckpointSettings and checkpoints.on and cfg.checkpoints_on
     assert (checkpoints.dir, checkpoints.every_s, checkpoints.keep, checkpoints.restore, checkpoints.priority,
             checkpoints.bucket) == ("/tmp/ckpt", 7.5, 5, "never", "normal", "")
     assert not Config().checkpoint_settings().on
-    for group in (checkpoints,):
+    instance = cfg.instance_settings()
+    assert type(instance) is InstanceSettings
+    io = cfg.io_settings()  # the store connects as the IO side's connections do, with their groups
+    assert (instance.partitioning, instance.timeouts, instance.reconnect, instance.tls) == (
+        io.partitioning, io.timeouts, io.reconnect, io.tls)
+    assert (instance.partitioning.lease_s, instance.partitioning.lease_bucket, instance.tls.insecure) == (
+        2.5, "leases", True)
+    assert (instance.keep, instance.max_streams, instance.instance, instance.instances) == (5, 64, None, None)
+    for group in (checkpoints, instance):
         for f in dataclasses.fields(group):
-            assert getattr(group, f.name) == getattr(cfg, config_field(f)), (type(group).__name__, f.name)
+            if f.name not in ("partitioning", "timeouts", "reconnect", "tls"):  # the IO side's groups, above
+                assert getattr(group, f.name) == getattr(cfg, config_field(f)), (type(group).__name__, f.name)
         assert type(group).__dataclass_params__.frozen  # every thread may read them
+
+
+def test_a_partitioned_instance_s_settings_say_which_it_is_and_where_its_leases_and_objects_go():
+    import json
+
+    feed = {"name": "ticks", "nats": "nats://127.0.0.1:4222", "stream": "TICKS", "subject": "ticks.{partition}.>",
+            "results": "scores", "partition_count": 12}
+    cfg = Config.from_env({"FORKLESS_FEEDS": json.dumps([feed]), "FORKLESS_INSTANCE": "1", "FORKLESS_INSTANCES": "3",
+                           "FORKLESS_CHECKPOINT_BUCKET": "ckpt", "FORKLESS_LEASE_S": "4"})
+    instance, checkpoints = cfg.instance_settings(), cfg.checkpoint_settings()
+    assert (instance.instance, instance.instances) == (1, 3)
+    assert (instance.partitioning.checkpoint_bucket, instance.partitioning.lease_s) == ("ckpt", 4.0)
+    assert checkpoints.on and (checkpoints.bucket, checkpoints.dir) == ("ckpt", "")
