@@ -162,10 +162,9 @@ class Config:
                               "whose path and host the handshake sends through the socket (e.g. ws://localhost/feed); "
                               "for the embedded demo feed on a unix-domain socket, FORKLESS_DEMO_UNIX_SOCKET")
         if self.demo_unix_socket and not self.uses_demo_feed:
-            given = "FORKLESS_FEEDS" if self.feeds else "FORKLESS_WS_URL"
-            raise ConfigError(PREFIX + "DEMO_UNIX_SOCKET", self.demo_unix_socket, f"empty when {given} is set: the "
-                              "embedded demo feed runs only without a feed of your own (a feed's own socket is "
-                              'FORKLESS_WS_UNIX_SOCKET, or "unix_socket" in its FORKLESS_FEEDS entry)')
+            raise ConfigError(PREFIX + "DEMO_UNIX_SOCKET", self.demo_unix_socket, f"empty when {self.feed_variable} "
+                              "is set: the embedded demo feed runs only without a feed of your own (a feed's own "
+                              'socket is FORKLESS_WS_UNIX_SOCKET, or "unix_socket" in its FORKLESS_FEEDS entry)')
 
     def _validate_credentials(self) -> None:
         """One source of handshake credentials per feed: URL user:password, AUTH_TOKEN, or an
@@ -235,6 +234,12 @@ class Config:
             size *= BUCKET_GROWTH
         sizes.append(self.max_batch)
         return tuple(sizes)
+
+    @property
+    def feed_variable(self) -> str:
+        """The variable that configures the feeds: ``FORKLESS_FEEDS``, ``FORKLESS_WS_URL``, or "" (neither:
+        the embedded demo feed's place, or an embedding program's own sources)."""
+        return PREFIX + "FEEDS" if self.feeds else PREFIX + "WS_URL" if self.ws_url else ""
 
     @property
     def uses_demo_feed(self) -> bool:

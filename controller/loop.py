@@ -120,7 +120,8 @@ class Controller:
         """The wiring; nothing runs and nothing is compiled until ``start()`` (see the class)."""
         self.config = cfg = config if config is not None else Config.from_env()
         if events_only:  # before the plan: no demo feed's settings are checked when none runs
-            check_events_only(cfg, processor=processor, on_results=on_results, sources=sources, store=checkpoint_store)
+            check_events_only(cfg.checkpoint_settings(), cfg.feed_variable, processor=processor,
+                              on_results=on_results, sources=sources, store=checkpoint_store)
         self.events_only = events_only
         # the feeds this controller runs: the configured ones and the user's own sources
         self.plan = feed_plan(cfg, sources, check_demo=io_factory is io_thread)
@@ -480,9 +481,8 @@ class Controller:
     def stats(self) -> StatsSnapshot:
         """A consistent-enough snapshot for the status line, the metrics and embedding code;
         callable from any thread (the metrics endpoint calls it on the IO thread)."""
-        io_side = self._io
+        io_side, engine = self._io, self.engine
         io = io_side.snapshot()
-        engine = self.engine
         return whole_snapshot(
             self.main_stats, io, at=time.monotonic(), compilations=compilations(),
             devices=(engine.devices, tuple(int(v) for v in engine.device_messages), engine.device_rows)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # the components handed a group instead of the whole configuration
 COMPONENTS = ("controller/checkpoints/checkpointer.py", "controller/checkpoints/recovery.py",
-              "controller/partitions/partitioned.py")
+              "controller/partitions/partitioned.py", "controller/eventsonly.py")
 # what only the composition roots (the loop, the commands) call on a ``Config``: a component is handed the result
 BUILDERS = {"io_settings", "checkpoint_settings", "instance_settings", "relay_settings"}
 
@@ -43,13 +43,15 @@ def test_the_checkpoint_and_partition_components_take_their_groups_never_the_who
 def test_the_components_arguments_are_typed_as_their_groups():
     from forkless.controller.checkpoints.checkpointer import checkpoints_for, store_for
     from forkless.controller.checkpoints.recovery import Recovery
+    from forkless.controller.eventsonly import check_events_only
     from forkless.controller.partitions.partitioned import PartitionOwner
 
     for function, name, group in ((store_for, "checkpoints", "CheckpointSettings"),
                                   (checkpoints_for, "checkpoints", "CheckpointSettings"),
                                   (Recovery, "checkpoints", "CheckpointSettings"),
                                   (Recovery, "shape", "StateShape"),
-                                  (PartitionOwner.open, "settings", "InstanceSettings")):
+                                  (PartitionOwner.open, "settings", "InstanceSettings"),
+                                  (check_events_only, "checkpoints", "CheckpointSettings")):
         assert str(inspect.signature(function).parameters[name].annotation) == group, (function, name)
 
 
@@ -64,6 +66,8 @@ def test_each_group_carries_the_configuration_s_values_each_field_naming_its_con
     assert (checkpoints.dir, checkpoints.every_s, checkpoints.keep, checkpoints.restore, checkpoints.priority,
             checkpoints.bucket) == ("/tmp/ckpt", 7.5, 5, "never", "normal", "")
     assert not Config().checkpoint_settings().on
+    assert (Config().feed_variable, Config(ws_url="ws://127.0.0.1:9/").feed_variable) == ("", "FORKLESS_WS_URL")
+    assert Config(feeds='[{"url": "ws://127.0.0.1:9/a"}]').feed_variable == "FORKLESS_FEEDS"
     instance = cfg.instance_settings()
     assert type(instance) is InstanceSettings
     io = cfg.io_settings()  # the store connects as the IO side's connections do, with their groups
