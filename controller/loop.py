@@ -146,13 +146,13 @@ class Controller:
         self.slots = StreamSlots(cfg.max_streams, idle_s=cfg.stream_idle_s)
         self._io: IOSide | NoIOSide = NoIOSide(self.io_stats)  # the real one once start() starts it
         # checkpoints: what they hold beside the state, restoring one, the JetStream feeds' positions
-        self.recovery = Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), self.processor, self.slots,
-                                 self.main_stats, lambda: self._io.snapshot(), specs,
-                                 user_sources=frozenset(self.plan.sources), own_store=checkpoint_store is not None)
-        self.sources = self.recovery.sources
+        self.recovery = recovery = Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), self.processor,
+                                            self.slots, self.main_stats, lambda: self._io.snapshot(), specs,
+                                            user_sources=self.plan.sources, own_store=checkpoint_store is not None)
+        self.sources = recovery.sources
         self._own_store = checkpoint_store  # the embedding program's own, instead of FORKLESS_CHECKPOINT_DIR
-        self._checkpoints = checkpoints_for(self.recovery.checkpoints, self.recovery.await_replies if self.sources
-                                            else None, checkpoint_store, partitioned=self._partition_feed is not None)
+        self._checkpoints = checkpoints_for(recovery.checkpoints, recovery.await_replies if self.sources else None,
+                                            checkpoint_store, partitioned=self._partition_feed is not None)
         self._owner: PartitionOwner | NoPartitions = NoPartitions()  # a partitioned instance's, once started
         self.engine: Engine | None = None  # the device state's owner, made by compile()
         self._io_factory = with_hooks(io_factory, on_connect=on_connect, before_connect=before_connect)

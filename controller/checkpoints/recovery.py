@@ -37,7 +37,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import jax
@@ -75,7 +75,7 @@ class Recovery:
 
     def __init__(self, checkpoints: CheckpointSettings, shape: StateShape, processor: Any, slots: StreamSlots,
                  stats: MainStats, io_snapshot: Callable[[], IOSnapshot | None], specs: Sequence[FeedSpec], *,
-                 user_sources: frozenset[str] = frozenset(), own_store: bool = False) -> None:
+                 user_sources: Collection[str] = (), own_store: bool = False) -> None:
         # own_store: the embedding program's checkpoint store (Controller(checkpoint_store=...)): checkpoints on
         if (checkpoints.on or own_store) and not getattr(processor, "name", None):
             # a checkpoint is restored only into the processor that wrote it: it must say which it is
@@ -95,7 +95,7 @@ class Recovery:
         self.stats = stats
         self._io_snapshot = io_snapshot
         # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
-        self.sources = SourcePositions(self.specs, user_sources)
+        self.sources = SourcePositions(self.specs, frozenset(user_sources))  # user_sources: their names
         # signalled by the IO side as replies are acknowledged (handed to it where there are JetStream feeds)
         self.acknowledged = Acknowledged()
         # where a restored checkpoint left each JetStream feed (PositionUnknown: every checkpoint damaged)
