@@ -11,6 +11,10 @@ Rules:
   (``JetStreamSpec.partitions``): from its ``"partitions"`` or from ``FORKLESS_INSTANCE``/
   ``FORKLESS_INSTANCES``, exactly one of the two; it is the process's only feed, and its
   checkpoints go to ``FORKLESS_CHECKPOINT_BUCKET``, never ``FORKLESS_CHECKPOINT_DIR``.
+- What a component reads is built here, in one place per group: the IO side's (``io_settings``,
+  io_loop/settings.py) and the controller side's (``checkpoint_settings``, ``instance_settings``:
+  controller/settings/groups.py); the composition roots hand each component its groups, never the whole
+  ``Config``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from urllib.parse import urlsplit
 
 from forkless.controller.errors import ConfigError
 from forkless.controller.settings.feedspec import feed_list
+from forkless.controller.settings.groups import CheckpointSettings, InstanceSettings
 from forkless.controller.settings.values import ValueProblem
 from forkless.controller.settings.variables import PREFIX, VARIABLES, Variable, as_text, variable
 from forkless.io_loop.net.netaddr import redact_url, redact_urls
@@ -157,10 +162,9 @@ class Config:
                               "whose path and host the handshake sends through the socket (e.g. ws://localhost/feed); "
                               "for the embedded demo feed on a unix-domain socket, FORKLESS_DEMO_UNIX_SOCKET")
         if self.demo_unix_socket and not self.uses_demo_feed:
-            given = "FORKLESS_FEEDS" if self.feeds else "FORKLESS_WS_URL"
-            raise ConfigError(PREFIX + "DEMO_UNIX_SOCKET", self.demo_unix_socket, f"empty when {given} is set: the "
-                              "embedded demo feed runs only without a feed of your own (a feed's own socket is "
-                              'FORKLESS_WS_UNIX_SOCKET, or "unix_socket" in its FORKLESS_FEEDS entry)')
+            raise ConfigError(PREFIX + "DEMO_UNIX_SOCKET", self.demo_unix_socket, f"empty when {self.feed_variable} "
+                              "is set: the embedded demo feed runs only without a feed of your own (a feed's own "
+                              'socket is FORKLESS_WS_UNIX_SOCKET, or "unix_socket" in its FORKLESS_FEEDS entry)')
 
     def _validate_credentials(self) -> None:
         """One source of handshake credentials per feed: URL user:password, AUTH_TOKEN, or an
@@ -232,6 +236,12 @@ class Config:
         return tuple(sizes)
 
     @property
+    def feed_variable(self) -> str:
+        """The variable that configures the feeds: ``FORKLESS_FEEDS``, ``FORKLESS_WS_URL``, or "" (neither:
+        the embedded demo feed's place, or an embedding program's own sources)."""
+        return PREFIX + "FEEDS" if self.feeds else PREFIX + "WS_URL" if self.ws_url else ""
+
+    @property
     def uses_demo_feed(self) -> bool:
         """Neither ``FORKLESS_WS_URL`` nor ``FORKLESS_FEEDS`` is set: the embedded demo feed runs."""
         return self.ws_url == "" and self.feeds == ""
@@ -253,17 +263,32 @@ class Config:
     def checkpoints_on(self) -> bool:
         """``FORKLESS_CHECKPOINT_DIR`` or ``FORKLESS_CHECKPOINT_BUCKET`` is set: checkpoints are
         written (and restored unless ``FORKLESS_CHECKPOINT_RESTORE=never``)."""
-        return self.checkpoint_dir != "" or self.checkpoint_bucket != ""
+        return self.checkpoint_settings().on
 
     def io_settings(self) -> IOSettings:
         """What the IO side reads of this configuration (io_loop/settings.py): ``feed_specs`` and
         ``uses_demo_feed`` as derived here, and each group's fields from the fields they name
         (the demo feed's warm-up is the default detector's, FORKLESS_WARMUP: when it starts
         planting anomalies)."""
-        groups = {name: group(**{f.name: getattr(self, config_field(f)) for f in dataclasses.fields(group)})
-                  for name, group in GROUPS.items()}
+        groups = {name: self._group(group) for name, group in GROUPS.items()}
         return IOSettings(feed_specs=self.feed_specs, feeds_from_list=self.feeds != "", feed_fatal=self.feed_fatal,
                           uses_demo_feed=self.uses_demo_feed, metrics_addr=self.metrics_addr, **groups)
+
+    def checkpoint_settings(self) -> CheckpointSettings:
+        """What the checkpoints' writer, their store's choice and recovery read (controller/settings/groups.py)."""
+        return self._group(CheckpointSettings)
+
+    def instance_settings(self) -> InstanceSettings:
+        """What a partitioned instance's leases and checkpoint objects read (controller/settings/groups.py): its
+        store connects as the IO side's connections do, with their groups."""
+        io = self.io_settings()
+        return self._group(InstanceSettings, partitioning=io.partitioning, timeouts=io.timeouts,
+                           reconnect=io.reconnect, tls=io.tls)
+
+    def _group(self, group: type, **given: Any) -> Any:
+        """A settings group, each field not ``given`` from the field it names (``config_field``)."""
+        return group(**{f.name: getattr(self, config_field(f)) for f in dataclasses.fields(group)
+                        if f.name not in given}, **given)
 
     def relay_settings(self) -> tuple[IOSettings, RelaySettings]:
         """What ``forkless relay`` runs with: the IO side's settings (its feeds never sent a reply)

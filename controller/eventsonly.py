@@ -17,7 +17,8 @@ Rules:
   balance, and the first is logged as an error naming the source and the fix.
 - Nothing process-wide is changed for it: the host's switch interval is left as it is (only a
   step needs the GIL back soon after XLA returns; measured: bench/docs/exchange-session-cost.md).
-- Pure: no JAX. This module is the "no processor" object the loop calls instead of
+- Handed what it checks (the ``CheckpointSettings``, the variable that configures a feed), never the
+  whole ``Config``. Pure: no JAX. This module is the "no processor" object the loop calls instead of
   ``BatchStep`` (controller/batchstep.py): the loop never asks which one it has.
 """
 
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from forkless.controller.batching import Taken
+from forkless.controller.settings.groups import CheckpointSettings
 from forkless.controller.stats import MainStats
 
 __all__ = ["EVENTS_ONLY_DROPPED", "NO_WEIGHTS", "DroppedMessages", "check_events_only"]
@@ -39,8 +41,10 @@ NO_WEIGHTS = ("set_weights(): an events-only controller runs no processor: the m
               "new weights itself (docs/embedding/weights.md)")
 
 
-def check_events_only(config: Any, *, processor: Any, on_results: Any, sources: Sequence[Any], store: Any) -> None:
-    """``ValueError`` naming what contradicts ``events_only=True`` (module rules), else nothing."""
+def check_events_only(checkpoints: CheckpointSettings, feed_variable: str, *, processor: Any, on_results: Any,
+                      sources: Sequence[Any], store: Any) -> None:
+    """``ValueError`` naming what contradicts ``events_only=True`` (module rules), else nothing.
+    ``feed_variable``: the variable that configures a feed (``Config.feed_variable``; "": none)."""
     fix = "drop events_only=True to run a processor"
     if processor is not None:
         raise ValueError(f"events_only=True runs no processor, and processor={processor!r} was given: {fix}, or "
@@ -51,13 +55,12 @@ def check_events_only(config: Any, *, processor: Any, on_results: Any, sources: 
     if not sources:
         raise ValueError("events_only=True needs sources=[...]: the user's own sources hand over the events "
                          "(ctx.emit_event); without them the demo feed's messages would need a processor")
-    if not config.uses_demo_feed:
-        which = "FORKLESS_FEEDS" if config.feeds else "FORKLESS_WS_URL"
-        raise ValueError(f"events_only=True runs only the user's own sources, and {which} configures a feed whose "
-                         f"messages need a processor: unset {which}, or {fix}")
-    if config.checkpoints_on or store is not None:
+    if feed_variable:
+        raise ValueError(f"events_only=True runs only the user's own sources, and {feed_variable} configures a feed "
+                         f"whose messages need a processor: unset {feed_variable}, or {fix}")
+    if checkpoints.on or store is not None:
         which = ("checkpoint_store" if store is not None else
-                 "FORKLESS_CHECKPOINT_DIR" if config.checkpoint_dir else "FORKLESS_CHECKPOINT_BUCKET")
+                 "FORKLESS_CHECKPOINT_DIR" if checkpoints.dir else "FORKLESS_CHECKPOINT_BUCKET")
         raise ValueError(f"events_only=True keeps no state to checkpoint, and {which} is set: unset it, or {fix}")
 
 

@@ -56,7 +56,7 @@ from forkless.controller.lifetime.host import ProcessSettings, StopSignals
 from forkless.controller.lifetime.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
 from forkless.controller.lifetime.serving import serve
 from forkless.controller.partitions.partitioned import NoPartitions, PartitionOwner, partitioned_feed
-from forkless.controller.processor import Processor, default_processor
+from forkless.controller.processor import Processor, StateShape, default_processor
 from forkless.controller.queues import POLL_S, Intake, Outlet, StopDeadline
 from forkless.controller.replies import Replies
 from forkless.controller.slots import StreamSlots
@@ -120,7 +120,8 @@ class Controller:
         """The wiring; nothing runs and nothing is compiled until ``start()`` (see the class)."""
         self.config = cfg = config if config is not None else Config.from_env()
         if events_only:  # before the plan: no demo feed's settings are checked when none runs
-            check_events_only(cfg, processor=processor, on_results=on_results, sources=sources, store=checkpoint_store)
+            check_events_only(cfg.checkpoint_settings(), cfg.feed_variable, processor=processor,
+                              on_results=on_results, sources=sources, store=checkpoint_store)
         self.events_only = events_only
         # the feeds this controller runs: the configured ones and the user's own sources
         self.plan = feed_plan(cfg, sources, check_demo=io_factory is io_thread)
@@ -145,13 +146,13 @@ class Controller:
         self.slots = StreamSlots(cfg.max_streams, idle_s=cfg.stream_idle_s)
         self._io: IOSide | NoIOSide = NoIOSide(self.io_stats)  # the real one once start() starts it
         # checkpoints: what they hold beside the state, restoring one, the JetStream feeds' positions
-        self.recovery = Recovery(cfg, self.processor, self.slots, self.main_stats, lambda: self._io.snapshot(),
-                                 specs=specs, user_sources=frozenset(self.plan.sources),
-                                 own_store=checkpoint_store is not None)
-        self.sources = self.recovery.sources
+        self.recovery = recovery = Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), self.processor,
+                                            self.slots, self.main_stats, lambda: self._io.snapshot(), specs,
+                                            user_sources=self.plan.sources, own_store=checkpoint_store is not None)
+        self.sources = recovery.sources
         self._own_store = checkpoint_store  # the embedding program's own, instead of FORKLESS_CHECKPOINT_DIR
-        self._checkpoints = checkpoints_for(cfg, self.recovery.await_replies if self.sources else None,
-                                            checkpoint_store)
+        self._checkpoints = checkpoints_for(recovery.checkpoints, recovery.await_replies if self.sources else None,
+                                            checkpoint_store, partitioned=self._partition_feed is not None)
         self._owner: PartitionOwner | NoPartitions = NoPartitions()  # a partitioned instance's, once started
         self.engine: Engine | None = None  # the device state's owner, made by compile()
         self._io_factory = with_hooks(io_factory, on_connect=on_connect, before_connect=before_connect)
@@ -217,8 +218,8 @@ class Controller:
         self._owner = self._open_owner()
         life.hold(self._close_owner)
         # the one place the run's checkpoint store is chosen (None: checkpoints are off)
-        store = store_for(cfg, self._own_store, self._owner.checkpoints)
-        restored = recovery.load(store) if store is not None and cfg.checkpoint_restore == "auto" else None
+        store = store_for(recovery.checkpoints, self._own_store, self._owner.checkpoints)
+        restored = recovery.load(store) if store is not None and recovery.checkpoints.restore == "auto" else None
         self._compile(self._stop_between_buckets)
         self._check_stop("the restore and compile")
         if restored is not None:
@@ -261,7 +262,8 @@ class Controller:
         self._compile(self._stop_between_buckets)
         self._check_stop("the compile")
         try:
-            return PartitionOwner.open(self.config, feed, self.engine.checkpoint_shapes, stop=self._stop_requested)
+            settings = self.config.instance_settings()  # its leases' and checkpoint objects'
+            return PartitionOwner.open(settings, feed, self.engine.checkpoint_shapes, stop=self._stop_requested)
         except StopRequested:
             raise StopRequested("the wait for the partitions' leases") from None
 
@@ -287,8 +289,7 @@ class Controller:
         there whether a stop was requested, so a stop waits for one bucket, not all of them)."""
         if self.engine is not None or self.events_only:  # events only: nothing to compile
             return
-        cfg = self.config
-        t0 = time.monotonic()
+        cfg, t0 = self.config, time.monotonic()
         self.engine = compile_step(self.processor, cfg, after_bucket)
         self.main_stats.compilations_at_ready = compilations()
         release_freed_memory()
@@ -480,9 +481,8 @@ class Controller:
     def stats(self) -> StatsSnapshot:
         """A consistent-enough snapshot for the status line, the metrics and embedding code;
         callable from any thread (the metrics endpoint calls it on the IO thread)."""
-        io_side = self._io
+        io_side, engine = self._io, self.engine
         io = io_side.snapshot()
-        engine = self.engine
         return whole_snapshot(
             self.main_stats, io, at=time.monotonic(), compilations=compilations(),
             devices=(engine.devices, tuple(int(v) for v in engine.device_messages), engine.device_rows)

@@ -25,14 +25,15 @@ QUIET_S = 0.5
 
 def _recovery(snapshot: Any) -> Any:
     from forkless.controller.checkpoints.recovery import Recovery
-    from forkless.controller.processor import ewma_processor
+    from forkless.controller.processor import StateShape, ewma_processor
     from forkless.controller.slots import StreamSlots
     from forkless.controller.stats import MainStats
 
     feed = {"name": "ticks", "nats": "nats://127.0.0.1:4222", "stream": "TICKS", "subject": "ticks.>",
             "results": "scores"}
     cfg = Config.from_env({"FORKLESS_FEEDS": json.dumps([feed]), "FORKLESS_FEATURES": "2"})
-    return Recovery(cfg, ewma_processor(), StreamSlots(8), MainStats.for_run(cfg.buckets, 1), snapshot)
+    return Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), ewma_processor(), StreamSlots(8),
+                    MainStats.for_run(cfg.buckets, 1), snapshot, cfg.feed_specs)
 
 
 def test_the_wait_for_replies_reads_the_io_snapshot_only_when_an_acknowledgement_is_signalled():

@@ -51,6 +51,7 @@ CORE = [
     "controller/eventsonly.py",
     "controller/settings/feedschema.py",
     "controller/settings/feedspec.py",
+    "controller/settings/groups.py",
     "controller/logs.py",
     "controller/metrics.py",
     "controller/device/placement.py",

@@ -34,7 +34,8 @@ Rules:
   embedding program's own (``Controller(checkpoint_store=...)``), a partitioned instance's bucket
   objects (controller/partitions/partitioned.py, known once its leases are taken), or the directory
   ``FORKLESS_CHECKPOINT_DIR`` (``DirectoryStore``, controller/checkpoints/checkpoint.py). Nothing here or in
-  the loop depends on which.
+  the loop depends on which. ``store_for`` and ``checkpoints_for`` read the run's ``CheckpointSettings``
+  (controller/settings/groups.py), never the whole ``Config``.
 - ``start(store)`` starts the store (a directory is created and the temporary files of a writer
   that was killed are removed) and the thread; ``stop(timeout, final=...)`` waits for the write
   in flight, then writes ``final`` (the checkpoint of an orderly stop) and joins the thread
@@ -58,6 +59,7 @@ from typing import Any, Protocol
 
 from forkless.controller.checkpoints.checkpoint import DirectoryStore, write_checkpoint
 from forkless.controller.checkpoints.snapshot import PendingSnapshot, Snapshot
+from forkless.controller.settings.groups import CheckpointSettings
 
 __all__ = ["CheckpointStore", "Checkpointer", "NoCheckpoints", "WriteFn", "checkpoints_for", "store_for"]
 
@@ -118,7 +120,8 @@ class CheckpointStore(Protocol):
         instance's objects: ``partitioned.PartitionPieces``)."""
 
 
-def store_for(config: Any, own: CheckpointStore | None, partitioned: CheckpointStore | None) -> CheckpointStore | None:
+def store_for(checkpoints: CheckpointSettings, own: CheckpointStore | None,
+              partitioned: CheckpointStore | None) -> CheckpointStore | None:
     """The run's checkpoint store, chosen here only: the embedding program's ``own``
     (``Controller(checkpoint_store=...)``), a partitioned instance's bucket objects (``partitioned``,
     once its leases are taken), the directory ``FORKLESS_CHECKPOINT_DIR``; None: checkpoints are off."""
@@ -126,26 +129,27 @@ def store_for(config: Any, own: CheckpointStore | None, partitioned: CheckpointS
         return own
     if partitioned is not None:
         return partitioned
-    if config.checkpoint_dir:
-        return DirectoryStore(config.checkpoint_dir, keep=config.checkpoint_keep)
+    if checkpoints.dir:
+        return DirectoryStore(checkpoints.dir, keep=checkpoints.keep)
     return None
 
 
-def checkpoints_for(config: Any, before_write: Callable[[dict[str, Any]], None] | None,
-                    own: CheckpointStore | None = None) -> Checkpointer | NoCheckpoints:
-    """The controller's checkpoint writer as ``config`` sets it, or for the embedding program's
+def checkpoints_for(checkpoints: CheckpointSettings, before_write: Callable[[dict[str, Any]], None] | None,
+                    own: CheckpointStore | None = None, *, partitioned: bool) -> Checkpointer | NoCheckpoints:
+    """The controller's checkpoint writer as ``checkpoints`` sets it, or for the embedding program's
     ``own`` store (``NoCheckpoints`` when they are off); its store (``store_for``) is handed to
-    ``start``. ``ValueError`` for an ``own`` store beside a configured one, or with a partitioned feed."""
+    ``start``. ``ValueError`` for an ``own`` store beside a configured one, or with a partitioned feed
+    (``partitioned``: the run has one)."""
     if own is not None:
-        if config.checkpoints_on:
+        if checkpoints.on:
             raise ValueError("checkpoint_store= and FORKLESS_CHECKPOINT_DIR or FORKLESS_CHECKPOINT_BUCKET: "
                              "a run keeps its checkpoints in one store (give the one or set the other)")
-        if any(spec.jetstream is not None and spec.jetstream.partitioned for spec in config.feed_specs):
+        if partitioned:
             raise ValueError("checkpoint_store= with a partitioned feed: its checkpoints are one object per "
                              "partition in FORKLESS_CHECKPOINT_BUCKET, where any instance can restore them")
-    elif not config.checkpoints_on:
+    elif not checkpoints.on:
         return NoCheckpoints()
-    return Checkpointer(None, interval_s=config.checkpoint_s, background=config.checkpoint_priority == "idle",
+    return Checkpointer(None, interval_s=checkpoints.every_s, background=checkpoints.priority == "idle",
                         before_write=before_write)
 
 

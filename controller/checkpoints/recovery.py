@@ -37,7 +37,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import jax
@@ -46,12 +46,12 @@ from forkless.controller.checkpoints.checkpoint import Restored
 from forkless.controller.checkpoints.checkpointer import CheckpointStore
 from forkless.controller.checkpoints.positions import SourcePositions
 from forkless.controller.checkpoints.snapshot import PendingSnapshot
-from forkless.controller.config import Config
 from forkless.controller.declared import declared
 from forkless.controller.engine import Engine, state_shapes
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.partitions.partitioned import PartitionedCheckpoints, PartitionPieces
 from forkless.controller.processor import StateShape
+from forkless.controller.settings.groups import CheckpointSettings
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats, SourceFigures
 from forkless.io_loop.counters import IOSnapshot, SourceStats
@@ -73,17 +73,19 @@ class Recovery:
     """The controller's checkpoints: the settings they must match, loading and restoring one,
     beginning one, and the JetStream feeds' positions (``sources``) recorded in each."""
 
-    def __init__(self, config: Config, processor: Any, slots: StreamSlots, stats: MainStats,
-                 io_snapshot: Callable[[], IOSnapshot | None], *, specs: Sequence[FeedSpec] | None = None,
-                 user_sources: frozenset[str] = frozenset(), own_store: bool = False) -> None:
+    def __init__(self, checkpoints: CheckpointSettings, shape: StateShape, processor: Any, slots: StreamSlots,
+                 stats: MainStats, io_snapshot: Callable[[], IOSnapshot | None], specs: Sequence[FeedSpec], *,
+                 user_sources: Collection[str] = (), own_store: bool = False) -> None:
         # own_store: the embedding program's checkpoint store (Controller(checkpoint_store=...)): checkpoints on
-        if (config.checkpoints_on or own_store) and not getattr(processor, "name", None):
+        if (checkpoints.on or own_store) and not getattr(processor, "name", None):
             # a checkpoint is restored only into the processor that wrote it: it must say which it is
             raise ProcessorContractError(
                 "checkpoints (FORKLESS_CHECKPOINT_DIR) need a processor that declares its identity: build it with "
                 "Processor(init, step, name=..., version=...) (the name and version are stored in each checkpoint "
                 "and matched on restore)")
-        self.config = config
+        self.checkpoints = checkpoints
+        self.shape = shape  # the state's sizes, which a checkpoint must match
+        self.specs = tuple(specs)  # the run's feeds (a user's sources among them), in order
         self.processor = processor
         # what the processor declared: its counters (kept here and in every checkpoint's counts) and
         # the settings its checkpoints record (controller/declared.py); refused now if the core cannot keep them
@@ -93,7 +95,7 @@ class Recovery:
         self.stats = stats
         self._io_snapshot = io_snapshot
         # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
-        self.sources = SourcePositions(config.feed_specs if specs is None else specs, user_sources)
+        self.sources = SourcePositions(self.specs, frozenset(user_sources))  # user_sources: their names
         # signalled by the IO side as replies are acknowledged (handed to it where there are JetStream feeds)
         self.acknowledged = Acknowledged()
         # where a restored checkpoint left each JetStream feed (PositionUnknown: every checkpoint damaged)
@@ -104,8 +106,7 @@ class Recovery:
     def settings(self) -> dict[str, Any]:
         """What a checkpoint must match to be restored: the core's shape-defining settings, the
         processor's identity and the settings it declared (``Processor.settings``)."""
-        cfg = self.config
-        return {"features": cfg.features, "max_streams": cfg.max_streams,
+        return {"features": self.shape.features, "max_streams": self.shape.max_streams,
                 "processor": getattr(self.processor, "name", None),
                 "processor_version": str(getattr(self.processor, "version", "1")), **self.declared.settings}
 
@@ -116,7 +117,7 @@ class Recovery:
         shape or dtype. Every one damaged: an empty state, the JetStream feeds' positions unknown."""
         # a checkpoint holds the canonical layout (row s = slot s), whatever the device count
         damaged: list[Any] = []
-        restored = store.load(self.settings(), like=state_shapes(self.processor, self.config), skipped=damaged)
+        restored = store.load(self.settings(), like=state_shapes(self.processor, self.shape), skipped=damaged)
         if isinstance(restored, PartitionPieces):  # merged into the init state by restore()
             self._partitioned = store
         if restored is None and damaged:
@@ -167,12 +168,12 @@ class Recovery:
     def _restore_partitions(self, engine: Engine, pieces: PartitionPieces) -> None:
         part = self._partitioned
         created = part.stream_created(pieces)  # (objects of streams created at different times: PositionLost)
-        init = jax.device_get(self.processor.init(StateShape.of(self.config)))
+        init = jax.device_get(self.processor.init(self.shape))
         engine.restore(part.restore_into(init, pieces), shared=False)
         shift = time.monotonic() - time.time()
         seen = np.concatenate(pieces.last_seen) if pieces.last_seen else np.zeros(0)
         self.slots.restore(pieces.names, np.arange(pieces.streams, dtype=np.int32), seen + shift)
-        spec = next(s for s in self.config.feed_specs if s.name == part.feed).jetstream
+        spec = next(s for s in self.specs if s.name == part.feed).jetstream
         self.positions = self.sources.restore(
             {part.feed: {"stream": spec.stream, "subject": spec.subject, "created": created,
                          "partitions": {str(p): pos for p, pos in pieces.positions.items()}}}, part.label)
@@ -217,7 +218,7 @@ class Recovery:
             behind[:] = SourcePositions.unconfirmed(positions, confirmed)
             return not behind
 
-        if not self.acknowledged.wait_for(caught_up, max(CONFIRM_WAIT_S, self.config.checkpoint_s)):
+        if not self.acknowledged.wait_for(caught_up, max(CONFIRM_WAIT_S, self.checkpoints.every_s)):
             raise TimeoutError("replies not stored by the results stream in time: " + "; ".join(behind))
 
     def source_figures(self, io: IOSnapshot) -> tuple[SourceFigures, ...]:

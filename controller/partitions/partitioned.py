@@ -51,7 +51,8 @@ Rules:
   objects' reader and writer when ``FORKLESS_CHECKPOINT_BUCKET`` is set; the controller checks
   ``lost`` every cycle (a lease that could not be renewed: ``LeaseLost``, exit 3) and calls
   ``close`` after the stop's checkpoint (the leases are released). ``NoPartitions`` has the same
-  calls for an instance that is not partitioned, so the controller calls them unconditionally.
+  calls for an instance that is not partitioned, so the controller calls them unconditionally. It is
+  handed the instance's ``InstanceSettings`` (controller/settings/groups.py), never the whole ``Config``.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ from forkless.controller.checkpoints.ckptformat import (
 from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
 from forkless.controller.device.compiled import per_stream_leaf
 from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
+from forkless.controller.settings.groups import InstanceSettings
 from forkless.io_loop.errors import LeaseLost, PositionLost
 from forkless.io_loop.sources.jsconsumer import ACCEPT_LOSS
 from forkless.io_loop.sources.partitions import format_partitions, partition_subjects, partitions_of
@@ -416,33 +418,36 @@ class PartitionOwner:
         self.checkpoints = checkpoints
 
     @classmethod
-    def open(cls, config: Any, feed: Any, like: Any, stop: threading.Event | None = None) -> PartitionOwner:
+    def open(cls, settings: InstanceSettings, feed: Any, like: Any,
+             stop: threading.Event | None = None) -> PartitionOwner:
         """Connect, take the leases (blocking: a dead holder's are waited out), and make the
         checkpoint objects' reader/writer if a bucket is configured. ``stop`` set meanwhile (a
-        signal during the wait): ``StopRequested``, with nothing held."""
+        signal during the wait): ``StopRequested``, with nothing held. ``settings``: the instance's
+        (``Config.instance_settings()``), what it reads of the configuration."""
         # nats-py is an optional extra, loaded only by a process with a JetStream feed
         from forkless.io_loop.nats.natsstore import NatsStore
 
         spec = feed.jetstream
         holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        io = config.io_settings()
-        store = NatsStore(feed, timeouts=io.timeouts, reconnect=io.reconnect, tls=io.tls,
-                          bucket=io.partitioning.checkpoint_bucket or None, lease_bucket=io.partitioning.lease_bucket,
-                          lease_s=io.partitioning.lease_s, holder=holder)
+        leases = settings.partitioning
+        store = NatsStore(feed, timeouts=settings.timeouts, reconnect=settings.reconnect, tls=settings.tls,
+                          bucket=leases.checkpoint_bucket or None, lease_bucket=leases.lease_bucket,
+                          lease_s=leases.lease_s, holder=holder)
         store.start(stop)
         try:
             store.acquire([lease_key(spec.stream, p) for p in spec.partitions], stop)
             # after the leases (a dead deployment's record expires with them): another layout alive is refused
             store.claim_deployment(deployment_key(spec.stream),
-                                   {"partition_count": spec.partition_count, "instances": config.instances},
+                                   {"partition_count": spec.partition_count, "instances": settings.instances},
                                    {lease_key(spec.stream, p): p for p in range(spec.partition_count)}, stop)
-            log.info("%s: holding the leases of partitions %s of %d (as %s)", feed.label,
-                     format_partitions(spec.partitions), spec.partition_count, holder)
+            which = "" if settings.instance is None else f"instance {settings.instance} of {settings.instances}, "
+            log.info("%s: holding the leases of partitions %s of %d (%sas %s)", feed.label,
+                     format_partitions(spec.partitions), spec.partition_count, which, holder)
             checkpoints = None
-            if config.checkpoint_bucket:
+            if leases.checkpoint_bucket:
                 checkpoints = PartitionedCheckpoints(
                     store, feed=feed.name, stream=spec.stream, template=spec.subject, count=spec.partition_count,
-                    partitions=spec.partitions, keep=config.checkpoint_keep, like=like, slots=config.max_streams + 1)
+                    partitions=spec.partitions, keep=settings.keep, like=like, slots=settings.max_streams + 1)
         except BaseException:
             store.close()
             raise

@@ -1,6 +1,6 @@
 """The ``FORKLESS_*`` variables: the registry (``variables``), the value parsers (``values``), ``FORKLESS_FEEDS``
-parsed (``feedspec``, each entry by its schema: ``feedschema``) and the variables as documentation (``vardocs``);
-``Config`` itself is controller/config.py.
+parsed (``feedspec``, each entry by its schema: ``feedschema``), the variables as documentation (``vardocs``) and
+the controller side's settings groups (``groups``); ``Config`` itself is controller/config.py.
 
 Rules:
 - A room of ``forkless.controller``: each module is imported by its full name

@@ -1,0 +1,70 @@
+"""What the controller's components read of the configuration: small frozen value objects, each handed only to
+what reads it (the IO side's are io_loop/settings.py's).
+
+Rules:
+- Built from the validated ``Config`` in one place each (``Config.checkpoint_settings()``,
+  ``Config.instance_settings()``), so a value here was checked there, with the error naming the
+  variable; nothing here reads the environment or validates.
+- The composition roots (controller/loop.py, the commands) build them and hand each component the group
+  it reads as a typed argument, never the whole ``Config`` (tests/test_controller_settings.py holds that
+  for the checkpoints and a partitioned instance's leases).
+- A field has the name of the ``Config`` field it comes from, or names it with ``_from``
+  (``CheckpointSettings.every_s`` is ``checkpoint_s``), as io_loop/settings.py's do: its
+  ``config_field`` tells which. A group may hold the IO side's groups where it connects as the IO
+  side does (a partitioned instance's store: timeouts, reconnect, TLS).
+- Immutable, so every thread may read them; no defaults (``Config``'s are the variables').
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from forkless.io_loop.settings import CONFIG_FIELD, PartitionSettings, ReconnectSettings, Timeouts, TlsSettings
+
+__all__ = ["CheckpointSettings", "InstanceSettings"]
+
+
+def _from(config_field: str, **kwargs: Any) -> Any:
+    """A field whose value is ``Config.<config_field>`` (``FORKLESS_<CONFIG_FIELD>``), named otherwise here."""
+    return field(metadata={CONFIG_FIELD: config_field}, **kwargs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSettings:
+    """Where and how often checkpoints are written and whether one is restored: FORKLESS_CHECKPOINT_DIR,
+    _S, _KEEP, _RESTORE, _PRIORITY and _BUCKET (a partitioned feed's). Read by the checkpoint writer and
+    the choice of its store (controller/checkpoints/checkpointer.py), recovery (controller/checkpoints/recovery.py)
+    and the loop's start (restore or not)."""
+
+    dir: str = _from("checkpoint_dir")  # "": no directory (the bucket, an embedding program's store, or off)
+    every_s: float = _from("checkpoint_s")
+    keep: int = _from("checkpoint_keep")  # the newest kept
+    restore: str = _from("checkpoint_restore")  # "auto" or "never"
+    priority: str = _from("checkpoint_priority")  # "idle": the writer thread is the OS's background work
+    bucket: str = _from("checkpoint_bucket")  # a partitioned feed's objects ("": none)
+
+    @property
+    def on(self) -> bool:
+        """A directory or a bucket is configured: checkpoints are written (and restored unless ``restore``
+        is ``"never"``); an embedding program's own store turns them on too, given beside these."""
+        return self.dir != "" or self.bucket != ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceSettings:
+    """A partitioned instance's (controller/partitions/partitioned.py's ``PartitionOwner``): which it is of how
+    many (FORKLESS_INSTANCE and _INSTANCES, None when its feed's entry names its partitions; the instances are
+    recorded in the deployment record), its leases' and checkpoint objects' buckets and a lease's length (the
+    IO side's ``PartitionSettings``, what its store reads), the checkpoint objects kept per partition
+    (FORKLESS_CHECKPOINT_KEEP), the streams a restore may put in the state (FORKLESS_MAX_STREAMS), and the
+    groups its store's connection reads (the IO side's own)."""
+
+    instance: int | None
+    instances: int | None
+    partitioning: PartitionSettings
+    keep: int = _from("checkpoint_keep")
+    max_streams: int
+    timeouts: Timeouts
+    reconnect: ReconnectSettings
+    tls: TlsSettings
