@@ -207,24 +207,36 @@ class FeedSet:
         """Several feeds, or sinks: each reply batch to its feed's outbox (never waits on a feed;
         waits for room in a sink's queue)."""
         outbound = self.bridge.outbound
-        while True:
-            try:
-                item = await outbound.get()
-            except janus.AsyncQueueShutDown:
-                for outbox in self.outboxes:
-                    outbox.end()
-                if self.results is not None:
-                    self.results.end()
-                return
-            if item.for_sinks is not None:
-                await self.results.hand(item.for_sinks)  # the sinks first, in the steps' order
-            for part in item.unbundled():  # a batch that mixed feeds comes as one bundle
-                if not part.frames and item.for_sinks is not None:
-                    continue  # results for the sinks only: no frame for its feed
-                if self.given_up[part.feed]:
-                    self._count_lost(part.feed, [(part, 0)])
-                else:
-                    self.outboxes[part.feed].put_nowait(part)
+        item = None
+        try:
+            while True:
+                try:
+                    item = await outbound.get()
+                except janus.AsyncQueueShutDown:
+                    return
+                if item.for_sinks is not None:
+                    await self.results.hand(item.for_sinks)  # the sinks first, in the steps' order
+                self._forward(item)
+                item = None
+        finally:
+            # also when cancelled (the abort): the item in hand goes to its feeds (counted there as unsent), and
+            # every outbox ends, so a writer waiting on one ends too instead of holding the IO thread
+            if item is not None:
+                self._forward(item)
+            for outbox in self.outboxes:
+                outbox.end()
+            if self.results is not None:
+                self.results.end()
+
+    def _forward(self, item: Outgoing) -> None:
+        """An item's frames, each feed's part to its outbox (never waits)."""
+        for part in item.unbundled():  # a batch that mixed feeds comes as one bundle
+            if not part.frames and item.for_sinks is not None:
+                continue  # results for the sinks only: no frame for its feed
+            if self.given_up[part.feed]:
+                self._count_lost(part.feed, [(part, 0)])
+            else:
+                self.outboxes[part.feed].put_nowait(part)
 
     def _give_up(self, index: int, exc: BaseException) -> None:
         """A feed gave up: reported, and the replies it can no longer send counted as dropped."""

@@ -225,3 +225,29 @@ def test_sinks_are_checked_when_the_controller_is_built():
         feed_plan(Config(), (), sinks=[Collecting("a"), Collecting("a")])
     with pytest.raises(ValueError, match="events_only=True runs no processor"):
         Controller(_config(), sources=[Emitting(1)], sinks=[Collecting()], events_only=True)
+
+
+def test_results_a_sink_still_holds_when_the_stop_deadline_passes_are_counted_unwritten():
+    """A sink that never takes: the stop waits for it until its deadline, then the IO side is aborted;
+    every result is accounted for, in the sink's books (unwritten) or as never handed over."""
+    n, queue_size = 400, 2
+    source, sink = Emitting(n), Gated()  # never opened
+    ctl = Controller(_config(queue_size=queue_size, max_batch=4, max_wait_ms=0.0, shutdown_timeout_s=1.0 * UNIT_S),
+                     processor=PROCESSOR, sources=[source], sinks=[sink])
+
+    def stop_when_full() -> None:
+        wait_until(lambda: ctl.stats().outbound_depth >= queue_size, timeout_s=30 * UNIT_S, what="outbound full")
+        ctl.request_stop()
+
+    with ctl:
+        stopper = threading.Thread(target=stop_when_full, daemon=True)
+        stopper.start()
+        drive(ctl, lambda: not stopper.is_alive(), timeout_s=60 * UNIT_S, what="the stop asked")
+    snap = ctl.stats()
+    books = dict(snap.sinks)["slow"]
+    assert books.written == 0 and books.held == 0
+    assert books.taken == books.unwritten == books.dropped["unwritten at the stop"] > 0
+    assert books.taken + snap.sink_results_unsent == snap.processed  # every result: in the books or never handed over
+    assert "sink 'slow': taken" in books_line(snap)
+    assert not ctl.abandoned_io  # the abort ended the IO thread: a writer waiting on its outbox ended too
+    assert_books_balance(ctl)

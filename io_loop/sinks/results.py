@@ -117,8 +117,14 @@ class ResultSinks:
 
     async def hand(self, results: Results) -> None:
         """One batch's results to every sink, in order, awaiting room in each (the backpressure)."""
-        for runner, queue in zip(self.runners, self.queues):
-            if not await queue.put(results):
+        for i, (runner, queue) in enumerate(zip(self.runners, self.queues)):
+            try:
+                put = await queue.put(results)
+            except asyncio.CancelledError:  # the abort: this sink and those after it never get them
+                for later in self.runners[i:]:
+                    self._lost(later, len(results), UNWRITTEN)
+                raise
+            if not put:
                 self._lost(runner, len(results), SINK_ENDED)
 
     def end(self) -> None:
