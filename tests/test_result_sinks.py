@@ -251,3 +251,42 @@ def test_results_a_sink_still_holds_when_the_stop_deadline_passes_are_counted_un
     assert "sink 'slow': taken" in books_line(snap)
     assert not ctl.abandoned_io  # the abort ended the IO thread: a writer waiting on its outbox ended too
     assert_books_balance(ctl)
+
+
+class Named(Emitting):
+    def __init__(self, name: str, n: int, start: int) -> None:
+        self.name = name
+        self.messages = make_messages(n, features=FEATURES, start=start)
+
+
+def test_each_result_names_the_feed_its_message_came_from():
+    first, second, sink = Named("left", 30, 0), Named("right", 30, 1000), Collecting()
+    recorded = Recording()
+    with Controller(_config(), processor=PROCESSOR, sources=[first, second], sinks=[sink], on_results=recorded) as ctl:
+        drive(ctl, lambda: ctl.stats().processed >= 60, timeout_s=30 * UNIT_S, what="60 messages processed")
+    by_feed = {name: [seq for feed, seq, _, _ in sink.got if feed == name] for name in ("left", "right")}
+    assert by_feed == {"left": list(range(30)), "right": list(range(1000, 1030))}  # each feed's in its order
+    assert [(s, k) for _, s, k, _ in sink.got] == [(s, k) for s, k, _ in recorded.got]
+    assert_books_balance(ctl)
+
+
+class Quitting:
+    """A sink that writes its first batch and returns: what comes after is counted, never waited for."""
+
+    name = "quits"
+
+    async def run(self, ctx: forkless.SinkContext) -> None:
+        batch = await ctx.next_batch()
+        batch.wrote(len(batch))
+
+
+def test_results_after_a_sink_returned_are_counted_sink_ended_and_the_run_goes_on():
+    source = Emitting(100)
+    with Controller(_config(max_batch=4, queue_size=2), processor=PROCESSOR, sources=[source],
+                    sinks=[Quitting()]) as ctl:
+        drive(ctl, lambda: ctl.stats().messages_out >= 100, timeout_s=30 * UNIT_S, what="100 replies written")
+    snap = ctl.stats()
+    books = dict(snap.sinks)["quits"]
+    assert books.taken == snap.processed == 100 and books.written > 0
+    assert books.written + books.dropped["sink ended"] == 100 and books.unwritten == 0
+    assert_books_balance(ctl)
