@@ -290,3 +290,23 @@ def test_results_after_a_sink_returned_are_counted_sink_ended_and_the_run_goes_o
     assert books.taken == snap.processed == 100 and books.written > 0
     assert books.written + books.dropped["sink ended"] == 100 and books.unwritten == 0
     assert_books_balance(ctl)
+
+
+def test_a_jetstream_feeds_results_reach_the_sink_and_its_replies_are_still_published(nats_server):
+    import json
+
+    from tests.natsserver import create_streams, publish, read_stream
+
+    create_streams(nats_server.url)
+    messages = make_messages(80, streams=4, seed=5)
+    seqs = publish(nats_server.url, lambda i: f"ticks.s{i % 4}", [json.dumps(m) for m in messages])
+    feed = {"name": "ticks", "nats": nats_server.url, "stream": "TICKS", "subject": "ticks.>", "results": "scores"}
+    sink = Collecting()
+    with Controller(_config(feeds=json.dumps([feed])), processor=PROCESSOR, sinks=[sink]) as ctl:
+        drive(ctl, lambda: ctl.stats().messages_out >= 80 and len(sink.got) >= 80, timeout_s=30 * UNIT_S,
+              what="80 replies published and 80 results in the sink")
+    assert [(f, s) for f, s, _, _ in sink.got] == [("ticks", m["seq"]) for m in messages]
+    ids = [headers["Nats-Msg-Id"] for headers, _ in read_stream(nats_server.url, "SCORES")]
+    assert ids == [f"TICKS:{s}:0" for s in seqs]  # each reply published once, named by its input
+    assert _books(ctl, "collect").written == 80
+    assert_books_balance(ctl)
