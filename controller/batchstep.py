@@ -14,7 +14,9 @@ Rules:
   and their streams reset (with steps in flight by the step itself, compiled.guarded), the results handed to
   ``on_results``, encode, stamp ``OUTBOUND`` (results handed over: the ``latency`` ends), put
   the one ``Outgoing`` (none when nothing is sent), move the JetStream feeds' positions. What
-  ``on_results`` raised is raised once the batch's replies are put.
+  ``on_results`` raised is raised once the batch's replies are put. With the controller's sinks
+  (``to_sinks``) the batch's results ride on that ``Outgoing`` (``Outgoing.for_sinks``: one is put even
+  when no frame is sent), as ``on_results`` got them, to the sinks on the IO loop (io_loop/sinks/results.py).
 - A step that raises answers its batch with "processing failed" (the engine kept the state,
   or replaced it if the failed step had lost it); the traceback is logged once per distinct
   error. A non-finite result is logged once.
@@ -22,6 +24,7 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import traceback
@@ -36,7 +39,7 @@ from forkless.controller.engine import Engine, Pending, StepFailed
 from forkless.controller.replies import NON_FINITE_REASON, Replies
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats
-from forkless.io_loop.crossing import ENCODED, FETCHED, OUTBOUND, STEP, Outgoing, Trace
+from forkless.io_loop.crossing import ENCODED, FETCHED, OUTBOUND, STEP, Outgoing, Results, Trace
 
 __all__ = ["BatchStep", "Begun", "Put"]
 
@@ -75,7 +78,7 @@ class BatchStep:
     def __init__(self, engine: Engine, slots: StreamSlots, replies: Replies, positions: SourcePositions,
                  stats: MainStats, *, put: Put, on_results: Callable[[list, list, dict], None],
                  feed_prefixes: Sequence[str] | None = None, io_cpu: Callable[[], float] | None = None,
-                 counters: Mapping[str, str] | None = None) -> None:
+                 counters: Mapping[str, str] | None = None, to_sinks: bool = False) -> None:
         self.engine = engine
         self.slots = slots
         self.replies = replies
@@ -87,6 +90,7 @@ class BatchStep:
         self._keys: list[dict[str, str]] = [{} for _ in feed_prefixes or ()]  # per feed: stream -> its key
         self._io_cpu = io_cpu
         self._counters = dict(counters or {})
+        self._to_sinks = to_sinks  # each batch's results ride on its Outgoing to the controller's sinks
         self._logged_failures: set[str] = set()
         self._logged_non_finite = False
         self._io_cpu_counted = 0.0  # the IO thread's CPU clock when the last step ended
@@ -130,6 +134,7 @@ class BatchStep:
         answered: list[str | bytes | None] = []  # one per row of ``encoded`` still to answer
         encoded: Sequence[int] = []  # the rows whose results were encoded (their feeds want results)
         are_results = False
+        results: Results | None = None  # for the controller's sinks
         if rows and ran is None:
             refused.update(dict.fromkeys(rows, "processing failed"))
             rows = []
@@ -146,11 +151,14 @@ class BatchStep:
                     # the host program's own code failed: raised to the caller of run() or
                     # process_pending() once this batch's replies are handed over (not lost)
                     host_error = exc
+                if self._to_sinks:
+                    feeds = taken.feed if isinstance(rows, range) else [taken.feed[i] for i in rows]
+                    results = Results(list(feeds), seq, stream, outputs)
             encoded, answered, are_results = replies.encode(taken, rows, seq, stream, outputs, policy)
         _stamp(taken.traces, ENCODED)
         stats.batches += 1
         stats.batch_size.observe(n)
-        self._hand_over(taken, rows, encoded, answered, are_results, refused, policy, deadline)
+        self._hand_over(taken, rows, encoded, answered, are_results, refused, policy, deadline, results)
         if host_error is not None:
             raise host_error
 
@@ -191,7 +199,8 @@ class BatchStep:
         return keys
 
     def _hand_over(self, taken: Taken, rows: Sequence[int], encoded: Sequence[int], answered: list,
-                   are_results: bool, refused: dict[int, str], policy: str | None, deadline: float | None) -> None:
+                   are_results: bool, refused: dict[int, str], policy: str | None, deadline: float | None,
+                   results: Results | None = None) -> None:
         """The batch's frames in arrival order, stamped and put as one item; its latency; the positions moved."""
         replies = self.replies
         frames, received, error_at, origin = replies.assemble(taken, rows, encoded, answered, are_results, refused,
@@ -204,6 +213,9 @@ class BatchStep:
         # JetStream feeds: each reply carries its message's origin (its id), and the feed's position moves
         sources = None if taken.origin is None else [taken.origin[i] for i in origin]
         item = replies.outgoing(taken, frames, received, error_at, origin, sources)
+        if results is not None:  # the sinks' results ride on the batch's one item (no frame: an item of its own)
+            item = Outgoing([], feed=taken.first_feed, for_sinks=results) if item is None else \
+                dataclasses.replace(item, for_sinks=results)
         if item is not None:
             self._put(item, deadline)
         if sources is not None:

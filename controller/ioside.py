@@ -8,7 +8,10 @@ Rules:
   whose counters read as they are and whose calls do nothing, so it never asks whether there is one.
 - The IO thread gets what it needs as constructor arguments (settings, codec, counters to
   write, the whole-process snapshot, the metrics renderer, the embedder's connect hooks, the
-  restored JetStream positions), never attributes set on it from outside.
+  restored JetStream positions, the plan's sinks of results), never attributes set on it from outside.
+- The controller's sinks (``Controller(sinks=...)``) are checked when it is built (``checked_sinks``:
+  each a ``Sink``, names of their own, a processor to give them results) and handed to the real IO
+  thread, which hands them each batch's results (io_loop/sinks/results.py).
 - What the controller reads of the IO side is its snapshot (``IOSide.snapshot``), but for
   ``feed_ended``: ``Controller.send``'s check before every send, two reads and no copy (a whole
   snapshot cost about 0.15 ms a send, measured: bench/docs/exchange-session-cost.md).
@@ -31,23 +34,25 @@ from forkless.io_loop.counters import IOSnapshot, IOStats
 from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.finishing import declared_awaiting
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec
+from forkless.io_loop.sinks.sink import Sink
 from forkless.io_loop.source import Source
 from forkless.io_loop.sources.before_connect import BeforeConnect
 from forkless.io_loop.sources.on_connect import OnConnect
 from forkless.io_loop.spill import declared_policy
 from forkless.io_loop.thread import IOThread
 
-__all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "OnEvent", "OnResults", "feed_plan", "io_thread",
-           "with_hooks"]
+__all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "OnEvent", "OnResults", "checked_sinks", "feed_plan",
+           "io_thread", "with_hooks"]
 
 
 class FeedPlan(NamedTuple):
     """What the controller runs: every feed's spec in order (the configured feeds, then the
-    user's own sources), the user's sources by name, and whether the demo feed runs."""
+    user's own sources), the user's sources by name, whether the demo feed runs, and the user's sinks."""
 
     specs: tuple[FeedSpec, ...]
     sources: dict[str, Source]
     uses_demo_feed: bool
+    sinks: tuple[Sink, ...] = ()  # the controller's sinks of results (``checked_sinks``)
 
     def sendable(self, feed: str) -> int:
         """The index of the feed or source named ``feed``, to which ``Controller.send`` may hand
@@ -77,16 +82,18 @@ class FeedPlan(NamedTuple):
         return [spec.name + ":" for spec in self.specs] if len(self.specs) > 1 and not shared_streams else None
 
 
-def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: bool = True) -> FeedPlan:
+def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: bool = True, sinks: Sequence[Sink] = (),
+              events_only: bool = False) -> FeedPlan:
     """The one place that decides which feeds run: the configured ones (``FORKLESS_WS_URL``,
     ``FORKLESS_FEEDS``) beside the user's own ``sources``; with sources and nothing configured,
     the sources run instead of the embedded demo feed. The demo feed's settings are checked
     only when it runs (``ConfigError``: ``Config.check_demo_feed``); ``check_demo=False``: an IO
-    side of the caller's own runs no demo feed (the tests' fake)."""
+    side of the caller's own runs no demo feed (the tests' fake). ``sinks``: ``checked_sinks``."""
+    sinks = checked_sinks(sinks, events_only=events_only)
     if not sources:
         if config.uses_demo_feed and check_demo:  # its settings are checked only when it runs
             config.check_demo_feed()
-        return FeedPlan(config.feed_specs, {}, config.uses_demo_feed)
+        return FeedPlan(config.feed_specs, {}, config.uses_demo_feed, sinks)
     configured = () if config.uses_demo_feed else config.feed_specs
     taken = {spec.name for spec in configured}
     specs: list[FeedSpec] = list(configured)
@@ -108,7 +115,25 @@ def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: boo
         taken.add(name)
         by_name[name] = source
         specs.append(FeedSpec(name, "", replies=replies, required=bool(capability(source, "required"))))
-    return FeedPlan(tuple(specs), by_name, False)
+    return FeedPlan(tuple(specs), by_name, False, sinks)
+
+
+def checked_sinks(sinks: Sequence[Sink], *, events_only: bool) -> tuple[Sink, ...]:
+    """``Controller(sinks=...)`` checked: each an object with a non-empty str ``name`` and ``async
+    run(ctx)`` (``TypeError``), names of their own and a processor whose results they get (``ValueError``)."""
+    sinks = tuple(sinks)
+    for sink in sinks:
+        name = getattr(sink, "name", None)
+        if not isinstance(name, str) or not name or not callable(getattr(sink, "run", None)):
+            raise TypeError(f"a sink is an object with a name (a non-empty str) and async run(ctx): {sink!r} is not "
+                            "(forkless.Sink, docs/embedding/sinks.md)")
+    names = [sink.name for sink in sinks]
+    if len(set(names)) < len(names):
+        raise ValueError(f"two sinks are named alike ({', '.join(map(repr, names))}): each needs a name of its own")
+    if sinks and events_only:
+        raise ValueError("sinks= takes the processor's results, and events_only=True runs no processor: "
+                         "hand the events to on_event instead")
+    return sinks
 
 
 class IOSide(Protocol):
@@ -195,10 +220,11 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
                positions: dict[str, Any] | None = None, plan: FeedPlan | None = None,
                fence: Callable[[], bool] | None = None, acknowledged: Any = None) -> IOSide:
     """The real IO side; ``positions``: the replayable feeds' positions a restored checkpoint
-    recorded (passed only when there are some); ``plan``: the feeds with the user's own sources
+    recorded (passed only when there are some); ``plan``: the feeds with the user's own sources (and sinks)
     (passed only when there are some); ``fence``: a partitioned instance's lease check, asked
     before each publication of replies (passed only by a partitioned instance); ``acknowledged``:
-    signalled as replies are acknowledged (io_loop/sinks/sink.py, passed where there are JetStream feeds)."""
+    signalled as replies are acknowledged (io_loop/sinks/sink.py, passed where there are JetStream feeds). The
+    plan's sinks (``FeedPlan.sinks``) are handed each batch's results."""
     render = None
     if config.metrics_addr:
         from forkless.controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
@@ -210,5 +236,6 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
     # every feed's source built here, the composition root: the hooks and the fence go straight to them
     sources = feed_sources(settings, sources=plan.sources if plan is not None else None, on_connect=on_connect,
                            before_connect=before_connect, fence=fence)
+    result_sinks = plan.sinks if plan is not None else ()
     return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render, sources=sources,
-                    positions=positions, acknowledged=acknowledged)
+                    positions=positions, acknowledged=acknowledged, result_sinks=result_sinks)

@@ -107,7 +107,8 @@ class Controller:
     it is (``ctx.emit_event``). ``checkpoint_store``: where checkpoints go instead of
     ``FORKLESS_CHECKPOINT_DIR`` (a ``CheckpointStore``: controller/checkpoints/checkpointer.py,
     docs/embedding/sources.md). ``events_only=True``: the sources hand over only events, and no processor runs: nothing
-    is compiled and no device state exists (controller/eventsonly.py has the rules).
+    is compiled and no device state exists (controller/eventsonly.py). ``sinks``: the user's ``Sink``s, handed each
+    batch's results (what ``on_results`` gets) on the IO thread (io_loop/sinks/results.py, docs/embedding/sinks.md).
     """
 
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
@@ -116,7 +117,7 @@ class Controller:
                  freeze_gc: bool = False, on_connect: OnConnect | None = None,
                  before_connect: BeforeConnect | None = None, sources: Sequence[Source] = (),
                  on_event: OnEvent | None = None, checkpoint_store: CheckpointStore | None = None,
-                 events_only: bool = False) -> None:
+                 events_only: bool = False, sinks: Sequence[Any] = ()) -> None:
         """The wiring; nothing runs and nothing is compiled until ``start()`` (see the class)."""
         self.config = cfg = config if config is not None else Config.from_env()
         if events_only:  # before the plan: no demo feed's settings are checked when none runs
@@ -124,7 +125,7 @@ class Controller:
                               on_results=on_results, sources=sources, store=checkpoint_store)
         self.events_only = events_only
         # the feeds this controller runs: the configured ones and the user's own sources
-        self.plan = feed_plan(cfg, sources, check_demo=io_factory is io_thread)
+        self.plan = feed_plan(cfg, sources, check_demo=io_factory is io_thread, sinks=sinks, events_only=events_only)
         self.feed_specs = specs = self.plan.specs
         self.on_event = on_event
         self.processor = None if events_only else processor if processor is not None else default_processor(cfg)
@@ -243,7 +244,7 @@ class Controller:
             self.engine, self.slots, self.replies, self.sources, stats, put=self._outbound.put,
             on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
             # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
-            io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds),
+            io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds, to_sinks=bool(self.plan.sinks)),
             steps_in_flight(self.config, self.engine.platform))
         self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event)
 
@@ -268,11 +269,11 @@ class Controller:
             raise StopRequested("the wait for the partitions' leases") from None
 
     def _io_arguments(self) -> dict[str, Any]:
-        """What the IO side is given beside its settings, each only where there is one: the
-        restored positions, the plan with the user's sources, a partitioned instance's fence
-        (asked before publishing: never after the leases ran out), JetStream feeds' ``acknowledged``."""
+        """What the IO side is given beside its settings, each only where there is one: the restored positions, the
+        plan (the user's sources, sinks), a partitioned instance's fence (asked before publishing), ``acknowledged``."""
         positions, plan, acked = self.recovery.positions, self.plan, {"acknowledged": self.recovery.acknowledged}
-        return {**({"positions": positions} if positions else {}), **({"plan": plan} if plan.sources else {}),
+        planned = {"plan": plan} if plan.sources or plan.sinks else {}
+        return {**({"positions": positions} if positions else {}), **planned,
                 **(acked if self.sources else {}), **self._owner.io_arguments()}
 
     def _close_owner(self) -> None:

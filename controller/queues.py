@@ -294,6 +294,7 @@ class Outlet:
                 self._raise_if_failed(item)
                 if deadline is not None and time.monotonic() >= deadline:
                     self.stats.dropped["outbound full at stop"] += item.frame_count
+                    self._count_sink_results(item)
                     log.error("%d replies dropped: the outbound queue stayed full until the stop deadline",
                               item.frame_count)
                     return
@@ -312,10 +313,17 @@ class Outlet:
 
     def _count_unput(self, item: Outgoing) -> None:
         """Replies the IO side will never take: those answering messages counted as dropped."""
+        self._count_sink_results(item)
         answers = count_unsent([(item, 0)]).answers
         if answers:
             self.stats.dropped[IO_ENDED_REASON] += answers
             log.error("%d replies dropped: the IO side ended before taking them", answers)
+
+    def _count_sink_results(self, item: Outgoing) -> None:
+        """The results ``item`` carried for the controller's sinks, which will never reach them: counted, logged."""
+        if item.for_sinks is not None:
+            self.stats.sink_results_unsent += len(item.for_sinks)
+            log.error("%d results for the sinks were not handed to the IO side before the stop", len(item.for_sinks))
 
     def shutdown(self) -> None:
         """No more puts: the IO thread sends what is queued, then ends (io_loop/bridge.py)."""

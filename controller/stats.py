@@ -59,6 +59,7 @@ class MainStats:
     hops: dict[str, Histogram] = field(default_factory=new_hops)
     events: int = 0  # a user source's objects handed to on_event (io_loop/source.py)
     events_unhandled: int = 0  # ... that found no on_event (counted, logged once), or came after the stop
+    sink_results_unsent: int = 0  # results for the controller's sinks whose batch never reached the IO side (the stop)
 
     @classmethod
     def for_run(cls, buckets: Sequence[int], feeds: int) -> MainStats:
@@ -157,6 +158,9 @@ class StatsSnapshot:
     sent_out: int = 0
     sent_unsent: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    # the controller's sinks of results (Controller(sinks=...)): each one's name and books (SinkStats)
+    sinks: tuple[tuple[str, Any], ...] = ()
+    sink_results_unsent: int = 0  # results for the sinks never handed to the IO side (outbound full at the stop)
     # the sources' own buffers (io_loop/spill.py): events given up by reason (an overflow
     # drop_oldest, an aborted stop), and the messages and events waiting in them now
     events_dropped: dict[str, int] = field(default_factory=dict)
@@ -284,13 +288,22 @@ def books_line(snap: StatsSnapshot) -> str:
     """The message books in one line (logged at the end of ``run()``)::
 
         books: in N = results R + error replies A + no reply Q + dropped D (reason n, …) + unanswered U
+        (…; sink 'name': taken T = written W + dropped D (reason n, …) + held H: each of the controller's sinks)
     """
     dropped = ", ".join(f"{reason} {n}" for reason, n in sorted(snap.dropped.items()))
     return (f"books: in {snap.messages_in} = results {snap.messages_out} + error replies {snap.answer_errors_out}"
             f" + no reply {snap.no_reply} + dropped {snap.dropped_total}{f' ({dropped})' if dropped else ''}"
             f" + unanswered {snap.in_flight}; also {snap.errors_out - snap.answer_errors_out} replies to bad input"
             f", {snap.replies_declined_total} replies declined"
-            f", {snap.written_unconfirmed} replies written to connections that then failed")
+            f", {snap.written_unconfirmed} replies written to connections that then failed"
+            + "".join(f"; sink {name!r}: taken {books.taken} = written {books.written} + dropped "
+                      f"{sum(books.dropped.values())}{_reasons(books.dropped)} + held {books.held}"
+                      for name, books in snap.sinks)
+            + (f"; {snap.sink_results_unsent} results never handed to the sinks" if snap.sink_results_unsent else ""))
+
+
+def _reasons(dropped: dict[str, int]) -> str:
+    return f" ({', '.join(f'{reason} {n}' for reason, n in sorted(dropped.items()))})" if dropped else ""
 
 
 def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: int,
@@ -348,7 +361,8 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         io_cpu_s=io_cpu_s,
         step_io_cpu_s=main.step_io_cpu_s,
         events_in=io.events_in, events=main.events, events_unhandled=main.events_unhandled,
-        sent_out=io.sent_out, sent_unsent=io.sent_unsent, counts=io.counts,
+        sent_out=io.sent_out, sent_unsent=io.sent_unsent, counts=io.counts, sinks=io.sinks,
+        sink_results_unsent=main.sink_results_unsent,
         events_dropped=io.events_dropped, buffered=io.buffered, awaited_unanswered=io.awaited_unanswered,
         partitions_unowned=partitions_unowned,
         counters=copy_counts(main.counters),

@@ -59,6 +59,7 @@ _EXPORTS = {
     "SinkStats": "forkless.io_loop.sinks.sink",
     "MessageBatch": "forkless.io_loop.sinks.sink",
     "EventBatch": "forkless.io_loop.sinks.sink",
+    "ResultBatch": "forkless.io_loop.sinks.sink",
     "SinkRun": "forkless.controller.lifetime.sinkrun",
     "SinkView": "forkless.controller.lifetime.sinkrun",
     "IOPortal": "forkless.io_loop.portal",

@@ -257,6 +257,7 @@ class IOSnapshot:
     sent_out: int = 0  # IOStats.sent_out
     sent_unsent: int = 0  # IOStats.sent_unsent
     counts: dict[str, int] = field(default_factory=dict)  # IOStats.counts (a user source's own)
+    sinks: tuple[tuple[str, Any], ...] = ()  # a controller's sinks: (name, SinkStats) each (io_loop/sinks/results.py)
     events_dropped: dict[str, int] = field(default_factory=dict)  # IOStats.events_dropped
     buffered: int = 0  # IOStats.buffered (summed over the feeds)
     buffered_peak: int = 0  # IOStats.buffered_peak (a feed's own; the largest feed's in the totals)

@@ -3,7 +3,8 @@
 Rules:
 - ``Chunk`` (IO -> main, on ``inbound``) and ``Outgoing`` (main -> IO, on ``outbound``) are the
   only things that cross (io_loop/bridge.py owns the queues); a ``Trace`` rides along on one
-  message in ``SAMPLE_EVERY``.
+  message in ``SAMPLE_EVERY``, and a batch's ``Results`` on its ``Outgoing`` when the controller
+  has sinks (io_loop/sinks/results.py): no third queue.
 - Plain data, no behaviour that needs a thread, a loop or a clock: the main thread's core
   (controller/batching.py) builds batches from chunks and the IO side sends items, both
   importing these names from here. Nothing here imports a third-party library, so the
@@ -18,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 __all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICKED", "READ", "SAMPLE_EVERY",
-           "STEP", "TAKEN", "WRITTEN", "Chunk", "Events", "Origin", "Outgoing", "PositionUnknown", "Resume", "Trace",
-           "Unsent",
+           "STEP", "TAKEN", "WRITTEN", "Chunk", "Events", "Origin", "Outgoing", "PositionUnknown", "Results", "Resume",
+           "Trace", "Unsent",
            "count_unsent"]
 
 
@@ -131,6 +132,21 @@ class Events:
 
 
 @dataclass
+class Results:
+    """One stepped batch's results for the controller's sinks, as ``on_results`` got them: each
+    message's feed (its index), ``seq``, ``stream``, and ``outputs`` (output name -> numpy array
+    whose leading axis is the messages, in arrival order). Read-only once it crosses."""
+
+    feed: list[int]
+    seq: list[Any]
+    stream: list[str]
+    outputs: dict[str, Any]
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+@dataclass
 class Outgoing:
     """Frames for the IO thread to send, in order.
 
@@ -157,6 +173,7 @@ class Outgoing:
     traces: list[Trace] = field(default_factory=list)  # sampled messages among those answered here
     origin: list[Origin] | None = None  # per frame, its message's (a source that gives positions); else None
     sent: bool = False  # frames the main thread sent on its own (``Controller.send``): no answers, no errors
+    for_sinks: Results | None = None  # the batch's results for the controller's sinks (a bundle's, not its parts')
 
     def unbundled(self) -> tuple[Outgoing, ...]:
         """The items to send: the parts of a bundle, else this item itself."""

@@ -19,7 +19,9 @@ Rules:
   that mixed feeds comes as one bundle of per-feed parts: one hand-over between the threads
   per batch) and puts each on its feed's own ``Outbox`` without waiting, so a feed that is down holds back nobody
   else's replies. An outbox only grows by replies to messages its feed sent before it went
-  down (a feed that is down reads nothing), so it is bounded by what was in flight then.
+  down (a feed that is down reads nothing), so it is bounded by what was in flight then. With a
+  controller's sinks (io_loop/sinks/results.py) the router always runs: it hands each item's results
+  to the sinks first (awaiting room: a sink behind holds outbound), then its frames to the outboxes.
 - Failure policy: a feed that gives up (``FeedFatal``: a refused handshake, or
   ``FORKLESS_RECONNECT_TRIES`` used up) is logged and reported (``given_up``); replies to its
   messages that can no longer be sent are counted as dropped ("feed given up"), never lost
@@ -79,8 +81,8 @@ class Outbox(asyncio.Queue):
         item = super().get_nowait()
         return self._taken(item)
 
-    async def get(self) -> Any:
-        return self._taken(await super().get())
+    # no ``get`` of its own: asyncio.Queue.get returns ``self.get_nowait()``, which counts the item (a
+    # ``get`` that counted it again made the feed's unsent count go below zero by every frame written)
 
     def _taken(self, item: Any) -> Any:
         if item is self._END:
@@ -147,12 +149,14 @@ class FeedSet:
     (a ``SourceRunner`` for each feed's ready source, ``sources`` one per ``settings.feed_specs``)."""
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, sources: Sequence[Source], *,
-                 positions: Mapping[str, Any] | None = None, acknowledged: Any = None) -> None:
+                 positions: Mapping[str, Any] | None = None, acknowledged: Any = None,
+                 results: Any = None) -> None:
         self.settings = settings
         self.bridge = bridge
         self.specs = settings.feed_specs
         self.given_up = [""] * len(self.specs)
-        routed = len(self.specs) > 1
+        self.results = results  # a controller's sinks (io_loop/sinks/results.py's ResultSinks), or None
+        routed = len(self.specs) > 1 or results is not None
         self.outboxes: list[Outbox] = [Outbox() for _ in self.specs] if routed else []
         self.clients: list[SourceRunner] = [
             feed_client(spec, i, settings, codec, source, inbound=bridge.inbound,
@@ -200,20 +204,39 @@ class FeedSet:
         self.bridge.stop_inbound()
 
     async def _route(self) -> None:
-        """Several feeds: each reply batch to its feed's outbox (never waits on a feed)."""
+        """Several feeds, or sinks: each reply batch to its feed's outbox (never waits on a feed;
+        waits for room in a sink's queue)."""
         outbound = self.bridge.outbound
-        while True:
-            try:
-                item = await outbound.get()
-            except janus.AsyncQueueShutDown:
-                for outbox in self.outboxes:
-                    outbox.end()
-                return
-            for part in item.unbundled():  # a batch that mixed feeds comes as one bundle
-                if self.given_up[part.feed]:
-                    self._count_lost(part.feed, [(part, 0)])
-                else:
-                    self.outboxes[part.feed].put_nowait(part)
+        item = None
+        try:
+            while True:
+                try:
+                    item = await outbound.get()
+                except janus.AsyncQueueShutDown:
+                    return
+                if item.for_sinks is not None:
+                    await self.results.hand(item.for_sinks)  # the sinks first, in the steps' order
+                self._forward(item)
+                item = None
+        finally:
+            # also when cancelled (the abort): the item in hand goes to its feeds (counted there as unsent), and
+            # every outbox ends, so a writer waiting on one ends too instead of holding the IO thread
+            if item is not None:
+                self._forward(item)
+            for outbox in self.outboxes:
+                outbox.end()
+            if self.results is not None:
+                self.results.end()
+
+    def _forward(self, item: Outgoing) -> None:
+        """An item's frames, each feed's part to its outbox (never waits)."""
+        for part in item.unbundled():  # a batch that mixed feeds comes as one bundle
+            if not part.frames and item.for_sinks is not None:
+                continue  # results for the sinks only: no frame for its feed
+            if self.given_up[part.feed]:
+                self._count_lost(part.feed, [(part, 0)])
+            else:
+                self.outboxes[part.feed].put_nowait(part)
 
     def _give_up(self, index: int, exc: BaseException) -> None:
         """A feed gave up: reported, and the replies it can no longer send counted as dropped."""

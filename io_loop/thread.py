@@ -30,6 +30,10 @@ Rules:
   the sink has returned (inbound shut down by the stop and everything taken dealt with) outbound
   is ended here, and the feeds close. If the feeds fail first, inbound is shut down and the sink
   gets until ``shutdown_timeout_s`` to deal with what was read; then the feeds' error is raised.
+- ``result_sinks`` (a controller's own ``Sink``s, ``Controller(sinks=...)``): each stepped batch's
+  results, which cross on outbound with its replies, are handed to them on this loop
+  (io_loop/sinks/results.py has the rules); they run beside the feeds, a sink that fails ends the
+  loop (``FeedFatal``), and the feeds' end waits for theirs (the stop drains them).
 - ``acknowledged`` (io_loop/sinks/sink.py's ``Acknowledged``), when given, is signalled each time a feed's
   batch of answers is written whole (a JetStream feed's: stored by its results stream), for the
   checkpoint waiting on its replies (controller/checkpoints/recovery.py) to wake without a poll.
@@ -38,6 +42,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -51,6 +56,7 @@ from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 from forkless.io_loop.feeds import FeedSet
 from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.settings import IOSettings
+from forkless.io_loop.sinks.results import ResultSinks
 from forkless.io_loop.sinks.sink import Acknowledged, Sink, SinkRunner
 from forkless.io_loop.source import Source
 
@@ -70,13 +76,15 @@ class IOThread:
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
                  sources: Sequence[Source], positions: Mapping[str, Origin] | None = None,
                  sink: Sink | SinkRunner | None = None, acknowledged: Acknowledged | None = None,
-                 name: str = "forkless-io") -> None:
+                 result_sinks: Sequence[Sink] = (), name: str = "forkless-io") -> None:
         if len(sources) != len(settings.feed_specs):
             raise ValueError(f"IOThread needs one source per feed: {len(settings.feed_specs)} feeds, "
                              f"{len(sources)} sources (io_loop/feeds.py's feed_sources makes them)")
         self.settings = settings
         names = [spec.name for spec in settings.feed_specs]
         self.sink = sink if sink is None or isinstance(sink, SinkRunner) else SinkRunner(sink, names)
+        # a controller's sinks of results (their queues hold as many batches as outbound does)
+        self.results = ResultSinks(result_sinks, names, settings.limits.queue_size) if result_sinks else None
         self.acknowledged = acknowledged
         self._sources = list(sources)  # every feed's source, ready made (io_loop/feeds.py's feed_sources)
         self.positions = dict(positions or {})  # JetStream feeds' restored positions, by feed name
@@ -150,7 +158,8 @@ class IOThread:
         """Everything the IO side counts, copied: totals, and each feed's own; callable from any thread."""
         bridge, feeds = self._bridge, self._feeds
         inbound, outbound = bridge.depths() if bridge is not None else (0, 0)
-        return combine_io(self.stats.snapshot(inbound, outbound, 0), feeds.snapshots() if feeds is not None else [])
+        io = combine_io(self.stats.snapshot(inbound, outbound, 0), feeds.snapshots() if feeds is not None else [])
+        return io if self.results is None else dataclasses.replace(io, sinks=self.results.snapshots())
 
     def feed_ended(self, index: int) -> str:
         """Why feed ``index`` takes no more frames ("" while it does): callable from any thread.
@@ -189,7 +198,7 @@ class IOThread:
         metrics = None
         try:
             self._feeds = FeedSet(cfg, self.codec, bridge, self._sources, positions=self.positions,
-                                  acknowledged=self.acknowledged)
+                                  acknowledged=self.acknowledged, results=self.results)
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:
@@ -202,7 +211,9 @@ class IOThread:
             background.append(asyncio.create_task(self._watch_lag(), name="forkless-lag"))
             self._main_side = bridge.main_side()
             self._runner.ready()
-            if self.sink is None:
+            if self.results is not None:
+                await self._run_with_results(self.results, self._feeds)
+            elif self.sink is None:
                 await self._feeds.run()
             else:
                 await self._run_with_sink(self.sink, self._feeds, bridge)
@@ -252,6 +263,19 @@ class IOThread:
                 task.cancel()
             await asyncio.gather(feeding, sinking, return_exceptions=True)
 
+    async def _run_with_results(self, results: ResultSinks, feeds: FeedSet) -> None:
+        """The feeds and the controller's sinks together, until both are done; the first failure
+        (a feed's, a sink's ``FeedFatal``) ends both and is raised (see the module rules)."""
+        tasks = [asyncio.create_task(feeds.run(), name="forkless-feeds"),
+                 asyncio.create_task(results.run(), name="forkless-sinks")]
+        try:
+            for done in asyncio.as_completed(tasks):
+                await done
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
     def _begin_stop(self, deadline: float | None) -> None:
         """On the loop: start the stop as a task the loop keeps (``_main`` finishes it), so it is
         never collected unstarted when the loop ends first; nothing once ``_main`` has ended."""
@@ -263,6 +287,8 @@ class IOThread:
     async def _stop_reading(self, deadline: float | None) -> None:
         if self.sink is not None:
             self.sink.begin_stop()
+        if self.results is not None:
+            self.results.begin_stop()
         if self._feeds is not None:
             await self._feeds.stop_reading(deadline)
         elif self._bridge is not None:
@@ -283,11 +309,15 @@ class IOThread:
         feeds = self._feeds
         unsent = [held for i in range(len(feeds.clients)) for held in feeds.unsent_items(i)] if feeds else []
         outbound = self._bridge.outbound if self._bridge is not None else None
+        left_on_outbound = []
         while outbound is not None:
             try:
-                unsent.append((outbound.get_nowait(), 0))
+                left_on_outbound.append(outbound.get_nowait())
             except Exception:
                 break
+        unsent += [(item, 0) for item in left_on_outbound]
+        if self.results is not None:  # their results never reached the sinks: counted in each one's books
+            self.results.count_unsent(left_on_outbound)
         answers, errors, sent = count_unsent(unsent)
         # messages received but never handed to the main thread, or handed over after it
         # stopped taking them (an aborted stop): counted as not processed

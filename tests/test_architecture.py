@@ -124,6 +124,7 @@ IO = [
     "io_loop/nats/nats_compat.py",
     "io_loop/sources/probe.py",
     "io_loop/relay/publisher.py",
+    "io_loop/sinks/results.py",
     "io_loop/sinks/sink.py",
     "io_loop/source.py",
     "io_loop/thread.py",

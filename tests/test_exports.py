@@ -66,6 +66,7 @@ FORKLESS_ALL = [
     "ProcessorContractError",
     "Relogin",
     "ReplyBatch",
+    "ResultBatch",
     "SendFailed",
     "Sink",
     "SinkBatch",

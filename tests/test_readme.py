@@ -61,7 +61,7 @@ def test_every_example_in_the_documents_is_run_by_a_test():
               ("EMBEDDING.md", "driven"), ("EMBEDDING.md", "subscribe"), ("EMBEDDING.md", "source"),
               ("EMBEDDING.md", "portal"), ("EMBEDDING.md", "credentials"), ("EMBEDDING.md", "reconnecting"),
               ("EMBEDDING.md", "relogin"), ("EMBEDDING.md", "weights"),  # relogin: tests/test_relogin.py
-              ("EMBEDDING.md", "stop"), ("EMBEDDING.md", "sink")}
+              ("EMBEDDING.md", "stop"), ("EMBEDDING.md", "sink"), ("EMBEDDING.md", "results_sink")}
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested
@@ -305,4 +305,17 @@ def test_the_sink_example_prints_every_message_and_its_books_balance(feed_server
     assert proc.returncode == 0, proc.stderr
     got = [line.split() for line in proc.stdout.splitlines() if line.startswith("got ")]
     assert [(g[1], int(g[2])) for g in got] == [(f"s{i % 2}", i) for i in range(10)]
+    assert "written 10 of 10" in proc.stdout
+
+
+def test_the_results_sink_example_prints_every_result_in_order_and_its_books_balance(feed_server):
+    frames = [json.dumps({"seq": i, "stream": f"s{i % 2}", "x": [float(i)] * 8}) for i in range(10)]
+    server = feed_server(send_frames(frames))
+    proc = run_app(env={"FORKLESS_WS_URL": server.url, "FORKLESS_DURATION": "3", "FORKLESS_STATUS_S": "0"},
+                   program=("-c", example("results_sink")), timeout_s=90 * UNIT_S)
+    assert proc.returncode == 0, proc.stderr
+    got = [line.split() for line in proc.stdout.splitlines() if line.startswith("result ")]
+    assert [(g[1], g[2], int(g[3])) for g in got] == [("0", f"s{i % 2}", i) for i in range(10)]
+    replies = {r["seq"]: r["score"] for r in server.replies()}  # the feed's replies, with the same scores
+    assert [round(replies[int(g[3])], 3) for g in got] == [float(g[4]) for g in got]
     assert "written 10 of 10" in proc.stdout

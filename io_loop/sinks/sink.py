@@ -6,7 +6,9 @@ Rules:
   run: the relay, io_loop/relay/publisher.py, or a user's own through ``forkless.SinkRun``). It
   takes batches with ``async for batch in ctx.batches()``, in the order the sources handed them
   over (each feed's in its own order): ``MessageBatch`` (a feed's decoded messages, column-wise)
-  or ``EventBatch`` (the objects a source handed over with ``emit_event``).
+  or ``EventBatch`` (the objects a source handed over with ``emit_event``). A controller's sinks
+  (``Controller(sinks=...)``, io_loop/sinks/results.py) are handed ``ResultBatch``es instead: each
+  stepped batch's results, as ``on_results`` got them, in the order of the steps.
 - The books: every item taken is *held* until the sink says ``batch.wrote(n)`` (``n`` more of the
   batch's items are written, or stored where the sink waits for its server's acknowledgement) or
   ``batch.drop(reason)`` (the rest given up, counted in ``dropped`` by reason). ``wrote`` takes an
@@ -43,11 +45,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import janus
 import numpy as np
-from forkless.io_loop.crossing import Chunk, Events
+from forkless.io_loop.crossing import Chunk, Events, Results
 from forkless.io_loop.errors import FeedFatal
 
-__all__ = ["Acknowledged", "EventBatch", "MessageBatch", "Sink", "SinkBatch", "SinkContext", "SinkRunner",
-           "SinkStats"]
+__all__ = ["Acknowledged", "EventBatch", "MessageBatch", "ResultBatch", "Sink", "SinkBatch", "SinkContext",
+           "SinkRunner", "SinkStats"]
 
 log = logging.getLogger("forkless.sink")
 
@@ -92,6 +94,14 @@ class SinkStats:
     @property
     def held(self) -> int:
         return self.taken - self.written - sum(self.dropped.values())
+
+    def never_taken(self, n: int, reason: str) -> None:
+        """``n`` items handed to the sink that it will never take (io_loop/sinks/results.py): counted
+        taken and dropped by ``reason`` at once ("unwritten at the stop": in ``unwritten`` too)."""
+        self.taken += n
+        self.dropped[reason] += n
+        if reason == UNWRITTEN:
+            self.unwritten += n
 
     def snapshot(self) -> SinkStats:
         return SinkStats(self.taken, self.written, Counter(self.dropped), self.unwritten, self.batches)
@@ -182,6 +192,32 @@ class EventBatch(_Held):
         return len(self.items)
 
 
+class ResultBatch(_Held):
+    """One stepped batch's results (a controller's sinks), as ``on_results`` got them: ``seq``,
+    ``stream``, ``outputs`` (output name -> numpy array whose leading axis is the messages, in
+    arrival order; read them, do not write them: every sink is handed the same arrays) and
+    ``feeds`` (each message's feed or source name). ``items`` is ``(feed, seq, stream, {output
+    name: row})`` a message; ``positions`` is None."""
+
+    __slots__ = ("feeds", "outputs", "seq", "stream")
+
+    positions = None
+
+    def __init__(self, results: Results, names: Sequence[str], stats: SinkStats) -> None:
+        super().__init__(stats, len(results))
+        self.seq, self.stream, self.outputs = results.seq, results.stream, results.outputs
+        self.feeds = [names[i] if 0 <= i < len(names) else str(i) for i in results.feed]
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    @property
+    def items(self) -> list[tuple[str, Any, str, dict[str, Any]]]:
+        outputs = self.outputs
+        return [(feed, seq, stream, {name: rows[i] for name, rows in outputs.items()})
+                for i, (feed, seq, stream) in enumerate(zip(self.feeds, self.seq, self.stream))]
+
+
 class SinkContext:
     """What a sink is handed (see the module rules). IO loop only, like the sink itself."""
 
@@ -203,7 +239,7 @@ class SinkContext:
         """True once ``batches()`` has ended: nothing more comes."""
         return self._ended
 
-    async def batches(self) -> AsyncIterator[MessageBatch | EventBatch]:
+    async def batches(self) -> AsyncIterator[MessageBatch | EventBatch | ResultBatch]:
         """The batches the sources handed over, in order, until the stop has taken the last."""
         while True:
             batch = await self.next_batch()
@@ -211,7 +247,7 @@ class SinkContext:
                 return
             yield batch
 
-    async def next_batch(self) -> MessageBatch | EventBatch | None:
+    async def next_batch(self) -> MessageBatch | EventBatch | ResultBatch | None:
         """The next batch (waiting for it); None once the sources have stopped and all was taken."""
         if self._ended:
             return None
@@ -223,7 +259,7 @@ class SinkContext:
             return None
         return self._batch(item)
 
-    def next_ready(self) -> MessageBatch | EventBatch | None:
+    def next_ready(self) -> MessageBatch | EventBatch | ResultBatch | None:
         """The next batch if one waits now, else None (no await: what is queued, taken at once)."""
         if self._ended:
             return None
@@ -237,9 +273,14 @@ class SinkContext:
             return None
         return self._batch(item)
 
-    def _batch(self, item: Any) -> MessageBatch | EventBatch:
+    def _batch(self, item: Any) -> MessageBatch | EventBatch | ResultBatch:
         stats = self.stats
         names = self._feed_names
+        if isinstance(item, Results):  # a controller's sink: a batch's results (io_loop/sinks/results.py)
+            batch = ResultBatch(item, names, stats)
+            stats.taken += len(batch)
+            stats.batches += 1
+            return batch
         name = names[item.feed] if 0 <= item.feed < len(names) else str(item.feed)
         batch = EventBatch(item, name, stats) if isinstance(item, Events) else MessageBatch(item, name, stats)
         stats.taken += len(batch)
