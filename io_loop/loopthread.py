@@ -17,6 +17,9 @@ Rules:
   (None: until done), as ``asyncio.run`` does; then the async generators are closed, the default
   executor is shut down if ``shutdown_executor``, the loop is closed; the thread's last act sets
   ``ended``. A failure of that clean-up is logged and kept in ``failure`` when ``main`` had none.
+- ``run_all`` (on a loop) runs coroutines as tasks until every one is done; the first to fail
+  cancels the rest and its exception is raised as it is (not in an ``ExceptionGroup``, as
+  ``asyncio.TaskGroup`` would: the callers raise a ``FeedFatal``).
 - ``call_soon``, ``submit`` and ``cancel`` are for other threads; ``join(timeout)`` waits for the
   last act, never past its deadline, and a ``KeyboardInterrupt`` in it leaves the thread joinable.
 """
@@ -32,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["LoopThread", "run_in_thread"]
+__all__ = ["LoopThread", "run_all", "run_in_thread"]
 
 log = logging.getLogger("forkless.io")
 
@@ -225,3 +228,16 @@ def run_in_thread(main: Callable[[], Awaitable[T]], *, name: str, cancel_s: floa
     if runner.failure is not None:
         raise runner.failure
     return runner.result
+
+
+async def run_all(named: dict[str, Coroutine[Any, Any, Any]]) -> None:
+    """Run each coroutine as a task named by its key until all are done; the first that fails
+    cancels the others, which are awaited, and its exception is raised as it is (module rules)."""
+    tasks = [asyncio.create_task(coro, name=name) for name, coro in named.items()]
+    try:
+        for done in asyncio.as_completed(tasks):
+            await done
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

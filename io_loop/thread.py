@@ -54,7 +54,7 @@ from forkless.io_loop.crossing import Origin, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, PositionLost
 from forkless.io_loop.feeds import FeedSet
-from forkless.io_loop.loopthread import LoopThread
+from forkless.io_loop.loopthread import LoopThread, run_all
 from forkless.io_loop.settings import IOSettings
 from forkless.io_loop.sinks.results import ResultSinks
 from forkless.io_loop.sinks.sink import Acknowledged, Sink, SinkRunner
@@ -266,15 +266,7 @@ class IOThread:
     async def _run_with_results(self, results: ResultSinks, feeds: FeedSet) -> None:
         """The feeds and the controller's sinks together, until both are done; the first failure
         (a feed's, a sink's ``FeedFatal``) ends both and is raised (see the module rules)."""
-        tasks = [asyncio.create_task(feeds.run(), name="forkless-feeds"),
-                 asyncio.create_task(results.run(), name="forkless-sinks")]
-        try:
-            for done in asyncio.as_completed(tasks):
-                await done
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_all({"forkless-feeds": feeds.run(), "forkless-sinks": results.run()})
 
     def _begin_stop(self, deadline: float | None) -> None:
         """On the loop: start the stop as a task the loop keeps (``_main`` finishes it), so it is

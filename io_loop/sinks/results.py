@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import janus
 from forkless.io_loop.crossing import Outgoing, Results
+from forkless.io_loop.loopthread import run_all
 from forkless.io_loop.sinks.sink import UNWRITTEN, Sink, SinkRunner, SinkStats
 
 __all__ = ["ResultQueue", "ResultSinks"]
@@ -138,15 +139,8 @@ class ResultSinks:
 
     async def run(self) -> None:
         """Run every sink until each has returned; the first to fail ends the rest and is raised (``FeedFatal``)."""
-        tasks = [asyncio.create_task(self._run_one(runner, queue), name=f"forkless-sink-{runner.name}")
-                 for runner, queue in zip(self.runners, self.queues)]
-        try:
-            for done in asyncio.as_completed(tasks):
-                await done
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_all({f"forkless-sink-{runner.name}": self._run_one(runner, queue)
+                       for runner, queue in zip(self.runners, self.queues)})
 
     async def _run_one(self, runner: SinkRunner, queue: ResultQueue) -> None:
         try:
