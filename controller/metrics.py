@@ -13,7 +13,10 @@ Rules:
   exact, because the snapshot's buckets nest inside them.
 - Label values stay bounded: at most ``MAX_REASONS`` reasons per counter, the rarest
   beyond that summed under ``reason="other"`` (a server sending ever-new bad input cannot
-  grow the exposition without bound); totals stay exact.
+  grow the exposition without bound); totals stay exact. A sink's ``dropped`` is bounded the same
+  way, per sink; the ``sink`` label takes the names of the sinks the program gave (a fixed few).
+- Sinks' books (``sink_families``): the controller's sinks of results from its snapshot, and a
+  ``SinkRun``'s one sink from its view (controller/lifetime/sinkrun.py), alike.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from forkless.controller.stats import SourceFigures, StatsSnapshot
@@ -39,7 +43,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 __all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "by_reason_family", "exposition", "histogram_family",
-           "make_registry", "metric_families", "metrics_table_markdown", "render"]
+           "make_registry", "metric_families", "metrics_table_markdown", "render", "sink_families"]
 
 log = logging.getLogger("forkless.metrics")
 
@@ -51,7 +55,7 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     """Every ``forkless_*`` metric family for one snapshot (pure; see the module rules)."""
     feeds = _feed_rows(snap)
     return [*_message_families(snap, feeds), *_book_families(snap), *_connection_families(snap, feeds),
-            *_latency_families(snap, feeds), *_process_families(snap)]
+            *_latency_families(snap, feeds), *_process_families(snap), *sink_families(snap.sinks)]
 
 
 def _message_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric]:
@@ -270,17 +274,52 @@ def _checkpoint_families(snap: StatsSnapshot) -> list[Metric]:
     ]
 
 
+def sink_families(sinks: Iterable[tuple[str, Any]]) -> list[Metric]:
+    """Each sink's books (io_loop/sinks/sink.py ``SinkStats``: taken, written, dropped, held, unwritten,
+    batches), labelled by its name: a controller's sinks of results
+    (``StatsSnapshot.sinks``) or a ``SinkRun``'s one (controller/lifetime/sinkrun.py); no samples without."""
+    sinks = list(sinks)
+    rows = [
+        (CounterMetricFamily, "forkless_sink_taken", "Items a sink took (results, messages or events): written + "
+         "dropped + held.", "taken"),
+        (CounterMetricFamily, "forkless_sink_written", "Items a sink said it wrote (batch.wrote).", "written"),
+        (GaugeMetricFamily, "forkless_sink_held", "Items a sink took and has neither written nor dropped yet.",
+         "held"),
+        (CounterMetricFamily, "forkless_sink_unwritten", "Items a sink still held when it returned or was "
+         "cancelled at the stop (also in forkless_sink_dropped, reason \"unwritten at the stop\").", "unwritten"),
+        (CounterMetricFamily, "forkless_sink_batches", "Batches a sink took.", "batches"),
+    ]
+    fams: list[Metric] = []
+    for kind, name, doc, attr in rows:
+        fam = kind(name, doc, labels=["sink"])
+        for sink, books in sinks:
+            fam.add_metric([sink], getattr(books, attr))
+        fams.append(fam)
+    dropped = CounterMetricFamily("forkless_sink_dropped", "Items a sink gave up (batch.drop), by reason.",
+                                  labels=["sink", "reason"])
+    for sink, books in sinks:
+        for reason, count in _bounded(books.dropped).items():
+            dropped.add_metric([sink, reason], count)
+    fams.append(dropped)
+    return fams
+
+
 def by_reason_family(name: str, doc: str, counts: Mapping[str, int]) -> CounterMetricFamily:
     """A counter labelled by ``reason``: at most ``MAX_REASONS`` of them, the rarest beyond summed as "other"."""
     fam = CounterMetricFamily(name, doc, labels=["reason"])
+    for reason, count in _bounded(counts).items():
+        fam.add_metric([reason], count)
+    return fam
+
+
+def _bounded(counts: Mapping[str, int]) -> dict[str, int]:
+    """``counts`` with at most ``MAX_REASONS`` reasons, the rarest beyond summed as "other"; sorted by reason."""
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     kept = dict(ranked[:MAX_REASONS])
     other = sum(count for _, count in ranked[MAX_REASONS:])
     if other:
         kept["other"] = kept.get("other", 0) + other
-    for reason in sorted(kept):
-        fam.add_metric([reason], kept[reason])
-    return fam
+    return {reason: kept[reason] for reason in sorted(kept)}
 
 
 @dataclass(frozen=True)
@@ -414,6 +453,7 @@ def _every_field_populated() -> StatsSnapshot:
             connected=True, state_since=1.0, last_error="x", write_latency=seconds, loop_lag=seconds, inbound_depth=0,
             outbound_depth=0, unsent=1, events_in=1, sent_out=1, counts={_VARIES: 1})),),
         counters={"anomalies": 1, _VARIES: 1},
+        sinks=((_VARIES, SimpleNamespace(taken=2, written=1, dropped={_VARIES: 1}, held=0, unwritten=1, batches=1)),),
     )
 
 

@@ -15,6 +15,9 @@ Rules:
   reading, the sink deals with everything read and returns, the thread ends. The stop is bounded by
   the configuration's ``shutdown_timeout_s``; then the IO thread is aborted and what the sink still
   held is counted (``SinkStats.unwritten``). A second SIGINT aborts at once (``aborted``).
+- Metrics: with ``FORKLESS_METRICS_ADDR`` set, ``/metrics`` serves the sink's books by its name
+  (controller/metrics.py ``sink_families`` of one ``view()`` per scrape), or the families
+  ``render_metrics`` makes (the relay's); ``/healthz`` and ``/readyz`` are served either way.
 - ``run()`` returns the final ``view()`` once the thread has ended, or raises what ended it (a
   ``FeedFatal`` of the sources or the sink, ``MetricsServerError``, ``IOThreadError``); after a
   ``FeedFatal`` the thread is ended the stop's way first (the sink deals with what was read).
@@ -79,6 +82,13 @@ def sink_status_line(now: Any, before: Any, *, final: bool = False) -> str:
             f"dropped {sum(s.dropped.values())}")
 
 
+def _sink_exposition(view: Callable[[], Any], name: str) -> Any:
+    """``/metrics`` of a run of a program's own sink: its books (controller/metrics.py ``sink_families``)."""
+    from forkless.controller.metrics import exposition, sink_families  # only when served: prometheus_client is 10 MiB
+
+    return exposition(view, families=lambda now: sink_families(((name, now.sink),)))
+
+
 class SinkRun:
     """A source → sink run (see the module rules). ``sink``: a ``forkless.Sink``; ``config``: the
     feeds, the stop's timeout, the duration and status interval (default ``Config.from_env()``'s
@@ -108,10 +118,9 @@ class SinkRun:
             codec = JsonCodec(config.features, max_frame_items=config.max_frame_items, dtype=np.float64)
         self._view = view
         self.status_line = status_line
-        render = render_metrics(self.view) if render_metrics is not None and config.metrics_addr else None
-        if config.metrics_addr and render is None:
-            log.warning("FORKLESS_METRICS_ADDR=%s: a SinkRun of a program's own sink serves /healthz and /readyz "
-                        "there, but no metric families (docs/embedding/sinks.md)", config.metrics_addr)
+        render = None
+        if config.metrics_addr:  # the relay's families, else the sink's books (prometheus_client only when served)
+            render = render_metrics(self.view) if render_metrics is not None else _sink_exposition(self.view, sink.name)
         self.io = IOThread(settings, codec, self.io_stats, stats_snapshot=self.view, render_metrics=render,
                            sources=built, sink=self.runner)
         self.signals = signals
