@@ -259,6 +259,7 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
         f"io-lag p99 {_ms(lag.quantile(0.99))}",
         f"reconnects {now.reconnects}",
         *([checkpoint_part(now)] if now.checkpoints_on else []),
+        *(_sink_part(name, books) for name, books in now.sinks),  # the controller's sinks of results
         *(f"{src.name} seq {src.applied_seq} lag {src.lag}" for src in now.sources),
         conn,
     ]
@@ -267,6 +268,13 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
         ran = sum(now.device_messages) - (sum(before.device_messages) if before else 0)
         parts.insert(3, f"{len(now.devices)} devices fill {'-' if not rows else f'{100 * ran / rows:.0f}%'}")
     return ("final (whole run): " if final else "") + " | ".join(parts)
+
+
+def _sink_part(name: str, books: Any) -> str:
+    """The status line's part for one of the controller's sinks: ``sink results written 120 held 0``
+    (``dropped n`` added only when there are any)."""
+    dropped = sum(books.dropped.values())
+    return f"sink {name} written {books.written} held {books.held}" + (f" dropped {dropped}" if dropped else "")
 
 
 def checkpoint_part(snap: StatsSnapshot) -> str:

@@ -158,8 +158,8 @@ def _shape(line: str) -> str:
 
 
 def test_every_sample_status_line_has_the_fields_of_the_real_status_line() -> None:
-    # the samples are of WebSocket feeds and the default detector (its one declared counter)
-    now = dataclasses.replace(_every_field_populated(), sources=(), counters={"anomalies": 1})
+    # the samples are of WebSocket feeds and the default detector (its one declared counter), no sinks
+    now = dataclasses.replace(_every_field_populated(), sources=(), counters={"anomalies": 1}, sinks=())
 
     def empty(h: HistogramSnapshot) -> HistogramSnapshot:
         return HistogramSnapshot(h.bounds, (0,) * len(h.counts), 0.0, 0)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from forkless.controller.ioside import feed_plan
 from forkless.controller.processor import ewma_processor
-from forkless.controller.stats import books_line
+from forkless.controller.stats import books_line, status_line
 
 import forkless
 from forkless import Config, Controller, FeedFatal
@@ -86,6 +86,7 @@ def test_every_result_reaches_a_users_sink_in_order_with_the_values_on_results_g
     books = _books(ctl, "collect")
     assert (books.taken, books.written, dict(books.dropped), books.held, books.unwritten) == (120, 120, {}, 0, 0)
     assert "sink 'collect': taken 120 = written 120 + dropped 0 + held 0" in books_line(ctl.stats())
+    assert " | sink collect written 120 held 0 | " in status_line(ctl.stats(), None)  # the periodic line too
     assert ctl.stats().unsent == 0  # the feed's replies routed through its outbox are counted once
     assert_books_balance(ctl)
 
