@@ -55,7 +55,10 @@ def metric_families(snap: StatsSnapshot) -> list[Metric]:
     """Every ``forkless_*`` metric family for one snapshot (pure; see the module rules)."""
     feeds = _feed_rows(snap)
     return [*_message_families(snap, feeds), *_book_families(snap), *_connection_families(snap, feeds),
-            *_latency_families(snap, feeds), *_process_families(snap), *sink_families(snap.sinks)]
+            *_latency_families(snap, feeds), *_process_families(snap), *sink_families(snap.sinks),
+            CounterMetricFamily("forkless_sink_results_unsent", "Results for the controller's sinks whose batch never "
+                                "reached the IO thread (outbound still full at the stop's deadline).",
+                                value=snap.sink_results_unsent)]
 
 
 def _message_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric]:

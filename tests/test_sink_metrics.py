@@ -70,6 +70,7 @@ def test_a_controllers_sinks_books_are_served_on_its_metrics_endpoint(feed_serve
         assert ctl.metrics_url
         samples = _scrape(ctl.metrics_url)
         books = dict(ctl.stats().sinks)
+    assert samples[("forkless_sink_results_unsent_total", ())] == 0  # every result reached the IO thread
     for name in ("first", "second"):
         got, expected = _sink_samples(samples, name), _expected(books[name])
         assert got == expected, name
