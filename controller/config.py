@@ -30,13 +30,7 @@ from urllib.parse import urlsplit
 
 from forkless.controller.errors import ConfigError
 from forkless.controller.settings.feedspec import feed_list
-from forkless.controller.settings.groups import (
-    BUCKET_GROWTH,
-    CheckpointSettings,
-    InstanceSettings,
-    StepSettings,
-    batch_buckets,
-)
+from forkless.controller.settings.groups import CheckpointSettings, InstanceSettings, StepSettings, batch_buckets
 from forkless.controller.settings.values import ValueProblem
 from forkless.controller.settings.variables import PREFIX, VARIABLES, Variable, as_text, variable
 from forkless.io_loop.net.netaddr import redact_url, redact_urls
@@ -51,7 +45,7 @@ from forkless.io_loop.settings import (
 )
 from forkless.io_loop.sources.partitions import instance_share
 
-__all__ = ["BUCKET_GROWTH", "Config"]
+__all__ = ["Config"]
 
 
 @dataclass(frozen=True)
