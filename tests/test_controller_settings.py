@@ -121,3 +121,19 @@ def test_a_partitioned_instance_s_settings_say_which_it_is_and_where_its_leases_
     assert (instance.instance, instance.instances) == (1, 3)
     assert (instance.partitioning.checkpoint_bucket, instance.partitioning.lease_s) == ("ckpt", 4.0)
     assert checkpoints.on and (checkpoints.bucket, checkpoints.dir) == ("ckpt", "")
+
+
+def test_a_config_and_its_step_settings_both_are_a_step_shape_and_compile_the_same_step():
+    from forkless.controller.engine import compile_step, steps_in_flight
+    from forkless.controller.processor import default_processor
+    from forkless.controller.settings.groups import StepShape
+
+    cfg = Config(features=2, max_streams=8, max_batch=5, devices=1, steps_in_flight=2)
+    step = cfg.step_settings()
+    wanted = [name for name in dir(StepShape) if isinstance(getattr(StepShape, name), property)]
+    assert sorted(wanted) == ["buckets", "devices", "features", "max_batch", "max_streams", "steps_in_flight"]
+    for name in wanted:  # what the device side reads, the same on both
+        assert getattr(step, name) == getattr(cfg, name), name
+    from_settings, from_config = compile_step(default_processor(cfg), step), compile_step(default_processor(cfg), cfg)
+    assert set(from_settings.steps) == set(from_config.steps) == {1, 4, 5}
+    assert from_settings.in_flight == from_config.in_flight == steps_in_flight(step, "cpu") == 2
