@@ -12,9 +12,9 @@ Rules:
   ``FORKLESS_INSTANCES``, exactly one of the two; it is the process's only feed, and its
   checkpoints go to ``FORKLESS_CHECKPOINT_BUCKET``, never ``FORKLESS_CHECKPOINT_DIR``.
 - What a component reads is built here, in one place per group: the IO side's (``io_settings``,
-  io_loop/settings.py) and the controller side's (``checkpoint_settings``, ``instance_settings``:
-  controller/settings/groups.py); the composition roots hand each component its groups, never the whole
-  ``Config``.
+  io_loop/settings.py) and the controller side's (``checkpoint_settings``, ``instance_settings``,
+  ``step_settings``: controller/settings/groups.py); the composition roots hand each component its
+  groups, never the whole ``Config``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from forkless.controller.errors import ConfigError
 from forkless.controller.settings.feedspec import feed_list
-from forkless.controller.settings.groups import CheckpointSettings, InstanceSettings
+from forkless.controller.settings.groups import CheckpointSettings, InstanceSettings, StepSettings, batch_buckets
 from forkless.controller.settings.values import ValueProblem
 from forkless.controller.settings.variables import PREFIX, VARIABLES, Variable, as_text, variable
 from forkless.io_loop.net.netaddr import redact_url, redact_urls
@@ -45,9 +45,7 @@ from forkless.io_loop.settings import (
 )
 from forkless.io_loop.sources.partitions import instance_share
 
-__all__ = ["BUCKET_GROWTH", "Config"]
-
-BUCKET_GROWTH = 4
+__all__ = ["Config"]
 
 
 @dataclass(frozen=True)
@@ -222,18 +220,8 @@ class Config:
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        """Batch sizes the step is compiled for: powers of four below ``max_batch``, and it.
-
-        Each compiled size costs start-up time and several MiB of resident memory, while
-        padding a batch costs little device time, so sizes grow by 4x rather than 2x.
-        """
-        sizes = []
-        size = 1
-        while size < self.max_batch:
-            sizes.append(size)
-            size *= BUCKET_GROWTH
-        sizes.append(self.max_batch)
-        return tuple(sizes)
+        """Batch sizes the step is compiled for (``batch_buckets``, controller/settings/groups.py)."""
+        return batch_buckets(self.max_batch)
 
     @property
     def feed_variable(self) -> str:
@@ -284,6 +272,11 @@ class Config:
         io = self.io_settings()
         return self._group(InstanceSettings, partitioning=io.partitioning, timeouts=io.timeouts,
                            reconnect=io.reconnect, tls=io.tls)
+
+    def step_settings(self) -> StepSettings:
+        """What compiling and running the step reads (controller/settings/groups.py): controller/engine.py and
+        controller/device/."""
+        return self._group(StepSettings)
 
     def _group(self, group: type, **given: Any) -> Any:
         """A settings group, each field not ``given`` from the field it names (``config_field``)."""

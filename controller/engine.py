@@ -63,6 +63,7 @@ from forkless.controller.device.placement import Route
 from forkless.controller.device.programs import keep, kept, program_key
 from forkless.controller.device.weights import LiveWeights, Weights
 from forkless.controller.processor import StateShape, StreamState
+from forkless.controller.settings.groups import StepShape
 from forkless.controller.slots import TableCopy
 
 __all__ = ["Engine", "Pending", "StepFailed", "compile_step", "state_shapes", "steps_in_flight"]
@@ -124,13 +125,13 @@ class Engine:
     ``device_messages`` are counters the stats read (written by the main thread only)."""
 
     def __init__(self, layout: OneDevice | Sharded, state: Any, compiled: _Compiled,
-                 devices: tuple[str, ...], canonical: Any, processor: Any, config: Any) -> None:
+                 devices: tuple[str, ...], canonical: Any, processor: Any, settings: StepShape) -> None:
         self._layout = layout
         self._state = state
         self._compiled = compiled
         self._canonical = canonical
         self._processor = processor
-        self._config = config
+        self._settings = settings
         self.devices = devices
         # read-only, as (state, batch) -> (state, *results); for the preflight and the benchmark
         self.steps: Mapping[int, Any] = {b: _WithTemplate(c, compiled.template) for b, c in compiled.steps.items()}
@@ -139,7 +140,9 @@ class Engine:
         # asynchronous copy per array); on an accelerator device_get's overlapped copies win
         self.platform = jax.devices()[0].platform  # "cpu", "tpu", "gpu" …
         # the compiled steps reset a non-finite stream's rows themselves (compiled.guarded); else the caller does
-        self.resets_in_step = steps_in_flight(config, self.platform) > 1
+        # how many steps the loop keeps in flight (FORKLESS_STEPS_IN_FLIGHT on this platform)
+        self.in_flight = steps_in_flight(settings, self.platform)
+        self.resets_in_step = self.in_flight > 1
         on_cpu = self.platform == "cpu"
         self._fetch: Callable[[Any], Any] = _read_in_place if on_cpu else jax.device_get
         # a step's results start their way to the host as it is dispatched (steps in flight);
@@ -242,7 +245,7 @@ class Engine:
                                "(finish them first)")
         layout, generation = self._layout, self.generation
         pending = PendingSnapshot(
-            self._state, table, counts, settings, wall_time, rows=self._config.max_streams + 1,
+            self._state, table, counts, settings, wall_time, rows=self._settings.max_streams + 1,
             get_state=lambda: self._state, seen_shift=seen_shift, incremental=incremental and layout.copies_rows,
             intact=lambda: self.generation == generation, host_copy=layout.host_copy, positions=positions,
             clone=self._compiled.clone if self.clone_checkpoints else None)
@@ -285,14 +288,14 @@ class Engine:
         """Put a checkpoint's state (canonical host arrays, ``checkpoint_shapes``) on the device(s).
         ``shared=False``: leaves that are not per-stream (weights) keep their ``init`` values."""
         if not shared:
-            slots = self._config.max_streams + 1
+            slots = self._settings.max_streams + 1
             host = jax.tree.map(lambda saved, now, like: saved if per_stream_leaf(like, slots) else jax.device_get(now),
                                 host, self._state, self._canonical)
         self._replace(self._layout.to_device(host))
 
     def shared_leaves(self) -> list[str]:
         """The paths of the state's leaves that are not per-stream (shared by every stream)."""
-        slots = self._config.max_streams + 1
+        slots = self._settings.max_streams + 1
         return [jax.tree_util.keystr(path) or "(the state)"
                 for path, leaf in jax.tree_util.tree_flatten_with_path(self._canonical)[0]
                 if not per_stream_leaf(leaf, slots)]
@@ -381,12 +384,12 @@ class Engine:
         self._apply(lambda state: state._replace(params=params))
 
 
-def steps_in_flight(config: Any, platform: str) -> int:
+def steps_in_flight(settings: StepShape, platform: str) -> int:
     """``FORKLESS_STEPS_IN_FLIGHT``'s depth on ``platform`` (the first device's: "cpu", "tpu" …):
     its number, or for ``auto`` the measured default (bench/docs/steps-in-flight.md: on the CPU a
     small step runs inline, in its dispatch, and a larger one competes for the same cores, so a
     second in flight gains nothing; an accelerator's round trip is latency the next step can hide)."""
-    setting = getattr(config, "steps_in_flight", 1)
+    setting = settings.steps_in_flight
     if setting != "auto":
         return int(setting)
     return 1 if platform == "cpu" else 2
@@ -397,18 +400,19 @@ def _read_in_place(tree: Any) -> Any:
     return jax.tree.map(np.asarray, tree)
 
 
-def state_shapes(processor: Any, config: Any) -> Any:
-    """The shapes and dtypes of ``processor.init`` of the configuration's ``StateShape`` (a tree of
+def state_shapes(processor: Any, shape: StateShape | StepShape) -> Any:
+    """The shapes and dtypes of ``processor.init`` of ``shape``'s ``StateShape`` (a tree of
     ``ShapeDtypeStruct``), computing nothing."""
-    return jax.eval_shape(lambda: processor.init(StateShape.of(config)))
+    return jax.eval_shape(lambda: processor.init(StateShape.of(shape)))
 
 
-def compile_step(processor: Any, config: Any,
+def compile_step(processor: Any, settings: StepShape,
                  on_compiled: Callable[[int, float], None] | None = None) -> Engine:
-    """Initialise the state on the device(s) and compile ``processor.step`` for ``config.buckets``;
-    ``on_compiled(bucket, seconds)`` is called after each (the preflight prints it)."""
+    """Initialise the state on the device(s) and compile ``processor.step`` for ``settings.buckets``;
+    ``on_compiled(bucket, seconds)`` is called after each (the preflight prints it). ``settings`` is the
+    configuration's ``step_settings()``, or a ``Config`` itself (controller/settings/groups.py ``StepShape``)."""
     with _cache_every_compile():
-        return _compile_step(processor, config, on_compiled)
+        return _compile_step(processor, settings, on_compiled)
 
 
 JAX_MIN_COMPILE_TIME_S = 1.0  # JAX's default for jax_persistent_cache_min_compile_time_secs
@@ -434,16 +438,16 @@ def _cache_every_compile() -> Any:
         jax.config.update(name, before)
 
 
-def _compile_buckets(layout: Any, processor: Any, config: Any, state: Any, template: Any,
+def _compile_buckets(layout: Any, processor: Any, settings: StepShape, state: Any, template: Any,
                      on_compiled: Callable[[int, float], None] | None) -> dict[int, Any]:
     """The step compiled for each bucket, the processor's contract checked on the way."""
-    jitted = layout.jit(processor.step, steps_in_flight(config, jax.devices()[0].platform) > 1)
+    jitted = layout.jit(processor.step, steps_in_flight(settings, jax.devices()[0].platform) > 1)
     # the contract on the shapes first (cheap, and clear errors), then at each bucket as it
     # is lowered
-    layout.check(processor.step, state, config.buckets[0])
-    check_row_writes(processor, config)
+    layout.check(processor.step, state, settings.buckets[0])
+    check_row_writes(processor, settings)
     steps = {}
-    for bucket in config.buckets:
+    for bucket in settings.buckets:
         t0 = time.perf_counter()
         steps[bucket] = layout.lower(jitted, state, template, bucket).compile()
         # drop what jit keeps of it (its trace and lowering; the executable is ours) and
@@ -455,10 +459,10 @@ def _compile_buckets(layout: Any, processor: Any, config: Any, state: Any, templ
     return steps
 
 
-def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float], None] | None) -> Engine:
+def _compile_step(processor: Any, settings: StepShape, on_compiled: Callable[[int, float], None] | None) -> Engine:
     check_input_dtype(processor)  # float32, or float64 with JAX's x64 mode on: before anything is built
-    devices = use_devices(getattr(config, "devices", "all"))
-    canonical = state_shapes(processor, config)
+    devices = use_devices(settings.devices)
+    canonical = state_shapes(processor, settings)
     check_platform_dtypes(processor, canonical, devices[0].platform)  # a TPU's float64 is not IEEE double
     largest = max((leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(canonical)), default=0) // len(devices)
     # below XLA's 256 KB a task it splits nothing, and compiling on one CPU is slower (LLVM's
@@ -466,30 +470,31 @@ def _compile_step(processor: Any, config: Any, on_compiled: Callable[[int, float
     unsplit = unsplit_cpu_ops(devices) if largest >= XLA_CPU_TASK_BYTES else contextlib.nullcontext()
     # the same program compiled before in this process: its executables, nothing traced again
     # (controller/device/programs.py says when that is sure)
-    key = program_key(processor, config, devices, canonical)
+    key = program_key(processor, settings, devices, canonical)
     if key is not None:  # the guard's reset is compiled in with steps in flight only
-        key = (*key, steps_in_flight(config, devices[0].platform) > 1)
+        key = (*key, steps_in_flight(settings, devices[0].platform) > 1)
     with unsplit:
-        layout = Sharded(processor, config, devices) if len(devices) > 1 else OneDevice(processor, config, devices[0])
+        several = len(devices) > 1
+        layout = Sharded(processor, settings, devices) if several else OneDevice(processor, settings, devices[0])
         state = layout.fresh()
         key = key and (*key, layout.packed)  # a packed step takes and gives other arrays
         again = kept(key)
         if again is not None:
             template, reset, steps = again.template(state), again.reset, dict(again.steps)
             layout.use_outputs(again.outputs)
-            for bucket in config.buckets:
+            for bucket in settings.buckets:
                 if on_compiled is not None:
                     on_compiled(bucket, 0.0)
         else:
             make_template = layout.compile_template(state)
             template = make_template(state)
             reset = layout.compile_reset(state, template)
-            steps = _compile_buckets(layout, processor, config, state, template, on_compiled)
+            steps = _compile_buckets(layout, processor, settings, state, template, on_compiled)
             keep(key, steps, reset, make_template, layout.fields)
         clone = layout.compile_clone(state)
     if layout.placement is None:
         held = sorted({str(d) for leaf in jax.tree.leaves(state) for d in leaf.devices()}) or [str(devices[0])]
     else:
         held = [str(d) for d in devices]
-    return Engine(layout, state, _Compiled(steps, template, reset, clone), tuple(held), canonical, processor, config)
+    return Engine(layout, state, _Compiled(steps, template, reset, clone), tuple(held), canonical, processor, settings)
 

@@ -48,7 +48,7 @@ from forkless.controller.checkpoints.snapshot import PendingSnapshot
 from forkless.controller.codec import Codec, guarded_codec
 from forkless.controller.config import Config
 from forkless.controller.device.compiled import codec_dtype, compilations, release_freed_memory
-from forkless.controller.engine import Engine, compile_step, steps_in_flight
+from forkless.controller.engine import Engine, compile_step
 from forkless.controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
 from forkless.controller.inflight import InFlight
 from forkless.controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnResults, feed_plan, io_thread, with_hooks
@@ -245,7 +245,7 @@ class Controller:
             on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
             # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
             io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds, to_sinks=bool(self.plan.sinks)),
-            steps_in_flight(self.config, self.engine.platform))
+            self.engine.in_flight)
         self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event)
 
     def _check_stop(self, during: str) -> None:
@@ -291,7 +291,7 @@ class Controller:
         if self.engine is not None or self.events_only:  # events only: nothing to compile
             return
         cfg, t0 = self.config, time.monotonic()
-        self.engine = compile_step(self.processor, cfg, after_bucket)
+        self.engine = compile_step(self.processor, cfg.step_settings(), after_bucket)
         self.main_stats.compilations_at_ready = compilations()
         release_freed_memory()
         log.info("compiled the step for batch sizes %s on %s in %.2fs", ",".join(map(str, cfg.buckets)),

@@ -15,8 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # the components handed a group instead of the whole configuration
 COMPONENTS = ("controller/checkpoints/checkpointer.py", "controller/checkpoints/recovery.py",
               "controller/partitions/partitioned.py", "controller/eventsonly.py")
+# the device side: compiling and running the step reads the step's settings (``StepSettings``, or anything
+# with its fields: the ``StepShape`` protocol), never the whole configuration
+DEVICE_SIDE = ("controller/engine.py",
+               *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "controller/device").glob("*.py")))
 # what only the composition roots (the loop, the commands) call on a ``Config``: a component is handed the result
-BUILDERS = {"io_settings", "checkpoint_settings", "instance_settings", "relay_settings"}
+BUILDERS = {"io_settings", "checkpoint_settings", "instance_settings", "step_settings", "relay_settings"}
 
 
 def _takes_the_whole_config(path: Path) -> list[str]:
@@ -40,9 +44,19 @@ def test_the_checkpoint_and_partition_components_take_their_groups_never_the_who
     assert not taking, taking
 
 
+def test_the_device_side_takes_the_step_settings_never_the_whole_config():
+    assert len(DEVICE_SIDE) > 3, DEVICE_SIDE  # the glob found the device modules
+    taking = {path: found for path in DEVICE_SIDE if (found := _takes_the_whole_config(ROOT / path))}
+    assert not taking, taking
+
+
 def test_the_components_arguments_are_typed_as_their_groups():
     from forkless.controller.checkpoints.checkpointer import checkpoints_for, store_for
     from forkless.controller.checkpoints.recovery import Recovery
+    from forkless.controller.device.compiled import check_row_writes
+    from forkless.controller.device.layouts import OneDevice, Sharded
+    from forkless.controller.device.programs import program_key
+    from forkless.controller.engine import Engine, compile_step, steps_in_flight
     from forkless.controller.eventsonly import check_events_only
     from forkless.controller.partitions.partitioned import PartitionOwner
 
@@ -51,12 +65,19 @@ def test_the_components_arguments_are_typed_as_their_groups():
                                   (Recovery, "checkpoints", "CheckpointSettings"),
                                   (Recovery, "shape", "StateShape"),
                                   (PartitionOwner.open, "settings", "InstanceSettings"),
-                                  (check_events_only, "checkpoints", "CheckpointSettings")):
+                                  (check_events_only, "checkpoints", "CheckpointSettings"),
+                                  (compile_step, "settings", "StepShape"),
+                                  (steps_in_flight, "settings", "StepShape"),
+                                  (Engine, "settings", "StepShape"),
+                                  (OneDevice, "settings", "StepShape"),
+                                  (Sharded, "settings", "StepShape"),
+                                  (program_key, "settings", "StepShape"),
+                                  (check_row_writes, "settings", "StepShape")):
         assert str(inspect.signature(function).parameters[name].annotation) == group, (function, name)
 
 
 def test_each_group_carries_the_configuration_s_values_each_field_naming_its_config_field():
-    from forkless.controller.settings.groups import CheckpointSettings, InstanceSettings
+    from forkless.controller.settings.groups import CheckpointSettings, InstanceSettings, StepSettings
     from forkless.io_loop.settings import config_field
 
     cfg = Config(checkpoint_dir="/tmp/ckpt", checkpoint_s=7.5, checkpoint_keep=5, checkpoint_restore="never",
@@ -76,10 +97,16 @@ def test_each_group_carries_the_configuration_s_values_each_field_naming_its_con
     assert (instance.partitioning.lease_s, instance.partitioning.lease_bucket, instance.tls.insecure) == (
         2.5, "leases", True)
     assert (instance.keep, instance.max_streams, instance.instance, instance.instances) == (5, 64, None, None)
-    for group in (checkpoints, instance):
+    stepping = Config(features=3, max_streams=64, max_batch=100, devices=1, steps_in_flight=2)
+    step = stepping.step_settings()
+    assert type(step) is StepSettings
+    assert (step.features, step.max_streams, step.max_batch, step.devices, step.steps_in_flight, step.buckets) == (
+        3, 64, 100, 1, 2, (1, 4, 16, 64, 100))
+    assert Config(max_batch=100).buckets == step.buckets and Config(max_batch=1).buckets == (1,)
+    for group, of in ((checkpoints, cfg), (instance, cfg), (step, stepping)):
         for f in dataclasses.fields(group):
             if f.name not in ("partitioning", "timeouts", "reconnect", "tls"):  # the IO side's groups, above
-                assert getattr(group, f.name) == getattr(cfg, config_field(f)), (type(group).__name__, f.name)
+                assert getattr(group, f.name) == getattr(of, config_field(f)), (type(group).__name__, f.name)
         assert type(group).__dataclass_params__.frozen  # every thread may read them
 
 
@@ -94,3 +121,19 @@ def test_a_partitioned_instance_s_settings_say_which_it_is_and_where_its_leases_
     assert (instance.instance, instance.instances) == (1, 3)
     assert (instance.partitioning.checkpoint_bucket, instance.partitioning.lease_s) == ("ckpt", 4.0)
     assert checkpoints.on and (checkpoints.bucket, checkpoints.dir) == ("ckpt", "")
+
+
+def test_a_config_and_its_step_settings_both_are_a_step_shape_and_compile_the_same_step():
+    from forkless.controller.engine import compile_step, steps_in_flight
+    from forkless.controller.processor import default_processor
+    from forkless.controller.settings.groups import StepShape
+
+    cfg = Config(features=2, max_streams=8, max_batch=5, devices=1, steps_in_flight=2)
+    step = cfg.step_settings()
+    wanted = [name for name in dir(StepShape) if isinstance(getattr(StepShape, name), property)]
+    assert sorted(wanted) == ["buckets", "devices", "features", "max_batch", "max_streams", "steps_in_flight"]
+    for name in wanted:  # what the device side reads, the same on both
+        assert getattr(step, name) == getattr(cfg, name), name
+    from_settings, from_config = compile_step(default_processor(cfg), step), compile_step(default_processor(cfg), cfg)
+    assert set(from_settings.steps) == set(from_config.steps) == {1, 4, 5}
+    assert from_settings.in_flight == from_config.in_flight == steps_in_flight(step, "cpu") == 2

@@ -149,7 +149,7 @@ def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None
         processor = processor if processor is not None else default_processor(config)
         before = compilations()
         t0 = time.perf_counter()
-        engine = compile_step(processor, config, on_compiled=lambda bucket, took: say(
+        engine = compile_step(processor, config.step_settings(), on_compiled=lambda bucket, took: say(
             f"  batch size {bucket:>6}: compiled in {took * 1000:.0f} ms"))
         total_s = time.perf_counter() - t0
         made = compilations() - before

@@ -42,6 +42,7 @@ from forkless.controller.batching import Batch, pad_batch
 from forkless.controller.device.placement import OutputField
 from forkless.controller.errors import ConfigError, ProcessorContractError
 from forkless.controller.processor import StateShape
+from forkless.controller.settings.groups import StepShape
 
 log = logging.getLogger("forkless.compile")
 
@@ -345,7 +346,7 @@ PROBE_STREAMS = 12  # 13 rows: a shared leaf is rarely that long by chance
 PROBE_KEYS = (1, 4, 1)
 
 
-def check_row_writes(processor: Any, config: Any) -> None:
+def check_row_writes(processor: Any, settings: StepShape) -> None:
     """Raise ``ProcessorContractError`` if ``processor.step`` writes rows of a per-stream leaf
     other than its batch's (``batch.key``, the spare row of padding included).
 
@@ -357,10 +358,10 @@ def check_row_writes(processor: Any, config: Any) -> None:
     a decay of every stream, a ``jnp.where`` over the table) would make it inexact, and would
     cost O(max_streams) a step. A processor whose ``init`` or ``step`` cannot run at that size
     is not probed (logged)."""
-    small = StateShape(max_streams=PROBE_STREAMS, features=config.features)
+    small = StateShape(max_streams=PROBE_STREAMS, features=settings.features)
     slots = PROBE_STREAMS + 1
     rng = np.random.default_rng(0)
-    bucket = min(4, config.max_batch)
+    bucket = min(4, settings.max_batch)
     keys = np.asarray(PROBE_KEYS[:bucket], np.int32)
     try:
         state = jax.device_get(one_call(lambda: processor.init(small)))
@@ -368,7 +369,7 @@ def check_row_writes(processor: Any, config: Any) -> None:
         treedef = jax.tree.structure(state)
         filled = [_distinct_rows(np.asarray(leaf), rng) if per_stream_leaf(leaf, slots) else leaf
                   for _, leaf in paths]
-        batch = pad_batch(rng.standard_normal((len(keys), config.features)), keys, bucket, PROBE_STREAMS,
+        batch = pad_batch(rng.standard_normal((len(keys), settings.features)), keys, bucket, PROBE_STREAMS,
                           input_dtype(processor))
         stepped = jax.jit(processor.step)
         new_state, _ = jax.device_get(stepped(jax.tree.unflatten(treedef, filled), batch))

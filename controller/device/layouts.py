@@ -50,6 +50,7 @@ from forkless.controller.device.compiled import (
 from forkless.controller.device.placement import OutputField, Placement, Route, pack_words, unpack_outputs
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.processor import StateShape, reset_rows, row_template
+from forkless.controller.settings.groups import StepShape
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -87,9 +88,9 @@ class OneDevice:
     per_stream = None
     copies_rows = True  # a checkpoint may copy the state a chunk of rows at a time between steps
 
-    def __init__(self, processor: Any, config: Any, device: Any, packed: bool | None = None) -> None:
-        self.processor, self.config, self.device = processor, config, device
-        self.spare_key = config.max_streams
+    def __init__(self, processor: Any, settings: StepShape, device: Any, packed: bool | None = None) -> None:
+        self.processor, self.settings, self.device = processor, settings, device
+        self.spare_key = settings.max_streams
         self.dtype = input_dtype(processor)  # batch.x's
         self.shardings: Any = None
         self.packed = accelerated(device.platform) if packed is None else packed
@@ -97,19 +98,19 @@ class OneDevice:
 
     def fresh(self) -> Any:
         with jax.default_device(self.device):
-            state = jax.device_put(self.processor.init(StateShape.of(self.config)), self.device)
+            state = jax.device_put(self.processor.init(StateShape.of(self.settings)), self.device)
         self.shardings = jax.tree.map(lambda leaf: leaf.sharding, state)
         return state
 
     def compile_template(self, state: Any) -> Callable[[Any], Any]:
         """state -> the fresh row of each per-stream leaf, for the reset (``row_template``),
         compiled (one computation, kept with the program: controller/device/programs.py)."""
-        slots = self.config.max_streams + 1
+        slots = self.settings.max_streams + 1
         return jax.jit(lambda s: row_template(s, slots)).lower(state).compile()  # type: ignore[no-any-return]
 
     def compile_reset(self, state: Any, template: Any) -> Any:
         return jax.jit(reset_rows, donate_argnums=0).lower(
-            state, template, np.zeros(self.config.max_batch, np.int32)).compile()
+            state, template, np.zeros(self.settings.max_batch, np.int32)).compile()
 
     def compile_clone(self, state: Any) -> Any:
         """The state copied on its device, for a checkpoint; None on the CPU (copied in rows)."""
@@ -121,7 +122,7 @@ class OneDevice:
         guarded_step = guarded(step, reset)
         if not self.packed:
             return jax.jit(guarded_step, donate_argnums=0)
-        features, dtype = self.config.features, self.dtype
+        features, dtype = self.settings.features, self.dtype
 
         def packed_step(state: Any, words: jax.Array, template: Any) -> tuple[Any, jax.Array]:
             new_state, outputs, bad = guarded_step(state, unpack_words(words, features, dtype), template)
@@ -146,7 +147,7 @@ class OneDevice:
         guard adds ``bad``): one trace a bucket, not two (0.06 s each with the default step).
         Packed, the lowering's outputs are bytes: checked on the step's shapes (``check``)."""
         if self.packed:
-            if bucket != self.config.buckets[0]:
+            if bucket != self.settings.buckets[0]:
                 self.check(self.processor.step, state, bucket)
             return jitted.lower(state, self.example(bucket), template)
         lowered = jitted.lower(state, self.example(bucket), template)
@@ -155,18 +156,18 @@ class OneDevice:
         return lowered
 
     def _batch(self, bucket: int) -> Batch:
-        return example_batch(self.config.features, bucket, self.spare_key, self.dtype)
+        return example_batch(self.settings.features, bucket, self.spare_key, self.dtype)
 
     def example(self, bucket: int) -> Batch | np.ndarray:
         """An all-padding batch as the compiled step takes it."""
         if self.packed:
-            return pack_words(np.zeros((0, self.config.features), self.dtype), np.zeros(0, np.int32), bucket,
+            return pack_words(np.zeros((0, self.settings.features), self.dtype), np.zeros(0, np.int32), bucket,
                               self.spare_key, self.dtype)
         return self._batch(bucket)
 
     def lay_out(self, x: np.ndarray, key: np.ndarray) -> tuple[int, Batch | np.ndarray, None, np.ndarray]:
         """The bucket, the batch for its step, the route back (none here) and the rows it writes."""
-        bucket = bucket_for(len(key), self.config.buckets)
+        bucket = bucket_for(len(key), self.settings.buckets)
         if self.packed:
             written = np.full(bucket, self.spare_key, np.int32)
             written[:len(key)] = key
@@ -184,7 +185,7 @@ class OneDevice:
 
     def reset_index(self, slots: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The reset's index and the rows it writes."""
-        idx = np.full(self.config.max_batch, self.spare_key, np.int32)  # padded with the spare
+        idx = np.full(self.settings.max_batch, self.spare_key, np.int32)  # padded with the spare
         idx[:len(slots)] = slots
         return idx, idx
 
@@ -208,20 +209,20 @@ class Sharded:
     copies_rows = False  # a sharded state's checkpoint is copied at once, put in order by the writer
     packed = True  # one packed array each way per device
 
-    def __init__(self, processor: Any, config: Any, devices: list[Any]) -> None:
+    def __init__(self, processor: Any, settings: StepShape, devices: list[Any]) -> None:
         if not getattr(processor, "per_stream", True):
             raise ProcessorContractError(
                 f"this processor declares per_stream=False (its step mixes streams), so it cannot be sharded over "
                 f"{len(devices)} devices: run it on one device with FORKLESS_DEVICES=1")
-        self.processor, self.config = processor, config
+        self.processor, self.settings = processor, settings
         self.dtype = input_dtype(processor)  # batch.x's, and the packed batch's
         n = len(devices)
-        self.placement = place = Placement(n, config.max_streams)
+        self.placement = place = Placement(n, settings.max_streams)
         self.spare_key = place.spare_row
         self.mesh = jax.make_mesh((n,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
-        shape = StateShape.of(config)  # what init is handed
+        shape = StateShape.of(settings)  # what init is handed
         canonical = jax.eval_shape(lambda: processor.init(shape))
-        self.per_stream = jax.tree.map(lambda leaf: per_stream_leaf(leaf, config.max_streams + 1), canonical)
+        self.per_stream = jax.tree.map(lambda leaf: per_stream_leaf(leaf, settings.max_streams + 1), canonical)
         self.specs = jax.tree.map(lambda sharded: P(AXIS) if sharded else P(), self.per_stream)
         self.shardings = jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self.specs,
                                       is_leaf=lambda v: isinstance(v, P))
@@ -254,12 +255,12 @@ class Sharded:
                                       out_specs=self.specs, check_vma=False),
                         in_shardings=(self.shardings, jax.tree.map(lambda _: replicated, template), self.rows),
                         out_shardings=self.shardings, donate_argnums=0,
-                        ).lower(state, template, np.zeros(self.placement.devices * self.config.max_batch, np.int32)
+                        ).lower(state, template, np.zeros(self.placement.devices * self.settings.max_batch, np.int32)
                                 ).compile()
         return reset
 
     def jit(self, step: Callable[..., Any], reset: bool) -> Any:
-        features, dtype = self.config.features, self.dtype
+        features, dtype = self.settings.features, self.dtype
         guarded_step = guarded(step, reset)
 
         def per_device(state: Any, packed: jax.Array, template: Any) -> tuple[Any, jax.Array]:
@@ -278,7 +279,7 @@ class Sharded:
                        out_shardings=(self.shardings, self.rows), donate_argnums=0)
 
     def check(self, step: Callable[..., Any], state: Any, bucket: int) -> None:
-        local = example_batch(self.config.features, bucket, self.spare_key, self.dtype)
+        local = example_batch(self.settings.features, bucket, self.spare_key, self.dtype)
         out_info = jax.eval_shape(step, self.local_state, local)
         check_contract(self.local_state, out_info, bucket)
         check_counters(declared(self.processor).counters, out_info[1])
@@ -289,19 +290,19 @@ class Sharded:
     def lower(self, jitted: Any, state: Any, template: Any, bucket: int) -> Any:
         """The step lowered for ``bucket`` after its contract is checked (on the per-device step:
         the lowering's is the packed one); the first bucket's was checked before (``check``)."""
-        if bucket != self.config.buckets[0]:
+        if bucket != self.settings.buckets[0]:
             self.check(self.processor.step, state, bucket)
         return jitted.lower(state, self.example(bucket), template)
 
     def example(self, bucket: int) -> np.ndarray:
         place = self.placement
-        return place.pack(np.zeros((0, self.config.features), self.dtype), np.zeros(0, np.int32),
+        return place.pack(np.zeros((0, self.settings.features), self.dtype), np.zeros(0, np.int32),
                           Route(bucket, np.zeros(0, np.int64), np.zeros(place.devices, np.int64)), self.dtype)
 
     def lay_out(self, x: np.ndarray, key: np.ndarray) -> tuple[int, np.ndarray, Route, None]:
         # grouped by owning device: [N, Bd], Bd the bucket of the busiest device; one array: one
         # transfer per device. A sharded state's checkpoint is copied at once (no rows to keep).
-        route = self.placement.route(key, self.config.buckets)
+        route = self.placement.route(key, self.settings.buckets)
         return route.bucket, self.placement.pack(x, key, route, self.dtype), route, None
 
     def results(self, ran: tuple[Any, ...], m: int, route: Route, fetch: Callable[[Any], Any]) -> Stepped:
@@ -310,7 +311,7 @@ class Sharded:
         return Stepped({field.name: a for field, a in zip(self.fields[:-1], arrays)}, arrays[-1])
 
     def reset_index(self, slots: list[int]) -> tuple[np.ndarray, None]:
-        return self.placement.reset_index(slots, self.config.max_batch), None  # [N, max_batch] local rows
+        return self.placement.reset_index(slots, self.settings.max_batch), None  # [N, max_batch] local rows
 
     def compile_clone(self, state: Any) -> Any:
         """The state copied on its devices, each shard where it is, for a checkpoint."""

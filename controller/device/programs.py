@@ -35,6 +35,7 @@ import jax
 from forkless.controller.declared import declared
 from forkless.controller.device.compiled import input_dtype
 from forkless.controller.errors import ProcessorContractError
+from forkless.controller.settings.groups import StepShape
 
 __all__ = ["KEPT", "Kept", "forget", "keep", "kept", "program_key"]
 
@@ -60,7 +61,7 @@ class Kept(NamedTuple):
 _kept: dict[tuple[Any, ...], Kept] = {}
 
 
-def program_key(processor: Any, config: Any, devices: list[Any], shapes: Any) -> tuple[Any, ...] | None:
+def program_key(processor: Any, settings: StepShape, devices: list[Any], shapes: Any) -> tuple[Any, ...] | None:
     """The program's key, or None where it is not kept (several devices, an ``init`` or
     ``step`` that is not a plain function, a declaration the contract refuses, something
     unhashable): then it is compiled, and its contract checked, as if never seen."""
@@ -74,7 +75,7 @@ def program_key(processor: Any, config: Any, devices: list[Any], shapes: Any) ->
     leaves, treedef = jax.tree.flatten(shapes)
     key = (weakref.ref(init), weakref.ref(step), tuple(sorted(counters.items())), str(dtype), treedef,
            tuple((tuple(leaf.shape), str(leaf.dtype), bool(getattr(leaf, "weak_type", False))) for leaf in leaves),
-           tuple(config.buckets), config.max_batch, config.features, config.max_streams, devices[0],
+           tuple(settings.buckets), settings.max_batch, settings.features, settings.max_streams, devices[0],
            tuple(str(getattr(jax.config, name, None)) for name in _TRACE_SETTINGS), os.environ.get("XLA_FLAGS", ""))
     try:
         hash(key)

@@ -3,11 +3,13 @@ what reads it (the IO side's are io_loop/settings.py's).
 
 Rules:
 - Built from the validated ``Config`` in one place each (``Config.checkpoint_settings()``,
-  ``Config.instance_settings()``), so a value here was checked there, with the error naming the
-  variable; nothing here reads the environment or validates.
+  ``Config.instance_settings()``, ``Config.step_settings()``), so a value here was checked there,
+  with the error naming the variable; nothing here reads the environment or validates.
 - The composition roots (controller/loop.py, the commands) build them and hand each component the group
   it reads as a typed argument, never the whole ``Config`` (tests/test_controller_settings.py holds that
-  for the checkpoints and a partitioned instance's leases).
+  for the checkpoints, a partitioned instance's leases and the device side: controller/engine.py and
+  controller/device/, typed ``StepShape``, which ``StepSettings`` and ``Config`` both are, so a test or a
+  benchmark may hand them a ``Config``).
 - A field has the name of the ``Config`` field it comes from, or names it with ``_from``
   (``CheckpointSettings.every_s`` is ``checkpoint_s``), as io_loop/settings.py's do: its
   ``config_field`` tells which. A group may hold the IO side's groups where it connects as the IO
@@ -18,11 +20,13 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from forkless.io_loop.settings import CONFIG_FIELD, PartitionSettings, ReconnectSettings, Timeouts, TlsSettings
 
-__all__ = ["CheckpointSettings", "InstanceSettings"]
+__all__ = ["BUCKET_GROWTH", "CheckpointSettings", "InstanceSettings", "StepSettings", "StepShape", "batch_buckets"]
+
+BUCKET_GROWTH = 4
 
 
 def _from(config_field: str, **kwargs: Any) -> Any:
@@ -68,3 +72,56 @@ class InstanceSettings:
     timeouts: Timeouts
     reconnect: ReconnectSettings
     tls: TlsSettings
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """Batch sizes the step is compiled for: powers of four below ``max_batch``, and it.
+
+    Each compiled size costs start-up time and several MiB of resident memory, while
+    padding a batch costs little device time, so sizes grow by 4x rather than 2x.
+    """
+    sizes = []
+    size = 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= BUCKET_GROWTH
+    sizes.append(max_batch)
+    return tuple(sizes)
+
+
+class StepShape(Protocol):
+    """What compiling and running the step reads (controller/engine.py, controller/device/): a
+    ``StepSettings``, or a ``Config`` itself (tests and benchmarks hand one), or anything with these."""
+
+    @property
+    def features(self) -> int: ...
+    @property
+    def max_streams(self) -> int: ...
+    @property
+    def max_batch(self) -> int: ...
+    @property
+    def buckets(self) -> tuple[int, ...]: ...
+    @property
+    def devices(self) -> int | str: ...
+    @property
+    def steps_in_flight(self) -> int | str: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSettings:
+    """The step's sizes and where it runs: FORKLESS_FEATURES (a message's x is [features]),
+    _MAX_STREAMS (a per-stream leaf has max_streams + 1 rows), _MAX_BATCH (the largest batch;
+    ``buckets`` are the sizes compiled), _DEVICES ("all" or how many) and _STEPS_IN_FLIGHT ("auto"
+    or how many). Read by ``compile_step`` and what it builds: the ``Engine``, its layout, the kept
+    programs' key and the contract's probe (controller/engine.py, controller/device/)."""
+
+    features: int
+    max_streams: int
+    max_batch: int
+    devices: int | str
+    steps_in_flight: int | str
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The batch sizes the step is compiled for (``batch_buckets``)."""
+        return batch_buckets(self.max_batch)
