@@ -297,23 +297,25 @@ def test_the_csv_example_runs_against_the_csv_feed_that_ships_with_it(capsys):
         assert float(norm) == pytest.approx(math.hypot(x1, x2), abs=6e-4), (seq, x1, x2)  # printed to 3 decimals
 
 
-def test_the_sink_example_prints_every_message_and_its_books_balance(feed_server):
+def _sink_example(feed_server, name: str):
+    """docs/embedding/sinks.md's example ``name`` run against a feed of 10 messages on two streams."""
     frames = [json.dumps({"seq": i, "stream": f"s{i % 2}", "x": [float(i)] * 8}) for i in range(10)]
     server = feed_server(send_frames(frames))
     proc = run_app(env={"FORKLESS_WS_URL": server.url, "FORKLESS_DURATION": "3", "FORKLESS_STATUS_S": "0"},
-                   program=("-c", example("sink")), timeout_s=90 * UNIT_S)
+                   program=("-c", example(name)), timeout_s=90 * UNIT_S)
     assert proc.returncode == 0, proc.stderr
+    return server, proc
+
+
+def test_the_sink_example_prints_every_message_and_its_books_balance(feed_server):
+    _, proc = _sink_example(feed_server, "sink")
     got = [line.split() for line in proc.stdout.splitlines() if line.startswith("got ")]
     assert [(g[1], int(g[2])) for g in got] == [(f"s{i % 2}", i) for i in range(10)]
     assert "written 10 of 10" in proc.stdout
 
 
 def test_the_results_sink_example_prints_every_result_in_order_and_its_books_balance(feed_server):
-    frames = [json.dumps({"seq": i, "stream": f"s{i % 2}", "x": [float(i)] * 8}) for i in range(10)]
-    server = feed_server(send_frames(frames))
-    proc = run_app(env={"FORKLESS_WS_URL": server.url, "FORKLESS_DURATION": "3", "FORKLESS_STATUS_S": "0"},
-                   program=("-c", example("results_sink")), timeout_s=90 * UNIT_S)
-    assert proc.returncode == 0, proc.stderr
+    server, proc = _sink_example(feed_server, "results_sink")
     got = [line.split() for line in proc.stdout.splitlines() if line.startswith("result ")]
     assert [(g[1], g[2], int(g[3])) for g in got] == [("0", f"s{i % 2}", i) for i in range(10)]
     replies = {r["seq"]: r["score"] for r in server.replies()}  # the feed's replies, with the same scores

@@ -14,7 +14,7 @@ from forkless.controller.config import Config
 
 import forkless
 from tests.harness import UNIT_S, wait_until
-from tests.servers import FeedConn, make_messages
+from tests.servers import make_messages, send_frames
 
 pytestmark = pytest.mark.timeout(60 * UNIT_S)
 
@@ -24,17 +24,6 @@ FEATURES = 3
 def _config(url: str) -> Config:
     return Config(ws_url=url, features=FEATURES, status_s=0, heartbeat_s=0, reconnect_min_s=0.05,
                   reconnect_max_s=0.2, shutdown_timeout_s=10 * UNIT_S)
-
-
-def _sending(messages: list[dict]):
-    async def script(conn: FeedConn) -> None:
-        reader = conn.reading(timeout=60)
-        if conn.index == 0:
-            for m in messages:
-                await conn.send(m)
-        await reader
-
-    return script
 
 
 class Collecting:
@@ -81,7 +70,7 @@ class _Running:
 
 def test_a_user_sink_is_handed_every_message_in_order_and_its_books_balance(feed_server):
     messages = make_messages(300, streams=3, features=FEATURES, seed=5)
-    server = feed_server(_sending(messages))
+    server = feed_server(send_frames(messages))
     sink = Collecting()
     running = _Running(forkless.SinkRun(sink, config=_config(server.url)))
     wait_until(lambda: len(sink.got) >= len(messages), timeout_s=30 * UNIT_S, what="every message written")
@@ -112,7 +101,7 @@ class Holding:
 
 def test_what_a_sink_still_holds_when_it_returns_is_counted_unwritten_at_the_stop(feed_server):
     messages = make_messages(40, features=FEATURES, seed=6)
-    server = feed_server(_sending(messages))
+    server = feed_server(send_frames(messages))
     sink = Holding(write=0)
     running = _Running(forkless.SinkRun(sink, config=_config(server.url)))
     wait_until(lambda: sink.taken >= len(messages), timeout_s=30 * UNIT_S, what="every message taken")
@@ -133,7 +122,7 @@ class Dropping:
 
 def test_a_sink_that_drops_counts_the_rest_of_each_batch_by_its_reason(feed_server):
     messages = make_messages(25, features=FEATURES, seed=7)
-    server = feed_server(_sending(messages))
+    server = feed_server(send_frames(messages))
     running = _Running(forkless.SinkRun(Dropping(), config=_config(server.url)))
     wait_until(lambda: running.run.sink_stats.taken >= 25, timeout_s=30 * UNIT_S, what="every message taken")
     books = running.finish().sink
@@ -150,7 +139,7 @@ class Failing:
 
 
 def test_a_sink_that_raises_ends_the_run_with_feed_fatal_naming_it(feed_server):
-    server = feed_server(_sending(make_messages(5, features=FEATURES)))
+    server = feed_server(send_frames(make_messages(5, features=FEATURES)))
     run = forkless.SinkRun(Failing(), config=_config(server.url))
     with pytest.raises(forkless.FeedFatal, match="sink 'failing' failed") as raised:
         run.run()
@@ -175,7 +164,7 @@ class Miscounting:
 
 
 def test_a_wrong_count_of_items_written_is_refused_and_counts_nothing(feed_server):
-    server = feed_server(_sending(make_messages(3, features=FEATURES)))
+    server = feed_server(send_frames(make_messages(3, features=FEATURES)))
     sink = Miscounting()
     running = _Running(forkless.SinkRun(sink, config=_config(server.url)))
     wait_until(lambda: running.run.sink_stats.written >= 3, timeout_s=30 * UNIT_S, what="3 written")
@@ -211,7 +200,7 @@ def test_a_sink_run_is_ready_on_its_health_endpoint_once_its_feed_is_connected(f
     import urllib.error
     import urllib.request
 
-    server = feed_server(_sending(make_messages(5, features=FEATURES)))
+    server = feed_server(send_frames(make_messages(5, features=FEATURES)))
     sink = Collecting()
     running = _Running(forkless.SinkRun(sink, config=dataclasses.replace(_config(server.url),
                                                                            metrics_addr="127.0.0.1:0")))

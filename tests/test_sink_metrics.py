@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import forkless
 from forkless import Config, Controller
 from tests.harness import UNIT_S, drive, wait_until
-from tests.servers import FeedConn, make_messages, send_frames
+from tests.servers import make_messages, send_frames
 
 pytestmark = pytest.mark.timeout(90 * UNIT_S)
 
@@ -79,22 +79,11 @@ def test_a_controllers_sinks_books_are_served_on_its_metrics_endpoint(feed_serve
                                                                (("reason", "not wanted"),))] == 60
 
 
-def _sending(messages: list[dict]):
-    async def script(conn: FeedConn) -> None:
-        reader = conn.reading(timeout=60)
-        if conn.index == 0:
-            for m in messages:
-                await conn.send(m)
-        await reader
-
-    return script
-
-
 def test_a_sink_runs_metrics_endpoint_serves_its_sinks_books(feed_server):
     import threading
 
     messages = make_messages(25, features=FEATURES, seed=7)
-    server = feed_server(_sending(messages))
+    server = feed_server(send_frames(messages))
     config = Config(ws_url=server.url, features=FEATURES, status_s=0, heartbeat_s=0, reconnect_min_s=0.05,
                     reconnect_max_s=0.2, shutdown_timeout_s=10 * UNIT_S, metrics_addr="127.0.0.1:0")
     run = forkless.SinkRun(WritingOne("mine"), config=config)
