@@ -625,47 +625,10 @@ def test_the_io_loop_package_re_exports_lazily():
     assert {"forkless.io_loop.portal", "forkless.io_loop.errors"} <= names
 
 
-# ---- modules along their jobs: small modules, short functions ---------------------------------------
-
-PRODUCT = [p for p in PATHS if p.startswith(("controller/", "io_loop/"))]
-MODULE_MAX_LINES = 520  # "about 500": a module past it holds two jobs; split it along them (docs/design/)
-FUNCTION_MAX_LINES = 70  # "about 60", docstring included: a longer function is steps to name
-
-
-def long_functions(source: str, limit: int) -> list[tuple[str, int]]:
-    """Each function or method of ``source`` longer than ``limit`` lines, with its length."""
-    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= limit]
-
-
-def test_no_product_module_is_over_about_500_lines():
-    long = {p: n for p in PRODUCT if (n := len((ROOT / p).read_text(encoding="utf-8").splitlines())) > MODULE_MAX_LINES}
-    assert not long, f"over {MODULE_MAX_LINES} lines: {long}"
-
-
-def test_no_product_function_is_over_about_60_lines():
-    long = {p: found for p in PRODUCT if (found := long_functions((ROOT / p).read_text(encoding="utf-8"),
-                                                                 FUNCTION_MAX_LINES))}
-    assert not long, f"over {FUNCTION_MAX_LINES} lines: {long}"
-    assert long_functions("def f():\n" + "    x = 1\n" * 80, FUNCTION_MAX_LINES) == [("f", 81)]
-
-
-# ---- bench/ shaped like the product: its own, roomier limits, and every module opens with its rules ---
+# ---- bench/ shaped like the product: every module opens with its rules ---
 
 BENCH = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
-BENCH_MODULE_MAX_LINES = 700  # a benchmark module holds a measurement's whole procedure; past it, two jobs
-BENCH_FUNCTION_MAX_LINES = 80
-
-
-def test_no_bench_module_is_over_700_lines():
-    assert "bench/run.py" in BENCH and len(BENCH) > 20
-    long = {p: n for p in BENCH if (n := len(read(p).splitlines())) > BENCH_MODULE_MAX_LINES}
-    assert not long, f"over {BENCH_MODULE_MAX_LINES} lines: {long}"
-
-
-def test_no_bench_function_is_over_80_lines():
-    long = {p: found for p in BENCH if (found := long_functions(read(p), BENCH_FUNCTION_MAX_LINES))}
-    assert not long, f"over {BENCH_FUNCTION_MAX_LINES} lines: {long}"
+PRODUCT = [p for p in PATHS if p.startswith(("controller/", "io_loop/"))]
 
 
 def test_every_bench_module_opens_with_its_rules():
@@ -720,16 +683,7 @@ def test_no_module_sets_fields_of_another_module_s_objects_but_counter_records()
     assert not found, "give the owning class a method for it: " + "; ".join(found)
 
 
-# ---- rooms: a package's top level holds its core and its rooms by feature (issue 47) -----------------------------
-TOP_LEVEL_MAX_MODULES = 20  # a package's own modules beside its rooms (subpackages), its __init__ not counted
-
-
-def test_a_package_s_top_level_holds_at_most_20_modules_beside_its_rooms():
-    for package in SCANNED_DIRS:
-        top = [p for p in PATHS if p.startswith(f"{package}/") and p.count("/") == 1 and not p.endswith("/__init__.py")]
-        assert len(top) <= TOP_LEVEL_MAX_MODULES, (
-            f"{package}/ holds {len(top)} modules at its top level, over {TOP_LEVEL_MAX_MODULES}: put a feature's "
-            f"modules in a room (a subpackage), and list it in docs/design/{package}.md")
+# ---- rooms: a feature's modules sit in a room (a subpackage) whose __init__ imports nothing ----
 
 
 def test_every_room_is_a_package_whose_init_imports_nothing():

@@ -7,7 +7,7 @@ variable, a metric or an exit status without regenerating, fails here. ``python 
 rewrites them all. The README is the front door and stays small; the manual is the embedding
 guide, EMBEDDING.md (an index of pages under docs/embedding/), DESIGN.md (its module map on
 pages under docs/design/) and the operator's guide, OPERATING.md (an index of pages under
-docs/): one topic a page, none over ``PAGE_MAX_BYTES``.
+docs/): one topic a page. No test caps a page's size: a page holds one topic, whatever its length.
 """
 
 from __future__ import annotations
@@ -43,12 +43,8 @@ DESIGN_PAGES = tuple(sorted(f"docs/design/{p.name}" for p in (ROOT / "docs" / "d
 DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md", *PAGES, *EMBEDDING_PAGES, *DESIGN_PAGES)
 # the benchmark's documents: a summary page and a page a topic (bench/docs/)
 BENCH_PAGES = ("bench/README.md", *sorted(f"bench/docs/{p.name}" for p in (ROOT / "bench" / "docs").glob("*.md")))
-BENCH_PAGE_MAX_BYTES = 16_384
 # every document whose relative links must lead somewhere
 LINKED = (*DOCUMENTS, *BENCH_PAGES, "bench/out-gpu/README.md", "bench/out-tpu/README.md")
-README_MAX_BYTES = 14_000  # the front door; the manual lives in the other documents
-PAGE_MAX_BYTES = 15_360  # a page of docs/ holds one topic; a longer topic is split into pages
-DESIGN_MAX_BYTES = 17_408  # DESIGN.md: the shape, the threads, a message's way, the rules (the module map: its pages)
 
 
 def text(path: str) -> str:
@@ -91,9 +87,6 @@ def test_the_bench_writes_its_results_blocks_over_a_hand_edit(tmp_path: Path, pa
 
 def test_the_bench_documents_are_a_summary_and_pages_of_one_topic() -> None:
     assert len(BENCH_PAGES) >= 10, BENCH_PAGES
-    for page in BENCH_PAGES:
-        size = len((ROOT / page).read_bytes())
-        assert size <= BENCH_PAGE_MAX_BYTES, f"{page} is {size} bytes, over {BENCH_PAGE_MAX_BYTES}: split its topic"
     summary = text("bench/README.md")
     linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", summary))
     assert linked == {page.removeprefix("bench/") for page in BENCH_PAGES[1:]}, "bench/README.md links every page"
@@ -190,22 +183,6 @@ def test_exit_statuses_are_listed_once_in_the_readme_s_generated_table() -> None
     assert text("README.md").count("<!-- exit:start -->") == 1
 
 
-def test_the_readme_is_the_front_door_not_the_manual() -> None:
-    size = len((ROOT / "README.md").read_bytes())
-    assert size <= README_MAX_BYTES, (
-        f"README.md is {size} bytes, over {README_MAX_BYTES}: move the detail to EMBEDDING.md, a page of docs/ "
-        f"or DESIGN.md and link to it")
-
-
-def test_the_operator_s_guide_is_pages_of_one_topic() -> None:
-    assert len(PAGES) >= 10, PAGES
-    for page in PAGES:
-        size = len((ROOT / page).read_bytes())
-        assert size <= PAGE_MAX_BYTES, (
-            f"{page} is {size} bytes, over {PAGE_MAX_BYTES}: split the topic into two pages with real headings, "
-            f"and list the new one in OPERATING.md")
-
-
 def test_the_index_lists_every_page() -> None:
     index = text("OPERATING.md")
     missing = [page for page in PAGES if f"]({page})" not in index]
@@ -215,20 +192,13 @@ def test_the_index_lists_every_page() -> None:
 def test_the_embedding_guide_is_an_index_of_pages_of_one_topic() -> None:
     assert len(EMBEDDING_PAGES) >= 5, EMBEDDING_PAGES
     index = text("EMBEDDING.md")
-    assert len(index.encode()) <= 4_096, "EMBEDDING.md is the index: the guide itself is on its pages"
     for page in EMBEDDING_PAGES:
-        size = len((ROOT / page).read_bytes())
-        assert size <= PAGE_MAX_BYTES, f"{page} is {size} bytes, over {PAGE_MAX_BYTES}: split it, list both"
         assert f"]({page})" in index, f"EMBEDDING.md does not link {page}"
 
 
-def test_the_design_is_a_narrative_and_its_module_map_is_pages() -> None:
-    size = len((ROOT / "DESIGN.md").read_bytes())
-    assert size <= DESIGN_MAX_BYTES, f"DESIGN.md is {size} bytes, over {DESIGN_MAX_BYTES}: move a topic to docs/design/"
+def test_the_design_links_its_module_map_pages() -> None:
     assert len(DESIGN_PAGES) >= 2, DESIGN_PAGES
     for page in DESIGN_PAGES:
-        size = len((ROOT / page).read_bytes())
-        assert size <= PAGE_MAX_BYTES, f"{page} is {size} bytes, over {PAGE_MAX_BYTES}: split it, link both"
         assert f"]({page})" in text("DESIGN.md"), f"DESIGN.md does not link {page}"
 
 
