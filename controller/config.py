@@ -80,6 +80,7 @@ class Config:
     max_batch: int = 256
     max_wait_ms: float = 2.0
     steps_in_flight: int | str = "auto"
+    handoff: str = "auto"
     queue_size: int = 1024
     overflow: str = "block"
     source_buffer: int = DEFAULT_SOURCE_BUFFER

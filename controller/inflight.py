@@ -22,6 +22,7 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from forkless.controller.batching import Taken
@@ -35,11 +36,14 @@ __all__ = ["InFlight"]
 class InFlight:
     """The FIFO of begun batches between ``BatchStep.begin`` and ``BatchStep.end`` (module rules)."""
 
-    def __init__(self, step: BatchStep, depth: int) -> None:
+    def __init__(self, step: BatchStep, depth: int, expect: Callable[[int], None] | None = None) -> None:
         if depth < 1:
             raise ValueError(f"steps in flight: depth must be at least 1, got {depth}")
         self.step = step
         self.depth = depth
+        # told how many steps are in flight after each begin and end: a spinning IO loop looks at
+        # outbound while any is (io_loop/waiting.py); None: nobody to tell
+        self._expect = expect
         self._begun: deque[Begun] = deque()
         self.most = 0  # the most steps that were in flight at once
 
@@ -62,6 +66,8 @@ class InFlight:
         in its dispatch: handed over at once, as one at a time would)."""
         self._begun.append(self.step.begin(taken))
         self.most = max(self.most, len(self._begun))
+        if self._expect is not None:
+            self._expect(len(self._begun))
         while self._begun and (self.full or self.oldest_ready()):
             self.finish_oldest(deadline)
 
@@ -73,7 +79,11 @@ class InFlight:
         """Hand the oldest batch's results over (waiting for its step); how many messages it held.
         Raises what ``on_results`` raised, once its replies are put."""
         begun = self._begun.popleft()
-        self.step.end(begun, deadline)
+        try:
+            self.step.end(begun, deadline)
+        finally:  # after its replies were put: the IO loop spins until it has them
+            if self._expect is not None:
+                self._expect(len(self._begun))
         return len(begun)
 
     def settle(self, deadline: float | None = None) -> None:
@@ -98,4 +108,6 @@ class InFlight:
         held = self.messages
         self._begun.clear()
         self.step.engine.abandon()
+        if self._expect is not None:
+            self._expect(0)
         return held

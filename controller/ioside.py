@@ -40,6 +40,7 @@ from forkless.io_loop.sources.before_connect import BeforeConnect
 from forkless.io_loop.sources.on_connect import OnConnect
 from forkless.io_loop.spill import declared_policy
 from forkless.io_loop.thread import IOThread
+from forkless.io_loop.waiting import PARK, WaitSettings
 
 __all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "OnEvent", "OnResults", "checked_sinks", "feed_plan",
            "io_thread", "with_hooks"]
@@ -218,7 +219,8 @@ def with_hooks(io_factory: IOFactory, *, on_connect: OnConnect | None,
 def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
                on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
                positions: dict[str, Any] | None = None, plan: FeedPlan | None = None,
-               fence: Callable[[], bool] | None = None, acknowledged: Any = None) -> IOSide:
+               fence: Callable[[], bool] | None = None, acknowledged: Any = None,
+               wait: WaitSettings = PARK) -> IOSide:
     """The real IO side; ``positions``: the replayable feeds' positions a restored checkpoint
     recorded (passed only when there are some); ``plan``: the feeds with the user's own sources (and sinks)
     (passed only when there are some); ``fence``: a partitioned instance's lease check, asked
@@ -238,4 +240,4 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
                            before_connect=before_connect, fence=fence)
     result_sinks = plan.sinks if plan is not None else ()
     return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render, sources=sources,
-                    positions=positions, acknowledged=acknowledged, result_sinks=result_sinks)
+                    positions=positions, acknowledged=acknowledged, result_sinks=result_sinks, wait=wait)

@@ -67,6 +67,7 @@ from forkless.io_loop.errors import LeaseLost, StopRequested
 from forkless.io_loop.source import Source
 from forkless.io_loop.sources.before_connect import BeforeConnect
 from forkless.io_loop.sources.on_connect import OnConnect, frames_of
+from forkless.io_loop.waiting import WaitSettings, resolve_handoff
 
 __all__ = ["Controller"]
 
@@ -177,6 +178,13 @@ class Controller:
         return self._life.abandoned_io
 
     @property
+    def handoff(self) -> WaitSettings:
+        """How the threads wait for each other (FORKLESS_HANDOFF resolved on the engine's platform:
+        io_loop/waiting.py); ``park`` before the compile and without a processor."""
+        platform = self.engine.platform if self.engine is not None else "cpu"
+        return WaitSettings(resolve_handoff(self.config.handoff, platform) if self.engine is not None else "park")
+
+    @property
     def checkpointer(self) -> Checkpointer | None:
         """The checkpoint writer (None when checkpoints are off)."""
         return self._checkpoints if isinstance(self._checkpoints, Checkpointer) else None
@@ -240,13 +248,15 @@ class Controller:
         self._outbound = Outlet(side.outbound, io, stats, self._deadline)
         prefixes, counters = self.plan.stream_prefixes(self.config.shared_streams), self.recovery.declared.counters
         names = [spec.name for spec in self.feed_specs]
+        wait = self.handoff
         step = DroppedMessages(stats, names) if self.engine is None else InFlight(BatchStep(
             self.engine, self.slots, self.replies, self.sources, stats, put=self._outbound.put,
             on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
             # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
             io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds, to_sinks=bool(self.plan.sinks)),
-            self.engine.in_flight)
-        self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event)
+            self.engine.in_flight, expect=side.expect if wait.spins else None)
+        self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event,
+                              wait=wait)
 
     def _check_stop(self, during: str) -> None:
         if self._stop_requested.is_set():
@@ -273,8 +283,9 @@ class Controller:
         plan (the user's sources, sinks), a partitioned instance's fence (asked before publishing), ``acknowledged``."""
         positions, plan, acked = self.recovery.positions, self.plan, {"acknowledged": self.recovery.acknowledged}
         planned = {"plan": plan} if plan.sources or plan.sinks else {}
+        spin = {"wait": self.handoff} if self.handoff.spins else {}  # the IO loop's selector spins (io_loop/waiting.py)
         return {**({"positions": positions} if positions else {}), **planned,
-                **(acked if self.sources else {}), **self._owner.io_arguments()}
+                **(acked if self.sources else {}), **self._owner.io_arguments(), **spin}
 
     def _close_owner(self) -> None:
         """Release a partitioned instance's leases (after the stop's checkpoint)."""

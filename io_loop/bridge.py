@@ -7,7 +7,10 @@ Rules:
   sides (``MainSide``); nobody else holds both.
 - The IO thread's reader of ``outbound`` is woken by one event per put (``OutboundSender``,
   ``OutboundReceiver``) instead of janus's notification: one turn of the loop instead of
-  three (measured in the latency budget's ``outbound`` hop, bench/README.md).
+  three (measured in the latency budget's ``outbound`` hop, bench/README.md). Under the ``spin``
+  hand-off (io_loop/waiting.py) the main thread tells the IO thread how many steps are in flight
+  (``OutboundSender.expect``); while any is, the IO loop's selector looks at *outbound* itself
+  (``OutboundReceiver.poll``) and a put does not wake it.
 - With a sink on the IO loop instead of the main thread (the relay, io_loop/thread.py), the IO
   thread takes from ``inbound``'s async side too, and ends ``outbound`` itself (``end_outbound``):
   the main thread then touches neither queue.
@@ -20,20 +23,28 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import janus
 from forkless.io_loop.crossing import Chunk, Outgoing
+from forkless.io_loop.waiting import Expecting
 
 __all__ = ["Bridge", "MainSide"]
 
 
+def _expect_nothing(steps: int) -> None:
+    """A main side whose IO loop parks: steps in flight are nobody's business."""
+
+
 @dataclass(frozen=True)
 class MainSide:
-    """What the main thread gets: the sync sides only."""
+    """What the main thread gets: the sync sides only, and ``expect(steps)``: how many steps are in
+    flight (their results will be put on outbound), for an IO loop that spins (io_loop/waiting.py)."""
 
     inbound: janus.SyncQueue[Chunk]
     outbound: OutboundSender
+    expect: Callable[[int], None] = _expect_nothing
 
 
 class OutboundSender:
@@ -43,11 +54,27 @@ class OutboundSender:
     takes the async mutex and notifies, the getter takes the mutex back); an event set by
     the callback takes one. Nothing awaits janus's async ``get``, so janus sends none of its own."""
 
-    def __init__(self, queue: janus.Queue[Outgoing], loop: asyncio.AbstractEventLoop, ready: asyncio.Event) -> None:
+    def __init__(self, queue: janus.Queue[Outgoing], loop: asyncio.AbstractEventLoop, ready: asyncio.Event,
+                 expecting: Expecting | None = None) -> None:
         self._queue = queue.sync_q
         self._shutdown = queue.shutdown
         self._loop = loop
         self._ready = ready
+        self._expecting = expecting  # None: the IO loop parks (no spinning selector watches outbound)
+
+    def expect(self, steps: int) -> None:
+        """``steps`` steps are in flight (their results will be put here). Under ``spin``, the IO loop
+        is woken when the first begins, so that it spins, looking at *outbound* itself, until the
+        last one's results are put (io_loop/waiting.py); otherwise nothing."""
+        expecting = self._expecting
+        if expecting is None:
+            return
+        before = expecting.expect(steps)
+        if steps and not before and not expecting.spinning:
+            try:
+                self._loop.call_soon_threadsafe(_nothing)  # its select returns, and spins from then on
+            except RuntimeError:  # the loop has closed
+                pass
 
     def put(self, item: Outgoing, timeout: float | None = None) -> None:
         self._queue.put(item, timeout=timeout)
@@ -66,6 +93,9 @@ class OutboundSender:
         self._wake()
 
     def _wake(self) -> None:
+        expecting = self._expecting
+        if expecting is not None and expecting.spinning:  # read after the put: see io_loop/waiting.py
+            return
         try:
             self._loop.call_soon_threadsafe(self._ready.set)
         except RuntimeError:  # the loop has closed: nobody is left to wake
@@ -99,6 +129,14 @@ class OutboundReceiver:
     def get_nowait(self) -> Outgoing:
         return self._queue.get_nowait()
 
+    def poll(self) -> bool:
+        """On the loop, from its spinning selector: wake the reader if an item waits and it was not
+        woken yet; whether it was woken now."""
+        if self._queue.qsize() and not self._ready.is_set():
+            self._ready.set()
+            return True
+        return False
+
     async def put(self, item: Outgoing) -> None:
         await self._queue.put(item)
         self._ready.set()
@@ -112,14 +150,15 @@ class OutboundReceiver:
 
 
 class Bridge:
-    """Owns both queues. Construct it in the IO thread's running loop."""
+    """Owns both queues. Construct it in the IO thread's running loop; ``expecting``: what the main
+    thread tells a spinning IO loop (io_loop/waiting.py; None: the loop parks)."""
 
-    def __init__(self, queue_size: int) -> None:
+    def __init__(self, queue_size: int, expecting: Expecting | None = None) -> None:
         self._inbound: janus.Queue[Chunk] = janus.Queue(queue_size)
         self._outbound: janus.Queue[Outgoing] = janus.Queue(queue_size)
         ready = asyncio.Event()
         self._outbound_receiver = OutboundReceiver(self._outbound, ready)
-        self._outbound_sender = OutboundSender(self._outbound, asyncio.get_running_loop(), ready)
+        self._outbound_sender = OutboundSender(self._outbound, asyncio.get_running_loop(), ready, expecting)
 
     @property
     def inbound(self) -> janus.AsyncQueue[Chunk]:
@@ -130,7 +169,8 @@ class Bridge:
         return self._outbound_receiver
 
     def main_side(self) -> MainSide:
-        return MainSide(self._inbound.sync_q, self._outbound_sender)
+        sender = self._outbound_sender
+        return MainSide(self._inbound.sync_q, sender, sender.expect)
 
     def stop_inbound(self) -> None:
         """No more chunks will come; the main thread drains what is queued, then sees ShutDown."""
@@ -148,3 +188,7 @@ class Bridge:
         for q in (self._inbound, self._outbound):
             q.shutdown(immediate=True)
             await q.aclose()
+
+
+def _nothing() -> None:
+    """A callback that only wakes the loop (``OutboundSender.expect``)."""

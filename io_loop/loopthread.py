@@ -48,8 +48,10 @@ class LoopThread:
     """A thread, its loop and its main coroutine (see the module rules). Made once, started once."""
 
     def __init__(self, name: str, *, cleanup_s: float | None = None, shutdown_executor: bool = False,
-                 body: Callable[[], None] | None = None) -> None:
+                 body: Callable[[], None] | None = None,
+                 loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop) -> None:
         self.thread = threading.Thread(target=body or self._body, name=name, daemon=True)
+        self._loop_factory = loop_factory  # the IO thread's may spin (io_loop/waiting.py's SpinningSelector)
         self.cleanup_s = cleanup_s
         self.shutdown_executor = shutdown_executor
         self.loop: asyncio.AbstractEventLoop | None = None  # set in the thread before main runs
@@ -174,7 +176,7 @@ class LoopThread:
                 self._cpu_clock = getclock(threading.get_ident())
             except OSError:
                 pass
-        loop = asyncio.new_event_loop()  # not set as the thread's current loop: nothing global changes
+        loop = self._loop_factory()  # not set as the thread's current loop: nothing global changes
         self.loop = loop
         try:
             try:

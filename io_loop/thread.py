@@ -59,6 +59,7 @@ from forkless.io_loop.settings import IOSettings
 from forkless.io_loop.sinks.results import ResultSinks
 from forkless.io_loop.sinks.sink import Acknowledged, Sink, SinkRunner
 from forkless.io_loop.source import Source
+from forkless.io_loop.waiting import PARK, Expecting, SpinningSelector, WaitSettings
 
 __all__ = ["IOThread"]
 
@@ -76,7 +77,8 @@ class IOThread:
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
                  sources: Sequence[Source], positions: Mapping[str, Origin] | None = None,
                  sink: Sink | SinkRunner | None = None, acknowledged: Acknowledged | None = None,
-                 result_sinks: Sequence[Sink] = (), name: str = "forkless-io") -> None:
+                 result_sinks: Sequence[Sink] = (), name: str = "forkless-io",
+                 wait: WaitSettings = PARK) -> None:
         if len(sources) != len(settings.feed_specs):
             raise ValueError(f"IOThread needs one source per feed: {len(settings.feed_specs)} feeds, "
                              f"{len(sources)} sources (io_loop/feeds.py's feed_sources makes them)")
@@ -97,7 +99,11 @@ class IOThread:
         self._feeds: FeedSet | None = None
         # the thread and its loop (io_loop/loopthread.py); what _main leaves running is cancelled at
         # its end, briefly: _main has ended every task it made
-        self._runner = LoopThread(name, cleanup_s=ABORT_CLEANUP_S, body=self._run)
+        # under the spin hand-off (io_loop/waiting.py) the loop's selector looks at outbound itself while
+        # steps are in flight, so that a reply is written without waking a sleeping loop
+        self.wait = wait
+        self._selector = SpinningSelector(wait.nap_s) if wait.spins else None
+        self._runner = LoopThread(name, cleanup_s=ABORT_CLEANUP_S, body=self._run, loop_factory=self._new_loop)
         self._bridge: Bridge | None = None
         self._main_side: MainSide | None = None
         self._aborted = False
@@ -175,6 +181,11 @@ class IOThread:
     def _loop(self) -> asyncio.AbstractEventLoop | None:
         return self._runner.loop
 
+    def _new_loop(self) -> asyncio.AbstractEventLoop:
+        """The thread's loop: the default one, or one on the spinning selector."""
+        selector = self._selector
+        return asyncio.new_event_loop() if selector is None else asyncio.SelectorEventLoop(selector)
+
     def _run(self) -> None:
         """The thread's body: its loop runs ``_outcome``."""
         self._runner.run_here(self._outcome)
@@ -193,7 +204,10 @@ class IOThread:
 
     async def _main(self) -> None:
         cfg = self.settings
-        self._bridge = bridge = Bridge(cfg.limits.queue_size)
+        expecting = Expecting() if self._selector is not None else None
+        self._bridge = bridge = Bridge(cfg.limits.queue_size, expecting)
+        if self._selector is not None and expecting is not None:
+            self._selector.attach(expecting, bridge.outbound.poll)
         background: list[asyncio.Task] = []
         metrics = None
         try:

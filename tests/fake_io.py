@@ -141,9 +141,11 @@ class FakeIO:
         self.cpu_clock: Callable[[], float] | None = None  # what cpu_seconds() reads (None: NaN)
 
     def __call__(self, config: Config, codec: Codec, io_stats: IOStats,
-                 stats_snapshot: Callable[[], StatsSnapshot]) -> FakeIO:
-        """The ``io_factory``: remembers what the controller hands the IO side."""
+                 stats_snapshot: Callable[[], StatsSnapshot], **more: Any) -> FakeIO:
+        """The ``io_factory``: remembers what the controller hands the IO side (``more``: what it
+        hands only where there is one, such as the spinning hand-off's ``wait``)."""
         self.config, self.codec, self.io_stats, self.stats_snapshot = config, codec, io_stats, stats_snapshot
+        self.more = more
         return self
 
     def start(self) -> MainSide:

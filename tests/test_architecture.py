@@ -104,6 +104,7 @@ IO = [
     "io_loop/feeds.py",
     "io_loop/finishing.py",
     "io_loop/handover.py",
+    "io_loop/waiting.py",
     "io_loop/spill.py",
     "io_loop/net/http.py",
     "io_loop/sources/on_connect.py",

@@ -37,6 +37,7 @@ BAD = {
     "FORKLESS_MAX_BATCH": "0",
     "FORKLESS_MAX_WAIT_MS": "-1",
     "FORKLESS_STEPS_IN_FLIGHT": "0",
+    "FORKLESS_HANDOFF": "yield",
     "FORKLESS_QUEUE_SIZE": "0",
     "FORKLESS_OVERFLOW": "drop_newest",
     "FORKLESS_SOURCE_BUFFER": "-1",

@@ -92,12 +92,12 @@ def _never_seen_done(ctl: Controller) -> None:
     ctl.engine.ready = lambda pending: False
 
 
-def _run(depth: int, folder: Path, processor: Processor) -> tuple[list, list, Any, Any, int]:
+def _run(depth: int, folder: Path, processor: Processor, handoff: str = "park") -> tuple[list, list, Any, Any, int]:
     """The feed through a controller with ``depth`` steps in flight: the replies, what
     ``on_results`` got, the counters, the stop's checkpoint and the most steps that were in flight."""
     fake = FakeIO()
     handed: list = []
-    ctl = Controller(_config(depth, checkpoint_dir=str(folder)), processor=processor, io_factory=fake,
+    ctl = Controller(_config(depth, checkpoint_dir=str(folder), handoff=handoff), processor=processor, io_factory=fake,
                      on_results=lambda seq, stream, out: handed.append((list(seq), list(stream),
                                                                         out["total"].tolist())))
     with ctl:
@@ -114,11 +114,12 @@ def _run(depth: int, folder: Path, processor: Processor) -> tuple[list, list, An
     return replies, handed, stats, saved, most
 
 
-@pytest.mark.parametrize("processor", [TOTALS, FAILING], ids=["in-flight", "failing-inline"])
-def test_three_steps_in_flight_answer_a_long_mixed_feed_exactly_as_one_at_a_time(tmp_path: Path,
-                                                                                 processor: Processor) -> None:
+@pytest.mark.parametrize(("processor", "handoff"), [(TOTALS, "park"), (FAILING, "park"), (TOTALS, "spin")],
+                         ids=["in-flight", "failing-inline", "in-flight-spinning"])
+def test_three_steps_in_flight_answer_a_long_mixed_feed_exactly_as_one_at_a_time(tmp_path: Path, processor: Processor,
+                                                                                 handoff: str) -> None:
     one = _run(1, tmp_path / "one", processor)
-    three = _run(3, tmp_path / "three", processor)
+    three = _run(3, tmp_path / "three", processor, handoff)
     replies, handed, stats, saved, most = three
     if processor is TOTALS:
         assert (one[4], most) == (1, 3)  # steps were really in flight
@@ -233,13 +234,14 @@ def _arriving_while_in_flight(ctl: Controller, fake: FakeIO, arriving: list, loo
     ctl.engine.ready = ready
 
 
+@pytest.mark.parametrize("handoff", ["park", "spin"])
 @pytest.mark.parametrize("arriving, most", [
     ([chunk([1], ["b"], [[1.0, 0.0]])], 1),  # a partial batch waits for the running step, then goes out
     ([chunk([1, 2, 3, 4], ["b", "c", "d", "e"], [[1.0, 0.0]] * 4)], 2),  # a full one is dispatched behind it
 ], ids=["partial-waits", "full-joins"])
-def test_only_a_closed_batch_is_dispatched_behind_a_running_step(arriving: list, most: int) -> None:
+def test_only_a_closed_batch_is_dispatched_behind_a_running_step(arriving: list, most: int, handoff: str) -> None:
     fake = FakeIO()
-    ctl = Controller(_config(3, max_wait_ms=10_000.0), processor=TOTALS, io_factory=fake)
+    ctl = Controller(_config(3, max_wait_ms=10_000.0, handoff=handoff), processor=TOTALS, io_factory=fake)
     with ctl:
         _arriving_while_in_flight(ctl, fake, arriving)
         fake.inbound.put_nowait(chunk([0], ["a"], [[1.0, 0.0]]))

@@ -52,8 +52,8 @@ def check_against_reference(messages, replies, **ref_args):
     return flagged
 
 
-@pytest.mark.parametrize("impl", sorted(SERVERS))
-def test_results_match_the_one_at_a_time_reference_in_arrival_order(feed_server, impl):
+@pytest.mark.parametrize(("impl", "handoff"), [*((impl, "park") for impl in sorted(SERVERS)), ("aiohttp", "spin")])
+def test_results_match_the_one_at_a_time_reference_in_arrival_order(feed_server, impl, handoff):
     messages = make_messages(600)
     # mix single-message frames and batch frames (batch frames repeat streams inside one frame)
     frames, i = [], 0
@@ -62,9 +62,10 @@ def test_results_match_the_one_at_a_time_reference_in_arrival_order(feed_server,
         part = messages[i:i + k]
         frames.append(json.dumps(part[0] if k == 1 else part))
         i += k
-    cfg = Config(ws_url="ws://x", features=F, max_batch=16, warmup=5, status_s=0)
+    cfg = Config(ws_url="ws://x", features=F, max_batch=16, warmup=5, status_s=0, handoff=handoff)
     server = feed_server(send_frames(frames), impl=impl)
     with Controller(cfg.replace(ws_url=server.url)) as ctl:
+        assert ctl.handoff.handoff == handoff  # spin asked for explicitly spins on the CPU too
         drive_until_replies(ctl, server, len(messages))
     server.wait_for(lambda: server.connections[0].closed_at is not None, 5 * UNIT_S, "the client's close")
     replies = server.replies()

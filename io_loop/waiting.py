@@ -1,0 +1,129 @@
+"""How each thread waits for the other: park (sleep until woken) or spin (stay awake) while work is imminent.
+
+A hand-off between the threads costs what waking the other thread costs: on the lent TPU host an idle
+asyncio loop woken through its self-pipe took 0.4-0.5 ms, a thread blocked on a condition 50-60 µs, a
+thread that polls between short naps 23-26 µs (DESIGN.md, "Fast hand-offs between the threads").
+Aeron's idle strategies and the LMAX Disruptor's wait strategies are the models: a receiver that expects
+work soon does not go to sleep; one that expects none parks.
+
+Rules:
+- ``HANDOFFS``: ``park`` sleeps until woken (the loop in ``epoll``, the main thread on a condition);
+  ``spin`` keeps the side that expects work awake: the IO loop while a step is in flight (its results
+  will land on *outbound*), the main thread for a bounded while after a batch (the next is likely near).
+  ``auto`` is resolved once, by the main thread, from the platform: ``spin`` on an accelerator, ``park``
+  on the CPU (``resolve_handoff``).
+- Nothing holds the GIL while it waits: a spinning thread naps (``time.sleep(nap_s)``, which releases
+  the GIL) between looks, never a bare loop. A thread that released and took the GIL back at once would
+  starve the other of it (CPython's GIL hands over only after the switch interval to a waiter that keeps
+  losing the race); a nap of tens of µs leaves the waiter the GIL.
+- ``Expecting`` is the one record the two threads share for this: ``steps`` is written by the main
+  thread only (steps in flight: results are coming), ``spinning`` by the IO thread only (its selector is
+  looking at *outbound* by itself: a put need not wake it). Each is read, never written, by the other.
+- ``SpinningSelector`` is the IO loop's selector. While ``steps`` is above 0 its ``select`` does not
+  block: it looks at the sockets (``select(0)``) and at *outbound* (``poll``) between naps, and returns as
+  soon as either has something, or the loop's own timeout is due. Once no step is in flight it looks at
+  *outbound* once more (a put made while ``spinning`` was set did not wake the loop) and parks as the
+  default selector does.
+"""
+
+from __future__ import annotations
+
+import selectors
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["HANDOFFS", "NAP_S", "PARK", "SPIN_S", "Expecting", "SpinningSelector", "WaitSettings", "resolve_handoff"]
+
+HANDOFFS = ("auto", "park", "spin")
+NAP_S = 20e-6  # a spinning thread's nap between looks (the kernel's timer slack adds ~50 µs)
+SPIN_S = 0.002  # the main thread, after a batch, looks for the next one this long before it parks
+
+
+@dataclass(frozen=True)
+class WaitSettings:
+    """How the threads wait for each other (FORKLESS_HANDOFF, resolved: never ``auto``)."""
+
+    handoff: str = "park"  # "park" or "spin"
+    nap_s: float = NAP_S
+    spin_s: float = SPIN_S
+
+    @property
+    def spins(self) -> bool:
+        return self.handoff == "spin"
+
+
+PARK = WaitSettings()  # the default: each thread sleeps until woken
+
+
+def resolve_handoff(setting: str, platform: str) -> str:
+    """``FORKLESS_HANDOFF``'s strategy on ``platform`` (the first device's: "cpu", "tpu", "gpu" …):
+    ``auto`` spins on an accelerator, where a wake-up costs a step's fraction, and parks on the CPU,
+    where the spinning thread's naps would take cores from XLA's own threads."""
+    if setting not in HANDOFFS:
+        raise ValueError(f"handoff: {setting!r} is not one of {', '.join(HANDOFFS)}")
+    if setting == "auto":
+        return "park" if platform == "cpu" else "spin"
+    return setting
+
+
+class Expecting:
+    """What each thread expects of the other (see the module rules): one writer per field."""
+
+    def __init__(self) -> None:
+        self.steps = 0  # main thread: steps in flight, whose results will be put on outbound
+        self.spinning = False  # IO thread: its selector looks at outbound by itself
+
+    def expect(self, steps: int) -> int:
+        """The main thread: ``steps`` steps are in flight now; how many were before."""
+        before, self.steps = self.steps, steps
+        return before
+
+
+class SpinningSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The IO loop's selector under ``spin`` (see the module rules); ``attach`` gives it what it
+    watches once the bridge exists, on the loop's own thread."""
+
+    def __init__(self, nap_s: float = NAP_S) -> None:
+        super().__init__()
+        self._nap_s = nap_s
+        self._expecting: Expecting | None = None
+        self._poll: Callable[[], bool] = lambda: False
+        self.naps = 0  # how many naps it took (tests: a spin that naps, never a bare loop)
+
+    def attach(self, expecting: Expecting, poll: Callable[[], bool]) -> None:
+        """Watch ``expecting`` and, while steps are in flight, ``poll()`` (True: it found an item on
+        outbound and woke its reader)."""
+        self._expecting, self._poll = expecting, poll
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        expecting = self._expecting
+        if expecting is None or timeout == 0 or not expecting.steps:
+            return super().select(timeout)  # type: ignore[no-any-return]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ready: list[tuple[selectors.SelectorKey, int]] | None = None
+        expecting.spinning = True
+        try:
+            ready = self._spin(expecting, deadline)
+        finally:
+            expecting.spinning = False
+        if self._poll():  # put while ``spinning`` was set: the main thread did not wake the loop
+            return ready or []
+        if ready is not None:
+            return ready
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return super().select(remaining)  # type: ignore[no-any-return]
+
+    def _spin(self, expecting: Expecting, deadline: float | None) -> list[tuple[selectors.SelectorKey, int]] | None:
+        """Look at the sockets and at outbound between naps while steps are in flight; what is ready
+        (None: no step is in flight any more)."""
+        nap, poll, look = self._nap_s, self._poll, super().select
+        while expecting.steps:
+            ready = look(0)
+            if ready or poll():
+                return ready  # type: ignore[no-any-return]
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
+            self.naps += 1
+            time.sleep(nap)
+        return None
