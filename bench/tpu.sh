@@ -36,6 +36,7 @@
 #   JAX_PLATFORMS           default tpu; JAX_PLATFORMS=cpu runs the same on the CPU, to check the
 #                           script's shape on a machine without a TPU (tests/test_bench_smoke.py)
 #   FORKLESS_BENCH_QUICK=1  the smoke size (bench.run --tpu --quick): every section, seconds each
+#   FORKLESS_BENCH_TRANSFERS=0  bench.run alone: not issue 48's two measurements after it (step 4, ~3 minutes)
 #   FORKLESS_BENCH_UNIX=0   TCP on loopback instead of unix sockets (a host where TCP works)
 #   FORKLESS_STEPS_IN_FLIGHT  passed to the forkless runs as it is (auto when unset: 2 on the TPU)
 #   FORKLESS_BENCH_AB_STEPS="1 2"  instead of the full run, an A/B of FORKLESS_STEPS_IN_FLIGHT on
@@ -92,6 +93,10 @@ run+=(--out "$OUT")
 echo "bench/tpu.sh: JAX_PLATFORMS=$JAX_PLATFORMS ${run[*]}"
 "${run[@]}"
 
+if [[ "${FORKLESS_BENCH_TRANSFERS:-1}" == 0 ]]; then
+    echo "bench/tpu.sh: $(( $(date +%s) - started )) s in all; the tables are in $OUT/results.md"
+    exit 0
+fi
 if [[ "${FORKLESS_BENCH_QUICK:-0}" == 1 ]]; then
     packed=(--seconds 0.3 --rounds 1)
     stall=(--streams 20000 --seconds 6 --rounds 1 --every 1)

@@ -22,10 +22,11 @@ Rules:
   (``cycle``), so no finished step waits for input.
   ``pending`` finishes them all before it returns (``settle``), unless told not to (``run()``:
   they stay in flight between its calls).
-- How it waits (``WaitSettings``, io_loop/waiting.py, FORKLESS_HANDOFF): under ``park`` it blocks on
-  *inbound* (a condition: the IO thread's put wakes it), and looks at a step in flight every
-  ``READY_POLL_S``; under ``spin`` it naps ``nap_s`` between looks at both (the GIL released while it
-  naps), and for ``spin_s`` after a batch it looks for the next one the same way before it parks.
+- How it waits (``WaitSettings``, io_loop/waiting.py, FORKLESS_HANDOFF): it blocks on *inbound* (a
+  condition: the IO thread's put wakes it). With steps in flight and no closed batch, under ``park``
+  it looks at the oldest step every ``READY_POLL_S``; under ``spin`` it blocks on it (waiting on the
+  device releases the GIL), while the IO loop spins: one thread spins at a time (two spinning
+  threads take the GIL from each other: measured on the TPU, bench/docs/handoff.md).
 - ``Outlet.put`` waits while *outbound* is full (the socket is slow), checking the IO side's
   health every ``POLL_S``: for as long as it takes, or, once a stop was requested, until its
   work deadline; what is still unput then is counted as dropped ("outbound full at stop"). An
@@ -90,7 +91,6 @@ class Intake:
                  wait: WaitSettings = PARK) -> None:
         self.inbound = inbound
         self.wait = wait
-        self._active_until = 0.0  # under spin: until when it looks for the next batch before parking
         self.batcher = batcher
         self.stats = stats
         self._step = step
@@ -155,53 +155,18 @@ class Intake:
             if len(batcher) and not self._top_up(deadline):  # closed: full, or collected for max_wait
                 taken = self.collect(0.0, deadline)
                 if taken is not None:
-                    self._stepped(taken, deadline)
+                    self._step(taken, deadline)
                     return len(taken)
-            if self.wait.spins:
-                self._nap()
-            else:
+            if not self.wait.spins:
                 self._await(READY_POLL_S)
+            elif not self._pull():  # nothing waiting: block on the step (the GIL released; the IO loop spins)
+                flight.finish_oldest(deadline)
+                return 0
         taken = self.collect(timeout, deadline)
         if taken is None:
             return 0
-        self._stepped(taken, deadline)
-        return len(taken)
-
-    def _stepped(self, taken: Taken, deadline: float | None) -> None:
-        """``taken``'s step; under spin, the next batch is looked for before parking (``spin_s``)."""
         self._step(taken, deadline)
-        if self.wait.spins:
-            self._active_until = time.monotonic() + self.wait.spin_s
-
-    def _nap(self) -> None:
-        """Under spin: one nap (the GIL released), then whatever waits on *inbound* into the batcher."""
-        time.sleep(self.wait.nap_s)
-        if self.inbound.qsize():
-            try:
-                self._add(self.inbound.get_nowait())
-            except Empty:
-                pass
-            except janus.SyncQueueShutDown:
-                self.closed = True
-
-    def _first(self, timeout: float) -> Chunk | Events:
-        """A batch's first chunk, waiting up to ``timeout``: under spin, napping between looks while
-        a batch was stepped within ``spin_s``, then blocked on *inbound* (raises ``Empty``)."""
-        inbound = self.inbound
-        if timeout <= 0:
-            return inbound.get_nowait()
-        if self.wait.spins:
-            start = now = time.monotonic()
-            until, nap = min(self._active_until, start + timeout), self.wait.nap_s
-            while now < until:
-                if inbound.qsize():
-                    return inbound.get_nowait()
-                time.sleep(nap)
-                now = time.monotonic()
-            timeout -= now - start
-            if timeout <= 0:
-                return inbound.get_nowait()
-        return inbound.get(timeout=timeout)
+        return len(taken)
 
     def _top_up(self, deadline: float | None) -> bool:
         """The batch collecting while steps run, topped up from what is already waiting under the
@@ -219,6 +184,18 @@ class Intake:
                 self.closed = True
         return False
 
+    def _pull(self) -> bool:
+        """A chunk already waiting on *inbound*, into the batcher, without waiting; whether there was one."""
+        if self.closed or not self.inbound.qsize():
+            return False
+        try:
+            self._add(self.inbound.get_nowait())
+        except Empty:
+            return False
+        except janus.SyncQueueShutDown:
+            self.closed = True
+        return True
+
     def _await(self, timeout: float) -> None:
         """Wait up to ``timeout`` for a chunk on *inbound*, into the batcher."""
         try:
@@ -235,7 +212,7 @@ class Intake:
         inbound, batcher = self.inbound, self.batcher
         if not len(batcher) and not self.closed:
             try:
-                self._add(self._first(timeout))
+                self._add(inbound.get(timeout=timeout) if timeout > 0 else inbound.get_nowait())
             except Empty:
                 return None
             except janus.SyncQueueShutDown:

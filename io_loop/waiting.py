@@ -28,16 +28,30 @@ Rules:
 
 from __future__ import annotations
 
+import os
 import selectors
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["HANDOFFS", "NAP_S", "PARK", "SPIN_S", "Expecting", "SpinningSelector", "WaitSettings", "resolve_handoff"]
+__all__ = ["HANDOFFS", "NAP_S", "PARK", "SPIN_S", "Expecting", "SpinningSelector", "WaitSettings", "pause",
+           "resolve_handoff"]
 
 HANDOFFS = ("auto", "park", "spin")
-NAP_S = 20e-6  # a spinning thread's nap between looks (the kernel's timer slack adds ~50 µs)
-SPIN_S = 0.002  # the main thread, after a batch, looks for the next one this long before it parks
+# a spinning thread's pause between looks: 0 yields the core (``os.sched_yield``, the GIL released,
+# no sleep); a nap (``time.sleep``) costs less CPU, but on the lent TPU host a thread that sleeps
+# even 20 µs wakes as late as one that parks (bench/handoff_wait.py)
+NAP_S = 0.0
+SPIN_S = 0.002  # the IO loop spins on this long after the last step in flight ended: the next message is likely near
+
+
+def pause(nap_s: float) -> None:
+    """A spinning thread's pause between looks, the GIL released: a nap of ``nap_s``, or with 0 the
+    core yielded to whatever else is runnable (``os.sched_yield``)."""
+    if nap_s:
+        time.sleep(nap_s)
+    else:
+        os.sched_yield()
 
 
 @dataclass(frozen=True)
@@ -70,14 +84,24 @@ def resolve_handoff(setting: str, platform: str) -> str:
 class Expecting:
     """What each thread expects of the other (see the module rules): one writer per field."""
 
-    def __init__(self) -> None:
+    def __init__(self, linger_s: float = 0.0) -> None:
         self.steps = 0  # main thread: steps in flight, whose results will be put on outbound
+        self.until = 0.0  # main thread: when the last step ended, plus linger_s (time.monotonic())
         self.spinning = False  # IO thread: its selector looks at outbound by itself
+        self.linger_s = linger_s
 
     def expect(self, steps: int) -> int:
-        """The main thread: ``steps`` steps are in flight now; how many were before."""
+        """The main thread: ``steps`` steps are in flight now; how many were before. When the
+        last one ends, the IO loop goes on spinning for ``linger_s``: the next message is likely near."""
         before, self.steps = self.steps, steps
+        if before and not steps:
+            self.until = time.monotonic() + self.linger_s
         return before
+
+    @property
+    def imminent(self) -> bool:
+        """The IO loop: work is expected (a step in flight, or one ended within ``linger_s``)."""
+        return bool(self.steps) or time.monotonic() < self.until
 
 
 class SpinningSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
@@ -98,7 +122,7 @@ class SpinningSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-ty
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         expecting = self._expecting
-        if expecting is None or timeout == 0 or not expecting.steps:
+        if expecting is None or timeout == 0 or not expecting.imminent:
             return super().select(timeout)  # type: ignore[no-any-return]
         deadline = None if timeout is None else time.monotonic() + timeout
         ready: list[tuple[selectors.SelectorKey, int]] | None = None
@@ -115,15 +139,15 @@ class SpinningSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-ty
         return super().select(remaining)  # type: ignore[no-any-return]
 
     def _spin(self, expecting: Expecting, deadline: float | None) -> list[tuple[selectors.SelectorKey, int]] | None:
-        """Look at the sockets and at outbound between naps while steps are in flight; what is ready
-        (None: no step is in flight any more)."""
+        """Look at the sockets and at outbound between pauses while work is imminent; what is ready
+        (None: none is any more)."""
         nap, poll, look = self._nap_s, self._poll, super().select
-        while expecting.steps:
+        while expecting.imminent:
             ready = look(0)
             if ready or poll():
                 return ready  # type: ignore[no-any-return]
             if deadline is not None and time.monotonic() >= deadline:
                 return []
             self.naps += 1
-            time.sleep(nap)
+            pause(nap)
         return None
