@@ -137,6 +137,7 @@ COMPOSITION = [
     "controller/commands/check.py",
     "controller/checkpoints/checkpointer.py",
     "controller/commands/cli.py",
+    "controller/commands/edge.py",
     "controller/lifetime/host.py",
     "controller/inflight.py",
     "controller/ioside.py",
@@ -376,6 +377,74 @@ def test_the_io_loop_modules_in_the_core_import_no_third_party_library():
 def test_io_never_imports_jax():
     wrong = [f"{imp.where} imports {name}" for path in IO for imp, name in external_imports(path) if name in JAX]
     assert not wrong, "\n".join(wrong)
+
+
+# ---- no import cycle, lazy imports counted ---------------------------------------------------------
+# A function-level import hides a cycle from Python, not from the design: who composes whom goes one way
+# (a composition root hands the parts in), and an import moved into a function does not change who that is.
+
+
+def import_cycles(imports: dict[str, list[Import]], modules: dict[str, str] = MODULES) -> list[list[str]]:
+    """Every import cycle among ``imports``' files, each as its edges ("a.py:12 -> b.py", "(lazy)" where
+    the statement is in a function): one per strongly connected set of two or more files (Tarjan), every
+    statement counted (top-level, in functions, under ``if``/``try``, ``TYPE_CHECKING`` included)."""
+    edges: dict[str, dict[str, Import]] = {path: {} for path in imports}
+    for path, statements in imports.items():
+        for imp in statements:
+            for target in imp.targets:
+                for name in loaded(target):
+                    dep = modules.get(name)
+                    if dep is not None and dep != path and dep in edges:
+                        edges[path].setdefault(dep, imp)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    sets: list[list[str]] = []
+    for root in edges:  # Tarjan's algorithm without recursion: a frame is (file, its next deps)
+        if root in index:
+            continue
+        frames = [(root, iter(edges[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while frames:
+            path, deps = frames[-1]
+            dep = next(deps, None)
+            if dep is None:
+                frames.pop()
+                if frames:
+                    low[frames[-1][0]] = min(low[frames[-1][0]], low[path])
+                if low[path] == index[path]:
+                    members = stack[stack.index(path):]
+                    del stack[stack.index(path):]
+                    if len(members) > 1:
+                        sets.append(sorted(members))
+            elif dep not in index:
+                index[dep] = low[dep] = len(index)
+                stack.append(dep)
+                frames.append((dep, iter(edges[dep])))
+            elif dep in stack:
+                low[path] = min(low[path], index[dep])
+    return [[f"{edges[a][b].where} -> {b}{' (lazy)' if edges[a][b].lazy else ''}"
+             for a in members for b in edges[a] if b in members] for members in sets]
+
+
+def test_no_import_cycle_among_the_product_modules_counting_lazy_imports():
+    cycles = import_cycles(IMPORTS)
+    assert not cycles, "import cycles (break them by who composes whom, not by a function-level import):\n" + \
+        "\n".join("  " + "; ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_finder_finds_a_cycle_closed_by_a_lazy_import_and_none_in_a_chain():
+    modules = {"forkless.io_loop.a": "io_loop/a.py", "forkless.io_loop.b": "io_loop/b.py",
+               "forkless.io_loop.c": "io_loop/c.py"}
+    sources = {"io_loop/a.py": "from forkless.io_loop.b import B\n",
+               "io_loop/b.py": "from forkless.io_loop import c\n",
+               "io_loop/c.py": "def make():\n    from forkless.io_loop.a import A  # later\n    return A\n"}
+    imports = {path: find_imports(text, path, modules) for path, text in sources.items()}
+    assert import_cycles(imports, modules) == [["io_loop/a.py:1 -> io_loop/b.py", "io_loop/b.py:1 -> io_loop/c.py",
+                                                "io_loop/c.py:2 -> io_loop/a.py (lazy)"]]
+    del imports["io_loop/c.py"][0]
+    assert import_cycles(imports, modules) == []
 
 
 # ---- lazy imports say why ------------------------------------------------------------------------

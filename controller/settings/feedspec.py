@@ -15,16 +15,11 @@ Rules:
 from __future__ import annotations
 
 import json
-import re
 
-from forkless.controller.settings.values import ValueProblem
+from forkless.controller.settings.values import FEED_NAME, ValueProblem
 from forkless.io_loop.settings import FeedSpec
 
-__all__ = ["FEED_NAME", "MAX_PARTITIONS", "STREAM_NAME", "feed_list", "feeds_text"]
-
-FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-MAX_PARTITIONS = 65536
-STREAM_NAME = re.compile(r"[^\s.*>/\\]{1,255}")  # what nats-server accepts as a stream name
+__all__ = ["feed_list", "feeds_text"]
 
 
 def feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:

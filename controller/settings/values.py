@@ -30,13 +30,16 @@ from urllib.parse import urlsplit
 
 from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_socket_path, url_host_port
 
-__all__ = ["BUCKET_NAME", "SUBJECT_TOKEN", "Rule", "ValueProblem", "address", "boolean", "bucket", "checkpoint_dir",
-           "choice", "device_count", "existing_file", "header_pairs", "in_flight", "integer", "is_subject", "json_text",
-           "listen_socket", "nats_urls", "number", "optional", "optional_text", "pem_file", "relay_subject",
-           "text_rule", "unix_socket", "ws_url"]
+__all__ = ["BUCKET_NAME", "FEED_NAME", "MAX_PARTITIONS", "STREAM_NAME", "SUBJECT_TOKEN", "Rule", "ValueProblem",
+           "address", "boolean", "bucket", "checkpoint_dir", "choice", "device_count", "existing_file", "header_pairs",
+           "in_flight", "integer", "is_subject", "json_text", "listen_socket", "nats_urls", "number", "optional",
+           "optional_text", "pem_file", "relay_subject", "text_rule", "unix_socket", "ws_url"]
 
 BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a JetStream object-store or KV bucket (nats-py's rule, capped)
 SUBJECT_TOKEN = re.compile(r"[^\s.]+")
+FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a FORKLESS_FEEDS entry's "name"
+STREAM_NAME = re.compile(r"[^\s.*>/\\]{1,255}")  # what nats-server accepts as a stream name
+MAX_PARTITIONS = 65536  # a partitioned feed's "partition_count", and so FORKLESS_INSTANCES, at most
 
 
 class ValueProblem(ValueError):
