@@ -687,10 +687,11 @@ def test_importing_the_leaf_s_core_modules_loads_no_controller_janus_aiohttp_or_
     assert not {m.split(".")[0] for m in loaded_modules} & {"controller", "janus", "aiohttp", "numpy"}
 
 
-def test_the_io_loop_package_re_exports_lazily():
-    loaded_modules = modules_loaded_by("import io_loop")
-    assert not {m for m in loaded_modules if m.startswith("io_loop.")}
-    names = modules_loaded_by("import io_loop; io_loop.IOPortal; io_loop.FeedFatal")
+def test_importing_forkless_and_its_two_packages_loads_none_of_their_modules():
+    loaded_modules = modules_loaded_by("import forkless, forkless.io_loop, forkless.controller")
+    assert {"forkless.io_loop", "forkless.controller"} <= loaded_modules
+    assert not {m for m in loaded_modules if m.startswith(("forkless.io_loop.", "forkless.controller."))}
+    names = modules_loaded_by("import forkless; forkless.IOPortal; forkless.FeedFatal")  # the user API, lazily
     assert {"forkless.io_loop.portal", "forkless.io_loop.errors"} <= names
 
 
