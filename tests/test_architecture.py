@@ -7,8 +7,8 @@ bridge, counters, errors, addresses, the decoder protocol) are in the core, wher
 controller's core may import them. Imports are
 counted wherever they are written: at the top of a file, inside functions and methods, under
 ``if``/``try``. Importing ``a.b.c`` also runs ``a/__init__.py`` and ``a/b/__init__.py``, so those
-count as imported too. bench/ is out of their scope (its modules are held to their sizes and rules at the
-bottom). Not seen: ``importlib.import_module(name)`` with
+count as imported too. bench/ is out of their scope. No two modules import each other, directly or around
+a loop, function-level imports counted. Not seen: ``importlib.import_module(name)`` with
 a computed name (``forkless/__init__.py`` exports the user API lazily that way, composition
 names such as ``Controller`` included); the subprocess tests at the bottom import for real.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import io
-import re
 import subprocess
 import sys
 import tokenize
@@ -175,10 +174,6 @@ RESTRICTED_IN_CORE = {
     "jaxlib": set(),
 }
 JAX = {"jax", "jaxlib"}
-
-# Lazy imports known to lack a reason, each with the production fix pending. A strict xfail: once
-# the comment is written the test passes, xfail(strict) fails, and the entry must be removed.
-KNOWN_WITHOUT_REASON: dict[str, str] = {}
 
 
 # ---- reading the source ---------------------------------------------------------------------------
@@ -499,16 +494,14 @@ def lazy_imports_without_reason(source: str, imports: list[Import]) -> list[Impo
 
 
 LAZY = [imp for path in PATHS for imp in IMPORTS[path] if imp.lazy]
-WITHOUT_REASON = {imp.where for path in PATHS
-                  for imp in lazy_imports_without_reason(read(path), IMPORTS[path])}
 
 
-def lazy_params():
-    for imp in LAZY:
-        marks = ()
-        if imp.key in KNOWN_WITHOUT_REASON:
-            marks = pytest.mark.xfail(strict=True, reason=f"production fix pending: {KNOWN_WITHOUT_REASON[imp.key]}")
-        yield pytest.param(imp, id=imp.key, marks=marks)
+def missing_reasons(sources: dict[str, str]) -> list[str]:
+    """Each function-level import of ``sources`` (path -> text) with no reason written beside it, as a line
+    naming it (what ``test_every_lazy_import_states_its_reason`` asserts there is none of)."""
+    return [f"{imp.where}: a function-level import of {', '.join(imp.targets)} needs a comment giving its reason"
+            for path, text in sources.items()
+            for imp in lazy_imports_without_reason(text, find_imports(text, path))]
 
 
 def test_the_known_lazy_imports_are_found():
@@ -522,14 +515,16 @@ def test_the_known_lazy_imports_are_found():
     } <= {imp.key for imp in LAZY}
 
 
-@pytest.mark.parametrize("imp", list(lazy_params()))
-def test_every_lazy_import_states_its_reason(imp: Import):
-    assert imp.where not in WITHOUT_REASON, (
-        f"{imp.where}: a function-level import of {', '.join(imp.targets)} needs a comment giving its reason")
+def test_every_lazy_import_states_its_reason():
+    missing = missing_reasons({path: read(path) for path in PATHS})
+    assert not missing, "\n".join(missing)
 
 
-def test_known_without_reason_lists_only_lazy_imports_that_exist():
-    assert set(KNOWN_WITHOUT_REASON) <= {imp.key for imp in LAZY}
+def test_the_reason_check_flags_a_module_s_lazy_import_without_a_reason():
+    module = ("import os\n\n\ndef load():\n    import json  # only when asked: a reason\n\n"
+              "    from forkless.io_loop import backoff\n\n    x = 1\n    import socket\n    return json, socket\n")
+    assert missing_reasons({"controller/sample.py": module}) == [
+        "controller/sample.py:10: a function-level import of socket needs a comment giving its reason"]
 
 
 # ---- the checkers themselves, on literal source --------------------------------------------------
@@ -695,23 +690,12 @@ def test_importing_forkless_and_its_two_packages_loads_none_of_their_modules():
     assert {"forkless.io_loop.portal", "forkless.io_loop.errors"} <= names
 
 
-# ---- bench/ shaped like the product: every module opens with its rules ---
-
-BENCH = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
-PRODUCT = [p for p in PATHS if p.startswith(("controller/", "io_loop/"))]
-
-
-def test_every_bench_module_opens_with_its_rules():
-    # as controller/*.py do: what the module is, then "Rules:" and the rules it keeps
-    missing = [p for p in BENCH if not re.search(r"^Rules:", ast.get_docstring(ast.parse(read(p))) or "", re.M)]
-    assert not missing, f"no 'Rules:' section in the module docstring: {missing}"
-
-
 # ---- no object's fields set from another module ------------------------------------------------
 # Counter records are plain records of counters, each written by its one owning thread, read as
 # snapshots: the modules that declare them. A decoded frame may be cut by the source that
 # decoded it (the JetStream consumer drops other partitions' messages from a copy). Anything else
 # a module sets on an object of a class another module declares goes through a method there.
+PRODUCT = [p for p in PATHS if p.startswith(("controller/", "io_loop/"))]
 COUNTER_RECORDS = ("controller/stats.py", "io_loop/counters.py", "io_loop/relay/relaystats.py")
 FRAME_CUTS = {("io_loop/sources/jsconsumer.py", "out", attr) for attr in ("seq", "stream", "x", "errors")}
 
