@@ -11,7 +11,8 @@ its exit statuses are stated in controller/errors.py.
 
 from __future__ import annotations
 
-from forkless.controller.commands.cli import exit_with, load_config, main
+from forkless.controller.commands.cli import exit_with, main
+from forkless.controller.commands.edge import load_config
 
 __all__ = ["load_config", "main"]
 

@@ -7,8 +7,14 @@ Rules:
   ``MockTransport`` tests a client). Before one is started the controller holds a ``NoIOSide``,
   whose counters read as they are and whose calls do nothing, so it never asks whether there is one.
 - The IO thread gets what it needs as constructor arguments (settings, codec, counters to
-  write, the whole-process snapshot, the metrics renderer, the embedder's connect hooks, the
+  write, the whole-process snapshot, the metrics renderer, every feed's source ready made, the
   restored JetStream positions, the plan's sinks of results), never attributes set on it from outside.
+- Every feed's source is built here (``feed_sources``; the relay and ``--check`` call it too): the one
+  place a feed's kind is decided, from the configuration (a user's source by its name, a JetStream feed,
+  the embedded demo feed for the feed with no url, a WebSocket feed), each source handed the settings
+  groups it reads (io_loop/settings.py), the embedder's connect hooks and a partitioned feed's lease
+  fence. The IO side (io_loop/feeds.py, io_loop/thread.py) runs the sources it is handed and imports
+  none of their modules.
 - The controller's sinks (``Controller(sinks=...)``) are checked when it is built (``checked_sinks``:
   each a ``Sink``, names of their own, a processor to give them results) and handed to the real IO
   thread, which hands them each batch's results (io_loop/sinks/results.py).
@@ -22,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -31,19 +37,19 @@ from forkless.controller.config import Config
 from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.capabilities import capability
 from forkless.io_loop.counters import IOSnapshot, IOStats
-from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.finishing import declared_awaiting
-from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec
+from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec, IOSettings
 from forkless.io_loop.sinks.sink import Sink
 from forkless.io_loop.source import Source
 from forkless.io_loop.sources.before_connect import BeforeConnect
+from forkless.io_loop.sources.client import WebSocketSource
 from forkless.io_loop.sources.on_connect import OnConnect
 from forkless.io_loop.spill import declared_policy
 from forkless.io_loop.thread import IOThread
 from forkless.io_loop.waiting import PARK, WaitSettings
 
 __all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "OnEvent", "OnResults", "checked_sinks", "feed_plan",
-           "io_thread", "with_hooks"]
+           "feed_source", "feed_sources", "io_thread", "with_hooks"]
 
 
 class FeedPlan(NamedTuple):
@@ -135,6 +141,46 @@ def checked_sinks(sinks: Sequence[Sink], *, events_only: bool) -> tuple[Sink, ..
         raise ValueError("sinks= takes the processor's results, and events_only=True runs no processor: "
                          "hand the events to on_event instead")
     return sinks
+
+
+def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, Source],
+                on_connect: OnConnect | None, before_connect: BeforeConnect | None,
+                fence: Callable[[], bool] | None = None) -> Source:
+    """The source of one configured feed: the one place its kind is decided, from the configuration
+    (a user's source by its name, a JetStream feed, the embedded demo feed for the feed with no
+    url, a WebSocket feed). ``fence``: a partitioned instance's leases (a partitioned JetStream feed's)."""
+    if spec.name in sources:  # a user's own source
+        return sources[spec.name]
+    s = settings
+    if spec.jetstream is not None:
+        # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
+        from forkless.io_loop.sources.jetstream import JetStreamSource
+
+        return JetStreamSource(spec, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls,
+                               max_batch=s.limits.max_batch, max_msg_bytes=s.limits.max_msg_bytes,
+                               partitioning=s.partitioning, fence=fence if spec.jetstream.partitioned else None)
+
+    def websocket(feed: FeedSpec, url: str | None = None) -> WebSocketSource:
+        return WebSocketSource(feed, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, credentials=s.credentials,
+                               max_msg_bytes=s.limits.max_msg_bytes, url=url, on_connect=on_connect,
+                               before_connect=before_connect, feeds_from_list=s.feeds_from_list)
+
+    if not spec.url and s.uses_demo_feed:
+        # only when it runs: the demo feed's server (io_loop/sources/demo_source.py has the reason)
+        from forkless.io_loop.sources.demo_source import DemoSource
+
+        return DemoSource(spec, s.demo, timeouts=s.timeouts, client=websocket)
+    return websocket(spec)
+
+
+def feed_sources(settings: IOSettings, *, sources: Mapping[str, Source] | None = None,
+                 on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
+                 fence: Callable[[], bool] | None = None) -> list[Source]:
+    """Every configured feed's source, one per ``settings.feed_specs`` (``feed_source``), for the
+    composition root to hand the IO thread."""
+    return [feed_source(spec, settings, sources=sources or {}, on_connect=on_connect, before_connect=before_connect,
+                        fence=fence) for spec in settings.feed_specs]
+
 
 
 class IOSide(Protocol):

@@ -9,15 +9,8 @@ exports nothing and imports nothing eagerly, so importing one small module (``io
 
 from __future__ import annotations
 
-from typing import Any
-
-from forkless._oldpath import old_name_attribute
-
-if __name__ == "io_loop":  # imported by its old top-level name, in a checkout: forkless/_oldpath.py
-    from forkless._oldpath import alias
-
-    alias(__name__)
-
-
-def __getattr__(name: str) -> Any:
-    return old_name_attribute("io_loop", name)  # a program on the old path's names; otherwise AttributeError
+# a checkout's io_loop/ imported by its folder's name (the repository root on sys.path): a second copy of every
+# module, classes and exceptions that are not forkless's own, so it is refused
+if __name__ != "forkless.io_loop":
+    raise ImportError(f"{__name__!r} is no import path of forkless: its packages are forkless.controller and "
+                      "forkless.io_loop (write 'from forkless import …', or 'import forkless.io_loop.<module>')")

@@ -3,17 +3,14 @@ connection its message came from.
 
 Rules:
 - Every feed is a ``Source`` (io_loop/source.py) run by a ``SourceRunner``: a user's own, the
-  WebSocket feed's (io_loop/sources/client.py), the embedded demo feed's (io_loop/sources/demo_source.py),
-  the JetStream feed's (io_loop/sources/jetstream.py). ``feed_source`` is the one place a feed's kind is
-  decided, from the configuration, and where each source is handed the settings groups it reads
-  (io_loop/settings.py: timeouts, reconnect, TLS, credentials, limits, the demo feed's), never the
-  whole ``IOSettings``; ``feed_sources`` makes every feed's, called by the composition
-  root (controller/ioside.py, the relay, ``--check``), which hands the hooks and a partitioned
-  feed's lease fence straight to the sources: the IO thread and the feed set are handed the
-  sources ready made, and ``feed_client`` is the only call the feed set makes for a feed. Each
-  has its own connection, reconnect/backoff, heartbeat, stale watchdog, subscribe-on-connect,
-  unsent-reply buffer and counters (its own ``IOStats``). All of them put their chunks on the one
-  inbound queue, stamped with the feed's index, so one micro-batch may mix feeds.
+  WebSocket feed's, the embedded demo feed's, the JetStream feed's. This module knows no kind of
+  feed and imports none of their modules: the composition root (controller/ioside.py's
+  ``feed_sources``, the one place a feed's kind is decided) builds every feed's source, handing each
+  the settings groups it reads, the hooks and a partitioned feed's lease fence; the IO thread and
+  the feed set are handed the sources ready made, and ``feed_client`` is the only call the feed set
+  makes for a feed. Each has its own connection, reconnect/backoff, heartbeat, stale watchdog,
+  subscribe-on-connect, unsent-reply buffer and counters (its own ``IOStats``). All of them put
+  their chunks on the one inbound queue, stamped with the feed's index, so one micro-batch may mix feeds.
 - Replies: with one feed, its client writes straight from the bridge's outbound queue (no
   extra hop). With several, the router task takes each ``Outgoing`` from outbound (a batch
   that mixed feeds comes as one bundle of per-feed parts: one hand-over between the threads
@@ -37,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import janus
@@ -49,11 +46,8 @@ from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.source import Source, SourceRunner
-from forkless.io_loop.sources.before_connect import BeforeConnect
-from forkless.io_loop.sources.client import WebSocketSource
-from forkless.io_loop.sources.on_connect import OnConnect
 
-__all__ = ["FeedSet", "Outbox", "feed_client", "feed_source", "feed_sources"]
+__all__ = ["FeedSet", "Outbox", "feed_client"]
 
 log = logging.getLogger("forkless.feeds")
 
@@ -94,45 +88,6 @@ class Outbox(asyncio.Queue):
     def end(self) -> None:
         """No more items will come: the writer sends what is queued, then sees the end."""
         self.put_nowait(self._END)
-
-
-def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, Source],
-                on_connect: OnConnect | None, before_connect: BeforeConnect | None,
-                fence: Callable[[], bool] | None = None) -> Source:
-    """The source of one configured feed: the one place its kind is decided, from the configuration
-    (a user's source by its name, a JetStream feed, the embedded demo feed for the feed with no
-    url, a WebSocket feed). ``fence``: a partitioned instance's leases (a partitioned JetStream feed's)."""
-    if spec.name in sources:  # a user's own source
-        return sources[spec.name]
-    s = settings
-    if spec.jetstream is not None:
-        # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-        from forkless.io_loop.sources.jetstream import JetStreamSource
-
-        return JetStreamSource(spec, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls,
-                               max_batch=s.limits.max_batch, max_msg_bytes=s.limits.max_msg_bytes,
-                               partitioning=s.partitioning, fence=fence if spec.jetstream.partitioned else None)
-
-    def websocket(feed: FeedSpec, url: str | None = None) -> WebSocketSource:
-        return WebSocketSource(feed, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, credentials=s.credentials,
-                               max_msg_bytes=s.limits.max_msg_bytes, url=url, on_connect=on_connect,
-                               before_connect=before_connect, feeds_from_list=s.feeds_from_list)
-
-    if not spec.url and s.uses_demo_feed:
-        # only when it runs: the demo feed's server (io_loop/sources/demo_source.py has the reason)
-        from forkless.io_loop.sources.demo_source import DemoSource
-
-        return DemoSource(spec, s.demo, timeouts=s.timeouts, client=websocket)
-    return websocket(spec)
-
-
-def feed_sources(settings: IOSettings, *, sources: Mapping[str, Source] | None = None,
-                 on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
-                 fence: Callable[[], bool] | None = None) -> list[Source]:
-    """Every configured feed's source, one per ``settings.feed_specs`` (``feed_source``), for the
-    composition root to hand the IO thread."""
-    return [feed_source(spec, settings, sources=sources or {}, on_connect=on_connect, before_connect=before_connect,
-                        fence=fence) for spec in settings.feed_specs]
 
 
 def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDecoder, source: Source, *,

@@ -5,7 +5,7 @@ Rules:
   value here was checked there, with the error naming the variable; nothing here reads the
   environment or validates. ``IOSettings`` holds the feeds and the groups (``GROUPS``:
   reconnect, timeouts, TLS, credentials, limits, the demo feed, partitioning); the
-  composition root (io_loop/feeds.py's ``feed_sources``, io_loop/thread.py) hands each
+  composition roots (controller/ioside.py's ``feed_sources``, io_loop/thread.py) hand each
   component the groups it reads as typed constructor arguments, never the whole
   ``IOSettings`` nor the configuration.
 - A field has the name of the ``Config`` field it comes from (``FORKLESS_<NAME>``), or names
@@ -235,7 +235,8 @@ def config_field(f: Any) -> str:
 @dataclass(frozen=True, kw_only=True)
 class IOSettings:
     """Everything the IO side reads (see the module rules): the feeds, and the groups of settings that the
-    composition root (io_loop/feeds.py, io_loop/thread.py) hands each component, only the ones it reads."""
+    composition roots (controller/ioside.py's ``feed_sources``, io_loop/thread.py) hand each component, only the
+    ones it reads."""
 
     # the feeds
     feed_specs: tuple[FeedSpec, ...]  # one per connection; a url of "" is the embedded demo feed's

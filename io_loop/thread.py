@@ -15,7 +15,7 @@ Rules:
   the codec's decoding half, its ``IOStats`` to write, ``stats_snapshot``, the controller's
   whole-process snapshot for the health endpoints, ``render_metrics``, the ``/metrics``
   body, ``sources``, every feed's source ready made, one per ``settings.feed_specs``, by the
-  composition root (io_loop/feeds.py's ``feed_sources``: the hooks and a partitioned feed's lease
+  composition root (controller/ioside.py's ``feed_sources``: the hooks and a partitioned feed's lease
   fence are theirs, never this thread's), ``positions``, where the restored checkpoint left each
   replayable feed); the main thread learns
   about this side only through ``snapshot()`` (queue depths, unsent
@@ -81,14 +81,14 @@ class IOThread:
                  wait: WaitSettings = PARK) -> None:
         if len(sources) != len(settings.feed_specs):
             raise ValueError(f"IOThread needs one source per feed: {len(settings.feed_specs)} feeds, "
-                             f"{len(sources)} sources (io_loop/feeds.py's feed_sources makes them)")
+                             f"{len(sources)} sources (controller/ioside.py's feed_sources makes them)")
         self.settings = settings
         names = [spec.name for spec in settings.feed_specs]
         self.sink = sink if sink is None or isinstance(sink, SinkRunner) else SinkRunner(sink, names)
         # a controller's sinks of results (their queues hold as many batches as outbound does)
         self.results = ResultSinks(result_sinks, names, settings.limits.queue_size) if result_sinks else None
         self.acknowledged = acknowledged
-        self._sources = list(sources)  # every feed's source, ready made (io_loop/feeds.py's feed_sources)
+        self._sources = list(sources)  # every feed's source, ready made (controller/ioside.py's feed_sources)
         self.positions = dict(positions or {})  # JetStream feeds' restored positions, by feed name
         self.codec = codec
         self.stats = stats

@@ -7,8 +7,8 @@ bridge, counters, errors, addresses, the decoder protocol) are in the core, wher
 controller's core may import them. Imports are
 counted wherever they are written: at the top of a file, inside functions and methods, under
 ``if``/``try``. Importing ``a.b.c`` also runs ``a/__init__.py`` and ``a/b/__init__.py``, so those
-count as imported too. bench/ is out of their scope (its modules are held to their sizes and rules at the
-bottom). Not seen: ``importlib.import_module(name)`` with
+count as imported too. bench/ is out of their scope. No two modules import each other, directly or around
+a loop, function-level imports counted. Not seen: ``importlib.import_module(name)`` with
 a computed name (``forkless/__init__.py`` exports the user API lazily that way, composition
 names such as ``Controller`` included); the subprocess tests at the bottom import for real.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import io
-import re
 import subprocess
 import sys
 import tokenize
@@ -138,6 +137,7 @@ COMPOSITION = [
     "controller/commands/check.py",
     "controller/checkpoints/checkpointer.py",
     "controller/commands/cli.py",
+    "controller/commands/edge.py",
     "controller/lifetime/host.py",
     "controller/inflight.py",
     "controller/ioside.py",
@@ -175,10 +175,6 @@ RESTRICTED_IN_CORE = {
     "jaxlib": set(),
 }
 JAX = {"jax", "jaxlib"}
-
-# Lazy imports known to lack a reason, each with the production fix pending. A strict xfail: once
-# the comment is written the test passes, xfail(strict) fails, and the entry must be removed.
-KNOWN_WITHOUT_REASON: dict[str, str] = {}
 
 
 # ---- reading the source ---------------------------------------------------------------------------
@@ -379,6 +375,74 @@ def test_io_never_imports_jax():
     assert not wrong, "\n".join(wrong)
 
 
+# ---- no import cycle, lazy imports counted ---------------------------------------------------------
+# A function-level import hides a cycle from Python, not from the design: who composes whom goes one way
+# (a composition root hands the parts in), and an import moved into a function does not change who that is.
+
+
+def import_cycles(imports: dict[str, list[Import]], modules: dict[str, str] = MODULES) -> list[list[str]]:
+    """Every import cycle among ``imports``' files, each as its edges ("a.py:12 -> b.py", "(lazy)" where
+    the statement is in a function): one per strongly connected set of two or more files (Tarjan), every
+    statement counted (top-level, in functions, under ``if``/``try``, ``TYPE_CHECKING`` included)."""
+    edges: dict[str, dict[str, Import]] = {path: {} for path in imports}
+    for path, statements in imports.items():
+        for imp in statements:
+            for target in imp.targets:
+                for name in loaded(target):
+                    dep = modules.get(name)
+                    if dep is not None and dep != path and dep in edges:
+                        edges[path].setdefault(dep, imp)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    sets: list[list[str]] = []
+    for root in edges:  # Tarjan's algorithm without recursion: a frame is (file, its next deps)
+        if root in index:
+            continue
+        frames = [(root, iter(edges[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while frames:
+            path, deps = frames[-1]
+            dep = next(deps, None)
+            if dep is None:
+                frames.pop()
+                if frames:
+                    low[frames[-1][0]] = min(low[frames[-1][0]], low[path])
+                if low[path] == index[path]:
+                    members = stack[stack.index(path):]
+                    del stack[stack.index(path):]
+                    if len(members) > 1:
+                        sets.append(sorted(members))
+            elif dep not in index:
+                index[dep] = low[dep] = len(index)
+                stack.append(dep)
+                frames.append((dep, iter(edges[dep])))
+            elif dep in stack:
+                low[path] = min(low[path], index[dep])
+    return [[f"{edges[a][b].where} -> {b}{' (lazy)' if edges[a][b].lazy else ''}"
+             for a in members for b in edges[a] if b in members] for members in sets]
+
+
+def test_no_import_cycle_among_the_product_modules_counting_lazy_imports():
+    cycles = import_cycles(IMPORTS)
+    assert not cycles, "import cycles (break them by who composes whom, not by a function-level import):\n" + \
+        "\n".join("  " + "; ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_finder_finds_a_cycle_closed_by_a_lazy_import_and_none_in_a_chain():
+    modules = {"forkless.io_loop.a": "io_loop/a.py", "forkless.io_loop.b": "io_loop/b.py",
+               "forkless.io_loop.c": "io_loop/c.py"}
+    sources = {"io_loop/a.py": "from forkless.io_loop.b import B\n",
+               "io_loop/b.py": "from forkless.io_loop import c\n",
+               "io_loop/c.py": "def make():\n    from forkless.io_loop.a import A  # later\n    return A\n"}
+    imports = {path: find_imports(text, path, modules) for path, text in sources.items()}
+    assert import_cycles(imports, modules) == [["io_loop/a.py:1 -> io_loop/b.py", "io_loop/b.py:1 -> io_loop/c.py",
+                                                "io_loop/c.py:2 -> io_loop/a.py (lazy)"]]
+    del imports["io_loop/c.py"][0]
+    assert import_cycles(imports, modules) == []
+
+
 # ---- lazy imports say why ------------------------------------------------------------------------
 
 
@@ -431,16 +495,14 @@ def lazy_imports_without_reason(source: str, imports: list[Import]) -> list[Impo
 
 
 LAZY = [imp for path in PATHS for imp in IMPORTS[path] if imp.lazy]
-WITHOUT_REASON = {imp.where for path in PATHS
-                  for imp in lazy_imports_without_reason(read(path), IMPORTS[path])}
 
 
-def lazy_params():
-    for imp in LAZY:
-        marks = ()
-        if imp.key in KNOWN_WITHOUT_REASON:
-            marks = pytest.mark.xfail(strict=True, reason=f"production fix pending: {KNOWN_WITHOUT_REASON[imp.key]}")
-        yield pytest.param(imp, id=imp.key, marks=marks)
+def missing_reasons(sources: dict[str, str]) -> list[str]:
+    """Each function-level import of ``sources`` (path -> text) with no reason written beside it, as a line
+    naming it (what ``test_every_lazy_import_states_its_reason`` asserts there is none of)."""
+    return [f"{imp.where}: a function-level import of {', '.join(imp.targets)} needs a comment giving its reason"
+            for path, text in sources.items()
+            for imp in lazy_imports_without_reason(text, find_imports(text, path))]
 
 
 def test_the_known_lazy_imports_are_found():
@@ -454,14 +516,16 @@ def test_the_known_lazy_imports_are_found():
     } <= {imp.key for imp in LAZY}
 
 
-@pytest.mark.parametrize("imp", list(lazy_params()))
-def test_every_lazy_import_states_its_reason(imp: Import):
-    assert imp.where not in WITHOUT_REASON, (
-        f"{imp.where}: a function-level import of {', '.join(imp.targets)} needs a comment giving its reason")
+def test_every_lazy_import_states_its_reason():
+    missing = missing_reasons({path: read(path) for path in PATHS})
+    assert not missing, "\n".join(missing)
 
 
-def test_known_without_reason_lists_only_lazy_imports_that_exist():
-    assert set(KNOWN_WITHOUT_REASON) <= {imp.key for imp in LAZY}
+def test_the_reason_check_flags_a_module_s_lazy_import_without_a_reason():
+    module = ("import os\n\n\ndef load():\n    import json  # only when asked: a reason\n\n"
+              "    from forkless.io_loop import backoff\n\n    x = 1\n    import socket\n    return json, socket\n")
+    assert missing_reasons({"controller/sample.py": module}) == [
+        "controller/sample.py:10: a function-level import of socket needs a comment giving its reason"]
 
 
 # ---- the checkers themselves, on literal source --------------------------------------------------
@@ -619,23 +683,12 @@ def test_importing_the_leaf_s_core_modules_loads_no_controller_janus_aiohttp_or_
     assert not {m.split(".")[0] for m in loaded_modules} & {"controller", "janus", "aiohttp", "numpy"}
 
 
-def test_the_io_loop_package_re_exports_lazily():
-    loaded_modules = modules_loaded_by("import io_loop")
-    assert not {m for m in loaded_modules if m.startswith("io_loop.")}
-    names = modules_loaded_by("import io_loop; io_loop.IOPortal; io_loop.FeedFatal")
+def test_importing_forkless_and_its_two_packages_loads_none_of_their_modules():
+    loaded_modules = modules_loaded_by("import forkless, forkless.io_loop, forkless.controller")
+    assert {"forkless.io_loop", "forkless.controller"} <= loaded_modules
+    assert not {m for m in loaded_modules if m.startswith(("forkless.io_loop.", "forkless.controller."))}
+    names = modules_loaded_by("import forkless; forkless.IOPortal; forkless.FeedFatal")  # the user API, lazily
     assert {"forkless.io_loop.portal", "forkless.io_loop.errors"} <= names
-
-
-# ---- bench/ shaped like the product: every module opens with its rules ---
-
-BENCH = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
-PRODUCT = [p for p in PATHS if p.startswith(("controller/", "io_loop/"))]
-
-
-def test_every_bench_module_opens_with_its_rules():
-    # as controller/*.py do: what the module is, then "Rules:" and the rules it keeps
-    missing = [p for p in BENCH if not re.search(r"^Rules:", ast.get_docstring(ast.parse(read(p))) or "", re.M)]
-    assert not missing, f"no 'Rules:' section in the module docstring: {missing}"
 
 
 # ---- no object's fields set from another module ------------------------------------------------
@@ -643,6 +696,7 @@ def test_every_bench_module_opens_with_its_rules():
 # snapshots: the modules that declare them. A decoded frame may be cut by the source that
 # decoded it (the JetStream consumer drops other partitions' messages from a copy). Anything else
 # a module sets on an object of a class another module declares goes through a method there.
+PRODUCT = [p for p in PATHS if p.startswith(("controller/", "io_loop/"))]
 COUNTER_RECORDS = ("controller/stats.py", "io_loop/counters.py", "io_loop/relay/relaystats.py")
 FRAME_CUTS = {("io_loop/sources/jsconsumer.py", "out", attr) for attr in ("seq", "stream", "x", "errors")}
 

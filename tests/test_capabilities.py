@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 from forkless.controller.config import Config
-from forkless.controller.ioside import feed_plan
+from forkless.controller.ioside import feed_plan, feed_source
 from forkless.io_loop.capabilities import CAPABILITIES, DEFAULTS, SourceCapabilities, capability
-from forkless.io_loop.feeds import feed_source
 from forkless.io_loop.sources.client import WebSocketSource
 from forkless.io_loop.sources.demo_source import DemoSource
 
@@ -89,8 +88,9 @@ def _reads_of_a_capability(path: Path) -> list[str]:
 
 
 def test_every_optional_attribute_of_a_source_is_read_through_capability() -> None:
-    reads = [read for folder in ("io_loop", "controller") for path in sorted((ROOT / folder).glob("*.py"))
-             if path.name != "capabilities.py" for read in _reads_of_a_capability(path)]
+    paths = [path for folder in ("io_loop", "controller") for path in sorted((ROOT / folder).rglob("*.py"))]
+    assert ROOT / "io_loop/sources/probe.py" in paths  # the walk goes into the rooms
+    reads = [read for path in paths if path.name != "capabilities.py" for read in _reads_of_a_capability(path)]
     assert not reads, "read these through io_loop/capabilities.py's capability(source, name):\n" + "\n".join(reads)
 
 
@@ -100,7 +100,7 @@ def test_every_capability_is_documented_on_its_page() -> None:
     assert not missing, f"docs/embedding/capabilities.md does not document {missing}"
 
 
-def test_check_asks_each_built_in_source_to_probe_itself_and_switches_on_no_kind() -> None:
+def test_each_built_in_source_declares_its_probe() -> None:
     from forkless.io_loop.settings import FeedSpec
 
     settings = Config().io_settings()
@@ -109,22 +109,42 @@ def test_check_asks_each_built_in_source_to_probe_itself_and_switches_on_no_kind
     assert (type(made["f"]), type(made["demo"])) == (WebSocketSource, DemoSource)
     assert callable(capability(made["f"], "probe")) and callable(capability(made["demo"], "probe"))
     assert "probe" in vars(pytest.importorskip("forkless.io_loop.sources.jetstream").JetStreamSource)
-    text = (ROOT / "io_loop/sources/probe.py").read_text()
-    kinds = [word for word in ("jetstream", "uses_demo_feed", "DemoFeed", "demo_feed") if word in text]
-    assert not kinds, f"io_loop/sources/probe.py switches on the feed's kind ({kinds}): ask the source's probe()"
+
+
+def test_the_feed_probe_asks_each_source_handed_to_it_and_passes_one_without_a_probe() -> None:
+    # the probe knows no kind of feed: a user's source is probed by its own probe() as the built-in ones are
+    from forkless.controller.codec import JsonCodec
+    from forkless.io_loop.settings import FeedSpec
+    from forkless.io_loop.sources.probe import ProbeFailed, probe_feed
+
+    class Probed(Bare):
+        name = "probed"
+
+        async def probe(self, codec: Any, say: Any, *, dedupe_window_s: float = 0.0) -> None:
+            say(f"  probed with a window of {dedupe_window_s:g} s")
+            raise ProbeFailed("it is down")
+
+    specs = (FeedSpec("probed", ""), FeedSpec("bare", ""))
+    lines: list[str] = []
+    with pytest.raises(ProbeFailed, match=r"1 of 2 feeds failed: feed 'probed' \(see above\)"):
+        probe_feed(specs, [Probed(), Bare()], JsonCodec(4), lines.append, dedupe_window_s=7)
+    assert lines == ["  feed 'probed':", "    probed with a window of 7 s", "    FAILED: it is down",
+                     "  feed 'bare':", "    source 'bare' declares no probe(): not tried"]
+    with pytest.raises(ValueError, match="probe_feed needs one source per feed: 2 feeds, 1 sources"):
+        probe_feed(specs, [Bare()], JsonCodec(4), lines.append)
 
 
 def test_check_of_the_demo_feed_says_what_it_did_and_leaves_the_demo_logger_s_level_as_it_was() -> None:
     import logging
 
     from forkless.controller.codec import JsonCodec
-    from forkless.io_loop.sources.probe import probe_feed
+    from forkless.controller.commands.check import probe_feeds
 
     demo_log = logging.getLogger("forkless.demo_feed")
     before = demo_log.level
     config = Config()
     lines: list[str] = []
-    probe_feed(config.io_settings(), JsonCodec(config.features), lines.append)
+    probe_feeds(config.io_settings(), JsonCodec(config.features), lines.append)
     assert lines[0].startswith("  FORKLESS_WS_URL is unset: started the embedded demo feed on ")
     assert lines[-1] == "  closed the connection (code 1000)"
     assert demo_log.level == before

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from forkless.controller.commands.cli import load_config
+from forkless.controller.commands.edge import load_config
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
 from forkless.controller.settings.variables import VARIABLES

@@ -85,13 +85,10 @@ def test_the_bench_writes_its_results_blocks_over_a_hand_edit(tmp_path: Path, pa
     assert write(results, page) is False
 
 
-def test_the_bench_documents_are_a_summary_and_pages_of_one_topic() -> None:
-    assert len(BENCH_PAGES) >= 10, BENCH_PAGES
-    summary = text("bench/README.md")
-    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", summary))
+def test_the_bench_summary_links_every_bench_page() -> None:
+    assert len(BENCH_PAGES) > 1, BENCH_PAGES  # the glob found bench/docs/
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", text("bench/README.md")))
     assert linked == {page.removeprefix("bench/") for page in BENCH_PAGES[1:]}, "bench/README.md links every page"
-    for part in ("## What is measured", "## The last figures", "### On the CPU", "### On the TPU", "## The targets"):
-        assert part in summary, part
 
 
 def test_gendocs_check_names_a_hand_edited_block_and_regenerate_restores_it(tmp_path: Path) -> None:

@@ -110,16 +110,6 @@ def test_the_embedding_guide_names_every_exception_a_caller_can_get():
     assert "`except forkless.ForklessError`" in section
 
 
-def test_the_embedding_guide_names_one_import_path_per_exception_controller_s():
-    text = (ROOT / "docs" / "embedding" / "exceptions.md").read_text()
-    section = text[text.index("## Exceptions"):]
-    section = section.split("\n## ")[0]
-    paths = set(re.findall(r"`((?:forkless|controller|io_loop)\.[\w.]+)`", section))
-    assert len(paths) > 10
-    for path in paths:  # forkless.controller.errors, forkless.io_loop.errors: other ways to the same class
-        assert path.startswith("forkless.") and path.split(".", 1)[1] in forkless.__all__, path
-
-
 # ---- the program: every ForklessError by its class's attributes, the lines as they always were ----
 
 CAUSE = OSError("the socket went away")

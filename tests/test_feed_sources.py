@@ -1,5 +1,5 @@
 """Sources are built at the composition root (issue 47): the configuration builds every feed's
-source ready made (io_loop/feeds.py's ``feed_sources``), and the IO thread is handed the list; the
+source ready made (controller/ioside.py's ``feed_sources``), and the IO thread is handed the list; the
 hooks and a partitioned feed's lease fence go straight to the sources, never through the IO thread
 or the feed set."""
 
@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
+from forkless.controller.ioside import feed_sources
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events
-from forkless.io_loop.feeds import FeedSet, feed_sources
+from forkless.io_loop.feeds import FeedSet
 from forkless.io_loop.settings import FeedSpec
 from forkless.io_loop.sources.client import WebSocketSource
 from forkless.io_loop.sources.demo_source import DemoSource
@@ -103,8 +104,8 @@ def test_every_source_s_summary_line_is_the_io_thread_s_in_the_sources_order_and
 
 def test_only_the_composition_roots_take_the_whole_io_settings_every_component_its_groups():
     """Each IO component is handed the settings groups it reads (io_loop/settings.py: timeouts, reconnect, TLS,
-    credentials, limits, the demo feed's, partitioning); only the composition roots import ``IOSettings``: the
-    feed set and its ``feed_source`` (feeds.py), the IO thread, and ``--check``'s ``probe_feed``."""
+    credentials, limits, the demo feed's, partitioning); only the composition roots import ``IOSettings``: in
+    io_loop the feed set (feeds.py) and the IO thread; controller/ioside.py's ``feed_sources`` builds the sources."""
     import ast
     from pathlib import Path
 
@@ -114,4 +115,4 @@ def test_only_the_composition_roots_take_the_whole_io_settings_every_component_i
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and any(alias.name == "IOSettings" for alias in node.names):
                 takers.add(path.relative_to(root).as_posix())
-    assert takers == {"io_loop/feeds.py", "io_loop/thread.py", "io_loop/sources/probe.py"}
+    assert takers == {"io_loop/feeds.py", "io_loop/thread.py"}

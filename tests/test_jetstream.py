@@ -567,8 +567,9 @@ def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a
 
 
 def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_and_ids_stay_the_same():
+    from forkless.controller.ioside import feed_source
     from forkless.io_loop.crossing import Origin, Resume
-    from forkless.io_loop.feeds import feed_client, feed_source
+    from forkless.io_loop.feeds import feed_client
     from forkless.io_loop.settings import FeedSpec
     from forkless.io_loop.sources.jetstream import JetStreamSource
     from forkless.io_loop.sources.jsconsumer import Consumer, Take

@@ -1,7 +1,8 @@
 """forkless installs as a package: a wheel holding ``forkless`` with controller/ and io_loop/ inside it (not bench,
 not tests), the dependencies of requirements.txt, and a ``forkless`` console script that is ``python app.py``.
 Built with pip from the repository's own pyproject.toml. A program's own ``controller.py`` or ``io_loop.py`` beside
-it shadows nothing of forkless, installed or in a checkout."""
+it shadows nothing of forkless, installed or in a checkout; in a checkout, as installed, ``forkless.controller`` and
+``forkless.io_loop`` are forkless's only packages, and the folders are no import path of their own."""
 
 from __future__ import annotations
 
@@ -117,18 +118,35 @@ def test_a_program_s_own_controller_py_shadows_nothing_in_a_checkout(tmp_path):
     assert proc.stdout.split() == ["ok", "256", "forkless.io_loop.source"]
 
 
-def test_the_old_import_path_works_in_a_checkout_and_names_the_new_one(tmp_path):
-    code = ("import warnings; warnings.simplefilter('always')\n"
-            "from controller import Config\nimport controller.loop, io_loop.source\nimport forkless\n"
-            "assert controller.loop is forkless.controller.loop and io_loop.source.Source is forkless.Source\n"
-            "assert Config is forkless.Config and controller.loop.__spec__.name == 'forkless.controller.loop'\n"
-            # modules moved into a room (forkless/_oldpath.py's MOVED) keep their old names
-            "import controller.snapshot, io_loop.client\n"
-            "assert controller.snapshot.__name__ == 'forkless.controller.checkpoints.snapshot'\n"
-            "assert io_loop.client.__name__ == 'forkless.io_loop.sources.client'\n")
+def test_a_checkout_imports_forkless_s_two_packages_and_nothing_else_of_the_repository_under_forkless(tmp_path):
+    # bench/, tests/, app.py, gendocs.py and examples/ sit beside controller/ and io_loop/ in the repository: none of
+    # them is a forkless module, as none is in the wheel
+    code = ("import importlib, forkless.controller.loop, forkless.io_loop.source\n"
+            "print(forkless.controller.loop.__file__, forkless.io_loop.source.__file__, *forkless.__path__)\n"
+            "for name in ('bench', 'tests', 'app', 'gendocs', 'examples', 'forkless'):\n"
+            "    try:\n"
+            "        importlib.import_module('forkless.' + name)\n"
+            "    except ModuleNotFoundError as exc:\n"
+            "        assert exc.name == 'forkless.' + name, exc\n"
+            "    else:\n"
+            "        print('imported forkless.' + name)\n")
     env = {**_env(tmp_path), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "'import controller' is forkless's old import path: write 'from forkless import" in proc.stderr
-    assert "'import io_loop' is forkless's old import path" in proc.stderr
+    assert proc.stdout.split() == [str(ROOT / "controller" / "loop.py"), str(ROOT / "io_loop" / "source.py"),
+                                   str(ROOT / "forkless")]
+
+
+@pytest.mark.parametrize("statement", ["import controller", "from io_loop.source import Source",
+                                       "import controller.loop"])
+def test_the_checkout_s_folders_are_no_import_path_of_their_own(tmp_path, statement):
+    # the old path (before forkless) would load a second copy of every module, whose classes are not forkless's
+    env = {**_env(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", statement], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    name = statement.split()[1].split(".")[0]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"ImportError: '{name}' is no import path of forkless: its packages are forkless.controller and "
+        f"forkless.io_loop (write 'from forkless import …', or 'import forkless.{name}.<module>')")

@@ -258,14 +258,15 @@ def _probe(url: str, entry: dict, **config: object) -> tuple[list[str], str | No
     """``--check``'s network half for one feed (io_loop/sources/probe.py), in this process: what it printed,
     and its failure (None when the feed passed)."""
     from forkless.controller.codec import JsonCodec
+    from forkless.controller.commands.check import probe_feeds
     from forkless.controller.config import Config
-    from forkless.io_loop.sources.probe import ProbeFailed, probe_feed
+    from forkless.io_loop.sources.probe import ProbeFailed
 
     cfg = Config(feeds=json.dumps([{"name": "ticks", "nats": url, "results": "scores", **entry}]),
                  connect_timeout_s=5.0, **config)
     lines: list[str] = []
     try:
-        probe_feed(cfg.io_settings(), JsonCodec(cfg.features), lines.append)
+        probe_feeds(cfg.io_settings(), JsonCodec(cfg.features), lines.append)
     except ProbeFailed as exc:
         return lines, str(exc)
     return lines, None

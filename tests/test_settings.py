@@ -159,3 +159,84 @@ def test_the_app_exits_2_with_one_line_for_a_malformed_ipv6_url(url):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == (f"forkless: configuration error: FORKLESS_WS_URL={url!r} is invalid: expected a "
                                    "ws:// or wss:// URL (port 1-65535), or empty")
+
+
+# ---- a variable's JSON from a file or in depth (issue 54, items 8 and 9) ------------------------------
+
+FEEDS_ALLOWED = "configuration error: FORKLESS_FEEDS='<hidden>' is invalid: expected a JSON list of "
+
+
+def _main_refuses(environ: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:
+    """The program (``main``, as ``python app.py`` runs it) with ``environ``: exit status 2 and one line on
+    stderr, which is returned. ``FORKLESS_DURATION`` ends a run that should not have started."""
+    for key in [k for k in os.environ if k.startswith("FORKLESS_")]:
+        monkeypatch.delenv(key)
+    for key, value in {"FORKLESS_DURATION": "1", **environ}.items():
+        monkeypatch.setenv(key, value)
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and captured.out == "", captured
+    return err[0]
+
+
+@pytest.mark.parametrize("text", ["", " \n\t\n"], ids=["empty", "blank"])
+def test_feeds_from_an_empty_or_blank_file_are_refused_naming_the_file_never_taken_as_unset(
+        tmp_path, text, monkeypatch, capsys):
+    # taken as unset, the demo feed ran in the configured feeds' place and the program exited 0
+    path = tmp_path / "feeds.json"
+    path.write_text(text)
+    line = _main_refuses({"FORKLESS_FEEDS": f"@{path}"}, monkeypatch, capsys)
+    assert line.startswith("forkless: " + FEEDS_ALLOWED)
+    assert line.endswith(f": {path} is empty: write the JSON list of feeds in it, or leave FORKLESS_FEEDS unset")
+    with pytest.raises(ConfigError, match=f"{path} is empty"):
+        Config(feeds=f"@{path}")
+
+
+DEEP = 100_000  # levels: far past Python's recursion limit, which json's decoder recursed into
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("FORKLESS_FEEDS", "[" * DEEP + "]" * DEEP),
+    ("FORKLESS_FEEDS", '[{"url": "ws://127.0.0.1:9/feed", "subscribe": ' + "[" * 60_000 + "]" * 60_000 + "}]"),
+    ("FORKLESS_SUBSCRIBE", "[" * DEEP),
+    ("FORKLESS_HEADERS", '{"a": ' * DEEP),
+], ids=["feeds", "feeds-subscribe", "subscribe", "headers"])
+def test_json_nested_past_the_bound_is_refused_in_one_line_naming_the_variable(name, text, tmp_path, monkeypatch,
+                                                                                capsys):
+    # it crashed with a RecursionError traceback (exit 1); from a file as in the variable
+    path = tmp_path / "value.json"
+    path.write_text(text)
+    for value in [text] if name == "FORKLESS_HEADERS" else [text, f"@{path}"]:
+        line = _main_refuses({name: value}, monkeypatch, capsys)
+        assert line.startswith(f"forkless: configuration error: {name}=") and line.endswith(
+            ": nested more than 64 levels deep (arrays and objects inside one another)"), line
+
+
+def test_json_nested_to_the_bound_is_taken_and_in_code_past_it_is_refused():
+    def nested(levels: int) -> str:
+        return "[" * levels + "]" * levels
+
+    def feeds(subscribe: str) -> str:  # the entry's subscribe inside the list and the entry: two levels more
+        return json.dumps([{"url": "ws://127.0.0.1:9/feed", "subscribe": "X"}]).replace('"X"', subscribe)
+
+    assert Config(subscribe=nested(64)).subscribe == nested(64)
+    in_strings = json.dumps({"text": "[" * 100, "quoted": '"{{{' * 50})  # a string's brackets are no nesting
+    assert Config(subscribe=in_strings).subscribe == in_strings
+    assert Config(feeds=feeds(nested(62))).feed_specs[0].subscribe == nested(62)
+    with pytest.raises(ConfigError, match=r"FORKLESS_SUBSCRIBE='<hidden>' is invalid: .*nested more than 64 levels"):
+        Config(subscribe=nested(65))
+    with pytest.raises(ConfigError, match=r"FORKLESS_FEEDS='<hidden>' is invalid: .*nested more than 64 levels"):
+        Config(feeds=feeds(nested(63)))
+
+
+def test_the_app_exits_2_with_one_line_for_feeds_nested_too_deep_in_a_file(tmp_path):
+    path = tmp_path / "feeds.json"
+    path.write_text("[" * DEEP + "]" * DEEP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
+    env.update(JAX_PLATFORMS="cpu", FORKLESS_FEEDS=f"@{path}", FORKLESS_DURATION="1")
+    proc = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith("forkless: " + FEEDS_ALLOWED) and proc.stderr.strip().endswith(
+        ": nested more than 64 levels deep (arrays and objects inside one another)"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""

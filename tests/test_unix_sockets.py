@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 from forkless.controller.codec import JsonCodec
+from forkless.controller.commands.check import probe_feeds
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
 from forkless.controller.loop import Controller
@@ -30,7 +31,7 @@ from forkless.controller.processor import ewma_processor
 from forkless.io_loop.errors import MetricsServerError
 from forkless.io_loop.net.http import MetricsServer
 from forkless.io_loop.net.unixsocket import listen_unix
-from forkless.io_loop.sources.probe import ProbeFailed, probe_feed
+from forkless.io_loop.sources.probe import ProbeFailed
 
 from tests.harness import UNIT_S, AppProcess, assert_books_balance, drive, run_app
 from tests.no_inet import REFUSED
@@ -157,10 +158,10 @@ def test_tls_over_a_unix_socket_is_verified_against_the_url_host(feed_server, so
     # without the CA the certificate is refused: the TLS really is there, and checked
     lines: list[str] = []
     with pytest.raises(ProbeFailed, match="TLS certificate verification failed"):
-        probe_feed(_config(ws_url=server.url, ws_unix_socket=path).io_settings(), JsonCodec(FEATURES), lines.append)
+        probe_feeds(_config(ws_url=server.url, ws_unix_socket=path).io_settings(), JsonCodec(FEATURES), lines.append)
     # a URL host the certificate does not name is refused too, though the socket is the same
     with pytest.raises(ProbeFailed, match="TLS certificate verification failed"):
-        probe_feed(_config(ws_url="wss://feed.example/feed", ws_unix_socket=path, ca_file=str(cert)).io_settings(),
+        probe_feeds(_config(ws_url="wss://feed.example/feed", ws_unix_socket=path, ca_file=str(cert)).io_settings(),
                    JsonCodec(FEATURES), lines.append)
 
 
@@ -193,7 +194,7 @@ def test_a_socket_nothing_listens_on_is_named_as_such(sock_dir):
     stale.bind(path)  # a file, but no listener: as a server that died leaves it
     try:
         with pytest.raises(ProbeFailed, match=r"nothing is listening on the socket \(its server has stopped\)"):
-            probe_feed(_config(ws_url="ws://localhost/feed", ws_unix_socket=path, connect_timeout_s=5.0)
+            probe_feeds(_config(ws_url="ws://localhost/feed", ws_unix_socket=path, connect_timeout_s=5.0)
                        .io_settings(), JsonCodec(FEATURES), lambda line: None)
     finally:
         stale.close()

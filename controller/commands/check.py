@@ -21,13 +21,16 @@ from typing import Any
 from forkless.controller.codec import Codec, JsonCodec
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
+from forkless.controller.ioside import feed_sources
 from forkless.controller.settings.variables import VARIABLES, as_text
+from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
 from forkless.io_loop.net.netaddr import redact_url
+from forkless.io_loop.settings import IOSettings
 from forkless.io_loop.sources.partitions import format_partitions
 from forkless.io_loop.sources.probe import ProbeFailed, check_metrics_addr, probe_feed
 
-__all__ = ["run_check"]
+__all__ = ["probe_feeds", "run_check"]
 
 
 class _Failure(Exception):
@@ -65,7 +68,7 @@ def run_check(config: Config, processor: Any = None, codec: Codec | None = None,
         step("metrics address", lambda: check_metrics_addr(config.metrics_addr, say))
     # a JetStream feed's results stream must drop a result published again after a restart: its
     # duplicate window must cover a checkpoint interval plus a restart (docs/jetstream.md)
-    step("feed", lambda: probe_feed(config.io_settings(), codec, say, dedupe_window_s=2 * config.checkpoint_s + 60),
+    step("feed", lambda: probe_feeds(config.io_settings(), codec, say, dedupe_window_s=2 * config.checkpoint_s + 60),
          code=EXIT_FEED)
 
     if failures:
@@ -82,6 +85,13 @@ def _print(line: str) -> None:
 
 
 # ---- configuration ------------------------------------------------------------------------------
+
+
+def probe_feeds(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None], *,
+                dedupe_window_s: float = 180.0) -> None:
+    """``--check``'s feed step: each feed's source, built as a run builds it (controller/ioside.py's
+    ``feed_sources``), tries itself (io_loop/sources/probe.py's ``probe_feed``); ``ProbeFailed`` if one fails."""
+    probe_feed(settings.feed_specs, feed_sources(settings), codec, say, dedupe_window_s=dedupe_window_s)
 
 
 def _show_config(config: Config, say: Callable[[str], None]) -> None:

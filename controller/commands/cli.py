@@ -14,7 +14,8 @@ Rules:
   the modules that import JAX: the preflight and the controller loop).
 - Every way a run can end maps to one exit status here, and only here (``forkless relay``'s
   in controller/commands/relaycmd.py, a program of its own without JAX): every ``ForklessError`` by its
-  class's attributes, with one clause (``report``); a second Ctrl-C is 130; anything else is a crash.
+  class's attributes, with one clause (``report``, controller/commands/edge.py, the relay's too); a second
+  Ctrl-C is 130; anything else is a crash.
 """
 
 from __future__ import annotations
@@ -24,17 +25,15 @@ import logging
 import os
 import signal
 import sys
-import traceback
 from typing import Any
 
-from forkless.controller.config import Config
+from forkless.controller.commands.edge import load_config, report
 from forkless.controller.errors import EXIT_STATUSES
 from forkless.controller.logs import flush_log_repeats, setup_logging
 from forkless.controller.settings.vardocs import help_text
-from forkless.controller.settings.variables import PREFIX, VARIABLES
-from forkless.io_loop.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, ForklessError
+from forkless.io_loop.errors import EXIT_INTERRUPTED, EXIT_OK, ForklessError
 
-__all__ = ["console_main", "load_config", "main", "report"]
+__all__ = ["console_main", "exit_with", "main"]
 
 log = logging.getLogger("forkless")
 
@@ -54,30 +53,6 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                         help="validate the configuration, show JAX devices, compile every bucket, "
                              "try one connection to the feed, then exit 0 or non-zero with the reason")
     return parser
-
-
-def load_config(environ: Any = None) -> Config:
-    """``Config.from_env`` plus a warning for ``FORKLESS_*`` names that mean nothing (typos), and the
-    demo feed's settings checked when it runs (before JAX is imported)."""
-    environ = os.environ if environ is None else environ
-    known = {var.env for var in VARIABLES}
-    unknown = sorted(k for k in environ if k.startswith(PREFIX) and k not in known)
-    for name in unknown:
-        print(f"forkless: warning: {name} is not a forkless variable and is ignored "
-              "(see --help)", file=sys.stderr)
-    config = Config.from_env(environ)
-    if config.uses_demo_feed:  # the program runs no source of its own: the demo feed runs
-        config.check_demo_feed()
-    return config
-
-
-def report(exc: ForklessError) -> int:
-    """Write the program's line for ``exc`` to stderr (``forkless: <exit_label>: <message>``, and for
-    a crash the traceback of its cause) and return its class's ``exit_status``."""
-    print(f"forkless: {exc.exit_label}: {exc}" if exc.exit_label else f"forkless: {exc}", file=sys.stderr)
-    if exc.exit_status == EXIT_CRASH:
-        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
-    return exc.exit_status
 
 
 def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = None,

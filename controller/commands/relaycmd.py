@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from forkless.controller.commands.cli import load_config, report
+from forkless.controller.commands.edge import load_config, report
 from forkless.controller.config import Config
 from forkless.controller.lifetime.sinkrun import SinkRun
 from forkless.controller.logs import flush_log_repeats, setup_logging

@@ -37,14 +37,13 @@ from typing import Any
 import numpy as np
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
-from forkless.controller.ioside import feed_plan
+from forkless.controller.ioside import feed_plan, feed_sources
 from forkless.controller.lifetime.host import StopSignals
 from forkless.controller.lifetime.lifecycle import ABORT_JOIN_S, end_io
 from forkless.controller.lifetime.serving import serve
 from forkless.controller.queues import POLL_S, StopDeadline
 from forkless.io_loop.counters import IOSnapshot, IOStats
 from forkless.io_loop.errors import FeedFatal, ForklessError
-from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.sinks.sink import Sink, SinkRunner, SinkStats
 from forkless.io_loop.thread import IOThread
 

@@ -14,17 +14,10 @@ Rules:
 
 from __future__ import annotations
 
-import json
-import re
-
-from forkless.controller.settings.values import ValueProblem
+from forkless.controller.settings.values import FEED_NAME, ValueProblem, json_value
 from forkless.io_loop.settings import FeedSpec
 
-__all__ = ["FEED_NAME", "MAX_PARTITIONS", "STREAM_NAME", "feed_list", "feeds_text"]
-
-FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-MAX_PARTITIONS = 65536
-STREAM_NAME = re.compile(r"[^\s.*>/\\]{1,255}")  # what nats-server accepts as a stream name
+__all__ = ["feed_list", "feeds_text"]
 
 
 def feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:
@@ -34,7 +27,9 @@ def feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:
     if text.strip() == "":
         return ()
     try:
-        items = json.loads(text)
+        items = json_value(text)
+    except ValueProblem:
+        raise
     except ValueError:
         raise ValueProblem("not valid JSON") from None
     if not isinstance(items, list) or not items:
@@ -65,13 +60,18 @@ def feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:
 
 
 def feeds_text(text: str) -> str:
-    """``FORKLESS_FEEDS`` as given, or the text of the ``@path`` file it names; checked by ``feed_list``."""
+    """``FORKLESS_FEEDS`` as given, or the text of the ``@path`` file it names; checked by ``feed_list``.
+    A file that is empty (or blank) is refused, not taken as no feeds: the demo feed would run in the
+    configured feeds' place."""
     text = text.strip()
     if text.startswith("@"):
+        path = text[1:]
         try:
-            with open(text[1:], encoding="utf-8") as f:
+            with open(path, encoding="utf-8") as f:
                 text = f.read().strip()
         except OSError as exc:
-            raise ValueProblem(f"cannot read {text[1:]}: {exc.strerror}") from None
+            raise ValueProblem(f"cannot read {path}: {exc.strerror}") from None
+        if text == "":
+            raise ValueProblem(f"{path} is empty: write the JSON list of feeds in it, or leave FORKLESS_FEEDS unset")
     feed_list(text)
     return text

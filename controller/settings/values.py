@@ -30,13 +30,20 @@ from urllib.parse import urlsplit
 
 from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_socket_path, url_host_port
 
-__all__ = ["BUCKET_NAME", "SUBJECT_TOKEN", "Rule", "ValueProblem", "address", "boolean", "bucket", "checkpoint_dir",
-           "choice", "device_count", "existing_file", "header_pairs", "in_flight", "integer", "is_subject", "json_text",
-           "listen_socket", "nats_urls", "number", "optional", "optional_text", "pem_file", "relay_subject",
-           "text_rule", "unix_socket", "ws_url"]
+__all__ = ["BUCKET_NAME", "FEED_NAME", "MAX_JSON_DEPTH", "MAX_PARTITIONS", "STREAM_NAME", "SUBJECT_TOKEN", "Rule",
+           "ValueProblem", "address", "boolean", "bucket", "checkpoint_dir", "choice", "device_count", "existing_file",
+           "header_pairs", "in_flight", "integer", "is_subject", "json_text", "json_value", "listen_socket",
+           "nats_urls", "number", "optional", "optional_text", "pem_file", "relay_subject", "text_rule", "unix_socket",
+           "ws_url"]
 
 BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a JetStream object-store or KV bucket (nats-py's rule, capped)
 SUBJECT_TOKEN = re.compile(r"[^\s.]+")
+FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a FORKLESS_FEEDS entry's "name"
+STREAM_NAME = re.compile(r"[^\s.*>/\\]{1,255}")  # what nats-server accepts as a stream name
+MAX_PARTITIONS = 65536  # a partitioned feed's "partition_count", and so FORKLESS_INSTANCES, at most
+MAX_JSON_DEPTH = 64  # arrays and objects inside one another in a variable's JSON (FEEDS, SUBSCRIBE, HEADERS)
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 class ValueProblem(ValueError):
@@ -218,6 +225,19 @@ def listen_socket(text: str) -> str:
     return path
 
 
+def json_value(text: str) -> Any:
+    """``text`` decoded as JSON (``ValueError`` when it is not), its arrays and objects nested at most
+    ``MAX_JSON_DEPTH`` deep: a deeper one is a ``ValueProblem`` before the decoder is asked, as Python's
+    recurses into each level (about 1,000 of them raised ``RecursionError``, a crash, not a refusal)."""
+    brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text))  # strings may hold brackets: not counted
+    depth = 0
+    for bracket in brackets:
+        depth += 1 if bracket in "[{" else -1
+        if depth > MAX_JSON_DEPTH:
+            raise ValueProblem(f"nested more than {MAX_JSON_DEPTH} levels deep (arrays and objects inside one another)")
+    return json.loads(text)
+
+
 def json_text(text: str) -> str:
     """A JSON document, or ``@path`` naming a file holding one; returns the JSON text."""
     text = text.strip()
@@ -226,14 +246,14 @@ def json_text(text: str) -> str:
     if text.startswith("@"):
         with open(text[1:], encoding="utf-8") as f:
             text = f.read()
-    json.loads(text)
+    json_value(text)
     return text
 
 
 def _header_pairs(text: str) -> tuple[tuple[str, str], ...]:
     if text.strip() == "":
         return ()
-    value = json.loads(text)
+    value = json_value(text)
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise ValueError
     return tuple((str(k), v) for k, v in value.items())

@@ -17,8 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from forkless.controller.settings.feedspec import MAX_PARTITIONS, feeds_text
+from forkless.controller.settings.feedspec import feeds_text
 from forkless.controller.settings.values import (
+    MAX_PARTITIONS,
     Rule,
     address,
     boolean,

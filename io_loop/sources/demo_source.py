@@ -2,7 +2,7 @@
 WebSocket source pointed at it, together.
 
 Rules:
-- Chosen by the configuration (io_loop/feeds.py, ``feed_source``) for the feed whose url is empty
+- Chosen by the configuration (controller/ioside.py, ``feed_source``) for the feed whose url is empty
   when the demo feed runs (``IOSettings.uses_demo_feed``), and run by a ``SourceRunner`` as any
   source is: the IO thread and the feed set do not know the demo feed is there.
 - ``run(ctx)`` starts the server (``DemoFeed``, io_loop/sources/demo_feed.py) on the IO loop, then runs a
@@ -62,7 +62,7 @@ class DemoSource(SourceCapabilities):
         self.feed = feed
         self.server = DemoFeed(rate_hz=demo.rate, streams=demo.streams, features=demo.features,
                              warmup=demo.warmup, unix_socket=demo.unix_socket)
-        self._client = client  # (feed, url) -> the WebSocketSource reading the server (io_loop/feeds.py's)
+        self._client = client  # (feed, url) -> the WebSocketSource reading the server (controller/ioside.py's)
         self._listening = False
 
     async def run(self, ctx: SourceContext) -> None:

@@ -5,8 +5,9 @@ Rules:
   through ``say`` and returns. The exit status each failure maps to is the preflight's
   business (controller/commands/check.py), not this module's.
 - The feed probe asks each feed's source to try itself (its ``probe``, io_loop/capabilities.py),
-  the sources made as every run's are (io_loop/feeds.py's ``feed_sources``): this module knows
-  no kind of feed. A WebSocket feed's (io_loop/sources/client.py) is ``probe_websocket``: ONE connection
+  the sources handed in, made as every run's are (controller/ioside.py's ``feed_sources``): this
+  module knows no kind of feed and imports none of their modules (they import it, for ``ProbeFailed``
+  and ``probe_websocket``). A WebSocket feed's (io_loop/sources/client.py) is ``probe_websocket``: ONE connection
   with the configured TLS, headers, token and timeouts (io_loop/sources/connect.py, the same code the
   client uses), a brief wait for a first frame, a close with 1000. A JetStream feed's connects to
   its server, reads its stream and finds the stream storing its results subject, warning when
@@ -27,17 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import aiohttp
 from forkless.io_loop.capabilities import capability
 from forkless.io_loop.decoding import FrameDecoder
-from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.loopthread import run_in_thread
 from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_label
 from forkless.io_loop.net.unixsocket import listen_unix
-from forkless.io_loop.settings import IOSettings
+from forkless.io_loop.settings import Credentials, FeedSpec, Timeouts, TlsSettings
+from forkless.io_loop.source import Source
 from forkless.io_loop.sources.connect import (
     ConnectFailed,
     HandshakeRefused,
@@ -48,16 +49,27 @@ from forkless.io_loop.sources.connect import (
     shown_target,
 )
 
-if TYPE_CHECKING:
-    from forkless.io_loop.sources.client import WebSocketSource
-
-__all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "check_metrics_addr", "probe_feed", "probe_websocket"]
+__all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "WebSocketTarget", "check_metrics_addr", "probe_feed",
+           "probe_websocket"]
 
 FIRST_FRAME_WAIT_S = 2.0
 
 
 class ProbeFailed(Exception):
     """One probe failed; ``str`` is the reason, fit to print."""
+
+
+class WebSocketTarget(Protocol):
+    """What ``probe_websocket`` reads of a WebSocket feed's source (io_loop/sources/client.py's
+    ``WebSocketSource`` is one): where it connects and with which settings."""
+
+    feed: FeedSpec
+    url: str
+    tls: TlsSettings
+    credentials: Credentials
+    timeouts: Timeouts
+    max_msg_bytes: int
+    feeds_from_list: bool
 
 
 def check_metrics_addr(addr: str, say: Callable[[str], None]) -> None:
@@ -92,18 +104,18 @@ def _check_unix_listener(path: str, variable: str) -> None:
         raise ProbeFailed(f"cannot listen on {variable}={unix_label(path)}: {exc.strerror or exc}") from None
 
 
-def probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None], *,
-               dedupe_window_s: float = 180.0) -> None:
-    """Connect once to the feed (or the embedded demo feed); see the module rules.
-    ``dedupe_window_s``: the duplicate window a JetStream feed's results stream should have."""
-    run_in_thread(lambda: _probe_feed(settings, codec, say, dedupe_window_s), name="forkless-check")
+def probe_feed(feeds: Sequence[FeedSpec], sources: Sequence[Source], codec: FrameDecoder,
+               say: Callable[[str], None], *, dedupe_window_s: float = 180.0) -> None:
+    """Connect once to each feed (or the embedded demo feed): ``sources``, one per spec of ``feeds``, each
+    probes itself; see the module rules. ``dedupe_window_s``: the duplicate window a JetStream feed's
+    results stream should have."""
+    if len(sources) != len(feeds):
+        raise ValueError(f"probe_feed needs one source per feed: {len(feeds)} feeds, {len(sources)} sources")
+    run_in_thread(lambda: _probe_feed(feeds, sources, codec, say, dedupe_window_s), name="forkless-check")
 
 
-async def _probe_feed(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None],
-                      dedupe_window_s: float = 180.0) -> None:
-    feeds = settings.feed_specs
-    # each feed's source, from the one place a feed's kind is decided: the source probes itself
-    sources = feed_sources(settings)
+async def _probe_feed(feeds: Sequence[FeedSpec], sources: Sequence[Source], codec: FrameDecoder,
+                      say: Callable[[str], None], dedupe_window_s: float) -> None:
     if len(feeds) == 1:
         await _probe_source(sources[0], codec, say, dedupe_window_s)
         return
@@ -128,7 +140,7 @@ async def _probe_source(source: Any, codec: FrameDecoder, say: Callable[[str], N
     await probe(codec, say, dedupe_window_s=dedupe_window_s)
 
 
-async def probe_websocket(source: WebSocketSource, codec: FrameDecoder, say: Callable[[str], None]) -> None:
+async def probe_websocket(source: WebSocketTarget, codec: FrameDecoder, say: Callable[[str], None]) -> None:
     """One WebSocket connection of ``source`` (to its ``url``, with its settings), its first frame described,
     closed with 1000."""
     feed, url, tls = source.feed, source.url, source.tls
