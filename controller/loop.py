@@ -246,7 +246,8 @@ class Controller:
             # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
             io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds, to_sinks=bool(self.plan.sinks)),
             self.engine.in_flight)
-        self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event)
+        self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event,
+                              stop=self._deadline)
 
     def _check_stop(self, during: str) -> None:
         if self._stop_requested.is_set():
@@ -408,6 +409,8 @@ class Controller:
         try:
             self.start()
             cfg = self.config  # steps may stay in flight between its calls (settle=False)
+            if cfg.duration_s:  # a stop requested when it is over, whatever the main thread waits on then
+                self._deadline.plan(time.monotonic() + cfg.duration_s)
             first = serve(lambda timeout: self._process(timeout, settle=False), self.stats, self._print,
                           self._stop_requested, duration_s=cfg.duration_s, status_s=cfg.status_s, poll_s=POLL_S)
             self.stop()

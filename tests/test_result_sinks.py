@@ -311,3 +311,32 @@ def test_a_jetstream_feeds_results_reach_the_sink_and_its_replies_are_still_publ
     assert ids == [f"TICKS:{s}:0" for s in seqs]  # each reply published once, named by its input
     assert _books(ctl, "collect").written == 80
     assert_books_balance(ctl)
+
+
+def test_the_duration_ends_a_run_whose_sink_takes_nothing_and_the_books_balance():
+    """FORKLESS_DURATION is a stop requested when it is over, whatever the main thread waits on: here to
+    hand a batch to a sink that takes nothing (outbound full). run() returns, and every result is in the
+    sink's books or counted as never handed over."""
+    n, queue_size, duration_s = 400, 2, 2.0 * UNIT_S
+    source, sink = Emitting(n), Gated()  # never opened
+    ctl = Controller(_config(queue_size=queue_size, max_batch=4, max_wait_ms=0.0, shutdown_timeout_s=1.0 * UNIT_S,
+                             duration_s=duration_s), processor=PROCESSOR, sources=[source], sinks=[sink])
+    returned, rescued = threading.Event(), []
+
+    def watchdog() -> None:  # a run() that never returns fails the test instead of hanging it
+        if not returned.wait(duration_s + 60 * UNIT_S):
+            snap = ctl.stats()
+            rescued.append(f"processed {snap.processed}, outbound depth {snap.outbound_depth}")
+            ctl.request_stop()
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    ctl.run()
+    returned.set()
+    assert not rescued, f"run() went on past its duration ({rescued[0]})"
+    snap = ctl.stats()
+    books = dict(snap.sinks)["slow"]
+    assert books.written == 0 and books.held == 0 and books.taken == books.unwritten
+    # the main thread was waiting on outbound when the duration ended: the batch it held was never handed over
+    assert snap.sink_results_unsent > 0 and snap.dropped["outbound full at stop"] > 0
+    assert books.taken + snap.sink_results_unsent == snap.processed
+    assert_books_balance(ctl)
