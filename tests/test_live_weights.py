@@ -166,6 +166,30 @@ def test_set_weights_is_refused_where_there_are_no_weights_to_swap():
         events_only.set_weights(NEW)
 
 
+def test_set_weights_out_of_order_is_refused_naming_the_state_and_nothing_is_offered():
+    ctl = Controller(CONFIG, processor=PROCESSOR, io_factory=FakeIO())
+    ctl.compile()  # compiled, not started: still refused (no step will run until start(), and start() may restore)
+    with pytest.raises(RuntimeError, match=r"set_weights\(\): call start\(\)"):
+        ctl.set_weights(NEW)
+    assert not ctl.engine.live_weights.pending
+    with ctl:
+        pass
+    with pytest.raises(RuntimeError, match=r"set_weights\(\): the controller has stopped") as raised:
+        ctl.set_weights(NEW, version="late")  # no step would ever apply them
+    assert "send()" not in str(raised.value)
+    with pytest.raises(RuntimeError, match="has stopped"):  # send() refuses the same way
+        ctl.send("0", "frame")
+    weights = ctl.stats().weights
+    assert (weights.version, weights.swaps) == ("init", 0) and not ctl.engine.live_weights.pending
+
+
+def test_weights_offered_but_never_applied_before_the_stop_are_logged(caplog):
+    with Controller(CONFIG, processor=PROCESSOR, io_factory=FakeIO()) as ctl:
+        assert ctl.set_weights(NEW, version="v9") == "v9"  # no batch comes after them
+    assert ctl.stats().weights.version == "init"
+    assert any("weights 'v9'" in r.getMessage() and "never applied" in r.getMessage() for r in caplog.records)
+
+
 SEVERAL_DEVICES = """
 from tests import test_live_weights as t
 ctl, results, compiled = t._run(t.CONFIG.replace(devices=2), lambda ctl: ctl.set_weights(t.NEW, version="v2"))
