@@ -460,7 +460,9 @@ class SourceRunner:
                 raise
         except ForklessError:  # FeedFatal, PositionLost: said already, as they are
             raise
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, a BaseException of its own: a failure too
+            if isinstance(exc, GeneratorExit):  # the coroutine is being closed, not failed
+                raise
             raise self._failed(exc, "") from exc
         finally:
             self.ended = True
@@ -475,7 +477,7 @@ class SourceRunner:
         if self._stop_failed is not None:
             raise self._stop_failed from self._stop_failed.__cause__
 
-    def fail_in_stop(self, exc: Exception, during: str) -> None:
+    def fail_in_stop(self, exc: BaseException, during: str) -> None:
         """A hook raised ``exc`` ``during`` the stop: the source is given up at once (``run`` cancelled, raising it)."""
         fatal = exc if isinstance(exc, FeedFatal) else self._failed(exc, during)
         fatal.__cause__ = exc if fatal is not exc else exc.__cause__
@@ -483,7 +485,7 @@ class SourceRunner:
         if self._running is not None and not self._running.done():
             self._running.cancel()
 
-    def _failed(self, exc: Exception, during: str) -> FeedFatal:
+    def _failed(self, exc: BaseException, during: str) -> FeedFatal:
         """The source's exception (raised by its ``run`` or ``during`` its hook), logged with its
         traceback, as the ``FeedFatal`` that gives the source up (raise it ``from exc``)."""
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -498,7 +500,9 @@ class SourceRunner:
         if before_stop is not None and not self.stopping_now:
             try:
                 await before_stop(self.ctx)
-            except Exception as exc:  # the source fails as if its run raised it: given up at once
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # the source fails as if its run raised it: given up at once
                 self.fail_in_stop(exc, " in before_stop")
         awaiting = capability(self.source, "awaiting")
         if awaiting is None or self.stopping_now or self._stop_failed is not None:

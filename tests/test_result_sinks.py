@@ -168,6 +168,24 @@ def test_a_sink_that_raises_ends_the_run_with_feed_fatal_naming_it():
     assert books.written == 1 and books.taken == books.written + sum(books.dropped.values())  # held: counted
 
 
+class Exiting:
+    name = "exits"
+
+    async def run(self, ctx: forkless.SinkContext) -> None:
+        async for batch in ctx.batches():
+            batch.wrote(len(batch))
+            raise SystemExit(7)
+
+
+def test_a_sink_that_raises_system_exit_ends_the_run_with_feed_fatal_naming_it_and_the_process_goes_on():
+    with pytest.raises(FeedFatal, match=r"sink 'exits' failed: SystemExit\(7\)") as caught:
+        with Controller(_config(), processor=PROCESSOR, sources=[Emitting(20)], sinks=[Exiting()]) as ctl:
+            drive(ctl, lambda: False, timeout_s=30 * UNIT_S, what="the sink's failure")
+    assert isinstance(caught.value.__cause__, SystemExit) and caught.value.__cause__.code == 7
+    books = _books(ctl, "exits")
+    assert books.written > 0 and books.taken == books.written + sum(books.dropped.values())
+
+
 class Gated:
     """A slow sink: takes nothing until ``open()`` (from any thread), then writes everything."""
 

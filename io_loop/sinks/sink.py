@@ -314,9 +314,9 @@ class SinkRunner:
             await self.sink.run(ctx)
         except FeedFatal:
             raise
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
             raise
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, a BaseException of its own: a failure too
             raise FeedFatal(f"sink {self.name!r} failed: {exc!r}") from exc
         finally:
             self._count_held()
