@@ -78,6 +78,7 @@ from forkless.io_loop.emitted import check_position as _check_position
 from forkless.io_loop.errors import FeedFatal, ForklessError
 from forkless.io_loop.finishing import finish_awaited
 from forkless.io_loop.handover import Handover
+from forkless.io_loop.loopthread import cancel_bounded
 from forkless.io_loop.settings import FeedSpec, Limits, Timeouts
 from forkless.io_loop.spill import source_policy
 from forkless.io_loop.writer import Outbound, ReplyBatch
@@ -450,13 +451,15 @@ class SourceRunner:
             stats.connected = True
             stats.connects += 1
             stats.state_since = time.time()
-        self._running = asyncio.current_task()
-        try:
-            await self.source.run(self.ctx)
+        self._running = running = asyncio.current_task()
+        try:  # its own task: a source that swallows its cancellation is given up after a grace (loopthread.py)
+            await cancel_bounded(self.source.run(self.ctx), name=f"forkless-source-{self.feed.name}-run",
+                                 what=f"source {self.feed.name!r}")
         except (asyncio.CancelledError, SourceStopped):
             if self._stop_failed is not None:
                 raise self._stop_failed from self._stop_failed.__cause__
-            if not self.stopping_now:
+            # the stop's own end of the source is an end; this task cancelled (an abort) is not: it goes on
+            if not self.stopping_now or (running is not None and running.cancelling()):
                 raise
         except ForklessError:  # FeedFatal, PositionLost: said already, as they are
             raise

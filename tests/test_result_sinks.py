@@ -358,3 +358,42 @@ def test_the_duration_ends_a_run_whose_sink_takes_nothing_and_the_books_balance(
     assert snap.sink_results_unsent > 0 and snap.dropped["outbound full at stop"] > 0
     assert books.taken + snap.sink_results_unsent == snap.processed
     assert_books_balance(ctl)
+
+
+class Swallowing:
+    """A sink of results that never gets its writes acknowledged and swallows its cancellation."""
+
+    name = "stubborn"
+
+    def __init__(self) -> None:
+        self.cancels = 0
+
+    async def run(self, ctx: forkless.SinkContext) -> None:
+        async for _batch in ctx.batches():
+            while True:  # the write, retried whatever happens
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    self.cancels += 1
+
+
+def test_a_sink_that_swallows_its_cancellation_is_given_up_at_the_deadline_and_every_result_is_counted():
+    n, queue_size = 400, 2
+    source, sink = Emitting(n), Swallowing()
+    ctl = Controller(_config(queue_size=queue_size, max_batch=4, max_wait_ms=0.0, shutdown_timeout_s=1.0 * UNIT_S),
+                     processor=PROCESSOR, sources=[source], sinks=[sink])
+
+    def stop_when_full() -> None:
+        wait_until(lambda: ctl.stats().outbound_depth >= queue_size, timeout_s=30 * UNIT_S, what="outbound full")
+        ctl.request_stop()
+
+    with ctl:
+        stopper = threading.Thread(target=stop_when_full, daemon=True)
+        stopper.start()
+        drive(ctl, lambda: not stopper.is_alive(), timeout_s=60 * UNIT_S, what="the stop asked")
+    assert sink.cancels >= 1 and not ctl.abandoned_io  # given up, and the IO thread ended all the same
+    snap = ctl.stats()
+    books = dict(snap.sinks)["stubborn"]
+    assert books.written == 0 and books.held == 0 and books.taken == books.unwritten > 0
+    assert books.taken + snap.sink_results_unsent == snap.processed  # every result: in the books or never handed over
+    assert_books_balance(ctl)

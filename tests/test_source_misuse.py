@@ -355,3 +355,31 @@ def test_a_base_exception_that_leaves_the_io_loop_from_a_source_s_own_task_is_na
             drive(ctl, lambda: False, timeout_s=20 * UNIT_S, what="the IO thread's failure")
     assert "SystemExit(7)" in str(caught.value) and caught.value.__cause__ is exc
     assert_books_balance(ctl)
+
+
+class Stubborn:
+    """Emits one frame, then neither reads its replies nor returns, and swallows its cancellation."""
+
+    name = "stubborn"
+
+    def __init__(self) -> None:
+        self.cancels = 0
+
+    async def run(self, ctx: Any) -> None:
+        await ctx.emit(_frame(range(3)))
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancels += 1
+
+
+def test_a_source_that_swallows_its_cancellation_is_given_up_and_the_io_thread_still_ends():
+    source = Stubborn()
+    ctl = Controller(_config(shutdown_timeout_s=1.0 * UNIT_S), processor=PROCESSOR, sources=[source])
+    with ctl:
+        drive(ctl, lambda: ctl.stats().processed >= 3, timeout_s=20 * UNIT_S, what="its messages processed")
+    # the stop could not finish (the source never returns): its deadline aborted the IO side, which gave the
+    # source up after its grace instead of waiting for it, so the thread ended and its books were closed
+    assert source.cancels >= 1 and not ctl.abandoned_io
+    assert_books_balance(ctl)
