@@ -357,6 +357,7 @@ def test_the_duration_ends_a_run_whose_sink_takes_nothing_and_the_books_balance(
     # the main thread was waiting on outbound when the duration ended: the batch it held was never handed over
     assert snap.sink_results_unsent > 0 and snap.dropped["outbound full at stop"] > 0
     assert books.taken + snap.sink_results_unsent == snap.processed
+    assert not ctl.abandoned_io  # the abort at the deadline ended the IO thread
     assert_books_balance(ctl)
 
 
