@@ -246,13 +246,11 @@ def test_sinks_are_checked_when_the_controller_is_built():
         Controller(_config(), sources=[Emitting(1)], sinks=[Collecting()], events_only=True)
 
 
-def test_results_a_sink_still_holds_when_the_stop_deadline_passes_are_counted_unwritten():
-    """A sink that never takes: the stop waits for it until its deadline, then the IO side is aborted;
-    every result is accounted for, in the sink's books (unwritten) or as never handed over."""
-    n, queue_size = 400, 2
-    source, sink = Emitting(n), Gated()  # never opened
+def _stopped_once_outbound_is_full(sink: Any, n: int = 400, queue_size: int = 2) -> Controller:
+    """A run of ``n`` messages into ``sink`` (which takes nothing), stopped by ``request_stop()`` once
+    outbound is full (the main thread's put waits), with a stop deadline of 1 s; the stopped controller."""
     ctl = Controller(_config(queue_size=queue_size, max_batch=4, max_wait_ms=0.0, shutdown_timeout_s=1.0 * UNIT_S),
-                     processor=PROCESSOR, sources=[source], sinks=[sink])
+                     processor=PROCESSOR, sources=[Emitting(n)], sinks=[sink])
 
     def stop_when_full() -> None:
         wait_until(lambda: ctl.stats().outbound_depth >= queue_size, timeout_s=30 * UNIT_S, what="outbound full")
@@ -262,6 +260,13 @@ def test_results_a_sink_still_holds_when_the_stop_deadline_passes_are_counted_un
         stopper = threading.Thread(target=stop_when_full, daemon=True)
         stopper.start()
         drive(ctl, lambda: not stopper.is_alive(), timeout_s=60 * UNIT_S, what="the stop asked")
+    return ctl
+
+
+def test_results_a_sink_still_holds_when_the_stop_deadline_passes_are_counted_unwritten():
+    """A sink that never takes: the stop waits for it until its deadline, then the IO side is aborted;
+    every result is accounted for, in the sink's books (unwritten) or as never handed over."""
+    ctl = _stopped_once_outbound_is_full(Gated())  # never opened
     snap = ctl.stats()
     books = dict(snap.sinks)["slow"]
     assert books.written == 0 and books.held == 0
@@ -379,19 +384,8 @@ class Swallowing:
 
 
 def test_a_sink_that_swallows_its_cancellation_is_given_up_at_the_deadline_and_every_result_is_counted():
-    n, queue_size = 400, 2
-    source, sink = Emitting(n), Swallowing()
-    ctl = Controller(_config(queue_size=queue_size, max_batch=4, max_wait_ms=0.0, shutdown_timeout_s=1.0 * UNIT_S),
-                     processor=PROCESSOR, sources=[source], sinks=[sink])
-
-    def stop_when_full() -> None:
-        wait_until(lambda: ctl.stats().outbound_depth >= queue_size, timeout_s=30 * UNIT_S, what="outbound full")
-        ctl.request_stop()
-
-    with ctl:
-        stopper = threading.Thread(target=stop_when_full, daemon=True)
-        stopper.start()
-        drive(ctl, lambda: not stopper.is_alive(), timeout_s=60 * UNIT_S, what="the stop asked")
+    sink = Swallowing()
+    ctl = _stopped_once_outbound_is_full(sink)
     assert sink.cancels >= 1 and not ctl.abandoned_io  # given up, and the IO thread ended all the same
     snap = ctl.stats()
     books = dict(snap.sinks)["stubborn"]
