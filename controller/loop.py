@@ -256,7 +256,7 @@ class Controller:
             io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds, to_sinks=bool(self.plan.sinks)),
             self.engine.in_flight, expect=side.expect if wait.spins else None)
         self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event,
-                              wait=wait)
+                              wait=wait, stop=self._deadline)
 
     def _check_stop(self, during: str) -> None:
         if self._stop_requested.is_set():
@@ -310,9 +310,16 @@ class Controller:
 
     def set_weights(self, params: Any, *, version: str | None = None) -> str:
         """Swap the processor's weights for ``params`` (same structure, shapes, dtypes) before the next batch's
-        step, nothing compiled again; from any thread, once started (controller/device/weights.py). Their version."""
-        if self.engine is None:
-            raise RuntimeError(NO_WEIGHTS if self.events_only else "set_weights(): call start() first")
+        step, nothing compiled again; from any thread, between ``start()`` and ``stop()``
+        (controller/device/weights.py). Their version. ``RuntimeError`` before or after: no step would apply them."""
+        if self.events_only:
+            raise RuntimeError(NO_WEIGHTS)
+        if not self._running:  # a compile() alone runs no step, and start() may yet restore other weights
+            raise RuntimeError("set_weights(): call start() (or use the controller as a context manager) first: "
+                               "weights are swapped between the steps of a started controller")
+        if self._stopped:
+            raise RuntimeError("set_weights(): the controller has stopped (stop() was called): no step will run to "
+                               "apply new weights")
         return self.engine.offer_weights(params, version)
 
     @property
@@ -382,6 +389,10 @@ class Controller:
         deadline), finish the steps in flight, count what is left, shut outbound, hand over the stop's
         checkpoint (written while the IO thread ends). Returns ``on_results``' first failure meanwhile."""
         raised = self._intake.finish(work_deadline, lambda: self._io.failure is not None)
+        unapplied = self.engine.live_weights.offered() if self.engine is not None and self.engine.live_weights else None
+        if unapplied is not None:  # set_weights() returned their version: say that no step took them
+            log.warning("weights %r offered by set_weights() were never applied: no batch was stepped after them "
+                        "before the stop", unapplied)
         left = self._intake.drain()
         if left:
             self.main_stats.dropped["not processed before the stop"] += left
@@ -419,6 +430,8 @@ class Controller:
         try:
             self.start()
             cfg = self.config  # steps may stay in flight between its calls (settle=False)
+            if cfg.duration_s:  # a stop requested when it is over, whatever the main thread waits on then
+                self._deadline.plan(time.monotonic() + cfg.duration_s)
             first = serve(lambda timeout: self._process(timeout, settle=False), self.stats, self._print,
                           self._stop_requested, duration_s=cfg.duration_s, status_s=cfg.status_s, poll_s=POLL_S)
             self.stop()

@@ -7,7 +7,8 @@ Rules:
   are counted in ``events_unhandled``, logged once). It never waits on an
   empty queue once a batch has begun: a batch is topped up only from what is already waiting.
   It counts chunks and messages so that ``process_pending`` ends once what was queued when it
-  was called has been processed (``pending``), however fast the feed produces. Each batch it
+  was called has been processed (``pending``), however fast the feed produces, or a stop was
+  requested (the stop's deadline bounds the rest, not the backlog: ``finish``). Each batch it
   collects goes to the step (``cycle``); the orderly stop's batches run until *inbound* is shut
   down and drained or the work deadline (``finish``; a batch is not topped up past it, so a slow
   ``on_event`` does not take the events behind it past it: what is left is counted, and logged),
@@ -36,12 +37,15 @@ Rules:
   IO side aborted by a second SIGINT has none: the put returns, and the interrupt is raised.
 - ``StopDeadline``: the stop's deadline is fixed once, by the first request, ``timeout`` from
   then; processing and sending end ``STOP_RESERVE_S`` (at most a third of it) before, so that
-  the IO thread can end and the process exit by the deadline whatever the socket does.
+  the IO thread can end and the process exit by the deadline whatever the socket does. A stop
+  planned ahead (``run()``'s duration) is a request at that time, seen by every wait that reads
+  the deadline, so nothing the main thread waits on (a sink that takes nothing) outlasts it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from queue import Empty, Full
@@ -66,19 +70,47 @@ IO_ENDED_REASON = "IO side ended"  # dropped: replies the IO side ended before t
 
 class StopDeadline:
     """When the stop must be over (``at``) and when processing and sending end (``work``), both
-    ``time.monotonic()`` seconds; None until ``fix`` is first called."""
+    ``time.monotonic()`` seconds; None until the stop is requested: ``fix`` (a request now) or
+    the time given to ``plan`` (a request then: the run's duration) passed."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self.at: float | None = None
-        self.work: float | None = None
+        self._at: float | None = None
+        self._work: float | None = None
+        self._planned = math.inf
+
+    def plan(self, when: float) -> None:
+        """A stop requested at ``when`` (monotonic seconds) unless one is requested before (the run's
+        duration): every wait that reads the deadline (a put to a full outbound, a backlog's work)
+        ends by it whatever the thread it runs on is doing, as it would for ``fix`` called then."""
+        self._planned = when
 
     def fix(self) -> None:
-        """Fix both deadlines from now, unless an earlier request did."""
-        if self.at is None:
+        """Fix both deadlines from now (or from the planned stop, if that was earlier), unless an
+        earlier request did."""
+        self._fix(min(time.monotonic(), self._planned))
+
+    def _fix(self, requested_at: float) -> None:
+        if self._at is None:
             timeout = self.timeout_s
-            self.at = at = time.monotonic() + timeout
-            self.work = at - min(STOP_RESERVE_S, timeout / 3)
+            at = requested_at + timeout
+            self._work = at - min(STOP_RESERVE_S, timeout / 3)
+            self._at = at  # last: a reader that sees ``at`` sees ``work`` too
+
+    @property
+    def at(self) -> float | None:
+        if self._at is None and time.monotonic() >= self._planned:
+            self._fix(self._planned)
+        return self._at
+
+    @property
+    def work(self) -> float | None:
+        return None if self.at is None else self._work
+
+    @property
+    def requested(self) -> bool:
+        """A stop was requested (``fix``), or the planned one is due."""
+        return self.at is not None
 
 
 class Intake:
@@ -88,9 +120,10 @@ class Intake:
     def __init__(self, inbound: Any, batcher: MicroBatcher, stats: MainStats,
                  step: Callable[[Taken, float | None], None], *, names: Sequence[str],
                  on_event: Callable[[], Callable[[str, Any], None] | None],
-                 wait: WaitSettings = PARK) -> None:
+                 wait: WaitSettings = PARK, stop: StopDeadline | None = None) -> None:
         self.inbound = inbound
         self.wait = wait
+        self._stop = stop if stop is not None else StopDeadline(math.inf)  # never requested: nothing ends pending
         self.batcher = batcher
         self.stats = stats
         self._step = step
@@ -111,12 +144,15 @@ class Intake:
         processed (waiting up to ``timeout`` for a first message); how many messages. A chunk may
         hold more than one batch, so chunks are counted, and the messages they hold once pulled
         (``_owed``; what the batcher holds is owed too). ``settle``: every step in flight is
-        finished before it returns (else they may stay in flight until the next call)."""
-        inbound = self.inbound
+        finished before it returns (else they may stay in flight until the next call). Once the stop
+        is requested it returns after the batch in hand: the stop's own work (``finish``) takes the
+        rest, bounded by its deadline, which a backlog worked through here would overrun."""
+        inbound, stop = self.inbound, self._stop
         target = self._pull_target = self._pulled + (0 if self.closed else inbound.qsize())
         self._owed = self._added
-        done = self.cycle(timeout)
-        while self._taken < self._owed or (self._pulled < target and not self.closed and inbound.qsize()):
+        done = self.cycle(timeout, stop.work)
+        while (self._taken < self._owed or (self._pulled < target and not self.closed and inbound.qsize())) \
+                and not stop.requested:
             done += self.cycle(0.0)
         if settle and self.flight is not None:
             self.flight.settle()

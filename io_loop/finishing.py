@@ -82,7 +82,7 @@ async def finish_awaited(runner: Any, awaiting: Callable[[], Any], deadline: flo
         handed = handed or _handed(runner, unrouted)
         try:
             left = _count(awaiting)
-        except Exception as exc:
+        except BaseException as exc:  # awaiting() runs no coroutine: nothing it raises is a cancellation of ours
             runner.fail_in_stop(exc, " in awaiting()")
             return
         if handed and not left:

@@ -20,6 +20,11 @@ Rules:
 - ``run_all`` (on a loop) runs coroutines as tasks until every one is done; the first to fail
   cancels the rest and its exception is raised as it is (not in an ``ExceptionGroup``, as
   ``asyncio.TaskGroup`` would: the callers raise a ``FeedFatal``).
+- ``cancel_bounded`` (on a loop) awaits a user's coroutine (a source's or a sink's ``run``) as a task
+  of its own: a cancellation of the caller reaches it and is waited for at most ``CANCEL_GRACE_S``.
+  One that swallows it (catches ``CancelledError`` and goes on) is given up then: logged, left
+  running until the loop closes, never waited for again (the exit's clean-up skips it), and the
+  cancellation goes on, so the thread still ends by its deadline and its owner counts what it held.
 - ``call_soon``, ``submit`` and ``cancel`` are for other threads; ``join(timeout)`` waits for the
   last act, never past its deadline, and a ``KeyboardInterrupt`` in it leaves the thread joinable.
 """
@@ -32,16 +37,21 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["LoopThread", "run_all", "run_in_thread"]
+__all__ = ["CANCEL_GRACE_S", "LoopThread", "cancel_bounded", "run_all", "run_in_thread"]
 
 log = logging.getLogger("forkless.io")
 
 T = TypeVar("T")
 
 CANCEL_S = 2.0  # run_in_thread: how long an interrupted caller waits for the cancelled coroutine to end
+# cancel_bounded: how long a user's cancelled coroutine is waited for (an aborted stop leaves the IO thread
+# about a quarter of a second: lifecycle.end_io), and the tasks given up after it, which no one waits for again
+CANCEL_GRACE_S = 0.1
+_given_up: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
 
 class LoopThread:
@@ -204,6 +214,7 @@ class LoopThread:
             left = asyncio.all_tasks(loop)
             for task in left:
                 task.cancel()
+            left -= set(_given_up)  # a user's coroutine that swallowed its cancellation: waited for once already
             if left:
                 loop.run_until_complete(asyncio.wait(left, timeout=self.cleanup_s))
             loop.run_until_complete(loop.shutdown_asyncgens())
@@ -230,6 +241,48 @@ def run_in_thread(main: Callable[[], Awaitable[T]], *, name: str, cancel_s: floa
     if runner.failure is not None:
         raise runner.failure
     return runner.result
+
+
+async def cancel_bounded(coro: Coroutine[Any, Any, T], *, name: str, what: str,
+                         grace_s: float = CANCEL_GRACE_S) -> T:
+    """``await coro`` (a user's code, named ``what`` in the log), run as a task named ``name``: what
+    it returns or raises; a cancellation of the caller cancels it and waits for it at most
+    ``grace_s``, then goes on whatever it did (module rules)."""
+    task = asyncio.get_running_loop().create_task(_outcome(coro), name=name)
+    try:
+        return _unboxed(await asyncio.shield(task))
+    except asyncio.CancelledError:
+        if task.done():  # it was cancelled itself, or ended as the caller was: its own outcome
+            return _unboxed(task.result())
+        task.cancel()
+        try:
+            await asyncio.wait({task}, timeout=grace_s)
+        finally:
+            if not task.done():
+                _given_up.add(task)
+                log.error("%s did not end within %.1fs of its cancellation (it caught the CancelledError and went on, "
+                          "or its clean-up is slow): given up, left running until its loop closes", what, grace_s)
+        if task.done():  # it ended on the cancellation: what it did (a return after catching it too)
+            return _unboxed(task.result())
+        raise
+
+
+async def _outcome(coro: Coroutine[Any, Any, T]) -> tuple[bool, Any]:
+    """``(True, result)`` or ``(False, exception)``: a task hands a ``SystemExit`` or ``KeyboardInterrupt``
+    to its loop, which it ends; boxed, it reaches the awaiting caller as any exception does."""
+    try:
+        return True, await coro
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except BaseException as exc:
+        return False, exc
+
+
+def _unboxed(outcome: tuple[bool, Any]) -> Any:
+    ok, value = outcome
+    if not ok:
+        raise value
+    return value
 
 
 async def run_all(named: dict[str, Coroutine[Any, Any, Any]]) -> None:

@@ -78,6 +78,7 @@ from forkless.io_loop.emitted import check_position as _check_position
 from forkless.io_loop.errors import FeedFatal, ForklessError
 from forkless.io_loop.finishing import finish_awaited
 from forkless.io_loop.handover import Handover
+from forkless.io_loop.loopthread import cancel_bounded
 from forkless.io_loop.settings import FeedSpec, Limits, Timeouts
 from forkless.io_loop.spill import source_policy
 from forkless.io_loop.writer import Outbound, ReplyBatch
@@ -450,17 +451,21 @@ class SourceRunner:
             stats.connected = True
             stats.connects += 1
             stats.state_since = time.time()
-        self._running = asyncio.current_task()
-        try:
-            await self.source.run(self.ctx)
+        self._running = running = asyncio.current_task()
+        try:  # its own task: a source that swallows its cancellation is given up after a grace (loopthread.py)
+            await cancel_bounded(self.source.run(self.ctx), name=f"forkless-source-{self.feed.name}-run",
+                                 what=f"source {self.feed.name!r}")
         except (asyncio.CancelledError, SourceStopped):
             if self._stop_failed is not None:
                 raise self._stop_failed from self._stop_failed.__cause__
-            if not self.stopping_now:
+            # the stop's own end of the source is an end; this task cancelled (an abort) is not: it goes on
+            if not self.stopping_now or (running is not None and running.cancelling()):
                 raise
         except ForklessError:  # FeedFatal, PositionLost: said already, as they are
             raise
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, a BaseException of its own: a failure too
+            if isinstance(exc, GeneratorExit):  # the coroutine is being closed, not failed
+                raise
             raise self._failed(exc, "") from exc
         finally:
             self.ended = True
@@ -475,7 +480,7 @@ class SourceRunner:
         if self._stop_failed is not None:
             raise self._stop_failed from self._stop_failed.__cause__
 
-    def fail_in_stop(self, exc: Exception, during: str) -> None:
+    def fail_in_stop(self, exc: BaseException, during: str) -> None:
         """A hook raised ``exc`` ``during`` the stop: the source is given up at once (``run`` cancelled, raising it)."""
         fatal = exc if isinstance(exc, FeedFatal) else self._failed(exc, during)
         fatal.__cause__ = exc if fatal is not exc else exc.__cause__
@@ -483,7 +488,7 @@ class SourceRunner:
         if self._running is not None and not self._running.done():
             self._running.cancel()
 
-    def _failed(self, exc: Exception, during: str) -> FeedFatal:
+    def _failed(self, exc: BaseException, during: str) -> FeedFatal:
         """The source's exception (raised by its ``run`` or ``during`` its hook), logged with its
         traceback, as the ``FeedFatal`` that gives the source up (raise it ``from exc``)."""
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -498,7 +503,9 @@ class SourceRunner:
         if before_stop is not None and not self.stopping_now:
             try:
                 await before_stop(self.ctx)
-            except Exception as exc:  # the source fails as if its run raised it: given up at once
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # the source fails as if its run raised it: given up at once
                 self.fail_in_stop(exc, " in before_stop")
         awaiting = capability(self.source, "awaiting")
         if awaiting is None or self.stopping_now or self._stop_failed is not None:

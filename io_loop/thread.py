@@ -195,7 +195,12 @@ class IOThread:
         try:
             await self._main()
         except asyncio.CancelledError:
-            if not self._aborted:
+            escaped = self._runner.failure  # what left the loop from a task of its own, which then cancelled this
+            if escaped is not None and not isinstance(escaped, asyncio.CancelledError):
+                self.failure = IOThreadError(f"the IO loop was ended by {escaped!r}, raised in a task on it (a "
+                                             "source's, a sink's or a hook's own task): the IO side stopped")
+                self.failure.__cause__ = escaped
+            elif not self._aborted:
                 self.failure = IOThreadError("the IO loop was cancelled")
         except BaseException as exc:
             self.failure = exc

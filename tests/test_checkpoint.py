@@ -22,7 +22,7 @@ import pytest
 from forkless.controller.checkpoints.checkpoint import checkpoint_path, list_checkpoints, load_newest, write_checkpoint
 from forkless.controller.checkpoints.checkpointer import Checkpointer
 from forkless.controller.checkpoints.ckptformat import TEMP_PREFIX
-from forkless.controller.checkpoints.snapshot import Snapshot, take_snapshot
+from forkless.controller.checkpoints.snapshot import Snapshot, restore_state, take_snapshot
 from forkless.controller.config import Config
 from forkless.controller.device.compiled import example_batch
 from forkless.controller.errors import CheckpointMismatch, ConfigError
@@ -249,6 +249,16 @@ def test_a_state_leaf_of_another_shape_names_the_leaf_and_both_shapes(tmp_path: 
 
     assert err.value.setting == "state leaf 'state.mean'"
     assert "float32[11, 3]" in str(err.value) and "float32[11, 4]" in str(err.value)
+
+
+def test_a_0_d_leaf_saved_as_one_element_by_an_earlier_format_is_restored_0_d() -> None:
+    # checkpoints written before the format kept 0-d leaves 0-d hold such a leaf as [1]: the same one value
+    like = {"b": jax.ShapeDtypeStruct((), np.float32), "w": jax.ShapeDtypeStruct((1,), np.float32)}
+    arrays = {"state['b']": np.array([2.5], np.float32), "state['w']": np.array([3.0], np.float32)}
+    state = restore_state("mem", arrays, like)
+    assert state["b"].shape == () and float(state["b"]) == 2.5 and state["w"].shape == (1,)
+    with pytest.raises(CheckpointMismatch, match=r"state\['w'\].*'float32\[\]' in the checkpoint, 'float32\[1\]' now"):
+        restore_state("mem", {**arrays, "state['w']": np.array(3.0, np.float32)}, like)  # never the other way
 
 
 def test_a_state_leaf_of_another_dtype_names_the_leaf(tmp_path: Path) -> None:

@@ -52,6 +52,17 @@ def test_what_is_encoded_reads_back_exactly():
     assert all(entry["offset"] % 64 == 0 for entry in header["arrays"])
 
 
+def test_every_array_keeps_its_shape_a_0_d_one_too():
+    leaves = [("state['b']", np.float32(1.5)), ("state['w']", np.ones(3, np.float32)),
+              ("state['one']", np.array([7], np.int64)), ("state['t']", np.arange(6.0).reshape(2, 3).T)]
+    header, arrays = parse_checkpoint(join(encode(leaves, ([], np.zeros(0), np.zeros(0)), settings={}, versions={},
+                                                  wall_time=0.0, counts={}, positions={})), "mem")
+    for name, leaf in leaves:
+        assert arrays[name].shape == np.shape(leaf) and arrays[name].dtype == np.asarray(leaf).dtype, name
+        np.testing.assert_array_equal(arrays[name], leaf)
+    assert arrays["state['b']"].ndim == 0 and {e["name"]: e["shape"] for e in header["arrays"]}["state['b']"] == []
+
+
 def test_names_holding_a_newline_are_encoded_as_json_and_read_back():
     names = ["one\ntwo", "three", "lone \udc80"]
     header, arrays = parse_checkpoint(checkpoint(names)[0], "mem")

@@ -131,6 +131,26 @@ def test_the_checkpoint_names_the_weights_its_state_was_produced_with(tmp_path):
                         "since_messages": 12, "swaps": 1}
 
 
+@pytest.mark.parametrize("restore_shared", [False, True])
+def test_a_checkpoint_of_swapped_weights_with_a_0_d_leaf_restores_on_the_next_start(tmp_path, restore_shared):
+    """The params hold a 0-d leaf ("b"): the checkpoint keeps it 0-d, so the same program's next start
+    restores its state, and with restore_shared=True its swapped weights and their version too."""
+    processor = PROCESSOR._replace(restore_shared=restore_shared)  # the same step: its compilation is reused
+    config = CONFIG.replace(checkpoint_dir=str(tmp_path))
+    fake = FakeIO()
+    with Controller(config, processor=processor, io_factory=fake) as ctl:
+        _feed(fake, ctl, _messages(0, 12))
+        ctl.set_weights(NEW, version="v2")
+        _feed(fake, ctl, _messages(12, 12))
+    acc = np.asarray(ctl.state.rows["acc"]).copy()
+    with Controller(config, processor=processor, io_factory=FakeIO()) as again:
+        assert again.restored_from is not None and again.stats().processed == 24
+        np.testing.assert_array_equal(np.asarray(again.state.rows["acc"]), acc)  # every stream's running sum
+        b, weights = again.state.params["b"], again.stats().weights
+        assert np.shape(b) == () and float(b) == float(NEW["b"] if restore_shared else OLD["b"])
+        assert weights.version == ("v2" if restore_shared else "init")
+
+
 @pytest.mark.parametrize(("params", "named"), [
     ({"w": np.zeros(3, np.float32), "b": np.float32(0)}, "params['w'] is float32[3], and the compiled step "
                                                          "takes float32[2]"),
@@ -164,6 +184,30 @@ def test_set_weights_is_refused_where_there_are_no_weights_to_swap():
     events_only = Controller(Config(max_streams=8), sources=[_Idle()], events_only=True)
     with pytest.raises(RuntimeError, match="events-only controller runs no processor"):
         events_only.set_weights(NEW)
+
+
+def test_set_weights_out_of_order_is_refused_naming_the_state_and_nothing_is_offered():
+    ctl = Controller(CONFIG, processor=PROCESSOR, io_factory=FakeIO())
+    ctl.compile()  # compiled, not started: still refused (no step will run until start(), and start() may restore)
+    with pytest.raises(RuntimeError, match=r"set_weights\(\): call start\(\)"):
+        ctl.set_weights(NEW)
+    assert not ctl.engine.live_weights.pending
+    with ctl:
+        pass
+    with pytest.raises(RuntimeError, match=r"set_weights\(\): the controller has stopped") as raised:
+        ctl.set_weights(NEW, version="late")  # no step would ever apply them
+    assert "send()" not in str(raised.value)
+    with pytest.raises(RuntimeError, match="has stopped"):  # send() refuses the same way
+        ctl.send("0", "frame")
+    weights = ctl.stats().weights
+    assert (weights.version, weights.swaps) == ("init", 0) and not ctl.engine.live_weights.pending
+
+
+def test_weights_offered_but_never_applied_before_the_stop_are_logged(caplog):
+    with Controller(CONFIG, processor=PROCESSOR, io_factory=FakeIO()) as ctl:
+        assert ctl.set_weights(NEW, version="v9") == "v9"  # no batch comes after them
+    assert ctl.stats().weights.version == "init"
+    assert any("weights 'v9'" in r.getMessage() and "never applied" in r.getMessage() for r in caplog.records)
 
 
 SEVERAL_DEVICES = """

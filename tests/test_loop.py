@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -235,6 +236,34 @@ def test_messages_still_queued_inbound_at_the_stop_deadline_are_counted_as_not_p
     ctl.stop()
 
     assert ctl.stats().dropped == {"outbound full at stop": 3, "not processed before the stop": 2}
+
+
+@pytest.mark.parametrize("in_flight", [1, 3])
+def test_a_stop_requested_inside_run_s_backlog_ends_the_work_at_its_deadline_not_after_the_backlog(in_flight):
+    """run() is inside one call working through a deep backlog when the stop is requested (by the first
+    batch's on_results, which then outlasts the stop's work deadline): the work on the backlog ends
+    there, not once the backlog is done, and what it never reached is counted, not lost."""
+    n, timeout_s = 60, 0.3
+    fake = FakeIO()
+    for i in range(n):  # one message a batch (max_wait_ms=0): 60 batches queued before the call
+        fake.inbound.put_nowait(chunk([i], [f"s{i % 4}"]))
+    ctl = Controller(CONFIG.replace(shutdown_timeout_s=timeout_s, steps_in_flight=in_flight), processor=PROCESSOR,
+                     io_factory=fake)
+    handed: list[int] = []
+
+    def on_results(seq, stream, outputs):
+        handed.extend(seq)
+        if len(handed) == 1:
+            ctl.request_stop()
+            time.sleep(timeout_s)  # past the work deadline (timeout_s less its reserve, from the request)
+
+    ctl.on_results = on_results
+    ctl.run()
+    snap = ctl.stats()
+    # the steps already dispatched when the stop came are answered; nothing after them is stepped
+    assert 1 <= snap.processed <= in_flight and handed == list(range(snap.processed))
+    assert snap.dropped == {"not processed before the stop": n - snap.processed}
+    assert [r["seq"] for r in frames(drain(fake.outbound))] == handed
 
 
 def test_stop_aborts_an_io_side_that_does_not_finish_by_the_deadline():

@@ -321,3 +321,21 @@ def test_the_results_sink_example_prints_every_result_in_order_and_its_books_bal
     replies = {r["seq"]: r["score"] for r in server.replies()}  # the feed's replies, with the same scores
     assert [round(replies[int(g[3])], 3) for g in got] == [float(g[4]) for g in got]
     assert "written 10 of 10" in proc.stdout
+
+
+def test_the_weights_example_restores_its_own_checkpoint_on_its_next_start(feed_server, tmp_path):
+    """The example's state (its params hold a 0-d weight, "b") checkpointed at its stop fits the same
+    program's next start: every leaf keeps its shape, a 0-d one too, and the running totals go on."""
+    frames = [json.dumps({"seq": i, "stream": "s", "x": [1.0] * 8}) for i in range(10)]
+    env = {"FORKLESS_RECONNECT_MIN_S": "0.1", "FORKLESS_CHECKPOINT_DIR": str(tmp_path)}
+    totals = []
+    for _ in range(2):  # the same program twice, on the same checkpoint directory
+        server = feed_server(send_frames(frames, gap_s=0.1))
+        proc = run_app(env={**env, "FORKLESS_WS_URL": server.url}, program=("-c", example("weights")),
+                       timeout_s=90 * UNIT_S)
+        assert proc.returncode == 0, proc.stderr
+        assert re.search(r"weights v2 since message \d+", proc.stdout), proc.stdout
+        totals.append([r["total"] for r in server.replies()])
+        assert len(totals[-1]) == 10 and any(p.suffix == ".fkc" for p in tmp_path.iterdir())
+    # the second start took the stream's running total from the first one's checkpoint (its weights from init)
+    assert totals[1][0] == totals[0][-1] + 8.0, totals

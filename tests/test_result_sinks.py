@@ -168,6 +168,24 @@ def test_a_sink_that_raises_ends_the_run_with_feed_fatal_naming_it():
     assert books.written == 1 and books.taken == books.written + sum(books.dropped.values())  # held: counted
 
 
+class Exiting:
+    name = "exits"
+
+    async def run(self, ctx: forkless.SinkContext) -> None:
+        async for batch in ctx.batches():
+            batch.wrote(len(batch))
+            raise SystemExit(7)
+
+
+def test_a_sink_that_raises_system_exit_ends_the_run_with_feed_fatal_naming_it_and_the_process_goes_on():
+    with pytest.raises(FeedFatal, match=r"sink 'exits' failed: SystemExit\(7\)") as caught:
+        with Controller(_config(), processor=PROCESSOR, sources=[Emitting(20)], sinks=[Exiting()]) as ctl:
+            drive(ctl, lambda: False, timeout_s=30 * UNIT_S, what="the sink's failure")
+    assert isinstance(caught.value.__cause__, SystemExit) and caught.value.__cause__.code == 7
+    books = _books(ctl, "exits")
+    assert books.written > 0 and books.taken == books.written + sum(books.dropped.values())
+
+
 class Gated:
     """A slow sink: takes nothing until ``open()`` (from any thread), then writes everything."""
 
@@ -228,13 +246,11 @@ def test_sinks_are_checked_when_the_controller_is_built():
         Controller(_config(), sources=[Emitting(1)], sinks=[Collecting()], events_only=True)
 
 
-def test_results_a_sink_still_holds_when_the_stop_deadline_passes_are_counted_unwritten():
-    """A sink that never takes: the stop waits for it until its deadline, then the IO side is aborted;
-    every result is accounted for, in the sink's books (unwritten) or as never handed over."""
-    n, queue_size = 400, 2
-    source, sink = Emitting(n), Gated()  # never opened
+def _stopped_once_outbound_is_full(sink: Any, n: int = 400, queue_size: int = 2) -> Controller:
+    """A run of ``n`` messages into ``sink`` (which takes nothing), stopped by ``request_stop()`` once
+    outbound is full (the main thread's put waits), with a stop deadline of 1 s; the stopped controller."""
     ctl = Controller(_config(queue_size=queue_size, max_batch=4, max_wait_ms=0.0, shutdown_timeout_s=1.0 * UNIT_S),
-                     processor=PROCESSOR, sources=[source], sinks=[sink])
+                     processor=PROCESSOR, sources=[Emitting(n)], sinks=[sink])
 
     def stop_when_full() -> None:
         wait_until(lambda: ctl.stats().outbound_depth >= queue_size, timeout_s=30 * UNIT_S, what="outbound full")
@@ -244,6 +260,13 @@ def test_results_a_sink_still_holds_when_the_stop_deadline_passes_are_counted_un
         stopper = threading.Thread(target=stop_when_full, daemon=True)
         stopper.start()
         drive(ctl, lambda: not stopper.is_alive(), timeout_s=60 * UNIT_S, what="the stop asked")
+    return ctl
+
+
+def test_results_a_sink_still_holds_when_the_stop_deadline_passes_are_counted_unwritten():
+    """A sink that never takes: the stop waits for it until its deadline, then the IO side is aborted;
+    every result is accounted for, in the sink's books (unwritten) or as never handed over."""
+    ctl = _stopped_once_outbound_is_full(Gated())  # never opened
     snap = ctl.stats()
     books = dict(snap.sinks)["slow"]
     assert books.written == 0 and books.held == 0
@@ -310,4 +333,62 @@ def test_a_jetstream_feeds_results_reach_the_sink_and_its_replies_are_still_publ
     ids = [headers["Nats-Msg-Id"] for headers, _ in read_stream(nats_server.url, "SCORES")]
     assert ids == [f"TICKS:{s}:0" for s in seqs]  # each reply published once, named by its input
     assert _books(ctl, "collect").written == 80
+    assert_books_balance(ctl)
+
+
+def test_the_duration_ends_a_run_whose_sink_takes_nothing_and_the_books_balance():
+    """FORKLESS_DURATION is a stop requested when it is over, whatever the main thread waits on: here to
+    hand a batch to a sink that takes nothing (outbound full). run() returns, and every result is in the
+    sink's books or counted as never handed over."""
+    n, queue_size, duration_s = 400, 2, 2.0 * UNIT_S
+    source, sink = Emitting(n), Gated()  # never opened
+    ctl = Controller(_config(queue_size=queue_size, max_batch=4, max_wait_ms=0.0, shutdown_timeout_s=1.0 * UNIT_S,
+                             duration_s=duration_s), processor=PROCESSOR, sources=[source], sinks=[sink])
+    returned, rescued = threading.Event(), []
+
+    def watchdog() -> None:  # a run() that never returns fails the test instead of hanging it
+        if not returned.wait(duration_s + 60 * UNIT_S):
+            snap = ctl.stats()
+            rescued.append(f"processed {snap.processed}, outbound depth {snap.outbound_depth}")
+            ctl.request_stop()
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    ctl.run()
+    returned.set()
+    assert not rescued, f"run() went on past its duration ({rescued[0]})"
+    snap = ctl.stats()
+    books = dict(snap.sinks)["slow"]
+    assert books.written == 0 and books.held == 0 and books.taken == books.unwritten
+    # the main thread was waiting on outbound when the duration ended: the batch it held was never handed over
+    assert snap.sink_results_unsent > 0 and snap.dropped["outbound full at stop"] > 0
+    assert books.taken + snap.sink_results_unsent == snap.processed
+    assert not ctl.abandoned_io  # the abort at the deadline ended the IO thread
+    assert_books_balance(ctl)
+
+
+class Swallowing:
+    """A sink of results that never gets its writes acknowledged and swallows its cancellation."""
+
+    name = "stubborn"
+
+    def __init__(self) -> None:
+        self.cancels = 0
+
+    async def run(self, ctx: forkless.SinkContext) -> None:
+        async for _batch in ctx.batches():
+            while True:  # the write, retried whatever happens
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    self.cancels += 1
+
+
+def test_a_sink_that_swallows_its_cancellation_is_given_up_at_the_deadline_and_every_result_is_counted():
+    sink = Swallowing()
+    ctl = _stopped_once_outbound_is_full(sink)
+    assert sink.cancels >= 1 and not ctl.abandoned_io  # given up, and the IO thread ended all the same
+    snap = ctl.stats()
+    books = dict(snap.sinks)["stubborn"]
+    assert books.written == 0 and books.held == 0 and books.taken == books.unwritten > 0
+    assert books.taken + snap.sink_results_unsent == snap.processed  # every result: in the books or never handed over
     assert_books_balance(ctl)

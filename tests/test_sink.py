@@ -212,3 +212,44 @@ def test_a_sink_run_is_ready_on_its_health_endpoint_once_its_feed_is_connected(f
     with urllib.request.urlopen(f"{base}/healthz", timeout=10) as healthy:
         assert healthy.status == 200
     assert running.finish().sink.written == 5 and running.error is None
+
+
+class Swallowing:
+    """A sink that never gets its writes acknowledged and swallows its cancellation (a retry loop that
+    catches ``CancelledError`` too): the stop must still end, give it up and count what it held. When
+    cancelled again (its loop closing, after it was given up) it says its batch is written: too late,
+    that batch is counted unwritten already, and must not be counted twice."""
+
+    name = "stubborn"
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.cancels = 0
+
+    async def run(self, ctx: forkless.SinkContext) -> None:
+        async for batch in ctx.batches():
+            self.taken += len(batch)
+            while True:  # the write, retried whatever happens
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    self.cancels += 1
+                    if self.cancels == 2:
+                        batch.wrote(len(batch))
+
+
+def test_a_sink_that_swallows_its_cancellation_is_given_up_at_the_deadline_and_every_message_is_counted(feed_server):
+    messages = make_messages(400, features=FEATURES, seed=8)
+    server = feed_server(send_frames(messages))
+    sink = Swallowing()
+    config = _config(server.url).replace(shutdown_timeout_s=1.0 * UNIT_S, queue_size=4, max_batch=4)
+    run = forkless.SinkRun(sink, config=config)
+    running = _Running(run)
+    wait_until(lambda: sink.taken > 0 and run.view().io.messages_in >= 16, timeout_s=30 * UNIT_S,
+               what="the sink holding a batch while the feed is read")
+    final = running.finish()  # bounded: finish() fails if run() has not returned
+    assert running.error is None and sink.cancels == 2 and not run.io.alive  # the thread ended: not left behind
+    books, io = final.sink, final.io
+    assert books.written == 0 and books.held == 0 and books.taken == books.unwritten == sink.taken
+    # every message read: taken by the sink (and counted unwritten) or never handed to it
+    assert io.messages_in == books.taken + io.dropped["not processed before the stop"], (io.messages_in, io.dropped)

@@ -302,3 +302,84 @@ def test_send_of_an_object_json_cannot_write_names_send_and_the_object_s_type():
         drive(ctl, lambda: source.answers == [{"ok": 1}], timeout_s=10 * UNIT_S, what="the good frame yielded")
     assert_books_balance(ctl)
     assert ctl.stats().sent_out == 1 and ctl.stats().sent_unsent == 0
+
+
+# ---- a BaseException from a user's code on the IO thread (issue 54, item 10) -----------------------
+
+
+class Quitter(BaseException):
+    """A user's own BaseException (not an Exception)."""
+
+
+class Raiser:
+    """Emits one frame, then raises ``exc`` from its run, or from a task of its own (``in_task``):
+    that one is not awaited by the runner, so it leaves the IO loop itself."""
+
+    name = "raiser"
+
+    def __init__(self, exc: BaseException, in_task: bool = False) -> None:
+        self.exc = exc
+        self.in_task = in_task
+
+    async def raising(self) -> None:
+        raise self.exc
+
+    async def run(self, ctx: Any) -> None:
+        await ctx.emit(_frame(range(3)))
+        if self.in_task:
+            await asyncio.create_task(self.raising())
+        await self.raising()
+
+
+@pytest.mark.parametrize("exc", [SystemExit(7), KeyboardInterrupt(), Quitter("done here")],
+                         ids=["SystemExit", "KeyboardInterrupt", "own-BaseException"])
+def test_a_source_whose_run_raises_a_base_exception_fails_naming_it_as_its_cause(exc):
+    from forkless import FeedFatal
+
+    ctl = Controller(_config(), processor=PROCESSOR, sources=[Raiser(exc)])
+    with pytest.raises(FeedFatal) as caught:  # from start() or from a call after it: the source fails at once
+        with ctl:
+            drive(ctl, lambda: False, timeout_s=20 * UNIT_S, what="the source's failure")
+    assert f"source 'raiser' failed: {type(exc).__name__}" in str(caught.value)
+    assert caught.value.__cause__ is exc  # the process goes on: nothing exited it
+    assert_books_balance(ctl)
+
+
+def test_a_base_exception_that_leaves_the_io_loop_from_a_source_s_own_task_is_named_as_the_cause():
+    from forkless import IOThreadError
+
+    exc = SystemExit(7)
+    ctl = Controller(_config(), processor=PROCESSOR, sources=[Raiser(exc, in_task=True)])
+    with pytest.raises(IOThreadError) as caught:
+        with ctl:
+            drive(ctl, lambda: False, timeout_s=20 * UNIT_S, what="the IO thread's failure")
+    assert "SystemExit(7)" in str(caught.value) and caught.value.__cause__ is exc
+    assert_books_balance(ctl)
+
+
+class Stubborn:
+    """Emits one frame, then neither reads its replies nor returns, and swallows its cancellation."""
+
+    name = "stubborn"
+
+    def __init__(self) -> None:
+        self.cancels = 0
+
+    async def run(self, ctx: Any) -> None:
+        await ctx.emit(_frame(range(3)))
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancels += 1
+
+
+def test_a_source_that_swallows_its_cancellation_is_given_up_and_the_io_thread_still_ends():
+    source = Stubborn()
+    ctl = Controller(_config(shutdown_timeout_s=1.0 * UNIT_S), processor=PROCESSOR, sources=[source])
+    with ctl:
+        drive(ctl, lambda: ctl.stats().processed >= 3, timeout_s=20 * UNIT_S, what="its messages processed")
+    # the stop could not finish (the source never returns): its deadline aborted the IO side, which gave the
+    # source up after its grace instead of waiting for it, so the thread ended and its books were closed
+    assert source.cancels >= 1 and not ctl.abandoned_io
+    assert_books_balance(ctl)

@@ -10,6 +10,7 @@ Rules:
   made only as written (``CanonicalRows``: a sharded table put in slot order piece by piece)
   stays lazy, and the stream names are encoded ``NAMES_CHUNK`` at a time with ``pause()``
   between chunks, so the writer thread holds the GIL only briefly.
+- Every array keeps its shape: a 0-d leaf (a scalar weight) is saved and read back 0-d.
 - Every checkpoint ends with the SHA-256 of all its bytes before it and an end marker.
   ``parse_checkpoint`` refuses (``CheckpointDamaged``) bytes that are too short, lack the magic
   or the end marker, or fail the checksum; the arrays it returns are views of one buffer.
@@ -170,7 +171,9 @@ def _arrays(leaves: Sequence[tuple[str, Any]], names: list[str], slots: Any, las
             pieces = (piece.reshape(-1).view(np.uint8) for piece in leaf.pieces())
             arrays.append((name, leaf.dtype.name, list(leaf.shape), pieces, leaf.nbytes))
             continue
-        arr = np.ascontiguousarray(leaf)
+        # np.asarray, not np.ascontiguousarray: that one makes a 0-d leaf (a scalar weight) 1-d, and its
+        # checkpoint then no longer fits the same program's state (every leaf keeps its shape here)
+        arr = np.asarray(leaf, order="C")
         arrays.append((name, arr.dtype.name, list(arr.shape), [arr.reshape(-1).view(np.uint8)], arr.nbytes))
     names_encoding, encoded = _encode_names(names, pause)
     size = sum(len(b) for b in encoded)

@@ -350,7 +350,9 @@ def _forkless_version() -> str:
 
 def restore_state(path: Path | str, arrays: Mapping[str, np.ndarray], like: Any) -> Any:
     """The saved state leaves rebuilt in the structure of ``like``; ``CheckpointMismatch``
-    naming the leaf when a leaf is missing, extra, or of another shape or dtype."""
+    naming the leaf when a leaf is missing, extra, or of another shape or dtype. A 0-d leaf saved
+    as one element of shape [1] (what checkpoints written before the format kept 0-d leaves hold)
+    is read back 0-d."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(like)
     expected = ["state" + jax.tree_util.keystr(key_path) for key_path, _ in flat]
     saved = [name for name in arrays if name.startswith("state")]
@@ -361,6 +363,8 @@ def restore_state(path: Path | str, arrays: Mapping[str, np.ndarray], like: Any)
         shape = tuple(np.shape(leaf))
         dtype = np.dtype(getattr(leaf, "dtype", None) or np.asarray(leaf).dtype)
         got = arrays[name]
+        if shape == () and got.shape == (1,):  # written before the format kept 0-d leaves 0-d: the same one value
+            got = got.reshape(())
         if got.shape != shape or got.dtype != dtype:
             raise CheckpointMismatch(path, f"state leaf {name!r}", f"{got.dtype.name}{list(got.shape)}",
                                      f"{dtype.name}{list(shape)}")

@@ -125,6 +125,13 @@ class LiveWeights:
     def pending(self) -> bool:
         return bool(self._pending)
 
+    def offered(self) -> str | None:
+        """The version of the weights offered and not yet applied (None: none)."""
+        try:
+            return self._pending[0][0].version
+        except IndexError:
+            return None
+
     def take(self, steps: int, messages: int) -> list[np.ndarray] | None:
         """The offered leaves to apply now, before step ``steps + 1`` (None: none offered); they
         become ``current``, logged. Main thread."""

@@ -14,7 +14,10 @@ Rules:
 - Orderly stop (``request_stop``, SIGINT/SIGTERM with ``signals=True``, ``duration_s``): the sources stop
   reading, the sink deals with everything read and returns, the thread ends. The stop is bounded by
   the configuration's ``shutdown_timeout_s``; then the IO thread is aborted and what the sink still
-  held is counted (``SinkStats.unwritten``). A second SIGINT aborts at once (``aborted``).
+  held is counted (``SinkStats.unwritten``), what it never took too (the IO side's ``dropped``, "not
+  processed before the stop"); a sink that swallows the abort's cancellation is given up after a
+  grace (io_loop/loopthread.py ``cancel_bounded``), so the thread ends all the same. A second SIGINT
+  aborts at once (``aborted``).
 - Metrics: with ``FORKLESS_METRICS_ADDR`` set, ``/metrics`` serves the sink's books by its name
   (controller/metrics.py ``sink_families`` of one ``view()`` per scrape), or the families
   ``render_metrics`` makes (the relay's); ``/healthz`` and ``/readyz`` are served either way.

@@ -176,7 +176,8 @@ VARIABLES: tuple[Variable, ...] = (
              "failed attempts in a row before giving up with exit status 3 (0 = forever)"),
     # -- running
     Variable("DURATION", "duration_s", optional(number(0.0, lo_open=True)), "a number of seconds > 0, or empty",
-             "stop after this long; empty runs until SIGINT/SIGTERM"),
+             "stop after this long (a stop requested then: SHUTDOWN_TIMEOUT_S bounds it from there, as from a "
+             "SIGTERM); empty runs until SIGINT/SIGTERM"),
     Variable("SHUTDOWN_TIMEOUT_S", "shutdown_timeout_s", number(0.0, lo_open=True), "a number > 0",
              "longest an orderly stop may take before giving up on unsent results"),
     Variable("STATUS_S", "status_s", number(0.0), "a number >= 0 (0 = off)",

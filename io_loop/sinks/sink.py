@@ -22,7 +22,10 @@ Rules:
   stopped and everything they handed over was taken; the sink finishes what it holds and returns.
   What is still held when ``run`` returns, or when it is cancelled (the abort: the stop's deadline
   passed, a second SIGINT), is counted in ``unwritten`` and in ``dropped`` ("unwritten at the
-  stop"), and logged: nothing is lost silently.
+  stop"), and logged: nothing is lost silently. A ``run`` that swallows its cancellation is waited
+  for ``CANCEL_GRACE_S`` (io_loop/loopthread.py ``cancel_bounded``), then given up: counted the same
+  way at once, its batches' ``wrote``/``drop`` count nothing from then on (never twice), and the
+  thread ends without it.
 - Errors: a ``run`` that raises ends the run as a feed that gave up does: ``FeedFatal`` naming the
   sink, its exception as the cause (a ``FeedFatal`` it raised is raised as it is).
 - The per-feed reply writer is the other implementation of ``SinkBatch``: ``ReplyBatch``
@@ -47,6 +50,7 @@ import janus
 import numpy as np
 from forkless.io_loop.crossing import Chunk, Events, Results
 from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.loopthread import cancel_bounded
 
 __all__ = ["Acknowledged", "EventBatch", "MessageBatch", "ResultBatch", "Sink", "SinkBatch", "SinkContext",
            "SinkRunner", "SinkStats"]
@@ -90,6 +94,9 @@ class SinkStats:
     dropped: Counter = field(default_factory=Counter)  # given up, by reason (the stop's included)
     unwritten: int = 0  # held when the sink returned or was cancelled (also in dropped)
     batches: int = 0
+    # the sink's run is over (returned, failed, cancelled or given up): what it held is counted, and a batch it
+    # still has (a sink given up on goes on until its loop closes) changes nothing more
+    _closed: bool = field(default=False, init=False, repr=False, compare=False)
 
     @property
     def held(self) -> int:
@@ -135,12 +142,14 @@ class _Held:
     def wrote(self, n: int) -> None:
         """``n`` more items of the batch were written (stored): an int from 0 to ``left``."""
         n = check_count(n, self._left, type(self).__name__)
+        if self._stats._closed:  # counted unwritten when the sink's run ended: never twice
+            return
         self._left -= n
         self._stats.written += n
 
     def drop(self, reason: str) -> None:
         """Give up the batch's items not written, counted in ``dropped`` by ``reason``."""
-        if self._left:
+        if self._left and not self._stats._closed:
             self._stats.dropped[str(reason)] += self._left
             self._left = 0
 
@@ -310,19 +319,20 @@ class SinkRunner:
 
     async def run(self, inbound: Any) -> None:
         self.ctx = ctx = SinkContext(self.name, inbound, self.feed_names, self.stats)
-        try:
-            await self.sink.run(ctx)
+        try:  # its own task: a sink that swallows its cancellation is given up after a grace (loopthread.py)
+            await cancel_bounded(self.sink.run(ctx), name=f"forkless-sink-{self.name}-run", what=f"sink {self.name!r}")
         except FeedFatal:
             raise
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
             raise
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, a BaseException of its own: a failure too
             raise FeedFatal(f"sink {self.name!r} failed: {exc!r}") from exc
         finally:
             self._count_held()
 
     def _count_held(self) -> None:
         stats = self.stats
+        stats._closed = True  # its batches count nothing more (module rules)
         held = stats.held
         if held > 0:
             stats.unwritten += held
