@@ -48,6 +48,7 @@ _EXPORTS = {
     "ProcessorContractError": "forkless.controller.errors",
     "StoreError": "forkless.io_loop.errors",
     "ReplyBatch": "forkless.io_loop.writer",
+    "ConnectionEvent": "forkless.io_loop.crossing",
     "Source": "forkless.io_loop.source",
     "SourceContext": "forkless.io_loop.source",
     "SourceStopped": "forkless.io_loop.source",

@@ -45,6 +45,7 @@ FORKLESS_ALL = [
     "Codec",
     "Config",
     "ConfigError",
+    "ConnectionEvent",
     "Controller",
     "Decoded",
     "DeploymentMismatch",
