@@ -65,6 +65,7 @@ _EXPORTS = {
     "SinkView": "forkless.controller.lifetime.sinkrun",
     "IOPortal": "forkless.io_loop.portal",
     "PortalClosed": "forkless.io_loop.portal",
+    "RestartPolicy": "forkless.io_loop.portal",
     "WorkerFailed": "forkless.io_loop.portal",
 }
 

@@ -67,6 +67,7 @@ FORKLESS_ALL = [
     "ProcessorContractError",
     "Relogin",
     "ReplyBatch",
+    "RestartPolicy",
     "ResultBatch",
     "SendFailed",
     "Sink",
