@@ -190,6 +190,22 @@ def test_the_jetstream_feed_hands_its_connection_s_events_through_a_server_resta
     assert events[1][1].reason and events[1][1].code is None  # NATS has no close code
 
 
+def test_the_documents_example_stops_quoting_while_its_feed_is_down(feed_server):
+    from tests.test_readme import run_example
+
+    async def script(conn: FeedConn) -> None:
+        if conn.index == 0:
+            await conn.close(4003)
+        else:
+            await conn.read_until_closed(timeout=60 * UNIT_S)
+
+    server = feed_server(script, impl="websockets")
+    proc = run_example("connection_events", server.url)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^up, down \(4003\), up \| quoting True, connected True since \d+ s, 2 connections$",
+                     proc.stdout, re.MULTILINE), proc.stdout
+
+
 def test_a_source_counted_connected_while_it_runs_says_so_at_its_start_and_end():
     class Once:
         name = "once"
