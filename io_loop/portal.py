@@ -99,6 +99,15 @@ class RestartPolicy:
         return Backoff(min_s=self.min_s, max_s=self.max_s, reset_s=self.reset_s, tries=self.tries)
 
 
+def _described(exc: BaseException) -> str:
+    """``Type: text`` of an exception, never raising (a user's exception whose ``str()`` raises is still named)."""
+    try:
+        text = str(exc)
+    except Exception:  # its __str__ failed: the type alone says what it was
+        text = ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class WorkerFailed(ForklessError, RuntimeError):
     """The worker raised (its exception is the ``__cause__``), or did not start or end in time."""
 
@@ -234,7 +243,7 @@ class IOPortal:
         failure = self._failure
         if failure is not None:
             self._delivered = True
-            raise WorkerFailed(f"the IO worker failed: {failure!r}") from failure
+            raise WorkerFailed(f"the IO worker failed: {_described(failure)}") from failure
         if self._broken is not None:
             raise WorkerFailed(self._broken) from None
         raise PortalClosed(self._end) from None
@@ -305,7 +314,7 @@ class IOPortal:
             return False
         if self.stopping.is_set():
             return False
-        ended = "the worker returned" if failure is None else f"the worker failed: {failure!r}"
+        ended = "the worker returned" if failure is None else f"the worker failed: {_described(failure)}"
         if policy is None or backoff is None:
             self._announce(False, ended)
             return False
@@ -337,7 +346,7 @@ class IOPortal:
             log.warning("the IO worker returned before the stop (run %d); restarting it in %.2fs (its restart "
                         "policy)", self.runs, delay)
             return
-        key = repr(failure)
+        key = _described(failure)
         first = key not in self._logged_failures and len(self._logged_failures) < MAX_LOGGED_FAILURES
         self._logged_failures.add(key)
         log.error("the IO worker failed (run %d); restarting it in %.2fs (its restart policy)%s", self.runs, delay,

@@ -431,7 +431,7 @@ def test_a_failed_worker_is_restarted_with_its_queue_ends_and_the_main_loop_is_t
     assert [e for e in seen if not isinstance(e, forkless.ConnectionEvent)] == [
         ("taken", "fail"), ("taken", "return"), ("taken", "fail")]
     assert seen.index(("taken", "return")) == 4  # in order: each run's items between its start and its end
-    assert re.fullmatch(r"the worker failed: RuntimeError\('the session broke'\); restarting in 0\.0\ds",
+    assert re.fullmatch(r"the worker failed: RuntimeError: the session broke; restarting in 0\.0\ds",
                         connection_events[1].reason)
     assert re.fullmatch(r"the worker returned; restarting in 0\.0\ds", connection_events[3].reason)
     assert caplog.text.count("Traceback") == 1  # the same failure's traceback is logged once, then one line
@@ -489,3 +489,24 @@ def test_a_restart_policy_and_its_misuse_are_checked_naming_what_is_allowed():
         RestartPolicy(tries=-1)
     with pytest.raises(TypeError, match=r"takes a forkless.RestartPolicy .* not True"):
         IOPortal(lambda a, b: None, restart=True)
+
+
+def test_a_failure_whose_text_itself_raises_is_still_named_restarted_and_raised(timeout_unit):
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no text")
+
+    async def worker(to_main, from_main):
+        await from_main.get()
+        raise Unprintable
+
+    policy = RestartPolicy(min_s=0.01, max_s=0.02, tries=2)
+    with IOPortal(worker, restart=policy, connection_events=True) as portal:
+        portal.from_main.put("go")
+        assert portal.to_main.get(timeout=10 * timeout_unit).connected
+        ended = portal.to_main.get(timeout=10 * timeout_unit)
+        assert re.fullmatch(r"the worker failed: Unprintable; restarting in 0\.0\ds", ended.reason)
+        portal.from_main.put("go")  # the second short run in a row: tries=2 used up, it fails the portal
+        with pytest.raises(WorkerFailed, match=r"^the IO worker failed: Unprintable$"):
+            while True:
+                portal.to_main.get(timeout=10 * timeout_unit)
