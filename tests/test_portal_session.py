@@ -61,7 +61,7 @@ def test_the_port_keeps_the_worker_verbatim_and_changes_the_main_loop_by_two_exc
 
 
 def test_the_classic_program_runs_on_the_portal_through_two_token_expiries(exchange):
-    proc = subprocess.run([sys.executable, str(PORTED), "--url", exchange.url, "--seconds", str(4 * UNIT_S)],
+    proc = subprocess.run([sys.executable, str(PORTED), "--url", exchange.url, "--seconds", str(5 * UNIT_S)],
                           capture_output=True, text=True, timeout=90 * UNIT_S, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     done = json.loads(proc.stdout.strip().splitlines()[-1])
