@@ -245,7 +245,8 @@ leading axis is the batch's messages (padding already cut off), in arrival order
 
 OnEvent = Callable[[str, Any], None]
 """``on_event(source, event)``: called in the main thread for each object a user source handed
-over as it is (``SourceContext.emit_event``), in order, from ``process_pending``."""
+over as it is (``SourceContext.emit_event``), in order, from ``process_pending``; with
+``Controller(connection_events=True)`` also each feed's ``ConnectionEvent``s, in order with them."""
 
 IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSide]
 """Builds the IO side; ``Controller(on_connect=..., before_connect=...)`` are bound into the default
@@ -266,13 +267,15 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
                on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
                positions: dict[str, Any] | None = None, plan: FeedPlan | None = None,
                fence: Callable[[], bool] | None = None, acknowledged: Any = None,
-               wait: WaitSettings = PARK) -> IOSide:
+               wait: WaitSettings = PARK, connection_events: bool = False) -> IOSide:
     """The real IO side; ``positions``: the replayable feeds' positions a restored checkpoint
     recorded (passed only when there are some); ``plan``: the feeds with the user's own sources (and sinks)
     (passed only when there are some); ``fence``: a partitioned instance's lease check, asked
     before each publication of replies (passed only by a partitioned instance); ``acknowledged``:
-    signalled as replies are acknowledged (io_loop/sinks/sink.py, passed where there are JetStream feeds). The
-    plan's sinks (``FeedPlan.sinks``) are handed each batch's results."""
+    signalled as replies are acknowledged (io_loop/sinks/sink.py, passed where there are JetStream feeds);
+    ``connection_events``: each feed hands over a ``ConnectionEvent`` at each change of its connection
+    (passed only when asked for: ``Controller(connection_events=True)``). The plan's sinks
+    (``FeedPlan.sinks``) are handed each batch's results."""
     render = None
     if config.metrics_addr:
         from forkless.controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
@@ -286,4 +289,5 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
                            before_connect=before_connect, fence=fence)
     result_sinks = plan.sinks if plan is not None else ()
     return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render, sources=sources,
-                    positions=positions, acknowledged=acknowledged, result_sinks=result_sinks, wait=wait)
+                    positions=positions, acknowledged=acknowledged, result_sinks=result_sinks, wait=wait,
+                    connection_events=connection_events)

@@ -110,6 +110,8 @@ class Controller:
     docs/embedding/sources.md). ``events_only=True``: the sources hand over only events, and no processor runs: nothing
     is compiled and no device state exists (controller/eventsonly.py). ``sinks``: the user's ``Sink``s, handed each
     batch's results (what ``on_results`` gets) on the IO thread (io_loop/sinks/results.py, docs/embedding/sinks.md).
+    ``connection_events=True``: ``on_event`` also gets each feed's ``ConnectionEvent`` (io_loop/crossing.py), in order
+    with its other events, when its connection comes up or goes down (docs/embedding/connection-events.md).
     """
 
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
@@ -118,8 +120,12 @@ class Controller:
                  freeze_gc: bool = False, on_connect: OnConnect | None = None,
                  before_connect: BeforeConnect | None = None, sources: Sequence[Source] = (),
                  on_event: OnEvent | None = None, checkpoint_store: CheckpointStore | None = None,
-                 events_only: bool = False, sinks: Sequence[Any] = ()) -> None:
+                 events_only: bool = False, sinks: Sequence[Any] = (), connection_events: bool = False) -> None:
         """The wiring; nothing runs and nothing is compiled until ``start()`` (see the class)."""
+        if connection_events and on_event is None:
+            raise ValueError("Controller(connection_events=True) hands each feed's ConnectionEvents to on_event: "
+                             "give on_event=... too (or leave connection_events off)")
+        self.connection_events = connection_events
         self.config = cfg = config if config is not None else Config.from_env()
         if events_only:  # before the plan: no demo feed's settings are checked when none runs
             check_events_only(cfg.checkpoint_settings(), cfg.feed_variable, processor=processor,
@@ -280,12 +286,14 @@ class Controller:
 
     def _io_arguments(self) -> dict[str, Any]:
         """What the IO side is given beside its settings, each only where there is one: the restored positions, the
-        plan (the user's sources, sinks), a partitioned instance's fence (asked before publishing), ``acknowledged``."""
+        plan (the user's sources, sinks), a partitioned instance's fence (asked before publishing), ``acknowledged``,
+        ``connection_events``."""
         positions, plan, acked = self.recovery.positions, self.plan, {"acknowledged": self.recovery.acknowledged}
         planned = {"plan": plan} if plan.sources or plan.sinks else {}
         spin = {"wait": self.handoff} if self.handoff.spins else {}  # the IO loop's selector spins (io_loop/waiting.py)
         return {**({"positions": positions} if positions else {}), **planned,
-                **(acked if self.sources else {}), **self._owner.io_arguments(), **spin}
+                **(acked if self.sources else {}), **self._owner.io_arguments(), **spin,
+                **({"connection_events": True} if self.connection_events else {})}
 
     def _close_owner(self) -> None:
         """Release a partitioned instance's leases (after the stop's checkpoint)."""

@@ -5,12 +5,14 @@ unchanged on ``IOPortal``; the ``Controller`` main loop keeps the main thread (a
 What changed from the ``multiprocessing`` program (tests/classic_program.py, the same worker):
 ``main`` starts an ``IOPortal`` instead of a process (the worker is ``DataClientWorker(...).run()``,
 the queues are the portal's), ``process.is_alive`` became ``portal.poll``, and the main loop
-catches ``PortalClosed``: the worker ended on its own (the exchange closed its session when the
-token expired) and everything it sent has been taken.
+catches ``PortalClosed`` where it takes an event and where it puts an order: the portal has ended
+and everything the worker sent has been taken. The worker returns when the exchange closes its
+session (the token expired: 4003); ``restart=RestartPolicy()`` calls it again (after a short
+backoff), so it logs in again and the session goes on through every expiry, the queues the same.
 
     python examples/portal_session.py --url http://127.0.0.1:8080 --seconds 30
 
-It prints one JSON line: orders sent, fills, trades, how the session ended.
+It prints one JSON line: orders sent, fills, trades, how the last session ended, the restarts.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ if __package__ in (None, ""):  # run as a script from a clone: the repository's 
 
 import aiohttp
 
-from forkless import IOPortal, PortalClosed
+from forkless import IOPortal, PortalClosed, RestartPolicy
 
 
 class DataClientWorker:
@@ -92,7 +94,10 @@ class Controller:
                 continue
             except PortalClosed:  # the worker ended on its own, and everything it sent is taken
                 break
-            self.handle(event)
+            try:
+                self.handle(event)
+            except PortalClosed:  # an order's put raises it too, once the portal has ended
+                break
 
     def handle(self, event):
         if event["type"] == "trade":
@@ -108,12 +113,13 @@ class Controller:
             self.closed = event["code"]
 
 
-
 def main(url, seconds):
-    with IOPortal(lambda to_queue, from_queue: DataClientWorker(to_queue, from_queue, url).run()) as portal:
+    """The main loop beside the worker, which the portal calls again each time it returns."""
+    with IOPortal(lambda to_queue, from_queue: DataClientWorker(to_queue, from_queue, url).run(),
+                  restart=RestartPolicy()) as portal:
         controller = Controller(portal.to_main, portal.from_main, portal.poll)
         controller.run(seconds)
-    return controller
+    return controller, portal.restarts
 
 
 if __name__ == "__main__":
@@ -121,5 +127,6 @@ if __name__ == "__main__":
     parser.add_argument("--url", required=True, help="the exchange, http://HOST:PORT")
     parser.add_argument("--seconds", type=float, default=30.0, help="at most this long")
     args = parser.parse_args()
-    done = main(args.url, args.seconds)
-    print(json.dumps({"orders": done.sent, "fills": done.fills, "trades": done.trades, "closed": done.closed}))
+    done, restarts = main(args.url, args.seconds)
+    print(json.dumps({"orders": done.sent, "fills": done.fills, "trades": done.trades, "closed": done.closed,
+                      "restarts": restarts}))

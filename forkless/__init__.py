@@ -70,6 +70,7 @@ _EXPORTS = {
     "ProcessorContractError": "forkless.controller.errors",
     "StoreError": "forkless.io_loop.errors",
     "ReplyBatch": "forkless.io_loop.writer",
+    "ConnectionEvent": "forkless.io_loop.crossing",
     "Source": "forkless.io_loop.source",
     "SourceContext": "forkless.io_loop.source",
     "SourceStopped": "forkless.io_loop.source",
@@ -86,6 +87,7 @@ _EXPORTS = {
     "SinkView": "forkless.controller.lifetime.sinkrun",
     "IOPortal": "forkless.io_loop.portal",
     "PortalClosed": "forkless.io_loop.portal",
+    "RestartPolicy": "forkless.io_loop.portal",
     "WorkerFailed": "forkless.io_loop.portal",
 }
 

@@ -10,6 +10,9 @@ Rules:
   importing these names from here. Nothing here imports a third-party library, so the
   controller's core can import it cheaply.
 - A ``Trace``'s stamps are each written once, by the thread at that hop (``READ`` … ``WRITTEN``).
+- ``ConnectionEvent`` is public (``forkless.ConnectionEvent``): a source's connection came up or went down,
+  handed to ``on_event`` inside an ``Events`` like any object a source emits (io_loop/source.py says when),
+  or put on an ``IOPortal``'s ``to_main`` (io_loop/portal.py).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 __all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICKED", "READ", "SAMPLE_EVERY",
-           "STEP", "TAKEN", "WRITTEN", "Chunk", "Events", "Origin", "Outgoing", "PositionUnknown", "Results", "Resume",
-           "Trace", "Unsent",
+           "STEP", "TAKEN", "WRITTEN", "Chunk", "ConnectionEvent", "Events", "Origin", "Outgoing", "PositionUnknown",
+           "Results", "Resume", "Trace", "Unsent",
            "count_unsent"]
 
 
@@ -129,6 +132,25 @@ class Events:
 
     def __len__(self) -> int:
         return 0  # no messages: the books count chunks' messages only
+
+
+@dataclass(frozen=True)
+class ConnectionEvent:
+    """A source's connection came up (``connected``) or went down, as ``on_event(source, event)`` gets it
+    with ``Controller(connection_events=True)``, in order with the source's other events and after the
+    messages it emitted before; an ``IOPortal(connection_events=True)`` puts one on ``to_main`` each
+    time its worker starts and ends. ``source``: the source's (feed's, portal's) name; ``reason``:
+    why it went down ("" when it came up); ``code``: the WebSocket close code where one was received
+    (the peer's close frame, 1006 when the connection was lost without one), else None;
+    ``connection``: the connection's id (1, 2, …; a portal's: the worker's run), 0 for a source that
+    counts none; ``at_s``: when it changed, Unix seconds (``time.time()``, as ``state_since``)."""
+
+    source: str
+    connected: bool
+    reason: str = ""
+    code: int | None = None
+    connection: int = 0
+    at_s: float = 0.0
 
 
 @dataclass

@@ -91,12 +91,15 @@ class Outbox(asyncio.Queue):
 
 
 def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDecoder, source: Source, *,
-                inbound: Any, outbox: Any, positions: Mapping[str, Any], acknowledged: Any = None) -> SourceRunner:
+                inbound: Any, outbox: Any, positions: Mapping[str, Any], acknowledged: Any = None,
+                connection_events: bool = False) -> SourceRunner:
     """The IO side of one configured feed: a ``SourceRunner`` for its ready source, handed what
-    the restored checkpoint recorded for it. The feed set calls only this."""
+    the restored checkpoint recorded for it (``connection_events``: it hands over a
+    ``ConnectionEvent`` at each change of its connection). The feed set calls only this."""
     return SourceRunner(source, settings.limits, codec, IOStats(source=capability(source, "figures")), spec,
                         timeouts=settings.timeouts, inbound=inbound, outbox=outbox, index=index,
-                        resume=positions.get(spec.name), acknowledged=acknowledged)
+                        resume=positions.get(spec.name), acknowledged=acknowledged,
+                        connection_events=connection_events)
 
 
 class FeedSet:
@@ -105,7 +108,7 @@ class FeedSet:
 
     def __init__(self, settings: IOSettings, codec: FrameDecoder, bridge: Bridge, sources: Sequence[Source], *,
                  positions: Mapping[str, Any] | None = None, acknowledged: Any = None,
-                 results: Any = None) -> None:
+                 results: Any = None, connection_events: bool = False) -> None:
         self.settings = settings
         self.bridge = bridge
         self.specs = settings.feed_specs
@@ -116,7 +119,7 @@ class FeedSet:
         self.clients: list[SourceRunner] = [
             feed_client(spec, i, settings, codec, source, inbound=bridge.inbound,
                         outbox=self.outboxes[i] if routed else bridge.outbound, positions=positions or {},
-                        acknowledged=acknowledged)
+                        acknowledged=acknowledged, connection_events=connection_events)
             for i, (spec, source) in enumerate(zip(self.specs, sources, strict=True))]
         self.lost_answers = 0  # replies to messages of given-up feeds, also counted in their stats
         self.lost_errors = 0

@@ -12,6 +12,12 @@ Rules:
   log as dropped when it failed.
 - ``MainQueue`` is the main thread's: ``queue.Queue``'s calls; once the queue has ended they
   raise what the portal says (``WorkerFailed`` or ``PortalClosed``), after the leftover.
+- A worker restarted (``IOPortal(restart=...)``) keeps its ends: what is held or queued waits for
+  the next run. A blocking ``get`` from another thread that its run left behind (an executor get
+  whose awaiting task the worker cancelled as it returned) may take an item after that run ended
+  (``run_ended``): the item is given back at the front of the queue (``PortalQueue``'s ``First``)
+  for the next run, and that get raises ``Empty``. A get on the loop from a task the worker left
+  running is the worker's: it must cancel what it started before it returns.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any, NoReturn
 import janus
 from forkless.io_loop.errors import ForklessError
 
-__all__ = ["Empty", "Full", "MainQueue", "WorkerQueue"]
+__all__ = ["Empty", "First", "Full", "MainQueue", "PortalQueue", "WorkerQueue"]
 
 log = logging.getLogger("forkless.portal")
 
@@ -38,6 +44,35 @@ class Empty(ForklessError, queue.Empty, asyncio.QueueEmpty):
 
 class Full(ForklessError, queue.Full, asyncio.QueueFull):
     """``WorkerQueue.put_nowait`` found it full: both ``queue.Full`` and ``asyncio.QueueFull``."""
+
+
+class First:
+    """An item put back at the front of a ``PortalQueue``: a finished run's get took it (module rules)."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+class PortalQueue(janus.Queue[Any]):
+    """A janus queue whose ``put`` of a ``First`` puts its item at the front (janus's extension
+    point, as its ``PriorityQueue``: ``_init``, ``_qsize``, ``_put``, ``_get``, called under its lock)."""
+
+    def _init(self, maxsize: int) -> None:
+        self._items: deque[Any] = deque()
+
+    def _qsize(self) -> int:
+        return len(self._items)
+
+    def _put(self, item: Any) -> None:
+        if type(item) is First:
+            self._items.appendleft(item.item)
+        else:
+            self._items.append(item)
+
+    def _get(self) -> Any:
+        return self._items.popleft()
 
 
 class _Sized:
@@ -138,6 +173,7 @@ class WorkerQueue(_Sized):
         self._held: deque[_Held] = deque()  # items put while full, in order (loop only)
         self._mover: asyncio.Task[None] | None = None
         self._held_logged = False
+        self._run = 0  # the worker's runs ended so far (run_ended): a get of an ended run gives back what it took
 
     def qsize(self) -> int:
         return self._q.qsize() + len(self._held)
@@ -204,10 +240,27 @@ class WorkerQueue(_Sized):
             return self.get_nowait()
         if threading.get_ident() == self._loop_thread:
             return _Get(self, timeout)
+        run = self._run
         try:
-            return self._sync.get(True, timeout)
+            item = self._sync.get(True, timeout)
         except queue.Empty:
             raise Empty from None
+        if run != self._run:  # the run that asked has ended (a restart): the item is the next run's, first
+            self._give_back(item)
+            raise Empty
+        return item
+
+    def run_ended(self) -> None:
+        """The worker's run has ended (on the loop): a blocking get it left behind gives back what it takes."""
+        self._run += 1
+
+    def _give_back(self, item: Any) -> None:
+        """Put ``item`` back at the front (another thread: this may wait for room, as a put does)."""
+        try:
+            self._sync.put(First(item))
+        except janus.SyncQueueShutDown:
+            log.error("%s: an item a finished run of the IO worker took was not given back: the portal has "
+                      "ended (dropped)", self.name)
 
     # ---- the loop's side of put and get ---------------------------------------------------------
 

@@ -46,6 +46,14 @@ Rules:
   one) says what happens to them: ``connection_opened()`` (its id is stamped on what is emitted
   from then), ``connection_closed()``, ``connect_failed(why)``, ``reconnecting(why)``; with
   ``starts_connected = False`` it is not counted as connected before its first connection.
+- Connection state changes in one place (``SourceRunner.connection_state``): the books (``connected``,
+  ``state_since``, changed only when the state does) and, where the controller asked for them
+  (``connection_events``), a ``ConnectionEvent`` (io_loop/crossing.py) handed over as ``emit_event``
+  hands an object, after what the source emitted before: each connection opened, the first loss
+  after one, and, for a source that counts as connected while ``run`` runs, its start and its end.
+  It never waits (a change is no frame to push back on; it may put the source's buffer one item
+  over its bound, and under ``drop_oldest`` it is dropped as the source's other events are), and
+  none is handed once the stop has begun (the main loop is ending; the books still change).
 - Replies a batch at a time: ``ctx.replies()`` hands out each reply batch (io_loop/writer.py's
   ``ReplyBatch``, one socket write each; ``outgoing()`` is the frame-at-a-time form); a batch not
   wholly written is handed again first, from its first unwritten frame.
@@ -71,7 +79,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from forkless.io_loop.capabilities import capability
 from forkless.io_loop.counters import IOStats
-from forkless.io_loop.crossing import Events, Origin, Outgoing
+from forkless.io_loop.crossing import ConnectionEvent, Events, Origin, Outgoing
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.emitted import Positions, check_first, checked_rows, drop_first
 from forkless.io_loop.emitted import check_position as _check_position
@@ -262,18 +270,19 @@ class SourceContext:
         the source's figures (``counts``), never as an error."""
         self._runner.stats.counts[what] += n
 
-    def set_connected(self, connected: bool, reason: str = "") -> None:
+    def set_connected(self, connected: bool, reason: str = "", *, code: int | None = None) -> None:
         """Tell the books and /readyz whether the source is connected now (it counts as
-        connected while ``run`` runs unless told otherwise); ``reason`` says why it is not."""
-        stats = self._runner.stats
+        connected while ``run`` runs unless told otherwise); ``reason`` says why it is not,
+        ``code`` the close code received, if any (both in its ``ConnectionEvent``)."""
+        runner = self._runner
+        stats = runner.stats
         if connected and not stats.connected:
             stats.connects += 1
             if stats.connects > 1:
                 stats.reconnects += 1
-        stats.connected = connected
-        stats.state_since = time.time()
         if not connected and reason:
             stats.last_error = reason
+        runner.connection_state(connected, reason, code)
 
     def count_error(self, reason: str, n: int = 1) -> None:
         """Count bad input the codec never saw (``"frame too large"``), as ``errors`` by reason."""
@@ -283,22 +292,20 @@ class SourceContext:
         """A new connection is up: counted (``connects``), shown as connected. Returns its id
         (1, 2, …), which the messages emitted from now on carry."""
         runner = self._runner
-        stats = runner.stats
         runner.connection_id += 1
         runner.handover.connection_opened(runner.connection_id)
-        stats.connects += 1
-        stats.connected = True
-        stats.state_since = time.time()
+        runner.stats.connects += 1
+        runner.connection_state(True, new=True)
         return runner.connection_id
 
-    def connection_closed(self, reason: str = "") -> None:
+    def connection_closed(self, reason: str = "", *, code: int | None = None) -> None:
         """The connection ended (however): shown as not connected; ``reason``, when given (it was
-        lost), kept as the last error."""
-        stats = self._runner.stats
-        stats.connected = False
-        stats.state_since = time.time()
+        lost), kept as the last error; ``code``: the WebSocket close code received, if any (both
+        in its ``ConnectionEvent``)."""
+        runner = self._runner
         if reason:
-            stats.last_error = reason
+            runner.stats.last_error = reason
+        runner.connection_state(False, reason, code)
 
     def connect_failed(self, reason: str) -> None:
         """An attempt to connect failed: counted (``connect_failures``), ``reason`` kept as the last error."""
@@ -339,7 +346,7 @@ class SourceRunner:
 
     def __init__(self, source: Source, limits: Limits, codec: FrameDecoder, stats: IOStats, feed: FeedSpec,
                  *, timeouts: Timeouts, inbound: Any, outbox: Any, index: int, resume: Origin | None = None,
-                 acknowledged: Any = None) -> None:
+                 acknowledged: Any = None, connection_events: bool = False) -> None:
         self.source = source
         self.limits = limits
         self.timeouts = timeouts
@@ -368,6 +375,7 @@ class SourceRunner:
         self._running: asyncio.Task | None = None  # the task of ``run`` (cancelled by a failed before_stop)
         self._stop_failed: FeedFatal | None = None  # what the source's before_stop raised, as FeedFatal
         self.ended = False  # the source's run has returned (or raised): nothing more is written for it
+        self.connection_events = connection_events  # hand a ConnectionEvent at each change (connection_state)
 
     # ---- the source's side ----------------------------------------------------------------------
 
@@ -437,6 +445,21 @@ class SourceRunner:
         handover.add(decoded, received_ns, time.monotonic_ns(), origin)
         return handover.should_flush()
 
+    def connection_state(self, connected: bool, reason: str = "", code: int | None = None, *,
+                         new: bool = False) -> None:
+        """The source is connected now, or not (``reason``, ``code``: why not): the books change only
+        when the state does, or with a ``new`` connection; then, with ``connection_events`` and
+        before the stop, its ``ConnectionEvent`` goes after what it emitted before (the module rules)."""
+        stats = self.stats
+        if stats.connected == connected and not new:
+            return
+        stats.connected = connected
+        stats.state_since = now = time.time()
+        if self.connection_events and not self.stopping_now:
+            event = ConnectionEvent(self.feed.name, connected, "" if connected else reason or "closed",
+                                    None if code is None else int(code), self.connection_id, now)  # not an IntEnum
+            self.take_event(event)  # never awaited: the next emit waits if this put the buffer over its bound
+
     def take_event(self, event: Any) -> bool:
         """One event handed over after the rows emitted before it (the source's own buffer keeps
         the order); True when the emit must wait for room (``Handover.hand_event``)."""
@@ -446,31 +469,33 @@ class SourceRunner:
     # ---- the IO thread's side (io_loop/feeds.py) ------------------------------------------------
 
     async def run(self) -> None:
-        stats = self.stats
         if capability(self.source, "starts_connected"):
-            stats.connected = True
-            stats.connects += 1
-            stats.state_since = time.time()
+            self.stats.connects += 1
+            self.connection_state(True)
         self._running = running = asyncio.current_task()
+        ended = "the source ended"  # why it is no longer connected (its ConnectionEvent's reason)
         try:  # its own task: a source that swallows its cancellation is given up after a grace (loopthread.py)
             await cancel_bounded(self.source.run(self.ctx), name=f"forkless-source-{self.feed.name}-run",
                                  what=f"source {self.feed.name!r}")
+            ended = "the source's run returned"
         except (asyncio.CancelledError, SourceStopped):
             if self._stop_failed is not None:
                 raise self._stop_failed from self._stop_failed.__cause__
             # the stop's own end of the source is an end; this task cancelled (an abort) is not: it goes on
             if not self.stopping_now or (running is not None and running.cancelling()):
                 raise
-        except ForklessError:  # FeedFatal, PositionLost: said already, as they are
+        except ForklessError as exc:  # FeedFatal, PositionLost: said already, as they are
+            ended = f"the source gave up: {exc}"
             raise
         except BaseException as exc:  # SystemExit, KeyboardInterrupt, a BaseException of its own: a failure too
             if isinstance(exc, GeneratorExit):  # the coroutine is being closed, not failed
                 raise
-            raise self._failed(exc, "") from exc
+            failed = self._failed(exc, "")
+            ended = str(failed)
+            raise failed from exc
         finally:
             self.ended = True
-            stats.connected = False
-            stats.state_since = time.time()
+            self.connection_state(False, ended)
         try:
             if self._stop_failed is None:
                 await self.out.drain_after_end()

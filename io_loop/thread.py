@@ -9,18 +9,18 @@ Rules:
   its sync sides once they exist.
 - Anything that ends the loop with an exception is kept in ``failure``; the main thread
   calls ``raise_if_failed()`` at least every 100 ms, so it is never swallowed.
-- The seam: the thread is given what it needs as constructor arguments (its ``IOSettings``:
-  with the feed set it is the IO side's composition root, handing each feed's runner only
-  the settings groups it reads, io_loop/feeds.py's ``feed_client``;
-  the codec's decoding half, its ``IOStats`` to write, ``stats_snapshot``, the controller's
-  whole-process snapshot for the health endpoints, ``render_metrics``, the ``/metrics``
-  body, ``sources``, every feed's source ready made, one per ``settings.feed_specs``, by the
-  composition root (controller/ioside.py's ``feed_sources``: the hooks and a partitioned feed's lease
-  fence are theirs, never this thread's), ``positions``, where the restored checkpoint left each
-  replayable feed); the main thread learns
-  about this side only through ``snapshot()`` (queue depths, unsent
-  frames, copied counters), ``cpu_seconds()`` (this thread's CPU clock, which the main thread
-  reads around each step: how much of this side's work overlaps the steps) and the bridge's queues.
+- The seam: the thread is given what it needs as constructor arguments (its ``IOSettings``: with the
+  feed set it is the IO side's composition root, handing each feed's runner only the settings groups
+  it reads, io_loop/feeds.py's ``feed_client``; the codec's decoding half, its ``IOStats`` to write,
+  ``connection_events`` (each feed hands the main thread a ``ConnectionEvent`` at each change of its
+  connection: io_loop/source.py), ``stats_snapshot``, the controller's whole-process snapshot for the
+  health endpoints, ``render_metrics``, the ``/metrics`` body, ``sources``, every feed's source ready
+  made, one per ``settings.feed_specs``, by the composition root (controller/ioside.py's ``feed_sources``:
+  the hooks and a partitioned feed's lease fence are theirs, never this thread's), ``positions``,
+  where the restored checkpoint left each replayable feed); the main thread learns about this side
+  only through ``snapshot()`` (queue depths, unsent frames, copied counters), ``cpu_seconds()`` (this
+  thread's CPU clock, which the main thread reads around each step: how much of this side's work
+  overlaps the steps) and the bridge's queues.
 - No process is started and nothing forks: the demo feed and the metrics server run as
   tasks on this same loop.
 - A ``sink`` (io_loop/sinks/sink.py's public ``Sink``: the relay's publisher, io_loop/relay/publisher.py, or a
@@ -77,8 +77,8 @@ class IOThread:
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
                  sources: Sequence[Source], positions: Mapping[str, Origin] | None = None,
                  sink: Sink | SinkRunner | None = None, acknowledged: Acknowledged | None = None,
-                 result_sinks: Sequence[Sink] = (), name: str = "forkless-io",
-                 wait: WaitSettings = PARK) -> None:
+                 result_sinks: Sequence[Sink] = (), connection_events: bool = False,
+                 name: str = "forkless-io", wait: WaitSettings = PARK) -> None:
         if len(sources) != len(settings.feed_specs):
             raise ValueError(f"IOThread needs one source per feed: {len(settings.feed_specs)} feeds, "
                              f"{len(sources)} sources (controller/ioside.py's feed_sources makes them)")
@@ -88,6 +88,7 @@ class IOThread:
         # a controller's sinks of results (their queues hold as many batches as outbound does)
         self.results = ResultSinks(result_sinks, names, settings.limits.queue_size) if result_sinks else None
         self.acknowledged = acknowledged
+        self.connection_events = connection_events  # each feed hands its ConnectionEvents over (io_loop/source.py)
         self._sources = list(sources)  # every feed's source, ready made (controller/ioside.py's feed_sources)
         self.positions = dict(positions or {})  # JetStream feeds' restored positions, by feed name
         self.codec = codec
@@ -217,7 +218,8 @@ class IOThread:
         metrics = None
         try:
             self._feeds = FeedSet(cfg, self.codec, bridge, self._sources, positions=self.positions,
-                                  acknowledged=self.acknowledged, results=self.results)
+                                  acknowledged=self.acknowledged, results=self.results,
+                                  connection_events=self.connection_events)
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
             if cfg.metrics_addr:

@@ -13,6 +13,7 @@ import gc
 import json
 import multiprocessing
 import queue
+import re
 import signal
 import sys
 import threading
@@ -22,9 +23,10 @@ import traceback
 import aiohttp
 import forkless.io_loop.portal
 import pytest
-from forkless.io_loop.portal import IOPortal, PortalClosed, WorkerFailed
+from forkless.io_loop.portal import IOPortal, PortalClosed, RestartPolicy, WorkerFailed
 
 import forkless
+from tests.harness import wait_until
 from tests.servers import send_frames
 
 
@@ -388,3 +390,123 @@ def test_a_worker_that_returns_hands_over_what_its_put_still_held_then_portal_cl
         assert [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(5)] == [0, 1, 2, 3, 4]
         with pytest.raises(PortalClosed, match=r"returned before the stop .* Catch PortalClosed"):
             portal.to_main.get(timeout=10 * timeout_unit)
+
+
+# ---- start(), and a restart policy (issue 54 item 12; issue 55 item 4) -------------------------
+
+
+def test_a_worker_that_fails_after_its_first_await_never_fails_start_its_failure_comes_from_the_next_call(
+        timeout_unit):
+    async def unreachable_exchange(to_main, from_main):
+        await asyncio.sleep(0)  # its first step is done: start() has returned, or is returning
+        raise ConnectionRefusedError("the exchange is down")
+
+    for _ in range(10):  # the failure races start()'s return: it must lose every time
+        portal = IOPortal(unreachable_exchange, stop_timeout_s=5 * timeout_unit)
+        assert portal.start() is portal
+        with pytest.raises(WorkerFailed) as caught:
+            portal.to_main.get(timeout=10 * timeout_unit)
+        assert isinstance(caught.value.__cause__, ConnectionRefusedError)
+        portal.stop()  # the failure was raised once: the stop does not raise it again
+
+
+def test_a_failed_worker_is_restarted_with_its_queue_ends_and_the_main_loop_is_told(timeout_unit, caplog):
+    async def worker(to_main, from_main):
+        order = await from_main.get()
+        to_main.put(("taken", order))
+        if order == "fail":
+            raise RuntimeError("the session broke")
+        # returns: a restart too
+
+    policy = forkless.RestartPolicy(min_s=0.01, max_s=0.02)
+    with IOPortal(worker, restart=policy, connection_events=True, name="orders") as portal:
+        for order in ("fail", "return", "fail"):
+            portal.from_main.put(order)  # taken by whichever run is up: the ends are the same
+        seen = [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(3 * 3 + 1)]
+        assert portal.poll() and portal.restarts == 3
+    connection_events = [e for e in seen if isinstance(e, forkless.ConnectionEvent)]
+    assert [(e.source, e.connected, e.connection) for e in connection_events] == [
+        ("orders", True, 1), ("orders", False, 1), ("orders", True, 2), ("orders", False, 2), ("orders", True, 3),
+        ("orders", False, 3), ("orders", True, 4)]
+    assert [e for e in seen if not isinstance(e, forkless.ConnectionEvent)] == [
+        ("taken", "fail"), ("taken", "return"), ("taken", "fail")]
+    assert seen.index(("taken", "return")) == 4  # in order: each run's items between its start and its end
+    assert re.fullmatch(r"the worker failed: RuntimeError: the session broke; restarting in 0\.0\ds",
+                        connection_events[1].reason)
+    assert re.fullmatch(r"the worker returned; restarting in 0\.0\ds", connection_events[3].reason)
+    assert caplog.text.count("Traceback") == 1  # the same failure's traceback is logged once, then one line
+
+
+def test_an_executor_get_a_finished_run_left_blocked_gives_what_it_takes_to_the_next_run(timeout_unit):
+    async def classic(to_main, from_main):  # as the classic worker's sender: cancelled while its get blocks
+        loop = asyncio.get_running_loop()
+        getter = asyncio.ensure_future(loop.run_in_executor(None, from_main.get, True, 30 * timeout_unit))
+        if to_main.qsize():  # the first run: it returns at once, its executor get still blocked
+            getter.cancel()
+            return
+        to_main.put(("second run took", await getter))
+
+    async def worker(to_main, from_main):
+        if not getattr(worker, "ran", False):
+            worker.ran = True
+            to_main.put("first run")
+        await classic(to_main, from_main)
+
+    with IOPortal(worker, restart=forkless.RestartPolicy(min_s=0.01, max_s=0.02)) as portal:
+        assert portal.to_main.get(timeout=10 * timeout_unit) == "first run"
+        wait_until(lambda: portal.restarts == 1, timeout_s=10 * timeout_unit, what="the restart")
+        portal.from_main.put("order 1")  # the first run's orphaned get takes it, and gives it back
+        assert portal.to_main.get(timeout=10 * timeout_unit) == ("second run took", "order 1")
+
+
+def test_a_worker_whose_tries_are_used_up_ends_the_portal_as_without_a_policy(timeout_unit):
+    async def short_worker(to_main, from_main):
+        to_main.put("ran")
+
+    with IOPortal(short_worker, restart=forkless.RestartPolicy(min_s=0.01, max_s=0.02, tries=3)) as portal:
+        assert [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(3)] == ["ran"] * 3
+        with pytest.raises(PortalClosed, match=r"tries=3 short runs in a row are used up"):
+            portal.to_main.get(timeout=10 * timeout_unit)
+        assert not portal.poll() and portal.restarts == 2
+        with pytest.raises(PortalClosed):  # the order put after the end raises too: catch it around puts
+            portal.from_main.put("order")
+
+
+def test_a_worker_that_fails_before_its_first_await_fails_start_even_with_a_restart_policy():
+    def not_a_worker(to_main):
+        raise AssertionError("never called with one argument")
+
+    with pytest.raises(WorkerFailed) as caught:
+        IOPortal(not_a_worker, restart=forkless.RestartPolicy()).start()
+    assert isinstance(caught.value.__cause__, TypeError)
+
+
+def test_a_restart_policy_and_its_misuse_are_checked_naming_what_is_allowed():
+    assert forkless.RestartPolicy is RestartPolicy
+    with pytest.raises(ValueError, match=r"0 < min_s <= max_s.*min_s=1.0, max_s=0.5"):
+        RestartPolicy(min_s=1.0, max_s=0.5)
+    with pytest.raises(ValueError, match=r"tries >= 0.*tries=-1"):
+        RestartPolicy(tries=-1)
+    with pytest.raises(TypeError, match=r"takes a forkless.RestartPolicy .* not True"):
+        IOPortal(lambda a, b: None, restart=True)
+
+
+def test_a_failure_whose_text_itself_raises_is_still_named_restarted_and_raised(timeout_unit):
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no text")
+
+    async def worker(to_main, from_main):
+        await from_main.get()
+        raise Unprintable
+
+    policy = RestartPolicy(min_s=0.01, max_s=0.02, tries=2)
+    with IOPortal(worker, restart=policy, connection_events=True) as portal:
+        portal.from_main.put("go")
+        assert portal.to_main.get(timeout=10 * timeout_unit).connected
+        ended = portal.to_main.get(timeout=10 * timeout_unit)
+        assert re.fullmatch(r"the worker failed: Unprintable; restarting in 0\.0\ds", ended.reason)
+        portal.from_main.put("go")  # the second short run in a row: tries=2 used up, it fails the portal
+        with pytest.raises(WorkerFailed, match=r"^the IO worker failed: Unprintable$"):
+            while True:
+                portal.to_main.get(timeout=10 * timeout_unit)

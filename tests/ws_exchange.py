@@ -12,6 +12,9 @@ which expire, a subscription, the exchange's JSON heartbeat, trades, and orders 
   with ``expire_after_orders=n`` every token expires right after the n-th order's fill; with
   ``hold_fills=True`` the fills wait until ``release_fills()`` (never, if it is not called).
 
+``kill()`` is the exchange dying: every connection dropped without a close frame (the client
+sees 1006) and nothing listening; ``revive()`` listens again on the same port.
+
 Records, written on the server's loop under ``_lock`` and copied by ``figures()``: ``logins``,
 ``refused`` (401s), ``sessions`` (close code of each, None while open), ``orders`` (every
 client_order_id received, in order, repeats kept), ``pongs``, ``violations``.
@@ -56,18 +59,27 @@ class WsExchange:
         self._figures: dict[str, Any] = {"logins": 0, "refused": 0, "sessions": [], "orders": [], "pongs": 0,
                                          "violations": []}
         self.url = ""
+        self.port = 0
 
     def start(self) -> str:
         """Serve on a free port of 127.0.0.1; the base URL, ``http://127.0.0.1:PORT``."""
         self._thread.start()
-        port = self._thread.call(self._serve(), 10.0)
-        self.url = f"http://127.0.0.1:{port}"
+        self.port = self._thread.call(self._serve(), 10.0)
+        self.url = f"http://127.0.0.1:{self.port}"
         return self.url
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self._thread.call(self._close(), 10.0)
         self._thread.stop()
+
+    def kill(self) -> None:
+        """The exchange dies: every connection dropped without a close frame, and nothing listens."""
+        self._thread.call(self._kill(), 10.0)
+
+    def revive(self) -> None:
+        """The exchange is back, on the same port (``kill()`` first)."""
+        self._thread.call(self._serve(self.port), 10.0)
 
     def expire_all(self) -> None:
         """Every token issued so far expires now: their sessions close with 4003, their handshakes get 401."""
@@ -91,10 +103,16 @@ class WsExchange:
 
     # ---- the server's loop ------------------------------------------------------------------------
 
-    async def _serve(self) -> int:
-        self._server = await serve(self._session, "127.0.0.1", 0, process_request=self._http, ping_interval=None,
+    async def _serve(self, port: int = 0) -> int:
+        self._server = await serve(self._session, "127.0.0.1", port, process_request=self._http, ping_interval=None,
                                    close_timeout=1.0)
         return self._server.sockets[0].getsockname()[1]
+
+    async def _kill(self) -> None:
+        for connection in list(self._server.connections):
+            connection.transport.abort()  # no close frame, no closing handshake: as a process killed
+        self._server.close(close_connections=False)
+        await self._server.wait_closed()
 
     async def _close(self) -> None:
         self._server.close()

@@ -90,6 +90,7 @@ class Outcome(enum.Enum):
 class End:
     outcome: Outcome
     reason: str = ""
+    code: int | None = None  # the close code the connection ended with, where one is known (its ConnectionEvent's)
 
 
 async def pause_before_reconnect(delay: float, ended: Callable[[], bool]) -> None:
@@ -330,7 +331,7 @@ class WebSocketSource(SourceCapabilities):
                     await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
             except TimeoutError:
                 log.warning("connection %d dropped without a closing handshake", conn, extra={"connection": conn})
-        ctx.connection_closed("" if end.outcome is Outcome.CLOSED else end.reason)
+        ctx.connection_closed("" if end.outcome is Outcome.CLOSED else end.reason, code=end.code)
 
     async def _close_after_drain(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
         """Close with 1000 and wait (bounded) for the server's close before dropping TCP: True when it came.
@@ -387,9 +388,9 @@ class WebSocketSource(SourceCapabilities):
                     self._ctx.count_error("frame too large")
                     return End(Outcome.LOST, f"frame larger than FORKLESS_MAX_MSG_BYTES "
                                              f"({self.max_msg_bytes}), closed with 1009")
-                return End(Outcome.LOST, f"connection error: {exc.__class__.__name__}: {short(exc)}")
+                return End(Outcome.LOST, f"connection error: {exc.__class__.__name__}: {short(exc)}", ws.close_code)
             elif kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
-                return End(Outcome.LOST, f"closed by the server (code {ws.close_code})")
+                return End(Outcome.LOST, f"closed by the server (code {ws.close_code})", ws.close_code)
 
     async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> End:
         """Each reply batch in one socket write (the cork), until the main thread's last one."""

@@ -18,7 +18,8 @@ Rules:
 - A frame written to a connection that then ended may not have been read by the peer: a resend
   covers only writes that raised (an exchange's ``client_order_id`` makes a resend safe).
 - With a ``ctx`` (a ``SourceContext``) the source's books count it as the built-in feeds are
-  counted (``connection_opened``/``closed``, ``connect_failed``, ``reconnecting``, and ``counts``:
+  counted (``connection_opened``/``closed``, with the connection's ``close_code`` where it has one:
+  its ``ConnectionEvent``'s, io_loop/source.py; ``connect_failed``, ``reconnecting``, and ``counts``:
   "sends held while not connected", "sends resent", "sends failed"); give the source
   ``starts_connected = False``. Failures are logged (``forkless.relogin``) once per distinct
   reason, URLs without query or credentials (tokens live there); calls of ``connect`` are bounded
@@ -196,13 +197,13 @@ class Relogin:
             self._conn = None
             self._state_changed()
             await self._close(conn)  # also when cancelled (the end of the async with)
-        self._lost(f"the connection ended: {reason}", opened=True)
+        self._lost(f"the connection ended: {reason}", opened=True, code=getattr(conn, "close_code", None))
         return reason
 
-    def _lost(self, reason: str, *, opened: bool) -> None:
+    def _lost(self, reason: str, *, opened: bool, code: int | None = None) -> None:
         if self._ctx is not None:
-            if opened:
-                self._ctx.connection_closed(reason)
+            if opened:  # the close code where the connection has one (aiohttp's and websockets' have)
+                self._ctx.connection_closed(reason, code=code if isinstance(code, int) else None)
                 self._ctx.reconnecting()
             else:
                 self._ctx.connect_failed(reason)
