@@ -8,20 +8,23 @@ work soon does not go to sleep; one that expects none parks.
 
 Rules:
 - ``HANDOFFS``: ``park`` sleeps until woken (the loop in ``epoll``, the main thread on a condition);
-  ``spin`` keeps the side that expects work awake: the IO loop while a step is in flight (its results
-  will land on *outbound*), the main thread for a bounded while after a batch (the next is likely near).
-  ``auto`` is resolved once, by the main thread, from the platform: ``spin`` on an accelerator, ``park``
-  on the CPU (``resolve_handoff``).
-- Nothing holds the GIL while it waits: a spinning thread naps (``time.sleep(nap_s)``, which releases
-  the GIL) between looks, never a bare loop. A thread that released and took the GIL back at once would
-  starve the other of it (CPython's GIL hands over only after the switch interval to a waiter that keeps
-  losing the race); a nap of tens of µs leaves the waiter the GIL.
-- ``Expecting`` is the one record the two threads share for this: ``steps`` is written by the main
-  thread only (steps in flight: results are coming), ``spinning`` by the IO thread only (its selector is
-  looking at *outbound* by itself: a put need not wake it). Each is read, never written, by the other.
-- ``SpinningSelector`` is the IO loop's selector. While ``steps`` is above 0 its ``select`` does not
-  block: it looks at the sockets (``select(0)``) and at *outbound* (``poll``) between naps, and returns as
-  soon as either has something, or the loop's own timeout is due. Once no step is in flight it looks at
+  ``spin`` keeps the IO loop awake while a step is in flight and ``linger_s`` after the last one ended
+  (its results will land on *outbound*; the next message is likely near). ``auto`` is resolved once,
+  by the main thread, from the platform: ``spin`` on an accelerator, ``park`` on the CPU
+  (``resolve_handoff``).
+- One thread spins at a time: meanwhile the main thread blocks on the running step (controller/queues.py),
+  which releases the GIL. Two spinning threads took the GIL from each other (measured on the TPU:
+  bench/out-tpu/2026-12-06-handoff).
+- Nothing holds the GIL while it waits: between looks a spinning thread ``pause``s, yielding its core
+  (``os.sched_yield``) or napping (``time.sleep``), both with the GIL released; never a bare loop. On
+  the lent TPU host a nap of even 20 µs wakes as late as a park (0.3-0.6 ms), a yield at once.
+- ``Expecting`` is the one record the two threads share for this: ``steps`` and ``until`` are written
+  by the main thread only (steps in flight; when the last one ended, plus the linger), ``spinning`` by
+  the IO thread only (its selector is looking at *outbound* by itself: a put need not wake it). Each is
+  read, never written, by the other.
+- ``SpinningSelector`` is the IO loop's selector. While work is imminent its ``select`` does not
+  block: it looks at the sockets (``select(0)``) and at *outbound* (``poll``) between pauses, and
+  returns as soon as either has something, or the loop's own timeout is due. Then it looks at
   *outbound* once more (a put made while ``spinning`` was set did not wake the loop) and parks as the
   default selector does.
 """

@@ -138,9 +138,10 @@ def test_three_steps_in_flight_answer_a_long_mixed_feed_exactly_as_one_at_a_time
     assert (saved.processed, saved.names) == (one[3].processed, one[3].names)
 
 
-def test_the_stop_with_three_steps_in_flight_answers_every_one_of_them() -> None:
+@pytest.mark.parametrize("handoff", ["park", "spin"])
+def test_the_stop_with_three_steps_in_flight_answers_every_one_of_them(handoff: str) -> None:
     fake = FakeIO()
-    ctl = Controller(_config(3), processor=TOTALS, io_factory=fake)
+    ctl = Controller(_config(3, handoff=handoff), processor=TOTALS, io_factory=fake)
     ctl.start()
     _never_seen_done(ctl)
     sent = [chunk([i], [f"s{i % 4}"], [[1.0, 0.0]]) for i in range(12)]

@@ -238,8 +238,8 @@ def test_messages_still_queued_inbound_at_the_stop_deadline_are_counted_as_not_p
     assert ctl.stats().dropped == {"outbound full at stop": 3, "not processed before the stop": 2}
 
 
-@pytest.mark.parametrize("in_flight", [1, 3])
-def test_a_stop_requested_inside_run_s_backlog_ends_the_work_at_its_deadline_not_after_the_backlog(in_flight):
+@pytest.mark.parametrize(("in_flight", "handoff"), [(1, "park"), (3, "park"), (3, "spin")])
+def test_a_stop_requested_inside_run_s_backlog_ends_the_work_at_its_deadline_not_after_the_backlog(in_flight, handoff):
     """run() is inside one call working through a deep backlog when the stop is requested (by the first
     batch's on_results, which then outlasts the stop's work deadline): the work on the backlog ends
     there, not once the backlog is done, and what it never reached is counted, not lost."""
@@ -247,8 +247,8 @@ def test_a_stop_requested_inside_run_s_backlog_ends_the_work_at_its_deadline_not
     fake = FakeIO()
     for i in range(n):  # one message a batch (max_wait_ms=0): 60 batches queued before the call
         fake.inbound.put_nowait(chunk([i], [f"s{i % 4}"]))
-    ctl = Controller(CONFIG.replace(shutdown_timeout_s=timeout_s, steps_in_flight=in_flight), processor=PROCESSOR,
-                     io_factory=fake)
+    ctl = Controller(CONFIG.replace(shutdown_timeout_s=timeout_s, steps_in_flight=in_flight, handoff=handoff),
+                     processor=PROCESSOR, io_factory=fake)
     handed: list[int] = []
 
     def on_results(seq, stream, outputs):

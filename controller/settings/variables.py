@@ -141,10 +141,10 @@ VARIABLES: tuple[Variable, ...] = (
              " checkpoints and replays unchanged; docs/performance.md). 1: one step at a time; auto: 1 on the CPU,"
              " 2 on an accelerator"),
     Variable("HANDOFF", "handoff", choice("auto", "park", "spin"), "auto, park or spin",
-             "how each thread waits for the other: park sleeps until woken; spin keeps the side that expects"
-             " work awake, napping ~20 µs between looks (the IO loop while a step is in flight, the main thread"
-             " for 2 ms after a batch), at some CPU (docs/performance.md); auto: spin on an accelerator, park"
-             " on the CPU"),
+             "how the threads wait for each other: park sleeps until woken; spin keeps the IO loop awake"
+             " while a step is in flight and 2 ms after (it yields its core between looks, the GIL released;"
+             " the main thread blocks on the step meanwhile): replies are taken without waking a sleeping"
+             " loop, for a busy core (docs/performance.md); auto: spin on an accelerator, park on the CPU"),
     Variable("QUEUE_SIZE", "queue_size", integer(1, 1_000_000), "an integer from 1 to 1000000",
              "bound of each queue: inbound chunks (frames read together, at most MAX_BATCH messages"
              " or one frame), outbound batches"),
