@@ -218,15 +218,17 @@ def with_hooks(io_factory: IOFactory, *, on_connect: OnConnect | None,
 def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
                on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
                positions: dict[str, Any] | None = None, plan: FeedPlan | None = None,
-               fence: Callable[[], bool] | None = None, acknowledged: Any = None) -> IOSide:
+               fence: Callable[[], bool] | None = None, acknowledged: Any = None, metrics: Any = None) -> IOSide:
     """The real IO side; ``positions``: the replayable feeds' positions a restored checkpoint
     recorded (passed only when there are some); ``plan``: the feeds with the user's own sources (and sinks)
     (passed only when there are some); ``fence``: a partitioned instance's lease check, asked
     before each publication of replies (passed only by a partitioned instance); ``acknowledged``:
-    signalled as replies are acknowledged (io_loop/sinks/sink.py, passed where there are JetStream feeds). The
-    plan's sinks (``FeedPlan.sinks``) are handed each batch's results."""
+    signalled as replies are acknowledged (io_loop/sinks/sink.py, passed where there are JetStream feeds);
+    ``metrics``: the metrics server the controller bound and served while it started, for the IO thread
+    to serve from now on (controller/lifetime/endpoints.py, passed where ``FORKLESS_METRICS_ADDR`` is set).
+    The plan's sinks (``FeedPlan.sinks``) are handed each batch's results."""
     render = None
-    if config.metrics_addr:
+    if config.metrics_addr and metrics is None:
         from forkless.controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
 
         render = exposition(snapshot)
@@ -238,4 +240,4 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
                            before_connect=before_connect, fence=fence)
     result_sinks = plan.sinks if plan is not None else ()
     return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render, sources=sources,
-                    positions=positions, acknowledged=acknowledged, result_sinks=result_sinks)
+                    positions=positions, acknowledged=acknowledged, result_sinks=result_sinks, metrics=metrics)
