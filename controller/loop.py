@@ -213,8 +213,10 @@ class Controller:
         except StopRequested as stopped:  # its message names what the stop interrupted
             log.info("stop requested during %s: not starting", stopped)
             self._life.end(FAILED)
+            self._enter("stopped")
         except BaseException:
             self._life.end(FAILED)
+            self._enter("stopped")
             raise
 
     def _take(self, life: Lifetime) -> None:
@@ -437,7 +439,8 @@ class Controller:
             self._reported = self.stats()
             first = serve(self._serve_turn, self.stats, self._print, self._stop_requested,
                           duration_s=cfg.duration_s, status_s=cfg.status_s, poll_s=POLL_S)
-            self._enter("stopping")
+            if self._running:  # else the start was stopped or failed: nothing runs to stop
+                self._enter("stopping")
             self.stop()
             final = self.stats()
             if cfg.status_s > 0:

@@ -156,10 +156,11 @@ def test_the_installed_program_is_the_installed_package_not_the_checkout(install
 def test_the_installed_program_answers_the_images_healthcheck_and_stops_in_order(installed: Path,
                                                                                   tmp_path: Path) -> None:
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
-    env.update({**{k: v for k, v in _env().items() if k.startswith("FORKLESS_")}, "JAX_PLATFORMS": "cpu",
-                "FORKLESS_METRICS_ADDR": f"127.0.0.1:{port}", "FORKLESS_STATUS_S": "0",
-                "JAX_COMPILATION_CACHE_DIR": harness.SHARED_JAX_CACHE or str(tmp_path / "jax-cache")})
+    # the image's settings, on a free port; the session's compilation cache with its lock (harness.app_env), as
+    # every app the suite starts: a cache written without the lock broke another process's read of it
+    env = harness.app_env({**{k: v for k, v in _env().items() if k.startswith("FORKLESS_")},
+                           "FORKLESS_METRICS_ADDR": f"127.0.0.1:{port}", "FORKLESS_STATUS_S": "0"})
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax-cache"))
     check = _healthcheck_command(installed)
     assert subprocess.run(check, env=env, capture_output=True, timeout=WAIT_S).returncode == 1  # nothing serves yet
     log = tmp_path / "stderr"
