@@ -267,17 +267,19 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
                on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
                positions: dict[str, Any] | None = None, plan: FeedPlan | None = None,
                fence: Callable[[], bool] | None = None, acknowledged: Any = None,
-               wait: WaitSettings = PARK, connection_events: bool = False) -> IOSide:
+               wait: WaitSettings = PARK, connection_events: bool = False, metrics: Any = None) -> IOSide:
     """The real IO side; ``positions``: the replayable feeds' positions a restored checkpoint
     recorded (passed only when there are some); ``plan``: the feeds with the user's own sources (and sinks)
     (passed only when there are some); ``fence``: a partitioned instance's lease check, asked
     before each publication of replies (passed only by a partitioned instance); ``acknowledged``:
     signalled as replies are acknowledged (io_loop/sinks/sink.py, passed where there are JetStream feeds);
     ``connection_events``: each feed hands over a ``ConnectionEvent`` at each change of its connection
-    (passed only when asked for: ``Controller(connection_events=True)``). The plan's sinks
-    (``FeedPlan.sinks``) are handed each batch's results."""
+    (passed only when asked for: ``Controller(connection_events=True)``). ``metrics``: the metrics server
+    the controller bound and served while it started, for the IO thread to serve from now on
+    (controller/lifetime/endpoints.py, passed where ``FORKLESS_METRICS_ADDR`` is set).
+    The plan's sinks (``FeedPlan.sinks``) are handed each batch's results."""
     render = None
-    if config.metrics_addr:
+    if config.metrics_addr and metrics is None:
         from forkless.controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
 
         render = exposition(snapshot)
@@ -290,4 +292,4 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
     result_sinks = plan.sinks if plan is not None else ()
     return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render, sources=sources,
                     positions=positions, acknowledged=acknowledged, result_sinks=result_sinks, wait=wait,
-                    connection_events=connection_events)
+                    connection_events=connection_events, metrics=metrics)

@@ -52,8 +52,10 @@ from forkless.controller.engine import Engine, compile_step
 from forkless.controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
 from forkless.controller.inflight import InFlight
 from forkless.controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnResults, feed_plan, io_thread, with_hooks
+from forkless.controller.lifetime.endpoints import Endpoints, NoEndpoints, open_endpoints
 from forkless.controller.lifetime.host import ProcessSettings, StopSignals
 from forkless.controller.lifetime.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
+from forkless.controller.lifetime.sdnotify import NoServiceManager, ServiceManager, service_manager
 from forkless.controller.lifetime.serving import serve
 from forkless.controller.partitions.partitioned import NoPartitions, PartitionOwner, partitioned_feed
 from forkless.controller.processor import Processor, StateShape, default_processor
@@ -112,6 +114,10 @@ class Controller:
     batch's results (what ``on_results`` gets) on the IO thread (io_loop/sinks/results.py, docs/embedding/sinks.md).
     ``connection_events=True``: ``on_event`` also gets each feed's ``ConnectionEvent`` (io_loop/crossing.py), in order
     with its other events, when its connection comes up or goes down (docs/embedding/connection-events.md).
+
+    ``notify_systemd=True``: ``run()`` tells systemd (a ``Type=notify`` unit's ``NOTIFY_SOCKET``) when it is
+    ready, that its loops turn (``WatchdogSec=``) and when it stops (controller/lifetime/sdnotify.py); the
+    ``forkless`` program asks for it.
     """
 
     def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
@@ -120,7 +126,8 @@ class Controller:
                  freeze_gc: bool = False, on_connect: OnConnect | None = None,
                  before_connect: BeforeConnect | None = None, sources: Sequence[Source] = (),
                  on_event: OnEvent | None = None, checkpoint_store: CheckpointStore | None = None,
-                 events_only: bool = False, sinks: Sequence[Any] = (), connection_events: bool = False) -> None:
+                 events_only: bool = False, sinks: Sequence[Any] = (), connection_events: bool = False,
+                 notify_systemd: bool = False) -> None:
         """The wiring; nothing runs and nothing is compiled until ``start()`` (see the class)."""
         if connection_events and on_event is None:
             raise ValueError("Controller(connection_events=True) hands each feed's ConnectionEvents to on_event: "
@@ -175,6 +182,11 @@ class Controller:
         self._aborting = False  # a second SIGINT: run() raises KeyboardInterrupt
         self._host = ProcessSettings(switch_interval_s=None if events_only else SWITCH_INTERVAL_S, freeze_gc=freeze_gc)
         self._signals = StopSignals(self._on_signal)
+        self._report_wanted = threading.Event()  # SIGUSR1: run()'s loop reports the run so far
+        self._reported: StatsSnapshot | None = None  # the snapshot of the last report (or of the serving's start)
+        # the endpoints from the first second of start() (bound there), and systemd told where the run is (run())
+        self._endpoints: Endpoints | NoEndpoints = NoEndpoints()
+        self._service: ServiceManager | NoServiceManager = service_manager() if notify_systemd else NoServiceManager()
         # what start() takes, given back once, in reverse, by stop(), a failed start or run()'s end
         self._life = Lifetime(self._deadline)
 
@@ -216,8 +228,10 @@ class Controller:
         except StopRequested as stopped:  # its message names what the stop interrupted
             log.info("stop requested during %s: not starting", stopped)
             self._life.end(FAILED)
+            self._enter("stopped")
         except BaseException:
             self._life.end(FAILED)
+            self._enter("stopped")
             raise
 
     def _take(self, life: Lifetime) -> None:
@@ -226,6 +240,9 @@ class Controller:
         released, the host's process settings restored (controller/lifetime/lifecycle.py)."""
         cfg, recovery = self.config, self.recovery
         life.hold(self._host.restore)  # last: nothing to give back until apply() below
+        # the endpoints first: a taken port is refused before anything compiles, and they answer meanwhile
+        self._endpoints = open_endpoints(cfg, self.stats)
+        life.hold(self._endpoints.close)
         # a checkpoint that does not fit is refused before the compile (CheckpointMismatch); a
         # partitioned instance compiles first, then takes its leases and reads its partitions'
         # objects: its partitions go unserved from the old owners' stop to its first connection
@@ -234,19 +251,25 @@ class Controller:
         life.hold(self._close_owner)
         # the one place the run's checkpoint store is chosen (None: checkpoints are off)
         store = store_for(recovery.checkpoints, self._own_store, self._owner.checkpoints)
-        restored = recovery.load(store) if store is not None and recovery.checkpoints.restore == "auto" else None
+        restored = None
+        if store is not None and recovery.checkpoints.restore == "auto":
+            self._enter("restoring")
+            restored = recovery.load(store)
         self._compile(self._stop_between_buckets)
         self._check_stop("the restore and compile")
         if restored is not None:
+            self._enter("restoring")
             recovery.restore(self.engine, restored)
         self._checkpoints.start(store)
         life.hold_checkpoints(self._checkpoints)
         self._host.apply()
-        self._io = io = self._io_factory(cfg, self.codec, self.io_stats, self.stats, **self._io_arguments())
+        self._io = io = self._io_factory(cfg, self.codec, self.io_stats, self.stats, **self._io_arguments(),
+                                         **self._endpoints.hand_over())
         side = io.start()
         life.hold_io(io)
         self._wire(io, side)
         self._running = True
+        self._enter("running")
 
     def _wire(self, io: IOSide, side: Any) -> None:
         """The main thread's ends of the started IO side's queues, and each batch's way between them."""
@@ -280,6 +303,7 @@ class Controller:
         self._check_stop("the compile")
         try:
             settings = self.config.instance_settings()  # its leases' and checkpoint objects'
+            self._enter("waiting_for_leases")
             return PartitionOwner.open(settings, feed, self.engine.checkpoint_shapes, stop=self._stop_requested)
         except StopRequested:
             raise StopRequested("the wait for the partitions' leases") from None
@@ -310,6 +334,7 @@ class Controller:
         if self.engine is not None or self.events_only:  # events only: nothing to compile
             return
         cfg, t0 = self.config, time.monotonic()
+        self._enter("compiling")
         self.engine = compile_step(self.processor, cfg.step_settings(), after_bucket)
         self.main_stats.compilations_at_ready = compilations()
         release_freed_memory()
@@ -370,6 +395,7 @@ class Controller:
         if not self._running or self._stopped:  # not started, its start failed or was stopped, or stopped
             return
         self._stopped = True
+        self._enter("stopping")
         self.request_stop()  # fixes the stop deadline, if a signal or the caller has not already
         self._io.request_stop(self._deadline.work)
         raised: Exception | None = None  # on_results' first failure, raised once stopped
@@ -381,6 +407,7 @@ class Controller:
                 raised = self._finish(self._deadline.work)
         finally:
             self._life.end(ABORTED if self._aborting else how)
+            self._enter("stopped")
         if how == LEASE_LOST:
             log.error("the lease of a partition is lost: %d received messages dropped unanswered (%d of them "
                       "unprocessed) and no checkpoint written; their new owner answers them from its checkpoint",
@@ -426,10 +453,12 @@ class Controller:
     def run(self) -> None:
         """Start, process until a signal / ``duration_s`` / ``request_stop()``, then stop.
 
-        SIGINT and SIGTERM (when called from the main thread) stop it in order; a second
+        SIGINT, SIGTERM and SIGHUP (when called from the main thread) stop it in order; a second
         SIGINT aborts the IO side and raises ``KeyboardInterrupt`` (within about a second: what
-        was not sent is counted as dropped, no checkpoint is written). Prints a status line
-        every ``status_s`` seconds. Returns None once stopped in order (the books logged). What
+        was not sent is counted as dropped, no checkpoint is written); SIGUSR1 logs the status and
+        the books so far (docs/running.md, "Signals"). Prints a status line every ``status_s``
+        seconds. With ``notify_systemd``, tells systemd when it is ready, that its loops turn and
+        when it stops. Returns None once stopped in order (the books logged). What
         ``on_results`` or ``out`` raised is raised after an orderly stop; ``start()``'s errors and
         the IO side's (``FeedFatal``, ``IOThreadError``) at once. Never exits the process; the
         host's signal handlers and process settings are back as they were when it returns or raises.
@@ -440,8 +469,11 @@ class Controller:
             cfg = self.config  # steps may stay in flight between its calls (settle=False)
             if cfg.duration_s:  # a stop requested when it is over, whatever the main thread waits on then
                 self._deadline.plan(time.monotonic() + cfg.duration_s)
-            first = serve(lambda timeout: self._process(timeout, settle=False), self.stats, self._print,
-                          self._stop_requested, duration_s=cfg.duration_s, status_s=cfg.status_s, poll_s=POLL_S)
+            self._reported = self.stats()
+            first = serve(self._serve_turn, self.stats, self._print, self._stop_requested,
+                          duration_s=cfg.duration_s, status_s=cfg.status_s, poll_s=POLL_S)
+            if self._running:  # else the start was stopped or failed: nothing runs to stop
+                self._enter("stopping")
             self.stop()
             final = self.stats()
             if cfg.status_s > 0:
@@ -464,8 +496,39 @@ class Controller:
                 self._life.end(ABORTED if self._aborting else FAILED)
             finally:
                 self._signals.restore()
+                self._enter("stopped")
+                self._service.close()
         if self._aborting:  # a second SIGINT that came while the host's settings were given back
             raise KeyboardInterrupt
+
+    def _serve_turn(self, timeout: float) -> int:
+        """One turn of ``run()``'s loop: what is waiting processed (steps may stay in flight: settle=False),
+        systemd's watchdog fed while both loops turn, and the report SIGUSR1 asked for."""
+        done = self._process(timeout, settle=False)
+        now = time.monotonic()
+        if self._service.watchdog_due(now):  # the IO loop turned since the last ping: its lag samples moved on
+            self._service.keep_alive(now, self._io.snapshot().loop_lag.n)
+        if self._report_wanted.is_set():
+            self._report_wanted.clear()
+            snap = self.stats()
+            log.info("SIGUSR1: %s", status_line(snap, self._reported))
+            log.info("SIGUSR1: %s", books_line(snap))
+            self._reported = snap
+        return done
+
+    def _enter(self, phase: str) -> None:
+        """The run is in ``phase`` now (controller/stats.py ``PHASES``; main thread only): ``forkless_phase``,
+        ``/readyz``, and systemd's status, with READY=1 at "running" and STOPPING=1 at "stopping"."""
+        if self.main_stats.phase == phase:
+            return
+        self.main_stats.phase = phase
+        status = phase.replace("_", " ")
+        if phase == "running":
+            self._service.ready(status)
+        elif phase == "stopping":
+            self._service.stopping(status)
+        else:
+            self._service.status(status)
 
     def process_pending(self, timeout: float = 0.0) -> int:
         """Process what is waiting (waiting up to ``timeout`` for a first message); returns
@@ -525,8 +588,8 @@ class Controller:
             partitions_unowned=self._owner.unowned, weights=engine.weights if engine is not None else None)
 
     @property
-    def metrics_url(self) -> str | None:  # http://host:port of /metrics, /healthz, /readyz once started
-        return self._io.metrics_url
+    def metrics_url(self) -> str | None:  # http://host:port of /metrics, /healthz, /readyz from start() on
+        return self._endpoints.url or self._io.metrics_url
 
     def summaries(self) -> list[str]:  # each source's summary() line (the demo feed's tally), printed by the program
         return self._io.summaries()
@@ -534,7 +597,12 @@ class Controller:
     # ---- signals ----------------------------------------------------------------------------
 
     def _on_signal(self, signum: int) -> None:
-        """SIGINT/SIGTERM while ``run()`` runs: an orderly stop; a second SIGINT aborts."""
+        """A signal while ``run()`` runs (docs/running.md, "Signals"): SIGUSR1 asks for a report of the run so
+        far (made by ``run()``'s loop, not here); SIGINT, SIGTERM and SIGHUP for an orderly stop; a second
+        SIGINT aborts."""
+        if signum == getattr(signal, "SIGUSR1", None):
+            self._report_wanted.set()
+            return
         if signum == signal.SIGINT and self._aborting:  # raised once: not again inside the unwinding it began
             log.warning("interrupt while aborting: the abort is under way (about a second)")
             return

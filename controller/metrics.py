@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from forkless.controller.stats import SourceFigures, StatsSnapshot
+from forkless.controller.stats import PHASES, SourceFigures, StatsSnapshot
 from forkless.io_loop.counters import LAG_INTERVAL_S, SECONDS_BOUNDS, FeedSnapshot, HistogramSnapshot, IOSnapshot
 from forkless.io_loop.crossing import HOPS, SAMPLE_EVERY
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
@@ -203,6 +203,7 @@ def _process_families(snap: StatsSnapshot) -> list[Metric]:
                                     value=snap.compilations))
     fams.append(GaugeMetricFamily("forkless_ready", "1 when connected and the step is compiled, else 0.",
                                   value=int(snap.ready)))
+    fams.append(_phase_family(snap))
     devices = InfoMetricFamily("forkless_device", "The JAX devices in use.", labels=["device"])
     for device in snap.devices:
         devices.add_metric([device], {})
@@ -215,6 +216,16 @@ def _process_families(snap: StatsSnapshot) -> list[Metric]:
                                   "messages go unanswered).", value=snap.partitions_unowned))
     return fams
 
+
+
+def _phase_family(snap: StatsSnapshot) -> Metric:
+    """The run's phase, one series per phase (0 but the one it is in), served from the first second."""
+    phase = GaugeMetricFamily("forkless_phase", "The run's phase: 1 for the one it is in, 0 for the others "
+                              "(starting, restoring and compiling before the first connection; waiting_for_leases "
+                              "a partitioned instance; running; stopping).", labels=["phase"])
+    for name in PHASES:
+        phase.add_metric([name], int(name == snap.phase))
+    return phase
 
 
 def _jetstream_families(snap: StatsSnapshot) -> list[Metric]:

@@ -31,12 +31,20 @@ from forkless.io_loop.counters import (
     new_hops,
 )
 
-__all__ = ["MainStats", "SourceFigures", "StatsSnapshot", "books_line", "checkpoint_part", "status_line",
+__all__ = ["PHASES", "MainStats", "SourceFigures", "StatsSnapshot", "books_line", "checkpoint_part", "status_line",
            "whole_snapshot"]
+
+# a run's phases, in order (``MainStats.phase``; /readyz, forkless_phase, docs/metrics.md): "starting" until
+# start() has done its work, "restoring" while a checkpoint is read and put on the device, "compiling",
+# "waiting_for_leases" (a partitioned instance), "running" once the IO side runs, "stopping", "stopped"
+PHASES = ("starting", "restoring", "compiling", "waiting_for_leases", "running", "stopping", "stopped")
+
 
 @dataclass
 class MainStats:
     """Written by the main thread only."""
+
+    phase: str = PHASES[0]  # where the run is (``PHASES``)
 
     batches: int = 0
     processed: int = 0
@@ -117,6 +125,7 @@ class StatsSnapshot:
     devices: tuple[str, ...]
     ready: bool  # compiled and connected
     compiled: bool = False
+    phase: str = "running"  # the run's phase (``PHASES``)
     no_reply: int = 0  # received, answered with no frame: the codec's None, or a declined reply
     replies_declined: dict[str, int] = field(default_factory=dict)  # replies not sent, by reason
     answer_errors_out: int = 0  # error frames sent that answer a received message (in errors_out)
@@ -355,7 +364,7 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         compilations=compilations,
         compilations_after_warmup=None if at_ready is None else compilations - at_ready,
         devices=names, device_messages=per_device, device_rows=rows,
-        ready=compiled and io.connected, compiled=compiled,
+        ready=compiled and io.connected, compiled=compiled, phase=main.phase,
         no_reply=main.no_reply,
         resets=copy_counts(main.resets),
         streams_active=streams[0], streams_evicted=streams[1],

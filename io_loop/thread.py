@@ -17,7 +17,9 @@ Rules:
   health endpoints, ``render_metrics``, the ``/metrics`` body, ``sources``, every feed's source ready
   made, one per ``settings.feed_specs``, by the composition root (controller/ioside.py's ``feed_sources``:
   the hooks and a partitioned feed's lease fence are theirs, never this thread's), ``positions``,
-  where the restored checkpoint left each replayable feed); the main thread learns about this side
+  where the restored checkpoint left each replayable feed, ``metrics``, the metrics server a controller
+  bound and served while it started (controller/lifetime/endpoints.py; else one is made here when
+  ``FORKLESS_METRICS_ADDR`` is set)); the main thread learns about this side
   only through ``snapshot()`` (queue depths, unsent frames, copied counters), ``cpu_seconds()`` (this
   thread's CPU clock, which the main thread reads around each step: how much of this side's work
   overlaps the steps) and the bridge's queues.
@@ -45,7 +47,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forkless.io_loop.bridge import Bridge, MainSide
 from forkless.io_loop.capabilities import capability
@@ -60,6 +62,9 @@ from forkless.io_loop.sinks.results import ResultSinks
 from forkless.io_loop.sinks.sink import Acknowledged, Sink, SinkRunner
 from forkless.io_loop.source import Source
 from forkless.io_loop.waiting import PARK, Expecting, SpinningSelector, WaitSettings
+
+if TYPE_CHECKING:  # imported where served only: aiohttp.web, 1.7 MiB resident
+    from forkless.io_loop.net.http import MetricsServer
 
 __all__ = ["IOThread"]
 
@@ -78,7 +83,7 @@ class IOThread:
                  sources: Sequence[Source], positions: Mapping[str, Origin] | None = None,
                  sink: Sink | SinkRunner | None = None, acknowledged: Acknowledged | None = None,
                  result_sinks: Sequence[Sink] = (), connection_events: bool = False,
-                 name: str = "forkless-io", wait: WaitSettings = PARK) -> None:
+                 metrics: MetricsServer | None = None, name: str = "forkless-io", wait: WaitSettings = PARK) -> None:
         if len(sources) != len(settings.feed_specs):
             raise ValueError(f"IOThread needs one source per feed: {len(settings.feed_specs)} feeds, "
                              f"{len(sources)} sources (controller/ioside.py's feed_sources makes them)")
@@ -97,6 +102,7 @@ class IOThread:
         self.metrics_url: str | None = None
         self._stats_snapshot = stats_snapshot
         self._render_metrics = render_metrics
+        self._metrics = metrics  # a metrics server bound by the controller (served here; released here at the end)
         self._feeds: FeedSet | None = None
         # the thread and its loop (io_loop/loopthread.py); what _main leaves running is cancelled at
         # its end, briefly: _main has ended every task it made
@@ -215,20 +221,21 @@ class IOThread:
         if self._selector is not None and expecting is not None:
             self._selector.attach(expecting, bridge.outbound.poll)
         background: list[asyncio.Task] = []
-        metrics = None
+        metrics = self._metrics  # released at the end however it ends, served or not
         try:
             self._feeds = FeedSet(cfg, self.codec, bridge, self._sources, positions=self.positions,
                                   acknowledged=self.acknowledged, results=self.results,
                                   connection_events=self.connection_events)
             if len(self._feeds.specs) > 1:
                 log.info("%d feeds: %s", len(self._feeds.specs), ", ".join(s.label for s in self._feeds.specs))
-            if cfg.metrics_addr:
+            if metrics is not None:  # bound and served already while the controller started: now here
+                self.metrics_url = await metrics.start(alive=self._runner.thread.is_alive)
+            elif cfg.metrics_addr:
                 from forkless.io_loop.net.http import MetricsServer  # only when served: aiohttp.web, 1.7 MiB resident
 
                 metrics = MetricsServer(cfg.metrics_addr, snapshot=self._stats_snapshot,
                                         alive=self._runner.thread.is_alive, render=self._render_metrics)
                 self.metrics_url = await metrics.start()
-                log.info("metrics on %s", metrics.where)
             background.append(asyncio.create_task(self._watch_lag(), name="forkless-lag"))
             self._main_side = bridge.main_side()
             self._runner.ready()

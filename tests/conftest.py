@@ -114,7 +114,7 @@ LONGEST_FILES = (
     "test_bench_smoke.py", "test_jetstream.py", "test_partition_faults.py", "test_partitioned.py",
     "test_bench_sections.py", "test_devices.py", "test_stream_processor.py", "test_relay.py",
     "test_readme.py", "test_feeds.py", "test_restart.py", "test_natsstore.py", "test_exchange_bench.py",
-    "test_resilience.py", "test_jetstream_faults.py", "test_app.py", "test_res_process.py",
+    "test_resilience.py", "test_jetstream_faults.py", "test_deploy.py", "test_app.py", "test_res_process.py",
     "test_pipeline.py", "test_stop_deadline.py", "test_operability.py", "test_before_connect.py",
     "test_host.py", "test_processor.py", "test_source_restart.py", "test_limits.py",
 )

@@ -328,7 +328,7 @@ def test_metrics_server_on_a_taken_port_fails_naming_the_variable() -> None:
             _serve_once([], addr=f"127.0.0.1:{port}")
 
 
-def test_the_app_exits_2_with_one_line_when_the_metrics_port_is_taken() -> None:
+def test_the_app_exits_2_with_one_line_when_the_metrics_port_is_taken_before_it_compiles() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -337,6 +337,7 @@ def test_the_app_exits_2_with_one_line_when_the_metrics_port_is_taken() -> None:
     assert proc.returncode == 2
     assert f"configuration error: cannot serve metrics on FORKLESS_METRICS_ADDR=127.0.0.1:{port}" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert "compiled the step" not in proc.stderr  # refused at the start: nothing was compiled
 
 
 # ---- metrics from literal snapshots (pure) -------------------------------------------------------
@@ -429,7 +430,7 @@ def test_the_app_writes_one_json_object_per_log_line() -> None:
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in proc.stderr.splitlines()]
     assert records and all({"timestamp", "level", "logger", "message"} <= r.keys() for r in records)
-    assert any(r["logger"] == "forkless.io" and r["message"].startswith("metrics on http://127.0.0.1:")
+    assert any(r["logger"] == "forkless.http" and r["message"].startswith("metrics on http://127.0.0.1:")
                for r in records)
     assert any(r.get("connection") == 1 for r in records)
 

@@ -1,6 +1,6 @@
 """io_loop/sources/partitions.py: stream names as subject tokens, the partition function (proven against a
 real nats-server's ``{{partition(P,1)}}`` subject transform), partition ranges, instance shares,
-and the arithmetic of docs/partitions-running.md's Kubernetes example."""
+and the arithmetic of the kit's partitioned StatefulSet (deploy/kubernetes/partitioned.yaml)."""
 
 from __future__ import annotations
 
@@ -382,44 +382,22 @@ def test_the_check_command_prints_the_instance_s_partitions_and_passes_on_an_agr
     assert "check passed" in result.stdout
 
 
-# ---- docs/partitions-running.md's Kubernetes example ----------------------------------------------------
-
-
-def _yaml_scalar(text: str) -> str:
-    """A one-line YAML scalar as the example writes them: 'single', "double" or plain (a comment after)."""
-    text = text.strip()
-    if text.startswith("'") and text.endswith("'"):
-        return text[1:-1].replace("''", "'")
-    if text.startswith('"'):
-        return json.loads(text)
-    return text.split(" #", 1)[0].strip()
+# ---- the kit's partitioned StatefulSet (deploy/kubernetes/partitioned.yaml) ---------------------------
 
 
 def _statefulset_example() -> tuple[int, float, dict[str, str], dict[str, str]]:
-    """The StatefulSet of docs/partitions-running.md "Kubernetes (example)": its replicas, its
-    termination grace period, its env values, and its env taken from fields (the downward API)."""
-    text = (ROOT / "docs/partitions-running.md").read_text(encoding="utf-8")
-    section = text[text.index("## Kubernetes (example)"):]
-    start = section.index("```yaml\n") + len("```yaml\n")
-    block = section[start:section.index("\n```", start)]
-    replicas = int(re.search(r"^\s*replicas:\s*(\d+)", block, re.M).group(1))
-    grace_s = float(re.search(r"^\s*terminationGracePeriodSeconds:\s*(\d+)", block, re.M).group(1))
-    lines = block.splitlines()
-    at = next(i for i, line in enumerate(lines) if line.strip() == "env:")
-    indent = len(lines[at]) - len(lines[at].lstrip())
-    values: dict[str, str] = {}
-    fields: dict[str, str] = {}
-    name = None
-    for line in lines[at + 1:]:
-        if line.strip() and len(line) - len(line.lstrip()) <= indent:
-            break  # the end of the env list
-        if m := re.fullmatch(r"\s*- name: (\S+)", line):
-            name = m.group(1)
-        elif (m := re.fullmatch(r"\s*value: (.*)", line)) and name:
-            values[name] = _yaml_scalar(m.group(1))
-        elif (m := re.fullmatch(r"\s*fieldPath: (.*)", line)) and name:
-            fields[name] = _yaml_scalar(m.group(1))
-    return replicas, grace_s, values, fields
+    """The StatefulSet of deploy/kubernetes/partitioned.yaml (docs/partitions-running.md, "Kubernetes"):
+    its replicas, its termination grace period, its env values, and its env taken from fields (the
+    downward API)."""
+    import yaml  # a test dependency (requirements-dev.txt), for this test's manifests only
+
+    documents = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/partitioned.yaml").read_text(encoding="utf-8")))
+    spec = next(d for d in documents if d["kind"] == "StatefulSet")["spec"]
+    pod = spec["template"]["spec"]
+    env = pod["containers"][0]["env"]
+    values = {e["name"]: e["value"] for e in env if "value" in e}
+    fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in env if "valueFrom" in e}
+    return spec["replicas"], float(pod["terminationGracePeriodSeconds"]), values, fields
 
 
 def _shares(env: dict[str, str], replicas: int) -> list[tuple[int, ...]]:
@@ -436,7 +414,8 @@ def test_the_kubernetes_example_gives_each_pod_its_share_and_the_pods_cover_ever
 
     replicas, grace_s, env, fields = _statefulset_example()
     assert fields == {"FORKLESS_INSTANCE": "metadata.labels['apps.kubernetes.io/pod-index']"}
-    assert set(env) | set(fields) <= {var.env for var in VARIABLES}  # no typo: every name is a forkless variable
+    named = {name for name in [*env, *fields] if name.startswith("FORKLESS_")}  # JAX's own pass through
+    assert named <= {var.env for var in VARIABLES}  # no typo: every FORKLESS_ name is a forkless variable
     assert int(env["FORKLESS_INSTANCES"]) == replicas
     count = json.loads(env["FORKLESS_FEEDS"])[0]["partition_count"]
     assert grace_s > Config.from_env(env | {"FORKLESS_INSTANCE": "0"}).shutdown_timeout_s + 0.5

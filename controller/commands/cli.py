@@ -79,10 +79,11 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
 
     from forkless.controller.loop import Controller  # imports JAX: only after the configuration is valid
 
-    # the program owns its process: it freezes the objects alive at start (controller/lifetime/host.py)
+    # the program owns its process: it freezes the objects alive at start (controller/lifetime/host.py), and
+    # tells systemd where it is when systemd runs it (controller/lifetime/sdnotify.py)
     controller = None
     try:
-        controller = Controller(config, processor=processor, codec=codec, freeze_gc=True)
+        controller = Controller(config, processor=processor, codec=codec, freeze_gc=True, notify_systemd=True)
         controller.run()
     except KeyboardInterrupt:  # a second Ctrl-C: run() aborted the IO side and gave the process back
         print("forkless: second interrupt: exiting now", file=sys.stderr)

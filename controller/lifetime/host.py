@@ -4,9 +4,9 @@ Rules:
 - A library leaves its host alone: every process-wide setting the controller changes while it
   runs is taken here, remembered, and put back as it was at the stop — including what the
   host had set before: the switch interval, the collector's frozen objects (only when asked
-  for), the SIGINT/SIGTERM handlers. Thread CPU affinities are changed only while compiling
-  and given back there (controller/device/compiled.py ``unsplit_cpu_ops``); the collector's
-  enablement is never touched.
+  for), the handlers of the signals it takes (``HANDLED_SIGNALS``). Thread CPU affinities are
+  changed only while compiling and given back there (controller/device/compiled.py
+  ``unsplit_cpu_ops``); the collector's enablement is never touched.
 - ``gc.freeze()`` acts on every object of the process and ``gc.unfreeze()`` thaws every frozen
   object, the host's too. So the controller freezes only when asked (``freeze_gc=True``: the
   ``forkless`` program asks, an embedder may), only when nothing is frozen yet, and unfreezes
@@ -16,6 +16,11 @@ Rules:
   apply it takes the host's setting, the last to give it back restores it. Signal handlers
   are given back by each controller; one stopped while a later controller's handlers are in
   place hands its place in the chain on (``_RETIRED``), so the last restore puts back the host's.
+- The signals taken (docs/running.md, "Signals"): SIGINT, SIGTERM and SIGHUP ask for the orderly
+  stop, SIGUSR1 for a report of the run so far; what each means is the controller's business
+  (``on_signal(signum)``). A SIGHUP the host ignores when they are installed (``nohup``) is left
+  ignored: the operator asked the process to outlive its terminal. SIGQUIT and every other signal
+  keep the host's handling.
 - Nothing here exits the process.
 """
 
@@ -29,7 +34,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ProcessSettings", "StopSignals"]
+__all__ = ["HANDLED_SIGNALS", "ProcessSettings", "StopSignals"]
 
 log = logging.getLogger("forkless.controller")
 
@@ -47,6 +52,10 @@ class _Owner:
 
 
 _OWNER = _Owner()
+
+# what ``StopSignals`` takes while it is installed, where the platform has it (Windows has no SIGHUP, SIGUSR1)
+HANDLED_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1") if hasattr(signal, name))
 
 
 class ProcessSettings:
@@ -114,8 +123,9 @@ _RETIRED: dict[int, tuple[Any, Any]] = {}
 
 
 class StopSignals:
-    """SIGINT and SIGTERM handled by ``on_signal(signum)`` while installed (main thread only);
-    ``restore()`` puts back exactly the handlers the host had (see the module rules)."""
+    """``HANDLED_SIGNALS`` handled by ``on_signal(signum)`` while installed (main thread only), but
+    a SIGHUP the host ignores; ``restore()`` puts back exactly the handlers the host had (see the
+    module rules)."""
 
     def __init__(self, on_signal: Callable[[int], None]) -> None:
         self._on_signal = on_signal
@@ -125,7 +135,9 @@ class StopSignals:
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in HANDLED_SIGNALS:
+            if sig == getattr(signal, "SIGHUP", None) and signal.getsignal(sig) is signal.SIG_IGN:
+                continue  # nohup: the operator asked the process to outlive its terminal
             self._ours[sig] = ours = lambda signum, frame: self._on_signal(signum)
             self._previous[sig] = signal.signal(sig, ours)
 

@@ -11,13 +11,14 @@ Rules:
   ``end_io``: joined until halfway between the work deadline and the stop's, then aborted).
 - Nothing here imports JAX, the processors, the engine or the controller's loop (the relay's test
   checks ``sys.modules``); the codec is the default ``JsonCodec`` unless one is given.
-- Orderly stop (``request_stop``, SIGINT/SIGTERM with ``signals=True``, ``duration_s``): the sources stop
+- Orderly stop (``request_stop``, SIGINT/SIGTERM/SIGHUP with ``signals=True``, ``duration_s``): the sources stop
   reading, the sink deals with everything read and returns, the thread ends. The stop is bounded by
   the configuration's ``shutdown_timeout_s``; then the IO thread is aborted and what the sink still
   held is counted (``SinkStats.unwritten``), what it never took too (the IO side's ``dropped``, "not
   processed before the stop"); a sink that swallows the abort's cancellation is given up after a
   grace (io_loop/loopthread.py ``cancel_bounded``), so the thread ends all the same. A second SIGINT
-  aborts at once (``aborted``).
+  aborts at once (``aborted``). SIGUSR1 logs a status line over the interval since the run began or
+  the last SIGUSR1, and the run goes on.
 - Metrics: with ``FORKLESS_METRICS_ADDR`` set, ``/metrics`` serves the sink's books by its name
   (controller/metrics.py ``sink_families`` of one ``view()`` per scrape), or the families
   ``render_metrics`` makes (the relay's); ``/healthz`` and ``/readyz`` are served either way.
@@ -96,7 +97,8 @@ class SinkRun:
     feeds, the stop's timeout, the duration and status interval (default ``Config.from_env()``'s
     feeds are not read: ``Config()``); ``sources``: a program's own sources by feed name (as
     ``Controller(sources=)`` takes them: beside the configured feeds, or instead of the demo feed);
-    ``signals``: SIGINT/SIGTERM stop it while ``run()`` runs; ``out``: where the status lines go."""
+    ``signals``: SIGINT/SIGTERM/SIGHUP stop it while ``run()`` runs, SIGUSR1 logs its status; ``out``: where
+    the status lines go."""
 
     def __init__(self, sink: Sink, *, config: Config | None = None, sources: Sequence[Any] = (),
                  codec: Any = None, signals: bool = False, out: Callable[[str], None] | None = None,
@@ -130,6 +132,7 @@ class SinkRun:
         self._print = out if out is not None else (lambda line: print(line, flush=True))
         self._stop = threading.Event()
         self.deadline = StopDeadline(config.shutdown_timeout_s)
+        self._reported: Any = None  # the view at the run's start or the last SIGUSR1
 
     def view(self) -> Any:
         """The run's figures now (any thread): a ``SinkView``, or the relay's own view of them."""
@@ -143,6 +146,11 @@ class SinkRun:
         self._stop.set()
 
     def _on_signal(self, signum: int) -> None:
+        if signum == getattr(signal, "SIGUSR1", None):  # the main thread only waits here: the line is made at once
+            now = self.view()
+            log.info("SIGUSR1: %s", self.status_line(now, self._reported or now))
+            self._reported = now
+            return
         if signum == signal.SIGINT and self._stop.is_set():
             log.warning("second interrupt: aborting (what the sink held is counted as unwritten)")
             self.aborted = True
@@ -168,6 +176,7 @@ class SinkRun:
         cfg, io = self.config, self.io
         try:
             io.start()
+            self._reported = self.view()
             if self.uses_demo_feed:
                 log.info("the embedded demo feed runs (FORKLESS_WS_URL and FORKLESS_FEEDS are unset)")
             first = serve(self._wait, self.view, self._print, self._stop, duration_s=cfg.duration_s,

@@ -177,7 +177,7 @@ VARIABLES: tuple[Variable, ...] = (
     # -- running
     Variable("DURATION", "duration_s", optional(number(0.0, lo_open=True)), "a number of seconds > 0, or empty",
              "stop after this long (a stop requested then: SHUTDOWN_TIMEOUT_S bounds it from there, as from a "
-             "SIGTERM); empty runs until SIGINT/SIGTERM"),
+             "SIGTERM); empty runs until SIGINT/SIGTERM/SIGHUP"),
     Variable("SHUTDOWN_TIMEOUT_S", "shutdown_timeout_s", number(0.0, lo_open=True), "a number > 0",
              "longest an orderly stop may take before giving up on unsent results"),
     Variable("STATUS_S", "status_s", number(0.0), "a number >= 0 (0 = off)",
@@ -188,7 +188,7 @@ VARIABLES: tuple[Variable, ...] = (
              "json writes one JSON object per log line"),
     Variable("METRICS_ADDR", "metrics_addr", text_rule(address),
              "host:port, or unix:/path (an absolute path in an existing writable directory), or empty",
-             "serve /metrics, /healthz, /readyz there (empty: off); unix:/path serves them on a unix-domain"
+             "serve /metrics, /healthz, /readyz, /startedz there (empty: off); unix:/path serves them on a unix-domain"
              " socket, made at the start and removed at the stop"),
     # -- the demo feed
     Variable("DEMO_RATE", "demo_rate", number(0.0, 100_000.0, lo_open=True), "a number in (0, 100000]",

@@ -8,6 +8,13 @@ Rules:
   else on ``host:port`` (port 0: a free one). Whatever fails on the way (an ``OSError``, a
   cancellation) is raised once the runner is cleaned up and the socket file removed: nothing is
   left listening.
+- Or on ``sockets`` already listening, bound earlier by their owner (``listen_tcp`` here, or
+  ``listen_unix``): a site for each, on a duplicate of its descriptor, so that closing the site
+  leaves them listening (what connects meanwhile waits in their backlog) for another loop to serve
+  (the metrics server's hand-over from the start to the IO thread, io_loop/net/http.py); their
+  owner closes them.
+- ``listen_tcp`` binds as asyncio's ``create_server`` would, without a loop: a socket for each
+  address of the host (``SO_REUSEADDR``; an IPv6 one IPv6 only), one port for them all.
 - A TCP site for which asyncio made no socket (it skips an address whose socket is refused) is
   ``NoSocket``, an ``OSError`` (``EPERM``) naming the host, with the caller's ``hint``.
 - ``Served.close()`` closes the listener and the open connections (aiohttp's cleanup, which
@@ -19,11 +26,13 @@ Rules:
 from __future__ import annotations
 
 import errno
+import socket
+from collections.abc import Sequence
 
 from aiohttp import web
-from forkless.io_loop.net.unixsocket import ListeningUnixSocket, listen_unix
+from forkless.io_loop.net.unixsocket import BACKLOG, ListeningUnixSocket, listen_unix
 
-__all__ = ["NoSocket", "Served", "serve_app"]
+__all__ = ["NoSocket", "Served", "listen_tcp", "serve_app"]
 
 
 class NoSocket(OSError):
@@ -33,11 +42,10 @@ class NoSocket(OSError):
 class Served:
     """A running site of ``serve_app``: where it listens, and ``close()``."""
 
-    def __init__(self, runner: web.AppRunner, listener: ListeningUnixSocket | None) -> None:
+    def __init__(self, runner: web.AppRunner, listener: ListeningUnixSocket | None, port: int) -> None:
         self._runner: web.AppRunner | None = runner
         self._listener = listener
-        # the TCP port bound (the real one for port 0); 0 on a unix-domain socket
-        self.port: int = 0 if listener is not None else runner.addresses[0][1]
+        self.port = port  # the TCP port bound (the real one for port 0); 0 on a unix-domain socket
 
     async def close(self) -> None:
         """Close the listener and the open connections, remove the socket file; idempotent."""
@@ -55,25 +63,64 @@ class Served:
             listener.close()
 
 
+def _no_socket(host: str, hint: str) -> NoSocket:
+    return NoSocket(errno.EPERM, f"no socket could be made to listen on {host}" + (f" ({hint})" if hint else ""))
+
+
+def listen_tcp(host: str, port: int, *, hint: str = "") -> list[socket.socket]:
+    """Non-blocking sockets listening on ``host:port`` now, before any loop serves them (see the module
+    rules; port 0: the free one the first was given). ``NoSocket`` when no socket could be made for
+    any address (``hint`` ends its text); a bind's ``OSError`` (a taken port) as it is."""
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(  # each address once, in order
+                socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)):
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:  # a family the host refuses: asyncio skips such an address too
+                continue
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if len(sockets) > 1:  # one port for every address of the host
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    if not sockets:
+        raise _no_socket(host, hint)
+    return sockets
+
+
 async def serve_app(app: web.Application, *, host: str = "", port: int = 0, unix_socket: str = "",
-                shutdown_timeout_s: float, hint: str = "") -> Served:
-    """Serve ``app`` on ``unix_socket``, else on ``host:port`` (see the module rules); ``hint``
-    ends ``NoSocket``'s text (what else the caller could do)."""
+                    sockets: Sequence[socket.socket] = (), shutdown_timeout_s: float, hint: str = "") -> Served:
+    """Serve ``app`` on ``sockets`` (listening already; left open at the close), else on ``unix_socket``,
+    else on ``host:port`` (see the module rules); ``hint`` ends ``NoSocket``'s text (what else the caller
+    could do)."""
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout_s)
     await runner.setup()
     listener: ListeningUnixSocket | None = None
     try:
+        if sockets:
+            for sock in sockets:  # a duplicate: closing the site closes it, not the owner's socket
+                await web.SockSite(runner, sock.dup()).start()
+            address = sockets[0].getsockname()
+            return Served(runner, None, address[1] if isinstance(address, tuple) else 0)
         if unix_socket:
             listener = listen_unix(unix_socket)
             await web.SockSite(runner, listener.sock).start()
         else:
             await web.TCPSite(runner, host, port).start()
             if not runner.addresses:  # asyncio skips an address whose socket is refused
-                raise NoSocket(errno.EPERM, f"no socket could be made to listen on {host}" + (f" ({hint})" if hint
-                                                                                            else ""))
+                raise _no_socket(host, hint)
     except BaseException:
         await runner.cleanup()
         if listener is not None:
             listener.close()
         raise
-    return Served(runner, listener)
+    return Served(runner, listener, 0 if listener is not None else runner.addresses[0][1])

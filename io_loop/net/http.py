@@ -1,34 +1,45 @@
-"""MetricsServer: ``/metrics``, ``/healthz`` and ``/readyz`` over HTTP, on the IO thread's loop.
+"""MetricsServer: ``/metrics``, ``/healthz``, ``/readyz`` and ``/startedz`` over HTTP, on the IO thread's loop.
 
 Rules:
 - Runs as an aiohttp site on the IO thread's running loop: no thread and no process of its
   own. So an answer from ``/healthz`` is itself the proof that the IO loop is alive; a
   blocked loop shows up as a scrape timeout, which is what an orchestrator's probe needs.
+- From the first second: ``bind()`` listens at once, from any thread, so a controller binds
+  before it compiles (a taken port is refused then) and serves the endpoints on a start-up
+  thread until its IO thread runs (controller/lifetime/endpoints.py); ``stop(keep_sockets=True)``
+  ends the serving on one loop and leaves the sockets listening (a scrape that comes meanwhile
+  waits in the backlog), for ``start()`` on the next; ``close()`` releases the address.
 - Binds exactly the ``host:port`` of ``FORKLESS_METRICS_ADDR`` (port 0 picks a free port;
-  ``start()`` returns the real URL). The default is off; a non-loopback address is used
-  only because the operator wrote it, and is logged as such. ``unix:/path`` serves on that
-  unix-domain socket instead (started and stopped by io_loop/net/appsite.py, as the demo feed is;
-  io_loop/net/unixsocket.py: a live server's socket is never taken
-  over, the file is removed at ``stop()``), opening no TCP socket; ``start()`` then returns
+  ``bind()`` and ``start()`` return the real URL). The default is off; a non-loopback address is
+  used only because the operator wrote it, and is logged as such. ``unix:/path`` serves on that
+  unix-domain socket instead (bound by io_loop/net/unixsocket.py: a live server's socket is never
+  taken over, the file is removed at ``close()``), opening no TCP socket; ``start()`` then returns
   ``unix:/path`` (scraped as ``curl --unix-socket /path http://localhost/metrics``).
 - ``/metrics`` is whatever the ``render`` callable it is handed returns (body and content
   type), called once per scrape on this loop; the controller hands it the Prometheus
   exposition of one ``StatsSnapshot`` (``controller.metrics.exposition``). This module knows
   no metric and imports no Prometheus library.
 - ``snapshot()`` is the controller's whole-process snapshot (``controller.stats.StatsSnapshot``),
-  typed loosely here: the health endpoints read only ``compiled``, ``connected``, ``feeds``,
+  typed loosely here: the health endpoints read only ``phase``, ``compiled``, ``connected``, ``feeds``,
   ``connects``, ``connect_failures``, ``connection_since``, ``last_error`` and ``loop_lag``.
+- ``/healthz`` is 200 whenever it answers, during the start too (the process is alive: a liveness
+  probe must not kill a program that compiles), and says the phase.
 - ``/readyz`` is 200 only while the step is compiled and connected to the feed; with
   several feeds, to every required one (``"required": false`` in ``FORKLESS_FEEDS`` leaves a
   feed out; if none is required, one connected feed is enough). Otherwise 503 with the
-  reasons. With several feeds the answer also says, per feed, whether it is connected,
-  required, and why it gave up. Both health endpoints answer JSON.
+  reasons, the phase first where it is not ``running`` ("compiling", "restoring", …). With several
+  feeds the answer also says, per feed, whether it is connected, required, and why it gave up.
+  Both health endpoints answer JSON.
+- ``/startedz`` (a startup probe's) is 503 while the start runs (its phases: starting, restoring,
+  compiling, waiting_for_leases) and 200 once it is over, whatever the feed does: a startup probe
+  bounds the start (a compile that hangs), never a feed's outage.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -36,8 +47,9 @@ from typing import Any
 
 from aiohttp import web
 from forkless.io_loop.errors import MetricsServerError
-from forkless.io_loop.net.appsite import NoSocket, Served, serve_app
+from forkless.io_loop.net.appsite import NoSocket, Served, listen_tcp, serve_app
 from forkless.io_loop.net.netaddr import is_loopback, parse_host_port, unix_address, unix_label
+from forkless.io_loop.net.unixsocket import ListeningUnixSocket, listen_unix
 
 __all__ = ["MetricsServer"]
 
@@ -73,47 +85,84 @@ class MetricsServer:
         self._render = render if render is not None else no_metrics
         self.url: str | None = None
         self._served: Served | None = None
+        self._sockets: list[socket.socket] = []  # bound by bind(): TCP
+        self._unix: ListeningUnixSocket | None = None  # ... or a unix-domain socket
+        self._closed = False
         self._started_at = time.monotonic()
 
-    # ---- lifecycle (IO loop) ----------------------------------------------------------------
+    # ---- lifecycle -------------------------------------------------------------------------
 
-    async def start(self) -> str:
-        """Listen on the configured address; return ``http://host:port`` (the real port)."""
-        if self._served is not None:
-            raise RuntimeError("MetricsServer.start() called twice")
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
+    def bind(self) -> str:
+        """Listen on the configured address now, from any thread and before any loop serves it (a
+        taken port is refused here: ``MetricsServerError``); its URL (the real port). Once: a
+        second call returns the URL; after ``close()`` it is a ``RuntimeError``."""
+        if self._closed:
+            raise RuntimeError("MetricsServer.bind(): the server was closed (a MetricsServer binds once)")
+        if self.url is not None:
+            return self.url
         try:
-            served = await serve_app(app, host=self.host, port=self.port, unix_socket=self.unix_socket,
-                                     shutdown_timeout_s=1.0)
+            if self.unix_socket:
+                self._unix = listen_unix(self.unix_socket)
+            else:
+                self._sockets = listen_tcp(self.host, self.port)
         except NoSocket:
             raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: no socket could be "
                                      "made for that address (a host that refuses TCP sockets? unix:/path serves on "
                                      "a unix-domain socket)") from None
         except OSError as exc:
-            # listen_unix's reasons are its own sentences; asyncio's bind error is shown as the OS says it
-            reason = (exc.strerror or exc) if self.unix_socket or not exc.errno else os.strerror(exc.errno)
+            # listen_unix's reasons and a name's resolution are their own sentences; a bind's is shown as the OS says it
+            plain = self.unix_socket or not exc.errno or isinstance(exc, socket.gaierror)
+            reason = (exc.strerror or exc) if plain else os.strerror(exc.errno)
             raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: {reason}") from exc
-        self._served = served
         self._started_at = time.monotonic()
         if self.unix_socket:
             self.url = unix_label(self.unix_socket)
-            return self.url
-        port = served.port
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        self.url = f"http://{host}:{port}"
-        if not is_loopback(self.host):
-            log.warning("metrics and health endpoints are reachable beyond this host on %s "
-                        "(FORKLESS_METRICS_ADDR names a non-loopback address)", self.url)
+        else:
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            self.url = f"http://{host}:{self._sockets[0].getsockname()[1]}"
+            if not is_loopback(self.host):
+                log.warning("metrics and health endpoints are reachable beyond this host on %s "
+                            "(FORKLESS_METRICS_ADDR names a non-loopback address)", self.url)
+        log.info("metrics on %s", self.where)
         return self.url
 
-    async def stop(self) -> None:
-        """Close the listener and any open scrape connections."""
+    async def start(self, alive: Callable[[], bool] | None = None) -> str:
+        """Serve the endpoints on the running loop (``bind()`` first, if not done); return the URL.
+        ``alive``: whether the IO thread runs, from now on (else the one given when built). After a
+        ``stop(keep_sockets=True)`` it may start again, on another loop."""
+        if self._served is not None:
+            raise RuntimeError("MetricsServer.start() called while it serves")
+        url = self.bind()
+        if alive is not None:
+            self.alive = alive
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/startedz", self._startedz)
+        listening = [self._unix.sock] if self._unix is not None else self._sockets
+        self._served = await serve_app(app, sockets=listening, shutdown_timeout_s=1.0)
+        return url
+
+    async def stop(self, *, keep_sockets: bool = False) -> None:
+        """Stop serving on this loop: close the site and any open scrape connections; then ``close()``,
+        unless ``keep_sockets`` (they go on listening for the next ``start``, on another loop)."""
         if self._served is not None:
             served, self._served = self._served, None
             await served.close()
+        if not keep_sockets:
+            self.close()
+
+    def close(self) -> None:
+        """Release the address (the sockets closed, a unix-domain socket's file removed); any
+        thread, once it serves on no loop; idempotent."""
+        self._closed = True
+        sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.close()
+        unix, self._unix = self._unix, None
+        if unix is not None:
+            unix.close()
 
     @property
     def where(self) -> str:
@@ -127,6 +176,9 @@ class MetricsServer:
     def not_ready_reasons(self, snap: Any) -> list[str]:
         """Why ``/readyz`` says 503 (empty when ready)."""
         reasons = []
+        phase = getattr(snap, "phase", "running")
+        if phase != "running":  # the start's phases (compiling, restoring, …) and the stop's
+            reasons.append(phase.replace("_", " "))
         if snap is None or not snap.compiled:
             reasons.append("the step is not compiled yet")
         if snap is not None and len(snap.feeds) > 1:
@@ -142,7 +194,7 @@ class MetricsServer:
                 reasons.append(f"not connected to the feed (disconnected {ago:.1f}s ago{tried})")
             else:
                 reasons.append(f"not connected to the feed (no connection yet{tried})")
-        if not self.alive():
+        if phase == "running" and not self.alive():
             reasons.append("the IO thread is stopping")
         return reasons
 
@@ -155,10 +207,13 @@ class MetricsServer:
     async def _healthz(self, request: web.Request) -> web.Response:
         snap = self.snapshot()
         lag = snap.loop_lag.quantile(0.99) if snap is not None else float("nan")
+        alive = bool(self.alive())
         detail = {
             "status": "ok",
-            "io_loop": "alive",  # this very answer comes from the IO loop
-            "io_thread_alive": bool(self.alive()),
+            # this very answer comes from the IO loop, or, before the IO thread runs, from the start-up thread
+            "io_loop": "alive" if alive else "not running",
+            "phase": getattr(snap, "phase", None),
+            "io_thread_alive": alive,
             "main_thread_alive": threading.main_thread().is_alive(),
             "connected": bool(snap is not None and snap.connected),
             "io_loop_lag_p99_s": None if lag != lag else round(lag, 6),
@@ -174,6 +229,18 @@ class MetricsServer:
             body["feeds"] = {f.name: {"connected": f.io.connected, "required": f.required,
                                       "given_up": f.given_up or None} for f in snap.feeds}
         return web.json_response(body, status=503 if reasons else 200)
+
+    async def _startedz(self, request: web.Request) -> web.Response:
+        snap = self.snapshot()
+        # a run with no phases of its own (a source -> sink run's view) has started once it serves
+        phase = getattr(snap, "phase", "running") if snap is not None else "starting"
+        started = phase in STARTED
+        return web.json_response({"status": "started" if started else "starting", "phase": phase},
+                                 status=200 if started else 503)
+
+
+# the phases from which on the start is over (controller/stats.py PHASES: the run's phases, in order)
+STARTED = ("running", "stopping", "stopped")
 
 
 def _feed_reasons(snap: Any) -> list[str]:

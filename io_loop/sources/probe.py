@@ -80,7 +80,7 @@ def check_metrics_addr(addr: str, say: Callable[[str], None]) -> None:
         raise ProbeFailed(f"cannot listen on FORKLESS_METRICS_ADDR={addr}: {exc}") from None
     if path is not None:
         _check_unix_listener(path, "FORKLESS_METRICS_ADDR")
-        say(f"  {addr}: free; /metrics, /healthz and /readyz will be served on that unix-domain socket")
+        say(f"  {addr}: free; /metrics, /healthz, /readyz and /startedz will be served on that unix-domain socket")
         return
     try:
         host, port = parse_host_port(addr)
@@ -92,7 +92,7 @@ def check_metrics_addr(addr: str, say: Callable[[str], None]) -> None:
     except (OSError, ValueError) as exc:
         raise ProbeFailed(f"cannot listen on FORKLESS_METRICS_ADDR={addr}: "
                           f"{getattr(exc, 'strerror', None) or exc}") from None
-    say(f"  {addr}: free; /metrics, /healthz and /readyz will be served there")
+    say(f"  {addr}: free; /metrics, /healthz, /readyz and /startedz will be served there")
 
 
 def _check_unix_listener(path: str, variable: str) -> None:

@@ -1,0 +1,120 @@
+"""Endpoints: a controller's ``/metrics``, ``/healthz``, ``/readyz`` and ``/startedz`` from the first second of its
+start to its stop.
+
+Rules:
+- With ``FORKLESS_METRICS_ADDR`` set, ``open_endpoints`` binds the address first thing in
+  ``Controller.start()``, before anything is restored or compiled: a taken port is a
+  ``MetricsServerError`` (exit 2) at once, nothing compiled.
+- While the controller restores, compiles and waits for leases, the endpoints are served on a
+  thread of their own, "forkless-probes" (a ``LoopThread``): ``/healthz`` answers 200 with the
+  phase, ``/readyz`` 503 naming the phase ("compiling", …), ``/metrics`` shows ``forkless_phase``.
+- ``hand_over()`` ends that thread (its site closed, the sockets left listening: a scrape that
+  comes meanwhile waits in the backlog) and gives the server to the IO thread, which serves it on
+  its own loop from then on and releases it at its end (io_loop/thread.py). A server handed over is
+  the IO thread's: ``close()`` leaves it alone.
+- ``close()`` ends the start-up thread and releases the address if no IO thread took it (a start
+  that failed or was stopped); idempotent. Without ``FORKLESS_METRICS_ADDR``: ``NoEndpoints``,
+  the same calls doing nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from forkless.controller.config import Config
+from forkless.io_loop.errors import MetricsServerError
+from forkless.io_loop.loopthread import LoopThread
+
+__all__ = ["Endpoints", "NoEndpoints", "open_endpoints"]
+
+log = logging.getLogger("forkless.controller")
+
+START_S = 10.0  # how long the start-up thread may take to serve (it starts a site on sockets bound already)
+END_S = 5.0  # how long ending it may take (it closes that site: milliseconds)
+
+
+class NoEndpoints:
+    """No ``FORKLESS_METRICS_ADDR``: nothing served, nothing handed over."""
+
+    url: str | None = None
+
+    def hand_over(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class Endpoints:
+    """A bound metrics server, served on the start-up thread until ``hand_over()`` (see the module rules)."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server  # io_loop/net/http.py's MetricsServer, bound
+        self._thread = LoopThread("forkless-probes", cleanup_s=1.0)
+        self._done: asyncio.Event | None = None  # set on the start-up thread's loop: its serving ends
+        self._handed = False
+
+    @property
+    def url(self) -> str | None:
+        """Where the endpoints are: ``http://host:port`` (the real port), or ``unix:/path``."""
+        return self.server.url
+
+    def start(self) -> None:
+        """Serve on the start-up thread; ``MetricsServerError`` if it does not serve."""
+        if not self._thread.start(self._serve, START_S):
+            raise MetricsServerError(f"the metrics endpoints on FORKLESS_METRICS_ADDR={self.server.addr} were not "
+                                     f"served within {START_S:g}s of the start")
+        failure = self._thread.failure
+        if failure is not None:
+            raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.server.addr}: "
+                                     f"{failure!r}") from failure
+
+    async def _serve(self) -> None:
+        self._done = asyncio.Event()
+        await self.server.start()
+        self._thread.ready()
+        try:
+            await self._done.wait()
+        finally:
+            await self.server.stop(keep_sockets=True)
+
+    def hand_over(self) -> dict[str, Any]:
+        """End the start-up thread's serving; the IO side's argument that hands it the server."""
+        self._end_thread()
+        self._handed = True
+        return {"metrics": self.server}
+
+    def close(self) -> None:
+        """End the start-up thread, and release the address unless the IO thread took it; idempotent."""
+        self._end_thread()
+        if not self._handed:
+            self.server.close()
+
+    def _end_thread(self) -> None:
+        done = self._done
+        if done is not None and self._thread.call_soon(done.set) and not self._thread.join(END_S):
+            log.warning("the thread serving the metrics endpoints during the start did not end within %gs; "
+                        "leaving it behind (a daemon)", END_S)
+
+
+def open_endpoints(config: Config, snapshot: Callable[[], Any]) -> Endpoints | NoEndpoints:
+    """``FORKLESS_METRICS_ADDR`` bound now and served from now on (see the module rules); ``snapshot``: the
+    controller's ``stats``. ``MetricsServerError`` for an address that cannot be listened on."""
+    if not config.metrics_addr:
+        return NoEndpoints()
+    # only when served: prometheus_client is about 10 MiB of RSS, aiohttp.web 1.7 MiB
+    from forkless.controller.metrics import exposition
+    from forkless.io_loop.net.http import MetricsServer
+
+    server = MetricsServer(config.metrics_addr, snapshot=snapshot, alive=lambda: False, render=exposition(snapshot))
+    server.bind()
+    endpoints = Endpoints(server)
+    try:
+        endpoints.start()
+    except BaseException:
+        endpoints.close()
+        raise
+    return endpoints
