@@ -33,6 +33,7 @@ from forkless.controller.settings.feedspec import feed_list
 from forkless.controller.settings.groups import CheckpointSettings, InstanceSettings, StepSettings, batch_buckets
 from forkless.controller.settings.values import ValueProblem
 from forkless.controller.settings.variables import PREFIX, VARIABLES, Variable, as_text, variable
+from forkless.io_loop.connectors.jetstream.partitions import instance_share
 from forkless.io_loop.net.netaddr import redact_url, redact_urls
 from forkless.io_loop.settings import (
     DEFAULT_SOURCE_BUFFER,
@@ -43,7 +44,6 @@ from forkless.io_loop.settings import (
     RelaySettings,
     config_field,
 )
-from forkless.io_loop.sources.partitions import instance_share
 
 __all__ = ["Config"]
 

@@ -13,7 +13,7 @@ Rules:
   ``ForklessError``.
 - ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
-- ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/nats/leases.py``), raised
+- ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/connectors/jetstream/leases.py``), raised
   to the thread that called the store, not through the IO thread.
 """
 
@@ -125,7 +125,7 @@ class DeploymentMismatch(ForklessError):
 
 
 class StoreError(ForklessError):
-    """An operation on the checkpoint and lease store (io_loop/nats/natsstore.py) failed: server
+    """An operation on the checkpoint and lease store (io_loop/connectors/jetstream/store.py) failed: server
     unreachable, an answer refused or late. The store stays usable and the next call tries
     again; raised to the thread that called the store (a partitioned instance's start, its
     checkpoints), it ends a run as a crash does."""

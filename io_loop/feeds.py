@@ -4,7 +4,7 @@ connection its message came from.
 Rules:
 - Every feed is a ``Source`` (io_loop/source.py) run by a ``SourceRunner``: a user's own, the
   WebSocket feed's (io_loop/sources/client.py), the embedded demo feed's (io_loop/sources/demo_source.py),
-  the JetStream feed's (io_loop/sources/jetstream.py). ``feed_source`` is the one place a feed's kind is
+  the JetStream feed's (io_loop/connectors/jetstream/source.py). ``feed_source`` is the one place a feed's kind is
   decided, from the configuration, and where each source is handed the settings groups it reads
   (io_loop/settings.py: timeouts, reconnect, TLS, credentials, limits, the demo feed's), never the
   whole ``IOSettings``; ``feed_sources`` makes every feed's, called by the composition
@@ -107,7 +107,7 @@ def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, S
     s = settings
     if spec.jetstream is not None:
         # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-        from forkless.io_loop.sources.jetstream import JetStreamSource
+        from forkless.io_loop.connectors.jetstream.source import JetStreamSource
 
         return JetStreamSource(spec, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls,
                                max_batch=s.limits.max_batch, max_msg_bytes=s.limits.max_msg_bytes,

@@ -16,7 +16,7 @@ Rules:
   ``subscribe`` and ``headers``) stay out of ``repr``.
 - A partitioned JetStream feed's ``partitions`` are already resolved (from its entry's
   ``"partitions"`` or from ``FORKLESS_INSTANCE``/``FORKLESS_INSTANCES``): the IO side consumes
-  ``JetStreamSpec.subjects()`` and never works out a share itself (io_loop/sources/partitions.py).
+  ``JetStreamSpec.subjects()`` and never works out a share itself (io_loop/connectors/jetstream/partitions.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from forkless.io_loop.connectors.jetstream.partitions import PARTITION_FIELD, partition_subjects
 from forkless.io_loop.net.netaddr import redact_url, redact_urls, unix_label
-from forkless.io_loop.sources.partitions import PARTITION_FIELD, partition_subjects
 
 __all__ = ["DEFAULT_SOURCE_BUFFER", "GROUPS", "REPLY_POLICIES", "SEQ_MODES", "Credentials", "DemoSettings",
            "FeedSpec", "IOSettings", "JetStreamSpec", "Limits", "PartitionSettings", "ReconnectSettings",
@@ -36,7 +36,8 @@ __all__ = ["DEFAULT_SOURCE_BUFFER", "GROUPS", "REPLY_POLICIES", "SEQ_MODES", "Cr
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
 # own ping/pong/close): results still reach ``on_results`` and the counters
 REPLY_POLICIES = ("all", "results", "none")
-# how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps (io_loop/relay/publisher.py)
+# how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps
+# (io_loop/connectors/jetstream/publisher.py)
 SEQ_MODES = ("feed", "stream", "none")
 
 # messages and events one source may hold while the inbound queue is full (FORKLESS_SOURCE_BUFFER,
@@ -117,7 +118,7 @@ class FeedSpec:
     # its own overflow (io_loop/spill.py): "" and None take FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER
     overflow: str = ""
     buffer: int | None = None
-    # a JetStream feed: ``url`` holds its NATS server URL(s), comma-separated (io_loop/sources/jetstream.py)
+    # a JetStream feed: ``url`` holds its NATS server URL(s), comma-separated (io_loop/connectors/jetstream/source.py)
     jetstream: JetStreamSpec | None = None
     unix_socket: str = ""  # a WebSocket feed's unix-domain socket ("": TCP to the URL's host and port)
 
@@ -159,7 +160,8 @@ class ReconnectSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class Timeouts:
-    """How long a connection's steps may take (io_loop/sources/connect.py, io_loop/nats/natsconn.py, the stop)."""
+    """How long a connection's steps may take (io_loop/sources/connect.py, io_loop/connectors/jetstream/transport.py,
+    the stop)."""
 
     connect_timeout_s: float  # a connection and its handshake; a JetStream API call
     heartbeat_s: float  # the WebSocket ping / the NATS ping interval (0: none)
@@ -215,7 +217,7 @@ class DemoSettings:
 @dataclass(frozen=True, kw_only=True)
 class PartitionSettings:
     """A partitioned feed's checkpoints ("": none) and leases: JetStream buckets on its server
-    (io_loop/nats/natsstore.py; ``--check`` looks for them, io_loop/sources/jsprobe.py)."""
+    (io_loop/connectors/jetstream/store.py; ``--check`` looks for them, io_loop/connectors/jetstream/probe.py)."""
 
     checkpoint_bucket: str = ""
     lease_bucket: str = "forkless-leases"
@@ -256,7 +258,8 @@ class IOSettings:
 
 @dataclass(frozen=True)
 class RelaySettings:
-    """What the relay's publisher reads (io_loop/relay/publisher.py), from ``Config.relay_settings()``: its NATS
+    """What the relay's publisher reads (io_loop/connectors/jetstream/publisher.py), from ``Config.relay_settings()``:
+    its NATS
     server(s), described as a JetStream feed's are (``target.url`` comma-separated, the token and
     creds in ``target.jetstream``, its stream name unused), the subject prefix
     (FORKLESS_RELAY_SUBJECT), how the feeds number their messages (FORKLESS_RELAY_SEQ), the

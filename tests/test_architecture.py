@@ -66,7 +66,8 @@ CORE = [
     "controller/settings/variables.py",
     "io_loop/__init__.py",
     "io_loop/sources/__init__.py",
-    "io_loop/nats/__init__.py",
+    "io_loop/connectors/__init__.py",
+    "io_loop/connectors/jetstream/__init__.py",
     "io_loop/relay/__init__.py",
     "io_loop/sinks/__init__.py",
     "io_loop/net/__init__.py",
@@ -76,9 +77,9 @@ CORE = [
     "io_loop/crossing.py",
     "io_loop/decoding.py",
     "io_loop/errors.py",
-    "io_loop/sources/jsconsumer.py",
+    "io_loop/connectors/jetstream/consumer.py",
     "io_loop/net/netaddr.py",
-    "io_loop/sources/partitions.py",
+    "io_loop/connectors/jetstream/partitions.py",
     "io_loop/relay/relaystats.py",
     "io_loop/settings.py",
 ]
@@ -107,23 +108,23 @@ IO = [
     "io_loop/spill.py",
     "io_loop/net/http.py",
     "io_loop/sources/on_connect.py",
-    "io_loop/sources/jetstream.py",
-    "io_loop/sources/jsprobe.py",
-    "io_loop/sources/jspublish.py",
+    "io_loop/connectors/jetstream/source.py",
+    "io_loop/connectors/jetstream/probe.py",
+    "io_loop/connectors/jetstream/replies.py",
     "io_loop/loopthread.py",
     "io_loop/portal.py",
     "io_loop/portalqueue.py",
     "io_loop/reconnect.py",
     "io_loop/sources/relogin.py",
-    "io_loop/nats/deployment.py",
-    "io_loop/nats/leases.py",
-    "io_loop/nats/natsconn.py",
-    "io_loop/nats/natsstore.py",
-    "io_loop/nats/objects.py",
-    "io_loop/nats/storethread.py",
-    "io_loop/nats/nats_compat.py",
+    "io_loop/connectors/jetstream/deployment.py",
+    "io_loop/connectors/jetstream/leases.py",
+    "io_loop/connectors/jetstream/transport.py",
+    "io_loop/connectors/jetstream/store.py",
+    "io_loop/connectors/jetstream/objects.py",
+    "io_loop/connectors/jetstream/storethread.py",
+    "io_loop/connectors/jetstream/nats_compat.py",
     "io_loop/sources/probe.py",
-    "io_loop/relay/publisher.py",
+    "io_loop/connectors/jetstream/publisher.py",
     "io_loop/sinks/results.py",
     "io_loop/sinks/sink.py",
     "io_loop/source.py",
@@ -358,8 +359,8 @@ def test_io_loop_is_a_leaf_that_imports_nothing_from_controller():
 
 
 # partitions_of (the checkpoints' split of the stream table by partition) is vectorised with numpy,
-# imported inside it: importing io_loop.sources.partitions still loads none (the test below)
-THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/sources/partitions.py": {"numpy"}}
+# imported inside it: importing io_loop.connectors.jetstream.partitions still loads none (the test below)
+THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/connectors/jetstream/partitions.py": {"numpy"}}
 
 
 def test_the_io_loop_modules_in_the_core_import_no_third_party_library():
@@ -643,7 +644,7 @@ def test_every_bench_module_opens_with_its_rules():
 # decoded it (the JetStream consumer drops other partitions' messages from a copy). Anything else
 # a module sets on an object of a class another module declares goes through a method there.
 COUNTER_RECORDS = ("controller/stats.py", "io_loop/counters.py", "io_loop/relay/relaystats.py")
-FRAME_CUTS = {("io_loop/sources/jsconsumer.py", "out", attr) for attr in ("seq", "stream", "x", "errors")}
+FRAME_CUTS = {("io_loop/connectors/jetstream/consumer.py", "out", attr) for attr in ("seq", "stream", "x", "errors")}
 
 
 def _declared_fields() -> dict[str, set[str]]:

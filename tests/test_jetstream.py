@@ -567,11 +567,11 @@ def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a
 
 
 def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_and_ids_stay_the_same():
+    from forkless.io_loop.connectors.jetstream.consumer import Consumer, Take
+    from forkless.io_loop.connectors.jetstream.source import JetStreamSource
     from forkless.io_loop.crossing import Origin, Resume
     from forkless.io_loop.feeds import feed_client, feed_source
     from forkless.io_loop.settings import FeedSpec
-    from forkless.io_loop.sources.jetstream import JetStreamSource
-    from forkless.io_loop.sources.jsconsumer import Consumer, Take
 
     pytest.importorskip("nats")
     cfg = _config([_js_feed("nats://127.0.0.1:4222")])
@@ -620,10 +620,10 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
 ])
 def test_where_consuming_starts_and_when_the_stream_no_longer_holds_what_the_position_needs(resume, first, last,
                                                                                               expected):
+    from forkless.io_loop.connectors.jetstream.consumer import Consumer
     from forkless.io_loop.counters import SourceStats
     from forkless.io_loop.crossing import Origin
     from forkless.io_loop.errors import PositionLost
-    from forkless.io_loop.sources.jsconsumer import Consumer
 
     start = "new" if resume == "new" else "first"
     spec = _config([_js_feed("nats://127.0.0.1:4222", start=start)]).feed_specs[0]
@@ -662,7 +662,7 @@ def test_an_unreachable_server_and_a_missing_stream_give_up_after_the_tries_with
     (b"", None),
 ])
 def test_a_deliverys_numbers_come_from_its_reply_subject_in_both_token_layouts(reply, expected):
-    from forkless.io_loop.sources.jsconsumer import delivery_numbers
+    from forkless.io_loop.connectors.jetstream.consumer import delivery_numbers
 
     assert delivery_numbers(reply) == expected
 

@@ -96,7 +96,7 @@ def test_a_stream_deleted_and_made_again_between_two_runs_is_refused_by_the_chec
 
 def _feed(**extra: Any) -> Any:
     pytest.importorskip("nats")
-    from forkless.io_loop.sources.jetstream import JetStreamSource
+    from forkless.io_loop.connectors.jetstream.source import JetStreamSource
 
     from tests.test_jetstream import _config
 
@@ -145,9 +145,9 @@ def test_a_feed_whose_subject_got_nothing_while_retention_removed_other_subjects
     from tests.servers import assert_results_match_reference
     from tests.test_jetstream import _config
 
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_EXPIRES_S", 1.5)  # an idle pull ends sooner
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_EXPIRES_S", 1.5)  # an idle pull ends sooner
     # (the server wants it below half of that)
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_HEARTBEAT_S", 0.5)
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_HEARTBEAT_S", 0.5)
     create_streams(nats_server.url, max_msgs=50)  # the stream keeps the newest 50 messages, of any subject
     ours = make_messages(15, streams=3, seed=41)
     seqs = publish(nats_server.url, "ticks.a", [json.dumps(m) for m in ours[:10]])
@@ -205,8 +205,8 @@ def test_a_restart_after_only_other_subjects_messages_were_removed_resumes_from_
     from tests.natsserver import create_streams, publish
     from tests.servers import assert_results_match_reference
 
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_EXPIRES_S", 1.5)
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_HEARTBEAT_S", 0.5)
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_EXPIRES_S", 1.5)
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_HEARTBEAT_S", 0.5)
     create_streams(nats_server.url, max_msgs=50)
     ours = make_messages(15, streams=3, seed=43)
     cfg = _filtered_config(nats_server.url, tmp_path)
@@ -230,8 +230,8 @@ def test_a_restart_after_retention_removed_a_message_of_the_feeds_own_subject_st
     from tests.harness import drive
     from tests.natsserver import create_streams, publish
 
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_EXPIRES_S", 1.5)
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_HEARTBEAT_S", 0.5)
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_EXPIRES_S", 1.5)
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_HEARTBEAT_S", 0.5)
     create_streams(nats_server.url, max_msgs=50)
     ours = make_messages(15, streams=3, seed=44)
     cfg = _filtered_config(nats_server.url, tmp_path)
@@ -310,7 +310,8 @@ def test_an_idle_feed_learns_what_it_covered_while_its_pull_waits_and_a_reconnec
     from tests.servers import assert_results_match_reference
     from tests.test_jetstream import _config
 
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_EXPIRES_S", 600.0)  # no pull ends while the test runs
+    # no pull ends while the test runs
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_EXPIRES_S", 600.0)
     create_streams(nats_server.url, max_msgs=500)
     ours = make_messages(15, streams=3, seed=54)
     seqs = publish(nats_server.url, "ticks.a", [json.dumps(m) for m in ours[:10]])
@@ -409,10 +410,10 @@ def test_every_checkpoint_damaged_but_the_stream_holding_all_from_sequence_1_reb
 ])
 def test_with_every_checkpoint_damaged_a_feed_starts_only_where_its_stream_still_holds_everything(
         start, first, last, deleted, expected):
+    from forkless.io_loop.connectors.jetstream.consumer import Consumer
     from forkless.io_loop.counters import SourceStats
     from forkless.io_loop.crossing import PositionUnknown
     from forkless.io_loop.errors import PositionLost
-    from forkless.io_loop.sources.jsconsumer import Consumer
 
     from tests.test_jetstream import _config
 

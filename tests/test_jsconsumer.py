@@ -1,4 +1,5 @@
-"""``Consumer`` (io_loop/sources/jsconsumer.py), the JetStream feed's bookkeeping, with literal reply subjects
+"""``Consumer`` (io_loop/connectors/jetstream/consumer.py), the JetStream feed's bookkeeping, with literal reply
+subjects
 and stream states: no server, no socket, no event loop. What it decides is what the feed does
 against a real nats-server in tests/test_jetstream.py and tests/test_jetstream_faults.py; here
 each decision is pinned on its own: gaps, redeliveries, the position that moves only once a
@@ -12,12 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from forkless.io_loop.connectors.jetstream.consumer import FOREIGN_REASON, SKIP, Consumer, Drop, Take
+from forkless.io_loop.connectors.jetstream.partitions import escape_stream, partition_of
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
 from forkless.io_loop.errors import PositionLost
 from forkless.io_loop.settings import JetStreamSpec
-from forkless.io_loop.sources.jsconsumer import FOREIGN_REASON, SKIP, Consumer, Drop, Take
-from forkless.io_loop.sources.partitions import escape_stream, partition_of
 
 SPEC = JetStreamSpec(stream="TICKS", subject="ticks.>", results="scores")
 PARTITIONED = JetStreamSpec(stream="TICKS", subject="ticks.{partition}.>", results="scores", partition_count=4,

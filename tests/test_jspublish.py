@@ -1,4 +1,4 @@
-"""``ReplyAcks`` (io_loop/sources/jspublish.py), the results stream's acknowledgements of the item a
+"""``ReplyAcks`` (io_loop/connectors/jetstream/replies.py), the results stream's acknowledgements of the item a
 JetStream feed is publishing, handed literal acknowledgements as the protocol parser gives them:
 no server, no socket. The publisher against a real nats-server is in tests/test_jetstream.py;
 here: a frame counts as published only once acknowledged, and in order from the item's first
@@ -12,7 +12,7 @@ import pytest
 nats_errors = pytest.importorskip("nats.js.errors")
 
 import nats.errors  # noqa: E402
-from forkless.io_loop.sources.jspublish import ReplyAcks  # noqa: E402
+from forkless.io_loop.connectors.jetstream.replies import ReplyAcks  # noqa: E402
 
 INBOX = b"_INBOX.abc."
 

@@ -1,4 +1,4 @@
-"""nats-py's exceptions mapped to ours at one edge (io_loop/nats/natsconn.py ``mapped_nats_errors``),
+"""nats-py's exceptions mapped to ours at one edge (io_loop/connectors/jetstream/transport.py ``mapped_nats_errors``),
 against a real nats-server (tests/natsserver.py)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ LIMIT_S = 10.0 * UNIT_S  # bounds each wait if something hangs; nothing waits th
 def _mapped(url: str, body: Any) -> BaseException:
     """What ``body(nc)`` raised inside ``mapped_nats_errors()`` on a connection to ``url``."""
     import nats
-    from forkless.io_loop.nats.natsconn import mapped_nats_errors
+    from forkless.io_loop.connectors.jetstream.transport import mapped_nats_errors
 
     async def main() -> BaseException:
         nc = await nats.connect(url, allow_reconnect=False, connect_timeout=2)
@@ -38,7 +38,13 @@ def _mapped(url: str, body: Any) -> BaseException:
 def test_each_nats_failure_becomes_ours_with_nats_py_s_as_the_cause(nats_server):
     import nats.errors
     import nats.js.errors
-    from forkless.io_loop.nats.natsconn import NatsApiError, NatsError, NatsNotFound, NatsUnavailable, describe_error
+    from forkless.io_loop.connectors.jetstream.transport import (
+        NatsApiError,
+        NatsError,
+        NatsNotFound,
+        NatsUnavailable,
+        describe_error,
+    )
 
     async def missing_stream(nc: Any) -> None:
         await nc.jsm(timeout=2).stream_info("NO_SUCH_STREAM")
@@ -66,7 +72,12 @@ def test_each_nats_failure_becomes_ours_with_nats_py_s_as_the_cause(nats_server)
 
 def test_a_write_at_an_old_revision_and_a_subject_no_stream_stores_are_named(nats_server):
     import nats.js.errors
-    from forkless.io_loop.nats.natsconn import NatsApiError, NatsError, NatsNoStreamResponse, NatsWrongLast
+    from forkless.io_loop.connectors.jetstream.transport import (
+        NatsApiError,
+        NatsError,
+        NatsNoStreamResponse,
+        NatsWrongLast,
+    )
 
     async def old_revision(nc: Any) -> None:
         kv = await nc.jetstream(timeout=2).create_key_value(bucket="wrong_last_test", history=1)
@@ -87,7 +98,7 @@ def test_a_write_at_an_old_revision_and_a_subject_no_stream_stores_are_named(nat
 
 
 def test_other_exceptions_pass_through_unmapped():
-    from forkless.io_loop.nats.natsconn import mapped_nats_errors
+    from forkless.io_loop.connectors.jetstream.transport import mapped_nats_errors
 
     with pytest.raises(KeyError), mapped_nats_errors():
         raise KeyError("a bug")

@@ -56,7 +56,7 @@ def test_an_instance_paused_past_its_lease_and_the_duplicate_window_publishes_no
     """SIGSTOP past the lease: a second instance takes the partitions over from the checkpoint
     and answers everything; SIGCONT once the results' duplicate window has passed: the old owner
     finds its lease lost and drops what it held (exit 3). What it publishes after SIGCONT is at
-    most the one item of replies it was writing when it was paused (io_loop/nats/leases.py,
+    most the one item of replies it was writing when it was paused (io_loop/connectors/jetstream/leases.py,
     "Fencing the replies": the fence is checked before each item is written, and an item the
     socket had not taken yet goes out when the process runs again; seen once in a fresh-clone
     run of the suite, 16 replies, one item at FORKLESS_MAX_BATCH=16): nothing it held after."""
@@ -264,7 +264,7 @@ def test_a_restart_after_retention_removed_only_other_partitions_messages_resume
     objects (before this, exit 2: its partitions' objects recorded positions only, judged against
     the stream's first sequence) and answers 5 more exactly once. Then one of its own messages is
     removed by retention while it is stopped: the next start still exits 2."""
-    from forkless.io_loop.sources.jetstream import PULL_EXPIRES_S, STREAM_INFO_EVERY_S
+    from forkless.io_loop.connectors.jetstream.source import PULL_EXPIRES_S, STREAM_INFO_EVERY_S
 
     from tests.servers import make_messages
 

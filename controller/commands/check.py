@@ -22,9 +22,9 @@ from forkless.controller.codec import Codec, JsonCodec
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
 from forkless.controller.settings.variables import VARIABLES, as_text
+from forkless.io_loop.connectors.jetstream.partitions import format_partitions
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
 from forkless.io_loop.net.netaddr import redact_url
-from forkless.io_loop.sources.partitions import format_partitions
 from forkless.io_loop.sources.probe import ProbeFailed, check_metrics_addr, probe_feed
 
 __all__ = ["run_check"]

@@ -10,7 +10,8 @@ Rules:
   configuration is ``controller.config`` (pure), the codec the default ``JsonCodec`` in float64
   (the payload carries the numbers exactly as the feed wrote them).
 - A source → sink run (controller/lifetime/sinkrun.py ``SinkRun``, the runtime a program's own sink
-  runs on): the IO thread (io_loop/thread.py) runs the feeds and the publisher (io_loop/relay/publisher.py,
+  runs on): the IO thread (io_loop/thread.py) runs the feeds and the publisher
+  (io_loop/connectors/jetstream/publisher.py,
   a ``Sink``) on its loop, the publisher taking the chunks in place of the main thread; this main
   thread waits with the controller's own pieces (signals, serving loop, stop deadline, ``end_io``).
   What is the relay's own here: its view (``RelayView``), status and books lines, metrics, exit status.
@@ -54,7 +55,7 @@ log = logging.getLogger("forkless.relay")
 
 @dataclass(frozen=True)
 class RelayView:
-    """The relay at one moment: the IO side's figures and the publisher's (``io_loop.relay.publisher``),
+    """The relay at one moment: the IO side's figures and the publisher's (``io_loop.connectors.jetstream.publisher``),
     with the names the health endpoints read (io_loop/net/http.py)."""
 
     io: IOSnapshot
@@ -116,7 +117,9 @@ def relay_main(argv: list[str] | None = None, *, prog: str = "python app.py") ->
         return report(exc)
     setup_logging(config.log_level, config.log_format)
     try:
-        from forkless.io_loop.relay.publisher import Publisher  # nats-py: an optional extra (pip install ".[nats]")
+        from forkless.io_loop.connectors.jetstream.publisher import (
+            Publisher,  # nats-py: an optional extra (pip install ".[nats]")
+        )
         from forkless.io_loop.relay.relaystats import RelayStats
     except ImportError as exc:
         print(f"forkless: the relay needs nats-py: pip install \"forkless[nats]\" ({exc})", file=sys.stderr)

@@ -15,12 +15,12 @@ Rules:
   two partitions' objects leaves each partition with a complete object of its own, and each
   carries its own position, so each resumes from where its own state stands.
 - The split happens on the checkpoint writer thread, from the ``Snapshot`` the checkpointer
-  made: each stream's partition is ``partitions_of`` its name (io_loop/sources/partitions.py, the
+  made: each stream's partition is ``partitions_of`` its name (io_loop/connectors/jetstream/partitions.py, the
   server's own function), computed once per checkpoint, vectorised.
 - A stream's position in a partition's object is the feed's position as of the checkpoint, or
   the partition's own restored position when that is further (an instance that took over
   partitions from several others starts its consumer at the lowest of them, and skips, per
-  partition, what each already holds: io_loop/sources/jsconsumer.py). Where the IO side found the stream
+  partition, what each already holds: io_loop/connectors/jetstream/consumer.py). Where the IO side found the stream
   holding no further message of the feed's subjects from at or below that position up to a
   later sequence (``covering``, controller/checkpoints/positions.py), the object records it as ``covered``,
   and a restore resumes the partition after it: retention of other partitions' messages there
@@ -39,7 +39,7 @@ Rules:
   shape or dtype, is ``CheckpointMismatch``. The partitions' streams are put one after the
   other into slots 0..n-1 of the processor's init state (``restore_into``); more streams than
   ``FORKLESS_MAX_STREAMS`` is ``CheckpointMismatch``.
-- I/O goes through a store with ``put``/``get``/``names``/``delete`` (io_loop/nats/natsstore.py's
+- I/O goes through a store with ``put``/``get``/``names``/``delete`` (io_loop/connectors/jetstream/store.py's
   ``NatsStore``), whose puts refuse once a partition's lease is lost (fencing).
 - ``PartitionOwner`` is the instance's side of it: at start, before anything is restored, it
   connects to the feed's server, takes a lease on every owned partition (``lease_key``: one
@@ -80,9 +80,9 @@ from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
 from forkless.controller.device.compiled import per_stream_leaf
 from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
 from forkless.controller.settings.groups import InstanceSettings
+from forkless.io_loop.connectors.jetstream.consumer import ACCEPT_LOSS
+from forkless.io_loop.connectors.jetstream.partitions import format_partitions, partition_subjects, partitions_of
 from forkless.io_loop.errors import LeaseLost, PositionLost
-from forkless.io_loop.sources.jsconsumer import ACCEPT_LOSS
-from forkless.io_loop.sources.partitions import format_partitions, partition_subjects, partitions_of
 
 __all__ = ["NoPartitions", "PartitionOwner", "PartitionPieces", "PartitionedCheckpoints", "check_partitionable",
            "lease_key", "object_name", "partitioned_feed"]
@@ -271,7 +271,7 @@ class PartitionedCheckpoints:
         why it cannot be used (a ``str``) when it is damaged or unreadable. ``CheckpointMismatch``
         is raised, never skipped: it names the setting and both values."""
         # nats-py is an optional extra: loaded only where a partitioned feed (and so a NatsStore) exists
-        from forkless.io_loop.nats.objects import ObjectDamaged
+        from forkless.io_loop.connectors.jetstream.objects import ObjectDamaged
 
         try:
             data = self.store.get(name)
@@ -425,7 +425,7 @@ class PartitionOwner:
         signal during the wait): ``StopRequested``, with nothing held. ``settings``: the instance's
         (``Config.instance_settings()``), what it reads of the configuration."""
         # nats-py is an optional extra, loaded only by a process with a JetStream feed
-        from forkless.io_loop.nats.natsstore import NatsStore
+        from forkless.io_loop.connectors.jetstream.store import NatsStore
 
         spec = feed.jetstream
         holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -465,7 +465,7 @@ class PartitionOwner:
 
     def holds(self) -> bool:
         """Every lease still held by time (any thread, no I/O): the IO side's fence before it
-        publishes replies (io_loop/sources/jspublish.py)."""
+        publishes replies (io_loop/connectors/jetstream/replies.py)."""
         return self.store.holds()
 
     def raise_if_lost(self) -> None:

@@ -8,7 +8,7 @@ Rules:
   a problem; so is a partitioned feed's checkpoint or lease bucket that does not exist yet (the
   first start makes it).
 - A partitioned feed's stream must partition as the feed expects: ``check_partitions``, which the
-  feed itself (io_loop/sources/jetstream.py) applies at every connection too.
+  feed itself (io_loop/connectors/jetstream/source.py) applies at every connection too.
 - Secrets (the URL's user:password, ``token``, the creds file's content) are never shown.
 """
 
@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from forkless.io_loop.nats.natsconn import (
+from forkless.io_loop.connectors.jetstream.partitions import format_partitions, partition_transform, transform_problems
+from forkless.io_loop.connectors.jetstream.transport import (
     NatsConnectFailed,
     NatsError,
     NatsNotFound,
@@ -29,7 +30,6 @@ from forkless.io_loop.nats.natsconn import (
     mapped_nats_errors,
 )
 from forkless.io_loop.settings import FeedSpec, JetStreamSpec, PartitionSettings, Timeouts, TlsSettings
-from forkless.io_loop.sources.partitions import format_partitions, partition_transform, transform_problems
 
 __all__ = ["check_partitions", "probe_jetstream"]
 

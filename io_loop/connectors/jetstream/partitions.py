@@ -224,7 +224,8 @@ def transform_problems(template: str, count: int, transform: PartitionTransform)
     if len(transform.wildcards) != 1:
         hashed = ", ".join(map(str, transform.wildcards)) or "none"
         problems.append(f"the subject transform {transform} hashes the source's wildcards {hashed}: forkless "
-                        "computes a stream's partition from its name's token alone (io_loop/sources/partitions.py), so "
+                        "computes a stream's partition from its name's token alone "
+                        "(io_loop/connectors/jetstream/partitions.py), so "
                         "the destination must be {{partition(P,n)}} with the one wildcard n holding the stream")
     want = template.split(".")
     have = transform.dest.split(".")

@@ -1,5 +1,5 @@
 """A JetStream feed's replies published to its results subject: the writer of a ``JetStreamSource``
-(io_loop/sources/jetstream.py), one per connection, in the role a WebSocket client's writer has. Imported
+(io_loop/connectors/jetstream/source.py), one per connection, in the role a WebSocket client's writer has. Imported
 only when such a feed is configured (nats-py is an optional extra).
 
 Rules:
@@ -39,10 +39,8 @@ from typing import Any
 
 import nats.errors
 import nats.js.errors
-from forkless.io_loop.counters import SourceStats
-from forkless.io_loop.crossing import Origin
-from forkless.io_loop.nats.nats_compat import publish_commands
-from forkless.io_loop.nats.natsconn import (
+from forkless.io_loop.connectors.jetstream.nats_compat import publish_commands
+from forkless.io_loop.connectors.jetstream.transport import (
     NatsError,
     NatsNoStreamResponse,
     describe_error,
@@ -50,6 +48,8 @@ from forkless.io_loop.nats.natsconn import (
     mapped_nats_errors,
     unsubscribe_quietly,
 )
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.crossing import Origin
 from forkless.io_loop.settings import FeedSpec, Timeouts
 from forkless.io_loop.sources.client import End, Outcome
 from forkless.io_loop.writer import ReplyBatch

@@ -1,5 +1,5 @@
 """StoreThread: the checkpoint store's own thread, asyncio loop and NATS connection
-(io_loop/nats/natsstore.py composes it with the leases and the objects).
+(io_loop/connectors/jetstream/store.py composes it with the leases and the objects).
 
 Rules:
 - One NATS connection, on a daemon thread of its own ("forkless-store") running its own asyncio
@@ -34,10 +34,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from forkless.io_loop.backoff import Backoff
-from forkless.io_loop.errors import FeedFatal, StopRequested, StoreError
-from forkless.io_loop.loopthread import LoopThread
-from forkless.io_loop.nats.natsconn import NatsConnectFailed as _Failed
-from forkless.io_loop.nats.natsconn import (
+from forkless.io_loop.connectors.jetstream.transport import NatsConnectFailed as _Failed
+from forkless.io_loop.connectors.jetstream.transport import (
     NatsError,
     NatsUnavailable,
     close_quietly,
@@ -45,7 +43,9 @@ from forkless.io_loop.nats.natsconn import (
     connect_options,
     mapped_nats_errors,
 )
-from forkless.io_loop.nats.natsconn import describe_error as _describe
+from forkless.io_loop.connectors.jetstream.transport import describe_error as _describe
+from forkless.io_loop.errors import FeedFatal, StopRequested, StoreError
+from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.settings import FeedSpec, ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["StoreThread", "each", "sleep_or_stop"]

@@ -1,6 +1,6 @@
 """Leases: the partition leases of a checkpoint store, one KV key per partition in a lease
-bucket, taken, renewed, fenced and released on the store's loop (io_loop/nats/storethread.py);
-io_loop/nats/natsstore.py's blocking methods call them.
+bucket, taken, renewed, fenced and released on the store's loop (io_loop/connectors/jetstream/storethread.py);
+io_loop/connectors/jetstream/store.py's blocking methods call them.
 
 Rules:
 - Everything here runs on the store's loop, but ``holds``, ``lost`` (a ``threading.Event``) and
@@ -23,14 +23,14 @@ Rules:
   its leases over at once (meant for a restart after a kill), and the first finds out at its
   next renewal, within lease/3.
 - Renewing: every ``lease/3`` each key is written again at its revision (``update(last=)``), and
-  the round's other parts run (``RoundPart``: the deployment record, io_loop/nats/deployment.py).
+  the round's other parts run (``RoundPart``: the deployment record, io_loop/connectors/jetstream/deployment.py).
   A renewal counts from the moment it was sent, so we consider a lease expired no later than the
   server does (its TTL runs from when it stored the value), and no later than a claimant's
   deadline. A revision conflict (someone else wrote the key) or no successful renewal for a
   lease: the key is lost — ``lost`` is set, an error logged, never an exception to anyone.
   (Here "a lease" is ``min(lease_s, TTL)``.)
 - Fencing: ``fence`` raises ``LeaseLost`` once a lease is lost or has run out unrenewed; the
-  objects call it just before an object is committed (io_loop/nats/objects.py), so an instance that
+  objects call it just before an object is committed (io_loop/connectors/jetstream/objects.py), so an instance that
   lost its partitions never writes or prunes their checkpoints. The last check and the meta's
   publication are not one atomic step: a meta sent in the instant the lease runs out is stored.
   That window is one publish long, and a new owner takes a key only once the server has let it
@@ -38,7 +38,7 @@ Rules:
 - Fencing the replies: ``holds()`` (any thread, no I/O) is False once a lease is lost or its
   last acknowledged renewal is a lease old, whether or not the renewer has noticed yet (a
   process paused by SIGSTOP wakes with every thread at once). The IO side asks it before it
-  publishes each item of replies (io_loop/sources/jspublish.py) and drops what it may not publish, so a
+  publishes each item of replies (io_loop/connectors/jetstream/replies.py) and drops what it may not publish, so a
   zombie never publishes what it held: the partitions' new owner answers those from its
   checkpoint. The window between the check and the publication is one item long, as above.
 - ``release`` deletes each key still ours, only at our revision (``delete(last=)``), so a key
@@ -55,11 +55,17 @@ import threading
 import time
 from typing import Any, Protocol
 
+from forkless.io_loop.connectors.jetstream.storethread import (
+    NAME_IN_USE,
+    TAKE_ATTEMPTS,
+    StoreThread,
+    each,
+    sleep_or_stop,
+)
+from forkless.io_loop.connectors.jetstream.transport import NatsConnectFailed as _Failed
+from forkless.io_loop.connectors.jetstream.transport import NatsError, NatsNotFound, NatsWrongLast, mapped_nats_errors
+from forkless.io_loop.connectors.jetstream.transport import describe_error as _describe
 from forkless.io_loop.errors import LeaseHeld, LeaseLost, StoreError
-from forkless.io_loop.nats.natsconn import NatsConnectFailed as _Failed
-from forkless.io_loop.nats.natsconn import NatsError, NatsNotFound, NatsWrongLast, mapped_nats_errors
-from forkless.io_loop.nats.natsconn import describe_error as _describe
-from forkless.io_loop.nats.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread, each, sleep_or_stop
 from nats.js import api
 from nats.js.kv import KeyValue
 
@@ -166,7 +172,7 @@ class Leases:
                 with mapped_nats_errors():
                     await js.create_key_value(api.KeyValueConfig(
                         bucket=self.bucket, history=1, ttl=self.lease_s,
-                        description="forkless partition leases (io_loop/nats/natsstore.py)"))
+                        description="forkless partition leases (io_loop/connectors/jetstream/store.py)"))
             except NatsError as exc:
                 if exc.code != 400 or exc.err_code != NAME_IN_USE:  # made by another instance at the same moment
                     raise

@@ -1,6 +1,6 @@
 """Where a JetStream feed's consuming has reached and what each delivery means, pure: the stream's
 state, reply subjects and subjects in, decisions out (websockets' protocol core is the model). No
-socket, no event loop, no clock: io_loop/sources/jetstream.py is the pump around it, which makes the
+socket, no event loop, no clock: io_loop/connectors/jetstream/source.py is the pump around it, which makes the
 consumers, pulls, decodes, hands over and asks ``Consumer`` at each step.
 
 Rules:
@@ -52,11 +52,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from forkless.io_loop.connectors.jetstream.partitions import escape_stream, partition_of
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import PositionUnknown, Resume
 from forkless.io_loop.errors import PositionLost
 from forkless.io_loop.settings import JetStreamSpec
-from forkless.io_loop.sources.partitions import escape_stream, partition_of
 
 __all__ = ["FOREIGN_REASON", "SKIP", "Consumer", "Drop", "Take", "delivery_numbers"]
 

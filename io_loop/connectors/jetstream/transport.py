@@ -1,6 +1,8 @@
 """NATS as every part of forkless that talks to it connects and reads it: the JetStream feed
-(io_loop/sources/jetstream.py) and its publisher (io_loop/sources/jspublish.py), the relay (io_loop/relay/publisher.py),
-the checkpoint store (io_loop/nats/natsstore.py) and ``--check`` (io_loop/sources/jsprobe.py). Imported only where
+(io_loop/connectors/jetstream/source.py) and its publisher (io_loop/connectors/jetstream/replies.py), the relay
+(io_loop/connectors/jetstream/publisher.py),
+the checkpoint store (io_loop/connectors/jetstream/store.py) and ``--check`` (io_loop/connectors/jetstream/probe.py).
+Imported only where
 one of them is (nats-py is an optional extra).
 
 Rules:
@@ -21,9 +23,10 @@ Rules:
   subject), ``NatsApiError`` (another error the server answered); each one's text is
   ``describe_error``'s of nats-py's, which is its ``__cause__``, and an error the server answered
   keeps its ``code``, ``err_code`` and ``description`` (``api`` is True). No module but this one
-  names a nats-py exception in an ``except``: the JetStream feed (io_loop/sources/jetstream.py) and
-  its publisher (io_loop/sources/jspublish.py), ``--check`` (io_loop/sources/jsprobe.py), the relay
-  (io_loop/relay/publisher.py) and the checkpoint store (io_loop/nats/: whatever runs on its loop
+  names a nats-py exception in an ``except``: the JetStream feed (io_loop/connectors/jetstream/source.py) and
+  its publisher (io_loop/connectors/jetstream/replies.py), ``--check`` (io_loop/connectors/jetstream/probe.py), the
+  relay
+  (io_loop/connectors/jetstream/publisher.py) and the checkpoint store (io_loop/nats/: whatever runs on its loop
   through ``StoreThread.call`` is mapped there too) catch ours.
 - A JetStream publish acknowledgement says "duplicate" (``duplicate_ack``) in either spelling the
   servers write: nats-server 2.15 writes ``"duplicate": true``, with a space.
@@ -54,7 +57,7 @@ WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's error codes for an expected-
 
 class NatsConnectFailed(Exception):
     """A connection attempt failed; ``fatal`` when retrying cannot help (credentials refused).
-    The feed's, the relay's and the store's (io_loop/nats/storethread.py)."""
+    The feed's, the relay's and the store's (io_loop/connectors/jetstream/storethread.py)."""
 
     def __init__(self, reason: str, *, fatal: bool = False) -> None:
         super().__init__(reason)

@@ -26,7 +26,7 @@ Rules:
 - Payload: ``{"seq", "stream", "x"}`` with ``x`` as the codec decoded it (float64 in the relay),
   written with the shortest text that reads back to the same double, so the default codec decodes
   the payload to exactly what it would have decoded from the feed's own frame. The subject is
-  ``<subject>.<escape_stream(stream)>`` (io_loop/sources/partitions.py).
+  ``<subject>.<escape_stream(stream)>`` (io_loop/connectors/jetstream/partitions.py).
 - Gaps: ``SeqGaps`` (pure, io_loop/relay/relaystats.py, with the counters ``RelayStats``) follows each
   feed's ``seq`` (FORKLESS_RELAY_SEQ) and counts the gaps by reason, across a reconnect of the feed
   or within one connection, and the seqs that go back. Each gap is logged here (at most one line
@@ -56,8 +56,8 @@ from typing import Any
 
 import orjson
 from forkless.io_loop.backoff import Backoff
-from forkless.io_loop.errors import FeedFatal
-from forkless.io_loop.nats.natsconn import (
+from forkless.io_loop.connectors.jetstream.partitions import escape_stream
+from forkless.io_loop.connectors.jetstream.transport import (
     NatsConnectFailed,
     NatsError,
     NatsNotFound,
@@ -69,11 +69,11 @@ from forkless.io_loop.nats.natsconn import (
     mapped_nats_errors,
     unsubscribe_quietly,
 )
+from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.reconnect import DONE, drive
 from forkless.io_loop.relay.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
 from forkless.io_loop.settings import RelaySettings
 from forkless.io_loop.sinks.sink import EventBatch, MessageBatch, SinkContext
-from forkless.io_loop.sources.partitions import escape_stream
 
 __all__ = ["Publisher"]
 

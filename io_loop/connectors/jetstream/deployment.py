@@ -1,5 +1,5 @@
 """DeploymentRecord: the layout a partitioned stream's live instances run with, one more KV key
-beside their leases (io_loop/nats/leases.py), claimed after the leases and kept with every renewal
+beside their leases (io_loop/connectors/jetstream/leases.py), claimed after the leases and kept with every renewal
 round, on the store's loop.
 
 Rules:
@@ -24,11 +24,11 @@ import threading
 import time
 from typing import Any
 
+from forkless.io_loop.connectors.jetstream.leases import POLLS_PER_LEASE, RENEWS_PER_LEASE, Leases
+from forkless.io_loop.connectors.jetstream.partitions import format_partitions
+from forkless.io_loop.connectors.jetstream.storethread import StoreThread, each, sleep_or_stop
+from forkless.io_loop.connectors.jetstream.transport import NatsError, NatsNotFound, mapped_nats_errors
 from forkless.io_loop.errors import DeploymentMismatch, StoreError
-from forkless.io_loop.nats.leases import POLLS_PER_LEASE, RENEWS_PER_LEASE, Leases
-from forkless.io_loop.nats.natsconn import NatsError, NatsNotFound, mapped_nats_errors
-from forkless.io_loop.nats.storethread import StoreThread, each, sleep_or_stop
-from forkless.io_loop.sources.partitions import format_partitions
 
 __all__ = ["DeploymentRecord"]
 

@@ -1,5 +1,6 @@
 """Objects: the checkpoint objects of a store, in nats-py's object-store layout, written and
-read on the store's loop (io_loop/nats/storethread.py); io_loop/nats/natsstore.py's blocking methods call
+read on the store's loop (io_loop/connectors/jetstream/storethread.py); io_loop/connectors/jetstream/store.py's
+blocking methods call
 them.
 
 Rules:
@@ -8,7 +9,7 @@ Rules:
   ``$O.<bucket>.M.<base64(name)>``, published with a roll-up header, so the newest meta
   replaces the last): nats-py's ``ObjectStore`` reads ours and we read its (a test holds both).
   Listing and deleting are nats-py's own (``ObjectStore.list``, ``ObjectStore.delete``).
-- Written and read here all the same: the lease check (``fence``, io_loop/nats/leases.py) must sit
+- Written and read here all the same: the lease check (``fence``, io_loop/connectors/jetstream/leases.py) must sit
   just before the meta is published, the chunks are published ``PUBLISH_WINDOW`` ahead of their
   acknowledgements (nats-py's ``put`` waits for each), and nats-py's ``get`` appends chunk by
   chunk to ``bytes`` (quadratic in the size: 4.6 s for 32 MiB, against 0.2 s here).
@@ -40,10 +41,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from forkless.io_loop.connectors.jetstream.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread
+from forkless.io_loop.connectors.jetstream.transport import NatsError, NatsNotFound, mapped_nats_errors
+from forkless.io_loop.connectors.jetstream.transport import describe_error as _describe
 from forkless.io_loop.errors import StoreError
-from forkless.io_loop.nats.natsconn import NatsError, NatsNotFound, mapped_nats_errors
-from forkless.io_loop.nats.natsconn import describe_error as _describe
-from forkless.io_loop.nats.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread
 from nats.js import api
 from nats.js.object_store import ObjectStore
 from nats.nuid import NUID
@@ -87,7 +88,7 @@ class Objects:
             try:
                 with mapped_nats_errors():
                     await js.create_object_store(
-                        self.bucket, description="forkless checkpoints (io_loop/nats/natsstore.py)")
+                        self.bucket, description="forkless checkpoints (io_loop/connectors/jetstream/store.py)")
             except NatsError as exc:
                 if exc.code != 400 or exc.err_code != NAME_IN_USE:  # made by another instance at the same moment
                     raise

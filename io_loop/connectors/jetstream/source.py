@@ -1,15 +1,15 @@
 """JetStreamSource: one JetStream feed (an entry of ``FORKLESS_FEEDS`` with ``"nats"``) as a
 ``Source`` (io_loop/source.py), run by a ``SourceRunner`` exactly as a user's source and the
 WebSocket feed's are: consume, decode, hand over, publish the replies, reconnect. The I/O pump
-around the pure bookkeeping of io_loop/sources/jsconsumer.py (where consuming has reached, what each
-delivery means); its replies are published by io_loop/sources/jspublish.py. Imported only when such a
+around the pure bookkeeping of io_loop/connectors/jetstream/consumer.py (where consuming has reached, what each
+delivery means); its replies are published by io_loop/connectors/jetstream/replies.py. Imported only when such a
 feed is configured (nats-py is an optional extra).
 
 Rules:
 - Runs on the IO loop only, beside the other feeds (io_loop/feeds.py), through its ``SourceContext``
   alone; it is ``replayable``, so its hand-over always blocks (``FORKLESS_OVERFLOW=drop_oldest``
   does not apply: a dropped message would break the exactly-once state).
-- Where it starts and what each delivery means: ``Consumer`` (io_loop/sources/jsconsumer.py), made at
+- Where it starts and what each delivery means: ``Consumer`` (io_loop/connectors/jetstream/consumer.py), made at
   ``run`` from ``ctx.resume_from``, the restored checkpoint's record for the feed (a ``Resume``
   with the stream's created time, a ``PositionUnknown``, or None). Every connection makes
   a new consumer starting at the position.
@@ -18,7 +18,7 @@ Rules:
   unused). One pull request at a time for ``pull_batch`` messages, with idle heartbeats; the
   next is asked for only once the messages of the last are handed over, so a full inbound
   queue stops fetching, and the server never has more than ``pull_batch`` messages out to us.
-  Deliveries come through a raw subscription (io_loop/nats/nats_compat.py: nats-py's protocol parser
+  Deliveries come through a raw subscription (io_loop/connectors/jetstream/nats_compat.py: nats-py's protocol parser
   hands us the bytes, no ``Msg`` per message); ``Consumer.deliver`` reads their reply subjects.
   A ``Drop`` (a gap, a redelivery of a message never consumed) drops the connection.
 - Acks: the last message of each pull, once every message of it is handed over. They are flow
@@ -32,7 +32,7 @@ Rules:
   i = 0, 1, … in order; the error replies to bad ones are indexed after the good ones
   (deterministic, so a replay makes the same ids). A partitioned feed's elements of another
   partition are error replies (``Consumer.own_partition``).
-- Replies: ``ReplyPublisher`` (io_loop/sources/jspublish.py), the writer of each connection, through the
+- Replies: ``ReplyPublisher`` (io_loop/connectors/jetstream/replies.py), the writer of each connection, through the
   source's ``ctx.replies()``, fenced by a partitioned instance's leases (``fence``).
 - Reconnect on any loss (connection, server restart, heartbeats missing, a publish not acknowledged)
   with the WebSocket feeds' ``Backoff`` and reconnect driver (io_loop/reconnect.py); tries used up,
@@ -49,7 +49,7 @@ Rules:
   messages across reconnects, server restarts and its own restarts.
 - A partitioned feed (``partition_count``, issue 24) consumes its owned partitions' subjects
   with one consumer (``filter_subjects``). At every connection the stream's subject transform
-  is checked against ``partition_count`` and the subject, as ``--check`` does (io_loop/sources/jsprobe.py
+  is checked against ``partition_count`` and the subject, as ``--check`` does (io_loop/connectors/jetstream/probe.py
   ``check_partitions``): a disagreement is ``FeedFatal`` (exit 3), naming both values.
 - Secrets (the URL's user:password, ``token``, the creds file's content) are never logged.
 """
@@ -68,10 +68,11 @@ from typing import Any
 
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.capabilities import SourceCapabilities
-from forkless.io_loop.counters import SourceStats
-from forkless.io_loop.errors import FeedFatal, PositionLost
-from forkless.io_loop.nats.nats_compat import RawClient
-from forkless.io_loop.nats.natsconn import (
+from forkless.io_loop.connectors.jetstream.consumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
+from forkless.io_loop.connectors.jetstream.nats_compat import RawClient
+from forkless.io_loop.connectors.jetstream.probe import check_partitions, probe_jetstream
+from forkless.io_loop.connectors.jetstream.replies import ReplyPublisher
+from forkless.io_loop.connectors.jetstream.transport import (
     NatsConnectFailed,
     NatsError,
     NatsNotFound,
@@ -83,13 +84,12 @@ from forkless.io_loop.nats.natsconn import (
     mapped_nats_errors,
     unsubscribe_quietly,
 )
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.errors import FeedFatal, PositionLost
 from forkless.io_loop.reconnect import drive
 from forkless.io_loop.settings import FeedSpec, PartitionSettings, ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext
 from forkless.io_loop.sources.client import End, Outcome, pause_before_reconnect
-from forkless.io_loop.sources.jsconsumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
-from forkless.io_loop.sources.jsprobe import check_partitions, probe_jetstream
-from forkless.io_loop.sources.jspublish import ReplyPublisher
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 __all__ = ["JetStreamSource"]
@@ -182,7 +182,8 @@ class JetStreamSource(SourceCapabilities):
         await drive(_Link(self, ctx), Backoff.of(self.reconnect))
 
     async def probe(self, codec: Any, say: Callable[[str], None], *, dedupe_window_s: float = 180.0) -> None:
-        """``--check``'s try of the feed: its server, stream and results stream (io_loop/sources/jsprobe.py)."""
+        """``--check``'s try of the feed: its server, stream and results stream
+        (io_loop/connectors/jetstream/probe.py)."""
         from forkless.io_loop.sources.probe import ProbeFailed  # only --check probes: a run never loads the probe
 
         problems = await probe_jetstream(self.feed, say, dedupe_window_s, self.timeouts, self.tls, self.partitioning)
