@@ -8,7 +8,11 @@ Rules:
   whose counters read as they are and whose calls do nothing, so it never asks whether there is one.
 - The IO thread gets what it needs as constructor arguments (settings, codec, counters to
   write, the whole-process snapshot, the metrics renderer, the embedder's connect hooks, the
-  restored JetStream positions, the plan's sinks of results), never attributes set on it from outside.
+  restored positions, the plan's sinks of results), never attributes set on it from outside.
+- The feeds that are connectors (io_loop/connectors/connector.py) get theirs once, here, in ``feed_plan``
+  (io_loop/feeds.py's ``connector_for`` decides): the controller asks a feed's connector, never its kind, for
+  what Controller.send may hand it, its positions' codec and its partitions; ``io_thread`` hands the same
+  connectors to the sources' factory, so a partitioned feed's source is fenced by the leases its connector owns.
 - The controller's sinks (``Controller(sinks=...)``) are checked when it is built (``checked_sinks``:
   each a ``Sink``, names of their own, a processor to give them results) and handed to the real IO
   thread, which hands them each batch's results (io_loop/sinks/results.py).
@@ -26,12 +30,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+from forkless.controller.checkpoints.positions import UserPositions
 from forkless.controller.codec import Codec
 from forkless.controller.config import Config
 from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.capabilities import capability
+from forkless.io_loop.connectors.connector import Connector, PositionCodec
 from forkless.io_loop.counters import IOSnapshot, IOStats
-from forkless.io_loop.feeds import feed_sources
+from forkless.io_loop.feeds import connector_for, feed_sources
 from forkless.io_loop.finishing import declared_awaiting
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec
 from forkless.io_loop.sinks.sink import Sink
@@ -47,24 +53,41 @@ __all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "OnEvent", "OnResults"
 
 class FeedPlan(NamedTuple):
     """What the controller runs: every feed's spec in order (the configured feeds, then the
-    user's own sources), the user's sources by name, whether the demo feed runs, and the user's sinks."""
+    user's own sources), the user's sources by name, whether the demo feed runs, the user's sinks, and the
+    configured feeds' connectors by name (``connector_for``)."""
 
     specs: tuple[FeedSpec, ...]
     sources: dict[str, Source]
     uses_demo_feed: bool
     sinks: tuple[Sink, ...] = ()  # the controller's sinks of results (``checked_sinks``)
+    connectors: tuple[Connector, ...] = ()  # the configured feeds' that are connectors, in order
+
+    def connector(self, name: str) -> Connector | None:
+        """The connector of the feed named ``name`` (None: it is not one)."""
+        return next((c for c in self.connectors if c.feed.name == name), None)
+
+    def partitioned(self) -> Connector | None:
+        """The connector of the feed whose partitions this instance owns (config.py allows one at most)."""
+        return next((c for c in self.connectors if c.partitioned), None)
+
+    def position_codecs(self) -> dict[str, PositionCodec]:
+        """Each replayable feed's ``PositionCodec`` by name: a connector's, a user's source's (``UserPositions``)."""
+        codecs: dict[str, PositionCodec] = {c.feed.name: c.positions for c in self.connectors
+                                            if c.positions is not None}
+        codecs.update({name: UserPositions(name) for name in self.sources})
+        return codecs
 
     def sendable(self, feed: str) -> int:
         """The index of the feed or source named ``feed``, to which ``Controller.send`` may hand
-        frames; ``ValueError`` naming the choices for an unknown name or a JetStream feed."""
+        frames; ``ValueError`` naming the choices for an unknown name, or why a connector's feed takes none."""
         index = next((i for i, spec in enumerate(self.specs) if spec.name == feed), None)
         if index is None:
             raise ValueError(f"no feed or source is named {feed!r}; there are: "
                              f"{', '.join(repr(spec.name) for spec in self.specs)}")
-        spec = self.specs[index]
-        if spec.jetstream is not None:
-            raise ValueError(f"{spec.label} is a JetStream feed: it publishes replies to its results subject and "
-                             "is sent no frames")
+        connector = self.connector(feed)
+        refused = connector.refuses_sends() if connector is not None else ""
+        if refused:
+            raise ValueError(refused)
         return index
 
     def refuse_ended(self, why: str, index: int, frames: int) -> None:
@@ -90,11 +113,12 @@ def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: boo
     only when it runs (``ConfigError``: ``Config.check_demo_feed``); ``check_demo=False``: an IO
     side of the caller's own runs no demo feed (the tests' fake). ``sinks``: ``checked_sinks``."""
     sinks = checked_sinks(sinks, events_only=events_only)
+    configured = () if config.uses_demo_feed else config.feed_specs
+    connectors = tuple(c for spec in configured if (c := connector_for(spec)) is not None)
     if not sources:
         if config.uses_demo_feed and check_demo:  # its settings are checked only when it runs
             config.check_demo_feed()
-        return FeedPlan(config.feed_specs, {}, config.uses_demo_feed, sinks)
-    configured = () if config.uses_demo_feed else config.feed_specs
+        return FeedPlan(config.feed_specs, {}, config.uses_demo_feed, sinks, connectors)
     taken = {spec.name for spec in configured}
     specs: list[FeedSpec] = list(configured)
     by_name: dict[str, Source] = {}
@@ -115,7 +139,7 @@ def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: boo
         taken.add(name)
         by_name[name] = source
         specs.append(FeedSpec(name, "", replies=replies, required=bool(capability(source, "required"))))
-    return FeedPlan(tuple(specs), by_name, False, sinks)
+    return FeedPlan(tuple(specs), by_name, False, sinks, connectors)
 
 
 def checked_sinks(sinks: Sequence[Sink], *, events_only: bool) -> tuple[Sink, ...]:
@@ -218,13 +242,12 @@ def with_hooks(io_factory: IOFactory, *, on_connect: OnConnect | None,
 def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
                on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
                positions: dict[str, Any] | None = None, plan: FeedPlan | None = None,
-               fence: Callable[[], bool] | None = None, acknowledged: Any = None) -> IOSide:
+               acknowledged: Any = None) -> IOSide:
     """The real IO side; ``positions``: the replayable feeds' positions a restored checkpoint
-    recorded (passed only when there are some); ``plan``: the feeds with the user's own sources (and sinks)
-    (passed only when there are some); ``fence``: a partitioned instance's lease check, asked
-    before each publication of replies (passed only by a partitioned instance); ``acknowledged``:
-    signalled as replies are acknowledged (io_loop/sinks/sink.py, passed where there are JetStream feeds). The
-    plan's sinks (``FeedPlan.sinks``) are handed each batch's results."""
+    recorded (passed only when there are some); ``plan``: the feeds with the user's own sources, sinks and the
+    feeds' connectors (passed only when there are some: a partitioned feed's connector fences the source it makes
+    with the leases it owns); ``acknowledged``: signalled as replies are acknowledged (io_loop/sinks/sink.py,
+    passed where feeds keep positions). The plan's sinks (``FeedPlan.sinks``) are handed each batch's results."""
     render = None
     if config.metrics_addr:
         from forkless.controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
@@ -233,9 +256,11 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
     settings = config.io_settings()
     if plan is not None:
         settings = dataclasses.replace(settings, feed_specs=plan.specs, uses_demo_feed=plan.uses_demo_feed)
-    # every feed's source built here, the composition root: the hooks and the fence go straight to them
+    # every feed's source built here, the composition root: the hooks go straight to them, and the plan's
+    # connectors make theirs (a partitioned feed's fenced by the leases its connector owns)
     sources = feed_sources(settings, sources=plan.sources if plan is not None else None, on_connect=on_connect,
-                           before_connect=before_connect, fence=fence)
+                           before_connect=before_connect,
+                           connectors={c.feed.name: c for c in plan.connectors} if plan is not None else None)
     result_sinks = plan.sinks if plan is not None else ()
     return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render, sources=sources,
                     positions=positions, acknowledged=acknowledged, result_sinks=result_sinks)

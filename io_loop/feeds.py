@@ -4,13 +4,14 @@ connection its message came from.
 Rules:
 - Every feed is a ``Source`` (io_loop/source.py) run by a ``SourceRunner``: a user's own, the
   WebSocket feed's (io_loop/sources/client.py), the embedded demo feed's (io_loop/sources/demo_source.py),
-  the JetStream feed's (io_loop/connectors/jetstream/source.py). ``feed_source`` is the one place a feed's kind is
-  decided, from the configuration, and where each source is handed the settings groups it reads
-  (io_loop/settings.py: timeouts, reconnect, TLS, credentials, limits, the demo feed's), never the
+  a connector's (io_loop/connectors/connector.py: the JetStream feed's). ``connector_for`` and ``feed_source`` are
+  the one place a feed's kind is decided, from the configuration, and where each source is handed the settings
+  groups it reads (io_loop/settings.py: timeouts, reconnect, TLS, credentials, limits, the demo feed's), never the
   whole ``IOSettings``; ``feed_sources`` makes every feed's, called by the composition
-  root (controller/ioside.py, the relay, ``--check``), which hands the hooks and a partitioned
-  feed's lease fence straight to the sources: the IO thread and the feed set are handed the
-  sources ready made, and ``feed_client`` is the only call the feed set makes for a feed. Each
+  root (controller/ioside.py, the relay, ``--check``), which hands the hooks straight to the sources and the
+  feeds' connectors (a partitioned feed's connector fences the source it makes with the leases it owns): the IO
+  thread and the feed set are handed the sources ready made, and ``feed_client`` is the only call the feed set
+  makes for a feed. Each
   has its own connection, reconnect/backoff, heartbeat, stale watchdog, subscribe-on-connect,
   unsent-reply buffer and counters (its own ``IOStats``). All of them put their chunks on the one
   inbound queue, stamped with the feed's index, so one micro-batch may mix feeds.
@@ -37,12 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import janus
 from forkless.io_loop.bridge import Bridge
 from forkless.io_loop.capabilities import capability
+from forkless.io_loop.connectors.connector import Connector
 from forkless.io_loop.counters import FeedSnapshot, IOStats
 from forkless.io_loop.crossing import Outgoing, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
@@ -53,7 +55,7 @@ from forkless.io_loop.sources.before_connect import BeforeConnect
 from forkless.io_loop.sources.client import WebSocketSource
 from forkless.io_loop.sources.on_connect import OnConnect
 
-__all__ = ["FeedSet", "Outbox", "feed_client", "feed_source", "feed_sources"]
+__all__ = ["FeedSet", "Outbox", "connector_for", "feed_client", "feed_source", "feed_sources"]
 
 log = logging.getLogger("forkless.feeds")
 
@@ -96,22 +98,31 @@ class Outbox(asyncio.Queue):
         self.put_nowait(self._END)
 
 
+def connector_for(spec: FeedSpec) -> Connector | None:
+    """The connector of one configured feed (io_loop/connectors/connector.py), None for a feed that is not one
+    (a WebSocket feed, the demo feed, a user's source): with ``feed_source``, the one place a feed's kind is
+    decided. The composition root makes each once and hands it to ``feed_sources``."""
+    if spec.jetstream is not None:
+        # only with a JetStream feed: its room (the connector itself imports no nats-py until it makes a source)
+        from forkless.io_loop.connectors.jetstream.connector import JetStreamConnector
+
+        return JetStreamConnector(spec)
+    return None
+
+
 def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, Source],
                 on_connect: OnConnect | None, before_connect: BeforeConnect | None,
-                fence: Callable[[], bool] | None = None) -> Source:
+                connector: Connector | None = None) -> Source:
     """The source of one configured feed: the one place its kind is decided, from the configuration
-    (a user's source by its name, a JetStream feed, the embedded demo feed for the feed with no
-    url, a WebSocket feed). ``fence``: a partitioned instance's leases (a partitioned JetStream feed's)."""
+    (a user's source by its name, a connector's (``connector``, else ``connector_for``'s), the embedded demo feed
+    for the feed with no url, a WebSocket feed)."""
     if spec.name in sources:  # a user's own source
         return sources[spec.name]
     s = settings
-    if spec.jetstream is not None:
-        # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-        from forkless.io_loop.connectors.jetstream.source import JetStreamSource
-
-        return JetStreamSource(spec, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls,
-                               max_batch=s.limits.max_batch, max_msg_bytes=s.limits.max_msg_bytes,
-                               partitioning=s.partitioning, fence=fence if spec.jetstream.partitioned else None)
+    connector = connector if connector is not None else connector_for(spec)
+    if connector is not None:
+        return connector.source(timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, limits=s.limits,
+                                partitioning=s.partitioning)
 
     def websocket(feed: FeedSpec, url: str | None = None) -> WebSocketSource:
         return WebSocketSource(feed, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, credentials=s.credentials,
@@ -128,11 +139,13 @@ def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, S
 
 def feed_sources(settings: IOSettings, *, sources: Mapping[str, Source] | None = None,
                  on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
-                 fence: Callable[[], bool] | None = None) -> list[Source]:
+                 connectors: Mapping[str, Connector] | None = None) -> list[Source]:
     """Every configured feed's source, one per ``settings.feed_specs`` (``feed_source``), for the
-    composition root to hand the IO thread."""
+    composition root to hand the IO thread; ``connectors``: the feeds' connectors by name, made by the composition
+    root (a partitioned feed's owns its partitions, whose fence its source gets)."""
+    connectors = connectors or {}
     return [feed_source(spec, settings, sources=sources or {}, on_connect=on_connect, before_connect=before_connect,
-                        fence=fence) for spec in settings.feed_specs]
+                        connector=connectors.get(spec.name)) for spec in settings.feed_specs]
 
 
 def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDecoder, source: Source, *,

@@ -21,7 +21,7 @@ Rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -126,6 +126,32 @@ class FeedSpec:
         via = f", unix_socket={self.unix_socket!r}" if self.unix_socket else ""
         return (f"FeedSpec(name={self.name!r}, url={self.shown_url!r}{via}, required={self.required!r}, "
                 f"replies={self.replies!r}, jetstream={self.jetstream!r})")
+
+    @property
+    def websocket(self) -> bool:
+        """A WebSocket feed (or the demo feed's, a user's source's place): not a connector's (a JetStream feed's)."""
+        return self.jetstream is None
+
+    @property
+    def partitioned(self) -> bool:
+        """It consumes some of its stream's partitions (a JetStream entry with ``"partition_count"``)."""
+        return self.jetstream is not None and self.jetstream.partitioned
+
+    @property
+    def partition_count(self) -> int:
+        """Its stream's partitions (0: not partitioned)."""
+        return self.jetstream.partition_count if self.jetstream is not None else 0
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """The partitions this instance owns, as resolved (``with_partitions``) or given in its entry."""
+        return self.jetstream.partitions if self.jetstream is not None else ()
+
+    def with_partitions(self, partitions: tuple[int, ...]) -> FeedSpec:
+        """This partitioned feed owning ``partitions`` (config.py resolves them from FORKLESS_INSTANCE)."""
+        if self.jetstream is None:
+            raise ValueError(f"{self.label} is not partitioned")
+        return replace(self, jetstream=replace(self.jetstream, partitions=tuple(partitions)))
 
     @property
     def shown_url(self) -> str:

@@ -77,7 +77,9 @@ CORE = [
     "io_loop/crossing.py",
     "io_loop/decoding.py",
     "io_loop/errors.py",
+    "io_loop/connectors/connector.py",
     "io_loop/connectors/jetstream/consumer.py",
+    "io_loop/connectors/jetstream/positions.py",
     "io_loop/net/netaddr.py",
     "io_loop/connectors/jetstream/partitions.py",
     "io_loop/relay/relaystats.py",
@@ -108,6 +110,7 @@ IO = [
     "io_loop/spill.py",
     "io_loop/net/http.py",
     "io_loop/sources/on_connect.py",
+    "io_loop/connectors/jetstream/connector.py",
     "io_loop/connectors/jetstream/source.py",
     "io_loop/connectors/jetstream/probe.py",
     "io_loop/connectors/jetstream/replies.py",
@@ -569,6 +572,48 @@ def test_a_websocket_only_run_imports_no_library_only_some_runs_need():
     assert "forkless.io_loop.sources.client" in loaded_modules and "jax" in loaded_modules
     optional = sorted({m.split(".")[0] for m in loaded_modules} & OPTIONAL_LIBRARIES)
     assert not optional, f"a WebSocket-only run imported {optional}: import them only where they are used"
+
+
+# ---- the JetStream connector is a room: nats-py is imported in it alone, its exceptions named by one module ----
+
+NATS_ROOM = "io_loop/connectors/jetstream/"
+# the transport maps nats-py's exceptions to ours (the one place), nats_compat raises nats-py's own from its
+# private parts, inside the transport's mapping; every other module catches ours
+NAMES_NATS_ERRORS = {"io_loop/connectors/jetstream/transport.py", "io_loop/connectors/jetstream/nats_compat.py"}
+NATS_ERROR_MODULES = ("nats.errors", "nats.js.errors")
+
+
+def nats_imports(path: str, imports: list[Import] | None = None) -> list[Import]:
+    """The statements of ``path`` that import nats-py (any of its modules), wherever they are written."""
+    return [imp for imp in (IMPORTS[path] if imports is None else imports)
+            if any(target == "nats" or target.startswith("nats.") for target in imp.targets)]
+
+
+def names_nats_errors(imports: list[Import]) -> list[Import]:
+    return [imp for imp in imports if any(t.startswith(NATS_ERROR_MODULES) or t == "nats" for t in imp.targets)]
+
+
+def test_every_nats_import_of_the_product_is_in_the_jetstream_connector_s_room():
+    outside = [f"{imp.where} imports {', '.join(imp.targets)}" for path in PATHS if not path.startswith(NATS_ROOM)
+               for imp in nats_imports(path)]
+    assert not outside, "nats-py is the JetStream connector's (io_loop/connectors/jetstream/):\n" + "\n".join(outside)
+    assert any(nats_imports(path) for path in PATHS if path.startswith(NATS_ROOM)), "the scanner sees no nats import"
+
+
+def test_only_the_transport_names_nats_py_s_exceptions():
+    # ``import nats`` reaches nats.errors too: only the transport and nats_compat import the package or its errors
+    wrong = [f"{imp.where} imports {', '.join(imp.targets)}" for path in PATHS if path not in NAMES_NATS_ERRORS
+             for imp in names_nats_errors(nats_imports(path))]
+    assert not wrong, "catch the transport's errors (io_loop/connectors/jetstream/transport.py):\n" + "\n".join(wrong)
+
+
+def test_the_nats_rules_see_an_import_outside_the_room_and_an_error_module_named_inside_it():
+    # the two rules above, on literal source: each would fail on such a module
+    outside = find_imports("def f():\n    from nats.js.api import StreamConfig  # lazily\n", "io_loop/feeds.py")
+    assert [imp.targets for imp in nats_imports("io_loop/feeds.py", outside)] == [("nats.js.api",)]
+    inside = find_imports("import nats.errors\nfrom nats.js import api\n", NATS_ROOM + "source.py")
+    assert [imp.targets for imp in names_nats_errors(nats_imports(NATS_ROOM + "source.py", inside))] == [
+        ("nats.errors",)]
 
 
 # ---- one owner of the device state ---------------------------------------------------------------

@@ -116,7 +116,7 @@ INTERNAL = {
         "one failed attempt to reach NATS: tried again, then given up with FeedFatal (a feed, the relay) or "
         "StoreError (the checkpoint store)",
     "forkless.io_loop.connectors.jetstream.transport.NatsError":
-        "nats-py's failure mapped at the edge (mapped_nats_errors): its users catch it and end the connection, "
+        "nats-py's failure mapped at the edge (the transport's calls): its users catch it and end the connection, "
         "fail the attempt (NatsConnectFailed) or report a --check problem",
     "forkless.io_loop.connectors.jetstream.transport.NatsNotFound":
         "a NatsError: what the server does not hold, caught where it is asked for",

@@ -55,15 +55,13 @@ from typing import Any
 from forkless.io_loop.connectors.jetstream.partitions import escape_stream, partition_of
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import PositionUnknown, Resume
-from forkless.io_loop.errors import PositionLost
+from forkless.io_loop.errors import ACCEPT_LOSS, PositionLost
 from forkless.io_loop.settings import JetStreamSpec
 
 __all__ = ["FOREIGN_REASON", "SKIP", "Consumer", "Drop", "Take", "delivery_numbers"]
 
 FOREIGN_REASON = "stream not in this subject's partition"
 PARTITION_CACHE = 1 << 20  # streams whose partition is remembered (the cache is emptied when full)
-ACCEPT_LOSS = ("start with FORKLESS_CHECKPOINT_RESTORE=never to accept the loss (the state starts empty and "
-               "the feed at its \"start\")")
 
 
 def delivery_numbers(reply: bytes) -> tuple[int, int, int, int] | None:

@@ -53,7 +53,7 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from forkless.io_loop.connectors.jetstream.storethread import (
     NAME_IN_USE,
@@ -62,12 +62,16 @@ from forkless.io_loop.connectors.jetstream.storethread import (
     each,
     sleep_or_stop,
 )
+from forkless.io_loop.connectors.jetstream.transport import (
+    KeyValue,
+    NatsError,
+    NatsNotFound,
+    NatsWrongLast,
+    Transport,
+)
 from forkless.io_loop.connectors.jetstream.transport import NatsConnectFailed as _Failed
-from forkless.io_loop.connectors.jetstream.transport import NatsError, NatsNotFound, NatsWrongLast, mapped_nats_errors
 from forkless.io_loop.connectors.jetstream.transport import describe_error as _describe
 from forkless.io_loop.errors import LeaseHeld, LeaseLost, StoreError
-from nats.js import api
-from nats.js.kv import KeyValue
 
 __all__ = ["Leases", "RoundPart"]
 
@@ -146,8 +150,7 @@ class Leases:
     @property
     def kv(self) -> KeyValue:
         """The lease bucket over the connection now."""
-        return KeyValue(name=self.bucket, stream=f"KV_{self.bucket}", pre=f"$KV.{self.bucket}.",
-                        js=self._thread.js, direct=self._kv_direct)
+        return self._thread.transport.key_value(self.bucket, direct=self._kv_direct)
 
     def holds(self) -> bool:
         """Whether every lease of ours is still held by time: none lost, and the earliest renewal
@@ -162,22 +165,18 @@ class Leases:
 
     # ---- the bucket ------------------------------------------------------------------------------------
 
-    async def open_bucket(self, js: Any) -> str:
+    async def open_bucket(self, transport: Transport) -> str:
         """Make the lease bucket where missing; read its TTL. Returns what it opened, for the log."""
         try:
-            with mapped_nats_errors():
-                info = await js.stream_info(f"KV_{self.bucket}")
+            info = await transport.stream_info(f"KV_{self.bucket}")
         except NatsNotFound:
             try:
-                with mapped_nats_errors():
-                    await js.create_key_value(api.KeyValueConfig(
-                        bucket=self.bucket, history=1, ttl=self.lease_s,
-                        description="forkless partition leases (io_loop/connectors/jetstream/store.py)"))
+                await transport.create_key_value(self.bucket, history=1, ttl_s=self.lease_s,
+                                                 description="forkless partition leases (the JetStream connector)")
             except NatsError as exc:
                 if exc.code != 400 or exc.err_code != NAME_IN_USE:  # made by another instance at the same moment
                     raise
-            with mapped_nats_errors():
-                info = await js.stream_info(f"KV_{self.bucket}")
+            info = await transport.stream_info(f"KV_{self.bucket}")
         if not info.config.max_msgs_per_subject or info.config.max_msgs_per_subject < 1:
             raise _Failed(f"stream KV_{self.bucket} is not a KV bucket: choose another lease bucket", fatal=True)
         ttl = info.config.max_age or 0.0
@@ -227,8 +226,7 @@ class Leases:
         for _ in range(TAKE_ATTEMPTS):
             sent = time.monotonic()
             try:
-                with mapped_nats_errors():
-                    revision = await kv.create(key, self._holder_bytes)
+                revision = await kv.create(key, self._holder_bytes)
                 self._took(key, revision, sent, took)
                 return None
             except NatsNotFound:
@@ -236,8 +234,7 @@ class Leases:
             except NatsWrongLast:
                 pass
             try:
-                with mapped_nats_errors():
-                    entry = await kv.get(key)
+                entry = await kv.get(key)
             except NatsNotFound:
                 continue  # expired or deleted meanwhile
             holder = (entry.value or b"").decode(errors="replace")
@@ -245,8 +242,7 @@ class Leases:
                 return holder, entry.revision
             sent = time.monotonic()
             try:
-                with mapped_nats_errors():
-                    revision = await kv.update(key, self._holder_bytes, last=entry.revision)
+                revision = await kv.update(key, self._holder_bytes, last=entry.revision)
             except NatsWrongLast:
                 continue
             self._took(key, revision, sent, took)
@@ -316,8 +312,7 @@ class Leases:
     async def _look(self, kv: KeyValue, key: str, held: dict[str, list]) -> str:
         """A waited-for key: "free" (no value), "alive" (written since: ``held`` updated) or "same"."""
         try:
-            with mapped_nats_errors():
-                entry = await kv.get(key)
+            entry = await kv.get(key)
         except NatsNotFound:
             return "free"
         if entry.revision != held[key][1]:
@@ -329,8 +324,7 @@ class Leases:
         """Take a key at the revision seen at the start: False if someone wrote it since."""
         sent = time.monotonic()
         try:
-            with mapped_nats_errors():
-                new = await kv.update(key, self._holder_bytes, last=held[key][1])
+            new = await kv.update(key, self._holder_bytes, last=held[key][1])
         except NatsWrongLast:
             return False
         self._took(key, new, sent, took)
@@ -354,8 +348,7 @@ class Leases:
                     await self._thread.connection()
                     await each(self._renew, list(self._held))
                     if self.part is not None:
-                        with mapped_nats_errors():
-                            await self.part.keep()
+                        await self.part.keep()
             except (TimeoutError, StoreError, NatsError) as exc:
                 self._renew_error = _describe(exc)
             except Exception as exc:  # a renewal must never end the loop silently
@@ -377,12 +370,10 @@ class Leases:
             return
         sent = time.monotonic()
         try:
-            with mapped_nats_errors():
-                new = await self.kv.update(key, self._holder_bytes, last=revision)
+            new = await self.kv.update(key, self._holder_bytes, last=revision)
         except NatsWrongLast:
             try:
-                with mapped_nats_errors():
-                    entry = await self.kv.get(key)
+                entry = await self.kv.get(key)
                 now = f"now held by {(entry.value or b'').decode(errors='replace')!r}"
             except NatsError:
                 now = "now deleted or expired"
@@ -455,8 +446,7 @@ class Leases:
 
         async def delete(key: str) -> None:
             try:
-                with mapped_nats_errors():
-                    await self.kv.delete(key, last=revisions[key])
+                await self.kv.delete(key, last=revisions[key])
             except NatsWrongLast:
                 pass  # someone else wrote it since: not ours to delete
             except NatsError:

@@ -35,6 +35,7 @@ from forkless.io_loop.connectors.jetstream.deployment import DeploymentRecord
 from forkless.io_loop.connectors.jetstream.leases import Leases
 from forkless.io_loop.connectors.jetstream.objects import Objects
 from forkless.io_loop.connectors.jetstream.storethread import StoreThread
+from forkless.io_loop.connectors.jetstream.transport import Transport
 from forkless.io_loop.errors import LeaseLost
 from forkless.io_loop.settings import FeedSpec, ReconnectSettings, Timeouts, TlsSettings
 
@@ -98,10 +99,10 @@ class NatsStore:
         attempts; then the store is closed."""
         self._thread.start(stop, self._open_buckets)
 
-    async def _open_buckets(self, js: Any) -> str:
-        opened = await self._leases.open_bucket(js)
+    async def _open_buckets(self, transport: Transport) -> str:
+        opened = await self._leases.open_bucket(transport)
         if self._objects is not None:
-            opened += ", " + await self._objects.open_bucket(js)
+            opened += ", " + await self._objects.open_bucket(transport)
         return opened
 
     def close(self) -> None:
