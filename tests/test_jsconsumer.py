@@ -264,3 +264,76 @@ def test_a_partitioned_feeds_positions_in_a_resume_carry_the_recorded_created_ti
     assert c.recorded_created == "2026-12-01T12:00:00+00:00" and c.from_checkpoint
     c.check_stream(1, 20)
     assert c.floors == {0: (11, 0), 1: (5, 0)} and c.next == (5, 0)
+
+
+# ---- a restart behind the stream's first sequence (issue 54, item 11) ----------------------------------
+
+FILTERED = JetStreamSpec(stream="TICKS", subject="ticks.a.>", results="scores")
+
+
+def behind(spec: JetStreamSpec) -> Consumer:
+    """A consumer restored at sequence 10 (the next needed: 11) of a stream that now holds 61..110."""
+    return Consumer(spec, "feed 'ticks'", SourceStats(), Origin(10, 0, True))
+
+
+def test_a_feed_of_the_whole_stream_behind_its_first_sequence_is_refused_retention_removed_its_messages():
+    from forkless.io_loop.connectors.jetstream.consumer import Retention, RetentionUnclear
+
+    with pytest.raises(PositionLost, match="retention removed them") as lost:
+        behind(SPEC).check_stream(61, 110, retention=Retention(("ticks.>",)))
+    assert not isinstance(lost.value, RetentionUnclear)
+    with pytest.raises(PositionLost, match="retention removed them"):  # no filter: every subject is the feed's
+        behind(JetStreamSpec(stream="TICKS", results="scores")).check_stream(61, 110)
+
+
+def test_a_filtered_feed_behind_the_first_sequence_says_what_is_known_until_the_stream_says_more():
+    from forkless.io_loop.connectors.jetstream.consumer import Retention, RetentionUnclear
+
+    with pytest.raises(RetentionUnclear) as unclear:  # the pump may read what the stream can tell, and ask again
+        behind(FILTERED).check_stream(61, 110)
+    text = str(unclear.value)
+    for words in ("may have removed messages of 'ticks.a.>'", "the stream holds from sequence 61",
+                  "its first sequence is 61, the checkpoint recorded 10 as the last applied",
+                  "per-subject limits (max_msgs_per_subject)", "FORKLESS_CHECKPOINT_RESTORE=never"):
+        assert words in text, text
+    # stream-wide limits: the stream cannot tell more, the same refusal, final
+    with pytest.raises(PositionLost, match=r"may have removed messages of 'ticks\.a\.>'") as lost:
+        behind(FILTERED).check_stream(61, 110, retention=Retention(("ticks.>",)))
+    assert not isinstance(lost.value, RetentionUnclear)
+
+
+def test_a_stream_that_removes_by_subject_only_resumes_a_feed_none_of_whose_subjects_holds_its_limit():
+    from forkless.io_loop.connectors.jetstream.consumer import Retention
+
+    c = behind(FILTERED)
+    notes = c.check_stream(61, 110, retention=Retention(("ticks.>",), True, 20, {"ticks.a.x": 3}))
+    assert c.next == (11, 0)  # resumes at its position: the stream's next of ours comes after 61
+    assert [level for level, _ in notes] == [logging.WARNING, logging.INFO]
+    assert "retention removed only other subjects' messages" in notes[0][1]
+    assert "resuming at stream sequence 11" in notes[1][1]
+
+
+def test_a_subject_at_its_limit_on_a_stream_that_removes_by_subject_only_is_refused_naming_it():
+    from forkless.io_loop.connectors.jetstream.consumer import Retention, RetentionUnclear
+
+    with pytest.raises(PositionLost) as lost:
+        behind(FILTERED).check_stream(61, 110, retention=Retention(
+            ("ticks.>",), True, 20, {"ticks.a.x": 3, "ticks.a.z": 20}, {"ticks.a.z": 91}))
+    text = str(lost.value)
+    assert not isinstance(lost.value, RetentionUnclear)
+    assert "subject ticks.a.z holds its limit of 20 messages (max_msgs_per_subject), from sequence 91" in text, text
+    assert "ticks.a.x" not in text and "FORKLESS_CHECKPOINT_RESTORE=never" in text, text
+    with pytest.raises(PositionLost, match="may have removed"):  # its subjects' counts not read: not known
+        behind(FILTERED).check_stream(61, 110, retention=Retention(("ticks.>",), True, 20, None))
+
+
+@pytest.mark.parametrize(("pattern", "subject", "expected"), [
+    ("ticks.>", "ticks.>", True), ("ticks.>", "ticks.a.b", True), ("ticks.>", "ticks", False),
+    ("ticks.a.>", "ticks.>", False), ("ticks.*", "ticks.a", True), ("ticks.*", "ticks.*", True),
+    ("ticks.a", "ticks.*", False), ("ticks.*", "ticks.>", False), (">", "anything.at.all", True),
+    ("ticks.a", "ticks.a", True), ("ticks.a", "ticks.b", False),
+])
+def test_a_filter_covers_a_stream_subject_when_it_matches_everything_that_subject_does(pattern, subject, expected):
+    from forkless.io_loop.connectors.jetstream.consumer import covers
+
+    assert covers(pattern, subject) is expected

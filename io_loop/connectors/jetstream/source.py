@@ -39,7 +39,10 @@ Rules:
   with the WebSocket feeds' ``Backoff`` and reconnect driver (io_loop/reconnect.py); tries used up,
   or the server refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
   against the position (``Consumer.check_stream``: ``PositionLost``, exit 2, when it no longer
-  holds what the position needs). A stream whose created time differs from the one this run
+  holds what the position needs). A filtered feed behind the stream's first sequence (``RetentionUnclear``) is
+  checked again with what the stream can tell (``Retention``: its limits, and where it removes by subject only,
+  its subjects' counts, read page by page; a failed read fails the attempt, which is tried again). A stream
+  whose created time differs from the one this run
   first connected to (or the restored checkpoint recorded), or that ends before a sequence this
   run saw in it, was made again: ``PositionLost`` too, never resumed into.
 - What the feed covered (issue 43; ``Consumer.probed``): every ``STREAM_INFO_EVERY_S`` the
@@ -70,7 +73,7 @@ from typing import Any
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.connectors.connector import Fence
-from forkless.io_loop.connectors.jetstream.consumer import SKIP, Consumer, Drop, Take
+from forkless.io_loop.connectors.jetstream.consumer import SKIP, Consumer, Drop, Retention, RetentionUnclear, Take
 from forkless.io_loop.connectors.jetstream.probe import check_partitions, probe_jetstream
 from forkless.io_loop.connectors.jetstream.replies import ReplyPublisher
 from forkless.io_loop.connectors.jetstream.transport import (
@@ -119,6 +122,23 @@ class _NotDecoded:
 
 
 _NOTHING = _NotDecoded([])  # a delivery the state holds: counted as a frame in, nothing handed over
+
+
+def _removes_by_subject_only(config: Any) -> tuple[bool, int]:
+    """Whether nothing but a per-subject limit removes the stream's messages (nats-py's ``StreamConfig``: limits
+    retention, no max_age, no per-message TTL, max_msgs and max_bytes unlimited or discarding new messages), and that
+    limit (0: none removes a message, as with ``discard_new_per_subject``)."""
+    def value(field: Any) -> Any:
+        return getattr(field, "value", field)
+
+    stream_wide = (config.max_msgs or 0) > 0 or (config.max_bytes or 0) > 0
+    discard_new = value(config.discard) == "new"
+    only = (value(config.retention) in (None, "limits") and not (config.max_age or 0)
+            and not getattr(config, "allow_msg_ttl", False) and (not stream_wide or discard_new))
+    per_subject = config.max_msgs_per_subject or 0
+    if per_subject < 0 or (discard_new and getattr(config, "discard_new_per_subject", False)):
+        per_subject = 0
+    return only, per_subject
 
 
 def _when(created: Any) -> str:
@@ -245,9 +265,35 @@ class JetStreamSource(SourceCapabilities):
             if problems:
                 raise FeedFatal(f"{self.feed.label}: " + "; ".join(problems))
         self._check_identity(info.state.last_seq, info.created)
-        for level, line in self.consumer.check_stream(info.state.first_seq, info.state.last_seq,
-                                                      info.state.num_deleted or 0):
+        first, last, deleted = info.state.first_seq, info.state.last_seq, info.state.num_deleted or 0
+        try:
+            notes = self.consumer.check_stream(first, last, deleted)
+        except RetentionUnclear:  # a filtered feed behind the stream's first sequence: what can the stream tell?
+            notes = self.consumer.check_stream(first, last, deleted, await self._retention(nc, info.config))
+        for level, line in notes:
             log.log(level, "%s", line)
+
+    async def _retention(self, nc: Transport, config: Any) -> Retention:
+        """What the stream's configuration says its retention may remove, and, where it removes by subject only,
+        how many messages each of the feed's subjects holds (and where the first few at their limit start)."""
+        stream, subjects = self.spec.stream, tuple(config.subjects or ())
+        by_subject_only, per_subject = _removes_by_subject_only(config)
+        if not by_subject_only:
+            return Retention(subjects)
+        counts: dict[str, int] | None = {}
+        first_of: dict[str, int] = {}
+        try:
+            for subject in self.spec.subjects():
+                got = await nc.subject_counts(stream, subject)
+                if got is None:  # more subjects than it reads: not known
+                    counts = None
+                    break
+                counts.update(got)
+            for subject in sorted(s for s, held in (counts or {}).items() if per_subject and held >= per_subject)[:3]:
+                first_of[subject] = (await nc.get_msg(stream, seq=1, subject=subject, next=True)).seq
+        except NatsError as exc:  # the attempt fails and is tried again (a refusal must not hang on a lost answer)
+            raise NatsConnectFailed(f"reading stream {stream!r}'s subjects failed: {exc}") from None
+        return Retention(subjects, True, per_subject, counts, first_of)
 
     def _check_identity(self, last: int, created: Any) -> None:
         """``PositionLost`` when the stream is not the one this run consumed: its created time
