@@ -277,29 +277,31 @@ def behind(spec: JetStreamSpec) -> Consumer:
 
 
 def test_a_feed_of_the_whole_stream_behind_its_first_sequence_is_refused_retention_removed_its_messages():
-    from forkless.io_loop.connectors.jetstream.consumer import Retention, RetentionUnclear
+    from forkless.io_loop.connectors.jetstream.consumer import Retention
 
-    with pytest.raises(PositionLost, match="retention removed them") as lost:
+    with pytest.raises(PositionLost, match="retention removed them"):
         behind(SPEC).check_stream(61, 110, retention=Retention(("ticks.>",)))
-    assert not isinstance(lost.value, RetentionUnclear)
+    whole = behind(JetStreamSpec(stream="TICKS", results="scores"))
     with pytest.raises(PositionLost, match="retention removed them"):  # no filter: every subject is the feed's
-        behind(JetStreamSpec(stream="TICKS", results="scores")).check_stream(61, 110)
+        whole.check_stream(61, 110)
+    assert not whole.filtered_behind(61, 110)  # nothing the stream could say changes it
 
 
 def test_a_filtered_feed_behind_the_first_sequence_says_what_is_known_until_the_stream_says_more():
-    from forkless.io_loop.connectors.jetstream.consumer import Retention, RetentionUnclear
+    from forkless.io_loop.connectors.jetstream.consumer import Retention
 
-    with pytest.raises(RetentionUnclear) as unclear:  # the pump may read what the stream can tell, and ask again
-        behind(FILTERED).check_stream(61, 110)
-    text = str(unclear.value)
+    c = behind(FILTERED)
+    with pytest.raises(PositionLost) as lost:
+        c.check_stream(61, 110)
+    assert c.filtered_behind(61, 110)  # the pump may read what the stream can tell, and ask again
+    text = str(lost.value)
     for words in ("may have removed messages of 'ticks.a.>'", "the stream holds from sequence 61",
                   "its first sequence is 61, the checkpoint recorded 10 as the last applied",
                   "per-subject limits (max_msgs_per_subject)", "FORKLESS_CHECKPOINT_RESTORE=never"):
         assert words in text, text
-    # stream-wide limits: the stream cannot tell more, the same refusal, final
-    with pytest.raises(PositionLost, match=r"may have removed messages of 'ticks\.a\.>'") as lost:
-        behind(FILTERED).check_stream(61, 110, retention=Retention(("ticks.>",)))
-    assert not isinstance(lost.value, RetentionUnclear)
+    # stream-wide limits: the stream cannot tell more, the same refusal
+    with pytest.raises(PositionLost, match=r"may have removed messages of 'ticks\.a\.>'"):
+        c.check_stream(61, 110, retention=Retention(("ticks.>",)))
 
 
 def test_a_stream_that_removes_by_subject_only_resumes_a_feed_none_of_whose_subjects_holds_its_limit():
@@ -314,13 +316,12 @@ def test_a_stream_that_removes_by_subject_only_resumes_a_feed_none_of_whose_subj
 
 
 def test_a_subject_at_its_limit_on_a_stream_that_removes_by_subject_only_is_refused_naming_it():
-    from forkless.io_loop.connectors.jetstream.consumer import Retention, RetentionUnclear
+    from forkless.io_loop.connectors.jetstream.consumer import Retention
 
     with pytest.raises(PositionLost) as lost:
         behind(FILTERED).check_stream(61, 110, retention=Retention(
             ("ticks.>",), True, 20, {"ticks.a.x": 3, "ticks.a.z": 20}, {"ticks.a.z": 91}))
     text = str(lost.value)
-    assert not isinstance(lost.value, RetentionUnclear)
     assert "subject ticks.a.z holds its limit of 20 messages (max_msgs_per_subject), from sequence 91" in text, text
     assert "ticks.a.x" not in text and "FORKLESS_CHECKPOINT_RESTORE=never" in text, text
     with pytest.raises(PositionLost, match="may have removed"):  # its subjects' counts not read: not known

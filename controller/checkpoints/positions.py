@@ -113,7 +113,7 @@ class SourcePositions:
     def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin | Resume]:
         """Take the positions of a restored checkpoint; returns what each feed's source is handed, by feed name
         (``ctx.resume_from``). A feed of the checkpoint that is not configured now is left out; one whose entry
-        another kind of feed wrote, or whose identity differs (a JetStream feed's stream or subject), raises
+        another kind of feed wrote, or whose identity differs (its codec's ``identity``), raises
         ``CheckpointMismatch``. The replies it recorded are not taken: it was committed once they were stored."""
         by_name = {spec.name: i for i, spec in self.specs.items()}
         out: dict[str, Origin | Resume] = {}

@@ -63,8 +63,8 @@ def run_check(config: Config, processor: Any = None, codec: Codec | None = None,
         step("compiling the step", lambda: _compile(config, processor, say))
     if config.metrics_addr:
         step("metrics address", lambda: check_metrics_addr(config.metrics_addr, say))
-    # a feed that publishes its results (a JetStream feed's results stream) must drop a result published again
-    # after a restart: its duplicate window must cover a checkpoint interval plus a restart (docs/jetstream.md)
+    # a feed whose results a stream stores must drop a result published again after a restart: its duplicate
+    # window must cover a checkpoint interval plus a restart (the feed's probe warns when it does not)
     step("feed", lambda: probe_feed(config.io_settings(), codec, say, dedupe_window_s=2 * config.checkpoint_s + 60),
          code=EXIT_FEED)
 

@@ -20,7 +20,7 @@ Rules:
 - A partition's object records the feed's position as the connector's ``PositionCodec`` writes it for that
   partition (``partition_entry``: the feed's position as of the checkpoint, or the partition's own restored one
   when that is further, and what the feed covered beyond it), and reads it back (``partition_position``):
-  io_loop/connectors/jetstream/positions.py says what a JetStream feed's holds.
+  each connector's room says what its entry holds.
 - Each object records the stream's created time with its position (``created``); the restore hands it to the
   feed, which refuses a stream created at another time, deleted and made again since (issue 30). Owned
   partitions' objects that recorded different created times cannot all be in the stream as it is now:
@@ -37,7 +37,7 @@ Rules:
   ``names``/``delete``), whose puts refuse once a partition's lease is lost (fencing).
 - ``PartitionOwner`` is the instance's side of it: at start, before anything is restored, it asks the
   partitioned feed's connector to own its partitions (``Connector.own_partitions``: the leases, taken or waited
-  for, ``LeaseHeld``, ``DeploymentMismatch``, ``StopRequested``; the JetStream connector's rules say how), and
+  for, ``LeaseHeld``, ``DeploymentMismatch``, ``StopRequested``; the connector's rules say how), and
   makes the checkpoint objects' reader and writer when ``FORKLESS_CHECKPOINT_BUCKET`` is set; the controller
   checks ``lost`` every cycle (a lease that could not be renewed: ``LeaseLost``, exit 3) and calls ``close``
   after the stop's checkpoint (the leases are released). The fence that keeps the feed's replies from being

@@ -24,10 +24,10 @@ Rules:
   checkpoints), not by its last applied message alone: only a first sequence past that refuses.
 - A first sequence past the position (issue 54, item 11): for a feed of the whole stream (its filter covers every
   subject the stream stores) retention removed messages of the feed's, and the refusal says so. For a filtered
-  feed the stream does not say of which subjects the removed messages were: the refusal is ``RetentionUnclear``
-  (a ``PositionLost``) saying what is known (the stream holds from its first sequence; retention may have removed
-  messages of the filter) and the fixes (per-subject limits, a longer retention, ``ACCEPT_LOSS``). The pump may
-  then read ``Retention`` and ask again: where the stream removes messages by subject only (``by_subject_only``:
+  feed the stream does not say of which subjects the removed messages were: the refusal says what is known (the
+  stream holds from its first sequence; retention may have removed messages of the filter) and the fixes
+  (per-subject limits, a longer retention, ``ACCEPT_LOSS``). Where ``filtered_behind`` says so, the pump may read
+  ``Retention`` and ask again: where the stream removes messages by subject only (``by_subject_only``:
   limits retention with ``max_msgs_per_subject`` alone, no max_age, no per-message TTL, max_msgs/max_bytes
   unlimited or discarding new ones), a subject's messages go only for newer ones of the same subject, so a subject
   of the feed's holding fewer than the limit lost none (``counts``): when none holds its limit the feed resumes at
@@ -71,8 +71,7 @@ from forkless.io_loop.crossing import PositionUnknown, Resume
 from forkless.io_loop.errors import ACCEPT_LOSS, PositionLost
 from forkless.io_loop.settings import JetStreamSpec
 
-__all__ = ["FOREIGN_REASON", "SKIP", "Consumer", "Drop", "Retention", "RetentionUnclear", "Take", "covers",
-           "delivery_numbers"]
+__all__ = ["FOREIGN_REASON", "SKIP", "Consumer", "Drop", "Retention", "Take", "covers", "delivery_numbers"]
 
 FOREIGN_REASON = "stream not in this subject's partition"
 PARTITION_CACHE = 1 << 20  # streams whose partition is remembered (the cache is emptied when full)
@@ -121,7 +120,7 @@ class Drop:
 
 @dataclass(frozen=True)
 class Retention:
-    """What the stream says of what its retention may have removed (read by the pump after a ``RetentionUnclear``):
+    """What the stream says of what its retention may have removed (read by the pump where ``filtered_behind``):
     ``subjects``, those it stores (its configuration's; empty: not known, such as a mirror's); ``by_subject_only``:
     nothing but ``max_msgs_per_subject`` removes messages (see the module rules); ``per_subject``, that limit (0:
     none removes); ``counts``, the messages each of the feed's subjects holds now (None: not read); ``first_of``,
@@ -132,12 +131,6 @@ class Retention:
     per_subject: int = 0
     counts: Mapping[str, int] | None = None
     first_of: Mapping[str, int] = field(default_factory=dict)
-
-
-class RetentionUnclear(PositionLost):
-    """The stream's first sequence is past a filtered feed's position and the stream did not say (yet) whether
-    retention removed messages of the feed's subjects: the caller may read ``Retention`` and check again. Its
-    message is the refusal as it stands."""
 
 
 def covers(pattern: str, subject: str) -> bool:
@@ -200,8 +193,8 @@ class Consumer:
                      retention: Retention | None = None) -> list[tuple[int, str]]:
         """Where consuming starts, from the stream's first and last sequence and its count of
         messages removed from its middle (``deleted``); ``PositionLost`` when the stream cannot
-        give what the position needs (``RetentionUnclear`` where ``retention`` could tell more: called again with
-        it, the same check). Returns what to log: (logging level, line)."""
+        give what the position needs (where ``filtered_behind`` then says ``retention`` could tell more, called
+        again with it, the same check). Returns what to log: (logging level, line)."""
         source = self.source
         notes = []
         if self.unknown and self.next is None:
@@ -237,10 +230,8 @@ class Consumer:
                 f"{self.label}: stream {stream!r} ends at sequence {last}, but {whose} recorded "
                 f"{applied} as the last applied: was the stream deleted and made again? To continue anyway, "
                 f"{ACCEPT_LOSS}")
-        # no message of the feed's own subjects is missing up to what it covered (a probe proved every
-        # one of them up to there handed over: other subjects' messages there are not ours)
-        covered = self.source.covered[1] if self.source.covered[0] == need - 1 and not skip else 0
-        if first <= max(need, covered + 1) or need > last:
+        covered = self._covered()
+        if not self._behind(first, last):
             return []
         beyond = f", and none of its subjects' up to {covered}" if covered >= need else ""
         known = (f"its first sequence is {first}, {whose} recorded {applied} as the last applied (the next needed is "
@@ -253,9 +244,7 @@ class Consumer:
                 f"{self.label}: stream {stream!r} no longer holds messages {whose} needs: {known}; retention "
                 f"removed them. Keep messages longer in the stream (max_age, max_msgs, max_bytes), or {ACCEPT_LOSS}")
         filters = ", ".join(map(repr, subjects))
-        if retention is None or (retention.by_subject_only and retention.counts is None):
-            raise RetentionUnclear(self._may_have_removed(known, filters, first, whose))
-        if not retention.by_subject_only:
+        if retention is None or not retention.by_subject_only or retention.counts is None:
             raise PositionLost(self._may_have_removed(known, filters, first, whose))
         limit = retention.per_subject
         full = sorted(subject for subject, held in retention.counts.items() if limit and held >= limit)
@@ -275,6 +264,22 @@ class Consumer:
                  f"the last applied), but it removes messages by subject only ({why}) and no subject of {filters} "
                  f"holds its limit: retention removed only other subjects' messages (messages of {filters} deleted "
                  "or purged by hand are not told apart)")]
+
+    def _covered(self) -> int:
+        """How far no message of the feed's own subjects is missing from its position on (a probe proved every one
+        of them up to there handed over: other subjects' messages there are not ours); 0: not known."""
+        need, skip = self.next
+        return self.source.covered[1] if self.source.covered[0] == need - 1 and not skip else 0
+
+    def _behind(self, first: int, last: int) -> bool:
+        """The stream's first sequence is past what the position needs (and what the feed covered)."""
+        need, _ = self.next
+        return first > max(need, self._covered() + 1) and need <= last
+
+    def filtered_behind(self, first: int, last: int) -> bool:
+        """After ``check_stream`` refused: a filtered feed behind the stream's first sequence, whose refusal what
+        the stream says of its retention (``Retention``) may lift or sharpen."""
+        return self.next is not None and bool(self.spec.subjects()) and self._behind(first, last)
 
     def _may_have_removed(self, known: str, filters: str, first: int, whose: str) -> str:
         """The refusal of a filtered feed whose stream cannot say of which subjects the removed messages were."""

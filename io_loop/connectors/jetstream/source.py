@@ -39,7 +39,7 @@ Rules:
   with the WebSocket feeds' ``Backoff`` and reconnect driver (io_loop/reconnect.py); tries used up,
   or the server refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
   against the position (``Consumer.check_stream``: ``PositionLost``, exit 2, when it no longer
-  holds what the position needs). A filtered feed behind the stream's first sequence (``RetentionUnclear``) is
+  holds what the position needs). A filtered feed behind the stream's first sequence (``filtered_behind``) is
   checked again with what the stream can tell (``Retention``: its limits, and where it removes by subject only,
   its subjects' counts, read page by page; a failed read fails the attempt, which is tried again). A stream
   whose created time differs from the one this run
@@ -73,7 +73,7 @@ from typing import Any
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.connectors.connector import Fence
-from forkless.io_loop.connectors.jetstream.consumer import SKIP, Consumer, Drop, Retention, RetentionUnclear, Take
+from forkless.io_loop.connectors.jetstream.consumer import SKIP, Consumer, Drop, Retention, Take
 from forkless.io_loop.connectors.jetstream.probe import check_partitions, probe_jetstream
 from forkless.io_loop.connectors.jetstream.replies import ReplyPublisher
 from forkless.io_loop.connectors.jetstream.transport import (
@@ -268,7 +268,10 @@ class JetStreamSource(SourceCapabilities):
         first, last, deleted = info.state.first_seq, info.state.last_seq, info.state.num_deleted or 0
         try:
             notes = self.consumer.check_stream(first, last, deleted)
-        except RetentionUnclear:  # a filtered feed behind the stream's first sequence: what can the stream tell?
+        except PositionLost:
+            if not self.consumer.filtered_behind(first, last):
+                raise
+            # a filtered feed behind the stream's first sequence: what can the stream tell of its retention?
             notes = self.consumer.check_stream(first, last, deleted, await self._retention(nc, info.config))
         for level, line in notes:
             log.log(level, "%s", line)
