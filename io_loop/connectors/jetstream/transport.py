@@ -13,7 +13,8 @@ Rules:
   failure is one ``NatsConnectFailed``, ``fatal`` when the server refused the credentials
   (retrying cannot help).
 - Every coroutine method of a ``Transport`` (and of its ``KeyValue``, and a ``PendingAck``'s ``wait``) raises ours,
-  never nats-py's (``_mapped``, the one mapper): ``NatsError`` (the connection, a timeout, any other failure),
+  never nats-py's (``_mapped``, the one mapper; written out as ``except ... raise _of(exc)`` in the two calls made per
+  message or batch): ``NatsError`` (the connection, a timeout, any other failure),
   ``NatsNotFound`` (the stream, consumer, key, message or object does not exist), ``NatsUnavailable`` (no
   responders, or a 503: JetStream not enabled), ``NatsWrongLast`` (a write at a revision or sequence that is no
   longer the last), ``NatsNoStreamResponse`` (no stream stores a published subject), ``NatsApiError`` (another error
@@ -345,13 +346,17 @@ class Transport:
     async def publish(self, subject: str, data: bytes = b"", *, reply: str = "",
                       headers: dict[str, str] | None = None) -> None:
         """A core NATS publication (a pull request, an ack, a relayed message with its JetStream ack to ``reply``)."""
-        with _mapped():
+        try:  # the mapping written out (no context manager): the relay's one call per message
             await self._nc.publish(subject, data, reply=reply, headers=headers)
+        except _NATS_ERRORS as exc:
+            raise _of(exc) from exc
 
     async def publish_commands(self, data: bytes) -> None:
         """Publications already written as protocol commands, as one piece (nats_compat.publish_commands)."""
-        with _mapped():
+        try:  # as publish: the replies' one call per batch
             await publish_commands(self._nc, data)
+        except _NATS_ERRORS as exc:
+            raise _of(exc) from exc
 
     async def subscribe(self, subject: str, handler: RawHandler) -> Subscription:
         """``handler(subject, reply, data, headers)`` for each message, straight from the protocol parser (a
