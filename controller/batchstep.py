@@ -13,7 +13,7 @@ Rules:
   on the host, the processor's declared counters over the finite rows, non-finite rows refused
   and their streams reset (with steps in flight by the step itself, compiled.guarded), the results handed to
   ``on_results``, encode, stamp ``OUTBOUND`` (results handed over: the ``latency`` ends), put
-  the one ``Outgoing`` (none when nothing is sent), move the JetStream feeds' positions. What
+  the one ``Outgoing`` (none when nothing is sent), move the replayable feeds' positions. What
   ``on_results`` raised is raised once the batch's replies are put. With the controller's sinks
   (``to_sinks``) the batch's results ride on that ``Outgoing`` (``Outgoing.for_sinks``: one is put even
   when no frame is sent), as ``on_results`` got them, to the sinks on the IO loop (io_loop/sinks/results.py).
@@ -210,7 +210,7 @@ class BatchStep:
             trace.ns[OUTBOUND] = handed
         if rows:
             replies.observe_latency(taken, rows, handed)
-        # JetStream feeds: each reply carries its message's origin (its id), and the feed's position moves
+        # replayable feeds: each reply carries its message's origin (its id), and the feed's position moves
         sources = None if taken.origin is None else [taken.origin[i] for i in origin]
         item = replies.outgoing(taken, frames, received, error_at, origin, sources)
         if results is not None:  # the sinks' results ride on the batch's one item (no frame: an item of its own)

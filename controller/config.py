@@ -33,6 +33,7 @@ from forkless.controller.settings.feedspec import feed_list
 from forkless.controller.settings.groups import CheckpointSettings, InstanceSettings, StepSettings, batch_buckets
 from forkless.controller.settings.values import ValueProblem
 from forkless.controller.settings.variables import PREFIX, VARIABLES, Variable, as_text, variable
+from forkless.io_loop.connectors.jetstream.partitions import instance_share
 from forkless.io_loop.net.netaddr import redact_url, redact_urls
 from forkless.io_loop.settings import (
     DEFAULT_SOURCE_BUFFER,
@@ -43,7 +44,6 @@ from forkless.io_loop.settings import (
     RelaySettings,
     config_field,
 )
-from forkless.io_loop.sources.partitions import instance_share
 
 __all__ = ["Config"]
 
@@ -170,7 +170,7 @@ class Config:
         Authorization header in HEADERS or the feed's headers (aiohttp refuses two at once, and mid-run)."""
         several = bool(self.feeds)
         for feed in self.feed_specs if (self.ws_url or several) else ():
-            if feed.jetstream is not None:  # checked with its entry (_jetstream_feed)
+            if not feed.websocket:  # a connector's credentials are checked with its entry
                 continue
             sources = []
             where = f"in {feed.label}" if several else "in FORKLESS_WS_URL"
@@ -203,7 +203,7 @@ class Config:
         if self.checkpoint_bucket and self.checkpoint_dir:
             raise ConfigError(PREFIX + "CHECKPOINT_BUCKET", self.checkpoint_bucket, "either FORKLESS_CHECKPOINT_BUCKET "
                               "(a partitioned feed's checkpoints) or FORKLESS_CHECKPOINT_DIR, not both")
-        partitioned = [feed for feed in self.feed_specs if feed.jetstream is not None and feed.jetstream.partitioned]
+        partitioned = [feed for feed in self.feed_specs if feed.partitioned]
         if not partitioned:
             if self.instance is not None:
                 raise ConfigError(PREFIX + "INSTANCE", str(self.instance), "no FORKLESS_INSTANCE/FORKLESS_INSTANCES "
@@ -293,7 +293,7 @@ class Config:
             if not value:
                 raise ConfigError(PREFIX + var, "", f"to be set for the relay: {variable(var).allowed}")
         for index, spec in enumerate(self.feed_specs):
-            if spec.jetstream is not None:
+            if not spec.websocket:
                 raise ConfigError(PREFIX + "FEEDS", "<hidden>", f"WebSocket feeds only for the relay: feed {index} "
                                   f"({spec.name!r}) is a JetStream feed (\"nats\"); the relay publishes to "
                                   "FORKLESS_RELAY_NATS, it does not read a stream")
@@ -362,29 +362,28 @@ def _assign_partitions(feeds: tuple[FeedSpec, ...], instance: int | None,
     or neither."""
     out = []
     for index, feed in enumerate(feeds):
-        spec = feed.jetstream
-        if spec is None or not spec.partitioned:
+        if not feed.partitioned:
             out.append(feed)
             continue
         label = f"feed {index} ({feed.name!r})"
         where = f"{label} of FORKLESS_FEEDS"
         if instance is not None and instances is not None:
-            if spec.partitions:
+            if feed.partitions:
                 raise ConfigError(PREFIX + "INSTANCE", str(instance), f'no FORKLESS_INSTANCE/FORKLESS_INSTANCES '
                                   f'when {where} names its "partitions": either the entry\'s partitions or this '
                                   "instance's share of its partition_count, not both")
             try:
-                share = instance_share(instance, instances, spec.partition_count)
+                share = instance_share(instance, instances, feed.partition_count)
             except ValueError as exc:
                 raise ConfigError(PREFIX + "INSTANCES", str(instances), f"at most the partition_count of {where} "
-                                  f"({spec.partition_count}): {exc}") from None
-            spec = dataclasses.replace(spec, partitions=share)
-        elif not spec.partitions:
+                                  f"({feed.partition_count}): {exc}") from None
+            feed = feed.with_partitions(share)
+        elif not feed.partitions:
             raise ConfigError(PREFIX + "FEEDS", "<hidden>", f'{label}: a partitioned '
                               'feed ("partition_count") needs the partitions this instance owns: "partitions" in '
                               'the entry (such as "0-5"), or FORKLESS_INSTANCE and FORKLESS_INSTANCES (instance i '
                               "of N owns its contiguous share of the partition_count)")
-        out.append(dataclasses.replace(feed, jetstream=spec))
+        out.append(feed)
     return tuple(out)
 
 

@@ -8,13 +8,17 @@ Rules:
   whose counters read as they are and whose calls do nothing, so it never asks whether there is one.
 - The IO thread gets what it needs as constructor arguments (settings, codec, counters to
   write, the whole-process snapshot, the metrics renderer, every feed's source ready made, the
-  restored JetStream positions, the plan's sinks of results), never attributes set on it from outside.
+  restored positions, the plan's sinks of results), never attributes set on it from outside.
 - Every feed's source is built here (``feed_sources``; the relay and ``--check`` call it too): the one
-  place a feed's kind is decided, from the configuration (a user's source by its name, a JetStream feed,
-  the embedded demo feed for the feed with no url, a WebSocket feed), each source handed the settings
-  groups it reads (io_loop/settings.py), the embedder's connect hooks and a partitioned feed's lease
-  fence. The IO side (io_loop/feeds.py, io_loop/thread.py) runs the sources it is handed and imports
-  none of their modules.
+  place a feed's kind is decided, from the configuration (a user's source by its name, a connector's
+  (io_loop/connectors/connector.py: the JetStream feed's), the embedded demo feed for the feed with no url,
+  a WebSocket feed), each source handed the settings groups it reads (io_loop/settings.py) and the
+  embedder's connect hooks. The IO side (io_loop/feeds.py, io_loop/thread.py) runs the sources it is
+  handed and imports none of their modules.
+- The feeds that are connectors get theirs once, here (``connector_for``, in ``feed_plan``): the controller
+  asks a feed's connector, never its kind, for what Controller.send may hand it, its positions' codec and
+  its partitions; ``io_thread`` hands the same connectors to ``feed_sources``, so a partitioned feed's
+  source is fenced by the leases its connector owns.
 - The controller's sinks (``Controller(sinks=...)``) are checked when it is built (``checked_sinks``:
   each a ``Sink``, names of their own, a processor to give them results) and handed to the real IO
   thread, which hands them each batch's results (io_loop/sinks/results.py).
@@ -32,10 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
+from forkless.controller.checkpoints.positions import UserPositions
 from forkless.controller.codec import Codec
 from forkless.controller.config import Config
 from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.capabilities import capability
+from forkless.io_loop.connectors.connector import Connector, PositionCodec
 from forkless.io_loop.counters import IOSnapshot, IOStats
 from forkless.io_loop.finishing import declared_awaiting
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec, IOSettings
@@ -54,24 +60,41 @@ __all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "OnEvent", "OnResults"
 
 class FeedPlan(NamedTuple):
     """What the controller runs: every feed's spec in order (the configured feeds, then the
-    user's own sources), the user's sources by name, whether the demo feed runs, and the user's sinks."""
+    user's own sources), the user's sources by name, whether the demo feed runs, the user's sinks, and the
+    configured feeds' connectors by name (``connector_for``)."""
 
     specs: tuple[FeedSpec, ...]
     sources: dict[str, Source]
     uses_demo_feed: bool
     sinks: tuple[Sink, ...] = ()  # the controller's sinks of results (``checked_sinks``)
+    connectors: tuple[Connector, ...] = ()  # the configured feeds' that are connectors, in order
+
+    def connector(self, name: str) -> Connector | None:
+        """The connector of the feed named ``name`` (None: it is not one)."""
+        return next((c for c in self.connectors if c.feed.name == name), None)
+
+    def partitioned(self) -> Connector | None:
+        """The connector of the feed whose partitions this instance owns (config.py allows one at most)."""
+        return next((c for c in self.connectors if c.partitioned), None)
+
+    def position_codecs(self) -> dict[str, PositionCodec]:
+        """Each replayable feed's ``PositionCodec`` by name: a connector's, a user's source's (``UserPositions``)."""
+        codecs: dict[str, PositionCodec] = {c.feed.name: c.positions for c in self.connectors
+                                            if c.positions is not None}
+        codecs.update({name: UserPositions(name) for name in self.sources})
+        return codecs
 
     def sendable(self, feed: str) -> int:
         """The index of the feed or source named ``feed``, to which ``Controller.send`` may hand
-        frames; ``ValueError`` naming the choices for an unknown name or a JetStream feed."""
+        frames; ``ValueError`` naming the choices for an unknown name, or why a connector's feed takes none."""
         index = next((i for i, spec in enumerate(self.specs) if spec.name == feed), None)
         if index is None:
             raise ValueError(f"no feed or source is named {feed!r}; there are: "
                              f"{', '.join(repr(spec.name) for spec in self.specs)}")
-        spec = self.specs[index]
-        if spec.jetstream is not None:
-            raise ValueError(f"{spec.label} is a JetStream feed: it publishes replies to its results subject and "
-                             "is sent no frames")
+        connector = self.connector(feed)
+        refused = connector.refuses_sends() if connector is not None else ""
+        if refused:
+            raise ValueError(refused)
         return index
 
     def refuse_ended(self, why: str, index: int, frames: int) -> None:
@@ -97,11 +120,12 @@ def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: boo
     only when it runs (``ConfigError``: ``Config.check_demo_feed``); ``check_demo=False``: an IO
     side of the caller's own runs no demo feed (the tests' fake). ``sinks``: ``checked_sinks``."""
     sinks = checked_sinks(sinks, events_only=events_only)
+    configured = () if config.uses_demo_feed else config.feed_specs
+    connectors = tuple(c for spec in configured if (c := connector_for(spec)) is not None)
     if not sources:
         if config.uses_demo_feed and check_demo:  # its settings are checked only when it runs
             config.check_demo_feed()
-        return FeedPlan(config.feed_specs, {}, config.uses_demo_feed, sinks)
-    configured = () if config.uses_demo_feed else config.feed_specs
+        return FeedPlan(config.feed_specs, {}, config.uses_demo_feed, sinks, connectors)
     taken = {spec.name for spec in configured}
     specs: list[FeedSpec] = list(configured)
     by_name: dict[str, Source] = {}
@@ -122,7 +146,7 @@ def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: boo
         taken.add(name)
         by_name[name] = source
         specs.append(FeedSpec(name, "", replies=replies, required=bool(capability(source, "required"))))
-    return FeedPlan(tuple(specs), by_name, False, sinks)
+    return FeedPlan(tuple(specs), by_name, False, sinks, connectors)
 
 
 def checked_sinks(sinks: Sequence[Sink], *, events_only: bool) -> tuple[Sink, ...]:
@@ -143,22 +167,31 @@ def checked_sinks(sinks: Sequence[Sink], *, events_only: bool) -> tuple[Sink, ..
     return sinks
 
 
+def connector_for(spec: FeedSpec) -> Connector | None:
+    """The connector of one configured feed (io_loop/connectors/connector.py), None for a feed that is not one
+    (a WebSocket feed, the demo feed, a user's source): with ``feed_source``, the one place a feed's kind is
+    decided. The composition root makes each once (``feed_plan``) and hands it to ``feed_sources``."""
+    if spec.jetstream is not None:
+        # only with a JetStream feed: its room (the connector itself imports no nats-py until it makes a source)
+        from forkless.io_loop.connectors.jetstream.connector import JetStreamConnector
+
+        return JetStreamConnector(spec)
+    return None
+
+
 def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, Source],
                 on_connect: OnConnect | None, before_connect: BeforeConnect | None,
-                fence: Callable[[], bool] | None = None) -> Source:
+                connector: Connector | None = None) -> Source:
     """The source of one configured feed: the one place its kind is decided, from the configuration
-    (a user's source by its name, a JetStream feed, the embedded demo feed for the feed with no
-    url, a WebSocket feed). ``fence``: a partitioned instance's leases (a partitioned JetStream feed's)."""
+    (a user's source by its name, a connector's (``connector``, else ``connector_for``'s), the embedded demo feed
+    for the feed with no url, a WebSocket feed)."""
     if spec.name in sources:  # a user's own source
         return sources[spec.name]
     s = settings
-    if spec.jetstream is not None:
-        # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
-        from forkless.io_loop.sources.jetstream import JetStreamSource
-
-        return JetStreamSource(spec, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls,
-                               max_batch=s.limits.max_batch, max_msg_bytes=s.limits.max_msg_bytes,
-                               partitioning=s.partitioning, fence=fence if spec.jetstream.partitioned else None)
+    connector = connector if connector is not None else connector_for(spec)
+    if connector is not None:
+        return connector.source(timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, limits=s.limits,
+                                partitioning=s.partitioning)
 
     def websocket(feed: FeedSpec, url: str | None = None) -> WebSocketSource:
         return WebSocketSource(feed, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, credentials=s.credentials,
@@ -175,12 +208,13 @@ def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, S
 
 def feed_sources(settings: IOSettings, *, sources: Mapping[str, Source] | None = None,
                  on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
-                 fence: Callable[[], bool] | None = None) -> list[Source]:
+                 connectors: Mapping[str, Connector] | None = None) -> list[Source]:
     """Every configured feed's source, one per ``settings.feed_specs`` (``feed_source``), for the
-    composition root to hand the IO thread."""
+    composition root to hand the IO thread; ``connectors``: the feeds' connectors by name, made by the composition
+    root (a partitioned feed's owns its partitions, whose fence its source gets)."""
+    connectors = connectors or {}
     return [feed_source(spec, settings, sources=sources or {}, on_connect=on_connect, before_connect=before_connect,
-                        fence=fence) for spec in settings.feed_specs]
-
+                        connector=connectors.get(spec.name)) for spec in settings.feed_specs]
 
 
 class IOSide(Protocol):
@@ -266,18 +300,17 @@ def with_hooks(io_factory: IOFactory, *, on_connect: OnConnect | None,
 def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[], StatsSnapshot], *,
                on_connect: OnConnect | None = None, before_connect: BeforeConnect | None = None,
                positions: dict[str, Any] | None = None, plan: FeedPlan | None = None,
-               fence: Callable[[], bool] | None = None, acknowledged: Any = None,
-               wait: WaitSettings = PARK, connection_events: bool = False, metrics: Any = None) -> IOSide:
+               acknowledged: Any = None, wait: WaitSettings = PARK, connection_events: bool = False,
+               metrics: Any = None) -> IOSide:
     """The real IO side; ``positions``: the replayable feeds' positions a restored checkpoint
-    recorded (passed only when there are some); ``plan``: the feeds with the user's own sources (and sinks)
-    (passed only when there are some); ``fence``: a partitioned instance's lease check, asked
-    before each publication of replies (passed only by a partitioned instance); ``acknowledged``:
-    signalled as replies are acknowledged (io_loop/sinks/sink.py, passed where there are JetStream feeds);
-    ``connection_events``: each feed hands over a ``ConnectionEvent`` at each change of its connection
-    (passed only when asked for: ``Controller(connection_events=True)``). ``metrics``: the metrics server
-    the controller bound and served while it started, for the IO thread to serve from now on
-    (controller/lifetime/endpoints.py, passed where ``FORKLESS_METRICS_ADDR`` is set).
-    The plan's sinks (``FeedPlan.sinks``) are handed each batch's results."""
+    recorded (passed only when there are some); ``plan``: the feeds with the user's own sources, sinks and the
+    feeds' connectors (passed only when there are some: a partitioned feed's connector fences the source it makes
+    with the leases it owns); ``acknowledged``: signalled as replies are acknowledged (io_loop/sinks/sink.py,
+    passed where feeds keep positions); ``connection_events``: each feed hands over a ``ConnectionEvent`` at each
+    change of its connection (passed only when asked for: ``Controller(connection_events=True)``); ``metrics``:
+    the metrics server the controller bound and served while it started, for the IO thread to serve from now on
+    (controller/lifetime/endpoints.py, passed where ``FORKLESS_METRICS_ADDR`` is set). The plan's sinks
+    (``FeedPlan.sinks``) are handed each batch's results."""
     render = None
     if config.metrics_addr and metrics is None:
         from forkless.controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
@@ -286,9 +319,11 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
     settings = config.io_settings()
     if plan is not None:
         settings = dataclasses.replace(settings, feed_specs=plan.specs, uses_demo_feed=plan.uses_demo_feed)
-    # every feed's source built here, the composition root: the hooks and the fence go straight to them
+    # every feed's source built here, the composition root: the hooks go straight to them, and the plan's
+    # connectors make theirs (a partitioned feed's fenced by the leases its connector owns)
     sources = feed_sources(settings, sources=plan.sources if plan is not None else None, on_connect=on_connect,
-                           before_connect=before_connect, fence=fence)
+                           before_connect=before_connect,
+                           connectors={c.feed.name: c for c in plan.connectors} if plan is not None else None)
     result_sinks = plan.sinks if plan is not None else ()
     return IOThread(settings, codec, stats, stats_snapshot=snapshot, render_metrics=render, sources=sources,
                     positions=positions, acknowledged=acknowledged, result_sinks=result_sinks, wait=wait,

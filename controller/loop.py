@@ -147,8 +147,8 @@ class Controller:
         self.codec = guarded_codec(codec, cfg.features, max_frame_items=cfg.max_frame_items,
                                    dtype=np.dtype(np.float32) if events_only else codec_dtype(self.processor))
         self.on_results = on_results
-        # a partitioned JetStream feed (issue 24): leases and per-partition checkpoint objects
-        self._partition_feed = partitioned_feed(cfg.feed_specs, self.processor)
+        # a partitioned feed's connector (issue 24): leases and per-partition checkpoint objects
+        self._partition_feed = partitioned_feed(self.plan.connectors, self.processor)
         # False: each checkpoint copies the whole state at once, as on an accelerator (tests and
         # bench/checkpoint_stall.py compare it with the copy between steps)
         self.incremental_checkpoints = True
@@ -160,10 +160,11 @@ class Controller:
         self.batcher = MicroBatcher(cfg.max_batch, cfg.max_wait_ms / 1000, cfg.buckets)
         self.slots = StreamSlots(cfg.max_streams, idle_s=cfg.stream_idle_s)
         self._io: IOSide | NoIOSide = NoIOSide(self.io_stats)  # the real one once start() starts it
-        # checkpoints: what they hold beside the state, restoring one, the JetStream feeds' positions
+        # checkpoints: what they hold beside the state, restoring one, the replayable feeds' positions
         self.recovery = recovery = Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), self.processor,
                                             self.slots, self.main_stats, lambda: self._io.snapshot(), specs,
-                                            user_sources=self.plan.sources, own_store=checkpoint_store is not None)
+                                            positions=self.plan.position_codecs(),
+                                            own_store=checkpoint_store is not None)
         self.sources = recovery.sources
         self._own_store = checkpoint_store  # the embedding program's own, instead of FORKLESS_CHECKPOINT_DIR
         self._checkpoints = checkpoints_for(recovery.checkpoints, recovery.await_replies if self.sources else None,
@@ -310,14 +311,13 @@ class Controller:
 
     def _io_arguments(self) -> dict[str, Any]:
         """What the IO side is given beside its settings, each only where there is one: the restored positions, the
-        plan (the user's sources, sinks), a partitioned instance's fence (asked before publishing), ``acknowledged``,
-        ``connection_events``."""
+        plan (the user's sources, sinks, the feeds' connectors: a partitioned feed's fences its own source),
+        ``acknowledged``, ``connection_events``."""
         positions, plan, acked = self.recovery.positions, self.plan, {"acknowledged": self.recovery.acknowledged}
-        planned = {"plan": plan} if plan.sources or plan.sinks else {}
+        planned = {"plan": plan} if plan.sources or plan.sinks or plan.connectors else {}
         spin = {"wait": self.handoff} if self.handoff.spins else {}  # the IO loop's selector spins (io_loop/waiting.py)
-        return {**({"positions": positions} if positions else {}), **planned,
-                **(acked if self.sources else {}), **self._owner.io_arguments(), **spin,
-                **({"connection_events": True} if self.connection_events else {})}
+        return {**({"positions": positions} if positions else {}), **planned, **(acked if self.sources else {}),
+                **spin, **({"connection_events": True} if self.connection_events else {})}
 
     def _close_owner(self) -> None:
         """Release a partitioned instance's leases (after the stop's checkpoint)."""

@@ -190,7 +190,7 @@ class Replies:
 def split_by_feed(frames: list, received: list[int], error_at: tuple[int, ...],
                   feeds: list[int], traces: list[Trace], origin: list | None = None) -> list[Outgoing]:
     """One ``Outgoing`` per feed, each keeping its frames' order (``feeds``: each frame's feed),
-    the sampled messages' traces of that feed and, from JetStream feeds, each frame's ``origin``."""
+    the sampled messages' traces of that feed and, from replayable feeds, each frame's ``origin``."""
     errors = set(error_at)
     by_feed: dict[int, list[int]] = {}
     for j, feed in enumerate(feeds):

@@ -1,5 +1,5 @@
 """The IO side: the IO thread, one asyncio loop with every feed's socket (the checkpoint and lease
-store keeps its own thread and NATS connection: ``io_loop/nats/natsstore.py``).
+store keeps its own thread and NATS connection: ``io_loop/connectors/jetstream/store.py``).
 
 A leaf: nothing here imports ``controller``. Its public part (the exceptions, your own source, your own
 coroutine on the IO thread) is exported by ``forkless`` alone (``from forkless import Source``); this package

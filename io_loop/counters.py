@@ -145,7 +145,7 @@ class HistogramSnapshot:
 
 @dataclass
 class SourceStats:
-    """A replayable source's position on the IO side (a JetStream feed, io_loop/sources/jetstream.py);
+    """A replayable source's position on the IO side (a JetStream feed, io_loop/connectors/jetstream/source.py);
     written by its feed only, copied whole (``dataclasses.replace``) into its snapshot."""
 
     fetched: int = 0  # source messages taken from the stream (replayed ones included)
@@ -158,7 +158,7 @@ class SourceStats:
     duplicates: int = 0  # replies the results stream dropped as duplicates (published again after a replay)
     # (handed, through): with the messages up to stream sequence ``handed`` handed over, the stream held
     # no further message of the feed's subjects up to ``through`` (what the feed covered: a probe of its
-    # consumer's and the stream's state proved it, io_loop/sources/jsconsumer.py ``Consumer.probed``)
+    # consumer's and the stream's state proved it, io_loop/connectors/jetstream/consumer.py ``Consumer.probed``)
     covered: tuple[int, int] = (0, 0)
     stream_created: str = ""  # the stream's created time (ISO 8601) at the first connection ("": not yet)
 

@@ -28,7 +28,7 @@ __all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICK
 
 
 class Origin(NamedTuple):
-    """Where one message of a replayable source (a JetStream feed, io_loop/sources/jetstream.py) came
+    """Where one message of a replayable source (a JetStream feed, io_loop/connectors/jetstream/source.py) came
     from: the stream sequence of its source message, its index there (a payload may hold a
     list: the good elements are 0, 1, … in order, the error replies of the bad ones follow),
     and whether it is the last good element of that source message. The last ``Origin`` a
@@ -56,7 +56,7 @@ class Resume(NamedTuple):
 class PositionUnknown(NamedTuple):
     """Handed to a JetStream feed in place of its ``Origin`` when checkpoints existed but every
     one was damaged: the position they recorded is unknown. ``why`` names the files. The feed
-    starts only where that loses nothing (io_loop/sources/jsconsumer.py), else ``PositionLost``."""
+    starts only where that loses nothing (io_loop/connectors/jetstream/consumer.py), else ``PositionLost``."""
 
     why: str
 

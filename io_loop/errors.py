@@ -13,7 +13,7 @@ Rules:
   ``ForklessError``.
 - ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
-- ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/nats/leases.py``), raised
+- ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/connectors/jetstream/leases.py``), raised
   to the thread that called the store, not through the IO thread.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "ACCEPT_LOSS",
     "EXIT_CONFIG",
     "EXIT_CRASH",
     "EXIT_FEED",
@@ -34,6 +35,7 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "MetricsServerError",
+    "ObjectDamaged",
     "PositionLost",
     "StopRequested",
     "StoreError",
@@ -41,6 +43,9 @@ __all__ = [
 
 EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_FEED = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
+# how a PositionLost says the loss can be accepted (every refusal of a recorded position ends with it)
+ACCEPT_LOSS = ("start with FORKLESS_CHECKPOINT_RESTORE=never to accept the loss (the state starts empty and "
+               "the feed at its \"start\")")
 
 
 class ForklessError(Exception):
@@ -125,10 +130,16 @@ class DeploymentMismatch(ForklessError):
 
 
 class StoreError(ForklessError):
-    """An operation on the checkpoint and lease store (io_loop/nats/natsstore.py) failed: server
+    """An operation on the checkpoint and lease store (io_loop/connectors/jetstream/store.py) failed: server
     unreachable, an answer refused or late. The store stays usable and the next call tries
     again; raised to the thread that called the store (a partitioned instance's start, its
     checkpoints), it ends a run as a crash does."""
+
+
+class ObjectDamaged(StoreError):
+    """A checkpoint object's content does not match its meta (size, SHA-256, a chunk missing, the meta
+    unreadable): use an older one (io_loop/connectors/jetstream/objects.py raises it; a partitioned instance's
+    checkpoints, controller/partitions/partitioned.py, skip it)."""
 
 
 class StopRequested(Exception):

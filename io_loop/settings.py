@@ -16,17 +16,17 @@ Rules:
   ``subscribe`` and ``headers``) stay out of ``repr``.
 - A partitioned JetStream feed's ``partitions`` are already resolved (from its entry's
   ``"partitions"`` or from ``FORKLESS_INSTANCE``/``FORKLESS_INSTANCES``): the IO side consumes
-  ``JetStreamSpec.subjects()`` and never works out a share itself (io_loop/sources/partitions.py).
+  ``JetStreamSpec.subjects()`` and never works out a share itself (io_loop/connectors/jetstream/partitions.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from forkless.io_loop.connectors.jetstream.partitions import PARTITION_FIELD, partition_subjects
 from forkless.io_loop.net.netaddr import redact_url, redact_urls, unix_label
-from forkless.io_loop.sources.partitions import PARTITION_FIELD, partition_subjects
 
 __all__ = ["DEFAULT_SOURCE_BUFFER", "GROUPS", "REPLY_POLICIES", "SEQ_MODES", "Credentials", "DemoSettings",
            "FeedSpec", "IOSettings", "JetStreamSpec", "Limits", "PartitionSettings", "ReconnectSettings",
@@ -36,7 +36,8 @@ __all__ = ["DEFAULT_SOURCE_BUFFER", "GROUPS", "REPLY_POLICIES", "SEQ_MODES", "Cr
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
 # own ping/pong/close): results still reach ``on_results`` and the counters
 REPLY_POLICIES = ("all", "results", "none")
-# how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps (io_loop/relay/publisher.py)
+# how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps
+# (io_loop/connectors/jetstream/publisher.py)
 SEQ_MODES = ("feed", "stream", "none")
 
 # messages and events one source may hold while the inbound queue is full (FORKLESS_SOURCE_BUFFER,
@@ -117,7 +118,7 @@ class FeedSpec:
     # its own overflow (io_loop/spill.py): "" and None take FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER
     overflow: str = ""
     buffer: int | None = None
-    # a JetStream feed: ``url`` holds its NATS server URL(s), comma-separated (io_loop/sources/jetstream.py)
+    # a JetStream feed: ``url`` holds its NATS server URL(s), comma-separated (io_loop/connectors/jetstream/source.py)
     jetstream: JetStreamSpec | None = None
     unix_socket: str = ""  # a WebSocket feed's unix-domain socket ("": TCP to the URL's host and port)
 
@@ -125,6 +126,32 @@ class FeedSpec:
         via = f", unix_socket={self.unix_socket!r}" if self.unix_socket else ""
         return (f"FeedSpec(name={self.name!r}, url={self.shown_url!r}{via}, required={self.required!r}, "
                 f"replies={self.replies!r}, jetstream={self.jetstream!r})")
+
+    @property
+    def websocket(self) -> bool:
+        """A WebSocket feed (or the demo feed's, a user's source's place): not a connector's (a JetStream feed's)."""
+        return self.jetstream is None
+
+    @property
+    def partitioned(self) -> bool:
+        """It consumes some of its stream's partitions (a JetStream entry with ``"partition_count"``)."""
+        return self.jetstream is not None and self.jetstream.partitioned
+
+    @property
+    def partition_count(self) -> int:
+        """Its stream's partitions (0: not partitioned)."""
+        return self.jetstream.partition_count if self.jetstream is not None else 0
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """The partitions this instance owns, as resolved (``with_partitions``) or given in its entry."""
+        return self.jetstream.partitions if self.jetstream is not None else ()
+
+    def with_partitions(self, partitions: tuple[int, ...]) -> FeedSpec:
+        """This partitioned feed owning ``partitions`` (config.py resolves them from FORKLESS_INSTANCE)."""
+        if self.jetstream is None:
+            raise ValueError(f"{self.label} is not partitioned")
+        return replace(self, jetstream=replace(self.jetstream, partitions=tuple(partitions)))
 
     @property
     def shown_url(self) -> str:
@@ -159,7 +186,8 @@ class ReconnectSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class Timeouts:
-    """How long a connection's steps may take (io_loop/sources/connect.py, io_loop/nats/natsconn.py, the stop)."""
+    """How long a connection's steps may take (io_loop/sources/connect.py, io_loop/connectors/jetstream/transport.py,
+    the stop)."""
 
     connect_timeout_s: float  # a connection and its handshake; a JetStream API call
     heartbeat_s: float  # the WebSocket ping / the NATS ping interval (0: none)
@@ -215,7 +243,7 @@ class DemoSettings:
 @dataclass(frozen=True, kw_only=True)
 class PartitionSettings:
     """A partitioned feed's checkpoints ("": none) and leases: JetStream buckets on its server
-    (io_loop/nats/natsstore.py; ``--check`` looks for them, io_loop/sources/jsprobe.py)."""
+    (io_loop/connectors/jetstream/store.py; ``--check`` looks for them, io_loop/connectors/jetstream/probe.py)."""
 
     checkpoint_bucket: str = ""
     lease_bucket: str = "forkless-leases"
@@ -257,7 +285,8 @@ class IOSettings:
 
 @dataclass(frozen=True)
 class RelaySettings:
-    """What the relay's publisher reads (io_loop/relay/publisher.py), from ``Config.relay_settings()``: its NATS
+    """What the relay's publisher reads (io_loop/connectors/jetstream/publisher.py), from ``Config.relay_settings()``:
+    its NATS
     server(s), described as a JetStream feed's are (``target.url`` comma-separated, the token and
     creds in ``target.jetstream``, its stream name unused), the subject prefix
     (FORKLESS_RELAY_SUBJECT), how the feeds number their messages (FORKLESS_RELAY_SEQ), the

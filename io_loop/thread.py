@@ -1,5 +1,5 @@
 """IOThread: the one dedicated thread that owns the asyncio loop and every feed's socket (the
-checkpoint and lease store keeps its own thread and NATS connection: ``io_loop/nats/natsstore.py``).
+checkpoint and lease store keeps its own thread and NATS connection: ``io_loop/connectors/jetstream/store.py``).
 
 Rules:
 - ``start()``, ``request_stop()``, ``join()`` and ``abort()`` are called from the main thread;
@@ -25,7 +25,8 @@ Rules:
   overlaps the steps) and the bridge's queues.
 - No process is started and nothing forks: the demo feed and the metrics server run as
   tasks on this same loop.
-- A ``sink`` (io_loop/sinks/sink.py's public ``Sink``: the relay's publisher, io_loop/relay/publisher.py, or a
+- A ``sink`` (io_loop/sinks/sink.py's public ``Sink``: the relay's publisher,
+  io_loop/connectors/jetstream/publisher.py, or a
   user's own) takes the place of the main thread as the reader of ``inbound``: run by its ``SinkRunner``
   on this loop beside the feeds, it takes chunks and events from inbound's async side (as its
   ``SinkContext``'s batches), and the main thread touches neither queue. No replies come, so once

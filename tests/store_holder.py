@@ -1,6 +1,6 @@
 """A lease holder in a process of its own, for tests/test_natsstore.py to ``kill -9``:
 ``python -m tests.store_holder <nats url> <lease bucket> <lease_s> <holder> <key>...`` takes the
-leases of the keys (io_loop/nats/natsstore.py), prints "held" and renews them until it is killed."""
+leases of the keys (io_loop/connectors/jetstream/store.py), prints "held" and renews them until it is killed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import threading
 
 from forkless.controller.config import Config
-from forkless.io_loop.nats.natsstore import NatsStore
+from forkless.io_loop.connectors.jetstream.store import NatsStore
 
 
 def main(url: str, lease_bucket: str, lease_s: str, holder: str, *keys: str) -> None:

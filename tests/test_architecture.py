@@ -65,7 +65,8 @@ CORE = [
     "controller/settings/variables.py",
     "io_loop/__init__.py",
     "io_loop/sources/__init__.py",
-    "io_loop/nats/__init__.py",
+    "io_loop/connectors/__init__.py",
+    "io_loop/connectors/jetstream/__init__.py",
     "io_loop/relay/__init__.py",
     "io_loop/sinks/__init__.py",
     "io_loop/net/__init__.py",
@@ -75,9 +76,11 @@ CORE = [
     "io_loop/crossing.py",
     "io_loop/decoding.py",
     "io_loop/errors.py",
-    "io_loop/sources/jsconsumer.py",
+    "io_loop/connectors/connector.py",
+    "io_loop/connectors/jetstream/consumer.py",
+    "io_loop/connectors/jetstream/positions.py",
     "io_loop/net/netaddr.py",
-    "io_loop/sources/partitions.py",
+    "io_loop/connectors/jetstream/partitions.py",
     "io_loop/relay/relaystats.py",
     "io_loop/settings.py",
 ]
@@ -107,23 +110,24 @@ IO = [
     "io_loop/spill.py",
     "io_loop/net/http.py",
     "io_loop/sources/on_connect.py",
-    "io_loop/sources/jetstream.py",
-    "io_loop/sources/jsprobe.py",
-    "io_loop/sources/jspublish.py",
+    "io_loop/connectors/jetstream/connector.py",
+    "io_loop/connectors/jetstream/source.py",
+    "io_loop/connectors/jetstream/probe.py",
+    "io_loop/connectors/jetstream/replies.py",
     "io_loop/loopthread.py",
     "io_loop/portal.py",
     "io_loop/portalqueue.py",
     "io_loop/reconnect.py",
     "io_loop/sources/relogin.py",
-    "io_loop/nats/deployment.py",
-    "io_loop/nats/leases.py",
-    "io_loop/nats/natsconn.py",
-    "io_loop/nats/natsstore.py",
-    "io_loop/nats/objects.py",
-    "io_loop/nats/storethread.py",
-    "io_loop/nats/nats_compat.py",
+    "io_loop/connectors/jetstream/deployment.py",
+    "io_loop/connectors/jetstream/leases.py",
+    "io_loop/connectors/jetstream/transport.py",
+    "io_loop/connectors/jetstream/store.py",
+    "io_loop/connectors/jetstream/objects.py",
+    "io_loop/connectors/jetstream/storethread.py",
+    "io_loop/connectors/jetstream/nats_compat.py",
     "io_loop/sources/probe.py",
-    "io_loop/relay/publisher.py",
+    "io_loop/connectors/jetstream/publisher.py",
     "io_loop/sinks/results.py",
     "io_loop/sinks/sink.py",
     "io_loop/source.py",
@@ -357,8 +361,8 @@ def test_io_loop_is_a_leaf_that_imports_nothing_from_controller():
 
 
 # partitions_of (the checkpoints' split of the stream table by partition) is vectorised with numpy,
-# imported inside it: importing io_loop.sources.partitions still loads none (the test below)
-THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/sources/partitions.py": {"numpy"}}
+# imported inside it: importing io_loop.connectors.jetstream.partitions still loads none (the test below)
+THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/connectors/jetstream/partitions.py": {"numpy"}}
 
 
 def test_the_io_loop_modules_in_the_core_import_no_third_party_library():
@@ -637,6 +641,48 @@ def test_a_websocket_only_run_imports_no_library_only_some_runs_need():
     assert not optional, f"a WebSocket-only run imported {optional}: import them only where they are used"
 
 
+# ---- the JetStream connector is a room: nats-py is imported in it alone, its exceptions named by one module ----
+
+NATS_ROOM = "io_loop/connectors/jetstream/"
+# the transport maps nats-py's exceptions to ours (the one place), nats_compat raises nats-py's own from its
+# private parts, inside the transport's mapping; every other module catches ours
+NAMES_NATS_ERRORS = {"io_loop/connectors/jetstream/transport.py", "io_loop/connectors/jetstream/nats_compat.py"}
+NATS_ERROR_MODULES = ("nats.errors", "nats.js.errors")
+
+
+def nats_imports(path: str, imports: list[Import] | None = None) -> list[Import]:
+    """The statements of ``path`` that import nats-py (any of its modules), wherever they are written."""
+    return [imp for imp in (IMPORTS[path] if imports is None else imports)
+            if any(target == "nats" or target.startswith("nats.") for target in imp.targets)]
+
+
+def names_nats_errors(imports: list[Import]) -> list[Import]:
+    return [imp for imp in imports if any(t.startswith(NATS_ERROR_MODULES) or t == "nats" for t in imp.targets)]
+
+
+def test_every_nats_import_of_the_product_is_in_the_jetstream_connector_s_room():
+    outside = [f"{imp.where} imports {', '.join(imp.targets)}" for path in PATHS if not path.startswith(NATS_ROOM)
+               for imp in nats_imports(path)]
+    assert not outside, "nats-py is the JetStream connector's (io_loop/connectors/jetstream/):\n" + "\n".join(outside)
+    assert any(nats_imports(path) for path in PATHS if path.startswith(NATS_ROOM)), "the scanner sees no nats import"
+
+
+def test_only_the_transport_names_nats_py_s_exceptions():
+    # ``import nats`` reaches nats.errors too: only the transport and nats_compat import the package or its errors
+    wrong = [f"{imp.where} imports {', '.join(imp.targets)}" for path in PATHS if path not in NAMES_NATS_ERRORS
+             for imp in names_nats_errors(nats_imports(path))]
+    assert not wrong, "catch the transport's errors (io_loop/connectors/jetstream/transport.py):\n" + "\n".join(wrong)
+
+
+def test_the_nats_rules_see_an_import_outside_the_room_and_an_error_module_named_inside_it():
+    # the two rules above, on literal source: each would fail on such a module
+    outside = find_imports("def f():\n    from nats.js.api import StreamConfig  # lazily\n", "io_loop/feeds.py")
+    assert [imp.targets for imp in nats_imports("io_loop/feeds.py", outside)] == [("nats.js.api",)]
+    inside = find_imports("import nats.errors\nfrom nats.js import api\n", NATS_ROOM + "source.py")
+    assert [imp.targets for imp in names_nats_errors(nats_imports(NATS_ROOM + "source.py", inside))] == [
+        ("nats.errors",)]
+
+
 # ---- one owner of the device state ---------------------------------------------------------------
 
 STATE_OWNER = "controller/engine.py"
@@ -700,7 +746,7 @@ def test_importing_forkless_and_its_two_packages_loads_none_of_their_modules():
 # a module sets on an object of a class another module declares goes through a method there.
 PRODUCT = [p for p in PATHS if p.startswith(("controller/", "io_loop/"))]
 COUNTER_RECORDS = ("controller/stats.py", "io_loop/counters.py", "io_loop/relay/relaystats.py")
-FRAME_CUTS = {("io_loop/sources/jsconsumer.py", "out", attr) for attr in ("seq", "stream", "x", "errors")}
+FRAME_CUTS = {("io_loop/connectors/jetstream/consumer.py", "out", attr) for attr in ("seq", "stream", "x", "errors")}
 
 
 def _declared_fields() -> dict[str, set[str]]:

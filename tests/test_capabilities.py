@@ -71,7 +71,7 @@ def test_the_plan_reads_a_duck_typed_source_and_a_subclass_alike() -> None:
 def test_the_built_in_sources_declare_their_capabilities_on_the_one_base() -> None:
     assert issubclass(WebSocketSource, SourceCapabilities)
     assert issubclass(DemoSource, SourceCapabilities)
-    jetstream = pytest.importorskip("forkless.io_loop.sources.jetstream")
+    jetstream = pytest.importorskip("forkless.io_loop.connectors.jetstream.source")
     assert issubclass(jetstream.JetStreamSource, SourceCapabilities)
 
 
@@ -108,7 +108,7 @@ def test_each_built_in_source_declares_its_probe() -> None:
             for spec in (FeedSpec("f", "ws://127.0.0.1:1/feed"), FeedSpec("demo", ""))}
     assert (type(made["f"]), type(made["demo"])) == (WebSocketSource, DemoSource)
     assert callable(capability(made["f"], "probe")) and callable(capability(made["demo"], "probe"))
-    assert "probe" in vars(pytest.importorskip("forkless.io_loop.sources.jetstream").JetStreamSource)
+    assert "probe" in vars(pytest.importorskip("forkless.io_loop.connectors.jetstream.source").JetStreamSource)
 
 
 def test_the_feed_probe_asks_each_source_handed_to_it_and_passes_one_without_a_probe() -> None:

@@ -9,7 +9,7 @@ from forkless.controller.commands.edge import load_config
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
 from forkless.controller.settings.variables import VARIABLES
-from forkless.io_loop.sources.partitions import instance_share
+from forkless.io_loop.connectors.jetstream.partitions import instance_share
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -114,22 +114,22 @@ INTERNAL = {
         "one refused handshake: tried again, or (a 4xx) given up with FeedFatal",
     "forkless.io_loop.sources.connect._RedirectRefused":
         "a 3xx answer inside open_feed, which raises HandshakeRefused for it",
-    "forkless.io_loop.nats.natsconn.NatsConnectFailed":
+    "forkless.io_loop.connectors.jetstream.transport.NatsConnectFailed":
         "one failed attempt to reach NATS: tried again, then given up with FeedFatal (a feed, the relay) or "
         "StoreError (the checkpoint store)",
-    "forkless.io_loop.nats.natsconn.NatsError":
-        "nats-py's failure mapped at the edge (mapped_nats_errors): its users catch it and end the connection, "
+    "forkless.io_loop.connectors.jetstream.transport.NatsError":
+        "nats-py's failure mapped at the edge (the transport's calls): its users catch it and end the connection, "
         "fail the attempt (NatsConnectFailed) or report a --check problem",
-    "forkless.io_loop.nats.natsconn.NatsNotFound":
+    "forkless.io_loop.connectors.jetstream.transport.NatsNotFound":
         "a NatsError: what the server does not hold, caught where it is asked for",
-    "forkless.io_loop.nats.natsconn.NatsUnavailable":
+    "forkless.io_loop.connectors.jetstream.transport.NatsUnavailable":
         "a NatsError: JetStream not answering, caught where it is asked (a failed attempt, a --check problem)",
-    "forkless.io_loop.nats.natsconn.NatsApiError":
+    "forkless.io_loop.connectors.jetstream.transport.NatsApiError":
         "a NatsError: another JetStream API error, caught as a NatsError",
-    "forkless.io_loop.nats.natsconn.NatsWrongLast":
+    "forkless.io_loop.connectors.jetstream.transport.NatsWrongLast":
         "a NatsApiError: a write at a revision no longer the last, caught where a lease is taken, renewed or "
         "released (someone else wrote the key)",
-    "forkless.io_loop.nats.natsconn.NatsNoStreamResponse":
+    "forkless.io_loop.connectors.jetstream.transport.NatsNoStreamResponse":
         "a NatsError: no stream stores a published subject, caught by the reply publisher (the connection ends)",
     "forkless.io_loop.sources.on_connect.HookFailed":
         "an on_connect hook that failed: the connection attempt fails and is tried again",

@@ -1,7 +1,7 @@
 """Sources are built at the composition root (issue 47): the configuration builds every feed's
 source ready made (controller/ioside.py's ``feed_sources``), and the IO thread is handed the list; the
-hooks and a partitioned feed's lease fence go straight to the sources, never through the IO thread
-or the feed set."""
+hooks go straight to the sources, never through the IO thread or the feed set, and a partitioned feed's lease
+fence goes from the leases its connector owns to the source that connector makes, inside its room (issue 56)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,31 @@ def test_neither_the_io_thread_nor_the_feed_set_carries_hooks_or_the_fence() -> 
     for cls in (IOThread, FeedSet):
         carried = {"on_connect", "before_connect", "fence"} & set(inspect.signature(cls).parameters)
         assert not carried, f"{cls.__name__} carries {carried}: hand them to the sources at the composition root"
+
+
+def test_the_lease_fence_is_a_typed_object_handed_inside_the_connector_s_room_and_nowhere_else() -> None:
+    """No parameter, keyword or dictionary key named ``fence`` outside io_loop/connectors/jetstream/ (the leases,
+    the connector that owns them, the source and its publisher): the controller and the feed set never carry it."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    room = root / "io_loop" / "connectors" / "jetstream"
+    carried = []
+    for path in [*(root / "controller").rglob("*.py"), *(root / "io_loop").rglob("*.py")]:
+        if room in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.arg):
+                names = [node.arg]
+            elif isinstance(node, ast.keyword):
+                names = [node.arg or ""]
+            elif isinstance(node, ast.Dict):
+                names = [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+            if "fence" in names:
+                carried.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not carried, f"the fence is carried outside the connector's room: {carried}"
 
 
 def test_the_demo_feed_s_tally_is_its_source_s_summary_line_read_straight_from_the_source() -> None:

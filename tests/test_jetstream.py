@@ -545,10 +545,13 @@ def test_the_server_killed_and_restarted_mid_run_loses_nothing_and_applies_nothi
 def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a_payload(tmp_path):
     from forkless.controller.checkpoints.positions import SourcePositions
     from forkless.controller.errors import CheckpointMismatch
+    from forkless.controller.ioside import feed_plan
     from forkless.io_loop.crossing import Origin, Resume
 
-    specs = _config([{"url": "ws://127.0.0.1:9/w", "name": "w"}, _js_feed("nats://127.0.0.1:4222")]).feed_specs
-    pos = SourcePositions(specs)
+    cfg = _config([{"url": "ws://127.0.0.1:9/w", "name": "w"}, _js_feed("nats://127.0.0.1:4222")])
+    specs, codecs = cfg.feed_specs, feed_plan(cfg).position_codecs()  # the JetStream feed's connector's codec
+    assert list(codecs) == ["ticks"]
+    pos = SourcePositions(specs, codecs)
     # a batch: a WebSocket message, then elements 0 and 1 of stream message 7 (a list of 3)
     pos.after_batch([0, 1, 1], [None, Origin(7, 0, False), Origin(7, 1, False)],
                     [None, Origin(7, 0, False)], [0, 1])  # element 1 of 7 got no reply (the codec's choice)
@@ -558,21 +561,21 @@ def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a
     assert Origin(7, 1, False).resume() == (7, 2) and Origin(7, 2, True).resume() == (8, 0)
     assert SourcePositions.unconfirmed(recorded, {"ticks": (6, 0)}) != []
     assert SourcePositions.unconfirmed(recorded, {"ticks": (7, 0)}) == []
-    again = SourcePositions(specs)
+    again = SourcePositions(specs, codecs)
     assert again.restore(recorded, tmp_path) == {"ticks": Resume(Origin(7, 1, False), "")}
     assert again.replied == {}  # the restored checkpoint's replies were stored before it was committed
-    other = _config([_js_feed("nats://127.0.0.1:4222", subject="ticks.a")]).feed_specs
+    other = _config([_js_feed("nats://127.0.0.1:4222", subject="ticks.a")])
     with pytest.raises(CheckpointMismatch, match=re.escape("JetStream feed 'ticks': subject: 'ticks.>' in the")):
-        SourcePositions(other).restore(recorded, tmp_path)
+        SourcePositions(other.feed_specs, feed_plan(other).position_codecs()).restore(recorded, tmp_path)
 
 
 def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_and_ids_stay_the_same():
     from forkless.controller.ioside import feed_source
+    from forkless.io_loop.connectors.jetstream.consumer import Consumer, Take
+    from forkless.io_loop.connectors.jetstream.source import JetStreamSource
     from forkless.io_loop.crossing import Origin, Resume
     from forkless.io_loop.feeds import feed_client
     from forkless.io_loop.settings import FeedSpec
-    from forkless.io_loop.sources.jetstream import JetStreamSource
-    from forkless.io_loop.sources.jsconsumer import Consumer, Take
 
     pytest.importorskip("nats")
     cfg = _config([_js_feed("nats://127.0.0.1:4222")])
@@ -621,10 +624,10 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
 ])
 def test_where_consuming_starts_and_when_the_stream_no_longer_holds_what_the_position_needs(resume, first, last,
                                                                                               expected):
+    from forkless.io_loop.connectors.jetstream.consumer import Consumer
     from forkless.io_loop.counters import SourceStats
     from forkless.io_loop.crossing import Origin
     from forkless.io_loop.errors import PositionLost
-    from forkless.io_loop.sources.jsconsumer import Consumer
 
     start = "new" if resume == "new" else "first"
     spec = _config([_js_feed("nats://127.0.0.1:4222", start=start)]).feed_specs[0]
@@ -663,7 +666,7 @@ def test_an_unreachable_server_and_a_missing_stream_give_up_after_the_tries_with
     (b"", None),
 ])
 def test_a_deliverys_numbers_come_from_its_reply_subject_in_both_token_layouts(reply, expected):
-    from forkless.io_loop.sources.jsconsumer import delivery_numbers
+    from forkless.io_loop.connectors.jetstream.consumer import delivery_numbers
 
     assert delivery_numbers(reply) == expected
 

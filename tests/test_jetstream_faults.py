@@ -96,7 +96,7 @@ def test_a_stream_deleted_and_made_again_between_two_runs_is_refused_by_the_chec
 
 def _feed(**extra: Any) -> Any:
     pytest.importorskip("nats")
-    from forkless.io_loop.sources.jetstream import JetStreamSource
+    from forkless.io_loop.connectors.jetstream.source import JetStreamSource
 
     from tests.test_jetstream import _config
 
@@ -145,9 +145,9 @@ def test_a_feed_whose_subject_got_nothing_while_retention_removed_other_subjects
     from tests.servers import assert_results_match_reference
     from tests.test_jetstream import _config
 
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_EXPIRES_S", 1.5)  # an idle pull ends sooner
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_EXPIRES_S", 1.5)  # an idle pull ends sooner
     # (the server wants it below half of that)
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_HEARTBEAT_S", 0.5)
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_HEARTBEAT_S", 0.5)
     create_streams(nats_server.url, max_msgs=50)  # the stream keeps the newest 50 messages, of any subject
     ours = make_messages(15, streams=3, seed=41)
     seqs = publish(nats_server.url, "ticks.a", [json.dumps(m) for m in ours[:10]])
@@ -205,8 +205,8 @@ def test_a_restart_after_only_other_subjects_messages_were_removed_resumes_from_
     from tests.natsserver import create_streams, publish
     from tests.servers import assert_results_match_reference
 
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_EXPIRES_S", 1.5)
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_HEARTBEAT_S", 0.5)
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_EXPIRES_S", 1.5)
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_HEARTBEAT_S", 0.5)
     create_streams(nats_server.url, max_msgs=50)
     ours = make_messages(15, streams=3, seed=43)
     cfg = _filtered_config(nats_server.url, tmp_path)
@@ -230,8 +230,8 @@ def test_a_restart_after_retention_removed_a_message_of_the_feeds_own_subject_st
     from tests.harness import drive
     from tests.natsserver import create_streams, publish
 
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_EXPIRES_S", 1.5)
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_HEARTBEAT_S", 0.5)
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_EXPIRES_S", 1.5)
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_HEARTBEAT_S", 0.5)
     create_streams(nats_server.url, max_msgs=50)
     ours = make_messages(15, streams=3, seed=44)
     cfg = _filtered_config(nats_server.url, tmp_path)
@@ -242,7 +242,7 @@ def test_a_restart_after_retention_removed_a_message_of_the_feeds_own_subject_st
     with pytest.raises(PositionLost) as lost, Controller(cfg) as ctl:
         drive(ctl, lambda: False, timeout_s=30 * UNIT_S, what="refused")
     text = str(lost.value)
-    assert "no longer holds messages the checkpoint needs: its first sequence is 112" in text, text
+    assert "may no longer hold messages of 'ticks.a' that the checkpoint needs: its first sequence is 112" in text, text
     assert "the checkpoint recorded 110 as the last applied" in text, text
 
 
@@ -291,7 +291,7 @@ def test_a_filtered_feed_stopped_right_after_retention_removed_other_subjects_me
     refused = app(env=env).finish(60 * UNIT_S)
     assert refused.returncode == 2, refused.stderr[-3000:]
     line = refused.stderr.strip().splitlines()[-1]
-    assert "no longer holds messages the checkpoint needs: its first sequence is 1307" in line, line
+    assert "messages of 'ticks.a' that the checkpoint needs: its first sequence is 1307" in line, line
     assert "the checkpoint recorded 1305 as the last applied" in line, line
 
 
@@ -310,7 +310,8 @@ def test_an_idle_feed_learns_what_it_covered_while_its_pull_waits_and_a_reconnec
     from tests.servers import assert_results_match_reference
     from tests.test_jetstream import _config
 
-    monkeypatch.setattr("forkless.io_loop.sources.jetstream.PULL_EXPIRES_S", 600.0)  # no pull ends while the test runs
+    # no pull ends while the test runs
+    monkeypatch.setattr("forkless.io_loop.connectors.jetstream.source.PULL_EXPIRES_S", 600.0)
     create_streams(nats_server.url, max_msgs=500)
     ours = make_messages(15, streams=3, seed=54)
     seqs = publish(nats_server.url, "ticks.a", [json.dumps(m) for m in ours[:10]])
@@ -328,6 +329,101 @@ def test_an_idle_feed_learns_what_it_covered_while_its_pull_waits_and_a_reconnec
         drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 15, timeout_s=30 * UNIT_S,
               what="the 5 new messages of ticks.a answered")
     assert_results_match_reference(ours, _answered(nats_server.url, seqs))
+
+
+# ---- issue 54, item 11: a filtered feed restarted after retention of other subjects' messages -----------
+
+
+def _one_life_then_down(url: str, cfg: Any, ours: list[dict], subject: str) -> list[int]:
+    """A run that answers ``ours`` (published to ``subject``) and stops at once, so no later probe covers
+    what the other subjects publish while it is down; its checkpoints go to cfg's dir."""
+    from forkless.controller.loop import Controller
+
+    from tests.harness import drive
+    from tests.natsserver import publish
+
+    seqs = publish(url, subject, [json.dumps(m) for m in ours])
+    with Controller(cfg) as ctl:
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == len(ours), timeout_s=30 * UNIT_S,
+              what="the first life's results")
+    return seqs
+
+
+def _refused(cfg: Any) -> str:
+    from forkless.controller.loop import Controller
+    from forkless.io_loop.errors import PositionLost
+
+    from tests.harness import drive
+
+    with pytest.raises(PositionLost) as lost, Controller(cfg) as ctl:
+        drive(ctl, lambda: False, timeout_s=30 * UNIT_S, what="refused")
+    return str(lost.value)
+
+
+def test_a_filtered_feed_refused_after_stream_wide_retention_says_what_is_known_and_how_to_keep_its_messages(
+        nats_server, tmp_path):
+    """Issue 54, item 11: a feed of ``ticks.a.>`` on a stream that keeps its newest 50 messages of any
+    subject; while it is down 100 of ticks.b push every message up to 60 out. The stream cannot say of which
+    subjects the removed messages were, so the restart is refused, and the refusal says so: what may be lost,
+    where the stream holds from, and the fixes (per-subject limits, a longer retention, RESTORE=never)."""
+    from tests.natsserver import create_streams, publish
+    from tests.test_jetstream import _config
+
+    url = nats_server.url
+    create_streams(url, max_msgs=50)
+    cfg = _config([_js_feed(url, subject="ticks.a.>")], checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_s=0.2,
+                  checkpoint_priority="normal")
+    _one_life_then_down(url, cfg, make_messages(10, streams=3, seed=61), "ticks.a.x")
+    publish(url, "ticks.b.y", [json.dumps(m) for m in make_messages(100, seed=62)])  # 11..110: ours none of them
+    assert _stream_first(url) == 61
+    text = _refused(cfg)
+    for words in ("may have removed messages of 'ticks.a.>'", "the stream holds from sequence 61",
+                  "its first sequence is 61, the checkpoint recorded 10 as the last applied",
+                  "max_msgs_per_subject", "keep messages longer (max_age, max_msgs, max_bytes)",
+                  "FORKLESS_CHECKPOINT_RESTORE=never"):
+        assert words in text, text
+    assert "retention removed them" not in text, text  # it does not know that
+
+
+def test_a_filtered_feed_on_a_stream_that_removes_by_subject_only_resumes_where_its_subjects_lost_nothing(
+        nats_server, tmp_path):
+    """Issue 54, item 11, where the server can tell: a stream whose only limit is max_msgs_per_subject (20)
+    removes a subject's messages only for newer ones of the same subject. The feed of ``ticks.a.>`` answers 10;
+    while it is down its consumed messages are purged (``nats stream purge --subject 'ticks.a.>' --seq 11``) and
+    ticks.b's limit removes 80 of its own 100: the stream's first sequence (91) passes the position (11), yet
+    no subject of ticks.a.> holds its limit, so retention removed none of the feed's messages: the restart
+    resumes (before this: exit 2, "retention removed them") and answers 5 more on the restored state. Then a
+    subject of the feed that holds its limit from past the position is refused, naming it."""
+    from forkless.controller.loop import Controller
+
+    from tests.harness import drive
+    from tests.natsserver import _with_js, create_streams, publish
+    from tests.servers import assert_results_match_reference
+    from tests.test_jetstream import _config
+
+    url = nats_server.url
+    create_streams(url, max_msgs_per_subject=20)
+    cfg = _config([_js_feed(url, subject="ticks.a.>")], checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_s=0.2,
+                  checkpoint_priority="normal")
+    ours = make_messages(15, streams=3, seed=63)
+    seqs = _one_life_then_down(url, cfg, ours[:10], "ticks.a.x")
+    asyncio.run(_with_js(url, lambda nc, js: js.purge_stream("TICKS", subject="ticks.a.>", seq=11)))
+    publish(url, "ticks.b.y", [json.dumps(m) for m in make_messages(100, seed=64)])  # 11..110: 91..110 kept
+    assert _stream_first(url) == 91
+    with Controller(cfg) as ctl:
+        seqs += publish(url, "ticks.a.x", [json.dumps(m) for m in ours[10:]])
+        drive(ctl, lambda: ctl.stats().feeds[0].io.results_out == 5, timeout_s=30 * UNIT_S,
+              what="the 5 new messages of ticks.a.x answered")
+        assert ctl.restored_from is not None
+    assert_results_match_reference(ours, _answered(url, seqs))  # one history, on the restored state
+
+    # ticks.a.z: 25 messages while the feed is down, its oldest 5 removed by its own limit: refused, named
+    asyncio.run(_with_js(url, lambda nc, js: js.purge_stream("TICKS", subject="ticks.a.x")))
+    publish(url, "ticks.a.z", [json.dumps(m) for m in make_messages(25, seed=65)])
+    publish(url, "ticks.b.y", [json.dumps(m) for m in make_messages(20, seed=66)])
+    text = _refused(cfg)
+    assert "subject ticks.a.z holds its limit of 20 messages (max_msgs_per_subject), from sequence" in text, text
+    assert "FORKLESS_CHECKPOINT_RESTORE=never" in text, text
 
 
 # ---- every checkpoint damaged (issue 30, fault 1) ------------------------------------------------------
@@ -409,10 +505,10 @@ def test_every_checkpoint_damaged_but_the_stream_holding_all_from_sequence_1_reb
 ])
 def test_with_every_checkpoint_damaged_a_feed_starts_only_where_its_stream_still_holds_everything(
         start, first, last, deleted, expected):
+    from forkless.io_loop.connectors.jetstream.consumer import Consumer
     from forkless.io_loop.counters import SourceStats
     from forkless.io_loop.crossing import PositionUnknown
     from forkless.io_loop.errors import PositionLost
-    from forkless.io_loop.sources.jsconsumer import Consumer
 
     from tests.test_jetstream import _config
 

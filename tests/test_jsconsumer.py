@@ -1,4 +1,5 @@
-"""``Consumer`` (io_loop/sources/jsconsumer.py), the JetStream feed's bookkeeping, with literal reply subjects
+"""``Consumer`` (io_loop/connectors/jetstream/consumer.py), the JetStream feed's bookkeeping, with literal reply
+subjects
 and stream states: no server, no socket, no event loop. What it decides is what the feed does
 against a real nats-server in tests/test_jetstream.py and tests/test_jetstream_faults.py; here
 each decision is pinned on its own: gaps, redeliveries, the position that moves only once a
@@ -12,12 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from forkless.io_loop.connectors.jetstream.consumer import FOREIGN_REASON, SKIP, Consumer, Drop, Take
+from forkless.io_loop.connectors.jetstream.partitions import escape_stream, partition_of
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
 from forkless.io_loop.errors import PositionLost
 from forkless.io_loop.settings import JetStreamSpec
-from forkless.io_loop.sources.jsconsumer import FOREIGN_REASON, SKIP, Consumer, Drop, Take
-from forkless.io_loop.sources.partitions import escape_stream, partition_of
 
 SPEC = JetStreamSpec(stream="TICKS", subject="ticks.>", results="scores")
 PARTITIONED = JetStreamSpec(stream="TICKS", subject="ticks.{partition}.>", results="scores", partition_count=4,
@@ -263,3 +264,77 @@ def test_a_partitioned_feeds_positions_in_a_resume_carry_the_recorded_created_ti
     assert c.recorded_created == "2026-12-01T12:00:00+00:00" and c.from_checkpoint
     c.check_stream(1, 20)
     assert c.floors == {0: (11, 0), 1: (5, 0)} and c.next == (5, 0)
+
+
+# ---- a restart behind the stream's first sequence (issue 54, item 11) ----------------------------------
+
+FILTERED = JetStreamSpec(stream="TICKS", subject="ticks.a.>", results="scores")
+
+
+def behind(spec: JetStreamSpec) -> Consumer:
+    """A consumer restored at sequence 10 (the next needed: 11) of a stream that now holds 61..110."""
+    return Consumer(spec, "feed 'ticks'", SourceStats(), Origin(10, 0, True))
+
+
+def test_a_feed_of_the_whole_stream_behind_its_first_sequence_is_refused_retention_removed_its_messages():
+    from forkless.io_loop.connectors.jetstream.consumer import Retention
+
+    with pytest.raises(PositionLost, match="retention removed them"):
+        behind(SPEC).check_stream(61, 110, retention=Retention(("ticks.>",)))
+    whole = behind(JetStreamSpec(stream="TICKS", results="scores"))
+    with pytest.raises(PositionLost, match="retention removed them"):  # no filter: every subject is the feed's
+        whole.check_stream(61, 110)
+    assert not whole.filtered_behind(61, 110)  # nothing the stream could say changes it
+
+
+def test_a_filtered_feed_behind_the_first_sequence_says_what_is_known_until_the_stream_says_more():
+    from forkless.io_loop.connectors.jetstream.consumer import Retention
+
+    c = behind(FILTERED)
+    with pytest.raises(PositionLost) as lost:
+        c.check_stream(61, 110)
+    assert c.filtered_behind(61, 110)  # the pump may read what the stream can tell, and ask again
+    text = str(lost.value)
+    for words in ("may have removed messages of 'ticks.a.>'", "the stream holds from sequence 61",
+                  "its first sequence is 61, the checkpoint recorded 10 as the last applied",
+                  "per-subject limits (max_msgs_per_subject)", "FORKLESS_CHECKPOINT_RESTORE=never"):
+        assert words in text, text
+    # stream-wide limits: the stream cannot tell more, the same refusal
+    with pytest.raises(PositionLost, match=r"may have removed messages of 'ticks\.a\.>'"):
+        c.check_stream(61, 110, retention=Retention(("ticks.>",)))
+
+
+def test_a_stream_that_removes_by_subject_only_resumes_a_feed_none_of_whose_subjects_holds_its_limit():
+    from forkless.io_loop.connectors.jetstream.consumer import Retention
+
+    c = behind(FILTERED)
+    notes = c.check_stream(61, 110, retention=Retention(("ticks.>",), True, 20, {"ticks.a.x": 3}))
+    assert c.next == (11, 0)  # resumes at its position: the stream's next of ours comes after 61
+    assert [level for level, _ in notes] == [logging.WARNING, logging.INFO]
+    assert "retention removed only other subjects' messages" in notes[0][1]
+    assert "resuming at stream sequence 11" in notes[1][1]
+
+
+def test_a_subject_at_its_limit_on_a_stream_that_removes_by_subject_only_is_refused_naming_it():
+    from forkless.io_loop.connectors.jetstream.consumer import Retention
+
+    with pytest.raises(PositionLost) as lost:
+        behind(FILTERED).check_stream(61, 110, retention=Retention(
+            ("ticks.>",), True, 20, {"ticks.a.x": 3, "ticks.a.z": 20}, {"ticks.a.z": 91}))
+    text = str(lost.value)
+    assert "subject ticks.a.z holds its limit of 20 messages (max_msgs_per_subject), from sequence 91" in text, text
+    assert "ticks.a.x" not in text and "FORKLESS_CHECKPOINT_RESTORE=never" in text, text
+    with pytest.raises(PositionLost, match="may have removed"):  # its subjects' counts not read: not known
+        behind(FILTERED).check_stream(61, 110, retention=Retention(("ticks.>",), True, 20, None))
+
+
+@pytest.mark.parametrize(("pattern", "subject", "expected"), [
+    ("ticks.>", "ticks.>", True), ("ticks.>", "ticks.a.b", True), ("ticks.>", "ticks", False),
+    ("ticks.a.>", "ticks.>", False), ("ticks.*", "ticks.a", True), ("ticks.*", "ticks.*", True),
+    ("ticks.a", "ticks.*", False), ("ticks.*", "ticks.>", False), (">", "anything.at.all", True),
+    ("ticks.a", "ticks.a", True), ("ticks.a", "ticks.b", False),
+])
+def test_a_filter_covers_a_stream_subject_when_it_matches_everything_that_subject_does(pattern, subject, expected):
+    from forkless.io_loop.connectors.jetstream.consumer import covers
+
+    assert covers(pattern, subject) is expected

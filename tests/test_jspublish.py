@@ -1,4 +1,4 @@
-"""``ReplyAcks`` (io_loop/sources/jspublish.py), the results stream's acknowledgements of the item a
+"""``ReplyAcks`` (io_loop/connectors/jetstream/replies.py), the results stream's acknowledgements of the item a
 JetStream feed is publishing, handed literal acknowledgements as the protocol parser gives them:
 no server, no socket. The publisher against a real nats-server is in tests/test_jetstream.py;
 here: a frame counts as published only once acknowledged, and in order from the item's first
@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-nats_errors = pytest.importorskip("nats.js.errors")
+pytest.importorskip("nats", reason="nats-py is not installed (pip install -r requirements-dev.txt)")
 
-import nats.errors  # noqa: E402
-from forkless.io_loop.sources.jspublish import ReplyAcks  # noqa: E402
+from forkless.io_loop.connectors.jetstream.replies import ReplyAcks
+from forkless.io_loop.connectors.jetstream.transport import (
+    NatsApiError,
+    NatsError,
+    NatsNoStreamResponse,
+    NatsUnavailable,
+)
 
 INBOX = b"_INBOX.abc."
 
@@ -63,26 +68,28 @@ def test_no_stream_for_the_subject_ends_the_wait_with_the_error():
     acks.begin(0, 3)
     _ack(acks, 0)
     _ack(acks, 1, b"", {"Status": "503"})
-    assert isinstance(acks.error, nats_errors.NoStreamResponseError) and acks.complete() and woken == [1]
+    assert isinstance(acks.error, NatsNoStreamResponse) and acks.complete() and woken == [1]
     _ack(acks, 2)  # after the error: not counted
     assert (acks.acked, acks.prefix()) == (1, 1)
     acks.begin(3, 1)  # the next item starts without it
     assert acks.error is None and not acks.complete()
 
 
-@pytest.mark.parametrize(("data", "kind", "code", "err_code", "description"), [
+@pytest.mark.parametrize(("data", "kind", "name", "code", "err_code", "description"), [
     (b'{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"},'
-     b'"stream":"SCORES","seq":0}', "BadRequestError", 400, 10054, "message size exceeds maximum allowed"),
+     b'"stream":"SCORES","seq":0}', NatsApiError, "BadRequestError", 400, 10054,
+     "message size exceeds maximum allowed"),
     (b'{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},"stream":"SCORES","seq":0}',
-     "ServiceUnavailableError", 503, 10077, "maximum messages exceeded"),  # nats-server 2.15's, as they come
-    (b'{"error":{"code":409,"description":"something new"}}', "APIError", 409, None, "something new"),
+     NatsUnavailable, "ServiceUnavailableError", 503, 10077, "maximum messages exceeded"),  # nats-server 2.15's
+    (b'{"error":{"code":409,"description":"something new"}}', NatsApiError, "APIError", 409, None, "something new"),
 ])
-def test_an_error_acknowledgement_ends_the_wait_with_the_servers_error(data, kind, code, err_code, description):
+def test_an_error_acknowledgement_ends_the_wait_with_the_servers_error(data, kind, name, code, err_code,
+                                                                         description):
     acks, woken = _acks()
     acks.begin(0, 2)
     _ack(acks, 0, data)
     error = acks.error
-    assert isinstance(error, nats_errors.APIError) and type(error).__name__ == kind
+    assert type(error) is kind and error.api and str(error).startswith(f"{name}: ")
     assert (error.code, error.err_code, error.description) == (code, err_code, description)
     assert acks.complete() and woken == [1] and (acks.acked, acks.prefix()) == (0, 0)  # published again
 
@@ -93,5 +100,5 @@ def test_an_acknowledgement_not_understood_ends_the_wait_as_an_error_and_never_c
     acks, woken = _acks()
     acks.begin(0, 1)
     _ack(acks, 0, data)  # never raises (it would go to the connection's error_cb, and the wait to the timeout)
-    assert isinstance(acks.error, nats.errors.Error) and acks.complete() and woken == [1]
+    assert isinstance(acks.error, NatsError) and acks.complete() and woken == [1]
     assert (acks.acked, acks.prefix()) == (0, 0)

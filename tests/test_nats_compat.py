@@ -1,4 +1,4 @@
-"""io_loop/nats/nats_compat.py (the JetStream feed's raw subscriptions and one-buffer publications)
+"""io_loop/connectors/jetstream/nats_compat.py (the JetStream feed's raw subscriptions and one-buffer publications)
 against a real nats-server (tests/natsserver.py).
 
 These are the tests that fail when a nats-py upgrade moves the private parts the feed's fast path
@@ -21,7 +21,7 @@ LIMIT_S = 10.0 * UNIT_S  # bounds each wait if something hangs; nothing waits th
 
 
 async def _connected(url: str) -> Any:
-    from forkless.io_loop.nats.nats_compat import RawClient
+    from forkless.io_loop.connectors.jetstream.nats_compat import RawClient
 
     nc = RawClient()
     await nc.connect(url, allow_reconnect=False, connect_timeout=2)
@@ -41,7 +41,7 @@ def _run(url: str, body: Any) -> Any:
 
 
 def test_this_nats_py_has_every_private_part_the_fast_path_uses(nats_server):
-    from forkless.io_loop.nats.nats_compat import nats_missing
+    from forkless.io_loop.connectors.jetstream.nats_compat import nats_missing
 
     async def body(nc: Any) -> list[str]:
         return nats_missing(nc)
@@ -83,7 +83,7 @@ def test_a_raw_subscription_gets_subject_reply_payload_and_parsed_headers_in_ord
 
 
 def test_a_handler_that_raises_is_reported_to_error_cb_and_the_next_message_still_comes(nats_server):
-    from forkless.io_loop.nats.nats_compat import RawClient
+    from forkless.io_loop.connectors.jetstream.nats_compat import RawClient
 
     async def main() -> tuple[list, list]:
         errors: list[Exception] = []
@@ -133,9 +133,9 @@ def test_a_message_arriving_after_unsubscribe_is_not_handed_to_the_handler(nats_
 
 
 def test_a_buffer_of_hpub_commands_arrives_as_its_messages_with_their_headers_and_replies(nats_server):
+    from forkless.io_loop.connectors.jetstream.nats_compat import publish_commands
+    from forkless.io_loop.connectors.jetstream.replies import reply_commands
     from forkless.io_loop.crossing import Origin
-    from forkless.io_loop.nats.nats_compat import publish_commands
-    from forkless.io_loop.sources.jspublish import reply_commands
 
     async def body(nc: Any) -> list:
         got: list[tuple] = []
@@ -165,7 +165,7 @@ def test_a_buffer_of_hpub_commands_arrives_as_its_messages_with_their_headers_an
 
 
 def test_commands_published_behind_queued_ones_keep_their_order_and_wake_the_flusher(nats_server):
-    from forkless.io_loop.nats.nats_compat import publish_commands
+    from forkless.io_loop.connectors.jetstream.nats_compat import publish_commands
 
     async def body(nc: Any) -> list:
         got: list[bytes] = []
@@ -188,17 +188,17 @@ def test_commands_published_behind_queued_ones_keep_their_order_and_wake_the_flu
 
 
 def test_a_reply_larger_than_the_servers_max_payload_is_refused_before_anything_is_written():
-    import nats.errors
+    from forkless.io_loop.connectors.jetstream.replies import reply_commands
+    from forkless.io_loop.connectors.jetstream.transport import NatsError
     from forkless.io_loop.crossing import Origin
-    from forkless.io_loop.sources.jspublish import reply_commands
 
-    with pytest.raises(nats.errors.MaxPayloadError):
+    with pytest.raises(NatsError, match="MaxPayloadError: a reply of 11 bytes, over the server's max_payload"):
         reply_commands(b"scores", b"i.", 0, "TICKS", ["ok", "x" * 11], [Origin(1, 0, False), Origin(1, 1, True)], 10)
 
 
 def test_publishing_commands_on_a_closed_connection_raises_connection_closed(nats_server):
     import nats.errors
-    from forkless.io_loop.nats.nats_compat import publish_commands
+    from forkless.io_loop.connectors.jetstream.nats_compat import publish_commands
 
     async def main() -> None:
         nc = await _connected(nats_server.url)

@@ -1,5 +1,5 @@
-"""nats-py's exceptions mapped to ours at one edge (io_loop/nats/natsconn.py ``mapped_nats_errors``),
-against a real nats-server (tests/natsserver.py)."""
+"""nats-py's exceptions mapped to ours at one edge (io_loop/connectors/jetstream/transport.py: the one mapper,
+``_mapped``, inside every call of a ``Transport``), against a real nats-server (tests/natsserver.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ LIMIT_S = 10.0 * UNIT_S  # bounds each wait if something hangs; nothing waits th
 
 
 def _mapped(url: str, body: Any) -> BaseException:
-    """What ``body(nc)`` raised inside ``mapped_nats_errors()`` on a connection to ``url``."""
+    """What ``body(nc)`` raised inside the transport's one mapper on a nats-py connection to ``url``."""
     import nats
-    from forkless.io_loop.nats.natsconn import mapped_nats_errors
+    from forkless.io_loop.connectors.jetstream.transport import _mapped as mapped_nats_errors
 
     async def main() -> BaseException:
         nc = await nats.connect(url, allow_reconnect=False, connect_timeout=2)
@@ -38,7 +38,13 @@ def _mapped(url: str, body: Any) -> BaseException:
 def test_each_nats_failure_becomes_ours_with_nats_py_s_as_the_cause(nats_server):
     import nats.errors
     import nats.js.errors
-    from forkless.io_loop.nats.natsconn import NatsApiError, NatsError, NatsNotFound, NatsUnavailable, describe_error
+    from forkless.io_loop.connectors.jetstream.transport import (
+        NatsApiError,
+        NatsError,
+        NatsNotFound,
+        NatsUnavailable,
+        describe_error,
+    )
 
     async def missing_stream(nc: Any) -> None:
         await nc.jsm(timeout=2).stream_info("NO_SUCH_STREAM")
@@ -66,7 +72,12 @@ def test_each_nats_failure_becomes_ours_with_nats_py_s_as_the_cause(nats_server)
 
 def test_a_write_at_an_old_revision_and_a_subject_no_stream_stores_are_named(nats_server):
     import nats.js.errors
-    from forkless.io_loop.nats.natsconn import NatsApiError, NatsError, NatsNoStreamResponse, NatsWrongLast
+    from forkless.io_loop.connectors.jetstream.transport import (
+        NatsApiError,
+        NatsError,
+        NatsNoStreamResponse,
+        NatsWrongLast,
+    )
 
     async def old_revision(nc: Any) -> None:
         kv = await nc.jetstream(timeout=2).create_key_value(bucket="wrong_last_test", history=1)
@@ -87,7 +98,55 @@ def test_a_write_at_an_old_revision_and_a_subject_no_stream_stores_are_named(nat
 
 
 def test_other_exceptions_pass_through_unmapped():
-    from forkless.io_loop.nats.natsconn import mapped_nats_errors
+    from forkless.io_loop.connectors.jetstream.transport import _mapped as mapped_nats_errors
 
     with pytest.raises(KeyError), mapped_nats_errors():
         raise KeyError("a bug")
+
+
+def test_every_call_of_a_transport_raises_ours_never_nats_py_s(nats_server):
+    """The room's modules call a ``Transport`` and catch ours: a missing stream, a write at an old revision, a
+    publication no stream stores, a call on a closed connection, each raised by the transport's own call."""
+    import nats.errors
+    import nats.js.errors
+    from forkless.io_loop.connectors.jetstream.transport import (
+        NatsError,
+        NatsNoStreamResponse,
+        NatsNotFound,
+        NatsWrongLast,
+        Transport,
+        connect_options,
+    )
+    from forkless.io_loop.settings import FeedSpec, JetStreamSpec, Timeouts, TlsSettings
+
+    timeouts = Timeouts(connect_timeout_s=2.0, heartbeat_s=0.0, stale_s=0.0, shutdown_timeout_s=2.0)
+    feed = FeedSpec("errors", nats_server.url, jetstream=JetStreamSpec(""))
+    options = connect_options(feed, timeouts, TlsSettings(ca_file="", insecure=False))
+
+    async def main() -> list[BaseException]:
+        transport = await Transport.connect(timeouts, options)
+        raised: list[BaseException] = []
+
+        async def caught(call: Any) -> None:
+            try:
+                async with asyncio.timeout(LIMIT_S):
+                    await call
+            except Exception as exc:
+                raised.append(exc)
+
+        await caught(transport.stream_info("NO_SUCH_STREAM"))
+        await transport.create_key_value("transport_errors", history=1, ttl_s=0.0, description="a test's")
+        kv = transport.key_value("transport_errors", direct=False)
+        first = await kv.put("k", b"a")
+        await kv.put("k", b"b")
+        await caught(kv.update("k", b"c", last=first))
+        await caught(transport.publish_acked("no.stream.stores.this", b""))
+        await transport.close(LIMIT_S)
+        await caught(transport.publish("x", b""))
+        return raised
+
+    missing, old, nowhere, closed = asyncio.run(main())
+    assert type(missing) is NatsNotFound and isinstance(missing.__cause__, nats.js.errors.NotFoundError)
+    assert type(old) is NatsWrongLast and old.api and "wrong last sequence" in old.description
+    assert type(nowhere) is NatsNoStreamResponse and isinstance(nowhere.__cause__, nats.js.errors.NoStreamResponseError)
+    assert type(closed) is NatsError and isinstance(closed.__cause__, nats.errors.ConnectionClosedError)

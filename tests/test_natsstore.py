@@ -1,4 +1,4 @@
-"""NatsStore (io_loop/nats/natsstore.py): checkpoint objects and partition leases on JetStream, against a
+"""NatsStore (io_loop/connectors/jetstream/store.py): checkpoint objects and partition leases on JetStream, against a
 real nats-server (tests/natsserver.py); a holder that dies is a process killed with -9."""
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import pytest
 pytest.importorskip("nats", reason="nats-py is not installed (pip install -r requirements-dev.txt)")
 
 from forkless.controller.config import Config
-from forkless.io_loop.errors import FeedFatal, LeaseHeld, LeaseLost
-from forkless.io_loop.nats.natsstore import NatsStore
-from forkless.io_loop.nats.objects import ObjectDamaged
+from forkless.io_loop.connectors.jetstream.store import NatsStore
+from forkless.io_loop.errors import FeedFatal, LeaseHeld, LeaseLost, ObjectDamaged
 
 from tests.harness import UNIT_S, wait_until
 from tests.natsserver import NatsServer, nats_server_binary

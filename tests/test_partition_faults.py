@@ -56,7 +56,7 @@ def test_an_instance_paused_past_its_lease_and_the_duplicate_window_publishes_no
     """SIGSTOP past the lease: a second instance takes the partitions over from the checkpoint
     and answers everything; SIGCONT once the results' duplicate window has passed: the old owner
     finds its lease lost and drops what it held (exit 3). What it publishes after SIGCONT is at
-    most the one item of replies it was writing when it was paused (io_loop/nats/leases.py,
+    most the one item of replies it was writing when it was paused (io_loop/connectors/jetstream/leases.py,
     "Fencing the replies": the fence is checked before each item is written, and an item the
     socket had not taken yet goes out when the process runs again; seen once in a fresh-clone
     run of the suite, 16 replies, one item at FORKLESS_MAX_BATCH=16): nothing it held after."""
@@ -264,7 +264,7 @@ def test_a_restart_after_retention_removed_only_other_partitions_messages_resume
     objects (before this, exit 2: its partitions' objects recorded positions only, judged against
     the stream's first sequence) and answers 5 more exactly once. Then one of its own messages is
     removed by retention while it is stopped: the next start still exits 2."""
-    from forkless.io_loop.sources.jetstream import PULL_EXPIRES_S, STREAM_INFO_EVERY_S
+    from forkless.io_loop.connectors.jetstream.source import PULL_EXPIRES_S, STREAM_INFO_EVERY_S
 
     from tests.servers import make_messages
 
@@ -306,7 +306,8 @@ def test_a_restart_after_retention_removed_only_other_partitions_messages_resume
     refused = app(env=env).finish(120 * UNIT_S)
     assert refused.returncode == 2, refused.stderr[-3000:]
     line = next(line for line in refused.stderr.splitlines() if line.startswith("forkless:"))
-    assert "no longer holds messages the checkpoint needs" in line and f"first sequence is {seqs[-1] + 2}" in line, line
+    assert "may no longer hold messages of" in line and f"first sequence is {seqs[-1] + 2}" in line, line
+    assert "may have removed messages of" in line and "max_msgs_per_subject" in line, line
 
 
 def _covered(url: str, partition: int) -> int:
@@ -375,7 +376,7 @@ def test_an_idle_instance_keeps_up_with_retention_of_other_partitions_across_a_s
     refused = app(env=env).finish(120 * UNIT_S)
     assert refused.returncode == 2, refused.stderr[-3000:]
     line = next(line for line in refused.stderr.splitlines() if line.startswith("forkless:"))
-    assert "no longer holds messages the checkpoint needs" in line and f"first sequence is {lost + 1}" in line, line
+    assert "may no longer hold messages of" in line and f"first sequence is {lost + 1}" in line, line
 
 
 def _stream_first(url: str) -> int:
@@ -397,6 +398,19 @@ class _Objects(dict):
         self.pop(name, None)
 
 
+
+def _partitioned_checkpoints(store: Any, partitions: tuple[int, ...], like: Any) -> Any:
+    """A partitioned feed's checkpoint objects in ``store`` (the JetStream connector's layout and positions), as a
+    partitioned instance's owner makes them."""
+    from forkless.controller.partitions.partitioned import PartitionedCheckpoints
+    from forkless.io_loop.connectors.jetstream.partitions import Layout
+    from forkless.io_loop.connectors.jetstream.positions import JetStreamPositions
+    from forkless.io_loop.settings import JetStreamSpec
+
+    spec = JetStreamSpec("TICKS", "ticks.{partition}.>", "scores", partition_count=P, partitions=tuple(partitions))
+    return PartitionedCheckpoints(store, feed="ticks", layout=Layout("TICKS", P, tuple(partitions)),
+                                  positions=JetStreamPositions(spec), keep=2, like=like, slots=5)
+
 @pytest.mark.parametrize(("position", "expected"), [
     # the feed's position 10, nothing of its subjects after it up to 110: every partition resumes after 110
     ({"seq": 10, "covering": [10, 110]}, {0: [110, 0, True], 1: [110, 0, True], 2: [110, 0, True]}),
@@ -416,11 +430,9 @@ def test_each_partitions_object_records_how_far_its_own_messages_are_covered_and
         position, expected):
     import numpy as np
     from forkless.controller.checkpoints.snapshot import Snapshot
-    from forkless.controller.partitions.partitioned import PartitionedCheckpoints
 
     like = {"m": np.zeros((5, 2), np.float32)}
-    objects = PartitionedCheckpoints(_Objects(), feed="ticks", stream="TICKS", template="ticks.{partition}.>",
-                                     count=P, partitions=(0, 1, 2), keep=2, like=like, slots=5)
+    objects = _partitioned_checkpoints(_Objects(), (0, 1, 2), like)
     positions = {"ticks": {"stream": "TICKS", "subject": "ticks.{partition}.>", "index": 0, "last": True,
                            "replied": None, **position}}
     objects.write(0, Snapshot(state=like, names=[], slots=np.zeros(0, np.int32), last_seen=np.zeros(0),
@@ -431,12 +443,11 @@ def test_each_partitions_object_records_how_far_its_own_messages_are_covered_and
 def test_a_partitions_object_without_covered_written_before_it_was_recorded_resumes_at_its_position():
     import numpy as np
     from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
-    from forkless.controller.partitions.partitioned import PartitionedCheckpoints, object_name
+    from forkless.controller.partitions.partitioned import object_name
 
     like = {"m": np.zeros((5, 2), np.float32)}
     store = _Objects()
-    objects = PartitionedCheckpoints(store, feed="ticks", stream="TICKS", template="ticks.{partition}.>",
-                                     count=P, partitions=(3,), keep=2, like=like, slots=5)
+    objects = _partitioned_checkpoints(store, (3,), like)
     old = {"ticks": {"stream": "TICKS", "subject": "ticks.3.>", "partition": 3, "seq": 10, "index": 0,
                      "last": True, "replied": None}}  # the fields an object had before "covered"
     store.put(object_name("TICKS", 3, 0), checkpoint_bytes(Snapshot(
@@ -517,7 +528,7 @@ def _objects_with(store: _Objects, created_by_partition: dict[int, str | None]) 
     recording that created time (None: none recorded, as an object written before it was)."""
     import numpy as np
     from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
-    from forkless.controller.partitions.partitioned import PartitionedCheckpoints, object_name
+    from forkless.controller.partitions.partitioned import object_name
 
     like = {"m": np.zeros((5, 2), np.float32)}
     for p, created in created_by_partition.items():
@@ -527,21 +538,19 @@ def _objects_with(store: _Objects, created_by_partition: dict[int, str | None]) 
             state=[np.zeros((0, 2), np.float32)], names=[], slots=np.zeros(0, np.int32), last_seen=np.zeros(0),
             counts={}, settings={"partition": p, "partition_count": P, "leaves": ["state['m']"]}, wall_time=0.0,
             positions={"ticks": pos})))
-    return PartitionedCheckpoints(store, feed="ticks", stream="TICKS", template="ticks.{partition}.>", count=P,
-                                  partitions=tuple(created_by_partition), keep=2, like=like, slots=5)
+    return _partitioned_checkpoints(store, tuple(created_by_partition), like)
 
 
 def test_each_partitions_object_records_the_streams_created_time_and_the_restore_hands_it_over_in_a_resume():
     import numpy as np
     from forkless.controller.checkpoints.positions import SourcePositions
     from forkless.controller.checkpoints.snapshot import Snapshot
-    from forkless.controller.partitions.partitioned import PartitionedCheckpoints
+    from forkless.io_loop.connectors.jetstream.positions import JetStreamPositions
     from forkless.io_loop.crossing import Origin, Resume
     from forkless.io_loop.settings import FeedSpec, JetStreamSpec
 
     like = {"m": np.zeros((5, 2), np.float32)}
-    objects = PartitionedCheckpoints(_Objects(), feed="ticks", stream="TICKS", template="ticks.{partition}.>",
-                                     count=P, partitions=(0, 1), keep=2, like=like, slots=5)
+    objects = _partitioned_checkpoints(_Objects(), (0, 1), like)
     positions = {"ticks": {"stream": "TICKS", "subject": "ticks.{partition}.>", "seq": 10, "index": 0, "last": True,
                            "replied": None, "created": CREATED}}
     objects.write(0, Snapshot(state=like, names=[], slots=np.zeros(0, np.int32), last_seen=np.zeros(0),
@@ -551,7 +560,8 @@ def test_each_partitions_object_records_the_streams_created_time_and_the_restore
 
     spec = JetStreamSpec(stream="TICKS", subject="ticks.{partition}.>", results="scores", partition_count=P,
                          partitions=(0, 1))
-    sources = SourcePositions([FeedSpec("ticks", "nats://127.0.0.1:4222", jetstream=spec)])
+    sources = SourcePositions([FeedSpec("ticks", "nats://127.0.0.1:4222", jetstream=spec)],
+                              {"ticks": JetStreamPositions(spec)})
     saved = {"stream": "TICKS", "subject": "ticks.{partition}.>", "created": CREATED,
              "partitions": {"0": [10, 0, True], "1": [4, 0, True]}}
     floors = {0: Origin(10, 0, True), 1: Origin(4, 0, True)}

@@ -194,7 +194,7 @@ def test_an_element_published_under_another_streams_partition_is_answered_with_a
         nats_server, tmp_path):
     from forkless.controller.config import Config
     from forkless.controller.loop import Controller
-    from forkless.io_loop.sources.partitions import escape_stream, partition_of
+    from forkless.io_loop.connectors.jetstream.partitions import escape_stream, partition_of
 
     from tests.harness import drive
     from tests.natsserver import publish

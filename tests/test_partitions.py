@@ -1,4 +1,4 @@
-"""io_loop/sources/partitions.py: stream names as subject tokens, the partition function (proven against a
+"""io_loop/connectors/jetstream/partitions.py: stream names as subject tokens, the partition function (proven against a
 real nats-server's ``{{partition(P,1)}}`` subject transform), partition ranges, instance shares,
 and the arithmetic of the kit's partitioned StatefulSet (deploy/kubernetes/partitioned.yaml)."""
 
@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from forkless.io_loop.sources.partitions import (
+from forkless.io_loop.connectors.jetstream.partitions import (
     PartitionTransform,
     escape_stream,
     format_partitions,
@@ -140,7 +140,8 @@ def test_the_servers_subject_transform_puts_every_stream_in_the_partition_partit
     ours = {name: partition_of(escape_stream(name), count) for name in names}
     differing = {name: (by_server[name], ours[name]) for name in names if by_server[name] != ours[name]}
     some = dict(list(differing.items())[:5])
-    assert not differing, (f"nats-server's partition differs from io_loop/sources/partitions.py's for {len(differing)} "
+    assert not differing, (f"nats-server's partition differs from io_loop/connectors/jetstream/partitions.py's for "
+                           f"{len(differing)} "
                            f"of {len(names)} names (name: (server, ours)), such as {some}")
     assert partitions_of(names, count).tolist() == [by_server[n] for n in names]
     assert len(set(by_server.values())) > min(count, 300) // 2  # the names spread over the partitions

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 from forkless.controller.codec import JsonCodec
+from forkless.io_loop.connectors.jetstream.partitions import escape_stream
 from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 from forkless.io_loop.relay.relaystats import ACROSS_RECONNECT, WITHIN_CONNECTION, SeqGaps
-from forkless.io_loop.sources.partitions import escape_stream
 
 from tests.harness import UNIT_S, run_app, wait_until
 from tests.servers import FeedConn, make_messages
@@ -148,7 +148,8 @@ def test_the_relay_process_never_imports_jax(feed_server, nats_server, app):
     assert result.returncode == 0, result.stderr[-3000:]
     imported = [line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
                 if line.startswith("import time:") and "|" in line]
-    assert "forkless.io_loop.relay.publisher" in imported and "nats" in imported  # the relay ran, and imports were seen
+    # the relay ran, and imports were seen
+    assert "forkless.io_loop.connectors.jetstream.publisher" in imported and "nats" in imported
     assert not [name for name in imported if name == "jax" or name.startswith(("jax.", "jaxlib"))]
     assert not [name for name in imported
                 if name in ("forkless.controller.loop", "forkless.controller.engine", "forkless.controller.processor")]
@@ -281,7 +282,7 @@ def test_a_start_compares_the_feeds_first_seq_with_the_last_stored_and_logs_a_ga
 def test_an_acknowledgement_is_read_as_stored_or_as_the_servers_reason_and_never_raises(data, problem):
     from types import SimpleNamespace
 
-    from forkless.io_loop.relay.publisher import _ack_problem
+    from forkless.io_loop.connectors.jetstream.publisher import _ack_problem
 
     assert _ack_problem(SimpleNamespace(headers=None, data=data)) == problem
 

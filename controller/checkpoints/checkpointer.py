@@ -18,7 +18,7 @@ Rules:
   copy that cannot be completed (``CheckpointAbandoned``, or any error) is dropped and
   counted in ``failures`` (``abandoned``); one in progress at ``stop`` is dropped for the
   final checkpoint and counted in ``skipped``.
-- A snapshot with positions (JetStream feeds) is written only once ``before_write(positions)``
+- A snapshot with positions (replayable feeds) is written only once ``before_write(positions)``
   returns: the controller waits there, on the writer thread, until the results stream has
   stored every reply to the messages the positions cover; if it raises, that checkpoint fails.
 - A failed write never raises into the caller: it is counted in ``failures``, its text kept in

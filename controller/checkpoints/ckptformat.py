@@ -24,7 +24,7 @@ Rules:
 Layout, format 1 (integers little-endian):
     MAGIC                          b"FORKLESS-CHECKPOINT\\n"
     u64 length, then the header    JSON: format, settings, versions, wall_time, counts,
-                                   positions (the JetStream feeds', by name), streams, and
+                                   positions (the replayable feeds', by name), streams, and
                                    the table of arrays (name, dtype, shape,
                                    offset from the data start, nbytes)
     zeros up to a multiple of 64   then the arrays' bytes (C order), each 64-aligned:

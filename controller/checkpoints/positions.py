@@ -1,4 +1,4 @@
-"""Where each JetStream feed's messages have reached in the main thread: the positions a
+"""Where each replayable feed's messages have reached in the main thread: the positions a
 checkpoint records beside the state, and the replies it must wait for.
 
 Rules:
@@ -9,26 +9,15 @@ Rules:
   the same batch boundary holds exactly the effect of the messages up to it. Origins reach the
   main thread in order, so "the last" is the batch's last message of that feed.
 - ``replied``: the origin of the last reply frame handed to the IO side for that feed. The
-  checkpoint recording a position may be committed only once the results stream has
-  acknowledged every reply up to it (``unconfirmed``): after a kill -9 the messages at or below
-  the position are not replayed, so their replies must already be stored.
-- In a checkpoint's header, ``record()`` gives, by feed name: the stream and subject filter
-  (a position is kept per subject of the feed: a restore with another stream or filter stops
-  with ``CheckpointMismatch``), the position (``seq``, ``index``, ``last``) and ``replied``;
-  and ``covered`` where the IO side found the stream holding no further message of the
-  feed's subjects up to it (``SourceStats.covered``): a restore then resumes after it, so
-  retention of other subjects' messages there loses nothing of the feed's (issue 30); and
-  ``created``, the stream's created time at the IO side's first connection (before it, the
-  restored checkpoint's): a restore hands it over with the position (``Resume``), and a stream
-  created at another time is refused; a checkpoint without it (older) is not checked.
-- A partitioned feed (issue 24) restores one position per owned partition (``floors``: each
-  partition's object holds its own, controller/partitions/partitioned.py); the IO side starts at the
-  lowest and skips, per partition, what that partition's state already holds. ``record()``
-  then also gives ``partitions`` (partition -> [seq, index, last]), and ``seq`` is None until
-  this run consumed a message of the feed; each partition's object records the further of
-  the two. Its ``SourceStats.covered`` is given whole (``covering``: [handed, through]), and
-  each partition's object records ``covered`` where its own position is at or past ``handed``,
-  and ``created`` as above: its restore hands the floors over in a ``Resume`` as well.
+  checkpoint recording a position may be committed only once the feed has confirmed every reply
+  up to it (``unconfirmed``): after a kill -9 the messages at or below the position are not
+  replayed, so their replies must already be stored.
+- What a feed's entry in a checkpoint's header holds is its ``PositionCodec``'s (io_loop/connectors/connector.py):
+  a connector's own (its room's, chosen at the composition root), or ``UserPositions`` for a user's source that
+  gives positions (its own, opaque here). Nothing here knows a kind of feed: a restore checks the entry's kind
+  (``written_by``) and identity (``identity``: another is ``CheckpointMismatch``) and hands the IO side what the
+  codec read back; a feed restored per partition (a partitioned feed, controller/partitions/partitioned.py) keeps
+  its restored ``floors``, recorded again until it consumes.
 """
 
 from __future__ import annotations
@@ -38,24 +27,57 @@ from pathlib import Path
 from typing import Any
 
 from forkless.controller.errors import CheckpointMismatch
+from forkless.io_loop.connectors.connector import PositionCodec, RestoredPosition
 from forkless.io_loop.counters import SourceStats
-from forkless.io_loop.crossing import Origin, Resume
+from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
+from forkless.io_loop.errors import PositionLost
 from forkless.io_loop.settings import FeedSpec
 
-__all__ = ["SourcePositions"]
+__all__ = ["SourcePositions", "UserPositions"]
+
+
+class UserPositions:
+    """The ``PositionCodec`` of the user's own source ``name`` that gives positions: ``{"position", "index",
+    "last"}``, its own position kept as it gave it; no results stream to wait for."""
+
+    kind = "a user's source"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def written_by(self, entry: Mapping[str, Any]) -> bool:
+        return "position" in entry
+
+    def identity(self) -> dict[str, Any]:
+        return {}
+
+    def record(self, consumed: Origin | None, replied: Origin | None, floors: Mapping[int, Origin] | None,
+               io: SourceStats | None, created: str) -> dict[str, Any]:
+        assert consumed is not None  # recorded only once consumed
+        return {"position": consumed.seq, "index": consumed.index, "last": consumed.last, "replied": None}
+
+    def restore(self, entry: Mapping[str, Any]) -> RestoredPosition:
+        origin = Origin(entry["position"], int(entry["index"]), bool(entry["last"]))
+        return RestoredPosition(origin, origin)
+
+    def when_unknown(self, why: str) -> PositionUnknown | None:
+        raise PositionLost(f"{why}: the position of source {self.name!r} is unknown, and what the lost state held "
+                           "cannot be replayed exactly; FORKLESS_CHECKPOINT_RESTORE=never starts it fresh")
 
 
 class SourcePositions:
-    """The replayable feeds' positions in the main thread (see the module rules): the JetStream
-    feeds', and those of the user's own sources (``user``, by name) that give positions."""
+    """The replayable feeds' positions in the main thread (see the module rules): each feed of ``specs`` whose
+    name ``codecs`` gives a ``PositionCodec`` (the connectors' and the user's sources')."""
 
-    def __init__(self, specs: Sequence[FeedSpec], user: frozenset[str] = frozenset()) -> None:
-        self.specs = {i: spec for i, spec in enumerate(specs) if spec.jetstream is not None or spec.name in user}
+    def __init__(self, specs: Sequence[FeedSpec], codecs: Mapping[str, PositionCodec] | None = None) -> None:
+        codecs = codecs or {}
+        self.specs = {i: spec for i, spec in enumerate(specs) if spec.name in codecs}
+        self.codecs = {i: codecs[spec.name] for i, spec in self.specs.items()}
         self.consumed: dict[int, Origin] = {}  # feed index -> last consumed origin
         self.replied: dict[int, Origin] = {}  # feed index -> origin of the last reply frame handed over
         self.applied: dict[int, int] = dict.fromkeys(self.specs, 0)  # messages consumed in this process
-        self.floors: dict[int, dict[int, Origin]] = {}  # partitioned feeds: partition -> restored position
-        self.created: dict[int, str] = {}  # feed index -> the stream's created time the restore recorded
+        self.floors: dict[int, dict[int, Origin]] = {}  # feeds restored per partition: partition -> position
+        self.created: dict[int, str] = {}  # feed index -> the stream's identity the restore recorded
 
     def __bool__(self) -> bool:
         return bool(self.specs)
@@ -78,81 +100,52 @@ class SourcePositions:
     # ---- checkpoints ----------------------------------------------------------------------------------
 
     def record(self, io: Mapping[str, SourceStats] | None = None) -> dict[str, dict[str, Any]]:
-        """The positions as a checkpoint's header holds them (see the module rules). ``io``: the IO
-        side's ``SourceStats`` by feed name: its ``covered`` (with the messages up to ``handed``
-        handed over, the stream held none further of the feed's subjects up to ``through``): where
-        the position is at or past ``handed``, every message of the feed's subjects up to
-        ``through`` is in the state, recorded as ``covered`` (a partitioned feed's pair as
-        ``covering``, for each partition's object to judge by its own position); its
-        ``stream_created``, recorded as ``created`` (the restored one until the IO side has it)."""
-        out = {}
+        """The positions as a checkpoint's header holds them, by feed name, each its codec's entry. ``io``: the IO
+        side's ``SourceStats`` by feed name (what the feed covered, the stream's identity), for the codecs."""
         io = io or {}
+        out = {}
         for i in sorted(set(self.consumed) | set(self.floors)):
-            js = self.specs[i].jetstream
-            origin = self.consumed.get(i)
-            if js is None:  # a user's source: its own position, opaque here; no results stream to wait for
-                out[self.specs[i].name] = {"position": origin.seq, "index": origin.index, "last": origin.last,
-                                           "replied": None}
-                continue
-            replied = self.replied.get(i)
-            out[self.specs[i].name] = entry = {
-                "stream": js.stream, "subject": js.subject,
-                "seq": None if origin is None else origin.seq, "index": None if origin is None else origin.index,
-                "last": None if origin is None else origin.last,
-                "replied": [replied.seq, replied.index] if replied is not None else None}
-            source = io.get(self.specs[i].name)
-            handed, through = source.covered if source is not None else (0, 0)
-            # judged per partition, against each one's own position (controller/partitions/partitioned.py)
-            if js.partitioned:
-                if through > handed:
-                    entry["covering"] = [handed, through]
-            elif origin is not None and origin.last and handed <= origin.seq < through:
-                entry["covered"] = through
-            created = (source.stream_created if source is not None else "") or self.created.get(i, "")
-            if created:  # (a connection that found another created time stopped the run: PositionLost)
-                entry["created"] = created
-            if i in self.floors:
-                entry["partitions"] = {str(p): list(o) for p, o in self.floors[i].items()}
+            name = self.specs[i].name
+            out[name] = self.codecs[i].record(self.consumed.get(i), self.replied.get(i), self.floors.get(i),
+                                              io.get(name), self.created.get(i, ""))
         return out
 
-    def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin | Resume | dict[int, Origin]]:
-        """Take the positions of a restored checkpoint; returns them by feed name, for the IO side
-        (a partitioned feed's: by partition); a JetStream feed's always in a ``Resume``, with the
-        stream's created time the checkpoint recorded ("" when it did not). A feed of the
-        checkpoint that is not configured now is left out; one whose stream or subject differs
-        raises ``CheckpointMismatch``."""
+    def restore(self, saved: Mapping[str, Any], path: Path | str) -> dict[str, Origin | Resume]:
+        """Take the positions of a restored checkpoint; returns what each feed's source is handed, by feed name
+        (``ctx.resume_from``). A feed of the checkpoint that is not configured now is left out; one whose entry
+        another kind of feed wrote, or whose identity differs (its codec's ``identity``), raises
+        ``CheckpointMismatch``. The replies it recorded are not taken: it was committed once they were stored."""
         by_name = {spec.name: i for i, spec in self.specs.items()}
-        out: dict[str, Origin | Resume | dict[int, Origin]] = {}
+        out: dict[str, Origin | Resume] = {}
         for name, pos in saved.items():
             i = by_name.get(name)
             if i is None:
                 continue
-            js = self.specs[i].jetstream
-            if js is None:  # a user's source
-                if "position" not in pos:
-                    raise CheckpointMismatch(path, f"feed {name!r}: kind", "a JetStream feed", "a user's source")
-                self.consumed[i] = out[name] = Origin(pos["position"], int(pos["index"]), bool(pos["last"]))
-                continue
-            if "position" in pos:
-                raise CheckpointMismatch(path, f"feed {name!r}: kind", "a user's source", "a JetStream feed")
-            for key, now in (("stream", js.stream), ("subject", js.subject)):
+            codec = self.codecs[i]
+            if not codec.written_by(pos):
+                raise CheckpointMismatch(path, f"feed {name!r}: kind", "another kind of feed", codec.kind)
+            for key, now in codec.identity().items():
                 if pos.get(key) != now:
-                    raise CheckpointMismatch(path, f"JetStream feed {name!r}: {key}", pos.get(key), now)
-            # "replied" is not taken: that checkpoint was committed once its replies were stored
-            resume: Origin | dict[int, Origin]
-            if "partitions" in pos:
-                self.floors[i] = resume = {int(p): Origin(int(o[0]), int(o[1]), bool(o[2]))
-                                           for p, o in pos["partitions"].items()}
-            else:
-                resume = Origin(int(pos["seq"]), int(pos["index"]), bool(pos["last"]))
-                if resume.last and int(pos.get("covered") or 0) > resume.seq:
-                    # no message of the feed's subjects between them: the state holds all of them up to it
-                    resume = Origin(int(pos["covered"]), 0, True)
-                self.consumed[i] = resume
-            # the IO side refuses a stream created at another time than the one recorded ("": not recorded)
-            if pos.get("created"):
-                self.created[i] = str(pos["created"])
-            out[name] = Resume(resume, str(pos.get("created") or ""))
+                    raise CheckpointMismatch(path, f"{codec.kind.removeprefix('a ')} {name!r}: {key}", pos.get(key),
+                                             now)
+            restored = codec.restore(pos)
+            if restored.consumed is not None:
+                self.consumed[i] = restored.consumed
+            if restored.floors:
+                self.floors[i] = dict(restored.floors)
+            if restored.created:  # the feed refuses a stream created at another time than the one recorded
+                self.created[i] = restored.created
+            out[name] = restored.resume
+        return out
+
+    def when_unknown(self, why: str) -> dict[str, PositionUnknown]:
+        """Every checkpoint was damaged (``why``): what each feed's source is handed instead of a position (a codec
+        whose source cannot tell whether it still holds everything raises ``PositionLost``)."""
+        out = {}
+        for i, spec in self.specs.items():
+            unknown = self.codecs[i].when_unknown(why)
+            if unknown is not None:
+                out[spec.name] = unknown
         return out
 
     @staticmethod

@@ -16,12 +16,13 @@ Rules:
 - Live weights: every checkpoint records the weights its state was produced with (``"weights"``
   in its settings: version, digest, since which step; recorded, not matched); with
   ``restore_shared=True`` they are in force again after the restore.
-- JetStream feeds (exactly-once): each checkpoint records every such feed's position as of
-  the same moment as the state (``controller/checkpoints/positions.py``), and is written only once the
-  results stream has acknowledged the replies it covers (``await_replies``, on the writer's
-  thread: it waits on ``acknowledged``, io_loop/sinks/sink.py's ``Acknowledged``, which the IO side
-  signals as each batch of answers is stored, and reads the IO snapshot only then: no poll);
-  a restore hands the positions to the IO side, which resumes after them.
+- Replayable feeds (exactly-once): each checkpoint records every such feed's position as of
+  the same moment as the state (``controller/checkpoints/positions.py``, in each feed's codec: a connector's,
+  io_loop/connectors/connector.py, or a user's source's), and is written only once the feeds have confirmed the
+  replies it covers (``await_replies``, on the writer's thread: it waits on ``acknowledged``,
+  io_loop/sinks/sink.py's ``Acknowledged``, which the IO side signals as each batch of answers is stored, and
+  reads the IO snapshot only then: no poll); a restore hands the positions to the IO side, which resumes after
+  them.
 - The device state itself is the engine's (controller/engine.py): this module asks it to
   begin a snapshot or restore one, and never holds the state.
 - ``load(store)`` asks the run's checkpoint store (``CheckpointStore``, controller/checkpoints/checkpointer.py:
@@ -37,7 +38,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -54,9 +55,9 @@ from forkless.controller.processor import StateShape
 from forkless.controller.settings.groups import CheckpointSettings
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats, SourceFigures
+from forkless.io_loop.connectors.connector import PositionCodec
 from forkless.io_loop.counters import IOSnapshot, SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
-from forkless.io_loop.errors import PositionLost
 from forkless.io_loop.settings import FeedSpec
 from forkless.io_loop.sinks.sink import Acknowledged
 
@@ -64,18 +65,19 @@ __all__ = ["CONFIRM_WAIT_S", "Recovery"]
 
 log = logging.getLogger("forkless.controller")
 
-# a checkpoint with JetStream positions waits (on the writer thread) this long at least for the
-# results stream to acknowledge the replies it covers (woken by each acknowledgement, no poll)
+# a checkpoint with positions waits (on the writer thread) this long at least for the feeds to
+# confirm the replies it covers (woken by each confirmation, no poll)
 CONFIRM_WAIT_S = 10.0
 
 
 class Recovery:
     """The controller's checkpoints: the settings they must match, loading and restoring one,
-    beginning one, and the JetStream feeds' positions (``sources``) recorded in each."""
+    beginning one, and the replayable feeds' positions (``sources``, in the codecs ``positions`` gives by feed name)
+    recorded in each."""
 
     def __init__(self, checkpoints: CheckpointSettings, shape: StateShape, processor: Any, slots: StreamSlots,
                  stats: MainStats, io_snapshot: Callable[[], IOSnapshot | None], specs: Sequence[FeedSpec], *,
-                 user_sources: Collection[str] = (), own_store: bool = False) -> None:
+                 positions: Mapping[str, PositionCodec] | None = None, own_store: bool = False) -> None:
         # own_store: the embedding program's checkpoint store (Controller(checkpoint_store=...)): checkpoints on
         if (checkpoints.on or own_store) and not getattr(processor, "name", None):
             # a checkpoint is restored only into the processor that wrote it: it must say which it is
@@ -94,11 +96,11 @@ class Recovery:
         self.slots = slots
         self.stats = stats
         self._io_snapshot = io_snapshot
-        # the JetStream feeds' positions, recorded in every checkpoint beside the state (exactly-once)
-        self.sources = SourcePositions(self.specs, frozenset(user_sources))  # user_sources: their names
-        # signalled by the IO side as replies are acknowledged (handed to it where there are JetStream feeds)
+        # the replayable feeds' positions, recorded in every checkpoint beside the state (exactly-once)
+        self.sources = SourcePositions(self.specs, positions)
+        # signalled by the IO side as replies are acknowledged (handed to it where feeds keep positions)
         self.acknowledged = Acknowledged()
-        # where a restored checkpoint left each JetStream feed (PositionUnknown: every checkpoint damaged)
+        # where a restored checkpoint left each replayable feed (PositionUnknown: every checkpoint damaged)
         self.positions: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
         self.restored_from: str | None = None
         self._partitioned: PartitionedCheckpoints | None = None  # a partitioned instance's bucket objects
@@ -114,25 +116,20 @@ class Recovery:
         """The newest complete checkpoint in the run's ``store`` (``checkpointer.store_for``), read
         before the compile; raises ``CheckpointMismatch`` if it was written by another processor
         (name, version), with other shape-defining settings, or with another state structure, leaf
-        shape or dtype. Every one damaged: an empty state, the JetStream feeds' positions unknown."""
+        shape or dtype. Every one damaged: an empty state, the replayable feeds' positions unknown."""
         # a checkpoint holds the canonical layout (row s = slot s), whatever the device count
         damaged: list[Any] = []
         restored = store.load(self.settings(), like=state_shapes(self.processor, self.shape), skipped=damaged)
         if isinstance(restored, PartitionPieces):  # merged into the init state by restore()
             self._partitioned = store
         if restored is None and damaged:
-            # the JetStream feeds' positions are unknown: each feed decides at its first connection
-            # whether its stream still holds everything (then it replays all of it), else PositionLost
+            # the replayable feeds' positions are unknown: each feed decides at its first connection whether its
+            # stream still holds everything (then it replays all of it), else PositionLost; a user's source cannot
+            # say whether it still holds everything: PositionLost now, never started fresh silently
             why = (f"every checkpoint in {store.label} is damaged "
                    f"({', '.join(getattr(p, 'name', str(p)) for p in damaged)})")
-            users = [spec.name for spec in self.sources.specs.values() if spec.jetstream is None]
-            if users:  # a user's source cannot say whether it still holds everything: never started fresh silently
-                raise PositionLost(f"{why}: the position of source {', '.join(map(repr, users))} is unknown, and "
-                                   "what the lost state held cannot be replayed exactly; FORKLESS_CHECKPOINT_RESTORE="
-                                   "never starts it fresh")
-            self.positions = {spec.name: PositionUnknown(why) for spec in self.sources.specs.values()
-                              if not spec.jetstream.partitioned}
-            log.warning("%s: starting with an empty state%s", why, "; the JetStream feeds' positions are unknown"
+            self.positions = dict(self.sources.when_unknown(why))
+            log.warning("%s: starting with an empty state%s", why, "; the replayable feeds' positions are unknown"
                         if self.positions else "")
         elif restored is None:
             log.info("no checkpoint in %s: starting fresh", store.label)
@@ -158,7 +155,7 @@ class Recovery:
         main = self.stats
         main.processed = int(restored.counts.get("processed", 0))
         main.counters.update(self.declared.counts_from(restored.counts))
-        # each JetStream feed goes on from the message after the one its state holds
+        # each replayable feed goes on from the message after the one its state holds
         self.positions = self.sources.restore(restored.positions, restored.path)
         self.restored_from = str(restored.path)
         log.info("restored %d streams from %s (checkpoint of %s, %d messages processed before)",
@@ -173,10 +170,8 @@ class Recovery:
         shift = time.monotonic() - time.time()
         seen = np.concatenate(pieces.last_seen) if pieces.last_seen else np.zeros(0)
         self.slots.restore(pieces.names, np.arange(pieces.streams, dtype=np.int32), seen + shift)
-        spec = next(s for s in self.specs if s.name == part.feed).jetstream
         self.positions = self.sources.restore(
-            {part.feed: {"stream": spec.stream, "subject": spec.subject, "created": created,
-                         "partitions": {str(p): pos for p, pos in pieces.positions.items()}}}, part.label)
+            {part.feed: part.positions.from_partitions(pieces.positions, created)}, part.label)
         self.restored_from = f"{len(pieces.objects)} objects of {part.label}"
         log.info("restored %d streams from %s (newest written %s): %s", pieces.streams, part.label,
                  datetime.datetime.fromtimestamp(pieces.wall_time).isoformat(timespec="seconds"),
@@ -197,14 +192,14 @@ class Recovery:
             incremental=incremental, positions=self.sources.record(self._io_sources()) if self.sources else None)
 
     def _io_sources(self) -> dict[str, SourceStats]:
-        """Each JetStream feed's ``SourceStats`` (the IO side's: how far the stream holds no further
+        """Each replayable feed's ``SourceStats`` (the IO side's: how far the stream holds no further
         message of its subjects, the stream's created time), by feed name, for ``SourcePositions.record``."""
         io = self._io_snapshot()
         return {f.name: f.io.source for f in (io.feeds if io is not None else ()) if f.io.source is not None}
 
     def await_replies(self, positions: dict[str, Any]) -> None:
-        """On the checkpoint writer's thread, before a checkpoint with JetStream positions is
-        written: wait until the results stream has acknowledged every reply to the messages at or
+        """On the checkpoint writer's thread, before a checkpoint with positions is
+        written: wait until the feeds have confirmed every reply to the messages at or
         below them (after a kill -9 those are not replayed, so their replies must be stored).
         Raises (the checkpoint fails, the previous one stays the newest) if that takes longer
         than ``CONFIRM_WAIT_S`` or a checkpoint interval, whichever is longer. Woken by the IO
@@ -222,7 +217,7 @@ class Recovery:
             raise TimeoutError("replies not stored by the results stream in time: " + "; ".join(behind))
 
     def source_figures(self, io: IOSnapshot) -> tuple[SourceFigures, ...]:
-        """Each JetStream feed's figures: the IO side's fetching and confirmations, the main thread's position."""
+        """Each replayable feed's figures: the IO side's fetching and confirmations, the main thread's position."""
         if not self.sources:
             return ()
         sources, out = self.sources, []

@@ -21,13 +21,12 @@ from typing import Any
 from forkless.controller.codec import Codec, JsonCodec
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
-from forkless.controller.ioside import feed_sources
+from forkless.controller.ioside import connector_for, feed_sources
 from forkless.controller.settings.variables import VARIABLES, as_text
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
 from forkless.io_loop.net.netaddr import redact_url
 from forkless.io_loop.settings import IOSettings
-from forkless.io_loop.sources.partitions import format_partitions
 from forkless.io_loop.sources.probe import ProbeFailed, check_metrics_addr, probe_feed
 
 __all__ = ["probe_feeds", "run_check"]
@@ -66,8 +65,8 @@ def run_check(config: Config, processor: Any = None, codec: Codec | None = None,
         step("compiling the step", lambda: _compile(config, processor, say))
     if config.metrics_addr:
         step("metrics address", lambda: check_metrics_addr(config.metrics_addr, say))
-    # a JetStream feed's results stream must drop a result published again after a restart: its
-    # duplicate window must cover a checkpoint interval plus a restart (docs/jetstream.md)
+    # a feed whose results a stream stores must drop a result published again after a restart: its duplicate
+    # window must cover a checkpoint interval plus a restart (the feed's probe warns when it does not)
     step("feed", lambda: probe_feeds(config.io_settings(), codec, say, dedupe_window_s=2 * config.checkpoint_s + 60),
          code=EXIT_FEED)
 
@@ -115,15 +114,11 @@ def _show_config(config: Config, say: Callable[[str], None]) -> None:
         mark = "" if value == getattr(defaults, var.field) else "   (not the default)"
         say(f"  {var.env:<28} {shown}{mark}")
     say(f"  batch sizes compiled: {','.join(map(str, config.buckets))}")
-    for feed in config.feed_specs:
-        spec = feed.jetstream
-        if spec is not None and spec.partitioned:
-            given = (f"FORKLESS_INSTANCE {config.instance} of FORKLESS_INSTANCES {config.instances}"
-                     if config.instance is not None else 'its "partitions"')
-            kept = f"in bucket {config.checkpoint_bucket!r}" if config.checkpoint_bucket else "off"
-            say(f"  {feed.label}: partitioned, partition_count {spec.partition_count}; this instance owns "
-                f"{format_partitions(spec.partitions)} ({len(spec.partitions)} of {spec.partition_count}, from "
-                f"{given}); checkpoints {kept}, leases in {config.lease_bucket!r} for {config.lease_s:g} s")
+    partitioning = config.io_settings().partitioning
+    for feed in config.feed_specs:  # what each connector says of itself (a partitioned feed: its partitions)
+        connector = connector_for(feed)
+        for line in connector.describe(partitioning, config.instance, config.instances) if connector else ():
+            say(f"  {line}")
 
 
 # ---- JAX and compilation --------------------------------------------------------------------------

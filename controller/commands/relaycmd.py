@@ -10,8 +10,9 @@ Rules:
   configuration is ``controller.config`` (pure), the codec the default ``JsonCodec`` in float64
   (the payload carries the numbers exactly as the feed wrote them).
 - A source → sink run (controller/lifetime/sinkrun.py ``SinkRun``, the runtime a program's own sink
-  runs on): the IO thread (io_loop/thread.py) runs the feeds and the publisher (io_loop/relay/publisher.py,
-  a ``Sink``) on its loop, the publisher taking the chunks in place of the main thread; this main
+  runs on): the IO thread (io_loop/thread.py) runs the feeds and the publisher (the sink of
+  FORKLESS_RELAY_NATS's connector, controller/ioside.py's ``connector_for``) on its loop, the publisher taking the
+  chunks in place of the main thread; this main
   thread waits with the controller's own pieces (signals, serving loop, stop deadline, ``end_io``).
   What is the relay's own here: its view (``RelayView``), status and books lines, metrics, exit status.
 - Orderly stop (SIGINT/SIGTERM, FORKLESS_DURATION): the feeds stop reading, everything read is
@@ -39,12 +40,14 @@ from typing import Any
 
 from forkless.controller.commands.edge import load_config, report
 from forkless.controller.config import Config
+from forkless.controller.ioside import connector_for
 from forkless.controller.lifetime.sinkrun import SinkRun
 from forkless.controller.logs import flush_log_repeats, setup_logging
 from forkless.controller.metrics import SECONDS_STEP, by_reason_family, exposition, histogram_family
 from forkless.controller.settings.vardocs import help_text
 from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, ForklessError
+from forkless.io_loop.relay.relaystats import RelayStats
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = ["RelayView", "relay_main", "relay_metric_families", "relay_metrics_table_markdown", "relay_status_line"]
@@ -54,7 +57,7 @@ log = logging.getLogger("forkless.relay")
 
 @dataclass(frozen=True)
 class RelayView:
-    """The relay at one moment: the IO side's figures and the publisher's (``io_loop.relay.publisher``),
+    """The relay at one moment: the IO side's figures and the publisher's (its connector's sink),
     with the names the health endpoints read (io_loop/net/http.py)."""
 
     io: IOSnapshot
@@ -115,13 +118,12 @@ def relay_main(argv: list[str] | None = None, *, prog: str = "python app.py") ->
     except ForklessError as exc:  # a ConfigError
         return report(exc)
     setup_logging(config.log_level, config.log_format)
+    connector = connector_for(relay_settings.target)  # where the relay publishes: its connector's sink
     try:
-        from forkless.io_loop.relay.publisher import Publisher  # nats-py: an optional extra (pip install ".[nats]")
-        from forkless.io_loop.relay.relaystats import RelayStats
-    except ImportError as exc:
+        relay = Relay(config, io_settings, connector.sink, RelayStats(), relay_settings)
+    except ImportError as exc:  # the sink imports nats-py, an optional extra (pip install ".[nats]")
         print(f"forkless: the relay needs nats-py: pip install \"forkless[nats]\" ({exc})", file=sys.stderr)
         return EXIT_CONFIG
-    relay = Relay(config, io_settings, Publisher, RelayStats(), relay_settings)
     try:
         return relay.run()
     finally:

@@ -1,5 +1,5 @@
-"""Checkpoints of a partitioned instance: one object per partition in a JetStream object-store
-bucket (``FORKLESS_CHECKPOINT_BUCKET``), so that whichever instance owns a partition next can
+"""Checkpoints of a partitioned instance: one object per partition in its connector's object store
+(``FORKLESS_CHECKPOINT_BUCKET``), so that whichever instance owns a partition next can
 restore exactly its rows, wherever they were written.
 
 Rules:
@@ -8,29 +8,23 @@ Rules:
   last-seen times, their rows of every per-stream leaf, compact (row i = the object's i-th
   stream), and the feed's position for that partition. No shared leaves (a partitioned
   processor's come from its ``init``: ``restore_shared=True`` is refused) and no counts.
-- Names: ``<stream>/<partition>/ckpt-<sequence:09d>.fkc`` (``<stream>``: the JetStream stream).
+- Names: ``<stream>/<partition>/ckpt-<sequence:09d>.fkc`` (``<stream>``: the layout's, the feed's stream).
   Every checkpoint writes one object per owned partition, even a partition with no streams
   (its position moves on), numbered above every object of the owned partitions found at start,
   and keeps the newest ``keep`` per partition. A partition is a unit: a process killed between
   two partitions' objects leaves each partition with a complete object of its own, and each
   carries its own position, so each resumes from where its own state stands.
 - The split happens on the checkpoint writer thread, from the ``Snapshot`` the checkpointer
-  made: each stream's partition is ``partitions_of`` its name (io_loop/sources/partitions.py, the
-  server's own function), computed once per checkpoint, vectorised.
-- A stream's position in a partition's object is the feed's position as of the checkpoint, or
-  the partition's own restored position when that is further (an instance that took over
-  partitions from several others starts its consumer at the lowest of them, and skips, per
-  partition, what each already holds: io_loop/sources/jsconsumer.py). Where the IO side found the stream
-  holding no further message of the feed's subjects from at or below that position up to a
-  later sequence (``covering``, controller/checkpoints/positions.py), the object records it as ``covered``,
-  and a restore resumes the partition after it: retention of other partitions' messages there
-  refuses nothing (issue 30). An object without it resumes at its position, as before.
-- Each object records the stream's created time with its position (``created``, as an
-  unpartitioned checkpoint does: controller/checkpoints/positions.py); the restore hands it to the feed
-  (``Resume``), which refuses a stream created at another time, deleted and made again since
-  (issue 30). Owned partitions' objects that recorded different created times cannot all be
-  in the stream as it is now: ``PositionLost`` at the restore. Objects without it (older) are
-  not checked.
+  made: each stream's partition is the layout's ``partition_of_names`` (the server's own function: the
+  connector's), computed once per checkpoint, vectorised.
+- A partition's object records the feed's position as the connector's ``PositionCodec`` writes it for that
+  partition (``partition_entry``: the feed's position as of the checkpoint, or the partition's own restored one
+  when that is further, and what the feed covered beyond it), and reads it back (``partition_position``):
+  each connector's room says what its entry holds.
+- Each object records the stream's created time with its position (``created``); the restore hands it to the
+  feed, which refuses a stream created at another time, deleted and made again since (issue 30). Owned
+  partitions' objects that recorded different created times cannot all be in the stream as it is now:
+  ``PositionLost`` at the restore. Objects without it (older) are not checked.
 - Restore (``load``, before the compile): per owned partition, its newest object that reads
   back whole; a damaged one (bad checksum, truncated) is skipped with a warning and the one
   before it used; every one of a partition damaged is ``PositionLost`` (issue 30, fault 1: its
@@ -39,29 +33,24 @@ Rules:
   shape or dtype, is ``CheckpointMismatch``. The partitions' streams are put one after the
   other into slots 0..n-1 of the processor's init state (``restore_into``); more streams than
   ``FORKLESS_MAX_STREAMS`` is ``CheckpointMismatch``.
-- I/O goes through a store with ``put``/``get``/``names``/``delete`` (io_loop/nats/natsstore.py's
-  ``NatsStore``), whose puts refuse once a partition's lease is lost (fencing).
-- ``PartitionOwner`` is the instance's side of it: at start, before anything is restored, it
-  connects to the feed's server, takes a lease on every owned partition (``lease_key``: one
-  key per stream and partition in the KV bucket ``FORKLESS_LEASE_BUCKET``; another live
-  holder: ``LeaseHeld``, exit 2; a dead one's lease is waited out, unless the controller's stop
-  is requested meanwhile: ``StopRequested``, nothing held), checks the deployment record
-  (``deployment_key``: the partition count and FORKLESS_INSTANCES of the live instances; another
-  layout alive: ``DeploymentMismatch``, exit 2), and makes the checkpoint
-  objects' reader and writer when ``FORKLESS_CHECKPOINT_BUCKET`` is set; the controller checks
-  ``lost`` every cycle (a lease that could not be renewed: ``LeaseLost``, exit 3) and calls
-  ``close`` after the stop's checkpoint (the leases are released). ``NoPartitions`` has the same
-  calls for an instance that is not partitioned, so the controller calls them unconditionally. It is
-  handed the instance's ``InstanceSettings`` (controller/settings/groups.py), never the whole ``Config``.
+- I/O goes through the connector's ``OwnedPartitions`` (io_loop/connectors/connector.py: ``put``/``get``/
+  ``names``/``delete``), whose puts refuse once a partition's lease is lost (fencing).
+- ``PartitionOwner`` is the instance's side of it: at start, before anything is restored, it asks the
+  partitioned feed's connector to own its partitions (``Connector.own_partitions``: the leases, taken or waited
+  for, ``LeaseHeld``, ``DeploymentMismatch``, ``StopRequested``; the connector's rules say how), and
+  makes the checkpoint objects' reader and writer when ``FORKLESS_CHECKPOINT_BUCKET`` is set; the controller
+  checks ``lost`` every cycle (a lease that could not be renewed: ``LeaseLost``, exit 3) and calls ``close``
+  after the stop's checkpoint (the leases are released). The fence that keeps the feed's replies from being
+  published once a lease is lost is the connector's own business: it hands it to the source it makes.
+  ``NoPartitions`` has the same calls for an instance that is not partitioned, so the controller calls them
+  unconditionally. It is handed the instance's ``InstanceSettings`` (controller/settings/groups.py), never the
+  whole ``Config``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import secrets
-import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,12 +69,11 @@ from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
 from forkless.controller.device.compiled import per_stream_leaf
 from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
 from forkless.controller.settings.groups import InstanceSettings
-from forkless.io_loop.errors import LeaseLost, PositionLost
-from forkless.io_loop.sources.jsconsumer import ACCEPT_LOSS
-from forkless.io_loop.sources.partitions import format_partitions, partition_subjects, partitions_of
+from forkless.io_loop.connectors.connector import Connector, OwnedPartitions, PartitionLayout
+from forkless.io_loop.errors import ACCEPT_LOSS, LeaseLost, ObjectDamaged, PositionLost
 
 __all__ = ["NoPartitions", "PartitionOwner", "PartitionPieces", "PartitionedCheckpoints", "check_partitionable",
-           "lease_key", "object_name", "partitioned_feed"]
+           "object_name", "partitioned_feed"]
 
 log = logging.getLogger("forkless.checkpoint")
 
@@ -123,25 +111,26 @@ class PartitionPieces:
 
 class PartitionedCheckpoints:
     """The owned partitions' checkpoint objects in ``store`` (see the module rules).
-    ``feed``: the partitioned feed's name (the key of its position); ``stream``/``template``:
-    its JetStream stream and subject template; ``like``: the state's canonical shapes
-    (``checkpoint_shapes``/``state_shapes``), whose per-stream leaves have ``slots`` rows."""
+    ``feed``: the partitioned feed's name (the key of its position); ``layout``: its partitions (the stream, the
+    count, the owned ones); ``positions``: its connector's ``PositionCodec``; ``like``: the state's canonical
+    shapes (``checkpoint_shapes``/``state_shapes``), whose per-stream leaves have ``slots`` rows."""
 
-    def __init__(self, store: ObjectStore, *, feed: str, stream: str, template: str, count: int,
-                 partitions: Sequence[int], keep: int, like: Any, slots: int) -> None:
+    def __init__(self, store: ObjectStore, *, feed: str, layout: PartitionLayout, positions: Any, keep: int,
+                 like: Any, slots: int) -> None:
         self.store = store
         self.feed = feed
-        self.stream = stream
-        self.template = template
-        self.count = count
-        self.partitions = tuple(partitions)
+        self.layout = layout
+        self.positions = positions
+        self.stream = layout.stream
+        self.count = layout.count
+        self.partitions = tuple(layout.partitions)
         self.keep = keep
         self.slots = slots
         flat, _ = jax.tree_util.tree_flatten_with_path(like)
         self.leaf_names = ["state" + jax.tree_util.keystr(path) for path, _ in flat]
         self.per_stream = [per_stream_leaf(leaf, slots) for _, leaf in flat]
         self.row_shapes = [(tuple(leaf.shape[1:]), np.dtype(leaf.dtype)) for _, leaf in flat]
-        self.label = f"bucket objects {stream}/<partition>/ (partitions {format_partitions(self.partitions)})"
+        self.label = f"bucket objects {self.stream}/<partition>/ (partitions {layout.shown(self.partitions)})"
 
     # ---- numbering ----------------------------------------------------------------------------------
 
@@ -171,7 +160,7 @@ class PartitionedCheckpoints:
     def write(self, sequence: int, snapshot: Snapshot, pause: Callable[[], None] = no_pause) -> tuple[int, str]:
         """One object per owned partition; returns the bytes written and a label for the logs."""
         names = snapshot.names if isinstance(snapshot.names, list) else list(snapshot.names)
-        parts = partitions_of(names, self.count)
+        parts = self.layout.partition_of_names(names)
         pause()
         slots = np.asarray(snapshot.slots)
         seen = np.asarray(snapshot.last_seen)
@@ -197,27 +186,8 @@ class PartitionedCheckpoints:
         return total, f"{self.stream}/*/ckpt-{sequence:09d}.fkc ({len(self.partitions)} partitions)"
 
     def _position(self, positions: Mapping[str, Any], partition: int) -> dict[str, Any]:
-        pos = positions.get(self.feed)
-        if pos is None:
-            return {}
-        floor = (pos.get("partitions") or {}).get(str(partition))
-        cur = None if pos.get("seq") is None else [pos["seq"], pos["index"], pos["last"]]
-        if floor is not None and (cur is None or _after(floor, cur)):
-            cur = floor
-        if cur is None:  # nothing of the feed consumed yet, and no position restored for it
-            return {}
-        seq, index, last = cur
-        (subject,) = partition_subjects(self.template, [partition])
-        out = {"stream": pos["stream"], "subject": subject, "partition": partition,
-               "seq": seq, "index": index, "last": last, "replied": pos.get("replied")}
-        handed, through = pos.get("covering") or (0, 0)
-        if last and handed <= seq < through:
-            # the partition's state holds its messages up to seq, so up to handed: and the stream held
-            # none of the feed's subjects' between handed and through (controller/checkpoints/positions.py)
-            out["covered"] = through
-        if pos.get("created"):  # the stream the position counts in (a floor's: checked at the connection)
-            out["created"] = pos["created"]
-        return {self.feed: out}
+        entry = self.positions.partition_entry(positions.get(self.feed), partition)
+        return {} if entry is None else {self.feed: entry}  # none: nothing consumed yet, no position restored
 
     def prune(self) -> None:
         for items in self._existing().values():
@@ -258,7 +228,7 @@ class PartitionedCheckpoints:
                     lost[p] = damaged
         if lost:
             raise PositionLost(
-                f"{self.label}: every checkpoint object of partitions {format_partitions(sorted(lost))} is damaged "
+                f"{self.label}: every checkpoint object of partitions {self.layout.shown(sorted(lost))} is damaged "
                 f"({', '.join(name for names in lost.values() for name in names)}), so the state they held and "
                 f"their positions are unknown: refusing to start them fresh. To continue anyway, {ACCEPT_LOSS}")
         if len(pieces.names) > self.slots - 1:
@@ -270,9 +240,6 @@ class PartitionedCheckpoints:
         """Partition ``p``'s object ``name``: ``_read``'s parts and its size; None when it is gone;
         why it cannot be used (a ``str``) when it is damaged or unreadable. ``CheckpointMismatch``
         is raised, never skipped: it names the setting and both values."""
-        # nats-py is an optional extra: loaded only where a partitioned feed (and so a NatsStore) exists
-        from forkless.io_loop.nats.objects import ObjectDamaged
-
         try:
             data = self.store.get(name)
         except ObjectDamaged as exc:
@@ -323,14 +290,10 @@ class PartitionedCheckpoints:
         pos = header.get("positions", {}).get(self.feed)
         if pos is not None:
             if pos.get("stream") != self.stream:
-                raise CheckpointMismatch(where, f"JetStream feed {self.feed!r}: stream", pos.get("stream"),
-                                         self.stream)
-            pieces.positions[p] = [int(pos["seq"]), int(pos["index"]), bool(pos["last"])]
-            if pos["last"] and int(pos.get("covered") or 0) > int(pos["seq"]):
-                # none of the partition's messages between them: its state holds all of them up to it
-                pieces.positions[p] = [int(pos["covered"]), 0, True]
-            if pos.get("created"):
-                pieces.created[p] = str(pos["created"])
+                raise CheckpointMismatch(where, f"feed {self.feed!r}: stream", pos.get("stream"), self.stream)
+            pieces.positions[p], created = self.positions.partition_position(pos)
+            if created:
+                pieces.created[p] = created
         pieces.wall_time = max(pieces.wall_time, float(header.get("wall_time", 0.0)))
 
     def stream_created(self, pieces: PartitionPieces) -> str:
@@ -341,7 +304,7 @@ class PartitionedCheckpoints:
         for p, created in sorted(pieces.created.items()):
             by_time.setdefault(created, []).append(p)
         if len(by_time) > 1:
-            times = "; ".join(f"partitions {format_partitions(ps)}: created {t}" for t, ps in sorted(by_time.items()))
+            times = "; ".join(f"partitions {self.layout.shown(ps)}: created {t}" for t, ps in sorted(by_time.items()))
             raise PositionLost(
                 f"{self.label}: the objects recorded their positions in streams {self.stream!r} created at different "
                 f"times ({times}): it was deleted and made again between them, so not every partition's position "
@@ -366,11 +329,6 @@ class PartitionedCheckpoints:
         return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _after(a: Sequence[Any], b: Sequence[Any]) -> bool:
-    """Position ``a`` lies after ``b`` (both [seq, index, last])."""
-    return (int(a[0]), int(a[1])) > (int(b[0]), int(b[1]))
-
-
 def check_partitionable(processor: Any) -> None:
     """``ProcessorContractError`` (exit 2) for a processor whose state cannot be split by partition."""
     if not getattr(processor, "per_stream", True):
@@ -383,104 +341,63 @@ def check_partitionable(processor: Any) -> None:
             "restore_shared=True (it learns shared leaves online), which no single partition's checkpoint can hold")
 
 
-def partitioned_feed(feeds: Sequence[Any], processor: Any) -> Any:
-    """The partitioned JetStream feed among ``feeds`` (config.py allows one at most), its
-    processor checked (``check_partitionable``); None when there is none."""
-    feed = next((spec for spec in feeds if spec.jetstream is not None and spec.jetstream.partitioned), None)
-    if feed is not None:
+def partitioned_feed(connectors: Sequence[Connector], processor: Any) -> Connector | None:
+    """The connector among ``connectors`` whose feed is partitioned (config.py allows one at most), its processor
+    checked (``check_partitionable``); None when there is none."""
+    connector = next((c for c in connectors if c.partitioned), None)
+    if connector is not None:
         check_partitionable(processor)
-    return feed
-
-
-def lease_key(stream: str, partition: int) -> str:
-    """The KV key of a partition's lease: the stream name (characters a KV key cannot hold
-    written as ``=XX``), a dot, the partition."""
-    return f"{_key_safe(stream)}.{partition}"
-
-
-def deployment_key(stream: str) -> str:
-    """The KV key of the stream's deployment record (the partition count and instances its live
-    instances run with), beside its partitions' leases."""
-    return f"{_key_safe(stream)}.deployment"
-
-
-def _key_safe(stream: str) -> str:
-    return "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "".join(f"={b:02X}" for b in c.encode())
-                   for c in stream)
+    return connector
 
 
 class PartitionOwner:
     """The leases and checkpoint objects of a partitioned instance (see the module rules)."""
 
-    def __init__(self, store: Any, feed: Any, checkpoints: PartitionedCheckpoints | None) -> None:
-        self.store = store
+    def __init__(self, owned: OwnedPartitions, feed: Connector, checkpoints: PartitionedCheckpoints | None) -> None:
+        self.owned = owned
         self.feed = feed
         self.checkpoints = checkpoints
 
     @classmethod
-    def open(cls, settings: InstanceSettings, feed: Any, like: Any,
+    def open(cls, settings: InstanceSettings, feed: Connector, like: Any,
              stop: threading.Event | None = None) -> PartitionOwner:
-        """Connect, take the leases (blocking: a dead holder's are waited out), and make the
-        checkpoint objects' reader/writer if a bucket is configured. ``stop`` set meanwhile (a
-        signal during the wait): ``StopRequested``, with nothing held. ``settings``: the instance's
-        (``Config.instance_settings()``), what it reads of the configuration."""
-        # nats-py is an optional extra, loaded only by a process with a JetStream feed
-        from forkless.io_loop.nats.natsstore import NatsStore
-
-        spec = feed.jetstream
-        holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        leases = settings.partitioning
-        store = NatsStore(feed, timeouts=settings.timeouts, reconnect=settings.reconnect, tls=settings.tls,
-                          bucket=leases.checkpoint_bucket or None, lease_bucket=leases.lease_bucket,
-                          lease_s=leases.lease_s, holder=holder)
-        store.start(stop)
+        """Own the partitions of ``feed`` (its connector: blocking, a dead holder's leases are waited out), and make
+        the checkpoint objects' reader/writer if a bucket is configured. ``stop`` set meanwhile (a signal during the
+        wait): ``StopRequested``, with nothing held. ``settings``: the instance's (``Config.instance_settings()``),
+        what it reads of the configuration."""
+        owned = feed.own_partitions(settings.partitioning, timeouts=settings.timeouts, reconnect=settings.reconnect,
+                                    tls=settings.tls, instances=settings.instances, instance=settings.instance,
+                                    stop=stop)
         try:
-            store.acquire([lease_key(spec.stream, p) for p in spec.partitions], stop)
-            # after the leases (a dead deployment's record expires with them): another layout alive is refused
-            store.claim_deployment(deployment_key(spec.stream),
-                                   {"partition_count": spec.partition_count, "instances": settings.instances},
-                                   {lease_key(spec.stream, p): p for p in range(spec.partition_count)}, stop)
-            which = "" if settings.instance is None else f"instance {settings.instance} of {settings.instances}, "
-            log.info("%s: holding the leases of partitions %s of %d (%sas %s)", feed.label,
-                     format_partitions(spec.partitions), spec.partition_count, which, holder)
             checkpoints = None
-            if leases.checkpoint_bucket:
+            if owned.objects:
                 checkpoints = PartitionedCheckpoints(
-                    store, feed=feed.name, stream=spec.stream, template=spec.subject, count=spec.partition_count,
-                    partitions=spec.partitions, keep=settings.keep, like=like, slots=settings.max_streams + 1)
+                    owned, feed=feed.feed.name, layout=owned.layout, positions=feed.positions, keep=settings.keep,
+                    like=like, slots=settings.max_streams + 1)
         except BaseException:
-            store.close()
+            owned.close()
             raise
-        return cls(store, feed, checkpoints)
+        return cls(owned, feed, checkpoints)
 
     @property
     def unowned(self) -> int:
         """How many of the stream's partitions have had no live lease for longer than a lease."""
-        return len(self.store.unowned)
+        return len(self.owned.unowned)
 
     @property
     def lost(self) -> bool:
-        """A lease lost, or run out unrenewed (a pause past the lease): see ``holds``."""
-        return not self.store.holds()
-
-    def holds(self) -> bool:
-        """Every lease still held by time (any thread, no I/O): the IO side's fence before it
-        publishes replies (io_loop/sources/jspublish.py)."""
-        return self.store.holds()
+        """A lease lost, or run out unrenewed (a pause past the lease): the partitions' fence no longer holds."""
+        return not self.owned.fence.holds()
 
     def raise_if_lost(self) -> None:
         """``LeaseLost`` if a lease could not be renewed in time (the controller asks every cycle)."""
         if self.lost:
-            raise LeaseLost(f"{self.feed.label}: the lease of a partition could not be renewed in time "
+            raise LeaseLost(f"{self.feed.feed.label}: the lease of a partition could not be renewed in time "
                             "(FORKLESS_LEASE_S): another instance may own it now, so this one stops")
-
-    def io_arguments(self) -> dict[str, Any]:
-        """What the IO side is given: ``fence``, asked before each publication of replies."""
-        return {"fence": self.holds}
 
     def close(self) -> None:
         """Release the leases and close the connection (idempotent)."""
-        self.store.close()
+        self.owned.close()
 
 
 class NoPartitions:
@@ -492,9 +409,6 @@ class NoPartitions:
 
     def raise_if_lost(self) -> None:
         pass
-
-    def io_arguments(self) -> dict[str, Any]:
-        return {}
 
     def close(self) -> None:
         pass

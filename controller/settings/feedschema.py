@@ -36,8 +36,8 @@ from forkless.controller.settings.values import (
     unix_socket,
     ws_url,
 )
+from forkless.io_loop.connectors.jetstream.partitions import PARTITION_FIELD, parse_partitions
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec, JetStreamSpec
-from forkless.io_loop.sources.partitions import PARTITION_FIELD, parse_partitions
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 __all__ = ["FEED_KEYS", "JETSTREAM_KEYS", "REFUSALS", "JetStreamEntry", "WebSocketEntry", "entry", "feed_spec"]

@@ -1,5 +1,6 @@
 """The relay's figures (``forkless relay``): ``SeqGaps``, the gaps in the feeds' seqs, and
-``RelayStats``, the publisher's counters (io_loop/relay/publisher.py), read through ``RelaySnapshot``. Pure: no
+``RelayStats``, the publisher's counters (io_loop/connectors/jetstream/publisher.py), read through ``RelaySnapshot``.
+Pure: no
 threads, no clock, no nats-py.
 
 Rules:

@@ -1,5 +1,6 @@
 """Sinks: where what the sources hand over leaves; ``sink`` holds the public ``Sink`` seam, its runner and its
-books (the relay's publisher, io_loop/relay/publisher.py, is one; the reply writer, io_loop/writer.py, the per-feed
+books (the relay's publisher, io_loop/connectors/jetstream/publisher.py, is one; the reply writer, io_loop/writer.py,
+the per-feed
 form of its batches).
 
 Rules:

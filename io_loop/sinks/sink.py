@@ -3,7 +3,7 @@
 Rules:
 - A sink is any object with a ``name`` and ``async run(ctx)``, run on the IO thread's loop beside
   the sources, in the main thread's place as the reader of what they hand over (a source → sink
-  run: the relay, io_loop/relay/publisher.py, or a user's own through ``forkless.SinkRun``). It
+  run: the relay, io_loop/connectors/jetstream/publisher.py, or a user's own through ``forkless.SinkRun``). It
   takes batches with ``async for batch in ctx.batches()``, in the order the sources handed them
   over (each feed's in its own order): ``MessageBatch`` (a feed's decoded messages, column-wise)
   or ``EventBatch`` (the objects a source handed over with ``emit_event``). A controller's sinks

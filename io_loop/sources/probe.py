@@ -11,7 +11,7 @@ Rules:
   with the configured TLS, headers, token and timeouts (io_loop/sources/connect.py, the same code the
   client uses), a brief wait for a first frame, a close with 1000. A JetStream feed's connects to
   its server, reads its stream and finds the stream storing its results subject, warning when
-  that stream's duplicate window is shorter than a restart needs (io_loop/sources/jsprobe.py). The
+  that stream's duplicate window is shorter than a restart needs (its connector's room's probe). The
   embedded demo feed's (io_loop/sources/demo_source.py), when no feed is configured, serves it and
   connects once. With several feeds (``FORKLESS_FEEDS``) every feed is probed and the probe
   fails if any of them does, naming them.

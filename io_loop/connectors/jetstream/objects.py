@@ -1,5 +1,6 @@
 """Objects: the checkpoint objects of a store, in nats-py's object-store layout, written and
-read on the store's loop (io_loop/nats/storethread.py); io_loop/nats/natsstore.py's blocking methods call
+read on the store's loop (io_loop/connectors/jetstream/storethread.py); io_loop/connectors/jetstream/store.py's
+blocking methods call
 them.
 
 Rules:
@@ -7,8 +8,10 @@ Rules:
   object-store layout (``$O.<bucket>.C.<nuid>`` chunks of 128 KiB, then the meta on
   ``$O.<bucket>.M.<base64(name)>``, published with a roll-up header, so the newest meta
   replaces the last): nats-py's ``ObjectStore`` reads ours and we read its (a test holds both).
-  Listing and deleting are nats-py's own (``ObjectStore.list``, ``ObjectStore.delete``).
-- Written and read here all the same: the lease check (``fence``, io_loop/nats/leases.py) must sit
+  Listing and deleting are nats-py's own (``ObjectStore.list``, ``ObjectStore.delete``, through the transport).
+  Every call goes through the store's ``Transport`` (io_loop/connectors/jetstream/transport.py), which raises ours;
+  nats-py's object-store data (``ObjectInfo``) is read and written here as it is.
+- Written and read here all the same: the lease check (``fence``, io_loop/connectors/jetstream/leases.py) must sit
   just before the meta is published, the chunks are published ``PUBLISH_WINDOW`` ahead of their
   acknowledgements (nats-py's ``put`` waits for each), and nats-py's ``get`` appends chunk by
   chunk to ``bytes`` (quadratic in the size: 4.6 s for 32 MiB, against 0.2 s here).
@@ -40,25 +43,19 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from forkless.io_loop.errors import StoreError
-from forkless.io_loop.nats.natsconn import NatsError, NatsNotFound, mapped_nats_errors
-from forkless.io_loop.nats.natsconn import describe_error as _describe
-from forkless.io_loop.nats.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread
+from forkless.io_loop.connectors.jetstream.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread
+from forkless.io_loop.connectors.jetstream.transport import NatsError, NatsNotFound, PendingAck, Transport
+from forkless.io_loop.connectors.jetstream.transport import describe_error as _describe
+from forkless.io_loop.errors import ObjectDamaged, StoreError
 from nats.js import api
-from nats.js.object_store import ObjectStore
 from nats.nuid import NUID
 
-__all__ = ["ObjectDamaged", "Objects"]
+__all__ = ["Objects"]
 
 log = logging.getLogger("forkless.store")
 
 CHUNK_BYTES = 128 * 1024  # nats-py's object-store chunk (a server's max_payload is 1 MiB by default)
 PUBLISH_WINDOW = 16  # chunks published ahead of their acknowledgements
-
-
-class ObjectDamaged(StoreError):
-    """An object's content does not match its meta (size, SHA-256, a chunk missing, the meta
-    unreadable): use an older one."""
 
 
 def _digest(sha: Any) -> str:
@@ -78,21 +75,18 @@ class Objects:
         self._direct = False  # the stream allows direct gets
         self._nuid = NUID()
 
-    async def open_bucket(self, js: Any) -> str:
+    async def open_bucket(self, transport: Transport) -> str:
         """Make the bucket where missing. Returns what it opened, for the log."""
         try:
-            with mapped_nats_errors():
-                info = await js.stream_info(self._stream)
+            info = await transport.stream_info(self._stream)
         except NatsNotFound:
             try:
-                with mapped_nats_errors():
-                    await js.create_object_store(
-                        self.bucket, description="forkless checkpoints (io_loop/nats/natsstore.py)")
+                await transport.create_object_store(self.bucket, description="forkless checkpoints (the JetStream "
+                                                                             "connector)")
             except NatsError as exc:
                 if exc.code != 400 or exc.err_code != NAME_IN_USE:  # made by another instance at the same moment
                     raise
-            with mapped_nats_errors():
-                info = await js.stream_info(self._stream)
+            info = await transport.stream_info(self._stream)
         self._direct = bool(info.config.allow_direct)
         return f"object bucket {self.bucket!r}"
 
@@ -102,9 +96,8 @@ class Objects:
     async def _info(self, name: str) -> api.ObjectInfo | None:
         """The object's meta; None when there is none or it is deleted."""
         try:
-            with mapped_nats_errors():
-                msg = await self._thread.js.get_msg(self._stream, subject=self._meta_subject(name),
-                                                    direct=self._direct)
+            msg = await self._thread.transport.get_msg(self._stream, subject=self._meta_subject(name),
+                                                       direct=self._direct)
         except NatsNotFound:
             return None
         try:
@@ -120,7 +113,7 @@ class Objects:
         """Store ``data`` as the object ``name``: its chunks, then (the leases still held) its meta."""
         self._fence()
         await self._thread.connection()
-        js = self._thread.js
+        js = self._thread.transport
         old = await self._info(name)
         nuid = self._nuid.next().decode()
         view = memoryview(data).cast("B")
@@ -129,38 +122,35 @@ class Objects:
             name=name, bucket=self.bucket, nuid=nuid, size=len(view), chunks=count, digest=_digest(digest),
             mtime=datetime.now(UTC).isoformat(), options=api.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES))
         try:
-            with mapped_nats_errors():
-                await js.publish(self._meta_subject(name), json.dumps(info.as_dict()).encode(),
-                                 headers={api.Header.ROLLUP: "sub"})
+            await js.publish_acked(self._meta_subject(name), json.dumps(info.as_dict()).encode(),
+                                   headers={api.Header.ROLLUP: "sub"})
         except NatsError as exc:
             if exc.api:  # the server answered: not stored, so the chunks are nobody's
                 try:
-                    with mapped_nats_errors():
-                        await js.purge_stream(self._stream, subject=f"$O.{self.bucket}.C.{nuid}")
+                    await js.purge_stream(self._stream, subject=f"$O.{self.bucket}.C.{nuid}")
                 except NatsError:
                     pass
             raise
         # any other failure (no answer) leaves the chunks: the server may have stored the meta
         if old is not None and old.nuid and old.nuid != nuid:
             try:
-                with mapped_nats_errors():
-                    await js.purge_stream(self._stream, subject=f"$O.{self.bucket}.C.{old.nuid}")
+                await js.purge_stream(self._stream, subject=f"$O.{self.bucket}.C.{old.nuid}")
             except NatsError as exc:
                 log.warning("object %r: the chunks of the version it replaced were not removed (%s)", name,
                             _describe(exc))
 
-    async def _put_chunks(self, js: Any, nuid: str, view: memoryview) -> tuple[int, Any]:
+    async def _put_chunks(self, js: Transport, nuid: str, view: memoryview) -> tuple[int, Any]:
         """Publish ``view`` as the chunks of ``nuid``, each acknowledged, then ``fence()``: their
         count and SHA-256. On any failure the chunks are purged and it is raised."""
         chunks = f"$O.{self.bucket}.C.{nuid}"
         digest = hashlib.sha256()
-        pending: collections.deque[asyncio.Future] = collections.deque()
+        pending: collections.deque[PendingAck] = collections.deque()
         count = 0
         try:
             for offset in range(0, len(view), CHUNK_BYTES):
                 chunk = bytes(view[offset:offset + CHUNK_BYTES])
                 digest.update(chunk)
-                pending.append(await js.publish_async(chunks, chunk))
+                pending.append(await js.publish_later(chunks, chunk))
                 count += 1
                 if len(pending) >= PUBLISH_WINDOW:
                     await self._stored(pending.popleft())
@@ -171,17 +161,16 @@ class Objects:
             for future in pending:
                 future.cancel()
             try:
-                with mapped_nats_errors():
-                    async with asyncio.timeout(self._thread.api_s):
-                        await js.purge_stream(self._stream, subject=chunks)
+                async with asyncio.timeout(self._thread.api_s):
+                    await js.purge_stream(self._stream, subject=chunks)
             except (NatsError, asyncio.CancelledError):
                 pass  # unreferenced chunks: space, not a wrong object
             raise
         return count, digest
 
-    async def _stored(self, future: asyncio.Future) -> None:
+    async def _stored(self, pending: PendingAck) -> None:
         async with asyncio.timeout(self._thread.api_s):
-            await future
+            await pending.wait()
 
     # ---- reading -----------------------------------------------------------------------------------------
 
@@ -220,9 +209,8 @@ class Objects:
         seq = 1
         for _ in range(info.chunks or 0):
             try:
-                with mapped_nats_errors():
-                    msg = await self._thread.js.get_msg(self._stream, seq=seq, subject=subject, direct=self._direct,
-                                                        next=True)
+                msg = await self._thread.transport.get_msg(self._stream, seq=seq, subject=subject,
+                                                           direct=self._direct, next=True)
             except NatsNotFound:
                 return None
             parts.append(msg.data or b"")
@@ -235,11 +223,9 @@ class Objects:
     async def names(self, prefix: str) -> list[str]:
         """The names of the objects (not deleted) starting with ``prefix``, sorted."""
         await self._thread.connection()
-        store = ObjectStore(name=self.bucket, stream=self._stream, js=self._thread.js)
         try:
             async with asyncio.timeout(self._thread.api_s * 2):
-                with mapped_nats_errors():
-                    infos = await store.list(ignore_deletes=True)
+                infos = await self._thread.transport.object_infos(self.bucket)
         except NatsNotFound:
             return []
         return sorted({info.name for info in infos if not info.deleted and info.name.startswith(prefix)})
@@ -249,7 +235,6 @@ class Objects:
         self._fence()
         await self._thread.connection()
         try:
-            with mapped_nats_errors():
-                await ObjectStore(name=self.bucket, stream=self._stream, js=self._thread.js).delete(name)
+            await self._thread.transport.delete_object(self.bucket, name)
         except NatsNotFound:
             pass

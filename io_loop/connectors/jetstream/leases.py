@@ -1,6 +1,6 @@
 """Leases: the partition leases of a checkpoint store, one KV key per partition in a lease
-bucket, taken, renewed, fenced and released on the store's loop (io_loop/nats/storethread.py);
-io_loop/nats/natsstore.py's blocking methods call them.
+bucket, taken, renewed, fenced and released on the store's loop (io_loop/connectors/jetstream/storethread.py);
+io_loop/connectors/jetstream/store.py's blocking methods call them.
 
 Rules:
 - Everything here runs on the store's loop, but ``holds``, ``lost`` (a ``threading.Event``) and
@@ -23,14 +23,14 @@ Rules:
   its leases over at once (meant for a restart after a kill), and the first finds out at its
   next renewal, within lease/3.
 - Renewing: every ``lease/3`` each key is written again at its revision (``update(last=)``), and
-  the round's other parts run (``RoundPart``: the deployment record, io_loop/nats/deployment.py).
+  the round's other parts run (``RoundPart``: the deployment record, io_loop/connectors/jetstream/deployment.py).
   A renewal counts from the moment it was sent, so we consider a lease expired no later than the
   server does (its TTL runs from when it stored the value), and no later than a claimant's
   deadline. A revision conflict (someone else wrote the key) or no successful renewal for a
   lease: the key is lost — ``lost`` is set, an error logged, never an exception to anyone.
   (Here "a lease" is ``min(lease_s, TTL)``.)
 - Fencing: ``fence`` raises ``LeaseLost`` once a lease is lost or has run out unrenewed; the
-  objects call it just before an object is committed (io_loop/nats/objects.py), so an instance that
+  objects call it just before an object is committed (io_loop/connectors/jetstream/objects.py), so an instance that
   lost its partitions never writes or prunes their checkpoints. The last check and the meta's
   publication are not one atomic step: a meta sent in the instant the lease runs out is stored.
   That window is one publish long, and a new owner takes a key only once the server has let it
@@ -38,7 +38,7 @@ Rules:
 - Fencing the replies: ``holds()`` (any thread, no I/O) is False once a lease is lost or its
   last acknowledged renewal is a lease old, whether or not the renewer has noticed yet (a
   process paused by SIGSTOP wakes with every thread at once). The IO side asks it before it
-  publishes each item of replies (io_loop/sources/jspublish.py) and drops what it may not publish, so a
+  publishes each item of replies (io_loop/connectors/jetstream/replies.py) and drops what it may not publish, so a
   zombie never publishes what it held: the partitions' new owner answers those from its
   checkpoint. The window between the check and the publication is one item long, as above.
 - ``release`` deletes each key still ours, only at our revision (``delete(last=)``), so a key
@@ -53,15 +53,25 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
+from forkless.io_loop.connectors.jetstream.storethread import (
+    NAME_IN_USE,
+    TAKE_ATTEMPTS,
+    StoreThread,
+    each,
+    sleep_or_stop,
+)
+from forkless.io_loop.connectors.jetstream.transport import (
+    KeyValue,
+    NatsError,
+    NatsNotFound,
+    NatsWrongLast,
+    Transport,
+)
+from forkless.io_loop.connectors.jetstream.transport import NatsConnectFailed as _Failed
+from forkless.io_loop.connectors.jetstream.transport import describe_error as _describe
 from forkless.io_loop.errors import LeaseHeld, LeaseLost, StoreError
-from forkless.io_loop.nats.natsconn import NatsConnectFailed as _Failed
-from forkless.io_loop.nats.natsconn import NatsError, NatsNotFound, NatsWrongLast, mapped_nats_errors
-from forkless.io_loop.nats.natsconn import describe_error as _describe
-from forkless.io_loop.nats.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread, each, sleep_or_stop
-from nats.js import api
-from nats.js.kv import KeyValue
 
 __all__ = ["Leases", "RoundPart"]
 
@@ -140,8 +150,7 @@ class Leases:
     @property
     def kv(self) -> KeyValue:
         """The lease bucket over the connection now."""
-        return KeyValue(name=self.bucket, stream=f"KV_{self.bucket}", pre=f"$KV.{self.bucket}.",
-                        js=self._thread.js, direct=self._kv_direct)
+        return self._thread.transport.key_value(self.bucket, direct=self._kv_direct)
 
     def holds(self) -> bool:
         """Whether every lease of ours is still held by time: none lost, and the earliest renewal
@@ -156,22 +165,18 @@ class Leases:
 
     # ---- the bucket ------------------------------------------------------------------------------------
 
-    async def open_bucket(self, js: Any) -> str:
+    async def open_bucket(self, transport: Transport) -> str:
         """Make the lease bucket where missing; read its TTL. Returns what it opened, for the log."""
         try:
-            with mapped_nats_errors():
-                info = await js.stream_info(f"KV_{self.bucket}")
+            info = await transport.stream_info(f"KV_{self.bucket}")
         except NatsNotFound:
             try:
-                with mapped_nats_errors():
-                    await js.create_key_value(api.KeyValueConfig(
-                        bucket=self.bucket, history=1, ttl=self.lease_s,
-                        description="forkless partition leases (io_loop/nats/natsstore.py)"))
+                await transport.create_key_value(self.bucket, history=1, ttl_s=self.lease_s,
+                                                 description="forkless partition leases (the JetStream connector)")
             except NatsError as exc:
                 if exc.code != 400 or exc.err_code != NAME_IN_USE:  # made by another instance at the same moment
                     raise
-            with mapped_nats_errors():
-                info = await js.stream_info(f"KV_{self.bucket}")
+            info = await transport.stream_info(f"KV_{self.bucket}")
         if not info.config.max_msgs_per_subject or info.config.max_msgs_per_subject < 1:
             raise _Failed(f"stream KV_{self.bucket} is not a KV bucket: choose another lease bucket", fatal=True)
         ttl = info.config.max_age or 0.0
@@ -221,8 +226,7 @@ class Leases:
         for _ in range(TAKE_ATTEMPTS):
             sent = time.monotonic()
             try:
-                with mapped_nats_errors():
-                    revision = await kv.create(key, self._holder_bytes)
+                revision = await kv.create(key, self._holder_bytes)
                 self._took(key, revision, sent, took)
                 return None
             except NatsNotFound:
@@ -230,8 +234,7 @@ class Leases:
             except NatsWrongLast:
                 pass
             try:
-                with mapped_nats_errors():
-                    entry = await kv.get(key)
+                entry = await kv.get(key)
             except NatsNotFound:
                 continue  # expired or deleted meanwhile
             holder = (entry.value or b"").decode(errors="replace")
@@ -239,8 +242,7 @@ class Leases:
                 return holder, entry.revision
             sent = time.monotonic()
             try:
-                with mapped_nats_errors():
-                    revision = await kv.update(key, self._holder_bytes, last=entry.revision)
+                revision = await kv.update(key, self._holder_bytes, last=entry.revision)
             except NatsWrongLast:
                 continue
             self._took(key, revision, sent, took)
@@ -310,8 +312,7 @@ class Leases:
     async def _look(self, kv: KeyValue, key: str, held: dict[str, list]) -> str:
         """A waited-for key: "free" (no value), "alive" (written since: ``held`` updated) or "same"."""
         try:
-            with mapped_nats_errors():
-                entry = await kv.get(key)
+            entry = await kv.get(key)
         except NatsNotFound:
             return "free"
         if entry.revision != held[key][1]:
@@ -323,8 +324,7 @@ class Leases:
         """Take a key at the revision seen at the start: False if someone wrote it since."""
         sent = time.monotonic()
         try:
-            with mapped_nats_errors():
-                new = await kv.update(key, self._holder_bytes, last=held[key][1])
+            new = await kv.update(key, self._holder_bytes, last=held[key][1])
         except NatsWrongLast:
             return False
         self._took(key, new, sent, took)
@@ -348,8 +348,7 @@ class Leases:
                     await self._thread.connection()
                     await each(self._renew, list(self._held))
                     if self.part is not None:
-                        with mapped_nats_errors():
-                            await self.part.keep()
+                        await self.part.keep()
             except (TimeoutError, StoreError, NatsError) as exc:
                 self._renew_error = _describe(exc)
             except Exception as exc:  # a renewal must never end the loop silently
@@ -371,12 +370,10 @@ class Leases:
             return
         sent = time.monotonic()
         try:
-            with mapped_nats_errors():
-                new = await self.kv.update(key, self._holder_bytes, last=revision)
+            new = await self.kv.update(key, self._holder_bytes, last=revision)
         except NatsWrongLast:
             try:
-                with mapped_nats_errors():
-                    entry = await self.kv.get(key)
+                entry = await self.kv.get(key)
                 now = f"now held by {(entry.value or b'').decode(errors='replace')!r}"
             except NatsError:
                 now = "now deleted or expired"
@@ -449,8 +446,7 @@ class Leases:
 
         async def delete(key: str) -> None:
             try:
-                with mapped_nats_errors():
-                    await self.kv.delete(key, last=revisions[key])
+                await self.kv.delete(key, last=revisions[key])
             except NatsWrongLast:
                 pass  # someone else wrote it since: not ours to delete
             except NatsError:

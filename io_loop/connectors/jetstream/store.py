@@ -3,9 +3,10 @@ blocking API for ordinary threads (the main thread at start, the checkpoint writ
 
 Rules:
 - The store is three parts, composed here: its own thread, asyncio loop and NATS connection
-  (io_loop/nats/storethread.py: connecting, reconnecting on demand, the calls onto the loop), the
-  partition leases and their renewal (io_loop/nats/leases.py, with the deployment record beside them:
-  io_loop/nats/deployment.py) and the checkpoint objects (io_loop/nats/objects.py: their layout, atomicity
+  (io_loop/connectors/jetstream/storethread.py: connecting, reconnecting on demand, the calls onto the loop), the
+  partition leases and their renewal (io_loop/connectors/jetstream/leases.py, with the deployment record beside them:
+  io_loop/connectors/jetstream/deployment.py) and the checkpoint objects (io_loop/connectors/jetstream/objects.py:
+  their layout, atomicity
   and integrity). Each states its own rules.
 - Every public method blocks until its work on the store's loop is done and may be called from
   any thread but the store's own (there it raises RuntimeError: it would wait for itself).
@@ -19,7 +20,7 @@ Rules:
   that call took.
 - Fencing: ``put`` and ``delete`` raise ``LeaseLost`` once a lease is lost or has run out
   unrenewed (checked on the caller's side here and again on the loop just before the object is
-  committed: io_loop/nats/objects.py), so an instance that lost its partitions never writes or prunes
+  committed: io_loop/connectors/jetstream/objects.py), so an instance that lost its partitions never writes or prunes
   their checkpoints.
 """
 
@@ -30,11 +31,12 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from forkless.io_loop.connectors.jetstream.deployment import DeploymentRecord
+from forkless.io_loop.connectors.jetstream.leases import Leases
+from forkless.io_loop.connectors.jetstream.objects import Objects
+from forkless.io_loop.connectors.jetstream.storethread import StoreThread
+from forkless.io_loop.connectors.jetstream.transport import Transport
 from forkless.io_loop.errors import LeaseLost
-from forkless.io_loop.nats.deployment import DeploymentRecord
-from forkless.io_loop.nats.leases import Leases
-from forkless.io_loop.nats.objects import Objects
-from forkless.io_loop.nats.storethread import StoreThread
 from forkless.io_loop.settings import FeedSpec, ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["NatsStore"]
@@ -97,10 +99,10 @@ class NatsStore:
         attempts; then the store is closed."""
         self._thread.start(stop, self._open_buckets)
 
-    async def _open_buckets(self, js: Any) -> str:
-        opened = await self._leases.open_bucket(js)
+    async def _open_buckets(self, transport: Transport) -> str:
+        opened = await self._leases.open_bucket(transport)
         if self._objects is not None:
-            opened += ", " + await self._objects.open_bucket(js)
+            opened += ", " + await self._objects.open_bucket(transport)
         return opened
 
     def close(self) -> None:
@@ -111,7 +113,7 @@ class NatsStore:
     # ---- leases ------------------------------------------------------------------------------------------
 
     def acquire(self, keys: Sequence[str], stop: threading.Event | None = None) -> None:
-        """Take the lease of every key (io_loop/nats/leases.py's rules); renewed from now on until
+        """Take the lease of every key (io_loop/connectors/jetstream/leases.py's rules); renewed from now on until
         ``release``. Raises ``LeaseHeld`` (a live instance holds some: none of this call's keys
         kept), ``LeaseLost`` (a lease of ours was lost before), ``StoreError``, and
         ``StopRequested`` once ``stop`` is set while it waits for a holder (none of this call's

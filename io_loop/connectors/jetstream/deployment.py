@@ -1,5 +1,5 @@
 """DeploymentRecord: the layout a partitioned stream's live instances run with, one more KV key
-beside their leases (io_loop/nats/leases.py), claimed after the leases and kept with every renewal
+beside their leases (io_loop/connectors/jetstream/leases.py), claimed after the leases and kept with every renewal
 round, on the store's loop.
 
 Rules:
@@ -24,11 +24,11 @@ import threading
 import time
 from typing import Any
 
+from forkless.io_loop.connectors.jetstream.leases import POLLS_PER_LEASE, RENEWS_PER_LEASE, Leases
+from forkless.io_loop.connectors.jetstream.partitions import format_partitions
+from forkless.io_loop.connectors.jetstream.storethread import StoreThread, each, sleep_or_stop
+from forkless.io_loop.connectors.jetstream.transport import NatsError, NatsNotFound
 from forkless.io_loop.errors import DeploymentMismatch, StoreError
-from forkless.io_loop.nats.leases import POLLS_PER_LEASE, RENEWS_PER_LEASE, Leases
-from forkless.io_loop.nats.natsconn import NatsError, NatsNotFound, mapped_nats_errors
-from forkless.io_loop.nats.storethread import StoreThread, each, sleep_or_stop
-from forkless.io_loop.sources.partitions import format_partitions
 
 __all__ = ["DeploymentRecord"]
 
@@ -81,8 +81,7 @@ class DeploymentRecord:
             await self._thread.connection()
             kv = leases.kv  # over the connection of the moment: the server may have restarted during the wait
             try:
-                with mapped_nats_errors():
-                    entry = await kv.get(key)
+                entry = await kv.get(key)
             except NatsNotFound:
                 entry = None
             if entry is None or entry.value is None:
@@ -121,8 +120,7 @@ class DeploymentRecord:
 
         async def free(peer: str) -> bool:
             try:
-                with mapped_nats_errors():
-                    entry = await leases.kv.get(peer)
+                entry = await leases.kv.get(peer)
             except NatsNotFound:
                 return True
             return entry.value is None or not entry.value
@@ -152,8 +150,7 @@ class DeploymentRecord:
 
         async def held(peer: str) -> bool:
             try:
-                with mapped_nats_errors():
-                    entry = await leases.kv.get(peer)
+                entry = await leases.kv.get(peer)
             except NatsNotFound:
                 return False
             return bool(entry.value)
@@ -161,7 +158,6 @@ class DeploymentRecord:
         try:
             await self._thread.connection()
             if not any(await each(held, list(self.peers))):
-                with mapped_nats_errors():
-                    await leases.kv.delete(self.key)
+                await leases.kv.delete(self.key)
         except (StoreError, NatsError):
             pass  # it expires by itself within the TTL

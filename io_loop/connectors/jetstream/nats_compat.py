@@ -15,7 +15,7 @@ Rules:
   (HPUB, the client protocol's own format) in one piece: one buffer for a batch of replies
   instead of one command built per ``publish``. When nats-py's outgoing buffer is empty it is
   written to the transport at once, in the same step as the caller's last check (no await in
-  between): a partitioned feed's lease fence (io_loop/sources/jspublish.py) is then never passed by
+  between): a partitioned feed's lease fence (io_loop/connectors/jetstream/replies.py) is then never passed by
   bytes that wait in the process for a later loop turn, so a process paused (SIGSTOP) after the
   check has handed them to the kernel already, which sends them while it is paused. Otherwise it
   is appended behind what is queued (the order kept), for nats-py's flusher task. It makes the

@@ -8,7 +8,7 @@ Rules:
   a problem; so is a partitioned feed's checkpoint or lease bucket that does not exist yet (the
   first start makes it).
 - A partitioned feed's stream must partition as the feed expects: ``check_partitions``, which the
-  feed itself (io_loop/sources/jetstream.py) applies at every connection too.
+  feed itself (io_loop/connectors/jetstream/source.py) applies at every connection too.
 - Secrets (the URL's user:password, ``token``, the creds file's content) are never shown.
 """
 
@@ -17,19 +17,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from forkless.io_loop.nats.natsconn import (
+from forkless.io_loop.connectors.jetstream.partitions import format_partitions, partition_transform, transform_problems
+from forkless.io_loop.connectors.jetstream.transport import (
     NatsConnectFailed,
     NatsError,
     NatsNotFound,
     NatsUnavailable,
-    close_quietly,
-    connect_once,
+    Transport,
     connect_options,
     describe_error,
-    mapped_nats_errors,
 )
 from forkless.io_loop.settings import FeedSpec, JetStreamSpec, PartitionSettings, Timeouts, TlsSettings
-from forkless.io_loop.sources.partitions import format_partitions, partition_transform, transform_problems
 
 __all__ = ["check_partitions", "probe_jetstream"]
 
@@ -50,7 +48,7 @@ async def probe_jetstream(feed: FeedSpec, say: Any, dedupe_window_s: float, time
 
     t0 = loop.time()
     try:
-        nc = await connect_once(timeouts, connect_options(feed, timeouts, tls, error_cb=on_error))
+        nc = await Transport.connect(timeouts, connect_options(feed, timeouts, tls, error_cb=on_error))
     except NatsConnectFailed as exc:
         if exc.fatal:
             return [f"{feed.shown_url} refused the credentials (the user:password in \"nats\", \"token\" or "
@@ -59,28 +57,25 @@ async def probe_jetstream(feed: FeedSpec, say: Any, dedupe_window_s: float, time
     problems: list[str] = []
     try:
         say(f"  connected to {feed.shown_url} in {(loop.time() - t0) * 1000:.1f} ms "
-            f"(nats-server {nc.connected_server_version})")
-        jsm = nc.jsm(timeout=timeouts.connect_timeout_s)
-        with mapped_nats_errors():
-            if not await _probe_stream(feed, jsm, say, problems):
-                return problems
-            await _probe_results(feed.jetstream, jsm, say, dedupe_window_s, problems)
-            if feed.jetstream.partitioned:
-                await _look_for_buckets(partitioning, jsm, say)
+            f"(nats-server {nc.server_version})")
+        if not await _probe_stream(feed, nc, say, problems):
+            return problems
+        await _probe_results(feed.jetstream, nc, say, dedupe_window_s, problems)
+        if feed.jetstream.partitioned:
+            await _look_for_buckets(partitioning, nc, say)
     except NatsError as exc:
         problems.append(f"asking {feed.shown_url} failed: {exc}")
     finally:
-        await close_quietly(nc, 1.0)
+        await nc.close(1.0)
     return problems
 
 
-async def _probe_stream(feed: FeedSpec, jsm: Any, say: Any, problems: list[str]) -> bool:
+async def _probe_stream(feed: FeedSpec, nc: Transport, say: Any, problems: list[str]) -> bool:
     """The feed's stream: what it holds and, partitioned, its partitioning; False when JetStream
     does not answer at all (nothing more to ask)."""
     spec = feed.jetstream
     try:
-        with mapped_nats_errors():
-            info = await jsm.stream_info(spec.stream)
+        info = await nc.stream_info(spec.stream)
         state = info.state
         consuming = "by partition (below)" if spec.partitioned else repr(spec.subject or "all of it")
         say(f"  stream {spec.stream!r}: {state.messages} messages, sequences {state.first_seq}-{state.last_seq}, "
@@ -97,16 +92,15 @@ async def _probe_stream(feed: FeedSpec, jsm: Any, say: Any, problems: list[str])
     return True
 
 
-async def _probe_results(spec: JetStreamSpec, jsm: Any, say: Any, dedupe_window_s: float,
+async def _probe_results(spec: JetStreamSpec, nc: Transport, say: Any, dedupe_window_s: float,
                          problems: list[str]) -> None:
     """The stream that stores the results subject, and whether its duplicate window covers a restart."""
     if not spec.results:
         say("  no results subject (\"replies\": \"none\")")
         return
     try:
-        with mapped_nats_errors():
-            name = await jsm.find_stream_name_by_subject(spec.results)
-            window = (await jsm.stream_info(name)).config.duplicate_window or 0.0
+        name = await nc.find_stream_name_by_subject(spec.results)
+        window = (await nc.stream_info(name)).config.duplicate_window or 0.0
         say(f"  results subject {spec.results!r}: stored by stream {name!r}, duplicate window {window:g} s")
         if window < dedupe_window_s:
             say(f"  WARNING: the duplicate window of {name!r} ({window:g} s) is shorter than 2 x "
@@ -150,7 +144,7 @@ def check_partitions(spec: JetStreamSpec, config: Any, say: Any) -> list[str]:
     return problems
 
 
-async def _look_for_buckets(partitioning: PartitionSettings, jsm: Any, say: Any) -> None:
+async def _look_for_buckets(partitioning: PartitionSettings, nc: Transport, say: Any) -> None:
     """Say whether a partitioned feed's checkpoint bucket (``FORKLESS_CHECKPOINT_BUCKET``, a JetStream
     object store) and lease bucket (``FORKLESS_LEASE_BUCKET``, a KV bucket) exist; one that does
     not is made at the first start, so it is no problem."""
@@ -161,8 +155,7 @@ async def _look_for_buckets(partitioning: PartitionSettings, jsm: Any, say: Any)
         say('  no FORKLESS_CHECKPOINT_BUCKET: no checkpoints; every start consumes its partitions from "start"')
     for what, name, kind, prefix in buckets:
         try:
-            with mapped_nats_errors():
-                state = (await jsm.stream_info(prefix + name)).state
+            state = (await nc.stream_info(prefix + name)).state
         except NatsNotFound:
             say(f"  {what} {name!r} ({kind}): does not exist yet; the first instance to start creates it")
             continue

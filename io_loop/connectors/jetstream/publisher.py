@@ -26,7 +26,7 @@ Rules:
 - Payload: ``{"seq", "stream", "x"}`` with ``x`` as the codec decoded it (float64 in the relay),
   written with the shortest text that reads back to the same double, so the default codec decodes
   the payload to exactly what it would have decoded from the feed's own frame. The subject is
-  ``<subject>.<escape_stream(stream)>`` (io_loop/sources/partitions.py).
+  ``<subject>.<escape_stream(stream)>`` (io_loop/connectors/jetstream/partitions.py).
 - Gaps: ``SeqGaps`` (pure, io_loop/relay/relaystats.py, with the counters ``RelayStats``) follows each
   feed's ``seq`` (FORKLESS_RELAY_SEQ) and counts the gaps by reason, across a reconnect of the feed
   or within one connection, and the seqs that go back. Each gap is logged here (at most one line
@@ -56,24 +56,21 @@ from typing import Any
 
 import orjson
 from forkless.io_loop.backoff import Backoff
-from forkless.io_loop.errors import FeedFatal
-from forkless.io_loop.nats.natsconn import (
+from forkless.io_loop.connectors.jetstream.partitions import escape_stream
+from forkless.io_loop.connectors.jetstream.transport import (
     NatsConnectFailed,
     NatsError,
     NatsNotFound,
-    close_quietly,
-    connect_once,
+    Transport,
     connect_options,
     describe_error,
     duplicate_ack,
-    mapped_nats_errors,
-    unsubscribe_quietly,
 )
+from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.reconnect import DONE, drive
 from forkless.io_loop.relay.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
 from forkless.io_loop.settings import RelaySettings
 from forkless.io_loop.sinks.sink import EventBatch, MessageBatch, SinkContext
-from forkless.io_loop.sources.partitions import escape_stream
 
 __all__ = ["Publisher"]
 
@@ -221,7 +218,7 @@ class Publisher:
 
     # ---- the connection -----------------------------------------------------------------------------
 
-    async def _connect(self) -> tuple[Any, _Connection]:
+    async def _connect(self) -> tuple[Transport, _Connection]:
         relay = self.relay
         conn = _Connection(self._wake)
         errors: list[str] = []
@@ -235,7 +232,7 @@ class Publisher:
         options = connect_options(relay.target, relay.timeouts, relay.tls, error_cb=on_error, disconnected_cb=on_closed,
                                   closed_cb=on_closed)
         try:
-            nc = await connect_once(relay.timeouts, options)
+            nc = await Transport.connect(relay.timeouts, options)
         except NatsConnectFailed as exc:
             if exc.fatal:
                 raise NatsConnectFailed("the server refused the credentials (check the user:password in "
@@ -244,28 +241,26 @@ class Publisher:
             raise NatsConnectFailed(f"cannot connect: {errors[-1] if errors else exc}") from None
         return nc, conn
 
-    async def _serve(self, nc: Any, conn: _Connection, taker: asyncio.Task) -> str:
+    async def _serve(self, nc: Transport, conn: _Connection, taker: asyncio.Task) -> str:
         """Publish until everything taken is stored and inbound is done (returns ""), or until the
         connection fails (returns why; the messages in flight wait to be published again)."""
         await self._connected(nc)
         prefix = nc.new_inbox() + "."
         try:
-            with mapped_nats_errors():
-                sub = await nc.subscribe(prefix + "*", cb=self._on_ack(conn, len(prefix)))
+            sub = await nc.subscribe_messages(prefix + "*", self._on_ack(conn, len(prefix)))
         except NatsError as exc:
             await self._end(nc, conn)
             return f"subscribing to the acknowledgements failed: {exc}"
         try:
-            with mapped_nats_errors():
-                return await self._publish(nc, conn, prefix, taker)
+            return await self._publish(nc, conn, prefix, taker)
         except NatsError as exc:
             return f"publishing failed: {exc}"
         finally:
             self._requeue_in_flight()
-            await unsubscribe_quietly(sub)
+            await sub.unsubscribe()
             await self._end(nc, conn)
 
-    async def _connected(self, nc: Any) -> None:
+    async def _connected(self, nc: Transport) -> None:
         """A new connection counted and logged; before this run's first publication, the last
         message the stream holds looked up (the start against the stream)."""
         stats = self.stats
@@ -306,7 +301,7 @@ class Publisher:
 
         return on_ack
 
-    async def _publish(self, nc: Any, conn: _Connection, prefix: str, taker: asyncio.Task) -> str:
+    async def _publish(self, nc: Transport, conn: _Connection, prefix: str, taker: asyncio.Task) -> str:
         """Publish what waits and wait for the acks, until everything taken is stored and inbound is
         done (returns "") or ``conn`` fails: its callbacks say why, or no ack came for
         FORKLESS_CONNECT_TIMEOUT_S while some were awaited."""
@@ -337,7 +332,7 @@ class Publisher:
             except TimeoutError:
                 pass
 
-    async def _publish_waiting(self, nc: Any, conn: _Connection, prefix: str) -> None:
+    async def _publish_waiting(self, nc: Transport, conn: _Connection, prefix: str) -> None:
         """Publish the waiting messages in order while fewer than ``max_in_flight`` are in flight and
         ``conn`` has not failed, each with its id and its ack's subject ``<prefix><n>``."""
         stats, bound = self.stats, self.relay.max_in_flight
@@ -361,27 +356,24 @@ class Publisher:
             self._waiting.extendleft(sorted(in_flight.values(), key=lambda m: m.n, reverse=True))
             in_flight.clear()
 
-    async def _end(self, nc: Any, conn: _Connection) -> None:
+    async def _end(self, nc: Transport, conn: _Connection) -> None:
         conn.failure = conn.failure or "closed"  # its callbacks (the close's own) change nothing now
-        await close_quietly(nc, GIVE_UP_CLOSE_S)
+        await nc.close(GIVE_UP_CLOSE_S)
         self.stats.connected = False
         self.stats.state_since = time.time()
 
     # ---- gaps ------------------------------------------------------------------------------------------
 
-    async def _look_up_last_stored(self, nc: Any) -> None:
+    async def _look_up_last_stored(self, nc: Transport) -> None:
         """Before this run's first publication: the seq in the last message the stream holds
         under ``<subject>.>`` (what an earlier relay stored last). Looked up once; a failure is
         logged, not retried (it is a report, not a condition of the run)."""
         subject = f"{self.relay.subject}.>"
         try:
             async with asyncio.timeout(self.relay.timeouts.connect_timeout_s):
-                jsm = nc.jetstream()
-                with mapped_nats_errors():
-                    self._stream_name = await jsm.find_stream_name_by_subject(subject)
+                self._stream_name = await nc.find_stream_name_by_subject(subject)
                 try:
-                    with mapped_nats_errors():
-                        msg = await jsm.get_last_msg(self._stream_name, subject)
+                    msg = await nc.get_last_msg(self._stream_name, subject)
                 except NatsNotFound:
                     self._last_stored = "none"
                 else:

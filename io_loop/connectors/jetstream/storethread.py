@@ -1,5 +1,5 @@
 """StoreThread: the checkpoint store's own thread, asyncio loop and NATS connection
-(io_loop/nats/natsstore.py composes it with the leases and the objects).
+(io_loop/connectors/jetstream/store.py composes it with the leases and the objects).
 
 Rules:
 - One NATS connection, on a daemon thread of its own ("forkless-store") running its own asyncio
@@ -7,7 +7,7 @@ Rules:
   MB never delays the feeds, and a busy IO loop never delays a renewal. ``call`` runs a coroutine
   there and blocks until it is done; it may be called from any thread but the store's own (there
   it raises RuntimeError: it would wait for itself). The connection is touched on the loop only.
-- Connecting: the feed's servers, credentials and TLS (``natsconn.connect_options``). ``start``
+- Connecting: the feed's servers, credentials and TLS (the transport's ``connect_options``). ``start``
   retries with ``Backoff`` per ``FORKLESS_RECONNECT_*``; tries used up, or the credentials
   refused: ``FeedFatal``. A connection lost later is made again on demand (``connection``), one
   attempt by the operation that needs it: that operation fails with ``StoreError`` if the
@@ -15,9 +15,9 @@ Rules:
   error callback (which logs) is replaced.
 - The buckets are opened once connected, by the caller's ``open_buckets`` (the leases' and the
   objects'); what nats-py raises there becomes one attempt's failure, retried like a connection.
-- nats-py's exceptions are mapped to ours (``natsconn.mapped_nats_errors``) around every
-  coroutine ``call`` runs, so a failure the leases, objects or deployment record do not handle
-  themselves reaches the caller as one ``StoreError`` naming it; they catch ours, never nats-py's.
+- The connection is a ``Transport`` (io_loop/connectors/jetstream/transport.py), whose calls raise ours: a
+  failure the leases, objects or deployment record do not handle themselves reaches the caller of ``call`` as one
+  ``StoreError`` naming it.
 - A wait is never deaf to a stop: ``start`` takes the caller's stop (a ``threading.Event``, set
   by its signal handler) and looks at it every ``STOP_POLL_S`` between attempts
   (``sleep_or_stop``, which the leases' waits use too); once it is set: ``StopRequested``.
@@ -34,18 +34,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.connectors.jetstream.transport import NatsConnectFailed as _Failed
+from forkless.io_loop.connectors.jetstream.transport import NatsError, NatsUnavailable, Transport, connect_options
+from forkless.io_loop.connectors.jetstream.transport import describe_error as _describe
 from forkless.io_loop.errors import FeedFatal, StopRequested, StoreError
 from forkless.io_loop.loopthread import LoopThread
-from forkless.io_loop.nats.natsconn import NatsConnectFailed as _Failed
-from forkless.io_loop.nats.natsconn import (
-    NatsError,
-    NatsUnavailable,
-    close_quietly,
-    connect_once,
-    connect_options,
-    mapped_nats_errors,
-)
-from forkless.io_loop.nats.natsconn import describe_error as _describe
 from forkless.io_loop.settings import FeedSpec, ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["StoreThread", "each", "sleep_or_stop"]
@@ -72,12 +65,6 @@ async def sleep_or_stop(seconds: float, stop: threading.Event | None) -> None:
         if left <= 0:
             return
         await asyncio.sleep(min(left, STOP_POLL_S) if stop is not None else left)
-
-
-async def _mapped(coro: Coroutine[Any, Any, T]) -> T:
-    """``coro``, nats-py's exceptions raised as ours (``StoreThread.call``'s edge)."""
-    with mapped_nats_errors():
-        return await coro
 
 
 async def each(fn: Callable[[str], Awaitable[T]], items: Iterable[str]) -> list[T]:
@@ -112,8 +99,7 @@ class StoreThread:
         self._runner: LoopThread | None = None  # the thread and its loop (io_loop/loopthread.py)
         self.closed = False
         # ---- the store's loop only ----
-        self._nc: Any = None
-        self.js: Any = None  # the connection's JetStream context (a new one with each connection)
+        self._nc: Transport | None = None  # the connection (a new one with each connection)
         self._connecting: asyncio.Lock | None = None
         self.nats_error = ""  # what nats-py's error callback said last
 
@@ -128,8 +114,8 @@ class StoreThread:
 
     # ---- the thread and the calls onto it --------------------------------------------------------------
 
-    def start(self, stop: threading.Event | None, open_buckets: Callable[[Any], Awaitable[str]]) -> None:
-        """Start the thread, connect (retrying) and ``open_buckets(js)`` (what it returns is
+    def start(self, stop: threading.Event | None, open_buckets: Callable[[Transport], Awaitable[str]]) -> None:
+        """Start the thread, connect (retrying) and ``open_buckets(transport)`` (what it returns is
         logged). Raises ``FeedFatal`` when the server cannot be used, ``StopRequested`` once
         ``stop`` is set between two attempts; then the thread is ended."""
         with self._guard:
@@ -184,7 +170,7 @@ class StoreThread:
         if threading.current_thread() is runner.thread:
             coro.close()
             raise RuntimeError("a NatsStore method was called on the store's own thread: it would wait for itself")
-        future = runner.submit(_mapped(coro))
+        future = runner.submit(coro)
         try:
             return future.result(timeout)
         except concurrent.futures.CancelledError:
@@ -197,7 +183,7 @@ class StoreThread:
 
     # ---- connecting (the store's loop) ---------------------------------------------------------------
 
-    async def _start(self, stop: threading.Event | None, open_buckets: Callable[[Any], Awaitable[str]]) -> None:
+    async def _start(self, stop: threading.Event | None, open_buckets: Callable[[Transport], Awaitable[str]]) -> None:
         self._connecting = asyncio.Lock()
         backoff = Backoff.of(self.reconnect)
         while True:
@@ -217,11 +203,10 @@ class StoreThread:
                 log.warning("checkpoint store on %s: %s; retrying in %.2fs", self.shown, exc, delay)
                 await sleep_or_stop(delay, stop)
 
-    async def _open(self, open_buckets: Callable[[Any], Awaitable[str]]) -> str:
-        """``open_buckets(js)``, nats-py's errors raised as ``_Failed``."""
+    async def _open(self, open_buckets: Callable[[Transport], Awaitable[str]]) -> str:
+        """``open_buckets(transport)``, its errors raised as ``_Failed``."""
         try:
-            with mapped_nats_errors():
-                return await open_buckets(self.js)
+            return await open_buckets(self.transport)
         except NatsUnavailable:
             raise _Failed("JetStream does not answer (not enabled: nats-server -js; or starting)") from None
         except NatsError as exc:
@@ -242,19 +227,25 @@ class StoreThread:
         options["name"] = f"forkless-store-{self.feed.name}"
         self.nats_error = ""
         try:
-            nc = await connect_once(self.timeouts, options)
+            nc = await Transport.connect(self.timeouts, options, api_s=self.api_s)
         except _Failed as exc:
             if exc.fatal:
                 raise _Failed(f"the server refused the credentials (check the user:password in \"nats\", \"token\" "
                               f"or \"creds\" of {self.feed.label})", fatal=True) from None
             raise _Failed(f"cannot connect: {self.nats_error or exc}") from None
         self._nc = nc
-        self.js = nc.jetstream(timeout=self.api_s)
 
     async def _drop_connection(self) -> None:
         nc, self._nc = self._nc, None
         if nc is not None:
-            await close_quietly(nc, CLOSE_S)
+            await nc.close(CLOSE_S)
+
+    @property
+    def transport(self) -> Transport:
+        """The connection of the moment (the store's loop only; after ``connection()``)."""
+        if self._nc is None:
+            raise StoreError(f"the checkpoint store on {self.shown} is not connected")
+        return self._nc
 
     async def connection(self) -> None:
         """Connected, or one attempt to connect again; ``StoreError`` if it fails."""

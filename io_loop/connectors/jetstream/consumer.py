@@ -1,6 +1,6 @@
 """Where a JetStream feed's consuming has reached and what each delivery means, pure: the stream's
 state, reply subjects and subjects in, decisions out (websockets' protocol core is the model). No
-socket, no event loop, no clock: io_loop/sources/jetstream.py is the pump around it, which makes the
+socket, no event loop, no clock: io_loop/connectors/jetstream/source.py is the pump around it, which makes the
 consumers, pulls, decodes, hands over and asks ``Consumer`` at each step.
 
 Rules:
@@ -22,6 +22,18 @@ Rules:
   else ``PositionLost`` (exit 2): retention removed it, or the stream ends before it (made
   again). Retention is judged by what the feed has covered (``SourceStats.covered``, recorded in
   checkpoints), not by its last applied message alone: only a first sequence past that refuses.
+- A first sequence past the position (issue 54, item 11): for a feed of the whole stream (its filter covers every
+  subject the stream stores) retention removed messages of the feed's, and the refusal says so. For a filtered
+  feed the stream does not say of which subjects the removed messages were: the refusal says what is known (the
+  stream holds from its first sequence; retention may have removed messages of the filter) and the fixes
+  (per-subject limits, a longer retention, ``ACCEPT_LOSS``). Where ``filtered_behind`` says so, the pump may read
+  ``Retention`` and ask again: where the stream removes messages by subject only (``by_subject_only``:
+  limits retention with ``max_msgs_per_subject`` alone, no max_age, no per-message TTL, max_msgs/max_bytes
+  unlimited or discarding new ones), a subject's messages go only for newer ones of the same subject, so a subject
+  of the feed's holding fewer than the limit lost none (``counts``): when none holds its limit the feed resumes at
+  its position (a warning says why); a subject at its limit may have lost messages past the position, and the
+  refusal names it (from its first sequence, ``first_of``). Messages of the feed's deleted or purged by hand are
+  not told apart from none.
 - Covered (issue 43): every message of the feed's subjects up to a sequence is handed over.
   Learned by a probe while connected (``probed``): the stream's last sequence read, then the
   consumer's state (nothing pending, every delivery it made handed over), then the stream's
@@ -49,21 +61,20 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from forkless.io_loop.connectors.jetstream.partitions import escape_stream, partition_of
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import PositionUnknown, Resume
-from forkless.io_loop.errors import PositionLost
+from forkless.io_loop.errors import ACCEPT_LOSS, PositionLost
 from forkless.io_loop.settings import JetStreamSpec
-from forkless.io_loop.sources.partitions import escape_stream, partition_of
 
-__all__ = ["FOREIGN_REASON", "SKIP", "Consumer", "Drop", "Take", "delivery_numbers"]
+__all__ = ["FOREIGN_REASON", "SKIP", "Consumer", "Drop", "Retention", "Take", "covers", "delivery_numbers"]
 
 FOREIGN_REASON = "stream not in this subject's partition"
 PARTITION_CACHE = 1 << 20  # streams whose partition is remembered (the cache is emptied when full)
-ACCEPT_LOSS = ("start with FORKLESS_CHECKPOINT_RESTORE=never to accept the loss (the state starts empty and "
-               "the feed at its \"start\")")
 
 
 def delivery_numbers(reply: bytes) -> tuple[int, int, int, int] | None:
@@ -105,6 +116,32 @@ class Drop:
     """The connection must be dropped (the next consumer starts at the position again): ``reason``."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What the stream says of what its retention may have removed (read by the pump where ``filtered_behind``):
+    ``subjects``, those it stores (its configuration's; empty: not known, such as a mirror's); ``by_subject_only``:
+    nothing but ``max_msgs_per_subject`` removes messages (see the module rules); ``per_subject``, that limit (0:
+    none removes); ``counts``, the messages each of the feed's subjects holds now (None: not read); ``first_of``,
+    the first sequence some subjects at their limit hold."""
+
+    subjects: tuple[str, ...] = ()
+    by_subject_only: bool = False
+    per_subject: int = 0
+    counts: Mapping[str, int] | None = None
+    first_of: Mapping[str, int] = field(default_factory=dict)
+
+
+def covers(pattern: str, subject: str) -> bool:
+    """Every subject ``subject`` (a NATS subject, wildcards allowed) matches is matched by ``pattern``."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or have[i] == ">" or (token != "*" and (token != have[i] or have[i] == "*")):
+            return False
+    return len(want) == len(have)
 
 
 class _Skip:
@@ -152,10 +189,12 @@ class Consumer:
 
     # ---- at a connection ------------------------------------------------------------------------
 
-    def check_stream(self, first: int, last: int, deleted: int = 0) -> list[tuple[int, str]]:
+    def check_stream(self, first: int, last: int, deleted: int = 0,
+                     retention: Retention | None = None) -> list[tuple[int, str]]:
         """Where consuming starts, from the stream's first and last sequence and its count of
         messages removed from its middle (``deleted``); ``PositionLost`` when the stream cannot
-        give what the position needs. Returns what to log: (logging level, line)."""
+        give what the position needs (where ``filtered_behind`` then says ``retention`` could tell more, called
+        again with it, the same check). Returns what to log: (logging level, line)."""
         source = self.source
         notes = []
         if self.unknown and self.next is None:
@@ -173,14 +212,15 @@ class Consumer:
             source.next_seq = self.next[0]
             return [*notes, (logging.INFO, f"{self.label}: no recorded position; starting at stream sequence "
                                            f"{self.next[0]} (\"start\": {self.spec.start!r})")]
-        self._check_held(first, last)
+        notes += self._check_held(first, last, retention)
         need, skip = self.next
         whose = "the checkpoint" if self.from_checkpoint else "this run"
         return [*notes, (logging.INFO, f"{self.label}: resuming at stream sequence {need}"
                                        f"{f', after its first {skip} elements' if skip else ''} ({whose}'s position)")]
 
-    def _check_held(self, first: int, last: int) -> None:
-        """``PositionLost`` when the stream no longer holds what the position needs, or ends before it."""
+    def _check_held(self, first: int, last: int, retention: Retention | None) -> list[tuple[int, str]]:
+        """``PositionLost`` when the stream no longer holds what the position needs, or ends before it; what to
+        log where the stream's retention proves the feed lost nothing past its first sequence."""
         need, skip = self.next
         applied = need if skip else need - 1
         whose = "the checkpoint" if self.from_checkpoint else "this run"
@@ -190,16 +230,66 @@ class Consumer:
                 f"{self.label}: stream {stream!r} ends at sequence {last}, but {whose} recorded "
                 f"{applied} as the last applied: was the stream deleted and made again? To continue anyway, "
                 f"{ACCEPT_LOSS}")
-        # no message of the feed's own subjects is missing up to what it covered (a probe proved every
-        # one of them up to there handed over: other subjects' messages there are not ours)
-        covered = self.source.covered[1] if self.source.covered[0] == need - 1 and not skip else 0
-        if first > max(need, covered + 1) and need <= last:
-            beyond = f", and none of its subjects' up to {covered}" if covered >= need else ""
+        covered = self._covered()
+        if not self._behind(first, last):
+            return []
+        beyond = f", and none of its subjects' up to {covered}" if covered >= need else ""
+        known = (f"its first sequence is {first}, {whose} recorded {applied} as the last applied (the next needed is "
+                 f"{need}{beyond})")
+        subjects = self.spec.subjects()
+        if not subjects or (retention is not None and retention.subjects and all(
+                any(covers(mine, theirs) for mine in subjects) for theirs in retention.subjects)):
+            # every message the stream stores is one of the feed's: those before its first sequence were ours
             raise PositionLost(
-                f"{self.label}: stream {stream!r} no longer holds messages {whose} needs: its first "
-                f"sequence is {first}, {whose} recorded {applied} as the last applied (the next needed is "
-                f"{need}{beyond}); retention removed them. Keep messages longer in the stream (max_age, max_msgs, "
-                f"max_bytes), or {ACCEPT_LOSS}")
+                f"{self.label}: stream {stream!r} no longer holds messages {whose} needs: {known}; retention "
+                f"removed them. Keep messages longer in the stream (max_age, max_msgs, max_bytes), or {ACCEPT_LOSS}")
+        filters = ", ".join(map(repr, subjects))
+        if retention is None or not retention.by_subject_only or retention.counts is None:
+            raise PositionLost(self._may_have_removed(known, filters, first, whose))
+        limit = retention.per_subject
+        full = sorted(subject for subject, held in retention.counts.items() if limit and held >= limit)
+        if full:
+            named = "; ".join(f"subject {subject} holds its limit of {limit} messages (max_msgs_per_subject)"
+                              + (f", from sequence {retention.first_of[subject]}" if subject in retention.first_of
+                                 else "") for subject in full[:3])
+            more = f" (and {len(full) - 3} more subjects)" if len(full) > 3 else ""
+            raise PositionLost(
+                f"{self.label}: stream {stream!r} may no longer hold messages of {filters} that {whose} needs: "
+                f"{known}. It removes messages by subject only, each for newer ones of the same subject, and "
+                f"{named}{more}: its messages after {applied} may have been removed. Raise max_msgs_per_subject "
+                f"(or keep messages longer), or {ACCEPT_LOSS}")
+        why = f"max_msgs_per_subject {limit}" if limit else "no limit removes any"
+        return [(logging.WARNING,
+                 f"{self.label}: stream {stream!r}'s first sequence is {first}, past {whose}'s position ({applied} "
+                 f"the last applied), but it removes messages by subject only ({why}) and no subject of {filters} "
+                 f"holds its limit: retention removed only other subjects' messages (messages of {filters} deleted "
+                 "or purged by hand are not told apart)")]
+
+    def _covered(self) -> int:
+        """How far no message of the feed's own subjects is missing from its position on (a probe proved every one
+        of them up to there handed over: other subjects' messages there are not ours); 0: not known."""
+        need, skip = self.next
+        return self.source.covered[1] if self.source.covered[0] == need - 1 and not skip else 0
+
+    def _behind(self, first: int, last: int) -> bool:
+        """The stream's first sequence is past what the position needs (and what the feed covered)."""
+        need, _ = self.next
+        return first > max(need, self._covered() + 1) and need <= last
+
+    def filtered_behind(self, first: int, last: int) -> bool:
+        """After ``check_stream`` refused: a filtered feed behind the stream's first sequence, whose refusal what
+        the stream says of its retention (``Retention``) may lift or sharpen."""
+        return self.next is not None and bool(self.spec.subjects()) and self._behind(first, last)
+
+    def _may_have_removed(self, known: str, filters: str, first: int, whose: str) -> str:
+        """The refusal of a filtered feed whose stream cannot say of which subjects the removed messages were."""
+        return (f"{self.label}: stream {self.spec.stream!r} may no longer hold messages of {filters} that {whose} "
+                f"needs: {known}. Retention removed every message before sequence {first} and the stream does not "
+                f"say of which subjects they were: messages of other subjects share its limits, so it may have "
+                f"removed messages of {filters}; the stream holds from sequence {first}. To keep a filtered feed's "
+                "messages while other subjects are busy, give the stream per-subject limits (max_msgs_per_subject) "
+                f"instead of stream-wide ones, or keep messages longer (max_age, max_msgs, max_bytes); or "
+                f"{ACCEPT_LOSS}")
 
     def _start_without_position(self, first: int, last: int, deleted: int) -> tuple[int, str]:
         """Every checkpoint was damaged: the position they recorded is unknown. Consuming the

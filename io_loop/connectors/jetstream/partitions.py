@@ -17,6 +17,8 @@ Rules:
   ``transform_problems`` says where it disagrees with a feed's ``partition_count`` and subject
   (``--check``): P must match, it must hash the one wildcard holding the stream's token, and the
   feed's subject must have ``{partition}`` where the destination has the partition.
+- ``Layout``: a partitioned feed's stream, partition count and owned partitions, as the checkpoints'
+  split by partition reads them (io_loop/connectors/connector.py's ``PartitionLayout``).
 - An instance's partitions are given as ranges and lists (``"0-5"``, ``"0,2,7-9"``) or derived
   from ``FORKLESS_INSTANCE``/``FORKLESS_INSTANCES``: instance i of N owns the contiguous share
   ``[i*P//N, (i+1)*P//N)`` (Flink's key-group ranges), so N instances cover 0..P-1 exactly once.
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["PARTITION_FIELD", "PartitionTransform", "escape_stream", "format_partitions", "instance_share",
+__all__ = ["PARTITION_FIELD", "Layout", "PartitionTransform", "escape_stream", "format_partitions", "instance_share",
            "parse_partitions", "partition_of", "partition_subjects", "partition_transform", "partitions_of",
            "transform_problems", "unescape_stream"]
 
@@ -224,7 +226,8 @@ def transform_problems(template: str, count: int, transform: PartitionTransform)
     if len(transform.wildcards) != 1:
         hashed = ", ".join(map(str, transform.wildcards)) or "none"
         problems.append(f"the subject transform {transform} hashes the source's wildcards {hashed}: forkless "
-                        "computes a stream's partition from its name's token alone (io_loop/sources/partitions.py), so "
+                        "computes a stream's partition from its name's token alone "
+                        "(io_loop/connectors/jetstream/partitions.py), so "
                         "the destination must be {{partition(P,n)}} with the one wildcard n holding the stream")
     want = template.split(".")
     have = transform.dest.split(".")
@@ -253,3 +256,20 @@ def _shape_matches(want: list[str], have: list[str]) -> bool:
         if token not in ("*", PARTITION_FIELD) and literal and token != made:
             return False
     return len(want) == len(have)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A partitioned feed's partitions (io_loop/connectors/connector.py's ``PartitionLayout``): its ``stream``,
+    ``count`` partitions, the ``partitions`` this instance owns."""
+
+    stream: str
+    count: int
+    partitions: tuple[int, ...]
+
+    def partition_of_names(self, names: Sequence[str]) -> np.ndarray:
+        """Each stream name's partition, as the server computes it (``partitions_of``)."""
+        return partitions_of(names, self.count)
+
+    def shown(self, partitions: Sequence[int]) -> str:
+        return format_partitions(partitions)

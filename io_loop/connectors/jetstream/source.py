@@ -1,15 +1,15 @@
 """JetStreamSource: one JetStream feed (an entry of ``FORKLESS_FEEDS`` with ``"nats"``) as a
 ``Source`` (io_loop/source.py), run by a ``SourceRunner`` exactly as a user's source and the
 WebSocket feed's are: consume, decode, hand over, publish the replies, reconnect. The I/O pump
-around the pure bookkeeping of io_loop/sources/jsconsumer.py (where consuming has reached, what each
-delivery means); its replies are published by io_loop/sources/jspublish.py. Imported only when such a
+around the pure bookkeeping of io_loop/connectors/jetstream/consumer.py (where consuming has reached, what each
+delivery means); its replies are published by io_loop/connectors/jetstream/replies.py. Imported only when such a
 feed is configured (nats-py is an optional extra).
 
 Rules:
 - Runs on the IO loop only, beside the other feeds (io_loop/feeds.py), through its ``SourceContext``
   alone; it is ``replayable``, so its hand-over always blocks (``FORKLESS_OVERFLOW=drop_oldest``
   does not apply: a dropped message would break the exactly-once state).
-- Where it starts and what each delivery means: ``Consumer`` (io_loop/sources/jsconsumer.py), made at
+- Where it starts and what each delivery means: ``Consumer`` (io_loop/connectors/jetstream/consumer.py), made at
   ``run`` from ``ctx.resume_from``, the restored checkpoint's record for the feed (a ``Resume``
   with the stream's created time, a ``PositionUnknown``, or None). Every connection makes
   a new consumer starting at the position.
@@ -18,7 +18,7 @@ Rules:
   unused). One pull request at a time for ``pull_batch`` messages, with idle heartbeats; the
   next is asked for only once the messages of the last are handed over, so a full inbound
   queue stops fetching, and the server never has more than ``pull_batch`` messages out to us.
-  Deliveries come through a raw subscription (io_loop/nats/nats_compat.py: nats-py's protocol parser
+  Deliveries come through a raw subscription (io_loop/connectors/jetstream/nats_compat.py: nats-py's protocol parser
   hands us the bytes, no ``Msg`` per message); ``Consumer.deliver`` reads their reply subjects.
   A ``Drop`` (a gap, a redelivery of a message never consumed) drops the connection.
 - Acks: the last message of each pull, once every message of it is handed over. They are flow
@@ -32,13 +32,17 @@ Rules:
   i = 0, 1, … in order; the error replies to bad ones are indexed after the good ones
   (deterministic, so a replay makes the same ids). A partitioned feed's elements of another
   partition are error replies (``Consumer.own_partition``).
-- Replies: ``ReplyPublisher`` (io_loop/sources/jspublish.py), the writer of each connection, through the
-  source's ``ctx.replies()``, fenced by a partitioned instance's leases (``fence``).
+- Replies: ``ReplyPublisher`` (io_loop/connectors/jetstream/replies.py), the writer of each connection, through the
+  source's ``ctx.replies()``, fenced by a partitioned instance's leases (``fence``, a ``Fence`` its connector
+  hands it: io_loop/connectors/jetstream/connector.py).
 - Reconnect on any loss (connection, server restart, heartbeats missing, a publish not acknowledged)
   with the WebSocket feeds' ``Backoff`` and reconnect driver (io_loop/reconnect.py); tries used up,
   or the server refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
   against the position (``Consumer.check_stream``: ``PositionLost``, exit 2, when it no longer
-  holds what the position needs). A stream whose created time differs from the one this run
+  holds what the position needs). A filtered feed behind the stream's first sequence (``filtered_behind``) is
+  checked again with what the stream can tell (``Retention``: its limits, and where it removes by subject only,
+  its subjects' counts, read page by page; a failed read fails the attempt, which is tried again). A stream
+  whose created time differs from the one this run
   first connected to (or the restored checkpoint recorded), or that ends before a sequence this
   run saw in it, was made again: ``PositionLost`` too, never resumed into.
 - What the feed covered (issue 43; ``Consumer.probed``): every ``STREAM_INFO_EVERY_S`` the
@@ -49,7 +53,7 @@ Rules:
   messages across reconnects, server restarts and its own restarts.
 - A partitioned feed (``partition_count``, issue 24) consumes its owned partitions' subjects
   with one consumer (``filter_subjects``). At every connection the stream's subject transform
-  is checked against ``partition_count`` and the subject, as ``--check`` does (io_loop/sources/jsprobe.py
+  is checked against ``partition_count`` and the subject, as ``--check`` does (io_loop/connectors/jetstream/probe.py
   ``check_partitions``): a disagreement is ``FeedFatal`` (exit 3), naming both values.
 - Secrets (the URL's user:password, ``token``, the creds file's content) are never logged.
 """
@@ -68,29 +72,25 @@ from typing import Any
 
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.capabilities import SourceCapabilities
-from forkless.io_loop.counters import SourceStats
-from forkless.io_loop.errors import FeedFatal, PositionLost
-from forkless.io_loop.nats.nats_compat import RawClient
-from forkless.io_loop.nats.natsconn import (
+from forkless.io_loop.connectors.connector import Fence
+from forkless.io_loop.connectors.jetstream.consumer import SKIP, Consumer, Drop, Retention, Take
+from forkless.io_loop.connectors.jetstream.probe import check_partitions, probe_jetstream
+from forkless.io_loop.connectors.jetstream.replies import ReplyPublisher
+from forkless.io_loop.connectors.jetstream.transport import (
     NatsConnectFailed,
     NatsError,
     NatsNotFound,
     NatsUnavailable,
-    close_quietly,
-    connect_once,
+    Transport,
     connect_options,
     describe_error,
-    mapped_nats_errors,
-    unsubscribe_quietly,
 )
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.errors import ACCEPT_LOSS, FeedFatal, PositionLost
 from forkless.io_loop.reconnect import drive
 from forkless.io_loop.settings import FeedSpec, PartitionSettings, ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext
 from forkless.io_loop.sources.client import End, Outcome, pause_before_reconnect
-from forkless.io_loop.sources.jsconsumer import ACCEPT_LOSS, SKIP, Consumer, Drop, Take
-from forkless.io_loop.sources.jsprobe import check_partitions, probe_jetstream
-from forkless.io_loop.sources.jspublish import ReplyPublisher
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 __all__ = ["JetStreamSource"]
 
@@ -124,6 +124,23 @@ class _NotDecoded:
 _NOTHING = _NotDecoded([])  # a delivery the state holds: counted as a frame in, nothing handed over
 
 
+def _removes_by_subject_only(config: Any) -> tuple[bool, int]:
+    """Whether nothing but a per-subject limit removes the stream's messages (nats-py's ``StreamConfig``: limits
+    retention, no max_age, no per-message TTL, max_msgs and max_bytes unlimited or discarding new messages), and that
+    limit (0: none removes a message, as with ``discard_new_per_subject``)."""
+    def value(field: Any) -> Any:
+        return getattr(field, "value", field)
+
+    stream_wide = (config.max_msgs or 0) > 0 or (config.max_bytes or 0) > 0
+    discard_new = value(config.discard) == "new"
+    only = (value(config.retention) in (None, "limits") and not (config.max_age or 0)
+            and not getattr(config, "allow_msg_ttl", False) and (not stream_wide or discard_new))
+    per_subject = config.max_msgs_per_subject or 0
+    if per_subject < 0 or (discard_new and getattr(config, "discard_new_per_subject", False)):
+        per_subject = 0
+    return only, per_subject
+
+
 def _when(created: Any) -> str:
     """A stream's created time (nats-py's datetime) as the server's UTC text."""
     return created.isoformat() if hasattr(created, "isoformat") else str(created)
@@ -140,7 +157,7 @@ def _same_time(created: Any, recorded: str) -> bool:
 
 class JetStreamSource(SourceCapabilities):
     """One JetStream feed as a ``Source`` (io_loop/source.py; see the module rules), run by a
-    ``SourceRunner`` exactly as a user's source is. ``fence``: a partitioned instance's leases.
+    ``SourceRunner`` exactly as a user's source is. ``fence``: a partitioned instance's leases (its connector's).
     Its position figures are ``figures`` (the runner's ``stats.source``); it resumes from
     ``ctx.resume_from``, the restored checkpoint's record (a ``Resume``, a ``PositionUnknown``,
     or None), itself (``Consumer``), never dropped from (``replayable``); reads only the settings it is handed."""
@@ -151,7 +168,7 @@ class JetStreamSource(SourceCapabilities):
 
     def __init__(self, feed: FeedSpec, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings,
                  max_batch: int, max_msg_bytes: int, partitioning: PartitionSettings | None = None,
-                 fence: Callable[[], bool] | None = None) -> None:
+                 fence: Fence | None = None) -> None:
         assert feed.jetstream is not None
         self.name, self.replies, self.required = feed.name, feed.replies, feed.required
         self.timeouts, self.reconnect, self.tls, self.max_msg_bytes = timeouts, reconnect, tls, max_msg_bytes
@@ -163,14 +180,14 @@ class JetStreamSource(SourceCapabilities):
         self.shown_url = feed.shown_url
         self.pull_batch = max(PULL_BATCH_MIN, max_batch)
         self._stopping = False
-        # a partitioned instance's leases (fence: False once it may no longer publish)
+        # a partitioned instance's leases (fence.holds() False once it may no longer publish)
         self.publisher = ReplyPublisher(timeouts, feed, self.figures, fence)
         self._reader_task: asyncio.Task | None = None
         self._reader_in_handover = False
         self._live = 0  # the connection being served (0: none); its loops end when it changes
         self._nats_error = ""
         self._stream_created: Any = None  # the stream's created time at this run's first connection
-        self._nc: Any = None  # the live connection (None: none)
+        self._nc: Transport | None = None  # the live connection (None: none)
         self._consumer_name = ""  # the live connection's consumer ("": not made yet)
 
     # ---- the connection loop ------------------------------------------------------------------------
@@ -182,7 +199,8 @@ class JetStreamSource(SourceCapabilities):
         await drive(_Link(self, ctx), Backoff.of(self.reconnect))
 
     async def probe(self, codec: Any, say: Callable[[str], None], *, dedupe_window_s: float = 180.0) -> None:
-        """``--check``'s try of the feed: its server, stream and results stream (io_loop/sources/jsprobe.py)."""
+        """``--check``'s try of the feed: its server, stream and results stream
+        (io_loop/connectors/jetstream/probe.py)."""
         from forkless.io_loop.sources.probe import ProbeFailed  # only --check probes: a run never loads the probe
 
         problems = await probe_jetstream(self.feed, say, dedupe_window_s, self.timeouts, self.tls, self.partitioning)
@@ -196,8 +214,7 @@ class JetStreamSource(SourceCapabilities):
         if self._nc is not None and self._consumer_name:  # what the feed covered, for the stop's checkpoint
             try:
                 async with asyncio.timeout(STOP_PROBE_S):
-                    with mapped_nats_errors():
-                        await self._probe(self._nc.jsm(timeout=STOP_PROBE_S))
+                    await self._probe(self._nc)
             except (TimeoutError, NatsError):
                 pass  # the checkpoint records what earlier probes found
         task = self._reader_task
@@ -206,7 +223,7 @@ class JetStreamSource(SourceCapabilities):
                 task.cancel()
             await asyncio.wait([task])
 
-    async def _connect(self) -> tuple[Any, asyncio.Event]:
+    async def _connect(self) -> tuple[Transport, asyncio.Event]:
         """One attempt: connect to a server of the list, read the stream's state, check the
         position against it. Raises ``NatsConnectFailed`` (retried), ``PositionLost``."""
         closed = asyncio.Event()
@@ -220,7 +237,7 @@ class JetStreamSource(SourceCapabilities):
         options = connect_options(self.feed, self.timeouts, self.tls, error_cb=on_error, disconnected_cb=on_closed,
                                   closed_cb=on_closed)
         try:
-            nc = await connect_once(self.timeouts, options, RawClient())
+            nc = await Transport.connect(self.timeouts, options, raw=True)
         except NatsConnectFailed as exc:
             if exc.fatal:
                 raise NatsConnectFailed(f"the server refused the credentials (check the user:password in \"nats\", "
@@ -229,15 +246,14 @@ class JetStreamSource(SourceCapabilities):
         try:
             await self._check_stream(nc)
         except BaseException:
-            await close_quietly(nc, GIVE_UP_CLOSE_S)
+            await nc.close(GIVE_UP_CLOSE_S)
             raise
         return nc, closed
 
-    async def _check_stream(self, nc: Any) -> None:
+    async def _check_stream(self, nc: Transport) -> None:
         """Read the stream's state and check it: its partitioning, its identity, the position."""
         try:
-            with mapped_nats_errors():
-                info = await nc.jsm(timeout=self.timeouts.connect_timeout_s).stream_info(self.spec.stream)
+            info = await nc.stream_info(self.spec.stream)
         except NatsNotFound:
             raise NatsConnectFailed(f"stream {self.spec.stream!r} not found on {self.shown_url}") from None
         except NatsUnavailable:
@@ -249,9 +265,38 @@ class JetStreamSource(SourceCapabilities):
             if problems:
                 raise FeedFatal(f"{self.feed.label}: " + "; ".join(problems))
         self._check_identity(info.state.last_seq, info.created)
-        for level, line in self.consumer.check_stream(info.state.first_seq, info.state.last_seq,
-                                                      info.state.num_deleted or 0):
+        first, last, deleted = info.state.first_seq, info.state.last_seq, info.state.num_deleted or 0
+        try:
+            notes = self.consumer.check_stream(first, last, deleted)
+        except PositionLost:
+            if not self.consumer.filtered_behind(first, last):
+                raise
+            # a filtered feed behind the stream's first sequence: what can the stream tell of its retention?
+            notes = self.consumer.check_stream(first, last, deleted, await self._retention(nc, info.config))
+        for level, line in notes:
             log.log(level, "%s", line)
+
+    async def _retention(self, nc: Transport, config: Any) -> Retention:
+        """What the stream's configuration says its retention may remove, and, where it removes by subject only,
+        how many messages each of the feed's subjects holds (and where the first few at their limit start)."""
+        stream, subjects = self.spec.stream, tuple(config.subjects or ())
+        by_subject_only, per_subject = _removes_by_subject_only(config)
+        if not by_subject_only:
+            return Retention(subjects)
+        counts: dict[str, int] | None = {}
+        first_of: dict[str, int] = {}
+        try:
+            for subject in self.spec.subjects():
+                got = await nc.subject_counts(stream, subject)
+                if got is None:  # more subjects than it reads: not known
+                    counts = None
+                    break
+                counts.update(got)
+            for subject in sorted(s for s, held in (counts or {}).items() if per_subject and held >= per_subject)[:3]:
+                first_of[subject] = (await nc.get_msg(stream, seq=1, subject=subject, next=True)).seq
+        except NatsError as exc:  # the attempt fails and is tried again (a refusal must not hang on a lost answer)
+            raise NatsConnectFailed(f"reading stream {stream!r}'s subjects failed: {exc}") from None
+        return Retention(subjects, True, per_subject, counts, first_of)
 
     def _check_identity(self, last: int, created: Any) -> None:
         """``PositionLost`` when the stream is not the one this run consumed: its created time
@@ -280,7 +325,7 @@ class JetStreamSource(SourceCapabilities):
                 f"{label}: stream {stream!r} ends at sequence {last}, but this run saw it reach "
                 f"{source.stream_last_seq}: was the stream deleted and made again? To continue anyway, {ACCEPT_LOSS}")
 
-    async def _serve(self, ctx: SourceContext, nc: Any, closed: asyncio.Event) -> tuple[int, End]:
+    async def _serve(self, ctx: SourceContext, nc: Transport, closed: asyncio.Event) -> tuple[int, End]:
         """Run one connection until it is lost or everything is published: its id and how it ended."""
         conn = self._live = ctx.connection_opened()
         self._nc = nc
@@ -288,33 +333,32 @@ class JetStreamSource(SourceCapabilities):
                  self.spec.stream, self.spec.subject or ">", self.spec.results or "(none)")
         tasks: set[asyncio.Task] = set()
         end = End(Outcome.LOST, "connection over")
-        try:
-            with mapped_nats_errors():  # a publication, a pull, an ack that failed
-                writer = asyncio.create_task(self.publisher.run(nc, ctx.replies()), name="forkless-js-writer")
-                lost = asyncio.create_task(closed.wait(), name="forkless-js-closed")
-                watch = asyncio.create_task(self._watch_stream(nc), name="forkless-js-stream")
-                tasks |= {writer, lost, watch}
-                reader = None
-                if not self._stopping:
-                    reader = self._reader_task = asyncio.create_task(self._read(ctx, nc), name="forkless-js-reader")
-                    tasks.add(reader)
-                while True:
-                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                    if writer in done:
-                        end = self._written(writer.result(), conn)
-                        break
-                    if reader is not None and reader in done:
-                        tasks.discard(reader)
-                        if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
-                            reader = None
-                            continue  # stopping: keep publishing until outbound is drained
-                        end = reader.result()
-                        break
-                    if lost in done:
-                        end = End(Outcome.LOST, f"connection lost{': ' + self._nats_error if self._nats_error else ''}")
-                        break
-                    end = watch.result()
+        try:  # a publication, a pull, an ack that failed: a NatsError from the task's result
+            writer = asyncio.create_task(self.publisher.run(nc, ctx.replies()), name="forkless-js-writer")
+            lost = asyncio.create_task(closed.wait(), name="forkless-js-closed")
+            watch = asyncio.create_task(self._watch_stream(nc), name="forkless-js-stream")
+            tasks |= {writer, lost, watch}
+            reader = None
+            if not self._stopping:
+                reader = self._reader_task = asyncio.create_task(self._read(ctx, nc), name="forkless-js-reader")
+                tasks.add(reader)
+            while True:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                if writer in done:
+                    end = self._written(writer.result(), conn)
                     break
+                if reader is not None and reader in done:
+                    tasks.discard(reader)
+                    if reader.cancelled() or reader.result().outcome is Outcome.STOPPED:
+                        reader = None
+                        continue  # stopping: keep publishing until outbound is drained
+                    end = reader.result()
+                    break
+                if lost in done:
+                    end = End(Outcome.LOST, f"connection lost{': ' + self._nats_error if self._nats_error else ''}")
+                    break
+                end = watch.result()
+                break
         except NatsError as exc:
             end = End(Outcome.LOST, str(exc))
         finally:
@@ -324,7 +368,7 @@ class JetStreamSource(SourceCapabilities):
                 task.cancel()
             if tasks:
                 await asyncio.wait(tasks)
-            await close_quietly(nc, GIVE_UP_CLOSE_S)
+            await nc.close(GIVE_UP_CLOSE_S)
             ctx.connection_closed("" if end.outcome is Outcome.CLOSED else end.reason)
         return conn, end
 
@@ -341,19 +385,13 @@ class JetStreamSource(SourceCapabilities):
 
     # ---- consuming ------------------------------------------------------------------------------------
 
-    async def _read(self, ctx: SourceContext, nc: Any) -> End:
+    async def _read(self, ctx: SourceContext, nc: Transport) -> End:
         spec, conn = self.spec, self._live
         name = f"forkless-{self.feed.name}-{secrets.token_hex(6)}"
-        subjects = spec.subjects()
-        config = ConsumerConfig(
-            name=name, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.consumer.new_consumer(),
-            ack_policy=AckPolicy.ALL, ack_wait=ACK_WAIT_S, max_ack_pending=2 * self.pull_batch,
-            filter_subject=subjects[0] if len(subjects) == 1 else None,
-            filter_subjects=list(subjects) if len(subjects) > 1 else None,
-            inactive_threshold=INACTIVE_S, mem_storage=True)
         try:
-            with mapped_nats_errors():
-                await nc.jsm(timeout=self.timeouts.connect_timeout_s).add_consumer(spec.stream, config)
+            await nc.add_pull_consumer(spec.stream, name=name, start_seq=self.consumer.new_consumer(),
+                                       subjects=spec.subjects(), ack_wait_s=ACK_WAIT_S,
+                                       max_ack_pending=2 * self.pull_batch, inactive_s=INACTIVE_S)
         except NatsError as exc:
             return End(Outcome.LOST, f"creating the consumer failed: {exc}")
         self._consumer_name = name
@@ -362,9 +400,9 @@ class JetStreamSource(SourceCapabilities):
         # own with asyncio.wait_for, which on Python 3.11 can swallow a cancellation: the stop's, the end
         # of a connection, when a message arrives at the same moment, and the reader then runs on), as
         # (the message's subject, reply subject, payload, headers) straight from the protocol parser
-        # (nats_compat.RawClient)
+        # (nats_compat.RawClient, a raw transport's subscribe)
         deliveries: asyncio.Queue = asyncio.Queue()
-        sub = await nc.raw_subscribe(inbox, lambda subject, reply, data, headers: deliveries.put_nowait(
+        sub = await nc.subscribe(inbox, lambda subject, reply, data, headers: deliveries.put_nowait(
             (subject, reply, data, headers)))
         request = json.dumps({"batch": self.pull_batch, "expires": int(PULL_EXPIRES_S * 1e9),
                               "idle_heartbeat": int(PULL_HEARTBEAT_S * 1e9)}).encode()
@@ -376,9 +414,9 @@ class JetStreamSource(SourceCapabilities):
                     return end
             return End(Outcome.LOST, "connection over")
         finally:
-            await unsubscribe_quietly(sub)
+            await sub.unsubscribe()
 
-    async def _pull(self, ctx: SourceContext, nc: Any, pull: str, request: bytes, inbox: str,
+    async def _pull(self, ctx: SourceContext, nc: Transport, pull: str, request: bytes, inbox: str,
                     deliveries: asyncio.Queue) -> End | None:
         """One pull request: its deliveries handed over (as ``Consumer`` decides), then the ack of
         the last; an ``End`` when the connection must end (or the reader stop), else None."""
@@ -439,16 +477,14 @@ class JetStreamSource(SourceCapabilities):
         finally:
             self._reader_in_handover = False
 
-    async def _watch_stream(self, nc: Any) -> End:
+    async def _watch_stream(self, nc: Transport) -> End:
         """The stream's state, every ``STREAM_INFO_EVERY_S``: its last sequence for the lag
         (``SourceStats.stream_last_seq``), and what the feed covered (``_probe``)."""
-        jsm = nc.jsm(timeout=self.timeouts.connect_timeout_s)
         conn = self._live
         while self._live == conn:  # also ends it should nats-py swallow its cancellation (see _read)
             await asyncio.sleep(STREAM_INFO_EVERY_S)
             try:
-                with mapped_nats_errors():
-                    info = await self._probe(jsm)
+                info = await self._probe(nc)
             except NatsNotFound:
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was deleted")
             except NatsError:
@@ -457,23 +493,22 @@ class JetStreamSource(SourceCapabilities):
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was made again")  # refused at the reconnect
         return End(Outcome.LOST, "connection over")
 
-    async def _probe(self, jsm: Any) -> Any:
+    async def _probe(self, nc: Transport) -> Any:
         """The stream's state (returned); where the feed may have covered more, then its
         consumer's state and the stream's first sequence, for ``Consumer.probed``."""
         consumer, stream = self.consumer, self.spec.stream
         mark = consumer.activity  # a delivery read from here on voids the probe
-        info = await jsm.stream_info(stream)
+        info = await nc.stream_info(stream)
         last = info.state.last_seq
         self.figures.stream_last_seq = max(self.figures.stream_last_seq, last)
         name = self._consumer_name
         if not name or not consumer.may_cover(last):
             return info
         try:
-            with mapped_nats_errors():
-                state = await jsm.consumer_info(stream, name)
+            state = await nc.consumer_info(stream, name)
         except NatsNotFound:
             return info  # the consumer is gone (a server restart): the connection is about to end
-        after = await jsm.stream_info(stream)
+        after = await nc.stream_info(stream)
         if name == self._consumer_name and (after.created is None or after.created == info.created):
             delivered = state.delivered.consumer_seq if state.delivered is not None else 0
             consumer.probed(mark, last, state.num_pending or 0, delivered or 0, bool(state.num_waiting),

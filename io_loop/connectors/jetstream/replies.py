@@ -1,5 +1,5 @@
 """A JetStream feed's replies published to its results subject: the writer of a ``JetStreamSource``
-(io_loop/sources/jetstream.py), one per connection, in the role a WebSocket client's writer has. Imported
+(io_loop/connectors/jetstream/source.py), one per connection, in the role a WebSocket client's writer has. Imported
 only when such a feed is configured (nats-py is an optional extra).
 
 Rules:
@@ -17,14 +17,15 @@ Rules:
   reply acknowledged: a checkpoint is committed only once every reply to the messages it covers
   is (controller/loop.py).
 - Nothing acknowledges in time (``connect_timeout_s`` without one), an error acknowledgement (the
-  stream refused a frame: ``error_ack``, at once, with the server's description), no stream
+  stream refused a frame: the transport's ``error_ack``, ours at once, with the server's description), no stream
   storing the subject: the connection is lost (``End``), and the feed reconnects. An
   acknowledgement not understood is an error acknowledgement: never counted as stored, never
   an exception out of the subscription's handler (``ReplyAcks.on_ack``).
 - Replies ``"none"`` (no results subject), or a batch with nothing to name it by: not published,
   counted in ``dropped``.
-- A partitioned feed is fenced by its leases (``fence``, the store's ``holds``): before each batch
-  is published, a False ``fence`` (a lease lost, or run out unrenewed after a pause) drops the
+- A partitioned feed is fenced by its leases (``fence``, a ``Fence``: the store's leases, handed by the connector
+  that owns them): before each batch is published, ``fence.holds()`` False (a lease lost, or run out unrenewed
+  after a pause) drops the
   batch instead, counted in ``dropped`` ("lease lost") and logged once: another instance may own
   the partitions now and answers those messages from its checkpoint.
 """
@@ -32,29 +33,26 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
-import nats.errors
-import nats.js.errors
-from forkless.io_loop.counters import SourceStats
-from forkless.io_loop.crossing import Origin
-from forkless.io_loop.nats.nats_compat import publish_commands
-from forkless.io_loop.nats.natsconn import (
+from forkless.io_loop.connectors.connector import Fence
+from forkless.io_loop.connectors.jetstream.transport import (
     NatsError,
     NatsNoStreamResponse,
+    Transport,
     describe_error,
     duplicate_ack,
-    mapped_nats_errors,
-    unsubscribe_quietly,
+    error_ack,
 )
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.crossing import Origin
 from forkless.io_loop.settings import FeedSpec, Timeouts
 from forkless.io_loop.sources.client import End, Outcome
 from forkless.io_loop.writer import ReplyBatch
 
-__all__ = ["ReplyAcks", "ReplyPublisher", "error_ack", "msg_id", "reply_commands"]
+__all__ = ["ReplyAcks", "ReplyPublisher", "msg_id", "reply_commands"]
 
 log = logging.getLogger("forkless.jetstream")
 
@@ -69,15 +67,16 @@ def reply_commands(subject: bytes, inbox: bytes, first: int, stream: str, frames
     """The NATS protocol commands publishing ``frames`` (str or bytes) to ``subject``, frame k
     with the header ``Nats-Msg-Id: msg_id(stream, origins[k])`` and the reply subject
     ``<inbox><first + k>`` (where the results stream acknowledges it), as one buffer
-    (nats_compat.publish_commands). A frame larger than the server's ``max_payload``:
-    ``MaxPayloadError``, as nats-py's ``publish`` raises."""
+    (nats_compat.publish_commands). A frame larger than the server's ``max_payload``: ``NatsError``, as the
+    transport's ``publish`` raises for nats-py's ``MaxPayloadError``."""
     header = b"NATS/1.0\r\nNats-Msg-Id: " + stream.encode() + b":"
     parts: list[bytes] = []
     add = parts.append
     for k, frame in enumerate(frames):
         payload = frame if type(frame) is bytes else frame.encode()
         if len(payload) > max_payload:
-            raise nats.errors.MaxPayloadError
+            raise NatsError(f"MaxPayloadError: a reply of {len(payload)} bytes, over the server's max_payload "
+                            f"({max_payload})")
         origin = origins[k]
         hdr = header + b"%d:%d\r\n\r\n" % (origin.seq, origin.index)
         add(b"HPUB %s %s%d %d %d\r\n" % (subject, inbox, first + k, len(hdr), len(hdr) + len(payload)))
@@ -85,37 +84,6 @@ def reply_commands(subject: bytes, inbox: bytes, first: int, stream: str, frames
         add(payload)
         add(b"\r\n")
     return b"".join(parts)
-
-
-# nats-py's classes for an error's "code", as ``APIError.from_error`` picks them (which raises the
-# error instead of returning it: of no use in a subscription's handler)
-_API_ERRORS: dict[int, type[nats.js.errors.APIError]] = {
-    400: nats.js.errors.BadRequestError, 404: nats.js.errors.NotFoundError, 500: nats.js.errors.ServerError,
-    503: nats.js.errors.ServiceUnavailableError}
-
-
-def error_ack(data: bytes) -> Exception | None:
-    """The error a publish acknowledgement's body carries, or None when it says the message is
-    stored. ``{"error": {"code": 400, "err_code": 10054, "description": "message size exceeds
-    maximum allowed"}, …}`` is nats-py's ``APIError`` for its code (``BadRequestError`` here),
-    as ``js.publish`` raises it. Never raises: a body that is not a JSON object, or whose
-    "error" is not one, is a ``nats.errors.Error`` naming it (the frame is not known stored)."""
-    try:
-        resp = json.loads(data)
-    except Exception:  # not JSON (ValueError, UnicodeDecodeError), or nested past the parser's depth
-        return nats.errors.Error(f"an acknowledgement that is not JSON: {data[:200]!r}")
-    if not isinstance(resp, dict):
-        return nats.errors.Error(f"an acknowledgement that is not a JSON object: {data[:200]!r}")
-    if "error" not in resp:
-        return None
-    error = resp["error"]
-    if not isinstance(error, dict):
-        return nats.js.errors.APIError(description=f"{error!r:.200}")
-    code, err_code, description = error.get("code"), error.get("err_code"), error.get("description")
-    code = code if type(code) is int else None
-    return _API_ERRORS.get(code, nats.js.errors.APIError)(
-        code=code, err_code=err_code if type(err_code) is int else None,
-        description=None if description is None else str(description)[:200])
 
 
 class ReplyAcks:
@@ -131,7 +99,7 @@ class ReplyAcks:
         self.done = bytearray()
         self.acked = 0
         self.duplicates = 0
-        self.error: Exception | None = None
+        self.error: NatsError | None = None
 
     def begin(self, base: int, n: int) -> None:
         self.base, self.done, self.acked, self.error = base, bytearray(n), 0, None
@@ -157,8 +125,9 @@ class ReplyAcks:
         try:
             status = headers.get("Status") if headers else None
             if status:
-                self.error = (nats.js.errors.NoStreamResponseError() if status == "503" else
-                              nats.errors.Error(f"the server answered {status} {headers.get('Description', '')}"))
+                self.error = (NatsNoStreamResponse("NoStreamResponseError: no stream stores the subject")
+                              if status == "503" else
+                              NatsError(f"the server answered {status} {headers.get('Description', '')}".strip()))
             elif b'"error"' in data and (error := error_ack(data)) is not None:  # a stored frame's: not parsed
                 self.error = error
             else:
@@ -167,8 +136,7 @@ class ReplyAcks:
                 if duplicate_ack(data):
                     self.duplicates += 1
         except Exception as exc:  # not foreseen: the item's error, not a wait in vain
-            self.error = nats.errors.Error(f"an acknowledgement not understood ({describe_error(exc)}): "
-                                           f"{data[:200]!r}")
+            self.error = NatsError(f"an acknowledgement not understood ({describe_error(exc)}): {data[:200]!r}")
         if self.complete():
             self.wake()
 
@@ -179,8 +147,7 @@ class ReplyPublisher:
     connection is lost. ``batch``: the source's ``ctx.replies()``; ``source``: its figures
     (``confirmed``, ``duplicates``); ``fence``: a partitioned instance's leases."""
 
-    def __init__(self, timeouts: Timeouts, feed: FeedSpec, source: SourceStats,
-                 fence: Callable[[], bool] | None = None) -> None:
+    def __init__(self, timeouts: Timeouts, feed: FeedSpec, source: SourceStats, fence: Fence | None = None) -> None:
         self.timeouts = timeouts
         self.feed = feed
         self.source = source
@@ -188,16 +155,16 @@ class ReplyPublisher:
         self.fenced = False  # the fence refused a publication (logged once)
         self._ack_sub: Any = None  # this connection's subscription to the acknowledgements
 
-    async def run(self, nc: Any, batch: ReplyBatch) -> End:
+    async def run(self, nc: Transport, batch: ReplyBatch) -> End:
         try:
             return await self._publish(nc, batch)
         finally:
             sub = self._ack_sub
             self._ack_sub = None
             if sub is not None:
-                await unsubscribe_quietly(sub)
+                await sub.unsubscribe()
 
-    async def _publish(self, nc: Any, batch: ReplyBatch) -> End:
+    async def _publish(self, nc: Transport, batch: ReplyBatch) -> End:
         stream, results = self.feed.jetstream.stream, self.feed.jetstream.results
         # the results stream's acknowledgements come to an inbox of ours, ``<inbox>.<n>`` with n counting
         # this connection's publications (nats-py's publish_async costs a future, a semaphore and a
@@ -206,7 +173,7 @@ class ReplyPublisher:
         inbox = nc.new_inbox() + "."
         wake = asyncio.Event()
         acks = ReplyAcks(len(inbox), wake.set)
-        self._ack_sub = await nc.raw_subscribe(inbox + "*", acks.on_ack)
+        self._ack_sub = await nc.subscribe(inbox + "*", acks.on_ack)
         subject, inbox_bytes = results.encode(), inbox.encode()
         sent = 0
         async for _ in batch:  # a batch not wholly published comes again, from its first frame not acknowledged
@@ -216,11 +183,10 @@ class ReplyPublisher:
             n, answers = len(frames), batch.answers
             acks.begin(sent, n)
             try:
-                with mapped_nats_errors():
-                    await publish_commands(nc, reply_commands(subject, inbox_bytes, sent, stream, frames, origins,
-                                                              nc.max_payload))
-                    sent += n
-                    await self._acknowledged(acks, wake)
+                await nc.publish_commands(reply_commands(subject, inbox_bytes, sent, stream, frames, origins,
+                                                         nc.max_payload))
+                sent += n
+                await self._acknowledged(acks, wake)
             except NatsNoStreamResponse:
                 return End(Outcome.LOST, f"no stream stores the results subject {results!r}: create one "
                                          "(with a duplicate window, docs/jetstream.md)")
@@ -246,7 +212,7 @@ class ReplyPublisher:
             # replies "none", or nothing to name them by: not published
             batch.drop("reply not published (no results subject)")
             return False
-        if self.fence is not None and not self.fence():
+        if self.fence is not None and not self.fence.holds():
             # the partitions' leases are lost or ran out unrenewed (a pause past the lease):
             # their new owner answers these from its checkpoint, so they are never published here
             batch.drop("lease lost")
@@ -269,6 +235,7 @@ class ReplyPublisher:
                     await wake.wait()
             except TimeoutError:
                 if acks.acked == before:
-                    raise nats.errors.TimeoutError from None
+                    raise NatsError(f"TimeoutError: no acknowledgement within {self.timeouts.connect_timeout_s:g}s "
+                                    "(FORKLESS_CONNECT_TIMEOUT_S)") from None
         if acks.error is not None:
             raise acks.error
