@@ -484,7 +484,11 @@ class Controller:
                 self._aborting = self._stopped = True
                 self._io.abort()
             raise
-        except Exception:
+        except Exception as exc:
+            if self._aborting and _interrupted(exc):
+                # the second SIGINT's KeyboardInterrupt, raised by its handler inside threading's own lock
+                # handling (a Condition's wait), can surface as another error there ("release unlocked lock")
+                raise KeyboardInterrupt from exc
             # the host program's code failed (on_results, out) with the IO side well: stop in
             # order (every reply sent, the stop's checkpoint written), then raise what it raised
             if self._running and not self._stopped and self._io.failure is None:
@@ -614,6 +618,18 @@ class Controller:
                 raise KeyboardInterrupt
         self.request_stop()  # first: once the line below is logged, a second SIGINT aborts
         log.info("%s received: stopping (reading stopped, sending what is left)", signal.Signals(signum).name)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a ``KeyboardInterrupt`` is among what ``exc`` was raised while handling."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__context__
+    return False
 
 
 def _print_line(line: str) -> None:

@@ -102,8 +102,9 @@ def held_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         with AppProcess(str(release), env=env, program=HELD) as proc:
             line = proc.wait_for_line(r"metrics on (http://\S+)/metrics", stream="stderr", timeout_s=WAIT_S)
             url = re.search(r"metrics on (http://\S+)/metrics", line)[1]
-            seen["held"] = {path: _get(url + path) for path in ("/healthz", "/readyz", "/startedz", "/metrics")}
+            # the compile has begun (and is held until the test releases it): the phase is "compiling" from here
             seen["held_datagrams"] = notify.wait_for(lambda d: "STATUS=compiling" in d, "STATUS=compiling")
+            seen["held"] = {path: _get(url + path) for path in ("/healthz", "/readyz", "/startedz", "/metrics")}
             seen["held_stderr"] = proc.stderr  # read after the answers: the compile had not ended by then
             release.touch()
             notify.wait_for(lambda d: d.count("WATCHDOG=1") >= 2, "READY=1 and two WATCHDOG=1")
