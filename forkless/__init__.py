@@ -13,6 +13,8 @@ import importlib
 import os
 from typing import Any
 
+__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it (tool.setuptools.dynamic)
+
 if not os.path.isdir(os.path.join(os.path.dirname(__file__), "controller")):
     # a checkout: controller/ and io_loop/ sit beside this folder, not inside it (an installed copy holds them)
     __path__.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -41,7 +41,7 @@ from forkless.controller.commands.cli import load_config, report
 from forkless.controller.config import Config
 from forkless.controller.lifetime.sinkrun import SinkRun
 from forkless.controller.logs import flush_log_repeats, setup_logging
-from forkless.controller.metrics import SECONDS_STEP, by_reason_family, exposition, histogram_family
+from forkless.controller.metrics import SECONDS_STEP, build_family, by_reason_family, exposition, histogram_family
 from forkless.controller.settings.vardocs import help_text
 from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, ForklessError
@@ -211,7 +211,7 @@ def relay_books_line(view: RelayView) -> str:
 def relay_metric_families(view: RelayView) -> list[Metric]:
     """Every metric family of the relay's ``/metrics`` for one view (pure)."""
     r, io = view.relay, view.io
-    fams: list[Metric] = []
+    fams: list[Metric] = [build_family()]
     rows = [
         (CounterMetricFamily, "forkless_relay_taken", "Messages the publisher took from the feeds (each given "
          "its Nats-Msg-Id).", r.taken),
@@ -282,8 +282,11 @@ def relay_metrics_table_markdown() -> str:
         labels = {"forkless_relay_seq_gaps", "forkless_relay_seq_missing", "forkless_relay_seq_back",
                   "forkless_errors", "forkless_dropped"}
         label = "reason" if fam.name in labels else "feed" if fam.name in _FEED_FAMILIES else "—"
-        suffix = "_total" if fam.type == "counter" else ""
-        lines.append(f"| `{fam.name}{suffix}` | {fam.type} | {label} | {fam.documentation} |")
+        if fam.type == "info":  # forkless_build_info: its labels are the process's
+            label = ", ".join(fam.samples[0].labels)
+        suffix = {"counter": "_total", "info": "_info"}.get(fam.type, "")
+        kind = "gauge (info, value 1)" if fam.type == "info" else fam.type
+        lines.append(f"| `{fam.name}{suffix}` | {kind} | {label} | {fam.documentation} |")
     return "\n".join(lines) + "\n"
 
 
