@@ -31,7 +31,7 @@ from forkless.io_loop.counters import (
     new_hops,
 )
 
-__all__ = ["MainStats", "SourceFigures", "StatsSnapshot", "books_line", "checkpoint_part", "status_line",
+__all__ = ["MainStats", "SourceFigures", "StatsSnapshot", "books_line", "checkpoint_part", "losses", "status_line",
            "whole_snapshot"]
 
 @dataclass
@@ -328,6 +328,20 @@ def _restored_part(snap: StatsSnapshot) -> str:
         return ""
     counted = "".join(f", {name} {n}" for name, n in snap.restored_counters.items())
     return f"; before this process (its checkpoint): processed {snap.restored_processed}{counted}"
+
+
+def losses(snap: StatsSnapshot) -> dict[str, int]:
+    """What a run lost, by kind, the kinds with none left out (empty: nothing lost; the program's exit status
+    after an orderly stop, controller/commands/cli.py): messages and replies dropped, messages still unanswered,
+    results the controller's sinks gave up or never got, events a source's buffer gave up."""
+    found = {
+        "dropped": snap.dropped_total,
+        "unanswered": snap.in_flight,
+        "dropped by sinks": sum(sum(books.dropped.values()) for _, books in snap.sinks),
+        "results never handed to the sinks": snap.sink_results_unsent,
+        "events dropped": sum(snap.events_dropped.values()),
+    }
+    return {kind: n for kind, n in found.items() if n > 0}
 
 
 def _reasons(dropped: dict[str, int]) -> str:

@@ -14,7 +14,8 @@ Rules:
   the modules that import JAX: the preflight and the controller loop).
 - Every way a run can end maps to one exit status here, and only here (``forkless relay``'s
   in controller/commands/relaycmd.py, a program of its own without JAX): every ``ForklessError`` by its
-  class's attributes, with one clause (``report``); a second Ctrl-C is 130; anything else is a crash.
+  class's attributes, with one clause (``report``); a second Ctrl-C is 130; anything else is a crash;
+  an orderly stop is 0, or FORKLESS_LOSSY_STOP_EXIT (4) when it lost messages (``stop_status``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from forkless.controller.errors import EXIT_STATUSES
 from forkless.controller.logs import flush_log_repeats, setup_logging
 from forkless.controller.settings.vardocs import help_text
 from forkless.controller.settings.variables import PREFIX, VARIABLES
+from forkless.controller.stats import losses
 from forkless.io_loop.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, ForklessError
 
 __all__ = ["console_main", "load_config", "main", "report"]
@@ -118,7 +120,20 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         flush_log_repeats()
     for line in controller.summaries() if controller is not None else ():
         print(line, flush=True)
-    return EXIT_OK
+    return stop_status(controller.stats(), config.lossy_stop_exit)
+
+
+def stop_status(final: Any, lossy: int) -> int:
+    """The exit status of an orderly stop whose books are ``final`` (the controller's last snapshot): 0 when it
+    lost nothing, else ``lossy`` (FORKLESS_LOSSY_STOP_EXIT, 4 by default), with a warning saying what was lost."""
+    lost = losses(final)
+    if not lost:
+        return EXIT_OK
+    what = ", ".join(f"{kind} {n}" for kind, n in lost.items())
+    log.warning("the stop lost messages (%s; the books line says which): exit status %d%s", what, lossy,
+                " (FORKLESS_LOSSY_STOP_EXIT=0 exits 0)" if lossy else " as set by FORKLESS_LOSSY_STOP_EXIT",
+                extra={"exit_status": lossy, "lost": what})
+    return lossy
 
 
 def exit_with(status: int) -> None:
