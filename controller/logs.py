@@ -7,7 +7,11 @@ Rules:
   how many were suppressed. So a server sending the same bad frame forever yields about
   one line per window, with a count, instead of a flood.
 - Context such as the connection id travels as ``extra={"connection": n}`` and appears as
-  a field in JSON lines.
+  a field in JSON lines; every JSON line carries forkless's ``version``.
+- The program's own lines outside logging (the configuration error, which comes before logging
+  can be set up, an unknown variable's warning, the exit line of an error) go through
+  ``program_line``: ``forkless: …`` as text, and with ``json`` the same JSON object as a log line,
+  so that in JSON mode every line on stderr is JSON.
 """
 
 from __future__ import annotations
@@ -20,13 +24,17 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["JsonFormatter", "RateLimitFilter", "flush_log_repeats", "setup_logging"]
+from forkless import __version__
+
+__all__ = ["JsonFormatter", "RateLimitFilter", "flush_log_repeats", "program_line", "setup_logging"]
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: timestamp, level, logger, message, and any context fields."""
+    """One JSON object per line: timestamp, level, logger, message, forkless's version, and any context fields."""
+
+    converter = time.gmtime  # the timestamp says Z: UTC
 
     def format(self, record: logging.LogRecord) -> str:
         obj: dict[str, Any] = {
@@ -34,6 +42,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
+            "version": __version__,
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
@@ -105,6 +114,26 @@ def setup_logging(level: str = "INFO", fmt: str = "text", stream: Any = None) ->
     if level != "DEBUG":
         handler.addFilter(_below_warning_from(("jax", "jaxlib")))
     return handler
+
+
+def program_line(message: str, *, fmt: str, level: int = logging.ERROR, label: str = "",
+                 traceback: str = "", stream: Any = None, **fields: Any) -> None:
+    """Write one of the program's own lines to stderr (module rules): ``forkless: <label>: <message>`` (``label``
+    and its colon left out when empty) and ``traceback`` after it as text; with ``fmt="json"`` one JSON object
+    (``JsonFormatter``'s, logger "forkless"), its message ``<label>: <message>``, ``traceback`` and ``fields``
+    (the exit status, say) as fields."""
+    out = stream or sys.stderr
+    text = f"{label}: {message}" if label else message
+    if fmt == "json":
+        record = logging.LogRecord("forkless", level, "", 0, text, (), None)
+        record.__dict__.update(fields)
+        if traceback:
+            record.__dict__["traceback"] = traceback
+        print(JsonFormatter().format(record), file=out, flush=True)
+        return
+    print(f"forkless: {text}", file=out, flush=True)
+    if traceback:
+        print(traceback, end="" if traceback.endswith("\n") else "\n", file=out, flush=True)
 
 
 def _below_warning_from(prefixes: tuple[str, ...]) -> Callable[[logging.LogRecord], bool]:

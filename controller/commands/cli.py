@@ -12,6 +12,10 @@ Rules:
 - The configuration is read and validated before JAX is imported: a bad variable exits 2
   in a fraction of a second, without JAX's start-up (hence the function-level imports of
   the modules that import JAX: the preflight and the controller loop).
+- With FORKLESS_LOG_FORMAT=json every line the program writes to stderr is JSON: its own lines
+  (the configuration error, an unknown variable's warning, an error's exit line) go through
+  ``program_line`` in the format asked for, read from the environment before the configuration
+  (``early_log_format``), and uncaught exceptions are written as JSON too (``_json_uncaught``).
 - Every way a run can end maps to one exit status here, and only here (``forkless relay``'s
   in controller/commands/relaycmd.py, a program of its own without JAX): every ``ForklessError`` by its
   class's attributes, with one clause (``report``); a second Ctrl-C is 130; anything else is a crash;
@@ -25,18 +29,20 @@ import logging
 import os
 import signal
 import sys
+import threading
 import traceback
+from collections.abc import Mapping
 from typing import Any
 
 from forkless.controller.config import Config
 from forkless.controller.errors import EXIT_STATUSES
-from forkless.controller.logs import flush_log_repeats, setup_logging
+from forkless.controller.logs import flush_log_repeats, program_line, setup_logging
 from forkless.controller.settings.vardocs import help_text
-from forkless.controller.settings.variables import PREFIX, VARIABLES
+from forkless.controller.settings.variables import PREFIX, VARIABLES, variable
 from forkless.controller.stats import losses
 from forkless.io_loop.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, ForklessError
 
-__all__ = ["console_main", "load_config", "main", "report"]
+__all__ = ["console_main", "early_log_format", "load_config", "main", "report", "stop_status"]
 
 log = logging.getLogger("forkless")
 
@@ -58,27 +64,40 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+def early_log_format(environ: Mapping[str, str] | None = None) -> str:
+    """FORKLESS_LOG_FORMAT as the environment gives it, read before the rest of the configuration, so
+    that the lines written before logging is set up (a configuration error) take it too; "text" where it
+    is unset or not allowed (that error is then reported as text)."""
+    environ = os.environ if environ is None else environ
+    log_format = variable("LOG_FORMAT")
+    try:
+        return log_format.parse(environ[log_format.env])
+    except (KeyError, ValueError):
+        return "text"
+
+
 def load_config(environ: Any = None) -> Config:
     """``Config.from_env`` plus a warning for ``FORKLESS_*`` names that mean nothing (typos), and the
     demo feed's settings checked when it runs (before JAX is imported)."""
     environ = os.environ if environ is None else environ
     known = {var.env for var in VARIABLES}
     unknown = sorted(k for k in environ if k.startswith(PREFIX) and k not in known)
+    fmt = early_log_format(environ)
     for name in unknown:
-        print(f"forkless: warning: {name} is not a forkless variable and is ignored "
-              "(see --help)", file=sys.stderr)
+        program_line(f"{name} is not a forkless variable and is ignored (see --help)", fmt=fmt,
+                     level=logging.WARNING, label="warning" if fmt == "text" else "", variable=name)
     config = Config.from_env(environ)
     if config.uses_demo_feed:  # the program runs no source of its own: the demo feed runs
         config.check_demo_feed()
     return config
 
 
-def report(exc: ForklessError) -> int:
+def report(exc: ForklessError, fmt: str = "text") -> int:
     """Write the program's line for ``exc`` to stderr (``forkless: <exit_label>: <message>``, and for
-    a crash the traceback of its cause) and return its class's ``exit_status``."""
-    print(f"forkless: {exc.exit_label}: {exc}" if exc.exit_label else f"forkless: {exc}", file=sys.stderr)
-    if exc.exit_status == EXIT_CRASH:
-        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+    a crash the traceback of its cause; with ``fmt="json"`` one JSON object with ``exit_status`` and
+    ``traceback`` fields) and return its class's ``exit_status``."""
+    crash = "".join(traceback.format_exception(exc.__cause__ or exc)) if exc.exit_status == EXIT_CRASH else ""
+    program_line(str(exc), fmt=fmt, label=exc.exit_label, traceback=crash, exit_status=exc.exit_status)
     return exc.exit_status
 
 
@@ -95,9 +114,15 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     try:
         config = load_config()
     except ForklessError as exc:  # a ConfigError
-        return report(exc)
+        return report(exc, early_log_format())
 
     setup_logging(config.log_level, config.log_format)
+    fmt = config.log_format
+    if fmt == "json":  # the program owns its process: nothing on stderr escapes the format
+        logging.captureWarnings(True)
+        sys.excepthook = _json_uncaught
+        threading.excepthook = lambda args: _json_uncaught(args.exc_type, args.exc_value, args.exc_traceback,
+                                                           thread=args.thread.name if args.thread else "")
 
     if args.check:
         from forkless.controller.commands.check import run_check  # imports JAX: only after the configuration is valid
@@ -112,10 +137,10 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         controller = Controller(config, processor=processor, codec=codec, freeze_gc=True)
         controller.run()
     except KeyboardInterrupt:  # a second Ctrl-C: run() aborted the IO side and gave the process back
-        print("forkless: second interrupt: exiting now", file=sys.stderr)
+        program_line("second interrupt: exiting now", fmt=fmt, exit_status=EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     except ForklessError as exc:  # FeedFatal, a ConfigError known only once JAX runs, IOThreadError, …
-        return report(exc)
+        return report(exc, fmt)
     finally:
         flush_log_repeats()
     for line in controller.summaries() if controller is not None else ():
@@ -134,6 +159,14 @@ def stop_status(final: Any, lossy: int) -> int:
                 " (FORKLESS_LOSSY_STOP_EXIT=0 exits 0)" if lossy else " as set by FORKLESS_LOSSY_STOP_EXIT",
                 extra={"exit_status": lossy, "lost": what})
     return lossy
+
+
+def _json_uncaught(kind: type[BaseException], exc: BaseException, tb: Any, thread: str = "") -> None:
+    """An exception nothing caught (a crash of the program, or of a thread), written as one JSON line with its
+    traceback (``sys.excepthook`` and ``threading.excepthook`` in JSON mode)."""
+    where = f" in thread {thread}" if thread else ""
+    program_line(f"uncaught exception{where}: {kind.__name__}: {exc}", fmt="json", level=logging.CRITICAL,
+                 traceback="".join(traceback.format_exception(kind, exc, tb)), exit_status=EXIT_CRASH)
 
 
 def exit_with(status: int) -> None:

@@ -31,16 +31,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from forkless.controller.commands.cli import load_config, report
+from forkless.controller.commands.cli import early_log_format, load_config, report
 from forkless.controller.config import Config
 from forkless.controller.lifetime.sinkrun import SinkRun
-from forkless.controller.logs import flush_log_repeats, setup_logging
+from forkless.controller.logs import flush_log_repeats, program_line, setup_logging
 from forkless.controller.metrics import SECONDS_STEP, build_family, by_reason_family, exposition, histogram_family
 from forkless.controller.settings.vardocs import help_text
 from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
@@ -113,13 +112,14 @@ def relay_main(argv: list[str] | None = None, *, prog: str = "python app.py") ->
         config = load_config()
         io_settings, relay_settings = config.relay_settings()
     except ForklessError as exc:  # a ConfigError
-        return report(exc)
+        return report(exc, early_log_format())
     setup_logging(config.log_level, config.log_format)
     try:
         from forkless.io_loop.relay.publisher import Publisher  # nats-py: an optional extra (pip install ".[nats]")
         from forkless.io_loop.relay.relaystats import RelayStats
     except ImportError as exc:
-        print(f"forkless: the relay needs nats-py: pip install \"forkless[nats]\" ({exc})", file=sys.stderr)
+        program_line(f"the relay needs nats-py: pip install \"forkless[nats]\" ({exc})", fmt=config.log_format,
+                     exit_status=EXIT_CONFIG)
         return EXIT_CONFIG
     relay = Relay(config, io_settings, Publisher, RelayStats(), relay_settings)
     try:
@@ -162,16 +162,16 @@ class Relay:
         try:
             final = self.runtime.run()
         except ForklessError as exc:  # FeedFatal, MetricsServerError, IOThreadError
-            return report(exc)
+            return report(exc, cfg.log_format)
         books = relay_books_line(final)
         unstored = final.relay.unpublished
         log.log(logging.ERROR if unstored else logging.INFO, "%s", books)
         if self.runtime.aborted:
             return EXIT_INTERRUPTED
         if unstored:
-            print(f"forkless: relay: {unstored} messages read from the feeds were not stored by "
-                  f"FORKLESS_RELAY_NATS before the stop's deadline (FORKLESS_SHUTDOWN_TIMEOUT_S="
-                  f"{cfg.shutdown_timeout_s:g})", file=sys.stderr)
+            program_line(f"{unstored} messages read from the feeds were not stored by FORKLESS_RELAY_NATS before "
+                         f"the stop's deadline (FORKLESS_SHUTDOWN_TIMEOUT_S={cfg.shutdown_timeout_s:g})",
+                         fmt=cfg.log_format, label="relay", exit_status=EXIT_FEED)
             return EXIT_FEED
         return EXIT_OK
 
