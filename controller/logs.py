@@ -59,12 +59,14 @@ class RateLimitFilter(logging.Filter):
         super().__init__()
         self.window_s = window_s
         self.max_keys = max_keys
-        self._seen: OrderedDict[tuple, list[float | int]] = OrderedDict()
+        # key -> [when let through, repeats held back since, the first record's context fields]
+        self._seen: OrderedDict[tuple, list[Any]] = OrderedDict()
 
-    def flush(self) -> list[tuple[tuple, int]]:
-        """Repeats still held back, as ``(key, count)``; the counts are reset."""
-        held = [(key, int(entry[1])) for key, entry in self._seen.items() if entry[1]]
-        for key, _ in held:
+    def flush(self) -> list[tuple[tuple, int, dict[str, Any]]]:
+        """Repeats still held back, as ``(key, count, context)`` (the context fields of the line they
+        repeat: its feed and connection, say); the counts are reset."""
+        held = [(key, int(entry[1]), entry[2]) for key, entry in self._seen.items() if entry[1]]
+        for key, _, _ in held:
             self._seen[key][1] = 0
         return held
 
@@ -75,7 +77,8 @@ class RateLimitFilter(logging.Filter):
         now = time.monotonic()
         entry = self._seen.get(key)
         if entry is None:
-            self._seen[key] = [now, 0]
+            context = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")}
+            self._seen[key] = [now, 0, context]
             if len(self._seen) > self.max_keys:
                 self._seen.popitem(last=False)
             return True
@@ -151,6 +154,6 @@ def flush_log_repeats() -> None:
     for handler in logging.getLogger().handlers:
         for flt in handler.filters:
             if isinstance(flt, RateLimitFilter):
-                for (name, level, message), count in flt.flush():
+                for (name, level, message), count, context in flt.flush():
                     logging.getLogger(name).log(level, "%s (repeated %d more times before the stop)",
-                                                message, count, extra={"repeated": count})
+                                                message, count, extra={**context, "repeated": count})

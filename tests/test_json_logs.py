@@ -4,10 +4,14 @@ carry ``feed`` and ``connection``. The app runs as a process (what it writes to 
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import signal
 from datetime import UTC, datetime
 from typing import Any
+
+from forkless.controller.logs import JsonFormatter, RateLimitFilter, flush_log_repeats
 
 import forkless
 from tests.harness import UNIT_S, run_app
@@ -87,3 +91,22 @@ def test_a_failed_check_is_json_too(free_port: int) -> None:
     assert proc.returncode == 3
     (failed,) = [r for r in _records(proc.stderr) if r["logger"] == "forkless"]
     assert failed["exit_status"] == 3 and failed["message"].startswith("check failed: cannot connect to ")
+
+
+def test_repeats_held_back_until_the_stop_are_logged_with_the_fields_of_the_line_they_repeat() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(RateLimitFilter(window_s=3600))
+    root, logger = logging.getLogger(), logging.getLogger("forkless.source")
+    root.addHandler(handler)
+    try:
+        for _ in range(5):
+            logger.warning("bad input on connection %d: %s", 3, "not JSON", extra={"connection": 3, "feed": "ticks"})
+        flush_log_repeats()
+    finally:
+        root.removeHandler(handler)
+    first, held = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert (first["feed"], first["connection"]) == ("ticks", 3)
+    assert (held["feed"], held["connection"], held["repeated"]) == ("ticks", 3, 4)
+    assert held["message"] == "bad input on connection 3: not JSON (repeated 4 more times before the stop)"

@@ -340,9 +340,9 @@ class WebSocketSource(SourceCapabilities):
         unconfirmed = ctx.replies_written - self._confirmed
         if not clean and unconfirmed:  # the peer may not have read them: counted, never silent
             ctx.unconfirmed(unconfirmed)
-            log.warning("connection %d ended without the server's closing handshake: the last %d reply frames "
-                        "written to it (after the last the server confirmed with a pong) may not all have been read",
-                        conn, unconfirmed, extra=self._fields())
+            log.warning("connection %d ended before the server confirmed the last %d reply frames written to it (by "
+                        "a pong, or by answering our close): they may not all have been read", conn, unconfirmed,
+                        extra=self._fields())
         current = asyncio.current_task()
         if not ws.closed and current is not None and current.cancelling():
             aiohttp_compat.drop(ws)  # an aborted stop: no closing handshake, no waiting
