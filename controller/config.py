@@ -34,6 +34,7 @@ from forkless.controller.settings.groups import CheckpointSettings, InstanceSett
 from forkless.controller.settings.values import ValueProblem
 from forkless.controller.settings.variables import PREFIX, VARIABLES, Variable, as_text, variable
 from forkless.io_loop.connectors.jetstream.partitions import instance_share
+from forkless.io_loop.errors import EXIT_LOSSY_STOP
 from forkless.io_loop.net.netaddr import redact_url, redact_urls
 from forkless.io_loop.settings import (
     DEFAULT_SOURCE_BUFFER,
@@ -95,6 +96,7 @@ class Config:
     reconnect_tries: int = 0
     duration_s: float | None = None
     shutdown_timeout_s: float = 10.0
+    lossy_stop_exit: int = EXIT_LOSSY_STOP  # the program's exit status after an orderly stop that lost messages
     status_s: float = 1.0
     log_level: str = "INFO"
     log_format: str = "text"

@@ -23,6 +23,7 @@ from forkless.io_loop.errors import (
     EXIT_CRASH,
     EXIT_FEED,
     EXIT_INTERRUPTED,
+    EXIT_LOSSY_STOP,
     EXIT_OK,
     DeploymentMismatch,
     FeedFatal,
@@ -38,11 +39,14 @@ __all__ = ["ENDS_A_RUN", "EXIT_STATUSES", "CheckpointMismatch", "ConfigError", "
 
 # what each status means, whatever ends the run with it; the classes in ENDS_A_RUN add their own lines
 EXIT_STATUSES = {
-    EXIT_OK: "clean stop (or --check passed)",
+    EXIT_OK: "clean stop: every message received answered (or --check passed)",
     EXIT_CRASH: "crash, traceback printed (or --check: JAX, compilation or the metrics address failed)",
     EXIT_CONFIG: "bad configuration, one line naming what is wrong",
     EXIT_FEED: "the feed cannot be used (or --check: a feed is unreachable); forkless relay: also its NATS server, "
                "or messages read and not stored by the stop's deadline",
+    EXIT_LOSSY_STOP: "an orderly stop (a signal, FORKLESS_DURATION) that lost messages: results or replies dropped, "
+                     "messages left unanswered, results a sink gave up or events given up; the books line and a "
+                     "warning say what (FORKLESS_LOSSY_STOP_EXIT sets this status: 0 exits as a clean stop)",
     EXIT_INTERRUPTED: "a second Ctrl-C (SIGINT) during the orderly stop: the IO side aborted, what was not sent is "
                       "counted as dropped, no checkpoint written",
 }

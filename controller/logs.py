@@ -7,7 +7,11 @@ Rules:
   how many were suppressed. So a server sending the same bad frame forever yields about
   one line per window, with a count, instead of a flood.
 - Context such as the connection id travels as ``extra={"connection": n}`` and appears as
-  a field in JSON lines.
+  a field in JSON lines; every JSON line carries forkless's ``version``.
+- The program's own lines outside logging (the configuration error, which comes before logging
+  can be set up, an unknown variable's warning, the exit line of an error) go through
+  ``program_line``: ``forkless: …`` as text, and with ``json`` the same JSON object as a log line,
+  so that in JSON mode every line on stderr is JSON.
 """
 
 from __future__ import annotations
@@ -20,13 +24,17 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["JsonFormatter", "RateLimitFilter", "flush_log_repeats", "setup_logging"]
+from forkless import __version__
+
+__all__ = ["JsonFormatter", "RateLimitFilter", "flush_log_repeats", "program_line", "setup_logging"]
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: timestamp, level, logger, message, and any context fields."""
+    """One JSON object per line: timestamp, level, logger, message, forkless's version, and any context fields."""
+
+    converter = time.gmtime  # the timestamp says Z: UTC
 
     def format(self, record: logging.LogRecord) -> str:
         obj: dict[str, Any] = {
@@ -34,6 +42,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
+            "version": __version__,
         }
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
@@ -50,12 +59,14 @@ class RateLimitFilter(logging.Filter):
         super().__init__()
         self.window_s = window_s
         self.max_keys = max_keys
-        self._seen: OrderedDict[tuple, list[float | int]] = OrderedDict()
+        # key -> [when let through, repeats held back since, the first record's context fields]
+        self._seen: OrderedDict[tuple, list[Any]] = OrderedDict()
 
-    def flush(self) -> list[tuple[tuple, int]]:
-        """Repeats still held back, as ``(key, count)``; the counts are reset."""
-        held = [(key, int(entry[1])) for key, entry in self._seen.items() if entry[1]]
-        for key, _ in held:
+    def flush(self) -> list[tuple[tuple, int, dict[str, Any]]]:
+        """Repeats still held back, as ``(key, count, context)`` (the context fields of the line they
+        repeat: its feed and connection, say); the counts are reset."""
+        held = [(key, int(entry[1]), entry[2]) for key, entry in self._seen.items() if entry[1]]
+        for key, _, _ in held:
             self._seen[key][1] = 0
         return held
 
@@ -66,7 +77,8 @@ class RateLimitFilter(logging.Filter):
         now = time.monotonic()
         entry = self._seen.get(key)
         if entry is None:
-            self._seen[key] = [now, 0]
+            context = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")}
+            self._seen[key] = [now, 0, context]
             if len(self._seen) > self.max_keys:
                 self._seen.popitem(last=False)
             return True
@@ -107,6 +119,26 @@ def setup_logging(level: str = "INFO", fmt: str = "text", stream: Any = None) ->
     return handler
 
 
+def program_line(message: str, *, fmt: str, level: int = logging.ERROR, label: str = "",
+                 traceback: str = "", stream: Any = None, **fields: Any) -> None:
+    """Write one of the program's own lines to stderr (module rules): ``forkless: <label>: <message>`` (``label``
+    and its colon left out when empty) and ``traceback`` after it as text; with ``fmt="json"`` one JSON object
+    (``JsonFormatter``'s, logger "forkless"), its message ``<label>: <message>``, ``traceback`` and ``fields``
+    (the exit status, say) as fields."""
+    out = stream or sys.stderr
+    text = f"{label}: {message}" if label else message
+    if fmt == "json":
+        record = logging.LogRecord("forkless", level, "", 0, text, (), None)
+        record.__dict__.update(fields)
+        if traceback:
+            record.__dict__["traceback"] = traceback
+        print(JsonFormatter().format(record), file=out, flush=True)
+        return
+    print(f"forkless: {text}", file=out, flush=True)
+    if traceback:
+        print(traceback, end="" if traceback.endswith("\n") else "\n", file=out, flush=True)
+
+
 def _below_warning_from(prefixes: tuple[str, ...]) -> Callable[[logging.LogRecord], bool]:
     def keep(record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING:
@@ -122,6 +154,6 @@ def flush_log_repeats() -> None:
     for handler in logging.getLogger().handlers:
         for flt in handler.filters:
             if isinstance(flt, RateLimitFilter):
-                for (name, level, message), count in flt.flush():
+                for (name, level, message), count, context in flt.flush():
                     logging.getLogger(name).log(level, "%s (repeated %d more times before the stop)",
-                                                message, count, extra={"repeated": count})
+                                                message, count, extra={**context, "repeated": count})

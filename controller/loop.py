@@ -261,7 +261,7 @@ class Controller:
         if restored is not None:
             self._enter("restoring")
             recovery.restore(self.engine, restored)
-        self._checkpoints.start(store)
+        self._checkpoints.start(store, newest_at=recovery.restored_at, newest_bytes=recovery.restored_bytes)
         life.hold_checkpoints(self._checkpoints)
         self._host.apply()
         self._io = io = self._io_factory(cfg, self.codec, self.io_stats, self.stats, **self._io_arguments(),

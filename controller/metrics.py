@@ -17,12 +17,22 @@ Rules:
   way, per sink; the ``sink`` label takes the names of the sinks the program gave (a fixed few).
 - Sinks' books (``sink_families``): the controller's sinks of results from its snapshot, and a
   ``SinkRun``'s one sink from its view (controller/lifetime/sinkrun.py), alike.
+- Counters are Prometheus counters: each starts at 0 in a process and only grows. What a restored
+  checkpoint had counted before the process is in gauges of its own (``forkless_restored_*``), never
+  added to a counter (a counter that starts at the checkpoint's count reads as a reset).
+- A labelled series exists from the start, at 0, for every label value known then: each feed, each
+  sink, each declared counter, and the reasons in ``KNOWN_REASONS`` (the reasons forkless itself
+  counts; ``rate()`` over a series that first appears at its first event misses that event). The
+  reasons bad input gives are the input's own and appear when first counted.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import logging
 import math
+import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -42,20 +52,37 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "by_reason_family", "exposition", "histogram_family",
-           "make_registry", "metric_families", "metrics_table_markdown", "render", "sink_families"]
+from forkless import __version__
+
+__all__ = ["KNOWN_REASONS", "MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "build_family", "build_info",
+           "by_reason_family", "exposition", "histogram_family", "make_registry", "metric_families",
+           "metrics_table_markdown", "render", "sink_families"]
 
 log = logging.getLogger("forkless.metrics")
 
 SECONDS_STEP = 5  # expose every 5th of the snapshot's ten-per-decade bounds
 MAX_REASONS = 32
 
+# The reasons forkless itself counts, by family (those of bad input are the input's own): exposed at 0 from the start.
+# Written out here because they are counted in modules this pure one may not import (io_loop/spill.py, feeds.py,
+# thread.py, sinks/sink.py; controller/queues.py, batchstep.py, replies.py, codec.py); tests/test_metrics_counters.py
+# holds each to a reason counted in the code.
+KNOWN_REASONS: dict[str, tuple[str, ...]] = {
+    "forkless_dropped": ("not processed before the stop", "unsent at stop", "outbound full at stop", "IO side ended",
+                         "inbound overflow (drop_oldest)", "feed given up"),
+    "forkless_errors": ("not JSON", "too many streams", "non-finite result", "processing failed", "encode failed",
+                        "frame too large"),
+    "forkless_state_resets": ("stream reset: non-finite", "state lost with a failed step"),
+    "forkless_sink_dropped": ("unwritten at the stop",),  # per sink
+}
+
 
 def metric_families(snap: StatsSnapshot) -> list[Metric]:
     """Every ``forkless_*`` metric family for one snapshot (pure; see the module rules)."""
     feeds = _feed_rows(snap)
-    return [*_message_families(snap, feeds), *_book_families(snap), *_connection_families(snap, feeds),
-            *_latency_families(snap, feeds), *_process_families(snap), *sink_families(snap.sinks),
+    return [*_message_families(snap, feeds), *_book_families(snap), *_restored_families(snap),
+            *_connection_families(snap, feeds), *_latency_families(snap, feeds), *_process_families(snap),
+            *sink_families(snap.sinks),
             CounterMetricFamily("forkless_sink_results_unsent", "Results for the controller's sinks whose batch never "
                                 "reached the IO thread (outbound still full at the stop's deadline).",
                                 value=snap.sink_results_unsent)]
@@ -90,9 +117,11 @@ def _message_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric
 def _book_families(snap: StatsSnapshot) -> list[Metric]:
     """The books: processed, in flight, streams, resets, declined, the declared counters, errors, drops."""
     fams: list[Metric] = []
-    fams.append(CounterMetricFamily("forkless_processed", "Messages run through the step.",
+    fams.append(CounterMetricFamily("forkless_processed", "Messages run through the step in this process "
+                                    "(before it, as a restored checkpoint counted them: forkless_restored_processed).",
                                     value=snap.processed))
-    fams.append(CounterMetricFamily("forkless_batches", "Batches run through the step.", value=snap.batches))
+    fams.append(CounterMetricFamily("forkless_batches", "Batches run through the step in this process.",
+                                    value=snap.batches))
     fams.append(CounterMetricFamily("forkless_answer_error_replies", "Error frames sent that answer a received "
                                     "message (part of forkless_error_replies).", value=snap.answer_errors_out))
     fams.append(GaugeMetricFamily("forkless_in_flight", "Received messages not yet answered, dropped or declined "
@@ -104,7 +133,7 @@ def _book_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(CounterMetricFamily("forkless_streams_evicted", "Idle streams whose slot was given to a new stream "
                                     "(FORKLESS_STREAM_IDLE_S).", value=snap.streams_evicted))
     fams.append(by_reason_family("forkless_state_resets", "Streams (or the whole state) reset, by reason.",
-                                 snap.resets))
+                                 snap.resets, KNOWN_REASONS["forkless_state_resets"]))
     fams.append(CounterMetricFamily("forkless_no_reply", "Received messages answered with no frame: the codec "
                                     "returned None, or the reply was declined (forkless_replies_declined).",
                                     value=snap.no_reply))
@@ -114,17 +143,39 @@ def _book_families(snap: StatsSnapshot) -> list[Metric]:
     # the processor's declared counters: the default detector's "anomalies" keeps a family of its own
     if "anomalies" in snap.counters:
         fams.append(CounterMetricFamily("forkless_anomalies", "Messages the default detector flagged as anomalies "
-                                        "(its declared counter \"anomalies\").", value=snap.anomalies))
+                                        "in this process (its declared counter \"anomalies\").", value=snap.anomalies))
     declared = CounterMetricFamily("forkless_processor_counts", "The processor's declared counters "
-                                   "(Processor(counters=...)): each a bool or int output summed over the messages "
-                                   "answered with results, by counter name; the default detector's is "
+                                   "(Processor(counters=...)) in this process: each a bool or int output summed over "
+                                   "the messages answered with results, by counter name; the default detector's is "
                                    "forkless_anomalies.", labels=["name"])
     for name, value in snap.counters.items():
         if name != "anomalies":
             declared.add_metric([name], value)
     fams.append(declared)
-    fams.append(by_reason_family("forkless_errors", "Messages or frames refused or failed, by reason.", snap.errors))
-    fams.append(by_reason_family("forkless_dropped", "Messages or replies dropped, by reason.", snap.dropped))
+    fams.append(by_reason_family("forkless_errors", "Messages or frames refused or failed, by reason.", snap.errors,
+                                 KNOWN_REASONS["forkless_errors"]))
+    fams.append(by_reason_family("forkless_dropped", "Messages or replies dropped, by reason.", snap.dropped,
+                                 KNOWN_REASONS["forkless_dropped"]))
+    return fams
+
+
+def _restored_families(snap: StatsSnapshot) -> list[Metric]:
+    """What the checkpoint this process restored had counted before it (module rules: gauges, not counters)."""
+    fams: list[Metric] = [GaugeMetricFamily(
+        "forkless_restored_processed", "Messages run through the step before this process, as the checkpoint it "
+        "restored counted them (0: it started fresh); forkless_processed_total counts this process's, and the next "
+        "checkpoint records the sum.", value=snap.restored_processed)]
+    if "anomalies" in snap.counters:
+        fams.append(GaugeMetricFamily("forkless_restored_anomalies", "The default detector's anomalies before this "
+                                      "process, as the checkpoint it restored counted them (forkless_anomalies_total: "
+                                      "this process's).", value=snap.restored_counters.get("anomalies", 0)))
+    declared = GaugeMetricFamily("forkless_restored_processor_counts", "The processor's declared counters before this "
+                                 "process, as the checkpoint it restored counted them, by counter name "
+                                 "(forkless_processor_counts_total: this process's).", labels=["name"])
+    for name in snap.counters:
+        if name != "anomalies":
+            declared.add_metric([name], snap.restored_counters.get(name, 0))
+    fams.append(declared)
     return fams
 
 
@@ -198,7 +249,7 @@ def _latency_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric
 
 def _process_families(snap: StatsSnapshot) -> list[Metric]:
     """The process: compilations, readiness, devices, checkpoints, JetStream, partitions."""
-    fams: list[Metric] = []
+    fams: list[Metric] = [build_family()]
     fams.append(CounterMetricFamily("forkless_compilations", "XLA compilations in this process (flat after ready).",
                                     value=snap.compilations))
     fams.append(GaugeMetricFamily("forkless_ready", "1 when connected and the step is compiled, else 0.",
@@ -312,22 +363,25 @@ def sink_families(sinks: Iterable[tuple[str, Any]]) -> list[Metric]:
     dropped = CounterMetricFamily("forkless_sink_dropped", "Items a sink gave up (batch.drop), by reason.",
                                   labels=["sink", "reason"])
     for sink, books in sinks:
-        for reason, count in _bounded(books.dropped).items():
+        for reason, count in _bounded(books.dropped, KNOWN_REASONS["forkless_sink_dropped"]).items():
             dropped.add_metric([sink, reason], count)
     fams.append(dropped)
     return fams
 
 
-def by_reason_family(name: str, doc: str, counts: Mapping[str, int]) -> CounterMetricFamily:
-    """A counter labelled by ``reason``: at most ``MAX_REASONS`` of them, the rarest beyond summed as "other"."""
+def by_reason_family(name: str, doc: str, counts: Mapping[str, int], known: Iterable[str] = ()) -> CounterMetricFamily:
+    """A counter labelled by ``reason``: at most ``MAX_REASONS`` of them, the rarest beyond summed as "other";
+    each ``known`` reason there from the start, at 0 (while fewer than ``MAX_REASONS`` reasons were counted)."""
     fam = CounterMetricFamily(name, doc, labels=["reason"])
-    for reason, count in _bounded(counts).items():
+    for reason, count in _bounded(counts, known).items():
         fam.add_metric([reason], count)
     return fam
 
 
-def _bounded(counts: Mapping[str, int]) -> dict[str, int]:
-    """``counts`` with at most ``MAX_REASONS`` reasons, the rarest beyond summed as "other"; sorted by reason."""
+def _bounded(counts: Mapping[str, int], known: Iterable[str] = ()) -> dict[str, int]:
+    """``counts`` (with each ``known`` reason at 0 where not counted) with at most ``MAX_REASONS`` reasons, the
+    rarest beyond summed as "other"; sorted by reason."""
+    counts = {**dict.fromkeys(known, 0), **counts}
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     kept = dict(ranked[:MAX_REASONS])
     other = sum(count for _, count in ranked[MAX_REASONS:])
@@ -372,6 +426,30 @@ def _feed_rows(snap: StatsSnapshot) -> list[_FeedRow]:
                      f.io.reconnects, f.io.connect_failures, int(f.io.connected), f.io.state_since, f.io.unsent,
                      int(bool(f.given_up)), lat, f.io.write_latency, f.io.events_in, f.io.sent_out)
             for f, lat in zip(snap.feeds, latency)]
+
+
+@functools.cache
+def build_info() -> dict[str, str]:
+    """What this process runs: forkless's version, Python's, and the installed JAX's and jaxlib's (read from
+    their package metadata, so nothing imports JAX; "" where not installed: the relay needs none)."""
+    def installed(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return ""
+
+    return {"version": __version__, "python": platform.python_version(), "jax": installed("jax"),
+            "jaxlib": installed("jaxlib")}
+
+
+def build_family() -> Metric:
+    """``forkless_build_info``: always 1, its labels saying what runs (``build_info``); the program's and the
+    relay's alike."""
+    info = build_info()
+    family = InfoMetricFamily("forkless_build", "What this process runs: forkless's version, Python's, JAX's and "
+                              "jaxlib's (value 1).", labels=list(info))
+    family.add_metric(list(info.values()), {})
+    return family
 
 
 def _per_feed(kind: type, name: str, doc: str, feeds: list[_FeedRow], attr: str) -> Metric:
@@ -466,7 +544,7 @@ def _every_field_populated() -> StatsSnapshot:
             written_unconfirmed=1, errors={}, dropped={}, connects=1, reconnects=1, connect_failures=1,
             connected=True, state_since=1.0, last_error="x", write_latency=seconds, loop_lag=seconds, inbound_depth=0,
             outbound_depth=0, unsent=1, events_in=1, sent_out=1, counts={_VARIES: 1})),),
-        counters={"anomalies": 1, _VARIES: 1},
+        counters={"anomalies": 1, _VARIES: 1}, restored_processed=1, restored_counters={"anomalies": 1, _VARIES: 1},
         sinks=((_VARIES, SimpleNamespace(taken=2, written=1, dropped={_VARIES: 1}, held=0, unwritten=1, batches=1)),),
     )
 
@@ -485,7 +563,7 @@ def _labels_cell(fam: Metric) -> str:
                 seen.append(value)
     cells = []
     for label, seen in values.items():
-        if label == "le" or _VARIES in seen:
+        if label == "le" or _VARIES in seen or fam.name == "forkless_build":  # build labels: the process's
             cells.append(label)
         else:
             cells.append(f"{label}=" + "\\|".join(f"`{v}`" for v in seen))

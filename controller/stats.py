@@ -31,7 +31,8 @@ from forkless.io_loop.counters import (
     new_hops,
 )
 
-__all__ = ["PHASES", "MainStats", "SourceFigures", "StatsSnapshot", "books_line", "checkpoint_part", "status_line",
+__all__ = ["PHASES", "MainStats", "SourceFigures", "StatsSnapshot", "books_line", "checkpoint_part", "losses",
+           "status_line",
            "whole_snapshot"]
 
 # a run's phases, in order (``MainStats.phase``; /readyz, forkless_phase, docs/metrics.md): "starting" until
@@ -47,9 +48,13 @@ class MainStats:
     phase: str = PHASES[0]  # where the run is (``PHASES``)
 
     batches: int = 0
-    processed: int = 0
-    # the processor's declared counters (controller/declared.py), by name, in declaration order
+    processed: int = 0  # in this process: a counter starts at 0 in each process and only grows
+    # the processor's declared counters (controller/declared.py), by name, in declaration order; this process's too
     counters: dict[str, int] = field(default_factory=dict)
+    # what the checkpoint this run continued from had counted before (Recovery.restore), kept apart from the
+    # counters above: a checkpoint records the sum of both, so its counts go on across restarts
+    restored_processed: int = 0
+    restored_counters: dict[str, int] = field(default_factory=dict)
     errors: Counter = field(default_factory=Counter)  # by reason (too many streams, processing failed)
     dropped: Counter = field(default_factory=Counter)  # received messages never answered, by reason
     no_reply: int = 0  # received messages answered with no frame (the codec's None, a declined reply)
@@ -178,8 +183,11 @@ class StatsSnapshot:
     awaited_unanswered: dict[str, int] = field(default_factory=dict)
     # a partitioned instance: the stream's partitions with no live lease for longer than a lease
     partitions_unowned: int = 0
-    # the processor's declared counters (Processor.counters; the default detector's "anomalies")
+    # the processor's declared counters (Processor.counters; the default detector's "anomalies"), in this process
     counters: dict[str, int] = field(default_factory=dict)
+    # what the checkpoint this run continued from had counted before this process (0, {}: started fresh)
+    restored_processed: int = 0
+    restored_counters: dict[str, int] = field(default_factory=dict)
     # the weights in force (controller/device/weights.py ``Weights``: version, digest, since which step); None: no
     # params
     weights: Any = None
@@ -306,6 +314,9 @@ def books_line(snap: StatsSnapshot) -> str:
 
         books: in N = results R + error replies A + no reply Q + dropped D (reason n, …) + unanswered U
         (…; sink 'name': taken T = written W + dropped D (reason n, …) + held H: each of the controller's sinks)
+        (…; before this process (its checkpoint): processed P, anomalies A: after a restore)
+
+    Every figure but the last part is this process's own.
     """
     dropped = ", ".join(f"{reason} {n}" for reason, n in sorted(snap.dropped.items()))
     return (f"books: in {snap.messages_in} = results {snap.messages_out} + error replies {snap.answer_errors_out}"
@@ -316,7 +327,31 @@ def books_line(snap: StatsSnapshot) -> str:
             + "".join(f"; sink {name!r}: taken {books.taken} = written {books.written} + dropped "
                       f"{sum(books.dropped.values())}{_reasons(books.dropped)} + held {books.held}"
                       for name, books in snap.sinks)
-            + (f"; {snap.sink_results_unsent} results never handed to the sinks" if snap.sink_results_unsent else ""))
+            + (f"; {snap.sink_results_unsent} results never handed to the sinks" if snap.sink_results_unsent else "")
+            + _restored_part(snap))
+
+
+def _restored_part(snap: StatsSnapshot) -> str:
+    """The books line's tail after a restore: what the checkpoint had counted before this process (the books
+    above are this process's alone)."""
+    if not snap.restored_processed and not any(snap.restored_counters.values()):
+        return ""
+    counted = "".join(f", {name} {n}" for name, n in snap.restored_counters.items())
+    return f"; before this process (its checkpoint): processed {snap.restored_processed}{counted}"
+
+
+def losses(snap: StatsSnapshot) -> dict[str, int]:
+    """What a run lost, by kind, the kinds with none left out (empty: nothing lost; the program's exit status
+    after an orderly stop, controller/commands/cli.py): messages and replies dropped, messages still unanswered,
+    results the controller's sinks gave up or never got, events a source's buffer gave up."""
+    found = {
+        "dropped": snap.dropped_total,
+        "unanswered": snap.in_flight,
+        "dropped by sinks": sum(sum(books.dropped.values()) for _, books in snap.sinks),
+        "results never handed to the sinks": snap.sink_results_unsent,
+        "events dropped": sum(snap.events_dropped.values()),
+    }
+    return {kind: n for kind, n in found.items() if n > 0}
 
 
 def _reasons(dropped: dict[str, int]) -> str:
@@ -383,6 +418,7 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         events_dropped=io.events_dropped, buffered=io.buffered, awaited_unanswered=io.awaited_unanswered,
         partitions_unowned=partitions_unowned,
         counters=copy_counts(main.counters),
+        restored_processed=main.restored_processed, restored_counters=dict(main.restored_counters),
         weights=weights,
     )
 

@@ -17,6 +17,8 @@ import os
 import sys
 from typing import Any
 
+__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it (tool.setuptools.dynamic)
+
 PACKAGES = ("controller", "io_loop")
 
 

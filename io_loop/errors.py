@@ -27,6 +27,7 @@ __all__ = [
     "EXIT_CRASH",
     "EXIT_FEED",
     "EXIT_INTERRUPTED",
+    "EXIT_LOSSY_STOP",
     "EXIT_OK",
     "DeploymentMismatch",
     "FeedFatal",
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_FEED = 0, 1, 2, 3
+EXIT_LOSSY_STOP = 4  # an orderly stop that lost messages (FORKLESS_LOSSY_STOP_EXIT chooses another)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 # how a PositionLost says the loss can be accepted (every refusal of a recorded position ends with it)
 ACCEPT_LOSS = ("start with FORKLESS_CHECKPOINT_RESTORE=never to accept the loss (the state starts empty and "

@@ -202,7 +202,7 @@ class FeedSet:
         self.given_up[index] = str(exc)
         left = sum(not why for why in self.given_up)
         log.error("%s gave up: %s; %d of %d feeds go on (FORKLESS_FEED_FATAL=%s)", spec.label, exc, left,
-                  len(self.specs), self.settings.feed_fatal)
+                  len(self.specs), self.settings.feed_fatal, extra={"feed": spec.name})
         self._count_lost(index, self.unsent_items(index))
 
     def _count_lost(self, index: int, items: list[tuple[Outgoing | None, int]]) -> None:
@@ -211,7 +211,8 @@ class FeedSet:
         stats.sent_unsent += sent
         if answers:
             stats.dropped[GIVEN_UP_REASON] += answers
-            log.error("%d replies to messages of %s dropped: it gave up", answers, self.specs[index].label)
+            log.error("%d replies to messages of %s dropped: it gave up", answers, self.specs[index].label,
+                      extra={"feed": self.specs[index].name})
         stats.error_replies_unsent += errors
 
     # ---- the stop's accounting and observing --------------------------------------------------

@@ -517,7 +517,8 @@ class SourceRunner:
         """The source's exception (raised by its ``run`` or ``during`` its hook), logged with its
         traceback, as the ``FeedFatal`` that gives the source up (raise it ``from exc``)."""
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
-        log.error("source %r failed%s", self.feed.name, during, exc_info=exc)
+        log.error("source %r failed%s", self.feed.name, during, exc_info=exc,
+                  extra={"feed": self.feed.name, "connection": self.connection_id})
         return FeedFatal(f"source {self.feed.name!r} failed{during}: {type(exc).__name__}: {exc}")
 
     async def stop_reading(self, deadline: float | None = None, unrouted: Callable[[], int] = lambda: 0) -> None:

@@ -20,6 +20,7 @@ from websockets.asyncio.server import serve
 
 from forkless import Config, Controller
 from tests.fake_io import FakeIO, drain
+from tests.harness import UNIT_S, drive
 from tests.reference import EWMAReference
 
 WAIT_S = 30.0
@@ -322,3 +323,37 @@ def test_a_feed_that_dies_mid_stream_loses_nothing_from_the_books_and_hides_no_l
     never_arrived = stats.messages_out - len(received)
     assert never_arrived >= 0
     assert stats.written_unconfirmed >= never_arrived, (stats.written_unconfirmed, never_arrived)
+
+
+@pytest.mark.parametrize("answers_pings", [True, False], ids=["server answers pings", "server never answers"])
+def test_written_unconfirmed_counts_only_the_replies_written_after_the_servers_last_pong(feed_server, answers_pings):
+    """The client pings while replies are unconfirmed, and the server's pong confirms every reply written
+    before the ping: a connection that then dies without a closing handshake counts only the replies after
+    it as ``written_unconfirmed``, not the connection's whole lifetime. Deterministic: after the pong the server
+    sends one more message, so its reply (read after the pong) is the one reply unconfirmed."""
+    burst = 40
+
+    async def script(conn) -> None:
+        if conn.index:
+            await conn.read_until_closed(timeout=60 * UNIT_S)
+            return
+        conn.answer_pings = answers_pings
+        for seq in range(burst):
+            await conn.send({"seq": seq, "stream": f"s{seq % 3}", "x": [1.0, 2.0]})
+        for _ in range(burst):
+            assert await conn.recv(timeout=30 * UNIT_S) is not None
+        pinged, deadline = conn.pings, time.monotonic() + 30 * UNIT_S
+        while conn.pings == pinged:  # every reply read: the client's next ping confirms them all
+            assert time.monotonic() < deadline, "no ping from the client"
+            assert await conn.recv(timeout=0.05) is None, "no frame expected"  # reads (and answers) pings
+        await conn.send({"seq": burst, "stream": "s0", "x": [1.0, 2.0]})
+        assert await conn.recv(timeout=30 * UNIT_S) is not None
+        conn.request.transport.abort()  # the server dies: no closing handshake
+
+    server = feed_server(script, autoping=False)
+    cfg = Config(ws_url=server.url, features=2, status_s=0, heartbeat_s=0, reconnect_min_s=5)
+    with Controller(cfg) as ctl:
+        drive(ctl, lambda: ctl.stats().reconnects >= 1, timeout_s=60 * UNIT_S, what="the connection lost")
+        stats = ctl.stats()
+    assert stats.messages_out == burst + 1
+    assert stats.written_unconfirmed == (1 if answers_pings else burst + 1)

@@ -27,7 +27,7 @@ import pytest
 from forkless.controller.config import Config
 from forkless.controller.logs import JsonFormatter, RateLimitFilter
 from forkless.controller.loop import Controller
-from forkless.controller.metrics import MAX_REASONS, exposition, make_registry, metric_families, render
+from forkless.controller.metrics import KNOWN_REASONS, MAX_REASONS, exposition, make_registry, metric_families, render
 from forkless.controller.stats import StatsSnapshot, status_line
 from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 from forkless.io_loop.errors import MetricsServerError
@@ -168,7 +168,8 @@ def test_metrics_parse_and_count_what_the_feed_server_sent_and_received(observed
     assert _value(m, "forkless_messages_total", feed="0", direction="out") == feed["results"] == GOOD
     assert _value(m, "forkless_error_replies_total", feed="0") == feed["error_replies"] == BAD_JSON + BAD_X
     assert _value(m, "forkless_frames_received_total", feed="0") == GOOD_SINGLE + GOOD_ARRAYS + BAD_JSON + 1
-    assert _labelled(m, "forkless_errors_total", "reason") == {"not JSON": BAD_JSON,
+    assert _labelled(m, "forkless_errors_total", "reason") == {**dict.fromkeys(KNOWN_REASONS["forkless_errors"], 0),
+                                                              "not JSON": BAD_JSON,
                                                               "x must have 2 numbers, got 3": BAD_X}
     assert _value(m, "forkless_processed_total") == GOOD
     assert _value(m, "forkless_latency_seconds_count", feed="0") == GOOD

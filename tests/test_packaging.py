@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import forkless
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -59,6 +61,7 @@ def test_the_wheel_holds_forkless_alone_and_the_requirements(installed):
     assert sorted(map(norm, requires)) == sorted(map(norm, _requirements()))
     assert [norm(e.split(";")[0].removeprefix("Requires-Dist: ")) for e in extras] == ["nats-py"]  # ".[nats]"
     assert "forkless = forkless.controller.commands.cli:console_main" in entry
+    assert f"\nVersion: {forkless.__version__}\n" in meta  # written once, in forkless/__init__.py
 
 
 def test_the_installed_packages_import_from_any_directory(installed, tmp_path):

@@ -99,7 +99,11 @@ def test_a_declared_counter_is_in_the_checkpoint_and_restored_from_it(tmp_path):
     run(tmp_path, spike_counter(), [6.0, 7.0, 1.0])
     assert newest(tmp_path).counts == {"processed": 3, "spikes": 2}
     snap, _ = run(tmp_path, spike_counter(), [8.0])
-    assert snap.counters == {"spikes": 3} and snap.processed == 4
+    # this process's counters start at 0; what the checkpoint counted is restored beside them, and the stop's
+    # checkpoint records the sum
+    assert snap.counters == {"spikes": 1} and snap.processed == 1
+    assert snap.restored_counters == {"spikes": 2} and snap.restored_processed == 3
+    assert newest(tmp_path).counts == {"processed": 4, "spikes": 3}
 
 
 def test_a_declared_setting_is_recorded_and_another_value_is_refused_at_restore(tmp_path):
@@ -137,14 +141,15 @@ def test_the_default_detectors_settings_are_recorded_only_so_tuning_them_keeps_t
     run(tmp_path, None, [0.0] * 3 + [50.0], warmup=2)
     snap, ctl = run(tmp_path, None, [0.0], warmup=5, alpha=0.1, threshold=3.0)
     assert ctl.restored_from is not None
-    assert snap.anomalies == 1 and snap.processed == 5
+    assert (snap.restored_counters["anomalies"], snap.restored_processed, snap.processed) == (1, 4, 1)
+    assert newest(tmp_path).counts == {"processed": 5, "anomalies": 1}
 
 
 def test_an_old_default_checkpoint_with_anomalies_in_its_counts_restores_them(tmp_path):
     # what any checkpoint of the default detector holds, before and after the counters were declared
     run(tmp_path, default_processor(config(tmp_path, warmup=2)), [0.0] * 3 + [50.0], warmup=2)
     snap, _ = run(tmp_path, None, [], warmup=2)
-    assert snap.anomalies == 1
+    assert snap.restored_counters == {"anomalies": 1} and snap.anomalies == 0
 
 
 def test_a_counter_of_an_output_the_step_does_not_return_is_refused_when_compiling(tmp_path):

@@ -7,18 +7,24 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+import urllib.request
 from pathlib import Path
 
 import numpy as np
+import pytest
 from forkless.controller.checkpoints.checkpoint import list_checkpoints, load_newest, read_checkpoint
 from forkless.controller.checkpoints.checkpointer import Checkpointer
 from forkless.controller.config import Config
+from forkless.controller.metrics import KNOWN_REASONS
 from forkless.controller.processor import default_processor
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import UNIT_S, app_env, wait_until
+from tests.harness import KILLED_EXIT_S, UNIT_S, app_env, wait_until
 from tests.reference import EWMAReference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,3 +197,86 @@ def test_kill_9_during_periodic_checkpoints_always_leaves_complete_checkpoints_t
     restart.start()  # what the next run does first: a half-written file goes
     assert restart.stop(30 * UNIT_S)
     assert sorted(os.listdir(ckpt)) == [path.name for path in list_checkpoints(ckpt)]
+
+
+def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics parsed by prometheus_client's own parser: (sample name, labels) -> value."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10 * UNIT_S) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _total(samples: dict, name: str) -> float:
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+def test_counters_start_at_0_after_a_kill_9_and_the_restored_counts_are_gauges(tmp_path, feed_server, app):
+    """Prometheus's rules across a kill -9 and a restore: every ``_total`` starts at 0 in the new
+    process and never goes down in it; what the checkpoint had counted is in ``forkless_restored_*``;
+    the checkpoint's time is the newest checkpoint's from the restore on; the next checkpoint
+    records the sum, so the counts go on."""
+    ckpt = tmp_path / "ckpt"
+    extra = {"FORKLESS_THRESHOLD": "0.5", "FORKLESS_WARMUP": "2"}  # anomalies aplenty, so their count is seen
+    feed = feed_server(_endless(), impl="websockets")
+    proc = app(env=_env(ckpt, feed.url, FORKLESS_CHECKPOINT_S="0.05", **extra))
+    cfg = Config(features=F)
+    like = default_processor(cfg).init(cfg)
+    expect = {"features": F, "max_streams": cfg.max_streams, "processor": "ewma", "processor_version": "1"}
+
+    def checkpointed() -> bool:
+        newest = list_checkpoints(ckpt)
+        try:
+            return bool(newest) and read_checkpoint(newest[-1])[0]["counts"].get("anomalies", 0) > 0
+        except FileNotFoundError:  # rotated away meanwhile
+            return False
+
+    wait_until(checkpointed, timeout_s=60 * UNIT_S, what="a checkpoint that counted anomalies")
+    proc.signal(signal.SIGKILL)
+    assert proc.finish(timeout_s=KILLED_EXIT_S).returncode == -signal.SIGKILL
+    before = load_newest(ckpt, expect, like)
+    assert before.processed > 0 and before.counts["anomalies"] > 0
+
+    go = threading.Event()
+    frames = [json.dumps(m) for m in _messages(30)]
+
+    async def later(conn) -> None:  # nothing until the test has looked at the restored process
+        await asyncio.to_thread(go.wait, 60 * UNIT_S)
+        await _lockstep(frames)(conn)
+
+    feed = feed_server(later, impl="websockets")
+    proc = app(env=_env(ckpt, feed.url, FORKLESS_METRICS_ADDR="127.0.0.1:0", **extra))
+    url = re.search(r"metrics on (http://\S+)/metrics", proc.wait_for_line(r"metrics on http://", stream="stderr",
+                                                                             timeout_s=120 * UNIT_S)).group(1)
+    proc.wait_for_line(r"connection 1 to .* open", stream="stderr", timeout_s=60 * UNIT_S)
+    first = _scrape(url)
+    for name in ("forkless_messages_total", "forkless_processed_total", "forkless_batches_total",
+                 "forkless_anomalies_total", "forkless_dropped_total", "forkless_errors_total"):
+        assert _total(first, name) == 0, (name, _total(first, name))
+    for family in ("forkless_dropped", "forkless_errors"):  # labelled series there from the start, at 0
+        for reason in KNOWN_REASONS[family]:
+            assert first[(family + "_total", (("reason", reason),))] == 0, (family, reason)
+    assert _total(first, "forkless_restored_processed") == before.processed
+    assert _total(first, "forkless_restored_anomalies") == before.counts["anomalies"]
+    newest_at = _total(first, "forkless_checkpoint_last_success_timestamp_seconds")  # the restored one's, not 0
+    assert newest_at == pytest.approx(before.wall_time, abs=1e-3)
+
+    go.set()
+    feed.wait_for(lambda: feed.received_count >= len(frames), 60 * UNIT_S, "every reply")
+    wait_until(lambda: _total(_scrape(url), "forkless_processed_total") == len(frames), timeout_s=30 * UNIT_S,
+               what="the replies' messages counted")
+    second = _scrape(url)
+    for key, value in first.items():  # no counter went down in this process
+        if key[0].endswith("_total"):
+            assert second.get(key, 0) >= value, key
+    assert _total(second, "forkless_processed_total") == len(frames) == second[
+        ("forkless_messages_total", (("direction", "in"), ("feed", "0")))]
+    assert _total(second, "forkless_restored_processed") == before.processed
+    anomalies = _total(second, "forkless_anomalies_total")
+    proc.signal(signal.SIGTERM)
+    result = proc.finish(timeout_s=60 * UNIT_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"before this process (its checkpoint): processed {before.processed}, anomalies " in result.stderr
+    after = load_newest(ckpt, expect, like)  # the stop's checkpoint: the counts went on
+    assert after.processed == before.processed + len(frames)
+    assert after.counts["anomalies"] == before.counts["anomalies"] + anomalies

@@ -8,6 +8,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+from forkless.controller.metrics import KNOWN_REASONS
 from forkless.controller.processor import ewma_processor
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -52,7 +53,8 @@ def _expected(books: forkless.SinkStats) -> dict[tuple[str, tuple[tuple[str, str
     return {("forkless_sink_taken_total", ()): books.taken, ("forkless_sink_written_total", ()): books.written,
             ("forkless_sink_held", ()): books.held, ("forkless_sink_unwritten_total", ()): books.unwritten,
             ("forkless_sink_batches_total", ()): books.batches,
-            **{("forkless_sink_dropped_total", (("reason", reason),)): n for reason, n in books.dropped.items()}}
+            **{("forkless_sink_dropped_total", (("reason", reason),)): n  # the known reasons there at 0 from the start
+               for reason, n in {**dict.fromkeys(KNOWN_REASONS["forkless_sink_dropped"], 0), **books.dropped}.items()}}
 
 
 def test_a_controllers_sinks_books_are_served_on_its_metrics_endpoint(feed_server):

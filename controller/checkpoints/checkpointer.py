@@ -74,7 +74,7 @@ WriteFn = Callable[[Path, Snapshot], int]
 class NoCheckpoints:
     """The checkpointer of a run without checkpoints: the same calls, nothing taken or written."""
 
-    def start(self, store: CheckpointStore | None = None) -> None:
+    def start(self, store: CheckpointStore | None = None, *, newest_at: float = 0.0, newest_bytes: int = 0) -> None:
         pass
 
     def tick(self, now: float, take: Callable[[], Snapshot]) -> bool:
@@ -244,14 +244,19 @@ class Checkpointer:
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
-    def start(self, store: CheckpointStore | None = None) -> None:
+    def start(self, store: CheckpointStore | None = None, *, newest_at: float = 0.0, newest_bytes: int = 0) -> None:
         """Start the store (a directory: created, the temporary files a killed writer left
         deleted), number on from its newest checkpoint, start the thread; ``store``: the run's
-        (``store_for``), when none was given at construction.
+        (``store_for``), when none was given at construction. ``newest_at``, ``newest_bytes``: the
+        time and size of the checkpoint the run restored, reported as the newest written (its
+        ``checkpoint_last_at``, its age) until this writer writes one: a restart is not a checkpoint
+        missing.
 
         Raises ``OSError`` when the store cannot be written (call it before connecting)."""
         if self._thread is not None:
             return
+        if newest_at:  # before the writer thread exists: it writes these from its first checkpoint on
+            self.last_success_at, self.last_bytes = newest_at, newest_bytes
         if store is not None:
             self.store = store
         if self.store is None:

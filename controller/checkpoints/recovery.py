@@ -9,7 +9,11 @@ Rules:
   a mismatch is ``CheckpointMismatch`` naming the setting and both values). What it declares as
   ``recorded`` (the default detector's alpha, threshold, warm-up) is written, never matched.
 - The counts: ``processed`` and each counter the processor declares (``Processor.counters``),
-  restored by name; a checkpoint without one of them restores it as 0.
+  restored by name into ``MainStats.restored_*`` (a checkpoint without one of them restores it as
+  0), never into the counters themselves: those start at 0 in each process and only grow (they
+  are Prometheus counters). A checkpoint records the sum of both, so its counts go on across restarts.
+- A restore hands the checkpoint's time and size on (``restored_at``, ``restored_bytes``): the
+  checkpoint writer reports them as the newest written until it writes one.
 - Shared leaves (not per-stream: weights) come from the processor's ``init`` at every start,
   unless it says ``restore_shared=True``; the per-stream state, the stream table and the
   counts come from the checkpoint, and the start log says which leaves came from where.
@@ -103,6 +107,8 @@ class Recovery:
         # where a restored checkpoint left each replayable feed (PositionUnknown: every checkpoint damaged)
         self.positions: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
         self.restored_from: str | None = None
+        self.restored_at = 0.0  # wall time the restored checkpoint's state was taken (0: none restored)
+        self.restored_bytes = 0  # its size
         self._partitioned: PartitionedCheckpoints | None = None  # a partitioned instance's bucket objects
 
     def settings(self) -> dict[str, Any]:
@@ -153,14 +159,16 @@ class Recovery:
         shift = time.monotonic() - time.time()
         self.slots.restore(restored.names, restored.slots, np.asarray(restored.last_seen) + shift)
         main = self.stats
-        main.processed = int(restored.counts.get("processed", 0))
-        main.counters.update(self.declared.counts_from(restored.counts))
+        main.restored_processed = int(restored.counts.get("processed", 0))
+        main.restored_counters = self.declared.counts_from(restored.counts)
         # each replayable feed goes on from the message after the one its state holds
         self.positions = self.sources.restore(restored.positions, restored.path)
         self.restored_from = str(restored.path)
+        self.restored_at, self.restored_bytes = restored.wall_time, restored.nbytes
         log.info("restored %d streams from %s (checkpoint of %s, %d messages processed before)",
                  restored.streams, restored.path,
-                 datetime.datetime.fromtimestamp(restored.wall_time).isoformat(timespec="seconds"), main.processed)
+                 datetime.datetime.fromtimestamp(restored.wall_time).isoformat(timespec="seconds"),
+                 main.restored_processed)
 
     def _restore_partitions(self, engine: Engine, pieces: PartitionPieces) -> None:
         part = self._partitioned
@@ -173,6 +181,7 @@ class Recovery:
         self.positions = self.sources.restore(
             {part.feed: part.positions.from_partitions(pieces.positions, created)}, part.label)
         self.restored_from = f"{len(pieces.objects)} objects of {part.label}"
+        self.restored_at = pieces.wall_time  # the newest of its objects' (no size: several objects)
         log.info("restored %d streams from %s (newest written %s): %s", pieces.streams, part.label,
                  datetime.datetime.fromtimestamp(pieces.wall_time).isoformat(timespec="seconds"),
                  ", ".join(pieces.objects))
@@ -181,15 +190,22 @@ class Recovery:
         """A checkpoint as of now (between two steps), which ``Checkpointer.tick`` copies a
         chunk at a time between the next steps; the engine keeps it exact."""
         wall = time.time()
-        main = self.stats
         # which weights the state was produced with (live weights, controller/device/weights.py): recorded, never
         # matched
         weights = {"weights": engine.weights.record()} if engine.weights is not None else {}
         return engine.begin_snapshot(
-            self.slots.begin_copy(), {"processed": main.processed, **main.counters},
+            self.slots.begin_copy(), self.counts(),
             {**self.settings(), **self.declared.recorded, "devices": len(engine.devices), **weights}, wall,
             seen_shift=wall - time.monotonic(),
             incremental=incremental, positions=self.sources.record(self._io_sources()) if self.sources else None)
+
+    def counts(self) -> dict[str, int]:
+        """What a checkpoint records as its counts: this process's counters plus what the restored checkpoint
+        had counted before it (so they go on across restarts)."""
+        main = self.stats
+        before = main.restored_counters
+        return {"processed": main.restored_processed + main.processed,
+                **{name: before.get(name, 0) + n for name, n in main.counters.items()}}
 
     def _io_sources(self) -> dict[str, SourceStats]:
         """Each replayable feed's ``SourceStats`` (the IO side's: how far the stream holds no further

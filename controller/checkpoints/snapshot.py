@@ -42,10 +42,7 @@ Rules:
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import platform
-import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +56,8 @@ from forkless.controller.checkpoints.rowcopy import RowCopy
 from forkless.controller.device.placement import CanonicalRows, Placement
 from forkless.controller.errors import CheckpointMismatch
 from forkless.controller.slots import TableCopy
+
+from forkless import __version__
 
 __all__ = [
     "COPY_CHUNK_BYTES",
@@ -332,20 +331,8 @@ def checkpoint_bytes(snapshot: Snapshot, pause: Callable[[], None] = no_pause) -
 
 def library_versions() -> dict[str, str]:
     """The versions recorded in every checkpoint's metadata."""
-    return {"forkless": _forkless_version(), "jax": jax.__version__, "numpy": np.__version__,
+    return {"forkless": __version__, "jax": jax.__version__, "numpy": np.__version__,
             "python": platform.python_version()}
-
-
-@functools.cache  # importlib.metadata scans every distribution on sys.path: once per process
-def _forkless_version() -> str:
-    try:
-        return importlib.metadata.version("forkless")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout: pyproject.toml holds it
-        try:
-            with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
-                return str(tomllib.load(f)["project"]["version"])
-        except (OSError, KeyError, tomllib.TOMLDecodeError):
-            return "unknown"
 
 
 def restore_state(path: Path | str, arrays: Mapping[str, np.ndarray], like: Any) -> Any:

@@ -13,7 +13,6 @@ FORKLESS_DEVICES beyond the devices JAX has, which only the compile step can see
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +21,7 @@ from forkless.controller.codec import Codec, JsonCodec
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
 from forkless.controller.ioside import connector_for, feed_sources
+from forkless.controller.logs import program_line
 from forkless.controller.settings.variables import VARIABLES, as_text
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
@@ -73,7 +73,7 @@ def run_check(config: Config, processor: Any = None, codec: Codec | None = None,
     if failures:
         reasons = "; ".join(f.reason for f in failures)
         say(f"check FAILED: {reasons}")
-        print(f"forkless: check failed: {reasons}", file=sys.stderr, flush=True)
+        program_line(reasons, fmt=config.log_format, label="check failed", exit_status=failures[0].code)
         return failures[0].code
     say("check passed")
     return EXIT_OK

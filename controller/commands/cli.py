@@ -12,10 +12,15 @@ Rules:
 - The configuration is read and validated before JAX is imported: a bad variable exits 2
   in a fraction of a second, without JAX's start-up (hence the function-level imports of
   the modules that import JAX: the preflight and the controller loop).
+- With FORKLESS_LOG_FORMAT=json every line the program writes to stderr is JSON: its own lines
+  (the configuration error, an unknown variable's warning, an error's exit line) go through
+  ``program_line`` in the format asked for, read from the environment before the configuration
+  (``early_log_format``), and uncaught exceptions are written as JSON too (``_json_uncaught``).
 - Every way a run can end maps to one exit status here, and only here (``forkless relay``'s
   in controller/commands/relaycmd.py, a program of its own without JAX): every ``ForklessError`` by its
   class's attributes, with one clause (``report``, controller/commands/edge.py, the relay's too); a second
-  Ctrl-C is 130; anything else is a crash.
+  Ctrl-C is 130; anything else is a crash; an orderly stop is 0, or FORKLESS_LOSSY_STOP_EXIT (4) when it
+  lost messages (``stop_status``).
 """
 
 from __future__ import annotations
@@ -25,15 +30,18 @@ import logging
 import os
 import signal
 import sys
+import threading
+import traceback
 from typing import Any
 
-from forkless.controller.commands.edge import load_config, report
+from forkless.controller.commands.edge import early_log_format, load_config, report
 from forkless.controller.errors import EXIT_STATUSES
-from forkless.controller.logs import flush_log_repeats, setup_logging
+from forkless.controller.logs import flush_log_repeats, program_line, setup_logging
 from forkless.controller.settings.vardocs import help_text
-from forkless.io_loop.errors import EXIT_INTERRUPTED, EXIT_OK, ForklessError
+from forkless.controller.stats import losses
+from forkless.io_loop.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, ForklessError
 
-__all__ = ["console_main", "exit_with", "main"]
+__all__ = ["console_main", "exit_with", "main", "stop_status"]
 
 log = logging.getLogger("forkless")
 
@@ -68,9 +76,15 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     try:
         config = load_config()
     except ForklessError as exc:  # a ConfigError
-        return report(exc)
+        return report(exc, early_log_format())
 
     setup_logging(config.log_level, config.log_format)
+    fmt = config.log_format
+    if fmt == "json":  # the program owns its process: nothing on stderr escapes the format
+        logging.captureWarnings(True)
+        sys.excepthook = _json_uncaught
+        threading.excepthook = lambda args: _json_uncaught(args.exc_type, args.exc_value, args.exc_traceback,
+                                                           thread=args.thread.name if args.thread else "")
 
     if args.check:
         from forkless.controller.commands.check import run_check  # imports JAX: only after the configuration is valid
@@ -86,15 +100,36 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         controller = Controller(config, processor=processor, codec=codec, freeze_gc=True, notify_systemd=True)
         controller.run()
     except KeyboardInterrupt:  # a second Ctrl-C: run() aborted the IO side and gave the process back
-        print("forkless: second interrupt: exiting now", file=sys.stderr)
+        program_line("second interrupt: exiting now", fmt=fmt, exit_status=EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     except ForklessError as exc:  # FeedFatal, a ConfigError known only once JAX runs, IOThreadError, …
-        return report(exc)
+        return report(exc, fmt)
     finally:
         flush_log_repeats()
     for line in controller.summaries() if controller is not None else ():
         print(line, flush=True)
-    return EXIT_OK
+    return stop_status(controller.stats(), config.lossy_stop_exit)
+
+
+def stop_status(final: Any, lossy: int) -> int:
+    """The exit status of an orderly stop whose books are ``final`` (the controller's last snapshot): 0 when it
+    lost nothing, else ``lossy`` (FORKLESS_LOSSY_STOP_EXIT, 4 by default), with a warning saying what was lost."""
+    lost = losses(final)
+    if not lost:
+        return EXIT_OK
+    what = ", ".join(f"{kind} {n}" for kind, n in lost.items())
+    log.warning("the stop lost messages (%s; the books line says which): exit status %d%s", what, lossy,
+                " (FORKLESS_LOSSY_STOP_EXIT=0 exits 0)" if lossy else " as set by FORKLESS_LOSSY_STOP_EXIT",
+                extra={"exit_status": lossy, "lost": what})
+    return lossy
+
+
+def _json_uncaught(kind: type[BaseException], exc: BaseException, tb: Any, thread: str = "") -> None:
+    """An exception nothing caught (a crash of the program, or of a thread), written as one JSON line with its
+    traceback (``sys.excepthook`` and ``threading.excepthook`` in JSON mode)."""
+    where = f" in thread {thread}" if thread else ""
+    program_line(f"uncaught exception{where}: {kind.__name__}: {exc}", fmt="json", level=logging.CRITICAL,
+                 traceback="".join(traceback.format_exception(kind, exc, tb)), exit_status=EXIT_CRASH)
 
 
 def exit_with(status: int) -> None:

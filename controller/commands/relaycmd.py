@@ -32,18 +32,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from forkless.controller.commands.edge import load_config, report
+from forkless.controller.commands.edge import early_log_format, load_config, report
 from forkless.controller.config import Config
 from forkless.controller.ioside import connector_for
 from forkless.controller.lifetime.sinkrun import SinkRun
-from forkless.controller.logs import flush_log_repeats, setup_logging
-from forkless.controller.metrics import SECONDS_STEP, by_reason_family, exposition, histogram_family
+from forkless.controller.logs import flush_log_repeats, program_line, setup_logging
+from forkless.controller.metrics import SECONDS_STEP, build_family, by_reason_family, exposition, histogram_family
 from forkless.controller.settings.vardocs import help_text
 from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, ForklessError
@@ -116,13 +115,14 @@ def relay_main(argv: list[str] | None = None, *, prog: str = "python app.py") ->
         config = load_config()
         io_settings, relay_settings = config.relay_settings()
     except ForklessError as exc:  # a ConfigError
-        return report(exc)
+        return report(exc, early_log_format())
     setup_logging(config.log_level, config.log_format)
     connector = connector_for(relay_settings.target)  # where the relay publishes: its connector's sink
     try:
         relay = Relay(config, io_settings, connector.sink, RelayStats(), relay_settings)
     except ImportError as exc:  # the sink imports nats-py, an optional extra (pip install ".[nats]")
-        print(f"forkless: the relay needs nats-py: pip install \"forkless[nats]\" ({exc})", file=sys.stderr)
+        program_line(f"the relay needs nats-py: pip install \"forkless[nats]\" ({exc})", fmt=config.log_format,
+                     exit_status=EXIT_CONFIG)
         return EXIT_CONFIG
     try:
         return relay.run()
@@ -164,16 +164,16 @@ class Relay:
         try:
             final = self.runtime.run()
         except ForklessError as exc:  # FeedFatal, MetricsServerError, IOThreadError
-            return report(exc)
+            return report(exc, cfg.log_format)
         books = relay_books_line(final)
         unstored = final.relay.unpublished
         log.log(logging.ERROR if unstored else logging.INFO, "%s", books)
         if self.runtime.aborted:
             return EXIT_INTERRUPTED
         if unstored:
-            print(f"forkless: relay: {unstored} messages read from the feeds were not stored by "
-                  f"FORKLESS_RELAY_NATS before the stop's deadline (FORKLESS_SHUTDOWN_TIMEOUT_S="
-                  f"{cfg.shutdown_timeout_s:g})", file=sys.stderr)
+            program_line(f"{unstored} messages read from the feeds were not stored by FORKLESS_RELAY_NATS before "
+                         f"the stop's deadline (FORKLESS_SHUTDOWN_TIMEOUT_S={cfg.shutdown_timeout_s:g})",
+                         fmt=cfg.log_format, label="relay", exit_status=EXIT_FEED)
             return EXIT_FEED
         return EXIT_OK
 
@@ -213,7 +213,7 @@ def relay_books_line(view: RelayView) -> str:
 def relay_metric_families(view: RelayView) -> list[Metric]:
     """Every metric family of the relay's ``/metrics`` for one view (pure)."""
     r, io = view.relay, view.io
-    fams: list[Metric] = []
+    fams: list[Metric] = [build_family()]
     rows = [
         (CounterMetricFamily, "forkless_relay_taken", "Messages the publisher took from the feeds (each given "
          "its Nats-Msg-Id).", r.taken),
@@ -284,8 +284,11 @@ def relay_metrics_table_markdown() -> str:
         labels = {"forkless_relay_seq_gaps", "forkless_relay_seq_missing", "forkless_relay_seq_back",
                   "forkless_errors", "forkless_dropped"}
         label = "reason" if fam.name in labels else "feed" if fam.name in _FEED_FAMILIES else "—"
-        suffix = "_total" if fam.type == "counter" else ""
-        lines.append(f"| `{fam.name}{suffix}` | {fam.type} | {label} | {fam.documentation} |")
+        if fam.type == "info":  # forkless_build_info: its labels are the process's
+            label = ", ".join(fam.samples[0].labels)
+        suffix = {"counter": "_total", "info": "_info"}.get(fam.type, "")
+        kind = "gauge (info, value 1)" if fam.type == "info" else fam.type
+        lines.append(f"| `{fam.name}{suffix}` | {kind} | {label} | {fam.documentation} |")
     return "\n".join(lines) + "\n"
 
 

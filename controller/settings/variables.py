@@ -180,6 +180,8 @@ VARIABLES: tuple[Variable, ...] = (
              "SIGTERM); empty runs until SIGINT/SIGTERM/SIGHUP"),
     Variable("SHUTDOWN_TIMEOUT_S", "shutdown_timeout_s", number(0.0, lo_open=True), "a number > 0",
              "longest an orderly stop may take before giving up on unsent results"),
+    Variable("LOSSY_STOP_EXIT", "lossy_stop_exit", integer(0, 125), "an integer from 0 to 125",
+             "exit status of an orderly stop that lost messages (dropped, unanswered; 0: exit as a clean stop)"),
     Variable("STATUS_S", "status_s", number(0.0), "a number >= 0 (0 = off)",
              "seconds between status lines"),
     Variable("LOG_LEVEL", "log_level", choice(*LOG_LEVELS, upper=True), "one of " + ", ".join(LOG_LEVELS),

@@ -25,8 +25,13 @@ Rules:
   progress. A reader waiting in ``receive()`` is cancelled by the connection's watch of
   ``ctx.stopping``; one inside ``ctx.emit`` never is (it finishes and ends by itself), so no
   received frame is lost half handed over. The writer sends everything until the replies end,
-  then the socket is closed with code 1000; replies written to a connection that ended without
-  the server's closing handshake are ``written_unconfirmed``.
+  then the socket is closed with code 1000.
+- What the server is known to have read: while replies are written, the connection pings the server
+  at most once every ``CONFIRM_EVERY_S`` (a payload of its own); the pong confirms every reply written
+  before that ping (a WebSocket peer reads frames in order, and answers a ping once it read it), and
+  the server's closing handshake confirms them all. A connection that ends otherwise counts the
+  replies written after the last confirmation as ``written_unconfirmed``: those may not have
+  arrived, the ones before did. So the client answers the server's pings itself (``autoping`` off).
 - A feed with a unix-domain socket (``FeedSpec.unix_socket``) connects through it on every attempt
   (io_loop/sources/connect.py's ``new_session``), the URL (a before-connect hook's too) giving the
   handshake's path and ``Host``; logs name it ``ws://host/path via unix:/path``.
@@ -72,6 +77,10 @@ __all__ = ["End", "Outcome", "WebSocketSource", "pause_before_reconnect"]
 log = logging.getLogger("forkless.client")
 
 CLOSE_TIMEOUT_S = 2.0  # how long an orderly close waits for the server's close frame
+# how often a connection with unconfirmed replies pings the server, whose pong confirms them (module rules): what
+# written_unconfirmed can count after a loss is about this long of replies, at one ping frame a second
+CONFIRM_EVERY_S = 1.0
+MAX_PINGS_AWAITED = 8  # pings whose pong is awaited at once (a server that never answers cannot grow the table)
 GIVE_UP_CLOSE_S = 0.25  # how long closing a connection that is being given up may take
 # refused handshakes a before-connect hook may answer with new credentials (an expired token)
 CREDENTIALS_REFUSED = (401, 403)
@@ -145,6 +154,11 @@ class WebSocketSource(SourceCapabilities):
         self._last_frame_at = 0.0
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
+        # the connection's replies the server is known to have read: the count of replies written (all
+        # connections') as of its last pong (module rules), and the pings awaiting one: payload -> that count
+        self._confirmed = 0
+        self._pings: dict[bytes, int] = {}
+        self._pinged = 0
 
     async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
         """``--check``'s try of the feed: one connection (io_loop/sources/probe.py's ``probe_websocket``)."""
@@ -168,9 +182,11 @@ class WebSocketSource(SourceCapabilities):
         url, headers = await self._handshake()
         tls = self._ssl(url)
         if tls is not None and self.tls.insecure:
-            log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)", self.shown_url)
+            log.warning("TLS certificate verification is OFF for %s (FORKLESS_TLS_INSECURE=1)", self.shown_url,
+                        extra={"feed": self.name})
         ws = await open_feed(session, url, tls, headers=handshake_headers(self.credentials, self.feed)
-                             if headers is None else headers, timeouts=self.timeouts, max_msg_bytes=self.max_msg_bytes)
+                             if headers is None else headers, timeouts=self.timeouts, max_msg_bytes=self.max_msg_bytes,
+                             autoping=False)  # pongs confirm what the server read (module rules)
         return ws, await self._first_frames(ws)
 
     def _failed(self, exc: ConnectFailed | HandshakeRefused) -> str:
@@ -239,7 +255,6 @@ class WebSocketSource(SourceCapabilities):
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse, first: list[str | bytes]) -> End:
         """Run one connection until it is lost or everything is sent; ``first`` is sent before anything."""
         conn = self._opened(ws)
-        written_before = self._ctx.replies_written
         tasks: set[asyncio.Task] = set()
         end, clean = End(Outcome.LOST, "connection ended"), False
         try:
@@ -256,15 +271,20 @@ class WebSocketSource(SourceCapabilities):
             end = End(Outcome.LOST, str(exc))
             return end
         finally:
-            await self._closed(ws, conn, tasks, clean, written_before, end)
+            await self._closed(ws, conn, tasks, clean, end)
 
     def _opened(self, ws: aiohttp.ClientWebSocketResponse) -> int:
         """A new connection counted, corked and logged; its id (the hand-over stamps it on chunks)."""
         conn = self._connection_id = self._ctx.connection_opened()
         self._cork = aiohttp_compat.cork(ws)
         self._last_frame_at = asyncio.get_running_loop().time()
-        log.info("connection %d to %s open", conn, self.shown_url, extra={"connection": conn})
+        self._confirmed, self._pings = self._ctx.replies_written, {}
+        log.info("connection %d to %s open", conn, self.shown_url, extra=self._fields())
         return conn
+
+    def _fields(self) -> dict[str, str | int]:
+        """The context of this feed's log lines: its name and its connection now (JSON logs' fields)."""
+        return {"feed": self.name, "connection": self._connection_id}
 
     def _start_tasks(self, ws: aiohttp.ClientWebSocketResponse,
                      tasks: set[asyncio.Task]) -> tuple[asyncio.Task, asyncio.Task | None, asyncio.Task | None]:
@@ -272,6 +292,7 @@ class WebSocketSource(SourceCapabilities):
         (FORKLESS_STALE_S), each put in ``tasks``."""
         writer = asyncio.create_task(self._write(ws), name="forkless-writer")
         tasks.add(writer)
+        tasks.add(asyncio.create_task(self._confirm(ws), name="forkless-confirm"))  # never ends by itself
         reader = stop_watch = None
         if not self._ctx.stopping.is_set():
             reader = asyncio.create_task(self._read(ws), name="forkless-reader")
@@ -309,19 +330,20 @@ class WebSocketSource(SourceCapabilities):
                 reader.cancel()
 
     async def _closed(self, ws: aiohttp.ClientWebSocketResponse, conn: int, tasks: set[asyncio.Task], clean: bool,
-                      written_before: int, end: End) -> None:
-        """However it ended: its tasks cancelled, the replies not confirmed by the server's closing
-        handshake counted, the socket closed (bounded), the feed counted as disconnected."""
+                      end: End) -> None:
+        """However it ended: its tasks cancelled, the replies written after the server last confirmed
+        what it read counted (module rules), the socket closed (bounded), the feed counted as disconnected."""
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
         ctx = self._ctx
-        unconfirmed = ctx.replies_written - written_before
+        unconfirmed = ctx.replies_written - self._confirmed
         if not clean and unconfirmed:  # the peer may not have read them: counted, never silent
             ctx.unconfirmed(unconfirmed)
-            log.warning("connection %d ended without the server's closing handshake: the %d reply frames "
-                        "written to it may not all have been read", conn, unconfirmed, extra={"connection": conn})
+            log.warning("connection %d ended before the server confirmed the last %d reply frames written to it (by "
+                        "a pong, or by answering our close): they may not all have been read", conn, unconfirmed,
+                        extra=self._fields())
         current = asyncio.current_task()
         if not ws.closed and current is not None and current.cancelling():
             aiohttp_compat.drop(ws)  # an aborted stop: no closing handshake, no waiting
@@ -330,7 +352,7 @@ class WebSocketSource(SourceCapabilities):
                 async with asyncio.timeout(GIVE_UP_CLOSE_S):
                     await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
             except TimeoutError:
-                log.warning("connection %d dropped without a closing handshake", conn, extra={"connection": conn})
+                log.warning("connection %d dropped without a closing handshake", conn, extra=self._fields())
         ctx.connection_closed("" if end.outcome is Outcome.CLOSED else end.reason, code=end.code)
 
     async def _close_after_drain(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
@@ -352,11 +374,12 @@ class WebSocketSource(SourceCapabilities):
         try:
             async with asyncio.timeout(limit):
                 await ws.close(code=aiohttp.WSCloseCode.OK, message=b"done")
-            conn = self._connection_id
-            log.info("connection %d closed with code 1000 after sending every result", conn, extra={"connection": conn})
+            log.info("connection %d closed with code 1000 after sending every result", self._connection_id,
+                     extra=self._fields())
             return True
         except TimeoutError:
-            log.warning("the server did not answer our close within %.1fs; connection dropped", limit)
+            log.warning("the server did not answer our close within %.1fs; connection %d dropped", limit,
+                        self._connection_id, extra=self._fields())
             return False
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> End:
@@ -380,6 +403,10 @@ class WebSocketSource(SourceCapabilities):
                     self._emitting = False
                 if stopping.is_set():
                     return End(Outcome.STOPPED)
+            elif kind is aiohttp.WSMsgType.PING:  # answered here: autoping is off, so that pongs reach us
+                await ws.pong(msg.data)
+            elif kind is aiohttp.WSMsgType.PONG:
+                self._ponged(msg.data)
             elif kind is aiohttp.WSMsgType.ERROR:
                 # aiohttp puts a protocol error (e.g. 1009, frame too big) in msg.data and
                 # only other failures (e.g. a missing pong) in ws.exception()
@@ -417,6 +444,35 @@ class WebSocketSource(SourceCapabilities):
                 batch.wrote(written)  # also when stopped part-way
         return End(Outcome.DRAINED)
 
+    async def _confirm(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Every ``CONFIRM_EVERY_S`` while replies written are not yet confirmed: a ping, whose pong
+        confirms them (module rules). A failed ping is the reader's to find out: this task goes on."""
+        while True:
+            await asyncio.sleep(CONFIRM_EVERY_S)
+            written = self._ctx.replies_written
+            if written == self._confirmed or ws.closed:
+                continue
+            self._pinged += 1
+            payload = b"forkless %d" % self._pinged
+            self._pings[payload] = written
+            if len(self._pings) > MAX_PINGS_AWAITED:
+                del self._pings[next(iter(self._pings))]  # the oldest: a later pong confirms more anyway
+            try:
+                await ws.ping(payload)
+            except (ConnectionError, RuntimeError, aiohttp.ClientError):
+                pass
+
+    def _ponged(self, payload: bytes) -> None:
+        """A pong: if it answers one of our pings, every reply written before that ping is confirmed."""
+        written = self._pings.get(payload)
+        if written is None:  # unsolicited (a server's own heartbeat), or one we stopped waiting for
+            return
+        self._confirmed = max(self._confirmed, written)
+        for sent in list(self._pings):  # that ping and those before it (a pong answers the latest, RFC 6455)
+            del self._pings[sent]
+            if sent == payload:
+                break
+
     async def _watch_stale(self) -> None:
         loop = asyncio.get_running_loop()
         limit = self.timeouts.stale_s
@@ -443,7 +499,8 @@ class _Link:
         return self.source._failed(exc)  # type: ignore[arg-type]
 
     def retrying(self, reason: str, delay: float) -> None:
-        log.warning("connecting to %s failed: %s; retrying in %.2fs", self.source.shown_url, reason, delay)
+        log.warning("connecting to %s failed: %s; retrying in %.2fs", self.source.shown_url, reason, delay,
+                    extra={"feed": self.source.name})
 
     async def serve(self, conn: tuple[aiohttp.ClientWebSocketResponse, list[str | bytes]]) -> str:
         self.source._attempt = 0
@@ -451,7 +508,7 @@ class _Link:
 
     def reconnecting(self, reason: str, delay: float) -> None:
         log.warning("connection %d to %s lost: %s; reconnecting in %.2fs", self.source._connection_id,
-                    self.source.shown_url, reason, delay)
+                    self.source.shown_url, reason, delay, extra=self.source._fields())
         self.ctx.reconnecting()
 
     def gave_up(self, reason: str, failures: int, lost: bool) -> FeedFatal:

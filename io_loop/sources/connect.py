@@ -146,11 +146,12 @@ def new_session(unix_socket: str = "") -> aiohttp.ClientSession:
 
 async def open_feed(session: aiohttp.ClientSession, url: str, ssl_context: ssl.SSLContext | None, *,
                     headers: Mapping[str, str], timeouts: Timeouts, max_msg_bytes: int,
-                    heartbeat: bool = True) -> aiohttp.ClientWebSocketResponse:
+                    heartbeat: bool = True, autoping: bool = True) -> aiohttp.ClientWebSocketResponse:
     """Connect and complete the opening handshake within ``timeouts.connect_timeout_s``, sending
     ``headers`` (the configured ones with the feed's added, ``handshake_headers``, or this attempt's
     from the before-connect hook: io_loop/sources/before_connect.py); a frame over ``max_msg_bytes``
-    ends the connection (1009)."""
+    ends the connection (1009). ``autoping=False``: the server's pings and pongs reach ``receive()``,
+    and the caller answers the pings."""
     shown = redact_url(url)
     try:
         async with asyncio.timeout(timeouts.connect_timeout_s):
@@ -160,7 +161,7 @@ async def open_feed(session: aiohttp.ClientSession, url: str, ssl_context: ssl.S
                 heartbeat=(timeouts.heartbeat_s or None) if heartbeat else None,
                 ssl=ssl_context if ssl_context is not None else True,
                 max_msg_size=max_msg_bytes + 1,  # aiohttp refuses a frame of exactly its limit
-                autoping=True,
+                autoping=autoping,
             )
     except aiohttp.WSServerHandshakeError as exc:
         raise HandshakeRefused(shown, exc.status) from None

@@ -330,7 +330,8 @@ class JetStreamSource(SourceCapabilities):
         conn = self._live = ctx.connection_opened()
         self._nc = nc
         log.info("%s: connection %d open (stream %r, subject %r, replies to %r)", self.feed.label, conn,
-                 self.spec.stream, self.spec.subject or ">", self.spec.results or "(none)")
+                 self.spec.stream, self.spec.subject or ">", self.spec.results or "(none)",
+                 extra={"feed": self.name, "connection": conn})
         tasks: set[asyncio.Task] = set()
         end = End(Outcome.LOST, "connection over")
         try:  # a publication, a pull, an ack that failed: a NatsError from the task's result
@@ -378,9 +379,10 @@ class JetStreamSource(SourceCapabilities):
             return end
         if self.publisher.fenced:
             log.info("%s: connection %d closed; the replies left were dropped (the leases are lost)",
-                     self.feed.label, conn)
+                     self.feed.label, conn, extra={"feed": self.name, "connection": conn})
         else:
-            log.info("%s: connection %d closed after publishing every reply", self.feed.label, conn)
+            log.info("%s: connection %d closed after publishing every reply", self.feed.label, conn,
+                     extra={"feed": self.name, "connection": conn})
         return End(Outcome.CLOSED)
 
     # ---- consuming ------------------------------------------------------------------------------------
@@ -537,14 +539,15 @@ class _Link:
         return str(exc)
 
     def retrying(self, reason: str, delay: float) -> None:
-        log.warning("%s: %s; retrying in %.2fs", self.label, reason, delay)
+        log.warning("%s: %s; retrying in %.2fs", self.label, reason, delay, extra={"feed": self.source.name})
 
     async def serve(self, conn: tuple[Any, asyncio.Event]) -> str:
         self.conn, end = await self.source._serve(self.ctx, *conn)
         return end.reason
 
     def reconnecting(self, reason: str, delay: float) -> None:
-        log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.label, self.conn, reason, delay)
+        log.warning("%s: connection %d lost: %s; reconnecting in %.2fs", self.label, self.conn, reason, delay,
+                    extra={"feed": self.source.name, "connection": self.conn})
         self.ctx.reconnecting()
 
     def gave_up(self, reason: str, failures: int, lost: bool) -> FeedFatal:
