@@ -8,6 +8,9 @@ Rules:
 - The IO thread's reader of ``outbound`` is woken by one event per put (``OutboundSender``,
   ``OutboundReceiver``) instead of janus's notification: one turn of the loop instead of
   three (measured in the latency budget's ``outbound`` hop, bench/README.md).
+- A send of the main thread's (``Outgoing.sent``) crosses with the same one wake-up, which also
+  hands it to ``on_sent`` on the IO loop (its feed's ``SendWatch``, io_loop/sends.py: its deadline
+  is watched from then, whether or not the feed's writer is taking).
 - With a sink on the IO loop instead of the main thread (the relay, io_loop/thread.py), the IO
   thread takes from ``inbound``'s async side too, and ends ``outbound`` itself (``end_outbound``):
   the main thread then touches neither queue.
@@ -20,6 +23,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import janus
@@ -43,19 +47,27 @@ class OutboundSender:
     takes the async mutex and notifies, the getter takes the mutex back); an event set by
     the callback takes one. Nothing awaits janus's async ``get``, so janus sends none of its own."""
 
-    def __init__(self, queue: janus.Queue[Outgoing], loop: asyncio.AbstractEventLoop, ready: asyncio.Event) -> None:
+    def __init__(self, queue: janus.Queue[Outgoing], loop: asyncio.AbstractEventLoop, ready: asyncio.Event,
+                 on_sent: Callable[[Outgoing], None] | None = None) -> None:
         self._queue = queue.sync_q
         self._shutdown = queue.shutdown
         self._loop = loop
         self._ready = ready
+        self._on_sent = on_sent
 
     def put(self, item: Outgoing, timeout: float | None = None) -> None:
         self._queue.put(item, timeout=timeout)
-        self._wake()
+        if item.sent and self._on_sent is not None:
+            self._wake_sent(item)
+        else:
+            self._wake()
 
     def put_nowait(self, item: Outgoing) -> None:
         self._queue.put_nowait(item)
-        self._wake()
+        if item.sent and self._on_sent is not None:
+            self._wake_sent(item)
+        else:
+            self._wake()
 
     def qsize(self) -> int:
         return self._queue.qsize()
@@ -70,6 +82,17 @@ class OutboundSender:
             self._loop.call_soon_threadsafe(self._ready.set)
         except RuntimeError:  # the loop has closed: nobody is left to wake
             pass
+
+    def _wake_sent(self, item: Outgoing) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._sent_crossed, item)
+        except RuntimeError:  # the loop has closed: the stop counts what is left
+            pass
+
+    def _sent_crossed(self, item: Outgoing) -> None:
+        """On the IO loop: the reader woken, and the send handed to ``on_sent``."""
+        self._ready.set()
+        self._on_sent(item)
 
 
 class OutboundReceiver:
@@ -114,12 +137,12 @@ class OutboundReceiver:
 class Bridge:
     """Owns both queues. Construct it in the IO thread's running loop."""
 
-    def __init__(self, queue_size: int) -> None:
+    def __init__(self, queue_size: int, on_sent: Callable[[Outgoing], None] | None = None) -> None:
         self._inbound: janus.Queue[Chunk] = janus.Queue(queue_size)
         self._outbound: janus.Queue[Outgoing] = janus.Queue(queue_size)
         ready = asyncio.Event()
         self._outbound_receiver = OutboundReceiver(self._outbound, ready)
-        self._outbound_sender = OutboundSender(self._outbound, asyncio.get_running_loop(), ready)
+        self._outbound_sender = OutboundSender(self._outbound, asyncio.get_running_loop(), ready, on_sent)
 
     @property
     def inbound(self) -> janus.AsyncQueue[Chunk]:

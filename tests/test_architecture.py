@@ -126,6 +126,7 @@ IO = [
     "io_loop/relay/publisher.py",
     "io_loop/sinks/results.py",
     "io_loop/sinks/sink.py",
+    "io_loop/sends.py",
     "io_loop/source.py",
     "io_loop/thread.py",
     "io_loop/net/unixsocket.py",
