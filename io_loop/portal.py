@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 import janus
 from forkless.io_loop.errors import ForklessError
 from forkless.io_loop.loopthread import LoopThread
-from forkless.io_loop.portalqueue import MainQueue, WorkerQueue
+from forkless.io_loop.portalqueue import MainQueue, PortalSends, WorkerQueue
 
 __all__ = ["IOPortal", "PortalClosed", "WorkerFailed"]
 
@@ -88,6 +88,7 @@ class IOPortal:
         self._end = "the portal has stopped"
         self._started = self._stopped = False
         self._worker_ends: tuple[WorkerQueue, ...] = ()
+        self._sends: PortalSends | None = None  # from_main's deadlines (io_loop/portalqueue.py)
         self._worker_done = False
         self.result: Any = None  # what the worker's coroutine returned, once it has
 
@@ -102,6 +103,11 @@ class IOPortal:
     def from_main(self) -> MainQueue:
         """What the main thread sends the worker: ``put``/``put_nowait``."""
         return self._main_end(1)
+
+    @property
+    def sent_failed(self) -> dict[str, int]:
+        """Items put on ``from_main`` with ``max_age_s`` that the worker did not take in time, by reason (a copy)."""
+        return dict(self._sends.sent_failed) if self._sends is not None else {}
 
     @property
     def alive(self) -> bool:
@@ -192,9 +198,11 @@ class IOPortal:
 
     async def _main(self) -> None:
         self._queues = to_main, from_main = janus.Queue(self.queue_size), janus.Queue(self.queue_size)
-        self._ends = MainQueue(to_main.sync_q, self._raise_end), MainQueue(from_main.sync_q, self._raise_end)
-        self._worker_ends = ends = (WorkerQueue(to_main, self.stopping, "to_main"),
-                                    WorkerQueue(from_main, self.stopping, "from_main"))
+        to_worker = WorkerQueue(to_main, self.stopping, "to_main")
+        self._sends = sends = PortalSends(to_worker.put)  # from_main's deadlines; what is given up goes to_main
+        self._ends = (MainQueue(to_main.sync_q, self._raise_end),
+                      MainQueue(from_main.sync_q, self._raise_end, sends))
+        self._worker_ends = ends = (to_worker, WorkerQueue(from_main, self.stopping, "from_main", sends))
         self._task = task = asyncio.create_task(self._work(*ends), name=f"{self._thread.name}-worker")
         await asyncio.sleep(0)  # the worker's first step runs before this returns: a quick failure fails start()
         self._runner.ready()
