@@ -18,7 +18,7 @@ import pytest
 from forkless import FeedFatal, Relogin, SendFailed
 from tests.harness import UNIT_S, run_app
 from tests.test_readme import example
-from tests.ws_exchange import USER, WsExchange
+from tests.ws_exchange import USER, WsExchange, order
 
 WAIT_S = 10 * UNIT_S
 
@@ -29,10 +29,6 @@ def exchange() -> Iterator[WsExchange]:
     ex.start()
     yield ex
     ex.stop()
-
-
-def order(i: int) -> dict[str, Any]:
-    return {"type": "order", "symbol": "BTCUSDT", "side": "buy", "qty": "0.01", "client_order_id": f"o{i}"}
 
 
 async def until(predicate: Any, what: Any) -> None:

@@ -19,8 +19,9 @@ import pytest
 from forkless.controller.metrics import exposition
 
 from forkless import Config, Controller, Relogin, SendFailed
-from tests.harness import UNIT_S, drive
-from tests.ws_exchange import PASSWORD, USER, WsExchange
+from tests.harness import UNIT_S, AppProcess, drive
+from tests.test_readme import example
+from tests.ws_exchange import PASSWORD, USER, WsExchange, order
 
 pytestmark = pytest.mark.timeout(90 * UNIT_S)
 
@@ -29,14 +30,11 @@ WAIT_S = 10 * UNIT_S
 
 @pytest.fixture
 def exchange() -> Iterator[WsExchange]:
+    """The exchange of the tests here: trades every 50 ms, a ping every 0.2 s, tokens that live an hour."""
     ex = WsExchange(trade_every_s=0.05, ping_every_s=0.2)
     ex.start()
     yield ex
     ex.stop()
-
-
-def order(i: int) -> dict[str, Any]:
-    return {"type": "order", "symbol": "BTCUSDT", "side": "buy", "qty": "0.01", "client_order_id": f"o{i}"}
 
 
 class ExchangeSource:
@@ -247,3 +245,46 @@ def test_send_failed_takes_only_a_frame_the_main_thread_sent():
     assert events.failed[0][1].id == "x1" and events.failed[0][1].reason == "not wanted"
     snap = ctl.stats()
     assert snap.sent_failed == {"not wanted": 1} and snap.sent_out == 0 and snap.sent_unsent == 0
+
+
+def test_the_deadlines_example_never_writes_an_order_late_and_reports_every_one_given_up(exchange):
+    """The documents' example as a process, the exchange killed for 1.5 s and restarted mid-session: an
+    order is filled, or given up at its deadline (never written), or written as the session died (no
+    fill will come); never two of these."""
+    app = AppProcess(env={"EXCHANGE_URL": exchange.url, "SESSION_S": "5"}, program=("-c", example("deadlines")))
+    with app:
+        exchange.wait_for(lambda seen: len(seen["orders"]) >= 5, 60 * UNIT_S, "orders before the kill")
+        exchange.kill()
+        time.sleep(1.5)  # the outage: orders sent now are held at most their 0.5 s, then given up
+        exchange.restart()
+        proc = app.finish(90 * UNIT_S)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    written = set(exchange.figures()["orders"])
+    filled, given_up, sent = set(out["filled"]), set(out["given_up"]), out["sent"]
+    assert given_up and filled and not given_up & written and filled <= written
+    assert written | given_up == set(sent)  # each order written or reported; the rest lost with the session
+    assert out["sent_failed"] == {"deadline": len(given_up)}
+
+
+def test_a_built_in_feed_never_writes_a_send_after_its_deadline(feed_server):
+    """The same rule for the built-in WebSocket feed (its writer takes ``ctx.replies()`` batches): a send
+    made while the feed cannot connect is given up at its deadline and never written on the next connection."""
+    server, events = feed_server(), Events()
+    config = Config(ws_url=server.url, status_s=0.0, shutdown_timeout_s=5.0, reconnect_min_s=0.05,
+                    reconnect_max_s=0.2, heartbeat_s=0.0, features=4, max_batch=4, max_streams=64)  # a small compile
+    with Controller(config, on_event=events) as ctl:
+        drive(ctl, lambda: _connected(ctl), timeout_s=WAIT_S, what="the first connection")
+        server.handshake_status = lambda attempt: 503  # every attempt refused (retried) until let in again
+        server.drop()
+        drive(ctl, lambda: not _connected(ctl), timeout_s=WAIT_S, what="the connection lost")
+        assert ctl.send("0", "a late order", max_age_s=0.2, id="late") == "late"
+        drive(ctl, lambda: len(events.failed) == 1, timeout_s=WAIT_S, what="the late order given up")
+        assert not _connected(ctl)  # given up while the feed was down, at its own deadline
+        server.handshake_status = None
+        drive(ctl, lambda: _connected(ctl), timeout_s=WAIT_S, what="the connection after the refusals")
+        ctl.send("0", "an order in time")
+        server.wait_for(lambda: "an order in time" in server.received, WAIT_S, "the order in time")
+    assert events.failed[0][1].id == "late" and events.failed[0][1].source == "0"
+    assert "a late order" not in server.received
+    assert ctl.stats().sent_failed == {"deadline": 1} and ctl.stats().sent_out == 1

@@ -44,6 +44,11 @@ from tests.servers import LoopThread
 USER, PASSWORD = "alice", "s3cret"
 
 
+def order(i: int) -> dict[str, Any]:
+    """Order ``o{i}`` of the exchange's protocol (filled at once, on the session it came on)."""
+    return {"type": "order", "symbol": "BTCUSDT", "side": "buy", "qty": "0.01", "client_order_id": f"o{i}"}
+
+
 class WsExchange:
     def __init__(self, *, token_ttl_s: float = 3600.0, trade_every_s: float = 0.02, ping_every_s: float = 0.2,
                  expire_after_orders: int = 0, hold_fills: bool = False) -> None:
