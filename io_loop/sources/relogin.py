@@ -112,6 +112,7 @@ class Relogin:
         self._fatal: FeedFatal | None = None
         self._changed = asyncio.Event()
         self._lock = asyncio.Lock()  # one send at a time: frames go out in the order send was called
+        self._sending = 0  # sends in progress (the one holding the lock and those waiting for it)
         self._task: asyncio.Task[None] | None = None
         self._logged: set[str] = set()
 
@@ -160,26 +161,37 @@ class Relogin:
             if self._refuse:
                 self._fail(frame, id, DISCONNECTED, "no connection, and sends are refused while not connected")
             self._count("sends held while not connected")
+        self._sending += 1
         try:
-            async with asyncio.timeout(None if until is None else max(0.0, until - time.monotonic())):
+            if self._sending == 1 or until is None:  # alone, the lock is free: no timer (measured: 30 µs a send)
                 await self._lock.acquire()
-        except TimeoutError:
-            self._fail_late(frame, id, why)
-        try:
-            after = 0  # any connection will do; after a failed write, only a newer one
-            while True:
-                conn, number = await self._wait_up(after, until, why, frame, id)
+            else:  # behind other sends: its turn is awaited no longer than its own deadline
                 try:
-                    await self._write(conn, frame)
-                    return
-                except Exception as exc:  # the connection broke under the write
-                    if not self.resend:
-                        self._fail(frame, id, WRITE_FAILED, f"the write failed on connection {number}: "
-                                   f"{_reason(exc)}; not written again (resend=False)", cause=exc)
-                    self._count("sends resent")
-                    after = number
+                    async with asyncio.timeout(max(0.0, until - time.monotonic())):
+                        await self._lock.acquire()
+                except TimeoutError:
+                    self._fail_late(frame, id, why)
+            try:
+                await self._write_held(frame, id, until, why)
+            finally:
+                self._lock.release()
         finally:
-            self._lock.release()
+            self._sending -= 1
+
+    async def _write_held(self, frame: Any, id: Any, until: float | None, why: str) -> None:
+        """The write, its turn come: on the connection up, waiting for one until ``until``."""
+        after = 0  # any connection will do; after a failed write, only a newer one
+        while True:
+            conn, number = await self._wait_up(after, until, why, frame, id)
+            try:
+                await self._write(conn, frame)
+                return
+            except Exception as exc:  # the connection broke under the write
+                if not self.resend:
+                    self._fail(frame, id, WRITE_FAILED, f"the write failed on connection {number}: "
+                               f"{_reason(exc)}; not written again (resend=False)", cause=exc)
+                self._count("sends resent")
+                after = number
 
     async def _wait_up(self, after: int, until: float | None, why: str, frame: Any, id: Any) -> tuple[Any, int]:
         """The connection to write on (one newer than ``after``), waiting for it until ``until``."""
