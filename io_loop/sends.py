@@ -157,12 +157,12 @@ class SendWatch:
             asyncio.get_running_loop().call_soon(self._watch, item)
 
     def _watch(self, item: Outgoing) -> None:
-        if not item.taken and not item.failed:
+        if self._waits(item):  # still queued, or taken but held (a feed that is down took it to look)
             self._waiting[id(item)] = item
             self._arm(item)
 
     def usable(self, item: Outgoing) -> bool:
-        """Before a writer hands ``item`` out: False for a send given up (now, or before: skip it)."""
+        """Before a writer takes or hands ``item`` out: False for a send given up (now, or before: skip it)."""
         if not item.sent:
             return True
         if item.failed:
@@ -173,8 +173,11 @@ class SendWatch:
         if self.refuse and not self.stats.connected:
             self.fail(item, DISCONNECTED)
             return False
-        self._forget(item)
         return True
+
+    def handed(self, item: Outgoing) -> None:
+        """A writer has ``item`` in hand (``Outgoing.handed``): no longer watched."""
+        self._forget(item)
 
     def put_back(self, item: Outgoing) -> None:
         """A writer gave ``item`` back half written (its connection was lost): watched again."""

@@ -173,6 +173,8 @@ class ReplyBatch:
                 continue
             if held.offset < len(item.frames):
                 item.hand_out(True)
+                if item.sent and held.sends is not None:
+                    held.sends.handed(item)
                 return self
             held.finish()  # nothing (left) to write in it
 
