@@ -44,6 +44,7 @@ from forkless.io_loop.capabilities import capability
 from forkless.io_loop.connectors.connector import Connector, PositionCodec
 from forkless.io_loop.counters import IOSnapshot, IOStats
 from forkless.io_loop.finishing import declared_awaiting
+from forkless.io_loop.sends import declared_send_policy
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec, IOSettings
 from forkless.io_loop.sinks.sink import Sink
 from forkless.io_loop.source import Source
@@ -68,6 +69,9 @@ class FeedPlan(NamedTuple):
     uses_demo_feed: bool
     sinks: tuple[Sink, ...] = ()  # the controller's sinks of results (``checked_sinks``)
     connectors: tuple[Connector, ...] = ()  # the configured feeds' that are connectors, in order
+    # each feed's deadline for what ``Controller.send`` hands it without a ``max_age_s`` (a source's
+    # ``send_max_age_s``, io_loop/sends.py; None: none), in the order of ``specs`` (empty: none for any)
+    send_max_age_s: tuple[float | None, ...] = ()
 
     def connector(self, name: str) -> Connector | None:
         """The connector of the feed named ``name`` (None: it is not one)."""
@@ -143,10 +147,13 @@ def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: boo
             raise ValueError(f"source {name!r} has replies={replies!r}; expected one of {', '.join(REPLY_POLICIES)}")
         declared_policy(source, name)  # its own overflow and buffer, checked (io_loop/spill.py)
         declared_awaiting(source, name)  # what it awaits at the stop, a method (io_loop/finishing.py)
+        declared_send_policy(source, name)  # its sends' deadline and what it does with them while disconnected
         taken.add(name)
         by_name[name] = source
         specs.append(FeedSpec(name, "", replies=replies, required=bool(capability(source, "required"))))
-    return FeedPlan(tuple(specs), by_name, False, sinks, connectors)
+    max_ages = tuple(declared_send_policy(by_name[spec.name], spec.name)[0] if spec.name in by_name else None
+                     for spec in specs)
+    return FeedPlan(tuple(specs), by_name, False, sinks, connectors, max_ages)
 
 
 def checked_sinks(sinks: Sequence[Sink], *, events_only: bool) -> tuple[Sink, ...]:

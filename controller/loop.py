@@ -66,6 +66,7 @@ from forkless.controller.stats import MainStats, StatsSnapshot, books_line, stat
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.errors import LeaseLost, StopRequested
+from forkless.io_loop.sends import checked_max_age, sent_frames
 from forkless.io_loop.source import Source
 from forkless.io_loop.sources.before_connect import BeforeConnect
 from forkless.io_loop.sources.on_connect import OnConnect, frames_of
@@ -181,6 +182,7 @@ class Controller:
         self._running = False  # start() started the IO side (a stop during start() leaves it False)
         self._stopped = False
         self._aborting = False  # a second SIGINT: run() raises KeyboardInterrupt
+        self._sends = 0  # send() calls so far: a send's id unless the caller gives one
         self._host = ProcessSettings(switch_interval_s=None if events_only else SWITCH_INTERVAL_S, freeze_gc=freeze_gc)
         self._signals = StopSignals(self._on_signal)
         self._report_wanted = threading.Event()  # SIGUSR1: run()'s loop reports the run so far
@@ -561,20 +563,34 @@ class Controller:
         if on_results is not None:
             on_results(seq, stream, outputs)
 
-    def send(self, feed: str, frame: Any) -> None:
+    def send(self, feed: str, frame: Any, *, max_age_s: float | None = None, id: Any = None) -> Any:
         """Hand a frame (``str``, UTF-8 ``bytes``, a list of them, or a JSON value) to the feed or source
-        ``feed`` now, in order with the replies before it (docs/embedding/controller.md). From the driving
-        thread; waits while outbound is full. ``RuntimeError`` once the feed has ended."""
+        ``feed`` now, in order with the replies before it (docs/embedding/controller.md). ``max_age_s``:
+        written within this many seconds or never (default: the source's ``send_max_age_s``; None: no
+        deadline); one not written in time reaches ``on_event`` as ``SendFailed`` with ``id`` (default:
+        this controller's count of sends, 1, 2, …), which ``send`` returns (None when there is nothing to
+        send: an empty list). From the driving thread; waits while outbound is full. ``RuntimeError``
+        once the feed has ended."""
         index = self.plan.sendable(feed)
+        sent_at = time.monotonic()
+        max_age_s = checked_max_age(max_age_s, "send(max_age_s=)")
+        if max_age_s is None and self.plan.send_max_age_s:
+            max_age_s = self.plan.send_max_age_s[index]
         if not self._running:
             raise RuntimeError("call start() (or use the controller as a context manager) before send()")
         if self._stopped:
             raise RuntimeError("the controller has stopped: nothing more is sent")
         frames = frames_of(frame, "send() was given")
-        if frames:
-            self._io.raise_if_failed()
-            self.plan.refuse_ended(self._io.feed_ended(index), index, len(frames))
-            self._outbound.put(Outgoing(frames, answers=False, feed=index, sent=True), None)
+        if not frames:
+            return None  # nothing to send: no send, no id
+        self._io.raise_if_failed()
+        self.plan.refuse_ended(self._io.feed_ended(index), index, len(frames))
+        self._sends += 1
+        send_id = self._sends if id is None else id
+        deadline = None if max_age_s is None else sent_at + max_age_s
+        self._outbound.put(Outgoing(sent_frames(frames, send_id, deadline, sent_at), answers=False, feed=index,
+                                    sent=True, send_id=send_id, sent_at=sent_at, deadline=deadline), None)
+        return send_id
 
     # ---- observing --------------------------------------------------------------------------
 

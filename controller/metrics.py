@@ -105,6 +105,14 @@ def _message_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric
                           "main thread as they are (ctx.emit_event).", feeds, "events_in"))
     fams.append(_per_feed(CounterMetricFamily, "forkless_sent_frames", "Frames the main thread sent the feed on its "
                           "own (Controller.send), written.", feeds, "sent_out"))
+    failed = CounterMetricFamily("forkless_sent_failed", "Frames the main thread sent the feed (Controller.send) that "
+                                 "were given up, never written, by reason: deadline (max_age_s), disconnected "
+                                 "(refused while not connected), hold_s, write failed, gave up, or a source's own.",
+                                 labels=["feed", "reason"])
+    for feed in snap.feeds:
+        for reason, count in _bounded(feed.io.sent_failed).items():
+            failed.add_metric([feed.name, reason], count)
+    fams.append(failed)
     counted = CounterMetricFamily("forkless_source_counts", "What a source of your own counted itself (ctx.count: "
                                   "heartbeats answered, say), by what.", labels=["feed", "what"])
     for feed in snap.feeds:
@@ -543,7 +551,7 @@ def _every_field_populated() -> StatsSnapshot:
             frames_in=1, messages_in=1, results_out=1, errors_out=1, answer_errors_out=1, error_replies_unsent=1,
             written_unconfirmed=1, errors={}, dropped={}, connects=1, reconnects=1, connect_failures=1,
             connected=True, state_since=1.0, last_error="x", write_latency=seconds, loop_lag=seconds, inbound_depth=0,
-            outbound_depth=0, unsent=1, events_in=1, sent_out=1, counts={_VARIES: 1})),),
+            outbound_depth=0, unsent=1, events_in=1, sent_out=1, counts={_VARIES: 1}, sent_failed={_VARIES: 1})),),
         counters={"anomalies": 1, _VARIES: 1}, restored_processed=1, restored_counters={"anomalies": 1, _VARIES: 1},
         sinks=((_VARIES, SimpleNamespace(taken=2, written=1, dropped={_VARIES: 1}, held=0, unwritten=1, batches=1)),),
     )

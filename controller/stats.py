@@ -171,6 +171,7 @@ class StatsSnapshot:
     events_unhandled: int = 0
     sent_out: int = 0
     sent_unsent: int = 0
+    sent_failed: dict[str, int] = field(default_factory=dict)  # sends given up, never written, by reason
     counts: dict[str, int] = field(default_factory=dict)
     # the controller's sinks of results (Controller(sinks=...)): each one's name and books (SinkStats)
     sinks: tuple[tuple[str, Any], ...] = ()
@@ -413,7 +414,7 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         io_cpu_s=io_cpu_s,
         step_io_cpu_s=main.step_io_cpu_s,
         events_in=io.events_in, events=main.events, events_unhandled=main.events_unhandled,
-        sent_out=io.sent_out, sent_unsent=io.sent_unsent, counts=io.counts, sinks=io.sinks,
+        sent_out=io.sent_out, sent_unsent=io.sent_unsent, sent_failed=io.sent_failed, counts=io.counts, sinks=io.sinks,
         sink_results_unsent=main.sink_results_unsent,
         events_dropped=io.events_dropped, buffered=io.buffered, awaited_unanswered=io.awaited_unanswered,
         partitions_unowned=partitions_unowned,

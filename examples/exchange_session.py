@@ -5,9 +5,13 @@ token, subscribe, answer the exchange's JSON heartbeat, send orders when the mai
 receive fills), written as a ``controller.Source``:
 
 - the client is the user's, unchanged in spirit: it logs in again whenever the session ends (the
-  token expired: close 4003, or HTTP 401 on the reconnect) with ``forkless.Relogin``, which holds
-  the orders sent meanwhile, and answers ``{"type":"ping"}`` with ``{"type":"pong"}`` itself, on
-  the IO thread, counted as what it is (``ctx.count``);
+  token expired: close 4003, or HTTP 401 on the reconnect; the exchange restarted) with
+  ``forkless.Relogin``, whose backoff follows the exchange (``RECONNECT``: back within about 0.5 s
+  of its return while the outage is young), and answers ``{"type":"ping"}`` with
+  ``{"type":"pong"}`` itself, on the IO thread, counted as what it is (``ctx.count``);
+- every order has a deadline (``send_max_age_s``, ``--order-max-age``): one not written within
+  it, the session being down, is never written (an order seconds old is worse than none) and the
+  main loop hears of it (``SendFailed`` to ``on_event``, with the order's id), counted apart;
 - it says which fills it still awaits (``awaiting()``): the orderly stop stops the market data,
   hands every fill of the orders in flight to the main loop, and ends once none is awaited (or at
   its deadline, counted): no drain of its own before ``stop()`` (docs/embedding/stop.md);
@@ -46,7 +50,7 @@ if __package__ in (None, ""):  # run as a script from a clone: the repository's 
 
 import aiohttp
 
-from forkless import Relogin, SendFailed, SourceStopped
+from forkless import Backoff, Relogin, SendFailed, SourceStopped
 
 SYMBOLS = ("BTCUSDT", "ETHUSDT", "SOLUSDT", "XRPUSDT")
 WINDOW = 64  # latest prices per symbol the model sees
@@ -55,6 +59,10 @@ THRESHOLD = 2.5  # |z| of the last price against its window that makes the model
 ORDER_GAP_S = 1.0  # per symbol, at most one model order in this long
 MIN_PRICES = 16  # no model order on a window shorter than this
 QUIET_GAP_S = 0.3  # an order decided when no trade has come for this long counts as "quiet market"
+ORDER_MAX_AGE_S = 0.5  # an order not written within this long of its decision is never written
+# the first retry at once, then at most 0.5 s apart while the outage is under 5 s (an exchange restart
+# is followed within about 0.5 s of its return), then a tenth of the outage's age, up to 5 s
+RECONNECT = Backoff(min_s=0.05, max_s=5.0, jitter=0.5, follow_s=0.5, follow_ratio=0.1)
 
 log = logging.getLogger("exchange_session")
 
@@ -67,7 +75,8 @@ class ExchangeSession:
     starts_connected = False  # Relogin says when it is connected
 
     def __init__(self, url: str, user: str = "alice", password: str = "s3cret",
-                 symbols: tuple[str, ...] = SYMBOLS) -> None:
+                 symbols: tuple[str, ...] = SYMBOLS, order_max_age_s: float = ORDER_MAX_AGE_S) -> None:
+        self.send_max_age_s = order_max_age_s  # every order's deadline (the main loop sends without its own)
         self.url = url.rstrip("/")
         self.user, self.password, self.symbols = user, password, symbols
         self.logins = 0
@@ -100,12 +109,13 @@ class ExchangeSession:
                 self.lost.discard(oid)  # written again after a lost connection
                 await ws.send_str(text)
 
-            async with Relogin(connect, lambda ws: self._serve(ws, ctx), ctx=ctx, send=write, name="exchange") as link:
+            async with Relogin(connect, lambda ws: self._serve(ws, ctx), ctx=ctx, send=write, name="exchange",
+                               backoff=RECONNECT) as link:
                 async for order in ctx.outgoing():  # ends once the main thread has sent its last order (the stop)
                     try:
-                        await link.send(order)  # held while it logs in again
-                    except SendFailed:
-                        ctx.count("orders not written")
+                        await link.send(order)  # held while it logs in again, until the order's deadline
+                    except SendFailed:  # given up: the main loop hears of it (on_event), counted in sent_failed
+                        pass
 
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse, ctx: Any) -> None:
         """One session, until the exchange ends it (the token expired) or the connection is lost."""
@@ -169,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prices", help="write 'seq price' per trade here, the price as the exchange sent it")
     parser.add_argument("--force-order-every", type=float, default=0.0,
                         help="also place a small order from the main loop's timer every S seconds")
+    parser.add_argument("--order-max-age", type=float, default=ORDER_MAX_AGE_S,
+                        help="seconds an order may wait to be written (the session down) before it is given up")
     parser.add_argument("--orders-at-stop", type=int, default=0,
                         help="place N small orders right before the stop (closing out): their fills too reach the "
                              "main loop, through the stop")
@@ -188,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    session = ExchangeSession(args.url)
+    session = ExchangeSession(args.url, order_max_age_s=args.order_max_age)
     model = make_model()
     window = np.zeros((len(SYMBOLS), WINDOW), np.float32)  # the model's input, made at each tick
     filled = np.zeros(len(SYMBOLS), np.int32)
@@ -201,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     counts = collections.Counter()
     prices: list[str] = []  # "seq price" lines for --prices, written at the end
 
-    def on_event(source: str, event: dict[str, Any]) -> None:
+    def on_event(source: str, event: Any) -> None:
+        if isinstance(event, SendFailed):  # an order not written by its deadline: never will be
+            counts["orders_given_up"] += 1
+            pending.pop(event.id, None)
+            return
         now = time.monotonic_ns()
         kind = event["type"]
         counts[kind] += 1
@@ -221,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         counts["orders"] += 1
         oid = f"o{counts['orders']}"
         pending[oid] = (time.monotonic_ns(), time.monotonic() - last_trade[0] > QUIET_GAP_S)
-        ctl.send("exchange", {"type": "order", "symbol": symbol, "side": side, "qty": qty, "client_order_id": oid})
+        ctl.send("exchange", {"type": "order", "symbol": symbol, "side": side, "qty": qty, "client_order_id": oid},
+                 id=oid)  # its deadline: the source's send_max_age_s
 
     model(window, filled).block_until_ready()  # compiled before the session opens: no trade waits for XLA
     config = Config.from_env()
@@ -276,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         every = rtt_ms[False] + rtt_ms[True]
         figures = {
             "orders": counts["orders"], "orders_forced": counts["orders_forced"], "fills": counts["fill"],
-            "orders_at_stop": counts["orders_at_stop"],
+            "orders_at_stop": counts["orders_at_stop"], "orders_given_up": counts["orders_given_up"],
             "rejects": counts["reject"], "stopped_by": stopped_by[0],
             "trades": counts["trade"], "books": counts["book"], "logins": session.logins,
             "unfilled": len(pending), "orders_lost_with_session": len(session.lost),

@@ -1,15 +1,27 @@
-"""Reconnect policy: exponential backoff with full jitter, reset only after a stable connection.
+"""Reconnect policy: exponential backoff with jitter, reset only after a stable connection, and,
+where asked, a cap that follows a young outage (a peer back soon is reconnected to soon).
 
 Rules (pure: no clock, no sleeping; the caller passes ``now`` and sleeps the returned delay):
-- After the k-th failure in a row the delay is uniform in [min_s, min(max_s, min_s * 2**(k-1))].
-- A connection that stayed up at least ``reset_s`` resets k to 0 when it ends; one that
-  drops sooner counts as a failure, so a server that accepts then closes at once is not
-  hammered (the opposite of resetting on every open).
+- After the k-th failure in a row the longest delay is ``cap = min(max_s, min_s * 2**(k-1))``;
+  the delay is uniform in ``[max(min_s, cap * (1 - jitter)), cap]``: ``jitter=1`` is full jitter
+  (the default, the built-in feeds'), ``jitter=0`` no jitter.
+- ``follow_s`` (None: off) makes the delay follow the outage: while the outage (from the lost
+  connection, or the first failed attempt) is ``age`` seconds old, ``cap`` is also at most
+  ``max(follow_s, age * follow_ratio)``. A peer back within ``follow_s / follow_ratio`` seconds
+  (5 s with 0.5 and 0.1) is reconnected to within ``follow_s`` of its return; after a longer
+  outage within ``follow_ratio`` of the outage's length, and a peer that stays down is tried
+  every ``max_s`` at most. Without ``now`` (``failed()``), the age is unknown and not used.
+- A connection that stayed up at least ``reset_s`` resets k to 0 and ends the outage when it
+  ends; one that drops sooner counts as a failure and the outage goes on, so a server that
+  accepts then closes at once is not hammered (the opposite of resetting on every open).
 - With ``tries > 0``, the ``tries``-th failure in a row gives up: ``failed`` returns None.
+- A ``Backoff`` holds the count of one connection's failures: ``fresh()`` is the same policy
+  with a count of its own, for a second user of one policy (``Relogin`` takes a fresh one).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from typing import TYPE_CHECKING
 
@@ -21,38 +33,82 @@ __all__ = ["Backoff"]
 MAX_EXPONENT = 64  # 2**64 times any sensible min_s is far past any max_s
 
 
+def _seconds(name: str, value: object, *, zero: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
+        (value >= 0 if zero else value > 0)
+    if not ok:
+        raise ValueError(f"Backoff's {name} is a finite number of seconds {'>= 0' if zero else '> 0'}, not {value!r}")
+    return float(value)
+
+
 class Backoff:
-    def __init__(self, min_s: float, max_s: float, reset_s: float, tries: int = 0,
-                 rng: random.Random | None = None) -> None:
-        self.min_s = min_s
-        self.max_s = max_s
-        self.reset_s = reset_s
+    """The delay before each reconnect attempt (see the module rules). ``Backoff(min_s, max_s,
+    reset_s, tries)`` is the built-in feeds' (``FORKLESS_RECONNECT_*``); ``jitter`` is the random
+    part of each delay (0 to 1); ``follow_s`` and ``follow_ratio`` the cap of a young outage."""
+
+    def __init__(self, min_s: float = 0.05, max_s: float = 5.0, reset_s: float = 5.0, tries: int = 0,
+                 rng: random.Random | None = None, *, jitter: float = 1.0, follow_s: float | None = None,
+                 follow_ratio: float = 0.1) -> None:
+        self.min_s = _seconds("min_s", min_s)
+        self.max_s = _seconds("max_s", max_s)
+        if self.max_s < self.min_s:
+            raise ValueError(f"Backoff's max_s ({max_s!r}) is less than its min_s ({min_s!r}): the longest delay "
+                             "cannot be shorter than the first")
+        self.reset_s = _seconds("reset_s", reset_s, zero=True)
+        if not isinstance(tries, int) or isinstance(tries, bool) or tries < 0:
+            raise ValueError(f"Backoff's tries is an int >= 0 (0: never give up), not {tries!r}")
+        if not isinstance(jitter, (int, float)) or isinstance(jitter, bool) or not 0 <= jitter <= 1:
+            raise ValueError(f"Backoff's jitter is the random part of each delay, from 0 (none) to 1 (the whole "
+                             f"delay), not {jitter!r}")
+        self.follow_s = None if follow_s is None else _seconds("follow_s", follow_s)
+        self.follow_ratio = _seconds("follow_ratio", follow_ratio, zero=True)
         self.tries = tries
+        self.jitter = float(jitter)
         self.failures = 0
         self._rng = rng or random.Random()
         self._up_since: float | None = None
+        self._outage_since: float | None = None  # when the outage began (a connection lost, an attempt failed)
 
     @classmethod
     def of(cls, reconnect: ReconnectSettings) -> Backoff:
         """The policy of ``FORKLESS_RECONNECT_*`` (io_loop/settings.py's ``ReconnectSettings``)."""
         return cls(reconnect.min_s, reconnect.max_s, reconnect.reset_s, reconnect.tries)
 
+    def fresh(self, *, tries: int | None = None) -> Backoff:
+        """The same policy (``tries`` replaced, if given) with a failure count of its own."""
+        return Backoff(self.min_s, self.max_s, self.reset_s, self.tries if tries is None else tries, rng=self._rng,
+                       jitter=self.jitter, follow_s=self.follow_s, follow_ratio=self.follow_ratio)
+
+    def __repr__(self) -> str:
+        follow = "" if self.follow_s is None else f", follow_s={self.follow_s}, follow_ratio={self.follow_ratio}"
+        return (f"Backoff(min_s={self.min_s}, max_s={self.max_s}, reset_s={self.reset_s}, tries={self.tries}, "
+                f"jitter={self.jitter}{follow})")
+
     def connected(self, now: float) -> None:
         self._up_since = now
 
     def disconnected(self, now: float) -> None:
-        """A connection ended; it only wipes the failure count if it lasted ``reset_s``."""
+        """A connection ended; it only wipes the failure count (and ends the outage) if it lasted
+        ``reset_s``; the outage it begins is dated ``now``."""
         if self._up_since is not None and now - self._up_since >= self.reset_s:
             self.failures = 0
+            self._outage_since = None
         self._up_since = None
+        if self._outage_since is None:
+            self._outage_since = now
 
-    def failed(self) -> float | None:
-        """Record one failure (an attempt that failed or a connection that ended); the delay
-        before the next attempt, or None when ``tries`` failures in a row have been used up."""
+    def failed(self, now: float | None = None) -> float | None:
+        """Record one failure (an attempt that failed or a connection that ended) at ``now``; the
+        delay before the next attempt, or None when ``tries`` failures in a row have been used up."""
         self.failures += 1
         if self.tries and self.failures >= self.tries:
             return None
         # the exponent is bounded: 2.0 ** 1024 overflows a float, and after ~1000 failures in a
         # row (hours at the cap, with tries=0) that would kill the IO thread
         cap = min(self.max_s, self.min_s * 2.0 ** min(self.failures - 1, MAX_EXPONENT))
-        return self._rng.uniform(self.min_s, max(self.min_s, cap))
+        if self.follow_s is not None and now is not None:
+            if self._outage_since is None:
+                self._outage_since = now
+            cap = min(cap, max(self.follow_s, (now - self._outage_since) * self.follow_ratio))
+        cap = max(self.min_s, cap)
+        return self._rng.uniform(max(self.min_s, cap * (1.0 - self.jitter)), cap)

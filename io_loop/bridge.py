@@ -11,6 +11,9 @@ Rules:
   hand-off (io_loop/waiting.py) the main thread tells the IO thread how many steps are in flight
   (``OutboundSender.expect``); while any is, the IO loop's selector looks at *outbound* itself
   (``OutboundReceiver.poll``) and a put does not wake it.
+- A send of the main thread's (``Outgoing.sent``) crosses with the same one wake-up, which also
+  hands it to ``on_sent`` on the IO loop (its feed's ``SendWatch``, io_loop/sends.py: its deadline
+  is watched from then, whether or not the feed's writer is taking).
 - With a sink on the IO loop instead of the main thread (the relay, io_loop/thread.py), the IO
   thread takes from ``inbound``'s async side too, and ends ``outbound`` itself (``end_outbound``):
   the main thread then touches neither queue.
@@ -55,12 +58,13 @@ class OutboundSender:
     the callback takes one. Nothing awaits janus's async ``get``, so janus sends none of its own."""
 
     def __init__(self, queue: janus.Queue[Outgoing], loop: asyncio.AbstractEventLoop, ready: asyncio.Event,
-                 expecting: Expecting | None = None) -> None:
+                 expecting: Expecting | None = None, on_sent: Callable[[Outgoing], None] | None = None) -> None:
         self._queue = queue.sync_q
         self._shutdown = queue.shutdown
         self._loop = loop
         self._ready = ready
         self._expecting = expecting  # None: the IO loop parks (no spinning selector watches outbound)
+        self._on_sent = on_sent
 
     def expect(self, steps: int) -> None:
         """``steps`` steps are in flight (their results will be put here). Under ``spin``, the IO loop
@@ -78,28 +82,46 @@ class OutboundSender:
 
     def put(self, item: Outgoing, timeout: float | None = None) -> None:
         self._queue.put(item, timeout=timeout)
-        self._wake()
+        if item.sent and self._on_sent is not None:
+            self._wake_sent(item)
+        else:
+            self._wake()
 
     def put_nowait(self, item: Outgoing) -> None:
         self._queue.put_nowait(item)
-        self._wake()
+        if item.sent and self._on_sent is not None:
+            self._wake_sent(item)
+        else:
+            self._wake()
 
     def qsize(self) -> int:
         return self._queue.qsize()
 
     def shutdown(self) -> None:
-        """No more items: the IO thread sends what is queued, then sees ``AsyncQueueShutDown``."""
+        """No more items: the IO thread sends what is queued, then sees ``AsyncQueueShutDown`` (woken
+        whether or not its loop spins: a spinning selector looks at what is queued, not at the shutdown)."""
         self._shutdown()
-        self._wake()
+        self._wake(always=True)
 
-    def _wake(self) -> None:
+    def _wake(self, always: bool = False) -> None:
         expecting = self._expecting
-        if expecting is not None and expecting.spinning:  # read after the put: see io_loop/waiting.py
+        if not always and expecting is not None and expecting.spinning:  # read after the put: io_loop/waiting.py
             return
         try:
             self._loop.call_soon_threadsafe(self._ready.set)
         except RuntimeError:  # the loop has closed: nobody is left to wake
             pass
+
+    def _wake_sent(self, item: Outgoing) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._sent_crossed, item)
+        except RuntimeError:  # the loop has closed: the stop counts what is left
+            pass
+
+    def _sent_crossed(self, item: Outgoing) -> None:
+        """On the IO loop: the reader woken, and the send handed to ``on_sent``."""
+        self._ready.set()
+        self._on_sent(item)
 
 
 class OutboundReceiver:
@@ -153,12 +175,13 @@ class Bridge:
     """Owns both queues. Construct it in the IO thread's running loop; ``expecting``: what the main
     thread tells a spinning IO loop (io_loop/waiting.py; None: the loop parks)."""
 
-    def __init__(self, queue_size: int, expecting: Expecting | None = None) -> None:
+    def __init__(self, queue_size: int, expecting: Expecting | None = None,
+                 on_sent: Callable[[Outgoing], None] | None = None) -> None:
         self._inbound: janus.Queue[Chunk] = janus.Queue(queue_size)
         self._outbound: janus.Queue[Outgoing] = janus.Queue(queue_size)
         ready = asyncio.Event()
         self._outbound_receiver = OutboundReceiver(self._outbound, ready)
-        self._outbound_sender = OutboundSender(self._outbound, asyncio.get_running_loop(), ready, expecting)
+        self._outbound_sender = OutboundSender(self._outbound, asyncio.get_running_loop(), ready, expecting, on_sent)
 
     @property
     def inbound(self) -> janus.AsyncQueue[Chunk]:

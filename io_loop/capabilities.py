@@ -12,7 +12,8 @@ Rules:
   a default.
 - Checking a declared value stays with the module that owns its meaning: ``replies`` and
   ``required`` controller/ioside.py, ``overflow`` and ``buffer`` io_loop/spill.py, ``awaiting``
-  io_loop/finishing.py. This module only says what may be declared and what is meant by nothing.
+  io_loop/finishing.py, ``send_max_age_s`` and ``sends_while_disconnected`` io_loop/sends.py. This
+  module only says what may be declared and what is meant by nothing.
 - Pure: no I/O, no loop, no clock.
 """
 
@@ -44,6 +45,14 @@ class SourceCapabilities:
 
     buffer: int | None = None
     """Messages and events it may hold while inbound is full; None: ``FORKLESS_SOURCE_BUFFER``."""
+
+    send_max_age_s: float | None = None
+    """The deadline of what the main thread sends it (``Controller.send``) without a ``max_age_s`` of its own:
+    written within this many seconds of the send or never (``SendFailed``, io_loop/sends.py); None: none."""
+
+    sends_while_disconnected: str = "hold"
+    """``"hold"``: what the main thread sends while it is not connected waits (until its deadline); ``"refuse"``:
+    given up at once (cancel-on-disconnect), ``SendFailed`` with reason ``"disconnected"``."""
 
     figures: Any = None
     """A ``SourceStats`` of the position figures it keeps, shown in its books; None: none."""

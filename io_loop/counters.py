@@ -193,6 +193,7 @@ class IOStats:
     events_in: int = 0  # objects a user source handed over as they are (``SourceContext.emit_event``)
     sent_out: int = 0  # frames the main thread sent on its own (``Controller.send``), written
     sent_unsent: int = 0  # of those, frames never written (the stop, a feed given up, a source ended)
+    sent_failed: Counter = field(default_factory=Counter)  # of those, frames given up (io_loop/sends.py), by reason
     counts: Counter = field(default_factory=Counter)  # what a user source counted itself (``ctx.count``)
     events_dropped: Counter = field(default_factory=Counter)  # events given up (its overflow, the stop), by reason
     buffered: int = 0  # messages and events waiting in the source's own buffer (io_loop/spill.py)
@@ -219,6 +220,7 @@ class IOStats:
             hops={hop: histogram.snapshot() for hop, histogram in self.hops.items()},
             source=None if self.source is None else dataclasses.replace(self.source),
             events_in=self.events_in, sent_out=self.sent_out, sent_unsent=self.sent_unsent,
+            sent_failed=copy_counts(self.sent_failed),
             counts=copy_counts(self.counts), events_dropped=copy_counts(self.events_dropped),
             buffered=self.buffered, buffered_peak=self.buffered_peak,
             awaited_unanswered=copy_counts(self.awaited_unanswered),
@@ -256,6 +258,7 @@ class IOSnapshot:
     events_in: int = 0  # IOStats.events_in
     sent_out: int = 0  # IOStats.sent_out
     sent_unsent: int = 0  # IOStats.sent_unsent
+    sent_failed: dict[str, int] = field(default_factory=dict)  # IOStats.sent_failed
     counts: dict[str, int] = field(default_factory=dict)  # IOStats.counts (a user source's own)
     sinks: tuple[tuple[str, Any], ...] = ()  # a controller's sinks: (name, SinkStats) each (io_loop/sinks/results.py)
     events_dropped: dict[str, int] = field(default_factory=dict)  # IOStats.events_dropped
@@ -315,6 +318,7 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
                               for name in _SUMMED}
     errors, dropped, declined = Counter(thread.errors), Counter(thread.dropped), Counter(thread.replies_declined)
     counts, events_dropped = Counter(thread.counts), Counter(thread.events_dropped)
+    sent_failed = Counter(thread.sent_failed)
     awaited = Counter(thread.awaited_unanswered)
     latency = thread.write_latency
     hops = dict(thread.hops)
@@ -324,6 +328,7 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
         declined.update(f.io.replies_declined)
         counts.update(f.io.counts)
         events_dropped.update(f.io.events_dropped)
+        sent_failed.update(f.io.sent_failed)
         awaited.update(f.io.awaited_unanswered)
         latency = latency + f.io.write_latency
         hops = add_hops(hops, f.io.hops)
@@ -335,6 +340,7 @@ def combine_io(thread: IOSnapshot, feeds: Sequence[FeedSnapshot]) -> IOSnapshot:
     return dataclasses.replace(
         thread, **totals, errors=dict(errors), dropped=dict(dropped), write_latency=latency, hops=hops,
         replies_declined=dict(declined), counts=dict(counts), events_dropped=dict(events_dropped),
+        sent_failed=dict(sent_failed),
         awaited_unanswered=dict(awaited),
         buffered_peak=max([thread.buffered_peak, *(f.io.buffered_peak for f in feeds)]),
         connected=bool(required) and all(f.up for f in required),

@@ -196,6 +196,28 @@ class Outgoing:
     origin: list[Origin] | None = None  # per frame, its message's (a source that gives positions); else None
     sent: bool = False  # frames the main thread sent on its own (``Controller.send``): no answers, no errors
     for_sinks: Results | None = None  # the batch's results for the controller's sinks (a bundle's, not its parts')
+    # a send's (``sent``; io_loop/sends.py has the rules): its id, when it was sent and its deadline
+    # (``time.monotonic()`` seconds; None: none); ``taken`` once its feed's writer side took it from the
+    # queue, ``handed`` while a writer has it in hand, ``failed`` the reason it was given up (never
+    # written, counted once: in ``sent_failed``, not in what the stop counts)
+    send_id: Any = None
+    sent_at: float = 0.0
+    deadline: float | None = None
+    taken: bool = False
+    handed: bool = False
+    failed: str = ""
+
+    def take_up(self) -> None:
+        """A send was taken from the queue by its feed's writer side."""
+        self.taken = True
+
+    def hand_out(self, handed: bool) -> None:
+        """A send is in a writer's hands (True) or waits again (False: given back half written)."""
+        self.handed = handed
+
+    def give_up(self, reason: str) -> None:
+        """A send is given up for ``reason``: never written (io_loop/sends.py counts it)."""
+        self.failed = reason
 
     def unbundled(self) -> tuple[Outgoing, ...]:
         """The items to send: the parts of a bundle, else this item itself."""
@@ -233,6 +255,8 @@ def count_unsent(items: list[tuple[Outgoing | None, int]]) -> Unsent:
     answers = errors = sent = 0
     for item, written in items:
         for part in item.unbundled() if item is not None else ():
+            if part.failed:  # a send given up: counted in sent_failed already
+                continue
             if part.sent:
                 sent += len(part.frames) - written
             elif part.answers:

@@ -230,6 +230,11 @@ class FeedSet:
                     break
         return items
 
+    def send_arrived(self, item: Outgoing) -> None:
+        """A send of the main thread's crossed: its feed watches its deadline (io_loop/sends.py)."""
+        if 0 <= item.feed < len(self.clients) and not self.given_up[item.feed]:
+            self.clients[item.feed].send_arrived(item)
+
     def discard_gathered(self) -> int:
         """At an aborted stop: messages gathered by the feeds' hand-overs, not yet on inbound."""
         return sum(client.handover.discard() for client in self.clients)

@@ -52,7 +52,7 @@ from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.crossing import ConnectionEvent
 from forkless.io_loop.errors import ForklessError
 from forkless.io_loop.loopthread import LoopThread
-from forkless.io_loop.portalqueue import MainQueue, PortalQueue, WorkerQueue
+from forkless.io_loop.portalqueue import MainQueue, PortalQueue, PortalSends, WorkerQueue
 
 __all__ = ["IOPortal", "PortalClosed", "RestartPolicy", "WorkerFailed"]
 
@@ -151,6 +151,7 @@ class IOPortal:
         self._end = STOPPED  # what PortalClosed says once the queues have ended
         self._started = self._stopped = False
         self._worker_ends: tuple[WorkerQueue, ...] = ()
+        self._sends: PortalSends | None = None  # from_main's deadlines (io_loop/portalqueue.py)
         self._worker_done = False
         self._start_failed = False  # the worker failed before its first await: start() raises it
         self._logged_failures: set[str] = set()
@@ -170,6 +171,11 @@ class IOPortal:
     def from_main(self) -> MainQueue:
         """What the main thread sends the worker: ``put``/``put_nowait``."""
         return self._main_end(1)
+
+    @property
+    def sent_failed(self) -> dict[str, int]:
+        """Items put on ``from_main`` with ``max_age_s`` that the worker did not take in time, by reason (a copy)."""
+        return dict(self._sends.sent_failed) if self._sends is not None else {}
 
     @property
     def alive(self) -> bool:
@@ -264,9 +270,11 @@ class IOPortal:
 
     async def _main(self) -> None:
         self._queues = to_main, from_main = PortalQueue(self.queue_size), PortalQueue(self.queue_size)
-        self._ends = MainQueue(to_main.sync_q, self._raise_end), MainQueue(from_main.sync_q, self._raise_end)
-        self._worker_ends = ends = (WorkerQueue(to_main, self.stopping, "to_main"),
-                                    WorkerQueue(from_main, self.stopping, "from_main"))
+        to_worker = WorkerQueue(to_main, self.stopping, "to_main")
+        self._sends = sends = PortalSends(to_worker.put)  # from_main's deadlines; what is given up goes to_main
+        self._ends = (MainQueue(to_main.sync_q, self._raise_end),
+                      MainQueue(from_main.sync_q, self._raise_end, sends))
+        self._worker_ends = ends = (to_worker, WorkerQueue(from_main, self.stopping, "from_main", sends))
         backoff = self.restart.backoff() if self.restart is not None else None
         while True:
             self.runs += 1

@@ -18,6 +18,12 @@ Rules:
   (``run_ended``): the item is given back at the front of the queue (``PortalQueue``'s ``First``)
   for the next run, and that get raises ``Empty``. A get on the loop from a task the worker left
   running is the worker's: it must cancel what it started before it returns.
+- Deadlines (``from_main`` only): ``put(item, max_age_s=)`` queues the item with its deadline
+  (``PortalSends``). The worker's ``get`` never hands out an item past it: one not taken by then is
+  given up at its deadline (a timer on the loop, whatever is queued before it), ``to_main`` gets a
+  ``SendFailed`` (its id, the item, reason ``"deadline"``) and ``sent_failed`` counts it. Taking and
+  giving up are settled under one lock (a ``get`` may run in an executor thread); the count and the
+  report are made on the loop only.
 """
 
 from __future__ import annotations
@@ -26,14 +32,16 @@ import asyncio
 import logging
 import queue
 import threading
-from collections import deque
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Generator
 from typing import Any, NoReturn
 
 import janus
 from forkless.io_loop.errors import ForklessError
+from forkless.io_loop.sends import DEADLINE, SendFailed, checked_max_age
 
-__all__ = ["Empty", "First", "Full", "MainQueue", "PortalQueue", "WorkerQueue"]
+__all__ = ["Empty", "First", "Full", "MainQueue", "PortalQueue", "PortalSends", "WorkerQueue"]
 
 log = logging.getLogger("forkless.portal")
 
@@ -141,6 +149,91 @@ class _Get:
                       "in loop.run_in_executor", self._end.name)
 
 
+class _Timed:
+    """An item put with a deadline (``PortalSends``); ``outcome`` is settled once, under the lock."""
+
+    __slots__ = ("deadline", "id", "item", "outcome")
+
+    def __init__(self, item: Any, deadline: float, id: Any) -> None:
+        self.item, self.deadline, self.id, self.outcome = item, deadline, id, ""
+
+
+class PortalSends:
+    """The deadlines of what the main thread puts on ``from_main`` (see the module rules). Made on
+    the portal's loop; ``report`` puts on ``to_main`` there."""
+
+    def __init__(self, report: Callable[[Any], Any]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._report = report
+        self._lock = threading.Lock()
+        self._sends = 0  # puts with a deadline so far: their id unless the caller gives one
+        self.sent_failed: Counter[str] = Counter()  # items given up by reason (written on the loop only)
+        self._logged = False
+
+    def timed(self, item: Any, max_age_s: Any, id: Any) -> _Timed:
+        """The main thread's put: ``item`` with its deadline (``max_age_s`` from now)."""
+        max_age_s = checked_max_age(max_age_s, "put(max_age_s=)")
+        if max_age_s is None:
+            raise ValueError("put(id=) names an item put with a deadline: give max_age_s too")
+        self._sends += 1
+        return _Timed(item, time.monotonic() + max_age_s, self._sends if id is None else id)
+
+    def watch(self, record: _Timed) -> None:
+        """After the put: its deadline is watched on the loop from now."""
+        try:
+            self._loop.call_soon_threadsafe(self._arm, record)
+        except RuntimeError:  # the loop has closed: the portal has ended, nothing is taken any more
+            pass
+
+    def take(self, item: Any) -> tuple[bool, Any]:
+        """What the worker's ``get`` took: (True, the item to hand out), or (False, None) for one
+        given up (now, its deadline passed, or before): skip it."""
+        if type(item) is not _Timed:
+            return True, item
+        outcome = DEADLINE if time.monotonic() >= item.deadline else "taken"
+        if not self._settle(item, outcome):
+            return False, None
+        if outcome == DEADLINE:
+            self._given_up(item)
+            return False, None
+        return True, item.item
+
+    def _arm(self, record: _Timed) -> None:
+        if not record.outcome:
+            self._loop.call_at(record.deadline, self._due, record)  # loop.time() is time.monotonic()
+
+    def _due(self, record: _Timed) -> None:
+        if self._settle(record, DEADLINE):
+            self._given_up(record)
+
+    def _settle(self, record: _Timed, outcome: str) -> bool:
+        with self._lock:
+            if record.outcome:
+                return False
+            record.outcome = outcome
+            return True
+
+    def _given_up(self, record: _Timed) -> None:
+        if threading.get_ident() != self._loop_thread:  # a get in an executor thread: counted on the loop
+            try:
+                self._loop.call_soon_threadsafe(self._given_up, record)
+            except RuntimeError:
+                pass
+            return
+        self.sent_failed[DEADLINE] += 1
+        if not self._logged:
+            self._logged = True
+            log.warning("from_main: an item put with max_age_s was not taken by the worker in time: given up, "
+                        "to_main gets SendFailed for each (counted in IOPortal.sent_failed; logged once)")
+        failed = SendFailed(f"from_main: item {record.id!r} was not taken by the worker within its max_age_s",
+                            record.item, id=record.id, reason=DEADLINE, source="from_main")
+        try:
+            self._report(failed)
+        except (janus.AsyncQueueShutDown, janus.SyncQueueShutDown):  # to_main has ended: counted only
+            pass
+
+
 def _check_timeout(timeout: float | None) -> None:
     if timeout is not None and not timeout >= 0:  # as queue.Queue's
         raise ValueError(f"timeout must be a non-negative number of seconds or None, not {timeout!r}")
@@ -166,9 +259,11 @@ class WorkerQueue(_Sized):
     ``stopping`` is set when the portal's stop begins. After the end, calls raise janus's
     ``AsyncQueueShutDown`` on the loop, ``SyncQueueShutDown`` in another thread."""
 
-    def __init__(self, q: janus.Queue[Any], stopping: asyncio.Event, name: str) -> None:
+    def __init__(self, q: janus.Queue[Any], stopping: asyncio.Event, name: str,
+                 sends: PortalSends | None = None) -> None:
         self._q, self._sync = q.async_q, q.sync_q
         self.stopping, self.name = stopping, name
+        self._sends = sends  # from_main's: items put with a deadline (PortalSends)
         self._loop_thread = threading.get_ident()  # made on the loop
         self._held: deque[_Held] = deque()  # items put while full, in order (loop only)
         self._mover: asyncio.Task[None] | None = None
@@ -227,12 +322,17 @@ class WorkerQueue(_Sized):
         return held
 
     def get_nowait(self) -> Any:
-        try:
-            if threading.get_ident() != self._loop_thread:
-                return self._sync.get_nowait()
-            return self._q.get_nowait()
-        except (queue.Empty, asyncio.QueueEmpty):
-            raise Empty from None
+        while True:
+            try:
+                if threading.get_ident() != self._loop_thread:
+                    item = self._sync.get_nowait()
+                else:
+                    item = self._q.get_nowait()
+            except (queue.Empty, asyncio.QueueEmpty):
+                raise Empty from None
+            usable, item = self._taken(item)
+            if usable:
+                return item
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         _check_timeout(timeout)
@@ -241,14 +341,18 @@ class WorkerQueue(_Sized):
         if threading.get_ident() == self._loop_thread:
             return _Get(self, timeout)
         run = self._run
-        try:
-            item = self._sync.get(True, timeout)
-        except queue.Empty:
-            raise Empty from None
-        if run != self._run:  # the run that asked has ended (a restart): the item is the next run's, first
-            self._give_back(item)
-            raise Empty
-        return item
+        until = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                item = self._sync.get(True, None if until is None else max(0.0, until - time.monotonic()))
+            except queue.Empty:
+                raise Empty from None
+            if run != self._run:  # the run that asked has ended (a restart): the item is the next run's, first
+                self._give_back(item)
+                raise Empty
+            usable, item = self._taken(item)
+            if usable:
+                return item
 
     def run_ended(self) -> None:
         """The worker's run has ended (on the loop): a blocking get it left behind gives back what it takes."""
@@ -261,6 +365,10 @@ class WorkerQueue(_Sized):
         except janus.SyncQueueShutDown:
             log.error("%s: an item a finished run of the IO worker took was not given back: the portal has "
                       "ended (dropped)", self.name)
+
+    def _taken(self, item: Any) -> tuple[bool, Any]:
+        """An item taken from the queue: (True, what to hand out), or (False, None) for one past its deadline."""
+        return (True, item) if self._sends is None else self._sends.take(item)
 
     # ---- the loop's side of put and get ---------------------------------------------------------
 
@@ -302,7 +410,10 @@ class WorkerQueue(_Sized):
     async def _get_within(self, timeout: float | None) -> Any:
         try:
             async with asyncio.timeout(timeout):
-                return await self._q.get()
+                while True:
+                    usable, item = self._taken(await self._q.get())
+                    if usable:
+                        return item
         except TimeoutError:
             raise Empty from None
 
@@ -322,9 +433,11 @@ class MainQueue(_Sized):
     once the queue has ended they raise ``WorkerFailed`` (the worker failed) or ``PortalClosed``,
     after handing out what the worker's ``put`` still held when it returned."""
 
-    def __init__(self, q: janus.SyncQueue[Any], raise_end: Callable[[], NoReturn]) -> None:
+    def __init__(self, q: janus.SyncQueue[Any], raise_end: Callable[[], NoReturn],
+                 sends: PortalSends | None = None) -> None:
         self._q = q
         self._raise_end = raise_end
+        self._sends = sends  # from_main's: items put with a deadline
         self.leftover: deque[Any] = deque()  # filled on the loop before the queue ends; read after
 
     def qsize(self) -> int:
@@ -341,11 +454,25 @@ class MainQueue(_Sized):
     def get_nowait(self) -> Any:
         return self.get(False)
 
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+    def put(self, item: Any, block: bool = True, timeout: float | None = None, *, max_age_s: float | None = None,
+            id: Any = None) -> Any:
+        """``queue.Queue.put``; ``from_main`` also takes ``max_age_s``: the worker gets the item within
+        that many seconds or never (``to_main`` gets ``SendFailed`` with ``id``: the given one, or the
+        count of such puts, which ``put`` returns; None without a deadline)."""
+        record = None
+        if max_age_s is not None or id is not None:
+            if self._sends is None:
+                raise TypeError("put(max_age_s=, id=) is from_main's: the main thread's items for the worker "
+                                "carry a deadline, to_main's do not")
+            record = self._sends.timed(item, max_age_s, id)
         try:
-            self._q.put(item, block, timeout)
+            self._q.put(item if record is None else record, block, timeout)
         except janus.SyncQueueShutDown:
             self._raise_end()
+        if record is None:
+            return None
+        self._sends.watch(record)
+        return record.id
 
-    def put_nowait(self, item: Any) -> None:
-        self.put(item, False)
+    def put_nowait(self, item: Any, *, max_age_s: float | None = None, id: Any = None) -> Any:
+        return self.put(item, False, max_age_s=max_age_s, id=id)

@@ -4,8 +4,9 @@
 
 Rules:
 - ``await drive(link, backoff)`` owns the loop and the ``Backoff`` (io_loop/backoff.py): its
-  ``connected``/``disconnected`` stamps around each served connection, and ``failed()`` after
-  each failed attempt and each lost connection. Everything else is the ``Link``'s: when to stop,
+  ``connected``/``disconnected`` stamps around each served connection, and ``failed(now)`` after
+  each failed attempt and each lost connection (``now`` dates the outage: a ``Backoff`` with
+  ``follow_s`` caps its delay by the outage's age). Everything else is the ``Link``'s: when to stop,
   what an attempt and a connection are, what is counted and logged, the give-up text, the pause.
 - An attempt: ``await link.connect()``; an exception of ``link.failures`` (only those: anything
   else ends the drive) fails it: ``link.attempt_failed(exc)`` counts it and says why (or raises
@@ -65,7 +66,7 @@ async def drive(link: Link, backoff: Backoff, clock: Callable[[], float] = time.
             conn = await link.connect()
         except link.failures as exc:
             reason = link.attempt_failed(exc)
-            delay = backoff.failed()
+            delay = backoff.failed(clock())
             if delay is None:
                 raise link.gave_up(reason, backoff.failures, False) from None
             link.retrying(reason, delay)
@@ -76,7 +77,7 @@ async def drive(link: Link, backoff: Backoff, clock: Callable[[], float] = time.
         backoff.disconnected(clock())
         if lost is DONE or not link.more():
             return
-        delay = backoff.failed()
+        delay = backoff.failed(clock())
         if delay is None:
             raise link.gave_up(lost, backoff.failures, True)
         link.reconnecting(lost, delay)

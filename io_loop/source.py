@@ -62,6 +62,12 @@ Rules:
   then the emits in progress are waited for; nothing half handed over is lost. A ``before_stop``
   (or ``awaiting()``) that raises fails the source as a ``run`` that raises does (``FeedFatal``
   from it, at once: its ``run`` is cancelled), and the stop goes on without waiting out its deadline.
+- Sends with a deadline (io_loop/sends.py): what the main thread sends a source carries its id and
+  deadline (``Controller.send(..., max_age_s=)``, or the source's ``send_max_age_s``); the source's
+  ``SendWatch`` gives up what is not handed out by then, and, for a source that declares
+  ``sends_while_disconnected = "refuse"``, what comes or waits while it is not connected. A frame
+  the source had in hand and will not write is reported with ``ctx.send_failed(frame, reason)``
+  (``Relogin`` does it for what it holds). Each reaches the main thread as a ``SendFailed``.
 - ``SourceRunner`` is the IO thread's side of one source, user's or built-in (``run``,
   ``stop_reading``, ``held_frames``, ``take_held``, ``handover``, ``stats``): the feed set
   (io_loop/feeds.py) does not know which kind it runs. Its outbound side (what the main thread
@@ -87,6 +93,7 @@ from forkless.io_loop.errors import FeedFatal, ForklessError
 from forkless.io_loop.finishing import finish_awaited
 from forkless.io_loop.handover import Handover
 from forkless.io_loop.loopthread import cancel_bounded
+from forkless.io_loop.sends import SendWatch, declared_send_policy
 from forkless.io_loop.settings import FeedSpec, Limits, Timeouts
 from forkless.io_loop.spill import source_policy
 from forkless.io_loop.writer import Outbound, ReplyBatch
@@ -249,6 +256,19 @@ class SourceContext:
         unwritten frame. Ends once the main thread has sent its last one (the stop)."""
         return self._runner.out.batch
 
+    def send_failed(self, frame: str | bytes, reason: str) -> None:
+        """A frame ``outgoing()`` handed out that the main thread sent (``Controller.send``) and that the
+        source will not write (its deadline passed while it held it, say): counted in ``sent_failed``
+        by ``reason``, and the main thread's ``on_event`` gets ``SendFailed`` (its id, the frame, the
+        reason). Once per frame; ``TypeError`` for a frame the main thread did not send."""
+        self._runner.out.held.sends.report(frame, reason)
+
+    @property
+    def sends_while_disconnected(self) -> str:
+        """The source's ``sends_while_disconnected``: ``"hold"`` (the default) or ``"refuse"`` (what the
+        main thread sends while it is not connected is given up at once: ``SendFailed``)."""
+        return self._runner.send_policy
+
     def replies_ended(self) -> bool:
         """True once the main thread has sent its last frame and every one was handed out, without
         waiting (a source that is down when the stop comes need not connect again)."""
@@ -282,6 +302,8 @@ class SourceContext:
                 stats.reconnects += 1
         if not connected and reason:
             stats.last_error = reason
+        if not connected:
+            runner.out.held.sends.disconnected()
         runner.connection_state(connected, reason, code)
 
     def count_error(self, reason: str, n: int = 1) -> None:
@@ -305,6 +327,7 @@ class SourceContext:
         runner = self._runner
         if reason:
             runner.stats.last_error = reason
+        runner.out.held.sends.disconnected()
         runner.connection_state(False, reason, code)
 
     def connect_failed(self, reason: str) -> None:
@@ -370,7 +393,11 @@ class SourceRunner:
         self.idle_wait: asyncio.Event | None = None  # made by a stop that waits for them
         # what the main thread sends it (io_loop/writer.py); ``acknowledged`` (io_loop/sinks/sink.py) signalled as its
         # batches of answers are written whole
-        self.out = Outbound(outbox, stats, name=feed.name, acknowledged=acknowledged)
+        self.send_max_age_s, self.send_policy = declared_send_policy(source, feed.name)
+        self.out = Outbound(outbox, stats, name=feed.name, acknowledged=acknowledged,
+                            sends=lambda held: SendWatch(stats, name=feed.name, feed=index, held=held,
+                                                         events=self.handover.hand_event,
+                                                         refuse=self.send_policy == "refuse"))
         self._declined_logged: set[str] = set()
         self._running: asyncio.Task | None = None  # the task of ``run`` (cancelled by a failed before_stop)
         self._stop_failed: FeedFatal | None = None  # what the source's before_stop raised, as FeedFatal
@@ -548,6 +575,10 @@ class SourceRunner:
 
     def held_frames(self) -> int:
         return self.out.held_frames()
+
+    def send_arrived(self, item: Outgoing) -> None:
+        """A send of the main thread's for this source crossed (the bridge's wake-up): watched until handed out."""
+        self.out.held.sends.arrived(item)
 
     def take_held(self) -> tuple[Outgoing | None, int]:
         return self.out.take_held()

@@ -218,7 +218,7 @@ class IOThread:
     async def _main(self) -> None:
         cfg = self.settings
         expecting = Expecting(self.wait.spin_s) if self._selector is not None else None
-        self._bridge = bridge = Bridge(cfg.limits.queue_size, expecting)
+        self._bridge = bridge = Bridge(cfg.limits.queue_size, expecting, on_sent=self._send_arrived)
         if self._selector is not None and expecting is not None:
             self._selector.attach(expecting, bridge.outbound.poll)
         background: list[asyncio.Task] = []
@@ -265,6 +265,11 @@ class IOThread:
             except TimeoutError:
                 log.warning("clean-up after the abort cut short after %.1fs", ABORT_CLEANUP_S)
             await bridge.aclose()
+
+    def _send_arrived(self, item: Any) -> None:
+        """A send of the main thread's crossed (the bridge's wake-up, on the loop): its feed watches it."""
+        if self._feeds is not None:
+            self._feeds.send_arrived(item)
 
     async def _run_with_sink(self, sink: SinkRunner, feeds: FeedSet, bridge: Bridge) -> None:
         """The feeds and the sink together, until both are done (see the module rules)."""

@@ -10,6 +10,11 @@ Rules:
   connection goes on from there, so nothing taken from the outbox is forgotten.
 - ``take_held()`` gives the item up (the stop's count, a feed that gave up); ``held_frames()``
   is the feed's unsent count.
+- Sends with a deadline (io_loop/sends.py): a feed's ``SendWatch`` is asked before an item the
+  main thread sent is handed out (taken, or handed again after a lost connection): one given up
+  (its deadline passed, refused while disconnected) is skipped, never written. An item is
+  ``handed`` from the moment a batch or frame of it is handed out until it is written whole or
+  given back half written (``wrote(n)`` short: watched again until its deadline).
 - ``ReplyBatch`` is its public face (a source's ``ctx.replies()``, io_loop/source.py): one object
   per feed, its own async iterator, so taking a batch allocates nothing and costs one await, as
   ``next()`` does. Its ``wrote(n)`` takes an int from 0 to the frames left, else raises and
@@ -28,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from itertools import groupby
 from typing import Any
 
 import janus
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import PICKED, WRITTEN, Outgoing
+from forkless.io_loop.sends import WRITTEN_OUT, SendWatch, SentBytes, SentText
 
 __all__ = ["HeldReply", "Outbound", "ReplyBatch"]
 
@@ -44,18 +50,20 @@ log = logging.getLogger("forkless.source")
 class HeldReply:
     """The item being written for one feed (see the module rules)."""
 
-    def __init__(self, outbox: Any, stats: IOStats, acknowledged: Any = None) -> None:
+    def __init__(self, outbox: Any, stats: IOStats, acknowledged: Any = None, *,
+                 sends: Callable[[HeldReply], SendWatch] | None = None) -> None:
         self.outbox = outbox
         self.stats = stats
         self.acknowledged = acknowledged  # io_loop/sinks/sink.py's Acknowledged: told as answers are written
         self.item: Outgoing | None = None
         self.offset = 0  # frames of ``item`` written
         self.drained = False  # the outbox was shut down and every item taken
+        self.sends = sends(self) if sends is not None else None  # the feed's sends with deadlines (io_loop/sends.py)
 
     async def next(self) -> Outgoing | None:
         """The item to write (the held one, or the next from the outbox, waiting for it); None
         once the outbox is shut down and empty."""
-        if self.item is None:
+        while self.item is None or not self._usable(self.item):
             try:
                 self._took(await self.outbox.get())
             except janus.AsyncQueueShutDown:
@@ -66,17 +74,28 @@ class HeldReply:
     def poll(self) -> None:
         """Take the next item if one is waiting (a feed that is down, stopping: it notices the
         outbox has ended without a connection to write on)."""
-        if self.item is not None or self.drained:
-            return
-        try:
-            self._took(self.outbox.get_nowait())
-        except asyncio.QueueEmpty:
-            pass
-        except janus.AsyncQueueShutDown:
-            self.drained = True
+        while not self.drained and (self.item is None or not self._usable(self.item)):
+            try:
+                self._took(self.outbox.get_nowait())
+            except asyncio.QueueEmpty:
+                return
+            except janus.AsyncQueueShutDown:
+                self.drained = True
+
+    def _usable(self, item: Outgoing) -> bool:
+        """False for a send given up (now or before; no longer held): skip it (io_loop/sends.py)."""
+        if not item.sent or self.sends is None:
+            return True
+        if self.sends.usable(item):
+            return True
+        if self.item is item:
+            self.item, self.offset = None, 0
+        return False
 
     def _took(self, item: Outgoing) -> None:
         self.item, self.offset = item, 0
+        if item.sent:
+            item.take_up()
         if item.traces:
             picked = time.monotonic_ns()
             for trace in item.traces:
@@ -150,7 +169,12 @@ class ReplyBatch:
                     held.drained = True
                     raise StopAsyncIteration from None
                 item = held.item
+            if item.sent and not held._usable(item):  # a send given up: never written
+                continue
             if held.offset < len(item.frames):
+                item.hand_out(True)
+                if item.sent and held.sends is not None:
+                    held.sends.handed(item)
                 return self
             held.finish()  # nothing (left) to write in it
 
@@ -181,12 +205,27 @@ class ReplyBatch:
         error replies to bad input and frames the main thread sent on its own."""
         return self._held.item.answers
 
+    @property
+    def deadline(self) -> float | None:
+        """For frames the main thread sent (``Controller.send``), the ``time.monotonic()`` by which they
+        are written or never (io_loop/sends.py); None: no deadline (and for replies)."""
+        return self._held.item.deadline
+
+    @property
+    def send_id(self) -> Any:
+        """For frames the main thread sent, the send's id (``Controller.send``'s return value); None for replies."""
+        return self._held.item.send_id
+
     def drop(self, reason: str) -> None:
         """Give the rest of the batch up unwritten (the source may not write it): its frames
-        counted in ``dropped`` by ``reason``; the batch is done."""
+        counted in ``dropped`` by ``reason`` (a send's in ``sent_failed``, reported to the main
+        thread as ``SendFailed``); the batch is done."""
         held = self._held
         item = held.item
         if item is None:
+            return
+        if item.sent and held.sends is not None:
+            held.sends.fail(item, reason)
             return
         held.stats.dropped[reason] += len(item.frames) - held.offset
         held.take_held()
@@ -204,7 +243,12 @@ class ReplyBatch:
         if n < 0 or (n > left and held.item is not None):
             raise ValueError(f"ReplyBatch.wrote(n): n counts frames of this batch's {left} frames that were written "
                              f"(0 to {left}), not {n}")
+        item = held.item
         self._wrote(n)
+        if item is not None and held.item is item:  # given back half written: watched again (a send's deadline)
+            item.hand_out(False)
+            if item.sent and held.sends is not None:
+                held.sends.put_back(item)
 
     def _wrote(self, n: int) -> None:
         """``wrote`` without the checks (``Outbound``'s own calls, 1 at a time)."""
@@ -220,10 +264,12 @@ class Outbound:
     """What the main thread sends one source: the held item, its ``ReplyBatch`` and
     ``outgoing()``'s frames (see the module rules). IO loop only."""
 
-    def __init__(self, outbox: Any, stats: IOStats, *, name: str = "", acknowledged: Any = None) -> None:
+    def __init__(self, outbox: Any, stats: IOStats, *, name: str = "", acknowledged: Any = None,
+                 sends: Callable[[HeldReply], SendWatch] | None = None) -> None:
         self.stats = stats
         self.name = name  # the source's, for the log
-        self.held = HeldReply(outbox, stats, acknowledged)  # the item being written, kept across reconnects
+        # the item being written, kept across reconnects; ``sends`` makes its SendWatch (io_loop/sends.py)
+        self.held = HeldReply(outbox, stats, acknowledged, sends=sends)
         self.batch = ReplyBatch(self.held)  # ctx.replies()
         self._handed = False  # frames(): a frame was handed out and not yet counted delivered
         self._logged_unsendable = False  # what came after the source's run returned: logged once
@@ -231,13 +277,24 @@ class Outbound:
     async def frames(self) -> AsyncIterator[str | bytes]:
         """``outgoing()``: ``replies()`` a frame at a time; a frame counts as delivered when the
         next is asked for (or when the source's ``run`` returns)."""
-        batch = self.batch
+        batch, held = self.batch, self.held
         async for _ in batch:
-            for frame in batch.frames:
+            item = held.item
+            while held.item is item and held.offset < len(item.frames):
+                if held.offset and not held._usable(item):  # a send's deadline passed between its frames
+                    break
+                frame = item.frames[held.offset]
                 self._handed = True
                 yield frame
                 self._handed = False
-                batch._wrote(1)
+                self._delivered(frame)
+
+    def _delivered(self, frame: Any) -> None:
+        """``outgoing()``'s frame in hand counts as written; a send's frame the source gave up meanwhile
+        (``ctx.send_failed``) was counted in ``sent_failed`` instead."""
+        self.batch._wrote(1)
+        if isinstance(frame, (SentText, SentBytes)) and not frame.settle(WRITTEN_OUT):
+            self.stats.sent_out -= 1  # given up meanwhile: counted in sent_failed
 
     def ended(self) -> bool:
         """True once the main thread has sent its last frame and every one was handed out."""
@@ -249,7 +306,9 @@ class Outbound:
         """The source's ``run`` returned: what still comes for it is counted, until outbound ends."""
         if self._handed:  # outgoing()'s last frame counts as delivered
             self._handed = False
-            self.batch._wrote(1)
+            held = self.held
+            if held.item is not None and held.offset < len(held.item.frames):
+                self._delivered(held.item.frames[held.offset])
         item, written = self.held.take_held()
         while True:
             if item is not None:

@@ -130,6 +130,7 @@ IO = [
     "io_loop/connectors/jetstream/publisher.py",
     "io_loop/sinks/results.py",
     "io_loop/sinks/sink.py",
+    "io_loop/sends.py",
     "io_loop/source.py",
     "io_loop/thread.py",
     "io_loop/net/unixsocket.py",

@@ -36,7 +36,8 @@ class Declared(SourceCapabilities):
 
 def test_a_source_that_declares_nothing_reads_every_default_as_a_subclass_does() -> None:
     assert set(CAPABILITIES) == {"replies", "required", "starts_connected", "replayable", "overflow", "buffer",
-                                 "figures", "before_stop", "awaiting", "summary", "probe"}
+                                 "figures", "before_stop", "awaiting", "summary", "probe", "send_max_age_s",
+                                 "sends_while_disconnected"}
     for name in CAPABILITIES:
         assert capability(Bare(), name) == capability(Declared(), name) == DEFAULTS[name], name
 

@@ -105,7 +105,7 @@ def test_a_relogin_source_s_events_come_in_order_with_its_own_and_each_loss_name
         assert (feed.name, feed.io.connected, feed.io.state_since) == ("exchange", False, lost.at_s)
         assert _metric(ctl.metrics_url, "forkless_connected", "exchange") == 0
         assert _metric(ctl.metrics_url, "forkless_connection_state_since_timestamp_seconds", "exchange") == lost.at_s
-        exchange.revive()
+        exchange.restart()
         drive(ctl, lambda: (got.extend(e for _, e in events[len(got):]) or trades_of(3) >= 1), timeout_s=WAIT_S,
               what="trades on the third connection, once the exchange is back")
         assert _metric(ctl.metrics_url, "forkless_connected", "exchange") == 1

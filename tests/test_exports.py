@@ -39,6 +39,7 @@ import forkless
 ROOT = Path(__file__).resolve().parents[1]
 
 FORKLESS_ALL = [
+    "Backoff",
     "Batch",
     "CheckpointMismatch",
     "CheckpointStore",

@@ -150,7 +150,7 @@ def test_a_worker_that_fails_while_the_exchange_is_down_is_restarted_keeping_its
             loop.run_until(lambda: any("failed" in e.reason for e in loop.changes()), "a run failing to log in")
             assert not loop.quoting and portal.poll()  # told, and not ended
             loop.order()  # put while the exchange is down: it waits in the queue for the next run
-            exchange.revive()
+            exchange.restart()
             loop.run_until(lambda: loop.fills == ["o0", "o1", "o2"], "the held order's fill and the next session's")
             restarts = portal.restarts
     finally:

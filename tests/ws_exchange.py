@@ -12,8 +12,10 @@ which expire, a subscription, the exchange's JSON heartbeat, trades, and orders 
   with ``expire_after_orders=n`` every token expires right after the n-th order's fill; with
   ``hold_fills=True`` the fills wait until ``release_fills()`` (never, if it is not called).
 
-``kill()`` is the exchange dying: every connection dropped without a close frame (the client
-sees 1006) and nothing listening; ``revive()`` listens again on the same port.
+- ``kill()``: the exchange dies as a killed process does: every session's TCP connection is
+  aborted (no close frame) and the port stops listening (it refuses connections), tokens and
+  all forgotten; ``restart()`` serves again on the same port (``restarted_at``: its
+  ``time.monotonic()``), as the same exchange started again would.
 
 Records, written on the server's loop under ``_lock`` and copied by ``figures()``: ``logins``,
 ``refused`` (401s), ``sessions`` (close code of each, None while open), ``orders`` (every
@@ -42,6 +44,11 @@ from tests.servers import LoopThread
 USER, PASSWORD = "alice", "s3cret"
 
 
+def order(i: int) -> dict[str, Any]:
+    """Order ``o{i}`` of the exchange's protocol (filled at once, on the session it came on)."""
+    return {"type": "order", "symbol": "BTCUSDT", "side": "buy", "qty": "0.01", "client_order_id": f"o{i}"}
+
+
 class WsExchange:
     def __init__(self, *, token_ttl_s: float = 3600.0, trade_every_s: float = 0.02, ping_every_s: float = 0.2,
                  expire_after_orders: int = 0, hold_fills: bool = False) -> None:
@@ -59,27 +66,30 @@ class WsExchange:
         self._figures: dict[str, Any] = {"logins": 0, "refused": 0, "sessions": [], "orders": [], "pongs": 0,
                                          "violations": []}
         self.url = ""
-        self.port = 0
+        self._port = 0
+        self._sessions: set[ServerConnection] = set()  # open sessions (kill() aborts them)
+        self.restarted_at = 0.0  # time.monotonic() of the last restart()
 
     def start(self) -> str:
         """Serve on a free port of 127.0.0.1; the base URL, ``http://127.0.0.1:PORT``."""
         self._thread.start()
-        self.port = self._thread.call(self._serve(), 10.0)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._port = port = self._thread.call(self._serve(), 10.0)
+        self.url = f"http://127.0.0.1:{port}"
         return self.url
+
+    def kill(self) -> None:
+        """Die as a killed process: sessions aborted without a close frame, the port refusing connections."""
+        self._thread.call(self._kill(), 10.0)
+
+    def restart(self) -> None:
+        """Serve again on the same port (after ``kill()``), with no token of before; ``restarted_at`` is now."""
+        self._thread.call(self._serve(self._port), 10.0)
+        self.restarted_at = time.monotonic()
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self._thread.call(self._close(), 10.0)
         self._thread.stop()
-
-    def kill(self) -> None:
-        """The exchange dies: every connection dropped without a close frame, and nothing listens."""
-        self._thread.call(self._kill(), 10.0)
-
-    def revive(self) -> None:
-        """The exchange is back, on the same port (``kill()`` first)."""
-        self._thread.call(self._serve(self.port), 10.0)
 
     def expire_all(self) -> None:
         """Every token issued so far expires now: their sessions close with 4003, their handshakes get 401."""
@@ -105,14 +115,15 @@ class WsExchange:
 
     async def _serve(self, port: int = 0) -> int:
         self._server = await serve(self._session, "127.0.0.1", port, process_request=self._http, ping_interval=None,
-                                   close_timeout=1.0)
+                                   close_timeout=1.0, reuse_address=True)
         return self._server.sockets[0].getsockname()[1]
 
     async def _kill(self) -> None:
-        for connection in list(self._server.connections):
-            connection.transport.abort()  # no close frame, no closing handshake: as a process killed
-        self._server.close(close_connections=False)
+        self._server.close(close_connections=False)  # the port stops listening: connections are refused
+        for ws in list(self._sessions):
+            ws.transport.abort()  # no close frame, as a killed process's sockets
         await self._server.wait_closed()
+        self._live.clear()
 
     async def _close(self) -> None:
         self._server.close()
@@ -151,6 +162,7 @@ class WsExchange:
             number = len(self._figures["sessions"])
             self._figures["sessions"].append(None)
         code = None
+        self._sessions.add(ws)
         try:
             first = json.loads(await ws.recv())
             if first.get("type") != "subscribe":
@@ -163,6 +175,7 @@ class WsExchange:
         except ConnectionClosed:
             pass
         finally:
+            self._sessions.discard(ws)
             with self._lock:
                 self._figures["sessions"][number] = code if code is not None else ws.close_code
 

@@ -429,7 +429,7 @@ class WebSocketSource(SourceCapabilities):
             try:
                 with mapped_aiohttp_errors():
                     for frame in batch.frames:
-                        if type(frame) is bytes:  # UTF-8 JSON from the codec: send as a text frame as is
+                        if isinstance(frame, bytes):  # UTF-8 JSON (the codec's, a send's): a text frame as is
                             await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
                         else:
                             await ws.send_str(frame)

@@ -18,10 +18,12 @@ Rules:
 - It must not block the loop (every feed's reading and writing waits while it runs), and it runs
   in the IO thread: it may read only what is safe to read from another thread (an immutable
   value the main thread swaps in whole, a copy made under a lock), never JAX arrays.
-- A hook that raises, returns something else or times out fails that connection attempt like a
-  failed connect (``HookFailed``): the connection is closed with 1011, counted in
-  ``connect_failures``, retried with the backoff (``FORKLESS_RECONNECT_TRIES`` counts it), and
-  the traceback is logged once per distinct error. The IO thread never dies of it.
+- A hook that raises (a ``CancelledError`` of its own too: only its caller's cancellation is passed
+  on; an exception whose ``str()`` raises is named by its type), returns something else or times
+  out fails that connection attempt like a failed connect (``HookFailed``): the connection is
+  closed with 1011, counted in ``connect_failures``, retried with the backoff
+  (``FORKLESS_RECONNECT_TRIES`` counts it), and the traceback is logged once per distinct error.
+  The IO thread never dies of it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 
 from forkless.io_loop.net.netaddr import redact_url
 
-__all__ = ["HookFailed", "OnConnect", "call_hook", "frames_of", "guarded_call"]
+__all__ = ["HookFailed", "OnConnect", "call_hook", "frames_of", "guarded_call", "own_cancellation", "reason_of"]
 
 # a URL in the text of a hook's exception (aiohttp's errors name the URL, query and all): shown redacted
 URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
@@ -48,6 +50,26 @@ class HookFailed(Exception):
     """The on-connect hook (or the before-connect hook) raised, returned something it may not,
     or timed out; ``str`` says which (without the traceback, URLs in it redacted); ``__cause__``
     is the hook's exception, if any."""
+
+
+def reason_of(exc: BaseException) -> str:
+    """``Type: first line of its text`` for the logs and counters: URLs in it redacted (tokens live
+    in their queries), at most 200 characters; an exception whose ``str()`` itself raises is named
+    by its type alone (a reason must never fail to be made: the failure it names would be lost)."""
+    try:
+        lines = str(exc).strip().splitlines()
+        text = URL_IN_TEXT.sub(lambda url: redact_url(url.group()), lines[0] if lines else "")[:200]
+    except Exception:
+        text = "(its str() raised)"
+    return f"{type(exc).__name__}{': ' + text if text else ''}"
+
+
+def own_cancellation() -> bool:
+    """True when the running task is being cancelled (a ``CancelledError`` now is its own, to pass
+    on); False for a ``CancelledError`` that a hook's code raised or let out by itself (a library's
+    future cancelled under it): that is the hook's failure, not a stop."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 def frames_of(result: Any, given: str = "on_connect returned") -> list[str | bytes]:
@@ -88,10 +110,13 @@ async def guarded_call(name: str, hook: Callable[[str, int], Any], feed: str, nu
             async with limit:
                 result = await result
         return convert(result)
+    except asyncio.CancelledError as exc:
+        if own_cancellation():  # the stop: passed on
+            raise
+        raise HookFailed(f"the {name} hook failed: {reason_of(exc)} (raised by the hook, not a cancellation of "
+                         "its caller)") from exc
     except Exception as exc:
         if isinstance(exc, TimeoutError) and limit.expired():
             raise HookFailed(f"the {name} hook did not return within FORKLESS_CONNECT_TIMEOUT_S={timeout_s}s") \
                 from None
-        lines = str(exc).strip().splitlines()
-        text = URL_IN_TEXT.sub(lambda url: redact_url(url.group()), lines[0] if lines else "")[:200]
-        raise HookFailed(f"the {name} hook failed: {type(exc).__name__}{': ' + text if text else ''}") from exc
+        raise HookFailed(f"the {name} hook failed: {reason_of(exc)}") from exc

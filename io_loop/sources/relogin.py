@@ -1,5 +1,6 @@
 """Relogin: one connection of your own client kept up with fresh credentials, for a ``Source.run``
-(or an ``IOPortal`` worker): sends held while it reconnects, resent or failed explicitly.
+(or an ``IOPortal`` worker): sends held while it reconnects, each until its own deadline, then
+written or failed explicitly.
 
 Rules:
 - ``Relogin(connect, serve, ...)`` is used on the loop as ``async with ... as link``: a task keeps
@@ -7,14 +8,28 @@ Rules:
   ``attempt`` is 1 after the start or after a connection that was served, one more for each
   failed attempt since (the before-connect hook's rule, io_loop/sources/before_connect.py: ``attempt > 1``
   says the last failed, so log in again rather than reuse a token). ``await serve(conn)`` reads
-  until the connection ends (returns, or raises). Then the link connects again with ``Backoff``
-  (io_loop/backoff.py; the loop is the reconnect driver's, io_loop/reconnect.py); with ``tries``
-  failures in a row it gives up: ``FeedFatal``.
+  until the connection ends (returns, or raises). Then the link connects again with its ``Backoff``
+  (io_loop/backoff.py; the loop is the reconnect driver's, io_loop/reconnect.py): by default
+  ``DEFAULT_BACKOFF``, which follows a young outage (a peer back within 5 s is reconnected to
+  within 0.5 s); with ``tries`` failures in a row it gives up: ``FeedFatal``.
+- Whatever ``connect`` raises fails that attempt, counted and retried: any ``Exception`` (one whose
+  ``str()`` raises too: named by its type), and a ``CancelledError`` that is not the link's own
+  cancellation (a library's future cancelled under the login). What ``serve`` raises ends that
+  connection alike. Anything else that ends the connection task ends the link with ``FeedFatal``
+  (logged, raised at the ``async with``'s end, every send failing): it never dies silently.
 - ``await link.send(frame)`` writes one frame, in the order sends were called. While no
-  connection is up it is held (at most ``hold_s``; then ``SendFailed``). A write that raises
-  (the connection broke under it) is written again on the next connection (``resend=True``), or
-  raises ``SendFailed`` from the write's error (``resend=False``). Nothing is dropped silently:
-  a frame is written, or its ``send`` raises, and both are counted.
+  connection is up it is held until its deadline: the earlier of ``hold_s`` after it was sent and
+  its own deadline (``deadline=``, or the one a frame the main thread sent carries: ``Controller.send``'s
+  ``max_age_s``, io_loop/sends.py); a send held behind others waits no longer than that (its wait
+  starts when it was sent, not when the one before it gives up). Then ``SendFailed``. With
+  ``hold_s=0``, or a ``ctx`` whose source declares ``sends_while_disconnected = "refuse"``, a send
+  is refused at once while no connection is up, and those held fail when a connection ends. A
+  write that raises (the connection broke under it) is written again on the next connection
+  (``resend=True``, within the same deadline), or raises ``SendFailed`` from the write's error
+  (``resend=False``). Nothing is dropped silently: a frame is written, or its ``send`` raises,
+  and both are counted.
+- A frame the main thread sent that is given up is also reported to it through the ``ctx``
+  (``ctx.send_failed``: ``SendFailed`` to ``on_event``, ``sent_failed`` by reason).
 - A frame written to a connection that then ended may not have been read by the peer: a resend
   covers only writes that raised (an exchange's ``client_order_id`` makes a resend safe).
 - With a ``ctx`` (a ``SourceContext``) the source's books count it as the built-in feeds are
@@ -34,34 +49,28 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from forkless.io_loop.backoff import Backoff
-from forkless.io_loop.errors import FeedFatal, ForklessError
-from forkless.io_loop.net.netaddr import redact_url
+from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.reconnect import drive
-from forkless.io_loop.sources.on_connect import URL_IN_TEXT, HookFailed, guarded_call
+from forkless.io_loop.sends import DEADLINE, DISCONNECTED, GAVE_UP, HOLD, WRITE_FAILED, SendFailed, SentBytes, SentText
+from forkless.io_loop.sources.on_connect import HookFailed, guarded_call, own_cancellation, reason_of
 
-__all__ = ["Relogin", "SendFailed"]
+__all__ = ["DEFAULT_BACKOFF", "Relogin"]
 
 log = logging.getLogger("forkless.relogin")
 
 MAX_LOGGED_REASONS = 100  # distinct failure reasons logged at warning; the rest at debug
 
-
-class SendFailed(ForklessError):
-    """``Relogin.send`` could not write the frame (``frame``): no connection within ``hold_s``,
-    or its write raised and ``resend`` is off (the write's error is the ``__cause__``)."""
-
-    def __init__(self, message: str, frame: Any) -> None:
-        super().__init__(message)
-        self.frame = frame
+# the first retry at once (0.05 s), then doubling, but at most 0.5 s while the outage is younger than
+# 5 s (follow_s / follow_ratio): a peer restarted within that is followed within 0.5 s; after, at most
+# a tenth of the outage's age, up to 5 s; each delay is between half and all of its cap (jitter 0.5)
+DEFAULT_BACKOFF = Backoff(min_s=0.05, max_s=5.0, reset_s=5.0, jitter=0.5, follow_s=0.5, follow_ratio=0.1)
 
 
 def _reason(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    text = URL_IN_TEXT.sub(lambda url: redact_url(url.group()), lines[0] if lines else "")[:200]
-    return f"{type(exc).__name__}{': ' + text if text else ''}"
+    return reason_of(exc)
 
 
 async def write_frame(conn: Any, frame: Any) -> None:
@@ -85,24 +94,37 @@ class Relogin:
         if not callable(connect) or not callable(serve) or not callable(send):
             raise TypeError("Relogin needs callables: connect(attempt) -> connection, serve(connection), and "
                             "send(connection, frame) if given")
-        if (hold_s is not None and not hold_s > 0) or not connect_timeout_s > 0 or tries < 0:
-            raise ValueError(f"Relogin needs hold_s > 0 (or None: no bound), connect_timeout_s > 0 and tries >= 0 "
-                             f"(0: no bound), not {hold_s!r}, {connect_timeout_s!r}, {tries!r}")
+        if (hold_s is not None and not hold_s >= 0) or not connect_timeout_s > 0 or tries < 0:
+            raise ValueError(f"Relogin needs hold_s >= 0 (0: refuse sends while not connected; None: no bound), "
+                             f"connect_timeout_s > 0 and tries >= 0 (0: no bound), not {hold_s!r}, "
+                             f"{connect_timeout_s!r}, {tries!r}")
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise TypeError(f"Relogin's backoff is a forkless.Backoff (min_s, max_s, jitter, …), not {backoff!r}")
         self._connect, self._serve, self._write, self._ctx = connect, serve, send, ctx
         self.hold_s, self.resend, self.connect_timeout_s, self.name = hold_s, resend, connect_timeout_s, name
-        self._backoff = backoff or Backoff(0.05, 5.0, 5.0, tries)
+        policy = backoff or DEFAULT_BACKOFF
+        self._backoff = policy.fresh(tries=min(t for t in (tries, policy.tries) if t) if tries or policy.tries else 0)
+        # refused at once while not connected: hold_s=0, or the source's own declaration
+        self._refuse = hold_s == 0 or (ctx is not None and ctx.sends_while_disconnected == "refuse")
         self._conn: Any = None
         self.connections = 0  # connections opened so far (the current one's number)
+        self.attempts_failed = 0  # attempts to connect that failed (connect raised, or timed out)
         self.figures = {"sends held while not connected": 0, "sends resent": 0, "sends failed": 0}
         self._fatal: FeedFatal | None = None
         self._changed = asyncio.Event()
         self._lock = asyncio.Lock()  # one send at a time: frames go out in the order send was called
+        self._sending = 0  # sends in progress (the one holding the lock and those waiting for it)
         self._task: asyncio.Task[None] | None = None
         self._logged: set[str] = set()
 
     @property
     def connected(self) -> bool:
         return self._conn is not None
+
+    @property
+    def backoff(self) -> Backoff:
+        """The reconnect policy in use (its own copy of the one given, or of ``DEFAULT_BACKOFF``)."""
+        return self._backoff
 
     async def __aenter__(self) -> Relogin:
         self._task = asyncio.create_task(self._keep_up(), name=f"forkless-{self.name}")
@@ -122,49 +144,89 @@ class Relogin:
 
     # ---- sending ----------------------------------------------------------------------------------
 
-    async def send(self, frame: Any) -> None:
-        """Write ``frame`` on the connection, holding it while there is none (see the module rules)."""
+    async def send(self, frame: Any, *, deadline: float | None = None, id: Any = None) -> None:
+        """Write ``frame`` on the connection, holding it while there is none until its deadline:
+        the earlier of ``hold_s`` after it was sent and ``deadline`` (``time.monotonic()`` seconds),
+        or the deadline a frame the main thread sent carries (see the module rules). ``id`` names
+        it in ``SendFailed`` (a frame the main thread sent carries its send's)."""
+        mains = isinstance(frame, (SentText, SentBytes))  # sent by the main thread: its time, deadline and id
+        sent_at = frame.sent_at if mains else time.monotonic()
+        if mains:
+            id = frame.send_id if id is None else id
+            if frame.deadline is not None:
+                deadline = frame.deadline if deadline is None else min(deadline, frame.deadline)
+        until, why = deadline, DEADLINE
+        if self.hold_s is not None and (until is None or sent_at + self.hold_s < until):
+            until, why = sent_at + self.hold_s, HOLD
         if self._conn is None:
+            if self._refuse:
+                self._fail(frame, id, DISCONNECTED, "no connection, and sends are refused while not connected")
             self._count("sends held while not connected")
-        async with self._lock:
-            deadline = None if self.hold_s is None else time.monotonic() + self.hold_s
-            after = 0  # any connection will do; after a failed write, only a newer one
-            while True:
-                conn, number = await self._wait_up(after, deadline, frame)
+        self._sending += 1
+        try:
+            if self._sending == 1 or until is None:  # alone, the lock is free: no timer (measured: 30 µs a send)
+                await self._lock.acquire()
+            else:  # behind other sends: its turn is awaited no longer than its own deadline
                 try:
-                    await self._write(conn, frame)
-                    return
-                except Exception as exc:  # the connection broke under the write
-                    if not self.resend:
-                        self._count("sends failed")
-                        self._log(f"a send failed on connection {number} (resend=False)", _reason(exc))
-                        raise SendFailed(f"{self.name}: the write failed on connection {number}: {_reason(exc)}; "
-                                         "not written again (resend=False)", frame) from exc
-                    self._count("sends resent")
-                    after = number
-                    if self.hold_s is not None:
-                        deadline = time.monotonic() + self.hold_s
+                    async with asyncio.timeout(max(0.0, until - time.monotonic())):
+                        await self._lock.acquire()
+                except TimeoutError:
+                    self._fail_late(frame, id, why)
+            try:
+                await self._write_held(frame, id, until, why)
+            finally:
+                self._lock.release()
+        finally:
+            self._sending -= 1
 
-    async def _wait_up(self, after: int, deadline: float | None, frame: Any) -> tuple[Any, int]:
-        """The connection to write on (one newer than ``after``), waiting for it until ``deadline``."""
+    async def _write_held(self, frame: Any, id: Any, until: float | None, why: str) -> None:
+        """The write, its turn come: on the connection up, waiting for one until ``until``."""
+        after = 0  # any connection will do; after a failed write, only a newer one
+        while True:
+            conn, number = await self._wait_up(after, until, why, frame, id)
+            try:
+                await self._write(conn, frame)
+                return
+            except Exception as exc:  # the connection broke under the write
+                if not self.resend:
+                    self._fail(frame, id, WRITE_FAILED, f"the write failed on connection {number}: "
+                               f"{_reason(exc)}; not written again (resend=False)", cause=exc)
+                self._count("sends resent")
+                after = number
+
+    async def _wait_up(self, after: int, until: float | None, why: str, frame: Any, id: Any) -> tuple[Any, int]:
+        """The connection to write on (one newer than ``after``), waiting for it until ``until``."""
         while True:
             if self._fatal is not None:
-                self._count("sends failed")
-                raise SendFailed(f"{self.name}: no connection: {self._fatal}", frame) from self._fatal
+                self._fail(frame, id, GAVE_UP, f"no connection: {self._fatal}", cause=self._fatal)
             if self._conn is not None and self.connections > after:
                 return self._conn, self.connections
-            remaining = None if deadline is None else deadline - time.monotonic()
+            if self._refuse:
+                self._fail(frame, id, DISCONNECTED, "the connection ended, and sends are refused while not "
+                           "connected")
+            remaining = None if until is None else until - time.monotonic()
             if remaining is not None and remaining <= 0:
-                self._count("sends failed")
-                self._log("a send was not written", f"no connection within hold_s={self.hold_s}")
-                raise SendFailed(f"{self.name}: no connection within hold_s={self.hold_s}s; the frame was not "
-                                 "written", frame)
+                self._fail_late(frame, id, why)
             changed = self._changed
             try:
                 async with asyncio.timeout(remaining):
                     await changed.wait()
             except TimeoutError:
                 pass
+
+    def _fail_late(self, frame: Any, id: Any, why: str) -> NoReturn:
+        if why == HOLD:
+            self._fail(frame, id, HOLD, f"no connection within hold_s={self.hold_s}s; the frame was not written")
+        self._fail(frame, id, DEADLINE, "its deadline passed before a connection could take it; the frame was "
+                   "not written")
+
+    def _fail(self, frame: Any, id: Any, reason: str, text: str, cause: BaseException | None = None) -> NoReturn:
+        """Give the send up: counted, logged once per reason, reported to the main thread when it sent it."""
+        self._count("sends failed")
+        self._log("a send was not written", text if reason in (HOLD, DISCONNECTED) else reason)
+        if self._ctx is not None and isinstance(frame, (SentText, SentBytes)):
+            self._ctx.send_failed(frame, reason)
+        raise SendFailed(f"{self.name}: {text}", frame, id=id, reason=reason, source=self.name) from cause
 
     # ---- the connection ---------------------------------------------------------------------------
 
@@ -175,6 +237,16 @@ class Relogin:
     async def _keep_up(self) -> None:
         try:
             await drive(_Link(self), self._backoff)
+        except asyncio.CancelledError:
+            if own_cancellation():  # aclose: the end of the async with
+                raise
+            self._give_up(f"{self.name}: the connection task ended: CancelledError (not the link's own "
+                          "cancellation)")
+        except FeedFatal:
+            raise  # tries used up: _give_up said so
+        except BaseException as exc:  # never silent: the link ends, every send fails, the async with raises
+            log.error("%s: the connection task failed", self.name, exc_info=exc)
+            self._give_up(f"{self.name}: the connection task failed: {_reason(exc)}")
         finally:
             conn, self._conn = self._conn, None
             self._state_changed()
@@ -191,6 +263,10 @@ class Relogin:
         reason = "closed by the peer"
         try:
             await self._serve(conn)
+        except asyncio.CancelledError as exc:
+            if own_cancellation():
+                raise
+            reason = f"{_reason(exc)} (raised by serve, not a cancellation of the link)"
         except Exception as exc:
             reason = _reason(exc)
         finally:
@@ -207,6 +283,8 @@ class Relogin:
                 self._ctx.reconnecting()
             else:
                 self._ctx.connect_failed(reason)
+        if not opened:
+            self.attempts_failed += 1
         self._log("connecting again", reason)
 
     def _give_up(self, giving_up: str) -> FeedFatal:
@@ -239,7 +317,9 @@ class Relogin:
 class _Link:
     """A ``Relogin``'s side of the reconnect driver (io_loop/reconnect.py): it connects again until
     it gives up or the ``async with`` ends; ``attempt`` counts the failed attempts since the start
-    or the last connection served, plus one (the before-connect hook's rule)."""
+    or the last connection served, plus one (the before-connect hook's rule). Whatever ``connect``
+    raises (``guarded_call``: an exception, a timeout, a ``CancelledError`` not the link's own) is a
+    ``HookFailed``: a failed attempt."""
 
     failures = (HookFailed,)
 
