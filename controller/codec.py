@@ -39,6 +39,7 @@ MAX_STREAM_CHARS = 256
 # summary reply stands for the rest of that frame's bad elements
 MAX_ERROR_REPLIES = 16
 FOLDED_REASON = f"bad element beyond {MAX_ERROR_REPLIES} error replies in one frame"
+NON_FINITE_RESULT = "processing produced a non-finite result"
 # The accepted input range (|x| <= X_MAX, X_RANGE_REASON) is io_loop/decoding.py's: emit_rows refuses the same.
 
 
@@ -66,6 +67,21 @@ class Decoded:
         if not self.folded:
             return [(reason, 1) for reason, _ in self.errors]
         return [(reason, 1) for reason, _ in self.errors[:-1]] + [(FOLDED_REASON, self.folded)]
+
+
+def _json_items(values: Sequence[Any]) -> list[bytes]:
+    """``values`` as one JSON array by one ``orjson.dumps``, cut at its commas: each value's text
+    when no value's text holds a comma (more pieces than values otherwise)."""
+    return orjson.dumps(values if type(values) is list else list(values))[1:-1].split(b",")
+
+
+def _finite_rows(arrays: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """Which of the ``n`` rows hold only finite values in every float array."""
+    ok = np.ones(n, bool)
+    for arr in arrays.values():
+        if arr.dtype.kind == "f":
+            ok &= np.isfinite(arr.reshape(n, -1)).all(axis=1)
+    return ok
 
 
 class Codec(FrameDecoder, Protocol):
@@ -179,22 +195,77 @@ class JsonCodec:
     def encode_results(
         self, seq: Sequence[Any], stream: Sequence[str], outputs: Mapping[str, np.ndarray]
     ) -> list[str | bytes]:
-        """One frame per message: ``seq``, ``stream`` and every output field for that row."""
+        """One frame per message: ``seq``, ``stream`` and every output field for that row, in
+        that order; a row with a non-finite float becomes an error reply.
+
+        The batch is written a column at a time (``_encode_columns``: one ``orjson`` call a
+        column, the frames joined in one C loop), byte for byte what one ``orjson.dumps`` of
+        each message's dict writes; outputs that path cannot take (another dtype than bool,
+        int or float, more than two dimensions, a name that is not a str or is ``seq`` or
+        ``stream``) are written a message at a time (``_encode_each``)."""
+        arrays = {name: np.asarray(value) for name, value in outputs.items()}
+        written = self._encode_columns(seq, stream, arrays)
+        if written is None:
+            return self._encode_each(seq, stream, arrays)
+        frames, maybe_non_finite = written
+        if maybe_non_finite:
+            for i in np.flatnonzero(~_finite_rows(arrays, len(seq))).tolist():
+                frames[i] = self.encode_error(NON_FINITE_RESULT, seq[i])
+        return frames
+
+    @staticmethod
+    def _encode_columns(seq: Sequence[Any], stream: Sequence[str],
+                        arrays: Mapping[str, np.ndarray]) -> tuple[list[str | bytes], bool] | None:
+        """The frames of ``encode_results`` written a column at a time, and whether a float column
+        wrote a ``null`` (a non-finite value: its rows are then found with numpy); None when a
+        column cannot be written so (see ``encode_results``). A column's JSON array is cut into
+        its rows at the commas (rows of numbers at ``],[``): numbers, ``true`` and ``false``
+        hold none, and a column of other values is cut so only when it yields exactly one
+        piece a row (a piece a value: no value held a comma). Floats are written from float64,
+        as ``tolist()`` makes them, so the text is the same."""
         n = len(seq)
-        ok = np.ones(n, bool)
-        columns = {}
-        for name, value in outputs.items():
-            arr = np.asarray(value)
-            if arr.dtype.kind == "f":
-                ok &= np.isfinite(arr.reshape(n, -1)).all(axis=1)
-            columns[name] = arr.tolist()
+        template = [b'{"seq":%b,"stream":%b']
+        columns = [_json_items(seq), _json_items(stream)]
+        maybe_non_finite = False
+        for name, arr in arrays.items():
+            kind = arr.dtype.kind
+            if type(name) is not str or name in ("seq", "stream") or kind not in "biuf" or arr.ndim not in (1, 2) \
+                    or len(arr) != n:
+                return None
+            # orjson writes C-contiguous arrays of native byte order only
+            if kind == "f":
+                arr = np.ascontiguousarray(arr, np.float64)
+            elif not arr.flags.c_contiguous or not arr.dtype.isnative:
+                arr = np.ascontiguousarray(arr, arr.dtype.newbyteorder("="))
+            body = orjson.dumps(arr, option=orjson.OPT_SERIALIZE_NUMPY)
+            if kind == "f" and b"null" in body:  # orjson writes NaN and the infinities as null
+                maybe_non_finite = True
+            key = orjson.dumps(name).replace(b"%", b"%%")
+            if arr.ndim == 1:
+                template.append(b"," + key + b":%b")
+                columns.append(body[1:-1].split(b","))
+            elif arr.shape[1] == 0:
+                template.append(b"," + key + b":[]")
+            else:
+                template.append(b"," + key + b":[%b]")
+                columns.append(body[2:-2].split(b"],["))
+        if any(len(column) != n for column in columns):
+            return None
+        return list(map(b"".join([*template, b"}"]).__mod__, zip(*columns))), maybe_non_finite
+
+    def _encode_each(self, seq: Sequence[Any], stream: Sequence[str],
+                     arrays: Mapping[str, np.ndarray]) -> list[str | bytes]:
+        """``encode_results`` a message at a time: one dict and one ``orjson.dumps`` each."""
+        n = len(seq)
+        ok = _finite_rows(arrays, n)
+        columns = {name: arr.tolist() for name, arr in arrays.items()}
         names = list(columns)
         all_ok = bool(ok.all())
         dumps = orjson.dumps
         frames: list[str | bytes] = []
         for i in range(n):
             if not all_ok and not ok[i]:
-                frames.append(self.encode_error("processing produced a non-finite result", seq[i]))
+                frames.append(self.encode_error(NON_FINITE_RESULT, seq[i]))
                 continue
             obj = {"seq": seq[i], "stream": stream[i]}
             for name in names:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import orjson
 import pytest
 from forkless.controller.codec import JsonCodec
 
@@ -104,3 +105,90 @@ def test_a_non_finite_result_becomes_an_error_reply_not_invalid_json():
 
 def test_error_frames_have_reason_and_seq():
     assert json.loads(codec.encode_error("not JSON", None)) == {"error": "not JSON", "seq": None}
+
+
+def one_dict_a_message(seq, stream, outputs):
+    """The reference: one dict a message, written by one ``orjson.dumps`` each (the codec's frames
+    before it wrote a batch a column at a time), a non-finite row an error reply."""
+    columns = {name: np.asarray(value) for name, value in outputs.items()}
+    frames = []
+    for i in range(len(seq)):
+        if not all(np.isfinite(v[i]).all() for v in columns.values() if v.dtype.kind == "f"):
+            frames.append(orjson.dumps({"error": "processing produced a non-finite result", "seq": seq[i]}))
+            continue
+        frames.append(orjson.dumps({"seq": seq[i], "stream": stream[i],
+                                    **{name: v[i].tolist() for name, v in columns.items()}}))
+    return frames
+
+
+def default_outputs(n, rng, dtype=np.float32):
+    return {"z": rng.standard_normal((n, 8)).astype(dtype), "score": rng.random(n).astype(dtype),
+            "anomaly": rng.random(n) < 0.5}
+
+
+@pytest.mark.parametrize("n", [1, 2, 16, 64, 256])
+def test_a_batch_of_results_is_byte_for_byte_one_dumps_a_message(n):
+    rng = np.random.default_rng(n)
+    seq, stream = list(range(10**12, 10**12 + n)), [f"sensor-{i % 16}" for i in range(n)]
+    for dtype in (np.float32, np.float64, np.float16):
+        outputs = default_outputs(n, rng, dtype)
+        assert JsonCodec(8).encode_results(seq, stream, outputs) == one_dict_a_message(seq, stream, outputs)
+
+
+def test_every_float32_bit_pattern_class_is_written_as_tolist_writes_it():
+    bits = np.random.default_rng(7).integers(0, 2**32, 20_000, dtype=np.uint64).astype(np.uint32)
+    values = bits.view(np.float32)
+    values = np.concatenate([values[np.isfinite(values)], np.array(
+        [0.0, -0.0, 1e16, 1e17, 1e20, 1e-7, 1e-5, 0.1, 3.4e38, 1e-45, 100.0], np.float32)])
+    seq = list(range(len(values)))
+    outputs = {"score": values, "z": values.reshape(-1, 1)}
+    assert JsonCodec(1).encode_results(seq, ["a"] * len(seq), outputs) == \
+        one_dict_a_message(seq, ["a"] * len(seq), outputs)
+
+
+@pytest.mark.parametrize("case", ["ints", "bools_2d", "non_contiguous", "big_endian", "zero_width", "non_finite",
+                                  "stream_commas", "seq_text", "seq_null", "unicode", "percent_name", "name_seq",
+                                  "three_dims", "object"])
+def test_unusual_outputs_and_names_are_written_as_one_dumps_a_message_writes_them(case):
+    rng = np.random.default_rng(3)
+    n = 5
+    seq, stream = list(range(n)), ["a", "b", "c", "d", "e"]
+    outputs = default_outputs(n, rng)
+    if case == "ints":
+        outputs = {"count": rng.integers(-2**63, 2**63 - 1, n), "small": rng.integers(0, 200, (n, 3)).astype(np.uint8),
+                   "wide": rng.integers(0, 2**64 - 1, n, dtype=np.uint64)}
+    elif case == "bools_2d":
+        outputs = {"flags": rng.random((n, 4)) < 0.5}
+    elif case == "non_contiguous":
+        outputs = {"z": np.asfortranarray(rng.standard_normal((n, 3))), "score": rng.random(2 * n)[::2]}
+    elif case == "big_endian":
+        outputs = {"score": rng.random(n).astype(">f8"), "count": np.arange(n).astype(">i4")}
+    elif case == "zero_width":
+        outputs = {"empty": np.zeros((n, 0), np.float32), "score": np.ones(n, np.float32)}
+    elif case == "non_finite":
+        outputs["score"][[0, 3]] = [np.nan, -np.inf]
+        outputs["z"][4, 2] = np.inf
+    elif case == "stream_commas":
+        stream = ["a,b", 'q"u,o"te', "c", "back\\slash,", "e"]
+    elif case == "seq_text":
+        seq = ["1,2", "x", 3, 4.5, [1, 2]]
+    elif case == "seq_null":
+        seq = [None, True, -1, 10**18, "s"]
+    elif case == "unicode":
+        stream = ["ä", "日本", "\u2028", "\x01", "e"]
+    elif case == "percent_name":
+        outputs = {"p%b%%": np.arange(n, dtype=np.float32), "q%s": np.arange(n)}
+        stream = ["%b", "%s", "%%", "%", "e"]
+    elif case == "name_seq":
+        outputs = {"seq": np.arange(n, dtype=np.float32), "score": np.ones(n)}
+    elif case == "three_dims":
+        outputs = {"cube": rng.standard_normal((n, 2, 2))}
+    elif case == "object":
+        outputs = {"label": np.array(["x", "y,z", "w", "v", "u"], object), "score": np.ones(n)}
+    got = JsonCodec(8).encode_results(seq, stream, outputs)
+    want = [orjson.dumps({"seq": s, "stream": t, **{k: np.asarray(v).tolist()[i] for k, v in outputs.items()}})
+            for i, (s, t) in enumerate(zip(seq, stream))]
+    if case == "non_finite":
+        for i in (0, 3, 4):
+            want[i] = orjson.dumps({"error": "processing produced a non-finite result", "seq": seq[i]})
+    assert got == want
