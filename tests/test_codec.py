@@ -192,3 +192,58 @@ def test_unusual_outputs_and_names_are_written_as_one_dumps_a_message_writes_the
         for i in (0, 3, 4):
             want[i] = orjson.dumps({"error": "processing produced a non-finite result", "seq": seq[i]})
     assert got == want
+
+
+# ---- decode_frames: a socket read's frames in one pass -------------------------------------------
+
+
+def one_at_a_time(c: JsonCodec, frames: list) -> tuple[list, list, np.ndarray]:
+    parts = [c.decode(f) for f in frames]
+    return ([s for p in parts for s in p.seq], [s for p in parts for s in p.stream],
+            np.concatenate([p.x for p in parts if len(p)]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_decode_frames_of_good_frames_is_the_frames_decoded_one_at_a_time(dtype):
+    rng = np.random.default_rng(5)
+    c = JsonCodec(F, max_frame_items=4, dtype=dtype)
+    values = [0, -0.0, 1e18, -1e18, 2**53 + 1, 2**59 + 2**36 + 1, 37000.10, 1700000000123, 1e-300, 3]
+    frames: list = [json.dumps(msg(i, f"s{i % 3}", (values[i % 10], rng.standard_normal(), i))) for i in range(6)]
+    frames.append(json.dumps([msg(6, "a"), msg(7, "b", (1, 2, 3))]).encode())  # an array frame, as bytes
+    frames.append(orjson.dumps(msg(8, "ü" * 256)))  # the longest stream name allowed
+    decoded = c.decode_frames(frames)
+    seq, stream, x = one_at_a_time(c, frames)
+    assert decoded.seq == seq == list(range(9)) and decoded.stream == stream and not decoded.errors
+    assert decoded.x.dtype == dtype and decoded.x.tobytes() == x.tobytes()  # every bit as one at a time
+
+
+BAD_AMONG_GOOD = ["not json", b"\xff\xfe", "[1, 2]", "[]", "17", '"text"', json.dumps([msg(9)] * 5),
+                  json.dumps(msg(9, x=(1, 2))), json.dumps(msg(9, x=(1, True, 3))), json.dumps(msg(9, x=(1, None, 3))),
+                  json.dumps(msg(9, x=(1, "2", 3))), '{"seq": 9, "stream": "a", "x": [1, 1e19, 3]}',
+                  json.dumps(msg(True)), json.dumps(msg(9.0)), json.dumps(msg(9, "")), json.dumps(msg(9, "a" * 257)),
+                  json.dumps(msg(9, 7)), json.dumps({"seq": 9, "stream": "a"}), json.dumps({"stream": "a", "x": [1]}),
+                  json.dumps(msg(9) | {"x": "1,2,3"}), json.dumps([msg(9), [1]]), json.dumps(msg(2**64))]
+
+
+@pytest.mark.parametrize("bad", BAD_AMONG_GOOD)
+def test_decode_frames_leaves_a_read_with_any_bad_part_to_be_decoded_one_frame_at_a_time(bad):
+    frames = [json.dumps(msg(i)) for i in range(3)] + [bad] + [json.dumps(msg(4))]
+    assert codec.decode_frames(frames) is None
+    one = codec.decode(bad)  # what the frame-at-a-time decode then makes of it: errors, or nothing at all
+    assert one.errors or (len(one) == 0 and bad == "[]")
+
+
+def test_decode_frames_leaves_fewer_than_four_frames_to_decode_alone():
+    assert codec.decode_frames([json.dumps(msg(i)) for i in range(3)]) is None
+    assert len(codec.decode_frames([json.dumps(msg(i)) for i in range(4)])) == 4
+
+
+def test_the_guarded_codec_reads_frames_in_one_pass_only_with_the_built_in_codec():
+    from forkless.controller.codec import guarded_codec
+
+    class UsersCodec(JsonCodec):
+        pass
+
+    frames = [json.dumps(msg(i)) for i in range(5)]
+    assert len(guarded_codec(None, F, max_frame_items=4, dtype=np.float32).decode_frames(frames)) == 5
+    assert guarded_codec(UsersCodec(F), F, max_frame_items=4, dtype=np.float32).decode_frames(frames) is None

@@ -73,6 +73,7 @@ log = logging.getLogger("forkless.client")
 
 CLOSE_TIMEOUT_S = 2.0  # how long an orderly close waits for the server's close frame
 GIVE_UP_CLOSE_S = 0.25  # how long closing a connection that is being given up may take
+READ_PASS_FRAMES = 256  # at most this many frames of one read handed over (and decoded) together
 # refused handshakes a before-connect hook may answer with new credentials (an expired token)
 CREDENTIALS_REFUSED = (401, 403)
 
@@ -144,6 +145,7 @@ class WebSocketSource(SourceCapabilities):
         self._last_frame_at = 0.0
         self._connection_id = 0
         self._cork: aiohttp_compat.CorkedTransport | None = None
+        self._ready: Callable[[], bool] = lambda: False  # aiohttp holds the connection's next data frame already
 
     async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
         """``--check``'s try of the feed: one connection (io_loop/sources/probe.py's ``probe_websocket``)."""
@@ -261,6 +263,7 @@ class WebSocketSource(SourceCapabilities):
         """A new connection counted, corked and logged; its id (the hand-over stamps it on chunks)."""
         conn = self._connection_id = self._ctx.connection_opened()
         self._cork = aiohttp_compat.cork(ws)
+        self._ready = aiohttp_compat.data_ready(ws)
         self._last_frame_at = asyncio.get_running_loop().time()
         log.info("connection %d to %s open", conn, self.shown_url, extra={"connection": conn})
         return conn
@@ -359,21 +362,33 @@ class WebSocketSource(SourceCapabilities):
             return False
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> End:
-        """Frames to ``ctx.emit`` (decoded and handed over there) until the connection ends or the stop."""
-        emit = self._ctx.emit
+        """Frames to the codec and over (``ctx.emit_frames``: those one socket read brought, in one
+        pass) until the connection ends or the stop."""
+        emit_frames = self._ctx.emit_frames
         stopping = self._ctx.stopping
         loop = asyncio.get_running_loop()
+        ready = self._ready
         text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
+        held = None  # a message that ended a read's frames: handled once they are handed over
         while True:
-            msg = await ws.receive()
+            msg, held = held or await ws.receive(), None
             kind = msg.type
             if kind is text or kind is binary:
                 received = time.monotonic_ns()
+                frames = [msg.data]
+                # the data frames aiohttp parsed from the same read: receive() hands each out at once
+                while len(frames) < READ_PASS_FRAMES and ready():
+                    more = await ws.receive()
+                    if more.type is text or more.type is binary:
+                        frames.append(more.data)
+                    else:
+                        held = more
+                        break
                 self._last_frame_at = loop.time()
                 self._emitting = True
                 try:
-                    await emit(msg.data, received_ns=received)
-                except SourceStopped:  # the stop began while this frame was read: it is not taken, as if unread
+                    await emit_frames(frames, received_ns=received)
+                except SourceStopped:  # the stop began while these were read: not taken, as if unread
                     return End(Outcome.STOPPED)
                 finally:
                     self._emitting = False
@@ -392,27 +407,37 @@ class WebSocketSource(SourceCapabilities):
                 return End(Outcome.LOST, f"closed by the server (code {ws.close_code})")
 
     async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> End:
-        """Each reply batch in one socket write (the cork), until the main thread's last one."""
-        cork = self._cork
+        """Each reply batch in one socket write, until the main thread's last one: framed by
+        ``aiohttp_compat.TextFrames``, or, on a connection that compresses, by aiohttp's
+        ``send_frame`` a frame at a time under the cork."""
+        framer, cork = aiohttp_compat.text_frames(ws), self._cork
         async for batch in self._ctx.replies():
-            if cork is not None:
-                cork.cork()
+            frames = batch.frames
             written = 0
             try:
                 with mapped_aiohttp_errors():
-                    for frame in batch.frames:
-                        if type(frame) is bytes:  # UTF-8 JSON from the codec: send as a text frame as is
-                            await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
-                        else:
-                            await ws.send_str(frame)
-                        written += 1
+                    if framer is not None:
+                        framer.write(frames)  # every frame handed to the transport, or none
+                        written = len(frames)
+                        await framer.drained()
+                    else:
+                        if cork is not None:
+                            cork.cork()
+                        try:
+                            for frame in frames:
+                                if type(frame) is bytes:  # UTF-8 JSON from the codec: a text frame as is
+                                    await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+                                else:
+                                    await ws.send_str(frame)
+                                written += 1
+                        finally:
+                            if cork is not None:
+                                cork.uncork()
             except ConnectionLost as exc:
                 return End(Outcome.LOST, f"send failed: {exc}")
             except RuntimeError as exc:
                 return End(Outcome.LOST, f"send failed: {exc.__class__.__name__}: {short(exc)}")
             finally:
-                if cork is not None:
-                    cork.uncork()
                 batch.wrote(written)  # also when stopped part-way
         return End(Outcome.DRAINED)
 
