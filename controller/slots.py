@@ -5,11 +5,11 @@ Rules:
   on every call).
 - O(1) per message: an ``OrderedDict`` ordered by when each stream was last seen (least
   recent first, ``move_to_end`` on each sight), so the eviction candidate is always the
-  first entry; a batch of streams all known is looked up (and moved) in C loops, ``map``
-  over the table, with Python per message only for a batch holding a new stream. Nothing scans the table. (A plain dict would not do: deleting from its
+  first entry. Nothing scans the table. (A plain dict would not do: deleting from its
   front leaves holes that ``next(iter(d))`` walks over, O(table) per eviction.) Without
   ``idle_s`` nothing is evicted and no recency is kept, so a plain dict (insertion order)
-  does, and restores faster.
+  does, and restores faster. A batch of streams all known is looked up (and moved) in C
+  loops, ``map`` over the table; Python per message only for a batch holding a new stream.
 - Beside it, columns indexed by slot: the name, the last-seen time and the sighting number
   (a counter of sightings, so its order is the LRU order). They are what a checkpoint
   copies (``begin_copy``): arrays copy in chunks, an ``OrderedDict`` of a million entries

@@ -3,7 +3,8 @@
 Rules:
 - A source is any object with a ``name`` and ``async run(ctx)``; it owns its connections (a
   login, a WebSocket, heartbeats, reconnects) and talks to the rest only through its
-  ``SourceContext``: ``emit`` a frame for the codec, ``emit_rows`` messages already decoded,
+  ``SourceContext``: ``emit`` a frame for the codec (``emit_frames`` the frames of one read at
+  once, decoded in one pass where the codec can), ``emit_rows`` messages already decoded,
   ``emit_event`` any object for the main thread as it is (a fill, a book), ``outgoing()`` the
   frames the main thread sends it (replies to its messages, ``Controller.send``), ``stopping``.
 - Overflow is each source's own (io_loop/spill.py): while inbound is full, what a source emits

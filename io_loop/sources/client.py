@@ -5,12 +5,16 @@ Rules:
 - Runs on the IO thread's loop only, under a ``SourceRunner`` exactly as a user's source does, and
   talks to the rest only through its ``SourceContext``. One reader task and one writer task per
   connection. With several feeds (io_loop/feeds.py) there is one per feed on the same loop.
-- Reader: frame -> ``ctx.emit(frame, received_ns=...)``, which decodes it, hands the good messages
+- Reader: the frames one socket read brought (the data frames aiohttp has parsed already, at most
+  ``READ_PASS_FRAMES``; io_loop/net/aiohttp_compat.py's ``data_ready``) -> ``ctx.emit_frames(frames,
+  received_ns=...)``, which decodes them in one pass where the codec can, hands the good messages
   over (io_loop/handover.py) and answers or declines the bad ones under the feed's reply policy
-  (``replies_declined``, logged once per reason). One await a frame; nothing else per frame.
-- Writer: ``ctx.replies()``, each reply batch in one socket write (io_loop/net/aiohttp_compat.py's
-  cork). A batch part-written when a connection is lost is handed again first on the next one;
-  nothing taken is forgotten.
+  (``replies_declined``, logged once per reason). One await a read; a close, ping or error that
+  followed the frames in the same read is handled once they are handed over.
+- Writer: ``ctx.replies()``, each reply batch framed by io_loop/net/aiohttp_compat.py's
+  ``TextFrames`` and written in one socket write (where it is not there, aiohttp's ``send_frame``
+  a frame at a time under the cork: one write too). A batch part-written when a connection is
+  lost is handed again first on the next one; nothing taken is forgotten.
 - On each new connection the feed's ``subscribe`` text, then the on-connect hook's frames
   (io_loop/sources/on_connect.py), are sent before anything else; a hook that fails fails the attempt
   like a failed connect.
