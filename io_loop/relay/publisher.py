@@ -14,6 +14,8 @@ Rules:
   process start, n counting from 1), and keeps it for every retry: a retried publish is dropped by
   the stream's duplicate window if the server had stored it, and two real messages never share an
   id (a feed's own ``seq`` may restart after a reconnect).
+- Publishing: what waits goes out as one buffer of HPUB commands, the client protocol's own
+  (io_loop/nats/nats_compat.py's ``publish_commands``: one write), not one nats-py ``publish`` a message.
 - Acknowledgements: each publish asks for the JetStream ack on an inbox of this connection
   (``<inbox>.<n>``). A message is held until its ack says stored (or duplicate); then its batch is
   told (``wrote(1)``: the sink's books, io_loop/sinks/sink.py). Events (``emit_event``) are not messages
@@ -54,9 +56,11 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import nats.errors
 import orjson
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.nats.nats_compat import publish_commands
 from forkless.io_loop.nats.natsconn import (
     NatsConnectFailed,
     NatsError,
@@ -339,11 +343,19 @@ class Publisher:
 
     async def _publish_waiting(self, nc: Any, conn: _Connection, prefix: str) -> None:
         """Publish the waiting messages in order while fewer than ``max_in_flight`` are in flight and
-        ``conn`` has not failed, each with its id and its ack's subject ``<prefix><n>``."""
+        ``conn`` has not failed, each with its id and its ack's subject ``<prefix><n>``: as one buffer
+        of HPUB commands, the client protocol's own (``nats_compat.publish_commands``: one write),
+        not one ``publish`` a message. A payload larger than the server's ``max_payload`` raises
+        ``MaxPayloadError`` as ``publish`` does, once those before it are sent."""
         stats, bound = self.stats, self.relay.max_in_flight
         in_flight, waiting = self._in_flight, self._waiting
-        headers_id = f"{self.run_id}:"
-        while waiting and len(in_flight) < bound and not conn.failure:
+        if conn.failure:
+            return
+        header = f"NATS/1.0\r\nNats-Msg-Id: {self.run_id}:".encode()
+        reply, max_payload = prefix.encode(), nc.max_payload
+        parts: list[bytes] = []
+        add = parts.append
+        while waiting and len(in_flight) < bound:
             held = waiting.popleft()
             in_flight[held.n] = held
             if held.sent:
@@ -351,8 +363,18 @@ class Publisher:
             else:
                 held.sent = True
                 stats.published += 1
-            await nc.publish(held.subject, held.payload, reply=f"{prefix}{held.n}",
-                             headers={"Nats-Msg-Id": f"{headers_id}{held.n}"})
+            payload = held.payload
+            if len(payload) > max_payload:
+                if parts:
+                    await publish_commands(nc, b"".join(parts))
+                raise nats.errors.MaxPayloadError
+            hdr = header + b"%d\r\n\r\n" % held.n
+            add(b"HPUB %s %s%d %d %d\r\n" % (held.subject.encode(), reply, held.n, len(hdr), len(hdr) + len(payload)))
+            add(hdr)
+            add(payload)
+            add(b"\r\n")
+        if parts:
+            await publish_commands(nc, b"".join(parts))
 
     def _requeue_in_flight(self) -> None:
         """After a connection: what was in flight waits to be published again, in order, before what was waiting."""
