@@ -140,6 +140,8 @@ def run(n: int, feeds: int, per_chunk: int) -> dict[str, float]:
             cpu["main"] += t2 - t1
 
     asyncio.run(pump())
+    if io_stats.results_out != n:  # every message answered by a result frame, or the figures measure less
+        raise RuntimeError(f"host_path: {io_stats.results_out} result frames for {n} messages")
     return {"io_us_per_msg": cpu["io"] / n * 1e6, "main_us_per_msg": cpu["main"] / n * 1e6}
 
 
