@@ -23,7 +23,7 @@ from aiohttp import web
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
 from forkless.io_loop.counters import IOStats
-from forkless.io_loop.crossing import Chunk, Outgoing
+from forkless.io_loop.crossing import DECODED, INBOUND, READ, Chunk, Outgoing
 from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.net import aiohttp_compat
 from forkless.io_loop.source import SourceRunner
@@ -162,6 +162,8 @@ def test_the_frames_of_one_read_cross_as_one_chunk_of_one_array():
     assert len(chunks) == 1 and frames_in == 12
     (chunk,) = chunks
     assert type(chunk.x) is np.ndarray  # one array made in one pass, not a list of the frames' own
+    stamps = chunk.trace.ns  # the first chunk is sampled: read (the read's first frame), decoded, put inbound
+    assert stamps[READ] == chunk.received_ns and stamps[READ] <= stamps[DECODED] <= stamps[INBOUND]
     assert chunk.seq == [m["seq"] for m in messages] and chunk.stream == [m["stream"] for m in messages]
     np.testing.assert_array_equal(chunk.x, np.array([m["x"] for m in messages], np.float32))
 
