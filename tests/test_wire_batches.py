@@ -30,6 +30,7 @@ from forkless.io_loop.source import SourceRunner
 
 from tests.harness import UNIT_S
 from tests.servers import make_messages
+from tests.test_aiohttp_compat import WriteSpy
 
 pytestmark = pytest.mark.timeout(60 * UNIT_S)
 
@@ -55,21 +56,6 @@ def one_write(ws: web.WebSocketResponse, texts: list[str | bytes], close: bool =
     if close:
         raw += server_frame(struct.pack("!H", 1000), opcode=0x8)
     ws._writer.transport.write(raw)
-
-
-class WriteSpy:
-    """Passes every write through to the real transport, recording its bytes."""
-
-    def __init__(self, transport: Any) -> None:
-        self._transport = transport
-        self.writes: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(bytes(data))
-        self._transport.write(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 class Feed:
