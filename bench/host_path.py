@@ -4,14 +4,18 @@
 
 Rules: the product's own parts, each called as the controller calls it, on literal frames shaped
 as ``bench.loadgen`` sends them (one message a frame, ``FEATURES`` numbers, ``STREAMS`` streams):
-the IO thread's part (``JsonCodec.decode``, ``Handover.add`` and its chunk, the writer's
-``HeldReply.finish`` of each reply item) and the main thread's (``MicroBatcher`` add and take,
-``BatchStep``: slots, the batch padded, replies encoded and assembled, latency observed), apart,
-on the process's CPU clock. The step is a host identity (the default detector's outputs, zeros,
-made with numpy, after ``pad_batch`` as ``OneDevice.lay_out`` calls it), so what is measured is the
-host's Python, not XLA. For A/B of two checkouts, run it in each (``cd A && python -m
-bench.host_path``) alternately; it prints one JSON line of CPU µs a message, the least of the
-repeats (the least is the one least disturbed on a shared machine).
+the IO thread's part (``JsonCodec.decode_frames`` of a chunk's frames, one socket read's, where
+the checkout has it, else ``JsonCodec.decode`` of each; ``Handover.add`` and its chunk; the
+writer's ``HeldReply.finish`` of each reply item: not the framing, which needs a socket) and the
+main thread's (``MicroBatcher`` add and take, ``BatchStep``: slots, the batch padded, replies
+encoded and assembled, latency observed), apart, on the process's CPU clock. The step is a host
+identity (the default detector's outputs made with numpy from the batch, after ``pad_batch`` as
+``OneDevice.lay_out`` calls it: ``z`` the input's numbers, ``score`` their mean magnitude, so the
+replies hold numbers of the usual length), so what is measured is the host's Python, not XLA.
+For A/B of two checkouts, run this file in each (``cd A && PYTHONPATH=. python /this/bench/host_path.py``:
+the product is the checkout's, the measurement this file's) alternately; it prints one JSON
+line of CPU µs a message, the least of the repeats (the least is the one least disturbed on a
+shared machine).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class HostIdentity:
         m = len(key)
         batch = self._pad(x, key, self._bucket_for(m, cfg.buckets), cfg.max_streams, np.float32)
         b = len(batch.key)
-        outputs = {"z": np.zeros((b, cfg.features), np.float32), "score": np.zeros(b, np.float32),
+        outputs = {"z": batch.x.astype(np.float32), "score": np.abs(batch.x).mean(axis=1, dtype=np.float32),
                    "anomaly": np.zeros(b, bool)}
         return {k: v[:m] for k, v in outputs.items()}, np.zeros(m, bool)
 
@@ -102,12 +106,22 @@ def run(n: int, feeds: int, per_chunk: int) -> dict[str, float]:
     wire = frames(n, feeds)
     cpu = {"io": 0.0, "main": 0.0}
 
+    # a read's frames in one pass (SourceContext.emit_frames), where the checkout's codec has it
+    decode_frames = getattr(codec, "decode_frames", None)
+
     async def pump() -> None:
         clock = time.thread_time
         for start in range(0, n, per_chunk * feeds):
             t0 = clock()
-            for feed, frame in wire[start:start + per_chunk * feeds]:
-                handovers[feed].add(codec.decode(frame), 1_000)
+            read = wire[start:start + per_chunk * feeds]
+            for feed, handover in enumerate(handovers):
+                frames = [frame for f, frame in read if f == feed]
+                decoded = decode_frames(frames) if decode_frames is not None else None
+                if decoded is not None:
+                    handover.add(decoded, 1_000)
+                else:
+                    for frame in frames:
+                        handover.add(codec.decode(frame), 1_000)
             chunks = [h._take_to_put() for h in handovers]
             t1 = clock()
             for chunk in chunks:
@@ -126,6 +140,8 @@ def run(n: int, feeds: int, per_chunk: int) -> dict[str, float]:
             cpu["main"] += t2 - t1
 
     asyncio.run(pump())
+    if io_stats.results_out != n:  # every message answered by a result frame, or the figures measure less
+        raise RuntimeError(f"host_path: {io_stats.results_out} result frames for {n} messages")
     return {"io_us_per_msg": cpu["io"] / n * 1e6, "main_us_per_msg": cpu["main"] / n * 1e6}
 
 

@@ -8,7 +8,8 @@ Rules:
   first entry. Nothing scans the table. (A plain dict would not do: deleting from its
   front leaves holes that ``next(iter(d))`` walks over, O(table) per eviction.) Without
   ``idle_s`` nothing is evicted and no recency is kept, so a plain dict (insertion order)
-  does, and restores faster.
+  does, and restores faster. A batch of streams all known is looked up (and moved) in C
+  loops, ``map`` over the table; Python per message only for a batch holding a new stream.
 - Beside it, columns indexed by slot: the name, the last-seen time and the sighting number
   (a counter of sightings, so its order is the LRU order). They are what a checkpoint
   copies (``begin_copy``): arrays copy in chunks, an ``OrderedDict`` of a million entries
@@ -32,7 +33,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -87,9 +88,12 @@ class StreamSlots:
     def _lookup_kept(self, streams: Sequence[str], now: float) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """``lookup`` without ``idle_s``: a slot once given is kept; only first sights are marked."""
         n = len(streams)
+        table = self._slots
+        found = list(map(table.get, streams))  # one C loop: the common batch holds only known streams
+        if None not in found:
+            return np.array(found, np.int32), np.ones(n, bool), []
         slots = np.empty(n, np.int32)
         ok = np.ones(n, bool)
-        table = self._slots
         names = self._names
         first_new = len(table)
         for i, name in enumerate(streams):
@@ -112,13 +116,19 @@ class StreamSlots:
     def _lookup_evicting(self, streams: Sequence[str], now: float) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """``lookup`` with ``idle_s``: recency kept (the table in order of last sight), idle streams evicted."""
         n = len(streams)
+        table = self._slots
+        copy = self._copy
+        found = list(map(table.get, streams))  # one C loop: the common batch holds only known streams
+        if None not in found:
+            deque(map(table.move_to_end, streams), maxlen=0)  # each seen in turn, as the loop below moves them
+            slots = np.array(found, np.int32)
+            self._mark_seen(slots, now, copy)
+            return slots, np.ones(n, bool), []
         slots = np.empty(n, np.int32)
         ok = np.ones(n, bool)
         recycled: list[int] = []
-        table = self._slots
         names = self._names
         refused = False
-        copy = self._copy
         for i, name in enumerate(streams):
             slot = table.get(name)
             if slot is not None:
@@ -141,14 +151,17 @@ class StreamSlots:
                     continue
                 table[name] = slot  # a new key goes to the end: the most recently seen
             slots[i] = slot
-        seen = slots[ok] if refused else slots
+        self._mark_seen(slots[ok] if refused else slots, now, copy)
+        return slots, ok, recycled
+
+    def _mark_seen(self, seen: np.ndarray, now: float, copy: TableCopy | None) -> None:
+        """The last-seen time and sighting number of each slot in ``seen`` (a call's slots, in order)."""
         if copy is not None:
             copy.before_write(seen)
         self._seen[seen] = now
         # the sighting numbers grow, so "the largest" is "the last sight" when a stream repeats
         np.maximum.at(self._order, seen, self._sightings + np.arange(len(seen)))
         self._sightings += len(seen)
-        return slots, ok, recycled
 
     def _idle(self, oldest: str, now: float, slots: np.ndarray, i: int) -> bool:
         """Whether the least recently seen stream may be evicted by message ``i`` of this call.

@@ -66,7 +66,8 @@ SAMPLE_EVERY = 64  # one message in this many carries a Trace (cheap enough to l
 # the stamps of a Trace, in the order a message passes them (time.monotonic_ns, every thread)
 READ, DECODED, INBOUND, TAKEN, STEP, FETCHED, ENCODED, OUTBOUND, PICKED, WRITTEN = range(10)
 HOPS = ("decode", "gather", "inbound", "batch", "step", "encode", "assemble", "outbound", "write")
-"""The hops between consecutive stamps: ``decode`` frame read -> decoded; ``gather`` -> put on
+"""The hops between consecutive stamps: ``decode`` frame read -> decoded (the frames of one
+socket read handed over together share their first frame's read time); ``gather`` -> put on
 the inbound queue (frames of one loop turn gathered into a chunk); ``inbound`` -> taken by the
 main thread (queue wait and wake-up); ``batch`` -> the step starts (micro-batching, earlier
 batches); ``step`` -> outputs on the host (pad, run, device-to-host); ``encode`` -> reply

@@ -3,7 +3,8 @@
 Rules:
 - A source is any object with a ``name`` and ``async run(ctx)``; it owns its connections (a
   login, a WebSocket, heartbeats, reconnects) and talks to the rest only through its
-  ``SourceContext``: ``emit`` a frame for the codec, ``emit_rows`` messages already decoded,
+  ``SourceContext``: ``emit`` a frame for the codec (``emit_frames`` the frames of one read at
+  once, decoded in one pass where the codec can), ``emit_rows`` messages already decoded,
   ``emit_event`` any object for the main thread as it is (a fill, a book), ``outgoing()`` the
   frames the main thread sends it (replies to its messages, ``Controller.send``), ``stopping``.
 - Overflow is each source's own (io_loop/spill.py): while inbound is full, what a source emits
@@ -79,7 +80,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -87,7 +88,7 @@ from forkless.io_loop.capabilities import capability
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import ConnectionEvent, Events, Origin, Outgoing
 from forkless.io_loop.decoding import FrameDecoder
-from forkless.io_loop.emitted import Positions, check_first, checked_rows, drop_first
+from forkless.io_loop.emitted import Positions, Rows, check_first, checked_rows, drop_first
 from forkless.io_loop.emitted import check_position as _check_position
 from forkless.io_loop.errors import FeedFatal, ForklessError
 from forkless.io_loop.finishing import finish_awaited
@@ -163,6 +164,58 @@ class SourceContext:
             if runner.hand_over(decoded, received_ns, origins):  # runner.take inlined: no second coroutine
                 await runner.handover.flush()
             return len(decoded)
+        finally:
+            runner.busy -= 1
+            if runner.idle_wait is not None and not runner.busy:
+                runner.idle_wait.set()
+
+    async def emit_frames(self, frames: Sequence[str | bytes], *, received_ns: int | None = None) -> int:
+        """Hand several frames to the codec at once, the frames one socket read brought (a
+        source without positions): as ``emit`` of each in order, but in one call, and decoded in
+        one pass where the codec can (the built-in JSON codec's good frames: one array for them
+        all; a frame with a bad part makes it decode them one at a time, each bad part answered
+        under the reply policy as ``emit`` answers it, its good neighbours taken). ``received_ns``
+        (``time.monotonic_ns()``): when the first was received (default: now). A source whose
+        emits carry positions emits each frame with its own (``ValueError``); a single frame is
+        ``emit``'s (``TypeError``). Awaits while inbound is full. Returns the good messages taken."""
+        if isinstance(frames, (str, bytes, bytearray, memoryview)):
+            raise TypeError(f"emit_frames takes a list of frames, not one {type(frames).__name__} (one frame: emit)")
+        runner = self._runner
+        if runner.stopping_now:
+            raise SourceStopped(f"source {self.name!r} is stopping: nothing more is taken")
+        if self._positions.positioned is not False:
+            self._positions.place(None)  # a source with positions is refused: each frame names its own
+        runner.busy += 1
+        try:
+            if received_ns is None:
+                received_ns = time.monotonic_ns()
+            decode_frames = runner.decode_frames
+            decoded = decode_frames(frames) if decode_frames is not None and len(frames) > 1 else None
+            stats = runner.stats
+            if decoded is not None:  # every frame good: one array for them all
+                stats.frames_in += len(frames)
+                n, most = len(decoded), runner.handover.max_batch
+                if n <= most:
+                    if runner.hand_over(decoded, received_ns, None):
+                        await runner.handover.flush()
+                    return n
+                for start in range(0, n, most):  # FORKLESS_MAX_BATCH at a time, as emit's frames would go
+                    stop = start + most
+                    part = Rows(decoded.seq[start:stop], decoded.stream[start:stop], decoded.x[start:stop])
+                    if runner.hand_over(part, received_ns, None):
+                        await runner.handover.flush()
+                return n
+            taken = 0
+            decode = runner.codec.decode
+            for frame in frames:  # one at a time, as emit
+                stats.frames_in += 1
+                decoded = decode(frame)
+                if decoded.errors:
+                    await runner.bad_input(decoded)
+                if runner.hand_over(decoded, received_ns, None):
+                    await runner.handover.flush()
+                taken += len(decoded)
+            return taken
         finally:
             runner.busy -= 1
             if runner.idle_wait is not None and not runner.busy:
@@ -374,6 +427,8 @@ class SourceRunner:
         self.limits = limits
         self.timeouts = timeouts
         self.codec = codec
+        # the codec's one-pass reading of several frames (GuardedCodec's: the built-in JSON codec's), if any
+        self.decode_frames: Callable[[Sequence[Any]], Any] | None = getattr(codec, "decode_frames", None)
         self.stats = stats
         self.feed = feed
         self.inbound = inbound

@@ -103,3 +103,12 @@ def test_quick_partitioned_section_answers_every_message_and_restores_every_stre
     assert all(_number(v) and v > 0 for v in rs["new_last_s"].values()), rs["new_last_s"]
     assert _number(rs["stop_s"]) and _number(rs["rescale_s"])
     assert "| SIGTERM -> every partition served |" in proc.stdout
+
+
+def test_host_path_measures_both_threads_over_every_message_of_one_and_of_two_feeds() -> None:
+    from bench.host_path import run
+
+    for feeds in (1, 2):
+        figures = run(640, feeds, 16)  # it raises unless every message was answered by a result frame
+        assert set(figures) == {"io_us_per_msg", "main_us_per_msg"}
+        assert all(_number(v) and v > 0 for v in figures.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import orjson
 import pytest
 from forkless.controller.codec import JsonCodec
 
@@ -104,3 +105,145 @@ def test_a_non_finite_result_becomes_an_error_reply_not_invalid_json():
 
 def test_error_frames_have_reason_and_seq():
     assert json.loads(codec.encode_error("not JSON", None)) == {"error": "not JSON", "seq": None}
+
+
+def one_dict_a_message(seq, stream, outputs):
+    """The reference: one dict a message, written by one ``orjson.dumps`` each (the codec's frames
+    before it wrote a batch a column at a time), a non-finite row an error reply."""
+    columns = {name: np.asarray(value) for name, value in outputs.items()}
+    frames = []
+    for i in range(len(seq)):
+        if not all(np.isfinite(v[i]).all() for v in columns.values() if v.dtype.kind == "f"):
+            frames.append(orjson.dumps({"error": "processing produced a non-finite result", "seq": seq[i]}))
+            continue
+        frames.append(orjson.dumps({"seq": seq[i], "stream": stream[i],
+                                    **{name: v[i].tolist() for name, v in columns.items()}}))
+    return frames
+
+
+def default_outputs(n, rng, dtype=np.float32):
+    return {"z": rng.standard_normal((n, 8)).astype(dtype), "score": rng.random(n).astype(dtype),
+            "anomaly": rng.random(n) < 0.5}
+
+
+@pytest.mark.parametrize("n", [1, 2, 16, 64, 256])
+def test_a_batch_of_results_is_byte_for_byte_one_dumps_a_message(n):
+    rng = np.random.default_rng(n)
+    seq, stream = list(range(10**12, 10**12 + n)), [f"sensor-{i % 16}" for i in range(n)]
+    for dtype in (np.float32, np.float64, np.float16):
+        outputs = default_outputs(n, rng, dtype)
+        assert JsonCodec(8).encode_results(seq, stream, outputs) == one_dict_a_message(seq, stream, outputs)
+
+
+def test_every_float32_bit_pattern_class_is_written_as_tolist_writes_it():
+    bits = np.random.default_rng(7).integers(0, 2**32, 20_000, dtype=np.uint64).astype(np.uint32)
+    values = bits.view(np.float32)
+    values = np.concatenate([values[np.isfinite(values)], np.array(
+        [0.0, -0.0, 1e16, 1e17, 1e20, 1e-7, 1e-5, 0.1, 3.4e38, 1e-45, 100.0], np.float32)])
+    seq = list(range(len(values)))
+    outputs = {"score": values, "z": values.reshape(-1, 1)}
+    assert JsonCodec(1).encode_results(seq, ["a"] * len(seq), outputs) == \
+        one_dict_a_message(seq, ["a"] * len(seq), outputs)
+
+
+@pytest.mark.parametrize("case", ["ints", "bools_2d", "non_contiguous", "big_endian", "zero_width", "non_finite",
+                                  "stream_commas", "seq_text", "seq_null", "unicode", "percent_name", "name_seq",
+                                  "three_dims", "object"])
+def test_unusual_outputs_and_names_are_written_as_one_dumps_a_message_writes_them(case):
+    rng = np.random.default_rng(3)
+    n = 5
+    seq, stream = list(range(n)), ["a", "b", "c", "d", "e"]
+    outputs = default_outputs(n, rng)
+    if case == "ints":
+        outputs = {"count": rng.integers(-2**63, 2**63 - 1, n), "small": rng.integers(0, 200, (n, 3)).astype(np.uint8),
+                   "wide": rng.integers(0, 2**64 - 1, n, dtype=np.uint64)}
+    elif case == "bools_2d":
+        outputs = {"flags": rng.random((n, 4)) < 0.5}
+    elif case == "non_contiguous":
+        outputs = {"z": np.asfortranarray(rng.standard_normal((n, 3))), "score": rng.random(2 * n)[::2]}
+    elif case == "big_endian":
+        outputs = {"score": rng.random(n).astype(">f8"), "count": np.arange(n).astype(">i4")}
+    elif case == "zero_width":
+        outputs = {"empty": np.zeros((n, 0), np.float32), "score": np.ones(n, np.float32)}
+    elif case == "non_finite":
+        outputs["score"][[0, 3]] = [np.nan, -np.inf]
+        outputs["z"][4, 2] = np.inf
+    elif case == "stream_commas":
+        stream = ["a,b", 'q"u,o"te', "c", "back\\slash,", "e"]
+    elif case == "seq_text":
+        seq = ["1,2", "x", 3, 4.5, [1, 2]]
+    elif case == "seq_null":
+        seq = [None, True, -1, 10**18, "s"]
+    elif case == "unicode":
+        stream = ["ä", "日本", "\u2028", "\x01", "e"]
+    elif case == "percent_name":
+        outputs = {"p%b%%": np.arange(n, dtype=np.float32), "q%s": np.arange(n)}
+        stream = ["%b", "%s", "%%", "%", "e"]
+    elif case == "name_seq":
+        outputs = {"seq": np.arange(n, dtype=np.float32), "score": np.ones(n)}
+    elif case == "three_dims":
+        outputs = {"cube": rng.standard_normal((n, 2, 2))}
+    elif case == "object":
+        outputs = {"label": np.array(["x", "y,z", "w", "v", "u"], object), "score": np.ones(n)}
+    got = JsonCodec(8).encode_results(seq, stream, outputs)
+    want = [orjson.dumps({"seq": s, "stream": t, **{k: np.asarray(v).tolist()[i] for k, v in outputs.items()}})
+            for i, (s, t) in enumerate(zip(seq, stream))]
+    if case == "non_finite":
+        for i in (0, 3, 4):
+            want[i] = orjson.dumps({"error": "processing produced a non-finite result", "seq": seq[i]})
+    assert got == want
+
+
+# ---- decode_frames: a socket read's frames in one pass -------------------------------------------
+
+
+def one_at_a_time(c: JsonCodec, frames: list) -> tuple[list, list, np.ndarray]:
+    parts = [c.decode(f) for f in frames]
+    return ([s for p in parts for s in p.seq], [s for p in parts for s in p.stream],
+            np.concatenate([p.x for p in parts if len(p)]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_decode_frames_of_good_frames_is_the_frames_decoded_one_at_a_time(dtype):
+    rng = np.random.default_rng(5)
+    c = JsonCodec(F, max_frame_items=4, dtype=dtype)
+    values = [0, -0.0, 1e18, -1e18, 2**53 + 1, 2**59 + 2**36 + 1, 37000.10, 1700000000123, 1e-300, 3]
+    frames: list = [json.dumps(msg(i, f"s{i % 3}", (values[i % 10], rng.standard_normal(), i))) for i in range(6)]
+    frames.append(json.dumps([msg(6, "a"), msg(7, "b", (1, 2, 3))]).encode())  # an array frame, as bytes
+    frames.append(orjson.dumps(msg(8, "ü" * 256)))  # the longest stream name allowed
+    decoded = c.decode_frames(frames)
+    seq, stream, x = one_at_a_time(c, frames)
+    assert decoded.seq == seq == list(range(9)) and decoded.stream == stream and not decoded.errors
+    assert decoded.x.dtype == dtype and decoded.x.tobytes() == x.tobytes()  # every bit as one at a time
+
+
+BAD_AMONG_GOOD = ["not json", b"\xff\xfe", "[1, 2]", "[]", "17", '"text"', json.dumps([msg(9)] * 5),
+                  json.dumps(msg(9, x=(1, 2))), json.dumps(msg(9, x=(1, True, 3))), json.dumps(msg(9, x=(1, None, 3))),
+                  json.dumps(msg(9, x=(1, "2", 3))), '{"seq": 9, "stream": "a", "x": [1, 1e19, 3]}',
+                  json.dumps(msg(True)), json.dumps(msg(9.0)), json.dumps(msg(9, "")), json.dumps(msg(9, "a" * 257)),
+                  json.dumps(msg(9, 7)), json.dumps({"seq": 9, "stream": "a"}), json.dumps({"stream": "a", "x": [1]}),
+                  json.dumps(msg(9) | {"x": "1,2,3"}), json.dumps([msg(9), [1]]), json.dumps(msg(2**64))]
+
+
+@pytest.mark.parametrize("bad", BAD_AMONG_GOOD)
+def test_decode_frames_leaves_a_read_with_any_bad_part_to_be_decoded_one_frame_at_a_time(bad):
+    frames = [json.dumps(msg(i)) for i in range(3)] + [bad] + [json.dumps(msg(4))]
+    assert codec.decode_frames(frames) is None
+    one = codec.decode(bad)  # what the frame-at-a-time decode then makes of it: errors, or nothing at all
+    assert one.errors or (len(one) == 0 and bad == "[]")
+
+
+def test_decode_frames_leaves_fewer_than_four_frames_to_decode_alone():
+    assert codec.decode_frames([json.dumps(msg(i)) for i in range(3)]) is None
+    assert len(codec.decode_frames([json.dumps(msg(i)) for i in range(4)])) == 4
+
+
+def test_the_guarded_codec_reads_frames_in_one_pass_only_with_the_built_in_codec():
+    from forkless.controller.codec import guarded_codec
+
+    class UsersCodec(JsonCodec):
+        pass
+
+    frames = [json.dumps(msg(i)) for i in range(5)]
+    assert len(guarded_codec(None, F, max_frame_items=4, dtype=np.float32).decode_frames(frames)) == 5
+    assert guarded_codec(UsersCodec(F), F, max_frame_items=4, dtype=np.float32).decode_frames(frames) is None

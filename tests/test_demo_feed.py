@@ -198,6 +198,49 @@ def test_round_trip_every_message_is_answered_and_scored() -> None:
     assert summary.recall == summary.detected / summary.injected
 
 
+def test_the_messages_due_in_a_tick_leave_in_one_write_in_seq_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    from forkless.io_loop.net import aiohttp_compat
+
+    writes: list[int] = []  # frames a write held
+    real = aiohttp_compat.text_frames
+
+    def counted(ws: Any) -> Any:
+        framer = real(ws)
+        write = framer.write
+
+        def counting_write(frames: list[Any]) -> None:
+            writes.append(len(frames))
+            write(frames)
+
+        framer.write = counting_write
+        return framer
+
+    monkeypatch.setattr(aiohttp_compat, "text_frames", counted)
+
+    async def scenario() -> tuple[DemoSummary, list[int]]:
+        # 20,000 a second: a tick (at least 2 ms) has 40 or more messages due
+        feed = DemoFeed(rate_hz=20_000, streams=4, features=8, warmup=20, seed=1)
+        enough = asyncio.Event()
+        url = await feed.start()
+        seqs: list[int] = []
+        try:
+            async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+                client = asyncio.create_task(_answer(ws, EWMAReference(), seqs, [], answered=(1000, enough)))
+                await enough.wait()
+                feed.stop_sending()
+                assert await feed.wait_replies(timeout=10.0 * UNIT_S)
+                await feed.stop()
+                await client
+        finally:
+            await feed.stop()
+        return feed.summary(), seqs
+
+    summary, seqs = _run(scenario())
+    assert seqs == list(range(summary.sent)) and summary.answered == summary.sent
+    assert sum(writes) == summary.sent and min(writes) >= 1
+    assert max(writes) >= 40 and len(writes) < summary.sent // 10  # a tick's messages, one write
+
+
 # --- (c) reconnection -------------------------------------------------------------------
 
 

@@ -136,6 +136,53 @@ def test_every_message_is_stored_once_on_its_escaped_subject_and_decodes_to_what
     assert f"{SUBJECT}.a~2Eb~20c" in {subject for subject, _, _ in stored}
 
 
+def test_the_waiting_messages_leave_in_one_write_each_with_its_id_and_its_acknowledgement_subject(nats_server):
+    import nats
+    from forkless.controller.config import Config
+    from forkless.io_loop.relay.publisher import Publisher, _Connection, _Held
+    from forkless.io_loop.relay.relaystats import RelayStats
+
+    _make_stream(nats_server.url)
+    _, relay = Config(relay_nats=nats_server.url, relay_subject=SUBJECT, ws_url="ws://127.0.0.1:9/feed").relay_settings()
+    payloads = [json.dumps({"seq": n, "stream": f"s{n % 3}", "x": [n, 0.5]}).encode() for n in range(1, 21)]
+
+    async def body() -> tuple[list[bytes], list[str], str]:
+        nc = await nats.connect(nats_server.url, allow_reconnect=False, connect_timeout=2)
+        try:
+            publisher = Publisher(relay, RelayStats(), ["0"])
+            prefix = nc.new_inbox() + "."
+            acks: list[str] = []
+            enough = asyncio.Event()
+
+            async def on_ack(msg: Any) -> None:
+                acks.append(msg.subject)
+                if len(acks) == len(payloads):
+                    enough.set()
+
+            await nc.subscribe(prefix + "*", cb=on_ack)
+            await nc.flush()
+            writes: list[bytes] = []  # every write to the server's socket, whichever way nats-py makes it
+            transport = nc._transport
+            write, writelines = transport.write, transport.writelines
+            transport.write = lambda data: (writes.append(bytes(data)), write(data))[1]
+            transport.writelines = lambda parts: (writes.append(b"".join(parts)), writelines(parts))[1]
+            for n, payload in enumerate(payloads, 1):
+                publisher._waiting.append(_Held(None, n, f"{SUBJECT}.s{n % 3}", payload))
+            await publisher._publish_waiting(nc, _Connection(asyncio.Event()), prefix)
+            await asyncio.wait_for(enough.wait(), 10 * UNIT_S)
+            return writes, acks, prefix
+        finally:
+            await nc.close()
+
+    writes, acks, prefix = asyncio.run(body())
+    assert len([w for w in writes if b"HPUB" in w]) == 1  # the 20 publications in one write
+    assert sorted(acks) == sorted(f"{prefix}{n}" for n in range(1, 21))
+    stored = _stored(nats_server.url)
+    run_id = stored[0][1]["Nats-Msg-Id"].split(":")[0]
+    assert [(subject, headers["Nats-Msg-Id"], payload) for subject, headers, payload in stored] == \
+        [(f"{SUBJECT}.s{n % 3}", f"{run_id}:{n}", payload) for n, payload in enumerate(payloads, 1)]
+
+
 # ---- (6) no JAX in the relay process ---------------------------------------------------------------
 
 

@@ -163,6 +163,49 @@ class RowsSource:
             self.answers.append(json.loads(frame))
 
 
+class ReadPassSource:
+    """A user's client that hands the frames of each read over together (``emit_frames``)."""
+
+    name = "reads"
+
+    def __init__(self, reads: list[list[str]]) -> None:
+        self.reads = reads
+        self.answers: list[Any] = []
+
+    async def run(self, ctx: Any) -> None:
+        for frames in self.reads:
+            await ctx.emit_frames(frames)
+        async for frame in ctx.outgoing():
+            self.answers.append(json.loads(frame))
+
+
+@pytest.mark.parametrize("own_codec", [False, True], ids=["json-codec", "users-codec"])
+def test_frames_emitted_together_are_answered_as_if_emitted_one_by_one_a_bad_one_on_its_own(own_codec):
+    from forkless.controller.codec import JsonCodec
+
+    class CountingCodec(JsonCodec):  # a user's codec: its decode is called a frame at a time
+        calls = 0
+
+        def decode(self, frame: Any) -> Any:
+            CountingCodec.calls += 1
+            return super().decode(frame)
+
+    messages = make_messages(12, features=FEATURES)
+    good = [json.dumps(m) for m in messages]
+    reads = [good[:6], [*good[6:9], '{"seq": 99, "stream": "s0"}', *good[9:]], [json.dumps(messages[0] | {"seq": 100})]]
+    source = ReadPassSource(reads)
+    codec = CountingCodec(FEATURES) if own_codec else None
+    with Controller(_config(), processor=PROCESSOR, sources=[source], codec=codec) as ctl:
+        drive(ctl, lambda: len(source.answers) >= 14, timeout_s=20 * UNIT_S, what="14 replies")
+    assert_books_balance(ctl)
+    assert [a["seq"] for a in source.answers if "error" not in a] == [m["seq"] for m in messages] + [100]
+    assert [a for a in source.answers if "error" in a] == [{"error": "missing field: x", "seq": 99}]
+    snap = ctl.stats()
+    assert (snap.messages_in, snap.feeds[0].io.frames_in, snap.errors) == (13, 14, {"missing field: x": 1})
+    if own_codec:
+        assert CountingCodec.calls == 14  # the user's decode, a frame at a time
+
+
 def test_rows_a_source_decoded_itself_are_processed_and_answered_in_the_processor_dtype():
     import numpy as np
 

@@ -111,6 +111,22 @@ def test_emit_decoded_skipping_messages_without_a_position_is_refused():
     assert snap.messages_in == 2 and snap.feeds[0].io.frames_in == 1
 
 
+def test_emit_frames_refuses_a_single_frame_and_a_positioned_source_and_takes_nothing_of_either():
+    async def steps(self: Misuser, ctx: Any) -> None:
+        await self.attempt(ctx.emit_frames(_frame(range(0, 2))))  # one frame, not a list of them
+        await ctx.emit(_frame(range(2, 4)), position=1)
+        await self.attempt(ctx.emit_frames([_frame(range(4, 6)), _frame(range(6, 8))]))  # no position each
+        await ctx.emit(_frame(range(8, 9)), position=2)
+
+    source = Misuser(steps)
+    snap = _run(source, 3)
+    assert [type(e) for e in source.refused] == [TypeError, ValueError]
+    assert "emit_frames takes a list of frames, not one str (one frame: emit)" in str(source.refused[0])
+    assert "position=None, but its earlier emits had positions" in str(source.refused[1])
+    assert sorted(a["seq"] for a in source.answers) == [2, 3, 8]
+    assert (snap.messages_in, snap.feeds[0].io.frames_in) == (3, 2)
+
+
 def test_a_position_of_a_wrong_type_is_refused_before_anything_is_counted_and_decides_nothing():
     async def steps(self: Misuser, ctx: Any) -> None:
         await self.attempt(ctx.emit(_frame(range(0, 2)), position=1.5))

@@ -1,14 +1,23 @@
 """Everything forkless does with aiohttp's private attributes, in one place.
 
 Rules:
-- Two patches and one shortcut, each measured or needed, on one ``ClientWebSocketResponse``:
+- Two patches and three shortcuts, each measured or needed, on one ``ClientWebSocketResponse``:
   1. ``cork(ws)`` puts ``CorkedTransport`` in place of ``ws._writer.transport`` so the frames
      of one outgoing batch leave in one ``write`` (one syscall): +20-25% maximum throughput,
-     measured A/B (see bench/README.md).
+     measured A/B (see bench/README.md). It is the fallback of 5.
   2. ``clear_abnormal_close(ws)`` clears ``ws._close_code`` after our own cancelled
      ``receive()`` so that ``close()`` waits for the server's close frame (see the client).
   3. ``drop(ws)`` aborts the transport under ``ws._writer``: an aborted stop ends the
      connection at once instead of waiting to write a close frame nobody reads.
+  4. ``data_ready(ws)`` peeks at ``ws._reader._buffer`` (the messages aiohttp has parsed from
+     what the socket gave and not yet handed out): the reader takes every data frame one read
+     brought before it hands them over, and decodes them in one pass (io_loop/sources/client.py).
+  5. ``text_frames(ws)`` writes a batch of text frames itself, framed as RFC 6455 says (from a
+     client masked, each frame with a fresh key from the writer's own random source, as
+     aiohttp's ``send_frame`` masks it), in one ``transport.write``, and waits on the protocol's
+     flow control as ``send_frame`` does: 1.8 -> 0.4 µs a frame of a batch of 64, measured
+     (bench/docs/per-message-cost.md). Not on a connection that compresses (permessage-deflate:
+     aiohttp's own writer then, corked).
 - ``aiohttp_missing(ws)`` names what this aiohttp no longer has; a test runs it against a real
   connection, so an aiohttp upgrade that moves these attributes fails the suite instead of
   silently turning the corked write off.
@@ -23,13 +32,21 @@ Rules:
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
 from aiohttp.client_exceptions import UnixClientConnectorError
 
-__all__ = ["CorkedTransport", "UnixConnector", "aiohttp_missing", "clear_abnormal_close", "cork", "drop",
-           "unix_tls_missing"]
+try:  # the frame writer's own pieces: text_frames() says None where they are gone
+    from aiohttp._websocket.helpers import PACK_LEN1, PACK_LEN2, PACK_LEN3, PACK_RANDBITS, websocket_mask
+except ImportError:  # pragma: no cover - an aiohttp that moved them
+    PACK_LEN1 = PACK_LEN2 = PACK_LEN3 = PACK_RANDBITS = websocket_mask = None
+
+__all__ = ["CorkedTransport", "TextFrames", "UnixConnector", "aiohttp_missing", "clear_abnormal_close", "cork",
+           "data_ready", "drop", "text_frames", "unix_tls_missing"]
+
+_DATA = (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY)
 
 
 class CorkedTransport:
@@ -63,6 +80,67 @@ class CorkedTransport:
         return getattr(self._transport, name)
 
 
+class TextFrames:
+    """Writes a batch of text frames to one connection in one ``transport.write`` (see the module
+    rules): ``write(frames)`` frames them all (a ``str`` is sent as its UTF-8, ``bytes`` as they
+    are), then ``await drained()`` waits while the transport's buffer is over its high-water mark."""
+
+    def __init__(self, writer: Any) -> None:
+        self._writer = writer
+        self._protocol = writer.protocol
+        self._masked = bool(writer.use_mask)
+        self._random_bits = writer.get_random_bits
+
+    def write(self, frames: Sequence[str | bytes]) -> None:
+        """Every frame of ``frames`` handed to the transport in one write, or none of them:
+        ``ClientConnectionResetError`` when the connection is closing, as ``send_frame`` raises."""
+        writer = self._writer
+        transport = writer.transport
+        if writer._closing or transport.is_closing():
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+        masked, random_bits, mask = self._masked, self._random_bits, websocket_mask
+        parts: list[bytes | bytearray] = []
+        append = parts.append
+        length_bit = 0x80 if masked else 0
+        for frame in frames:
+            data = frame if isinstance(frame, bytes) else frame.encode("utf-8")  # a send's frame subclasses them
+            n = len(data)
+            if n < 126:
+                append(PACK_LEN1(0x81, length_bit | n))
+            elif n < 65536:
+                append(PACK_LEN2(0x81, length_bit | 126, n))
+            else:
+                append(PACK_LEN3(0x81, length_bit | 127, n))
+            if masked:
+                key = PACK_RANDBITS(random_bits())
+                data = bytearray(data)
+                mask(key, data)
+                append(key)
+            append(data)
+        transport.write(b"".join(parts))
+
+    async def drained(self) -> None:
+        """Wait while the transport holds more than its high-water mark (the peer reads slowly),
+        as ``send_frame`` waits."""
+        protocol = self._protocol
+        if protocol._paused:
+            await protocol._drain_helper()
+
+
+def text_frames(ws: aiohttp.ClientWebSocketResponse | aiohttp.web.WebSocketResponse) -> TextFrames | None:
+    """The batch writer of ``ws`` (a client's or, prepared, a server's connection); None on a
+    connection that compresses or where this aiohttp's layout differs (write with ``send_frame``)."""
+    writer = getattr(ws, "_writer", None)
+    if websocket_mask is None or writer is None or getattr(writer, "compress", 1) or \
+            not all(hasattr(writer, name) for name in _TEXT_FRAMES_NEEDS) or \
+            not callable(getattr(writer.protocol, "_drain_helper", None)):
+        return None
+    return TextFrames(writer)
+
+
+_TEXT_FRAMES_NEEDS = ("transport", "protocol", "use_mask", "get_random_bits", "_closing", "compress")
+
+
 def cork(ws: aiohttp.ClientWebSocketResponse) -> CorkedTransport | None:
     """Install the corked transport in aiohttp's writer; None (plain writes) if its layout changed."""
     writer = getattr(ws, "_writer", None)
@@ -71,6 +149,26 @@ def cork(ws: aiohttp.ClientWebSocketResponse) -> CorkedTransport | None:
     corked = CorkedTransport(writer.transport)
     writer.transport = corked
     return corked
+
+
+def data_ready(ws: aiohttp.ClientWebSocketResponse) -> Callable[[], bool]:
+    """A check, made once per connection, of whether aiohttp has already parsed ``ws``'s next
+    message and it is a text or binary frame, so that ``receive()`` returns it without waiting
+    (it read it from the socket with the frames before it). Where this aiohttp's layout
+    differs the check always says False: the frames are then handed over one at a time."""
+    buffer = getattr(getattr(ws, "_reader", None), "_buffer", None)
+    if buffer is None:
+        return _never
+    data = _DATA
+
+    def ready() -> bool:
+        return bool(buffer) and buffer[0][0].type in data
+
+    return ready
+
+
+def _never() -> bool:
+    return False
 
 
 def clear_abnormal_close(ws: aiohttp.ClientWebSocketResponse) -> None:
@@ -101,6 +199,17 @@ def aiohttp_missing(ws: aiohttp.ClientWebSocketResponse) -> list[str]:
         gaps.append("WebSocketWriter.transport.write")
     if not hasattr(ws, "_close_code"):
         gaps.append("ClientWebSocketResponse._close_code")
+    buffer = getattr(getattr(ws, "_reader", None), "_buffer", None)
+    if not hasattr(buffer, "__getitem__") or not hasattr(buffer, "__len__"):
+        gaps.append("ClientWebSocketResponse._reader._buffer")
+    if websocket_mask is None:
+        gaps.append("aiohttp._websocket.helpers (PACK_LEN1/2/3, PACK_RANDBITS, websocket_mask)")
+    if writer is not None:
+        gaps += [f"WebSocketWriter.{name}" for name in _TEXT_FRAMES_NEEDS if not hasattr(writer, name)]
+        if not callable(getattr(getattr(writer, "protocol", None), "_drain_helper", None)):
+            gaps.append("WebSocketWriter.protocol._drain_helper")
+        if not hasattr(getattr(writer, "protocol", None), "_paused"):
+            gaps.append("WebSocketWriter.protocol._paused")
     return gaps
 
 

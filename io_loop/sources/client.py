@@ -5,12 +5,16 @@ Rules:
 - Runs on the IO thread's loop only, under a ``SourceRunner`` exactly as a user's source does, and
   talks to the rest only through its ``SourceContext``. One reader task and one writer task per
   connection. With several feeds (io_loop/feeds.py) there is one per feed on the same loop.
-- Reader: frame -> ``ctx.emit(frame, received_ns=...)``, which decodes it, hands the good messages
+- Reader: the frames one socket read brought (the data frames aiohttp has parsed already, at most
+  ``READ_PASS_FRAMES``; io_loop/net/aiohttp_compat.py's ``data_ready``) -> ``ctx.emit_frames(frames,
+  received_ns=...)``, which decodes them in one pass where the codec can, hands the good messages
   over (io_loop/handover.py) and answers or declines the bad ones under the feed's reply policy
-  (``replies_declined``, logged once per reason). One await a frame; nothing else per frame.
-- Writer: ``ctx.replies()``, each reply batch in one socket write (io_loop/net/aiohttp_compat.py's
-  cork). A batch part-written when a connection is lost is handed again first on the next one;
-  nothing taken is forgotten.
+  (``replies_declined``, logged once per reason). One await a read; a close, ping or error that
+  followed the frames in the same read is handled once they are handed over.
+- Writer: ``ctx.replies()``, each reply batch framed by io_loop/net/aiohttp_compat.py's
+  ``TextFrames`` and written in one socket write (where it is not there, aiohttp's ``send_frame``
+  a frame at a time under the cork: one write too). A batch part-written when a connection is
+  lost is handed again first on the next one; nothing taken is forgotten.
 - On each new connection the feed's ``subscribe`` text, then the on-connect hook's frames
   (io_loop/sources/on_connect.py), are sent before anything else; a hook that fails fails the attempt
   like a failed connect.
@@ -82,6 +86,7 @@ CLOSE_TIMEOUT_S = 2.0  # how long an orderly close waits for the server's close 
 CONFIRM_EVERY_S = 1.0
 MAX_PINGS_AWAITED = 8  # pings whose pong is awaited at once (a server that never answers cannot grow the table)
 GIVE_UP_CLOSE_S = 0.25  # how long closing a connection that is being given up may take
+READ_PASS_FRAMES = 256  # at most this many frames of one read handed over (and decoded) together
 # refused handshakes a before-connect hook may answer with new credentials (an expired token)
 CREDENTIALS_REFUSED = (401, 403)
 
@@ -159,6 +164,7 @@ class WebSocketSource(SourceCapabilities):
         self._confirmed = 0
         self._pings: dict[bytes, int] = {}
         self._pinged = 0
+        self._ready: Callable[[], bool] = lambda: False  # aiohttp holds the connection's next data frame already
 
     async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
         """``--check``'s try of the feed: one connection (io_loop/sources/probe.py's ``probe_websocket``)."""
@@ -277,6 +283,7 @@ class WebSocketSource(SourceCapabilities):
         """A new connection counted, corked and logged; its id (the hand-over stamps it on chunks)."""
         conn = self._connection_id = self._ctx.connection_opened()
         self._cork = aiohttp_compat.cork(ws)
+        self._ready = aiohttp_compat.data_ready(ws)
         self._last_frame_at = asyncio.get_running_loop().time()
         self._confirmed, self._pings = self._ctx.replies_written, {}
         log.info("connection %d to %s open", conn, self.shown_url, extra=self._fields())
@@ -383,21 +390,33 @@ class WebSocketSource(SourceCapabilities):
             return False
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> End:
-        """Frames to ``ctx.emit`` (decoded and handed over there) until the connection ends or the stop."""
-        emit = self._ctx.emit
+        """Frames to the codec and over (``ctx.emit_frames``: those one socket read brought, in one
+        pass) until the connection ends or the stop."""
+        emit_frames = self._ctx.emit_frames
         stopping = self._ctx.stopping
         loop = asyncio.get_running_loop()
+        ready = self._ready
         text, binary = aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY
+        held = None  # a message that ended a read's frames: handled once they are handed over
         while True:
-            msg = await ws.receive()
+            msg, held = held or await ws.receive(), None
             kind = msg.type
             if kind is text or kind is binary:
                 received = time.monotonic_ns()
+                frames = [msg.data]
+                # the data frames aiohttp parsed from the same read: receive() hands each out at once
+                while len(frames) < READ_PASS_FRAMES and ready():
+                    more = await ws.receive()
+                    if more.type is text or more.type is binary:
+                        frames.append(more.data)
+                    else:
+                        held = more
+                        break
                 self._last_frame_at = loop.time()
                 self._emitting = True
                 try:
-                    await emit(msg.data, received_ns=received)
-                except SourceStopped:  # the stop began while this frame was read: it is not taken, as if unread
+                    await emit_frames(frames, received_ns=received)
+                except SourceStopped:  # the stop began while these were read: not taken, as if unread
                     return End(Outcome.STOPPED)
                 finally:
                     self._emitting = False
@@ -420,27 +439,37 @@ class WebSocketSource(SourceCapabilities):
                 return End(Outcome.LOST, f"closed by the server (code {ws.close_code})", ws.close_code)
 
     async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> End:
-        """Each reply batch in one socket write (the cork), until the main thread's last one."""
-        cork = self._cork
+        """Each reply batch in one socket write, until the main thread's last one: framed by
+        ``aiohttp_compat.TextFrames``, or, on a connection that compresses, by aiohttp's
+        ``send_frame`` a frame at a time under the cork."""
+        framer, cork = aiohttp_compat.text_frames(ws), self._cork
         async for batch in self._ctx.replies():
-            if cork is not None:
-                cork.cork()
+            frames = batch.frames
             written = 0
             try:
                 with mapped_aiohttp_errors():
-                    for frame in batch.frames:
-                        if isinstance(frame, bytes):  # UTF-8 JSON (the codec's, a send's): a text frame as is
-                            await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
-                        else:
-                            await ws.send_str(frame)
-                        written += 1
+                    if framer is not None:
+                        framer.write(frames)  # every frame handed to the transport, or none
+                        written = len(frames)
+                        await framer.drained()
+                    else:
+                        if cork is not None:
+                            cork.cork()
+                        try:
+                            for frame in frames:
+                                if isinstance(frame, bytes):  # UTF-8 JSON (the codec's, a send's): a text frame as is
+                                    await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+                                else:
+                                    await ws.send_str(frame)
+                                written += 1
+                        finally:
+                            if cork is not None:
+                                cork.uncork()
             except ConnectionLost as exc:
                 return End(Outcome.LOST, f"send failed: {exc}")
             except RuntimeError as exc:
                 return End(Outcome.LOST, f"send failed: {exc.__class__.__name__}: {short(exc)}")
             finally:
-                if cork is not None:
-                    cork.uncork()
                 batch.wrote(written)  # also when stopped part-way
         return End(Outcome.DRAINED)
 

@@ -20,9 +20,10 @@ Rules:
 * ``seq`` is global, increases by one per message and continues across reconnections.
   Streams take turns (round robin); the data depend only on ``seed`` and message
   counts, never on wall-clock time, so a run is reproducible whatever the pacing.
-* Pacing is a token bucket refilled at ``rate_hz`` and drained on a short timer; if the
-  client applies back-pressure or the loop stalls, the backlog is capped rather than
-  sent as one burst.
+* Pacing is a token bucket refilled at ``rate_hz`` and drained on a short timer, the
+  messages due at a tick written in one socket write (io_loop/net/aiohttp_compat.py's
+  ``TextFrames``); if the client applies back-pressure or the loop stalls, the backlog is
+  capped rather than sent as one burst.
 * One client is fed at a time: a new connection takes over the stream and the older
   one is closed with 1001 (going away). Replies are read and scored on every
   connection that is open.
@@ -51,6 +52,7 @@ from typing import Any
 
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
+from forkless.io_loop.net import aiohttp_compat
 from forkless.io_loop.net.appsite import Served, serve_app
 from forkless.io_loop.net.netaddr import is_loopback
 
@@ -312,9 +314,9 @@ class DemoFeed:
         self._bank = _SensorBank(streams=streams, features=features, warmup=warmup,
                                  anomaly_rate=anomaly_rate, seed=seed)
         self._score = DemoScore()
-        # A message whose send failed is offered first to the next connection, so a
+        # Messages whose send failed are offered first to the next connection, so a
         # dropped connection leaves no hole in the seq numbering.
-        self._unsent: _Message | None = None
+        self._unsent: list[_Message] = []
         self._sending = True
         self._accepted = 0
         self._active: _Connection | None = None
@@ -438,28 +440,49 @@ class DemoFeed:
         loop = asyncio.get_running_loop()
         last = loop.time()
         credit = 0.0
+        framer = aiohttp_compat.text_frames(conn.ws)  # a tick's messages in one write
         while self._feeding(conn):
             now = loop.time()
             credit = min(credit + (now - last) * self._rate, self._max_credit)
             last = now
             while credit >= 1.0 and self._feeding(conn):
-                msg = self._unsent or self._bank.next()
-                self._unsent = None
+                if framer is None:
+                    if not await self._send_one(conn):
+                        return
+                    credit -= 1.0
+                    continue
+                due = int(credit)
+                batch, self._unsent = self._unsent[:due], self._unsent[due:]
+                batch += [self._bank.next() for _ in range(due - len(batch))]
                 try:
-                    await conn.ws.send_str(msg.text)
+                    framer.write([msg.text for msg in batch])  # every frame handed to the transport, or none
                 except (ConnectionError, RuntimeError):
-                    # aiohttp raises before writing anything: keep it for the next client.
-                    self._unsent = msg
+                    self._unsent[:0] = batch  # none written: kept, in order, for the next client
                     return
-                except asyncio.CancelledError:
-                    # Cancelled while draining: aiohttp had already written the frame.
+                for msg in batch:
                     self._score.record_sent(msg.seq, msg.stream, msg.injected)
-                    raise
-                self._score.record_sent(msg.seq, msg.stream, msg.injected)
-                credit -= 1.0
+                credit -= due
+                await framer.drained()
             await asyncio.sleep(self._tick)
         if self._active is not conn and conn.reading and not conn.ws.closed:
             await conn.ws.close(code=WSCloseCode.GOING_AWAY, message=b"superseded")
+
+    async def _send_one(self, conn: _Connection) -> bool:
+        """One message by aiohttp's ``send_str`` (where ``TextFrames`` is not there); False when the
+        connection is gone (the message is kept for the next client)."""
+        msg = self._unsent.pop(0) if self._unsent else self._bank.next()
+        try:
+            await conn.ws.send_str(msg.text)
+        except (ConnectionError, RuntimeError):
+            # aiohttp raises before writing anything: keep it for the next client.
+            self._unsent.insert(0, msg)
+            return False
+        except asyncio.CancelledError:
+            # Cancelled while draining: aiohttp had already written the frame.
+            self._score.record_sent(msg.seq, msg.stream, msg.injected)
+            raise
+        self._score.record_sent(msg.seq, msg.stream, msg.injected)
+        return True
 
     def _feeding(self, conn: _Connection) -> bool:
         return self._sending and self._active is conn and conn.reading and not conn.ws.closed

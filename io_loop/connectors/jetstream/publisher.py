@@ -14,6 +14,8 @@ Rules:
   process start, n counting from 1), and keeps it for every retry: a retried publish is dropped by
   the stream's duplicate window if the server had stored it, and two real messages never share an
   id (a feed's own ``seq`` may restart after a reconnect).
+- Publishing: what waits goes out as one buffer of HPUB commands, the client protocol's own
+  (the transport's ``publish_commands``: one write), not one nats-py ``publish`` a message.
 - Acknowledgements: each publish asks for the JetStream ack on an inbox of this connection
   (``<inbox>.<n>``). A message is held until its ack says stored (or duplicate); then its batch is
   told (``wrote(1)``: the sink's books, io_loop/sinks/sink.py). Events (``emit_event``) are not messages
@@ -334,11 +336,19 @@ class Publisher:
 
     async def _publish_waiting(self, nc: Transport, conn: _Connection, prefix: str) -> None:
         """Publish the waiting messages in order while fewer than ``max_in_flight`` are in flight and
-        ``conn`` has not failed, each with its id and its ack's subject ``<prefix><n>``."""
+        ``conn`` has not failed, each with its id and its ack's subject ``<prefix><n>``: as one buffer
+        of HPUB commands, the client protocol's own (``Transport.publish_commands``: one write),
+        not one ``publish`` a message. A payload larger than the server's ``max_payload`` is published
+        alone, once those before it are sent, and raises as ``publish`` does."""
         stats, bound = self.stats, self.relay.max_in_flight
         in_flight, waiting = self._in_flight, self._waiting
-        headers_id = f"{self.run_id}:"
-        while waiting and len(in_flight) < bound and not conn.failure:
+        if conn.failure:
+            return
+        header = f"NATS/1.0\r\nNats-Msg-Id: {self.run_id}:".encode()
+        reply, max_payload = prefix.encode(), nc.max_payload
+        parts: list[bytes] = []
+        add = parts.append
+        while waiting and len(in_flight) < bound:
             held = waiting.popleft()
             in_flight[held.n] = held
             if held.sent:
@@ -346,8 +356,22 @@ class Publisher:
             else:
                 held.sent = True
                 stats.published += 1
-            await nc.publish(held.subject, held.payload, reply=f"{prefix}{held.n}",
-                             headers={"Nats-Msg-Id": f"{headers_id}{held.n}"})
+            payload = held.payload
+            if len(payload) > max_payload:
+                if parts:
+                    await nc.publish_commands(b"".join(parts))
+                # alone, as before: the transport raises its error for a payload the server refuses
+                await nc.publish(held.subject, payload, reply=f"{prefix}{held.n}",
+                                 headers={"Nats-Msg-Id": f"{self.run_id}:{held.n}"})
+                parts.clear()
+                continue
+            hdr = header + b"%d\r\n\r\n" % held.n
+            add(b"HPUB %s %s%d %d %d\r\n" % (held.subject.encode(), reply, held.n, len(hdr), len(hdr) + len(payload)))
+            add(hdr)
+            add(payload)
+            add(b"\r\n")
+        if parts:
+            await nc.publish_commands(b"".join(parts))
 
     def _requeue_in_flight(self) -> None:
         """After a connection: what was in flight waits to be published again, in order, before what was waiting."""
