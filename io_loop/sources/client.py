@@ -266,7 +266,7 @@ class WebSocketSource(SourceCapabilities):
         try:
             with mapped_aiohttp_errors():
                 for frame in first:  # the subscription: FORKLESS_SUBSCRIBE's text, the on-connect hook's frames
-                    if type(frame) is bytes:
+                    if isinstance(frame, bytes):
                         await ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
                     else:
                         await ws.send_str(frame)

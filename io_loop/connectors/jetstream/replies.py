@@ -73,7 +73,7 @@ def reply_commands(subject: bytes, inbox: bytes, first: int, stream: str, frames
     parts: list[bytes] = []
     add = parts.append
     for k, frame in enumerate(frames):
-        payload = frame if type(frame) is bytes else frame.encode()
+        payload = frame if isinstance(frame, bytes) else frame.encode()  # a send's frame subclasses them
         if len(payload) > max_payload:
             raise NatsError(f"MaxPayloadError: a reply of {len(payload)} bytes, over the server's max_payload "
                             f"({max_payload})")
