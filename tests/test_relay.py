@@ -139,7 +139,8 @@ def test_every_message_is_stored_once_on_its_escaped_subject_and_decodes_to_what
 def test_the_waiting_messages_leave_in_one_write_each_with_its_id_and_its_acknowledgement_subject(nats_server):
     import nats
     from forkless.controller.config import Config
-    from forkless.io_loop.relay.publisher import Publisher, _Connection, _Held
+    from forkless.io_loop.connectors.jetstream.publisher import Publisher, _Connection, _Held
+    from forkless.io_loop.connectors.jetstream.transport import Transport
     from forkless.io_loop.relay.relaystats import RelayStats
 
     _make_stream(nats_server.url)
@@ -168,7 +169,7 @@ def test_the_waiting_messages_leave_in_one_write_each_with_its_id_and_its_acknow
             transport.writelines = lambda parts: (writes.append(b"".join(parts)), writelines(parts))[1]
             for n, payload in enumerate(payloads, 1):
                 publisher._waiting.append(_Held(None, n, f"{SUBJECT}.s{n % 3}", payload))
-            await publisher._publish_waiting(nc, _Connection(asyncio.Event()), prefix)
+            await publisher._publish_waiting(Transport(nc, 2.0), _Connection(asyncio.Event()), prefix)
             await asyncio.wait_for(enough.wait(), 10 * UNIT_S)
             return writes, acks, prefix
         finally:

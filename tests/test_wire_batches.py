@@ -22,9 +22,9 @@ import pytest
 from aiohttp import web
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
+from forkless.controller.ioside import feed_sources
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import DECODED, INBOUND, READ, Chunk, Outgoing
-from forkless.io_loop.feeds import feed_sources
 from forkless.io_loop.net import aiohttp_compat
 from forkless.io_loop.source import SourceRunner
 
