@@ -70,6 +70,7 @@ from forkless.controller.wiring import (
     EventsOnly,
     OnEvent,
     OnResults,
+    ReplacedAttribute,
     Runtime,
     checked_group,
     event_callback,
@@ -140,6 +141,10 @@ class Controller:
 
     An old keyword (``on_results=``, ``events_only=``, ``out=``, ...) raises ``TypeError`` naming its new spelling.
     """
+
+    # replaced by sinks: assigning it would be read by nothing, so reading or assigning it says so
+    on_results = ReplacedAttribute("Controller.on_results is gone: results leave through sinks, given when the "
+                                   "controller is built: Controller(sinks=[forkless.OnResults(f)])")
 
     @refusing_old_keywords
     def __init__(self, config: Config | None = None, *, processor: Processor | EventsOnly | None = None,

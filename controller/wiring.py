@@ -14,7 +14,9 @@ Rules:
   (``ResultSink``s, io_loop/sinks/results.py). Two ways in stay apart: ``sources`` hand messages and events over,
   ``on_event`` takes the events in the main thread.
 - An old keyword (``on_results=``, ``events_only=``, …) is refused with a ``TypeError`` that names its new
-  spelling (``refusing_old_keywords``); none keeps working, so the signature says all the controller takes.
+  spelling (``refusing_old_keywords``); none keeps working, so the signature says all the controller takes. The
+  attribute ``on_results``, which a program could replace, is refused the same way (``ReplacedAttribute``): set,
+  it would be read by nothing.
 - Pure: no JAX, no threads, nothing of the IO side is imported (the types named in the hints only for a type
   checker), so a group may be built before the configuration is read.
 """
@@ -237,6 +239,22 @@ OLD_KEYWORDS = {
                         "Controller(runtime=forkless.Runtime(checkpoint_store=s))",
     "io_factory": "Controller(io_factory=f) is now Controller(runtime=forkless.Runtime(io_factory=f))",
 }
+
+
+class ReplacedAttribute:
+    """An attribute the controller had, read or assigned: ``AttributeError`` naming what took its place (assigning
+    ``ctl.on_results`` would otherwise set an attribute nothing reads, and the results would be lost silently)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        raise AttributeError(self.message)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise AttributeError(self.message)
 
 
 def refusing_old_keywords(init: Callable[..., None]) -> Callable[..., None]:

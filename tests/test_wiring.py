@@ -103,6 +103,14 @@ def test_a_group_refuses_a_wrong_field_where_it_is_written(make, message):
         make()
 
 
+def test_the_results_callback_attribute_is_refused_naming_the_sink_not_set_silently():
+    ctl = Controller(CONFIG, processor=PROCESSOR, runtime=Runtime(io_factory=FakeIO()))
+    for attempt in (lambda: ctl.on_results, lambda: setattr(ctl, "on_results", print)):
+        with pytest.raises(AttributeError, match=r"Controller\.on_results is gone: .* "
+                                                 r"Controller\(sinks=\[forkless\.OnResults\(f\)\]\)"):
+            attempt()
+
+
 def test_the_groups_are_frozen_values_and_events_only_is_one_value():
     runtime = Runtime(freeze_gc=True)
     with pytest.raises(AttributeError):
