@@ -64,7 +64,6 @@ from forkless.controller.replies import Replies
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats, StatsSnapshot, books_line, status_line, whole_snapshot
 from forkless.controller.wiring import (
-    EVENTS_ONLY,
     ConnectHooks,
     EventCallback,
     EventsOnly,
@@ -76,6 +75,7 @@ from forkless.controller.wiring import (
     event_callback,
     main_thread_results,
     refusing_old_keywords,
+    runs_no_processor,
     split_sinks,
 )
 from forkless.io_loop.counters import IOStats
@@ -157,14 +157,12 @@ class Controller:
         runtime = checked_group(runtime, Runtime, "runtime", "forkless.Runtime(out=..., freeze_gc=..., ...)")
         events = event_callback(on_event)
         on_results, result_sinks = split_sinks(sinks)
-        self.events_only = events_only = processor is EVENTS_ONLY
-        if processor is not None and not events_only and not isinstance(processor, Processor):
-            raise TypeError(f"Controller(processor=...) takes a forkless.Processor, or forkless.EVENTS_ONLY to run "
-                            f"none, not {processor!r}")
+        self.events_only = events_only = runs_no_processor(processor)
         self.config = cfg = config if config is not None else Config.from_env()
         store, io_factory = runtime.checkpoint_store, runtime.io_factory or io_thread
         if events_only:  # before the plan: no demo feed's settings are checked when none runs
-            check_events_only(cfg.checkpoint_settings(), cfg.feed_variable, sinks=sinks, sources=sources, store=store)
+            check_events_only(cfg.checkpoint_settings(), cfg.feed_variable, sinks=(*on_results, *result_sinks),
+                              sources=sources, store=store)
         # the feeds this controller runs: the configured ones and the user's own sources
         self.plan = feed_plan(cfg, sources, check_demo=io_factory is io_thread, sinks=result_sinks)
         self.feed_specs = specs = self.plan.specs

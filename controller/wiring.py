@@ -160,6 +160,18 @@ def checked_group(value: Any, kind: type, argument: str, spelled: str) -> Any:
     return value
 
 
+def runs_no_processor(processor: Any) -> bool:
+    """Whether ``processor`` is ``EVENTS_ONLY``; ``TypeError`` unless it is that, None (the default detector) or a
+    processor (``init`` and ``step`` callables)."""
+    if processor is EVENTS_ONLY:
+        return True
+    if processor is not None and not (callable(getattr(processor, "init", None))
+                                      and callable(getattr(processor, "step", None))):
+        raise TypeError(f"Controller(processor=...) takes a forkless.Processor (init, step), or forkless.EVENTS_ONLY "
+                        f"to run none, not {processor!r}")
+    return False
+
+
 def event_callback(on_event: EventCallback | OnEvent | None) -> OnEvent | None:
     """``on_event`` as an ``OnEvent`` (a plain callable: ``OnEvent(fn)``), or None."""
     if on_event is None or isinstance(on_event, OnEvent):

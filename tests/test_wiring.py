@@ -78,7 +78,10 @@ def test_a_keyword_that_never_was_gets_python_s_own_error():
     ({"sinks": [print]}, r"wrap it as forkless\.OnResults\(fn\) to call it in the main thread"),
     ({"sinks": [object()]}, r"a sink is an object with a name \(a non-empty str\) and async run\(ctx\): .* "
                             r"\(forkless\.ResultSink"),
-    ({"processor": "ewma"}, r"Controller\(processor=\.\.\.\) takes a forkless\.Processor, or forkless\.EVENTS_ONLY"),
+    ({"processor": "ewma"}, r"Controller\(processor=\.\.\.\) takes a forkless\.Processor \(init, step\), or "
+                            r"forkless\.EVENTS_ONLY to run none, not .ewma."),
+    ({"processor": True}, r"takes a forkless\.Processor \(init, step\), or forkless\.EVENTS_ONLY to run none, "
+                          r"not True"),
     ({"on_event": 42}, r"Controller\(on_event=\.\.\.\) takes a callable"),
     ({"on_event": OnResults(print)}, r"Controller\(on_event=\.\.\.\) takes fn\(source, event\) or "
                                      r"forkless\.OnEvent"),
