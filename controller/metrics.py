@@ -219,7 +219,7 @@ def _latency_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric
     """The latency histograms (end to end, written, hops), batch sizes, loop lag, steps, IO CPU."""
     fams: list[Metric] = []
     latency = HistogramMetricFamily("forkless_latency_seconds", "From a message's frame arriving to its results "
-                                    "being handed over (on_results returned, reply frames made), for every result "
+                                    "being handed over (OnResults sinks returned, reply frames made), for every result "
                                     "whatever is sent back.", labels=["feed"])
     for f in feeds:
         latency.add_metric([f.name], _buckets(f.latency, SECONDS_STEP), sum_value=f.latency.total)

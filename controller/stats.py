@@ -66,7 +66,7 @@ class MainStats:
     # read before and after each step): the IO side's work that overlapped the steps
     step_io_cpu_s: float = 0.0
     compilations_at_ready: int | None = None
-    # receipt -> results handed over (after on_results, before the put on outbound), one per feed
+    # receipt -> results handed over (after the OnResults sinks, before the put on outbound), one per feed
     latency: list[Histogram] = field(default_factory=lambda: [Histogram(SECONDS_BOUNDS)])
     # the latency budget of the sampled messages whose batch sent their feed no frame (ends at "assemble")
     hops: dict[str, Histogram] = field(default_factory=new_hops)
@@ -122,7 +122,7 @@ class StatsSnapshot:
     outbound_depth: int
     unsent: int
     batch_size: HistogramSnapshot
-    latency: HistogramSnapshot  # receipt -> results handed over (on_results returned), every result
+    latency: HistogramSnapshot  # receipt -> results handed over (OnResults returned), every result
     loop_lag: HistogramSnapshot
     step_seconds: HistogramSnapshot
     compilations: int

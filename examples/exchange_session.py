@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from forkless import Config, Controller
+    from forkless import EVENTS_ONLY, Config, Controller
 
     stop = threading.Event()
     stopped_by = ["duration"]
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     last_model_order = dict.fromkeys(SYMBOLS, 0.0)
     try:
         # events only: trades and fills reach on_event, the model is this loop's own: nothing compiled at start
-        ctl = Controller(config, sources=[session], on_event=on_event, events_only=True)
+        ctl = Controller(config, processor=EVENTS_ONLY, sources=[session], on_event=on_event)
         with ctl:  # its stop hands over the fills of the orders in flight (ExchangeSession.awaiting)
             print("main loop started", file=sys.stderr, flush=True)
             started = time.monotonic()  # --duration counts the main loop's time, not the compile's

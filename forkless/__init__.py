@@ -49,6 +49,11 @@ _EXPORTS = {
     "JsonCodec": "forkless.controller.codec",
     "Config": "forkless.controller.config",
     "Controller": "forkless.controller.loop",
+    "ConnectHooks": "forkless.controller.wiring",
+    "EVENTS_ONLY": "forkless.controller.wiring",
+    "OnEvent": "forkless.controller.wiring",
+    "OnResults": "forkless.controller.wiring",
+    "Runtime": "forkless.controller.wiring",
     "Handshake": "forkless.io_loop.sources.before_connect",
     "EWMAState": "forkless.controller.processor",
     "Processor": "forkless.controller.processor",
@@ -79,9 +84,12 @@ _EXPORTS = {
     "Relogin": "forkless.io_loop.sources.relogin",
     "Backoff": "forkless.io_loop.backoff",
     "SendFailed": "forkless.io_loop.sends",
-    "Sink": "forkless.io_loop.sinks.sink",
+    "RecordSink": "forkless.io_loop.sinks.sink",
+    "ResultSink": "forkless.io_loop.sinks.sink",
     "SinkBatch": "forkless.io_loop.sinks.sink",
     "SinkContext": "forkless.io_loop.sinks.sink",
+    "RecordContext": "forkless.io_loop.sinks.sink",
+    "ResultContext": "forkless.io_loop.sinks.sink",
     "SinkStats": "forkless.io_loop.sinks.sink",
     "MessageBatch": "forkless.io_loop.sinks.sink",
     "EventBatch": "forkless.io_loop.sinks.sink",
@@ -96,9 +104,18 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+# names the API had, and what took their place: asked for, each raises an ImportError that says so (an
+# AttributeError's message would be lost: ``from forkless import Sink`` replaces it with Python's own)
+_REPLACED = {
+    "Sink": "forkless.Sink is now two protocols: forkless.RecordSink (SinkRun's sink, the relay's: MessageBatch and "
+            "EventBatch) and forkless.ResultSink (Controller(sinks=[...]): ResultBatch)",
+}
+
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
+        if name in _REPLACED:
+            raise ImportError(_REPLACED[name], name=name)
         raise AttributeError(f"module 'forkless' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)

@@ -34,7 +34,7 @@ __all__ = ["DEFAULT_SOURCE_BUFFER", "GROUPS", "REPLY_POLICIES", "SEQ_MODES", "Cr
 
 # what a feed is sent back (FORKLESS_REPLIES, a feed's "replies"): "all" results and error
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
-# own ping/pong/close): results still reach ``on_results`` and the counters
+# own ping/pong/close): results still reach the controller's sinks and the counters
 REPLY_POLICIES = ("all", "results", "none")
 # how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps
 # (io_loop/connectors/jetstream/publisher.py)

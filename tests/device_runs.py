@@ -29,6 +29,7 @@ from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
 from forkless.io_loop.crossing import Chunk
 
+from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 
 F = 3
@@ -57,7 +58,8 @@ def run(config: Config, batches: list, processor: Processor | None = None) -> di
     # DEVICE_RUNS_IN_FLIGHT=K: FORKLESS_STEPS_IN_FLIGHT=K, every batch queued before the first is taken
     depth = int(os.environ.get("DEVICE_RUNS_IN_FLIGHT", "1"))
     config = config.replace(steps_in_flight=depth)
-    with Controller(config, processor=processor, io_factory=fake, on_results=on_results) as ctl:
+    with Controller(config, processor=processor, sinks=[OnResults(on_results)],
+                    runtime=Runtime(io_factory=fake)) as ctl:
         for seqs, names, xs in batches:
             fake.inbound.put_nowait(Chunk(seqs, names, np.asarray(xs, np.float32), 0))
             while depth == 1 and ctl.process_pending():

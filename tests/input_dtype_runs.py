@@ -29,6 +29,7 @@ from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
 from forkless.io_loop.crossing import Chunk
 
+from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 
 F = 2
@@ -83,7 +84,8 @@ def run() -> dict[str, Any]:
 
     fake = FakeIO()
     config = Config(features=F, max_streams=8, max_batch=16, max_wait_ms=10_000.0, status_s=0.0)
-    with Controller(config, processor=echo_processor(), io_factory=fake, on_results=on_results) as ctl:
+    with Controller(config, processor=echo_processor(), sinks=[OnResults(on_results)],
+                    runtime=Runtime(io_factory=fake)) as ctl:
         chunk_dtypes = []
         for frame in FRAMES:
             decoded = fake.codec.decode(frame)  # the codec the controller handed its IO side

@@ -23,7 +23,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from forkless import Config, Controller, Processor
+from forkless import Config, Controller, OnResults, Processor
 
 
 def init(config: Config) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def main() -> int:
         if work:
             ctl.request_stop()
 
-    ctl = Controller(config, processor=processor, sources=[source], on_results=on_results, on_event=on_event)
+    ctl = Controller(config, processor=processor, sources=[source], sinks=[OnResults(on_results)], on_event=on_event)
     if work:
         ctl.run()
         print(f"restored from {ctl.restored_from}", flush=True)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from forkless.controller.processor import ewma_processor
 
-from forkless import Config, Controller
+from forkless import Config, Controller, OnResults
 from tests.harness import UNIT_S, assert_books_balance, drive, wait_until
 
 pytestmark = pytest.mark.timeout(120 * UNIT_S)
@@ -89,7 +89,8 @@ def test_a_noisy_drop_oldest_source_drops_only_its_own_items_never_a_replayable_
             results[stream.split(":")[-1]].append(seq)
 
     with Controller(_config(overflow="drop_oldest"), processor=PROCESSOR, sources=[ledger, noisy],
-                    on_event=lambda source, event: events[source].append(event), on_results=on_results) as ctl:
+                    sinks=[OnResults(on_results)],
+                    on_event=lambda source, event: events[source].append(event)) as ctl:
         # the main loop takes nothing until the noisy source has emitted everything: inbound is
         # full all along, and the noisy source's overflow has every chance to take others' items
         wait_until(lambda: noisy.done, timeout_s=30 * UNIT_S, what="the noisy source's 300 frames emitted")

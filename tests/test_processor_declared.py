@@ -20,6 +20,7 @@ from forkless.controller.metrics import metric_families
 from forkless.controller.processor import Processor, default_processor
 from forkless.controller.stats import status_line
 
+from forkless import Runtime
 from tests.fake_io import FakeIO, drain
 from tests.test_loop import chunk, process_all
 
@@ -60,7 +61,7 @@ def run(directory: Path, processor: Processor | None, messages: list[float], **c
     """One run of stream "a" over ``messages`` (one a batch); the final snapshot and the
     controller; the stop writes a checkpoint."""
     fake = FakeIO()
-    with Controller(config(directory, **changes), processor=processor, io_factory=fake) as ctl:
+    with Controller(config(directory, **changes), processor=processor, runtime=Runtime(io_factory=fake)) as ctl:
         for i, x in enumerate(messages):
             fake.inbound.put_nowait(chunk([i], ["a"], [[x, 0.0]]))
             process_all(ctl)
@@ -109,7 +110,7 @@ def test_a_declared_counter_is_in_the_checkpoint_and_restored_from_it(tmp_path):
 def test_a_declared_setting_is_recorded_and_another_value_is_refused_at_restore(tmp_path):
     run(tmp_path, spike_counter(limit=5.0), [6.0])
     assert newest(tmp_path).settings["limit"] == 5.0
-    ctl = Controller(config(tmp_path), processor=spike_counter(limit=3.0), io_factory=FakeIO())
+    ctl = Controller(config(tmp_path), processor=spike_counter(limit=3.0), runtime=Runtime(io_factory=FakeIO()))
     before = compilations()
     with pytest.raises(CheckpointMismatch) as raised:
         ctl.start()
@@ -156,13 +157,13 @@ def test_a_counter_of_an_output_the_step_does_not_return_is_refused_when_compili
     made = spike_counter()
     wrong = made._replace(counters={"spikes": "spiky"})
     with pytest.raises(ProcessorContractError, match=r"counter 'spikes'.*output 'spiky'.*'out', 'spike'"):
-        Controller(Config(features=F), processor=wrong, io_factory=FakeIO()).start()
+        Controller(Config(features=F), processor=wrong, runtime=Runtime(io_factory=FakeIO())).start()
 
 
 def test_a_counter_of_a_float_output_is_refused_when_compiling(tmp_path):
     wrong = spike_counter()._replace(counters={"totals": "out"})
     with pytest.raises(ProcessorContractError, match=r"counter 'totals'.*output 'out' is float32.*bool or int"):
-        Controller(Config(features=F), processor=wrong, io_factory=FakeIO()).start()
+        Controller(Config(features=F), processor=wrong, runtime=Runtime(io_factory=FakeIO())).start()
 
 
 @pytest.mark.parametrize("declared, what", [
@@ -173,4 +174,4 @@ def test_a_counter_of_a_float_output_is_refused_when_compiling(tmp_path):
 def test_a_declaration_the_core_cannot_keep_is_refused_at_construction(tmp_path, declared, what):
     wrong = spike_counter()._replace(**declared)
     with pytest.raises(ProcessorContractError, match=what):
-        Controller(config(tmp_path), processor=wrong, io_factory=FakeIO())
+        Controller(config(tmp_path), processor=wrong, runtime=Runtime(io_factory=FakeIO()))

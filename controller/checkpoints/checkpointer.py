@@ -31,7 +31,7 @@ Rules:
 - Every checkpoint goes through a store (``CheckpointStore``): it numbers them (``next_sequence``
   at start), writes one (``write``), keeps the newest (``prune``) and reads the newest back
   (``load``, controller/checkpoints/recovery.py). A run's store is chosen in one place, ``store_for``: the
-  embedding program's own (``Controller(checkpoint_store=...)``), a partitioned instance's bucket
+  embedding program's own (``Runtime(checkpoint_store=...)``), a partitioned instance's bucket
   objects (controller/partitions/partitioned.py, known once its leases are taken), or the directory
   ``FORKLESS_CHECKPOINT_DIR`` (``DirectoryStore``, controller/checkpoints/checkpoint.py). Nothing here or in
   the loop depends on which. ``store_for`` and ``checkpoints_for`` read the run's ``CheckpointSettings``
@@ -123,7 +123,7 @@ class CheckpointStore(Protocol):
 def store_for(checkpoints: CheckpointSettings, own: CheckpointStore | None,
               partitioned: CheckpointStore | None) -> CheckpointStore | None:
     """The run's checkpoint store, chosen here only: the embedding program's ``own``
-    (``Controller(checkpoint_store=...)``), a partitioned instance's bucket objects (``partitioned``,
+    (``Runtime(checkpoint_store=...)``), a partitioned instance's bucket objects (``partitioned``,
     once its leases are taken), the directory ``FORKLESS_CHECKPOINT_DIR``; None: checkpoints are off."""
     if own is not None:
         return own
@@ -142,11 +142,11 @@ def checkpoints_for(checkpoints: CheckpointSettings, before_write: Callable[[dic
     (``partitioned``: the run has one)."""
     if own is not None:
         if checkpoints.on:
-            raise ValueError("checkpoint_store= and FORKLESS_CHECKPOINT_DIR or FORKLESS_CHECKPOINT_BUCKET: "
+            raise ValueError("Runtime(checkpoint_store=...) and FORKLESS_CHECKPOINT_DIR or FORKLESS_CHECKPOINT_BUCKET: "
                              "a run keeps its checkpoints in one store (give the one or set the other)")
         if partitioned:
-            raise ValueError("checkpoint_store= with a partitioned feed: its checkpoints are one object per "
-                             "partition in FORKLESS_CHECKPOINT_BUCKET, where any instance can restore them")
+            raise ValueError("Runtime(checkpoint_store=...) with a partitioned feed: its checkpoints are one object "
+                             "per partition in FORKLESS_CHECKPOINT_BUCKET, where any instance can restore them")
     elif not checkpoints.on:
         return NoCheckpoints()
     return Checkpointer(None, interval_s=checkpoints.every_s, background=checkpoints.priority == "idle",

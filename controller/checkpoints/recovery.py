@@ -82,7 +82,7 @@ class Recovery:
     def __init__(self, checkpoints: CheckpointSettings, shape: StateShape, processor: Any, slots: StreamSlots,
                  stats: MainStats, io_snapshot: Callable[[], IOSnapshot | None], specs: Sequence[FeedSpec], *,
                  positions: Mapping[str, PositionCodec] | None = None, own_store: bool = False) -> None:
-        # own_store: the embedding program's checkpoint store (Controller(checkpoint_store=...)): checkpoints on
+        # own_store: the embedding program's checkpoint store (Runtime(checkpoint_store=...)): checkpoints on
         if (checkpoints.on or own_store) and not getattr(processor, "name", None):
             # a checkpoint is restored only into the processor that wrote it: it must say which it is
             raise ProcessorContractError(

@@ -105,7 +105,7 @@ VARIABLES: tuple[Variable, ...] = (
              "with several feeds: exit 3 when every feed has given up (all) or when one has (any)"),
     Variable("REPLIES", "replies", choice(*REPLY_POLICIES), "all, results or none",
              "what the feed is sent back: all (results and error replies), results (no error frames), none"
-             " (nothing but SUBSCRIBE; results still reach on_results, the counters and the latency); a"
+             " (nothing but SUBSCRIBE; results still reach the sinks, the counters and the latency); a"
              ' FORKLESS_FEEDS entry\'s "replies" overrides it for that feed'),
     Variable("CA_FILE", "ca_file", text_rule(pem_file), "the path of an existing PEM file of CA certificates",
              "extra CA bundle for wss:// (the system store is always used)"),

@@ -3,7 +3,7 @@ published to a JetStream stream, one JSON object per NATS message, and held unti
 stored it. Imported only by the relay (it imports nats-py, an optional extra).
 
 Rules:
-- A public ``Sink`` (io_loop/sinks/sink.py), run on the IO loop by the IO thread's ``SinkRunner``: it takes
+- A public ``RecordSink`` (io_loop/sinks/sink.py), run on the IO loop by the IO thread's ``SinkRunner``: it takes
   the batches the feeds' hand-overs put on inbound (``ctx.next_batch()``), on the same loop; the
   relay's main thread (controller/lifetime/sinkrun.py's ``SinkRun``) touches neither queue. No second
   loop, no hop between threads, and backpressure is one rule: a batch is taken only while fewer than
@@ -72,7 +72,7 @@ from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.reconnect import DONE, drive
 from forkless.io_loop.relay.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
 from forkless.io_loop.settings import RelaySettings
-from forkless.io_loop.sinks.sink import EventBatch, MessageBatch, SinkContext
+from forkless.io_loop.sinks.sink import EventBatch, MessageBatch, RecordContext
 
 __all__ = ["Publisher"]
 
@@ -149,7 +149,7 @@ class Publisher:
 
     # ---- the sink -------------------------------------------------------------------------------
 
-    async def run(self, ctx: SinkContext) -> None:
+    async def run(self, ctx: RecordContext) -> None:
         taker = asyncio.create_task(self._take(ctx), name="forkless-relay-take")
         log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages in flight)", self.relay.subject,
                  self.shown_url, self.run_id, self.relay.max_in_flight)
@@ -174,7 +174,7 @@ class Publisher:
 
     # ---- taking chunks ------------------------------------------------------------------------------
 
-    async def _take(self, ctx: SinkContext) -> None:
+    async def _take(self, ctx: RecordContext) -> None:
         bound = self.relay.max_in_flight
         while True:
             while self.stats.held >= bound:
