@@ -146,7 +146,7 @@ def test_a_checkpoint_of_swapped_weights_with_a_0_d_leaf_restores_on_the_next_st
         _feed(fake, ctl, _messages(12, 12))
     acc = np.asarray(ctl.state.rows["acc"]).copy()
     with Controller(config, processor=processor, runtime=Runtime(io_factory=FakeIO())) as again:
-        assert again.restored_from is not None and again.stats().processed == 24
+        assert again.restored_from is not None and again.stats().restored_processed == 24  # counters start at 0
         np.testing.assert_array_equal(np.asarray(again.state.rows["acc"]), acc)  # every stream's running sum
         b, weights = again.state.params["b"], again.stats().weights
         assert np.shape(b) == () and float(b) == float(NEW["b"] if restore_shared else OLD["b"])

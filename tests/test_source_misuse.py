@@ -392,7 +392,8 @@ class Stubborn:
 
 def test_a_source_that_swallows_its_cancellation_is_given_up_and_the_io_thread_still_ends():
     source = Stubborn()
-    ctl = Controller(_config(shutdown_timeout_s=1.0 * UNIT_S), processor=PROCESSOR, sources=[source])
+    # a stop of 4 s: its reserve (0.5 s) leaves the abort and the source's grace room on a loaded machine
+    ctl = Controller(_config(shutdown_timeout_s=4.0 * UNIT_S), processor=PROCESSOR, sources=[source])
     with ctl:
         drive(ctl, lambda: ctl.stats().processed >= 3, timeout_s=20 * UNIT_S, what="its messages processed")
     # the stop could not finish (the source never returns): its deadline aborted the IO side, which gave the
