@@ -48,6 +48,7 @@ _EXPORTS = {
     "Config": "forkless.controller.config",
     "Controller": "forkless.controller.loop",
     "Handshake": "forkless.io_loop.sources.before_connect",
+    "Description": "forkless.controller.declared",
     "EWMAState": "forkless.controller.processor",
     "Processor": "forkless.controller.processor",
     "StateShape": "forkless.controller.processor",

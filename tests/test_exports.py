@@ -49,6 +49,7 @@ FORKLESS_ALL = [
     "Controller",
     "Decoded",
     "DeploymentMismatch",
+    "Description",
     "EWMAState",
     "EventBatch",
     "FeedFatal",
