@@ -72,6 +72,7 @@ _EXPORTS = {
     "StoreError": "forkless.io_loop.errors",
     "ReplyBatch": "forkless.io_loop.writer",
     "ConnectionEvent": "forkless.io_loop.crossing",
+    "CapabilityWarning": "forkless.io_loop.capabilities",
     "Source": "forkless.io_loop.source",
     "SourceContext": "forkless.io_loop.source",
     "SourceStopped": "forkless.io_loop.source",

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FORKLESS_ALL = [
     "Batch",
+    "CapabilityWarning",
     "CheckpointMismatch",
     "CheckpointStore",
     "Codec",
