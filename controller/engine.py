@@ -62,7 +62,7 @@ from forkless.controller.device.layouts import OneDevice, Sharded, Stepped
 from forkless.controller.device.placement import Route
 from forkless.controller.device.programs import keep, kept, program_key
 from forkless.controller.device.weights import LiveWeights, Weights
-from forkless.controller.processor import StateShape, StreamState
+from forkless.controller.processor import Processor, StateShape, StreamState
 from forkless.controller.settings.groups import StepShape
 from forkless.controller.slots import TableCopy
 
@@ -125,7 +125,7 @@ class Engine:
     ``device_messages`` are counters the stats read (written by the main thread only)."""
 
     def __init__(self, layout: OneDevice | Sharded, state: Any, compiled: _Compiled,
-                 devices: tuple[str, ...], canonical: Any, processor: Any, settings: StepShape) -> None:
+                 devices: tuple[str, ...], canonical: Any, processor: Processor, settings: StepShape) -> None:
         self._layout = layout
         self._state = state
         self._compiled = compiled
@@ -400,13 +400,13 @@ def _read_in_place(tree: Any) -> Any:
     return jax.tree.map(np.asarray, tree)
 
 
-def state_shapes(processor: Any, shape: StateShape | StepShape) -> Any:
+def state_shapes(processor: Processor, shape: StateShape | StepShape) -> Any:
     """The shapes and dtypes of ``processor.init`` of ``shape``'s ``StateShape`` (a tree of
     ``ShapeDtypeStruct``), computing nothing."""
     return jax.eval_shape(lambda: processor.init(StateShape.of(shape)))
 
 
-def compile_step(processor: Any, settings: StepShape,
+def compile_step(processor: Processor, settings: StepShape,
                  on_compiled: Callable[[int, float], None] | None = None) -> Engine:
     """Initialise the state on the device(s) and compile ``processor.step`` for ``settings.buckets``;
     ``on_compiled(bucket, seconds)`` is called after each (the preflight prints it). ``settings`` is the
@@ -438,7 +438,7 @@ def _cache_every_compile() -> Any:
         jax.config.update(name, before)
 
 
-def _compile_buckets(layout: Any, processor: Any, settings: StepShape, state: Any, template: Any,
+def _compile_buckets(layout: Any, processor: Processor, settings: StepShape, state: Any, template: Any,
                      on_compiled: Callable[[int, float], None] | None) -> dict[int, Any]:
     """The step compiled for each bucket, the processor's contract checked on the way."""
     jitted = layout.jit(processor.step, steps_in_flight(settings, jax.devices()[0].platform) > 1)
@@ -459,7 +459,8 @@ def _compile_buckets(layout: Any, processor: Any, settings: StepShape, state: An
     return steps
 
 
-def _compile_step(processor: Any, settings: StepShape, on_compiled: Callable[[int, float], None] | None) -> Engine:
+def _compile_step(processor: Processor, settings: StepShape,
+                  on_compiled: Callable[[int, float], None] | None) -> Engine:
     check_input_dtype(processor)  # float32, or float64 with JAX's x64 mode on: before anything is built
     devices = use_devices(settings.devices)
     canonical = state_shapes(processor, settings)

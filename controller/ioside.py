@@ -40,18 +40,16 @@ from forkless.controller.checkpoints.positions import UserPositions
 from forkless.controller.codec import Codec
 from forkless.controller.config import Config
 from forkless.controller.stats import StatsSnapshot
-from forkless.io_loop.capabilities import capability
+from forkless.io_loop.capabilities import check_methods, declarations, warn_lookalikes
 from forkless.io_loop.connectors.connector import Connector, PositionCodec
 from forkless.io_loop.counters import IOSnapshot, IOStats
-from forkless.io_loop.finishing import declared_awaiting
 from forkless.io_loop.sends import declared_send_policy
-from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec, IOSettings
+from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.sinks.sink import ResultSink, check_sink
 from forkless.io_loop.source import Source
 from forkless.io_loop.sources.before_connect import BeforeConnect
 from forkless.io_loop.sources.client import WebSocketSource
 from forkless.io_loop.sources.on_connect import OnConnect
-from forkless.io_loop.spill import declared_policy
 from forkless.io_loop.thread import IOThread
 from forkless.io_loop.waiting import PARK, WaitSettings
 
@@ -142,15 +140,13 @@ def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: boo
             names = ", ".join(sorted(spec.name for spec in configured)) or "none"
             raise ValueError(f"two feeds or sources are named {name!r}: each source needs a name of its own "
                              f"(the configured feeds are {names})")
-        replies = capability(source, "replies")
-        if replies not in REPLY_POLICIES:
-            raise ValueError(f"source {name!r} has replies={replies!r}; expected one of {', '.join(REPLY_POLICIES)}")
-        declared_policy(source, name)  # its own overflow and buffer, checked (io_loop/spill.py)
-        declared_awaiting(source, name)  # what it awaits at the stop, a method (io_loop/finishing.py)
-        declared_send_policy(source, name)  # its sends' deadline and what it does with them while disconnected
+        # what it declares (io_loop/capabilities.py): its values checked, its methods methods, a look-alike warned of
+        declared = declarations(source, name)
+        check_methods(source, name)
+        warn_lookalikes(source, name)
         taken.add(name)
         by_name[name] = source
-        specs.append(FeedSpec(name, "", replies=replies, required=bool(capability(source, "required"))))
+        specs.append(FeedSpec(name, "", replies=declared.replies, required=declared.required))
     max_ages = tuple(declared_send_policy(by_name[spec.name], spec.name)[0] if spec.name in by_name else None
                      for spec in specs)
     return FeedPlan(tuple(specs), by_name, False, sinks, connectors, max_ages)

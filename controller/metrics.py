@@ -153,7 +153,7 @@ def _book_families(snap: StatsSnapshot) -> list[Metric]:
         fams.append(CounterMetricFamily("forkless_anomalies", "Messages the default detector flagged as anomalies "
                                         "in this process (its declared counter \"anomalies\").", value=snap.anomalies))
     declared = CounterMetricFamily("forkless_processor_counts", "The processor's declared counters "
-                                   "(Processor(counters=...)) in this process: each a bool or int output summed over "
+                                   "(Description(counters=...)) in this process: each a bool or int output summed over "
                                    "the messages answered with results, by counter name; the default detector's is "
                                    "forkless_anomalies.", labels=["name"])
     for name, value in snap.counters.items():

@@ -45,6 +45,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from forkless.controller.declared import Description
 from forkless.controller.processor import Processor, StateShape, stream_processor
 
 __all__ = ["gru_processor", "gru_row_step", "load_weights", "save_random_weights"]
@@ -116,7 +117,8 @@ def gru_processor(weights_path: str | os.PathLike[str], *, features: int, hidden
     def init_row(shape: StateShape) -> jax.Array:
         return jnp.zeros((hidden,), jnp.float32)
 
-    return stream_processor(gru_row_step, init_row=init_row, init_params=init_params, name="gru")
+    return stream_processor(gru_row_step, init_row=init_row, init_params=init_params,
+                            description=Description(name="gru"))
 
 
 if __name__ == "__main__":  # python examples/gru.py [PATH]: write a file of random weights to try it

@@ -28,14 +28,17 @@ from typing import Any
 from forkless.io_loop.connectors.jetstream.partitions import PARTITION_FIELD, partition_subjects
 from forkless.io_loop.net.netaddr import redact_url, redact_urls, unix_label
 
-__all__ = ["DEFAULT_SOURCE_BUFFER", "GROUPS", "REPLY_POLICIES", "SEQ_MODES", "Credentials", "DemoSettings",
-           "FeedSpec", "IOSettings", "JetStreamSpec", "Limits", "PartitionSettings", "ReconnectSettings",
-           "RelaySettings", "Timeouts", "TlsSettings", "config_field"]
+__all__ = ["DEFAULT_SOURCE_BUFFER", "GROUPS", "OVERFLOW_POLICIES", "REPLY_POLICIES", "SEQ_MODES", "Credentials",
+           "DemoSettings", "FeedSpec", "IOSettings", "JetStreamSpec", "Limits", "PartitionSettings",
+           "ReconnectSettings", "RelaySettings", "Timeouts", "TlsSettings", "config_field"]
 
 # what a feed is sent back (FORKLESS_REPLIES, a feed's "replies"): "all" results and error
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
 # own ping/pong/close): results still reach the controller's sinks and the counters
 REPLY_POLICIES = ("all", "results", "none")
+# what a source's emits do beyond its own buffer while inbound is full (FORKLESS_OVERFLOW, a feed's or a
+# source's "overflow"; io_loop/spill.py): "block" waits for room, "drop_oldest" drops its oldest waiting item
+OVERFLOW_POLICIES = ("block", "drop_oldest")
 # how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps
 # (io_loop/connectors/jetstream/publisher.py)
 SEQ_MODES = ("feed", "stream", "none")

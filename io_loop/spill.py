@@ -33,47 +33,32 @@ import logging
 from collections import deque
 from typing import Any
 
-from forkless.io_loop.capabilities import capability
+from forkless.io_loop.capabilities import declarations
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events
 from forkless.io_loop.settings import Limits
 
-__all__ = ["OVERFLOW_POLICIES", "Spill", "declared_policy", "source_policy"]
+__all__ = ["Spill", "source_policy"]
 
 log = logging.getLogger("forkless.source")
 
-OVERFLOW_POLICIES = ("block", "drop_oldest")
 OVERFLOW_REASON = "inbound overflow (drop_oldest)"
 STOP_REASON = "not processed before the stop"
 
 
-def declared_policy(source: Any, name: str) -> tuple[str | None, int | None]:
-    """A source's own optional ``overflow`` and ``buffer`` attributes (None where it declares
-    none), checked: ``ValueError`` naming the source and the attribute."""
-    overflow = capability(source, "overflow")
-    if overflow is not None and overflow not in OVERFLOW_POLICIES:
-        raise ValueError(f"source {name!r} has overflow={overflow!r}; expected one of {', '.join(OVERFLOW_POLICIES)}")
-    if overflow == "drop_oldest" and capability(source, "replayable"):
-        raise ValueError(f"source {name!r} is replayable and has overflow='drop_oldest': a replayable source is "
-                         f"never dropped from (a dropped message breaks the exactly-once state); use 'block'")
-    buffer = capability(source, "buffer")
-    if buffer is not None and (type(buffer) is not int or buffer < 0):
-        raise ValueError(f"source {name!r} has buffer={buffer!r}; expected an int >= 0 (messages and events it "
-                         f"may hold while the inbound queue is full)")
-    return overflow, buffer
-
-
-def source_policy(source: Any, spec: Any, limits: Limits) -> tuple[bool, int]:
-    """(drop_oldest, bound) of one source: its own attributes, else its feed entry's
-    (FORKLESS_FEEDS), else FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER. A replayable source
-    never drops, whatever FORKLESS_OVERFLOW says."""
-    overflow, buffer = declared_policy(source, spec.name)
-    overflow = overflow or getattr(spec, "overflow", "") or limits.overflow
+def source_policy(source: object, spec: Any, limits: Limits) -> tuple[bool, int]:
+    """(drop_oldest, bound) of one source: its own declared ``overflow`` and ``buffer``
+    (io_loop/capabilities.py, checked there), else its feed entry's (FORKLESS_FEEDS), else
+    FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER. A replayable source never drops, whatever
+    FORKLESS_OVERFLOW says."""
+    declared = declarations(source, spec.name)
+    overflow = declared.overflow or getattr(spec, "overflow", "") or limits.overflow
+    buffer = declared.buffer
     if buffer is None:
         buffer = getattr(spec, "buffer", None)
     if buffer is None:
         buffer = limits.source_buffer
-    return overflow == "drop_oldest" and not capability(source, "replayable"), buffer
+    return overflow == "drop_oldest" and not declared.replayable, buffer
 
 
 def _sizes(item: Any) -> tuple[int, int]:

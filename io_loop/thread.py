@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from forkless.io_loop.bridge import Bridge, MainSide
-from forkless.io_loop.capabilities import capability
+from forkless.io_loop.capabilities import SupportsSummary
 from forkless.io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
 from forkless.io_loop.crossing import Origin, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
@@ -147,7 +147,7 @@ class IOThread:
     def summaries(self) -> list[str]:
         """The ``summary()`` line of each source that declares one (the demo feed's tally), in the
         sources' order. Any thread; final once the thread has ended."""
-        return [summary() for summary in (capability(source, "summary") for source in self._sources) if summary]
+        return [source.summary() for source in self._sources if isinstance(source, SupportsSummary)]
 
     @property
     def alive(self) -> bool:

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
@@ -101,7 +102,7 @@ def product_processor() -> Processor:
         prod = prod.at[jnp.where(batch.valid, batch.key, prod.shape[0] - 1)].set(jnp.where(batch.valid, new, 1.0))
         return prod, {"prod": new}
 
-    return Processor(init, step, name="device-runs")
+    return Processor(init, step, description=Description(name="device-runs"))
 
 
 def weighted_count_processor(change_weights: bool = False, per_stream: bool = True) -> Processor:
@@ -116,7 +117,7 @@ def weighted_count_processor(change_weights: bool = False, per_stream: bool = Tr
         weights = state["weights"] * 1.5 if change_weights else state["weights"]
         return {"count": count, "weights": weights}, {"count": count[batch.key], "dot": batch.x @ weights}
 
-    return Processor(init, step, per_stream=per_stream, name="device-runs-mixing")
+    return Processor(init, step, description=Description(name="device-runs-mixing", per_stream=per_stream))
 
 
 # ---- the runs ----------------------------------------------------------------------------------

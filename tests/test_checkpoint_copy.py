@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from forkless.controller.checkpoints.rowcopy import RowCopy
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
 from forkless.controller.slots import StreamSlots
@@ -245,7 +246,8 @@ def _step_totals(state: jax.Array, batch: Any) -> tuple[jax.Array, dict[str, jax
     return totals, {"total": totals[batch.key] + zero}
 
 
-TOTALS = Processor(lambda cfg: jnp.zeros((cfg.max_streams + 1,), jnp.float32), _step_totals, name="totals")
+TOTALS = Processor(lambda cfg: jnp.zeros((cfg.max_streams + 1,), jnp.float32), _step_totals,
+                   description=Description(name="totals"))
 
 
 def test_a_copy_whose_state_was_lost_by_a_failed_step_is_counted_as_failed_and_not_written(

@@ -114,7 +114,8 @@ def test_what_contradicts_events_only_is_refused_naming_it(changes, kwargs, name
 
 def test_sources_without_a_processor_still_run_the_default_detector_unless_events_only():
     config = Config(max_streams=4)
-    assert Controller(config, sources=[Exchange("ws://127.0.0.1:1/")], on_event=print).processor.name == "ewma"
+    ctl = Controller(config, sources=[Exchange("ws://127.0.0.1:1/")], on_event=print)
+    assert ctl.processor is not None and ctl.processor.description.name == "ewma"
 
 
 def test_the_demo_feeds_settings_are_checked_where_it_runs():

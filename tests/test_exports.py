@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FORKLESS_ALL = [
     "Backoff",
     "Batch",
+    "CapabilityWarning",
     "CheckpointMismatch",
     "CheckpointStore",
     "Codec",
@@ -52,6 +53,7 @@ FORKLESS_ALL = [
     "Decoded",
     "DeploymentMismatch",
     "EVENTS_ONLY",
+    "Description",
     "EWMAState",
     "EventBatch",
     "FeedFatal",

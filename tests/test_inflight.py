@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from forkless.controller.checkpoints import checkpoint
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
 
@@ -58,8 +59,8 @@ def _step_or_fail(state: dict[str, jax.Array], batch: Any) -> tuple[dict[str, ja
     return new_state, {"total": out["total"] + zero}
 
 
-TOTALS = Processor(_init, _step, name="inflight-totals")
-FAILING = Processor(_init, _step_or_fail, name="inflight-totals-failing")
+TOTALS = Processor(_init, _step, description=Description(name="inflight-totals"))
+FAILING = Processor(_init, _step_or_fail, description=Description(name="inflight-totals-failing"))
 
 
 def _config(depth: int, **more: Any) -> Config:

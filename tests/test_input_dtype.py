@@ -22,6 +22,7 @@ import pytest
 from forkless.controller.batching import pad_batch
 from forkless.controller.codec import Decoded, GuardedCodec, JsonCodec
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.device.compiled import check_platform_dtypes
 from forkless.controller.device.placement import Placement
 from forkless.controller.errors import ProcessorContractError
@@ -100,12 +101,9 @@ def test_a_float64_processor_with_x64_off_is_refused_at_compile_naming_the_fix()
 
 
 @pytest.mark.parametrize("dtype", [np.int32, jnp.bfloat16, np.float16, "nonsense", None])
-def test_an_input_dtype_other_than_float32_or_float64_is_refused_at_compile(dtype):
-    processor = default_processor(Config(features=2))._replace(input_dtype=dtype)
-    ctl = Controller(Config(features=2, max_batch=4, max_streams=8), processor=processor,
-                     runtime=Runtime(io_factory=FakeIO()))
+def test_an_input_dtype_other_than_float32_or_float64_is_refused_when_the_description_is_built(dtype):
     with pytest.raises(ProcessorContractError, match=r"is not supported: .* float32 \(the default\) or float64"):
-        ctl.compile()
+        Description(name="ewma", input_dtype=dtype)
 
 
 def test_the_default_processor_gets_a_float32_codec_as_before():

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from forkless.controller.checkpoints.checkpoint import list_checkpoints, read_checkpoint
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.device.compiled import compilations
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor, stream_processor
@@ -43,7 +44,8 @@ def _processor() -> Any:
         y = x @ params["w"] + params["b"]
         return {"acc": row["acc"] + y}, {"y": y, "acc": row["acc"] + y}
 
-    return stream_processor(row_step, init_row=init_row, init_params=lambda config: dict(OLD), name="weighted-sum")
+    return stream_processor(row_step, init_row=init_row, init_params=lambda config: dict(OLD),
+                            description=Description(name="weighted-sum"))
 
 
 PROCESSOR = _processor()  # one object: every controller below reuses one compilation
@@ -137,7 +139,8 @@ def test_the_checkpoint_names_the_weights_its_state_was_produced_with(tmp_path):
 def test_a_checkpoint_of_swapped_weights_with_a_0_d_leaf_restores_on_the_next_start(tmp_path, restore_shared):
     """The params hold a 0-d leaf ("b"): the checkpoint keeps it 0-d, so the same program's next start
     restores its state, and with restore_shared=True its swapped weights and their version too."""
-    processor = PROCESSOR._replace(restore_shared=restore_shared)  # the same step: its compilation is reused
+    # the same step: its compilation is reused
+    processor = PROCESSOR._replace(description=Description(name="weighted-sum", restore_shared=restore_shared))
     config = CONFIG.replace(checkpoint_dir=str(tmp_path))
     fake = FakeIO()
     with Controller(config, processor=processor, runtime=Runtime(io_factory=fake)) as ctl:

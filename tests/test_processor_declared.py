@@ -5,6 +5,7 @@ threshold and warm-up; a processor that declares nothing gets neither."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import NamedTuple
 
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import pytest
 from forkless.controller.checkpoints.checkpoint import list_checkpoints, read_checkpoint
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.device.compiled import compilations
 from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
 from forkless.controller.loop import Controller
@@ -53,8 +55,9 @@ def spike_counter(limit: float = 5.0, *, declare: bool = True) -> Processor:
         return Totals(state.total.at[key].set(total)), {"out": total * poison, "spike": spike}
 
     if not declare:
-        return Processor(init, step, name="spikes")
-    return Processor(init, step, name="spikes", counters={"spikes": "spike"}, settings={"limit": limit})
+        return Processor(init, step, description=Description(name="spikes"))
+    return Processor(init, step, description=Description(name="spikes", counters={"spikes": "spike"},
+                                                         settings={"limit": limit}))
 
 
 def run(directory: Path, processor: Processor | None, messages: list[float], **changes):
@@ -155,13 +158,14 @@ def test_an_old_default_checkpoint_with_anomalies_in_its_counts_restores_them(tm
 
 def test_a_counter_of_an_output_the_step_does_not_return_is_refused_when_compiling(tmp_path):
     made = spike_counter()
-    wrong = made._replace(counters={"spikes": "spiky"})
+    wrong = made._replace(description=dataclasses.replace(made.description, counters={"spikes": "spiky"}))
     with pytest.raises(ProcessorContractError, match=r"counter 'spikes'.*output 'spiky'.*'out', 'spike'"):
         Controller(Config(features=F), processor=wrong, runtime=Runtime(io_factory=FakeIO())).start()
 
 
 def test_a_counter_of_a_float_output_is_refused_when_compiling(tmp_path):
-    wrong = spike_counter()._replace(counters={"totals": "out"})
+    made = spike_counter()
+    wrong = made._replace(description=dataclasses.replace(made.description, counters={"totals": "out"}))
     with pytest.raises(ProcessorContractError, match=r"counter 'totals'.*output 'out' is float32.*bool or int"):
         Controller(Config(features=F), processor=wrong, runtime=Runtime(io_factory=FakeIO())).start()
 
@@ -171,7 +175,6 @@ def test_a_counter_of_a_float_output_is_refused_when_compiling(tmp_path):
     (dict(settings={"features": 3}), "setting 'features'"),
     (dict(settings={"limit": object()}), "setting 'limit'"),
 ], ids=["counter-processed", "setting-features", "setting-not-json"])
-def test_a_declaration_the_core_cannot_keep_is_refused_at_construction(tmp_path, declared, what):
-    wrong = spike_counter()._replace(**declared)
+def test_a_declaration_the_core_cannot_keep_is_refused_when_the_description_is_built(declared, what):
     with pytest.raises(ProcessorContractError, match=what):
-        Controller(config(tmp_path), processor=wrong, runtime=Runtime(io_factory=FakeIO()))
+        Description(name="spikes", **declared)

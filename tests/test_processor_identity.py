@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.device.compiled import compilations
 from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
 from forkless.controller.loop import Controller
@@ -51,7 +52,7 @@ def weighted_sum(weight: float, *, name: str = "weighted", version: str = "1",
         total = state.total[key] + batch.x  # one message per stream per batch in these tests
         return Weighted(state.weight, state.total.at[key].set(total)), {"out": total * state.weight}
 
-    return Processor(init, step, name=name, version=version, restore_shared=restore_shared)
+    return Processor(init, step, description=Description(name=name, version=version, restore_shared=restore_shared))
 
 
 def run(directory: Path, processor: Processor | None, messages: list[float]) -> list[float]:
@@ -95,7 +96,8 @@ def test_a_processor_built_elsewhere_with_the_same_name_and_version_restores(tmp
 
     def built_somewhere_else():  # another module and qualname for its step: only the declared name counts
         made = weighted_sum(1.0)
-        return Processor(made.init, lambda state, batch: made.step(state, batch), name="weighted", version="1")
+        return Processor(made.init, lambda state, batch: made.step(state, batch),
+                         description=Description(name="weighted", version="1"))
 
     assert run(tmp_path, built_somewhere_else(), [1.0]) == [2.0]
 
