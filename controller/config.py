@@ -117,6 +117,7 @@ class Config:
     relay_token: str = field(default="", repr=False)
     relay_creds: str = ""
     relay_seq: str = "feed"
+    relay_max_held: int = 256
 
     def __post_init__(self) -> None:
         if not isinstance(self.subscribe, str):  # a JSON value given in code: stored as the text to send
@@ -309,7 +310,7 @@ class Config:
                                                       for spec in io.feed_specs))
         target = FeedSpec("relay", self.relay_nats, jetstream=JetStreamSpec("", token=self.relay_token,
                                                                               creds=self.relay_creds))
-        return io, RelaySettings(target, self.relay_subject, self.relay_seq, self.max_batch, timeouts=io.timeouts,
+        return io, RelaySettings(target, self.relay_subject, self.relay_seq, self.relay_max_held, timeouts=io.timeouts,
                                  reconnect=io.reconnect, tls=io.tls)
 
     def replace(self, **changes: Any) -> Config:

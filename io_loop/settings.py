@@ -290,12 +290,13 @@ class RelaySettings:
     server(s), described as a JetStream feed's are (``target.url`` comma-separated, the token and
     creds in ``target.jetstream``, its stream name unused), the subject prefix
     (FORKLESS_RELAY_SUBJECT), how the feeds number their messages (FORKLESS_RELAY_SEQ), the
-    in-flight bound (FORKLESS_MAX_BATCH), and the groups its connection reads (the IO side's own)."""
+    most messages it holds unacknowledged (FORKLESS_RELAY_MAX_HELD), and the groups its connection reads (the IO
+    side's own)."""
 
     target: FeedSpec
     subject: str
     seq: str = "feed"  # one of SEQ_MODES
-    max_in_flight: int = 256
+    max_held: int = 256
     timeouts: Timeouts = field(kw_only=True)
     reconnect: ReconnectSettings = field(kw_only=True)
     tls: TlsSettings = field(kw_only=True)

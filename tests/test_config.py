@@ -73,6 +73,7 @@ BAD = {
     "FORKLESS_RELAY_SUBJECT": "ticks.*",
     "FORKLESS_RELAY_CREDS": "/no/such.creds",
     "FORKLESS_RELAY_SEQ": "global",
+    "FORKLESS_RELAY_MAX_HELD": "0",
 }
 
 
@@ -398,3 +399,14 @@ def test_any_partitions_text_is_parsed_or_refused_naming_the_feed(text, count):
     else:
         owned = cfg.feed_specs[0].jetstream.partitions
         assert owned and list(owned) == sorted(set(owned)) and all(0 <= p < count for p in owned)
+
+
+def test_the_relays_bound_on_held_messages_is_its_own_variable_not_the_batch_size() -> None:
+    """FORKLESS_RELAY_MAX_HELD bounds the relay's held messages; FORKLESS_MAX_BATCH, the micro-batch's
+    size, no longer does (its default, 256, is the bound's)."""
+    env = {"FORKLESS_RELAY_NATS": "nats://127.0.0.1:4222", "FORKLESS_RELAY_SUBJECT": "relayed"}
+    assert Config.from_env(env).relay_settings()[1].max_held == 256
+    assert Config.from_env({**env, "FORKLESS_MAX_BATCH": "8"}).relay_settings()[1].max_held == 256
+    assert Config.from_env({**env, "FORKLESS_RELAY_MAX_HELD": "3"}).relay_settings()[1].max_held == 3
+    with pytest.raises(ConfigError, match=r"FORKLESS_RELAY_MAX_HELD='0'.*an integer from 1 to 1000000"):
+        Config.from_env({**env, "FORKLESS_RELAY_MAX_HELD": "0"})

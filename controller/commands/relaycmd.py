@@ -223,8 +223,8 @@ def relay_metric_families(view: RelayView) -> list[Metric]:
         (CounterMetricFamily, "forkless_relay_retried", "Publications again after a failure (same id).", r.retried),
         (CounterMetricFamily, "forkless_relay_duplicates", "Acknowledgements saying duplicate: a retried message "
          "the stream had already stored.", r.duplicates),
-        (GaugeMetricFamily, "forkless_relay_in_flight", "Messages taken and not yet acknowledged (at most "
-         "FORKLESS_MAX_BATCH, plus the last chunk taken).", r.held),
+        (GaugeMetricFamily, "forkless_relay_in_flight", "Messages taken and not yet acknowledged: held "
+         "(at most FORKLESS_RELAY_MAX_HELD, plus the last chunk taken).", r.held),
         (CounterMetricFamily, "forkless_relay_unpublished", "Messages taken and never stored (held when the stop's "
          "deadline passed or the relay gave up).", r.unpublished),
         (CounterMetricFamily, "forkless_relay_nats_connects", "Connections opened to the NATS server.", r.connects),

@@ -7,7 +7,7 @@ Rules:
   the batches the feeds' hand-overs put on inbound (``ctx.next_batch()``), on the same loop; the
   relay's main thread (controller/lifetime/sinkrun.py's ``SinkRun``) touches neither queue. No second
   loop, no hop between threads, and backpressure is one rule: a batch is taken only while fewer than
-  ``max_in_flight`` (FORKLESS_MAX_BATCH) messages are held (waiting to be published, or published and
+  ``max_held`` (FORKLESS_RELAY_MAX_HELD) messages are held (waiting to be published, or published and
   not yet acknowledged). Inbound is bounded and the relay's hand-over blocks (FORKLESS_OVERFLOW=block),
   so a slow or absent server stops the feeds' readers and TCP pushes back on the WebSocket servers.
 - Ids: a message gets its id when it is taken, ``Nats-Msg-Id: <run id>:<n>`` (the run id random per
@@ -133,7 +133,7 @@ class Publisher:
         self._in_flight: dict[int, _Held] = {}  # published on the current connection, not acknowledged
         self._inbound_done = False
         self._wake = asyncio.Event()  # something changed: an ack, a new message, a failure
-        self._room = asyncio.Event()  # fewer than max_in_flight held
+        self._room = asyncio.Event()  # fewer than max_held held
         self._subjects: dict[str, str] = {}
         self._gap_logged_at: dict[int, float] = {}
         self._gaps_not_logged: Counter[int] = Counter()
@@ -149,8 +149,8 @@ class Publisher:
 
     async def run(self, ctx: SinkContext) -> None:
         taker = asyncio.create_task(self._take(ctx), name="forkless-relay-take")
-        log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages in flight)", self.relay.subject,
-                 self.shown_url, self.run_id, self.relay.max_in_flight)
+        log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages held)", self.relay.subject,
+                 self.shown_url, self.run_id, self.relay.max_held)
         try:
             await drive(_Link(self, taker), Backoff.of(self.relay.reconnect))
         finally:
@@ -173,7 +173,7 @@ class Publisher:
     # ---- taking chunks ------------------------------------------------------------------------------
 
     async def _take(self, ctx: SinkContext) -> None:
-        bound = self.relay.max_in_flight
+        bound = self.relay.max_held
         while True:
             while self.stats.held >= bound:
                 self._room.clear()
@@ -274,7 +274,7 @@ class Publisher:
     def _on_ack(self, conn: _Connection, cut: int) -> Callable[[Any], Awaitable[None]]:
         """The callback of ``conn``'s acknowledgements (subjects ``<inbox>.<n>``, ``cut`` the length of
         ``<inbox>.``): a message stored (or a duplicate) is no longer held; an error ack fails ``conn``."""
-        stats, bound = self.stats, self.relay.max_in_flight
+        stats, bound = self.stats, self.relay.max_held
         in_flight, wake = self._in_flight, self._wake
 
         async def on_ack(msg: Any) -> None:
@@ -333,9 +333,9 @@ class Publisher:
                 pass
 
     async def _publish_waiting(self, nc: Transport, conn: _Connection, prefix: str) -> None:
-        """Publish the waiting messages in order while fewer than ``max_in_flight`` are in flight and
+        """Publish the waiting messages in order while fewer than ``max_held`` are unacknowledged and
         ``conn`` has not failed, each with its id and its ack's subject ``<prefix><n>``."""
-        stats, bound = self.stats, self.relay.max_in_flight
+        stats, bound = self.stats, self.relay.max_held
         in_flight, waiting = self._in_flight, self._waiting
         headers_id = f"{self.run_id}:"
         while waiting and len(in_flight) < bound and not conn.failure:
