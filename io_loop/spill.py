@@ -16,7 +16,7 @@ Rules:
   ``dropped`` ("inbound overflow (drop_oldest)"), events in its ``events_dropped`` (same reason).
   Nothing of another source is ever touched. A bound of 0 is the queue's bound alone (one item
   waits for room, then block or drop).
-- Consecutive events waiting here are gathered into one ``Events`` item (at most ``max_batch``):
+- Consecutive events waiting here are gathered into one ``Events`` item (at most ``EVENTS_PER_ITEM``):
   the main thread catches up after a stall in fewer queue trips.
 - Drops are logged once per episode: the first drop, then the episode's totals once everything
   waiting has gone onto inbound. A full buffer under ``block`` is logged once per episode too.
@@ -45,6 +45,11 @@ log = logging.getLogger("forkless.source")
 OVERFLOW_POLICIES = ("block", "drop_oldest")
 OVERFLOW_REASON = "inbound overflow (drop_oldest)"
 STOP_REASON = "not processed before the stop"
+# the most events gathered into one waiting ``Events`` item: after a stall the main thread takes them in a few queue
+# trips, and one item stays a bounded piece of its work (on_event runs per event, between batches). Not the
+# micro-batch's size (events never enter a batch), and no setting: it changes nothing a user sees but how often
+# the queue is visited; 256 is what it was at the default batch size, when the two were one knob
+EVENTS_PER_ITEM = 256
 
 
 def declared_policy(source: Any, name: str) -> tuple[str | None, int | None]:
@@ -85,13 +90,12 @@ class Spill:
     """One source's buffer in front of ``queue`` (see the module rules)."""
 
     def __init__(self, queue: Any, bound: int, *, drop_oldest: bool, stats: IOStats | None = None,
-                 name: str = "", max_batch: int = 256) -> None:
+                 name: str = "") -> None:
         self.queue = queue
         self.bound = bound
         self.drop_oldest = drop_oldest
         self.stats = stats if stats is not None else IOStats()
         self.name = name
-        self.max_batch = max_batch
         self._items: deque[Any] = deque()
         self.waiting = 0  # messages and events in _items
         self._hand = (0, 0)  # (messages, events) of the item the pump is putting
@@ -129,7 +133,7 @@ class Spill:
             self._note()
             return
         items = self._items
-        if type(item) is Events and items and type(items[-1]) is Events and len(items[-1].items) < self.max_batch:
+        if type(item) is Events and items and type(items[-1]) is Events and len(items[-1].items) < EVENTS_PER_ITEM:
             items[-1].items.extend(item.items)  # events waiting together cross in one item
         else:
             items.append(item)
