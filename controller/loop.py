@@ -284,7 +284,7 @@ class Controller:
             on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
             # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
             io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds, to_sinks=bool(self.plan.sinks)),
-            self.engine.in_flight, expect=side.expect if wait.spins else None)
+            self.engine.settings.steps_in_flight, expect=side.expect if wait.spins else None)
         self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event,
                               wait=wait, stop=self._deadline)
 

@@ -5,6 +5,9 @@ Rules:
 - Built from the validated ``Config`` in one place each (``Config.checkpoint_settings()``,
   ``Config.instance_settings()``, ``Config.step_settings()``), so a value here was checked there,
   with the error naming the variable; nothing here reads the environment or validates.
+- A setting that depends on where the step runs is resolved once, where that is known: the compile
+  (``StepSettings.on_platform``, called by ``compile_step``) turns FORKLESS_STEPS_IN_FLIGHT's ``auto`` into
+  its depth, and the engine, the compiled step, the kept programs' key and the loop read that one.
 - The composition roots (controller/loop.py, the commands) build them and hand each component the group
   it reads as a typed argument, never the whole ``Config`` (tests/test_controller_settings.py holds that
   for the checkpoints, a partitioned instance's leases and the device side: controller/engine.py and
@@ -112,8 +115,9 @@ class StepSettings:
     """The step's sizes and where it runs: FORKLESS_FEATURES (a message's x is [features]),
     _MAX_STREAMS (a per-stream leaf has max_streams + 1 rows), _MAX_BATCH (the largest batch;
     ``buckets`` are the sizes compiled), _DEVICES ("all" or how many) and _STEPS_IN_FLIGHT ("auto"
-    or how many). Read by ``compile_step`` and what it builds: the ``Engine``, its layout, the kept
-    programs' key and the contract's probe (controller/engine.py, controller/device/)."""
+    or how many; a number once compiled: ``on_platform``). Read by ``compile_step`` and what it builds:
+    the ``Engine``, its layout, the kept programs' key and the contract's probe (controller/engine.py,
+    controller/device/)."""
 
     features: int
     max_streams: int
@@ -125,3 +129,15 @@ class StepSettings:
     def buckets(self) -> tuple[int, ...]:
         """The batch sizes the step is compiled for (``batch_buckets``)."""
         return batch_buckets(self.max_batch)
+
+    @classmethod
+    def on_platform(cls, shape: StepShape, platform: str) -> StepSettings:
+        """``shape``'s settings as the step runs on ``platform`` (the first device's: "cpu", "tpu" …), with
+        ``steps_in_flight`` resolved to its depth: its number, or for ``auto`` the measured default
+        (bench/docs/steps-in-flight.md: on the CPU a small step runs inline, in its dispatch, and a larger one
+        competes for the same cores, so a second in flight gains nothing; an accelerator's round trip is
+        latency the next step can hide). The one place it is resolved (``compile_step`` calls it)."""
+        setting = shape.steps_in_flight
+        depth = int(setting) if setting != "auto" else 1 if platform == "cpu" else 2
+        return cls(features=shape.features, max_streams=shape.max_streams, max_batch=shape.max_batch,
+                   devices=shape.devices, steps_in_flight=depth)
