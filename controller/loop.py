@@ -478,7 +478,7 @@ class Controller:
             final = self.stats()
             if cfg.status_s > 0:
                 self._print(status_line(final, first, final=True))
-            log.log(logging.ERROR if final.in_flight else logging.INFO, "%s", books_line(final))
+            log.log(logging.ERROR if final.unanswered else logging.INFO, "%s", books_line(final))
         except KeyboardInterrupt:
             if self._started and not self._stopped:  # interrupted before stop(): the IO side is aborted
                 self._aborting = self._stopped = True

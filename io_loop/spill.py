@@ -20,7 +20,7 @@ Rules:
   the main thread catches up after a stall in fewer queue trips.
 - Drops are logged once per episode: the first drop, then the episode's totals once everything
   waiting has gone onto inbound. A full buffer under ``block`` is logged once per episode too.
-- The books: every message here was counted in ``messages_in`` and is in flight until it is
+- The books: every message here was counted in ``messages_in`` and is unanswered until it is
   answered or dropped; ``discard`` (an aborted stop) gives them up and returns how many
   (the caller counts them), and counts the events given up itself. ``drained`` waits until
   nothing of the source waits (the orderly stop, before inbound is shut down).
