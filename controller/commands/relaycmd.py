@@ -182,7 +182,7 @@ class Relay:
 
 
 def relay_status_line(now: RelayView, before: RelayView, *, final: bool = False) -> str:
-    """One line: messages read, stored, in flight, retried, gaps; the feeds' and the server's state."""
+    """One line: messages read, stored, held, retried, gaps; the feeds' and the server's state."""
     r, p, io = now.relay, before.relay, now.io
     seconds = max(1e-9, now.at - before.at)
     rate = (r.acked - p.acked) / seconds
@@ -190,7 +190,7 @@ def relay_status_line(now: RelayView, before: RelayView, *, final: bool = False)
     up = sum(f.up for f in feeds)
     gaps = sum(r.gaps.values())
     head = "relay final:" if final else "relay:"
-    return (f"{head} read {io.messages_in} stored {r.acked} ({rate:.0f}/s) in flight {r.held} "
+    return (f"{head} read {io.messages_in} stored {r.acked} ({rate:.0f}/s) held {r.held} "
             f"retried {r.retried} duplicates {r.duplicates} gaps {gaps} ({sum(r.missing.values())} missing) "
             f"| feeds up {up}/{len(feeds)} reconnects {io.reconnects} | nats "
             f"{'up' if r.connected else 'down'} reconnects {r.reconnects}")

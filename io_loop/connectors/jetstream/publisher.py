@@ -130,7 +130,7 @@ class Publisher:
         self.shown_url = relay.target.shown_url
         self._n = 0  # ids given so far
         self._waiting: deque[_Held] = deque()  # taken, not published on the current connection
-        self._in_flight: dict[int, _Held] = {}  # published on the current connection, not acknowledged
+        self._unacknowledged: dict[int, _Held] = {}  # published on the current connection, not acknowledged yet
         self._inbound_done = False
         self._wake = asyncio.Event()  # something changed: an ack, a new message, a failure
         self._room = asyncio.Event()  # fewer than max_held held
@@ -156,12 +156,12 @@ class Publisher:
         finally:
             taker.cancel()
             await asyncio.gather(taker, return_exceptions=True)
-            held = len(self._waiting) + len(self._in_flight)
+            held = len(self._waiting) + len(self._unacknowledged)
             if held:
                 self.stats.unpublished += held
                 log.error("relay: %d messages taken from the feeds were never stored by %s (ids %s:%d and after)",
                           held, self.shown_url, self.run_id, min(m.n for m in (*self._waiting,
-                                                                             *self._in_flight.values())))
+                                                                             *self._unacknowledged.values())))
             self._log_gap_totals()
 
     async def _pause(self, delay: float, taker: asyncio.Task) -> None:
@@ -243,7 +243,7 @@ class Publisher:
 
     async def _serve(self, nc: Transport, conn: _Connection, taker: asyncio.Task) -> str:
         """Publish until everything taken is stored and inbound is done (returns ""), or until the
-        connection fails (returns why; the messages in flight wait to be published again)."""
+        connection fails (returns why; the unacknowledged messages wait to be published again)."""
         await self._connected(nc)
         prefix = nc.new_inbox() + "."
         try:
@@ -256,7 +256,7 @@ class Publisher:
         except NatsError as exc:
             return f"publishing failed: {exc}"
         finally:
-            self._requeue_in_flight()
+            self._requeue_unacknowledged()
             await sub.unsubscribe()
             await self._end(nc, conn)
 
@@ -275,21 +275,21 @@ class Publisher:
         """The callback of ``conn``'s acknowledgements (subjects ``<inbox>.<n>``, ``cut`` the length of
         ``<inbox>.``): a message stored (or a duplicate) is no longer held; an error ack fails ``conn``."""
         stats, bound = self.stats, self.relay.max_held
-        in_flight, wake = self._in_flight, self._wake
+        unacknowledged, wake = self._unacknowledged, self._wake
 
         async def on_ack(msg: Any) -> None:
             try:
                 n = int(msg.subject[cut:])
             except ValueError:
                 return
-            held = in_flight.get(n)
+            held = unacknowledged.get(n)
             if held is None:  # an ack of an earlier connection's publication, or a copy
                 return
             problem = _ack_problem(msg)
             if problem:
                 conn.fail(problem.replace("{subject}", repr(held.subject)))
                 return
-            del in_flight[n]
+            del unacknowledged[n]
             held.batch.wrote(1)
             stats.acked += 1
             stats.held -= 1
@@ -305,19 +305,19 @@ class Publisher:
         """Publish what waits and wait for the acks, until everything taken is stored and inbound is
         done (returns "") or ``conn`` fails: its callbacks say why, or no ack came for
         FORKLESS_CONNECT_TIMEOUT_S while some were awaited."""
-        stats, in_flight, waiting, wake = self.stats, self._in_flight, self._waiting, self._wake
+        stats, unacknowledged, waiting, wake = self.stats, self._unacknowledged, self._waiting, self._wake
         timeout = self.relay.timeouts.connect_timeout_s
         loop = asyncio.get_running_loop()
         acked, waiting_since = stats.acked, loop.time()  # the last ack seen, and since when we wait for one
         while True:
-            if not in_flight:  # nothing awaited: the wait for an ack starts with the next publication
+            if not unacknowledged:  # nothing awaited: the wait for an ack starts with the next publication
                 acked, waiting_since = stats.acked, loop.time()
             await self._publish_waiting(nc, conn, prefix)
             if conn.failure:
                 return conn.failure
             if taker.done() and not self._inbound_done:
                 taker.result()  # what killed it (a bug): raised, not waited on forever
-            if not in_flight and not waiting and self._inbound_done:
+            if not unacknowledged and not waiting and self._inbound_done:
                 return ""
             now = loop.time()
             if stats.acked != acked:  # progress: the wait for an ack starts again
@@ -327,7 +327,7 @@ class Publisher:
                         "(FORKLESS_CONNECT_TIMEOUT_S)")
             wake.clear()
             try:
-                async with asyncio.timeout(waiting_since + timeout - now if in_flight else None):
+                async with asyncio.timeout(waiting_since + timeout - now if unacknowledged else None):
                     await wake.wait()
             except TimeoutError:
                 pass
@@ -336,11 +336,11 @@ class Publisher:
         """Publish the waiting messages in order while fewer than ``max_held`` are unacknowledged and
         ``conn`` has not failed, each with its id and its ack's subject ``<prefix><n>``."""
         stats, bound = self.stats, self.relay.max_held
-        in_flight, waiting = self._in_flight, self._waiting
+        unacknowledged, waiting = self._unacknowledged, self._waiting
         headers_id = f"{self.run_id}:"
-        while waiting and len(in_flight) < bound and not conn.failure:
+        while waiting and len(unacknowledged) < bound and not conn.failure:
             held = waiting.popleft()
-            in_flight[held.n] = held
+            unacknowledged[held.n] = held
             if held.sent:
                 stats.retried += 1
             else:
@@ -349,12 +349,12 @@ class Publisher:
             await nc.publish(held.subject, held.payload, reply=f"{prefix}{held.n}",
                              headers={"Nats-Msg-Id": f"{headers_id}{held.n}"})
 
-    def _requeue_in_flight(self) -> None:
-        """After a connection: what was in flight waits to be published again, in order, before what was waiting."""
-        in_flight = self._in_flight
-        if in_flight:
-            self._waiting.extendleft(sorted(in_flight.values(), key=lambda m: m.n, reverse=True))
-            in_flight.clear()
+    def _requeue_unacknowledged(self) -> None:
+        """After a connection: what was unacknowledged waits to be published again, in order, before what waited."""
+        unacknowledged = self._unacknowledged
+        if unacknowledged:
+            self._waiting.extendleft(sorted(unacknowledged.values(), key=lambda m: m.n, reverse=True))
+            unacknowledged.clear()
 
     async def _end(self, nc: Transport, conn: _Connection) -> None:
         conn.failure = conn.failure or "closed"  # its callbacks (the close's own) change nothing now
