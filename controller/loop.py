@@ -50,7 +50,7 @@ from forkless.controller.config import Config
 from forkless.controller.device.compiled import codec_dtype, compilations, release_freed_memory
 from forkless.controller.engine import Engine, compile_step
 from forkless.controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
-from forkless.controller.inflight import InFlight
+from forkless.controller.inflight import StepsInFlight
 from forkless.controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnResults, feed_plan, io_thread, with_hooks
 from forkless.controller.lifetime.endpoints import Endpoints, NoEndpoints, open_endpoints
 from forkless.controller.lifetime.host import ProcessSettings, StopSignals
@@ -279,7 +279,7 @@ class Controller:
         prefixes, counters = self.plan.stream_prefixes(self.config.shared_streams), self.recovery.declared.counters
         names = [spec.name for spec in self.feed_specs]
         wait = self.handoff
-        step = DroppedMessages(stats, names) if self.engine is None else InFlight(BatchStep(
+        step = DroppedMessages(stats, names) if self.engine is None else StepsInFlight(BatchStep(
             self.engine, self.slots, self.replies, self.sources, stats, put=self._outbound.put,
             on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
             # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
