@@ -163,11 +163,11 @@ class Controller:
         # checkpoints: what they hold beside the state, restoring one, the replayable feeds' positions
         self.recovery = recovery = Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), self.processor,
                                             self.slots, self.main_stats, lambda: self._io.snapshot(), specs,
-                                            positions=self.plan.position_codecs(),
+                                            codecs=self.plan.position_codecs(),
                                             own_store=checkpoint_store is not None)
-        self.sources = recovery.sources
+        self.positions = recovery.positions  # the replayable feeds' (controller/checkpoints/positions.py)
         self._own_store = checkpoint_store  # the embedding program's own, instead of FORKLESS_CHECKPOINT_DIR
-        self._checkpoints = checkpoints_for(recovery.checkpoints, recovery.await_replies if self.sources else None,
+        self._checkpoints = checkpoints_for(recovery.checkpoints, recovery.await_replies if self.positions else None,
                                             checkpoint_store, partitioned=self._partition_feed is not None)
         self._owner: PartitionOwner | NoPartitions = NoPartitions()  # a partitioned instance's, once started
         self.engine: Engine | None = None  # the device state's owner, made by compile()
@@ -280,7 +280,7 @@ class Controller:
         names = [spec.name for spec in self.feed_specs]
         wait = self.handoff
         step = DroppedMessages(stats, names) if self.engine is None else StepsInFlight(BatchStep(
-            self.engine, self.slots, self.replies, self.sources, stats, put=self._outbound.put,
+            self.engine, self.slots, self.replies, self.positions, stats, put=self._outbound.put,
             on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
             # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
             io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds, to_sinks=bool(self.plan.sinks)),
@@ -313,10 +313,10 @@ class Controller:
         """What the IO side is given beside its settings, each only where there is one: the restored positions, the
         plan (the user's sources, sinks, the feeds' connectors: a partitioned feed's fences its own source),
         ``acknowledged``, ``connection_events``."""
-        positions, plan, acked = self.recovery.positions, self.plan, {"acknowledged": self.recovery.acknowledged}
+        positions, plan, acked = self.recovery.resume_from, self.plan, {"acknowledged": self.recovery.acknowledged}
         planned = {"plan": plan} if plan.sources or plan.sinks or plan.connectors else {}
         spin = {"wait": self.handoff} if self.handoff.spins else {}  # the IO loop's selector spins (io_loop/waiting.py)
-        return {**({"positions": positions} if positions else {}), **planned, **(acked if self.sources else {}),
+        return {**({"positions": positions} if positions else {}), **planned, **(acked if self.positions else {}),
                 **spin, **({"connection_events": True} if self.connection_events else {})}
 
     def _close_owner(self) -> None:
