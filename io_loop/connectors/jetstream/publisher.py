@@ -84,8 +84,9 @@ SUBJECT_CACHE = 100_000  # stream names whose subject is kept (then the cache st
 # ---- the publisher --------------------------------------------------------------------------------
 
 
-class _Held:
-    """One message taken and not yet acknowledged (``batch``: the sink batch it came in)."""
+class _Publication:
+    """One message taken, to be published until acknowledged: its id ``n``, subject and payload, whether it was
+    published yet (``sent``), and ``batch``, the sink batch it came in."""
 
     __slots__ = ("batch", "n", "payload", "sent", "subject")
 
@@ -129,8 +130,8 @@ class Publisher:
         self.run_id = secrets.token_hex(8)
         self.shown_url = relay.target.shown_url
         self._n = 0  # ids given so far
-        self._waiting: deque[_Held] = deque()  # taken, not published on the current connection
-        self._unacknowledged: dict[int, _Held] = {}  # published on the current connection, not acknowledged yet
+        self._waiting: deque[_Publication] = deque()  # taken, not published on the current connection
+        self._unacknowledged: dict[int, _Publication] = {}  # published on the current connection, not acknowledged yet
         self._inbound_done = False
         self._wake = asyncio.Event()  # something changed: an ack, a new message, a failure
         self._room = asyncio.Event()  # fewer than max_held held
@@ -212,7 +213,7 @@ class Publisher:
                     subjects.clear()
                 subject = subjects[stream] = f"{self.relay.subject}.{escape_stream(stream)}"
             self._n += 1
-            waiting.append(_Held(chunk, self._n, subject, dumps({"seq": seq, "stream": stream, "x": x})))
+            waiting.append(_Publication(chunk, self._n, subject, dumps({"seq": seq, "stream": stream, "x": x})))
         self.stats.taken += len(chunk)
         self.stats.held += len(chunk)
 
