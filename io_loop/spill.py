@@ -7,7 +7,7 @@ Rules:
   pump task per source moves them onto inbound as room frees (one item at a time: the one in the
   pump's hand is being put and is never dropped). Order is kept per source.
 - ``bound``: how many messages and events (each event counts one) may wait here, the item in
-  the pump's hand included (the one that goes over it is held too: memory is bounded by
+  the pump's hand included (the one that goes over it is kept too: memory is bounded by
   ``bound`` plus one item). Within it an emit never waits, so a source keeps reading its
   socket and answering its heartbeat through a stalled main loop. Beyond it the source's
   ``overflow`` applies: ``block``: the emit awaits until the waiting items fit again
@@ -112,10 +112,10 @@ class Spill:
     @property
     def over(self) -> bool:
         """True when an emit must wait for room (``block``, more than ``bound`` waiting)."""
-        return not self.drop_oldest and self.held > self.bound
+        return not self.drop_oldest and self.buffered > self.bound
 
     @property
-    def held(self) -> int:
+    def buffered(self) -> int:
         """Messages and events waiting here, the pump's item included."""
         return self.waiting + sum(self._hand)
 
@@ -140,11 +140,11 @@ class Spill:
         self.waiting += sum(_sizes(item))
         if self.drop_oldest:
             self._drop_over_bound()
-        elif self.held > self.bound and not self._full_logged:
+        elif self.buffered > self.bound and not self._full_logged:
             self._full_logged = True
             log.warning("source %r: the inbound queue is full and %d messages and events wait in its buffer "
                         "(its bound, FORKLESS_SOURCE_BUFFER or its own): its emits wait (logged once until it "
-                        "drains)", self.name, self.held)
+                        "drains)", self.name, self.buffered)
         self._note()
 
     async def wait_room(self) -> None:
@@ -205,7 +205,7 @@ class Spill:
 
     def _drop_over_bound(self) -> None:
         items, stats = self._items, self.stats
-        while self.held > self.bound and items:
+        while self.buffered > self.bound and items:
             oldest = items[0]
             if type(oldest) is Events and len(oldest.items) > 1:
                 del oldest.items[0]
@@ -233,7 +233,7 @@ class Spill:
 
     def _note(self) -> None:
         stats = self.stats
-        stats.buffered = self.held
+        stats.buffered = self.buffered
         if stats.buffered > stats.buffered_peak:
             stats.buffered_peak = stats.buffered
 
