@@ -451,7 +451,7 @@ class JetStreamSource(SourceCapabilities):
             last = reply
             if take is SKIP:
                 continue
-            if take.held:  # a partition's restored position is past it: read, nothing of it handed over
+            if take.in_state:  # a partition's restored position is past it: read, nothing of it handed over
                 await ctx.emit_decoded(_NOTHING, take.seq)
             else:
                 await self._consume(ctx, data, take)
