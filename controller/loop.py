@@ -390,7 +390,7 @@ class Controller:
         dropped and logged. Raises if the IO thread failed; else, once stopped, the first
         exception ``on_results`` raised during the stop (the stop goes on past it). A
         partitioned instance whose lease is lost (or ran out) stops without answering or
-        checkpointing anything more, then raises ``LeaseLost`` (``_drop_held``).
+        checkpointing anything more, then raises ``LeaseLost`` (``_drop_unanswered``).
         """
         if not self._running or self._stopped:  # not started, its start failed or was stopped, or stopped
             return
@@ -402,7 +402,7 @@ class Controller:
         how = LEASE_LOST if self._owner.lost else ORDERLY
         try:
             if how == LEASE_LOST:
-                held = self._drop_held()
+                unanswered = self._drop_unanswered()
             else:
                 raised = self._finish(self._deadline.work)
         finally:
@@ -411,7 +411,7 @@ class Controller:
         if how == LEASE_LOST:
             log.error("the lease of a partition is lost: %d received messages dropped unanswered (%d of them "
                       "unprocessed) and no checkpoint written; their new owner answers them from its checkpoint",
-                      self.stats().dropped.get("lease lost", 0), held)
+                      self.stats().dropped.get("lease lost", 0), unanswered)
             raise LeaseLost(f"{self._partition_feed.label}: the lease of a partition was lost or ran out unrenewed "
                             "(FORKLESS_LEASE_S): another instance may own it now, so this one stopped without "
                             "publishing what it held")
@@ -438,15 +438,15 @@ class Controller:
         self._checkpoints.begin_stop(lambda: self._begin_checkpoint(incremental=False).complete())
         return raised
 
-    def _drop_held(self) -> int:
+    def _drop_unanswered(self) -> int:
         """The stop of a partitioned instance whose lease is lost or ran out: another may own its
-        partitions and answer from their checkpoint, so what this one holds (steps in flight too) is
-        dropped, never published (the IO side's fence drops what is queued to publish), and no
-        checkpoint is written. How many messages it held unanswered."""
-        held = self._intake.drain()
-        self.main_stats.dropped["lease lost"] += held
+        partitions and answer from their checkpoint, so what this one has unanswered (steps in flight too)
+        is dropped, never published (the IO side's fence drops what is queued to publish), and no
+        checkpoint is written. How many messages it dropped unanswered."""
+        unanswered = self._intake.drain()
+        self.main_stats.dropped["lease lost"] += unanswered
         self._outbound.shutdown()
-        return held
+        return unanswered
 
     # ---- running ----------------------------------------------------------------------------
 
