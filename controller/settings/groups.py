@@ -17,7 +17,9 @@ Rules:
   (``CheckpointSettings.every_s`` is ``checkpoint_s``), as io_loop/settings.py's do: its
   ``config_field`` tells which. A group may hold the IO side's groups where it connects as the IO
   side does (a partitioned instance's store: timeouts, reconnect, TLS).
-- Immutable, so every thread may read them; no defaults (``Config``'s are the variables').
+- Immutable, so every thread may read them. ``CheckpointSettings`` and ``StepSettings`` are public value objects
+  as the IO side's groups are (io_loop/settings.py's rules: ``settings_group``, each default its ``Config``
+  field's); ``InstanceSettings`` is built only by ``Config``, from the others, and has no defaults.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from forkless.io_loop.settings import CONFIG_FIELD, PartitionSettings, ReconnectSettings, Timeouts, TlsSettings
+from forkless.io_loop.settings import (
+    CONFIG_FIELD,
+    PartitionSettings,
+    ReconnectSettings,
+    Timeouts,
+    TlsSettings,
+    settings_group,
+)
 
 __all__ = ["BUCKET_GROWTH", "CheckpointSettings", "InstanceSettings", "StepSettings", "StepShape", "batch_buckets"]
 
@@ -37,6 +46,7 @@ def _from(config_field: str, **kwargs: Any) -> Any:
     return field(metadata={CONFIG_FIELD: config_field}, **kwargs)
 
 
+@settings_group
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSettings:
     """Where and how often checkpoints are written and whether one is restored: FORKLESS_CHECKPOINT_DIR,
@@ -44,12 +54,13 @@ class CheckpointSettings:
     the choice of its store (controller/checkpoints/checkpointer.py), recovery (controller/checkpoints/recovery.py)
     and the loop's start (restore or not)."""
 
-    dir: str = _from("checkpoint_dir")  # "": no directory (the bucket, an embedding program's store, or off)
-    every_s: float = _from("checkpoint_s")
-    keep: int = _from("checkpoint_keep")  # the newest kept
-    restore: str = _from("checkpoint_restore")  # "auto" or "never"
-    priority: str = _from("checkpoint_priority")  # "idle": the writer thread is the OS's background work
-    bucket: str = _from("checkpoint_bucket")  # a partitioned feed's objects ("": none)
+    dir: str = _from("checkpoint_dir", default="")  # "": no directory (the bucket, a program's own store, or off)
+    every_s: float = _from("checkpoint_s", default=60.0)
+    keep: int = _from("checkpoint_keep", default=3)  # the newest kept
+    restore: str = _from("checkpoint_restore", default="auto")  # "auto" or "never"
+    # "idle": the writer thread is the OS's background work
+    priority: str = _from("checkpoint_priority", default="idle")
+    bucket: str = _from("checkpoint_bucket", default="")  # a partitioned feed's objects ("": none)
 
     @property
     def on(self) -> bool:
@@ -110,6 +121,7 @@ class StepShape(Protocol):
     def steps_in_flight(self) -> int | str: ...
 
 
+@settings_group
 @dataclass(frozen=True, kw_only=True)
 class StepSettings:
     """The step's sizes and where it runs: FORKLESS_FEATURES (a message's x is [features]),
@@ -119,11 +131,11 @@ class StepSettings:
     the ``Engine``, its layout, the kept programs' key and the contract's probe (controller/engine.py,
     controller/device/)."""
 
-    features: int
-    max_streams: int
-    max_batch: int
-    devices: int | str
-    steps_in_flight: int | str
+    features: int = 8
+    max_streams: int = 4096
+    max_batch: int = 256
+    devices: int | str = "all"
+    steps_in_flight: int | str = "auto"
 
     @property
     def buckets(self) -> tuple[int, ...]:
