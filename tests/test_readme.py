@@ -104,6 +104,16 @@ def test_the_driven_embedding_example_runs_the_default_detector(feed_server):
     assert len(server.replies()) == 50
 
 
+def test_the_settings_example_builds_its_config_from_groups_over_the_environment(feed_server):
+    frames = [json.dumps({"seq": i, "stream": "s", "x": [float(i % 3)] * 8}) for i in range(20)]
+    server = feed_server(send_frames(frames))
+    proc = run_example("settings", server.url)
+    assert proc.returncode == 0, proc.stderr
+    assert "ReconnectSettings(min_s=0.1, max_s=5.0, reset_s=5.0, tries=0) 256 256" in proc.stdout
+    assert "20 results sent, 0 unanswered" in proc.stdout
+    assert len(server.replies()) == 20
+
+
 def test_the_on_results_example_acts_on_anomalies_in_program(feed_server):
     frames = [json.dumps({"seq": i, "stream": "s", "x": [float(i % 3)] * 8}) for i in range(40)]
     frames.append(json.dumps({"seq": 40, "stream": "s", "x": [90.0] * 8}))  # a spike after warm-up
