@@ -62,7 +62,8 @@ def test_every_example_in_the_documents_is_run_by_a_test():
               ("EMBEDDING.md", "portal"), ("EMBEDDING.md", "credentials"), ("EMBEDDING.md", "reconnecting"),
               ("EMBEDDING.md", "relogin"), ("EMBEDDING.md", "weights"),  # relogin: tests/test_relogin.py
               ("EMBEDDING.md", "connection_events"),  # tests/test_connection_events.py
-              ("EMBEDDING.md", "stop"), ("EMBEDDING.md", "sink"), ("EMBEDDING.md", "results_sink")}
+              ("EMBEDDING.md", "stop"), ("EMBEDDING.md", "sink"), ("EMBEDDING.md", "results_sink"),
+              ("EMBEDDING.md", "settings")}
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested
