@@ -50,7 +50,7 @@ from forkless.controller.config import Config
 from forkless.controller.device.compiled import codec_dtype, compilations, release_freed_memory
 from forkless.controller.engine import Engine, compile_step
 from forkless.controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
-from forkless.controller.inflight import InFlight
+from forkless.controller.inflight import StepsInFlight
 from forkless.controller.ioside import IOSide, NoIOSide, feed_plan, io_thread, with_hooks
 from forkless.controller.lifetime.endpoints import Endpoints, NoEndpoints, open_endpoints
 from forkless.controller.lifetime.host import ProcessSettings, StopSignals
@@ -190,11 +190,11 @@ class Controller:
         # checkpoints: what they hold beside the state, restoring one, the replayable feeds' positions
         self.recovery = recovery = Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), self.processor,
                                             self.slots, self.main_stats, lambda: self._io.snapshot(), specs,
-                                            positions=self.plan.position_codecs(),
+                                            codecs=self.plan.position_codecs(),
                                             own_store=store is not None)
-        self.sources = recovery.sources
+        self.positions = recovery.positions  # the replayable feeds' (controller/checkpoints/positions.py)
         self._own_store = store  # the embedding program's own, instead of FORKLESS_CHECKPOINT_DIR
-        self._checkpoints = checkpoints_for(recovery.checkpoints, recovery.await_replies if self.sources else None,
+        self._checkpoints = checkpoints_for(recovery.checkpoints, recovery.await_replies if self.positions else None,
                                             store, partitioned=self._partition_feed is not None)
         self._owner: PartitionOwner | NoPartitions = NoPartitions()  # a partitioned instance's, once started
         self.engine: Engine | None = None  # the device state's owner, made by compile()
@@ -309,12 +309,12 @@ class Controller:
         prefixes, counters = self.plan.stream_prefixes(self.config.shared_streams), self.recovery.declared.counters
         names = [spec.name for spec in self.feed_specs]
         wait = self.handoff
-        step = DroppedMessages(stats, names) if self.engine is None else InFlight(BatchStep(
-            self.engine, self.slots, self.replies, self.sources, stats, put=self._outbound.put,
+        step = DroppedMessages(stats, names) if self.engine is None else StepsInFlight(BatchStep(
+            self.engine, self.slots, self.replies, self.positions, stats, put=self._outbound.put,
             on_results=self._on_results, feed_prefixes=prefixes, counters=counters,
             # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
             io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds, to_sinks=bool(self.plan.sinks)),
-            self.engine.in_flight, expect=side.expect if wait.spins else None)
+            self.engine.settings.steps_in_flight, expect=side.expect if wait.spins else None)
         self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event,
                               wait=wait, stop=self._deadline)
 
@@ -343,10 +343,10 @@ class Controller:
         """What the IO side is given beside its settings, each only where there is one: the restored positions, the
         plan (the user's sources, sinks, the feeds' connectors: a partitioned feed's fences its own source),
         ``acknowledged``, ``connection_events``."""
-        positions, plan, acked = self.recovery.positions, self.plan, {"acknowledged": self.recovery.acknowledged}
+        positions, plan, acked = self.recovery.resume_from, self.plan, {"acknowledged": self.recovery.acknowledged}
         planned = {"plan": plan} if plan.sources or plan.sinks or plan.connectors else {}
         spin = {"wait": self.handoff} if self.handoff.spins else {}  # the IO loop's selector spins (io_loop/waiting.py)
-        return {**({"positions": positions} if positions else {}), **planned, **(acked if self.sources else {}),
+        return {**({"positions": positions} if positions else {}), **planned, **(acked if self.positions else {}),
                 **spin, **({"connection_events": True} if self.connection_events else {})}
 
     def _close_owner(self) -> None:
@@ -420,7 +420,7 @@ class Controller:
         dropped and logged. Raises if the IO thread failed; else, once stopped, the first
         exception an ``OnResults`` raised during the stop (the stop goes on past it). A
         partitioned instance whose lease is lost (or ran out) stops without answering or
-        checkpointing anything more, then raises ``LeaseLost`` (``_drop_held``).
+        checkpointing anything more, then raises ``LeaseLost`` (``_drop_unanswered``).
         """
         if not self._running or self._stopped:  # not started, its start failed or was stopped, or stopped
             return
@@ -432,7 +432,7 @@ class Controller:
         how = LEASE_LOST if self._owner.lost else ORDERLY
         try:
             if how == LEASE_LOST:
-                held = self._drop_held()
+                unanswered = self._drop_unanswered()
             else:
                 raised = self._finish(self._deadline.work)
         finally:
@@ -441,7 +441,7 @@ class Controller:
         if how == LEASE_LOST:
             log.error("the lease of a partition is lost: %d received messages dropped unanswered (%d of them "
                       "unprocessed) and no checkpoint written; their new owner answers them from its checkpoint",
-                      self.stats().dropped.get("lease lost", 0), held)
+                      self.stats().dropped.get("lease lost", 0), unanswered)
             raise LeaseLost(f"{self._partition_feed.label}: the lease of a partition was lost or ran out unrenewed "
                             "(FORKLESS_LEASE_S): another instance may own it now, so this one stopped without "
                             "publishing what it held")
@@ -468,15 +468,15 @@ class Controller:
         self._checkpoints.begin_stop(lambda: self._begin_checkpoint(incremental=False).complete())
         return raised
 
-    def _drop_held(self) -> int:
+    def _drop_unanswered(self) -> int:
         """The stop of a partitioned instance whose lease is lost or ran out: another may own its
-        partitions and answer from their checkpoint, so what this one holds (steps in flight too) is
-        dropped, never published (the IO side's fence drops what is queued to publish), and no
-        checkpoint is written. How many messages it held unanswered."""
-        held = self._intake.drain()
-        self.main_stats.dropped["lease lost"] += held
+        partitions and answer from their checkpoint, so what this one has unanswered (steps in flight too)
+        is dropped, never published (the IO side's fence drops what is queued to publish), and no
+        checkpoint is written. How many messages it dropped unanswered."""
+        unanswered = self._intake.drain()
+        self.main_stats.dropped["lease lost"] += unanswered
         self._outbound.shutdown()
-        return held
+        return unanswered
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -508,7 +508,7 @@ class Controller:
             final = self.stats()
             if cfg.status_s > 0:
                 self._print(status_line(final, first, final=True))
-            log.log(logging.ERROR if final.in_flight else logging.INFO, "%s", books_line(final))
+            log.log(logging.ERROR if final.unanswered else logging.INFO, "%s", books_line(final))
         except KeyboardInterrupt:
             if self._started and not self._stopped:  # interrupted before stop(): the IO side is aborted
                 self._aborting = self._stopped = True

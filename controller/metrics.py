@@ -123,7 +123,7 @@ def _message_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric
 
 
 def _book_families(snap: StatsSnapshot) -> list[Metric]:
-    """The books: processed, in flight, streams, resets, declined, the declared counters, errors, drops."""
+    """The books: processed, unanswered, streams, resets, declined, the declared counters, errors, drops."""
     fams: list[Metric] = []
     fams.append(CounterMetricFamily("forkless_processed", "Messages run through the step in this process "
                                     "(before it, as a restored checkpoint counted them: forkless_restored_processed).",
@@ -133,7 +133,7 @@ def _book_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(CounterMetricFamily("forkless_answer_error_replies", "Error frames sent that answer a received "
                                     "message (part of forkless_error_replies).", value=snap.answer_errors_out))
     fams.append(GaugeMetricFamily("forkless_in_flight", "Received messages not yet answered, dropped or declined "
-                                  "(the rest of the books).", value=snap.in_flight))
+                                  "(the rest of the books).", value=snap.unanswered))
     fams.append(CounterMetricFamily("forkless_written_unconfirmed", "Reply frames written to connections that then "
                                     "ended abnormally: they may not have arrived.", value=snap.written_unconfirmed))
     fams.append(GaugeMetricFamily("forkless_streams_active", "Streams holding a state slot.",

@@ -16,7 +16,7 @@ Rules:
   that mixed feeds comes as one bundle of per-feed parts: one hand-over between the threads
   per batch) and puts each on its feed's own ``Outbox`` without waiting, so a feed that is down holds back nobody
   else's replies. An outbox only grows by replies to messages its feed sent before it went
-  down (a feed that is down reads nothing), so it is bounded by what was in flight then. With a
+  down (a feed that is down reads nothing), so it is bounded by what was unanswered then. With a
   controller's sinks (io_loop/sinks/results.py) the router always runs: it hands each item's results
   to the sinks first (awaiting room: a sink behind holds outbound), then its frames to the outboxes.
 - Failure policy: a feed that gives up (``FeedFatal``: a refused handshake, or

@@ -204,7 +204,7 @@ def test_a_checkpoint_is_not_begun_with_steps_in_flight() -> None:
 
 
 def test_steps_left_in_flight_are_dropped_unanswered_with_what_a_stopping_instance_held() -> None:
-    # what a partitioned instance whose lease is lost does with them (Controller._drop_held)
+    # what a partitioned instance whose lease is lost does with them (Controller._drop_unanswered)
     fake = FakeIO()
     ctl = Controller(_config(3), processor=TOTALS, runtime=Runtime(io_factory=fake))
     ctl.start()

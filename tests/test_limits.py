@@ -318,7 +318,7 @@ def test_a_feed_that_dies_mid_stream_loses_nothing_from_the_books_and_hides_no_l
         stats = ctl.stats()
         bg.run(runner.cleanup())
     assert len(connections) == 2 and sum(s >= 10_000 for s in received) == len(second)
-    assert stats.in_flight == 0
+    assert stats.unanswered == 0
     assert stats.messages_in == stats.messages_out + stats.answer_errors_out + stats.no_reply + stats.dropped_total
     never_arrived = stats.messages_out - len(received)
     assert never_arrived >= 0

@@ -94,7 +94,7 @@ def test_a_noisy_drop_oldest_source_drops_only_its_own_items_never_a_replayable_
         # the main loop takes nothing until the noisy source has emitted everything: inbound is
         # full all along, and the noisy source's overflow has every chance to take others' items
         wait_until(lambda: noisy.done, timeout_s=30 * UNIT_S, what="the noisy source's 300 frames emitted")
-        drive(ctl, lambda: ledger.emitted == 300 and ctl.stats().in_flight == 0, timeout_s=60 * UNIT_S,
+        drive(ctl, lambda: ledger.emitted == 300 and ctl.stats().unanswered == 0, timeout_s=60 * UNIT_S,
               what="the ledger's 300 frames emitted and every message processed or dropped")
     assert_books_balance(ctl)  # the stop handed over every event still waiting
     snap = ctl.stats()

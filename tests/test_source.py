@@ -388,7 +388,7 @@ def test_the_stop_ends_a_source_in_order_and_an_emit_after_it_began_is_refused()
     assert source.after_stop == ["SourceStopped"]
     snap = ctl.stats()
     assert snap.messages_in == source.emitted == snap.processed  # nothing emitted was lost
-    assert snap.messages_out == source.emitted and snap.in_flight == 0
+    assert snap.messages_out == source.emitted and snap.unanswered == 0
 
 
 def test_the_plan_puts_sources_beside_configured_feeds_or_in_the_demo_feeds_place():

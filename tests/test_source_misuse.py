@@ -301,7 +301,7 @@ def test_reply_batch_wrote_refuses_a_count_that_is_not_of_its_frames_and_the_boo
     assert kinds == {TypeError, ValueError} and len(source.refused) % 5 == 0
     assert "n counts frames of this batch's" in str(source.refused[0]) and "not bool: True" in str(source.refused[3])
     snap = ctl.stats()
-    assert (snap.messages_in, snap.messages_out, snap.in_flight) == (10, 10, 0)
+    assert (snap.messages_in, snap.messages_out, snap.unanswered) == (10, 10, 0)
 
 
 # ---- 12: Controller.send of what is not JSON -------------------------------------------------------

@@ -13,7 +13,7 @@ Rules:
   here (``pending``) and advanced on every later ``tick`` for at most ``copy_budget_s`` of
   the main thread; once copied it is handed to the writer thread, which calls its
   ``finish()``. The controller tells it about every write to the state (``before_state_write``).
-- At most one checkpoint in flight, being copied or written: a ``submit`` or a due ``tick``
+- At most one checkpoint under way, being copied or written: a ``submit`` or a due ``tick``
   meanwhile returns False and counts ``skipped``; nothing queues up behind a slow disk. A
   copy that cannot be completed (``CheckpointAbandoned``, or any error) is dropped and
   counted in ``failures`` (``abandoned``); one in progress at ``stop`` is dropped for the
@@ -38,7 +38,7 @@ Rules:
   (controller/settings/groups.py), never the whole ``Config``.
 - ``start(store)`` starts the store (a directory is created and the temporary files of a writer
   that was killed are removed) and the thread; ``stop(timeout, final=...)`` waits for the write
-  in flight, then writes ``final`` (the checkpoint of an orderly stop) and joins the thread
+  under way, then writes ``final`` (the checkpoint of an orderly stop) and joins the thread
   (``begin_stop(take)`` hands ``final`` at once, a later ``stop(timeout)`` waits for it). One
   process per store. ``NoCheckpoints`` has the same calls for a run without checkpoints, so the
   controller calls them unconditionally.
@@ -267,7 +267,7 @@ class Checkpointer:
         self._thread.start()
 
     def stop(self, timeout: float | None = None, final: Snapshot | PendingSnapshot | None = None) -> bool:
-        """Wait for the write in flight, write ``final`` if given, and end the thread.
+        """Wait for the write under way, write ``final`` if given, and end the thread.
 
         Returns True when all of that finished within ``timeout`` seconds; False leaves the
         daemon thread writing (an exit then leaves a temporary file, removed by the next
@@ -414,7 +414,7 @@ class Checkpointer:
             del job  # the host copy goes now, not when the next checkpoint arrives (a state's size)
 
     def _write_final(self, writer: threading.Thread, final: Snapshot | PendingSnapshot) -> None:
-        writer.join()  # the write in flight first: one writer at a time owns the numbering
+        writer.join()  # the write under way first: one writer at a time owns the numbering
         self._do(final)
 
     def _do(self, job: Snapshot | PendingSnapshot) -> None:

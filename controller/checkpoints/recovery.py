@@ -77,13 +77,14 @@ CONFIRM_WAIT_S = 10.0
 
 class Recovery:
     """The controller's checkpoints: the settings they must match, loading and restoring one,
-    beginning one, and the replayable feeds' positions (``sources``, in the codecs ``positions`` gives by feed name)
-    recorded in each."""
+    beginning one, and the replayable feeds' positions (``positions``, in the codecs ``codecs`` gives by feed name)
+    recorded in each; ``resume_from``: where a restored checkpoint left each replayable feed, what its source is
+    handed (``ctx.resume_from``)."""
 
     def __init__(self, checkpoints: CheckpointSettings, shape: StateShape, processor: Processor | None,
                  slots: StreamSlots, stats: MainStats, io_snapshot: Callable[[], IOSnapshot | None],
                  specs: Sequence[FeedSpec], *,
-                 positions: Mapping[str, PositionCodec] | None = None, own_store: bool = False) -> None:
+                 codecs: Mapping[str, PositionCodec] | None = None, own_store: bool = False) -> None:
         # own_store: the embedding program's checkpoint store (Runtime(checkpoint_store=...)): checkpoints on
         # what the processor declared (controller/declared.py, checked when it was built): its identity, its
         # counters (kept here and in every checkpoint's counts) and the settings its checkpoints record;
@@ -104,11 +105,11 @@ class Recovery:
         self.stats = stats
         self._io_snapshot = io_snapshot
         # the replayable feeds' positions, recorded in every checkpoint beside the state (exactly-once)
-        self.sources = SourcePositions(self.specs, positions)
+        self.positions = SourcePositions(self.specs, codecs)
         # signalled by the IO side as replies are acknowledged (handed to it where feeds keep positions)
         self.acknowledged = Acknowledged()
         # where a restored checkpoint left each replayable feed (PositionUnknown: every checkpoint damaged)
-        self.positions: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
+        self.resume_from: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
         self.restored_from: str | None = None
         self.restored_at = 0.0  # wall time the restored checkpoint's state was taken (0: none restored)
         self.restored_bytes = 0  # its size
@@ -137,9 +138,9 @@ class Recovery:
             # say whether it still holds everything: PositionLost now, never started fresh silently
             why = (f"every checkpoint in {store.label} is damaged "
                    f"({', '.join(getattr(p, 'name', str(p)) for p in damaged)})")
-            self.positions = dict(self.sources.when_unknown(why))
+            self.resume_from = dict(self.positions.when_unknown(why))
             log.warning("%s: starting with an empty state%s", why, "; the replayable feeds' positions are unknown"
-                        if self.positions else "")
+                        if self.resume_from else "")
         elif restored is None:
             log.info("no checkpoint in %s: starting fresh", store.label)
         return restored
@@ -165,7 +166,7 @@ class Recovery:
         main.restored_processed = int(restored.counts.get("processed", 0))
         main.restored_counters = counts_from(self.declared.counters, restored.counts)
         # each replayable feed goes on from the message after the one its state holds
-        self.positions = self.sources.restore(restored.positions, restored.path)
+        self.resume_from = self.positions.restore(restored.positions, restored.path)
         self.restored_from = str(restored.path)
         self.restored_at, self.restored_bytes = restored.wall_time, restored.nbytes
         log.info("restored %d streams from %s (checkpoint of %s, %d messages processed before)",
@@ -181,7 +182,7 @@ class Recovery:
         shift = time.monotonic() - time.time()
         seen = np.concatenate(pieces.last_seen) if pieces.last_seen else np.zeros(0)
         self.slots.restore(pieces.names, np.arange(pieces.streams, dtype=np.int32), seen + shift)
-        self.positions = self.sources.restore(
+        self.resume_from = self.positions.restore(
             {part.feed: part.positions.from_partitions(pieces.positions, created)}, part.label)
         self.restored_from = f"{len(pieces.objects)} objects of {part.label}"
         self.restored_at = pieces.wall_time  # the newest of its objects' (no size: several objects)
@@ -200,7 +201,7 @@ class Recovery:
             self.slots.begin_copy(), self.counts(),
             {**self.settings(), **self.declared.recorded, "devices": len(engine.devices), **weights}, wall,
             seen_shift=wall - time.monotonic(),
-            incremental=incremental, positions=self.sources.record(self._io_sources()) if self.sources else None)
+            incremental=incremental, positions=self.positions.record(self._io_sources()) if self.positions else None)
 
     def counts(self) -> dict[str, int]:
         """What a checkpoint records as its counts: this process's counters plus what the restored checkpoint
@@ -237,16 +238,16 @@ class Recovery:
 
     def source_figures(self, io: IOSnapshot) -> tuple[SourceFigures, ...]:
         """Each replayable feed's figures: the IO side's fetching and confirmations, the main thread's position."""
-        if not self.sources:
+        if not self.positions:
             return ()
-        sources, out = self.sources, []
+        positions, out = self.positions, []
         for feed in io.feeds:
             src = feed.io.source
             if src is None:
                 continue
-            index = next(i for i, spec in sources.specs.items() if spec.name == feed.name)
-            applied = sources.consumed.get(index)
+            index = next(i for i, spec in positions.specs.items() if spec.name == feed.name)
+            applied = positions.consumed.get(index)
             applied_seq = 0 if applied is None else applied.seq - (0 if applied.last else 1)
-            out.append(SourceFigures(feed.name, src.fetched, sources.applied.get(index, 0), applied_seq,
+            out.append(SourceFigures(feed.name, src.fetched, positions.applied.get(index, 0), applied_seq,
                                      src.confirmed[0], src.stream_last_seq, src.skipped, src.duplicates))
         return tuple(out)

@@ -130,8 +130,8 @@ def check_sink(sink: Any, kind: str) -> None:
                         f"(forkless.{kind}, docs/embedding/sinks.md)")
 
 
-class _Held:
-    """The part every sink batch shares: how many of its items are left, the books' updates."""
+class _BatchBooks:
+    """The part every sink batch shares: its books, how many of its items are left, and their updates."""
 
     __slots__ = ("_left", "_stats")
 
@@ -159,7 +159,7 @@ class _Held:
             self._left = 0
 
 
-class MessageBatch(_Held):
+class MessageBatch(_BatchBooks):
     """A feed's decoded messages (one hand-over of its), column-wise: ``seq``, ``stream``, ``x``
     (float rows, ``features`` wide), ``positions`` (a replayable source's, else None), ``feed``
     (its name), ``connection`` (the source's connection they were read on; 0: it counts none),
@@ -191,7 +191,7 @@ class MessageBatch(_Held):
         return list(zip(self.seq, self.stream, self.x))
 
 
-class EventBatch(_Held):
+class EventBatch(_BatchBooks):
     """Objects a source handed over with ``emit_event`` (``items``, as they are), from ``feed``."""
 
     __slots__ = ("feed", "index", "items", "received_ns")
@@ -206,7 +206,7 @@ class EventBatch(_Held):
         return len(self.items)
 
 
-class ResultBatch(_Held):
+class ResultBatch(_BatchBooks):
     """One stepped batch's results (a controller's sinks), as ``OnResults`` got them: ``seq``,
     ``stream``, ``outputs`` (output name -> numpy array whose leading axis is the messages, in
     arrival order; read them, do not write them: every sink is handed the same arrays) and
