@@ -35,12 +35,12 @@ import time
 from typing import Any
 
 import janus
-from forkless.io_loop.capabilities import SENDS_WHILE_DISCONNECTED, declarations
+from forkless.io_loop.capabilities import declarations
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events, Outgoing
 from forkless.io_loop.errors import ForklessError
 
-__all__ = ["DEADLINE", "DISCONNECTED", "GAVE_UP", "HOLD", "SENDS_WHILE_DISCONNECTED", "WRITE_FAILED", "WRITTEN_OUT",
+__all__ = ["DEADLINE", "DISCONNECTED", "GAVE_UP", "HOLD", "WRITE_FAILED", "WRITTEN_OUT",
            "SendFailed",
            "SendWatch", "SentBytes", "SentText", "checked_max_age", "declared_send_policy", "sent_frames"]
 

@@ -35,7 +35,7 @@ from forkless.io_loop.sources.demo_source import DemoSource
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = Declarations(replies="all", required=True, starts_connected=True, replayable=False, overflow=None,
-                        buffer=None, figures=None)
+                        buffer=None, send_max_age_s=None, sends_while_disconnected="hold", figures=None)
 
 
 class Bare:

@@ -157,7 +157,9 @@ def test_a_checkpoint_written_before_the_description_restores_its_identity_count
     shutil.copytree(BEFORE / "spikes", tmp_path, dirs_exist_ok=True)
     snap, ctl = run(tmp_path, spike_counter(limit=5.0), [8.0])
     assert ctl.recovery.restored_from is not None and "ckpt-000000000.fkc" in ctl.recovery.restored_from
-    assert snap.counters == {"spikes": 3} and snap.processed == 4
+    # this process's counters start at 0; what the checkpoint had counted is restored beside them
+    assert snap.counters == {"spikes": 1} and snap.processed == 1
+    assert snap.restored_counters == {"spikes": 2} and snap.restored_processed == 3
 
 
 def test_the_default_detector_restores_a_checkpoint_written_before_the_description(tmp_path):
@@ -168,7 +170,8 @@ def test_the_default_detector_restores_a_checkpoint_written_before_the_descripti
     # as one run over all five: a fresh state would not be warm at 50 (one anomaly, not two)
     whole, _ = run(tmp_path / "whole", default_processor(config(tmp_path, warmup=2)), [0.0] * 3 + [50.0] * 2,
                    warmup=2)
-    assert (snap.anomalies, snap.processed) == (whole.anomalies, whole.processed) == (2, 5)
+    assert (snap.restored_counters["anomalies"] + snap.anomalies, snap.restored_processed + snap.processed) == (
+        whole.anomalies, whole.processed) == (2, 5)
 
 
 def test_a_checkpoint_written_before_the_description_is_refused_by_another_version(tmp_path):

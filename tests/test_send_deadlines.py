@@ -204,8 +204,9 @@ def test_a_wrong_max_age_is_refused_naming_what_is_right(exchange, kwargs, error
 
 
 @pytest.mark.parametrize(("declared", "error", "match"), [
-    ({"send_max_age_s": -2}, ValueError, r"source 'exchange'.s send_max_age_s is a finite number of seconds > 0"),
-    ({"send_max_age_s": "1"}, TypeError, r"source 'exchange'.s send_max_age_s is a number of seconds"),
+    ({"send_max_age_s": -2}, ValueError, r"source 'exchange' has send_max_age_s=-2; expected a finite number of "
+                                           r"seconds > 0"),
+    ({"send_max_age_s": "1"}, TypeError, r"source 'exchange' has send_max_age_s='1'; expected a number of seconds"),
     ({"sends_while_disconnected": "drop"}, ValueError,
      r"source 'exchange' has sends_while_disconnected='drop'; expected 'hold' .* or 'refuse'"),
 ])
