@@ -1,7 +1,7 @@
 """How long a stall that holds the GIL an exchange session survives, and what helps (issue 54 item 12).
 
     JAX_PLATFORMS=cpu python -m bench.gil_stall [--designs forkless,thread,spawn] [--stalls 0.5,1,2,4,8,16]
-        [--ping-every 2] [--pong-within 1] [--extra-s 8] [--gc-sizes 1000000,3000000]
+        [--kind c-call|c-sleep] [--ping-every 2] [--pong-within 1] [--extra-s 8] [--gc-sizes 1000000,3000000]
         [--out bench/out/gil_stall.json] [--markdown PATH]
     JAX_PLATFORMS=cpu python -m bench.gil_stall --quick --out PATH --logs DIR   # the smoke run: tiny sizes
 
@@ -20,9 +20,10 @@ and ``--markdown``); each process's output goes to ``--logs`` (bench/out/logs/gi
   ``threading.Thread``, or in a ``multiprocessing`` spawn child with a GIL of its own). The client's
   main thread stalls when told, at a phase of the heartbeat: ``after-ping`` (AFTER_PING_S after a
   ping was answered: the next ping comes about ``ping_every`` later) or ``before-ping`` (LEAD_S
-  before the next ping is due). The ``c-call`` stall runs at each of ``--stalls`` seconds in both
-  phases; the others (``chunked``, ``python``, ``sleep``) at ``--extra-s`` before a ping, for
-  forkless; a control (``none``: no stall) opens each design. For forkless, the IO-loop lag that
+  before the next ping is due). A stall that holds the GIL (``--kind``: ``c-call``, or ``c-sleep``)
+  runs at each of ``--stalls`` seconds in both phases; the others (``chunked``, ``python``,
+  ``sleep``) at ``--extra-s`` before a ping, for forkless; a control (``none``: no stall) opens
+  each design. For forkless, the IO-loop lag that
   /metrics showed across the trial (``forkless_io_loop_lag_seconds``, scraped before and after).
 - ``gc``: in a fresh process per heap size (``python -m bench.gil_stall gc-probe``), JAX imported
   and ``N`` live lists (a container the collector walks, as every parsed JSON array and row is):
@@ -33,7 +34,10 @@ and ``--markdown``); each process's output goes to ``--logs`` (bench/out/logs/gi
 
 The kinds of stall (KINDS): ``c-call`` holds the GIL in one C call (``sum(itertools.repeat(1, n))``:
 no bytecode runs, so the interpreter never offers the GIL to another thread; ``n`` calibrated in
-the stalling process to the seconds wanted), ``chunked`` does the same work in calls of CHUNK_S,
+the stalling process to the seconds wanted, so as long as the machine's speed then allows),
+``c-sleep`` holds it in one C call that waits (libc's ``usleep`` through ``ctypes.PyDLL``, which
+keeps the GIL, as a C extension's blocking call that does not release it: exactly as long on any
+machine; the ``--quick`` run's), ``chunked`` does the same work in calls of CHUNK_S,
 ``python`` is pure-Python work (bytecode: the GIL is offered every switch interval), ``sleep``
 releases the GIL (as a main thread waiting on the device or in a blocking call that releases it).
 
@@ -49,6 +53,7 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import gc
 import itertools
@@ -72,7 +77,9 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "bench" / "out" / "gil_stall.json"
 DEFAULT_LOGS = REPO_ROOT / "bench" / "out" / "logs" / "gil_stall"  # ignored by git
-KINDS = ("none", "c-call", "chunked", "python", "sleep")
+KINDS = ("none", "c-call", "c-sleep", "chunked", "python", "sleep")
+HELD = ("c-call", "c-sleep")  # the kinds that hold the GIL throughout
+THREAD_KINDS = ("c-call", "chunked", "python", "sleep")  # the threads section's
 PHASES = ("after-ping", "before-ping")
 DESIGNS = ("forkless", "thread", "spawn")
 RATE = 500.0  # trades per second, as in the exchange-session benchmark
@@ -115,6 +122,8 @@ def stall(kind: str, seconds: float, ns_per_item: float) -> None:
         return
     if kind == "c-call":  # one C call: no bytecode runs until it returns
         sum(itertools.repeat(1, items))
+    elif kind == "c-sleep":  # one C call that waits holding the GIL (PyDLL keeps it): exactly as long, any machine
+        ctypes.PyDLL(None).usleep(ctypes.c_uint(round(seconds * 1e6)))
     elif kind == "chunked":  # the same work; between two calls the interpreter can hand the GIL over
         chunk = max(1, int(CHUNK_S * 1e9 / ns_per_item))
         for start in range(0, items, chunk):
@@ -172,7 +181,7 @@ def threads_section(seconds: float) -> dict[str, Any]:
     ns = calibrate_ns_per_item()
     rows = []
     with Ticker() as ticker:
-        for kind in KINDS[1:]:
+        for kind in THREAD_KINDS:
             t0 = time.perf_counter()
             stall(kind, seconds, ns)
             t1 = time.perf_counter()
@@ -543,10 +552,11 @@ def lag_between(before: str | None, after: str | None) -> dict[str, Any]:
             "lag_samples_over_1s": int(count - gained.get("1.0", 0.0)), "lag_sum_s": round(gained.get("sum", 0.0), 3)}
 
 
-def plan(design: str, stalls: list[float], phases: list[str], extra_s: float) -> list[tuple[str, float, str]]:
-    """The trials of a design, in order: (kind, seconds, phase)."""
+def plan(design: str, held: str, stalls: list[float], phases: list[str],
+         extra_s: float) -> list[tuple[str, float, str]]:
+    """The trials of a design, in order: (kind, seconds, phase); ``held`` is the kind of the ``stalls``."""
     trials = [("none", 0.0, "after-ping")]
-    trials += [("c-call", s, phase) for s in stalls for phase in phases]
+    trials += [(held, s, phase) for s in stalls for phase in phases]
     if design == "forkless" and extra_s > 0:
         trials += [(kind, extra_s, "before-ping") for kind in ("chunked", "python", "sleep")]
     return trials
@@ -584,7 +594,7 @@ def run_trial(ex: Any, client: Client, metrics_url: str | None, kind: str, secon
     return row
 
 
-def session_section(designs: list[str], stalls: list[float], phases: list[str], extra_s: float,
+def session_section(designs: list[str], held: str, stalls: list[float], phases: list[str], extra_s: float,
                     ping_every_s: float, pong_within_s: float, log_dir: Path) -> dict[str, Any]:
     from bench.exchange import Exchange  # here: aiohttp's import only for the section that serves the exchange
 
@@ -597,7 +607,7 @@ def session_section(designs: list[str], stalls: list[float], phases: list[str], 
         ready: dict[str, Any] = {}
         try:
             ready = client.read("ready", READY_TIMEOUT_S)
-            for kind, seconds, phase in plan(design, stalls, phases, extra_s):
+            for kind, seconds, phase in plan(design, held, stalls, phases, extra_s):
                 rows.append(run_trial(ex, client, ready["metrics_url"], kind, seconds, phase, ping_every_s,
                                       pong_within_s))
         finally:
@@ -610,10 +620,11 @@ def session_section(designs: list[str], stalls: list[float], phases: list[str], 
 
 
 def thresholds(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per design and phase, the longest ``c-call`` stall survived and the shortest dropped (measured s)."""
+    """Per design and phase, the longest stall that held the GIL (HELD) survived and the shortest dropped
+    (measured s)."""
     out: dict[str, dict[str, Any]] = {}
     for row in rows:
-        if row["kind"] != "c-call":
+        if row["kind"] not in HELD:
             continue
         mine = out.setdefault(row["design"], {}).setdefault(row["phase"], {"longest_survived_s": None,
                                                                           "shortest_dropped_s": None})
@@ -657,7 +668,7 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {r['design']} | {r['kind']} | {r['phase']} | {r['target_s']:g} | {r['measured_s']:g} | "
                          f"{'yes' if r['survived'] else '**no**'} | {r['pings_missed']} | {r['closes_4001']} | {lag} | "
                          f"{_s(r.get('lag_samples_over_1s'))} |")
-        lines += ["", "The longest C-call stall survived, and the shortest dropped (measured s):", "",
+        lines += ["", "The longest stall that held the GIL survived, and the shortest dropped (measured s):", "",
                   "| design | after a ping: survived / dropped | just before a ping: survived / dropped |",
                   "|---|---|---|"]
         for design, phases in session["thresholds"].items():
@@ -709,7 +720,8 @@ def main(argv: list[str] | None = None) -> int:
         return gc_probe_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m bench.gil_stall", description=__doc__.split("\n\n")[0])
     p.add_argument("--designs", default=",".join(DESIGNS))
-    p.add_argument("--stalls", default="0.5,1,2,4,8,16", help="c-call stalls, seconds")
+    p.add_argument("--stalls", default="0.5,1,2,4,8,16", help="the stalls that hold the GIL, seconds")
+    p.add_argument("--kind", choices=HELD, default="c-call", help="their kind")
     p.add_argument("--extra-s", type=float, default=8.0, help="the chunked, python and sleep stalls (forkless), s")
     p.add_argument("--ping-every", type=float, default=2.0)
     p.add_argument("--pong-within", type=float, default=1.0)
@@ -717,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads-s", type=float, default=THREADS_S)
     p.add_argument("--sections", default="threads,session,gc")
     p.add_argument("--quick", action="store_true",
-                   help="the smoke run: forkless only, a ping every 0.3 s due in 0.3 s, a C call of 2 s after a "
+                   help="the smoke run: forkless only, a ping every 0.3 s due in 0.3 s, a c-sleep of 2 s after a "
                         "ping, the other kinds for 0.05 s; gc over 20,000 lists without JAX")
     p.add_argument("--out", default=str(DEFAULT_OUT))
     p.add_argument("--logs", default=str(DEFAULT_LOGS), help="each process's output goes here")
@@ -730,9 +742,10 @@ def main(argv: list[str] | None = None) -> int:
     stalls = [float(s) for s in a.stalls.split(",") if s]
     sizes = [int(s) for s in a.gc_sizes.split(",") if s]
     ping_every, pong_within, extra_s, threads_s, with_jax = a.ping_every, a.pong_within, a.extra_s, a.threads_s, True
-    phases = list(PHASES)
-    if a.quick:
-        designs, stalls, phases, extra_s, ping_every, pong_within = ["forkless"], [2.0], ["after-ping"], 0.05, 0.3, 0.3
+    phases, held = list(PHASES), a.kind
+    if a.quick:  # c-sleep: a stall exactly as long whatever the machine's speed (the smoke test's verdict)
+        designs, held, stalls, phases, extra_s = ["forkless"], "c-sleep", [2.0], ["after-ping"], 0.05
+        ping_every, pong_within = 0.3, 0.3
         sizes, threads_s, with_jax = [20_000], 0.05, False
     sections = set(a.sections.split(","))
     out = Path(a.out)
@@ -743,7 +756,8 @@ def main(argv: list[str] | None = None) -> int:
     if "threads" in sections:
         result["threads"] = threads_section(threads_s)
     if "session" in sections:
-        result["session"] = session_section(designs, stalls, phases, extra_s, ping_every, pong_within, log_dir)
+        result["session"] = session_section(designs, held, stalls, phases, extra_s, ping_every, pong_within,
+                                            log_dir)
     if "gc" in sections and sizes:
         result["gc"] = gc_section(sizes, with_jax, log_dir)
     result["run"]["load_after"] = [round(x, 2) for x in os.getloadavg()]

@@ -1,7 +1,8 @@
 """Smoke run of the GIL-stall benchmark (``python -m bench.gil_stall --quick``), so it cannot rot:
 every section's figures are there, in the shape bench/docs/gil-stall.md reads them. Shape and
 accounting, never speed, and one verdict that no machine's speed can turn: a C call that held the
-GIL longer than the exchange's ping interval and its deadline together lost the connection of the
+GIL for 2 s (``c-sleep``: a wait in C that keeps the GIL, exactly as long on any machine), longer
+than the exchange's ping interval and its deadline together, lost the connection of the
 one-process design (its IO thread could not run meanwhile: docs/reliability.md, "Stalls that hold
 the GIL"), and the IO-loop lag on /metrics shows a sample over 1 s for it.
 """
@@ -44,7 +45,7 @@ def test_quick_gil_stall_run_has_every_section_and_a_long_c_call_loses_the_one_p
     session = data["session"]
     rows = session["rows"]
     assert [(r["design"], r["kind"], r["phase"], r["target_s"]) for r in rows] == [
-        ("forkless", "none", "after-ping", 0.0), ("forkless", "c-call", "after-ping", 2.0),
+        ("forkless", "none", "after-ping", 0.0), ("forkless", "c-sleep", "after-ping", 2.0),
         ("forkless", "chunked", "before-ping", 0.05), ("forkless", "python", "before-ping", 0.05),
         ("forkless", "sleep", "before-ping", 0.05)]
     for r in rows:
@@ -52,16 +53,16 @@ def test_quick_gil_stall_run_has_every_section_and_a_long_c_call_loses_the_one_p
         assert r["survived"] == ((r["pings_missed"], r["closes_4001"], r["connections"]) == (0, 0, 0)
                                  and r["pongs_on_time_after"] > 0), r
         assert r["lag_samples"] > 0 and _number(r["lag_largest_in_s"][0]), r  # forkless: /metrics scraped
-    c_call = rows[1]
-    # held for at least the ping interval and its deadline together (0.3 + 0.3 s), with room to spare: some
-    # ping came while no thread of the client could answer it
-    assert c_call["measured_s"] >= 2.0 > session["ping_every_s"] + session["pong_within_s"]
-    assert not c_call["survived"] and c_call["pings_missed"] >= 1, c_call
-    assert c_call["lag_samples_over_1s"] >= 1 and c_call["lag_largest_in_s"][0] >= 1.0, c_call
+    held = rows[1]
+    # held for over three times the ping interval and its deadline together (0.3 + 0.3 s): some ping came
+    # while no thread of the client could answer it
+    assert held["measured_s"] >= 2.0 > 3 * (session["ping_every_s"] + session["pong_within_s"])
+    assert not held["survived"] and held["pings_missed"] >= 1, held
+    assert held["lag_samples_over_1s"] >= 1 and held["lag_largest_in_s"][0] >= 1.0, held
     exchange = session["exchange"]["forkless"]
     assert exchange["pings_missed"] >= sum(r["pings_missed"] for r in rows)
     assert exchange["connections"] >= 2, exchange  # the session came back after the drop
-    assert session["thresholds"]["forkless"]["after-ping"]["shortest_dropped_s"] == c_call["measured_s"]
+    assert session["thresholds"]["forkless"]["after-ping"]["shortest_dropped_s"] == held["measured_s"]
     assert session["clients"]["forkless"]["exit"] == 0
 
     (probe,) = data["gc"]
@@ -73,4 +74,4 @@ def test_quick_gil_stall_run_has_every_section_and_a_long_c_call_loses_the_one_p
         assert set(collections) == {"gen0", "gen1", "gen2"}, key
         assert all(isinstance(c["n"], int) and _number(c["max_ms"]) for c in collections.values()), key
     assert probe["workload_default"]["collections"]["gen0"]["n"] > 0  # 10,000 rows kept: the collector ran
-    assert "### gc: 20,000 live lists" in done.stdout and "| forkless | c-call | after-ping | 2 |" in done.stdout
+    assert "### gc: 20,000 live lists" in done.stdout and "| forkless | c-sleep | after-ping | 2 |" in done.stdout
