@@ -133,7 +133,7 @@ def test_the_exchange_session_keeps_its_connection_through_a_stalled_main_loop_w
         if event["type"] != "trade":
             return
         trades.append(event["seq"])
-        if not stall:  # the first trade stalls the main loop (a long compile, a GC pause, a slow step)
+        if not stall:  # the first trade stalls the main loop (a wait that releases the GIL, as a step or a compile)
             at = ex.counters()["trades_sent"]
             stall["counters"] = ex.wait_for(
                 lambda c: c["trades_sent"] >= at + STALL_TRADES or c["closes"]["4001"] or c["pings_missed"],
