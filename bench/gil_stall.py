@@ -248,7 +248,7 @@ def serve_commands(wait: Callable[[float], None], ns_per_item: float) -> None:
 def run_forkless_client(url: str, ns_per_item: float) -> None:
     # here, not at the top: the spawn design's child imports this module and must load neither forkless nor JAX
     from examples.exchange_session import ExchangeSession
-    from forkless import Config, Controller
+    from forkless import EVENTS_ONLY, Config, Controller
 
     session = ExchangeSession(url)
     events: Counter[str] = Counter()
@@ -257,7 +257,7 @@ def run_forkless_client(url: str, ns_per_item: float) -> None:
         events[event["type"]] += 1
 
     config = Config(status_s=0.0, metrics_addr="127.0.0.1:0")
-    with Controller(config, sources=[session], on_event=on_event, events_only=True) as ctl:
+    with Controller(config, processor=EVENTS_ONLY, sources=[session], on_event=on_event) as ctl:
         emit({"ready": "forkless", "metrics_url": ctl.metrics_url, "ns_per_item": ns_per_item, "pid": os.getpid()})
         serve_commands(lambda timeout: ctl.process_pending(timeout=timeout), ns_per_item)
     snap = ctl.stats()
@@ -412,7 +412,7 @@ def gc_probe(size: int, with_jax: bool) -> dict[str, Any]:
         finally:
             gc.set_threshold(*default)
         gc.collect()
-        gc.freeze()  # what Controller(freeze_gc=True) does at start(), after one collection
+        gc.freeze()  # what Controller(runtime=Runtime(freeze_gc=True)) does at start(), after one collection
         try:
             out["frozen_objects"] = gc.get_freeze_count()
             out["collect_frozen"] = timed_collections(ticker)
