@@ -42,15 +42,15 @@ from forkless.controller.config import Config
 from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.capabilities import capability
 from forkless.io_loop.connectors.connector import Connector, PositionCodec
+from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect
+from forkless.io_loop.connectors.websocket.client import WebSocketSource
+from forkless.io_loop.connectors.websocket.on_connect import OnConnect
 from forkless.io_loop.counters import IOSnapshot, IOStats
 from forkless.io_loop.finishing import declared_awaiting
 from forkless.io_loop.sends import declared_send_policy
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec, IOSettings
 from forkless.io_loop.sinks.sink import Sink
 from forkless.io_loop.source import Source
-from forkless.io_loop.sources.before_connect import BeforeConnect
-from forkless.io_loop.sources.client import WebSocketSource
-from forkless.io_loop.sources.on_connect import OnConnect
 from forkless.io_loop.spill import declared_policy
 from forkless.io_loop.thread import IOThread
 from forkless.io_loop.waiting import PARK, WaitSettings
@@ -206,8 +206,8 @@ def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, S
                                before_connect=before_connect, feeds_from_list=s.feeds_from_list)
 
     if not spec.url and s.uses_demo_feed:
-        # only when it runs: the demo feed's server (io_loop/sources/demo_source.py has the reason)
-        from forkless.io_loop.sources.demo_source import DemoSource
+        # only when it runs: the demo feed's server (io_loop/connectors/websocket/demo_source.py has the reason)
+        from forkless.io_loop.connectors.websocket.demo_source import DemoSource
 
         return DemoSource(spec, s.demo, timeouts=s.timeouts, client=websocket)
     return websocket(spec)

@@ -63,13 +63,13 @@ from forkless.controller.queues import POLL_S, Intake, Outlet, StopDeadline
 from forkless.controller.replies import Replies
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats, StatsSnapshot, books_line, status_line, whole_snapshot
+from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect
+from forkless.io_loop.connectors.websocket.on_connect import OnConnect, frames_of
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.errors import LeaseLost, StopRequested
 from forkless.io_loop.sends import checked_max_age, sent_frames
 from forkless.io_loop.source import Source
-from forkless.io_loop.sources.before_connect import BeforeConnect
-from forkless.io_loop.sources.on_connect import OnConnect, frames_of
 from forkless.io_loop.waiting import WaitSettings, resolve_handoff
 
 __all__ = ["Controller"]
@@ -98,12 +98,13 @@ class Controller:
 
     ``on_connect(feed, connection)``: frames to send first on every new connection of a feed,
     computed then (a signed, timestamped subscription); it runs on the IO thread's loop
-    (io_loop/sources/on_connect.py has the rules, docs/embedding/subscriptions.md an example).
+    (io_loop/connectors/websocket/on_connect.py has the rules, docs/embedding/subscriptions.md an example).
 
     ``before_connect(feed, attempt)``: this attempt's URL and headers, a ``Handshake`` (or
     None for the configured ones), before every opening handshake (a login, a token
     refresh); with it a handshake refused with HTTP 401/403 asks it again instead of giving
-    up. It runs on the IO thread's loop (io_loop/sources/before_connect.py, docs/embedding/subscriptions.md).
+    up. It runs on the IO thread's loop (io_loop/connectors/websocket/before_connect.py,
+    docs/embedding/subscriptions.md).
 
     ``sources``: the user's own clients (``controller.Source``, io_loop/source.py), run on the
     IO thread beside the configured feeds, or instead of the demo feed when none is

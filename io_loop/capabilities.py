@@ -68,7 +68,7 @@ class SourceCapabilities:
     feed's tally); None: none."""
 
     probe: Any = None
-    """``async probe(codec, say, *, dedupe_window_s)``: ``--check``'s try of it (io_loop/sources/probe.py); None: not
+    """``async probe(codec, say, *, dedupe_window_s)``: ``--check``'s try of it (io_loop/probe.py); None: not
     tried."""
 
 

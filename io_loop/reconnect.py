@@ -1,6 +1,6 @@
 """The reconnect driver: connect, serve, back off, again: the one loop under the WebSocket feed
-(io_loop/sources/client.py), the JetStream feed (io_loop/connectors/jetstream/source.py), the relay's publisher
-(io_loop/connectors/jetstream/publisher.py) and ``Relogin`` (io_loop/sources/relogin.py).
+(io_loop/connectors/websocket/client.py), the JetStream feed (io_loop/connectors/jetstream/source.py), the relay's
+publisher (io_loop/connectors/jetstream/publisher.py) and ``Relogin`` (io_loop/relogin.py).
 
 Rules:
 - ``await drive(link, backoff)`` owns the loop and the ``Backoff`` (io_loop/backoff.py): its

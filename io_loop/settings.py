@@ -186,8 +186,8 @@ class ReconnectSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class Timeouts:
-    """How long a connection's steps may take (io_loop/sources/connect.py, io_loop/connectors/jetstream/transport.py,
-    the stop)."""
+    """How long a connection's steps may take (io_loop/connectors/websocket/connect.py,
+    io_loop/connectors/jetstream/transport.py, the stop)."""
 
     connect_timeout_s: float  # a connection and its handshake; a JetStream API call
     heartbeat_s: float  # the WebSocket ping / the NATS ping interval (0: none)
@@ -197,7 +197,7 @@ class Timeouts:
 
 @dataclass(frozen=True, kw_only=True)
 class TlsSettings:
-    """How a TLS connection is verified (io_loop/sources/connect.py's ``make_ssl_context``)."""
+    """How a TLS connection is verified (io_loop/connectors/websocket/connect.py's ``make_ssl_context``)."""
 
     ca_file: str  # FORKLESS_CA_FILE, added to the system trust store
     insecure: bool = _from("tls_insecure")  # FORKLESS_TLS_INSECURE: verification off
@@ -205,8 +205,8 @@ class TlsSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class Credentials:
-    """What every WebSocket handshake carries (io_loop/sources/connect.py's ``handshake_headers``), kept out of
-    ``repr``: FORKLESS_HEADERS and FORKLESS_AUTH_TOKEN (a feed's own headers are its ``FeedSpec``'s)."""
+    """What every WebSocket handshake carries (io_loop/connectors/websocket/connect.py's ``handshake_headers``), kept
+    out of ``repr``: FORKLESS_HEADERS and FORKLESS_AUTH_TOKEN (a feed's own headers are its ``FeedSpec``'s)."""
 
     headers: tuple[tuple[str, str], ...] = field(repr=False)
     auth_token: str = field(repr=False)
@@ -227,8 +227,8 @@ class Limits:
 
 @dataclass(frozen=True, kw_only=True)
 class DemoSettings:
-    """The embedded demo feed's (io_loop/sources/demo_source.py): FORKLESS_DEMO_RATE, _STREAMS, _UNIX_SOCKET,
-    and what its messages carry (FORKLESS_FEATURES values each)."""
+    """The embedded demo feed's (io_loop/connectors/websocket/demo_source.py): FORKLESS_DEMO_RATE, _STREAMS,
+    _UNIX_SOCKET, and what its messages carry (FORKLESS_FEATURES values each)."""
 
     rate: float = _from("demo_rate")
     streams: int = _from("demo_streams")

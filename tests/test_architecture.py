@@ -64,7 +64,7 @@ CORE = [
     "controller/settings/vardocs.py",
     "controller/settings/variables.py",
     "io_loop/__init__.py",
-    "io_loop/sources/__init__.py",
+    "io_loop/connectors/websocket/__init__.py",
     "io_loop/connectors/__init__.py",
     "io_loop/connectors/jetstream/__init__.py",
     "io_loop/relay/__init__.py",
@@ -96,12 +96,12 @@ DEVICE = [
 IO = [
     "io_loop/net/aiohttp_compat.py",
     "io_loop/net/appsite.py",
-    "io_loop/sources/before_connect.py",
+    "io_loop/connectors/websocket/before_connect.py",
     "io_loop/bridge.py",
-    "io_loop/sources/client.py",
-    "io_loop/sources/connect.py",
-    "io_loop/sources/demo_feed.py",
-    "io_loop/sources/demo_source.py",
+    "io_loop/connectors/websocket/client.py",
+    "io_loop/connectors/websocket/connect.py",
+    "io_loop/connectors/websocket/demo_feed.py",
+    "io_loop/connectors/websocket/demo_source.py",
     "io_loop/emitted.py",
     "io_loop/feeds.py",
     "io_loop/finishing.py",
@@ -109,7 +109,7 @@ IO = [
     "io_loop/waiting.py",
     "io_loop/spill.py",
     "io_loop/net/http.py",
-    "io_loop/sources/on_connect.py",
+    "io_loop/connectors/websocket/on_connect.py",
     "io_loop/connectors/jetstream/connector.py",
     "io_loop/connectors/jetstream/source.py",
     "io_loop/connectors/jetstream/probe.py",
@@ -118,7 +118,7 @@ IO = [
     "io_loop/portal.py",
     "io_loop/portalqueue.py",
     "io_loop/reconnect.py",
-    "io_loop/sources/relogin.py",
+    "io_loop/relogin.py",
     "io_loop/connectors/jetstream/deployment.py",
     "io_loop/connectors/jetstream/leases.py",
     "io_loop/connectors/jetstream/transport.py",
@@ -126,7 +126,7 @@ IO = [
     "io_loop/connectors/jetstream/objects.py",
     "io_loop/connectors/jetstream/storethread.py",
     "io_loop/connectors/jetstream/nats_compat.py",
-    "io_loop/sources/probe.py",
+    "io_loop/probe.py",
     "io_loop/connectors/jetstream/publisher.py",
     "io_loop/sinks/results.py",
     "io_loop/sinks/sink.py",
@@ -570,7 +570,7 @@ def test_the_scanner_sees_top_level_class_level_and_nested_function_imports():
 
 
 def test_the_scanner_resolves_relative_imports_and_counts_parent_packages():
-    found = find_imports("from .. import backoff\nfrom ..bridge import Bridge\n", "io_loop/sources/client.py")
+    found = find_imports("from .. import backoff\nfrom ..bridge import Bridge\n", "io_loop/net/http.py")
     assert [imp.targets for imp in found] == [("forkless.io_loop.backoff",), ("forkless.io_loop.bridge",)]
     assert loaded("forkless.io_loop.backoff") == ["forkless.io_loop", "forkless.io_loop.backoff"]
 
@@ -637,7 +637,7 @@ def test_a_websocket_only_run_imports_no_library_only_some_runs_need():
         "from app import load_config\nfrom forkless.controller.loop import Controller\nController(load_config()).run()",
         env=app_env())  # the session's compilation cache: the default step loaded, not compiled cold
     # it did start a feed and JAX
-    assert "forkless.io_loop.sources.client" in loaded_modules and "jax" in loaded_modules
+    assert "forkless.io_loop.connectors.websocket.client" in loaded_modules and "jax" in loaded_modules
     optional = sorted({m.split(".")[0] for m in loaded_modules} & OPTIONAL_LIBRARIES)
     assert not optional, f"a WebSocket-only run imported {optional}: import them only where they are used"
 

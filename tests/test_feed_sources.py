@@ -13,12 +13,12 @@ import pytest
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
 from forkless.controller.ioside import feed_sources
+from forkless.io_loop.connectors.websocket.client import WebSocketSource
+from forkless.io_loop.connectors.websocket.demo_source import DemoSource
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events
 from forkless.io_loop.feeds import FeedSet
 from forkless.io_loop.settings import FeedSpec
-from forkless.io_loop.sources.client import WebSocketSource
-from forkless.io_loop.sources.demo_source import DemoSource
 from forkless.io_loop.thread import IOThread
 
 from tests.harness import UNIT_S

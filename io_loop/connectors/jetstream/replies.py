@@ -46,10 +46,10 @@ from forkless.io_loop.connectors.jetstream.transport import (
     duplicate_ack,
     error_ack,
 )
+from forkless.io_loop.connectors.websocket.client import End, Outcome
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin
 from forkless.io_loop.settings import FeedSpec, Timeouts
-from forkless.io_loop.sources.client import End, Outcome
 from forkless.io_loop.writer import ReplyBatch
 
 __all__ = ["ReplyAcks", "ReplyPublisher", "msg_id", "reply_commands"]

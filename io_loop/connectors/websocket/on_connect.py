@@ -102,7 +102,8 @@ async def guarded_call(name: str, hook: Callable[[str, int], Any], feed: str, nu
                        convert: Callable[[Any], Any]) -> Any:
     """``convert(hook(feed, number))``, awaiting what the hook returns (if awaitable) within
     ``timeout_s``; ``HookFailed`` naming the ``name`` hook for whatever it or ``convert`` raised,
-    or the timeout. Shared by the on-connect and before-connect hooks (io_loop/sources/before_connect.py)."""
+    or the timeout. Shared by the on-connect and before-connect hooks
+    (io_loop/connectors/websocket/before_connect.py)."""
     limit = asyncio.timeout(timeout_s)
     try:
         result = hook(feed, number)

@@ -7,13 +7,13 @@ Rules:
 - The feed probe asks each feed's source to try itself (its ``probe``, io_loop/capabilities.py),
   the sources handed in, made as every run's are (controller/ioside.py's ``feed_sources``): this
   module knows no kind of feed and imports none of their modules (they import it, for ``ProbeFailed``
-  and ``probe_websocket``). A WebSocket feed's (io_loop/sources/client.py) is ``probe_websocket``: ONE connection
-  with the configured TLS, headers, token and timeouts (io_loop/sources/connect.py, the same code the
-  client uses), a brief wait for a first frame, a close with 1000. A JetStream feed's connects to
+  and ``probe_websocket``). A WebSocket feed's (io_loop/connectors/websocket/client.py) is ``probe_websocket``:
+  ONE connection with the configured TLS, headers, token and timeouts (io_loop/connectors/websocket/connect.py, the
+  same code the client uses), a brief wait for a first frame, a close with 1000. A JetStream feed's connects to
   its server, reads its stream and finds the stream storing its results subject, warning when
   that stream's duplicate window is shorter than a restart needs (its connector's room's probe). The
-  embedded demo feed's (io_loop/sources/demo_source.py), when no feed is configured, serves it and
-  connects once. With several feeds (``FORKLESS_FEEDS``) every feed is probed and the probe
+  embedded demo feed's (io_loop/connectors/websocket/demo_source.py), when no feed is configured, serves it
+  and connects once. With several feeds (``FORKLESS_FEEDS``) every feed is probed and the probe
   fails if any of them does, naming them.
 - A feed with a unix-domain socket is probed through it (``new_session``); the demo feed with
   ``FORKLESS_DEMO_UNIX_SOCKET`` serves and is probed on that socket; a metrics address
@@ -33,13 +33,7 @@ from typing import Any, Protocol
 
 import aiohttp
 from forkless.io_loop.capabilities import capability
-from forkless.io_loop.decoding import FrameDecoder
-from forkless.io_loop.loopthread import run_in_thread
-from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_label
-from forkless.io_loop.net.unixsocket import listen_unix
-from forkless.io_loop.settings import Credentials, FeedSpec, Timeouts, TlsSettings
-from forkless.io_loop.source import Source
-from forkless.io_loop.sources.connect import (
+from forkless.io_loop.connectors.websocket.connect import (
     ConnectFailed,
     HandshakeRefused,
     handshake_headers,
@@ -48,6 +42,12 @@ from forkless.io_loop.sources.connect import (
     open_feed,
     shown_target,
 )
+from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.loopthread import run_in_thread
+from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_label
+from forkless.io_loop.net.unixsocket import listen_unix
+from forkless.io_loop.settings import Credentials, FeedSpec, Timeouts, TlsSettings
+from forkless.io_loop.source import Source
 
 __all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "WebSocketTarget", "check_metrics_addr", "probe_feed",
            "probe_websocket"]
@@ -60,7 +60,7 @@ class ProbeFailed(Exception):
 
 
 class WebSocketTarget(Protocol):
-    """What ``probe_websocket`` reads of a WebSocket feed's source (io_loop/sources/client.py's
+    """What ``probe_websocket`` reads of a WebSocket feed's source (io_loop/connectors/websocket/client.py's
     ``WebSocketSource`` is one): where it connects and with which settings."""
 
     feed: FeedSpec

@@ -149,7 +149,7 @@ async def open_feed(session: aiohttp.ClientSession, url: str, ssl_context: ssl.S
                     heartbeat: bool = True, autoping: bool = True) -> aiohttp.ClientWebSocketResponse:
     """Connect and complete the opening handshake within ``timeouts.connect_timeout_s``, sending
     ``headers`` (the configured ones with the feed's added, ``handshake_headers``, or this attempt's
-    from the before-connect hook: io_loop/sources/before_connect.py); a frame over ``max_msg_bytes``
+    from the before-connect hook: io_loop/connectors/websocket/before_connect.py); a frame over ``max_msg_bytes``
     ends the connection (1009). ``autoping=False``: the server's pings and pongs reach ``receive()``,
     and the caller answers the pings."""
     shown = redact_url(url)
