@@ -46,9 +46,9 @@ from forkless.io_loop.connectors.jetstream.transport import (
     duplicate_ack,
     error_ack,
 )
-from forkless.io_loop.connectors.websocket.client import End, Outcome
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin
+from forkless.io_loop.reconnect import End, Outcome
 from forkless.io_loop.settings import FeedSpec, Timeouts
 from forkless.io_loop.writer import ReplyBatch
 

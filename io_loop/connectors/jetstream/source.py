@@ -85,10 +85,9 @@ from forkless.io_loop.connectors.jetstream.transport import (
     connect_options,
     describe_error,
 )
-from forkless.io_loop.connectors.websocket.client import End, Outcome, pause_before_reconnect
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.errors import ACCEPT_LOSS, FeedFatal, PositionLost
-from forkless.io_loop.reconnect import drive
+from forkless.io_loop.reconnect import End, Outcome, drive, pause_before_reconnect
 from forkless.io_loop.settings import FeedSpec, PartitionSettings, ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext
 

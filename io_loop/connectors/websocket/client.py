@@ -45,12 +45,10 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import aiohttp
 from forkless.io_loop.backoff import Backoff
@@ -72,11 +70,11 @@ from forkless.io_loop.connectors.websocket.on_connect import HookFailed, OnConne
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.net import aiohttp_compat
-from forkless.io_loop.reconnect import drive
+from forkless.io_loop.reconnect import End, Outcome, drive, pause_before_reconnect
 from forkless.io_loop.settings import Credentials, FeedSpec, ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext, SourceStopped
 
-__all__ = ["End", "Outcome", "WebSocketSource", "pause_before_reconnect"]
+__all__ = ["WebSocketSource"]
 
 log = logging.getLogger("forkless.client")
 
@@ -89,34 +87,6 @@ GIVE_UP_CLOSE_S = 0.25  # how long closing a connection that is being given up m
 READ_PASS_FRAMES = 256  # at most this many frames of one read handed over (and decoded) together
 # refused handshakes a before-connect hook may answer with new credentials (an expired token)
 CREDENTIALS_REFUSED = (401, 403)
-
-
-class Outcome(enum.Enum):
-    """How a reader, a writer or a whole connection ended."""
-
-    DRAINED = "outbound shut down and every item sent"  # writer
-    STOPPED = "stopped reading on request"  # reader
-    CLOSED = "closed with 1000 after sending every result"  # connection
-    LOST = "connection lost"  # any of them; ``End.reason`` says why
-
-
-@dataclass(frozen=True)
-class End:
-    outcome: Outcome
-    reason: str = ""
-    code: int | None = None  # the close code the connection ended with, where one is known (its ConnectionEvent's)
-
-
-async def pause_before_reconnect(delay: float, ended: Callable[[], bool]) -> None:
-    """Sleep ``delay`` seconds before a feed's next attempt, or less once ``ended()`` says the
-    stop has come and nothing is left to send (a feed that is down need not connect again)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + delay
-    while True:
-        left = end - loop.time()
-        if left <= 0 or ended():
-            return
-        await asyncio.sleep(min(left, 0.05))
 
 
 class WebSocketSource(SourceCapabilities):
