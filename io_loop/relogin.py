@@ -38,7 +38,7 @@ Rules:
   "sends held while not connected", "sends resent", "sends failed"); give the source
   ``starts_connected = False``. Failures are logged (``forkless.relogin``) once per distinct
   reason, URLs without query or credentials (tokens live there); calls of ``connect`` are bounded
-  by ``connect_timeout_s`` (the hook machinery of io_loop/connectors/websocket/on_connect.py).
+  by ``connect_timeout_s`` (io_loop/hooks.py, as the connect hooks are).
 - Leaving the ``async with`` cancels the connection task and closes the connection.
 """
 
@@ -52,8 +52,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 from forkless.io_loop.backoff import Backoff
-from forkless.io_loop.connectors.websocket.on_connect import HookFailed, guarded_call, own_cancellation, reason_of
 from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.hooks import HookFailed, guarded_call, own_cancellation, reason_of
 from forkless.io_loop.reconnect import drive
 from forkless.io_loop.sends import DEADLINE, DISCONNECTED, GAVE_UP, HOLD, WRITE_FAILED, SendFailed, SentBytes, SentText
 

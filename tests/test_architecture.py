@@ -106,6 +106,7 @@ IO = [
     "io_loop/feeds.py",
     "io_loop/finishing.py",
     "io_loop/handover.py",
+    "io_loop/hooks.py",
     "io_loop/waiting.py",
     "io_loop/spill.py",
     "io_loop/net/http.py",

@@ -132,7 +132,7 @@ INTERNAL = {
         "released (someone else wrote the key)",
     "forkless.io_loop.connectors.jetstream.transport.NatsNoStreamResponse":
         "a NatsError: no stream stores a published subject, caught by the reply publisher (the connection ends)",
-    "forkless.io_loop.connectors.websocket.on_connect.HookFailed":
+    "forkless.io_loop.hooks.HookFailed":
         "an on_connect hook that failed: the connection attempt fails and is tried again",
     "forkless.io_loop.errors.StopRequested":
         "a stop requested while the partition store waited: the controller's start ends there and the run "

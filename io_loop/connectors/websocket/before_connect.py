@@ -36,7 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from forkless.io_loop.connectors.websocket.connect import merge_headers
-from forkless.io_loop.connectors.websocket.on_connect import guarded_call
+from forkless.io_loop.hooks import guarded_call
 from forkless.io_loop.net.netaddr import redact_url, url_host_port
 
 __all__ = ["BeforeConnect", "Handshake", "call_before_connect", "resolve"]

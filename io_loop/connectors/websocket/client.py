@@ -66,9 +66,10 @@ from forkless.io_loop.connectors.websocket.connect import (
     short,
     shown_target,
 )
-from forkless.io_loop.connectors.websocket.on_connect import HookFailed, OnConnect, call_hook
+from forkless.io_loop.connectors.websocket.on_connect import OnConnect, call_hook
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.hooks import HookFailed
 from forkless.io_loop.net import aiohttp_compat
 from forkless.io_loop.reconnect import End, Outcome, drive, pause_before_reconnect
 from forkless.io_loop.settings import Credentials, FeedSpec, ReconnectSettings, Timeouts, TlsSettings
