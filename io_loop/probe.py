@@ -37,7 +37,6 @@ from forkless.io_loop.connectors.websocket.connect import (
     ConnectFailed,
     HandshakeRefused,
     handshake_headers,
-    make_ssl_context,
     new_session,
     open_feed,
     shown_target,
@@ -45,6 +44,7 @@ from forkless.io_loop.connectors.websocket.connect import (
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.loopthread import run_in_thread
 from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_label
+from forkless.io_loop.net.tls import make_ssl_context
 from forkless.io_loop.net.unixsocket import listen_unix
 from forkless.io_loop.settings import Credentials, FeedSpec, Timeouts, TlsSettings
 from forkless.io_loop.source import Source

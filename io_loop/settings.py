@@ -197,7 +197,7 @@ class Timeouts:
 
 @dataclass(frozen=True, kw_only=True)
 class TlsSettings:
-    """How a TLS connection is verified (io_loop/connectors/websocket/connect.py's ``make_ssl_context``)."""
+    """How a TLS connection is verified (io_loop/net/tls.py's ``make_ssl_context``)."""
 
     ca_file: str  # FORKLESS_CA_FILE, added to the system trust store
     insecure: bool = _from("tls_insecure")  # FORKLESS_TLS_INSECURE: verification off

@@ -110,6 +110,7 @@ IO = [
     "io_loop/waiting.py",
     "io_loop/spill.py",
     "io_loop/net/http.py",
+    "io_loop/net/tls.py",
     "io_loop/connectors/websocket/on_connect.py",
     "io_loop/connectors/jetstream/connector.py",
     "io_loop/connectors/jetstream/source.py",

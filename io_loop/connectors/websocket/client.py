@@ -59,7 +59,6 @@ from forkless.io_loop.connectors.websocket.connect import (
     ConnectionLost,
     HandshakeRefused,
     handshake_headers,
-    make_ssl_context,
     mapped_aiohttp_errors,
     new_session,
     open_feed,
@@ -71,6 +70,7 @@ from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.hooks import HookFailed
 from forkless.io_loop.net import aiohttp_compat
+from forkless.io_loop.net.tls import make_ssl_context
 from forkless.io_loop.reconnect import End, Outcome, drive, pause_before_reconnect
 from forkless.io_loop.settings import Credentials, FeedSpec, ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext, SourceStopped
