@@ -6,19 +6,16 @@ Rules:
   business (controller/commands/check.py), not this module's.
 - The feed probe asks each feed's source to try itself (its ``probe``, io_loop/capabilities.py),
   the sources handed in, made as every run's are (controller/ioside.py's ``feed_sources``): this
-  module knows no kind of feed and imports none of their modules (they import it, for ``ProbeFailed``
-  and ``probe_websocket``). A WebSocket feed's (io_loop/connectors/websocket/client.py) is ``probe_websocket``:
-  ONE connection with the configured TLS, headers, token and timeouts (io_loop/connectors/websocket/connect.py, the
-  same code the client uses), a brief wait for a first frame, a close with 1000. A JetStream feed's connects to
-  its server, reads its stream and finds the stream storing its results subject, warning when
-  that stream's duplicate window is shorter than a restart needs (its connector's room's probe). The
-  embedded demo feed's (io_loop/connectors/websocket/demo_source.py), when no feed is configured, serves it
-  and connects once. With several feeds (``FORKLESS_FEEDS``) every feed is probed and the probe
-  fails if any of them does, naming them.
-- A feed with a unix-domain socket is probed through it (``new_session``); the demo feed with
-  ``FORKLESS_DEMO_UNIX_SOCKET`` serves and is probed on that socket; a metrics address
-  ``unix:/path`` is bound and removed as the server would (io_loop/net/unixsocket.py). No TCP socket
-  is opened for any of them.
+  module knows no kind of feed and imports none of their modules (they import it, for ``ProbeFailed``).
+  Each connector's room has its own: a WebSocket feed's makes ONE connection with the configured TLS, headers,
+  token and timeouts (io_loop/connectors/websocket/probe.py); a JetStream feed's connects to its server, reads its
+  stream and finds the stream storing its results subject, warning when that stream's duplicate window is shorter
+  than a restart needs (io_loop/connectors/jetstream/probe.py); the embedded demo feed's
+  (io_loop/connectors/websocket/demo_source.py), when no feed is configured, serves it and connects once. A user's
+  source is tried by its own ``probe``; one without is said and passed. With several feeds (``FORKLESS_FEEDS``)
+  every feed is probed and the probe fails if any of them does, naming them.
+- A metrics address ``unix:/path`` is bound and removed as the server would (io_loop/net/unixsocket.py): no TCP
+  socket is opened for it.
 - The probes run on a loop of their own in a thread of their own ("forkless-check",
   io_loop/loopthread.py's ``run_in_thread``): the caller's thread keeps its event loop, and
   ``--check`` may be called from inside a running one; what a probe raises is raised in the caller.
@@ -26,50 +23,23 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-import aiohttp
 from forkless.io_loop.capabilities import capability
-from forkless.io_loop.connectors.websocket.connect import (
-    ConnectFailed,
-    HandshakeRefused,
-    handshake_headers,
-    new_session,
-    open_feed,
-    shown_target,
-)
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.loopthread import run_in_thread
 from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_label
-from forkless.io_loop.net.tls import make_ssl_context
 from forkless.io_loop.net.unixsocket import listen_unix
-from forkless.io_loop.settings import Credentials, FeedSpec, Timeouts, TlsSettings
+from forkless.io_loop.settings import FeedSpec
 from forkless.io_loop.source import Source
 
-__all__ = ["FIRST_FRAME_WAIT_S", "ProbeFailed", "WebSocketTarget", "check_metrics_addr", "probe_feed",
-           "probe_websocket"]
-
-FIRST_FRAME_WAIT_S = 2.0
+__all__ = ["ProbeFailed", "check_metrics_addr", "probe_feed"]
 
 
 class ProbeFailed(Exception):
     """One probe failed; ``str`` is the reason, fit to print."""
-
-
-class WebSocketTarget(Protocol):
-    """What ``probe_websocket`` reads of a WebSocket feed's source (io_loop/connectors/websocket/client.py's
-    ``WebSocketSource`` is one): where it connects and with which settings."""
-
-    feed: FeedSpec
-    url: str
-    tls: TlsSettings
-    credentials: Credentials
-    timeouts: Timeouts
-    max_msg_bytes: int
-    feeds_from_list: bool
 
 
 def check_metrics_addr(addr: str, say: Callable[[str], None]) -> None:
@@ -138,60 +108,3 @@ async def _probe_source(source: Any, codec: FrameDecoder, say: Callable[[str], N
         say(f"  source {source.name!r} declares no probe(): not tried")
         return
     await probe(codec, say, dedupe_window_s=dedupe_window_s)
-
-
-async def probe_websocket(source: WebSocketTarget, codec: FrameDecoder, say: Callable[[str], None]) -> None:
-    """One WebSocket connection of ``source`` (to its ``url``, with its settings), its first frame described,
-    closed with 1000."""
-    feed, url, tls = source.feed, source.url, source.tls
-    shown = shown_target(url, feed.unix_socket)
-    headers = handshake_headers(source.credentials, feed)
-    if headers:
-        say(f"  handshake headers: {', '.join(sorted(headers))} (values hidden)")
-    ssl_ctx = make_ssl_context(tls) if url.startswith("wss:") else None
-    if ssl_ctx is not None:
-        say(f"  TLS: system trust store{' + ' + tls.ca_file if tls.ca_file else ''}"
-            f"{', verification OFF (FORKLESS_TLS_INSECURE=1)' if tls.insecure else ''}")
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    async with new_session(feed.unix_socket) as session:
-        try:
-            ws = await open_feed(session, url, ssl_ctx, headers=headers, timeouts=source.timeouts,
-                                 max_msg_bytes=source.max_msg_bytes, heartbeat=False)
-        except HandshakeRefused as exc:
-            raise ProbeFailed(str(exc)) from None
-        except ConnectFailed as exc:
-            raise ProbeFailed(f"cannot connect to {shown}: {exc}") from None
-        took_ms = (loop.time() - t0) * 1000
-        try:
-            say(f"  connected to {shown} in {took_ms:.1f} ms (HTTP 101"
-                f"{', subprotocol ' + ws.protocol if ws.protocol else ''})")
-            if feed.subscribe:
-                await ws.send_str(feed.subscribe)
-                say(f"  sent {'its subscribe message' if source.feeds_from_list else 'FORKLESS_SUBSCRIBE'}"
-                    f" ({len(feed.subscribe)} characters)")
-            wait_s = min(FIRST_FRAME_WAIT_S, source.timeouts.connect_timeout_s)
-            try:
-                msg = await asyncio.wait_for(ws.receive(), wait_s)
-            except TimeoutError:
-                say(f"  no frame within {wait_s:g}s (a quiet feed is not an error)")
-            else:
-                _describe_frame(msg, codec, loop.time() - t0, say)
-        finally:
-            await ws.close(code=aiohttp.WSCloseCode.OK, message=b"forkless --check done")
-        say("  closed the connection (code 1000)")
-
-
-def _describe_frame(msg: Any, codec: FrameDecoder, after_s: float, say: Callable[[str], None]) -> None:
-    if msg.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
-        say(f"  the feed ended the connection before any frame: {msg.type.name}"
-            f"{f' (code {msg.data})' if isinstance(msg.data, int) else ''}")
-        return
-    decoded = codec.decode(msg.data)
-    found = f"{len(decoded)} good message(s)"
-    if len(decoded):
-        found += f", first stream {decoded.stream[0]!r}"
-    if decoded.errors:
-        reasons = sorted({reason for reason, _ in decoded.errors})
-        found += f", {len(decoded.errors)} the controller would refuse ({'; '.join(reasons)})"
-    say(f"  first frame after {after_s * 1000:.0f} ms, {len(msg.data)} bytes: {found}")

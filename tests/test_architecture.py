@@ -112,6 +112,7 @@ IO = [
     "io_loop/net/http.py",
     "io_loop/net/tls.py",
     "io_loop/connectors/websocket/on_connect.py",
+    "io_loop/connectors/websocket/probe.py",
     "io_loop/connectors/jetstream/connector.py",
     "io_loop/connectors/jetstream/source.py",
     "io_loop/connectors/jetstream/probe.py",

@@ -138,8 +138,9 @@ class WebSocketSource(SourceCapabilities):
         self._ready: Callable[[], bool] = lambda: False  # aiohttp holds the connection's next data frame already
 
     async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
-        """``--check``'s try of the feed: one connection (io_loop/probe.py's ``probe_websocket``)."""
-        from forkless.io_loop.probe import probe_websocket  # only --check probes: a run never loads the probe
+        """``--check``'s try of the feed: one connection (io_loop/connectors/websocket/probe.py)."""
+        # only --check probes: a run never loads the probe
+        from forkless.io_loop.connectors.websocket.probe import probe_websocket
 
         await probe_websocket(self, codec, say)
 

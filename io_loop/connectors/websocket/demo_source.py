@@ -16,9 +16,9 @@ Rules:
   reading as any source does; so the demo's tally is complete.
 - ``summary()`` (a source capability, io_loop/capabilities.py): the server's tally (sent, answered,
   recall, precision) in one line, which the ``forkless`` program prints at its end.
-- ``--check`` (``probe``): the server started, one connection to it (io_loop/probe.py's
-  ``probe_websocket``), the server stopped; its per-connection INFO lines are held back meanwhile
-  (the demo feed logger's level is restored after).
+- ``--check`` (``probe``): the server started, one connection to it (the WebSocket feed's probe,
+  io_loop/connectors/websocket/probe.py), the server stopped; its per-connection INFO lines are held back
+  meanwhile (the demo feed logger's level is restored after).
 - Imported only when the demo feed runs: the server and aiohttp's web side cost 3.7 MiB of resident
   memory a real deployment never uses (measured 2026-11-30, /proc/self/statm).
 """
