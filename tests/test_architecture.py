@@ -99,6 +99,7 @@ IO = [
     "io_loop/connectors/websocket/before_connect.py",
     "io_loop/bridge.py",
     "io_loop/connectors/websocket/client.py",
+    "io_loop/connectors/websocket/connector.py",
     "io_loop/connectors/websocket/connect.py",
     "io_loop/connectors/websocket/demo_feed.py",
     "io_loop/connectors/websocket/demo_source.py",
@@ -685,6 +686,43 @@ def test_the_nats_rules_see_an_import_outside_the_room_and_an_error_module_named
     inside = find_imports("import nats.errors\nfrom nats.js import api\n", NATS_ROOM + "source.py")
     assert [imp.targets for imp in names_nats_errors(nats_imports(NATS_ROOM + "source.py", inside))] == [
         ("nats.errors",)]
+
+
+# ---- the WebSocket connector is a room: the composition root reaches its feed through its connector -------------
+
+WEBSOCKET_ROOM = "io_loop/connectors/websocket/"
+# what a module outside the room may import of it: the room's package, the connector the composition root talks to,
+# and the connect hooks' public types (Controller's on_connect and before_connect, Handshake, frames_of)
+WEBSOCKET_DOORS = {WEBSOCKET_ROOM + name for name in ("__init__.py", "connector.py", "on_connect.py",
+                                                      "before_connect.py")}
+
+
+def into_the_websocket_room(path: str, imports: list[Import] | None = None) -> list[str]:
+    """What ``path`` imports of the WebSocket room besides its doors (its client, connect, probe, demo feed), each as
+    "file:line loads module"; nothing for a module inside the room."""
+    if path.startswith(WEBSOCKET_ROOM):
+        return []
+    return [f"{imp.where} loads {dep}" for imp in (IMPORTS[path] if imports is None else imports)
+            for target in imp.targets for name in loaded(target) if (dep := MODULES.get(name)) is not None
+            and dep.startswith(WEBSOCKET_ROOM) and dep not in WEBSOCKET_DOORS]
+
+
+def test_outside_the_websocket_room_only_its_connector_and_the_hooks_types_are_imported():
+    # controller/ioside.py's connector_for chooses a feed's connector, which makes its source (a WebSocketSource, the
+    # demo feed's DemoSource): no module outside the room names the client, connect, the probe or the demo feed
+    wrong = [line for path in PATHS for line in into_the_websocket_room(path)]
+    assert not wrong, ("reach the WebSocket feed through its connector (io_loop/connectors/websocket/connector.py):\n"
+                       + "\n".join(wrong))
+    assert {WEBSOCKET_ROOM + "client.py", WEBSOCKET_ROOM + "connector.py"} <= set(PATHS)  # the room is where it is
+
+
+def test_the_websocket_room_rule_sees_a_lazy_import_of_its_client_and_lets_the_connector_through():
+    found = find_imports("from forkless.io_loop.connectors.websocket.connector import WebSocketConnector\n"
+                         "def f():\n    from forkless.io_loop.connectors.websocket import client  # lazily\n",
+                         "controller/ioside.py")
+    assert into_the_websocket_room("controller/ioside.py", found) == [
+        "controller/ioside.py:3 loads io_loop/connectors/websocket/client.py"]
+    assert into_the_websocket_room(WEBSOCKET_ROOM + "connector.py", found) == []
 
 
 # ---- one owner of the device state ---------------------------------------------------------------

@@ -115,9 +115,8 @@ def _show_config(config: Config, say: Callable[[str], None]) -> None:
         say(f"  {var.env:<28} {shown}{mark}")
     say(f"  batch sizes compiled: {','.join(map(str, config.buckets))}")
     partitioning = config.io_settings().partitioning
-    for feed in config.feed_specs:  # what each connector says of itself (a partitioned feed: its partitions)
-        connector = connector_for(feed)
-        for line in connector.describe(partitioning, config.instance, config.instances) if connector else ():
+    for feed in config.feed_specs:  # what each feed's connector says of itself (a partitioned feed: its partitions)
+        for line in connector_for(feed).describe(partitioning, config.instance, config.instances):
             say(f"  {line}")
 
 

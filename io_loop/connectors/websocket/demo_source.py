@@ -2,13 +2,13 @@
 WebSocket source pointed at it, together.
 
 Rules:
-- Chosen by the configuration (controller/ioside.py, ``feed_source``) for the feed whose url is empty
+- Made by the WebSocket connector (io_loop/connectors/websocket/connector.py) for the feed whose url is empty
   when the demo feed runs (``IOSettings.uses_demo_feed``), and run by a ``SourceRunner`` as any
   source is: the IO thread and the feed set do not know the demo feed is there.
 - ``run(ctx)`` starts the server (``DemoFeed``, io_loop/connectors/websocket/demo_feed.py) on the IO loop, then runs a
   ``WebSocketSource`` connected to it on the same ``ctx``, and stops the server once it has ended. That
-  source is made by the ``client`` it is handed (the composition root's: with the configured
-  timeouts, reconnect policy and hooks), given the feed and the server's address; the demo feed
+  source is made by the ``client`` it is handed (the connector's: with the configured
+  timeouts, reconnect policy, TLS, credentials and hooks), given the feed and the server's address; the demo feed
   reads its own settings (``DemoSettings``) and the stop's timeout, nothing else.
   With ``FORKLESS_DEMO_UNIX_SOCKET`` both ends use that unix-domain socket: no TCP socket at all.
 - The stop (``before_stop``, before ``ctx.stopping`` is set): the server stops sending, the frames
@@ -62,7 +62,7 @@ class DemoSource(SourceCapabilities):
         self.feed = feed
         self.server = DemoFeed(rate_hz=demo.rate, streams=demo.streams, features=demo.features,
                              warmup=demo.warmup, unix_socket=demo.unix_socket)
-        self._client = client  # (feed, url) -> the WebSocketSource reading the server (controller/ioside.py's)
+        self._client = client  # (feed, url) -> the WebSocketSource reading the server (the connector's)
         self._listening = False
 
     async def run(self, ctx: SourceContext) -> None:
