@@ -329,6 +329,7 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
     from forkless.controller.loop import Controller
     from forkless.controller.queues import POLL_S
 
+    from forkless import OnResults, Runtime
     from tests.fake_io import FakeIO
 
     names = [f"stream-{i}" for i in range(streams)]
@@ -348,7 +349,7 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
     cfg = Config(features=features, max_streams=streams, checkpoint_dir=str(directory), checkpoint_s=3600.0,
                  checkpoint_keep=2, checkpoint_restore="never", status_s=0)
     fake = FakeIO()
-    ctl = Controller(cfg, io_factory=fake, on_results=on_results)
+    ctl = Controller(cfg, sinks=[OnResults(on_results)], runtime=Runtime(io_factory=fake))
     ctl.start()
     ckpt = ctl.checkpointer
     t0 = time.perf_counter()

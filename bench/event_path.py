@@ -70,7 +70,7 @@ def run_thread(events: int, gap_s: float) -> dict[str, float]:
 
 def run_forkless(events: int, gap_s: float) -> dict[str, float]:
     """Forkless's hand-over: CPU seconds of the main thread and of the IO thread."""
-    from forkless import Config, Controller
+    from forkless import EVENTS_ONLY, Config, Controller
 
     got: list[int] = []
     cpu: dict[str, float] = {}
@@ -93,7 +93,7 @@ def run_forkless(events: int, gap_s: float) -> dict[str, float]:
                 pass
 
     config = Config.from_env({"FORKLESS_STATUS_S": "0"})
-    with Controller(config, sources=[Producer()], on_event=on_event, events_only=True) as ctl:
+    with Controller(config, processor=EVENTS_ONLY, sources=[Producer()], on_event=on_event) as ctl:
         while not got:  # the first event: the start is over on both threads
             ctl.process_pending(timeout=WAIT_S)
         t0, first = time.thread_time(), len(got)

@@ -7,7 +7,9 @@ of trades, books and pings, and orders that fill at once.
 Prints ``listening on http://127.0.0.1:PORT`` once it listens; SIGTERM or Ctrl-C stops it and
 writes the counters as JSON to ``--summary`` (and ``seq price`` per trade sent to ``--record``).
 In-process (tests): ``Exchange(...).start()`` returns the URL and serves on a thread of its own;
-``counters()``, ``wait_for(predicate)``, ``sent_prices()``, ``stop()``.
+``counters()``, ``wait_for(predicate)``, ``sent_prices()``, ``stop()``; ``kill()`` is the exchange
+dying (every connection dropped without a close frame: a client sees 1006; the port stops
+listening; its tokens forgotten) and ``restart()`` serves again on the same port.
 
 The protocol, exactly (anything else a client sends is a violation, counted by kind and logged):
 - ``POST /login`` ``{"user": "alice", "password": "s3cret"}`` -> ``{"token": ...}``; wrong -> 403.
@@ -215,6 +217,7 @@ class Exchange:
         await ws.prepare(request)
         self.count("connections")
         session = _Session(self, ws, expires_at)
+        session.transport = request.transport  # kill() drops it as a dying process would: no close frame
         self._sessions.add(session)
         try:
             await session.run()
@@ -244,6 +247,25 @@ class Exchange:
             session.close(1001, "exchange stopping")
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _kill(self) -> None:
+        for session in list(self._sessions):
+            if session.transport is not None:
+                session.transport.abort()
+        self._tokens.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def kill(self) -> None:
+        """The exchange dies (see the module docstring); ``restart()`` serves again on the same port."""
+        assert self._loop is not None, "kill() an exchange started with start()"
+        asyncio.run_coroutine_threadsafe(self._kill(), self._loop).result(10.0)
+
+    def restart(self) -> None:
+        """Serve again, on the same port, after ``kill()``."""
+        assert self._loop is not None, "restart() an exchange started with start()"
+        port = int(self.url.rsplit(":", 1)[1])
+        asyncio.run_coroutine_threadsafe(self.serve(port=port), self._loop).result(10.0)
 
     def start(self) -> str:
         """Serve on a thread and loop of its own; returns the URL. ``stop()`` after."""
@@ -276,6 +298,7 @@ class _Session:
         self.code: int | None = None
         self.closing: asyncio.Future[Any] | None = None
         self.tasks: list[asyncio.Task[Any]] = []
+        self.transport: asyncio.BaseTransport | None = None  # set by the exchange: kill() aborts it
 
     async def send(self, obj: dict[str, Any]) -> None:
         if self.code is None and not self.ws.closed:

@@ -209,17 +209,49 @@ def cpu_per_message(window: dict[str, Any]) -> dict[str, float | None]:
 
 
 def _host_identity_controller() -> type:
-    """``Controller`` with ``_run_step`` answering every message with zeros on the host."""
+    """``Controller`` whose engine answers every message with zeros on the host: the same controller,
+    queues, codec, batches, slots, replies and IO side, no device step (the engine is the loop's one seam
+    to the device: its ``dispatch``/``ready``/``finish``/``reset``). One step at a time, as on the CPU."""
+    from types import SimpleNamespace
+
     import numpy as np
     from forkless.controller.loop import Controller
 
-    class HostIdentity(Controller):
-        def _run_step(self, x: Any, key: Any) -> Any:
+    class HostIdentityEngine:
+        platform = "cpu"
+        resets_in_step = False
+        live_weights = None
+        devices = ("host",)
+
+        def __init__(self, config: Any) -> None:
+            self.settings = SimpleNamespace(steps_in_flight=1)
+            self.features = config.features
+
+        def dispatch(self, x: Any, key: Any) -> Any:
             m = len(key)
-            self.main_stats.processed += m
-            outputs = {"anomaly": np.zeros(m, bool), "score": np.zeros(m, np.float32),
-                       "z": np.zeros((m, x.shape[1]), np.float32)}
-            return outputs, np.zeros(m, bool)
+            return {"anomaly": np.zeros(m, bool), "score": np.zeros(m, np.float32),
+                    "z": np.zeros((m, self.features), np.float32)}, np.zeros(m, bool)
+
+        def ready(self, pending: Any) -> bool:
+            return True
+
+        def finish(self, pending: Any) -> Any:
+            return pending
+
+        def reset(self, slots: Any) -> None:
+            pass
+
+        def abandon(self) -> None:
+            pass
+
+        def describe(self) -> str:
+            return "the host (no device step)"
+
+    class HostIdentity(Controller):
+        def _compile(self, after_bucket: Any) -> None:
+            if self.engine is None:
+                self.engine = HostIdentityEngine(self.config)
+                print("forkless-nojax: no device step, the host answers every message", file=sys.stderr, flush=True)
 
     return HostIdentity
 

@@ -1,4 +1,4 @@
-"""What a float64 input costs (``Processor(input_dtype=np.float64)``), on this machine.
+"""What a float64 input costs (``Description(input_dtype=np.float64)``), on this machine.
 
     JAX_PLATFORMS=cpu python -m bench.input_dtype [--runs 5] [--out figures.json]
 
@@ -23,6 +23,7 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -90,7 +91,7 @@ def step_once(dtype: str, seconds: float = 2.0) -> dict[str, float]:
     cfg = Config(features=FEATURES, max_batch=B)
     processor = default_processor(cfg)
     if dtype == "float64":
-        processor = processor._replace(input_dtype=np.float64)
+        processor = processor._replace(description=dataclasses.replace(processor.description, input_dtype=np.float64))
     engine = compile_step(processor, cfg)
     rng = np.random.default_rng(0)
     xs = [(rng.standard_normal((B, FEATURES)) * 1000 + 37000).astype(dtype) for _ in range(16)]

@@ -254,6 +254,8 @@ def measure_stall(streams: int, seconds: float, every_s: float, rounds: int, rat
     from forkless.controller.loop import Controller
     from forkless.controller.queues import POLL_S
 
+    from forkless import OnResults
+
     port = _free_port()
     url = f"nats://127.0.0.1:{port}"
     server = subprocess.Popen([_server_binary(), "-js", "-sd", str(work / "nats-stall"), "-a", "127.0.0.1",
@@ -274,7 +276,7 @@ def measure_stall(streams: int, seconds: float, every_s: float, rounds: int, rat
         cfg = Config(features=FEATURES, max_streams=streams, checkpoint_dir=str(work / "stall-ckpt"),
                      checkpoint_s=3600.0, checkpoint_keep=2, checkpoint_restore="never", status_s=0,
                      feeds=json.dumps(feeds))
-        ctl = Controller(cfg, on_results=on_results)
+        ctl = Controller(cfg, sinks=[OnResults(on_results)])
         ctl.start()
         ckpt = ctl.checkpointer
         names = [f"s{i}" for i in range(streams)]

@@ -15,14 +15,21 @@ Rules:
   io_loop/settings.py) and the controller side's (``checkpoint_settings``, ``instance_settings``,
   ``step_settings``: controller/settings/groups.py); the composition roots hand each component its
   groups, never the whole ``Config``.
+- The groups are public value objects (``SETTINGS_GROUPS``, as httpx's ``Timeout`` and ``Limits``): a
+  ``Config`` is built from them as well as from its fields (``Config(reconnect=ReconnectSettings(max_s=60),
+  features=4)``), takes from each group the fields it was built with (``given_fields``), refuses a field
+  given twice with two values (``TypeError`` naming both), and gives each back (``config.reconnect``). The
+  environment is read by the loader, ``Config.from_env``; its keyword arguments (fields or groups) win.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -39,21 +46,53 @@ from forkless.io_loop.net.netaddr import redact_url, redact_urls
 from forkless.io_loop.settings import (
     DEFAULT_SOURCE_BUFFER,
     GROUPS,
+    Credentials,
+    DemoSettings,
     FeedSpec,
     IOSettings,
     JetStreamSpec,
+    Limits,
+    PartitionSettings,
+    ReconnectSettings,
     RelaySettings,
+    Timeouts,
+    TlsSettings,
     config_field,
+    given_fields,
 )
 
-__all__ = ["Config"]
+__all__ = ["SETTINGS_GROUPS", "Config"]
+
+# the settings groups a Config is built from and gives back, by the name of its argument and property
+# (``Config(step=StepSettings(...))``, ``config.step``): the IO side's (GROUPS) and the controller side's
+SETTINGS_GROUPS: dict[str, type] = {"step": StepSettings, "checkpoints": CheckpointSettings, **GROUPS}
 
 
+def _built_from_groups(cls: type[Config]) -> type[Config]:
+    """``Config``'s ``__init__`` taking the settings groups beside the fields (``_flat_settings``), its
+    signature saying so (``help(Config)``, ``inspect.signature``)."""
+    build: Callable[..., None] = cls.__init__
+
+    @functools.wraps(build)
+    def __init__(self: Config, *args: Any, **settings: Any) -> None:
+        build(self, *args, **_flat_settings(settings))
+
+    parameters = list(inspect.signature(build).parameters.values())
+    parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                     annotation=f"{group.__name__} | None") for name, group in SETTINGS_GROUPS.items()]
+    __init__.__signature__ = inspect.signature(build).replace(parameters=parameters)  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
+@_built_from_groups
 @dataclass(frozen=True)
 class Config:
     """Everything the controller and the IO thread read; immutable once built.
 
-    Build it directly (``Config(features=4, ws_url=...)``) or with ``Config.from_env()``.
+    Build it directly (``Config(features=4, ws_url=...)``), from settings groups
+    (``Config(reconnect=ReconnectSettings(max_s=60), checkpoints=CheckpointSettings(dir="ckpt"))``, any mix of
+    the two), or with ``Config.from_env()``; read a group back as ``config.reconnect``, ``config.checkpoints`` …
     ``validate()`` runs on construction, so a ``Config`` that exists is a valid one.
     """
 
@@ -119,6 +158,7 @@ class Config:
     relay_token: str = field(default="", repr=False)
     relay_creds: str = ""
     relay_seq: str = "feed"
+    relay_max_held: int = 256
 
     def __post_init__(self) -> None:
         if not isinstance(self.subscribe, str):  # a JSON value given in code: stored as the text to send
@@ -226,6 +266,54 @@ class Config:
         """Batch sizes the step is compiled for (``batch_buckets``, controller/settings/groups.py)."""
         return batch_buckets(self.max_batch)
 
+    # ---- the settings groups (SETTINGS_GROUPS), each from the fields it names -----------------------------
+
+    @property
+    def step(self) -> StepSettings:
+        """The step's sizes and where it runs: features, max_streams, max_batch, devices, steps_in_flight."""
+        return self._group(StepSettings)
+
+    @property
+    def checkpoints(self) -> CheckpointSettings:
+        """Where and how often checkpoints are written, and whether one is restored (checkpoint_*)."""
+        return self._group(CheckpointSettings)
+
+    @property
+    def reconnect(self) -> ReconnectSettings:
+        """How a connection is retried (reconnect_min_s, _max_s, _reset_s, _tries)."""
+        return self._group(ReconnectSettings)
+
+    @property
+    def timeouts(self) -> Timeouts:
+        """How long a connection's steps may take: connect_timeout_s, heartbeat_s, stale_s, shutdown_timeout_s."""
+        return self._group(Timeouts)
+
+    @property
+    def tls(self) -> TlsSettings:
+        """How a TLS connection is verified: ca_file, tls_insecure."""
+        return self._group(TlsSettings)
+
+    @property
+    def credentials(self) -> Credentials:
+        """What every WebSocket handshake carries: headers, auth_token (kept out of ``repr``)."""
+        return self._group(Credentials)
+
+    @property
+    def limits(self) -> Limits:
+        """The sizes of what a source reads and hands over: features, max_batch, queue_size, overflow,
+        max_msg_bytes, source_buffer."""
+        return self._group(Limits)
+
+    @property
+    def demo(self) -> DemoSettings:
+        """The embedded demo feed's: demo_rate, demo_streams, demo_unix_socket, features, warmup."""
+        return self._group(DemoSettings)
+
+    @property
+    def partitioning(self) -> PartitionSettings:
+        """A partitioned feed's buckets and leases: checkpoint_bucket, lease_bucket, lease_s."""
+        return self._group(PartitionSettings)
+
     @property
     def feed_variable(self) -> str:
         """The variable that configures the feeds: ``FORKLESS_FEEDS``, ``FORKLESS_WS_URL``, or "" (neither:
@@ -266,8 +354,9 @@ class Config:
                           uses_demo_feed=self.uses_demo_feed, metrics_addr=self.metrics_addr, **groups)
 
     def checkpoint_settings(self) -> CheckpointSettings:
-        """What the checkpoints' writer, their store's choice and recovery read (controller/settings/groups.py)."""
-        return self._group(CheckpointSettings)
+        """What the checkpoints' writer, their store's choice and recovery read (controller/settings/groups.py):
+        ``checkpoints``."""
+        return self.checkpoints
 
     def instance_settings(self) -> InstanceSettings:
         """What a partitioned instance's leases and checkpoint objects read (controller/settings/groups.py): its
@@ -278,8 +367,8 @@ class Config:
 
     def step_settings(self) -> StepSettings:
         """What compiling and running the step reads (controller/settings/groups.py): controller/engine.py and
-        controller/device/."""
-        return self._group(StepSettings)
+        controller/device/: ``step``."""
+        return self.step
 
     def _group(self, group: type, **given: Any) -> Any:
         """A settings group, each field not ``given`` from the field it names (``config_field``)."""
@@ -311,15 +400,17 @@ class Config:
                                                       for spec in io.feed_specs))
         target = FeedSpec("relay", self.relay_nats, jetstream=JetStreamSpec("", token=self.relay_token,
                                                                               creds=self.relay_creds))
-        return io, RelaySettings(target, self.relay_subject, self.relay_seq, self.max_batch, timeouts=io.timeouts,
+        return io, RelaySettings(target, self.relay_subject, self.relay_seq, self.relay_max_held, timeouts=io.timeouts,
                                  reconnect=io.reconnect, tls=io.tls)
 
     def replace(self, **changes: Any) -> Config:
-        return dataclasses.replace(self, **changes)
+        """This configuration with ``changes``: fields, or settings groups (the fields each was built with)."""
+        return dataclasses.replace(self, **_flat_settings(changes))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
-        """Read every ``FORKLESS_*`` variable that is set; unset ones keep their default."""
+        """Read every ``FORKLESS_*`` variable that is set; unset ones keep their default. ``overrides`` (fields,
+        or settings groups: ``checkpoints=CheckpointSettings(dir=...)``) win over the environment."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for var in VARIABLES:
@@ -330,7 +421,7 @@ class Config:
                 values[var.field] = var.parse(raw)
             except (ValueError, TypeError, OSError) as exc:
                 raise ConfigError(var.env, _shown(var, raw), _allowed(var, exc)) from None
-        values.update(overrides)
+        values.update(_flat_settings(overrides))
         return cls(**values)
 
     def check_demo_feed(self) -> None:
@@ -340,6 +431,31 @@ class Config:
         if self.demo_streams > self.max_streams:
             raise ConfigError(PREFIX + "DEMO_STREAMS", str(self.demo_streams),
                               f"at most FORKLESS_MAX_STREAMS ({self.max_streams}) when the demo feed runs")
+
+
+def _flat_settings(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``Config``'s keyword arguments with each settings group (``SETTINGS_GROUPS``) spread into the fields it
+    names: the fields it was built with (``given_fields``), so its defaults override nothing. A field given
+    twice with two values (a keyword and a group, or two groups sharing it: ``features``) is a ``TypeError``
+    naming both, as is a group argument that is not its group."""
+    flat = {name: value for name, value in given.items() if name not in SETTINGS_GROUPS}
+    where = {name: f"{name}=" for name in flat}  # how each field was given, for the error
+    for argument, kind in SETTINGS_GROUPS.items():
+        group = given.get(argument)
+        if group is None:
+            continue
+        if not isinstance(group, kind):
+            raise TypeError(f"Config({argument}=...) takes a forkless.{kind.__name__} (such as "
+                            f"{argument}={kind.__name__}(...)), not {type(group).__name__}")
+        chosen = given_fields(group)
+        for f in dataclasses.fields(group):
+            if f.name not in chosen:
+                continue
+            name, value, how = config_field(f), getattr(group, f.name), f"{argument}={kind.__name__}({f.name}=...)"
+            if name in flat and flat[name] != value:
+                raise TypeError(f"Config(...) got two values for {name}: as {where[name]} and as {how}; give it once")
+            flat[name], where[name] = value, how
+    return flat
 
 
 def _subscribe_text(value: Any) -> str:

@@ -1,18 +1,22 @@
-"""What a processor declares to the core beyond ``(init, step)``: the counters it wants kept and
-the settings its checkpoints record. The core keeps them without knowing what they mean.
+"""What a processor declares to the core beyond ``(init, step)``: its ``Description``, a frozen,
+typed value checked when it is built. The core keeps what it declares without knowing what it means.
 
 Rules:
-- Read from the processor object's attributes (a ``Processor`` has them as fields; any other
-  object may have them or not): ``counters`` (counter name -> output name), ``settings`` (name ->
-  JSON value, recorded in every checkpoint and matched on restore) and ``recorded`` (name ->
-  JSON value, recorded only). Absent or None: nothing declared.
-- A declaration the core cannot keep is refused when the controller is built
-  (``ProcessorContractError``): a counter named as a count of the core's own, a setting named as
-  one of the core's, or a value JSON cannot write. A counter's output must exist and be bool or
-  integer: checked when compiling (``check_counters``), with the step's outputs known.
+- A ``Processor(init, step, description=Description(...))`` carries it (controller/processor.py);
+  every module reads it as typed attributes (``processor.description.name``), never with a
+  ``getattr``. Its fields: the identity a checkpoint is matched by (``name``, ``version``), how a
+  restore treats the shared leaves (``restore_shared``), whether the step keeps streams apart
+  (``per_stream``), the dtype of ``batch.x`` (``input_dtype``), and the declarations: ``counters``
+  (counter name -> output name), ``settings`` (name -> JSON value, recorded in every checkpoint and
+  matched on restore) and ``recorded`` (name -> JSON value, recorded only).
+- Everything the core can check without the step is checked when the description is built
+  (``ProcessorContractError`` naming the field and what is allowed): a field of the wrong type, an
+  input dtype other than float32 and float64, a counter named as a count of the core's own, a
+  setting named as one of the core's, a value JSON cannot write. A counter's output must exist and
+  be bool or integer: checked when compiling (``check_counters``), with the step's outputs known.
 - A counter is the sum of its output over the batch's messages whose results are finite (the
   rows answered with results); it lives in ``MainStats.counters``, in every checkpoint's counts
-  beside ``processed``, and is restored from them.
+  beside ``processed``, and is restored from them (``counts_from``).
 - Pure: no JAX, no threads.
 """
 
@@ -20,36 +24,108 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 from forkless.controller.errors import ProcessorContractError
 
-__all__ = ["CORE_COUNTS", "CORE_SETTINGS", "Declared", "check_counters", "count", "declared"]
+__all__ = ["CORE_COUNTS", "CORE_SETTINGS", "INPUT_DTYPES", "Description", "check_counters", "count", "counts_from"]
 
 # counts every checkpoint holds whatever the processor (a counter of this name is refused)
 CORE_COUNTS = frozenset({"processed"})
 # settings the core writes into checkpoints itself (Recovery.settings, the snapshot, partitioned objects)
 CORE_SETTINGS = frozenset({"features", "max_streams", "processor", "processor_version", "devices", "leaves",
                            "partition", "partition_count", "weights"})
+# the dtypes batch.x may have (float64 needs JAX's x64 mode: controller/device/compiled.py checks it at compile)
+INPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-class Declared(NamedTuple):
-    """A processor's declarations, checked (``declared``)."""
-
-    counters: dict[str, str]  # counter name -> the output it sums
-    settings: dict[str, Any]  # recorded in every checkpoint, matched on restore
-    recorded: dict[str, Any]  # recorded in every checkpoint, not matched
-
-    def counts_from(self, saved: Mapping[str, Any]) -> dict[str, int]:
-        """Each declared counter as a checkpoint's counts hold it (0 where they do not)."""
-        return {name: int(saved.get(name, 0)) for name in self.counters}
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
 
 
-def declared(processor: Any) -> Declared:
-    """``processor``'s declarations (module rules); ``ProcessorContractError`` for one the core cannot keep."""
-    who = f"processor {getattr(processor, 'name', None) or '(unnamed)'!r}"
-    counters = _mapping(processor, "counters", who)
+@dataclass(frozen=True, kw_only=True)
+class Description:
+    """What the controller must know of a processor besides its two functions (module rules);
+    each field has the default a processor that declares nothing gets. Frozen: change one with
+    ``dataclasses.replace(description, name=...)``, which checks the new value as building does."""
+
+    name: str | None = None
+    """What the processor is (``"ewma"``), written into every checkpoint and matched on restore;
+    needed with checkpoints on. None: unnamed (no checkpoints)."""
+
+    version: str = "1"
+    """The state's layout and meaning, compared for equality on restore: bump it when they change."""
+
+    per_stream: bool = True
+    """Each message's outputs and state depend only on its own stream's rows and input, so the step can
+    be sharded by stream over several devices; False: it mixes streams, and more than one device is refused."""
+
+    restore_shared: bool = False
+    """On restore, take the shared (not per-stream) leaves from the checkpoint too; False: from ``init``."""
+
+    input_dtype: np.dtype = INPUT_DTYPES[0]
+    """``batch.x``'s dtype: float32, or float64 (needs JAX's x64 mode: docs/embedding/contract.md). Given as
+    anything ``np.dtype`` takes (``jnp.float64``, ``"float64"``), kept as the ``np.dtype``."""
+
+    counters: Mapping[str, str] = field(default_factory=_empty)
+    """Counter name -> the name of a bool or int output, summed over each batch's messages answered with results."""
+
+    settings: Mapping[str, Any] = field(default_factory=_empty)
+    """Name -> JSON value: written into every checkpoint and matched on restore (what the state means depends on)."""
+
+    recorded: Mapping[str, Any] = field(default_factory=_empty)
+    """Name -> JSON value: written into every checkpoint, never matched."""
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise ProcessorContractError(f"Description(name={self.name!r}): name is what the processor is, a "
+                                         f"non-empty str (\"ewma\"), or None for a processor without checkpoints")
+        who = f"processor {self.name or '(unnamed)'!r}"
+        if not isinstance(self.version, str) or not self.version:
+            raise ProcessorContractError(f"{who}: Description(version={self.version!r}): version is a non-empty "
+                                         f"str, compared for equality on restore (\"1\", \"2\", \"2024-06\")")
+        for flag, value in (("per_stream", self.per_stream), ("restore_shared", self.restore_shared)):
+            if not isinstance(value, bool):
+                raise ProcessorContractError(f"{who}: Description({flag}={value!r}): {flag} is True or False")
+        object.__setattr__(self, "input_dtype", _input_dtype(self.input_dtype, who))
+        object.__setattr__(self, "counters", _counters(self.counters, who))
+        settings, recorded = _settings(self.settings, "settings", who), _settings(self.recorded, "recorded", who)
+        both = sorted(settings.keys() & recorded.keys())
+        if both:
+            raise ProcessorContractError(f"{who}: setting {both[0]!r} is both in settings (matched) and in recorded")
+        object.__setattr__(self, "settings", settings)
+        object.__setattr__(self, "recorded", recorded)
+
+    def __hash__(self) -> int:  # the mappings are read-only but not hashable: hashed as the JSON they are
+        return hash((self.name, self.version, self.per_stream, self.restore_shared, self.input_dtype,
+                     json.dumps([dict(self.counters), dict(self.settings), dict(self.recorded)], sort_keys=True)))
+
+
+def _input_dtype(declared: Any, who: str) -> np.dtype:
+    """``declared`` as an ``np.dtype`` if it is float32 or float64; ``ProcessorContractError`` otherwise."""
+    try:
+        dtype = np.dtype(declared) if declared is not None else None  # np.dtype(None) is float64
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype not in INPUT_DTYPES:
+        raise ProcessorContractError(f"{who}: input_dtype {declared!r} is not supported: the processor's input "
+                                     f"(batch.x) is float32 (the default) or float64")
+    return dtype
+
+
+def _mapping(value: Any, field_name: str, who: str) -> dict[Any, Any]:
+    if value is None:  # as the fields were spelt before the Description: None, nothing declared
+        return {}
+    if not isinstance(value, Mapping):
+        raise ProcessorContractError(f"{who}: {field_name} must be a mapping (a dict), got {type(value).__name__}")
+    return dict(value)
+
+
+def _counters(value: Any, who: str) -> Mapping[str, str]:
+    counters = _mapping(value, "counters", who)
     for name, output in counters.items():
         if not isinstance(name, str) or not isinstance(output, str):
             raise ProcessorContractError(f"{who}: counters must map a counter's name to an output's name, both "
@@ -57,29 +133,27 @@ def declared(processor: Any) -> Declared:
         if name in CORE_COUNTS:
             raise ProcessorContractError(f"{who}: counter {name!r} is a count the controller keeps itself: "
                                          f"choose another name")
-    settings, recorded = _mapping(processor, "settings", who), _mapping(processor, "recorded", who)
-    for name, value in [*settings.items(), *recorded.items()]:
+    return MappingProxyType(counters)
+
+
+def _settings(value: Any, field_name: str, who: str) -> Mapping[str, Any]:
+    settings = _mapping(value, field_name, who)
+    for name, setting in settings.items():
         if not isinstance(name, str) or name in CORE_SETTINGS:
             raise ProcessorContractError(f"{who}: setting {name!r} is one the controller records itself "
                                          f"({', '.join(sorted(CORE_SETTINGS))}): choose another name")
-        if name in settings and name in recorded:
-            raise ProcessorContractError(f"{who}: setting {name!r} is both in settings (matched) and in recorded")
         try:
-            json.dumps(value, allow_nan=False)
+            json.dumps(setting, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            raise ProcessorContractError(f"{who}: setting {name!r} = {value!r} cannot be written into a "
+            raise ProcessorContractError(f"{who}: setting {name!r} = {setting!r} cannot be written into a "
                                          f"checkpoint ({exc}): give a JSON value (a number, string, bool, "
                                          f"list or dict of them)") from None
-    return Declared(counters, settings, recorded)
+    return MappingProxyType(settings)
 
 
-def _mapping(processor: Any, attribute: str, who: str) -> dict[Any, Any]:
-    value = getattr(processor, attribute, None)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ProcessorContractError(f"{who}: {attribute} must be a mapping (a dict), got {type(value).__name__}")
-    return dict(value)
+def counts_from(counters: Mapping[str, str], saved: Mapping[str, Any]) -> dict[str, int]:
+    """Each declared counter as a checkpoint's counts hold it (0 where they do not)."""
+    return {name: int(saved.get(name, 0)) for name in counters}
 
 
 def check_counters(counters: Mapping[str, str], outputs: Mapping[str, Any]) -> None:

@@ -14,8 +14,9 @@ Rules:
   A step that fails when finished had passed its (lost) state on: what was dispatched after
   it (steps, resets, weight swaps: the journal) runs again on the fresh or kept state, so the
   results are those of one step at a time. ``begin_snapshot`` refuses while steps are in flight.
-  With steps in flight (``steps_in_flight`` > 1) the compiled steps reset a non-finite stream's
-  rows themselves (``resets_in_step``: compiled.guarded), in the key of the kept programs.
+  With steps in flight (``steps_in_flight`` > 1, resolved once by ``compile_step``:
+  ``StepSettings.on_platform``) the compiled steps reset a non-finite stream's rows themselves
+  (``resets_in_step``: compiled.guarded), in the key of the kept programs.
 - Whatever must happen before the state is written happens here: a checkpoint being copied
   between steps keeps the rows a step or reset is about to write (copy-on-write,
   controller/checkpoints/snapshot.py ``PendingSnapshot``) — called by the engine, so no caller can forget it.
@@ -62,11 +63,11 @@ from forkless.controller.device.layouts import OneDevice, Sharded, Stepped
 from forkless.controller.device.placement import Route
 from forkless.controller.device.programs import keep, kept, program_key
 from forkless.controller.device.weights import LiveWeights, Weights
-from forkless.controller.processor import StateShape, StreamState
-from forkless.controller.settings.groups import StepShape
+from forkless.controller.processor import Processor, StateShape, StreamState
+from forkless.controller.settings.groups import StepSettings, StepShape
 from forkless.controller.slots import TableCopy
 
-__all__ = ["Engine", "Pending", "StepFailed", "compile_step", "state_shapes", "steps_in_flight"]
+__all__ = ["Engine", "Pending", "StepFailed", "compile_step", "state_shapes"]
 
 class StepFailed(Exception):
     """The compiled step raised (``__cause__``); ``state_lost``: it had been given the state
@@ -122,16 +123,18 @@ class Engine:
 
     The loop calls ``step`` per batch, ``reset`` for recycled slots, ``begin_snapshot`` for a
     checkpoint and ``restore`` once at start. ``devices``, ``device_rows`` and
-    ``device_messages`` are counters the stats read (written by the main thread only)."""
+    ``device_messages`` are counters the stats read (written by the main thread only). ``settings``:
+    the step's settings as compiled (``StepSettings.on_platform``: ``steps_in_flight`` is the depth
+    the loop keeps in flight)."""
 
     def __init__(self, layout: OneDevice | Sharded, state: Any, compiled: _Compiled,
-                 devices: tuple[str, ...], canonical: Any, processor: Any, settings: StepShape) -> None:
+                 devices: tuple[str, ...], canonical: Any, processor: Processor, settings: StepSettings) -> None:
         self._layout = layout
         self._state = state
         self._compiled = compiled
         self._canonical = canonical
         self._processor = processor
-        self._settings = settings
+        self.settings = settings
         self.devices = devices
         # read-only, as (state, batch) -> (state, *results); for the preflight and the benchmark
         self.steps: Mapping[int, Any] = {b: _WithTemplate(c, compiled.template) for b, c in compiled.steps.items()}
@@ -140,9 +143,7 @@ class Engine:
         # asynchronous copy per array); on an accelerator device_get's overlapped copies win
         self.platform = jax.devices()[0].platform  # "cpu", "tpu", "gpu" …
         # the compiled steps reset a non-finite stream's rows themselves (compiled.guarded); else the caller does
-        # how many steps the loop keeps in flight (FORKLESS_STEPS_IN_FLIGHT on this platform)
-        self.in_flight = steps_in_flight(settings, self.platform)
-        self.resets_in_step = self.in_flight > 1
+        self.resets_in_step = settings.steps_in_flight > 1
         on_cpu = self.platform == "cpu"
         self._fetch: Callable[[Any], Any] = _read_in_place if on_cpu else jax.device_get
         # a step's results start their way to the host as it is dispatched (steps in flight);
@@ -245,7 +246,7 @@ class Engine:
                                "(finish them first)")
         layout, generation = self._layout, self.generation
         pending = PendingSnapshot(
-            self._state, table, counts, settings, wall_time, rows=self._settings.max_streams + 1,
+            self._state, table, counts, settings, wall_time, rows=self.settings.max_streams + 1,
             get_state=lambda: self._state, seen_shift=seen_shift, incremental=incremental and layout.copies_rows,
             intact=lambda: self.generation == generation, host_copy=layout.host_copy, positions=positions,
             clone=self._compiled.clone if self.clone_checkpoints else None)
@@ -288,14 +289,14 @@ class Engine:
         """Put a checkpoint's state (canonical host arrays, ``checkpoint_shapes``) on the device(s).
         ``shared=False``: leaves that are not per-stream (weights) keep their ``init`` values."""
         if not shared:
-            slots = self._settings.max_streams + 1
+            slots = self.settings.max_streams + 1
             host = jax.tree.map(lambda saved, now, like: saved if per_stream_leaf(like, slots) else jax.device_get(now),
                                 host, self._state, self._canonical)
         self._replace(self._layout.to_device(host))
 
     def shared_leaves(self) -> list[str]:
         """The paths of the state's leaves that are not per-stream (shared by every stream)."""
-        slots = self._settings.max_streams + 1
+        slots = self.settings.max_streams + 1
         return [jax.tree_util.keystr(path) or "(the state)"
                 for path, leaf in jax.tree_util.tree_flatten_with_path(self._canonical)[0]
                 if not per_stream_leaf(leaf, slots)]
@@ -384,29 +385,18 @@ class Engine:
         self._apply(lambda state: state._replace(params=params))
 
 
-def steps_in_flight(settings: StepShape, platform: str) -> int:
-    """``FORKLESS_STEPS_IN_FLIGHT``'s depth on ``platform`` (the first device's: "cpu", "tpu" …):
-    its number, or for ``auto`` the measured default (bench/docs/steps-in-flight.md: on the CPU a
-    small step runs inline, in its dispatch, and a larger one competes for the same cores, so a
-    second in flight gains nothing; an accelerator's round trip is latency the next step can hide)."""
-    setting = settings.steps_in_flight
-    if setting != "auto":
-        return int(setting)
-    return 1 if platform == "cpu" else 2
-
-
 def _read_in_place(tree: Any) -> Any:
     """The step's outputs as numpy arrays, read in place (CPU only)."""
     return jax.tree.map(np.asarray, tree)
 
 
-def state_shapes(processor: Any, shape: StateShape | StepShape) -> Any:
+def state_shapes(processor: Processor, shape: StateShape | StepShape) -> Any:
     """The shapes and dtypes of ``processor.init`` of ``shape``'s ``StateShape`` (a tree of
     ``ShapeDtypeStruct``), computing nothing."""
     return jax.eval_shape(lambda: processor.init(StateShape.of(shape)))
 
 
-def compile_step(processor: Any, settings: StepShape,
+def compile_step(processor: Processor, settings: StepShape,
                  on_compiled: Callable[[int, float], None] | None = None) -> Engine:
     """Initialise the state on the device(s) and compile ``processor.step`` for ``settings.buckets``;
     ``on_compiled(bucket, seconds)`` is called after each (the preflight prints it). ``settings`` is the
@@ -438,10 +428,10 @@ def _cache_every_compile() -> Any:
         jax.config.update(name, before)
 
 
-def _compile_buckets(layout: Any, processor: Any, settings: StepShape, state: Any, template: Any,
+def _compile_buckets(layout: Any, processor: Processor, settings: StepSettings, state: Any, template: Any,
                      on_compiled: Callable[[int, float], None] | None) -> dict[int, Any]:
     """The step compiled for each bucket, the processor's contract checked on the way."""
-    jitted = layout.jit(processor.step, steps_in_flight(settings, jax.devices()[0].platform) > 1)
+    jitted = layout.jit(processor.step, settings.steps_in_flight > 1)
     # the contract on the shapes first (cheap, and clear errors), then at each bucket as it
     # is lowered
     layout.check(processor.step, state, settings.buckets[0])
@@ -459,9 +449,11 @@ def _compile_buckets(layout: Any, processor: Any, settings: StepShape, state: An
     return steps
 
 
-def _compile_step(processor: Any, settings: StepShape, on_compiled: Callable[[int, float], None] | None) -> Engine:
+def _compile_step(processor: Processor, settings: StepShape,
+                  on_compiled: Callable[[int, float], None] | None) -> Engine:
     check_input_dtype(processor)  # float32, or float64 with JAX's x64 mode on: before anything is built
     devices = use_devices(settings.devices)
+    settings = StepSettings.on_platform(settings, devices[0].platform)  # steps_in_flight resolved, once
     canonical = state_shapes(processor, settings)
     check_platform_dtypes(processor, canonical, devices[0].platform)  # a TPU's float64 is not IEEE double
     largest = max((leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(canonical)), default=0) // len(devices)
@@ -472,7 +464,7 @@ def _compile_step(processor: Any, settings: StepShape, on_compiled: Callable[[in
     # (controller/device/programs.py says when that is sure)
     key = program_key(processor, settings, devices, canonical)
     if key is not None:  # the guard's reset is compiled in with steps in flight only
-        key = (*key, steps_in_flight(settings, devices[0].platform) > 1)
+        key = (*key, settings.steps_in_flight > 1)
     with unsplit:
         several = len(devices) > 1
         layout = Sharded(processor, settings, devices) if several else OneDevice(processor, settings, devices[0])

@@ -1,14 +1,14 @@
 """Events-only controllers: the user's own sources hand the main loop events, and no processor runs.
 
 Rules:
-- Chosen explicitly, ``Controller(config, sources=[...], on_event=..., events_only=True)``: a
+- Chosen explicitly, ``Controller(config, processor=forkless.EVENTS_ONLY, sources=[...], on_event=...)``: a
   program whose sources hand over only events (``ctx.emit_event``: fills, books, trades as
   text) and whose own loop decides. Nothing is compiled, no processor is built (not even the
   default detector), no device state exists, and the demo feed's settings are never checked
   (no demo feed runs). Not chosen by guessing: a controller given sources and no processor
   still runs the default detector, as before, for sources that hand over messages.
 - What contradicts it is refused when the controller is built (``ValueError`` naming the
-  argument or variable): a processor, ``on_results``, no sources, a configured feed
+  argument or variable): sinks (there are no results), no sources, a configured feed
   (``FORKLESS_WS_URL``, ``FORKLESS_FEEDS``: their messages need a processor), checkpoints
   (``FORKLESS_CHECKPOINT_DIR``, ``FORKLESS_CHECKPOINT_BUCKET``, ``checkpoint_store``: there is
   no state to keep).
@@ -37,31 +37,29 @@ __all__ = ["EVENTS_ONLY_DROPPED", "NO_WEIGHTS", "DroppedMessages", "check_events
 log = logging.getLogger("forkless.controller")
 
 EVENTS_ONLY_DROPPED = "no processor (events only)"  # the reason in ``dropped``
+EVENTS_ONLY = "processor=forkless.EVENTS_ONLY"  # how the choice is written, in the messages that name it
 NO_WEIGHTS = ("set_weights(): an events-only controller runs no processor: the model your own loop runs takes its "
               "new weights itself (docs/embedding/weights.md)")
 
 
-def check_events_only(checkpoints: CheckpointSettings, feed_variable: str, *, processor: Any, on_results: Any,
+def check_events_only(checkpoints: CheckpointSettings, feed_variable: str, *, sinks: Sequence[Any],
                       sources: Sequence[Any], store: Any) -> None:
-    """``ValueError`` naming what contradicts ``events_only=True`` (module rules), else nothing.
+    """``ValueError`` naming what contradicts ``processor=forkless.EVENTS_ONLY`` (module rules), else nothing.
     ``feed_variable``: the variable that configures a feed (``Config.feed_variable``; "": none)."""
-    fix = "drop events_only=True to run a processor"
-    if processor is not None:
-        raise ValueError(f"events_only=True runs no processor, and processor={processor!r} was given: {fix}, or "
-                         "leave processor out")
-    if on_results is not None:
-        raise ValueError(f"events_only=True runs no processor, so on_results would never be called: {fix}, or "
-                         "leave on_results out")
+    fix = "give a processor (or leave processor out for the default detector) to run one"
+    if sinks:
+        raise ValueError(f"{EVENTS_ONLY} runs no processor, so there are no results for sinks=[...]: hand the "
+                         f"events to on_event and leave sinks out, or {fix}")
     if not sources:
-        raise ValueError("events_only=True needs sources=[...]: the user's own sources hand over the events "
+        raise ValueError(f"{EVENTS_ONLY} needs sources=[...]: the user's own sources hand over the events "
                          "(ctx.emit_event); without them the demo feed's messages would need a processor")
     if feed_variable:
-        raise ValueError(f"events_only=True runs only the user's own sources, and {feed_variable} configures a feed "
+        raise ValueError(f"{EVENTS_ONLY} runs only the user's own sources, and {feed_variable} configures a feed "
                          f"whose messages need a processor: unset {feed_variable}, or {fix}")
     if checkpoints.on or store is not None:
-        which = ("checkpoint_store" if store is not None else
+        which = ("Runtime(checkpoint_store=...)" if store is not None else
                  "FORKLESS_CHECKPOINT_DIR" if checkpoints.dir else "FORKLESS_CHECKPOINT_BUCKET")
-        raise ValueError(f"events_only=True keeps no state to checkpoint, and {which} is set: unset it, or {fix}")
+        raise ValueError(f"{EVENTS_ONLY} keeps no state to checkpoint, and {which} is set: unset it, or {fix}")
 
 
 class DroppedMessages:
@@ -80,6 +78,7 @@ class DroppedMessages:
             self._logged = True
             sources = sorted({self.names[feed] for _, feed, _ in taken.runs})
             log.error("source %s handed over %d message(s) (ctx.emit, ctx.emit_rows), but the controller is events "
-                      "only (events_only=True) and runs no processor: they are dropped, counted in dropped (%r). "
-                      "Hand objects over with ctx.emit_event, or give the controller a processor (logged once)",
+                      "only (processor=forkless.EVENTS_ONLY) and runs no processor: they are dropped, counted in "
+                      "dropped (%r). Hand objects over with ctx.emit_event, or give the controller a processor "
+                      "(logged once)",
                       ", ".join(map(repr, sources)), n, EVENTS_ONLY_DROPPED)

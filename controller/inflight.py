@@ -30,10 +30,10 @@ from forkless.controller.batching import Taken
 if TYPE_CHECKING:  # the step imports JAX (the engine); the queues that hold this FIFO must not (the relay's)
     from forkless.controller.batchstep import BatchStep, Begun
 
-__all__ = ["InFlight"]
+__all__ = ["StepsInFlight"]
 
 
-class InFlight:
+class StepsInFlight:
     """The FIFO of begun batches between ``BatchStep.begin`` and ``BatchStep.end`` (module rules)."""
 
     def __init__(self, step: BatchStep, depth: int, expect: Callable[[int], None] | None = None) -> None:

@@ -21,8 +21,9 @@ Rules:
   its partitions; ``io_thread`` hands the same connectors to ``feed_sources``, so a partitioned feed's
   source is fenced by the leases its connector owns.
 - The controller's sinks (``Controller(sinks=...)``) are checked when it is built (``checked_sinks``:
-  each a ``Sink``, names of their own, a processor to give them results) and handed to the real IO
-  thread, which hands them each batch's results (io_loop/sinks/results.py).
+  each a ``ResultSink`` with a name of its own; controller/wiring.py has parted them from the main
+  thread's ``OnResults``) and handed to the real IO thread, which hands them each batch's results
+  (io_loop/sinks/results.py).
 - What the controller reads of the IO side is its snapshot (``IOSide.snapshot``), but for
   ``feed_ended``: ``Controller.send``'s check before every send, two reads and no copy (a whole
   snapshot cost about 0.15 ms a send, measured: bench/docs/exchange-session-cost.md).
@@ -36,27 +37,24 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-import numpy as np
 from forkless.controller.checkpoints.positions import UserPositions
 from forkless.controller.codec import Codec
 from forkless.controller.config import Config
 from forkless.controller.stats import StatsSnapshot
-from forkless.io_loop.capabilities import capability
+from forkless.io_loop.capabilities import check_methods, declarations, warn_lookalikes
 from forkless.io_loop.connectors.connector import Connector, PositionCodec
 from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect
 from forkless.io_loop.connectors.websocket.connector import WebSocketConnector
 from forkless.io_loop.connectors.websocket.on_connect import OnConnect
 from forkless.io_loop.counters import IOSnapshot, IOStats
-from forkless.io_loop.finishing import declared_awaiting
 from forkless.io_loop.sends import declared_send_policy
-from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec, IOSettings
-from forkless.io_loop.sinks.sink import Sink
+from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.sinks.sink import ResultSink, check_sink
 from forkless.io_loop.source import Source
-from forkless.io_loop.spill import declared_policy
 from forkless.io_loop.thread import IOThread
 from forkless.io_loop.waiting import PARK, WaitSettings
 
-__all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "OnEvent", "OnResults", "checked_sinks", "feed_plan",
+__all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "checked_sinks", "feed_plan",
            "feed_source", "feed_sources", "io_thread", "with_hooks"]
 
 
@@ -68,7 +66,7 @@ class FeedPlan(NamedTuple):
     specs: tuple[FeedSpec, ...]
     sources: dict[str, Source]
     uses_demo_feed: bool
-    sinks: tuple[Sink, ...] = ()  # the controller's sinks of results (``checked_sinks``)
+    sinks: tuple[ResultSink, ...] = ()  # the controller's sinks of results on the IO thread (``checked_sinks``)
     connectors: tuple[Connector, ...] = ()  # the configured feeds', in order
     # each feed's deadline for what ``Controller.send`` hands it without a ``max_age_s`` (a source's
     # ``send_max_age_s``, io_loop/sends.py; None: none), in the order of ``specs`` (empty: none for any)
@@ -117,14 +115,14 @@ class FeedPlan(NamedTuple):
         return [spec.name + ":" for spec in self.specs] if len(self.specs) > 1 and not shared_streams else None
 
 
-def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: bool = True, sinks: Sequence[Sink] = (),
-              events_only: bool = False) -> FeedPlan:
+def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: bool = True,
+              sinks: Sequence[ResultSink] = ()) -> FeedPlan:
     """The one place that decides which feeds run: the configured ones (``FORKLESS_WS_URL``,
     ``FORKLESS_FEEDS``) beside the user's own ``sources``; with sources and nothing configured,
     the sources run instead of the embedded demo feed. The demo feed's settings are checked
     only when it runs (``ConfigError``: ``Config.check_demo_feed``); ``check_demo=False``: an IO
     side of the caller's own runs no demo feed (the tests' fake). ``sinks``: ``checked_sinks``."""
-    sinks = checked_sinks(sinks, events_only=events_only)
+    sinks = checked_sinks(sinks)
     configured = () if config.uses_demo_feed else config.feed_specs
     connectors = tuple(connector_for(spec) for spec in configured)
     if not sources:
@@ -143,35 +141,27 @@ def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: boo
             names = ", ".join(sorted(spec.name for spec in configured)) or "none"
             raise ValueError(f"two feeds or sources are named {name!r}: each source needs a name of its own "
                              f"(the configured feeds are {names})")
-        replies = capability(source, "replies")
-        if replies not in REPLY_POLICIES:
-            raise ValueError(f"source {name!r} has replies={replies!r}; expected one of {', '.join(REPLY_POLICIES)}")
-        declared_policy(source, name)  # its own overflow and buffer, checked (io_loop/spill.py)
-        declared_awaiting(source, name)  # what it awaits at the stop, a method (io_loop/finishing.py)
-        declared_send_policy(source, name)  # its sends' deadline and what it does with them while disconnected
+        # what it declares (io_loop/capabilities.py): its values checked, its methods methods, a look-alike warned of
+        declared = declarations(source, name)
+        check_methods(source, name)
+        warn_lookalikes(source, name)
         taken.add(name)
         by_name[name] = source
-        specs.append(FeedSpec(name, "", replies=replies, required=bool(capability(source, "required"))))
+        specs.append(FeedSpec(name, "", replies=declared.replies, required=declared.required))
     max_ages = tuple(declared_send_policy(by_name[spec.name], spec.name)[0] if spec.name in by_name else None
                      for spec in specs)
     return FeedPlan(tuple(specs), by_name, False, sinks, connectors, max_ages)
 
 
-def checked_sinks(sinks: Sequence[Sink], *, events_only: bool) -> tuple[Sink, ...]:
-    """``Controller(sinks=...)`` checked: each an object with a non-empty str ``name`` and ``async
-    run(ctx)`` (``TypeError``), names of their own and a processor whose results they get (``ValueError``)."""
+def checked_sinks(sinks: Sequence[ResultSink]) -> tuple[ResultSink, ...]:
+    """``Controller(sinks=...)``'s sinks on the IO thread checked: each an object with a non-empty str ``name`` and
+    ``async run(ctx)`` (``TypeError``), and names of their own (``ValueError``)."""
     sinks = tuple(sinks)
     for sink in sinks:
-        name = getattr(sink, "name", None)
-        if not isinstance(name, str) or not name or not callable(getattr(sink, "run", None)):
-            raise TypeError(f"a sink is an object with a name (a non-empty str) and async run(ctx): {sink!r} is not "
-                            "(forkless.Sink, docs/embedding/sinks.md)")
+        check_sink(sink, "ResultSink")
     names = [sink.name for sink in sinks]
     if len(set(names)) < len(names):
         raise ValueError(f"two sinks are named alike ({', '.join(map(repr, names))}): each needs a name of its own")
-    if sinks and events_only:
-        raise ValueError("sinks= takes the processor's results, and events_only=True runs no processor: "
-                         "hand the events to on_event instead")
     return sinks
 
 
@@ -267,20 +257,10 @@ class NoIOSide:
         return []
 
 
-OnResults = Callable[[list[Any], list[str], dict[str, np.ndarray]], None]
-"""``on_results(seq, stream, outputs)``: called in the main thread after each step, before the
-replies are handed to the IO thread; ``outputs`` maps each output name to a numpy array whose
-leading axis is the batch's messages (padding already cut off), in arrival order."""
-
-OnEvent = Callable[[str, Any], None]
-"""``on_event(source, event)``: called in the main thread for each object a user source handed
-over as it is (``SourceContext.emit_event``), in order, from ``process_pending``; with
-``Controller(connection_events=True)`` also each feed's ``ConnectionEvent``s, in order with them."""
-
 IOFactory = Callable[[Config, Codec, IOStats, Callable[[], StatsSnapshot]], IOSide]
-"""Builds the IO side; ``Controller(on_connect=..., before_connect=...)`` are bound into the default
-one (the real IO thread), and a custom factory (the tests' fake IO side) makes no connections to
-call them on."""
+"""Builds the IO side (``Controller(runtime=forkless.Runtime(io_factory=...))``); the connect hooks
+(``Controller(connect=forkless.ConnectHooks(...))``) are bound into the default one (the real IO thread), and a
+custom factory (the tests' fake IO side) makes no connections to call them on."""
 
 
 def with_hooks(io_factory: IOFactory, *, on_connect: OnConnect | None,
@@ -302,7 +282,7 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
     feeds' connectors (passed only when there are some: a partitioned feed's connector fences the source it makes
     with the leases it owns); ``acknowledged``: signalled as replies are acknowledged (io_loop/sinks/sink.py,
     passed where feeds keep positions); ``connection_events``: each feed hands over a ``ConnectionEvent`` at each
-    change of its connection (passed only when asked for: ``Controller(connection_events=True)``); ``metrics``:
+    change of its connection (passed only when asked for: ``OnEvent(fn, connections=True)``); ``metrics``:
     the metrics server the controller bound and served while it started, for the IO thread to serve from now on
     (controller/lifetime/endpoints.py, passed where ``FORKLESS_METRICS_ADDR`` is set). The plan's sinks
     (``FeedPlan.sinks``) are handed each batch's results."""

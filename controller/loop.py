@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from forkless.controller.batching import MicroBatcher
 from forkless.controller.batchstep import BatchStep
-from forkless.controller.checkpoints.checkpointer import Checkpointer, CheckpointStore, checkpoints_for, store_for
+from forkless.controller.checkpoints.checkpointer import Checkpointer, checkpoints_for, store_for
 from forkless.controller.checkpoints.recovery import Recovery
 from forkless.controller.checkpoints.snapshot import PendingSnapshot
 from forkless.controller.codec import Codec, guarded_codec
@@ -50,8 +50,8 @@ from forkless.controller.config import Config
 from forkless.controller.device.compiled import codec_dtype, compilations, release_freed_memory
 from forkless.controller.engine import Engine, compile_step
 from forkless.controller.eventsonly import NO_WEIGHTS, DroppedMessages, check_events_only
-from forkless.controller.inflight import InFlight
-from forkless.controller.ioside import IOFactory, IOSide, NoIOSide, OnEvent, OnResults, feed_plan, io_thread, with_hooks
+from forkless.controller.inflight import StepsInFlight
+from forkless.controller.ioside import IOSide, NoIOSide, feed_plan, io_thread, with_hooks
 from forkless.controller.lifetime.endpoints import Endpoints, NoEndpoints, open_endpoints
 from forkless.controller.lifetime.host import ProcessSettings, StopSignals
 from forkless.controller.lifetime.lifecycle import ABORTED, FAILED, LEASE_LOST, ORDERLY, Lifetime
@@ -63,12 +63,27 @@ from forkless.controller.queues import POLL_S, Intake, Outlet, StopDeadline
 from forkless.controller.replies import Replies
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats, StatsSnapshot, books_line, status_line, whole_snapshot
-from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect
-from forkless.io_loop.connectors.websocket.on_connect import OnConnect, frames_of
+from forkless.controller.wiring import (
+    ConnectHooks,
+    EventCallback,
+    EventsOnly,
+    OnEvent,
+    OnResults,
+    ReplacedAttribute,
+    Runtime,
+    checked_group,
+    event_callback,
+    main_thread_results,
+    refusing_old_keywords,
+    runs_no_processor,
+    split_sinks,
+)
+from forkless.io_loop.connectors.websocket.on_connect import frames_of
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.errors import LeaseLost, StopRequested
 from forkless.io_loop.sends import checked_max_age, sent_frames
+from forkless.io_loop.sinks.sink import ResultSink
 from forkless.io_loop.source import Source
 from forkless.io_loop.waiting import WaitSettings, resolve_handoff
 
@@ -91,70 +106,80 @@ class Controller:
             while ...:
                 ctl.process_pending(timeout=0.1)
 
-    ``freeze_gc=True``: freeze the objects alive when the run starts (``gc.freeze``), so the
-    collector does not walk them again while it runs (a full collection held the GIL 15-67 ms
-    between two steps: bench/checkpoint_stall.py). Only if nothing is frozen yet, undone by the
-    stop (controller/lifetime/host.py); the ``forkless`` program asks for it.
+    Eight arguments, each a value of one kind (controller/wiring.py has the groups and their rules):
 
-    ``on_connect(feed, connection)``: frames to send first on every new connection of a feed,
-    computed then (a signed, timestamped subscription); it runs on the IO thread's loop
-    (io_loop/connectors/websocket/on_connect.py has the rules, docs/embedding/subscriptions.md an example).
+    ``processor``: the ``Processor`` to run (None: the default detector); ``forkless.EVENTS_ONLY``: none, the
+    sources hand over only events, nothing is compiled and no device state exists (controller/eventsonly.py).
 
-    ``before_connect(feed, attempt)``: this attempt's URL and headers, a ``Handshake`` (or
-    None for the configured ones), before every opening handshake (a login, a token
-    refresh); with it a handshake refused with HTTP 401/403 asks it again instead of giving
-    up. It runs on the IO thread's loop (io_loop/connectors/websocket/before_connect.py,
-    docs/embedding/subscriptions.md).
+    ``sources``: the user's own clients (``forkless.Source``, io_loop/source.py), run on the IO thread beside
+    the configured feeds, or instead of the demo feed when none is configured.
 
-    ``sources``: the user's own clients (``controller.Source``, io_loop/source.py), run on the
-    IO thread beside the configured feeds, or instead of the demo feed when none is
-    configured; ``on_event(source, event)`` gets, in the main thread, what they hand over as
-    it is (``ctx.emit_event``). ``checkpoint_store``: where checkpoints go instead of
-    ``FORKLESS_CHECKPOINT_DIR`` (a ``CheckpointStore``: controller/checkpoints/checkpointer.py,
-    docs/embedding/sources.md). ``events_only=True``: the sources hand over only events, and no processor runs: nothing
-    is compiled and no device state exists (controller/eventsonly.py). ``sinks``: the user's ``Sink``s, handed each
-    batch's results (what ``on_results`` gets) on the IO thread (io_loop/sinks/results.py, docs/embedding/sinks.md).
-    ``connection_events=True``: ``on_event`` also gets each feed's ``ConnectionEvent`` (io_loop/crossing.py), in order
-    with its other events, when its connection comes up or goes down (docs/embedding/connection-events.md).
+    ``sinks``: where each stepped batch's results leave, the one way out: ``forkless.OnResults(fn)`` calls
+    ``fn(seq, stream, outputs)`` in the main thread after each step (what it raises is raised once the batch's
+    replies are put); a ``forkless.ResultSink`` is handed them on the IO thread (io_loop/sinks/results.py,
+    docs/embedding/sinks.md).
 
-    ``notify_systemd=True``: ``run()`` tells systemd (a ``Type=notify`` unit's ``NOTIFY_SOCKET``) when it is
-    ready, that its loops turn (``WatchdogSec=``) and when it stops (controller/lifetime/sdnotify.py); the
-    ``forkless`` program asks for it.
+    ``on_event``: ``fn(source, event)``, in the main thread, for what the sources hand over as it is
+    (``ctx.emit_event``); ``forkless.OnEvent(fn, connections=True)`` also hands it each feed's
+    ``ConnectionEvent`` (io_loop/crossing.py), in order with its other events, when its connection comes up
+    or goes down (docs/embedding/connection-events.md).
+
+    ``connect``: ``forkless.ConnectHooks(on_connect=..., before_connect=...)``, the WebSocket feeds' hooks, run
+    on the IO thread's loop: ``on_connect(feed, connection)`` computes the frames sent first on every new
+    connection (a signed, timestamped subscription: io_loop/connectors/websocket/on_connect.py); ``before_connect(feed,
+    attempt)`` this attempt's URL and headers, a ``Handshake`` (or None for the configured ones), before every
+    opening handshake, and with it a handshake refused with HTTP 401/403 asks it again instead of giving up
+    (io_loop/connectors/websocket/before_connect.py, docs/embedding/subscriptions.md).
+
+    ``runtime``: ``forkless.Runtime(...)``, what the controller does in its host process: ``out`` (where the
+    status lines go); ``freeze_gc`` (freeze the objects alive when the run starts, ``gc.freeze``, so the
+    collector does not walk them again while it runs: a full collection held the GIL 15-67 ms between two
+    steps, bench/checkpoint_stall.py; only if nothing is frozen yet, undone by the stop,
+    controller/lifetime/host.py); ``notify_systemd`` (``run()`` tells a ``Type=notify`` unit when it is ready,
+    that its loops turn and when it stops: controller/lifetime/sdnotify.py); ``checkpoint_store`` (where
+    checkpoints go instead of ``FORKLESS_CHECKPOINT_DIR``, a ``CheckpointStore``); ``io_factory`` (the tests'
+    seam). The ``forkless`` program asks for ``freeze_gc`` and ``notify_systemd``.
+
+    An old keyword (``on_results=``, ``events_only=``, ``out=``, ...) raises ``TypeError`` naming its new spelling.
     """
 
-    def __init__(self, config: Config | None = None, *, processor: Processor | None = None,
-                 codec: Codec | None = None, out: Callable[[str], None] | None = None,
-                 on_results: OnResults | None = None, io_factory: IOFactory = io_thread,
-                 freeze_gc: bool = False, on_connect: OnConnect | None = None,
-                 before_connect: BeforeConnect | None = None, sources: Sequence[Source] = (),
-                 on_event: OnEvent | None = None, checkpoint_store: CheckpointStore | None = None,
-                 events_only: bool = False, sinks: Sequence[Any] = (), connection_events: bool = False,
-                 notify_systemd: bool = False) -> None:
+    # replaced by sinks: assigning it would be read by nothing, so reading or assigning it says so
+    on_results = ReplacedAttribute("Controller.on_results is gone: results leave through sinks, given when the "
+                                   "controller is built: Controller(sinks=[forkless.OnResults(f)])")
+
+    @refusing_old_keywords
+    def __init__(self, config: Config | None = None, *, processor: Processor | EventsOnly | None = None,
+                 codec: Codec | None = None, sources: Sequence[Source] = (),
+                 sinks: Sequence[OnResults | ResultSink] = (), on_event: EventCallback | OnEvent | None = None,
+                 connect: ConnectHooks | None = None, runtime: Runtime | None = None) -> None:
         """The wiring; nothing runs and nothing is compiled until ``start()`` (see the class)."""
-        if connection_events and on_event is None:
-            raise ValueError("Controller(connection_events=True) hands each feed's ConnectionEvents to on_event: "
-                             "give on_event=... too (or leave connection_events off)")
-        self.connection_events = connection_events
+        connect = checked_group(connect, ConnectHooks, "connect", "forkless.ConnectHooks(on_connect=..., "
+                                "before_connect=...)")
+        runtime = checked_group(runtime, Runtime, "runtime", "forkless.Runtime(out=..., freeze_gc=..., ...)")
+        events = event_callback(on_event)
+        on_results, result_sinks = split_sinks(sinks)
+        self.events_only = events_only = runs_no_processor(processor)
         self.config = cfg = config if config is not None else Config.from_env()
+        store, io_factory = runtime.checkpoint_store, runtime.io_factory or io_thread
         if events_only:  # before the plan: no demo feed's settings are checked when none runs
-            check_events_only(cfg.checkpoint_settings(), cfg.feed_variable, processor=processor,
-                              on_results=on_results, sources=sources, store=checkpoint_store)
-        self.events_only = events_only
+            check_events_only(cfg.checkpoint_settings(), cfg.feed_variable, sinks=(*on_results, *result_sinks),
+                              sources=sources, store=store)
         # the feeds this controller runs: the configured ones and the user's own sources
-        self.plan = feed_plan(cfg, sources, check_demo=io_factory is io_thread, sinks=sinks, events_only=events_only)
+        self.plan = feed_plan(cfg, sources, check_demo=io_factory is io_thread, sinks=result_sinks)
         self.feed_specs = specs = self.plan.specs
-        self.on_event = on_event
+        self.on_event = events.fn if events is not None else None
+        self.connection_events = events is not None and events.connections
         self.processor = None if events_only else processor if processor is not None else default_processor(cfg)
         # a custom codec's exceptions become error replies, never a dead thread (codec.py)
         self.codec = guarded_codec(codec, cfg.features, max_frame_items=cfg.max_frame_items,
                                    dtype=np.dtype(np.float32) if events_only else codec_dtype(self.processor))
-        self.on_results = on_results
+        self._on_results = main_thread_results(on_results)  # the main thread's sinks, one call a batch
         # a partitioned feed's connector (issue 24): leases and per-partition checkpoint objects
         self._partition_feed = partitioned_feed(self.plan.connectors, self.processor)
         # False: each checkpoint copies the whole state at once, as on an accelerator (tests and
         # bench/checkpoint_stall.py compare it with the copy between steps)
         self.incremental_checkpoints = True
-        self._print = out if out is not None else _print_line
+        self._print = runtime.out if runtime.out is not None else _print_line
         self.io_stats = IOStats()
         self.main_stats = MainStats.for_run(cfg.buckets, len(specs))
         # what each message gets back, under its feed's reply policy
@@ -165,15 +190,15 @@ class Controller:
         # checkpoints: what they hold beside the state, restoring one, the replayable feeds' positions
         self.recovery = recovery = Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), self.processor,
                                             self.slots, self.main_stats, lambda: self._io.snapshot(), specs,
-                                            positions=self.plan.position_codecs(),
-                                            own_store=checkpoint_store is not None)
-        self.sources = recovery.sources
-        self._own_store = checkpoint_store  # the embedding program's own, instead of FORKLESS_CHECKPOINT_DIR
-        self._checkpoints = checkpoints_for(recovery.checkpoints, recovery.await_replies if self.sources else None,
-                                            checkpoint_store, partitioned=self._partition_feed is not None)
+                                            codecs=self.plan.position_codecs(),
+                                            own_store=store is not None)
+        self.positions = recovery.positions  # the replayable feeds' (controller/checkpoints/positions.py)
+        self._own_store = store  # the embedding program's own, instead of FORKLESS_CHECKPOINT_DIR
+        self._checkpoints = checkpoints_for(recovery.checkpoints, recovery.await_replies if self.positions else None,
+                                            store, partitioned=self._partition_feed is not None)
         self._owner: PartitionOwner | NoPartitions = NoPartitions()  # a partitioned instance's, once started
         self.engine: Engine | None = None  # the device state's owner, made by compile()
-        self._io_factory = with_hooks(io_factory, on_connect=on_connect, before_connect=before_connect)
+        self._io_factory = with_hooks(io_factory, on_connect=connect.on_connect, before_connect=connect.before_connect)
         # made by start() once the IO side runs: its queues' main-thread ends (each batch's way between them)
         self._intake: Intake = None  # type: ignore[assignment]
         self._outbound: Outlet = None  # type: ignore[assignment]
@@ -184,13 +209,15 @@ class Controller:
         self._stopped = False
         self._aborting = False  # a second SIGINT: run() raises KeyboardInterrupt
         self._sends = 0  # send() calls so far: a send's id unless the caller gives one
-        self._host = ProcessSettings(switch_interval_s=None if events_only else SWITCH_INTERVAL_S, freeze_gc=freeze_gc)
+        self._host = ProcessSettings(switch_interval_s=None if events_only else SWITCH_INTERVAL_S,
+                                     freeze_gc=runtime.freeze_gc)
         self._signals = StopSignals(self._on_signal)
         self._report_wanted = threading.Event()  # SIGUSR1: run()'s loop reports the run so far
         self._reported: StatsSnapshot | None = None  # the snapshot of the last report (or of the serving's start)
         # the endpoints from the first second of start() (bound there), and systemd told where the run is (run())
         self._endpoints: Endpoints | NoEndpoints = NoEndpoints()
-        self._service: ServiceManager | NoServiceManager = service_manager() if notify_systemd else NoServiceManager()
+        self._service: ServiceManager | NoServiceManager = (service_manager() if runtime.notify_systemd
+                                                            else NoServiceManager())
         # what start() takes, given back once, in reverse, by stop(), a failed start or run()'s end
         self._life = Lifetime(self._deadline)
 
@@ -282,12 +309,12 @@ class Controller:
         prefixes, counters = self.plan.stream_prefixes(self.config.shared_streams), self.recovery.declared.counters
         names = [spec.name for spec in self.feed_specs]
         wait = self.handoff
-        step = DroppedMessages(stats, names) if self.engine is None else InFlight(BatchStep(
-            self.engine, self.slots, self.replies, self.sources, stats, put=self._outbound.put,
-            on_results=self._hand_results, feed_prefixes=prefixes, counters=counters,
+        step = DroppedMessages(stats, names) if self.engine is None else StepsInFlight(BatchStep(
+            self.engine, self.slots, self.replies, self.positions, stats, put=self._outbound.put,
+            on_results=self._on_results, feed_prefixes=prefixes, counters=counters,
             # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
             io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds, to_sinks=bool(self.plan.sinks)),
-            self.engine.in_flight, expect=side.expect if wait.spins else None)
+            self.engine.settings.steps_in_flight, expect=side.expect if wait.spins else None)
         self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event,
                               wait=wait, stop=self._deadline)
 
@@ -316,10 +343,10 @@ class Controller:
         """What the IO side is given beside its settings, each only where there is one: the restored positions, the
         plan (the user's sources, sinks, the feeds' connectors: a partitioned feed's fences its own source),
         ``acknowledged``, ``connection_events``."""
-        positions, plan, acked = self.recovery.positions, self.plan, {"acknowledged": self.recovery.acknowledged}
+        positions, plan, acked = self.recovery.resume_from, self.plan, {"acknowledged": self.recovery.acknowledged}
         planned = {"plan": plan} if plan.sources or plan.sinks or plan.connectors else {}
         spin = {"wait": self.handoff} if self.handoff.spins else {}  # the IO loop's selector spins (io_loop/waiting.py)
-        return {**({"positions": positions} if positions else {}), **planned, **(acked if self.sources else {}),
+        return {**({"positions": positions} if positions else {}), **planned, **(acked if self.positions else {}),
                 **spin, **({"connection_events": True} if self.connection_events else {})}
 
     def _close_owner(self) -> None:
@@ -391,9 +418,9 @@ class Controller:
 
         Bounded by ``shutdown_timeout_s``; what could not be sent by then is counted as
         dropped and logged. Raises if the IO thread failed; else, once stopped, the first
-        exception ``on_results`` raised during the stop (the stop goes on past it). A
+        exception an ``OnResults`` raised during the stop (the stop goes on past it). A
         partitioned instance whose lease is lost (or ran out) stops without answering or
-        checkpointing anything more, then raises ``LeaseLost`` (``_drop_held``).
+        checkpointing anything more, then raises ``LeaseLost`` (``_drop_unanswered``).
         """
         if not self._running or self._stopped:  # not started, its start failed or was stopped, or stopped
             return
@@ -401,11 +428,11 @@ class Controller:
         self._enter("stopping")
         self.request_stop()  # fixes the stop deadline, if a signal or the caller has not already
         self._io.request_stop(self._deadline.work)
-        raised: Exception | None = None  # on_results' first failure, raised once stopped
+        raised: Exception | None = None  # the OnResults' first failure, raised once stopped
         how = LEASE_LOST if self._owner.lost else ORDERLY
         try:
             if how == LEASE_LOST:
-                held = self._drop_held()
+                unanswered = self._drop_unanswered()
             else:
                 raised = self._finish(self._deadline.work)
         finally:
@@ -414,7 +441,7 @@ class Controller:
         if how == LEASE_LOST:
             log.error("the lease of a partition is lost: %d received messages dropped unanswered (%d of them "
                       "unprocessed) and no checkpoint written; their new owner answers them from its checkpoint",
-                      self.stats().dropped.get("lease lost", 0), held)
+                      self.stats().dropped.get("lease lost", 0), unanswered)
             raise LeaseLost(f"{self._partition_feed.label}: the lease of a partition was lost or ran out unrenewed "
                             "(FORKLESS_LEASE_S): another instance may own it now, so this one stopped without "
                             "publishing what it held")
@@ -425,7 +452,7 @@ class Controller:
     def _finish(self, work_deadline: float) -> Exception | None:
         """An orderly stop's work: process what is queued until inbound is shut and drained (or the work
         deadline), finish the steps in flight, count what is left, shut outbound, hand over the stop's
-        checkpoint (written while the IO thread ends). Returns ``on_results``' first failure meanwhile."""
+        checkpoint (written while the IO thread ends). Returns the ``OnResults``' first failure meanwhile."""
         raised = self._intake.finish(work_deadline, lambda: self._io.failure is not None)
         unapplied = self.engine.live_weights.offered() if self.engine is not None and self.engine.live_weights else None
         if unapplied is not None:  # set_weights() returned their version: say that no step took them
@@ -441,15 +468,15 @@ class Controller:
         self._checkpoints.begin_stop(lambda: self._begin_checkpoint(incremental=False).complete())
         return raised
 
-    def _drop_held(self) -> int:
+    def _drop_unanswered(self) -> int:
         """The stop of a partitioned instance whose lease is lost or ran out: another may own its
-        partitions and answer from their checkpoint, so what this one holds (steps in flight too) is
-        dropped, never published (the IO side's fence drops what is queued to publish), and no
-        checkpoint is written. How many messages it held unanswered."""
-        held = self._intake.drain()
-        self.main_stats.dropped["lease lost"] += held
+        partitions and answer from their checkpoint, so what this one has unanswered (steps in flight too)
+        is dropped, never published (the IO side's fence drops what is queued to publish), and no
+        checkpoint is written. How many messages it dropped unanswered."""
+        unanswered = self._intake.drain()
+        self.main_stats.dropped["lease lost"] += unanswered
         self._outbound.shutdown()
-        return held
+        return unanswered
 
     # ---- running ----------------------------------------------------------------------------
 
@@ -462,7 +489,7 @@ class Controller:
         the books so far (docs/running.md, "Signals"). Prints a status line every ``status_s``
         seconds. With ``notify_systemd``, tells systemd when it is ready, that its loops turn and
         when it stops. Returns None once stopped in order (the books logged). What
-        ``on_results`` or ``out`` raised is raised after an orderly stop; ``start()``'s errors and
+        an ``OnResults`` or ``out`` raised is raised after an orderly stop; ``start()``'s errors and
         the IO side's (``FeedFatal``, ``IOThreadError``) at once. Never exits the process; the
         host's signal handlers and process settings are back as they were when it returns or raises.
         """
@@ -481,7 +508,7 @@ class Controller:
             final = self.stats()
             if cfg.status_s > 0:
                 self._print(status_line(final, first, final=True))
-            log.log(logging.ERROR if final.in_flight else logging.INFO, "%s", books_line(final))
+            log.log(logging.ERROR if final.unanswered else logging.INFO, "%s", books_line(final))
         except KeyboardInterrupt:
             if self._started and not self._stopped:  # interrupted before stop(): the IO side is aborted
                 self._aborting = self._stopped = True
@@ -492,7 +519,7 @@ class Controller:
                 # the second SIGINT's KeyboardInterrupt, raised by its handler inside threading's own lock
                 # handling (a Condition's wait), can surface as another error there ("release unlocked lock")
                 raise KeyboardInterrupt from exc
-            # the host program's code failed (on_results, out) with the IO side well: stop in
+            # the host program's code failed (OnResults, out) with the IO side well: stop in
             # order (every reply sent, the stop's checkpoint written), then raise what it raised
             if self._running and not self._stopped and self._io.failure is None:
                 with contextlib.suppress(Exception):
@@ -557,12 +584,6 @@ class Controller:
         done = self._intake.pending(timeout, settle)
         self._checkpoints.tick(time.monotonic(), self._begin_checkpoint)
         return done
-
-    def _hand_results(self, seq: list[Any], stream: list[str], outputs: dict[str, np.ndarray]) -> None:
-        """A batch's results to ``on_results``, read at each batch (it may be replaced meanwhile)."""
-        on_results = self.on_results
-        if on_results is not None:
-            on_results(seq, stream, outputs)
 
     def send(self, feed: str, frame: Any, *, max_age_s: float | None = None, id: Any = None) -> Any:
         """Hand a frame (``str``, UTF-8 ``bytes``, a list of them, or a JSON value) to the feed or source

@@ -123,7 +123,7 @@ def _message_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric
 
 
 def _book_families(snap: StatsSnapshot) -> list[Metric]:
-    """The books: processed, in flight, streams, resets, declined, the declared counters, errors, drops."""
+    """The books: processed, unanswered, streams, resets, declined, the declared counters, errors, drops."""
     fams: list[Metric] = []
     fams.append(CounterMetricFamily("forkless_processed", "Messages run through the step in this process "
                                     "(before it, as a restored checkpoint counted them: forkless_restored_processed).",
@@ -133,7 +133,7 @@ def _book_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(CounterMetricFamily("forkless_answer_error_replies", "Error frames sent that answer a received "
                                     "message (part of forkless_error_replies).", value=snap.answer_errors_out))
     fams.append(GaugeMetricFamily("forkless_in_flight", "Received messages not yet answered, dropped or declined "
-                                  "(the rest of the books).", value=snap.in_flight))
+                                  "(the rest of the books).", value=snap.unanswered))
     fams.append(CounterMetricFamily("forkless_written_unconfirmed", "Reply frames written to connections that then "
                                     "ended abnormally: they may not have arrived.", value=snap.written_unconfirmed))
     fams.append(GaugeMetricFamily("forkless_streams_active", "Streams holding a state slot.",
@@ -153,7 +153,7 @@ def _book_families(snap: StatsSnapshot) -> list[Metric]:
         fams.append(CounterMetricFamily("forkless_anomalies", "Messages the default detector flagged as anomalies "
                                         "in this process (its declared counter \"anomalies\").", value=snap.anomalies))
     declared = CounterMetricFamily("forkless_processor_counts", "The processor's declared counters "
-                                   "(Processor(counters=...)) in this process: each a bool or int output summed over "
+                                   "(Description(counters=...)) in this process: each a bool or int output summed over "
                                    "the messages answered with results, by counter name; the default detector's is "
                                    "forkless_anomalies.", labels=["name"])
     for name, value in snap.counters.items():
@@ -219,7 +219,7 @@ def _latency_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric
     """The latency histograms (end to end, written, hops), batch sizes, loop lag, steps, IO CPU."""
     fams: list[Metric] = []
     latency = HistogramMetricFamily("forkless_latency_seconds", "From a message's frame arriving to its results "
-                                    "being handed over (on_results returned, reply frames made), for every result "
+                                    "being handed over (OnResults sinks returned, reply frames made), for every result "
                                     "whatever is sent back.", labels=["feed"])
     for f in feeds:
         latency.add_metric([f.name], _buckets(f.latency, SECONDS_STEP), sum_value=f.latency.total)

@@ -1,6 +1,14 @@
-"""Processors: a pure ``(init, step)`` pair, JAX style, and the default EWMA z-score detector.
+"""Processors: a pure ``(init, step)`` pair, JAX style, its ``Description``, and the default EWMA z-score detector.
 
 Rules:
+- A processor is ``Processor(init, step, description=Description(...))``: the two functions and
+  what the controller must know of them besides (controller/declared.py: identity, restore and
+  sharding, input dtype, declarations), a frozen, typed value checked when it is built. The
+  modules read it as typed attributes through ``description_of`` (one ``TypeError`` naming
+  ``Processor`` for any other object), never with a ``getattr``. The value is named as the
+  keyword it is passed as (httpx's ``Timeout`` is passed as ``timeout=``); its fields were the
+  processor's own before (``Processor(init, step, name="x")``), a spelling still taken, folded
+  into the description with a ``DeprecationWarning`` naming the new one.
 - ``init(shape) -> state`` builds the state pytree; the controller puts it on the device
   once and keeps it there across batches and reconnects. ``shape`` is a ``StateShape``
   (``max_streams``, ``features``), not the configuration: a setting the processor needs
@@ -39,19 +47,21 @@ Rules:
   its spare), a batch of ``Bd`` rows whose ``key`` is a local row. So take the spare row
   from the state (``leaf.shape[0] - 1``), never from ``shape.max_streams``; on one device
   the two are the same. A step that mixes streams (a reduction over the batch, a read of
-  another stream's row) gives other results on several devices: build it with
-  ``per_stream=False`` and it is refused there, with an error naming ``FORKLESS_DEVICES=1``.
+  another stream's row) gives other results on several devices: describe it with
+  ``Description(per_stream=False)`` and it is refused there, with an error naming ``FORKLESS_DEVICES=1``.
 - Slot recycling: when a stream's slot is handed to a new stream, the controller resets
   that slot with ``reset_rows(state, template, slots)`` (template from ``row_template``)
   before the step that runs the new stream's first message. ``init`` must therefore build
   per-stream rows that are all equal ("a fresh stream"), as zeros are.
-- Identity, for checkpoints: ``name`` (what the processor is, e.g. ``"ewma"``), ``version``
-  (a string, compared for equality: bump it when the state's layout or meaning changes, so
-  an older checkpoint is not restored into it) and ``restore_shared`` (False: on restore the
+- Identity, for checkpoints (the description's): ``name`` (what the processor is, e.g. ``"ewma"``),
+  ``version`` (a string, compared for equality: bump it when the state's layout or meaning changes,
+  so an older checkpoint is not restored into it) and ``restore_shared`` (False: on restore the
   shared leaves, those not per-stream such as weights loaded from a file, come from this
   run's ``init``, only the per-stream rows from the checkpoint; True: from the checkpoint
-  too). The restore path reads them; a processor without a name is identified by its step.
-- Declarations (controller/declared.py; each None by default: nothing): ``counters`` (counter
+  too). The restore path reads them; with checkpoints on, a processor without a name is refused.
+  They are written into checkpoints under the keys they had before the description
+  (``processor``, ``processor_version``), so older checkpoints restore.
+- Declarations (the description's; each empty by default: nothing): ``counters`` (counter
   name -> the name of a bool or int output, summed over each batch's finite messages, kept in
   the stats, the status line, the metrics and every checkpoint's counts, restored from them),
   ``settings`` (name -> JSON value, written into every checkpoint and matched on restore like
@@ -79,17 +89,20 @@ for one message of one stream and let the helper batch it; it obeys every rule a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from forkless.controller.declared import Description
 from forkless.controller.errors import ProcessorContractError
 
-__all__ = ["EWMAState", "Processor", "StateShape", "StreamState", "default_processor", "ewma_processor", "reset_rows",
-           "row_template", "stream_processor"]
+__all__ = ["EWMAState", "Processor", "StateShape", "StreamState", "default_processor",
+           "description_of", "ewma_processor", "reset_rows", "row_template", "stream_processor"]
 
 EPS = 1e-6
 
@@ -119,25 +132,101 @@ class StateShape:
             f"or functools.partial(init, {name}=config.{name}))", name=name, obj=self)
 
 
-class Processor(NamedTuple):
-    """A model the controller can run: two pure functions, like an optax transform, and
-    what identifies its state in a checkpoint (module docstring, "Identity")."""
-
+class _Functions(NamedTuple):
     init: Callable[[StateShape], Any]  # the state from its shape (module docstring, "Rules")
     step: Callable[[Any, Any], tuple[Any, dict[str, Any]]]
-    # True: each message's outputs and state depend only on its own stream's rows and input,
-    # so the step can be sharded by stream over several devices; False refuses more than one
-    per_stream: bool = True
-    name: str | None = None  # what the processor is ("ewma"), matched on restore; needed with checkpoints on
-    version: str = "1"  # the state's layout and meaning; compared for equality on restore
-    restore_shared: bool = False  # restore shared (not per-stream) leaves from the checkpoint too
-    # batch.x's dtype: jnp.float32, or jnp.float64 (needs JAX's x64 mode: docs/embedding/contract.md)
-    input_dtype: Any = jnp.float32
-    # declarations (module docstring): counter name -> bool/int output summed per batch; settings
-    # written into every checkpoint and matched on restore; settings written only
-    counters: Mapping[str, str] | None = None
-    settings: Mapping[str, Any] | None = None
-    recorded: Mapping[str, Any] | None = None
+    description: Description = Description()  # frozen: one default shared by every processor
+
+
+# the fields a Processor carried itself before its Description, in their positional order; still
+# taken (folded into the description, with a DeprecationWarning naming the new spelling)
+BEFORE_DESCRIPTION = ("per_stream", "name", "version", "restore_shared", "input_dtype", "counters", "settings",
+                      "recorded")
+
+
+class Processor(_Functions):
+    """A model the controller can run: two pure functions, like an optax transform, and its
+    ``Description`` (controller/declared.py: identity, restore and sharding, input dtype,
+    declarations), which every module reads as typed attributes: ``processor.description.name``.
+
+    ``Processor(init, step, name="x")`` (the fields a processor carried itself before) still
+    builds one, with a ``DeprecationWarning`` naming ``description=Description(name="x")``; so do
+    ``processor.name`` and ``processor._replace(name="x")``."""
+
+    __slots__ = ()
+
+    def __new__(cls, init: Callable[[StateShape], Any], step: Callable[[Any, Any], tuple[Any, dict[str, Any]]],
+                description: Description | None = None, *before: Any, **before_keywords: Any) -> Processor:
+        if not callable(init) or not callable(step):
+            raise TypeError(f"Processor(init, step, description=Description(...)): init and step are functions, "
+                            f"got init={init!r}, step={step!r}")
+        if description is not None and not isinstance(description, Description):
+            before = (description, *before)  # the old third positional field, per_stream
+            description = None
+        if before or before_keywords:
+            if description is not None:
+                raise TypeError(f"Processor: give either description=Description(...) or the fields it replaced "
+                                f"({', '.join(before_keywords) or 'positional'}), not both: put them in the "
+                                f"Description")
+            description = _folded(Description(), _named(before, before_keywords), "Processor(init, step, {old})",
+                                  "Processor(init, step, description=Description({old}))")
+        return super().__new__(cls, init, step, Description() if description is None else description)
+
+    def _replace(self, **changes: Any) -> Processor:
+        """A copy with ``changes`` (``init``, ``step``, ``description``); a field the description
+        holds is folded into it (deprecated: ``dataclasses.replace(p.description, ...)`` is the spelling)."""
+        before = {name: changes.pop(name) for name in BEFORE_DESCRIPTION if name in changes}
+        if before:
+            changes["description"] = _folded(changes.get("description", self.description), before,
+                                             "processor._replace({old})",
+                                             "processor._replace(description=dataclasses.replace("
+                                             "processor.description, {old}))")
+        if not isinstance(changes.get("description", self.description), Description):
+            raise TypeError(f"processor._replace(description={changes['description']!r}): a Description")
+        return super()._replace(**changes)
+
+    def __getattr__(self, name: str) -> Any:  # only for a name the three fields are not
+        if name not in BEFORE_DESCRIPTION:
+            raise AttributeError(f"'Processor' object has no attribute {name!r}", name=name, obj=self)
+        warnings.warn(f"processor.{name} is processor.description.{name} since the Description "
+                      f"(docs/embedding/contract.md)", DeprecationWarning, stacklevel=2)
+        return getattr(self.description, name)  # the deprecated spelling's one read by name
+
+
+def description_of(processor: Processor) -> Description:
+    """``processor.description``, the one way the modules read what a processor declares;
+    ``TypeError`` naming ``Processor`` for any other object (one with ``init`` and ``step`` and
+    the fields as attributes of its own was read before the Description: it is refused, not guessed at)."""
+    if not isinstance(processor, Processor):
+        raise TypeError(f"a processor is a forkless.Processor(init, step, description=Description(...)); got "
+                        f"{type(processor).__name__} {processor!r}: build one with Processor(its init, its step, "
+                        f"description=Description(name=..., ...)) (docs/embedding/contract.md)")
+    return processor.description
+
+
+def _named(before: tuple[Any, ...], keywords: dict[str, Any]) -> dict[str, Any]:
+    """The old positional and keyword fields as one mapping; ``TypeError`` for a name that was never one."""
+    if len(before) > len(BEFORE_DESCRIPTION):
+        raise TypeError(f"Processor takes init, step and description=Description(...); got {len(before) + 2} "
+                        f"positional arguments")
+    named = dict(zip(BEFORE_DESCRIPTION, before))
+    for name, value in keywords.items():
+        if name not in BEFORE_DESCRIPTION:
+            raise TypeError(f"Processor got an unexpected keyword {name!r}: it takes init, step and "
+                            f"description=Description(...) (whose fields are {', '.join(BEFORE_DESCRIPTION)})")
+        if name in named:
+            raise TypeError(f"Processor got {name!r} twice, by position and by keyword")
+        named[name] = value
+    return named
+
+
+def _folded(description: Description, before: dict[str, Any], old: str, new: str) -> Description:
+    """``description`` with the fields ``before`` (as a processor carried them before its
+    Description) put in, and a ``DeprecationWarning`` naming the new spelling."""
+    spelt = ", ".join(f"{name}={value!r}" for name, value in before.items())
+    warnings.warn(f"{old.format(old=spelt)} is deprecated: write {new.format(old=spelt)} "
+                  f"(from forkless import Description; docs/embedding/contract.md)", DeprecationWarning, stacklevel=3)
+    return dataclasses.replace(description, **before)
 
 
 class StreamState(NamedTuple):
@@ -183,7 +272,7 @@ def ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
         var = jnp.where(first, 0.0, (1.0 - alpha) * (row.var + alpha * d * d))
         return EWMAState(row.count + 1, mean, var), {"z": z, "n": row.count}
 
-    per_row = stream_processor(row_step, init_row=init_row, name="ewma")
+    per_row = stream_processor(row_step, init_row=init_row, description=Description(name="ewma"))
 
     def step(state: EWMAState, batch: Any) -> tuple[EWMAState, dict[str, jax.Array]]:
         # score and anomaly follow from z and n alone: computed once here, not in every round
@@ -193,8 +282,9 @@ def ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
         return state, {"z": out["z"], "score": score, "anomaly": anomaly}
 
     # the detector's own counter and the settings its checkpoints record (only: tuning them keeps the state)
-    return per_row._replace(step=step, counters={"anomalies": "anomaly"},
-                            recorded={"alpha": alpha, "threshold": threshold, "warmup": warmup})
+    return Processor(per_row.init, step, description=Description(
+        name="ewma", counters={"anomalies": "anomaly"}, recorded={"alpha": alpha, "threshold": threshold,
+                                                                   "warmup": warmup}))
 
 
 def _stream_init(init_row: Callable[[Any], Any], init_params: Callable[[Any], Any] | None,
@@ -232,9 +322,7 @@ def _stream_init(init_row: Callable[[Any], Any], init_params: Callable[[Any], An
 
 def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[str, jax.Array]]], *,
                      init_row: Callable[[Any], Any], init_params: Callable[[Any], Any] | None = None,
-                     name: str, version: str = "1", restore_shared: bool = False,
-                     counters: Mapping[str, str] | None = None, settings: Mapping[str, Any] | None = None,
-                     recorded: Mapping[str, Any] | None = None) -> Processor:
+                     description: Description | None = None, **before: Any) -> Processor:
     """A batched, O(B) ``Processor`` from ``row_step(params, row, x) -> (row, out)``, the update
     of one stream's row by one message (module docstring, "Per-row processors").
 
@@ -242,10 +330,30 @@ def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[s
     ``jax.jit``, so jnp or numpy values); ``init_params(shape)``, if given, the shared
     leaves (weights: numpy arrays, say, loaded from a file), put on the device as they are.
     ``out`` is a dict of arrays, each stacked over the batch into the step's outputs.
-    ``name``, ``version``, ``restore_shared`` and the declarations (``counters``, ``settings``,
-    ``recorded``) go into the ``Processor`` as they are.
+    ``description`` goes into the ``Processor`` as it is (its name in the helper's errors); its
+    ``per_stream`` is True, as the helper keeps streams apart. ``name=``, ``version=`` and the
+    description's other fields as keywords (the spelling before the Description) still work,
+    with a ``DeprecationWarning``.
     """
-
+    if before:
+        if description is not None:
+            raise TypeError(f"stream_processor: give either description=Description(...) or the fields it "
+                            f"replaced ({', '.join(before)}), not both: put them in the Description")
+        unknown = [key for key in before if key not in BEFORE_DESCRIPTION or key == "per_stream"]
+        if unknown:
+            raise TypeError(f"stream_processor got an unexpected keyword {unknown[0]!r}: it takes row_step, "
+                            f"init_row, init_params and description=Description(...)")
+        description = _folded(Description(), before, "stream_processor(..., {old})",
+                              "stream_processor(..., description=Description({old}))")
+    description = Description() if description is None else description
+    if not isinstance(description, Description):
+        raise TypeError(f"stream_processor(description={description!r}): a Description (from forkless import "
+                        f"Description)")
+    if not description.per_stream:
+        raise ProcessorContractError("stream_processor(description=Description(per_stream=False)): the helper "
+                                     "keeps streams apart (row_step sees one stream's row), so its processor is "
+                                     "per-stream; write Processor(init, step, ...) for a step that mixes streams")
+    name = description.name or "(unnamed)"
     init = _stream_init(init_row, init_params, name)
 
     def step(state: Any, batch: Any) -> tuple[Any, dict[str, jax.Array]]:
@@ -294,8 +402,7 @@ def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[s
         table = jax.tree.map(lambda leaf, rows: leaf.at[idx].set(rows, mode="drop"), table, post)
         return (table if init_params is None else StreamState(params, table)), out
 
-    return Processor(init, step, per_stream=True, name=name, version=version, restore_shared=restore_shared,
-                     counters=counters, settings=settings, recorded=recorded)
+    return Processor(init, step, description=description)
 
 
 def _strong(value: Any) -> jax.Array:

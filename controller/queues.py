@@ -13,7 +13,7 @@ Rules:
   down and drained or the work deadline (``finish``; a batch is not topped up past it, so a slow
   ``on_event`` does not take the events behind it past it: what is left is counted, and logged),
   then every step in flight is finished.
-- Steps in flight (``InFlight``, controller/inflight.py): a step that is done is handed over
+- Steps in flight (``StepsInFlight``, controller/inflight.py): a step that is done is handed over
   before the next batch is collected. While steps run, the next batch collects what arrives and
   is dispatched behind them once it is closed (full, or collecting for ``max_wait_s``: the
   batcher's own rule): a batch cut earlier would gain nothing by queueing on the device behind
@@ -53,7 +53,7 @@ from typing import Any
 
 import janus
 from forkless.controller.batching import MicroBatcher, Taken
-from forkless.controller.inflight import InFlight
+from forkless.controller.inflight import StepsInFlight
 from forkless.controller.stats import MainStats
 from forkless.io_loop.crossing import TAKEN, Chunk, Events, Outgoing, count_unsent
 from forkless.io_loop.waiting import PARK, WaitSettings
@@ -127,8 +127,8 @@ class Intake:
         self.batcher = batcher
         self.stats = stats
         self._step = step
-        # the steps in flight (controller/inflight.py), when the step is an InFlight
-        self.flight: InFlight | None = step if isinstance(step, InFlight) else None
+        # the steps in flight (controller/inflight.py), when the step is a StepsInFlight
+        self.flight: StepsInFlight | None = step if isinstance(step, StepsInFlight) else None
         self.names = names  # each feed's name, by index
         self._on_event = on_event  # the controller's on_event as it is now (None: none)
         self._logged_unhandled_event = False

@@ -7,11 +7,11 @@ Rules:
   ``encode_error`` returning None, also counted in ``replies_declined`` by reason and logged
   once per reason). The books balance under every policy.
 - A feed's policy (``FORKLESS_REPLIES``, a feed's ``"replies"``): ``all`` results and error
-  frames; ``results`` no error frames; ``none`` nothing (results still reach ``on_results``,
+  frames; ``results`` no error frames; ``none`` nothing (results still reach ``OnResults``,
   the counters and the latency). Nothing is encoded that will not be sent.
 - Frames keep their messages' arrival order; a batch that mixed feeds goes back as one bundle
   of one ``Outgoing`` per feed, each to its own connection.
-- ``latency`` is receipt -> results handed over (after ``on_results`` returned and the frames
+- ``latency`` is receipt -> results handed over (after ``OnResults`` returned and the frames
   are made), for every result whatever the policy; measured here on the main thread, one
   observation per chunk (its messages share a receipt time).
 - Main thread only; no threads, no queues, no clock (the caller passes the times).

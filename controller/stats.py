@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ class MainStats:
     # read before and after each step): the IO side's work that overlapped the steps
     step_io_cpu_s: float = 0.0
     compilations_at_ready: int | None = None
-    # receipt -> results handed over (after on_results, before the put on outbound), one per feed
+    # receipt -> results handed over (after the OnResults sinks, before the put on outbound), one per feed
     latency: list[Histogram] = field(default_factory=lambda: [Histogram(SECONDS_BOUNDS)])
     # the latency budget of the sampled messages whose batch sent their feed no frame (ends at "assemble")
     hops: dict[str, Histogram] = field(default_factory=new_hops)
@@ -122,7 +123,7 @@ class StatsSnapshot:
     outbound_depth: int
     unsent: int
     batch_size: HistogramSnapshot
-    latency: HistogramSnapshot  # receipt -> results handed over (on_results returned), every result
+    latency: HistogramSnapshot  # receipt -> results handed over (OnResults returned), every result
     loop_lag: HistogramSnapshot
     step_seconds: HistogramSnapshot
     compilations: int
@@ -217,11 +218,19 @@ class StatsSnapshot:
         return sum(self.replies_declined.values())
 
     @property
-    def in_flight(self) -> int:
+    def unanswered(self) -> int:
         """Received messages not yet answered, dropped or declined: the rest of the books,
-        ``messages_in = messages_out + answer_errors_out + no_reply + dropped + in_flight``
+        ``messages_in = messages_out + answer_errors_out + no_reply + dropped + unanswered``
         (0 after an orderly stop; what it holds then was lost with the process)."""
         return self.messages_in - self.messages_out - self.answer_errors_out - self.no_reply - self.dropped_total
+
+    @property
+    def in_flight(self) -> int:
+        """Deprecated: ``unanswered``, its name now ("in flight" is said of steps dispatched to the device and
+        not finished); warns ``DeprecationWarning`` and gives the same number, to be removed."""
+        warnings.warn("StatsSnapshot.in_flight is deprecated: read StatsSnapshot.unanswered (received messages not "
+                      "yet answered, dropped or declined; the same number)", DeprecationWarning, stacklevel=2)
+        return self.unanswered
 
 
 def _ms(seconds: float) -> str:
@@ -259,8 +268,8 @@ def status_line(now: StatsSnapshot, before: StatsSnapshot | None, *, final: bool
     if final:  # how the stop left the connection, and what it could not account for
         open_now = any(f.io.connected for f in now.feeds) if now.feeds else now.connected
         conn = "connection still open at the stop deadline" if open_now else "stopped"
-        if now.in_flight:
-            conn = f"unanswered {now.in_flight} | {conn}"
+        if now.unanswered:
+            conn = f"unanswered {now.unanswered} | {conn}"
     elif len(now.feeds) > 1:
         conn = f"feeds {sum(f.up for f in now.feeds)}/{len(now.feeds)} connected"
     else:
@@ -322,7 +331,7 @@ def books_line(snap: StatsSnapshot) -> str:
     dropped = ", ".join(f"{reason} {n}" for reason, n in sorted(snap.dropped.items()))
     return (f"books: in {snap.messages_in} = results {snap.messages_out} + error replies {snap.answer_errors_out}"
             f" + no reply {snap.no_reply} + dropped {snap.dropped_total}{f' ({dropped})' if dropped else ''}"
-            f" + unanswered {snap.in_flight}; also {snap.errors_out - snap.answer_errors_out} replies to bad input"
+            f" + unanswered {snap.unanswered}; also {snap.errors_out - snap.answer_errors_out} replies to bad input"
             f", {snap.replies_declined_total} replies declined"
             f", {snap.written_unconfirmed} replies written to connections that then failed"
             + "".join(f"; sink {name!r}: taken {books.taken} = written {books.written} + dropped "
@@ -347,7 +356,7 @@ def losses(snap: StatsSnapshot) -> dict[str, int]:
     results the controller's sinks gave up or never got, events a source's buffer gave up."""
     found = {
         "dropped": snap.dropped_total,
-        "unanswered": snap.in_flight,
+        "unanswered": snap.unanswered,
         "dropped by sinks": sum(sum(books.dropped.values()) for _, books in snap.sinks),
         "results never handed to the sinks": snap.sink_results_unsent,
         "events dropped": sum(snap.events_dropped.values()),

@@ -17,6 +17,10 @@ receive fills), written as a ``controller.Source``:
   its deadline, counted): no drain of its own before ``stop()`` (docs/embedding/stop.md);
 - trades, books and fills reach the main thread as they are (``ctx.emit_event`` → ``on_event``):
   the price keeps the exchange's exact text, no processor squeezes it into a row;
+- the main loop hears when the session goes down and comes back (``OnEvent(on_event,
+  connections=True)``: a ``forkless.ConnectionEvent`` with the close code, 4003 for an expired
+  token, 1006 for an exchange that died) and stops quoting while it is down: no model order is
+  decided on a market it cannot see;
 - the main loop ticks every 100 ms, runs a jitted model over a window of the latest prices per
   symbol, and sends an order the moment it decides (``Controller.send``), whatever the market does.
 
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import numpy as np
 
-    from forkless import Config, Controller
+    from forkless import EVENTS_ONLY, Config, ConnectionEvent, Controller, OnEvent
 
     stop = threading.Event()
     stopped_by = ["duration"]
@@ -212,8 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     trade_ms: list[float] = []
     counts = collections.Counter()
     prices: list[str] = []  # "seq price" lines for --prices, written at the end
+    connected = [False]  # the session, as the connection events tell it: no model order while it is down
+    connections: list[list[Any]] = []  # [up, reason, close code] of each connection event, in order
 
     def on_event(source: str, event: Any) -> None:
+        if isinstance(event, ConnectionEvent):  # the session came up, or went down (its close code)
+            connected[0] = event.connected
+            connections.append([event.connected, event.reason, event.code])
+            return
         if isinstance(event, SendFailed):  # an order not written by its deadline: never will be
             counts["orders_given_up"] += 1
             pending.pop(event.id, None)
@@ -246,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     last_model_order = dict.fromkeys(SYMBOLS, 0.0)
     try:
         # events only: trades and fills reach on_event, the model is this loop's own: nothing compiled at start
-        ctl = Controller(config, sources=[session], on_event=on_event, events_only=True)
+        # connections=True: on_event also hears each ConnectionEvent of the session, in order with its events
+        ctl = Controller(config, processor=EVENTS_ONLY, sources=[session], on_event=OnEvent(on_event, connections=True))
         with ctl:  # its stop hands over the fills of the orders in flight (ExchangeSession.awaiting)
             print("main loop started", file=sys.stderr, flush=True)
             started = time.monotonic()  # --duration counts the main loop's time, not the compile's
@@ -269,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                 z = np.asarray(model(window, filled))
                 for symbol, i in row.items():
                     decides = filled[i] >= MIN_PRICES and abs(z[i]) > THRESHOLD
-                    if decides and now - last_model_order[symbol] > ORDER_GAP_S:
+                    if decides and not connected[0]:  # no quoting on a market it cannot see
+                        counts["orders_not_quoted_while_down"] += 1
+                    elif decides and now - last_model_order[symbol] > ORDER_GAP_S:
                         last_model_order[symbol] = now
                         order(ctl, symbol, "sell" if z[i] > 0 else "buy", "0.01")
                 if now >= next_force:
@@ -307,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             "pongs": snapshot.counts.get("pongs", 0) if snapshot is not None else None,
             "events_unhandled": snapshot.events_unhandled if snapshot is not None else None,
             "orders_unsent": snapshot.sent_unsent if snapshot is not None else None,
+            "orders_not_quoted_while_down": counts["orders_not_quoted_while_down"], "connections": connections,
         }
         Path(args.stats).write_text(json.dumps(figures, indent=1))
     return 0

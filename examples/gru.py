@@ -16,9 +16,9 @@ The weights are plain numpy arrays in a ``.npz`` file (no model library needed):
 ``w_out`` [H, F], ``b_out`` [F]. Train them anywhere and ``np.savez`` them; or make a file
 of random ones to try it: ``save_random_weights("gru.npz", features=2, hidden=16)``.
 
-Embed it (the default JSON codec sends every output back; ``on_results`` sees them first)::
+Embed it (the default JSON codec sends every output back; an ``OnResults`` sink sees them first)::
 
-    from forkless import Config, Controller
+    from forkless import Config, Controller, OnResults
     from examples.gru import gru_processor
 
     def on_results(seq, stream, outputs):
@@ -28,7 +28,7 @@ Embed it (the default JSON codec sends every output back; ``on_results`` sees th
 
     config = Config.from_env(features=2)
     Controller(config, processor=gru_processor("gru.npz", features=2, hidden=16),
-               on_results=on_results).run()
+               sinks=[OnResults(on_results)]).run()
 
 The processor is built with ``controller.processor.stream_processor``: ``gru_row_step``
 handles one message of one stream, the helper runs a batch of them (a stream repeated in a
@@ -45,6 +45,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from forkless.controller.declared import Description
 from forkless.controller.processor import Processor, StateShape, stream_processor
 
 __all__ = ["gru_processor", "gru_row_step", "load_weights", "save_random_weights"]
@@ -116,7 +117,8 @@ def gru_processor(weights_path: str | os.PathLike[str], *, features: int, hidden
     def init_row(shape: StateShape) -> jax.Array:
         return jnp.zeros((hidden,), jnp.float32)
 
-    return stream_processor(gru_row_step, init_row=init_row, init_params=init_params, name="gru")
+    return stream_processor(gru_row_step, init_row=init_row, init_params=init_params,
+                            description=Description(name="gru"))
 
 
 if __name__ == "__main__":  # python examples/gru.py [PATH]: write a file of random weights to try it

@@ -48,8 +48,23 @@ _EXPORTS = {
     "Decoded": "forkless.controller.codec",
     "JsonCodec": "forkless.controller.codec",
     "Config": "forkless.controller.config",
+    "CheckpointSettings": "forkless.controller.settings.groups",
+    "StepSettings": "forkless.controller.settings.groups",
+    "Credentials": "forkless.io_loop.settings",
+    "DemoSettings": "forkless.io_loop.settings",
+    "Limits": "forkless.io_loop.settings",
+    "PartitionSettings": "forkless.io_loop.settings",
+    "ReconnectSettings": "forkless.io_loop.settings",
+    "Timeouts": "forkless.io_loop.settings",
+    "TlsSettings": "forkless.io_loop.settings",
     "Controller": "forkless.controller.loop",
+    "ConnectHooks": "forkless.controller.wiring",
+    "EVENTS_ONLY": "forkless.controller.wiring",
+    "OnEvent": "forkless.controller.wiring",
+    "OnResults": "forkless.controller.wiring",
+    "Runtime": "forkless.controller.wiring",
     "Handshake": "forkless.io_loop.connectors.websocket.before_connect",
+    "Description": "forkless.controller.declared",
     "EWMAState": "forkless.controller.processor",
     "Processor": "forkless.controller.processor",
     "StateShape": "forkless.controller.processor",
@@ -73,15 +88,19 @@ _EXPORTS = {
     "StoreError": "forkless.io_loop.errors",
     "ReplyBatch": "forkless.io_loop.writer",
     "ConnectionEvent": "forkless.io_loop.crossing",
+    "CapabilityWarning": "forkless.io_loop.capabilities",
     "Source": "forkless.io_loop.source",
     "SourceContext": "forkless.io_loop.source",
     "SourceStopped": "forkless.io_loop.source",
     "Relogin": "forkless.io_loop.relogin",
     "Backoff": "forkless.io_loop.backoff",
     "SendFailed": "forkless.io_loop.sends",
-    "Sink": "forkless.io_loop.sinks.sink",
+    "RecordSink": "forkless.io_loop.sinks.sink",
+    "ResultSink": "forkless.io_loop.sinks.sink",
     "SinkBatch": "forkless.io_loop.sinks.sink",
     "SinkContext": "forkless.io_loop.sinks.sink",
+    "RecordContext": "forkless.io_loop.sinks.sink",
+    "ResultContext": "forkless.io_loop.sinks.sink",
     "SinkStats": "forkless.io_loop.sinks.sink",
     "MessageBatch": "forkless.io_loop.sinks.sink",
     "EventBatch": "forkless.io_loop.sinks.sink",
@@ -96,9 +115,18 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+# names the API had, and what took their place: asked for, each raises an ImportError that says so (an
+# AttributeError's message would be lost: ``from forkless import Sink`` replaces it with Python's own)
+_REPLACED = {
+    "Sink": "forkless.Sink is now two protocols: forkless.RecordSink (SinkRun's sink, the relay's: MessageBatch and "
+            "EventBatch) and forkless.ResultSink (Controller(sinks=[...]): ResultBatch)",
+}
+
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
+        if name in _REPLACED:
+            raise ImportError(_REPLACED[name], name=name)
         raise AttributeError(f"module 'forkless' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)

@@ -1,34 +1,110 @@
-"""What a source may declare beyond ``name`` and ``run``: every optional capability, its default, read in one place.
+"""What a source may declare beyond ``name`` and ``run``: its capabilities, small protocols and typed values.
 
 Rules:
 - A source is duck-typed (io_loop/source.py's ``Source`` protocol): any object with a ``name`` and
-  ``async run(ctx)``. Each optional attribute a source may declare is listed once, here, as a class
-  attribute of ``SourceCapabilities`` with its default and meaning. A source may subclass it (the
-  built-in WebSocket, JetStream and demo sources do) and inherits the defaults; one that subclasses
-  nothing gets the very same defaults from ``capability``.
-- Every module reads an optional attribute of a source through ``capability(source, name)``, never
-  with a ``getattr``/``hasattr`` of its own (tests/test_capabilities.py holds that). A name not
-  declared here is a ``KeyError`` naming the declared ones: a typo is found at once, never read as
-  a default.
-- Checking a declared value stays with the module that owns its meaning: ``replies`` and
-  ``required`` controller/ioside.py, ``overflow`` and ``buffer`` io_loop/spill.py, ``awaiting``
-  io_loop/finishing.py, ``send_max_age_s`` and ``sends_while_disconnected`` io_loop/sends.py. This
-  module only says what may be declared and what is meant by nothing.
+  ``async run(ctx)``; it subclasses nothing. What it may declare besides is of two kinds, each
+  listed once, here:
+  - methods, each a one-method ``runtime_checkable`` protocol (``SupportsBeforeStop``,
+    ``SupportsAwaiting``, ``SupportsSummary``, ``SupportsProbe``), named as typing's
+    ``SupportsIndex`` is; a module asks ``isinstance(source, SupportsAwaiting)`` and then calls
+    ``source.awaiting()``. An attribute of that name set to None declares none (typing's rule);
+    set to anything else that is no method, it is refused (``check_methods``).
+  - values (``replies``, ``required``, ``starts_connected``, ``replayable``, ``overflow``,
+    ``buffer``, ``send_max_age_s``, ``sends_while_disconnected``, ``figures``), typed class attributes with their
+    defaults on ``SourceCapabilities``,
+    a base a source may subclass (the built-in WebSocket, JetStream and demo sources do) and need
+    not: ``declarations(source, name)`` reads them into a frozen, typed ``Declarations``, the
+    defaults filled in for what a source does not declare, each value checked (``ValueError`` or
+    ``TypeError`` naming the source, the attribute and what is allowed).
+- No module reads a capability by its name as a string (no ``getattr``/``hasattr`` of one;
+  tests/test_capabilities.py holds that): the protocols and ``Declarations``' typed attributes
+  are the only ways in, so a misspelt capability in forkless's own code is an ``AttributeError``
+  or a ``NameError``, found at once.
+- A misspelt capability in a user's source (``replys = "none"``, ``def awaitng(self)``) would
+  silently be no declaration at all: ``lookalikes`` names each public attribute of a source that
+  is no capability but close to one (a method compared with the methods, a value with the
+  values), and the controller warns of each with a ``CapabilityWarning`` when it is handed the
+  source (``warn_lookalikes``, in controller/ioside.py's ``feed_plan``).
 - Pure: no I/O, no loop, no clock.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+import inspect
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["CAPABILITIES", "DEFAULTS", "SourceCapabilities", "capability"]
+from forkless.io_loop.counters import SourceStats
+from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.errors import ForklessError
+from forkless.io_loop.settings import OVERFLOW_POLICIES, REPLY_POLICIES
+
+__all__ = ["CAPABILITIES", "METHODS", "SENDS_WHILE_DISCONNECTED", "VALUES", "CapabilityWarning", "Declarations",
+           "OverflowPolicy", "ReplyPolicy", "SendsWhileDisconnected", "SourceCapabilities", "SupportsAwaiting",
+           "SupportsBeforeStop", "SupportsProbe", "SupportsSummary", "check_methods", "declarations", "lookalikes",
+           "warn_lookalikes"]
+
+# Literals of the tuples: each policy declared once, in io_loop/settings.py (as controller/settings/feedschema.py does)
+ReplyPolicy = Literal[REPLY_POLICIES]
+OverflowPolicy = Literal[OVERFLOW_POLICIES]
+SENDS_WHILE_DISCONNECTED = ("hold", "refuse")  # a source's sends while it is not connected: held, or given up at once
+SendsWhileDisconnected = Literal["hold", "refuse"]
+
+# the source's SourceContext (io_loop/source.py, which imports this module, so it is a parameter here)
+Context = TypeVar("Context", contravariant=True)
+
+
+# ---- the methods -------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class SupportsBeforeStop(Protocol[Context]):
+    """``async before_stop(ctx)``: called when the orderly stop begins, before ``ctx.stopping``
+    (docs/embedding/stop.md)."""
+
+    async def before_stop(self, ctx: Context, /) -> None: ...
+
+
+@runtime_checkable
+class SupportsAwaiting(Protocol):
+    """``awaiting()``: how many replies it still awaits, an ``int`` >= 0; the stop takes its replies until it is 0
+    (io_loop/finishing.py)."""
+
+    def awaiting(self) -> int: ...
+
+
+@runtime_checkable
+class SupportsSummary(Protocol):
+    """``summary()``: one line on how the run went, read at its end (the demo feed's tally;
+    ``Controller.summaries``)."""
+
+    def summary(self) -> str: ...
+
+
+@runtime_checkable
+class SupportsProbe(Protocol):
+    """``async probe(codec, say, *, dedupe_window_s)``: ``--check``'s try of it (io_loop/probe.py)."""
+
+    async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float) -> None: ...
+
+
+# each method capability's name and its protocol
+METHODS: dict[str, type] = {"before_stop": SupportsBeforeStop, "awaiting": SupportsAwaiting,
+                            "summary": SupportsSummary, "probe": SupportsProbe}
+
+
+# ---- the values --------------------------------------------------------------------------------------------------
 
 
 class SourceCapabilities:
-    """The optional attributes of a source, each with its default (docs/embedding/capabilities.md).
-    Subclassing it is optional: a source that declares nothing reads the same."""
+    """The values a source may declare, each at its default (docs/embedding/capabilities.md): a base a
+    source may subclass, and need not (``declarations`` fills in the same defaults)."""
 
-    replies: str = "all"
+    replies: ReplyPolicy = "all"
     """What the main thread sends back to its messages: ``"all"``, ``"results"`` or ``"none"``."""
 
     required: bool = True
@@ -40,7 +116,7 @@ class SourceCapabilities:
     replayable: bool = False
     """It replays from ``ctx.resume_from``: never dropped from (``FORKLESS_OVERFLOW`` does not apply)."""
 
-    overflow: str | None = None
+    overflow: OverflowPolicy | None = None
     """``"block"`` or ``"drop_oldest"`` beyond its own buffer; None: its feed entry's, else ``FORKLESS_OVERFLOW``."""
 
     buffer: int | None = None
@@ -50,37 +126,116 @@ class SourceCapabilities:
     """The deadline of what the main thread sends it (``Controller.send``) without a ``max_age_s`` of its own:
     written within this many seconds of the send or never (``SendFailed``, io_loop/sends.py); None: none."""
 
-    sends_while_disconnected: str = "hold"
+    sends_while_disconnected: SendsWhileDisconnected = "hold"
     """``"hold"``: what the main thread sends while it is not connected waits (until its deadline); ``"refuse"``:
     given up at once (cancel-on-disconnect), ``SendFailed`` with reason ``"disconnected"``."""
 
-    figures: Any = None
+    figures: SourceStats | None = None
     """A ``SourceStats`` of the position figures it keeps, shown in its books; None: none."""
 
-    before_stop: Any = None
-    """``async before_stop(ctx)``: called when the orderly stop begins, before ``ctx.stopping``; None: none."""
 
-    awaiting: Any = None
-    """``awaiting()``: replies it still awaits; the stop takes them until 0 (io_loop/finishing.py); None: none."""
+@dataclass(frozen=True)
+class Declarations:
+    """The values one source declares, its defaults filled in, checked (``declarations``): the
+    fields of ``SourceCapabilities``, typed as there (tests/test_capabilities.py holds them equal)."""
 
-    summary: Any = None
-    """``summary()``: one line on how the run went, which the ``forkless`` program prints at its end (the demo
-    feed's tally); None: none."""
-
-    probe: Any = None
-    """``async probe(codec, say, *, dedupe_window_s)``: ``--check``'s try of it (io_loop/probe.py); None: not
-    tried."""
-
-
-CAPABILITIES: tuple[str, ...] = tuple(name for name in vars(SourceCapabilities) if not name.startswith("_"))
-DEFAULTS: dict[str, Any] = {name: vars(SourceCapabilities)[name] for name in CAPABILITIES}
+    replies: ReplyPolicy
+    required: bool
+    starts_connected: bool
+    replayable: bool
+    overflow: OverflowPolicy | None
+    buffer: int | None
+    send_max_age_s: float | None
+    sends_while_disconnected: SendsWhileDisconnected
+    figures: SourceStats | None
 
 
-def capability(source: Any, name: str) -> Any:
-    """What ``source`` declares for the capability ``name``, or its default (see the module rules)."""
-    try:
-        default = DEFAULTS[name]
-    except KeyError:
-        raise KeyError(f"{name!r} is no source capability; the declared ones are {', '.join(CAPABILITIES)} "
-                       f"(io_loop/capabilities.py)") from None
-    return getattr(source, name, default)
+VALUES: tuple[str, ...] = tuple(value.name for value in fields(Declarations))
+CAPABILITIES: tuple[str, ...] = (*VALUES, *METHODS)
+
+
+def declarations(source: object, name: str) -> Declarations:
+    """What ``source`` (the source named ``name``) declares of the values, each default where it
+    declares nothing; ``ValueError`` or ``TypeError`` naming the source and the attribute for a
+    value that is not allowed. Cheap (seven reads): read it where a value is needed."""
+    # the one read of the values by name: each field of Declarations, the class's default where the source has none
+    declared = Declarations(**{value: getattr(source, value, getattr(SourceCapabilities, value)) for value in VALUES})
+    if declared.replies not in REPLY_POLICIES:
+        raise ValueError(f"source {name!r} has replies={declared.replies!r}; expected one of "
+                         f"{', '.join(REPLY_POLICIES)}")
+    for flag, value in (("required", declared.required), ("starts_connected", declared.starts_connected),
+                        ("replayable", declared.replayable)):
+        if not isinstance(value, bool):
+            raise TypeError(f"source {name!r} has {flag}={value!r}; expected True or False")
+    if declared.overflow is not None and declared.overflow not in OVERFLOW_POLICIES:
+        raise ValueError(f"source {name!r} has overflow={declared.overflow!r}; expected one of "
+                         f"{', '.join(OVERFLOW_POLICIES)}")
+    if declared.overflow == "drop_oldest" and declared.replayable:
+        raise ValueError(f"source {name!r} is replayable and has overflow='drop_oldest': a replayable source is "
+                         f"never dropped from (a dropped message breaks the exactly-once state); use 'block'")
+    if declared.buffer is not None and (type(declared.buffer) is not int or declared.buffer < 0):
+        raise ValueError(f"source {name!r} has buffer={declared.buffer!r}; expected an int >= 0 (messages and "
+                         f"events it may hold while the inbound queue is full)")
+    max_age = declared.send_max_age_s
+    if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, (int, float))):
+        raise TypeError(f"source {name!r} has send_max_age_s={max_age!r}; expected a number of seconds (or None: "
+                        f"no deadline)")
+    if max_age is not None and not (math.isfinite(max_age) and max_age > 0):
+        raise ValueError(f"source {name!r} has send_max_age_s={max_age!r}; expected a finite number of seconds > 0 "
+                         f"(or None: no deadline)")
+    if declared.sends_while_disconnected not in SENDS_WHILE_DISCONNECTED:
+        raise ValueError(f"source {name!r} has sends_while_disconnected={declared.sends_while_disconnected!r}; "
+                         f"expected 'hold' (held until its deadline or a connection) or 'refuse' (given up at once "
+                         f"while not connected)")
+    if declared.figures is not None and not isinstance(declared.figures, SourceStats):
+        raise TypeError(f"source {name!r} has figures={declared.figures!r}; expected a "
+                        f"forkless.io_loop.counters.SourceStats (its position figures), or None")
+    return declared
+
+
+def check_methods(source: object, name: str) -> None:
+    """``TypeError`` for a method capability ``source`` declares as something that is no method
+    (``awaiting = 3``): ``isinstance`` with a protocol sees only that the name is there."""
+    for method, protocol in METHODS.items():
+        if isinstance(source, protocol):
+            # the protocol said the attribute is there; whether it can be called is this check's
+            declared = inspect.getattr_static(source, method)
+            if not callable(declared) and not isinstance(declared, (staticmethod, classmethod)):
+                raise TypeError(f"source {name!r} declares {method} = {declared!r}: a method, {method}(), is what "
+                                f"is asked ({protocol.__name__}: docs/embedding/capabilities.md)")
+
+
+class CapabilityWarning(ForklessError, UserWarning):
+    """A source has an attribute that looks like a capability and is none: most likely a misspelling,
+    which would otherwise be silently no declaration (``lookalikes``). A warning; a ``ForklessError``
+    too, as every exception forkless raises is, where a program turns warnings into errors."""
+
+
+def lookalikes(source: object) -> list[tuple[str, str]]:
+    """``(attribute, capability)`` for each public attribute of ``source`` that is no capability but
+    close to one (``difflib``'s ratio >= 0.75, case ignored): a method is compared with the method
+    capabilities, any other attribute with the values, so a method ``replay()`` is not taken for
+    ``replayable``. Attributes are looked up statically: no property is run."""
+    found: list[tuple[str, str]] = []
+    for attribute in dir(source):
+        if attribute.startswith("_") or attribute in CAPABILITIES or attribute in ("name", "run"):
+            continue
+        try:
+            declared = inspect.getattr_static(source, attribute)
+        except AttributeError:
+            continue
+        method = callable(declared) or isinstance(declared, (staticmethod, classmethod))
+        close = difflib.get_close_matches(attribute.lower(), tuple(METHODS) if method else VALUES, n=1, cutoff=0.75)
+        if close:
+            found.append((attribute, close[0]))
+    return found
+
+
+def warn_lookalikes(source: object, name: str) -> None:
+    """A ``CapabilityWarning`` for each of ``lookalikes(source)``, naming the source, the attribute
+    and the capability it looks like."""
+    for attribute, meant in lookalikes(source):
+        warnings.warn(CapabilityWarning(
+            f"source {name!r} has {attribute!r}, which is no source capability: did you mean {meant!r}? As it is, "
+            f"{attribute!r} declares nothing and {meant!r} keeps its default (the capabilities: "
+            f"{', '.join(CAPABILITIES)}; docs/embedding/capabilities.md)"), stacklevel=3)

@@ -138,7 +138,7 @@ class Events:
 @dataclass(frozen=True)
 class ConnectionEvent:
     """A source's connection came up (``connected``) or went down, as ``on_event(source, event)`` gets it
-    with ``Controller(connection_events=True)``, in order with the source's other events and after the
+    with ``Controller(on_event=OnEvent(fn, connections=True))``, in order with the source's other events and after the
     messages it emitted before; an ``IOPortal(connection_events=True)`` puts one on ``to_main`` each
     time its worker starts and ends. ``source``: the source's (feed's, portal's) name; ``reason``:
     why it went down ("" when it came up); ``code``: the WebSocket close code where one was received
@@ -156,7 +156,7 @@ class ConnectionEvent:
 
 @dataclass
 class Results:
-    """One stepped batch's results for the controller's sinks, as ``on_results`` got them: each
+    """One stepped batch's results for the controller's sinks, as ``OnResults`` got them: each
     message's feed (its index), ``seq``, ``stream``, and ``outputs`` (output name -> numpy array
     whose leading axis is the messages, in arrival order). Read-only once it crosses."""
 

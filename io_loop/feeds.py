@@ -16,7 +16,7 @@ Rules:
   that mixed feeds comes as one bundle of per-feed parts: one hand-over between the threads
   per batch) and puts each on its feed's own ``Outbox`` without waiting, so a feed that is down holds back nobody
   else's replies. An outbox only grows by replies to messages its feed sent before it went
-  down (a feed that is down reads nothing), so it is bounded by what was in flight then. With a
+  down (a feed that is down reads nothing), so it is bounded by what was unanswered then. With a
   controller's sinks (io_loop/sinks/results.py) the router always runs: it hands each item's results
   to the sinks first (awaiting room: a sink behind holds outbound), then its frames to the outboxes.
 - Failure policy: a feed that gives up (``FeedFatal``: a refused handshake, or
@@ -39,7 +39,7 @@ from typing import Any
 
 import janus
 from forkless.io_loop.bridge import Bridge
-from forkless.io_loop.capabilities import capability
+from forkless.io_loop.capabilities import declarations
 from forkless.io_loop.counters import FeedSnapshot, IOStats
 from forkless.io_loop.crossing import Outgoing, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
@@ -96,7 +96,7 @@ def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDe
     """The IO side of one configured feed: a ``SourceRunner`` for its ready source, handed what
     the restored checkpoint recorded for it (``connection_events``: it hands over a
     ``ConnectionEvent`` at each change of its connection). The feed set calls only this."""
-    return SourceRunner(source, settings.limits, codec, IOStats(source=capability(source, "figures")), spec,
+    return SourceRunner(source, settings.limits, codec, IOStats(source=declarations(source, spec.name).figures), spec,
                         timeouts=settings.timeouts, inbound=inbound, outbox=outbox, index=index,
                         resume=positions.get(spec.name), acknowledged=acknowledged,
                         connection_events=connection_events)

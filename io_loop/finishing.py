@@ -2,9 +2,10 @@
 replies (fills, acks) over through the orderly stop, until it awaits nothing or the deadline.
 
 Rules:
-- A source may declare ``awaiting()``: how many replies it still awaits from its peer (orders it
-  wrote whose fill has not come), an ``int`` >= 0, asked on the IO loop. Declared as something
-  else than a method: ``TypeError`` when the controller is built (``declared_awaiting``).
+- A source may declare ``awaiting()`` (io_loop/capabilities.py's ``SupportsAwaiting``): how many
+  replies it still awaits from its peer (orders it wrote whose fill has not come), an ``int`` >= 0,
+  asked on the IO loop. Declared as something else than a method: ``TypeError`` when the
+  controller is built (capabilities.py's ``check_methods``).
 - Its stop (``SourceRunner.stop_reading``): ``before_stop``, then ``ctx.stopping`` is set (no new
   work: it reads no more market data), then ``finish_awaited``: its emits are still taken and the
   main loop still hands them on (``on_event``, the processor) until (a) every frame the main
@@ -31,24 +32,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from forkless.io_loop.capabilities import capability
-
-__all__ = ["AWAIT_POLL_S", "DEADLINE_REASON", "ENDED_REASON", "declared_awaiting", "finish_awaited"]
+__all__ = ["AWAIT_POLL_S", "DEADLINE_REASON", "ENDED_REASON", "finish_awaited"]
 
 log = logging.getLogger("forkless.source")
 
 AWAIT_POLL_S = 0.01  # how often awaiting() is asked during the phase
 DEADLINE_REASON = "stop deadline"
 ENDED_REASON = "source ended"
-
-
-def declared_awaiting(source: Any, name: str) -> Callable[[], Any] | None:
-    """The source's ``awaiting`` (None: it declares none); ``TypeError`` when it is no method."""
-    awaiting = capability(source, "awaiting")
-    if awaiting is not None and not callable(awaiting):
-        raise TypeError(f"source {name!r} declares awaiting = {awaiting!r}: a method, awaiting(), returning how many "
-                        "replies it still awaits (an int >= 0), is what the stop asks (docs/embedding/stop.md)")
-    return awaiting
 
 
 def _count(awaiting: Callable[[], Any]) -> int:

@@ -56,7 +56,7 @@ class Handover:
         self.max_batch = max_batch
         self.drop_oldest = drop_oldest
         # the source's own buffer in front of the queue: its overflow policy applies there only
-        self.spill = Spill(queue, buffer, drop_oldest=drop_oldest, stats=stats, name=name, max_batch=max_batch)
+        self.spill = Spill(queue, buffer, drop_oldest=drop_oldest, stats=stats, name=name)
         self._parts: list[DecodedFrame] = []
         self._origins: list[Origin] | None = None  # of the messages in _parts (a replayable source's)
         self._gathered = 0  # messages in _parts

@@ -28,7 +28,7 @@ Rules:
   once (what they held is dropped, counted in the log), and every later queue call and ``poll()``
   raise ``WorkerFailed`` from it (its traceback is the ``__cause__``'s), as does ``stop()`` unless
   one of them has. A worker that returns, and the stop, shut ``to_main`` down keeping what it
-  holds (and what its ``put`` still held): the main thread takes the rest, then gets
+  holds (and what its ``put`` still kept waiting): the main thread takes the rest, then gets
   ``PortalClosed`` (a janus ``SyncQueueShutDown``); a worker that returned before the stop is
   logged, ``poll()`` is False from then, and ``PortalClosed`` says what to do (``WORKER_RETURNED``).
 - The stop never outlasts its deadline: a worker still running then (it ignores cancellation,
@@ -297,14 +297,14 @@ class IOPortal:
                 break
         self._worker_done = True  # before the queues end: poll() is False by the time a get raises
         if self._failure is None:
-            self._ends[0].leftover.extend(await ends[0].take_held())  # the main thread takes them after the rest
+            self._ends[0].leftover.extend(await ends[0].take_waiting())  # the main thread takes them after the rest
             if not self.stopping.is_set():
                 if self._end is STOPPED:  # not RESTARTS_USED_UP
                     self._end = WORKER_RETURNED
                 log.warning("the IO worker returned before the stop (its coroutine ended on its own); the main "
                             "thread gets PortalClosed once it has taken the %d items it sent that are left",
                             self._ends[0].qsize())
-        unread = from_main.async_q.qsize() + len(await ends[1].take_held())
+        unread = from_main.async_q.qsize() + len(await ends[1].take_waiting())
         if unread and self._failure is None:
             log.warning("%d items the main thread put were not taken by the IO worker before it ended", unread)
         from_main.shutdown(immediate=True)  # first: once to_main has ended, from_main has too
@@ -382,7 +382,7 @@ class IOPortal:
             return
         self._failure = exc
         queues = self._queues or ()
-        dropped = sum(q.async_q.qsize() for q in queues) + sum(len(end._held) for end in self._worker_ends)
+        dropped = sum(q.async_q.qsize() for q in queues) + sum(len(end._waiting) for end in self._worker_ends)
         log.error("the IO worker failed%s", f" ({dropped} queued items dropped)" if dropped else "", exc_info=exc)
         for q in queues:
             q.shutdown(immediate=True)  # wakes a main thread blocked in get or put

@@ -3,16 +3,16 @@
 
 Rules:
 - ``WorkerQueue`` is made on the portal's loop. Called on the loop it never blocks: ``put``
-  enqueues at once or, the queue full, holds the item in order (moved in as the main thread
+  enqueues at once or, the queue full, keeps the item waiting in order (moved in as the main thread
   takes; never lost, awaited or not) and returns an awaitable that waits for it to be in;
   ``get`` returns an awaitable (a blocking get would stop the loop). Called from another thread
   (``loop.run_in_executor``) ``put`` and ``get`` block as ``multiprocessing.Queue``'s do.
-- Only the loop touches what is held; the portal takes it at the end (``take_held``): for the
+- Only the loop touches what is waiting; the portal takes it at the end (``take_waiting``): for the
   main thread after the rest (``MainQueue.leftover``) when the worker returned, counted in the
   log as dropped when it failed.
 - ``MainQueue`` is the main thread's: ``queue.Queue``'s calls; once the queue has ended they
   raise what the portal says (``WorkerFailed`` or ``PortalClosed``), after the leftover.
-- A worker restarted (``IOPortal(restart=...)``) keeps its ends: what is held or queued waits for
+- A worker restarted (``IOPortal(restart=...)``) keeps its ends: what is waiting or queued waits for
   the next run. A blocking ``get`` from another thread that its run left behind (an executor get
   whose awaiting task the worker cancelled as it returned) may take an item after that run ended
   (``run_ended``): the item is given back at the front of the queue (``PortalQueue``'s ``First``)
@@ -111,8 +111,8 @@ class _Enqueued:
 ENQUEUED = _Enqueued()
 
 
-class _Held:
-    """An item ``put`` on the loop while the queue was full: held, in order, until the main thread
+class _WaitingPut:
+    """An item ``put`` on the loop while the queue was full: waiting, in order, until the main thread
     makes room, then moved in. Awaiting it waits for that (with the put's ``timeout``: ``Full``,
     the item withdrawn); not awaiting it still delivers it."""
 
@@ -244,7 +244,7 @@ class WorkerQueue(_Sized):
     on the loop or from another thread (``loop.run_in_executor``), and awaitable on the loop:
 
     - ``put(item, block=True, timeout=None)``: on the loop it never blocks: the item is in the
-      queue before it returns, or, the queue full, held in order and moved in as the main thread
+      queue before it returns, or, the queue full, kept waiting in order and moved in as the main thread
       takes (never lost, awaited or not); awaiting what it returns waits for the item to be in
       (``timeout``: ``Full`` after it, the item withdrawn). From another thread it blocks as
       ``multiprocessing.Queue.put`` does. ``block=False`` is ``put_nowait``.
@@ -253,8 +253,8 @@ class WorkerQueue(_Sized):
       awaitable (``await get()``; ``timeout``: ``Empty`` after it): a blocking call would stop the
       loop. ``get(False)`` is ``get_nowait``, anywhere.
     - ``put_nowait``, ``get_nowait``, ``qsize``, ``empty``, ``full`` anywhere; ``Empty`` and
-      ``Full`` are both the ``queue`` and the ``asyncio`` ones. Held items count in ``qsize``;
-      ``full()`` is True while any is held.
+      ``Full`` are both the ``queue`` and the ``asyncio`` ones. Waiting items count in ``qsize``;
+      ``full()`` is True while any waits.
 
     ``stopping`` is set when the portal's stop begins. After the end, calls raise janus's
     ``AsyncQueueShutDown`` on the loop, ``SyncQueueShutDown`` in another thread."""
@@ -265,16 +265,16 @@ class WorkerQueue(_Sized):
         self.stopping, self.name = stopping, name
         self._sends = sends  # from_main's: items put with a deadline (PortalSends)
         self._loop_thread = threading.get_ident()  # made on the loop
-        self._held: deque[_Held] = deque()  # items put while full, in order (loop only)
+        self._waiting: deque[_WaitingPut] = deque()  # items put while full, in order (loop only)
         self._mover: asyncio.Task[None] | None = None
-        self._held_logged = False
+        self._full_logged = False
         self._run = 0  # the worker's runs ended so far (run_ended): a get of an ended run gives back what it took
 
     def qsize(self) -> int:
-        return self._q.qsize() + len(self._held)
+        return self._q.qsize() + len(self._waiting)
 
     def full(self) -> bool:
-        return bool(self._held) or self._q.full()
+        return bool(self._waiting) or self._q.full()
 
     def _full(self) -> Full:
         return Full(f"the queue holds queue_size={self._q.maxsize} items: the main thread takes them too "
@@ -287,14 +287,14 @@ class WorkerQueue(_Sized):
             except queue.Full:
                 raise self._full() from None
             return
-        if self._held:  # held items go first: this one may not pass them
+        if self._waiting:  # waiting items go first: this one may not pass them
             raise self._full()
         try:
             self._q.put_nowait(item)
         except asyncio.QueueFull:
             raise self._full() from None
 
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> _Enqueued | _Held:
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> _Enqueued | _WaitingPut:
         _check_timeout(timeout)
         if not block:
             self.put_nowait(item)
@@ -305,21 +305,21 @@ class WorkerQueue(_Sized):
             except queue.Full:
                 raise self._full() from None
             return ENQUEUED
-        if not self._held:
+        if not self._waiting:
             try:
                 self._q.put_nowait(item)
                 return ENQUEUED
             except asyncio.QueueFull:
                 pass
-        held = _Held(item, self, timeout)
-        self._held.append(held)
+        waiting = _WaitingPut(item, self, timeout)
+        self._waiting.append(waiting)
         if self._mover is None:
             self._mover = asyncio.get_running_loop().create_task(self._move(), name=f"forkless-portal-{self.name}")
-        if not self._held_logged:
-            self._held_logged = True
+        if not self._full_logged:
+            self._full_logged = True
             log.warning("%s is full (queue_size=%d): put() holds what comes, in order, until the main thread "
                         "takes some (await put() to wait for room instead; logged once)", self.name, self._q.maxsize)
-        return held
+        return waiting
 
     def get_nowait(self) -> Any:
         while True:
@@ -373,37 +373,37 @@ class WorkerQueue(_Sized):
     # ---- the loop's side of put and get ---------------------------------------------------------
 
     async def _move(self) -> None:
-        """Move the held items into the queue as room comes, in order (one task while any is held)."""
+        """Move the waiting items into the queue as room comes, in order (one task while any waits)."""
         try:
-            while self._held:
-                held = self._held[0]
-                await self._q.put(held.item)  # a cancelled janus put has not put its item
-                self._held.popleft()
-                held.moved.set_result(None)
+            while self._waiting:
+                waiting = self._waiting[0]
+                await self._q.put(waiting.item)  # a cancelled janus put has not put its item
+                self._waiting.popleft()
+                waiting.moved.set_result(None)
         except janus.AsyncQueueShutDown:
-            pass  # the end: what is still held is the portal's to hand over or count (IOPortal._main)
+            pass  # the end: what is still waiting is the portal's to hand over or count (IOPortal._main)
         finally:
             if self._mover is asyncio.current_task():
                 self._mover = None
 
-    async def _wait_moved(self, held: _Held, timeout: float | None) -> None:
+    async def _wait_moved(self, waiting: _WaitingPut, timeout: float | None) -> None:
         try:
             async with asyncio.timeout(timeout):
-                await asyncio.shield(held.moved)  # cancelling the waiter leaves the item held, to be delivered
+                await asyncio.shield(waiting.moved)  # cancelling the waiter leaves the item waiting, to be delivered
         except TimeoutError:
-            if held.moved.done() or not self._withdraw(held):
+            if waiting.moved.done() or not self._withdraw(waiting):
                 return
             raise self._full() from None
 
-    def _withdraw(self, held: _Held) -> bool:
-        """Take a held item back (its put timed out); False if it is no longer held."""
-        if held not in self._held:
+    def _withdraw(self, waiting: _WaitingPut) -> bool:
+        """Take a waiting item back (its put timed out); False if it no longer waits."""
+        if waiting not in self._waiting:
             return False
-        if self._held[0] is held and self._mover is not None:
+        if self._waiting[0] is waiting and self._mover is not None:
             self._mover.cancel()  # its put of this item has not happened: a cancelled put never does
             self._mover = None
-        self._held.remove(held)
-        if self._held and self._mover is None:
+        self._waiting.remove(waiting)
+        if self._waiting and self._mover is None:
             self._mover = asyncio.get_running_loop().create_task(self._move(), name=f"forkless-portal-{self.name}")
         return True
 
@@ -417,21 +417,21 @@ class WorkerQueue(_Sized):
         except TimeoutError:
             raise Empty from None
 
-    async def take_held(self) -> list[Any]:
-        """The items still held, taken (the mover stopped): at the end, for the main thread or the count."""
+    async def take_waiting(self) -> list[Any]:
+        """The items still waiting, taken (the mover stopped): at the end, for the main thread or the count."""
         mover, self._mover = self._mover, None
         if mover is not None:
             mover.cancel()
             await asyncio.gather(mover, return_exceptions=True)
-        items = [held.item for held in self._held]
-        self._held.clear()
+        items = [waiting.item for waiting in self._waiting]
+        self._waiting.clear()
         return items
 
 
 class MainQueue(_Sized):
     """The main thread's end of a queue: ``queue.Queue``'s calls (``queue.Empty``, ``queue.Full``);
     once the queue has ended they raise ``WorkerFailed`` (the worker failed) or ``PortalClosed``,
-    after handing out what the worker's ``put`` still held when it returned."""
+    after handing out what the worker's ``put`` still kept waiting when it returned."""
 
     def __init__(self, q: janus.SyncQueue[Any], raise_end: Callable[[], NoReturn],
                  sends: PortalSends | None = None) -> None:

@@ -27,7 +27,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from forkless.io_loop.capabilities import capability
+from forkless.io_loop.capabilities import SupportsProbe
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.loopthread import run_in_thread
 from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_label
@@ -103,8 +103,7 @@ async def _probe_feed(feeds: Sequence[FeedSpec], sources: Sequence[Source], code
 
 async def _probe_source(source: Any, codec: FrameDecoder, say: Callable[[str], None], dedupe_window_s: float) -> None:
     """One feed's source tries itself (its ``probe``, io_loop/capabilities.py); one without is said and passed."""
-    probe = capability(source, "probe")
-    if probe is None:
+    if not isinstance(source, SupportsProbe):
         say(f"  source {source.name!r} declares no probe(): not tried")
         return
-    await probe(codec, say, dedupe_window_s=dedupe_window_s)
+    await source.probe(codec, say, dedupe_window_s=dedupe_window_s)

@@ -35,12 +35,12 @@ import time
 from typing import Any
 
 import janus
-from forkless.io_loop.capabilities import capability
+from forkless.io_loop.capabilities import declarations
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events, Outgoing
 from forkless.io_loop.errors import ForklessError
 
-__all__ = ["DEADLINE", "DISCONNECTED", "GAVE_UP", "HOLD", "SENDS_WHILE_DISCONNECTED", "WRITE_FAILED", "WRITTEN_OUT",
+__all__ = ["DEADLINE", "DISCONNECTED", "GAVE_UP", "HOLD", "WRITE_FAILED", "WRITTEN_OUT",
            "SendFailed",
            "SendWatch", "SentBytes", "SentText", "checked_max_age", "declared_send_policy", "sent_frames"]
 
@@ -53,7 +53,6 @@ HOLD = "hold_s"  # Relogin held it hold_s without a connection
 WRITE_FAILED = "write failed"  # Relogin's write raised and resend=False
 GAVE_UP = "gave up"  # Relogin gave up connecting (FeedFatal)
 
-SENDS_WHILE_DISCONNECTED = ("hold", "refuse")
 
 
 class SendFailed(ForklessError):
@@ -122,12 +121,9 @@ def checked_max_age(value: Any, what: str) -> float | None:
 def declared_send_policy(source: Any, name: str) -> tuple[float | None, str]:
     """A source's ``send_max_age_s`` and ``sends_while_disconnected``, checked: ``TypeError`` or
     ``ValueError`` naming the source."""
-    max_age = checked_max_age(capability(source, "send_max_age_s"), f"source {name!r}'s send_max_age_s")
-    policy = capability(source, "sends_while_disconnected")
-    if policy not in SENDS_WHILE_DISCONNECTED:
-        raise ValueError(f"source {name!r} has sends_while_disconnected={policy!r}; expected 'hold' (held until "
-                         "its deadline or a connection) or 'refuse' (given up at once while not connected)")
-    return max_age, policy
+    declared = declarations(source, name)  # checked there (io_loop/capabilities.py)
+    max_age = declared.send_max_age_s
+    return (None if max_age is None else float(max_age)), declared.sends_while_disconnected
 
 
 class SendWatch:

@@ -14,6 +14,11 @@ Rules:
   ``Config`` derives from ``FORKLESS_WS_URL``/``SUBSCRIBE``/``FEEDS``.
 - Immutable, so every thread may read them. Secrets (``auth_token``, ``headers``, a feed's
   ``subscribe`` and ``headers``) stay out of ``repr``.
+- The groups are public value objects too (``forkless.Timeouts``, ``forkless.Limits`` …, as httpx's ``Timeout``
+  and ``Limits``): a program builds ``Config`` from them (``Config(timeouts=Timeouts(stale_s=30))``) and reads
+  them back (``config.timeouts``). Each field's default is its ``Config`` field's (tests/test_config.py holds
+  it), and a group remembers the fields it was built with (``given_fields``): ``Config`` takes those from it,
+  so a group's defaults never override what another argument gives.
 - A partitioned JetStream feed's ``partitions`` are already resolved (from its entry's
   ``"partitions"`` or from ``FORKLESS_INSTANCE``/``FORKLESS_INSTANCES``): the IO side consumes
   ``JetStreamSpec.subjects()`` and never works out a share itself (io_loop/connectors/jetstream/partitions.py).
@@ -21,21 +26,26 @@ Rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import functools
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from forkless.io_loop.connectors.jetstream.partitions import PARTITION_FIELD, partition_subjects
 from forkless.io_loop.net.netaddr import redact_url, redact_urls, unix_label
 
-__all__ = ["DEFAULT_SOURCE_BUFFER", "GROUPS", "REPLY_POLICIES", "SEQ_MODES", "Credentials", "DemoSettings",
-           "FeedSpec", "IOSettings", "JetStreamSpec", "Limits", "PartitionSettings", "ReconnectSettings",
-           "RelaySettings", "Timeouts", "TlsSettings", "config_field"]
+__all__ = ["DEFAULT_SOURCE_BUFFER", "GROUPS", "OVERFLOW_POLICIES", "REPLY_POLICIES", "SEQ_MODES", "Credentials",
+           "DemoSettings", "FeedSpec", "IOSettings", "JetStreamSpec", "Limits", "PartitionSettings",
+           "ReconnectSettings", "RelaySettings", "Timeouts", "TlsSettings", "config_field", "given_fields",
+           "settings_group"]
 
 # what a feed is sent back (FORKLESS_REPLIES, a feed's "replies"): "all" results and error
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
-# own ping/pong/close): results still reach ``on_results`` and the counters
+# own ping/pong/close): results still reach the controller's sinks and the counters
 REPLY_POLICIES = ("all", "results", "none")
+# what a source's emits do beyond its own buffer while inbound is full (FORKLESS_OVERFLOW, a feed's or a
+# source's "overflow"; io_loop/spill.py): "block" waits for room, "drop_oldest" drops its oldest waiting item
+OVERFLOW_POLICIES = ("block", "drop_oldest")
 # how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps
 # (io_loop/connectors/jetstream/publisher.py)
 SEQ_MODES = ("feed", "stream", "none")
@@ -47,6 +57,9 @@ SEQ_MODES = ("feed", "stream", "none")
 DEFAULT_SOURCE_BUFFER = 20_000
 
 CONFIG_FIELD = "config_field"  # a group field's metadata: the Config field it comes from (``_from``)
+GIVEN = "_given"  # a settings group's record of the fields it was built with (``settings_group``)
+
+G = TypeVar("G")
 
 @dataclass(frozen=True)
 class JetStreamSpec:
@@ -173,77 +186,109 @@ def _from(config_field: str, **kwargs: Any) -> Any:
     return field(metadata={CONFIG_FIELD: config_field}, **kwargs)
 
 
+def settings_group(cls: type[G]) -> type[G]:
+    """A settings group (a frozen, keyword-only dataclass) that remembers which of its fields it was built with
+    (``given_fields``): ``Config(limits=Limits(queue_size=64))`` takes ``queue_size`` from it, and a field it
+    shares with another group (``features``) from that group, a keyword or ``Config``'s default."""
+    build = cls.__init__
+
+    @functools.wraps(build)
+    def __init__(self: Any, **values: Any) -> None:
+        build(self, **values)
+        object.__setattr__(self, GIVEN, frozenset(values))
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
+def given_fields(group: Any) -> frozenset[str]:
+    """The fields ``group`` was built with (``settings_group``): all of them where one was built from a
+    ``Config`` (``config.limits``) or by ``dataclasses.replace``."""
+    return getattr(group, GIVEN, frozenset(f.name for f in fields(group)))
+
+
+@settings_group
 @dataclass(frozen=True, kw_only=True)
 class ReconnectSettings:
     """How a connection is retried (io_loop/backoff.py's ``Backoff.of``): FORKLESS_RECONNECT_MIN_S, _MAX_S,
     _RESET_S, _TRIES; read by every connection's loop (WebSocket, JetStream, the store, the relay)."""
 
-    min_s: float = _from("reconnect_min_s")
-    max_s: float = _from("reconnect_max_s")
-    reset_s: float = _from("reconnect_reset_s")
-    tries: int = _from("reconnect_tries")
+    min_s: float = _from("reconnect_min_s", default=0.5)
+    max_s: float = _from("reconnect_max_s", default=30.0)
+    reset_s: float = _from("reconnect_reset_s", default=5.0)
+    tries: int = _from("reconnect_tries", default=0)  # failures in a row before giving up (0: never)
 
 
+@settings_group
 @dataclass(frozen=True, kw_only=True)
 class Timeouts:
     """How long a connection's steps may take (io_loop/connectors/websocket/connect.py,
-    io_loop/connectors/jetstream/transport.py, the stop)."""
+    io_loop/connectors/jetstream/transport.py, the stop): FORKLESS_CONNECT_TIMEOUT_S, _HEARTBEAT_S, _STALE_S,
+    _SHUTDOWN_TIMEOUT_S."""
 
-    connect_timeout_s: float  # a connection and its handshake; a JetStream API call
-    heartbeat_s: float  # the WebSocket ping / the NATS ping interval (0: none)
-    stale_s: float  # a WebSocket feed with no frame for this long is reconnected (0: never)
-    shutdown_timeout_s: float  # the orderly stop's bound
+    connect_timeout_s: float = 10.0  # a connection and its handshake; a JetStream API call
+    heartbeat_s: float = 15.0  # the WebSocket ping / the NATS ping interval (0: none)
+    stale_s: float = 0.0  # a WebSocket feed with no frame for this long is reconnected (0: never)
+    shutdown_timeout_s: float = 10.0  # the orderly stop's bound
 
 
+@settings_group
 @dataclass(frozen=True, kw_only=True)
 class TlsSettings:
     """How a TLS connection is verified (io_loop/net/tls.py's ``make_ssl_context``)."""
 
-    ca_file: str  # FORKLESS_CA_FILE, added to the system trust store
-    insecure: bool = _from("tls_insecure")  # FORKLESS_TLS_INSECURE: verification off
+    ca_file: str = ""  # FORKLESS_CA_FILE, added to the system trust store
+    insecure: bool = _from("tls_insecure", default=False)  # FORKLESS_TLS_INSECURE: verification off
 
 
+@settings_group
 @dataclass(frozen=True, kw_only=True)
 class Credentials:
     """What every WebSocket handshake carries (io_loop/connectors/websocket/connect.py's ``handshake_headers``), kept
     out of ``repr``: FORKLESS_HEADERS and FORKLESS_AUTH_TOKEN (a feed's own headers are its ``FeedSpec``'s)."""
 
-    headers: tuple[tuple[str, str], ...] = field(repr=False)
-    auth_token: str = field(repr=False)
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    auth_token: str = field(default="", repr=False)
 
 
+@settings_group
 @dataclass(frozen=True, kw_only=True)
 class Limits:
-    """The sizes of what a source reads and hands over (io_loop/source.py, io_loop/spill.py, the bridge)."""
+    """The sizes of what a source reads and hands over (io_loop/source.py, io_loop/spill.py, the bridge):
+    FORKLESS_FEATURES and _MAX_BATCH (the step's too: ``StepSettings``), _QUEUE_SIZE, _OVERFLOW,
+    _MAX_MSG_BYTES, _SOURCE_BUFFER."""
 
-    features: int
-    max_batch: int
-    queue_size: int
-    overflow: str  # "block" or "drop_oldest": a source's own buffer full (io_loop/spill.py)
-    max_msg_bytes: int
+    features: int = 8
+    max_batch: int = 256  # a chunk handed over holds at most a batch's messages (or one frame's)
+    queue_size: int = 1024
+    overflow: str = "block"  # "block" or "drop_oldest": a source's own buffer full (io_loop/spill.py)
+    max_msg_bytes: int = 1 << 20
     # messages and events each source may hold while inbound is full (io_loop/spill.py)
     source_buffer: int = DEFAULT_SOURCE_BUFFER
 
 
+@settings_group
 @dataclass(frozen=True, kw_only=True)
 class DemoSettings:
     """The embedded demo feed's (io_loop/connectors/websocket/demo_source.py): FORKLESS_DEMO_RATE, _STREAMS,
     _UNIX_SOCKET, and what its messages carry (FORKLESS_FEATURES values each)."""
 
-    rate: float = _from("demo_rate")
-    streams: int = _from("demo_streams")
-    features: int
+    rate: float = _from("demo_rate", default=200.0)
+    streams: int = _from("demo_streams", default=8)
+    features: int = 8
     # messages each demo stream sends before the demo feed plants anomalies in it: the default
     # detector's warm-up (FORKLESS_WARMUP), which the demo feed's recall is scored against
-    warmup: int
+    warmup: int = 20
     # the demo feed serves on this unix-domain socket, and is read through it ("": loopback TCP)
     unix_socket: str = _from("demo_unix_socket", default="")
 
 
+@settings_group
 @dataclass(frozen=True, kw_only=True)
 class PartitionSettings:
     """A partitioned feed's checkpoints ("": none) and leases: JetStream buckets on its server
-    (io_loop/connectors/jetstream/store.py; ``--check`` looks for them, io_loop/connectors/jetstream/probe.py)."""
+    (io_loop/connectors/jetstream/store.py; ``--check`` looks for them, io_loop/connectors/jetstream/probe.py):
+    FORKLESS_CHECKPOINT_BUCKET (``CheckpointSettings.bucket`` too), _LEASE_BUCKET, _LEASE_S."""
 
     checkpoint_bucket: str = ""
     lease_bucket: str = "forkless-leases"
@@ -290,12 +335,13 @@ class RelaySettings:
     server(s), described as a JetStream feed's are (``target.url`` comma-separated, the token and
     creds in ``target.jetstream``, its stream name unused), the subject prefix
     (FORKLESS_RELAY_SUBJECT), how the feeds number their messages (FORKLESS_RELAY_SEQ), the
-    in-flight bound (FORKLESS_MAX_BATCH), and the groups its connection reads (the IO side's own)."""
+    most messages it holds unacknowledged (FORKLESS_RELAY_MAX_HELD), and the groups its connection reads (the IO
+    side's own)."""
 
     target: FeedSpec
     subject: str
     seq: str = "feed"  # one of SEQ_MODES
-    max_in_flight: int = 256
+    max_held: int = 256
     timeouts: Timeouts = field(kw_only=True)
     reconnect: ReconnectSettings = field(kw_only=True)
     tls: TlsSettings = field(kw_only=True)

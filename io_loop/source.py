@@ -84,7 +84,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-from forkless.io_loop.capabilities import capability
+from forkless.io_loop.capabilities import SupportsAwaiting, SupportsBeforeStop, declarations
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import ConnectionEvent, Events, Origin, Outgoing
 from forkless.io_loop.decoding import FrameDecoder
@@ -113,9 +113,10 @@ class SourceStopped(ForklessError):
 @runtime_checkable
 class Source(Protocol):
     """A source of messages written by the user (see the module rules): a ``name`` and ``async run(ctx)``.
-    Its optional attributes (``replies``, ``required``, ``starts_connected``, ``replayable``,
-    ``overflow``, ``buffer``, ``figures``, ``before_stop``, ``awaiting``) are declared once, with their
-    defaults, in io_loop/capabilities.py's ``SourceCapabilities`` (subclassing it is optional)."""
+    What it may declare besides is listed once, in io_loop/capabilities.py: methods, each a protocol
+    checked with ``isinstance`` (``before_stop``, ``awaiting``, ``summary``, ``probe``), and values, typed
+    attributes with their defaults on ``SourceCapabilities`` (``replies``, ``required``, ``starts_connected``,
+    ``replayable``, ``overflow``, ``buffer``, ``figures``). It subclasses nothing it does not want to."""
 
     name: str
 
@@ -551,7 +552,7 @@ class SourceRunner:
     # ---- the IO thread's side (io_loop/feeds.py) ------------------------------------------------
 
     async def run(self) -> None:
-        if capability(self.source, "starts_connected"):
+        if declarations(self.source, self.feed.name).starts_connected:
             self.stats.connects += 1
             self.connection_state(True)
         self._running = running = asyncio.current_task()
@@ -607,15 +608,14 @@ class SourceRunner:
         """The stop: ``before_stop``; ``ctx.stopping``; one that declares ``awaiting()`` hands its replies over
         until it awaits none (io_loop/finishing.py; ``unrouted``: outbound items not yet routed); then the emits
         in progress finish, the hand-over is flushed. ``deadline`` (monotonic) bounds the stop's work."""
-        before_stop = capability(self.source, "before_stop")
-        if before_stop is not None and not self.stopping_now:
+        if isinstance(self.source, SupportsBeforeStop) and not self.stopping_now:
             try:
-                await before_stop(self.ctx)
+                await self.source.before_stop(self.ctx)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # the source fails as if its run raised it: given up at once
                 self.fail_in_stop(exc, " in before_stop")
-        awaiting = capability(self.source, "awaiting")
+        awaiting = self.source.awaiting if isinstance(self.source, SupportsAwaiting) else None
         if awaiting is None or self.stopping_now or self._stop_failed is not None:
             self.stopping_now = True  # before anything sees ctx.stopping: no emit is taken from then
         self.ctx.stop_deadline = deadline

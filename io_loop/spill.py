@@ -7,7 +7,7 @@ Rules:
   pump task per source moves them onto inbound as room frees (one item at a time: the one in the
   pump's hand is being put and is never dropped). Order is kept per source.
 - ``bound``: how many messages and events (each event counts one) may wait here, the item in
-  the pump's hand included (the one that goes over it is held too: memory is bounded by
+  the pump's hand included (the one that goes over it is kept too: memory is bounded by
   ``bound`` plus one item). Within it an emit never waits, so a source keeps reading its
   socket and answering its heartbeat through a stalled main loop. Beyond it the source's
   ``overflow`` applies: ``block``: the emit awaits until the waiting items fit again
@@ -16,11 +16,11 @@ Rules:
   ``dropped`` ("inbound overflow (drop_oldest)"), events in its ``events_dropped`` (same reason).
   Nothing of another source is ever touched. A bound of 0 is the queue's bound alone (one item
   waits for room, then block or drop).
-- Consecutive events waiting here are gathered into one ``Events`` item (at most ``max_batch``):
+- Consecutive events waiting here are gathered into one ``Events`` item (at most ``EVENTS_PER_ITEM``):
   the main thread catches up after a stall in fewer queue trips.
 - Drops are logged once per episode: the first drop, then the episode's totals once everything
   waiting has gone onto inbound. A full buffer under ``block`` is logged once per episode too.
-- The books: every message here was counted in ``messages_in`` and is in flight until it is
+- The books: every message here was counted in ``messages_in`` and is unanswered until it is
   answered or dropped; ``discard`` (an aborted stop) gives them up and returns how many
   (the caller counts them), and counts the events given up itself. ``drained`` waits until
   nothing of the source waits (the orderly stop, before inbound is shut down).
@@ -33,47 +33,37 @@ import logging
 from collections import deque
 from typing import Any
 
-from forkless.io_loop.capabilities import capability
+from forkless.io_loop.capabilities import declarations
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events
 from forkless.io_loop.settings import Limits
 
-__all__ = ["OVERFLOW_POLICIES", "Spill", "declared_policy", "source_policy"]
+__all__ = ["Spill", "source_policy"]
 
 log = logging.getLogger("forkless.source")
 
-OVERFLOW_POLICIES = ("block", "drop_oldest")
 OVERFLOW_REASON = "inbound overflow (drop_oldest)"
 STOP_REASON = "not processed before the stop"
+# the most events gathered into one waiting ``Events`` item: after a stall the main thread takes them in a few queue
+# trips, and one item stays a bounded piece of its work (on_event runs per event, between batches). Not the
+# micro-batch's size (events never enter a batch), and no setting: it changes nothing a user sees but how often
+# the queue is visited; 256 is what it was at the default batch size, when the two were one knob
+EVENTS_PER_ITEM = 256
 
 
-def declared_policy(source: Any, name: str) -> tuple[str | None, int | None]:
-    """A source's own optional ``overflow`` and ``buffer`` attributes (None where it declares
-    none), checked: ``ValueError`` naming the source and the attribute."""
-    overflow = capability(source, "overflow")
-    if overflow is not None and overflow not in OVERFLOW_POLICIES:
-        raise ValueError(f"source {name!r} has overflow={overflow!r}; expected one of {', '.join(OVERFLOW_POLICIES)}")
-    if overflow == "drop_oldest" and capability(source, "replayable"):
-        raise ValueError(f"source {name!r} is replayable and has overflow='drop_oldest': a replayable source is "
-                         f"never dropped from (a dropped message breaks the exactly-once state); use 'block'")
-    buffer = capability(source, "buffer")
-    if buffer is not None and (type(buffer) is not int or buffer < 0):
-        raise ValueError(f"source {name!r} has buffer={buffer!r}; expected an int >= 0 (messages and events it "
-                         f"may hold while the inbound queue is full)")
-    return overflow, buffer
-
-
-def source_policy(source: Any, spec: Any, limits: Limits) -> tuple[bool, int]:
-    """(drop_oldest, bound) of one source: its own attributes, else its feed entry's
-    (FORKLESS_FEEDS), else FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER. A replayable source
-    never drops, whatever FORKLESS_OVERFLOW says."""
-    overflow, buffer = declared_policy(source, spec.name)
-    overflow = overflow or getattr(spec, "overflow", "") or limits.overflow
+def source_policy(source: object, spec: Any, limits: Limits) -> tuple[bool, int]:
+    """(drop_oldest, bound) of one source: its own declared ``overflow`` and ``buffer``
+    (io_loop/capabilities.py, checked there), else its feed entry's (FORKLESS_FEEDS), else
+    FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER. A replayable source never drops, whatever
+    FORKLESS_OVERFLOW says."""
+    declared = declarations(source, spec.name)
+    overflow = declared.overflow or getattr(spec, "overflow", "") or limits.overflow
+    buffer = declared.buffer
     if buffer is None:
         buffer = getattr(spec, "buffer", None)
     if buffer is None:
         buffer = limits.source_buffer
-    return overflow == "drop_oldest" and not capability(source, "replayable"), buffer
+    return overflow == "drop_oldest" and not declared.replayable, buffer
 
 
 def _sizes(item: Any) -> tuple[int, int]:
@@ -85,13 +75,12 @@ class Spill:
     """One source's buffer in front of ``queue`` (see the module rules)."""
 
     def __init__(self, queue: Any, bound: int, *, drop_oldest: bool, stats: IOStats | None = None,
-                 name: str = "", max_batch: int = 256) -> None:
+                 name: str = "") -> None:
         self.queue = queue
         self.bound = bound
         self.drop_oldest = drop_oldest
         self.stats = stats if stats is not None else IOStats()
         self.name = name
-        self.max_batch = max_batch
         self._items: deque[Any] = deque()
         self.waiting = 0  # messages and events in _items
         self._hand = (0, 0)  # (messages, events) of the item the pump is putting
@@ -108,10 +97,10 @@ class Spill:
     @property
     def over(self) -> bool:
         """True when an emit must wait for room (``block``, more than ``bound`` waiting)."""
-        return not self.drop_oldest and self.held > self.bound
+        return not self.drop_oldest and self.buffered > self.bound
 
     @property
-    def held(self) -> int:
+    def buffered(self) -> int:
         """Messages and events waiting here, the pump's item included."""
         return self.waiting + sum(self._hand)
 
@@ -129,18 +118,18 @@ class Spill:
             self._note()
             return
         items = self._items
-        if type(item) is Events and items and type(items[-1]) is Events and len(items[-1].items) < self.max_batch:
+        if type(item) is Events and items and type(items[-1]) is Events and len(items[-1].items) < EVENTS_PER_ITEM:
             items[-1].items.extend(item.items)  # events waiting together cross in one item
         else:
             items.append(item)
         self.waiting += sum(_sizes(item))
         if self.drop_oldest:
             self._drop_over_bound()
-        elif self.held > self.bound and not self._full_logged:
+        elif self.buffered > self.bound and not self._full_logged:
             self._full_logged = True
             log.warning("source %r: the inbound queue is full and %d messages and events wait in its buffer "
                         "(its bound, FORKLESS_SOURCE_BUFFER or its own): its emits wait (logged once until it "
-                        "drains)", self.name, self.held)
+                        "drains)", self.name, self.buffered)
         self._note()
 
     async def wait_room(self) -> None:
@@ -201,7 +190,7 @@ class Spill:
 
     def _drop_over_bound(self) -> None:
         items, stats = self._items, self.stats
-        while self.held > self.bound and items:
+        while self.buffered > self.bound and items:
             oldest = items[0]
             if type(oldest) is Events and len(oldest.items) > 1:
                 del oldest.items[0]
@@ -229,7 +218,7 @@ class Spill:
 
     def _note(self) -> None:
         stats = self.stats
-        stats.buffered = self.held
+        stats.buffered = self.buffered
         if stats.buffered > stats.buffered_peak:
             stats.buffered_peak = stats.buffered
 

@@ -25,15 +25,15 @@ Rules:
   overlaps the steps) and the bridge's queues.
 - No process is started and nothing forks: the demo feed and the metrics server run as
   tasks on this same loop.
-- A ``sink`` (io_loop/sinks/sink.py's public ``Sink``: the relay's publisher,
+- A ``sink`` (io_loop/sinks/sink.py's public ``RecordSink``: the relay's publisher,
   io_loop/connectors/jetstream/publisher.py, or a
   user's own) takes the place of the main thread as the reader of ``inbound``: run by its ``SinkRunner``
   on this loop beside the feeds, it takes chunks and events from inbound's async side (as its
-  ``SinkContext``'s batches), and the main thread touches neither queue. No replies come, so once
+  ``RecordContext``'s batches), and the main thread touches neither queue. No replies come, so once
   the sink has returned (inbound shut down by the stop and everything taken dealt with) outbound
   is ended here, and the feeds close. If the feeds fail first, inbound is shut down and the sink
   gets until ``shutdown_timeout_s`` to deal with what was read; then the feeds' error is raised.
-- ``result_sinks`` (a controller's own ``Sink``s, ``Controller(sinks=...)``): each stepped batch's
+- ``result_sinks`` (a controller's own ``ResultSink``s, ``Controller(sinks=...)``): each stepped batch's
   results, which cross on outbound with its replies, are handed to them on this loop
   (io_loop/sinks/results.py has the rules); they run beside the feeds, a sink that fails ends the
   loop (``FeedFatal``), and the feeds' end waits for theirs (the stop drains them).
@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from forkless.io_loop.bridge import Bridge, MainSide
-from forkless.io_loop.capabilities import capability
+from forkless.io_loop.capabilities import SupportsSummary
 from forkless.io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
 from forkless.io_loop.crossing import Origin, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
@@ -60,7 +60,7 @@ from forkless.io_loop.feeds import FeedSet
 from forkless.io_loop.loopthread import LoopThread, run_all
 from forkless.io_loop.settings import IOSettings
 from forkless.io_loop.sinks.results import ResultSinks
-from forkless.io_loop.sinks.sink import Acknowledged, Sink, SinkRunner
+from forkless.io_loop.sinks.sink import Acknowledged, RecordSink, ResultSink, SinkRunner
 from forkless.io_loop.source import Source
 from forkless.io_loop.waiting import PARK, Expecting, SpinningSelector, WaitSettings
 
@@ -82,8 +82,8 @@ class IOThread:
                  stats_snapshot: Callable[[], Any] = lambda: None,
                  render_metrics: Callable[[], tuple[bytes, str]] | None = None,
                  sources: Sequence[Source], positions: Mapping[str, Origin] | None = None,
-                 sink: Sink | SinkRunner | None = None, acknowledged: Acknowledged | None = None,
-                 result_sinks: Sequence[Sink] = (), connection_events: bool = False,
+                 sink: RecordSink | SinkRunner | None = None, acknowledged: Acknowledged | None = None,
+                 result_sinks: Sequence[ResultSink] = (), connection_events: bool = False,
                  metrics: MetricsServer | None = None, name: str = "forkless-io", wait: WaitSettings = PARK) -> None:
         if len(sources) != len(settings.feed_specs):
             raise ValueError(f"IOThread needs one source per feed: {len(settings.feed_specs)} feeds, "
@@ -147,7 +147,7 @@ class IOThread:
     def summaries(self) -> list[str]:
         """The ``summary()`` line of each source that declares one (the demo feed's tally), in the
         sources' order. Any thread; final once the thread has ended."""
-        return [summary() for summary in (capability(source, "summary") for source in self._sources) if summary]
+        return [source.summary() for source in self._sources if isinstance(source, SupportsSummary)]
 
     @property
     def alive(self) -> bool:

@@ -24,11 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
 from forkless.io_loop.crossing import Chunk
 
+from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 
 F = 3
@@ -57,7 +59,8 @@ def run(config: Config, batches: list, processor: Processor | None = None) -> di
     # DEVICE_RUNS_IN_FLIGHT=K: FORKLESS_STEPS_IN_FLIGHT=K, every batch queued before the first is taken
     depth = int(os.environ.get("DEVICE_RUNS_IN_FLIGHT", "1"))
     config = config.replace(steps_in_flight=depth)
-    with Controller(config, processor=processor, io_factory=fake, on_results=on_results) as ctl:
+    with Controller(config, processor=processor, sinks=[OnResults(on_results)],
+                    runtime=Runtime(io_factory=fake)) as ctl:
         for seqs, names, xs in batches:
             fake.inbound.put_nowait(Chunk(seqs, names, np.asarray(xs, np.float32), 0))
             while depth == 1 and ctl.process_pending():
@@ -99,7 +102,7 @@ def product_processor() -> Processor:
         prod = prod.at[jnp.where(batch.valid, batch.key, prod.shape[0] - 1)].set(jnp.where(batch.valid, new, 1.0))
         return prod, {"prod": new}
 
-    return Processor(init, step, name="device-runs")
+    return Processor(init, step, description=Description(name="device-runs"))
 
 
 def weighted_count_processor(change_weights: bool = False, per_stream: bool = True) -> Processor:
@@ -114,7 +117,7 @@ def weighted_count_processor(change_weights: bool = False, per_stream: bool = Tr
         weights = state["weights"] * 1.5 if change_weights else state["weights"]
         return {"count": count, "weights": weights}, {"count": count[batch.key], "dot": batch.x @ weights}
 
-    return Processor(init, step, per_stream=per_stream, name="device-runs-mixing")
+    return Processor(init, step, description=Description(name="device-runs-mixing", per_stream=per_stream))
 
 
 # ---- the runs ----------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 ``io_loop.thread.IOThread``) and is its own ``io_factory``::
 
     fake = FakeIO()
-    with Controller(config, io_factory=fake) as ctl:
+    with Controller(config, runtime=forkless.Runtime(io_factory=fake)) as ctl:
         fake.inbound.put_nowait(Chunk(...))
         ctl.process_pending()
         replies = drain(fake.outbound)

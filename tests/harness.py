@@ -215,9 +215,9 @@ def run_app(*args: str, env: Mapping[str, str] | None = None, program: Sequence[
 
 def assert_books_balance(ctl: Any) -> None:
     """Every received message is accounted for, exactly (call after the controller stopped):
-    ``messages_in = results + error replies + no reply + dropped``, nothing left in flight."""
+    ``messages_in = results + error replies + no reply + dropped``, nothing left unanswered."""
     s = ctl.stats()
-    assert s.in_flight == 0 and s.messages_in == s.messages_out + s.answer_errors_out + s.no_reply + s.dropped_total, (
+    assert s.unanswered == 0 and s.messages_in == s.messages_out + s.answer_errors_out + s.no_reply + s.dropped_total, (
         f"the books do not balance: in {s.messages_in} = results {s.messages_out} + error replies "
         f"{s.answer_errors_out} + no reply {s.no_reply} + dropped {s.dropped_total} {s.dropped} "
-        f"+ in flight {s.in_flight}")
+        f"+ unanswered {s.unanswered}")

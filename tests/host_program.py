@@ -22,6 +22,8 @@ sys.path.insert(0, ROOT)
 from forkless.controller.config import Config  # noqa: E402  (after the path is set)
 from forkless.controller.loop import Controller  # noqa: E402
 
+from forkless import OnResults  # noqa: E402
+
 
 def host_handler(signum: int, frame: object) -> None:
     print(f"host handler: {signum}", flush=True)
@@ -81,7 +83,7 @@ def main() -> int:
 
     interrupted = False
     try:
-        Controller(Config.from_env(), on_results=on_results).run()
+        Controller(Config.from_env(), sinks=[OnResults(on_results)]).run()
     except KeyboardInterrupt:
         interrupted = True
     after = settings(sentinel)

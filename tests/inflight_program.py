@@ -16,7 +16,7 @@ import sys
 
 from forkless.controller.logs import setup_logging
 
-from forkless import Config, Controller, Processor
+from forkless import Config, Controller, Description, Processor
 from tests.source_program import init, steps_seen_done_late, working_step
 
 
@@ -24,7 +24,8 @@ def main() -> int:
     config = Config.from_env()
     setup_logging(config.log_level, config.log_format)
     steps_seen_done_late()
-    ctl = Controller(config, processor=Processor(init, working_step, name="count", version="1"))
+    processor = Processor(init, working_step, description=Description(name="count", version="1"))
+    ctl = Controller(config, processor=processor)
     ctl.run()
     print(f"most steps in flight {ctl._intake.flight.most}", flush=True)  # private: read for the test only
     return 0

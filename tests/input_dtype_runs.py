@@ -25,10 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 import orjson
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
 from forkless.io_loop.crossing import Chunk
 
+from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 
 F = 2
@@ -70,7 +72,7 @@ def echo_processor(dtype: Any = jnp.float64) -> Processor:
         table, prev = jax.lax.scan(one, last, (batch.x, batch.key, batch.valid))
         return table, {"x": batch.x, "prev": prev}
 
-    return Processor(init, step, input_dtype=dtype)
+    return Processor(init, step, description=Description(input_dtype=dtype))
 
 
 def run() -> dict[str, Any]:
@@ -83,7 +85,8 @@ def run() -> dict[str, Any]:
 
     fake = FakeIO()
     config = Config(features=F, max_streams=8, max_batch=16, max_wait_ms=10_000.0, status_s=0.0)
-    with Controller(config, processor=echo_processor(), io_factory=fake, on_results=on_results) as ctl:
+    with Controller(config, processor=echo_processor(), sinks=[OnResults(on_results)],
+                    runtime=Runtime(io_factory=fake)) as ctl:
         chunk_dtypes = []
         for frame in FRAMES:
             decoded = fake.codec.decode(frame)  # the codec the controller handed its IO side
@@ -133,7 +136,7 @@ def key_processor() -> Processor:
     def step(state: jax.Array, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
         return state, {"key": batch.key, "x": batch.x}
 
-    return Processor(init, step, input_dtype=jnp.float64)
+    return Processor(init, step, description=Description(input_dtype=jnp.float64))
 
 
 LARGE_SLOTS = [(1 << 25) + 3, (1 << 26) - 1, 5, (1 << 24) + 1, (1 << 25) + 2, 16_777_217 * 2 + 1]

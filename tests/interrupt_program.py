@@ -71,7 +71,7 @@ def main() -> int:
     s = ctl.stats()
     print(json.dumps({"interrupted": interrupted, "messages_in": s.messages_in, "messages_out": s.messages_out,
                       "answer_errors_out": s.answer_errors_out, "no_reply": s.no_reply, "dropped": s.dropped,
-                      "in_flight": s.in_flight}), flush=True)
+                      "unanswered": s.unanswered}), flush=True)
     return 0
 
 

@@ -19,11 +19,12 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from forkless.controller.processor import ewma_processor
 
-from forkless import Config, Controller
+from forkless import Config, Controller, OnResults, Runtime
 
 PROCESSOR = ewma_processor()
 
@@ -44,9 +45,9 @@ class Ticks:
             pass
 
 
-def controller(name: str, **changes: Any) -> Controller:
+def controller(name: str, sinks: Sequence[OnResults] = (), **changes: Any) -> Controller:
     config = Config(features=4, max_batch=4, max_streams=8, status_s=0.0, **changes)
-    return Controller(config, processor=PROCESSOR, sources=[Ticks(name)], freeze_gc=True)
+    return Controller(config, processor=PROCESSOR, sources=[Ticks(name)], sinks=sinks, runtime=Runtime(freeze_gc=True))
 
 
 def host_handler(signum: int, frame: object) -> None:
@@ -76,7 +77,7 @@ def main() -> int:
     b.stop()
     a.stop()
     found["after A B B A"] = settings()
-    a, b = controller("a", duration_s=1.0), controller("b", duration_s=0.2)
+    b = controller("b", duration_s=0.2)
     ran: list[str] = []
 
     def run_b(seq: list, stream: list, outputs: dict) -> None:
@@ -86,7 +87,7 @@ def main() -> int:
             b.run()
             found["B inside A ended"] = settings()
 
-    a.on_results = run_b
+    a = controller("a", sinks=[OnResults(run_b)], duration_s=1.0)
     a.run()
     found["after nested runs"] = settings()
     print(json.dumps(found), flush=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from forkless import Config, Controller, Processor
+from forkless import Config, Controller, Description, OnResults, Processor
 
 
 def init(config: Config) -> dict[str, Any]:
@@ -114,7 +114,7 @@ def main() -> int:
     work = os.environ.get("SOURCE_PROGRAM_WORK") == "1"
     if work:
         steps_seen_done_late()
-    processor = Processor(init, working_step if work else step, name="count", version="1")
+    processor = Processor(init, working_step if work else step, description=Description(name="count", version="1"))
     source = LinesSource(source_path, gap_s, hold_at, gate)
 
     def on_event(source: str, event: Any) -> None:
@@ -122,7 +122,7 @@ def main() -> int:
         if work:
             ctl.request_stop()
 
-    ctl = Controller(config, processor=processor, sources=[source], on_results=on_results, on_event=on_event)
+    ctl = Controller(config, processor=processor, sources=[source], sinks=[OnResults(on_results)], on_event=on_event)
     if work:
         ctl.run()
         print(f"restored from {ctl.restored_from}", flush=True)

@@ -160,6 +160,7 @@ COMPOSITION = [
     "controller/commands/relaycmd.py",
     "controller/lifetime/serving.py",
     "controller/lifetime/sinkrun.py",
+    "controller/wiring.py",
 ]
 LAYERS = {"core": CORE, "device": DEVICE, "io": IO, "composition": COMPOSITION}
 

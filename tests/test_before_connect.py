@@ -23,7 +23,7 @@ from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor
 from forkless.io_loop.connectors.websocket.before_connect import resolve
 
-from forkless import FeedFatal, Handshake
+from forkless import ConnectHooks, FeedFatal, Handshake
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.login_server import LOGIN_KEY, LoginFeedServer, token_of
 from tests.servers import FeedConn, make_messages, parse_replies, self_signed_certificate, server_ssl_context
@@ -147,7 +147,7 @@ def test_the_hook_s_url_and_headers_are_used_on_each_attempt_and_it_runs_on_the_
 
     server = login_server(script)
     cfg = _config("ws://127.0.0.1:9/not-used", headers=(("X-Static", "configured"), ("X-Other", "kept")))
-    with Controller(cfg, processor=PROCESSOR, before_connect=hook) as ctl:
+    with Controller(cfg, processor=PROCESSOR, connect=ConnectHooks(before_connect=hook)) as ctl:
         # the server sees the third connection before the client has counted it open (a race the
         # suite on two workers lost): both are waited for
         drive(ctl, lambda: len(server.connections) >= 3 and ctl.stats().connects >= 3, timeout_s=15 * UNIT_S,
@@ -190,7 +190,7 @@ def test_an_expired_token_refused_on_the_reconnect_makes_the_hook_log_in_again_a
 
     server = login_server(script, refusal=status)
     with caplog.at_level(logging.INFO, logger="forkless"):
-        with Controller(_config(server.url), processor=PROCESSOR, before_connect=hook) as ctl:
+        with Controller(_config(server.url), processor=PROCESSOR, connect=ConnectHooks(before_connect=hook)) as ctl:
             drive(ctl, lambda: server.received_count >= len(first) + len(second), timeout_s=15 * UNIT_S,
                   what="replies on both connections")
             stats = ctl.stats()
@@ -225,7 +225,7 @@ def test_a_close_with_an_application_code_reconnects_with_a_fresh_hook_call(logi
 
     server = login_server(script)
     with caplog.at_level(logging.WARNING, logger="forkless"):
-        with Controller(_config(server.url), processor=PROCESSOR, before_connect=hook) as ctl:
+        with Controller(_config(server.url), processor=PROCESSOR, connect=ConnectHooks(before_connect=hook)) as ctl:
             drive(ctl, lambda: server.received_count >= 2, timeout_s=15 * UNIT_S, what="a reply on each connection")
             stats = ctl.stats()
     assert calls == [1, 1] and [seen.token for seen in server.handshakes] == ["tok-1", "tok-2"]
@@ -248,7 +248,8 @@ def test_a_wss_url_from_the_hook_is_opened_with_tls_and_the_configured_ca_file(l
     server = login_server(script, ssl_context=server_ssl_context(cert, key))
     assert server.url.startswith("wss://")
     configured = server.url.replace("wss://", "ws://")  # the configured URL is plain: no TLS context made at start
-    with Controller(_config(configured, ca_file=str(cert)), processor=PROCESSOR, before_connect=hook) as ctl:
+    with Controller(_config(configured, ca_file=str(cert)), processor=PROCESSOR,
+                    connect=ConnectHooks(before_connect=hook)) as ctl:
         drive(ctl, lambda: server.received_count >= 2, timeout_s=15 * UNIT_S, what="replies over TLS")
         stats = ctl.stats()
     assert [seen.token for seen in server.handshakes] == ["tok-1"] and stats.connect_failures == 0
@@ -277,7 +278,8 @@ def test_a_hook_that_fails_is_retried_counted_and_logged_once_per_distinct_error
 
     server = login_server(script)
     with caplog.at_level(logging.WARNING, logger="forkless"):
-        with Controller(_config(server.url, connect_timeout_s=0.3), processor=PROCESSOR, before_connect=hook) as ctl:
+        with Controller(_config(server.url, connect_timeout_s=0.3), processor=PROCESSOR,
+                        connect=ConnectHooks(before_connect=hook)) as ctl:
             drive(ctl, lambda: server.received_count >= 2, timeout_s=15 * UNIT_S, what="replies after the failures")
             assert ctl._io.alive
             stats = ctl.stats()
@@ -307,7 +309,8 @@ def test_a_hook_that_keeps_giving_a_refused_token_ends_in_feed_fatal_after_the_t
     server = login_server()
     with pytest.raises(FeedFatal, match=rf"after 3 failed attempts in a row: handshake refused with HTTP 401: "
                                         rf"{REFRESH}"):  # at start() or at a later call: whichever comes first
-        with Controller(_config(server.url, reconnect_tries=3), processor=PROCESSOR, before_connect=hook) as ctl:
+        with Controller(_config(server.url, reconnect_tries=3), processor=PROCESSOR,
+                        connect=ConnectHooks(before_connect=hook)) as ctl:
             drive(ctl, lambda: False, timeout_s=15 * UNIT_S, what="FeedFatal")
     assert calls == [1, 2, 3] and [seen.status for seen in server.handshakes] == [401] * 3
 
@@ -328,6 +331,6 @@ def test_the_hook_runs_for_the_embedded_demo_feed_too_and_none_keeps_its_address
         calls.append((feed, attempt))
 
     cfg = _config("", demo_rate=200.0)
-    with Controller(cfg, processor=PROCESSOR, before_connect=hook) as ctl:
+    with Controller(cfg, processor=PROCESSOR, connect=ConnectHooks(before_connect=hook)) as ctl:
         drive(ctl, lambda: ctl.stats().messages_in > 0, timeout_s=15 * UNIT_S, what="demo messages")
     assert calls == [("0", 1)]

@@ -41,7 +41,7 @@ def results(quick_benchmark: QuickBench) -> tuple[dict[str, Any], Path, str]:
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_quick_benchmark_answers_every_message_of_every_run(results: tuple[dict[str, Any], Path, str]) -> None:
-    data, _, _ = results
+    data, out, _ = results
     designs = {run["design"] for run in data["runs"]}
     assert designs == {"forkless", "spawn", "inline", "io-ceiling", "forkless-nojax"}
     for run in data["runs"] + data["step_costs"]["runs"]:
@@ -50,6 +50,9 @@ def test_quick_benchmark_answers_every_message_of_every_run(results: tuple[dict[
         assert lg["sent"] == lg["answered"], run["tag"]
         assert lg["missing"] == 0 and lg["errors"] == 0 and lg["duplicates"] == 0, run["tag"]
         assert run["client_rc"] == 0, run["tag"]
+    # forkless-nojax's client runs no step on a device: its engine answers on the host (bench/forkless_client.py)
+    nojax = sorted((out / "logs").glob("forkless-nojax-*.log"))
+    assert nojax and all("no device step" in log.read_text(errors="replace") for log in nojax)
     heavy = [run for run in data["runs"] if run["heavy"]]  # the plan's lighter heavy step (bench/README.md)
     assert sorted(run["design"] for run in heavy) == ["forkless", "inline", "spawn"]
     assert all(run["step"] == {"size": 0, "iters": data["plan"]["heavy_iters"]} for run in heavy)

@@ -284,11 +284,14 @@ def test_a_state_of_another_structure_names_the_missing_leaf(tmp_path: Path) -> 
 def test_checkpoint_priority_reaches_the_writer_and_defaults_to_idle(tmp_path: Path) -> None:
     from forkless.controller.loop import Controller
 
+    from forkless import Runtime
     from tests.fake_io import FakeIO
 
-    default = Controller(Config.from_env({"FORKLESS_CHECKPOINT_DIR": str(tmp_path)}), io_factory=FakeIO())
+    default = Controller(Config.from_env({"FORKLESS_CHECKPOINT_DIR": str(tmp_path)}),
+                         runtime=Runtime(io_factory=FakeIO()))
     normal = Controller(Config.from_env({"FORKLESS_CHECKPOINT_DIR": str(tmp_path),
-                                         "FORKLESS_CHECKPOINT_PRIORITY": "normal"}), io_factory=FakeIO())
+                                         "FORKLESS_CHECKPOINT_PRIORITY": "normal"}),
+                        runtime=Runtime(io_factory=FakeIO()))
     assert default.checkpointer.background is True and normal.checkpointer.background is False
 
 

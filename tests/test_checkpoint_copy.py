@@ -22,11 +22,13 @@ import numpy as np
 import pytest
 from forkless.controller.checkpoints.rowcopy import RowCopy
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
 from forkless.controller.slots import StreamSlots
 from forkless.io_loop.crossing import Chunk
 
+from forkless import Runtime
 from tests.fake_io import FakeIO, drain
 
 WAIT_S = 10.0 * float(os.environ.get("FORKLESS_TEST_TIME_SCALE", "1"))
@@ -146,7 +148,7 @@ def test_the_written_checkpoint_is_the_state_and_table_at_t0_though_steps_ran_du
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, incremental: bool) -> None:
     fake = FakeIO()
     rng = np.random.default_rng(11)
-    with Controller(config(tmp_path), processor=PROCESSOR, io_factory=fake) as ctl:
+    with Controller(config(tmp_path), processor=PROCESSOR, runtime=Runtime(io_factory=fake)) as ctl:
         ctl.incremental_checkpoints = incremental
         small_chunks(monkeypatch, ctl)
         seq = 0
@@ -188,7 +190,7 @@ def test_a_checkpoint_due_while_one_is_being_copied_is_skipped_and_counted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeIO()
     rng = np.random.default_rng(5)
-    with Controller(config(tmp_path), processor=PROCESSOR, io_factory=fake) as ctl:
+    with Controller(config(tmp_path), processor=PROCESSOR, runtime=Runtime(io_factory=fake)) as ctl:
         small_chunks(monkeypatch, ctl)
         writer = ctl.checkpointer
         seq = feed(fake, ctl, ["a", "b"], 0, rng)
@@ -213,7 +215,7 @@ def test_the_orderly_stop_drops_a_copy_in_progress_and_writes_the_final_state(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeIO()
     rng = np.random.default_rng(6)
-    ctl = Controller(config(tmp_path), processor=PROCESSOR, io_factory=fake)
+    ctl = Controller(config(tmp_path), processor=PROCESSOR, runtime=Runtime(io_factory=fake))
     ctl.start()
     small_chunks(monkeypatch, ctl)
     seq = feed(fake, ctl, ["a", "b", "c"], 0, rng)
@@ -244,13 +246,14 @@ def _step_totals(state: jax.Array, batch: Any) -> tuple[jax.Array, dict[str, jax
     return totals, {"total": totals[batch.key] + zero}
 
 
-TOTALS = Processor(lambda cfg: jnp.zeros((cfg.max_streams + 1,), jnp.float32), _step_totals, name="totals")
+TOTALS = Processor(lambda cfg: jnp.zeros((cfg.max_streams + 1,), jnp.float32), _step_totals,
+                   description=Description(name="totals"))
 
 
 def test_a_copy_whose_state_was_lost_by_a_failed_step_is_counted_as_failed_and_not_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeIO()
-    with Controller(config(tmp_path), processor=TOTALS, io_factory=fake) as ctl:
+    with Controller(config(tmp_path), processor=TOTALS, runtime=Runtime(io_factory=fake)) as ctl:
         small_chunks(monkeypatch, ctl)
         writer = ctl.checkpointer
         x = np.ones((2, F), np.float32)

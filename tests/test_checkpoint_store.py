@@ -24,6 +24,7 @@ from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
 from forkless.io_loop.crossing import Chunk
 
+from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 
 F = 3
@@ -85,7 +86,8 @@ def run(msgs: list[tuple[int, str, np.ndarray]], store: MemoryStore | None = Non
         for i, s in enumerate(seq):
             results[s] = {name: np.asarray(v)[i].tolist() for name, v in outputs.items()}
 
-    ctl = Controller(config, processor=PROCESSOR, io_factory=fake, on_results=on_results, checkpoint_store=store)
+    ctl = Controller(config, processor=PROCESSOR, sinks=[OnResults(on_results)],
+                     runtime=Runtime(checkpoint_store=store, io_factory=fake))
     ctl.start()
     try:
         for at in range(0, len(msgs), 4):
@@ -151,13 +153,13 @@ def test_the_run_s_store_is_chosen_in_one_place(tmp_path: Path) -> None:
 
 
 def test_an_own_store_beside_a_checkpoint_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="checkpoint_store= and FORKLESS_CHECKPOINT_DIR"):
-        Controller(Config(features=F, checkpoint_dir=str(tmp_path)), processor=PROCESSOR, io_factory=FakeIO(),
-                   checkpoint_store=MemoryStore())
+    with pytest.raises(ValueError, match=r"Runtime\(checkpoint_store=\.\.\.\) and FORKLESS_CHECKPOINT_DIR"):
+        Controller(Config(features=F, checkpoint_dir=str(tmp_path)), processor=PROCESSOR,
+                   runtime=Runtime(checkpoint_store=MemoryStore(), io_factory=FakeIO()))
     assert list_checkpoints(tmp_path) == []
 
 
 def test_an_own_store_needs_a_processor_that_declares_its_name() -> None:
     anonymous = Processor(PROCESSOR.init, PROCESSOR.step)
     with pytest.raises(ProcessorContractError, match="declares its identity"):
-        Controller(CONFIG, processor=anonymous, io_factory=FakeIO(), checkpoint_store=MemoryStore())
+        Controller(CONFIG, processor=anonymous, runtime=Runtime(checkpoint_store=MemoryStore(), io_factory=FakeIO()))

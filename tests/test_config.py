@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from forkless.controller.commands.edge import load_config
-from forkless.controller.config import Config
+from forkless.controller.config import SETTINGS_GROUPS, Config
 from forkless.controller.errors import ConfigError
 from forkless.controller.settings.variables import VARIABLES
 from forkless.io_loop.connectors.jetstream.partitions import instance_share
+from forkless.io_loop.settings import config_field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import forkless
+from forkless import (
+    CheckpointSettings,
+    Credentials,
+    DemoSettings,
+    Limits,
+    ReconnectSettings,
+    StepSettings,
+    Timeouts,
+)
 from tests.harness import run_app
 
 # one bad value for every variable that can be wrong
@@ -74,6 +86,7 @@ BAD = {
     "FORKLESS_RELAY_SUBJECT": "ticks.*",
     "FORKLESS_RELAY_CREDS": "/no/such.creds",
     "FORKLESS_RELAY_SEQ": "global",
+    "FORKLESS_RELAY_MAX_HELD": "0",
 }
 
 
@@ -399,3 +412,70 @@ def test_any_partitions_text_is_parsed_or_refused_naming_the_feed(text, count):
     else:
         owned = cfg.feed_specs[0].jetstream.partitions
         assert owned and list(owned) == sorted(set(owned)) and all(0 <= p < count for p in owned)
+
+
+def test_the_relays_bound_on_held_messages_is_its_own_variable_not_the_batch_size() -> None:
+    """FORKLESS_RELAY_MAX_HELD bounds the relay's held messages; FORKLESS_MAX_BATCH, the micro-batch's
+    size, no longer does (its default, 256, is the bound's)."""
+    env = {"FORKLESS_RELAY_NATS": "nats://127.0.0.1:4222", "FORKLESS_RELAY_SUBJECT": "relayed"}
+    assert Config.from_env(env).relay_settings()[1].max_held == 256
+    assert Config.from_env({**env, "FORKLESS_MAX_BATCH": "8"}).relay_settings()[1].max_held == 256
+    assert Config.from_env({**env, "FORKLESS_RELAY_MAX_HELD": "3"}).relay_settings()[1].max_held == 3
+    with pytest.raises(ConfigError, match=r"FORKLESS_RELAY_MAX_HELD='0'.*an integer from 1 to 1000000"):
+        Config.from_env({**env, "FORKLESS_RELAY_MAX_HELD": "0"})
+
+
+# ---- settings as value objects (forkless.Timeouts, forkless.Limits …: issue 56 item 4) ----------------------
+
+
+def test_every_settings_group_is_public_and_each_field_defaults_to_its_config_field_s_default():
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    for argument, group in SETTINGS_GROUPS.items():
+        assert getattr(forkless, group.__name__) is group, group  # one import path: forkless.<Group>
+        built = group()  # every field has a default: a group is built with only what differs
+        for f in dataclasses.fields(group):
+            assert getattr(built, f.name) == defaults[config_field(f)], (group.__name__, f.name)
+        assert getattr(Config(), argument) == built, argument  # and Config gives each back
+
+
+def test_a_config_is_built_from_groups_and_fields_each_group_giving_only_the_fields_it_was_built_with():
+    cfg = Config(features=4, reconnect=ReconnectSettings(max_s=60.0), limits=Limits(queue_size=64),
+                 checkpoints=CheckpointSettings(dir="", keep=5), timeouts=Timeouts(stale_s=30.0))
+    # Limits() has features=8 by default, but was not built with it: the keyword's 4 stands
+    assert (cfg.features, cfg.queue_size, cfg.reconnect_max_s, cfg.reconnect_min_s) == (4, 64, 60.0, 0.5)
+    assert (cfg.checkpoint_keep, cfg.stale_s, cfg.heartbeat_s) == (5, 30.0, 15.0)
+    assert cfg.limits == Limits(features=4, max_batch=256, queue_size=64, overflow="block",
+                                max_msg_bytes=1 << 20, source_buffer=20_000)
+    assert cfg.reconnect == ReconnectSettings(min_s=0.5, max_s=60.0, reset_s=5.0, tries=0)
+    assert cfg.step == StepSettings(features=4) == cfg.step_settings()
+    assert cfg == Config(features=4, reconnect_max_s=60.0, queue_size=64, checkpoint_keep=5, stale_s=30.0)
+    # a group read back from one Config builds another as it was (it was built with every field)
+    assert Config(reconnect=cfg.reconnect, limits=cfg.limits).queue_size == 64
+
+
+def test_replace_and_the_environment_loader_take_groups_and_a_group_given_in_code_wins_over_the_environment():
+    cfg = Config(features=4).replace(timeouts=Timeouts(stale_s=3.0))
+    assert (cfg.features, cfg.stale_s) == (4, 3.0)
+    env = {"FORKLESS_RECONNECT_MAX_S": "9", "FORKLESS_RECONNECT_TRIES": "2"}
+    loaded = Config.from_env(env, reconnect=ReconnectSettings(max_s=61.0))
+    assert (loaded.reconnect_max_s, loaded.reconnect_tries) == (61.0, 2)  # what the group was not built with: env
+
+
+def test_a_field_given_twice_with_two_values_or_a_group_of_the_wrong_kind_is_a_type_error_naming_both():
+    with pytest.raises(TypeError, match=r"two values for features: as features= and as "
+                                        r"step=StepSettings\(features=\.\.\.\); give it once"):
+        Config(features=4, step=StepSettings(features=8))
+    with pytest.raises(TypeError, match=r"two values for features: as step=StepSettings\(features=\.\.\.\) and "
+                                        r"as demo=DemoSettings\(features=\.\.\.\)"):
+        Config(step=StepSettings(features=4), demo=DemoSettings(features=5))
+    with pytest.raises(TypeError, match=r"two values for auth_token: .*; give it once") as raised:
+        Config(auth_token="token-a", credentials=Credentials(auth_token="token-b"))
+    assert "token-a" not in str(raised.value) and "token-b" not in str(raised.value)  # secrets never shown
+    with pytest.raises(TypeError, match=r"Config\(reconnect=\.\.\.\) takes a forkless\.ReconnectSettings .*not dict"):
+        Config(reconnect={"max_s": 60.0})
+    assert Config(features=4, step=StepSettings(features=4)).features == 4  # twice, the same value: fine
+
+
+def test_a_bad_value_in_a_group_is_a_config_error_naming_its_variable():
+    with pytest.raises(ConfigError, match=r"FORKLESS_RECONNECT_MIN_S='-1.0' is invalid: expected a number > 0"):
+        Config(reconnect=ReconnectSettings(min_s=-1.0))

@@ -1,4 +1,4 @@
-"""Connection state as events (issue 55, item 2): with ``Controller(connection_events=True)`` every
+"""Connection state as events (issue 55, item 2): with ``Controller(on_event=OnEvent(fn, connections=True))`` every
 feed hands ``on_event`` a ``forkless.ConnectionEvent`` when its connection comes up or goes down, in
 order with the source's other events, with the reason, the close code and the time; ``stats()`` and
 /metrics show each feed's state and since when. Against real servers: the websockets exchange
@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from forkless import Config, ConnectionEvent, Controller, Relogin
+from forkless import EVENTS_ONLY, Config, ConnectionEvent, Controller, OnEvent, Relogin
 from tests.harness import UNIT_S, drive
 from tests.servers import FeedConn
 from tests.ws_exchange import PASSWORD, USER, WsExchange
@@ -82,8 +82,8 @@ def _metric(url: str, name: str, feed: str) -> float:
 def test_a_relogin_source_s_events_come_in_order_with_its_own_and_each_loss_names_its_close_code(exchange):
     events: list[Any] = []
     cfg = Config(metrics_addr="127.0.0.1:0", status_s=0.0, heartbeat_s=0.0, shutdown_timeout_s=5.0)
-    with Controller(cfg, sources=[ExchangeClient(exchange.url)], events_only=True, connection_events=True,
-                    on_event=lambda source, event: events.append((source, event))) as ctl:
+    with Controller(cfg, processor=EVENTS_ONLY, sources=[ExchangeClient(exchange.url)],
+                    on_event=OnEvent(lambda source, event: events.append((source, event)), connections=True)) as ctl:
         got = [event for _, event in events]
 
         def trades_of(connection: int) -> int:
@@ -148,8 +148,8 @@ def _feed_config(url: str) -> Config:
 def test_the_websocket_feed_hands_connected_disconnected_with_the_close_code_then_connected_again(feed_server):
     server = feed_server(_three_lives, impl="websockets")
     events: list[tuple[str, Any]] = []
-    with Controller(_feed_config(server.url), connection_events=True,
-                    on_event=lambda source, event: events.append((source, event))) as ctl:
+    with Controller(_feed_config(server.url),
+                    on_event=OnEvent(lambda source, event: events.append((source, event)), connections=True)) as ctl:
         drive(ctl, lambda: len(events) == 5, timeout_s=WAIT_S, what="three connections and two losses")
         feed = ctl.stats().feeds[0].io
         assert feed.connected and feed.connects == 3 and feed.state_since == events[-1][1].at_s
@@ -169,9 +169,12 @@ def test_without_connection_events_nothing_is_handed_over_and_no_event_goes_unha
     assert stats.events_in == 0 and stats.events == 0 and stats.events_unhandled == 0
 
 
-def test_connection_events_without_on_event_are_refused_naming_both():
-    with pytest.raises(ValueError, match=r"connection_events=True\) .* give on_event=\.\.\."):
-        Controller(Config(status_s=0.0), connection_events=True)
+def test_connection_events_without_a_callable_to_hand_them_to_are_refused_naming_it():
+    # connections=True is an option of the callback it hands them to: there is no asking for them without one
+    with pytest.raises(TypeError, match=r"OnEvent\(fn\) takes a callable, fn\(source, event\); got None"):
+        OnEvent(None, connections=True)
+    with pytest.raises(TypeError, match=r"OnEvent\(connections=\.\.\.\) takes True or False, not 'yes'"):
+        OnEvent(print, connections="yes")
 
 
 def test_the_jetstream_feed_hands_its_connection_s_events_through_a_server_restart(nats_server):
@@ -180,8 +183,8 @@ def test_the_jetstream_feed_hands_its_connection_s_events_through_a_server_resta
 
     create_streams(nats_server.url)
     events: list[Any] = []
-    with Controller(_config([_js_feed(nats_server.url)]), connection_events=True,
-                    on_event=lambda source, event: events.append((source, event))) as ctl:
+    with Controller(_config([_js_feed(nats_server.url)]),
+                    on_event=OnEvent(lambda source, event: events.append((source, event)), connections=True)) as ctl:
         drive(ctl, lambda: len(events) == 1, timeout_s=WAIT_S, what="the first connection")
         nats_server.restart()
         drive(ctl, lambda: len(events) == 3, timeout_s=WAIT_S, what="the loss and the next connection")
@@ -214,8 +217,8 @@ def test_a_source_counted_connected_while_it_runs_says_so_at_its_start_and_end()
             await ctx.emit_event("hello")
 
     events: list[Any] = []
-    with Controller(Config(status_s=0.0), sources=[Once()], events_only=True, connection_events=True,
-                    on_event=lambda source, event: events.append(event)) as ctl:
+    with Controller(Config(status_s=0.0), processor=EVENTS_ONLY, sources=[Once()],
+                    on_event=OnEvent(lambda source, event: events.append(event), connections=True)) as ctl:
         drive(ctl, lambda: len(events) == 3, timeout_s=WAIT_S, what="its start, its event and its end")
     assert [e if isinstance(e, str) else (e.connected, e.reason) for e in events] == [
         (True, ""), "hello", (False, "the source's run returned")]

@@ -56,7 +56,7 @@ def test_the_components_arguments_are_typed_as_their_groups():
     from forkless.controller.device.compiled import check_row_writes
     from forkless.controller.device.layouts import OneDevice, Sharded
     from forkless.controller.device.programs import program_key
-    from forkless.controller.engine import Engine, compile_step, steps_in_flight
+    from forkless.controller.engine import Engine, compile_step
     from forkless.controller.eventsonly import check_events_only
     from forkless.controller.partitions.partitioned import PartitionOwner
 
@@ -67,8 +67,7 @@ def test_the_components_arguments_are_typed_as_their_groups():
                                   (PartitionOwner.open, "settings", "InstanceSettings"),
                                   (check_events_only, "checkpoints", "CheckpointSettings"),
                                   (compile_step, "settings", "StepShape"),
-                                  (steps_in_flight, "settings", "StepShape"),
-                                  (Engine, "settings", "StepShape"),
+                                  (Engine, "settings", "StepSettings"),
                                   (OneDevice, "settings", "StepShape"),
                                   (Sharded, "settings", "StepShape"),
                                   (program_key, "settings", "StepShape"),
@@ -124,9 +123,9 @@ def test_a_partitioned_instance_s_settings_say_which_it_is_and_where_its_leases_
 
 
 def test_a_config_and_its_step_settings_both_are_a_step_shape_and_compile_the_same_step():
-    from forkless.controller.engine import compile_step, steps_in_flight
+    from forkless.controller.engine import compile_step
     from forkless.controller.processor import default_processor
-    from forkless.controller.settings.groups import StepShape
+    from forkless.controller.settings.groups import StepSettings, StepShape
 
     cfg = Config(features=2, max_streams=8, max_batch=5, devices=1, steps_in_flight=2)
     step = cfg.step_settings()
@@ -136,4 +135,20 @@ def test_a_config_and_its_step_settings_both_are_a_step_shape_and_compile_the_sa
         assert getattr(step, name) == getattr(cfg, name), name
     from_settings, from_config = compile_step(default_processor(cfg), step), compile_step(default_processor(cfg), cfg)
     assert set(from_settings.steps) == set(from_config.steps) == {1, 4, 5}
-    assert from_settings.in_flight == from_config.in_flight == steps_in_flight(step, "cpu") == 2
+    assert from_settings.settings == from_config.settings == StepSettings.on_platform(step, "cpu")
+    assert from_settings.settings.steps_in_flight == 2
+
+
+def test_steps_in_flight_is_resolved_once_at_the_compile_into_the_settings_the_engine_and_the_loop_read():
+    from forkless.controller.engine import compile_step
+    from forkless.controller.processor import default_processor
+    from forkless.controller.settings.groups import StepSettings
+
+    auto = Config(features=2, max_streams=8, max_batch=4, devices=1)  # FORKLESS_STEPS_IN_FLIGHT=auto
+    assert auto.step_settings().steps_in_flight == "auto"  # as configured: where it runs is not known yet
+    assert [StepSettings.on_platform(auto, platform).steps_in_flight for platform in ("cpu", "tpu", "gpu")] == [
+        1, 2, 2]
+    assert StepSettings.on_platform(auto.replace(steps_in_flight=3), "cpu").steps_in_flight == 3
+    engine = compile_step(default_processor(auto), auto.step_settings())
+    assert engine.settings == StepSettings(features=2, max_streams=8, max_batch=4, devices=1, steps_in_flight=1)
+    assert not engine.resets_in_step  # one step at a time: the loop resets a non-finite stream's rows

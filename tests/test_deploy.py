@@ -25,7 +25,6 @@ import subprocess
 import sys
 import sysconfig
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from forkless.controller.config import Config
 from forkless.controller.metrics import metrics_table_markdown
 from forkless.controller.settings.variables import VARIABLES
 
+import forkless
 from tests import harness
 from tests.harness import ROOT, UNIT_S
 
@@ -45,7 +45,7 @@ MANIFESTS = ("websocket.yaml", "partitioned.yaml")
 RULES = DEPLOY / "prometheus" / "alerts.yml"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 KNOWN = {var.env for var in VARIABLES}
-VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+VERSION = forkless.__version__  # the one place it is written (pyproject.toml reads it from there)
 IMAGE = f"forkless:{VERSION}"  # the tag docs/deployment.md builds and the manifests run
 WAIT_S = 120 * UNIT_S  # an install, or a start on a loaded machine
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from forkless.controller.processor import default_processor
 
-from forkless import Config, Controller, Decoded, JsonCodec, Processor, ProcessorContractError
+from forkless import Config, Controller, Decoded, JsonCodec, OnResults, Processor, ProcessorContractError
 from tests.harness import UNIT_S, drive
 from tests.reference import EWMAReference
 from tests.servers import send_frames
@@ -49,7 +49,7 @@ def test_on_results_gets_every_processed_message_with_outputs_equal_to_the_refer
             seen.append((s, stream[i], {k: v[i] for k, v in outputs.items()}))
 
     feed = feed_server(send_frames([json.dumps(m) for m in messages]), impl="websockets")
-    with Controller(_config(feed.url), on_results=on_results) as ctl:
+    with Controller(_config(feed.url), sinks=[OnResults(on_results)]) as ctl:
         drive(ctl, lambda: feed.received_count >= len(messages), timeout_s=WAIT_S, what="every reply")
     assert [s for s, _, _ in seen] == [m["seq"] for m in messages]
     ref = EWMAReference()

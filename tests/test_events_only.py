@@ -16,7 +16,7 @@ import pytest
 from forkless.controller.device.compiled import compilations
 from forkless.controller.eventsonly import EVENTS_ONLY_DROPPED
 
-from forkless import Config, Controller
+from forkless import EVENTS_ONLY, Config, Controller, OnResults, Runtime
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.servers import send_frames
 
@@ -62,8 +62,8 @@ def test_an_events_only_session_compiles_nothing_and_runs_its_source_to_the_book
     config = Config.from_env(ENV)  # max_streams 4 < demo_streams 8: no demo feed runs, nothing refused
     got: list[Any] = []
     before = compilations()
-    with Controller(config, sources=[Exchange(server.url)], on_event=lambda source, event: got.append(event),
-                    events_only=True) as ctl:
+    with Controller(config, processor=EVENTS_ONLY, sources=[Exchange(server.url)],
+                    on_event=lambda source, event: got.append(event)) as ctl:
         assert ctl.engine is None and ctl.processor is None and ctl.state is None
         drive(ctl, lambda: len(got) >= 20, timeout_s=20 * UNIT_S, what="20 trades delivered")
         ctl.send("exchange", {"type": "order", "symbol": "BTCUSDT", "qty": "0.01"})
@@ -80,8 +80,8 @@ def test_an_events_only_session_compiles_nothing_and_runs_its_source_to_the_book
 def test_messages_an_events_only_source_hands_over_are_dropped_counted_and_logged(feed_server, caplog):
     server = feed_server(send_frames(_trades(3)), impl="websockets")
     got: list[Any] = []
-    with Controller(Config.from_env(ENV), sources=[Exchange(server.url, rows=5)],
-                    on_event=lambda source, event: got.append(event), events_only=True) as ctl:
+    with Controller(Config.from_env(ENV), processor=EVENTS_ONLY, sources=[Exchange(server.url, rows=5)],
+                    on_event=lambda source, event: got.append(event)) as ctl:
         drive(ctl, lambda: len(got) >= 3 and ctl.stats().dropped_total >= 5, timeout_s=20 * UNIT_S,
               what="3 trades delivered and 5 messages dropped")
     snap = ctl.stats()
@@ -90,28 +90,32 @@ def test_messages_an_events_only_source_hands_over_are_dropped_counted_and_logge
     assert "'exchange' handed over 5 message(s)" in caplog.text and "ctx.emit_event" in caplog.text
 
 
+class _ResultSink:
+    name = "results"
+
+    async def run(self, ctx: Any) -> None: ...
+
+
 @pytest.mark.parametrize(("changes", "kwargs", "named"), [
-    ({}, {"processor": "given"}, "processor="),
-    ({}, {"on_results": print}, "on_results"),
+    ({}, {"sinks": [OnResults(print)]}, "no results for sinks="),
+    ({}, {"sinks": [_ResultSink()]}, "no results for sinks="),
     ({}, {"sources": []}, "needs sources"),
     ({"ws_url": "ws://127.0.0.1:1/"}, {}, "FORKLESS_WS_URL"),
     ({"checkpoint_dir": "/tmp/x"}, {}, "FORKLESS_CHECKPOINT_DIR"),
+    ({}, {"runtime": Runtime(checkpoint_store=object())}, "Runtime(checkpoint_store=...)"),
 ])
 def test_what_contradicts_events_only_is_refused_naming_it(changes, kwargs, named):
     config = Config(max_streams=4, **changes)
     arguments: dict[str, Any] = {"sources": [Exchange("ws://127.0.0.1:1/")], **kwargs}
-    if arguments.get("processor") == "given":
-        from forkless.controller.processor import ewma_processor
-
-        arguments["processor"] = ewma_processor()
-    with pytest.raises(ValueError, match="events_only=True") as raised:
-        Controller(config, events_only=True, **arguments)
+    with pytest.raises(ValueError, match=r"processor=forkless\.EVENTS_ONLY") as raised:
+        Controller(config, processor=EVENTS_ONLY, **arguments)
     assert named in str(raised.value)
 
 
 def test_sources_without_a_processor_still_run_the_default_detector_unless_events_only():
     config = Config(max_streams=4)
-    assert Controller(config, sources=[Exchange("ws://127.0.0.1:1/")], on_event=print).processor.name == "ewma"
+    ctl = Controller(config, sources=[Exchange("ws://127.0.0.1:1/")], on_event=print)
+    assert ctl.processor is not None and ctl.processor.description.name == "ewma"
 
 
 def test_the_demo_feeds_settings_are_checked_where_it_runs():
@@ -130,8 +134,8 @@ def test_an_events_only_controller_leaves_the_switch_interval_as_the_host_set_it
     sys.setswitchinterval(0.0123)
     try:
         got: list[Any] = []
-        with Controller(Config.from_env(ENV), sources=[Exchange(server.url)], on_event=lambda s, e: got.append(e),
-                        events_only=True) as ctl:
+        with Controller(Config.from_env(ENV), processor=EVENTS_ONLY, sources=[Exchange(server.url)],
+                        on_event=lambda s, e: got.append(e)) as ctl:
             drive(ctl, lambda: len(got) >= 3, timeout_s=20 * UNIT_S, what="3 trades delivered")
             during = sys.getswitchinterval()
         assert during == 0.0123

@@ -1,7 +1,7 @@
 """What an embedding program gets when something fails (docs/embedding/exceptions.md), against a
 fake IO side (tests/fake_io.py): no thread, no socket.
 
-- ``on_results`` raising: ``process_pending()`` raises it after the batch's replies are handed
+- ``OnResults`` raising: ``process_pending()`` raises it after the batch's replies are handed
   over; ``stop()`` goes on with the orderly stop and raises the first one at the end; ``run()``
   stops in order, then raises it.
 - A start that fails once the process was changed (the IO side did not start) gives it back.
@@ -21,6 +21,7 @@ from forkless.controller.loop import Controller
 from forkless.io_loop.errors import MetricsServerError
 
 import forkless
+from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 from tests.harness import ROOT
 from tests.test_loop import CONFIG, PROCESSOR, chunk, frames
@@ -30,10 +31,14 @@ class HostFailure(Exception):
     """What the host program's callback raised."""
 
 
-def _failing_on(first_failing_call: int):
+def _failing_on(first_failing_call: int, calling: list[bool] | None = None):
+    """What the callback was called with, and the callback: it raises from its ``first_failing_call``-th call on,
+    while ``calling`` (if given) holds True; set it False to make the callback do nothing."""
     calls: list[list[int]] = []
 
     def on_results(seq, stream, outputs):
+        if calling is not None and not calling[0]:
+            return
         calls.append(list(seq))
         if len(calls) >= first_failing_call:
             raise HostFailure(f"call {len(calls)}")
@@ -42,20 +47,22 @@ def _failing_on(first_failing_call: int):
 
 
 def test_process_pending_raises_what_on_results_raised_after_handing_the_batch_s_replies_over():
-    _, on_results = _failing_on(1)
+    calling = [True]
+    _, on_results = _failing_on(1, calling)
     fake = FakeIO()
-    with Controller(CONFIG, processor=PROCESSOR, io_factory=fake, on_results=on_results) as ctl:
+    with Controller(CONFIG, processor=PROCESSOR, sinks=[OnResults(on_results)],
+                    runtime=Runtime(io_factory=fake)) as ctl:
         fake.inbound.put_nowait(chunk([0], ["a"]))
         with pytest.raises(HostFailure, match="call 1"):
             ctl.process_pending()
         assert [r["seq"] for r in frames(drain(fake.outbound))] == [0]
-        ctl.on_results = None  # the stop at the end of the block is not what this test is about
+        calling[0] = False  # the stop at the end of the block is not what this test is about
 
 
 def test_stop_goes_on_past_an_on_results_failure_and_raises_the_first_once_stopped():
     calls, on_results = _failing_on(1)
     fake = FakeIO()
-    ctl = Controller(CONFIG, processor=PROCESSOR, io_factory=fake, on_results=on_results)
+    ctl = Controller(CONFIG, processor=PROCESSOR, sinks=[OnResults(on_results)], runtime=Runtime(io_factory=fake))
     ctl.start()
     for i in range(3):
         fake.inbound.put_nowait(chunk([i], ["a"]))
@@ -71,7 +78,8 @@ def test_stop_goes_on_past_an_on_results_failure_and_raises_the_first_once_stopp
 def test_run_stops_in_order_then_raises_what_on_results_raised():
     calls, on_results = _failing_on(1)
     fake = FakeIO()
-    ctl = Controller(CONFIG.replace(duration_s=30.0), processor=PROCESSOR, io_factory=fake, on_results=on_results)
+    ctl = Controller(CONFIG.replace(duration_s=30.0), processor=PROCESSOR, sinks=[OnResults(on_results)],
+                     runtime=Runtime(io_factory=fake))
     for i in range(3):
         fake.inbound.put_nowait(chunk([i], ["a"]))
     switch = sys.getswitchinterval()
@@ -90,7 +98,7 @@ class NoIO(FakeIO):
 
 def test_a_start_whose_io_side_fails_gives_the_process_back_and_stop_then_does_nothing():
     switch = sys.getswitchinterval()
-    ctl = Controller(CONFIG, processor=PROCESSOR, io_factory=NoIO())
+    ctl = Controller(CONFIG, processor=PROCESSOR, runtime=Runtime(io_factory=NoIO()))
     with pytest.raises(MetricsServerError):
         with ctl:
             pass

@@ -41,15 +41,22 @@ ROOT = Path(__file__).resolve().parents[1]
 FORKLESS_ALL = [
     "Backoff",
     "Batch",
+    "CapabilityWarning",
     "CheckpointMismatch",
+    "CheckpointSettings",
     "CheckpointStore",
     "Codec",
     "Config",
     "ConfigError",
+    "ConnectHooks",
     "ConnectionEvent",
     "Controller",
+    "Credentials",
     "Decoded",
+    "DemoSettings",
     "DeploymentMismatch",
+    "Description",
+    "EVENTS_ONLY",
     "EWMAState",
     "EventBatch",
     "FeedFatal",
@@ -60,18 +67,27 @@ FORKLESS_ALL = [
     "JsonCodec",
     "LeaseHeld",
     "LeaseLost",
+    "Limits",
     "MessageBatch",
     "MetricsServerError",
+    "OnEvent",
+    "OnResults",
+    "PartitionSettings",
     "PortalClosed",
     "PositionLost",
     "Processor",
     "ProcessorContractError",
+    "ReconnectSettings",
+    "RecordContext",
+    "RecordSink",
     "Relogin",
     "ReplyBatch",
     "RestartPolicy",
     "ResultBatch",
+    "ResultContext",
+    "ResultSink",
+    "Runtime",
     "SendFailed",
-    "Sink",
     "SinkBatch",
     "SinkContext",
     "SinkRun",
@@ -82,7 +98,10 @@ FORKLESS_ALL = [
     "SourceStopped",
     "StateShape",
     "StatsSnapshot",
+    "StepSettings",
     "StoreError",
+    "Timeouts",
+    "TlsSettings",
     "WorkerFailed",
     "default_processor",
     "ewma_processor",
@@ -222,12 +241,28 @@ def test_the_packages_export_nothing(package):
         assert not hasattr(module, name), f"{package}.{name}: the user API is forkless's alone"
 
 
-def test_checkpoint_store_the_type_of_a_controller_argument_is_exported():
+def test_the_types_of_the_controller_s_arguments_and_their_groups_fields_are_exported():
+    import dataclasses
+
     from forkless.controller.checkpoints.checkpointer import CheckpointStore
 
     assert forkless.CheckpointStore is CheckpointStore
-    annotation = inspect.signature(forkless.Controller).parameters["checkpoint_store"].annotation
-    assert "CheckpointStore" in str(annotation)
+    checkpoint_store = {f.name: f.type for f in dataclasses.fields(forkless.Runtime)}["checkpoint_store"]
+    assert "CheckpointStore" in str(checkpoint_store)
+    hints = {name: str(p.annotation) for name, p in inspect.signature(forkless.Controller).parameters.items()}
+    named = {"processor": "Processor", "codec": "Codec", "sources": "Source", "sinks": "ResultSink",
+             "connect": "ConnectHooks", "runtime": "Runtime"}
+    for argument, exported in named.items():
+        assert exported in hints[argument] and exported in forkless.__all__, (argument, hints[argument])
+    assert "OnResults" in hints["sinks"] and "OnEvent" in hints["on_event"]
+
+
+def test_a_name_the_api_replaced_is_refused_naming_what_took_its_place():
+    with pytest.raises(ImportError, match=r"forkless\.Sink is now two protocols: forkless\.RecordSink .*"
+                                          r"forkless\.ResultSink"):
+        from forkless import Sink  # noqa: F401
+    with pytest.raises(AttributeError, match="has no attribute 'Sinks'"):
+        forkless.Sinks  # noqa: B018
 
 
 def test_the_walk_finds_the_modules_and_their_all():

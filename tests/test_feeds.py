@@ -21,6 +21,7 @@ from forkless.controller.processor import ewma_processor
 from forkless.controller.stats import status_line
 from forkless.io_loop.crossing import HOPS, PICKED, READ, SAMPLE_EVERY, WRITTEN, Trace
 
+from forkless import Runtime
 from tests.fake_io import FakeIO, drain
 from tests.harness import UNIT_S, assert_books_balance, drive, run_app
 from tests.reference import EWMAReference
@@ -138,7 +139,7 @@ def test_a_batch_mixing_feeds_is_answered_per_feed_in_order_and_streams_are_per_
     plan = [(0, "s0"), (2, "s0"), (1, "t1"), (0, "s1"), (2, "s0"), (0, "s0"), (1, "t1"), (2, "s2")] * 4
     xs = rng.normal(size=(len(plan), 2)).round(4)
     fake = FakeIO()
-    with Controller(cfg, processor=ewma_processor(), io_factory=fake) as ctl:
+    with Controller(cfg, processor=ewma_processor(), runtime=Runtime(io_factory=fake)) as ctl:
         for i, (feed, stream) in enumerate(plan):
             fake.inbound.put_nowait(_chunk(feed, [i], [stream], xs[i:i + 1]))
         while ctl.process_pending():

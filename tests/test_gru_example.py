@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from forkless.controller.batching import Batch, pad_batch
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.engine import compile_step
 from forkless.controller.processor import StreamState
 
@@ -118,7 +119,7 @@ def test_a_weights_file_that_does_not_fit_is_refused_naming_the_array(tmp_path, 
 def test_the_gru_is_named_gru_and_compiles_through_compile_step(weights_file):
     cfg = Config(features=F, max_streams=10, max_batch=16)
     proc = gru_processor(weights_file, features=F, hidden=H)
-    assert (proc.name, proc.version, proc.restore_shared) == ("gru", "1", False)
+    assert proc.description == Description(name="gru")
     built = compile_step(proc, cfg)
     state = built.take_state()
     rng = np.random.default_rng(0)

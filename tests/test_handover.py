@@ -14,6 +14,7 @@ from forkless.controller.codec import Decoded
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Chunk, Events
 from forkless.io_loop.handover import Handover
+from forkless.io_loop.spill import EVENTS_PER_ITEM
 
 
 def decoded(seqs: list[int], streams: list[str]) -> Decoded:
@@ -219,6 +220,24 @@ def test_events_waiting_together_cross_as_one_item_and_an_aborted_stop_counts_wh
     assert discarded == 2  # [3] in the pump's hand and [4] gathered ([1, 2] is on the queue: the caller's)
     assert stats.events_dropped == {"not processed before the stop": 1}
     assert stats.buffered == 0
+
+
+def test_events_waiting_together_are_gathered_up_to_their_own_cap_not_the_batch_size():
+    async def main() -> list[list[Any]]:
+        queue: asyncio.Queue = asyncio.Queue(maxsize=1)
+        handover = Handover(queue, 2, buffer=1000)  # batches of 2: events are not a batch's
+        for n in range(EVENTS_PER_ITEM + 44):
+            await handover.put_event(Events(0, [n], n))
+        items = []
+        for _ in range(4):
+            await next_turn()
+            items.append(queue.get_nowait().items)
+        return items
+
+    first, second, third, fourth = asyncio.run(main())
+    assert (first, second) == ([0], [1])  # on the queue at once, then the pump's hand
+    assert third == list(range(2, 2 + EVENTS_PER_ITEM))  # the waiting ones, EVENTS_PER_ITEM to an item
+    assert fourth == list(range(2 + EVENTS_PER_ITEM, EVENTS_PER_ITEM + 44))
 
 
 def test_an_empty_decoded_is_ignored_and_does_not_start_a_chunk():

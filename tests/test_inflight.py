@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 from forkless.controller.checkpoints import checkpoint
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
 
+from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 from tests.test_loop import chunk, frames
 
@@ -57,8 +59,8 @@ def _step_or_fail(state: dict[str, jax.Array], batch: Any) -> tuple[dict[str, ja
     return new_state, {"total": out["total"] + zero}
 
 
-TOTALS = Processor(_init, _step, name="inflight-totals")
-FAILING = Processor(_init, _step_or_fail, name="inflight-totals-failing")
+TOTALS = Processor(_init, _step, description=Description(name="inflight-totals"))
+FAILING = Processor(_init, _step_or_fail, description=Description(name="inflight-totals-failing"))
 
 
 def _config(depth: int, **more: Any) -> Config:
@@ -97,9 +99,10 @@ def _run(depth: int, folder: Path, processor: Processor, handoff: str = "park") 
     ``on_results`` got, the counters, the stop's checkpoint and the most steps that were in flight."""
     fake = FakeIO()
     handed: list = []
-    ctl = Controller(_config(depth, checkpoint_dir=str(folder), handoff=handoff), processor=processor, io_factory=fake,
-                     on_results=lambda seq, stream, out: handed.append((list(seq), list(stream),
-                                                                        out["total"].tolist())))
+    ctl = Controller(_config(depth, checkpoint_dir=str(folder), handoff=handoff), processor=processor,
+                     sinks=[OnResults(lambda seq, stream, out: handed.append((list(seq), list(stream),
+                                                                              out["total"].tolist())))],
+                     runtime=Runtime(io_factory=fake))
     with ctl:
         if processor is TOTALS:
             _never_seen_done(ctl)
@@ -141,7 +144,7 @@ def test_three_steps_in_flight_answer_a_long_mixed_feed_exactly_as_one_at_a_time
 @pytest.mark.parametrize("handoff", ["park", "spin"])
 def test_the_stop_with_three_steps_in_flight_answers_every_one_of_them(handoff: str) -> None:
     fake = FakeIO()
-    ctl = Controller(_config(3, handoff=handoff), processor=TOTALS, io_factory=fake)
+    ctl = Controller(_config(3, handoff=handoff), processor=TOTALS, runtime=Runtime(io_factory=fake))
     ctl.start()
     _never_seen_done(ctl)
     sent = [chunk([i], [f"s{i % 4}"], [[1.0, 0.0]]) for i in range(12)]
@@ -201,9 +204,9 @@ def test_a_checkpoint_is_not_begun_with_steps_in_flight() -> None:
 
 
 def test_steps_left_in_flight_are_dropped_unanswered_with_what_a_stopping_instance_held() -> None:
-    # what a partitioned instance whose lease is lost does with them (Controller._drop_held)
+    # what a partitioned instance whose lease is lost does with them (Controller._drop_unanswered)
     fake = FakeIO()
-    ctl = Controller(_config(3), processor=TOTALS, io_factory=fake)
+    ctl = Controller(_config(3), processor=TOTALS, runtime=Runtime(io_factory=fake))
     ctl.start()
     _never_seen_done(ctl)  # the steps stay in flight until the drain (only the depth, 3, finishes the oldest)
     fake.inbound.put_nowait(chunk([0], ["a"], [[1.0, 0.0]]))
@@ -242,7 +245,8 @@ def _arriving_while_in_flight(ctl: Controller, fake: FakeIO, arriving: list, loo
 ], ids=["partial-waits", "full-joins"])
 def test_only_a_closed_batch_is_dispatched_behind_a_running_step(arriving: list, most: int, handoff: str) -> None:
     fake = FakeIO()
-    ctl = Controller(_config(3, max_wait_ms=10_000.0, handoff=handoff), processor=TOTALS, io_factory=fake)
+    ctl = Controller(_config(3, max_wait_ms=10_000.0, handoff=handoff), processor=TOTALS,
+                     runtime=Runtime(io_factory=fake))
     with ctl:
         _arriving_while_in_flight(ctl, fake, arriving)
         fake.inbound.put_nowait(chunk([0], ["a"], [[1.0, 0.0]]))

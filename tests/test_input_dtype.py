@@ -22,12 +22,14 @@ import pytest
 from forkless.controller.batching import pad_batch
 from forkless.controller.codec import Decoded, GuardedCodec, JsonCodec
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.device.compiled import check_platform_dtypes
 from forkless.controller.device.placement import Placement
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import default_processor
 
+from forkless import Runtime
 from tests import input_dtype_runs
 from tests.fake_io import FakeIO
 from tests.harness import ROOT, UNIT_S, app_env
@@ -88,7 +90,8 @@ def _echo64() -> Any:
 
 def test_a_float64_processor_with_x64_off_is_refused_at_compile_naming_the_fix():
     assert not jax.config.jax_enable_x64, "this test process keeps JAX's 64-bit mode off"
-    ctl = Controller(Config(features=2, max_batch=4, max_streams=8), processor=_echo64(), io_factory=FakeIO())
+    ctl = Controller(Config(features=2, max_batch=4, max_streams=8), processor=_echo64(),
+                     runtime=Runtime(io_factory=FakeIO()))
     with pytest.raises(ProcessorContractError) as err:
         ctl.compile()
     message = str(err.value)
@@ -98,16 +101,14 @@ def test_a_float64_processor_with_x64_off_is_refused_at_compile_naming_the_fix()
 
 
 @pytest.mark.parametrize("dtype", [np.int32, jnp.bfloat16, np.float16, "nonsense", None])
-def test_an_input_dtype_other_than_float32_or_float64_is_refused_at_compile(dtype):
-    processor = default_processor(Config(features=2))._replace(input_dtype=dtype)
-    ctl = Controller(Config(features=2, max_batch=4, max_streams=8), processor=processor, io_factory=FakeIO())
+def test_an_input_dtype_other_than_float32_or_float64_is_refused_when_the_description_is_built(dtype):
     with pytest.raises(ProcessorContractError, match=r"is not supported: .* float32 \(the default\) or float64"):
-        ctl.compile()
+        Description(name="ewma", input_dtype=dtype)
 
 
 def test_the_default_processor_gets_a_float32_codec_as_before():
     fake = FakeIO()
-    with Controller(Config(features=2, max_batch=4, max_streams=8), io_factory=fake):
+    with Controller(Config(features=2, max_batch=4, max_streams=8), runtime=Runtime(io_factory=fake)):
         assert fake.codec.decode(orjson.dumps({"seq": 1, "stream": "a", "x": [PRICE, 1]})).x.dtype == np.float32
         assert fake.codec.decode == fake.codec.codec.decode  # the built-in codec still runs unwrapped
 

@@ -18,6 +18,7 @@ from forkless.controller.metrics import metric_families
 from forkless.controller.processor import ewma_processor
 from forkless.controller.stats import status_line
 
+from forkless import Runtime
 from tests.harness import KILLED_EXIT_S, UNIT_S, assert_books_balance, drive, run_app
 from tests.servers import FeedConn, assert_results_match_reference, make_messages, parse_replies
 
@@ -288,7 +289,7 @@ def _never_restarted(messages: list[dict]) -> tuple[dict[int, dict], Any]:
     cfg = Config(features=FEATURES, max_batch=16, max_streams=64, status_s=0.0)
     fake = FakeIO()
     replies: dict[int, dict] = {}
-    with Controller(cfg, io_factory=fake) as ctl:
+    with Controller(cfg, runtime=Runtime(io_factory=fake)) as ctl:
         sizes = [1, 3, 16, 5, 2, 40, 7]
         i = 0
         while i < len(messages):

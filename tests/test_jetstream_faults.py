@@ -103,7 +103,7 @@ def _feed(**extra: Any) -> Any:
     cfg = _config([_js_feed("nats://127.0.0.1:4222", **extra)])
     io = cfg.io_settings()
     return JetStreamSource(cfg.feed_specs[0], timeouts=io.timeouts, reconnect=io.reconnect, tls=io.tls,
-                           max_batch=io.limits.max_batch, max_msg_bytes=io.limits.max_msg_bytes)
+                           max_msg_bytes=io.limits.max_msg_bytes)
 
 
 def test_a_stream_that_ends_before_what_this_run_saw_of_it_or_was_created_again_is_refused():

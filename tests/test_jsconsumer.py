@@ -206,9 +206,9 @@ def test_a_partitioned_feed_starts_at_its_lowest_position_and_skips_per_partitio
     c.check_stream(1, 20)
     assert c.next == (5, 0) and c.floors_end == 12
     assert c.new_consumer() == 5
-    held = c.deliver(reply(6, 1), b"ticks.0.a")  # partition 0's state holds up to 10
-    assert held == Take(6, 5, partition=0, held=True) and c.source.skipped == 1
-    c.consumed(held)
+    in_state = c.deliver(reply(6, 1), b"ticks.0.a")  # partition 0's state holds up to 10
+    assert in_state == Take(6, 5, partition=0, in_state=True) and c.source.skipped == 1
+    c.consumed(in_state)
     assert c.next == (7, 0)
     assert c.deliver(reply(7, 2), b"ticks.1.b") == Take(7, 5, partition=1)  # partition 1 is past its position
     assert c.deliver(reply(11, 3), b"ticks.0.a") == Take(11, 5, partition=0)

@@ -18,7 +18,7 @@ from forkless.io_loop.crossing import Chunk
 from forkless.io_loop.errors import FeedFatal
 from websockets.asyncio.server import serve
 
-from forkless import Config, Controller
+from forkless import Config, Controller, Runtime
 from tests.fake_io import FakeIO, drain
 from tests.harness import UNIT_S, drive
 from tests.reference import EWMAReference
@@ -262,7 +262,7 @@ def test_the_largest_accepted_values_keep_the_default_detector_finite():
     xs = [[1e18] * 8, [-1e18] * 8, [1e18] * 8] + [[float(i % 3)] * 8 for i in range(20)]
     fake = FakeIO()
     cfg = Config(features=8, max_batch=4, max_streams=4, max_wait_ms=0.0, status_s=0.0)
-    with Controller(cfg, io_factory=fake) as ctl:
+    with Controller(cfg, runtime=Runtime(io_factory=fake)) as ctl:
         for i, x in enumerate(xs):
             fake.inbound.put_nowait(Chunk([i], ["s"], np.array([x], np.float32), 0))
         while ctl.process_pending():
@@ -318,7 +318,7 @@ def test_a_feed_that_dies_mid_stream_loses_nothing_from_the_books_and_hides_no_l
         stats = ctl.stats()
         bg.run(runner.cleanup())
     assert len(connections) == 2 and sum(s >= 10_000 for s in received) == len(second)
-    assert stats.in_flight == 0
+    assert stats.unanswered == 0
     assert stats.messages_in == stats.messages_out + stats.answer_errors_out + stats.no_reply + stats.dropped_total
     never_arrived = stats.messages_out - len(received)
     assert never_arrived >= 0

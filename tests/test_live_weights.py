@@ -17,11 +17,13 @@ import numpy as np
 import pytest
 from forkless.controller.checkpoints.checkpoint import list_checkpoints, read_checkpoint
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.device.compiled import compilations
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor, stream_processor
 from forkless.io_loop.crossing import Chunk
 
+from forkless import EVENTS_ONLY, OnResults, Runtime
 from tests.fake_io import FakeIO
 from tests.harness import UNIT_S, run_app
 
@@ -42,7 +44,8 @@ def _processor() -> Any:
         y = x @ params["w"] + params["b"]
         return {"acc": row["acc"] + y}, {"y": y, "acc": row["acc"] + y}
 
-    return stream_processor(row_step, init_row=init_row, init_params=lambda config: dict(OLD), name="weighted-sum")
+    return stream_processor(row_step, init_row=init_row, init_params=lambda config: dict(OLD),
+                            description=Description(name="weighted-sum"))
 
 
 PROCESSOR = _processor()  # one object: every controller below reuses one compilation
@@ -85,7 +88,8 @@ def _run(config: Config, swap: Any) -> tuple[Controller, dict[int, tuple[float, 
             results[s] = (float(outputs["y"][i]), float(outputs["acc"][i]))
 
     fake = FakeIO()
-    with Controller(config, processor=PROCESSOR, io_factory=fake, on_results=on_results) as ctl:
+    with Controller(config, processor=PROCESSOR, sinks=[OnResults(on_results)],
+                    runtime=Runtime(io_factory=fake)) as ctl:
         _feed(fake, ctl, _messages(0, 12))
         compiled = compilations()
         swap(ctl)
@@ -135,16 +139,17 @@ def test_the_checkpoint_names_the_weights_its_state_was_produced_with(tmp_path):
 def test_a_checkpoint_of_swapped_weights_with_a_0_d_leaf_restores_on_the_next_start(tmp_path, restore_shared):
     """The params hold a 0-d leaf ("b"): the checkpoint keeps it 0-d, so the same program's next start
     restores its state, and with restore_shared=True its swapped weights and their version too."""
-    processor = PROCESSOR._replace(restore_shared=restore_shared)  # the same step: its compilation is reused
+    # the same step: its compilation is reused
+    processor = PROCESSOR._replace(description=Description(name="weighted-sum", restore_shared=restore_shared))
     config = CONFIG.replace(checkpoint_dir=str(tmp_path))
     fake = FakeIO()
-    with Controller(config, processor=processor, io_factory=fake) as ctl:
+    with Controller(config, processor=processor, runtime=Runtime(io_factory=fake)) as ctl:
         _feed(fake, ctl, _messages(0, 12))
         ctl.set_weights(NEW, version="v2")
         _feed(fake, ctl, _messages(12, 12))
     acc = np.asarray(ctl.state.rows["acc"]).copy()
-    with Controller(config, processor=processor, io_factory=FakeIO()) as again:
-        assert again.restored_from is not None and again.stats().processed == 24
+    with Controller(config, processor=processor, runtime=Runtime(io_factory=FakeIO())) as again:
+        assert again.restored_from is not None and again.stats().restored_processed == 24  # counters start at 0
         np.testing.assert_array_equal(np.asarray(again.state.rows["acc"]), acc)  # every stream's running sum
         b, weights = again.state.params["b"], again.stats().weights
         assert np.shape(b) == () and float(b) == float(NEW["b"] if restore_shared else OLD["b"])
@@ -160,7 +165,7 @@ def test_a_checkpoint_of_swapped_weights_with_a_0_d_leaf_restores_on_the_next_st
 ])
 def test_a_swap_of_other_shapes_dtypes_or_structure_is_refused_naming_what_differs(params, named):
     fake = FakeIO()
-    with Controller(CONFIG, processor=PROCESSOR, io_factory=fake) as ctl:
+    with Controller(CONFIG, processor=PROCESSOR, runtime=Runtime(io_factory=fake)) as ctl:
         with pytest.raises(ValueError, match="set_weights") as raised:
             ctl.set_weights(params)
         assert named in str(raised.value)
@@ -176,18 +181,18 @@ class _Idle:
 
 def test_set_weights_is_refused_where_there_are_no_weights_to_swap():
     with pytest.raises(RuntimeError, match="call start"):
-        Controller(CONFIG, processor=PROCESSOR, io_factory=FakeIO()).set_weights(NEW)
-    with Controller(CONFIG, processor=ewma_processor(), io_factory=FakeIO()) as ctl:
+        Controller(CONFIG, processor=PROCESSOR, runtime=Runtime(io_factory=FakeIO())).set_weights(NEW)
+    with Controller(CONFIG, processor=ewma_processor(), runtime=Runtime(io_factory=FakeIO())) as ctl:
         assert ctl.stats().weights is None
         with pytest.raises(ValueError, match="not a StreamState"):
             ctl.set_weights(NEW)
-    events_only = Controller(Config(max_streams=8), sources=[_Idle()], events_only=True)
+    events_only = Controller(Config(max_streams=8), processor=EVENTS_ONLY, sources=[_Idle()])
     with pytest.raises(RuntimeError, match="events-only controller runs no processor"):
         events_only.set_weights(NEW)
 
 
 def test_set_weights_out_of_order_is_refused_naming_the_state_and_nothing_is_offered():
-    ctl = Controller(CONFIG, processor=PROCESSOR, io_factory=FakeIO())
+    ctl = Controller(CONFIG, processor=PROCESSOR, runtime=Runtime(io_factory=FakeIO()))
     ctl.compile()  # compiled, not started: still refused (no step will run until start(), and start() may restore)
     with pytest.raises(RuntimeError, match=r"set_weights\(\): call start\(\)"):
         ctl.set_weights(NEW)
@@ -204,7 +209,7 @@ def test_set_weights_out_of_order_is_refused_naming_the_state_and_nothing_is_off
 
 
 def test_weights_offered_but_never_applied_before_the_stop_are_logged(caplog):
-    with Controller(CONFIG, processor=PROCESSOR, io_factory=FakeIO()) as ctl:
+    with Controller(CONFIG, processor=PROCESSOR, runtime=Runtime(io_factory=FakeIO())) as ctl:
         assert ctl.set_weights(NEW, version="v9") == "v9"  # no batch comes after them
     assert ctl.stats().weights.version == "init"
     assert any("weights 'v9'" in r.getMessage() and "never applied" in r.getMessage() for r in caplog.records)

@@ -29,6 +29,7 @@ from forkless.controller.processor import Processor, default_processor
 from forkless.io_loop.crossing import Chunk, Outgoing
 from forkless.io_loop.errors import FeedFatal
 
+from forkless import OnResults, Runtime
 from tests.fake_io import EndlessQueue, FakeIO, FakeQueue, drain
 from tests.reference import EWMAReference
 
@@ -45,7 +46,7 @@ def chunk(seqs: Sequence[int], streams: Sequence[str], xs: Sequence[Sequence[flo
 
 
 def started(fake: FakeIO, config: Config = CONFIG, processor: Processor = PROCESSOR) -> Controller:
-    ctl = Controller(config, processor=processor, io_factory=fake)
+    ctl = Controller(config, processor=processor, runtime=Runtime(io_factory=fake))
     ctl.start()
     return ctl
 
@@ -151,7 +152,7 @@ def test_freeze_gc_freezes_the_objects_alive_at_start_and_the_stop_thaws_exactly
     assert gc.get_freeze_count() == 0
     keep = [[i] for i in range(3)]  # tracked objects alive when the run starts
     fake = FakeIO()
-    with Controller(CONFIG, processor=PROCESSOR, io_factory=fake, freeze_gc=True) as ctl:
+    with Controller(CONFIG, processor=PROCESSOR, runtime=Runtime(freeze_gc=True, io_factory=fake)) as ctl:
         assert all(frozen(obj) for obj in keep)
         fake.inbound.put_nowait(chunk([1, 2], ["a", "b"]))
         assert process_all(ctl) == 2
@@ -164,7 +165,7 @@ def test_freeze_gc_freezes_nothing_when_the_host_has_frozen_objects_already():
     try:
         mine = ["alive at start, made after the host's freeze"]
         fake = FakeIO()
-        with Controller(CONFIG, processor=PROCESSOR, io_factory=fake, freeze_gc=True):
+        with Controller(CONFIG, processor=PROCESSOR, runtime=Runtime(freeze_gc=True, io_factory=fake)):
             assert not frozen(mine)
         assert gc.get_freeze_count() > 0  # the host's are still frozen
     finally:
@@ -247,8 +248,6 @@ def test_a_stop_requested_inside_run_s_backlog_ends_the_work_at_its_deadline_not
     fake = FakeIO()
     for i in range(n):  # one message a batch (max_wait_ms=0): 60 batches queued before the call
         fake.inbound.put_nowait(chunk([i], [f"s{i % 4}"]))
-    ctl = Controller(CONFIG.replace(shutdown_timeout_s=timeout_s, steps_in_flight=in_flight, handoff=handoff),
-                     processor=PROCESSOR, io_factory=fake)
     handed: list[int] = []
 
     def on_results(seq, stream, outputs):
@@ -257,7 +256,8 @@ def test_a_stop_requested_inside_run_s_backlog_ends_the_work_at_its_deadline_not
             ctl.request_stop()
             time.sleep(timeout_s)  # past the work deadline (timeout_s less its reserve, from the request)
 
-    ctl.on_results = on_results
+    ctl = Controller(CONFIG.replace(shutdown_timeout_s=timeout_s, steps_in_flight=in_flight, handoff=handoff),
+                     processor=PROCESSOR, sinks=[OnResults(on_results)], runtime=Runtime(io_factory=fake))
     ctl.run()
     snap = ctl.stats()
     # the steps already dispatched when the stop came are answered; nothing after them is stepped
@@ -413,7 +413,7 @@ def test_a_stop_requested_during_the_compile_ends_it_after_the_bucket_being_comp
     cfg = Config(features=F, max_batch=64, max_streams=8, max_wait_ms=0.0, status_s=0.0)
     assert len(cfg.buckets) > 1
     compiled: list[int] = []
-    ctl = Controller(cfg, processor=PROCESSOR, io_factory=FakeIO())
+    ctl = Controller(cfg, processor=PROCESSOR, runtime=Runtime(io_factory=FakeIO()))
     ctl.request_stop()  # as a SIGTERM that came while the first bucket compiled
     original = ctl._stop_between_buckets
 

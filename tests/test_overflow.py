@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from forkless.controller.processor import ewma_processor
 
-from forkless import Config, Controller
+from forkless import Config, Controller, OnResults
 from tests.harness import UNIT_S, assert_books_balance, drive, wait_until
 
 pytestmark = pytest.mark.timeout(120 * UNIT_S)
@@ -89,11 +89,12 @@ def test_a_noisy_drop_oldest_source_drops_only_its_own_items_never_a_replayable_
             results[stream.split(":")[-1]].append(seq)
 
     with Controller(_config(overflow="drop_oldest"), processor=PROCESSOR, sources=[ledger, noisy],
-                    on_event=lambda source, event: events[source].append(event), on_results=on_results) as ctl:
+                    sinks=[OnResults(on_results)],
+                    on_event=lambda source, event: events[source].append(event)) as ctl:
         # the main loop takes nothing until the noisy source has emitted everything: inbound is
         # full all along, and the noisy source's overflow has every chance to take others' items
         wait_until(lambda: noisy.done, timeout_s=30 * UNIT_S, what="the noisy source's 300 frames emitted")
-        drive(ctl, lambda: ledger.emitted == 300 and ctl.stats().in_flight == 0, timeout_s=60 * UNIT_S,
+        drive(ctl, lambda: ledger.emitted == 300 and ctl.stats().unanswered == 0, timeout_s=60 * UNIT_S,
               what="the ledger's 300 frames emitted and every message processed or dropped")
     assert_books_balance(ctl)  # the stop handed over every event still waiting
     snap = ctl.stats()
@@ -132,7 +133,7 @@ def test_the_exchange_session_keeps_its_connection_through_a_stalled_main_loop_w
         if event["type"] != "trade":
             return
         trades.append(event["seq"])
-        if not stall:  # the first trade stalls the main loop (a long compile, a GC pause, a slow step)
+        if not stall:  # the first trade stalls the main loop (a wait that releases the GIL, as a step or a compile)
             at = ex.counters()["trades_sent"]
             stall["counters"] = ex.wait_for(
                 lambda c: c["trades_sent"] >= at + STALL_TRADES or c["closes"]["4001"] or c["pings_missed"],

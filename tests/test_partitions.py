@@ -4,6 +4,7 @@ and the arithmetic of the kit's partitioned StatefulSet (deploy/kubernetes/parti
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -451,7 +452,8 @@ def test_a_processor_whose_state_cannot_be_split_by_partition_is_refused(declare
     cfg = Config(feeds=json.dumps([{"name": "ticks", "nats": "nats://127.0.0.1:9", "stream": "TICKS",
                                     "subject": "ticks.{partition}.>", "results": "scores", "partition_count": 12,
                                     "partitions": "0-5"}]))
-    processor = ewma_processor()._replace(**declares)
+    made = ewma_processor()
+    processor = made._replace(description=dataclasses.replace(made.description, **declares))
     with pytest.raises(ProcessorContractError, match=next(iter(declares))):
         Controller(cfg, processor=processor)
     Controller(cfg, processor=ewma_processor())  # the default detector keeps streams apart: accepted

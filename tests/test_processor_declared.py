@@ -5,6 +5,7 @@ threshold and warm-up; a processor that declares nothing gets neither."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import NamedTuple
 
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import pytest
 from forkless.controller.checkpoints.checkpoint import list_checkpoints, read_checkpoint
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.device.compiled import compilations
 from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
 from forkless.controller.loop import Controller
@@ -20,6 +22,7 @@ from forkless.controller.metrics import metric_families
 from forkless.controller.processor import Processor, default_processor
 from forkless.controller.stats import status_line
 
+from forkless import Runtime
 from tests.fake_io import FakeIO, drain
 from tests.test_loop import chunk, process_all
 
@@ -52,15 +55,16 @@ def spike_counter(limit: float = 5.0, *, declare: bool = True) -> Processor:
         return Totals(state.total.at[key].set(total)), {"out": total * poison, "spike": spike}
 
     if not declare:
-        return Processor(init, step, name="spikes")
-    return Processor(init, step, name="spikes", counters={"spikes": "spike"}, settings={"limit": limit})
+        return Processor(init, step, description=Description(name="spikes"))
+    return Processor(init, step, description=Description(name="spikes", counters={"spikes": "spike"},
+                                                         settings={"limit": limit}))
 
 
 def run(directory: Path, processor: Processor | None, messages: list[float], **changes):
     """One run of stream "a" over ``messages`` (one a batch); the final snapshot and the
     controller; the stop writes a checkpoint."""
     fake = FakeIO()
-    with Controller(config(directory, **changes), processor=processor, io_factory=fake) as ctl:
+    with Controller(config(directory, **changes), processor=processor, runtime=Runtime(io_factory=fake)) as ctl:
         for i, x in enumerate(messages):
             fake.inbound.put_nowait(chunk([i], ["a"], [[x, 0.0]]))
             process_all(ctl)
@@ -109,7 +113,7 @@ def test_a_declared_counter_is_in_the_checkpoint_and_restored_from_it(tmp_path):
 def test_a_declared_setting_is_recorded_and_another_value_is_refused_at_restore(tmp_path):
     run(tmp_path, spike_counter(limit=5.0), [6.0])
     assert newest(tmp_path).settings["limit"] == 5.0
-    ctl = Controller(config(tmp_path), processor=spike_counter(limit=3.0), io_factory=FakeIO())
+    ctl = Controller(config(tmp_path), processor=spike_counter(limit=3.0), runtime=Runtime(io_factory=FakeIO()))
     before = compilations()
     with pytest.raises(CheckpointMismatch) as raised:
         ctl.start()
@@ -154,15 +158,16 @@ def test_an_old_default_checkpoint_with_anomalies_in_its_counts_restores_them(tm
 
 def test_a_counter_of_an_output_the_step_does_not_return_is_refused_when_compiling(tmp_path):
     made = spike_counter()
-    wrong = made._replace(counters={"spikes": "spiky"})
+    wrong = made._replace(description=dataclasses.replace(made.description, counters={"spikes": "spiky"}))
     with pytest.raises(ProcessorContractError, match=r"counter 'spikes'.*output 'spiky'.*'out', 'spike'"):
-        Controller(Config(features=F), processor=wrong, io_factory=FakeIO()).start()
+        Controller(Config(features=F), processor=wrong, runtime=Runtime(io_factory=FakeIO())).start()
 
 
 def test_a_counter_of_a_float_output_is_refused_when_compiling(tmp_path):
-    wrong = spike_counter()._replace(counters={"totals": "out"})
+    made = spike_counter()
+    wrong = made._replace(description=dataclasses.replace(made.description, counters={"totals": "out"}))
     with pytest.raises(ProcessorContractError, match=r"counter 'totals'.*output 'out' is float32.*bool or int"):
-        Controller(Config(features=F), processor=wrong, io_factory=FakeIO()).start()
+        Controller(Config(features=F), processor=wrong, runtime=Runtime(io_factory=FakeIO())).start()
 
 
 @pytest.mark.parametrize("declared, what", [
@@ -170,7 +175,6 @@ def test_a_counter_of_a_float_output_is_refused_when_compiling(tmp_path):
     (dict(settings={"features": 3}), "setting 'features'"),
     (dict(settings={"limit": object()}), "setting 'limit'"),
 ], ids=["counter-processed", "setting-features", "setting-not-json"])
-def test_a_declaration_the_core_cannot_keep_is_refused_at_construction(tmp_path, declared, what):
-    wrong = spike_counter()._replace(**declared)
+def test_a_declaration_the_core_cannot_keep_is_refused_when_the_description_is_built(declared, what):
     with pytest.raises(ProcessorContractError, match=what):
-        Controller(config(tmp_path), processor=wrong, io_factory=FakeIO())
+        Description(name="spikes", **declared)

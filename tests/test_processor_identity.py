@@ -14,11 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.device.compiled import compilations
 from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
 
+from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 from tests.test_loop import chunk, process_all
 
@@ -50,7 +52,7 @@ def weighted_sum(weight: float, *, name: str = "weighted", version: str = "1",
         total = state.total[key] + batch.x  # one message per stream per batch in these tests
         return Weighted(state.weight, state.total.at[key].set(total)), {"out": total * state.weight}
 
-    return Processor(init, step, name=name, version=version, restore_shared=restore_shared)
+    return Processor(init, step, description=Description(name=name, version=version, restore_shared=restore_shared))
 
 
 def run(directory: Path, processor: Processor | None, messages: list[float]) -> list[float]:
@@ -62,7 +64,8 @@ def run(directory: Path, processor: Processor | None, messages: list[float]) -> 
     def on_results(seq, stream, outputs):
         outs.extend(float(v) for v in outputs["out"][:, 0])
 
-    with Controller(config(directory), processor=processor, io_factory=fake, on_results=on_results) as ctl:
+    with Controller(config(directory), processor=processor, sinks=[OnResults(on_results)],
+                    runtime=Runtime(io_factory=fake)) as ctl:
         for i, x in enumerate(messages):
             fake.inbound.put_nowait(chunk([i], ["a"], [[x, 0.0]]))
             process_all(ctl)
@@ -93,16 +96,17 @@ def test_a_processor_built_elsewhere_with_the_same_name_and_version_restores(tmp
 
     def built_somewhere_else():  # another module and qualname for its step: only the declared name counts
         made = weighted_sum(1.0)
-        return Processor(made.init, lambda state, batch: made.step(state, batch), name="weighted", version="1")
+        return Processor(made.init, lambda state, batch: made.step(state, batch),
+                         description=Description(name="weighted", version="1"))
 
     assert run(tmp_path, built_somewhere_else(), [1.0]) == [2.0]
 
 
 def test_the_default_processor_obtained_either_way_restores_the_others_checkpoint(tmp_path):
     cfg = config(tmp_path)
-    with Controller(cfg, io_factory=FakeIO()) as ctl:  # as `python app.py` builds it
+    with Controller(cfg, runtime=Runtime(io_factory=FakeIO())) as ctl:  # as `python app.py` builds it
         pass
-    with Controller(cfg, processor=default_processor(cfg), io_factory=FakeIO()) as ctl:
+    with Controller(cfg, processor=default_processor(cfg), runtime=Runtime(io_factory=FakeIO())) as ctl:
         restored = ctl.restored_from
     assert restored is not None
 
@@ -114,7 +118,7 @@ def test_the_default_processor_obtained_either_way_restores_the_others_checkpoin
 def test_a_checkpoint_of_another_processor_is_refused_before_the_compile_naming_what_differs(tmp_path, other,
                                                                                               setting):
     run(tmp_path, weighted_sum(1.0), [1.0])
-    ctl = Controller(config(tmp_path), processor=weighted_sum(1.0, **other), io_factory=FakeIO())
+    ctl = Controller(config(tmp_path), processor=weighted_sum(1.0, **other), runtime=Runtime(io_factory=FakeIO()))
     before = compilations()
     with pytest.raises(CheckpointMismatch) as raised:
         ctl.start()
@@ -127,8 +131,10 @@ def test_a_processor_without_a_name_cannot_be_used_with_checkpoints(tmp_path):
     named = weighted_sum(1.0)
     with pytest.raises(ProcessorContractError, match=r"checkpoints \(FORKLESS_CHECKPOINT_DIR\) need a processor "
                                                      r"that declares its identity"):
-        Controller(config(tmp_path), processor=Processor(named.init, named.step), io_factory=FakeIO())
-    Controller(Config(features=F), processor=Processor(named.init, named.step), io_factory=FakeIO())  # no checkpoints
+        Controller(config(tmp_path), processor=Processor(named.init, named.step),
+                   runtime=Runtime(io_factory=FakeIO()))
+    Controller(Config(features=F), processor=Processor(named.init, named.step),
+               runtime=Runtime(io_factory=FakeIO()))  # no checkpoints
 
 
 def test_the_program_exits_2_with_one_line_for_an_unnamed_processor_with_checkpoints(tmp_path):

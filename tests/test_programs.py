@@ -80,7 +80,8 @@ def test_other_shapes_or_batch_sizes_are_compiled_anew(change: dict[str, Any]) -
 
 
 class Scaled:
-    """A processor object whose step is a bound method: what it computes may change with it."""
+    """A model object whose step is a bound method: what it computes may change with it (a
+    ``Processor`` of its bound methods is run)."""
 
     def __init__(self, factor: float) -> None:
         self.factor = factor
@@ -96,9 +97,10 @@ class Scaled:
 
 def test_a_processor_of_bound_methods_is_traced_at_every_compile() -> None:
     cfg = config()
-    processor = Scaled(1.0)
+    model = Scaled(1.0)
+    processor = Processor(model.init, model.step)
     once = scores(compile_step(processor, cfg))
-    processor.factor = 2.0
+    model.factor = 2.0
     twice = scores(compile_step(processor, cfg))
     np.testing.assert_allclose(np.asarray(twice), 2 * np.asarray(once), rtol=1e-6)
 

@@ -63,7 +63,8 @@ def test_every_example_in_the_documents_is_run_by_a_test():
               ("EMBEDDING.md", "relogin"), ("EMBEDDING.md", "weights"),  # relogin: tests/test_relogin.py
               ("EMBEDDING.md", "connection_events"),  # tests/test_connection_events.py
               ("EMBEDDING.md", "stop"), ("EMBEDDING.md", "sink"), ("EMBEDDING.md", "results_sink"),
-              ("EMBEDDING.md", "deadlines")}  # deadlines: tests/test_send_deadlines.py
+              ("EMBEDDING.md", "deadlines"),  # deadlines: tests/test_send_deadlines.py
+              ("EMBEDDING.md", "settings")}
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested
@@ -103,6 +104,16 @@ def test_the_driven_embedding_example_runs_the_default_detector(feed_server):
     assert proc.returncode == 0, proc.stderr
     assert "50 results sent, 0 anomalies, 0 errors" in proc.stdout
     assert len(server.replies()) == 50
+
+
+def test_the_settings_example_builds_its_config_from_groups_over_the_environment(feed_server):
+    frames = [json.dumps({"seq": i, "stream": "s", "x": [float(i % 3)] * 8}) for i in range(20)]
+    server = feed_server(send_frames(frames))
+    proc = run_example("settings", server.url)
+    assert proc.returncode == 0, proc.stderr
+    assert "ReconnectSettings(min_s=0.1, max_s=5.0, reset_s=5.0, tries=0) 256 256" in proc.stdout
+    assert "20 results sent, 0 unanswered" in proc.stdout
+    assert len(server.replies()) == 20
 
 
 def test_the_on_results_example_acts_on_anomalies_in_program(feed_server):

@@ -139,7 +139,7 @@ def test_every_message_is_stored_once_on_its_escaped_subject_and_decodes_to_what
 def test_the_waiting_messages_leave_in_one_write_each_with_its_id_and_its_acknowledgement_subject(nats_server):
     import nats
     from forkless.controller.config import Config
-    from forkless.io_loop.connectors.jetstream.publisher import Publisher, _Connection, _Held
+    from forkless.io_loop.connectors.jetstream.publisher import Publisher, _Connection, _Publication
     from forkless.io_loop.connectors.jetstream.transport import Transport
     from forkless.io_loop.relay.relaystats import RelayStats
 
@@ -168,7 +168,7 @@ def test_the_waiting_messages_leave_in_one_write_each_with_its_id_and_its_acknow
             transport.write = lambda data: (writes.append(bytes(data)), write(data))[1]
             transport.writelines = lambda parts: (writes.append(b"".join(parts)), writelines(parts))[1]
             for n, payload in enumerate(payloads, 1):
-                publisher._waiting.append(_Held(None, n, f"{SUBJECT}.s{n % 3}", payload))
+                publisher._waiting.append(_Publication(None, n, f"{SUBJECT}.s{n % 3}", payload))
             await publisher._publish_waiting(Transport(nc, 2.0), _Connection(asyncio.Event()), prefix)
             await asyncio.wait_for(enough.wait(), 10 * UNIT_S)
             return writes, acks, prefix
@@ -211,7 +211,8 @@ def test_a_nats_server_paused_then_restarted_mid_run_loses_and_duplicates_nothin
     messages = make_messages(600, streams=4, features=FEATURES, seed=5)
     paused, stopped = threading.Event(), threading.Event()
     server = feed_server(_sending([messages], gates={200: paused, 400: stopped}), impl="websockets")
-    proc = app("relay", env=_env(nats_server.url, server.url, FORKLESS_MAX_BATCH="16", FORKLESS_QUEUE_SIZE="4"))
+    proc = app("relay", env=_env(nats_server.url, server.url, FORKLESS_MAX_BATCH="16", FORKLESS_RELAY_MAX_HELD="16",
+                                 FORKLESS_QUEUE_SIZE="4"))
     _wait_stored(nats_server.url, 200, "the first third stored")
     # paused (SIGSTOP): the next messages are published into its socket and never acknowledged; the
     # relay gives up on the connection and publishes them again once it answers (same ids)
@@ -364,23 +365,27 @@ def _metrics(proc: Any) -> str:
 
 
 def _metric(text: str, name: str) -> float:
-    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+    return float(re.search(rf"^{re.escape(name)} (\S+)$", text, re.M).group(1))
 
 
-def test_sigterm_stores_everything_read_even_what_is_in_flight_then_exits_0(feed_server, nats_server, app):
+def test_sigterm_stores_everything_read_even_what_is_held_then_exits_0(feed_server, nats_server, app):
     _make_stream(nats_server.url)
     messages = make_messages(105, streams=8, features=FEATURES, seed=7)
     paused = threading.Event()
     server = feed_server(_sending([messages], gates={100: paused}), impl="websockets")
-    proc = app("relay", env=_env(nats_server.url, server.url, FORKLESS_MAX_BATCH="8",
+    proc = app("relay", env=_env(nats_server.url, server.url, FORKLESS_MAX_BATCH="8", FORKLESS_RELAY_MAX_HELD="3",
                                  FORKLESS_METRICS_ADDR="127.0.0.1:0"))
     _wait_stored(nats_server.url, 100, "the first 100 messages stored")
-    # the server paused: the last 5 are published and not acknowledged when the SIGTERM comes
+    # the server paused: the last 5 are read and held when the SIGTERM comes, 3 of them published and
+    # unacknowledged (FORKLESS_RELAY_MAX_HELD, not FORKLESS_MAX_BATCH, bounds them), 2 waiting
     nats_server.pause()
     paused.set()
-    wait_until(lambda: _metric(_metrics(proc), "forkless_relay_published_total") == 105, timeout_s=30 * UNIT_S,
-               what="the last 5 published", poll_s=0.05)
-    assert _metric(_metrics(proc), "forkless_relay_acked_total") == 100
+    wait_until(lambda: _metric(_metrics(proc), 'forkless_messages_read_total{feed="0"}') == 105
+               and _metric(_metrics(proc), "forkless_relay_published_total") >= 103, timeout_s=30 * UNIT_S,
+               what="the last 5 read and 3 of them published", poll_s=0.05)
+    text = _metrics(proc)
+    assert (_metric(text, "forkless_relay_published_total"), _metric(text, "forkless_relay_acked_total")) == (103, 100)
+    assert 3 <= _metric(text, "forkless_relay_in_flight") <= 5  # held: taken, not acknowledged (its name kept)
     proc.signal(signal.SIGTERM)
     proc.wait_for_line(r"SIGTERM received", stream="stderr", timeout_s=30 * UNIT_S)
     nats_server.resume()

@@ -23,7 +23,7 @@ from forkless.controller.processor import default_processor
 from forkless.controller.stats import status_line
 from forkless.io_loop.crossing import Chunk, Trace
 
-from forkless import Config, Controller, JsonCodec
+from forkless import Config, Controller, JsonCodec, OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 from tests.harness import ROOT, UNIT_S, app_env, assert_books_balance, drive
 from tests.servers import FeedConn
@@ -99,7 +99,7 @@ def _run(feed_server, codec=None, **changes: Any) -> tuple[Any, list[str], list[
         seen.extend(zip(seq, stream))
 
     expected_errors = sum(INPUT_ERRORS.values()) + 1
-    with Controller(_config(feed.url, **changes), codec=codec, on_results=on_results) as ctl:
+    with Controller(_config(feed.url, **changes), codec=codec, sinks=[OnResults(on_results)]) as ctl:
         drive(ctl, lambda: ctl.stats().processed >= TRADES and ctl.stats().errors_total >= expected_errors,
               timeout_s=WAIT_S, what="every trade processed and every bad frame counted")
     feed.wait_for(lambda: feed.connections and feed.connections[0].closed_at is not None, WAIT_S,
@@ -222,7 +222,7 @@ def test_a_batch_mixing_feeds_of_different_policies_answers_each_as_its_feed_ask
                         {"url": "ws://h:3/terse", "name": "terse", "replies": "results"}])
     cfg = Config(feeds=feeds, features=2, max_batch=16, max_streams=3, max_wait_ms=1000.0, status_s=0.0)
     fake = FakeIO()
-    with Controller(cfg, processor=default_processor(cfg), io_factory=fake) as ctl:
+    with Controller(cfg, processor=default_processor(cfg), runtime=Runtime(io_factory=fake)) as ctl:
         fake.inbound.put_nowait(_chunk(0, [1, 2], "a", trace=True))
         fake.inbound.put_nowait(_chunk(1, [3, 4], "b", trace=True))
         fake.inbound.put_nowait(_chunk(2, [5], "c"))
@@ -264,7 +264,7 @@ def test_without_error_frames_an_encode_failure_encodes_no_error_frame(replies):
                  status_s=0.0)
     codec = EncodeFails()
     fake = FakeIO()
-    with Controller(cfg, processor=default_processor(cfg), codec=codec, io_factory=fake) as ctl:
+    with Controller(cfg, processor=default_processor(cfg), codec=codec, runtime=Runtime(io_factory=fake)) as ctl:
         fake.inbound.put_nowait(_chunk(0, [1, 2, 3], "a"))
         assert ctl.process_pending() == 3
         assert drain(fake.outbound) == []

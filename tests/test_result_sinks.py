@@ -1,5 +1,5 @@
 """A controller's sinks (``Controller(sinks=[...])``, io_loop/sinks/results.py): each stepped batch's
-results, as ``on_results`` got them, handed to a user's ``Sink`` on the IO thread, over the one
+results, as ``OnResults`` got them, handed to a user's ``ResultSink`` on the IO thread, over the one
 outbound queue. Real parts: a WebSocket feed on loopback (tests/servers.py) or a user's own source,
 the EWMA processor, a user's sink written against the public API only."""
 
@@ -16,7 +16,7 @@ from forkless.controller.processor import ewma_processor
 from forkless.controller.stats import books_line, status_line
 
 import forkless
-from forkless import Config, Controller, FeedFatal
+from forkless import EVENTS_ONLY, Config, Controller, FeedFatal, OnResults
 from tests.harness import UNIT_S, assert_books_balance, drive, wait_until
 from tests.servers import make_messages, parse_replies, send_frames
 
@@ -42,7 +42,7 @@ class Collecting:
         self.got: list[tuple[str, Any, str, dict[str, np.ndarray]]] = []
         self.kinds: set[type] = set()
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.ResultContext) -> None:
         async for batch in ctx.batches():
             self.kinds.add(type(batch))
             self.got += batch.items
@@ -76,7 +76,7 @@ def test_every_result_reaches_a_users_sink_in_order_with_the_values_on_results_g
     messages = make_messages(120, features=FEATURES)
     server = feed_server(send_frames(messages))
     sink, recorded = Collecting(), Recording()
-    with Controller(_config(ws_url=server.url), processor=PROCESSOR, on_results=recorded, sinks=[sink]) as ctl:
+    with Controller(_config(ws_url=server.url), processor=PROCESSOR, sinks=[OnResults(recorded), sink]) as ctl:
         drive(ctl, lambda: ctl.stats().processed >= 120, timeout_s=30 * UNIT_S, what="120 messages processed")
     assert [seq for _, seq, _, _ in sink.got] == [m["seq"] for m in messages]  # every one, in order
     _same(sink.got, recorded.got, "0")
@@ -130,7 +130,7 @@ class HeldUntilStop:
         self.got: list[Any] = []
         self.took_before_stop = 0
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.ResultContext) -> None:
         await ctx.stopping.wait()
         async for batch in ctx.batches():
             for _, seq, _, _ in batch.items:  # one write a result, each a turn of the loop (a server's round trip)
@@ -153,7 +153,7 @@ def test_the_stop_delivers_the_results_a_sink_had_not_taken_yet():
 class Raising:
     name = "bad"
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.ResultContext) -> None:
         async for batch in ctx.batches():
             batch.wrote(1)
             raise RuntimeError("the database is gone")
@@ -171,7 +171,7 @@ def test_a_sink_that_raises_ends_the_run_with_feed_fatal_naming_it():
 class Exiting:
     name = "exits"
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.ResultContext) -> None:
         async for batch in ctx.batches():
             batch.wrote(len(batch))
             raise SystemExit(7)
@@ -197,7 +197,7 @@ class Gated:
         self._gate: asyncio.Event | None = None
         self.ready = threading.Event()
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.ResultContext) -> None:
         self._loop, self._gate = asyncio.get_running_loop(), asyncio.Event()
         self.ready.set()
         await self._gate.wait()
@@ -242,8 +242,8 @@ def test_sinks_are_checked_when_the_controller_is_built():
         feed_plan(Config(), (), sinks=[object()])
     with pytest.raises(ValueError, match="two sinks are named alike"):
         feed_plan(Config(), (), sinks=[Collecting("a"), Collecting("a")])
-    with pytest.raises(ValueError, match="events_only=True runs no processor"):
-        Controller(_config(), sources=[Emitting(1)], sinks=[Collecting()], events_only=True)
+    with pytest.raises(ValueError, match=r"processor=forkless\.EVENTS_ONLY runs no processor, so there are no results"):
+        Controller(_config(), processor=EVENTS_ONLY, sources=[Emitting(1)], sinks=[Collecting()])
 
 
 def _stopped_once_outbound_is_full(sink: Any, n: int = 400, queue_size: int = 2) -> Controller:
@@ -286,7 +286,7 @@ class Named(Emitting):
 def test_each_result_names_the_feed_its_message_came_from():
     first, second, sink = Named("left", 30, 0), Named("right", 30, 1000), Collecting()
     recorded = Recording()
-    with Controller(_config(), processor=PROCESSOR, sources=[first, second], sinks=[sink], on_results=recorded) as ctl:
+    with Controller(_config(), processor=PROCESSOR, sources=[first, second], sinks=[OnResults(recorded), sink]) as ctl:
         drive(ctl, lambda: ctl.stats().processed >= 60, timeout_s=30 * UNIT_S, what="60 messages processed")
     by_feed = {name: [seq for feed, seq, _, _ in sink.got if feed == name] for name in ("left", "right")}
     assert by_feed == {"left": list(range(30)), "right": list(range(1000, 1030))}  # each feed's in its order
@@ -299,7 +299,7 @@ class Quitting:
 
     name = "quits"
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.ResultContext) -> None:
         batch = await ctx.next_batch()
         batch.wrote(len(batch))
 
@@ -374,7 +374,7 @@ class Swallowing:
     def __init__(self) -> None:
         self.cancels = 0
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.ResultContext) -> None:
         async for _batch in ctx.batches():
             while True:  # the write, retried whatever happens
                 try:

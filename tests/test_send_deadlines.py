@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from forkless.controller.metrics import exposition
 
-from forkless import Config, Controller, Relogin, SendFailed
+from forkless import EVENTS_ONLY, Config, Controller, Relogin, SendFailed
 from tests.harness import UNIT_S, AppProcess, drive
 from tests.test_readme import example
 from tests.ws_exchange import PASSWORD, USER, WsExchange, order
@@ -111,7 +111,7 @@ def _session_ended(ctl: Controller, source: ExchangeSource, exchange: WsExchange
 
 def test_no_frame_is_written_after_its_deadline_and_each_expired_one_is_reported(exchange):
     source, events = ExchangeSource(exchange.url), Events()
-    with Controller(_config(), sources=[source], on_event=events, events_only=True) as ctl:
+    with Controller(_config(), sources=[source], on_event=events, processor=EVENTS_ONLY) as ctl:
         drive(ctl, lambda: _connected(ctl), timeout_s=WAIT_S, what="the first session")
         assert ctl.send("exchange", order(0), max_age_s=30.0) == 1  # the controller's count names a send
         drive(ctl, lambda: events.fills == ["o0"], timeout_s=WAIT_S, what="the first fill")
@@ -139,7 +139,7 @@ def test_no_frame_is_written_after_its_deadline_and_each_expired_one_is_reported
 def test_eight_sends_held_together_each_fail_at_their_own_hold_s(exchange):
     hold_s = 1.0
     source, events = ExchangeSource(exchange.url, hold_s=hold_s), Events()
-    with Controller(_config(), sources=[source], on_event=events, events_only=True) as ctl:
+    with Controller(_config(), sources=[source], on_event=events, processor=EVENTS_ONLY) as ctl:
         drive(ctl, lambda: _connected(ctl), timeout_s=WAIT_S, what="the first session")
         _session_ended(ctl, source, exchange)
         sent_at = time.monotonic()
@@ -158,7 +158,7 @@ def test_eight_sends_held_together_each_fail_at_their_own_hold_s(exchange):
 
 def test_sends_are_refused_at_once_while_disconnected_when_the_source_asks(exchange):
     source, events = ExchangeSource(exchange.url, sends_while_disconnected="refuse"), Events()
-    with Controller(_config(), sources=[source], on_event=events, events_only=True) as ctl:
+    with Controller(_config(), sources=[source], on_event=events, processor=EVENTS_ONLY) as ctl:
         drive(ctl, lambda: _connected(ctl), timeout_s=WAIT_S, what="the first session")
         _session_ended(ctl, source, exchange)
         for i in (1, 2, 3):  # hold_s is 30 s and no deadline: only the refusal ends them while the gate is shut
@@ -177,7 +177,7 @@ def test_sends_are_refused_at_once_while_disconnected_when_the_source_asks(excha
 
 def test_a_source_s_send_max_age_s_is_the_deadline_of_a_send_without_one(exchange):
     source, events = ExchangeSource(exchange.url, send_max_age_s=0.2), Events()
-    with Controller(_config(), sources=[source], on_event=events, events_only=True) as ctl:
+    with Controller(_config(), sources=[source], on_event=events, processor=EVENTS_ONLY) as ctl:
         drive(ctl, lambda: _connected(ctl), timeout_s=WAIT_S, what="the first session")
         _session_ended(ctl, source, exchange)
         ctl.send("exchange", order(1), id="o1")  # the source's 0.2 s
@@ -197,21 +197,22 @@ def test_a_source_s_send_max_age_s_is_the_deadline_of_a_send_without_one(exchang
     ({"max_age_s": True}, TypeError, r"send\(max_age_s=\) is a number of seconds .* not a bool"),
 ])
 def test_a_wrong_max_age_is_refused_naming_what_is_right(exchange, kwargs, error, match):
-    with Controller(_config(), sources=[ExchangeSource(exchange.url)], events_only=True) as ctl:
+    with Controller(_config(), sources=[ExchangeSource(exchange.url)], processor=EVENTS_ONLY) as ctl:
         with pytest.raises(error, match=match):
             ctl.send("exchange", order(0), **kwargs)
         assert ctl.stats().sent_failed == {} and ctl.stats().sent_out == 0
 
 
 @pytest.mark.parametrize(("declared", "error", "match"), [
-    ({"send_max_age_s": -2}, ValueError, r"source 'exchange'.s send_max_age_s is a finite number of seconds > 0"),
-    ({"send_max_age_s": "1"}, TypeError, r"source 'exchange'.s send_max_age_s is a number of seconds"),
+    ({"send_max_age_s": -2}, ValueError, r"source 'exchange' has send_max_age_s=-2; expected a finite number of "
+                                           r"seconds > 0"),
+    ({"send_max_age_s": "1"}, TypeError, r"source 'exchange' has send_max_age_s='1'; expected a number of seconds"),
     ({"sends_while_disconnected": "drop"}, ValueError,
      r"source 'exchange' has sends_while_disconnected='drop'; expected 'hold' .* or 'refuse'"),
 ])
 def test_a_source_s_wrong_send_policy_is_refused_when_the_controller_is_built(declared, error, match):
     with pytest.raises(error, match=match):
-        Controller(_config(), sources=[ExchangeSource("http://127.0.0.1:9", **declared)], events_only=True)
+        Controller(_config(), sources=[ExchangeSource("http://127.0.0.1:9", **declared)], processor=EVENTS_ONLY)
 
 
 def test_send_failed_takes_only_a_frame_the_main_thread_sent():
@@ -236,7 +237,7 @@ def test_send_failed_takes_only_a_frame_the_main_thread_sent():
                 ctx.send_failed(frame, "not wanted")  # once per frame: counted once
 
     events = Events()
-    with Controller(_config(), sources=[Misuses()], on_event=events, events_only=True) as ctl:
+    with Controller(_config(), sources=[Misuses()], on_event=events, processor=EVENTS_ONLY) as ctl:
         ctl.send("misuses", "an order", id="x1")
         drive(ctl, lambda: len(events.failed) == 1, timeout_s=WAIT_S, what="the report")
     assert [str(exc).split(";")[0] for exc in seen[:2]] == [

@@ -36,7 +36,7 @@ class Collecting:
         self.feeds: set[str] = set()
         self.saw_stopping = False
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.RecordContext) -> None:
         async for batch in ctx.batches():
             assert isinstance(batch, forkless.MessageBatch)
             self.feeds.add(batch.feed)
@@ -93,7 +93,7 @@ class Holding:
         self.write = write
         self.taken = 0
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.RecordContext) -> None:
         async for batch in ctx.batches():
             self.taken += len(batch)
             batch.wrote(min(self.write, len(batch)))
@@ -114,7 +114,7 @@ def test_what_a_sink_still_holds_when_it_returns_is_counted_unwritten_at_the_sto
 class Dropping:
     name = "dropping"
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.RecordContext) -> None:
         async for batch in ctx.batches():
             batch.wrote(1)
             batch.drop("not wanted")
@@ -133,7 +133,7 @@ def test_a_sink_that_drops_counts_the_rest_of_each_batch_by_its_reason(feed_serv
 class Failing:
     name = "failing"
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.RecordContext) -> None:
         async for _batch in ctx.batches():
             raise ConnectionRefusedError("the warehouse is closed")
 
@@ -153,7 +153,7 @@ class Miscounting:
     def __init__(self) -> None:
         self.refused: list[str] = []
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.RecordContext) -> None:
         async for batch in ctx.batches():
             for wrong in (len(batch) + 1, -1, 1.0, True, None):
                 try:
@@ -192,7 +192,7 @@ def test_the_reply_writer_is_the_per_feed_implementation_of_sink_batch():
     assert batch.items == ["r1", "r2", "r3"] and batch.positions is None
     batch.wrote(2)
     assert batch.items == ["r3"] and stats.results_out == 2
-    assert isinstance(Collecting(), forkless.Sink)
+    assert isinstance(Collecting(), forkless.RecordSink)
 
 
 def test_a_sink_run_is_ready_on_its_health_endpoint_once_its_feed_is_connected(feed_server):
@@ -226,7 +226,7 @@ class Swallowing:
         self.taken = 0
         self.cancels = 0
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.RecordContext) -> None:
         async for batch in ctx.batches():
             self.taken += len(batch)
             while True:  # the write, retried whatever happens

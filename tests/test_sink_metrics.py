@@ -23,12 +23,13 @@ FEATURES = 3
 
 
 class WritingOne:
-    """A user's sink: writes the first item of each batch and drops the rest as "not wanted"."""
+    """A user's sink of either kind (a controller's results, a SinkRun's records): writes the first item of each
+    batch and drops the rest as "not wanted"."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
-    async def run(self, ctx: forkless.SinkContext) -> None:
+    async def run(self, ctx: forkless.SinkContext) -> None:  # either kind: it writes one, drops the rest
         async for batch in ctx.batches():
             batch.wrote(1)
             batch.drop("not wanted")

@@ -18,7 +18,7 @@ import pytest
 from forkless.controller.ioside import feed_plan
 from forkless.controller.processor import ewma_processor
 
-from forkless import Config, Controller, FeedFatal, SourceStopped
+from forkless import Config, Controller, FeedFatal, OnResults, SourceStopped
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.servers import make_messages, parse_replies, send_frames
 
@@ -213,7 +213,7 @@ def test_rows_a_source_decoded_itself_are_processed_and_answered_in_the_processo
     rows = [([i, i + 1], ["a", "b"], [[float(i)] * FEATURES, [0.1] * FEATURES]) for i in range(0, 20, 2)]
     source = RowsSource(rows)
     with Controller(_config(), processor=PROCESSOR, sources=[source],
-                    on_results=lambda seq, stream, outputs: seen.extend(seq)) as ctl:
+                    sinks=[OnResults(lambda seq, stream, outputs: seen.extend(seq))]) as ctl:
         drive(ctl, lambda: len(source.answers) >= 20, timeout_s=20 * UNIT_S, what="20 replies yielded")
     assert sorted(seen) == list(range(20)) and sorted(r["seq"] for r in source.answers) == list(range(20))
     snap = ctl.stats()
@@ -388,7 +388,7 @@ def test_the_stop_ends_a_source_in_order_and_an_emit_after_it_began_is_refused()
     assert source.after_stop == ["SourceStopped"]
     snap = ctl.stats()
     assert snap.messages_in == source.emitted == snap.processed  # nothing emitted was lost
-    assert snap.messages_out == source.emitted and snap.in_flight == 0
+    assert snap.messages_out == source.emitted and snap.unanswered == 0
 
 
 def test_the_plan_puts_sources_beside_configured_feeds_or_in_the_demo_feeds_place():

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from forkless.controller.processor import ewma_processor
 
-from forkless import Config, Controller, FeedFatal
+from forkless import Config, Controller, FeedFatal, OnResults
 from tests.harness import UNIT_S, assert_books_balance, drive
 
 pytestmark = pytest.mark.timeout(90 * UNIT_S)
@@ -66,11 +66,11 @@ def test_a_source_that_dies_while_the_main_thread_puts_replies_raises_feedfatal_
 
     with pytest.raises(FeedFatal, match="source 'dying' failed: ConnectionResetError") as info, \
             Controller(cfg, processor=PROCESSOR, sources=[DiesWhileRepliesWait(main_waits)],
-                       on_results=on_results) as ctl:
+                       sinks=[OnResults(on_results)]) as ctl:
         drive(ctl, lambda: False, timeout_s=20 * UNIT_S, what="the failure raised")
     assert isinstance(info.value.__cause__, ConnectionResetError)
     snap = ctl.stats()
-    assert snap.messages_in > 0 and snap.in_flight == 0, snap.dropped
+    assert snap.messages_in > 0 and snap.unanswered == 0, snap.dropped
     assert_books_balance(ctl)
 
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, StateShape, ewma_processor, stream_processor
 
@@ -30,7 +31,7 @@ def _counting(seen: list) -> Processor:
         rows = state["total"][key] + batch.x
         return {"total": state["total"].at[key].set(rows)}, {"total": rows}
 
-    return Processor(init, step, name="counting")
+    return Processor(init, step, description=Description(name="counting"))
 
 
 def test_init_is_handed_the_state_shape_and_a_processor_reading_features_and_max_streams_compiles():
@@ -45,7 +46,7 @@ def test_an_init_reading_another_setting_gets_an_attribute_error_that_names_the_
     def init(config):
         return {"mean": jnp.zeros((config.max_streams + 1, config.features)) * config.alpha}
 
-    proc = Processor(init, lambda state, batch: (state, {"x": batch.x}), name="reads-alpha")
+    proc = Processor(init, lambda state, batch: (state, {"x": batch.x}), description=Description(name="reads-alpha"))
     ctl = Controller(Config(features=F, max_batch=4), processor=proc)
     with pytest.raises(AttributeError, match=r"'alpha'.*StateShape\(max_streams, features\).*when you build the "
                                              r"processor.*functools\.partial"):
@@ -64,7 +65,7 @@ def test_a_stream_processor_s_init_row_and_init_params_are_handed_the_state_shap
         return {"scale": np.ones((shape.features,), np.float32)}
 
     proc = stream_processor(lambda params, row, x: (row + x * params["scale"], {"y": row}), init_row=init_row,
-                            init_params=init_params, name="scaled")
+                            init_params=init_params, description=Description(name="scaled"))
     Controller(Config(features=F, max_streams=8, max_batch=4), processor=proc).compile()
     assert seen and all(shape == StateShape(8, F) for shape in seen if shape.max_streams == 8)
     assert all(isinstance(shape, StateShape) for shape in seen)
@@ -76,7 +77,7 @@ def test_a_setting_passed_when_the_processor_is_built_is_the_fix_the_message_nam
 
     cfg = Config(features=F, max_batch=4, alpha=0.25)
     proc = Processor(functools.partial(build, alpha=cfg.alpha), lambda state, batch: (state, {"x": batch.x}),
-                     name="bound")
+                     description=Description(name="bound"))
     Controller(cfg, processor=proc).compile()
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from forkless import Config, Controller, FeedFatal, SourceStopped
+from forkless import EVENTS_ONLY, Config, Controller, FeedFatal, SourceStopped
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.ws_exchange import PASSWORD, USER, WsExchange
 
@@ -100,7 +100,7 @@ def _order(i: int) -> dict[str, Any]:
 def _trade_then_stop(exchange: WsExchange, trader: Trader, cfg: Config, **controller: Any) -> tuple[Controller, list]:
     """Connect, send ORDERS orders, stop at once; the events on_event got, in order."""
     events: list[dict[str, Any]] = []
-    ctl = Controller(cfg, on_event=lambda source, event: events.append(event), events_only=True, **controller)
+    ctl = Controller(cfg, processor=EVENTS_ONLY, on_event=lambda source, event: events.append(event), **controller)
     with ctl:
         drive(ctl, lambda: any(e["type"] == "trade" for e in events), timeout_s=30 * UNIT_S, what="a first trade")
         for i in range(ORDERS):
@@ -176,7 +176,7 @@ def test_fills_that_came_but_were_not_delivered_before_the_main_loop_s_deadline_
     cfg = _config(shutdown_timeout_s=2.0)
     try:
         with caplog.at_level(logging.WARNING, logger="forkless"):
-            with Controller(cfg, on_event=on_event, events_only=True, sources=[trader]) as ctl:
+            with Controller(cfg, processor=EVENTS_ONLY, sources=[trader], on_event=on_event) as ctl:
                 drive(ctl, lambda: exchange.figures()["sessions"] != [], timeout_s=30 * UNIT_S, what="a session")
                 for i in range(ORDERS):
                     ctl.send("exchange", _order(i))
@@ -232,7 +232,7 @@ def test_a_source_whose_run_ends_while_it_awaits_replies_ends_the_wait_with_them
     cfg = _config()
     try:
         with caplog.at_level(logging.WARNING, logger="forkless"):
-            ctl = Controller(cfg, on_event=lambda s, e: events.append(e), events_only=True, sources=[source])
+            ctl = Controller(cfg, processor=EVENTS_ONLY, sources=[source], on_event=lambda s, e: events.append(e))
             with ctl:
                 drive(ctl, lambda: bool(events), timeout_s=30 * UNIT_S, what="a first trade")
                 for i in range(ORDERS):
@@ -276,7 +276,7 @@ def test_an_awaiting_that_raises_or_says_no_count_fails_the_source_and_the_stop_
     try:
         began = [0.0]
         with pytest.raises(FeedFatal, match=f"source 'exchange' failed in awaiting\\(\\): {says}") as info:
-            ctl = Controller(cfg, on_event=lambda s, e: None, events_only=True, sources=[source])
+            ctl = Controller(cfg, processor=EVENTS_ONLY, sources=[source], on_event=lambda s, e: None)
             with ctl:
                 drive(ctl, lambda: exchange.figures()["sessions"] != [], timeout_s=30 * UNIT_S, what="a session")
                 ctl.send("exchange", _order(0))
@@ -298,7 +298,7 @@ def test_an_awaiting_that_is_not_callable_is_refused_when_the_controller_is_buil
         async def run(self, ctx: Any) -> None: ...
 
     with pytest.raises(TypeError, match="source 'exchange' declares awaiting = 3: a method, awaiting\\(\\)"):
-        Controller(_config(), sources=[Declares()], events_only=True)
+        Controller(_config(), processor=EVENTS_ONLY, sources=[Declares()])
 
 
 def test_a_source_that_declares_nothing_has_its_emits_refused_from_the_stop_on_as_before() -> None:

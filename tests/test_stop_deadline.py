@@ -13,6 +13,7 @@ waited for the socket would never exit, and the bound on that wait only decides 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import re
 import signal
@@ -47,9 +48,13 @@ def _flood_then_never_read(sent: threading.Event, frames: int = 60, per_frame: i
 
 
 def _metric(url: str, family: str, **labels: str) -> float:
-    """The sum of ``family``'s samples with these labels, scraped from the app now."""
-    with urllib.request.urlopen(url, timeout=10 * UNIT_S) as resp:
-        text = resp.read().decode()
+    """The sum of ``family``'s samples with these labels, scraped from the app now (0 for a scrape the
+    start-up's hand-over of the endpoints to the IO thread dropped: docs/metrics.md, a scraper retries)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10 * UNIT_S) as resp:
+            text = resp.read().decode()
+    except (http.client.RemoteDisconnected, ConnectionResetError):
+        return 0.0
     return sum(s.value for fam in text_string_to_metric_families(text) if fam.name == family
                for s in fam.samples if not s.name.endswith("_created")
                and all(s.labels.get(k) == v for k, v in labels.items()))

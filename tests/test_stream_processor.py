@@ -1,7 +1,7 @@
 """``stream_processor``: a per-row function lifted to a batched O(B) step (arrival order for a
 stream repeated in a batch, padding inert, params as state arguments, the contract checked);
 the default EWMA detector built on it against the hand-written step it replaced (bit for bit)
-and the numpy reference; the Processor's identity fields."""
+and the numpy reference; the Processor's two functions and its description."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from forkless.controller.batching import Batch, pad_batch
 from forkless.controller.config import Config
+from forkless.controller.declared import Description
 from forkless.controller.device.compiled import check_replicated_unchanged, compilations
 from forkless.controller.engine import compile_step
 from forkless.controller.errors import ProcessorContractError
@@ -32,23 +33,31 @@ from tests.test_processor import _table_ops
 # ---- the Processor's fields ------------------------------------------------------------------
 
 
-def test_processor_keeps_its_positional_fields_and_defaults_the_new_ones():
+def test_processor_is_its_two_functions_and_a_description_defaulted():
     init, step = (lambda cfg: None), (lambda s, b: (s, {}))
-    proc = Processor(init, step, False)
-    assert proc.init is init and proc.step is step and proc.per_stream is False
-    assert (proc.name, proc.version, proc.restore_shared) == (None, "1", False)
-    assert Processor._fields[:3] == ("init", "step", "per_stream")
+    proc = Processor(init, step)
+    assert proc.init is init and proc.step is step and proc.description == Description()
+    assert Processor._fields == ("init", "step", "description")
+    about = proc.description
+    assert (about.name, about.version, about.restore_shared, about.per_stream) == (None, "1", False, True)
 
 
 def test_the_default_detector_is_named_ewma_however_it_is_obtained():
     for proc in (ewma_processor(), default_processor(Config())):
-        assert (proc.name, proc.version, proc.restore_shared, proc.per_stream) == ("ewma", "1", False, True)
+        about = proc.description
+        assert (about.name, about.version, about.restore_shared, about.per_stream) == ("ewma", "1", False, True)
 
 
-def test_the_helper_passes_name_version_and_restore_shared_through():
-    proc = stream_processor(lambda p, row, x: (row, {}), init_row=lambda cfg: jnp.zeros(()), name="toy",
-                            version="7b", restore_shared=True)
-    assert (proc.name, proc.version, proc.restore_shared, proc.per_stream) == ("toy", "7b", True, True)
+def test_the_helper_passes_its_description_through():
+    about = Description(name="toy", version="7b", restore_shared=True)
+    proc = stream_processor(lambda p, row, x: (row, {}), init_row=lambda cfg: jnp.zeros(()), description=about)
+    assert proc.description is about
+
+
+def test_the_helper_refuses_a_description_that_says_its_step_mixes_streams():
+    with pytest.raises(ProcessorContractError, match=r"per_stream=False.*the helper keeps streams apart"):
+        stream_processor(lambda p, row, x: (row, {}), init_row=lambda cfg: jnp.zeros(()),
+                         description=Description(name="toy", per_stream=False))
 
 
 # ---- the EWMA detector on the helper against the hand-written step ----------------------------
@@ -165,7 +174,7 @@ def _order_processor(params: bool = False, version: str = "1") -> Processor:
         return {"w": np.arange(1, cfg.features + 1, dtype=np.float32)}
 
     return stream_processor(row_step, init_row=init_row, init_params=init_params if params else None,
-                            name="order", version=version)
+                            description=Description(name="order", version=version))
 
 
 def _order_reference(messages, features, w=None):
@@ -258,8 +267,9 @@ def test_the_step_returns_the_params_it_was_given_so_they_can_be_replicated():
 
 def test_a_params_leaf_with_the_per_stream_leading_axis_is_refused_naming_it():
     cfg = Config(features=2, max_streams=4)
-    proc = stream_processor(lambda p, row, x: (row, {}), init_row=lambda c: jnp.zeros(()), name="bad",
-                            init_params=lambda c: {"table": np.zeros((5, 3), np.float32)})
+    proc = stream_processor(lambda p, row, x: (row, {}), init_row=lambda c: jnp.zeros(()),
+                            init_params=lambda c: {"table": np.zeros((5, 3), np.float32)},
+                            description=Description(name="bad"))
     with pytest.raises(ProcessorContractError, match=r"params leaf \['table'\] \(float32\[5, 3\]\).*max_streams \+ 1"):
         proc.init(cfg)
 
@@ -267,7 +277,7 @@ def test_a_params_leaf_with_the_per_stream_leading_axis_is_refused_naming_it():
 def test_a_row_step_that_changes_a_rows_dtype_is_refused_naming_the_leaf():
     cfg = Config(features=2, max_streams=4)
     proc = stream_processor(lambda p, row, x: ({"n": row["n"] + 0.5}, {}), init_row=lambda c: {"n": 0},
-                            name="bad")
+                            description=Description(name="bad"))
     batch = pad_batch(np.ones((1, 2), np.float32), np.array([0], np.int32), 1, 4)
     with pytest.raises(ProcessorContractError, match=r"row\['n'\] int32\[\] came back as float32\[\]"):
         proc.step(proc.init(cfg), batch)

@@ -16,6 +16,7 @@ from forkless.controller.engine import compile_step
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor, row_template
 
+from forkless import Runtime
 from tests.fake_io import FakeIO, drain
 from tests.reference import EWMAReference
 from tests.test_loop import chunk, process_all
@@ -49,7 +50,7 @@ def test_rotating_streams_through_a_smaller_table_never_mix_a_recycled_slot_with
     order = [f"s{(i * 3) % 7}" for i in range(140)]
     xs = rng.normal(size=(140, F)).round(4)
     fake = FakeIO()
-    with Controller(cfg, io_factory=fake) as ctl:
+    with Controller(cfg, runtime=Runtime(io_factory=fake)) as ctl:
         for i in range(0, 140, 2):
             fake.inbound.put_nowait(chunk([i, i + 1], order[i:i + 2], xs[i:i + 2]))
         process_all(ctl)
@@ -79,7 +80,7 @@ def test_rotating_streams_through_a_smaller_table_never_mix_a_recycled_slot_with
 def test_without_stream_idle_s_a_full_table_refuses_new_streams_as_before():
     cfg = Config(features=F, max_batch=4, max_streams=2, max_wait_ms=0.0, status_s=0.0)
     fake = FakeIO()
-    with Controller(cfg, io_factory=fake) as ctl:
+    with Controller(cfg, runtime=Runtime(io_factory=fake)) as ctl:
         fake.inbound.put_nowait(chunk([0, 1, 2], ["a", "b", "c"]))
         process_all(ctl)
         replies = [json.loads(f) for item in drain(fake.outbound) for f in item.frames]
@@ -111,7 +112,7 @@ def test_a_step_that_turns_a_stream_non_finite_answers_with_an_error_and_the_str
 
     cfg = Config(features=F, max_batch=4, max_streams=4, max_wait_ms=0.0, status_s=0.0)
     fake = FakeIO()
-    with Controller(cfg, processor=Processor(init, step), io_factory=fake) as ctl:
+    with Controller(cfg, processor=Processor(init, step), runtime=Runtime(io_factory=fake)) as ctl:
         for i, (name, x) in enumerate([("a", 2.0), ("b", 3.0), ("a", 1e30), ("a", 1e30), ("a", 5.0), ("b", 2.0)]):
             fake.inbound.put_nowait(chunk([i], [name], [[x, 0.0]]))
         process_all(ctl)

@@ -26,6 +26,7 @@ from forkless.controller.stats import books_line
 from forkless.io_loop.connectors.websocket.on_connect import call_hook, frames_of
 from forkless.io_loop.hooks import HookFailed
 
+from forkless import ConnectHooks
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.servers import SERVERS, FeedConn, make_messages, parse_replies
 
@@ -164,7 +165,7 @@ def test_the_hook_is_called_on_the_io_loop_for_every_connection_and_its_frames_f
 
     server = feed_server(script, impl="websockets")
     cfg = _config(server.url, subscribe={"op": "subscribe", "args": ["s0"]})
-    with Controller(cfg, processor=PROCESSOR, on_connect=hook) as ctl:
+    with Controller(cfg, processor=PROCESSOR, connect=ConnectHooks(on_connect=hook)) as ctl:
         drive(ctl, lambda: len(server.connections) >= 3 and len(server.connections[2].received) >= 4,
               timeout_s=15 * UNIT_S, what="three connections, each subscribed")
     assert calls == [("0", 1, "forkless-io"), ("0", 2, "forkless-io"), ("0", 3, "forkless-io")]
@@ -196,7 +197,7 @@ def test_a_hook_that_fails_fails_the_attempt_is_retried_and_logged_once_per_dist
 
     server = feed_server(script)
     with caplog.at_level(logging.WARNING, logger="forkless"):
-        with Controller(_config(server.url), processor=PROCESSOR, on_connect=hook) as ctl:
+        with Controller(_config(server.url), processor=PROCESSOR, connect=ConnectHooks(on_connect=hook)) as ctl:
             drive(ctl, lambda: server.received_count >= 1 + len(messages), timeout_s=15 * UNIT_S,
                   what="the subscription after the failures, and the replies")
             assert ctl._io.alive

@@ -13,7 +13,7 @@ Rules:
   here (``pending``) and advanced on every later ``tick`` for at most ``copy_budget_s`` of
   the main thread; once copied it is handed to the writer thread, which calls its
   ``finish()``. The controller tells it about every write to the state (``before_state_write``).
-- At most one checkpoint in flight, being copied or written: a ``submit`` or a due ``tick``
+- At most one checkpoint under way, being copied or written: a ``submit`` or a due ``tick``
   meanwhile returns False and counts ``skipped``; nothing queues up behind a slow disk. A
   copy that cannot be completed (``CheckpointAbandoned``, or any error) is dropped and
   counted in ``failures`` (``abandoned``); one in progress at ``stop`` is dropped for the
@@ -31,14 +31,14 @@ Rules:
 - Every checkpoint goes through a store (``CheckpointStore``): it numbers them (``next_sequence``
   at start), writes one (``write``), keeps the newest (``prune``) and reads the newest back
   (``load``, controller/checkpoints/recovery.py). A run's store is chosen in one place, ``store_for``: the
-  embedding program's own (``Controller(checkpoint_store=...)``), a partitioned instance's bucket
+  embedding program's own (``Runtime(checkpoint_store=...)``), a partitioned instance's bucket
   objects (controller/partitions/partitioned.py, known once its leases are taken), or the directory
   ``FORKLESS_CHECKPOINT_DIR`` (``DirectoryStore``, controller/checkpoints/checkpoint.py). Nothing here or in
   the loop depends on which. ``store_for`` and ``checkpoints_for`` read the run's ``CheckpointSettings``
   (controller/settings/groups.py), never the whole ``Config``.
 - ``start(store)`` starts the store (a directory is created and the temporary files of a writer
   that was killed are removed) and the thread; ``stop(timeout, final=...)`` waits for the write
-  in flight, then writes ``final`` (the checkpoint of an orderly stop) and joins the thread
+  under way, then writes ``final`` (the checkpoint of an orderly stop) and joins the thread
   (``begin_stop(take)`` hands ``final`` at once, a later ``stop(timeout)`` waits for it). One
   process per store. ``NoCheckpoints`` has the same calls for a run without checkpoints, so the
   controller calls them unconditionally.
@@ -123,7 +123,7 @@ class CheckpointStore(Protocol):
 def store_for(checkpoints: CheckpointSettings, own: CheckpointStore | None,
               partitioned: CheckpointStore | None) -> CheckpointStore | None:
     """The run's checkpoint store, chosen here only: the embedding program's ``own``
-    (``Controller(checkpoint_store=...)``), a partitioned instance's bucket objects (``partitioned``,
+    (``Runtime(checkpoint_store=...)``), a partitioned instance's bucket objects (``partitioned``,
     once its leases are taken), the directory ``FORKLESS_CHECKPOINT_DIR``; None: checkpoints are off."""
     if own is not None:
         return own
@@ -142,11 +142,11 @@ def checkpoints_for(checkpoints: CheckpointSettings, before_write: Callable[[dic
     (``partitioned``: the run has one)."""
     if own is not None:
         if checkpoints.on:
-            raise ValueError("checkpoint_store= and FORKLESS_CHECKPOINT_DIR or FORKLESS_CHECKPOINT_BUCKET: "
+            raise ValueError("Runtime(checkpoint_store=...) and FORKLESS_CHECKPOINT_DIR or FORKLESS_CHECKPOINT_BUCKET: "
                              "a run keeps its checkpoints in one store (give the one or set the other)")
         if partitioned:
-            raise ValueError("checkpoint_store= with a partitioned feed: its checkpoints are one object per "
-                             "partition in FORKLESS_CHECKPOINT_BUCKET, where any instance can restore them")
+            raise ValueError("Runtime(checkpoint_store=...) with a partitioned feed: its checkpoints are one object "
+                             "per partition in FORKLESS_CHECKPOINT_BUCKET, where any instance can restore them")
     elif not checkpoints.on:
         return NoCheckpoints()
     return Checkpointer(None, interval_s=checkpoints.every_s, background=checkpoints.priority == "idle",
@@ -267,7 +267,7 @@ class Checkpointer:
         self._thread.start()
 
     def stop(self, timeout: float | None = None, final: Snapshot | PendingSnapshot | None = None) -> bool:
-        """Wait for the write in flight, write ``final`` if given, and end the thread.
+        """Wait for the write under way, write ``final`` if given, and end the thread.
 
         Returns True when all of that finished within ``timeout`` seconds; False leaves the
         daemon thread writing (an exit then leaves a temporary file, removed by the next
@@ -414,7 +414,7 @@ class Checkpointer:
             del job  # the host copy goes now, not when the next checkpoint arrives (a state's size)
 
     def _write_final(self, writer: threading.Thread, final: Snapshot | PendingSnapshot) -> None:
-        writer.join()  # the write in flight first: one writer at a time owns the numbering
+        writer.join()  # the write under way first: one writer at a time owns the numbering
         self._do(final)
 
     def _do(self, job: Snapshot | PendingSnapshot) -> None:

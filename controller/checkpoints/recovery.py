@@ -4,14 +4,15 @@ Rules:
 - A checkpoint is restored only into the processor that wrote it (with checkpoints on, one
   that declares no name is refused at construction: ``ProcessorContractError``): its declared
   name and version, the shape-defining settings and the settings the processor declares
-  (``Processor.settings``; controller/declared.py) are written into every checkpoint and matched on
+  (``Description.settings``; controller/declared.py) are written into every checkpoint and matched on
   restore, with the state's structure, leaf shapes and dtypes (``load``, before the compile:
   a mismatch is ``CheckpointMismatch`` naming the setting and both values). What it declares as
   ``recorded`` (the default detector's alpha, threshold, warm-up) is written, never matched.
-- The counts: ``processed`` and each counter the processor declares (``Processor.counters``),
+- The counts: ``processed`` and each counter the processor declares (``Description.counters``),
   restored by name into ``MainStats.restored_*`` (a checkpoint without one of them restores it as
   0), never into the counters themselves: those start at 0 in each process and only grow (they
   are Prometheus counters). A checkpoint records the sum of both, so its counts go on across restarts.
+  Every module here reads them from the processor's ``Description``, never by attribute name.
 - A restore hands the checkpoint's time and size on (``restored_at``, ``restored_bytes``): the
   checkpoint writer reports them as the newest written until it writes one.
 - Shared leaves (not per-stream: weights) come from the processor's ``init`` at every start,
@@ -51,11 +52,11 @@ from forkless.controller.checkpoints.checkpoint import Restored
 from forkless.controller.checkpoints.checkpointer import CheckpointStore
 from forkless.controller.checkpoints.positions import SourcePositions
 from forkless.controller.checkpoints.snapshot import PendingSnapshot
-from forkless.controller.declared import declared
+from forkless.controller.declared import Description, counts_from
 from forkless.controller.engine import Engine, state_shapes
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.partitions.partitioned import PartitionedCheckpoints, PartitionPieces
-from forkless.controller.processor import StateShape
+from forkless.controller.processor import Processor, StateShape, description_of
 from forkless.controller.settings.groups import CheckpointSettings
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats, SourceFigures
@@ -76,36 +77,39 @@ CONFIRM_WAIT_S = 10.0
 
 class Recovery:
     """The controller's checkpoints: the settings they must match, loading and restoring one,
-    beginning one, and the replayable feeds' positions (``sources``, in the codecs ``positions`` gives by feed name)
-    recorded in each."""
+    beginning one, and the replayable feeds' positions (``positions``, in the codecs ``codecs`` gives by feed name)
+    recorded in each; ``resume_from``: where a restored checkpoint left each replayable feed, what its source is
+    handed (``ctx.resume_from``)."""
 
-    def __init__(self, checkpoints: CheckpointSettings, shape: StateShape, processor: Any, slots: StreamSlots,
-                 stats: MainStats, io_snapshot: Callable[[], IOSnapshot | None], specs: Sequence[FeedSpec], *,
-                 positions: Mapping[str, PositionCodec] | None = None, own_store: bool = False) -> None:
-        # own_store: the embedding program's checkpoint store (Controller(checkpoint_store=...)): checkpoints on
-        if (checkpoints.on or own_store) and not getattr(processor, "name", None):
+    def __init__(self, checkpoints: CheckpointSettings, shape: StateShape, processor: Processor | None,
+                 slots: StreamSlots, stats: MainStats, io_snapshot: Callable[[], IOSnapshot | None],
+                 specs: Sequence[FeedSpec], *,
+                 codecs: Mapping[str, PositionCodec] | None = None, own_store: bool = False) -> None:
+        # own_store: the embedding program's checkpoint store (Runtime(checkpoint_store=...)): checkpoints on
+        # what the processor declared (controller/declared.py, checked when it was built): its identity, its
+        # counters (kept here and in every checkpoint's counts) and the settings its checkpoints record;
+        # no processor (events only) declares nothing
+        self.declared = Description() if processor is None else description_of(processor)
+        if (checkpoints.on or own_store) and self.declared.name is None:
             # a checkpoint is restored only into the processor that wrote it: it must say which it is
             raise ProcessorContractError(
                 "checkpoints (FORKLESS_CHECKPOINT_DIR) need a processor that declares its identity: build it with "
-                "Processor(init, step, name=..., version=...) (the name and version are stored in each checkpoint "
-                "and matched on restore)")
+                "Processor(init, step, description=Description(name=..., version=...)) (the name and version are "
+                "stored in each checkpoint and matched on restore)")
         self.checkpoints = checkpoints
         self.shape = shape  # the state's sizes, which a checkpoint must match
         self.specs = tuple(specs)  # the run's feeds (a user's sources among them), in order
         self.processor = processor
-        # what the processor declared: its counters (kept here and in every checkpoint's counts) and
-        # the settings its checkpoints record (controller/declared.py); refused now if the core cannot keep them
-        self.declared = declared(processor)
         stats.counters.update(dict.fromkeys(self.declared.counters, 0))  # every key there before the first batch
         self.slots = slots
         self.stats = stats
         self._io_snapshot = io_snapshot
         # the replayable feeds' positions, recorded in every checkpoint beside the state (exactly-once)
-        self.sources = SourcePositions(self.specs, positions)
+        self.positions = SourcePositions(self.specs, codecs)
         # signalled by the IO side as replies are acknowledged (handed to it where feeds keep positions)
         self.acknowledged = Acknowledged()
         # where a restored checkpoint left each replayable feed (PositionUnknown: every checkpoint damaged)
-        self.positions: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
+        self.resume_from: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
         self.restored_from: str | None = None
         self.restored_at = 0.0  # wall time the restored checkpoint's state was taken (0: none restored)
         self.restored_bytes = 0  # its size
@@ -113,10 +117,10 @@ class Recovery:
 
     def settings(self) -> dict[str, Any]:
         """What a checkpoint must match to be restored: the core's shape-defining settings, the
-        processor's identity and the settings it declared (``Processor.settings``)."""
+        processor's identity and the settings it declared (``Description.settings``), as every
+        checkpoint written before the Description holds them too."""
         return {"features": self.shape.features, "max_streams": self.shape.max_streams,
-                "processor": getattr(self.processor, "name", None),
-                "processor_version": str(getattr(self.processor, "version", "1")), **self.declared.settings}
+                "processor": self.declared.name, "processor_version": self.declared.version, **self.declared.settings}
 
     def load(self, store: CheckpointStore) -> Restored | PartitionPieces | None:
         """The newest complete checkpoint in the run's ``store`` (``checkpointer.store_for``), read
@@ -134,9 +138,9 @@ class Recovery:
             # say whether it still holds everything: PositionLost now, never started fresh silently
             why = (f"every checkpoint in {store.label} is damaged "
                    f"({', '.join(getattr(p, 'name', str(p)) for p in damaged)})")
-            self.positions = dict(self.sources.when_unknown(why))
+            self.resume_from = dict(self.positions.when_unknown(why))
             log.warning("%s: starting with an empty state%s", why, "; the replayable feeds' positions are unknown"
-                        if self.positions else "")
+                        if self.resume_from else "")
         elif restored is None:
             log.info("no checkpoint in %s: starting fresh", store.label)
         return restored
@@ -147,7 +151,7 @@ class Recovery:
         if isinstance(restored, PartitionPieces):
             self._restore_partitions(engine, restored)
             return
-        shared = bool(getattr(self.processor, "restore_shared", False))
+        shared = self.declared.restore_shared
         engine.restore(restored.state, shared=shared)
         if shared and engine.live_weights is not None:  # the checkpoint's weights are in force again
             engine.live_weights.restored(restored.settings.get("weights"))
@@ -160,9 +164,9 @@ class Recovery:
         self.slots.restore(restored.names, restored.slots, np.asarray(restored.last_seen) + shift)
         main = self.stats
         main.restored_processed = int(restored.counts.get("processed", 0))
-        main.restored_counters = self.declared.counts_from(restored.counts)
+        main.restored_counters = counts_from(self.declared.counters, restored.counts)
         # each replayable feed goes on from the message after the one its state holds
-        self.positions = self.sources.restore(restored.positions, restored.path)
+        self.resume_from = self.positions.restore(restored.positions, restored.path)
         self.restored_from = str(restored.path)
         self.restored_at, self.restored_bytes = restored.wall_time, restored.nbytes
         log.info("restored %d streams from %s (checkpoint of %s, %d messages processed before)",
@@ -178,7 +182,7 @@ class Recovery:
         shift = time.monotonic() - time.time()
         seen = np.concatenate(pieces.last_seen) if pieces.last_seen else np.zeros(0)
         self.slots.restore(pieces.names, np.arange(pieces.streams, dtype=np.int32), seen + shift)
-        self.positions = self.sources.restore(
+        self.resume_from = self.positions.restore(
             {part.feed: part.positions.from_partitions(pieces.positions, created)}, part.label)
         self.restored_from = f"{len(pieces.objects)} objects of {part.label}"
         self.restored_at = pieces.wall_time  # the newest of its objects' (no size: several objects)
@@ -197,7 +201,7 @@ class Recovery:
             self.slots.begin_copy(), self.counts(),
             {**self.settings(), **self.declared.recorded, "devices": len(engine.devices), **weights}, wall,
             seen_shift=wall - time.monotonic(),
-            incremental=incremental, positions=self.sources.record(self._io_sources()) if self.sources else None)
+            incremental=incremental, positions=self.positions.record(self._io_sources()) if self.positions else None)
 
     def counts(self) -> dict[str, int]:
         """What a checkpoint records as its counts: this process's counters plus what the restored checkpoint
@@ -234,16 +238,16 @@ class Recovery:
 
     def source_figures(self, io: IOSnapshot) -> tuple[SourceFigures, ...]:
         """Each replayable feed's figures: the IO side's fetching and confirmations, the main thread's position."""
-        if not self.sources:
+        if not self.positions:
             return ()
-        sources, out = self.sources, []
+        positions, out = self.positions, []
         for feed in io.feeds:
             src = feed.io.source
             if src is None:
                 continue
-            index = next(i for i, spec in sources.specs.items() if spec.name == feed.name)
-            applied = sources.consumed.get(index)
+            index = next(i for i, spec in positions.specs.items() if spec.name == feed.name)
+            applied = positions.consumed.get(index)
             applied_seq = 0 if applied is None else applied.seq - (0 if applied.last else 1)
-            out.append(SourceFigures(feed.name, src.fetched, sources.applied.get(index, 0), applied_seq,
+            out.append(SourceFigures(feed.name, src.fetched, positions.applied.get(index, 0), applied_seq,
                                      src.confirmed[0], src.stream_last_seq, src.skipped, src.duplicates))
         return tuple(out)

@@ -39,6 +39,7 @@ from forkless.controller.errors import EXIT_STATUSES
 from forkless.controller.logs import flush_log_repeats, program_line, setup_logging
 from forkless.controller.settings.vardocs import help_text
 from forkless.controller.stats import losses
+from forkless.controller.wiring import Runtime
 from forkless.io_loop.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, ForklessError
 
 __all__ = ["console_main", "exit_with", "main", "stop_status"]
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     # tells systemd where it is when systemd runs it (controller/lifetime/sdnotify.py)
     controller = None
     try:
-        controller = Controller(config, processor=processor, codec=codec, freeze_gc=True, notify_systemd=True)
+        controller = Controller(config, processor=processor, codec=codec,
+                                runtime=Runtime(freeze_gc=True, notify_systemd=True))
         controller.run()
     except KeyboardInterrupt:  # a second Ctrl-C: run() aborted the IO side and gave the process back
         program_line("second interrupt: exiting now", fmt=fmt, exit_status=EXIT_INTERRUPTED)

@@ -182,7 +182,7 @@ class Relay:
 
 
 def relay_status_line(now: RelayView, before: RelayView, *, final: bool = False) -> str:
-    """One line: messages read, stored, in flight, retried, gaps; the feeds' and the server's state."""
+    """One line: messages read, stored, held, retried, gaps; the feeds' and the server's state."""
     r, p, io = now.relay, before.relay, now.io
     seconds = max(1e-9, now.at - before.at)
     rate = (r.acked - p.acked) / seconds
@@ -190,7 +190,7 @@ def relay_status_line(now: RelayView, before: RelayView, *, final: bool = False)
     up = sum(f.up for f in feeds)
     gaps = sum(r.gaps.values())
     head = "relay final:" if final else "relay:"
-    return (f"{head} read {io.messages_in} stored {r.acked} ({rate:.0f}/s) in flight {r.held} "
+    return (f"{head} read {io.messages_in} stored {r.acked} ({rate:.0f}/s) held {r.held} "
             f"retried {r.retried} duplicates {r.duplicates} gaps {gaps} ({sum(r.missing.values())} missing) "
             f"| feeds up {up}/{len(feeds)} reconnects {io.reconnects} | nats "
             f"{'up' if r.connected else 'down'} reconnects {r.reconnects}")
@@ -223,8 +223,8 @@ def relay_metric_families(view: RelayView) -> list[Metric]:
         (CounterMetricFamily, "forkless_relay_retried", "Publications again after a failure (same id).", r.retried),
         (CounterMetricFamily, "forkless_relay_duplicates", "Acknowledgements saying duplicate: a retried message "
          "the stream had already stored.", r.duplicates),
-        (GaugeMetricFamily, "forkless_relay_in_flight", "Messages taken and not yet acknowledged (at most "
-         "FORKLESS_MAX_BATCH, plus the last chunk taken).", r.held),
+        (GaugeMetricFamily, "forkless_relay_in_flight", "Messages taken and not yet acknowledged: held "
+         "(at most FORKLESS_RELAY_MAX_HELD, plus the last chunk taken).", r.held),
         (CounterMetricFamily, "forkless_relay_unpublished", "Messages taken and never stored (held when the stop's "
          "deadline passed or the relay gave up).", r.unpublished),
         (CounterMetricFamily, "forkless_relay_nats_connects", "Connections opened to the NATS server.", r.connects),

@@ -41,13 +41,13 @@ import numpy as np
 from forkless.controller.batching import Batch, pad_batch
 from forkless.controller.device.placement import OutputField
 from forkless.controller.errors import ConfigError, ProcessorContractError
-from forkless.controller.processor import StateShape
+from forkless.controller.processor import Processor, StateShape, description_of
 from forkless.controller.settings.groups import StepShape
 
 log = logging.getLogger("forkless.compile")
 
 __all__ = ["as_bytes", "check_contract", "check_input_dtype", "check_platform_dtypes", "check_replicated_unchanged",
-           "check_row_writes", "codec_dtype", "compilations", "example_batch", "guarded", "input_dtype", "one_call",
+           "check_row_writes", "codec_dtype", "compilations", "example_batch", "guarded", "one_call",
            "output_layout", "per_stream_leaf", "release_freed_memory", "reset_bad_rows", "unpack_words",
            "unsplit_cpu_ops", "use_devices"]
 
@@ -73,39 +73,21 @@ def example_batch(features: int, bucket: int, spare_slot: int, dtype: Any = np.f
     return pad_batch(np.zeros((0, features), dtype), np.zeros(0, np.int32), bucket, spare_slot, dtype)
 
 
-INPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 X64_FIX = ('jax.config.update("jax_enable_x64", True) at the top of the program, before any JAX array is made, '
            'or JAX_ENABLE_X64=1 in its environment')
 
 
-def input_dtype(processor: Any) -> np.dtype:
-    """The dtype of ``batch.x`` the processor declares (``Processor.input_dtype``, float32 when
-    it has no such field); ``ProcessorContractError`` unless float32 or float64."""
-    declared = getattr(processor, "input_dtype", np.float32)
-    try:
-        dtype = np.dtype(declared) if declared is not None else None  # np.dtype(None) is float64
-    except TypeError:
-        dtype = None
-    if dtype is None or dtype not in INPUT_DTYPES:
-        raise ProcessorContractError(f"input_dtype {declared!r} is not supported: the processor's input (batch.x) "
-                                     f"is float32 (the default) or float64")
-    return dtype
+def codec_dtype(processor: Processor) -> np.dtype:
+    """The dtype the codec builds ``x`` in: the processor's declared input dtype (float32 or
+    float64, checked when its ``Description`` was built)."""
+    return description_of(processor).input_dtype
 
 
-def codec_dtype(processor: Any) -> np.dtype:
-    """The dtype the codec builds ``x`` in: the processor's input dtype; float32 for one that is
-    not supported, which the compile refuses with the processor's other contract errors."""
-    try:
-        return input_dtype(processor)
-    except ProcessorContractError:
-        return np.dtype(np.float32)
-
-
-def check_input_dtype(processor: Any) -> np.dtype:
-    """``input_dtype(processor)``, refused (``ProcessorContractError``) if it is float64 and
+def check_input_dtype(processor: Processor) -> np.dtype:
+    """The processor's input dtype, refused (``ProcessorContractError``) if it is float64 and
     JAX's 64-bit mode is off: JAX would silently make the input float32 again. The mode is
     process-wide, so it is the host program's to turn on, never this library's."""
-    dtype = input_dtype(processor)
+    dtype = description_of(processor).input_dtype
     if dtype.itemsize == 8 and not jax.config.jax_enable_x64:
         raise ProcessorContractError(f"the processor declares input_dtype=float64, which needs JAX's 64-bit mode, "
                                      f"and it is off in this process (JAX would make the input float32 again): "
@@ -121,7 +103,7 @@ TPU_FLOAT64 = ("on a TPU, float64 is not IEEE double: XLA emulates it with pairs
                "~8.9e-16 on a CPU)")
 
 
-def check_platform_dtypes(processor: Any, shapes: Any, platform: str) -> None:
+def check_platform_dtypes(processor: Processor, shapes: Any, platform: str) -> None:
     """Refuse (``ProcessorContractError``) a float64 input on a TPU (``platform``, a device's
     ``platform`` string), and warn (logged) about float64 state leaves there: its float64 is
     not IEEE double (``TPU_FLOAT64``), so the values would not be what the processor computes on
@@ -129,7 +111,7 @@ def check_platform_dtypes(processor: Any, shapes: Any, platform: str) -> None:
     dtype is float64: the warning names such leaves."""
     if platform != "tpu":
         return
-    dtype = input_dtype(processor)
+    dtype = description_of(processor).input_dtype
     if dtype.itemsize == 8:
         raise ProcessorContractError(
             f"the processor declares input_dtype=float64, and this process runs on a TPU: {TPU_FLOAT64}. "
@@ -346,7 +328,7 @@ PROBE_STREAMS = 12  # 13 rows: a shared leaf is rarely that long by chance
 PROBE_KEYS = (1, 4, 1)
 
 
-def check_row_writes(processor: Any, settings: StepShape) -> None:
+def check_row_writes(processor: Processor, settings: StepShape) -> None:
     """Raise ``ProcessorContractError`` if ``processor.step`` writes rows of a per-stream leaf
     other than its batch's (``batch.key``, the spare row of padding included).
 
@@ -370,7 +352,7 @@ def check_row_writes(processor: Any, settings: StepShape) -> None:
         filled = [_distinct_rows(np.asarray(leaf), rng) if per_stream_leaf(leaf, slots) else leaf
                   for _, leaf in paths]
         batch = pad_batch(rng.standard_normal((len(keys), settings.features)), keys, bucket, PROBE_STREAMS,
-                          input_dtype(processor))
+                          description_of(processor).input_dtype)
         stepped = jax.jit(processor.step)
         new_state, _ = jax.device_get(stepped(jax.tree.unflatten(treedef, filled), batch))
         stepped.clear_cache()

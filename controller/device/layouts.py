@@ -34,14 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 from forkless.controller.batching import Batch, bucket_for, pad_batch
 from forkless.controller.checkpoints.snapshot import canonical_rows
-from forkless.controller.declared import check_counters, declared
+from forkless.controller.declared import check_counters
 from forkless.controller.device.compiled import (
     as_bytes,
     check_contract,
     check_replicated_unchanged,
     example_batch,
     guarded,
-    input_dtype,
     one_call,
     output_layout,
     per_stream_leaf,
@@ -49,7 +48,7 @@ from forkless.controller.device.compiled import (
 )
 from forkless.controller.device.placement import OutputField, Placement, Route, pack_words, unpack_outputs
 from forkless.controller.errors import ProcessorContractError
-from forkless.controller.processor import StateShape, reset_rows, row_template
+from forkless.controller.processor import Processor, StateShape, description_of, reset_rows, row_template
 from forkless.controller.settings.groups import StepShape
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -88,10 +87,10 @@ class OneDevice:
     per_stream = None
     copies_rows = True  # a checkpoint may copy the state a chunk of rows at a time between steps
 
-    def __init__(self, processor: Any, settings: StepShape, device: Any, packed: bool | None = None) -> None:
+    def __init__(self, processor: Processor, settings: StepShape, device: Any, packed: bool | None = None) -> None:
         self.processor, self.settings, self.device = processor, settings, device
         self.spare_key = settings.max_streams
-        self.dtype = input_dtype(processor)  # batch.x's
+        self.dtype = description_of(processor).input_dtype  # batch.x's
         self.shardings: Any = None
         self.packed = accelerated(device.platform) if packed is None else packed
         self.fields: tuple[OutputField, ...] = ()  # where each output sits in a packed result row
@@ -138,7 +137,7 @@ class OneDevice:
     def check(self, step: Callable[..., Any], state: Any, bucket: int) -> None:
         out_info = jax.eval_shape(step, state, self._batch(bucket))
         check_contract(state, out_info, bucket)
-        check_counters(declared(self.processor).counters, out_info[1])
+        check_counters(self.processor.description.counters, out_info[1])
         if not self.fields:
             self.fields = output_layout(out_info[1])
 
@@ -209,13 +208,13 @@ class Sharded:
     copies_rows = False  # a sharded state's checkpoint is copied at once, put in order by the writer
     packed = True  # one packed array each way per device
 
-    def __init__(self, processor: Any, settings: StepShape, devices: list[Any]) -> None:
-        if not getattr(processor, "per_stream", True):
+    def __init__(self, processor: Processor, settings: StepShape, devices: list[Any]) -> None:
+        if not description_of(processor).per_stream:
             raise ProcessorContractError(
                 f"this processor declares per_stream=False (its step mixes streams), so it cannot be sharded over "
                 f"{len(devices)} devices: run it on one device with FORKLESS_DEVICES=1")
         self.processor, self.settings = processor, settings
-        self.dtype = input_dtype(processor)  # batch.x's, and the packed batch's
+        self.dtype = processor.description.input_dtype  # batch.x's, and the packed batch's
         n = len(devices)
         self.placement = place = Placement(n, settings.max_streams)
         self.spare_key = place.spare_row
@@ -282,7 +281,7 @@ class Sharded:
         local = example_batch(self.settings.features, bucket, self.spare_key, self.dtype)
         out_info = jax.eval_shape(step, self.local_state, local)
         check_contract(self.local_state, out_info, bucket)
-        check_counters(declared(self.processor).counters, out_info[1])
+        check_counters(self.processor.description.counters, out_info[1])
         check_replicated_unchanged(step, self.local_state, local, self.per_stream)
         if not self.fields:
             self.fields = output_layout(out_info[1])

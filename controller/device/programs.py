@@ -32,9 +32,7 @@ import weakref
 from typing import Any, NamedTuple
 
 import jax
-from forkless.controller.declared import declared
-from forkless.controller.device.compiled import input_dtype
-from forkless.controller.errors import ProcessorContractError
+from forkless.controller.processor import Processor, description_of
 from forkless.controller.settings.groups import StepShape
 
 __all__ = ["KEPT", "Kept", "forget", "keep", "kept", "program_key"]
@@ -61,17 +59,14 @@ class Kept(NamedTuple):
 _kept: dict[tuple[Any, ...], Kept] = {}
 
 
-def program_key(processor: Any, settings: StepShape, devices: list[Any], shapes: Any) -> tuple[Any, ...] | None:
+def program_key(processor: Processor, settings: StepShape, devices: list[Any], shapes: Any) -> tuple[Any, ...] | None:
     """The program's key, or None where it is not kept (several devices, an ``init`` or
-    ``step`` that is not a plain function, a declaration the contract refuses, something
-    unhashable): then it is compiled, and its contract checked, as if never seen."""
-    init, step = getattr(processor, "init", None), getattr(processor, "step", None)
+    ``step`` that is not a plain function, something unhashable): then it is compiled, and its
+    contract checked, as if never seen."""
+    init, step, described = processor.init, processor.step, description_of(processor)
     if len(devices) != 1 or not isinstance(init, types.FunctionType) or not isinstance(step, types.FunctionType):
         return None
-    try:
-        counters, dtype = declared(processor).counters, input_dtype(processor)
-    except ProcessorContractError:
-        return None
+    counters, dtype = described.counters, described.input_dtype
     leaves, treedef = jax.tree.flatten(shapes)
     key = (weakref.ref(init), weakref.ref(step), tuple(sorted(counters.items())), str(dtype), treedef,
            tuple((tuple(leaf.shape), str(leaf.dtype), bool(getattr(leaf, "weak_type", False))) for leaf in leaves),

@@ -8,7 +8,7 @@ Rules:
   changed only while compiling and given back there (controller/device/compiled.py
   ``unsplit_cpu_ops``); the collector's enablement is never touched.
 - ``gc.freeze()`` acts on every object of the process and ``gc.unfreeze()`` thaws every frozen
-  object, the host's too. So the controller freezes only when asked (``freeze_gc=True``: the
+  object, the host's too. So the controller freezes only when asked (``Runtime(freeze_gc=True)``: the
   ``forkless`` program asks, an embedder may), only when nothing is frozen yet, and unfreezes
   at the stop only if nothing was frozen since (the frozen count has not grown).
 - Several controllers may run at once, their lives overlapping in any order: each change has

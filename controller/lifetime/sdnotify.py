@@ -2,7 +2,7 @@
 protocol (sd_notify(3)), in its few documented lines, for a unit of ``Type=notify`` with ``WatchdogSec=``.
 
 Rules:
-- Only where asked (``Controller(notify_systemd=True)``; the ``forkless`` program asks) and only
+- Only where asked (``Runtime(notify_systemd=True)``; the ``forkless`` program asks) and only
   where the service manager listens: ``NOTIFY_SOCKET`` names its unix datagram socket, a path or
   ``@name`` in the abstract namespace. Without it every call does nothing (``NoServiceManager``).
 - What is sent: ``STATUS=`` lines naming the phase while the controller starts; ``READY=1`` once

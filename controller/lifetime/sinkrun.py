@@ -1,4 +1,4 @@
-"""SinkRun: a source → sink run: the feeds (or a program's own sources) into one ``Sink``, on one IO
+"""SinkRun: a source → sink run: the feeds (or a program's own sources) into one ``RecordSink``, on one IO
 thread, with no processor and no JAX: the relay (controller/commands/relaycmd.py) and a user's own.
 
 Rules:
@@ -48,7 +48,7 @@ from forkless.controller.lifetime.serving import serve
 from forkless.controller.queues import POLL_S, StopDeadline
 from forkless.io_loop.counters import IOSnapshot, IOStats
 from forkless.io_loop.errors import FeedFatal, ForklessError
-from forkless.io_loop.sinks.sink import Sink, SinkRunner, SinkStats
+from forkless.io_loop.sinks.sink import RecordSink, SinkRunner, SinkStats
 from forkless.io_loop.thread import IOThread
 
 __all__ = ["SinkRun", "SinkView", "sink_status_line"]
@@ -93,14 +93,14 @@ def _sink_exposition(view: Callable[[], Any], name: str) -> Any:
 
 
 class SinkRun:
-    """A source → sink run (see the module rules). ``sink``: a ``forkless.Sink``; ``config``: the
+    """A source → sink run (see the module rules). ``sink``: a ``forkless.RecordSink``; ``config``: the
     feeds, the stop's timeout, the duration and status interval (default ``Config.from_env()``'s
     feeds are not read: ``Config()``); ``sources``: a program's own sources by feed name (as
     ``Controller(sources=)`` takes them: beside the configured feeds, or instead of the demo feed);
     ``signals``: SIGINT/SIGTERM/SIGHUP stop it while ``run()`` runs, SIGUSR1 logs its status; ``out``: where
     the status lines go."""
 
-    def __init__(self, sink: Sink, *, config: Config | None = None, sources: Sequence[Any] = (),
+    def __init__(self, sink: RecordSink, *, config: Config | None = None, sources: Sequence[Any] = (),
                  codec: Any = None, signals: bool = False, out: Callable[[str], None] | None = None,
                  view: Callable[[SinkRun], Any] | None = None,
                  status_line: Callable[..., str] = sink_status_line,

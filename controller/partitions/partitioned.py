@@ -68,6 +68,7 @@ from forkless.controller.checkpoints.ckptformat import (
 from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
 from forkless.controller.device.compiled import per_stream_leaf
 from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
+from forkless.controller.processor import Processor, description_of
 from forkless.controller.settings.groups import InstanceSettings
 from forkless.io_loop.connectors.connector import Connector, OwnedPartitions, PartitionLayout
 from forkless.io_loop.errors import ACCEPT_LOSS, LeaseLost, ObjectDamaged, PositionLost
@@ -329,23 +330,24 @@ class PartitionedCheckpoints:
         return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def check_partitionable(processor: Any) -> None:
+def check_partitionable(processor: Processor) -> None:
     """``ProcessorContractError`` (exit 2) for a processor whose state cannot be split by partition."""
-    if not getattr(processor, "per_stream", True):
+    described = description_of(processor)
+    if not described.per_stream:
         raise ProcessorContractError(
             "a partitioned feed needs a processor whose step keeps streams apart: this one declares per_stream=False "
             "(its step mixes streams), so a partition's state would depend on other partitions' streams")
-    if getattr(processor, "restore_shared", False):
+    if described.restore_shared:
         raise ProcessorContractError(
             "a partitioned feed needs a processor whose shared leaves come from its init: this one declares "
             "restore_shared=True (it learns shared leaves online), which no single partition's checkpoint can hold")
 
 
-def partitioned_feed(connectors: Sequence[Connector], processor: Any) -> Connector | None:
+def partitioned_feed(connectors: Sequence[Connector], processor: Processor | None) -> Connector | None:
     """The connector among ``connectors`` whose feed is partitioned (config.py allows one at most), its processor
-    checked (``check_partitionable``); None when there is none."""
+    checked (``check_partitionable``; None: no processor runs, ``events_only``); None when there is none."""
     connector = next((c for c in connectors if c.partitioned), None)
-    if connector is not None:
+    if connector is not None and processor is not None:
         check_partitionable(processor)
     return connector
 

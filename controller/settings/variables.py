@@ -105,7 +105,7 @@ VARIABLES: tuple[Variable, ...] = (
              "with several feeds: exit 3 when every feed has given up (all) or when one has (any)"),
     Variable("REPLIES", "replies", choice(*REPLY_POLICIES), "all, results or none",
              "what the feed is sent back: all (results and error replies), results (no error frames), none"
-             " (nothing but SUBSCRIBE; results still reach on_results, the counters and the latency); a"
+             " (nothing but SUBSCRIBE; results still reach the sinks, the counters and the latency); a"
              ' FORKLESS_FEEDS entry\'s "replies" overrides it for that feed'),
     Variable("CA_FILE", "ca_file", text_rule(pem_file), "the path of an existing PEM file of CA certificates",
              "extra CA bundle for wss:// (the system store is always used)"),
@@ -251,6 +251,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RELAY_SEQ", "relay_seq", choice(*SEQ_MODES), "feed, stream or none",
              "forkless relay: how the feeds number their messages, for counting gaps: feed (one seq per feed, +1"
              " per message, as the demo feed's), stream (one seq per stream), none (no gap counting)"),
+    Variable("RELAY_MAX_HELD", "relay_max_held", integer(1, 1_000_000), "an integer from 1 to 1000000",
+             "forkless relay: the most messages it holds, taken from the feeds and not yet acknowledged by the"
+             " stream (waiting to be published, or published and unacknowledged); at this bound it takes no more"
+             " and the feeds' readers are pushed back. A higher value keeps more publications unacknowledged at"
+             " once (for a server far away), and a kill -9 loses up to this many more"),
 )
 
 

@@ -10,7 +10,7 @@ Rules:
   checkpoint are its ``PositionCodec``'s (``Connector.positions``); its partitions (a partitioned feed) are owned
   through ``Connector.own_partitions``, which returns an ``OwnedPartitions``: the leases, the checkpoint objects'
   store and the partitions' ``layout``; ``Connector.source`` makes its ``Source`` (io_loop/source.py), fenced by
-  the partitions the connector owns; ``Connector.sink`` makes its ``Sink`` (io_loop/sinks/sink.py) for a relay.
+  the partitions the connector owns; ``Connector.sink`` makes its ``RecordSink`` (io_loop/sinks/sink.py) for a relay.
 - The fence is a typed object (``Fence``), handed by the connector that owns the leases to the source it makes,
   never a key in a dictionary of arguments: ``holds()`` is False once a lease is lost or ran out unrenewed, and
   then nothing more is published for those partitions.
@@ -162,5 +162,5 @@ class Connector(Protocol):
         ...
 
     def sink(self, relay: Any, stats: Any, feed_names: list[str]) -> Any:
-        """Its ``Sink`` for ``forkless relay`` (io_loop/sinks/sink.py): ``relay`` its ``RelaySettings``."""
+        """Its ``RecordSink`` for ``forkless relay`` (io_loop/sinks/sink.py): ``relay`` its ``RelaySettings``."""
         ...

@@ -1,5 +1,5 @@
 """The relay's own figures (``relaystats``): the gaps in the feeds' seqs and the publisher's counters. Its publisher, a
-``Sink`` publishing to JetStream, lives with the JetStream connector (io_loop/connectors/jetstream/publisher.py).
+``RecordSink`` publishing to JetStream, lives with the JetStream connector (io_loop/connectors/jetstream/publisher.py).
 
 Rules:
 - A room of ``forkless.io_loop``: each module is imported by its full name (``forkless.io_loop.relay.relaystats``);

@@ -96,7 +96,7 @@ class RelayStats:
     retried: int = 0  # publications again (after a failure)
     acked: int = 0  # messages the server acknowledged (stored, or a duplicate of one stored)
     duplicates: int = 0  # of those, acknowledged as duplicates (a retry of one already stored)
-    held: int = 0  # taken and not yet acknowledged (waiting or in flight)
+    held: int = 0  # taken and not yet acknowledged (waiting to be published, or published and unacknowledged)
     unpublished: int = 0  # held when the publisher was cancelled: never stored
     connects: int = 0
     reconnects: int = 0

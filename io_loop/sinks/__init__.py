@@ -1,7 +1,7 @@
-"""Sinks: where what the sources hand over leaves; ``sink`` holds the public ``Sink`` seam, its runner and its
-books (the relay's publisher, io_loop/connectors/jetstream/publisher.py, is one; the reply writer, io_loop/writer.py,
-the per-feed
-form of its batches).
+"""Sinks: where what the sources hand over, or a controller's results, leave; ``sink`` holds the public
+``RecordSink`` and ``ResultSink`` seams, their contexts, runner and books (the relay's publisher,
+io_loop/connectors/jetstream/publisher.py, is a record sink; the reply writer, io_loop/writer.py, the per-feed
+form of their batches); ``results`` hands a controller's results to its result sinks.
 
 Rules:
 - A room of ``forkless.io_loop``: each module is imported by its full name (``forkless.io_loop.sinks.sink``);

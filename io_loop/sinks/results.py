@@ -5,9 +5,9 @@ Rules:
   io_loop/crossing.py): no third queue. With sinks the feed set always routes outbound
   (io_loop/feeds.py): its router hands each item's results to every sink (``hand``), in the order
   of the steps, then its frames to their feeds' outboxes.
-- Each sink is run by a ``SinkRunner`` (io_loop/sinks/sink.py: the same books, the same error rule:
-  a ``run`` that raises ends the run with ``FeedFatal`` naming it) and reads its own bounded
-  ``ResultQueue`` as ``ctx.batches()`` of ``ResultBatch``es.
+- Each sink (a ``ResultSink``) is run by a ``SinkRunner`` (io_loop/sinks/sink.py: the same books, the same
+  error rule: a ``run`` that raises ends the run with ``FeedFatal`` naming it) and reads its own bounded
+  ``ResultQueue`` through its ``ResultContext``, as ``ctx.batches()`` of ``ResultBatch``es.
 - Backpressure, as for a slow socket with one feed: a sink ``capacity`` batches behind holds the
   router (it awaits room), so outbound fills, the main thread's put waits (until the stop's deadline,
   controller/queues.py's ``Outlet``), the main thread takes no more from inbound, and each source's
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import janus
 from forkless.io_loop.crossing import Outgoing, Results
 from forkless.io_loop.loopthread import run_all
-from forkless.io_loop.sinks.sink import UNWRITTEN, Sink, SinkRunner, SinkStats
+from forkless.io_loop.sinks.sink import UNWRITTEN, ResultContext, ResultSink, SinkRunner, SinkStats
 
 __all__ = ["ResultQueue", "ResultSinks"]
 
@@ -107,8 +107,8 @@ class ResultSinks:
     """The controller's sinks on the IO loop (see the module rules): ``sinks`` in order, the
     feeds' names (``ResultBatch.feeds``), each sink's queue ``capacity`` batches."""
 
-    def __init__(self, sinks: Sequence[Sink], feed_names: Sequence[str], capacity: int) -> None:
-        self.runners = [SinkRunner(sink, feed_names) for sink in sinks]
+    def __init__(self, sinks: Sequence[ResultSink], feed_names: Sequence[str], capacity: int) -> None:
+        self.runners = [SinkRunner(sink, feed_names, context=ResultContext) for sink in sinks]
         names = [runner.name for runner in self.runners]
         if len(set(names)) < len(names):
             raise ValueError(f"two sinks are named alike ({', '.join(map(repr, names))}): each sink needs a name "

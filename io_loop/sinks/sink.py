@@ -1,14 +1,20 @@
-"""The public ``Sink`` protocol: where what the sources hand over leaves, on the IO thread's loop.
+"""The public sink protocols: where what the sources hand over (``RecordSink``) or a controller's results
+(``ResultSink``) leave, on the IO thread's loop.
 
 Rules:
-- A sink is any object with a ``name`` and ``async run(ctx)``, run on the IO thread's loop beside
-  the sources, in the main thread's place as the reader of what they hand over (a source → sink
-  run: the relay, io_loop/connectors/jetstream/publisher.py, or a user's own through ``forkless.SinkRun``). It
-  takes batches with ``async for batch in ctx.batches()``, in the order the sources handed them
-  over (each feed's in its own order): ``MessageBatch`` (a feed's decoded messages, column-wise)
-  or ``EventBatch`` (the objects a source handed over with ``emit_event``). A controller's sinks
-  (``Controller(sinks=...)``, io_loop/sinks/results.py) are handed ``ResultBatch``es instead: each
-  stepped batch's results, as ``on_results`` got them, in the order of the steps.
+- Two protocols, one per kind of batch, on the same machinery (``SinkContext``, the books, ``SinkRunner``):
+  - a ``RecordSink`` (a ``name`` and ``async run(ctx: RecordContext)``) is run on the IO thread's loop beside
+    the sources, in the main thread's place as the reader of what they hand over (a source → sink run: the
+    relay, io_loop/connectors/jetstream/publisher.py, or a user's own through ``forkless.SinkRun``). Its
+    ``ctx.batches()`` are ``MessageBatch``es (a feed's decoded messages, column-wise) and ``EventBatch``es (the
+    objects a source handed over with ``emit_event``), in the order the sources handed them over (each feed's
+    in its own order);
+  - a ``ResultSink`` (a ``name`` and ``async run(ctx: ResultContext)``) is a controller's
+    (``Controller(sinks=...)``, io_loop/sinks/results.py): its ``ctx.batches()`` are ``ResultBatch``es, each
+    stepped batch's results, as the main thread's ``OnResults`` got them, in the order of the steps.
+  The two are alike in shape (an object with a ``name`` and ``run``), so which one an object is, is said by
+  where it is handed (``SinkRun``'s sink, ``Controller(sinks=)``) and by its ``run``'s annotation, for a type
+  checker; the context it is given decides the batches it gets.
 - The books: every item taken is *held* until the sink says ``batch.wrote(n)`` (``n`` more of the
   batch's items are written, or stored where the sink waits for its server's acknowledgement) or
   ``batch.drop(reason)`` (the rest given up, counted in ``dropped`` by reason). ``wrote`` takes an
@@ -44,7 +50,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import janus
 import numpy as np
@@ -52,8 +58,8 @@ from forkless.io_loop.crossing import Chunk, Events, Results
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.loopthread import cancel_bounded
 
-__all__ = ["Acknowledged", "EventBatch", "MessageBatch", "ResultBatch", "Sink", "SinkBatch", "SinkContext",
-           "SinkRunner", "SinkStats"]
+__all__ = ["Acknowledged", "EventBatch", "MessageBatch", "RecordContext", "RecordSink", "ResultBatch", "ResultContext",
+           "ResultSink", "SinkBatch", "SinkContext", "SinkRunner", "SinkStats"]
 
 log = logging.getLogger("forkless.sink")
 
@@ -74,15 +80,6 @@ class SinkBatch(Protocol):
     def wrote(self, n: int) -> None: ...
 
     def drop(self, reason: str) -> None: ...
-
-
-@runtime_checkable
-class Sink(Protocol):
-    """A sink written by the user (see the module rules): a ``name`` and ``async run(ctx)``."""
-
-    name: str
-
-    async def run(self, ctx: SinkContext) -> None: ...
 
 
 @dataclass
@@ -125,8 +122,16 @@ def check_count(n: Any, left: int, what: str) -> int:
     return n
 
 
-class _Held:
-    """The part every sink batch shares: how many of its items are left, the books' updates."""
+def check_sink(sink: Any, kind: str) -> None:
+    """``TypeError`` unless ``sink`` is an object with a non-empty str ``name`` and ``run`` (a ``kind``)."""
+    name = getattr(sink, "name", None)
+    if not isinstance(name, str) or not name or not callable(getattr(sink, "run", None)):
+        raise TypeError(f"a sink is an object with a name (a non-empty str) and async run(ctx): {sink!r} is not "
+                        f"(forkless.{kind}, docs/embedding/sinks.md)")
+
+
+class _BatchBooks:
+    """The part every sink batch shares: its books, how many of its items are left, and their updates."""
 
     __slots__ = ("_left", "_stats")
 
@@ -154,7 +159,7 @@ class _Held:
             self._left = 0
 
 
-class MessageBatch(_Held):
+class MessageBatch(_BatchBooks):
     """A feed's decoded messages (one hand-over of its), column-wise: ``seq``, ``stream``, ``x``
     (float rows, ``features`` wide), ``positions`` (a replayable source's, else None), ``feed``
     (its name), ``connection`` (the source's connection they were read on; 0: it counts none),
@@ -186,7 +191,7 @@ class MessageBatch(_Held):
         return list(zip(self.seq, self.stream, self.x))
 
 
-class EventBatch(_Held):
+class EventBatch(_BatchBooks):
     """Objects a source handed over with ``emit_event`` (``items``, as they are), from ``feed``."""
 
     __slots__ = ("feed", "index", "items", "received_ns")
@@ -201,8 +206,8 @@ class EventBatch(_Held):
         return len(self.items)
 
 
-class ResultBatch(_Held):
-    """One stepped batch's results (a controller's sinks), as ``on_results`` got them: ``seq``,
+class ResultBatch(_BatchBooks):
+    """One stepped batch's results (a controller's sinks), as ``OnResults`` got them: ``seq``,
     ``stream``, ``outputs`` (output name -> numpy array whose leading axis is the messages, in
     arrival order; read them, do not write them: every sink is handed the same arrays) and
     ``feeds`` (each message's feed or source name). ``items`` is ``(feed, seq, stream, {output
@@ -227,8 +232,13 @@ class ResultBatch(_Held):
                 for i, (feed, seq, stream) in enumerate(zip(self.feeds, self.seq, self.stream))]
 
 
-class SinkContext:
-    """What a sink is handed (see the module rules). IO loop only, like the sink itself."""
+B = TypeVar("B", MessageBatch | EventBatch, ResultBatch)
+
+
+class SinkContext(Generic[B]):
+    """What a sink is handed (see the module rules), the machinery both kinds share: the batches in
+    order, ``stopping``, the books. ``RecordContext`` and ``ResultContext`` say which batches come.
+    IO loop only, like the sink itself."""
 
     def __init__(self, name: str, inbound: Any, feed_names: Sequence[str], stats: SinkStats) -> None:
         self.name = name
@@ -248,15 +258,15 @@ class SinkContext:
         """True once ``batches()`` has ended: nothing more comes."""
         return self._ended
 
-    async def batches(self) -> AsyncIterator[MessageBatch | EventBatch | ResultBatch]:
-        """The batches the sources handed over, in order, until the stop has taken the last."""
+    async def batches(self) -> AsyncIterator[B]:
+        """The batches, in order, until the stop has taken the last."""
         while True:
             batch = await self.next_batch()
             if batch is None:
                 return
             yield batch
 
-    async def next_batch(self) -> MessageBatch | EventBatch | ResultBatch | None:
+    async def next_batch(self) -> B | None:
         """The next batch (waiting for it); None once the sources have stopped and all was taken."""
         if self._ended:
             return None
@@ -266,9 +276,9 @@ class SinkContext:
             self._ended = True
             self.stopping.set()
             return None
-        return self._batch(item)
+        return self._taken(self._batch(item))
 
-    def next_ready(self) -> MessageBatch | EventBatch | ResultBatch | None:
+    def next_ready(self) -> B | None:
         """The next batch if one waits now, else None (no await: what is queued, taken at once)."""
         if self._ended:
             return None
@@ -280,37 +290,70 @@ class SinkContext:
             self._ended = True
             self.stopping.set()
             return None
-        return self._batch(item)
+        return self._taken(self._batch(item))
 
-    def _batch(self, item: Any) -> MessageBatch | EventBatch | ResultBatch:
-        stats = self.stats
+    def _feed_name(self, index: int) -> str:
         names = self._feed_names
-        if isinstance(item, Results):  # a controller's sink: a batch's results (io_loop/sinks/results.py)
-            batch = ResultBatch(item, names, stats)
-            stats.taken += len(batch)
-            stats.batches += 1
-            return batch
-        name = names[item.feed] if 0 <= item.feed < len(names) else str(item.feed)
-        batch = EventBatch(item, name, stats) if isinstance(item, Events) else MessageBatch(item, name, stats)
-        stats.taken += len(batch)
-        stats.batches += 1
+        return names[index] if 0 <= index < len(names) else str(index)
+
+    def _batch(self, item: Any) -> B:
+        raise NotImplementedError  # each kind of context makes its own batches
+
+    def _taken(self, batch: B) -> B:
+        self.stats.taken += len(batch)
+        self.stats.batches += 1
         return batch
 
 
-class SinkRunner:
-    """The IO thread's side of one sink (io_loop/thread.py): ``await run(inbound)`` runs it, keeps
-    its books and turns its failure into ``FeedFatal`` (see the module rules)."""
+class RecordContext(SinkContext[MessageBatch | EventBatch]):
+    """A ``RecordSink``'s context: what the sources handed over, as ``MessageBatch``es and ``EventBatch``es."""
 
-    def __init__(self, sink: Sink, feed_names: Sequence[str], stats: SinkStats | None = None) -> None:
-        name = getattr(sink, "name", None)
-        if not isinstance(name, str) or not name or not callable(getattr(sink, "run", None)):
-            raise TypeError(f"a sink is an object with a name (a non-empty str) and async run(ctx): {sink!r} is not "
-                            "(forkless.Sink, docs/embedding/sinks.md)")
+    def _batch(self, item: Chunk | Events) -> MessageBatch | EventBatch:
+        name = self._feed_name(item.feed)
+        return EventBatch(item, name, self.stats) if isinstance(item, Events) else MessageBatch(item, name, self.stats)
+
+
+class ResultContext(SinkContext[ResultBatch]):
+    """A ``ResultSink``'s context: each stepped batch's results, as ``ResultBatch``es (io_loop/sinks/results.py)."""
+
+    def _batch(self, item: Results) -> ResultBatch:
+        return ResultBatch(item, self._feed_names, self.stats)
+
+
+@runtime_checkable
+class RecordSink(Protocol):
+    """A sink of records, written by the user (see the module rules): a ``name`` and ``async run(ctx)``,
+    handed ``MessageBatch``es and ``EventBatch``es (``forkless.SinkRun``, the relay)."""
+
+    name: str
+
+    async def run(self, ctx: RecordContext) -> None: ...
+
+
+@runtime_checkable
+class ResultSink(Protocol):
+    """A sink of results, written by the user (see the module rules): a ``name`` and ``async run(ctx)``,
+    handed ``ResultBatch``es (``Controller(sinks=...)``)."""
+
+    name: str
+
+    async def run(self, ctx: ResultContext) -> None: ...
+
+
+class SinkRunner:
+    """The IO thread's side of one sink of either kind (io_loop/thread.py, io_loop/sinks/results.py): ``await
+    run(inbound)`` runs it with a ``context`` (``RecordContext`` or ``ResultContext``), keeps its books and
+    turns its failure into ``FeedFatal`` (see the module rules)."""
+
+    def __init__(self, sink: RecordSink | ResultSink, feed_names: Sequence[str], stats: SinkStats | None = None, *,
+                 context: type[RecordContext | ResultContext] = RecordContext) -> None:
+        check_sink(sink, "ResultSink" if context is ResultContext else "RecordSink")
         self.sink = sink
-        self.name = name
+        self.name: str = sink.name
         self.feed_names = list(feed_names)
         self.stats = stats if stats is not None else SinkStats()
-        self.ctx: SinkContext | None = None
+        self._context = context
+        self.ctx: RecordContext | ResultContext | None = None
 
     def begin_stop(self) -> None:
         """The orderly stop began (on the loop): ``ctx.stopping`` is set."""
@@ -318,7 +361,7 @@ class SinkRunner:
             self.ctx.stopping.set()
 
     async def run(self, inbound: Any) -> None:
-        self.ctx = ctx = SinkContext(self.name, inbound, self.feed_names, self.stats)
+        self.ctx = ctx = self._context(self.name, inbound, self.feed_names, self.stats)
         try:  # its own task: a sink that swallows its cancellation is given up after a grace (loopthread.py)
             await cancel_bounded(self.sink.run(ctx), name=f"forkless-sink-{self.name}-run", what=f"sink {self.name!r}")
         except FeedFatal:

@@ -163,7 +163,7 @@ class JetStreamConnector:
 
         fence = self._owned.fence if self._owned is not None else None
         return JetStreamSource(self.feed, timeouts=timeouts, reconnect=reconnect, tls=tls,
-                               max_batch=limits.max_batch, max_msg_bytes=limits.max_msg_bytes,
+                               max_msg_bytes=limits.max_msg_bytes,
                                partitioning=partitioning, fence=fence)
 
     def sink(self, relay: Any, stats: Any, feed_names: list[str]) -> Any:

@@ -49,7 +49,7 @@ Rules:
   else ``PositionLost``.
 - A partitioned feed (``partition_count``) is handed one position per partition (``floors``):
   it starts at the lowest and skips, per partition, the messages (and the good elements of a
-  message) that the partition's position covers (a ``Take`` with ``held``), until it is past all
+  message) that the partition's position covers (a ``Take`` with ``in_state``), until it is past all
   of them; a partition without a recorded position starts per ``start``. An element whose
   stream is not in the partition of the subject it came on (``own_partition``, the server's
   function: a publisher that did not escape the name, or another partition count) is an error
@@ -101,14 +101,14 @@ def delivery_numbers(reply: bytes) -> tuple[int, int, int, int] | None:
 @dataclass(frozen=True, slots=True)
 class Take:
     """A delivery to decode and hand over, after its first ``skip`` good elements (handed over
-    before: a restored position inside it); ``held``: the partition's restored state holds all
+    before: a restored position inside it); ``in_state``: the partition's restored state holds all
     of it, nothing is handed over. ``partition``: the one its subject names (-1: not partitioned)."""
 
     seq: int
     pending: int
     partition: int = -1
     skip: int = 0
-    held: bool = False
+    in_state: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -426,7 +426,7 @@ class Leases:
         if task is not None:
             if stop is not None:
                 stop.set()
-            await asyncio.wait([task])  # a round in flight ends within a lease: its revisions are kept
+            await asyncio.wait([task])  # a round under way ends within a lease: its revisions are kept
             self._renewer = None
         keys = list(self._held)
         if keys:

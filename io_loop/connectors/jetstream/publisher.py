@@ -3,11 +3,11 @@ published to a JetStream stream, one JSON object per NATS message, and held unti
 stored it. Imported only by the relay (it imports nats-py, an optional extra).
 
 Rules:
-- A public ``Sink`` (io_loop/sinks/sink.py), run on the IO loop by the IO thread's ``SinkRunner``: it takes
+- A public ``RecordSink`` (io_loop/sinks/sink.py), run on the IO loop by the IO thread's ``SinkRunner``: it takes
   the batches the feeds' hand-overs put on inbound (``ctx.next_batch()``), on the same loop; the
   relay's main thread (controller/lifetime/sinkrun.py's ``SinkRun``) touches neither queue. No second
   loop, no hop between threads, and backpressure is one rule: a batch is taken only while fewer than
-  ``max_in_flight`` (FORKLESS_MAX_BATCH) messages are held (waiting to be published, or published and
+  ``max_held`` (FORKLESS_RELAY_MAX_HELD) messages are held (waiting to be published, or published and
   not yet acknowledged). Inbound is bounded and the relay's hand-over blocks (FORKLESS_OVERFLOW=block),
   so a slow or absent server stops the feeds' readers and TCP pushes back on the WebSocket servers.
 - Ids: a message gets its id when it is taken, ``Nats-Msg-Id: <run id>:<n>`` (the run id random per
@@ -72,7 +72,7 @@ from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.reconnect import DONE, drive
 from forkless.io_loop.relay.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
 from forkless.io_loop.settings import RelaySettings
-from forkless.io_loop.sinks.sink import EventBatch, MessageBatch, SinkContext
+from forkless.io_loop.sinks.sink import EventBatch, MessageBatch, RecordContext
 
 __all__ = ["Publisher"]
 
@@ -86,8 +86,9 @@ SUBJECT_CACHE = 100_000  # stream names whose subject is kept (then the cache st
 # ---- the publisher --------------------------------------------------------------------------------
 
 
-class _Held:
-    """One message taken and not yet acknowledged (``batch``: the sink batch it came in)."""
+class _Publication:
+    """One message taken, to be published until acknowledged: its id ``n``, subject and payload, whether it was
+    published yet (``sent``), and ``batch``, the sink batch it came in."""
 
     __slots__ = ("batch", "n", "payload", "sent", "subject")
 
@@ -131,11 +132,11 @@ class Publisher:
         self.run_id = secrets.token_hex(8)
         self.shown_url = relay.target.shown_url
         self._n = 0  # ids given so far
-        self._waiting: deque[_Held] = deque()  # taken, not published on the current connection
-        self._in_flight: dict[int, _Held] = {}  # published on the current connection, not acknowledged
+        self._waiting: deque[_Publication] = deque()  # taken, not published on the current connection
+        self._unacknowledged: dict[int, _Publication] = {}  # published on the current connection, not acknowledged yet
         self._inbound_done = False
         self._wake = asyncio.Event()  # something changed: an ack, a new message, a failure
-        self._room = asyncio.Event()  # fewer than max_in_flight held
+        self._room = asyncio.Event()  # fewer than max_held held
         self._subjects: dict[str, str] = {}
         self._gap_logged_at: dict[int, float] = {}
         self._gaps_not_logged: Counter[int] = Counter()
@@ -149,21 +150,21 @@ class Publisher:
 
     # ---- the sink -------------------------------------------------------------------------------
 
-    async def run(self, ctx: SinkContext) -> None:
+    async def run(self, ctx: RecordContext) -> None:
         taker = asyncio.create_task(self._take(ctx), name="forkless-relay-take")
-        log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages in flight)", self.relay.subject,
-                 self.shown_url, self.run_id, self.relay.max_in_flight)
+        log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages held)", self.relay.subject,
+                 self.shown_url, self.run_id, self.relay.max_held)
         try:
             await drive(_Link(self, taker), Backoff.of(self.relay.reconnect))
         finally:
             taker.cancel()
             await asyncio.gather(taker, return_exceptions=True)
-            held = len(self._waiting) + len(self._in_flight)
+            held = len(self._waiting) + len(self._unacknowledged)
             if held:
                 self.stats.unpublished += held
                 log.error("relay: %d messages taken from the feeds were never stored by %s (ids %s:%d and after)",
                           held, self.shown_url, self.run_id, min(m.n for m in (*self._waiting,
-                                                                             *self._in_flight.values())))
+                                                                             *self._unacknowledged.values())))
             self._log_gap_totals()
 
     async def _pause(self, delay: float, taker: asyncio.Task) -> None:
@@ -174,8 +175,8 @@ class Publisher:
 
     # ---- taking chunks ------------------------------------------------------------------------------
 
-    async def _take(self, ctx: SinkContext) -> None:
-        bound = self.relay.max_in_flight
+    async def _take(self, ctx: RecordContext) -> None:
+        bound = self.relay.max_held
         while True:
             while self.stats.held >= bound:
                 self._room.clear()
@@ -214,7 +215,7 @@ class Publisher:
                     subjects.clear()
                 subject = subjects[stream] = f"{self.relay.subject}.{escape_stream(stream)}"
             self._n += 1
-            waiting.append(_Held(chunk, self._n, subject, dumps({"seq": seq, "stream": stream, "x": x})))
+            waiting.append(_Publication(chunk, self._n, subject, dumps({"seq": seq, "stream": stream, "x": x})))
         self.stats.taken += len(chunk)
         self.stats.held += len(chunk)
 
@@ -245,7 +246,7 @@ class Publisher:
 
     async def _serve(self, nc: Transport, conn: _Connection, taker: asyncio.Task) -> str:
         """Publish until everything taken is stored and inbound is done (returns ""), or until the
-        connection fails (returns why; the messages in flight wait to be published again)."""
+        connection fails (returns why; the unacknowledged messages wait to be published again)."""
         await self._connected(nc)
         prefix = nc.new_inbox() + "."
         try:
@@ -258,7 +259,7 @@ class Publisher:
         except NatsError as exc:
             return f"publishing failed: {exc}"
         finally:
-            self._requeue_in_flight()
+            self._requeue_unacknowledged()
             await sub.unsubscribe()
             await self._end(nc, conn)
 
@@ -276,22 +277,22 @@ class Publisher:
     def _on_ack(self, conn: _Connection, cut: int) -> Callable[[Any], Awaitable[None]]:
         """The callback of ``conn``'s acknowledgements (subjects ``<inbox>.<n>``, ``cut`` the length of
         ``<inbox>.``): a message stored (or a duplicate) is no longer held; an error ack fails ``conn``."""
-        stats, bound = self.stats, self.relay.max_in_flight
-        in_flight, wake = self._in_flight, self._wake
+        stats, bound = self.stats, self.relay.max_held
+        unacknowledged, wake = self._unacknowledged, self._wake
 
         async def on_ack(msg: Any) -> None:
             try:
                 n = int(msg.subject[cut:])
             except ValueError:
                 return
-            held = in_flight.get(n)
+            held = unacknowledged.get(n)
             if held is None:  # an ack of an earlier connection's publication, or a copy
                 return
             problem = _ack_problem(msg)
             if problem:
                 conn.fail(problem.replace("{subject}", repr(held.subject)))
                 return
-            del in_flight[n]
+            del unacknowledged[n]
             held.batch.wrote(1)
             stats.acked += 1
             stats.held -= 1
@@ -307,19 +308,19 @@ class Publisher:
         """Publish what waits and wait for the acks, until everything taken is stored and inbound is
         done (returns "") or ``conn`` fails: its callbacks say why, or no ack came for
         FORKLESS_CONNECT_TIMEOUT_S while some were awaited."""
-        stats, in_flight, waiting, wake = self.stats, self._in_flight, self._waiting, self._wake
+        stats, unacknowledged, waiting, wake = self.stats, self._unacknowledged, self._waiting, self._wake
         timeout = self.relay.timeouts.connect_timeout_s
         loop = asyncio.get_running_loop()
         acked, waiting_since = stats.acked, loop.time()  # the last ack seen, and since when we wait for one
         while True:
-            if not in_flight:  # nothing awaited: the wait for an ack starts with the next publication
+            if not unacknowledged:  # nothing awaited: the wait for an ack starts with the next publication
                 acked, waiting_since = stats.acked, loop.time()
             await self._publish_waiting(nc, conn, prefix)
             if conn.failure:
                 return conn.failure
             if taker.done() and not self._inbound_done:
                 taker.result()  # what killed it (a bug): raised, not waited on forever
-            if not in_flight and not waiting and self._inbound_done:
+            if not unacknowledged and not waiting and self._inbound_done:
                 return ""
             now = loop.time()
             if stats.acked != acked:  # progress: the wait for an ack starts again
@@ -329,28 +330,28 @@ class Publisher:
                         "(FORKLESS_CONNECT_TIMEOUT_S)")
             wake.clear()
             try:
-                async with asyncio.timeout(waiting_since + timeout - now if in_flight else None):
+                async with asyncio.timeout(waiting_since + timeout - now if unacknowledged else None):
                     await wake.wait()
             except TimeoutError:
                 pass
 
     async def _publish_waiting(self, nc: Transport, conn: _Connection, prefix: str) -> None:
-        """Publish the waiting messages in order while fewer than ``max_in_flight`` are in flight and
+        """Publish the waiting messages in order while fewer than ``max_held`` are unacknowledged and
         ``conn`` has not failed, each with its id and its ack's subject ``<prefix><n>``: as one buffer
         of HPUB commands, the client protocol's own (``Transport.publish_commands``: one write),
         not one ``publish`` a message. A payload larger than the server's ``max_payload`` is published
         alone, once those before it are sent, and raises as ``publish`` does."""
-        stats, bound = self.stats, self.relay.max_in_flight
-        in_flight, waiting = self._in_flight, self._waiting
+        stats, bound = self.stats, self.relay.max_held
+        unacknowledged, waiting = self._unacknowledged, self._waiting
         if conn.failure:
             return
         header = f"NATS/1.0\r\nNats-Msg-Id: {self.run_id}:".encode()
         reply, max_payload = prefix.encode(), nc.max_payload
         parts: list[bytes] = []
         add = parts.append
-        while waiting and len(in_flight) < bound:
+        while waiting and len(unacknowledged) < bound:
             held = waiting.popleft()
-            in_flight[held.n] = held
+            unacknowledged[held.n] = held
             if held.sent:
                 stats.retried += 1
             else:
@@ -373,12 +374,12 @@ class Publisher:
         if parts:
             await nc.publish_commands(b"".join(parts))
 
-    def _requeue_in_flight(self) -> None:
-        """After a connection: what was in flight waits to be published again, in order, before what was waiting."""
-        in_flight = self._in_flight
-        if in_flight:
-            self._waiting.extendleft(sorted(in_flight.values(), key=lambda m: m.n, reverse=True))
-            in_flight.clear()
+    def _requeue_unacknowledged(self) -> None:
+        """After a connection: what was unacknowledged waits to be published again, in order, before what waited."""
+        unacknowledged = self._unacknowledged
+        if unacknowledged:
+            self._waiting.extendleft(sorted(unacknowledged.values(), key=lambda m: m.n, reverse=True))
+            unacknowledged.clear()
 
     async def _end(self, nc: Transport, conn: _Connection) -> None:
         conn.failure = conn.failure or "closed"  # its callbacks (the close's own) change nothing now

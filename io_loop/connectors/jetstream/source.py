@@ -95,7 +95,11 @@ __all__ = ["JetStreamSource"]
 
 log = logging.getLogger("forkless.jetstream")
 
-PULL_BATCH_MIN = 64  # messages asked for in one pull request (at least; MAX_BATCH when larger)
+# messages asked for in one pull request: at most this many are out to us (max_ack_pending is twice it), whatever
+# the micro-batch's size (FORKLESS_MAX_BATCH; a batch takes what the queue holds, several pulls' worth or part of
+# one). Not a setting: pulls 4x as large, a quarter of the round trips, gained nothing (bench/docs/jetstream.md);
+# 256 is what the pulls were at the default batch size when the two were one knob
+PULL_BATCH = 256
 PULL_EXPIRES_S = 5.0  # a pull request with nothing to deliver ends after this long (then a new one)
 PULL_HEARTBEAT_S = 1.0  # the server's idle heartbeat on an open pull request
 MISSED_HEARTBEATS = 3  # nothing at all for this many heartbeats: the connection is dropped
@@ -166,7 +170,7 @@ class JetStreamSource(SourceCapabilities):
     starts_connected = False  # connected once a connection is up (ctx.connection_opened)
 
     def __init__(self, feed: FeedSpec, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings,
-                 max_batch: int, max_msg_bytes: int, partitioning: PartitionSettings | None = None,
+                 max_msg_bytes: int, partitioning: PartitionSettings | None = None,
                  fence: Fence | None = None) -> None:
         assert feed.jetstream is not None
         self.name, self.replies, self.required = feed.name, feed.replies, feed.required
@@ -177,7 +181,7 @@ class JetStreamSource(SourceCapabilities):
         self.figures = SourceStats()
         self.consumer = Consumer(self.spec, feed.label, self.figures)  # made again at run, from ctx.resume_from
         self.shown_url = feed.shown_url
-        self.pull_batch = max(PULL_BATCH_MIN, max_batch)
+        self.pull_batch = PULL_BATCH
         self._stopping = False
         # a partitioned instance's leases (fence.holds() False once it may no longer publish)
         self.publisher = ReplyPublisher(timeouts, feed, self.figures, fence)
@@ -448,7 +452,7 @@ class JetStreamSource(SourceCapabilities):
             last = reply
             if take is SKIP:
                 continue
-            if take.held:  # a partition's restored position is past it: read, nothing of it handed over
+            if take.in_state:  # a partition's restored position is past it: read, nothing of it handed over
                 await ctx.emit_decoded(_NOTHING, take.seq)
             else:
                 await self._consume(ctx, data, take)

@@ -47,7 +47,7 @@ log = logging.getLogger("forkless.store")
 
 T = TypeVar("T")
 
-IN_FLIGHT = 64  # requests (create, get, update, delete) in flight at once, over many keys
+CONCURRENT_REQUESTS = 64  # requests (create, get, update, delete) under way at once, over many keys
 CLOSE_S = 1.0
 STOP_POLL_S = 0.05  # a wait (connection retries, a dead holder's lease) looks at the caller's stop this often
 TAKE_ATTEMPTS = 5  # a lease key changing hands under a claimant, an object overwritten while read: StoreError
@@ -68,9 +68,9 @@ async def sleep_or_stop(seconds: float, stop: threading.Event | None) -> None:
 
 
 async def each(fn: Callable[[str], Awaitable[T]], items: Iterable[str]) -> list[T]:
-    """``fn`` on every item, at most ``IN_FLIGHT`` at once; the first error cancels the rest and
+    """``fn`` on every item, at most ``CONCURRENT_REQUESTS`` at once; the first error cancels the rest and
     is raised as it is (not in an ExceptionGroup)."""
-    gate = asyncio.Semaphore(IN_FLIGHT)
+    gate = asyncio.Semaphore(CONCURRENT_REQUESTS)
 
     async def one(item: str) -> T:
         async with gate:

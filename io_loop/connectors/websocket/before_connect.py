@@ -1,7 +1,7 @@
 """The before-connect hook: credentials an embedder computes for each connection attempt of a feed.
 
 Rules:
-- The hook is the embedder's callable (``Controller(config, before_connect=hook)``), handed to
+- The hook is the embedder's callable (``Controller(config, connect=ConnectHooks(before_connect=hook))``), handed to
   the IO side as a constructor argument (``IOThread`` → ``FeedSet`` → ``WebSocketSource``), like the
   on-connect hook (io_loop/connectors/websocket/on_connect.py); the IO side never imports the controller. It is for
   credentials that change: a login over HTTP, a token refresh, a signed URL.

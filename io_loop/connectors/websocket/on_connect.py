@@ -1,7 +1,7 @@
 """The on-connect hook: frames an embedder computes for each new connection of a feed.
 
 Rules:
-- The hook is the embedder's callable (``Controller(config, on_connect=hook)``), handed to the
+- The hook is the embedder's callable (``Controller(config, connect=ConnectHooks(on_connect=hook))``), handed to the
   IO side as a constructor argument (``IOThread`` → ``FeedSet`` → ``WebSocketSource``); the IO side
   never imports the controller. It is for subscriptions that must be made per connection:
   signed, timestamped, or listing what the program holds now.

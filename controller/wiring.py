@@ -1,0 +1,285 @@
+"""What a ``Controller`` is built from: the typed groups of its arguments, and the old keywords refused by name.
+
+Rules:
+- ``Controller(config=None, *, processor, codec, sources, sinks, on_event, connect, runtime)``: eight arguments
+  (tests/test_wiring.py holds the count), each one thing. What was a flag or a loose keyword is a value here:
+  ``EVENTS_ONLY`` is a processor (none runs), ``OnResults`` a sink (called in the main thread), ``OnEvent`` the
+  events' callback with its options, ``ConnectHooks`` the WebSocket feeds' hooks, ``Runtime`` what the controller
+  does in its host process (status lines, the collector, systemd), where it keeps its checkpoints, and the tests'
+  seam (``io_factory``).
+- Each group is a frozen dataclass, checked when it is made (``TypeError`` naming the field and what it takes), so
+  a mistake is refused where it is written; a group handed to the wrong argument is refused naming the right one.
+- Results leave one way, ``sinks``: ``split_sinks`` parts them into the main thread's (``OnResults``: called in
+  order after each step, before the batch's replies are put, as ``on_results`` was) and the IO thread's
+  (``ResultSink``s, io_loop/sinks/results.py). Two ways in stay apart: ``sources`` hand messages and events over,
+  ``on_event`` takes the events in the main thread.
+- An old keyword (``on_results=``, ``events_only=``, …) is refused with a ``TypeError`` that names its new
+  spelling (``refusing_old_keywords``); none keeps working, so the signature says all the controller takes. The
+  attribute ``on_results``, which a program could replace, is refused the same way (``ReplacedAttribute``): set,
+  it would be read by nothing.
+- Pure: no JAX, no threads, nothing of the IO side is imported (the types named in the hints only for a type
+  checker), so a group may be built before the configuration is read.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # hints only: each would import the IO side or the checkpoint writer
+    from forkless.controller.checkpoints.checkpointer import CheckpointStore
+    from forkless.controller.ioside import IOFactory
+    from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect
+    from forkless.io_loop.connectors.websocket.on_connect import OnConnect
+    from forkless.io_loop.sinks.sink import ResultSink
+
+__all__ = ["EVENTS_ONLY", "ConnectHooks", "EventsOnly", "OnEvent", "OnResults", "Runtime"]
+
+log = logging.getLogger("forkless.controller")
+
+ResultsCallback = Callable[[list[Any], list[str], dict[str, Any]], None]
+"""``fn(seq, stream, outputs)``: a batch's results; ``outputs`` maps each output name to a numpy array whose
+leading axis is the batch's messages (padding already cut off), in arrival order."""
+
+EventCallback = Callable[[str, Any], None]
+"""``fn(source, event)``: each object a user source handed over as it is (``SourceContext.emit_event``), in
+order, in the main thread from ``process_pending``; with ``OnEvent(fn, connections=True)`` also each feed's
+``ConnectionEvent``s, in order with them."""
+
+
+class EventsOnly:
+    """The type of ``forkless.EVENTS_ONLY``, the one value: ``Controller(processor=forkless.EVENTS_ONLY)`` runs no
+    processor (controller/eventsonly.py): the sources hand over only events, and nothing is compiled."""
+
+    __slots__ = ()
+    _the: EventsOnly | None = None
+
+    def __new__(cls) -> EventsOnly:
+        if cls._the is None:
+            cls._the = super().__new__(cls)
+        return cls._the
+
+    def __repr__(self) -> str:
+        return "forkless.EVENTS_ONLY"
+
+    def __reduce__(self) -> str:
+        return "EVENTS_ONLY"  # a copy or an unpickled one is the same value
+
+
+EVENTS_ONLY = EventsOnly()
+
+
+def _callable(value: Any, what: str, takes: str) -> None:
+    if not callable(value):
+        raise TypeError(f"{what} takes a callable, {takes}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class OnResults:
+    """A sink of results called in the main thread: ``fn(seq, stream, outputs)`` after each step, before the
+    batch's replies are handed to the IO thread (``Controller(sinks=[forkless.OnResults(fn)])``). What it
+    raises is raised by ``process_pending()``, ``run()`` or ``stop()`` once that batch's replies are put."""
+
+    fn: ResultsCallback
+
+    def __post_init__(self) -> None:
+        _callable(self.fn, "OnResults(fn)", "fn(seq, stream, outputs)")
+
+
+@dataclass(frozen=True)
+class OnEvent:
+    """``Controller(on_event=...)`` with its options: ``fn(source, event)`` in the main thread for what the sources
+    hand over with ``emit_event``; ``connections=True``: also each feed's ``ConnectionEvent`` as its connection
+    comes up or goes down (docs/embedding/connection-events.md). A plain callable is ``OnEvent(fn)``."""
+
+    fn: EventCallback
+    connections: bool = False
+
+    def __post_init__(self) -> None:
+        _callable(self.fn, "OnEvent(fn)", "fn(source, event)")
+        if not isinstance(self.connections, bool):
+            raise TypeError(f"OnEvent(connections=...) takes True or False, not {self.connections!r}")
+
+
+@dataclass(frozen=True)
+class ConnectHooks:
+    """``Controller(connect=...)``: the WebSocket feeds' hooks, run on the IO thread's loop.
+    ``on_connect(feed, connection)``: frames sent first on every new connection (a signed subscription);
+    ``before_connect(feed, attempt)``: each attempt's URL and headers (a login, a token refresh);
+    docs/embedding/subscriptions.md."""
+
+    on_connect: OnConnect | None = None
+    before_connect: BeforeConnect | None = None
+
+    def __post_init__(self) -> None:
+        if self.on_connect is not None:
+            _callable(self.on_connect, "ConnectHooks(on_connect=...)", "on_connect(feed, connection)")
+        if self.before_connect is not None:
+            _callable(self.before_connect, "ConnectHooks(before_connect=...)", "before_connect(feed, attempt)")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """``Controller(runtime=...)``: what the controller does in its host process, and where it keeps its
+    checkpoints (docs/embedding/controller.md).
+
+    ``out``: where ``run()``'s status lines go (None: a flushed ``print``); ``freeze_gc``: freeze the objects
+    alive at ``start()`` for the run (``gc.freeze``, undone by the stop); ``notify_systemd``: tell systemd the
+    run's phases and feed its watchdog (a ``Type=notify`` unit); ``checkpoint_store``: a ``CheckpointStore`` of
+    the program's own instead of ``FORKLESS_CHECKPOINT_DIR``; ``io_factory``: the tests' seam, the IO side to
+    run against (None: the real IO thread; tests/fake_io.py)."""
+
+    out: Callable[[str], None] | None = None
+    freeze_gc: bool = False
+    notify_systemd: bool = False
+    checkpoint_store: CheckpointStore | None = None
+    io_factory: IOFactory | None = None
+
+    def __post_init__(self) -> None:
+        if self.out is not None:
+            _callable(self.out, "Runtime(out=...)", "out(line)")
+        for name in ("freeze_gc", "notify_systemd"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"Runtime({name}=...) takes True or False, not {getattr(self, name)!r}")
+        if self.io_factory is not None:
+            _callable(self.io_factory, "Runtime(io_factory=...)", "io_factory(config, codec, stats, snapshot)")
+
+
+# ---- the Controller's arguments checked ------------------------------------------------------------------
+
+
+def checked_group(value: Any, kind: type, argument: str, spelled: str) -> Any:
+    """``value`` (None: ``kind()``) when it is a ``kind``; else ``TypeError`` naming ``argument`` and ``spelled``."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise TypeError(f"Controller({argument}=...) takes {spelled}, not {value!r}")
+    return value
+
+
+def runs_no_processor(processor: Any) -> bool:
+    """Whether ``processor`` is ``EVENTS_ONLY``; ``TypeError`` unless it is that, None (the default detector) or a
+    processor (``init`` and ``step`` callables)."""
+    if processor is EVENTS_ONLY:
+        return True
+    if processor is not None and not (callable(getattr(processor, "init", None))
+                                      and callable(getattr(processor, "step", None))):
+        raise TypeError(f"Controller(processor=...) takes a forkless.Processor (init, step), or forkless.EVENTS_ONLY "
+                        f"to run none, not {processor!r}")
+    return False
+
+
+def event_callback(on_event: EventCallback | OnEvent | None) -> OnEvent | None:
+    """``on_event`` as an ``OnEvent`` (a plain callable: ``OnEvent(fn)``), or None."""
+    if on_event is None or isinstance(on_event, OnEvent):
+        return on_event
+    if isinstance(on_event, (OnResults, ConnectHooks, Runtime)):
+        raise TypeError(f"Controller(on_event=...) takes fn(source, event) or forkless.OnEvent(fn, connections=...), "
+                        f"not {on_event!r}")
+    _callable(on_event, "Controller(on_event=...)", "fn(source, event), or forkless.OnEvent(fn, connections=True)")
+    return OnEvent(on_event)
+
+
+def split_sinks(sinks: Sequence[OnResults | ResultSink]) -> tuple[tuple[OnResults, ...], tuple[ResultSink, ...]]:
+    """``Controller(sinks=...)`` parted into the main thread's (``OnResults``) and the IO thread's, each in order.
+    A lone sink, or a function, is refused naming the fix; the IO thread's are checked further where the feeds
+    are planned (controller/ioside.py ``checked_sinks``)."""
+    if isinstance(sinks, (str, bytes, OnResults)) or hasattr(sinks, "run") or not hasattr(sinks, "__iter__"):
+        raise TypeError(f"Controller(sinks=...) takes a list of sinks (sinks=[...]), not {sinks!r}")
+    main: list[OnResults] = []
+    io: list[Any] = []
+    for sink in sinks:
+        if isinstance(sink, OnResults):
+            main.append(sink)
+        elif callable(sink) and not hasattr(sink, "run"):
+            raise TypeError(f"Controller(sinks=[...]) was given {sink!r}, a callable: wrap it as "
+                            "forkless.OnResults(fn) to call it in the main thread with each batch's results")
+        else:
+            io.append(sink)
+    return tuple(main), tuple(io)
+
+
+def main_thread_results(sinks: Sequence[OnResults]) -> ResultsCallback:
+    """One call that hands a batch's results to each ``OnResults`` in order (none: a call that does nothing, so the
+    step never asks whether there is one). Each is called whatever an earlier one raised; the first exception is
+    raised after the last call (a later one is logged)."""
+    if not sinks:
+        return _no_results
+    if len(sinks) == 1:
+        return sinks[0].fn
+    fns = tuple(sink.fn for sink in sinks)
+
+    def each(seq: list[Any], stream: list[str], outputs: dict[str, Any]) -> None:
+        raised: BaseException | None = None
+        for fn in fns:
+            try:
+                fn(seq, stream, outputs)
+            except BaseException as exc:  # raised below, once every sink has had the batch
+                if raised is None:
+                    raised = exc
+                else:
+                    log.error("OnResults(%r) raised %r after an earlier OnResults raised (that one is raised)", fn,
+                              exc)
+        if raised is not None:
+            raise raised
+
+    return each
+
+
+def _no_results(seq: list[Any], stream: list[str], outputs: dict[str, Any]) -> None:
+    """No ``OnResults``: the results go to the IO thread's sinks and the replies only."""
+
+
+# ---- the old keywords -------------------------------------------------------------------------------------
+
+# each keyword the controller took before its arguments were grouped, and how it is written now
+OLD_KEYWORDS = {
+    "on_results": "Controller(on_results=f) is now Controller(sinks=[forkless.OnResults(f)])",
+    "events_only": "Controller(events_only=True) is now Controller(processor=forkless.EVENTS_ONLY)",
+    "on_connect": "Controller(on_connect=h) is now Controller(connect=forkless.ConnectHooks(on_connect=h))",
+    "before_connect": "Controller(before_connect=h) is now Controller(connect=forkless.ConnectHooks(before_connect=h))",
+    "connection_events": "Controller(on_event=f, connection_events=True) is now "
+                         "Controller(on_event=forkless.OnEvent(f, connections=True))",
+    "out": "Controller(out=f) is now Controller(runtime=forkless.Runtime(out=f))",
+    "freeze_gc": "Controller(freeze_gc=True) is now Controller(runtime=forkless.Runtime(freeze_gc=True))",
+    "notify_systemd": "Controller(notify_systemd=True) is now "
+                      "Controller(runtime=forkless.Runtime(notify_systemd=True))",
+    "checkpoint_store": "Controller(checkpoint_store=s) is now "
+                        "Controller(runtime=forkless.Runtime(checkpoint_store=s))",
+    "io_factory": "Controller(io_factory=f) is now Controller(runtime=forkless.Runtime(io_factory=f))",
+}
+
+
+class ReplacedAttribute:
+    """An attribute the controller had, read or assigned: ``AttributeError`` naming what took its place (assigning
+    ``ctl.on_results`` would otherwise set an attribute nothing reads, and the results would be lost silently)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        raise AttributeError(self.message)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise AttributeError(self.message)
+
+
+def refusing_old_keywords(init: Callable[..., None]) -> Callable[..., None]:
+    """``Controller.__init__`` that refuses each old keyword with a ``TypeError`` naming its new spelling, before
+    anything is built; every other argument goes to ``init`` as it is (its own signature refuses the rest), and
+    ``inspect.signature`` shows ``init``'s."""
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        old = [name for name in OLD_KEYWORDS if name in kwargs]
+        if old:
+            raise TypeError("the Controller's arguments are grouped now (docs/embedding/controller.md): "
+                            + "; ".join(OLD_KEYWORDS[name] for name in old))
+        init(self, *args, **kwargs)
+
+    return checked
