@@ -126,7 +126,8 @@ class Inline:
 
 
 async def send(ws: Any, frame: str | bytes, text: Any) -> None:
-    if type(frame) is bytes:  # UTF-8 JSON from the codec: a text frame as is (as io_loop/sources/client.py)
+    # UTF-8 JSON from the codec: a text frame as is (as io_loop/connectors/websocket/client.py)
+    if type(frame) is bytes:
         await ws.send_frame(frame, text)
     else:
         await ws.send_str(frame)

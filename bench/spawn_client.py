@@ -151,7 +151,8 @@ class Child:
         self.wake.set()
 
     async def send(self, ws: Any, frame: str | bytes) -> None:
-        if type(frame) is bytes:  # UTF-8 JSON from the codec: a text frame as is (as io_loop/sources/client.py)
+        # UTF-8 JSON from the codec: a text frame as is (as io_loop/connectors/websocket/client.py)
+        if type(frame) is bytes:
             await ws.send_frame(frame, self.text)
         else:
             await ws.send_str(frame)
@@ -209,7 +210,7 @@ class Child:
                 break
 
     async def write(self, ws: Any) -> None:
-        # the same one-write-per-batch corking as io_loop/sources/client.py, so the designs differ
+        # the same one-write-per-batch corking as io_loop/connectors/websocket/client.py, so the designs differ
         # only in how work crosses between threads or processes
         from forkless.io_loop.net.aiohttp_compat import cork  # aiohttp: no JAX in the child
 

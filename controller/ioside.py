@@ -9,13 +9,14 @@ Rules:
 - The IO thread gets what it needs as constructor arguments (settings, codec, counters to
   write, the whole-process snapshot, the metrics renderer, every feed's source ready made, the
   restored positions, the plan's sinks of results), never attributes set on it from outside.
-- Every feed's source is built here (``feed_sources``; the relay and ``--check`` call it too): the one
-  place a feed's kind is decided, from the configuration (a user's source by its name, a connector's
-  (io_loop/connectors/connector.py: the JetStream feed's), the embedded demo feed for the feed with no url,
-  a WebSocket feed), each source handed the settings groups it reads (io_loop/settings.py) and the
-  embedder's connect hooks. The IO side (io_loop/feeds.py, io_loop/thread.py) runs the sources it is
-  handed and imports none of their modules.
-- The feeds that are connectors get theirs once, here (``connector_for``, in ``feed_plan``): the controller
+- Every feed's source is built here (``feed_sources``; the relay and ``--check`` call it too): a user's
+  source by its name, every configured feed's by its connector (io_loop/connectors/connector.py), which
+  ``connector_for`` chooses: the one place a feed's kind is decided (a JetStream feed's connector, else the
+  WebSocket one's: a WebSocket feed, or the embedded demo feed for the feed with no url). The connector makes
+  the source from the settings groups (io_loop/settings.py) and the embedder's connect hooks. The IO side
+  (io_loop/feeds.py, io_loop/thread.py) runs the sources it is handed and imports none of their modules, and
+  nothing here imports a connector's room but its connector.
+- The configured feeds get their connectors once, here (``connector_for``, in ``feed_plan``): the controller
   asks a feed's connector, never its kind, for what Controller.send may hand it, its positions' codec and
   its partitions; ``io_thread`` hands the same connectors to ``feed_sources``, so a partitioned feed's
   source is fenced by the leases its connector owns.
@@ -42,14 +43,14 @@ from forkless.controller.config import Config
 from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.capabilities import check_methods, declarations, warn_lookalikes
 from forkless.io_loop.connectors.connector import Connector, PositionCodec
+from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect
+from forkless.io_loop.connectors.websocket.connector import WebSocketConnector
+from forkless.io_loop.connectors.websocket.on_connect import OnConnect
 from forkless.io_loop.counters import IOSnapshot, IOStats
 from forkless.io_loop.sends import declared_send_policy
 from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.sinks.sink import ResultSink, check_sink
 from forkless.io_loop.source import Source
-from forkless.io_loop.sources.before_connect import BeforeConnect
-from forkless.io_loop.sources.client import WebSocketSource
-from forkless.io_loop.sources.on_connect import OnConnect
 from forkless.io_loop.thread import IOThread
 from forkless.io_loop.waiting import PARK, WaitSettings
 
@@ -60,19 +61,19 @@ __all__ = ["FeedPlan", "IOFactory", "IOSide", "NoIOSide", "checked_sinks", "feed
 class FeedPlan(NamedTuple):
     """What the controller runs: every feed's spec in order (the configured feeds, then the
     user's own sources), the user's sources by name, whether the demo feed runs, the user's sinks, and the
-    configured feeds' connectors by name (``connector_for``)."""
+    configured feeds' connectors (``connector_for``; the demo feed's is made where its source is)."""
 
     specs: tuple[FeedSpec, ...]
     sources: dict[str, Source]
     uses_demo_feed: bool
     sinks: tuple[ResultSink, ...] = ()  # the controller's sinks of results on the IO thread (``checked_sinks``)
-    connectors: tuple[Connector, ...] = ()  # the configured feeds' that are connectors, in order
+    connectors: tuple[Connector, ...] = ()  # the configured feeds', in order
     # each feed's deadline for what ``Controller.send`` hands it without a ``max_age_s`` (a source's
     # ``send_max_age_s``, io_loop/sends.py; None: none), in the order of ``specs`` (empty: none for any)
     send_max_age_s: tuple[float | None, ...] = ()
 
     def connector(self, name: str) -> Connector | None:
-        """The connector of the feed named ``name`` (None: it is not one)."""
+        """The connector of the configured feed named ``name`` (None: a user's source, or no such feed)."""
         return next((c for c in self.connectors if c.feed.name == name), None)
 
     def partitioned(self) -> Connector | None:
@@ -123,7 +124,7 @@ def feed_plan(config: Config, sources: Sequence[Source] = (), *, check_demo: boo
     side of the caller's own runs no demo feed (the tests' fake). ``sinks``: ``checked_sinks``."""
     sinks = checked_sinks(sinks)
     configured = () if config.uses_demo_feed else config.feed_specs
-    connectors = tuple(c for spec in configured if (c := connector_for(spec)) is not None)
+    connectors = tuple(connector_for(spec) for spec in configured)
     if not sources:
         if config.uses_demo_feed and check_demo:  # its settings are checked only when it runs
             config.check_demo_feed()
@@ -164,43 +165,30 @@ def checked_sinks(sinks: Sequence[ResultSink]) -> tuple[ResultSink, ...]:
     return sinks
 
 
-def connector_for(spec: FeedSpec) -> Connector | None:
-    """The connector of one configured feed (io_loop/connectors/connector.py), None for a feed that is not one
-    (a WebSocket feed, the demo feed, a user's source): with ``feed_source``, the one place a feed's kind is
-    decided. The composition root makes each once (``feed_plan``) and hands it to ``feed_sources``."""
+def connector_for(spec: FeedSpec) -> Connector:
+    """The connector of one configured feed (io_loop/connectors/connector.py): a JetStream feed's, else the
+    WebSocket one's (a WebSocket feed, or the embedded demo feed for the feed with no url). The one place a feed's
+    kind is decided; the composition root makes each once (``feed_plan``) and hands it to ``feed_sources``."""
     if spec.jetstream is not None:
         # only with a JetStream feed: its room (the connector itself imports no nats-py until it makes a source)
         from forkless.io_loop.connectors.jetstream.connector import JetStreamConnector
 
         return JetStreamConnector(spec)
-    return None
+    return WebSocketConnector(spec)
 
 
 def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, Source],
                 on_connect: OnConnect | None, before_connect: BeforeConnect | None,
                 connector: Connector | None = None) -> Source:
-    """The source of one configured feed: the one place its kind is decided, from the configuration
-    (a user's source by its name, a connector's (``connector``, else ``connector_for``'s), the embedded demo feed
-    for the feed with no url, a WebSocket feed)."""
+    """The source of one feed: a user's source by its name, else the one its connector makes (``connector``, else
+    ``connector_for``'s), handed the settings groups, the demo feed's settings where it runs, and the hooks."""
     if spec.name in sources:  # a user's own source
         return sources[spec.name]
     s = settings
     connector = connector if connector is not None else connector_for(spec)
-    if connector is not None:
-        return connector.source(timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, limits=s.limits,
-                                partitioning=s.partitioning)
-
-    def websocket(feed: FeedSpec, url: str | None = None) -> WebSocketSource:
-        return WebSocketSource(feed, timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, credentials=s.credentials,
-                               max_msg_bytes=s.limits.max_msg_bytes, url=url, on_connect=on_connect,
-                               before_connect=before_connect, feeds_from_list=s.feeds_from_list)
-
-    if not spec.url and s.uses_demo_feed:
-        # only when it runs: the demo feed's server (io_loop/sources/demo_source.py has the reason)
-        from forkless.io_loop.sources.demo_source import DemoSource
-
-        return DemoSource(spec, s.demo, timeouts=s.timeouts, client=websocket)
-    return websocket(spec)
+    return connector.source(timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, credentials=s.credentials,
+                            limits=s.limits, partitioning=s.partitioning, demo=s.demo if s.uses_demo_feed else None,
+                            on_connect=on_connect, before_connect=before_connect, feeds_from_list=s.feeds_from_list)
 
 
 def feed_sources(settings: IOSettings, *, sources: Mapping[str, Source] | None = None,

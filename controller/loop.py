@@ -78,13 +78,13 @@ from forkless.controller.wiring import (
     runs_no_processor,
     split_sinks,
 )
+from forkless.io_loop.connectors.websocket.on_connect import frames_of
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.errors import LeaseLost, StopRequested
 from forkless.io_loop.sends import checked_max_age, sent_frames
 from forkless.io_loop.sinks.sink import ResultSink
 from forkless.io_loop.source import Source
-from forkless.io_loop.sources.on_connect import frames_of
 from forkless.io_loop.waiting import WaitSettings, resolve_handoff
 
 __all__ = ["Controller"]
@@ -126,10 +126,10 @@ class Controller:
 
     ``connect``: ``forkless.ConnectHooks(on_connect=..., before_connect=...)``, the WebSocket feeds' hooks, run
     on the IO thread's loop: ``on_connect(feed, connection)`` computes the frames sent first on every new
-    connection (a signed, timestamped subscription: io_loop/sources/on_connect.py); ``before_connect(feed,
+    connection (a signed, timestamped subscription: io_loop/connectors/websocket/on_connect.py); ``before_connect(feed,
     attempt)`` this attempt's URL and headers, a ``Handshake`` (or None for the configured ones), before every
     opening handshake, and with it a handshake refused with HTTP 401/403 asks it again instead of giving up
-    (io_loop/sources/before_connect.py, docs/embedding/subscriptions.md).
+    (io_loop/connectors/websocket/before_connect.py, docs/embedding/subscriptions.md).
 
     ``runtime``: ``forkless.Runtime(...)``, what the controller does in its host process: ``out`` (where the
     status lines go); ``freeze_gc`` (freeze the objects alive when the run starts, ``gc.freeze``, so the

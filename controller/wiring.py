@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # hints only: each would import the IO side or the checkpoint writer
     from forkless.controller.checkpoints.checkpointer import CheckpointStore
     from forkless.controller.ioside import IOFactory
+    from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect
+    from forkless.io_loop.connectors.websocket.on_connect import OnConnect
     from forkless.io_loop.sinks.sink import ResultSink
-    from forkless.io_loop.sources.before_connect import BeforeConnect
-    from forkless.io_loop.sources.on_connect import OnConnect
 
 __all__ = ["EVENTS_ONLY", "ConnectHooks", "EventsOnly", "OnEvent", "OnResults", "Runtime"]
 

@@ -87,7 +87,7 @@ class SupportsSummary(Protocol):
 
 @runtime_checkable
 class SupportsProbe(Protocol):
-    """``async probe(codec, say, *, dedupe_window_s)``: ``--check``'s try of it (io_loop/sources/probe.py)."""
+    """``async probe(codec, say, *, dedupe_window_s)``: ``--check``'s try of it (io_loop/probe.py)."""
 
     async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float) -> None: ...
 

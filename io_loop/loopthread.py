@@ -1,6 +1,6 @@
 """LoopThread: one thread running one new asyncio loop for one main coroutine — the one loop-in-a-thread
 primitive under the IO thread (io_loop/thread.py), the IO portal (io_loop/portal.py), the checkpoint
-store's thread (io_loop/connectors/jetstream/storethread.py) and ``--check``'s feed probe (io_loop/sources/probe.py,
+store's thread (io_loop/connectors/jetstream/storethread.py) and ``--check``'s feed probe (io_loop/probe.py,
 ``run_in_thread``).
 anyio's ``BlockingPortal`` is the model: a start handshake, the exception delivered, cancellation at exit.
 

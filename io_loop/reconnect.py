@@ -1,6 +1,6 @@
 """The reconnect driver: connect, serve, back off, again: the one loop under the WebSocket feed
-(io_loop/sources/client.py), the JetStream feed (io_loop/connectors/jetstream/source.py), the relay's publisher
-(io_loop/connectors/jetstream/publisher.py) and ``Relogin`` (io_loop/sources/relogin.py).
+(io_loop/connectors/websocket/client.py), the JetStream feed (io_loop/connectors/jetstream/source.py), the relay's
+publisher (io_loop/connectors/jetstream/publisher.py) and ``Relogin`` (io_loop/relogin.py).
 
 Rules:
 - ``await drive(link, backoff)`` owns the loop and the ``Backoff`` (io_loop/backoff.py): its
@@ -20,21 +20,55 @@ Rules:
 - Tries used up (``failed()`` is None): ``raise link.gave_up(reason, failures, lost)``, where
   ``lost`` says whether the last failure was a lost connection (else a failed attempt) and
   ``failures`` is the backoff's count in a row; the link builds the ``FeedFatal``.
-- Pure of clocks but the one passed (``clock``, ``time.monotonic``): no sleeping of its own.
+- ``drive`` is pure of clocks but the one passed (``clock``, ``time.monotonic``): no sleeping of its own. Beside
+  it, what the feeds' links share (the WebSocket feed's, the JetStream feed's and its replies'): ``End`` and
+  ``Outcome``, how a reader, a writer or a served connection ended, and ``pause_before_reconnect``, a link's
+  ``pause`` cut short once the stop has come and nothing is left to send.
 """
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.errors import FeedFatal
 
-__all__ = ["DONE", "Link", "drive"]
+__all__ = ["DONE", "End", "Link", "Outcome", "drive", "pause_before_reconnect"]
 
 DONE = None  # what ``Link.serve`` returns when the work is over: no reconnect
+
+
+class Outcome(enum.Enum):
+    """How a reader, a writer or a whole connection ended."""
+
+    DRAINED = "outbound shut down and every item sent"  # writer
+    STOPPED = "stopped reading on request"  # reader
+    CLOSED = "closed with 1000 after sending every result"  # connection
+    LOST = "connection lost"  # any of them; ``End.reason`` says why
+
+
+@dataclass(frozen=True)
+class End:
+    outcome: Outcome
+    reason: str = ""
+    code: int | None = None  # the close code the connection ended with, where one is known (its ConnectionEvent's)
+
+
+async def pause_before_reconnect(delay: float, ended: Callable[[], bool]) -> None:
+    """Sleep ``delay`` seconds before a feed's next attempt, or less once ``ended()`` says the
+    stop has come and nothing is left to send (a feed that is down need not connect again)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + delay
+    while True:
+        left = end - loop.time()
+        if left <= 0 or ended():
+            return
+        await asyncio.sleep(min(left, 0.05))
 
 
 class Link(Protocol):

@@ -6,7 +6,7 @@ Rules:
   sent (``sent_at``) and its deadline (``deadline``, ``time.monotonic()`` seconds; None: none), on
   its ``Outgoing`` (io_loop/crossing.py) and on each of its frames: a ``SentText`` (a ``str``) or
   ``SentBytes`` (a ``bytes``), so whatever holds a frame (a source's own writer, ``Relogin``'s hold,
-  io_loop/sources/relogin.py) knows its deadline without asking.
+  io_loop/relogin.py) knows its deadline without asking.
 - ``SendWatch`` is one source's, on the IO loop only. It learns of each send when it crosses (the
   bridge's wake-up, io_loop/bridge.py: no wake-up of its own) and, until a writer has it in hand
   (``Outgoing.handed``), gives it up at its deadline, wherever it waits (the outbound queue, the

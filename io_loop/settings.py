@@ -222,8 +222,9 @@ class ReconnectSettings:
 @settings_group
 @dataclass(frozen=True, kw_only=True)
 class Timeouts:
-    """How long a connection's steps may take (io_loop/sources/connect.py, io_loop/connectors/jetstream/transport.py,
-    the stop): FORKLESS_CONNECT_TIMEOUT_S, _HEARTBEAT_S, _STALE_S, _SHUTDOWN_TIMEOUT_S."""
+    """How long a connection's steps may take (io_loop/connectors/websocket/connect.py,
+    io_loop/connectors/jetstream/transport.py, the stop): FORKLESS_CONNECT_TIMEOUT_S, _HEARTBEAT_S, _STALE_S,
+    _SHUTDOWN_TIMEOUT_S."""
 
     connect_timeout_s: float = 10.0  # a connection and its handshake; a JetStream API call
     heartbeat_s: float = 15.0  # the WebSocket ping / the NATS ping interval (0: none)
@@ -234,7 +235,7 @@ class Timeouts:
 @settings_group
 @dataclass(frozen=True, kw_only=True)
 class TlsSettings:
-    """How a TLS connection is verified (io_loop/sources/connect.py's ``make_ssl_context``)."""
+    """How a TLS connection is verified (io_loop/net/tls.py's ``make_ssl_context``)."""
 
     ca_file: str = ""  # FORKLESS_CA_FILE, added to the system trust store
     insecure: bool = _from("tls_insecure", default=False)  # FORKLESS_TLS_INSECURE: verification off
@@ -243,8 +244,8 @@ class TlsSettings:
 @settings_group
 @dataclass(frozen=True, kw_only=True)
 class Credentials:
-    """What every WebSocket handshake carries (io_loop/sources/connect.py's ``handshake_headers``), kept out of
-    ``repr``: FORKLESS_HEADERS and FORKLESS_AUTH_TOKEN (a feed's own headers are its ``FeedSpec``'s)."""
+    """What every WebSocket handshake carries (io_loop/connectors/websocket/connect.py's ``handshake_headers``), kept
+    out of ``repr``: FORKLESS_HEADERS and FORKLESS_AUTH_TOKEN (a feed's own headers are its ``FeedSpec``'s)."""
 
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     auth_token: str = field(default="", repr=False)
@@ -269,8 +270,8 @@ class Limits:
 @settings_group
 @dataclass(frozen=True, kw_only=True)
 class DemoSettings:
-    """The embedded demo feed's (io_loop/sources/demo_source.py): FORKLESS_DEMO_RATE, _STREAMS, _UNIX_SOCKET,
-    and what its messages carry (FORKLESS_FEATURES values each)."""
+    """The embedded demo feed's (io_loop/connectors/websocket/demo_source.py): FORKLESS_DEMO_RATE, _STREAMS,
+    _UNIX_SOCKET, and what its messages carry (FORKLESS_FEATURES values each)."""
 
     rate: float = _from("demo_rate", default=200.0)
     streams: int = _from("demo_streams", default=8)

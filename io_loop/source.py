@@ -43,7 +43,7 @@ Rules:
   ``sent_unsent`` (logged once), and ``ended`` tells the main thread (its feed's snapshot), whose
   ``send`` then refuses. A ``run`` that raises gives the feed up as a failed connection would
   (``FeedFatal``, the traceback kept as its cause).
-- A source that manages its own connections (the built-in WebSocket feed, io_loop/sources/client.py, is
+- A source that manages its own connections (the built-in WebSocket feed, io_loop/connectors/websocket/client.py, is
   one) says what happens to them: ``connection_opened()`` (its id is stamped on what is emitted
   from then), ``connection_closed()``, ``connect_failed(why)``, ``reconnecting(why)``; with
   ``starts_connected = False`` it is not counted as connected before its first connection.

@@ -147,7 +147,7 @@ def test_nothing_tls_over_a_unix_socket_needs_is_missing_from_the_installed_aioh
 
 
 def test_aiohttp_s_failure_on_an_open_websocket_becomes_connection_lost_with_its_text():
-    from forkless.io_loop.sources.connect import ConnectionLost, mapped_aiohttp_errors
+    from forkless.io_loop.connectors.websocket.connect import ConnectionLost, mapped_aiohttp_errors
 
     async def test(server: Server, ws: aiohttp.ClientWebSocketResponse) -> BaseException:
         ws._writer.transport.close()  # the socket is gone under the open WebSocket
@@ -165,7 +165,7 @@ def test_aiohttp_s_failure_on_an_open_websocket_becomes_connection_lost_with_its
 
 def test_other_exceptions_pass_the_aiohttp_mapping_unmapped():
     import pytest
-    from forkless.io_loop.sources.connect import mapped_aiohttp_errors
+    from forkless.io_loop.connectors.websocket.connect import mapped_aiohttp_errors
 
     with pytest.raises(KeyError), mapped_aiohttp_errors():
         raise KeyError("a bug")

@@ -64,7 +64,7 @@ CORE = [
     "controller/settings/vardocs.py",
     "controller/settings/variables.py",
     "io_loop/__init__.py",
-    "io_loop/sources/__init__.py",
+    "io_loop/connectors/websocket/__init__.py",
     "io_loop/connectors/__init__.py",
     "io_loop/connectors/jetstream/__init__.py",
     "io_loop/relay/__init__.py",
@@ -96,20 +96,24 @@ DEVICE = [
 IO = [
     "io_loop/net/aiohttp_compat.py",
     "io_loop/net/appsite.py",
-    "io_loop/sources/before_connect.py",
+    "io_loop/connectors/websocket/before_connect.py",
     "io_loop/bridge.py",
-    "io_loop/sources/client.py",
-    "io_loop/sources/connect.py",
-    "io_loop/sources/demo_feed.py",
-    "io_loop/sources/demo_source.py",
+    "io_loop/connectors/websocket/client.py",
+    "io_loop/connectors/websocket/connector.py",
+    "io_loop/connectors/websocket/connect.py",
+    "io_loop/connectors/websocket/demo_feed.py",
+    "io_loop/connectors/websocket/demo_source.py",
     "io_loop/emitted.py",
     "io_loop/feeds.py",
     "io_loop/finishing.py",
     "io_loop/handover.py",
+    "io_loop/hooks.py",
     "io_loop/waiting.py",
     "io_loop/spill.py",
     "io_loop/net/http.py",
-    "io_loop/sources/on_connect.py",
+    "io_loop/net/tls.py",
+    "io_loop/connectors/websocket/on_connect.py",
+    "io_loop/connectors/websocket/probe.py",
     "io_loop/connectors/jetstream/connector.py",
     "io_loop/connectors/jetstream/source.py",
     "io_loop/connectors/jetstream/probe.py",
@@ -118,7 +122,7 @@ IO = [
     "io_loop/portal.py",
     "io_loop/portalqueue.py",
     "io_loop/reconnect.py",
-    "io_loop/sources/relogin.py",
+    "io_loop/relogin.py",
     "io_loop/connectors/jetstream/deployment.py",
     "io_loop/connectors/jetstream/leases.py",
     "io_loop/connectors/jetstream/transport.py",
@@ -126,7 +130,7 @@ IO = [
     "io_loop/connectors/jetstream/objects.py",
     "io_loop/connectors/jetstream/storethread.py",
     "io_loop/connectors/jetstream/nats_compat.py",
-    "io_loop/sources/probe.py",
+    "io_loop/probe.py",
     "io_loop/connectors/jetstream/publisher.py",
     "io_loop/sinks/results.py",
     "io_loop/sinks/sink.py",
@@ -571,7 +575,7 @@ def test_the_scanner_sees_top_level_class_level_and_nested_function_imports():
 
 
 def test_the_scanner_resolves_relative_imports_and_counts_parent_packages():
-    found = find_imports("from .. import backoff\nfrom ..bridge import Bridge\n", "io_loop/sources/client.py")
+    found = find_imports("from .. import backoff\nfrom ..bridge import Bridge\n", "io_loop/net/http.py")
     assert [imp.targets for imp in found] == [("forkless.io_loop.backoff",), ("forkless.io_loop.bridge",)]
     assert loaded("forkless.io_loop.backoff") == ["forkless.io_loop", "forkless.io_loop.backoff"]
 
@@ -638,7 +642,7 @@ def test_a_websocket_only_run_imports_no_library_only_some_runs_need():
         "from app import load_config\nfrom forkless.controller.loop import Controller\nController(load_config()).run()",
         env=app_env())  # the session's compilation cache: the default step loaded, not compiled cold
     # it did start a feed and JAX
-    assert "forkless.io_loop.sources.client" in loaded_modules and "jax" in loaded_modules
+    assert "forkless.io_loop.connectors.websocket.client" in loaded_modules and "jax" in loaded_modules
     optional = sorted({m.split(".")[0] for m in loaded_modules} & OPTIONAL_LIBRARIES)
     assert not optional, f"a WebSocket-only run imported {optional}: import them only where they are used"
 
@@ -683,6 +687,43 @@ def test_the_nats_rules_see_an_import_outside_the_room_and_an_error_module_named
     inside = find_imports("import nats.errors\nfrom nats.js import api\n", NATS_ROOM + "source.py")
     assert [imp.targets for imp in names_nats_errors(nats_imports(NATS_ROOM + "source.py", inside))] == [
         ("nats.errors",)]
+
+
+# ---- the WebSocket connector is a room: the composition root reaches its feed through its connector -------------
+
+WEBSOCKET_ROOM = "io_loop/connectors/websocket/"
+# what a module outside the room may import of it: the room's package, the connector the composition root talks to,
+# and the connect hooks' public types (Controller's on_connect and before_connect, Handshake, frames_of)
+WEBSOCKET_DOORS = {WEBSOCKET_ROOM + name for name in ("__init__.py", "connector.py", "on_connect.py",
+                                                      "before_connect.py")}
+
+
+def into_the_websocket_room(path: str, imports: list[Import] | None = None) -> list[str]:
+    """What ``path`` imports of the WebSocket room besides its doors (its client, connect, probe, demo feed), each as
+    "file:line loads module"; nothing for a module inside the room."""
+    if path.startswith(WEBSOCKET_ROOM):
+        return []
+    return [f"{imp.where} loads {dep}" for imp in (IMPORTS[path] if imports is None else imports)
+            for target in imp.targets for name in loaded(target) if (dep := MODULES.get(name)) is not None
+            and dep.startswith(WEBSOCKET_ROOM) and dep not in WEBSOCKET_DOORS]
+
+
+def test_outside_the_websocket_room_only_its_connector_and_the_hooks_types_are_imported():
+    # controller/ioside.py's connector_for chooses a feed's connector, which makes its source (a WebSocketSource, the
+    # demo feed's DemoSource): no module outside the room names the client, connect, the probe or the demo feed
+    wrong = [line for path in PATHS for line in into_the_websocket_room(path)]
+    assert not wrong, ("reach the WebSocket feed through its connector (io_loop/connectors/websocket/connector.py):\n"
+                       + "\n".join(wrong))
+    assert {WEBSOCKET_ROOM + "client.py", WEBSOCKET_ROOM + "connector.py"} <= set(PATHS)  # the room is where it is
+
+
+def test_the_websocket_room_rule_sees_a_lazy_import_of_its_client_and_lets_the_connector_through():
+    found = find_imports("from forkless.io_loop.connectors.websocket.connector import WebSocketConnector\n"
+                         "def f():\n    from forkless.io_loop.connectors.websocket import client  # lazily\n",
+                         "controller/ioside.py")
+    assert into_the_websocket_room("controller/ioside.py", found) == [
+        "controller/ioside.py:3 loads io_loop/connectors/websocket/client.py"]
+    assert into_the_websocket_room(WEBSOCKET_ROOM + "connector.py", found) == []
 
 
 # ---- one owner of the device state ---------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Credentials per connection: ``Controller(config, before_connect=hook)`` and its ``Handshake``.
 
-The hook's rules are io_loop/sources/before_connect.py's. ``resolve`` (what the hook returned, made the
+The hook's rules are io_loop/connectors/websocket/before_connect.py's. ``resolve`` (what the hook returned, made the
 attempt's URL and headers) is tested with literal values; the rest against a real loopback
 exchange that wants a login first (tests/login_server.py: ``POST /login`` issues tokens, the
 feed refuses an expired one with 401), with the hook logging in over ``aiohttp.ClientSession``
@@ -21,7 +21,7 @@ import pytest
 from forkless.controller.config import Config
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor
-from forkless.io_loop.sources.before_connect import resolve
+from forkless.io_loop.connectors.websocket.before_connect import resolve
 
 from forkless import ConnectHooks, FeedFatal, Handshake
 from tests.harness import UNIT_S, assert_books_balance, drive

@@ -29,9 +29,9 @@ from forkless.io_loop.capabilities import (
     declarations,
     lookalikes,
 )
+from forkless.io_loop.connectors.websocket.client import WebSocketSource
+from forkless.io_loop.connectors.websocket.demo_source import DemoSource
 from forkless.io_loop.counters import SourceStats
-from forkless.io_loop.sources.client import WebSocketSource
-from forkless.io_loop.sources.demo_source import DemoSource
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = Declarations(replies="all", required=True, starts_connected=True, replayable=False, overflow=None,
@@ -243,7 +243,7 @@ def _reads_of_a_capability(text: str, where: str) -> list[str]:
 
 def test_no_module_reads_a_capability_of_a_source_by_its_name_as_a_string() -> None:
     paths = [path for folder in ("io_loop", "controller") for path in sorted((ROOT / folder).rglob("*.py"))]
-    assert ROOT / "io_loop/sources/probe.py" in paths  # the walk goes into the rooms
+    assert ROOT / "io_loop/probe.py" in paths  # the walk goes into the rooms
     reads = [read for path in paths for read in _reads_of_a_capability(path.read_text(), str(path.relative_to(ROOT)))]
     assert not reads, ("read these through io_loop/capabilities.py: isinstance with its protocols, or "
                        "declarations(source, name):\n" + "\n".join(reads))
@@ -282,8 +282,8 @@ def test_each_built_in_source_declares_its_probe() -> None:
 def test_the_feed_probe_asks_each_source_handed_to_it_and_passes_one_without_a_probe() -> None:
     # the probe knows no kind of feed: a user's source is probed by its own probe() as the built-in ones are
     from forkless.controller.codec import JsonCodec
+    from forkless.io_loop.probe import ProbeFailed, probe_feed
     from forkless.io_loop.settings import FeedSpec
-    from forkless.io_loop.sources.probe import ProbeFailed, probe_feed
 
     class Probed(Bare):
         name = "probed"

@@ -121,18 +121,18 @@ INTERNAL = {
         "a value's parser's complaint: Config.from_env raises ConfigError naming the variable instead",
     "forkless.controller.engine.StepFailed":
         "a step that failed while running: the loop answers the batch 'processing failed' and counts it",
-    "forkless.io_loop.sources.connect.ConnectFailed":
+    "forkless.io_loop.connectors.websocket.connect.ConnectFailed":
         "one failed connection attempt: the client tries again, then gives up with FeedFatal",
     "forkless.io_loop.net.appsite.NoSocket":
         "an OSError: no listening socket for a TCP address; the metrics server raises MetricsServerError for it, "
         "the demo feed's start lets it through as the OSError it was before (--check's ProbeFailed, the source's "
         "failure)",
-    "forkless.io_loop.sources.connect.ConnectionLost":
+    "forkless.io_loop.connectors.websocket.connect.ConnectionLost":
         "aiohttp's failure on an open WebSocket mapped at the edge (mapped_aiohttp_errors): the client ends the "
         "connection with its text and reconnects",
-    "forkless.io_loop.sources.connect.HandshakeRefused":
+    "forkless.io_loop.connectors.websocket.connect.HandshakeRefused":
         "one refused handshake: tried again, or (a 4xx) given up with FeedFatal",
-    "forkless.io_loop.sources.connect._RedirectRefused":
+    "forkless.io_loop.connectors.websocket.connect._RedirectRefused":
         "a 3xx answer inside open_feed, which raises HandshakeRefused for it",
     "forkless.io_loop.connectors.jetstream.transport.NatsConnectFailed":
         "one failed attempt to reach NATS: tried again, then given up with FeedFatal (a feed, the relay) or "
@@ -151,12 +151,12 @@ INTERNAL = {
         "released (someone else wrote the key)",
     "forkless.io_loop.connectors.jetstream.transport.NatsNoStreamResponse":
         "a NatsError: no stream stores a published subject, caught by the reply publisher (the connection ends)",
-    "forkless.io_loop.sources.on_connect.HookFailed":
+    "forkless.io_loop.hooks.HookFailed":
         "an on_connect hook that failed: the connection attempt fails and is tried again",
     "forkless.io_loop.errors.StopRequested":
         "a stop requested while the partition store waited: the controller's start ends there and the run "
         "stops cleanly",
-    "forkless.io_loop.sources.probe.ProbeFailed":
+    "forkless.io_loop.probe.ProbeFailed":
         "--check's probe of a feed or the metrics address: run_check reports it",
 }
 

@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
-from forkless.controller.ioside import feed_sources
+from forkless.controller.ioside import connector_for, feed_plan, feed_source, feed_sources
+from forkless.io_loop.connectors.websocket.client import WebSocketSource
+from forkless.io_loop.connectors.websocket.connector import WebSocketConnector
+from forkless.io_loop.connectors.websocket.demo_source import DemoSource
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events
 from forkless.io_loop.feeds import FeedSet
 from forkless.io_loop.settings import FeedSpec
-from forkless.io_loop.sources.client import WebSocketSource
-from forkless.io_loop.sources.demo_source import DemoSource
 from forkless.io_loop.thread import IOThread
 
 from tests.harness import UNIT_S
@@ -67,6 +68,43 @@ def test_the_configuration_builds_each_feed_s_source_with_its_hooks() -> None:
     mine = Greeter()
     assert feed_sources(dataclasses.replace(two.io_settings(), feed_specs=(FeedSpec("mine", ""),)),
                         sources={"mine": mine}) == [mine]
+
+
+def test_a_websocket_feed_and_the_demo_feed_are_decided_by_their_connector_as_a_jetstream_feed_is() -> None:
+    """Issue 56: the WebSocket feed is a connector the same way. ``connector_for`` chooses every configured feed's
+    connector (a WebSocket feed's, the demo feed's), the plan holds it, and ``feed_source`` makes the source by
+    asking it, with the settings groups and the hooks."""
+    async def hook(feed: str, connection: Any) -> list[str]:
+        return []
+
+    plan = feed_plan(Config(feeds='[{"name": "a", "url": "ws://127.0.0.1:1/a"}, {"name": "b", "url": "ws://h:1/b"}]'))
+    assert [(type(c), c.feed.name) for c in plan.connectors] == [(WebSocketConnector, "a"), (WebSocketConnector, "b")]
+    connector = plan.connector("a")
+    # no position to keep, no partitions, frames may be sent to it
+    assert (connector.positions, connector.partitioned, connector.refuses_sends(), plan.sendable("b")) == (
+        None, False, "", 1)
+    settings = dataclasses.replace(Config().io_settings(), feed_specs=plan.specs, uses_demo_feed=False)
+    made = feed_source(plan.specs[0], settings, sources={}, on_connect=hook, before_connect=None, connector=connector)
+    assert (type(made), made.name, made.url, made.on_connect) == (WebSocketSource, "a", "ws://127.0.0.1:1/a", hook)
+    demo = Config().io_settings()
+    (spec,) = demo.feed_specs
+    assert type(connector_for(spec)) is WebSocketConnector
+    assert type(feed_source(spec, demo, sources={}, on_connect=hook, before_connect=None)) is DemoSource
+
+
+def test_a_websocket_connector_refuses_what_only_a_jetstream_feed_does_naming_the_feed() -> None:
+    connector = connector_for(FeedSpec("a", "ws://127.0.0.1:1/a"))
+    settings = Config().io_settings()
+    with pytest.raises(ValueError, match=r"feed 'a' \(ws://127.0.0.1:1/a\) is a WebSocket feed: it owns no partitions"):
+        connector.own_partitions(settings.partitioning, timeouts=settings.timeouts, reconnect=settings.reconnect,
+                                 tls=settings.tls, instances=None)
+    with pytest.raises(ValueError, match=r"WebSocket feed: the relay publishes to JetStream \(FORKLESS_RELAY_NATS"):
+        connector.sink(None, None, ["a"])
+    assert connector.describe(settings.partitioning, None, None) == []
+    nowhere = connector_for(FeedSpec("b", ""))  # no url, and the demo feed does not run: nowhere to connect
+    with pytest.raises(ValueError, match="feed 'b' has no url and the demo feed does not run"):
+        feed_source(FeedSpec("b", ""), dataclasses.replace(settings, uses_demo_feed=False), sources={},
+                    on_connect=None, before_connect=None, connector=nowhere)
 
 
 def test_neither_the_io_thread_nor_the_feed_set_carries_hooks_or_the_fence() -> None:

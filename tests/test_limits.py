@@ -100,7 +100,7 @@ def test_a_redirect_to_another_origin_is_refused_and_no_header_reaches_it():
 
 
 def test_a_redirect_to_a_malformed_url_is_refused_naming_it_not_a_crash():
-    from forkless.io_loop.sources.connect import HandshakeRefused, new_session, open_feed
+    from forkless.io_loop.connectors.websocket.connect import HandshakeRefused, new_session, open_feed
 
     async def handle(request: web.Request) -> web.Response:  # web.HTTPFound would refuse the Location itself
         return web.Response(status=302, headers={"Location": "ws://[::1/elsewhere?sig=abc"})

@@ -53,7 +53,7 @@ def test_the_wheel_holds_forkless_alone_and_the_requirements(installed):
         entry = z.read(next(n for n in names if n.endswith("dist-info/entry_points.txt"))).decode()
     assert tops == {"forkless", wheel.name.split("-py3")[0] + ".dist-info"}
     assert {"forkless/controller/loop.py", "forkless/io_loop/source.py", "forkless/controller/checkpoints/snapshot.py",
-            "forkless/io_loop/sources/client.py"} <= set(names)
+            "forkless/io_loop/connectors/websocket/client.py"} <= set(names)
     requires = sorted(line.removeprefix("Requires-Dist: ") for line in meta.splitlines()
                       if line.startswith("Requires-Dist: ") and "extra ==" not in line)
     extras = [line for line in meta.splitlines() if line.startswith("Requires-Dist: ") and "extra ==" in line]

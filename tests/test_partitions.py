@@ -257,12 +257,12 @@ def test_a_transform_that_disagrees_with_the_feed_is_a_problem_naming_both(subje
 
 
 def _probe(url: str, entry: dict, **config: object) -> tuple[list[str], str | None]:
-    """``--check``'s network half for one feed (io_loop/sources/probe.py), in this process: what it printed,
+    """``--check``'s network half for one feed (io_loop/probe.py), in this process: what it printed,
     and its failure (None when the feed passed)."""
     from forkless.controller.codec import JsonCodec
     from forkless.controller.commands.check import probe_feeds
     from forkless.controller.config import Config
-    from forkless.io_loop.sources.probe import ProbeFailed
+    from forkless.io_loop.probe import ProbeFailed
 
     cfg = Config(feeds=json.dumps([{"name": "ticks", "nats": url, "results": "scores", **entry}]),
                  connect_timeout_s=5.0, **config)

@@ -1,4 +1,4 @@
-"""Re-login for your own client (io_loop/sources/relogin.py, issue 44 "What to build" 5): fresh credentials
+"""Re-login for your own client (io_loop/relogin.py, issue 44 "What to build" 5): fresh credentials
 on each connection, sends held while it reconnects, resent or failed explicitly, against a real
 loopback exchange on ``websockets`` whose tokens expire (tests/ws_exchange.py: 4003 at expiry,
 401 for an expired token). The documents' example runs through a ``Controller`` as a process.

@@ -1,7 +1,7 @@
 """Subscriptions: ``Config(subscribe=<JSON value>)``, the on-connect hook, and acknowledgement frames.
 
 Against real loopback servers (tests/servers.py): what the server received first on each
-connection is compared frame for frame. The hook's rules are io_loop/sources/on_connect.py's; the
+connection is compared frame for frame. The hook's rules are io_loop/connectors/websocket/on_connect.py's; the
 acknowledgement is a codec's ``decode`` returning ``Decoded()`` (no message, no error).
 One ``Processor`` object is shared so the step is compiled once for the file.
 """
@@ -23,7 +23,8 @@ from forkless.controller.errors import ConfigError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor
 from forkless.controller.stats import books_line
-from forkless.io_loop.sources.on_connect import HookFailed, call_hook, frames_of
+from forkless.io_loop.connectors.websocket.on_connect import call_hook, frames_of
+from forkless.io_loop.hooks import HookFailed
 
 from forkless import ConnectHooks
 from tests.harness import UNIT_S, assert_books_balance, drive

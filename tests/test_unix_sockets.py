@@ -31,7 +31,7 @@ from forkless.controller.processor import ewma_processor
 from forkless.io_loop.errors import MetricsServerError
 from forkless.io_loop.net.http import MetricsServer
 from forkless.io_loop.net.unixsocket import listen_unix
-from forkless.io_loop.sources.probe import ProbeFailed
+from forkless.io_loop.probe import ProbeFailed
 
 from tests.harness import UNIT_S, AppProcess, assert_books_balance, drive, run_app
 from tests.no_inet import REFUSED

@@ -3,7 +3,7 @@
 It shows the configuration (secrets hidden), the JAX version, backend and devices; compiles
 the step for every bucket (controller/device/compiled.py, the code the controller runs) and runs
 each once; checks the metrics address can be bound and makes ONE connection to the feed
-(io_loop/sources/probe.py). Every step runs even when an earlier one failed, so one run lists every
+(io_loop/probe.py). Every step runs even when an earlier one failed, so one run lists every
 problem. Exit statuses are those of controller/errors.py: 0 everything worked; 1 JAX,
 compilation or the metrics address failed; 3 the feed is unreachable, refused the
 handshake, or timed out; 2 bad configuration, decided before this runs except for a
@@ -26,8 +26,8 @@ from forkless.controller.settings.variables import VARIABLES, as_text
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
 from forkless.io_loop.net.netaddr import redact_url
+from forkless.io_loop.probe import ProbeFailed, check_metrics_addr, probe_feed
 from forkless.io_loop.settings import IOSettings
-from forkless.io_loop.sources.probe import ProbeFailed, check_metrics_addr, probe_feed
 
 __all__ = ["probe_feeds", "run_check"]
 
@@ -89,7 +89,7 @@ def _print(line: str) -> None:
 def probe_feeds(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], None], *,
                 dedupe_window_s: float = 180.0) -> None:
     """``--check``'s feed step: each feed's source, built as a run builds it (controller/ioside.py's
-    ``feed_sources``), tries itself (io_loop/sources/probe.py's ``probe_feed``); ``ProbeFailed`` if one fails."""
+    ``feed_sources``), tries itself (io_loop/probe.py's ``probe_feed``); ``ProbeFailed`` if one fails."""
     probe_feed(settings.feed_specs, feed_sources(settings), codec, say, dedupe_window_s=dedupe_window_s)
 
 
@@ -115,9 +115,8 @@ def _show_config(config: Config, say: Callable[[str], None]) -> None:
         say(f"  {var.env:<28} {shown}{mark}")
     say(f"  batch sizes compiled: {','.join(map(str, config.buckets))}")
     partitioning = config.io_settings().partitioning
-    for feed in config.feed_specs:  # what each connector says of itself (a partitioned feed: its partitions)
-        connector = connector_for(feed)
-        for line in connector.describe(partitioning, config.instance, config.instances) if connector else ():
+    for feed in config.feed_specs:  # what each feed's connector says of itself (a partitioned feed: its partitions)
+        for line in connector_for(feed).describe(partitioning, config.instance, config.instances):
             say(f"  {line}")
 
 

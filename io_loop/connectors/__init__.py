@@ -1,5 +1,6 @@
 """The connectors: each feed kind that is not a user's own source, in a room of its own (bytewax's ``connectors/``):
-``jetstream`` (the NATS client behind one transport, its source, sink, probe, positions, leases and objects).
+``jetstream`` (the NATS client behind one transport, its source, sink, probe, positions, leases and objects) and
+``websocket`` (the WebSocket feed: its client, connecting, the connect hooks, the embedded demo feed).
 
 Rules:
 - A room of ``forkless.io_loop``: each module is imported by its full name

@@ -1,10 +1,12 @@
 """What the composition root talks to for a feed that is a connector (bytewax's connectors are the model): a source
 factory, a position codec, a partition owner with its fence, a probe (the source's own), and a sink. The protocols
-only (pure); ``io_loop/feeds.py``'s ``connector_for`` chooses a feed's connector, and each connector's room
-implements them (io_loop/connectors/jetstream/connector.py).
+only (pure); controller/ioside.py's ``connector_for`` chooses a feed's connector, and each connector's room
+implements them (io_loop/connectors/jetstream/connector.py, io_loop/connectors/websocket/connector.py).
 
 Rules:
-- The controller never asks which kind of feed it runs: it asks the feed's ``Connector``. Its positions in a
+- The controller never asks which kind of feed it runs: it asks the feed's ``Connector``. Every configured feed has
+  one (a WebSocket feed's and the demo feed's, io_loop/connectors/websocket/; a JetStream feed's,
+  io_loop/connectors/jetstream/); a user's own source is handed in made and has none. Its positions in a
   checkpoint are its ``PositionCodec``'s (``Connector.positions``); its partitions (a partitioned feed) are owned
   through ``Connector.own_partitions``, which returns an ``OwnedPartitions``: the leases, the checkpoint objects'
   store and the partitions' ``layout``; ``Connector.source`` makes its ``Source`` (io_loop/source.py), fenced by
@@ -13,19 +15,30 @@ Rules:
   never a key in a dictionary of arguments: ``holds()`` is False once a lease is lost or ran out unrenewed, and
   then nothing more is published for those partitions.
 - A connector's settings come as io_loop/settings.py's groups, never the whole ``IOSettings`` nor the
-  configuration; what a codec records in a checkpoint's header is plain JSON (dicts, lists, numbers, strings).
+  configuration: ``Connector.source`` is handed every group a connector's source may read (each reads its own) and
+  the embedder's connect hooks (a connector whose connections take none ignores them). What a codec records in a
+  checkpoint's header is plain JSON (dicts, lists, numbers, strings).
 - Pure: nothing here opens a socket, starts a thread or imports nats-py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
-from forkless.io_loop.settings import FeedSpec, Limits, PartitionSettings, ReconnectSettings, Timeouts, TlsSettings
+from forkless.io_loop.settings import (
+    Credentials,
+    DemoSettings,
+    FeedSpec,
+    Limits,
+    PartitionSettings,
+    ReconnectSettings,
+    Timeouts,
+    TlsSettings,
+)
 
 __all__ = ["Connector", "Fence", "OwnedPartitions", "PartitionLayout", "PositionCodec", "RestoredPosition"]
 
@@ -139,9 +152,13 @@ class Connector(Protocol):
         now on. ``StopRequested`` once ``stop`` (a ``threading.Event``) is set while it waits, with nothing held."""
         ...
 
-    def source(self, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings, limits: Limits,
-               partitioning: PartitionSettings) -> Any:
-        """Its ``Source`` (io_loop/source.py), fenced by the partitions it owns."""
+    def source(self, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings, credentials: Credentials,
+               limits: Limits, partitioning: PartitionSettings, demo: DemoSettings | None = None,
+               on_connect: Callable[[str, int], Any] | None = None,
+               before_connect: Callable[[str, int], Any] | None = None, feeds_from_list: bool = False) -> Any:
+        """Its ``Source`` (io_loop/source.py), fenced by the partitions it owns: ``demo``, the demo feed's settings
+        where it runs (None: it does not); ``on_connect``, ``before_connect``, the embedder's connect hooks;
+        ``feeds_from_list``: the feeds came from ``FORKLESS_FEEDS`` (what ``--check`` says)."""
         ...
 
     def sink(self, relay: Any, stats: Any, feed_names: list[str]) -> Any:

@@ -11,7 +11,7 @@ Rules:
      connection at once instead of waiting to write a close frame nobody reads.
   4. ``data_ready(ws)`` peeks at ``ws._reader._buffer`` (the messages aiohttp has parsed from
      what the socket gave and not yet handed out): the reader takes every data frame one read
-     brought before it hands them over, and decodes them in one pass (io_loop/sources/client.py).
+     brought before it hands them over, and decodes them in one pass (io_loop/connectors/websocket/client.py).
   5. ``text_frames(ws)`` writes a batch of text frames itself, framed as RFC 6455 says (from a
      client masked, each frame with a fresh key from the writer's own random source, as
      aiohttp's ``send_frame`` masks it), in one ``transport.write``, and waits on the protocol's

@@ -1,5 +1,5 @@
 """An aiohttp application served on the running loop, on TCP ``host:port`` or on a unix-domain
-socket: how the metrics endpoint (io_loop/net/http.py) and the demo feed (io_loop/sources/demo_feed.py)
+socket: how the metrics endpoint (io_loop/net/http.py) and the demo feed (io_loop/connectors/websocket/demo_feed.py)
 start and stop their servers, written once.
 
 Rules:

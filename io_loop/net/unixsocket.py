@@ -10,7 +10,7 @@ Rules:
   (``web.SockSite``).
 - ``ListeningUnixSocket.remove()`` deletes the socket file at the stop, only if the file at
   ``path`` is still the one bound here (another process may have replaced it since).
-- Pure sockets and files, no asyncio: ``--check`` (io_loop/sources/probe.py) binds and removes the same
+- Pure sockets and files, no asyncio: ``--check`` (io_loop/probe.py) binds and removes the same
   way without a loop.
 """
 

@@ -3,7 +3,7 @@ sees it (io_loop/connectors/connector.py's ``Connector``): its source, its posit
 with their fence, ``--check``'s lines about it, and the relay's sink.
 
 Rules:
-- Made for every JetStream feed by io_loop/feeds.py's ``connector_for`` (the one place a feed's kind is decided),
+- Made for every JetStream feed by controller/ioside.py's ``connector_for`` (the one place a feed's kind is decided),
   at the composition root (controller/ioside.py's ``feed_plan``, the relay, ``--check``); nats-py is imported only
   when a source, a sink or the partitions' store is made (an optional extra: pip install ".[nats]"), so a
   configuration is read and checked without it.
@@ -28,7 +28,16 @@ from typing import Any
 from forkless.io_loop.connectors.connector import Fence, OwnedPartitions
 from forkless.io_loop.connectors.jetstream.partitions import Layout, format_partitions
 from forkless.io_loop.connectors.jetstream.positions import JetStreamPositions
-from forkless.io_loop.settings import FeedSpec, Limits, PartitionSettings, ReconnectSettings, Timeouts, TlsSettings
+from forkless.io_loop.settings import (
+    Credentials,
+    DemoSettings,
+    FeedSpec,
+    Limits,
+    PartitionSettings,
+    ReconnectSettings,
+    Timeouts,
+    TlsSettings,
+)
 
 __all__ = ["JetStreamConnector", "deployment_key", "lease_key"]
 
@@ -143,9 +152,12 @@ class JetStreamConnector:
                                      objects=bool(partitioning.checkpoint_bucket))
         return owned
 
-    def source(self, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings, limits: Limits,
-               partitioning: PartitionSettings) -> Any:
-        """The feed's ``JetStreamSource``, fenced by the partitions this connector owns (none: no fence)."""
+    def source(self, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings, credentials: Credentials,
+               limits: Limits, partitioning: PartitionSettings, demo: DemoSettings | None = None,
+               on_connect: Any = None, before_connect: Any = None, feeds_from_list: bool = False) -> Any:
+        """The feed's ``JetStreamSource``, fenced by the partitions this connector owns (none: no fence).
+        ``credentials``, ``demo``, the hooks and ``feeds_from_list`` are a WebSocket feed's: a JetStream feed's
+        credentials are its entry's (``JetStreamSpec``), and its connections take no hooks."""
         # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
         from forkless.io_loop.connectors.jetstream.source import JetStreamSource
 

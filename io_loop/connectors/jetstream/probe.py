@@ -1,4 +1,4 @@
-"""The network half of ``--check`` for a JetStream feed (io_loop/sources/probe.py calls it): connect as the
+"""The network half of ``--check`` for a JetStream feed (io_loop/probe.py calls it): connect as the
 feed would, read its stream, find the stream that stores its results subject. Imported only when
 such a feed is configured (nats-py is an optional extra).
 

@@ -48,8 +48,8 @@ from forkless.io_loop.connectors.jetstream.transport import (
 )
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin
+from forkless.io_loop.reconnect import End, Outcome
 from forkless.io_loop.settings import FeedSpec, Timeouts
-from forkless.io_loop.sources.client import End, Outcome
 from forkless.io_loop.writer import ReplyBatch
 
 __all__ = ["ReplyAcks", "ReplyPublisher", "msg_id", "reply_commands"]

@@ -87,10 +87,9 @@ from forkless.io_loop.connectors.jetstream.transport import (
 )
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.errors import ACCEPT_LOSS, FeedFatal, PositionLost
-from forkless.io_loop.reconnect import drive
+from forkless.io_loop.reconnect import End, Outcome, drive, pause_before_reconnect
 from forkless.io_loop.settings import FeedSpec, PartitionSettings, ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext
-from forkless.io_loop.sources.client import End, Outcome, pause_before_reconnect
 
 __all__ = ["JetStreamSource"]
 
@@ -205,7 +204,7 @@ class JetStreamSource(SourceCapabilities):
     async def probe(self, codec: Any, say: Callable[[str], None], *, dedupe_window_s: float = 180.0) -> None:
         """``--check``'s try of the feed: its server, stream and results stream
         (io_loop/connectors/jetstream/probe.py)."""
-        from forkless.io_loop.sources.probe import ProbeFailed  # only --check probes: a run never loads the probe
+        from forkless.io_loop.probe import ProbeFailed  # only --check probes: a run never loads the probe
 
         problems = await probe_jetstream(self.feed, say, dedupe_window_s, self.timeouts, self.tls, self.partitioning)
         if problems:

@@ -6,7 +6,7 @@ through a ``Transport``. Imported only where one of them is (nats-py is an optio
 
 Rules:
 - Options (``connect_options``): the servers of a feed's comma-separated URL, its token, creds
-  file and TLS (``tls://``: the same context as a ``wss://`` feed, io_loop/sources/connect.py); one
+  file and TLS (``tls://``: the same context as a ``wss://`` feed, io_loop/net/tls.py); one
   attempt per server, nats-py's own reconnecting off (the caller's ``Backoff`` decides), the
   heartbeat as nats-py's ping.
 - One attempt (``Transport.connect``) is bounded by ``connect_timeout_s`` x 2 per server + 1 s; its
@@ -44,8 +44,8 @@ import nats
 import nats.errors
 import nats.js.errors
 from forkless.io_loop.connectors.jetstream.nats_compat import RawClient, RawHandler, publish_commands
+from forkless.io_loop.net.tls import make_ssl_context
 from forkless.io_loop.settings import FeedSpec, Timeouts, TlsSettings
-from forkless.io_loop.sources.connect import make_ssl_context
 from nats.js import api
 from nats.js.kv import KeyValue as _NatsKeyValue
 from nats.js.object_store import ObjectStore

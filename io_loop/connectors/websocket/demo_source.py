@@ -2,13 +2,13 @@
 WebSocket source pointed at it, together.
 
 Rules:
-- Chosen by the configuration (controller/ioside.py, ``feed_source``) for the feed whose url is empty
+- Made by the WebSocket connector (io_loop/connectors/websocket/connector.py) for the feed whose url is empty
   when the demo feed runs (``IOSettings.uses_demo_feed``), and run by a ``SourceRunner`` as any
   source is: the IO thread and the feed set do not know the demo feed is there.
-- ``run(ctx)`` starts the server (``DemoFeed``, io_loop/sources/demo_feed.py) on the IO loop, then runs a
+- ``run(ctx)`` starts the server (``DemoFeed``, io_loop/connectors/websocket/demo_feed.py) on the IO loop, then runs a
   ``WebSocketSource`` connected to it on the same ``ctx``, and stops the server once it has ended. That
-  source is made by the ``client`` it is handed (the composition root's: with the configured
-  timeouts, reconnect policy and hooks), given the feed and the server's address; the demo feed
+  source is made by the ``client`` it is handed (the connector's: with the configured
+  timeouts, reconnect policy, TLS, credentials and hooks), given the feed and the server's address; the demo feed
   reads its own settings (``DemoSettings``) and the stop's timeout, nothing else.
   With ``FORKLESS_DEMO_UNIX_SOCKET`` both ends use that unix-domain socket: no TCP socket at all.
 - The stop (``before_stop``, before ``ctx.stopping`` is set): the server stops sending, the frames
@@ -16,9 +16,9 @@ Rules:
   reading as any source does; so the demo's tally is complete.
 - ``summary()`` (a source capability, io_loop/capabilities.py): the server's tally (sent, answered,
   recall, precision) in one line, which the ``forkless`` program prints at its end.
-- ``--check`` (``probe``): the server started, one connection to it (io_loop/sources/probe.py's
-  ``probe_websocket``), the server stopped; its per-connection INFO lines are held back meanwhile
-  (the demo feed logger's level is restored after).
+- ``--check`` (``probe``): the server started, one connection to it (the WebSocket feed's probe,
+  io_loop/connectors/websocket/probe.py), the server stopped; its per-connection INFO lines are held back
+  meanwhile (the demo feed logger's level is restored after).
 - Imported only when the demo feed runs: the server and aiohttp's web side cost 3.7 MiB of resident
   memory a real deployment never uses (measured 2026-11-30, /proc/self/statm).
 """
@@ -32,12 +32,12 @@ from collections.abc import Callable
 from typing import Any
 
 from forkless.io_loop.capabilities import SourceCapabilities
+from forkless.io_loop.connectors.websocket.connect import shown_target
+from forkless.io_loop.connectors.websocket.demo_feed import DemoFeed
+from forkless.io_loop.connectors.websocket.demo_feed import log as demo_log
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.settings import DemoSettings, FeedSpec, Timeouts
 from forkless.io_loop.source import SourceContext
-from forkless.io_loop.sources.connect import shown_target
-from forkless.io_loop.sources.demo_feed import DemoFeed
-from forkless.io_loop.sources.demo_feed import log as demo_log
 
 __all__ = ["DemoSource"]
 
@@ -62,7 +62,7 @@ class DemoSource(SourceCapabilities):
         self.feed = feed
         self.server = DemoFeed(rate_hz=demo.rate, streams=demo.streams, features=demo.features,
                              warmup=demo.warmup, unix_socket=demo.unix_socket)
-        self._client = client  # (feed, url) -> the WebSocketSource reading the server (controller/ioside.py's)
+        self._client = client  # (feed, url) -> the WebSocketSource reading the server (the connector's)
         self._listening = False
 
     async def run(self, ctx: SourceContext) -> None:
@@ -86,7 +86,7 @@ class DemoSource(SourceCapabilities):
 
     async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
         """``--check``'s try of the demo feed: its server started, one connection to it, the server stopped."""
-        from forkless.io_loop.sources.probe import ProbeFailed  # only --check probes: a run never loads it
+        from forkless.io_loop.probe import ProbeFailed  # only --check probes: a run never loads it
 
         cfg = self.demo_settings
         level = demo_log.level  # its per-connection INFO lines would only clutter the check's own report

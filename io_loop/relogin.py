@@ -6,7 +6,7 @@ Rules:
 - ``Relogin(connect, serve, ...)`` is used on the loop as ``async with ... as link``: a task keeps
   one connection up. ``await connect(attempt)`` logs in (fresh credentials) and opens it;
   ``attempt`` is 1 after the start or after a connection that was served, one more for each
-  failed attempt since (the before-connect hook's rule, io_loop/sources/before_connect.py: ``attempt > 1``
+  failed attempt since (the before-connect hook's rule, io_loop/connectors/websocket/before_connect.py: ``attempt > 1``
   says the last failed, so log in again rather than reuse a token). ``await serve(conn)`` reads
   until the connection ends (returns, or raises). Then the link connects again with its ``Backoff``
   (io_loop/backoff.py; the loop is the reconnect driver's, io_loop/reconnect.py): by default
@@ -38,7 +38,7 @@ Rules:
   "sends held while not connected", "sends resent", "sends failed"); give the source
   ``starts_connected = False``. Failures are logged (``forkless.relogin``) once per distinct
   reason, URLs without query or credentials (tokens live there); calls of ``connect`` are bounded
-  by ``connect_timeout_s`` (the hook machinery of io_loop/sources/on_connect.py).
+  by ``connect_timeout_s`` (io_loop/hooks.py, as the connect hooks are).
 - Leaving the ``async with`` cancels the connection task and closes the connection.
 """
 
@@ -53,9 +53,9 @@ from typing import Any, NoReturn
 
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.hooks import HookFailed, guarded_call, own_cancellation, reason_of
 from forkless.io_loop.reconnect import drive
 from forkless.io_loop.sends import DEADLINE, DISCONNECTED, GAVE_UP, HOLD, WRITE_FAILED, SendFailed, SentBytes, SentText
-from forkless.io_loop.sources.on_connect import HookFailed, guarded_call, own_cancellation, reason_of
 
 __all__ = ["DEFAULT_BACKOFF", "Relogin"]
 

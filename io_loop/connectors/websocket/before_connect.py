@@ -3,7 +3,7 @@
 Rules:
 - The hook is the embedder's callable (``Controller(config, connect=ConnectHooks(before_connect=hook))``), handed to
   the IO side as a constructor argument (``IOThread`` → ``FeedSet`` → ``WebSocketSource``), like the
-  on-connect hook (io_loop/sources/on_connect.py); the IO side never imports the controller. It is for
+  on-connect hook (io_loop/connectors/websocket/on_connect.py); the IO side never imports the controller. It is for
   credentials that change: a login over HTTP, a token refresh, a signed URL.
 - ``hook(feed, attempt)`` runs on the IO thread's event loop before every opening handshake of
   every WebSocket feed (the embedded demo feed's too; not JetStream feeds, not ``--check``).
@@ -21,7 +21,7 @@ Rules:
   connect (``HookFailed``): counted in ``connect_failures``, retried with the backoff
   (``FORKLESS_RECONNECT_TRIES`` counts it), the traceback logged once per distinct error. The
   IO thread never dies of it.
-- With a hook, a handshake refused with HTTP 401 or 403 is not fatal (io_loop/sources/client.py): the
+- With a hook, a handshake refused with HTTP 401 or 403 is not fatal (io_loop/connectors/websocket/client.py): the
   next attempt, after the usual backoff, asks the hook again.
 - Secrets: a ``Handshake``'s ``repr`` shows the URL without query or credentials and no header
   values; the errors here name headers, never their values.
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from forkless.io_loop.connectors.websocket.connect import merge_headers
+from forkless.io_loop.hooks import guarded_call
 from forkless.io_loop.net.netaddr import redact_url, url_host_port
-from forkless.io_loop.sources.connect import merge_headers
-from forkless.io_loop.sources.on_connect import guarded_call
 
 __all__ = ["BeforeConnect", "Handshake", "call_before_connect", "resolve"]
 

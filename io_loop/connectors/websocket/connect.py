@@ -38,9 +38,9 @@ import aiohttp
 from aiohttp.client_exceptions import UnixClientConnectorError
 from forkless.io_loop.net.aiohttp_compat import UnixConnector
 from forkless.io_loop.net.netaddr import redact_url, unix_label
-from forkless.io_loop.settings import Credentials, FeedSpec, Timeouts, TlsSettings
+from forkless.io_loop.settings import Credentials, FeedSpec, Timeouts
 
-__all__ = ["ConnectFailed", "ConnectionLost", "HandshakeRefused", "handshake_headers", "make_ssl_context",
+__all__ = ["ConnectFailed", "ConnectionLost", "HandshakeRefused", "handshake_headers",
            "mapped_aiohttp_errors", "merge_headers", "new_session", "open_feed", "shown_target"]
 
 RETRYABLE_4XX = (408, 429)
@@ -86,17 +86,6 @@ class HandshakeRefused(Exception):
         hint = hint or _HINTS.get(status, "client error: check FORKLESS_WS_URL" if self.fatal else "")
         super().__init__(f"{shown_url} refused the WebSocket handshake with HTTP {status}"
                          + (f" ({hint})" if hint else ""))
-
-
-def make_ssl_context(tls: TlsSettings) -> ssl.SSLContext:
-    """System trust store, plus ``ca_file`` if given; verification off only if asked."""
-    ctx = ssl.create_default_context()
-    if tls.ca_file:
-        ctx.load_verify_locations(cafile=tls.ca_file)
-    if tls.insecure:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
 
 
 def handshake_headers(credentials: Credentials, feed: FeedSpec | None = None) -> dict[str, str]:
@@ -149,7 +138,7 @@ async def open_feed(session: aiohttp.ClientSession, url: str, ssl_context: ssl.S
                     heartbeat: bool = True, autoping: bool = True) -> aiohttp.ClientWebSocketResponse:
     """Connect and complete the opening handshake within ``timeouts.connect_timeout_s``, sending
     ``headers`` (the configured ones with the feed's added, ``handshake_headers``, or this attempt's
-    from the before-connect hook: io_loop/sources/before_connect.py); a frame over ``max_msg_bytes``
+    from the before-connect hook: io_loop/connectors/websocket/before_connect.py); a frame over ``max_msg_bytes``
     ends the connection (1009). ``autoping=False``: the server's pings and pongs reach ``receive()``,
     and the caller answers the pings."""
     shown = redact_url(url)

@@ -16,9 +16,9 @@ Rules:
   a frame at a time under the cork: one write too). A batch part-written when a connection is
   lost is handed again first on the next one; nothing taken is forgotten.
 - On each new connection the feed's ``subscribe`` text, then the on-connect hook's frames
-  (io_loop/sources/on_connect.py), are sent before anything else; a hook that fails fails the attempt
+  (io_loop/connectors/websocket/on_connect.py), are sent before anything else; a hook that fails fails the attempt
   like a failed connect.
-- Before each attempt's handshake the before-connect hook (io_loop/sources/before_connect.py), if
+- Before each attempt's handshake the before-connect hook (io_loop/connectors/websocket/before_connect.py), if
   given, says the attempt's URL and headers; a hook that fails fails the attempt like a failed
   connect.
 - Reconnect on any loss (refused, reset, TLS, handshake timeout, 5xx, close frame,
@@ -37,7 +37,7 @@ Rules:
   replies written after the last confirmation as ``written_unconfirmed``: those may not have
   arrived, the ones before did. So the client answers the server's pings itself (``autoping`` off).
 - A feed with a unix-domain socket (``FeedSpec.unix_socket``) connects through it on every attempt
-  (io_loop/sources/connect.py's ``new_session``), the URL (a before-connect hook's too) giving the
+  (io_loop/connectors/websocket/connect.py's ``new_session``), the URL (a before-connect hook's too) giving the
   handshake's path and ``Host``; logs name it ``ws://host/path via unix:/path``.
 - Secrets (token, headers) are never logged; URLs are logged without query or credentials.
 """
@@ -45,38 +45,37 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import aiohttp
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.capabilities import SourceCapabilities
-from forkless.io_loop.decoding import FrameDecoder
-from forkless.io_loop.errors import FeedFatal
-from forkless.io_loop.net import aiohttp_compat
-from forkless.io_loop.reconnect import drive
-from forkless.io_loop.settings import Credentials, FeedSpec, ReconnectSettings, Timeouts, TlsSettings
-from forkless.io_loop.source import SourceContext, SourceStopped
-from forkless.io_loop.sources.before_connect import BeforeConnect, call_before_connect
-from forkless.io_loop.sources.connect import (
+from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect, call_before_connect
+from forkless.io_loop.connectors.websocket.connect import (
     ConnectFailed,
     ConnectionLost,
     HandshakeRefused,
     handshake_headers,
-    make_ssl_context,
     mapped_aiohttp_errors,
     new_session,
     open_feed,
     short,
     shown_target,
 )
-from forkless.io_loop.sources.on_connect import HookFailed, OnConnect, call_hook
+from forkless.io_loop.connectors.websocket.on_connect import OnConnect, call_hook
+from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.hooks import HookFailed
+from forkless.io_loop.net import aiohttp_compat
+from forkless.io_loop.net.tls import make_ssl_context
+from forkless.io_loop.reconnect import End, Outcome, drive, pause_before_reconnect
+from forkless.io_loop.settings import Credentials, FeedSpec, ReconnectSettings, Timeouts, TlsSettings
+from forkless.io_loop.source import SourceContext, SourceStopped
 
-__all__ = ["End", "Outcome", "WebSocketSource", "pause_before_reconnect"]
+__all__ = ["WebSocketSource"]
 
 log = logging.getLogger("forkless.client")
 
@@ -91,40 +90,12 @@ READ_PASS_FRAMES = 256  # at most this many frames of one read handed over (and 
 CREDENTIALS_REFUSED = (401, 403)
 
 
-class Outcome(enum.Enum):
-    """How a reader, a writer or a whole connection ended."""
-
-    DRAINED = "outbound shut down and every item sent"  # writer
-    STOPPED = "stopped reading on request"  # reader
-    CLOSED = "closed with 1000 after sending every result"  # connection
-    LOST = "connection lost"  # any of them; ``End.reason`` says why
-
-
-@dataclass(frozen=True)
-class End:
-    outcome: Outcome
-    reason: str = ""
-    code: int | None = None  # the close code the connection ended with, where one is known (its ConnectionEvent's)
-
-
-async def pause_before_reconnect(delay: float, ended: Callable[[], bool]) -> None:
-    """Sleep ``delay`` seconds before a feed's next attempt, or less once ``ended()`` says the
-    stop has come and nothing is left to send (a feed that is down need not connect again)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + delay
-    while True:
-        left = end - loop.time()
-        if left <= 0 or ended():
-            return
-        await asyncio.sleep(min(left, 0.05))
-
-
 class WebSocketSource(SourceCapabilities):
     """The built-in WebSocket feed as a ``Source`` (io_loop/source.py; see the module rules):
     connects to ``feed.url`` (or ``url``: the embedded demo feed's address) and serves
     connections until stopped and drained. ``on_connect`` computes frames to send first on each
-    connection (io_loop/sources/on_connect.py); ``before_connect`` each attempt's URL and headers
-    (io_loop/sources/before_connect.py). It reads the settings groups it is handed (io_loop/settings.py):
+    connection (io_loop/connectors/websocket/on_connect.py); ``before_connect`` each attempt's URL and headers
+    (io_loop/connectors/websocket/before_connect.py). It reads the settings groups it is handed (io_loop/settings.py):
     ``timeouts``, ``reconnect``, ``tls``, ``credentials`` and ``max_msg_bytes`` (FORKLESS_MAX_MSG_BYTES);
     ``feeds_from_list`` only says, in ``--check``'s report, where the subscribe message came from."""
 
@@ -167,8 +138,9 @@ class WebSocketSource(SourceCapabilities):
         self._ready: Callable[[], bool] = lambda: False  # aiohttp holds the connection's next data frame already
 
     async def probe(self, codec: FrameDecoder, say: Callable[[str], None], *, dedupe_window_s: float = 0.0) -> None:
-        """``--check``'s try of the feed: one connection (io_loop/sources/probe.py's ``probe_websocket``)."""
-        from forkless.io_loop.sources.probe import probe_websocket  # only --check probes: a run never loads the probe
+        """``--check``'s try of the feed: one connection (io_loop/connectors/websocket/probe.py)."""
+        # only --check probes: a run never loads the probe
+        from forkless.io_loop.connectors.websocket.probe import probe_websocket
 
         await probe_websocket(self, codec, say)
 
