@@ -4,7 +4,7 @@
     python gendocs.py --check   change nothing; exit 1 and name the blocks that are out of date
 
 A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``; the text
-between the markers is exactly what its function returns (``tests/test_docs.py`` holds every
+between the markers is exactly what its function returns (``tests/docs/test_docs.py`` holds every
 block to it, so a hand edit fails the tests). What is generated, and from where:
 
 - README.md ``exit``: ``exit_statuses_markdown()`` (``controller.errors.EXIT_STATUSES`` and the

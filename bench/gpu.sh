@@ -26,7 +26,7 @@
 #   FORKLESS_BENCH_QUICK=1       the smoke size (bench.run --quick): seconds, not minutes
 #   FORKLESS_BENCH_UNIX=1        every socket a unix-domain one (bench.run --unix, bench/unix.py)
 #   FORKLESS_BENCH_DRY_RUN=1     print the install and the benchmark's command, run neither
-#                                (tests/test_bench_smoke.py; the same bench.run is run there by
+#                                (tests/bench/test_bench_smoke.py; the same bench.run is run there by
 #                                bench/tpu.sh, the session's benchmark run)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                         "bench/docs/last-run.md and bench/README.md from it")
     a = p.parse_args(argv)
     out = Path(a.out)
-    # bench/README.md and bench/docs/ describe bench/out/results.json (tests/test_docs.py holds them together)
+    # bench/README.md and bench/docs/ describe bench/out/results.json (tests/docs/test_docs.py holds them together)
     is_default_out = out.resolve() == DEFAULT_OUT.resolve()
     if a.report_only:
         results = json.loads((out / "results.json").read_text())

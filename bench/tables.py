@@ -2,7 +2,7 @@
 
 Rules:
 - Everything shown comes from the stored results (results.json, devices.json), so a block can be rewritten
-  from a stored run (``--report-only``, ``python gendocs.py``) and tests/test_docs.py checks that it is.
+  from a stored run (``--report-only``, ``python gendocs.py``) and tests/docs/test_docs.py checks that it is.
 - A block is written between its markers only (``write_*_block``, with gendocs' ``replace_block``); the
   hand-written text around it does not quote its figures.
 """

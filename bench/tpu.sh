@@ -34,7 +34,7 @@
 # Environment:
 #   PYTHON                  the interpreter (default: python3)
 #   JAX_PLATFORMS           default tpu; JAX_PLATFORMS=cpu runs the same on the CPU, to check the
-#                           script's shape on a machine without a TPU (tests/test_bench_smoke.py)
+#                           script's shape on a machine without a TPU (tests/bench/test_bench_smoke.py)
 #   FORKLESS_BENCH_QUICK=1  the smoke size (bench.run --tpu --quick): every section, seconds each
 #   FORKLESS_BENCH_TRANSFERS=0  bench.run alone: not issue 48's two measurements after it (step 4, ~3 minutes)
 #   FORKLESS_BENCH_UNIX=0   TCP on loopback instead of unix sockets (a host where TCP works)

@@ -6,7 +6,7 @@ Rules:
   After it nothing compiles again (``compilations()`` stays flat; tests pin it).
 - Only the engine holds and assigns the state. The loop asks it to ``step`` a batch, ``reset``
   recycled slots, ``begin_snapshot`` a checkpoint and ``restore`` one; nothing else reads or
-  writes the state (tests/test_architecture.py holds every assignment of it to this module).
+  writes the state (tests/docs/test_architecture.py holds every assignment of it to this module).
 - Steps in flight: ``step`` is ``dispatch`` (the compiled step started, the copy of its results
   to the host started, nothing waited for: a ``Pending``) then ``finish`` (the results on the
   host), and several may be dispatched before the oldest is finished, always finished in

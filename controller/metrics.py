@@ -65,7 +65,8 @@ MAX_REASONS = 32
 
 # The reasons forkless itself counts, by family (those of bad input are the input's own): exposed at 0 from the start.
 # Written out here because they are counted in modules this pure one may not import (io_loop/spill.py, feeds.py,
-# thread.py, sinks/sink.py; controller/queues.py, batchstep.py, replies.py, codec.py); tests/test_metrics_counters.py
+# thread.py, sinks/sink.py; controller/queues.py, batchstep.py, replies.py, codec.py);
+# tests/controller/test_metrics_counters.py
 # holds each to a reason counted in the code.
 KNOWN_REASONS: dict[str, tuple[str, ...]] = {
     "forkless_dropped": ("not processed before the stop", "unsent at stop", "outbound full at stop", "IO side ended",
@@ -582,7 +583,7 @@ def metrics_table_markdown() -> str:
     """The Markdown table of every ``forkless_*`` metric: name, type, labels, help.
 
     Drawn from ``metric_families`` itself (docs/metrics.md holds it between
-    ``<!-- metrics:start/end -->``; ``gendocs.py`` writes it, ``tests/test_docs.py`` checks it).
+    ``<!-- metrics:start/end -->``; ``gendocs.py`` writes it, ``tests/docs/test_docs.py`` checks it).
     """
     lines = ["| metric | type | labels | help |", "|---|---|---|---|"]
     for fam in metric_families(_every_field_populated()):

@@ -2,7 +2,7 @@
 
 Rules:
 - ``Controller(config=None, *, processor, codec, sources, sinks, on_event, connect, runtime)``: eight arguments
-  (tests/test_wiring.py holds the count), each one thing. What was a flag or a loose keyword is a value here:
+  (tests/controller/test_wiring.py holds the count), each one thing. What was a flag or a loose keyword is a value here:
   ``EVENTS_ONLY`` is a processor (none runs), ``OnResults`` a sink (called in the main thread), ``OnEvent`` the
   events' callback with its options, ``ConnectHooks`` the WebSocket feeds' hooks, ``Runtime`` what the controller
   does in its host process (status lines, the collector, systemd), where it keeps its checkpoints, and the tests'

@@ -30,7 +30,7 @@ def _checkout_package(name: str, checkout: str) -> None:
                                                   submodule_search_locations=[folder])
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)  # the package's __init__ imports nothing (tests/test_architecture.py)
+    spec.loader.exec_module(module)  # the package's __init__ imports nothing (tests/docs/test_architecture.py)
     globals()[name] = module
 
 

@@ -17,7 +17,7 @@ Rules:
     defaults filled in for what a source does not declare, each value checked (``ValueError`` or
     ``TypeError`` naming the source, the attribute and what is allowed).
 - No module reads a capability by its name as a string (no ``getattr``/``hasattr`` of one;
-  tests/test_capabilities.py holds that): the protocols and ``Declarations``' typed attributes
+  tests/io_loop/test_capabilities.py holds that): the protocols and ``Declarations``' typed attributes
   are the only ways in, so a misspelt capability in forkless's own code is an ``AttributeError``
   or a ``NameError``, found at once.
 - A misspelt capability in a user's source (``replys = "none"``, ``def awaitng(self)``) would
@@ -137,7 +137,7 @@ class SourceCapabilities:
 @dataclass(frozen=True)
 class Declarations:
     """The values one source declares, its defaults filled in, checked (``declarations``): the
-    fields of ``SourceCapabilities``, typed as there (tests/test_capabilities.py holds them equal)."""
+    fields of ``SourceCapabilities``, typed as there (tests/io_loop/test_capabilities.py holds them equal)."""
 
     replies: ReplyPolicy
     required: bool

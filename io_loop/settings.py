@@ -16,7 +16,8 @@ Rules:
   ``subscribe`` and ``headers``) stay out of ``repr``.
 - The groups are public value objects too (``forkless.Timeouts``, ``forkless.Limits`` …, as httpx's ``Timeout``
   and ``Limits``): a program builds ``Config`` from them (``Config(timeouts=Timeouts(stale_s=30))``) and reads
-  them back (``config.timeouts``). Each field's default is its ``Config`` field's (tests/test_config.py holds
+  them back (``config.timeouts``). Each field's default is its ``Config`` field's
+  (tests/controller/settings/test_config.py holds
   it), and a group remembers the fields it was built with (``given_fields``): ``Config`` takes those from it,
   so a group's defaults never override what another argument gives.
 - A partitioned JetStream feed's ``partitions`` are already resolved (from its entry's

@@ -7,7 +7,7 @@ the exchange's JSON heartbeat itself, puts what comes on ``to_queue`` (``put``, 
 sends the orders it takes from ``from_queue`` (a blocking ``get(True, 0.5)`` in the loop's
 executor). It ends when the exchange ends its session (the token expired: close 4003).
 
-Kept here as written, for tests/test_portal_session.py: examples/portal_session.py is this program
+Kept here as written, for tests/io_loop/test_portal_session.py: examples/portal_session.py is this program
 ported to ``IOPortal``, its ``DataClientWorker`` the same text, its ``Controller`` changed by two
 ``except PortalClosed`` clauses. The suite runs the port against tests/ws_exchange.py, and this
 ``DataClientWorker`` on a restarting portal; the ``multiprocessing`` program itself is not run.

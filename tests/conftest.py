@@ -78,7 +78,7 @@ def _rewrite_asserts_once(config: pytest.Config) -> None:
 
         hook = next(h for h in sys.meta_path if isinstance(h, rewrite.AssertionRewritingHook))
         state = config.stash[rewrite.assertstate_key]
-        files = {*(harness.ROOT / "tests").glob("test_*.py"), *hook._rewritten_names.values()}
+        files = {*(harness.ROOT / "tests").rglob("test_*.py"), *hook._rewritten_names.values()}
         for fn in sorted(Path(f) for f in files):
             cache = rewrite.get_cache_dir(fn)
             pyc = cache / (fn.name[:-3] + rewrite.PYC_TAIL)
@@ -206,7 +206,7 @@ def shared_jax_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
 @pytest.fixture(scope="session")
 def quick_benchmark(tmp_path_factory: pytest.TempPathFactory) -> QuickBench:
     """The session's one small benchmark run (tests/quick_bench.py): ``bench/tpu.sh`` on the CPU at
-    the smoke size, made when a test first asks for it; tests/test_bench_smoke.py checks it. A
+    the smoke size, made when a test first asks for it; tests/bench/test_bench_smoke.py checks it. A
     test that asks for it needs ``quick_bench.TEST_TIMEOUT_S``."""
     # the session's base directory's parent is shared by every xdist worker of the session
     base = tmp_path_factory.getbasetemp()

@@ -1,4 +1,4 @@
-"""Runs of the controller used by tests/test_devices.py, on however many devices this process has.
+"""Runs of the controller used by tests/controller/device/test_devices.py, on however many devices this process has.
 
     JAX_NUM_CPU_DEVICES=4 python -m tests.device_runs scenarios OUT.json
     JAX_NUM_CPU_DEVICES=4 python -m tests.device_runs checkpoint-first DIR OUT.json

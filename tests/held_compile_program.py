@@ -2,7 +2,7 @@
 a test sees what the program does while it compiles (its endpoints, what it tells systemd) for as long
 as it looks, with no timing in it.
 
-    python tests/held_compile_program.py RELEASE_PATH        (run by tests/test_probes.py)
+    python tests/held_compile_program.py RELEASE_PATH        (run by tests/program/test_probes.py)
 
 The processor's step waits for ``RELEASE_PATH`` the first time JAX traces it, which is inside the
 controller's compile (``start()``); a bound (``HOLD_S``) keeps a forgotten one from hanging.

@@ -3,7 +3,7 @@ its own first (frozen objects, the collector off, signal handlers, a switch inte
 thread pinned to one CPU), runs ``Controller.run()`` with the settings in FORKLESS_* variables,
 and prints, as its last line of stdout, JSON of what it found before and after the run.
 
-    python tests/host_program.py        (run by tests/test_host.py)
+    python tests/host_program.py        (run by tests/controller/lifetime/test_host.py)
 """
 
 from __future__ import annotations

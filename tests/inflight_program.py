@@ -1,6 +1,7 @@
 """A program that runs the feeds of its environment (``FORKLESS_FEEDS``) with a counting processor
 whose steps do work enough to be dispatched asynchronously on the CPU, so that with
-``FORKLESS_STEPS_IN_FLIGHT`` > 1 steps are really in flight (tests/test_jetstream.py, kill -9
+``FORKLESS_STEPS_IN_FLIGHT`` > 1 steps are really in flight
+(tests/io_loop/connectors/jetstream/test_jetstream.py, kill -9
 with steps in flight). Public API only, but for the last line it prints.
 
     python -m tests.inflight_program

@@ -1,4 +1,4 @@
-"""A float64 processor's run through the real path, for tests/test_input_dtype.py.
+"""A float64 processor's run through the real path, for tests/controller/device/test_input_dtype.py.
 
     JAX_ENABLE_X64=1 python -m tests.input_dtype_runs OUT.json
     JAX_ENABLE_X64=1 JAX_NUM_CPU_DEVICES=4 python -m tests.input_dtype_runs OUT.json

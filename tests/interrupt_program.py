@@ -1,5 +1,5 @@
 """An embedding program whose orderly stop cannot end by itself, for the second SIGINT that lands
-inside the stop's join of the IO thread (tests/test_host.py).
+inside the stop's join of the IO thread (tests/controller/lifetime/test_host.py).
 
     python -m tests.interrupt_program
 

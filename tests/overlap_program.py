@@ -1,6 +1,6 @@
 """A host program that runs two embedded controllers with overlapping lives, as a program with
 two sessions (two exchanges, say) would, and reports what it finds of its own process-wide
-settings before and after (tests/test_host.py).
+settings before and after (tests/controller/lifetime/test_host.py).
 
     python -m tests.overlap_program
 

@@ -6,7 +6,7 @@ every load, the heavy step, start-up, the ceilings and the device floor, and the
 section, one short repeat each, every socket a unix-domain one and every process of the run
 refusing TCP and UDP sockets (``bench/unix.py``), as on the lent TPU host. The two sections a
 plain ``--quick`` run adds on a CPU (state scaling, forced CPU devices) are checked on their own
-(``tests/test_bench_sections.py``), so nothing is run twice; ``bench/gpu.sh`` runs the same
+(``tests/bench/test_bench_sections.py``), so nothing is run twice; ``bench/gpu.sh`` runs the same
 ``bench.run`` (``--accelerator``) and is checked by its dry run (``FORKLESS_BENCH_DRY_RUN=1``).
 
 Where this checkout's forkless has no ``FORKLESS_WS_UNIX_SOCKET`` yet (``bench.unix.
@@ -14,7 +14,7 @@ product_takes_unix_socket``), the forkless designs cannot reach a unix socket: t
 made over TCP (``FORKLESS_BENCH_UNIX=0``) and the unix check is skipped, saying why
 (``UNIX_SOCKETS``).
 
-``tests/test_bench_smoke.py`` checks the script's part (the command it runs, the reduced plan,
+``tests/bench/test_bench_smoke.py`` checks the script's part (the command it runs, the reduced plan,
 ``results.md``) and the benchmark's (every message of every run answered, every figure a
 number). The run is made once, by the session-scoped ``quick_benchmark`` fixture
 (tests/conftest.py), whichever test asks for it first.

@@ -1,5 +1,5 @@
 """A user's program with a replayable source of its own, for the exactly-once test across kill -9
-(tests/test_source_restart.py), written against the public API only.
+(tests/io_loop/test_source_restart.py), written against the public API only.
 
     python -m tests.source_program INPUT FINAL CHECKPOINT_DIR [GAP_S [HOLD_AT GATE]]
 

@@ -1,4 +1,4 @@
-"""A lease holder in a process of its own, for tests/test_natsstore.py to ``kill -9``:
+"""A lease holder in a process of its own, for tests/io_loop/connectors/jetstream/test_natsstore.py to ``kill -9``:
 ``python -m tests.store_holder <nats url> <lease bucket> <lease_s> <holder> <key>...`` takes the
 leases of the keys (io_loop/connectors/jetstream/store.py), prints "held" and renews them until it is killed."""
 

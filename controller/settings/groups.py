@@ -9,7 +9,8 @@ Rules:
   (``StepSettings.on_platform``, called by ``compile_step``) turns FORKLESS_STEPS_IN_FLIGHT's ``auto`` into
   its depth, and the engine, the compiled step, the kept programs' key and the loop read that one.
 - The composition roots (controller/loop.py, the commands) build them and hand each component the group
-  it reads as a typed argument, never the whole ``Config`` (tests/test_controller_settings.py holds that
+  it reads as a typed argument, never the whole ``Config``
+  (tests/controller/settings/test_controller_settings.py holds that
   for the checkpoints, a partitioned instance's leases and the device side: controller/engine.py and
   controller/device/, typed ``StepShape``, which ``StepSettings`` and ``Config`` both are, so a test or a
   benchmark may hand them a ``Config``).

@@ -24,7 +24,7 @@ def variables_table_markdown(names: tuple[str, ...] | None = None) -> str:
     """The Markdown table of the variables (the README's, between ``<!-- variables:start/end -->``).
 
     ``names`` (full ``FORKLESS_*`` names) picks a subset, in ``VARIABLES`` order; ``gendocs.py``
-    writes the table into the documents and ``tests/test_docs.py`` checks they hold it.
+    writes the table into the documents and ``tests/docs/test_docs.py`` checks they hold it.
     """
     defaults = Config()
     known = {var.env for var in VARIABLES}

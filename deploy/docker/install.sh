@@ -1,6 +1,6 @@
 #!/bin/sh
 # The image's install steps in one script: deploy/docker/Dockerfile runs it in its build stage, and
-# tests/test_deploy.py runs it in a fresh virtual environment (no container engine there).
+# tests/program/test_deploy.py runs it in a fresh virtual environment (no container engine there).
 #
 #   sh deploy/docker/install.sh PREFIX     (in a copy of this repository: its root is the current directory)
 #

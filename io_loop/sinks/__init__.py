@@ -6,6 +6,6 @@ form of their batches); ``results`` hands a controller's results to its result s
 Rules:
 - A room of ``forkless.io_loop``: each module is imported by its full name (``forkless.io_loop.sinks.sink``);
   this ``__init__`` imports nothing, so importing one module of the room loads only what that module imports.
-- The layers and their directions are the modules' own (tests/test_architecture.py lists each module in one layer).
+- The layers and their directions are the modules' own (tests/docs/test_architecture.py lists each module in one layer).
 - Part of the leaf: nothing here imports ``controller``.
 """

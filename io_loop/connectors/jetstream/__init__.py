@@ -11,8 +11,8 @@ Rules:
   (``forkless.io_loop.connectors.jetstream.source``); this ``__init__`` imports nothing, so importing one module of
   the room loads only what that module imports (nats-py is an optional extra: ``connector``, ``positions``,
   ``partitions`` and ``consumer`` import none of it).
-- Every ``import nats`` of the product is in this room (tests/test_architecture.py holds it).
-- The layers and their directions are the modules' own (tests/test_architecture.py lists each module in one layer);
+- Every ``import nats`` of the product is in this room (tests/docs/test_architecture.py holds it).
+- The layers and their directions are the modules' own (tests/docs/test_architecture.py lists each module in one layer);
   a room changes where a module lives, not what it may import.
 - Part of the leaf: nothing here imports ``controller``.
 """

@@ -21,7 +21,7 @@ Rules:
   the server answered); each one's text is ``describe_error``'s of nats-py's, which is its ``__cause__``, and an
   error the server answered keeps its ``code``, ``err_code`` and ``description`` (``api`` is True). A JetStream
   publish acknowledgement read by a raw subscription (the replies', not a nats-py call) is ours the same way:
-  ``error_ack``. No other module of the room names a nats-py exception (tests/test_architecture.py holds it): they
+  ``error_ack``. No other module of the room names a nats-py exception (tests/docs/test_architecture.py holds it): they
   catch ours.
 - Errors are shown as their type and first line (``describe_error``): never a URL's user:password,
   a token or a creds file's content, which nats-py's messages do not carry either.

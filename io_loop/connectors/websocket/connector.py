@@ -6,7 +6,7 @@ embedder's connect hooks; it keeps no position, owns no partitions and has no si
 Rules:
 - Made for every configured feed that is not a JetStream one by controller/ioside.py's ``connector_for`` (the one
   place a feed's kind is decided), at the composition root (``feed_plan``, ``feed_sources``, ``--check``); nothing
-  outside this room imports its client, its connecting, its probe or the demo feed (tests/test_architecture.py).
+  outside this room imports its client, its connecting, its probe or the demo feed (tests/docs/test_architecture.py).
 - ``source``: a ``WebSocketSource`` (client.py) with the timeouts, reconnect policy, TLS, credentials,
   ``max_msg_bytes`` and the hooks (``on_connect``, ``before_connect``); for the feed with no url while the demo feed
   runs (``demo`` given), a ``DemoSource`` (demo_source.py) whose client is that same ``WebSocketSource``, pointed

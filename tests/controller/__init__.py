@@ -1,0 +1,1 @@
+"""Tests of controller/ (the suite mirrors the code's rooms: tests/README.md)."""

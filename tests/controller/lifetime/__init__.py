@@ -1,0 +1,1 @@
+"""Tests of controller/lifetime/ (the suite mirrors the code's rooms: tests/README.md)."""

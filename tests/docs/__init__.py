@@ -1,0 +1,1 @@
+"""Tests of docs/ (the suite mirrors the code's rooms: tests/README.md)."""

@@ -1,0 +1,1 @@
+"""Tests of io_loop/sinks/ (the suite mirrors the code's rooms: tests/README.md)."""
