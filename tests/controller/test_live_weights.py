@@ -216,7 +216,7 @@ def test_weights_offered_but_never_applied_before_the_stop_are_logged(caplog):
 
 
 SEVERAL_DEVICES = """
-from tests import test_live_weights as t
+from tests.controller import test_live_weights as t
 ctl, results, compiled = t._run(t.CONFIG.replace(devices=2), lambda ctl: ctl.set_weights(t.NEW, version="v2"))
 assert len(ctl.stats().devices) == 2, ctl.stats().devices
 assert results == t._reference(t._messages(0, 12), t._messages(12, 12)), results
