@@ -1,11 +1,13 @@
 """Runs of the controller used by tests/controller/device/test_devices.py, on however many devices this process has.
 
-    JAX_NUM_CPU_DEVICES=4 python -m tests.device_runs scenarios OUT.json
-    JAX_NUM_CPU_DEVICES=4 python -m tests.device_runs checkpoint-first DIR OUT.json
-    JAX_NUM_CPU_DEVICES=4 python -m tests.device_runs checkpoint-second DIR OUT.json
+    JAX_NUM_CPU_DEVICES=4 python -m tests.device_runs WRITE_DIR RESTORE_DIR OUT.json
 
 JAX fixes its device count when its backend starts, so a run on 4 forced CPU devices is a
-subprocess; the same functions run in the test process for the one-device results. Each run
+subprocess: one for every run test_devices.py makes on 4 devices (``on_four``: the scenarios
+one step at a time and with three steps in flight, the first half of the checkpoint feed
+written into WRITE_DIR, the second half restored from RESTORE_DIR), so that its start, its
+JAX and the compiles its runs share are paid once. The same functions run in the test
+process for the one-device results. Each run
 feeds literal batches through the real ``Controller`` (a fake IO side: one chunk is one
 batch, ``max_wait_ms=0``) and records, per message, the outputs exactly as the step
 returned them (float32 values as Python floats: equal floats are equal bits), the error
@@ -15,7 +17,6 @@ replies, and facts about the run (devices, shardings, compilations after warm-up
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,9 @@ def batches_of(names: list[str], sizes: list[int], seed: int) -> list[tuple[list
     return out
 
 
-def run(config: Config, batches: list, processor: Processor | None = None) -> dict[str, Any]:
-    """Every batch through a started controller; what came out and what the run looked like."""
+def run(config: Config, batches: list, processor: Processor | None = None, depth: int = 1) -> dict[str, Any]:
+    """Every batch through a started controller; what came out and what the run looked like.
+    ``depth``: FORKLESS_STEPS_IN_FLIGHT, every batch queued before the first is taken where above 1."""
     results: dict[int, dict[str, Any]] = {}
 
     def on_results(seq: list[int], stream: list[str], outputs: dict[str, np.ndarray]) -> None:
@@ -56,8 +58,6 @@ def run(config: Config, batches: list, processor: Processor | None = None) -> di
             results[s] = {"stream": stream[i], **{k: v[i].tolist() for k, v in outputs.items()}}
 
     fake = FakeIO()
-    # DEVICE_RUNS_IN_FLIGHT=K: FORKLESS_STEPS_IN_FLIGHT=K, every batch queued before the first is taken
-    depth = int(os.environ.get("DEVICE_RUNS_IN_FLIGHT", "1"))
     config = config.replace(steps_in_flight=depth)
     with Controller(config, processor=processor, sinks=[OnResults(on_results)],
                     runtime=Runtime(io_factory=fake)) as ctl:
@@ -136,43 +136,43 @@ SKEWED_NAMES = ([f"s{k}" for k in range(8)] + [f"s{k}" for k in (0, 4) * 8] + [f
 BATCHES = {"spread": _spread_batches(), "skewed": batches_of(SKEWED_NAMES, [8, 16, 16, 8], seed=2)}
 
 
-def spread() -> dict[str, Any]:
+def spread(depth: int = 1) -> dict[str, Any]:
     """9 streams over a table of 10, batches of 1 to 16 messages, streams repeating in a batch."""
     return run(Config(features=F, max_streams=10, max_batch=16, max_wait_ms=0.0, status_s=0.0, warmup=3),
-               BATCHES["spread"])
+               BATCHES["spread"], depth=depth)
 
 
-def skewed() -> dict[str, Any]:
+def skewed(depth: int = 1) -> dict[str, Any]:
     """Whole batches whose streams all live on one device (``SKEWED_NAMES``)."""
     return run(Config(features=F, max_streams=16, max_batch=16, max_wait_ms=0.0, status_s=0.0, warmup=3),
-               BATCHES["skewed"])
+               BATCHES["skewed"], depth=depth)
 
 
 EVICTION_ORDER = [f"s{(i * 3) % 11}" for i in range(66)]
 
 
-def eviction() -> dict[str, Any]:
+def eviction(depth: int = 1) -> dict[str, Any]:
     """11 streams taking turns through a table of 6 slots (FORKLESS_STREAM_IDLE_S=0: every new
     stream takes the least recently seen stream's slot, reset), batches of 3."""
     return run(Config(features=F, max_streams=6, max_batch=4, max_wait_ms=0.0, status_s=0.0, stream_idle_s=0.0,
-                      warmup=2), batches_of(EVICTION_ORDER, [3] * 22, seed=3))
+                      warmup=2), batches_of(EVICTION_ORDER, [3] * 22, seed=3), depth=depth)
 
 
 NON_FINITE = [("a", 2.0), ("b", 3.0), ("c", 7.0), ("a", 1e30), ("a", 1e30), ("a", 5.0), ("b", 2.0), ("c", 1.0)]
 
 
-def non_finite() -> dict[str, Any]:
+def non_finite(depth: int = 1) -> dict[str, Any]:
     """A stream whose product overflows is answered with an error and starts again from 1."""
     batches = [([i], [name], np.array([[x, 0.0, 0.0]], np.float32)) for i, (name, x) in enumerate(NON_FINITE)]
     return run(Config(features=F, max_streams=5, max_batch=4, max_wait_ms=0.0, status_s=0.0), batches,
-               product_processor())
+               product_processor(), depth=depth)
 
 
-def replicated() -> dict[str, Any]:
+def replicated(depth: int = 1) -> dict[str, Any]:
     """A processor with a leaf shared by all streams: it is replicated on every device."""
     names = [f"s{k % 5}" for k in range(20)]
     return run(Config(features=F, max_streams=8, max_batch=4, max_wait_ms=0.0, status_s=0.0),
-               batches_of(names, [4] * 5, seed=4), weighted_count_processor())
+               batches_of(names, [4] * 5, seed=4), weighted_count_processor(), depth=depth)
 
 
 def refused(processor: Processor) -> str:
@@ -184,14 +184,14 @@ def refused(processor: Processor) -> str:
     return ""
 
 
-def scenarios() -> dict[str, Any]:
+def scenarios(depth: int = 1) -> dict[str, Any]:
     return {
         "jax_devices": len(jax.local_devices()),
-        "spread": spread(),
-        "skewed": skewed(),
-        "eviction": eviction(),
-        "non_finite": non_finite(),
-        "replicated": replicated(),
+        "spread": spread(depth),
+        "skewed": skewed(depth),
+        "eviction": eviction(depth),
+        "non_finite": non_finite(depth),
+        "replicated": replicated(depth),
         "refused_changed_replicated_leaf": refused(weighted_count_processor(change_weights=True)),
         "refused_not_per_stream": refused(weighted_count_processor(per_stream=False)),
     }
@@ -211,14 +211,11 @@ def checkpoint_run(directory: str, first: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    what, *rest = argv
-    if what == "scenarios":
-        figures = scenarios()
-    elif what in ("checkpoint-first", "checkpoint-second"):
-        figures = checkpoint_run(rest.pop(0), first=what == "checkpoint-first")
-    else:
-        raise SystemExit(f"unknown run {what!r}")
-    Path(rest[0]).write_text(json.dumps(figures))
+    write_dir, restore_dir, out = argv
+    figures = {"scenarios": scenarios(), "in_flight": scenarios(depth=3),
+               "checkpoint_first": checkpoint_run(write_dir, first=True),
+               "checkpoint_second": checkpoint_run(restore_dir, first=False)}
+    Path(out).write_text(json.dumps(figures))
     return 0
 
 

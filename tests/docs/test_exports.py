@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import importlib
 import inspect
 import queue
@@ -175,7 +176,8 @@ def _path(module: str) -> Path:
     return inside / "__init__.py" if inside.is_dir() else inside.with_suffix(".py")  # a package (a room) or a module
 
 
-def _defined(path: Path) -> set[str]:
+@functools.cache  # read once a module: the project-wide import check asks for each module hundreds of times
+def _defined(path: Path) -> frozenset[str]:
     """The names a module binds at its top level itself (def, class, assignment), not by an import."""
     names: set[str] = set()
 
@@ -191,7 +193,7 @@ def _defined(path: Path) -> set[str]:
                 walk(node.orelse)
 
     walk(ast.parse(path.read_text(encoding="utf-8")).body)
-    return names
+    return frozenset(names)
 
 
 def _declared_all(module: str) -> list[str] | None:

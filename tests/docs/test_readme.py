@@ -10,11 +10,12 @@ import json
 import math
 import random
 import re
+import signal
 
 import pytest
 
 from tests.harness import ROOT, UNIT_S, AppResult, run_app
-from tests.servers import send_frames
+from tests.servers import LoopbackServer, send_frames
 
 README = (ROOT / "README.md").read_text()
 # the embedding guide: EMBEDDING.md and its pages under docs/embedding/
@@ -310,25 +311,31 @@ def test_the_csv_example_runs_against_the_csv_feed_that_ships_with_it(capsys):
         assert float(norm) == pytest.approx(math.hypot(x1, x2), abs=6e-4), (seq, x1, x2)  # printed to 3 decimals
 
 
-def _sink_example(feed_server, name: str):
-    """docs/embedding/sinks.md's example ``name`` run against a feed of 10 messages on two streams."""
+def _sink_example(feed_server, app, name: str, last: str, replies: int) -> tuple[LoopbackServer, AppResult]:
+    """docs/embedding/sinks.md's example ``name`` run against a feed of 10 messages on two streams,
+    stopped by SIGTERM once it printed ``last`` (a pattern) and the feed has its ``replies`` (the
+    example runs "until SIGINT/SIGTERM or FORKLESS_DURATION": the stop comes as soon as there is
+    nothing more to wait for, however fast or slow the machine)."""
     frames = [json.dumps({"seq": i, "stream": f"s{i % 2}", "x": [float(i)] * 8}) for i in range(10)]
     server = feed_server(send_frames(frames))
-    proc = run_app(env={"FORKLESS_WS_URL": server.url, "FORKLESS_DURATION": "3", "FORKLESS_STATUS_S": "0"},
-                   program=("-c", example(name)), timeout_s=90 * UNIT_S)
+    running = app(env={"FORKLESS_WS_URL": server.url, "FORKLESS_STATUS_S": "0"}, program=("-c", example(name)))
+    running.wait_for_line(last, timeout_s=90 * UNIT_S)
+    server.wait_for(lambda: server.received_count >= replies, 30 * UNIT_S, f"the feed's {replies} replies")
+    running.signal(signal.SIGTERM)
+    proc = running.finish(60 * UNIT_S)
     assert proc.returncode == 0, proc.stderr
     return server, proc
 
 
-def test_the_sink_example_prints_every_message_and_its_books_balance(feed_server):
-    _, proc = _sink_example(feed_server, "sink")
+def test_the_sink_example_prints_every_message_and_its_books_balance(feed_server, app):
+    _, proc = _sink_example(feed_server, app, "sink", r"^got s1 9 ", replies=0)
     got = [line.split() for line in proc.stdout.splitlines() if line.startswith("got ")]
     assert [(g[1], int(g[2])) for g in got] == [(f"s{i % 2}", i) for i in range(10)]
     assert "written 10 of 10" in proc.stdout
 
 
-def test_the_results_sink_example_prints_every_result_in_order_and_its_books_balance(feed_server):
-    server, proc = _sink_example(feed_server, "results_sink")
+def test_the_results_sink_example_prints_every_result_in_order_and_its_books_balance(feed_server, app):
+    server, proc = _sink_example(feed_server, app, "results_sink", r"^result 0 s1 9 ", replies=10)
     got = [line.split() for line in proc.stdout.splitlines() if line.startswith("result ")]
     assert [(g[1], g[2], int(g[3])) for g in got] == [("0", f"s{i % 2}", i) for i in range(10)]
     replies = {r["seq"]: r["score"] for r in server.replies()}  # the feed's replies, with the same scores

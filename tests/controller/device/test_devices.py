@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -104,25 +103,36 @@ def test_canonical_rows_go_to_the_sharded_table_and_come_back_in_slot_order(monk
 # ---- the controller on 4 forced devices against one device ----------------------------------------
 
 
-def _in_subprocess(env: dict[str, str], *args: str) -> dict[str, Any]:
-    """``python -m tests.device_runs ARGS OUT`` with ``env``; its figures."""
-    out = Path(args[-1])
-    done = subprocess.run([sys.executable, "-m", "tests.device_runs", *args], cwd=ROOT, env=app_env(env),
-                          capture_output=True, text=True, timeout=180 * UNIT_S)
+@pytest.fixture(scope="module")
+def four_devices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every run this file makes on 4 forced devices, from one subprocess (``python -m
+    tests.device_runs``: one start, one JAX, the compiles its runs share made once): the
+    scenarios one step at a time and with FORKLESS_STEPS_IN_FLIGHT=3 (every batch queued at
+    once), and both ways of a checkpoint between device counts: the first half of the
+    checkpoint feed written on 4 devices (restored here, on one), and the second half restored
+    on 4 from a first half written here. The test process itself keeps its one device."""
+    work = tmp_path_factory.mktemp("four")
+    written_here = device_runs.checkpoint_run(str(work / "from-one"), first=True)
+    out = work / "out.json"
+    done = subprocess.run([sys.executable, "-m", "tests.device_runs", str(work / "from-four"), str(work / "from-one"),
+                           str(out)], cwd=ROOT, env=app_env(FOUR), capture_output=True, text=True,
+                          timeout=300 * UNIT_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text())
+    four = json.loads(out.read_text())
+    restored_here = device_runs.checkpoint_run(str(work / "from-four"), first=False)
+    # the same JSON round trip as the subprocess's
+    return {**four, **json.loads(json.dumps({"written_on_one": written_here, "restored_on_one": restored_here}))}
 
 
 @pytest.fixture(scope="module")
-def on_four(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _in_subprocess(FOUR, "scenarios", str(tmp_path_factory.mktemp("four") / "out.json"))
+def on_four(four_devices: dict[str, Any]) -> dict[str, Any]:
+    return four_devices["scenarios"]
 
 
 @pytest.fixture(scope="module")
-def on_four_in_flight(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def on_four_in_flight(four_devices: dict[str, Any]) -> dict[str, Any]:
     """The same runs on 4 devices with FORKLESS_STEPS_IN_FLIGHT=3, every batch queued at once."""
-    return _in_subprocess({**FOUR, "DEVICE_RUNS_IN_FLIGHT": "3"}, "scenarios",
-                          str(tmp_path_factory.mktemp("four-in-flight") / "out.json"))
+    return four_devices["in_flight"]
 
 
 @pytest.fixture(scope="module")
@@ -237,28 +247,21 @@ def test_a_processor_that_cannot_be_sharded_is_refused_at_start_naming_one_devic
 # ---- checkpoints move between device counts ------------------------------------------------------
 
 
-def _checkpoint_runs(tmp_path: Path, first: dict[str, str] | None, second: dict[str, str] | None) -> list[dict]:
-    """Both halves of the checkpoint feed, each on 4 devices (a subprocess) or on one (here)."""
-    directory = str(tmp_path / "ckpt")
-    runs = []
-    for what, env in (("checkpoint-first", first), ("checkpoint-second", second)):
-        if env is None:
-            runs.append(json.loads(json.dumps(device_runs.checkpoint_run(directory, what == "checkpoint-first"))))
-        else:
-            runs.append(_in_subprocess(env, what, directory, str(tmp_path / f"{what}.json")))
-    return runs
-
-
 @pytest.fixture(scope="module")
 def checkpoint_on_one(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return _checkpoint_runs(tmp_path_factory.mktemp("one"), None, None)
+    """Both halves of the checkpoint feed on one device (here)."""
+    directory = str(tmp_path_factory.mktemp("one") / "ckpt")
+    return json.loads(json.dumps([device_runs.checkpoint_run(directory, first) for first in (True, False)]))
 
 
-@pytest.mark.parametrize("first, second", [(FOUR, None), (None, FOUR)], ids=["4-then-1", "1-then-4"])
-def test_a_checkpoint_taken_on_some_devices_restores_on_others(tmp_path, checkpoint_on_one, first, second):
-    written, restored = _checkpoint_runs(tmp_path, first, second)
-    assert restored["restored"] and len(restored["devices"]) == (4 if second else 1)
-    assert len(written["devices"]) == (4 if first else 1)
+@pytest.mark.parametrize("way", ["4-then-1", "1-then-4"])
+def test_a_checkpoint_taken_on_some_devices_restores_on_others(four_devices, checkpoint_on_one, way):
+    if way == "4-then-1":
+        written, restored = four_devices["checkpoint_first"], four_devices["restored_on_one"]
+    else:
+        written, restored = four_devices["written_on_one"], four_devices["checkpoint_second"]
+    assert restored["restored"] and len(restored["devices"]) == (4 if way == "1-then-4" else 1)
+    assert len(written["devices"]) == (4 if way == "4-then-1" else 1)
     # exactly what one device gives, and the reference over the whole feed (state carried over)
     assert written["results"] == checkpoint_on_one[0]["results"]
     assert restored["results"] == checkpoint_on_one[1]["results"]

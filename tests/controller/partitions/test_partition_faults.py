@@ -274,7 +274,7 @@ def test_a_restart_after_retention_removed_only_other_partitions_messages_resume
     objects (before this, exit 2: its partitions' objects recorded positions only, judged against
     the stream's first sequence) and answers 5 more exactly once. Then one of its own messages is
     removed by retention while it is stopped: the next start still exits 2."""
-    from forkless.io_loop.connectors.jetstream.source import PULL_EXPIRES_S, STREAM_INFO_EVERY_S
+    from forkless.io_loop.connectors.jetstream.source import PULL_EXPIRES_S
 
     from tests.servers import make_messages
 
@@ -288,8 +288,10 @@ def test_a_restart_after_retention_removed_only_other_partitions_messages_resume
     wait_until(lambda: _scores(url) == 10, timeout_s=60 * UNIT_S, what="10 results", poll_s=0.2)
     others = _publish(url, _named(make_messages(100, streams=len(THEIRS), seed=47), THEIRS))
     assert others[-1] == 110 and _stream_first(url) == 61  # 1..60 removed: ours among them
-    # idle: a pull asked for once the instance saw the stream at 110 ends with nothing for its partitions
-    time.sleep(2 * PULL_EXPIRES_S + STREAM_INFO_EVERY_S + 2 * UNIT_S)
+    # idle: a pull asked for once the instance saw the stream at 110 ends with nothing for its
+    # partitions, and its next periodic object records that nothing of 0-5 lies up to 110
+    wait_until(lambda: _covered(url, 0) >= 110, timeout_s=2 * PULL_EXPIRES_S + 60 * UNIT_S, poll_s=0.2,
+               what="an object recording that nothing of partitions 0-5 lies up to 110")
     first.signal(signal.SIGTERM)  # the stop's checkpoint: an object per partition 0-5
     done = first.finish(60 * UNIT_S)
     assert done.returncode == 0, done.stderr[-3000:]
