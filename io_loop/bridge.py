@@ -145,30 +145,29 @@ class OutboundReceiver:
                  taken: threading.Event | None = None) -> None:
         self._queue = queue.async_q
         self._ready = ready
-        self._taken = taken  # set when the reader asks for an item again: a main thread may be letting go for it
+        self._taken = taken  # set once an item is taken: a main thread may be letting go for it
 
     async def get(self) -> Outgoing:
-        """The next item; raises ``janus.AsyncQueueShutDown`` once shut down and empty. Asked for
-        again, the reader has handled the item before (its frames written, or routed): a main thread
-        letting go of the GIL for it may go on (io_loop/waiting.py)."""
-        taken = self._taken
-        if taken is not None and not taken.is_set():
-            taken.set()
-        queue, ready = self._queue, self._ready
+        """The next item; raises ``janus.AsyncQueueShutDown`` once shut down and empty."""
+        ready = self._ready
         while True:
             try:
-                return queue.get_nowait()
+                return self.get_nowait()
             except asyncio.QueueEmpty:
                 pass
             ready.clear()
             try:  # an item put before the clear has already set the event: look once more
-                return queue.get_nowait()
+                return self.get_nowait()
             except asyncio.QueueEmpty:
                 pass
             await ready.wait()
 
     def get_nowait(self) -> Outgoing:
-        return self._queue.get_nowait()
+        item = self._queue.get_nowait()
+        taken = self._taken
+        if taken is not None and not taken.is_set():
+            taken.set()
+        return item
 
     def poll(self) -> bool:
         """On the loop, from its spinning selector: wake the reader if an item waits and it was not

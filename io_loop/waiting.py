@@ -23,8 +23,8 @@ Rules:
   the IO thread only (its selector is looking at *outbound* by itself: a put need not wake it). Each is
   read, never written, by the other.
 - The main thread lets go of the GIL after a put the spinning loop will take (``Expecting.let_go``):
-  it waits, the GIL released, until the loop's reader has handled the item (its frames written) and
-  asks for the next, at most ``let_go_s``, instead of going on to its next batch. Otherwise the loop, asking for the GIL for its next look, sleeps on the GIL's
+  it waits, the GIL released, until the loop has taken the item, at most ``let_go_s``, instead of going
+  on to its next batch. Otherwise the loop, asking for the GIL for its next look, sleeps on the GIL's
   condition through the main thread's next dispatch (measured on the TPU: ``outbound`` ~340 µs at
   p50 with the loop spinning). A loop busy elsewhere is not spinning: nobody waits for it.
 - ``SpinningSelector`` is the IO loop's selector. While work is imminent its ``select`` does not
@@ -103,13 +103,13 @@ class Expecting:
         self.spinning = False  # IO thread: its selector looks at outbound by itself
         self.linger_s = linger_s
         self.let_go_s = let_go_s
-        # set by the IO thread when its reader asks outbound for an item (the one before handled),
-        # cleared by the main thread before a put: what ``let_go`` waits on
+        # set by the IO thread when its reader takes an item from outbound, cleared by the main
+        # thread before a put: what ``let_go`` waits on
         self.taken = threading.Event()
 
     def let_go(self) -> bool:
-        """The main thread, after a put the spinning loop will take without being woken: wait for its
-        reader to have handled it (the GIL released), at most ``let_go_s``; whether it did."""
+        """The main thread, after a put the spinning loop will take without being woken: wait for it
+        to take it (the GIL released), at most ``let_go_s``; whether it did."""
         return self.taken.wait(self.let_go_s)
 
     def expect(self, steps: int) -> int:
