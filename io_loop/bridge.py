@@ -10,8 +10,7 @@ Rules:
   three (measured in the latency budget's ``outbound`` hop, bench/README.md). Under the ``spin``
   hand-off (io_loop/waiting.py) the main thread tells the IO thread how many steps are in flight
   (``OutboundSender.expect``); while any is, the IO loop's selector looks at *outbound* itself
-  (``OutboundReceiver.poll``) and a put does not wake it: instead the main thread lets go of the GIL
-  until the loop has taken the item (``Expecting.let_go``, bounded), before its next batch.
+  (``OutboundReceiver.poll``) and a put does not wake it.
 - A send of the main thread's (``Outgoing.sent``) crosses with the same one wake-up, which also
   hands it to ``on_sent`` on the IO loop (its feed's ``SendWatch``, io_loop/sends.py: its deadline
   is watched from then, whether or not the feed's writer is taking).
@@ -27,7 +26,6 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -83,26 +81,18 @@ class OutboundSender:
                 pass
 
     def put(self, item: Outgoing, timeout: float | None = None) -> None:
-        expecting = self._expecting
-        if expecting is not None:
-            expecting.taken.clear()
         self._queue.put(item, timeout=timeout)
-        self._after_put(item)
-
-    def put_nowait(self, item: Outgoing) -> None:
-        expecting = self._expecting
-        if expecting is not None:
-            expecting.taken.clear()
-        self._queue.put_nowait(item)
-        self._after_put(item)
-
-    def _after_put(self, item: Outgoing) -> None:
-        """Wake the loop's reader; or, the loop spinning (it takes the item without being woken), let
-        go of the GIL until it has (io_loop/waiting.py)."""
         if item.sent and self._on_sent is not None:
             self._wake_sent(item)
-        elif not self._wake():
-            self._expecting.let_go()  # type: ignore[union-attr]
+        else:
+            self._wake()
+
+    def put_nowait(self, item: Outgoing) -> None:
+        self._queue.put_nowait(item)
+        if item.sent and self._on_sent is not None:
+            self._wake_sent(item)
+        else:
+            self._wake()
 
     def qsize(self) -> int:
         return self._queue.qsize()
@@ -113,16 +103,14 @@ class OutboundSender:
         self._shutdown()
         self._wake(always=True)
 
-    def _wake(self, always: bool = False) -> bool:
-        """Wake the loop's reader, unless the loop spins (``always``: whether or not); whether it was woken."""
+    def _wake(self, always: bool = False) -> None:
         expecting = self._expecting
         if not always and expecting is not None and expecting.spinning:  # read after the put: io_loop/waiting.py
-            return False
+            return
         try:
             self._loop.call_soon_threadsafe(self._ready.set)
         except RuntimeError:  # the loop has closed: nobody is left to wake
             pass
-        return True
 
     def _wake_sent(self, item: Outgoing) -> None:
         try:
@@ -141,33 +129,27 @@ class OutboundReceiver:
     event, ``get_nowait``/``put``/``put_nowait`` are janus's async side's (a put from this
     side sets the event too)."""
 
-    def __init__(self, queue: janus.Queue[Outgoing], ready: asyncio.Event,
-                 taken: threading.Event | None = None) -> None:
+    def __init__(self, queue: janus.Queue[Outgoing], ready: asyncio.Event) -> None:
         self._queue = queue.async_q
         self._ready = ready
-        self._taken = taken  # set once an item is taken: a main thread may be letting go for it
 
     async def get(self) -> Outgoing:
         """The next item; raises ``janus.AsyncQueueShutDown`` once shut down and empty."""
-        ready = self._ready
+        queue, ready = self._queue, self._ready
         while True:
             try:
-                return self.get_nowait()
+                return queue.get_nowait()
             except asyncio.QueueEmpty:
                 pass
             ready.clear()
             try:  # an item put before the clear has already set the event: look once more
-                return self.get_nowait()
+                return queue.get_nowait()
             except asyncio.QueueEmpty:
                 pass
             await ready.wait()
 
     def get_nowait(self) -> Outgoing:
-        item = self._queue.get_nowait()
-        taken = self._taken
-        if taken is not None and not taken.is_set():
-            taken.set()
-        return item
+        return self._queue.get_nowait()
 
     def poll(self) -> bool:
         """On the loop, from its spinning selector: wake the reader if an item waits and it was not
@@ -198,8 +180,7 @@ class Bridge:
         self._inbound: janus.Queue[Chunk] = janus.Queue(queue_size)
         self._outbound: janus.Queue[Outgoing] = janus.Queue(queue_size)
         ready = asyncio.Event()
-        self._outbound_receiver = OutboundReceiver(self._outbound, ready,
-                                                   None if expecting is None else expecting.taken)
+        self._outbound_receiver = OutboundReceiver(self._outbound, ready)
         self._outbound_sender = OutboundSender(self._outbound, asyncio.get_running_loop(), ready, expecting, on_sent)
 
     @property

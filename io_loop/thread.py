@@ -217,7 +217,7 @@ class IOThread:
 
     async def _main(self) -> None:
         cfg = self.settings
-        expecting = Expecting(self.wait.spin_s, self.wait.let_go_s) if self._selector is not None else None
+        expecting = Expecting(self.wait.spin_s) if self._selector is not None else None
         self._bridge = bridge = Bridge(cfg.limits.queue_size, expecting, on_sent=self._send_arrived)
         if self._selector is not None and expecting is not None:
             self._selector.attach(expecting, bridge.outbound.poll)

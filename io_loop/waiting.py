@@ -22,11 +22,6 @@ Rules:
   by the main thread only (steps in flight; when the last one ended, plus the linger), ``spinning`` by
   the IO thread only (its selector is looking at *outbound* by itself: a put need not wake it). Each is
   read, never written, by the other.
-- The main thread lets go of the GIL after a put the spinning loop will take (``Expecting.let_go``):
-  it waits, the GIL released, until the loop has taken the item, at most ``let_go_s``, instead of going
-  on to its next batch. Otherwise the loop, asking for the GIL for its next look, sleeps on the GIL's
-  condition through the main thread's next dispatch (measured on the TPU: ``outbound`` ~340 µs at
-  p50 with the loop spinning). A loop busy elsewhere is not spinning: nobody waits for it.
 - ``SpinningSelector`` is the IO loop's selector. While work is imminent its ``select`` does not
   block: it looks at the sockets (``select(0)``) and at *outbound* (``poll``) between pauses, and
   returns as soon as either has something, or the loop's own timeout is due. Then it looks at
@@ -38,12 +33,11 @@ from __future__ import annotations
 
 import os
 import selectors
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["HANDOFFS", "LET_GO_S", "NAP_S", "PARK", "SPIN_S", "Expecting", "SpinningSelector", "WaitSettings", "pause",
+__all__ = ["HANDOFFS", "NAP_S", "PARK", "SPIN_S", "Expecting", "SpinningSelector", "WaitSettings", "pause",
            "resolve_handoff"]
 
 HANDOFFS = ("auto", "park", "spin")
@@ -52,9 +46,6 @@ HANDOFFS = ("auto", "park", "spin")
 # even 20 µs wakes as late as one that parks (bench/handoff_wait.py)
 NAP_S = 0.0
 SPIN_S = 0.002  # the IO loop spins on this long after the last step in flight ended: the next message is likely near
-# the most the main thread waits, the GIL released, for the spinning loop to take what it put (the
-# module rules): a loop that spins takes it within tens of µs; this bounds a loop held up elsewhere
-LET_GO_S = 0.001
 
 
 def pause(nap_s: float) -> None:
@@ -73,7 +64,6 @@ class WaitSettings:
     handoff: str = "park"  # "park" or "spin"
     nap_s: float = NAP_S
     spin_s: float = SPIN_S
-    let_go_s: float = LET_GO_S
 
     @property
     def spins(self) -> bool:
@@ -97,20 +87,11 @@ def resolve_handoff(setting: str, platform: str) -> str:
 class Expecting:
     """What each thread expects of the other (see the module rules): one writer per field."""
 
-    def __init__(self, linger_s: float = 0.0, let_go_s: float = LET_GO_S) -> None:
+    def __init__(self, linger_s: float = 0.0) -> None:
         self.steps = 0  # main thread: steps in flight, whose results will be put on outbound
         self.until = 0.0  # main thread: when the last step ended, plus linger_s (time.monotonic())
         self.spinning = False  # IO thread: its selector looks at outbound by itself
         self.linger_s = linger_s
-        self.let_go_s = let_go_s
-        # set by the IO thread when its reader takes an item from outbound, cleared by the main
-        # thread before a put: what ``let_go`` waits on
-        self.taken = threading.Event()
-
-    def let_go(self) -> bool:
-        """The main thread, after a put the spinning loop will take without being woken: wait for it
-        to take it (the GIL released), at most ``let_go_s``; whether it did."""
-        return self.taken.wait(self.let_go_s)
 
     def expect(self, steps: int) -> int:
         """The main thread: ``steps`` steps are in flight now; how many were before. When the
