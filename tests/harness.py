@@ -16,14 +16,16 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -104,6 +106,24 @@ class AppResult(NamedTuple):
     exited_at: float  # time.monotonic() when the exit was seen
 
 
+@contextlib.contextmanager
+def _hangup_default() -> Iterator[None]:
+    """The app starts with SIGHUP at its default, as under a terminal or a service manager, even where
+    the suite itself runs under ``nohup`` (an ignored signal stays ignored across exec, and the app then
+    leaves SIGHUP ignored, as documented: tests/program/test_signals.py). Main thread only, as
+    signal.signal; elsewhere the child inherits what this process has."""
+    hup = getattr(signal, "SIGHUP", None)
+    if hup is None or threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(hup) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(hup, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(hup, signal.SIG_IGN)
+
+
 class AppProcess:
     """``python app.py ARGS`` (or ``python PROGRAM…``) as a subprocess in the repository root.
 
@@ -124,8 +144,9 @@ class AppProcess:
         self._readers: list[threading.Thread] = []
 
     def start(self) -> AppProcess:
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        with _hangup_default():
+            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True)
         for name, pipe in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
             reader = threading.Thread(target=self._read, args=(name, pipe), name=f"app-{name}", daemon=True)
             reader.start()
