@@ -234,6 +234,18 @@ def run_app(*args: str, env: Mapping[str, str] | None = None, program: Sequence[
         return app.finish(timeout_s)
 
 
+def quick_config(**changes: Any) -> Any:
+    """A ``Config`` for the in-process tests of a feed or a source: 4 features, small tables and
+    queues, no heartbeat or status line, quick reconnects and a 5 s stop; ``changes`` on top."""
+    from forkless import Config
+
+    base: dict[str, Any] = dict(features=4, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64,
+                                heartbeat_s=0.0, connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.2,
+                                shutdown_timeout_s=5.0, status_s=0.0)
+    base.update(changes)
+    return Config(**base)
+
+
 def assert_books_balance(ctl: Any) -> None:
     """Every received message is accounted for, exactly (call after the controller stopped):
     ``messages_in = results + error replies + no reply + dropped``, nothing left unanswered."""

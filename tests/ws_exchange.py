@@ -91,6 +91,13 @@ class WsExchange:
             self._thread.call(self._close(), 10.0)
         self._thread.stop()
 
+    def __enter__(self) -> WsExchange:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def expire_all(self) -> None:
         """Every token issued so far expires now: their sessions close with 4003, their handshakes get 401."""
         self._thread.call_soon(self._live.clear)

@@ -27,10 +27,8 @@ WAIT_S = 20 * UNIT_S
 
 @pytest.fixture
 def exchange() -> Iterator[WsExchange]:
-    ex = WsExchange(trade_every_s=0.02, ping_every_s=0.2)
-    ex.start()
-    yield ex
-    ex.stop()
+    with WsExchange(trade_every_s=0.02, ping_every_s=0.2) as ex:
+        yield ex
 
 
 class ExchangeClient:

@@ -24,7 +24,7 @@ from forkless.io_loop.crossing import HOPS, PICKED, READ, SAMPLE_EVERY, WRITTEN,
 from forkless import Runtime
 from tests.controller.test_loop import chunk
 from tests.fake_io import FakeIO, drain
-from tests.harness import UNIT_S, assert_books_balance, drive, run_app
+from tests.harness import UNIT_S, assert_books_balance, drive, quick_config, run_app
 from tests.reference import EWMAReference
 from tests.servers import FeedConn, assert_results_match_reference, make_messages, parse_replies
 
@@ -39,12 +39,7 @@ def _feeds(*feeds: dict) -> str:
 
 
 def _config(feeds: str, **changes: Any) -> Config:
-    base: dict[str, Any] = dict(
-        feeds=feeds, features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64,
-        heartbeat_s=0.0, connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.2,
-        reconnect_reset_s=1.0, shutdown_timeout_s=5.0, status_s=0.0)
-    base.update(changes)
-    return Config(**base)
+    return quick_config(feeds=feeds, features=FEATURES, **{"reconnect_reset_s": 1.0, **changes})
 
 
 def _renamed(messages: list[dict], prefix: str, seq_from: int) -> list[dict]:

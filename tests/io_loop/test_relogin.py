@@ -25,10 +25,8 @@ WAIT_S = 10 * UNIT_S
 
 @pytest.fixture
 def exchange() -> Iterator[WsExchange]:
-    ex = WsExchange(trade_every_s=0.05, ping_every_s=0.2)
-    ex.start()
-    yield ex
-    ex.stop()
+    with WsExchange(trade_every_s=0.05, ping_every_s=0.2) as ex:
+        yield ex
 
 
 async def until(predicate: Any, what: Any) -> None:

@@ -31,10 +31,8 @@ WAIT_S = 10 * UNIT_S
 @pytest.fixture
 def exchange() -> Iterator[WsExchange]:
     """The exchange of the tests here: trades every 50 ms, a ping every 0.2 s, tokens that live an hour."""
-    ex = WsExchange(trade_every_s=0.05, ping_every_s=0.2)
-    ex.start()
-    yield ex
-    ex.stop()
+    with WsExchange(trade_every_s=0.05, ping_every_s=0.2) as ex:
+        yield ex
 
 
 class ExchangeSource:

@@ -19,7 +19,7 @@ from forkless.controller.ioside import feed_plan
 from forkless.controller.processor import ewma_processor
 
 from forkless import Config, Controller, FeedFatal, OnResults, SourceStopped
-from tests.harness import UNIT_S, assert_books_balance, drive
+from tests.harness import UNIT_S, assert_books_balance, drive, quick_config
 from tests.servers import make_messages, parse_replies, send_frames
 
 pytestmark = pytest.mark.timeout(90 * UNIT_S)
@@ -29,11 +29,7 @@ FEATURES = 4
 
 
 def _config(**changes: Any) -> Config:
-    base: dict[str, Any] = dict(features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64,
-                                heartbeat_s=0.0, connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.2,
-                                shutdown_timeout_s=5.0, status_s=0.0)
-    base.update(changes)
-    return Config(**base)
+    return quick_config(features=FEATURES, **changes)
 
 
 class WsSource:

@@ -16,7 +16,7 @@ import pytest
 from forkless.controller.processor import ewma_processor
 
 from forkless import Config, Controller
-from tests.harness import UNIT_S, assert_books_balance, drive
+from tests.harness import UNIT_S, assert_books_balance, drive, quick_config
 
 pytestmark = pytest.mark.timeout(90 * UNIT_S)
 
@@ -25,11 +25,7 @@ FEATURES = 4
 
 
 def _config(**changes: Any) -> Config:
-    base: dict[str, Any] = dict(features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64,
-                                heartbeat_s=0.0, connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.2,
-                                shutdown_timeout_s=5.0, status_s=0.0)
-    base.update(changes)
-    return Config(**base)
+    return quick_config(features=FEATURES, **changes)
 
 
 def _frame(seqs: range, stream: str = "s") -> str:

@@ -33,7 +33,7 @@ from forkless.io_loop.net.http import MetricsServer
 from forkless.io_loop.net.unixsocket import listen_unix
 from forkless.io_loop.probe import ProbeFailed
 
-from tests.harness import UNIT_S, AppProcess, assert_books_balance, drive, run_app
+from tests.harness import UNIT_S, AppProcess, assert_books_balance, drive, quick_config, run_app
 from tests.no_inet import REFUSED
 from tests.program.test_app import STATUS, check_clean_run
 from tests.servers import (
@@ -65,12 +65,7 @@ def sock_dir() -> Iterator[Path]:
 
 
 def _config(**changes: Any) -> Config:
-    base: dict[str, Any] = dict(
-        features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64, heartbeat_s=0.0,
-        connect_timeout_s=5.0, reconnect_min_s=0.05, reconnect_max_s=0.2, reconnect_reset_s=1.0,
-        shutdown_timeout_s=5.0, status_s=0.0)
-    base.update(changes)
-    return Config(**base)
+    return quick_config(features=FEATURES, **{"connect_timeout_s": 5.0, "reconnect_reset_s": 1.0, **changes})
 
 
 def _sender(messages: list[dict], done: threading.Event) -> Any:

@@ -17,7 +17,7 @@ from forkless.controller.stats import books_line, status_line
 
 import forkless
 from forkless import EVENTS_ONLY, Config, Controller, FeedFatal, OnResults
-from tests.harness import UNIT_S, assert_books_balance, drive, wait_until
+from tests.harness import UNIT_S, assert_books_balance, drive, quick_config, wait_until
 from tests.servers import make_messages, parse_replies, send_frames
 
 pytestmark = pytest.mark.timeout(90 * UNIT_S)
@@ -27,11 +27,7 @@ FEATURES = 4
 
 
 def _config(**changes: Any) -> Config:
-    base: dict[str, Any] = dict(features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64,
-                                heartbeat_s=0.0, connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.2,
-                                shutdown_timeout_s=10.0 * UNIT_S, status_s=0.0)
-    base.update(changes)
-    return Config(**base)
+    return quick_config(features=FEATURES, **{"shutdown_timeout_s": 10.0 * UNIT_S, **changes})
 
 
 class Collecting:

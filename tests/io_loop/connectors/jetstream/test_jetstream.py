@@ -19,7 +19,7 @@ from forkless.controller.processor import ewma_processor
 from forkless.controller.stats import status_line
 
 from forkless import Runtime
-from tests.harness import KILLED_EXIT_S, UNIT_S, assert_books_balance, drive, run_app
+from tests.harness import KILLED_EXIT_S, UNIT_S, assert_books_balance, drive, quick_config, run_app
 from tests.servers import FeedConn, assert_results_match_reference, make_messages, parse_replies
 
 pytestmark = pytest.mark.timeout(120 * UNIT_S)
@@ -32,12 +32,8 @@ def _js_feed(url: str, **extra: Any) -> dict[str, Any]:
 
 
 def _config(feeds: list[dict], **changes: Any) -> Config:
-    base: dict[str, Any] = dict(
-        feeds=json.dumps(feeds), features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64,
-        heartbeat_s=0.0, connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.3,
-        reconnect_reset_s=1.0, shutdown_timeout_s=5.0, status_s=0.0)
-    base.update(changes)
-    return Config(**base)
+    return quick_config(feeds=json.dumps(feeds), features=FEATURES,
+                        **{"reconnect_max_s": 0.3, "reconnect_reset_s": 1.0, **changes})
 
 
 def _results(url: str, stream: str = "SCORES") -> tuple[dict[str, dict], list[str]]:

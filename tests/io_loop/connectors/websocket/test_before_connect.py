@@ -24,7 +24,7 @@ from forkless.controller.processor import ewma_processor
 from forkless.io_loop.connectors.websocket.before_connect import resolve
 
 from forkless import ConnectHooks, FeedFatal, Handshake
-from tests.harness import UNIT_S, assert_books_balance, drive
+from tests.harness import UNIT_S, assert_books_balance, drive, quick_config
 from tests.login_server import LOGIN_KEY, LoginFeedServer, token_of
 from tests.servers import FeedConn, make_messages, parse_replies, self_signed_certificate, server_ssl_context
 
@@ -36,13 +36,7 @@ REFRESH = "asking before_connect for new credentials"
 
 
 def _config(url: str, **changes: Any) -> Config:
-    base: dict[str, Any] = dict(
-        ws_url=url, features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64,
-        heartbeat_s=0.0, connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.2,
-        reconnect_reset_s=1.0, shutdown_timeout_s=5.0, status_s=0.0,
-    )
-    base.update(changes)
-    return Config(**base)
+    return quick_config(ws_url=url, features=FEATURES, **{"reconnect_reset_s": 1.0, **changes})
 
 
 @pytest.fixture

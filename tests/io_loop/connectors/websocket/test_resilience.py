@@ -33,7 +33,7 @@ from forkless.controller.processor import Processor, ewma_processor
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.handover import Handover
 
-from tests.harness import BACKOFF_SEED, UNIT_S, assert_books_balance, drive, wait_until
+from tests.harness import BACKOFF_SEED, UNIT_S, assert_books_balance, drive, quick_config, wait_until
 from tests.servers import (
     SERVERS,
     AiohttpConn,
@@ -53,13 +53,7 @@ FEATURES = 4
 
 
 def _config(url: str, **changes: Any) -> Config:
-    base: dict[str, Any] = dict(
-        ws_url=url, features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64,
-        heartbeat_s=0.0, connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.2,
-        reconnect_reset_s=1.0, shutdown_timeout_s=5.0, status_s=0.0,
-    )
-    base.update(changes)
-    return Config(**base)
+    return quick_config(ws_url=url, features=FEATURES, **{"reconnect_reset_s": 1.0, **changes})
 
 
 

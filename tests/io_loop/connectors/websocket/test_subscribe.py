@@ -27,7 +27,7 @@ from forkless.io_loop.connectors.websocket.on_connect import call_hook, frames_o
 from forkless.io_loop.hooks import HookFailed
 
 from forkless import ConnectHooks
-from tests.harness import UNIT_S, assert_books_balance, drive
+from tests.harness import UNIT_S, assert_books_balance, drive, quick_config
 from tests.servers import SERVERS, FeedConn, make_messages, parse_replies
 
 pytestmark = pytest.mark.timeout(60 * UNIT_S)
@@ -37,13 +37,7 @@ FEATURES = 4
 
 
 def _config(url: str, **changes: Any) -> Config:
-    base: dict[str, Any] = dict(
-        ws_url=url, features=FEATURES, max_batch=16, max_streams=64, max_wait_ms=1.0, queue_size=64,
-        heartbeat_s=0.0, connect_timeout_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.2,
-        reconnect_reset_s=1.0, shutdown_timeout_s=5.0, status_s=0.0,
-    )
-    base.update(changes)
-    return Config(**base)
+    return quick_config(ws_url=url, features=FEATURES, **{"reconnect_reset_s": 1.0, **changes})
 
 
 # ---- Config(subscribe=<a JSON value>) ---------------------------------------------------------
