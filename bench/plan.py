@@ -119,9 +119,10 @@ class Plan:
         2.5 s; the compute ceiling and the device floor in one process; the start-up figure of
         forkless only; no heavy-step runs and no step-cost section (~20 more openings of the chip).
         ``quick``: the smoke size on a CPU, and there every section (the suite's one benchmark
-        run, tests/quick_bench.py, checks them all with it)."""
+        run, tests/quick_bench.py, checks them all with it), with forkless's start-up only, as
+        here (the other designs' cold starts cost the suite ~10 CPU-s and run the same code)."""
         if quick:
-            return dataclasses.replace(cls.gpu(quick=True), floor_s=0.2)
+            return dataclasses.replace(cls.gpu(quick=True), floor_s=0.2, startup_designs=("forkless",))
         return dataclasses.replace(cls.gpu(), startup_designs=("forkless",), heavy_runs=False, step_cost=False,
                                    floor_s=1.0)
 

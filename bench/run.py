@@ -82,6 +82,7 @@ from bench.plan import (
     DEVICES_PAGE,
     FEATURES,
     HEAVIER,
+    JAX_DESIGNS,
     LOADS,
     MAP_DESIGNS,
     REPO_ROOT,
@@ -157,7 +158,7 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="forkless-bench-") as tmp:
         work = Path(tmp)
         (work / "logs").mkdir()
-        caches = compilation_caches(work)
+        caches = compilation_caches(work, plan.startup_designs)
         startup = startup_section(plan, work, caches)
         print("ceilings:", flush=True)
         compute = compute_ceiling(plan, work, str(work / "jax-cache-compute"))
@@ -197,10 +198,14 @@ def run_all(plan: Plan, out: Path, command: str) -> dict[str, Any]:
     return results
 
 
-def compilation_caches(work: Path) -> dict[str, str]:
-    """One persistent compilation cache per design: empty for the cold start, then warm for the
-    warm start and every later run (so no load run pays for, or measures, XLA)."""
+def compilation_caches(work: Path, startup_designs: tuple[str, ...]) -> dict[str, str]:
+    """One persistent compilation cache per design with a start-up figure: empty for the cold
+    start, then warm for the warm start and every later run (so no load run pays for, or
+    measures, XLA). A design without one (the TPU plan's spawn and inline) takes forkless's,
+    warm by then: the same step, so its first run does not compile it again, measuring nothing."""
     caches = {design: str(work / f"jax-cache-{design}") for design in DESIGNS}
+    if "forkless" in startup_designs:
+        caches.update({design: caches["forkless"] for design in JAX_DESIGNS if design not in startup_designs})
     # forkless-nojax has no start-up figure: it compiles what forkless does, so it takes
     # forkless's cache, warm once forkless's cold start is measured (its first run paid a
     # cold compile, ~7 s on 2 cores); a heavier step (the heavy runs, the step-cost section)

@@ -99,7 +99,7 @@ if [[ "${FORKLESS_BENCH_TRANSFERS:-1}" == 0 ]]; then
 fi
 if [[ "${FORKLESS_BENCH_QUICK:-0}" == 1 ]]; then
     packed=(--seconds 0.3 --rounds 1)
-    stall=(--streams 20000 --seconds 6 --rounds 1 --every 1)
+    stall=(--streams 5000 --seconds 3 --rounds 1 --every 0.5)
 else
     packed=(--seconds 3 --rounds 3)
     stall=(--streams 1000000 --seconds 36 --rounds 3 --every 2)
