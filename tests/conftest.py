@@ -67,7 +67,7 @@ def _rewrite_asserts_once(config: pytest.Config) -> None:
 
     pytest rewrites the asserts of every test module as it imports it, and caches the result
     in ``__pycache__`` only where bytecode may be written: with ``PYTHONDONTWRITEBYTECODE`` each
-    of the three workers rewrote all of them again while collecting, 5.7 CPU-s of a worker's
+    of the workers rewrote all of them again while collecting, 5.7 CPU-s of a worker's
     collection against 2.8 with the cache (2026-12-04). This uses pytest's own functions
     (private ones, so anything unexpected skips it: it only saves time); pytest checks each
     cached file against its source's hash before using it, as for the caches it writes."""
@@ -92,7 +92,7 @@ def _rewrite_asserts_once(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Scale pytest-timeout's default with FORKLESS_TEST_TIMEOUT_SCALE, like every other wait.
 
-    The suite runs on three pytest-xdist workers by file (pyproject: ``-n 3 --dist loadfile
+    The suite runs on four pytest-xdist workers by file (pyproject: ``-n 4 --dist loadfile
     --no-loadscope-reorder``, the files in the order set here: the longest first):
     what shares a fixture wider than a test (the session's one benchmark run, a module's server
     or compiled program) is kept in one file, so it is made once. ``--dist loadgroup`` does not

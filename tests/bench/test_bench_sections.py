@@ -1,7 +1,7 @@
 """The benchmark's sections that do not share the session's small run (tests/quick_bench.py,
 checked in tests/bench/test_bench_smoke.py): the two a plain ``--quick`` run adds on a CPU (state
 scaling, forced CPU devices) and the partitioned one. A file of their own, so that the suite's
-workers (``pytest -n 3 --dist loadfile``) run them beside the small run, not after it. The
+workers (``pytest -n 4 --dist loadfile``) run them beside the small run, not after it. The
 assertions are on completeness and accounting only, never on how fast anything was.
 """
 

@@ -6,7 +6,7 @@ One short repeat of every design and every figure (the start-up figure forkless'
 ping probe included. The run is the session's one small benchmark run
 (the ``quick_benchmark`` fixture, tests/quick_bench.py: ``bench/tpu.sh`` on the CPU, that is
 ``python -m bench.run --tpu --unix --quick`` over unix sockets, about 1.5 minutes alone on 2 cores): every test that
-checks it is in this file, so that the suite's workers (``pytest -n 3 --dist loadfile``) run it
+checks it is in this file, so that the suite's workers (``pytest -n 4 --dist loadfile``) run it
 once, on one worker, while the others go on; the two sections that a plain ``--quick`` run
 adds on a CPU (state scaling, forced CPU devices) and the partitioned section are run and
 checked on their own (tests/bench/test_bench_sections.py). The assertions are on
