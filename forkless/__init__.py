@@ -1,45 +1,18 @@
 """forkless: an asyncio feed and a JAX loop in one process, no fork. ``from forkless import Controller, Source, …``.
 
-The repository keeps its two packages at the top (``controller/``, the main thread; ``io_loop/``, the IO thread);
-they are imported as ``forkless.controller`` and ``forkless.io_loop``, and only so: installed as such
-(pyproject.toml), and in a checkout as the two folders beside this one (``_checkout_package``). So a program's own
-``controller.py`` or ``io_loop.py`` beside it shadows neither its own imports of forkless nor forkless's imports of
-itself, and nothing else of the checkout (``bench``, ``tests``, ``app``) is a ``forkless.`` module. The public names
-below are imported lazily, so reading the configuration (the program's first step, which must fail fast on a bad
-variable) does not import JAX.
+Two packages: ``forkless.controller`` (the main thread) and ``forkless.io_loop`` (the IO thread), plain folders
+inside this one, so that every tool resolves their imports to their files; the repository's top-level
+``controller`` and ``io_loop`` are links to them. Being inside ``forkless``, a program's own ``controller.py`` or
+``io_loop.py`` shadows nothing of them. The public names below are imported lazily, so reading the configuration
+(the program's first step, which must fail fast on a bad variable) does not import JAX.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
 from typing import Any
 
 __version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it (tool.setuptools.dynamic)
-
-PACKAGES = ("controller", "io_loop")
-
-
-def _checkout_package(name: str, checkout: str) -> None:
-    """``forkless.<name>`` as the checkout's top-level ``<name>/`` folder, that folder alone: this package's own
-    path stays its own folder (an installed copy holds both packages inside it, and needs none of this)."""
-    folder = os.path.join(checkout, name)
-    spec = importlib.util.spec_from_file_location(f"{__name__}.{name}", os.path.join(folder, "__init__.py"),
-                                                  submodule_search_locations=[folder])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)  # the package's __init__ imports nothing (tests/docs/test_architecture.py)
-    globals()[name] = module
-
-
-if not os.path.isdir(os.path.join(os.path.dirname(__file__), "controller")):
-    # a checkout: controller/ and io_loop/ sit beside this folder, not inside it
-    for _name in PACKAGES:
-        if f"{__name__}.{_name}" not in sys.modules:
-            _checkout_package(_name, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    del _name
 
 # the user API, each name from the module that defines it
 _EXPORTS = {

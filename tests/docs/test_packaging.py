@@ -2,7 +2,8 @@
 not tests), the dependencies of requirements.txt, and a ``forkless`` console script that is ``python app.py``.
 Built with pip from the repository's own pyproject.toml. A program's own ``controller.py`` or ``io_loop.py`` beside
 it shadows nothing of forkless, installed or in a checkout; in a checkout, as installed, ``forkless.controller`` and
-``forkless.io_loop`` are forkless's only packages, and the folders are no import path of their own."""
+``forkless.io_loop`` are forkless's only packages, real folders inside ``forkless/`` (the top-level ``controller``
+and ``io_loop`` are links to them, and no import path of their own)."""
 
 from __future__ import annotations
 
@@ -137,8 +138,21 @@ def test_a_checkout_imports_forkless_s_two_packages_and_nothing_else_of_the_repo
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [str(ROOT / "controller" / "loop.py"), str(ROOT / "io_loop" / "source.py"),
-                                   str(ROOT / "forkless")]
+    assert proc.stdout.split() == [str(ROOT / "forkless" / "controller" / "loop.py"),
+                                   str(ROOT / "forkless" / "io_loop" / "source.py"), str(ROOT / "forkless")]
+
+
+def test_every_import_path_is_a_folder_on_disk_none_made_at_run_time():
+    # a type checker, an IDE and an import-graph tool resolve forkless.controller.loop to forkless/controller/loop.py
+    # in a plain checkout: the packages are real folders inside forkless/, and forkless/__init__.py maps nothing
+    for name in ("controller", "io_loop"):
+        folder = ROOT / "forkless" / name
+        assert folder.is_dir() and not folder.is_symlink() and (folder / "__init__.py").is_file()
+        link = ROOT / name  # the top level the project was specified with: a link to the package
+        assert link.is_symlink() and link.resolve() == folder.resolve()
+    init = (ROOT / "forkless" / "__init__.py").read_text()
+    for runtime_path in ("spec_from_file_location", "sys.modules", "__path__", "sys.path"):
+        assert runtime_path not in init
 
 
 @pytest.mark.parametrize("statement", ["import controller", "from io_loop.source import Source",

@@ -1,6 +1,6 @@
 """The main-thread side: configuration, codec, batching, processors, statistics, the loop.
 
-Imported as ``forkless.controller`` (forkless/__init__.py says why). The user API is ``forkless``'s alone
+The user API is ``forkless``'s alone
 (``from forkless import Controller``); this package exports nothing, and each module's ``__all__`` lists only
 what that module defines. Importing it loads nothing else, so reading the configuration (``app.py``'s first step,
 which must fail fast on a bad variable) does not import JAX.
@@ -8,7 +8,7 @@ which must fail fast on a bad variable) does not import JAX.
 
 from __future__ import annotations
 
-# a checkout's controller/ imported by its folder's name (the repository root on sys.path): a second copy of every
+# the top-level controller link imported by its own name (the repository root on sys.path): a second copy of every
 # module, classes and exceptions that are not forkless's own, so it is refused
 if __name__ != "forkless.controller":
     raise ImportError(f"{__name__!r} is no import path of forkless: its packages are forkless.controller and "

@@ -9,7 +9,7 @@ exports nothing and imports nothing eagerly, so importing one small module (``io
 
 from __future__ import annotations
 
-# a checkout's io_loop/ imported by its folder's name (the repository root on sys.path): a second copy of every
+# the top-level io_loop link imported by its own name (the repository root on sys.path): a second copy of every
 # module, classes and exceptions that are not forkless's own, so it is refused
 if __name__ != "forkless.io_loop":
     raise ImportError(f"{__name__!r} is no import path of forkless: its packages are forkless.controller and "
