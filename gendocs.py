@@ -30,11 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from forkless.controller.commands.relaycmd import relay_metrics_table_markdown
-from forkless.controller.errors import ENDS_A_RUN, EXIT_STATUSES
-from forkless.controller.metrics import metrics_table_markdown
-from forkless.controller.settings.vardocs import variables_table_markdown
-
 from bench import partitioned
 from bench.plan import DEFAULT_OUT, DEVICES_BLOCK, RESULTS_BLOCK, SUMMARY_BLOCK
 from bench.tables import (
@@ -42,6 +37,10 @@ from bench.tables import (
     results_markdown,
     summary_markdown,
 )
+from forkless.controller.commands.relaycmd import relay_metrics_table_markdown
+from forkless.controller.errors import ENDS_A_RUN, EXIT_STATUSES
+from forkless.controller.metrics import metrics_table_markdown
+from forkless.controller.settings.vardocs import variables_table_markdown
 
 ROOT = Path(__file__).resolve().parent
 REGENERATE = "python gendocs.py"

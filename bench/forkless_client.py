@@ -140,10 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    for i, url in enumerate(json.loads(a.url))])
     else:
         os.environ.update(forkless_env(a.url))
+    from app import load_config
     from forkless.controller.logs import setup_logging
     from forkless.controller.loop import Controller
-
-    from app import load_config
 
     config = load_config()
     setup_logging(config.log_level, config.log_format)
@@ -215,6 +214,7 @@ def _host_identity_controller() -> type:
     from types import SimpleNamespace
 
     import numpy as np
+
     from forkless.controller.loop import Controller
 
     class HostIdentityEngine:

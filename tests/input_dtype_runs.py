@@ -24,13 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orjson
+
+from forkless import OnResults, Runtime
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
 from forkless.io_loop.crossing import Chunk
-
-from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 
 F = 2

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import orjson
+
 from forkless.io_loop.decoding import NOT_NUMBERS_REASON, X_MAX, X_RANGE_REASON, FrameDecoder
 
 __all__ = ["Codec", "Decoded", "GuardedCodec", "JsonCodec", "fallback_error_frame", "guarded_codec"]

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
 from forkless.controller.batching import MicroBatcher
 from forkless.controller.batchstep import BatchStep
 from forkless.controller.checkpoints.checkpointer import Checkpointer, checkpoints_for, store_for

@@ -98,6 +98,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
 from forkless.controller.declared import Description
 from forkless.controller.errors import ProcessorContractError
 

@@ -52,6 +52,7 @@ from queue import Empty, Full
 from typing import Any
 
 import janus
+
 from forkless.controller.batching import MicroBatcher, Taken
 from forkless.controller.inflight import StepsInFlight
 from forkless.controller.stats import MainStats

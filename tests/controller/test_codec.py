@@ -7,6 +7,7 @@ import json
 import numpy as np
 import orjson
 import pytest
+
 from forkless.controller.codec import JsonCodec
 
 F = 3

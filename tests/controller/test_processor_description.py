@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from forkless.controller.config import Config
-from forkless.controller.processor import default_processor, ewma_processor, stream_processor
 
 from forkless import CheckpointMismatch, Controller, Description, Processor, ProcessorContractError, Runtime
+from forkless.controller.config import Config
+from forkless.controller.processor import default_processor, ewma_processor, stream_processor
 from tests.controller.test_processor_declared import config, run, spike_counter
 from tests.fake_io import FakeIO
 

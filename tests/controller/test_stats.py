@@ -6,6 +6,7 @@ import math
 from dataclasses import FrozenInstanceError, replace
 
 import pytest
+
 from forkless.controller.stats import StatsSnapshot, status_line
 from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 

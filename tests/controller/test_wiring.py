@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from forkless.io_loop.crossing import Chunk, Events, Results
 
 import forkless
 from forkless import EVENTS_ONLY, Config, ConnectHooks, Controller, OnEvent, OnResults, Runtime
+from forkless.io_loop.crossing import Chunk, Events, Results
 from tests.controller.test_loop import CONFIG, PROCESSOR, chunk, frames
 from tests.fake_io import FakeIO, drain
 

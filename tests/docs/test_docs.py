@@ -20,11 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from forkless.controller.metrics import MAX_REASONS, _every_field_populated, make_registry, render
-from forkless.controller.settings.variables import VARIABLES
-from forkless.controller.stats import status_line
-from forkless.io_loop.counters import HistogramSnapshot
-from forkless.io_loop.crossing import HOPS
 
 import gendocs
 from bench.plan import RESULTS_BLOCK, SUMMARY_BLOCK
@@ -34,6 +29,11 @@ from bench.tables import (
     write_results_block,
     write_summary_block,
 )
+from forkless.controller.metrics import MAX_REASONS, _every_field_populated, make_registry, render
+from forkless.controller.settings.variables import VARIABLES
+from forkless.controller.stats import status_line
+from forkless.io_loop.counters import HistogramSnapshot
+from forkless.io_loop.crossing import HOPS
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = f"run `{gendocs.REGENERATE}` to regenerate"

@@ -26,16 +26,16 @@ import queue
 import re
 from pathlib import Path
 
-import forkless.controller
-import forkless.io_loop
 import janus
 import pytest
+
+import forkless
+import forkless.controller
+import forkless.io_loop
 from forkless.controller.errors import ENDS_A_RUN, EXIT_STATUSES
 from forkless.io_loop.errors import EXIT_CRASH, ForklessError
 from forkless.io_loop.portal import PortalClosed
 from forkless.io_loop.portalqueue import Empty, Full
-
-import forkless
 
 ROOT = Path(__file__).resolve().parents[2]
 

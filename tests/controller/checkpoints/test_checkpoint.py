@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+
 from forkless.controller.checkpoints.checkpoint import checkpoint_path, list_checkpoints, load_newest, write_checkpoint
 from forkless.controller.checkpoints.checkpointer import Checkpointer
 from forkless.controller.checkpoints.ckptformat import TEMP_PREFIX
@@ -282,9 +283,8 @@ def test_a_state_of_another_structure_names_the_missing_leaf(tmp_path: Path) -> 
 
 
 def test_checkpoint_priority_reaches_the_writer_and_defaults_to_idle(tmp_path: Path) -> None:
-    from forkless.controller.loop import Controller
-
     from forkless import Runtime
+    from forkless.controller.loop import Controller
     from tests.fake_io import FakeIO
 
     default = Controller(Config.from_env({"FORKLESS_CHECKPOINT_DIR": str(tmp_path)}),

@@ -57,6 +57,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.connectors.jetstream.partitions import escape_stream
 from forkless.io_loop.connectors.jetstream.transport import (
