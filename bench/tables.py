@@ -3,7 +3,7 @@
 Rules:
 - Everything shown comes from the stored results (results.json, devices.json), so a block can be rewritten
   from a stored run (``--report-only``, ``python gendocs.py``) and tests/docs/test_docs.py checks that it is.
-- A block is written between its markers only (``write_*_block``, with gendocs' ``replace_block``); the
+- A block is written between its markers only (``write_*_block``, through ``bench/blocks.py``); the
   hand-written text around it does not quote its figures.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from bench import per_message, state_scaling
+from bench.blocks import write_block
 from bench.plan import (
     BENCH_README,
     DEFAULT_STEP,
@@ -270,7 +271,7 @@ def devices_markdown(results: dict[str, Any]) -> str:
 
 def write_devices_block(results: dict[str, Any], page: Path = DEVICES_PAGE) -> bool:
     """Put ``devices_markdown(results)`` between the devices markers of ``page``; True if it changed."""
-    return _write_block(page, DEVICES_BLOCK, devices_markdown(results))
+    return write_block(page, DEVICES_BLOCK, devices_markdown(results))
 
 
 def hops_markdown(results: dict[str, Any]) -> str:
@@ -390,24 +391,11 @@ def _main_row(design: str, r: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _write_block(path: Path, name: str, body: str) -> bool:
-    """Put ``body`` between the markers ``name`` of ``path``; True if it changed."""
-    # gendocs imports this module (it regenerates every block, this one included): imported
-    # here, when a run has finished, so that neither module needs the other to import first
-    from gendocs import replace_block
-
-    text = path.read_text(encoding="utf-8")
-    new = replace_block(text, name, body)
-    if new != text:
-        path.write_text(new, encoding="utf-8")
-    return new != text
-
-
 def write_summary_block(results: dict[str, Any], readme: Path = BENCH_README) -> bool:
     """Put ``summary_markdown(results)`` between the summary markers of ``readme``; True if it changed."""
-    return _write_block(readme, SUMMARY_BLOCK, summary_markdown(results))
+    return write_block(readme, SUMMARY_BLOCK, summary_markdown(results))
 
 
 def write_results_block(results: dict[str, Any], page: Path = RESULTS_PAGE) -> bool:
     """Put ``results_markdown(results)`` between the results markers of ``page``; True if it changed."""
-    return _write_block(page, RESULTS_BLOCK, results_markdown(results))
+    return write_block(page, RESULTS_BLOCK, results_markdown(results))
