@@ -45,7 +45,9 @@ DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md", *PAGES, *
 # the benchmark's documents: a summary page and a page a topic (bench/docs/)
 BENCH_PAGES = ("bench/README.md", *sorted(f"bench/docs/{p.name}" for p in (ROOT / "bench" / "docs").glob("*.md")))
 # every document whose relative links must lead somewhere
-LINKED = (*DOCUMENTS, *BENCH_PAGES, "bench/out-gpu/README.md", "bench/out-tpu/README.md")
+# the runs' pages too: each platform's README.md and each kept run's tables (bench/docs/running.md)
+RUN_PAGES = tuple(sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "bench").glob("out*/**/*.md")))
+LINKED = (*DOCUMENTS, *BENCH_PAGES, *RUN_PAGES)
 
 
 def text(path: str) -> str:
