@@ -47,7 +47,7 @@ BENCH_PAGES = ("bench/README.md", *sorted(f"bench/docs/{p.name}" for p in (ROOT 
 # every document whose relative links must lead somewhere
 # the runs' pages too: each platform's README.md and each kept run's tables (bench/docs/running.md)
 RUN_PAGES = tuple(sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "bench").glob("out*/**/*.md")))
-LINKED = (*DOCUMENTS, *BENCH_PAGES, *RUN_PAGES)
+LINKED = (*DOCUMENTS, "CHANGELOG.md", "tests/README.md", *BENCH_PAGES, *RUN_PAGES)
 
 
 def text(path: str) -> str:
