@@ -70,7 +70,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     colours = {"forkless": "tab:blue", "spawn": "tab:orange", "io-ceiling": "tab:green", "compute-ceiling": "tab:gray",
-               "forkless-nojax": "tab:purple", "inline": "tab:red"}
+               "forkless-nojax": "tab:purple", "inline": "tab:red", "forkless-ft": "tab:cyan"}
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     for ax, load, title in ((axes[0], "rate_1k", "1,000 msg/s"), (axes[1], "rate_10k", "10,000 msg/s")):
         for design in DESIGNS:
@@ -279,7 +279,7 @@ def hops_markdown(results: dict[str, Any]) -> str:
     with a host identity for the step) and spawn (the same stamps: its inbound and outbound
     hops are the multiprocessing queues, pickling included), from the sampled messages."""
     s = results["summary"]
-    designs = [d for d in ("forkless", "forkless-nojax", "spawn") if (s.get(d) or {}).get("hops_us")]
+    designs = [d for d in ("forkless", "forkless-ft", "forkless-nojax", "spawn") if (s.get(d) or {}).get("hops_us")]
     if not designs:
         return "(not measured in this run)"
     head = "| hop | " + " | ".join(f"{d} {q} @{load}" for d in designs for load in ("1k", "10k")

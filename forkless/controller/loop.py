@@ -86,7 +86,7 @@ from forkless.io_loop.errors import LeaseLost, StopRequested
 from forkless.io_loop.sends import checked_max_age, sent_frames
 from forkless.io_loop.sinks.sink import ResultSink
 from forkless.io_loop.source import Source
-from forkless.io_loop.waiting import WaitSettings, resolve_handoff
+from forkless.io_loop.waiting import PARK, WaitSettings, wait_settings
 
 __all__ = ["Controller"]
 
@@ -230,10 +230,9 @@ class Controller:
 
     @property
     def handoff(self) -> WaitSettings:
-        """How the threads wait for each other (FORKLESS_HANDOFF resolved on the engine's platform:
-        io_loop/waiting.py); ``park`` before the compile and without a processor."""
-        platform = self.engine.platform if self.engine is not None else "cpu"
-        return WaitSettings(resolve_handoff(self.config.handoff, platform) if self.engine is not None else "park")
+        """How the threads wait for each other (FORKLESS_HANDOFF resolved on the engine's platform and this
+        interpreter's GIL: io_loop/waiting.py); ``park`` before the compile and without a processor."""
+        return PARK if self.engine is None else wait_settings(self.config.handoff, self.engine.platform)
 
     @property
     def checkpointer(self) -> Checkpointer | None:
