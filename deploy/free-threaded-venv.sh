@@ -41,7 +41,7 @@ fi
 grep -vE "$skip" requirements.txt >"$work/runtime.txt"
 case "$SET" in
     runtime) cp "$work/runtime.txt" "$work/wanted.txt" ;;
-    tests) { echo "-r $work/runtime.txt"; grep -E '^(pytest|pytest-timeout|pytest-xdist|hypothesis|filelock)\b' \
+    tests) { echo "-r $work/runtime.txt"; grep -E '^(pytest|pytest-timeout|pytest-xdist|hypothesis|filelock|websockets)\b' \
         requirements-dev.txt; } >"$work/wanted.txt" ;;
     dev) sed "s|^-r requirements.txt|-r $work/runtime.txt|" requirements-dev.txt | grep -vE "$skip" >"$work/wanted.txt" ;;
 esac
@@ -53,7 +53,7 @@ esac
 modules="numpy ml_dtypes scipy jax jaxlib aiohttp multidict yarl frozenlist propcache aiohappyeyeballs aiosignal janus
     prometheus_client json"
 case "$SET" in
-    tests) modules="$modules pytest xdist pytest_timeout hypothesis filelock" ;;
+    tests) modules="$modules pytest xdist pytest_timeout hypothesis filelock websockets" ;;
     dev) modules="$modules pytest xdist pytest_timeout hypothesis filelock websockets psutil yaml matplotlib nats" ;;
 esac
 "$VENV/bin/python" -W "error:The global interpreter lock:RuntimeWarning" -c '
