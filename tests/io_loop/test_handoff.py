@@ -39,6 +39,9 @@ from forkless.io_loop.waiting import (
 )
 from tests.harness import UNIT_S
 
+# the bridge's queues between a real IO loop thread and the test's: run on free-threaded CPython too (.ci/run)
+pytestmark = pytest.mark.threads
+
 
 def test_auto_spins_on_an_accelerator_and_parks_on_the_cpu_and_an_explicit_choice_is_kept() -> None:
     assert [resolve_handoff("auto", p) for p in ("cpu", "tpu", "gpu", "cuda")] == ["park", "spin", "spin", "spin"]
