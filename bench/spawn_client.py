@@ -99,6 +99,7 @@ class Child:
 
     def __init__(self, settings: dict[str, Any], inbound: Any, outbound: Any) -> None:
         import aiohttp
+
         from forkless.controller.codec import JsonCodec  # numpy and msgspec: no JAX in the child
 
         self.text = aiohttp.WSMsgType.TEXT

@@ -30,8 +30,6 @@ from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import default_processor
 from forkless.io_loop.jsontext import dumps
-
-from forkless import Runtime
 from tests import input_dtype_runs
 from tests.fake_io import FakeIO
 from tests.harness import ROOT, UNIT_S, app_env
