@@ -179,7 +179,9 @@ CLOCK = {"time", "datetime"}
 CLOCK_ALLOWED_IN_CORE = {"controller/logs.py": {"time"}}
 # values.py parses FORKLESS_CA_FILE with OpenSSL at validation (no socket is opened), so a file
 # that is not PEM is a configuration error (exit 2) rather than a TLS failure at the first connect
-CONCURRENCY_ALLOWED_IN_CORE = {"controller/settings/values.py": {"ssl"}}
+# logs.RateLimitFilter is run by logging on every thread that logs a warning, before the handler's lock is
+# taken: what it remembers is behind a lock of its own (the one core module that makes one)
+CONCURRENCY_ALLOWED_IN_CORE = {"controller/settings/values.py": {"ssl"}, "controller/logs.py": {"threading"}}
 # Third-party libraries the core imports only where named: prometheus_client costs about 10 MiB
 # and is loaded only when metrics are served; JAX must not load before the configuration is
 # valid, and the IO side imports most of the core, so JAX only where processors are defined.
