@@ -13,11 +13,14 @@ import pytest
 
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Outgoing
+from forkless.io_loop.portal import IOPortal
 from forkless.io_loop.writer import HeldReply
+from tests.harness import UNIT_S
 from tests.races import hammer
 
 pytestmark = pytest.mark.threads
 
+THREADS = 4
 LONGEST = 8  # frames in the longest item the writer takes
 
 
@@ -61,3 +64,23 @@ def test_a_feeds_unsent_count_read_from_another_thread_is_one_of_its_items_frame
     hammer([write, read, read])
     assert held.stats.results_out == sum(1 + i % LONGEST for i in range(items))
     assert min(seen) >= 0 and max(seen) <= LONGEST
+
+
+def test_items_put_with_a_deadline_from_several_threads_each_get_an_id_of_their_own():
+    """``from_main`` is a ``queue.Queue`` to whoever puts on it: threads that put items with a deadline at
+    once get the ids 1 … n, each once (an id names the item a ``SendFailed`` reports)."""
+    each = 5000
+
+    async def worker(to_main, from_main):  # takes every item, then waits for the stop
+        for _ in range(THREADS * each):
+            await from_main.get()
+        await from_main.stopping.wait()
+
+    ids: list[list[int]] = [[] for _ in range(THREADS)]
+    with IOPortal(worker, queue_size=THREADS * each, stop_timeout_s=10 * UNIT_S) as portal:
+        def put_many(mine: list[int]) -> None:
+            for i in range(each):
+                mine.append(portal.from_main.put(i, max_age_s=600.0))
+
+        hammer([lambda mine=mine: put_many(mine) for mine in ids])
+    assert sorted(i for mine in ids for i in mine) == list(range(1, THREADS * each + 1))
