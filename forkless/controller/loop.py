@@ -621,13 +621,12 @@ class Controller:
         """A consistent-enough snapshot for the status line, the metrics and embedding code;
         callable from any thread (the metrics endpoint calls it on the IO thread)."""
         io_side, engine = self._io, self.engine
-        io = io_side.snapshot()
-        return whole_snapshot(
-            self.main_stats, io, at=time.monotonic(), compilations=compilations(),
+        return whole_snapshot(  # the main thread's counters, then the IO side's: the books' order (controller/stats.py)
+            self.main_stats, io_side.snapshot, at=time.monotonic(), compilations=compilations(),
             devices=(engine.devices, tuple(int(v) for v in engine.device_messages), engine.device_rows)
             if engine is not None else ((), (), 0) if self.events_only else None,
             streams=(len(self.slots), self.slots.evicted), checkpoints=self._checkpoints.stats_fields(),
-            sources=self.recovery.source_figures(io), io_cpu_s=io_side.cpu_seconds(),
+            sources=self.recovery.source_figures, io_cpu_s=io_side.cpu_seconds(),
             partitions_unowned=self._owner.unowned, weights=engine.weights if engine is not None else None)
 
     @property

@@ -1,19 +1,20 @@
 """The IO side's objects that another thread reads or writes while the IO thread works, hammered from many
-threads at once (tests/races.py): a feed's unsent count read by ``Controller.stats()`` while its writer
-takes and writes items, and the ids of what the main thread puts on an ``IOPortal``'s ``from_main`` with a
-deadline (DESIGN.md, "What the threads share")."""
+threads at once (tests/races.py): a feed's books and unsent count and a sink's books, read by
+``Controller.stats()`` while the IO thread counts, and the ids of what the main thread puts on an
+``IOPortal``'s ``from_main`` with a deadline (DESIGN.md, "What the threads share")."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.portal import IOPortal
+from forkless.io_loop.sinks.sink import SinkStats
 from forkless.io_loop.writer import HeldReply
 from tests.harness import UNIT_S
 from tests.races import hammer
@@ -84,3 +85,70 @@ def test_items_put_with_a_deadline_from_several_threads_each_get_an_id_of_their_
 
         hammer([lambda mine=mine: put_many(mine) for mine in ids])
     assert sorted(i for mine in ids for i in mine) == list(range(1, THREADS * each + 1))
+
+
+def test_a_feeds_snapshot_never_shows_more_answered_than_received():
+    """The IO thread counts each message received, then its reply written (or an error reply, or a drop),
+    while other threads copy its counters (``IOStats.snapshot``): a copy reads what is counted later before
+    what is counted first, so none shows more messages answered or dropped than received."""
+    stats = IOStats()
+
+    def count(i: int) -> None:
+        stats.frames_in += 1
+        stats.messages_in += 1
+        if i % 10 == 0:
+            stats.dropped["unsent at stop"] += 1
+        elif i % 10 == 1:
+            stats.errors_out += 1
+            stats.answer_errors_out += 1
+        else:
+            stats.results_out += 1
+
+    def books() -> tuple[int, int]:  # (answered or dropped, received)
+        snap = stats.snapshot()
+        return snap.results_out + snap.answer_errors_out + sum(snap.dropped.values()), snap.messages_in
+
+    _copied_while_counted(count, books)
+
+
+def test_a_sinks_books_never_show_more_written_than_taken():
+    """A sink's books on the IO loop (taken = written + dropped + held) copied by another thread
+    (``SinkStats.snapshot``, a status line's or a scrape's): what a sink took is counted before what it
+    wrote or dropped of it, and is read after, so no copy shows a negative ``held``."""
+    stats = SinkStats()
+
+    def count(i: int) -> None:
+        stats.taken += 1
+        stats.batches += 1
+        if i % 10 == 0:
+            stats.dropped["unwritten at the stop"] += 1
+        else:
+            stats.written += 1
+
+    def books() -> tuple[int, int]:  # (written or dropped, taken)
+        snap = stats.snapshot()
+        return snap.written + sum(snap.dropped.values()), snap.taken
+
+    _copied_while_counted(count, books)
+
+
+def _copied_while_counted(count: Callable[[int], None], books: Callable[[], tuple[int, int]],
+                          times: int = 100_000) -> None:
+    """``count(i)`` ``times`` on one thread while two others read ``books()`` (out, in) until it is done:
+    out <= in in every copy, and out == in == ``times`` at the end."""
+    done = threading.Event()
+
+    def counting() -> None:
+        try:
+            for i in range(times):
+                count(i)
+        finally:
+            done.set()
+
+    def copying() -> None:
+        while not done.is_set():
+            out, received = books()
+            assert out <= received, f"{out} out of {received} in"
+
+    hammer([counting, copying, copying])
+    assert books() == (times, times)
