@@ -83,6 +83,7 @@ from forkless.io_loop.connectors.websocket.on_connect import frames_of
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.errors import LeaseLost, StopRequested
+from forkless.io_loop.gil import gil_status, log_gil
 from forkless.io_loop.sends import checked_max_age, sent_frames
 from forkless.io_loop.sinks.sink import ResultSink
 from forkless.io_loop.source import Source
@@ -295,6 +296,7 @@ class Controller:
         self._checkpoints.start(store, newest_at=recovery.restored_at, newest_bytes=recovery.restored_bytes)
         life.hold_checkpoints(self._checkpoints)
         self._host.apply()
+        log_gil(log)  # once JAX and every extension the run needs are loaded: any that turned the GIL on is named
         self._io = io = self._io_factory(cfg, self.codec, self.io_stats, self.stats, **self._io_arguments(),
                                          **self._endpoints.hand_over())
         side = io.start()
@@ -627,7 +629,8 @@ class Controller:
             if engine is not None else ((), (), 0) if self.events_only else None,
             streams=(len(self.slots), self.slots.evicted), checkpoints=self._checkpoints.stats_fields(),
             sources=self.recovery.source_figures, io_cpu_s=io_side.cpu_seconds(),
-            partitions_unowned=self._owner.unowned, weights=engine.weights if engine is not None else None)
+            partitions_unowned=self._owner.unowned, weights=engine.weights if engine is not None else None,
+            gil=str(gil_status()))
 
     @property
     def metrics_url(self) -> str | None:  # http://host:port of /metrics, /healthz, /readyz from start() on

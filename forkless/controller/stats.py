@@ -210,6 +210,9 @@ class StatsSnapshot:
     # the weights in force (controller/device/weights.py ``Weights``: version, digest, since which step); None: no
     # params
     weights: Any = None
+    # whether this interpreter runs with the GIL, and why (io_loop/gil.py): "off", "on: the build has a GIL",
+    # "on: PYTHON_GIL=1", "on: enabled by module 'x'" …; "" where not known (a snapshot made by hand)
+    gil: str = ""
 
     @property
     def anomalies(self) -> int:
@@ -387,7 +390,8 @@ def whole_snapshot(main: MainStats, io_snapshot: Callable[[], IOSnapshot], *, at
                    devices: tuple[tuple[str, ...], tuple[int, ...], int] | None, streams: tuple[int, int],
                    checkpoints: dict[str, Any],
                    sources: Callable[[IOSnapshot], tuple[SourceFigures, ...]] = lambda io: (),
-                   io_cpu_s: float = math.nan, partitions_unowned: int = 0, weights: Any = None) -> StatsSnapshot:
+                   io_cpu_s: float = math.nan, partitions_unowned: int = 0, weights: Any = None,
+                   gil: str = "") -> StatsSnapshot:
     """``Controller.stats()``, from any thread: the main thread's counters (``main``, copied first) and then
     the IO side's snapshot (``io_snapshot()``), in the books' order (the module rules), as one
     ``StatsSnapshot``. ``devices``: the engine's ``(devices, messages per device, rows stepped)``, None
@@ -395,7 +399,7 @@ def whole_snapshot(main: MainStats, io_snapshot: Callable[[], IOSnapshot], *, at
     ``sources``: the JetStream feeds' figures drawn from the IO side's snapshot; ``io_cpu_s``: the IO
     thread's CPU seconds (``IOSide.cpu_seconds``); ``partitions_unowned``: a partitioned instance's count of
     its stream's partitions that no instance owns; ``weights``: the engine's weights in force
-    (controller/device/weights.py)."""
+    (controller/device/weights.py); ``gil``: the GIL's status (io_loop/gil.py)."""
     main = main.snapshot()  # before the IO side's: what the main thread counted of a message, before its receipt
     io = io_snapshot()
     at_ready = main.compilations_at_ready
@@ -449,6 +453,7 @@ def whole_snapshot(main: MainStats, io_snapshot: Callable[[], IOSnapshot], *, at
         counters=copy_counts(main.counters),
         restored_processed=main.restored_processed, restored_counters=dict(main.restored_counters),
         weights=weights,
+        gil=gil,
     )
 
 

@@ -108,6 +108,7 @@ IO = [
     "io_loop/emitted.py",
     "io_loop/feeds.py",
     "io_loop/finishing.py",
+    "io_loop/gil.py",
     "io_loop/handover.py",
     "io_loop/hooks.py",
     "io_loop/waiting.py",

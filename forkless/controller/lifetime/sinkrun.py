@@ -49,6 +49,7 @@ from forkless.controller.lifetime.serving import serve
 from forkless.controller.queues import POLL_S, StopDeadline
 from forkless.io_loop.counters import IOSnapshot, IOStats
 from forkless.io_loop.errors import FeedFatal, ForklessError
+from forkless.io_loop.gil import log_gil
 from forkless.io_loop.sinks.sink import RecordSink, SinkRunner, SinkStats
 from forkless.io_loop.thread import IOThread
 
@@ -176,6 +177,7 @@ class SinkRun:
     def _run(self) -> Any:
         cfg, io = self.config, self.io
         try:
+            log_gil(log)  # with every extension the run needs loaded: any that turned the GIL on is named
             io.start()
             self._reported = self.view()
             if self.uses_demo_feed:
