@@ -124,3 +124,4 @@ def _write(outbound: queue.SimpleQueue[int], stats: IOStats, *, block: bool) -> 
         stats.results_out += outbound.get(block=block, timeout=1.0 if block else None)
     except queue.Empty:
         pass
+

@@ -160,7 +160,8 @@ class Relay:
         return self.runtime.io
 
     def _view(self, run: SinkRun) -> RelayView:
-        return RelayView(run.io.snapshot(), self.relay_stats.snapshot(), time.monotonic(), str(gil_status()))
+        relay = self.relay_stats.snapshot()  # first: what the publisher took was read before (controller/stats.py)
+        return RelayView(run.io.snapshot(), relay, time.monotonic(), str(gil_status()))
 
     def view(self) -> RelayView:
         """The relay's figures now (any thread)."""

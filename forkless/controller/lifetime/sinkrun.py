@@ -140,7 +140,8 @@ class SinkRun:
         """The run's figures now (any thread): a ``SinkView``, or the relay's own view of them."""
         if self._view is not None:
             return self._view(self)
-        return SinkView(self.io.snapshot(), self.sink_stats.snapshot(), time.monotonic())
+        sink = self.sink_stats.snapshot()  # first: what the sink took was read before (controller/stats.py's books)
+        return SinkView(self.io.snapshot(), sink, time.monotonic())
 
     def request_stop(self) -> None:
         """Begin the orderly stop (any thread); ``run()`` then ends the thread."""
