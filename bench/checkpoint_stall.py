@@ -139,6 +139,7 @@ def _os_threads() -> int:
 def measure(writer: str, streams: int, features: int, seconds: float, every_s: float, bucket: int,
             donate: bool, directory: Path, orbax_names: bool = True, rounds: int = 4) -> dict:
     import jax
+
     from forkless.controller.batching import pad_batch
     from forkless.controller.config import Config
     from forkless.controller.loop import SWITCH_INTERVAL_S
@@ -325,11 +326,10 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
     (``on_results``); delays from each message's due time to its step's result."""
     import threading
 
+    from forkless import OnResults, Runtime
     from forkless.controller.config import Config
     from forkless.controller.loop import Controller
     from forkless.controller.queues import POLL_S
-
-    from forkless import OnResults, Runtime
     from tests.fake_io import FakeIO
 
     names = [f"stream-{i}" for i in range(streams)]
@@ -397,7 +397,6 @@ def measure_controller(streams: int, features: int, seconds: float, every_s: flo
 def _feed(fake, names: list[str], features: int, rate: float, due: dict[int, float], stop) -> None:
     """The feeder thread: one message every 1/``rate`` s, sent when due (open loop), its due time in ``due``."""
     from forkless.io_loop.crossing import Chunk
-
     from tests.fake_io import drain
 
     rng = np.random.default_rng(1)
@@ -503,11 +502,10 @@ def measure_startup(streams: int, features: int, runs: int, work: Path) -> dict:
     stop's checkpoint, so the next restores a file of the same size."""
     import os
 
+    from bench.loads import time_to_first_result
     from forkless.controller.checkpoints.checkpoint import checkpoint_path, write_checkpoint
     from forkless.controller.checkpoints.snapshot import Snapshot
     from forkless.controller.processor import EWMAState
-
-    from bench.loads import time_to_first_result
 
     ckpt_dir = work / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ from bench.device_floor import write_figures
 
 def measure(seconds: float = 2.0, streams: int = 16) -> dict:
     import jax
+
     from forkless.controller.batching import pad_batch
     from forkless.controller.config import Config
     from forkless.controller.engine import compile_step

@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
 from forkless.controller.processor import Processor, default_processor
 
 HEAVY_SIZE = 1024

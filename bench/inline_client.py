@@ -190,6 +190,7 @@ async def read_feed(ws: Any, inline: Inline) -> None:
 async def stepper(ws: Any, inline: Inline) -> None:
     """The stepper: each read pass's messages, in batches of at most ``max_batch``, stepped and written corked."""
     import aiohttp
+
     from forkless.io_loop.net.aiohttp_compat import cork
 
     text = aiohttp.WSMsgType.TEXT

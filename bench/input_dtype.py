@@ -84,6 +84,7 @@ def decode_once() -> dict[str, float]:
 
 def step_once(dtype: str, seconds: float = 2.0) -> dict[str, float]:
     import jax
+
     from forkless.controller.config import Config
     from forkless.controller.engine import compile_step
     from forkless.controller.processor import default_processor

@@ -250,11 +250,10 @@ def measure_stall(streams: int, seconds: float, every_s: float, rounds: int, rat
     each one records the feed's position and is written once the results stream has
     acknowledged the replies it covers, controller/checkpoints/recovery.py ``await_replies``). Gaps are
     between consecutive steps' results (``on_results``)."""
+    from forkless import OnResults
     from forkless.controller.config import Config
     from forkless.controller.loop import Controller
     from forkless.controller.queues import POLL_S
-
-    from forkless import OnResults
 
     port = _free_port()
     url = f"nats://127.0.0.1:{port}"
@@ -324,6 +323,7 @@ def _stall_phase(ctl: Any, mode: str, phase_s: float, every_s: float, m: dict[st
     the phase's gaps between steps' results into ``m``, those during a checkpoint, each checkpoint window's
     largest."""
     import numpy as np
+
     from forkless.controller.queues import POLL_S
 
     ckpt = ctl.checkpointer

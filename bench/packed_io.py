@@ -31,6 +31,7 @@ MODES = ("arrays", "packed")
 def _steps(packed: bool, size: int, features: int, streams: int) -> tuple[Any, Any, Any]:
     """A layout of ``packed``, its fresh state and the step compiled for ``size``'s bucket."""
     import jax
+
     from forkless.controller.config import Config
     from forkless.controller.device.layouts import OneDevice
     from forkless.controller.processor import default_processor
@@ -50,6 +51,7 @@ def measure(seconds: float = 1.0, sizes: tuple[int, ...] = (1, 256), rounds: int
             streams: int = 4096) -> dict[str, Any]:
     """Per mode and batch size: the round trip's p50/p99/mean in ms and steps a second."""
     import jax
+
     from forkless.controller.engine import _read_in_place
 
     device = jax.devices()[0]

@@ -99,6 +99,7 @@ class Child:
 
     def __init__(self, settings: dict[str, Any], inbound: Any, outbound: Any) -> None:
         import aiohttp
+
         from forkless.controller.codec import JsonCodec  # numpy and msgspec: no JAX in the child
 
         self.text = aiohttp.WSMsgType.TEXT
@@ -306,6 +307,7 @@ class Parent:
 
     def __init__(self, cfg: Any, heavy: bool, heavy_size: int, heavy_iters: int) -> None:
         import jax
+
         from forkless.controller.batching import MicroBatcher
         from forkless.controller.codec import JsonCodec
         from forkless.controller.engine import _read_in_place, compile_step

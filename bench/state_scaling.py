@@ -56,6 +56,7 @@ def _old_ewma_step(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
     """The EWMA step before issue 10, kept for the before/after: the table is the loop carry."""
     import jax
     import jax.numpy as jnp
+
     from forkless.controller.processor import EWMAState, _occurrence_rank
 
     def step(state: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
@@ -90,6 +91,7 @@ def _old_ewma_step(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
 def _batches(streams: int, bucket: int, count: int, seed: int = 0) -> list[Any]:
     """``count`` device batches of ``bucket`` distinct streams drawn from the whole table."""
     import jax
+
     from forkless.controller.batching import pad_batch
 
     rng = np.random.default_rng(seed)
@@ -113,6 +115,7 @@ def time_step(streams: int, bucket: int, iterations: int, old: bool = False, spl
     import contextlib
 
     import jax
+
     from forkless.controller.config import Config
     from forkless.controller.device.compiled import unsplit_cpu_ops
     from forkless.controller.processor import default_processor
@@ -145,6 +148,7 @@ def time_step(streams: int, bucket: int, iterations: int, old: bool = False, spl
 def _child(streams: int, features: int, steps: int) -> dict:
     """In a child process: build the state, run ``steps`` donated steps, report the peak RSS."""
     import jax
+
     from forkless.controller.config import Config
     from forkless.controller.processor import default_processor
 

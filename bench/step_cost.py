@@ -45,9 +45,9 @@ def _config() -> Any:
 def time_step(config: Any, size: int, iters: int, m: int = 1, seconds: float = 0.3) -> float:
     """Median ms of a warm step (AOT-compiled, state donated, outputs on the host) of ``m`` messages."""
     import jax
-    from forkless.controller.batching import bucket_for, pad_batch
 
     from bench.heavy import processor_for
+    from forkless.controller.batching import bucket_for, pad_batch
 
     processor = processor_for(config, size=size, iters=iters)
     bucket = bucket_for(m, config.buckets)
@@ -72,9 +72,8 @@ def time_step(config: Any, size: int, iters: int, m: int = 1, seconds: float = 0
 def engine_step_ms(config: Any, size: int, iters: int, sizes: tuple[int, ...], seconds: float = 0.3) -> list[float]:
     """Median ms of ``Engine.step`` (``compile_step``'s engine, as the designs run it) on each
     number of messages in ``sizes``."""
-    from forkless.controller.engine import compile_step
-
     from bench.heavy import processor_for
+    from forkless.controller.engine import compile_step
 
     engine = compile_step(processor_for(config, size=size, iters=iters), config)
     rng = np.random.default_rng(1)

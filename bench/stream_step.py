@@ -21,11 +21,11 @@ import time
 
 import jax
 import numpy as np
+
 from forkless.controller.batching import pad_batch
 from forkless.controller.config import Config
 from forkless.controller.engine import compile_step
 from forkless.controller.processor import default_processor
-
 from tests.reference_ewma import reference_ewma_processor
 
 FEATURES = 8

@@ -45,6 +45,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from forkless.controller.declared import Description
 from forkless.controller.processor import Processor, StateShape, stream_processor
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from forkless.io_loop.backoff import Backoff
 
+from forkless.io_loop.backoff import Backoff
 from tests import harness
 from tests.harness import BACKOFF_SEED, TIMEOUT_SCALE, UNIT_S, AppProcess
 from tests.quick_bench import QuickBench, shared_run

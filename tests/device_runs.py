@@ -24,14 +24,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from forkless import OnResults, Runtime
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
 from forkless.io_loop.crossing import Chunk
-
-from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 
 F = 3

@@ -26,6 +26,7 @@ from queue import Empty, Full
 from typing import Any
 
 import janus
+
 from forkless.controller.codec import Codec
 from forkless.controller.config import Config
 from forkless.controller.stats import StatsSnapshot

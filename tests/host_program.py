@@ -19,10 +19,9 @@ import threading
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from forkless import OnResults  # noqa: E402
 from forkless.controller.config import Config  # noqa: E402  (after the path is set)
 from forkless.controller.loop import Controller  # noqa: E402
-
-from forkless import OnResults  # noqa: E402
 
 
 def host_handler(signum: int, frame: object) -> None:

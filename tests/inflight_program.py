@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import sys
 
-from forkless.controller.logs import setup_logging
-
 from forkless import Config, Controller, Description, Processor
+from forkless.controller.logs import setup_logging
 from tests.source_program import init, steps_seen_done_late, working_step
 
 

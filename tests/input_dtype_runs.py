@@ -23,14 +23,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from forkless import OnResults, Runtime
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
 from forkless.io_loop.crossing import Chunk
 from forkless.io_loop.jsontext import dumps
-
-from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 
 F = 2

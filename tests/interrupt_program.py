@@ -21,9 +21,8 @@ import threading
 import time
 from typing import Any
 
-from forkless.controller.processor import ewma_processor
-
 from forkless import Config, Controller
+from forkless.controller.processor import ewma_processor
 
 
 class GoesQuietAtTheStop:

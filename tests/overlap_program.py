@@ -22,9 +22,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from forkless.controller.processor import ewma_processor
-
 from forkless import Config, Controller, OnResults, Runtime
+from forkless.controller.processor import ewma_processor
 
 PROCESSOR = ewma_processor()
 

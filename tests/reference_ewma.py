@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
 from forkless.controller.processor import EPS, EWMAState, Processor, _occurrences
 
 

@@ -34,6 +34,7 @@ from collections import deque
 from typing import Any, NamedTuple
 
 import numpy as np
+
 from forkless.io_loop.crossing import (
     Chunk,
     Trace,

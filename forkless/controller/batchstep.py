@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from forkless.controller.batching import Taken
 from forkless.controller.checkpoints.positions import SourcePositions
 from forkless.controller.declared import count

@@ -31,6 +31,7 @@ from operator import itemgetter
 from typing import Any, Protocol
 
 import numpy as np
+
 from forkless.io_loop.decoding import NOT_NUMBERS_REASON, X_MAX, X_RANGE_REASON, FrameDecoder
 from forkless.io_loop.jsontext import DECODE_ERRORS, dumps, dumps_numbers, loads, non_finite_in
 

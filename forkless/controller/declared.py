@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+
 from forkless.controller.errors import ProcessorContractError
 
 __all__ = ["CORE_COUNTS", "CORE_SETTINGS", "INPUT_DTYPES", "Description", "check_counters", "count", "counts_from"]

@@ -48,6 +48,7 @@ from typing import Any
 
 import jax
 import numpy as np
+
 from forkless.controller.checkpoints.snapshot import PendingSnapshot
 from forkless.controller.device.compiled import (
     XLA_CPU_TASK_BYTES,

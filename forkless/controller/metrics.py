@@ -38,9 +38,6 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from forkless.controller.stats import PHASES, SourceFigures, StatsSnapshot
-from forkless.io_loop.counters import LAG_INTERVAL_S, SECONDS_BOUNDS, FeedSnapshot, HistogramSnapshot, IOSnapshot
-from forkless.io_loop.crossing import HOPS, SAMPLE_EVERY
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -53,6 +50,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from forkless import __version__
+from forkless.controller.stats import PHASES, SourceFigures, StatsSnapshot
+from forkless.io_loop.counters import LAG_INTERVAL_S, SECONDS_BOUNDS, FeedSnapshot, HistogramSnapshot, IOSnapshot
+from forkless.io_loop.crossing import HOPS, SAMPLE_EVERY
 
 __all__ = ["KNOWN_REASONS", "MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "build_family", "build_info",
            "by_reason_family", "exposition", "histogram_family", "make_registry", "metric_families",

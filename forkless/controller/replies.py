@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from itertools import groupby
 
 import numpy as np
+
 from forkless.controller.batching import Taken
 from forkless.controller.codec import ENCODE_FAILED, Codec
 from forkless.controller.stats import MainStats

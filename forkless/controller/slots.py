@@ -37,6 +37,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+
 from forkless.controller.checkpoints.rowcopy import RowCopy
 
 __all__ = ["OrderedNames", "StreamSlots", "TableCopy", "lru_order"]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import janus
+
 from forkless.io_loop.crossing import Chunk, Outgoing
 from forkless.io_loop.waiting import Expecting
 

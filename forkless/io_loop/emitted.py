@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from forkless.io_loop.decoding import NOT_NUMBERS_REASON, X_MAX, X_RANGE_REASON
 
 __all__ = ["COMPLEX_REASON", "Positions", "Rows", "check_first", "check_position", "checked_rows", "drop_first",

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import janus
+
 from forkless.io_loop.bridge import Bridge
 from forkless.io_loop.capabilities import declarations
 from forkless.io_loop.counters import FeedSnapshot, IOStats

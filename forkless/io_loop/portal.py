@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import janus
+
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.crossing import ConnectionEvent
 from forkless.io_loop.errors import ForklessError

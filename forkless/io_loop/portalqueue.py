@@ -38,6 +38,7 @@ from collections.abc import Callable, Generator
 from typing import Any, NoReturn
 
 import janus
+
 from forkless.io_loop.errors import ForklessError
 from forkless.io_loop.sends import DEADLINE, SendFailed, checked_max_age
 

@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 import janus
+
 from forkless.io_loop.capabilities import declarations
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events, Outgoing

@@ -84,6 +84,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
 from forkless.io_loop.capabilities import SupportsAwaiting, SupportsBeforeStop, declarations
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import ConnectionEvent, Events, Origin, Outgoing

@@ -38,6 +38,7 @@ from itertools import groupby
 from typing import Any
 
 import janus
+
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import PICKED, WRITTEN, Outgoing
 from forkless.io_loop.sends import WRITTEN_OUT, SendWatch, SentBytes, SentText

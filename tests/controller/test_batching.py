@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from forkless.controller.batching import MicroBatcher, bucket_for, pad_batch
 from forkless.io_loop.crossing import Chunk
 

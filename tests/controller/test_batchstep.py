@@ -15,6 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from forkless.controller.batching import MicroBatcher, Taken
 from forkless.controller.batchstep import BatchStep
 from forkless.controller.checkpoints.positions import SourcePositions

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+
 from forkless.controller.codec import JsonCodec
 from forkless.io_loop.jsontext import LIBRARY, dumps
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from forkless.controller.device.compiled import compilations
-from forkless.controller.eventsonly import EVENTS_ONLY_DROPPED
 
 from forkless import EVENTS_ONLY, Config, Controller, OnResults, Runtime
+from forkless.controller.device.compiled import compilations
+from forkless.controller.eventsonly import EVENTS_ONLY_DROPPED
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.servers import send_frames
 

@@ -17,11 +17,11 @@ import re
 import sys
 
 import pytest
-from forkless.controller.loop import Controller
-from forkless.io_loop.errors import MetricsServerError
 
 import forkless
 from forkless import OnResults, Runtime
+from forkless.controller.loop import Controller
+from forkless.io_loop.errors import MetricsServerError
 from tests.controller.test_loop import CONFIG, PROCESSOR, chunk, frames
 from tests.fake_io import FakeIO, drain
 from tests.harness import ROOT

@@ -15,13 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from forkless import OnResults, Runtime
 from forkless.controller.checkpoints import checkpoint
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
-
-from forkless import OnResults, Runtime
 from tests.controller.test_loop import chunk, frames
 from tests.fake_io import FakeIO, drain
 

@@ -15,6 +15,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from forkless import EVENTS_ONLY, OnResults, Runtime
 from forkless.controller.checkpoints.checkpoint import list_checkpoints, read_checkpoint
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
@@ -22,8 +24,6 @@ from forkless.controller.device.compiled import compilations
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor, stream_processor
 from forkless.io_loop.crossing import Chunk
-
-from forkless import EVENTS_ONLY, OnResults, Runtime
 from tests.fake_io import FakeIO
 from tests.harness import UNIT_S, run_app
 

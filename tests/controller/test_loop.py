@@ -22,14 +22,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from forkless import OnResults, Runtime
 from forkless.controller.config import Config
 from forkless.controller.device.compiled import compilations
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
 from forkless.io_loop.crossing import Chunk, Outgoing
 from forkless.io_loop.errors import FeedFatal
-
-from forkless import OnResults, Runtime
 from tests.fake_io import EndlessQueue, FakeIO, FakeQueue, drain
 from tests.reference import EWMAReference
 

@@ -10,11 +10,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import forkless
 from forkless.controller.metrics import KNOWN_REASONS, MAX_REASONS, build_info, metric_families, sink_families
 from forkless.controller.stats import StatsSnapshot, books_line
 from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
-
-import forkless
 
 ROOT = Path(__file__).resolve().parents[2]
 

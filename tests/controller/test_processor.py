@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from forkless.controller.batching import Batch, pad_batch
 from forkless.controller.config import Config
 from forkless.controller.device.compiled import compilations, guarded
@@ -25,7 +26,6 @@ from forkless.controller.processor import (
     row_template,
 )
 from forkless.controller.slots import StreamSlots
-
 from tests.reference import EWMAReference
 
 

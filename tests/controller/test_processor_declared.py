@@ -12,6 +12,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import pytest
+
+from forkless import Runtime
 from forkless.controller.checkpoints.checkpoint import list_checkpoints, read_checkpoint
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
@@ -21,8 +23,6 @@ from forkless.controller.loop import Controller
 from forkless.controller.metrics import metric_families
 from forkless.controller.processor import Processor, default_processor
 from forkless.controller.stats import status_line
-
-from forkless import Runtime
 from tests.controller.test_loop import chunk, process_all
 from tests.fake_io import FakeIO, drain
 

@@ -13,14 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from forkless import OnResults, Runtime
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
 from forkless.controller.device.compiled import compilations
 from forkless.controller.errors import CheckpointMismatch, ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
-
-from forkless import OnResults, Runtime
 from tests.controller.test_loop import chunk, process_all
 from tests.fake_io import FakeIO, drain
 

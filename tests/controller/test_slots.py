@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from forkless.controller.batching import pad_batch
 from forkless.controller.config import Config
 from forkless.controller.processor import default_processor, reset_rows, row_template
 from forkless.controller.slots import StreamSlots
-
 from tests.reference import EWMAReference
 
 

@@ -11,6 +11,7 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
 from forkless.controller.loop import Controller

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from forkless.controller.batching import Batch, pad_batch
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
@@ -25,7 +26,6 @@ from forkless.controller.processor import (
     row_template,
     stream_processor,
 )
-
 from tests.controller.test_processor import _table_ops
 from tests.reference import EWMAReference
 from tests.reference_ewma import reference_ewma_processor

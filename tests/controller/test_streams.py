@@ -9,14 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from forkless import Runtime
 from forkless.controller.batching import Batch
 from forkless.controller.config import Config
 from forkless.controller.device.compiled import guarded
 from forkless.controller.engine import compile_step
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor, row_template
-
-from forkless import Runtime
 from tests.controller.test_loop import chunk, process_all
 from tests.controller.test_processor import _aliased_inputs, _table_ops
 from tests.fake_io import FakeIO, drain

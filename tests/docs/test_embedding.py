@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from forkless.controller.processor import default_processor
 
 from forkless import Config, Controller, Decoded, JsonCodec, OnResults, Processor, ProcessorContractError
+from forkless.controller.processor import default_processor
 from tests.harness import UNIT_S, drive
 from tests.reference import EWMAReference
 from tests.servers import send_frames

@@ -11,13 +11,13 @@ import sys
 import jax
 import numpy as np
 import pytest
+
+from examples.gru import gru_processor, load_weights, save_random_weights
 from forkless.controller.batching import Batch, pad_batch
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
 from forkless.controller.engine import compile_step
 from forkless.controller.processor import StreamState
-
-from examples.gru import gru_processor, load_weights, save_random_weights
 from tests.harness import ROOT, UNIT_S, app_env
 
 F, H = 3, 8

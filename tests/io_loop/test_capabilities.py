@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from forkless.controller.config import Config
 from forkless.controller.ioside import feed_plan, feed_source
 from forkless.io_loop.capabilities import (

@@ -10,6 +10,7 @@ import inspect
 from typing import Any
 
 import pytest
+
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
 from forkless.controller.ioside import connector_for, feed_plan, feed_source, feed_sources
@@ -21,7 +22,6 @@ from forkless.io_loop.crossing import Events
 from forkless.io_loop.feeds import FeedSet
 from forkless.io_loop.settings import FeedSpec
 from forkless.io_loop.thread import IOThread
-
 from tests.harness import UNIT_S
 
 pytestmark = pytest.mark.timeout(60 * UNIT_S)

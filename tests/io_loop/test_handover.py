@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 import numpy as np
+
 from forkless.controller.codec import Decoded
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Chunk, Events

@@ -10,7 +10,9 @@ import math
 
 import numpy as np
 import pytest
+
 from forkless.io_loop import jsontext
+
 
 def shown(v) -> str:
     """A test id that is the same in every pytest-xdist worker (a memoryview's repr holds its address)."""

@@ -9,6 +9,7 @@ import asyncio
 import threading
 
 import pytest
+
 from forkless.io_loop.loopthread import LoopThread, run_in_thread
 
 # the loop's thread, its handshake, exceptions and stop: run on free-threaded CPython too (.ci/run)

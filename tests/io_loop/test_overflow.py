@@ -14,9 +14,9 @@ import json
 from typing import Any
 
 import pytest
-from forkless.controller.processor import ewma_processor
 
 from forkless import Config, Controller, OnResults
+from forkless.controller.processor import ewma_processor
 from tests.harness import UNIT_S, assert_books_balance, drive, wait_until
 
 pytestmark = pytest.mark.timeout(120 * UNIT_S)

@@ -21,11 +21,11 @@ import time
 import traceback
 
 import aiohttp
-import forkless.io_loop.portal
 import pytest
-from forkless.io_loop.portal import IOPortal, PortalClosed, RestartPolicy, WorkerFailed
 
 import forkless
+import forkless.io_loop.portal
+from forkless.io_loop.portal import IOPortal, PortalClosed, RestartPolicy, WorkerFailed
 from tests.harness import wait_until
 from tests.servers import send_frames
 

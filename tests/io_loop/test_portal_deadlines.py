@@ -10,9 +10,9 @@ import queue
 import threading
 
 import pytest
-from forkless.io_loop.portal import IOPortal
 
 from forkless import SendFailed
+from forkless.io_loop.portal import IOPortal
 
 
 def _taker(how: str, go: threading.Event):

@@ -8,6 +8,7 @@ import asyncio
 import random
 
 import pytest
+
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.reconnect import DONE, drive

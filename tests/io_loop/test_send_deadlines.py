@@ -16,9 +16,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from forkless.controller.metrics import exposition
 
 from forkless import EVENTS_ONLY, Config, Controller, Relogin, SendFailed
+from forkless.controller.metrics import exposition
 from tests.docs.test_readme import example
 from tests.harness import UNIT_S, AppProcess, drive
 from tests.ws_exchange import PASSWORD, USER, WsExchange, order

@@ -15,10 +15,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from forkless.controller.ioside import feed_plan
-from forkless.controller.processor import ewma_processor
 
 from forkless import Config, Controller, FeedFatal, OnResults, SourceStopped
+from forkless.controller.ioside import feed_plan
+from forkless.controller.processor import ewma_processor
 from tests.harness import UNIT_S, assert_books_balance, drive, quick_config
 from tests.servers import make_messages, parse_replies, send_frames
 

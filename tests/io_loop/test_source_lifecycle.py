@@ -13,9 +13,9 @@ import threading
 from typing import Any
 
 import pytest
-from forkless.controller.processor import ewma_processor
 
 from forkless import Config, Controller, FeedFatal, OnResults
+from forkless.controller.processor import ewma_processor
 from tests.harness import UNIT_S, assert_books_balance, drive
 
 pytestmark = pytest.mark.timeout(90 * UNIT_S)

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from forkless.controller.processor import ewma_processor
 
 from forkless import Config, Controller
+from forkless.controller.processor import ewma_processor
 from tests.harness import UNIT_S, assert_books_balance, drive, quick_config
 
 pytestmark = pytest.mark.timeout(90 * UNIT_S)

@@ -30,11 +30,11 @@ from typing import Any
 
 import pytest
 import yaml
+
+import forkless
 from forkless.controller.config import Config
 from forkless.controller.metrics import metrics_table_markdown
 from forkless.controller.settings.variables import VARIABLES
-
-import forkless
 from tests import harness
 from tests.harness import ROOT, UNIT_S
 

@@ -11,9 +11,8 @@ import signal
 from datetime import UTC, datetime
 from typing import Any
 
-from forkless.controller.logs import JsonFormatter, RateLimitFilter, flush_log_repeats
-
 import forkless
+from forkless.controller.logs import JsonFormatter, RateLimitFilter, flush_log_repeats
 from tests.harness import UNIT_S, run_app
 from tests.servers import FeedConn
 

@@ -12,11 +12,11 @@ import struct
 from types import SimpleNamespace
 
 import pytest
+
 from forkless.controller.commands.cli import stop_status
 from forkless.controller.stats import StatsSnapshot, losses
 from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 from forkless.io_loop.errors import EXIT_LOSSY_STOP
-
 from tests.harness import UNIT_S
 
 MESSAGES = 10

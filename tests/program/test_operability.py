@@ -24,6 +24,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from forkless.controller.config import Config
 from forkless.controller.logs import JsonFormatter, RateLimitFilter
 from forkless.controller.loop import Controller
@@ -32,8 +34,6 @@ from forkless.controller.stats import StatsSnapshot, status_line
 from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
 from forkless.io_loop.errors import MetricsServerError
 from forkless.io_loop.net.http import MetricsServer
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.harness import UNIT_S, AppResult, drive, run_app
 from tests.servers import FeedConn, FeedServer, LoopbackServer, send_frames
 

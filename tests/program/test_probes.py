@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from forkless.controller.lifetime.sdnotify import ServiceManager, notify_address, service_manager, watchdog_interval_s
 from forkless.io_loop.errors import MetricsServerError
 from forkless.io_loop.net.http import MetricsServer
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.harness import UNIT_S, AppProcess, wait_until
 
 WAIT_S = 60 * UNIT_S  # a start on a loaded machine (JAX's import and compile) fits well inside

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from forkless.controller.codec import JsonCodec
 from forkless.io_loop.connectors.jetstream.partitions import escape_stream
 from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError
 from forkless.io_loop.relay.relaystats import ACROSS_RECONNECT, WITHIN_CONNECTION, SeqGaps
-
 from tests.harness import UNIT_S, run_app, wait_until
 from tests.servers import FeedConn, make_messages
 
@@ -138,6 +138,7 @@ def test_every_message_is_stored_once_on_its_escaped_subject_and_decodes_to_what
 
 def test_the_waiting_messages_leave_in_one_write_each_with_its_id_and_its_acknowledgement_subject(nats_server):
     import nats
+
     from forkless.controller.config import Config
     from forkless.io_loop.connectors.jetstream.publisher import Publisher, _Connection, _Publication
     from forkless.io_loop.connectors.jetstream.transport import Transport

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from forkless.controller.checkpoints.checkpoint import list_checkpoints, load_newest, read_checkpoint
 from forkless.controller.checkpoints.checkpointer import Checkpointer
 from forkless.controller.config import Config
 from forkless.controller.metrics import KNOWN_REASONS
 from forkless.controller.processor import default_processor
-from prometheus_client.parser import text_string_to_metric_families
-
 from tests.harness import KILLED_EXIT_S, UNIT_S, app_env, wait_until
 from tests.reference import EWMAReference
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from forkless.controller.lifetime.host import HANDLED_SIGNALS, StopSignals
 
+from forkless.controller.lifetime.host import HANDLED_SIGNALS, StopSignals
 from tests.harness import UNIT_S, AppProcess
 from tests.servers import make_messages, parse_replies, send_frames
 

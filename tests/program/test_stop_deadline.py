@@ -22,9 +22,9 @@ import urllib.request
 from collections.abc import Callable
 
 import pytest
-from forkless.io_loop.errors import EXIT_LOSSY_STOP
 from prometheus_client.parser import text_string_to_metric_families
 
+from forkless.io_loop.errors import EXIT_LOSSY_STOP
 from tests.harness import UNIT_S, AppProcess, wait_until
 
 SHUTDOWN_S = 1.5

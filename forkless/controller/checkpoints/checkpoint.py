@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from forkless.controller.checkpoints.ckptformat import (
     MIN_BYTES,
     CheckpointDamaged,

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from forkless.controller.device.placement import CanonicalRows
 from forkless.controller.errors import CheckpointMismatch
 

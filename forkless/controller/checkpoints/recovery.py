@@ -48,6 +48,7 @@ from typing import Any
 
 import jax
 import numpy as np
+
 from forkless.controller.checkpoints.checkpoint import Restored
 from forkless.controller.checkpoints.checkpointer import CheckpointStore
 from forkless.controller.checkpoints.positions import SourcePositions

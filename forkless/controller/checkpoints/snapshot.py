@@ -50,14 +50,14 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from forkless import __version__
 from forkless.controller.checkpoints import ckptformat
 from forkless.controller.checkpoints.ckptformat import no_pause
 from forkless.controller.checkpoints.rowcopy import RowCopy
 from forkless.controller.device.placement import CanonicalRows, Placement
 from forkless.controller.errors import CheckpointMismatch
 from forkless.controller.slots import TableCopy
-
-from forkless import __version__
 
 __all__ = [
     "COPY_CHUNK_BYTES",

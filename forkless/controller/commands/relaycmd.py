@@ -37,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
 from forkless.controller.commands.edge import early_log_format, load_config, report
 from forkless.controller.config import Config
 from forkless.controller.ioside import connector_for
@@ -47,7 +49,6 @@ from forkless.controller.settings.vardocs import help_text
 from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, ForklessError
 from forkless.io_loop.relay.relaystats import RelayStats
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = ["RelayView", "relay_main", "relay_metric_families", "relay_metrics_table_markdown", "relay_status_line"]
 

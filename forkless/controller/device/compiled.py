@@ -38,6 +38,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from forkless.controller.batching import Batch, pad_batch
 from forkless.controller.device.placement import OutputField
 from forkless.controller.errors import ConfigError, ProcessorContractError

@@ -32,6 +32,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
 from forkless.controller.batching import Batch, bucket_for, pad_batch
 from forkless.controller.checkpoints.snapshot import canonical_rows
 from forkless.controller.declared import check_counters
@@ -50,8 +53,6 @@ from forkless.controller.device.placement import OutputField, Placement, Route, 
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.processor import Processor, StateShape, description_of, reset_rows, row_template
 from forkless.controller.settings.groups import StepShape
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 __all__ = ["AXIS", "OneDevice", "Sharded", "Stepped", "accelerated", "device_copy"]
 

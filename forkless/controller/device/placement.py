@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+
 from forkless.controller.batching import bucket_for
 
 __all__ = ["CanonicalRows", "OutputField", "Placement", "Route", "pack_words", "unpack_outputs", "words_per_row"]

@@ -32,6 +32,7 @@ import weakref
 from typing import Any, NamedTuple
 
 import jax
+
 from forkless.controller.processor import Processor, description_of
 from forkless.controller.settings.groups import StepShape
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
 from forkless.controller.ioside import feed_plan, feed_sources

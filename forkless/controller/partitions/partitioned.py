@@ -58,6 +58,7 @@ from typing import Any, Protocol
 
 import jax
 import numpy as np
+
 from forkless.controller.checkpoints.ckptformat import (
     CheckpointDamaged,
     check_fits,

@@ -26,6 +26,8 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
 from forkless.controller.settings.values import (
     FEED_NAME,
     MAX_PARTITIONS,
@@ -38,7 +40,6 @@ from forkless.controller.settings.values import (
 )
 from forkless.io_loop.connectors.jetstream.partitions import PARTITION_FIELD, parse_partitions
 from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec, JetStreamSpec
-from msgspec import UNSET, Meta, Struct, UnsetType
 
 __all__ = ["FEED_KEYS", "JETSTREAM_KEYS", "REFUSALS", "JetStreamEntry", "WebSocketEntry", "entry", "feed_spec"]
 

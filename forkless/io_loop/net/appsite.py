@@ -31,6 +31,7 @@ import socket
 from collections.abc import Sequence
 
 from aiohttp import web
+
 from forkless.io_loop.net.unixsocket import BACKLOG, ListeningUnixSocket, listen_unix
 
 __all__ = ["NoSocket", "Served", "listen_tcp", "serve_app"]

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+
 from forkless.io_loop.errors import MetricsServerError
 from forkless.io_loop.net.appsite import NoSocket, Served, listen_tcp, serve_app
 from forkless.io_loop.net.netaddr import is_loopback, parse_host_port, unix_address, unix_label

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Sequence
 
 import janus
+
 from forkless.io_loop.crossing import Outgoing, Results
 from forkless.io_loop.loopthread import run_all
 from forkless.io_loop.sinks.sink import UNWRITTEN, ResultContext, ResultSink, SinkRunner, SinkStats

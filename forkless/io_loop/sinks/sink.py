@@ -54,6 +54,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import janus
 import numpy as np
+
 from forkless.io_loop.crossing import Chunk, Events, Results
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.loopthread import cancel_bounded

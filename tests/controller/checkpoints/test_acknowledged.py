@@ -11,9 +11,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from forkless.controller.config import Config
 from forkless.io_loop.sinks.sink import Acknowledged
-
 from tests.harness import UNIT_S
 
 pytestmark = pytest.mark.timeout(30 * UNIT_S)

@@ -14,12 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import forkless.controller.checkpoints.checkpoint as checkpoint
-import forkless.controller.checkpoints.snapshot as snapshot
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import forkless.controller.checkpoints.checkpoint as checkpoint
+import forkless.controller.checkpoints.snapshot as snapshot
+from forkless import Runtime
 from forkless.controller.checkpoints.rowcopy import RowCopy
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
@@ -27,8 +29,6 @@ from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
 from forkless.controller.slots import StreamSlots
 from forkless.io_loop.crossing import Chunk
-
-from forkless import Runtime
 from tests.fake_io import FakeIO, drain
 
 WAIT_S = 10.0 * float(os.environ.get("FORKLESS_TEST_TIME_SCALE", "1"))

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from forkless import OnResults, Runtime
 from forkless.controller.checkpoints.checkpoint import DirectoryStore, Restored, as_restored, list_checkpoints
 from forkless.controller.checkpoints.checkpointer import Checkpointer, store_for
 from forkless.controller.checkpoints.ckptformat import CheckpointDamaged, parse_checkpoint
@@ -23,8 +25,6 @@ from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
 from forkless.io_loop.crossing import Chunk
-
-from forkless import OnResults, Runtime
 from tests.fake_io import FakeIO, drain
 
 F = 3

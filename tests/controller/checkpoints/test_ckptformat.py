@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from forkless.controller.checkpoints.ckptformat import (
     FORMAT,
     MIN_BYTES,

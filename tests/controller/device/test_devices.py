@@ -15,9 +15,9 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+
 from forkless.controller.device import placement as placement_module
 from forkless.controller.device.placement import CanonicalRows, OutputField, Placement, unpack_outputs
-
 from tests import device_runs
 from tests.harness import ROOT, UNIT_S, app_env, run_app
 from tests.reference import EWMAReference

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from forkless import Runtime
 from forkless.controller.batching import pad_batch
 from forkless.controller.codec import Decoded, GuardedCodec, JsonCodec
 from forkless.controller.config import Config
@@ -28,8 +30,6 @@ from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import default_processor
 from forkless.io_loop.jsontext import dumps
-
-from forkless import Runtime
 from tests import input_dtype_runs
 from tests.fake_io import FakeIO
 from tests.harness import ROOT, UNIT_S, app_env

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+
 from forkless.controller.config import Config
 from forkless.controller.device import programs
 from forkless.controller.device.compiled import compilations

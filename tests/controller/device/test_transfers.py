@@ -18,9 +18,9 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+
 from forkless.controller import engine as engine_module
 from forkless.controller.device import layouts
-
 from tests import device_runs
 from tests.harness import ROOT, UNIT_S, app_env
 

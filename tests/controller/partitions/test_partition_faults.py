@@ -252,6 +252,7 @@ def _newest_position(url: str, partition: int) -> dict:
     import asyncio
 
     import nats
+
     from forkless.controller.checkpoints.ckptformat import parse_checkpoint
 
     async def main() -> bytes:
@@ -275,7 +276,6 @@ def test_a_restart_after_retention_removed_only_other_partitions_messages_resume
     the stream's first sequence) and answers 5 more exactly once. Then one of its own messages is
     removed by retention while it is stopped: the next start still exits 2."""
     from forkless.io_loop.connectors.jetstream.source import PULL_EXPIRES_S
-
     from tests.servers import make_messages
 
     url = nats_server.url
@@ -441,6 +441,7 @@ def _partitioned_checkpoints(store: Any, partitions: tuple[int, ...], like: Any)
 def test_each_partitions_object_records_how_far_its_own_messages_are_covered_and_a_restore_resumes_after_it(
         position, expected):
     import numpy as np
+
     from forkless.controller.checkpoints.snapshot import Snapshot
 
     like = {"m": np.zeros((5, 2), np.float32)}
@@ -454,6 +455,7 @@ def test_each_partitions_object_records_how_far_its_own_messages_are_covered_and
 
 def test_a_partitions_object_without_covered_written_before_it_was_recorded_resumes_at_its_position():
     import numpy as np
+
     from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
     from forkless.controller.partitions.partitioned import object_name
 
@@ -539,6 +541,7 @@ def _objects_with(store: _Objects, created_by_partition: dict[int, str | None]) 
     """A PartitionedCheckpoints of the partitions given, each with an object at position 10
     recording that created time (None: none recorded, as an object written before it was)."""
     import numpy as np
+
     from forkless.controller.checkpoints.snapshot import Snapshot, checkpoint_bytes
     from forkless.controller.partitions.partitioned import object_name
 
@@ -555,6 +558,7 @@ def _objects_with(store: _Objects, created_by_partition: dict[int, str | None]) 
 
 def test_each_partitions_object_records_the_streams_created_time_and_the_restore_hands_it_over_in_a_resume():
     import numpy as np
+
     from forkless.controller.checkpoints.positions import SourcePositions
     from forkless.controller.checkpoints.snapshot import Snapshot
     from forkless.io_loop.connectors.jetstream.positions import JetStreamPositions

@@ -195,7 +195,6 @@ def test_an_element_published_under_another_streams_partition_is_answered_with_a
     from forkless.controller.config import Config
     from forkless.controller.loop import Controller
     from forkless.io_loop.connectors.jetstream.partitions import escape_stream, partition_of
-
     from tests.harness import drive
     from tests.natsserver import publish
 

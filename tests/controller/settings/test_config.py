@@ -6,12 +6,6 @@ import dataclasses
 import json
 
 import pytest
-from forkless.controller.commands.edge import load_config
-from forkless.controller.config import SETTINGS_GROUPS, Config
-from forkless.controller.errors import ConfigError
-from forkless.controller.settings.variables import VARIABLES
-from forkless.io_loop.connectors.jetstream.partitions import instance_share
-from forkless.io_loop.settings import config_field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +19,12 @@ from forkless import (
     StepSettings,
     Timeouts,
 )
+from forkless.controller.commands.edge import load_config
+from forkless.controller.config import SETTINGS_GROUPS, Config
+from forkless.controller.errors import ConfigError
+from forkless.controller.settings.variables import VARIABLES
+from forkless.io_loop.connectors.jetstream.partitions import instance_share
+from forkless.io_loop.settings import config_field
 from tests.harness import run_app
 
 # one bad value for every variable that can be wrong

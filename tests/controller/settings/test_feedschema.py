@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from forkless.controller.settings.feedschema import FEED_KEYS, JETSTREAM_KEYS, REFUSALS
 from forkless.controller.settings.feedspec import feed_list
 from forkless.controller.settings.values import ValueProblem

@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from forkless.controller.commands.cli import main
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
 from forkless.controller.settings.variables import VARIABLES
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -124,6 +125,7 @@ def _refused_naming(name: str, environ: dict[str, str]) -> bool:
 def _usable_url(url: str) -> None:
     """What the client does with an accepted URL: show it, and hand it to aiohttp (yarl)."""
     import yarl
+
     from forkless.io_loop.net.netaddr import redact_url
 
     assert "t0ken" not in redact_url(url)

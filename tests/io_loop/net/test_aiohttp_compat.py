@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
 from forkless.io_loop.net import aiohttp_compat
 
 LIMIT_S = 10.0  # bounds each test if something hangs; nothing waits this long when it works
@@ -165,6 +166,7 @@ def test_aiohttp_s_failure_on_an_open_websocket_becomes_connection_lost_with_its
 
 def test_other_exceptions_pass_the_aiohttp_mapping_unmapped():
     import pytest
+
     from forkless.io_loop.connectors.websocket.connect import mapped_aiohttp_errors
 
     with pytest.raises(KeyError), mapped_aiohttp_errors():

@@ -12,8 +12,8 @@ import tempfile
 import aiohttp
 import pytest
 from aiohttp import web
-from forkless.io_loop.net.appsite import serve_app
 
+from forkless.io_loop.net.appsite import serve_app
 from tests.harness import UNIT_S
 
 LIMIT_S = 10.0 * UNIT_S  # bounds each test if something hangs; nothing waits this long when it works

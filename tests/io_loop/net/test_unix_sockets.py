@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+
 from forkless.controller.codec import JsonCodec
 from forkless.controller.commands.check import probe_feeds
 from forkless.controller.config import Config
@@ -32,7 +33,6 @@ from forkless.io_loop.errors import MetricsServerError
 from forkless.io_loop.net.http import MetricsServer
 from forkless.io_loop.net.unixsocket import listen_unix
 from forkless.io_loop.probe import ProbeFailed
-
 from tests.harness import UNIT_S, AppProcess, assert_books_balance, drive, quick_config, run_app
 from tests.no_inet import REFUSED
 from tests.program.test_app import STATUS, check_clean_run

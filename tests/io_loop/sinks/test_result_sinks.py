@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from forkless.controller.ioside import feed_plan
-from forkless.controller.processor import ewma_processor
-from forkless.controller.stats import books_line, status_line
 
 import forkless
 from forkless import EVENTS_ONLY, Config, Controller, FeedFatal, OnResults
+from forkless.controller.ioside import feed_plan
+from forkless.controller.processor import ewma_processor
+from forkless.controller.stats import books_line, status_line
 from tests.harness import UNIT_S, assert_books_balance, drive, quick_config, wait_until
 from tests.servers import make_messages, parse_replies, send_frames
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from forkless.controller.config import Config
 
 import forkless
+from forkless.controller.config import Config
 from tests.harness import UNIT_S, wait_until
 from tests.servers import make_messages, send_frames
 

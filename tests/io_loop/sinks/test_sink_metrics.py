@@ -8,12 +8,12 @@ import urllib.request
 from typing import Any
 
 import pytest
-from forkless.controller.metrics import KNOWN_REASONS
-from forkless.controller.processor import ewma_processor
 from prometheus_client.parser import text_string_to_metric_families
 
 import forkless
 from forkless import Config, Controller
+from forkless.controller.metrics import KNOWN_REASONS
+from forkless.controller.processor import ewma_processor
 from tests.harness import UNIT_S, drive, wait_until
 from tests.servers import make_messages, send_frames
 

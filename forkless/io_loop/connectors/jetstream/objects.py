@@ -43,12 +43,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from nats.js import api
+from nats.nuid import NUID
+
 from forkless.io_loop.connectors.jetstream.storethread import NAME_IN_USE, TAKE_ATTEMPTS, StoreThread
 from forkless.io_loop.connectors.jetstream.transport import NatsError, NatsNotFound, PendingAck, Transport
 from forkless.io_loop.connectors.jetstream.transport import describe_error as _describe
 from forkless.io_loop.errors import ObjectDamaged, StoreError
-from nats.js import api
-from nats.nuid import NUID
 
 __all__ = ["Objects"]
 

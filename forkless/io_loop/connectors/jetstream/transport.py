@@ -43,12 +43,13 @@ from typing import Any
 import nats
 import nats.errors
 import nats.js.errors
-from forkless.io_loop.connectors.jetstream.nats_compat import RawClient, RawHandler, publish_commands
-from forkless.io_loop.net.tls import make_ssl_context
-from forkless.io_loop.settings import FeedSpec, Timeouts, TlsSettings
 from nats.js import api
 from nats.js.kv import KeyValue as _NatsKeyValue
 from nats.js.object_store import ObjectStore
+
+from forkless.io_loop.connectors.jetstream.nats_compat import RawClient, RawHandler, publish_commands
+from forkless.io_loop.net.tls import make_ssl_context
+from forkless.io_loop.settings import FeedSpec, Timeouts, TlsSettings
 
 __all__ = ["KeyValue", "NatsApiError", "NatsConnectFailed", "NatsError", "NatsNoStreamResponse", "NatsNotFound",
            "NatsUnavailable", "NatsWrongLast", "PendingAck", "Subscription", "Transport", "connect_options",

@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable
 
 import aiohttp
+
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect, call_before_connect

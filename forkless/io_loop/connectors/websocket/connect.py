@@ -36,6 +36,7 @@ from contextlib import contextmanager
 
 import aiohttp
 from aiohttp.client_exceptions import UnixClientConnectorError
+
 from forkless.io_loop.net.aiohttp_compat import UnixConnector
 from forkless.io_loop.net.netaddr import redact_url, unix_label
 from forkless.io_loop.settings import Credentials, FeedSpec, Timeouts

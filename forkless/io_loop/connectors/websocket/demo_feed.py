@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
+
 from forkless.io_loop.net import aiohttp_compat
 from forkless.io_loop.net.appsite import Served, serve_app
 from forkless.io_loop.net.netaddr import is_loopback

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import aiohttp
+
 from forkless.io_loop.connectors.websocket.connect import (
     ConnectFailed,
     HandshakeRefused,

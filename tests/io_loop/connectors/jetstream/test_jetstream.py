@@ -11,14 +11,14 @@ import threading
 from typing import Any
 
 import pytest
+
+from forkless import Runtime
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
 from forkless.controller.loop import Controller
 from forkless.controller.metrics import metric_families
 from forkless.controller.processor import ewma_processor
 from forkless.controller.stats import status_line
-
-from forkless import Runtime
 from tests.harness import KILLED_EXIT_S, UNIT_S, assert_books_balance, drive, quick_config, run_app
 from tests.servers import FeedConn, assert_results_match_reference, make_messages, parse_replies
 
@@ -278,8 +278,8 @@ def _never_restarted(messages: list[dict]) -> tuple[dict[int, dict], Any]:
     each message's reply by seq, and the final state on the host."""
     import jax
     import numpy as np
-    from forkless.io_loop.crossing import Chunk
 
+    from forkless.io_loop.crossing import Chunk
     from tests.fake_io import FakeIO, drain
 
     cfg = Config(features=FEATURES, max_batch=16, max_streams=64, status_s=0.0)
@@ -310,9 +310,9 @@ def test_ten_kill_9s_at_random_moments_leave_exactly_one_result_per_input_equal_
 
     import jax
     import numpy as np
+
     from forkless.controller.checkpoints.checkpoint import list_checkpoints, load_newest
     from forkless.controller.processor import default_processor
-
     from tests.harness import wait_until
     from tests.natsserver import create_streams, stream_state
 
@@ -395,7 +395,6 @@ def test_retention_that_dropped_what_the_checkpoint_needs_exits_2_and_restore_ne
 def test_a_checkpoint_is_committed_only_once_the_results_stream_stored_the_replies_it_covers(nats_server, tmp_path):
     from forkless.controller.checkpoints.checkpoint import list_checkpoints, load_newest
     from forkless.controller.processor import default_processor
-
     from tests.natsserver import create_streams, publish
 
     create_streams(nats_server.url, results="")  # no results stream yet: no reply can be stored
@@ -457,7 +456,6 @@ def test_kill_9s_with_three_steps_in_flight_leave_exactly_one_result_per_input_e
     import time
 
     from forkless.controller.checkpoints.checkpoint import list_checkpoints
-
     from tests.harness import wait_until
     from tests.natsserver import create_streams, stream_state
 

@@ -63,7 +63,6 @@ def test_a_stream_deleted_and_made_again_between_two_runs_is_refused_by_the_chec
     from forkless.controller.checkpoints.checkpoint import load_newest
     from forkless.controller.loop import Controller
     from forkless.io_loop.errors import PositionLost
-
     from tests.harness import drive
     from tests.io_loop.connectors.jetstream.test_jetstream import _config
     from tests.natsserver import create_streams, publish
@@ -97,7 +96,6 @@ def test_a_stream_deleted_and_made_again_between_two_runs_is_refused_by_the_chec
 def _feed(**extra: Any) -> Any:
     pytest.importorskip("nats")
     from forkless.io_loop.connectors.jetstream.source import JetStreamSource
-
     from tests.io_loop.connectors.jetstream.test_jetstream import _config
 
     cfg = _config([_js_feed("nats://127.0.0.1:4222", **extra)])
@@ -139,7 +137,6 @@ def _source(ctl: Any) -> Any:
 def test_a_feed_whose_subject_got_nothing_while_retention_removed_other_subjects_messages_reconnects_and_goes_on(
         nats_server, monkeypatch):
     from forkless.controller.loop import Controller
-
     from tests.harness import drive
     from tests.io_loop.connectors.jetstream.test_jetstream import _config
     from tests.natsserver import create_streams, publish
@@ -176,7 +173,6 @@ def _stream_first(url: str) -> int:
 def _first_life(url: str, cfg: Any, ours: list[dict]) -> list[int]:
     """A run that answers the first 10 of ``ours`` (subject ticks.a) and stops; its checkpoints go to cfg's dir."""
     from forkless.controller.loop import Controller
-
     from tests.harness import drive
     from tests.natsserver import publish
 
@@ -200,7 +196,6 @@ def test_a_restart_after_only_other_subjects_messages_were_removed_resumes_from_
         nats_server, monkeypatch, tmp_path):
     from forkless.controller.checkpoints.checkpoint import load_newest
     from forkless.controller.loop import Controller
-
     from tests.harness import drive
     from tests.natsserver import create_streams, publish
     from tests.servers import assert_results_match_reference
@@ -226,7 +221,6 @@ def test_a_restart_after_retention_removed_a_message_of_the_feeds_own_subject_st
         nats_server, monkeypatch, tmp_path):
     from forkless.controller.loop import Controller
     from forkless.io_loop.errors import PositionLost
-
     from tests.harness import drive
     from tests.natsserver import create_streams, publish
 
@@ -304,7 +298,6 @@ def test_an_idle_feed_learns_what_it_covered_while_its_pull_waits_and_a_reconnec
     restarts, the feed reconnects past the removed messages and answers 5 more on the same state
     (before this, it learned nothing until a pull expired, and the reconnect exited 2)."""
     from forkless.controller.loop import Controller
-
     from tests.harness import drive
     from tests.io_loop.connectors.jetstream.test_jetstream import _config
     from tests.natsserver import create_streams, publish
@@ -338,7 +331,6 @@ def _one_life_then_down(url: str, cfg: Any, ours: list[dict], subject: str) -> l
     """A run that answers ``ours`` (published to ``subject``) and stops at once, so no later probe covers
     what the other subjects publish while it is down; its checkpoints go to cfg's dir."""
     from forkless.controller.loop import Controller
-
     from tests.harness import drive
     from tests.natsserver import publish
 
@@ -352,7 +344,6 @@ def _one_life_then_down(url: str, cfg: Any, ours: list[dict], subject: str) -> l
 def _refused(cfg: Any) -> str:
     from forkless.controller.loop import Controller
     from forkless.io_loop.errors import PositionLost
-
     from tests.harness import drive
 
     with pytest.raises(PositionLost) as lost, Controller(cfg) as ctl:
@@ -395,7 +386,6 @@ def test_a_filtered_feed_on_a_stream_that_removes_by_subject_only_resumes_where_
     resumes (before this: exit 2, "retention removed them") and answers 5 more on the restored state. Then a
     subject of the feed that holds its limit from past the position is refused, naming it."""
     from forkless.controller.loop import Controller
-
     from tests.harness import drive
     from tests.io_loop.connectors.jetstream.test_jetstream import _config
     from tests.natsserver import _with_js, create_streams, publish
@@ -471,7 +461,6 @@ def test_every_checkpoint_damaged_and_the_stream_missing_messages_exits_2_naming
 def test_every_checkpoint_damaged_but_the_stream_holding_all_from_sequence_1_rebuilds_the_state_by_replaying_it(
         nats_server, tmp_path):
     from forkless.controller.loop import Controller
-
     from tests.harness import drive
     from tests.io_loop.connectors.jetstream.test_jetstream import _config
     from tests.natsserver import create_streams, publish
@@ -509,7 +498,6 @@ def test_with_every_checkpoint_damaged_a_feed_starts_only_where_its_stream_still
     from forkless.io_loop.counters import SourceStats
     from forkless.io_loop.crossing import PositionUnknown
     from forkless.io_loop.errors import PositionLost
-
     from tests.io_loop.connectors.jetstream.test_jetstream import _config
 
     spec = _config([_js_feed("nats://127.0.0.1:4222", start=start)]).feed_specs[0]
@@ -531,7 +519,6 @@ def test_with_every_checkpoint_damaged_a_feed_starts_only_where_its_stream_still
 
 def test_a_jetstream_payload_over_max_msg_bytes_gets_one_error_reply_is_counted_and_consuming_goes_on(nats_server):
     from forkless.controller.loop import Controller
-
     from tests.harness import drive
     from tests.io_loop.connectors.jetstream.test_jetstream import _config
     from tests.natsserver import create_streams, publish

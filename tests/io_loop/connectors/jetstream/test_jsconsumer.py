@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from forkless.io_loop.connectors.jetstream.consumer import FOREIGN_REASON, SKIP, Consumer, Drop, Take
 from forkless.io_loop.connectors.jetstream.partitions import escape_stream, partition_of
 from forkless.io_loop.counters import SourceStats

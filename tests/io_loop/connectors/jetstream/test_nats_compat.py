@@ -198,6 +198,7 @@ def test_a_reply_larger_than_the_servers_max_payload_is_refused_before_anything_
 
 def test_publishing_commands_on_a_closed_connection_raises_connection_closed(nats_server):
     import nats.errors
+
     from forkless.io_loop.connectors.jetstream.nats_compat import publish_commands
 
     async def main() -> None:

@@ -18,6 +18,7 @@ LIMIT_S = 10.0 * UNIT_S  # bounds each wait if something hangs; nothing waits th
 def _mapped(url: str, body: Any) -> BaseException:
     """What ``body(nc)`` raised inside the transport's one mapper on a nats-py connection to ``url``."""
     import nats
+
     from forkless.io_loop.connectors.jetstream.transport import _mapped as mapped_nats_errors
 
     async def main() -> BaseException:
@@ -38,6 +39,7 @@ def _mapped(url: str, body: Any) -> BaseException:
 def test_each_nats_failure_becomes_ours_with_nats_py_s_as_the_cause(nats_server):
     import nats.errors
     import nats.js.errors
+
     from forkless.io_loop.connectors.jetstream.transport import (
         NatsApiError,
         NatsError,
@@ -72,6 +74,7 @@ def test_each_nats_failure_becomes_ours_with_nats_py_s_as_the_cause(nats_server)
 
 def test_a_write_at_an_old_revision_and_a_subject_no_stream_stores_are_named(nats_server):
     import nats.js.errors
+
     from forkless.io_loop.connectors.jetstream.transport import (
         NatsApiError,
         NatsError,
@@ -109,6 +112,7 @@ def test_every_call_of_a_transport_raises_ours_never_nats_py_s(nats_server):
     publication no stream stores, a call on a closed connection, each raised by the transport's own call."""
     import nats.errors
     import nats.js.errors
+
     from forkless.io_loop.connectors.jetstream.transport import (
         NatsError,
         NatsNoStreamResponse,

@@ -22,7 +22,6 @@ pytest.importorskip("nats", reason="nats-py is not installed (pip install -r req
 from forkless.controller.config import Config
 from forkless.io_loop.connectors.jetstream.store import NatsStore
 from forkless.io_loop.errors import FeedFatal, LeaseHeld, LeaseLost, ObjectDamaged
-
 from tests.harness import UNIT_S, wait_until
 from tests.natsserver import NatsServer, nats_server_binary
 

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from forkless.io_loop.connectors.jetstream.partitions import (
     PartitionTransform,
     escape_stream,
@@ -23,7 +24,6 @@ from forkless.io_loop.connectors.jetstream.partitions import (
     transform_problems,
     unescape_stream,
 )
-
 from tests.harness import UNIT_S, run_app
 
 ROOT = Path(__file__).resolve().parents[4]

@@ -18,12 +18,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+
+from forkless import ConnectHooks, FeedFatal, Handshake
 from forkless.controller.config import Config
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor
 from forkless.io_loop.connectors.websocket.before_connect import resolve
-
-from forkless import ConnectHooks, FeedFatal, Handshake
 from tests.harness import UNIT_S, assert_books_balance, drive, quick_config
 from tests.login_server import LOGIN_KEY, LoginFeedServer, token_of
 from tests.servers import FeedConn, make_messages, parse_replies, self_signed_certificate, server_ssl_context

@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from forkless.io_loop.connectors.websocket.demo_feed import DemoFeed, DemoScore, DemoSummary, _SensorBank
 
+from forkless.io_loop.connectors.websocket.demo_feed import DemoFeed, DemoScore, DemoSummary, _SensorBank
 from tests.harness import UNIT_S
 from tests.reference import EWMAReference
 

@@ -13,12 +13,12 @@ import time
 import numpy as np
 import pytest
 from aiohttp import web
-from forkless.controller.codec import FOLDED_REASON, MAX_ERROR_REPLIES, JsonCodec
-from forkless.io_loop.crossing import Chunk
-from forkless.io_loop.errors import FeedFatal
 from websockets.asyncio.server import serve
 
 from forkless import Config, Controller, Runtime
+from forkless.controller.codec import FOLDED_REASON, MAX_ERROR_REPLIES, JsonCodec
+from forkless.io_loop.crossing import Chunk
+from forkless.io_loop.errors import FeedFatal
 from tests.fake_io import FakeIO, drain
 from tests.harness import UNIT_S, drive
 from tests.reference import EWMAReference

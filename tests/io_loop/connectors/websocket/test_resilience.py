@@ -27,12 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 import psutil
 import pytest
+
 from forkless.controller.config import Config
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, ewma_processor
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.handover import Handover
-
 from tests.harness import BACKOFF_SEED, UNIT_S, assert_books_balance, drive, quick_config, wait_until
 from tests.servers import (
     SERVERS,

@@ -17,6 +17,8 @@ import threading
 from typing import Any
 
 import pytest
+
+from forkless import ConnectHooks
 from forkless.controller.codec import Decoded, JsonCodec
 from forkless.controller.config import Config
 from forkless.controller.errors import ConfigError
@@ -25,8 +27,6 @@ from forkless.controller.processor import ewma_processor
 from forkless.controller.stats import books_line
 from forkless.io_loop.connectors.websocket.on_connect import call_hook, frames_of
 from forkless.io_loop.hooks import HookFailed
-
-from forkless import ConnectHooks
 from tests.harness import UNIT_S, assert_books_balance, drive, quick_config
 from tests.servers import SERVERS, FeedConn, make_messages, parse_replies
 

@@ -20,6 +20,7 @@ import aiohttp
 import numpy as np
 import pytest
 from aiohttp import web
+
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
 from forkless.controller.ioside import feed_sources
@@ -27,7 +28,6 @@ from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import DECODED, INBOUND, READ, Chunk, Outgoing
 from forkless.io_loop.net import aiohttp_compat
 from forkless.io_loop.source import SourceRunner
-
 from tests.harness import UNIT_S
 from tests.io_loop.net.test_aiohttp_compat import WriteSpy
 from tests.servers import make_messages
