@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from app import load_config
     from forkless.controller.logs import setup_logging
     from forkless.controller.loop import Controller
-    from forkless.controller.wiring import OnEvent
+    from forkless.controller.wiring import OnEvent, Runtime
     from forkless.io_loop.crossing import ConnectionEvent
 
     config = load_config()
@@ -175,8 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                 window["last"], window["main_cpu_last"] = ctl.stats(), time.thread_time()
                 ctl.request_stop()
 
+    # as the program runs it (controller/commands/cli.py): the objects alive at the start frozen, so a
+    # collection does not walk JAX's (a free-threaded build's collections are whole and stop every thread)
     ctl = (_host_identity_controller() if a.no_jax else Controller)(
-        config, processor=processor, on_event=OnEvent(on_event, connections=True))
+        config, processor=processor, on_event=OnEvent(on_event, connections=True), runtime=Runtime(freeze_gc=True))
     backstop = threading.Timer(a.max_s, ctl.request_stop)
     backstop.daemon = True
     backstop.start()

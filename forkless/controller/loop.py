@@ -223,6 +223,7 @@ class Controller:
                                                             else NoServiceManager())
         # what start() takes, given back once, in reverse, by stop(), a failed start or run()'s end
         self._life = Lifetime(self._deadline)
+        self._handoff: WaitSettings | None = None  # resolved once, after the compile (``handoff``)
 
     @property
     def abandoned_io(self) -> bool:
@@ -232,8 +233,13 @@ class Controller:
     @property
     def handoff(self) -> WaitSettings:
         """How the threads wait for each other (FORKLESS_HANDOFF resolved on the engine's platform and this
-        interpreter's GIL: io_loop/waiting.py); ``park`` before the compile and without a processor."""
-        return PARK if self.engine is None else wait_settings(self.config.handoff, self.engine.platform)
+        interpreter's GIL: io_loop/waiting.py), resolved once, so both threads are handed the same; ``park``
+        before the compile and without a processor."""
+        if self.engine is None:
+            return PARK
+        if self._handoff is None:
+            self._handoff = wait_settings(self.config.handoff, self.engine.platform)
+        return self._handoff
 
     @property
     def checkpointer(self) -> Checkpointer | None:

@@ -183,8 +183,8 @@ class IOThread:
     def feed_ended(self, index: int) -> str:
         """Why feed ``index`` takes no more frames ("" while it does): callable from any thread.
         ``Controller.send`` asks before every send: two reads of values the IO thread writes
-        (atomic under the GIL), not a snapshot (a whole one took about 0.15 ms: an order's
-        round trip, bench/docs/exchange-session-cost.md)."""
+        (each one reference read: atomic with or without the GIL), not a snapshot (a whole one took
+        about 0.15 ms: an order's round trip, bench/docs/exchange-session-cost.md)."""
         feeds = self._feeds
         return feeds.ended(index) if feeds is not None else ""
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 import selectors
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -159,21 +160,37 @@ def keep_apart(main_native_id: int) -> set[int] | None:
 
 
 class Expecting:
-    """What each thread expects of the other (see the module rules): one writer per field."""
+    """What each thread expects of the other (see the module rules): one writer per field. ``spinning``
+    is written and read under ``lock``: the IO thread clears it and then looks at *outbound* once more,
+    the main thread puts and then reads it; the lock orders the two on any memory model (without it,
+    only a GIL, or x86's, would), so a put is either seen by that last look or wakes the loop."""
 
     def __init__(self, linger_s: float = 0.0) -> None:
         self.steps = 0  # main thread: steps in flight, whose results will be put on outbound
         self.until = 0.0  # main thread: when the last step ended, plus linger_s (time.monotonic())
-        self.spinning = False  # IO thread: its selector looks at outbound by itself
+        self.spinning = False  # IO thread: its selector looks at outbound by itself (under ``lock``)
         self.linger_s = linger_s
+        self.lock = threading.Lock()
 
     def expect(self, steps: int) -> int:
         """The main thread: ``steps`` steps are in flight now; how many were before. When the
-        last one ends, the IO loop goes on spinning for ``linger_s``: the next message is likely near."""
-        before, self.steps = self.steps, steps
+        last one ends, the IO loop goes on spinning for ``linger_s``: the next message is likely near
+        (``until`` is written before ``steps``, so the loop never sees no step and the old ``until``)."""
+        before = self.steps
         if before and not steps:
             self.until = time.monotonic() + self.linger_s
+        self.steps = steps
         return before
+
+    def spinning_now(self) -> bool:
+        """The main thread, after a put: whether the IO loop's selector will see it without a wake-up."""
+        with self.lock:
+            return self.spinning
+
+    def spin(self, on: bool) -> None:
+        """The IO thread: its selector starts (True) or stops (False) looking at *outbound* by itself."""
+        with self.lock:
+            self.spinning = on
 
     @property
     def imminent(self) -> bool:
@@ -203,11 +220,11 @@ class SpinningSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-ty
             return super().select(timeout)  # type: ignore[no-any-return]
         deadline = None if timeout is None else time.monotonic() + timeout
         ready: list[tuple[selectors.SelectorKey, int]] | None = None
-        expecting.spinning = True
+        expecting.spin(True)
         try:
             ready = self._spin(expecting, deadline)
         finally:
-            expecting.spinning = False
+            expecting.spin(False)
         if self._poll():  # put while ``spinning`` was set: the main thread did not wake the loop
             return ready or []
         if ready is not None:

@@ -45,6 +45,7 @@ class Inbound:
         self._q = queue.sync_q
         self.blocking_gets = 0
         self.looked = threading.Event()  # the main thread looked at an empty queue
+        self.blocked = threading.Event()  # the main thread is in a blocking get
 
     def qsize(self) -> int:
         n = self._q.qsize()
@@ -54,6 +55,7 @@ class Inbound:
 
     def get(self, timeout: float | None = None) -> Any:
         self.blocking_gets += 1
+        self.blocked.set()
         return self._q.get(timeout=timeout)
 
     def get_nowait(self) -> Any:
@@ -93,10 +95,11 @@ def intake(inbound: Inbound, wait: WaitSettings, step: Any = None) -> Intake:
                   (lambda taken, deadline: stepped.append(taken)), names=["f"], on_event=lambda: None, wait=wait)
 
 
-def put_once_looked(io: IOSide, inbound: Inbound, item: Any) -> threading.Thread:
-    """Put ``item`` from the IO side once the main thread has looked at the empty queue."""
+def put_once(io: IOSide, happened: threading.Event, item: Any) -> threading.Thread:
+    """Put ``item`` from the IO side once the main thread has done what ``happened`` records: looked at
+    the empty queue, or entered a blocking get (so the put cannot come before the wait it is meant for)."""
     def put() -> None:
-        assert inbound.looked.wait(10 * UNIT_S), "the main thread never looked at inbound"
+        assert happened.wait(10 * UNIT_S), "the main thread never waited on inbound"
         io.put(item)
 
     thread = threading.Thread(target=put)
@@ -108,7 +111,7 @@ def test_without_a_gil_the_main_thread_takes_a_put_by_looking_not_by_being_woken
     inbound = Inbound(io.queue)
     taker = intake(inbound, NO_GIL)
     taker._worked()  # it has just finished some work: the next message is likely near
-    putter = put_once_looked(io, inbound, chunk(7))
+    putter = put_once(io, inbound.looked, chunk(7))
     taken = taker.collect(10 * UNIT_S)
     putter.join()
     assert taken is not None and taken.seq == [7]
@@ -120,8 +123,7 @@ def test_under_the_gil_the_main_thread_blocks_on_inbound_and_the_put_wakes_it(io
         inbound = Inbound(io.queue)
         taker = intake(inbound, wait)
         taker._worked()
-        inbound.looked.set()  # a blocking get looks at nothing first
-        putter = put_once_looked(io, inbound, chunk(8))
+        putter = put_once(io, inbound.blocked, chunk(8))
         taken = taker.collect(10 * UNIT_S)
         putter.join()
         assert taken is not None and taken.seq == [8]
@@ -132,8 +134,7 @@ def test_without_a_gil_it_spins_only_for_spin_s_after_its_last_work_then_blocks(
     inbound = Inbound(io.queue)
     taker = intake(inbound, WaitSettings("spin", spin_s=0.0, both=True, apart=True))
     taker._worked()  # spin_s 0: its spin is over at once, as it is long after a feed went quiet
-    inbound.looked.set()
-    putter = put_once_looked(io, inbound, chunk(9))
+    putter = put_once(io, inbound.blocked, chunk(9))
     taken = taker.collect(10 * UNIT_S)
     putter.join()
     assert taken is not None and taken.seq == [9]
@@ -172,7 +173,7 @@ def test_with_a_step_in_flight_and_no_gil_it_looks_at_inbound_and_the_step_inste
     taker = intake(inbound, NO_GIL, flight)
     flight(_taken(1))  # a step in flight, not done
     taker._worked()
-    putter = put_once_looked(io, inbound, chunk(2))
+    putter = put_once(io, inbound.looked, chunk(2))
     while len(step.begun) < 2:  # each cycle looks at the step and at inbound, between pauses
         taker.cycle(10 * UNIT_S)
     putter.join()
