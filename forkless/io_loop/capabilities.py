@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -41,6 +40,7 @@ from typing import Literal, Protocol, TypeVar, runtime_checkable
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import ForklessError
+from forkless.io_loop.seconds import seconds
 from forkless.io_loop.settings import OVERFLOW_POLICIES, REPLY_POLICIES
 
 __all__ = ["CAPABILITIES", "METHODS", "SENDS_WHILE_DISCONNECTED", "VALUES", "CapabilityWarning", "Declarations",
@@ -177,12 +177,14 @@ def declarations(source: object, name: str) -> Declarations:
         raise ValueError(f"source {name!r} has buffer={declared.buffer!r}; expected an int >= 0 (messages and "
                          f"events it may hold while the inbound queue is full)")
     max_age = declared.send_max_age_s
-    if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, (int, float))):
+    try:
+        seconds(max_age, "send_max_age_s", none="no deadline")
+    except TypeError:
         raise TypeError(f"source {name!r} has send_max_age_s={max_age!r}; expected a number of seconds (or None: "
-                        f"no deadline)")
-    if max_age is not None and not (math.isfinite(max_age) and max_age > 0):
+                        f"no deadline)") from None
+    except ValueError:
         raise ValueError(f"source {name!r} has send_max_age_s={max_age!r}; expected a finite number of seconds > 0 "
-                         f"(or None: no deadline)")
+                         f"(or None: no deadline)") from None
     if declared.sends_while_disconnected not in SENDS_WHILE_DISCONNECTED:
         raise ValueError(f"source {name!r} has sends_while_disconnected={declared.sends_while_disconnected!r}; "
                          f"expected 'hold' (held until its deadline or a connection) or 'refuse' (given up at once "

@@ -51,22 +51,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
-from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.backoff import DEFAULT_BACKOFF, Backoff
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.hooks import HookFailed, guarded_call, own_cancellation, reason_of
 from forkless.io_loop.reconnect import drive
+from forkless.io_loop.seconds import seconds, whole
 from forkless.io_loop.sends import DEADLINE, DISCONNECTED, GAVE_UP, HOLD, WRITE_FAILED, SendFailed, SentBytes, SentText
 
-__all__ = ["DEFAULT_BACKOFF", "Relogin"]
+__all__ = ["Relogin"]
 
 log = logging.getLogger("forkless.relogin")
 
 MAX_LOGGED_REASONS = 100  # distinct failure reasons logged at warning; the rest at debug
 
-# the first retry at once (0.05 s), then doubling, but at most 0.5 s while the outage is younger than
-# 5 s (follow_s / follow_ratio): a peer restarted within that is followed within 0.5 s; after, at most
-# a tenth of the outage's age, up to 5 s; each delay is between half and all of its cap (jitter 0.5)
-DEFAULT_BACKOFF = Backoff(min_s=0.05, max_s=5.0, reset_s=5.0, jitter=0.5, follow_s=0.5, follow_ratio=0.1)
 
 
 def _reason(exc: BaseException) -> str:
@@ -94,10 +91,9 @@ class Relogin:
         if not callable(connect) or not callable(serve) or not callable(send):
             raise TypeError("Relogin needs callables: connect(attempt) -> connection, serve(connection), and "
                             "send(connection, frame) if given")
-        if (hold_s is not None and not hold_s >= 0) or not connect_timeout_s > 0 or tries < 0:
-            raise ValueError(f"Relogin needs hold_s >= 0 (0: refuse sends while not connected; None: no bound), "
-                             f"connect_timeout_s > 0 and tries >= 0 (0: no bound), not {hold_s!r}, "
-                             f"{connect_timeout_s!r}, {tries!r}")
+        hold_s = seconds(hold_s, "Relogin's hold_s (0: refuse sends while not connected)", zero=True, none="no bound")
+        connect_timeout_s = seconds(connect_timeout_s, "Relogin's connect_timeout_s")
+        tries = whole(tries, "Relogin's tries", means_zero="no bound")
         if backoff is not None and not isinstance(backoff, Backoff):
             raise TypeError(f"Relogin's backoff is a forkless.Backoff (min_s, max_s, jitter, …), not {backoff!r}")
         self._connect, self._serve, self._write, self._ctx = connect, serve, send, ctx

@@ -45,9 +45,9 @@ class ExchangeClient:
     async def run(self, ctx: Any) -> None:
         async with aiohttp.ClientSession() as http:
             async def connect(attempt: int) -> aiohttp.ClientWebSocketResponse:
-                async with http.get(f"{self.url}/login", params={"user": USER, "password": PASSWORD}) as resp:
+                async with http.post(f"{self.url}/login", json={"user": USER, "password": PASSWORD}) as resp:
                     resp.raise_for_status()
-                    token = await resp.text()
+                    token = (await resp.json())["token"]
                 ws = await http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": token})
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
                 return ws

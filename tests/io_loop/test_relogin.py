@@ -53,9 +53,9 @@ class Client:
         self.attempts.append(attempt)
         await self.gate.wait()
         if self.token is None or attempt > 1:
-            async with self.http.get(f"{self.url}/login", params={"user": USER, "password": self.password}) as resp:
+            async with self.http.post(f"{self.url}/login", json={"user": USER, "password": self.password}) as resp:
                 resp.raise_for_status()
-                self.token = await resp.text()
+                self.token = (await resp.json())["token"]
         ws = await self.http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": self.token})
         await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
         return ws

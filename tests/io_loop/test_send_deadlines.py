@@ -57,9 +57,9 @@ class ExchangeSource:
             async def connect(attempt: int) -> aiohttp.ClientWebSocketResponse:
                 while not self.gate.is_set():
                     await asyncio.sleep(0.01)
-                async with http.get(f"{self.url}/login", params={"user": USER, "password": PASSWORD}) as resp:
+                async with http.post(f"{self.url}/login", json={"user": USER, "password": PASSWORD}) as resp:
                     resp.raise_for_status()
-                    token = await resp.text()
+                    token = (await resp.json())["token"]
                 ws = await http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": token})
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
                 return ws

@@ -55,8 +55,8 @@ class Trader:
 
     async def run(self, ctx: Any) -> None:
         async with aiohttp.ClientSession() as http:
-            async with http.get(f"{self.url}/login", params={"user": USER, "password": PASSWORD}) as resp:
-                token = await resp.text()
+            async with http.post(f"{self.url}/login", json={"user": USER, "password": PASSWORD}) as resp:
+                token = (await resp.json())["token"]
             async with http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": token}) as ws:
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
                 reader = asyncio.create_task(self._read(ws, ctx))
@@ -208,8 +208,8 @@ class EndsWithItsSession(Trader):
 
     async def run(self, ctx: Any) -> None:
         async with aiohttp.ClientSession() as http:
-            async with http.get(f"{self.url}/login", params={"user": USER, "password": PASSWORD}) as resp:
-                token = await resp.text()
+            async with http.post(f"{self.url}/login", json={"user": USER, "password": PASSWORD}) as resp:
+                token = (await resp.json())["token"]
             async with http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": token}) as ws:
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
 
