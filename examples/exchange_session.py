@@ -12,9 +12,11 @@ receive fills), written as a ``controller.Source``:
 - every order has a deadline (``send_max_age_s``, ``--order-max-age``): one not written within
   it, the session being down, is never written (an order seconds old is worse than none) and the
   main loop hears of it (``SendFailed`` to ``on_event``, with the order's id), counted apart;
-- it says which fills it still awaits (``awaiting()``): the orderly stop stops the market data,
-  hands every fill of the orders in flight to the main loop, and ends once none is awaited (or at
-  its deadline, counted): no drain of its own before ``stop()`` (docs/embedding/stop.md);
+- it says which order a fill (or a reject) answers (``send_answered(event)``): the orderly stop stops the
+  market data, hands every fill of the orders in flight to the main loop, and ends once none is
+  awaited (or at its deadline, each one left reported): no drain of its own before ``stop()``
+  (docs/embedding/stop.md); an order written on a session that ended before its fill came (the
+  exchange answers on the order's own session) is reported too (``SendFailed``, "connection lost");
 - trades, books and fills reach the main thread as they are (``ctx.emit_event`` → ``on_event``):
   the price keeps the exchange's exact text, no processor squeezes it into a row;
 - the main loop hears when the session goes down and comes back (``OnEvent(on_event,
@@ -84,13 +86,12 @@ class ExchangeSession:
         self.url = url.rstrip("/")
         self.user, self.password, self.symbols = user, password, symbols
         self.logins = 0
-        self.open: dict[str, Any] = {}  # client_order_id -> the connection it was written on, no fill or reject yet
-        self.lost: set[str] = set()  # orders whose session ended before their fill came (it never will)
 
-    def awaiting(self) -> int:
-        """The stop's question (docs/embedding/stop.md): fills still to come. The stop stops the
-        market data, keeps handing fills to the main loop, and ends once this is 0."""
-        return len(self.open)
+    def send_answered(self, event: Any) -> Any:
+        """The order a fill or a reject answers (its ``client_order_id``, the id it was sent with): the stop
+        awaits the answers of the orders written (docs/embedding/stop.md), and one whose session ended first
+        is reported to the main loop (SendFailed, "connection lost")."""
+        return event.get("client_order_id") if event.get("type") in ("fill", "reject") else None
 
     async def run(self, ctx: Any) -> None:
         async with aiohttp.ClientSession() as http:
@@ -106,14 +107,7 @@ class ExchangeSession:
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": list(self.symbols)}))
                 return ws
 
-            async def write(ws: aiohttp.ClientWebSocketResponse, frame: str | bytes) -> None:
-                text = frame.decode() if isinstance(frame, bytes) else frame
-                oid = json.loads(text).get("client_order_id")
-                self.open[oid] = ws  # before the write: a session that ends meanwhile knows it
-                self.lost.discard(oid)  # written again after a lost connection
-                await ws.send_str(text)
-
-            async with Relogin(connect, lambda ws: self._serve(ws, ctx), ctx=ctx, send=write, name="exchange",
+            async with Relogin(connect, lambda ws: self._serve(ws, ctx), ctx=ctx, name="exchange",
                                backoff=RECONNECT) as link:
                 async for order in ctx.outgoing():  # ends once the main thread has sent its last order (the stop)
                     try:
@@ -123,34 +117,28 @@ class ExchangeSession:
 
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse, ctx: Any) -> None:
         """One session, until the exchange ends it (the token expired) or the connection is lost."""
-        try:
-            async for msg in ws:
-                if msg.type is not aiohttp.WSMsgType.TEXT:
-                    continue
-                received_ns = time.monotonic_ns()
-                event = json.loads(msg.data)  # prices stay the exchange's text
-                kind = event.get("type")
-                if kind == "ping":  # the application heartbeat: answered here, at once
-                    await ws.send_str(json.dumps({"type": "pong", "id": event["id"]}))
-                    ctx.count("pongs")
-                elif kind in ("fill", "reject"):  # replies: handed over through the stop too
-                    self.open.pop(event.get("client_order_id"), None)
-                    event["received_ns"] = received_ns
-                    try:
-                        await ctx.emit_event(event)
-                    except SourceStopped:  # after the stop's deadline: not taken any more
-                        ctx.count("replies after the stop")
-                elif ctx.stopping.is_set():  # the stop began: no new market data is read in
-                    ctx.count("market data after the stop")
-                elif kind in ("trade", "book"):
-                    event["received_ns"] = received_ns
+        async for msg in ws:
+            if msg.type is not aiohttp.WSMsgType.TEXT:
+                continue
+            received_ns = time.monotonic_ns()
+            event = json.loads(msg.data)  # prices stay the exchange's text
+            kind = event.get("type")
+            if kind == "ping":  # the application heartbeat: answered here, at once
+                await ws.send_str(json.dumps({"type": "pong", "id": event["id"]}))
+                ctx.count("pongs")
+            elif kind in ("fill", "reject"):  # replies: handed over through the stop too
+                event["received_ns"] = received_ns
+                try:
                     await ctx.emit_event(event)
-                else:
-                    ctx.count(f"other frames ({kind})")
-        finally:  # the exchange answers an order on its own session only: what it owed is lost with it
-            for oid in [oid for oid, conn in self.open.items() if conn is ws]:
-                del self.open[oid]
-                self.lost.add(oid)
+                except SourceStopped:  # after the stop's deadline: not taken any more
+                    ctx.count("replies after the stop")
+            elif ctx.stopping.is_set():  # the stop began: no new market data is read in
+                ctx.count("market data after the stop")
+            elif kind in ("trade", "book"):
+                event["received_ns"] = received_ns
+                await ctx.emit_event(event)
+            else:
+                ctx.count(f"other frames ({kind})")
 
 
 def make_model() -> Any:
@@ -224,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             connected[0] = event.connected
             connections.append([event.connected, event.reason, event.code])
             return
-        if isinstance(event, SendFailed):  # an order not written by its deadline: never will be
-            counts["orders_given_up"] += 1
+        if isinstance(event, SendFailed):  # an order not written by its deadline, or whose session died with it
+            counts["orders_lost_with_session" if event.reason == "connection lost" else "orders_given_up"] += 1
             pending.pop(event.id, None)
             return
         now = time.monotonic_ns()
@@ -309,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             "orders_at_stop": counts["orders_at_stop"], "orders_given_up": counts["orders_given_up"],
             "rejects": counts["reject"], "stopped_by": stopped_by[0],
             "trades": counts["trade"], "books": counts["book"], "logins": session.logins,
-            "unfilled": len(pending), "orders_lost_with_session": len(session.lost),
+            "unfilled": len(pending), "orders_lost_with_session": counts["orders_lost_with_session"],
             "awaited_unanswered": snapshot.awaited_unanswered if snapshot is not None else None,
             "order_rtt_ms_p50": quantile_ms(every, 0.5), "order_rtt_ms_p99": quantile_ms(every, 0.99),
             "order_rtt_ms_max": max(every, default=None),

@@ -30,13 +30,13 @@ Rules:
   during the delay, ``poll()`` stays True. A failure is logged with its traceback (once per distinct
   error, then in one line) and never ends the portal; the ``tries``-th failure in a row does: as
   without a policy (a return, ``PortalClosed``; a failure, ``WorkerFailed``).
-- Answers (``answers=``): an item the main thread puts on ``from_main`` with an ``id`` awaits the item
-  of the worker's that answers it (``answers(item)`` is its id, asked on the IO thread as the worker
+- Answers (``send_answered=``): an item the main thread puts on ``from_main`` with an ``id`` awaits the
+  item of the worker's that answers it (``send_answered(item)`` is its id, asked on the IO thread as the worker
   puts each). One taken by a run that ends (or whose worker says it is down) before its answer is
   reported: ``SendFailed`` on ``to_main``, reason ``"connection lost"``, after the down event.
 - The worker is ``worker(to_main, from_main)``, returning a coroutine. The stop (``stop()``) first
   delivers what is in flight, within its deadline less a reserve (a quarter of it, at most
-  ``CANCEL_RESERVE_S``): until every item the main thread put has been taken and, with ``answers``,
+  ``CANCEL_RESERVE_S``): until every item the main thread put has been taken and, with ``send_answered``,
   every answer awaited has come, the worker runs on (restarted as before), what it puts stays in
   ``to_main``; what is still awaited then is counted (``awaited_unanswered``, ``"stop deadline"``) and
   reported (``SendFailed``). Then ``stopping`` (an ``asyncio.Event``, also each ``WorkerQueue``'s
@@ -199,24 +199,24 @@ class IOPortal:
     bounds ``stop()``; ``start_timeout_s`` bounds ``start()``; ``restart``: a ``RestartPolicy`` for a
     worker that returns or raises before the stop (None: it ends the portal); ``connection_events``:
     a ``ConnectionEvent`` on ``to_main`` as the worker's connection comes up and goes down;
-    ``answers``: ``answers(item)``, the id of the ``from_main`` item that an item the worker puts
-    answers (None: it answers none). Use it as a context manager, or call ``start()`` then ``stop()``."""
+    ``send_answered``: ``send_answered(item)``, the id of the ``from_main`` item that an item the
+    worker puts answers (None: it answers none). Use it as a context manager, or call ``start()`` then ``stop()``."""
 
     def __init__(self, worker: Callable[[WorkerQueue, WorkerQueue], Awaitable[Any]], *, queue_size: int = 10_000,
                  stop_timeout_s: float = 2.0, start_timeout_s: float = 30.0, name: str = "forkless-io",
                  restart: RestartPolicy | None = None, connection_events: bool = False,
-                 answers: Callable[[Any], Any] | None = None) -> None:
+                 send_answered: Callable[[Any], Any] | None = None) -> None:
         queue_size = whole(queue_size, "IOPortal's queue_size", means_zero="no bound")
         stop_timeout_s = float(seconds(stop_timeout_s, "IOPortal's stop_timeout_s"))
         start_timeout_s = float(seconds(start_timeout_s, "IOPortal's start_timeout_s"))
         if restart is not None and not isinstance(restart, RestartPolicy):
             raise TypeError(f"IOPortal(restart=...) takes a forkless.RestartPolicy (or None: the worker's end ends "
                             f"the portal), not {restart!r}")
-        if answers is not None and not callable(answers):
-            raise TypeError(f"IOPortal(answers=...) takes a callable, answers(item) -> the id of the from_main item "
-                            f"an item of the worker's answers, or None; not {answers!r}")
+        if send_answered is not None and not callable(send_answered):
+            raise TypeError(f"IOPortal(send_answered=...) takes a callable, send_answered(item) -> the id of the "
+                            f"from_main item an item of the worker's answers, or None; not {send_answered!r}")
         self._worker = worker
-        self.restart, self.connection_events, self.answers = restart, connection_events, answers
+        self.restart, self.connection_events, self.send_answered = restart, connection_events, send_answered
         self.queue_size, self.stop_timeout_s, self.start_timeout_s = queue_size, stop_timeout_s, start_timeout_s
         self.stopping = _Stopping()  # set on the loop when the worker is to stop; the worker may await it
         # the thread and its loop (io_loop/loopthread.py): what the worker started and left running is
@@ -239,8 +239,8 @@ class IOPortal:
         self._worker_done = False
         self._start_failed = False  # the worker failed before its first await: start() raises it
         self._logged_failures: set[str] = set()
-        self._state = threading.Lock()  # the up state below: the worker puts on the loop or in executor threads
-        self._up = False  # this run's connection is up (under _state)
+        self._up_lock = threading.Lock()  # the up state below: the worker puts on the loop or in executor threads
+        self._up = False  # this run's connection is up (under _up_lock)
         self._says = False  # the worker says when it is up (set_connected): its first item no longer does
         self._up_seen: asyncio.Future[None] | None = None  # this run's first "up", for the driver (on the loop)
         self.result: Any = None  # what the worker's coroutine returned, once it has (its last run's)
@@ -269,13 +269,13 @@ class IOPortal:
 
     @property
     def awaited_unanswered(self) -> dict[str, int]:
-        """With ``answers``: items the worker took whose answer never came, by reason (``"connection
+        """With ``send_answered``: items the worker took whose answer never came, by reason (``"connection
         lost"``, ``"stop deadline"``), each reported on ``to_main`` as ``SendFailed`` (a copy)."""
         return dict(self._sends.awaited_unanswered) if self._sends is not None else {}
 
     @property
     def awaiting(self) -> int:
-        """With ``answers``: items put with an ``id`` whose answer has not come yet (taken or not)."""
+        """With ``send_answered``: items put with an ``id`` whose answer has not come yet (taken or not)."""
         return self._sends.awaiting() if self._sends is not None else 0
 
     @property
@@ -377,7 +377,7 @@ class IOPortal:
         self._queues = to_main, from_main = PortalQueue(self.queue_size), PortalQueue(self.queue_size)
         to_worker = WorkerQueue(to_main, self.stopping, "to_main", on_put=self._worker_put, says=self._worker_says)
         # from_main's deadlines and answers; what is given up or lost goes to_main, never seen as the worker's
-        self._sends = sends = PortalSends(to_worker.put_own, answers=self.answers is not None)
+        self._sends = sends = PortalSends(to_worker.put_own, answers=self.send_answered is not None)
         self._ends = (MainQueue(to_main.sync_q, self._raise_end),
                       MainQueue(from_main.sync_q, self._raise_end, sends))
         self._worker_ends = ends = (to_worker, WorkerQueue(from_main, self.stopping, "from_main", sends,
@@ -422,7 +422,7 @@ class IOPortal:
         if self.runs > 1:
             self.restarts += 1
         self.restarting = False
-        with self._state:
+        with self._up_lock:
             self._up = False
         self._up_seen = asyncio.get_running_loop().create_future()
         self._task = task = asyncio.create_task(self._work(*self._worker_ends), name=f"{self._thread.name}-worker")
@@ -456,7 +456,7 @@ class IOPortal:
 
     def _gone(self, reason: str, lost: list[tuple[Any, Any]], code: int | None = None) -> None:
         """The connection went down (if it was up): its event, then the report of what it took unanswered."""
-        with self._state:
+        with self._up_lock:
             was_up, self._up = self._up, False
         if was_up:
             self._announce(ConnectionEvent(self._thread.name, False, reason, code, self.connections, time.time()))
@@ -471,8 +471,8 @@ class IOPortal:
     def _worker_put(self, item: Any) -> None:
         """The worker puts ``item`` on ``to_main``: its answer is noted; a run not up yet is up now,
         unless the worker says itself when it is (the up event goes first)."""
-        if self.answers is not None:
-            send_id = self.answers(item)  # raises into the worker's put: the item is not put
+        if self.send_answered is not None:
+            send_id = self.send_answered(item)  # raises into the worker's put: the item is not put
             if send_id is not None:
                 assert self._sends is not None
                 self._sends.answered(send_id)
@@ -491,7 +491,7 @@ class IOPortal:
         self._gone(reason or "the worker says it is not connected", self._sends.lost(self.runs - 1), code)
 
     def _came_up(self) -> None:
-        with self._state:
+        with self._up_lock:
             if self._up:
                 return
             self.connections += 1
@@ -581,7 +581,7 @@ class IOPortal:
             await asyncio.wait({task}, timeout=min(RECANCEL_S, max(0.0, deadline - time.monotonic())))
 
     async def _deliver(self, until: float) -> None:
-        """Until ``until``: every item put on ``from_main`` taken and, with ``answers``, every answer
+        """Until ``until``: every item put on ``from_main`` taken and, with ``send_answered``, every answer
         awaited come; what is still awaited then is counted and reported ("stop deadline")."""
         sends = self._sends
         assert sends is not None

@@ -24,8 +24,8 @@ Rules:
   ``SendFailed`` (its id, the item, reason ``"deadline"``) and ``sent_failed`` counts it. Taking and
   giving up are settled under one lock (a ``get`` may run in an executor thread); the count and the
   report are made on the loop only.
-- Answers (``IOPortal(answers=...)``): ``put(item, id=)`` makes the item await its answer, the item
-  the worker puts on ``to_main`` whose ``answers(item)`` is that id (``to_main``'s ``put`` tells the
+- Answers (``IOPortal(send_answered=...)``): ``put(item, id=)`` makes the item await its answer, the
+  item the worker puts on ``to_main`` whose ``send_answered(item)`` is that id (``to_main``'s ``put`` tells the
   portal of each: ``on_put``). ``PortalSends`` keeps them (``Unanswered``, io_loop/sends.py) by the
   run that took them; the portal reports what a run took unanswered when it ends (``lost``) and what
   is left at the stop. ``untaken`` counts what the main thread put and the worker has neither taken
@@ -177,7 +177,7 @@ class PortalSends:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._report = report
-        self.answers = answers  # IOPortal(answers=...): a put with an id awaits its answer
+        self.answers = answers  # IOPortal(send_answered=...): a put with an id awaits its answer
         self._lock = threading.Lock()
         self._sends = 0  # puts with a deadline so far: their id unless the caller gives one
         self.untaken = 0  # items put and neither taken by the worker nor given up (under the lock)
@@ -202,7 +202,7 @@ class PortalSends:
         max_age_s = checked_max_age(max_age_s, "put(max_age_s=)")
         if max_age_s is None and not self.answers:
             raise ValueError("put(id=) names an item put with a deadline: give max_age_s too (or give the portal "
-                             "answers=, to follow the answer of each item put with an id)")
+                             "send_answered=, to follow the answer of each item put with an id)")
         awaits = self.answers and id is not None
         with self._lock:
             if awaits and (id in self._queued or id in self._unanswered):
@@ -258,7 +258,7 @@ class PortalSends:
         return True, item.item
 
     def answered(self, send_id: Any) -> None:
-        """An item the worker put answers ``send_id`` (``IOPortal(answers=...)``): no longer awaited."""
+        """An item the worker put answers ``send_id`` (``IOPortal(send_answered=...)``): no longer awaited."""
         with self._lock:
             if not self._unanswered.answered(send_id):
                 self._queued.pop(send_id, None)
@@ -590,7 +590,7 @@ class MainQueue(_Sized):
         """``queue.Queue.put``; ``from_main`` also takes ``max_age_s``: the worker gets the item within
         that many seconds or never (``to_main`` gets ``SendFailed`` with ``id``: the given one, or the
         count of such puts, which ``put`` returns; None without a deadline), and ``id``: with the
-        portal's ``answers``, the item awaits the answer of that id (module rules)."""
+        portal's ``send_answered``, the item awaits the answer of that id (module rules)."""
         record = None
         sends = self._sends
         if max_age_s is not None or id is not None:

@@ -54,7 +54,7 @@ from typing import Any, NoReturn
 from forkless.io_loop.backoff import DEFAULT_BACKOFF, Backoff
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.hooks import HookFailed, guarded_call, own_cancellation, reason_of
-from forkless.io_loop.reconnect import drive
+from forkless.io_loop.reconnect import closed_how, drive
 from forkless.io_loop.seconds import seconds, whole
 from forkless.io_loop.sends import DEADLINE, DISCONNECTED, GAVE_UP, HOLD, WRITE_FAILED, SendFailed, SentBytes, SentText
 
@@ -221,7 +221,7 @@ class Relogin:
         self._count("sends failed")
         self._log("a send was not written", text if reason in (HOLD, DISCONNECTED) else reason)
         if self._ctx is not None and isinstance(frame, (SentText, SentBytes)):
-            self._ctx.send_failed(frame, reason)
+            self._ctx.send_failed(frame, reason, cause=cause)
         raise SendFailed(f"{self.name}: {text}", frame, id=id, reason=reason, source=self.name) from cause
 
     # ---- the connection ---------------------------------------------------------------------------
@@ -233,16 +233,16 @@ class Relogin:
     async def _keep_up(self) -> None:
         try:
             await drive(_Link(self), self._backoff)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if own_cancellation():  # aclose: the end of the async with
                 raise
             self._give_up(f"{self.name}: the connection task ended: CancelledError (not the link's own "
-                          "cancellation)")
+                          "cancellation)", cause=exc)
         except FeedFatal:
             raise  # tries used up: _give_up said so
         except BaseException as exc:  # never silent: the link ends, every send fails, the async with raises
             log.error("%s: the connection task failed", self.name, exc_info=exc)
-            self._give_up(f"{self.name}: the connection task failed: {_reason(exc)}")
+            self._give_up(f"{self.name}: the connection task failed: {_reason(exc)}", cause=exc)
         finally:
             conn, self._conn = self._conn, None
             self._state_changed()
@@ -256,7 +256,7 @@ class Relogin:
         if self._ctx is not None:
             self._ctx.connection_opened()
         self._state_changed()
-        reason = "closed by the peer"
+        reason = ""  # serve returned: the close code says how it ended
         try:
             await self._serve(conn)
         except asyncio.CancelledError as exc:
@@ -269,13 +269,16 @@ class Relogin:
             self._conn = None
             self._state_changed()
             await self._close(conn)  # also when cancelled (the end of the async with)
-        self._lost(f"the connection ended: {reason}", opened=True, code=getattr(conn, "close_code", None))
+        code = getattr(conn, "close_code", None)  # aiohttp's and websockets' connections have one
+        code = code if isinstance(code, int) and not isinstance(code, bool) else None
+        reason = reason or closed_how(code)  # 1006: lost without a close frame, never "closed by the peer"
+        self._lost(f"the connection ended: {reason}", opened=True, code=code)
         return reason
 
     def _lost(self, reason: str, *, opened: bool, code: int | None = None) -> None:
         if self._ctx is not None:
-            if opened:  # the close code where the connection has one (aiohttp's and websockets' have)
-                self._ctx.connection_closed(reason, code=code if isinstance(code, int) else None)
+            if opened:
+                self._ctx.connection_closed(reason, code=code)
                 self._ctx.reconnecting()
             else:
                 self._ctx.connect_failed(reason)
@@ -283,8 +286,11 @@ class Relogin:
             self.attempts_failed += 1
         self._log("connecting again", reason)
 
-    def _give_up(self, giving_up: str) -> FeedFatal:
+    def _give_up(self, giving_up: str, cause: BaseException | None = None) -> FeedFatal:
+        """The link gives up: its ``FeedFatal`` (``cause``, what ended the connection task, its
+        ``__cause__``), raised at the ``async with``'s end and the cause of every send it fails."""
         self._fatal = FeedFatal(f"giving up: {giving_up}")
+        self._fatal.__cause__ = cause
         log.error("%s", self._fatal)
         self._state_changed()
         return self._fatal

@@ -259,8 +259,9 @@ class SendWatch:
                 frame.settle(reason)
         self.count(reason, len(left), item.send_id, left[0] if len(item.frames) == 1 and left else left)
 
-    def report(self, frame: Any, reason: str) -> None:
-        """A frame the source had in hand (``ctx.outgoing()``) that it will not write (``ctx.send_failed``)."""
+    def report(self, frame: Any, reason: str, cause: BaseException | None = None) -> None:
+        """A frame the source had in hand (``ctx.outgoing()``) that it will not write (``ctx.send_failed``;
+        ``cause``: the ``SendFailed``'s ``__cause__``)."""
         if not isinstance(frame, _Sent):
             raise TypeError(f"send_failed(frame) takes a frame ctx.outgoing() handed out that the main thread sent "
                             f"(Controller.send); {type(frame).__name__} {frame!r:.60} is not one")
@@ -272,17 +273,34 @@ class SendWatch:
             frame.outcome = reason
         elif not frame.settle(reason):
             return  # given up before: counted and reported once
-        self.count(reason, 1, frame.send_id, frame)
+        self.count(reason, 1, frame.send_id, frame, cause)
 
-    def count(self, reason: str, frames: int, send_id: Any, what: Any) -> None:
+    def unanswered(self, reason: str, send_id: Any, what: Any, *, counted: bool = False) -> None:
+        """A send written whose answer will not come (``LOST``: its connection ended first; the stop's
+        reasons, io_loop/finishing.py): counted in ``awaited_unanswered`` (unless ``counted`` already),
+        logged once per reason, reported (``SendFailed``)."""
+        if not counted:
+            self.stats.awaited_unanswered[reason] += 1
+        self._report(reason, send_id, what, None, f"send {send_id!r} was written and its answer will not come",
+                     f"a send was written and its answer will not come ({reason}); the main thread gets SendFailed "
+                     f"for each, counted in awaited_unanswered")
+
+    def count(self, reason: str, frames: int, send_id: Any, what: Any, cause: BaseException | None = None) -> None:
         """``frames`` frames of send ``send_id`` given up for ``reason``: counted, logged once, reported."""
         self.stats.sent_failed[reason] += frames
+        self._report(reason, send_id, what, cause, f"send {send_id!r} was not written",
+                     f"a send was not written ({reason}); the main thread gets SendFailed for each, counted in "
+                     f"sent_failed")
+
+    def _report(self, reason: str, send_id: Any, what: Any, cause: BaseException | None, text: str,
+                logged: str) -> None:
+        """``SendFailed`` to the main thread, in order with the source's events; each reason logged once."""
         if reason not in self._logged:
             self._logged.add(reason)
-            log.warning("source %r: a send was not written (%s); the main thread gets SendFailed for each, counted "
-                        "in sent_failed (logged once per reason)", self.name, reason)
-        failed = SendFailed(f"source {self.name!r}: send {send_id!r} was not written: {reason}", what, id=send_id,
-                            reason=reason, source=self.name)
+            log.warning("source %r: %s (logged once per reason)", self.name, logged)
+        failed = SendFailed(f"source {self.name!r}: {text}: {reason}", what, id=send_id, reason=reason,
+                            source=self.name)
+        failed.__cause__ = cause
         try:
             self.events(Events(self.feed, [failed], time.monotonic_ns()))
         except (janus.AsyncQueueShutDown, RuntimeError):  # the stop shut inbound: counted, not reported

@@ -36,7 +36,7 @@ def _classic(url: str) -> Any:
 
 
 def _fill_of(item: Any) -> Any:
-    """The portal's ``answers``: a fill answers the order of its client_order_id."""
+    """The portal's ``send_answered``: a fill answers the order of its client_order_id."""
     return item.get("client_order_id") if isinstance(item, dict) and item.get("type") == "fill" else None
 
 
@@ -203,7 +203,7 @@ def test_the_stop_delivers_every_fill_of_the_orders_in_flight_before_it_stops_th
         releaser = threading.Thread(target=lambda: stop_began.wait(WAIT_S) and exchange.release_fills())
         releaser.start()
         try:
-            portal = IOPortal(lambda a, b: WatchingWorker(a, b, exchange.url).run(), answers=_fill_of,
+            portal = IOPortal(lambda a, b: WatchingWorker(a, b, exchange.url).run(), send_answered=_fill_of,
                               stop_timeout_s=10 * UNIT_S)
             with portal:
                 _closing_orders(portal, exchange, 8)
@@ -222,7 +222,7 @@ def test_the_stop_delivers_every_fill_of_the_orders_in_flight_before_it_stops_th
 def test_fills_that_never_come_are_counted_and_reported_at_the_stop_s_deadline(caplog):
     with WsExchange(hold_fills=True) as exchange:  # never released
         with caplog.at_level(logging.WARNING, logger="forkless.portal"):
-            portal = IOPortal(_classic(exchange.url), answers=_fill_of, stop_timeout_s=2 * UNIT_S)
+            portal = IOPortal(_classic(exchange.url), send_answered=_fill_of, stop_timeout_s=2 * UNIT_S)
             with portal:
                 _closing_orders(portal, exchange, 8)
                 exchange.wait_for(lambda f: len(f["orders"]) == 8, WAIT_S, "every order")
@@ -236,7 +236,7 @@ def test_fills_that_never_come_are_counted_and_reported_at_the_stop_s_deadline(c
 
 def test_an_order_taken_by_a_session_that_died_before_its_fill_is_reported_after_its_down_event():
     with WsExchange(hold_fills=True) as exchange:  # the fill never comes: the exchange dies first
-        with IOPortal(_classic(exchange.url), answers=_fill_of, connection_events=True,
+        with IOPortal(_classic(exchange.url), send_answered=_fill_of, connection_events=True,
                       restart=RestartPolicy()) as portal:
             _closing_orders(portal, exchange, 1)
             exchange.wait_for(lambda f: f["orders"] == ["o0"], WAIT_S, "the order written")
@@ -251,19 +251,19 @@ def test_an_order_taken_by_a_session_that_died_before_its_fill_is_reported_after
 
 
 def test_an_answer_callable_and_an_id_awaited_twice_are_checked():
-    with pytest.raises(TypeError, match=r"IOPortal\(answers=...\) takes a callable"):
-        IOPortal(lambda a, b: None, answers="client_order_id")
+    with pytest.raises(TypeError, match=r"IOPortal\(send_answered=...\) takes a callable"):
+        IOPortal(lambda a, b: None, send_answered="client_order_id")
 
     async def worker(to_main, from_main):
         await to_main.stopping.wait()
 
-    with IOPortal(worker, answers=_fill_of) as portal:
+    with IOPortal(worker, send_answered=_fill_of) as portal:
         portal.from_main.put(order(0), id="o0")
         with pytest.raises(ValueError, match=r"put\(id='o0'\): an item put with that id awaits its answer already"):
             portal.from_main.put(order(0), id="o0")
         assert portal.awaiting == 1
-    with IOPortal(worker) as portal:  # without answers an id names a deadline's item
-        with pytest.raises(ValueError, match=r"give max_age_s too \(or give the portal answers="):
+    with IOPortal(worker) as portal:  # without send_answered an id names a deadline's item
+        with pytest.raises(ValueError, match=r"give max_age_s too \(or give the portal send_answered="):
             portal.from_main.put("x", id="a")
 
 
@@ -311,7 +311,7 @@ def test_a_worker_that_said_what_it_took_was_answered_is_not_reported():
             item = await from_main.get()
             to_main.put({"type": "fill", "client_order_id": item["client_order_id"]})
 
-    with IOPortal(worker, answers=_fill_of) as portal:
+    with IOPortal(worker, send_answered=_fill_of) as portal:
         for i in range(3):
             portal.from_main.put(order(i), id=f"o{i}")
         got = [portal.to_main.get(timeout=WAIT_S) for _ in range(3)]

@@ -243,6 +243,7 @@ def test_a_connection_task_that_fails_ends_the_link_with_feed_fatal_never_silent
 
     failed, fatal = asyncio.run(session())
     assert failed.reason == "gave up" and failed.__cause__ is fatal
+    assert isinstance(fatal.__cause__, SystemExit) and fatal.__cause__.code == 7  # what ended it, kept
 
 
 def test_concurrent_sends_held_by_relogin_each_wait_their_own_hold_s(exchange):
