@@ -264,6 +264,23 @@ class MainLoop:
             self.counts["orders_forced"] += 1
             self.place(SYMBOLS[self.counts["orders"] % len(SYMBOLS)], "buy", "0.001")
 
+    def run(self, wait: Any, stop: threading.Event, duration_s: float) -> tuple[float, float]:
+        """The loop: events as they come (``wait(timeout)`` hands them to ``take``) until each tick, until
+        ``stop`` or ``duration_s`` (0: no bound); the wall and CPU seconds it ran."""
+        print("main loop started", file=sys.stderr, flush=True)
+        started = time.monotonic()  # --duration counts the main loop's time, not the compile's
+        cpu_at_start = cpu_seconds()
+        self.begin(started)
+        while not stop.is_set():
+            now = time.monotonic()
+            if duration_s and now - started >= duration_s:
+                break
+            if self.due(now) > 0:
+                wait(self.due(now))  # events as they come, until the tick
+                continue
+            self.tick(now)
+        return time.monotonic() - started, cpu_seconds() - cpu_at_start
+
     def close_out(self, orders: int) -> None:
         """``orders`` small orders right before the stop: their fills too reach the main loop, through the stop."""
         for k in range(orders):
@@ -354,20 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                      on_event=OnEvent(lambda source, event: loop.take(event), connections=True))
     carrier.append(ctl)
     with ctl:  # its stop hands over the fills of the orders in flight (ExchangeSession.send_answered)
-        print("main loop started", file=sys.stderr, flush=True)
-        started = time.monotonic()  # --duration counts the main loop's time, not the compile's
-        cpu_at_start = cpu_seconds()
-        loop.begin(started)
-        while not stop.is_set():
-            now = time.monotonic()
-            if args.duration and now - started >= args.duration:
-                break
-            if loop.due(now) > 0:
-                ctl.process_pending(timeout=loop.due(now))  # events as they come, until the tick
-                continue
-            loop.tick(now)
+        wall, cpu_s = loop.run(lambda timeout: ctl.process_pending(timeout=timeout), stop, args.duration)
         loop.close_out(args.orders_at_stop)  # sent just before the stop: filled while it stops
-        wall, cpu_s = time.monotonic() - started, cpu_seconds() - cpu_at_start
     snapshot = ctl.stats()  # after the stop: its books whole
     write_figures(args, loop, {
         "stopped_by": stopped_by[0], "logins": session.logins, "awaited_unanswered": snapshot.awaited_unanswered,

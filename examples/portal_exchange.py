@@ -41,7 +41,6 @@ import aiohttp
 from examples.exchange_session import (
     SYMBOLS,
     MainLoop,
-    cpu_seconds,
     parse_args,
     stop_on_signals,
     write_figures,
@@ -103,24 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     loop = MainLoop(lambda order, oid: portal.from_main.put(order, max_age_s=args.order_max_age, id=oid),
                     args.force_order_every)
     loop.compile()
+    def take(timeout: float) -> None:  # what the worker put, as it comes, until the tick
+        try:
+            loop.take(portal.to_main.get(timeout=timeout))
+        except queue.Empty:
+            pass
+
     with portal:  # its stop delivers the fills of the orders in flight, then stops the worker
-        print("main loop started", file=sys.stderr, flush=True)
-        started = time.monotonic()  # --duration counts the main loop's time, not the compile's
-        cpu_at_start = cpu_seconds()
-        loop.begin(started)
-        while not stop.is_set():
-            now = time.monotonic()
-            if args.duration and now - started >= args.duration:
-                break
-            if loop.due(now) > 0:
-                try:
-                    loop.take(portal.to_main.get(timeout=loop.due(now)))  # events as they come, until the tick
-                except queue.Empty:
-                    pass
-                continue
-            loop.tick(now)
+        wall, cpu_s = loop.run(take, stop, args.duration)
         loop.close_out(args.orders_at_stop)  # put just before the stop: filled while it stops
-        wall, cpu_s = time.monotonic() - started, cpu_seconds() - cpu_at_start
     while True:  # what the worker put before the stop ended it: the closing orders' fills among it
         try:
             loop.take(portal.to_main.get_nowait())
