@@ -97,7 +97,7 @@ def fill_of(item: Any) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, __doc__.splitlines()[0])
     stop, stopped_by = stop_on_signals()
-    portal = IOPortal(lambda to_queue, from_queue: DataClientWorker(to_queue, from_queue, args.url).run(),
+    portal = IOPortal(lambda to_main, from_main: DataClientWorker(to_main, from_main, args.url).run(),
                       restart=RestartPolicy(), connection_events=True, send_answered=fill_of, name="exchange")
     loop = MainLoop(lambda order, oid: portal.from_main.put(order, max_age_s=args.order_max_age, id=oid),
                     args.force_order_every)

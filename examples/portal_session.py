@@ -115,7 +115,9 @@ class Controller:
 
 def main(url, seconds):
     """The main loop beside the worker, which the portal calls again each time it returns."""
-    with IOPortal(lambda to_queue, from_queue: DataClientWorker(to_queue, from_queue, url).run(),
+    # the portal calls worker(to_main, from_main): to_main is what the worker puts (its to_queue),
+    # from_main what it takes (its from_queue)
+    with IOPortal(lambda to_main, from_main: DataClientWorker(to_main, from_main, url).run(),
                   restart=RestartPolicy()) as portal:
         controller = Controller(portal.to_main, portal.from_main, portal.poll)
         controller.run(seconds)

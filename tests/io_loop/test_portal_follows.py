@@ -32,7 +32,7 @@ OUTAGE_S = 2.0  # the exchange dead this long: its young outage is followed (DEF
 
 
 def _classic(url: str) -> Any:
-    return lambda to_queue, from_queue: DataClientWorker(to_queue, from_queue, url).run()
+    return lambda to_main, from_main: DataClientWorker(to_main, from_main, url).run()
 
 
 def _fill_of(item: Any) -> Any:

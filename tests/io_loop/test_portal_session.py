@@ -12,6 +12,7 @@ import ast
 import difflib
 import json
 import queue
+import re
 import subprocess
 import sys
 import time
@@ -119,7 +120,7 @@ class MainLoop:
 
 
 def _classic(url: str) -> Any:
-    return lambda to_queue, from_queue: DataClientWorker(to_queue, from_queue, url).run()
+    return lambda to_main, from_main: DataClientWorker(to_main, from_main, url).run()
 
 
 def test_the_classic_worker_trades_through_two_token_expiries_each_order_filled_once(exchange):
@@ -164,3 +165,17 @@ def test_a_worker_that_fails_while_the_exchange_is_down_is_restarted_keeping_its
     assert exchange.figures()["orders"] == ["o0", "o1", "o2"]
     closed = [e["code"] for e in loop.events if isinstance(e, dict) and e["type"] == "closed"]
     assert closed[0] == 1006
+
+
+def test_the_documents_diff_adds_only_lines_the_port_has_and_names_the_ends_as_the_portal_passes_them():
+    """docs/embedding/io-thread.md's diff of the classic program is examples/portal_session.py's port: each
+    line it adds is the port's, and the worker's lambda names its arguments (to_main, from_main), the
+    portal's order (it named them to_queue, from_queue: a worker whose to_queue ran the other way swapped them)."""
+    text = (ROOT / "docs" / "embedding" / "io-thread.md").read_text(encoding="utf-8")
+    diff = re.search(r"```diff\n(.*?)```", text, re.S)
+    assert diff
+    added = [line[1:] for line in diff.group(1).splitlines() if line.startswith("+")]
+    ported = PORTED.read_text(encoding="utf-8").splitlines()
+    assert [line for line in added if line.strip() and line not in ported] == []
+    assert any("IOPortal(lambda to_main, from_main: DataClientWorker(to_main, from_main, url)" in line
+               for line in added)
