@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         program_line("second interrupt: exiting now", fmt=fmt, exit_status=EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     except LeaseLost as exc:  # its last books, "lease lost" counted, scraped before the exit (endpoints.py)
-        if controller is not None:
+        if controller is not None and config.metrics_addr:
             serve_last_books(config, controller.stats, config.lease_s)
         return report(exc, fmt)
     except ForklessError as exc:  # FeedFatal, a ConfigError known only once JAX runs, IOThreadError, …
