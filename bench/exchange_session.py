@@ -439,53 +439,54 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     logs = a.out.parent / "exchange_logs"
     logs.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, Any]]] = {d.name: [] for d in designs}
-    for r in range(a.rounds):
-        for d in designs[r % len(designs):] + designs[:r % len(designs)]:  # rotated, round by round
-            run = run_once(d, a, logs, f"{d.name}-r{r}")
-            runs[d.name].append(run)
-            print(f"round {r} {d.name}: rc {run['rc']}, order RTT p50 "
-                  f"{(run['stats'] or {}).get('order_rtt_ms_p50')} ms", file=sys.stderr, flush=True)
+    runs = take_turns(designs, a.rounds, lambda d, r: run_once(d, a, logs, f"{d.name}-r{r}"),
+                      lambda run: f"rc {run['rc']}, order RTT p50 {(run['stats'] or {}).get('order_rtt_ms_p50')} ms")
     medians = {name: summarise(rs) for name, rs in runs.items()}
     vs = ratios(medians)
     table = markdown(medians, vs, skipped)
     print(table)
-    result = {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
-                          "load_avg_1m_at_end": os.getloadavg()[0]},
-              "plan": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
-              | {"force_order_every_s": FORCE_ORDER_EVERY_S},
-              "skipped": skipped, "medians": medians, "vs_" + BASELINE: vs,
-              "minus_" + BASELINE: differences(medians), "runs": runs, "markdown": table}
+    result = header(a, skipped) | {"medians": medians, "vs_" + BASELINE: vs,
+                                   "minus_" + BASELINE: differences(medians), "runs": runs, "markdown": table}
     a.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0 if all(m["runs_ok"] == m["runs"] for m in medians.values()) else 1
-
 
 
 def main_day(a: argparse.Namespace, designs: list[Design], skipped: dict[str, str]) -> int:
     """``--day``: each design through a trading day a round, the designs taking turns (see the module docstring)."""
     logs = a.out.parent / "exchange_logs"
     logs.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, Any]]] = {d.name: [] for d in designs}
-    for r in range(a.rounds):
-        for d in designs[r % len(designs):] + designs[:r % len(designs)]:  # rotated, round by round
-            day = run_day(d, a, logs, f"day-{d.name}-r{r}")
-            runs[d.name].append(day)
-            print(f"round {r} {d.name}: rc {day['rc']}, back after {day.get('reconnect_after_restart_s')} s, "
-                  f"given up {day.get('orders_given_up')}, no word {day.get('orders_without_word')}, closing fills "
-                  f"{day.get('closing_fills')}, Ctrl-C to exit {day.get('ctrl_c_to_exit_s')} s", file=sys.stderr,
-                  flush=True)
+    runs = take_turns(designs, a.rounds, lambda d, r: run_day(d, a, logs, f"day-{d.name}-r{r}"),
+                      lambda day: f"rc {day['rc']}, back after {day.get('reconnect_after_restart_s')} s, given up "
+                                  f"{day.get('orders_given_up')}, no word {day.get('orders_without_word')}, closing "
+                                  f"fills {day.get('closing_fills')}, Ctrl-C to exit {day.get('ctrl_c_to_exit_s')} s")
     medians = {name: summarise_day(rs) for name, rs in runs.items()}
     table = day_markdown(medians, a.closing)
     print(table)
-    result = {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
-                          "load_avg_1m_at_end": os.getloadavg()[0]},
-              "plan": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
-              | {"force_order_every_s": FORCE_ORDER_EVERY_S},
-              "skipped": skipped, "medians": medians, "runs": runs, "markdown": table}
+    result = header(a, skipped) | {"medians": medians, "runs": runs, "markdown": table}
     a.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0 if all(m["runs_ok"] == m["runs"] for m in medians.values()) else 1
+
+
+def take_turns(designs: list[Design], rounds: int, run: Any, said: Any) -> dict[str, list[dict[str, Any]]]:
+    """Each design run once a round (``run(design, round)``), the order rotated round by round, so the
+    machine's noise falls on all of them alike; each run ``said`` on stderr as it ends."""
+    runs: dict[str, list[dict[str, Any]]] = {d.name: [] for d in designs}
+    for r in range(rounds):
+        for d in designs[r % len(designs):] + designs[:r % len(designs)]:  # rotated, round by round
+            done = run(d, r)
+            runs[d.name].append(done)
+            print(f"round {r} {d.name}: {said(done)}", file=sys.stderr, flush=True)
+    return runs
+
+
+def header(a: argparse.Namespace, skipped: dict[str, str]) -> dict[str, Any]:
+    """When, on what, and with which plan a benchmark ran: the head of its JSON."""
+    return {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
+                        "load_avg_1m_at_end": os.getloadavg()[0]},
+            "plan": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
+            | {"force_order_every_s": FORCE_ORDER_EVERY_S},
+            "skipped": skipped}
 
 
 if __name__ == "__main__":
