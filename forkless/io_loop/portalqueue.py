@@ -23,7 +23,8 @@ Rules:
   given up at its deadline (a timer on the loop, whatever is queued before it), ``to_main`` gets a
   ``SendFailed`` (its id, the item, reason ``"deadline"``) and ``sent_failed`` counts it. Taking and
   giving up are settled under one lock (a ``get`` may run in an executor thread); the count and the
-  report are made on the loop only.
+  report are made on the loop only. The ids of such puts are counted under the same lock: ``from_main``
+  is a ``queue.Queue`` to whoever puts on it, and two threads' puts once took one id.
 - Answers (``IOPortal(send_answered=...)``): ``put(item, id=)`` makes the item await its answer, the
   item the worker puts on ``to_main`` whose ``send_answered(item)`` is that id (``to_main``'s ``put`` tells the
   portal of each: ``on_put``). ``PortalSends`` keeps them (``Unanswered``, io_loop/sends.py) by the
@@ -178,7 +179,7 @@ class PortalSends:
         self._loop_thread = threading.get_ident()
         self._report = report
         self.answers = answers  # IOPortal(send_answered=...): a put with an id awaits its answer
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # an item's outcome, the count of puts, what is untaken and awaited below
         self._sends = 0  # puts with a deadline so far: their id unless the caller gives one
         self.untaken = 0  # items put and neither taken by the worker nor given up (under the lock)
         self._queued: dict[Any, _Timed] = {}  # items put with an id that await an answer, not taken yet
@@ -204,7 +205,7 @@ class PortalSends:
             raise ValueError("put(id=) names an item put with a deadline: give max_age_s too (or give the portal "
                              "send_answered=, to follow the answer of each item put with an id)")
         awaits = self.answers and id is not None
-        with self._lock:
+        with self._lock:  # one id each, whichever threads put at once (the module rules)
             if awaits and (id in self._queued or id in self._unanswered):
                 raise ValueError(f"put(id={id!r}): an item put with that id awaits its answer already; an id names "
                                  f"one item")
