@@ -1,8 +1,18 @@
 """The exchange-session benchmark (issue 29): the same user's program in each design, against
 the toy exchange (bench/exchange.py), round by round, medians per design.
 
-    python -m bench.exchange_session [--duration 20] [--rounds 3] [--designs thread,spawn,forkless]
-        [--out bench/out/exchange_session.json]
+    python -m bench.exchange_session [--duration 20] [--rounds 3] [--designs thread,spawn,forkless,portal]
+        [--out bench/out/exchange_session.json] [--day [--outage 3] [--kill-at 10] [--closing 8]]
+
+``--day`` makes each run a trading day (issue 65): the exchange's tokens expire (``--token-ttl``, 8 s
+by default then), the exchange process is killed with SIGKILL ``--kill-at`` seconds into the main loop
+and started again on the same port ``--outage`` seconds later, and the run ends with Ctrl-C (SIGINT)
+after ``--duration`` seconds, the program placing ``--closing`` orders right then (``--orders-at-stop``).
+Per design, besides: how long after the exchange was back the session was up again (the program's
+connection events), orders given up, orders left with no word (neither filled, rejected nor
+reported), the closing orders' fills, and Ctrl-C to the process's exit. The designs are the two ways
+forkless offers (``forkless``: the client as a ``Source``; ``portal``: the unchanged worker on an
+``IOPortal``, examples/portal_exchange.py); the baseline designs have no such day.
 
 Each run is a fresh exchange process (``--quiet-every``/``--quiet-for``: a quiet market, so
 orders placed while no trades arrive are measured too) and one design's program with the same
@@ -74,8 +84,19 @@ DESIGNS = (
     Design("thread", "bench/exchange_thread.py", ("-m", "bench.exchange_thread")),
     Design("spawn", "bench/exchange_spawn.py", ("-m", "bench.exchange_spawn")),
     Design("forkless", "examples/exchange_session.py", ("examples/exchange_session.py",)),
+    Design("portal", "examples/portal_exchange.py", ("examples/portal_exchange.py",)),
 )
+DAY_DESIGNS = ("forkless", "portal")  # the programs that live through a trading day (--day)
 BASELINE = "thread"
+# the trading day's figures (--day), each from one run: (figure in the table, key), medians over the rounds
+DAY_FIGURES = (
+    ("back after restart s", "reconnect_after_restart_s"),
+    ("given up", "orders_given_up"),
+    ("no word", "orders_without_word"),
+    ("closing fills", "closing_fills"),
+    ("Ctrl-C to exit s", "ctrl_c_to_exit_s"),
+    ("CPU s", "cpu_s"),
+)
 # (figure in the table, key in the design's --stats JSON); cpu_per_s is computed
 FIGURES = (
     ("order RTT p50 ms", "order_rtt_ms_p50"),
@@ -244,6 +265,89 @@ def run_once(design: Design, a: argparse.Namespace, logs: Path, tag: str) -> dic
     return run
 
 
+def _sample_until(proc: subprocess.Popen[Any], sampler: TreeSampler, until: float, loop_s: float) -> None:
+    """Sample ``proc``'s tree every ``SAMPLE_S`` until ``until`` (monotonic) or its end."""
+    while time.monotonic() < until and proc.poll() is None:
+        sampler.sample(True, loop_s)
+        time.sleep(min(SAMPLE_S, max(0.0, until - time.monotonic())))
+
+
+def run_day(design: Design, a: argparse.Namespace, logs: Path, tag: str) -> dict[str, Any]:
+    """One design through a trading day (see the module docstring): its stats, the day's figures, exit statuses."""
+    exchange_args = ["--rate", str(a.rate), "--token-ttl", str(a.token_ttl)]
+    exchange, url = start_exchange(exchange_args, logs / f"{tag}.exchange.log")
+    port = url.rsplit(":", 1)[1]
+    stats_path = logs / f"{tag}.stats.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    cmd = [sys.executable, *design.argv, "--url", url, "--stats", str(stats_path), "--force-order-every",
+           str(FORCE_ORDER_EVERY_S), "--orders-at-stop", str(a.closing)]  # no --duration: until Ctrl-C
+    day: dict[str, Any] = {"design": design.name, "rc": None, "log": str(logs / f"{tag}.log")}
+    restarted = None
+    log_path = logs / f"{tag}.log"
+    try:
+        with log_path.open("w", encoding="utf-8") as log:
+            client = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            sampler = TreeSampler(client.pid)
+            deadline = time.monotonic() + RUN_SLACK_S
+            while STARTED not in log_path.read_text(encoding="utf-8", errors="replace"):
+                if client.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{design.name} did not start (see {log_path})")
+                sampler.sample(False, a.duration)
+                time.sleep(SAMPLE_S / 5)
+            t0 = time.monotonic()
+            _sample_until(client, sampler, t0 + a.kill_at, a.duration)
+            exchange.kill()  # SIGKILL: no close frame, the port stops listening
+            exchange.wait()
+            _sample_until(client, sampler, time.monotonic() + a.outage, a.duration)
+            restarted, _ = start_exchange([*exchange_args, "--port", port], logs / f"{tag}.exchange-2.log")
+            day["restarted_at_s"] = back = time.time()
+            _sample_until(client, sampler, t0 + a.duration, a.duration)
+            client.send_signal(signal.SIGINT)  # Ctrl-C, with the closing orders placed right then
+            asked = time.monotonic()
+            try:
+                day["rc"] = client.wait(RUN_SLACK_S)
+                day["ctrl_c_to_exit_s"] = time.monotonic() - asked
+            except subprocess.TimeoutExpired:
+                stop(client, 1.0)
+    finally:
+        if restarted is not None:
+            stop(restarted, 10.0)
+        if exchange.poll() is None:
+            stop(exchange, 10.0)
+    stats = json.loads(stats_path.read_text()) if stats_path.exists() else None
+    if stats is not None:
+        ups = [at for at in stats.get("ups_at_s", []) if at > back]
+        day["reconnect_after_restart_s"] = ups[0] - back if ups else None
+        day["orders_without_word"] = stats["unfilled"]
+        day.update({key: stats.get(key) for key in ("orders_given_up", "closing_fills", "cpu_s", "orders", "fills",
+                                                     "orders_lost_with_session", "logins")})
+        stats |= sampler.figures()
+    day["stats"] = stats
+    return day
+
+
+def summarise_day(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per figure of DAY_FIGURES: the median, the least and the most over a design's days."""
+    out: dict[str, Any] = {"runs": len(runs), "runs_ok": sum(r["rc"] == 0 and r["stats"] is not None for r in runs)}
+    for _, key in DAY_FIGURES:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+    return out
+
+
+def day_markdown(medians: dict[str, dict[str, Any]], closing: int) -> str:
+    head = ["design", *(label for label, _ in DAY_FIGURES)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, m in medians.items():
+        cells = []
+        for _, key in DAY_FIGURES:
+            v = m[key]
+            cells.append("–" if v is None else f"{v['median']:.3g} ({v['min']:.3g}–{v['max']:.3g})")
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return "\n".join(lines) + f"\n\n(median over the days, least–most in brackets; closing fills of {closing})"
+
+
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians of FIGURES over a design's runs that wrote stats; COUNTS and the exchange's
     4001 closes and violations summed."""
@@ -310,37 +414,79 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=500.0, help="the exchange's trades per second")
     p.add_argument("--quiet-every", type=float, default=5.0)
     p.add_argument("--quiet-for", type=float, default=1.5)
-    p.add_argument("--token-ttl", type=float, default=1e9, help="seconds a token lives (default: the run)")
+    p.add_argument("--token-ttl", type=float, default=None,
+                   help="seconds a token lives (default: the run; with --day, 8)")
+    p.add_argument("--day", action="store_true", help="each run a trading day (see the module docstring)")
+    p.add_argument("--kill-at", type=float, default=None, help="--day: seconds into the main loop the exchange is "
+                                                               "killed (default: half the duration)")
+    p.add_argument("--outage", type=float, default=3.0, help="--day: seconds the exchange stays dead")
+    p.add_argument("--closing", type=int, default=8, help="--day: orders placed at Ctrl-C")
     a = p.parse_args(argv)
+    if a.token_ttl is None:
+        a.token_ttl = 8.0 if a.day else 1e9
+    if a.kill_at is None:
+        a.kill_at = a.duration / 2
+    if a.day and a.designs == p.get_default("designs"):
+        a.designs = ",".join(DAY_DESIGNS)
     try:
         designs, skipped = select_designs(a.designs.split(","))
     except ValueError as exc:
         p.error(str(exc))
+    if a.day:
+        return main_day(a, designs, skipped)
     if not designs:
         print(f"nothing to run: {skipped}", file=sys.stderr)
         return 1
     logs = a.out.parent / "exchange_logs"
     logs.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, Any]]] = {d.name: [] for d in designs}
-    for r in range(a.rounds):
-        for d in designs[r % len(designs):] + designs[:r % len(designs)]:  # rotated, round by round
-            run = run_once(d, a, logs, f"{d.name}-r{r}")
-            runs[d.name].append(run)
-            print(f"round {r} {d.name}: rc {run['rc']}, order RTT p50 "
-                  f"{(run['stats'] or {}).get('order_rtt_ms_p50')} ms", file=sys.stderr, flush=True)
+    runs = take_turns(designs, a.rounds, lambda d, r: run_once(d, a, logs, f"{d.name}-r{r}"),
+                      lambda run: f"rc {run['rc']}, order RTT p50 {(run['stats'] or {}).get('order_rtt_ms_p50')} ms")
     medians = {name: summarise(rs) for name, rs in runs.items()}
     vs = ratios(medians)
     table = markdown(medians, vs, skipped)
     print(table)
-    result = {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
-                          "load_avg_1m_at_end": os.getloadavg()[0]},
-              "plan": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
-              | {"force_order_every_s": FORCE_ORDER_EVERY_S},
-              "skipped": skipped, "medians": medians, "vs_" + BASELINE: vs,
-              "minus_" + BASELINE: differences(medians), "runs": runs, "markdown": table}
+    result = header(a, skipped) | {"medians": medians, "vs_" + BASELINE: vs,
+                                   "minus_" + BASELINE: differences(medians), "runs": runs, "markdown": table}
     a.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0 if all(m["runs_ok"] == m["runs"] for m in medians.values()) else 1
+
+
+def main_day(a: argparse.Namespace, designs: list[Design], skipped: dict[str, str]) -> int:
+    """``--day``: each design through a trading day a round, the designs taking turns (see the module docstring)."""
+    logs = a.out.parent / "exchange_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    runs = take_turns(designs, a.rounds, lambda d, r: run_day(d, a, logs, f"day-{d.name}-r{r}"),
+                      lambda day: f"rc {day['rc']}, back after {day.get('reconnect_after_restart_s')} s, given up "
+                                  f"{day.get('orders_given_up')}, no word {day.get('orders_without_word')}, closing "
+                                  f"fills {day.get('closing_fills')}, Ctrl-C to exit {day.get('ctrl_c_to_exit_s')} s")
+    medians = {name: summarise_day(rs) for name, rs in runs.items()}
+    table = day_markdown(medians, a.closing)
+    print(table)
+    result = header(a, skipped) | {"medians": medians, "runs": runs, "markdown": table}
+    a.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0 if all(m["runs_ok"] == m["runs"] for m in medians.values()) else 1
+
+
+def take_turns(designs: list[Design], rounds: int, run: Any, said: Any) -> dict[str, list[dict[str, Any]]]:
+    """Each design run once a round (``run(design, round)``), the order rotated round by round, so the
+    machine's noise falls on all of them alike; each run ``said`` on stderr as it ends."""
+    runs: dict[str, list[dict[str, Any]]] = {d.name: [] for d in designs}
+    for r in range(rounds):
+        for d in designs[r % len(designs):] + designs[:r % len(designs)]:  # rotated, round by round
+            done = run(d, r)
+            runs[d.name].append(done)
+            print(f"round {r} {d.name}: {said(done)}", file=sys.stderr, flush=True)
+    return runs
+
+
+def header(a: argparse.Namespace, skipped: dict[str, str]) -> dict[str, Any]:
+    """When, on what, and with which plan a benchmark ran: the head of its JSON."""
+    return {"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
+                        "load_avg_1m_at_end": os.getloadavg()[0]},
+            "plan": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
+            | {"force_order_every_s": FORCE_ORDER_EVERY_S},
+            "skipped": skipped}
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@ receive fills), written as a ``controller.Source``:
 - every order has a deadline (``send_max_age_s``, ``--order-max-age``): one not written within
   it, the session being down, is never written (an order seconds old is worse than none) and the
   main loop hears of it (``SendFailed`` to ``on_event``, with the order's id), counted apart;
-- it says which fills it still awaits (``awaiting()``): the orderly stop stops the market data,
-  hands every fill of the orders in flight to the main loop, and ends once none is awaited (or at
-  its deadline, counted): no drain of its own before ``stop()`` (docs/embedding/stop.md);
+- it says which order a fill (or a reject) answers (``send_answered(event)``): the orderly stop stops the
+  market data, hands every fill of the orders in flight to the main loop, and ends once none is
+  awaited (or at its deadline, each one left reported): no drain of its own before ``stop()``
+  (docs/embedding/stop.md); an order written on a session that ended before its fill came (the
+  exchange answers on the order's own session) is reported too (``SendFailed``, "connection lost");
 - trades, books and fills reach the main thread as they are (``ctx.emit_event`` → ``on_event``):
   the price keeps the exchange's exact text, no processor squeezes it into a row;
 - the main loop hears when the session goes down and comes back (``OnEvent(on_event,
@@ -84,13 +86,12 @@ class ExchangeSession:
         self.url = url.rstrip("/")
         self.user, self.password, self.symbols = user, password, symbols
         self.logins = 0
-        self.open: dict[str, Any] = {}  # client_order_id -> the connection it was written on, no fill or reject yet
-        self.lost: set[str] = set()  # orders whose session ended before their fill came (it never will)
 
-    def awaiting(self) -> int:
-        """The stop's question (docs/embedding/stop.md): fills still to come. The stop stops the
-        market data, keeps handing fills to the main loop, and ends once this is 0."""
-        return len(self.open)
+    def send_answered(self, event: Any) -> Any:
+        """The order a fill or a reject answers (its ``client_order_id``, the id it was sent with): the stop
+        awaits the answers of the orders written (docs/embedding/stop.md), and one whose session ended first
+        is reported to the main loop (SendFailed, "connection lost")."""
+        return event.get("client_order_id") if event.get("type") in ("fill", "reject") else None
 
     async def run(self, ctx: Any) -> None:
         async with aiohttp.ClientSession() as http:
@@ -106,14 +107,7 @@ class ExchangeSession:
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": list(self.symbols)}))
                 return ws
 
-            async def write(ws: aiohttp.ClientWebSocketResponse, frame: str | bytes) -> None:
-                text = frame.decode() if isinstance(frame, bytes) else frame
-                oid = json.loads(text).get("client_order_id")
-                self.open[oid] = ws  # before the write: a session that ends meanwhile knows it
-                self.lost.discard(oid)  # written again after a lost connection
-                await ws.send_str(text)
-
-            async with Relogin(connect, lambda ws: self._serve(ws, ctx), ctx=ctx, send=write, name="exchange",
+            async with Relogin(connect, lambda ws: self._serve(ws, ctx), ctx=ctx, name="exchange",
                                backoff=RECONNECT) as link:
                 async for order in ctx.outgoing():  # ends once the main thread has sent its last order (the stop)
                     try:
@@ -123,34 +117,28 @@ class ExchangeSession:
 
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse, ctx: Any) -> None:
         """One session, until the exchange ends it (the token expired) or the connection is lost."""
-        try:
-            async for msg in ws:
-                if msg.type is not aiohttp.WSMsgType.TEXT:
-                    continue
-                received_ns = time.monotonic_ns()
-                event = json.loads(msg.data)  # prices stay the exchange's text
-                kind = event.get("type")
-                if kind == "ping":  # the application heartbeat: answered here, at once
-                    await ws.send_str(json.dumps({"type": "pong", "id": event["id"]}))
-                    ctx.count("pongs")
-                elif kind in ("fill", "reject"):  # replies: handed over through the stop too
-                    self.open.pop(event.get("client_order_id"), None)
-                    event["received_ns"] = received_ns
-                    try:
-                        await ctx.emit_event(event)
-                    except SourceStopped:  # after the stop's deadline: not taken any more
-                        ctx.count("replies after the stop")
-                elif ctx.stopping.is_set():  # the stop began: no new market data is read in
-                    ctx.count("market data after the stop")
-                elif kind in ("trade", "book"):
-                    event["received_ns"] = received_ns
+        async for msg in ws:
+            if msg.type is not aiohttp.WSMsgType.TEXT:
+                continue
+            received_ns = time.monotonic_ns()
+            event = json.loads(msg.data)  # prices stay the exchange's text
+            kind = event.get("type")
+            if kind == "ping":  # the application heartbeat: answered here, at once
+                await ws.send_str(json.dumps({"type": "pong", "id": event["id"]}))
+                ctx.count("pongs")
+            elif kind in ("fill", "reject"):  # replies: handed over through the stop too
+                event["received_ns"] = received_ns
+                try:
                     await ctx.emit_event(event)
-                else:
-                    ctx.count(f"other frames ({kind})")
-        finally:  # the exchange answers an order on its own session only: what it owed is lost with it
-            for oid in [oid for oid, conn in self.open.items() if conn is ws]:
-                del self.open[oid]
-                self.lost.add(oid)
+                except SourceStopped:  # after the stop's deadline: not taken any more
+                    ctx.count("replies after the stop")
+            elif ctx.stopping.is_set():  # the stop began: no new market data is read in
+                ctx.count("market data after the stop")
+            elif kind in ("trade", "book"):
+                event["received_ns"] = received_ns
+                await ctx.emit_event(event)
+            else:
+                ctx.count(f"other frames ({kind})")
 
 
 def make_model() -> Any:
@@ -175,8 +163,154 @@ def quantile_ms(values: list[float], q: float) -> float | None:
     return float(np.quantile(values, q)) if values else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+class MainLoop:
+    """The trader's main loop, whatever carries its orders and events (the ``Controller`` here, an
+    ``IOPortal`` in examples/portal_exchange.py): the latest prices per symbol as trades come, the jitted
+    model over them at each tick, an order the moment it decides (none while the session is down), and
+    what is counted and timed. ``send(order, client_order_id)`` hands an order to the exchange."""
+
+    def __init__(self, send: Any, force_order_every_s: float = 0.0) -> None:
+        import numpy as np
+
+        self._np, self.send, self.force_every_s = np, send, force_order_every_s
+        self.model = make_model()
+        self.window = np.zeros((len(SYMBOLS), WINDOW), np.float32)  # the model's input, made at each tick
+        self.filled = np.zeros(len(SYMBOLS), np.int32)
+        self.latest = {symbol: collections.deque(maxlen=WINDOW) for symbol in SYMBOLS}  # kept as trades come
+        self.row = {symbol: i for i, symbol in enumerate(SYMBOLS)}
+        self.pending: dict[str, tuple[int, bool]] = {}  # client_order_id -> (monotonic ns decided, quiet market)
+        self.closing: set[str] = set()  # the orders placed right before the stop
+        self.rtt_ms: dict[bool, list[float]] = {False: [], True: []}
+        self.last_trade = -math.inf
+        self.trade_ms: list[float] = []
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.prices: list[str] = []  # "seq price" lines for --prices, written at the end
+        self.connected = False  # the session, as the connection events tell it: no model order while it is down
+        self.connections: list[list[Any]] = []  # [up, reason, close code] of each connection event, in order
+        self.ups_at_s: list[float] = []  # when each connection came up (Unix seconds)
+        self.last_model_order = dict.fromkeys(SYMBOLS, 0.0)
+        self.next_tick = self.next_force = math.inf
+
+    def compile(self) -> None:
+        """Compile the model before the session opens: no trade waits for XLA."""
+        self.model(self.window, self.filled).block_until_ready()
+
+    def begin(self, now: float) -> None:
+        self.next_tick = now + TICK_S
+        self.next_force = now + self.force_every_s if self.force_every_s > 0 else math.inf
+
+    def take(self, event: Any) -> None:
+        """One event from the exchange's side: a connection's change, an order given up or lost, a trade, a fill."""
+        from forkless import ConnectionEvent
+
+        if isinstance(event, ConnectionEvent):  # the session came up, or went down (its close code)
+            self.connected = event.connected
+            self.connections.append([event.connected, event.reason, event.code])
+            if event.connected:
+                self.ups_at_s.append(event.at_s)
+            return
+        if isinstance(event, SendFailed):  # an order not written by its deadline, or whose session died with it
+            self.counts["orders_lost_with_session" if event.reason == "connection lost" else "orders_given_up"] += 1
+            self.pending.pop(event.id, None)
+            return
+        now = time.monotonic_ns()
+        kind = event["type"]
+        self.counts[kind] += 1
+        if kind == "trade":  # as little as it takes: this runs for every trade, the model at each tick
+            self.trade_ms.append((now - event["received_ns"]) / 1e6)
+            self.last_trade = time.monotonic()
+            latest = self.latest.get(event["symbol"])
+            if latest is not None:
+                latest.append(float(event["price"]))
+            self.prices.append(f"{event['seq']} {event['price']}\n")
+        elif kind in ("fill", "reject"):
+            oid = event.get("client_order_id", "")
+            decided = self.pending.pop(oid, None)
+            if decided is not None:
+                self.rtt_ms[decided[1]].append((now - decided[0]) / 1e6)
+            if kind == "fill" and oid in self.closing:
+                self.counts["closing_fills"] += 1
+
+    def place(self, symbol: str, side: str, qty: str) -> str:
+        self.counts["orders"] += 1
+        oid = f"o{self.counts['orders']}"
+        self.pending[oid] = (time.monotonic_ns(), time.monotonic() - self.last_trade > QUIET_GAP_S)
+        self.send({"type": "order", "symbol": symbol, "side": side, "qty": qty, "client_order_id": oid}, oid)
+        return oid
+
+    def due(self, now: float) -> float:
+        """Seconds to the next tick (<= 0: it is due)."""
+        return self.next_tick - now
+
+    def tick(self, now: float) -> None:
+        """The model over the latest prices; an order where it decides; the timer's order."""
+        np = self._np
+        self.next_tick = max(self.next_tick + TICK_S, now)
+        for symbol, i in self.row.items():
+            latest = self.latest[symbol]
+            if latest:  # relative to the last price: float32 keeps the digits that matter
+                self.window[i, WINDOW - len(latest):] = np.asarray(latest) / latest[-1] - 1.0
+                self.filled[i] = len(latest)
+        z = np.asarray(self.model(self.window, self.filled))
+        for symbol, i in self.row.items():
+            decides = self.filled[i] >= MIN_PRICES and abs(z[i]) > THRESHOLD
+            if decides and not self.connected:  # no quoting on a market it cannot see
+                self.counts["orders_not_quoted_while_down"] += 1
+            elif decides and now - self.last_model_order[symbol] > ORDER_GAP_S:
+                self.last_model_order[symbol] = now
+                self.place(symbol, "sell" if z[i] > 0 else "buy", "0.01")
+        if now >= self.next_force:
+            self.next_force = max(self.next_force + self.force_every_s, now)
+            self.counts["orders_forced"] += 1
+            self.place(SYMBOLS[self.counts["orders"] % len(SYMBOLS)], "buy", "0.001")
+
+    def run(self, wait: Any, stop: threading.Event, duration_s: float) -> tuple[float, float]:
+        """The loop: events as they come (``wait(timeout)`` hands them to ``take``) until each tick, until
+        ``stop`` or ``duration_s`` (0: no bound); the wall and CPU seconds it ran."""
+        print("main loop started", file=sys.stderr, flush=True)
+        started = time.monotonic()  # --duration counts the main loop's time, not the compile's
+        cpu_at_start = cpu_seconds()
+        self.begin(started)
+        while not stop.is_set():
+            now = time.monotonic()
+            if duration_s and now - started >= duration_s:
+                break
+            if self.due(now) > 0:
+                wait(self.due(now))  # events as they come, until the tick
+                continue
+            self.tick(now)
+        return time.monotonic() - started, cpu_seconds() - cpu_at_start
+
+    def close_out(self, orders: int) -> None:
+        """``orders`` small orders right before the stop: their fills too reach the main loop, through the stop."""
+        for k in range(orders):
+            self.counts["orders_at_stop"] += 1
+            self.closing.add(self.place(SYMBOLS[k % len(SYMBOLS)], "sell", "0.001"))
+
+    def figures(self) -> dict[str, Any]:
+        """What the run counted and timed (--stats), for the carrier's figures to join."""
+        counts, rtt_ms, trade_ms = self.counts, self.rtt_ms, self.trade_ms
+        every = rtt_ms[False] + rtt_ms[True]
+        return {
+            "orders": counts["orders"], "orders_forced": counts["orders_forced"], "fills": counts["fill"],
+            "orders_at_stop": counts["orders_at_stop"], "closing_fills": counts["closing_fills"],
+            "orders_given_up": counts["orders_given_up"], "rejects": counts["reject"], "trades": counts["trade"],
+            "books": counts["book"], "unfilled": len(self.pending),
+            "orders_lost_with_session": counts["orders_lost_with_session"],
+            "order_rtt_ms_p50": quantile_ms(every, 0.5), "order_rtt_ms_p99": quantile_ms(every, 0.99),
+            "order_rtt_ms_max": max(every, default=None),
+            "order_rtt_quiet_ms_p50": quantile_ms(rtt_ms[True], 0.5),
+            "order_rtt_quiet_ms_p99": quantile_ms(rtt_ms[True], 0.99), "order_rtt_quiet_n": len(rtt_ms[True]),
+            "trade_ms_p50": quantile_ms(trade_ms, 0.5), "trade_ms_p99": quantile_ms(trade_ms, 0.99),
+            "trade_ms_max": max(trade_ms, default=None),
+            "orders_not_quoted_while_down": counts["orders_not_quoted_while_down"], "connections": self.connections,
+            "ups_at_s": self.ups_at_s,
+        }
+
+
+def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
+    """The command line both carriers take (this program's and examples/portal_exchange.py's)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--url", required=True, help="the exchange, http://HOST:PORT")
     parser.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until SIGTERM/Ctrl-C)")
     parser.add_argument("--stats", help="write the session's figures here (JSON)")
@@ -191,138 +325,59 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("FORKLESS_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return args
 
-    import numpy as np
 
-    from forkless import EVENTS_ONLY, Config, ConnectionEvent, Controller, OnEvent
-
+def stop_on_signals() -> tuple[threading.Event, list[str]]:
+    """SIGTERM and Ctrl-C (SIGINT) ask for the orderly stop: the loop ends, closes out, stops; what asked."""
     stop = threading.Event()
     stopped_by = ["duration"]
 
-    def on_sigterm(*_: Any) -> None:
-        stopped_by[0] = "SIGTERM"
+    def on_signal(signum: int, _frame: Any) -> None:
+        stopped_by[0] = signal.Signals(signum).name
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_sigterm)
-    session = ExchangeSession(args.url, order_max_age_s=args.order_max_age)
-    model = make_model()
-    window = np.zeros((len(SYMBOLS), WINDOW), np.float32)  # the model's input, made at each tick
-    filled = np.zeros(len(SYMBOLS), np.int32)
-    latest_prices = {symbol: collections.deque(maxlen=WINDOW) for symbol in SYMBOLS}  # kept as trades come
-    row = {symbol: i for i, symbol in enumerate(SYMBOLS)}
-    pending: dict[str, tuple[int, bool]] = {}  # client_order_id -> (monotonic ns it was decided, quiet market)
-    rtt_ms: dict[bool, list[float]] = {False: [], True: []}
-    last_trade = [-math.inf]
-    trade_ms: list[float] = []
-    counts = collections.Counter()
-    prices: list[str] = []  # "seq price" lines for --prices, written at the end
-    connected = [False]  # the session, as the connection events tell it: no model order while it is down
-    connections: list[list[Any]] = []  # [up, reason, close code] of each connection event, in order
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop, stopped_by
 
-    def on_event(source: str, event: Any) -> None:
-        if isinstance(event, ConnectionEvent):  # the session came up, or went down (its close code)
-            connected[0] = event.connected
-            connections.append([event.connected, event.reason, event.code])
-            return
-        if isinstance(event, SendFailed):  # an order not written by its deadline: never will be
-            counts["orders_given_up"] += 1
-            pending.pop(event.id, None)
-            return
-        now = time.monotonic_ns()
-        kind = event["type"]
-        counts[kind] += 1
-        if kind == "trade":  # as little as it takes: this runs for every trade, the model at each tick
-            trade_ms.append((now - event["received_ns"]) / 1e6)
-            last_trade[0] = time.monotonic()
-            latest = latest_prices.get(event["symbol"])
-            if latest is not None:
-                latest.append(float(event["price"]))
-            prices.append(f"{event['seq']} {event['price']}\n")
-        elif kind in ("fill", "reject"):
-            decided = pending.pop(event.get("client_order_id", ""), None)
-            if decided is not None:
-                rtt_ms[decided[1]].append((now - decided[0]) / 1e6)
 
-    def order(ctl: Any, symbol: str, side: str, qty: str) -> None:
-        counts["orders"] += 1
-        oid = f"o{counts['orders']}"
-        pending[oid] = (time.monotonic_ns(), time.monotonic() - last_trade[0] > QUIET_GAP_S)
-        ctl.send("exchange", {"type": "order", "symbol": symbol, "side": side, "qty": qty, "client_order_id": oid},
-                 id=oid)  # its deadline: the source's send_max_age_s
-
-    model(window, filled).block_until_ready()  # compiled before the session opens: no trade waits for XLA
-    config = Config.from_env()
-    started = time.monotonic()
-    last_model_order = dict.fromkeys(SYMBOLS, 0.0)
-    try:
-        # events only: trades and fills reach on_event, the model is this loop's own: nothing compiled at start
-        # connections=True: on_event also hears each ConnectionEvent of the session, in order with its events
-        ctl = Controller(config, processor=EVENTS_ONLY, sources=[session], on_event=OnEvent(on_event, connections=True))
-        with ctl:  # its stop hands over the fills of the orders in flight (ExchangeSession.awaiting)
-            print("main loop started", file=sys.stderr, flush=True)
-            started = time.monotonic()  # --duration counts the main loop's time, not the compile's
-            cpu_at_start = os.times()
-            next_tick = started + TICK_S
-            next_force = started + args.force_order_every if args.force_order_every > 0 else math.inf
-            while not stop.is_set():
-                now = time.monotonic()
-                if args.duration and now - started >= args.duration:
-                    break
-                if now < next_tick:
-                    ctl.process_pending(timeout=next_tick - now)  # events as they come, until the tick
-                    continue
-                next_tick = max(next_tick + TICK_S, now)
-                for symbol, i in row.items():
-                    latest = latest_prices[symbol]
-                    if latest:  # relative to the last price: float32 keeps the digits that matter
-                        window[i, WINDOW - len(latest):] = np.asarray(latest) / latest[-1] - 1.0
-                        filled[i] = len(latest)
-                z = np.asarray(model(window, filled))
-                for symbol, i in row.items():
-                    decides = filled[i] >= MIN_PRICES and abs(z[i]) > THRESHOLD
-                    if decides and not connected[0]:  # no quoting on a market it cannot see
-                        counts["orders_not_quoted_while_down"] += 1
-                    elif decides and now - last_model_order[symbol] > ORDER_GAP_S:
-                        last_model_order[symbol] = now
-                        order(ctl, symbol, "sell" if z[i] > 0 else "buy", "0.01")
-                if now >= next_force:
-                    next_force = max(next_force + args.force_order_every, now)
-                    counts["orders_forced"] += 1
-                    order(ctl, SYMBOLS[counts["orders"] % len(SYMBOLS)], "buy", "0.001")
-            for k in range(args.orders_at_stop):  # sent just before the stop: filled while it stops
-                counts["orders_at_stop"] += 1
-                order(ctl, SYMBOLS[k % len(SYMBOLS)], "sell", "0.001")
-            wall = time.monotonic() - started
-            cpu_end = os.times()
-            cpu_s = cpu_end.user + cpu_end.system - cpu_at_start.user - cpu_at_start.system
-        snapshot = ctl.stats()  # after the stop: its books whole
-    except KeyboardInterrupt:
-        snapshot, wall, cpu_s = None, time.monotonic() - started, math.nan
-        stopped_by[0] = "SIGINT"
-    finally:
-        if args.prices:
-            Path(args.prices).write_text("".join(prices), encoding="utf-8")
+def write_figures(args: argparse.Namespace, loop: MainLoop, figures: dict[str, Any]) -> None:
+    if args.prices:
+        Path(args.prices).write_text("".join(loop.prices), encoding="utf-8")
     if args.stats:
-        every = rtt_ms[False] + rtt_ms[True]
-        figures = {
-            "orders": counts["orders"], "orders_forced": counts["orders_forced"], "fills": counts["fill"],
-            "orders_at_stop": counts["orders_at_stop"], "orders_given_up": counts["orders_given_up"],
-            "rejects": counts["reject"], "stopped_by": stopped_by[0],
-            "trades": counts["trade"], "books": counts["book"], "logins": session.logins,
-            "unfilled": len(pending), "orders_lost_with_session": len(session.lost),
-            "awaited_unanswered": snapshot.awaited_unanswered if snapshot is not None else None,
-            "order_rtt_ms_p50": quantile_ms(every, 0.5), "order_rtt_ms_p99": quantile_ms(every, 0.99),
-            "order_rtt_ms_max": max(every, default=None),
-            "order_rtt_quiet_ms_p50": quantile_ms(rtt_ms[True], 0.5),
-            "order_rtt_quiet_ms_p99": quantile_ms(rtt_ms[True], 0.99), "order_rtt_quiet_n": len(rtt_ms[True]),
-            "trade_ms_p50": quantile_ms(trade_ms, 0.5), "trade_ms_p99": quantile_ms(trade_ms, 0.99),
-            "trade_ms_max": max(trade_ms, default=None), "cpu_s": cpu_s, "wall_s": wall,
-            "pongs": snapshot.counts.get("pongs", 0) if snapshot is not None else None,
-            "events_unhandled": snapshot.events_unhandled if snapshot is not None else None,
-            "orders_unsent": snapshot.sent_unsent if snapshot is not None else None,
-            "orders_not_quoted_while_down": counts["orders_not_quoted_while_down"], "connections": connections,
-        }
-        Path(args.stats).write_text(json.dumps(figures, indent=1))
+        Path(args.stats).write_text(json.dumps(loop.figures() | figures, indent=1))
+
+
+def cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, __doc__.splitlines()[0])
+
+    from forkless import EVENTS_ONLY, Config, Controller, OnEvent
+
+    stop, stopped_by = stop_on_signals()
+    session = ExchangeSession(args.url, order_max_age_s=args.order_max_age)
+    carrier: list[Any] = []  # the controller, once made: orders go through it
+    loop = MainLoop(lambda order, oid: carrier[0].send("exchange", order, id=oid),  # its deadline: send_max_age_s
+                    args.force_order_every)
+    loop.compile()
+    # events only: trades and fills reach on_event, the model is this loop's own: nothing compiled at start
+    # connections=True: on_event also hears each ConnectionEvent of the session, in order with its events
+    ctl = Controller(Config.from_env(), processor=EVENTS_ONLY, sources=[session],
+                     on_event=OnEvent(lambda source, event: loop.take(event), connections=True))
+    carrier.append(ctl)
+    with ctl:  # its stop hands over the fills of the orders in flight (ExchangeSession.send_answered)
+        wall, cpu_s = loop.run(lambda timeout: ctl.process_pending(timeout=timeout), stop, args.duration)
+        loop.close_out(args.orders_at_stop)  # sent just before the stop: filled while it stops
+    snapshot = ctl.stats()  # after the stop: its books whole
+    write_figures(args, loop, {
+        "stopped_by": stopped_by[0], "logins": session.logins, "awaited_unanswered": snapshot.awaited_unanswered,
+        "cpu_s": cpu_s, "wall_s": wall, "pongs": snapshot.counts.get("pongs", 0),
+        "events_unhandled": snapshot.events_unhandled, "orders_unsent": snapshot.sent_unsent})
     return 0
 
 

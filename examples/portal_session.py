@@ -44,9 +44,9 @@ class DataClientWorker:
     async def run(self):
         async with aiohttp.ClientSession() as http:
             login = {"user": "alice", "password": "s3cret"}
-            async with http.get(f"{self.url}/login", params=login) as resp:
+            async with http.post(f"{self.url}/login", json=login) as resp:
                 resp.raise_for_status()
-                token = await resp.text()
+                token = (await resp.json())["token"]
             ws_url = self.url.replace("http", "ws", 1) + "/ws"
             async with http.ws_connect(ws_url, params={"token": token}) as ws:
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
@@ -115,7 +115,9 @@ class Controller:
 
 def main(url, seconds):
     """The main loop beside the worker, which the portal calls again each time it returns."""
-    with IOPortal(lambda to_queue, from_queue: DataClientWorker(to_queue, from_queue, url).run(),
+    # the portal calls worker(to_main, from_main): to_main is what the worker puts (its to_queue),
+    # from_main what it takes (its from_queue)
+    with IOPortal(lambda to_main, from_main: DataClientWorker(to_main, from_main, url).run(),
                   restart=RestartPolicy()) as portal:
         controller = Controller(portal.to_main, portal.from_main, portal.poll)
         controller.run(seconds)

@@ -67,6 +67,7 @@ _EXPORTS = {
     "SourceStopped": "forkless.io_loop.source",
     "Relogin": "forkless.io_loop.relogin",
     "Backoff": "forkless.io_loop.backoff",
+    "DEFAULT_BACKOFF": "forkless.io_loop.backoff",
     "SendFailed": "forkless.io_loop.sends",
     "RecordSink": "forkless.io_loop.sinks.sink",
     "ResultSink": "forkless.io_loop.sinks.sink",

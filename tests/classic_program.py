@@ -35,9 +35,9 @@ class DataClientWorker:
     async def run(self):
         async with aiohttp.ClientSession() as http:
             login = {"user": "alice", "password": "s3cret"}
-            async with http.get(f"{self.url}/login", params=login) as resp:
+            async with http.post(f"{self.url}/login", json=login) as resp:
                 resp.raise_for_status()
-                token = await resp.text()
+                token = (await resp.json())["token"]
             ws_url = self.url.replace("http", "ws", 1) + "/ws"
             async with http.ws_connect(ws_url, params={"token": token}) as ws:
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))

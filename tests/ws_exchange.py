@@ -1,9 +1,10 @@
-"""A loopback exchange on the ``websockets`` library (not aiohttp): a login that issues tokens
-which expire, a subscription, the exchange's JSON heartbeat, trades, and orders that fill.
+"""A loopback exchange for tests: the protocol of bench/exchange.py (examples/exchange_session.py's
+and the documents' one exchange), with a test's controls: tokens that expire, fills held, the
+exchange killed and restarted.
 
-- ``GET /login?user=alice&password=s3cret`` -> 200, the body a new token (wrong: 403). A token
-  lives ``token_ttl_s`` (or until ``expire_all()``); at its end every session opened with it is closed with 4003 ("token
-  expired") and ``GET /ws?token=`` with it is refused with 401.
+- ``POST /login`` with ``{"user": "alice", "password": "s3cret"}`` -> 200, ``{"token": ...}`` (wrong:
+  403). A token lives ``token_ttl_s`` (or until ``expire_all()``); at its end every session opened
+  with it is closed with 4003 ("token expired") and ``GET /ws?token=`` with it is refused with 401.
 - ``GET /ws?token=...``: the client's first frame must be ``{"type":"subscribe","symbols":[...]}``
   -> ``{"type":"subscribed"}``. Then a trade every ``trade_every_s`` (``seq`` global) and a
   ``{"type":"ping","id":n}`` every ``ping_every_s``, to be answered ``{"type":"pong","id":n}``
@@ -13,9 +14,9 @@ which expire, a subscription, the exchange's JSON heartbeat, trades, and orders 
   ``hold_fills=True`` the fills wait until ``release_fills()`` (never, if it is not called).
 
 - ``kill()``: the exchange dies as a killed process does: every session's TCP connection is
-  aborted (no close frame) and the port stops listening (it refuses connections), tokens and
-  all forgotten; ``restart()`` serves again on the same port (``restarted_at``: its
-  ``time.monotonic()``), as the same exchange started again would.
+  aborted (no close frame: its client sees 1006) and the port stops listening (it refuses
+  connections), tokens and all forgotten; ``restart()`` serves again on the same port
+  (``restarted_at``: its ``time.monotonic()``), as the same exchange started again would.
 
 Records, written on the server's loop under ``_lock`` and copied by ``figures()``: ``logins``,
 ``refused`` (401s), ``sessions`` (close code of each, None while open), ``orders`` (every
@@ -33,11 +34,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
-from websockets.asyncio.server import ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
+from aiohttp import WSMsgType, web
 
 from tests.servers import LoopThread
 
@@ -67,7 +65,8 @@ class WsExchange:
                                          "violations": []}
         self.url = ""
         self._port = 0
-        self._sessions: set[ServerConnection] = set()  # open sessions (kill() aborts them)
+        self._sessions: dict[web.WebSocketResponse, Any] = {}  # open sessions and their transports (kill())
+        self._runner: web.AppRunner
         self.restarted_at = 0.0  # time.monotonic() of the last restart()
 
     def start(self) -> str:
@@ -121,20 +120,26 @@ class WsExchange:
     # ---- the server's loop ------------------------------------------------------------------------
 
     async def _serve(self, port: int = 0) -> int:
-        self._server = await serve(self._session, "127.0.0.1", port, process_request=self._http, ping_interval=None,
-                                   close_timeout=1.0, reuse_address=True)
-        return self._server.sockets[0].getsockname()[1]
+        app = web.Application()
+        app.router.add_post("/login", self._login)
+        app.router.add_get("/ws", self._ws)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", port, reuse_address=True)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def _kill(self) -> None:
-        self._server.close(close_connections=False)  # the port stops listening: connections are refused
-        for ws in list(self._sessions):
-            ws.transport.abort()  # no close frame, as a killed process's sockets
-        await self._server.wait_closed()
+        for transport in list(self._sessions.values()):
+            if transport is not None:
+                transport.abort()  # no close frame, as a killed process's sockets
         self._live.clear()
+        await self._runner.cleanup()  # the port stops listening: connections are refused
 
     async def _close(self) -> None:
-        self._server.close()
-        await self._server.wait_closed()
+        for ws in list(self._sessions):
+            await ws.close(code=1001, message=b"exchange stopping")
+        await self._runner.cleanup()
         for task in list(self._fills):  # fills still held (never released): not left pending on a closed loop
             task.cancel()
         await asyncio.gather(*self._fills, return_exceptions=True)
@@ -146,48 +151,53 @@ class WsExchange:
             else:
                 self._figures[key] += value
 
-    def _http(self, connection: ServerConnection, request: Request) -> Response | None:
-        parts = urlsplit(request.path)
-        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
-        if parts.path == "/login":
-            if (query.get("user"), query.get("password")) != (USER, PASSWORD):
-                return connection.respond(403, "wrong user or password\n")
-            token = f"t{next(self._tokens)}"
-            self._live[token] = time.monotonic() + self.token_ttl_s
-            self._note("logins")
-            return connection.respond(200, token)
-        if parts.path != "/ws":
-            return connection.respond(404, "not here\n")
-        if self._live.get(query.get("token", ""), 0.0) <= time.monotonic():
-            self._note("refused")
-            return connection.respond(401, "token expired or unknown\n")
-        return None
+    async def _login(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return web.json_response({"error": "body must be JSON"}, status=400)
+        if not isinstance(body, dict) or (body.get("user"), body.get("password")) != (USER, PASSWORD):
+            return web.json_response({"error": "wrong user or password"}, status=403)
+        token = f"t{next(self._tokens)}"
+        self._live[token] = time.monotonic() + self.token_ttl_s
+        self._note("logins")
+        return web.json_response({"token": token})
 
-    async def _session(self, ws: ServerConnection) -> None:
-        token = parse_qs(urlsplit(ws.request.path).query)["token"][0]
+    async def _ws(self, request: web.Request) -> web.StreamResponse:
+        token = request.query.get("token", "")
+        if self._live.get(token, 0.0) <= time.monotonic():
+            self._note("refused")
+            return web.json_response({"error": "token expired or unknown"}, status=401)
+        ws = web.WebSocketResponse(autoping=True, compress=False, timeout=1.0)
+        await ws.prepare(request)
         with self._lock:
             number = len(self._figures["sessions"])
             self._figures["sessions"].append(None)
         code = None
-        self._sessions.add(ws)
+        self._sessions[ws] = request.transport  # kill() aborts it
         try:
-            first = json.loads(await ws.recv())
-            if first.get("type") != "subscribe":
-                self._note("violations", f"first frame {first!r}")
-                code = 4000
+            first = await ws.receive()
+            frame = json.loads(first.data) if first.type is WSMsgType.TEXT else None
+            if not isinstance(frame, dict) or frame.get("type") != "subscribe":
+                if first.type is WSMsgType.TEXT:
+                    self._note("violations", f"first frame {frame!r}")
+                    code = 4000
             else:
-                await ws.send(json.dumps({"type": "subscribed", "symbols": first.get("symbols")}))
+                await ws.send_str(json.dumps({"type": "subscribed", "symbols": frame.get("symbols")}))
                 code = await self._serve_session(ws, token, number)
-            await ws.close(code, "see the code")
-        except ConnectionClosed:
+            if code is not None and not ws.closed:
+                await ws.close(code=code, message=b"see the code")
+        except (ConnectionError, RuntimeError):  # the client went away mid-send
             pass
         finally:
-            self._sessions.discard(ws)
+            self._sessions.pop(ws, None)
             with self._lock:
-                self._figures["sessions"][number] = code if code is not None else ws.close_code
+                self._figures["sessions"][number] = code if code is not None else ws.close_code or 1006
+        return ws
 
-    async def _serve_session(self, ws: ServerConnection, token: str, number: int) -> int:
-        """Trades, pings and fills until the token expires (4003) or a ping goes unanswered (4001)."""
+    async def _serve_session(self, ws: web.WebSocketResponse, token: str, number: int) -> int | None:
+        """Trades, pings and fills until the token expires (4003), a ping goes unanswered (4001), or the
+        client closes (None)."""
         answered = asyncio.Event()
         answered.set()
         reader = asyncio.create_task(self._read(ws, number, answered))
@@ -204,19 +214,21 @@ class WsExchange:
                         return 4001
                     answered.clear()
                     next_ping = now + self.ping_every_s
-                    await ws.send(json.dumps({"type": "ping", "id": next(pings)}))
-                await ws.send(json.dumps({"type": "trade", "symbol": "BTCUSDT", "price": "37000.10",
-                                          "seq": next(self._seq)}))
+                    await ws.send_str(json.dumps({"type": "ping", "id": next(pings)}))
+                await ws.send_str(json.dumps({"type": "trade", "symbol": "BTCUSDT", "price": "37000.10",
+                                              "seq": next(self._seq)}))
                 await asyncio.wait([reader], timeout=self.trade_every_s)
-            return reader.result() or 1000
+            return reader.result()
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
 
-    async def _read(self, ws: ServerConnection, number: int, answered: asyncio.Event) -> int | None:
+    async def _read(self, ws: web.WebSocketResponse, number: int, answered: asyncio.Event) -> int | None:
         """The client's frames, until it closes (None) or an order expires the tokens (4003)."""
-        async for data in ws:
-            frame = json.loads(data)
+        async for msg in ws:
+            if msg.type is not WSMsgType.TEXT:
+                continue
+            frame = json.loads(msg.data)
             if frame.get("type") == "pong":
                 self._note("pongs")
                 answered.set()
@@ -224,7 +236,7 @@ class WsExchange:
                 self._note("orders", frame.get("client_order_id"))
                 fill = json.dumps({"type": "fill", "client_order_id": frame.get("client_order_id"), "session": number})
                 if self._released.is_set():
-                    await ws.send(fill)
+                    await ws.send_str(fill)
                 else:  # held: sent once released, while this session goes on reading
                     task = asyncio.create_task(self._fill_when_released(ws, fill))
                     self._fills.add(task)
@@ -236,7 +248,7 @@ class WsExchange:
                 self._note("violations", frame)
         return None
 
-    async def _fill_when_released(self, ws: ServerConnection, fill: str) -> None:
+    async def _fill_when_released(self, ws: web.WebSocketResponse, fill: str) -> None:
         await self._released.wait()
-        with contextlib.suppress(ConnectionClosed):
-            await ws.send(fill)
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await ws.send_str(fill)

@@ -360,7 +360,8 @@ class Controller:
 
     def _close_owner(self) -> None:
         """Release a partitioned instance's leases (after the stop's checkpoint)."""
-        owner, self._owner = self._owner, NoPartitions()
+        owner = self._owner
+        self._owner = NoPartitions(owner.lease_losses)  # the last books still say a lease was lost
         owner.close()
 
     def compile(self) -> None:
@@ -635,8 +636,8 @@ class Controller:
             if engine is not None else ((), (), 0) if self.events_only else None,
             streams=(len(self.slots), self.slots.evicted), checkpoints=self._checkpoints.stats_fields(),
             sources=self.recovery.source_figures, io_cpu_s=io_side.cpu_seconds(),
-            partitions_unowned=self._owner.unowned, weights=engine.weights if engine is not None else None,
-            gil=str(gil_status()))
+            partitions_unowned=self._owner.unowned, lease_losses=self._owner.lease_losses,
+            weights=engine.weights if engine is not None else None, gil=str(gil_status()))
 
     @property
     def metrics_url(self) -> str | None:  # http://host:port of /metrics, /healthz, /readyz from start() on

@@ -70,7 +70,7 @@ MAX_REASONS = 32
 # holds each to a reason counted in the code.
 KNOWN_REASONS: dict[str, tuple[str, ...]] = {
     "forkless_dropped": ("not processed before the stop", "unsent at stop", "outbound full at stop", "IO side ended",
-                         "inbound overflow (drop_oldest)", "feed given up"),
+                         "inbound overflow (drop_oldest)", "feed given up", "lease lost"),
     "forkless_errors": ("not JSON", "too many streams", "non-finite result", "processing failed", "encode failed",
                         "frame too large"),
     "forkless_state_resets": ("stream reset: non-finite", "state lost with a failed step"),
@@ -274,6 +274,10 @@ def _process_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(GaugeMetricFamily("forkless_partitions_unowned", "A partitioned instance: its stream's partitions "
                                   "with no live lease for longer than FORKLESS_LEASE_S (no instance owns them: their "
                                   "messages go unanswered).", value=snap.partitions_unowned))
+    fams.append(CounterMetricFamily("forkless_lease_losses", "A partitioned instance: times it found the leases of "
+                                    "its own partitions lost (0 from the start, then 1: it drops what it holds and "
+                                    "exits 3, serving these books until a scrape reads them).",
+                                    value=snap.lease_losses))
     return fams
 
 

@@ -202,6 +202,8 @@ class StatsSnapshot:
     awaited_unanswered: dict[str, int] = field(default_factory=dict)
     # a partitioned instance: the stream's partitions with no live lease for longer than a lease
     partitions_unowned: int = 0
+    # ... and the times this process found its own partitions' leases lost (0, then 1: it stops, exit 3)
+    lease_losses: int = 0
     # the processor's declared counters (Processor.counters; the default detector's "anomalies"), in this process
     counters: dict[str, int] = field(default_factory=dict)
     # what the checkpoint this run continued from had counted before this process (0, {}: started fresh)
@@ -390,16 +392,17 @@ def whole_snapshot(main: MainStats, io_snapshot: Callable[[], IOSnapshot], *, at
                    devices: tuple[tuple[str, ...], tuple[int, ...], int] | None, streams: tuple[int, int],
                    checkpoints: dict[str, Any],
                    sources: Callable[[IOSnapshot], tuple[SourceFigures, ...]] = lambda io: (),
-                   io_cpu_s: float = math.nan, partitions_unowned: int = 0, weights: Any = None,
-                   gil: str = "") -> StatsSnapshot:
+                   io_cpu_s: float = math.nan, partitions_unowned: int = 0, lease_losses: int = 0,
+                   weights: Any = None, gil: str = "") -> StatsSnapshot:
     """``Controller.stats()``, from any thread: the main thread's counters (``main``, copied first) and then
     the IO side's snapshot (``io_snapshot()``), in the books' order (the module rules), as one
     ``StatsSnapshot``. ``devices``: the engine's ``(devices, messages per device, rows stepped)``, None
     before the compile; ``streams``: ``(active, evicted)``; ``checkpoints``: the checkpointer's fields;
     ``sources``: the JetStream feeds' figures drawn from the IO side's snapshot; ``io_cpu_s``: the IO
     thread's CPU seconds (``IOSide.cpu_seconds``); ``partitions_unowned``: a partitioned instance's count of
-    its stream's partitions that no instance owns; ``weights``: the engine's weights in force
-    (controller/device/weights.py); ``gil``: the GIL's status (io_loop/gil.py)."""
+    its stream's partitions that no instance owns; ``lease_losses``: the times it found its own leases
+    lost; ``weights``: the engine's weights in force (controller/device/weights.py); ``gil``: the GIL's
+    status (io_loop/gil.py)."""
     main = main.snapshot()  # before the IO side's: what the main thread counted of a message, before its receipt
     io = io_snapshot()
     at_ready = main.compilations_at_ready
@@ -449,7 +452,7 @@ def whole_snapshot(main: MainStats, io_snapshot: Callable[[], IOSnapshot], *, at
         sent_out=io.sent_out, sent_unsent=io.sent_unsent, sent_failed=io.sent_failed, counts=io.counts, sinks=io.sinks,
         sink_results_unsent=main.sink_results_unsent,
         events_dropped=io.events_dropped, buffered=io.buffered, awaited_unanswered=io.awaited_unanswered,
-        partitions_unowned=partitions_unowned,
+        partitions_unowned=partitions_unowned, lease_losses=lease_losses,
         counters=copy_counts(main.counters),
         restored_processed=main.restored_processed, restored_counters=dict(main.restored_counters),
         weights=weights,

@@ -16,29 +16,30 @@ Rules (pure: no clock, no sleeping; the caller passes ``now`` and sleeps the ret
   accepts then closes at once is not hammered (the opposite of resetting on every open).
 - With ``tries > 0``, the ``tries``-th failure in a row gives up: ``failed`` returns None.
 - A ``Backoff`` holds the count of one connection's failures: ``fresh()`` is the same policy
-  with a count of its own, for a second user of one policy (``Relogin`` takes a fresh one).
+  with a count of its own, for a second user of one policy (``Relogin`` and ``IOPortal`` take a fresh one).
+- ``DEFAULT_BACKOFF`` is the one policy of a client of your own that follows its peer: ``Relogin``'s
+  reconnects (io_loop/relogin.py) and an ``IOPortal``'s restarts of its worker (io_loop/portal.py,
+  ``RestartPolicy``) both use it unless given another (docs/embedding/reconnects.md).
 """
 
 from __future__ import annotations
 
-import math
+import numbers
 import random
 from typing import TYPE_CHECKING
+
+from forkless.io_loop.seconds import seconds, whole
 
 if TYPE_CHECKING:
     from forkless.io_loop.settings import ReconnectSettings
 
-__all__ = ["Backoff"]
+__all__ = ["DEFAULT_BACKOFF", "Backoff"]
 
 MAX_EXPONENT = 64  # 2**64 times any sensible min_s is far past any max_s
 
 
 def _seconds(name: str, value: object, *, zero: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
-        (value >= 0 if zero else value > 0)
-    if not ok:
-        raise ValueError(f"Backoff's {name} is a finite number of seconds {'>= 0' if zero else '> 0'}, not {value!r}")
-    return float(value)
+    return float(seconds(value, f"Backoff's {name}", zero=zero))  # any real number (io_loop/seconds.py)
 
 
 class Backoff:
@@ -55,9 +56,8 @@ class Backoff:
             raise ValueError(f"Backoff's max_s ({max_s!r}) is less than its min_s ({min_s!r}): the longest delay "
                              "cannot be shorter than the first")
         self.reset_s = _seconds("reset_s", reset_s, zero=True)
-        if not isinstance(tries, int) or isinstance(tries, bool) or tries < 0:
-            raise ValueError(f"Backoff's tries is an int >= 0 (0: never give up), not {tries!r}")
-        if not isinstance(jitter, (int, float)) or isinstance(jitter, bool) or not 0 <= jitter <= 1:
+        tries = whole(tries, "Backoff's tries", means_zero="never give up")
+        if isinstance(jitter, bool) or not isinstance(jitter, numbers.Real) or not 0 <= jitter <= 1:
             raise ValueError(f"Backoff's jitter is the random part of each delay, from 0 (none) to 1 (the whole "
                              f"delay), not {jitter!r}")
         self.follow_s = None if follow_s is None else _seconds("follow_s", follow_s)
@@ -112,3 +112,10 @@ class Backoff:
             cap = min(cap, max(self.follow_s, (now - self._outage_since) * self.follow_ratio))
         cap = max(self.min_s, cap)
         return self._rng.uniform(max(self.min_s, cap * (1.0 - self.jitter)), cap)
+
+
+# the first retry at once (0.05 s), then doubling, but at most 0.5 s while the outage is younger than
+# 5 s (follow_s / follow_ratio): a peer restarted within that is followed within 0.5 s; after, at most
+# a tenth of the outage's age, up to 5 s; each delay is between half and all of its cap (jitter 0.5);
+# a connection that held 5 s starts the count again
+DEFAULT_BACKOFF = Backoff(min_s=0.05, max_s=5.0, reset_s=5.0, jitter=0.5, follow_s=0.5, follow_ratio=0.1)

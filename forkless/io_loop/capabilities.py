@@ -5,7 +5,7 @@ Rules:
   ``async run(ctx)``; it subclasses nothing. What it may declare besides is of two kinds, each
   listed once, here:
   - methods, each a one-method ``runtime_checkable`` protocol (``SupportsBeforeStop``,
-    ``SupportsAwaiting``, ``SupportsSummary``, ``SupportsProbe``), named as typing's
+    ``SupportsAwaiting``, ``SupportsSendAnswered``, ``SupportsSummary``, ``SupportsProbe``), named as typing's
     ``SupportsIndex`` is; a module asks ``isinstance(source, SupportsAwaiting)`` and then calls
     ``source.awaiting()``. An attribute of that name set to None declares none (typing's rule);
     set to anything else that is no method, it is refused (``check_methods``).
@@ -32,21 +32,21 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import ForklessError
+from forkless.io_loop.seconds import seconds
 from forkless.io_loop.settings import OVERFLOW_POLICIES, REPLY_POLICIES
 
 __all__ = ["CAPABILITIES", "METHODS", "SENDS_WHILE_DISCONNECTED", "VALUES", "CapabilityWarning", "Declarations",
            "OverflowPolicy", "ReplyPolicy", "SendsWhileDisconnected", "SourceCapabilities", "SupportsAwaiting",
-           "SupportsBeforeStop", "SupportsProbe", "SupportsSummary", "check_methods", "declarations", "lookalikes",
-           "warn_lookalikes"]
+           "SupportsBeforeStop", "SupportsProbe", "SupportsSendAnswered", "SupportsSummary", "check_methods",
+           "declarations", "lookalikes", "warn_lookalikes"]
 
 # Literals of the tuples: each policy declared once, in io_loop/settings.py (as controller/settings/feedschema.py does)
 ReplyPolicy = Literal[REPLY_POLICIES]
@@ -78,6 +78,15 @@ class SupportsAwaiting(Protocol):
 
 
 @runtime_checkable
+class SupportsSendAnswered(Protocol):
+    """``send_answered(event)``: the id of the send (``Controller.send``'s) that an event it emits answers, or None.
+    A send written on a connection that ends before its answer is reported (``SendFailed``, ``"connection
+    lost"``), and the stop awaits the answers of what was written (io_loop/source.py)."""
+
+    def send_answered(self, event: Any, /) -> Any: ...
+
+
+@runtime_checkable
 class SupportsSummary(Protocol):
     """``summary()``: one line on how the run went, read at its end (the demo feed's tally;
     ``Controller.summaries``)."""
@@ -94,7 +103,7 @@ class SupportsProbe(Protocol):
 
 # each method capability's name and its protocol
 METHODS: dict[str, type] = {"before_stop": SupportsBeforeStop, "awaiting": SupportsAwaiting,
-                            "summary": SupportsSummary, "probe": SupportsProbe}
+                            "send_answered": SupportsSendAnswered, "summary": SupportsSummary, "probe": SupportsProbe}
 
 
 # ---- the values --------------------------------------------------------------------------------------------------
@@ -177,12 +186,14 @@ def declarations(source: object, name: str) -> Declarations:
         raise ValueError(f"source {name!r} has buffer={declared.buffer!r}; expected an int >= 0 (messages and "
                          f"events it may hold while the inbound queue is full)")
     max_age = declared.send_max_age_s
-    if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, (int, float))):
+    try:
+        seconds(max_age, "send_max_age_s", none="no deadline")
+    except TypeError:
         raise TypeError(f"source {name!r} has send_max_age_s={max_age!r}; expected a number of seconds (or None: "
-                        f"no deadline)")
-    if max_age is not None and not (math.isfinite(max_age) and max_age > 0):
+                        f"no deadline)") from None
+    except ValueError:
         raise ValueError(f"source {name!r} has send_max_age_s={max_age!r}; expected a finite number of seconds > 0 "
-                         f"(or None: no deadline)")
+                         f"(or None: no deadline)") from None
     if declared.sends_while_disconnected not in SENDS_WHILE_DISCONNECTED:
         raise ValueError(f"source {name!r} has sends_while_disconnected={declared.sends_while_disconnected!r}; "
                          f"expected 'hold' (held until its deadline or a connection) or 'refuse' (given up at once "

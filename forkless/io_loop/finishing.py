@@ -5,7 +5,9 @@ Rules:
 - A source may declare ``awaiting()`` (io_loop/capabilities.py's ``SupportsAwaiting``): how many
   replies it still awaits from its peer (orders it wrote whose fill has not come), an ``int`` >= 0,
   asked on the IO loop. Declared as something else than a method: ``TypeError`` when the
-  controller is built (capabilities.py's ``check_methods``).
+  controller is built (capabilities.py's ``check_methods``). A source that declares ``send_answered(event)``
+  instead awaits the answer of each send it wrote (io_loop/source.py counts them for it); each one
+  still awaited when the phase ends early is reported besides (``SendFailed`` with the reason).
 - Its stop (``SourceRunner.stop_reading``): ``before_stop``, then ``ctx.stopping`` is set (no new
   work: it reads no more market data), then ``finish_awaited``: its emits are still taken and the
   main loop still hands them on (``on_event``, the processor) until (a) every frame the main
@@ -60,10 +62,10 @@ def _handed(runner: Any, unrouted: Callable[[], int]) -> bool:
 
 
 async def finish_awaited(runner: Any, awaiting: Callable[[], Any], deadline: float | None,
-                         unrouted: Callable[[], int] = lambda: 0) -> None:
+                         unrouted: Callable[[], int] = lambda: 0) -> str:
     """The finishing phase of ``runner`` (a ``SourceRunner`` whose ``ctx.stopping`` is set, its
     emits still taken); see the module rules. A failing ``awaiting()`` is handed to
-    ``runner.fail_in_stop``."""
+    ``runner.fail_in_stop``. Returns why it ended with replies still awaited ("": none was)."""
     name = runner.feed.name
     if deadline is None:
         deadline = time.monotonic() + runner.timeouts.shutdown_timeout_s
@@ -74,9 +76,9 @@ async def finish_awaited(runner: Any, awaiting: Callable[[], Any], deadline: flo
             left = _count(awaiting)
         except BaseException as exc:  # awaiting() runs no coroutine: nothing it raises is a cancellation of ours
             runner.fail_in_stop(exc, " in awaiting()")
-            return
+            return ""
         if handed and not left:
-            return
+            return ""
         remaining = deadline - time.monotonic()
         reason = ENDED_REASON if runner.ended else DEADLINE_REASON if remaining <= 0 else ""
         if reason:
@@ -87,3 +89,4 @@ async def finish_awaited(runner: Any, awaiting: Callable[[], Any], deadline: flo
         why = "by the stop's deadline" if reason == DEADLINE_REASON else "before its run ended"
         log.error("source %r: %d replies it awaited had not come %s%s; counted in awaited_unanswered",
                   name, left, why, "" if handed else " (frames sent to it before the stop were not all written)")
+    return reason if left else ""

@@ -11,19 +11,39 @@ Rules:
   is not restarted: a worker that cannot start is a mistake to fix). One that fails later, however
   soon, never fails ``start()``: its failure comes from the next queue call, ``poll()`` or ``stop()``
   (or, with a restart policy, it is restarted).
-- A restart policy (``restart=RestartPolicy(...)``): a worker that returns, or raises
-  (``failures``), before the stop is called again after the policy's backoff (io_loop/backoff.py),
-  with the same queue ends (what they hold waits for the next run; an executor get the last run
-  left blocked gives back what it takes: io_loop/portalqueue.py). The main loop is told:
-  ``restarts`` counts them, ``restarting`` is True during the backoff, ``poll()`` stays True, and
-  with ``connection_events`` each run's start and end is a ``ConnectionEvent`` on ``to_main``, in
-  order with what the worker put. A failure is logged with its traceback (once per distinct error,
-  then in one line) and never ends the portal; the ``tries``-th short run in a row does: as
+- Up and down: a run of the worker is *up* once the worker says so (``to_main.set_connected(True)``,
+  on either end) or, for a worker that never says, once it puts its first item on ``to_main`` in
+  that run (an unchanged ``multiprocessing`` worker puts what its connection brings); never at the
+  start of a run. It is *down* when the worker says so (with its reason and close code) or when
+  the run ends (its return, or its failure with the exception named). With ``connection_events`` each
+  change is a ``ConnectionEvent`` on ``to_main``, in order with what the worker put (the up one
+  right before the first item): one per connection up, one for its loss; a run that ends
+  before it was up (a login that fails) changes nothing.
+- Restarts (``restart=RestartPolicy(...)``) follow the peer as ``Relogin``'s reconnects do: the
+  reconnect driver (io_loop/reconnect.py) runs the worker with the policy's ``Backoff``
+  (``DEFAULT_BACKOFF`` by default, io_loop/backoff.py); a run that was not up yet is a failed
+  attempt, one that was up a connection, the outage dated from its end, so a peer back soon is
+  followed soon, and a connection that held ``reset_s`` starts the count again. A run that returns
+  or raises (``failures``) before the stop is called again after the backoff's delay, with the same
+  queue ends (what they hold waits for the next run; an executor get the last run left blocked gives
+  back what it takes: io_loop/portalqueue.py). ``restarts`` counts them, ``restarting`` is True
+  during the delay, ``poll()`` stays True. A failure is logged with its traceback (once per distinct
+  error, then in one line) and never ends the portal; the ``tries``-th failure in a row does: as
   without a policy (a return, ``PortalClosed``; a failure, ``WorkerFailed``).
-- The worker is ``worker(to_main, from_main)``, returning a coroutine. The stop begins by setting
-  ``stopping`` (an ``asyncio.Event``, also each ``WorkerQueue``'s ``.stopping``); the worker has
-  the stop's time less a reserve (a quarter of it, at most ``CANCEL_RESERVE_S``) to return, is
-  then cancelled, again every ``RECANCEL_S`` while it swallows the cancellation, until the deadline.
+- Answers (``send_answered=``): an item the main thread puts on ``from_main`` with an ``id`` awaits the
+  item of the worker's that answers it (``send_answered(item)`` is its id, asked on the IO thread as the worker
+  puts each). One taken by a run that ends (or whose worker says it is down) before its answer is
+  reported: ``SendFailed`` on ``to_main``, reason ``"connection lost"``, after the down event.
+- The worker is ``worker(to_main, from_main)``, returning a coroutine. The stop (``stop()``) first
+  delivers what is in flight, within its deadline less a reserve (a quarter of it, at most
+  ``CANCEL_RESERVE_S``): until every item the main thread put has been taken and, with ``send_answered``,
+  every answer awaited has come, the worker runs on (restarted as before), what it puts stays in
+  ``to_main``; what is still awaited then is counted (``awaited_unanswered``, ``"stop deadline"``) and
+  reported (``SendFailed``). Then ``stopping`` (an ``asyncio.Event``, also each ``WorkerQueue``'s
+  ``.stopping``) is set: a worker that has looked at it (awaited it, asked ``is_set()``) has the
+  time left to the reserve to return; one that never did cannot know of the stop and is cancelled
+  at once. A worker still running is cancelled, again every ``RECANCEL_S`` while it swallows the
+  cancellation, until the deadline.
 - A worker that raises is never swallowed: its exception is logged, both queues are shut down at
   once (what they held is dropped, counted in the log), and every later queue call and ``poll()``
   raise ``WorkerFailed`` from it (its traceback is the ``__cause__``'s), as does ``stop()`` unless
@@ -31,9 +51,12 @@ Rules:
   holds (and what its ``put`` still kept waiting): the main thread takes the rest, then gets
   ``PortalClosed`` (a janus ``SyncQueueShutDown``); a worker that returned before the stop is
   logged, ``poll()`` is False from then, and ``PortalClosed`` says what to do (``WORKER_RETURNED``).
+  What ``from_main`` still holds at the end is logged, each item put with a deadline or an id
+  reported (``SendFailed``, ``"not taken"``).
 - The stop never outlasts its deadline: a worker still running then (it ignores cancellation,
-  or blocks the loop) is reported (logged, ``WorkerFailed`` from ``stop()``), its queues are shut
-  down from the main thread, and its thread, a daemon, is left behind. A second ``stop()`` does nothing.
+  or blocks the loop) is reported (logged, ``WorkerFailed`` from ``stop()``), ``from_main`` is shut
+  down from the main thread, ``to_main`` too but keeping what the worker put (the main thread takes
+  it, then ``WorkerFailed``), and its thread, a daemon, is left behind. A second ``stop()`` does nothing.
 - A library leaves its host alone: no process-wide setting is changed (the loop is not made the
   thread's current loop), nothing forks or exits, logs go to ``forkless.portal``.
 """
@@ -42,19 +65,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import janus
 
-from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.backoff import DEFAULT_BACKOFF, Backoff
 from forkless.io_loop.crossing import ConnectionEvent
-from forkless.io_loop.errors import ForklessError
+from forkless.io_loop.errors import FeedFatal, ForklessError
 from forkless.io_loop.gil import log_gil
 from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.portalqueue import MainQueue, PortalQueue, PortalSends, WorkerQueue
+from forkless.io_loop.reconnect import drive
+from forkless.io_loop.seconds import seconds, whole
+from forkless.io_loop.sends import LOST, STOP_DEADLINE
 
 __all__ = ["IOPortal", "PortalClosed", "RestartPolicy", "WorkerFailed"]
 
@@ -67,38 +93,61 @@ WORKER_RETURNED = (
     "returned), and stop or start a new IOPortal; or give the portal restart=forkless.RestartPolicy() to call the "
     "worker again, or keep the client connected inside the worker (forkless.Relogin logs in again)")
 RESTARTS_USED_UP = (
-    "the IO worker returned before the stop and its restart policy's tries={tries} short runs in a row are used "
-    "up (it kept ending within reset_s={reset_s}s of its start), and the main thread has taken everything it sent: "
-    "nothing more will come. Catch PortalClosed in your loop, around its gets and its puts")
+    "the IO worker returned before the stop and its restart policy's tries={tries} failures in a row are used "
+    "up (runs that ended before they were up, or soon after: within its backoff's reset_s={reset_s}s), and the "
+    "main thread has taken everything it sent: nothing more will come. Catch PortalClosed in your loop, around "
+    "its gets and its puts")
 STOPPED = "the portal has stopped"
 CANCEL_RESERVE_S = 1.0  # at most this much of the stop's time is kept for cancelling the worker
 RECANCEL_S = 0.02  # how often a worker that swallows the cancellation is cancelled again
+AWAIT_POLL_S = 0.01  # how often the stop asks whether what is in flight has been delivered
 MAX_LOGGED_FAILURES = 100  # distinct failures of a restarted worker logged with their traceback; then one line
+OLD_KEYWORDS = ("min_s", "max_s", "reset_s")  # RestartPolicy's before its backoff= (Relogin's)
 
 
-@dataclass(frozen=True)
 class RestartPolicy:
     """How ``IOPortal(restart=...)`` calls a worker again that returned or raised before the stop:
-    after the k-th short run in a row, a delay uniform in [``min_s``, min(``max_s``, ``min_s``·2^(k-1))]
-    (io_loop/backoff.py); a run that lasted ``reset_s`` or more starts the count again. ``tries``: the
-    ``tries``-th short run in a row ends the portal as without a policy (0: never). ``failures``: a
-    worker that raised is restarted too (False: it fails the portal, ``WorkerFailed``)."""
+    with ``backoff`` (a ``forkless.Backoff``; None: ``DEFAULT_BACKOFF``, ``Relogin``'s, which follows
+    the peer: io_loop/backoff.py), as ``Relogin`` reconnects (see the module rules). ``tries``: the
+    ``tries``-th failure in a row ends the portal as without a policy (0: never; the backoff's own
+    ``tries`` too, the smaller one counting). ``failures``: a worker that raised is restarted too
+    (False: it fails the portal, ``WorkerFailed``)."""
 
-    min_s: float = 0.05
-    max_s: float = 5.0
-    reset_s: float = 2.0
-    tries: int = 0
-    failures: bool = True
+    __slots__ = ("backoff", "failures", "tries")
 
-    def __post_init__(self) -> None:
-        if (not isinstance(self.tries, int) or self.tries < 0 or not 0 < self.min_s <= self.max_s
-                or not self.reset_s >= 0):
-            raise ValueError(f"RestartPolicy needs 0 < min_s <= max_s, reset_s >= 0 and tries >= 0 (an int; 0: no "
-                             f"bound), not min_s={self.min_s!r}, max_s={self.max_s!r}, reset_s={self.reset_s!r}, "
-                             f"tries={self.tries!r}")
+    def __init__(self, backoff: Backoff | None = None, *, tries: int = 0, failures: bool = True,
+                 **old: Any) -> None:
+        if old:
+            named = ", ".join(f"{k}={v!r}" for k, v in old.items())
+            if set(old) <= set(OLD_KEYWORDS):
+                raise TypeError(f"RestartPolicy({named}): a restart's delays are a forkless.Backoff now, the one "
+                                f"Relogin uses: RestartPolicy(backoff=forkless.Backoff({named}, ...)); the "
+                                f"default, DEFAULT_BACKOFF, follows the peer")
+            raise TypeError(f"RestartPolicy takes backoff=, tries= and failures=, not {named}")
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise TypeError(f"RestartPolicy's backoff is a forkless.Backoff (min_s, max_s, reset_s, jitter, follow_s, "
+                            f"…), or None for DEFAULT_BACKOFF, not {backoff!r}")
+        if not isinstance(failures, bool):
+            raise TypeError(f"RestartPolicy's failures is True (a worker that raised is restarted) or False, not "
+                            f"{failures!r}")
+        policy = backoff or DEFAULT_BACKOFF
+        tries = whole(tries, "RestartPolicy's tries", means_zero="never give up")
+        both = [t for t in (tries, policy.tries) if t]
+        self.backoff = policy.fresh(tries=min(both) if both else 0)  # each portal runs a fresh() copy of it
+        self.tries, self.failures = self.backoff.tries, failures
 
-    def backoff(self) -> Backoff:
-        return Backoff(min_s=self.min_s, max_s=self.max_s, reset_s=self.reset_s, tries=self.tries)
+    def __repr__(self) -> str:
+        return f"RestartPolicy(backoff={self.backoff!r}, tries={self.tries}, failures={self.failures})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RestartPolicy) and repr(self) == repr(other)
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+    @property
+    def reset_s(self) -> float:
+        return self.backoff.reset_s
 
 
 def _described(exc: BaseException) -> str:
@@ -118,27 +167,59 @@ class PortalClosed(ForklessError, janus.SyncQueueShutDown):
     """The queue has ended without a failure: the worker returned, or the portal stopped."""
 
 
+class _Stopping(asyncio.Event):
+    """``IOPortal.stopping``: an ``asyncio.Event`` that remembers whether the worker has looked at it
+    (awaited it, or asked ``is_set()``): a worker that never did cannot return on its own at the stop."""
+
+    watched = False
+
+    async def wait(self) -> bool:
+        self.watched = True
+        return await super().wait()
+
+    def is_set(self) -> bool:
+        self.watched = True
+        return super().is_set()
+
+
+class _Over(Exception):
+    """A run ended and the worker is not called again: ``failure``, what it raised (None: it returned, or the stop)."""
+
+    def __init__(self, failure: BaseException | None) -> None:
+        super().__init__()
+        self.failure = failure
+
+
+class _NotUp(Exception):
+    """A run ended before it was up: a failed attempt, to be retried (``str``: why it ended)."""
+
+
 class IOPortal:
     """Runs ``worker(to_main, from_main)`` on a dedicated thread and event loop (see the module rules).
     ``queue_size`` bounds each queue (0: no bound, as ``multiprocessing.Queue``); ``stop_timeout_s``
     bounds ``stop()``; ``start_timeout_s`` bounds ``start()``; ``restart``: a ``RestartPolicy`` for a
     worker that returns or raises before the stop (None: it ends the portal); ``connection_events``:
-    a ``ConnectionEvent`` on ``to_main`` as each run of the worker starts and ends. Use it as a
-    context manager, or call ``start()`` then ``stop()``."""
+    a ``ConnectionEvent`` on ``to_main`` as the worker's connection comes up and goes down;
+    ``send_answered``: ``send_answered(item)``, the id of the ``from_main`` item that an item the
+    worker puts answers (None: it answers none). Use it as a context manager, or call ``start()`` then ``stop()``."""
 
     def __init__(self, worker: Callable[[WorkerQueue, WorkerQueue], Awaitable[Any]], *, queue_size: int = 10_000,
                  stop_timeout_s: float = 2.0, start_timeout_s: float = 30.0, name: str = "forkless-io",
-                 restart: RestartPolicy | None = None, connection_events: bool = False) -> None:
-        if not isinstance(queue_size, int) or queue_size < 0 or not stop_timeout_s > 0 or not start_timeout_s > 0:
-            raise ValueError(f"IOPortal needs queue_size >= 0 (an int; 0: no bound), stop_timeout_s > 0 and "
-                             f"start_timeout_s > 0, not {queue_size!r}, {stop_timeout_s!r}, {start_timeout_s!r}")
+                 restart: RestartPolicy | None = None, connection_events: bool = False,
+                 send_answered: Callable[[Any], Any] | None = None) -> None:
+        queue_size = whole(queue_size, "IOPortal's queue_size", means_zero="no bound")
+        stop_timeout_s = float(seconds(stop_timeout_s, "IOPortal's stop_timeout_s"))
+        start_timeout_s = float(seconds(start_timeout_s, "IOPortal's start_timeout_s"))
         if restart is not None and not isinstance(restart, RestartPolicy):
             raise TypeError(f"IOPortal(restart=...) takes a forkless.RestartPolicy (or None: the worker's end ends "
                             f"the portal), not {restart!r}")
+        if send_answered is not None and not callable(send_answered):
+            raise TypeError(f"IOPortal(send_answered=...) takes a callable, send_answered(item) -> the id of the "
+                            f"from_main item an item of the worker's answers, or None; not {send_answered!r}")
         self._worker = worker
-        self.restart, self.connection_events = restart, connection_events
+        self.restart, self.connection_events, self.send_answered = restart, connection_events, send_answered
         self.queue_size, self.stop_timeout_s, self.start_timeout_s = queue_size, stop_timeout_s, start_timeout_s
-        self.stopping = asyncio.Event()  # set on the loop when the stop begins; the worker may await it
+        self.stopping = _Stopping()  # set on the loop when the worker is to stop; the worker may await it
         # the thread and its loop (io_loop/loopthread.py): what the worker started and left running is
         # cancelled at the end, as asyncio.run does, within CANCEL_RESERVE_S; its executor is shut down
         self._runner = LoopThread(name, cleanup_s=CANCEL_RESERVE_S, shutdown_executor=True)
@@ -147,18 +228,25 @@ class IOPortal:
         self._ends: tuple[MainQueue, MainQueue] | None = None
         self._task: asyncio.Task[Any] | None = None
         self._stopper: asyncio.Task[None] | None = None
+        self._stop_now: asyncio.Event | None = None  # set with stopping: ends a restart's delay (made on the loop)
+        self._stop_set = False  # stopping is set (read without asking the event: that is the worker's look)
         self._failure: BaseException | None = None  # what the worker raised
         self._broken: str | None = None  # a deadline the worker broke (start or stop)
         self._delivered = False  # the failure has been raised in the main thread
         self._end = STOPPED  # what PortalClosed says once the queues have ended
         self._started = self._stopped = False
         self._worker_ends: tuple[WorkerQueue, ...] = ()
-        self._sends: PortalSends | None = None  # from_main's deadlines (io_loop/portalqueue.py)
+        self._sends: PortalSends | None = None  # from_main's deadlines and answers (io_loop/portalqueue.py)
         self._worker_done = False
         self._start_failed = False  # the worker failed before its first await: start() raises it
         self._logged_failures: set[str] = set()
+        self._up_lock = threading.Lock()  # the up state below: the worker puts on the loop or in executor threads
+        self._up = False  # this run's connection is up (under _up_lock)
+        self._says = False  # the worker says when it is up (set_connected): its first item no longer does
+        self._up_seen: asyncio.Future[None] | None = None  # this run's first "up", for the driver (on the loop)
         self.result: Any = None  # what the worker's coroutine returned, once it has (its last run's)
-        self.runs = 0  # runs of the worker begun so far (1, 2, …: a ConnectionEvent's connection)
+        self.runs = 0  # runs of the worker begun so far (1, 2, …)
+        self.connections = 0  # connections up so far (1, 2, …: a ConnectionEvent's connection)
         self.restarts = 0  # runs begun again after one ended (RestartPolicy), written on the loop only
         self.restarting = False  # a run has ended and the next waits for its backoff
 
@@ -176,8 +264,20 @@ class IOPortal:
 
     @property
     def sent_failed(self) -> dict[str, int]:
-        """Items put on ``from_main`` with ``max_age_s`` that the worker did not take in time, by reason (a copy)."""
+        """Items put on ``from_main`` with ``max_age_s`` or an ``id`` that the worker did not take (in
+        time: ``"deadline"``; before the portal ended: ``"not taken"``), by reason (a copy)."""
         return dict(self._sends.sent_failed) if self._sends is not None else {}
+
+    @property
+    def awaited_unanswered(self) -> dict[str, int]:
+        """With ``send_answered``: items the worker took whose answer never came, by reason (``"connection
+        lost"``, ``"stop deadline"``), each reported on ``to_main`` as ``SendFailed`` (a copy)."""
+        return dict(self._sends.awaited_unanswered) if self._sends is not None else {}
+
+    @property
+    def awaiting(self) -> int:
+        """With ``send_answered``: items put with an ``id`` whose answer has not come yet (taken or not)."""
+        return self._sends.awaiting() if self._sends is not None else 0
 
     @property
     def alive(self) -> bool:
@@ -218,13 +318,14 @@ class IOPortal:
 
     def stop(self, timeout: float | None = None) -> None:
         """The orderly stop (see the module rules), within ``timeout`` seconds (``stop_timeout_s``
-        by default); raises ``WorkerFailed`` if the worker did not end in time, or failed and no
-        call has raised that yet. What the worker had put stays in ``to_main``. A second call does nothing."""
+        by default): what is in flight is delivered first, then the worker is stopped; raises
+        ``WorkerFailed`` if the worker did not end in time, or failed and no call has raised that
+        yet. What the worker had put stays in ``to_main``. A second call does nothing."""
         if self._stopped:
             return
+        timeout = self.stop_timeout_s if timeout is None else float(seconds(timeout, "IOPortal.stop(timeout=)"))
         self._stopped = True
         if self._started:
-            timeout = self.stop_timeout_s if timeout is None else timeout
             self._stop(timeout, because=f"did not end within the stop's {timeout}s")
             if not self._delivered:
                 self.raise_if_failed()
@@ -245,8 +346,10 @@ class IOPortal:
         if not self._runner.join(max(0.0, deadline - time.monotonic())):
             self._broken = f"the IO worker {because}; its thread {self._thread.name!r} is left running (a daemon)"
             log.error("%s", self._broken)
-            for q in self._queues or ():
-                q.shutdown(immediate=True)  # thread-safe: nothing the main thread calls can block now
+            if self._queues is not None:  # thread-safe: nothing the main thread calls can block now
+                to_main, from_main = self._queues
+                from_main.shutdown(immediate=True)
+                to_main.shutdown(immediate=False)  # what the worker put stays for the main thread, then WorkerFailed
 
     def _raise_end(self) -> NoReturn:
         failure = self._failure
@@ -272,85 +375,160 @@ class IOPortal:
             self._fail(exc)
 
     async def _main(self) -> None:
+        self._stop_now = asyncio.Event()
         self._queues = to_main, from_main = PortalQueue(self.queue_size), PortalQueue(self.queue_size)
-        to_worker = WorkerQueue(to_main, self.stopping, "to_main")
-        self._sends = sends = PortalSends(to_worker.put)  # from_main's deadlines; what is given up goes to_main
+        to_worker = WorkerQueue(to_main, self.stopping, "to_main", on_put=self._worker_put, says=self._worker_says)
+        # from_main's deadlines and answers; what is given up or lost goes to_main, never seen as the worker's
+        self._sends = sends = PortalSends(to_worker.put_own, answers=self.send_answered is not None)
         self._ends = (MainQueue(to_main.sync_q, self._raise_end),
                       MainQueue(from_main.sync_q, self._raise_end, sends))
-        self._worker_ends = ends = (to_worker, WorkerQueue(from_main, self.stopping, "from_main", sends))
-        backoff = self.restart.backoff() if self.restart is not None else None
-        while True:
-            self.runs += 1
-            self._announce(True)
-            if backoff is not None:
-                backoff.connected(time.monotonic())
-            self._task = task = asyncio.create_task(self._work(*ends), name=f"{self._thread.name}-worker")
-            if self.runs == 1:
-                await asyncio.sleep(0)  # the worker's first step runs first: a failure there fails start()
-                if task.done() and task.result() is not None:
-                    self._start_failed = True
-                    self._worker_done = True
-                    self._fail(task.result())
-                self._runner.ready()
-            await asyncio.wait({task})
-            for end in ends:
-                end.run_ended()  # an executor get this run left blocked gives back what it takes
-            failure = None if task.cancelled() else task.result()
-            if self._failure is not None or not await self._restarted(backoff, failure):
-                break
+        self._worker_ends = ends = (to_worker, WorkerQueue(from_main, self.stopping, "from_main", sends,
+                                                           says=self._worker_says))
+        policy = self.restart
+        try:
+            await drive(_Runs(self), (policy.backoff if policy is not None else DEFAULT_BACKOFF).fresh())
+        except _Over as over:
+            if over.failure is not None:
+                self._fail(over.failure)
+        except FeedFatal:
+            pass  # the policy's tries used up: _Runs.gave_up said so
         self._worker_done = True  # before the queues end: poll() is False by the time a get raises
         if self._failure is None:
             self._ends[0].leftover.extend(await ends[0].take_waiting())  # the main thread takes them after the rest
-            if not self.stopping.is_set():
+            if not self._stop_set:
                 if self._end is STOPPED:  # not RESTARTS_USED_UP
                     self._end = WORKER_RETURNED
                 log.warning("the IO worker returned before the stop (its coroutine ended on its own); the main "
                             "thread gets PortalClosed once it has taken the %d items it sent that are left",
                             self._ends[0].qsize())
-        unread = from_main.async_q.qsize() + len(await ends[1].take_waiting())
+        unread = []
+        while True:
+            try:
+                unread.append(from_main.async_q.get_nowait())
+            except (asyncio.QueueEmpty, janus.AsyncQueueShutDown):
+                break
+        unread.extend(await ends[1].take_waiting())
+        sends.report_untaken(unread)
         if unread and self._failure is None:
-            log.warning("%d items the main thread put were not taken by the IO worker before it ended", unread)
+            log.warning("%d items the main thread put were not taken by the IO worker before it ended", len(unread))
         from_main.shutdown(immediate=True)  # first: once to_main has ended, from_main has too
         to_main.shutdown(immediate=self._failure is not None)  # what the worker put stays for the main thread
         await from_main.wait_closed()
         await to_main.wait_closed()
 
-    async def _restarted(self, backoff: Backoff | None, failure: BaseException | None) -> bool:
-        """A run ended before the stop (``failure``: what it raised): wait for the restart policy's
-        backoff, telling the main loop; False when the worker is not run again (no policy, the
-        stop, a failure the policy does not restart, its tries used up)."""
-        policy = self.restart
-        if failure is not None and (self.stopping.is_set() or policy is None or not policy.failures):
-            self._fail(failure)
-            return False
-        if self.stopping.is_set():
-            return False
-        ended = "the worker returned" if failure is None else f"the worker failed: {_described(failure)}"
-        if policy is None or backoff is None:
-            self._announce(False, ended)
-            return False
-        backoff.disconnected(time.monotonic())
-        delay = backoff.failed()
-        if delay is None:  # its tries are used up: it ends as without a policy
-            self._end = RESTARTS_USED_UP.format(tries=policy.tries, reset_s=policy.reset_s)
-            log.error("the IO worker's run %d ended (%s): tries=%d short runs in a row, not restarted",
-                      self.runs, ended, policy.tries)
-            if failure is not None:
-                self._fail(failure)
-            else:
-                self._announce(False, ended)
-            return False
-        self._log_restart(failure, delay)
-        self.restarting = True
-        self._announce(False, f"{ended}; restarting in {delay:.2f}s")
-        try:
-            await asyncio.wait_for(self.stopping.wait(), delay)
-            return False  # the stop came first
-        except TimeoutError:
+    # ---- a run, as the reconnect driver sees it (_Runs) -----------------------------------------
+
+    async def _begin_run(self) -> asyncio.Task[Any]:
+        """A new run of the worker: its task, the first run's start handshake done."""
+        self.runs += 1
+        if self.runs > 1:
             self.restarts += 1
-            return True
-        finally:
-            self.restarting = False
+        self.restarting = False
+        with self._up_lock:
+            self._up = False
+        self._up_seen = asyncio.get_running_loop().create_future()
+        self._task = task = asyncio.create_task(self._work(*self._worker_ends), name=f"{self._thread.name}-worker")
+        if self.runs == 1:
+            await asyncio.sleep(0)  # the worker's first step runs first: a failure there fails start()
+            if task.done() and task.result() is not None:
+                self._start_failed = True
+                self._worker_done = True
+                self._fail(task.result())
+            self._runner.ready()
+            if self._start_failed:
+                raise _Over(None)
+        return task
+
+    def _outcome(self, task: asyncio.Task[Any]) -> BaseException | None:
+        """What the run raised (None: it returned, or the stop cancelled it)."""
+        return None if task.cancelled() else task.result()
+
+    def _restarted(self, failure: BaseException | None) -> bool:
+        """Whether a run that ended with ``failure`` is called again (the policy, and not the stop)."""
+        policy = self.restart
+        return policy is not None and not self._stop_set and (failure is None or policy.failures)
+
+    def _ended(self, task: asyncio.Task[Any]) -> tuple[BaseException | None, list[tuple[Any, Any]]]:
+        """The run ended: its outcome, and what it took whose answer never came (reported by the caller, after
+        the down event)."""
+        for end in self._worker_ends:
+            end.run_ended()  # an executor get this run left blocked gives back what it takes
+        assert self._sends is not None
+        return self._outcome(task), self._sends.lost(self.runs - 1)
+
+    def _gone(self, reason: str, lost: list[tuple[Any, Any]], code: int | None = None) -> None:
+        """The connection went down (if it was up): its event, then the report of what it took unanswered."""
+        with self._up_lock:
+            was_up, self._up = self._up, False
+        if was_up:
+            self._announce(ConnectionEvent(self._thread.name, False, reason, code, self.connections, time.time()))
+        assert self._sends is not None
+        self._sends.report(LOST, lost)
+
+    def _ended_text(self, failure: BaseException | None) -> str:
+        return "the worker returned" if failure is None else f"the worker failed: {_described(failure)}"
+
+    # ---- up and down (the worker's puts: on the loop or in an executor thread) -------------------
+
+    def _worker_put(self, item: Any) -> None:
+        """The worker puts ``item`` on ``to_main``: its answer is noted; a run not up yet is up now,
+        unless the worker says itself when it is (the up event goes first)."""
+        if self.send_answered is not None:
+            send_id = self.send_answered(item)  # raises into the worker's put: the item is not put
+            if send_id is not None:
+                assert self._sends is not None
+                self._sends.answered(send_id)
+        if not self._up and not self._says:
+            self._came_up()
+
+    def _worker_says(self, connected: bool, reason: str, code: int | None) -> None:
+        self._says = True
+        if connected:
+            self._came_up()
+            return
+        if threading.get_ident() != self._loop_thread_id():
+            self._runner.call_soon(self._worker_says, connected, reason, code)
+            return
+        assert self._sends is not None
+        self._gone(reason or "the worker says it is not connected", self._sends.lost(self.runs - 1), code)
+
+    def _came_up(self) -> None:
+        with self._up_lock:
+            if self._up:
+                return
+            self.connections += 1
+            self._announce(ConnectionEvent(self._thread.name, True, "", None, self.connections, time.time()))
+            self._up = True  # after the event is in: a put racing this one sees it up only then
+        if threading.get_ident() == self._loop_thread_id():
+            self._mark_up_seen()
+        else:
+            self._runner.call_soon(self._mark_up_seen)
+
+    def _mark_up_seen(self) -> None:
+        if self._up_seen is not None and not self._up_seen.done():
+            self._up_seen.set_result(None)
+
+    def _loop_thread_id(self) -> int | None:
+        return self._thread.ident
+
+    def _announce(self, event: ConnectionEvent) -> None:
+        """With ``connection_events``: ``event`` on ``to_main``, after what the worker put."""
+        if self.connection_events:
+            self._worker_ends[0].put_own(event)
+
+    # ---- the worker ------------------------------------------------------------------------------
+
+    async def _work(self, to_main: WorkerQueue, from_main: WorkerQueue) -> BaseException | None:
+        """One run of the worker: None when it returned, else what it raised (the stop's cancellation is re-raised)."""
+        try:
+            self.result = await self._worker(to_main, from_main)
+        except asyncio.CancelledError as exc:
+            if self._stop_set:
+                raise
+            return exc
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: a library never exits its host
+            return exc
+        return None
 
     def _log_restart(self, failure: BaseException | None, delay: float) -> None:
         if failure is None:
@@ -363,23 +541,6 @@ class IOPortal:
         log.error("the IO worker failed (run %d); restarting it in %.2fs (its restart policy)%s", self.runs, delay,
                   "" if first else f": {key} (its traceback was logged before)", exc_info=failure if first else None)
 
-    def _announce(self, running: bool, reason: str = "") -> None:
-        """With ``connection_events``: the run's start or end on ``to_main``, after what the worker put."""
-        if self.connection_events:
-            self._worker_ends[0].put(ConnectionEvent(self._thread.name, running, reason, None, self.runs, time.time()))
-
-    async def _work(self, to_main: WorkerQueue, from_main: WorkerQueue) -> BaseException | None:
-        """One run of the worker: None when it returned, else what it raised (the stop's cancellation is re-raised)."""
-        try:
-            self.result = await self._worker(to_main, from_main)
-        except asyncio.CancelledError as exc:
-            if self.stopping.is_set():
-                raise
-            return exc
-        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: a library never exits its host
-            return exc
-        return None
-
     def _fail(self, exc: BaseException) -> None:
         if self._failure is not None:
             return
@@ -390,16 +551,130 @@ class IOPortal:
         for q in queues:
             q.shutdown(immediate=True)  # wakes a main thread blocked in get or put
 
-    def _begin_stop(self, deadline: float) -> None:
-        self.stopping.set()
-        # a worker already ended (a stop arriving as the loop closes, after _main) has nothing to
-        # cancel: a task made then would never run, its coroutine "never awaited"
-        if self._task is not None and not self._task.done() and self._stopper is None:
-            self._stopper = asyncio.ensure_future(self._cancel_at(self._task, deadline))
+    # ---- the stop ----------------------------------------------------------------------------------
 
-    async def _cancel_at(self, task: asyncio.Task[Any], deadline: float) -> None:
+    def _begin_stop(self, deadline: float) -> None:
+        # a worker already ended (a stop arriving as the loop closes, after _main) has nothing to
+        # stop: a task made then would never run, its coroutine "never awaited"
+        if self._worker_done or self._stopper is not None:
+            self._set_stopping()
+            return
+        self._stopper = asyncio.ensure_future(self._stop_at(deadline))
+
+    def _set_stopping(self) -> None:
+        self._stop_set = True
+        asyncio.Event.set(self.stopping)
+        if self._stop_now is not None:
+            self._stop_now.set()
+
+    async def _stop_at(self, deadline: float) -> None:
+        """The stop on the loop: what is in flight delivered, then the worker stopped (module rules)."""
         reserve = min(CANCEL_RESERVE_S, (deadline - time.monotonic()) / 4)
-        await asyncio.wait({task}, timeout=max(0.0, deadline - reserve - time.monotonic()))
+        until = deadline - reserve
+        await self._deliver(until)
+        self._set_stopping()
+        task = self._task
+        if task is None or task.done():
+            return
+        if self.stopping.watched:  # it can know of the stop: its time to return
+            await asyncio.wait({task}, timeout=max(0.0, until - time.monotonic()))
         while not task.done() and time.monotonic() < deadline:
             task.cancel()
             await asyncio.wait({task}, timeout=min(RECANCEL_S, max(0.0, deadline - time.monotonic())))
+
+    async def _deliver(self, until: float) -> None:
+        """Until ``until``: every item put on ``from_main`` taken and, with ``send_answered``, every answer
+        awaited come; what is still awaited then is counted and reported ("stop deadline")."""
+        sends = self._sends
+        assert sends is not None
+        while not self._worker_done and not (sends.handed() and not sends.awaiting()):
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.sleep(min(AWAIT_POLL_S, left))
+        unanswered = sends.taken_unanswered()
+        if unanswered:
+            log.error("the stop's time for answers ran out with %d items the worker took still unanswered: each is "
+                      "reported on to_main (SendFailed, %r), counted in awaited_unanswered", len(unanswered),
+                      STOP_DEADLINE)
+            sends.report(STOP_DEADLINE, unanswered)
+
+
+class _Runs:
+    """The portal's side of the reconnect driver (io_loop/reconnect.py): an attempt is a run of the
+    worker until it is up; a connection, the rest of that run. A run not called again ends the
+    drive (``_Over``); the policy's tries used up end it too (``gave_up``)."""
+
+    failures = (_NotUp,)
+
+    def __init__(self, portal: IOPortal) -> None:
+        self.portal = portal
+        self.failure: BaseException | None = None  # the last run's (for a give-up after a failure)
+        self.lost: list[tuple[Any, Any]] = []  # what the last run took unanswered, reported after its down event
+
+    def more(self) -> bool:
+        return not self.portal._stop_set
+
+    async def connect(self) -> asyncio.Task[Any]:
+        p = self.portal
+        task = await p._begin_run()
+        assert p._up_seen is not None
+        await asyncio.wait({task, p._up_seen}, return_when=asyncio.FIRST_COMPLETED)
+        if p._up_seen.done() and not task.done():
+            return task
+        if p._up:  # up, and ended within the same turn: a connection all the same
+            return task
+        failure, lost = p._ended(task)
+        self.failure = failure
+        p._gone("", lost)  # not up: no event, but what it took is reported
+        if not p._restarted(failure):
+            raise _Over(failure)
+        raise _NotUp(p._ended_text(failure))
+
+    def attempt_failed(self, exc: BaseException) -> str:
+        return str(exc)
+
+    def retrying(self, reason: str, delay: float) -> None:
+        p = self.portal
+        p._log_restart(self.failure, delay)
+        p.restarting = True
+
+    async def serve(self, task: asyncio.Task[Any]) -> str:
+        p = self.portal
+        await asyncio.wait({task})
+        failure, self.lost = p._ended(task)
+        self.failure = failure
+        reason = p._ended_text(failure)
+        if not p._restarted(failure):
+            p._gone(reason, self.lost)
+            raise _Over(failure)
+        return reason
+
+    def reconnecting(self, reason: str, delay: float) -> None:
+        p = self.portal
+        p._gone(f"{reason}; restarting in {delay:.2f}s", self.lost)
+        p._log_restart(self.failure, delay)
+        p.restarting = True
+
+    def gave_up(self, reason: str, failures: int, lost: bool) -> FeedFatal:
+        p = self.portal
+        policy = p.restart
+        assert policy is not None
+        p._end = RESTARTS_USED_UP.format(tries=policy.tries, reset_s=policy.reset_s)
+        log.error("the IO worker's run %d ended (%s): tries=%d failures in a row, not restarted", p.runs, reason,
+                  policy.tries)
+        if lost:
+            p._gone(reason, self.lost)
+        if self.failure is not None:
+            p._fail(self.failure)
+        return FeedFatal(p._end)
+
+    async def pause(self, delay: float) -> None:
+        stop_now = self.portal._stop_now
+        assert stop_now is not None
+        try:
+            await asyncio.wait_for(stop_now.wait(), delay)
+        except TimeoutError:
+            pass
+        finally:
+            self.portal.restarting = False

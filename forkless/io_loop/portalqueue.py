@@ -25,6 +25,15 @@ Rules:
   giving up are settled under one lock (a ``get`` may run in an executor thread); the count and the
   report are made on the loop only. The ids of such puts are counted under the same lock: ``from_main``
   is a ``queue.Queue`` to whoever puts on it, and two threads' puts once took one id.
+- Answers (``IOPortal(send_answered=...)``): ``put(item, id=)`` makes the item await its answer, the
+  item the worker puts on ``to_main`` whose ``send_answered(item)`` is that id (``to_main``'s ``put`` tells the
+  portal of each: ``on_put``). ``PortalSends`` keeps them (``Unanswered``, io_loop/sends.py) by the
+  run that took them; the portal reports what a run took unanswered when it ends (``lost``) and what
+  is left at the stop. ``untaken`` counts what the main thread put and the worker has neither taken
+  nor seen given up: the stop waits for it to be 0.
+- Up: ``to_main``'s ``put`` tells the portal of each item the worker puts (its first in a run is the
+  "up" of a worker that does not say it itself: ``set_connected``, on either end); the portal's own
+  items (its ``ConnectionEvent``s, its ``SendFailed`` reports) go in with ``put_own``, unseen.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from typing import Any, NoReturn
 import janus
 
 from forkless.io_loop.errors import ForklessError
-from forkless.io_loop.sends import DEADLINE, SendFailed, checked_max_age
+from forkless.io_loop.sends import DEADLINE, LOST, NOT_TAKEN, STOP_DEADLINE, SendFailed, Unanswered, checked_max_age
 
 __all__ = ["Empty", "First", "Full", "MainQueue", "PortalQueue", "PortalSends", "WorkerQueue"]
 
@@ -152,90 +161,179 @@ class _Get:
 
 
 class _Timed:
-    """An item put with a deadline (``PortalSends``); ``outcome`` is settled once, under the lock."""
+    """An item put with a deadline or an id (``PortalSends``); ``outcome`` is settled once, under the lock."""
 
-    __slots__ = ("deadline", "id", "item", "outcome")
+    __slots__ = ("awaits", "deadline", "id", "item", "outcome")
 
-    def __init__(self, item: Any, deadline: float, id: Any) -> None:
-        self.item, self.deadline, self.id, self.outcome = item, deadline, id, ""
+    def __init__(self, item: Any, deadline: float | None, id: Any, awaits: bool) -> None:
+        self.item, self.deadline, self.id, self.outcome, self.awaits = item, deadline, id, "", awaits
 
 
 class PortalSends:
-    """The deadlines of what the main thread puts on ``from_main`` (see the module rules). Made on
-    the portal's loop; ``report`` puts on ``to_main`` there."""
+    """What the main thread puts on ``from_main``, followed (see the module rules): each item until
+    the worker takes it (``untaken``), its deadline, and, with ``answers``, the answer of each put
+    with an ``id``. Made on the portal's loop; ``report`` puts on ``to_main`` there."""
 
-    def __init__(self, report: Callable[[Any], Any]) -> None:
+    def __init__(self, report: Callable[[Any], Any], *, answers: bool = False) -> None:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._report = report
-        self._lock = threading.Lock()  # an item's outcome, and the count of puts below
+        self.answers = answers  # IOPortal(send_answered=...): a put with an id awaits its answer
+        self._lock = threading.Lock()  # an item's outcome, the count of puts, what is untaken and awaited below
         self._sends = 0  # puts with a deadline so far: their id unless the caller gives one
-        self.sent_failed: Counter[str] = Counter()  # items given up by reason (written on the loop only)
-        self._logged = False
+        self.untaken = 0  # items put and neither taken by the worker nor given up (under the lock)
+        self._queued: dict[Any, _Timed] = {}  # items put with an id that await an answer, not taken yet
+        self._unanswered = Unanswered()  # ... taken by a run (its number), their answer not come yet
+        self.sent_failed: Counter[str] = Counter()  # items never taken, by reason (written on the loop only)
+        self.awaited_unanswered: Counter[str] = Counter()  # items taken whose answer never came, by reason
+        self._logged: set[str] = set()
+
+    def awaiting(self) -> int:
+        """Answers still awaited: items put with an id, taken or not, not answered nor given up."""
+        with self._lock:
+            return len(self._queued) + len(self._unanswered)
+
+    def handed(self) -> bool:
+        """True when every item the main thread put was taken by the worker (or given up)."""
+        return self.untaken <= 0
 
     def timed(self, item: Any, max_age_s: Any, id: Any) -> _Timed:
-        """The main thread's put: ``item`` with its deadline (``max_age_s`` from now)."""
+        """The main thread's put: ``item`` with its deadline (``max_age_s`` from now) and id; with
+        ``answers``, an item with an id awaits its answer from now (``ValueError`` for an id awaited already)."""
         max_age_s = checked_max_age(max_age_s, "put(max_age_s=)")
-        if max_age_s is None:
-            raise ValueError("put(id=) names an item put with a deadline: give max_age_s too")
+        if max_age_s is None and not self.answers:
+            raise ValueError("put(id=) names an item put with a deadline: give max_age_s too (or give the portal "
+                             "send_answered=, to follow the answer of each item put with an id)")
+        awaits = self.answers and id is not None
         with self._lock:  # one id each, whichever threads put at once (the module rules)
+            if awaits and (id in self._queued or id in self._unanswered):
+                raise ValueError(f"put(id={id!r}): an item put with that id awaits its answer already; an id names "
+                                 f"one item")
             self._sends += 1
-            sends = self._sends
-        return _Timed(item, time.monotonic() + max_age_s, sends if id is None else id)
+            record = _Timed(item, None if max_age_s is None else time.monotonic() + max_age_s,
+                            self._sends if id is None else id, awaits)
+            if awaits:
+                self._queued[record.id] = record
+        return record
+
+    def putting(self) -> None:
+        """The main thread is about to put an item (``put_failed`` if the put raises)."""
+        with self._lock:
+            self.untaken += 1
+
+    def put_failed(self, record: _Timed | None) -> None:
+        """The put raised (full, or the portal ended): the item is not there."""
+        with self._lock:
+            self.untaken -= 1
+            if record is not None:
+                record.outcome = "not put"
+                self._queued.pop(record.id, None)
 
     def watch(self, record: _Timed) -> None:
         """After the put: its deadline is watched on the loop from now."""
+        if record.deadline is None:
+            return
         try:
             self._loop.call_soon_threadsafe(self._arm, record)
         except RuntimeError:  # the loop has closed: the portal has ended, nothing is taken any more
             pass
 
-    def take(self, item: Any) -> tuple[bool, Any]:
-        """What the worker's ``get`` took: (True, the item to hand out), or (False, None) for one
-        given up (now, its deadline passed, or before): skip it."""
+    def take(self, item: Any, run: int) -> tuple[bool, Any]:
+        """What the worker's ``get`` took in its ``run``: (True, the item to hand out), or (False,
+        None) for one given up (now, its deadline passed, or before): skip it."""
         if type(item) is not _Timed:
+            with self._lock:
+                self.untaken -= 1
             return True, item
-        outcome = DEADLINE if time.monotonic() >= item.deadline else "taken"
-        if not self._settle(item, outcome):
-            return False, None
+        outcome = DEADLINE if item.deadline is not None and time.monotonic() >= item.deadline else "taken"
+        with self._lock:
+            if item.outcome:
+                return False, None
+            item.outcome = outcome
+            self.untaken -= 1
+            if self._queued.pop(item.id, None) is not None and outcome != DEADLINE:
+                self._unanswered.left(item.id, run, item.item)
         if outcome == DEADLINE:
-            self._given_up(item)
+            self._given_up(item.id, item.item, DEADLINE)
             return False, None
         return True, item.item
 
+    def answered(self, send_id: Any) -> None:
+        """An item the worker put answers ``send_id`` (``IOPortal(send_answered=...)``): no longer awaited."""
+        with self._lock:
+            if not self._unanswered.answered(send_id):
+                self._queued.pop(send_id, None)
+
+    def lost(self, run: int) -> list[tuple[Any, Any]]:
+        """``run`` ended (or its worker said it is not connected): what it took unanswered, forgotten."""
+        with self._lock:
+            return self._unanswered.lost(run)
+
+    def taken_unanswered(self) -> list[tuple[Any, Any]]:
+        """Every item taken whose answer has not come, forgotten (the stop's time for answers is over)."""
+        with self._lock:
+            return self._unanswered.left_over()
+
+    def untaken_records(self, records: list[Any]) -> list[_Timed]:
+        """Of ``records`` (what ``from_main`` still held at the end), those put with a deadline or an
+        id that were never settled: settled "not taken" now."""
+        left = []
+        with self._lock:
+            for record in records:
+                if type(record) is _Timed and not record.outcome:
+                    record.outcome = NOT_TAKEN
+                    self._queued.pop(record.id, None)
+                    left.append(record)
+        return left
+
+    def report_untaken(self, records: list[Any]) -> None:
+        """At the end: each of ``records`` put with a deadline or an id and never settled is reported, "not taken"."""
+        self.report(NOT_TAKEN, [(record.id, record.item) for record in self.untaken_records(records)])
+
     def _arm(self, record: _Timed) -> None:
-        if not record.outcome:
+        if not record.outcome and record.deadline is not None:
             self._loop.call_at(record.deadline, self._due, record)  # loop.time() is time.monotonic()
 
     def _due(self, record: _Timed) -> None:
-        if self._settle(record, DEADLINE):
-            self._given_up(record)
-
-    def _settle(self, record: _Timed, outcome: str) -> bool:
         with self._lock:
             if record.outcome:
-                return False
-            record.outcome = outcome
-            return True
+                return
+            record.outcome = DEADLINE
+            self.untaken -= 1
+            self._queued.pop(record.id, None)
+        self._given_up(record.id, record.item, DEADLINE)
 
-    def _given_up(self, record: _Timed) -> None:
+    def _given_up(self, send_id: Any, item: Any, reason: str) -> None:
+        """Report an item given up (never taken: ``sent_failed``) or whose answer will not come
+        (``awaited_unanswered``): counted and put on ``to_main`` as ``SendFailed``, on the loop."""
         if threading.get_ident() != self._loop_thread:  # a get in an executor thread: counted on the loop
             try:
-                self._loop.call_soon_threadsafe(self._given_up, record)
+                self._loop.call_soon_threadsafe(self._given_up, send_id, item, reason)
             except RuntimeError:
                 pass
             return
-        self.sent_failed[DEADLINE] += 1
-        if not self._logged:
-            self._logged = True
-            log.warning("from_main: an item put with max_age_s was not taken by the worker in time: given up, "
-                        "to_main gets SendFailed for each (counted in IOPortal.sent_failed; logged once)")
-        failed = SendFailed(f"from_main: item {record.id!r} was not taken by the worker within its max_age_s",
-                            record.item, id=record.id, reason=DEADLINE, source="from_main")
+        answered = reason in (LOST, STOP_DEADLINE)
+        (self.awaited_unanswered if answered else self.sent_failed)[reason] += 1
+        what = {DEADLINE: "was not taken by the worker within its max_age_s",
+                NOT_TAKEN: "was not taken by the worker before the portal ended",
+                LOST: "was taken by a run of the worker that ended (or said it was not connected) before its "
+                      "answer came",
+                STOP_DEADLINE: "was taken by the worker, and its answer had not come when the stop's time for "
+                               "answers ran out"}[reason]
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("from_main: an item %s: to_main gets SendFailed (reason %r) for each, counted in IOPortal.%s "
+                        "(logged once)", what, reason, "awaited_unanswered" if answered else "sent_failed")
+        failed = SendFailed(f"from_main: item {send_id!r} {what}", item, id=send_id, reason=reason, source="from_main")
         try:
             self._report(failed)
         except (janus.AsyncQueueShutDown, janus.SyncQueueShutDown):  # to_main has ended: counted only
             pass
+
+    def report(self, reason: str, items: list[tuple[Any, Any]]) -> None:
+        """Report each of ``items`` (id, item) for ``reason`` (on the loop)."""
+        for send_id, item in items:
+            self._given_up(send_id, item, reason)
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -264,10 +362,13 @@ class WorkerQueue(_Sized):
     ``AsyncQueueShutDown`` on the loop, ``SyncQueueShutDown`` in another thread."""
 
     def __init__(self, q: janus.Queue[Any], stopping: asyncio.Event, name: str,
-                 sends: PortalSends | None = None) -> None:
+                 sends: PortalSends | None = None, *, on_put: Callable[[Any], None] | None = None,
+                 says: Callable[[bool, str, int | None], None] | None = None) -> None:
         self._q, self._sync = q.async_q, q.sync_q
         self.stopping, self.name = stopping, name
         self._sends = sends  # from_main's: items put with a deadline (PortalSends)
+        self._on_put = on_put  # to_main's: the portal sees each item the worker puts (its first: "up"; answers)
+        self._says = says  # set_connected: the portal's
         self._loop_thread = threading.get_ident()  # made on the loop
         self._waiting: deque[_WaitingPut] = deque()  # items put while full, in order (loop only)
         self._mover: asyncio.Task[None] | None = None
@@ -284,7 +385,23 @@ class WorkerQueue(_Sized):
         return Full(f"the queue holds queue_size={self._q.maxsize} items: the main thread takes them too "
                     "slowly (a larger queue_size, or 0 for no bound)")
 
+    def set_connected(self, connected: bool = True, reason: str = "", *, code: int | None = None) -> None:
+        """Say whether the worker's connection is up (``reason``, ``code``: why not, the close code
+        received, if any): the portal's ``ConnectionEvent`` and its restart's backoff follow what the
+        worker says from its first call on, no longer its first item (io_loop/portal.py). Anywhere."""
+        if not isinstance(connected, bool) or not isinstance(reason, str) or (
+                code is not None and (isinstance(code, bool) or not isinstance(code, int))):
+            raise TypeError(f"set_connected(connected, reason='', code=None) takes a bool, a str and an int close code "
+                            f"(or None), not {connected!r}, {reason!r}, {code!r}")
+        if self._says is not None:
+            self._says(connected, reason, code)
+
     def put_nowait(self, item: Any) -> None:
+        if self._on_put is not None:
+            self._on_put(item)
+        self._put_nowait(item)
+
+    def _put_nowait(self, item: Any) -> None:
         if threading.get_ident() != self._loop_thread:
             try:
                 self._sync.put_nowait(item)
@@ -300,8 +417,18 @@ class WorkerQueue(_Sized):
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> _Enqueued | _WaitingPut:
         _check_timeout(timeout)
+        if self._on_put is not None:
+            self._on_put(item)
+        return self._put(item, block, timeout)
+
+    def put_own(self, item: Any) -> None:
+        """The portal's own item (a ``ConnectionEvent``, a ``SendFailed``), put as the worker's ``put``
+        puts, never seen as the worker's (no "up", no answer)."""
+        self._put(item, True, None)
+
+    def _put(self, item: Any, block: bool, timeout: float | None) -> _Enqueued | _WaitingPut:
         if not block:
-            self.put_nowait(item)
+            self._put_nowait(item)
             return ENQUEUED
         if threading.get_ident() != self._loop_thread:
             try:
@@ -334,7 +461,7 @@ class WorkerQueue(_Sized):
                     item = self._q.get_nowait()
             except (queue.Empty, asyncio.QueueEmpty):
                 raise Empty from None
-            usable, item = self._taken(item)
+            usable, item = self._taken(item, self._run)
             if usable:
                 return item
 
@@ -354,7 +481,7 @@ class WorkerQueue(_Sized):
             if run != self._run:  # the run that asked has ended (a restart): the item is the next run's, first
                 self._give_back(item)
                 raise Empty
-            usable, item = self._taken(item)
+            usable, item = self._taken(item, run)
             if usable:
                 return item
 
@@ -370,9 +497,10 @@ class WorkerQueue(_Sized):
             log.error("%s: an item a finished run of the IO worker took was not given back: the portal has "
                       "ended (dropped)", self.name)
 
-    def _taken(self, item: Any) -> tuple[bool, Any]:
-        """An item taken from the queue: (True, what to hand out), or (False, None) for one past its deadline."""
-        return (True, item) if self._sends is None else self._sends.take(item)
+    def _taken(self, item: Any, run: int) -> tuple[bool, Any]:
+        """An item taken from the queue by the worker's ``run`` (0, 1, …: runs ended before it): (True,
+        what to hand out), or (False, None) for one past its deadline."""
+        return (True, item) if self._sends is None else self._sends.take(item, run)
 
     # ---- the loop's side of put and get ---------------------------------------------------------
 
@@ -415,7 +543,7 @@ class WorkerQueue(_Sized):
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    usable, item = self._taken(await self._q.get())
+                    usable, item = self._taken(await self._q.get(), self._run)
                     if usable:
                         return item
         except TimeoutError:
@@ -462,20 +590,28 @@ class MainQueue(_Sized):
             id: Any = None) -> Any:
         """``queue.Queue.put``; ``from_main`` also takes ``max_age_s``: the worker gets the item within
         that many seconds or never (``to_main`` gets ``SendFailed`` with ``id``: the given one, or the
-        count of such puts, which ``put`` returns; None without a deadline)."""
+        count of such puts, which ``put`` returns; None without a deadline), and ``id``: with the
+        portal's ``send_answered``, the item awaits the answer of that id (module rules)."""
         record = None
+        sends = self._sends
         if max_age_s is not None or id is not None:
-            if self._sends is None:
+            if sends is None:
                 raise TypeError("put(max_age_s=, id=) is from_main's: the main thread's items for the worker "
                                 "carry a deadline, to_main's do not")
-            record = self._sends.timed(item, max_age_s, id)
+            record = sends.timed(item, max_age_s, id)
+        if sends is not None:
+            sends.putting()
         try:
             self._q.put(item if record is None else record, block, timeout)
-        except janus.SyncQueueShutDown:
-            self._raise_end()
+        except BaseException as exc:
+            if sends is not None:
+                sends.put_failed(record)
+            if isinstance(exc, janus.SyncQueueShutDown):
+                self._raise_end()
+            raise
         if record is None:
             return None
-        self._sends.watch(record)
+        sends.watch(record)
         return record.id
 
     def put_nowait(self, item: Any, *, max_age_s: float | None = None, id: Any = None) -> Any:

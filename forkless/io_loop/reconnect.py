@@ -22,8 +22,10 @@ Rules:
   ``failures`` is the backoff's count in a row; the link builds the ``FeedFatal``.
 - ``drive`` is pure of clocks but the one passed (``clock``, ``time.monotonic``): no sleeping of its own. Beside
   it, what the feeds' links share (the WebSocket feed's, the JetStream feed's and its replies'): ``End`` and
-  ``Outcome``, how a reader, a writer or a served connection ended, and ``pause_before_reconnect``, a link's
-  ``pause`` cut short once the stop has come and nothing is left to send.
+  ``Outcome``, how a reader, a writer or a served connection ended, ``pause_before_reconnect``, a link's
+  ``pause`` cut short once the stop has come and nothing is left to send, and ``closed_how``, the words for a
+  WebSocket's end by its close code: 1006 is a connection lost without a close frame (a peer killed, a network
+  gone), never "closed by" anyone, whether the reader or the writer found it.
 """
 
 from __future__ import annotations
@@ -38,9 +40,18 @@ from typing import Any, Protocol
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.errors import FeedFatal
 
-__all__ = ["DONE", "End", "Link", "Outcome", "drive", "pause_before_reconnect"]
+__all__ = ["DONE", "LOST_WITHOUT_CLOSE", "End", "Link", "Outcome", "closed_how", "drive", "pause_before_reconnect"]
 
 DONE = None  # what ``Link.serve`` returns when the work is over: no reconnect
+LOST_WITHOUT_CLOSE = 1006  # RFC 6455: the close code of a connection that ended without a close frame
+
+
+def closed_how(code: int | None, by: str = "the peer") -> str:
+    """Why a WebSocket connection ended, by its close code (None: none known): ``closed by the peer
+    (code 4003)``, or ``lost without a close frame (1006)``."""
+    if code == LOST_WITHOUT_CLOSE:
+        return f"lost without a close frame ({LOST_WITHOUT_CLOSE}: the peer died, or the network)"
+    return f"closed by {by}" if code is None else f"closed by {by} (code {code})"
 
 
 class Outcome(enum.Enum):

@@ -51,22 +51,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
-from forkless.io_loop.backoff import Backoff
+from forkless.io_loop.backoff import DEFAULT_BACKOFF, Backoff
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.hooks import HookFailed, guarded_call, own_cancellation, reason_of
-from forkless.io_loop.reconnect import drive
+from forkless.io_loop.reconnect import closed_how, drive
+from forkless.io_loop.seconds import seconds, whole
 from forkless.io_loop.sends import DEADLINE, DISCONNECTED, GAVE_UP, HOLD, WRITE_FAILED, SendFailed, SentBytes, SentText
 
-__all__ = ["DEFAULT_BACKOFF", "Relogin"]
+__all__ = ["Relogin"]
 
 log = logging.getLogger("forkless.relogin")
 
 MAX_LOGGED_REASONS = 100  # distinct failure reasons logged at warning; the rest at debug
 
-# the first retry at once (0.05 s), then doubling, but at most 0.5 s while the outage is younger than
-# 5 s (follow_s / follow_ratio): a peer restarted within that is followed within 0.5 s; after, at most
-# a tenth of the outage's age, up to 5 s; each delay is between half and all of its cap (jitter 0.5)
-DEFAULT_BACKOFF = Backoff(min_s=0.05, max_s=5.0, reset_s=5.0, jitter=0.5, follow_s=0.5, follow_ratio=0.1)
 
 
 def _reason(exc: BaseException) -> str:
@@ -94,10 +91,9 @@ class Relogin:
         if not callable(connect) or not callable(serve) or not callable(send):
             raise TypeError("Relogin needs callables: connect(attempt) -> connection, serve(connection), and "
                             "send(connection, frame) if given")
-        if (hold_s is not None and not hold_s >= 0) or not connect_timeout_s > 0 or tries < 0:
-            raise ValueError(f"Relogin needs hold_s >= 0 (0: refuse sends while not connected; None: no bound), "
-                             f"connect_timeout_s > 0 and tries >= 0 (0: no bound), not {hold_s!r}, "
-                             f"{connect_timeout_s!r}, {tries!r}")
+        hold_s = seconds(hold_s, "Relogin's hold_s (0: refuse sends while not connected)", zero=True, none="no bound")
+        connect_timeout_s = seconds(connect_timeout_s, "Relogin's connect_timeout_s")
+        tries = whole(tries, "Relogin's tries", means_zero="no bound")
         if backoff is not None and not isinstance(backoff, Backoff):
             raise TypeError(f"Relogin's backoff is a forkless.Backoff (min_s, max_s, jitter, …), not {backoff!r}")
         self._connect, self._serve, self._write, self._ctx = connect, serve, send, ctx
@@ -225,7 +221,7 @@ class Relogin:
         self._count("sends failed")
         self._log("a send was not written", text if reason in (HOLD, DISCONNECTED) else reason)
         if self._ctx is not None and isinstance(frame, (SentText, SentBytes)):
-            self._ctx.send_failed(frame, reason)
+            self._ctx.send_failed(frame, reason, cause=cause)
         raise SendFailed(f"{self.name}: {text}", frame, id=id, reason=reason, source=self.name) from cause
 
     # ---- the connection ---------------------------------------------------------------------------
@@ -237,16 +233,16 @@ class Relogin:
     async def _keep_up(self) -> None:
         try:
             await drive(_Link(self), self._backoff)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if own_cancellation():  # aclose: the end of the async with
                 raise
             self._give_up(f"{self.name}: the connection task ended: CancelledError (not the link's own "
-                          "cancellation)")
+                          "cancellation)", cause=exc)
         except FeedFatal:
             raise  # tries used up: _give_up said so
         except BaseException as exc:  # never silent: the link ends, every send fails, the async with raises
             log.error("%s: the connection task failed", self.name, exc_info=exc)
-            self._give_up(f"{self.name}: the connection task failed: {_reason(exc)}")
+            self._give_up(f"{self.name}: the connection task failed: {_reason(exc)}", cause=exc)
         finally:
             conn, self._conn = self._conn, None
             self._state_changed()
@@ -260,7 +256,7 @@ class Relogin:
         if self._ctx is not None:
             self._ctx.connection_opened()
         self._state_changed()
-        reason = "closed by the peer"
+        reason = ""  # serve returned: the close code says how it ended
         try:
             await self._serve(conn)
         except asyncio.CancelledError as exc:
@@ -273,13 +269,16 @@ class Relogin:
             self._conn = None
             self._state_changed()
             await self._close(conn)  # also when cancelled (the end of the async with)
-        self._lost(f"the connection ended: {reason}", opened=True, code=getattr(conn, "close_code", None))
+        code = getattr(conn, "close_code", None)  # aiohttp's and websockets' connections have one
+        code = code if isinstance(code, int) and not isinstance(code, bool) else None
+        reason = reason or closed_how(code)  # 1006: lost without a close frame, never "closed by the peer"
+        self._lost(f"the connection ended: {reason}", opened=True, code=code)
         return reason
 
     def _lost(self, reason: str, *, opened: bool, code: int | None = None) -> None:
         if self._ctx is not None:
-            if opened:  # the close code where the connection has one (aiohttp's and websockets' have)
-                self._ctx.connection_closed(reason, code=code if isinstance(code, int) else None)
+            if opened:
+                self._ctx.connection_closed(reason, code=code)
                 self._ctx.reconnecting()
             else:
                 self._ctx.connect_failed(reason)
@@ -287,8 +286,11 @@ class Relogin:
             self.attempts_failed += 1
         self._log("connecting again", reason)
 
-    def _give_up(self, giving_up: str) -> FeedFatal:
+    def _give_up(self, giving_up: str, cause: BaseException | None = None) -> FeedFatal:
+        """The link gives up: its ``FeedFatal`` (``cause``, what ended the connection task, its
+        ``__cause__``), raised at the ``async with``'s end and the cause of every send it fails."""
         self._fatal = FeedFatal(f"giving up: {giving_up}")
+        self._fatal.__cause__ = cause
         log.error("%s", self._fatal)
         self._state_changed()
         return self._fatal

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from typing import Any
 
@@ -40,10 +39,27 @@ from forkless.io_loop.capabilities import declarations
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events, Outgoing
 from forkless.io_loop.errors import ForklessError
+from forkless.io_loop.seconds import seconds
 
-__all__ = ["DEADLINE", "DISCONNECTED", "GAVE_UP", "HOLD", "WRITE_FAILED", "WRITTEN_OUT",
-           "SendFailed",
-           "SendWatch", "SentBytes", "SentText", "checked_max_age", "declared_send_policy", "sent_frames"]
+__all__ = [
+    "DEADLINE",
+    "DISCONNECTED",
+    "GAVE_UP",
+    "HOLD",
+    "LOST",
+    "NOT_TAKEN",
+    "STOP_DEADLINE",
+    "WRITE_FAILED",
+    "WRITTEN_OUT",
+    "SendFailed",
+    "SendWatch",
+    "SentBytes",
+    "SentText",
+    "Unanswered",
+    "checked_max_age",
+    "declared_send_policy",
+    "sent_frames",
+]
 
 log = logging.getLogger("forkless.sends")
 
@@ -53,6 +69,10 @@ DISCONNECTED = "disconnected"  # refused while the source was not connected (sen
 HOLD = "hold_s"  # Relogin held it hold_s without a connection
 WRITE_FAILED = "write failed"  # Relogin's write raised and resend=False
 GAVE_UP = "gave up"  # Relogin gave up connecting (FeedFatal)
+NOT_TAKEN = "not taken"  # an IOPortal's from_main item its worker never took before the portal ended
+# why a send that was written never got its answer (``SendFailed.reason``; counted in ``awaited_unanswered``)
+LOST = "connection lost"  # written on a connection that ended before its answer came
+STOP_DEADLINE = "stop deadline"  # still awaited when the stop's time for answers ran out
 
 
 
@@ -60,8 +80,12 @@ class SendFailed(ForklessError):
     """A send that was not written: ``frame`` (what was not written: the frame, or the frames of a
     send of several), ``id`` (the send's id: ``Controller.send``'s return value; None for a frame
     the main thread did not send), ``reason`` (``"deadline"``, ``"disconnected"``, ``"hold_s"``,
-    ``"write failed"``, ``"gave up"``, or a source's own) and ``source`` (its name, where known).
-    Raised by ``Relogin.send``; handed to ``on_event`` for a send of the main thread's."""
+    ``"write failed"``, ``"gave up"``, ``"not taken"``, or a source's own) and ``source`` (its name,
+    where known). Or one that was written and whose answer will never come: ``"connection lost"``
+    (its connection ended first), ``"stop deadline"`` (the stop's time for answers ran out).
+    Raised by ``Relogin.send``; handed to ``on_event`` for a send of the main thread's; put on an
+    ``IOPortal``'s ``to_main``. ``__cause__``: what made it fail, where there is one (a write's error,
+    the ``FeedFatal`` of a link that gave up)."""
 
     def __init__(self, message: str, frame: Any, *, id: Any = None, reason: str = "", source: str = "") -> None:
         super().__init__(message)
@@ -106,17 +130,49 @@ def sent_frames(frames: list[str | bytes], send_id: Any, deadline: float | None,
     return out
 
 
+class Unanswered:
+    """Sends that left (written, or taken by a portal's worker) on a connection and await their
+    answer, by id: the book of a source that declares ``answers`` (io_loop/source.py) and of an
+    ``IOPortal(answers=...)`` (io_loop/portalqueue.py). Pure: the caller holds whatever lock its
+    threads need, and reports what ``lost`` and ``left_over`` return."""
+
+    __slots__ = ("_on",)
+
+    def __init__(self) -> None:
+        self._on: dict[Any, tuple[int, Any]] = {}  # send id -> (its connection, what left)
+
+    def __len__(self) -> int:
+        return len(self._on)
+
+    def __contains__(self, send_id: Any) -> bool:
+        return send_id in self._on
+
+    def left(self, send_id: Any, connection: int, what: Any) -> None:
+        """``what`` (send ``send_id``) left on ``connection``: its answer is awaited from now."""
+        self._on[send_id] = (connection, what)
+
+    def answered(self, send_id: Any) -> bool:
+        """The answer of ``send_id`` came: no longer awaited (False: it was not awaited)."""
+        return self._on.pop(send_id, None) is not None
+
+    def lost(self, connection: int) -> list[tuple[Any, Any]]:
+        """``connection`` ended: the sends that left on it (or before it) unanswered, as (id, what), forgotten."""
+        gone = [(send_id, what) for send_id, (on, what) in self._on.items() if on <= connection]
+        for send_id, _ in gone:
+            del self._on[send_id]
+        return gone
+
+    def left_over(self) -> list[tuple[Any, Any]]:
+        """Every send still awaited, as (id, what), forgotten (the stop's end)."""
+        gone = [(send_id, what) for send_id, (_, what) in self._on.items()]
+        self._on.clear()
+        return gone
+
+
 def checked_max_age(value: Any, what: str) -> float | None:
     """A maximum age in seconds (``max_age_s``, a source's ``send_max_age_s``): None, or a finite
-    number > 0; ``TypeError``/``ValueError`` naming ``what`` otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} is a number of seconds (or None: no deadline), not a {type(value).__name__}: "
-                        f"{value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{what} is a finite number of seconds > 0 (or None: no deadline), not {value!r}")
-    return float(value)
+    number > 0 (any real number: io_loop/seconds.py); ``TypeError``/``ValueError`` naming ``what`` otherwise."""
+    return seconds(value, what, none="no deadline")
 
 
 def declared_send_policy(source: Any, name: str) -> tuple[float | None, str]:
@@ -203,8 +259,9 @@ class SendWatch:
                 frame.settle(reason)
         self.count(reason, len(left), item.send_id, left[0] if len(item.frames) == 1 and left else left)
 
-    def report(self, frame: Any, reason: str) -> None:
-        """A frame the source had in hand (``ctx.outgoing()``) that it will not write (``ctx.send_failed``)."""
+    def report(self, frame: Any, reason: str, cause: BaseException | None = None) -> None:
+        """A frame the source had in hand (``ctx.outgoing()``) that it will not write (``ctx.send_failed``;
+        ``cause``: the ``SendFailed``'s ``__cause__``)."""
         if not isinstance(frame, _Sent):
             raise TypeError(f"send_failed(frame) takes a frame ctx.outgoing() handed out that the main thread sent "
                             f"(Controller.send); {type(frame).__name__} {frame!r:.60} is not one")
@@ -216,17 +273,34 @@ class SendWatch:
             frame.outcome = reason
         elif not frame.settle(reason):
             return  # given up before: counted and reported once
-        self.count(reason, 1, frame.send_id, frame)
+        self.count(reason, 1, frame.send_id, frame, cause)
 
-    def count(self, reason: str, frames: int, send_id: Any, what: Any) -> None:
+    def unanswered(self, reason: str, send_id: Any, what: Any, *, counted: bool = False) -> None:
+        """A send written whose answer will not come (``LOST``: its connection ended first; the stop's
+        reasons, io_loop/finishing.py): counted in ``awaited_unanswered`` (unless ``counted`` already),
+        logged once per reason, reported (``SendFailed``)."""
+        if not counted:
+            self.stats.awaited_unanswered[reason] += 1
+        self._report(reason, send_id, what, None, f"send {send_id!r} was written and its answer will not come",
+                     f"a send was written and its answer will not come ({reason}); the main thread gets SendFailed "
+                     f"for each, counted in awaited_unanswered")
+
+    def count(self, reason: str, frames: int, send_id: Any, what: Any, cause: BaseException | None = None) -> None:
         """``frames`` frames of send ``send_id`` given up for ``reason``: counted, logged once, reported."""
         self.stats.sent_failed[reason] += frames
+        self._report(reason, send_id, what, cause, f"send {send_id!r} was not written",
+                     f"a send was not written ({reason}); the main thread gets SendFailed for each, counted in "
+                     f"sent_failed")
+
+    def _report(self, reason: str, send_id: Any, what: Any, cause: BaseException | None, text: str,
+                logged: str) -> None:
+        """``SendFailed`` to the main thread, in order with the source's events; each reason logged once."""
         if reason not in self._logged:
             self._logged.add(reason)
-            log.warning("source %r: a send was not written (%s); the main thread gets SendFailed for each, counted "
-                        "in sent_failed (logged once per reason)", self.name, reason)
-        failed = SendFailed(f"source {self.name!r}: send {send_id!r} was not written: {reason}", what, id=send_id,
-                            reason=reason, source=self.name)
+            log.warning("source %r: %s (logged once per reason)", self.name, logged)
+        failed = SendFailed(f"source {self.name!r}: {text}: {reason}", what, id=send_id, reason=reason,
+                            source=self.name)
+        failed.__cause__ = cause
         try:
             self.events(Events(self.feed, [failed], time.monotonic_ns()))
         except (janus.AsyncQueueShutDown, RuntimeError):  # the stop shut inbound: counted, not reported

@@ -85,7 +85,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from forkless.io_loop.capabilities import SupportsAwaiting, SupportsBeforeStop, declarations
+from forkless.io_loop.capabilities import SupportsAwaiting, SupportsBeforeStop, SupportsSendAnswered, declarations
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import ConnectionEvent, Events, Origin, Outgoing
 from forkless.io_loop.decoding import FrameDecoder
@@ -95,7 +95,7 @@ from forkless.io_loop.errors import FeedFatal, ForklessError
 from forkless.io_loop.finishing import finish_awaited
 from forkless.io_loop.handover import Handover
 from forkless.io_loop.loopthread import cancel_bounded
-from forkless.io_loop.sends import SendWatch, declared_send_policy
+from forkless.io_loop.sends import LOST, SendWatch, Unanswered, declared_send_policy
 from forkless.io_loop.settings import FeedSpec, Limits, Timeouts
 from forkless.io_loop.spill import source_policy
 from forkless.io_loop.writer import Outbound, ReplyBatch
@@ -292,6 +292,8 @@ class SourceContext:
         runner = self._runner
         runner.enter()
         try:
+            if runner.send_answered is not None:  # it says which send this answers: no longer awaited
+                runner.answered(event)
             if runner.take_event(event):  # the source's buffer is over its bound (block): wait for room
                 await runner.handover.wait_room()
         finally:
@@ -311,12 +313,13 @@ class SourceContext:
         unwritten frame. Ends once the main thread has sent its last one (the stop)."""
         return self._runner.out.batch
 
-    def send_failed(self, frame: str | bytes, reason: str) -> None:
+    def send_failed(self, frame: str | bytes, reason: str, *, cause: BaseException | None = None) -> None:
         """A frame ``outgoing()`` handed out that the main thread sent (``Controller.send``) and that the
         source will not write (its deadline passed while it held it, say): counted in ``sent_failed``
         by ``reason``, and the main thread's ``on_event`` gets ``SendFailed`` (its id, the frame, the
-        reason). Once per frame; ``TypeError`` for a frame the main thread did not send."""
-        self._runner.out.held.sends.report(frame, reason)
+        reason; ``cause``, what made it fail, as its ``__cause__``). Once per frame; ``TypeError`` for a
+        frame the main thread did not send."""
+        self._runner.out.held.sends.report(frame, reason, cause)
 
     @property
     def sends_while_disconnected(self) -> str:
@@ -451,10 +454,14 @@ class SourceRunner:
         # what the main thread sends it (io_loop/writer.py); ``acknowledged`` (io_loop/sinks/sink.py) signalled as its
         # batches of answers are written whole
         self.send_max_age_s, self.send_policy = declared_send_policy(source, feed.name)
+        # a source that declares send_answered(event): the sends it wrote, by connection, until their answer (sends.py)
+        self.send_answered = source.send_answered if isinstance(source, SupportsSendAnswered) else None
+        self.unanswered = Unanswered()
         self.out = Outbound(outbox, stats, name=feed.name, acknowledged=acknowledged,
                             sends=lambda held: SendWatch(stats, name=feed.name, feed=index, held=held,
                                                          events=self.handover.hand_event,
-                                                         refuse=self.send_policy == "refuse"))
+                                                         refuse=self.send_policy == "refuse"),
+                            on_written=self._written if self.send_answered is not None else None)
         self._declined_logged: set[str] = set()
         self._running: asyncio.Task | None = None  # the task of ``run`` (cancelled by a failed before_stop)
         self._stop_failed: FeedFatal | None = None  # what the source's before_stop raised, as FeedFatal
@@ -543,6 +550,30 @@ class SourceRunner:
             event = ConnectionEvent(self.feed.name, connected, "" if connected else reason or "closed",
                                     None if code is None else int(code), self.connection_id, now)  # not an IntEnum
             self.take_event(event)  # never awaited: the next emit waits if this put the buffer over its bound
+        if not connected:
+            self._lose_unanswered()  # after its down event
+
+    def _written(self, send_id: Any, what: Any) -> None:
+        """A send of the main thread's was written (on the connection up now): its answer is awaited."""
+        self.unanswered.left(send_id, self.connection_id, what)
+
+    def answered(self, event: Any) -> None:
+        """An event the source emits: the send it answers (its ``send_answered``) is no longer awaited."""
+        send_id = self.send_answered(event) if self.send_answered is not None else None
+        if send_id is not None:
+            self.unanswered.answered(send_id)
+
+    def awaited_answers(self) -> int:
+        """The finishing phase's ``awaiting()`` of a source that declares ``send_answered`` and not ``awaiting``."""
+        return len(self.unanswered)
+
+    def _lose_unanswered(self) -> None:
+        """The connection ended: every send written on it (or before) whose answer has not come is reported."""
+        if self.send_answered is None or not len(self.unanswered):
+            return
+        sends = self.out.held.sends
+        for send_id, what in self.unanswered.lost(self.connection_id):
+            sends.unanswered(LOST, send_id, what)
 
     def take_event(self, event: Any) -> bool:
         """One event handed over after the rows emitted before it (the source's own buffer keeps
@@ -616,13 +647,17 @@ class SourceRunner:
                 raise
             except BaseException as exc:  # the source fails as if its run raised it: given up at once
                 self.fail_in_stop(exc, " in before_stop")
-        awaiting = self.source.awaiting if isinstance(self.source, SupportsAwaiting) else None
+        awaiting = self.source.awaiting if isinstance(self.source, SupportsAwaiting) else (
+            self.awaited_answers if self.send_answered is not None else None)
         if awaiting is None or self.stopping_now or self._stop_failed is not None:
             self.stopping_now = True  # before anything sees ctx.stopping: no emit is taken from then
         self.ctx.stop_deadline = deadline
         self.ctx.stopping.set()
         if not self.stopping_now:
-            await finish_awaited(self, awaiting, deadline, unrouted)
+            ended_early = await finish_awaited(self, awaiting, deadline, unrouted)
+            if ended_early and self.send_answered is not None:  # counted there: each one reported here
+                for send_id, what in self.unanswered.left_over():
+                    self.out.held.sends.unanswered(ended_early, send_id, what, counted=True)
             self.stopping_now = True
         while self.busy:
             self.idle_wait = asyncio.Event()

@@ -55,7 +55,8 @@ class HeldReply:
     """The item being written for one feed (see the module rules)."""
 
     def __init__(self, outbox: Any, stats: IOStats, acknowledged: Any = None, *,
-                 sends: Callable[[HeldReply], SendWatch] | None = None) -> None:
+                 sends: Callable[[HeldReply], SendWatch] | None = None,
+                 on_written: Callable[[Any, Any], None] | None = None) -> None:
         self.outbox = outbox
         self.stats = stats
         self.acknowledged = acknowledged  # io_loop/sinks/sink.py's Acknowledged: told as answers are written
@@ -63,6 +64,9 @@ class HeldReply:
         self.offset = 0  # frames of ``item`` written
         self.drained = False  # the outbox was shut down and every item taken
         self.sends = sends(self) if sends is not None else None  # the feed's sends with deadlines (io_loop/sends.py)
+        # a source that declares send_answered: told of each send written (its id, what was written), to await its
+        # answer (io_loop/source.py)
+        self.on_written = on_written
 
     async def next(self) -> Outgoing | None:
         """The item to write (the held one, or the next from the outbox, waiting for it); None
@@ -254,7 +258,10 @@ class ReplyBatch:
             raise ValueError(f"ReplyBatch.wrote(n): n counts frames of this batch's {left} frames that were written "
                              f"(0 to {left}), not {n}")
         item = held.item
+        written = item.frames[held.offset:held.offset + n] if item is not None and item.sent and n else None
         self._wrote(n)
+        if written and held.on_written is not None:
+            held.on_written(item.send_id, written[0] if len(item.frames) == 1 else written)
         if item is not None and held.item is item:  # given back half written: watched again (a send's deadline)
             item.hand_out(False)
             if item.sent and held.sends is not None:
@@ -275,11 +282,12 @@ class Outbound:
     ``outgoing()``'s frames (see the module rules). IO loop only."""
 
     def __init__(self, outbox: Any, stats: IOStats, *, name: str = "", acknowledged: Any = None,
-                 sends: Callable[[HeldReply], SendWatch] | None = None) -> None:
+                 sends: Callable[[HeldReply], SendWatch] | None = None,
+                 on_written: Callable[[Any, Any], None] | None = None) -> None:
         self.stats = stats
         self.name = name  # the source's, for the log
         # the item being written, kept across reconnects; ``sends`` makes its SendWatch (io_loop/sends.py)
-        self.held = HeldReply(outbox, stats, acknowledged, sends=sends)
+        self.held = HeldReply(outbox, stats, acknowledged, sends=sends, on_written=on_written)
         self.batch = ReplyBatch(self.held)  # ctx.replies()
         self._handed = False  # frames(): a frame was handed out and not yet counted delivered
         self._logged_unsendable = False  # what came after the source's run returned: logged once
@@ -303,8 +311,11 @@ class Outbound:
         """``outgoing()``'s frame in hand counts as written; a send's frame the source gave up meanwhile
         (``ctx.send_failed``) was counted in ``sent_failed`` instead."""
         self.batch._wrote(1)
-        if isinstance(frame, (SentText, SentBytes)) and not frame.settle(WRITTEN_OUT):
-            self.stats.sent_out -= 1  # given up meanwhile: counted in sent_failed
+        if isinstance(frame, (SentText, SentBytes)):
+            if not frame.settle(WRITTEN_OUT):
+                self.stats.sent_out -= 1  # given up meanwhile: counted in sent_failed
+            elif self.held.on_written is not None:
+                self.held.on_written(frame.send_id, frame)
 
     def ended(self) -> bool:
         """True once the main thread has sent its last frame and every one was handed out."""

@@ -72,6 +72,7 @@ CORE = [
     "io_loop/sinks/__init__.py",
     "io_loop/net/__init__.py",
     "io_loop/backoff.py",
+    "io_loop/seconds.py",
     "io_loop/capabilities.py",
     "io_loop/counters.py",
     "io_loop/crossing.py",

@@ -53,6 +53,7 @@ FORKLESS_ALL = [
     "ConnectionEvent",
     "Controller",
     "Credentials",
+    "DEFAULT_BACKOFF",
     "Decoded",
     "DemoSettings",
     "DeploymentMismatch",
@@ -133,6 +134,11 @@ INTERNAL = {
         "connection with its text and reconnects",
     "forkless.io_loop.connectors.websocket.connect.HandshakeRefused":
         "one refused handshake: tried again, or (a 4xx) given up with FeedFatal",
+    "forkless.io_loop.portal._NotUp":
+        "a run of a portal's worker that ended before it was up: the reconnect driver retries it (or gives up)",
+    "forkless.io_loop.portal._Over":
+        "a run of a portal's worker that is not called again: the portal ends its drive with it (WorkerFailed or "
+        "PortalClosed)",
     "forkless.io_loop.connectors.websocket.connect._RedirectRefused":
         "a 3xx answer inside open_feed, which raises HandshakeRefused for it",
     "forkless.io_loop.connectors.jetstream.transport.NatsConnectFailed":

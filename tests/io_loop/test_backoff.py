@@ -167,7 +167,7 @@ def test_fresh_is_the_same_policy_with_a_count_of_its_own() -> None:
     ({"jitter": True}, "jitter is the random part"),
     ({"follow_s": -1}, "follow_s is a finite number of seconds > 0"),
     ({"tries": -1}, "tries is an int >= 0"),
-    ({"reset_s": "5"}, "reset_s is a finite number of seconds >= 0"),
+    ({"reset_s": -1}, "reset_s is a finite number of seconds >= 0"),
 ])
 def test_a_wrong_setting_is_refused_naming_what_is_right(changes, match) -> None:
     with pytest.raises(ValueError, match=match):

@@ -73,8 +73,8 @@ class Capable(Bare):
         return None
 
 
-def test_the_capabilities_are_the_four_methods_and_the_seven_values():
-    assert set(METHODS) == {"before_stop", "awaiting", "summary", "probe"}
+def test_the_capabilities_are_the_five_methods_and_the_nine_values():
+    assert set(METHODS) == {"before_stop", "awaiting", "send_answered", "summary", "probe"}
     assert VALUES == ("replies", "required", "starts_connected", "replayable", "overflow", "buffer", "send_max_age_s",
                       "sends_while_disconnected", "figures")
     assert CAPABILITIES == (*VALUES, *METHODS)

@@ -8,8 +8,11 @@ source, the ``websockets`` feed server for the built-in WebSocket feed, nats-ser
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -17,10 +20,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from forkless import EVENTS_ONLY, Config, ConnectionEvent, Controller, OnEvent, Relogin
+from forkless import EVENTS_ONLY, Config, ConnectionEvent, Controller, OnEvent, Relogin, SendFailed
 from tests.harness import UNIT_S, drive
 from tests.servers import FeedConn
-from tests.ws_exchange import PASSWORD, USER, WsExchange
+from tests.ws_exchange import PASSWORD, USER, WsExchange, order
 
 WAIT_S = 20 * UNIT_S
 
@@ -45,9 +48,9 @@ class ExchangeClient:
     async def run(self, ctx: Any) -> None:
         async with aiohttp.ClientSession() as http:
             async def connect(attempt: int) -> aiohttp.ClientWebSocketResponse:
-                async with http.get(f"{self.url}/login", params={"user": USER, "password": PASSWORD}) as resp:
+                async with http.post(f"{self.url}/login", json={"user": USER, "password": PASSWORD}) as resp:
                     resp.raise_for_status()
-                    token = await resp.text()
+                    token = (await resp.json())["token"]
                 ws = await http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": token})
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
                 return ws
@@ -57,12 +60,19 @@ class ExchangeClient:
                     event = json.loads(msg.data)
                     if event["type"] == "ping":
                         await ws.send_str(json.dumps({"type": "pong", "id": event["id"]}))
-                    elif event["type"] == "trade":
+                    elif event["type"] in ("trade", "fill"):
                         await ctx.emit_event({**event, "connection": link.connections})
 
             async with Relogin(connect, serve, ctx=ctx, name="exchange") as link:
-                async for _ in ctx.outgoing():  # no orders here: until the stop
-                    pass
+                async for order in ctx.outgoing():  # the orders the main loop sends, until the stop
+                    await link.send(order)
+
+
+class AnsweredClient(ExchangeClient):
+    """The same client, saying which order a fill answers: an order its session took to the grave is reported."""
+
+    def send_answered(self, event: Any) -> Any:
+        return event.get("client_order_id") if event.get("type") == "fill" else None
 
 
 def _connection_events(events: list[Any]) -> list[ConnectionEvent]:
@@ -115,6 +125,8 @@ def test_a_relogin_source_s_events_come_in_order_with_its_own_and_each_loss_name
     assert all(e.source == "exchange" for e in changes)
     assert all(e.reason == "" for e in changes if e.connected)
     assert all(e.reason.startswith("the connection ended") for e in changes if not e.connected)
+    assert changes[1].reason == "the connection ended: closed by the peer (code 4003)"
+    assert changes[3].reason.startswith("the connection ended: lost without a close frame (1006")  # killed: no frame
     assert [e.at_s for e in changes] == sorted(e.at_s for e in changes)
     # in order with the source's own events: each trade between its connection's up and down
     current = 0
@@ -220,3 +232,64 @@ def test_a_source_counted_connected_while_it_runs_says_so_at_its_start_and_end()
         drive(ctl, lambda: len(events) == 3, timeout_s=WAIT_S, what="its start, its event and its end")
     assert [e if isinstance(e, str) else (e.connected, e.reason) for e in events] == [
         (True, ""), "hello", (False, "the source's run returned")]
+
+
+def test_a_connection_killed_while_the_feed_writes_is_down_with_1006_as_one_killed_while_it_reads(feed_server):
+    """The peer reads nothing (its TCP buffers fill, the feed's writer waits), then dies (no close
+    frame): the writer finds it first, and its down event has the close code 1006 all the same."""
+    kill = threading.Event()
+
+    async def script(conn: FeedConn) -> None:
+        if conn.index == 0:
+            conn.stop_reading()
+            while not kill.is_set():
+                await asyncio.sleep(0.01)
+            conn.request.transport.abort()  # killed with -9: no close frame
+        else:
+            await conn.read_until_closed(timeout=60 * UNIT_S)
+
+    server = feed_server(script, compress=False)
+    events: list[Any] = []
+    sends = 4000  # 16 MB: more than the loopback's socket buffers hold
+    config = _feed_config(server.url).replace(queue_size=2 * sends)  # every send queued at once
+    with Controller(config, on_event=OnEvent(lambda s, e: events.append(e), connections=True)) as ctl:
+        drive(ctl, lambda: len(events) == 1, timeout_s=WAIT_S, what="the first connection")
+        for _ in range(sends):
+            ctl.send("0", "x" * 4096)
+
+        def stalled() -> bool:  # the feed's writer waits for the peer to read: nothing more is written
+            now = ctl.stats().feeds[0].io.sent_out
+            time.sleep(0.2)
+            return ctl.stats().feeds[0].io.sent_out == now < sends
+        drive(ctl, stalled, timeout_s=WAIT_S, what="the writes backed up")
+        kill.set()
+        drive(ctl, lambda: len(events) >= 2, timeout_s=WAIT_S, what="the connection lost")
+    down = events[1]
+    assert not down.connected and down.code == 1006, down
+    assert "1006" in down.reason and "closed by the peer" not in down.reason and "by the server" not in down.reason
+
+
+def test_orders_written_on_a_session_that_dies_before_their_fills_are_reported_after_its_down_event():
+    """A source that declares ``send_answered``: each order written on the connection the exchange took to the
+    grave (killed: its fills never come) reaches on_event as SendFailed, "connection lost", after the loss."""
+    events: list[Any] = []
+    cfg = Config(status_s=0.0, heartbeat_s=0.0, shutdown_timeout_s=5.0)
+    with WsExchange(hold_fills=True) as exchange:  # never released: the fills die with the exchange
+        with Controller(cfg, processor=EVENTS_ONLY, sources=[AnsweredClient(exchange.url)],
+                        on_event=OnEvent(lambda source, event: events.append(event), connections=True)) as ctl:
+            drive(ctl, lambda: _connection_events(events) != [], timeout_s=WAIT_S, what="the session up")
+            for i in range(3):
+                ctl.send("exchange", order(i), id=f"o{i}")
+            exchange.wait_for(lambda f: len(f["orders"]) == 3, WAIT_S, "the three orders written")
+            drive(ctl, lambda: ctl.stats().sent_out == 3, timeout_s=WAIT_S, what="the orders counted written")
+            exchange.kill()
+            drive(ctl, lambda: sum(isinstance(e, SendFailed) for e in events) == 3, timeout_s=WAIT_S,
+                  what="the three orders reported")
+            snap = ctl.stats()
+            exchange.restart()
+    failed = [e for e in events if isinstance(e, SendFailed)]
+    assert [(e.id, e.reason, e.source) for e in failed] == [(f"o{i}", "connection lost", "exchange") for i in range(3)]
+    down = next(e for e in _connection_events(events) if not e.connected)
+    assert events.index(down) < events.index(failed[0]) and down.code == 1006
+    assert snap.awaited_unanswered == {"connection lost": 3} and snap.sent_failed == {}
+    assert json.loads(failed[0].frame)["client_order_id"] == "o0"  # the frame that was written

@@ -418,16 +418,17 @@ def test_a_failed_worker_is_restarted_with_its_queue_ends_and_the_main_loop_is_t
             raise RuntimeError("the session broke")
         # returns: a restart too
 
-    policy = forkless.RestartPolicy(min_s=0.01, max_s=0.02)
+    policy = forkless.RestartPolicy(backoff=forkless.Backoff(min_s=0.01, max_s=0.02))
     with IOPortal(worker, restart=policy, connection_events=True, name="orders") as portal:
         for order in ("fail", "return", "fail"):
             portal.from_main.put(order)  # taken by whichever run is up: the ends are the same
-        seen = [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(3 * 3 + 1)]
-        assert portal.poll() and portal.restarts == 3
+        seen = [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(3 * 3)]
+        wait_until(lambda: portal.restarts == 3, timeout_s=10 * timeout_unit, what="the fourth run")
+        assert portal.poll() and portal.to_main.empty()  # the fourth run has put nothing: it is not up
     connection_events = [e for e in seen if isinstance(e, forkless.ConnectionEvent)]
     assert [(e.source, e.connected, e.connection) for e in connection_events] == [
         ("orders", True, 1), ("orders", False, 1), ("orders", True, 2), ("orders", False, 2), ("orders", True, 3),
-        ("orders", False, 3), ("orders", True, 4)]
+        ("orders", False, 3)]
     assert [e for e in seen if not isinstance(e, forkless.ConnectionEvent)] == [
         ("taken", "fail"), ("taken", "return"), ("taken", "fail")]
     assert seen.index(("taken", "return")) == 4  # in order: each run's items between its start and its end
@@ -452,7 +453,7 @@ def test_an_executor_get_a_finished_run_left_blocked_gives_what_it_takes_to_the_
             to_main.put("first run")
         await classic(to_main, from_main)
 
-    with IOPortal(worker, restart=forkless.RestartPolicy(min_s=0.01, max_s=0.02)) as portal:
+    with IOPortal(worker, restart=forkless.RestartPolicy(backoff=forkless.Backoff(min_s=0.01, max_s=0.02))) as portal:
         assert portal.to_main.get(timeout=10 * timeout_unit) == "first run"
         wait_until(lambda: portal.restarts == 1, timeout_s=10 * timeout_unit, what="the restart")
         portal.from_main.put("order 1")  # the first run's orphaned get takes it, and gives it back
@@ -463,9 +464,10 @@ def test_a_worker_whose_tries_are_used_up_ends_the_portal_as_without_a_policy(ti
     async def short_worker(to_main, from_main):
         to_main.put("ran")
 
-    with IOPortal(short_worker, restart=forkless.RestartPolicy(min_s=0.01, max_s=0.02, tries=3)) as portal:
+    policy = forkless.RestartPolicy(backoff=forkless.Backoff(min_s=0.01, max_s=0.02), tries=3)
+    with IOPortal(short_worker, restart=policy) as portal:
         assert [portal.to_main.get(timeout=10 * timeout_unit) for _ in range(3)] == ["ran"] * 3
-        with pytest.raises(PortalClosed, match=r"tries=3 short runs in a row are used up"):
+        with pytest.raises(PortalClosed, match=r"tries=3 failures in a row are used up"):
             portal.to_main.get(timeout=10 * timeout_unit)
         assert not portal.poll() and portal.restarts == 2
         with pytest.raises(PortalClosed):  # the order put after the end raises too: catch it around puts
@@ -483,12 +485,20 @@ def test_a_worker_that_fails_before_its_first_await_fails_start_even_with_a_rest
 
 def test_a_restart_policy_and_its_misuse_are_checked_naming_what_is_allowed():
     assert forkless.RestartPolicy is RestartPolicy
-    with pytest.raises(ValueError, match=r"0 < min_s <= max_s.*min_s=1.0, max_s=0.5"):
+    assert repr(RestartPolicy().backoff) == repr(forkless.DEFAULT_BACKOFF)  # Relogin's: it follows the peer
+    with pytest.raises(TypeError, match=r"RestartPolicy\(min_s=1.0, max_s=0.5\): a restart's delays are a "
+                                        r"forkless.Backoff now, the one Relogin uses: "
+                                        r"RestartPolicy\(backoff=forkless.Backoff\(min_s=1.0, max_s=0.5, ...\)\)"):
         RestartPolicy(min_s=1.0, max_s=0.5)
-    with pytest.raises(ValueError, match=r"tries >= 0.*tries=-1"):
+    with pytest.raises(ValueError, match=r"max_s \(0.5\) is less than its min_s \(1.0\)"):
+        RestartPolicy(backoff=forkless.Backoff(min_s=1.0, max_s=0.5))
+    with pytest.raises(ValueError, match=r"RestartPolicy's tries is an int >= 0 .*not -1"):
         RestartPolicy(tries=-1)
+    with pytest.raises(TypeError, match=r"RestartPolicy's backoff is a forkless.Backoff .* not 0.5"):
+        RestartPolicy(0.5)
     with pytest.raises(TypeError, match=r"takes a forkless.RestartPolicy .* not True"):
         IOPortal(lambda a, b: None, restart=True)
+    assert RestartPolicy(backoff=forkless.Backoff(tries=5), tries=3).tries == 3  # the smaller one counts
 
 
 def test_a_failure_whose_text_itself_raises_is_still_named_restarted_and_raised(timeout_unit):
@@ -497,13 +507,14 @@ def test_a_failure_whose_text_itself_raises_is_still_named_restarted_and_raised(
             raise RuntimeError("no text")
 
     async def worker(to_main, from_main):
-        await from_main.get()
+        to_main.put(await from_main.get())  # its first item: it is up
         raise Unprintable
 
-    policy = RestartPolicy(min_s=0.01, max_s=0.02, tries=2)
+    policy = RestartPolicy(backoff=forkless.Backoff(min_s=0.01, max_s=0.02), tries=2)
     with IOPortal(worker, restart=policy, connection_events=True) as portal:
         portal.from_main.put("go")
         assert portal.to_main.get(timeout=10 * timeout_unit).connected
+        assert portal.to_main.get(timeout=10 * timeout_unit) == "go"
         ended = portal.to_main.get(timeout=10 * timeout_unit)
         assert re.fullmatch(r"the worker failed: Unprintable; restarting in 0\.0\ds", ended.reason)
         portal.from_main.put("go")  # the second short run in a row: tries=2 used up, it fails the portal

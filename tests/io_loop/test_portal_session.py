@@ -12,6 +12,7 @@ import ast
 import difflib
 import json
 import queue
+import re
 import subprocess
 import sys
 import time
@@ -21,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from forkless import ConnectionEvent, IOPortal, RestartPolicy
+from forkless import Backoff, ConnectionEvent, IOPortal, RestartPolicy
 from tests.classic_program import DataClientWorker
-from tests.harness import UNIT_S
+from tests.harness import UNIT_S, wait_until
 from tests.ws_exchange import WsExchange
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,11 +120,11 @@ class MainLoop:
 
 
 def _classic(url: str) -> Any:
-    return lambda to_queue, from_queue: DataClientWorker(to_queue, from_queue, url).run()
+    return lambda to_main, from_main: DataClientWorker(to_main, from_main, url).run()
 
 
 def test_the_classic_worker_trades_through_two_token_expiries_each_order_filled_once(exchange):
-    with IOPortal(_classic(exchange.url), restart=RestartPolicy(min_s=0.05, max_s=0.2),
+    with IOPortal(_classic(exchange.url), restart=RestartPolicy(backoff=Backoff(min_s=0.05, max_s=0.2)),
                   connection_events=True) as portal:
         loop = MainLoop(portal)
         # an order right after each restart: the last run's executor get may still be blocked then
@@ -142,12 +143,14 @@ def test_a_worker_that_fails_while_the_exchange_is_down_is_restarted_keeping_its
     exchange = WsExchange(trade_every_s=0.02, ping_every_s=0.2)
     exchange.start()
     try:
-        with IOPortal(_classic(exchange.url), restart=RestartPolicy(min_s=0.05, max_s=0.2),
+        with IOPortal(_classic(exchange.url), restart=RestartPolicy(backoff=Backoff(min_s=0.05, max_s=0.2)),
                       connection_events=True) as portal:
             loop = MainLoop(portal)
             loop.run_until(lambda: loop.fills == ["o0"], "the first session's fill")
             exchange.kill()
-            loop.run_until(lambda: any("failed" in e.reason for e in loop.changes()), "a run failing to log in")
+            loop.run_until(lambda: not loop.quoting, "the session lost")
+            runs = portal.runs
+            wait_until(lambda: portal.runs >= runs + 2, timeout_s=WAIT_S, what="two runs failing to log in")
             assert not loop.quoting and portal.poll()  # told, and not ended
             loop.order()  # put while the exchange is down: it waits in the queue for the next run
             exchange.restart()
@@ -155,10 +158,24 @@ def test_a_worker_that_fails_while_the_exchange_is_down_is_restarted_keeping_its
             restarts = portal.restarts
     finally:
         exchange.stop()
-    downs = [e.reason for e in loop.changes() if not e.connected]
-    assert downs[0].startswith("the worker returned; restarting in")  # the session lost: 1006, then returned
-    assert any(r.startswith("the worker failed: ClientConnectorError") for r in downs)
-    assert restarts >= 2
+    # up and down once per session: the runs that failed to log in while it was down said nothing
+    assert [(e.connected, e.connection) for e in loop.changes()[:3]] == [(True, 1), (False, 1), (True, 2)]
+    assert loop.changes()[1].reason.startswith("the worker returned; restarting in")  # the session lost: 1006
+    assert restarts >= 3
     assert exchange.figures()["orders"] == ["o0", "o1", "o2"]
     closed = [e["code"] for e in loop.events if isinstance(e, dict) and e["type"] == "closed"]
     assert closed[0] == 1006
+
+
+def test_the_documents_diff_adds_only_lines_the_port_has_and_names_the_ends_as_the_portal_passes_them():
+    """docs/embedding/io-thread.md's diff of the classic program is examples/portal_session.py's port: each
+    line it adds is the port's, and the worker's lambda names its arguments (to_main, from_main), the
+    portal's order (it named them to_queue, from_queue: a worker whose to_queue ran the other way swapped them)."""
+    text = (ROOT / "docs" / "embedding" / "io-thread.md").read_text(encoding="utf-8")
+    diff = re.search(r"```diff\n(.*?)```", text, re.S)
+    assert diff
+    added = [line[1:] for line in diff.group(1).splitlines() if line.startswith("+")]
+    ported = PORTED.read_text(encoding="utf-8").splitlines()
+    assert [line for line in added if line.strip() and line not in ported] == []
+    assert any("IOPortal(lambda to_main, from_main: DataClientWorker(to_main, from_main, url)" in line
+               for line in added)

@@ -53,9 +53,9 @@ class Client:
         self.attempts.append(attempt)
         await self.gate.wait()
         if self.token is None or attempt > 1:
-            async with self.http.get(f"{self.url}/login", params={"user": USER, "password": self.password}) as resp:
+            async with self.http.post(f"{self.url}/login", json={"user": USER, "password": self.password}) as resp:
                 resp.raise_for_status()
-                self.token = await resp.text()
+                self.token = (await resp.json())["token"]
         ws = await self.http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": self.token})
         await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
         return ws
@@ -243,6 +243,7 @@ def test_a_connection_task_that_fails_ends_the_link_with_feed_fatal_never_silent
 
     failed, fatal = asyncio.run(session())
     assert failed.reason == "gave up" and failed.__cause__ is fatal
+    assert isinstance(fatal.__cause__, SystemExit) and fatal.__cause__.code == 7  # what ended it, kept
 
 
 def test_concurrent_sends_held_by_relogin_each_wait_their_own_hold_s(exchange):

@@ -57,9 +57,9 @@ class ExchangeSource:
             async def connect(attempt: int) -> aiohttp.ClientWebSocketResponse:
                 while not self.gate.is_set():
                     await asyncio.sleep(0.01)
-                async with http.get(f"{self.url}/login", params={"user": USER, "password": PASSWORD}) as resp:
+                async with http.post(f"{self.url}/login", json={"user": USER, "password": PASSWORD}) as resp:
                     resp.raise_for_status()
-                    token = await resp.text()
+                    token = (await resp.json())["token"]
                 ws = await http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": token})
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
                 return ws
@@ -294,3 +294,19 @@ def test_a_built_in_feed_never_writes_a_send_after_its_deadline(feed_server):
     assert events.failed[0][1].id == "late" and events.failed[0][1].source == "0"
     assert "a late order" not in server.received
     assert ctl.stats().sent_failed == {"deadline": 1} and ctl.stats().sent_out == 1
+
+
+def test_a_send_given_up_with_a_cause_reaches_on_event_with_it_as_its_cause():
+    """``Relogin`` hands the ``FeedFatal`` of a link that gave up as the cause of each send it fails
+    (``ctx.send_failed(frame, reason, cause=)``): the ``SendFailed`` on_event gets carries it."""
+    from forkless.io_loop.counters import IOStats
+    from forkless.io_loop.errors import FeedFatal
+    from forkless.io_loop.sends import SendWatch, sent_frames
+
+    handed: list[Any] = []
+    watch = SendWatch(IOStats(), name="exchange", feed=0, held=None, events=handed.append)
+    frame = sent_frames(["order"], "o1", None, 0.0)[0]
+    fatal = FeedFatal("giving up: exchange: 3 failed attempts in a row")
+    watch.report(frame, "gave up", fatal)
+    [failed] = handed[0].items
+    assert (failed.id, failed.reason, failed.frame) == ("o1", "gave up", "order") and failed.__cause__ is fatal

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from forkless import EVENTS_ONLY, Config, Controller, FeedFatal, SourceStopped
+from forkless import EVENTS_ONLY, Config, Controller, FeedFatal, SendFailed, SourceStopped
 from tests.harness import UNIT_S, assert_books_balance, drive
 from tests.ws_exchange import PASSWORD, USER, WsExchange
 
@@ -55,8 +55,8 @@ class Trader:
 
     async def run(self, ctx: Any) -> None:
         async with aiohttp.ClientSession() as http:
-            async with http.get(f"{self.url}/login", params={"user": USER, "password": PASSWORD}) as resp:
-                token = await resp.text()
+            async with http.post(f"{self.url}/login", json={"user": USER, "password": PASSWORD}) as resp:
+                token = (await resp.json())["token"]
             async with http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": token}) as ws:
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
                 reader = asyncio.create_task(self._read(ws, ctx))
@@ -208,8 +208,8 @@ class EndsWithItsSession(Trader):
 
     async def run(self, ctx: Any) -> None:
         async with aiohttp.ClientSession() as http:
-            async with http.get(f"{self.url}/login", params={"user": USER, "password": PASSWORD}) as resp:
-                token = await resp.text()
+            async with http.post(f"{self.url}/login", json={"user": USER, "password": PASSWORD}) as resp:
+                token = (await resp.json())["token"]
             async with http.ws_connect(self.url.replace("http", "ws", 1) + "/ws", params={"token": token}) as ws:
                 await ws.send_str(json.dumps({"type": "subscribe", "symbols": ["BTCUSDT"]}))
 
@@ -316,4 +316,48 @@ def test_a_source_that_declares_nothing_has_its_emits_refused_from_the_stop_on_a
         exchange.stop()
     assert not any(e["type"] == "fill" for e in events)
     assert ctl.stats().awaited_unanswered == {}
+    assert_books_balance(ctl)
+
+
+class AnsweredTrader(Trader):
+    """The trader without ``awaiting()``, saying instead which order a fill answers: the stop awaits the fills
+    of the orders it wrote all the same (the source's books count them: io_loop/source.py)."""
+
+    def __init__(self, url: str, stop_began: threading.Event) -> None:
+        super().__init__(url, stop_began, declares=False)
+
+    def send_answered(self, event: Any) -> Any:
+        return event.get("client_order_id") if event.get("type") == "fill" else None
+
+
+@pytest.mark.parametrize("released", [True, False], ids=["fills come", "fills never come"])
+def test_a_source_that_says_what_a_fill_answers_gets_every_fill_through_the_stop_or_each_one_reported(released):
+    stop_began = threading.Event()
+    exchange = WsExchange(hold_fills=True)
+    url = exchange.start()
+    trader = AnsweredTrader(url, stop_began)
+    releaser = threading.Thread(target=lambda: stop_began.wait(60 * UNIT_S) and released and exchange.release_fills())
+    releaser.start()
+    events: list[Any] = []
+    cfg = _config(shutdown_timeout_s=(30 if released else 2) * UNIT_S)
+    try:
+        with Controller(cfg, processor=EVENTS_ONLY, sources=[trader], on_event=lambda s, e: events.append(e)) as ctl:
+            drive(ctl, lambda: any(isinstance(e, dict) and e["type"] == "trade" for e in events), timeout_s=30 * UNIT_S,
+                  what="a first trade")
+            for i in range(ORDERS):
+                ctl.send("exchange", _order(i), id=f"o{i}")
+    finally:
+        stop_began.set()
+        releaser.join()
+        exchange.stop()
+    fills = sorted(int(e["client_order_id"][1:]) for e in events if isinstance(e, dict) and e["type"] == "fill")
+    failed = sorted(int(e.id[1:]) for e in events if isinstance(e, SendFailed))
+    snap = ctl.stats()
+    if released:
+        assert fills == list(range(ORDERS)) and failed == [] and snap.awaited_unanswered == {}
+    else:  # counted by the stop's reason, and each one reported: handed to on_event, or, the main loop's deadline
+        # come (the phase ran to it), counted as not delivered
+        assert fills == [] and snap.awaited_unanswered == {"stop deadline": ORDERS}
+        assert {e.reason for e in events if isinstance(e, SendFailed)} <= {"stop deadline"}
+        assert len(failed) + snap.events_unhandled == ORDERS, (failed, snap.events_unhandled)
     assert_books_balance(ctl)

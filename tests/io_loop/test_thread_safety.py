@@ -17,7 +17,7 @@ from forkless.io_loop.portal import IOPortal
 from forkless.io_loop.sinks.sink import SinkStats
 from forkless.io_loop.writer import HeldReply
 from tests.harness import UNIT_S
-from tests.races import hammer
+from tests.races import hammer, switching_often
 
 pytestmark = pytest.mark.threads
 
@@ -152,3 +152,31 @@ def _copied_while_counted(count: Callable[[int], None], books: Callable[[], tupl
 
     hammer([counting, copying, copying])
     assert books() == (times, times)
+
+
+def test_a_run_is_up_once_whichever_threads_put_its_first_items_and_the_up_comes_before_them():
+    """An unchanged worker's first item says its run is up: puts from several executor threads at once make
+    one ``ConnectionEvent``, ahead of every item, never two (seen failing with ``_up_lock`` taken out of
+    ``IOPortal._came_up``: two threads each checked ``_up`` and put an up event, [0, 92])."""
+    from forkless.io_loop.crossing import ConnectionEvent
+
+    each, rounds = 200, 25
+    for _ in range(rounds):
+        async def worker(to_main, from_main):
+            loop = asyncio.get_running_loop()
+            start = threading.Barrier(THREADS)
+
+            def put_many(k: int) -> None:
+                start.wait()
+                for i in range(each):
+                    to_main.put((k, i))
+
+            await asyncio.gather(*(loop.run_in_executor(None, put_many, k) for k in range(THREADS)))
+            await to_main.stopping.wait()
+
+        with switching_often(), IOPortal(worker, connection_events=True, queue_size=0,
+                                         stop_timeout_s=10 * UNIT_S) as portal:
+            got = [portal.to_main.get(timeout=30 * UNIT_S) for _ in range(THREADS * each + 1)]
+        ups = [i for i, item in enumerate(got) if isinstance(item, ConnectionEvent)]
+        assert ups == [0], ups
+        assert portal.connections == 1

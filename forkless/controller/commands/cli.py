@@ -36,11 +36,12 @@ from typing import Any
 
 from forkless.controller.commands.edge import early_log_format, load_config, report
 from forkless.controller.errors import EXIT_STATUSES
+from forkless.controller.lifetime.endpoints import serve_last_books
 from forkless.controller.logs import flush_log_repeats, program_line, setup_logging
 from forkless.controller.settings.vardocs import help_text
 from forkless.controller.stats import losses
 from forkless.controller.wiring import Runtime
-from forkless.io_loop.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, ForklessError
+from forkless.io_loop.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, ForklessError, LeaseLost
 
 __all__ = ["console_main", "exit_with", "main", "stop_status"]
 
@@ -104,6 +105,10 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     except KeyboardInterrupt:  # a second Ctrl-C: run() aborted the IO side and gave the process back
         program_line("second interrupt: exiting now", fmt=fmt, exit_status=EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
+    except LeaseLost as exc:  # its last books, "lease lost" counted, scraped before the exit (endpoints.py)
+        if controller is not None and config.metrics_addr:
+            serve_last_books(config, controller.stats, config.lease_s)
+        return report(exc, fmt)
     except ForklessError as exc:  # FeedFatal, a ConfigError known only once JAX runs, IOThreadError, …
         return report(exc, fmt)
     finally:

@@ -15,12 +15,18 @@ Rules:
 - ``close()`` ends the start-up thread and releases the address if no IO thread took it (a start
   that failed or was stopped); idempotent. Without ``FORKLESS_METRICS_ADDR``: ``NoEndpoints``,
   the same calls doing nothing.
+- ``serve_last_books``: a run that ended on a lost lease (exit 3) serves its last books on the
+  same address, once the IO thread has let it go, until one ``/metrics`` scrape has read them or
+  a bound has passed (``FORKLESS_LEASE_S``: the new owner waited that long anyway), ``/healthz`` and
+  ``/readyz`` answering 503: what it counted before it exits is scraped (deploy/prometheus's
+  ForklessLeaseLost sees "lease lost" go up, from the 0 it showed since the start).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +34,7 @@ from forkless.controller.config import Config
 from forkless.io_loop.errors import MetricsServerError
 from forkless.io_loop.loopthread import LoopThread
 
-__all__ = ["Endpoints", "NoEndpoints", "open_endpoints"]
+__all__ = ["Endpoints", "NoEndpoints", "open_endpoints", "serve_last_books"]
 
 log = logging.getLogger("forkless.controller")
 
@@ -118,3 +124,38 @@ def open_endpoints(config: Config, snapshot: Callable[[], Any]) -> Endpoints | N
         endpoints.close()
         raise
     return endpoints
+
+
+def serve_last_books(config: Config, snapshot: Callable[[], Any], within_s: float) -> bool:
+    """After a run that ended on a lost lease: ``snapshot``'s books (the controller's ``stats``, its last)
+    served on ``FORKLESS_METRICS_ADDR`` until a ``/metrics`` scrape has read them, at most ``within_s`` (see
+    the module rules). True when one did; False without an address, or when none came (or the address
+    could not be had again: logged)."""
+    if not config.metrics_addr:
+        return False
+    # only when served: prometheus_client is about 10 MiB of RSS, aiohttp.web 1.7 MiB
+    from forkless.controller.metrics import exposition
+    from forkless.io_loop.net.http import MetricsServer
+
+    scraped = threading.Event()
+    render = exposition(snapshot)
+
+    def counted() -> tuple[bytes, str]:
+        answer = render()
+        scraped.set()
+        return answer
+
+    server = MetricsServer(config.metrics_addr, snapshot=snapshot, alive=lambda: False, render=counted)
+    try:
+        server.bind()
+        endpoints = Endpoints(server)
+        endpoints.start()
+    except MetricsServerError as exc:
+        log.warning("the last books could not be served for a scrape before the exit: %s", exc)
+        server.close()
+        return False
+    try:
+        log.info("serving the last books on %s until a scrape reads them (at most %gs)", server.where, within_s)
+        return scraped.wait(within_s)
+    finally:
+        endpoints.close()

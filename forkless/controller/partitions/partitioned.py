@@ -360,6 +360,9 @@ class PartitionOwner:
         self.owned = owned
         self.feed = feed
         self.checkpoints = checkpoints
+        # times this process found its partitions' leases lost: 0, then 1 (it stops; forkless_lease_losses_total),
+        # written by the main thread (``lost``), read by any
+        self.lease_losses = 0
 
     @classmethod
     def open(cls, settings: InstanceSettings, feed: Connector, like: Any,
@@ -389,8 +392,11 @@ class PartitionOwner:
 
     @property
     def lost(self) -> bool:
-        """A lease lost, or run out unrenewed (a pause past the lease): the partitions' fence no longer holds."""
-        return not self.owned.fence.holds()
+        """A lease lost, or run out unrenewed (a pause past the lease): the partitions' fence no longer holds.
+        Asked by the controller while it runs (and by its stop, before ``close``); once true, counted."""
+        if not self.owned.fence.holds():
+            self.lease_losses = 1
+        return bool(self.lease_losses)
 
     def raise_if_lost(self) -> None:
         """``LeaseLost`` if a lease could not be renewed in time (the controller asks every cycle)."""
@@ -404,11 +410,15 @@ class PartitionOwner:
 
 
 class NoPartitions:
-    """The owner of an instance that is not partitioned: the same calls, nothing held, nothing lost."""
+    """The owner of an instance that is not partitioned (or no longer: its leases closed, ``lease_losses``
+    kept for its last books): the same calls, nothing held, nothing lost from now on."""
 
     checkpoints = None
     lost = False
     unowned = 0
+
+    def __init__(self, lease_losses: int = 0) -> None:
+        self.lease_losses = lease_losses
 
     def raise_if_lost(self) -> None:
         pass

@@ -72,7 +72,7 @@ from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.hooks import HookFailed
 from forkless.io_loop.net import aiohttp_compat
 from forkless.io_loop.net.tls import make_ssl_context
-from forkless.io_loop.reconnect import End, Outcome, drive, pause_before_reconnect
+from forkless.io_loop.reconnect import LOST_WITHOUT_CLOSE, End, Outcome, closed_how, drive, pause_before_reconnect
 from forkless.io_loop.settings import Credentials, FeedSpec, ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext, SourceStopped
 
@@ -409,7 +409,7 @@ class WebSocketSource(SourceCapabilities):
                                              f"({self.max_msg_bytes}), closed with 1009")
                 return End(Outcome.LOST, f"connection error: {exc.__class__.__name__}: {short(exc)}", ws.close_code)
             elif kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
-                return End(Outcome.LOST, f"closed by the server (code {ws.close_code})", ws.close_code)
+                return End(Outcome.LOST, closed_how(ws.close_code, "the server"), ws.close_code)
 
     async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> End:
         """Each reply batch in one socket write, until the main thread's last one: framed by
@@ -439,9 +439,9 @@ class WebSocketSource(SourceCapabilities):
                             if cork is not None:
                                 cork.uncork()
             except ConnectionLost as exc:
-                return End(Outcome.LOST, f"send failed: {exc}")
+                return _lost_writing(ws, str(exc))
             except RuntimeError as exc:
-                return End(Outcome.LOST, f"send failed: {exc.__class__.__name__}: {short(exc)}")
+                return _lost_writing(ws, f"{exc.__class__.__name__}: {short(exc)}")
             finally:
                 batch.wrote(written)  # also when stopped part-way
         return End(Outcome.DRAINED)
@@ -519,3 +519,10 @@ class _Link:
 
     async def pause(self, delay: float) -> None:
         await pause_before_reconnect(delay, self.ctx.replies_ended)
+
+
+def _lost_writing(ws: aiohttp.ClientWebSocketResponse, why: str) -> End:
+    """A write found the connection gone: no close frame came before it (else the reader would have
+    ended it), so it was lost without one, 1006, as a read that finds it so."""
+    code = ws.close_code if ws.close_code is not None else LOST_WITHOUT_CLOSE
+    return End(Outcome.LOST, f"send failed: {why}; {closed_how(code, 'the server')}", code)
