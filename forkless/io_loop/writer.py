@@ -180,11 +180,19 @@ class ReplyBatch:
             held.finish()  # nothing (left) to write in it
 
     @property
+    def _item(self) -> Outgoing:
+        item = self._held.item
+        if item is None:
+            raise RuntimeError("this ReplyBatch is done (written whole or dropped): the next batch is the next one "
+                               "ctx.replies() yields")
+        return item
+
+    @property
     def frames(self) -> list[str | bytes]:
         """The frames of this batch still to write (all of them, unless handed again after a
         lost connection). A frame is ``str``, or ``bytes`` holding UTF-8 text."""
-        held = self._held
-        return held.item.frames if not held.offset else held.item.frames[held.offset:]
+        held, item = self._held, self._item
+        return item.frames if not held.offset else item.frames[held.offset:]
 
     @property
     def items(self) -> list[str | bytes]:
@@ -197,25 +205,25 @@ class ReplyBatch:
         answers, ``index``: its place there) that names it, as a replayable source publishes it
         (an id a duplicate window recognises); None when the batch has none (no positions given)."""
         held = self._held
-        origin = held.item.origin
+        origin = self._item.origin
         return origin if origin is None or not held.offset else origin[held.offset:]
 
     @property
     def answers(self) -> bool:
         """True when the batch answers messages (results and their error replies); False for
         error replies to bad input and frames the main thread sent on its own."""
-        return self._held.item.answers
+        return self._item.answers
 
     @property
     def deadline(self) -> float | None:
         """For frames the main thread sent (``Controller.send``), the ``time.monotonic()`` by which they
         are written or never (io_loop/sends.py); None: no deadline (and for replies)."""
-        return self._held.item.deadline
+        return self._item.deadline
 
     @property
     def send_id(self) -> Any:
         """For frames the main thread sent, the send's id (``Controller.send``'s return value); None for replies."""
-        return self._held.item.send_id
+        return self._item.send_id
 
     def drop(self, reason: str) -> None:
         """Give the rest of the batch up unwritten (the source may not write it): its frames
