@@ -34,9 +34,8 @@ MAX_EXPONENT = 64  # 2**64 times any sensible min_s is far past any max_s
 
 
 def _seconds(name: str, value: object, *, zero: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
-        (value >= 0 if zero else value > 0)
-    if not ok:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and
+            (value >= 0 if zero else value > 0)):
         raise ValueError(f"Backoff's {name} is a finite number of seconds {'>= 0' if zero else '> 0'}, not {value!r}")
     return float(value)
 

@@ -285,10 +285,10 @@ class IOPortal:
             self._task = task = asyncio.create_task(self._work(*ends), name=f"{self._thread.name}-worker")
             if self.runs == 1:
                 await asyncio.sleep(0)  # the worker's first step runs first: a failure there fails start()
-                if task.done() and task.result() is not None:
+                if task.done() and (failure := task.result()) is not None:
                     self._start_failed = True
                     self._worker_done = True
-                    self._fail(task.result())
+                    self._fail(failure)
                 self._runner.ready()
             await asyncio.wait({task})
             for end in ends:

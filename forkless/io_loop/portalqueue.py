@@ -106,7 +106,7 @@ class _Enqueued:
     __slots__ = ()
 
     def __await__(self) -> Generator[Any, None, None]:
-        return iter(())
+        return iter(())  # type: ignore[return-value]  # await takes any iterator; typeshed asks a Generator
 
 
 ENQUEUED = _Enqueued()
@@ -470,7 +470,7 @@ class MainQueue(_Sized):
             self._q.put(item if record is None else record, block, timeout)
         except janus.SyncQueueShutDown:
             self._raise_end()
-        if record is None:
+        if record is None or self._sends is None:  # (a record is made by _sends)
             return None
         self._sends.watch(record)
         return record.id

@@ -255,7 +255,8 @@ class SourceContext:
             if first:
                 self._resume_pending = False  # the source does its own resuming
                 drop_first(decoded, first)
-                origins = [Origin(position, i, i == n - 1) for i in range(first, n)]
+                assert position is not None  # refused above: ``first`` needs a position
+                origins: list[Origin] | None = [Origin(position, i, i == n - 1) for i in range(first, n)]
             else:
                 origins = None if position is None else self._origins(decoded, position)
             if runner.hand_over(decoded, received_ns, origins):
@@ -316,7 +317,7 @@ class SourceContext:
         source will not write (its deadline passed while it held it, say): counted in ``sent_failed``
         by ``reason``, and the main thread's ``on_event`` gets ``SendFailed`` (its id, the frame, the
         reason). Once per frame; ``TypeError`` for a frame the main thread did not send."""
-        self._runner.out.held.sends.report(frame, reason)
+        self._runner.sends.report(frame, reason)
 
     @property
     def sends_while_disconnected(self) -> str:
@@ -358,7 +359,7 @@ class SourceContext:
         if not connected and reason:
             stats.last_error = reason
         if not connected:
-            runner.out.held.sends.disconnected()
+            runner.sends.disconnected()
         runner.connection_state(connected, reason, code)
 
     def count_error(self, reason: str, n: int = 1) -> None:
@@ -382,7 +383,7 @@ class SourceContext:
         runner = self._runner
         if reason:
             runner.stats.last_error = reason
-        runner.out.held.sends.disconnected()
+        runner.sends.disconnected()
         runner.connection_state(False, reason, code)
 
     def connect_failed(self, reason: str) -> None:
@@ -455,6 +456,8 @@ class SourceRunner:
                             sends=lambda held: SendWatch(stats, name=feed.name, feed=index, held=held,
                                                          events=self.handover.hand_event,
                                                          refuse=self.send_policy == "refuse"))
+        assert self.out.held.sends is not None  # made from ``sends=`` just above
+        self.sends: SendWatch = self.out.held.sends
         self._declined_logged: set[str] = set()
         self._running: asyncio.Task | None = None  # the task of ``run`` (cancelled by a failed before_stop)
         self._stop_failed: FeedFatal | None = None  # what the source's before_stop raised, as FeedFatal
@@ -488,11 +491,11 @@ class SourceRunner:
         if not self.send_errors:
             self._decline(counts, f"the feed's replies are {self.feed.replies!r}")
             return
-        frames = [self.codec.encode_error(reason, seq) for reason, seq in decoded.errors]
-        if None in frames:  # the codec declined some
-            self._decline([counted for frame, counted in zip(frames, counts) if frame is None],
+        encoded = [self.codec.encode_error(reason, seq) for reason, seq in decoded.errors]
+        if None in encoded:  # the codec declined some
+            self._decline([counted for frame, counted in zip(encoded, counts) if frame is None],
                           "the codec's encode_error returned None")
-            frames = [frame for frame in frames if frame is not None]
+        frames = [frame for frame in encoded if frame is not None]
         if frames:
             if position is not None:
                 _check_position(position)
@@ -621,7 +624,7 @@ class SourceRunner:
             self.stopping_now = True  # before anything sees ctx.stopping: no emit is taken from then
         self.ctx.stop_deadline = deadline
         self.ctx.stopping.set()
-        if not self.stopping_now:
+        if awaiting is not None and not self.stopping_now:  # (no awaiting: stopping_now was set above)
             await finish_awaited(self, awaiting, deadline, unrouted)
             self.stopping_now = True
         while self.busy:
@@ -634,7 +637,7 @@ class SourceRunner:
 
     def send_arrived(self, item: Outgoing) -> None:
         """A send of the main thread's for this source crossed (the bridge's wake-up): watched until handed out."""
-        self.out.held.sends.arrived(item)
+        self.sends.arrived(item)
 
     def take_held(self) -> tuple[Outgoing | None, int]:
         return self.out.take_held()

@@ -93,7 +93,7 @@ class HeldReply:
             self.item, self.offset = None, 0
         return False
 
-    def _took(self, item: Outgoing) -> None:
+    def _took(self, item: Outgoing) -> Outgoing:
         self.item, self.offset = item, 0
         if item.sent:
             item.take_up()
@@ -101,10 +101,12 @@ class HeldReply:
             picked = time.monotonic_ns()
             for trace in item.traces:
                 trace.ns[PICKED] = picked
+        return item
 
     def wrote(self, stop: int) -> None:
         """Frames ``offset:stop`` of the item were written (also when stopped part-way)."""
         item, start = self.item, self.offset
+        assert item is not None  # called with an item in hand
         stats = self.stats
         if item.sent:
             stats.sent_out += stop - start
@@ -119,6 +121,7 @@ class HeldReply:
     def finish(self) -> None:
         """The item is written whole: its latency and sampled hops observed, the next one is taken next."""
         item, self.item = self.item, None
+        assert item is not None  # called with an item in hand
         if item.answers and self.acknowledged is not None:
             self.acknowledged.notify()
         if item.received_ns:
@@ -165,11 +168,10 @@ class ReplyBatch:
                 if held.drained:
                     raise StopAsyncIteration
                 try:  # held.next() inlined: one await a batch, as before
-                    held._took(await held.outbox.get())
+                    item = held._took(await held.outbox.get())
                 except janus.AsyncQueueShutDown:
                     held.drained = True
                     raise StopAsyncIteration from None
-                item = held.item
             if item.sent and not held._usable(item):  # a send given up: never written
                 continue
             if held.offset < len(item.frames):
@@ -288,7 +290,7 @@ class Outbound:
         next is asked for (or when the source's ``run`` returns)."""
         batch, held = self.batch, self.held
         async for _ in batch:
-            item = held.item
+            item = batch._item
             while held.item is item and held.offset < len(item.frames):
                 if held.offset and not held._usable(item):  # a send's deadline passed between its frames
                     break
