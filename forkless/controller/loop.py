@@ -443,9 +443,9 @@ class Controller:
             log.error("the lease of a partition is lost: %d received messages dropped unanswered (%d of them "
                       "unprocessed) and no checkpoint written; their new owner answers them from its checkpoint",
                       self.stats().dropped.get("lease lost", 0), unanswered)
-            raise LeaseLost(f"{self._partition_feed.label}: the lease of a partition was lost or ran out unrenewed "
-                            "(FORKLESS_LEASE_S): another instance may own it now, so this one stopped without "
-                            "publishing what it held")
+            raise LeaseLost(f"{self._partition_feed.feed.label}: the lease of a partition was lost or ran out "
+                            "unrenewed (FORKLESS_LEASE_S): another instance may own it now, so this one stopped "
+                            "without publishing what it held")
         self._io.raise_if_failed()
         if raised is not None:
             raise raised
