@@ -200,7 +200,7 @@ def settings_group(cls: type[G]) -> type[G]:
         build(self, **values)
         object.__setattr__(self, GIVEN, frozenset(values))
 
-    cls.__init__ = __init__  # type: ignore[method-assign]
+    cls.__init__ = __init__  # type: ignore[method-assign]  # the dataclass's, wrapped
     return cls
 
 
