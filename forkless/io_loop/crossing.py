@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar, final
 
 __all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICKED", "READ", "SAMPLE_EVERY",
            "STEP", "TAKEN", "WRITTEN", "Chunk", "ConnectionEvent", "Events", "Origin", "Outgoing", "PositionUnknown",
@@ -124,6 +124,7 @@ class Chunk:
         return self.x if isinstance(self.x, list) else [self.x]
 
 
+@final  # (``type(item) is Events`` tells the two apart)
 @dataclass
 class Events:
     """Objects a source hands to the main thread as they are (``SourceContext.emit_event``: a

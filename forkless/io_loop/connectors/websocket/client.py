@@ -499,7 +499,7 @@ class _Link:
         return await self.source._open(self.session)
 
     def attempt_failed(self, exc: BaseException) -> str:
-        return self.source._failed(exc)  # type: ignore[arg-type]
+        return self.source._failed(exc)  # type: ignore[arg-type]  # one of ``failures``: drive catches only those
 
     def retrying(self, reason: str, delay: float) -> None:
         log.warning("connecting to %s failed: %s; retrying in %.2fs", self.source.shown_url, reason, delay,
