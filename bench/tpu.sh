@@ -29,7 +29,9 @@
 #      block (the platform and the JAX device on its first line), the latency budget per hop, the
 #      device floor and the CPU µs per message (forkless's IO thread and main thread apart);
 #      OUT/bench.png where matplotlib is installed. Nothing in the repository is changed: the
-#      integrator copies OUT to bench/out-tpu/DATE (bench/out-tpu/README.md).
+#      integrator copies OUT to bench/out-tpu/DATE without its logs/, archives it (python -m
+#      bench.archive bench/out-tpu/DATE) and says what it shows in bench/out-tpu/README.md
+#      (bench/docs/running.md, "What the repository keeps").
 #
 # Environment:
 #   PYTHON                  the interpreter (default: python3)

@@ -75,9 +75,9 @@ from forkless.controller.wiring import (
     checked_group,
     event_callback,
     main_thread_results,
-    refusing_old_keywords,
     runs_no_processor,
     split_sinks,
+    taking_old_keywords,
 )
 from forkless.io_loop.connectors.websocket.on_connect import frames_of
 from forkless.io_loop.counters import IOStats
@@ -86,7 +86,7 @@ from forkless.io_loop.errors import LeaseLost, StopRequested
 from forkless.io_loop.sends import checked_max_age, sent_frames
 from forkless.io_loop.sinks.sink import ResultSink
 from forkless.io_loop.source import Source
-from forkless.io_loop.waiting import WaitSettings, resolve_handoff
+from forkless.io_loop.waiting import PARK, WaitSettings, wait_settings
 
 __all__ = ["Controller"]
 
@@ -141,14 +141,15 @@ class Controller:
     checkpoints go instead of ``FORKLESS_CHECKPOINT_DIR``, a ``CheckpointStore``); ``io_factory`` (the tests'
     seam). The ``forkless`` program asks for ``freeze_gc`` and ``notify_systemd``.
 
-    An old keyword (``on_results=``, ``events_only=``, ``out=``, ...) raises ``TypeError`` naming its new spelling.
+    An old keyword (``on_results=``, ``events_only=``, ``out=``, ...) still works in this release, with a
+    ``DeprecationWarning`` naming its new spelling (docs/embedding/versions.md); 0.3.0 removes it.
     """
 
     # replaced by sinks: assigning it would be read by nothing, so reading or assigning it says so
     on_results = ReplacedAttribute("Controller.on_results is gone: results leave through sinks, given when the "
                                    "controller is built: Controller(sinks=[forkless.OnResults(f)])")
 
-    @refusing_old_keywords
+    @taking_old_keywords
     def __init__(self, config: Config | None = None, *, processor: Processor | EventsOnly | None = None,
                  codec: Codec | None = None, sources: Sequence[Source] = (),
                  sinks: Sequence[OnResults | ResultSink] = (), on_event: EventCallback | OnEvent | None = None,
@@ -231,10 +232,9 @@ class Controller:
 
     @property
     def handoff(self) -> WaitSettings:
-        """How the threads wait for each other (FORKLESS_HANDOFF resolved on the engine's platform:
-        io_loop/waiting.py); ``park`` before the compile and without a processor."""
-        platform = self.engine.platform if self.engine is not None else "cpu"
-        return WaitSettings(resolve_handoff(self.config.handoff, platform) if self.engine is not None else "park")
+        """How the threads wait for each other (FORKLESS_HANDOFF resolved on the engine's platform and this
+        interpreter's GIL: io_loop/waiting.py); ``park`` before the compile and without a processor."""
+        return PARK if self.engine is None else wait_settings(self.config.handoff, self.engine.platform)
 
     @property
     def checkpointer(self) -> Checkpointer | None:

@@ -15,12 +15,12 @@ Rules:
 from __future__ import annotations
 
 import math
-import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from forkless.controller.renamed import removed
 from forkless.io_loop.counters import (
     SECONDS_BOUNDS,
     FeedSnapshot,
@@ -226,11 +226,9 @@ class StatsSnapshot:
 
     @property
     def in_flight(self) -> int:
-        """Deprecated: ``unanswered``, its name now ("in flight" is said of steps dispatched to the device and
-        not finished); warns ``DeprecationWarning`` and gives the same number, to be removed."""
-        warnings.warn("StatsSnapshot.in_flight is deprecated: read StatsSnapshot.unanswered (received messages not "
-                      "yet answered, dropped or declined; the same number)", DeprecationWarning, stacklevel=2)
-        return self.unanswered
+        """Removed in 0.2.0 (deprecated in 0.1.0): ``unanswered`` is its name ("in flight" is said of steps
+        dispatched to the device and not finished); ``AttributeError`` naming it."""
+        raise removed("StatsSnapshot.in_flight", error=AttributeError)
 
 
 def _ms(seconds: float) -> str:

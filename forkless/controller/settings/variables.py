@@ -143,8 +143,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("HANDOFF", "handoff", choice("auto", "park", "spin"), "auto, park or spin",
              "how the threads wait for each other: park sleeps until woken; spin keeps the IO loop awake"
              " while a step is in flight and 2 ms after (it yields its core between looks, the GIL released;"
-             " the main thread blocks on the step meanwhile): replies are taken without waking a sleeping"
-             " loop, for a busy core (docs/performance.md); auto: spin on an accelerator, park on the CPU"),
+             " under the GIL the main thread blocks on the step meanwhile, without one it spins too): replies"
+             " are taken without waking a sleeping loop, for a busy core (docs/performance.md); auto: spin on"
+             " an accelerator, and on the CPU park under the GIL and spin without it"),
     Variable("QUEUE_SIZE", "queue_size", integer(1, 1_000_000), "an integer from 1 to 1000000",
              "bound of each queue: inbound chunks (frames read together, at most MAX_BATCH messages"
              " or one frame), outbound batches"),
