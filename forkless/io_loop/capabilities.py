@@ -44,7 +44,7 @@ from forkless.io_loop.errors import ForklessError
 from forkless.io_loop.settings import OVERFLOW_POLICIES, REPLY_POLICIES, OverflowPolicy, ReplyPolicy
 
 __all__ = ["CAPABILITIES", "METHODS", "SENDS_WHILE_DISCONNECTED", "VALUES", "CapabilityWarning", "Declarations",
-           "OverflowPolicy", "ReplyPolicy", "SendsWhileDisconnected", "SourceCapabilities", "SupportsAwaiting",
+           "SendsWhileDisconnected", "SourceCapabilities", "SupportsAwaiting",
            "SupportsBeforeStop", "SupportsProbe", "SupportsSummary", "check_methods", "declarations", "lookalikes",
            "warn_lookalikes"]
 
