@@ -100,15 +100,15 @@ class WaitSettings:
 PARK = WaitSettings()  # the default: each thread sleeps until woken
 
 
-def resolve_handoff(setting: str, platform: str, gil: bool = True) -> str:
-    """``FORKLESS_HANDOFF``'s strategy on ``platform`` (the first device's: "cpu", "tpu", "gpu" …) and build
-    (``gil``: whether the GIL is on): ``auto`` spins on an accelerator, where a wake-up costs a step's
-    fraction; on the CPU it parks under the GIL, where the spinning thread's yields would take the GIL
-    and cores from XLA's own threads, and spins without it (docs/performance.md has the measurements)."""
+def resolve_handoff(setting: str, platform: str) -> str:
+    """``FORKLESS_HANDOFF``'s strategy on ``platform`` (the first device's: "cpu", "tpu", "gpu" …):
+    ``auto`` spins on an accelerator, where a wake-up costs a step's fraction, and parks on the CPU,
+    where spinning threads take cores from XLA's own threads and the feed's (a free-threaded build's
+    two spinners take two: docs/performance.md has the measurements)."""
     if setting not in HANDOFFS:
         raise ValueError(f"handoff: {setting!r} is not one of {', '.join(HANDOFFS)}")
     if setting == "auto":
-        return "park" if platform == "cpu" and gil else "spin"
+        return "park" if platform == "cpu" else "spin"
     return setting
 
 
@@ -116,7 +116,7 @@ def wait_settings(setting: str, platform: str, gil: bool | None = None) -> WaitS
     """The resolved ``WaitSettings`` of ``FORKLESS_HANDOFF`` on ``platform``; ``gil``: whether the GIL is
     on (None: this interpreter's, now). Without a GIL a spin is both threads', kept apart."""
     gil = gil_enabled() if gil is None else gil
-    if resolve_handoff(setting, platform, gil) == "park":
+    if resolve_handoff(setting, platform) == "park":
         return PARK
     return WaitSettings("spin", both=not gil, apart=not gil)
 

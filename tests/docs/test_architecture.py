@@ -76,6 +76,7 @@ CORE = [
     "io_loop/counters.py",
     "io_loop/crossing.py",
     "io_loop/decoding.py",
+    "io_loop/jsontext.py",
     "io_loop/errors.py",
     "io_loop/connectors/connector.py",
     "io_loop/connectors/jetstream/consumer.py",
@@ -368,8 +369,10 @@ def test_io_loop_is_a_leaf_that_imports_nothing_from_controller():
 
 
 # partitions_of (the checkpoints' split of the stream table by partition) is vectorised with numpy,
-# imported inside it: importing io_loop.connectors.jetstream.partitions still loads none (the test below)
-THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/connectors/jetstream/partitions.py": {"numpy"}}
+# imported inside it: importing io_loop.connectors.jetstream.partitions still loads none (the test below);
+# the wire's JSON text is msgspec's where it is installed (the controller's codec and the relay use it)
+THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/connectors/jetstream/partitions.py": {"numpy"},
+                                    "io_loop/jsontext.py": {"msgspec"}}
 
 
 def test_the_io_loop_modules_in_the_core_import_no_third_party_library():
@@ -633,7 +636,7 @@ def test_importing_this_does_not_import_jax(statement: str):
     assert not jax_modules, f"{statement!r} imported {len(jax_modules)} JAX modules, e.g. {jax_modules[:3]}"
 
 
-OPTIONAL_LIBRARIES = {"nats", "prometheus_client", "msgspec"}  # JetStream feeds, /metrics, FORKLESS_FEEDS
+OPTIONAL_LIBRARIES = {"nats", "prometheus_client"}  # JetStream feeds, /metrics (msgspec is the wire's JSON)
 
 
 def test_a_websocket_only_run_imports_no_library_only_some_runs_need():

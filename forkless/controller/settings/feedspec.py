@@ -34,8 +34,13 @@ def feed_list(text: str, replies: ReplyPolicy = "all") -> tuple[FeedSpec, ...]:
         raise ValueProblem("not valid JSON") from None
     if not isinstance(items, list) or not items:
         raise ValueProblem("a non-empty JSON list")
-    # the entries' schema needs msgspec, imported only here: a run without FORKLESS_FEEDS never loads it
-    from forkless.controller.settings.feedschema import feed_spec
+    # the entries' schema (msgspec Structs), imported only here: a run without FORKLESS_FEEDS never builds it
+    try:
+        from forkless.controller.settings.feedschema import feed_spec
+    except ImportError:  # msgspec does not build for free-threaded CPython 3.13 (docs/performance.md)
+        raise ValueProblem("FORKLESS_FEEDS needs msgspec, which is not installed for this interpreter "
+                           "(it has no build for free-threaded CPython 3.13; 3.14t and every GIL build have one); "
+                           "set FORKLESS_WS_URL for one WebSocket feed instead") from None
 
     feeds = []
     for index, item in enumerate(items):

@@ -145,7 +145,7 @@ VARIABLES: tuple[Variable, ...] = (
              " while a step is in flight and 2 ms after (it yields its core between looks, the GIL released;"
              " under the GIL the main thread blocks on the step meanwhile, without one it spins too): replies"
              " are taken without waking a sleeping loop, for a busy core (docs/performance.md); auto: spin on"
-             " an accelerator, and on the CPU park under the GIL and spin without it"),
+             " an accelerator, park on the CPU"),
     Variable("QUEUE_SIZE", "queue_size", integer(1, 1_000_000), "an integer from 1 to 1000000",
              "bound of each queue: inbound chunks (frames read together, at most MAX_BATCH messages"
              " or one frame), outbound batches"),
