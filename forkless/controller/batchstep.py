@@ -139,7 +139,7 @@ class BatchStep:
         if rows and ran is None:
             refused.update(dict.fromkeys(rows, "processing failed"))
             rows = []
-        elif rows:
+        elif rows and ran is not None:  # (rows without a step: refused above)
             outputs, bad = ran
             if bad.any():
                 rows, outputs = self._refuse_non_finite(taken, rows, outputs, bad, slots, refused)
@@ -167,7 +167,7 @@ class BatchStep:
         """Each message's state slot (recycled slots reset first), and the messages refused (too many streams)."""
         keys = taken.stream
         if self._feed_prefixes is not None:  # several feeds: a stream is (feed, stream)
-            keys = self._stream_keys(taken)
+            keys = self._stream_keys(taken, self._feed_prefixes)
         slots, ok, recycled = self.slots.lookup(keys, time.monotonic())
         if recycled:
             self.engine.reset(recycled)
@@ -178,7 +178,7 @@ class BatchStep:
             self.stats.errors["too many streams"] += len(too_many)
         return slots, refused
 
-    def _stream_keys(self, taken: Taken) -> list[str]:
+    def _stream_keys(self, taken: Taken, prefixes: Sequence[str]) -> list[str]:
         """Each message's slot key, "feed:stream", made once per stream of a feed and then found
         in that feed's dict (cleared once it holds more names than the table has slots), in C
         loops: one per run of the batch's messages from one feed."""
@@ -194,7 +194,7 @@ class BatchStep:
             except KeyError:  # a stream not seen yet (or since the dict was cleared)
                 if len(cache) >= self.slots.max_streams:
                     cache.clear()
-                prefix = self._feed_prefixes[feed]  # type: ignore[index]
+                prefix = prefixes[feed]
                 keys += [cache.get(name) or cache.setdefault(name, prefix + name) for name in names]
             start = end
         return keys
@@ -219,7 +219,7 @@ class BatchStep:
                 dataclasses.replace(item, for_sinks=results)
         if item is not None:
             self._put(item, deadline)
-        if sources is not None:
+        if sources is not None and taken.origin is not None:  # (sources: made from taken.origin)
             self.positions.after_batch(taken.feed, taken.origin, sources, [taken.feed[i] for i in origin])
 
     def _refuse_non_finite(self, taken: Taken, rows: Sequence[int], outputs: dict[str, np.ndarray],
@@ -247,10 +247,11 @@ class BatchStep:
         """The begun step's outputs on the host cut to the batch's messages (waiting for them),
         and which messages came out non-finite; None if the step failed (logged and counted;
         the engine kept the state, or replaced it if the failed step had lost it)."""
-        stats = self.stats
-        m = begun.pending.m
+        stats, pending = self.stats, begun.pending
+        assert pending is not None  # end() calls it for a step begun
+        m = pending.m
         try:
-            outputs, bad = self.engine.finish(begun.pending)
+            outputs, bad = self.engine.finish(pending)
         except StepFailed as failed:
             self._log_failure(failed.__cause__ or failed)
             stats.errors["processing failed"] += m

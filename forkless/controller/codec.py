@@ -108,7 +108,7 @@ class Codec(FrameDecoder, Protocol):
 
     def encode_results(
         self, seq: Sequence[Any], stream: Sequence[str], outputs: Mapping[str, np.ndarray]
-    ) -> list[str | bytes]: ...
+    ) -> Sequence[str | bytes | None]: ...  # one per message (None: no reply), or none
 
     def encode_error(self, reason: str, seq: Any) -> str | bytes | None: ...  # None: no frame
 
@@ -375,8 +375,8 @@ class GuardedCodec:
             # the built-in codec never raises and always returns well-formed columns (its
             # tests pin both): its decode runs unwrapped, saving a call and a check per frame,
             # and it reads a socket read's frames in one pass
-            self.decode = codec.decode  # type: ignore[method-assign]
-            self.decode_frames = codec.decode_frames  # type: ignore[method-assign]
+            self.decode = codec.decode  # type: ignore[method-assign]  # this instance's: the built-in codec's own
+            self.decode_frames = codec.decode_frames  # type: ignore[method-assign]  # as decode
 
     def decode(self, frame: str | bytes) -> Decoded:
         try:
@@ -411,7 +411,7 @@ class GuardedCodec:
         """``(one frame or None per message, True)``, or ``(error frames, False)`` if encoding failed
         (each None where ``encode_error`` declined, and all None with ``errors=False``)."""
         try:
-            frames = list(self.codec.encode_results(seq, stream, outputs))
+            frames: list[str | bytes | None] = list(self.codec.encode_results(seq, stream, outputs))
             if not frames:
                 return [None] * len(seq), True
             if len(frames) != len(seq):

@@ -55,6 +55,7 @@ from forkless.io_loop.settings import (
     PartitionSettings,
     ReconnectSettings,
     RelaySettings,
+    ReplyPolicy,
     Timeouts,
     TlsSettings,
     config_field,
@@ -65,7 +66,7 @@ __all__ = ["SETTINGS_GROUPS", "Config"]
 
 # the settings groups a Config is built from and gives back, by the name of its argument and property
 # (``Config(step=StepSettings(...))``, ``config.step``): the IO side's (GROUPS) and the controller side's
-SETTINGS_GROUPS: dict[str, type] = {"step": StepSettings, "checkpoints": CheckpointSettings, **GROUPS}
+SETTINGS_GROUPS: dict[str, type[Any]] = {"step": StepSettings, "checkpoints": CheckpointSettings, **GROUPS}
 
 
 def _built_from_groups(cls: type[Config]) -> type[Config]:
@@ -80,8 +81,8 @@ def _built_from_groups(cls: type[Config]) -> type[Config]:
     parameters = list(inspect.signature(build).parameters.values())
     parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
                                      annotation=f"{group.__name__} | None") for name, group in SETTINGS_GROUPS.items()]
-    __init__.__signature__ = inspect.signature(build).replace(parameters=parameters)  # type: ignore[attr-defined]
-    cls.__init__ = __init__  # type: ignore[method-assign]
+    __init__.__signature__ = inspect.signature(build).replace(parameters=parameters)  # type: ignore[attr-defined]  # inspect reads it
+    cls.__init__ = __init__  # type: ignore[method-assign]  # the dataclass's, wrapped
     return cls
 
 
@@ -105,7 +106,7 @@ class Config:
     feeds: str = field(default="", repr=False)
     shared_streams: bool = False
     feed_fatal: str = "all"
-    replies: str = "all"
+    replies: ReplyPolicy = "all"
     ca_file: str = ""
     tls_insecure: bool = False
     features: int = 8

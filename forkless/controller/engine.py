@@ -144,7 +144,7 @@ class Engine:
         # asynchronous copy per array); on an accelerator device_get's overlapped copies win
         self.platform = jax.devices()[0].platform  # "cpu", "tpu", "gpu" …
         # the compiled steps reset a non-finite stream's rows themselves (compiled.guarded); else the caller does
-        self.resets_in_step = settings.steps_in_flight > 1
+        self.resets_in_step = int(settings.steps_in_flight) > 1  # resolved (on_platform): an int
         on_cpu = self.platform == "cpu"
         self._fetch: Callable[[Any], Any] = _read_in_place if on_cpu else jax.device_get
         # a step's results start their way to the host as it is dispatched (steps in flight);
@@ -187,7 +187,7 @@ class Engine:
         self._journal.append(pending)
         self.steps_run += 1
         self.device_rows += layout.device_rows(bucket)
-        self.device_messages += layout.counts(m, route)
+        self.device_messages += layout.counts(m, route)  # type: ignore[arg-type]  # None: one device's, no placement
         return pending
 
     def ready(self, pending: Pending) -> bool:
@@ -316,7 +316,7 @@ class Engine:
             new_state, *ran = self.steps[bucket](self._state, self._layout.example(bucket))
             self._state = new_state
             route = None if self._layout.placement is None else Route(bucket, np.zeros(0, np.int64), np.zeros(0))
-            names = sorted(self._layout.results(tuple(ran), 0, route, self._fetch).outputs)
+            names = sorted(self._layout.results(tuple(ran), 0, route, self._fetch).outputs)  # type: ignore[arg-type]  # as above
         return names
 
     def take_state(self) -> Any:
@@ -378,6 +378,7 @@ class Engine:
         """The offered weights in place of ``state.params``, each leaf put where the old one was
         (its device or devices); the per-stream rows are untouched, so a checkpoint being
         copied stays exact (it took the shared leaves whole when it began)."""
+        assert self.live_weights is not None  # called when weights are pending
         leaves = self.live_weights.take(self.steps_run, int(self.device_messages.sum()))
         if leaves is None:
             return
@@ -418,7 +419,7 @@ def _cache_every_compile() -> Any:
     steps are compiled."""
     name = "jax_persistent_cache_min_compile_time_secs"
     before = getattr(jax.config, name)
-    if (not jax.config.jax_compilation_cache_dir or "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" in os.environ
+    if (not jax.config.jax_compilation_cache_dir or "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" in os.environ  # type: ignore[attr-defined]  # set at run time
             or before != JAX_MIN_COMPILE_TIME_S):
         yield
         return
@@ -432,7 +433,7 @@ def _cache_every_compile() -> Any:
 def _compile_buckets(layout: Any, processor: Processor, settings: StepSettings, state: Any, template: Any,
                      on_compiled: Callable[[int, float], None] | None) -> dict[int, Any]:
     """The step compiled for each bucket, the processor's contract checked on the way."""
-    jitted = layout.jit(processor.step, settings.steps_in_flight > 1)
+    jitted = layout.jit(processor.step, int(settings.steps_in_flight) > 1)
     # the contract on the shapes first (cheap, and clear errors), then at each bucket as it
     # is lowered
     layout.check(processor.step, state, settings.buckets[0])
@@ -465,7 +466,7 @@ def _compile_step(processor: Processor, settings: StepShape,
     # (controller/device/programs.py says when that is sure)
     key = program_key(processor, settings, devices, canonical)
     if key is not None:  # the guard's reset is compiled in with steps in flight only
-        key = (*key, settings.steps_in_flight > 1)
+        key = (*key, int(settings.steps_in_flight) > 1)
     with unsplit:
         several = len(devices) > 1
         layout = Sharded(processor, settings, devices) if several else OneDevice(processor, settings, devices[0])
@@ -474,6 +475,7 @@ def _compile_step(processor: Processor, settings: StepShape,
         again = kept(key)
         if again is not None:
             template, reset, steps = again.template(state), again.reset, dict(again.steps)
+            assert isinstance(layout, OneDevice)  # program_key keeps one device's programs only
             layout.use_outputs(again.outputs)
             for bucket in settings.buckets:
                 if on_compiled is not None:

@@ -241,6 +241,9 @@ class NoIOSide:
     def abort(self) -> None:
         pass
 
+    def request_stop(self, deadline: float | None = None) -> None:
+        pass
+
     def raise_if_failed(self) -> None:
         pass
 
@@ -267,8 +270,8 @@ def with_hooks(io_factory: IOFactory, *, on_connect: OnConnect | None,
                before_connect: BeforeConnect | None) -> IOFactory:
     """``io_factory`` with the embedder's connect hooks bound in, where it is the real IO thread's
     (a custom factory, the tests' fake IO side, makes no connections to call them on)."""
-    hooks = {name: hook for name, hook in (("on_connect", on_connect), ("before_connect", before_connect))
-             if hook is not None}
+    hooks: dict[str, Any] = {name: hook for name, hook in (("on_connect", on_connect),
+                                                           ("before_connect", before_connect)) if hook is not None}
     return functools.partial(io_factory, **hooks) if io_factory is io_thread and hooks else io_factory
 
 

@@ -39,7 +39,7 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"mess
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: timestamp, level, logger, message, forkless's version, and any context fields."""
 
-    converter = time.gmtime  # the timestamp says Z: UTC
+    converter = staticmethod(time.gmtime)  # the timestamp says Z: UTC
 
     def format(self, record: logging.LogRecord) -> str:
         obj: dict[str, Any] = {

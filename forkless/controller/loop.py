@@ -172,10 +172,12 @@ class Controller:
         self.feed_specs = specs = self.plan.specs
         self.on_event = events.fn if events is not None else None
         self.connection_events = events is not None and events.connections
-        self.processor = None if events_only else processor if processor is not None else default_processor(cfg)
+        self.processor: Processor | None = (None if isinstance(processor, EventsOnly) else processor
+                                            if processor is not None else default_processor(cfg))
         # a custom codec's exceptions become error replies, never a dead thread (codec.py)
         self.codec = guarded_codec(codec, cfg.features, max_frame_items=cfg.max_frame_items,
-                                   dtype=np.dtype(np.float32) if events_only else codec_dtype(self.processor))
+                                   dtype=np.dtype(np.float32) if self.processor is None else
+                                   codec_dtype(self.processor))
         self._on_results = main_thread_results(on_results)  # the main thread's sinks, one call a batch
         # a partitioned feed's connector (issue 24): leases and per-partition checkpoint objects
         self._partition_feed = partitioned_feed(self.plan.connectors, self.processor)
@@ -203,8 +205,8 @@ class Controller:
         self.engine: Engine | None = None  # the device state's owner, made by compile()
         self._io_factory = with_hooks(io_factory, on_connect=connect.on_connect, before_connect=connect.before_connect)
         # made by start() once the IO side runs: its queues' main-thread ends (each batch's way between them)
-        self._intake: Intake = None  # type: ignore[assignment]
-        self._outbound: Outlet = None  # type: ignore[assignment]
+        self._intake: Intake = None  # type: ignore[assignment]  # start() makes it; read only after
+        self._outbound: Outlet = None  # type: ignore[assignment]  # as _intake
         self._stop_requested = threading.Event()
         self._deadline = StopDeadline(cfg.shutdown_timeout_s)  # fixed by request_stop()
         self._started = False
@@ -297,6 +299,7 @@ class Controller:
         self._compile(self._stop_between_buckets)
         self._check_stop("the restore and compile")
         if restored is not None:
+            assert self.engine is not None  # compiled: a checkpoint needs a processor
             self._enter("restoring")
             recovery.restore(self.engine, restored)
         self._checkpoints.start(store, newest_at=recovery.restored_at, newest_bytes=recovery.restored_bytes)
@@ -323,7 +326,7 @@ class Controller:
             on_results=self._on_results, feed_prefixes=prefixes, counters=counters,
             # the IO thread's CPU clock around each step (MainStats.step_io_cpu_s); None where unknown (NaN)
             io_cpu=None if math.isnan(io.cpu_seconds()) else io.cpu_seconds, to_sinks=bool(self.plan.sinks)),
-            self.engine.settings.steps_in_flight, expect=side.expect if wait.spins else None)
+            int(self.engine.settings.steps_in_flight), expect=side.expect if wait.spins else None)
         self._intake = Intake(side.inbound, self.batcher, stats, step, names=names, on_event=lambda: self.on_event,
                               wait=wait, stop=self._deadline)
 
@@ -344,6 +347,7 @@ class Controller:
         try:
             settings = self.config.instance_settings()  # its leases' and checkpoint objects'
             self._enter("waiting_for_leases")
+            assert self.engine is not None  # compiled: a partitioned feed needs a processor
             return PartitionOwner.open(settings, feed, self.engine.checkpoint_shapes, stop=self._stop_requested)
         except StopRequested:
             raise StopRequested("the wait for the partitions' leases") from None
@@ -374,6 +378,7 @@ class Controller:
         if self.engine is not None or self.events_only:  # events only: nothing to compile
             return
         cfg, t0 = self.config, time.monotonic()
+        assert self.processor is not None  # (events only returned above)
         self._enter("compiling")
         self.engine = compile_step(self.processor, cfg.step_settings(), after_bucket)
         self.main_stats.compilations_at_ready = compilations()
@@ -393,6 +398,7 @@ class Controller:
         if self._stopped:
             raise RuntimeError("set_weights(): the controller has stopped (stop() was called): no step will run to "
                                "apply new weights")
+        assert self.engine is not None  # running, with a processor
         return self.engine.offer_weights(params, version)
 
     @property
@@ -407,6 +413,7 @@ class Controller:
         """A checkpoint as of now, every step in flight finished first; see ``Recovery.begin``."""
         if self._intake is not None:  # None: not started (a test's own call)
             self._intake.settle()
+        assert self.engine is not None  # a checkpoint needs a processor: compiled
         return self.recovery.begin(self.engine, self.incremental_checkpoints if incremental is None else incremental)
 
     @property
@@ -444,7 +451,9 @@ class Controller:
             if how == LEASE_LOST:
                 unanswered = self._drop_unanswered()
             else:
-                raised = self._finish(self._deadline.work)
+                work = self._deadline.work
+                assert work is not None  # request_stop() fixed it
+                raised = self._finish(work)
         finally:
             self._life.end(ABORTED if self._aborting else how)
             self._enter("stopped")
@@ -452,9 +461,10 @@ class Controller:
             log.error("the lease of a partition is lost: %d received messages dropped unanswered (%d of them "
                       "unprocessed) and no checkpoint written; their new owner answers them from its checkpoint",
                       self.stats().dropped.get("lease lost", 0), unanswered)
-            raise LeaseLost(f"{self._partition_feed.label}: the lease of a partition was lost or ran out unrenewed "
-                            "(FORKLESS_LEASE_S): another instance may own it now, so this one stopped without "
-                            "publishing what it held")
+            assert self._partition_feed is not None  # a lease is lost only where a feed is partitioned
+            raise LeaseLost(f"{self._partition_feed.feed.label}: the lease of a partition was lost or ran out "
+                            "unrenewed (FORKLESS_LEASE_S): another instance may own it now, so this one stopped "
+                            "without publishing what it held")
         self._io.raise_if_failed()
         if raised is not None:
             raise raised

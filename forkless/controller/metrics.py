@@ -498,7 +498,7 @@ def _buckets(hist: HistogramSnapshot, step: int) -> list[tuple[str, float]]:
     picked = finite[::step]
     if finite and picked[-1] != finite[-1]:
         picked.append(finite[-1])  # always expose the last finite bound
-    buckets = [(floatToGoString(bound), count) for bound, count in picked]
+    buckets: list[tuple[str, float]] = [(floatToGoString(bound), count) for bound, count in picked]
     buckets.append(("+Inf", cumulative[-1][1]))
     return buckets
 

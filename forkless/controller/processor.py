@@ -229,7 +229,7 @@ class StreamState(NamedTuple):
 class EWMAState(NamedTuple):
     """Per-stream state; row ``max_streams`` is the spare slot used by padding."""
 
-    count: jax.Array  # int32 [S + 1]   messages seen per stream
+    count: jax.Array  # type: ignore[assignment]  # int32 [S + 1] messages seen per stream (hides tuple.count)
     mean: jax.Array  # float32 [S + 1, F]
     var: jax.Array  # float32 [S + 1, F]
 
@@ -408,7 +408,7 @@ def _checked_shapes(name: str, run: Callable[..., Any], params: Any, rows: Any, 
         raise ProcessorContractError(f"processor {name!r}: row_step must return (row, outputs), outputs a dict "
                                      f"of arrays keyed by name")
     new_rows, out = info
-    if jax.tree.structure(new_rows) != jax.tree.structure(rows):
+    if jax.tree.structure(new_rows) != jax.tree.structure(rows):  # type: ignore[operator]  # jaxlib has no stub for PyTreeDef
         raise ProcessorContractError(f"processor {name!r}: row_step must return a row of the structure it was "
                                      f"given: got {jax.tree.structure(new_rows)}, expected {jax.tree.structure(rows)}")
     for (path, old), new in zip(jax.tree_util.tree_flatten_with_path(rows)[0], jax.tree.leaves(new_rows)):
@@ -471,7 +471,7 @@ def reset_rows(state: Any, template: Any, idx: jax.Array) -> Any:
 
 
 def _per_stream(leaf: Any, slots: int) -> bool:
-    shape = getattr(leaf, "shape", ())
+    shape: tuple[int, ...] = getattr(leaf, "shape", ())
     return len(shape) >= 1 and shape[0] == slots
 
 

@@ -27,7 +27,7 @@ from itertools import groupby
 import numpy as np
 
 from forkless.controller.batching import Taken
-from forkless.controller.codec import ENCODE_FAILED, Codec
+from forkless.controller.codec import ENCODE_FAILED, GuardedCodec
 from forkless.controller.stats import MainStats
 from forkless.io_loop.counters import observe_hops
 from forkless.io_loop.crossing import OUTBOUND, Outgoing, Trace
@@ -44,7 +44,7 @@ class Replies:
     """Encodes a batch's results and assembles its frames under each feed's reply policy
     (``policies``: one per feed, in the order of ``Config.feed_specs``)."""
 
-    def __init__(self, codec: Codec, stats: MainStats, policies: Sequence[str], max_streams: int) -> None:
+    def __init__(self, codec: GuardedCodec, stats: MainStats, policies: Sequence[str], max_streams: int) -> None:
         self.codec = codec
         self.stats = stats
         self.policies = tuple(policies)
@@ -98,11 +98,12 @@ class Replies:
         if policy == "none":  # nothing goes back and nothing was encoded: every message declined
             if rows:
                 self.decline("result", len(rows), policy)
-            for reason, count in Counter(refused.values()).items():
-                self.decline(self._counted_as.get(reason, reason), count, policy)
+            for why, count in Counter(refused.values()).items():
+                self.decline(self._counted_as.get(why, why), count, policy)
             return [], [], (), []
         reply = dict(zip(encoded, answered))
         policies = self.policies
+        frames: list[str | bytes]
         frames, received, error_at, origin = [], [], [], []
         for i in range(len(taken)):
             replies = policy or policies[taken.feed[i]]
@@ -162,8 +163,8 @@ class Replies:
             for arrived, run in groupby(received):
                 histogram.observe_each((handed_ns - arrived) * 1e-9, _length(run))
         else:
-            for (feed, arrived), run in groupby(zip(feeds, received)):
-                latency[feed].observe_each((handed_ns - arrived) * 1e-9, _length(run))
+            for (feed, arrived), same in groupby(zip(feeds, received)):
+                latency[feed].observe_each((handed_ns - arrived) * 1e-9, _length(same))
 
     def outgoing(self, taken: Taken, frames: list, received: list[int], error_at: tuple[int, ...],
                  origin: Sequence[int], sources: list | None) -> Outgoing | None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
+from typing import cast, overload
 
 import numpy as np
 
@@ -117,7 +118,7 @@ class StreamSlots:
     def _lookup_evicting(self, streams: Sequence[str], now: float) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """``lookup`` with ``idle_s``: recency kept (the table in order of last sight), idle streams evicted."""
         n = len(streams)
-        table = self._slots
+        table = cast("OrderedDict[str, int]", self._slots)  # with idle_s it is one
         copy = self._copy
         found = list(map(table.get, streams))  # one C loop: the common batch holds only known streams
         if None not in found:
@@ -190,7 +191,8 @@ class StreamSlots:
         names, slots, last_seen = lru_order(list(self._names), self._seen[:n], self._order[:n])
         return np.array(names, dtype=str), slots, last_seen
 
-    def restore(self, names: Sequence[str], slots: Sequence[int], last_seen: Sequence[float]) -> None:
+    def restore(self, names: Sequence[str], slots: Sequence[int] | np.ndarray,
+                last_seen: Sequence[float] | np.ndarray) -> None:
         """Replace the table with ``export``'s arrays; the least recently seen comes first.
 
         The slots must be exactly ``0 .. len(names) - 1`` in some order and at most
@@ -305,7 +307,11 @@ class OrderedNames(Sequence[str]):
     def __len__(self) -> int:
         return len(self._slots)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
         if isinstance(index, slice):
             slots = self._slots[index].tolist()
             by_slot = self._by_slot

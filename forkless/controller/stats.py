@@ -69,7 +69,7 @@ class MainStats:
     no_reply: int = 0  # received messages answered with no frame (the codec's None, a declined reply)
     replies_declined: Counter = field(default_factory=Counter)  # by reason ("result" for results)
     resets: Counter = field(default_factory=Counter)  # state reset, by reason (see the README)
-    batch_size: Histogram | None = None
+    batch_size: Histogram = field(default_factory=lambda: Histogram(()))  # for_run gives it the buckets
     step_seconds: Histogram = field(default_factory=lambda: Histogram(SECONDS_BOUNDS))
     # the IO thread's CPU seconds that fell while this thread was inside a step (its CPU clock
     # read before and after each step): the IO side's work that overlapped the steps

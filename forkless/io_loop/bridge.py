@@ -122,6 +122,7 @@ class OutboundSender:
     def _sent_crossed(self, item: Outgoing) -> None:
         """On the IO loop: the reader woken, and the send handed to ``on_sent``."""
         self._ready.set()
+        assert self._on_sent is not None  # put() wakes this way only with one
         self._on_sent(item)
 
 

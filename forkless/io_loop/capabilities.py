@@ -41,16 +41,13 @@ from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import ForklessError
 from forkless.io_loop.seconds import seconds
-from forkless.io_loop.settings import OVERFLOW_POLICIES, REPLY_POLICIES
+from forkless.io_loop.settings import OVERFLOW_POLICIES, REPLY_POLICIES, OverflowPolicy, ReplyPolicy
 
 __all__ = ["CAPABILITIES", "METHODS", "SENDS_WHILE_DISCONNECTED", "VALUES", "CapabilityWarning", "Declarations",
-           "OverflowPolicy", "ReplyPolicy", "SendsWhileDisconnected", "SourceCapabilities", "SupportsAwaiting",
-           "SupportsBeforeStop", "SupportsProbe", "SupportsSendAnswered", "SupportsSummary", "check_methods",
-           "declarations", "lookalikes", "warn_lookalikes"]
+           "SendsWhileDisconnected", "SourceCapabilities", "SupportsAwaiting", "SupportsBeforeStop", "SupportsProbe",
+           "SupportsSendAnswered", "SupportsSummary", "check_methods", "declarations", "lookalikes",
+           "warn_lookalikes"]
 
-# Literals of the tuples: each policy declared once, in io_loop/settings.py (as controller/settings/feedschema.py does)
-ReplyPolicy = Literal[REPLY_POLICIES]
-OverflowPolicy = Literal[OVERFLOW_POLICIES]
 SENDS_WHILE_DISCONNECTED = ("hold", "refuse")  # a source's sends while it is not connected: held, or given up at once
 SendsWhileDisconnected = Literal["hold", "refuse"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar, final
 
 __all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICKED", "READ", "SAMPLE_EVERY",
            "STEP", "TAKEN", "WRITTEN", "Chunk", "ConnectionEvent", "Events", "Origin", "Outgoing", "PositionUnknown",
@@ -27,7 +27,10 @@ __all__ = ["DECODED", "ENCODED", "FETCHED", "HOPS", "INBOUND", "OUTBOUND", "PICK
            "count_unsent"]
 
 
-class Origin(NamedTuple):
+P = TypeVar("P", bound=int | str)  # a position: an int (a JetStream stream sequence) or a str (a source's own)
+
+
+class Origin(NamedTuple, Generic[P]):
     """Where one message of a replayable source (a JetStream feed, io_loop/connectors/jetstream/source.py) came
     from: the stream sequence of its source message, its index there (a payload may hold a
     list: the good elements are 0, 1, … in order, the error replies of the bad ones follow),
@@ -35,11 +38,11 @@ class Origin(NamedTuple):
     feed's messages reached the main thread with is that feed's position; a reply carries its
     message's ``Origin`` so that it is published with the id ``<stream>:<seq>:<index>``."""
 
-    seq: int
-    index: int
+    seq: P
+    index: int  # type: ignore[assignment]  # the field hides tuple.index: to mypy, a bad override
     last: bool
 
-    def resume(self) -> tuple[int, int]:
+    def resume(self: Origin[int]) -> tuple[int, int]:  # type: ignore[misc]  # mypy checks callers by it, not the def
         """Where consuming goes on after this element: (stream sequence, good elements of it to skip)."""
         return (self.seq + 1, 0) if self.last else (self.seq, self.index + 1)
 
@@ -121,6 +124,7 @@ class Chunk:
         return self.x if isinstance(self.x, list) else [self.x]
 
 
+@final  # (``type(item) is Events`` tells the two apart)
 @dataclass
 class Events:
     """Objects a source hands to the main thread as they are (``SourceContext.emit_event``: a

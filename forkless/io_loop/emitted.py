@@ -19,7 +19,7 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -79,7 +79,7 @@ def checked_rows(seq: list[Any], stream: list[str], x: Any, features: int, dtype
         good = ((raw >= -X_MAX) & (raw <= X_MAX)).all(axis=1)  # NaN compares false
         if good.all():
             return Rows(list(seq), [str(s) for s in stream], raw.astype(dtype, copy=False))
-        reasons = [None if ok else X_RANGE_REASON for ok in good.tolist()]
+        reasons = [None if ok else X_RANGE_REASON for ok in cast(np.ndarray, good).tolist()]  # (n,): raw is 2-D
     else:  # an object array (None, a huge int), complex, bool, text
         reasons = [row_reason(row) for row in raw]
     kept = [i for i, reason in enumerate(reasons) if reason is None]
@@ -144,7 +144,7 @@ class Positions:
                 raise TypeError(f"source {self.name!r}: position {position!r} is a {type(position).__name__}, its "
                                 f"earlier ones were {type(last).__name__}s: a source's positions are all int or all "
                                 "str")
-            if not position > last:
+            if not position > last:  # type: ignore[operator]  # of one type (checked above): mypy pairs no unions
                 raise ValueError(f"source {self.name!r}: position {position!r} does not increase on the last one "
                                  f"({last!r}): each frame needs its own position, greater than the one before (a "
                                  f"repeated one would be applied twice after a restart; str positions compare as "

@@ -51,6 +51,7 @@ def _json_dumps(obj: Any) -> bytes:
 def library(name: str) -> dict[str, Any]:
     """This module's functions over one library, ``"msgspec"`` or ``"json"`` (what the module binds at
     import; bench/json_library.py measures each); ImportError where msgspec is not installed."""
+    load: Callable[[str | bytes], Any]  # either library's
     if name == "msgspec":
         import msgspec.json  # only when asked for: free-threaded 3.13 has none, and the json fallback runs
 

@@ -85,7 +85,8 @@ async def pause_before_reconnect(delay: float, ended: Callable[[], bool]) -> Non
 class Link(Protocol):
     """What a connect-serve-backoff loop supplies to ``drive`` (see the module rules)."""
 
-    failures: tuple[type[BaseException], ...]  # what a failed attempt raises (retried)
+    @property
+    def failures(self) -> tuple[type[BaseException], ...]: ...  # what a failed attempt raises (retried)
 
     def more(self) -> bool: ...
 

@@ -30,23 +30,25 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from forkless.io_loop.connectors.jetstream.partitions import PARTITION_FIELD, partition_subjects
 from forkless.io_loop.net.netaddr import redact_url, redact_urls, unix_label
 
 __all__ = ["DEFAULT_SOURCE_BUFFER", "GROUPS", "OVERFLOW_POLICIES", "REPLY_POLICIES", "SEQ_MODES", "Credentials",
-           "DemoSettings", "FeedSpec", "IOSettings", "JetStreamSpec", "Limits", "PartitionSettings",
-           "ReconnectSettings", "RelaySettings", "Timeouts", "TlsSettings", "config_field", "given_fields",
-           "settings_group"]
+           "DemoSettings", "FeedSpec", "IOSettings", "JetStreamSpec", "Limits", "OverflowPolicy", "PartitionSettings",
+           "ReconnectSettings", "RelaySettings", "ReplyPolicy", "Timeouts", "TlsSettings", "config_field",
+           "given_fields", "settings_group"]
 
 # what a feed is sent back (FORKLESS_REPLIES, a feed's "replies"): "all" results and error
 # replies; "results" no error frames; "none" nothing but the subscription (and the protocol's
 # own ping/pong/close): results still reach the controller's sinks and the counters
-REPLY_POLICIES = ("all", "results", "none")
+ReplyPolicy = Literal["all", "results", "none"]
+REPLY_POLICIES: tuple[ReplyPolicy, ...] = get_args(ReplyPolicy)
 # what a source's emits do beyond its own buffer while inbound is full (FORKLESS_OVERFLOW, a feed's or a
 # source's "overflow"; io_loop/spill.py): "block" waits for room, "drop_oldest" drops its oldest waiting item
-OVERFLOW_POLICIES = ("block", "drop_oldest")
+OverflowPolicy = Literal["block", "drop_oldest"]
+OVERFLOW_POLICIES: tuple[OverflowPolicy, ...] = get_args(OverflowPolicy)
 # how the relay's feeds number their messages (FORKLESS_RELAY_SEQ), for counting gaps
 # (io_loop/connectors/jetstream/publisher.py)
 SEQ_MODES = ("feed", "stream", "none")
@@ -128,7 +130,7 @@ class FeedSpec:
     subscribe: str = field(default="", repr=False)  # sent as is on every new connection
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     required: bool = True  # /readyz waits for it
-    replies: str = "all"  # one of REPLY_POLICIES
+    replies: ReplyPolicy = "all"
     # its own overflow (io_loop/spill.py): "" and None take FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER
     overflow: str = ""
     buffer: int | None = None
@@ -198,7 +200,7 @@ def settings_group(cls: type[G]) -> type[G]:
         build(self, **values)
         object.__setattr__(self, GIVEN, frozenset(values))
 
-    cls.__init__ = __init__  # type: ignore[method-assign]
+    cls.__init__ = __init__  # type: ignore[method-assign]  # the dataclass's, wrapped
     return cls
 
 

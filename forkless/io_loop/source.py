@@ -255,7 +255,8 @@ class SourceContext:
             if first:
                 self._resume_pending = False  # the source does its own resuming
                 drop_first(decoded, first)
-                origins = [Origin(position, i, i == n - 1) for i in range(first, n)]
+                assert position is not None  # refused above: ``first`` needs a position
+                origins: list[Origin] | None = [Origin(position, i, i == n - 1) for i in range(first, n)]
             else:
                 origins = None if position is None else self._origins(decoded, position)
             if runner.hand_over(decoded, received_ns, origins):
@@ -319,7 +320,7 @@ class SourceContext:
         by ``reason``, and the main thread's ``on_event`` gets ``SendFailed`` (its id, the frame, the
         reason; ``cause``, what made it fail, as its ``__cause__``). Once per frame; ``TypeError`` for a
         frame the main thread did not send."""
-        self._runner.out.held.sends.report(frame, reason, cause)
+        self._runner.sends.report(frame, reason, cause)
 
     @property
     def sends_while_disconnected(self) -> str:
@@ -361,7 +362,7 @@ class SourceContext:
         if not connected and reason:
             stats.last_error = reason
         if not connected:
-            runner.out.held.sends.disconnected()
+            runner.sends.disconnected()
         runner.connection_state(connected, reason, code)
 
     def count_error(self, reason: str, n: int = 1) -> None:
@@ -385,7 +386,7 @@ class SourceContext:
         runner = self._runner
         if reason:
             runner.stats.last_error = reason
-        runner.out.held.sends.disconnected()
+        runner.sends.disconnected()
         runner.connection_state(False, reason, code)
 
     def connect_failed(self, reason: str) -> None:
@@ -462,6 +463,8 @@ class SourceRunner:
                                                          events=self.handover.hand_event,
                                                          refuse=self.send_policy == "refuse"),
                             on_written=self._written if self.send_answered is not None else None)
+        assert self.out.held.sends is not None  # made from ``sends=`` just above
+        self.sends: SendWatch = self.out.held.sends
         self._declined_logged: set[str] = set()
         self._running: asyncio.Task | None = None  # the task of ``run`` (cancelled by a failed before_stop)
         self._stop_failed: FeedFatal | None = None  # what the source's before_stop raised, as FeedFatal
@@ -495,11 +498,11 @@ class SourceRunner:
         if not self.send_errors:
             self._decline(counts, f"the feed's replies are {self.feed.replies!r}")
             return
-        frames = [self.codec.encode_error(reason, seq) for reason, seq in decoded.errors]
-        if None in frames:  # the codec declined some
-            self._decline([counted for frame, counted in zip(frames, counts) if frame is None],
+        encoded = [self.codec.encode_error(reason, seq) for reason, seq in decoded.errors]
+        if None in encoded:  # the codec declined some
+            self._decline([counted for frame, counted in zip(encoded, counts) if frame is None],
                           "the codec's encode_error returned None")
-            frames = [frame for frame in frames if frame is not None]
+        frames = [frame for frame in encoded if frame is not None]
         if frames:
             if position is not None:
                 _check_position(position)
@@ -657,7 +660,7 @@ class SourceRunner:
             ended_early = await finish_awaited(self, awaiting, deadline, unrouted)
             if ended_early and self.send_answered is not None:  # counted there: each one reported here
                 for send_id, what in self.unanswered.left_over():
-                    self.out.held.sends.unanswered(ended_early, send_id, what, counted=True)
+                    self.sends.unanswered(ended_early, send_id, what, counted=True)
             self.stopping_now = True
         while self.busy:
             self.idle_wait = asyncio.Event()
@@ -669,7 +672,7 @@ class SourceRunner:
 
     def send_arrived(self, item: Outgoing) -> None:
         """A send of the main thread's for this source crossed (the bridge's wake-up): watched until handed out."""
-        self.out.held.sends.arrived(item)
+        self.sends.arrived(item)
 
     def take_held(self) -> tuple[Outgoing | None, int]:
         return self.out.take_held()

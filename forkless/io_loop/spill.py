@@ -57,7 +57,7 @@ def source_policy(source: object, spec: Any, limits: Limits) -> tuple[bool, int]
     FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER. A replayable source never drops, whatever
     FORKLESS_OVERFLOW says."""
     declared = declarations(source, spec.name)
-    overflow = declared.overflow or getattr(spec, "overflow", "") or limits.overflow
+    overflow: str = declared.overflow or getattr(spec, "overflow", "") or limits.overflow
     buffer = declared.buffer
     if buffer is None:
         buffer = getattr(spec, "buffer", None)

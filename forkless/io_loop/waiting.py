@@ -198,7 +198,7 @@ class Expecting:
         return bool(self.steps) or time.monotonic() < self.until
 
 
-class SpinningSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class SpinningSelector(selectors.DefaultSelector):
     """The IO loop's selector under ``spin`` (see the module rules); ``attach`` gives it what it
     watches once the bridge exists, on the loop's own thread."""
 
@@ -217,7 +217,7 @@ class SpinningSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-ty
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         expecting = self._expecting
         if expecting is None or timeout == 0 or not expecting.imminent:
-            return super().select(timeout)  # type: ignore[no-any-return]
+            return super().select(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         ready: list[tuple[selectors.SelectorKey, int]] | None = None
         expecting.spin(True)
@@ -230,7 +230,7 @@ class SpinningSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-ty
         if ready is not None:
             return ready
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        return super().select(remaining)  # type: ignore[no-any-return]
+        return super().select(remaining)
 
     def _spin(self, expecting: Expecting, deadline: float | None) -> list[tuple[selectors.SelectorKey, int]] | None:
         """Look at the sockets and at outbound between pauses while work is imminent; what is ready
@@ -239,7 +239,7 @@ class SpinningSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-ty
         while expecting.imminent:
             ready = look(0)
             if ready or poll():
-                return ready  # type: ignore[no-any-return]
+                return ready
             if deadline is not None and time.monotonic() >= deadline:
                 return []
             self.naps += 1

@@ -100,7 +100,7 @@ class HeldReply:
             self.item, self.offset = None, 0
         return False
 
-    def _took(self, item: Outgoing) -> None:
+    def _took(self, item: Outgoing) -> Outgoing:
         self.offset = 0  # before the item: another thread's held_frames reads the item, then the offset
         self.item = item
         if item.sent:
@@ -109,10 +109,12 @@ class HeldReply:
             picked = time.monotonic_ns()
             for trace in item.traces:
                 trace.ns[PICKED] = picked
+        return item
 
     def wrote(self, stop: int) -> None:
         """Frames ``offset:stop`` of the item were written (also when stopped part-way)."""
         item, start = self.item, self.offset
+        assert item is not None  # called with an item in hand
         stats = self.stats
         if item.sent:
             stats.sent_out += stop - start
@@ -127,6 +129,7 @@ class HeldReply:
     def finish(self) -> None:
         """The item is written whole: its latency and sampled hops observed, the next one is taken next."""
         item, self.item = self.item, None
+        assert item is not None  # called with an item in hand
         if item.answers and self.acknowledged is not None:
             self.acknowledged.notify()
         if item.received_ns:
@@ -178,11 +181,10 @@ class ReplyBatch:
                 if held.drained:
                     raise StopAsyncIteration
                 try:  # held.next() inlined: one await a batch, as before
-                    held._took(await held.outbox.get())
+                    item = held._took(await held.outbox.get())
                 except janus.AsyncQueueShutDown:
                     held.drained = True
                     raise StopAsyncIteration from None
-                item = held.item
             if item.sent and not held._usable(item):  # a send given up: never written
                 continue
             if held.offset < len(item.frames):
@@ -193,11 +195,19 @@ class ReplyBatch:
             held.finish()  # nothing (left) to write in it
 
     @property
+    def _item(self) -> Outgoing:
+        item = self._held.item
+        if item is None:
+            raise RuntimeError("this ReplyBatch is done (written whole or dropped): the next batch is the next one "
+                               "ctx.replies() yields")
+        return item
+
+    @property
     def frames(self) -> list[str | bytes]:
         """The frames of this batch still to write (all of them, unless handed again after a
         lost connection). A frame is ``str``, or ``bytes`` holding UTF-8 text."""
-        held = self._held
-        return held.item.frames if not held.offset else held.item.frames[held.offset:]
+        held, item = self._held, self._item
+        return item.frames if not held.offset else item.frames[held.offset:]
 
     @property
     def items(self) -> list[str | bytes]:
@@ -210,25 +220,25 @@ class ReplyBatch:
         answers, ``index``: its place there) that names it, as a replayable source publishes it
         (an id a duplicate window recognises); None when the batch has none (no positions given)."""
         held = self._held
-        origin = held.item.origin
+        origin = self._item.origin
         return origin if origin is None or not held.offset else origin[held.offset:]
 
     @property
     def answers(self) -> bool:
         """True when the batch answers messages (results and their error replies); False for
         error replies to bad input and frames the main thread sent on its own."""
-        return self._held.item.answers
+        return self._item.answers
 
     @property
     def deadline(self) -> float | None:
         """For frames the main thread sent (``Controller.send``), the ``time.monotonic()`` by which they
         are written or never (io_loop/sends.py); None: no deadline (and for replies)."""
-        return self._held.item.deadline
+        return self._item.deadline
 
     @property
     def send_id(self) -> Any:
         """For frames the main thread sent, the send's id (``Controller.send``'s return value); None for replies."""
-        return self._held.item.send_id
+        return self._item.send_id
 
     def drop(self, reason: str) -> None:
         """Give the rest of the batch up unwritten (the source may not write it): its frames
@@ -297,7 +307,7 @@ class Outbound:
         next is asked for (or when the source's ``run`` returns)."""
         batch, held = self.batch, self.held
         async for _ in batch:
-            item = held.item
+            item = batch._item
             while held.item is item and held.offset < len(item.frames):
                 if held.offset and not held._usable(item):  # a send's deadline passed between its frames
                     break

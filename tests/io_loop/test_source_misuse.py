@@ -300,6 +300,38 @@ def test_reply_batch_wrote_refuses_a_count_that_is_not_of_its_frames_and_the_boo
     assert (snap.messages_in, snap.messages_out, snap.unanswered) == (10, 10, 0)
 
 
+class DoneBatchReader:
+    """Emits three messages, writes each batch of replies whole, then reads the done batch again."""
+
+    name = "rereader"
+
+    def __init__(self) -> None:
+        self.refused: list[BaseException] = []
+        self.batches = self.written = 0
+
+    async def run(self, ctx: Any) -> None:
+        await ctx.emit(_frame(range(3)))
+        async for batch in ctx.replies():
+            frames = len(batch.frames)
+            batch.wrote(frames)
+            self.batches += 1
+            for name in ("frames", "positions", "answers", "deadline", "send_id"):
+                try:
+                    getattr(batch, name)
+                except RuntimeError as exc:
+                    self.refused.append(exc)
+            self.written += frames
+
+
+def test_a_reply_batch_read_once_written_whole_says_it_is_done():
+    source = DoneBatchReader()
+    with Controller(_config(), processor=PROCESSOR, sources=[source]) as ctl:
+        drive(ctl, lambda: source.written >= 3, timeout_s=20 * UNIT_S, what="3 replies written")
+    assert_books_balance(ctl)
+    assert len(source.refused) == 5 * source.batches > 0
+    assert all("this ReplyBatch is done (written whole or dropped)" in str(e) for e in source.refused)
+
+
 # ---- 12: Controller.send of what is not JSON -------------------------------------------------------
 
 

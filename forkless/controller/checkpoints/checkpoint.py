@@ -122,7 +122,11 @@ def list_checkpoints(directory: Path | str) -> list[Path]:
 def next_sequence(directory: Path | str) -> int:
     """The sequence number after the newest checkpoint in ``directory`` (0 when there is none)."""
     paths = list_checkpoints(directory)
-    return sequence_of(paths[-1].name) + 1 if paths else 0
+    if not paths:
+        return 0
+    last = sequence_of(paths[-1].name)
+    assert last is not None  # list_checkpoints lists final names only
+    return last + 1
 
 
 def prune(directory: Path | str, keep: int) -> list[Path]:
@@ -225,7 +229,7 @@ def read_checkpoint(path: Path | str) -> tuple[dict[str, Any], dict[str, np.ndar
     if size < MIN_BYTES:
         raise CheckpointDamaged(f"{path}: {size} bytes, too short to be a checkpoint (truncated)")
     buf = np.empty(size, np.uint8)  # numpy's allocation is aligned, so are the arrays in it
-    view = memoryview(buf)
+    view = buf.data  # memoryview(buf)
     with open(path, "rb", buffering=0) as f:
         filled = 0
         while filled < size:
@@ -292,7 +296,7 @@ class DirectoryStore:
     One process per directory. ``write(path, snapshot) -> size_bytes``, when given, writes each
     file instead of ``write_checkpoint`` (tests pass one that waits on an event first)."""
 
-    def __init__(self, directory: Path | str, *, keep: int = 3,
+    def __init__(self, directory: str | os.PathLike[str], *, keep: int = 3,
                  write: Callable[[Path, Snapshot], int] = write_checkpoint) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")

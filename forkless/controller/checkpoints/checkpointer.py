@@ -78,7 +78,7 @@ class NoCheckpoints:
     def start(self, store: CheckpointStore | None = None, *, newest_at: float = 0.0, newest_bytes: int = 0) -> None:
         pass
 
-    def tick(self, now: float, take: Callable[[], Snapshot]) -> bool:
+    def tick(self, now: float, take: Callable[[], Snapshot | PendingSnapshot]) -> bool:
         return False
 
     def begin_stop(self, take_final: Callable[[], Snapshot | PendingSnapshot]) -> None:
@@ -206,8 +206,8 @@ class Checkpointer:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         # where the checkpoints go (None: the store handed to start()); keep= and write= are a directory's
-        directory = isinstance(store, (str, os.PathLike))
-        self.store = DirectoryStore(store, keep=keep, write=write) if directory else store
+        self.store: CheckpointStore | None = (DirectoryStore(store, keep=keep, write=write)
+                                              if isinstance(store, (str, os.PathLike)) else store)
         self.interval_s = interval_s
         self.pause_s = pause_s
         self.background = background
@@ -332,7 +332,7 @@ class Checkpointer:
         self._jobs.put(snapshot)
         return True
 
-    def tick(self, now: float, take: Callable[[], Snapshot]) -> bool:
+    def tick(self, now: float, take: Callable[[], Snapshot | PendingSnapshot]) -> bool:
         """Call every loop cycle with ``time.monotonic()``: every ``interval_s`` (the first one
         ``interval_s`` after the first call) takes a snapshot with ``take()`` and submits it
         (a ``PendingSnapshot`` is first copied, a little on each tick). A checkpoint due while
@@ -368,6 +368,7 @@ class Checkpointer:
     def _advance(self) -> None:
         """Copy the pending checkpoint for up to ``copy_budget_s``; hand it over once copied."""
         pending = self._pending
+        assert pending is not None  # called with one pending
         t0 = time.perf_counter()
         try:
             while not pending.advance():
@@ -427,13 +428,15 @@ class Checkpointer:
             self.finished += 1
 
     def _write_one(self, job: Snapshot | PendingSnapshot) -> None:
+        store = self.store
+        assert store is not None  # start() set it before it started this thread
         t0 = time.monotonic()
         try:
             # a copied PendingSnapshot becomes a Snapshot here (the stream table put in LRU order)
             snapshot = job if isinstance(job, Snapshot) else job.finish(self._pause)
             if self.before_write is not None and snapshot.positions:
                 self.before_write(snapshot.positions)
-            size, path = self.store.write(self._sequence, snapshot, self._pause)
+            size, path = store.write(self._sequence, snapshot, self._pause)
         except Exception as exc:
             self._failed(exc)
             return
@@ -449,7 +452,7 @@ class Checkpointer:
         log.debug("checkpoint %s: %d streams, %d bytes in %.3fs", getattr(path, "name", path), len(snapshot.names),
                   size, self.last_duration_s)
         try:
-            self.store.prune()
+            store.prune()
         except Exception as exc:
             self._log_once(exc, "could not delete an old checkpoint")
 

@@ -124,7 +124,7 @@ def is_temporary(name: str) -> bool:
 # ---- encoding ----------------------------------------------------------------------------------------
 
 
-def encode(leaves: Sequence[tuple[str, Any]], streams: tuple[list[str], Any, Any], *,
+def encode(leaves: Sequence[tuple[str, Any]], streams: tuple[Sequence[str], Any, Any], *,
            settings: Mapping[str, Any], versions: Mapping[str, str], wall_time: float,
            counts: Mapping[str, int], positions: Mapping[str, Any],
            pause: Callable[[], None] = no_pause) -> Iterator[Any]:
@@ -135,7 +135,7 @@ def encode(leaves: Sequence[tuple[str, Any]], streams: tuple[list[str], Any, Any
     as it writes, with ``trailer``) completes it."""
     names, slots, last_seen = streams
     arrays, names_encoding = _arrays(leaves, names, slots, last_seen, pause)
-    table = []
+    table: list[dict[str, Any]] = []
     offset = 0
     for name, dtype, shape, _, nbytes in arrays:
         table.append({"name": name, "dtype": dtype, "shape": shape, "offset": offset, "nbytes": nbytes})
@@ -162,7 +162,7 @@ def encode(leaves: Sequence[tuple[str, Any]], streams: tuple[list[str], Any, Any
         position = entry["offset"] + entry["nbytes"]
 
 
-def _arrays(leaves: Sequence[tuple[str, Any]], names: list[str], slots: Any, last_seen: Any,
+def _arrays(leaves: Sequence[tuple[str, Any]], names: Sequence[str], slots: Any, last_seen: Any,
             pause: Callable[[], None]) -> tuple[list[tuple[str, str, list[int], Any, int]], str]:
     """The checkpoint's arrays in order, ``(name, dtype, shape, buffers, nbytes)`` each, and the
     stream names' encoding."""
@@ -202,7 +202,7 @@ def join(pieces: Iterable[Any]) -> bytes:
     return bytes(out)
 
 
-def _encode_names(names: list[str], pause: Callable[[], None] = no_pause) -> tuple[str, list[bytes]]:
+def _encode_names(names: Sequence[str], pause: Callable[[], None] = no_pause) -> tuple[str, list[bytes]]:
     """The stream names as UTF-8 buffers: "lines" (joined by newlines: a few fast C calls per
     chunk) unless a name holds a newline, then "json" (a JSON array: a Python-speed encoder).
     Lone surrogates survive either way ("surrogatepass"; JSON escapes them)."""
@@ -242,9 +242,9 @@ def parse_checkpoint(data: bytes | np.ndarray, where: str) -> tuple[dict[str, An
         buf = np.empty(len(data), np.uint8)
         buf[:] = np.frombuffer(data, np.uint8)
     _verify(buf, where)
-    view = memoryview(buf)
+    view = buf.data  # memoryview(buf): numpy types its buffer for Python 3.12 on
     try:
-        (length,) = struct.unpack_from("<Q", buf, len(MAGIC))
+        (length,) = struct.unpack_from("<Q", view, len(MAGIC))
         start = len(MAGIC) + 8
         header = json.loads(bytes(view[start:start + length]))
         data_start = _aligned(start + length)
@@ -262,7 +262,7 @@ def _verify(buf: np.ndarray, where: str) -> None:
     """``CheckpointDamaged`` unless ``buf`` starts with the magic and ends with a trailer whose
     SHA-256 is that of every byte before it."""
     size = len(buf)
-    view = memoryview(buf)
+    view = buf.data
     if size < MIN_BYTES:
         raise CheckpointDamaged(f"{where}: {size} bytes, too short to be a checkpoint (truncated)")
     if bytes(view[:len(MAGIC)]) != MAGIC:

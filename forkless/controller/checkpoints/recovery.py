@@ -110,7 +110,7 @@ class Recovery:
         # signalled by the IO side as replies are acknowledged (handed to it where feeds keep positions)
         self.acknowledged = Acknowledged()
         # where a restored checkpoint left each replayable feed (PositionUnknown: every checkpoint damaged)
-        self.resume_from: dict[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
+        self.resume_from: Mapping[str, Origin | Resume | PositionUnknown | dict[int, Origin]] = {}
         self.restored_from: str | None = None
         self.restored_at = 0.0  # wall time the restored checkpoint's state was taken (0: none restored)
         self.restored_bytes = 0  # its size
@@ -130,8 +130,10 @@ class Recovery:
         shape or dtype. Every one damaged: an empty state, the replayable feeds' positions unknown."""
         # a checkpoint holds the canonical layout (row s = slot s), whatever the device count
         damaged: list[Any] = []
+        assert self.processor is not None  # checkpoints need one (events only: refused up front)
         restored = store.load(self.settings(), like=state_shapes(self.processor, self.shape), skipped=damaged)
         if isinstance(restored, PartitionPieces):  # merged into the init state by restore()
+            assert isinstance(store, PartitionedCheckpoints)  # the one store that loads pieces
             self._partitioned = store
         if restored is None and damaged:
             # the replayable feeds' positions are unknown: each feed decides at its first connection whether its
@@ -177,6 +179,7 @@ class Recovery:
 
     def _restore_partitions(self, engine: Engine, pieces: PartitionPieces) -> None:
         part = self._partitioned
+        assert part is not None and self.processor is not None  # load() set it from the processor's store
         created = part.stream_created(pieces)  # (objects of streams created at different times: PositionLost)
         init = jax.device_get(self.processor.init(self.shape))
         engine.restore(part.restore_into(init, pieces), shared=False)

@@ -43,7 +43,7 @@ Rules:
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,7 @@ class Snapshot:
     """
 
     state: Any
-    names: list[str]
+    names: Sequence[str]
     slots: np.ndarray
     last_seen: np.ndarray
     counts: dict[str, int]

@@ -138,7 +138,7 @@ def _show_jax(say: Callable[[str], None]) -> None:
     say(f"  JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '') or '(unset)'}")
     say(f"  backend {backend}, {len(devices)} device(s): "
         + ", ".join(f"{d} ({d.device_kind})" for d in devices))
-    cache = jax.config.jax_compilation_cache_dir  # JAX_COMPILATION_CACHE_DIR, or set in jax.config
+    cache = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # JAX_COMPILATION_CACHE_DIR, or set in jax.config
     if cache:
         say(f"  persistent compilation cache: {cache}")
 

@@ -56,9 +56,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Environment variables (JAX's own, e.g. JAX_PLATFORMS, pass through untouched):\n"
         + help_text()
-        + f"\n\nExit status: {statuses}.",
+        + f"\n\nExit status: {statuses}."
+        + f"\n\n{prog} relay publishes the WebSocket feeds into a JetStream stream ({prog} relay --help).",
     )
-    parser.epilog += f"\n\n{prog} relay publishes the WebSocket feeds into a JetStream stream ({prog} relay --help)."
     parser.add_argument("--check", action="store_true",
                         help="validate the configuration, show JAX devices, compile every bucket, "
                              "try one connection to the feed, then exit 0 or non-zero with the reason")
@@ -131,7 +131,7 @@ def stop_status(final: Any, lossy: int) -> int:
     return lossy
 
 
-def _json_uncaught(kind: type[BaseException], exc: BaseException, tb: Any, thread: str = "") -> None:
+def _json_uncaught(kind: type[BaseException], exc: BaseException | None, tb: Any, thread: str = "") -> None:
     """An exception nothing caught (a crash of the program, or of a thread), written as one JSON line with its
     traceback (``sys.excepthook`` and ``threading.excepthook`` in JSON mode)."""
     where = f" in thread {thread}" if thread else ""

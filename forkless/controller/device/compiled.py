@@ -55,7 +55,7 @@ __all__ = ["as_bytes", "check_contract", "check_input_dtype", "check_platform_dt
 _COMPILATIONS = [0]
 
 
-def _on_event(event: str, duration: float, **_: Any) -> None:
+def _on_event(event: str, duration_secs: float, **_: Any) -> None:
     if event == "/jax/core/compile/backend_compile_duration":
         _COMPILATIONS[0] += 1
 
@@ -89,7 +89,7 @@ def check_input_dtype(processor: Processor) -> np.dtype:
     JAX's 64-bit mode is off: JAX would silently make the input float32 again. The mode is
     process-wide, so it is the host program's to turn on, never this library's."""
     dtype = description_of(processor).input_dtype
-    if dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+    if dtype.itemsize == 8 and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]  # set at run time
         raise ProcessorContractError(f"the processor declares input_dtype=float64, which needs JAX's 64-bit mode, "
                                      f"and it is off in this process (JAX would make the input float32 again): "
                                      f"turn it on before starting, with {X64_FIX}; forkless does not change "
@@ -235,7 +235,7 @@ def unpack_words(words: jax.Array, features: int, dtype: Any) -> Batch:
 
 def per_stream_leaf(leaf: Any, slots: int) -> bool:
     """The contract's default: a leaf whose leading axis is ``max_streams + 1`` is per-stream."""
-    shape = getattr(leaf, "shape", ())
+    shape: tuple[int, ...] = getattr(leaf, "shape", ())
     return len(shape) >= 1 and shape[0] == slots
 
 
@@ -308,7 +308,7 @@ def check_contract(state: Any, out_info: Any, bucket: int) -> None:
         raise ProcessorContractError("step must return (state, outputs)")
     new_state, outputs = out_info
     before = jax.tree.structure(state)
-    if jax.tree.structure(new_state) != before:
+    if jax.tree.structure(new_state) != before:  # type: ignore[operator]  # jaxlib has no stub for PyTreeDef
         raise ProcessorContractError(f"step must return a state of the same structure as it was given: "
                                      f"got {jax.tree.structure(new_state)}, expected {before}")
     for old, new in zip(jax.tree.leaves(state), jax.tree.leaves(new_state)):
@@ -356,7 +356,7 @@ def check_row_writes(processor: Processor, settings: StepShape) -> None:
                           description_of(processor).input_dtype)
         stepped = jax.jit(processor.step)
         new_state, _ = jax.device_get(stepped(jax.tree.unflatten(treedef, filled), batch))
-        stepped.clear_cache()
+        stepped.clear_cache()  # type: ignore[attr-defined]  # jax's stub of jit's result lacks it
     except Exception as exc:  # any failure at the probe's size only skips the probe
         log.warning("the processor's row writes were not probed (its init or step does not run with a table of %d "
                     "streams: %s: %s); the contract still holds: a step writes only its batch's rows of a "

@@ -106,7 +106,7 @@ class OneDevice:
         """state -> the fresh row of each per-stream leaf, for the reset (``row_template``),
         compiled (one computation, kept with the program: controller/device/programs.py)."""
         slots = self.settings.max_streams + 1
-        return jax.jit(lambda s: row_template(s, slots)).lower(state).compile()  # type: ignore[no-any-return]
+        return jax.jit(lambda s: row_template(s, slots)).lower(state).compile()
 
     def compile_reset(self, state: Any, template: Any) -> Any:
         return jax.jit(reset_rows, donate_argnums=0).lower(

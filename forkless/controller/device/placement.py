@@ -133,7 +133,7 @@ class Placement:
         return pack_words(x, np.asarray(slots) // self.devices, self.devices * route.bucket, self.spare_row, dtype,
                           route.positions)
 
-    def reset_index(self, slots: Sequence[int], per_device: int) -> np.ndarray:
+    def reset_index(self, slots: Sequence[int] | np.ndarray, per_device: int) -> np.ndarray:
         """Local rows to reset, as an int32 ``[N * per_device]`` layout padded with the spare
         row (resetting it is harmless); at most ``per_device`` slots per device."""
         idx = np.full((self.devices, per_device), self.spare_row, np.int32)
@@ -221,6 +221,6 @@ def unpack_outputs(packed: np.ndarray, layout: Sequence[OutputField], positions:
     # each row as one opaque item: picking rows is then one copy a row, not one a byte
     picked = np.ascontiguousarray(packed).view(np.dtype((np.void, width))).reshape(-1)[positions]
     m = len(picked)
-    picked = picked.view(np.uint8).reshape(m, width)
-    return [np.ascontiguousarray(picked[:, field.offset:field.offset + field.nbytes]).view(field.dtype)
+    rows = picked.view(np.uint8).reshape(m, width)
+    return [np.ascontiguousarray(rows[:, field.offset:field.offset + field.nbytes]).view(field.dtype)
             .reshape((m, *field.tail)) for field in layout]

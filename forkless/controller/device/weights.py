@@ -72,7 +72,7 @@ def checked_weights(params: Any, like: Any) -> list[np.ndarray]:
     except Exception as exc:  # an object jax cannot flatten
         raise ValueError(f"set_weights: the new weights are not a pytree ({type(exc).__name__}: {exc})") from None
     expected = jax.tree.structure(like)
-    if given != expected:
+    if given != expected:  # type: ignore[operator]  # jaxlib has no stub for PyTreeDef
         raise ValueError(f"set_weights: the new weights have the tree structure {given}, and the processor's are "
                          f"{expected}: give the same containers and keys (only the values change)")
     out = []

@@ -48,11 +48,13 @@ def end_io(io: IOSide, deadline: StopDeadline, timeout_s: float) -> bool:
     whatever the socket does: it has until halfway between the work deadline and that to
     finish, is then aborted, and one that still runs at the deadline is left behind (a daemon:
     it cannot hold the exit). False: left behind (``timeout_s``: FORKLESS_SHUTDOWN_TIMEOUT_S)."""
-    if io.join(max(0.0, (deadline.work + deadline.at) / 2 - time.monotonic())):
+    work, at = deadline.work, deadline.at
+    assert work is not None and at is not None  # the stop fixed them
+    if io.join(max(0.0, (work + at) / 2 - time.monotonic())):
         return True
     log.error("the IO thread did not finish within FORKLESS_SHUTDOWN_TIMEOUT_S=%s; aborting", timeout_s)
     io.abort()
-    if io.join(max(0.0, deadline.at - time.monotonic())):
+    if io.join(max(0.0, at - time.monotonic())):
         return True
     log.error("the IO thread did not end after the abort; leaving it behind (it is a daemon)")
     return False

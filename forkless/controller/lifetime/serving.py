@@ -23,7 +23,7 @@ __all__ = ["serve"]
 
 
 def serve(process_pending: Callable[[float], int], stats: Callable[[], StatsSnapshot],
-          out: Callable[[str], None], stop_requested: threading.Event, *, duration_s: float, status_s: float,
+          out: Callable[[str], None], stop_requested: threading.Event, *, duration_s: float | None, status_s: float,
           poll_s: float, clock: Callable[[], float] = time.monotonic,
           line: Callable[[Any, Any], str] = status_line) -> StatsSnapshot:
     """Process until a stop is requested or ``duration_s`` is over; the snapshot it began with.

@@ -39,12 +39,12 @@ from forkless.controller.settings.values import (
     ws_url,
 )
 from forkless.io_loop.connectors.jetstream.partitions import PARTITION_FIELD, parse_partitions
-from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec, JetStreamSpec
+from forkless.io_loop.settings import REPLY_POLICIES, FeedSpec, JetStreamSpec, ReplyPolicy
 
 __all__ = ["FEED_KEYS", "JETSTREAM_KEYS", "REFUSALS", "JetStreamEntry", "WebSocketEntry", "entry", "feed_spec"]
 
 Name = Annotated[str, Meta(pattern=rf"^{FEED_NAME.pattern}\Z")]
-Replies = Literal[REPLY_POLICIES]  # Literal of a tuple: each policy, declared once in io_loop/settings.py
+Replies = ReplyPolicy  # each policy, declared once in io_loop/settings.py
 
 
 class WebSocketEntry(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -136,7 +136,7 @@ def _refusal(message: str, item: dict[str, Any], kind: type[Struct]) -> str:
     return REFUSALS.get(field, f"not a feed entry: its fields are {', '.join(keys)}")
 
 
-def feed_spec(item: dict[str, Any], index: str, where: str, replies: str) -> FeedSpec:
+def feed_spec(item: dict[str, Any], index: str, where: str, replies: ReplyPolicy) -> FeedSpec:
     """The feed of ``item`` (a JSON object of ``FORKLESS_FEEDS``, the ``index``-th), ``replies`` its
     policy unless it names one; ``ValueProblem`` ``"{where}: …"`` naming the field, never a secret."""
     decoded = entry(item, where)
@@ -145,7 +145,7 @@ def feed_spec(item: dict[str, Any], index: str, where: str, replies: str) -> Fee
     return _websocket_feed(decoded, index, where, replies)
 
 
-def _websocket_feed(entry: WebSocketEntry, index: str, where: str, replies: str) -> FeedSpec:
+def _websocket_feed(entry: WebSocketEntry, index: str, where: str, replies: ReplyPolicy) -> FeedSpec:
     """A WebSocket entry checked where its schema cannot (the URL, the socket's path)."""
     try:
         if not ws_url(entry.url):
@@ -170,7 +170,7 @@ def _websocket_feed(entry: WebSocketEntry, index: str, where: str, replies: str)
                     overflow=entry.overflow, buffer=entry.buffer, unix_socket=path)
 
 
-def _jetstream_feed(entry: JetStreamEntry, index: str, where: str, default_replies: str) -> FeedSpec:
+def _jetstream_feed(entry: JetStreamEntry, index: str, where: str, default_replies: ReplyPolicy) -> FeedSpec:
     """A JetStream entry checked where its schema cannot (the URLs, the subjects, the partitions,
     the creds file, one source of credentials)."""
     servers = entry.nats

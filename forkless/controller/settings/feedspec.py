@@ -15,12 +15,12 @@ Rules:
 from __future__ import annotations
 
 from forkless.controller.settings.values import FEED_NAME, ValueProblem, json_value
-from forkless.io_loop.settings import FeedSpec
+from forkless.io_loop.settings import FeedSpec, ReplyPolicy
 
 __all__ = ["feed_list", "feeds_text"]
 
 
-def feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:
+def feed_list(text: str, replies: ReplyPolicy = "all") -> tuple[FeedSpec, ...]:
     """``FORKLESS_FEEDS``: a JSON list of feed objects (see ``FeedSpec``); raises ``ValueProblem``
     naming the feed (by name, else index) and the field, never a secret value. ``replies`` is
     the policy of a feed that names none (``FORKLESS_REPLIES``)."""

@@ -96,9 +96,12 @@ class PartitionLayout(Protocol):
     """A partitioned feed's partitions: ``stream`` (named in the checkpoint objects), ``count`` of them, the
     ``partitions`` this instance owns."""
 
-    stream: str
-    count: int
-    partitions: tuple[int, ...]
+    @property
+    def stream(self) -> str: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def partitions(self) -> tuple[int, ...]: ...
 
     def partition_of_names(self, names: Sequence[str]) -> Any:
         """Each stream name's partition (a numpy integer array), as the server computes it."""
@@ -115,7 +118,8 @@ class OwnedPartitions(Protocol):
     is lost; ``get`` raising ``ObjectDamaged`` for an object that does not read back), the ``layout``, and the
     ``fence`` the connector's source asks before it publishes."""
 
-    layout: PartitionLayout
+    @property
+    def layout(self) -> PartitionLayout: ...
     fence: Fence
     objects: bool  # a checkpoint bucket is configured: put/get/names/delete may be called
 
@@ -134,8 +138,10 @@ class Connector(Protocol):
     keeps no position); ``partitioned``: it consumes some partitions of its stream, owned by one instance each."""
 
     feed: FeedSpec
-    positions: PositionCodec | None
     partitioned: bool
+
+    @property
+    def positions(self) -> PositionCodec | None: ...
 
     def refuses_sends(self) -> str:
         """Why ``Controller.send`` may not hand this feed frames ("": it may)."""

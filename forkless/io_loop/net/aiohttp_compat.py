@@ -41,7 +41,7 @@ from aiohttp.client_exceptions import UnixClientConnectorError
 try:  # the frame writer's own pieces: text_frames() says None where they are gone
     from aiohttp._websocket.helpers import PACK_LEN1, PACK_LEN2, PACK_LEN3, PACK_RANDBITS, websocket_mask
 except ImportError:  # pragma: no cover - an aiohttp that moved them
-    PACK_LEN1 = PACK_LEN2 = PACK_LEN3 = PACK_RANDBITS = websocket_mask = None
+    PACK_LEN1 = PACK_LEN2 = PACK_LEN3 = PACK_RANDBITS = websocket_mask = None  # type: ignore[assignment]  # see text_frames
 
 __all__ = ["CorkedTransport", "TextFrames", "UnixConnector", "aiohttp_missing", "clear_abnormal_close", "cork",
            "data_ready", "drop", "text_frames", "unix_tls_missing"]
@@ -102,6 +102,7 @@ class TextFrames:
         parts: list[bytes | bytearray] = []
         append = parts.append
         length_bit = 0x80 if masked else 0
+        data: bytes | bytearray
         for frame in frames:
             data = frame if isinstance(frame, bytes) else frame.encode("utf-8")  # a send's frame subclasses them
             n = len(data)
@@ -131,7 +132,7 @@ def text_frames(ws: aiohttp.ClientWebSocketResponse | aiohttp.web.WebSocketRespo
     """The batch writer of ``ws`` (a client's or, prepared, a server's connection); None on a
     connection that compresses or where this aiohttp's layout differs (write with ``send_frame``)."""
     writer = getattr(ws, "_writer", None)
-    if websocket_mask is None or writer is None or getattr(writer, "compress", 1) or \
+    if websocket_mask is None or writer is None or getattr(writer, "compress", True) or \
             not all(hasattr(writer, name) for name in _TEXT_FRAMES_NEEDS) or \
             not callable(getattr(writer.protocol, "_drain_helper", None)):
         return None

@@ -113,7 +113,7 @@ class MetricsServer:
         except OSError as exc:
             # listen_unix's reasons and a name's resolution are their own sentences; a bind's is shown as the OS says it
             plain = self.unix_socket or not exc.errno or isinstance(exc, socket.gaierror)
-            reason = (exc.strerror or exc) if plain else os.strerror(exc.errno)
+            reason = (exc.strerror or exc) if plain or exc.errno is None else os.strerror(exc.errno)
             raise MetricsServerError(f"cannot serve metrics on FORKLESS_METRICS_ADDR={self.addr}: {reason}") from exc
         self._started_at = time.monotonic()
         if self.unix_socket:

@@ -367,7 +367,8 @@ class SinkRunner:
     async def run(self, inbound: Any) -> None:
         self.ctx = ctx = self._context(self.name, inbound, self.feed_names, self.stats)
         try:  # its own task: a sink that swallows its cancellation is given up after a grace (loopthread.py)
-            await cancel_bounded(self.sink.run(ctx), name=f"forkless-sink-{self.name}-run", what=f"sink {self.name!r}")
+            await cancel_bounded(self.sink.run(ctx),  # type: ignore[arg-type]  # sink and context: of one kind
+                                 name=f"forkless-sink-{self.name}-run", what=f"sink {self.name!r}")
         except FeedFatal:
             raise
         except (asyncio.CancelledError, GeneratorExit):

@@ -261,3 +261,46 @@ def test_the_demo_feed_through_the_relay_into_the_partitioned_stream_is_answered
     assert not [r for r in by_id.values() if "error" in r]
     assert {(r["stream"], r["seq"]) for r in by_id.values()} == {(m["stream"], m["seq"]) for m in inputs}
     assert all(two[i].stderr.count("books: in 0 ") == 0 for i in range(2))  # both instances had work
+
+
+def _take_the_leases(url: str) -> int:
+    """Write every partition's lease key as another holder would (their revisions move on): the
+    holder's next renewal is refused. How many were written."""
+    import asyncio
+
+    import nats
+
+    from forkless.io_loop.connectors.jetstream.connector import lease_key
+
+    async def main() -> int:
+        nc = await nats.connect(url)
+        try:
+            kv = await nc.jetstream().key_value("forkless-leases")
+            keys = set(await kv.keys()) & {lease_key("TICKS", p) for p in range(P)}
+            for key in keys:
+                await kv.put(key, b"another instance")
+            return len(keys)
+        finally:
+            await nc.close()
+
+    return asyncio.run(main())
+
+
+def test_a_stop_that_finds_a_lease_lost_raises_lease_lost_naming_the_feed(nats_server, tmp_path):
+    # the stop's own LeaseLost (with the context manager, __exit__'s stop() is what raises): before the
+    # fix its message read the connector's label, which it has not, and the stop raised AttributeError
+    from forkless.controller.config import Config
+    from forkless.controller.loop import Controller
+    from forkless.io_loop.errors import LeaseLost
+    from tests.harness import drive
+
+    url = nats_server.url
+    _create_partitioned_streams(url)
+    cfg = Config(feeds=json.dumps([_feed(url, partitions=f"0-{P - 1}")]), features=FEATURES, max_batch=16,
+                 max_streams=64, status_s=0.0, lease_s=2.0, reconnect_min_s=0.05, reconnect_max_s=0.3)
+    with pytest.raises(LeaseLost, match=r"^feed 'ticks' \(nats://.*\): the lease of a partition was lost or ran "
+                                        r"out unrenewed") as raised:
+        with Controller(cfg) as ctl:
+            assert _take_the_leases(url) == P
+            drive(ctl, lambda: False, timeout_s=30 * UNIT_S, what="the lease found lost")  # until LeaseLost
+    assert isinstance(raised.value.__context__, LeaseLost)  # the cycle's, "could not be renewed in time"

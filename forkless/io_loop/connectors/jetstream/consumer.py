@@ -187,6 +187,12 @@ class Consumer:
         self.idle_from: int | None = None  # ``activity`` when the feed was last known caught up, a pull waiting
         self._partitions: dict[str, int] = {}
 
+    @property
+    def _next(self) -> tuple[int, int]:
+        """``next``, which ``check_stream`` sets before anything reads it."""
+        assert self.next is not None, "check_stream sets the position first"
+        return self.next
+
     # ---- at a connection ------------------------------------------------------------------------
 
     def check_stream(self, first: int, last: int, deleted: int = 0,
@@ -221,7 +227,7 @@ class Consumer:
     def _check_held(self, first: int, last: int, retention: Retention | None) -> list[tuple[int, str]]:
         """``PositionLost`` when the stream no longer holds what the position needs, or ends before it; what to
         log where the stream's retention proves the feed lost nothing past its first sequence."""
-        need, skip = self.next
+        need, skip = self._next
         applied = need if skip else need - 1
         whose = "the checkpoint" if self.from_checkpoint else "this run"
         stream = self.spec.stream
@@ -268,12 +274,12 @@ class Consumer:
     def _covered(self) -> int:
         """How far no message of the feed's own subjects is missing from its position on (a probe proved every one
         of them up to there handed over: other subjects' messages there are not ours); 0: not known."""
-        need, skip = self.next
+        need, skip = self._next
         return self.source.covered[1] if self.source.covered[0] == need - 1 and not skip else 0
 
     def _behind(self, first: int, last: int) -> bool:
         """The stream's first sequence is past what the position needs (and what the feed covered)."""
-        need, _ = self.next
+        need, _ = self._next
         return first > max(need, self._covered() + 1) and need <= last
 
     def filtered_behind(self, first: int, last: int) -> bool:
@@ -320,7 +326,7 @@ class Consumer:
         self.received = self.settled = 0
         self.activity += 1
         self.idle_from = None
-        return self.next[0]
+        return self._next[0]
 
     # ---- each delivery ---------------------------------------------------------------------------
 
@@ -337,7 +343,8 @@ class Consumer:
                 return Drop(f"delivery gap at stream sequence {seq} (consumer sequence {consumer_seq}, expected "
                             f"{self.expected})")
             self.expected += 1
-        if seq < self.next[0]:  # consumed already (a redelivery)
+        position = self._next
+        if seq < position[0]:  # consumed already (a redelivery)
             self.source.skipped += 1
             self.settled = consumer_seq
             return SKIP
@@ -346,12 +353,12 @@ class Consumer:
         source = self.source
         source.fetched += 1
         source.stream_last_seq = max(source.stream_last_seq, seq + pending)
-        need, skip = self.next
+        need, skip = position
         if seq != need:
             skip = 0
         if not self.spec.partitioned:
             return Take(seq, pending, -1, skip)
-        partition = self.spec.partition_of_subject(subject.decode() if type(subject) is bytes else subject)
+        partition = self.spec.partition_of_subject(subject.decode() if isinstance(subject, bytes) else subject)
         if self.floors:
             floor = self.floors.get(partition)
             if floor is not None and seq < floor[0]:  # the partition's restored state holds it already

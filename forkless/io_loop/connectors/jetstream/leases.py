@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 import threading
@@ -269,7 +270,7 @@ class Leases:
             await self._thread.connection()
             kv = self.kv  # over the connection of the moment: the server may have restarted during the wait
             holders = {key: held[key][0] for key in held}
-            states = dict(zip(list(held), await each(lambda key, kv=kv: self._look(kv, key, held), list(held))))
+            states = dict(zip(list(held), await each(functools.partial(self._look, kv, held=held), list(held))))
             once = []
             for key, state in states.items():
                 if state != "alive":
@@ -291,7 +292,7 @@ class Leases:
                 del held[key]
             if held and time.monotonic() >= deadline:
                 silent = sorted(held)
-                taken = await each(lambda key, kv=kv: self._take_silent(kv, key, held, took), silent)
+                taken = await each(functools.partial(self._take_silent, kv, held=held, took=took), silent)
                 for key, ok in zip(silent, taken):
                     if not ok:
                         raise self._alive(held, held[key][0])

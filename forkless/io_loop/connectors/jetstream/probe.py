@@ -40,6 +40,8 @@ async def probe_jetstream(feed: FeedSpec, say: Any, dedupe_window_s: float, time
     partition_count's partitions where its subject has ``{partition}`` (``check_partitions``),
     and the checkpoint and lease buckets are looked for. Prints through ``say``; returns the
     problems (empty: the feed can be used)."""
+    spec = feed.jetstream
+    assert spec is not None  # a JetStream feed's
     loop = asyncio.get_running_loop()
     errors: list[str] = []
 
@@ -60,8 +62,8 @@ async def probe_jetstream(feed: FeedSpec, say: Any, dedupe_window_s: float, time
             f"(nats-server {nc.server_version})")
         if not await _probe_stream(feed, nc, say, problems):
             return problems
-        await _probe_results(feed.jetstream, nc, say, dedupe_window_s, problems)
-        if feed.jetstream.partitioned:
+        await _probe_results(spec, nc, say, dedupe_window_s, problems)
+        if spec.partitioned:
             await _look_for_buckets(partitioning, nc, say)
     except NatsError as exc:
         problems.append(f"asking {feed.shown_url} failed: {exc}")
@@ -74,6 +76,7 @@ async def _probe_stream(feed: FeedSpec, nc: Transport, say: Any, problems: list[
     """The feed's stream: what it holds and, partitioned, its partitioning; False when JetStream
     does not answer at all (nothing more to ask)."""
     spec = feed.jetstream
+    assert spec is not None  # a JetStream feed's
     try:
         info = await nc.stream_info(spec.stream)
         state = info.state
@@ -129,7 +132,7 @@ def check_partitions(spec: JetStreamSpec, config: Any, say: Any) -> list[str]:
         return [f"stream {spec.stream!r} has no subject transform writing a partition (its subject transforms: "
                 f"{have}), but the feed's \"partition_count\" is {count}: give the stream one such as "
                 f"'ticks.*' -> 'ticks.{{{{partition({count},1)}}}}.{{{{wildcard(1)}}}}' (docs/partitions.md)"]
-    problems = []
+    problems: list[str] = []
     for where, transform in found:
         wrong = transform_problems(spec.subject, count, transform)
         problems.extend(f"stream {spec.stream!r}: {problem}" for problem in wrong)

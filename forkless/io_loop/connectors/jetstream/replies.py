@@ -124,7 +124,7 @@ class ReplyAcks:
             return  # an earlier item's (acknowledged after a timeout), or a copy
         try:
             status = headers.get("Status") if headers else None
-            if status:
+            if status and headers:
                 self.error = (NatsNoStreamResponse("NoStreamResponseError: no stream stores the subject")
                               if status == "503" else
                               NatsError(f"the server answered {status} {headers.get('Description', '')}".strip()))
@@ -150,6 +150,8 @@ class ReplyPublisher:
     def __init__(self, timeouts: Timeouts, feed: FeedSpec, source: SourceStats, fence: Fence | None = None) -> None:
         self.timeouts = timeouts
         self.feed = feed
+        assert feed.jetstream is not None  # a JetStream feed's
+        self.spec = feed.jetstream
         self.source = source
         self.fence = fence
         self.fenced = False  # the fence refused a publication (logged once)
@@ -165,7 +167,7 @@ class ReplyPublisher:
                 await sub.unsubscribe()
 
     async def _publish(self, nc: Transport, batch: ReplyBatch) -> End:
-        stream, results = self.feed.jetstream.stream, self.feed.jetstream.results
+        stream, results = self.spec.stream, self.spec.results
         # the results stream's acknowledgements come to an inbox of ours, ``<inbox>.<n>`` with n counting
         # this connection's publications (nats-py's publish_async costs a future, a semaphore and a
         # JSON parse per reply), straight from the parser to ReplyAcks.on_ack (a raw subscription); the
@@ -180,6 +182,7 @@ class ReplyPublisher:
             frames, origins = batch.frames, batch.positions
             if not self._may_publish(batch, origins):
                 continue
+            assert origins is not None  # (_may_publish drops a batch without)
             n, answers = len(frames), batch.answers
             acks.begin(sent, n)
             try:
@@ -208,7 +211,7 @@ class ReplyPublisher:
 
     def _may_publish(self, batch: ReplyBatch, origins: list[Origin] | None) -> bool:
         """Whether the batch is published; what is not is dropped, counted."""
-        if not self.feed.jetstream.results or origins is None:
+        if not self.spec.results or origins is None:
             # replies "none", or nothing to name them by: not published
             batch.drop("reply not published (no results subject)")
             return False

@@ -73,7 +73,7 @@ from typing import Any
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.connectors.connector import Fence
-from forkless.io_loop.connectors.jetstream.consumer import SKIP, Consumer, Drop, Retention, Take
+from forkless.io_loop.connectors.jetstream.consumer import Consumer, Drop, Retention, Take
 from forkless.io_loop.connectors.jetstream.probe import check_partitions, probe_jetstream
 from forkless.io_loop.connectors.jetstream.replies import ReplyPublisher
 from forkless.io_loop.connectors.jetstream.transport import (
@@ -178,7 +178,7 @@ class JetStreamSource(SourceCapabilities):
         self.partitioning = partitioning or PartitionSettings()  # the buckets: only --check reads them
         self.feed = feed
         self.spec = feed.jetstream
-        self.figures = SourceStats()
+        self.figures: SourceStats = SourceStats()
         self.consumer = Consumer(self.spec, feed.label, self.figures)  # made again at run, from ctx.resume_from
         self.shown_url = feed.shown_url
         self.pull_batch = PULL_BATCH
@@ -286,7 +286,8 @@ class JetStreamSource(SourceCapabilities):
         by_subject_only, per_subject = _removes_by_subject_only(config)
         if not by_subject_only:
             return Retention(subjects)
-        counts: dict[str, int] | None = {}
+        counts: dict[str, int] | None
+        counts = {}  # (declared apart: mypy narrows an assignment, not a declaration's value)
         first_of: dict[str, int] = {}
         try:
             for subject in self.spec.subjects():
@@ -450,7 +451,7 @@ class JetStreamSource(SourceCapabilities):
                 return End(Outcome.LOST, take.reason)
             got += 1
             last = reply
-            if take is SKIP:
+            if type(take) is not Take:  # SKIP: a redelivery of what was consumed
                 continue
             if take.in_state:  # a partition's restored position is past it: read, nothing of it handed over
                 await ctx.emit_decoded(_NOTHING, take.seq)

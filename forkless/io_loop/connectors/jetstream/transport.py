@@ -217,6 +217,7 @@ def connect_options(feed: FeedSpec, timeouts: Timeouts, tls: TlsSettings, **call
     server (the reconnect policy is ours: ``Backoff``), the heartbeat as nats-py's ping. ``callbacks``:
     ``error_cb`` (handed nats-py's exception: ``describe_error`` shows it), ``disconnected_cb``, ``closed_cb``."""
     spec = feed.jetstream
+    assert spec is not None  # a JetStream feed's (or the relay's target)
     servers = [url.strip() for url in feed.url.split(",")]
     options: dict[str, Any] = {
         "servers": servers, "name": f"forkless-{feed.name}", "allow_reconnect": False,
@@ -305,6 +306,7 @@ class Transport:
         ``NatsConnectFailed``: ``fatal`` when the server refused the credentials, its reason the failure."""
         try:
             async with asyncio.timeout(timeouts.connect_timeout_s * 2 * len(options["servers"]) + 1):
+                nc: nats.NATS
                 if raw:
                     nc = RawClient()
                     await nc.connect(**options)

@@ -407,7 +407,8 @@ class WebSocketSource(SourceCapabilities):
                     self._ctx.count_error("frame too large")
                     return End(Outcome.LOST, f"frame larger than FORKLESS_MAX_MSG_BYTES "
                                              f"({self.max_msg_bytes}), closed with 1009")
-                return End(Outcome.LOST, f"connection error: {exc.__class__.__name__}: {short(exc)}", ws.close_code)
+                why = "no exception given" if exc is None else f"{exc.__class__.__name__}: {short(exc)}"
+                return End(Outcome.LOST, f"connection error: {why}", ws.close_code)
             elif kind in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
                 return End(Outcome.LOST, closed_how(ws.close_code, "the server"), ws.close_code)
 
@@ -498,7 +499,7 @@ class _Link:
         return await self.source._open(self.session)
 
     def attempt_failed(self, exc: BaseException) -> str:
-        return self.source._failed(exc)  # type: ignore[arg-type]
+        return self.source._failed(exc)  # type: ignore[arg-type]  # one of ``failures``: drive catches only those
 
     def retrying(self, reason: str, delay: float) -> None:
         log.warning("connecting to %s failed: %s; retrying in %.2fs", self.source.shown_url, reason, delay,

@@ -48,7 +48,7 @@ import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -128,7 +128,7 @@ class DemoSummary:
         )
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     # bool is an int subclass, but `true` is not a seq.
     return isinstance(value, int) and not isinstance(value, bool)
 
