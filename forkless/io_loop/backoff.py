@@ -39,7 +39,7 @@ MAX_EXPONENT = 64  # 2**64 times any sensible min_s is far past any max_s
 
 
 def _seconds(name: str, value: object, *, zero: bool = False) -> float:
-    return float(seconds(value, f"Backoff's {name}", zero=zero))  # any real number (io_loop/seconds.py)
+    return seconds(value, f"Backoff's {name}", zero=zero)  # any real number (io_loop/seconds.py)
 
 
 class Backoff:
@@ -60,12 +60,12 @@ class Backoff:
         if isinstance(jitter, bool) or not isinstance(jitter, numbers.Real) or not 0 <= jitter <= 1:
             raise ValueError(f"Backoff's jitter is the random part of each delay, from 0 (none) to 1 (the whole "
                              f"delay), not {jitter!r}")
-        self.follow_s = None if follow_s is None else _seconds("follow_s", follow_s)
-        self.follow_ratio = _seconds("follow_ratio", follow_ratio, zero=True)
-        self.tries = tries
-        self.jitter = float(jitter)
-        self.failures = 0
-        self._rng = rng or random.Random()
+        self.follow_s: float | None = None if follow_s is None else _seconds("follow_s", follow_s)
+        self.follow_ratio: float = _seconds("follow_ratio", follow_ratio, zero=True)
+        self.tries: int = tries
+        self.jitter: float = float(jitter)
+        self.failures: int = 0
+        self._rng: random.Random = rng or random.Random()
         self._up_since: float | None = None
         self._outage_since: float | None = None  # when the outage began (a connection lost, an attempt failed)
 

@@ -40,7 +40,7 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import ForklessError
-from forkless.io_loop.seconds import seconds
+from forkless.io_loop.seconds import seconds_or_none
 from forkless.io_loop.settings import OVERFLOW_POLICIES, REPLY_POLICIES, OverflowPolicy, ReplyPolicy
 
 __all__ = ["CAPABILITIES", "METHODS", "SENDS_WHILE_DISCONNECTED", "VALUES", "CapabilityWarning", "Declarations",
@@ -184,7 +184,7 @@ def declarations(source: object, name: str) -> Declarations:
                          f"events it may hold while the inbound queue is full)")
     max_age = declared.send_max_age_s
     try:
-        seconds(max_age, "send_max_age_s", none="no deadline")
+        seconds_or_none(max_age, "send_max_age_s", "no deadline")
     except TypeError:
         raise TypeError(f"source {name!r} has send_max_age_s={max_age!r}; expected a number of seconds (or None: "
                         f"no deadline)") from None

@@ -37,6 +37,7 @@ import sys
 import sysconfig
 import threading
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["GilStatus", "gil_status", "log_gil"]
@@ -141,7 +142,7 @@ def _needing_gil() -> tuple[str, ...]:
     return named
 
 
-def _by_declaration(modules: dict[str, object]) -> tuple[str, ...] | None:
+def _by_declaration(modules: Mapping[str, object]) -> tuple[str, ...] | None:
     """The modules whose ``md_gil`` says they need the GIL; None where the layout is not the one known."""
     pointer = ctypes.sizeof(ctypes.c_void_p)
     head = object.__basicsize__
@@ -163,7 +164,7 @@ def _by_declaration(modules: dict[str, object]) -> tuple[str, ...] | None:
     return tuple(needing)
 
 
-def _by_warning(modules: dict[str, object]) -> tuple[str, ...]:
+def _by_warning(modules: Mapping[str, object]) -> tuple[str, ...]:
     """The module CPython's warning named, where a warning registry kept it (module rules)."""
     for module in modules.values():
         registry = getattr(module, "__warningregistry__", None)

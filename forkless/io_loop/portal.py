@@ -68,7 +68,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import janus
 
@@ -173,7 +173,7 @@ class _Stopping(asyncio.Event):
 
     watched = False
 
-    async def wait(self) -> bool:
+    async def wait(self) -> Literal[True]:
         self.watched = True
         return await super().wait()
 
@@ -430,10 +430,10 @@ class IOPortal:
         self._task = task = asyncio.create_task(self._work(*self._worker_ends), name=f"{self._thread.name}-worker")
         if self.runs == 1:
             await asyncio.sleep(0)  # the worker's first step runs first: a failure there fails start()
-            if task.done() and task.result() is not None:
+            if task.done() and (failure := task.result()) is not None:
                 self._start_failed = True
                 self._worker_done = True
-                self._fail(task.result())
+                self._fail(failure)
             self._runner.ready()
             if self._start_failed:
                 raise _Over(None)

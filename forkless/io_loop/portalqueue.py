@@ -609,7 +609,7 @@ class MainQueue(_Sized):
             if isinstance(exc, janus.SyncQueueShutDown):
                 self._raise_end()
             raise
-        if record is None:
+        if record is None or sends is None:  # (a record is made by sends)
             return None
         sends.watch(record)
         return record.id

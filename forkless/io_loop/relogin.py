@@ -55,7 +55,7 @@ from forkless.io_loop.backoff import DEFAULT_BACKOFF, Backoff
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.hooks import HookFailed, guarded_call, own_cancellation, reason_of
 from forkless.io_loop.reconnect import closed_how, drive
-from forkless.io_loop.seconds import seconds, whole
+from forkless.io_loop.seconds import seconds, seconds_or_none, whole
 from forkless.io_loop.sends import DEADLINE, DISCONNECTED, GAVE_UP, HOLD, WRITE_FAILED, SendFailed, SentBytes, SentText
 
 __all__ = ["Relogin"]
@@ -91,7 +91,8 @@ class Relogin:
         if not callable(connect) or not callable(serve) or not callable(send):
             raise TypeError("Relogin needs callables: connect(attempt) -> connection, serve(connection), and "
                             "send(connection, frame) if given")
-        hold_s = seconds(hold_s, "Relogin's hold_s (0: refuse sends while not connected)", zero=True, none="no bound")
+        hold_s = seconds_or_none(hold_s, "Relogin's hold_s (0: refuse sends while not connected)", "no bound",
+                                 zero=True)
         connect_timeout_s = seconds(connect_timeout_s, "Relogin's connect_timeout_s")
         tries = whole(tries, "Relogin's tries", means_zero="no bound")
         if backoff is not None and not isinstance(backoff, Backoff):

@@ -21,15 +21,21 @@ import math
 import numbers
 from typing import Any
 
-__all__ = ["seconds", "whole"]
+__all__ = ["seconds", "seconds_or_none", "whole"]
 
 
-def seconds(value: Any, what: str, *, zero: bool = False, none: str = "") -> float | None:
-    """``value`` as a finite number of seconds > 0 (>= 0 with ``zero``), a ``float``; with ``none``
-    (what None means, "no deadline") None is taken too and returned as None. ``TypeError`` for
+def seconds(value: Any, what: str, *, zero: bool = False) -> float:
+    """``value`` as a finite number of seconds > 0 (>= 0 with ``zero``), a ``float``. ``TypeError`` for
     what is no number, ``ValueError`` for one out of range, each naming ``what``."""
-    if value is None and none:
-        return None
+    return _seconds(value, what, zero, "")
+
+
+def seconds_or_none(value: Any, what: str, none: str, *, zero: bool = False) -> float | None:
+    """``seconds``, or None where ``value`` is None: ``none`` says what None means ("no deadline")."""
+    return None if value is None else _seconds(value, what, zero, none)
+
+
+def _seconds(value: Any, what: str, zero: bool, none: str) -> float:
     also = f" (or None: {none})" if none else ""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} is a number of seconds{also}, not a {type(value).__name__}: {value!r}")

@@ -39,7 +39,7 @@ from forkless.io_loop.capabilities import declarations
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events, Outgoing
 from forkless.io_loop.errors import ForklessError
-from forkless.io_loop.seconds import seconds
+from forkless.io_loop.seconds import seconds_or_none
 
 __all__ = [
     "DEADLINE",
@@ -172,7 +172,7 @@ class Unanswered:
 def checked_max_age(value: Any, what: str) -> float | None:
     """A maximum age in seconds (``max_age_s``, a source's ``send_max_age_s``): None, or a finite
     number > 0 (any real number: io_loop/seconds.py); ``TypeError``/``ValueError`` naming ``what`` otherwise."""
-    return seconds(value, what, none="no deadline")
+    return seconds_or_none(value, what, "no deadline")
 
 
 def declared_send_policy(source: Any, name: str) -> tuple[float | None, str]:

@@ -574,9 +574,8 @@ class SourceRunner:
         """The connection ended: every send written on it (or before) whose answer has not come is reported."""
         if self.send_answered is None or not len(self.unanswered):
             return
-        sends = self.out.held.sends
         for send_id, what in self.unanswered.lost(self.connection_id):
-            sends.unanswered(LOST, send_id, what)
+            self.sends.unanswered(LOST, send_id, what)
 
     def take_event(self, event: Any) -> bool:
         """One event handed over after the rows emitted before it (the source's own buffer keeps
@@ -656,7 +655,7 @@ class SourceRunner:
             self.stopping_now = True  # before anything sees ctx.stopping: no emit is taken from then
         self.ctx.stop_deadline = deadline
         self.ctx.stopping.set()
-        if not self.stopping_now:
+        if awaiting is not None and not self.stopping_now:  # (no awaiting: stopping_now was set above)
             ended_early = await finish_awaited(self, awaiting, deadline, unrouted)
             if ended_early and self.send_answered is not None:  # counted there: each one reported here
                 for send_id, what in self.unanswered.left_over():

@@ -15,7 +15,7 @@ Rules:
 - Under one GIL, one thread spins at a time: meanwhile the main thread blocks on the running step
   (controller/queues.py), which releases the GIL. Two spinning threads took the GIL from each other
   (measured on the TPU: bench/out-tpu/2026-12-06-handoff).
-- Without a GIL (a free-threaded build with the GIL off, ``gil_enabled``), both threads spin while work is
+- Without a GIL (a free-threaded build with the GIL off: io_loop/gil.py), both threads spin while work is
   imminent (``WaitSettings.both``): neither takes anything from the other, and a hand-off is then seen by a
   look instead of a wake-up. The main thread spins for ``spin_s`` after its last piece of work (a chunk
   taken, a step finished) and then blocks as under the GIL, so a long step or an idle feed costs no core.
@@ -39,14 +39,15 @@ from __future__ import annotations
 
 import os
 import selectors
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from forkless.io_loop.gil import gil_status
+
 __all__ = ["HANDOFFS", "NAP_S", "PARK", "SPIN_S", "Expecting", "SpinningSelector", "WaitSettings", "cpu_of",
-           "gil_enabled", "keep_apart", "pause", "processor_of", "resolve_handoff", "spin", "wait_settings"]
+           "keep_apart", "pause", "processor_of", "resolve_handoff", "spin", "wait_settings"]
 
 HANDOFFS = ("auto", "park", "spin")
 # a spinning thread's pause between looks: 0 yields the core (``os.sched_yield``, the GIL released,
@@ -73,13 +74,6 @@ def spin(look: Callable[[], bool], until: float, nap_s: float = NAP_S) -> bool:
             return False
         pause(nap_s)
     return True
-
-
-def gil_enabled() -> bool:
-    """Whether this interpreter runs with the GIL now: always on a standard build; on a free-threaded one
-    (PEP 703) unless ``PYTHON_GIL=1`` or an extension module that needs it turned it back on."""
-    is_enabled = getattr(sys, "_is_gil_enabled", None)
-    return True if is_enabled is None else bool(is_enabled())
 
 
 @dataclass(frozen=True)
@@ -116,7 +110,7 @@ def resolve_handoff(setting: str, platform: str) -> str:
 def wait_settings(setting: str, platform: str, gil: bool | None = None) -> WaitSettings:
     """The resolved ``WaitSettings`` of ``FORKLESS_HANDOFF`` on ``platform``; ``gil``: whether the GIL is
     on (None: this interpreter's, now). Without a GIL a spin is both threads', kept apart."""
-    gil = gil_enabled() if gil is None else gil
+    gil = gil_status().enabled if gil is None else gil
     if resolve_handoff(setting, platform) == "park":
         return PARK
     return WaitSettings("spin", both=not gil, apart=not gil)

@@ -270,7 +270,7 @@ class ReplyBatch:
         item = held.item
         written = item.frames[held.offset:held.offset + n] if item is not None and item.sent and n else None
         self._wrote(n)
-        if written and held.on_written is not None:
+        if written and item is not None and held.on_written is not None:
             held.on_written(item.send_id, written[0] if len(item.frames) == 1 else written)
         if item is not None and held.item is item:  # given back half written: watched again (a send's deadline)
             item.hand_out(False)
