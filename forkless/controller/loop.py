@@ -163,7 +163,8 @@ class Controller:
         self.config = cfg = config if config is not None else Config.from_env()
         store, io_factory = runtime.checkpoint_store, runtime.io_factory or io_thread
         if events_only:  # before the plan: no demo feed's settings are checked when none runs
-            check_events_only(cfg.checkpoint_settings(), cfg.feed_variable, sinks=(*on_results, *result_sinks),
+            check_events_only(cfg.checkpoints, cfg.feed_variable, bucket=cfg.partitioning.checkpoint_bucket,
+                              sinks=(*on_results, *result_sinks),
                               sources=sources, store=store)
         # the feeds this controller runs: the configured ones and the user's own sources
         self.plan = feed_plan(cfg, sources, check_demo=io_factory is io_thread, sinks=result_sinks)
@@ -172,7 +173,7 @@ class Controller:
         self.connection_events = events is not None and events.connections
         self.processor = None if events_only else processor if processor is not None else default_processor(cfg)
         # a custom codec's exceptions become error replies, never a dead thread (codec.py)
-        self.codec = guarded_codec(codec, cfg.features, max_frame_items=cfg.max_frame_items,
+        self.codec = guarded_codec(codec, cfg.step.features, max_frame_items=cfg.limits.max_frame_items,
                                    dtype=np.dtype(np.float32) if events_only else codec_dtype(self.processor))
         self._on_results = main_thread_results(on_results)  # the main thread's sinks, one call a batch
         # a partitioned feed's connector (issue 24): leases and per-partition checkpoint objects
@@ -184,19 +185,21 @@ class Controller:
         self.io_stats = IOStats()
         self.main_stats = MainStats.for_run(cfg.buckets, len(specs))
         # what each message gets back, under its feed's reply policy
-        self.replies = Replies(self.codec, self.main_stats, [spec.replies for spec in specs], cfg.max_streams)
-        self.batcher = MicroBatcher(cfg.max_batch, cfg.max_wait_ms / 1000, cfg.buckets)
-        self.slots = StreamSlots(cfg.max_streams, idle_s=cfg.stream_idle_s)
+        self.replies = Replies(self.codec, self.main_stats, [spec.replies for spec in specs], cfg.step.max_streams)
+        self.batcher = MicroBatcher(cfg.step.max_batch, cfg.loop.max_wait_ms / 1000, cfg.buckets)
+        self.slots = StreamSlots(cfg.step.max_streams, idle_s=cfg.loop.stream_idle_s)
         self._io: IOSide | NoIOSide = NoIOSide(self.io_stats)  # the real one once start() starts it
         # checkpoints: what they hold beside the state, restoring one, the replayable feeds' positions
-        self.recovery = recovery = Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), self.processor,
+        # a partitioned feed's bucket (FORKLESS_CHECKPOINT_BUCKET) or the program's own store turn checkpoints on too
+        elsewhere = store is not None or cfg.partitioning.checkpoint_bucket != ""
+        self.recovery = recovery = Recovery(cfg.checkpoints, StateShape.of(cfg.step), self.processor,
                                             self.slots, self.main_stats, lambda: self._io.snapshot(), specs,
-                                            codecs=self.plan.position_codecs(),
-                                            own_store=store is not None)
+                                            codecs=self.plan.position_codecs(), own_store=elsewhere)
         self.positions = recovery.positions  # the replayable feeds' (controller/checkpoints/positions.py)
         self._own_store = store  # the embedding program's own, instead of FORKLESS_CHECKPOINT_DIR
         self._checkpoints = checkpoints_for(recovery.checkpoints, recovery.await_replies if self.positions else None,
-                                            store, partitioned=self._partition_feed is not None)
+                                            store, partitioned=self._partition_feed is not None,
+                                            bucket=cfg.partitioning.checkpoint_bucket)
         self._owner: PartitionOwner | NoPartitions = NoPartitions()  # a partitioned instance's, once started
         self.engine: Engine | None = None  # the device state's owner, made by compile()
         self._io_factory = with_hooks(io_factory, on_connect=connect.on_connect, before_connect=connect.before_connect)
@@ -204,7 +207,7 @@ class Controller:
         self._intake: Intake = None  # type: ignore[assignment]
         self._outbound: Outlet = None  # type: ignore[assignment]
         self._stop_requested = threading.Event()
-        self._deadline = StopDeadline(cfg.shutdown_timeout_s)  # fixed by request_stop()
+        self._deadline = StopDeadline(cfg.timeouts.shutdown_timeout_s)  # fixed by request_stop()
         self._started = False
         self._running = False  # start() started the IO side (a stop during start() leaves it False)
         self._stopped = False
@@ -232,7 +235,7 @@ class Controller:
         """How the threads wait for each other (FORKLESS_HANDOFF resolved on the engine's platform:
         io_loop/waiting.py); ``park`` before the compile and without a processor."""
         platform = self.engine.platform if self.engine is not None else "cpu"
-        return WaitSettings(resolve_handoff(self.config.handoff, platform) if self.engine is not None else "park")
+        return WaitSettings(resolve_handoff(self.config.loop.handoff, platform) if self.engine is not None else "park")
 
     @property
     def checkpointer(self) -> Checkpointer | None:
@@ -307,7 +310,8 @@ class Controller:
         """The main thread's ends of the started IO side's queues, and each batch's way between them."""
         stats = self.main_stats
         self._outbound = Outlet(side.outbound, io, stats, self._deadline)
-        prefixes, counters = self.plan.stream_prefixes(self.config.shared_streams), self.recovery.declared.counters
+        prefixes = self.plan.stream_prefixes(self.config.feeding.shared_streams)
+        counters = self.recovery.declared.counters
         names = [spec.name for spec in self.feed_specs]
         wait = self.handoff
         step = DroppedMessages(stats, names) if self.engine is None else StepsInFlight(BatchStep(
@@ -366,7 +370,7 @@ class Controller:
             return
         cfg, t0 = self.config, time.monotonic()
         self._enter("compiling")
-        self.engine = compile_step(self.processor, cfg.step_settings(), after_bucket)
+        self.engine = compile_step(self.processor, cfg.step, after_bucket)
         self.main_stats.compilations_at_ready = compilations()
         release_freed_memory()
         log.info("compiled the step for batch sizes %s on %s in %.2fs", ",".join(map(str, cfg.buckets)),
@@ -463,7 +467,7 @@ class Controller:
         if left:
             self.main_stats.dropped["not processed before the stop"] += left
             log.error("%d received messages were not processed before the stop deadline "
-                      "(FORKLESS_SHUTDOWN_TIMEOUT_S=%s)", left, self.config.shutdown_timeout_s)
+                      "(FORKLESS_SHUTDOWN_TIMEOUT_S=%s)", left, self.config.timeouts.shutdown_timeout_s)
         self._outbound.shutdown()
         # after the last batch: the stop's checkpoint, copied at once (nothing runs after it)
         self._checkpoints.begin_stop(lambda: self._begin_checkpoint(incremental=False).complete())
@@ -498,16 +502,16 @@ class Controller:
         try:
             self.start()
             cfg = self.config  # steps may stay in flight between its calls (settle=False)
-            if cfg.duration_s:  # a stop requested when it is over, whatever the main thread waits on then
-                self._deadline.plan(time.monotonic() + cfg.duration_s)
+            if cfg.run.duration_s:  # a stop requested when it is over, whatever the main thread waits on then
+                self._deadline.plan(time.monotonic() + cfg.run.duration_s)
             self._reported = self.stats()
             first = serve(self._serve_turn, self.stats, self._print, self._stop_requested,
-                          duration_s=cfg.duration_s, status_s=cfg.status_s, poll_s=POLL_S)
+                          duration_s=cfg.run.duration_s, status_s=cfg.run.status_s, poll_s=POLL_S)
             if self._running:  # else the start was stopped or failed: nothing runs to stop
                 self._enter("stopping")
             self.stop()
             final = self.stats()
-            if cfg.status_s > 0:
+            if cfg.run.status_s > 0:
                 self._print(status_line(final, first, final=True))
             log.log(logging.ERROR if final.unanswered else logging.INFO, "%s", books_line(final))
         except KeyboardInterrupt:

@@ -57,8 +57,8 @@ from forkless.io_loop.crossing import Origin, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, PositionLost
 from forkless.io_loop.feeds import FeedSet
+from forkless.io_loop.iosettings import IOSettings
 from forkless.io_loop.loopthread import LoopThread, run_all
-from forkless.io_loop.settings import IOSettings
 from forkless.io_loop.sinks.results import ResultSinks
 from forkless.io_loop.sinks.sink import Acknowledged, RecordSink, ResultSink, SinkRunner
 from forkless.io_loop.source import Source

@@ -48,9 +48,8 @@ CORE = [
     "controller/declared.py",
     "controller/errors.py",
     "controller/eventsonly.py",
-    "controller/settings/feedschema.py",
-    "controller/settings/feedspec.py",
     "controller/settings/groups.py",
+    "controller/commands/vardocs.py",
     "controller/logs.py",
     "controller/metrics.py",
     "controller/device/placement.py",
@@ -60,9 +59,6 @@ CORE = [
     "controller/checkpoints/rowcopy.py",
     "controller/slots.py",
     "controller/stats.py",
-    "controller/settings/values.py",
-    "controller/settings/vardocs.py",
-    "controller/settings/variables.py",
     "io_loop/__init__.py",
     "io_loop/connectors/websocket/__init__.py",
     "io_loop/connectors/__init__.py",
@@ -78,6 +74,13 @@ CORE = [
     "io_loop/errors.py",
     "io_loop/connectors/connector.py",
     "io_loop/connectors/jetstream/consumer.py",
+    "io_loop/connectors/jetstream/entry.py",
+    "io_loop/connectors/jetstream/settings.py",
+    "io_loop/connectors/websocket/entry.py",
+    "io_loop/connectors/websocket/settings.py",
+    "io_loop/feedlist.py",
+    "io_loop/iosettings.py",
+    "io_loop/relay/settings.py",
     "io_loop/connectors/jetstream/positions.py",
     "io_loop/net/netaddr.py",
     "io_loop/connectors/jetstream/partitions.py",
@@ -108,6 +111,7 @@ IO = [
     "io_loop/finishing.py",
     "io_loop/handover.py",
     "io_loop/hooks.py",
+    "io_loop/kinds.py",
     "io_loop/waiting.py",
     "io_loop/spill.py",
     "io_loop/net/http.py",
@@ -175,9 +179,9 @@ CLOCK = {"time", "datetime"}
 # once per window_s, and logging.Filter.filter(record) is given no "now" to compare with
 # (record.created is wall-clock time, which can jump; the window uses time.monotonic()).
 CLOCK_ALLOWED_IN_CORE = {"controller/logs.py": {"time"}}
-# values.py parses FORKLESS_CA_FILE with OpenSSL at validation (no socket is opened), so a file
+# io_loop/settings.py's pem_file parses FORKLESS_CA_FILE with OpenSSL at validation (no socket is opened), so a file
 # that is not PEM is a configuration error (exit 2) rather than a TLS failure at the first connect
-CONCURRENCY_ALLOWED_IN_CORE = {"controller/settings/values.py": {"ssl"}}
+CONCURRENCY_ALLOWED_IN_CORE = {"io_loop/settings.py": {"ssl"}}
 # Third-party libraries the core imports only where named: prometheus_client costs about 10 MiB
 # and is loaded only when metrics are served; JAX must not load before the configuration is
 # valid, and the IO side imports most of the core, so JAX only where processors are defined.
@@ -368,7 +372,11 @@ def test_io_loop_is_a_leaf_that_imports_nothing_from_controller():
 
 # partitions_of (the checkpoints' split of the stream table by partition) is vectorised with numpy,
 # imported inside it: importing io_loop.connectors.jetstream.partitions still loads none (the test below)
-THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/connectors/jetstream/partitions.py": {"numpy"}}
+# a FORKLESS_FEEDS entry's schema is a msgspec Struct in its connector room's entry.py, which io_loop/feedlist.py
+# imports only when FORKLESS_FEEDS is set (a run without it loads no msgspec: the test below the layers')
+THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/connectors/jetstream/partitions.py": {"numpy"},
+                                    "io_loop/connectors/jetstream/entry.py": {"msgspec"},
+                                    "io_loop/connectors/websocket/entry.py": {"msgspec"}}
 
 
 def test_the_io_loop_modules_in_the_core_import_no_third_party_library():
@@ -693,9 +701,10 @@ def test_the_nats_rules_see_an_import_outside_the_room_and_an_error_module_named
 
 WEBSOCKET_ROOM = "io_loop/connectors/websocket/"
 # what a module outside the room may import of it: the room's package, the connector the composition root talks to,
-# and the connect hooks' public types (Controller's on_connect and before_connect, Handshake, frames_of)
+# the connect hooks' public types (Controller's on_connect and before_connect, Handshake, frames_of), its settings
+# (the configuration's groups) and its entry's schema (FORKLESS_FEEDS, read by io_loop/feedlist.py)
 WEBSOCKET_DOORS = {WEBSOCKET_ROOM + name for name in ("__init__.py", "connector.py", "on_connect.py",
-                                                      "before_connect.py")}
+                                                      "before_connect.py", "settings.py", "entry.py")}
 
 
 def into_the_websocket_room(path: str, imports: list[Import] | None = None) -> list[str]:

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from forkless.controller.config import Config
-from forkless.controller.errors import ConfigError
 from forkless.io_loop.bridge import Bridge, MainSide
 from forkless.io_loop.crossing import Outgoing
+from forkless.io_loop.errors import ConfigError
 from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.waiting import PARK, Expecting, SpinningSelector, WaitSettings, resolve_handoff
 from tests.harness import UNIT_S

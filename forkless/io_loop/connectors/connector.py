@@ -1,7 +1,8 @@
-"""What the composition root talks to for a feed that is a connector (bytewax's connectors are the model): a source
-factory, a position codec, a partition owner with its fence, a probe (the source's own), and a sink. The protocols
-only (pure); controller/ioside.py's ``connector_for`` chooses a feed's connector, and each connector's room
-implements them (io_loop/connectors/jetstream/connector.py, io_loop/connectors/websocket/connector.py).
+"""What the composition root talks to for a configured feed (bytewax's connectors are the model): the feed's spec
+(``FeedSpec``), and its connector: a source factory, a position codec, a partition owner with its fence, and a probe
+(the source's own). The protocols only (pure); io_loop/kinds.py's ``connector_for`` finds a feed's connector
+by its kind, and each connector's room implements them (io_loop/connectors/jetstream/connector.py,
+io_loop/connectors/websocket/connector.py).
 
 Rules:
 - The controller never asks which kind of feed it runs: it asks the feed's ``Connector``. Every configured feed has
@@ -10,37 +11,140 @@ Rules:
   checkpoint are its ``PositionCodec``'s (``Connector.positions``); its partitions (a partitioned feed) are owned
   through ``Connector.own_partitions``, which returns an ``OwnedPartitions``: the leases, the checkpoint objects'
   store and the partitions' ``layout``; ``Connector.source`` makes its ``Source`` (io_loop/source.py), fenced by
-  the partitions the connector owns; ``Connector.sink`` makes its ``RecordSink`` (io_loop/sinks/sink.py) for a relay.
+  the partitions the connector owns.
 - The fence is a typed object (``Fence``), handed by the connector that owns the leases to the source it makes,
   never a key in a dictionary of arguments: ``holds()`` is False once a lease is lost or ran out unrenewed, and
   then nothing more is published for those partitions.
-- A connector's settings come as io_loop/settings.py's groups, never the whole ``IOSettings`` nor the
-  configuration: ``Connector.source`` is handed every group a connector's source may read (each reads its own) and
-  the embedder's connect hooks (a connector whose connections take none ignores them). What a codec records in a
-  checkpoint's header is plain JSON (dicts, lists, numbers, strings).
+- A ``FeedSpec`` says what every feed has (its name, where it connects, its reply policy, its overflow) and which
+  room it belongs to (``kind``, read by io_loop/kinds.py alone); what only its connector reads is its ``options``
+  (a JetStream feed's ``JetStreamSpec``), asked through ``FeedOptions``, never by its type.
+- A connector's settings come as settings groups (io_loop/settings.py's, its room's), never the whole
+  ``IOSettings`` nor the configuration: ``Connector.source`` is handed every group a connector's source may read
+  (each reads its own) and the embedder's connect hooks (a connector whose connections take none ignores them).
+  What a codec records in a checkpoint's header is plain JSON (dicts, lists, numbers, strings).
 - Pure: nothing here opens a socket, starts a thread or imports nats-py.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
-from forkless.io_loop.settings import (
-    Credentials,
-    DemoSettings,
-    FeedSpec,
-    Limits,
-    PartitionSettings,
-    ReconnectSettings,
-    Timeouts,
-    TlsSettings,
-)
+from forkless.io_loop.net.netaddr import redact_url, unix_label
+from forkless.io_loop.settings import REPLY_POLICIES, Limits, ReconnectSettings, Timeouts, TlsSettings
 
-__all__ = ["Connector", "Fence", "OwnedPartitions", "PartitionLayout", "PositionCodec", "RestoredPosition"]
+__all__ = ["COMMON_REFUSALS", "FEED_NAME", "Connector", "FeedOptions", "FeedSpec", "Fence", "OwnedPartitions",
+           "PartitionLayout", "PositionCodec", "RestoredPosition", "entry_refusal"]
+
+FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a FORKLESS_FEEDS entry's "name"
+# what the fields every connector's entry has allow, as a fault of one is reported (after "feed i ('name'): ")
+COMMON_REFUSALS: dict[str, str] = {
+    "name": '"name" must be 1-64 letters, digits, "_", "." or "-"',
+    "required": '"required" must be true or false',
+    "replies": f'"replies" must be one of {", ".join(map(repr, REPLY_POLICIES))}',
+}
+# where msgspec's message says which field: "… - at `$.buffer`", "… - at `$.headers[...]`", or
+# "Object missing required field `url`" (the entry itself)
+_AT_FIELD = re.compile(r" - at `\$\.(\w+)")
+_MISSING = re.compile(r"^Object missing required field `(\w+)`")
+_UNKNOWN = "Object contains unknown field"
+
+
+def entry_refusal(message: str, item: Mapping[str, Any], fields: Sequence[str], refusals: Mapping[str, str],
+                  fields_are: str = "; the fields are") -> str:
+    """What a connector's entry schema reports for msgspec's ``message`` about ``item`` (an entry of
+    ``FORKLESS_FEEDS`` whose ``fields`` are these): the faulty field's text in ``refusals``, never msgspec's own
+    message, which may quote a secret value; for unknown fields, all of them (sorted) with the fields there are."""
+    if message.startswith(_UNKNOWN):
+        unknown = ", ".join(map(repr, sorted(set(item) - set(fields))))
+        return f"unknown field(s) {unknown}{fields_are} {', '.join(fields)}"
+    found = _MISSING.match(message) or _AT_FIELD.search(message)
+    name = found.group(1) if found else ""
+    # a message of a form not foreseen names no value either: only the fields there are
+    return refusals.get(name, f"not a feed entry: its fields are {', '.join(fields)}")
+
+
+class FeedOptions(Protocol):
+    """What a feed's connector adds to its ``FeedSpec`` (a JetStream feed's ``JetStreamSpec``), as the rest of
+    forkless asks it: whether it consumes some partitions of its stream, which, and how its URL may be shown."""
+
+    @property
+    def partitioned(self) -> bool: ...
+    @property
+    def partition_count(self) -> int: ...
+    @property
+    def partitions(self) -> tuple[int, ...]: ...
+
+    def with_partitions(self, partitions: tuple[int, ...]) -> Any: ...
+
+    def shown_url(self, url: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class FeedSpec:
+    """One feed: a ``FORKLESS_FEEDS`` entry, the one ``FORKLESS_WS_URL`` names, or a program's own source. ``name``
+    labels its metrics, logs and (with several feeds, unless ``FORKLESS_SHARED_STREAMS=1``) its streams'
+    identities; ``url`` is where it connects; ``replies`` says what it is sent back; ``overflow`` and ``buffer``
+    its own overflow (io_loop/spill.py: "" and None take FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER). What a
+    WebSocket feed sends first and carries: ``subscribe``, ``headers``, ``unix_socket`` (reached through that
+    unix-domain socket, ``url`` then giving only the handshake's path and Host). ``kind``: the connector room
+    it belongs to ("" a program's own source); ``options``: what only its connector reads (``FeedOptions``)."""
+
+    name: str
+    url: str
+    subscribe: str = field(default="", repr=False)  # sent as is on every new connection
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    required: bool = True  # /readyz waits for it
+    replies: str = "all"  # one of REPLY_POLICIES
+    overflow: str = ""
+    buffer: int | None = None
+    unix_socket: str = ""  # a WebSocket feed's unix-domain socket ("": TCP to the URL's host and port)
+    kind: str = ""
+    options: FeedOptions | None = None
+
+    def __repr__(self) -> str:  # the URL without credentials (user:password@ in a URL is a secret)
+        via = f", unix_socket={self.unix_socket!r}" if self.unix_socket else ""
+        return (f"FeedSpec(name={self.name!r}, url={self.shown_url!r}{via}, required={self.required!r}, "
+                f"replies={self.replies!r}, kind={self.kind!r}, options={self.options!r})")
+
+    @property
+    def partitioned(self) -> bool:
+        """It consumes some of its stream's partitions (a JetStream entry with ``"partition_count"``)."""
+        return self.options is not None and self.options.partitioned
+
+    @property
+    def partition_count(self) -> int:
+        """Its stream's partitions (0: not partitioned)."""
+        return self.options.partition_count if self.options is not None else 0
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """The partitions this instance owns, as resolved (``with_partitions``) or given in its entry."""
+        return self.options.partitions if self.options is not None else ()
+
+    def with_partitions(self, partitions: tuple[int, ...]) -> FeedSpec:
+        """This partitioned feed owning ``partitions`` (resolved from FORKLESS_INSTANCE)."""
+        if self.options is None or not self.options.partitioned:
+            raise ValueError(f"{self.label} is not partitioned")
+        return replace(self, options=self.options.with_partitions(tuple(partitions)))
+
+    @property
+    def shown_url(self) -> str:
+        """The URL(s) as logs may show them: no credentials, no query."""
+        return self.options.shown_url(self.url) if self.options is not None else redact_url(self.url)
+
+    @property
+    def label(self) -> str:
+        """How messages name it: ``feed 'name' (ws://host/path)``, never with credentials or query;
+        ``feed 'name' (ws://host/path via unix:/path)`` through a unix-domain socket."""
+        if not self.url:  # a user's own source (or the demo feed, before its address is known)
+            return f"feed {self.name!r}"
+        via = f" via {unix_label(self.unix_socket)}" if self.unix_socket else ""
+        return f"feed {self.name!r} ({self.shown_url}{via})"
 
 
 class Fence(Protocol):
@@ -141,26 +245,28 @@ class Connector(Protocol):
         """Why ``Controller.send`` may not hand this feed frames ("": it may)."""
         ...
 
-    def describe(self, partitioning: PartitionSettings, instance: int | None, instances: int | None) -> list[str]:
-        """What ``--check`` shows of its configuration beyond the variables (lines, no secret)."""
+    def refuses_relay(self) -> str:
+        """What this feed is that ``forkless relay`` may not read ("a JetStream feed …"; "": it may read it)."""
         ...
 
-    def own_partitions(self, partitioning: PartitionSettings, *, timeouts: Timeouts, reconnect: ReconnectSettings,
-                       tls: TlsSettings, instances: int | None, instance: int | None = None,
-                       stop: Any = None) -> OwnedPartitions:
+    def describe(self, partitioning: Any) -> list[str]:
+        """What ``--check`` shows of its configuration beyond the variables (lines, no secret); ``partitioning``
+        the partitioned feeds' settings (io_loop/connectors/jetstream/settings.py's ``PartitionSettings``)."""
+        ...
+
+    def own_partitions(self, partitioning: Any, *, timeouts: Timeouts, reconnect: ReconnectSettings,
+                       tls: TlsSettings, stop: Any = None) -> OwnedPartitions:
         """Take the leases of its partitions (blocking), keep them renewed; its sources are fenced by them from
         now on. ``StopRequested`` once ``stop`` (a ``threading.Event``) is set while it waits, with nothing held."""
         ...
 
-    def source(self, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings, credentials: Credentials,
-               limits: Limits, partitioning: PartitionSettings, demo: DemoSettings | None = None,
+    def source(self, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings, limits: Limits,
+               credentials: Any, partitioning: Any, demo: Any = None, features: int = 0, warmup: int = 0,
                on_connect: Callable[[str, int], Any] | None = None,
                before_connect: Callable[[str, int], Any] | None = None, feeds_from_list: bool = False) -> Any:
-        """Its ``Source`` (io_loop/source.py), fenced by the partitions it owns: ``demo``, the demo feed's settings
-        where it runs (None: it does not); ``on_connect``, ``before_connect``, the embedder's connect hooks;
-        ``feeds_from_list``: the feeds came from ``FORKLESS_FEEDS`` (what ``--check`` says)."""
-        ...
-
-    def sink(self, relay: Any, stats: Any, feed_names: list[str]) -> Any:
-        """Its ``RecordSink`` for ``forkless relay`` (io_loop/sinks/sink.py): ``relay`` its ``RelaySettings``."""
+        """Its ``Source`` (io_loop/source.py), fenced by the partitions it owns. Each connector reads the groups it
+        needs: ``credentials`` (a WebSocket handshake's), ``partitioning`` (a partitioned feed's buckets),
+        ``demo`` (the demo feed's settings where it runs, None where it does not, with ``features``, the length of
+        a message's x, and ``warmup``, the default detector's); ``on_connect``, ``before_connect``, the embedder's
+        connect hooks; ``feeds_from_list``: the feeds came from ``FORKLESS_FEEDS`` (what ``--check`` says)."""
         ...

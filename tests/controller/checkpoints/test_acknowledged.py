@@ -32,7 +32,7 @@ def _recovery(snapshot: Any) -> Any:
     feed = {"name": "ticks", "nats": "nats://127.0.0.1:4222", "stream": "TICKS", "subject": "ticks.>",
             "results": "scores"}
     cfg = Config.from_env({"FORKLESS_FEEDS": json.dumps([feed]), "FORKLESS_FEATURES": "2"})
-    return Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), ewma_processor(), StreamSlots(8),
+    return Recovery(cfg.checkpoints, StateShape.of(cfg), ewma_processor(), StreamSlots(8),
                     MainStats.for_run(cfg.buckets, 1), snapshot, cfg.feed_specs)
 
 

@@ -54,6 +54,7 @@ import aiohttp
 
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.capabilities import SourceCapabilities
+from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect, call_before_connect
 from forkless.io_loop.connectors.websocket.connect import (
     ConnectFailed,
@@ -67,13 +68,14 @@ from forkless.io_loop.connectors.websocket.connect import (
     shown_target,
 )
 from forkless.io_loop.connectors.websocket.on_connect import OnConnect, call_hook
+from forkless.io_loop.connectors.websocket.settings import Credentials
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.hooks import HookFailed
 from forkless.io_loop.net import aiohttp_compat
 from forkless.io_loop.net.tls import make_ssl_context
 from forkless.io_loop.reconnect import End, Outcome, drive, pause_before_reconnect
-from forkless.io_loop.settings import Credentials, FeedSpec, ReconnectSettings, Timeouts, TlsSettings
+from forkless.io_loop.settings import ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext, SourceStopped
 
 __all__ = ["WebSocketSource"]
