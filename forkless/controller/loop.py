@@ -44,7 +44,6 @@ import numpy as np
 from forkless.controller.batching import MicroBatcher
 from forkless.controller.batchstep import BatchStep
 from forkless.controller.checkpoints.checkpointer import Checkpointer, checkpoints_for, store_for
-from forkless.controller.checkpoints.recovery import Recovery
 from forkless.controller.checkpoints.snapshot import PendingSnapshot
 from forkless.controller.codec import Codec, guarded_codec
 from forkless.controller.config import Config
@@ -61,6 +60,7 @@ from forkless.controller.lifetime.serving import serve
 from forkless.controller.partitions.partitioned import NoPartitions, PartitionOwner, partitioned_feed
 from forkless.controller.processor import Processor, StateShape, default_processor
 from forkless.controller.queues import POLL_S, Intake, Outlet, StopDeadline
+from forkless.controller.recovery import Recovery
 from forkless.controller.replies import Replies
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats, StatsSnapshot, books_line, status_line, whole_snapshot

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from forkless.controller.checkpoints.rowcopy import RowCopy
+from forkless.controller.rowcopy import RowCopy
 
 __all__ = ["OrderedNames", "StreamSlots", "TableCopy", "lru_order"]
 

@@ -39,7 +39,7 @@ Rules:
   loop (``FeedFatal``), and the feeds' end waits for theirs (the stop drains them).
 - ``acknowledged`` (io_loop/sinks/sink.py's ``Acknowledged``), when given, is signalled each time a feed's
   batch of answers is written whole (a JetStream feed's: stored by its results stream), for the
-  checkpoint waiting on its replies (controller/checkpoints/recovery.py) to wake without a poll.
+  checkpoint waiting on its replies (controller/recovery.py) to wake without a poll.
 """
 
 from __future__ import annotations

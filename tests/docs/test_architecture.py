@@ -56,7 +56,7 @@ CORE = [
     "controller/checkpoints/positions.py",
     "controller/processor.py",
     "controller/replies.py",
-    "controller/checkpoints/rowcopy.py",
+    "controller/rowcopy.py",
     "controller/slots.py",
     "controller/stats.py",
     "io_loop/__init__.py",
@@ -75,6 +75,7 @@ CORE = [
     "io_loop/connectors/connector.py",
     "io_loop/connectors/jetstream/consumer.py",
     "io_loop/connectors/jetstream/entry.py",
+    "io_loop/connectors/jetstream/figures.py",
     "io_loop/connectors/jetstream/settings.py",
     "io_loop/connectors/websocket/entry.py",
     "io_loop/connectors/websocket/settings.py",
@@ -160,7 +161,7 @@ COMPOSITION = [
     "controller/loop.py",
     "controller/partitions/partitioned.py",
     "controller/queues.py",
-    "controller/checkpoints/recovery.py",
+    "controller/recovery.py",
     "controller/commands/relaycmd.py",
     "controller/lifetime/serving.py",
     "controller/lifetime/sinkrun.py",
@@ -400,6 +401,39 @@ def test_io_never_imports_jax():
 # (a composition root hands the parts in), and an import moved into a function does not change who that is.
 
 
+def strongly_connected(edges: dict[str, dict[str, Import]]) -> list[list[str]]:
+    """Every strongly connected set of two or more nodes of ``edges`` (node -> its deps), sorted (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    sets: list[list[str]] = []
+    for root in edges:  # Tarjan's algorithm without recursion: a frame is (node, its next deps)
+        if root in index:
+            continue
+        frames = [(root, iter(edges[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while frames:
+            node, deps = frames[-1]
+            dep = next(deps, None)
+            if dep is None:
+                frames.pop()
+                if frames:
+                    low[frames[-1][0]] = min(low[frames[-1][0]], low[node])
+                if low[node] == index[node]:
+                    members = stack[stack.index(node):]
+                    del stack[stack.index(node):]
+                    if len(members) > 1:
+                        sets.append(sorted(members))
+            elif dep not in index:
+                index[dep] = low[dep] = len(index)
+                stack.append(dep)
+                frames.append((dep, iter(edges[dep])))
+            elif dep in stack:
+                low[node] = min(low[node], index[dep])
+    return sets
+
+
 def import_cycles(imports: dict[str, list[Import]], modules: dict[str, str] = MODULES) -> list[list[str]]:
     """Every import cycle among ``imports``' files, each as its edges ("a.py:12 -> b.py", "(lazy)" where
     the statement is in a function): one per strongly connected set of two or more files (Tarjan), every
@@ -412,36 +446,8 @@ def import_cycles(imports: dict[str, list[Import]], modules: dict[str, str] = MO
                     dep = modules.get(name)
                     if dep is not None and dep != path and dep in edges:
                         edges[path].setdefault(dep, imp)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    sets: list[list[str]] = []
-    for root in edges:  # Tarjan's algorithm without recursion: a frame is (file, its next deps)
-        if root in index:
-            continue
-        frames = [(root, iter(edges[root]))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        while frames:
-            path, deps = frames[-1]
-            dep = next(deps, None)
-            if dep is None:
-                frames.pop()
-                if frames:
-                    low[frames[-1][0]] = min(low[frames[-1][0]], low[path])
-                if low[path] == index[path]:
-                    members = stack[stack.index(path):]
-                    del stack[stack.index(path):]
-                    if len(members) > 1:
-                        sets.append(sorted(members))
-            elif dep not in index:
-                index[dep] = low[dep] = len(index)
-                stack.append(dep)
-                frames.append((dep, iter(edges[dep])))
-            elif dep in stack:
-                low[path] = min(low[path], index[dep])
     return [[f"{edges[a][b].where} -> {b}{' (lazy)' if edges[a][b].lazy else ''}"
-             for a in members for b in edges[a] if b in members] for members in sets]
+             for a in members for b in edges[a] if b in members] for members in strongly_connected(edges)]
 
 
 def test_no_import_cycle_among_the_product_modules_counting_lazy_imports():
@@ -461,6 +467,65 @@ def test_the_cycle_finder_finds_a_cycle_closed_by_a_lazy_import_and_none_in_a_ch
                                                 "io_loop/c.py:2 -> io_loop/a.py (lazy)"]]
     del imports["io_loop/c.py"][0]
     assert import_cycles(imports, modules) == []
+
+
+# ---- no cycle between rooms, a room counted as one node ---------------------------------------------
+# A room is a folder of modules (controller/checkpoints/, io_loop/connectors/jetstream/: its innermost folder); a
+# module at a package's top level (controller/engine.py) is a room of its own. Two rooms that import each other,
+# directly or around a loop of rooms, are one feature cut in two, even when no two of their modules form a cycle.
+
+
+def room_of(path: str) -> str:
+    """The room ``path`` is in: its folder below ``controller/`` or ``io_loop/`` ("controller/checkpoints/"), or
+    itself at a package's top level ("controller/engine.py")."""
+    folder, _, _ = path.rpartition("/")
+    return folder + "/" if folder.count("/") >= 1 else path
+
+
+def room_cycles(imports: dict[str, list[Import]], modules: dict[str, str] = MODULES) -> list[list[str]]:
+    """Every cycle between rooms, each as its edges ("room -> room (file:line)"): one per strongly connected set
+    of two or more rooms. An edge is a statement importing a module of another room (the packages it runs on the
+    way count for nothing: a room's ``__init__`` imports nothing, a test holds it), function-level ones too."""
+    edges: dict[str, dict[str, Import]] = {}
+    for path, statements in imports.items():
+        edges.setdefault(room_of(path), {})
+        for imp in statements:
+            for target in imp.targets:
+                dep = modules.get(target)
+                if dep is not None and room_of(dep) != room_of(path):
+                    edges[room_of(path)].setdefault(room_of(dep), imp)
+                    edges.setdefault(room_of(dep), {})
+    return [[f"{a} -> {b} ({edges[a][b].where})" for a in members for b in edges[a] if b in members]
+            for members in strongly_connected(edges)]
+
+
+def test_no_cycle_between_rooms_counting_a_room_as_one_node():
+    cycles = room_cycles(IMPORTS)
+    assert not cycles, "rooms that import each other (one concept cut in two: move what both need below both):\n" + \
+        "\n".join("  " + "; ".join(cycle) for cycle in cycles)
+    assert {room_of(p) for p in PATHS} >= {"controller/checkpoints/", "io_loop/connectors/jetstream/",
+                                           "controller/engine.py"}  # rooms and top-level modules both seen
+
+
+def test_the_room_cycle_finder_sees_two_rooms_importing_each_other_through_different_modules():
+    # no module imports one that imports it back, yet the two rooms import each other: a cycle of rooms
+    modules = {"forkless.controller.store.disk": "controller/store/disk.py",
+               "forkless.controller.store.format": "controller/store/format.py",
+               "forkless.controller.device.layout": "controller/device/layout.py",
+               "forkless.controller.device.place": "controller/device/place.py",
+               "forkless.controller.engine": "controller/engine.py"}
+    sources = {"controller/store/disk.py": "from forkless.controller.device.place import Place\n",
+               "controller/store/format.py": "",
+               "controller/device/layout.py": "def f():\n    from forkless.controller.store import format  # late\n",
+               "controller/device/place.py": "",
+               "controller/engine.py": "from forkless.controller.store import disk\n"}
+    imports = {path: find_imports(text, path, modules) for path, text in sources.items()}
+    assert import_cycles(imports, modules) == []  # no cycle of modules
+    assert room_cycles(imports, modules) == [[
+        "controller/device/ -> controller/store/ (controller/device/layout.py:2)",
+        "controller/store/ -> controller/device/ (controller/store/disk.py:1)"]]
+    del imports["controller/device/layout.py"][0]  # the device room no longer imports the store: a chain
+    assert room_cycles(imports, modules) == []
 
 
 # ---- lazy imports say why ------------------------------------------------------------------------
@@ -733,6 +798,69 @@ def test_the_websocket_room_rule_sees_a_lazy_import_of_its_client_and_lets_the_c
     assert into_the_websocket_room("controller/ioside.py", found) == [
         "controller/ioside.py:3 loads io_loop/connectors/websocket/client.py"]
     assert into_the_websocket_room(WEBSOCKET_ROOM + "connector.py", found) == []
+
+
+# ---- the controller asks a feed's connector, never its kind ------------------------------------------------------
+
+CONNECTOR_ROOMS = ("io_loop/connectors/jetstream/", "io_loop/connectors/websocket/")
+# what the controller may import of a connector room: its declarations, which the configuration and the metrics
+# compose (its settings groups, its metric families), and the WebSocket connect hooks' public types; a feed's
+# behaviour is reached through its connector, which io_loop/kinds.py finds by the feed's kind
+DECLARATIONS = {"settings.py", "figures.py", "before_connect.py", "on_connect.py"}
+# the words a feed's kind is told by, and the classes only one kind has: a controller module compares with none
+KIND_WORDS = {"nats", "jetstream", "websocket", "url"}
+KIND_CLASSES = {"JetStreamSpec", "JetStreamConnector", "WebSocketConnector", "JetStreamSource", "WebSocketSource"}
+
+
+def into_a_connector_room(path: str, imports: list[Import] | None = None) -> list[str]:
+    """What ``path`` imports of a connector room besides its declarations, each as "file:line loads module"."""
+    return [f"{imp.where} loads {dep}" for imp in (IMPORTS[path] if imports is None else imports)
+            for target in imp.targets if (dep := MODULES.get(target)) is not None
+            and dep.startswith(CONNECTOR_ROOMS) and dep.rpartition("/")[2] not in DECLARATIONS]
+
+
+def kind_branches(source: str, path: str) -> list[str]:
+    """Where ``source`` asks which kind a feed is: a comparison with a kind's word (``spec.kind == "jetstream"``,
+    ``"nats" in entry``), an ``isinstance`` naming one kind's class, or a spec's connector ``options`` read."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            words = [sub.value for sub in (node.left, *node.comparators) if isinstance(sub, ast.Constant)]
+            if KIND_WORDS & {word for word in words if isinstance(word, str)}:
+                found.append(f"{path}:{node.lineno} compares with {words}")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            named = {sub.id for sub in ast.walk(node.args[1]) if isinstance(sub, ast.Name)}
+            if named & KIND_CLASSES:
+                found.append(f"{path}:{node.lineno} isinstance({', '.join(sorted(named))})")
+        elif isinstance(node, ast.Attribute) and node.attr == "options":
+            found.append(f"{path}:{node.lineno} reads .options")
+    return found
+
+
+def test_the_controller_reaches_a_connector_room_only_through_its_declarations():
+    wrong = [line for path in PATHS if path.startswith("controller/") for line in into_a_connector_room(path)]
+    assert not wrong, "reach a feed through its connector (io_loop/kinds.py's connector_for):\n" + "\n".join(wrong)
+
+
+def test_the_controller_never_branches_on_a_feed_s_kind():
+    wrong = [line for path in PATHS if path.startswith("controller/") for line in kind_branches(read(path), path)]
+    assert not wrong, "ask the feed's connector (io_loop/connectors/connector.py), not its kind:\n" + "\n".join(wrong)
+    assert kind_branches(read("io_loop/feedlist.py"), "io_loop/feedlist.py")  # where kinds are told, it sees them
+
+
+def test_the_kind_rules_see_a_branch_on_the_kind_and_an_import_of_a_room_s_connector():
+    branching = ('def f(spec, entry):\n    if spec.kind == "jetstream":\n        pass\n    if "nats" in entry:\n'
+                 '        pass\n    return isinstance(spec.options, JetStreamSpec)\n')
+    assert kind_branches(branching, "controller/x.py") == [
+        "controller/x.py:2 compares with ['jetstream']", "controller/x.py:4 compares with ['nats']",
+        "controller/x.py:6 isinstance(JetStreamSpec)", "controller/x.py:6 reads .options"]
+    assert kind_branches("if codec.kind == 'a JetStream feed':\n    pass\n", "controller/x.py") == []
+    found = find_imports("from forkless.io_loop.connectors.jetstream.settings import PartitionSettings\n"
+                         "def f():\n"
+                         "    from forkless.io_loop.connectors.jetstream.connector import JetStreamConnector\n",
+                         "controller/ioside.py")
+    assert into_a_connector_room("controller/ioside.py", found) == [
+        "controller/ioside.py:3 loads io_loop/connectors/jetstream/connector.py"]
 
 
 # ---- one owner of the device state ---------------------------------------------------------------

@@ -30,7 +30,7 @@ Rules:
   the GIL).
 - Every checkpoint goes through a store (``CheckpointStore``): it numbers them (``next_sequence``
   at start), writes one (``write``), keeps the newest (``prune``) and reads the newest back
-  (``load``, controller/checkpoints/recovery.py). A run's store is chosen in one place, ``store_for``: the
+  (``load``, controller/recovery.py). A run's store is chosen in one place, ``store_for``: the
   embedding program's own (``Runtime(checkpoint_store=...)``), a partitioned instance's bucket
   objects (controller/partitions/partitioned.py, known once its leases are taken), or the directory
   ``FORKLESS_CHECKPOINT_DIR`` (``DirectoryStore``, controller/checkpoints/checkpoint.py). Nothing here or in

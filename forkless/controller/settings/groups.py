@@ -143,7 +143,7 @@ class DetectorSettings:
 @settings_group(moved={"bucket": ("checkpoint_bucket", "PartitionSettings(checkpoint_bucket=...)")})
 class CheckpointSettings:
     """Where and how often checkpoints are written and whether one is restored. Read by the checkpoint writer and
-    the choice of its store (controller/checkpoints/checkpointer.py), recovery (controller/checkpoints/recovery.py)
+    the choice of its store (controller/checkpoints/checkpointer.py), recovery (controller/recovery.py)
     and the loop's start (restore or not); a partitioned feed keeps its checkpoints in its bucket instead
     (``PartitionSettings.checkpoint_bucket``)."""
 

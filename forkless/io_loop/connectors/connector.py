@@ -37,8 +37,8 @@ from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
 from forkless.io_loop.net.netaddr import redact_url, unix_label
 from forkless.io_loop.settings import REPLY_POLICIES, Limits, ReconnectSettings, Timeouts, TlsSettings
 
-__all__ = ["COMMON_REFUSALS", "FEED_NAME", "Connector", "FeedOptions", "FeedSpec", "Fence", "OwnedPartitions",
-           "PartitionLayout", "PositionCodec", "RestoredPosition", "entry_refusal"]
+__all__ = ["COMMON_REFUSALS", "FEED_NAME", "Connector", "FeedOptions", "FeedSpec", "Fence", "FigureFamily",
+           "OwnedPartitions", "PartitionLayout", "PositionCodec", "RestoredPosition", "entry_refusal"]
 
 FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a FORKLESS_FEEDS entry's "name"
 # what the fields every connector's entry has allow, as a fault of one is reported (after "feed i ('name'): ")
@@ -66,6 +66,19 @@ def entry_refusal(message: str, item: Mapping[str, Any], fields: Sequence[str], 
     name = found.group(1) if found else ""
     # a message of a form not foreseen names no value either: only the fields there are
     return refusals.get(name, f"not a feed entry: its fields are {', '.join(fields)}")
+
+
+@dataclass(frozen=True)
+class FigureFamily:
+    """A metric family a connector room declares for its feeds' figures (its ``figures.py``): the family's name in
+    ``/metrics`` (``forkless_…``, without ``_total``), its type (``counter`` or ``gauge``), its help, and the
+    attribute of a feed's figures it reads (controller/stats.py's ``SourceFigures``); controller/metrics.py renders
+    it, one sample per feed, labelled ``feed``."""
+
+    name: str
+    type: str
+    help: str
+    attribute: str
 
 
 class FeedOptions(Protocol):

@@ -1,5 +1,5 @@
 """The results' acknowledgement as an event (io_loop/sinks/sink.py ``Acknowledged``): a checkpoint with
-JetStream positions waits on it (controller/checkpoints/recovery.py ``await_replies``), reading the IO
+JetStream positions waits on it (controller/recovery.py ``await_replies``), reading the IO
 side's snapshot once, then once after each acknowledgement, never in a poll. The path through a real
 nats-server is tests/io_loop/connectors/jetstream/test_jetstream.py's checkpoint-after-the-replies test."""
 
@@ -24,8 +24,8 @@ QUIET_S = 0.5
 
 
 def _recovery(snapshot: Any) -> Any:
-    from forkless.controller.checkpoints.recovery import Recovery
     from forkless.controller.processor import StateShape, ewma_processor
+    from forkless.controller.recovery import Recovery
     from forkless.controller.slots import StreamSlots
     from forkless.controller.stats import MainStats
 

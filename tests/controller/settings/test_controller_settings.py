@@ -12,7 +12,7 @@ from forkless.controller.config import Config
 ROOT = Path(__file__).resolve().parents[3]
 
 # the components handed a group instead of the whole configuration
-COMPONENTS = ("controller/checkpoints/checkpointer.py", "controller/checkpoints/recovery.py",
+COMPONENTS = ("controller/checkpoints/checkpointer.py", "controller/recovery.py",
               "controller/partitions/partitioned.py", "controller/eventsonly.py")
 # the device side: compiling and running the step reads the step's settings (``StepSettings``, or anything
 # with its fields: the ``StepShape`` protocol), never the whole configuration
@@ -51,13 +51,13 @@ def test_the_device_side_takes_the_step_settings_never_the_whole_config():
 
 def test_the_components_arguments_are_typed_as_their_groups():
     from forkless.controller.checkpoints.checkpointer import checkpoints_for, store_for
-    from forkless.controller.checkpoints.recovery import Recovery
     from forkless.controller.device.compiled import check_row_writes
     from forkless.controller.device.layouts import OneDevice, Sharded
     from forkless.controller.device.programs import program_key
     from forkless.controller.engine import Engine, compile_step
     from forkless.controller.eventsonly import check_events_only
     from forkless.controller.partitions.partitioned import PartitionOwner
+    from forkless.controller.recovery import Recovery
 
     for function, name, group in ((store_for, "checkpoints", "CheckpointSettings"),
                                   (checkpoints_for, "checkpoints", "CheckpointSettings"),
