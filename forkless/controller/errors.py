@@ -3,7 +3,8 @@
 Rules:
 - One root: every exception forkless raises on purpose derives from ``ForklessError``, defined
   in ``io_loop/errors.py`` (the leaf imports nothing from here) with the IO side's (``FeedFatal``,
-  ``MetricsServerError``, ``PositionLost``, ``IOThreadError``, ``LeaseHeld``, ``LeaseLost``); the
+  ``MetricsServerError``, ``PositionLost``, ``IOThreadError``, ``LeaseHeld``, ``LeaseLost``) and
+  ``ConfigError`` (a settings group refuses a bad value where it is made, in io_loop or here); the
   classes here derive from it. Each is imported from the module that defines it; a caller
   catches them as ``forkless.X``.
 - Each class carries its exit status (``exit_status``), the label of the program's line

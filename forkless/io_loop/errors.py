@@ -13,6 +13,8 @@ Rules:
   ``ForklessError``.
 - ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
+- ``ConfigError`` is raised where a setting's value is refused: a settings group made with it, a variable read
+  (io_loop/settings.py), or a rule between groups (controller/config.py).
 - ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/connectors/jetstream/leases.py``), raised
   to the thread that called the store, not through the IO thread.
 """
