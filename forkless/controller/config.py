@@ -40,11 +40,11 @@ from forkless.controller.settings.groups import (
     RunSettings,
     StepSettings,
 )
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.jetstream.settings import PartitionSettings
 from forkless.io_loop.connectors.websocket.settings import Credentials, DemoSettings, WebSocketSettings
 from forkless.io_loop.errors import ConfigError
 from forkless.io_loop.feedlist import FeedSettings, check_feed_credentials
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.iosettings import IOSettings
 from forkless.io_loop.relay.settings import RelaySettings
 from forkless.io_loop.settings import (

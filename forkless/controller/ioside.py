@@ -41,10 +41,11 @@ from forkless.controller.codec import Codec
 from forkless.controller.config import Config
 from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.capabilities import check_methods, declarations, warn_lookalikes
-from forkless.io_loop.connectors.connector import Connector, FeedSpec, PositionCodec
+from forkless.io_loop.connectors.connector import Connector, PositionCodec
 from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect
 from forkless.io_loop.connectors.websocket.on_connect import OnConnect
 from forkless.io_loop.counters import IOSnapshot, IOStats
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.iosettings import IOSettings
 from forkless.io_loop.kinds import connector_for
 from forkless.io_loop.sends import declared_send_policy

@@ -61,9 +61,10 @@ from forkless.controller.processor import Processor, StateShape, description_of
 from forkless.controller.settings.groups import CheckpointSettings
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats, SourceFigures
-from forkless.io_loop.connectors.connector import FeedSpec, PositionCodec
+from forkless.io_loop.connectors.connector import PositionCodec
 from forkless.io_loop.counters import IOSnapshot, SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.sinks.sink import Acknowledged
 
 __all__ = ["CONFIRM_WAIT_S", "Recovery"]

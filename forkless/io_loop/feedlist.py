@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from forkless.io_loop.connectors.connector import FEED_NAME, FeedSpec
 from forkless.io_loop.connectors.jetstream.settings import PartitionSettings
 from forkless.io_loop.connectors.websocket import settings as websocket
 from forkless.io_loop.errors import ConfigError, ValueProblem
+from forkless.io_loop.feedspec import FEED_NAME, FeedSpec
 from forkless.io_loop.settings import PREFIX, REPLY_POLICIES, boolean, choice, json_value, setting, settings_group, text
 
 __all__ = ["FeedSettings", "assign_partitions", "check_feed_credentials", "feed_list", "feeds_text"]

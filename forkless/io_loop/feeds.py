@@ -41,11 +41,11 @@ import janus
 
 from forkless.io_loop.bridge import Bridge
 from forkless.io_loop.capabilities import declarations
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.counters import FeedSnapshot, IOStats
 from forkless.io_loop.crossing import Outgoing, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.iosettings import IOSettings
 from forkless.io_loop.source import Source, SourceRunner
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.jetstream.settings import PartitionSettings
 from forkless.io_loop.connectors.websocket.settings import Credentials, DemoSettings
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.settings import Limits, ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["IOSettings"]

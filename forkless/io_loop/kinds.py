@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from forkless.io_loop.connectors.connector import Connector, FeedSpec
+from forkless.io_loop.connectors.connector import Connector
 from forkless.io_loop.connectors.jetstream import settings as jetstream
 from forkless.io_loop.connectors.websocket import settings as websocket
 from forkless.io_loop.connectors.websocket.connector import WebSocketConnector
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.relay.settings import RelaySettings
 from forkless.io_loop.settings import ReconnectSettings, Timeouts, TlsSettings
 

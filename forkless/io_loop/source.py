@@ -86,13 +86,13 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from forkless.io_loop.capabilities import SupportsAwaiting, SupportsBeforeStop, declarations
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import ConnectionEvent, Events, Origin, Outgoing
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.emitted import Positions, Rows, check_first, checked_rows, drop_first
 from forkless.io_loop.emitted import check_position as _check_position
 from forkless.io_loop.errors import FeedFatal, ForklessError
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.finishing import finish_awaited
 from forkless.io_loop.handover import Handover
 from forkless.io_loop.loopthread import cancel_bounded

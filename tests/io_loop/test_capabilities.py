@@ -207,7 +207,7 @@ def test_a_method_is_compared_with_the_methods_and_a_value_with_the_values():
 
 
 def test_no_built_in_source_looks_like_it_misspells_a_capability():
-    from forkless.io_loop.connectors.connector import FeedSpec  # beside its one use, as the probe tests below do
+    from forkless.io_loop.feedspec import FeedSpec  # beside its one use, as the probe tests below do
 
     settings = Config().io_settings()
     made = [feed_source(spec, settings, sources={}, on_connect=None, before_connect=None)
@@ -271,7 +271,7 @@ def test_every_capability_is_documented_on_its_page() -> None:
 
 
 def test_each_built_in_source_declares_its_probe() -> None:
-    from forkless.io_loop.connectors.connector import FeedSpec
+    from forkless.io_loop.feedspec import FeedSpec
 
     settings = Config().io_settings()
     made = {spec.name: feed_source(spec, settings, sources={}, on_connect=None, before_connect=None)
@@ -285,7 +285,7 @@ def test_each_built_in_source_declares_its_probe() -> None:
 def test_the_feed_probe_asks_each_source_handed_to_it_and_passes_one_without_a_probe() -> None:
     # the probe knows no kind of feed: a user's source is probed by its own probe() as the built-in ones are
     from forkless.controller.codec import JsonCodec
-    from forkless.io_loop.connectors.connector import FeedSpec
+    from forkless.io_loop.feedspec import FeedSpec
     from forkless.io_loop.probe import ProbeFailed, probe_feed
 
     class Probed(Bare):

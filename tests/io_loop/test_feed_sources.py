@@ -14,13 +14,13 @@ import pytest
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
 from forkless.controller.ioside import feed_plan, feed_source, feed_sources
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.websocket.client import WebSocketSource
 from forkless.io_loop.connectors.websocket.connector import WebSocketConnector
 from forkless.io_loop.connectors.websocket.demo_source import DemoSource
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events
 from forkless.io_loop.feeds import FeedSet
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.kinds import connector_for
 from forkless.io_loop.thread import IOThread
 from tests.harness import UNIT_S

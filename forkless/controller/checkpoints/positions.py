@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from forkless.controller.errors import CheckpointMismatch
-from forkless.io_loop.connectors.connector import FeedSpec, PositionCodec, RestoredPosition
+from forkless.io_loop.connectors.connector import PositionCodec, RestoredPosition
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
 from forkless.io_loop.errors import PositionLost
+from forkless.io_loop.feedspec import FeedSpec
 
 __all__ = ["SourcePositions", "UserPositions"]
 

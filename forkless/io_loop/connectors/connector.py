@@ -1,7 +1,7 @@
-"""What the composition root talks to for a configured feed (bytewax's connectors are the model): the feed's spec
-(``FeedSpec``), and its connector: a source factory, a position codec, a partition owner with its fence, and a probe
-(the source's own). The protocols only (pure); io_loop/kinds.py's ``connector_for`` finds a feed's connector
-by its kind, and each connector's room implements them (io_loop/connectors/jetstream/connector.py,
+"""What the composition root talks to for a configured feed (bytewax's connectors are the model): the feed's
+connector (its spec is io_loop/feedspec.py's ``FeedSpec``): a source factory, a position codec, a partition owner
+with its fence, and a probe (the source's own). The protocols only (pure); io_loop/kinds.py's ``connector_for`` finds
+a feed's connector by its kind, and each connector's room implements them (io_loop/connectors/jetstream/connector.py,
 io_loop/connectors/websocket/connector.py).
 
 Rules:
@@ -15,9 +15,8 @@ Rules:
 - The fence is a typed object (``Fence``), handed by the connector that owns the leases to the source it makes,
   never a key in a dictionary of arguments: ``holds()`` is False once a lease is lost or ran out unrenewed, and
   then nothing more is published for those partitions.
-- A ``FeedSpec`` says what every feed has (its name, where it connects, its reply policy, its overflow) and which
-  room it belongs to (``kind``, read by io_loop/kinds.py alone); what only its connector reads is its ``options``
-  (a JetStream feed's ``JetStreamSpec``), asked through ``FeedOptions``, never by its type.
+- What every connector room shares besides: the words an entry's schema fault is refused in (``entry_refusal``,
+  ``COMMON_REFUSALS``) and the form a room declares its metric families in (``FigureFamily``).
 - A connector's settings come as settings groups (io_loop/settings.py's, its room's), never the whole
   ``IOSettings`` nor the configuration: ``Connector.source`` is handed every group a connector's source may read
   (each reads its own) and the embedder's connect hooks (a connector whose connections take none ignores them).
@@ -29,18 +28,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
-from forkless.io_loop.net.netaddr import redact_url, unix_label
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.settings import REPLY_POLICIES, Limits, ReconnectSettings, Timeouts, TlsSettings
 
-__all__ = ["COMMON_REFUSALS", "FEED_NAME", "Connector", "FeedOptions", "FeedSpec", "Fence", "FigureFamily",
-           "OwnedPartitions", "PartitionLayout", "PositionCodec", "RestoredPosition", "entry_refusal"]
+__all__ = ["COMMON_REFUSALS", "Connector", "Fence", "FigureFamily", "OwnedPartitions", "PartitionLayout",
+           "PositionCodec", "RestoredPosition", "entry_refusal"]
 
-FEED_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a FORKLESS_FEEDS entry's "name"
 # what the fields every connector's entry has allow, as a fault of one is reported (after "feed i ('name'): ")
 COMMON_REFUSALS: dict[str, str] = {
     "name": '"name" must be 1-64 letters, digits, "_", "." or "-"',
@@ -79,85 +77,6 @@ class FigureFamily:
     type: str
     help: str
     attribute: str
-
-
-class FeedOptions(Protocol):
-    """What a feed's connector adds to its ``FeedSpec`` (a JetStream feed's ``JetStreamSpec``), as the rest of
-    forkless asks it: whether it consumes some partitions of its stream, which, and how its URL may be shown."""
-
-    @property
-    def partitioned(self) -> bool: ...
-    @property
-    def partition_count(self) -> int: ...
-    @property
-    def partitions(self) -> tuple[int, ...]: ...
-
-    def with_partitions(self, partitions: tuple[int, ...]) -> Any: ...
-
-    def shown_url(self, url: str) -> str: ...
-
-
-@dataclass(frozen=True)
-class FeedSpec:
-    """One feed: a ``FORKLESS_FEEDS`` entry, the one ``FORKLESS_WS_URL`` names, or a program's own source. ``name``
-    labels its metrics, logs and (with several feeds, unless ``FORKLESS_SHARED_STREAMS=1``) its streams'
-    identities; ``url`` is where it connects; ``replies`` says what it is sent back; ``overflow`` and ``buffer``
-    its own overflow (io_loop/spill.py: "" and None take FORKLESS_OVERFLOW and FORKLESS_SOURCE_BUFFER). What a
-    WebSocket feed sends first and carries: ``subscribe``, ``headers``, ``unix_socket`` (reached through that
-    unix-domain socket, ``url`` then giving only the handshake's path and Host). ``kind``: the connector room
-    it belongs to ("" a program's own source); ``options``: what only its connector reads (``FeedOptions``)."""
-
-    name: str
-    url: str
-    subscribe: str = field(default="", repr=False)  # sent as is on every new connection
-    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    required: bool = True  # /readyz waits for it
-    replies: str = "all"  # one of REPLY_POLICIES
-    overflow: str = ""
-    buffer: int | None = None
-    unix_socket: str = ""  # a WebSocket feed's unix-domain socket ("": TCP to the URL's host and port)
-    kind: str = ""
-    options: FeedOptions | None = None
-
-    def __repr__(self) -> str:  # the URL without credentials (user:password@ in a URL is a secret)
-        via = f", unix_socket={self.unix_socket!r}" if self.unix_socket else ""
-        return (f"FeedSpec(name={self.name!r}, url={self.shown_url!r}{via}, required={self.required!r}, "
-                f"replies={self.replies!r}, kind={self.kind!r}, options={self.options!r})")
-
-    @property
-    def partitioned(self) -> bool:
-        """It consumes some of its stream's partitions (a JetStream entry with ``"partition_count"``)."""
-        return self.options is not None and self.options.partitioned
-
-    @property
-    def partition_count(self) -> int:
-        """Its stream's partitions (0: not partitioned)."""
-        return self.options.partition_count if self.options is not None else 0
-
-    @property
-    def partitions(self) -> tuple[int, ...]:
-        """The partitions this instance owns, as resolved (``with_partitions``) or given in its entry."""
-        return self.options.partitions if self.options is not None else ()
-
-    def with_partitions(self, partitions: tuple[int, ...]) -> FeedSpec:
-        """This partitioned feed owning ``partitions`` (resolved from FORKLESS_INSTANCE)."""
-        if self.options is None or not self.options.partitioned:
-            raise ValueError(f"{self.label} is not partitioned")
-        return replace(self, options=self.options.with_partitions(tuple(partitions)))
-
-    @property
-    def shown_url(self) -> str:
-        """The URL(s) as logs may show them: no credentials, no query."""
-        return self.options.shown_url(self.url) if self.options is not None else redact_url(self.url)
-
-    @property
-    def label(self) -> str:
-        """How messages name it: ``feed 'name' (ws://host/path)``, never with credentials or query;
-        ``feed 'name' (ws://host/path via unix:/path)`` through a unix-domain socket."""
-        if not self.url:  # a user's own source (or the demo feed, before its address is known)
-            return f"feed {self.name!r}"
-        via = f" via {unix_label(self.unix_socket)}" if self.unix_socket else ""
-        return f"feed {self.name!r} ({self.shown_url}{via})"
 
 
 class Fence(Protocol):

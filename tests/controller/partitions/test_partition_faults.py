@@ -561,10 +561,10 @@ def test_each_partitions_object_records_the_streams_created_time_and_the_restore
 
     from forkless.controller.checkpoints.positions import SourcePositions
     from forkless.controller.checkpoints.snapshot import Snapshot
-    from forkless.io_loop.connectors.connector import FeedSpec
     from forkless.io_loop.connectors.jetstream.positions import JetStreamPositions
     from forkless.io_loop.connectors.jetstream.settings import JetStreamSpec
     from forkless.io_loop.crossing import Origin, Resume
+    from forkless.io_loop.feedspec import FeedSpec
 
     like = {"m": np.zeros((5, 2), np.float32)}
     objects = _partitioned_checkpoints(_Objects(), (0, 1), like)

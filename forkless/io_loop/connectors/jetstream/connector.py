@@ -25,10 +25,11 @@ import secrets
 import socket
 from typing import Any
 
-from forkless.io_loop.connectors.connector import FeedSpec, Fence, OwnedPartitions
+from forkless.io_loop.connectors.connector import Fence, OwnedPartitions
 from forkless.io_loop.connectors.jetstream.partitions import Layout, format_partitions
 from forkless.io_loop.connectors.jetstream.positions import JetStreamPositions
 from forkless.io_loop.connectors.jetstream.settings import PartitionSettings, spec_of
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.settings import Limits, ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["JetStreamConnector", "deployment_key", "lease_key"]

@@ -22,10 +22,11 @@ from urllib.parse import urlsplit
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from forkless.io_loop.connectors.connector import COMMON_REFUSALS, FEED_NAME, FeedSpec, entry_refusal
+from forkless.io_loop.connectors.connector import COMMON_REFUSALS, entry_refusal
 from forkless.io_loop.connectors.jetstream.partitions import PARTITION_FIELD, parse_partitions
 from forkless.io_loop.connectors.jetstream.settings import JETSTREAM, MAX_PARTITIONS, STREAM_NAME, JetStreamSpec
 from forkless.io_loop.errors import ValueProblem
+from forkless.io_loop.feedspec import FEED_NAME, FeedSpec
 from forkless.io_loop.net.netaddr import is_subject, nats_urls
 from forkless.io_loop.settings import REPLY_POLICIES
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.jetstream.partitions import format_partitions, partition_transform, transform_problems
 from forkless.io_loop.connectors.jetstream.settings import JetStreamSpec, PartitionSettings, spec_of
 from forkless.io_loop.connectors.jetstream.transport import (
@@ -29,6 +28,7 @@ from forkless.io_loop.connectors.jetstream.transport import (
     connect_options,
     describe_error,
 )
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.settings import Timeouts, TlsSettings
 
 __all__ = ["check_partitions", "probe_jetstream"]

@@ -59,7 +59,6 @@ from typing import Any
 import orjson
 
 from forkless.io_loop.backoff import Backoff
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.jetstream.partitions import escape_stream
 from forkless.io_loop.connectors.jetstream.settings import JETSTREAM, JetStreamSpec
 from forkless.io_loop.connectors.jetstream.transport import (
@@ -72,6 +71,7 @@ from forkless.io_loop.connectors.jetstream.transport import (
     duplicate_ack,
 )
 from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.reconnect import DONE, drive
 from forkless.io_loop.relay.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
 from forkless.io_loop.relay.settings import RelaySettings

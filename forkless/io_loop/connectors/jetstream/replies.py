@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from forkless.io_loop.connectors.connector import FeedSpec, Fence
+from forkless.io_loop.connectors.connector import Fence
 from forkless.io_loop.connectors.jetstream.settings import spec_of
 from forkless.io_loop.connectors.jetstream.transport import (
     NatsError,
@@ -49,6 +49,7 @@ from forkless.io_loop.connectors.jetstream.transport import (
 )
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.reconnect import End, Outcome
 from forkless.io_loop.settings import Timeouts
 from forkless.io_loop.writer import ReplyBatch

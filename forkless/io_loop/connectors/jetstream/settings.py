@@ -18,13 +18,13 @@ import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.jetstream.partitions import (
     PARTITION_FIELD,
     instance_share,
     partition_subjects,
 )
 from forkless.io_loop.errors import ConfigError
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.net.netaddr import redact_urls
 from forkless.io_loop.settings import PREFIX, as_text, integer, number, optional, setting, settings_group, text
 

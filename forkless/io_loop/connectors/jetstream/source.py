@@ -72,7 +72,7 @@ from typing import Any
 
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.capabilities import SourceCapabilities
-from forkless.io_loop.connectors.connector import FeedSpec, Fence
+from forkless.io_loop.connectors.connector import Fence
 from forkless.io_loop.connectors.jetstream.consumer import SKIP, Consumer, Drop, Retention, Take
 from forkless.io_loop.connectors.jetstream.probe import check_partitions, probe_jetstream
 from forkless.io_loop.connectors.jetstream.replies import ReplyPublisher
@@ -88,6 +88,7 @@ from forkless.io_loop.connectors.jetstream.transport import (
 )
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.errors import ACCEPT_LOSS, FeedFatal, PositionLost
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.reconnect import End, Outcome, drive, pause_before_reconnect
 from forkless.io_loop.settings import ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext

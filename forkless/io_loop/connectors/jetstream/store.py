@@ -31,7 +31,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.jetstream.deployment import DeploymentRecord
 from forkless.io_loop.connectors.jetstream.leases import Leases
 from forkless.io_loop.connectors.jetstream.objects import Objects
@@ -39,6 +38,7 @@ from forkless.io_loop.connectors.jetstream.settings import BUCKET_NAME, spec_of
 from forkless.io_loop.connectors.jetstream.storethread import StoreThread
 from forkless.io_loop.connectors.jetstream.transport import Transport
 from forkless.io_loop.errors import LeaseLost
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.settings import ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["NatsStore"]

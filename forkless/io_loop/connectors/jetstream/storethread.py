@@ -34,11 +34,11 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from forkless.io_loop.backoff import Backoff
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.jetstream.transport import NatsConnectFailed as _Failed
 from forkless.io_loop.connectors.jetstream.transport import NatsError, NatsUnavailable, Transport, connect_options
 from forkless.io_loop.connectors.jetstream.transport import describe_error as _describe
 from forkless.io_loop.errors import FeedFatal, StopRequested, StoreError
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.settings import ReconnectSettings, Timeouts, TlsSettings
 

@@ -47,9 +47,9 @@ from nats.js import api
 from nats.js.kv import KeyValue as _NatsKeyValue
 from nats.js.object_store import ObjectStore
 
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.jetstream.nats_compat import RawClient, RawHandler, publish_commands
 from forkless.io_loop.connectors.jetstream.settings import spec_of
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.net.tls import make_ssl_context
 from forkless.io_loop.settings import Timeouts, TlsSettings
 

@@ -54,7 +54,6 @@ import aiohttp
 
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.capabilities import SourceCapabilities
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect, call_before_connect
 from forkless.io_loop.connectors.websocket.connect import (
     ConnectFailed,
@@ -71,6 +70,7 @@ from forkless.io_loop.connectors.websocket.on_connect import OnConnect, call_hoo
 from forkless.io_loop.connectors.websocket.settings import Credentials
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.hooks import HookFailed
 from forkless.io_loop.net import aiohttp_compat
 from forkless.io_loop.net.tls import make_ssl_context

@@ -37,8 +37,8 @@ from contextlib import contextmanager
 import aiohttp
 from aiohttp.client_exceptions import UnixClientConnectorError
 
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.websocket.settings import Credentials
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.net.aiohttp_compat import UnixConnector
 from forkless.io_loop.net.netaddr import redact_url, unix_label
 from forkless.io_loop.settings import Timeouts

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from forkless.io_loop.connectors.connector import FeedSpec, OwnedPartitions
+from forkless.io_loop.connectors.connector import OwnedPartitions
 from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect
 from forkless.io_loop.connectors.websocket.client import WebSocketSource
 from forkless.io_loop.connectors.websocket.on_connect import OnConnect
 from forkless.io_loop.connectors.websocket.settings import Credentials, DemoSettings
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.settings import Limits, ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import Source
 

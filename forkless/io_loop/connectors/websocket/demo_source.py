@@ -32,12 +32,12 @@ from collections.abc import Callable
 from typing import Any
 
 from forkless.io_loop.capabilities import SourceCapabilities
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.websocket.connect import shown_target
 from forkless.io_loop.connectors.websocket.demo_feed import DemoFeed
 from forkless.io_loop.connectors.websocket.demo_feed import log as demo_log
 from forkless.io_loop.connectors.websocket.settings import DemoSettings
 from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.settings import Timeouts
 from forkless.io_loop.source import SourceContext
 

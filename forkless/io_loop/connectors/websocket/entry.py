@@ -20,9 +20,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from forkless.io_loop.connectors.connector import COMMON_REFUSALS, FEED_NAME, FeedSpec, entry_refusal
+from forkless.io_loop.connectors.connector import COMMON_REFUSALS, entry_refusal
 from forkless.io_loop.connectors.websocket.settings import WEBSOCKET, ws_url
 from forkless.io_loop.errors import ValueProblem
+from forkless.io_loop.feedspec import FEED_NAME, FeedSpec
 from forkless.io_loop.net.netaddr import socket_path
 from forkless.io_loop.settings import REPLY_POLICIES
 

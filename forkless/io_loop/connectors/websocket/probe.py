@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.connectors.websocket.connect import (
     ConnectFailed,
     HandshakeRefused,
@@ -30,6 +29,7 @@ from forkless.io_loop.connectors.websocket.connect import (
 )
 from forkless.io_loop.connectors.websocket.settings import Credentials
 from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.net.tls import make_ssl_context
 from forkless.io_loop.probe import ProbeFailed
 from forkless.io_loop.settings import Timeouts, TlsSettings

@@ -17,8 +17,8 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
-from forkless.io_loop.connectors.connector import FeedSpec
 from forkless.io_loop.errors import ConfigError, ValueProblem
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.net.netaddr import listen_socket, redact_url, socket_path, url_host_port
 from forkless.io_loop.settings import (
     PREFIX,

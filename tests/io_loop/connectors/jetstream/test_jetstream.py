@@ -566,11 +566,11 @@ def test_positions_follow_the_last_consumed_element_and_a_batch_may_end_inside_a
 
 def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_and_ids_stay_the_same():
     from forkless.controller.ioside import feed_source
-    from forkless.io_loop.connectors.connector import FeedSpec
     from forkless.io_loop.connectors.jetstream.consumer import Consumer, Take
     from forkless.io_loop.connectors.jetstream.source import JetStreamSource
     from forkless.io_loop.crossing import Origin, Resume
     from forkless.io_loop.feeds import feed_client
+    from forkless.io_loop.feedspec import FeedSpec
 
     pytest.importorskip("nats")
     cfg = _config([_js_feed("nats://127.0.0.1:4222")])

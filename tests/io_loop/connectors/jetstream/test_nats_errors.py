@@ -113,7 +113,6 @@ def test_every_call_of_a_transport_raises_ours_never_nats_py_s(nats_server):
     import nats.errors
     import nats.js.errors
 
-    from forkless.io_loop.connectors.connector import FeedSpec
     from forkless.io_loop.connectors.jetstream.settings import JetStreamSpec
     from forkless.io_loop.connectors.jetstream.transport import (
         NatsError,
@@ -123,6 +122,7 @@ def test_every_call_of_a_transport_raises_ours_never_nats_py_s(nats_server):
         Transport,
         connect_options,
     )
+    from forkless.io_loop.feedspec import FeedSpec
     from forkless.io_loop.settings import Timeouts, TlsSettings
 
     timeouts = Timeouts(connect_timeout_s=2.0, heartbeat_s=0.0, stale_s=0.0, shutdown_timeout_s=2.0)
