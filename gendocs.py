@@ -3,7 +3,8 @@
     python gendocs.py           rewrite the blocks that are out of date
     python gendocs.py --check   change nothing; exit 1 and name the blocks that are out of date
 
-A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``; the text
+A generated block sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` (read and written by
+``bench/blocks.py``, which the benchmark writes its own blocks through too); the text
 between the markers is exactly what its function returns (``tests/docs/test_docs.py`` holds every
 block to it, so a hand edit fails the tests). What is generated, and from where:
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import partitioned
+from bench.blocks import read_block, write_block
 from bench.plan import DEFAULT_OUT, DEVICES_BLOCK, RESULTS_BLOCK, SUMMARY_BLOCK
 from bench.tables import (
     devices_markdown,
@@ -96,25 +98,6 @@ BLOCKS = (
 )
 
 
-def _markers(name: str) -> tuple[str, str]:
-    return f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
-
-
-def read_block(text: str, name: str) -> str:
-    """What stands between the block's markers (ValueError if they are missing or repeated)."""
-    start, end = _markers(name)
-    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
-        raise ValueError(f"expected one '{start.strip()}' followed by one '{end}'")
-    return text.split(start)[1].split(end)[0]
-
-
-def replace_block(text: str, name: str, body: str) -> str:
-    """``text`` with ``body`` between the block's markers (the markers stay)."""
-    start, end = _markers(name)
-    old = read_block(text, name)
-    return text.replace(start + old + end, start + body + end)
-
-
 def stale_blocks(root: Path = ROOT) -> list[str]:
     """``path: name`` of every block whose text is not what its function returns."""
     return [f"{b.path}: {b.name}" for b in BLOCKS
@@ -123,15 +106,7 @@ def stale_blocks(root: Path = ROOT) -> list[str]:
 
 def regenerate(root: Path = ROOT) -> list[str]:
     """Rewrite every out-of-date block; returns ``path: name`` of those rewritten."""
-    rewritten = []
-    for b in BLOCKS:
-        path = root / b.path
-        text = path.read_text(encoding="utf-8")
-        new = replace_block(text, b.name, b.render())
-        if new != text:
-            path.write_text(new, encoding="utf-8")
-            rewritten.append(f"{b.path}: {b.name}")
-    return rewritten
+    return [f"{b.path}: {b.name}" for b in BLOCKS if write_block(root / b.path, b.name, b.render())]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,9 @@ Each load of ``bench.run`` (1,000 and 10,000 msg/s, and the bounded window for m
 throughput) runs against the forkless client of this checkout (B) and of ``--base`` (A),
 alternating A B A B … so drift of a shared machine falls on both; the load generator is this
 checkout's. Prints medians side by side and the ratio B/A per figure. For "did a change keep
-the figures within noise" (the architecture refactor), not for the dated report.
+the figures within noise" (the architecture refactor), not for the dated report. ``--design-a``/``-b``
+``forkless-ft`` runs a side on the free-threaded interpreter (FORKLESS_BENCH_FT_PYTHON), so the two
+builds, or two settings on the free-threaded one, can be compared the same way.
 
 Rules:
 - Each side's design runs from its own checkout (``run_load(..., root=)``); the load generator, the plan
@@ -23,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from bench.loads import run_load
-from bench.plan import REPO_ROOT, Plan
+from bench.plan import FT_PYTHON, REPO_ROOT, Plan
 from bench.processes import use_unix_sockets
 
 FIGURES = (("rate_1k", "p50"), ("rate_1k", "p99"), ("rate_10k", "p50"), ("rate_10k", "p99"), ("window", "msg/s"))
@@ -36,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env-a", action="append", default=[], metavar="NAME=VALUE",
                    help="an environment variable of side A's client (repeatable), e.g. FORKLESS_STEPS_IN_FLIGHT=1")
     p.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE", help="the same for side B")
+    p.add_argument("--design-a", choices=("forkless", "forkless-ft"), default="forkless",
+                   help="side A's design: forkless-ft runs it on FORKLESS_BENCH_FT_PYTHON (bench/plan.py)")
+    p.add_argument("--design-b", choices=("forkless", "forkless-ft"), default="forkless", help="side B's")
     p.add_argument("--plan", choices=("full", "tpu"), default="full",
                    help="each run's length: full (4 s, the default) or tpu (2.5 s, bench/tpu.sh's)")
     p.add_argument("--unix", action="store_true",
@@ -57,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--loads: {', '.join(unknown)} is not one of rate_1k, rate_10k, window")
     roots = {"A": Path(a.base).resolve(), "B": REPO_ROOT}
     envs = {"A": _env(p, a.env_a), "B": _env(p, a.env_b)}
+    designs = {"A": a.design_a, "B": a.design_b}
+    if "forkless-ft" in designs.values() and not FT_PYTHON:
+        p.error("forkless-ft needs FORKLESS_BENCH_FT_PYTHON: a free-threaded interpreter (a venv's python)")
     plan = Plan.full() if a.plan == "full" else Plan.tpu()
     if a.unix:
         use_unix_sockets()
@@ -67,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         (work / "logs").mkdir()
         for side in roots:  # warm each side's compilation cache once, not counted
             cache = str(work / f"cache-{side}")
-            run_load("forkless", "rate_1k", Plan.quick(), work, cache, f"warm-{side}", env=envs[side],
+            run_load(designs[side], "rate_1k", Plan.quick(), work, cache, f"warm-{side}", env=envs[side],
                      root=roots[side], heavy=step is not None, step=step)
         for rep in range(a.repeats):
             for load in loads:
                 for side in ("A", "B") if rep % 2 == 0 else ("B", "A"):
-                    r = run_load("forkless", load, plan, work, str(work / f"cache-{side}"), f"{side}-{load}-{rep}",
+                    r = run_load(designs[side], load, plan, work, str(work / f"cache-{side}"), f"{side}-{load}-{rep}",
                                  env=envs[side], root=roots[side], heavy=step is not None, step=step)
                     lg = r["loadgen"]
                     if load == "window":
@@ -91,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                         own = (r.get("client") or {}).get("cpu_us_per_msg") or {}
                         for thread in ("io_thread", "main_thread"):
                             runs.setdefault((side, f"{load} {thread} CPU µs/msg"), []).append(own.get(thread))
-    print(f"\nA = {roots['A']} {' '.join(a.env_a)}\nB = {roots['B']} {' '.join(a.env_b)}\n"
+    print(f"\nA = {a.design_a} {roots['A']} {' '.join(a.env_a)}\nB = {a.design_b} {roots['B']} {' '.join(a.env_b)}\n"
           f"medians over {a.repeats} alternating repeats")
     print("| figure | A | B | B/A |\n|---|---|---|---|")
     names = ([f"{load} {q}" for load, q in FIGURES if load != "window" and load in loads]

@@ -10,9 +10,11 @@ line on) with ``FORKLESS_WS_URL`` set to ``--url`` (or, for a JSON list of URLs,
 over as a user would: ``FORKLESS_WS_UNIX_SOCKET`` beside ``FORKLESS_WS_URL=ws://localhost/``, or a
 feed's ``"unix_socket"``. Two additions, outside the controller:
 
-- a watcher thread that reads the controller's counters every 20 ms and calls
-  ``request_stop()`` once every feed has closed its connection (a load generator closes it
-  when its run is over), or after ``--max-s`` seconds;
+- an ``on_event`` for the feeds' connection events (``OnEvent(fn, connections=True)``): the
+  controller's figures are read once when the first feed's connection comes up and once when the
+  last one's goes down (a load generator closes it when its run is over), which also calls
+  ``request_stop()``; a timer calls it after ``--max-s`` seconds whatever happens. Nothing polls
+  the controller while it is measured: the other designs have no probe either;
 - at the end, the controller's own figures (``ctl.stats()``) are written as JSON to
   ``--out``: IO-loop lag quantiles during traffic (first message in to connection closed),
   compilations after warm-up, the internal latency (received to reply written: ``write_latency``),
@@ -30,8 +32,9 @@ zero, made with numpy; no XLA call per batch), so the benchmark can tell what th
 cost from what JAX costs.
 
 Rules:
-- The controller runs exactly as ``python app.py`` runs it; what is added (the watcher thread, the
-  figures file) only reads its counters (``ctl.stats()``) and calls ``request_stop()``.
+- The controller runs exactly as ``python app.py`` runs it; what is added (the connection events'
+  callback, the timer, the figures file) reads its counters (``ctl.stats()``) twice and calls
+  ``request_stop()``.
 """
 
 from __future__ import annotations
@@ -46,8 +49,6 @@ import time
 from typing import Any
 
 from bench.unix import forkless_env, forkless_feed
-
-WATCH_S = 0.02
 
 
 def _q(hist: Any, q: float) -> float | None:
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     from app import load_config
     from forkless.controller.logs import setup_logging
     from forkless.controller.loop import Controller
+    from forkless.controller.wiring import OnEvent, Runtime
+    from forkless.io_loop.crossing import ConnectionEvent
 
     config = load_config()
     setup_logging(config.log_level, config.log_format)
@@ -151,26 +154,36 @@ def main(argv: list[str] | None = None) -> int:
         from bench.heavy import processor_for
 
         processor = processor_for(config, a.heavy, a.heavy_size, a.heavy_iters)
-    ctl = (_host_identity_controller() if a.no_jax else Controller)(config, processor=processor)
+    feeds = len(json.loads(a.url)) if a.url.startswith("[") else 1
     window: dict[str, Any] = {}
+    up: set[str] = set()
+    seen: set[str] = set()
 
-    main_clock = _thread_clock(threading.main_thread())
+    def on_event(source: str, event: Any) -> None:
+        """The feeds' connections, in the main thread: the window opens as the first comes up and closes
+        once every feed has been connected and none is any more (the load generators are done)."""
+        if not isinstance(event, ConnectionEvent):
+            return
+        if event.connected:
+            up.add(source)
+            seen.add(source)
+            if "first" not in window:
+                window["first"], window["main_cpu_first"] = ctl.stats(), time.thread_time()
+        else:
+            up.discard(source)
+            if len(seen) == feeds and not up and "last" not in window:
+                window["last"], window["main_cpu_last"] = ctl.stats(), time.thread_time()
+                ctl.request_stop()
 
-    def watch() -> None:
-        deadline = time.monotonic() + a.max_s
-        while time.monotonic() < deadline:
-            time.sleep(WATCH_S)
-            snap = ctl.stats()
-            if "first" not in window and snap.messages_in > 0:
-                window["first"], window["main_cpu_first"] = snap, _read_clock(main_clock)
-            # every feed has been connected and none is any more: the load generators are done
-            if snap.feeds and all(f.io.connects for f in snap.feeds) and not any(f.io.connected for f in snap.feeds):
-                window["last"], window["main_cpu_last"] = snap, _read_clock(main_clock)
-                break
-        ctl.request_stop()
-
-    threading.Thread(target=watch, name="bench-watch", daemon=True).start()
+    # as the program runs it (controller/commands/cli.py): the objects alive at the start frozen, so a
+    # collection does not walk JAX's (a free-threaded build's collections are whole and stop every thread)
+    ctl = (_host_identity_controller() if a.no_jax else Controller)(
+        config, processor=processor, on_event=OnEvent(on_event, connections=True), runtime=Runtime(freeze_gc=True))
+    backstop = threading.Timer(a.max_s, ctl.request_stop)
+    backstop.daemon = True
+    backstop.start()
     ctl.run()
+    backstop.cancel()
     final = ctl.stats()
     figures = summarise(window.get("first"), window.get("last", final), final)
     figures["cpu_us_per_msg"] = cpu_per_message(window)
@@ -179,18 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(figures, f)
     return 0
-
-
-def _thread_clock(thread: threading.Thread) -> int | None:
-    """The CPU-time clock of ``thread`` (Linux and most Unixes), None where there is none."""
-    try:
-        return time.pthread_getcpuclockid(thread.ident or 0)
-    except (AttributeError, OSError):
-        return None
-
-
-def _read_clock(clock: int | None) -> float:
-    return math.nan if clock is None else time.clock_gettime(clock)
 
 
 def cpu_per_message(window: dict[str, Any]) -> dict[str, float | None]:

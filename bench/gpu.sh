@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark on a GPU, in one command (about 5-8 minutes in all, the install included):
 #
-#     bash bench/gpu.sh [OUT]        # OUT: where the results go (default bench/out-gpu)
+#     bash bench/gpu.sh [OUT]        # OUT: where the results go (default bench/out-gpu/DATE, UTC)
 #
 # Run it from a checkout, in a virtual environment (python -m venv .venv && . .venv/bin/activate),
 # on a machine with an NVIDIA GPU and its driver (CUDA 12). It
@@ -15,7 +15,9 @@
 #      of 2.5 s (the reduced plan: no state scaling, no forced CPU devices);
 #   4. writes OUT/results.json, OUT/bench.png, OUT/logs/ and OUT/results.md: the same tables as
 #      bench/docs/last-run.md's results block, whose first line names the platform (JAX_PLATFORMS=cuda)
-#      and the JAX device. Nothing in the repository's bench/README.md or bench/docs/ is changed.
+#      and the JAX device. Nothing in the repository's bench/README.md or bench/docs/ is changed: a run
+#      worth keeping is archived (python -m bench.archive OUT) and its folder's line added to
+#      bench/out-gpu/README.md (bench/docs/running.md, "What the repository keeps").
 #
 # Environment:
 #   PYTHON                       the interpreter (default: python)
@@ -30,7 +32,7 @@
 #                                bench/tpu.sh, the session's benchmark run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT="${1:-bench/out-gpu}"
+OUT="${1:-bench/out-gpu/$(date -u +%Y-%m-%d)}"
 PY="${PYTHON:-python}"
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cuda}"
 # each design is a process of its own, one after the other; without this, JAX would take 75% of

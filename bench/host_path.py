@@ -28,7 +28,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import orjson
+
+from forkless.io_loop.jsontext import dumps
 
 FEATURES = 8
 STREAMS = 16
@@ -71,7 +72,7 @@ def frames(n: int, feeds: int) -> list[tuple[int, bytes]]:
     """``(feed, frame)`` for n messages, each feed's streams ``s0`` … in turn."""
     rng = np.random.default_rng(0)
     xs = rng.standard_normal((n, FEATURES)).round(6).tolist()
-    return [(i % feeds, orjson.dumps({"seq": i, "stream": f"s{i % STREAMS}", "x": xs[i]})) for i in range(n)]
+    return [(i % feeds, dumps({"seq": i, "stream": f"s{i % STREAMS}", "x": xs[i]})) for i in range(n)]
 
 
 def run(n: int, feeds: int, per_chunk: int) -> dict[str, float]:

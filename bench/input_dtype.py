@@ -38,14 +38,14 @@ B = 256  # the default FORKLESS_MAX_BATCH
 
 
 def _frames(n: int, batch: int) -> list[bytes]:
-    import orjson
+    from forkless.io_loop.jsontext import dumps
 
     rng = np.random.default_rng(0)
     xs = (rng.standard_normal((n * batch, FEATURES)) * 1000 + 37000).round(2)
     items = [{"seq": i, "stream": f"s{i % 64}", "x": xs[i].tolist()} for i in range(n * batch)]
     if batch == 1:
-        return [orjson.dumps(item) for item in items]
-    return [orjson.dumps(items[i * batch:(i + 1) * batch]) for i in range(n)]
+        return [dumps(item) for item in items]
+    return [dumps(items[i * batch:(i + 1) * batch]) for i in range(n)]
 
 
 def _per_message_us(fn, frames: list[bytes], batch: int, repeats: int = 5) -> float:

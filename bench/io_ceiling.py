@@ -31,17 +31,17 @@ import asyncio
 import sys
 from typing import Any
 
-import orjson
 from aiohttp import WSMsgType
 
 from bench.unix import client_session, handshake_url
+from forkless.io_loop.jsontext import DECODE_ERRORS, dumps, loads
 
 
 def make_reply(data: bytes | str, features: int, zeros: list[float]) -> bytes:
     """Answer one incoming frame with a result-shaped (or error) JSON frame."""
     try:
-        msg: Any = orjson.loads(data)
-    except orjson.JSONDecodeError:
+        msg: Any = loads(data)
+    except DECODE_ERRORS:
         return b'{"error":"invalid json","seq":null}'
     if type(msg) is not dict:
         return b'{"error":"not an object","seq":null}'
@@ -51,10 +51,10 @@ def make_reply(data: bytes | str, features: int, zeros: list[float]) -> bytes:
     stream = msg.get("stream")
     x = msg.get("x")
     if type(stream) is not str:
-        return orjson.dumps({"error": "missing or bad stream", "seq": seq})
+        return dumps({"error": "missing or bad stream", "seq": seq})
     if type(x) is not list or len(x) != features:
-        return orjson.dumps({"error": f"x must be a list of {features} numbers", "seq": seq})
-    return orjson.dumps({"seq": seq, "stream": stream, "z": zeros, "score": 0.0, "anomaly": False})
+        return dumps({"error": f"x must be a list of {features} numbers", "seq": seq})
+    return dumps({"seq": seq, "stream": stream, "z": zeros, "score": 0.0, "anomaly": False})
 
 
 async def run_io_ceiling(url: str, features: int = 8) -> None:

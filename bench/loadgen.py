@@ -84,10 +84,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-import orjson
 from aiohttp import WSMsgType, web
 
 from bench.unix import start_site
+from forkless.io_loop.jsontext import DECODE_ERRORS, dumps, loads
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -216,7 +216,7 @@ class Payloads:
         self.size = size
         self.stream_names: list[str] = [f"s{int(k)}" for k in stream_idx]
         self.bodies: list[bytes] = [
-            b',"stream":"%s","x":%s}' % (name.encode(), orjson.dumps(x.tolist()))
+            b',"stream":"%s","x":%s}' % (name.encode(), dumps(x.tolist()))
             for name, x in zip(self.stream_names, xs, strict=True)
         ]
 
@@ -276,7 +276,6 @@ class Run:
     # -- receiving ---------------------------------------------------------
     async def receive(self, ws: web.WebSocketResponse) -> None:
         """Read replies until the connection closes; account every one."""
-        loads = orjson.loads
         now_ns = time.perf_counter_ns
         recv_ns = self.recv_ns
         err_flag = self.err_flag
@@ -289,7 +288,7 @@ class Run:
                 continue
             try:
                 obj = loads(msg.data)
-            except orjson.JSONDecodeError:
+            except DECODE_ERRORS:
                 self.malformed += 1
                 continue
             if type(obj) is not dict:
@@ -600,7 +599,7 @@ async def serve(cfg: Config) -> int:
             result = await server.result
             if "error" in result:
                 rc = 1
-        _emit("RESULT " + orjson.dumps(result).decode())
+        _emit("RESULT " + dumps(result).decode())
     finally:
         await runner.cleanup()
     return rc
@@ -684,7 +683,7 @@ def wait_result(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:  # ty
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    result: dict[str, Any] = orjson.loads(payload)
+    result: dict[str, Any] = loads(payload)
     return result
 
 

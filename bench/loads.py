@@ -27,7 +27,16 @@ from bench import unix
 from bench.loadgen import start_loadgen, wait_result
 from bench.ping_probe import start_probe
 from bench.plan import CONNECT_S, DRAIN_S, FEATURES, LOADS, LOADS_RATE, REPO_ROOT, STREAMS, Plan, bound, fmt
-from bench.processes import TreeSampler, client_cmd, client_env, cpu_cores, host_only, stop_tree, unix_args
+from bench.processes import (
+    TreeSampler,
+    client_cmd,
+    client_env,
+    cpu_cores,
+    host_only,
+    interpreter_env,
+    stop_tree,
+    unix_args,
+)
 
 
 def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag: str,
@@ -53,7 +62,8 @@ def run_load(design: str, load: str, plan: Plan, work: Path, cache_dir: str, tag
             client = subprocess.Popen(client_cmd(design, url, figures_path, heavy, step, probe_url,
                                                  max_s=CONNECT_S + duration + DRAIN_S + bound(60)),
                                       cwd=root or REPO_ROOT,
-                                      env={**client_env(cache_dir), **host_only(design, plan), **(env or {})},
+                                      env={**client_env(cache_dir), **host_only(design, plan),
+                                           **interpreter_env(design), **(env or {})},
                                       stdout=log,
                                       stderr=subprocess.STDOUT)
             with TreeSampler(client.pid) as rss, TreeSampler(loadgen.pid) as generator:

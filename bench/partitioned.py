@@ -69,6 +69,7 @@ from typing import Any
 
 import psutil
 
+from bench import blocks
 from bench.jetstream import _admin, _free_port, _server_binary, _wait_server
 from bench.plan import BENCH_DOCS, REPO_ROOT
 from bench.processes import client_env
@@ -468,13 +469,7 @@ def markdown(figures: dict[str, Any]) -> str:
 
 def write_block(figures: dict[str, Any], readme: Path = PAGE) -> bool:
     """Put ``markdown(figures)`` between the ``bench:partitioned`` markers of ``readme``; True if it changed."""
-    from gendocs import replace_block  # see bench.tables.write_results_block
-
-    text = readme.read_text(encoding="utf-8")
-    new = replace_block(text, BLOCK, markdown(figures))
-    if new != text:
-        readme.write_text(new, encoding="utf-8")
-    return new != text
+    return blocks.write_block(readme, BLOCK, markdown(figures))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 LOADS = (("rate_1k", "1,000 msg/s"), ("rate_10k", "10,000 msg/s"), ("window", "max throughput"))
-DESIGNS = ("forkless", "forkless-nojax", "spawn", "inline", "io-ceiling")
+DESIGNS = ("forkless", "forkless-ft", "forkless-nojax", "spawn", "inline", "io-ceiling")
 
 
 def _us(v: Any) -> str:

@@ -45,11 +45,11 @@ import time
 from typing import Any
 
 import numpy as np
-import orjson
 from aiohttp import WSMsgType, web
 
 from bench.loadgen import REPO_ROOT, LoadgenProcess, _next_line, _pump
 from bench.unix import start_site
+from forkless.io_loop.jsontext import dumps
 
 DRAIN_S = 1.0  # after the last ping, wait at most this long (the default of --drain-s) for the last pongs
 
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     report = asyncio.run(serve(a.duration, a.warmup_s, a.interval_ms / 1000, a.connect_timeout,
                                drain_s=a.drain_s, unix_socket=a.unix_socket))
-    print("RESULT " + orjson.dumps(report).decode(), flush=True)
+    print("RESULT " + dumps(report).decode(), flush=True)
     return 0 if "error" not in report else 2
 
 

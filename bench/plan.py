@@ -35,14 +35,25 @@ SUMMARY_BLOCK = "bench:summary"  # bench/README.md: <!-- bench:summary:start -->
 RESULTS_BLOCK = "bench:results"  # bench/docs/last-run.md: <!-- bench:results:start --> … <!-- bench:results:end -->
 DEVICES_BLOCK = "bench:devices"  # bench/docs/devices.md
 DEVICE_COUNTS = (1, 2, 4)  # forced CPU devices (JAX_NUM_CPU_DEVICES) of the devices section
-DESIGNS = ("forkless", "spawn", "inline", "io-ceiling", "forkless-nojax")
+DESIGNS = ("forkless", "spawn", "inline", "io-ceiling", "forkless-nojax", "forkless-ft")
+# forkless-ft: forkless on a free-threaded interpreter (PEP 703), run only when FORKLESS_BENCH_FT_PYTHON names
+# one (its own site-packages: a venv's python; FORKLESS_BENCH_FT_PYTHONPATH is its PYTHONPATH, none if unset);
+# every other design runs on the interpreter that runs the benchmark, as a user would run them
+FT_PYTHON = os.environ.get("FORKLESS_BENCH_FT_PYTHON") or None
+FT_DESIGNS = ("forkless-ft",)
 # the designs that never step on a device: on an accelerator they run with JAX_PLATFORMS=cpu, so
 # that they neither take the chip (one program at a time may hold a TPU) nor pay for opening it
 HOST_DESIGNS = ("io-ceiling", "forkless-nojax")
-JAX_DESIGNS = ("forkless", "spawn", "inline")
+JAX_DESIGNS = ("forkless", "spawn", "inline", "forkless-ft")
 MAP_DESIGNS = ("forkless", "inline", "spawn")  # the designs measured at every step cost
 HEAVIER = "heavier-steps"  # the compilation cache every design's heavier steps share (run_all)
 DEFAULT_STEP = "default"
+
+
+def active_designs(designs: tuple[str, ...] = DESIGNS) -> tuple[str, ...]:
+    """Those of ``designs`` a run measures: forkless-ft only with a free-threaded interpreter named."""
+    return designs if FT_PYTHON else tuple(d for d in designs if d not in FT_DESIGNS)
+
 SAMPLE_S = 0.05
 FEATURES = 8
 STREAMS = 16

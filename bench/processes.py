@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 
 from bench import unix
-from bench.plan import FEATURES, HOST_DESIGNS, SAMPLE_S, Plan
+from bench.plan import FEATURES, FT_DESIGNS, FT_PYTHON, HOST_DESIGNS, SAMPLE_S, Plan
 
 
 def unix_args(tag: str) -> list[str]:
@@ -68,17 +68,19 @@ def client_cmd(design: str, url: str, figures: Path, heavy: bool = False, step: 
     if design == "io-ceiling":
         return [sys.executable, "-m", "bench.io_ceiling", "--url", url, "--features", str(FEATURES)]
     module = {"forkless": "bench.forkless_client", "forkless-nojax": "bench.forkless_client",
-              "spawn": "bench.spawn_client", "inline": "bench.inline_client"}[design]
+              "forkless-ft": "bench.forkless_client", "spawn": "bench.spawn_client",
+              "inline": "bench.inline_client"}[design]
     extra = ["--heavy"] if heavy else []
     if step is not None:
         extra += ["--heavy-size", str(step["size"]), "--heavy-iters", str(step["iters"])]
-    if max_s is not None and design in ("forkless", "forkless-nojax", "spawn"):
+    if max_s is not None and design in ("forkless", "forkless-nojax", "forkless-ft", "spawn"):
         extra += ["--max-s", f"{max_s:g}"]
     if probe_url and design.startswith("forkless"):
         url = json.dumps([url, probe_url])  # the probe is a second feed (FORKLESS_FEEDS)
     elif probe_url:
         extra += ["--probe-url", probe_url]
-    return ([sys.executable, "-m", module, "--url", url, "--out", str(figures)] + extra
+    python = FT_PYTHON if design in FT_DESIGNS and FT_PYTHON else sys.executable
+    return ([python, "-m", module, "--url", url, "--out", str(figures)] + extra
             + (["--no-jax"] if design == "forkless-nojax" else []))
 
 
@@ -221,6 +223,12 @@ def stop_tree(proc: subprocess.Popen[Any], timeout: float) -> int | None:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
     return None
+
+
+def interpreter_env(design: str) -> dict[str, str]:
+    """A free-threaded design's PYTHONPATH (FORKLESS_BENCH_FT_PYTHONPATH, else none): the benchmark's own
+    (the TPU host's names its Python 3.11 JAX) would load the other interpreter's extension modules."""
+    return {"PYTHONPATH": os.environ.get("FORKLESS_BENCH_FT_PYTHONPATH", "")} if design in FT_DESIGNS else {}
 
 
 def host_only(design: str, plan: Plan) -> dict[str, str]:

@@ -89,6 +89,7 @@ from bench.plan import (
     RESULTS_PAGE,
     STREAMS,
     Plan,
+    active_designs,
     machine,
     rotated,
     step_name,
@@ -234,7 +235,7 @@ def main_runs(plan: Plan, work: Path, caches: dict[str, str]) -> list[dict[str, 
     runs: list[dict[str, Any]] = []
     for rep in range(plan.repeats):
         for load in LOADS:
-            for design in rotated(DESIGNS, rep):
+            for design in rotated(active_designs(), rep):
                 runs.append(run_load(design, load, plan, work, caches[design], f"{design}-{load}-r{rep}"))
     return runs
 

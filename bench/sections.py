@@ -35,6 +35,7 @@ from bench.plan import (
     STREAMS,
     TABLES,
     Plan,
+    active_designs,
     bound,
     machine,
     median,
@@ -172,7 +173,7 @@ def heavy_runs(plan: Plan, work: Path, caches: dict[str, str]) -> list[dict[str,
     # size 0: bench.heavy's HEAVY_SIZE (bench.run imports no JAX)
     lighter = None if plan.heavy_iters is None else {"size": 0, "iters": plan.heavy_iters}
     return [run_load(design, "rate_1k", plan, work, caches[HEAVIER], f"{design}-heavy", heavy=True, step=lighter)
-            for design in JAX_DESIGNS]
+            for design in active_designs(JAX_DESIGNS)]
 
 
 def cpu_sections(plan: Plan, work: Path, caches: dict[str, str]) -> dict[str, Any]:

@@ -100,7 +100,7 @@ class Child:
     def __init__(self, settings: dict[str, Any], inbound: Any, outbound: Any) -> None:
         import aiohttp
 
-        from forkless.controller.codec import JsonCodec  # numpy and orjson: no JAX in the child
+        from forkless.controller.codec import JsonCodec  # numpy and msgspec: no JAX in the child
 
         self.text = aiohttp.WSMsgType.TEXT
         self.codec = JsonCodec(settings["features"], max_frame_items=settings["max_frame_items"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.plan import DEFAULT_STEP, DESIGNS, JAX_DESIGNS, LOADS, MAP_DESIGNS, median, step_name
+from bench.plan import DEFAULT_STEP, DESIGNS, FT_DESIGNS, JAX_DESIGNS, LOADS, MAP_DESIGNS, median, step_name
 
 
 def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict[str, Any],
@@ -18,6 +18,8 @@ def summarise(runs: list[dict[str, Any]], startup: dict[str, Any], compute: dict
     summary: dict[str, Any] = {}
     for design in DESIGNS:
         mine = [r for r in runs if r["design"] == design and not r["heavy"]]
+        if not mine and design in FT_DESIGNS:  # no free-threaded interpreter in this run
+            continue
         row: dict[str, Any] = {}
         for load in ("rate_1k", "rate_10k"):
             lats = [r["loadgen"].get("latency_ms") or {} for r in mine if r["load"] == load]

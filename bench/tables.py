@@ -3,7 +3,7 @@
 Rules:
 - Everything shown comes from the stored results (results.json, devices.json), so a block can be rewritten
   from a stored run (``--report-only``, ``python gendocs.py``) and tests/docs/test_docs.py checks that it is.
-- A block is written between its markers only (``write_*_block``, with gendocs' ``replace_block``); the
+- A block is written between its markers only (``write_*_block``, through ``bench/blocks.py``); the
   hand-written text around it does not quote its figures.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from bench import per_message, state_scaling
+from bench.blocks import write_block
 from bench.plan import (
     BENCH_README,
     DEFAULT_STEP,
@@ -69,7 +70,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     colours = {"forkless": "tab:blue", "spawn": "tab:orange", "io-ceiling": "tab:green", "compute-ceiling": "tab:gray",
-               "forkless-nojax": "tab:purple", "inline": "tab:red"}
+               "forkless-nojax": "tab:purple", "inline": "tab:red", "forkless-ft": "tab:cyan"}
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     for ax, load, title in ((axes[0], "rate_1k", "1,000 msg/s"), (axes[1], "rate_10k", "10,000 msg/s")):
         for design in DESIGNS:
@@ -270,7 +271,7 @@ def devices_markdown(results: dict[str, Any]) -> str:
 
 def write_devices_block(results: dict[str, Any], page: Path = DEVICES_PAGE) -> bool:
     """Put ``devices_markdown(results)`` between the devices markers of ``page``; True if it changed."""
-    return _write_block(page, DEVICES_BLOCK, devices_markdown(results))
+    return write_block(page, DEVICES_BLOCK, devices_markdown(results))
 
 
 def hops_markdown(results: dict[str, Any]) -> str:
@@ -278,7 +279,7 @@ def hops_markdown(results: dict[str, Any]) -> str:
     with a host identity for the step) and spawn (the same stamps: its inbound and outbound
     hops are the multiprocessing queues, pickling included), from the sampled messages."""
     s = results["summary"]
-    designs = [d for d in ("forkless", "forkless-nojax", "spawn") if (s.get(d) or {}).get("hops_us")]
+    designs = [d for d in ("forkless", "forkless-ft", "forkless-nojax", "spawn") if (s.get(d) or {}).get("hops_us")]
     if not designs:
         return "(not measured in this run)"
     head = "| hop | " + " | ".join(f"{d} {q} @{load}" for d in designs for load in ("1k", "10k")
@@ -390,24 +391,11 @@ def _main_row(design: str, r: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _write_block(path: Path, name: str, body: str) -> bool:
-    """Put ``body`` between the markers ``name`` of ``path``; True if it changed."""
-    # gendocs imports this module (it regenerates every block, this one included): imported
-    # here, when a run has finished, so that neither module needs the other to import first
-    from gendocs import replace_block
-
-    text = path.read_text(encoding="utf-8")
-    new = replace_block(text, name, body)
-    if new != text:
-        path.write_text(new, encoding="utf-8")
-    return new != text
-
-
 def write_summary_block(results: dict[str, Any], readme: Path = BENCH_README) -> bool:
     """Put ``summary_markdown(results)`` between the summary markers of ``readme``; True if it changed."""
-    return _write_block(readme, SUMMARY_BLOCK, summary_markdown(results))
+    return write_block(readme, SUMMARY_BLOCK, summary_markdown(results))
 
 
 def write_results_block(results: dict[str, Any], page: Path = RESULTS_PAGE) -> bool:
     """Put ``results_markdown(results)`` between the results markers of ``page``; True if it changed."""
-    return _write_block(page, RESULTS_BLOCK, results_markdown(results))
+    return write_block(page, RESULTS_BLOCK, results_markdown(results))

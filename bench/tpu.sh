@@ -7,7 +7,7 @@
 # and refuses every TCP or UDP socket, loopback included; unix-domain sockets work, and one
 # program at a time may hold the chip (each program that opens it pays ~15 s). So this script
 #   1. installs nothing: it checks that the modules the benchmark imports are there (carry their
-#      wheels: janus, aiohttp and its dependencies, orjson, psutil, ...) and names any missing;
+#      wheels: janus, aiohttp and its dependencies, msgspec, psutil, ...) and names any missing;
 #   2. checks that JAX sees the TPU (JAX_PLATFORMS=tpu);
 #   3. runs `python -m bench.run --tpu --unix --out OUT`: every socket a unix-domain one (the load
 #      generator, the ping probe, the clients, forkless through FORKLESS_WS_UNIX_SOCKET), every
@@ -29,7 +29,9 @@
 #      block (the platform and the JAX device on its first line), the latency budget per hop, the
 #      device floor and the CPU µs per message (forkless's IO thread and main thread apart);
 #      OUT/bench.png where matplotlib is installed. Nothing in the repository is changed: the
-#      integrator copies OUT to bench/out-tpu/DATE (bench/out-tpu/README.md).
+#      integrator copies OUT to bench/out-tpu/DATE without its logs/, archives it (python -m
+#      bench.archive bench/out-tpu/DATE) and says what it shows in bench/out-tpu/README.md
+#      (bench/docs/running.md, "What the repository keeps").
 #
 # Environment:
 #   PYTHON                  the interpreter (default: python3)
@@ -39,6 +41,10 @@
 #   FORKLESS_BENCH_TRANSFERS=0  bench.run alone: not issue 48's two measurements after it (step 4, ~3 minutes)
 #   FORKLESS_BENCH_UNIX=0   TCP on loopback instead of unix sockets (a host where TCP works)
 #   FORKLESS_STEPS_IN_FLIGHT  passed to the forkless runs as it is (auto when unset: 2 on the TPU)
+#   FORKLESS_BENCH_FT_PYTHON  a free-threaded interpreter (a venv's python, its own site-packages): forkless runs
+#                           on it too, as the design forkless-ft, beside the others on PYTHON (bench/plan.py);
+#                           its PYTHONPATH is FORKLESS_BENCH_FT_PYTHONPATH's alone, and TPU_LIBRARY_PATH points
+#                           its JAX at the host's libtpu.so
 #   FORKLESS_BENCH_AB_STEPS="1 2"  instead of the full run, an A/B of FORKLESS_STEPS_IN_FLIGHT on
 #                           forkless alone: bench.ab --plan tpu --unix, A = the first value, B = the
 #                           second, at 1,000 and 10,000 msg/s and the bounded window, alternating
@@ -54,7 +60,7 @@ started=$(date +%s)
 "$PY" - <<'EOF'
 import importlib.util, os, sys
 # what bench.run and its clients import (requirements.txt's runtime and the benchmark's own)
-needed = ("jax", "numpy", "janus", "aiohttp", "orjson", "psutil")
+needed = ("jax", "numpy", "janus", "aiohttp", "msgspec", "psutil")
 missing = [m for m in needed if importlib.util.find_spec(m) is None]
 if missing:
     raise SystemExit(f"bench/tpu.sh: missing {', '.join(missing)}: install their wheels (no package index is "

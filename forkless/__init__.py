@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it (tool.setuptools.dynamic)
+__version__ = "0.2.0"  # the one place it is written: pyproject.toml reads it (tool.setuptools.dynamic)
 
 # the user API, each name from the module that defines it
 _EXPORTS = {
@@ -94,18 +94,21 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-# names the API had, and what took their place: asked for, each raises an ImportError that says so (an
-# AttributeError's message would be lost: ``from forkless import Sink`` replaces it with Python's own)
-_REPLACED = {
-    "Sink": "forkless.Sink is now two protocols: forkless.RecordSink (SinkRun's sink, the relay's: MessageBatch and "
-            "EventBatch) and forkless.ResultSink (Controller(sinks=[...]): ResultBatch)",
-}
+# names the API had, and the public name each is now: warned of for a release, then refused
+# (forkless/controller/renamed.py, docs/embedding/versions.md)
+_RENAMED = {"Sink": ("forkless.Sink", "RecordSink")}
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        if name in _REPLACED:
-            raise ImportError(_REPLACED[name], name=name)
+        if name in _RENAMED:
+            # the policy's module only when an old name is asked for: importing forkless loads nothing else
+            from forkless.controller.renamed import deprecated
+
+            spelled, now = _RENAMED[name]
+            # an ImportError, not an AttributeError: ``from forkless import Sink`` replaces the latter's message
+            deprecated(spelled, error=lambda message: ImportError(message, name=name))
+            return __getattr__(now)
         raise AttributeError(f"module 'forkless' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)

@@ -23,7 +23,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orjson
 
 from forkless import OnResults, Runtime
 from forkless.controller.config import Config
@@ -31,6 +30,7 @@ from forkless.controller.declared import Description
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor
 from forkless.io_loop.crossing import Chunk
+from forkless.io_loop.jsontext import dumps
 from tests.fake_io import FakeIO, drain
 
 F = 2
@@ -46,10 +46,10 @@ MESSAGES = [
     ("xrp", [1700000000126, 37000.12]),  # its previous input: local row 1 of device 0 of 4
 ]
 FRAMES = [  # one message a frame, and a batch frame of three: the batcher concatenates them
-    orjson.dumps({"seq": 0, "stream": MESSAGES[0][0], "x": MESSAGES[0][1]}),
-    orjson.dumps([{"seq": i, "stream": MESSAGES[i][0], "x": MESSAGES[i][1]} for i in (1, 2, 3)]),
-    orjson.dumps({"seq": 4, "stream": MESSAGES[4][0], "x": MESSAGES[4][1]}),
-    orjson.dumps([{"seq": i, "stream": MESSAGES[i][0], "x": MESSAGES[i][1]} for i in (5, 6, 7)]),
+    dumps({"seq": 0, "stream": MESSAGES[0][0], "x": MESSAGES[0][1]}),
+    dumps([{"seq": i, "stream": MESSAGES[i][0], "x": MESSAGES[i][1]} for i in (1, 2, 3)]),
+    dumps({"seq": 4, "stream": MESSAGES[4][0], "x": MESSAGES[4][1]}),
+    dumps([{"seq": i, "stream": MESSAGES[i][0], "x": MESSAGES[i][1]} for i in (5, 6, 7)]),
 ]
 
 

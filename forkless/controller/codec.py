@@ -31,13 +31,16 @@ from operator import itemgetter
 from typing import Any, Protocol
 
 import numpy as np
-import orjson
 
 from forkless.io_loop.decoding import NOT_NUMBERS_REASON, X_MAX, X_RANGE_REASON, FrameDecoder
+from forkless.io_loop.jsontext import DECODE_ERRORS, dumps, dumps_numbers, loads, non_finite_in
 
 __all__ = ["Codec", "Decoded", "GuardedCodec", "JsonCodec", "fallback_error_frame", "guarded_codec"]
 
 MAX_STREAM_CHARS = 256
+# a seq is an integer JSON libraries write as a 64-bit one (orjson, the codec's first library, read
+# larger ones as floats): beyond this range it is refused as not an integer, whichever library reads it
+SEQ_MIN, SEQ_MAX = -(2**63), 2**64 - 1
 # one frame's error replies are bounded, so output stays O(input): after this many, one
 # summary reply stands for the rest of that frame's bad elements
 MAX_ERROR_REPLIES = 16
@@ -76,9 +79,9 @@ class Decoded:
 
 
 def _json_items(values: Sequence[Any]) -> list[bytes]:
-    """``values`` as one JSON array by one ``orjson.dumps``, cut at its commas: each value's text
+    """``values`` as one JSON array by one ``dumps``, cut at its commas: each value's text
     when no value's text holds a comma (more pieces than values otherwise)."""
-    return orjson.dumps(values if type(values) is list else list(values))[1:-1].split(b",")
+    return dumps(values if type(values) is list else list(values))[1:-1].split(b",")
 
 
 def _finite_rows(arrays: Mapping[str, np.ndarray], n: int) -> np.ndarray:
@@ -125,8 +128,8 @@ class JsonCodec:
     def decode(self, frame: str | bytes) -> Decoded:
         """Parse one frame. Never raises: bad parts come back in ``Decoded.errors``."""
         try:
-            doc = orjson.loads(frame)
-        except (orjson.JSONDecodeError, RecursionError):
+            doc = loads(frame)
+        except DECODE_ERRORS:
             return Decoded(errors=[(self._parse_failure(frame), None)])
 
         if type(doc) is dict:  # the common case: one message per frame
@@ -163,7 +166,7 @@ class JsonCodec:
 
     def decode_frames(self, frames: Sequence[str | bytes]) -> Decoded | None:
         """The good messages of several frames (one socket read's) as one ``Decoded``, in one pass:
-        each frame parsed by ``orjson``, the fields checked a column at a time (C loops over the
+        each frame parsed by ``loads`` (io_loop/jsontext.py), the fields checked a column at a time (C loops over the
         messages, not Python per message), the numbers made one array. Only for frames that are
         all good: None as soon as anything is not (a frame that does not parse, a bad element,
         a number out of range, a frame too large), and the caller then decodes the frames one
@@ -172,8 +175,8 @@ class JsonCodec:
         if len(frames) < ONE_PASS_MIN_FRAMES:
             return None
         try:
-            docs = list(map(orjson.loads, frames))
-        except (orjson.JSONDecodeError, RecursionError):
+            docs = list(map(loads, frames))
+        except DECODE_ERRORS:
             return None
         if len(set(map(type, docs))) == 1 and type(docs[0]) is dict:  # one message a frame: the common case
             items = docs
@@ -194,7 +197,8 @@ class JsonCodec:
             rows = list(map(_X, items))
         except (KeyError, TypeError):  # an element that is not an object, or lacks a field
             return None
-        if set(map(type, seq)) != _INT or set(map(type, stream)) != _STR or set(map(type, rows)) != _LIST \
+        if set(map(type, seq)) != _INT or min(seq) < SEQ_MIN or max(seq) > SEQ_MAX \
+                or set(map(type, stream)) != _STR or set(map(type, rows)) != _LIST \
                 or set(map(len, rows)) != {self.features} or min(map(len, stream)) < 1 \
                 or max(map(len, stream)) > self.max_stream_chars \
                 or not set(map(type, chain.from_iterable(rows))) <= _NUMBER:
@@ -220,7 +224,7 @@ class JsonCodec:
         if "seq" not in item:
             return "missing field: seq", None
         seq = item["seq"]
-        if type(seq) is not int:  # bool is an int subclass and is refused too
+        if type(seq) is not int or not SEQ_MIN <= seq <= SEQ_MAX:  # bool is an int subclass: refused too
             return "seq must be an integer", None
         if "stream" not in item:
             return "missing field: stream", seq
@@ -252,8 +256,8 @@ class JsonCodec:
         """One frame per message: ``seq``, ``stream`` and every output field for that row, in
         that order; a row with a non-finite float becomes an error reply.
 
-        The batch is written a column at a time (``_encode_columns``: one ``orjson`` call a
-        column, the frames joined in one C loop), byte for byte what one ``orjson.dumps`` of
+        The batch is written a column at a time (``_encode_columns``: one ``dumps`` call a
+        column, the frames joined in one C loop), byte for byte what one ``dumps`` of
         each message's dict writes; outputs that path cannot take (another dtype than bool,
         int or float, more than two dimensions, a name that is not a str or is ``seq`` or
         ``stream``) are written a message at a time (``_encode_each``)."""
@@ -271,7 +275,7 @@ class JsonCodec:
     def _encode_columns(seq: Sequence[Any], stream: Sequence[str],
                         arrays: Mapping[str, np.ndarray]) -> tuple[list[str | bytes], bool] | None:
         """The frames of ``encode_results`` written a column at a time, and whether a float column
-        wrote a ``null`` (a non-finite value: its rows are then found with numpy); None when a
+        wrote a non-finite value (``non_finite_in``: its rows are then found with numpy); None when a
         column cannot be written so (see ``encode_results``). A column's JSON array is cut into
         its rows at the commas (rows of numbers at ``],[``): numbers, ``true`` and ``false``
         hold none, and a column of other values is cut so only when it yields exactly one
@@ -286,15 +290,10 @@ class JsonCodec:
             if type(name) is not str or name in ("seq", "stream") or kind not in "biuf" or arr.ndim not in (1, 2) \
                     or len(arr) != n:
                 return None
-            # orjson writes C-contiguous arrays of native byte order only
-            if kind == "f":
-                arr = np.ascontiguousarray(arr, np.float64)
-            elif not arr.flags.c_contiguous or not arr.dtype.isnative:
-                arr = np.ascontiguousarray(arr, arr.dtype.newbyteorder("="))
-            body = orjson.dumps(arr, option=orjson.OPT_SERIALIZE_NUMPY)
-            if kind == "f" and b"null" in body:  # orjson writes NaN and the infinities as null
+            body = dumps_numbers(arr)
+            if kind == "f" and non_finite_in(body):
                 maybe_non_finite = True
-            key = orjson.dumps(name).replace(b"%", b"%%")
+            key = dumps(name).replace(b"%", b"%%")
             if arr.ndim == 1:
                 template.append(b"," + key + b":%b")
                 columns.append(body[1:-1].split(b","))
@@ -309,13 +308,12 @@ class JsonCodec:
 
     def _encode_each(self, seq: Sequence[Any], stream: Sequence[str],
                      arrays: Mapping[str, np.ndarray]) -> list[str | bytes]:
-        """``encode_results`` a message at a time: one dict and one ``orjson.dumps`` each."""
+        """``encode_results`` a message at a time: one dict and one ``dumps`` each."""
         n = len(seq)
         ok = _finite_rows(arrays, n)
         columns = {name: arr.tolist() for name, arr in arrays.items()}
         names = list(columns)
         all_ok = bool(ok.all())
-        dumps = orjson.dumps
         frames: list[str | bytes] = []
         for i in range(n):
             if not all_ok and not ok[i]:
@@ -328,7 +326,7 @@ class JsonCodec:
         return frames
 
     def encode_error(self, reason: str, seq: Any) -> bytes:
-        return orjson.dumps({"error": reason, "seq": seq})
+        return dumps({"error": reason, "seq": seq})
 
 
 # ---- any codec made as safe as the built-in one ---------------------------------------------------
@@ -341,9 +339,9 @@ MAX_LOGGED_FAILURES = 1000
 def fallback_error_frame(reason: str, seq: Any) -> bytes:
     """The JSON error frame used when a codec's own ``encode_error`` fails."""
     try:
-        return orjson.dumps({"error": reason, "seq": seq})
+        return dumps({"error": reason, "seq": seq})
     except TypeError:  # a seq that is not JSON
-        return orjson.dumps({"error": reason, "seq": None})
+        return dumps({"error": reason, "seq": None})
 
 
 class GuardedCodec:

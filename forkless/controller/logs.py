@@ -5,7 +5,11 @@ Rules:
 - ``RateLimitFilter``: the same message (logger, level, text) is let through once per
   ``window_s``; repeats inside the window are counted, and the next one let through says
   how many were suppressed. So a server sending the same bad frame forever yields about
-  one line per window, with a count, instead of a flood.
+  one line per window, with a count, instead of a flood. Every thread's warnings pass through
+  it, and ``logging`` runs a handler's filters before it takes the handler's lock: its memory
+  of what it saw is behind a lock of its own, re-entrant because a signal handler (which runs
+  on the main thread between two bytecodes, maybe inside the filter) logs too. Records below
+  WARNING never take it.
 - Context such as the connection id travels as ``extra={"connection": n}`` and appears as
   a field in JSON lines; every JSON line carries forkless's ``version``.
 - The program's own lines outside logging (the configuration error, which comes before logging
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -59,35 +64,41 @@ class RateLimitFilter(logging.Filter):
         super().__init__()
         self.window_s = window_s
         self.max_keys = max_keys
-        # key -> [when let through, repeats held back since, the first record's context fields]
+        # key -> [when let through, repeats held back since, the first record's context fields], under _lock:
+        # two threads' repeats counted at once lost one (x += 1), and one thread forgetting the oldest key
+        # while another moved it to the end raised KeyError into the logging call (tests/controller/
+        # test_thread_safety.py)
         self._seen: OrderedDict[tuple, list[Any]] = OrderedDict()
+        self._lock = threading.RLock()
 
     def flush(self) -> list[tuple[tuple, int, dict[str, Any]]]:
         """Repeats still held back, as ``(key, count, context)`` (the context fields of the line they
         repeat: its feed and connection, say); the counts are reset."""
-        held = [(key, int(entry[1]), entry[2]) for key, entry in self._seen.items() if entry[1]]
-        for key, _, _ in held:
-            self._seen[key][1] = 0
+        with self._lock:
+            held = [(key, int(entry[1]), entry[2]) for key, entry in self._seen.items() if entry[1]]
+            for key, _, _ in held:
+                self._seen[key][1] = 0
         return held
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or record.exc_info:
             return True
         key = (record.name, record.levelno, record.getMessage())
-        now = time.monotonic()
-        entry = self._seen.get(key)
-        if entry is None:
-            context = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")}
-            self._seen[key] = [now, 0, context]
-            if len(self._seen) > self.max_keys:
-                self._seen.popitem(last=False)
-            return True
-        self._seen.move_to_end(key)
-        if now - entry[0] < self.window_s:
-            entry[1] += 1
-            return False
-        suppressed = int(entry[1])
-        entry[0], entry[1] = now, 0
+        with self._lock:
+            now = time.monotonic()
+            entry = self._seen.get(key)
+            if entry is None:
+                context = {k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")}
+                self._seen[key] = [now, 0, context]
+                if len(self._seen) > self.max_keys:
+                    self._seen.popitem(last=False)
+                return True
+            self._seen.move_to_end(key)
+            if now - entry[0] < self.window_s:
+                entry[1] += 1
+                return False
+            suppressed = int(entry[1])
+            entry[0], entry[1] = now, 0
         if suppressed:
             record.msg = f"{record.getMessage()} (repeated {suppressed} more times in the last {self.window_s:g}s)"
             record.args = ()

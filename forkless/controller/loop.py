@@ -75,18 +75,19 @@ from forkless.controller.wiring import (
     checked_group,
     event_callback,
     main_thread_results,
-    refusing_old_keywords,
     runs_no_processor,
     split_sinks,
+    taking_old_keywords,
 )
 from forkless.io_loop.connectors.websocket.on_connect import frames_of
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.errors import LeaseLost, StopRequested
+from forkless.io_loop.gil import gil_status, log_gil
 from forkless.io_loop.sends import checked_max_age, sent_frames
 from forkless.io_loop.sinks.sink import ResultSink
 from forkless.io_loop.source import Source
-from forkless.io_loop.waiting import WaitSettings, resolve_handoff
+from forkless.io_loop.waiting import PARK, WaitSettings, wait_settings
 
 __all__ = ["Controller"]
 
@@ -141,14 +142,15 @@ class Controller:
     checkpoints go instead of ``FORKLESS_CHECKPOINT_DIR``, a ``CheckpointStore``); ``io_factory`` (the tests'
     seam). The ``forkless`` program asks for ``freeze_gc`` and ``notify_systemd``.
 
-    An old keyword (``on_results=``, ``events_only=``, ``out=``, ...) raises ``TypeError`` naming its new spelling.
+    An old keyword (``on_results=``, ``events_only=``, ``out=``, ...) still works in this release, with a
+    ``DeprecationWarning`` naming its new spelling (docs/embedding/versions.md); 0.3.0 removes it.
     """
 
     # replaced by sinks: assigning it would be read by nothing, so reading or assigning it says so
     on_results = ReplacedAttribute("Controller.on_results is gone: results leave through sinks, given when the "
                                    "controller is built: Controller(sinks=[forkless.OnResults(f)])")
 
-    @refusing_old_keywords
+    @taking_old_keywords
     def __init__(self, config: Config | None = None, *, processor: Processor | EventsOnly | None = None,
                  codec: Codec | None = None, sources: Sequence[Source] = (),
                  sinks: Sequence[OnResults | ResultSink] = (), on_event: EventCallback | OnEvent | None = None,
@@ -224,6 +226,7 @@ class Controller:
                                                             else NoServiceManager())
         # what start() takes, given back once, in reverse, by stop(), a failed start or run()'s end
         self._life = Lifetime(self._deadline)
+        self._handoff: WaitSettings | None = None  # resolved once, after the compile (``handoff``)
 
     @property
     def abandoned_io(self) -> bool:
@@ -232,10 +235,14 @@ class Controller:
 
     @property
     def handoff(self) -> WaitSettings:
-        """How the threads wait for each other (FORKLESS_HANDOFF resolved on the engine's platform:
-        io_loop/waiting.py); ``park`` before the compile and without a processor."""
-        platform = self.engine.platform if self.engine is not None else "cpu"
-        return WaitSettings(resolve_handoff(self.config.loop.handoff, platform) if self.engine is not None else "park")
+        """How the threads wait for each other (FORKLESS_HANDOFF resolved on the engine's platform and this
+        interpreter's GIL: io_loop/waiting.py), resolved once, so both threads are handed the same; ``park``
+        before the compile and without a processor."""
+        if self.engine is None:
+            return PARK
+        if self._handoff is None:
+            self._handoff = wait_settings(self.config.loop.handoff, self.engine.platform)
+        return self._handoff
 
     @property
     def checkpointer(self) -> Checkpointer | None:
@@ -298,6 +305,7 @@ class Controller:
         self._checkpoints.start(store, newest_at=recovery.restored_at, newest_bytes=recovery.restored_bytes)
         life.hold_checkpoints(self._checkpoints)
         self._host.apply()
+        log_gil(log)  # once JAX and every extension the run needs are loaded: any that turned the GIL on is named
         self._io = io = self._io_factory(cfg, self.codec, self.io_stats, self.stats, **self._io_arguments(),
                                          **self._endpoints.hand_over())
         side = io.start()
@@ -625,14 +633,14 @@ class Controller:
         """A consistent-enough snapshot for the status line, the metrics and embedding code;
         callable from any thread (the metrics endpoint calls it on the IO thread)."""
         io_side, engine = self._io, self.engine
-        io = io_side.snapshot()
-        return whole_snapshot(
-            self.main_stats, io, at=time.monotonic(), compilations=compilations(),
+        return whole_snapshot(  # the main thread's counters, then the IO side's: the books' order (controller/stats.py)
+            self.main_stats, io_side.snapshot, at=time.monotonic(), compilations=compilations(),
             devices=(engine.devices, tuple(int(v) for v in engine.device_messages), engine.device_rows)
             if engine is not None else ((), (), 0) if self.events_only else None,
             streams=(len(self.slots), self.slots.evicted), checkpoints=self._checkpoints.stats_fields(),
-            sources=self.recovery.source_figures(io), io_cpu_s=io_side.cpu_seconds(),
-            partitions_unowned=self._owner.unowned, weights=engine.weights if engine is not None else None)
+            sources=self.recovery.source_figures, io_cpu_s=io_side.cpu_seconds(),
+            partitions_unowned=self._owner.unowned, weights=engine.weights if engine is not None else None,
+            gil=str(gil_status()))
 
     @property
     def metrics_url(self) -> str | None:  # http://host:port of /metrics, /healthz, /readyz from start() on

@@ -56,7 +56,7 @@ from forkless.io_loop.counters import LAG_INTERVAL_S, SECONDS_BOUNDS, FeedSnapsh
 from forkless.io_loop.crossing import HOPS, SAMPLE_EVERY
 
 __all__ = ["KNOWN_REASONS", "MAX_REASONS", "SECONDS_STEP", "SnapshotCollector", "build_family", "build_info",
-           "by_reason_family", "exposition", "histogram_family", "make_registry", "metric_families",
+           "by_reason_family", "exposition", "gil_family", "histogram_family", "make_registry", "metric_families",
            "metrics_table_markdown", "render", "sink_families"]
 
 log = logging.getLogger("forkless.metrics")
@@ -259,7 +259,7 @@ def _latency_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric
 
 def _process_families(snap: StatsSnapshot) -> list[Metric]:
     """The process: compilations, readiness, devices, checkpoints, the feeds' positions, partitions."""
-    fams: list[Metric] = [build_family()]
+    fams: list[Metric] = [build_family(), gil_family(snap.gil)]
     fams.append(CounterMetricFamily("forkless_compilations", "XLA compilations in this process (flat after ready).",
                                     value=snap.compilations))
     fams.append(GaugeMetricFamily("forkless_ready", "1 when connected and the step is compiled, else 0.",
@@ -448,6 +448,19 @@ def build_family() -> Metric:
     return family
 
 
+def gil_family(status: str) -> Metric:
+    """``forkless_gil_enabled``: 1 while this interpreter runs with the GIL, its ``status`` label saying why
+    (io_loop/gil.py: ``off``, ``on: the build has a GIL``, ``on: enabled by module 'x'``, …); the program's and
+    the relay's alike. No sample when the status is not known."""
+    family = GaugeMetricFamily("forkless_gil_enabled", "1 while the interpreter runs with the GIL (a free-threaded "
+                               "build runs without it until an extension module that needs it is loaded, or "
+                               "PYTHON_GIL=1); status says why: off, on: the build has a GIL, on: enabled by module "
+                               "'x', on: PYTHON_GIL=1.", labels=["status"])
+    if status:
+        family.add_metric([status], int(status.startswith("on")))
+    return family
+
+
 def _per_feed(kind: type, name: str, doc: str, feeds: list[_FeedRow], attr: str) -> Metric:
     fam = kind(name, doc, labels=["feed"])
     for f in feeds:
@@ -542,6 +555,7 @@ def _every_field_populated() -> StatsSnapshot:
             outbound_depth=0, unsent=1, events_in=1, sent_out=1, counts={_VARIES: 1}, sent_failed={_VARIES: 1})),),
         counters={"anomalies": 1, _VARIES: 1}, restored_processed=1, restored_counters={"anomalies": 1, _VARIES: 1},
         sinks=((_VARIES, SimpleNamespace(taken=2, written=1, dropped={_VARIES: 1}, held=0, unwritten=1, batches=1)),),
+        gil=_VARIES,
     )
 
 

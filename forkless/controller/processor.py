@@ -7,8 +7,8 @@ Rules:
   modules read it as typed attributes through ``description_of`` (one ``TypeError`` naming
   ``Processor`` for any other object), never with a ``getattr``. The value is named as the
   keyword it is passed as (httpx's ``Timeout`` is passed as ``timeout=``); its fields were the
-  processor's own before (``Processor(init, step, name="x")``), a spelling still taken, folded
-  into the description with a ``DeprecationWarning`` naming the new one.
+  processor's own before (``Processor(init, step, name="x")``), a spelling removed in 0.2.0 that
+  raises naming the new one (controller/renamed.py).
 - ``init(shape) -> state`` builds the state pytree; the controller puts it on the device
   once and keeps it there across batches and reconnects. ``shape`` is a ``StateShape``
   (``max_streams``, ``features``), not the configuration: a setting the processor needs
@@ -89,9 +89,7 @@ for one message of one stream and let the helper batch it; it obeys every rule a
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -101,6 +99,7 @@ import jax.numpy as jnp
 
 from forkless.controller.declared import Description
 from forkless.controller.errors import ProcessorContractError
+from forkless.controller.renamed import removed
 
 __all__ = ["EWMAState", "Processor", "StateShape", "StreamState", "default_processor",
            "description_of", "ewma_processor", "reset_rows", "row_template", "stream_processor"]
@@ -139,8 +138,8 @@ class _Functions(NamedTuple):
     description: Description = Description()  # frozen: one default shared by every processor
 
 
-# the fields a Processor carried itself before its Description, in their positional order; still
-# taken (folded into the description, with a DeprecationWarning naming the new spelling)
+# the fields a Processor carried itself before its Description, in their positional order: deprecated in 0.1.0 and
+# removed in 0.2.0 (controller/renamed.py), each refused naming its Description spelling
 BEFORE_DESCRIPTION = ("per_stream", "name", "version", "restore_shared", "input_dtype", "counters", "settings",
                       "recorded")
 
@@ -150,9 +149,9 @@ class Processor(_Functions):
     ``Description`` (controller/declared.py: identity, restore and sharding, input dtype,
     declarations), which every module reads as typed attributes: ``processor.description.name``.
 
-    ``Processor(init, step, name="x")`` (the fields a processor carried itself before) still
-    builds one, with a ``DeprecationWarning`` naming ``description=Description(name="x")``; so do
-    ``processor.name`` and ``processor._replace(name="x")``."""
+    The fields a processor carried itself before (``Processor(init, step, name="x")``,
+    ``processor.name``, ``processor._replace(name="x")``) were removed in 0.2.0: each raises
+    naming its ``Description`` spelling."""
 
     __slots__ = ()
 
@@ -165,23 +164,18 @@ class Processor(_Functions):
             before = (description, *before)  # the old third positional field, per_stream
             description = None
         if before or before_keywords:
-            if description is not None:
-                raise TypeError(f"Processor: give either description=Description(...) or the fields it replaced "
-                                f"({', '.join(before_keywords) or 'positional'}), not both: put them in the "
-                                f"Description")
-            description = _folded(Description(), _named(before, before_keywords), "Processor(init, step, {old})",
-                                  "Processor(init, step, description=Description({old}))")
+            spelt = _spelt(_named(before, before_keywords))
+            raise removed("Processor(init, step, name=..., ...)", old=f"Processor(init, step, {spelt})",
+                          new=f"Processor(init, step, description=Description({spelt}))")
         return super().__new__(cls, init, step, Description() if description is None else description)
 
     def _replace(self, **changes: Any) -> Processor:
-        """A copy with ``changes`` (``init``, ``step``, ``description``); a field the description
-        holds is folded into it (deprecated: ``dataclasses.replace(p.description, ...)`` is the spelling)."""
-        before = {name: changes.pop(name) for name in BEFORE_DESCRIPTION if name in changes}
+        """A copy with ``changes`` (``init``, ``step``, ``description``)."""
+        before = {name: changes[name] for name in BEFORE_DESCRIPTION if name in changes}
         if before:
-            changes["description"] = _folded(changes.get("description", self.description), before,
-                                             "processor._replace({old})",
-                                             "processor._replace(description=dataclasses.replace("
-                                             "processor.description, {old}))")
+            spelt = _spelt(before)
+            raise removed("processor._replace(name=...)", old=f"processor._replace({spelt})",
+                          new=f"processor._replace(description=dataclasses.replace(processor.description, {spelt}))")
         if not isinstance(changes.get("description", self.description), Description):
             raise TypeError(f"processor._replace(description={changes['description']!r}): a Description")
         return super()._replace(**changes)
@@ -189,9 +183,8 @@ class Processor(_Functions):
     def __getattr__(self, name: str) -> Any:  # only for a name the three fields are not
         if name not in BEFORE_DESCRIPTION:
             raise AttributeError(f"'Processor' object has no attribute {name!r}", name=name, obj=self)
-        warnings.warn(f"processor.{name} is processor.description.{name} since the Description "
-                      f"(docs/embedding/contract.md)", DeprecationWarning, stacklevel=2)
-        return getattr(self.description, name)  # the deprecated spelling's one read by name
+        raise removed("processor.name", old=f"processor.{name}", new=f"processor.description.{name}",
+                      error=AttributeError)
 
 
 def description_of(processor: Processor) -> Description:
@@ -221,13 +214,9 @@ def _named(before: tuple[Any, ...], keywords: dict[str, Any]) -> dict[str, Any]:
     return named
 
 
-def _folded(description: Description, before: dict[str, Any], old: str, new: str) -> Description:
-    """``description`` with the fields ``before`` (as a processor carried them before its
-    Description) put in, and a ``DeprecationWarning`` naming the new spelling."""
-    spelt = ", ".join(f"{name}={value!r}" for name, value in before.items())
-    warnings.warn(f"{old.format(old=spelt)} is deprecated: write {new.format(old=spelt)} "
-                  f"(from forkless import Description; docs/embedding/contract.md)", DeprecationWarning, stacklevel=3)
-    return dataclasses.replace(description, **before)
+def _spelt(fields: dict[str, Any]) -> str:
+    """``name='x', version='2'``: the fields as a program wrote them."""
+    return ", ".join(f"{name}={value!r}" for name, value in fields.items())
 
 
 class StreamState(NamedTuple):
@@ -333,19 +322,17 @@ def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[s
     ``out`` is a dict of arrays, each stacked over the batch into the step's outputs.
     ``description`` goes into the ``Processor`` as it is (its name in the helper's errors); its
     ``per_stream`` is True, as the helper keeps streams apart. ``name=``, ``version=`` and the
-    description's other fields as keywords (the spelling before the Description) still work,
-    with a ``DeprecationWarning``.
+    description's other fields as keywords (the spelling before the Description, removed in
+    0.2.0) raise naming the ``description=`` spelling.
     """
     if before:
-        if description is not None:
-            raise TypeError(f"stream_processor: give either description=Description(...) or the fields it "
-                            f"replaced ({', '.join(before)}), not both: put them in the Description")
         unknown = [key for key in before if key not in BEFORE_DESCRIPTION or key == "per_stream"]
         if unknown:
             raise TypeError(f"stream_processor got an unexpected keyword {unknown[0]!r}: it takes row_step, "
                             f"init_row, init_params and description=Description(...)")
-        description = _folded(Description(), before, "stream_processor(..., {old})",
-                              "stream_processor(..., description=Description({old}))")
+        spelt = _spelt(before)
+        raise removed("stream_processor(..., name=...)", old=f"stream_processor(..., {spelt})",
+                      new=f"stream_processor(..., description=Description({spelt}))")
     description = Description() if description is None else description
     if not isinstance(description, Description):
         raise TypeError(f"stream_processor(description={description!r}): a Description (from forkless import "

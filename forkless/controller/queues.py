@@ -26,8 +26,11 @@ Rules:
 - How it waits (``WaitSettings``, io_loop/waiting.py, FORKLESS_HANDOFF): it blocks on *inbound* (a
   condition: the IO thread's put wakes it). With steps in flight and no closed batch, under ``park``
   it looks at the oldest step every ``READY_POLL_S``; under ``spin`` it blocks on it (waiting on the
-  device releases the GIL), while the IO loop spins: one thread spins at a time (two spinning
-  threads take the GIL from each other: measured on the TPU, bench/docs/handoff.md).
+  device releases the GIL), while the IO loop spins: under one GIL one thread spins at a time (two
+  spinning threads take the GIL from each other: measured on the TPU, bench/docs/handoff.md). Without
+  a GIL (``WaitSettings.both``) it spins too, for ``spin_s`` after its last work (a chunk taken, a step
+  dispatched or finished): it looks at *inbound* and at the oldest step between pauses instead of
+  blocking on either, so the IO thread's put is seen without a wake-up; then it blocks as above.
 - ``Outlet.put`` waits while *outbound* is full (the socket is slow), checking the IO side's
   health every ``POLL_S``: for as long as it takes, or, once a stop was requested, until its
   work deadline; what is still unput then is counted as dropped ("outbound full at stop"). An
@@ -57,7 +60,7 @@ from forkless.controller.batching import MicroBatcher, Taken
 from forkless.controller.inflight import StepsInFlight
 from forkless.controller.stats import MainStats
 from forkless.io_loop.crossing import TAKEN, Chunk, Events, Outgoing, count_unsent
-from forkless.io_loop.waiting import PARK, WaitSettings
+from forkless.io_loop.waiting import PARK, WaitSettings, pause, spin
 
 __all__ = ["POLL_S", "READY_POLL_S", "STOP_RESERVE_S", "Intake", "Outlet", "StopDeadline"]
 
@@ -139,6 +142,7 @@ class Intake:
         self._pulled = 0
         self._pull_target = 0
         self._added = self._owed = self._taken = 0
+        self._spin_until = 0.0  # without a GIL: it spins until then (its last work plus spin_s), then blocks
 
     def pending(self, timeout: float, settle: bool = True) -> int:
         """``process_pending``'s work: batches until what was queued when it was called has been
@@ -184,26 +188,54 @@ class Intake:
         """Collect one batch and step it; how many messages it held. With steps in flight, a
         step that is done is finished instead (0), and while nothing is waiting the oldest is
         awaited instead of the first message (the module rules)."""
-        flight, batcher = self.flight, self.batcher
+        flight, batcher, wait = self.flight, self.batcher, self.wait
         while flight is not None and len(flight):
             if flight.oldest_ready() or self.closed:
                 flight.finish_oldest(deadline)
+                self._worked()
                 return 0
             if len(batcher) and not self._top_up(deadline):  # closed: full, or collected for max_wait
                 taken = self.collect(0.0, deadline)
                 if taken is not None:
                     self._step(taken, deadline)
+                    self._worked()
                     return len(taken)
-            if not self.wait.spins:
+            if not wait.spins:
                 self._await(READY_POLL_S)
+            elif wait.both and time.monotonic() < self._spin_until:
+                if not self._pull():  # no GIL to take from the IO loop: look again after a pause
+                    pause(wait.nap_s)
             elif not self._pull():  # nothing waiting: block on the step (the GIL released; the IO loop spins)
                 flight.finish_oldest(deadline)
+                self._worked()
                 return 0
         taken = self.collect(timeout, deadline)
         if taken is None:
             return 0
         self._step(taken, deadline)
+        self._worked()
         return len(taken)
+
+    def _worked(self) -> None:
+        """Work was done (a step dispatched or finished): without a GIL the main thread spins for the
+        next ``spin_s`` instead of blocking (the module rules)."""
+        if self.wait.both:
+            self._spin_until = time.monotonic() + self.wait.spin_s
+
+    def _get(self, timeout: float) -> Chunk | Events:
+        """The first item of a batch: blocking up to ``timeout`` on *inbound*; without a GIL, spinning on
+        it first while work is recent (``_spin_until``), so that a put is seen without a wake-up."""
+        inbound = self.inbound
+        if timeout <= 0:
+            return inbound.get_nowait()
+        if self.wait.both:
+            end = time.monotonic() + timeout
+            if spin(inbound.qsize, min(end, self._spin_until), self.wait.nap_s):
+                return inbound.get_nowait()
+            timeout = end - time.monotonic()
+            if timeout <= 0:
+                raise Empty
+        return inbound.get(timeout=timeout)
 
     def _top_up(self, deadline: float | None) -> bool:
         """The batch collecting while steps run, topped up from what is already waiting under the
@@ -249,7 +281,7 @@ class Intake:
         inbound, batcher = self.inbound, self.batcher
         if not len(batcher) and not self.closed:
             try:
-                self._add(inbound.get(timeout=timeout) if timeout > 0 else inbound.get_nowait())
+                self._add(self._get(timeout))
             except Empty:
                 return None
             except janus.SyncQueueShutDown:

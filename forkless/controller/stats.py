@@ -5,22 +5,30 @@ Rules:
 - Each counter object has one writer thread: ``MainStats`` is written only by the main thread,
   ``IOStats`` (io_loop/counters.py, with the histograms and the IO side's snapshots) only by the
   IO thread. Readers on the other side only read, through a snapshot, so no
-  lock is needed and none is taken.
+  lock is needed and none is taken. A figure both threads count (errors, dropped, replies
+  declined, the hops) is two counters, one per thread, added when read (Java's ``LongAdder``).
 - Copying a counter dict that another thread may be adding keys to goes through the one
   ``copy_counts`` (io_loop/counters.py), whichever side reads.
-- ``Controller.stats()`` combines both into a ``StatsSnapshot``; the status line and the
-  Prometheus metrics are both made from snapshots, so the three never disagree.
+- ``Controller.stats()`` combines both into a ``StatsSnapshot`` (``whole_snapshot``) from any
+  thread, reading the books in their order: the main thread's counters first (``MainStats.snapshot``),
+  then the IO side's, where each feed's messages received are read last (``IOStats.snapshot``). A
+  message is counted received before anything is counted of its answer, so a snapshot never shows
+  more answered, dropped or declined than received (``unanswered`` >= 0), whichever thread takes it
+  while both count. Its figures are not of one instant: a message received meanwhile may be counted
+  in and not yet out (``unanswered`` a little high), never the other way.
+- The status line and the Prometheus metrics are both made from snapshots, so the three never disagree.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from forkless.controller.renamed import removed
 from forkless.io_loop.counters import (
     SECONDS_BOUNDS,
     FeedSnapshot,
@@ -79,6 +87,15 @@ class MainStats:
     def for_run(cls, buckets: Sequence[int], feeds: int) -> MainStats:
         """The counters of a run with these bucket sizes and ``feeds`` feeds (a latency histogram each)."""
         return cls(batch_size=Histogram(buckets), latency=[Histogram(SECONDS_BOUNDS) for _ in range(feeds)])
+
+    def snapshot(self) -> MainStats:
+        """The counters as they are now, for another thread (``whole_snapshot`` takes it before the IO side's: the
+        module rules): every number and by-reason count copied; the histograms are the same objects, each copied
+        by its own ``snapshot()`` when read."""
+        return dataclasses.replace(
+            self, errors=Counter(copy_counts(self.errors)), dropped=Counter(copy_counts(self.dropped)),
+            replies_declined=Counter(copy_counts(self.replies_declined)), resets=Counter(copy_counts(self.resets)),
+            counters=copy_counts(self.counters), restored_counters=dict(self.restored_counters))
 
 
 @dataclass(frozen=True)
@@ -194,6 +211,9 @@ class StatsSnapshot:
     # the weights in force (controller/device/weights.py ``Weights``: version, digest, since which step); None: no
     # params
     weights: Any = None
+    # whether this interpreter runs with the GIL, and why (io_loop/gil.py): "off", "on: the build has a GIL",
+    # "on: PYTHON_GIL=1", "on: enabled by module 'x'" …; "" where not known (a snapshot made by hand)
+    gil: str = ""
 
     @property
     def anomalies(self) -> int:
@@ -227,11 +247,9 @@ class StatsSnapshot:
 
     @property
     def in_flight(self) -> int:
-        """Deprecated: ``unanswered``, its name now ("in flight" is said of steps dispatched to the device and
-        not finished); warns ``DeprecationWarning`` and gives the same number, to be removed."""
-        warnings.warn("StatsSnapshot.in_flight is deprecated: read StatsSnapshot.unanswered (received messages not "
-                      "yet answered, dropped or declined; the same number)", DeprecationWarning, stacklevel=2)
-        return self.unanswered
+        """Removed in 0.2.0 (deprecated in 0.1.0): ``unanswered`` is its name ("in flight" is said of steps
+        dispatched to the device and not finished); ``AttributeError`` naming it."""
+        raise removed("StatsSnapshot.in_flight", error=AttributeError)
 
 
 def _ms(seconds: float) -> str:
@@ -369,17 +387,22 @@ def _reasons(dropped: dict[str, int]) -> str:
     return f" ({', '.join(f'{reason} {n}' for reason, n in sorted(dropped.items()))})" if dropped else ""
 
 
-def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: int,
+def whole_snapshot(main: MainStats, io_snapshot: Callable[[], IOSnapshot], *, at: float, compilations: int,
                    devices: tuple[tuple[str, ...], tuple[int, ...], int] | None, streams: tuple[int, int],
-                   checkpoints: dict[str, Any], sources: tuple[SourceFigures, ...],
-                   io_cpu_s: float = math.nan, partitions_unowned: int = 0, weights: Any = None) -> StatsSnapshot:
-    """``Controller.stats()``: the main thread's counters (``main``, copied here with
-    ``copy_counts``) and the IO side's snapshot as one ``StatsSnapshot``. ``devices``: the
-    engine's ``(devices, messages per device, rows stepped)``, None before the compile;
-    ``streams``: ``(active, evicted)``; ``checkpoints``: the checkpointer's fields;
-    ``io_cpu_s``: the IO thread's CPU seconds (``IOSide.cpu_seconds``); ``partitions_unowned``:
-    a partitioned instance's count of its stream's partitions that no instance owns; ``weights``:
-    the engine's weights in force (controller/device/weights.py)."""
+                   checkpoints: dict[str, Any],
+                   sources: Callable[[IOSnapshot], tuple[SourceFigures, ...]] = lambda io: (),
+                   io_cpu_s: float = math.nan, partitions_unowned: int = 0, weights: Any = None,
+                   gil: str = "") -> StatsSnapshot:
+    """``Controller.stats()``, from any thread: the main thread's counters (``main``, copied first) and then
+    the IO side's snapshot (``io_snapshot()``), in the books' order (the module rules), as one
+    ``StatsSnapshot``. ``devices``: the engine's ``(devices, messages per device, rows stepped)``, None
+    before the compile; ``streams``: ``(active, evicted)``; ``checkpoints``: the checkpointer's fields;
+    ``sources``: the JetStream feeds' figures drawn from the IO side's snapshot; ``io_cpu_s``: the IO
+    thread's CPU seconds (``IOSide.cpu_seconds``); ``partitions_unowned``: a partitioned instance's count of
+    its stream's partitions that no instance owns; ``weights``: the engine's weights in force
+    (controller/device/weights.py); ``gil``: the GIL's status (io_loop/gil.py)."""
+    main = main.snapshot()  # before the IO side's: what the main thread counted of a message, before its receipt
+    io = io_snapshot()
     at_ready = main.compilations_at_ready
     feed_latency = [histogram.snapshot() for histogram in main.latency]
     latency = feed_latency[0]
@@ -420,7 +443,7 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         last_error=io.last_error,
         feeds=io.feeds,
         hops=add_hops(io.hops, {hop: histogram.snapshot() for hop, histogram in main.hops.items()}),
-        sources=sources,
+        sources=sources(io),
         io_cpu_s=io_cpu_s,
         step_io_cpu_s=main.step_io_cpu_s,
         events_in=io.events_in, events=main.events, events_unhandled=main.events_unhandled,
@@ -431,6 +454,7 @@ def whole_snapshot(main: MainStats, io: IOSnapshot, *, at: float, compilations: 
         counters=copy_counts(main.counters),
         restored_processed=main.restored_processed, restored_counters=dict(main.restored_counters),
         weights=weights,
+        gil=gil,
     )
 
 

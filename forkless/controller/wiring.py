@@ -1,4 +1,4 @@
-"""What a ``Controller`` is built from: the typed groups of its arguments, and the old keywords refused by name.
+"""What a ``Controller`` is built from: the typed groups of its arguments, and the old keywords translated.
 
 Rules:
 - ``Controller(config=None, *, processor, codec, sources, sinks, on_event, connect, runtime)``: eight arguments
@@ -13,10 +13,10 @@ Rules:
   order after each step, before the batch's replies are put, as ``on_results`` was) and the IO thread's
   (``ResultSink``s, io_loop/sinks/results.py). Two ways in stay apart: ``sources`` hand messages and events over,
   ``on_event`` takes the events in the main thread.
-- An old keyword (``on_results=``, ``events_only=``, …) is refused with a ``TypeError`` that names its new
-  spelling (``refusing_old_keywords``); none keeps working, so the signature says all the controller takes. The
-  attribute ``on_results``, which a program could replace, is refused the same way (``ReplacedAttribute``): set,
-  it would be read by nothing.
+- An old keyword (``on_results=``, ``events_only=``, …) is taken for one release under the deprecation policy
+  (controller/renamed.py): a ``DeprecationWarning`` naming its new spelling, and the call it stands for
+  (``grouped_keywords``); the signature shows only the eight. The attribute ``on_results``, which a program could
+  replace, is refused (``ReplacedAttribute``): set from outside, it would be read by nothing.
 - Pure: no JAX, no threads, nothing of the IO side is imported (the types named in the hints only for a type
   checker), so a group may be built before the configuration is read.
 """
@@ -28,6 +28,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from forkless.controller.renamed import deprecated
 
 if TYPE_CHECKING:  # hints only: each would import the IO side or the checkpoint writer
     from forkless.controller.checkpoints.checkpointer import CheckpointStore
@@ -233,24 +235,22 @@ def _no_results(seq: list[Any], stream: list[str], outputs: dict[str, Any]) -> N
     """No ``OnResults``: the results go to the IO thread's sinks and the replies only."""
 
 
-# ---- the old keywords -------------------------------------------------------------------------------------
+# ---- the old keywords ---------------------------------------------------------------------------------------
 
-# each keyword the controller took before its arguments were grouped, and how it is written now
+# each keyword the controller took before its arguments were grouped: the spelling controller/renamed.py knows it by
 OLD_KEYWORDS = {
-    "on_results": "Controller(on_results=f) is now Controller(sinks=[forkless.OnResults(f)])",
-    "events_only": "Controller(events_only=True) is now Controller(processor=forkless.EVENTS_ONLY)",
-    "on_connect": "Controller(on_connect=h) is now Controller(connect=forkless.ConnectHooks(on_connect=h))",
-    "before_connect": "Controller(before_connect=h) is now Controller(connect=forkless.ConnectHooks(before_connect=h))",
-    "connection_events": "Controller(on_event=f, connection_events=True) is now "
-                         "Controller(on_event=forkless.OnEvent(f, connections=True))",
-    "out": "Controller(out=f) is now Controller(runtime=forkless.Runtime(out=f))",
-    "freeze_gc": "Controller(freeze_gc=True) is now Controller(runtime=forkless.Runtime(freeze_gc=True))",
-    "notify_systemd": "Controller(notify_systemd=True) is now "
-                      "Controller(runtime=forkless.Runtime(notify_systemd=True))",
-    "checkpoint_store": "Controller(checkpoint_store=s) is now "
-                        "Controller(runtime=forkless.Runtime(checkpoint_store=s))",
-    "io_factory": "Controller(io_factory=f) is now Controller(runtime=forkless.Runtime(io_factory=f))",
+    "on_results": "Controller(on_results=f)",
+    "events_only": "Controller(events_only=True)",
+    "on_connect": "Controller(on_connect=h)",
+    "before_connect": "Controller(before_connect=h)",
+    "connection_events": "Controller(on_event=f, connection_events=True)",
+    "out": "Controller(out=f)",
+    "freeze_gc": "Controller(freeze_gc=True)",
+    "notify_systemd": "Controller(notify_systemd=True)",
+    "checkpoint_store": "Controller(checkpoint_store=s)",
+    "io_factory": "Controller(io_factory=f)",
 }
+RUNTIME_KEYWORDS = ("out", "freeze_gc", "notify_systemd", "checkpoint_store", "io_factory")
 
 
 class ReplacedAttribute:
@@ -269,17 +269,53 @@ class ReplacedAttribute:
         raise AttributeError(self.message)
 
 
-def refusing_old_keywords(init: Callable[..., None]) -> Callable[..., None]:
-    """``Controller.__init__`` that refuses each old keyword with a ``TypeError`` naming its new spelling, before
-    anything is built; every other argument goes to ``init`` as it is (its own signature refuses the rest), and
-    ``inspect.signature`` shows ``init``'s."""
+def grouped_keywords(kwargs: dict[str, Any], *, stacklevel: int = 2) -> dict[str, Any]:
+    """``Controller``'s keyword arguments with each old keyword put where it is written now, each warned of with a
+    ``DeprecationWarning`` naming its new spelling (``TypeError`` once the release that removes them has come:
+    controller/renamed.py). An old keyword beside the argument that replaced it is a ``TypeError`` naming both.
+    ``stacklevel``: the warnings', counted from the caller (the program's own line)."""
+    old = [name for name in OLD_KEYWORDS if name in kwargs]
+    for name in old:
+        deprecated(OLD_KEYWORDS[name], stacklevel=stacklevel)
+    if not old:
+        return kwargs
+    new = {name: value for name, value in kwargs.items() if name not in OLD_KEYWORDS}
+
+    def put(argument: str, value: Any, *keywords: str) -> None:
+        if argument in new:
+            raise TypeError(f"Controller({keywords[0]}=...) and Controller({argument}=...) both given: put "
+                            f"{' and '.join(keywords)} in {_WHERE[argument]}")
+        new[argument] = value
+
+    if kwargs.get("on_results") is not None:
+        new["sinks"] = [OnResults(kwargs["on_results"]), *new.get("sinks", ())]  # called first, as it was
+    if kwargs.get("events_only"):
+        put("processor", EVENTS_ONLY, "events_only")
+    hooks = {name: kwargs[name] for name in ("on_connect", "before_connect") if kwargs.get(name) is not None}
+    if hooks:
+        put("connect", ConnectHooks(**hooks), *hooks)
+    if kwargs.get("connection_events"):
+        if new.get("on_event") is None or isinstance(new["on_event"], OnEvent):
+            raise TypeError("Controller(connection_events=True) hands each feed's ConnectionEvents to on_event: "
+                            "write Controller(on_event=forkless.OnEvent(f, connections=True))")
+        new["on_event"] = OnEvent(new["on_event"], connections=True)
+    runtime = {name: kwargs[name] for name in RUNTIME_KEYWORDS if name in kwargs}
+    if runtime:
+        put("runtime", Runtime(**runtime), *runtime)
+    return new
+
+
+_WHERE = {"processor": "processor=forkless.EVENTS_ONLY", "connect": "forkless.ConnectHooks(...)",
+          "runtime": "forkless.Runtime(...)"}
+
+
+def taking_old_keywords(init: Callable[..., None]) -> Callable[..., None]:
+    """``Controller.__init__`` that takes each old keyword for the release the deprecation policy gives it
+    (``grouped_keywords``), before anything is built; every other argument goes to ``init`` as it is (its own
+    signature refuses the rest), and ``inspect.signature`` shows ``init``'s."""
 
     @functools.wraps(init)
     def checked(self: Any, *args: Any, **kwargs: Any) -> None:
-        old = [name for name in OLD_KEYWORDS if name in kwargs]
-        if old:
-            raise TypeError("the Controller's arguments are grouped now (docs/embedding/controller.md): "
-                            + "; ".join(OLD_KEYWORDS[name] for name in old))
-        init(self, *args, **kwargs)
+        init(self, *args, **grouped_keywords(kwargs, stacklevel=3))
 
     return checked

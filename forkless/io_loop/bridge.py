@@ -75,7 +75,7 @@ class OutboundSender:
         if expecting is None:
             return
         before = expecting.expect(steps)
-        if steps and not before and not expecting.spinning:
+        if steps and not before and not expecting.spinning_now():
             try:
                 self._loop.call_soon_threadsafe(_nothing)  # its select returns, and spins from then on
             except RuntimeError:  # the loop has closed
@@ -106,7 +106,7 @@ class OutboundSender:
 
     def _wake(self, always: bool = False) -> None:
         expecting = self._expecting
-        if not always and expecting is not None and expecting.spinning:  # read after the put: io_loop/waiting.py
+        if not always and expecting is not None and expecting.spinning_now():  # after the put: io_loop/waiting.py
             return
         try:
             self._loop.call_soon_threadsafe(self._ready.set)

@@ -3,12 +3,23 @@
 Rules:
 - Pure: no threads, no clock (the caller passes times).
 - Each counter object has one writer thread: an ``IOStats`` is written only by the IO thread
-  (one per feed, plus the thread's own). Readers on the other side only read (single int or
-  list reads are atomic under the GIL), so no lock is needed and none is taken.
+  (one per feed, plus the thread's own), so its ``x += 1`` (a read, then a write: two threads
+  doing it at once lose counts without the GIL) is never raced. Readers on other threads only
+  read, and a single read of an attribute, a list item or a dict item is atomic with or without
+  the GIL (the free-threaded build locks each object), so no lock is needed and none is taken.
 - The other side reads them only through a snapshot: ``IOStats.snapshot()`` (called by
-  ``IOThread.snapshot()``, then ``combine_io``) copies them. ``copy_counts`` is the one place
-  that copies a counter dict while its writer may be adding keys (the one retry this takes);
-  every reader of a ``Counter`` another thread writes uses it, on either side.
+  ``IOThread.snapshot()``, then ``combine_io``) copies them, one figure after another while the
+  writer goes on: a copy is of no single instant. What that can do, and why it is harmless: each
+  figure is a value its writer wrote (never half a number); a counter never goes back from one
+  copy to the next; two figures may be from moments apart, so the copy reads each book's outflow
+  before its inflow (what is received last, ``snapshot``'s order) and never shows more answered
+  than received; a histogram's buckets, total and count may differ by the observations made
+  while it was copied (its quantiles use the buckets alone).
+- ``copy_counts`` is the one place that copies a counter dict while its writer may be adding
+  keys; every reader of a ``Counter`` another thread writes uses it, on either side. Iterating
+  such a dict (``sum(d.values())``, ``list(d)``) raises when a key is added meanwhile, on the
+  free-threaded build as soon as two threads run; copying it (``dict(d)``) is one locked
+  operation there and one C call under the GIL, and the retry is kept for any other build.
 - The whole-process snapshot (``controller.stats.StatsSnapshot``) is the controller's; the IO
   side is handed a callable returning it and reads only what its health endpoints show.
 """
@@ -206,9 +217,10 @@ class IOStats:
         observe_hops(self.hops, seconds)
 
     def snapshot(self, inbound_depth: int = 0, outbound_depth: int = 0, unsent: int = 0) -> IOSnapshot:
-        """A copy safe to read from any thread (the queue depths and unsent count are the caller's)."""
+        """A copy safe to read from any thread (the queue depths and unsent count are the caller's), read in
+        the books' order (the module rules): what is received (frames, messages, events) last."""
         return IOSnapshot(
-            frames_in=self.frames_in, messages_in=self.messages_in, results_out=self.results_out,
+            results_out=self.results_out,
             errors_out=self.errors_out, answer_errors_out=self.answer_errors_out,
             error_replies_unsent=self.error_replies_unsent, written_unconfirmed=self.written_unconfirmed,
             errors=copy_counts(self.errors), dropped=copy_counts(self.dropped),
@@ -219,11 +231,13 @@ class IOStats:
             inbound_depth=inbound_depth, outbound_depth=outbound_depth, unsent=unsent,
             hops={hop: histogram.snapshot() for hop, histogram in self.hops.items()},
             source=None if self.source is None else dataclasses.replace(self.source),
-            events_in=self.events_in, sent_out=self.sent_out, sent_unsent=self.sent_unsent,
+            sent_out=self.sent_out, sent_unsent=self.sent_unsent,
             sent_failed=copy_counts(self.sent_failed),
             counts=copy_counts(self.counts), events_dropped=copy_counts(self.events_dropped),
             buffered=self.buffered, buffered_peak=self.buffered_peak,
             awaited_unanswered=copy_counts(self.awaited_unanswered),
+            # last: a message (an event) is counted received before anything of its answer is
+            frames_in=self.frames_in, messages_in=self.messages_in, events_in=self.events_in,
         )
 
 

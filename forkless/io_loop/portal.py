@@ -52,6 +52,7 @@ import janus
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.crossing import ConnectionEvent
 from forkless.io_loop.errors import ForklessError
+from forkless.io_loop.gil import log_gil
 from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.portalqueue import MainQueue, PortalQueue, PortalSends, WorkerQueue
 
@@ -192,6 +193,7 @@ class IOPortal:
         if self._started:
             return self
         self._started = True
+        log_gil(log)  # whether the worker's thread and the main thread run at once (io_loop/gil.py)
         if not self._runner.start(self._run, self.start_timeout_s):
             self._stopped = True
             self._stop(0.0, because=f"did not start within start_timeout_s={self.start_timeout_s}")

@@ -23,7 +23,8 @@ Rules:
   given up at its deadline (a timer on the loop, whatever is queued before it), ``to_main`` gets a
   ``SendFailed`` (its id, the item, reason ``"deadline"``) and ``sent_failed`` counts it. Taking and
   giving up are settled under one lock (a ``get`` may run in an executor thread); the count and the
-  report are made on the loop only.
+  report are made on the loop only. The ids of such puts are counted under the same lock: ``from_main``
+  is a ``queue.Queue`` to whoever puts on it, and two threads' puts once took one id.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class PortalSends:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._report = report
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # an item's outcome, and the count of puts below
         self._sends = 0  # puts with a deadline so far: their id unless the caller gives one
         self.sent_failed: Counter[str] = Counter()  # items given up by reason (written on the loop only)
         self._logged = False
@@ -177,8 +178,10 @@ class PortalSends:
         max_age_s = checked_max_age(max_age_s, "put(max_age_s=)")
         if max_age_s is None:
             raise ValueError("put(id=) names an item put with a deadline: give max_age_s too")
-        self._sends += 1
-        return _Timed(item, time.monotonic() + max_age_s, self._sends if id is None else id)
+        with self._lock:  # one id each, whichever threads put at once (the module rules)
+            self._sends += 1
+            sends = self._sends
+        return _Timed(item, time.monotonic() + max_age_s, sends if id is None else id)
 
     def watch(self, record: _Timed) -> None:
         """After the put: its deadline is watched on the loop from now."""

@@ -47,6 +47,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +64,7 @@ from forkless.io_loop.loopthread import LoopThread, run_all
 from forkless.io_loop.sinks.results import ResultSinks
 from forkless.io_loop.sinks.sink import Acknowledged, RecordSink, ResultSink, SinkRunner
 from forkless.io_loop.source import Source
-from forkless.io_loop.waiting import PARK, Expecting, SpinningSelector, WaitSettings
+from forkless.io_loop.waiting import PARK, Expecting, SpinningSelector, WaitSettings, keep_apart
 
 if TYPE_CHECKING:  # imported where served only: aiohttp.web, 1.7 MiB resident
     from forkless.io_loop.net.http import MetricsServer
@@ -117,11 +119,14 @@ class IOThread:
         self._aborted = False
         self._stopping: list[asyncio.Task] = []  # the stop's tasks, made on the loop by request_stop
         self._stop_closed = False  # True once _main has taken the stop's tasks to finish: none is made after
+        self._caller = 0  # the native id of the thread that started this one (the controller's)
 
     # ---- main-thread API --------------------------------------------------------------------
 
     def start(self, timeout: float = 30.0) -> MainSide:
-        """Start the thread; return the queues' sync sides once the loop has made them."""
+        """Start the thread; return the queues' sync sides once the loop has made them. Under a hand-off that
+        keeps the threads apart (io_loop/waiting.py), the thread keeps off the core of the one calling this."""
+        self._caller = threading.get_native_id()
         if not self._runner.start(None, timeout):
             raise IOThreadError(f"the IO thread did not start within {timeout}s")
         self.raise_if_failed()
@@ -178,8 +183,8 @@ class IOThread:
     def feed_ended(self, index: int) -> str:
         """Why feed ``index`` takes no more frames ("" while it does): callable from any thread.
         ``Controller.send`` asks before every send: two reads of values the IO thread writes
-        (atomic under the GIL), not a snapshot (a whole one took about 0.15 ms: an order's
-        round trip, bench/docs/exchange-session-cost.md)."""
+        (each one reference read: atomic with or without the GIL), not a snapshot (a whole one took
+        about 0.15 ms: an order's round trip, bench/docs/exchange-session-cost.md)."""
         feeds = self._feeds
         return feeds.ended(index) if feeds is not None else ""
 
@@ -195,8 +200,14 @@ class IOThread:
         return asyncio.new_event_loop() if selector is None else asyncio.SelectorEventLoop(selector)
 
     def _run(self) -> None:
-        """The thread's body: its loop runs ``_outcome``."""
-        self._runner.run_here(self._outcome)
+        """The thread's body: its loop runs ``_outcome``, off the caller's core where the hand-off keeps the
+        threads apart (its own affinity given back as its last act: the threads it started end with it)."""
+        had = keep_apart(self._caller) if self.wait.apart else None
+        try:
+            self._runner.run_here(self._outcome)
+        finally:
+            if had is not None:
+                os.sched_setaffinity(0, had)
 
     async def _outcome(self) -> None:
         """The thread's main coroutine: ``_main``, what ends it kept in ``failure`` (see the rules)."""

@@ -12,9 +12,15 @@ Rules:
   (its results will land on *outbound*; the next message is likely near). ``auto`` is resolved once,
   by the main thread, from the platform: ``spin`` on an accelerator, ``park`` on the CPU
   (``resolve_handoff``).
-- One thread spins at a time: meanwhile the main thread blocks on the running step (controller/queues.py),
-  which releases the GIL. Two spinning threads took the GIL from each other (measured on the TPU:
-  bench/out-tpu/2026-12-06-handoff).
+- Under one GIL, one thread spins at a time: meanwhile the main thread blocks on the running step
+  (controller/queues.py), which releases the GIL. Two spinning threads took the GIL from each other
+  (measured on the TPU: bench/out-tpu/2026-12-06-handoff).
+- Without a GIL (a free-threaded build with the GIL off, ``gil_enabled``), both threads spin while work is
+  imminent (``WaitSettings.both``): neither takes anything from the other, and a hand-off is then seen by a
+  look instead of a wake-up. The main thread spins for ``spin_s`` after its last piece of work (a chunk
+  taken, a step finished) and then blocks as under the GIL, so a long step or an idle feed costs no core.
+  The IO thread is kept off the core the main thread runs on (``keep_apart``, ``WaitSettings.apart``): a
+  thread that sleeps is woken on its waker's core, behind the busy main thread, unless kept apart.
 - Nothing holds the GIL while it waits: between looks a spinning thread ``pause``s, yielding its core
   (``os.sched_yield``) or napping (``time.sleep``), both with the GIL released; never a bare loop. On
   the lent TPU host a nap of even 20 µs wakes as late as a park (0.3-0.6 ms), a yield at once.
@@ -33,12 +39,14 @@ from __future__ import annotations
 
 import os
 import selectors
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["HANDOFFS", "NAP_S", "PARK", "SPIN_S", "Expecting", "SpinningSelector", "WaitSettings", "pause",
-           "resolve_handoff"]
+__all__ = ["HANDOFFS", "NAP_S", "PARK", "SPIN_S", "Expecting", "SpinningSelector", "WaitSettings", "cpu_of",
+           "gil_enabled", "keep_apart", "pause", "processor_of", "resolve_handoff", "spin", "wait_settings"]
 
 HANDOFFS = ("auto", "park", "spin")
 # a spinning thread's pause between looks: 0 yields the core (``os.sched_yield``, the GIL released,
@@ -57,13 +65,33 @@ def pause(nap_s: float) -> None:
         os.sched_yield()
 
 
+def spin(look: Callable[[], bool], until: float, nap_s: float = NAP_S) -> bool:
+    """Look between pauses (``pause(nap_s)``, the core yielded) until ``look()`` says yes (True) or ``until``
+    (``time.monotonic()`` seconds) has passed (False): the main thread's spin, without a GIL."""
+    while not look():
+        if time.monotonic() >= until:
+            return False
+        pause(nap_s)
+    return True
+
+
+def gil_enabled() -> bool:
+    """Whether this interpreter runs with the GIL now: always on a standard build; on a free-threaded one
+    (PEP 703) unless ``PYTHON_GIL=1`` or an extension module that needs it turned it back on."""
+    is_enabled = getattr(sys, "_is_gil_enabled", None)
+    return True if is_enabled is None else bool(is_enabled())
+
+
 @dataclass(frozen=True)
 class WaitSettings:
-    """How the threads wait for each other (FORKLESS_HANDOFF, resolved: never ``auto``)."""
+    """How the threads wait for each other (FORKLESS_HANDOFF, resolved: never ``auto``). ``both``: the main
+    thread spins too; ``apart``: the IO thread is kept off the main thread's core (both only without a GIL)."""
 
     handoff: str = "park"  # "park" or "spin"
     nap_s: float = NAP_S
     spin_s: float = SPIN_S
+    both: bool = False
+    apart: bool = False
 
     @property
     def spins(self) -> bool:
@@ -76,7 +104,8 @@ PARK = WaitSettings()  # the default: each thread sleeps until woken
 def resolve_handoff(setting: str, platform: str) -> str:
     """``FORKLESS_HANDOFF``'s strategy on ``platform`` (the first device's: "cpu", "tpu", "gpu" …):
     ``auto`` spins on an accelerator, where a wake-up costs a step's fraction, and parks on the CPU,
-    where the spinning thread's naps would take cores from XLA's own threads."""
+    where spinning threads take cores from XLA's own threads and the feed's (a free-threaded build's
+    two spinners take two: docs/performance.md has the measurements)."""
     if setting not in HANDOFFS:
         raise ValueError(f"handoff: {setting!r} is not one of {', '.join(HANDOFFS)}")
     if setting == "auto":
@@ -84,22 +113,84 @@ def resolve_handoff(setting: str, platform: str) -> str:
     return setting
 
 
+def wait_settings(setting: str, platform: str, gil: bool | None = None) -> WaitSettings:
+    """The resolved ``WaitSettings`` of ``FORKLESS_HANDOFF`` on ``platform``; ``gil``: whether the GIL is
+    on (None: this interpreter's, now). Without a GIL a spin is both threads', kept apart."""
+    gil = gil_enabled() if gil is None else gil
+    if resolve_handoff(setting, platform) == "park":
+        return PARK
+    return WaitSettings("spin", both=not gil, apart=not gil)
+
+
+def cpu_of(native_id: int) -> int | None:
+    """The CPU the thread ``native_id`` (``threading.get_native_id()``) of this process last ran on (Linux's
+    /proc), None where that cannot be read."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as f:
+            return processor_of(f.read())
+    except OSError:
+        return None
+
+
+def processor_of(stat: bytes) -> int | None:
+    """The "processor" field (39) of a /proc/…/stat line; None where it has none."""
+    fields = stat[stat.rfind(b")") + 2:].split()  # after the name, which may hold spaces and ')': field 3 on
+    try:
+        return int(fields[36])
+    except (IndexError, ValueError):
+        return None
+
+
+def keep_apart(main_native_id: int) -> set[int] | None:
+    """On the calling thread (forkless's IO thread): keep it off the core the thread ``main_native_id`` (the
+    controller's) runs on now, within the CPUs the host allows it (the host's affinity wins: it is only
+    narrowed); the CPUs it had, for ``os.sched_setaffinity(0, ...)`` to give back, or None when nothing was
+    changed (one CPU allowed, no affinity on this platform, the main thread's core unknown)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    main_cpu = cpu_of(main_native_id)
+    if len(allowed) < 2 or main_cpu not in allowed:
+        return None
+    try:
+        os.sched_setaffinity(0, allowed - {main_cpu})
+    except OSError:  # a sandbox that refuses it: the threads wait as they would without
+        return None
+    return allowed
+
+
 class Expecting:
-    """What each thread expects of the other (see the module rules): one writer per field."""
+    """What each thread expects of the other (see the module rules): one writer per field. ``spinning``
+    is written and read under ``lock``: the IO thread clears it and then looks at *outbound* once more,
+    the main thread puts and then reads it; the lock orders the two on any memory model (without it,
+    only a GIL, or x86's, would), so a put is either seen by that last look or wakes the loop."""
 
     def __init__(self, linger_s: float = 0.0) -> None:
         self.steps = 0  # main thread: steps in flight, whose results will be put on outbound
         self.until = 0.0  # main thread: when the last step ended, plus linger_s (time.monotonic())
-        self.spinning = False  # IO thread: its selector looks at outbound by itself
+        self.spinning = False  # IO thread: its selector looks at outbound by itself (under ``lock``)
         self.linger_s = linger_s
+        self.lock = threading.Lock()
 
     def expect(self, steps: int) -> int:
         """The main thread: ``steps`` steps are in flight now; how many were before. When the
-        last one ends, the IO loop goes on spinning for ``linger_s``: the next message is likely near."""
-        before, self.steps = self.steps, steps
+        last one ends, the IO loop goes on spinning for ``linger_s``: the next message is likely near
+        (``until`` is written before ``steps``, so the loop never sees no step and the old ``until``)."""
+        before = self.steps
         if before and not steps:
             self.until = time.monotonic() + self.linger_s
+        self.steps = steps
         return before
+
+    def spinning_now(self) -> bool:
+        """The main thread, after a put: whether the IO loop's selector will see it without a wake-up."""
+        with self.lock:
+            return self.spinning
+
+    def spin(self, on: bool) -> None:
+        """The IO thread: its selector starts (True) or stops (False) looking at *outbound* by itself."""
+        with self.lock:
+            self.spinning = on
 
     @property
     def imminent(self) -> bool:
@@ -129,11 +220,11 @@ class SpinningSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-ty
             return super().select(timeout)  # type: ignore[no-any-return]
         deadline = None if timeout is None else time.monotonic() + timeout
         ready: list[tuple[selectors.SelectorKey, int]] | None = None
-        expecting.spinning = True
+        expecting.spin(True)
         try:
             ready = self._spin(expecting, deadline)
         finally:
-            expecting.spinning = False
+            expecting.spin(False)
         if self._poll():  # put while ``spinning`` was set: the main thread did not wake the loop
             return ready or []
         if ready is not None:

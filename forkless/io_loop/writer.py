@@ -9,7 +9,10 @@ Rules:
 - The item and how many of its frames were written survive a lost connection: the next
   connection goes on from there, so nothing taken from the outbox is forgotten.
 - ``take_held()`` gives the item up (the stop's count, a feed that gave up); ``held_frames()``
-  is the feed's unsent count.
+  is the feed's unsent count, read by another thread (``Controller.stats()``): the item is read once,
+  then its written count, which is set before a new item is (``_took``), so a read is a count of
+  one item's frames, 0 to its length; at worst, an item finished and the next taken between the
+  two reads, the finished one's whole length, for that snapshot.
 - Sends with a deadline (io_loop/sends.py): a feed's ``SendWatch`` is asked before an item the
   main thread sent is handed out (taken, or handed again after a lost connection): one given up
   (its deadline passed, refused while disconnected) is skipped, never written. An item is
@@ -94,7 +97,8 @@ class HeldReply:
         return False
 
     def _took(self, item: Outgoing) -> None:
-        self.item, self.offset = item, 0
+        self.offset = 0  # before the item: another thread's held_frames reads the item, then the offset
+        self.item = item
         if item.sent:
             item.take_up()
         if item.traces:
@@ -132,8 +136,13 @@ class HeldReply:
                 stats.observe_hops(trace.hops_s())
 
     def held_frames(self) -> int:
-        """Frames taken from the outbox but not yet written."""
-        return 0 if self.item is None else len(self.item.frames) - self.offset
+        """Frames taken from the outbox but not yet written; from any thread (the module rules: the item read
+        once, as the IO thread may give it up between two reads, then the offset, kept within its frames)."""
+        item = self.item
+        if item is None:
+            return 0
+        frames = len(item.frames)
+        return frames - min(max(self.offset, 0), frames)
 
     def take_held(self) -> tuple[Outgoing | None, int]:
         """Give the item up: it and how many of its frames were written; nothing is held after."""

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
 from bench.io_ceiling import run_io_ceiling
 from bench.loadgen import start_loadgen, wait_result
+from forkless.io_loop.jsontext import dumps, loads
 from tests.harness import UNIT_S
 
 CLIENT_TIMEOUT_S = 20.0 * UNIT_S
@@ -121,7 +121,7 @@ async def _faulty_client(url: str) -> None:
         await ws.send_str('{"seq": 1000000000, "stream": "s0", "z": [], "score": 0.0, "anomaly": false}')
         await ws.send_str("not json")
         async for msg in ws:
-            m = orjson.loads(msg.data)
+            m = loads(msg.data)
             seq = m["seq"]
             reply = {
                 "seq": seq,
@@ -133,11 +133,11 @@ async def _faulty_client(url: str) -> None:
             if seq % 10 == 3:
                 continue
             if seq % 10 == 7:
-                await ws.send_bytes(orjson.dumps({"error": "boom", "seq": seq}))
+                await ws.send_bytes(dumps({"error": "boom", "seq": seq}))
                 continue
-            await ws.send_str(orjson.dumps(reply).decode())
+            await ws.send_str(dumps(reply).decode())
             if seq % 10 == 5:
-                await ws.send_str(orjson.dumps(reply).decode())
+                await ws.send_str(dumps(reply).decode())
 
 
 def test_missing_duplicates_and_errors_are_counted(

@@ -25,6 +25,9 @@ from forkless.controller.processor import Processor
 from tests.controller.test_loop import chunk, frames
 from tests.fake_io import FakeIO, drain
 
+# steps in flight handed between the threads, in order: run on free-threaded CPython too (.ci/run)
+pytestmark = pytest.mark.threads
+
 F = 2
 N = 256  # the side of the step's matrix products
 POISON = 12345.0  # x[0] that makes the step fail at run time (a host callback raises)

@@ -30,6 +30,7 @@ from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
 from forkless.io_loop.crossing import Chunk, Outgoing
 from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.gil import gil_status
 from tests.fake_io import EndlessQueue, FakeIO, FakeQueue, drain
 from tests.reference import EWMAReference
 
@@ -104,6 +105,7 @@ def test_results_come_out_in_arrival_order_and_equal_the_one_at_a_time_reference
     assert [ns for item in items for ns in item.received_ns] == [c.received_ns for c in chunks for _ in c.seq]
     assert sum(item.results for item in items) == 96
     assert (stats.processed, stats.anomalies, stats.batches, stats.errors) == (96, flagged, 32, {})
+    assert stats.gil == str(gil_status())  # whether this interpreter runs with the GIL, and why
 
 
 def test_no_compilation_after_warm_up_whatever_the_batch_sizes():

@@ -90,3 +90,13 @@ def test_the_build_gauge_says_what_runs() -> None:
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", sample.labels["jax"]), sample.labels
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert 'version = { attr = "forkless.__version__" }' in pyproject  # one place for the version
+
+
+def test_the_gil_gauge_is_1_while_the_gil_is_on_and_says_why() -> None:
+    """``forkless_gil_enabled{status}``: the snapshot's ``gil`` (io_loop/gil.py) as it is, 1 for any "on: …"."""
+    assert _samples(_snapshot(gil="off"), "forkless_gil_enabled") == {(("status", "off"),): 0}
+    assert _samples(_snapshot(gil="on: enabled by module 'x'"), "forkless_gil_enabled") == {
+        (("status", "on: enabled by module 'x'"),): 1}
+    assert _samples(_snapshot(gil="on: the build has a GIL"), "forkless_gil_enabled") == {
+        (("status", "on: the build has a GIL"),): 1}
+    assert _samples(_snapshot(), "forkless_gil_enabled") == {}  # a snapshot made by hand: not known

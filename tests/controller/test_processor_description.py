@@ -1,7 +1,7 @@
 """A processor is ``Processor(init, step, description=Description(...))``: the description is a
 frozen, typed value checked when it is built (an error names the field and what is allowed), the
-spelling before it (``Processor(init, step, name=...)``) still builds the same processor with a
-``DeprecationWarning`` naming the new one, any other object is refused naming ``Processor``, and
+spelling before it (``Processor(init, step, name=...)``, removed in 0.2.0) raises naming the new one,
+any other object is refused naming ``Processor``, and
 checkpoints written before the description restore into processors written with it
 (tests/data/before_description: written by the code before it, ``tests/controller/test_processor_declared.py``'s
 runs)."""
@@ -84,49 +84,22 @@ def test_the_default_detector_describes_itself_in_the_new_form():
         name="ewma", counters={"anomalies": "anomaly"}, recorded={"alpha": 0.05, "threshold": 4.0, "warmup": 20})
 
 
-# ---- the spelling before the Description ---------------------------------------------------------
+# ---- the spelling before the Description --------------------------------------------------------
+# Removed in 0.2.0 (deprecated in 0.1.0): each old spelling raises naming the Description's, tests/controller/
+# test_renamed.py (the one deprecation policy).
 
 
-def test_the_old_keywords_build_the_same_processor_with_a_warning_naming_the_new_spelling():
-    with pytest.warns(DeprecationWarning, match=r"Processor\(init, step, name='spikes', version='2'\) is deprecated: "
-                                                r"write Processor\(init, step, description=Description\("
-                                                r"name='spikes', version='2'\)\)"):
-        old = Processor(_init, _step, name="spikes", version="2")
-    assert old == Processor(_init, _step, description=Description(name="spikes", version="2"))
-
-
-def test_the_old_third_positional_field_per_stream_is_folded_too():
-    with pytest.warns(DeprecationWarning, match=r"Description\(per_stream=False\)"):
-        old = Processor(_init, _step, False)
-    assert old.description == Description(per_stream=False)
-
-
-def test_reading_or_replacing_an_old_field_works_with_a_warning_naming_the_description():
-    made = Processor(_init, _step, description=Description(name="spikes"))
-    with pytest.warns(DeprecationWarning, match=r"processor\.name is processor\.description\.name"):
-        assert made.name == "spikes"
-    with pytest.warns(DeprecationWarning, match=r"description=dataclasses\.replace\(processor\.description, "
-                                                r"restore_shared=True\)"):
-        replaced = made._replace(restore_shared=True)
-    assert replaced.description == Description(name="spikes", restore_shared=True) and replaced.step is _step
-    with pytest.raises(AttributeError, match="'Processor' object has no attribute 'nmae'"):
-        made.nmae  # noqa: B018
-
-
-def test_the_old_keywords_are_checked_as_the_description_checks_them():
-    with pytest.warns(DeprecationWarning), pytest.raises(ProcessorContractError, match="counter 'processed'"):
-        Processor(_init, _step, name="x", counters={"processed": "x"})
-
-
-def test_the_helper_takes_its_old_keywords_with_a_warning_too():
-    with pytest.warns(DeprecationWarning, match=r"stream_processor\(\.\.\., description=Description\(name='toy'\)\)"):
-        made = stream_processor(lambda p, row, x: (row, {}), init_row=lambda shape: jnp.zeros(()), name="toy")
-    assert made.description == Description(name="toy")
+def test_an_old_field_beside_the_description_is_refused_naming_the_description_spelling():
+    with pytest.raises(TypeError, match=r"Processor\(init, step, counters=\{'processed': 'x'\}\) was removed in "
+                                        r"forkless 0\.2\.0: write Processor\(init, step, description=Description\("):
+        Processor(_init, _step, counters={"processed": "x"})
+    with pytest.raises(TypeError, match=r"Description\(per_stream=False\)"):  # the old third positional field
+        Processor(_init, _step, False)
 
 
 @pytest.mark.parametrize("build, says", [
     (lambda: Processor(_init, _step, description=Description(), name="x"),
-     "give either description=Description(...) or the fields it replaced (name), not both"),
+     "Processor(init, step, name='x') was removed in forkless 0.2.0"),
     (lambda: Processor(_init, _step, nmae="x"),
      "unexpected keyword 'nmae': it takes init, step and description=Description(...)"),
     (lambda: Processor(_init, "step"), "init and step are functions"),

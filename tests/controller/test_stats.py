@@ -66,13 +66,11 @@ def test_the_status_line_says_when_disconnected():
     assert "batch - msg" in status_line(snap, None) and "latency p50 - p99 -" in status_line(snap, None)
 
 
-def test_unanswered_is_the_rest_of_the_books_and_in_flight_its_deprecated_alias():
+def test_unanswered_is_the_rest_of_the_books():
     snap = replace(snapshot(1.0, 20, 12), no_reply=3, answer_errors_out=1, dropped={"lease lost": 2})
     assert snap.unanswered == 20 - 12 - 3 - 1 - 2
     assert "unanswered 2 | stopped" in status_line(replace(snap, connected=False), None, final=True)
-    with pytest.warns(DeprecationWarning, match=r"StatsSnapshot\.in_flight is deprecated: read "
-                                                r"StatsSnapshot\.unanswered"):
-        assert snap.in_flight == snap.unanswered  # the old name keeps working, and says the new one
+    # its old name, in_flight, was removed in 0.2.0: tests/controller/test_renamed.py
 
 
 def test_histogram_snapshot_is_immutable_data():

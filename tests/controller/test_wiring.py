@@ -1,5 +1,5 @@
-"""What a ``Controller`` is built from (controller/wiring.py): eight grouped, typed arguments, each old keyword
-refused naming its new spelling, each group's misuse refused naming the fix, and the results' one way out
+"""What a ``Controller`` is built from (controller/wiring.py): eight grouped, typed arguments (each old keyword is
+tests/controller/test_renamed.py's), each group's misuse refused naming the fix, and the results' one way out
 (``sinks``: ``OnResults`` in the main thread, each in order). Against a fake IO side (tests/fake_io.py) and the
 sink contexts on a plain asyncio queue: no thread, no socket."""
 
@@ -32,34 +32,8 @@ def test_the_controller_takes_at_most_8_arguments_each_named():
     assert [name for name, p in parameters.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD] == ["config"]
 
 
-# each old keyword, a value it took, and the new spelling its TypeError names
-OLD = [
-    ("on_results", print, "Controller(sinks=[forkless.OnResults(f)])"),
-    ("events_only", True, "Controller(processor=forkless.EVENTS_ONLY)"),
-    ("on_connect", print, "Controller(connect=forkless.ConnectHooks(on_connect=h))"),
-    ("before_connect", print, "Controller(connect=forkless.ConnectHooks(before_connect=h))"),
-    ("out", print, "Controller(runtime=forkless.Runtime(out=f))"),
-    ("freeze_gc", True, "Controller(runtime=forkless.Runtime(freeze_gc=True))"),
-    ("checkpoint_store", object(), "Controller(runtime=forkless.Runtime(checkpoint_store=s))"),
-    ("io_factory", FakeIO(), "Controller(runtime=forkless.Runtime(io_factory=f))"),
-    ("connection_events", True, "Controller(on_event=forkless.OnEvent(f, connections=True))"),
-    ("notify_systemd", True, "Controller(runtime=forkless.Runtime(notify_systemd=True))"),
-]
-
-
-@pytest.mark.parametrize(("keyword", "value", "now"), OLD, ids=[k for k, _, _ in OLD])
-def test_an_old_keyword_is_refused_naming_its_new_spelling(keyword, value, now):
-    with pytest.raises(TypeError) as raised:
-        Controller(CONFIG, processor=PROCESSOR, **{keyword: value})
-    assert f"{keyword}=" in str(raised.value) and f"is now {now}" in str(raised.value)
-    assert "docs/embedding/controller.md" in str(raised.value)
-
-
-def test_several_old_keywords_are_named_in_one_message_and_nothing_is_built():
-    with pytest.raises(TypeError) as raised:  # no config given: refused before the environment is read
-        Controller(on_results=print, out=print, events_only=True)
-    message = str(raised.value)
-    assert "forkless.OnResults(f)" in message and "Runtime(out=f)" in message and "EVENTS_ONLY" in message
+# each old keyword still works in this release, warning with its new spelling: tests/controller/test_renamed.py (the
+# one deprecation policy)
 
 
 def test_a_keyword_that_never_was_gets_python_s_own_error():

@@ -56,6 +56,7 @@ CORE = [
     "controller/device/placement.py",
     "controller/checkpoints/positions.py",
     "controller/processor.py",
+    "controller/renamed.py",
     "controller/replies.py",
     "controller/rowcopy.py",
     "controller/slots.py",
@@ -72,6 +73,7 @@ CORE = [
     "io_loop/counters.py",
     "io_loop/crossing.py",
     "io_loop/decoding.py",
+    "io_loop/jsontext.py",
     "io_loop/errors.py",
     "io_loop/connectors/connector.py",
     "io_loop/connectors/jetstream/consumer.py",
@@ -112,6 +114,7 @@ IO = [
     "io_loop/emitted.py",
     "io_loop/feeds.py",
     "io_loop/finishing.py",
+    "io_loop/gil.py",
     "io_loop/handover.py",
     "io_loop/hooks.py",
     "io_loop/kinds.py",
@@ -184,7 +187,9 @@ CLOCK = {"time", "datetime"}
 CLOCK_ALLOWED_IN_CORE = {"controller/logs.py": {"time"}}
 # io_loop/settings.py's pem_file parses FORKLESS_CA_FILE with OpenSSL at validation (no socket is opened), so a file
 # that is not PEM is a configuration error (exit 2) rather than a TLS failure at the first connect
-CONCURRENCY_ALLOWED_IN_CORE = {"io_loop/settings.py": {"ssl"}}
+# logs.RateLimitFilter is run by logging on every thread that logs a warning, before the handler's lock is
+# taken: what it remembers is behind a lock of its own (the one core module that makes one)
+CONCURRENCY_ALLOWED_IN_CORE = {"io_loop/settings.py": {"ssl"}, "controller/logs.py": {"threading"}}
 # Third-party libraries the core imports only where named: prometheus_client costs about 10 MiB
 # and is loaded only when metrics are served; JAX must not load before the configuration is
 # valid, and the IO side imports most of the core, so JAX only where processors are defined.
@@ -374,10 +379,12 @@ def test_io_loop_is_a_leaf_that_imports_nothing_from_controller():
 
 
 # partitions_of (the checkpoints' split of the stream table by partition) is vectorised with numpy,
-# imported inside it: importing io_loop.connectors.jetstream.partitions still loads none (the test below)
-# a FORKLESS_FEEDS entry's schema is a msgspec Struct in its connector room's entry.py, which io_loop/feedlist.py
+# imported inside it: importing io_loop.connectors.jetstream.partitions still loads none (the test below);
+# the wire's JSON text is msgspec's where it is installed (the controller's codec and the relay use it); a
+# FORKLESS_FEEDS entry's schema is a msgspec Struct in its connector room's entry.py, which io_loop/feedlist.py
 # imports only when FORKLESS_FEEDS is set (a run without it loads no msgspec: the test below the layers')
 THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/connectors/jetstream/partitions.py": {"numpy"},
+                                    "io_loop/jsontext.py": {"msgspec"},
                                     "io_loop/connectors/jetstream/entry.py": {"msgspec"},
                                     "io_loop/connectors/websocket/entry.py": {"msgspec"}}
 
@@ -733,7 +740,7 @@ def test_importing_this_does_not_import_jax(statement: str):
     assert not jax_modules, f"{statement!r} imported {len(jax_modules)} JAX modules, e.g. {jax_modules[:3]}"
 
 
-OPTIONAL_LIBRARIES = {"nats", "prometheus_client", "msgspec"}  # JetStream feeds, /metrics, FORKLESS_FEEDS
+OPTIONAL_LIBRARIES = {"nats", "prometheus_client"}  # JetStream feeds, /metrics (msgspec is the wire's JSON)
 
 
 def test_a_websocket_only_run_imports_no_library_only_some_runs_need():

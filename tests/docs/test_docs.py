@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import gendocs
+from bench.blocks import read_block, replace_block
 from bench.plan import RESULTS_BLOCK, SUMMARY_BLOCK
 from bench.tables import (
     results_markdown,
@@ -44,7 +45,9 @@ DOCUMENTS = ("README.md", "EMBEDDING.md", "OPERATING.md", "DESIGN.md", *PAGES, *
 # the benchmark's documents: a summary page and a page a topic (bench/docs/)
 BENCH_PAGES = ("bench/README.md", *sorted(f"bench/docs/{p.name}" for p in (ROOT / "bench" / "docs").glob("*.md")))
 # every document whose relative links must lead somewhere
-LINKED = (*DOCUMENTS, *BENCH_PAGES, "bench/out-gpu/README.md", "bench/out-tpu/README.md")
+# the runs' pages too: each platform's README.md and each kept run's tables (bench/docs/running.md)
+RUN_PAGES = tuple(sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "bench").glob("out*/**/*.md")))
+LINKED = (*DOCUMENTS, "CHANGELOG.md", "tests/README.md", *BENCH_PAGES, *RUN_PAGES)
 
 
 def text(path: str) -> str:
@@ -59,15 +62,15 @@ def table_rows(block: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("block", gendocs.BLOCKS, ids=lambda b: f"{b.path}: {b.name}")
 def test_the_generated_block_is_exactly_what_its_generator_writes(block: gendocs.Block) -> None:
-    assert gendocs.read_block(text(block.path), block.name) == block.render(), f"{block.path}: {block.name}: {FIX}"
+    assert read_block(text(block.path), block.name) == block.render(), f"{block.path}: {block.name}: {FIX}"
 
 
 def test_the_bench_pages_results_are_the_rendering_of_results_json() -> None:
     results = json.loads(text("bench/out/results.json"))
     fix = f"run `python -m bench.run --report-only` (or `{gendocs.REGENERATE}`)"
-    assert gendocs.read_block(text("bench/docs/last-run.md"), RESULTS_BLOCK) == results_markdown(results), (
+    assert read_block(text("bench/docs/last-run.md"), RESULTS_BLOCK) == results_markdown(results), (
         f"bench/docs/last-run.md does not show bench/out/results.json: {fix}")
-    assert gendocs.read_block(text("bench/README.md"), SUMMARY_BLOCK) == summary_markdown(results), (
+    assert read_block(text("bench/README.md"), SUMMARY_BLOCK) == summary_markdown(results), (
         f"bench/README.md does not show bench/out/results.json's main table: {fix}")
     assert results_markdown(results).startswith(summary_markdown(results))  # the summary is the block's start
 
@@ -79,7 +82,7 @@ def test_the_bench_writes_its_results_blocks_over_a_hand_edit(tmp_path: Path, pa
                                                               write: Any) -> None:
     page = tmp_path / "page.md"
     results = json.loads(text("bench/out/results.json"))
-    page.write_text(gendocs.replace_block(text(path), block, "| forkless | 0.01 | faster |\n"), encoding="utf-8")
+    page.write_text(replace_block(text(path), block, "| forkless | 0.01 | faster |\n"), encoding="utf-8")
     assert write(results, page) is True
     assert page.read_text(encoding="utf-8") == text(path)
     assert write(results, page) is False
@@ -106,20 +109,20 @@ def test_gendocs_check_names_a_hand_edited_block_and_regenerate_restores_it(tmp_
 
 def test_a_block_without_its_markers_is_an_error_not_an_empty_block() -> None:
     with pytest.raises(ValueError, match="metrics:start"):
-        gendocs.read_block("no markers here", "metrics")
+        read_block("no markers here", "metrics")
 
 
 def test_the_metrics_table_lists_exactly_the_forkless_metrics_that_metrics_exposes() -> None:
     exposition = render(make_registry(_every_field_populated, process=False)).decode()
     exposed = re.findall(r"^# TYPE (\S+) ", exposition, re.M)
-    documented = [row[0].strip("`") for row in table_rows(gendocs.read_block(text("docs/metrics.md"), "metrics"))]
+    documented = [row[0].strip("`") for row in table_rows(read_block(text("docs/metrics.md"), "metrics"))]
     assert documented == exposed
 
 
 def _documented_metrics() -> dict[str, str]:
     """name -> help of every row of docs/metrics.md's metrics table."""
     return {row[0].strip("`"): row[3].replace("\\|", "|")
-            for row in table_rows(gendocs.read_block(text("docs/metrics.md"), "metrics"))}
+            for row in table_rows(read_block(text("docs/metrics.md"), "metrics"))}
 
 
 def test_every_metric_named_in_a_sample_scrape_is_in_the_metrics_table() -> None:

@@ -265,10 +265,11 @@ def test_the_types_of_the_controller_s_arguments_and_their_groups_fields_are_exp
     assert "OnResults" in hints["sinks"] and "OnEvent" in hints["on_event"]
 
 
-def test_a_name_the_api_replaced_is_refused_naming_what_took_its_place():
-    with pytest.raises(ImportError, match=r"forkless\.Sink is now two protocols: forkless\.RecordSink .*"
-                                          r"forkless\.ResultSink"):
-        from forkless import Sink  # noqa: F401
+def test_a_name_the_api_renamed_says_its_new_name_and_one_that_never_was_is_python_s_error():
+    with pytest.warns(DeprecationWarning, match=r"forkless\.Sink is deprecated .* write forkless\.RecordSink \(a sink "
+                                                r"of a controller's results: forkless\.ResultSink\)"):
+        from forkless import Sink
+    assert Sink is forkless.RecordSink  # the one policy: tests/controller/test_renamed.py
     with pytest.raises(AttributeError, match="has no attribute 'Sinks'"):
         forkless.Sinks  # noqa: B018
 

@@ -9,7 +9,9 @@ each assertion is on what arrived, in which order, and what the spinning thread 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import re
 import resource
 import threading
 import time
@@ -18,13 +20,27 @@ from typing import Any
 
 import pytest
 
+from forkless import OnResults
 from forkless.controller.config import Config
 from forkless.io_loop.bridge import Bridge, MainSide
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.errors import ConfigError
 from forkless.io_loop.loopthread import LoopThread
-from forkless.io_loop.waiting import PARK, Expecting, SpinningSelector, WaitSettings, resolve_handoff
+from forkless.io_loop.waiting import (
+    PARK,
+    Expecting,
+    SpinningSelector,
+    WaitSettings,
+    cpu_of,
+    keep_apart,
+    processor_of,
+    resolve_handoff,
+    wait_settings,
+)
 from tests.harness import UNIT_S
+
+# the bridge's queues between a real IO loop thread and the test's: run on free-threaded CPython too (.ci/run)
+pytestmark = pytest.mark.threads
 
 
 def test_auto_spins_on_an_accelerator_and_parks_on_the_cpu_and_an_explicit_choice_is_kept() -> None:
@@ -33,6 +49,60 @@ def test_auto_spins_on_an_accelerator_and_parks_on_the_cpu_and_an_explicit_choic
     assert resolve_handoff("spin", "cpu") == "spin"
     with pytest.raises(ValueError, match="'busy' is not one of auto, park, spin"):
         resolve_handoff("busy", "cpu")
+
+
+def test_without_a_gil_a_spin_is_both_threads_kept_apart_and_auto_still_parks_on_the_cpu() -> None:
+    assert wait_settings("spin", "tpu", gil=True) == WaitSettings("spin")  # one spinner under one GIL
+    assert wait_settings("spin", "tpu", gil=False) == WaitSettings("spin", both=True, apart=True)
+    assert wait_settings("auto", "tpu", gil=False) == WaitSettings("spin", both=True, apart=True)
+    assert wait_settings("spin", "cpu", gil=False) == WaitSettings("spin", both=True, apart=True)
+    assert wait_settings("auto", "cpu", gil=False) is PARK and wait_settings("auto", "cpu", gil=True) is PARK
+    assert wait_settings("park", "tpu", gil=False) is PARK
+    assert wait_settings("auto", "tpu").spins  # this interpreter's own GIL, whichever it is
+
+
+def test_the_cpu_a_thread_last_ran_on_is_read_past_a_name_with_spaces_and_parentheses() -> None:
+    tail = " ".join(["S"] + [str(n) for n in range(4, 39)] + ["5"] + ["0"] * 13)  # fields 3.., "processor" = 5
+    assert processor_of(b"1234 (a) b (c)) " + tail.encode()) == 5
+    assert processor_of(b"1234 (short) S 1 2") is None
+    assert cpu_of(threading.get_native_id()) in os.sched_getaffinity(0)
+
+
+@pytest.mark.threads
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nothing to keep apart")
+def test_kept_apart_the_io_thread_runs_off_the_main_threads_core_within_the_cpus_the_host_allows() -> None:
+    main = threading.get_native_id()
+    allowed = os.sched_getaffinity(0)
+    seen: dict[str, Any] = {}
+
+    def io_thread() -> None:
+        seen["had"] = keep_apart(main)
+        seen["mine"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=io_thread)
+    thread.start()
+    thread.join()
+    assert seen["had"] == allowed
+    assert len(allowed - seen["mine"]) == 1  # one CPU left out: the one the main thread ran on then
+    assert os.sched_getaffinity(0) == allowed  # the main thread's own is untouched
+
+
+@pytest.mark.threads
+def test_where_the_host_allows_the_thread_one_cpu_keep_apart_changes_nothing() -> None:
+    main = threading.get_native_id()
+    seen: dict[str, Any] = {}
+
+    def pinned_by_the_host() -> None:
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpu})  # this thread's own: the host's choice, which wins
+        seen["had"] = keep_apart(main)
+        seen["mine"] = os.sched_getaffinity(0)
+        seen["cpu"] = cpu
+
+    thread = threading.Thread(target=pinned_by_the_host)
+    thread.start()
+    thread.join()
+    assert seen["had"] is None and seen["mine"] == {seen["cpu"]}
 
 
 def test_forkless_handoff_takes_auto_park_or_spin_and_names_the_choices_otherwise() -> None:
@@ -188,3 +258,40 @@ def test_the_park_default_makes_no_spinning_selector_and_tells_the_io_side_nothi
     assert WaitSettings("spin").spins
     side = MainSide(inbound=None, outbound=None)  # type: ignore[arg-type]
     side.expect(3)  # a parking side: steps in flight are nobody's business
+
+
+def _cpus_allowed(native_id: int) -> set[int]:
+    """A thread's CPUs, as the kernel has them (/proc's Cpus_allowed_list: "0-3,6")."""
+    with open(f"/proc/self/task/{native_id}/status", encoding="ascii") as f:
+        line = next(line for line in f if line.startswith("Cpus_allowed_list:"))
+    cpus: set[int] = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+@pytest.mark.threads
+def test_with_both_threads_spinning_kept_apart_the_demo_feed_is_answered_whole_and_the_host_left_as_it_was(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the strategy a free-threaded build resolves to, taken here whatever this interpreter's GIL: correct
+    # under the GIL too (only slower), and on a free-threaded build the same as FORKLESS_HANDOFF=auto
+    from forkless.controller import loop
+
+    monkeypatch.setattr(loop, "wait_settings", lambda setting, platform: WaitSettings("spin", both=True, apart=True))
+    io_cpus: list[set[int]] = []
+
+    def on_results(seq: Any, stream: Any, outputs: Any) -> None:
+        if not io_cpus:
+            (io,) = [t for t in threading.enumerate() if t.name == "forkless-io"]
+            io_cpus.append(_cpus_allowed(io.native_id or 0))
+
+    before = os.sched_getaffinity(0)
+    ctl = loop.Controller(Config(duration_s=2.0, status_s=0.0), sinks=[OnResults(on_results)])
+    ctl.run()
+    (line,) = ctl.summaries()  # "demo feed: 400 sent, 400 answered, 0 errors; …"
+    sent, answered, errors = map(int, re.match(r"demo feed: (\d+) sent, (\d+) answered, (\d+) errors", line).groups())
+    assert sent > 100 and answered == sent and errors == 0, line
+    assert os.sched_getaffinity(0) == before  # the main thread's, as the host had it
+    if len(before) >= 2:
+        assert len(before - io_cpus[0]) == 1  # the IO thread kept off one CPU: the main thread's

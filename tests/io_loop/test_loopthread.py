@@ -12,6 +12,9 @@ import pytest
 
 from forkless.io_loop.loopthread import LoopThread, run_in_thread
 
+# the loop's thread, its handshake, exceptions and stop: run on free-threaded CPython too (.ci/run)
+pytestmark = pytest.mark.threads
+
 
 def test_start_returns_once_main_has_said_ready_and_the_thread_is_named_and_a_daemon(timeout_unit):
     made = []

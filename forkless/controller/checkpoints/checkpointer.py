@@ -26,8 +26,9 @@ Rules:
 - Each counter has one writer thread: ``skipped``, ``submitted``, ``abandoned``, ``last_copy_*``
   and the schedule belong to the main thread (``submit``, ``tick``); ``written``, ``finished``,
   ``failures``, ``last_*`` to the writer thread, then to the final one (which starts writing
-  once the first has ended). The other side only reads them (plain attributes, atomic under
-  the GIL).
+  once the first has ended: it joins it). The other side only reads them: each a single read
+  of an attribute, atomic with or without the GIL; the ``last_*`` fields ``stats_fields`` reads
+  one after another may be of two consecutive checkpoints for one snapshot.
 - Every checkpoint goes through a store (``CheckpointStore``): it numbers them (``next_sequence``
   at start), writes one (``write``), keeps the newest (``prune``) and reads the newest back
   (``load``, controller/recovery.py). A run's store is chosen in one place, ``store_for``: the

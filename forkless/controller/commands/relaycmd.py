@@ -47,9 +47,17 @@ from forkless.controller.config import Config
 from forkless.controller.ioside import feed_plan
 from forkless.controller.lifetime.sinkrun import SinkRun
 from forkless.controller.logs import flush_log_repeats, program_line, setup_logging
-from forkless.controller.metrics import SECONDS_STEP, build_family, by_reason_family, exposition, histogram_family
+from forkless.controller.metrics import (
+    SECONDS_STEP,
+    build_family,
+    by_reason_family,
+    exposition,
+    gil_family,
+    histogram_family,
+)
 from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
 from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, ConfigError, ForklessError
+from forkless.io_loop.gil import gil_status
 from forkless.io_loop.iosettings import IOSettings
 from forkless.io_loop.kinds import relay_sink
 from forkless.io_loop.relay.relaystats import RelayStats
@@ -68,6 +76,7 @@ class RelayView:
     io: IOSnapshot
     relay: Any  # io_loop.relay.relaystats.RelaySnapshot
     at: float = 0.0  # time.monotonic() when taken
+    gil: str = ""  # whether the interpreter runs with the GIL, and why (io_loop/gil.py; "": not known)
 
     compiled = True  # nothing to compile: ready means connected
 
@@ -179,7 +188,8 @@ class Relay:
         return self.runtime.io
 
     def _view(self, run: SinkRun) -> RelayView:
-        return RelayView(run.io.snapshot(), self.relay_stats.snapshot(), time.monotonic())
+        relay = self.relay_stats.snapshot()  # first: what the publisher took was read before (controller/stats.py)
+        return RelayView(run.io.snapshot(), relay, time.monotonic(), str(gil_status()))
 
     def view(self) -> RelayView:
         """The relay's figures now (any thread)."""
@@ -242,7 +252,7 @@ def relay_books_line(view: RelayView) -> str:
 def relay_metric_families(view: RelayView) -> list[Metric]:
     """Every metric family of the relay's ``/metrics`` for one view (pure)."""
     r, io = view.relay, view.io
-    fams: list[Metric] = [build_family()]
+    fams: list[Metric] = [build_family(), gil_family(view.gil)]
     rows = [
         (CounterMetricFamily, "forkless_relay_taken", "Messages the publisher took from the feeds (each given "
          "its Nats-Msg-Id).", r.taken),
@@ -312,7 +322,8 @@ def relay_metrics_table_markdown() -> str:
     for fam in relay_metric_families(RelayView(io, relay)):
         labels = {"forkless_relay_seq_gaps", "forkless_relay_seq_missing", "forkless_relay_seq_back",
                   "forkless_errors", "forkless_dropped"}
-        label = "reason" if fam.name in labels else "feed" if fam.name in _FEED_FAMILIES else "—"
+        label = "reason" if fam.name in labels else "feed" if fam.name in _FEED_FAMILIES else \
+            "status" if fam.name == "forkless_gil_enabled" else "—"
         if fam.type == "info":  # forkless_build_info: its labels are the process's
             label = ", ".join(fam.samples[0].labels)
         suffix = {"counter": "_total", "info": "_info"}.get(fam.type, "")

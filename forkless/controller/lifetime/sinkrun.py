@@ -49,6 +49,7 @@ from forkless.controller.lifetime.serving import serve
 from forkless.controller.queues import POLL_S, StopDeadline
 from forkless.io_loop.counters import IOSnapshot, IOStats
 from forkless.io_loop.errors import FeedFatal, ForklessError
+from forkless.io_loop.gil import log_gil
 from forkless.io_loop.sinks.sink import RecordSink, SinkRunner, SinkStats
 from forkless.io_loop.thread import IOThread
 
@@ -139,7 +140,8 @@ class SinkRun:
         """The run's figures now (any thread): a ``SinkView``, or the relay's own view of them."""
         if self._view is not None:
             return self._view(self)
-        return SinkView(self.io.snapshot(), self.sink_stats.snapshot(), time.monotonic())
+        sink = self.sink_stats.snapshot()  # first: what the sink took was read before (controller/stats.py's books)
+        return SinkView(self.io.snapshot(), sink, time.monotonic())
 
     def request_stop(self) -> None:
         """Begin the orderly stop (any thread); ``run()`` then ends the thread."""
@@ -176,6 +178,7 @@ class SinkRun:
     def _run(self) -> Any:
         cfg, io = self.config, self.io
         try:
+            log_gil(log)  # with every extension the run needs loaded: any that turned the GIL on is named
             io.start()
             self._reported = self.view()
             if self.uses_demo_feed:

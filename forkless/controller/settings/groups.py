@@ -122,8 +122,9 @@ class LoopSettings:
     handoff: str = setting(
         "HANDOFF", choice("auto", "park", "spin"), "how the threads wait for each other: park sleeps until woken; "
         "spin keeps the IO loop awake while a step is in flight and 2 ms after (it yields its core between looks, "
-        "the GIL released; the main thread blocks on the step meanwhile): replies are taken without waking a "
-        "sleeping loop, for a busy core (docs/performance.md); auto: spin on an accelerator, park on the CPU",
+        "the GIL released; under the GIL the main thread blocks on the step meanwhile, without one it spins too): "
+        "replies are taken without waking a sleeping loop, for a busy core (docs/performance.md); auto: spin on an "
+        "accelerator, park on the CPU",
         default="auto")
 
 

@@ -15,8 +15,9 @@ Rules:
   owner closes them.
 - ``listen_tcp`` binds as asyncio's ``create_server`` would, without a loop: a socket for each
   address of the host (``SO_REUSEADDR``; an IPv6 one IPv6 only), one port for them all.
-- A TCP site for which asyncio made no socket (it skips an address whose socket is refused) is
-  ``NoSocket``, an ``OSError`` (``EPERM``) naming the host, with the caller's ``hint``.
+- A TCP site is served on ``listen_tcp``'s sockets: where the host refuses a socket for every
+  address, ``NoSocket``, an ``OSError`` (``EPERM``) naming the host, with the caller's ``hint`` (asyncio's
+  own ``create_server`` made a server of no socket on 3.11 and raises a bare ``OSError`` from 3.13 on).
 - ``Served.close()`` closes the listener and the open connections (aiohttp's cleanup, which
   waits up to the ``shutdown_timeout_s`` given for handlers still running), then removes the
   socket file (only if still ours); idempotent.
@@ -116,9 +117,17 @@ async def serve_app(app: web.Application, *, host: str = "", port: int = 0, unix
             listener = listen_unix(unix_socket)
             await web.SockSite(runner, listener.sock).start()
         else:
-            await web.TCPSite(runner, host, port).start()
-            if not runner.addresses:  # asyncio skips an address whose socket is refused
-                raise _no_socket(host, hint)
+            # sockets of our own, not TCPSite's: where the host refuses every one, asyncio made a server of
+            # none (3.11) or raises its own "could not bind on any address" (3.13 on), and listen_tcp says
+            # which host and what else to do (hint) on both
+            tcp = listen_tcp(host, port, hint=hint)
+            try:
+                for sock in tcp:
+                    await web.SockSite(runner, sock).start()
+            except BaseException:
+                for sock in tcp:  # those no site took yet (closing one twice does nothing)
+                    sock.close()
+                raise
     except BaseException:
         await runner.cleanup()
         if listener is not None:

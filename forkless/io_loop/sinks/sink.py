@@ -85,7 +85,7 @@ class SinkBatch(Protocol):
 
 @dataclass
 class SinkStats:
-    """A sink's books, written on the IO loop only (``snapshot`` copies them)."""
+    """A sink's books, written on the IO loop only (``snapshot`` copies them for any thread)."""
 
     taken: int = 0  # items taken from inbound (messages and events)
     written: int = 0  # of those, written (acknowledged) as the sink said
@@ -109,7 +109,10 @@ class SinkStats:
             self.unwritten += n
 
     def snapshot(self) -> SinkStats:
-        return SinkStats(self.taken, self.written, Counter(self.dropped), self.unwritten, self.batches)
+        """A copy for any thread, ``taken`` read last: an item is counted taken before it is counted written
+        or dropped, so no copy shows more written and dropped than taken (a negative ``held``)."""
+        written, dropped, unwritten, batches = self.written, Counter(self.dropped), self.unwritten, self.batches
+        return SinkStats(self.taken, written, dropped, unwritten, batches)
 
 
 def check_count(n: Any, left: int, what: str) -> int:

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import pytest
 
+import forkless
 from forkless.controller.checkpoints.checkpoint import checkpoint_path, list_checkpoints, load_newest, write_checkpoint
 from forkless.controller.checkpoints.checkpointer import Checkpointer
 from forkless.controller.checkpoints.ckptformat import TEMP_PREFIX
@@ -114,7 +115,7 @@ def test_a_state_stream_table_and_counts_round_trip_bit_exact(tmp_path: Path) ->
     assert restored.counts == {"processed": 7, "anomalies": 3} and restored.processed == 7
     assert restored.settings == SETTINGS and restored.wall_time == 1_700_000_007.25
     assert restored.versions["jax"] == jax.__version__ and restored.versions["numpy"] == np.__version__
-    assert restored.versions["forkless"] == "0.1.0"
+    assert restored.versions["forkless"] == forkless.__version__
     # what restore gives back can go straight onto the device and into the step
     on_device = jax.device_put(restored.state)
     jax.jit(PROCESSOR.step).lower(on_device, example_batch(CONFIG.features, 4, CONFIG.max_streams)).compile()

@@ -17,7 +17,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orjson
 import pytest
 
 from forkless import Runtime
@@ -30,6 +29,7 @@ from forkless.controller.device.placement import Placement
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import default_processor
+from forkless.io_loop.jsontext import dumps
 from tests import input_dtype_runs
 from tests.fake_io import FakeIO
 from tests.harness import ROOT, UNIT_S, app_env
@@ -45,8 +45,8 @@ def test_float32_cannot_hold_the_values_these_tests_are_about():
 
 
 def test_the_codec_builds_x_in_the_declared_dtype_from_the_parsed_numbers():
-    one = orjson.dumps({"seq": 1, "stream": "btc", "x": [PRICE, MILLIS]})
-    batch = orjson.dumps([{"seq": 2, "stream": "btc", "x": [PRICE, MILLIS]}, {"seq": 3, "stream": "a", "x": [1, 2]}])
+    one = dumps({"seq": 1, "stream": "btc", "x": [PRICE, MILLIS]})
+    batch = dumps([{"seq": 2, "stream": "btc", "x": [PRICE, MILLIS]}, {"seq": 3, "stream": "a", "x": [1, 2]}])
     for frame in (one, batch):
         d = JsonCodec(2, dtype=np.float64).decode(frame)
         assert d.x.dtype == np.float64 and d.x[0].tolist() == [PRICE, MILLIS]
@@ -62,7 +62,7 @@ def test_a_codec_that_returns_float32_for_a_float64_processor_is_cast_up():
     d = GuardedCodec(Float32Codec(), 2, dtype=np.float64).decode("x")
     assert d.x.dtype == np.float64 and d.x.tolist() == [[37000.1015625, 2.0]]  # the codec's precision
     # the built-in codec in another dtype than the processor's is cast up too, not run unwrapped
-    d = GuardedCodec(JsonCodec(2), 2, dtype=np.float64).decode(orjson.dumps({"seq": 1, "stream": "a", "x": [1, 2]}))
+    d = GuardedCodec(JsonCodec(2), 2, dtype=np.float64).decode(dumps({"seq": 1, "stream": "a", "x": [1, 2]}))
     assert d.x.dtype == np.float64
 
 
@@ -109,7 +109,7 @@ def test_an_input_dtype_other_than_float32_or_float64_is_refused_when_the_descri
 def test_the_default_processor_gets_a_float32_codec_as_before():
     fake = FakeIO()
     with Controller(Config(features=2, max_batch=4, max_streams=8), runtime=Runtime(io_factory=fake)):
-        assert fake.codec.decode(orjson.dumps({"seq": 1, "stream": "a", "x": [PRICE, 1]})).x.dtype == np.float32
+        assert fake.codec.decode(dumps({"seq": 1, "stream": "a", "x": [PRICE, 1]})).x.dtype == np.float32
         assert fake.codec.decode == fake.codec.codec.decode  # the built-in codec still runs unwrapped
 
 

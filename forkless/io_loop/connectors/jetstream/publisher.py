@@ -56,8 +56,6 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
-
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.connectors.jetstream.partitions import escape_stream
 from forkless.io_loop.connectors.jetstream.settings import JETSTREAM, JetStreamSpec
@@ -72,6 +70,7 @@ from forkless.io_loop.connectors.jetstream.transport import (
 )
 from forkless.io_loop.errors import FeedFatal
 from forkless.io_loop.feedspec import FeedSpec
+from forkless.io_loop.jsontext import dumps
 from forkless.io_loop.reconnect import DONE, drive
 from forkless.io_loop.relay.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
 from forkless.io_loop.relay.settings import RelaySettings
@@ -217,7 +216,7 @@ class Publisher:
         rows: list[list[float]] = []
         for part in chunk.x_parts():
             rows += part.tolist()  # float64: Python floats, written back exactly
-        dumps, subjects, waiting = orjson.dumps, self._subjects, self._waiting
+        subjects, waiting = self._subjects, self._waiting
         for seq, stream, x in zip(chunk.seq, chunk.stream, rows):
             subject = subjects.get(stream)
             if subject is None:

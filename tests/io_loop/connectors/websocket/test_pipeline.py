@@ -17,6 +17,9 @@ from tests.harness import UNIT_S, drive
 from tests.reference import EWMAReference
 from tests.servers import SERVERS, send_frames
 
+# both threads end to end, the books balanced: run on free-threaded CPython too (.ci/run)
+pytestmark = pytest.mark.threads
+
 F = 4
 
 
