@@ -47,6 +47,7 @@ from forkless.io_loop.feedlist import FeedSettings, check_feed_credentials
 from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.iosettings import IOSettings
 from forkless.io_loop.relay.settings import RelaySettings
+from forkless.io_loop.renamed import deprecated
 from forkless.io_loop.settings import (
     PREFIX,
     Limits,
@@ -126,7 +127,7 @@ class Config:
         for name, group in GROUPS.items():  # a deprecated read of a moved field (config.limits.features) still works
             moved = group.__moved__  # type: ignore[attr-defined]
             if moved:
-                holding_moved(getattr(self, name), {keyword: getattr(self, keyword) for keyword, _ in moved.values()})
+                holding_moved(getattr(self, name), {keyword: getattr(self, keyword) for keyword in moved.values()})
         self.validate()
 
     def __getattr__(self, name: str) -> Any:
@@ -241,6 +242,26 @@ class Config:
         return InstanceSettings(partitioning=self.partitioning, keep=self.checkpoints.keep,
                                 max_streams=self.step.max_streams, timeouts=self.timeouts, reconnect=self.reconnect,
                                 tls=self.tls)
+
+    # ---- deprecated (io_loop/renamed.py): what these built is a group of the Config now ---------------
+
+    def step_settings(self) -> StepSettings:
+        """Deprecated: ``config.step``."""
+        deprecated("config.step_settings()", error=AttributeError)
+        return self.step
+
+    def checkpoint_settings(self) -> CheckpointSettings:
+        """Deprecated: ``config.checkpoints`` (a partitioned feed's bucket: ``config.partitioning``)."""
+        deprecated("config.checkpoint_settings()", error=AttributeError)
+        return self.checkpoints
+
+    def relay_settings(self) -> tuple[IOSettings, RelaySettings]:
+        """Deprecated: ``config.relay`` and ``config.io_settings()`` (the relay's command checks them together)."""
+        deprecated("config.relay_settings()", error=AttributeError)
+        self.relay.required()
+        io = self.io_settings()
+        return dataclasses.replace(io, feed_specs=tuple(dataclasses.replace(spec, replies="none")
+                                                        for spec in io.feed_specs)), self.relay
 
     def replace(self, **changes: Any) -> Config:
         """This configuration with ``changes``: keywords, or settings groups (the fields each was built with)."""

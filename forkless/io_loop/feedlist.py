@@ -67,13 +67,13 @@ def feed_list(text: str, replies: str = "all") -> tuple[FeedSpec, ...]:
 def _entry_reader(item: dict[str, Any]) -> Callable[[dict[str, Any], str, str, str], FeedSpec]:
     """The room whose schema reads ``item``: a JetStream entry has ``"nats"``, any other is a WebSocket one;
     ``ValueProblem`` where msgspec, which the schemas are written in, is not installed."""
-    # the schemas (msgspec Structs), imported only here: a run without FORKLESS_FEEDS never builds them
     try:
         if "nats" in item:
+            # the schemas (msgspec Structs), imported only here: a run without FORKLESS_FEEDS never builds them
             from forkless.io_loop.connectors.jetstream.entry import jetstream_feed
 
             return jetstream_feed
-        from forkless.io_loop.connectors.websocket.entry import websocket_feed
+        from forkless.io_loop.connectors.websocket.entry import websocket_feed  # the same reason: msgspec
 
         return websocket_feed
     except ImportError:  # msgspec does not build for free-threaded CPython 3.13 (docs/performance.md)

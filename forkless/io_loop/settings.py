@@ -12,8 +12,9 @@ Rules:
   ``numbers.Integral``), kept as a plain ``float`` (``int``); a ``bool`` is never a number.
 - A group remembers the fields it was built with (``given_fields``): ``Config`` takes those from it, so a
   group's defaults never override what another argument or the environment gives.
-- A field that moved to another group (``settings_group(moved=...)``) is still taken for one release with
-  a ``DeprecationWarning`` naming its new spelling (``MOVED``), its value handed on to where it lives now.
+- A field that moved to another group (``settings_group(moved=...)``) follows the one deprecation policy
+  (io_loop/renamed.py): for one release it is still taken, and read, with a ``DeprecationWarning`` naming its new
+  spelling, its value handed on to where it lives now; the next release refuses it, naming the new spelling.
 - Pure: nothing here reads the environment or opens anything; the rules that check a file (``pem_file``,
   ``existing_file``) do so when the value is read, so a bad one is a configuration error (exit 2).
 """
@@ -28,12 +29,12 @@ import numbers
 import os
 import re
 import ssl
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from forkless.io_loop.errors import ConfigError, ValueProblem
+from forkless.io_loop.renamed import RENAMED, deprecated
 
 __all__ = ["DEFAULT_SOURCE_BUFFER", "MAX_JSON_DEPTH", "OVERFLOW_POLICIES", "PREFIX", "REPLY_POLICIES", "Limits",
            "ReconnectSettings", "Rule", "Setting", "Timeouts", "TlsSettings", "as_text", "boolean", "choice",
@@ -372,11 +373,12 @@ def setting(name: str, rule: Rule, help: str, *, default: Any, allowed: str | No
     return field(default=default, repr=not secret, metadata={_SETTING: declared})
 
 
-def settings_group(cls: type[G] | None = None, *, moved: Mapping[str, tuple[str, str]] | None = None) -> Any:
+def settings_group(cls: type[G] | None = None, *, moved: Mapping[str, str] | None = None) -> Any:
     """Make ``cls`` a settings group: a frozen, keyword-only dataclass whose fields are settings (``setting``),
     each checked when the group is made, then the group's own ``validate()`` if it has one; it remembers the
     fields it was built with (``given_fields``). ``moved``: a field that lived here and lives in another group
-    now, by its old name: the keyword of the setting it is and its new spelling (see the module rules)."""
+    now, by its old name: the keyword of the setting it is; its entry in io_loop/renamed.py is
+    ``Group(name=...)`` (see the module rules)."""
     def make(cls: type[G]) -> type[G]:
         cls = dataclass(frozen=True, kw_only=True)(cls)
         declared = []
@@ -387,6 +389,9 @@ def settings_group(cls: type[G] | None = None, *, moved: Mapping[str, tuple[str,
             declared.append(dataclasses.replace(found, group=cls, field=f.name))
         cls.__settings__ = tuple(declared)  # type: ignore[attr-defined]
         cls.__moved__ = dict(moved or {})  # type: ignore[attr-defined]
+        for old in cls.__moved__:  # type: ignore[attr-defined]
+            if f"{cls.__name__}({old}=...)" not in RENAMED:
+                raise TypeError(f"{cls.__name__}.{old} moved, but io_loop/renamed.py does not list it")
         build = cls.__init__
         own_validate = getattr(cls, "validate", None)
 
@@ -394,14 +399,13 @@ def settings_group(cls: type[G] | None = None, *, moved: Mapping[str, tuple[str,
         def __init__(self: Any, **values: Any) -> None:
             old = {name: values.pop(name) for name in list(values) if name in cls.__moved__}  # type: ignore
             for name in old:
-                warnings.warn(f"{cls.__name__}({name}=...) is deprecated: the setting moved, give it as "
-                              f"{cls.__moved__[name][1]}", DeprecationWarning, stacklevel=2)  # type: ignore
+                deprecated(f"{cls.__name__}({name}=...)")
             build(self, **values)
             for declared_setting in cls.__settings__:  # type: ignore[attr-defined]
                 value = getattr(self, declared_setting.field)
                 object.__setattr__(self, declared_setting.field, declared_setting.check(value))
             object.__setattr__(self, _GIVEN, frozenset(values))
-            object.__setattr__(self, _MOVED, {cls.__moved__[name][0]: value  # type: ignore[attr-defined]
+            object.__setattr__(self, _MOVED, {cls.__moved__[name]: value  # type: ignore[attr-defined]
                                               for name, value in old.items()})
             if own_validate is not None:
                 own_validate(self)
@@ -415,14 +419,16 @@ def settings_group(cls: type[G] | None = None, *, moved: Mapping[str, tuple[str,
 
 
 def _moved_property(cls: type, old: str) -> property:
-    keyword, spelling = cls.__moved__[old]  # type: ignore[attr-defined]
+    keyword = cls.__moved__[old]  # type: ignore[attr-defined]
+    key = f"{cls.__name__}({old}=...)"
+    now = RENAMED[key].new
+    group, _, rest = now.partition("(")
 
     def read(self: Any) -> Any:
-        warnings.warn(f"{cls.__name__}.{old} is deprecated: the setting moved to {spelling}", DeprecationWarning,
-                      stacklevel=2)
+        deprecated(key, old=f"{cls.__name__}.{old}", new=f"{group}.{rest.partition('=')[0]}", error=AttributeError)
         return {**getattr(self, _MOVED, {}), **getattr(self, _HELD, {})}.get(keyword)
 
-    return property(read, doc=f"Deprecated: the setting moved to {spelling}.")
+    return property(read, doc=f"Deprecated: the setting moved to {now}.")
 
 
 def settings_of(group: type) -> tuple[Setting, ...]:
@@ -506,8 +512,7 @@ class TlsSettings:
                              "every connect)", default=False)
 
 
-@settings_group(moved={"features": ("features", "StepSettings(features=...)"),
-                       "max_batch": ("max_batch", "StepSettings(max_batch=...)")})
+@settings_group(moved={"features": "features", "max_batch": "max_batch"})
 class Limits:
     """The sizes of what a source reads and hands over (io_loop/source.py, io_loop/spill.py, the bridge)."""
 

@@ -141,7 +141,7 @@ class DetectorSettings:
                           "flag it", default=20)
 
 
-@settings_group(moved={"bucket": ("checkpoint_bucket", "PartitionSettings(checkpoint_bucket=...)")})
+@settings_group(moved={"bucket": "checkpoint_bucket"})
 class CheckpointSettings:
     """Where and how often checkpoints are written and whether one is restored. Read by the checkpoint writer and
     the choice of its store (controller/checkpoints/checkpointer.py), recovery (controller/recovery.py)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -505,7 +506,7 @@ def test_a_bad_value_in_a_group_is_a_config_error_naming_its_variable_where_the_
 
 
 # a setting that moved to another group: its old spelling works for one release, with a DeprecationWarning naming
-# the new one (CHANGELOG.md lists them for removal)
+# the new one (the one policy, io_loop/renamed.py; tests/controller/test_renamed.py holds its removal)
 MOVED = [
     (Limits, "features", 4, "StepSettings(features=...)", "step"),
     (Limits, "max_batch", 16, "StepSettings(max_batch=...)", "step"),
@@ -518,8 +519,8 @@ MOVED = [
 @pytest.mark.parametrize(("group", "old", "value", "spelling", "home"), MOVED,
                          ids=[f"{g.__name__}.{old}" for g, old, *_ in MOVED])
 def test_a_moved_field_warns_naming_its_new_spelling_and_still_takes_its_value(group, old, value, spelling, home):
-    with pytest.warns(DeprecationWarning, match=rf"{group.__name__}\({old}=\.\.\.\) is deprecated: .*"
-                                                rf"{spelling.replace('(', '[(]').replace(')', '[)]')}"):
+    with pytest.warns(DeprecationWarning, match=re.escape(f"{group.__name__}({old}=...) is deprecated since forkless "
+                                                          f"0.3.0 and is removed in 0.4.0: write {spelling}")):
         given = group(**{old: value})
     argument = next(name for name, kind in GROUPS.items() if kind is group)
     keyword = {"bucket": "checkpoint_bucket"}.get(old, old)
@@ -529,7 +530,18 @@ def test_a_moved_field_warns_naming_its_new_spelling_and_still_takes_its_value(g
         return
     cfg = Config(**{argument: given})
     assert getattr(getattr(cfg, home), keyword) == value
-    with pytest.warns(DeprecationWarning, match=rf"{group.__name__}\.{old} is deprecated"):
+    with pytest.warns(DeprecationWarning, match=re.escape(f"{group.__name__}.{old} is deprecated")):
         assert getattr(getattr(cfg, argument), old) == value  # read back where it was, for one release
     assert isinstance(getattr(forkless, spelling.split("(")[0]), type)
     assert DetectorSettings().warmup == 20
+
+
+def test_what_built_a_group_of_the_config_warns_naming_the_group():
+    cfg = Config(features=3, checkpoint_dir="", relay_nats="nats://127.0.0.1:4222", relay_subject="md")
+    with pytest.warns(DeprecationWarning, match=re.escape("config.step_settings() is deprecated")):
+        assert cfg.step_settings() == cfg.step
+    with pytest.warns(DeprecationWarning, match=re.escape("write config.checkpoints")):
+        assert cfg.checkpoint_settings() == cfg.checkpoints
+    with pytest.warns(DeprecationWarning, match=re.escape("write config.relay")):
+        io, relay = cfg.relay_settings()
+    assert relay == cfg.relay and all(spec.replies == "none" for spec in io.feed_specs)

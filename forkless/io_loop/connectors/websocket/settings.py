@@ -119,8 +119,7 @@ def check_credentials(feed: FeedSpec, credentials: Credentials, variable: str) -
                           f"one source of credentials, not {' and '.join(sources)}")
 
 
-@settings_group(moved={"features": ("features", "StepSettings(features=...)"),
-                       "warmup": ("warmup", "DetectorSettings(warmup=...)")})
+@settings_group(moved={"features": "features", "warmup": "warmup"})
 class DemoSettings:
     """The embedded demo feed's (demo_source.py): how fast it sends, over how many streams, and where it serves."""
 
