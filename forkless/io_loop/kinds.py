@@ -12,6 +12,7 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from forkless.io_loop.connectors.connector import Connector
@@ -32,8 +33,9 @@ def _jetstream(spec: FeedSpec) -> Connector:
     return JetStreamConnector(spec)
 
 
-# each kind's connector, by the kind its room's specs carry (io_loop/connectors/connector.py's ``FeedSpec.kind``)
-CONNECTORS = {websocket.WEBSOCKET: WebSocketConnector, jetstream.JETSTREAM: _jetstream}
+# each kind's connector, by the kind its room's specs carry (io_loop/feedspec.py's ``FeedSpec.kind``)
+CONNECTORS: dict[str, Callable[[FeedSpec], Connector]] = {websocket.WEBSOCKET: WebSocketConnector,
+                                                          jetstream.JETSTREAM: _jetstream}
 
 
 def connector_for(spec: FeedSpec) -> Connector:

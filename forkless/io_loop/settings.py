@@ -31,7 +31,7 @@ import re
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, dataclass_transform
 
 from forkless.io_loop.errors import ConfigError, ValueProblem
 from forkless.io_loop.renamed import RENAMED, deprecated
@@ -373,6 +373,7 @@ def setting(name: str, rule: Rule, help: str, *, default: Any, allowed: str | No
     return field(default=default, repr=not secret, metadata={_SETTING: declared})
 
 
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(setting, field))
 def settings_group(cls: type[G] | None = None, *, moved: Mapping[str, str] | None = None) -> Any:
     """Make ``cls`` a settings group: a frozen, keyword-only dataclass whose fields are settings (``setting``),
     each checked when the group is made, then the group's own ``validate()`` if it has one; it remembers the

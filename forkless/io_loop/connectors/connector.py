@@ -169,9 +169,12 @@ class Connector(Protocol):
     """One configured feed's connector (see the module rules): ``feed`` its spec; ``positions`` its codec (None: it
     keeps no position); ``partitioned``: it consumes some partitions of its stream, owned by one instance each."""
 
-    feed: FeedSpec
-    positions: PositionCodec | None
-    partitioned: bool
+    @property
+    def feed(self) -> FeedSpec: ...
+    @property
+    def positions(self) -> PositionCodec | None: ...
+    @property
+    def partitioned(self) -> bool: ...
 
     def refuses_sends(self) -> str:
         """Why ``Controller.send`` may not hand this feed frames ("": it may)."""
