@@ -22,11 +22,17 @@ _EXPORTS = {
     "JsonCodec": "forkless.controller.codec",
     "Config": "forkless.controller.config",
     "CheckpointSettings": "forkless.controller.settings.groups",
+    "DetectorSettings": "forkless.controller.settings.groups",
+    "LoopSettings": "forkless.controller.settings.groups",
+    "RunSettings": "forkless.controller.settings.groups",
     "StepSettings": "forkless.controller.settings.groups",
-    "Credentials": "forkless.io_loop.settings",
-    "DemoSettings": "forkless.io_loop.settings",
+    "Credentials": "forkless.io_loop.connectors.websocket.settings",
+    "DemoSettings": "forkless.io_loop.connectors.websocket.settings",
+    "WebSocketSettings": "forkless.io_loop.connectors.websocket.settings",
+    "PartitionSettings": "forkless.io_loop.connectors.jetstream.settings",
+    "FeedSettings": "forkless.io_loop.feedlist",
+    "RelaySettings": "forkless.io_loop.relay.settings",
     "Limits": "forkless.io_loop.settings",
-    "PartitionSettings": "forkless.io_loop.settings",
     "ReconnectSettings": "forkless.io_loop.settings",
     "Timeouts": "forkless.io_loop.settings",
     "TlsSettings": "forkless.io_loop.settings",
@@ -49,7 +55,7 @@ _EXPORTS = {
     "setup_logging": "forkless.controller.logs",
     "ForklessError": "forkless.io_loop.errors",
     "CheckpointMismatch": "forkless.controller.errors",
-    "ConfigError": "forkless.controller.errors",
+    "ConfigError": "forkless.io_loop.errors",
     "DeploymentMismatch": "forkless.io_loop.errors",
     "FeedFatal": "forkless.io_loop.errors",
     "IOThreadError": "forkless.io_loop.errors",
@@ -90,7 +96,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 # names the API had, and the public name each is now: warned of for a release, then refused
-# (forkless/controller/renamed.py, docs/embedding/versions.md)
+# (forkless/io_loop/renamed.py, docs/embedding/versions.md)
 _RENAMED = {"Sink": ("forkless.Sink", "RecordSink")}
 
 
@@ -99,7 +105,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         if name in _RENAMED:
             # the policy's module only when an old name is asked for: importing forkless loads nothing else
-            from forkless.controller.renamed import deprecated
+            from forkless.io_loop.renamed import deprecated
 
             spelled, now = _RENAMED[name]
             # an ImportError, not an AttributeError: ``from forkless import Sink`` replaces the latter's message

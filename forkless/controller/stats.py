@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from forkless.controller.renamed import removed
 from forkless.io_loop.counters import (
     SECONDS_BOUNDS,
     FeedSnapshot,
@@ -39,6 +38,7 @@ from forkless.io_loop.counters import (
     copy_counts,
     new_hops,
 )
+from forkless.io_loop.renamed import removed
 
 __all__ = ["PHASES", "MainStats", "SourceFigures", "StatsSnapshot", "books_line", "checkpoint_part", "losses",
            "status_line",
@@ -100,8 +100,9 @@ class MainStats:
 
 @dataclass(frozen=True)
 class SourceFigures:
-    """One JetStream feed's position figures: what its IO side fetched and had acknowledged, and
-    what the main thread applied (docs/jetstream.md, "Figures")."""
+    """One replayable feed's position figures: what its IO side fetched and had acknowledged, and what the main
+    thread applied; its connector room declares their metric families (a JetStream feed's: docs/jetstream.md,
+    "Figures")."""
 
     name: str
     fetched: int  # stream messages fetched (a replay's included)
