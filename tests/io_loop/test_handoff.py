@@ -1,8 +1,9 @@
 """How the threads wait for each other (FORKLESS_HANDOFF, io_loop/waiting.py): what the spinning
 hand-off must not change, and how a spinning thread behaves beside the other.
 
-The IO loop here is a real one on its own thread (``LoopThread``) with the bridge's real queues;
-the test's thread plays the main thread. Nothing is timed: each wait is bounded generously and
+The IO loop here is a real one on its own thread (``LoopThread``) with the bridge's real queues, made
+by the IO thread's parts or by an ``IOPortal`` (one machinery: the spinning tests run on both); the
+test's thread plays the main thread. Nothing is timed: each wait is bounded generously and
 each assertion is on what arrived, in which order, and what the spinning thread did.
 """
 
@@ -25,6 +26,7 @@ from forkless.controller.errors import ConfigError
 from forkless.io_loop.bridge import Bridge, MainSide
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.loopthread import LoopThread
+from forkless.io_loop.portal import IOPortal
 from forkless.io_loop.waiting import (
     PARK,
     Expecting,
@@ -114,7 +116,8 @@ def test_forkless_handoff_takes_auto_park_or_spin_and_names_the_choices_otherwis
 class Spinning:
     """A loop thread under the ``spin`` hand-off (``LoopThread``'s ``SpinningSelector``) with the bridge's queues,
     and a reader of *outbound* that records what it takes, in order; ``expect`` and ``put`` are the main
-    thread's. Made by the IO thread's parts (``SpinningIO``)."""
+    thread's. Made by the IO thread's parts (``SpinningIO``) or by an ``IOPortal`` (``SpinningPortal``): one
+    machinery, the same behaviour."""
 
     WAIT = WaitSettings("spin", nap_s=20e-6, spin_s=0.0)
     runner: LoopThread
@@ -182,6 +185,32 @@ class SpinningIO(Spinning):
         self.side.outbound.put(item(text))
 
 
+class SpinningPortal(Spinning):
+    """An ``IOPortal`` under the same ``WaitSettings``, its worker awaiting ``from_main``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.portal = IOPortal(self._worker, wait=self.WAIT, name="test-spinning-portal", stop_timeout_s=10 * UNIT_S)
+        self.runner = self.portal._runner  # the portal's loop thread, to watch its selector and count its wake-ups
+
+    async def _worker(self, to_main: Any, from_main: Any) -> None:
+        while True:
+            self.taken.append(await from_main.get())
+
+    def __enter__(self) -> SpinningPortal:
+        self.portal.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.portal.stop()
+
+    def expect(self, steps: int) -> None:
+        self.portal.expect(steps)
+
+    def put(self, text: str) -> None:
+        self.portal.from_main.put(text)
+
+
 def until(condition: Any, what: str, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s * UNIT_S
     while not condition():
@@ -199,9 +228,9 @@ def io() -> Iterator[SpinningIO]:
         yield spinning
 
 
-@pytest.fixture(params=[SpinningIO], ids=["io-thread"])
+@pytest.fixture(params=[SpinningIO, SpinningPortal], ids=["io-thread", "portal"])
 def either(request: pytest.FixtureRequest) -> Iterator[Spinning]:
-    """The IO thread's loop and bridge."""
+    """The IO thread's loop and bridge, or an ``IOPortal``'s: each test below holds for both."""
     with request.param() as spinning:
         yield spinning
 
@@ -281,6 +310,18 @@ def test_a_spin_with_nothing_to_take_sleeps_between_looks_instead_of_burning_a_c
     io.expect(0)
     assert naps > 0
     assert slept >= naps // 2, f"{naps} naps but the thread slept only {slept} times"
+
+
+def test_a_portal_takes_how_it_waits_as_the_io_thread_does_and_names_what_would_be_right_otherwise() -> None:
+    async def worker(to_main: Any, from_main: Any) -> None:
+        await to_main.stopping.wait()
+
+    with pytest.raises(TypeError, match=r"IOPortal\(wait=\.\.\.\) takes how the threads wait, a WaitSettings"):
+        IOPortal(worker, wait="spin")  # type: ignore[arg-type]
+    with IOPortal(worker) as portal:  # PARK: expect() tells a parking loop nothing, and refuses what is no count
+        portal.expect(2)
+        with pytest.raises(TypeError, match=r"IOPortal.expect\(steps\) is an int >= 0"):
+            portal.expect(1.5)  # type: ignore[arg-type]
 
 
 def test_the_park_default_makes_no_spinning_selector_and_tells_the_io_side_nothing() -> None:
