@@ -1,26 +1,32 @@
-"""The one place where the two threads meet: two bounded janus queues.
+"""The one place where two threads meet: two bounded janus queues, one each way, for the IO thread
+(io_loop/thread.py) and the IO portal (io_loop/portal.py) alike.
 
 Rules:
-- Both queues are created inside the IO thread's running loop (janus needs a loop).
-- ``inbound`` carries ``Chunk``s IO -> main; ``outbound`` carries ``Outgoing`` items
-  main -> IO. The IO thread only touches the async sides, the main thread only the sync
-  sides (``MainSide``); nobody else holds both.
-- The IO thread's reader of ``outbound`` is woken by one event per put (``OutboundSender``,
+- Both queues are created inside the loop thread's running loop (janus needs a loop).
+- ``inbound`` carries items loop -> main (the IO thread's ``Chunk``s, a portal worker's ``to_main``);
+  ``outbound`` main -> loop (``Outgoing`` reply items, a portal's ``from_main``). The loop touches the
+  async side of inbound and ``OutboundReceiver``, the main thread the sync sides (``MainSide``); nobody
+  else holds both. (A portal's worker may call its ends from executor threads too: there it uses the
+  sync sides, ``OutboundSender`` for outbound, so that each put still wakes the loop's reader.)
+- The loop's reader of ``outbound`` is woken by one event per put (``OutboundSender``,
   ``OutboundReceiver``) instead of janus's notification: one turn of the loop instead of
   three (measured in the latency budget's ``outbound`` hop, bench/README.md). Under the ``spin``
-  hand-off (io_loop/waiting.py) the main thread tells the IO thread how many steps are in flight
-  (``OutboundSender.expect``); while any is, the IO loop's selector looks at *outbound* itself
-  (``OutboundReceiver.poll``) and a put does not wake it.
-- A send of the main thread's (``Outgoing.sent``) crosses with the same one wake-up, which also
-  hands it to ``on_sent`` on the IO loop (its feed's ``SendWatch``, io_loop/sends.py: its deadline
-  is watched from then, whether or not the feed's writer is taking).
+  hand-off (the loop thread's ``SpinningSelector``, io_loop/waiting.py) the main thread tells the loop
+  how many steps are in flight (``OutboundSender.expect``); while any is, the loop's selector looks at
+  *outbound* itself (``OutboundReceiver.poll``) and a put does not wake it.
+- An item that ``sent(item)`` picks out (the IO thread's sends, ``Outgoing.sent``; a portal's items with
+  a deadline) crosses with the same one wake-up, which also hands it to ``on_sent`` on the loop: its
+  deadline is watched from then, whether or not the reader is taking (io_loop/sends.py's ``SendWatch``,
+  io_loop/portalqueue.py's ``PortalSends``).
 - With a sink on the IO loop instead of the main thread (the relay, io_loop/thread.py), the IO
   thread takes from ``inbound``'s async side too, and ends ``outbound`` itself (``end_outbound``):
   the main thread then touches neither queue.
-- Orderly stop, in this order: the IO thread stops reading and shuts ``inbound`` down
-  (the main thread drains what is left, then gets ``SyncQueueShutDown``); the main thread
-  sends its last results and shuts ``outbound`` down (the IO thread sends what is left,
-  then gets ``AsyncQueueShutDown``); finally the IO thread closes both (``aclose``).
+- Orderly stop, in this order: the loop stops putting and shuts ``inbound`` down (``stop_inbound``:
+  the main thread drains what is left, then gets ``SyncQueueShutDown``); the main thread sends its
+  last items and shuts ``outbound`` down (the loop takes what is left, then gets
+  ``AsyncQueueShutDown``); finally the loop closes both (``aclose``): ``outbound`` at once (what it
+  held has been counted by then), ``inbound`` keeping what it holds for the main thread (a portal's
+  ``to_main`` outlives its loop). A failure ends both at once, dropping what they hold (``immediate``).
 """
 
 from __future__ import annotations
@@ -28,44 +34,53 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import janus
 
-from forkless.io_loop.crossing import Chunk, Outgoing
-from forkless.io_loop.waiting import Expecting
+from forkless.io_loop.waiting import Expecting, SpinningSelector
 
-__all__ = ["Bridge", "MainSide"]
+__all__ = ["Bridge", "MainSide", "OutboundReceiver", "OutboundSender"]
+
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 
 def _expect_nothing(steps: int) -> None:
-    """A main side whose IO loop parks: steps in flight are nobody's business."""
+    """A main side whose loop parks: steps in flight are nobody's business."""
+
+
+def _never(item: Any) -> bool:
+    """No item is handed to ``on_sent``."""
+    return False
 
 
 @dataclass(frozen=True)
-class MainSide:
+class MainSide(Generic[In, Out]):
     """What the main thread gets: the sync sides only, and ``expect(steps)``: how many steps are in
-    flight (their results will be put on outbound), for an IO loop that spins (io_loop/waiting.py)."""
+    flight (their results will be put on outbound), for a loop that spins (io_loop/waiting.py)."""
 
-    inbound: janus.SyncQueue[Chunk]
-    outbound: OutboundSender
+    inbound: janus.SyncQueue[In]
+    outbound: OutboundSender[Out]
     expect: Callable[[int], None] = _expect_nothing
 
 
-class OutboundSender:
-    """The main thread's side of ``outbound``: janus's sync side, plus one wake-up of the IO
-    thread's reader per put (``loop.call_soon_threadsafe(ready.set)``). janus's own wake-up
-    of an awaiting ``get`` takes three turns of the loop (a callback makes a task, the task
-    takes the async mutex and notifies, the getter takes the mutex back); an event set by
-    the callback takes one. Nothing awaits janus's async ``get``, so janus sends none of its own."""
+class OutboundSender(Generic[Out]):
+    """The sync side of ``outbound``: janus's, whose puts each wake the loop's reader once
+    (``loop.call_soon_threadsafe(ready.set)``). janus's own wake-up of an awaiting ``get`` takes
+    three turns of the loop (a callback makes a task, the task takes the async mutex and notifies,
+    the getter takes the mutex back); an event set by the callback takes one. Nothing awaits
+    janus's async ``get``, so janus sends none of its own."""
 
-    def __init__(self, queue: janus.Queue[Outgoing], loop: asyncio.AbstractEventLoop, ready: asyncio.Event,
-                 expecting: Expecting | None = None, on_sent: Callable[[Outgoing], None] | None = None) -> None:
+    def __init__(self, queue: janus.Queue[Out], loop: asyncio.AbstractEventLoop, ready: asyncio.Event,
+                 expecting: Expecting | None = None, on_sent: Callable[[Out], None] | None = None,
+                 sent: Callable[[Out], bool] = _never) -> None:
         self._queue = queue.sync_q
         self._shutdown = queue.shutdown
         self._loop = loop
         self._ready = ready
-        self._expecting = expecting  # None: the IO loop parks (no spinning selector watches outbound)
-        self._on_sent = on_sent
+        self._expecting = expecting  # None: the loop parks (no spinning selector watches outbound)
+        self._on_sent, self._sent = on_sent, sent
 
     def expect(self, steps: int) -> None:
         """``steps`` steps are in flight (their results will be put here). Under ``spin``, the IO loop
@@ -81,27 +96,36 @@ class OutboundSender:
             except RuntimeError:  # the loop has closed
                 pass
 
-    def put(self, item: Outgoing, timeout: float | None = None) -> None:
-        self._queue.put(item, timeout=timeout)
-        if item.sent and self._on_sent is not None:
+    def put(self, item: Out, block: bool = True, timeout: float | None = None) -> None:
+        self._queue.put(item, block, timeout)
+        if self._sent(item):
             self._wake_sent(item)
         else:
             self._wake()
 
-    def put_nowait(self, item: Outgoing) -> None:
-        self._queue.put_nowait(item)
-        if item.sent and self._on_sent is not None:
-            self._wake_sent(item)
-        else:
-            self._wake()
+    def put_nowait(self, item: Out) -> None:
+        self.put(item, False)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Out:
+        return self._queue.get(block, timeout)
+
+    def get_nowait(self) -> Out:
+        return self._queue.get_nowait()
 
     def qsize(self) -> int:
         return self._queue.qsize()
 
-    def shutdown(self) -> None:
-        """No more items: the IO thread sends what is queued, then sees ``AsyncQueueShutDown`` (woken
-        whether or not its loop spins: a spinning selector looks at what is queued, not at the shutdown)."""
-        self._shutdown()
+    def full(self) -> bool:
+        return self._queue.full()
+
+    @property
+    def maxsize(self) -> int:
+        return self._queue.maxsize
+
+    def shutdown(self, immediate: bool = False) -> None:
+        """No more items: the loop takes what is queued (none, ``immediate``), then sees ``AsyncQueueShutDown``
+        (woken whether or not it spins: a spinning selector looks at what is queued, not at the shutdown)."""
+        self._shutdown(immediate)
         self._wake(always=True)
 
     def _wake(self, always: bool = False) -> None:
@@ -113,29 +137,29 @@ class OutboundSender:
         except RuntimeError:  # the loop has closed: nobody is left to wake
             pass
 
-    def _wake_sent(self, item: Outgoing) -> None:
+    def _wake_sent(self, item: Out) -> None:
         try:
             self._loop.call_soon_threadsafe(self._sent_crossed, item)
         except RuntimeError:  # the loop has closed: the stop counts what is left
             pass
 
-    def _sent_crossed(self, item: Outgoing) -> None:
-        """On the IO loop: the reader woken, and the send handed to ``on_sent``."""
+    def _sent_crossed(self, item: Out) -> None:
+        """On the loop: the reader woken, and the item handed to ``on_sent``."""
         self._ready.set()
-        assert self._on_sent is not None  # put() wakes this way only with one
+        assert self._on_sent is not None  # sent() picks items out only with one
         self._on_sent(item)
 
 
-class OutboundReceiver:
-    """The IO thread's side of ``outbound`` (see ``OutboundSender``): ``get`` waits on the
+class OutboundReceiver(Generic[Out]):
+    """The loop's side of ``outbound`` (see ``OutboundSender``): ``get`` waits on the
     event, ``get_nowait``/``put``/``put_nowait`` are janus's async side's (a put from this
-    side sets the event too)."""
+    side sets the event too). Several tasks may await ``get``: each put wakes them all, one takes it."""
 
-    def __init__(self, queue: janus.Queue[Outgoing], ready: asyncio.Event) -> None:
+    def __init__(self, queue: janus.Queue[Out], ready: asyncio.Event) -> None:
         self._queue = queue.async_q
         self._ready = ready
 
-    async def get(self) -> Outgoing:
+    async def get(self) -> Out:
         """The next item; raises ``janus.AsyncQueueShutDown`` once shut down and empty."""
         queue, ready = self._queue, self._ready
         while True:
@@ -150,8 +174,17 @@ class OutboundReceiver:
                 pass
             await ready.wait()
 
-    def get_nowait(self) -> Outgoing:
+    def get_nowait(self) -> Out:
         return self._queue.get_nowait()
+
+    def take_all(self) -> list[Out]:
+        """What is queued, taken: at the end, when the reader has stopped, to count it or report it."""
+        left = []
+        while True:
+            try:
+                left.append(self._queue.get_nowait())
+            except (asyncio.QueueEmpty, janus.AsyncQueueShutDown):
+                return left
 
     def poll(self) -> bool:
         """On the loop, from its spinning selector: wake the reader if an item waits and it was not
@@ -161,11 +194,11 @@ class OutboundReceiver:
             return True
         return False
 
-    async def put(self, item: Outgoing) -> None:
+    async def put(self, item: Out) -> None:
         await self._queue.put(item)
         self._ready.set()
 
-    def put_nowait(self, item: Outgoing) -> None:
+    def put_nowait(self, item: Out) -> None:
         self._queue.put_nowait(item)
         self._ready.set()
 
@@ -173,46 +206,57 @@ class OutboundReceiver:
         return self._queue.qsize()
 
 
-class Bridge:
-    """Owns both queues. Construct it in the IO thread's running loop; ``expecting``: what the main
-    thread tells a spinning IO loop (io_loop/waiting.py; None: the loop parks)."""
+class Bridge(Generic[In, Out]):
+    """Owns both queues. Construct it in the loop thread's running loop; ``selector``: the loop's
+    ``SpinningSelector`` when it spins (``LoopThread.selector``; None: it parks), which then looks at
+    *outbound* while the main thread expects work; ``on_sent``/``sent`` as the module rules say;
+    ``queue``: the janus queue class of both (a portal's gives an item back at the front)."""
 
-    def __init__(self, queue_size: int, expecting: Expecting | None = None,
-                 on_sent: Callable[[Outgoing], None] | None = None) -> None:
-        self._inbound: janus.Queue[Chunk] = janus.Queue(queue_size)
-        self._outbound: janus.Queue[Outgoing] = janus.Queue(queue_size)
+    def __init__(self, queue_size: int, selector: SpinningSelector | None = None,
+                 on_sent: Callable[[Out], None] | None = None, sent: Callable[[Out], bool] = _never, *,
+                 queue: Callable[[int], janus.Queue[Any]] = janus.Queue) -> None:
+        self._inbound: janus.Queue[In] = queue(queue_size)
+        self._outbound: janus.Queue[Out] = queue(queue_size)
         ready = asyncio.Event()
         self._outbound_receiver = OutboundReceiver(self._outbound, ready)
-        self._outbound_sender = OutboundSender(self._outbound, asyncio.get_running_loop(), ready, expecting, on_sent)
+        expecting = None
+        if selector is not None:
+            expecting = selector.expecting
+            selector.attach(self._outbound_receiver.poll)
+        self._outbound_sender = OutboundSender(self._outbound, asyncio.get_running_loop(), ready, expecting,
+                                               on_sent, sent)
 
     @property
-    def inbound(self) -> janus.AsyncQueue[Chunk]:
+    def inbound(self) -> janus.AsyncQueue[In]:
         return self._inbound.async_q
 
     @property
-    def outbound(self) -> OutboundReceiver:
+    def outbound(self) -> OutboundReceiver[Out]:
         return self._outbound_receiver
 
-    def main_side(self) -> MainSide:
+    def main_side(self) -> MainSide[In, Out]:
         sender = self._outbound_sender
         return MainSide(self._inbound.sync_q, sender, sender.expect)
 
-    def stop_inbound(self) -> None:
-        """No more chunks will come; the main thread drains what is queued, then sees ShutDown."""
-        self._inbound.shutdown()
+    def stop_inbound(self, immediate: bool = False) -> None:
+        """No more items will come; the main thread drains what is queued (dropped, ``immediate``), then
+        sees ShutDown. Any thread."""
+        self._inbound.shutdown(immediate)
 
-    def end_outbound(self) -> None:
-        """No replies will come (a sink took the chunks, io_loop/thread.py): the feeds' writers end."""
-        self._outbound_sender.shutdown()
+    def end_outbound(self, immediate: bool = False) -> None:
+        """No more items will be taken (or replies come: a sink took the chunks, io_loop/thread.py): the
+        reader ends once it has taken what is queued (dropped, ``immediate``). Any thread."""
+        self._outbound_sender.shutdown(immediate)
 
     def depths(self) -> tuple[int, int]:
         return self._inbound.async_q.qsize(), self._outbound.async_q.qsize()
 
     async def aclose(self) -> None:
-        """Close both queues; call last, from the IO loop, after both sides have stopped."""
-        for q in (self._inbound, self._outbound):
-            q.shutdown(immediate=True)
-            await q.aclose()
+        """Close both queues; call last, from the loop, after both sides have stopped (the module rules)."""
+        self.end_outbound(immediate=True)
+        self.stop_inbound()
+        for q in (self._outbound, self._inbound):
+            await q.wait_closed()
 
 
 def _nothing() -> None:

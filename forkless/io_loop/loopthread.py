@@ -6,10 +6,13 @@ anyio's ``BlockingPortal`` is the model: a start handshake, the exception delive
 
 Rules:
 - ``start(main, timeout)`` starts a daemon thread named ``name``, makes a new loop there and runs
-  ``main()`` on it as its main task (``run_here``; an owner whose thread does more around it
-  passes its own ``body``, which calls ``run_here(main)``, and starts with ``start(None, …)``).
-  The loop is never made any thread's current loop: nothing process-wide changes (a library
-  leaves its host alone).
+  ``main()`` on it as its main task. The loop is never made any thread's current loop: nothing
+  process-wide changes (a library leaves its host alone).
+- How the thread waits is decided here, from its ``WaitSettings`` (io_loop/waiting.py), for the IO
+  thread and the portal alike: under ``park`` the default loop; under ``spin`` a loop on a
+  ``SpinningSelector`` (``selector``: the bridge attaches it to *outbound*), and where the settings keep
+  the threads apart (no GIL) the thread keeps off the core of the one that called ``start`` (``keep_apart``),
+  its own affinity given back before its last act.
 - The start handshake: ``start`` returns True once ``main`` has called ``ready()`` (on the loop) or
   has ended, False when neither happened within ``timeout``.
 - What ``main`` raised (its cancellation too) is kept in ``failure``, what it returned in ``result``;
@@ -36,11 +39,14 @@ import asyncio
 import concurrent.futures
 import logging
 import math
+import os
 import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
+
+from forkless.io_loop.waiting import PARK, SpinningSelector, WaitSettings, keep_apart
 
 __all__ = ["CANCEL_GRACE_S", "LoopThread", "cancel_bounded", "run_all", "run_in_thread"]
 
@@ -59,10 +65,11 @@ class LoopThread:
     """A thread, its loop and its main coroutine (see the module rules). Made once, started once."""
 
     def __init__(self, name: str, *, cleanup_s: float | None = None, shutdown_executor: bool = False,
-                 body: Callable[[], None] | None = None,
-                 loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop) -> None:
-        self.thread = threading.Thread(target=body or self._body, name=name, daemon=True)
-        self._loop_factory = loop_factory  # the IO thread's may spin (io_loop/waiting.py's SpinningSelector)
+                 wait: WaitSettings = PARK) -> None:
+        self.thread = threading.Thread(target=self._body, name=name, daemon=True)
+        self.wait = wait
+        self.selector = SpinningSelector(wait.nap_s, wait.spin_s) if wait.spins else None  # None: it parks
+        self._caller = 0  # the native id of the thread that called start (kept apart from, without a GIL)
         self.cleanup_s = cleanup_s
         self.shutdown_executor = shutdown_executor
         self.loop: asyncio.AbstractEventLoop | None = None  # set in the thread before main runs
@@ -96,14 +103,14 @@ class LoopThread:
     def alive(self) -> bool:
         return self.started and not self._ended.is_set()
 
-    def start(self, main: Callable[[], Awaitable[Any]] | None, timeout: float | None = None) -> bool:
-        """Start the thread running ``main()`` (None: the ``body`` given calls ``run_here`` itself);
-        True once it has called ``ready()`` or ended, False if neither within ``timeout`` seconds
-        (None: no bound)."""
+    def start(self, main: Callable[[], Awaitable[Any]], timeout: float | None = None) -> bool:
+        """Start the thread running ``main()``; True once it has called ``ready()`` or ended, False if
+        neither within ``timeout`` seconds (None: no bound)."""
         if self._begun:
             raise RuntimeError(f"LoopThread {self.name!r} was started already (a LoopThread runs once)")
         self._begun = True
         self._main = main
+        self._caller = threading.get_native_id()
         self.thread.start()
         return self._ready.wait(timeout)
 
@@ -174,20 +181,16 @@ class LoopThread:
     # ---- the thread ---------------------------------------------------------------------------
 
     def _body(self) -> None:
-        assert self._main is not None, "LoopThread.start(None) needs a body that calls run_here(main)"
-        self.run_here(self._main)
-
-    def run_here(self, main: Callable[[], Awaitable[Any]]) -> None:
-        """The thread's work, on the calling thread (this LoopThread's): a new loop runs ``main()``,
-        then the exit (see the module rules). Called once, by the thread's body."""
-        self._main = main
+        """The thread's work: a new loop runs ``main()``, then the exit (see the module rules)."""
+        had = keep_apart(self._caller) if self.wait.apart else None
         getclock = getattr(time, "pthread_getcpuclockid", None)  # Unix; not macOS
         if getclock is not None:
             try:
                 self._cpu_clock = getclock(threading.get_ident())
             except OSError:
                 pass
-        loop = self._loop_factory()  # not set as the thread's current loop: nothing global changes
+        # not set as the thread's current loop: nothing global changes
+        loop = asyncio.new_event_loop() if self.selector is None else asyncio.SelectorEventLoop(self.selector)
         self.loop = loop
         try:
             try:
@@ -197,6 +200,8 @@ class LoopThread:
             self._clean_up(loop)
         finally:
             loop.close()
+            if had is not None:
+                os.sched_setaffinity(0, had)
             self._cpu_at_end = time.thread_time()
             self._ready.set()
             self._ended.set()

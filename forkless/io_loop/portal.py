@@ -57,6 +57,9 @@ Rules:
   or blocks the loop) is reported (logged, ``WorkerFailed`` from ``stop()``), ``from_main`` is shut
   down from the main thread, ``to_main`` too but keeping what the worker put (the main thread takes
   it, then ``WorkerFailed``), and its thread, a daemon, is left behind. A second ``stop()`` does nothing.
+- How the threads wait is the IO thread's machinery (``wait``, a ``WaitSettings``: io_loop/waiting.py):
+  the two queues are the bridge's (io_loop/bridge.py, each put on ``from_main`` wakes the loop once),
+  and under ``spin`` the loop looks at ``from_main`` itself while ``expect()`` says items are coming.
 - A library leaves its host alone: no process-wide setting is changed (the loop is not made the
   thread's current loop), nothing forks or exits, logs go to ``forkless.portal``.
 """
@@ -73,6 +76,7 @@ from typing import Any, Literal, NoReturn
 import janus
 
 from forkless.io_loop.backoff import DEFAULT_BACKOFF, Backoff
+from forkless.io_loop.bridge import Bridge, MainSide
 from forkless.io_loop.crossing import ConnectionEvent
 from forkless.io_loop.errors import FeedFatal, ForklessError
 from forkless.io_loop.gil import log_gil
@@ -81,6 +85,7 @@ from forkless.io_loop.portalqueue import MainQueue, PortalQueue, PortalSends, Wo
 from forkless.io_loop.reconnect import drive
 from forkless.io_loop.seconds import seconds, whole
 from forkless.io_loop.sends import LOST, STOP_DEADLINE
+from forkless.io_loop.waiting import PARK, WaitSettings
 
 __all__ = ["IOPortal", "PortalClosed", "RestartPolicy", "WorkerFailed"]
 
@@ -201,12 +206,13 @@ class IOPortal:
     worker that returns or raises before the stop (None: it ends the portal); ``connection_events``:
     a ``ConnectionEvent`` on ``to_main`` as the worker's connection comes up and goes down;
     ``send_answered``: ``send_answered(item)``, the id of the ``from_main`` item that an item the
-    worker puts answers (None: it answers none). Use it as a context manager, or call ``start()`` then ``stop()``."""
+    worker puts answers (None: it answers none); ``wait``: how the threads wait (``PARK``; a spinning one with
+    ``expect``). Use it as a context manager, or call ``start()`` then ``stop()``."""
 
     def __init__(self, worker: Callable[[WorkerQueue, WorkerQueue], Awaitable[Any]], *, queue_size: int = 10_000,
                  stop_timeout_s: float = 2.0, start_timeout_s: float = 30.0, name: str = "forkless-io",
                  restart: RestartPolicy | None = None, connection_events: bool = False,
-                 send_answered: Callable[[Any], Any] | None = None) -> None:
+                 send_answered: Callable[[Any], Any] | None = None, wait: WaitSettings = PARK) -> None:
         queue_size = whole(queue_size, "IOPortal's queue_size", means_zero="no bound")
         stop_timeout_s = float(seconds(stop_timeout_s, "IOPortal's stop_timeout_s"))
         start_timeout_s = float(seconds(start_timeout_s, "IOPortal's start_timeout_s"))
@@ -216,15 +222,20 @@ class IOPortal:
         if send_answered is not None and not callable(send_answered):
             raise TypeError(f"IOPortal(send_answered=...) takes a callable, send_answered(item) -> the id of the "
                             f"from_main item an item of the worker's answers, or None; not {send_answered!r}")
+        if not isinstance(wait, WaitSettings):
+            raise TypeError(f"IOPortal(wait=...) takes how the threads wait, a WaitSettings (io_loop/waiting.py's "
+                            f"wait_settings('spin', platform), or PARK, the default), not {wait!r}")
         self._worker = worker
         self.restart, self.connection_events, self.send_answered = restart, connection_events, send_answered
         self.queue_size, self.stop_timeout_s, self.start_timeout_s = queue_size, stop_timeout_s, start_timeout_s
         self.stopping = _Stopping()  # set on the loop when the worker is to stop; the worker may await it
         # the thread and its loop (io_loop/loopthread.py): what the worker started and left running is
         # cancelled at the end, as asyncio.run does, within CANCEL_RESERVE_S; its executor is shut down
-        self._runner = LoopThread(name, cleanup_s=CANCEL_RESERVE_S, shutdown_executor=True)
+        # (under a spinning wait, on its SpinningSelector: io_loop/waiting.py)
+        self._runner = LoopThread(name, cleanup_s=CANCEL_RESERVE_S, shutdown_executor=True, wait=wait)
         self._thread = self._runner.thread
-        self._queues: tuple[janus.Queue[Any], janus.Queue[Any]] | None = None
+        self._bridge: Bridge[Any, Any] | None = None  # the two queues (io_loop/bridge.py), made on the loop
+        self._main_side: MainSide[Any, Any] | None = None
         self._ends: tuple[MainQueue, MainQueue] | None = None
         self._task: asyncio.Task[Any] | None = None
         self._stopper: asyncio.Task[None] | None = None
@@ -304,6 +315,15 @@ class IOPortal:
             self._raise_end()
         return self
 
+    def expect(self, steps: int) -> None:
+        """``steps`` steps of yours are in flight, whose items you will put on ``from_main``: under a spinning
+        ``wait`` the portal's loop stays awake until the last has ended (and ``spin_s`` after), so that a put
+        is taken without waking it (io_loop/waiting.py, as the controller tells the IO thread); under
+        ``park``, the default, nothing. Main thread."""
+        steps = whole(steps, "IOPortal.expect(steps)", means_zero="none in flight")
+        if self._main_side is not None:
+            self._main_side.expect(steps)
+
     def poll(self) -> bool:
         """True while the worker runs (or, with a restart policy, waits to run again), False once it
         has returned for good (what it sent may still be in ``to_main``: take it until
@@ -346,10 +366,9 @@ class IOPortal:
         if not self._runner.join(max(0.0, deadline - time.monotonic())):
             self._broken = f"the IO worker {because}; its thread {self._thread.name!r} is left running (a daemon)"
             log.error("%s", self._broken)
-            if self._queues is not None:  # thread-safe: nothing the main thread calls can block now
-                to_main, from_main = self._queues
-                from_main.shutdown(immediate=True)
-                to_main.shutdown(immediate=False)  # what the worker put stays for the main thread, then WorkerFailed
+            if self._bridge is not None:  # thread-safe: nothing the main thread calls can block now
+                self._bridge.end_outbound(immediate=True)
+                self._bridge.stop_inbound()  # what the worker put stays for the main thread, then WorkerFailed
 
     def _raise_end(self) -> NoReturn:
         failure = self._failure
@@ -376,14 +395,18 @@ class IOPortal:
 
     async def _main(self) -> None:
         self._stop_now = asyncio.Event()
-        self._queues = to_main, from_main = PortalQueue(self.queue_size), PortalQueue(self.queue_size)
-        to_worker = WorkerQueue(to_main, self.stopping, "to_main", on_put=self._worker_put, says=self._worker_says)
         # from_main's deadlines and answers; what is given up or lost goes to_main, never seen as the worker's
-        self._sends = sends = PortalSends(to_worker.put_own, answers=self.send_answered is not None)
-        self._ends = (MainQueue(to_main.sync_q, self._raise_end),
-                      MainQueue(from_main.sync_q, self._raise_end, sends))
-        self._worker_ends = ends = (to_worker, WorkerQueue(from_main, self.stopping, "from_main", sends,
-                                                           says=self._worker_says))
+        self._sends = sends = PortalSends(self._put_own, answers=self.send_answered is not None)
+        # to_main is the bridge's inbound, from_main its outbound; a deadline is watched from its put's wake-up
+        bridge: Bridge[Any, Any] = Bridge(self.queue_size, self._runner.selector, sends.arm, sends.watched,
+                                          queue=PortalQueue)
+        self._bridge = bridge
+        self._main_side = main = bridge.main_side()
+        self._ends = (MainQueue(main.inbound, self._raise_end), MainQueue(main.outbound, self._raise_end, sends))
+        self._worker_ends = ends = (
+            WorkerQueue(bridge.inbound, main.inbound, self.stopping, "to_main", on_put=self._worker_put,
+                        says=self._worker_says),
+            WorkerQueue(bridge.outbound, main.outbound, self.stopping, "from_main", sends, says=self._worker_says))
         policy = self.restart
         try:
             await drive(_Runs(self), (policy.backoff if policy is not None else DEFAULT_BACKOFF).fresh())
@@ -401,20 +424,13 @@ class IOPortal:
                 log.warning("the IO worker returned before the stop (its coroutine ended on its own); the main "
                             "thread gets PortalClosed once it has taken the %d items it sent that are left",
                             self._ends[0].qsize())
-        unread = []
-        while True:
-            try:
-                unread.append(from_main.async_q.get_nowait())
-            except (asyncio.QueueEmpty, janus.AsyncQueueShutDown):
-                break
-        unread.extend(await ends[1].take_waiting())
+        unread = bridge.outbound.take_all() + await ends[1].take_waiting()
         sends.report_untaken(unread)
         if unread and self._failure is None:
             log.warning("%d items the main thread put were not taken by the IO worker before it ended", len(unread))
-        from_main.shutdown(immediate=True)  # first: once to_main has ended, from_main has too
-        to_main.shutdown(immediate=self._failure is not None)  # what the worker put stays for the main thread
-        await from_main.wait_closed()
-        await to_main.wait_closed()
+        # from_main first (once to_main has ended, from_main has too); what the worker put stays for the main
+        # thread (a failure dropped it already)
+        await bridge.aclose()
 
     # ---- a run, as the reconnect driver sees it (_Runs) -----------------------------------------
 
@@ -514,7 +530,11 @@ class IOPortal:
     def _announce(self, event: ConnectionEvent) -> None:
         """With ``connection_events``: ``event`` on ``to_main``, after what the worker put."""
         if self.connection_events:
-            self._worker_ends[0].put_own(event)
+            self._put_own(event)
+
+    def _put_own(self, item: Any) -> None:
+        """The portal's own ``item`` on ``to_main`` (an event, a report), never seen as the worker's."""
+        self._worker_ends[0].put_own(item)
 
     # ---- the worker ------------------------------------------------------------------------------
 
@@ -545,11 +565,12 @@ class IOPortal:
         if self._failure is not None:
             return
         self._failure = exc
-        queues = self._queues or ()
-        dropped = sum(q.async_q.qsize() for q in queues) + sum(len(end._waiting) for end in self._worker_ends)
+        bridge = self._bridge
+        dropped = sum(bridge.depths() if bridge else ()) + sum(len(end._waiting) for end in self._worker_ends)
         log.error("the IO worker failed%s", f" ({dropped} queued items dropped)" if dropped else "", exc_info=exc)
-        for q in queues:
-            q.shutdown(immediate=True)  # wakes a main thread blocked in get or put
+        if bridge is not None:  # wakes a main thread blocked in get or put
+            bridge.stop_inbound(immediate=True)
+            bridge.end_outbound(immediate=True)
 
     # ---- the stop ----------------------------------------------------------------------------------
 

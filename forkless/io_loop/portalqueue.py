@@ -1,7 +1,12 @@
 """The queue ends of an ``IOPortal`` (io_loop/portal.py): the worker's, which behave as
-``multiprocessing.Queue``'s when called that way, and the main thread's, ``queue.Queue``'s.
+``multiprocessing.Queue``'s when called that way, and the main thread's, ``queue.Queue``'s. They are
+the portal's semantics over the bridge's two queues (io_loop/bridge.py), the IO thread's own: ``to_main``
+is its *inbound*, ``from_main`` its *outbound*, with the same one wake-up per put and the same end.
 
 Rules:
+- Each end holds both sides of its queue: the loop's (janus's async side; *outbound*'s
+  ``OutboundReceiver``) and the other threads' (janus's sync side; *outbound*'s ``OutboundSender``,
+  whose puts wake the loop's reader).
 - ``WorkerQueue`` is made on the portal's loop. Called on the loop it never blocks: ``put``
   enqueues at once or, the queue full, keeps the item waiting in order (moved in as the main thread
   takes; never lost, awaited or not) and returns an awaitable that waits for it to be in;
@@ -19,12 +24,13 @@ Rules:
   for the next run, and that get raises ``Empty``. A get on the loop from a task the worker left
   running is the worker's: it must cancel what it started before it returns.
 - Deadlines (``from_main`` only): ``put(item, max_age_s=)`` queues the item with its deadline
-  (``PortalSends``). The worker's ``get`` never hands out an item past it: one not taken by then is
-  given up at its deadline (a timer on the loop, whatever is queued before it), ``to_main`` gets a
-  ``SendFailed`` (its id, the item, reason ``"deadline"``) and ``sent_failed`` counts it. Taking and
-  giving up are settled under one lock (a ``get`` may run in an executor thread); the count and the
-  report are made on the loop only. The ids of such puts are counted under the same lock: ``from_main``
-  is a ``queue.Queue`` to whoever puts on it, and two threads' puts once took one id.
+  (``PortalSends``), watched on the loop from the put's own wake-up (the bridge's ``on_sent``). The
+  worker's ``get`` never hands out an item past it: one not taken by then is given up at its deadline
+  (a timer on the loop, whatever is queued before it), ``to_main`` gets a ``SendFailed`` (its id,
+  the item, reason ``"deadline"``) and ``sent_failed`` counts it. Taking and giving up are settled
+  under one lock (a ``get`` may run in an executor thread); the count and the report are made on the
+  loop only. The ids of such puts are counted under the same lock: ``from_main`` is a ``queue.Queue``
+  to whoever puts on it, and two threads' puts once took one id.
 - Answers (``IOPortal(send_answered=...)``): ``put(item, id=)`` makes the item await its answer, the
   item the worker puts on ``to_main`` whose ``send_answered(item)`` is that id (``to_main``'s ``put`` tells the
   portal of each: ``on_put``). ``PortalSends`` keeps them (``Unanswered``, io_loop/sends.py) by the
@@ -49,12 +55,16 @@ from typing import Any, NoReturn
 
 import janus
 
+from forkless.io_loop.bridge import OutboundReceiver, OutboundSender
 from forkless.io_loop.errors import ForklessError
 from forkless.io_loop.sends import DEADLINE, LOST, NOT_TAKEN, STOP_DEADLINE, SendFailed, Unanswered, checked_max_age
 
 __all__ = ["Empty", "First", "Full", "MainQueue", "PortalQueue", "PortalSends", "WorkerQueue"]
 
 log = logging.getLogger("forkless.portal")
+
+LoopSide = janus.AsyncQueue[Any] | OutboundReceiver[Any]  # a queue's side on the loop
+SyncSide = janus.SyncQueue[Any] | OutboundSender[Any]  # ... in other threads
 
 
 class Empty(ForklessError, queue.Empty, asyncio.QueueEmpty):
@@ -92,21 +102,6 @@ class PortalQueue(janus.Queue[Any]):
 
     def _get(self) -> Any:
         return self._items.popleft()
-
-
-class _Sized:
-    """``qsize``, ``empty`` and ``full``, as ``queue.Queue``'s, of the janus end ``_q``."""
-
-    _q: Any
-
-    def qsize(self) -> int:
-        return self._q.qsize()
-
-    def empty(self) -> bool:
-        return self.qsize() == 0
-
-    def full(self) -> bool:
-        return self._q.full()
 
 
 class _Enqueued:
@@ -229,15 +224,6 @@ class PortalSends:
                 record.outcome = "not put"
                 self._queued.pop(record.id, None)
 
-    def watch(self, record: _Timed) -> None:
-        """After the put: its deadline is watched on the loop from now."""
-        if record.deadline is None:
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._arm, record)
-        except RuntimeError:  # the loop has closed: the portal has ended, nothing is taken any more
-            pass
-
     def take(self, item: Any, run: int) -> tuple[bool, Any]:
         """What the worker's ``get`` took in its ``run``: (True, the item to hand out), or (False,
         None) for one given up (now, its deadline passed, or before): skip it."""
@@ -290,7 +276,13 @@ class PortalSends:
         """At the end: each of ``records`` put with a deadline or an id and never settled is reported, "not taken"."""
         self.report(NOT_TAKEN, [(record.id, record.item) for record in self.untaken_records(records)])
 
-    def _arm(self, record: _Timed) -> None:
+    @staticmethod
+    def watched(item: Any) -> bool:
+        """Whether the bridge hands ``item``, as it crosses, to ``arm``: a record with a deadline."""
+        return type(item) is _Timed and item.deadline is not None
+
+    def arm(self, record: _Timed) -> None:
+        """On the loop, as ``record`` crosses (the bridge's ``on_sent``): its deadline is watched from now."""
         if not record.outcome and record.deadline is not None:
             self._loop.call_at(record.deadline, self._due, record)  # loop.time() is time.monotonic()
 
@@ -341,7 +333,7 @@ def _check_timeout(timeout: float | None) -> None:
         raise ValueError(f"timeout must be a non-negative number of seconds or None, not {timeout!r}")
 
 
-class WorkerQueue(_Sized):
+class WorkerQueue:
     """The worker's end of a queue, behaving as ``multiprocessing.Queue``'s when called that way,
     on the loop or from another thread (``loop.run_in_executor``), and awaitable on the loop:
 
@@ -361,10 +353,10 @@ class WorkerQueue(_Sized):
     ``stopping`` is set when the portal's stop begins. After the end, calls raise janus's
     ``AsyncQueueShutDown`` on the loop, ``SyncQueueShutDown`` in another thread."""
 
-    def __init__(self, q: janus.Queue[Any], stopping: asyncio.Event, name: str,
+    def __init__(self, q: LoopSide, sync: SyncSide, stopping: asyncio.Event, name: str,
                  sends: PortalSends | None = None, *, on_put: Callable[[Any], None] | None = None,
                  says: Callable[[bool, str, int | None], None] | None = None) -> None:
-        self._q, self._sync = q.async_q, q.sync_q
+        self._q, self._sync = q, sync
         self.stopping, self.name = stopping, name
         self._sends = sends  # from_main's: items put with a deadline (PortalSends)
         self._on_put = on_put  # to_main's: the portal sees each item the worker puts (its first: "up"; answers)
@@ -378,11 +370,14 @@ class WorkerQueue(_Sized):
     def qsize(self) -> int:
         return self._q.qsize() + len(self._waiting)
 
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
     def full(self) -> bool:
-        return bool(self._waiting) or self._q.full()
+        return bool(self._waiting) or self._sync.full()
 
     def _full(self) -> Full:
-        return Full(f"the queue holds queue_size={self._q.maxsize} items: the main thread takes them too "
+        return Full(f"the queue holds queue_size={self._sync.maxsize} items: the main thread takes them too "
                     "slowly (a larger queue_size, or 0 for no bound)")
 
     def set_connected(self, connected: bool = True, reason: str = "", *, code: int | None = None) -> None:
@@ -449,7 +444,7 @@ class WorkerQueue(_Sized):
         if not self._full_logged:
             self._full_logged = True
             log.warning("%s is full (queue_size=%d): put() holds what comes, in order, until the main thread "
-                        "takes some (await put() to wait for room instead; logged once)", self.name, self._q.maxsize)
+                        "takes some (await put() to wait for room instead; logged once)", self.name, self._sync.maxsize)
         return waiting
 
     def get_nowait(self) -> Any:
@@ -560,13 +555,12 @@ class WorkerQueue(_Sized):
         return items
 
 
-class MainQueue(_Sized):
+class MainQueue:
     """The main thread's end of a queue: ``queue.Queue``'s calls (``queue.Empty``, ``queue.Full``);
     once the queue has ended they raise ``WorkerFailed`` (the worker failed) or ``PortalClosed``,
     after handing out what the worker's ``put`` still kept waiting when it returned."""
 
-    def __init__(self, q: janus.SyncQueue[Any], raise_end: Callable[[], NoReturn],
-                 sends: PortalSends | None = None) -> None:
+    def __init__(self, q: SyncSide, raise_end: Callable[[], NoReturn], sends: PortalSends | None = None) -> None:
         self._q = q
         self._raise_end = raise_end
         self._sends = sends  # from_main's: items put with a deadline
@@ -574,6 +568,12 @@ class MainQueue(_Sized):
 
     def qsize(self) -> int:
         return self._q.qsize() + len(self.leftover)
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
+    def full(self) -> bool:
+        return self._q.full()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         try:
@@ -609,10 +609,7 @@ class MainQueue(_Sized):
             if isinstance(exc, janus.SyncQueueShutDown):
                 self._raise_end()
             raise
-        if record is None or sends is None:  # (a record is made by sends)
-            return None
-        sends.watch(record)
-        return record.id
+        return None if record is None else record.id
 
     def put_nowait(self, item: Any, *, max_age_s: float | None = None, id: Any = None) -> Any:
         return self.put(item, False, max_age_s=max_age_s, id=id)

@@ -47,15 +47,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from forkless.io_loop.bridge import Bridge, MainSide
 from forkless.io_loop.capabilities import SupportsSummary
 from forkless.io_loop.counters import LAG_INTERVAL_S, IOSnapshot, IOStats, combine_io
-from forkless.io_loop.crossing import Origin, count_unsent
+from forkless.io_loop.crossing import Chunk, Origin, Outgoing, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, PositionLost
 from forkless.io_loop.feeds import FeedSet
@@ -64,7 +63,7 @@ from forkless.io_loop.loopthread import LoopThread, run_all
 from forkless.io_loop.sinks.results import ResultSinks
 from forkless.io_loop.sinks.sink import Acknowledged, RecordSink, ResultSink, SinkRunner
 from forkless.io_loop.source import Source
-from forkless.io_loop.waiting import PARK, Expecting, SpinningSelector, WaitSettings, keep_apart
+from forkless.io_loop.waiting import PARK, WaitSettings
 
 if TYPE_CHECKING:  # imported where served only: aiohttp.web, 1.7 MiB resident
     from forkless.io_loop.net.http import MetricsServer
@@ -112,22 +111,19 @@ class IOThread:
         # under the spin hand-off (io_loop/waiting.py) the loop's selector looks at outbound itself while
         # steps are in flight, so that a reply is written without waking a sleeping loop
         self.wait = wait
-        self._selector = SpinningSelector(wait.nap_s) if wait.spins else None
-        self._runner = LoopThread(name, cleanup_s=ABORT_CLEANUP_S, body=self._run, loop_factory=self._new_loop)
-        self._bridge: Bridge | None = None
-        self._main_side: MainSide | None = None
+        self._runner = LoopThread(name, cleanup_s=ABORT_CLEANUP_S, wait=wait)
+        self._bridge: Bridge[Chunk, Outgoing] | None = None
+        self._main_side: MainSide[Chunk, Outgoing] | None = None
         self._aborted = False
         self._stopping: list[asyncio.Task] = []  # the stop's tasks, made on the loop by request_stop
         self._stop_closed = False  # True once _main has taken the stop's tasks to finish: none is made after
-        self._caller = 0  # the native id of the thread that started this one (the controller's)
 
     # ---- main-thread API --------------------------------------------------------------------
 
-    def start(self, timeout: float = 30.0) -> MainSide:
+    def start(self, timeout: float = 30.0) -> MainSide[Chunk, Outgoing]:
         """Start the thread; return the queues' sync sides once the loop has made them. Under a hand-off that
         keeps the threads apart (io_loop/waiting.py), the thread keeps off the core of the one calling this."""
-        self._caller = threading.get_native_id()
-        if not self._runner.start(None, timeout):
+        if not self._runner.start(self._outcome, timeout):
             raise IOThreadError(f"the IO thread did not start within {timeout}s")
         self.raise_if_failed()
         assert self._main_side is not None
@@ -194,21 +190,6 @@ class IOThread:
     def _loop(self) -> asyncio.AbstractEventLoop | None:
         return self._runner.loop
 
-    def _new_loop(self) -> asyncio.AbstractEventLoop:
-        """The thread's loop: the default one, or one on the spinning selector."""
-        selector = self._selector
-        return asyncio.new_event_loop() if selector is None else asyncio.SelectorEventLoop(selector)
-
-    def _run(self) -> None:
-        """The thread's body: its loop runs ``_outcome``, off the caller's core where the hand-off keeps the
-        threads apart (its own affinity given back as its last act: the threads it started end with it)."""
-        had = keep_apart(self._caller) if self.wait.apart else None
-        try:
-            self._runner.run_here(self._outcome)
-        finally:
-            if had is not None:
-                os.sched_setaffinity(0, had)
-
     async def _outcome(self) -> None:
         """The thread's main coroutine: ``_main``, what ends it kept in ``failure`` (see the rules)."""
         try:
@@ -228,10 +209,9 @@ class IOThread:
 
     async def _main(self) -> None:
         cfg = self.settings
-        expecting = Expecting(self.wait.spin_s) if self._selector is not None else None
-        self._bridge = bridge = Bridge(cfg.limits.queue_size, expecting, on_sent=self._send_arrived)
-        if self._selector is not None and expecting is not None:
-            self._selector.attach(expecting, bridge.outbound.poll)
+        bridge: Bridge[Chunk, Outgoing] = Bridge(cfg.limits.queue_size, self._runner.selector,
+                                                 on_sent=self._send_arrived, sent=attrgetter("sent"))
+        self._bridge = bridge
         background: list[asyncio.Task] = []
         metrics = self._metrics  # released at the end however it ends, served or not
         try:
@@ -277,12 +257,12 @@ class IOThread:
                 log.warning("clean-up after the abort cut short after %.1fs", ABORT_CLEANUP_S)
             await bridge.aclose()
 
-    def _send_arrived(self, item: Any) -> None:
+    def _send_arrived(self, item: Outgoing) -> None:
         """A send of the main thread's crossed (the bridge's wake-up, on the loop): its feed watches it."""
         if self._feeds is not None:
             self._feeds.send_arrived(item)
 
-    async def _run_with_sink(self, sink: SinkRunner, feeds: FeedSet, bridge: Bridge) -> None:
+    async def _run_with_sink(self, sink: SinkRunner, feeds: FeedSet, bridge: Bridge[Chunk, Outgoing]) -> None:
         """The feeds and the sink together, until both are done (see the module rules)."""
         feeding = asyncio.create_task(feeds.run(), name="forkless-feeds")
         sinking = asyncio.create_task(sink.run(bridge.inbound), name="forkless-sink")
@@ -345,13 +325,7 @@ class IOThread:
         answers to messages as dropped messages, bad-input error replies on their own."""
         feeds = self._feeds
         unsent = [held for i in range(len(feeds.clients)) for held in feeds.unsent_items(i)] if feeds else []
-        outbound = self._bridge.outbound if self._bridge is not None else None
-        left_on_outbound = []
-        while outbound is not None:
-            try:
-                left_on_outbound.append(outbound.get_nowait())
-            except Exception:
-                break
+        left_on_outbound = self._bridge.outbound.take_all() if self._bridge is not None else []
         unsent += [(item, 0) for item in left_on_outbound]
         if self.results is not None:  # their results never reached the sinks: counted in each one's books
             self.results.count_unsent(left_on_outbound)

@@ -28,6 +28,9 @@ Rules:
   by the main thread only (steps in flight; when the last one ended, plus the linger), ``spinning`` by
   the IO thread only (its selector is looking at *outbound* by itself: a put need not wake it). Each is
   read, never written, by the other.
+- One place decides how a loop thread waits: ``LoopThread(wait=...)`` (io_loop/loopthread.py), under the IO
+  thread and the IO portal alike, makes its loop on a ``SpinningSelector`` under ``spin`` and keeps it apart
+  where the settings say; the bridge (io_loop/bridge.py) attaches the selector to *outbound*.
 - ``SpinningSelector`` is the IO loop's selector. While work is imminent its ``select`` does not
   block: it looks at the sockets (``select(0)``) and at *outbound* (``poll``) between pauses, and
   returns as soon as either has something, or the loop's own timeout is due. Then it looks at
@@ -193,43 +196,43 @@ class Expecting:
 
 
 class SpinningSelector(selectors.DefaultSelector):
-    """The IO loop's selector under ``spin`` (see the module rules); ``attach`` gives it what it
-    watches once the bridge exists, on the loop's own thread."""
+    """A spinning loop's selector (see the module rules): ``LoopThread(wait=...)`` makes it under ``spin``, with
+    the ``Expecting`` its main thread writes; the bridge ``attach``es what it looks at, on the loop's own thread."""
 
-    def __init__(self, nap_s: float = NAP_S) -> None:
+    def __init__(self, nap_s: float = NAP_S, linger_s: float = 0.0) -> None:
         super().__init__()
         self._nap_s = nap_s
-        self._expecting: Expecting | None = None
-        self._poll: Callable[[], bool] = lambda: False
+        self.expecting = Expecting(linger_s)
+        self._poll: Callable[[], bool] | None = None
         self.naps = 0  # how many naps it took (tests: a spin that naps, never a bare loop)
 
-    def attach(self, expecting: Expecting, poll: Callable[[], bool]) -> None:
-        """Watch ``expecting`` and, while steps are in flight, ``poll()`` (True: it found an item on
-        outbound and woke its reader)."""
-        self._expecting, self._poll = expecting, poll
+    def attach(self, poll: Callable[[], bool]) -> None:
+        """While work is imminent, look at ``poll()`` too (True: it found an item on outbound and woke its reader)."""
+        self._poll = poll
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        expecting = self._expecting
-        if expecting is None or timeout == 0 or not expecting.imminent:
+        expecting, poll = self.expecting, self._poll
+        if poll is None or timeout == 0 or not expecting.imminent:
             return super().select(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         ready: list[tuple[selectors.SelectorKey, int]] | None = None
         expecting.spin(True)
         try:
-            ready = self._spin(expecting, deadline)
+            ready = self._spin(expecting, poll, deadline)
         finally:
             expecting.spin(False)
-        if self._poll():  # put while ``spinning`` was set: the main thread did not wake the loop
+        if poll():  # put while ``spinning`` was set: the main thread did not wake the loop
             return ready or []
         if ready is not None:
             return ready
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         return super().select(remaining)
 
-    def _spin(self, expecting: Expecting, deadline: float | None) -> list[tuple[selectors.SelectorKey, int]] | None:
+    def _spin(self, expecting: Expecting, poll: Callable[[], bool],
+              deadline: float | None) -> list[tuple[selectors.SelectorKey, int]] | None:
         """Look at the sockets and at outbound between pauses while work is imminent; what is ready
         (None: none is any more)."""
-        nap, poll, look = self._nap_s, self._poll, super().select
+        nap, look = self._nap_s, super().select
         while expecting.imminent:
             ready = look(0)
             if ready or poll():

@@ -1,14 +1,14 @@
 """How the threads wait for each other (FORKLESS_HANDOFF, io_loop/waiting.py): what the spinning
 hand-off must not change, and how a spinning thread behaves beside the other.
 
-The IO loop here is a real one on its own thread (``LoopThread``) with the bridge's real queues;
-the test's thread plays the main thread. Nothing is timed: each wait is bounded generously and
+The IO loop here is a real one on its own thread (``LoopThread``) with the bridge's real queues, made
+by the IO thread's parts or by an ``IOPortal`` (one machinery: the spinning tests run on both); the
+test's thread plays the main thread. Nothing is timed: each wait is bounded generously and
 each assertion is on what arrived, in which order, and what the spinning thread did.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import re
@@ -26,6 +26,7 @@ from forkless.io_loop.bridge import Bridge, MainSide
 from forkless.io_loop.crossing import Outgoing
 from forkless.io_loop.errors import ConfigError
 from forkless.io_loop.loopthread import LoopThread
+from forkless.io_loop.portal import IOPortal
 from forkless.io_loop.waiting import (
     PARK,
     Expecting,
@@ -112,23 +113,51 @@ def test_forkless_handoff_takes_auto_park_or_spin_and_names_the_choices_otherwis
         Config.from_env({"FORKLESS_HANDOFF": "yield"})
 
 
-class SpinningIO:
-    """A loop thread on the spinning selector with a bridge, and a reader of its outbound queue
-    that records what it takes (in order), as the feeds' writers do."""
+class Spinning:
+    """A loop thread under the ``spin`` hand-off (``LoopThread``'s ``SpinningSelector``) with the bridge's queues,
+    and a reader of *outbound* that records what it takes, in order; ``expect`` and ``put`` are the main
+    thread's. Made by the IO thread's parts (``SpinningIO``) or by an ``IOPortal`` (``SpinningPortal``): one
+    machinery, the same behaviour."""
 
-    def __init__(self, nap_s: float = 20e-6) -> None:
-        self.selector = SpinningSelector(nap_s)
-        self.expecting = Expecting()
+    WAIT = WaitSettings("spin", nap_s=20e-6, spin_s=0.0)
+    runner: LoopThread
+
+    def __init__(self) -> None:
         self.taken: list[Any] = []
         self.woken = 0  # how many times the main side woke the loop through its self-pipe
+
+    @property
+    def selector(self) -> SpinningSelector:
+        assert self.runner.selector is not None
+        return self.runner.selector
+
+    @property
+    def expecting(self) -> Expecting:
+        return self.selector.expecting
+
+    def count_wakes(self) -> None:
+        """Count the main side's wake-ups of the loop (its self-pipe) from now on."""
+        loop = self.runner.loop
+        assert loop is not None
+        call = loop.call_soon_threadsafe
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.woken += 1
+            return call(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+
+
+class SpinningIO(Spinning):
+    """The IO thread's parts: a ``LoopThread`` and a ``Bridge``, the reader taking as the feeds' writers do."""
+
+    def __init__(self) -> None:
+        super().__init__()
         self._side: MainSide | None = None
-        self._made = threading.Event()
-        self.runner = LoopThread("test-spinning-io", cleanup_s=1.0,
-                                 loop_factory=lambda: asyncio.SelectorEventLoop(self.selector))
+        self.runner = LoopThread("test-spinning-io", cleanup_s=1.0, wait=self.WAIT)
 
     async def _main(self) -> None:
-        bridge = Bridge(16, self.expecting)
-        self.selector.attach(self.expecting, bridge.outbound.poll)
+        bridge: Bridge[Any, Outgoing] = Bridge(16, self.runner.selector)
         self._side = bridge.main_side()
         self.runner.ready()
         outbound = bridge.outbound
@@ -149,17 +178,37 @@ class SpinningIO:
         assert self._side is not None
         return self._side
 
-    def count_wakes(self) -> None:
-        """Count the main side's wake-ups of the loop (its self-pipe) from now on."""
-        loop = self.runner.loop
-        assert loop is not None
-        call = loop.call_soon_threadsafe
+    def expect(self, steps: int) -> None:
+        self.side.expect(steps)
 
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.woken += 1
-            return call(*args, **kwargs)
+    def put(self, text: str) -> None:
+        self.side.outbound.put(item(text))
 
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+
+class SpinningPortal(Spinning):
+    """An ``IOPortal`` under the same ``WaitSettings``, its worker awaiting ``from_main``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.portal = IOPortal(self._worker, wait=self.WAIT, name="test-spinning-portal", stop_timeout_s=10 * UNIT_S)
+        self.runner = self.portal._runner  # the portal's loop thread, to watch its selector and count its wake-ups
+
+    async def _worker(self, to_main: Any, from_main: Any) -> None:
+        while True:
+            self.taken.append(await from_main.get())
+
+    def __enter__(self) -> SpinningPortal:
+        self.portal.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.portal.stop()
+
+    def expect(self, steps: int) -> None:
+        self.portal.expect(steps)
+
+    def put(self, text: str) -> None:
+        self.portal.from_main.put(text)
 
 
 def until(condition: Any, what: str, timeout_s: float = 10.0) -> None:
@@ -179,36 +228,45 @@ def io() -> Iterator[SpinningIO]:
         yield spinning
 
 
-def test_while_a_step_is_in_flight_the_loop_spins_and_takes_a_put_without_being_woken(io: SpinningIO) -> None:
+@pytest.fixture(params=[SpinningIO, SpinningPortal], ids=["io-thread", "portal"])
+def either(request: pytest.FixtureRequest) -> Iterator[Spinning]:
+    """The IO thread's loop and bridge, or an ``IOPortal``'s: each test below holds for both."""
+    with request.param() as spinning:
+        yield spinning
+
+
+def test_while_a_step_is_in_flight_the_loop_spins_and_takes_a_put_without_being_woken(either: Spinning) -> None:
+    io = either
     io.count_wakes()
-    io.side.expect(1)  # a step begins: the loop is woken once, and spins from then on
+    io.expect(1)  # a step begins: the loop is woken once, and spins from then on
     until(lambda: io.expecting.spinning and io.selector.naps > 10, "the loop spinning")
     woken = io.woken
-    io.side.outbound.put(item("a"))
+    io.put("a")
     until(lambda: io.taken == ["a"], "the reply taken")
     assert io.woken == woken  # the put did not wake the loop: the spinning selector saw it
-    io.side.expect(0)
+    io.expect(0)
     until(lambda: not io.expecting.spinning, "the loop parking")
     naps = io.selector.naps
     time.sleep(0.05)
     assert io.selector.naps == naps  # with no step in flight it parks: no nap, no look
-    io.side.outbound.put(item("b"))  # a parked loop is woken by the put, as before
+    io.put("b")  # a parked loop is woken by the put, as before
     until(lambda: io.taken == ["a", "b"], "the second reply taken")
     assert io.woken == woken + 1
 
 
-def test_no_reply_is_lost_or_reordered_however_the_puts_and_the_spin_s_end_interleave(io: SpinningIO) -> None:
+def test_no_reply_is_lost_or_reordered_however_the_puts_and_the_spin_s_end_interleave(either: Spinning) -> None:
+    io = either
     # a step begins, its reply is put, it ends; over and over, the loop starting and stopping its
     # spin as it goes: a put made just as the spin ends must still wake the loop or be seen by it
     expected = []
     for i in range(400):
-        io.side.expect(1)
+        io.expect(1)
         if i % 3 == 0:
             time.sleep(0.0002)
         text = f"r{i}"
-        io.side.outbound.put(item(text))
+        io.put(text)
         expected.append(text)
-        io.side.expect(0)
+        io.expect(0)
         if i % 7 == 0:
             n = len(expected)
             until(lambda: len(io.taken) == n, f"reply {i}")  # noqa: B023 (used at once, inside the loop)
@@ -216,9 +274,10 @@ def test_no_reply_is_lost_or_reordered_however_the_puts_and_the_spin_s_end_inter
     assert io.taken == expected
 
 
-def test_a_reply_put_just_before_the_main_thread_holds_the_gil_is_taken_once_it_lets_go(io: SpinningIO) -> None:
+def test_a_reply_put_just_before_the_main_thread_holds_the_gil_is_taken_once_it_lets_go(either: Spinning) -> None:
+    io = either
     io.count_wakes()
-    io.side.expect(1)
+    io.expect(1)
     until(lambda: io.expecting.spinning and io.selector.naps > 10, "the loop spinning")
     woken = io.woken
     # one long C call right after a put that did not wake the loop (it spins): a sort of small ints
@@ -226,11 +285,11 @@ def test_a_reply_put_just_before_the_main_thread_holds_the_gil_is_taken_once_it_
     # look takes the reply without being woken. (How many looks the spinner took meanwhile is CPython's
     # business, not this test's: under a loaded suite it was seen to take some, 1 run in 3.)
     numbers = random.Random(53).sample(range(1 << 29), 2_000_000)
-    io.side.outbound.put(item("a"))
+    io.put("a")
     numbers.sort()
     until(lambda: io.taken == ["a"], "the reply taken")
     assert io.woken == woken
-    io.side.expect(0)
+    io.expect(0)
 
 
 def test_a_spin_with_nothing_to_take_sleeps_between_looks_instead_of_burning_a_core(io: SpinningIO) -> None:
@@ -243,14 +302,26 @@ def test_a_spin_with_nothing_to_take_sleeps_between_looks_instead_of_burning_a_c
     def io_switches() -> int:
         return io.runner.submit(switches()).result(10 * UNIT_S)
 
-    io.side.expect(1)
+    io.expect(1)
     until(lambda: io.selector.naps > 10, "the loop spinning")
     naps, slept = io.selector.naps, io_switches()
     time.sleep(0.3)
     naps, slept = io.selector.naps - naps, io_switches() - slept
-    io.side.expect(0)
+    io.expect(0)
     assert naps > 0
     assert slept >= naps // 2, f"{naps} naps but the thread slept only {slept} times"
+
+
+def test_a_portal_takes_how_it_waits_as_the_io_thread_does_and_names_what_would_be_right_otherwise() -> None:
+    async def worker(to_main: Any, from_main: Any) -> None:
+        await to_main.stopping.wait()
+
+    with pytest.raises(TypeError, match=r"IOPortal\(wait=\.\.\.\) takes how the threads wait, a WaitSettings"):
+        IOPortal(worker, wait="spin")  # type: ignore[arg-type]
+    with IOPortal(worker) as portal:  # PARK: expect() tells a parking loop nothing, and refuses what is no count
+        portal.expect(2)
+        with pytest.raises(TypeError, match=r"IOPortal.expect\(steps\) is an int >= 0"):
+            portal.expect(1.5)  # type: ignore[arg-type]
 
 
 def test_the_park_default_makes_no_spinning_selector_and_tells_the_io_side_nothing() -> None:
@@ -280,10 +351,11 @@ def test_with_both_threads_spinning_kept_apart_the_demo_feed_is_answered_whole_a
 
     monkeypatch.setattr(loop, "wait_settings", lambda setting, platform: WaitSettings("spin", both=True, apart=True))
     io_cpus: list[set[int]] = []
+    earlier = set(threading.enumerate())  # a portal test's thread left behind (a daemon) may share the name
 
     def on_results(seq: Any, stream: Any, outputs: Any) -> None:
         if not io_cpus:
-            (io,) = [t for t in threading.enumerate() if t.name == "forkless-io"]
+            (io,) = [t for t in threading.enumerate() if t.name == "forkless-io" and t not in earlier]
             io_cpus.append(_cpus_allowed(io.native_id or 0))
 
     before = os.sched_getaffinity(0)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
 from forkless.io_loop.loopthread import LoopThread, run_in_thread
+from forkless.io_loop.waiting import WaitSettings
 
 # the loop's thread, its handshake, exceptions and stop: run on free-threaded CPython too (.ci/run)
 pytestmark = pytest.mark.threads
@@ -219,19 +221,26 @@ def test_cpu_seconds_is_nan_before_the_start_and_final_after_the_end(timeout_uni
     assert runner.cpu_seconds() >= 0.0 and runner.cpu_seconds() == runner.cpu_seconds()
 
 
-def test_an_owner_s_own_body_runs_in_the_thread_around_run_here(timeout_unit):
-    around = []
+def test_a_loop_thread_parks_by_default_and_under_a_spinning_wait_its_loop_runs_on_its_spinning_selector(
+        timeout_unit):
+    assert LoopThread("test-park").selector is None
+    runner = LoopThread("test-spin", wait=WaitSettings("spin"))
+    selector = runner.selector
+    assert selector is not None
+    release = threading.Event()
 
     async def main():
-        around.append("main")
+        selector.attach(lambda: False)  # nothing to look at but the sockets: what a bridge attaches
         runner.ready()
+        while not release.is_set():
+            await asyncio.sleep(0.01)
 
-    def body():
-        around.append(threading.current_thread().name)
-        runner.run_here(main)
-        around.append("after")
-
-    runner = LoopThread("test-body", body=body)
-    assert runner.start(None, 10 * timeout_unit)
-    assert runner.join(10 * timeout_unit)
-    assert around == ["test-body", "main", "after"] and runner.failure is None
+    assert runner.start(main, 10 * timeout_unit)
+    selector.expecting.expect(1)  # work imminent: the loop's next select spins, napping between looks
+    deadline = time.monotonic() + 10 * timeout_unit
+    while not selector.naps:
+        assert time.monotonic() < deadline, "the loop never spun: it does not run on the thread's selector"
+        time.sleep(0.001)
+    selector.expecting.expect(0)
+    release.set()
+    assert runner.join(10 * timeout_unit) and runner.failure is None

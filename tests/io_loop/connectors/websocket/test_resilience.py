@@ -768,11 +768,11 @@ def test_a_stop_asked_again_while_the_io_loop_closes_leaves_no_task_unrun(feed_s
     from forkless.io_loop.thread import IOThread
 
     threads: list[IOThread] = []
-    run, closing = IOThread._run, asyncio.BaseEventLoop.shutdown_asyncgens
+    run, closing = IOThread._outcome, asyncio.BaseEventLoop.shutdown_asyncgens
 
-    def recorded(self: IOThread) -> None:
+    async def recorded(self: IOThread) -> None:
         threads.append(self)
-        run(self)
+        await run(self)
 
     def stop_again(loop: asyncio.AbstractEventLoop) -> Any:
         for io in threads:
@@ -780,7 +780,7 @@ def test_a_stop_asked_again_while_the_io_loop_closes_leaves_no_task_unrun(feed_s
                 io.request_stop()  # arrives on the loop as it runs shutdown_asyncgens, after the main ended
         return closing(loop)
 
-    monkeypatch.setattr(IOThread, "_run", recorded)
+    monkeypatch.setattr(IOThread, "_outcome", recorded)
     monkeypatch.setattr(asyncio.BaseEventLoop, "shutdown_asyncgens", stop_again)
     server = feed_server()
     with Controller(_config(server.url), processor=PROCESSOR) as ctl:
