@@ -90,7 +90,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 # names the API had, and the public name each is now: warned of for a release, then refused
-# (forkless/controller/renamed.py, docs/embedding/versions.md)
+# (forkless/io_loop/renamed.py, docs/embedding/versions.md)
 _RENAMED = {"Sink": ("forkless.Sink", "RecordSink")}
 
 
@@ -99,7 +99,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         if name in _RENAMED:
             # the policy's module only when an old name is asked for: importing forkless loads nothing else
-            from forkless.controller.renamed import deprecated
+            from forkless.io_loop.renamed import deprecated
 
             spelled, now = _RENAMED[name]
             # an ImportError, not an AttributeError: ``from forkless import Sink`` replaces the latter's message

@@ -8,7 +8,7 @@ Rules:
   ``Processor`` for any other object), never with a ``getattr``. The value is named as the
   keyword it is passed as (httpx's ``Timeout`` is passed as ``timeout=``); its fields were the
   processor's own before (``Processor(init, step, name="x")``), a spelling removed in 0.2.0 that
-  raises naming the new one (controller/renamed.py).
+  raises naming the new one (io_loop/renamed.py).
 - ``init(shape) -> state`` builds the state pytree; the controller puts it on the device
   once and keeps it there across batches and reconnects. ``shape`` is a ``StateShape``
   (``max_streams``, ``features``), not the configuration: a setting the processor needs
@@ -99,7 +99,7 @@ import jax.numpy as jnp
 
 from forkless.controller.declared import Description
 from forkless.controller.errors import ProcessorContractError
-from forkless.controller.renamed import removed
+from forkless.io_loop.renamed import removed
 
 __all__ = ["EWMAState", "Processor", "StateShape", "StreamState", "default_processor",
            "description_of", "ewma_processor", "reset_rows", "row_template", "stream_processor"]
@@ -139,7 +139,7 @@ class _Functions(NamedTuple):
 
 
 # the fields a Processor carried itself before its Description, in their positional order: deprecated in 0.1.0 and
-# removed in 0.2.0 (controller/renamed.py), each refused naming its Description spelling
+# removed in 0.2.0 (io_loop/renamed.py), each refused naming its Description spelling
 BEFORE_DESCRIPTION = ("per_stream", "name", "version", "restore_shared", "input_dtype", "counters", "settings",
                       "recorded")
 

@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from forkless.controller.renamed import removed
 from forkless.io_loop.counters import (
     SECONDS_BOUNDS,
     FeedSnapshot,
@@ -39,6 +38,7 @@ from forkless.io_loop.counters import (
     copy_counts,
     new_hops,
 )
+from forkless.io_loop.renamed import removed
 
 __all__ = ["PHASES", "MainStats", "SourceFigures", "StatsSnapshot", "books_line", "checkpoint_part", "losses",
            "status_line",

@@ -14,7 +14,7 @@ Rules:
   (``ResultSink``s, io_loop/sinks/results.py). Two ways in stay apart: ``sources`` hand messages and events over,
   ``on_event`` takes the events in the main thread.
 - An old keyword (``on_results=``, ``events_only=``, …) is taken for one release under the deprecation policy
-  (controller/renamed.py): a ``DeprecationWarning`` naming its new spelling, and the call it stands for
+  (io_loop/renamed.py): a ``DeprecationWarning`` naming its new spelling, and the call it stands for
   (``grouped_keywords``); the signature shows only the eight. The attribute ``on_results``, which a program could
   replace, is refused (``ReplacedAttribute``): set from outside, it would be read by nothing.
 - Pure: no JAX, no threads, nothing of the IO side is imported (the types named in the hints only for a type
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from forkless.controller.renamed import deprecated
+from forkless.io_loop.renamed import deprecated
 
 if TYPE_CHECKING:  # hints only: each would import the IO side or the checkpoint writer
     from forkless.controller.checkpoints.checkpointer import CheckpointStore
@@ -237,7 +237,7 @@ def _no_results(seq: list[Any], stream: list[str], outputs: dict[str, Any]) -> N
 
 # ---- the old keywords ---------------------------------------------------------------------------------------
 
-# each keyword the controller took before its arguments were grouped: the spelling controller/renamed.py knows it by
+# each keyword the controller took before its arguments were grouped: the spelling io_loop/renamed.py knows it by
 OLD_KEYWORDS = {
     "on_results": "Controller(on_results=f)",
     "events_only": "Controller(events_only=True)",
@@ -272,7 +272,7 @@ class ReplacedAttribute:
 def grouped_keywords(kwargs: dict[str, Any], *, stacklevel: int = 2) -> dict[str, Any]:
     """``Controller``'s keyword arguments with each old keyword put where it is written now, each warned of with a
     ``DeprecationWarning`` naming its new spelling (``TypeError`` once the release that removes them has come:
-    controller/renamed.py). An old keyword beside the argument that replaced it is a ``TypeError`` naming both.
+    io_loop/renamed.py). An old keyword beside the argument that replaced it is a ``TypeError`` naming both.
     ``stacklevel``: the warnings', counted from the caller (the program's own line)."""
     old = [name for name in OLD_KEYWORDS if name in kwargs]
     for name in old:

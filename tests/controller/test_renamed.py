@@ -1,4 +1,4 @@
-"""The one deprecation policy (docs/embedding/versions.md, controller/renamed.py): a renamed public name keeps
+"""The one deprecation policy (docs/embedding/versions.md, io_loop/renamed.py): a renamed public name keeps
 working for one release, warning ``DeprecationWarning`` with its new spelling; the next release removes it, and
 it then raises naming the new spelling. Every entry of ``RENAMED`` is used here, at this release and (the ones
 still deprecated) at the release that removes them; tests/docs/test_changelog.py holds the CHANGELOG to them."""
@@ -24,9 +24,9 @@ from forkless import (
     Runtime,
     stream_processor,
 )
-from forkless.controller import renamed
-from forkless.controller.renamed import RENAMED, is_removed, release
 from forkless.controller.wiring import grouped_keywords
+from forkless.io_loop import renamed
+from forkless.io_loop.renamed import RENAMED, is_removed, release
 from tests.controller.test_loop import CONFIG, PROCESSOR, chunk, frames
 from tests.controller.test_stats import snapshot
 from tests.fake_io import FakeIO, drain

@@ -56,7 +56,7 @@ CORE = [
     "controller/device/placement.py",
     "controller/checkpoints/positions.py",
     "controller/processor.py",
-    "controller/renamed.py",
+    "io_loop/renamed.py",
     "controller/replies.py",
     "controller/checkpoints/rowcopy.py",
     "controller/slots.py",

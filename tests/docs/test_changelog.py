@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import forkless
-from forkless.controller.renamed import RENAMED, Renamed, is_removed, release
+from forkless.io_loop.renamed import RENAMED, Renamed, is_removed, release
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security")  # Keep a Changelog's, in its order
@@ -41,7 +41,10 @@ def misses(text: str, entries: list[Renamed]) -> list[str]:
     written = sections(text)
     missing = []
     for entry in entries:
-        wanted = [(entry.deprecated_in, "Deprecated")] + ([(entry.removed_in, "Removed")] if is_removed(entry) else [])
+        # a rename of the release being made is listed under "Unreleased" until that release is out
+        deprecated_in = entry.deprecated_in if release(entry.deprecated_in) <= release(forkless.__version__) \
+            else "Unreleased"
+        wanted = [(deprecated_in, "Deprecated")] + ([(entry.removed_in, "Removed")] if is_removed(entry) else [])
         for version, kind in wanted:
             if f"`{entry.old}`" not in written.get(version, {}).get(kind, ""):
                 missing.append(f"## {version} ### {kind} does not list `{entry.old}`")
@@ -63,6 +66,14 @@ def test_the_newest_release_is_the_version_forkless_says_it_is():
 
 def test_every_renamed_name_is_listed_as_deprecated_then_removed():
     assert misses(CHANGELOG, list(RENAMED.values())) == []
+
+
+def test_a_rename_of_the_release_being_made_is_listed_under_unreleased():
+    coming = Renamed("Controller(colour=x)", "Controller(color=x)", "9.1.0", "9.2.0")
+    text = "# Changelog\n\n## Unreleased\n\n### Deprecated\n\n- `Controller(colour=x)`\n"
+    assert misses(text, [coming]) == []
+    assert misses(text.replace("colour", "color"), [coming]) == [
+        "## Unreleased ### Deprecated does not list `Controller(colour=x)`"]
 
 
 def test_the_changelog_check_names_an_unlisted_name_and_a_heading_the_format_lacks():

@@ -11,6 +11,8 @@ Rules:
 - Not renames, so not here: a wrong import path (``import controller``, ``import io_loop``: it would load a second
   copy of every module, whose exceptions ``except forkless.ConfigError`` never catches, so it stays an
   ``ImportError``), and a field set from outside (``ctl.on_results = f``: read by nothing once the controller runs).
+- In the leaf, so that every part may follow it: the controller's keywords and attributes, and the IO side's names
+  (``SourceContext``'s methods, io_loop/source.py).
 - Pure: only ``warnings``; the call sites translate an old spelling into its new one.
 """
 
