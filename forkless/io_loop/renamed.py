@@ -58,6 +58,14 @@ _ENTRIES = (
     # the sink of records (SinkRun's, the relay's), named when a sink of results came beside it (issue 56)
     Renamed("forkless.Sink", "forkless.RecordSink (a sink of a controller's results: forkless.ResultSink)", "0.2.0",
             "0.3.0"),
+    # one way to do each thing on a source's context (issue 64): frames, a read's frames and a frame decode() read are
+    # all emit's; a connection's state is said by connection_opened() and connection_closed() (io_loop/source.py)
+    Renamed("ctx.emit_frames(frames)", "ctx.emit(frames)", "0.3.0", "0.4.0"),
+    Renamed("ctx.emit_decoded(decoded, ...)", "ctx.emit(decoded, ...)", "0.3.0", "0.4.0"),
+    Renamed("ctx.set_connected(flag, reason, code=...)",
+            "ctx.connection_opened() when it connects, ctx.connection_closed(reason, code=...) when it ends",
+            "0.3.0", "0.4.0"),
+    Renamed("ctx.name", "the source's own name", "0.3.0", "0.4.0"),
     # what a processor carried itself before its Description (issue 56): warned of in 0.1.0, removed in 0.2.0
     Renamed("Processor(init, step, name=..., ...)", "Processor(init, step, description=Description(name=..., ...))",
             "0.1.0", "0.2.0"),

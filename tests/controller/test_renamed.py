@@ -30,6 +30,7 @@ from forkless.io_loop.renamed import RENAMED, is_removed, release
 from tests.controller.test_loop import CONFIG, PROCESSOR, chunk, frames
 from tests.controller.test_stats import snapshot
 from tests.fake_io import FakeIO, drain
+from tests.io_loop.test_source_emit import USES as SOURCE_CONTEXT_USES  # a source's context's, used there
 
 
 def _hook(*args: Any) -> None:
@@ -79,7 +80,7 @@ REMOVED_USES = {
 
 
 def test_each_renamed_name_is_used_here():
-    assert set(RENAMED) == {*KEYWORDS, "forkless.Sink", *REMOVED_USES}
+    assert set(RENAMED) == {*KEYWORDS, "forkless.Sink", *REMOVED_USES, *SOURCE_CONTEXT_USES}
 
 
 def test_a_renamed_name_warns_for_exactly_one_release():

@@ -25,7 +25,7 @@ Rules:
   control only (``max_ack_pending``, no redelivery of what this process holds): a restart
   resumes from the checkpoint's position, a reconnect from this feed's own.
 - Decoding: ``ctx.decode`` on each payload, exactly as for a WebSocket frame, then
-  ``ctx.emit_decoded`` at the payload's stream sequence (its position), from the first element
+  ``ctx.emit`` of what it read at the payload's stream sequence (its position), from the first element
   the state does not hold (``Take.skip``); a payload over ``max_msg_bytes`` is not decoded: one
   error reply ("message too large"), counted, and acknowledged with the others (the connection
   stays up: the stream would deliver it again). Good elements get ``Origin(seq, i, last)`` with
@@ -67,7 +67,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from forkless.io_loop.backoff import Backoff
@@ -113,9 +113,13 @@ TOO_LARGE_REASON = "message too large"  # a payload over FORKLESS_MAX_MSG_BYTES
 
 @dataclass
 class _NotDecoded:
-    """A payload refused before the codec saw it (over ``max_msg_bytes``): no element, one error."""
+    """A payload refused before the codec saw it (over ``max_msg_bytes``): no element, one error (a
+    ``DecodedFrame`` that ``ctx.emit`` hands over as it hands over what ``ctx.decode`` read)."""
 
     errors: list[tuple[str, Any]]
+    seq: list[Any] = field(default_factory=list)
+    stream: list[str] = field(default_factory=list)
+    x: Any = None
 
     def __len__(self) -> int:
         return 0
@@ -454,7 +458,7 @@ class JetStreamSource(SourceCapabilities):
             if type(take) is not Take:  # SKIP: a redelivery of what was consumed
                 continue
             if take.in_state:  # a partition's restored position is past it: read, nothing of it handed over
-                await ctx.emit_decoded(_NOTHING, take.seq)
+                await ctx.emit(_NOTHING, take.seq)
             else:
                 await self._consume(ctx, data, take)
             consumer.consumed(take)
@@ -479,7 +483,7 @@ class JetStreamSource(SourceCapabilities):
             self.consumer.handing_over()
         self._reader_in_handover = True
         try:
-            await ctx.emit_decoded(decoded, take.seq, first=take.skip, received_ns=received)
+            await ctx.emit(decoded, take.seq, first=take.skip, received_ns=received)
         finally:
             self._reader_in_handover = False
 
