@@ -45,10 +45,10 @@ Rules:
   whose created time differs from the one this run
   first connected to (or the restored checkpoint recorded), or that ends before a sequence this
   run saw in it, was made again: ``PositionLost`` too, never resumed into.
-- What the feed covered (issue 43; ``Consumer.probed``): every ``STREAM_INFO_EVERY_S`` the
+- What the feed covered (issue 43; ``Consumer.surveyed``): every ``STREAM_INFO_EVERY_S`` the
   stream's state is read, and where the feed may have covered more, its consumer's state and the
   stream's first sequence after it; once more when the stop begins (bounded by
-  ``STOP_PROBE_S``), so the stop's checkpoint records it. An idle feed (a partitioned
+  ``STOP_SURVEY_S``), so the stop's checkpoint records it. An idle feed (a partitioned
   instance's partitions without messages) thus keeps up with retention of other subjects'
   messages across reconnects, server restarts and its own restarts.
 - A partitioned feed (``partition_count``, issue 24) consumes its owned partitions' subjects
@@ -106,7 +106,7 @@ MISSED_HEARTBEATS = 3  # nothing at all for this many heartbeats: the connection
 ACK_WAIT_S = 30.0
 INACTIVE_S = 30.0  # an ephemeral consumer unused this long (its process killed) is removed by the server
 STREAM_INFO_EVERY_S = 0.5  # the stream's state (the lag, what the feed covered) is read this often
-STOP_PROBE_S = 1.0  # the stop's last look at what the feed covered waits this long at most
+STOP_SURVEY_S = 1.0  # the stop's last survey of what the feed covered waits this long at most
 GIVE_UP_CLOSE_S = 0.25
 TOO_LARGE_REASON = "message too large"  # a payload over FORKLESS_MAX_MSG_BYTES
 
@@ -220,10 +220,10 @@ class JetStreamSource(SourceCapabilities):
         self._stopping = True
         if self._nc is not None and self._consumer_name:  # what the feed covered, for the stop's checkpoint
             try:
-                async with asyncio.timeout(STOP_PROBE_S):
-                    await self._probe(self._nc)
+                async with asyncio.timeout(STOP_SURVEY_S):
+                    await self._survey(self._nc)
             except (TimeoutError, NatsError):
-                pass  # the checkpoint records what earlier probes found
+                pass  # the checkpoint records what earlier surveys found
         task = self._reader_task
         if task is not None and not task.done():
             if not self._reader_in_handover:
@@ -489,12 +489,12 @@ class JetStreamSource(SourceCapabilities):
 
     async def _watch_stream(self, nc: Transport) -> End:
         """The stream's state, every ``STREAM_INFO_EVERY_S``: its last sequence for the lag
-        (``SourceStats.stream_last_seq``), and what the feed covered (``_probe``)."""
+        (``SourceStats.stream_last_seq``), and what the feed covered (``_survey``)."""
         conn = self._live
         while self._live == conn:  # also ends it should nats-py swallow its cancellation (see _read)
             await asyncio.sleep(STREAM_INFO_EVERY_S)
             try:
-                info = await self._probe(nc)
+                info = await self._survey(nc)
             except NatsNotFound:
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was deleted")
             except NatsError:
@@ -503,11 +503,11 @@ class JetStreamSource(SourceCapabilities):
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was made again")  # refused at the reconnect
         return End(Outcome.LOST, "connection over")
 
-    async def _probe(self, nc: Transport) -> Any:
+    async def _survey(self, nc: Transport) -> Any:
         """The stream's state (returned); where the feed may have covered more, then its
-        consumer's state and the stream's first sequence, for ``Consumer.probed``."""
+        consumer's state and the stream's first sequence, for ``Consumer.surveyed``."""
         consumer, stream = self.consumer, self.spec.stream
-        mark = consumer.activity  # a delivery read from here on voids the probe
+        mark = consumer.activity  # a delivery read from here on voids the survey
         info = await nc.stream_info(stream)
         last = info.state.last_seq
         self.figures.stream_last_seq = max(self.figures.stream_last_seq, last)
@@ -521,7 +521,7 @@ class JetStreamSource(SourceCapabilities):
         after = await nc.stream_info(stream)
         if name == self._consumer_name and (after.created is None or after.created == info.created):
             delivered = state.delivered.consumer_seq if state.delivered is not None else 0
-            consumer.probed(mark, last, state.num_pending or 0, delivered or 0, bool(state.num_waiting),
+            consumer.surveyed(mark, last, state.num_pending or 0, delivered or 0, bool(state.num_waiting),
                             after.state.first_seq)
         return info
 
