@@ -40,9 +40,9 @@ from bench.tables import (
     summary_markdown,
 )
 from forkless.controller.commands.relaycmd import relay_metrics_table_markdown
+from forkless.controller.commands.vardocs import variables_table_markdown
 from forkless.controller.errors import ENDS_A_RUN, EXIT_STATUSES
 from forkless.controller.metrics import metrics_table_markdown
-from forkless.controller.settings.vardocs import variables_table_markdown
 
 ROOT = Path(__file__).resolve().parent
 REGENERATE = "python gendocs.py"

@@ -248,7 +248,7 @@ def measure_stall(streams: int, seconds: float, every_s: float, rounds: int, rat
     ``streams`` names, messages for random ones of them published from a child process.
     Phases of ``seconds / (2 x rounds)`` alternate "off" / "on" (a checkpoint every ``every_s``;
     each one records the feed's position and is written once the results stream has
-    acknowledged the replies it covers, controller/checkpoints/recovery.py ``await_replies``). Gaps are
+    acknowledged the replies it covers, controller/recovery.py ``await_replies``). Gaps are
     between consecutive steps' results (``on_results``)."""
     from forkless import OnResults
     from forkless.controller.config import Config

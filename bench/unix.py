@@ -119,7 +119,7 @@ def forkless_feed(url: str, name: str) -> dict[str, str]:
 def product_takes_unix_socket() -> bool:
     """Whether this checkout's forkless has ``FORKLESS_WS_UNIX_SOCKET`` (the forkless designs can
     only run over a unix socket when it does)."""
-    from forkless.controller.settings.variables import VARIABLES
+    from forkless.controller.config import VARIABLES
 
     return any(v.name == "WS_UNIX_SOCKET" for v in VARIABLES)
 

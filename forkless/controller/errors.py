@@ -3,7 +3,8 @@
 Rules:
 - One root: every exception forkless raises on purpose derives from ``ForklessError``, defined
   in ``io_loop/errors.py`` (the leaf imports nothing from here) with the IO side's (``FeedFatal``,
-  ``MetricsServerError``, ``PositionLost``, ``IOThreadError``, ``LeaseHeld``, ``LeaseLost``); the
+  ``MetricsServerError``, ``PositionLost``, ``IOThreadError``, ``LeaseHeld``, ``LeaseLost``) and
+  ``ConfigError`` (a settings group refuses a bad value where it is made, in io_loop or here); the
   classes here derive from it. Each is imported from the module that defines it; a caller
   catches them as ``forkless.X``.
 - Each class carries its exit status (``exit_status``), the label of the program's line
@@ -25,6 +26,7 @@ from forkless.io_loop.errors import (
     EXIT_INTERRUPTED,
     EXIT_LOSSY_STOP,
     EXIT_OK,
+    ConfigError,
     DeploymentMismatch,
     FeedFatal,
     ForklessError,
@@ -35,7 +37,7 @@ from forkless.io_loop.errors import (
     PositionLost,
 )
 
-__all__ = ["ENDS_A_RUN", "EXIT_STATUSES", "CheckpointMismatch", "ConfigError", "ProcessorContractError"]
+__all__ = ["ENDS_A_RUN", "EXIT_STATUSES", "CheckpointMismatch", "ProcessorContractError"]
 
 # what each status means, whatever ends the run with it; the classes in ENDS_A_RUN add their own lines
 EXIT_STATUSES = {
@@ -50,21 +52,6 @@ EXIT_STATUSES = {
     EXIT_INTERRUPTED: "a second Ctrl-C (SIGINT) during the orderly stop: the IO side aborted, what was not sent is "
                       "counted as dropped, no checkpoint written",
 }
-
-
-class ConfigError(ForklessError, ValueError):
-    """A configuration value is invalid; the message names the variable and what is allowed: exit status 2."""
-
-    exit_status = EXIT_CONFIG
-    exit_label = "configuration error"
-    exit_meaning = ("a variable's value is not allowed, one line naming the variable, the value and what is allowed "
-                    "(or FORKLESS_DEVICES asks for more devices than there are)")
-
-    def __init__(self, variable: str, value: str, allowed: str) -> None:
-        self.variable = variable
-        self.value = value
-        self.allowed = allowed
-        super().__init__(f"{variable}={value!r} is invalid: expected {allowed}")
 
 
 class ProcessorContractError(ForklessError, ValueError):

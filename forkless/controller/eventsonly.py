@@ -43,9 +43,10 @@ NO_WEIGHTS = ("set_weights(): an events-only controller runs no processor: the m
 
 
 def check_events_only(checkpoints: CheckpointSettings, feed_variable: str, *, sinks: Sequence[Any],
-                      sources: Sequence[Any], store: Any) -> None:
+                      sources: Sequence[Any], store: Any, bucket: str = "") -> None:
     """``ValueError`` naming what contradicts ``processor=forkless.EVENTS_ONLY`` (module rules), else nothing.
-    ``feed_variable``: the variable that configures a feed (``Config.feed_variable``; "": none)."""
+    ``feed_variable``: the variable that configures a feed (``Config.feed_variable``; "": none); ``bucket``: a
+    partitioned feed's checkpoints' (FORKLESS_CHECKPOINT_BUCKET; "": none)."""
     fix = "give a processor (or leave processor out for the default detector) to run one"
     if sinks:
         raise ValueError(f"{EVENTS_ONLY} runs no processor, so there are no results for sinks=[...]: hand the "
@@ -56,7 +57,7 @@ def check_events_only(checkpoints: CheckpointSettings, feed_variable: str, *, si
     if feed_variable:
         raise ValueError(f"{EVENTS_ONLY} runs only the user's own sources, and {feed_variable} configures a feed "
                          f"whose messages need a processor: unset {feed_variable}, or {fix}")
-    if checkpoints.on or store is not None:
+    if checkpoints.on or bucket or store is not None:
         which = ("Runtime(checkpoint_store=...)" if store is not None else
                  "FORKLESS_CHECKPOINT_DIR" if checkpoints.dir else "FORKLESS_CHECKPOINT_BUCKET")
         raise ValueError(f"{EVENTS_ONLY} keeps no state to checkpoint, and {which} is set: unset it, or {fix}")

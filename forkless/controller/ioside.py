@@ -11,11 +11,10 @@ Rules:
   restored positions, the plan's sinks of results), never attributes set on it from outside.
 - Every feed's source is built here (``feed_sources``; the relay and ``--check`` call it too): a user's
   source by its name, every configured feed's by its connector (io_loop/connectors/connector.py), which
-  ``connector_for`` chooses: the one place a feed's kind is decided (a JetStream feed's connector, else the
-  WebSocket one's: a WebSocket feed, or the embedded demo feed for the feed with no url). The connector makes
-  the source from the settings groups (io_loop/settings.py) and the embedder's connect hooks. The IO side
+  io_loop/kinds.py's ``connector_for`` finds by the feed's kind: the controller never asks the kind itself. The
+  connector makes the source from the settings groups and the embedder's connect hooks. The IO side
   (io_loop/feeds.py, io_loop/thread.py) runs the sources it is handed and imports none of their modules, and
-  nothing here imports a connector's room but its connector.
+  nothing here imports a connector's room.
 - The configured feeds get their connectors once, here (``connector_for``, in ``feed_plan``): the controller
   asks a feed's connector, never its kind, for what Controller.send may hand it, its positions' codec and
   its partitions; ``io_thread`` hands the same connectors to ``feed_sources``, so a partitioned feed's
@@ -44,11 +43,12 @@ from forkless.controller.stats import StatsSnapshot
 from forkless.io_loop.capabilities import check_methods, declarations, warn_lookalikes
 from forkless.io_loop.connectors.connector import Connector, PositionCodec
 from forkless.io_loop.connectors.websocket.before_connect import BeforeConnect
-from forkless.io_loop.connectors.websocket.connector import WebSocketConnector
 from forkless.io_loop.connectors.websocket.on_connect import OnConnect
 from forkless.io_loop.counters import IOSnapshot, IOStats
+from forkless.io_loop.feedspec import FeedSpec
+from forkless.io_loop.iosettings import IOSettings
+from forkless.io_loop.kinds import connector_for
 from forkless.io_loop.sends import declared_send_policy
-from forkless.io_loop.settings import FeedSpec, IOSettings
 from forkless.io_loop.sinks.sink import ResultSink, check_sink
 from forkless.io_loop.source import Source
 from forkless.io_loop.thread import IOThread
@@ -165,18 +165,6 @@ def checked_sinks(sinks: Sequence[ResultSink]) -> tuple[ResultSink, ...]:
     return sinks
 
 
-def connector_for(spec: FeedSpec) -> Connector:
-    """The connector of one configured feed (io_loop/connectors/connector.py): a JetStream feed's, else the
-    WebSocket one's (a WebSocket feed, or the embedded demo feed for the feed with no url). The one place a feed's
-    kind is decided; the composition root makes each once (``feed_plan``) and hands it to ``feed_sources``."""
-    if spec.jetstream is not None:
-        # only with a JetStream feed: its room (the connector itself imports no nats-py until it makes a source)
-        from forkless.io_loop.connectors.jetstream.connector import JetStreamConnector
-
-        return JetStreamConnector(spec)
-    return WebSocketConnector(spec)
-
-
 def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, Source],
                 on_connect: OnConnect | None, before_connect: BeforeConnect | None,
                 connector: Connector | None = None) -> Source:
@@ -186,8 +174,9 @@ def feed_source(spec: FeedSpec, settings: IOSettings, *, sources: Mapping[str, S
         return sources[spec.name]
     s = settings
     connector = connector if connector is not None else connector_for(spec)
-    return connector.source(timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, credentials=s.credentials,
-                            limits=s.limits, partitioning=s.partitioning, demo=s.demo if s.uses_demo_feed else None,
+    return connector.source(timeouts=s.timeouts, reconnect=s.reconnect, tls=s.tls, limits=s.limits,
+                            credentials=s.credentials, partitioning=s.partitioning,
+                            demo=s.demo if s.uses_demo_feed else None, features=s.features, warmup=s.warmup,
                             on_connect=on_connect, before_connect=before_connect, feeds_from_list=s.feeds_from_list)
 
 
@@ -290,7 +279,7 @@ def io_thread(config: Config, codec: Codec, stats: IOStats, snapshot: Callable[[
     (controller/lifetime/endpoints.py, passed where ``FORKLESS_METRICS_ADDR`` is set). The plan's sinks
     (``FeedPlan.sinks``) are handed each batch's results."""
     render = None
-    if config.metrics_addr and metrics is None:
+    if config.run.metrics_addr and metrics is None:
         from forkless.controller.metrics import exposition  # only when served: prometheus_client is about 10 MiB of RSS
 
         render = exposition(snapshot)

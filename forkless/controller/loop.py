@@ -44,7 +44,6 @@ import numpy as np
 from forkless.controller.batching import MicroBatcher
 from forkless.controller.batchstep import BatchStep
 from forkless.controller.checkpoints.checkpointer import Checkpointer, checkpoints_for, store_for
-from forkless.controller.checkpoints.recovery import Recovery
 from forkless.controller.checkpoints.snapshot import PendingSnapshot
 from forkless.controller.codec import Codec, guarded_codec
 from forkless.controller.config import Config
@@ -61,6 +60,7 @@ from forkless.controller.lifetime.serving import serve
 from forkless.controller.partitions.partitioned import NoPartitions, PartitionOwner, partitioned_feed
 from forkless.controller.processor import Processor, StateShape, default_processor
 from forkless.controller.queues import POLL_S, Intake, Outlet, StopDeadline
+from forkless.controller.recovery import Recovery
 from forkless.controller.replies import Replies
 from forkless.controller.slots import StreamSlots
 from forkless.controller.stats import MainStats, StatsSnapshot, books_line, status_line, whole_snapshot
@@ -165,7 +165,8 @@ class Controller:
         self.config = cfg = config if config is not None else Config.from_env()
         store, io_factory = runtime.checkpoint_store, runtime.io_factory or io_thread
         if events_only:  # before the plan: no demo feed's settings are checked when none runs
-            check_events_only(cfg.checkpoint_settings(), cfg.feed_variable, sinks=(*on_results, *result_sinks),
+            check_events_only(cfg.checkpoints, cfg.feed_variable, bucket=cfg.partitioning.checkpoint_bucket,
+                              sinks=(*on_results, *result_sinks),
                               sources=sources, store=store)
         # the feeds this controller runs: the configured ones and the user's own sources
         self.plan = feed_plan(cfg, sources, check_demo=io_factory is io_thread, sinks=result_sinks)
@@ -175,7 +176,7 @@ class Controller:
         self.processor: Processor | None = (None if isinstance(processor, EventsOnly) else processor
                                             if processor is not None else default_processor(cfg))
         # a custom codec's exceptions become error replies, never a dead thread (codec.py)
-        self.codec = guarded_codec(codec, cfg.features, max_frame_items=cfg.max_frame_items,
+        self.codec = guarded_codec(codec, cfg.step.features, max_frame_items=cfg.limits.max_frame_items,
                                    dtype=np.dtype(np.float32) if self.processor is None else
                                    codec_dtype(self.processor))
         self._on_results = main_thread_results(on_results)  # the main thread's sinks, one call a batch
@@ -188,19 +189,21 @@ class Controller:
         self.io_stats = IOStats()
         self.main_stats = MainStats.for_run(cfg.buckets, len(specs))
         # what each message gets back, under its feed's reply policy
-        self.replies = Replies(self.codec, self.main_stats, [spec.replies for spec in specs], cfg.max_streams)
-        self.batcher = MicroBatcher(cfg.max_batch, cfg.max_wait_ms / 1000, cfg.buckets)
-        self.slots = StreamSlots(cfg.max_streams, idle_s=cfg.stream_idle_s)
+        self.replies = Replies(self.codec, self.main_stats, [spec.replies for spec in specs], cfg.step.max_streams)
+        self.batcher = MicroBatcher(cfg.step.max_batch, cfg.loop.max_wait_ms / 1000, cfg.buckets)
+        self.slots = StreamSlots(cfg.step.max_streams, idle_s=cfg.loop.stream_idle_s)
         self._io: IOSide | NoIOSide = NoIOSide(self.io_stats)  # the real one once start() starts it
         # checkpoints: what they hold beside the state, restoring one, the replayable feeds' positions
-        self.recovery = recovery = Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), self.processor,
+        # a partitioned feed's bucket (FORKLESS_CHECKPOINT_BUCKET) or the program's own store turn checkpoints on too
+        elsewhere = store is not None or cfg.partitioning.checkpoint_bucket != ""
+        self.recovery = recovery = Recovery(cfg.checkpoints, StateShape.of(cfg.step), self.processor,
                                             self.slots, self.main_stats, lambda: self._io.snapshot(), specs,
-                                            codecs=self.plan.position_codecs(),
-                                            own_store=store is not None)
+                                            codecs=self.plan.position_codecs(), own_store=elsewhere)
         self.positions = recovery.positions  # the replayable feeds' (controller/checkpoints/positions.py)
         self._own_store = store  # the embedding program's own, instead of FORKLESS_CHECKPOINT_DIR
         self._checkpoints = checkpoints_for(recovery.checkpoints, recovery.await_replies if self.positions else None,
-                                            store, partitioned=self._partition_feed is not None)
+                                            store, partitioned=self._partition_feed is not None,
+                                            bucket=cfg.partitioning.checkpoint_bucket)
         self._owner: PartitionOwner | NoPartitions = NoPartitions()  # a partitioned instance's, once started
         self.engine: Engine | None = None  # the device state's owner, made by compile()
         self._io_factory = with_hooks(io_factory, on_connect=connect.on_connect, before_connect=connect.before_connect)
@@ -208,7 +211,7 @@ class Controller:
         self._intake: Intake = None  # type: ignore[assignment]  # start() makes it; read only after
         self._outbound: Outlet = None  # type: ignore[assignment]  # as _intake
         self._stop_requested = threading.Event()
-        self._deadline = StopDeadline(cfg.shutdown_timeout_s)  # fixed by request_stop()
+        self._deadline = StopDeadline(cfg.timeouts.shutdown_timeout_s)  # fixed by request_stop()
         self._started = False
         self._running = False  # start() started the IO side (a stop during start() leaves it False)
         self._stopped = False
@@ -240,7 +243,7 @@ class Controller:
         if self.engine is None:
             return PARK
         if self._handoff is None:
-            self._handoff = wait_settings(self.config.handoff, self.engine.platform)
+            self._handoff = wait_settings(self.config.loop.handoff, self.engine.platform)
         return self._handoff
 
     @property
@@ -318,7 +321,8 @@ class Controller:
         """The main thread's ends of the started IO side's queues, and each batch's way between them."""
         stats = self.main_stats
         self._outbound = Outlet(side.outbound, io, stats, self._deadline)
-        prefixes, counters = self.plan.stream_prefixes(self.config.shared_streams), self.recovery.declared.counters
+        prefixes = self.plan.stream_prefixes(self.config.feeding.shared_streams)
+        counters = self.recovery.declared.counters
         names = [spec.name for spec in self.feed_specs]
         wait = self.handoff
         step = DroppedMessages(stats, names) if self.engine is None else StepsInFlight(BatchStep(
@@ -380,7 +384,7 @@ class Controller:
         cfg, t0 = self.config, time.monotonic()
         assert self.processor is not None  # (events only returned above)
         self._enter("compiling")
-        self.engine = compile_step(self.processor, cfg.step_settings(), after_bucket)
+        self.engine = compile_step(self.processor, cfg.step, after_bucket)
         self.main_stats.compilations_at_ready = compilations()
         release_freed_memory()
         log.info("compiled the step for batch sizes %s on %s in %.2fs", ",".join(map(str, cfg.buckets)),
@@ -482,7 +486,7 @@ class Controller:
         if left:
             self.main_stats.dropped["not processed before the stop"] += left
             log.error("%d received messages were not processed before the stop deadline "
-                      "(FORKLESS_SHUTDOWN_TIMEOUT_S=%s)", left, self.config.shutdown_timeout_s)
+                      "(FORKLESS_SHUTDOWN_TIMEOUT_S=%s)", left, self.config.timeouts.shutdown_timeout_s)
         self._outbound.shutdown()
         # after the last batch: the stop's checkpoint, copied at once (nothing runs after it)
         self._checkpoints.begin_stop(lambda: self._begin_checkpoint(incremental=False).complete())
@@ -517,16 +521,16 @@ class Controller:
         try:
             self.start()
             cfg = self.config  # steps may stay in flight between its calls (settle=False)
-            if cfg.duration_s:  # a stop requested when it is over, whatever the main thread waits on then
-                self._deadline.plan(time.monotonic() + cfg.duration_s)
+            if cfg.run.duration_s:  # a stop requested when it is over, whatever the main thread waits on then
+                self._deadline.plan(time.monotonic() + cfg.run.duration_s)
             self._reported = self.stats()
             first = serve(self._serve_turn, self.stats, self._print, self._stop_requested,
-                          duration_s=cfg.duration_s, status_s=cfg.status_s, poll_s=POLL_S)
+                          duration_s=cfg.run.duration_s, status_s=cfg.run.status_s, poll_s=POLL_S)
             if self._running:  # else the start was stopped or failed: nothing runs to stop
                 self._enter("stopping")
             self.stop()
             final = self.stats()
-            if cfg.status_s > 0:
+            if cfg.run.status_s > 0:
                 self._print(status_line(final, first, final=True))
             log.log(logging.ERROR if final.unanswered else logging.INFO, "%s", books_line(final))
         except KeyboardInterrupt:

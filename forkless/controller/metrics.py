@@ -51,6 +51,7 @@ from prometheus_client.utils import floatToGoString
 
 from forkless import __version__
 from forkless.controller.stats import PHASES, SourceFigures, StatsSnapshot
+from forkless.io_loop.connectors.jetstream.figures import JETSTREAM_FAMILIES
 from forkless.io_loop.counters import LAG_INTERVAL_S, SECONDS_BOUNDS, FeedSnapshot, HistogramSnapshot, IOSnapshot
 from forkless.io_loop.crossing import HOPS, SAMPLE_EVERY
 
@@ -257,7 +258,7 @@ def _latency_families(snap: StatsSnapshot, feeds: list[_FeedRow]) -> list[Metric
 
 
 def _process_families(snap: StatsSnapshot) -> list[Metric]:
-    """The process: compilations, readiness, devices, checkpoints, JetStream, partitions."""
+    """The process: compilations, readiness, devices, checkpoints, the feeds' positions, partitions."""
     fams: list[Metric] = [build_family(), gil_family(snap.gil)]
     fams.append(CounterMetricFamily("forkless_compilations", "XLA compilations in this process (flat after ready).",
                                     value=snap.compilations))
@@ -270,7 +271,7 @@ def _process_families(snap: StatsSnapshot) -> list[Metric]:
     fams.append(devices)
     fams.extend(_device_families(snap))
     fams.extend(_checkpoint_families(snap))
-    fams.extend(_jetstream_families(snap))
+    fams.extend(_feed_figure_families(snap))
     fams.append(GaugeMetricFamily("forkless_partitions_unowned", "A partitioned instance: its stream's partitions "
                                   "with no live lease for longer than FORKLESS_LEASE_S (no instance owns them: their "
                                   "messages go unanswered).", value=snap.partitions_unowned))
@@ -292,29 +293,15 @@ def _phase_family(snap: StatsSnapshot) -> Metric:
     return phase
 
 
-def _jetstream_families(snap: StatsSnapshot) -> list[Metric]:
-    """Each JetStream feed's position (docs/jetstream.md, "Figures"); no samples without one."""
-    rows = [
-        (CounterMetricFamily, "forkless_jetstream_fetched", "Stream messages a JetStream feed fetched (a replay's "
-         "included).", "fetched"),
-        (CounterMetricFamily, "forkless_jetstream_applied", "Messages of a JetStream feed run through the step in "
-         "this process.", "applied"),
-        (GaugeMetricFamily, "forkless_jetstream_applied_sequence", "The last stream sequence whose every element the "
-         "state holds (a checkpoint records it).", "applied_seq"),
-        (GaugeMetricFamily, "forkless_jetstream_confirmed_sequence", "The stream sequence of the last reply the "
-         "results stream acknowledged.", "confirmed_seq"),
-        (GaugeMetricFamily, "forkless_jetstream_lag", "Stream messages not yet applied: the stream's last sequence "
-         "minus the last applied.", "lag"),
-        (CounterMetricFamily, "forkless_jetstream_skipped", "Deliveries at or below the position already consumed, "
-         "not applied again.", "skipped"),
-        (CounterMetricFamily, "forkless_jetstream_duplicate_replies", "Replies the results stream dropped as "
-         "duplicates (published again after a replay).", "duplicates"),
-    ]
-    fams = []
-    for kind, name, doc, attr in rows:
-        fam = kind(name, doc, labels=["feed"])
+def _feed_figure_families(snap: StatsSnapshot) -> list[Metric]:
+    """Each replayable feed's position figures, in the families its connector room declares (a JetStream feed's:
+    io_loop/connectors/jetstream/figures.py); no samples without one."""
+    fams: list[Metric] = []
+    for declared in JETSTREAM_FAMILIES:
+        fam = (CounterMetricFamily if declared.type == "counter" else GaugeMetricFamily)(declared.name, declared.help,
+                                                                                          labels=["feed"])
         for src in snap.sources:
-            fam.add_metric([src.name], getattr(src, attr))
+            fam.add_metric([src.name], getattr(src, declared.attribute))
         fams.append(fam)
     return fams
 

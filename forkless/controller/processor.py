@@ -480,7 +480,7 @@ def default_processor(config: Any) -> Processor:
     (FORKLESS_ALPHA, FORKLESS_THRESHOLD, FORKLESS_WARMUP: read here only). One processor per
     setting of the three: every controller of the same settings in a process compiles it once
     (controller/device/programs.py)."""
-    return _ewma_of(config.alpha, config.threshold, config.warmup)
+    return _ewma_of(config.detector.alpha, config.detector.threshold, config.detector.warmup)
 
 
 @functools.lru_cache(maxsize=8)

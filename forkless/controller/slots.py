@@ -39,7 +39,7 @@ from typing import cast, overload
 
 import numpy as np
 
-from forkless.controller.checkpoints.rowcopy import RowCopy
+from forkless.controller.rowcopy import RowCopy
 
 __all__ = ["OrderedNames", "StreamSlots", "TableCopy", "lru_order"]
 

@@ -100,8 +100,9 @@ class MainStats:
 
 @dataclass(frozen=True)
 class SourceFigures:
-    """One JetStream feed's position figures: what its IO side fetched and had acknowledged, and
-    what the main thread applied (docs/jetstream.md, "Figures")."""
+    """One replayable feed's position figures: what its IO side fetched and had acknowledged, and what the main
+    thread applied; its connector room declares their metric families (a JetStream feed's: docs/jetstream.md,
+    "Figures")."""
 
     name: str
     fetched: int  # stream messages fetched (a replay's included)

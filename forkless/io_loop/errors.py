@@ -13,6 +13,8 @@ Rules:
   ``ForklessError``.
 - ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
+- ``ConfigError`` is raised where a setting's value is refused: a settings group made with it, a variable read
+  (io_loop/settings.py), or a rule between groups (controller/config.py).
 - ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/connectors/jetstream/leases.py``), raised
   to the thread that called the store, not through the IO thread.
 """
@@ -29,6 +31,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_LOSSY_STOP",
     "EXIT_OK",
+    "ConfigError",
     "DeploymentMismatch",
     "FeedFatal",
     "ForklessError",
@@ -40,6 +43,7 @@ __all__ = [
     "PositionLost",
     "StopRequested",
     "StoreError",
+    "ValueProblem",
 ]
 
 EXIT_OK, EXIT_CRASH, EXIT_CONFIG, EXIT_FEED = 0, 1, 2, 3
@@ -62,6 +66,27 @@ class ForklessError(Exception):
     exit_status: ClassVar[int] = EXIT_CRASH
     exit_label: ClassVar[str] = ""
     exit_meaning: ClassVar[str] = ""
+
+
+class ConfigError(ForklessError, ValueError):
+    """A setting's value is invalid (io_loop/settings.py: a group made with it, a variable read); the message
+    names the variable, the value and what is allowed: exit status 2."""
+
+    exit_status = EXIT_CONFIG
+    exit_label = "configuration error"
+    exit_meaning = ("a variable's value is not allowed, one line naming the variable, the value and what is allowed "
+                    "(or FORKLESS_DEVICES asks for more devices than there are)")
+
+    def __init__(self, variable: str, value: str, allowed: str) -> None:
+        self.variable = variable
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{variable}={value!r} is invalid: expected {allowed}")
+
+
+class ValueProblem(ValueError):
+    """A value's refusal with a detail fit to show (never a secret), by a setting's rule: appended to what
+    the setting allows in the ``ConfigError``."""
 
 
 class FeedFatal(ForklessError):

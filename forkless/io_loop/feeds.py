@@ -45,7 +45,8 @@ from forkless.io_loop.counters import FeedSnapshot, IOStats
 from forkless.io_loop.crossing import Outgoing, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
-from forkless.io_loop.settings import FeedSpec, IOSettings
+from forkless.io_loop.feedspec import FeedSpec
+from forkless.io_loop.iosettings import IOSettings
 from forkless.io_loop.source import Source, SourceRunner
 
 __all__ = ["FeedSet", "Outbox", "feed_client"]
@@ -98,9 +99,9 @@ def feed_client(spec: FeedSpec, index: int, settings: IOSettings, codec: FrameDe
     the restored checkpoint recorded for it (``connection_events``: it hands over a
     ``ConnectionEvent`` at each change of its connection). The feed set calls only this."""
     return SourceRunner(source, settings.limits, codec, IOStats(source=declarations(source, spec.name).figures), spec,
-                        timeouts=settings.timeouts, inbound=inbound, outbox=outbox, index=index,
-                        resume=positions.get(spec.name), acknowledged=acknowledged,
-                        connection_events=connection_events)
+                        features=settings.features, max_batch=settings.max_batch, timeouts=settings.timeouts,
+                        inbound=inbound, outbox=outbox, index=index, resume=positions.get(spec.name),
+                        acknowledged=acknowledged, connection_events=connection_events)
 
 
 class FeedSet:

@@ -29,10 +29,10 @@ from typing import Any
 
 from forkless.io_loop.capabilities import SupportsProbe
 from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.loopthread import run_in_thread
 from forkless.io_loop.net.netaddr import parse_host_port, unix_address, unix_label
 from forkless.io_loop.net.unixsocket import listen_unix
-from forkless.io_loop.settings import FeedSpec
 from forkless.io_loop.source import Source
 
 __all__ = ["ProbeFailed", "check_metrics_addr", "probe_feed"]

@@ -11,7 +11,8 @@ Rules:
 - Not renames, so not here: a wrong import path (``import controller``, ``import io_loop``: it would load a second
   copy of every module, whose exceptions ``except forkless.ConfigError`` never catches, so it stays an
   ``ImportError``), and a field set from outside (``ctl.on_results = f``: read by nothing once the controller runs).
-- In the leaf, so that every part may follow it: the controller's keywords and attributes, and the IO side's names
+- In the leaf, so that every part may follow it: the controller's keywords and attributes, the settings groups of
+  io_loop and its rooms (io_loop/settings.py's ``settings_group(moved=...)``), and a source's context
   (``SourceContext``'s methods, io_loop/source.py).
 - Pure: only ``warnings``; the call sites translate an old spelling into its new one.
 """
@@ -76,6 +77,19 @@ _ENTRIES = (
             "0.2.0"),
     # received messages not yet answered, named apart from steps in flight (issue 56): warned of in 0.1.0
     Renamed("StatsSnapshot.in_flight", "StatsSnapshot.unanswered", "0.1.0", "0.2.0"),
+    # each setting declared once, in one group (issue 64): a field that was in two groups is now in the one that
+    # reads it (io_loop/settings.py's settings_group(moved=...) translates them, given or read)
+    Renamed("Limits(features=...)", "StepSettings(features=...)", "0.3.0", "0.4.0"),
+    Renamed("Limits(max_batch=...)", "StepSettings(max_batch=...)", "0.3.0", "0.4.0"),
+    Renamed("DemoSettings(features=...)", "StepSettings(features=...)", "0.3.0", "0.4.0"),
+    Renamed("DemoSettings(warmup=...)", "DetectorSettings(warmup=...)", "0.3.0", "0.4.0"),
+    Renamed("CheckpointSettings(bucket=...)", "PartitionSettings(checkpoint_bucket=...)", "0.3.0", "0.4.0"),
+    # Config is its groups (issue 64): what these built is a group of it now
+    Renamed("config.step_settings()", "config.step", "0.3.0", "0.4.0"),
+    Renamed("config.checkpoint_settings()", "config.checkpoints (a partitioned feed's bucket: "
+            "config.partitioning.checkpoint_bucket)", "0.3.0", "0.4.0"),
+    Renamed("config.relay_settings()", "config.relay (the relay's settings) and config.io_settings() (its feeds')",
+            "0.3.0", "0.4.0"),
 )
 RENAMED = {entry.old: entry for entry in _ENTRIES}
 

@@ -94,12 +94,13 @@ from forkless.io_loop.decoding import DecodedFrame, FrameDecoder
 from forkless.io_loop.emitted import Positions, Rows, check_first, checked_rows, drop_first
 from forkless.io_loop.emitted import check_position as _check_position
 from forkless.io_loop.errors import FeedFatal, ForklessError
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.finishing import finish_awaited
 from forkless.io_loop.handover import Handover
 from forkless.io_loop.loopthread import cancel_bounded
 from forkless.io_loop.renamed import deprecated
 from forkless.io_loop.sends import LOST, SendWatch, Unanswered, declared_send_policy
-from forkless.io_loop.settings import FeedSpec, Limits, Timeouts
+from forkless.io_loop.settings import Limits, Timeouts
 from forkless.io_loop.spill import source_policy
 from forkless.io_loop.writer import Outbound, ReplyBatch
 
@@ -146,7 +147,7 @@ class SourceContext:
     @property
     def features(self) -> int:
         """How many values a message's ``x`` holds (``FORKLESS_FEATURES``)."""
-        return self._runner.limits.features
+        return self._runner.features
 
     def emit(self, frame: Emitted, position: int | str | None = None, *, first: int = 0,
              received_ns: int | None = None) -> Coroutine[Any, Any, int]:
@@ -460,14 +461,15 @@ class SourceContext:
 
 class SourceRunner:
     """The IO thread's side of one ``Source``, a user's or a built-in feed (see the module rules). It reads
-    the ``limits`` (features, FORKLESS_MAX_BATCH, the overflow and buffer: io_loop/spill.py) and the
-    stop's bound (``timeouts.shutdown_timeout_s``: io_loop/finishing.py)."""
+    the ``limits`` (the overflow and buffer: io_loop/spill.py), a message's length (``features``), a chunk's bound
+    (``max_batch``, FORKLESS_MAX_BATCH) and the stop's bound (``timeouts.shutdown_timeout_s``: io_loop/finishing.py)."""
 
     def __init__(self, source: Source, limits: Limits, codec: FrameDecoder, stats: IOStats, feed: FeedSpec,
-                 *, timeouts: Timeouts, inbound: Any, outbox: Any, index: int, resume: Origin | None = None,
-                 acknowledged: Any = None, connection_events: bool = False) -> None:
+                 *, features: int, max_batch: int, timeouts: Timeouts, inbound: Any, outbox: Any, index: int,
+                 resume: Origin | None = None, acknowledged: Any = None, connection_events: bool = False) -> None:
         self.source = source
         self.limits = limits
+        self.features = features
         self.timeouts = timeouts
         self.codec = codec
         # the codec's one-pass reading of several frames (GuardedCodec's: the built-in JSON codec's), if any
@@ -478,7 +480,7 @@ class SourceRunner:
         self.outbox = outbox
         self.index = index
         drop_oldest, buffer = source_policy(source, feed, limits)  # its own overflow (io_loop/spill.py)
-        self.handover = Handover(inbound, limits.max_batch, drop_oldest=drop_oldest, buffer=buffer, stats=stats,
+        self.handover = Handover(inbound, max_batch, drop_oldest=drop_oldest, buffer=buffer, stats=stats,
                                  name=feed.name, feed=index)
         if not isinstance(resume, Origin):  # None, or a record the source reads itself (the module rules)
             self.ctx = SourceContext(self, resume, None, pending=False)

@@ -39,7 +39,7 @@ Rules:
   loop (``FeedFatal``), and the feeds' end waits for theirs (the stop drains them).
 - ``acknowledged`` (io_loop/sinks/sink.py's ``Acknowledged``), when given, is signalled each time a feed's
   batch of answers is written whole (a JetStream feed's: stored by its results stream), for the
-  checkpoint waiting on its replies (controller/checkpoints/recovery.py) to wake without a poll.
+  checkpoint waiting on its replies (controller/recovery.py) to wake without a poll.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from forkless.io_loop.crossing import Origin, count_unsent
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal, IOThreadError, MetricsServerError, PositionLost
 from forkless.io_loop.feeds import FeedSet
+from forkless.io_loop.iosettings import IOSettings
 from forkless.io_loop.loopthread import LoopThread, run_all
-from forkless.io_loop.settings import IOSettings
 from forkless.io_loop.sinks.results import ResultSinks
 from forkless.io_loop.sinks.sink import Acknowledged, RecordSink, ResultSink, SinkRunner
 from forkless.io_loop.source import Source

@@ -27,6 +27,7 @@ from forkless import (
 from forkless.controller.wiring import grouped_keywords
 from forkless.io_loop import renamed
 from forkless.io_loop.renamed import RENAMED, is_removed, release
+from forkless.io_loop.settings import moved_fields
 from tests.controller.test_loop import CONFIG, PROCESSOR, chunk, frames
 from tests.controller.test_stats import snapshot
 from tests.fake_io import FakeIO, drain
@@ -79,8 +80,22 @@ REMOVED_USES = {
 }
 
 
+# each setting that moved to another group (io_loop/settings.py's settings_group(moved=...)), given the old way: the
+# group and the keyword it was, and a value; and what built a group of the Config
+MOVED_SETTINGS = {
+    "Limits(features=...)": (forkless.Limits, "features", 4),
+    "Limits(max_batch=...)": (forkless.Limits, "max_batch", 16),
+    "DemoSettings(features=...)": (forkless.DemoSettings, "features", 4),
+    "DemoSettings(warmup=...)": (forkless.DemoSettings, "warmup", 3),
+    "CheckpointSettings(bucket=...)": (forkless.CheckpointSettings, "bucket", "ckpt"),
+}
+CONFIG_METHODS = {"config.step_settings()": "step_settings", "config.checkpoint_settings()": "checkpoint_settings",
+                  "config.relay_settings()": "relay_settings"}
+
+
 def test_each_renamed_name_is_used_here():
-    assert set(RENAMED) == {*KEYWORDS, "forkless.Sink", *REMOVED_USES, *SOURCE_CONTEXT_USES}
+    assert set(RENAMED) == {*KEYWORDS, "forkless.Sink", *REMOVED_USES, *MOVED_SETTINGS, *CONFIG_METHODS,
+                            *SOURCE_CONTEXT_USES}
 
 
 def test_a_renamed_name_warns_for_exactly_one_release():
@@ -123,6 +138,25 @@ def test_an_old_keyword_beside_the_group_that_replaced_it_is_refused_naming_both
         grouped_keywords({"out": print, "runtime": Runtime(freeze_gc=True)})
 
 
+@pytest.mark.parametrize("old", list(MOVED_SETTINGS))
+def test_a_moved_setting_warns_naming_its_group_and_reaches_it(old):
+    group, field, value = MOVED_SETTINGS[old]
+    entry = RENAMED[old]
+    with pytest.warns(DeprecationWarning, match=re.escape(f"{old} is deprecated since forkless {entry.deprecated_in} "
+                                                          f"and is removed in {entry.removed_in}: write {entry.new}")):
+        given = group(**{field: value})
+    keyword = RENAMED[old].new.partition("(")[2].partition("=")[0]
+    assert moved_fields(given) == {keyword: value}  # what a Config takes from it, where it lives now
+
+
+@pytest.mark.parametrize("old", list(CONFIG_METHODS))
+def test_what_built_a_group_of_the_config_warns_and_gives_the_group(old):
+    config = forkless.Config(relay_nats="nats://127.0.0.1:4222", relay_subject="md")
+    with pytest.warns(DeprecationWarning, match=re.escape(f"write {RENAMED[old].new}")):
+        got = getattr(config, CONFIG_METHODS[old])()
+    assert got in (config.step, config.checkpoints) or got[1] == config.relay
+
+
 def test_the_old_sink_name_warns_and_is_the_record_sink():
     with pytest.warns(DeprecationWarning, match=re.escape("write forkless.RecordSink")):
         from forkless import Sink
@@ -163,3 +197,18 @@ def test_at_the_next_release_every_deprecated_spelling_raises_naming_the_new_one
     with pytest.raises(ImportError, match=re.escape("forkless.Sink was removed in forkless 0.3.0: write "
                                                     "forkless.RecordSink")):
         from forkless import Sink  # noqa: F401
+
+
+def test_at_the_release_after_next_a_moved_setting_and_the_config_s_old_builders_raise(monkeypatch):
+    monkeypatch.setattr(renamed, "VERSION", "0.4.0")
+    for old, (group, field, value) in MOVED_SETTINGS.items():
+        with pytest.raises(TypeError, match=re.escape(f"{old} was removed in forkless 0.4.0: write "
+                                                      f"{RENAMED[old].new}")):
+            group(**{field: value})
+    config = forkless.Config()
+    with pytest.raises(AttributeError, match=re.escape("Limits.features was removed in forkless 0.4.0: write "
+                                                       "StepSettings.features")):
+        config.limits.features  # noqa: B018
+    for old, method in CONFIG_METHODS.items():
+        with pytest.raises(AttributeError, match=re.escape(f"{old} was removed in forkless 0.4.0")):
+            getattr(config, method)()

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from forkless import Config, Controller, JsonCodec, OnResults, Runtime
-from forkless.controller.errors import ConfigError
 from forkless.controller.metrics import metric_families
 from forkless.controller.processor import default_processor
 from forkless.controller.stats import status_line
 from forkless.io_loop.crossing import Chunk, Trace
+from forkless.io_loop.errors import ConfigError
 from tests.fake_io import FakeIO, drain
 from tests.harness import ROOT, UNIT_S, app_env, assert_books_balance, drive
 from tests.servers import FeedConn

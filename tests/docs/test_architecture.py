@@ -20,6 +20,7 @@ import io
 import subprocess
 import sys
 import tokenize
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,9 +49,8 @@ CORE = [
     "controller/declared.py",
     "controller/errors.py",
     "controller/eventsonly.py",
-    "controller/settings/feedschema.py",
-    "controller/settings/feedspec.py",
     "controller/settings/groups.py",
+    "controller/commands/vardocs.py",
     "controller/logs.py",
     "controller/metrics.py",
     "controller/device/placement.py",
@@ -58,12 +58,9 @@ CORE = [
     "controller/processor.py",
     "io_loop/renamed.py",
     "controller/replies.py",
-    "controller/checkpoints/rowcopy.py",
+    "controller/rowcopy.py",
     "controller/slots.py",
     "controller/stats.py",
-    "controller/settings/values.py",
-    "controller/settings/vardocs.py",
-    "controller/settings/variables.py",
     "io_loop/__init__.py",
     "io_loop/connectors/websocket/__init__.py",
     "io_loop/connectors/__init__.py",
@@ -81,6 +78,15 @@ CORE = [
     "io_loop/errors.py",
     "io_loop/connectors/connector.py",
     "io_loop/connectors/jetstream/consumer.py",
+    "io_loop/connectors/jetstream/entry.py",
+    "io_loop/connectors/jetstream/figures.py",
+    "io_loop/connectors/jetstream/settings.py",
+    "io_loop/connectors/websocket/entry.py",
+    "io_loop/connectors/websocket/settings.py",
+    "io_loop/feedlist.py",
+    "io_loop/feedspec.py",
+    "io_loop/iosettings.py",
+    "io_loop/relay/settings.py",
     "io_loop/connectors/jetstream/positions.py",
     "io_loop/net/netaddr.py",
     "io_loop/connectors/jetstream/partitions.py",
@@ -112,6 +118,7 @@ IO = [
     "io_loop/gil.py",
     "io_loop/handover.py",
     "io_loop/hooks.py",
+    "io_loop/kinds.py",
     "io_loop/waiting.py",
     "io_loop/spill.py",
     "io_loop/net/http.py",
@@ -160,7 +167,7 @@ COMPOSITION = [
     "controller/loop.py",
     "controller/partitions/partitioned.py",
     "controller/queues.py",
-    "controller/checkpoints/recovery.py",
+    "controller/recovery.py",
     "controller/commands/relaycmd.py",
     "controller/lifetime/serving.py",
     "controller/lifetime/sinkrun.py",
@@ -179,11 +186,11 @@ CLOCK = {"time", "datetime"}
 # once per window_s, and logging.Filter.filter(record) is given no "now" to compare with
 # (record.created is wall-clock time, which can jump; the window uses time.monotonic()).
 CLOCK_ALLOWED_IN_CORE = {"controller/logs.py": {"time"}}
-# values.py parses FORKLESS_CA_FILE with OpenSSL at validation (no socket is opened), so a file
+# io_loop/settings.py's pem_file parses FORKLESS_CA_FILE with OpenSSL at validation (no socket is opened), so a file
 # that is not PEM is a configuration error (exit 2) rather than a TLS failure at the first connect
 # logs.RateLimitFilter is run by logging on every thread that logs a warning, before the handler's lock is
 # taken: what it remembers is behind a lock of its own (the one core module that makes one)
-CONCURRENCY_ALLOWED_IN_CORE = {"controller/settings/values.py": {"ssl"}, "controller/logs.py": {"threading"}}
+CONCURRENCY_ALLOWED_IN_CORE = {"io_loop/settings.py": {"ssl"}, "controller/logs.py": {"threading"}}
 # Third-party libraries the core imports only where named: prometheus_client costs about 10 MiB
 # and is loaded only when metrics are served; JAX must not load before the configuration is
 # valid, and the IO side imports most of the core, so JAX only where processors are defined.
@@ -374,9 +381,13 @@ def test_io_loop_is_a_leaf_that_imports_nothing_from_controller():
 
 # partitions_of (the checkpoints' split of the stream table by partition) is vectorised with numpy,
 # imported inside it: importing io_loop.connectors.jetstream.partitions still loads none (the test below);
-# the wire's JSON text is msgspec's where it is installed (the controller's codec and the relay use it)
+# the wire's JSON text is msgspec's where it is installed (the controller's codec and the relay use it); a
+# FORKLESS_FEEDS entry's schema is a msgspec Struct in its connector room's entry.py, which io_loop/feedlist.py
+# imports only when FORKLESS_FEEDS is set (a run without it loads no msgspec: the test below the layers')
 THIRD_PARTY_ALLOWED_IN_LEAF_CORE = {"io_loop/connectors/jetstream/partitions.py": {"numpy"},
-                                    "io_loop/jsontext.py": {"msgspec"}}
+                                    "io_loop/jsontext.py": {"msgspec"},
+                                    "io_loop/connectors/jetstream/entry.py": {"msgspec"},
+                                    "io_loop/connectors/websocket/entry.py": {"msgspec"}}
 
 
 def test_the_io_loop_modules_in_the_core_import_no_third_party_library():
@@ -400,6 +411,39 @@ def test_io_never_imports_jax():
 # (a composition root hands the parts in), and an import moved into a function does not change who that is.
 
 
+def strongly_connected(edges: dict[str, dict[str, Import]]) -> list[list[str]]:
+    """Every strongly connected set of two or more nodes of ``edges`` (node -> its deps), sorted (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    sets: list[list[str]] = []
+    for root in edges:  # Tarjan's algorithm without recursion: a frame is (node, its next deps)
+        if root in index:
+            continue
+        frames = [(root, iter(edges[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while frames:
+            node, deps = frames[-1]
+            dep = next(deps, None)
+            if dep is None:
+                frames.pop()
+                if frames:
+                    low[frames[-1][0]] = min(low[frames[-1][0]], low[node])
+                if low[node] == index[node]:
+                    members = stack[stack.index(node):]
+                    del stack[stack.index(node):]
+                    if len(members) > 1:
+                        sets.append(sorted(members))
+            elif dep not in index:
+                index[dep] = low[dep] = len(index)
+                stack.append(dep)
+                frames.append((dep, iter(edges[dep])))
+            elif dep in stack:
+                low[node] = min(low[node], index[dep])
+    return sets
+
+
 def import_cycles(imports: dict[str, list[Import]], modules: dict[str, str] = MODULES) -> list[list[str]]:
     """Every import cycle among ``imports``' files, each as its edges ("a.py:12 -> b.py", "(lazy)" where
     the statement is in a function): one per strongly connected set of two or more files (Tarjan), every
@@ -412,36 +456,8 @@ def import_cycles(imports: dict[str, list[Import]], modules: dict[str, str] = MO
                     dep = modules.get(name)
                     if dep is not None and dep != path and dep in edges:
                         edges[path].setdefault(dep, imp)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    sets: list[list[str]] = []
-    for root in edges:  # Tarjan's algorithm without recursion: a frame is (file, its next deps)
-        if root in index:
-            continue
-        frames = [(root, iter(edges[root]))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        while frames:
-            path, deps = frames[-1]
-            dep = next(deps, None)
-            if dep is None:
-                frames.pop()
-                if frames:
-                    low[frames[-1][0]] = min(low[frames[-1][0]], low[path])
-                if low[path] == index[path]:
-                    members = stack[stack.index(path):]
-                    del stack[stack.index(path):]
-                    if len(members) > 1:
-                        sets.append(sorted(members))
-            elif dep not in index:
-                index[dep] = low[dep] = len(index)
-                stack.append(dep)
-                frames.append((dep, iter(edges[dep])))
-            elif dep in stack:
-                low[path] = min(low[path], index[dep])
     return [[f"{edges[a][b].where} -> {b}{' (lazy)' if edges[a][b].lazy else ''}"
-             for a in members for b in edges[a] if b in members] for members in sets]
+             for a in members for b in edges[a] if b in members] for members in strongly_connected(edges)]
 
 
 def test_no_import_cycle_among_the_product_modules_counting_lazy_imports():
@@ -461,6 +477,91 @@ def test_the_cycle_finder_finds_a_cycle_closed_by_a_lazy_import_and_none_in_a_ch
                                                 "io_loop/c.py:2 -> io_loop/a.py (lazy)"]]
     del imports["io_loop/c.py"][0]
     assert import_cycles(imports, modules) == []
+
+
+# ---- no cycle between rooms, a room counted as one node ---------------------------------------------
+# A room is a folder of modules, counted as one node: the innermost (io_loop/connectors/jetstream/) and, around its
+# rooms, the folder at a package's top level (io_loop/connectors/, holding them all); a module at a package's top
+# level (controller/engine.py) is a room of its own. Two rooms that import each other, directly or around a loop of
+# rooms, are one feature cut in two, even when no two of their modules form a cycle.
+
+
+def room_of(path: str) -> str:
+    """The innermost room ``path`` is in: its folder below ``controller/`` or ``io_loop/``
+    ("io_loop/connectors/jetstream/"), or itself at a package's top level ("controller/engine.py")."""
+    folder, _, _ = path.rpartition("/")
+    return folder + "/" if folder.count("/") >= 1 else path
+
+
+def wing_of(path: str) -> str:
+    """The outermost room ``path`` is in: its package's folder holding it ("io_loop/connectors/" for every module of
+    the connector rooms), or itself at a package's top level."""
+    parts = path.split("/")
+    return "/".join(parts[:2]) + "/" if len(parts) > 2 else path
+
+
+def room_cycles(imports: dict[str, list[Import]], modules: dict[str, str] = MODULES,
+                room: Callable[[str], str] = room_of) -> list[list[str]]:
+    """Every cycle between rooms, each as its edges ("room -> room (file:line)"): one per strongly connected set
+    of two or more rooms. An edge is a statement importing a module of another room (the packages it runs on the
+    way count for nothing: a room's ``__init__`` imports nothing, a test holds it), function-level ones too."""
+    edges: dict[str, dict[str, Import]] = {}
+    for path, statements in imports.items():
+        edges.setdefault(room(path), {})
+        for imp in statements:
+            for target in imp.targets:
+                dep = modules.get(target)
+                if dep is not None and room(dep) != room(path):
+                    edges[room(path)].setdefault(room(dep), imp)
+                    edges.setdefault(room(dep), {})
+    return [[f"{a} -> {b} ({edges[a][b].where})" for a in members for b in edges[a] if b in members]
+            for members in strongly_connected(edges)]
+
+
+@pytest.mark.parametrize("room", [room_of, wing_of], ids=["innermost", "outermost"])
+def test_no_cycle_between_rooms_counting_a_room_as_one_node(room):
+    cycles = room_cycles(IMPORTS, room=room)
+    assert not cycles, "rooms that import each other (one concept cut in two: move what both need below both):\n" + \
+        "\n".join("  " + "; ".join(cycle) for cycle in cycles)
+    assert {room(p) for p in PATHS} >= {"controller/checkpoints/", "controller/engine.py",  # rooms and modules seen
+                                        "io_loop/connectors/jetstream/" if room is room_of else "io_loop/connectors/"}
+
+
+def test_the_room_cycle_finder_sees_two_rooms_importing_each_other_through_different_modules():
+    # no module imports one that imports it back, yet the two rooms import each other: a cycle of rooms
+    modules = {"forkless.controller.store.disk": "controller/store/disk.py",
+               "forkless.controller.store.format": "controller/store/format.py",
+               "forkless.controller.device.layout": "controller/device/layout.py",
+               "forkless.controller.device.place": "controller/device/place.py",
+               "forkless.controller.engine": "controller/engine.py"}
+    sources = {"controller/store/disk.py": "from forkless.controller.device.place import Place\n",
+               "controller/store/format.py": "",
+               "controller/device/layout.py": "def f():\n    from forkless.controller.store import format  # late\n",
+               "controller/device/place.py": "",
+               "controller/engine.py": "from forkless.controller.store import disk\n"}
+    imports = {path: find_imports(text, path, modules) for path, text in sources.items()}
+    assert import_cycles(imports, modules) == []  # no cycle of modules
+    assert room_cycles(imports, modules) == [[
+        "controller/device/ -> controller/store/ (controller/device/layout.py:2)",
+        "controller/store/ -> controller/device/ (controller/store/disk.py:1)"]]
+    del imports["controller/device/layout.py"][0]  # the device room no longer imports the store: a chain
+    assert room_cycles(imports, modules) == []
+
+
+def test_the_outermost_rooms_see_a_loop_through_a_room_inside_another():
+    # the connector rooms import a top-level module that imports the connectors' shared module: no cycle between
+    # the innermost rooms, one between io_loop/connectors/ (every connector room) and that module
+    modules = {"forkless.io_loop.connectors.connector": "io_loop/connectors/connector.py",
+               "forkless.io_loop.connectors.nats.source": "io_loop/connectors/nats/source.py",
+               "forkless.io_loop.source": "io_loop/source.py"}
+    sources = {"io_loop/connectors/connector.py": "",
+               "io_loop/connectors/nats/source.py": "from forkless.io_loop.source import Source\n",
+               "io_loop/source.py": "from forkless.io_loop.connectors.connector import FeedSpec\n"}
+    imports = {path: find_imports(text, path, modules) for path, text in sources.items()}
+    assert room_cycles(imports, modules, room=room_of) == []
+    assert room_cycles(imports, modules, room=wing_of) == [[
+        "io_loop/connectors/ -> io_loop/source.py (io_loop/connectors/nats/source.py:1)",
+        "io_loop/source.py -> io_loop/connectors/ (io_loop/source.py:1)"]]
 
 
 # ---- lazy imports say why ------------------------------------------------------------------------
@@ -701,9 +802,10 @@ def test_the_nats_rules_see_an_import_outside_the_room_and_an_error_module_named
 
 WEBSOCKET_ROOM = "io_loop/connectors/websocket/"
 # what a module outside the room may import of it: the room's package, the connector the composition root talks to,
-# and the connect hooks' public types (Controller's on_connect and before_connect, Handshake, frames_of)
+# the connect hooks' public types (Controller's on_connect and before_connect, Handshake, frames_of), its settings
+# (the configuration's groups) and its entry's schema (FORKLESS_FEEDS, read by io_loop/feedlist.py)
 WEBSOCKET_DOORS = {WEBSOCKET_ROOM + name for name in ("__init__.py", "connector.py", "on_connect.py",
-                                                      "before_connect.py")}
+                                                      "before_connect.py", "settings.py", "entry.py")}
 
 
 def into_the_websocket_room(path: str, imports: list[Import] | None = None) -> list[str]:
@@ -732,6 +834,69 @@ def test_the_websocket_room_rule_sees_a_lazy_import_of_its_client_and_lets_the_c
     assert into_the_websocket_room("controller/ioside.py", found) == [
         "controller/ioside.py:3 loads io_loop/connectors/websocket/client.py"]
     assert into_the_websocket_room(WEBSOCKET_ROOM + "connector.py", found) == []
+
+
+# ---- the controller asks a feed's connector, never its kind ------------------------------------------------------
+
+CONNECTOR_ROOMS = ("io_loop/connectors/jetstream/", "io_loop/connectors/websocket/")
+# what the controller may import of a connector room: its declarations, which the configuration and the metrics
+# compose (its settings groups, its metric families), and the WebSocket connect hooks' public types; a feed's
+# behaviour is reached through its connector, which io_loop/kinds.py finds by the feed's kind
+DECLARATIONS = {"settings.py", "figures.py", "before_connect.py", "on_connect.py"}
+# the words a feed's kind is told by, and the classes only one kind has: a controller module compares with none
+KIND_WORDS = {"nats", "jetstream", "websocket", "url"}
+KIND_CLASSES = {"JetStreamSpec", "JetStreamConnector", "WebSocketConnector", "JetStreamSource", "WebSocketSource"}
+
+
+def into_a_connector_room(path: str, imports: list[Import] | None = None) -> list[str]:
+    """What ``path`` imports of a connector room besides its declarations, each as "file:line loads module"."""
+    return [f"{imp.where} loads {dep}" for imp in (IMPORTS[path] if imports is None else imports)
+            for target in imp.targets if (dep := MODULES.get(target)) is not None
+            and dep.startswith(CONNECTOR_ROOMS) and dep.rpartition("/")[2] not in DECLARATIONS]
+
+
+def kind_branches(source: str, path: str) -> list[str]:
+    """Where ``source`` asks which kind a feed is: a comparison with a kind's word (``spec.kind == "jetstream"``,
+    ``"nats" in entry``), an ``isinstance`` naming one kind's class, or a spec's connector ``options`` read."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            words = [sub.value for sub in (node.left, *node.comparators) if isinstance(sub, ast.Constant)]
+            if KIND_WORDS & {word for word in words if isinstance(word, str)}:
+                found.append(f"{path}:{node.lineno} compares with {words}")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+            named = {sub.id for sub in ast.walk(node.args[1]) if isinstance(sub, ast.Name)}
+            if named & KIND_CLASSES:
+                found.append(f"{path}:{node.lineno} isinstance({', '.join(sorted(named))})")
+        elif isinstance(node, ast.Attribute) and node.attr == "options":
+            found.append(f"{path}:{node.lineno} reads .options")
+    return found
+
+
+def test_the_controller_reaches_a_connector_room_only_through_its_declarations():
+    wrong = [line for path in PATHS if path.startswith("controller/") for line in into_a_connector_room(path)]
+    assert not wrong, "reach a feed through its connector (io_loop/kinds.py's connector_for):\n" + "\n".join(wrong)
+
+
+def test_the_controller_never_branches_on_a_feed_s_kind():
+    wrong = [line for path in PATHS if path.startswith("controller/") for line in kind_branches(read(path), path)]
+    assert not wrong, "ask the feed's connector (io_loop/connectors/connector.py), not its kind:\n" + "\n".join(wrong)
+    assert kind_branches(read("io_loop/feedlist.py"), "io_loop/feedlist.py")  # where kinds are told, it sees them
+
+
+def test_the_kind_rules_see_a_branch_on_the_kind_and_an_import_of_a_room_s_connector():
+    branching = ('def f(spec, entry):\n    if spec.kind == "jetstream":\n        pass\n    if "nats" in entry:\n'
+                 '        pass\n    return isinstance(spec.options, JetStreamSpec)\n')
+    assert kind_branches(branching, "controller/x.py") == [
+        "controller/x.py:2 compares with ['jetstream']", "controller/x.py:4 compares with ['nats']",
+        "controller/x.py:6 isinstance(JetStreamSpec)", "controller/x.py:6 reads .options"]
+    assert kind_branches("if codec.kind == 'a JetStream feed':\n    pass\n", "controller/x.py") == []
+    found = find_imports("from forkless.io_loop.connectors.jetstream.settings import PartitionSettings\n"
+                         "def f():\n"
+                         "    from forkless.io_loop.connectors.jetstream.connector import JetStreamConnector\n",
+                         "controller/ioside.py")
+    assert into_a_connector_room("controller/ioside.py", found) == [
+        "controller/ioside.py:3 loads io_loop/connectors/jetstream/connector.py"]
 
 
 # ---- one owner of the device state ---------------------------------------------------------------

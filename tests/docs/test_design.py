@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from forkless.controller.settings.variables import VARIABLES
+from forkless.controller.config import VARIABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIABLE_NAMES = {variable.env for variable in VARIABLES}

@@ -30,8 +30,8 @@ from bench.tables import (
     write_results_block,
     write_summary_block,
 )
+from forkless.controller.config import VARIABLES
 from forkless.controller.metrics import MAX_REASONS, _every_field_populated, make_registry, render
-from forkless.controller.settings.variables import VARIABLES
 from forkless.controller.stats import status_line
 from forkless.io_loop.counters import HistogramSnapshot
 from forkless.io_loop.crossing import HOPS

@@ -58,10 +58,12 @@ FORKLESS_ALL = [
     "DemoSettings",
     "DeploymentMismatch",
     "Description",
+    "DetectorSettings",
     "EVENTS_ONLY",
     "EWMAState",
     "EventBatch",
     "FeedFatal",
+    "FeedSettings",
     "ForklessError",
     "Handshake",
     "IOPortal",
@@ -70,6 +72,7 @@ FORKLESS_ALL = [
     "LeaseHeld",
     "LeaseLost",
     "Limits",
+    "LoopSettings",
     "MessageBatch",
     "MetricsServerError",
     "OnEvent",
@@ -82,12 +85,14 @@ FORKLESS_ALL = [
     "ReconnectSettings",
     "RecordContext",
     "RecordSink",
+    "RelaySettings",
     "Relogin",
     "ReplyBatch",
     "RestartPolicy",
     "ResultBatch",
     "ResultContext",
     "ResultSink",
+    "RunSettings",
     "Runtime",
     "SendFailed",
     "SinkBatch",
@@ -104,6 +109,7 @@ FORKLESS_ALL = [
     "StoreError",
     "Timeouts",
     "TlsSettings",
+    "WebSocketSettings",
     "WorkerFailed",
     "default_processor",
     "ewma_processor",
@@ -119,7 +125,7 @@ INTERNAL = {
         "a checkpoint copy the state outran: the checkpointer drops it and counts the failure",
     "forkless.controller.checkpoints.ckptformat.CheckpointDamaged":
         "a truncated or corrupt checkpoint file: the restore logs it and takes an older one",
-    "forkless.controller.settings.values.ValueProblem":
+    "forkless.io_loop.errors.ValueProblem":
         "a value's parser's complaint: Config.from_env raises ConfigError naming the variable instead",
     "forkless.controller.engine.StepFailed":
         "a step that failed while running: the loop answers the batch 'processing failed' and counts it",
@@ -367,7 +373,7 @@ def test_the_documents_name_each_name_by_its_one_path():
 
 def test_the_walk_finds_the_exceptions_it_is_meant_to():
     # a walk that found nothing would pass every test below
-    assert {"forkless.io_loop.errors.ForklessError", "forkless.controller.errors.ConfigError",
+    assert {"forkless.io_loop.errors.ForklessError", "forkless.io_loop.errors.ConfigError",
             "forkless.io_loop.portalqueue.Empty", "forkless.io_loop.source.SourceStopped",
             "forkless.controller.commands.check._Failure"} <= set(EXCEPTIONS)
 

@@ -207,11 +207,12 @@ def test_a_method_is_compared_with_the_methods_and_a_value_with_the_values():
 
 
 def test_no_built_in_source_looks_like_it_misspells_a_capability():
-    from forkless.io_loop.settings import FeedSpec  # beside its one use, as the probe tests below do
+    from forkless.io_loop.feedspec import FeedSpec  # beside its one use, as the probe tests below do
 
     settings = Config().io_settings()
     made = [feed_source(spec, settings, sources={}, on_connect=None, before_connect=None)
-            for spec in (FeedSpec("f", "ws://127.0.0.1:1/feed"), FeedSpec("demo", ""))]
+            for spec in (FeedSpec("f", "ws://127.0.0.1:1/feed", kind="websocket"),
+                         FeedSpec("demo", "", kind="websocket"))]
     jetstream = pytest.importorskip("forkless.io_loop.connectors.jetstream.source")
     assert [lookalikes(source) for source in made] == [[], []]
     assert lookalikes(jetstream.JetStreamSource) == []
@@ -270,11 +271,12 @@ def test_every_capability_is_documented_on_its_page() -> None:
 
 
 def test_each_built_in_source_declares_its_probe() -> None:
-    from forkless.io_loop.settings import FeedSpec
+    from forkless.io_loop.feedspec import FeedSpec
 
     settings = Config().io_settings()
     made = {spec.name: feed_source(spec, settings, sources={}, on_connect=None, before_connect=None)
-            for spec in (FeedSpec("f", "ws://127.0.0.1:1/feed"), FeedSpec("demo", ""))}
+            for spec in (FeedSpec("f", "ws://127.0.0.1:1/feed", kind="websocket"),
+                         FeedSpec("demo", "", kind="websocket"))}
     assert (type(made["f"]), type(made["demo"])) == (WebSocketSource, DemoSource)
     assert isinstance(made["f"], SupportsProbe) and isinstance(made["demo"], SupportsProbe)
     assert "probe" in vars(pytest.importorskip("forkless.io_loop.connectors.jetstream.source").JetStreamSource)
@@ -283,8 +285,8 @@ def test_each_built_in_source_declares_its_probe() -> None:
 def test_the_feed_probe_asks_each_source_handed_to_it_and_passes_one_without_a_probe() -> None:
     # the probe knows no kind of feed: a user's source is probed by its own probe() as the built-in ones are
     from forkless.controller.codec import JsonCodec
+    from forkless.io_loop.feedspec import FeedSpec
     from forkless.io_loop.probe import ProbeFailed, probe_feed
-    from forkless.io_loop.settings import FeedSpec
 
     class Probed(Bare):
         name = "probed"

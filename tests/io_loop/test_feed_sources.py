@@ -13,14 +13,15 @@ import pytest
 
 from forkless.controller.codec import JsonCodec
 from forkless.controller.config import Config
-from forkless.controller.ioside import connector_for, feed_plan, feed_source, feed_sources
+from forkless.controller.ioside import feed_plan, feed_source, feed_sources
 from forkless.io_loop.connectors.websocket.client import WebSocketSource
 from forkless.io_loop.connectors.websocket.connector import WebSocketConnector
 from forkless.io_loop.connectors.websocket.demo_source import DemoSource
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import Events
 from forkless.io_loop.feeds import FeedSet
-from forkless.io_loop.settings import FeedSpec
+from forkless.io_loop.feedspec import FeedSpec
+from forkless.io_loop.kinds import connector_for
 from forkless.io_loop.thread import IOThread
 from tests.harness import UNIT_S
 
@@ -93,18 +94,19 @@ def test_a_websocket_feed_and_the_demo_feed_are_decided_by_their_connector_as_a_
 
 
 def test_a_websocket_connector_refuses_what_only_a_jetstream_feed_does_naming_the_feed() -> None:
-    connector = connector_for(FeedSpec("a", "ws://127.0.0.1:1/a"))
+    connector = connector_for(FeedSpec("a", "ws://127.0.0.1:1/a", kind="websocket"))
     settings = Config().io_settings()
     with pytest.raises(ValueError, match=r"feed 'a' \(ws://127.0.0.1:1/a\) is a WebSocket feed: it owns no partitions"):
         connector.own_partitions(settings.partitioning, timeouts=settings.timeouts, reconnect=settings.reconnect,
-                                 tls=settings.tls, instances=None)
-    with pytest.raises(ValueError, match=r"WebSocket feed: the relay publishes to JetStream \(FORKLESS_RELAY_NATS"):
-        connector.sink(None, None, ["a"])
-    assert connector.describe(settings.partitioning, None, None) == []
-    nowhere = connector_for(FeedSpec("b", ""))  # no url, and the demo feed does not run: nowhere to connect
+                                 tls=settings.tls)
+    assert connector.describe(settings.partitioning) == [] and connector.refuses_relay() == ""
+    # no url, and the demo feed does not run: nowhere to connect
+    nowhere = connector_for(FeedSpec("b", "", kind="websocket"))
     with pytest.raises(ValueError, match="feed 'b' has no url and the demo feed does not run"):
-        feed_source(FeedSpec("b", ""), dataclasses.replace(settings, uses_demo_feed=False), sources={},
-                    on_connect=None, before_connect=None, connector=nowhere)
+        feed_source(FeedSpec("b", "", kind="websocket"), dataclasses.replace(settings, uses_demo_feed=False),
+                    sources={}, on_connect=None, before_connect=None, connector=nowhere)
+    with pytest.raises(ValueError, match=r"feed 'c' has no connector: its kind '' is none of 'websocket', 'jetstream'"):
+        connector_for(FeedSpec("c", ""))  # a program's own source's spec: handed in made, never a connector's
 
 
 def test_neither_the_io_thread_nor_the_feed_set_carries_hooks_or_the_fence() -> None:

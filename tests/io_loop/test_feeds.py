@@ -16,12 +16,12 @@ import pytest
 
 from forkless import Runtime
 from forkless.controller.config import Config
-from forkless.controller.errors import ConfigError
 from forkless.controller.loop import Controller
 from forkless.controller.metrics import metric_families
 from forkless.controller.processor import ewma_processor
 from forkless.controller.stats import status_line
 from forkless.io_loop.crossing import HOPS, PICKED, READ, SAMPLE_EVERY, WRITTEN, Trace
+from forkless.io_loop.errors import ConfigError
 from tests.controller.test_loop import chunk
 from tests.fake_io import FakeIO, drain
 from tests.harness import UNIT_S, assert_books_balance, drive, quick_config, run_app

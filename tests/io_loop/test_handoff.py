@@ -22,9 +22,9 @@ import pytest
 
 from forkless import OnResults
 from forkless.controller.config import Config
-from forkless.controller.errors import ConfigError
 from forkless.io_loop.bridge import Bridge, MainSide
 from forkless.io_loop.crossing import Outgoing
+from forkless.io_loop.errors import ConfigError
 from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.waiting import (
     PARK,

@@ -163,8 +163,8 @@ def test_the_exchange_session_keeps_its_connection_through_a_stalled_main_loop_w
 
 
 def test_a_feed_entry_takes_overflow_and_buffer_and_a_bad_one_is_refused_naming_the_field():
-    from forkless.controller.settings.feedspec import feed_list
-    from forkless.controller.settings.values import ValueProblem
+    from forkless.io_loop.errors import ValueProblem
+    from forkless.io_loop.feedlist import feed_list
 
     spec = feed_list('[{"url": "ws://h/a", "name": "a", "overflow": "drop_oldest", "buffer": 100}, {"url": "ws://h/b"}]')
     assert [(s.overflow, s.buffer) for s in spec] == [("drop_oldest", 100), ("", None)]
@@ -198,9 +198,10 @@ def test_a_source_s_overflow_and_buffer_are_checked_and_a_replayable_source_cann
 
 
 def test_the_relay_refuses_a_feed_whose_overflow_drops():
-    from forkless.controller.errors import ConfigError
+    from forkless.controller.commands.relaycmd import relay_settings
+    from forkless.io_loop.errors import ConfigError
 
     cfg = Config.from_env({"FORKLESS_FEEDS": '[{"url": "ws://h/a", "name": "a", "overflow": "drop_oldest"}]',
                            "FORKLESS_RELAY_NATS": "nats://127.0.0.1:4222", "FORKLESS_RELAY_SUBJECT": "md"})
     with pytest.raises(ConfigError, match="relay never drops a message"):
-        cfg.relay_settings()
+        relay_settings(cfg)

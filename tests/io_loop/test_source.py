@@ -221,7 +221,7 @@ def test_rows_a_source_decoded_itself_are_processed_and_answered_in_the_processo
     from forkless.io_loop.source import SourceContext
 
     class Runner:  # the parts of a SourceRunner emit_rows uses: its codec's dtype, then take()
-        feed, limits = SimpleNamespace(name="rows"), SimpleNamespace(features=1)
+        feed, features = SimpleNamespace(name="rows"), 1
         codec = GuardedCodec(JsonCodec(1, dtype=np.float64), 1, dtype=np.float64)
         got: Any = None
 
@@ -294,7 +294,8 @@ def test_a_replayable_source_is_never_dropped_from_even_with_overflow_drop_oldes
     kinds = {}
     for source in (EventSource([]), PositionedSource([])):
         io = cfg.io_settings()
-        runner = SourceRunner(source, io.limits, JsonCodec(FEATURES), IOStats(), feed, timeouts=io.timeouts,
+        runner = SourceRunner(source, io.limits, JsonCodec(FEATURES), IOStats(), feed, features=io.features,
+                              max_batch=io.max_batch, timeouts=io.timeouts,
                               inbound=asyncio.Queue(), outbox=asyncio.Queue(), index=0)
         kinds[type(source).__name__] = runner.handover.drop_oldest
     assert kinds == {"EventSource": True, "PositionedSource": False}
@@ -314,7 +315,8 @@ def test_error_replies_of_the_frame_resumed_inside_keep_the_ids_a_full_replay_gi
     async def run(resume: Any) -> tuple[list[Origin], list[Origin]]:
         inbound, outbox = asyncio.Queue(), asyncio.Queue()
         io = cfg.io_settings()
-        runner = SourceRunner(EventSource([]), io.limits, JsonCodec(FEATURES), IOStats(), feed, timeouts=io.timeouts,
+        runner = SourceRunner(EventSource([]), io.limits, JsonCodec(FEATURES), IOStats(), feed, features=io.features,
+                              max_batch=io.max_batch, timeouts=io.timeouts,
                               inbound=inbound, outbox=outbox, index=0, resume=resume)
         await runner.ctx.emit(frame, 5)
         await runner.handover.flush()

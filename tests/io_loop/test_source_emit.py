@@ -55,8 +55,8 @@ def handed_over(steps: Callable[[SourceContext], Awaitable[Any]]) -> dict[str, A
         inbound: asyncio.Queue[Any] = asyncio.Queue()
         outbox: asyncio.Queue[Any] = asyncio.Queue()
         stats = IOStats()
-        runner = SourceRunner(Quiet(), io.limits, JsonCodec(FEATURES), stats, feed, timeouts=io.timeouts,
-                              inbound=inbound, outbox=outbox, index=0)
+        runner = SourceRunner(Quiet(), io.limits, JsonCodec(FEATURES), stats, feed, features=io.features,
+                              max_batch=io.max_batch, timeouts=io.timeouts, inbound=inbound, outbox=outbox, index=0)
         returned = await steps(runner.ctx)
         await runner.handover.flush()
         chunks = [inbound.get_nowait() for _ in range(inbound.qsize())]

@@ -32,9 +32,8 @@ import pytest
 import yaml
 
 import forkless
-from forkless.controller.config import Config
+from forkless.controller.config import VARIABLES, Config
 from forkless.controller.metrics import metrics_table_markdown
-from forkless.controller.settings.variables import VARIABLES
 from tests import harness
 from tests.harness import ROOT, UNIT_S
 

@@ -145,13 +145,14 @@ def test_the_waiting_messages_leave_in_one_write_each_with_its_id_and_its_acknow
     from forkless.io_loop.relay.relaystats import RelayStats
 
     _make_stream(nats_server.url)
-    _, relay = Config(relay_nats=nats_server.url, relay_subject=SUBJECT, ws_url="ws://127.0.0.1:9/feed").relay_settings()
+    config = Config(relay_nats=nats_server.url, relay_subject=SUBJECT, ws_url="ws://127.0.0.1:9/feed")
     payloads = [json.dumps({"seq": n, "stream": f"s{n % 3}", "x": [n, 0.5]}).encode() for n in range(1, 21)]
 
     async def body() -> tuple[list[bytes], list[str], str]:
         nc = await nats.connect(nats_server.url, allow_reconnect=False, connect_timeout=2)
         try:
-            publisher = Publisher(relay, RelayStats(), ["0"])
+            publisher = Publisher(config.relay, RelayStats(), ["0"], timeouts=config.timeouts,
+                                  reconnect=config.reconnect, tls=config.tls)
             prefix = nc.new_inbox() + "."
             acks: list[str] = []
             enough = asyncio.Event()
@@ -525,8 +526,7 @@ def test_the_relay_ends_with_the_class_s_exit_status_and_its_line(monkeypatch, c
     monkeypatch.setattr(_IOThatFails, "raised", raised, raising=False)
     monkeypatch.setattr(sinkrun, "IOThread", _IOThatFails)  # the relay's runtime builds it
     config = Config(relay_nats="nats://127.0.0.1:1", relay_subject=SUBJECT)
-    io_settings, relay_settings = config.relay_settings()
-    relay = relaycmd.Relay(config, io_settings, lambda *args: _NoSink(), None, relay_settings)
+    relay = relaycmd.Relay(config, relaycmd.relay_settings(config), lambda *args, **kwargs: _NoSink(), None)
     assert relay.run() == status == raised.exit_status
     err = capsys.readouterr().err
     assert err.startswith(first_line + "\n"), err

@@ -13,7 +13,7 @@ Rules:
   a process killed mid-write leaves only a temporary file (``remove_temporary_files``).
 - A file that is truncated, fails its checksum or lacks the end marker is damaged:
   ``load_newest`` skips it with a warning and falls back to the one before it, and tells its
-  caller which it skipped (every one damaged is not "no checkpoint": controller/checkpoints/recovery.py).
+  caller which it skipped (every one damaged is not "no checkpoint": controller/recovery.py).
 - A complete checkpoint that does not fit this run (a shape-defining setting, the state's
   structure or a leaf's shape or dtype differs) is never skipped silently:
   ``CheckpointMismatch`` names the setting and both values.

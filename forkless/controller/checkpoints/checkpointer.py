@@ -31,7 +31,7 @@ Rules:
   one after another may be of two consecutive checkpoints for one snapshot.
 - Every checkpoint goes through a store (``CheckpointStore``): it numbers them (``next_sequence``
   at start), writes one (``write``), keeps the newest (``prune``) and reads the newest back
-  (``load``, controller/checkpoints/recovery.py). A run's store is chosen in one place, ``store_for``: the
+  (``load``, controller/recovery.py). A run's store is chosen in one place, ``store_for``: the
   embedding program's own (``Runtime(checkpoint_store=...)``), a partitioned instance's bucket
   objects (controller/partitions/partitioned.py, known once its leases are taken), or the directory
   ``FORKLESS_CHECKPOINT_DIR`` (``DirectoryStore``, controller/checkpoints/checkpoint.py). Nothing here or in
@@ -136,19 +136,20 @@ def store_for(checkpoints: CheckpointSettings, own: CheckpointStore | None,
 
 
 def checkpoints_for(checkpoints: CheckpointSettings, before_write: Callable[[dict[str, Any]], None] | None,
-                    own: CheckpointStore | None = None, *, partitioned: bool) -> Checkpointer | NoCheckpoints:
-    """The controller's checkpoint writer as ``checkpoints`` sets it, or for the embedding program's
-    ``own`` store (``NoCheckpoints`` when they are off); its store (``store_for``) is handed to
-    ``start``. ``ValueError`` for an ``own`` store beside a configured one, or with a partitioned feed
-    (``partitioned``: the run has one)."""
+                    own: CheckpointStore | None = None, *, partitioned: bool,
+                    bucket: str = "") -> Checkpointer | NoCheckpoints:
+    """The controller's checkpoint writer as ``checkpoints`` sets it, or for a partitioned feed's ``bucket``
+    (FORKLESS_CHECKPOINT_BUCKET) or the embedding program's ``own`` store (``NoCheckpoints`` when they are off); its
+    store (``store_for``) is handed to ``start``. ``ValueError`` for an ``own`` store beside a configured one, or
+    with a partitioned feed (``partitioned``: the run has one)."""
     if own is not None:
-        if checkpoints.on:
+        if checkpoints.on or bucket:
             raise ValueError("Runtime(checkpoint_store=...) and FORKLESS_CHECKPOINT_DIR or FORKLESS_CHECKPOINT_BUCKET: "
                              "a run keeps its checkpoints in one store (give the one or set the other)")
         if partitioned:
             raise ValueError("Runtime(checkpoint_store=...) with a partitioned feed: its checkpoints are one object "
                              "per partition in FORKLESS_CHECKPOINT_BUCKET, where any instance can restore them")
-    elif not checkpoints.on:
+    elif not (checkpoints.on or bucket):
         return NoCheckpoints()
     return Checkpointer(None, interval_s=checkpoints.every_s, background=checkpoints.priority == "idle",
                         before_write=before_write)

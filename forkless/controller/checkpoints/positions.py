@@ -31,7 +31,7 @@ from forkless.io_loop.connectors.connector import PositionCodec, RestoredPositio
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
 from forkless.io_loop.errors import PositionLost
-from forkless.io_loop.settings import FeedSpec
+from forkless.io_loop.feedspec import FeedSpec
 
 __all__ = ["SourcePositions", "UserPositions"]
 

@@ -31,8 +31,8 @@ Rules:
 - A checkpoint holds the state in canonical slot order (row s = slot s, the spare last)
   whatever the device count, so a checkpoint taken on N devices restores on M. A state sharded
   over several devices (controller/device/placement.py) is taken as views of its device shards
-  (``canonical_rows``), and each per-stream leaf is put back in canonical order piece by piece
-  as it is written, on the checkpointer's thread (``placement.CanonicalRows``); the main thread
+  (controller/device/layouts.py's ``canonical_rows``), and each per-stream leaf is put back in canonical order
+  piece by piece as it is written, on the checkpointer's thread (``placement.CanonicalRows``); the main thread
   still pays only the transfer. ``restore_state`` returns canonical host arrays; the caller
   converts them to its mesh (``Placement.to_sharded``) and ``jax.device_put``s them.
 - A snapshot's bytes are the checkpoint format's (controller/checkpoints/ckptformat.py): its state's leaves
@@ -54,9 +54,9 @@ import numpy as np
 from forkless import __version__
 from forkless.controller.checkpoints import ckptformat
 from forkless.controller.checkpoints.ckptformat import no_pause
-from forkless.controller.checkpoints.rowcopy import RowCopy
-from forkless.controller.device.placement import CanonicalRows, Placement
+from forkless.controller.device.placement import CanonicalRows
 from forkless.controller.errors import CheckpointMismatch
+from forkless.controller.rowcopy import RowCopy
 from forkless.controller.slots import TableCopy
 
 __all__ = [
@@ -65,7 +65,6 @@ __all__ = [
     "PendingSnapshot",
     "Snapshot",
     "StateCopy",
-    "canonical_rows",
     "checkpoint_bytes",
     "encode_snapshot",
     "library_versions",
@@ -139,12 +138,6 @@ def take_snapshot(state: Any, streams: tuple[list[str], np.ndarray, np.ndarray],
                     dict(settings), float(wall_time))
 
 
-def canonical_rows(leaf: Any, placement: Placement) -> CanonicalRows:
-    """A sharded leaf's device shards, in mesh order, as a lazily canonical host leaf."""
-    shards = sorted(leaf.addressable_shards, key=lambda shard: shard.index[0].start or 0)
-    return CanonicalRows([np.asarray(shard.data) for shard in shards], placement)
-
-
 def shares_device_memory(state: Any) -> bool:
     """Whether ``np.asarray`` of every leaf of ``state`` is a view of its device buffer (one
     CPU device), so that a copy can be taken from it in chunks. False on an accelerator (the
@@ -164,7 +157,7 @@ def shares_device_memory(state: Any) -> bool:
 
 class StateCopy:
     """The device state as it was when made, copied to the host a chunk of rows at a time
-    between steps (copy-on-write, ``controller/checkpoints/rowcopy.py``). For one CPU device, where
+    between steps (copy-on-write, ``controller/rowcopy.py``). For one CPU device, where
     ``np.asarray`` of a leaf is a view of its buffer (``shares_device_memory``).
 
     Why: on the CPU ``jax.device_get`` returns such views, and the next step, which is given

@@ -18,16 +18,16 @@ from collections.abc import Callable
 from typing import Any
 
 from forkless.controller.codec import Codec, JsonCodec
-from forkless.controller.config import Config
-from forkless.controller.errors import ConfigError
-from forkless.controller.ioside import connector_for, feed_sources
+from forkless.controller.config import VARIABLES, Config
+from forkless.controller.ioside import feed_sources
 from forkless.controller.logs import program_line
-from forkless.controller.settings.variables import VARIABLES, as_text
 from forkless.io_loop.decoding import FrameDecoder
-from forkless.io_loop.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK
+from forkless.io_loop.errors import EXIT_CONFIG, EXIT_CRASH, EXIT_FEED, EXIT_OK, ConfigError
+from forkless.io_loop.iosettings import IOSettings
+from forkless.io_loop.kinds import connector_for
 from forkless.io_loop.net.netaddr import redact_url
 from forkless.io_loop.probe import ProbeFailed, check_metrics_addr, probe_feed
-from forkless.io_loop.settings import IOSettings
+from forkless.io_loop.settings import as_text
 
 __all__ = ["probe_feeds", "run_check"]
 
@@ -58,22 +58,23 @@ def run_check(config: Config, processor: Any = None, codec: Codec | None = None,
         failures.append(failure)
         return False
 
-    codec = codec if codec is not None else JsonCodec(config.features, max_frame_items=config.max_frame_items)
+    codec = codec if codec is not None else JsonCodec(config.step.features,
+                                                      max_frame_items=config.limits.max_frame_items)
     say("forkless --check")
     step("configuration", lambda: _show_config(config, say))
     if step("JAX", lambda: _show_jax(say)):
         step("compiling the step", lambda: _compile(config, processor, say))
-    if config.metrics_addr:
-        step("metrics address", lambda: check_metrics_addr(config.metrics_addr, say))
+    if config.run.metrics_addr:
+        step("metrics address", lambda: check_metrics_addr(config.run.metrics_addr, say))
     # a feed whose results a stream stores must drop a result published again after a restart: its duplicate
     # window must cover a checkpoint interval plus a restart (the feed's probe warns when it does not)
-    step("feed", lambda: probe_feeds(config.io_settings(), codec, say, dedupe_window_s=2 * config.checkpoint_s + 60),
-         code=EXIT_FEED)
+    window_s = 2 * config.checkpoints.every_s + 60
+    step("feed", lambda: probe_feeds(config.io_settings(), codec, say, dedupe_window_s=window_s), code=EXIT_FEED)
 
     if failures:
         reasons = "; ".join(f.reason for f in failures)
         say(f"check FAILED: {reasons}")
-        program_line(reasons, fmt=config.log_format, label="check failed", exit_status=failures[0].code)
+        program_line(reasons, fmt=config.run.log_format, label="check failed", exit_status=failures[0].code)
         return failures[0].code
     say("check passed")
     return EXIT_OK
@@ -94,10 +95,9 @@ def probe_feeds(settings: IOSettings, codec: FrameDecoder, say: Callable[[str], 
 
 
 def _show_config(config: Config, say: Callable[[str], None]) -> None:
-    defaults = Config()
     for var in VARIABLES:
-        value = getattr(config, var.field)
-        if var.field == "feeds" and value:
+        value = getattr(config, var.keyword)
+        if var.keyword == "feeds" and value:
             shown = f"{len(config.feed_specs)} feeds: " + ", ".join(
                 f"{feed.name}={feed.shown_url}" for feed in config.feed_specs) + " (subscribe, headers, tokens hidden)"
         elif var.secret:
@@ -107,16 +107,16 @@ def _show_config(config: Config, say: Callable[[str], None]) -> None:
                 shown = f"<hidden: {', '.join(k for k, _ in value)}>"
             else:
                 shown = "<hidden>"
-        elif var.field == "ws_url":
-            shown = redact_url(value) if value else "(unset)" if config.feeds else "(unset: the embedded demo feed)"
+        elif var.keyword == "ws_url":
+            shown = redact_url(value) if value else "(unset)" if config.feed_variable else \
+                "(unset: the embedded demo feed)"
         else:
             shown = as_text(value) or "(unset)"
-        mark = "" if value == getattr(defaults, var.field) else "   (not the default)"
+        mark = "" if value == var.default else "   (not the default)"
         say(f"  {var.env:<28} {shown}{mark}")
     say(f"  batch sizes compiled: {','.join(map(str, config.buckets))}")
-    partitioning = config.io_settings().partitioning
     for feed in config.feed_specs:  # what each feed's connector says of itself (a partitioned feed: its partitions)
-        for line in connector_for(feed).describe(partitioning, config.instance, config.instances):
+        for line in connector_for(feed).describe(config.partitioning):
             say(f"  {line}")
 
 
@@ -153,7 +153,7 @@ def _compile(config: Config, processor: Any, say: Callable[[str], None]) -> None
         processor = processor if processor is not None else default_processor(config)
         before = compilations()
         t0 = time.perf_counter()
-        engine = compile_step(processor, config.step_settings(), on_compiled=lambda bucket, took: say(
+        engine = compile_step(processor, config.step, on_compiled=lambda bucket, took: say(
             f"  batch size {bucket:>6}: compiled in {took * 1000:.0f} ms"))
         total_s = time.perf_counter() - t0
         made = compilations() - before

@@ -35,10 +35,10 @@ import traceback
 from typing import Any
 
 from forkless.controller.commands.edge import early_log_format, load_config, report
+from forkless.controller.commands.vardocs import help_text
 from forkless.controller.errors import EXIT_STATUSES
 from forkless.controller.lifetime.endpoints import serve_last_books
 from forkless.controller.logs import flush_log_repeats, program_line, setup_logging
-from forkless.controller.settings.vardocs import help_text
 from forkless.controller.stats import losses
 from forkless.controller.wiring import Runtime
 from forkless.io_loop.errors import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, ForklessError, LeaseLost
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
     except ForklessError as exc:  # a ConfigError
         return report(exc, early_log_format())
 
-    setup_logging(config.log_level, config.log_format)
-    fmt = config.log_format
+    setup_logging(config.run.log_level, config.run.log_format)
+    fmt = config.run.log_format
     if fmt == "json":  # the program owns its process: nothing on stderr escapes the format
         logging.captureWarnings(True)
         sys.excepthook = _json_uncaught
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None, *, processor: Any = None, codec: Any = N
         flush_log_repeats()
     for line in controller.summaries() if controller is not None else ():
         print(line, flush=True)
-    return stop_status(controller.stats(), config.lossy_stop_exit)
+    return stop_status(controller.stats(), config.run.lossy_stop_exit)
 
 
 def stop_status(final: Any, lossy: int) -> int:

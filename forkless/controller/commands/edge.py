@@ -16,10 +16,10 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from forkless.controller.config import Config
+from forkless.controller.config import VARIABLES, Config, variable
 from forkless.controller.logs import program_line
-from forkless.controller.settings.variables import PREFIX, VARIABLES, variable
 from forkless.io_loop.errors import EXIT_CRASH, ForklessError
+from forkless.io_loop.settings import PREFIX
 
 __all__ = ["early_log_format", "load_config", "report"]
 

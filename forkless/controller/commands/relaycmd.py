@@ -10,8 +10,8 @@ Rules:
   configuration is ``controller.config`` (pure), the codec the default ``JsonCodec`` in float64
   (the payload carries the numbers exactly as the feed wrote them).
 - A source → sink run (controller/lifetime/sinkrun.py ``SinkRun``, the runtime a program's own sink
-  runs on): the IO thread (io_loop/thread.py) runs the feeds and the publisher (the sink of
-  FORKLESS_RELAY_NATS's connector, controller/ioside.py's ``connector_for``) on its loop, the publisher taking the
+  runs on): the IO thread (io_loop/thread.py) runs the feeds and the publisher (the JetStream room's sink to
+  FORKLESS_RELAY_NATS, io_loop/kinds.py's ``relay_sink``) on its loop, the publisher taking the
   chunks in place of the main thread; this main
   thread waits with the controller's own pieces (signals, serving loop, stop deadline, ``end_io``).
   What is the relay's own here: its view (``RelayView``), status and books lines, metrics, exit status.
@@ -20,7 +20,8 @@ Rules:
   messages still not stored then are counted, logged, and the exit status is 3. A second SIGINT
   aborts at once (130), what was not stored counted the same way.
 - Exit statuses as the program's (controller/errors.py): 2 a configuration the relay cannot use
-  (naming the variable or the feed), 3 a feed or the NATS server that cannot be used (tries used
+  (naming the variable or the feed: ``relay_settings``; a feed the relay cannot read is its connector's to say,
+  ``Connector.refuses_relay``), 3 a feed or the NATS server that cannot be used (tries used
   up, credentials refused) or messages not stored by the stop's deadline, 1 a crash.
 - Metrics: ``/metrics`` serves ``relay_metric_families`` of one ``RelayView`` per scrape, through
   the controller's one collector (controller/metrics.py ``exposition``);
@@ -31,6 +32,7 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -40,8 +42,9 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from forkless.controller.commands.edge import early_log_format, load_config, report
+from forkless.controller.commands.vardocs import help_text
 from forkless.controller.config import Config
-from forkless.controller.ioside import connector_for
+from forkless.controller.ioside import feed_plan
 from forkless.controller.lifetime.sinkrun import SinkRun
 from forkless.controller.logs import flush_log_repeats, program_line, setup_logging
 from forkless.controller.metrics import (
@@ -52,13 +55,15 @@ from forkless.controller.metrics import (
     gil_family,
     histogram_family,
 )
-from forkless.controller.settings.vardocs import help_text
 from forkless.io_loop.counters import FeedSnapshot, HistogramSnapshot, IOSnapshot, IOStats
-from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, ForklessError
+from forkless.io_loop.errors import EXIT_CONFIG, EXIT_FEED, EXIT_INTERRUPTED, EXIT_OK, ConfigError, ForklessError
 from forkless.io_loop.gil import gil_status
+from forkless.io_loop.iosettings import IOSettings
+from forkless.io_loop.kinds import relay_sink
 from forkless.io_loop.relay.relaystats import RelayStats
 
-__all__ = ["RelayView", "relay_main", "relay_metric_families", "relay_metrics_table_markdown", "relay_status_line"]
+__all__ = ["RelayView", "relay_main", "relay_metric_families", "relay_metrics_table_markdown", "relay_settings",
+           "relay_status_line"]
 
 log = logging.getLogger("forkless.relay")
 
@@ -123,15 +128,14 @@ def relay_main(argv: list[str] | None = None, *, prog: str = "python app.py") ->
     _parser(prog).parse_args(argv)
     try:
         config = load_config()
-        io_settings, relay_settings = config.relay_settings()
+        io_settings = relay_settings(config)
     except ForklessError as exc:  # a ConfigError
         return report(exc, early_log_format())
-    setup_logging(config.log_level, config.log_format)
-    connector = connector_for(relay_settings.target)  # where the relay publishes: its connector's sink
+    setup_logging(config.run.log_level, config.run.log_format)
     try:
-        relay = Relay(config, io_settings, connector.sink, RelayStats(), relay_settings)
+        relay = Relay(config, io_settings, relay_sink, RelayStats())
     except ImportError as exc:  # the sink imports nats-py, an optional extra (pip install ".[nats]")
-        program_line(f"the relay needs nats-py: pip install \"forkless[nats]\" ({exc})", fmt=config.log_format,
+        program_line(f"the relay needs nats-py: pip install \"forkless[nats]\" ({exc})", fmt=config.run.log_format,
                      exit_status=EXIT_CONFIG)
         return EXIT_CONFIG
     try:
@@ -140,18 +144,42 @@ def relay_main(argv: list[str] | None = None, *, prog: str = "python app.py") ->
         flush_log_repeats()
 
 
+def relay_settings(config: Config) -> IOSettings:
+    """What ``forkless relay`` runs with: the IO side's settings, its feeds never sent a reply; ``ConfigError`` naming
+    the variable (or the feed) the relay cannot use: FORKLESS_RELAY_NATS or FORKLESS_RELAY_SUBJECT unset, a feed whose
+    connector refuses the relay (``refuses_relay``: a JetStream feed), FORKLESS_OVERFLOW=drop_oldest or a feed's own
+    (the relay never drops a message)."""
+    config.relay.required()
+    for index, connector in enumerate(feed_plan(config, check_demo=False).connectors):
+        refused = connector.refuses_relay()
+        if refused:
+            raise ConfigError("FORKLESS_FEEDS", "<hidden>", f"feeds the relay can read: feed {index} "
+                              f"({connector.feed.name!r}) is {refused}")
+    if config.limits.overflow != "block":
+        raise ConfigError("FORKLESS_OVERFLOW", config.limits.overflow, "block for the relay: it never drops a message "
+                          "(a full inbound queue stops reading the socket)")
+    for index, spec in enumerate(config.feed_specs):
+        if spec.overflow not in ("", "block"):
+            raise ConfigError("FORKLESS_FEEDS", "<hidden>", f'"overflow" block for the relay: feed {index} '
+                              f"({spec.name!r}) has {spec.overflow!r}; the relay never drops a message")
+    io = config.io_settings()
+    return dataclasses.replace(io, feed_specs=tuple(dataclasses.replace(spec, replies="none")
+                                                    for spec in io.feed_specs))
+
+
 class Relay:
     """The relay program: a source → sink run (controller/lifetime/sinkrun.py ``SinkRun``: the
     controller's signal handling, serving loop and ending of the IO thread) of the feeds into the
     publisher, and the relay's own view, lines, books and exit status (see the module rules)."""
 
-    def __init__(self, config: Config, io_settings: Any, publisher: Callable[..., Any], stats: Any,
-                 relay_settings: Any, out: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: Config, io_settings: IOSettings, publisher: Callable[..., Any], stats: Any,
+                 out: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.relay_stats = stats
         names = [spec.name for spec in io_settings.feed_specs]
-        self.publisher = publisher(relay_settings, stats, names)
-        render = (lambda view: exposition(view, families=relay_metric_families)) if config.metrics_addr else None
+        self.publisher = publisher(config.relay, stats, names, timeouts=io_settings.timeouts,
+                                   reconnect=io_settings.reconnect, tls=io_settings.tls)
+        render = (lambda view: exposition(view, families=relay_metric_families)) if config.run.metrics_addr else None
         self.runtime = SinkRun(self.publisher, config=config, io_settings=io_settings, signals=True, out=out,
                                view=self._view, status_line=relay_status_line, render_metrics=render)
 
@@ -175,7 +203,7 @@ class Relay:
         try:
             final = self.runtime.run()
         except ForklessError as exc:  # FeedFatal, MetricsServerError, IOThreadError
-            return report(exc, cfg.log_format)
+            return report(exc, cfg.run.log_format)
         books = relay_books_line(final)
         unstored = final.relay.unpublished
         log.log(logging.ERROR if unstored else logging.INFO, "%s", books)
@@ -183,8 +211,8 @@ class Relay:
             return EXIT_INTERRUPTED
         if unstored:
             program_line(f"{unstored} messages read from the feeds were not stored by FORKLESS_RELAY_NATS before "
-                         f"the stop's deadline (FORKLESS_SHUTDOWN_TIMEOUT_S={cfg.shutdown_timeout_s:g})",
-                         fmt=cfg.log_format, label="relay", exit_status=EXIT_FEED)
+                         f"the stop's deadline (FORKLESS_SHUTDOWN_TIMEOUT_S={cfg.timeouts.shutdown_timeout_s:g})",
+                         fmt=cfg.run.log_format, label="relay", exit_status=EXIT_FEED)
             return EXIT_FEED
         return EXIT_OK
 

@@ -41,9 +41,10 @@ import numpy as np
 
 from forkless.controller.batching import Batch, pad_batch
 from forkless.controller.device.placement import OutputField
-from forkless.controller.errors import ConfigError, ProcessorContractError
+from forkless.controller.errors import ProcessorContractError
 from forkless.controller.processor import Processor, StateShape, description_of
 from forkless.controller.settings.groups import StepShape
+from forkless.io_loop.errors import ConfigError
 
 log = logging.getLogger("forkless.compile")
 

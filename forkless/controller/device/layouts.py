@@ -36,7 +36,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from forkless.controller.batching import Batch, bucket_for, pad_batch
-from forkless.controller.checkpoints.snapshot import canonical_rows
 from forkless.controller.declared import check_counters
 from forkless.controller.device.compiled import (
     as_bytes,
@@ -49,14 +48,28 @@ from forkless.controller.device.compiled import (
     per_stream_leaf,
     unpack_words,
 )
-from forkless.controller.device.placement import OutputField, Placement, Route, pack_words, unpack_outputs
+from forkless.controller.device.placement import (
+    CanonicalRows,
+    OutputField,
+    Placement,
+    Route,
+    pack_words,
+    unpack_outputs,
+)
 from forkless.controller.errors import ProcessorContractError
 from forkless.controller.processor import Processor, StateShape, description_of, reset_rows, row_template
 from forkless.controller.settings.groups import StepShape
 
-__all__ = ["AXIS", "OneDevice", "Sharded", "Stepped", "accelerated", "device_copy"]
+__all__ = ["AXIS", "OneDevice", "Sharded", "Stepped", "accelerated", "canonical_rows", "device_copy"]
 
 AXIS = "d"  # the mesh's one axis: the devices, along which the stream table is sharded
+
+
+def canonical_rows(leaf: Any, placement: Placement) -> CanonicalRows:
+    """A sharded leaf's device shards, in mesh order, as a lazily canonical host leaf (what a checkpoint takes of a
+    state spread over several devices: controller/checkpoints/snapshot.py)."""
+    shards = sorted(leaf.addressable_shards, key=lambda shard: shard.index[0].start or 0)
+    return CanonicalRows([np.asarray(shard.data) for shard in shards], placement)
 
 
 class Stepped(NamedTuple):

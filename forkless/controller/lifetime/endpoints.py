@@ -109,13 +109,13 @@ class Endpoints:
 def open_endpoints(config: Config, snapshot: Callable[[], Any]) -> Endpoints | NoEndpoints:
     """``FORKLESS_METRICS_ADDR`` bound now and served from now on (see the module rules); ``snapshot``: the
     controller's ``stats``. ``MetricsServerError`` for an address that cannot be listened on."""
-    if not config.metrics_addr:
+    if not config.run.metrics_addr:
         return NoEndpoints()
     # only when served: prometheus_client is about 10 MiB of RSS, aiohttp.web 1.7 MiB
     from forkless.controller.metrics import exposition
     from forkless.io_loop.net.http import MetricsServer
 
-    server = MetricsServer(config.metrics_addr, snapshot=snapshot, alive=lambda: False, render=exposition(snapshot))
+    server = MetricsServer(config.run.metrics_addr, snapshot=snapshot, alive=lambda: False, render=exposition(snapshot))
     server.bind()
     endpoints = Endpoints(server)
     try:

@@ -121,11 +121,11 @@ class SinkRun:
         self.runner = SinkRunner(sink, [spec.name for spec in settings.feed_specs], self.sink_stats)
         self.uses_demo_feed = settings.uses_demo_feed
         if codec is None:  # x as the feed wrote it: decoded in float64
-            codec = JsonCodec(config.features, max_frame_items=config.max_frame_items, dtype=np.float64)
+            codec = JsonCodec(config.step.features, max_frame_items=config.limits.max_frame_items, dtype=np.float64)
         self._view = view
         self.status_line = status_line
         render = None
-        if config.metrics_addr:  # the relay's families, else the sink's books (prometheus_client only when served)
+        if config.run.metrics_addr:  # the relay's families, else the sink's books (prometheus_client only when served)
             render = render_metrics(self.view) if render_metrics is not None else _sink_exposition(self.view, sink.name)
         self.io = IOThread(settings, codec, self.io_stats, stats_snapshot=self.view, render_metrics=render,
                            sources=built, sink=self.runner)
@@ -133,7 +133,7 @@ class SinkRun:
         self.aborted = False  # a second SIGINT aborted the run
         self._print = out if out is not None else (lambda line: print(line, flush=True))
         self._stop = threading.Event()
-        self.deadline = StopDeadline(config.shutdown_timeout_s)
+        self.deadline = StopDeadline(config.timeouts.shutdown_timeout_s)
         self._reported: Any = None  # the view at the run's start or the last SIGUSR1
 
     def view(self) -> Any:
@@ -183,8 +183,8 @@ class SinkRun:
             self._reported = self.view()
             if self.uses_demo_feed:
                 log.info("the embedded demo feed runs (FORKLESS_WS_URL and FORKLESS_FEEDS are unset)")
-            first = serve(self._wait, self.view, self._print, self._stop, duration_s=cfg.duration_s,
-                          status_s=cfg.status_s, poll_s=POLL_S, line=self.status_line)
+            first = serve(self._wait, self.view, self._print, self._stop, duration_s=cfg.run.duration_s,
+                          status_s=cfg.run.status_s, poll_s=POLL_S, line=self.status_line)
             io.raise_if_failed()
             self.request_stop()
             self.end_thread()
@@ -194,7 +194,7 @@ class SinkRun:
                 self.end_thread()
             raise
         final = self.view()
-        if cfg.status_s > 0:
+        if cfg.run.status_s > 0:
             self._print(self.status_line(final, first, final=True))
         return final
 
@@ -214,4 +214,4 @@ class SinkRun:
             return
         self.deadline.fix()
         io.request_stop(self.deadline.work)
-        end_io(io, self.deadline, self.config.shutdown_timeout_s)
+        end_io(io, self.deadline, self.config.timeouts.shutdown_timeout_s)

@@ -372,8 +372,7 @@ class PartitionOwner:
         wait): ``StopRequested``, with nothing held. ``settings``: the instance's (``Config.instance_settings()``),
         what it reads of the configuration."""
         owned = feed.own_partitions(settings.partitioning, timeouts=settings.timeouts, reconnect=settings.reconnect,
-                                    tls=settings.tls, instances=settings.instances, instance=settings.instance,
-                                    stop=stop)
+                                    tls=settings.tls, stop=stop)
         try:
             checkpoints = None
             if owned.objects:

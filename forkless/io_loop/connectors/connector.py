@@ -1,7 +1,8 @@
-"""What the composition root talks to for a feed that is a connector (bytewax's connectors are the model): a source
-factory, a position codec, a partition owner with its fence, a probe (the source's own), and a sink. The protocols
-only (pure); controller/ioside.py's ``connector_for`` chooses a feed's connector, and each connector's room
-implements them (io_loop/connectors/jetstream/connector.py, io_loop/connectors/websocket/connector.py).
+"""What the composition root talks to for a configured feed (bytewax's connectors are the model): the feed's
+connector (its spec is io_loop/feedspec.py's ``FeedSpec``): a source factory, a position codec, a partition owner
+with its fence, and a probe (the source's own). The protocols only (pure); io_loop/kinds.py's ``connector_for`` finds
+a feed's connector by its kind, and each connector's room implements them (io_loop/connectors/jetstream/connector.py,
+io_loop/connectors/websocket/connector.py).
 
 Rules:
 - The controller never asks which kind of feed it runs: it asks the feed's ``Connector``. Every configured feed has
@@ -10,37 +11,72 @@ Rules:
   checkpoint are its ``PositionCodec``'s (``Connector.positions``); its partitions (a partitioned feed) are owned
   through ``Connector.own_partitions``, which returns an ``OwnedPartitions``: the leases, the checkpoint objects'
   store and the partitions' ``layout``; ``Connector.source`` makes its ``Source`` (io_loop/source.py), fenced by
-  the partitions the connector owns; ``Connector.sink`` makes its ``RecordSink`` (io_loop/sinks/sink.py) for a relay.
+  the partitions the connector owns.
 - The fence is a typed object (``Fence``), handed by the connector that owns the leases to the source it makes,
   never a key in a dictionary of arguments: ``holds()`` is False once a lease is lost or ran out unrenewed, and
   then nothing more is published for those partitions.
-- A connector's settings come as io_loop/settings.py's groups, never the whole ``IOSettings`` nor the
-  configuration: ``Connector.source`` is handed every group a connector's source may read (each reads its own) and
-  the embedder's connect hooks (a connector whose connections take none ignores them). What a codec records in a
-  checkpoint's header is plain JSON (dicts, lists, numbers, strings).
+- What every connector room shares besides: the words an entry's schema fault is refused in (``entry_refusal``,
+  ``COMMON_REFUSALS``) and the form a room declares its metric families in (``FigureFamily``).
+- A connector's settings come as settings groups (io_loop/settings.py's, its room's), never the whole
+  ``IOSettings`` nor the configuration: ``Connector.source`` is handed every group a connector's source may read
+  (each reads its own) and the embedder's connect hooks (a connector whose connections take none ignores them).
+  What a codec records in a checkpoint's header is plain JSON (dicts, lists, numbers, strings).
 - Pure: nothing here opens a socket, starts a thread or imports nats-py.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
-from forkless.io_loop.settings import (
-    Credentials,
-    DemoSettings,
-    FeedSpec,
-    Limits,
-    PartitionSettings,
-    ReconnectSettings,
-    Timeouts,
-    TlsSettings,
-)
+from forkless.io_loop.feedspec import FeedSpec
+from forkless.io_loop.settings import REPLY_POLICIES, Limits, ReconnectSettings, Timeouts, TlsSettings
 
-__all__ = ["Connector", "Fence", "OwnedPartitions", "PartitionLayout", "PositionCodec", "RestoredPosition"]
+__all__ = ["COMMON_REFUSALS", "Connector", "Fence", "FigureFamily", "OwnedPartitions", "PartitionLayout",
+           "PositionCodec", "RestoredPosition", "entry_refusal"]
+
+# what the fields every connector's entry has allow, as a fault of one is reported (after "feed i ('name'): ")
+COMMON_REFUSALS: dict[str, str] = {
+    "name": '"name" must be 1-64 letters, digits, "_", "." or "-"',
+    "required": '"required" must be true or false',
+    "replies": f'"replies" must be one of {", ".join(map(repr, REPLY_POLICIES))}',
+}
+# where msgspec's message says which field: "… - at `$.buffer`", "… - at `$.headers[...]`", or
+# "Object missing required field `url`" (the entry itself)
+_AT_FIELD = re.compile(r" - at `\$\.(\w+)")
+_MISSING = re.compile(r"^Object missing required field `(\w+)`")
+_UNKNOWN = "Object contains unknown field"
+
+
+def entry_refusal(message: str, item: Mapping[str, Any], fields: Sequence[str], refusals: Mapping[str, str],
+                  fields_are: str = "; the fields are") -> str:
+    """What a connector's entry schema reports for msgspec's ``message`` about ``item`` (an entry of
+    ``FORKLESS_FEEDS`` whose ``fields`` are these): the faulty field's text in ``refusals``, never msgspec's own
+    message, which may quote a secret value; for unknown fields, all of them (sorted) with the fields there are."""
+    if message.startswith(_UNKNOWN):
+        unknown = ", ".join(map(repr, sorted(set(item) - set(fields))))
+        return f"unknown field(s) {unknown}{fields_are} {', '.join(fields)}"
+    found = _MISSING.match(message) or _AT_FIELD.search(message)
+    name = found.group(1) if found else ""
+    # a message of a form not foreseen names no value either: only the fields there are
+    return refusals.get(name, f"not a feed entry: its fields are {', '.join(fields)}")
+
+
+@dataclass(frozen=True)
+class FigureFamily:
+    """A metric family a connector room declares for its feeds' figures (its ``figures.py``): the family's name in
+    ``/metrics`` (``forkless_…``, without ``_total``), its type (``counter`` or ``gauge``), its help, and the
+    attribute of a feed's figures it reads (controller/stats.py's ``SourceFigures``); controller/metrics.py renders
+    it, one sample per feed, labelled ``feed``."""
+
+    name: str
+    type: str
+    help: str
+    attribute: str
 
 
 class Fence(Protocol):
@@ -137,36 +173,39 @@ class Connector(Protocol):
     """One configured feed's connector (see the module rules): ``feed`` its spec; ``positions`` its codec (None: it
     keeps no position); ``partitioned``: it consumes some partitions of its stream, owned by one instance each."""
 
-    feed: FeedSpec
-    partitioned: bool
-
+    @property
+    def feed(self) -> FeedSpec: ...
     @property
     def positions(self) -> PositionCodec | None: ...
+    @property
+    def partitioned(self) -> bool: ...
 
     def refuses_sends(self) -> str:
         """Why ``Controller.send`` may not hand this feed frames ("": it may)."""
         ...
 
-    def describe(self, partitioning: PartitionSettings, instance: int | None, instances: int | None) -> list[str]:
-        """What ``--check`` shows of its configuration beyond the variables (lines, no secret)."""
+    def refuses_relay(self) -> str:
+        """What this feed is that ``forkless relay`` may not read ("a JetStream feed …"; "": it may read it)."""
         ...
 
-    def own_partitions(self, partitioning: PartitionSettings, *, timeouts: Timeouts, reconnect: ReconnectSettings,
-                       tls: TlsSettings, instances: int | None, instance: int | None = None,
-                       stop: Any = None) -> OwnedPartitions:
+    def describe(self, partitioning: Any) -> list[str]:
+        """What ``--check`` shows of its configuration beyond the variables (lines, no secret); ``partitioning``
+        the partitioned feeds' settings (io_loop/connectors/jetstream/settings.py's ``PartitionSettings``)."""
+        ...
+
+    def own_partitions(self, partitioning: Any, *, timeouts: Timeouts, reconnect: ReconnectSettings,
+                       tls: TlsSettings, stop: Any = None) -> OwnedPartitions:
         """Take the leases of its partitions (blocking), keep them renewed; its sources are fenced by them from
         now on. ``StopRequested`` once ``stop`` (a ``threading.Event``) is set while it waits, with nothing held."""
         ...
 
-    def source(self, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings, credentials: Credentials,
-               limits: Limits, partitioning: PartitionSettings, demo: DemoSettings | None = None,
+    def source(self, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings, limits: Limits,
+               credentials: Any, partitioning: Any, demo: Any = None, features: int = 0, warmup: int = 0,
                on_connect: Callable[[str, int], Any] | None = None,
                before_connect: Callable[[str, int], Any] | None = None, feeds_from_list: bool = False) -> Any:
-        """Its ``Source`` (io_loop/source.py), fenced by the partitions it owns: ``demo``, the demo feed's settings
-        where it runs (None: it does not); ``on_connect``, ``before_connect``, the embedder's connect hooks;
-        ``feeds_from_list``: the feeds came from ``FORKLESS_FEEDS`` (what ``--check`` says)."""
-        ...
-
-    def sink(self, relay: Any, stats: Any, feed_names: list[str]) -> Any:
-        """Its ``RecordSink`` for ``forkless relay`` (io_loop/sinks/sink.py): ``relay`` its ``RelaySettings``."""
+        """Its ``Source`` (io_loop/source.py), fenced by the partitions it owns. Each connector reads the groups it
+        needs: ``credentials`` (a WebSocket handshake's), ``partitioning`` (a partitioned feed's buckets),
+        ``demo`` (the demo feed's settings where it runs, None where it does not, with ``features``, the length of
+        a message's x, and ``warmup``, the default detector's); ``on_connect``, ``before_connect``, the embedder's
+        connect hooks; ``feeds_from_list``: the feeds came from ``FORKLESS_FEEDS`` (what ``--check`` says)."""
         ...

@@ -8,6 +8,9 @@ Rules:
   error, never passed on to the socket or the client's URL parser.
 - Errors are ``ValueError`` with a sentence saying what was expected, for the caller to put
   beside the variable's name. ``redact_url`` never raises: it also shows malformed URLs.
+- The parsers of settings' text (``socket_path``, ``listen_socket``, ``listen_address``, ``nats_urls``) raise
+  ``ValueProblem`` with the detail, for the setting's ``ConfigError``; ``is_subject`` says whether a text is a
+  NATS subject (a message's address there).
 - A unix-domain socket is named by an absolute path (``unix_socket_path``): a relative one would
   mean another socket whenever the process starts in another directory. At most
   ``UNIX_PATH_MAX_BYTES`` bytes (Linux's ``sun_path``, with its terminating NUL), so a path the
@@ -18,11 +21,18 @@ Rules:
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import stat
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["UNIX_PATH_MAX_BYTES", "UNIX_PREFIX", "is_loopback", "parse_host_port", "parse_port", "redact_url",
-           "redact_urls", "unix_address", "unix_label", "unix_socket_path", "url_host_port"]
+from forkless.io_loop.errors import ValueProblem
+
+__all__ = ["UNIX_PATH_MAX_BYTES", "UNIX_PREFIX", "is_loopback", "is_subject", "listen_address", "listen_socket",
+           "nats_urls", "parse_host_port", "parse_port", "redact_url", "redact_urls", "socket_path", "unix_address",
+           "unix_label", "unix_socket_path", "url_host_port"]
+
+SUBJECT_TOKEN = re.compile(r"[^\s.]+")
 
 UNIX_PREFIX = "unix:"  # a listener's address on a unix-domain socket: unix:/run/forkless/metrics.sock
 UNIX_PATH_MAX_BYTES = 107  # sizeof(sockaddr_un.sun_path) on Linux, less the terminating NUL
@@ -152,3 +162,76 @@ def unix_address(addr: str) -> str | None:
 def unix_label(path: str) -> str:
     """How logs and messages show a unix-domain socket: ``unix:/path``."""
     return UNIX_PREFIX + path
+
+
+# ---- settings' text (io_loop/settings.py rules): ValueProblem with the detail -----------------------------
+
+
+def socket_path(text: str) -> str:
+    """The path of a unix-domain socket to connect to (``unix_socket_path``), or empty: its server may start
+    later, so it need not exist yet."""
+    text = text.strip()
+    if text == "":
+        return ""
+    try:
+        return unix_socket_path(text)
+    except ValueError as exc:
+        raise ValueProblem(str(exc)) from None
+
+
+def listen_socket(text: str) -> str:
+    """The path of a unix-domain socket this process will listen on, or empty: its directory must exist and be
+    writable, and the path must not be something other than a socket."""
+    path = socket_path(text)
+    if not path:
+        return ""
+    directory = os.path.dirname(path) or "/"
+    if not os.path.isdir(directory):
+        raise ValueProblem(f"the directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueProblem(f"the directory {directory} is not writable by this process")
+    if os.path.lexists(path) and not stat.S_ISSOCK(os.lstat(path).st_mode):
+        raise ValueProblem(f"{path} exists and is not a socket")
+    return path
+
+
+def listen_address(text: str) -> str:
+    """``host:port``, ``unix:/path`` (a socket this process will listen on: ``listen_socket``), or empty."""
+    text = text.strip()
+    if not text:
+        return text
+    try:
+        path = unix_address(text)
+    except ValueError as exc:
+        raise ValueProblem(str(exc)) from None
+    if path is not None:
+        listen_socket(path)
+    else:
+        parse_host_port(text)
+    return text
+
+
+def nats_urls(text: str) -> str:
+    """One nats:// or tls:// URL, or several comma-separated (each with a host, port 1-65535); "" stays ""."""
+    text = text.strip()
+    for url in text.split(",") if text else ():
+        scheme, sep, _ = url.strip().partition("://")
+        if scheme not in ("nats", "tls") or not sep:
+            raise ValueError
+        url_host_port(url.strip())
+    return text
+
+
+def is_subject(text: object, *, wildcards: bool) -> bool:
+    """A NATS subject: dot-separated tokens without spaces; with ``wildcards``, a token may be ``*``, and the
+    last one ``>``."""
+    if not isinstance(text, str) or not 0 < len(text) <= 1024:
+        return False
+    tokens = text.split(".")
+    for i, token in enumerate(tokens):
+        if not SUBJECT_TOKEN.fullmatch(token):
+            return False
+        wildcard = token == "*" or (token == ">" and i == len(tokens) - 1)
+        if ("*" in token or ">" in token) and not (wildcards and wildcard):
+            return False
+    return True

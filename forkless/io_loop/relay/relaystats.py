@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forkless.io_loop.counters import copy_counts
-from forkless.io_loop.settings import SEQ_MODES
+from forkless.io_loop.relay.settings import SEQ_MODES
 
 __all__ = ["ACROSS_RECONNECT", "GAP_REASONS", "WITHIN_CONNECTION", "Gap", "RelaySnapshot", "RelayStats", "SeqGaps"]
 

@@ -38,7 +38,7 @@ Rules:
   (io_loop/writer.py, a source's ``ctx.replies()``) hands a feed's reply frames in order, with
   ``wrote(n)``, ``drop(reason)`` and ``positions``; once a batch of answers is written whole (for a
   JetStream feed: acknowledged by the results stream) it signals ``Acknowledged``, which a
-  checkpoint waiting for its replies to be stored waits on (controller/checkpoints/recovery.py).
+  checkpoint waiting for its replies to be stored waits on (controller/recovery.py).
 """
 
 from __future__ import annotations

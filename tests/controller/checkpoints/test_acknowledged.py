@@ -1,5 +1,5 @@
 """The results' acknowledgement as an event (io_loop/sinks/sink.py ``Acknowledged``): a checkpoint with
-JetStream positions waits on it (controller/checkpoints/recovery.py ``await_replies``), reading the IO
+JetStream positions waits on it (controller/recovery.py ``await_replies``), reading the IO
 side's snapshot once, then once after each acknowledgement, never in a poll. The path through a real
 nats-server is tests/io_loop/connectors/jetstream/test_jetstream.py's checkpoint-after-the-replies test."""
 
@@ -24,15 +24,15 @@ QUIET_S = 0.5
 
 
 def _recovery(snapshot: Any) -> Any:
-    from forkless.controller.checkpoints.recovery import Recovery
     from forkless.controller.processor import StateShape, ewma_processor
+    from forkless.controller.recovery import Recovery
     from forkless.controller.slots import StreamSlots
     from forkless.controller.stats import MainStats
 
     feed = {"name": "ticks", "nats": "nats://127.0.0.1:4222", "stream": "TICKS", "subject": "ticks.>",
             "results": "scores"}
     cfg = Config.from_env({"FORKLESS_FEEDS": json.dumps([feed]), "FORKLESS_FEATURES": "2"})
-    return Recovery(cfg.checkpoint_settings(), StateShape.of(cfg), ewma_processor(), StreamSlots(8),
+    return Recovery(cfg.checkpoints, StateShape.of(cfg), ewma_processor(), StreamSlots(8),
                     MainStats.for_run(cfg.buckets, 1), snapshot, cfg.feed_specs)
 
 

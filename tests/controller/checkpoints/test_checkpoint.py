@@ -27,11 +27,12 @@ from forkless.controller.checkpoints.ckptformat import TEMP_PREFIX
 from forkless.controller.checkpoints.snapshot import Snapshot, restore_state, take_snapshot
 from forkless.controller.config import Config
 from forkless.controller.device.compiled import example_batch
-from forkless.controller.errors import CheckpointMismatch, ConfigError
+from forkless.controller.errors import CheckpointMismatch
 from forkless.controller.metrics import metric_families
 from forkless.controller.processor import EWMAState, default_processor
 from forkless.controller.stats import StatsSnapshot, status_line
 from forkless.io_loop.counters import SECONDS_BOUNDS, Histogram
+from forkless.io_loop.errors import ConfigError
 
 WAIT_S = 10.0 * float(os.environ.get("FORKLESS_TEST_TIME_SCALE", "1"))
 

@@ -22,11 +22,11 @@ import pytest
 import forkless.controller.checkpoints.checkpoint as checkpoint
 import forkless.controller.checkpoints.snapshot as snapshot
 from forkless import Runtime
-from forkless.controller.checkpoints.rowcopy import RowCopy
 from forkless.controller.config import Config
 from forkless.controller.declared import Description
 from forkless.controller.loop import Controller
 from forkless.controller.processor import Processor, default_processor
+from forkless.controller.rowcopy import RowCopy
 from forkless.controller.slots import StreamSlots
 from forkless.io_loop.crossing import Chunk
 from tests.fake_io import FakeIO, drain

@@ -144,10 +144,10 @@ def test_every_checkpoint_of_a_store_damaged_starts_fresh_with_a_warning(caplog:
 def test_the_run_s_store_is_chosen_in_one_place(tmp_path: Path) -> None:
     own, objects = MemoryStore(), MemoryStore()
     directory = Config(features=F, checkpoint_dir=str(tmp_path))
-    off = CONFIG.checkpoint_settings()
+    off = CONFIG.checkpoints
     assert store_for(off, own, None) is own and store_for(off, None, objects) is objects
     assert store_for(off, None, None) is None
-    chosen = store_for(directory.checkpoint_settings(), None, None)
+    chosen = store_for(directory.checkpoints, None, None)
     assert isinstance(chosen, DirectoryStore)
     assert (chosen.directory, chosen.keep) == (tmp_path, directory.checkpoint_keep)
 

@@ -417,7 +417,7 @@ def _partitioned_checkpoints(store: Any, partitions: tuple[int, ...], like: Any)
     from forkless.controller.partitions.partitioned import PartitionedCheckpoints
     from forkless.io_loop.connectors.jetstream.partitions import Layout
     from forkless.io_loop.connectors.jetstream.positions import JetStreamPositions
-    from forkless.io_loop.settings import JetStreamSpec
+    from forkless.io_loop.connectors.jetstream.settings import JetStreamSpec
 
     spec = JetStreamSpec("TICKS", "ticks.{partition}.>", "scores", partition_count=P, partitions=tuple(partitions))
     return PartitionedCheckpoints(store, feed="ticks", layout=Layout("TICKS", P, tuple(partitions)),
@@ -562,8 +562,9 @@ def test_each_partitions_object_records_the_streams_created_time_and_the_restore
     from forkless.controller.checkpoints.positions import SourcePositions
     from forkless.controller.checkpoints.snapshot import Snapshot
     from forkless.io_loop.connectors.jetstream.positions import JetStreamPositions
+    from forkless.io_loop.connectors.jetstream.settings import JetStreamSpec
     from forkless.io_loop.crossing import Origin, Resume
-    from forkless.io_loop.settings import FeedSpec, JetStreamSpec
+    from forkless.io_loop.feedspec import FeedSpec
 
     like = {"m": np.zeros((5, 2), np.float32)}
     objects = _partitioned_checkpoints(_Objects(), (0, 1), like)
@@ -576,7 +577,7 @@ def test_each_partitions_object_records_the_streams_created_time_and_the_restore
 
     spec = JetStreamSpec(stream="TICKS", subject="ticks.{partition}.>", results="scores", partition_count=P,
                          partitions=(0, 1))
-    sources = SourcePositions([FeedSpec("ticks", "nats://127.0.0.1:4222", jetstream=spec)],
+    sources = SourcePositions([FeedSpec("ticks", "nats://127.0.0.1:4222", kind="jetstream", options=spec)],
                               {"ticks": JetStreamPositions(spec)})
     saved = {"stream": "TICKS", "subject": "ticks.{partition}.>", "created": CREATED,
              "partitions": {"0": [10, 0, True], "1": [4, 0, True]}}

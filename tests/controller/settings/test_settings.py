@@ -15,9 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from forkless.controller.commands.cli import main
-from forkless.controller.config import Config
-from forkless.controller.errors import ConfigError
-from forkless.controller.settings.variables import VARIABLES
+from forkless.controller.config import VARIABLES, Config
+from forkless.io_loop.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -26,10 +26,9 @@ import pytest
 from forkless.controller.codec import JsonCodec
 from forkless.controller.commands.check import probe_feeds
 from forkless.controller.config import Config
-from forkless.controller.errors import ConfigError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor
-from forkless.io_loop.errors import MetricsServerError
+from forkless.io_loop.errors import ConfigError, MetricsServerError
 from forkless.io_loop.net.http import MetricsServer
 from forkless.io_loop.net.unixsocket import listen_unix
 from forkless.io_loop.probe import ProbeFailed

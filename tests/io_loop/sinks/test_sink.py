@@ -196,14 +196,12 @@ def test_the_reply_writer_is_the_per_feed_implementation_of_sink_batch():
 
 
 def test_a_sink_run_is_ready_on_its_health_endpoint_once_its_feed_is_connected(feed_server):
-    import dataclasses
     import urllib.error
     import urllib.request
 
     server = feed_server(send_frames(make_messages(5, features=FEATURES)))
     sink = Collecting()
-    running = _Running(forkless.SinkRun(sink, config=dataclasses.replace(_config(server.url),
-                                                                           metrics_addr="127.0.0.1:0")))
+    running = _Running(forkless.SinkRun(sink, config=_config(server.url).replace(metrics_addr="127.0.0.1:0")))
     wait_until(lambda: len(sink.got) >= 5 and running.run.io.metrics_url is not None, timeout_s=30 * UNIT_S,
                what="every message written, the health endpoints served")
     base = running.run.io.metrics_url.rstrip("/")

@@ -1,9 +1,9 @@
 """JetStreamConnector: one JetStream feed (an entry of ``FORKLESS_FEEDS`` with ``"nats"``) as the composition root
 sees it (io_loop/connectors/connector.py's ``Connector``): its source, its positions' codec, its partitions owned
-with their fence, ``--check``'s lines about it, and the relay's sink.
+with their fence, and ``--check``'s lines about it.
 
 Rules:
-- Made for every JetStream feed by controller/ioside.py's ``connector_for`` (the one place a feed's kind is decided),
+- Made for every JetStream feed by io_loop/kinds.py's ``connector_for`` (the one place a feed's kind is decided),
   at the composition root (controller/ioside.py's ``feed_plan``, the relay, ``--check``); nats-py is imported only
   when a source, a sink or the partitions' store is made (an optional extra: pip install ".[nats]"), so a
   configuration is read and checked without it.
@@ -28,16 +28,9 @@ from typing import Any
 from forkless.io_loop.connectors.connector import Fence, OwnedPartitions
 from forkless.io_loop.connectors.jetstream.partitions import Layout, format_partitions
 from forkless.io_loop.connectors.jetstream.positions import JetStreamPositions
-from forkless.io_loop.settings import (
-    Credentials,
-    DemoSettings,
-    FeedSpec,
-    Limits,
-    PartitionSettings,
-    ReconnectSettings,
-    Timeouts,
-    TlsSettings,
-)
+from forkless.io_loop.connectors.jetstream.settings import PartitionSettings, spec_of
+from forkless.io_loop.feedspec import FeedSpec
+from forkless.io_loop.settings import Limits, ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["JetStreamConnector", "deployment_key", "lease_key"]
 
@@ -95,10 +88,8 @@ class JetStreamConnector:
     """One JetStream feed's connector (see the module rules)."""
 
     def __init__(self, feed: FeedSpec) -> None:
-        if feed.jetstream is None:
-            raise ValueError(f"{feed.label} is not a JetStream feed (its entry has no \"nats\")")
         self.feed = feed
-        self.spec = spec = feed.jetstream
+        self.spec = spec = spec_of(feed)
         self.positions = JetStreamPositions(spec)
         self.partitioned = spec.partitioned
         self._owned: _Owned | None = None  # its partitions, once owned
@@ -107,12 +98,16 @@ class JetStreamConnector:
         return (f"{self.feed.label} is a JetStream feed: it publishes replies to its results subject and is sent no "
                 "frames")
 
-    def describe(self, partitioning: PartitionSettings, instance: int | None, instances: int | None) -> list[str]:
+    def refuses_relay(self) -> str:
+        return ('a JetStream feed ("nats"): the relay publishes to FORKLESS_RELAY_NATS, it does not read a '
+                "stream")
+
+    def describe(self, partitioning: PartitionSettings) -> list[str]:
         spec = self.spec
         if not spec.partitioned:
             return []
-        given = (f"FORKLESS_INSTANCE {instance} of FORKLESS_INSTANCES {instances}" if instance is not None
-                 else 'its "partitions"')
+        given = (f"FORKLESS_INSTANCE {partitioning.instance} of FORKLESS_INSTANCES {partitioning.instances}"
+                 if partitioning.instance is not None else 'its "partitions"')
         kept = f"in bucket {partitioning.checkpoint_bucket!r}" if partitioning.checkpoint_bucket else "off"
         return [f"{self.feed.label}: partitioned, partition_count {spec.partition_count}; this instance owns "
                 f"{format_partitions(spec.partitions)} ({len(spec.partitions)} of {spec.partition_count}, from "
@@ -120,8 +115,7 @@ class JetStreamConnector:
                 f"{partitioning.lease_s:g} s"]
 
     def own_partitions(self, partitioning: PartitionSettings, *, timeouts: Timeouts, reconnect: ReconnectSettings,
-                       tls: TlsSettings, instances: int | None, instance: int | None = None,
-                       stop: Any = None) -> OwnedPartitions:
+                       tls: TlsSettings, stop: Any = None) -> OwnedPartitions:
         """Connect, take the leases (blocking: a dead holder's are waited out), check the deployment record; the
         sources made from now on are fenced by the leases (see the module rules). ``stop`` (a ``threading.Event``)
         set meanwhile: ``StopRequested``, with nothing held."""
@@ -140,35 +134,30 @@ class JetStreamConnector:
             store.acquire([lease_key(spec.stream, p) for p in spec.partitions], stop)
             # after the leases (a dead deployment's record expires with them): another layout alive is refused
             store.claim_deployment(deployment_key(spec.stream),
-                                   {"partition_count": spec.partition_count, "instances": instances},
+                                   {"partition_count": spec.partition_count, "instances": partitioning.instances},
                                    {lease_key(spec.stream, p): p for p in range(spec.partition_count)}, stop)
         except BaseException:
             store.close()
             raise
-        which = "" if instance is None else f"instance {instance} of {instances}, "
+        which = "" if partitioning.instance is None else \
+            f"instance {partitioning.instance} of {partitioning.instances}, "
         log.info("%s: holding the leases of partitions %s of %d (%sas %s)", self.feed.label,
                  format_partitions(spec.partitions), spec.partition_count, which, holder)
         self._owned = owned = _Owned(store, Layout(spec.stream, spec.partition_count, spec.partitions),
                                      objects=bool(partitioning.checkpoint_bucket))
         return owned
 
-    def source(self, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings, credentials: Credentials,
-               limits: Limits, partitioning: PartitionSettings, demo: DemoSettings | None = None,
-               on_connect: Any = None, before_connect: Any = None, feeds_from_list: bool = False) -> Any:
+    def source(self, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings, limits: Limits,
+               credentials: Any, partitioning: PartitionSettings, demo: Any = None, features: int = 0,
+               warmup: int = 0, on_connect: Any = None, before_connect: Any = None,
+               feeds_from_list: bool = False) -> Any:
         """The feed's ``JetStreamSource``, fenced by the partitions this connector owns (none: no fence).
-        ``credentials``, ``demo``, the hooks and ``feeds_from_list`` are a WebSocket feed's: a JetStream feed's
-        credentials are its entry's (``JetStreamSpec``), and its connections take no hooks."""
+        ``credentials``, ``demo``, ``features``, ``warmup``, the hooks and ``feeds_from_list`` are a WebSocket
+        feed's: a JetStream feed's credentials are its entry's (``JetStreamSpec``), and its connections take no
+        hooks."""
         # only with a JetStream feed: it imports nats-py, an optional extra (pip install ".[nats]")
         from forkless.io_loop.connectors.jetstream.source import JetStreamSource
 
         fence = self._owned.fence if self._owned is not None else None
         return JetStreamSource(self.feed, timeouts=timeouts, reconnect=reconnect, tls=tls,
-                               max_msg_bytes=limits.max_msg_bytes,
-                               partitioning=partitioning, fence=fence)
-
-    def sink(self, relay: Any, stats: Any, feed_names: list[str]) -> Any:
-        """The relay's ``Publisher`` (io_loop/connectors/jetstream/publisher.py) to this connector's server."""
-        # only the relay publishes: it imports nats-py, an optional extra (pip install ".[nats]")
-        from forkless.io_loop.connectors.jetstream.publisher import Publisher
-
-        return Publisher(relay, stats, feed_names)
+                               max_msg_bytes=limits.max_msg_bytes, partitioning=partitioning, fence=fence)

@@ -66,10 +66,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forkless.io_loop.connectors.jetstream.partitions import escape_stream, partition_of
+from forkless.io_loop.connectors.jetstream.settings import JetStreamSpec
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import PositionUnknown, Resume
 from forkless.io_loop.errors import ACCEPT_LOSS, PositionLost
-from forkless.io_loop.settings import JetStreamSpec
 
 __all__ = ["FOREIGN_REASON", "SKIP", "Consumer", "Drop", "Retention", "Take", "covers", "delivery_numbers"]
 

@@ -27,9 +27,9 @@ from typing import Any
 
 from forkless.io_loop.connectors.connector import RestoredPosition
 from forkless.io_loop.connectors.jetstream.partitions import partition_subjects
+from forkless.io_loop.connectors.jetstream.settings import JetStreamSpec
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
-from forkless.io_loop.settings import JetStreamSpec
 
 __all__ = ["JetStreamPositions"]
 

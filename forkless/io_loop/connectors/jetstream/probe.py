@@ -18,6 +18,7 @@ import asyncio
 from typing import Any
 
 from forkless.io_loop.connectors.jetstream.partitions import format_partitions, partition_transform, transform_problems
+from forkless.io_loop.connectors.jetstream.settings import JetStreamSpec, PartitionSettings, spec_of
 from forkless.io_loop.connectors.jetstream.transport import (
     NatsConnectFailed,
     NatsError,
@@ -27,7 +28,8 @@ from forkless.io_loop.connectors.jetstream.transport import (
     connect_options,
     describe_error,
 )
-from forkless.io_loop.settings import FeedSpec, JetStreamSpec, PartitionSettings, Timeouts, TlsSettings
+from forkless.io_loop.feedspec import FeedSpec
+from forkless.io_loop.settings import Timeouts, TlsSettings
 
 __all__ = ["check_partitions", "probe_jetstream"]
 
@@ -40,8 +42,6 @@ async def probe_jetstream(feed: FeedSpec, say: Any, dedupe_window_s: float, time
     partition_count's partitions where its subject has ``{partition}`` (``check_partitions``),
     and the checkpoint and lease buckets are looked for. Prints through ``say``; returns the
     problems (empty: the feed can be used)."""
-    spec = feed.jetstream
-    assert spec is not None  # a JetStream feed's
     loop = asyncio.get_running_loop()
     errors: list[str] = []
 
@@ -62,8 +62,8 @@ async def probe_jetstream(feed: FeedSpec, say: Any, dedupe_window_s: float, time
             f"(nats-server {nc.server_version})")
         if not await _probe_stream(feed, nc, say, problems):
             return problems
-        await _probe_results(spec, nc, say, dedupe_window_s, problems)
-        if spec.partitioned:
+        await _probe_results(spec_of(feed), nc, say, dedupe_window_s, problems)
+        if spec_of(feed).partitioned:
             await _look_for_buckets(partitioning, nc, say)
     except NatsError as exc:
         problems.append(f"asking {feed.shown_url} failed: {exc}")
@@ -75,8 +75,7 @@ async def probe_jetstream(feed: FeedSpec, say: Any, dedupe_window_s: float, time
 async def _probe_stream(feed: FeedSpec, nc: Transport, say: Any, problems: list[str]) -> bool:
     """The feed's stream: what it holds and, partitioned, its partitioning; False when JetStream
     does not answer at all (nothing more to ask)."""
-    spec = feed.jetstream
-    assert spec is not None  # a JetStream feed's
+    spec = spec_of(feed)
     try:
         info = await nc.stream_info(spec.stream)
         state = info.state

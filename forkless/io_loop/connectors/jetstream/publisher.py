@@ -58,6 +58,7 @@ from typing import Any
 
 from forkless.io_loop.backoff import Backoff
 from forkless.io_loop.connectors.jetstream.partitions import escape_stream
+from forkless.io_loop.connectors.jetstream.settings import JETSTREAM, JetStreamSpec
 from forkless.io_loop.connectors.jetstream.transport import (
     NatsConnectFailed,
     NatsError,
@@ -68,10 +69,12 @@ from forkless.io_loop.connectors.jetstream.transport import (
     duplicate_ack,
 )
 from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.jsontext import dumps
 from forkless.io_loop.reconnect import DONE, drive
 from forkless.io_loop.relay.relaystats import GAP_REASONS, Gap, RelayStats, SeqGaps
-from forkless.io_loop.settings import RelaySettings
+from forkless.io_loop.relay.settings import RelaySettings
+from forkless.io_loop.settings import ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.sinks.sink import EventBatch, MessageBatch, RecordContext
 
 __all__ = ["Publisher"]
@@ -119,18 +122,24 @@ class _Connection:
 class Publisher:
     """The relay's sink (see the module rules): ``await run(ctx)`` until the batches end and
     everything taken is stored; raises ``FeedFatal`` when the server cannot be used.
-    ``feed_names``: the feeds' names by index, for the logs. ``relay`` holds all it reads of the
-    configuration (its connection's timeouts, reconnect policy and TLS among it)."""
+    ``feed_names``: the feeds' names by index, for the logs. ``relay``: the relay's settings (io_loop/relay/
+    settings.py); its connection's ``timeouts``, ``reconnect`` policy and ``tls`` are the IO side's groups."""
 
     name = "relay"
 
-    def __init__(self, relay: RelaySettings, stats: RelayStats, feed_names: list[str]) -> None:
+    def __init__(self, relay: RelaySettings, stats: RelayStats, feed_names: list[str], *, timeouts: Timeouts,
+                 reconnect: ReconnectSettings, tls: TlsSettings) -> None:
         self.relay = relay
+        self.timeouts, self.reconnect, self.tls = timeouts, reconnect, tls
+        # its servers, described as a JetStream feed's are (the URLs comma-separated, the token and creds in its
+        # options, the stream unused)
+        self.target = FeedSpec("relay", relay.nats, kind=JETSTREAM, options=JetStreamSpec("", token=relay.token,
+                                                                                   creds=relay.creds))
         self.stats = stats
         stats.gaps = self.gaps = SeqGaps(relay.seq)
         self.feed_names = feed_names
         self.run_id = secrets.token_hex(8)
-        self.shown_url = relay.target.shown_url
+        self.shown_url = self.target.shown_url
         self._n = 0  # ids given so far
         self._waiting: deque[_Publication] = deque()  # taken, not published on the current connection
         self._unacknowledged: dict[int, _Publication] = {}  # published on the current connection, not acknowledged yet
@@ -155,7 +164,7 @@ class Publisher:
         log.info("relaying to %s.<stream> on %s (run id %s, at most %d messages held)", self.relay.subject,
                  self.shown_url, self.run_id, self.relay.max_held)
         try:
-            await drive(_Link(self, taker), Backoff.of(self.relay.reconnect))
+            await drive(_Link(self, taker), Backoff.of(self.reconnect))
         finally:
             taker.cancel()
             await asyncio.gather(taker, return_exceptions=True)
@@ -222,7 +231,6 @@ class Publisher:
     # ---- the connection -----------------------------------------------------------------------------
 
     async def _connect(self) -> tuple[Transport, _Connection]:
-        relay = self.relay
         conn = _Connection(self._wake)
         errors: list[str] = []
 
@@ -232,10 +240,10 @@ class Publisher:
         async def on_error(exc: Exception) -> None:  # nats-py's default logs a traceback per error
             errors.append(describe_error(exc))
 
-        options = connect_options(relay.target, relay.timeouts, relay.tls, error_cb=on_error, disconnected_cb=on_closed,
+        options = connect_options(self.target, self.timeouts, self.tls, error_cb=on_error, disconnected_cb=on_closed,
                                   closed_cb=on_closed)
         try:
-            nc = await Transport.connect(relay.timeouts, options)
+            nc = await Transport.connect(self.timeouts, options)
         except NatsConnectFailed as exc:
             if exc.fatal:
                 raise NatsConnectFailed("the server refused the credentials (check the user:password in "
@@ -309,7 +317,7 @@ class Publisher:
         done (returns "") or ``conn`` fails: its callbacks say why, or no ack came for
         FORKLESS_CONNECT_TIMEOUT_S while some were awaited."""
         stats, unacknowledged, waiting, wake = self.stats, self._unacknowledged, self._waiting, self._wake
-        timeout = self.relay.timeouts.connect_timeout_s
+        timeout = self.timeouts.connect_timeout_s
         loop = asyncio.get_running_loop()
         acked, waiting_since = stats.acked, loop.time()  # the last ack seen, and since when we wait for one
         while True:
@@ -395,7 +403,7 @@ class Publisher:
         logged, not retried (it is a report, not a condition of the run)."""
         subject = f"{self.relay.subject}.>"
         try:
-            async with asyncio.timeout(self.relay.timeouts.connect_timeout_s):
+            async with asyncio.timeout(self.timeouts.connect_timeout_s):
                 self._stream_name = await nc.find_stream_name_by_subject(subject)
                 try:
                     msg = await nc.get_last_msg(self._stream_name, subject)

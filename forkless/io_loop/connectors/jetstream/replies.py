@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from forkless.io_loop.connectors.connector import Fence
+from forkless.io_loop.connectors.jetstream.settings import spec_of
 from forkless.io_loop.connectors.jetstream.transport import (
     NatsError,
     NatsNoStreamResponse,
@@ -48,8 +49,9 @@ from forkless.io_loop.connectors.jetstream.transport import (
 )
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.reconnect import End, Outcome
-from forkless.io_loop.settings import FeedSpec, Timeouts
+from forkless.io_loop.settings import Timeouts
 from forkless.io_loop.writer import ReplyBatch
 
 __all__ = ["ReplyAcks", "ReplyPublisher", "msg_id", "reply_commands"]
@@ -150,8 +152,7 @@ class ReplyPublisher:
     def __init__(self, timeouts: Timeouts, feed: FeedSpec, source: SourceStats, fence: Fence | None = None) -> None:
         self.timeouts = timeouts
         self.feed = feed
-        assert feed.jetstream is not None  # a JetStream feed's
-        self.spec = feed.jetstream
+        self.spec = spec_of(feed)
         self.source = source
         self.fence = fence
         self.fenced = False  # the fence refused a publication (logged once)
@@ -167,7 +168,7 @@ class ReplyPublisher:
                 await sub.unsubscribe()
 
     async def _publish(self, nc: Transport, batch: ReplyBatch) -> End:
-        stream, results = self.spec.stream, self.spec.results
+        stream, results = spec_of(self.feed).stream, spec_of(self.feed).results
         # the results stream's acknowledgements come to an inbox of ours, ``<inbox>.<n>`` with n counting
         # this connection's publications (nats-py's publish_async costs a future, a semaphore and a
         # JSON parse per reply), straight from the parser to ReplyAcks.on_ack (a raw subscription); the
@@ -211,7 +212,7 @@ class ReplyPublisher:
 
     def _may_publish(self, batch: ReplyBatch, origins: list[Origin] | None) -> bool:
         """Whether the batch is published; what is not is dropped, counted."""
-        if not self.spec.results or origins is None:
+        if not spec_of(self.feed).results or origins is None:
             # replies "none", or nothing to name them by: not published
             batch.drop("reply not published (no results subject)")
             return False

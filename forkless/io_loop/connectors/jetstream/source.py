@@ -76,6 +76,7 @@ from forkless.io_loop.connectors.connector import Fence
 from forkless.io_loop.connectors.jetstream.consumer import Consumer, Drop, Retention, Take
 from forkless.io_loop.connectors.jetstream.probe import check_partitions, probe_jetstream
 from forkless.io_loop.connectors.jetstream.replies import ReplyPublisher
+from forkless.io_loop.connectors.jetstream.settings import PartitionSettings, spec_of
 from forkless.io_loop.connectors.jetstream.transport import (
     NatsConnectFailed,
     NatsError,
@@ -87,8 +88,9 @@ from forkless.io_loop.connectors.jetstream.transport import (
 )
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.errors import ACCEPT_LOSS, FeedFatal, PositionLost
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.reconnect import End, Outcome, drive, pause_before_reconnect
-from forkless.io_loop.settings import FeedSpec, PartitionSettings, ReconnectSettings, Timeouts, TlsSettings
+from forkless.io_loop.settings import ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext
 
 __all__ = ["JetStreamSource"]
@@ -176,12 +178,11 @@ class JetStreamSource(SourceCapabilities):
     def __init__(self, feed: FeedSpec, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings,
                  max_msg_bytes: int, partitioning: PartitionSettings | None = None,
                  fence: Fence | None = None) -> None:
-        assert feed.jetstream is not None
         self.name, self.replies, self.required = feed.name, feed.replies, feed.required
         self.timeouts, self.reconnect, self.tls, self.max_msg_bytes = timeouts, reconnect, tls, max_msg_bytes
         self.partitioning = partitioning or PartitionSettings()  # the buckets: only --check reads them
         self.feed = feed
-        self.spec = feed.jetstream
+        self.spec = spec_of(feed)
         self.figures: SourceStats = SourceStats()
         self.consumer = Consumer(self.spec, feed.label, self.figures)  # made again at run, from ctx.resume_from
         self.shown_url = feed.shown_url

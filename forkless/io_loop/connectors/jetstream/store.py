@@ -34,14 +34,15 @@ from typing import Any
 from forkless.io_loop.connectors.jetstream.deployment import DeploymentRecord
 from forkless.io_loop.connectors.jetstream.leases import Leases
 from forkless.io_loop.connectors.jetstream.objects import Objects
+from forkless.io_loop.connectors.jetstream.settings import BUCKET_NAME, spec_of
 from forkless.io_loop.connectors.jetstream.storethread import StoreThread
 from forkless.io_loop.connectors.jetstream.transport import Transport
 from forkless.io_loop.errors import LeaseLost
-from forkless.io_loop.settings import FeedSpec, ReconnectSettings, Timeouts, TlsSettings
+from forkless.io_loop.feedspec import FeedSpec
+from forkless.io_loop.settings import ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["NatsStore"]
 
-BUCKET_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")  # nats-py's rule for KV and object-store buckets
 KEY_NAME = re.compile(r"^[-/_=.a-zA-Z0-9]+$")  # a KV key (nats-py's rule), not starting or ending with "."
 
 
@@ -54,10 +55,9 @@ class NatsStore:
 
     def __init__(self, feed: FeedSpec, *, timeouts: Timeouts, reconnect: ReconnectSettings, tls: TlsSettings,
                  bucket: str | None, lease_bucket: str, lease_s: float, holder: str) -> None:
-        if feed.jetstream is None:
-            raise ValueError(f"{feed.label} is not a JetStream feed: the store needs its NATS server")
+        spec_of(feed)  # a JetStream feed's: the store connects to its NATS server
         for what, name in (("bucket", bucket), ("lease_bucket", lease_bucket)):
-            if name is not None and not BUCKET_NAME.match(name):
+            if name is not None and not BUCKET_NAME.fullmatch(name):
                 raise ValueError(f"{what} {name!r} is not a JetStream bucket name (letters, digits, '_' and '-')")
         if not lease_s > 0:
             raise ValueError(f"lease_s must be > 0, not {lease_s!r}")

@@ -38,8 +38,9 @@ from forkless.io_loop.connectors.jetstream.transport import NatsConnectFailed as
 from forkless.io_loop.connectors.jetstream.transport import NatsError, NatsUnavailable, Transport, connect_options
 from forkless.io_loop.connectors.jetstream.transport import describe_error as _describe
 from forkless.io_loop.errors import FeedFatal, StopRequested, StoreError
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.loopthread import LoopThread
-from forkless.io_loop.settings import FeedSpec, ReconnectSettings, Timeouts, TlsSettings
+from forkless.io_loop.settings import ReconnectSettings, Timeouts, TlsSettings
 
 __all__ = ["StoreThread", "each", "sleep_or_stop"]
 

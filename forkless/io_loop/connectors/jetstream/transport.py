@@ -48,8 +48,10 @@ from nats.js.kv import KeyValue as _NatsKeyValue
 from nats.js.object_store import ObjectStore
 
 from forkless.io_loop.connectors.jetstream.nats_compat import RawClient, RawHandler, publish_commands
+from forkless.io_loop.connectors.jetstream.settings import spec_of
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.net.tls import make_ssl_context
-from forkless.io_loop.settings import FeedSpec, Timeouts, TlsSettings
+from forkless.io_loop.settings import Timeouts, TlsSettings
 
 __all__ = ["KeyValue", "NatsApiError", "NatsConnectFailed", "NatsError", "NatsNoStreamResponse", "NatsNotFound",
            "NatsUnavailable", "NatsWrongLast", "PendingAck", "Subscription", "Transport", "connect_options",
@@ -216,8 +218,7 @@ def connect_options(feed: FeedSpec, timeouts: Timeouts, tls: TlsSettings, **call
     """``nats.connect``'s options for a feed: its servers, credentials and TLS, one attempt per
     server (the reconnect policy is ours: ``Backoff``), the heartbeat as nats-py's ping. ``callbacks``:
     ``error_cb`` (handed nats-py's exception: ``describe_error`` shows it), ``disconnected_cb``, ``closed_cb``."""
-    spec = feed.jetstream
-    assert spec is not None  # a JetStream feed's (or the relay's target)
+    spec = spec_of(feed)
     servers = [url.strip() for url in feed.url.split(",")]
     options: dict[str, Any] = {
         "servers": servers, "name": f"forkless-{feed.name}", "allow_reconnect": False,

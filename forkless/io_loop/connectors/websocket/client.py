@@ -67,13 +67,15 @@ from forkless.io_loop.connectors.websocket.connect import (
     shown_target,
 )
 from forkless.io_loop.connectors.websocket.on_connect import OnConnect, call_hook
+from forkless.io_loop.connectors.websocket.settings import Credentials
 from forkless.io_loop.decoding import FrameDecoder
 from forkless.io_loop.errors import FeedFatal
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.hooks import HookFailed
 from forkless.io_loop.net import aiohttp_compat
 from forkless.io_loop.net.tls import make_ssl_context
 from forkless.io_loop.reconnect import LOST_WITHOUT_CLOSE, End, Outcome, closed_how, drive, pause_before_reconnect
-from forkless.io_loop.settings import Credentials, FeedSpec, ReconnectSettings, Timeouts, TlsSettings
+from forkless.io_loop.settings import ReconnectSettings, Timeouts, TlsSettings
 from forkless.io_loop.source import SourceContext, SourceStopped
 
 __all__ = ["WebSocketSource"]

@@ -37,9 +37,11 @@ from contextlib import contextmanager
 import aiohttp
 from aiohttp.client_exceptions import UnixClientConnectorError
 
+from forkless.io_loop.connectors.websocket.settings import Credentials
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.net.aiohttp_compat import UnixConnector
 from forkless.io_loop.net.netaddr import redact_url, unix_label
-from forkless.io_loop.settings import Credentials, FeedSpec, Timeouts
+from forkless.io_loop.settings import Timeouts
 
 __all__ = ["ConnectFailed", "ConnectionLost", "HandshakeRefused", "handshake_headers",
            "mapped_aiohttp_errors", "merge_headers", "new_session", "open_feed", "shown_target"]

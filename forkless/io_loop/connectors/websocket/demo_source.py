@@ -35,8 +35,10 @@ from forkless.io_loop.capabilities import SourceCapabilities
 from forkless.io_loop.connectors.websocket.connect import shown_target
 from forkless.io_loop.connectors.websocket.demo_feed import DemoFeed
 from forkless.io_loop.connectors.websocket.demo_feed import log as demo_log
+from forkless.io_loop.connectors.websocket.settings import DemoSettings
 from forkless.io_loop.decoding import FrameDecoder
-from forkless.io_loop.settings import DemoSettings, FeedSpec, Timeouts
+from forkless.io_loop.feedspec import FeedSpec
+from forkless.io_loop.settings import Timeouts
 from forkless.io_loop.source import SourceContext
 
 __all__ = ["DemoSource"]
@@ -53,15 +55,15 @@ class DemoSource(SourceCapabilities):
     starts_connected = False  # connected once the WebSocket source's connection is open
 
     def __init__(self, feed: FeedSpec, demo: DemoSettings, *, timeouts: Timeouts,
-                 client: Callable[[FeedSpec, str], Any]) -> None:
+                 client: Callable[[FeedSpec, str], Any], features: int, warmup: int) -> None:
         self.name = feed.name
         self.replies = feed.replies
         self.required = feed.required
         self.demo_settings = demo
         self.timeouts = timeouts
         self.feed = feed
-        self.server = DemoFeed(rate_hz=demo.rate, streams=demo.streams, features=demo.features,
-                             warmup=demo.warmup, unix_socket=demo.unix_socket)
+        self.server = DemoFeed(rate_hz=demo.rate, streams=demo.streams, features=features, warmup=warmup,
+                               unix_socket=demo.unix_socket)
         self._client = client  # (feed, url) -> the WebSocketSource reading the server (the connector's)
         self._listening = False
 

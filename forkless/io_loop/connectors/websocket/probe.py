@@ -27,10 +27,12 @@ from forkless.io_loop.connectors.websocket.connect import (
     open_feed,
     shown_target,
 )
+from forkless.io_loop.connectors.websocket.settings import Credentials
 from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.net.tls import make_ssl_context
 from forkless.io_loop.probe import ProbeFailed
-from forkless.io_loop.settings import Credentials, FeedSpec, Timeouts, TlsSettings
+from forkless.io_loop.settings import Timeouts, TlsSettings
 
 __all__ = ["FIRST_FRAME_WAIT_S", "WebSocketTarget", "probe_websocket"]
 

@@ -14,11 +14,11 @@ import pytest
 
 from forkless import Runtime
 from forkless.controller.config import Config
-from forkless.controller.errors import ConfigError
 from forkless.controller.loop import Controller
 from forkless.controller.metrics import metric_families
 from forkless.controller.processor import ewma_processor
 from forkless.controller.stats import status_line
+from forkless.io_loop.errors import ConfigError
 from tests.harness import KILLED_EXIT_S, UNIT_S, assert_books_balance, drive, quick_config, run_app
 from tests.servers import FeedConn, assert_results_match_reference, make_messages, parse_replies
 
@@ -54,13 +54,13 @@ def test_a_jetstream_entry_is_read_with_its_fields_and_defaults():
     cfg = Config(feeds=json.dumps([_js_feed("nats://u:PASS@127.0.0.1:4222,nats://127.0.0.1:4223"),
                                    {"url": "ws://127.0.0.1:9/feed", "name": "w"}]))
     js, ws = cfg.feed_specs
-    assert js.jetstream is not None and ws.jetstream is None
-    assert (js.jetstream.stream, js.jetstream.subject, js.jetstream.results, js.jetstream.start) == (
+    assert (js.kind, ws.kind) == ("jetstream", "websocket") and ws.options is None
+    assert (js.options.stream, js.options.subject, js.options.results, js.options.start) == (
         "TICKS", "ticks.>", "scores", "first")
     assert js.label == "feed 'ticks' (nats://127.0.0.1:4222,nats://127.0.0.1:4223)"  # no credentials
     assert "PASS" not in repr(cfg) + repr(js)
     whole = Config(feeds=json.dumps([{"name": "t", "nats": "tls://h:1", "stream": "S", "replies": "none",
-                                      "start": "new"}])).feed_specs[0].jetstream
+                                      "start": "new"}])).feed_specs[0].options
     assert (whole.subject, whole.results, whole.start) == ("", "", "new")
 
 
@@ -570,7 +570,7 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
     from forkless.io_loop.connectors.jetstream.source import JetStreamSource
     from forkless.io_loop.crossing import Origin, Resume
     from forkless.io_loop.feeds import feed_client
-    from forkless.io_loop.settings import FeedSpec
+    from forkless.io_loop.feedspec import FeedSpec
 
     pytest.importorskip("nats")
     cfg = _config([_js_feed("nats://127.0.0.1:4222")])
@@ -587,7 +587,7 @@ def test_a_payload_partly_consumed_before_the_restart_hands_over_only_the_rest_a
         # element 0 of message 7 is in the restored state
         runner = feed_client(spec, 0, cfg.io_settings(), codec, source, inbound=inbound, outbox=outbox,
                              positions={spec.name: Resume(Origin(7, 0, False), "")})
-        consumer = source.consumer = Consumer(spec.jetstream, spec.label, source.figures, runner.ctx.resume_from)
+        consumer = source.consumer = Consumer(spec.options, spec.label, source.figures, runner.ctx.resume_from)
         for seq, data in ((7, json.dumps(payload)), (8, json.dumps([good[0]]))):
             take = consumer.deliver(f"$JS.ACK.TICKS.c1.1.{seq}.{seq - 6}.1764600000000000000.0".encode())
             assert type(take) is Take and take.seq == seq
@@ -626,7 +626,7 @@ def test_where_consuming_starts_and_when_the_stream_no_longer_holds_what_the_pos
 
     start = "new" if resume == "new" else "first"
     spec = _config([_js_feed("nats://127.0.0.1:4222", start=start)]).feed_specs[0]
-    consumer = Consumer(spec.jetstream, spec.label, SourceStats(),
+    consumer = Consumer(spec.options, spec.label, SourceStats(),
                         Origin(*resume) if isinstance(resume, tuple) else None)
     if isinstance(expected, str):
         with pytest.raises(PositionLost, match="FORKLESS_CHECKPOINT_RESTORE=never") as lost:

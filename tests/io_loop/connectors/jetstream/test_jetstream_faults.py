@@ -501,7 +501,7 @@ def test_with_every_checkpoint_damaged_a_feed_starts_only_where_its_stream_still
     from tests.io_loop.connectors.jetstream.test_jetstream import _config
 
     spec = _config([_js_feed("nats://127.0.0.1:4222", start=start)]).feed_specs[0]
-    consumer = Consumer(spec.jetstream, spec.label, SourceStats(),
+    consumer = Consumer(spec.options, spec.label, SourceStats(),
                         PositionUnknown("every checkpoint in /c is damaged (ckpt-000000001.fkc)"))
     if isinstance(expected, str):
         with pytest.raises(PositionLost) as lost:

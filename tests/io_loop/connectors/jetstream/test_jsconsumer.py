@@ -17,10 +17,10 @@ import pytest
 
 from forkless.io_loop.connectors.jetstream.consumer import FOREIGN_REASON, SKIP, Consumer, Drop, Take
 from forkless.io_loop.connectors.jetstream.partitions import escape_stream, partition_of
+from forkless.io_loop.connectors.jetstream.settings import JetStreamSpec
 from forkless.io_loop.counters import SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
 from forkless.io_loop.errors import PositionLost
-from forkless.io_loop.settings import JetStreamSpec
 
 SPEC = JetStreamSpec(stream="TICKS", subject="ticks.>", results="scores")
 PARTITIONED = JetStreamSpec(stream="TICKS", subject="ticks.{partition}.>", results="scores", partition_count=4,

@@ -113,6 +113,7 @@ def test_every_call_of_a_transport_raises_ours_never_nats_py_s(nats_server):
     import nats.errors
     import nats.js.errors
 
+    from forkless.io_loop.connectors.jetstream.settings import JetStreamSpec
     from forkless.io_loop.connectors.jetstream.transport import (
         NatsError,
         NatsNoStreamResponse,
@@ -121,10 +122,11 @@ def test_every_call_of_a_transport_raises_ours_never_nats_py_s(nats_server):
         Transport,
         connect_options,
     )
-    from forkless.io_loop.settings import FeedSpec, JetStreamSpec, Timeouts, TlsSettings
+    from forkless.io_loop.feedspec import FeedSpec
+    from forkless.io_loop.settings import Timeouts, TlsSettings
 
     timeouts = Timeouts(connect_timeout_s=2.0, heartbeat_s=0.0, stale_s=0.0, shutdown_timeout_s=2.0)
-    feed = FeedSpec("errors", nats_server.url, jetstream=JetStreamSpec(""))
+    feed = FeedSpec("errors", nats_server.url, kind="jetstream", options=JetStreamSpec(""))
     options = connect_options(feed, timeouts, TlsSettings(ca_file="", insecure=False))
 
     async def main() -> list[BaseException]:

@@ -406,13 +406,12 @@ def _shares(env: dict[str, str], replicas: int) -> list[tuple[int, ...]]:
     """Each pod's partitions, from the configuration forkless reads with the pod's ordinal."""
     from forkless.controller.config import Config
 
-    return [Config.from_env({**env, "FORKLESS_INSTANCE": str(ordinal)}).feed_specs[0].jetstream.partitions
+    return [Config.from_env({**env, "FORKLESS_INSTANCE": str(ordinal)}).feed_specs[0].options.partitions
             for ordinal in range(replicas)]
 
 
 def test_the_kubernetes_example_gives_each_pod_its_share_and_the_pods_cover_every_partition_once():
-    from forkless.controller.config import Config
-    from forkless.controller.settings.variables import VARIABLES
+    from forkless.controller.config import VARIABLES, Config
 
     replicas, grace_s, env, fields = _statefulset_example()
     assert fields == {"FORKLESS_INSTANCE": "metadata.labels['apps.kubernetes.io/pod-index']"}
@@ -429,7 +428,7 @@ def test_the_kubernetes_example_gives_each_pod_its_share_and_the_pods_cover_ever
 
 
 def test_rescaling_the_kubernetes_example_changes_the_shares_and_still_covers_every_partition_once():
-    from forkless.controller.errors import ConfigError
+    from forkless.io_loop.errors import ConfigError
 
     replicas, _, env, _ = _statefulset_example()
     count = json.loads(env["FORKLESS_FEEDS"])[0]["partition_count"]

@@ -21,11 +21,11 @@ import pytest
 from forkless import ConnectHooks
 from forkless.controller.codec import Decoded, JsonCodec
 from forkless.controller.config import Config
-from forkless.controller.errors import ConfigError
 from forkless.controller.loop import Controller
 from forkless.controller.processor import ewma_processor
 from forkless.controller.stats import books_line
 from forkless.io_loop.connectors.websocket.on_connect import call_hook, frames_of
+from forkless.io_loop.errors import ConfigError
 from forkless.io_loop.hooks import HookFailed
 from tests.harness import UNIT_S, assert_books_balance, drive, quick_config
 from tests.servers import SERVERS, FeedConn, make_messages, parse_replies

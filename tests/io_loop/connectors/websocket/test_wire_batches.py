@@ -104,7 +104,8 @@ async def feed_and_runner(script: Callable[[web.WebSocketResponse], Awaitable[No
         (source,) = feed_sources(settings)
         inbound: asyncio.Queue = asyncio.Queue()
         runner = SourceRunner(source, settings.limits, JsonCodec(F), IOStats(), settings.feed_specs[0],
-                              timeouts=settings.timeouts, inbound=inbound, outbox=asyncio.Queue(), index=0)
+                              features=settings.features, max_batch=settings.max_batch, timeouts=settings.timeouts,
+                              inbound=inbound, outbox=asyncio.Queue(), index=0)
         task = asyncio.create_task(runner.run())
         yield feed, runner, inbound
     finally:

@@ -64,7 +64,7 @@ from forkless.controller.stats import MainStats, SourceFigures
 from forkless.io_loop.connectors.connector import PositionCodec
 from forkless.io_loop.counters import IOSnapshot, SourceStats
 from forkless.io_loop.crossing import Origin, PositionUnknown, Resume
-from forkless.io_loop.settings import FeedSpec
+from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.sinks.sink import Acknowledged
 
 __all__ = ["CONFIRM_WAIT_S", "Recovery"]

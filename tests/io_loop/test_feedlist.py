@@ -1,6 +1,7 @@
-"""The schema of a FORKLESS_FEEDS entry (controller/settings/feedschema.py): each field's fault
-reported by its own text, never by msgspec's message (which quotes values), patterns anchored
-at the very end, the fields the documents list, and an entry's first fault the one reported."""
+"""FORKLESS_FEEDS (io_loop/feedlist.py), each entry read by its connector room's schema
+(io_loop/connectors/websocket/entry.py, .../jetstream/entry.py): each field's fault reported by its own text, never
+by msgspec's message (which quotes values), patterns anchored at the very end, the fields the documents list, and an
+entry's first fault the one reported."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from typing import Any
 
 import pytest
 
-from forkless.controller.settings.feedschema import FEED_KEYS, JETSTREAM_KEYS, REFUSALS
-from forkless.controller.settings.feedspec import feed_list
-from forkless.controller.settings.values import ValueProblem
-from forkless.controller.settings.variables import variable
+from forkless.controller.config import variable
+from forkless.io_loop.connectors.jetstream import entry as jetstream_entry
+from forkless.io_loop.connectors.websocket import entry as websocket_entry
+from forkless.io_loop.errors import ValueProblem
+from forkless.io_loop.feedlist import feed_list
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
+FEED_KEYS, JETSTREAM_KEYS = websocket_entry.WEBSOCKET_FIELDS, jetstream_entry.JETSTREAM_FIELDS
+# the fields both rooms' entries have are refused in the same words
+REFUSALS = {**websocket_entry.WEBSOCKET_REFUSALS, **jetstream_entry.JETSTREAM_REFUSALS}
 WS = {"url": "ws://127.0.0.1:9/feed", "name": "a"}
 JS = {"nats": "nats://127.0.0.1:4222", "stream": "TICKS", "results": "scores", "name": "a"}
 SECRET = "SECRET-VALUE"
@@ -84,5 +89,8 @@ def test_the_schemas_fields_are_the_documented_ones():
     docs = (ROOT / "docs" / "feeds.md").read_text() + (ROOT / "docs" / "jetstream.md").read_text()
     undocumented = [key for key in {*FEED_KEYS, *JETSTREAM_KEYS} if f"`{key}`" not in docs and f'"{key}"' not in docs]
     assert not undocumented, f"fields no document names: {undocumented}"
-    # each field but subscribe (any JSON value) has its refusal text
+    # each field but subscribe (any JSON value) has its refusal text, the same in both rooms where both have it
     assert set(REFUSALS) == {*FEED_KEYS, *JETSTREAM_KEYS} - {"subscribe"}
+    ws, js = websocket_entry.WEBSOCKET_REFUSALS, jetstream_entry.JETSTREAM_REFUSALS
+    assert set(ws) & set(js) == {"name", "required", "replies"}
+    assert all(ws[key] == js[key] for key in set(ws) & set(js))
