@@ -82,7 +82,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -149,8 +149,8 @@ class SourceContext:
         """How many values a message's ``x`` holds (``FORKLESS_FEATURES``)."""
         return self._runner.features
 
-    def emit(self, frame: Emitted, position: int | str | None = None, *, first: int = 0,
-             received_ns: int | None = None) -> Coroutine[Any, Any, int]:
+    async def emit(self, frame: Emitted, position: int | str | None = None, *, first: int = 0,
+                   received_ns: int | None = None) -> int:
         """``await ctx.emit(...)``: hand frames to the codec (decoded on this thread, like a built-in feed's
         frames); their good messages go to the main thread, their bad parts are counted (and answered,
         under the source's reply policy). ``frame``: one frame (``str`` or ``bytes``); a list of the
@@ -160,21 +160,18 @@ class SourceContext:
         does its own resuming), the rest keep their indices at ``position``, which it needs.
         ``received_ns`` (``time.monotonic_ns()``): when the frame was received, for the latencies
         (default: now). Awaits while inbound is full. Returns the good messages taken."""
-        # a plain function handing back the coroutine of the kind given: no second coroutine a frame
+        # one frame goes on in this coroutine (every frame's path); the other kinds await one of their own
         kind = type(frame)
         if kind is not str and kind is not bytes:  # several frames, or a frame ``decode`` read
             if isinstance(frame, (list, tuple)):
-                return self._emit_frames(frame, position, first, received_ns)
+                return await self._emit_frames(frame, position, first, received_ns)
             if hasattr(frame, "error_counts"):  # a DecodedFrame
-                return self._emit_decoded(frame, position, first, received_ns)
+                return await self._emit_decoded(frame, position, first, received_ns)
         # one frame: str or bytes (or what else a user's codec reads, as ever)
-        if first or type(first) is not int:  # the frame's first messages are in the state
-            return self._emit_skipping(frame, position, first, received_ns)  # type: ignore[arg-type]  # one frame
-        return self._emit_one(frame, position, received_ns)  # type: ignore[arg-type]  # one frame
-
-    async def _emit_one(self, frame: str | bytes, position: Any, received_ns: int | None) -> int:
-        """``emit`` of one frame: every frame's path."""
         runner = self._runner
+        if first or type(first) is not int:  # the frame's first messages are in the state: as a decoded one
+            decoded = runner.codec.decode(frame)  # type: ignore[arg-type]  # one frame (above)
+            return await self._emit_decoded(decoded, position, first, received_ns)
         if runner.stopping_now:
             raise SourceStopped(f"source {self._name!r} is stopping: nothing more is taken")
         if position is not None or self._positions.positioned is not False:  # no call for a source without
@@ -184,7 +181,7 @@ class SourceContext:
             if received_ns is None:
                 received_ns = time.monotonic_ns()
             runner.stats.frames_in += 1
-            decoded = runner.codec.decode(frame)
+            decoded = runner.codec.decode(frame)  # type: ignore[arg-type]  # one frame (above)
             if decoded.errors:  # before _origins may cut the messages the restored state holds: the ids
                 await runner.bad_input(decoded, position)  # of the error replies count every good one
             origins = None if position is None else self._origins(decoded, position)
@@ -252,10 +249,6 @@ class SourceContext:
         good messages, ``errors`` of its bad parts), to look at or cut before ``emit`` hands it over.
         Nothing is counted yet."""
         return self._runner.codec.decode(frame)
-
-    async def _emit_skipping(self, frame: str | bytes, position: Any, first: Any, received_ns: int | None) -> int:
-        """``emit`` of one frame with ``first``: decoded here, then handed over as a decoded frame is."""
-        return await self._emit_decoded(self._runner.codec.decode(frame), position, first, received_ns)
 
     async def _emit_decoded(self, decoded: Any, position: Any, first: Any, received_ns: int | None) -> int:
         """``emit`` of a frame ``decode`` read (and the source may have changed: its ``seq``, ``stream`` and
