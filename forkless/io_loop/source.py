@@ -47,7 +47,7 @@ Rules:
   (``FeedFatal``, the traceback kept as its cause).
 - A source that manages its own connections (the built-in WebSocket feed, io_loop/connectors/websocket/client.py, is
   one) says what happens to them: ``connection_opened()`` (its id is stamped on what is emitted
-  from then), ``connection_closed()``, ``connect_failed(why)``, ``reconnecting(why)``; with
+  from then), ``connection_closed()``, ``connect_failed(why)``, ``reconnecting()``; with
   ``starts_connected = False`` it is not counted as connected before its first connection.
 - Connection state changes in one place (``SourceRunner.connection_state``): the books (``connected``,
   ``state_since``, changed only when the state does) and, where the controller asked for them

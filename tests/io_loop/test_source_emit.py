@@ -12,6 +12,7 @@ import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -214,3 +215,42 @@ def test_at_the_release_that_removes_them_the_old_spellings_raise_naming_the_new
         with pytest.raises(AttributeError, match=re.escape(f"{old} was removed in forkless 0.4.0: write "
                                                            f"{RENAMED[old].new}")):
             handed_over(use)
+
+
+# ---- the surface: what is public on a source's context, each documented, each method used ---------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+SURFACE = {  # a name added or dropped is a decision, made here
+    "emit", "decode", "emit_rows", "emit_event",  # one way to hand over each kind of thing
+    "outgoing", "replies", "replies_ended", "send_failed", "sends_while_disconnected",  # what the main thread sends
+    "connection_opened", "connection_closed", "connect_failed", "reconnecting",  # the source's connections
+    "count", "count_error", "replies_written", "unconfirmed",  # its books
+    "features", "resume_from", "stopping", "stop_deadline",
+}
+RENAMED_ON_IT = {"emit_frames", "emit_decoded", "set_connected", "name"}  # each warns for a release (USES above)
+# where a method must be used: the built-in sources, Relogin, the examples, and the documents' examples
+USERS = (*sorted((ROOT / "forkless" / "io_loop" / "connectors").rglob("*.py")), ROOT / "forkless/io_loop/relogin.py",
+         *sorted((ROOT / "examples").glob("*.py")))
+
+
+def _public_names() -> set[str]:
+    ctx = SourceRunner(Quiet(), CONFIG.io_settings().limits, JsonCodec(FEATURES), IOStats(),
+                       feed_plan(CONFIG, [Quiet()]).specs[0], features=FEATURES, max_batch=CONFIG.max_batch,
+                       timeouts=CONFIG.io_settings().timeouts, inbound=None, outbox=None, index=0).ctx
+    return {name for name in [*dir(type(ctx)), *vars(ctx)] if not name.startswith("_")}
+
+
+def test_the_context_s_public_names_are_the_surface_and_the_renamed_ones():
+    assert _public_names() == SURFACE | RENAMED_ON_IT
+    assert {f"ctx.{old.split('(')[0].removeprefix('ctx.')}" for old in USES} == {f"ctx.{n}" for n in RENAMED_ON_IT}
+
+
+def test_each_public_name_is_in_the_table_of_your_own_source_and_each_method_is_used_by_a_source_or_an_example():
+    page = (ROOT / "docs" / "embedding" / "sources.md").read_text()
+    table = page[page.index("What `ctx` (a `forkless.SourceContext`) gives a source"):page.index("Renamed in 0.3.0")]
+    assert sorted(name for name in SURFACE if f"`ctx.{name}" not in table and f"ctx.{name}(" not in table) == []
+    examples = "".join(re.findall(r"<!-- example: \w+ -->\n```python\n(.*?)```", "".join(
+        path.read_text() for path in (ROOT / "docs" / "embedding").glob("*.md")), re.S))
+    code = examples + "".join(path.read_text() for path in USERS)
+    methods = {name for name in SURFACE if callable(getattr(SourceContext, name, None))}
+    assert sorted(name for name in methods if not re.search(rf"ctx\.{name}\b", code)) == []
