@@ -107,7 +107,7 @@ def run(n: int, feeds: int, per_chunk: int) -> dict[str, float]:
     wire = frames(n, feeds)
     cpu = {"io": 0.0, "main": 0.0}
 
-    # a read's frames in one pass (SourceContext.emit_frames), where the checkout's codec has it
+    # a read's frames in one pass (SourceContext.emit(frames)), where the checkout's codec has it
     decode_frames = getattr(codec, "decode_frames", None)
 
     async def pump() -> None:

@@ -100,7 +100,7 @@ SWITCH_INTERVAL_S = 0.001
 
 
 class Controller:
-    """Runs a processor over a WebSocket feed; see EMBEDDING.md.
+    """Runs a processor over its feeds (the configured ones, and the sources it is given); see EMBEDDING.md.
 
     Either ``run()`` (blocking, handles signals, prints status lines), or drive it yourself::
 
@@ -116,10 +116,10 @@ class Controller:
     ``sources``: the user's own clients (``forkless.Source``, io_loop/source.py), run on the IO thread beside
     the configured feeds, or instead of the demo feed when none is configured.
 
-    ``sinks``: where each stepped batch's results leave, the one way out: ``forkless.OnResults(fn)`` calls
-    ``fn(seq, stream, outputs)`` in the main thread after each step (what it raises is raised once the batch's
-    replies are put); a ``forkless.ResultSink`` is handed them on the IO thread (io_loop/sinks/results.py,
-    docs/embedding/sinks.md).
+    ``sinks``: where each stepped batch's results leave, the one way out. A sink is the main thread's,
+    ``forkless.OnResults(fn)``: ``fn(seq, stream, outputs)`` after each step (what it raises is raised once the
+    batch's replies are put); or the IO thread's, a ``forkless.ResultSink``, handed the same results there
+    (io_loop/sinks/results.py, docs/embedding/sinks.md).
 
     ``on_event``: ``fn(source, event)``, in the main thread, for what the sources hand over as it is
     (``ctx.emit_event``); ``forkless.OnEvent(fn, connections=True)`` also hands it each feed's

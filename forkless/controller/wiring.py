@@ -81,9 +81,9 @@ def _callable(value: Any, what: str, takes: str) -> None:
 
 @dataclass(frozen=True)
 class OnResults:
-    """A sink of results called in the main thread: ``fn(seq, stream, outputs)`` after each step, before the
-    batch's replies are handed to the IO thread (``Controller(sinks=[forkless.OnResults(fn)])``). What it
-    raises is raised by ``process_pending()``, ``run()`` or ``stop()`` once that batch's replies are put."""
+    """The main thread's sink of results (a ``ResultSink`` is the IO thread's): ``fn(seq, stream, outputs)`` after
+    each step, before the batch's replies are handed to the IO thread (``Controller(sinks=[forkless.OnResults(fn)])``).
+    What it raises is raised by ``process_pending()``, ``run()`` or ``stop()`` once that batch's replies are put."""
 
     fn: ResultsCallback
 

@@ -41,7 +41,7 @@ __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "His
 
 # latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
 SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
-# how often the IO thread samples its loop's lag (io_loop/thread.py ``LagProbe``): each sample wakes an
+# how often the IO thread samples its loop's lag (io_loop/thread.py ``LagSampler``): each sample wakes an
 # idle loop; at 20 ms that was ~0.006 CPU-s/s, a fifth of an exchange session's (bench/docs/exchange-session-cost.md)
 LAG_INTERVAL_S = 0.1
 COPY_TRIES = 10
@@ -168,8 +168,8 @@ class SourceStats:
     confirmed: tuple[int, int] = (0, -1)
     duplicates: int = 0  # replies the results stream dropped as duplicates (published again after a replay)
     # (handed, through): with the messages up to stream sequence ``handed`` handed over, the stream held
-    # no further message of the feed's subjects up to ``through`` (what the feed covered: a probe of its
-    # consumer's and the stream's state proved it, io_loop/connectors/jetstream/consumer.py ``Consumer.probed``)
+    # no further message of the feed's subjects up to ``through`` (what the feed covered: a survey of its
+    # consumer's and the stream's state proved it, io_loop/connectors/jetstream/consumer.py ``Consumer.surveyed``)
     covered: tuple[int, int] = (0, 0)
     stream_created: str = ""  # the stream's created time (ISO 8601) at the first connection ("": not yet)
 

@@ -9,7 +9,7 @@ Rules:
   and greater than the one before (``str`` ones compared as text): a position names one frame,
   so a repeated one would be applied twice after a restart. A refused emit takes nothing and
   uses no position (``ValueError`` / ``TypeError``).
-- ``emit_decoded``'s ``first`` is an ``int`` of 0 or more (``check_first``).
+- ``emit``'s ``first`` is an ``int`` of 0 or more (``check_first``).
 - ``emit_rows``' rows (``checked_rows``): a wrong shape raises ``ValueError``; a row whose ``x``
   holds anything but real numbers within ±``X_MAX`` (io_loop/decoding.py, the codec's range) is
   refused with its reason, as ``emit`` refuses a bad element, checked before the cast to the
@@ -108,10 +108,10 @@ def drop_first(decoded: Any, drop: int) -> None:
 
 def check_first(first: Any) -> None:
     if type(first) is not int:  # bool, float, str: no count of messages
-        raise TypeError(f"emit_decoded's first is an int (good messages of the frame the state holds), not "
+        raise TypeError(f"emit's first is an int (good messages of the frame the state holds), not "
                         f"{type(first).__name__}: {first!r}")
     if first < 0:
-        raise ValueError(f"emit_decoded's first counts good messages the state holds: 0 or more, not {first}")
+        raise ValueError(f"emit's first counts good messages the state holds: 0 or more, not {first}")
 
 
 class Positions:

@@ -11,8 +11,9 @@ Rules:
 - Not renames, so not here: a wrong import path (``import controller``, ``import io_loop``: it would load a second
   copy of every module, whose exceptions ``except forkless.ConfigError`` never catches, so it stays an
   ``ImportError``), and a field set from outside (``ctl.on_results = f``: read by nothing once the controller runs).
-- In the leaf, so that every part may follow it: the controller's keywords and attributes, and the settings groups
-  of io_loop and its rooms (io_loop/settings.py's ``settings_group(moved=...)``).
+- In the leaf, so that every part may follow it: the controller's keywords and attributes, the settings groups of
+  io_loop and its rooms (io_loop/settings.py's ``settings_group(moved=...)``), and a source's context
+  (``SourceContext``'s methods, io_loop/source.py).
 - Pure: only ``warnings``; the call sites translate an old spelling into its new one.
 """
 
@@ -58,6 +59,14 @@ _ENTRIES = (
     # the sink of records (SinkRun's, the relay's), named when a sink of results came beside it (issue 56)
     Renamed("forkless.Sink", "forkless.RecordSink (a sink of a controller's results: forkless.ResultSink)", "0.2.0",
             "0.3.0"),
+    # one way to do each thing on a source's context (issue 64): frames, a read's frames and a frame decode() read are
+    # all emit's; a connection's state is said by connection_opened() and connection_closed() (io_loop/source.py)
+    Renamed("ctx.emit_frames(frames)", "ctx.emit(frames)", "0.3.0", "0.4.0"),
+    Renamed("ctx.emit_decoded(decoded, ...)", "ctx.emit(decoded, ...)", "0.3.0", "0.4.0"),
+    Renamed("ctx.set_connected(flag, reason, code=...)",
+            "ctx.connection_opened() when it connects, ctx.connection_closed(reason, code=...) when it ends",
+            "0.3.0", "0.4.0"),
+    Renamed("ctx.name", "the source's own name", "0.3.0", "0.4.0"),
     # what a processor carried itself before its Description (issue 56): warned of in 0.1.0, removed in 0.2.0
     Renamed("Processor(init, step, name=..., ...)", "Processor(init, step, description=Description(name=..., ...))",
             "0.1.0", "0.2.0"),

@@ -3,10 +3,12 @@
 Rules:
 - A source is any object with a ``name`` and ``async run(ctx)``; it owns its connections (a
   login, a WebSocket, heartbeats, reconnects) and talks to the rest only through its
-  ``SourceContext``: ``emit`` a frame for the codec (``emit_frames`` the frames of one read at
-  once, decoded in one pass where the codec can), ``emit_rows`` messages already decoded,
-  ``emit_event`` any object for the main thread as it is (a fill, a book), ``outgoing()`` the
-  frames the main thread sends it (replies to its messages, ``Controller.send``), ``stopping``.
+  ``SourceContext``. One way to hand over each kind of thing: ``emit`` frames for the codec (one
+  frame, the frames of one read at once, decoded in one pass where the codec can, or a frame
+  ``decode`` read), ``emit_rows`` messages the source decoded itself, ``emit_event`` any object for
+  the main thread as it is (a fill, a book); ``outgoing()`` the frames the main thread sends it
+  (replies to its messages, ``Controller.send``), ``stopping``. Every public name on it is used by a
+  built-in source, ``Relogin`` or a documented example; a renamed one warns (io_loop/renamed.py).
 - Overflow is each source's own (io_loop/spill.py): while inbound is full, what a source emits
   waits in its own buffer (``buffer`` messages and events, default ``FORKLESS_SOURCE_BUFFER``),
   so an ``emit*`` returns at once and the source keeps answering its heartbeat through a stalled
@@ -27,9 +29,9 @@ Rules:
   does not apply to it, its own ``overflow="drop_oldest"`` is refused). A source that records
   more than a position in the checkpoint (the built-in JetStream feed: the stream's created
   time, positions by partition) is handed that record as it is in ``ctx.resume_from`` and
-  does its own skipping (``emit_decoded(first=)``).
+  does its own skipping (``emit(..., first=)``).
 - A source that inspects or filters messages before they are handed over decodes a frame with
-  ``ctx.decode`` and hands the result over with ``ctx.emit_decoded`` (``emit`` is the two in one).
+  ``ctx.decode`` and hands the result to ``ctx.emit``: ``emit(decode(frame))`` is ``emit(frame)``.
 - Bad values are bad input however they come: ``emit_rows`` refuses a row whose ``x`` is not
   real numbers within the codec's ±1e18 (NaN, inf, None, text, a complex with an imaginary
   part), counted and answered by reason as ``emit`` refuses a bad element; its other rows are
@@ -45,7 +47,7 @@ Rules:
   (``FeedFatal``, the traceback kept as its cause).
 - A source that manages its own connections (the built-in WebSocket feed, io_loop/connectors/websocket/client.py, is
   one) says what happens to them: ``connection_opened()`` (its id is stamped on what is emitted
-  from then), ``connection_closed()``, ``connect_failed(why)``, ``reconnecting(why)``; with
+  from then), ``connection_closed()``, ``connect_failed(why)``, ``reconnecting()``; with
   ``starts_connected = False`` it is not counted as connected before its first connection.
 - Connection state changes in one place (``SourceRunner.connection_state``): the books (``connected``,
   ``state_since``, changed only when the state does) and, where the controller asked for them
@@ -88,7 +90,7 @@ import numpy as np
 from forkless.io_loop.capabilities import SupportsAwaiting, SupportsBeforeStop, SupportsSendAnswered, declarations
 from forkless.io_loop.counters import IOStats
 from forkless.io_loop.crossing import ConnectionEvent, Events, Origin, Outgoing
-from forkless.io_loop.decoding import FrameDecoder
+from forkless.io_loop.decoding import DecodedFrame, FrameDecoder
 from forkless.io_loop.emitted import Positions, Rows, check_first, checked_rows, drop_first
 from forkless.io_loop.emitted import check_position as _check_position
 from forkless.io_loop.errors import FeedFatal, ForklessError
@@ -96,6 +98,7 @@ from forkless.io_loop.feedspec import FeedSpec
 from forkless.io_loop.finishing import finish_awaited
 from forkless.io_loop.handover import Handover
 from forkless.io_loop.loopthread import cancel_bounded
+from forkless.io_loop.renamed import deprecated
 from forkless.io_loop.sends import LOST, SendWatch, Unanswered, declared_send_policy
 from forkless.io_loop.settings import Limits, Timeouts
 from forkless.io_loop.spill import source_policy
@@ -104,6 +107,9 @@ from forkless.io_loop.writer import Outbound, ReplyBatch
 __all__ = ["Source", "SourceContext", "SourceRunner", "SourceStopped"]
 
 log = logging.getLogger("forkless.source")
+
+# what ``SourceContext.emit`` takes: one frame, the frames of one socket read, or a frame ``decode`` read
+Emitted = str | bytes | Sequence[str | bytes] | DecodedFrame
 
 MAX_LOGGED_REASONS = 1000  # declined replies: reasons logged (once each), then only counted
 
@@ -130,29 +136,44 @@ class SourceContext:
 
     def __init__(self, runner: SourceRunner, resume_from: Any, skip: int | None, *, pending: bool = True) -> None:
         self._runner = runner
-        self.name = runner.feed.name
+        self._name = runner.feed.name
         self.resume_from = resume_from  # the position to replay from, inclusive (None: from the start)
         self._skip = skip  # messages of the frame at resume_from the state holds (None: all of them)
         self._resume_pending = pending and resume_from is not None
         self.stopping = asyncio.Event()  # set when the orderly stop begins
         self.stop_deadline: float | None = None  # monotonic: when the stop's work must be done (None: no bound)
-        self._positions = Positions(self.name)  # the position rules, checked at every emit
+        self._positions = Positions(self._name)  # the position rules, checked at every emit
 
     @property
     def features(self) -> int:
         """How many values a message's ``x`` holds (``FORKLESS_FEATURES``)."""
         return self._runner.features
 
-    async def emit(self, frame: str | bytes, position: int | str | None = None, *,
+    async def emit(self, frame: Emitted, position: int | str | None = None, *, first: int = 0,
                    received_ns: int | None = None) -> int:
-        """Hand one frame to the codec (decoded on this thread, like a built-in feed's frames);
-        its good messages go to the main thread, its bad parts are counted (and answered, under
-        the source's reply policy). ``received_ns`` (``time.monotonic_ns()``) is when the frame
-        was received, for the latencies (default: now). Awaits while inbound is full. Returns
-        the good messages taken."""
+        """``await ctx.emit(...)``: hand frames to the codec (decoded on this thread, like a built-in feed's
+        frames); their good messages go to the main thread, their bad parts are counted (and answered,
+        under the source's reply policy). ``frame``: one frame (``str`` or ``bytes``); a list of the
+        frames one socket read brought (no ``position``: each position names one frame), decoded in one
+        pass where the codec can; or what ``decode`` read (a filter may have cut it). ``first``: the
+        frame's good messages before this one are not handed over (the state holds them: a source that
+        does its own resuming), the rest keep their indices at ``position``, which it needs.
+        ``received_ns`` (``time.monotonic_ns()``): when the frame was received, for the latencies
+        (default: now). Awaits while inbound is full. Returns the good messages taken."""
+        # one frame goes on in this coroutine (every frame's path); the other kinds await one of their own
+        kind = type(frame)
+        if kind is not str and kind is not bytes:  # several frames, or a frame ``decode`` read
+            if isinstance(frame, (list, tuple)):
+                return await self._emit_frames(frame, position, first, received_ns)
+            if hasattr(frame, "error_counts"):  # a DecodedFrame
+                return await self._emit_decoded(frame, position, first, received_ns)
+        # one frame: str or bytes (or what else a user's codec reads, as ever)
         runner = self._runner
+        if first or type(first) is not int:  # the frame's first messages are in the state: as a decoded one
+            decoded = runner.codec.decode(frame)  # type: ignore[arg-type]  # one frame (above)
+            return await self._emit_decoded(decoded, position, first, received_ns)
         if runner.stopping_now:
-            raise SourceStopped(f"source {self.name!r} is stopping: nothing more is taken")
+            raise SourceStopped(f"source {self._name!r} is stopping: nothing more is taken")
         if position is not None or self._positions.positioned is not False:  # no call for a source without
             self._positions.place(position)  # positions
         runner.busy += 1  # runner.enter() inlined: this is every frame's path
@@ -160,7 +181,7 @@ class SourceContext:
             if received_ns is None:
                 received_ns = time.monotonic_ns()
             runner.stats.frames_in += 1
-            decoded = runner.codec.decode(frame)
+            decoded = runner.codec.decode(frame)  # type: ignore[arg-type]  # one frame (above)
             if decoded.errors:  # before _origins may cut the messages the restored state holds: the ids
                 await runner.bad_input(decoded, position)  # of the error replies count every good one
             origins = None if position is None else self._origins(decoded, position)
@@ -172,20 +193,19 @@ class SourceContext:
             if runner.idle_wait is not None and not runner.busy:
                 runner.idle_wait.set()
 
-    async def emit_frames(self, frames: Sequence[str | bytes], *, received_ns: int | None = None) -> int:
-        """Hand several frames to the codec at once, the frames one socket read brought (a
-        source without positions): as ``emit`` of each in order, but in one call, and decoded in
-        one pass where the codec can (the built-in JSON codec's good frames: one array for them
-        all; a frame with a bad part makes it decode them one at a time, each bad part answered
-        under the reply policy as ``emit`` answers it, its good neighbours taken). ``received_ns``
-        (``time.monotonic_ns()``): when the first was received (default: now). A source whose
-        emits carry positions emits each frame with its own (``ValueError``); a single frame is
-        ``emit``'s (``TypeError``). Awaits while inbound is full. Returns the good messages taken."""
-        if isinstance(frames, (str, bytes, bytearray, memoryview)):
-            raise TypeError(f"emit_frames takes a list of frames, not one {type(frames).__name__} (one frame: emit)")
+    async def _emit_frames(self, frames: Sequence[str | bytes], position: Any, first: Any,
+                           received_ns: int | None) -> int:
+        """``emit`` of a list of frames: as ``emit`` of each in order, in one call, decoded in one pass
+        where the codec can (the built-in JSON codec's good frames: one array for them all; a frame with
+        a bad part makes it decode them one at a time, each bad part answered as ``emit`` answers it, its
+        good neighbours taken). A position (or ``first``) is refused: each frame names its own."""
+        if position is not None or first:
+            raise ValueError(f"emit(frames) of {len(frames)} frames takes no position or first (given "
+                             f"position={position!r}, first={first!r}): a position names one frame, so emit each "
+                             "frame with its own")
         runner = self._runner
         if runner.stopping_now:
-            raise SourceStopped(f"source {self.name!r} is stopping: nothing more is taken")
+            raise SourceStopped(f"source {self._name!r} is stopping: nothing more is taken")
         if self._positions.positioned is not False:
             self._positions.place(None)  # a source with positions is refused: each frame names its own
         runner.busy += 1
@@ -226,23 +246,20 @@ class SourceContext:
 
     def decode(self, frame: str | bytes) -> Any:
         """The codec's reading of one frame (a ``DecodedFrame``: ``seq``, ``stream``, ``x`` of its
-        good messages, ``errors`` of its bad parts), for ``emit_decoded``. Nothing is counted yet."""
+        good messages, ``errors`` of its bad parts), to look at or cut before ``emit`` hands it over.
+        Nothing is counted yet."""
         return self._runner.codec.decode(frame)
 
-    async def emit_decoded(self, decoded: Any, position: int | str | None = None, *, first: int = 0,
-                           received_ns: int | None = None) -> int:
-        """Hand over a frame ``decode`` read (and the source may have changed: its ``seq``,
-        ``stream`` and ``x`` cut alike, bad parts added to ``errors``), counted as one frame in.
-        ``first``: its good messages before this one are not handed over (the state holds them: a
-        source that does its own resuming); they keep their indices at ``position``, which it needs
-        (``ValueError`` without one; a ``first`` that is not an int of 0 or more is refused too).
-        Awaits while inbound is full. Returns the good messages taken."""
+    async def _emit_decoded(self, decoded: Any, position: Any, first: Any, received_ns: int | None) -> int:
+        """``emit`` of a frame ``decode`` read (and the source may have changed: its ``seq``, ``stream`` and
+        ``x`` cut alike, bad parts added to ``errors``), or of one with ``first``: counted as one frame in.
+        ``first`` needs a position (``ValueError``), and is an int of 0 or more (``TypeError``/``ValueError``)."""
         runner = self._runner
         runner.enter()
         try:
             check_first(first)
             if first and position is None:
-                raise ValueError(f"emit_decoded(first={first}) needs the frame's position: the messages the "
+                raise ValueError(f"emit(..., first={first}) needs the frame's position: the messages the "
                                  f"state holds are known by their place in a positioned frame")
             if position is not None or self._positions.positioned is not False:
                 self._positions.place(position)
@@ -350,22 +367,6 @@ class SourceContext:
         the source's figures (``counts``), never as an error."""
         self._runner.stats.counts[what] += n
 
-    def set_connected(self, connected: bool, reason: str = "", *, code: int | None = None) -> None:
-        """Tell the books and /readyz whether the source is connected now (it counts as
-        connected while ``run`` runs unless told otherwise); ``reason`` says why it is not,
-        ``code`` the close code received, if any (both in its ``ConnectionEvent``)."""
-        runner = self._runner
-        stats = runner.stats
-        if connected and not stats.connected:
-            stats.connects += 1
-            if stats.connects > 1:
-                stats.reconnects += 1
-        if not connected and reason:
-            stats.last_error = reason
-        if not connected:
-            runner.sends.disconnected()
-        runner.connection_state(connected, reason, code)
-
     def count_error(self, reason: str, n: int = 1) -> None:
         """Count bad input the codec never saw (``"frame too large"``), as ``errors`` by reason."""
         self._runner.stats.errors[reason] += n
@@ -400,6 +401,35 @@ class SourceContext:
         """A connection was lost and the source will connect again: counted (``reconnects``)."""
         self._runner.stats.reconnects += 1
 
+    # ---- renamed (io_loop/renamed.py): each warns, naming its new spelling, and does what that does ----------
+
+    async def emit_frames(self, frames: Sequence[str | bytes], *, received_ns: int | None = None) -> int:
+        """Deprecated: ``emit(frames)``."""
+        deprecated("ctx.emit_frames(frames)", error=AttributeError)
+        if isinstance(frames, (str, bytes, bytearray, memoryview)):  # as it always was: one frame is emit's
+            raise TypeError(f"emit_frames takes a list of frames, not one {type(frames).__name__} (one frame: emit)")
+        return await self._emit_frames(frames, None, 0, received_ns)
+
+    async def emit_decoded(self, decoded: Any, position: int | str | None = None, *, first: int = 0,
+                           received_ns: int | None = None) -> int:
+        """Deprecated: ``emit(decoded, position, first=..., received_ns=...)``."""
+        deprecated("ctx.emit_decoded(decoded, ...)", error=AttributeError)
+        return await self._emit_decoded(decoded, position, first, received_ns)
+
+    def set_connected(self, connected: bool, reason: str = "", *, code: int | None = None) -> None:
+        """Deprecated: ``connection_opened()`` (when not connected), ``connection_closed(reason, code=...)``."""
+        deprecated("ctx.set_connected(flag, reason, code=...)", error=AttributeError)
+        if not connected:
+            self.connection_closed(reason, code=code)
+        elif not self._runner.stats.connected:
+            self.connection_opened()
+
+    @property
+    def name(self) -> str:
+        """Deprecated: the source's own ``name``."""
+        deprecated("ctx.name", error=AttributeError)
+        return self._name
+
     def _origins(self, decoded: Any, position: Any) -> list[Origin] | None:
         """One ``Origin`` per good message of a frame at ``position`` (None without one); the
         frame at ``resume_from`` loses the messages the restored state already holds."""
@@ -417,7 +447,7 @@ class SourceContext:
                     return [Origin(position, i, i == n - 1) for i in range(drop, n)]
             else:
                 log.warning("source %r resumed at %r, not at the position the checkpoint recorded (%r): "
-                            "messages between may be missing or applied twice", self.name, position,
+                            "messages between may be missing or applied twice", self._name, position,
                             self.resume_from)
         return [Origin(position, i, i == n - 1) for i in range(n)]
 

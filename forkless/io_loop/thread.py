@@ -313,12 +313,12 @@ class IOThread:
 
     async def _watch_lag(self) -> None:
         """The IO-loop lag the status line and metrics report, sampled every ``LAG_INTERVAL_S``
-        (``LagProbe``) until cancelled."""
-        probe = LagProbe(asyncio.get_running_loop(), self.stats.loop_lag)
+        (``LagSampler``) until cancelled."""
+        sampler = LagSampler(asyncio.get_running_loop(), self.stats.loop_lag)
         try:
-            await probe.run()
+            await sampler.run()
         finally:
-            probe.stop()
+            sampler.stop()
 
     def _count_unsent(self) -> None:
         """Whatever replies could not be sent are counted and logged, never silently lost:
@@ -353,7 +353,7 @@ class IOThread:
             log.error("%d frames the main thread sent could not be written before the stop", sent)
 
 
-class LagProbe:
+class LagSampler:
     """The IO-loop lag, sampled every ``LAG_INTERVAL_S``: the longer of how long a callback that
     is ready now waits for its turn (one trip round the loop) and how late the sampling timer
     fired, less epoll's rounding (``TIMER_ROUNDING_S``: an idle loop's figure is the trip's).

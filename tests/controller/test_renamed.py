@@ -31,6 +31,7 @@ from forkless.io_loop.settings import moved_fields
 from tests.controller.test_loop import CONFIG, PROCESSOR, chunk, frames
 from tests.controller.test_stats import snapshot
 from tests.fake_io import FakeIO, drain
+from tests.io_loop.test_source_emit import USES as SOURCE_CONTEXT_USES  # a source's context's, used there
 
 
 def _hook(*args: Any) -> None:
@@ -93,7 +94,8 @@ CONFIG_METHODS = {"config.step_settings()": "step_settings", "config.checkpoint_
 
 
 def test_each_renamed_name_is_used_here():
-    assert set(RENAMED) == {*KEYWORDS, "forkless.Sink", *REMOVED_USES, *MOVED_SETTINGS, *CONFIG_METHODS}
+    assert set(RENAMED) == {*KEYWORDS, "forkless.Sink", *REMOVED_USES, *MOVED_SETTINGS, *CONFIG_METHODS,
+                            *SOURCE_CONTEXT_USES}
 
 
 def test_a_renamed_name_warns_for_exactly_one_release():

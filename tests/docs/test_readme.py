@@ -65,7 +65,7 @@ def test_every_example_in_the_documents_is_run_by_a_test():
               ("EMBEDDING.md", "connection_events"),  # tests/io_loop/test_connection_events.py
               ("EMBEDDING.md", "stop"), ("EMBEDDING.md", "sink"), ("EMBEDDING.md", "results_sink"),
               ("EMBEDDING.md", "deadlines"),  # deadlines: tests/io_loop/test_send_deadlines.py
-              ("EMBEDDING.md", "settings")}
+              ("EMBEDDING.md", "settings"), ("EMBEDDING.md", "rows")}
     found = {(doc, name) for doc, text in (("README.md", README), ("EMBEDDING.md", EMBEDDING))
              for name in re.findall(r"<!-- example: (\w+) -->", text)}
     assert found == tested
@@ -178,6 +178,16 @@ def test_the_reconnecting_example_is_counted_as_a_built_in_feed_and_answers_ever
     assert "20 replies, 2 connections, 1 reconnect" in proc.stdout
     replies = [json.loads(frame) for conn in server.connections for frame in conn.received]
     assert sorted(r["seq"] for r in replies) == list(range(20))
+
+
+def test_the_rows_example_hands_over_what_its_source_decoded_itself(feed_server):
+    trades = [{"id": i, "s": "BTCUSDT" if i % 2 else "ETHUSDT", "p": f"{37000 + i}.10", "q": "0.5"} for i in range(20)]
+    frames = [json.dumps(trades[i:i + 5]) for i in range(0, 20, 5)]  # an exchange's own shape, 5 trades a frame
+    server = feed_server(send_frames(frames), impl="websockets")
+    proc = run_app(env={"TRADES_URL": server.url}, program=("-c", example("rows")), timeout_s=90 * UNIT_S)
+    assert proc.returncode == 0, proc.stderr
+    assert f"processed {list(range(20))} messages in 20" in proc.stdout
+    assert server.received == []  # replies = "none": the exchange is sent nothing
 
 
 def test_the_source_example_keeps_its_own_client_answers_the_heartbeat_and_orders_at_once(feed_server):

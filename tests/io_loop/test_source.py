@@ -160,7 +160,7 @@ class RowsSource:
 
 
 class ReadPassSource:
-    """A user's client that hands the frames of each read over together (``emit_frames``)."""
+    """A user's client that hands the frames of each read over together (``emit(frames)``)."""
 
     name = "reads"
 
@@ -170,7 +170,7 @@ class ReadPassSource:
 
     async def run(self, ctx: Any) -> None:
         for frames in self.reads:
-            await ctx.emit_frames(frames)
+            await ctx.emit(frames)
         async for frame in ctx.outgoing():
             self.answers.append(json.loads(frame))
 
@@ -246,7 +246,7 @@ def test_rows_of_the_wrong_shape_fail_the_source_with_a_clear_error():
 
 class PositionedSource:
     """Decodes each frame itself (``ctx.decode``), drops its elements of stream "skip" as a user's
-    filter would, hands the rest over at the frame's position (``emit_decoded``; the first frame
+    filter would, hands the rest over at the frame's position (``emit``; the first frame
     from its second message on, as a source resuming inside it does), and writes its replies a
     batch at a time, keeping each frame's position and giving up the error replies to bad input."""
 
@@ -260,7 +260,7 @@ class PositionedSource:
     async def run(self, ctx: Any) -> None:
         for position, frame in enumerate(self.frames, start=1):
             decoded = ctx.decode(frame)
-            await ctx.emit_decoded(decoded, position, first=1 if position == 1 else 0)
+            await ctx.emit(decoded, position, first=1 if position == 1 else 0)
         async for batch in ctx.replies():
             if not batch.answers:
                 batch.drop("error replies not wanted")

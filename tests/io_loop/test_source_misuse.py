@@ -71,7 +71,7 @@ def test_an_emit_without_a_position_after_ones_with_it_is_refused_and_nothing_is
         await ctx.emit(_frame(range(0, 3)), position=1)
         await self.attempt(ctx.emit(_frame(range(3, 5))))  # the same loop turn: one chunk before the fix
         decoded = ctx.decode(_frame(range(5, 8)))
-        await self.attempt(ctx.emit_decoded(decoded))
+        await self.attempt(ctx.emit(decoded))
         await ctx.emit(_frame(range(8, 10)), position=2)
 
     source = Misuser(steps)
@@ -96,28 +96,28 @@ def test_a_position_after_emits_without_one_is_refused():
     assert sorted(a["seq"] for a in source.answers) == [0, 1, 9] and snap.messages_in == 3
 
 
-def test_emit_decoded_skipping_messages_without_a_position_is_refused():
+def test_emit_skipping_messages_without_a_position_is_refused():
     async def steps(self: Misuser, ctx: Any) -> None:
-        await self.attempt(ctx.emit_decoded(ctx.decode(_frame(range(0, 3))), first=1))
+        await self.attempt(ctx.emit(ctx.decode(_frame(range(0, 3))), first=1))
         await ctx.emit(_frame(range(3, 5)))
 
     source = Misuser(steps)
     snap = _run(source, 2)
-    assert len(source.refused) == 1 and "emit_decoded(first=1) needs the frame's position" in str(source.refused[0])
+    assert len(source.refused) == 1 and "emit(..., first=1) needs the frame's position" in str(source.refused[0])
     assert snap.messages_in == 2 and snap.feeds[0].io.frames_in == 1
 
 
-def test_emit_frames_refuses_a_single_frame_and_a_positioned_source_and_takes_nothing_of_either():
+def test_a_reads_frames_are_refused_with_a_position_and_from_a_positioned_source_and_nothing_is_taken():
     async def steps(self: Misuser, ctx: Any) -> None:
-        await self.attempt(ctx.emit_frames(_frame(range(0, 2))))  # one frame, not a list of them
+        await self.attempt(ctx.emit([_frame(range(0, 1)), _frame(range(1, 2))], 1))  # one position for two frames
         await ctx.emit(_frame(range(2, 4)), position=1)
-        await self.attempt(ctx.emit_frames([_frame(range(4, 6)), _frame(range(6, 8))]))  # no position each
+        await self.attempt(ctx.emit([_frame(range(4, 6)), _frame(range(6, 8))]))  # no position each
         await ctx.emit(_frame(range(8, 9)), position=2)
 
     source = Misuser(steps)
     snap = _run(source, 3)
-    assert [type(e) for e in source.refused] == [TypeError, ValueError]
-    assert "emit_frames takes a list of frames, not one str (one frame: emit)" in str(source.refused[0])
+    assert [type(e) for e in source.refused] == [ValueError, ValueError]
+    assert "emit(frames) of 2 frames takes no position or first" in str(source.refused[0])
     assert "position=None, but its earlier emits had positions" in str(source.refused[1])
     assert sorted(a["seq"] for a in source.answers) == [2, 3, 8]
     assert (snap.messages_in, snap.feeds[0].io.frames_in) == (3, 2)
@@ -169,22 +169,22 @@ def test_str_positions_must_increase_as_text_and_a_source_keeps_one_type():
     assert sorted(a["seq"] for a in source.answers) == [0, 4] and snap.messages_in == 2
 
 
-# ---- 11: emit_decoded's first ---------------------------------------------------------------------
+# ---- 11: emit's first ----------------------------------------------------------------------------
 
 
-def test_emit_decoded_refuses_a_first_that_is_not_a_count_of_messages():
+def test_emit_refuses_a_first_that_is_not_a_count_of_messages():
     async def steps(self: Misuser, ctx: Any) -> None:
         for position, first in enumerate((-1, 1.0, "1", True, None), start=1):
             decoded = ctx.decode(_frame(range(10 * position, 10 * position + 3)))
-            await self.attempt(ctx.emit_decoded(decoded, position, first=first))
-        taken = await ctx.emit_decoded(ctx.decode(_frame(range(100, 103))), 10, first=1)
-        beyond = await ctx.emit_decoded(ctx.decode(_frame(range(200, 202))), 11, first=5)  # all held already
+            await self.attempt(ctx.emit(decoded, position, first=first))
+        taken = await ctx.emit(ctx.decode(_frame(range(100, 103))), 10, first=1)
+        beyond = await ctx.emit(_frame(range(200, 202)), 11, first=5)  # all held already
         self.taken = (taken, beyond)
 
     source = Misuser(steps)
     snap = _run(source, 2)
     assert [type(e) for e in source.refused] == [ValueError, TypeError, TypeError, TypeError, TypeError]
-    assert all("emit_decoded's first" in str(e) for e in source.refused)
+    assert all("emit's first" in str(e) for e in source.refused)
     assert "0 or more, not -1" in str(source.refused[0]) and "not float: 1.0" in str(source.refused[1])
     assert source.taken == (2, 0)
     assert sorted(a["seq"] for a in source.answers) == [101, 102] and snap.messages_in == 2

@@ -7,7 +7,7 @@ Rules:
   an IndexError at the first message: ``outputs`` is a dict of arrays with leading axis B (the
   bucket size), and ``step`` returns a state of the same structure, shapes and dtypes
   (``check_contract``); a per-stream leaf is written only at the batch's rows (``check_row_writes``,
-  a probe: checkpoints copied between steps rely on it); on several devices a replicated leaf
+  one step at a small size: checkpoints copied between steps rely on it); on several devices a replicated leaf
   comes back unchanged (``check_replicated_unchanged``, on the jaxpr).
 - Each compiled step is the processor's step wrapped by ``guarded``: messages whose outputs
   come out non-finite are marked, and with steps in flight their streams' rows are reset to a
@@ -325,47 +325,47 @@ def check_contract(state: Any, out_info: Any, bucket: int) -> None:
             raise ProcessorContractError(f"output {name!r} has shape {list(shape)}: {rule}")
 
 
-# the probe of check_row_writes: a table of this many streams, a batch writing two of them
-PROBE_STREAMS = 12  # 13 rows: a shared leaf is rarely that long by chance
-PROBE_KEYS = (1, 4, 1)
+# check_row_writes' small step: a table of this many streams, a batch writing two of them
+SMALL_STREAMS = 12  # 13 rows: a shared leaf is rarely that long by chance
+SMALL_KEYS = (1, 4, 1)
 
 
 def check_row_writes(processor: Processor, settings: StepShape) -> None:
     """Raise ``ProcessorContractError`` if ``processor.step`` writes rows of a per-stream leaf
     other than its batch's (``batch.key``, the spare row of padding included).
 
-    A probe, run once before compiling: the processor's state for a table of
-    ``PROBE_STREAMS`` streams, every per-stream row filled with distinct values, one step of a
+    One step at a small size, run once before compiling: the processor's state for a table of
+    ``SMALL_STREAMS`` streams, every per-stream row filled with distinct values, one step of a
     batch holding streams 1 and 4 (1 twice) and padding; every other row must come back bit
     for bit. Why it matters: a checkpoint copied between steps keeps exactly the rows each step
     is about to write (controller/checkpoints/checkpoint.py), so a step that writes others (or all rows:
     a decay of every stream, a ``jnp.where`` over the table) would make it inexact, and would
     cost O(max_streams) a step. A processor whose ``init`` or ``step`` cannot run at that size
-    is not probed (logged)."""
-    small = StateShape(max_streams=PROBE_STREAMS, features=settings.features)
-    slots = PROBE_STREAMS + 1
+    is not checked so (logged)."""
+    small = StateShape(max_streams=SMALL_STREAMS, features=settings.features)
+    slots = SMALL_STREAMS + 1
     rng = np.random.default_rng(0)
     bucket = min(4, settings.max_batch)
-    keys = np.asarray(PROBE_KEYS[:bucket], np.int32)
+    keys = np.asarray(SMALL_KEYS[:bucket], np.int32)
     try:
         state = jax.device_get(one_call(lambda: processor.init(small)))
         paths = jax.tree_util.tree_flatten_with_path(state)[0]
         treedef = jax.tree.structure(state)
         filled = [_distinct_rows(np.asarray(leaf), rng) if per_stream_leaf(leaf, slots) else leaf
                   for _, leaf in paths]
-        batch = pad_batch(rng.standard_normal((len(keys), settings.features)), keys, bucket, PROBE_STREAMS,
+        batch = pad_batch(rng.standard_normal((len(keys), settings.features)), keys, bucket, SMALL_STREAMS,
                           description_of(processor).input_dtype)
         stepped = jax.jit(processor.step)
         new_state, _ = jax.device_get(stepped(jax.tree.unflatten(treedef, filled), batch))
         stepped.clear_cache()  # type: ignore[attr-defined]  # jax's stub of jit's result lacks it
-    except Exception as exc:  # any failure at the probe's size only skips the probe
-        log.warning("the processor's row writes were not probed (its init or step does not run with a table of %d "
+    except Exception as exc:  # any failure at the small size only skips the check
+        log.warning("the processor's row writes were not checked (its init or step does not run with a table of %d "
                     "streams: %s: %s); the contract still holds: a step writes only its batch's rows of a "
-                    "per-stream leaf", PROBE_STREAMS, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+                    "per-stream leaf", SMALL_STREAMS, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return
     allowed = np.zeros(slots, bool)
     allowed[keys] = True
-    allowed[PROBE_STREAMS] = True  # padding's spare row
+    allowed[SMALL_STREAMS] = True  # padding's spare row
     for (path, _), before, after in zip(paths, filled, jax.tree.leaves(new_state)):
         if not per_stream_leaf(before, slots):
             continue
@@ -375,9 +375,9 @@ def check_row_writes(processor: Processor, settings: StepShape) -> None:
         if changed.size:
             raise ProcessorContractError(
                 f"state leaf {jax.tree_util.keystr(path) or '(the state)'} is per-stream (leading axis "
-                f"max_streams + 1) and step wrote rows other than its batch's: probed with a table of "
-                f"{PROBE_STREAMS} streams and a batch of streams {sorted(set(keys.tolist()))} (padding at the "
-                f"spare row {PROBE_STREAMS}), rows "
+                f"max_streams + 1) and step wrote rows other than its batch's: checked with a table of "
+                f"{SMALL_STREAMS} streams and a batch of streams {sorted(set(keys.tolist()))} (padding at the "
+                f"spare row {SMALL_STREAMS}), rows "
                 f"{changed.tolist()} changed. A step must write only batch.key's rows of a per-stream leaf "
                 f"(state.leaf.at[key].set(rows)); checkpoints copied between steps rely on it, and a step over "
                 f"every row costs O(max_streams) (controller/processor.py)")

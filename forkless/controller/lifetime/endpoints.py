@@ -6,7 +6,7 @@ Rules:
   ``Controller.start()``, before anything is restored or compiled: a taken port is a
   ``MetricsServerError`` (exit 2) at once, nothing compiled.
 - While the controller restores, compiles and waits for leases, the endpoints are served on a
-  thread of their own, "forkless-probes" (a ``LoopThread``): ``/healthz`` answers 200 with the
+  thread of their own, "forkless-startup" (a ``LoopThread``): ``/healthz`` answers 200 with the
   phase, ``/readyz`` 503 naming the phase ("compiling", …), ``/metrics`` shows ``forkless_phase``.
 - ``hand_over()`` ends that thread (its site closed, the sockets left listening: a scrape that
   comes meanwhile waits in the backlog) and gives the server to the IO thread, which serves it on
@@ -59,7 +59,7 @@ class Endpoints:
 
     def __init__(self, server: Any) -> None:
         self.server = server  # io_loop/net/http.py's MetricsServer, bound
-        self._thread = LoopThread("forkless-probes", cleanup_s=1.0)
+        self._thread = LoopThread("forkless-startup", cleanup_s=1.0)
         self._done: asyncio.Event | None = None  # set on the start-up thread's loop: its serving ends
         self._handed = False
 

@@ -55,10 +55,10 @@ def checkpoint_dir(text: str) -> str:
         return ""
     if "\x00" in text or any(len(part.encode("utf-8", "surrogatepass")) > 255 for part in text.split("/")):
         raise ValueError
-    probe = os.path.abspath(text)
-    while not os.path.lexists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+    existing = os.path.abspath(text)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError
     return text
 
@@ -68,7 +68,7 @@ class StepSettings:
     """The step's sizes and where it runs: a message's x is [features], a per-stream leaf has max_streams + 1 rows,
     the largest batch is max_batch (``buckets`` are the sizes compiled), ``devices`` ("all" or how many) and
     ``steps_in_flight`` ("auto" or how many; a number once compiled: ``on_platform``). Read by ``compile_step`` and
-    what it builds: the ``Engine``, its layout, the kept programs' key and the contract's probe
+    what it builds: the ``Engine``, its layout, the kept programs' key and the contract's row-writes check
     (controller/engine.py, controller/device/); the IO side reads features and max_batch too (a decoded x's
     length, a chunk's bound)."""
 

@@ -59,10 +59,10 @@ def _make_room(path: str) -> None:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise OSError(errno.EEXIST, f"{path} exists and is not a socket (not removed)")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.setblocking(False)
+    knock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    knock.setblocking(False)
     try:
-        probe.connect(path)
+        knock.connect(path)
     except ConnectionRefusedError:  # its server is gone: a stale file
         os.unlink(path)
         return
@@ -71,7 +71,7 @@ def _make_room(path: str) -> None:
     except BlockingIOError:  # a backlog full of connections: alive and busy
         pass
     finally:
-        probe.close()
+        knock.close()
     raise OSError(errno.EADDRINUSE, f"another server is listening on {path}")
 
 

@@ -35,7 +35,7 @@ Rules:
   refusal names it (from its first sequence, ``first_of``). Messages of the feed's deleted or purged by hand are
   not told apart from none.
 - Covered (issue 43): every message of the feed's subjects up to a sequence is handed over.
-  Learned by a probe while connected (``probed``): the stream's last sequence read, then the
+  Learned by a survey while connected (``surveyed``): the stream's last sequence read, then the
   consumer's state (nothing pending, every delivery it made handed over), then the stream's
   first sequence; it proves the feed covered that last sequence when nothing was removed past
   what it had covered before (the first sequence at most one past it), or when the feed was
@@ -183,7 +183,7 @@ class Consumer:
         self.expected = 1  # the consumer sequence of the next first delivery
         self.received = 0  # the consumer sequence of the last delivery read (``deliver``)
         self.settled = 0  # the consumer sequence of the last delivery handed over, held or skipped
-        self.activity = 0  # moves at every delivery and every new consumer (``probed`` sees a change)
+        self.activity = 0  # moves at every delivery and every new consumer (``surveyed`` sees a change)
         self.idle_from: int | None = None  # ``activity`` when the feed was last known caught up, a pull waiting
         self._partitions: dict[str, int] = {}
 
@@ -272,7 +272,7 @@ class Consumer:
                  "or purged by hand are not told apart)")]
 
     def _covered(self) -> int:
-        """How far no message of the feed's own subjects is missing from its position on (a probe proved every one
+        """How far no message of the feed's own subjects is missing from its position on (a survey proved every one
         of them up to there handed over: other subjects' messages there are not ours); 0: not known."""
         need, skip = self._next
         return self.source.covered[1] if self.source.covered[0] == need - 1 and not skip else 0
@@ -386,14 +386,14 @@ class Consumer:
     # ---- what the feed covered -----------------------------------------------------------------
 
     def may_cover(self, last: int) -> bool:
-        """A probe could prove more covered than now, the stream having reached ``last``."""
+        """A survey could prove more covered than now, the stream having reached ``last``."""
         if self.next is None or self.next[1]:
             return False
         handed, through = self.source.covered
         return handed != self.next[0] - 1 or through < last
 
-    def probed(self, mark: int, last: int, pending: int, delivered: int, waiting: bool, first: int) -> bool:
-        """A probe (the module rules): ``mark``, ``activity`` before the stream's last sequence
+    def surveyed(self, mark: int, last: int, pending: int, delivered: int, waiting: bool, first: int) -> bool:
+        """A survey (the module rules): ``mark``, ``activity`` before the stream's last sequence
         ``last`` was read; then the consumer's state: ``pending`` messages of the feed's subjects
         (its num_pending), ``delivered`` (the consumer sequence of its last delivery), ``waiting``
         (a pull of ours waits); then the stream's ``first`` sequence. True when it proved every
@@ -403,7 +403,7 @@ class Consumer:
             return False  # a delivery moved meanwhile, one is not handed over yet, or one is pending
         need = self.next[0]
         handed, through = self.source.covered
-        known = through if handed == need - 1 else need - 1  # covered before this probe
+        known = through if handed == need - 1 else need - 1  # covered before this survey
         caught_up = waiting and self.idle_from == self.activity
         if first > known + 1 and not caught_up:
             return False  # retention removed messages past what was covered: some may have been ours

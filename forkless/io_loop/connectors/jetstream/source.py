@@ -25,7 +25,7 @@ Rules:
   control only (``max_ack_pending``, no redelivery of what this process holds): a restart
   resumes from the checkpoint's position, a reconnect from this feed's own.
 - Decoding: ``ctx.decode`` on each payload, exactly as for a WebSocket frame, then
-  ``ctx.emit_decoded`` at the payload's stream sequence (its position), from the first element
+  ``ctx.emit`` of what it read at the payload's stream sequence (its position), from the first element
   the state does not hold (``Take.skip``); a payload over ``max_msg_bytes`` is not decoded: one
   error reply ("message too large"), counted, and acknowledged with the others (the connection
   stays up: the stream would deliver it again). Good elements get ``Origin(seq, i, last)`` with
@@ -45,10 +45,10 @@ Rules:
   whose created time differs from the one this run
   first connected to (or the restored checkpoint recorded), or that ends before a sequence this
   run saw in it, was made again: ``PositionLost`` too, never resumed into.
-- What the feed covered (issue 43; ``Consumer.probed``): every ``STREAM_INFO_EVERY_S`` the
+- What the feed covered (issue 43; ``Consumer.surveyed``): every ``STREAM_INFO_EVERY_S`` the
   stream's state is read, and where the feed may have covered more, its consumer's state and the
   stream's first sequence after it; once more when the stop begins (bounded by
-  ``STOP_PROBE_S``), so the stop's checkpoint records it. An idle feed (a partitioned
+  ``STOP_SURVEY_S``), so the stop's checkpoint records it. An idle feed (a partitioned
   instance's partitions without messages) thus keeps up with retention of other subjects'
   messages across reconnects, server restarts and its own restarts.
 - A partitioned feed (``partition_count``, issue 24) consumes its owned partitions' subjects
@@ -67,7 +67,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from forkless.io_loop.backoff import Backoff
@@ -108,16 +108,20 @@ MISSED_HEARTBEATS = 3  # nothing at all for this many heartbeats: the connection
 ACK_WAIT_S = 30.0
 INACTIVE_S = 30.0  # an ephemeral consumer unused this long (its process killed) is removed by the server
 STREAM_INFO_EVERY_S = 0.5  # the stream's state (the lag, what the feed covered) is read this often
-STOP_PROBE_S = 1.0  # the stop's last look at what the feed covered waits this long at most
+STOP_SURVEY_S = 1.0  # the stop's last survey of what the feed covered waits this long at most
 GIVE_UP_CLOSE_S = 0.25
 TOO_LARGE_REASON = "message too large"  # a payload over FORKLESS_MAX_MSG_BYTES
 
 
 @dataclass
 class _NotDecoded:
-    """A payload refused before the codec saw it (over ``max_msg_bytes``): no element, one error."""
+    """A payload refused before the codec saw it (over ``max_msg_bytes``): no element, one error (a
+    ``DecodedFrame`` that ``ctx.emit`` hands over as it hands over what ``ctx.decode`` read)."""
 
     errors: list[tuple[str, Any]]
+    seq: list[Any] = field(default_factory=list)
+    stream: list[str] = field(default_factory=list)
+    x: Any = None
 
     def __len__(self) -> int:
         return 0
@@ -217,10 +221,10 @@ class JetStreamSource(SourceCapabilities):
         self._stopping = True
         if self._nc is not None and self._consumer_name:  # what the feed covered, for the stop's checkpoint
             try:
-                async with asyncio.timeout(STOP_PROBE_S):
-                    await self._probe(self._nc)
+                async with asyncio.timeout(STOP_SURVEY_S):
+                    await self._survey(self._nc)
             except (TimeoutError, NatsError):
-                pass  # the checkpoint records what earlier probes found
+                pass  # the checkpoint records what earlier surveys found
         task = self._reader_task
         if task is not None and not task.done():
             if not self._reader_in_handover:
@@ -455,7 +459,7 @@ class JetStreamSource(SourceCapabilities):
             if type(take) is not Take:  # SKIP: a redelivery of what was consumed
                 continue
             if take.in_state:  # a partition's restored position is past it: read, nothing of it handed over
-                await ctx.emit_decoded(_NOTHING, take.seq)
+                await ctx.emit(_NOTHING, take.seq)
             else:
                 await self._consume(ctx, data, take)
             consumer.consumed(take)
@@ -480,18 +484,18 @@ class JetStreamSource(SourceCapabilities):
             self.consumer.handing_over()
         self._reader_in_handover = True
         try:
-            await ctx.emit_decoded(decoded, take.seq, first=take.skip, received_ns=received)
+            await ctx.emit(decoded, take.seq, first=take.skip, received_ns=received)
         finally:
             self._reader_in_handover = False
 
     async def _watch_stream(self, nc: Transport) -> End:
         """The stream's state, every ``STREAM_INFO_EVERY_S``: its last sequence for the lag
-        (``SourceStats.stream_last_seq``), and what the feed covered (``_probe``)."""
+        (``SourceStats.stream_last_seq``), and what the feed covered (``_survey``)."""
         conn = self._live
         while self._live == conn:  # also ends it should nats-py swallow its cancellation (see _read)
             await asyncio.sleep(STREAM_INFO_EVERY_S)
             try:
-                info = await self._probe(nc)
+                info = await self._survey(nc)
             except NatsNotFound:
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was deleted")
             except NatsError:
@@ -500,11 +504,11 @@ class JetStreamSource(SourceCapabilities):
                 return End(Outcome.LOST, f"stream {self.spec.stream!r} was made again")  # refused at the reconnect
         return End(Outcome.LOST, "connection over")
 
-    async def _probe(self, nc: Transport) -> Any:
+    async def _survey(self, nc: Transport) -> Any:
         """The stream's state (returned); where the feed may have covered more, then its
-        consumer's state and the stream's first sequence, for ``Consumer.probed``."""
+        consumer's state and the stream's first sequence, for ``Consumer.surveyed``."""
         consumer, stream = self.consumer, self.spec.stream
-        mark = consumer.activity  # a delivery read from here on voids the probe
+        mark = consumer.activity  # a delivery read from here on voids the survey
         info = await nc.stream_info(stream)
         last = info.state.last_seq
         self.figures.stream_last_seq = max(self.figures.stream_last_seq, last)
@@ -518,7 +522,7 @@ class JetStreamSource(SourceCapabilities):
         after = await nc.stream_info(stream)
         if name == self._consumer_name and (after.created is None or after.created == info.created):
             delivered = state.delivered.consumer_seq if state.delivered is not None else 0
-            consumer.probed(mark, last, state.num_pending or 0, delivered or 0, bool(state.num_waiting),
+            consumer.surveyed(mark, last, state.num_pending or 0, delivered or 0, bool(state.num_waiting),
                             after.state.first_seq)
         return info
 

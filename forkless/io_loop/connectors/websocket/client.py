@@ -6,7 +6,7 @@ Rules:
   talks to the rest only through its ``SourceContext``. One reader task and one writer task per
   connection. With several feeds (io_loop/feeds.py) there is one per feed on the same loop.
 - Reader: the frames one socket read brought (the data frames aiohttp has parsed already, at most
-  ``READ_PASS_FRAMES``; io_loop/net/aiohttp_compat.py's ``data_ready``) -> ``ctx.emit_frames(frames,
+  ``READ_PASS_FRAMES``; io_loop/net/aiohttp_compat.py's ``data_ready``) -> ``ctx.emit(frames,
   received_ns=...)``, which decodes them in one pass where the codec can, hands the good messages
   over (io_loop/handover.py) and answers or declines the bad ones under the feed's reply policy
   (``replies_declined``, logged once per reason). One await a read; a close, ping or error that
@@ -365,9 +365,9 @@ class WebSocketSource(SourceCapabilities):
             return False
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> End:
-        """Frames to the codec and over (``ctx.emit_frames``: those one socket read brought, in one
+        """Frames to the codec and over (``ctx.emit(frames)``: those one socket read brought, in one
         pass) until the connection ends or the stop."""
-        emit_frames = self._ctx.emit_frames
+        emit = self._ctx.emit
         stopping = self._ctx.stopping
         loop = asyncio.get_running_loop()
         ready = self._ready
@@ -390,7 +390,7 @@ class WebSocketSource(SourceCapabilities):
                 self._last_frame_at = loop.time()
                 self._emitting = True
                 try:
-                    await emit_frames(frames, received_ns=received)
+                    await emit(frames, received_ns=received)
                 except SourceStopped:  # the stop began while these were read: not taken, as if unread
                     return End(Outcome.STOPPED)
                 finally:

@@ -106,23 +106,23 @@ def test_a_restored_position_inside_a_payload_skips_its_good_elements_handed_ove
     assert c.deliver(reply(8, 2)) == Take(8, 5)  # the next message whole
 
 
-def test_a_probe_with_nothing_pending_and_every_delivery_handed_over_proves_the_feed_covered_the_streams_last():
+def test_a_survey_with_nothing_pending_and_every_delivery_handed_over_proves_the_feed_covered_the_streams_last():
     c = consumer(first=1, last=40)
     c.new_consumer()
     take = c.deliver(reply(3, 1, pending=0))
     mark = c.activity
-    assert not c.probed(mark, 40, 0, 1, True, 1)  # delivered, not yet handed over: proves nothing
+    assert not c.surveyed(mark, 40, 0, 1, True, 1)  # delivered, not yet handed over: proves nothing
     c.consumed(take)
-    assert c.probed(mark, 40, 0, 1, True, 1) and c.source.covered == (3, 40)
-    assert c.probed(c.activity, 55, 0, 1, False, 1) and c.source.covered == (3, 55)
-    assert c.probed(c.activity, 50, 0, 1, True, 1) and c.source.covered == (3, 55)  # never goes back
-    assert not c.probed(c.activity, 70, 1, 1, True, 1)  # a message of the feed's subjects pending
-    assert not c.probed(c.activity, 70, 0, 2, True, 1)  # the consumer delivered one not read yet
-    assert not c.probed(mark - 1, 70, 0, 1, True, 1)  # a delivery was read while the probe ran
+    assert c.surveyed(mark, 40, 0, 1, True, 1) and c.source.covered == (3, 40)
+    assert c.surveyed(c.activity, 55, 0, 1, False, 1) and c.source.covered == (3, 55)
+    assert c.surveyed(c.activity, 50, 0, 1, True, 1) and c.source.covered == (3, 55)  # never goes back
+    assert not c.surveyed(c.activity, 70, 1, 1, True, 1)  # a message of the feed's subjects pending
+    assert not c.surveyed(c.activity, 70, 0, 2, True, 1)  # the consumer delivered one not read yet
+    assert not c.surveyed(mark - 1, 70, 0, 1, True, 1)  # a delivery was read while the survey ran
     assert c.source.covered == (3, 55)
     inside = consumer(Origin(7, 0, False))
     inside.new_consumer()
-    assert not inside.probed(inside.activity, 90, 0, 0, True, 1)  # not while a message is partly handed over
+    assert not inside.surveyed(inside.activity, 90, 0, 0, True, 1)  # not while a message is partly handed over
     assert inside.source.covered == (0, 0)
 
 
@@ -133,21 +133,21 @@ def test_past_what_it_covered_retention_is_accepted_only_from_a_feed_caught_up_w
     idle = consumer(first=1, last=40)
     idle.new_consumer()
     idle.consumed(idle.deliver(reply(3, 1, pending=0)))  # caught up at 3, its pull still waiting
-    assert idle.probed(idle.activity, 900, 0, 1, True, 401)  # a burst of others: nothing of ours could hide
+    assert idle.surveyed(idle.activity, 900, 0, 1, True, 401)  # a burst of others: nothing of ours could hide
     assert idle.source.covered == (3, 900)
-    assert idle.probed(idle.activity, 1500, 0, 1, True, 1001)
+    assert idle.surveyed(idle.activity, 1500, 0, 1, True, 1001)
     assert idle.source.covered == (3, 1500)
 
     lagging = consumer(first=1, last=40)
     lagging.new_consumer()
     lagging.consumed(lagging.deliver(reply(3, 1, pending=7)))  # more of ours were pending after 3
-    assert not lagging.probed(lagging.activity, 900, 0, 1, True, 401)  # were some of 4..400 ours? unknown
+    assert not lagging.surveyed(lagging.activity, 900, 0, 1, True, 401)  # were some of 4..400 ours? unknown
     assert lagging.source.covered == (0, 0)
-    assert lagging.probed(lagging.activity, 900, 0, 1, False, 4)  # nothing removed past 3: proved
+    assert lagging.surveyed(lagging.activity, 900, 0, 1, False, 4)  # nothing removed past 3: proved
     assert lagging.source.covered == (3, 900)
-    assert not lagging.probed(lagging.activity, 1500, 0, 1, False, 1001)  # no pull waited since: unknown
-    assert lagging.probed(lagging.activity, 1500, 0, 1, True, 901)  # within what it covered
-    assert lagging.probed(lagging.activity, 2000, 0, 1, True, 1400)  # and from then on it waited
+    assert not lagging.surveyed(lagging.activity, 1500, 0, 1, False, 1001)  # no pull waited since: unknown
+    assert lagging.surveyed(lagging.activity, 1500, 0, 1, True, 901)  # within what it covered
+    assert lagging.surveyed(lagging.activity, 2000, 0, 1, True, 1400)  # and from then on it waited
 
 
 # ---- at a connection: where it starts, what the stream must still hold -------------------------------
@@ -175,7 +175,7 @@ def test_retention_of_other_subjects_messages_loses_nothing_of_the_feeds_but_of_
     c = consumer(first=1, last=40)
     c.new_consumer()
     c.consumed(c.deliver(reply(10, 1, pending=0)))
-    assert c.probed(c.activity, 40, 0, 1, True, 1)  # handed over to 10; nothing of ours up to 40
+    assert c.surveyed(c.activity, 40, 0, 1, True, 1)  # handed over to 10; nothing of ours up to 40
     c.check_stream(41, 60)  # retention removed 1-40: none of them was ours, and 41 is the next needed
     with pytest.raises(PositionLost, match=r"its first sequence is 42, this run recorded 10 as the last applied "
                                            r"\(the next needed is 11, and none of its subjects' up to 40\)"):
