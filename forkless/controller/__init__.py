@@ -1,9 +1,8 @@
 """The main-thread side: configuration, codec, batching, processors, statistics, the loop.
 
-The user API is ``forkless``'s alone
-(``from forkless import Controller``); this package exports nothing, and each module's ``__all__`` lists only
-what that module defines. Importing it loads nothing else, so reading the configuration (``app.py``'s first step,
-which must fail fast on a bad variable) does not import JAX.
+The user API is ``forkless``'s alone (``from forkless import Controller``): this package exports nothing, each
+module's ``__all__`` lists only what that module defines, and importing the package loads nothing else, so reading
+the configuration (which must fail fast on a bad variable) does not import JAX.
 """
 
 from __future__ import annotations

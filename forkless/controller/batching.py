@@ -2,29 +2,20 @@
 
 Rules:
 - Pure: no threads, no queues, no clock; the caller passes ``now`` (seconds, monotonic).
-- ``Chunk`` (IO -> main) and ``Outgoing`` (main -> IO) are the only things that cross the
-  bridge between the threads; they are defined where the threads meet (io_loop/crossing.py),
-  with the ``Trace`` stamps and ``HOPS``, and imported from there.
-- Order is kept: messages leave in the order their chunks were added, and a chunk larger
-  than the room left is split, its tail going first into the next batch.
-- Size and deadline: a batch holds at most ``max_batch`` messages. After its first message
-  the caller may keep adding chunks that are *already waiting* while ``wants_more(now)`` is
-  true, i.e. until the batch is full or ``max_wait_s`` has passed since it began collecting.
-  The batcher never asks the caller to wait for an empty queue, so a lone message goes
-  straight through.
-- A batch begins collecting with its first message; what a ``take`` leaves (the rest of a
-  chunk, or of chunks, a full batch had no room for) begins collecting again with the first
-  chunk added after the take. The time between (the caller stepping the batch taken) is not
-  collecting, so a leftover is topped up from what is already waiting before it is cut,
-  however long the step was; with nothing waiting it goes out at once, as a lone message does.
-- Padding: a batch of n messages is padded to the smallest bucket >= n (``Config.buckets``: powers
-  of four up to ``max_batch``) so the jitted step only ever sees a few shapes, all compiled at start-up.
-- One copy of ``x`` on the host: a chunk holds its frames' own arrays, and a batcher given the
-  buckets copies them once, straight into the batch's zeroed bucket-sized array (``PaddedRows``),
-  which ``pad_batch`` takes as it is.
-- Per-chunk values stay per chunk: ``Taken.runs``, one ``(end, feed, received_ns)`` per chunk's
-  piece of the batch; the per-message lists are made only where a rare path asks for them.
-- Stream slots (name -> row of the state table) are controller/slots.py's business.
+- ``Chunk`` (IO -> main) and ``Outgoing`` (main -> IO), the only things that cross between the threads, are
+  defined where the threads meet (io_loop/crossing.py) and imported from there.
+- Order is kept: messages leave in the order their chunks were added; a chunk larger than the room left is split,
+  its tail going first into the next batch.
+- Size and deadline: a batch holds at most ``max_batch`` messages. After its first message the caller adds only
+  chunks *already waiting*, while ``wants_more(now)``: until full or ``max_wait_s`` since it began collecting. The
+  batcher never asks the caller to wait on an empty queue, so a lone message goes straight through.
+- What a ``take`` leaves begins collecting with the next chunk added: the step between is not collecting time,
+  so a leftover is topped up from what waits before it is cut, and with nothing waiting goes out at once.
+- Padding: n messages are padded to the smallest bucket >= n (``Config.buckets``: powers of four up to
+  ``max_batch``), so the jitted step sees a few shapes, all compiled at start-up.
+- One copy of ``x`` on the host: the chunks' rows are copied once, into the batch's zeroed bucket-sized array
+  (``PaddedRows``), which ``pad_batch`` takes as it is. Per-chunk values stay per chunk (``Taken.runs``).
+- Stream slots are controller/slots.py's business.
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
 """BatchStep: one taken batch, from its messages to its results handed over and its replies put.
 
 Rules:
-- Main thread only; no threads, no queues of its own: what it makes is handed to ``put`` (the
-  controller's outbound put, which waits while *outbound* is full; a test's list), so it runs
-  and is tested without an IO side.
-- Each message gets exactly one of: a result frame, an error frame (refused: too many streams;
-  processing failed; a non-finite result; encode failed) or no frame, counted as ``no_reply``
-  (controller/replies.py applies each feed's reply policy). Replies keep arrival order.
-- The order of a batch: slot its streams (recycled slots reset first), dispatch its step
-  through the engine (the one owner of the device state) — ``begin``; then — ``end``, in the
-  order begun (controller/inflight.py keeps up to FORKLESS_STEPS_IN_FLIGHT begun) — its results
-  on the host, the processor's declared counters over the finite rows, non-finite rows refused
-  and their streams reset (with steps in flight by the step itself, compiled.guarded), the results handed to
-  ``on_results``, encode, stamp ``OUTBOUND`` (results handed over: the ``latency`` ends), put
-  the one ``Outgoing`` (none when nothing is sent), move the replayable feeds' positions. What
-  ``on_results`` raised is raised once the batch's replies are put. With the controller's sinks
-  (``to_sinks``) the batch's results ride on that ``Outgoing`` (``Outgoing.for_sinks``: one is put even
-  when no frame is sent), as ``on_results`` got them, to the sinks on the IO loop (io_loop/sinks/results.py).
-- A step that raises answers its batch with "processing failed" (the engine kept the state,
-  or replaced it if the failed step had lost it); the traceback is logged once per distinct
-  error. A non-finite result is logged once.
+- Main thread only, no threads or queues of its own: what it makes goes to ``put`` (the outbound put; a test's
+  list), so it runs and is tested without an IO side.
+- Each message gets exactly one of: a result frame, an error frame (too many streams, processing failed, a
+  non-finite result, encode failed) or no frame, counted as ``no_reply``; each feed's reply policy is
+  controller/replies.py's. Replies keep arrival order.
+- A batch's order: ``begin`` slots its streams (recycled slots reset first) and dispatches its step through the
+  engine; ``end``, in the order begun, takes its results to the host, counts the declared counters over finite
+  rows, refuses non-finite rows and resets their streams, calls ``on_results``, encodes, stamps ``OUTBOUND``, puts
+  the one ``Outgoing`` (carrying the results for the IO-side sinks, ``to_sinks``) and moves the replayable feeds'
+  positions. What ``on_results`` raised is raised once the batch's replies are put.
+- A step that raises answers its batch with "processing failed" (the engine kept or replaced the state); the
+  traceback is logged once per distinct error, a non-finite result once.
 """
 
 from __future__ import annotations

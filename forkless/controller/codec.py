@@ -1,17 +1,13 @@
 """The wire codec: frames in, decoded messages and errors out; results in, frames out.
 
 Rules:
-- Pure: no sockets, no threads, no clock. ``decode`` never raises on bad input; every
-  bad frame or bad element becomes one ``(reason, seq)`` error, and the good elements of the
-  same frame are still returned.
-- A decoded message is ``(seq, stream, x)`` with ``x`` a vector of length ``features`` in the
-  processor's input dtype (``Processor.input_dtype``: float32, or float64), built in that
-  dtype from the parsed numbers, so a float64 input never passes through float32. The batch
-  of a frame comes back column-wise (``Decoded``) so the main thread can stack it without
-  per-message work.
-- Anything that speaks another protocol can replace ``JsonCodec`` by implementing
-  ``Codec``: ``decode``, ``encode_results`` and ``encode_error``. ``encode_error`` may return
-  None: no error frame (a feed that must never be sent one), counted as a declined reply.
+- Pure: no sockets, no threads, no clock. ``decode`` never raises on bad input: each bad frame or element is one
+  ``(reason, seq)`` error, and the frame's good elements are still returned.
+- A decoded message is ``(seq, stream, x)``, ``x`` of length ``features`` built in the processor's input dtype
+  from the parsed numbers (a float64 input never passes through float32), column-wise per frame (``Decoded``).
+- Another protocol replaces ``JsonCodec`` by implementing ``Codec`` (docs/embedding/contract.md); ``encode_error``
+  may return None: no error frame, counted as a declined reply. ``GuardedCodec`` keeps a codec's exceptions off
+  the IO thread and the loop.
 - Network data is only ever parsed as JSON; nothing is evaluated or unpickled.
 
 Default protocol (text or binary frames, UTF-8 JSON)::
@@ -46,8 +42,8 @@ SEQ_MIN, SEQ_MAX = -(2**63), 2**64 - 1
 MAX_ERROR_REPLIES = 16
 FOLDED_REASON = f"bad element beyond {MAX_ERROR_REPLIES} error replies in one frame"
 NON_FINITE_RESULT = "processing produced a non-finite result"
-# decode_frames takes this many frames or more; fewer are decoded one at a time, which measured as
-# fast at 4 frames (about 2.3 µs a message either way) and faster below (bench/docs/per-message-cost.md)
+# decode_frames takes this many frames or more; fewer are decoded one at a time, as fast or faster
+# (bench/docs/per-message-cost.md)
 ONE_PASS_MIN_FRAMES = 4
 # The accepted input range (|x| <= X_MAX, X_RANGE_REASON) is io_loop/decoding.py's: emit_rows refuses the same.
 
@@ -345,23 +341,18 @@ def fallback_error_frame(reason: str, seq: Any) -> bytes:
 
 
 class GuardedCodec:
-    """Wraps any ``Codec`` so that its exceptions never reach the IO thread or the loop.
+    """Wraps any ``Codec`` so that its exceptions never reach the IO thread or the loop (what each failure
+    becomes: docs/embedding/contract.md, "codec").
 
-    - ``decode`` raising, or returning columns of the wrong shape, becomes one
-      ``("decode failed", None)`` error: the frame gets an error reply and a counter, the
-      connection and the thread stay up. ``x`` of another dtype than ``dtype`` (the
-      processor's input dtype) is converted to it: a codec that returns float32 for a float64
-      processor is cast up, so the precision is then the codec's.
-    - ``encode_error`` returning None declines the error reply (no frame: the caller counts it
-      as declined); raising, or returning anything but str, bytes or None, falls back to a
-      JSON error frame (``fallback_error_frame``).
-    - ``encode_batch`` (for the loop) calls ``encode_results``; its result must hold one
-      entry per message, ``None`` meaning "no reply for this message", or be empty (no
-      reply for any). Raising or any other length answers the batch with
-      ``"encode failed"`` errors (not even encoded with ``errors=False``: the feed's reply
-      policy sends no error frames).
-    - Each distinct failure (method, exception type, first line) is logged once, with its
-      traceback; the counters count every one.
+    - ``decode`` raising or returning badly shaped columns is one ``("decode failed", None)`` error; ``x`` of
+      another dtype is converted to ``dtype``, the processor's input dtype.
+    - ``encode_error`` returning None declines the reply; raising, or returning anything but str, bytes or
+      None, falls back to ``fallback_error_frame``.
+    - ``encode_batch`` (the loop's) calls ``encode_results``: one entry per message (None: no reply) or none
+      at all; raising or any other length answers the batch with ``"encode failed"`` (not even encoded with
+      ``errors=False``).
+    - Each distinct failure (method, exception type, first line) is logged once with its traceback; the
+      counters count every one.
     """
 
     def __init__(self, codec: Codec, features: int, log: logging.Logger | None = None,

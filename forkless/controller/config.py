@@ -2,24 +2,16 @@
 
 Rules:
 - Every setting is declared once, as a field of one settings group in the room that reads it (io_loop/settings.py's
-  rules): the IO side's (io_loop/settings.py), the feeds' (io_loop/feedlist.py), each connector room's
-  (io_loop/connectors/websocket/settings.py, .../jetstream/settings.py), the relay's (io_loop/relay/settings.py) and
-  the controller's (controller/settings/groups.py). ``GROUPS`` lists them by the name ``Config`` takes and gives each
-  by (``Config(step=StepSettings(...))``, ``config.step``); ``VARIABLES``, the environment's reader, ``--help`` and
-  docs/variables.md are drawn from their declarations.
-- A ``Config`` is built from groups, from keywords (each setting's is its variable's name in lower case:
-  ``Config(max_batch=16)``; ``config.max_batch`` reads it back), or both: a group gives the fields it was built with
-  (``given_fields``), so its defaults never override another argument. A setting given twice with two values is a
-  ``TypeError`` naming both spellings; an unknown keyword is a ``TypeError``.
-- A bad value raises ``ConfigError`` naming the variable, the value and what is allowed, where it is given (the
-  group checks it); the rules between groups are checked here (``validate``). ``app.py`` turns it into exit status
-  2 before any thread starts. Secrets never appear in ``repr``, errors or ``--help``.
-- What a component reads is built here, in one place each: the IO side's (``io_settings``), a partitioned
-  instance's (``instance_settings``); the others read a group as it is (``config.step``, ``config.checkpoints``).
-  The composition roots hand each component its groups, never the whole ``Config``.
-- The controller never asks which kind a feed is: the feeds come from io_loop/feedlist.py (``FORKLESS_FEEDS``, each
-  entry read by its connector room) or the one-feed shorthand (``WebSocketSettings.feed``), and what a feed is
-  asked goes through its ``FeedSpec`` and its connector.
+  rules). ``GROUPS`` lists the groups by the name ``Config`` takes and gives each by (``config.step``);
+  ``VARIABLES``, the environment's reader, ``--help`` and docs/variables.md are drawn from their declarations.
+- A ``Config`` is built from groups, from keywords (a variable's name in lower case: ``Config(max_batch=16)``), or
+  both: a group gives only the fields it was built with (``given_fields``), so its defaults never override another
+  argument. A setting given twice with two values, or an unknown keyword, is a ``TypeError``.
+- A bad value raises ``ConfigError`` naming the variable, the value and what is allowed, where it is given; the
+  rules between groups are checked here (``validate``). Secrets never appear in ``repr``, errors or ``--help``.
+- What a component reads is built here, one place each (``io_settings``, ``instance_settings``); the composition
+  roots hand each component its groups, never the whole ``Config``.
+- The controller never asks which kind a feed is: what a feed is asked goes through its ``FeedSpec`` and connector.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
-"""What a processor declares to the core beyond ``(init, step)``: its ``Description``, a frozen,
-typed value checked when it is built. The core keeps what it declares without knowing what it means.
+"""What a processor declares to the core beyond ``(init, step)``: its ``Description``, a frozen, typed value checked
+when it is built. The core keeps what it declares without knowing what it means.
 
 Rules:
-- A ``Processor(init, step, description=Description(...))`` carries it (controller/processor.py);
-  every module reads it as typed attributes (``processor.description.name``), never with a
-  ``getattr``. Its fields: the identity a checkpoint is matched by (``name``, ``version``), how a
-  restore treats the shared leaves (``restore_shared``), whether the step keeps streams apart
-  (``per_stream``), the dtype of ``batch.x`` (``input_dtype``), and the declarations: ``counters``
-  (counter name -> output name), ``settings`` (name -> JSON value, recorded in every checkpoint and
-  matched on restore) and ``recorded`` (name -> JSON value, recorded only).
-- Everything the core can check without the step is checked when the description is built
-  (``ProcessorContractError`` naming the field and what is allowed): a field of the wrong type, an
-  input dtype other than float32 and float64, a counter named as a count of the core's own, a
-  setting named as one of the core's, a value JSON cannot write. A counter's output must exist and
-  be bool or integer: checked when compiling (``check_counters``), with the step's outputs known.
-- A counter is the sum of its output over the batch's messages whose results are finite (the
-  rows answered with results); it lives in ``MainStats.counters``, in every checkpoint's counts
-  beside ``processed``, and is restored from them (``counts_from``).
+- Every module reads it as typed attributes (``processor.description.name``), never with a ``getattr``. Its
+  fields and their meaning: docs/embedding/contract.md, "The description".
+- What can be checked without the step is checked when it is built (``ProcessorContractError`` naming the field
+  and what is allowed); a counter's output, once the step's outputs are known, when compiling (``check_counters``).
+- A counter is the sum of its output over the batch's messages whose results are finite; it lives in
+  ``MainStats.counters`` and every checkpoint's counts, and is restored from them (``counts_from``).
 - Pure: no JAX, no threads.
 """
 
@@ -118,7 +109,7 @@ def _input_dtype(declared: Any, who: str) -> np.dtype:
 
 
 def _mapping(value: Any, field_name: str, who: str) -> dict[Any, Any]:
-    if value is None:  # as the fields were spelt before the Description: None, nothing declared
+    if value is None:  # None: nothing declared
         return {}
     if not isinstance(value, Mapping):
         raise ProcessorContractError(f"{who}: {field_name} must be a mapping (a dict), got {type(value).__name__}")
@@ -175,6 +166,6 @@ def count(counters: Mapping[str, str], outputs: Mapping[str, np.ndarray], keep: 
     """Add each counter's output, summed over the rows ``keep`` selects (None: every row), to ``into``."""
     for name, output in counters.items():
         values = outputs[output] if keep is None else outputs[output][keep]
-        # a flag: count_nonzero (about 1 µs against 5 µs for np.sum on a batch's few rows)
+        # a flag: count_nonzero, cheaper than np.sum on a batch's few rows
         got = np.count_nonzero(values) if values.dtype == np.bool_ else np.sum(values, dtype=np.int64)
         into[name] = into.get(name, 0) + int(got)

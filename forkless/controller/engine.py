@@ -1,39 +1,23 @@
 """Engine: the one owner of the device state.
 
 Rules:
-- ``compile_step`` builds an ``Engine``: it puts the processor's initial state on the device(s)
-  and compiles the step for every bucket ahead of time (state DONATED), plus the slot reset.
-  After it nothing compiles again (``compilations()`` stays flat; tests pin it).
-- Only the engine holds and assigns the state. The loop asks it to ``step`` a batch, ``reset``
-  recycled slots, ``begin_snapshot`` a checkpoint and ``restore`` one; nothing else reads or
-  writes the state (tests/docs/test_architecture.py holds every assignment of it to this module).
-- Steps in flight: ``step`` is ``dispatch`` (the compiled step started, the copy of its results
-  to the host started, nothing waited for: a ``Pending``) then ``finish`` (the results on the
-  host), and several may be dispatched before the oldest is finished, always finished in
-  dispatch order. The device orders them (each is given the state the one before returned).
-  A step that fails when finished had passed its (lost) state on: what was dispatched after
-  it (steps, resets, weight swaps: the journal) runs again on the fresh or kept state, so the
-  results are those of one step at a time. ``begin_snapshot`` refuses while steps are in flight.
-  With steps in flight (``steps_in_flight`` > 1, resolved once by ``compile_step``:
-  ``StepSettings.on_platform``) the compiled steps reset a non-finite stream's rows themselves
-  (``resets_in_step``: compiled.guarded), in the key of the kept programs.
-- Whatever must happen before the state is written happens here: a checkpoint being copied
-  between steps keeps the rows a step or reset is about to write (copy-on-write,
-  controller/checkpoints/snapshot.py ``PendingSnapshot``) — called by the engine, so no caller can forget it.
-- One device or several (``FORKLESS_DEVICES``) is the engine's business, behind one interface:
-  a *layout* (controller/device/layouts.py: ``OneDevice``, ``Sharded``) says how the state is placed,
-  how a batch is laid out for the compiled step and how its results come back; the compile
-  path, the step, the reset, snapshots and restores are written once over it.
-- The processor contract is checked while compiling (controller/device/compiled.py): outputs
-  ``[B, ...]``, a state of unchanged structure, shapes and dtypes, a step that writes only its
-  batch's rows of a per-stream leaf (``check_row_writes``), and, on several devices, shared
-  leaves returned unchanged and ``per_stream=True``.
-- A step that fails at run time after being given the state (donated) leaves no state: the
-  engine puts a fresh one in its place and says so (``StepFailed.state_lost``); a checkpoint
-  being copied from the lost state is abandoned (``PendingSnapshot``'s ``intact``).
-- Live weights (controller/device/weights.py): new values for ``state.params`` of a ``StreamState``
-  offered from any thread (``offer_weights``) are put in place at the start of the next
-  ``step``, where the old leaves were, before it runs: the compiled steps run on unchanged.
+- ``compile_step`` builds an ``Engine``: the initial state on the device(s), the step compiled for every bucket
+  (state donated) and the slot reset. After it nothing compiles again (``compilations()`` stays flat).
+- Only the engine holds and assigns the state (tests/docs/test_architecture.py holds every assignment to this
+  module); the loop asks it to ``step``, ``reset`` recycled slots, ``begin_snapshot`` and ``restore``.
+- A step is ``dispatch`` then ``finish``; several may be in flight, always finished in dispatch order (the device
+  orders them: each is given the state the one before returned). A step that fails when finished had passed its
+  lost state on: what was dispatched after it (the journal) runs again on the kept or a fresh state, so the
+  results are those of one step at a time. ``begin_snapshot`` refuses while steps are in flight; with steps in
+  flight the compiled steps reset a non-finite stream's rows themselves (``resets_in_step``).
+- What must happen before the state is written happens here, so no caller can forget it: a checkpoint being
+  copied between steps keeps the rows a step or reset is about to write (``PendingSnapshot``).
+- One device or several is a *layout* (controller/device/layouts.py); the compile, step, reset, snapshots and
+  restores are written once over it. The processor contract is checked while compiling (device/compiled.py).
+- A step that fails after being given the state leaves none: a fresh one takes its place
+  (``StepFailed.state_lost``) and a checkpoint being copied from the lost one is abandoned.
+- Live weights offered from any thread (``offer_weights``) are put in place at the start of the next ``step``;
+  the compiled steps run on unchanged.
 """
 
 from __future__ import annotations
@@ -139,9 +123,8 @@ class Engine:
         self.devices = devices
         # read-only, as (state, batch) -> (state, *results); for the preflight and the benchmark
         self.steps: Mapping[int, Any] = {b: _WithTemplate(c, compiled.template) for b, c in compiled.steps.items()}
-        # outputs of a CPU step are host memory already: np.asarray reads them in place (about
-        # 13 µs for the default outputs, against 85 µs for jax.device_get, which starts one
-        # asynchronous copy per array); on an accelerator device_get's overlapped copies win
+        # outputs of a CPU step are host memory already: np.asarray reads them in place, cheaper than
+        # jax.device_get's one asynchronous copy per array; on an accelerator those overlapped copies win
         self.platform = jax.devices()[0].platform  # "cpu", "tpu", "gpu" …
         # the compiled steps reset a non-finite stream's rows themselves (compiled.guarded); else the caller does
         self.resets_in_step = int(settings.steps_in_flight) > 1  # resolved (on_platform): an int

@@ -1,17 +1,13 @@
 """The exceptions that end a run for a reason the program reports in one line, and the exit statuses.
 
 Rules:
-- One root: every exception forkless raises on purpose derives from ``ForklessError``, defined
-  in ``io_loop/errors.py`` (the leaf imports nothing from here) with the IO side's (``FeedFatal``,
-  ``MetricsServerError``, ``PositionLost``, ``IOThreadError``, ``LeaseHeld``, ``LeaseLost``) and
-  ``ConfigError`` (a settings group refuses a bad value where it is made, in io_loop or here); the
-  classes here derive from it. Each is imported from the module that defines it; a caller
-  catches them as ``forkless.X``.
-- Each class carries its exit status (``exit_status``), the label of the program's line
-  (``exit_label``) and its line in the README's table (``exit_meaning``); ``controller/commands/cli.py``
-  and ``forkless relay`` map every ``ForklessError`` by them, with one clause.
-- ``EXIT_STATUSES`` says what each status means in general, beside the classes that end a run
-  with it (``ENDS_A_RUN``): ``gendocs.py`` makes the README's table of both.
+- One root: every exception forkless raises on purpose derives from ``ForklessError``, defined in
+  ``io_loop/errors.py`` (the leaf imports nothing from here) with the IO side's and ``ConfigError``. Each is
+  imported from the module that defines it; a caller catches them as ``forkless.X``.
+- Each class carries its exit status (``exit_status``), its line's label (``exit_label``) and its README row
+  (``exit_meaning``); the programs map every ``ForklessError`` by them, in one clause.
+- ``EXIT_STATUSES`` says what each status means, beside the classes that end a run with it (``ENDS_A_RUN``):
+  ``gendocs.py`` makes the README's table of both.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """Events-only controllers: the user's own sources hand the main loop events, and no processor runs.
 
 Rules:
-- Chosen explicitly, ``Controller(config, processor=forkless.EVENTS_ONLY, sources=[...], on_event=...)``: a
-  program whose sources hand over only events (``ctx.emit_event``: fills, books, trades as
-  text) and whose own loop decides. Nothing is compiled, no processor is built (not even the
-  default detector), no device state exists, and the demo feed's settings are never checked
-  (no demo feed runs). Not chosen by guessing: a controller given sources and no processor
-  still runs the default detector, as before, for sources that hand over messages.
-- What contradicts it is refused when the controller is built (``ValueError`` naming the
-  argument or variable): sinks (there are no results), no sources, a configured feed
-  (``FORKLESS_WS_URL``, ``FORKLESS_FEEDS``: their messages need a processor), checkpoints
-  (``FORKLESS_CHECKPOINT_DIR``, ``FORKLESS_CHECKPOINT_BUCKET``, ``checkpoint_store``: there is
-  no state to keep).
-- Messages a source hands over anyway (``ctx.emit``, ``emit_rows``) are never lost silently:
-  each batch of them is counted in ``dropped`` ("no processor (events only)"), so the books
-  balance, and the first is logged as an error naming the source and the fix.
-- Nothing process-wide is changed for it: the host's switch interval is left as it is (only a
-  step needs the GIL back soon after XLA returns; measured: bench/docs/exchange-session-cost.md).
-- Handed what it checks (the ``CheckpointSettings``, the variable that configures a feed), never the
-  whole ``Config``. Pure: no JAX. This module is the "no processor" object the loop calls instead of
-  ``BatchStep`` (controller/batchstep.py): the loop never asks which one it has.
+- Chosen explicitly, ``Controller(config, processor=forkless.EVENTS_ONLY, sources=[...], on_event=...)``, never
+  guessed: nothing is compiled, no processor built, no device state exists, no demo feed's settings checked.
+- What contradicts it is refused when the controller is built (``ValueError`` naming the argument or variable):
+  sinks, no sources, a configured feed, checkpoints.
+- Messages a source hands over anyway are never lost silently: counted in ``dropped`` ("no processor (events
+  only)"), the first logged as an error naming the source and the fix.
+- Nothing process-wide is changed for it: the switch interval is a step's need (bench/docs/exchange-session-cost.md).
+- Handed what it checks, never the whole ``Config``; pure, no JAX. It is the "no processor" object the loop calls
+  instead of ``BatchStep``: the loop never asks which one it has.
 """
 
 from __future__ import annotations

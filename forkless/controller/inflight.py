@@ -1,22 +1,15 @@
 """Steps in flight: the batches whose steps were dispatched and whose results are not yet handed over.
 
 Rules:
-- Main thread only; no threads, no clock of its own. ``begin`` dispatches a batch's step
-  (``BatchStep.begin``: slotted, stepped asynchronously, its results copied to the host
-  asynchronously) and keeps it; ``finish_oldest`` hands the oldest one's results over
-  (``BatchStep.end``). Batches are ended in the order they were begun, so replies and
-  ``on_results`` keep arrival order, per stream and overall.
-- At most ``depth`` steps are in flight (``FORKLESS_STEPS_IN_FLIGHT``): with ``depth`` in
-  flight, the oldest is finished before another is dispatched (``full``). ``depth`` 1 is one
-  batch at a time: each is finished as soon as it is begun, as before steps in flight existed.
-- What waits for what is the intake's (controller/queues.py): a step that is done is handed
-  over before anything else; with nothing waiting on *inbound* it waits for whichever comes
-  first, a message or the oldest step done, so no finished step is held back for input.
-- Whatever reads the state or the positions as a whole finishes every step in flight first
-  (``settle``): a checkpoint holds finished steps only (the engine refuses to begin one
-  otherwise), and the positions of the messages whose steps finished (they move in ``end``).
-- The stop settles every step in flight; a lost lease discards them (``discard``): their
-  messages are counted as dropped with the rest the instance held.
+- Main thread only; no threads, no clock of its own. ``begin`` dispatches a batch's step (``BatchStep.begin``)
+  and keeps it; ``finish_oldest`` hands the oldest one's results over (``BatchStep.end``). Batches end in the
+  order begun, so replies and ``on_results`` keep arrival order.
+- At most ``depth`` (``FORKLESS_STEPS_IN_FLIGHT``) in flight: at ``depth`` the oldest is finished before another
+  is dispatched (``full``); ``depth`` 1 is one batch at a time.
+- What waits for what is the intake's (controller/queues.py): no finished step is held back for input.
+- Whatever reads the state or the positions as a whole settles every step in flight first (``settle``): a
+  checkpoint holds finished steps only.
+- The stop settles them; a lost lease discards them (``discard``), their messages counted as dropped.
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
 """The IO side as the controller sees it: the interface it drives, and the real one's factory.
 
 Rules:
-- The controller starts, stops and observes the IO side only through ``IOSide``; the real one
-  is ``io_loop.thread.IOThread``, and tests use a fake built on plain queues (tests/fake_io.py)
-  with the same interface (the main thread's loop tested without sockets, as httpx's
-  ``MockTransport`` tests a client). Before one is started the controller holds a ``NoIOSide``,
-  whose counters read as they are and whose calls do nothing, so it never asks whether there is one.
-- The IO thread gets what it needs as constructor arguments (settings, codec, counters to
-  write, the whole-process snapshot, the metrics renderer, every feed's source ready made, the
-  restored positions, the plan's sinks of results), never attributes set on it from outside.
-- Every feed's source is built here (``feed_sources``; the relay and ``--check`` call it too): a user's
-  source by its name, every configured feed's by its connector (io_loop/connectors/connector.py), which
-  io_loop/kinds.py's ``connector_for`` finds by the feed's kind: the controller never asks the kind itself. The
-  connector makes the source from the settings groups and the embedder's connect hooks. The IO side
-  (io_loop/feeds.py, io_loop/thread.py) runs the sources it is handed and imports none of their modules, and
-  nothing here imports a connector's room.
-- The configured feeds get their connectors once, here (``connector_for``, in ``feed_plan``): the controller
-  asks a feed's connector, never its kind, for what Controller.send may hand it, its positions' codec and
-  its partitions; ``io_thread`` hands the same connectors to ``feed_sources``, so a partitioned feed's
-  source is fenced by the leases its connector owns.
-- The controller's sinks (``Controller(sinks=...)``) are checked when it is built (``checked_sinks``:
-  each a ``ResultSink`` with a name of its own; controller/wiring.py has parted them from the main
-  thread's ``OnResults``) and handed to the real IO thread, which hands them each batch's results
-  (io_loop/sinks/results.py).
-- What the controller reads of the IO side is its snapshot (``IOSide.snapshot``), but for
-  ``feed_ended``: ``Controller.send``'s check before every send, two reads and no copy (a whole
-  snapshot cost about 0.15 ms a send, measured: bench/docs/exchange-session-cost.md).
+- The controller starts, stops and observes the IO side only through ``IOSide``: the real one is
+  ``io_loop.thread.IOThread``; tests use a fake on plain queues (tests/fake_io.py), as httpx's ``MockTransport``
+  tests a client. Before the start it holds a ``NoIOSide``, so it never asks whether there is one.
+- The IO thread gets what it needs as constructor arguments, never attributes set on it from outside.
+- Every feed's source is built here (``feed_sources``; the relay and ``--check`` call it too): a user's by its
+  name, a configured feed's by its connector, found once by ``connector_for`` in ``feed_plan``. The controller asks
+  a feed's connector, never its kind; nothing here imports a connector's room, and the IO side imports none of the
+  sources' modules. A partitioned feed's source is fenced by the leases its connector owns.
+- The controller's sinks are checked when it is built (``checked_sinks``) and handed to the real IO thread.
+- What the controller reads of the IO side is its snapshot, but for ``feed_ended``: ``Controller.send``'s check,
+  two reads and no copy, as a whole snapshot per send costs (bench/docs/exchange-session-cost.md).
 """
 
 from __future__ import annotations

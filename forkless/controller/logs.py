@@ -2,20 +2,14 @@
 
 Rules:
 - Standard ``logging`` only; everything goes to stderr (status lines go to stdout).
-- ``RateLimitFilter``: the same message (logger, level, text) is let through once per
-  ``window_s``; repeats inside the window are counted, and the next one let through says
-  how many were suppressed. So a server sending the same bad frame forever yields about
-  one line per window, with a count, instead of a flood. Every thread's warnings pass through
-  it, and ``logging`` runs a handler's filters before it takes the handler's lock: its memory
-  of what it saw is behind a lock of its own, re-entrant because a signal handler (which runs
-  on the main thread between two bytecodes, maybe inside the filter) logs too. Records below
-  WARNING never take it.
-- Context such as the connection id travels as ``extra={"connection": n}`` and appears as
-  a field in JSON lines; every JSON line carries forkless's ``version``.
-- The program's own lines outside logging (the configuration error, which comes before logging
-  can be set up, an unknown variable's warning, the exit line of an error) go through
-  ``program_line``: ``forkless: …`` as text, and with ``json`` the same JSON object as a log line,
-  so that in JSON mode every line on stderr is JSON.
+- ``RateLimitFilter`` lets the same message (logger, level, text) through once per ``window_s`` and counts the
+  repeats, which the next one let through reports. Every thread's warnings pass through it before the handler's
+  lock is taken: its memory is behind a lock of its own, re-entrant because a signal handler logs too. Records
+  below WARNING never take it.
+- Context such as the connection id travels as ``extra={"connection": n}``, a field in JSON lines; every JSON line
+  carries forkless's ``version``.
+- The program's own lines outside logging go through ``program_line``, so that in JSON mode every line on stderr
+  is JSON.
 """
 
 from __future__ import annotations
@@ -65,9 +59,7 @@ class RateLimitFilter(logging.Filter):
         self.window_s = window_s
         self.max_keys = max_keys
         # key -> [when let through, repeats held back since, the first record's context fields], under _lock:
-        # two threads' repeats counted at once lost one (x += 1), and one thread forgetting the oldest key
-        # while another moved it to the end raised KeyError into the logging call (tests/controller/
-        # test_thread_safety.py)
+        # every thread's warnings count and forget keys here (tests/controller/test_thread_safety.py)
         self._seen: OrderedDict[tuple, list[Any]] = OrderedDict()
         self._lock = threading.RLock()
 
@@ -119,10 +111,9 @@ def setup_logging(level: str = "INFO", fmt: str = "text", stream: Any = None) ->
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
-    # third-party chatter stays at WARNING unless we debug. aiohttp's and asyncio's loggers
-    # take a level; JAX's must not be touched before JAX is imported, because JAX then takes
-    # that level as its jax_logging_level default and adds a handler of its own, so every
-    # JAX record would be printed twice: a filter on our handler quiets it instead.
+    # third-party chatter stays at WARNING unless we debug. JAX's logger is not given a level before
+    # JAX is imported (JAX would add a handler of its own and print each record twice): a filter on
+    # our handler quiets it instead.
     for name in ("aiohttp", "asyncio"):
         logging.getLogger(name).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
     if level != "DEBUG":

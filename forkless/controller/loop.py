@@ -1,31 +1,18 @@
 """Controller: the main-thread loop (inbound -> batcher -> engine step -> outbound).
 
 Rules:
-- JAX runs only in the main thread. The device state is the engine's (controller/engine.py):
-  the loop asks it to step a batch, reset recycled slots, begin a checkpoint and restore one;
-  one device or several is the engine's business, never the loop's.
-- Every bucket size is compiled ahead of time in ``start()`` before the IO thread opens a
-  connection, so no message waits for XLA and nothing compiles after warm-up.
-- Batches in order: take what is waiting (``Intake``, controller/queues.py, under the
-  ``MicroBatcher``'s rules), then ``BatchStep`` (controller/batchstep.py) slots, steps, answers
-  and puts one ``Outgoing`` item, up to ``FORKLESS_STEPS_IN_FLIGHT`` steps running at once
-  (controller/inflight.py). Replies keep arrival order; each feed's reply policy is applied
-  where the frames are made (controller/replies.py).
-- The IO thread's health is checked at least every ``POLL_S``; if it died, the loop stops
-  and raises (``FeedFatal`` or ``IOThreadError``).
-- Checkpoints (``FORKLESS_CHECKPOINT_DIR``): the tick at the end of ``process_pending``
-  begins one when due (``Engine.begin_snapshot``, kept exact by the engine), or copies up to
-  a budget more of the one in progress (controller/checkpoints/checkpointer.py).
-- One exit path: ``start()`` puts each resource on one exit stack as it takes it (the host's
-  process settings, a partitioned instance's leases, the checkpoint writer, the IO thread);
-  ``stop()``, a start that fails or is stopped, and the end of ``run()`` unwind it, so each is
-  given back exactly once, in reverse. A feature that is off is an object with the same calls
-  (``NoCheckpoints``, ``NoPartitions``, ``NoIOSide`` before the start), called unconditionally.
-- A stop requested during ``start()`` (a signal while it compiles, waits for a dead holder's
-  lease, restores) ends the start there: no IO side is started, leases taken are released.
-- The host process is left as it was found (controller/lifetime/host.py): what ``start()`` changes
-  process-wide, ``stop()`` gives back; ``run()`` never exits the process (a second SIGINT
-  aborts the IO side and raises ``KeyboardInterrupt``).
+- JAX runs only in the main thread. The device state is the engine's (controller/engine.py); one device or
+  several is its business, never the loop's.
+- Every bucket size is compiled in ``start()`` before the IO thread connects: nothing compiles after warm-up.
+- Batches in order: ``Intake`` takes what waits, ``BatchStep`` slots, steps, answers and puts one ``Outgoing``,
+  up to ``FORKLESS_STEPS_IN_FLIGHT`` steps at once; replies keep arrival order.
+- The IO thread's health is checked at least every ``POLL_S``; if it died, the loop stops and raises.
+- A checkpoint is begun, or copied on by a budget, at the end of ``process_pending`` (the checkpointer's tick).
+- One exit path: ``start()`` puts each resource on one exit stack as it takes it; ``stop()``, a failed or stopped
+  start and the end of ``run()`` unwind it, so each is given back once, in reverse. A feature that is off is an
+  object with the same calls (``NoCheckpoints``, ``NoPartitions``, ``NoIOSide``), called unconditionally.
+- A stop requested during ``start()`` ends it there: no IO side is started, leases taken are released.
+- The host process is left as it was found (controller/lifetime/host.py); ``run()`` never exits the process.
 """
 
 from __future__ import annotations
@@ -93,14 +80,13 @@ __all__ = ["Controller"]
 
 log = logging.getLogger("forkless.controller")
 
-# How long a thread may hold the GIL while another waits for it (CPython's default is 5 ms).
-# When XLA returns, the main thread needs the GIL back from a busy IO thread; 1 ms instead of 5 ms
-# measured about +20% maximum throughput (bench/docs/levers.md). Events only: no step, host's left.
+# How long a thread may hold the GIL while another waits (CPython's default 5 ms): when XLA returns, the main
+# thread needs it back from a busy IO thread soon (bench/docs/levers.md). Events only: no step, host's left.
 SWITCH_INTERVAL_S = 0.001
 
 
 class Controller:
-    """Runs a processor over its feeds (the configured ones, and the sources it is given); see EMBEDDING.md.
+    """Runs a processor over its feeds (the configured ones, and the sources it is given).
 
     Either ``run()`` (blocking, handles signals, prints status lines), or drive it yourself::
 
@@ -108,42 +94,8 @@ class Controller:
             while ...:
                 ctl.process_pending(timeout=0.1)
 
-    Eight arguments, each a value of one kind (controller/wiring.py has the groups and their rules):
-
-    ``processor``: the ``Processor`` to run (None: the default detector); ``forkless.EVENTS_ONLY``: none, the
-    sources hand over only events, nothing is compiled and no device state exists (controller/eventsonly.py).
-
-    ``sources``: the user's own clients (``forkless.Source``, io_loop/source.py), run on the IO thread beside
-    the configured feeds, or instead of the demo feed when none is configured.
-
-    ``sinks``: where each stepped batch's results leave, the one way out. A sink is the main thread's,
-    ``forkless.OnResults(fn)``: ``fn(seq, stream, outputs)`` after each step (what it raises is raised once the
-    batch's replies are put); or the IO thread's, a ``forkless.ResultSink``, handed the same results there
-    (io_loop/sinks/results.py, docs/embedding/sinks.md).
-
-    ``on_event``: ``fn(source, event)``, in the main thread, for what the sources hand over as it is
-    (``ctx.emit_event``); ``forkless.OnEvent(fn, connections=True)`` also hands it each feed's
-    ``ConnectionEvent`` (io_loop/crossing.py), in order with its other events, when its connection comes up
-    or goes down (docs/embedding/connection-events.md).
-
-    ``connect``: ``forkless.ConnectHooks(on_connect=..., before_connect=...)``, the WebSocket feeds' hooks, run
-    on the IO thread's loop: ``on_connect(feed, connection)`` computes the frames sent first on every new
-    connection (a signed, timestamped subscription: io_loop/connectors/websocket/on_connect.py); ``before_connect(feed,
-    attempt)`` this attempt's URL and headers, a ``Handshake`` (or None for the configured ones), before every
-    opening handshake, and with it a handshake refused with HTTP 401/403 asks it again instead of giving up
-    (io_loop/connectors/websocket/before_connect.py, docs/embedding/subscriptions.md).
-
-    ``runtime``: ``forkless.Runtime(...)``, what the controller does in its host process: ``out`` (where the
-    status lines go); ``freeze_gc`` (freeze the objects alive when the run starts, ``gc.freeze``, so the
-    collector does not walk them again while it runs: a full collection held the GIL 15-67 ms between two
-    steps, bench/checkpoint_stall.py; only if nothing is frozen yet, undone by the stop,
-    controller/lifetime/host.py); ``notify_systemd`` (``run()`` tells a ``Type=notify`` unit when it is ready,
-    that its loops turn and when it stops: controller/lifetime/sdnotify.py); ``checkpoint_store`` (where
-    checkpoints go instead of ``FORKLESS_CHECKPOINT_DIR``, a ``CheckpointStore``); ``io_factory`` (the tests'
-    seam). The ``forkless`` program asks for ``freeze_gc`` and ``notify_systemd``.
-
-    An old keyword (``on_results=``, ``events_only=``, ``out=``, ...) still works in this release, with a
-    ``DeprecationWarning`` naming its new spelling (docs/embedding/versions.md); 0.3.0 removes it.
+    Its eight arguments, each a value of one kind, and the old keywords that still warn: docs/embedding/controller.md
+    (the groups: controller/wiring.py).
     """
 
     # replaced by sinks: assigning it would be read by nothing, so reading or assigning it says so
@@ -180,7 +132,7 @@ class Controller:
                                    dtype=np.dtype(np.float32) if self.processor is None else
                                    codec_dtype(self.processor))
         self._on_results = main_thread_results(on_results)  # the main thread's sinks, one call a batch
-        # a partitioned feed's connector (issue 24): leases and per-partition checkpoint objects
+        # a partitioned feed's connector: leases and per-partition checkpoint objects
         self._partition_feed = partitioned_feed(self.plan.connectors, self.processor)
         # False: each checkpoint copies the whole state at once, as on an accelerator (tests and
         # bench/checkpoint_stall.py compare it with the copy between steps)

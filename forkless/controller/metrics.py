@@ -1,29 +1,18 @@
 """Prometheus metrics drawn from snapshots: one collector, one registry per controller (or relay).
 
 Rules:
-- Nothing here counts anything. Each scrape takes one snapshot (``Controller.stats()``) and
-  turns it into metric families, so ``/metrics``, ``stats()`` and the status line never
-  disagree. The relay's ``/metrics`` is the same collector with its own families
-  (``exposition(view, families=relay_metric_families)``, controller/commands/relaycmd.py), and builds
-  its histograms and by-reason counters with ``histogram_family`` and ``by_reason_family``.
-- Every controller gets its own ``CollectorRegistry``; the global default registry is never
-  touched (several controllers may live in one process, e.g. in tests).
-- Histograms come from the snapshot's fixed buckets. Seconds histograms expose every
-  ``SECONDS_STEP``-th bound (half-decades, 1 µs … 100 s); counts at an exposed bound are
-  exact, because the snapshot's buckets nest inside them.
-- Label values stay bounded: at most ``MAX_REASONS`` reasons per counter, the rarest
-  beyond that summed under ``reason="other"`` (a server sending ever-new bad input cannot
-  grow the exposition without bound); totals stay exact. A sink's ``dropped`` is bounded the same
-  way, per sink; the ``sink`` label takes the names of the sinks the program gave (a fixed few).
-- Sinks' books (``sink_families``): the controller's sinks of results from its snapshot, and a
-  ``SinkRun``'s one sink from its view (controller/lifetime/sinkrun.py), alike.
-- Counters are Prometheus counters: each starts at 0 in a process and only grows. What a restored
-  checkpoint had counted before the process is in gauges of its own (``forkless_restored_*``), never
-  added to a counter (a counter that starts at the checkpoint's count reads as a reset).
-- A labelled series exists from the start, at 0, for every label value known then: each feed, each
-  sink, each declared counter, and the reasons in ``KNOWN_REASONS`` (the reasons forkless itself
-  counts; ``rate()`` over a series that first appears at its first event misses that event). The
-  reasons bad input gives are the input's own and appear when first counted.
+- Nothing here counts anything. Each scrape takes one snapshot and turns it into metric families, so
+  ``/metrics``, ``stats()`` and the status line never disagree. The relay's ``/metrics`` is the same collector
+  with its own families.
+- Every controller gets its own ``CollectorRegistry``; the global default registry is never touched.
+- Histograms come from the snapshot's fixed buckets; seconds histograms expose every ``SECONDS_STEP``-th bound,
+  and counts there are exact because the snapshot's buckets nest inside them.
+- Label values stay bounded: at most ``MAX_REASONS`` reasons per counter (per sink for a sink's), the rarest
+  beyond summed under ``reason="other"``; totals stay exact.
+- Counters start at 0 in each process and only grow: a restored checkpoint's counts are gauges of their own
+  (``forkless_restored_*``), never added to a counter (it would read as a reset).
+- A labelled series exists from the start, at 0, for every label value known then (each feed, sink, declared
+  counter and ``KNOWN_REASONS``): ``rate()`` over a series born at its first event misses that event.
 """
 
 from __future__ import annotations
@@ -65,10 +54,8 @@ SECONDS_STEP = 5  # expose every 5th of the snapshot's ten-per-decade bounds
 MAX_REASONS = 32
 
 # The reasons forkless itself counts, by family (those of bad input are the input's own): exposed at 0 from the start.
-# Written out here because they are counted in modules this pure one may not import (io_loop/spill.py, feeds.py,
-# thread.py, sinks/sink.py; controller/queues.py, batchstep.py, replies.py, codec.py);
-# tests/controller/test_metrics_counters.py
-# holds each to a reason counted in the code.
+# Written out here because they are counted in modules this pure one may not import;
+# tests/controller/test_metrics_counters.py holds each to a reason counted in the code.
 KNOWN_REASONS: dict[str, tuple[str, ...]] = {
     "forkless_dropped": ("not processed before the stop", "unsent at stop", "outbound full at stop", "IO side ended",
                          "inbound overflow (drop_oldest)", "feed given up", "lease lost"),

@@ -1,90 +1,24 @@
 """Processors: a pure ``(init, step)`` pair, JAX style, its ``Description``, and the default EWMA z-score detector.
 
-Rules:
-- A processor is ``Processor(init, step, description=Description(...))``: the two functions and
-  what the controller must know of them besides (controller/declared.py: identity, restore and
-  sharding, input dtype, declarations), a frozen, typed value checked when it is built. The
-  modules read it as typed attributes through ``description_of`` (one ``TypeError`` naming
-  ``Processor`` for any other object), never with a ``getattr``. The value is named as the
-  keyword it is passed as (httpx's ``Timeout`` is passed as ``timeout=``); its fields were the
-  processor's own before (``Processor(init, step, name="x")``), a spelling removed in 0.2.0 that
-  raises naming the new one (io_loop/renamed.py).
-- ``init(shape) -> state`` builds the state pytree; the controller puts it on the device
-  once and keeps it there across batches and reconnects. ``shape`` is a ``StateShape``
-  (``max_streams``, ``features``), not the configuration: a setting the processor needs
-  besides (a learning rate, a weights file) is an argument of the function that builds it,
-  which ``init`` and ``step`` close over (``ewma_processor(alpha=...)``; ``default_processor``
-  passes it FORKLESS_ALPHA/THRESHOLD/WARMUP), or ``functools.partial``. Reading any other
-  attribute of ``shape`` raises ``AttributeError`` saying so.
-- ``step(state, batch) -> (state, outputs)`` is pure and jittable. ``batch`` is a
-  ``controller.batching.Batch`` (x, key, valid) padded to a bucket size B; ``outputs`` is a
-  dict of arrays with leading axis B. Rows with ``valid=False`` are padding: they must not
-  change the state, and their outputs are discarded.
-- ``key`` is the message's stream slot in ``[0, max_streams)``; padding rows carry the spare
-  slot ``max_streams``, so per-stream state should have ``max_streams + 1`` rows (a leaf is
-  per-stream when its leading axis is ``max_streams + 1``).
-- The controller jits ``step`` with ``donate_argnums=0``: the state passed in is *donated*,
-  its buffers are reused for the new state and deleted. A caller keeps only the state
-  ``step`` returns and never touches the one it passed in.
-- A step must cost O(B), not O(max_streams): the table may hold 10^7 rows. Gather the
-  batch's rows once (``state.mean[batch.key]`` -> [B, F]), compute on [B, ...] arrays only,
-  and write back once (``state.mean.at[key].set(rows)``); with the state donated XLA
-  updates the table in place. Never carry the whole table through a ``while_loop``/``scan``
-  and never build a new [S + 1, ...] array (``jnp.where`` over the table, ``+`` on it): each
-  is a full pass, and a loop carry is a full copy. Keep every read of the table ahead of
-  the write: an output that uses a gathered row directly may be fused with the gather and
-  scheduled after the write, and XLA then copies the whole table to keep the old row
-  (``compiled.as_text()`` shows a ``copy`` of an [S + 1, ...] array). Pass such values
-  through the computation that produces the write, as the EWMA step does with its counts.
-  Write only the batch's rows (``batch.key``, padding included) of a per-stream leaf: a
-  checkpoint being copied between steps saves exactly those rows before each step
-  (controller/checkpoints/checkpoint.py), so a step that wrote other rows would make it inexact.
-- Several devices (``FORKLESS_DEVICES``): the same ``(init, step)`` runs unchanged; the
-  controller shards it. A leaf whose leading axis is ``max_streams + 1`` is per-stream and
-  is split by stream over the devices; any other leaf (shared weights, say) is replicated on
-  every device, and ``step`` must return it unchanged (checked when compiling). On each
-  device ``step`` sees that device's shard: per-stream leaves of ``R`` rows (row ``R - 1``
-  its spare), a batch of ``Bd`` rows whose ``key`` is a local row. So take the spare row
-  from the state (``leaf.shape[0] - 1``), never from ``shape.max_streams``; on one device
-  the two are the same. A step that mixes streams (a reduction over the batch, a read of
-  another stream's row) gives other results on several devices: describe it with
-  ``Description(per_stream=False)`` and it is refused there, with an error naming ``FORKLESS_DEVICES=1``.
-- Slot recycling: when a stream's slot is handed to a new stream, the controller resets
-  that slot with ``reset_rows(state, template, slots)`` (template from ``row_template``)
-  before the step that runs the new stream's first message. ``init`` must therefore build
-  per-stream rows that are all equal ("a fresh stream"), as zeros are.
-- Identity, for checkpoints (the description's): ``name`` (what the processor is, e.g. ``"ewma"``),
-  ``version`` (a string, compared for equality: bump it when the state's layout or meaning changes,
-  so an older checkpoint is not restored into it) and ``restore_shared`` (False: on restore the
-  shared leaves, those not per-stream such as weights loaded from a file, come from this
-  run's ``init``, only the per-stream rows from the checkpoint; True: from the checkpoint
-  too). The restore path reads them; with checkpoints on, a processor without a name is refused.
-  They are written into checkpoints under the keys they had before the description
-  (``processor``, ``processor_version``), so older checkpoints restore.
-- Declarations (the description's; each empty by default: nothing): ``counters`` (counter
-  name -> the name of a bool or int output, summed over each batch's finite messages, kept in
-  the stats, the status line, the metrics and every checkpoint's counts, restored from them),
-  ``settings`` (name -> JSON value, written into every checkpoint and matched on restore like
-  the name: what the state's meaning depends on) and ``recorded`` (written, not matched). The
-  default detector declares the counter ``anomalies`` and records alpha, threshold and warm-up
-  (changing them keeps the state); the core knows none of these names.
+The contract a processor keeps is docs/embedding/contract.md. The rules the controller relies on:
+- ``init(shape) -> state``, ``shape`` a ``StateShape`` (sizes only: a processor's own settings are closed over
+  when it is built). Per-stream leaves have ``max_streams + 1`` rows, the last the spare slot padding rows point
+  at, all equal at the start: a recycled slot is reset to that row (``reset_rows``).
+- ``step(state, batch) -> (state, outputs)`` is pure and jitted with the state donated: a caller keeps only the
+  state it returns. Padding rows (``valid=False``) change nothing; outputs have leading axis B.
+- A step costs O(B), not O(max_streams): gather the batch's rows once, compute on [B, ...], scatter once. Never
+  carry the table through a ``while_loop``/``scan`` or build a new [S + 1, ...] array. Keep every read of the table
+  ahead of the write: a gathered row used directly may be fused after the scatter, and XLA then copies the whole
+  table (``compiled.as_text()`` shows the ``copy``).
+- Write only the batch's rows of a per-stream leaf: a checkpoint copied between steps saves exactly those first.
+- On several devices each device's step sees its shard: take the spare row from ``leaf.shape[0] - 1``, never from
+  ``shape.max_streams``; shared leaves come back unchanged; a step that mixes streams says ``per_stream=False``.
+- The modules read the ``Description`` as typed attributes through ``description_of``, never with ``getattr``.
 
-Per-row processors (``stream_processor``): write ``row_step(params, row, x) -> (row, out)``
-for one message of one stream and let the helper batch it; it obeys every rule above:
-- ``row`` is one stream's row, a pytree of arrays (``init_row(shape)`` is a fresh stream's);
-  ``x`` the message's float32 [F]; ``out`` a dict of arrays (one message's outputs);
-  ``params`` the shared leaves (``init_params(shape)``, or None), passed in, never changed.
-- State: without params, the table itself (each leaf of ``init_row``'s row stacked to
-  ``[max_streams + 1, ...]``); with params, ``StreamState(params, rows)``. A params leaf
-  whose leading axis is ``max_streams + 1`` would pass for per-stream (reset, sharded):
-  ``init`` refuses it with ``ProcessorContractError``; give it another layout.
-- A stream repeated in a batch is run in arrival order: round k runs every stream's k-th
-  message of the batch at once (``jax.vmap(row_step)``), a later message sees the row its
-  previous one left. Cost: one gather, one round per repeat, one scatter: O(B · rounds).
-- Padding rows change nothing and get zero outputs. ``row_step`` must return a row of the
-  same structure, shapes and dtypes, and must not read other streams: it cannot.
-- ``row_step`` runs once per round: an output that follows from other outputs alone (a
-  score from z) is cheaper computed once on the step's [B, ...] outputs, as the EWMA does.
+``stream_processor`` batches a per-row ``row_step(params, row, x) -> (row, out)``: a stream repeated in a batch
+runs in arrival order (round k runs every stream's k-th message at once, ``jax.vmap``), O(B · rounds); ``params``
+(shared, never per-stream) are passed in unchanged. An output that follows from others alone (a score from z) is
+cheaper computed once on the step's outputs, as the EWMA does.
 """
 
 from __future__ import annotations
@@ -112,7 +46,7 @@ class StateShape:
     """What ``init`` (and a stream processor's ``init_row``/``init_params``) is handed: the sizes of
     the state, nothing else. ``max_streams`` (FORKLESS_MAX_STREAMS): a per-stream leaf has
     ``max_streams + 1`` rows; ``features`` (FORKLESS_FEATURES): a message's x is [features]. Any
-    other setting a processor needs is given when it is built (module docstring, "Rules")."""
+    other setting a processor needs is given when it is built (module docstring)."""
 
     max_streams: int
     features: int
@@ -133,25 +67,21 @@ class StateShape:
 
 
 class _Functions(NamedTuple):
-    init: Callable[[StateShape], Any]  # the state from its shape (module docstring, "Rules")
+    init: Callable[[StateShape], Any]  # the state from its shape (module docstring)
     step: Callable[[Any, Any], tuple[Any, dict[str, Any]]]
     description: Description = Description()  # frozen: one default shared by every processor
 
 
-# the fields a Processor carried itself before its Description, in their positional order: deprecated in 0.1.0 and
-# removed in 0.2.0 (io_loop/renamed.py), each refused naming its Description spelling
+# the fields a Processor carried itself before its Description, in their positional order, each refused naming
+# its Description spelling (io_loop/renamed.py)
 BEFORE_DESCRIPTION = ("per_stream", "name", "version", "restore_shared", "input_dtype", "counters", "settings",
                       "recorded")
 
 
 class Processor(_Functions):
-    """A model the controller can run: two pure functions, like an optax transform, and its
-    ``Description`` (controller/declared.py: identity, restore and sharding, input dtype,
-    declarations), which every module reads as typed attributes: ``processor.description.name``.
-
-    The fields a processor carried itself before (``Processor(init, step, name="x")``,
-    ``processor.name``, ``processor._replace(name="x")``) were removed in 0.2.0: each raises
-    naming its ``Description`` spelling."""
+    """A model the controller can run: two pure functions, like an optax transform, and its ``Description``
+    (controller/declared.py), read as typed attributes: ``processor.description.name``. The fields it carried
+    itself before the Description each raise naming their ``Description`` spelling."""
 
     __slots__ = ()
 
@@ -189,8 +119,7 @@ class Processor(_Functions):
 
 def description_of(processor: Processor) -> Description:
     """``processor.description``, the one way the modules read what a processor declares;
-    ``TypeError`` naming ``Processor`` for any other object (one with ``init`` and ``step`` and
-    the fields as attributes of its own was read before the Description: it is refused, not guessed at)."""
+    ``TypeError`` naming ``Processor`` for any other object, however it looks: refused, not guessed at."""
     if not isinstance(processor, Processor):
         raise TypeError(f"a processor is a forkless.Processor(init, step, description=Description(...)); got "
                         f"{type(processor).__name__} {processor!r}: build one with Processor(its init, its step, "
@@ -244,9 +173,8 @@ def ewma_processor(alpha: float = 0.05, threshold: float = 4.0, warmup: int = 20
     score = max |z|; anomaly = n >= warmup and score > threshold.
 
     A stream may appear several times in one batch; the result equals processing the
-    messages one at a time, bit for bit. Its state is ``EWMAState(count, mean, var)``, each
-    leaf [max_streams + 1, ...] (no shared parameters). It is bit for bit the hand-written
-    step it replaced (tests/reference_ewma.py), and as fast (``python -m bench.stream_step``).
+    messages one at a time, bit for bit (tests/reference_ewma.py). Its state is
+    ``EWMAState(count, mean, var)``, each leaf [max_streams + 1, ...] (no shared parameters).
     """
 
     def init_row(shape: StateShape) -> EWMAState:
@@ -293,7 +221,7 @@ def _stream_init(init_row: Callable[[Any], Any], init_params: Callable[[Any], An
             return jax.tree.map(lambda leaf: jnp.broadcast_to(_strong(leaf), (slots, *jnp.shape(leaf))), row)
 
         # one XLA computation, not kept: run eagerly, each broadcast would leave a compiled op
-        # in JAX's cache for the life of the process (about 1.2 MiB resident each on the CPU)
+        # resident in JAX's cache for the life of the process
         rows = jax.jit(table)()
         if init_params is None:
             return rows
@@ -314,16 +242,15 @@ def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[s
                      init_row: Callable[[Any], Any], init_params: Callable[[Any], Any] | None = None,
                      description: Description | None = None, **before: Any) -> Processor:
     """A batched, O(B) ``Processor`` from ``row_step(params, row, x) -> (row, out)``, the update
-    of one stream's row by one message (module docstring, "Per-row processors").
+    of one stream's row by one message (module docstring).
 
     ``init_row(shape)`` builds a fresh stream's row (a pytree of arrays; run under
     ``jax.jit``, so jnp or numpy values); ``init_params(shape)``, if given, the shared
     leaves (weights: numpy arrays, say, loaded from a file), put on the device as they are.
     ``out`` is a dict of arrays, each stacked over the batch into the step's outputs.
     ``description`` goes into the ``Processor`` as it is (its name in the helper's errors); its
-    ``per_stream`` is True, as the helper keeps streams apart. ``name=``, ``version=`` and the
-    description's other fields as keywords (the spelling before the Description, removed in
-    0.2.0) raise naming the ``description=`` spelling.
+    ``per_stream`` is True, as the helper keeps streams apart. The description's fields as keywords
+    (``name=``, ``version=``, …) raise naming the ``description=`` spelling.
     """
     if before:
         unknown = [key for key in before if key not in BEFORE_DESCRIPTION or key == "per_stream"]
@@ -376,13 +303,10 @@ def stream_processor(row_step: Callable[[Any, Any, jax.Array], tuple[Any, dict[s
             new_rows, new_out = run(params, jax.tree.map(lambda leaf: leaf[prev], post), batch.x)
             return r + 1, pick(active, new_rows, post), pick(active, new_out, out)
 
-        # Round 0 runs outside the loop, and the loop (rounds 1 …) only for repeats: measured on
-        # the CPU, zeros starting the outputs' loop carry made 10 independent ops ready at the
-        # step's start instead of 8, and XLA's executor then ran some on another thread (the
-        # EWMA step at B = 1 took 39 µs instead of 17). Everything used after the
-        # loop comes out of it: were a gathered row used there directly, XLA could fuse the
-        # gather into a consumer scheduled after the scatter and would then copy the whole
-        # table to keep the old row readable (it did, at B = 1).
+        # Round 0 runs outside the loop, the loop (rounds 1 …) only for repeats: zeros starting the
+        # outputs' carry let XLA's CPU executor run ops on another thread, a slower step at B = 1.
+        # Everything used after the loop comes out of it: a gathered row used there directly could
+        # be fused after the scatter, and XLA would copy the whole table to keep the old row.
         _, post, out = jax.lax.while_loop(cond, body, (jnp.int32(1), post, out))
         # the only write: one scatter of each stream's last occurrence; padding rows and
         # earlier occurrences get an out-of-range index and are dropped

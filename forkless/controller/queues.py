@@ -2,47 +2,25 @@
 
 Rules:
 - Main thread only (``StopDeadline.fix`` also from a signal handler or another thread).
-- ``Intake`` takes chunks from *inbound* into the micro-batcher (stamped ``TAKEN``) and hands a
-  user source's events to ``on_event`` at once, in order, no batcher between (without one they
-  are counted in ``events_unhandled``, logged once). It never waits on an
-  empty queue once a batch has begun: a batch is topped up only from what is already waiting.
-  It counts chunks and messages so that ``process_pending`` ends once what was queued when it
-  was called has been processed (``pending``), however fast the feed produces, or a stop was
-  requested (the stop's deadline bounds the rest, not the backlog: ``finish``). Each batch it
-  collects goes to the step (``cycle``); the orderly stop's batches run until *inbound* is shut
-  down and drained or the work deadline (``finish``; a batch is not topped up past it, so a slow
-  ``on_event`` does not take the events behind it past it: what is left is counted, and logged),
-  then every step in flight is finished.
-- Steps in flight (``StepsInFlight``, controller/inflight.py): a step that is done is handed over
-  before the next batch is collected. While steps run, the next batch collects what arrives and
-  is dispatched behind them once it is closed (full, or collecting for ``max_wait_s``: the
-  batcher's own rule): a batch cut earlier would gain nothing by queueing on the device behind
-  the running step, while what arrives meanwhile missed it and waits a whole step more
-  (bench/docs/steps-in-flight.md). Until then the oldest step is polled every
-  ``READY_POLL_S`` and finished once done, then the batch is cut as one at a time would
-  (``cycle``), so no finished step waits for input.
-  ``pending`` finishes them all before it returns (``settle``), unless told not to (``run()``:
-  they stay in flight between its calls).
-- How it waits (``WaitSettings``, io_loop/waiting.py, FORKLESS_HANDOFF): it blocks on *inbound* (a
-  condition: the IO thread's put wakes it). With steps in flight and no closed batch, under ``park``
-  it looks at the oldest step every ``READY_POLL_S``; under ``spin`` it blocks on it (waiting on the
-  device releases the GIL), while the IO loop spins: under one GIL one thread spins at a time (two
-  spinning threads take the GIL from each other: measured on the TPU, bench/docs/handoff.md). Without
-  a GIL (``WaitSettings.both``) it spins too, for ``spin_s`` after its last work (a chunk taken, a step
-  dispatched or finished): it looks at *inbound* and at the oldest step between pauses instead of
-  blocking on either, so the IO thread's put is seen without a wake-up; then it blocks as above.
-- ``Outlet.put`` waits while *outbound* is full (the socket is slow), checking the IO side's
-  health every ``POLL_S``: for as long as it takes, or, once a stop was requested, until its
-  work deadline; what is still unput then is counted as dropped ("outbound full at stop"). An
-  item the IO side can no longer take (it failed, or ended and shut *outbound*) is counted as
-  dropped ("IO side ended": the IO side counts what it took, this side what it did not), then
-  the IO side's failure is raised (``FeedFatal`` with the source's exception as its cause); an
-  IO side aborted by a second SIGINT has none: the put returns, and the interrupt is raised.
-- ``StopDeadline``: the stop's deadline is fixed once, by the first request, ``timeout`` from
-  then; processing and sending end ``STOP_RESERVE_S`` (at most a third of it) before, so that
-  the IO thread can end and the process exit by the deadline whatever the socket does. A stop
-  planned ahead (``run()``'s duration) is a request at that time, seen by every wait that reads
-  the deadline, so nothing the main thread waits on (a sink that takes nothing) outlasts it.
+- ``Intake`` takes chunks from *inbound* into the micro-batcher and hands a source's events to ``on_event`` at
+  once, in order. Once a batch has begun it never waits on an empty queue: a batch is topped up only from what
+  already waits. ``pending`` (``process_pending``) ends once what was queued when it was called is processed,
+  however fast the feed produces; the orderly stop's batches (``finish``) run until *inbound* is drained or the
+  work deadline passes, then every step in flight is finished.
+- Steps in flight (controller/inflight.py): a step that is done is handed over before the next batch is
+  collected. The next batch is dispatched once closed (full, or ``max_wait_s`` old: the batcher's rule), never cut
+  early to queue behind the running step (bench/docs/steps-in-flight.md); meanwhile the oldest step is looked at
+  every ``READY_POLL_S``.
+- How it waits (``WaitSettings``, FORKLESS_HANDOFF): it blocks on *inbound*. With steps in flight, under ``park``
+  it polls the oldest step; under ``spin`` it blocks on it while the IO loop spins, as under one GIL two spinners
+  take the GIL from each other (docs/performance.md). Without a GIL it spins too, for ``spin_s`` after its last
+  work.
+- ``Outlet.put`` waits while *outbound* is full, checking the IO side's health every ``POLL_S``, and once a stop
+  was requested only until the work deadline: what is unput then is dropped ("outbound full at stop"). An item
+  the IO side can no longer take is dropped ("IO side ended") and the IO side's failure raised.
+- ``StopDeadline`` is fixed once, by the first request (a planned stop is a request at its time); processing and
+  sending end ``STOP_RESERVE_S`` before it, so the IO thread can end and the process exit by it whatever the
+  socket does.
 """
 
 from __future__ import annotations

@@ -1,41 +1,22 @@
 """Recovery: what a checkpoint holds beside the device state, and how a run continues from one.
 
 Rules:
-- A checkpoint is restored only into the processor that wrote it (with checkpoints on, one
-  that declares no name is refused at construction: ``ProcessorContractError``): its declared
-  name and version, the shape-defining settings and the settings the processor declares
-  (``Description.settings``; controller/declared.py) are written into every checkpoint and matched on
-  restore, with the state's structure, leaf shapes and dtypes (``load``, before the compile:
-  a mismatch is ``CheckpointMismatch`` naming the setting and both values). What it declares as
-  ``recorded`` (the default detector's alpha, threshold, warm-up) is written, never matched.
-- The counts: ``processed`` and each counter the processor declares (``Description.counters``),
-  restored by name into ``MainStats.restored_*`` (a checkpoint without one of them restores it as
-  0), never into the counters themselves: those start at 0 in each process and only grow (they
-  are Prometheus counters). A checkpoint records the sum of both, so its counts go on across restarts.
-  Every module here reads them from the processor's ``Description``, never by attribute name.
-- A restore hands the checkpoint's time and size on (``restored_at``, ``restored_bytes``): the
-  checkpoint writer reports them as the newest written until it writes one.
-- Shared leaves (not per-stream: weights) come from the processor's ``init`` at every start,
-  unless it says ``restore_shared=True``; the per-stream state, the stream table and the
-  counts come from the checkpoint, and the start log says which leaves came from where.
-- Live weights: every checkpoint records the weights its state was produced with (``"weights"``
-  in its settings: version, digest, since which step; recorded, not matched); with
-  ``restore_shared=True`` they are in force again after the restore.
-- Replayable feeds (exactly-once): each checkpoint records every such feed's position as of
-  the same moment as the state (``controller/checkpoints/positions.py``, in each feed's codec: a connector's,
-  io_loop/connectors/connector.py, or a user's source's), and is written only once the feeds have confirmed the
-  replies it covers (``await_replies``, on the writer's thread: it waits on ``acknowledged``,
-  io_loop/sinks/sink.py's ``Acknowledged``, which the IO side signals as each batch of answers is stored, and
-  reads the IO snapshot only then: no poll); a restore hands the positions to the IO side, which resumes after
-  them.
-- The device state itself is the engine's (controller/engine.py): this module asks it to
-  begin a snapshot or restore one, and never holds the state.
-- ``load(store)`` asks the run's checkpoint store (``CheckpointStore``, controller/checkpoints/checkpointer.py:
-  a directory, an embedding program's own, a partitioned instance's bucket objects) for its newest
-  checkpoint. A partitioned instance's (controller/partitions/partitioned.py) are its owned partitions'
-  objects, which ``restore`` puts into the processor's init state:
-  slots 0..n-1, per-partition positions and the stream's created time they recorded, no
-  counts (each instance counts its own run).
+- A checkpoint is restored only into the processor that wrote it: its declared name and version, the
+  shape-defining settings and ``Description.settings`` are written into every checkpoint and matched on restore
+  with the state's structure, leaf shapes and dtypes (``load``, before the compile: ``CheckpointMismatch`` naming
+  the setting and both values). ``recorded`` settings are written, never matched.
+- The counts (``processed`` and each declared counter) are restored by name into ``MainStats.restored_*``, never
+  into the counters, which start at 0 in each process and only grow (Prometheus counters); a checkpoint records
+  the sum. What a processor declares is read from its ``Description``, never by attribute name.
+- Shared leaves come from the processor's ``init`` at every start unless ``restore_shared=True``; the per-stream
+  state, stream table and counts from the checkpoint; the start log says which leaves came from where. Every
+  checkpoint records the live weights' version and digest (recorded, not matched).
+- Replayable feeds: a checkpoint records each feed's position as of the same moment as the state, and is written
+  only once the feeds confirmed the replies it covers (``await_replies`` waits on ``acknowledged``, on the
+  writer's thread: no poll); a restore hands the positions to the IO side, which resumes after them.
+- The device state is the engine's: this module asks it to begin a snapshot or restore one, never holds it.
+- ``load(store)`` reads the newest checkpoint of the run's ``CheckpointStore``; a partitioned instance's are its
+  owned partitions' objects, put into slots 0..n-1 of the init state, with no counts (each instance counts its own).
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """Replies: what each message of a stepped batch gets back, under its feed's reply policy.
 
 Rules:
-- Each message gets exactly one of: a result frame, an error frame (refused: too many
-  streams; processing failed; a non-finite result; encode failed) or no frame, counted as
-  ``no_reply`` (the codec's choice, or a reply declined by the feed's policy or by a codec's
-  ``encode_error`` returning None, also counted in ``replies_declined`` by reason and logged
-  once per reason). The books balance under every policy.
-- A feed's policy (``FORKLESS_REPLIES``, a feed's ``"replies"``): ``all`` results and error
-  frames; ``results`` no error frames; ``none`` nothing (results still reach ``OnResults``,
-  the counters and the latency). Nothing is encoded that will not be sent.
-- Frames keep their messages' arrival order; a batch that mixed feeds goes back as one bundle
-  of one ``Outgoing`` per feed, each to its own connection.
-- ``latency`` is receipt -> results handed over (after ``OnResults`` returned and the frames
-  are made), for every result whatever the policy; measured here on the main thread, one
-  observation per chunk (its messages share a receipt time).
+- Each message gets exactly one of: a result frame, an error frame or no frame, counted as ``no_reply`` (a reply
+  declined by the policy or by ``encode_error`` returning None is also counted in ``replies_declined`` by reason
+  and logged once per reason). The books balance under every policy.
+- A feed's policy (``FORKLESS_REPLIES``): ``all``; ``results``, no error frames; ``none``, nothing (results still
+  reach ``OnResults``, the counters and the latency). Nothing is encoded that will not be sent.
+- Frames keep arrival order; a batch that mixed feeds goes back as one ``Outgoing`` per feed, bundled.
+- ``latency`` is receipt -> results handed over, for every result whatever the policy, one observation per chunk.
 - Main thread only; no threads, no queues, no clock (the caller passes the times).
 """
 

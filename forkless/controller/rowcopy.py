@@ -1,20 +1,14 @@
-"""RowCopy: the rows of a few tables as they were at one moment, copied a chunk at a time while
-the tables keep changing (copy-on-write). Checkpoints use it for the state table and the
-stream table, so the main thread never copies a whole table between two steps.
+"""RowCopy: the rows of a few tables as they were at one moment, copied a chunk at a time while the tables keep
+changing (copy-on-write), so the main thread never copies a whole table between two steps.
 
 Rules:
-- Pure: numpy only, no threads, no clock. The caller hands in the columns (arrays whose
-  leading axis is the row) on every call, as they are *now*: fresh views each time, so a
-  caller can drop them before the next step (a donated JAX buffer that a host view still
-  holds is copied instead of updated in place).
-- ``before_write(columns, rows)`` must be called before any write to ``rows`` of a column,
-  from the moment the ``RowCopy`` is made until it is ``done``; ``advance`` copies the next
-  ``count`` rows between writes. A row is therefore copied either by ``advance`` before any
-  write reached it, or by ``before_write`` with its value from before the first write; each
-  row is kept by ``before_write`` at most once, and ``result()`` lays those kept rows over the
-  chunk copies, so the result is exactly the columns at the moment the copy was made.
-- Memory: one copy of the rows, plus the rows kept by ``before_write`` (at most the rows
-  written while the copy runs) and one bool per row.
+- Pure: numpy only, no threads, no clock. The caller hands in the columns as they are *now* on every call: fresh
+  views, dropped before the next step (a donated JAX buffer a host view still holds is copied, not updated).
+- ``before_write(columns, rows)`` is called before any write to ``rows`` from the moment the ``RowCopy`` is made
+  until it is ``done``; ``advance`` copies the next ``count`` rows between writes. A row is copied either by
+  ``advance`` before any write reached it or by ``before_write`` with its value from before the first write, so
+  ``result()`` is exactly the columns at the moment the copy was made.
+- Memory: one copy of the rows, the rows kept by ``before_write`` and one bool per row.
 """
 
 from __future__ import annotations

@@ -1,34 +1,20 @@
 """Stream slots: stream name -> row of the state table, with idle streams recycled.
 
 Rules:
-- Pure: no threads, no clock; the caller passes ``now`` (seconds, the same monotonic clock
-  on every call).
-- O(1) per message: an ``OrderedDict`` ordered by when each stream was last seen (least
-  recent first, ``move_to_end`` on each sight), so the eviction candidate is always the
-  first entry. Nothing scans the table. (A plain dict would not do: deleting from its
-  front leaves holes that ``next(iter(d))`` walks over, O(table) per eviction.) Without
-  ``idle_s`` nothing is evicted and no recency is kept, so a plain dict (insertion order)
-  does, and restores faster. A batch of streams all known is looked up (and moved) in C
-  loops, ``map`` over the table; Python per message only for a batch holding a new stream.
-- Beside it, columns indexed by slot: the name, the last-seen time and the sighting number
-  (a counter of sightings, so its order is the LRU order). They are what a checkpoint
-  copies (``begin_copy``): arrays copy in chunks, an ``OrderedDict`` of a million entries
-  does not (listing one costs about a second). The times and sighting numbers of a call
-  are written once, after its loop (``seen``/``order`` of its slots), so the eviction test
-  in the loop reads a time from before the call; a stream seen earlier in the same call
-  is recognised by its slot instead (see ``_idle``).
-- A new stream takes the lowest never-used slot (0, 1, 2, … in order of first sight).
-  When all ``max_streams`` slots are used, and ``idle_s`` is set, the least recently seen
-  stream is evicted if it is idle, strictly ``now - last_seen > idle_s``, and the new
-  stream takes its slot; the slot is reported in ``recycled``. Otherwise the message is
-  refused (``ok`` False, slot ``max_streams``, the spare) and the stream is not remembered.
-- Slots in use are always exactly ``0 .. len(self) - 1``: a slot is freed only by an
-  eviction, which hands it straight to the new stream.
-- The caller must reset a recycled slot's state (``processor.reset_rows``) *before* the
-  step that runs the batch, so the new stream never sees its previous owner's statistics.
-  An evicted stream that comes back is new: it gets a fresh or recycled slot.
-- A stream seen in a call has ``last_seen = now``, and ``idle_s >= 0``, so a later message
-  of the same call can never evict it; each slot is recycled at most once per call.
+- Pure: no threads, no clock; the caller passes ``now`` (the same monotonic clock on every call).
+- O(1) per message, nothing scans the table: an ``OrderedDict`` in least-recently-seen order, so the eviction
+  candidate is the first entry (a plain dict's deleted front would be walked over at each eviction). Without
+  ``idle_s`` nothing is evicted and a plain dict in order of first sight does. A batch of known streams is looked
+  up in C loops; Python per message only for a batch holding a new stream.
+- Beside it, columns by slot (name, last-seen time, sighting number: its order is the LRU order) are what a
+  checkpoint copies (``begin_copy``): arrays copy in chunks, an ``OrderedDict`` of a million entries does not. A
+  call writes its times once, after its loop, so the eviction test reads times from before the call (``_idle``).
+- A new stream takes the lowest never-used slot. With all ``max_streams`` used and ``idle_s`` set, the least
+  recently seen stream is evicted if ``now - last_seen > idle_s`` and its slot reported in ``recycled``;
+  otherwise the message is refused (``ok`` False, the spare slot ``max_streams``) and the stream not remembered.
+- Slots in use are always exactly ``0 .. len(self) - 1``: a slot is freed only by an eviction that hands it on.
+- The caller resets a recycled slot's state (``processor.reset_rows``) *before* the step that runs the batch;
+  an evicted stream that comes back is new. A stream seen in a call cannot be evicted by the same call.
 """
 
 from __future__ import annotations
@@ -60,8 +46,7 @@ class StreamSlots:
         self.idle_s = idle_s
         self.evicted = 0  # streams evicted so far, i.e. slots recycled
         # name -> slot, least recently seen first; without idle_s (nothing is evicted, no recency
-        # kept) a plain dict, in order of first sight: restoring a million names into one
-        # measured about 40% less than into an OrderedDict (0.5 s against 0.9 s)
+        # kept) a plain dict, in order of first sight, which restores faster than an OrderedDict
         self._slots: dict[str, int] = OrderedDict() if idle_s is not None else {}
         # by slot (rows 0 .. len - 1 in use): name, last seen (first sight without idle_s), and
         # the sighting number (larger: seen later). np.zeros: pages are only paid when touched.
@@ -210,7 +195,7 @@ class StreamSlots:
         table = (OrderedDict if self.idle_s is not None else dict)(zip(names, slots.tolist()))
         if len(table) != n:
             raise ValueError("a stream name appears twice")
-        by_slot = np.empty(n, object)  # C loops: a Python one over a million names measured 0.5 s
+        by_slot = np.empty(n, object)  # C loops: a Python one over a million names takes a noticeable pause
         by_slot[slots] = names
         self._copy = None
         self._slots = table
@@ -286,12 +271,10 @@ class TableCopy:
             self._table._copy = None
 
 
-# Work done per step on the checkpoint writer's thread, which pauses between steps. Every
-# C-level call over a list of Python objects holds the GIL throughout and touches each
-# object: one over a million names held it 35-60 ms in a measurement (building and freeing
-# one list), which the main thread waits out; 2048 names take about 0.1 ms.
+# Work done per step on the checkpoint writer's thread, which pauses between steps: every C-level call over a
+# list of Python objects holds the GIL throughout, and one over a million names would stall the main thread.
 NAMES_CHUNK = 2048
-GATHER_CHUNK = 65536  # float64s gathered per step: about 0.2 ms
+GATHER_CHUNK = 65536  # float64s gathered per step: a short hold of the GIL, as NAMES_CHUNK
 
 
 class OrderedNames(Sequence[str]):

@@ -2,20 +2,14 @@
 
 Rules:
 - Pure: no threads, no clock (the caller passes times).
-- Each counter object has one writer thread: ``MainStats`` is written only by the main thread,
-  ``IOStats`` (io_loop/counters.py, with the histograms and the IO side's snapshots) only by the
-  IO thread. Readers on the other side only read, through a snapshot, so no
-  lock is needed and none is taken. A figure both threads count (errors, dropped, replies
-  declined, the hops) is two counters, one per thread, added when read (Java's ``LongAdder``).
-- Copying a counter dict that another thread may be adding keys to goes through the one
-  ``copy_counts`` (io_loop/counters.py), whichever side reads.
-- ``Controller.stats()`` combines both into a ``StatsSnapshot`` (``whole_snapshot``) from any
-  thread, reading the books in their order: the main thread's counters first (``MainStats.snapshot``),
-  then the IO side's, where each feed's messages received are read last (``IOStats.snapshot``). A
-  message is counted received before anything is counted of its answer, so a snapshot never shows
-  more answered, dropped or declined than received (``unanswered`` >= 0), whichever thread takes it
-  while both count. Its figures are not of one instant: a message received meanwhile may be counted
-  in and not yet out (``unanswered`` a little high), never the other way.
+- Each counter object has one writer thread: ``MainStats`` the main thread, ``IOStats`` (io_loop/counters.py) the
+  IO thread; the other side only reads, through a snapshot, so no lock is taken. A figure both threads count is
+  two counters, added when read (Java's ``LongAdder``). A counter dict another thread may add keys to is copied
+  only by ``copy_counts``.
+- ``whole_snapshot`` (``Controller.stats()``, any thread) reads the books in their order: the main thread's
+  counters first, then the IO side's, each feed's messages received last. A message is counted received before
+  anything of its answer, so a snapshot never shows more answered than received (``unanswered`` >= 0); it may
+  show one received and not yet answered.
 - The status line and the Prometheus metrics are both made from snapshots, so the three never disagree.
 """
 
@@ -249,8 +243,8 @@ class StatsSnapshot:
 
     @property
     def in_flight(self) -> int:
-        """Removed in 0.2.0 (deprecated in 0.1.0): ``unanswered`` is its name ("in flight" is said of steps
-        dispatched to the device and not finished); ``AttributeError`` naming it."""
+        """The old name of ``unanswered`` ("in flight" is said of steps dispatched and not finished):
+        ``AttributeError`` naming it."""
         raise removed("StatsSnapshot.in_flight", error=AttributeError)
 
 

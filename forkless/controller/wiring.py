@@ -2,23 +2,17 @@
 
 Rules:
 - ``Controller(config=None, *, processor, codec, sources, sinks, on_event, connect, runtime)``: eight arguments
-  (tests/controller/test_wiring.py holds the count), each one thing. What was a flag or a loose keyword is a value here:
-  ``EVENTS_ONLY`` is a processor (none runs), ``OnResults`` a sink (called in the main thread), ``OnEvent`` the
-  events' callback with its options, ``ConnectHooks`` the WebSocket feeds' hooks, ``Runtime`` what the controller
-  does in its host process (status lines, the collector, systemd), where it keeps its checkpoints, and the tests'
-  seam (``io_factory``).
-- Each group is a frozen dataclass, checked when it is made (``TypeError`` naming the field and what it takes), so
-  a mistake is refused where it is written; a group handed to the wrong argument is refused naming the right one.
-- Results leave one way, ``sinks``: ``split_sinks`` parts them into the main thread's (``OnResults``: called in
-  order after each step, before the batch's replies are put, as ``on_results`` was) and the IO thread's
-  (``ResultSink``s, io_loop/sinks/results.py). Two ways in stay apart: ``sources`` hand messages and events over,
-  ``on_event`` takes the events in the main thread.
-- An old keyword (``on_results=``, ``events_only=``, …) is taken for one release under the deprecation policy
-  (io_loop/renamed.py): a ``DeprecationWarning`` naming its new spelling, and the call it stands for
-  (``grouped_keywords``); the signature shows only the eight. The attribute ``on_results``, which a program could
-  replace, is refused (``ReplacedAttribute``): set from outside, it would be read by nothing.
-- Pure: no JAX, no threads, nothing of the IO side is imported (the types named in the hints only for a type
-  checker), so a group may be built before the configuration is read.
+  (tests/controller/test_wiring.py holds the count), each one thing: ``EVENTS_ONLY`` is a processor, ``OnResults``
+  a sink, ``OnEvent`` the events' callback, ``ConnectHooks`` the WebSocket feeds' hooks, ``Runtime`` what the
+  controller does in its host process.
+- Each group is a frozen dataclass checked when made (``TypeError`` naming the field and what it takes); a group
+  handed to the wrong argument is refused naming the right one.
+- Results leave one way, ``sinks``, parted by ``split_sinks`` into the main thread's (``OnResults``) and the IO
+  thread's (``ResultSink``). ``sources`` hand messages and events in; ``on_event`` takes the events.
+- An old keyword is taken for one release under the deprecation policy (io_loop/renamed.py): a
+  ``DeprecationWarning`` naming its new spelling (``grouped_keywords``). The attribute ``on_results`` is refused
+  (``ReplacedAttribute``): set from outside, it would be read by nothing.
+- Pure: no JAX, no threads, nothing of the IO side imported, so a group may be built before the configuration.
 """
 
 from __future__ import annotations

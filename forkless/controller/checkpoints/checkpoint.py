@@ -1,26 +1,18 @@
-"""Checkpoints in a directory: writing one atomically, listing and pruning them, finding and
-reading back the newest complete one; ``DirectoryStore``, the checkpoint store of
-``FORKLESS_CHECKPOINT_DIR`` (``CheckpointStore``, controller/checkpoints/checkpointer.py).
+"""Checkpoints in a directory: writing one atomically, listing and pruning them, reading back the newest complete
+one; ``DirectoryStore``, the ``CheckpointStore`` of ``FORKLESS_CHECKPOINT_DIR``.
 
 Rules:
-- No threads and no clock here. ``write_checkpoint`` runs on the checkpointer's thread
-  (controller/checkpoints/checkpointer.py) and holds the GIL only briefly: hashing and large writes
-  release it, and the stream names are encoded in small chunks (controller/checkpoints/ckptformat.py).
-- One checkpoint is one file, ``ckpt-<sequence>.fkc``, in the checkpoint format
-  (controller/checkpoints/ckptformat.py) of a snapshot (controller/checkpoints/snapshot.py). It is written to a
-  temporary ``.tmp-ckpt-…`` file in the same directory, fsynced, renamed into place with
-  ``os.replace``, and the directory fsynced; so a file with a final name is complete, and
-  a process killed mid-write leaves only a temporary file (``remove_temporary_files``).
-- A file that is truncated, fails its checksum or lacks the end marker is damaged:
-  ``load_newest`` skips it with a warning and falls back to the one before it, and tells its
-  caller which it skipped (every one damaged is not "no checkpoint": controller/recovery.py).
-- A complete checkpoint that does not fit this run (a shape-defining setting, the state's
-  structure or a leaf's shape or dtype differs) is never skipped silently:
-  ``CheckpointMismatch`` names the setting and both values.
-- Why not orbax-checkpoint: measured in bench/checkpoint_stall.py (its docstring has the
-  numbers): its save blocks the main thread 126-281 ms per checkpoint where ``take_snapshot``
-  blocks 0.2 ms (with the state not donated), it does not detect a corrupted byte, and it
-  brings 13 packages (106 MB).
+- No threads and no clock here. ``write_checkpoint`` runs on the checkpointer's thread and holds the GIL only
+  briefly: hashing and large writes release it, the stream names are encoded in small chunks.
+- One checkpoint is one file, ``ckpt-<sequence>.fkc`` (controller/checkpoints/ckptformat.py), written to a
+  temporary ``.tmp-ckpt-…`` file in the same directory, fsynced, renamed into place and the directory fsynced:
+  a file with a final name is complete; a killed writer leaves only a temporary file (``remove_temporary_files``).
+- A damaged file (truncated, bad checksum, no end marker) is skipped with a warning by ``load_newest``, which
+  falls back to the one before and tells its caller which it skipped (all damaged is not "no checkpoint").
+- A complete checkpoint that does not fit this run is never skipped silently: ``CheckpointMismatch`` names the
+  setting and both values.
+- Not orbax-checkpoint: its save blocks the main thread far longer, it does not detect a corrupted byte, and it
+  brings 13 packages (bench/docs/checkpoints.md).
 """
 
 from __future__ import annotations

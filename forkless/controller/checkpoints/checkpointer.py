@@ -1,48 +1,28 @@
 """Checkpointer: writes checkpoints on one background thread, so the step is never stalled.
 
 Rules:
-- The main thread takes the snapshot and hands it over with ``submit`` (or ``tick``, which
-  also keeps the schedule). Encoding, hashing, writing, fsync, the rename and the rotation
-  happen on the "forkless-checkpoint" thread (a daemon), started and stopped explicitly. It
-  runs as the OS's idle-priority work (``_background_thread``); the checkpoint of an orderly
-  stop is written by a thread of the caller's priority ("forkless-checkpoint-final", started
-  by ``stop``, once the first has ended), so a stop never waits behind other processes for a
-  core: an unprivileged thread cannot raise its priority back.
-- ``tick``'s ``take()`` may return a ``Snapshot`` (taken whole: ``snapshot.take_snapshot``)
-  or a ``PendingSnapshot`` (the controller's: copied between steps). A pending one is held
-  here (``pending``) and advanced on every later ``tick`` for at most ``copy_budget_s`` of
-  the main thread; once copied it is handed to the writer thread, which calls its
-  ``finish()``. The controller tells it about every write to the state (``before_state_write``).
-- At most one checkpoint under way, being copied or written: a ``submit`` or a due ``tick``
-  meanwhile returns False and counts ``skipped``; nothing queues up behind a slow disk. A
-  copy that cannot be completed (``CheckpointAbandoned``, or any error) is dropped and
-  counted in ``failures`` (``abandoned``); one in progress at ``stop`` is dropped for the
-  final checkpoint and counted in ``skipped``.
-- A snapshot with positions (replayable feeds) is written only once ``before_write(positions)``
-  returns: the controller waits there, on the writer thread, until the results stream has
-  stored every reply to the messages the positions cover; if it raises, that checkpoint fails.
-- A failed write never raises into the caller: it is counted in ``failures``, its text kept in
-  ``last_error``, and logged once per distinct error on "forkless.checkpoint".
-- Each counter has one writer thread: ``skipped``, ``submitted``, ``abandoned``, ``last_copy_*``
-  and the schedule belong to the main thread (``submit``, ``tick``); ``written``, ``finished``,
-  ``failures``, ``last_*`` to the writer thread, then to the final one (which starts writing
-  once the first has ended: it joins it). The other side only reads them: each a single read
-  of an attribute, atomic with or without the GIL; the ``last_*`` fields ``stats_fields`` reads
-  one after another may be of two consecutive checkpoints for one snapshot.
-- Every checkpoint goes through a store (``CheckpointStore``): it numbers them (``next_sequence``
-  at start), writes one (``write``), keeps the newest (``prune``) and reads the newest back
-  (``load``, controller/recovery.py). A run's store is chosen in one place, ``store_for``: the
-  embedding program's own (``Runtime(checkpoint_store=...)``), a partitioned instance's bucket
-  objects (controller/partitions/partitioned.py, known once its leases are taken), or the directory
-  ``FORKLESS_CHECKPOINT_DIR`` (``DirectoryStore``, controller/checkpoints/checkpoint.py). Nothing here or in
-  the loop depends on which. ``store_for`` and ``checkpoints_for`` read the run's ``CheckpointSettings``
-  (controller/settings/groups.py), never the whole ``Config``.
-- ``start(store)`` starts the store (a directory is created and the temporary files of a writer
-  that was killed are removed) and the thread; ``stop(timeout, final=...)`` waits for the write
-  under way, then writes ``final`` (the checkpoint of an orderly stop) and joins the thread
-  (``begin_stop(take)`` hands ``final`` at once, a later ``stop(timeout)`` waits for it). One
-  process per store. ``NoCheckpoints`` has the same calls for a run without checkpoints, so the
-  controller calls them unconditionally.
+- The main thread takes the snapshot and hands it over (``submit``, or ``tick``, which keeps the schedule).
+  Encoding, hashing, writing, fsync, rename and rotation happen on the "forkless-checkpoint" daemon thread, at the
+  OS's idle priority; an orderly stop's checkpoint is written by "forkless-checkpoint-final" at the caller's
+  priority (an unprivileged thread cannot raise its own back), so a stop never waits for a core.
+- A ``PendingSnapshot`` (copied between steps) is held here and advanced on each later ``tick`` for at most
+  ``copy_budget_s`` of the main thread, then handed to the writer thread, which calls its ``finish()``.
+- At most one checkpoint under way: a ``submit`` or due ``tick`` meanwhile returns False and counts ``skipped``;
+  nothing queues behind a slow disk. A copy that cannot complete is dropped and counted (``failures``,
+  ``abandoned``); one in progress at ``stop`` is dropped for the final checkpoint.
+- A snapshot with positions is written only once ``before_write(positions)`` returns (the controller waits there
+  until every reply they cover is stored); if it raises, that checkpoint fails.
+- A failed write never raises into the caller: counted in ``failures``, kept in ``last_error``, logged once per
+  distinct error.
+- Each counter has one writer thread: ``skipped``, ``submitted``, ``abandoned``, ``last_copy_*`` and the
+  schedule the main thread's; ``written``, ``finished``, ``failures``, ``last_*`` the writer thread's, then the
+  final one's (which joins it first). The other side reads each with one attribute read; ``stats_fields``' reads
+  may span two consecutive checkpoints.
+- Every checkpoint goes through a ``CheckpointStore``, chosen in one place (``store_for``): the program's own, a
+  partitioned instance's bucket objects, or the directory. Nothing here or in the loop depends on which; both
+  functions read ``CheckpointSettings``, never the whole ``Config``.
+- ``start(store)`` starts the store and the thread; ``stop(timeout, final=...)`` waits for the write under way,
+  writes ``final`` and joins. One process per store. ``NoCheckpoints`` has the same calls, called unconditionally.
 """
 
 from __future__ import annotations
@@ -156,14 +136,12 @@ def checkpoints_for(checkpoints: CheckpointSettings, before_write: Callable[[dic
 
 
 _STOP = object()
-# main-thread time a tick may spend copying a pending checkpoint (a few chunks, about 0.25 ms each
-# into fresh pages): what a step waiting behind it can be delayed by (bench/checkpoint_stall.py)
+# main-thread time a tick may spend copying a pending checkpoint (a few chunks): what a step waiting
+# behind it can be delayed by (bench/docs/checkpoints.md)
 COPY_BUDGET_S = 0.0005
-# The writer thread sleeps this long after each chunk of work (2048 stream names encoded, 64k
-# last-seen times put in order, 1 MiB hashed and written). Without it, a thread that keeps
-# asking for the GIL makes every hand-back the main thread needs (queue waits, each XLA call)
-# wait up to the switch interval, and on 2 cores it takes a whole core: gaps of 10-38 ms
-# between steps at 1M streams, against 15-21 ms with it (bench/checkpoint_stall.py).
+# The writer thread sleeps this long after each chunk of work (names encoded, times put in order, bytes hashed
+# and written): a thread that keeps asking for the GIL makes every hand-back the main thread needs (queue waits,
+# each XLA call) wait up to the switch interval (bench/checkpoint_stall.py measures it).
 PAUSE_S = 0.001
 
 

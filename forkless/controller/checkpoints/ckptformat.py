@@ -1,25 +1,20 @@
-"""The checkpoint format: a checkpoint's bytes made from named host arrays and read back, the
-names of its files, and the checks that one is whole and fits this run (pure).
+"""The checkpoint format: a checkpoint's bytes made from named host arrays and read back, the names of its files,
+and the checks that one is whole and fits this run (pure).
 
 Rules:
-- No JAX, no files, no threads, no clock: the caller names the state's leaves
-  (controller/checkpoints/snapshot.py flattens the pytree), passes the library versions and the wall time,
-  and writes or reads the bytes (controller/checkpoints/checkpoint.py: a directory;
-  controller/partitions/partitioned.py: the objects of a bucket).
-- The bytes are made as buffers (``encode``): the arrays are not copied, a leaf whose bytes are
-  made only as written (``CanonicalRows``: a sharded table put in slot order piece by piece)
-  stays lazy, and the stream names are encoded ``NAMES_CHUNK`` at a time with ``pause()``
-  between chunks, so the writer thread holds the GIL only briefly.
-- Every array keeps its shape: a 0-d leaf (a scalar weight) is saved and read back 0-d.
-- Every checkpoint ends with the SHA-256 of all its bytes before it and an end marker.
-  ``parse_checkpoint`` refuses (``CheckpointDamaged``) bytes that are too short, lack the magic
-  or the end marker, or fail the checksum; the arrays it returns are views of one buffer.
-- A checkpoint that is whole but does not fit this run (another format, a setting that differs)
-  is ``CheckpointMismatch`` naming the setting and both values (``check_fits``), never skipped.
-  Checkpoints written before processors declared a name and version carry a legacy processor
-  id (``LEGACY_PROCESSOR_IDS``), read as that name and version.
-- File names: ``ckpt-<sequence:09d>.fkc`` (they sort in sequence order); a writer's temporary
-  file is ``.tmp-`` + the final name + ``.`` + its pid.
+- No JAX, no files, no threads, no clock: the caller names the state's leaves, passes the library versions and
+  the wall time, and writes or reads the bytes (a directory, or a bucket's objects).
+- The bytes are made as buffers (``encode``): arrays are not copied, a ``CanonicalRows`` leaf stays lazy until
+  written, and the stream names are encoded ``NAMES_CHUNK`` at a time with ``pause()`` between, so the writer
+  thread holds the GIL only briefly.
+- Every array keeps its shape: a 0-d leaf is saved and read back 0-d.
+- Every checkpoint ends with the SHA-256 of all its bytes before it and an end marker; ``parse_checkpoint``
+  refuses (``CheckpointDamaged``) bytes too short, without the magic or the end marker, or failing the checksum.
+- A whole checkpoint that does not fit this run is ``CheckpointMismatch`` naming the setting and both values
+  (``check_fits``), never skipped. An older checkpoint's processor id (``LEGACY_PROCESSOR_IDS``) is read as a
+  name and version.
+- File names: ``ckpt-<sequence:09d>.fkc`` (they sort in sequence order); a writer's temporary file is
+  ``.tmp-`` + the final name + ``.`` + its pid.
 
 Layout, format 1 (integers little-endian):
     MAGIC                          b"FORKLESS-CHECKPOINT\\n"
@@ -81,8 +76,8 @@ SUFFIX = ".fkc"
 TEMP_PREFIX = ".tmp-"
 _FINAL_NAME = re.compile(r"^ckpt-(\d{9,})\.fkc$")
 _TEMP_NAME = re.compile(r"^\.tmp-ckpt-\d{9,}\.fkc\.\d+$")  # TEMP_PREFIX + final name + "." + writer's pid
-# stream names encoded per call on the writer thread: well under 1 ms of GIL each, so the main
-# thread never waits long for it (one call over a million names holds it for tens of ms)
+# stream names encoded per call on the writer thread: few enough that the main thread never waits long
+# for the GIL (one call over a million names would hold it for tens of ms)
 NAMES_CHUNK = 2048
 
 # checkpoints written before processors declared a name and version recorded an id instead

@@ -1,23 +1,16 @@
-"""Where each replayable feed's messages have reached in the main thread: the positions a
-checkpoint records beside the state, and the replies it must wait for.
+"""Where each replayable feed's messages have reached in the main thread: the positions a checkpoint records beside
+the state, and the replies it must wait for.
 
 Rules:
-- Pure: no threads, no clock; written by the main thread only (``after_batch`` after every
-  batch), read by it (``record`` at a checkpoint's T0) and by the stats snapshot.
-- A feed's position is the ``Origin`` (io_loop/crossing.py) of the last of its messages that a
-  batch consumed, whatever became of it (a result, an error reply, no reply): the state as of
-  the same batch boundary holds exactly the effect of the messages up to it. Origins reach the
-  main thread in order, so "the last" is the batch's last message of that feed.
-- ``replied``: the origin of the last reply frame handed to the IO side for that feed. The
-  checkpoint recording a position may be committed only once the feed has confirmed every reply
-  up to it (``unconfirmed``): after a kill -9 the messages at or below the position are not
-  replayed, so their replies must already be stored.
-- What a feed's entry in a checkpoint's header holds is its ``PositionCodec``'s (io_loop/connectors/connector.py):
-  a connector's own (its room's, chosen at the composition root), or ``UserPositions`` for a user's source that
-  gives positions (its own, opaque here). Nothing here knows a kind of feed: a restore checks the entry's kind
-  (``written_by``) and identity (``identity``: another is ``CheckpointMismatch``) and hands the IO side what the
-  codec read back; a feed restored per partition (a partitioned feed, controller/partitions/partitioned.py) keeps
-  its restored ``floors``, recorded again until it consumes.
+- Pure: no threads, no clock; written by the main thread only (``after_batch``), read by it (``record`` at a
+  checkpoint's T0) and by the stats snapshot.
+- A feed's position is the ``Origin`` of the last of its messages a batch consumed, whatever became of it: the
+  state as of the same batch boundary holds exactly the effect of the messages up to it.
+- A checkpoint recording a position may be committed only once the feed confirmed every reply up to it
+  (``unconfirmed``): after a kill -9 the messages at or below it are not replayed, so their replies must be stored.
+- A feed's entry in a checkpoint is its ``PositionCodec``'s (io_loop/connectors/connector.py); nothing here knows
+  a kind of feed. A restore checks the entry's kind (``written_by``) and ``identity`` (another is
+  ``CheckpointMismatch``); a feed restored per partition keeps its restored ``floors`` until it consumes.
 """
 
 from __future__ import annotations

@@ -1,43 +1,25 @@
-"""The device snapshot: the processor state and the stream table as one checkpoint holds them,
-copied to the host without stalling the steps, and the state rebuilt from a checkpoint's arrays.
+"""The device snapshot: the processor state and the stream table as one checkpoint holds them, copied to the host
+without stalling the steps, and the state rebuilt from a checkpoint's arrays.
 
 Rules:
-- No threads and no clock here: times are passed in. The main thread begins and copies a
-  snapshot; the checkpointer's thread finishes and encodes it (controller/checkpoints/checkpointer.py).
-- The controller's checkpoints are a ``PendingSnapshot``: begun between two steps (T0),
-  copied a chunk at a time between the following steps (``advance``, 256 KiB each),
-  exact as of T0 by copy-on-write (``before_state_write`` before every step and slot reset;
-  the stream table does its own, ``StreamSlots.begin_copy``), then turned into a
-  ``Snapshot`` on the writer thread (``finish``). Why: on the CPU ``jax.device_get``
-  returns views of the device buffers, and the next step, given the state donated, then
-  copies the whole table once instead of updating it in place (about 40 ms for 1M streams
-  x 8 features, on the main thread), and listing a 1M-stream table took about 1.1 s; here
-  each view lives only inside one call, so steps stay in place (tests pin the buffer).
-  On an accelerator ``device_get`` is a real transfer, and the state is copied whole at T0
-  (``shares_device_memory`` chooses); so is the checkpoint of an orderly stop. Given a
-  ``clone`` (the engine's, for an accelerator or several devices: layouts.compile_clone), the
-  main thread only copies the state on the device(s) and starts its copy to the host
-  (``copy_to_host_async``); the writer thread waits for that copy in ``finish``. A 68 MB state's
-  ``device_get`` held a TPU host's main thread 19.6 ms; the clone and the start 1.1 ms. The
-  clone costs the state's size in device memory while the checkpoint is copied. (The writer
-  thread reads the clone's host values and nothing else of JAX: it dispatches nothing.)
-- ``take_snapshot`` (the whole state at once, ``jax.device_get``) remains for callers
-  with their own state.
-- On the CPU, ``device_get`` returns views of the device buffers (no copy); they stay as
-  taken while later steps run, even a step that donates its state (JAX then copies the
-  donated buffer instead of writing into it; tests pin this). A processor's step must
-  write only its batch's rows of a per-stream leaf (the processor contract's O(B) rule):
-  the copy-on-write keeps exactly those rows.
-- A checkpoint holds the state in canonical slot order (row s = slot s, the spare last)
-  whatever the device count, so a checkpoint taken on N devices restores on M. A state sharded
-  over several devices (controller/device/placement.py) is taken as views of its device shards
-  (controller/device/layouts.py's ``canonical_rows``), and each per-stream leaf is put back in canonical order
-  piece by piece as it is written, on the checkpointer's thread (``placement.CanonicalRows``); the main thread
-  still pays only the transfer. ``restore_state`` returns canonical host arrays; the caller
-  converts them to its mesh (``Placement.to_sharded``) and ``jax.device_put``s them.
-- A snapshot's bytes are the checkpoint format's (controller/checkpoints/ckptformat.py): its state's leaves
-  named ``"state" + keystr(path)``, the library versions recorded beside them
-  (``library_versions``).
+- No threads and no clock here: times are passed in. The main thread begins and copies a snapshot; the
+  checkpointer's thread finishes and encodes it.
+- The controller's checkpoints are a ``PendingSnapshot``: begun between two steps (T0), copied a chunk at a time
+  between the following steps (``advance``), exact as of T0 by copy-on-write (``before_state_write`` before every
+  step and slot reset; the stream table keeps its own), then made a ``Snapshot`` on the writer thread (``finish``).
+  On one CPU device a leaf's ``device_get`` is a view of its buffer, and a donated step would then copy the whole
+  table instead of updating it in place: each view here lives only inside one call (tests pin the buffer).
+- Elsewhere (an accelerator, several devices, an orderly stop's checkpoint) the state is copied whole at T0: with
+  a ``clone`` the main thread only copies it on the device(s) and starts its copy to the host, which ``finish``
+  waits for; the clone costs the state's size in device memory meanwhile (docs/checkpoints.md). The writer
+  thread reads host values only: it dispatches nothing to JAX.
+- A step writes only its batch's rows of a per-stream leaf (the processor contract): the copy-on-write keeps
+  exactly those rows.
+- A checkpoint holds the state in canonical slot order (row s = slot s, the spare last) whatever the device count,
+  so one taken on N devices restores on M; a sharded state is put in order piece by piece on the writer thread
+  (``CanonicalRows``). ``restore_state`` returns canonical host arrays for the caller to place.
+- A snapshot's bytes are the checkpoint format's: each state leaf named ``"state" + keystr(path)``, the library
+  versions beside them.
 """
 
 from __future__ import annotations
@@ -73,9 +55,8 @@ __all__ = [
     "take_snapshot",
 ]
 
-# bytes of rows copied per PendingSnapshot.advance(): about 0.25 ms of the main thread into fresh
-# (not yet faulted-in) host pages (1 MiB took about 1 ms, a tick then up to 2 ms; 256 KiB with a
-# 0.5 ms budget halved the median gap while copying: bench/checkpoint_stall.py)
+# bytes of rows copied per PendingSnapshot.advance(): a short piece of the main thread's time into fresh host
+# pages, so a tick stays within its budget (bench/docs/checkpoints.md, "Smaller copy ticks")
 COPY_CHUNK_BYTES = 1 << 18
 
 
@@ -160,10 +141,8 @@ class StateCopy:
     between steps (copy-on-write, ``controller/rowcopy.py``). For one CPU device, where
     ``np.asarray`` of a leaf is a view of its buffer (``shares_device_memory``).
 
-    Why: on the CPU ``jax.device_get`` returns such views, and the next step, which is given
-    the state donated, must then copy the whole table once instead of updating it in place
-    (about 40 ms for 1M streams x 8 features, on the main thread). Here every view is made
-    inside a call and dropped before it returns, so steps stay in place.
+    Why: a view of a donated buffer alive at the next step makes that step copy the whole table
+    instead of updating it in place; here every view is dropped before its call returns.
 
     Leaves whose leading axis is ``rows`` (``max_streams + 1``, the per-stream ones) are
     copied in chunks; the others are small and copied whole at once. Call
@@ -331,8 +310,7 @@ def library_versions() -> dict[str, str]:
 def restore_state(path: Path | str, arrays: Mapping[str, np.ndarray], like: Any) -> Any:
     """The saved state leaves rebuilt in the structure of ``like``; ``CheckpointMismatch``
     naming the leaf when a leaf is missing, extra, or of another shape or dtype. A 0-d leaf saved
-    as one element of shape [1] (what checkpoints written before the format kept 0-d leaves hold)
-    is read back 0-d."""
+    as one element of shape [1] (an older checkpoint's) is read back 0-d."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(like)
     expected = ["state" + jax.tree_util.keystr(key_path) for key_path, _ in flat]
     saved = [name for name in arrays if name.startswith("state")]
@@ -343,7 +321,7 @@ def restore_state(path: Path | str, arrays: Mapping[str, np.ndarray], like: Any)
         shape = tuple(np.shape(leaf))
         dtype = np.dtype(getattr(leaf, "dtype", None) or np.asarray(leaf).dtype)
         got = arrays[name]
-        if shape == () and got.shape == (1,):  # written before the format kept 0-d leaves 0-d: the same one value
+        if shape == () and got.shape == (1,):  # an older checkpoint's 0-d leaf: the same one value
             got = got.reshape(())
         if got.shape != shape or got.dtype != dtype:
             raise CheckpointMismatch(path, f"state leaf {name!r}", f"{got.dtype.name}{list(got.shape)}",

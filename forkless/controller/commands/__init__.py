@@ -1,10 +1,6 @@
-"""The programs: ``forkless`` (``cli``, the one place that ends the process), ``--check`` (``check``) and ``forkless
-relay`` (``relaycmd``).
+"""The programs: ``forkless`` (``cli``, the one place that ends the process), ``--check`` (``check``), ``forkless
+relay`` (``relaycmd``), their shared edges (``edge``) and the variables as documentation (``vardocs``).
 
-Rules:
-- A room of ``forkless.controller``: each module is imported by its full name
-  (``forkless.controller.commands.cli``); this ``__init__`` imports nothing, so importing one module of the room
-  loads only what that module imports.
-- The layers and their directions are the modules' own (tests/docs/test_architecture.py lists each module in one layer);
-  a room changes where a module lives, not what it may import.
+This ``__init__`` imports nothing: a module is imported by its full name and loads only what it imports; its layer
+is its own (tests/docs/test_architecture.py), wherever its room.
 """

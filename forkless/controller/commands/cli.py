@@ -5,22 +5,14 @@
     forkless --help     list every FORKLESS_* variable with its default
     forkless relay      publish the WebSocket feeds into a JetStream stream (controller/commands/relaycmd.py, no JAX)
 
-Exit statuses are stated once: each exception's ``exit_status`` (``ForklessError``, controller/errors.py
-and io_loop/errors.py), and what each status means in general (``EXIT_STATUSES``).
-
 Rules:
-- The configuration is read and validated before JAX is imported: a bad variable exits 2
-  in a fraction of a second, without JAX's start-up (hence the function-level imports of
-  the modules that import JAX: the preflight and the controller loop).
-- With FORKLESS_LOG_FORMAT=json every line the program writes to stderr is JSON: its own lines
-  (the configuration error, an unknown variable's warning, an error's exit line) go through
-  ``program_line`` in the format asked for, read from the environment before the configuration
-  (``early_log_format``), and uncaught exceptions are written as JSON too (``_json_uncaught``).
-- Every way a run can end maps to one exit status here, and only here (``forkless relay``'s
-  in controller/commands/relaycmd.py, a program of its own without JAX): every ``ForklessError`` by its
-  class's attributes, with one clause (``report``, controller/commands/edge.py, the relay's too); a second
-  Ctrl-C is 130; anything else is a crash; an orderly stop is 0, or FORKLESS_LOSSY_STOP_EXIT (4) when it
-  lost messages (``stop_status``).
+- The configuration is read and validated before JAX is imported: a bad variable exits 2 at once (hence the
+  function-level imports of the modules that import JAX).
+- With FORKLESS_LOG_FORMAT=json every line the program writes to stderr is JSON: its own lines through
+  ``program_line`` (the format read before the configuration, ``early_log_format``), uncaught exceptions too.
+- Every way a run ends maps to one exit status here, and only here (the relay's in its own module): every
+  ``ForklessError`` by its class's ``exit_status``, in one clause (``report``); a second Ctrl-C is 130; anything else
+  a crash; an orderly stop 0, or FORKLESS_LOSSY_STOP_EXIT when it lost messages (``stop_status``).
 """
 
 from __future__ import annotations
@@ -143,10 +135,9 @@ def exit_with(status: int) -> None:
     """End the process now, with ``status``, once everything it wrote is flushed.
 
     The run is over and its output written, so the interpreter's teardown is skipped
-    (``os._exit``): tearing down JAX's runtime took 0.25-0.6 s here, time a stop that must
-    end by FORKLESS_SHUTDOWN_TIMEOUT_S does not have, and an IO thread left behind by an
-    aborted stop cannot hold the exit either. Only the program does this; an embedding
-    program's own exit is its business."""
+    (``os._exit``): tearing down JAX's runtime takes time a stop bounded by
+    FORKLESS_SHUTDOWN_TIMEOUT_S does not have, and an IO thread left behind by an aborted stop
+    cannot hold the exit either. Only the program does this; an embedding program's exit is its own."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a late Ctrl-C must not interrupt the flush
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

@@ -5,28 +5,19 @@
     forkless relay --help    the variables it reads
 
 Rules:
-- No JAX in this process: nothing here, nor anything it imports, imports JAX, the processors, the
-  engine or the controller's loop (a test runs the relay and checks ``sys.modules``). The
-  configuration is ``controller.config`` (pure), the codec the default ``JsonCodec`` in float64
-  (the payload carries the numbers exactly as the feed wrote them).
-- A source → sink run (controller/lifetime/sinkrun.py ``SinkRun``, the runtime a program's own sink
-  runs on): the IO thread (io_loop/thread.py) runs the feeds and the publisher (the JetStream room's sink to
-  FORKLESS_RELAY_NATS, io_loop/kinds.py's ``relay_sink``) on its loop, the publisher taking the
-  chunks in place of the main thread; this main
-  thread waits with the controller's own pieces (signals, serving loop, stop deadline, ``end_io``).
-  What is the relay's own here: its view (``RelayView``), status and books lines, metrics, exit status.
-- Orderly stop (SIGINT/SIGTERM, FORKLESS_DURATION): the feeds stop reading, everything read is
-  published and acknowledged, then exit 0. The stop is bounded by FORKLESS_SHUTDOWN_TIMEOUT_S:
-  messages still not stored then are counted, logged, and the exit status is 3. A second SIGINT
-  aborts at once (130), what was not stored counted the same way.
-- Exit statuses as the program's (controller/errors.py): 2 a configuration the relay cannot use
-  (naming the variable or the feed: ``relay_settings``; a feed the relay cannot read is its connector's to say,
-  ``Connector.refuses_relay``), 3 a feed or the NATS server that cannot be used (tries used
-  up, credentials refused) or messages not stored by the stop's deadline, 1 a crash.
-- Metrics: ``/metrics`` serves ``relay_metric_families`` of one ``RelayView`` per scrape, through
-  the controller's one collector (controller/metrics.py ``exposition``);
-  ``/healthz`` and ``/readyz`` read the same view (ready while every required feed and the NATS
-  server are connected).
+- No JAX in this process: nothing it imports imports JAX, the processors, the engine or the loop (a test checks
+  ``sys.modules``). The codec is ``JsonCodec`` in float64: the payload carries the numbers as the feed wrote them.
+- A source → sink run (``SinkRun``): the IO thread runs the feeds and the publisher (``relay_sink``), which takes
+  the chunks in place of the main thread; this thread waits with the controller's own pieces (signals, serving
+  loop, stop deadline). The relay's own: its view (``RelayView``), status and books lines, metrics, exit status.
+- Orderly stop (SIGINT/SIGTERM, FORKLESS_DURATION): everything read is published and acknowledged, then exit 0;
+  bounded by FORKLESS_SHUTDOWN_TIMEOUT_S, what is not stored by then is counted, logged, and the exit is 3. A
+  second SIGINT aborts at once (130).
+- Exit statuses as the program's: 2 a configuration the relay cannot use (naming the variable or feed; a feed
+  it cannot read is its connector's to say, ``Connector.refuses_relay``), 3 a feed or NATS server unusable or
+  messages not stored by the deadline, 1 a crash.
+- ``/metrics`` serves ``relay_metric_families`` of one ``RelayView`` per scrape through the controller's collector;
+  ``/healthz`` and ``/readyz`` read the same view (ready while every required feed and NATS are connected).
 """
 
 from __future__ import annotations

@@ -1,28 +1,18 @@
-"""The device layer's building blocks: the processor-contract checks, the finiteness guard,
-the CPU compile setting, the compilation counter. controller/engine.py compiles with them.
+"""The device layer's building blocks: the processor-contract checks, the finiteness guard, the CPU compile setting,
+the compilation counter. controller/engine.py compiles with them.
 
 Rules:
-- The processor contract is checked on the compiled shapes, so a violation stops the start
-  with ``ProcessorContractError`` naming the output or leaf, its shape and the rule, instead of
-  an IndexError at the first message: ``outputs`` is a dict of arrays with leading axis B (the
-  bucket size), and ``step`` returns a state of the same structure, shapes and dtypes
-  (``check_contract``); a per-stream leaf is written only at the batch's rows (``check_row_writes``,
-  one step at a small size: checkpoints copied between steps rely on it); on several devices a replicated leaf
-  comes back unchanged (``check_replicated_unchanged``, on the jaxpr).
-- Each compiled step is the processor's step wrapped by ``guarded``: messages whose outputs
-  come out non-finite are marked, and with steps in flight their streams' rows are reset to a
-  fresh stream's inside the same step (so a step dispatched before the host sees them reads
-  fresh rows); one step at a time, the loop resets them before the next step.
-- On the CPU, no op of the step is split across threads (``unsplit_cpu_ops``): XLA:CPU's
-  parallel-task assigner prices a gather from or a scatter into the table by the table's
-  bytes, so from about 256 KB up it splits the step's six table ops into one task per
-  thread, each paying a thread-pool hand-off, for ops that touch B rows. It sizes the split
-  by the CPUs the compiling thread may run on, so every thread of the process is held on one
-  CPU while the steps compile and given back its own CPUs after (bench/README.md "State
-  scaling": a B=256 step at 1M streams went from 1.5x to 0.9x of 4,096 streams on 2 cores).
-  Only where a state leaf (a device's shard of it) is at least 256 KB: below, XLA splits
-  nothing, and compiling on one CPU takes longer (LLVM's workers share it).
-  Libraries the step calls (Eigen's dot, convolutions) keep their own threads.
+- The processor contract is checked on the compiled shapes, so a violation stops the start with
+  ``ProcessorContractError`` naming the output or leaf, its shape and the rule, not an IndexError at the first
+  message: outputs ``[B, ...]`` and a state of unchanged structure, shapes and dtypes (``check_contract``); only the
+  batch's rows of a per-stream leaf written (``check_row_writes``); on several devices replicated leaves unchanged
+  (``check_replicated_unchanged``, on the jaxpr).
+- Each compiled step is wrapped by ``guarded``: non-finite outputs are marked, and with steps in flight their
+  streams' rows are reset inside the same step (a step dispatched before the host sees them reads fresh rows).
+- On the CPU no op of the step is split across threads (``unsplit_cpu_ops``): XLA:CPU prices a table's gather or
+  scatter by the table's bytes and splits ops that touch B rows into a task per thread, each paying a hand-off.
+  It sizes the split by the compiling thread's CPUs, so every thread is held on one CPU while the steps compile,
+  only where a state leaf is at least ``XLA_CPU_TASK_BYTES`` (bench/docs/levers.md).
 - Every XLA compilation in this process is counted from JAX's own monitoring events.
 """
 
@@ -98,8 +88,8 @@ def check_input_dtype(processor: Processor) -> np.dtype:
     return dtype
 
 
-# what a TPU's float64 is (measured on a TPU v5e, JAX 0.10.2, 2026-12-05): XLA emulates it with
-# a pair of float32, so it has float32's range and about twice its precision
+# what a TPU's float64 is: XLA emulates it with a pair of float32, so it has float32's range and about
+# twice its precision (docs/embedding/contract.md, "input dtype")
 TPU_FLOAT64 = ("on a TPU, float64 is not IEEE double: XLA emulates it with pairs of float32, with float32's "
                "range (1e300 became inf, 1e-310 became 0) and less precision (exp erred by ~3.9e-14 against "
                "~8.9e-16 on a CPU)")
@@ -179,8 +169,7 @@ def unsplit_cpu_ops(devices: list[Any]) -> Iterator[None]:
 
 
 def release_freed_memory() -> None:
-    """Give the heap the XLA compiler freed back to the OS (glibc keeps it otherwise):
-    measured about 30 MiB of resident memory after a cold compile of the default buckets."""
+    """Give the heap the XLA compiler freed back to the OS (glibc keeps it otherwise)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
@@ -189,8 +178,7 @@ def release_freed_memory() -> None:
 
 def one_call(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` as one XLA computation that is not kept: run eagerly, each op would leave
-    its own compiled executable in JAX's cache for the life of the process (about 2.5 MiB of
-    resident memory each on the CPU; the row template's slices were 5.1 MiB)."""
+    its own compiled executable resident in JAX's cache for the life of the process."""
     return jax.jit(fn)(*args)
 
 
@@ -265,14 +253,12 @@ def guarded(step: Callable[[Any, Batch], tuple[Any, dict[str, Any]]], reset: boo
     (``row_template``: a fresh stream's) in the same computation (``reset_bad_rows``), so a
     stream whose state went non-finite starts again instead of staying poisoned, and the next
     step, dispatched before this one's outputs reach the host (steps in flight), already reads
-    the fresh rows. It costs scatters on every step (on the CPU +50 to +250 µs on the default
-    step, measured), so it is compiled in only with steps in flight; one step at a time, the
-    caller resets those streams itself before the next step (``template`` is then unused).
-    It checks the outputs only: reading the batch's rows of the
-    table back after the step's in-place write measured +55 µs a step on the CPU (about a
-    third of it), against +15 µs for the outputs. A processor whose state could go non-finite
-    without its outputs showing it must keep its arithmetic within range (the default
-    detector does: docs/reliability.md, "numbers out of range")."""
+    the fresh rows. Its scatters cost every step (docs/performance.md, "Steps in flight"), so it
+    is compiled in only with steps in flight; one step at a time, the caller resets those streams
+    before the next step (``template`` is then unused). It checks the outputs only, as reading the
+    table's rows back after the in-place write costs several times more: a processor whose state
+    could go non-finite without its outputs showing it keeps its arithmetic within range
+    (docs/reliability.md, "numbers out of range")."""
 
     def guarded_step(state: Any, batch: Batch, template: Any) -> tuple[Any, dict[str, Any], Any]:
         new_state, outputs = step(state, batch)

@@ -1,26 +1,18 @@
 """Layouts: how the device state, a batch and its results are placed on one device or several.
 
 Rules:
-- A layout is the engine's (controller/engine.py) one switch between one device and several
-  (``FORKLESS_DEVICES``): ``OneDevice`` (no mesh; on the CPU a padded ``Batch`` in, ``(state,
-  outputs, bad)`` out, read in place; on an accelerator one packed array each way) or
-  ``Sharded`` (a 1-D mesh ``"d"``, per-stream leaves sharded by stream, controller/device/placement.py;
-  the step ``shard_map``-ped, one packed array each way per device).
-- A packed batch is uint32 words (``placement.pack_words``): a key never travels in a float
-  array, whose copy to an accelerator need not keep its bits (a TPU's float64 does not).
-  Packed results are bytes (``compiled.as_bytes``), read back with ``unpack_outputs``. Each
-  array is one transfer: on a TPU a step of 3 inputs and 4 outputs took 1.60 ms a round trip,
-  packed 1.36 ms; on the CPU the unpacked arrays are read in place (bench/packed_io.py).
-- A checkpoint of a state that is not copied in rows between steps (an accelerator, several
-  devices) is cloned on the device(s) on the main thread (``compile_clone``) and its copy to
-  the host started there; the writer thread waits for it (controller/checkpoints/snapshot.py).
-- Both have one interface: ``fresh`` (the initial state, placed), ``compile_template`` (its fresh
-  rows), ``compile_reset``, ``jit``,
-  ``check`` and ``lower`` (the step compiled per bucket, its contract checked,
-  controller/device/compiled.py), ``example``, ``lay_out`` (a batch for the step and its route back),
-  ``results`` (the step's outputs on the host as ``Stepped``, in arrival order),
-  ``reset_index``, ``to_device``, ``compile_clone``, ``host_copy``, ``device_rows``, ``counts``.
-- A layout holds no state: it is handed the state and gives back what to put in its place;
+- A layout is the engine's one switch between one device and several (``FORKLESS_DEVICES``): ``OneDevice`` (no
+  mesh; on the CPU a padded ``Batch`` in and the outputs read in place; on an accelerator one packed array each
+  way) or ``Sharded`` (a 1-D mesh ``"d"``, per-stream leaves sharded by stream, the step ``shard_map``-ped, one
+  packed array each way per device).
+- A packed batch is uint32 words (``placement.pack_words``): a key never travels in a float array, whose copy to
+  an accelerator need not keep its bits. Each array is one transfer, so a step's arrays travel packed (results as
+  bytes, ``unpack_outputs``); on the CPU unpacked arrays are read in place, cheaper (bench/packed_io.py).
+- A checkpoint of a state not copied in rows between steps is cloned on the device(s) on the main thread
+  (``compile_clone``), its copy to the host started there and waited for by the writer thread.
+- Both layouts have one interface (``fresh``, ``compile_template``, ``compile_reset``, ``jit``, ``check``, ``lower``,
+  ``example``, ``lay_out``, ``results``, ``reset_index``, ``to_device``, ``compile_clone``, ``host_copy``,
+  ``device_rows``, ``counts``), and hold no state: handed the state, they give back what to put in its place;
   only the engine assigns it.
 """
 

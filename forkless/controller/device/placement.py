@@ -1,28 +1,20 @@
 """Placement: which device owns each stream slot, and the host-side routing of a batch to it.
 
 Rules:
-- Pure numpy: no JAX, no threads, no clock. The device layer (controller/device/compiled.py) builds
-  the mesh and the sharded step from a ``Placement``; the loop routes each batch with it.
-- Slot ``s`` (``0 .. max_streams - 1``, handed out in order by controller/slots.py) lives on
-  device ``s % N`` at local row ``s // N``: strided, so new streams fill the devices evenly.
-- Each device's shard has ``R = ceil(max_streams / N) + 1`` rows, the last one that device's
-  spare row (its padding rows point at it). The global table is ``[N * R, ...]``, device
-  ``d`` holding rows ``d * R .. d * R + R - 1`` (``NamedSharding(mesh, P("d"))``).
-- A batch of ``m`` messages becomes an ``[N, Bd]`` layout (flattened to ``[N * Bd]``): each
-  device's messages in arrival order, then padding; ``Bd`` is the bucket of the busiest
-  device. ``Route.positions[i]`` is where message ``i`` sits, so outputs come back in
-  arrival order with one fancy index.
-- Each batch crosses to the devices as ONE array and its results come back as ONE array
-  (each separate array is one transfer per device: three of them measured 434 µs against
-  183 µs for one, on 4 CPU devices): ``pack`` lays ``x``'s bits, the key and ``valid`` side by
-  side in uint32 words ``[N * Bd, F * k + 2]`` (``pack_words``; k = 1 for float32, 2 for
-  float64); the step takes them apart on each device (``compiled.unpack_words``) and packs its
-  outputs and the finiteness flags into bytes ``[N * Bd, T]`` uint8, which ``unpack_outputs``
-  reads back with numpy views (``OutputLayout``). The key never travels in a float array: a
-  TPU's float64 is not IEEE double, and a host-to-device copy of one turned the int64 bits of
-  small keys (subnormal doubles) into 0, every message routed to row 0 (issue 48).
-- The canonical order (row ``s`` = slot ``s``, then the spare) is what checkpoints hold, so a
-  file does not depend on the device count: ``to_sharded`` and ``CanonicalRows`` convert.
+- Pure numpy: no JAX, no threads, no clock. The device layer builds the mesh and the sharded step from a
+  ``Placement``; the loop routes each batch with it.
+- Slot ``s`` lives on device ``s % N`` at local row ``s // N``: strided, so new streams fill the devices evenly.
+- Each device's shard has ``R = ceil(max_streams / N) + 1`` rows, the last its spare (its padding points there);
+  the global table is ``[N * R, ...]``, device ``d`` holding rows ``d * R .. d * R + R - 1``.
+- A batch of ``m`` messages becomes an ``[N, Bd]`` layout (flattened): each device's messages in arrival order,
+  then padding; ``Bd`` is the busiest device's bucket. ``Route.positions[i]`` is where message ``i`` sits, so
+  outputs come back in arrival order with one fancy index.
+- Each batch crosses as ONE array and its results come back as ONE (each array is a transfer per device): ``pack``
+  lays ``x``'s bits, the key and ``valid`` side by side in uint32 words ``[N * Bd, F * k + 2]``; the step packs its
+  outputs and finiteness flags into bytes ``[N * Bd, T]``, read back by ``unpack_outputs`` as numpy views. The
+  key never travels in a float array: a TPU's float64 is not IEEE double, and its copy can zero a small key.
+- The canonical order (row ``s`` = slot ``s``, then the spare) is what checkpoints hold, so a file does not depend
+  on the device count: ``to_sharded`` and ``CanonicalRows`` convert.
 """
 
 from __future__ import annotations

@@ -1,27 +1,16 @@
-"""The executables ``compile_step`` built, kept for the next ``compile_step`` of the same program
-in this process.
+"""The executables ``compile_step`` built, kept for the next ``compile_step`` of the same program in this process.
 
 Rules:
-- A program is what the compiled step and reset are a function of: the processor's ``init`` and
-  ``step`` (the function objects themselves, as ``jax.jit`` caches by its function), its declared
-  counters and input dtype, the state's tree of shapes and dtypes, the batch sizes
-  (``buckets``, ``max_batch``), ``features``, ``max_streams``, the device, and the JAX and XLA
-  settings that change a trace or a compilation. Equal programs compile to equal executables,
-  so a second ``Controller`` of the same processor in one process (a program that builds one
-  per session, a test suite) loads nothing and traces nothing: ~0.4 CPU-s of tracing,
-  lowering and the persistent cache's read for the default detector, its contract checks
-  included (they passed for this program; a processor that failed them was never kept).
-- Kept only where that is sure: one device (``OneDevice``), ``init`` and ``step`` plain Python
-  functions (not bound methods, whose object may change between two compiles; not callable
-  objects). As with ``jax.jit``, a function whose trace reads a global or a closed-over value
-  that changed since is not traced again: build a new processor (``ewma_processor`` and
-  ``stream_processor`` return new functions each call) to change what it computes. The
-  default detector is one processor per setting of alpha, threshold and warm-up
-  (``default_processor``), so every controller of the same settings runs one program.
-- The newest ``KEPT`` programs (by when they were compiled) are kept: their executables only, a
-  few MiB on the CPU. The state is never kept (every ``compile_step`` builds its own from
-  ``init``), and the processor's functions are held weakly, so nothing they close over (a
-  model's weights) outlives the program that uses them.
+- A program is what the compiled step and reset are a function of: the processor's ``init`` and ``step`` (the
+  function objects, as ``jax.jit`` caches by its function), its declared counters and input dtype, the state's
+  shapes and dtypes, the batch sizes, ``features``, ``max_streams``, the device, and the JAX and XLA settings that
+  change a trace or a compilation. Equal programs compile to equal executables, so a second ``Controller`` of the
+  same processor in one process traces and loads nothing.
+- Kept only where that is sure: one device, ``init`` and ``step`` plain functions (not bound methods or callable
+  objects). As with ``jax.jit``, a trace that read a global since changed is not redone: build a new processor to
+  change what it computes (``ewma_processor`` and ``stream_processor`` return new functions each call).
+- The newest ``KEPT`` programs are kept, their executables only: the state never (each ``compile_step`` builds its
+  own), the processor's functions weakly, so nothing they close over outlives the program that uses them.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """Live weights: a processor's parameters swapped while it runs, between two batches, no recompile.
 
 Rules:
-- The weights are ``state.params`` of a state built as ``StreamState(params, rows)`` (what
-  ``stream_processor(..., init_params=...)`` builds; a processor of your own may build it too):
-  shared leaves (none per-stream), passed to the compiled step as arguments, never baked into
-  it. A swap gives them new values of the same tree structure, shapes and dtypes, so the
-  executables compiled at start run on unchanged: nothing is traced or compiled again.
-- ``offer`` is callable from any thread: it checks the new weights against the compiled shapes
-  (``ValueError`` naming the first leaf that differs and what it should be) and copies them to
-  host memory (the caller may reuse its arrays at once); it touches no device. The newest offer
-  waits in one slot (a later one replaces it, logged) until the engine's next step, which puts
-  it on the device(s) where the old leaves were and steps with it: between two batches, on the
-  main thread, the per-stream rows and the connections untouched.
-- Which weights a result came from is recorded: ``Weights`` (a version, the digest of the
-  values, the step and message count of this run before which they applied, the swaps so far)
-  is in ``Controller.stats().weights``, logged at each swap, and written into every
-  checkpoint's metadata (``settings["weights"]``: recorded, never matched on restore).
+- The weights are ``state.params`` of a ``StreamState(params, rows)``: shared leaves passed to the compiled step
+  as arguments, never baked into it. A swap gives them new values of the same structure, shapes and dtypes, so
+  the executables compiled at start run on: nothing is traced or compiled again.
+- ``offer`` is callable from any thread: it checks the new weights against the compiled shapes (``ValueError``
+  naming the first leaf that differs) and copies them to host memory; it touches no device. The newest offer
+  waits in one slot (a later one replaces it, logged) until the engine's next step puts it on the device(s) where
+  the old leaves were, on the main thread, the per-stream rows and connections untouched.
+- Which weights a result came from is recorded: ``Weights`` (version, digest, the step and message count they
+  applied from, the swaps) is in ``stats().weights``, logged at each swap, and written into every checkpoint's
+  settings (recorded, never matched).
 """
 
 from __future__ import annotations

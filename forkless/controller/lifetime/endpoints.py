@@ -2,24 +2,15 @@
 start to its stop.
 
 Rules:
-- With ``FORKLESS_METRICS_ADDR`` set, ``open_endpoints`` binds the address first thing in
-  ``Controller.start()``, before anything is restored or compiled: a taken port is a
-  ``MetricsServerError`` (exit 2) at once, nothing compiled.
-- While the controller restores, compiles and waits for leases, the endpoints are served on a
-  thread of their own, "forkless-startup" (a ``LoopThread``): ``/healthz`` answers 200 with the
-  phase, ``/readyz`` 503 naming the phase ("compiling", …), ``/metrics`` shows ``forkless_phase``.
-- ``hand_over()`` ends that thread (its site closed, the sockets left listening: a scrape that
-  comes meanwhile waits in the backlog) and gives the server to the IO thread, which serves it on
-  its own loop from then on and releases it at its end (io_loop/thread.py). A server handed over is
-  the IO thread's: ``close()`` leaves it alone.
-- ``close()`` ends the start-up thread and releases the address if no IO thread took it (a start
-  that failed or was stopped); idempotent. Without ``FORKLESS_METRICS_ADDR``: ``NoEndpoints``,
-  the same calls doing nothing.
-- ``serve_last_books``: a run that ended on a lost lease (exit 3) serves its last books on the
-  same address, once the IO thread has let it go, until one ``/metrics`` scrape has read them or
-  a bound has passed (``FORKLESS_LEASE_S``: the new owner waited that long anyway), ``/healthz`` and
-  ``/readyz`` answering 503: what it counted before it exits is scraped (deploy/prometheus's
-  ForklessLeaseLost sees "lease lost" go up, from the 0 it showed since the start).
+- With ``FORKLESS_METRICS_ADDR`` set, ``open_endpoints`` binds it first thing in ``Controller.start()``: a taken
+  port is a ``MetricsServerError`` (exit 2) before anything is restored or compiled.
+- While the controller restores, compiles and waits for leases, the endpoints are served by a thread of their own,
+  "forkless-startup": ``/healthz`` 200 with the phase, ``/readyz`` 503 naming it, ``/metrics`` ``forkless_phase``.
+- ``hand_over()`` ends that thread (the sockets left listening: a scrape meanwhile waits in the backlog) and gives
+  the server to the IO thread, which serves and releases it from then on; ``close()`` leaves a server handed over
+  alone, releases one that was not, and is idempotent. Without the address: ``NoEndpoints``, the same calls.
+- ``serve_last_books``: a run ended by a lost lease (exit 3) serves its last books on the same address until one
+  ``/metrics`` scrape has read them or ``FORKLESS_LEASE_S`` has passed, so the "lease lost" it counted is scraped.
 """
 
 from __future__ import annotations

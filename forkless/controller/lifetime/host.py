@@ -1,26 +1,17 @@
 """What a running controller changes in its host process, and gives back exactly.
 
 Rules:
-- A library leaves its host alone: every process-wide setting the controller changes while it
-  runs is taken here, remembered, and put back as it was at the stop — including what the
-  host had set before: the switch interval, the collector's frozen objects (only when asked
-  for), the handlers of the signals it takes (``HANDLED_SIGNALS``). Thread CPU affinities are
-  changed only while compiling and given back there (controller/device/compiled.py
-  ``unsplit_cpu_ops``); the collector's enablement is never touched.
-- ``gc.freeze()`` acts on every object of the process and ``gc.unfreeze()`` thaws every frozen
-  object, the host's too. So the controller freezes only when asked (``Runtime(freeze_gc=True)``: the
-  ``forkless`` program asks, an embedder may), only when nothing is frozen yet, and unfreezes
-  at the stop only if nothing was frozen since (the frozen count has not grown).
-- Several controllers may run at once, their lives overlapping in any order: each change has
-  one process-wide owner (``_Owner``) that counts the controllers holding it; the first to
-  apply it takes the host's setting, the last to give it back restores it. Signal handlers
-  are given back by each controller; one stopped while a later controller's handlers are in
-  place hands its place in the chain on (``_RETIRED``), so the last restore puts back the host's.
-- The signals taken (docs/running.md, "Signals"): SIGINT, SIGTERM and SIGHUP ask for the orderly
-  stop, SIGUSR1 for a report of the run so far; what each means is the controller's business
-  (``on_signal(signum)``). A SIGHUP the host ignores when they are installed (``nohup``) is left
-  ignored: the operator asked the process to outlive its terminal. SIGQUIT and every other signal
-  keep the host's handling.
+- A library leaves its host alone: every process-wide setting the controller changes while it runs (the switch
+  interval, the collector's frozen objects when asked, the handlers of ``HANDLED_SIGNALS``) is taken here and put
+  back at the stop as the host had it. Thread CPU affinities change only while compiling (``unsplit_cpu_ops``);
+  the collector's enablement is never touched.
+- ``gc.freeze()`` and ``gc.unfreeze()`` act on the whole process: the controller freezes only when asked
+  (``Runtime(freeze_gc=True)``) and nothing is frozen yet, and unfreezes only if nothing was frozen since.
+- Several controllers may run with overlapping lives: each change has one process-wide owner (``_Owner``) counting
+  its holders; the first takes the host's setting, the last restores it. A controller stopped while a later one's
+  signal handlers are in place hands its place in the chain on (``_RETIRED``).
+- SIGINT, SIGTERM and SIGHUP ask for the orderly stop, SIGUSR1 for a report (docs/running.md, "Signals"); a SIGHUP
+  the host ignores (``nohup``) stays ignored; every other signal keeps the host's handling.
 - Nothing here exits the process.
 """
 

@@ -1,22 +1,15 @@
-"""Lifetime: what a started controller holds, each resource put on one exit stack as it is
-taken, and given back once, in reverse, by one ``end(how)``.
+"""Lifetime: what a started controller holds, each resource put on one exit stack as it is taken, and given back
+once, in reverse, by one ``end(how)``.
 
 Rules:
-- ``Controller.start()`` takes, in order: the host's process settings (given back last; there
-  is nothing to give back until they are applied), a partitioned instance's leases, the
-  checkpoint writer, the IO side. ``end`` gives each back exactly once, in reverse, whatever
-  ended the run (an orderly stop, a second SIGINT, a lost lease, a failure, a stop requested
-  during the start); a second ``end`` does nothing. One exception raised while giving one
-  back does not keep the others (``contextlib.ExitStack``).
-- How the run ended decides the waits. ``ORDERLY`` and ``LEASE_LOST``: the IO side has until
-  the stop's deadline (``end_io``); ``ORDERLY`` only: the checkpoint writer is waited for
-  until the deadline (the stop's checkpoint), else it is ended at once. ``ABORTED`` (a second
-  SIGINT aborted the IO side already): the IO side gets ``ABORT_JOIN_S``, as it does when that
-  SIGINT interrupts an orderly stop's join (so the books are whole when it is raised). ``FAILED``: the IO
-  side (which failed, or was just started by a start that failed) is aborted, not waited for,
-  so that a crashed IO thread never delays the exit.
-- Nothing here exits the process; an IO thread that does not end is left behind (a daemon)
-  and ``abandoned_io`` says so.
+- ``Controller.start()`` takes, in order: the host's process settings (given back last), a partitioned instance's
+  leases, the checkpoint writer, the IO side. ``end`` gives each back exactly once, in reverse, whatever ended the
+  run; a second ``end`` does nothing; one raising does not keep the others (``contextlib.ExitStack``).
+- How the run ended decides the waits: ``ORDERLY`` and ``LEASE_LOST`` give the IO side until the stop's deadline
+  (``end_io``), and ``ORDERLY`` alone waits for the stop's checkpoint; ``ABORTED`` gives the IO side
+  ``ABORT_JOIN_S`` (so the books are whole when the interrupt is raised); ``FAILED`` aborts it, not waited for, so a
+  crashed IO thread never delays the exit.
+- Nothing here exits the process; an IO thread that does not end is left behind (a daemon), ``abandoned_io`` says so.
 """
 
 from __future__ import annotations

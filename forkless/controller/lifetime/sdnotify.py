@@ -1,24 +1,17 @@
-"""The service manager told of the start, the stop, and that the loops turn: systemd's notify
-protocol (sd_notify(3)), in its few documented lines, for a unit of ``Type=notify`` with ``WatchdogSec=``.
+"""The service manager told of the start, the stop, and that the loops turn: systemd's notify protocol
+(sd_notify(3)), in its few documented lines, for a unit of ``Type=notify`` with ``WatchdogSec=``.
 
 Rules:
-- Only where asked (``Runtime(notify_systemd=True)``; the ``forkless`` program asks) and only
-  where the service manager listens: ``NOTIFY_SOCKET`` names its unix datagram socket, a path or
-  ``@name`` in the abstract namespace. Without it every call does nothing (``NoServiceManager``).
-- What is sent: ``STATUS=`` lines naming the phase while the controller starts; ``READY=1`` once
-  the step is compiled and the IO side runs (the feed may still be connecting: that is
-  ``/readyz``'s business, and a start that waited for a feed that is down would be killed by the
-  unit's start timeout); ``STOPPING=1`` when the orderly stop begins; ``WATCHDOG=1`` while the
-  watchdog is on.
-- The watchdog is on when ``WATCHDOG_USEC`` is set and ``WATCHDOG_PID``, where set, is this
-  process. ``run()``'s loop (the main thread) sends ``WATCHDOG=1`` every half interval, each time
-  only once the IO loop has turned since the last one (``keep_alive(io_turns)``: its lag samples
-  moved on), so a main thread or an IO loop that hangs stops the pings and systemd restarts the
-  unit. systemd arms it once ``READY=1`` is sent: the start is bounded by ``TimeoutStartSec=``.
-- Sends never block (``MSG_DONTWAIT``) and never stop the run: one that fails is logged once as a
-  warning (the manager restarted, a full queue), and the next are tried.
-- The variables stay in the environment (sd_notify's ``unset_environment`` false): the process
-  starts no other. Nothing here exits the process.
+- Only where asked (``Runtime(notify_systemd=True)``) and where ``NOTIFY_SOCKET`` names the manager's socket;
+  otherwise every call does nothing (``NoServiceManager``).
+- ``STATUS=`` names the phase while starting; ``READY=1`` once the step is compiled and the IO side runs (not once
+  the feed connects: that is ``/readyz``'s, and a start waiting for a feed that is down would hit the unit's start
+  timeout); ``STOPPING=1`` when the orderly stop begins.
+- The watchdog (``WATCHDOG_USEC`` set, ``WATCHDOG_PID`` this process where set): ``run()``'s loop sends
+  ``WATCHDOG=1`` every half interval, only once the IO loop has turned since the last (``keep_alive``), so a hung
+  main thread or IO loop stops the pings and systemd restarts the unit.
+- Sends never block (``MSG_DONTWAIT``) and never stop the run: a failure is logged once, the next are tried.
+- The variables stay in the environment: the process starts no other. Nothing here exits the process.
 """
 
 from __future__ import annotations

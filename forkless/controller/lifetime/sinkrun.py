@@ -1,30 +1,18 @@
-"""SinkRun: a source → sink run: the feeds (or a program's own sources) into one ``RecordSink``, on one IO
-thread, with no processor and no JAX: the relay (controller/commands/relaycmd.py) and a user's own.
+"""SinkRun: a source → sink run: the feeds (or a program's own sources) into one ``RecordSink``, on one IO thread,
+with no processor and no JAX: the relay (controller/commands/relaycmd.py) and a user's own.
 
 Rules:
-- The same runtime as the controller's IO side: one ``IOThread`` (io_loop/thread.py) runs the sources
-  and the sink (io_loop/sinks/sink.py's ``SinkRunner``) on its loop; this main thread only waits for the
-  stop, prints the status lines, and ends the thread. The pieces are the controller's own: its
-  signal handlers given back at the stop (controller/lifetime/host.py ``StopSignals``), its serving loop
-  (controller/lifetime/serving.py ``serve``: the duration, the status lines), its stop deadline
-  (controller/queues.py ``StopDeadline``) and its ending of the IO side (controller/lifetime/lifecycle.py
-  ``end_io``: joined until halfway between the work deadline and the stop's, then aborted).
-- Nothing here imports JAX, the processors, the engine or the controller's loop (the relay's test
-  checks ``sys.modules``); the codec is the default ``JsonCodec`` unless one is given.
-- Orderly stop (``request_stop``, SIGINT/SIGTERM/SIGHUP with ``signals=True``, ``duration_s``): the sources stop
-  reading, the sink deals with everything read and returns, the thread ends. The stop is bounded by
-  the configuration's ``shutdown_timeout_s``; then the IO thread is aborted and what the sink still
-  held is counted (``SinkStats.unwritten``), what it never took too (the IO side's ``dropped``, "not
-  processed before the stop"); a sink that swallows the abort's cancellation is given up after a
-  grace (io_loop/loopthread.py ``cancel_bounded``), so the thread ends all the same. A second SIGINT
-  aborts at once (``aborted``). SIGUSR1 logs a status line over the interval since the run began or
-  the last SIGUSR1, and the run goes on.
-- Metrics: with ``FORKLESS_METRICS_ADDR`` set, ``/metrics`` serves the sink's books by its name
-  (controller/metrics.py ``sink_families`` of one ``view()`` per scrape), or the families
-  ``render_metrics`` makes (the relay's); ``/healthz`` and ``/readyz`` are served either way.
-- ``run()`` returns the final ``view()`` once the thread has ended, or raises what ended it (a
-  ``FeedFatal`` of the sources or the sink, ``MetricsServerError``, ``IOThreadError``); after a
-  ``FeedFatal`` the thread is ended the stop's way first (the sink deals with what was read).
+- The controller's runtime and pieces: one ``IOThread`` runs the sources and the sink (``SinkRunner``) on its loop;
+  this main thread waits for the stop with the controller's ``StopSignals``, ``serve``, ``StopDeadline`` and
+  ``end_io``.
+- Nothing here imports JAX, the processors, the engine or the loop (the relay's test checks ``sys.modules``).
+- Orderly stop (``request_stop``, a signal with ``signals=True``, ``duration_s``): the sources stop reading, the sink
+  deals with everything read, the thread ends; bounded by ``shutdown_timeout_s``, then the IO thread is aborted and
+  what the sink held or never took is counted (a sink that swallows the cancellation is given up after a grace:
+  ``cancel_bounded``). A second SIGINT aborts at once; SIGUSR1 logs a status line.
+- ``/metrics`` serves the sink's books by its name (``sink_families``) or ``render_metrics``' families (the relay's).
+- ``run()`` returns the final ``view()`` once the thread has ended, or raises what ended it; after a ``FeedFatal``
+  the thread is ended the stop's way first.
 """
 
 from __future__ import annotations

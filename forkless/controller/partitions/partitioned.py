@@ -1,50 +1,28 @@
 """Checkpoints of a partitioned instance: one object per partition in its connector's object store
-(``FORKLESS_CHECKPOINT_BUCKET``), so that whichever instance owns a partition next can
-restore exactly its rows, wherever they were written.
+(``FORKLESS_CHECKPOINT_BUCKET``), so that whichever instance owns a partition next restores exactly its rows.
 
 Rules:
-- An object is a checkpoint in the format of controller/checkpoints/ckptformat.py (header, arrays,
-  SHA-256 trailer and end marker), holding one partition only: its streams' names and
-  last-seen times, their rows of every per-stream leaf, compact (row i = the object's i-th
-  stream), and the feed's position for that partition. No shared leaves (a partitioned
-  processor's come from its ``init``: ``restore_shared=True`` is refused) and no counts.
-- Names: ``<stream>/<partition>/ckpt-<sequence:09d>.fkc`` (``<stream>``: the layout's, the feed's stream).
-  Every checkpoint writes one object per owned partition, even a partition with no streams
-  (its position moves on), numbered above every object of the owned partitions found at start,
-  and keeps the newest ``keep`` per partition. A partition is a unit: a process killed between
-  two partitions' objects leaves each partition with a complete object of its own, and each
-  carries its own position, so each resumes from where its own state stands.
-- The split happens on the checkpoint writer thread, from the ``Snapshot`` the checkpointer
-  made: each stream's partition is the layout's ``partition_of_names`` (the server's own function: the
-  connector's), computed once per checkpoint, vectorised.
-- A partition's object records the feed's position as the connector's ``PositionCodec`` writes it for that
-  partition (``partition_entry``: the feed's position as of the checkpoint, or the partition's own restored one
-  when that is further, and what the feed covered beyond it), and reads it back (``partition_position``):
-  each connector's room says what its entry holds.
-- Each object records the stream's created time with its position (``created``); the restore hands it to the
-  feed, which refuses a stream created at another time, deleted and made again since (issue 30). Owned
-  partitions' objects that recorded different created times cannot all be in the stream as it is now:
-  ``PositionLost`` at the restore. Objects without it (older) are not checked.
-- Restore (``load``, before the compile): per owned partition, its newest object that reads
-  back whole; a damaged one (bad checksum, truncated) is skipped with a warning and the one
-  before it used; every one of a partition damaged is ``PositionLost`` (issue 30, fault 1: its
-  state and position are lost, and starting it fresh would hide that); one of another
-  processor (name, version) or with other features, or whose per-stream leaves differ in row
-  shape or dtype, is ``CheckpointMismatch``. The partitions' streams are put one after the
-  other into slots 0..n-1 of the processor's init state (``restore_into``); more streams than
-  ``FORKLESS_MAX_STREAMS`` is ``CheckpointMismatch``.
-- I/O goes through the connector's ``OwnedPartitions`` (io_loop/connectors/connector.py: ``put``/``get``/
-  ``names``/``delete``), whose puts refuse once a partition's lease is lost (fencing).
-- ``PartitionOwner`` is the instance's side of it: at start, before anything is restored, it asks the
-  partitioned feed's connector to own its partitions (``Connector.own_partitions``: the leases, taken or waited
-  for, ``LeaseHeld``, ``DeploymentMismatch``, ``StopRequested``; the connector's rules say how), and
-  makes the checkpoint objects' reader and writer when ``FORKLESS_CHECKPOINT_BUCKET`` is set; the controller
-  checks ``lost`` every cycle (a lease that could not be renewed: ``LeaseLost``, exit 3) and calls ``close``
-  after the stop's checkpoint (the leases are released). The fence that keeps the feed's replies from being
-  published once a lease is lost is the connector's own business: it hands it to the source it makes.
-  ``NoPartitions`` has the same calls for an instance that is not partitioned, so the controller calls them
-  unconditionally. It is handed the instance's ``InstanceSettings`` (controller/settings/groups.py), never the
-  whole ``Config``.
+- An object is a checkpoint in the format of controller/checkpoints/ckptformat.py holding one partition only: its
+  streams' names, last-seen times and rows of every per-stream leaf (compact: row i = its i-th stream), and the
+  feed's position for that partition. No shared leaves (``restore_shared=True`` is refused) and no counts.
+- Names: ``<stream>/<partition>/ckpt-<sequence:09d>.fkc``. Every checkpoint writes one object per owned partition,
+  even an empty one (its position moves on), numbered above every object found at start, and keeps the newest
+  ``keep`` per partition. A partition is a unit: each object carries its own position, so a process killed
+  between two partitions' objects leaves each resuming from where its own state stands.
+- The split runs on the checkpoint writer thread: each stream's partition is the connector's
+  ``partition_of_names``, computed once per checkpoint, vectorised.
+- A partition's position is written and read by the connector's ``PositionCodec`` (``partition_entry``,
+  ``partition_position``), with the stream's created time: the feed refuses a stream made again since, and owned
+  objects of different created times are ``PositionLost`` at the restore.
+- Restore (``load``, before the compile): per owned partition, its newest object that reads back whole; a damaged
+  one is skipped with a warning; every one of a partition damaged is ``PositionLost`` (starting it fresh would
+  hide the loss); another processor, features or row layout is ``CheckpointMismatch``; so are more streams than
+  ``FORKLESS_MAX_STREAMS``. The streams go into slots 0..n-1 of the init state (``restore_into``).
+- I/O goes through the connector's ``OwnedPartitions``, whose puts refuse once a partition's lease is lost.
+- ``PartitionOwner``: at start, before any restore, it asks the connector to own its partitions
+  (``Connector.own_partitions``), makes the objects' reader and writer, is asked ``lost`` every cycle (``LeaseLost``,
+  exit 3) and ``close``d after the stop's checkpoint. The replies' fence is the connector's business.
+  ``NoPartitions`` has the same calls, called unconditionally. It is handed ``InstanceSettings``, never ``Config``.
 """
 
 from __future__ import annotations

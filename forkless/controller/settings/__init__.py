@@ -1,11 +1,6 @@
-"""The ``FORKLESS_*`` variables: the registry (``variables``), the value parsers (``values``), ``FORKLESS_FEEDS``
-parsed (``feedspec``, each entry by its schema: ``feedschema``), the variables as documentation (``vardocs``) and
-the controller side's settings groups (``groups``); ``Config`` itself is controller/config.py.
+"""The controller side's settings groups (``groups``); ``Config`` is controller/config.py, and the way a setting is
+declared io_loop/settings.py.
 
-Rules:
-- A room of ``forkless.controller``: each module is imported by its full name
-  (``forkless.controller.settings.variables``); this ``__init__`` imports nothing, so importing one module of the
-  room loads only what that module imports.
-- The layers and their directions are the modules' own (tests/docs/test_architecture.py lists each module in one layer);
-  a room changes where a module lives, not what it may import.
+This ``__init__`` imports nothing: a module is imported by its full name and loads only what it imports; its layer
+is its own (tests/docs/test_architecture.py), wherever its room.
 """

@@ -2,17 +2,13 @@
 value objects its components read.
 
 Rules:
-- A group here is public (``forkless.StepSettings`` …, as io_loop's and the connector rooms' are): a program builds
-  ``Config`` from them and reads them back (``config.step``); each setting's variable, rule, default and meaning is
-  its field's declaration, nowhere else.
-- A setting that depends on where the step runs is resolved once, where that is known: the compile
-  (``StepSettings.on_platform``, called by ``compile_step``) turns FORKLESS_STEPS_IN_FLIGHT's ``auto`` into
-  its depth, and the engine, the compiled step, the kept programs' key and the loop read that one.
-- The composition roots (controller/loop.py, the commands) hand each component the group it reads as a typed
-  argument, never the whole ``Config`` (tests/controller/settings/test_controller_settings.py holds that for the
-  checkpoints, a partitioned instance's leases and the device side: controller/engine.py and controller/device/,
-  typed ``StepShape``, which ``StepSettings`` and ``Config`` both are, so a test or a benchmark may hand them a
-  ``Config``). ``InstanceSettings`` is built only by ``Config``, from the groups, and declares no setting.
+- A group here is public (``forkless.StepSettings`` …): a program builds ``Config`` from them and reads them back
+  (``config.step``); each setting's variable, rule, default and meaning is its field's declaration, nowhere else.
+- A setting that depends on where the step runs is resolved once, at the compile (``StepSettings.on_platform``),
+  and everything after reads that one.
+- The composition roots hand each component the group it reads, never the whole ``Config``
+  (tests/controller/settings/test_controller_settings.py); the device side takes a ``StepShape``, which a
+  ``Config`` also is. ``InstanceSettings`` is built only by ``Config`` and declares no setting.
 - Immutable, so every thread may read them.
 """
 
@@ -96,11 +92,9 @@ class StepSettings:
     @classmethod
     def on_platform(cls, shape: StepShape, platform: str) -> StepSettings:
         """``shape``'s settings as the step runs on ``platform`` (the first device's: "cpu", "tpu" …), with
-        ``steps_in_flight`` resolved to its depth: its number, or for ``auto`` the measured default
-        (bench/docs/steps-in-flight.md: on the CPU a small step runs inline, in its dispatch, and a larger one
-        competes for the same cores, so a second in flight gains nothing; an accelerator's round trip is
-        latency the next step can hide). The one place it is resolved (``compile_step`` calls it); the values were
-        checked where they were given (``settled``)."""
+        ``steps_in_flight`` resolved to its depth: its number, or for ``auto`` the platform's default (on the CPU
+        a second step in flight gains nothing; an accelerator's round trip is latency the next step can hide:
+        bench/docs/steps-in-flight.md). The one place it is resolved (``compile_step`` calls it)."""
         given = shape.steps_in_flight
         depth = int(given) if given != "auto" else 1 if platform == "cpu" else 2
         return settled(cls, features=shape.features, max_streams=shape.max_streams, max_batch=shape.max_batch,
@@ -225,8 +219,8 @@ class InstanceSettings:
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
     """Batch sizes the step is compiled for: powers of four below ``max_batch``, and it.
 
-    Each compiled size costs start-up time and several MiB of resident memory, while
-    padding a batch costs little device time, so sizes grow by 4x rather than 2x.
+    Each compiled size costs start-up time and resident memory, while padding a batch costs
+    little device time, so sizes grow by 4x rather than 2x.
     """
     sizes = []
     size = 1
