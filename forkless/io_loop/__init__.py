@@ -1,10 +1,9 @@
-"""The IO side: the IO thread, one asyncio loop with every feed's socket (the checkpoint and lease
-store keeps its own thread and NATS connection: ``io_loop/connectors/jetstream/store.py``).
+"""The IO side: the IO thread, one asyncio loop with every feed's socket (the checkpoint and lease store keeps its own
+thread and NATS connection).
 
-A leaf: nothing here imports ``controller``. Its public part (the exceptions, your own source, your own
-coroutine on the IO thread) is exported by ``forkless`` alone (``from forkless import Source``); this package
-exports nothing and imports nothing eagerly, so importing one small module (``io_loop.backoff``,
-``io_loop.net.netaddr``, the settings) loads neither janus nor aiohttp.
+A leaf: nothing here imports ``controller``. Its public part is exported by ``forkless`` alone (``from forkless
+import Source``); this package exports nothing and imports nothing eagerly, so importing one small module (the
+settings, ``io_loop.backoff``) loads neither janus nor aiohttp.
 """
 
 from __future__ import annotations

@@ -1,32 +1,22 @@
-"""The one place where two threads meet: two bounded janus queues, one each way, for the IO thread
-(io_loop/thread.py) and the IO portal (io_loop/portal.py) alike.
+"""The one place where two threads meet: two bounded janus queues, one each way, for the IO thread and the IO portal
+alike.
 
 Rules:
 - Both queues are created inside the loop thread's running loop (janus needs a loop).
-- ``inbound`` carries items loop -> main (the IO thread's ``Chunk``s, a portal worker's ``to_main``);
-  ``outbound`` main -> loop (``Outgoing`` reply items, a portal's ``from_main``). The loop touches the
-  async side of inbound and ``OutboundReceiver``, the main thread the sync sides (``MainSide``); nobody
-  else holds both. (A portal's worker may call its ends from executor threads too: there it uses the
-  sync sides, ``OutboundSender`` for outbound, so that each put still wakes the loop's reader.)
-- The loop's reader of ``outbound`` is woken by one event per put (``OutboundSender``,
-  ``OutboundReceiver``) instead of janus's notification: one turn of the loop instead of
-  three (measured in the latency budget's ``outbound`` hop, bench/README.md). Under the ``spin``
-  hand-off (the loop thread's ``SpinningSelector``, io_loop/waiting.py) the main thread tells the loop
-  how many steps are in flight (``OutboundSender.expect``); while any is, the loop's selector looks at
-  *outbound* itself (``OutboundReceiver.poll``) and a put does not wake it.
-- An item that ``sent(item)`` picks out (the IO thread's sends, ``Outgoing.sent``; a portal's items with
-  a deadline) crosses with the same one wake-up, which also hands it to ``on_sent`` on the loop: its
-  deadline is watched from then, whether or not the reader is taking (io_loop/sends.py's ``SendWatch``,
-  io_loop/portalqueue.py's ``PortalSends``).
-- With a sink on the IO loop instead of the main thread (the relay, io_loop/thread.py), the IO
-  thread takes from ``inbound``'s async side too, and ends ``outbound`` itself (``end_outbound``):
-  the main thread then touches neither queue.
-- Orderly stop, in this order: the loop stops putting and shuts ``inbound`` down (``stop_inbound``:
-  the main thread drains what is left, then gets ``SyncQueueShutDown``); the main thread sends its
-  last items and shuts ``outbound`` down (the loop takes what is left, then gets
-  ``AsyncQueueShutDown``); finally the loop closes both (``aclose``): ``outbound`` at once (what it
-  held has been counted by then), ``inbound`` keeping what it holds for the main thread (a portal's
-  ``to_main`` outlives its loop). A failure ends both at once, dropping what they hold (``immediate``).
+- ``inbound`` carries items loop -> main, ``outbound`` main -> loop. The loop touches inbound's async side and
+  ``OutboundReceiver``, the main thread the sync sides (``MainSide``); nobody else holds both (a portal's worker in
+  an executor thread uses the sync sides, ``OutboundSender``, so each put still wakes the loop).
+- The loop's reader of ``outbound`` is woken by one event per put: one turn of the loop, not janus's three
+  (bench/README.md, the ``outbound`` hop). Under ``spin``, while the main thread says steps are in flight
+  (``OutboundSender.expect``), the loop's selector looks at *outbound* itself and a put does not wake it.
+- An item ``sent(item)`` picks out (a send with a deadline) is handed to ``on_sent`` on the loop with the same one
+  wake-up: its deadline is watched from then, whether or not the reader is taking.
+- With a sink on the IO loop instead of the main thread, the IO thread takes from ``inbound``'s async side too and
+  ends ``outbound`` itself (``end_outbound``).
+- Orderly stop, in this order: the loop shuts ``inbound`` down (the main thread drains it, then
+  ``SyncQueueShutDown``); the main thread sends its last items and shuts ``outbound`` down (the loop drains it,
+  then ``AsyncQueueShutDown``); the loop closes both (``aclose``), ``inbound`` keeping what it holds for the main
+  thread. A failure ends both at once, dropping what they hold (``immediate``).
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """What a source may declare beyond ``name`` and ``run``: its capabilities, small protocols and typed values.
 
 Rules:
-- A source is duck-typed (io_loop/source.py's ``Source`` protocol): any object with a ``name`` and
-  ``async run(ctx)``; it subclasses nothing. What it may declare besides is of two kinds, each
-  listed once, here:
-  - methods, each a one-method ``runtime_checkable`` protocol (``SupportsBeforeStop``,
-    ``SupportsAwaiting``, ``SupportsSendAnswered``, ``SupportsSummary``, ``SupportsProbe``), named as typing's
-    ``SupportsIndex`` is; a module asks ``isinstance(source, SupportsAwaiting)`` and then calls
-    ``source.awaiting()``. An attribute of that name set to None declares none (typing's rule);
-    set to anything else that is no method, it is refused (``check_methods``).
-  - values (``replies``, ``required``, ``starts_connected``, ``replayable``, ``overflow``,
-    ``buffer``, ``send_max_age_s``, ``sends_while_disconnected``, ``figures``), typed class attributes with their
-    defaults on ``SourceCapabilities``,
-    a base a source may subclass (the built-in WebSocket, JetStream and demo sources do) and need
-    not: ``declarations(source, name)`` reads them into a frozen, typed ``Declarations``, the
-    defaults filled in for what a source does not declare, each value checked (``ValueError`` or
-    ``TypeError`` naming the source, the attribute and what is allowed).
-- No module reads a capability by its name as a string (no ``getattr``/``hasattr`` of one;
-  tests/io_loop/test_capabilities.py holds that): the protocols and ``Declarations``' typed attributes
-  are the only ways in, so a misspelt capability in forkless's own code is an ``AttributeError``
-  or a ``NameError``, found at once.
-- A misspelt capability in a user's source (``replys = "none"``, ``def awaitng(self)``) would
-  silently be no declaration at all: ``lookalikes`` names each public attribute of a source that
-  is no capability but close to one (a method compared with the methods, a value with the
-  values), and the controller warns of each with a ``CapabilityWarning`` when it is handed the
-  source (``warn_lookalikes``, in controller/ioside.py's ``feed_plan``).
+- A source is duck-typed and subclasses nothing. What it may declare is listed once, here: methods, each a
+  one-method ``runtime_checkable`` protocol (``SupportsAwaiting`` …: a module asks ``isinstance`` and then calls it;
+  None declares none, anything else that is no method is refused by ``check_methods``); and values, typed class
+  attributes with their defaults on ``SourceCapabilities`` (a base a source may subclass, and need not), read by
+  ``declarations(source, name)`` into a frozen ``Declarations``, each checked (``ValueError``/``TypeError`` naming
+  the source, the attribute and what is allowed).
+- No module reads a capability by its name as a string (tests/io_loop/test_capabilities.py holds it), so a
+  misspelt capability in forkless's own code fails at once.
+- A misspelt capability in a user's source would silently be no declaration: ``lookalikes`` names each public
+  attribute close to one, and the controller warns of each (``CapabilityWarning``, ``warn_lookalikes``).
 - Pure: no I/O, no loop, no clock.
 """
 

@@ -2,26 +2,16 @@
 
 Rules:
 - Pure: no threads, no clock (the caller passes times).
-- Each counter object has one writer thread: an ``IOStats`` is written only by the IO thread
-  (one per feed, plus the thread's own), so its ``x += 1`` (a read, then a write: two threads
-  doing it at once lose counts without the GIL) is never raced. Readers on other threads only
-  read, and a single read of an attribute, a list item or a dict item is atomic with or without
-  the GIL (the free-threaded build locks each object), so no lock is needed and none is taken.
-- The other side reads them only through a snapshot: ``IOStats.snapshot()`` (called by
-  ``IOThread.snapshot()``, then ``combine_io``) copies them, one figure after another while the
-  writer goes on: a copy is of no single instant. What that can do, and why it is harmless: each
-  figure is a value its writer wrote (never half a number); a counter never goes back from one
-  copy to the next; two figures may be from moments apart, so the copy reads each book's outflow
-  before its inflow (what is received last, ``snapshot``'s order) and never shows more answered
-  than received; a histogram's buckets, total and count may differ by the observations made
-  while it was copied (its quantiles use the buckets alone).
-- ``copy_counts`` is the one place that copies a counter dict while its writer may be adding
-  keys; every reader of a ``Counter`` another thread writes uses it, on either side. Iterating
-  such a dict (``sum(d.values())``, ``list(d)``) raises when a key is added meanwhile, on the
-  free-threaded build as soon as two threads run; copying it (``dict(d)``) is one locked
-  operation there and one C call under the GIL, and the retry is kept for any other build.
-- The whole-process snapshot (``controller.stats.StatsSnapshot``) is the controller's; the IO
-  side is handed a callable returning it and reads only what its health endpoints show.
+- Each counter object has one writer thread: an ``IOStats`` is written only by the IO thread (one per feed, plus
+  the thread's own), so its ``x += 1`` is never raced. Readers only read, and a single read of an attribute, list
+  item or dict item is atomic with or without the GIL, so no lock is taken.
+- The other side reads them only through a snapshot (``IOStats.snapshot()``), copied one figure after another while
+  the writer goes on: each figure is one its writer wrote, a counter never goes back, and each book's outflow is
+  read before its inflow, so a copy never shows more answered than received. A histogram's buckets, total and count
+  may differ by what was observed while it was copied (its quantiles use the buckets alone).
+- ``copy_counts`` is the one place that copies a counter dict while its writer may add keys (iterating one raises
+  then, on the free-threaded build as soon as two threads run); every reader of another thread's ``Counter`` uses it.
+- The whole-process snapshot is the controller's; the IO side is handed a callable returning it.
 """
 
 from __future__ import annotations
@@ -42,7 +32,7 @@ __all__ = ["LAG_INTERVAL_S", "SECONDS_BOUNDS", "FeedSnapshot", "Histogram", "His
 # latency-like values in seconds: 1 µs … 100 s, ten buckets per decade
 SECONDS_BOUNDS: tuple[float, ...] = tuple(10 ** (e / 10) for e in range(-60, 21))
 # how often the IO thread samples its loop's lag (io_loop/thread.py ``LagSampler``): each sample wakes an
-# idle loop; at 20 ms that was ~0.006 CPU-s/s, a fifth of an exchange session's (bench/docs/exchange-session-cost.md)
+# idle loop, which costs CPU (bench/docs/exchange-session-cost.md)
 LAG_INTERVAL_S = 0.1
 COPY_TRIES = 10
 

@@ -1,22 +1,15 @@
 """The root of forkless's exceptions, and those the IO side ends a run with.
 
 Rules:
-- ``ForklessError`` is the root of every exception forkless raises on purpose: ``except
-  ForklessError`` catches them all. It is defined here, in the leaf (which imports nothing from
-  ``controller``), with the other classes here; a caller has them as ``forkless.X`` (the
-  controller's own subclasses are in ``controller/errors.py``).
-- Each class states how the ``forkless`` program ends when it ends a run (``exit_status``, the
-  words before the message on the program's one line, ``exit_label``, and the one-line
-  ``exit_meaning`` of the README's exit status table); the statuses' numbers are stated here,
-  once (``EXIT_*``), and ``controller/commands/cli.py`` maps every ``ForklessError`` by these attributes.
-- A class keeps the built-in base callers catch it by (``RuntimeError``, ``ValueError``) beside
-  ``ForklessError``.
+- ``ForklessError`` is the root of every exception forkless raises on purpose; it lives here, in the leaf, so both
+  sides can use it (the controller's own subclasses are in controller/errors.py). A caller has them as
+  ``forkless.X``; each keeps the built-in base callers catch it by (``RuntimeError``, ``ValueError``).
+- Each class states how the ``forkless`` program ends when it ends a run (``exit_status``, ``exit_label``,
+  ``exit_meaning``); the statuses' numbers are stated here, once (``EXIT_*``).
 - ``IOThread.raise_if_failed`` re-raises ``FeedFatal``, ``MetricsServerError`` and ``PositionLost`` as they are;
   anything else that killed the IO thread becomes ``IOThreadError`` with it as cause.
-- ``ConfigError`` is raised where a setting's value is refused: a settings group made with it, a variable read
-  (io_loop/settings.py), or a rule between groups (controller/config.py).
-- ``LeaseHeld`` and ``LeaseLost`` come from the partition leases (``io_loop/connectors/jetstream/leases.py``), raised
-  to the thread that called the store, not through the IO thread.
+- ``ConfigError`` is raised where a value is refused: a settings group, a variable read, a rule between groups.
+- ``LeaseHeld`` and ``LeaseLost`` are raised to the thread that called the store, not through the IO thread.
 """
 
 from __future__ import annotations

@@ -1,33 +1,21 @@
-"""FeedSet: every configured feed's source on the IO loop, and each reply routed back to the
-connection its message came from.
+"""FeedSet: every configured feed's source on the IO loop, and each reply routed back to the connection its message
+came from.
 
 Rules:
-- Every feed is a ``Source`` (io_loop/source.py) run by a ``SourceRunner``: a user's own, the
-  WebSocket feed's, the embedded demo feed's, the JetStream feed's. This module knows no kind of
-  feed and imports none of their modules: the composition root (controller/ioside.py's
-  ``feed_sources``, the one place a feed's kind is decided) builds every feed's source, handing each
-  the settings groups it reads, the hooks and a partitioned feed's lease fence; the IO thread and
-  the feed set are handed the sources ready made, and ``feed_client`` is the only call the feed set
-  makes for a feed. Each has its own connection, reconnect/backoff, heartbeat, stale watchdog,
-  subscribe-on-connect, unsent-reply buffer and counters (its own ``IOStats``). All of them put
-  their chunks on the one inbound queue, stamped with the feed's index, so one micro-batch may mix feeds.
-- Replies: with one feed, its client writes straight from the bridge's outbound queue (no
-  extra hop). With several, the router task takes each ``Outgoing`` from outbound (a batch
-  that mixed feeds comes as one bundle of per-feed parts: one hand-over between the threads
-  per batch) and puts each on its feed's own ``Outbox`` without waiting, so a feed that is down holds back nobody
-  else's replies. An outbox only grows by replies to messages its feed sent before it went
-  down (a feed that is down reads nothing), so it is bounded by what was unanswered then. With a
-  controller's sinks (io_loop/sinks/results.py) the router always runs: it hands each item's results
-  to the sinks first (awaiting room: a sink behind holds outbound), then its frames to the outboxes.
-- Failure policy: a feed that gives up (``FeedFatal``: a refused handshake, or
-  ``FORKLESS_RECONNECT_TRIES`` used up) is logged and reported (``given_up``); replies to its
-  messages that can no longer be sent are counted as dropped ("feed given up"), never lost
-  silently. The IO loop ends with ``FeedFatal`` (exit 3) when every feed has given up, or at
-  the first one with ``FORKLESS_FEED_FATAL=any``. With one feed its ``FeedFatal`` ends it at once.
-- Orderly stop: every feed stops reading (``SourceRunner.stop_reading``: no half handed-over frame
-  is lost; a source that declares ``awaiting()`` first takes its replies, io_loop/finishing.py),
-  then inbound is shut down; when outbound is shut down and drained, the router ends every outbox, and each
-  writer sends what is left and closes with 1000.
+- Every feed is a ``Source`` run by a ``SourceRunner``. This module knows no kind of feed and imports none of their
+  modules: the composition root builds every feed's source; ``feed_client`` is the only call made for a feed. Each
+  has its own connection, reconnects, counters; all put their chunks on the one inbound queue, stamped with the
+  feed's index, so one micro-batch may mix feeds.
+- Replies: with one feed, its client writes straight from outbound (no extra hop). With several, the router takes
+  each ``Outgoing`` (a batch that mixed feeds is one bundle: one hand-over per batch) and puts each part on its
+  feed's ``Outbox`` without waiting, so a feed that is down holds back nobody else's replies; an outbox is bounded
+  by what was unanswered when its feed went down. With a controller's sinks the router always runs and hands each
+  item's results to the sinks first (a sink behind holds outbound).
+- A feed that gives up (``FeedFatal``) is logged and reported (``given_up``); its replies are counted as dropped
+  ("feed given up"). The loop ends with ``FeedFatal`` (exit 3) when every feed has given up, or at the first with
+  ``FORKLESS_FEED_FATAL=any``.
+- Orderly stop: every feed stops reading (``stop_reading``), then inbound is shut down; once outbound is drained the
+  router ends every outbox, and each writer sends what is left and closes with 1000.
 """
 
 from __future__ import annotations

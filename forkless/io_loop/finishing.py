@@ -1,29 +1,17 @@
-"""The stop's finishing phase: a source that declares what it still awaits keeps handing its
-replies (fills, acks) over through the orderly stop, until it awaits nothing or the deadline.
+"""The stop's finishing phase: a source that declares what it still awaits keeps handing its replies (fills, acks)
+over through the orderly stop, until it awaits nothing or the deadline.
 
 Rules:
-- A source may declare ``awaiting()`` (io_loop/capabilities.py's ``SupportsAwaiting``): how many
-  replies it still awaits from its peer (orders it wrote whose fill has not come), an ``int`` >= 0,
-  asked on the IO loop. Declared as something else than a method: ``TypeError`` when the
-  controller is built (capabilities.py's ``check_methods``). A source that declares ``send_answered(event)``
-  instead awaits the answer of each send it wrote (io_loop/source.py counts them for it); each one
-  still awaited when the phase ends early is reported besides (``SendFailed`` with the reason).
-- Its stop (``SourceRunner.stop_reading``): ``before_stop``, then ``ctx.stopping`` is set (no new
-  work: it reads no more market data), then ``finish_awaited``: its emits are still taken and the
-  main loop still hands them on (``on_event``, the processor) until (a) every frame the main
-  thread sent it before the stop has been handed to it (nothing queued for it, nothing held),
-  and (b) ``awaiting()`` is 0. It ends at the stop's work deadline (``deadline``; None: the
-  source's ``shutdown_timeout_s`` from now), or when the source's ``run`` has ended. Then its
-  emits raise ``SourceStopped``, as every source's do from ``ctx.stopping`` on when it declares
-  nothing (the stop as it always was).
-- What it still awaited when the wait ended early is counted in its ``awaited_unanswered`` by
-  why ("stop deadline", "source ended": nothing more can come) and logged once (error). These
-  replies never arrived: they are no messages and no events, so the books do not hold them.
-- ``awaiting()`` is asked every ``AWAIT_POLL_S`` (a count may fall without an emit: a reject the
-  source settles itself), so the phase ends at most that long after the last reply. An
-  ``awaiting()`` that raises or returns anything but an ``int`` >= 0 fails the source as a
-  ``before_stop`` that raises does (``FeedFatal`` from it; its ``run`` is cancelled) and the stop
-  goes on without waiting.
+- A source may declare ``awaiting()`` (``SupportsAwaiting``): how many replies it still awaits, an ``int`` >= 0,
+  asked on the IO loop; or ``send_answered(event)``, and then awaits the answer of each send it wrote (each still
+  awaited when the phase ends early is reported, ``SendFailed``).
+- Its stop: ``before_stop``, ``ctx.stopping`` (no new work), then ``finish_awaited``: its emits are still taken and
+  handed on until every frame the main thread sent it before the stop was handed to it and ``awaiting()`` is 0, or
+  the stop's work deadline, or its ``run`` ended. Then its emits raise ``SourceStopped``.
+- What it still awaited when the wait ended early is counted in ``awaited_unanswered`` by why and logged once; these
+  replies never arrived, so the books do not hold them.
+- ``awaiting()`` is asked every ``AWAIT_POLL_S`` (a count may fall without an emit). One that raises or returns
+  anything but an ``int`` >= 0 fails the source as a raising ``before_stop`` does (``FeedFatal``).
 """
 
 from __future__ import annotations

@@ -1,30 +1,22 @@
 """Whether this interpreter runs with the GIL, and why: said once at a start, in ``stats()`` and on /metrics.
 
-forkless is built for free-threaded CPython (PEP 703: 3.13t, 3.14t), where the main thread and the IO thread
-run at once; there an extension module that has not declared that it runs safely without the GIL turns it
-back on, for the whole process, when it is imported, and a user should be told which one did.
+On free-threaded CPython (PEP 703) an extension module that has not declared it runs without the GIL turns it back
+on for the whole process when imported, and a user should be told which one did.
 
 Rules:
-- ``gil_status()`` reads the interpreter as it is now: the build (``sysconfig``'s ``Py_GIL_DISABLED``),
-  whether the GIL is on (``sys._is_gil_enabled()``; absent before 3.13: on), and, on a free-threaded build,
-  why it is on: ``-X gil=1`` (``sys._xoptions``), ``PYTHON_GIL=1`` (unless ``-E``/``-I`` ignore the
-  environment), or the extension modules loaded that need it. Its text is ``str(status)``: ``off``,
-  ``on: the build has a GIL``, ``on: PYTHON_GIL=1``, ``on: enabled by module 'x'``, ….
-- Which modules need it is read from the modules themselves, so that one imported before forkless is
-  named too: CPython keeps an extension module's declaration (its ``Py_mod_gil`` slot, ``md_gil``) on the
-  module object, and warns (``RuntimeWarning``) only for the first one, the one that turned the GIL on.
-  ``_needing_gil`` reads ``md_gil`` with ``ctypes``, but only where the module object's layout is the one
-  it knows (3.13 and 3.14's: ``object``'s header then six pointers, ``md_gil`` the last; the size is
-  checked, and every value read must be one of the slot's two). Elsewhere, or when the module is gone from
-  ``sys.modules``, the warning is looked for in the modules' warning registries (where a filter kept it);
-  failing both, the text says the reason is unknown. The modules are named in the order they were
-  imported (``sys.modules``' order): the first turned the GIL on.
-- The modules are read again only when the GIL's state or the number of modules loaded has changed
-  (``stats()`` is called every scrape; a look at every module costs about a millisecond).
-- ``log_gil(log)`` logs the status once per process for each distinct text: INFO, and WARNING when a
-  free-threaded build runs with the GIL on (the threads then take turns again).
-- Any thread: nothing here is written but the last status read (one reference, replaced whole) and the
-  texts logged (a set, behind a lock).
+- ``gil_status()`` reads the interpreter as it is now: the build (``Py_GIL_DISABLED``), whether the GIL is on
+  (``sys._is_gil_enabled()``; absent before 3.13: on), and on a free-threaded build why: ``-X gil=1``,
+  ``PYTHON_GIL=1`` (unless ``-E``/``-I``), or the extension modules loaded that need it; ``str(status)`` is its text.
+- Which modules need it is read from the modules themselves, so one imported before forkless is named too:
+  ``_needing_gil`` reads each module object's ``md_gil`` with ``ctypes``, only where the layout is one it knows
+  (``_LAYOUTS``: the size checked, every value one of the slot's two); elsewhere the warning is looked for in the
+  modules' warning registries; failing both, the reason is unknown. Named in import order: the first turned it on.
+- The modules are read again only when the GIL's state or the number of modules changed (``stats()`` runs every
+  scrape).
+- ``log_gil(log)`` logs each distinct status once per process: INFO, WARNING when a free-threaded build runs with
+  the GIL on.
+- Any thread: nothing is written but the last status (one reference, replaced whole) and the texts logged (a set,
+  behind a lock).
 """
 
 from __future__ import annotations

@@ -1,27 +1,18 @@
 """The hand-over: decoded frames gathered into ``Chunk``s and put on the inbound queue.
 
 Rules:
-- Runs on the IO loop only; the queue is anything with asyncio.Queue's ``put``,
-  ``put_nowait`` and ``get_nowait`` (the bridge's ``inbound``, or a plain ``asyncio.Queue``
-  in tests).
-- Frames that arrive together (one socket read holds many) cross to the main thread as one
-  chunk: ``add`` gathers and schedules a put for when the loop next turns (``call_soon``),
-  instead of one cross-thread wake-up per frame. Latency is counted from the first frame of
-  a chunk. The reader calls ``flush`` at once when ``should_flush()`` says so (``max_batch``
-  messages gathered, or the source's buffer over its bound under ``block``).
-- Order is kept: chunks and events go through the source's own ``Spill`` (io_loop/spill.py),
-  which puts them on the queue in order.
-- A chunk carries the reader's ``connection`` (set by the feed at each new connection) as it was
-  when its first frame was gathered; a connection's frames are put before the next one opens
-  (a put is scheduled for the loop's next turn, and opening a connection takes more than one).
-- A chunk of several frames holds their own ``x`` arrays, not one made of them: the main thread
-  copies them once, straight into the padded batch (controller/batching.py).
-- One message in ``SAMPLE_EVERY`` carries a ``Trace`` (io_loop/crossing.py): the chunk
-  holding it is stamped with its first frame's read and decode times, and just before its put.
-- Queue full: the source's own buffer (``buffer`` messages and events, io_loop/spill.py) takes
-  what cannot be put; beyond it ``block`` waits for room (so the reader stops reading and TCP
-  pushes back on the server) and ``drop_oldest`` drops the oldest of the source's OWN waiting
-  items, counted in its ``stats``. Nothing of another source is ever dropped.
+- IO loop only; the queue is anything with asyncio.Queue's ``put``, ``put_nowait`` and ``get_nowait``.
+- Frames that arrive together cross as one chunk: ``add`` gathers and schedules one put for the loop's next turn,
+  not one cross-thread wake-up per frame; the reader ``flush``es at once when ``should_flush()`` says so. Latency
+  is counted from a chunk's first frame.
+- Order is kept: chunks and events go through the source's own ``Spill``, which puts them in order.
+- A chunk carries the reader's ``connection`` as it was at its first frame; a connection's frames are put before
+  the next one opens.
+- A chunk of several frames holds their own ``x`` arrays: the main thread copies them once, into the padded batch.
+- One message in ``SAMPLE_EVERY`` carries a ``Trace``, stamped with its first frame's read and decode times and
+  just before its put.
+- Queue full: the source's own buffer (io_loop/spill.py) takes what cannot be put, then its ``overflow`` applies.
+  Nothing of another source is ever dropped.
 """
 
 from __future__ import annotations

@@ -1,36 +1,25 @@
-"""LoopThread: one thread running one new asyncio loop for one main coroutine — the one loop-in-a-thread
-primitive under the IO thread (io_loop/thread.py), the IO portal (io_loop/portal.py), the checkpoint
-store's thread (io_loop/connectors/jetstream/storethread.py) and ``--check``'s feed probe (io_loop/probe.py,
-``run_in_thread``).
+"""LoopThread: one thread running one new asyncio loop for one main coroutine — the one loop-in-a-thread primitive
+under the IO thread, the IO portal, the checkpoint store's thread and ``--check``'s feed probe (``run_in_thread``).
 anyio's ``BlockingPortal`` is the model: a start handshake, the exception delivered, cancellation at exit.
 
 Rules:
-- ``start(main, timeout)`` starts a daemon thread named ``name``, makes a new loop there and runs
-  ``main()`` on it as its main task. The loop is never made any thread's current loop: nothing
-  process-wide changes (a library leaves its host alone).
-- How the thread waits is decided here, from its ``WaitSettings`` (io_loop/waiting.py), for the IO
-  thread and the portal alike: under ``park`` the default loop; under ``spin`` a loop on a
-  ``SpinningSelector`` (``selector``: the bridge attaches it to *outbound*), and where the settings keep
-  the threads apart (no GIL) the thread keeps off the core of the one that called ``start`` (``keep_apart``),
-  its own affinity given back before its last act.
-- The start handshake: ``start`` returns True once ``main`` has called ``ready()`` (on the loop) or
-  has ended, False when neither happened within ``timeout``.
-- What ``main`` raised (its cancellation too) is kept in ``failure``, what it returned in ``result``;
-  nothing is logged or swallowed here: its owner says what a failure means.
-- At the exit, what ``main`` left running is cancelled and awaited, for at most ``cleanup_s``
-  (None: until done), as ``asyncio.run`` does; then the async generators are closed, the default
-  executor is shut down if ``shutdown_executor``, the loop is closed; the thread's last act sets
-  ``ended``. A failure of that clean-up is logged and kept in ``failure`` when ``main`` had none.
-- ``run_all`` (on a loop) runs coroutines as tasks until every one is done; the first to fail
-  cancels the rest and its exception is raised as it is (not in an ``ExceptionGroup``, as
-  ``asyncio.TaskGroup`` would: the callers raise a ``FeedFatal``).
-- ``cancel_bounded`` (on a loop) awaits a user's coroutine (a source's or a sink's ``run``) as a task
-  of its own: a cancellation of the caller reaches it and is waited for at most ``CANCEL_GRACE_S``.
-  One that swallows it (catches ``CancelledError`` and goes on) is given up then: logged, left
-  running until the loop closes, never waited for again (the exit's clean-up skips it), and the
-  cancellation goes on, so the thread still ends by its deadline and its owner counts what it held.
-- ``call_soon``, ``submit`` and ``cancel`` are for other threads; ``join(timeout)`` waits for the
-  last act, never past its deadline, and a ``KeyboardInterrupt`` in it leaves the thread joinable.
+- ``start(main, timeout)`` starts a daemon thread named ``name`` and runs ``main()`` on a new loop there as its main
+  task. The loop is never made any thread's current loop: nothing process-wide changes.
+- How the thread waits is decided here, from its ``WaitSettings`` (io_loop/waiting.py): the default loop under
+  ``park``, a ``SpinningSelector`` under ``spin``, and, where the settings keep the threads apart, off the starting
+  thread's core, its affinity given back before its last act.
+- The start handshake: ``start`` returns True once ``main`` has called ``ready()`` or ended, False after ``timeout``.
+- What ``main`` raised (its cancellation too) is kept in ``failure``, what it returned in ``result``; nothing is
+  logged or swallowed here: its owner says what a failure means.
+- At the exit what ``main`` left running is cancelled and awaited for at most ``cleanup_s``, as ``asyncio.run``
+  does, then the loop is closed; the thread's last act sets ``ended``.
+- ``run_all`` runs coroutines as tasks until all are done; the first failure cancels the rest and is raised as it
+  is (not in an ``ExceptionGroup``: the callers raise a ``FeedFatal``).
+- ``cancel_bounded`` awaits a user's coroutine as a task of its own, a cancellation waited for at most
+  ``CANCEL_GRACE_S``; one that swallows it is given up (logged, never waited for again), so the thread still ends
+  by its deadline.
+- ``call_soon``, ``submit`` and ``cancel`` are for other threads; ``join(timeout)`` never waits past its deadline,
+  and a ``KeyboardInterrupt`` in it leaves the thread joinable.
 """
 
 from __future__ import annotations
@@ -167,7 +156,7 @@ class LoopThread:
     def cpu_seconds(self) -> float:
         """CPU seconds this thread has used (``time.thread_time`` as the thread itself would read it),
         callable from any thread; NaN before it started, or where the platform has no per-thread CPU
-        clock. About 0.3 µs a call (one ``clock_gettime``)."""
+        clock. One ``clock_gettime`` a call."""
         if self._cpu_at_end is not None:
             return self._cpu_at_end
         clock = self._cpu_clock

@@ -1,67 +1,29 @@
 """IOPortal: your own coroutine on forkless's dedicated IO thread, with two bounded queues to the main thread.
 
-Rules:
-- ``start()``, ``stop()``, ``poll()`` and the queues' sync ends (``to_main``, ``from_main``:
-  ``MainQueue``) belong to the main thread; the worker runs as one task on the portal's own loop
-  in its own thread (a ``LoopThread``: io_loop/loopthread.py) and touches only its ends
-  (``WorkerQueue``, io_loop/portalqueue.py: called as ``multiprocessing.Queue``'s, on the loop or
-  from its executor threads, or awaited). Nobody else holds both.
-- The start handshake: ``start()`` returns once the loop has made the janus queues and the
-  worker has taken its first step; a worker that fails before its first ``await`` fails it (and
-  is not restarted: a worker that cannot start is a mistake to fix). One that fails later, however
-  soon, never fails ``start()``: its failure comes from the next queue call, ``poll()`` or ``stop()``
-  (or, with a restart policy, it is restarted).
-- Up and down: a run of the worker is *up* once the worker says so (``to_main.set_connected(True)``,
-  on either end) or, for a worker that never says, once it puts its first item on ``to_main`` in
-  that run (an unchanged ``multiprocessing`` worker puts what its connection brings); never at the
-  start of a run. It is *down* when the worker says so (with its reason and close code) or when
-  the run ends (its return, or its failure with the exception named). With ``connection_events`` each
-  change is a ``ConnectionEvent`` on ``to_main``, in order with what the worker put (the up one
-  right before the first item): one per connection up, one for its loss; a run that ends
-  before it was up (a login that fails) changes nothing.
-- Restarts (``restart=RestartPolicy(...)``) follow the peer as ``Relogin``'s reconnects do: the
-  reconnect driver (io_loop/reconnect.py) runs the worker with the policy's ``Backoff``
-  (``DEFAULT_BACKOFF`` by default, io_loop/backoff.py); a run that was not up yet is a failed
-  attempt, one that was up a connection, the outage dated from its end, so a peer back soon is
-  followed soon, and a connection that held ``reset_s`` starts the count again. A run that returns
-  or raises (``failures``) before the stop is called again after the backoff's delay, with the same
-  queue ends (what they hold waits for the next run; an executor get the last run left blocked gives
-  back what it takes: io_loop/portalqueue.py). ``restarts`` counts them, ``restarting`` is True
-  during the delay, ``poll()`` stays True. A failure is logged with its traceback (once per distinct
-  error, then in one line) and never ends the portal; the ``tries``-th failure in a row does: as
-  without a policy (a return, ``PortalClosed``; a failure, ``WorkerFailed``).
-- Answers (``send_answered=``): an item the main thread puts on ``from_main`` with an ``id`` awaits the
-  item of the worker's that answers it (``send_answered(item)`` is its id, asked on the IO thread as the worker
-  puts each). One taken by a run that ends (or whose worker says it is down) before its answer is
-  reported: ``SendFailed`` on ``to_main``, reason ``"connection lost"``, after the down event.
-- The worker is ``worker(to_main, from_main)``, returning a coroutine. The stop (``stop()``) first
-  delivers what is in flight, within its deadline less a reserve (a quarter of it, at most
-  ``CANCEL_RESERVE_S``): until every item the main thread put has been taken and, with ``send_answered``,
-  every answer awaited has come, the worker runs on (restarted as before), what it puts stays in
-  ``to_main``; what is still awaited then is counted (``awaited_unanswered``, ``"stop deadline"``) and
-  reported (``SendFailed``). Then ``stopping`` (an ``asyncio.Event``, also each ``WorkerQueue``'s
-  ``.stopping``) is set: a worker that has looked at it (awaited it, asked ``is_set()``) has the
-  time left to the reserve to return; one that never did cannot know of the stop and is cancelled
-  at once. A worker still running is cancelled, again every ``RECANCEL_S`` while it swallows the
-  cancellation, until the deadline.
-- A worker that raises is never swallowed: its exception is logged, both queues are shut down at
-  once (what they held is dropped, counted in the log), and every later queue call and ``poll()``
-  raise ``WorkerFailed`` from it (its traceback is the ``__cause__``'s), as does ``stop()`` unless
-  one of them has. A worker that returns, and the stop, shut ``to_main`` down keeping what it
-  holds (and what its ``put`` still kept waiting): the main thread takes the rest, then gets
-  ``PortalClosed`` (a janus ``SyncQueueShutDown``); a worker that returned before the stop is
-  logged, ``poll()`` is False from then, and ``PortalClosed`` says what to do (``WORKER_RETURNED``).
-  What ``from_main`` still holds at the end is logged, each item put with a deadline or an id
-  reported (``SendFailed``, ``"not taken"``).
-- The stop never outlasts its deadline: a worker still running then (it ignores cancellation,
-  or blocks the loop) is reported (logged, ``WorkerFailed`` from ``stop()``), ``from_main`` is shut
-  down from the main thread, ``to_main`` too but keeping what the worker put (the main thread takes
-  it, then ``WorkerFailed``), and its thread, a daemon, is left behind. A second ``stop()`` does nothing.
-- How the threads wait is the IO thread's machinery (``wait``, a ``WaitSettings``: io_loop/waiting.py):
-  the two queues are the bridge's (io_loop/bridge.py, each put on ``from_main`` wakes the loop once),
-  and under ``spin`` the loop looks at ``from_main`` itself while ``expect()`` says items are coming.
-- A library leaves its host alone: no process-wide setting is changed (the loop is not made the
-  thread's current loop), nothing forks or exits, logs go to ``forkless.portal``.
+Its contract is docs/embedding/io-thread.md. The rules this module keeps:
+- ``start()``, ``stop()``, ``poll()`` and the queues' sync ends (``MainQueue``) are the main thread's; the worker
+  runs as one task on the portal's own ``LoopThread`` and touches only its ends (``WorkerQueue``). Nobody else holds
+  both.
+- The start handshake: ``start()`` returns once the queues exist and the worker has taken its first step; a worker
+  that fails before its first ``await`` fails it (never restarted). A later failure comes from the next queue call,
+  ``poll()`` or ``stop()``.
+- Up and down: a run is *up* once the worker says so (``set_connected``) or, if it never says, at its first item;
+  *down* when it says so or the run ends. With ``connection_events`` each change is a ``ConnectionEvent`` on
+  ``to_main``, in order with the worker's items.
+- Restarts (``RestartPolicy``) follow the peer as ``Relogin``'s reconnects do (io_loop/reconnect.py): same queue
+  ends, a failure logged and never ending the portal until the ``tries``-th in a row.
+- Answers (``send_answered=``): an item put with an ``id`` awaits the worker's answer; one taken by a run that ends
+  first is reported (``SendFailed``, ``"connection lost"``) after the down event.
+- The stop first delivers what is in flight, within its deadline less a reserve (``CANCEL_RESERVE_S`` at most),
+  then sets ``stopping``: a worker that looked at it has until the reserve to return, one that never did is
+  cancelled at once, and again every ``RECANCEL_S`` while it swallows the cancellation.
+- A worker that raises is never swallowed: both queues are shut down, and every later call raises
+  ``WorkerFailed`` from it. One that returns, and the stop, shut ``to_main`` down keeping what it holds: the main
+  thread takes the rest, then ``PortalClosed``. What ``from_main`` still holds is logged and reported.
+- The stop never outlasts its deadline: a worker still running then is reported and its daemon thread left behind.
+- How the threads wait is the IO thread's (``WaitSettings``): the two queues are the bridge's, one wake-up a put.
+- A library leaves its host alone: no process-wide setting changed (the loop is not made the thread's current
+  loop), nothing forks or exits, logs go to ``forkless.portal``.
 """
 
 from __future__ import annotations
@@ -107,7 +69,7 @@ CANCEL_RESERVE_S = 1.0  # at most this much of the stop's time is kept for cance
 RECANCEL_S = 0.02  # how often a worker that swallows the cancellation is cancelled again
 AWAIT_POLL_S = 0.01  # how often the stop asks whether what is in flight has been delivered
 MAX_LOGGED_FAILURES = 100  # distinct failures of a restarted worker logged with their traceback; then one line
-OLD_KEYWORDS = ("min_s", "max_s", "reset_s")  # RestartPolicy's before its backoff= (Relogin's)
+OLD_KEYWORDS = ("min_s", "max_s", "reset_s")  # RestartPolicy's old keywords, now its backoff= (Relogin's)
 
 
 class RestartPolicy:

@@ -1,45 +1,25 @@
-"""The queue ends of an ``IOPortal`` (io_loop/portal.py): the worker's, which behave as
-``multiprocessing.Queue``'s when called that way, and the main thread's, ``queue.Queue``'s. They are
-the portal's semantics over the bridge's two queues (io_loop/bridge.py), the IO thread's own: ``to_main``
-is its *inbound*, ``from_main`` its *outbound*, with the same one wake-up per put and the same end.
+"""The queue ends of an ``IOPortal``: the worker's, which behave as ``multiprocessing.Queue``'s when called that way,
+and the main thread's, ``queue.Queue``'s. They are the portal's semantics over the bridge's two queues
+(io_loop/bridge.py): ``to_main`` is its *inbound*, ``from_main`` its *outbound*, one wake-up per put.
 
 Rules:
-- Each end holds both sides of its queue: the loop's (janus's async side; *outbound*'s
-  ``OutboundReceiver``) and the other threads' (janus's sync side; *outbound*'s ``OutboundSender``,
-  whose puts wake the loop's reader).
-- ``WorkerQueue`` is made on the portal's loop. Called on the loop it never blocks: ``put``
-  enqueues at once or, the queue full, keeps the item waiting in order (moved in as the main thread
-  takes; never lost, awaited or not) and returns an awaitable that waits for it to be in;
-  ``get`` returns an awaitable (a blocking get would stop the loop). Called from another thread
-  (``loop.run_in_executor``) ``put`` and ``get`` block as ``multiprocessing.Queue``'s do.
-- Only the loop touches what is waiting; the portal takes it at the end (``take_waiting``): for the
-  main thread after the rest (``MainQueue.leftover``) when the worker returned, counted in the
-  log as dropped when it failed.
-- ``MainQueue`` is the main thread's: ``queue.Queue``'s calls; once the queue has ended they
-  raise what the portal says (``WorkerFailed`` or ``PortalClosed``), after the leftover.
-- A worker restarted (``IOPortal(restart=...)``) keeps its ends: what is waiting or queued waits for
-  the next run. A blocking ``get`` from another thread that its run left behind (an executor get
-  whose awaiting task the worker cancelled as it returned) may take an item after that run ended
-  (``run_ended``): the item is given back at the front of the queue (``PortalQueue``'s ``First``)
-  for the next run, and that get raises ``Empty``. A get on the loop from a task the worker left
-  running is the worker's: it must cancel what it started before it returns.
-- Deadlines (``from_main`` only): ``put(item, max_age_s=)`` queues the item with its deadline
-  (``PortalSends``), watched on the loop from the put's own wake-up (the bridge's ``on_sent``). The
-  worker's ``get`` never hands out an item past it: one not taken by then is given up at its deadline
-  (a timer on the loop, whatever is queued before it), ``to_main`` gets a ``SendFailed`` (its id,
-  the item, reason ``"deadline"``) and ``sent_failed`` counts it. Taking and giving up are settled
-  under one lock (a ``get`` may run in an executor thread); the count and the report are made on the
-  loop only. The ids of such puts are counted under the same lock: ``from_main`` is a ``queue.Queue``
-  to whoever puts on it, and two threads' puts once took one id.
-- Answers (``IOPortal(send_answered=...)``): ``put(item, id=)`` makes the item await its answer, the
-  item the worker puts on ``to_main`` whose ``send_answered(item)`` is that id (``to_main``'s ``put`` tells the
-  portal of each: ``on_put``). ``PortalSends`` keeps them (``Unanswered``, io_loop/sends.py) by the
-  run that took them; the portal reports what a run took unanswered when it ends (``lost``) and what
-  is left at the stop. ``untaken`` counts what the main thread put and the worker has neither taken
-  nor seen given up: the stop waits for it to be 0.
-- Up: ``to_main``'s ``put`` tells the portal of each item the worker puts (its first in a run is the
-  "up" of a worker that does not say it itself: ``set_connected``, on either end); the portal's own
-  items (its ``ConnectionEvent``s, its ``SendFailed`` reports) go in with ``put_own``, unseen.
+- Each end holds both sides of its queue: the loop's (janus's async side; ``OutboundReceiver``) and the other
+  threads' (janus's sync side; ``OutboundSender``, whose puts wake the loop's reader).
+- ``WorkerQueue`` is made on the portal's loop. On the loop it never blocks: ``put`` enqueues or, full, keeps the
+  item waiting in order (never lost) and returns an awaitable; ``get`` returns an awaitable. From another thread
+  (``run_in_executor``) both block as ``multiprocessing.Queue``'s do.
+- Only the loop touches what is waiting; the portal takes it at the end (``take_waiting``).
+- ``MainQueue`` has ``queue.Queue``'s calls; once the queue has ended they raise what the portal says, after the
+  leftover.
+- A restarted worker keeps its ends. An executor ``get`` a run left behind that takes an item after the run ended
+  gives it back at the front for the next run and raises ``Empty``; a get on the loop from a task the worker left
+  running is the worker's: it cancels what it started before it returns.
+- Deadlines (``from_main`` only, ``PortalSends``): ``get`` never hands out an item past its deadline; one not taken
+  by then is given up (``SendFailed``, ``"deadline"``). Taking, giving up and counting the puts' ids are settled
+  under one lock (a ``get`` may run in an executor thread); the report is made on the loop only.
+- Answers: a put with an ``id`` awaits the worker's answering item (``on_put``); ``untaken`` counts what the worker
+  has neither taken nor seen given up, and the stop waits for it to be 0.
+- The portal's own items (``ConnectionEvent``s, ``SendFailed`` reports) go in with ``put_own``, unseen as "up".
 """
 
 from __future__ import annotations
@@ -334,24 +314,13 @@ def _check_timeout(timeout: float | None) -> None:
 
 
 class WorkerQueue:
-    """The worker's end of a queue, behaving as ``multiprocessing.Queue``'s when called that way,
-    on the loop or from another thread (``loop.run_in_executor``), and awaitable on the loop:
+    """The worker's end of a queue: ``multiprocessing.Queue``'s calls on the loop or from another thread
+    (``loop.run_in_executor``), awaitable on the loop (docs/embedding/io-thread.md, "The worker").
 
-    - ``put(item, block=True, timeout=None)``: on the loop it never blocks: the item is in the
-      queue before it returns, or, the queue full, kept waiting in order and moved in as the main thread
-      takes (never lost, awaited or not); awaiting what it returns waits for the item to be in
-      (``timeout``: ``Full`` after it, the item withdrawn). From another thread it blocks as
-      ``multiprocessing.Queue.put`` does. ``block=False`` is ``put_nowait``.
-    - ``get(block=True, timeout=None)``: from another thread it blocks as
-      ``multiprocessing.Queue.get`` does (``Empty`` after ``timeout``); on the loop it returns an
-      awaitable (``await get()``; ``timeout``: ``Empty`` after it): a blocking call would stop the
-      loop. ``get(False)`` is ``get_nowait``, anywhere.
-    - ``put_nowait``, ``get_nowait``, ``qsize``, ``empty``, ``full`` anywhere; ``Empty`` and
-      ``Full`` are both the ``queue`` and the ``asyncio`` ones. Waiting items count in ``qsize``;
-      ``full()`` is True while any waits.
-
-    ``stopping`` is set when the portal's stop begins. After the end, calls raise janus's
-    ``AsyncQueueShutDown`` on the loop, ``SyncQueueShutDown`` in another thread."""
+    On the loop ``put`` never blocks (the queue full, the item waits in order, counted in ``qsize``, ``full()``
+    True) and ``get`` returns an awaitable; from another thread both block. ``Empty`` and ``Full`` are both the
+    ``queue`` and the ``asyncio`` ones. ``stopping`` is set when the portal's stop begins. After the end, calls
+    raise janus's ``AsyncQueueShutDown`` on the loop, ``SyncQueueShutDown`` in another thread."""
 
     def __init__(self, q: LoopSide, sync: SyncSide, stopping: asyncio.Event, name: str,
                  sends: PortalSends | None = None, *, on_put: Callable[[Any], None] | None = None,

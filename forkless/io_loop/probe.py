@@ -1,24 +1,14 @@
 """The network half of ``--check``: can the metrics address be bound, and does the feed answer?
 
 Rules:
-- Each probe raises ``ProbeFailed(reason)`` with one human sentence, or prints what it found
-  through ``say`` and returns. The exit status each failure maps to is the preflight's
-  business (controller/commands/check.py), not this module's.
-- The feed probe asks each feed's source to try itself (its ``probe``, io_loop/capabilities.py),
-  the sources handed in, made as every run's are (controller/ioside.py's ``feed_sources``): this
-  module knows no kind of feed and imports none of their modules (they import it, for ``ProbeFailed``).
-  Each connector's room has its own: a WebSocket feed's makes ONE connection with the configured TLS, headers,
-  token and timeouts (io_loop/connectors/websocket/probe.py); a JetStream feed's connects to its server, reads its
-  stream and finds the stream storing its results subject, warning when that stream's duplicate window is shorter
-  than a restart needs (io_loop/connectors/jetstream/probe.py); the embedded demo feed's
-  (io_loop/connectors/websocket/demo_source.py), when no feed is configured, serves it and connects once. A user's
-  source is tried by its own ``probe``; one without is said and passed. With several feeds (``FORKLESS_FEEDS``)
-  every feed is probed and the probe fails if any of them does, naming them.
-- A metrics address ``unix:/path`` is bound and removed as the server would (io_loop/net/unixsocket.py): no TCP
-  socket is opened for it.
-- The probes run on a loop of their own in a thread of their own ("forkless-check",
-  io_loop/loopthread.py's ``run_in_thread``): the caller's thread keeps its event loop, and
-  ``--check`` may be called from inside a running one; what a probe raises is raised in the caller.
+- Each probe raises ``ProbeFailed(reason)`` with one human sentence, or says what it found through ``say`` and
+  returns; the exit status is the preflight's business (controller/commands/check.py).
+- The feed probe asks each feed's source, made as every run's are, to try itself (its ``probe``): this module knows
+  no kind of feed and imports none of their modules. A user's source without one is said and passed. With several
+  feeds each is probed, and the probe fails naming every one that fails.
+- A metrics address ``unix:/path`` is bound and removed as the server would: no TCP socket is opened for it.
+- The probes run on a loop of their own in a thread of their own ("forkless-check", ``run_in_thread``), so
+  ``--check`` may be called from inside a running loop; what a probe raises is raised in the caller.
 """
 
 from __future__ import annotations

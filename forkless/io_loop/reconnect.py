@@ -1,31 +1,20 @@
-"""The reconnect driver: connect, serve, back off, again: the one loop under the WebSocket feed
-(io_loop/connectors/websocket/client.py), the JetStream feed (io_loop/connectors/jetstream/source.py), the relay's
-publisher (io_loop/connectors/jetstream/publisher.py) and ``Relogin`` (io_loop/relogin.py).
+"""The reconnect driver: connect, serve, back off, again: the one loop under the WebSocket feed, the JetStream feed,
+the relay's publisher and ``Relogin``.
 
 Rules:
-- ``await drive(link, backoff)`` owns the loop and the ``Backoff`` (io_loop/backoff.py): its
-  ``connected``/``disconnected`` stamps around each served connection, and ``failed(now)`` after
-  each failed attempt and each lost connection (``now`` dates the outage: a ``Backoff`` with
-  ``follow_s`` caps its delay by the outage's age). Everything else is the ``Link``'s: when to stop,
-  what an attempt and a connection are, what is counted and logged, the give-up text, the pause.
-- An attempt: ``await link.connect()``; an exception of ``link.failures`` (only those: anything
-  else ends the drive) fails it: ``link.attempt_failed(exc)`` counts it and says why (or raises
-  ``FeedFatal`` itself when retrying cannot help), then the backoff's delay,
-  ``link.retrying(reason, delay)`` (the warning) and ``await link.pause(delay)``.
-- A connection: ``await link.serve(conn)`` returns why it was lost, or ``DONE`` (None) when the
-  work is over (everything sent): the drive returns. It also returns when ``link.more()`` is
-  false after a connection ended; it is asked before each attempt too.
-- A lost connection: the backoff's delay, ``link.reconnecting(reason, delay)`` (the warning,
-  the counters), ``await link.pause(delay)``.
-- Tries used up (``failed()`` is None): ``raise link.gave_up(reason, failures, lost)``, where
-  ``lost`` says whether the last failure was a lost connection (else a failed attempt) and
-  ``failures`` is the backoff's count in a row; the link builds the ``FeedFatal``.
-- ``drive`` is pure of clocks but the one passed (``clock``, ``time.monotonic``): no sleeping of its own. Beside
-  it, what the feeds' links share (the WebSocket feed's, the JetStream feed's and its replies'): ``End`` and
-  ``Outcome``, how a reader, a writer or a served connection ended, ``pause_before_reconnect``, a link's
-  ``pause`` cut short once the stop has come and nothing is left to send, and ``closed_how``, the words for a
-  WebSocket's end by its close code: 1006 is a connection lost without a close frame (a peer killed, a network
-  gone), never "closed by" anyone, whether the reader or the writer found it.
+- ``await drive(link, backoff)`` owns the loop and the ``Backoff``: its ``connected``/``disconnected`` stamps, and
+  ``failed(now)`` after each failed attempt or lost connection (``now`` dates the outage). Everything else is the
+  ``Link``'s: when to stop, what an attempt and a connection are, what is counted and logged, the pause.
+- An attempt: ``link.connect()``; only an exception of ``link.failures`` fails it (anything else ends the drive),
+  then ``link.attempt_failed`` (which may raise ``FeedFatal`` when retrying cannot help), the delay, ``retrying``,
+  ``pause``.
+- A connection: ``link.serve(conn)`` returns why it was lost, or ``DONE`` (the work is over: the drive returns);
+  ``link.more()`` is asked after each connection and before each attempt. A lost one: the delay, ``reconnecting``,
+  ``pause``.
+- Tries used up: ``raise link.gave_up(reason, failures, lost)``; the link builds the ``FeedFatal``.
+- ``drive`` reads no clock but the one passed and sleeps only through ``pause``. Beside it, what the feeds' links
+  share: ``End`` and ``Outcome``, ``pause_before_reconnect``, and ``closed_how``, the words for a WebSocket's end by
+  its close code (1006 is a connection lost without a close frame, never "closed by" anyone).
 """
 
 from __future__ import annotations

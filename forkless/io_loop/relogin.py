@@ -1,44 +1,25 @@
-"""Relogin: one connection of your own client kept up with fresh credentials, for a ``Source.run``
-(or an ``IOPortal`` worker): sends held while it reconnects, each until its own deadline, then
-written or failed explicitly.
+"""Relogin: one connection of your own client kept up with fresh credentials, for a ``Source.run`` (or an
+``IOPortal`` worker): sends held while it reconnects, each until its own deadline, then written or failed
+explicitly. Its contract: docs/embedding/subscriptions.md, "Re-login in your own client".
 
 Rules:
-- ``Relogin(connect, serve, ...)`` is used on the loop as ``async with ... as link``: a task keeps
-  one connection up. ``await connect(attempt)`` logs in (fresh credentials) and opens it;
-  ``attempt`` is 1 after the start or after a connection that was served, one more for each
-  failed attempt since (the before-connect hook's rule, io_loop/connectors/websocket/before_connect.py: ``attempt > 1``
-  says the last failed, so log in again rather than reuse a token). ``await serve(conn)`` reads
-  until the connection ends (returns, or raises). Then the link connects again with its ``Backoff``
-  (io_loop/backoff.py; the loop is the reconnect driver's, io_loop/reconnect.py): by default
-  ``DEFAULT_BACKOFF``, which follows a young outage (a peer back within 5 s is reconnected to
-  within 0.5 s); with ``tries`` failures in a row it gives up: ``FeedFatal``.
-- Whatever ``connect`` raises fails that attempt, counted and retried: any ``Exception`` (one whose
-  ``str()`` raises too: named by its type), and a ``CancelledError`` that is not the link's own
-  cancellation (a library's future cancelled under the login). What ``serve`` raises ends that
-  connection alike. Anything else that ends the connection task ends the link with ``FeedFatal``
-  (logged, raised at the ``async with``'s end, every send failing): it never dies silently.
-- ``await link.send(frame)`` writes one frame, in the order sends were called. While no
-  connection is up it is held until its deadline: the earlier of ``hold_s`` after it was sent and
-  its own deadline (``deadline=``, or the one a frame the main thread sent carries: ``Controller.send``'s
-  ``max_age_s``, io_loop/sends.py); a send held behind others waits no longer than that (its wait
-  starts when it was sent, not when the one before it gives up). Then ``SendFailed``. With
-  ``hold_s=0``, or a ``ctx`` whose source declares ``sends_while_disconnected = "refuse"``, a send
-  is refused at once while no connection is up, and those held fail when a connection ends. A
-  write that raises (the connection broke under it) is written again on the next connection
-  (``resend=True``, within the same deadline), or raises ``SendFailed`` from the write's error
-  (``resend=False``). Nothing is dropped silently: a frame is written, or its ``send`` raises,
-  and both are counted.
-- A frame the main thread sent that is given up is also reported to it through the ``ctx``
-  (``ctx.send_failed``: ``SendFailed`` to ``on_event``, ``sent_failed`` by reason).
-- A frame written to a connection that then ended may not have been read by the peer: a resend
-  covers only writes that raised (an exchange's ``client_order_id`` makes a resend safe).
-- With a ``ctx`` (a ``SourceContext``) the source's books count it as the built-in feeds are
-  counted (``connection_opened``/``closed``, with the connection's ``close_code`` where it has one:
-  its ``ConnectionEvent``'s, io_loop/source.py; ``connect_failed``, ``reconnecting``, and ``counts``:
-  "sends held while not connected", "sends resent", "sends failed"); give the source
-  ``starts_connected = False``. Failures are logged (``forkless.relogin``) once per distinct
-  reason, URLs without query or credentials (tokens live there); calls of ``connect`` are bounded
-  by ``connect_timeout_s`` (io_loop/hooks.py, as the connect hooks are).
+- ``async with Relogin(connect, serve, ...) as link`` on the loop: a task keeps one connection up. ``connect(attempt)``
+  logs in and opens it (``attempt > 1``: the last failed, log in again rather than reuse a token); ``serve(conn)``
+  reads until it ends. Then it connects again with its ``Backoff`` (the reconnect driver, io_loop/reconnect.py);
+  ``tries`` failures in a row: ``FeedFatal``.
+- Whatever ``connect`` raises fails that attempt, counted and retried (a ``CancelledError`` that is not the link's
+  own too); what ``serve`` raises ends that connection alike. Anything else ending the task ends the link with
+  ``FeedFatal`` (logged, raised at the ``async with``'s end, every send failing): it never dies silently.
+- ``await link.send(frame)`` writes frames in the order sent. While no connection is up a send is held until the
+  earlier of ``hold_s`` after it was sent and its own deadline, then ``SendFailed``; with ``hold_s=0`` or a source
+  that refuses sends while disconnected it is refused at once. A write that raised is written again on the next
+  connection (``resend=True``) or raises ``SendFailed``. A frame is written or its ``send`` raises, both counted.
+- A frame the main thread sent that is given up is reported to it through the ``ctx`` (``ctx.send_failed``).
+- A resend covers only writes that raised: a frame written to a connection that then ended may be lost (an
+  exchange's ``client_order_id`` makes a resend safe).
+- With a ``ctx`` the source's books count it as the built-in feeds are counted; give the source
+  ``starts_connected = False``. Failures are logged once per distinct reason, URLs without query or credentials;
+  ``connect`` is bounded by ``connect_timeout_s``.
 - Leaving the ``async with`` cancels the connection task and closes the connection.
 """
 
@@ -161,7 +142,7 @@ class Relogin:
             self._count("sends held while not connected")
         self._sending += 1
         try:
-            if self._sending == 1 or until is None:  # alone, the lock is free: no timer (measured: 30 µs a send)
+            if self._sending == 1 or until is None:  # alone, the lock is free: no timer, which costs a send dearly
                 await self._lock.acquire()
             else:  # behind other sends: its turn is awaited no longer than its own deadline
                 try:

@@ -40,8 +40,7 @@ class Renamed:
 
 
 _ENTRIES = (
-    # the Controller's keywords before its arguments were grouped (issue 56): refused at once in 0.1.0, before
-    # this policy; they get their one release of warnings in 0.2.0 (controller/wiring.py translates them)
+    # the Controller's keywords before its arguments were grouped (controller/wiring.py translates them)
     Renamed("Controller(on_results=f)", "Controller(sinks=[forkless.OnResults(f)])", "0.2.0", "0.3.0"),
     Renamed("Controller(events_only=True)", "Controller(processor=forkless.EVENTS_ONLY)", "0.2.0", "0.3.0"),
     Renamed("Controller(on_connect=h)", "Controller(connect=forkless.ConnectHooks(on_connect=h))", "0.2.0", "0.3.0"),
@@ -56,18 +55,18 @@ _ENTRIES = (
     Renamed("Controller(checkpoint_store=s)", "Controller(runtime=forkless.Runtime(checkpoint_store=s))", "0.2.0",
             "0.3.0"),
     Renamed("Controller(io_factory=f)", "Controller(runtime=forkless.Runtime(io_factory=f))", "0.2.0", "0.3.0"),
-    # the sink of records (SinkRun's, the relay's), named when a sink of results came beside it (issue 56)
+    # the sink of records (SinkRun's, the relay's), named apart from a sink of results
     Renamed("forkless.Sink", "forkless.RecordSink (a sink of a controller's results: forkless.ResultSink)", "0.2.0",
             "0.3.0"),
-    # one way to do each thing on a source's context (issue 64): frames, a read's frames and a frame decode() read are
-    # all emit's; a connection's state is said by connection_opened() and connection_closed() (io_loop/source.py)
+    # one way to do each thing on a source's context: frames, a read's frames and a frame decode() read are all
+    # emit's; a connection's state is said by connection_opened() and connection_closed() (io_loop/source.py)
     Renamed("ctx.emit_frames(frames)", "ctx.emit(frames)", "0.3.0", "0.4.0"),
     Renamed("ctx.emit_decoded(decoded, ...)", "ctx.emit(decoded, ...)", "0.3.0", "0.4.0"),
     Renamed("ctx.set_connected(flag, reason, code=...)",
             "ctx.connection_opened() when it connects, ctx.connection_closed(reason, code=...) when it ends",
             "0.3.0", "0.4.0"),
     Renamed("ctx.name", "the source's own name", "0.3.0", "0.4.0"),
-    # what a processor carried itself before its Description (issue 56): warned of in 0.1.0, removed in 0.2.0
+    # what a processor carried itself before its Description
     Renamed("Processor(init, step, name=..., ...)", "Processor(init, step, description=Description(name=..., ...))",
             "0.1.0", "0.2.0"),
     Renamed("processor.name", "processor.description.name", "0.1.0", "0.2.0"),
@@ -75,16 +74,16 @@ _ENTRIES = (
             "processor._replace(description=dataclasses.replace(processor.description, name=...))", "0.1.0", "0.2.0"),
     Renamed("stream_processor(..., name=...)", "stream_processor(..., description=Description(name=...))", "0.1.0",
             "0.2.0"),
-    # received messages not yet answered, named apart from steps in flight (issue 56): warned of in 0.1.0
+    # received messages not yet answered, named apart from steps in flight
     Renamed("StatsSnapshot.in_flight", "StatsSnapshot.unanswered", "0.1.0", "0.2.0"),
-    # each setting declared once, in one group (issue 64): a field that was in two groups is now in the one that
-    # reads it (io_loop/settings.py's settings_group(moved=...) translates them, given or read)
+    # each setting declared once, in one group: a field that was in two groups is now in the one that reads it
+    # (io_loop/settings.py's settings_group(moved=...) translates them, given or read)
     Renamed("Limits(features=...)", "StepSettings(features=...)", "0.3.0", "0.4.0"),
     Renamed("Limits(max_batch=...)", "StepSettings(max_batch=...)", "0.3.0", "0.4.0"),
     Renamed("DemoSettings(features=...)", "StepSettings(features=...)", "0.3.0", "0.4.0"),
     Renamed("DemoSettings(warmup=...)", "DetectorSettings(warmup=...)", "0.3.0", "0.4.0"),
     Renamed("CheckpointSettings(bucket=...)", "PartitionSettings(checkpoint_bucket=...)", "0.3.0", "0.4.0"),
-    # Config is its groups (issue 64): what these built is a group of it now
+    # Config is its groups: what these built is a group of it now
     Renamed("config.step_settings()", "config.step", "0.3.0", "0.4.0"),
     Renamed("config.checkpoint_settings()", "config.checkpoints (a partitioned feed's bucket: "
             "config.partitioning.checkpoint_bucket)", "0.3.0", "0.4.0"),

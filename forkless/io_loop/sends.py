@@ -1,29 +1,20 @@
-"""Sends with a deadline: a frame the main thread sends (``Controller.send``) is written by its
-deadline or never, and the main thread learns which (``SendFailed``).
+"""Sends with a deadline: a frame the main thread sends (``Controller.send``) is written by its deadline or never, and
+the main thread learns which (``SendFailed``).
 
 Rules:
-- A send carries its id (``send_id``: the caller's, or the controller's count), the time it was
-  sent (``sent_at``) and its deadline (``deadline``, ``time.monotonic()`` seconds; None: none), on
-  its ``Outgoing`` (io_loop/crossing.py) and on each of its frames: a ``SentText`` (a ``str``) or
-  ``SentBytes`` (a ``bytes``), so whatever holds a frame (a source's own writer, ``Relogin``'s hold,
-  io_loop/relogin.py) knows its deadline without asking.
-- ``SendWatch`` is one source's, on the IO loop only. It learns of each send when it crosses (the
-  bridge's wake-up, io_loop/bridge.py: no wake-up of its own) and, until a writer has it in hand
-  (``Outgoing.handed``), gives it up at its deadline, wherever it waits (the outbound queue, the
-  feed's outbox, the item a lost connection left half written): ``SendFailed`` with reason
-  ``"deadline"``. A writer asks ``usable`` before it hands an item out: one given up is skipped
-  (counted once, already), one past its deadline is given up then. So no frame is written after
-  its deadline by the feed's writer, and each is reported at its own deadline, whatever is
-  queued before it.
-- A source that declares ``sends_while_disconnected = "refuse"`` (cancel-on-disconnect, as broker
-  SDKs have it) has every send given up at once while it is not connected (reason
-  ``"disconnected"``): when it crosses, and, for those waiting, when the connection ends.
-- Once a frame is in a source's own hands (``ctx.outgoing()``), the source keeps its deadline
-  (``Relogin`` does) and reports what it gives up with ``report``: ``ctx.send_failed``.
-- Every frame given up is counted once, in the source's ``sent_failed`` by reason, and reported
-  once: a ``SendFailed`` (its id, what was not written, the reason) goes to the main thread's
-  ``on_event`` in order with the source's events (once the stop has shut the inbound queue it is
-  counted only). Each reason is logged once per source.
+- A send carries its id, when it was sent and its deadline (``time.monotonic()``; None: none), on its ``Outgoing``
+  and on each of its frames (``SentText``, ``SentBytes``), so whatever holds a frame knows its deadline.
+- ``SendWatch`` is one source's, IO loop only. It learns of each send as it crosses (the bridge's wake-up: none of
+  its own) and, until a writer has it in hand, gives it up at its deadline wherever it waits (``"deadline"``). A
+  writer asks ``usable`` before handing an item out, so no frame is written after its deadline by the feed's writer,
+  and each is reported at its own deadline, whatever is queued before it.
+- A source with ``sends_while_disconnected = "refuse"`` has every send given up while it is not connected
+  (``"disconnected"``).
+- A frame in a source's own hands (``ctx.outgoing()``) keeps its deadline there (``Relogin`` does); the source
+  reports what it gives up (``ctx.send_failed``).
+- Every frame given up is counted once (``sent_failed`` by reason) and reported once, as a ``SendFailed`` to
+  ``on_event`` in order with the source's events (after the stop shut inbound, counted only); each reason logged
+  once per source.
 """
 
 from __future__ import annotations
@@ -206,7 +197,7 @@ class SendWatch:
             return
         if item.deadline is not None or self.refuse:
             # a turn later: a writer waiting for it (the common case) takes it first, and no timer is made
-            # (a timer made and cancelled a send cost about 30 µs of an order's way, measured)
+            # (a timer made and cancelled would cost every send on an order's way)
             asyncio.get_running_loop().call_soon(self._watch, item)
 
     def _watch(self, item: Outgoing) -> None:

@@ -1,22 +1,19 @@
 """Settings, each declared once: a field of a settings group, with its variable, rule, default and meaning.
 
 Rules:
-- A setting is declared where the room that reads it lives, as one field of one settings group
-  (``setting(...)`` in a ``@settings_group`` class): its ``FORKLESS_*`` variable, its ``Rule`` (how the
-  variable's text is parsed, which values given in code it takes, its bounds), its default and a one-line
-  meaning. The environment's reader, ``Config``'s keywords (each setting's is its variable's name in lower
-  case: ``max_batch`` for ``FORKLESS_MAX_BATCH``), ``--help`` and docs/variables.md are derived from it.
-- A group checks its values when it is made: a bad one is a ``ConfigError`` naming the variable, the
-  value (``<hidden>`` for a secret) and what is allowed; a group's ``validate()`` adds the rules between its
-  own fields. A number given in code may be any ``numbers.Real`` (an integer setting: any
-  ``numbers.Integral``), kept as a plain ``float`` (``int``); a ``bool`` is never a number.
-- A group remembers the fields it was built with (``given_fields``): ``Config`` takes those from it, so a
-  group's defaults never override what another argument or the environment gives.
-- A field that moved to another group (``settings_group(moved=...)``) follows the one deprecation policy
-  (io_loop/renamed.py): for one release it is still taken, and read, with a ``DeprecationWarning`` naming its new
-  spelling, its value handed on to where it lives now; the next release refuses it, naming the new spelling.
-- Pure: nothing here reads the environment or opens anything; the rules that check a file (``pem_file``,
-  ``existing_file``) do so when the value is read, so a bad one is a configuration error (exit 2).
+- A setting is declared where the room that reads it lives, as one field of one settings group (``setting(...)`` in
+  a ``@settings_group`` class): its ``FORKLESS_*`` variable, its ``Rule`` (parsing, values taken in code, bounds),
+  its default and a one-line meaning. The environment's reader, ``Config``'s keywords (the variable's name in lower
+  case), ``--help`` and docs/variables.md are derived from it.
+- A group checks its values when it is made (``ConfigError`` naming the variable, the value, ``<hidden>`` for a
+  secret, and what is allowed); ``validate()`` adds the rules between its fields. A number given in code may be any
+  ``numbers.Real`` (``numbers.Integral`` for an integer), kept as a plain ``float`` (``int``); a ``bool`` never is.
+- A group remembers the fields it was built with (``given_fields``), so its defaults never override what another
+  argument or the environment gives.
+- A field that moved to another group (``settings_group(moved=...)``) follows the deprecation policy
+  (io_loop/renamed.py): taken and read with a ``DeprecationWarning`` for one release, refused the next.
+- Pure: nothing reads the environment or opens anything; a rule that checks a file does so when the value is read,
+  so a bad one is a configuration error (exit 2).
 """
 
 from __future__ import annotations
@@ -233,7 +230,7 @@ def word_or_count(word: str, hi: int) -> Rule:
 def json_value(text: str) -> Any:
     """``text`` decoded as JSON (``ValueError`` when it is not), its arrays and objects nested at most
     ``MAX_JSON_DEPTH`` deep: a deeper one is a ``ValueProblem`` before the decoder is asked, as Python's
-    recurses into each level (about 1,000 of them raised ``RecursionError``, a crash, not a refusal)."""
+    recurses into each level (a deep one raises ``RecursionError``, a crash, not a refusal)."""
     brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text))  # strings may hold brackets: not counted
     depth = 0
     for bracket in brackets:

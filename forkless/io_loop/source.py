@@ -1,80 +1,28 @@
 """The public ``Source`` protocol: a user's own client of a feed, run on the IO thread's loop.
 
-Rules:
-- A source is any object with a ``name`` and ``async run(ctx)``; it owns its connections (a
-  login, a WebSocket, heartbeats, reconnects) and talks to the rest only through its
-  ``SourceContext``. One way to hand over each kind of thing: ``emit`` frames for the codec (one
-  frame, the frames of one read at once, decoded in one pass where the codec can, or a frame
-  ``decode`` read), ``emit_rows`` messages the source decoded itself, ``emit_event`` any object for
-  the main thread as it is (a fill, a book); ``outgoing()`` the frames the main thread sends it
-  (replies to its messages, ``Controller.send``), ``stopping``. Every public name on it is used by a
-  built-in source, ``Relogin`` or a documented example; a renamed one warns (io_loop/renamed.py).
-- Overflow is each source's own (io_loop/spill.py): while inbound is full, what a source emits
-  waits in its own buffer (``buffer`` messages and events, default ``FORKLESS_SOURCE_BUFFER``),
-  so an ``emit*`` returns at once and the source keeps answering its heartbeat through a stalled
-  main loop. Beyond the buffer its ``overflow`` applies: ``block`` (the default) makes every
-  ``emit*`` await (the source stops reading; TCP pushes back), ``drop_oldest`` drops the oldest
-  of its OWN waiting messages and events, counted under its name. Nothing a source emitted is
-  lost silently once the call returned, and no source's overflow touches another's items.
-- Positions (exactly-once for any replayable source): ``emit(frame, position=p)`` tags the
-  frame's messages; a checkpoint records where the state is, and after a restart
-  ``ctx.resume_from`` is the position of the last frame the state holds (wholly or in part).
-  The source replays from that frame *inclusive*; the context drops the messages of it the
-  state already holds. A position is an ``int`` or a ``str`` (it goes into the checkpoint).
-  A source's emits all carry a position or none does (its first emit decides), each one greater
-  than the one before (``str`` ones compared as text), all of one type: a position names one
-  frame (io_loop/emitted.py checks it; a refused emit raises and takes nothing). Error replies
-  to a positioned frame's bad parts are numbered after its good messages (a replay makes the same
-  ids). A source with ``replayable = True`` is never dropped from (``FORKLESS_OVERFLOW=drop_oldest``
-  does not apply to it, its own ``overflow="drop_oldest"`` is refused). A source that records
-  more than a position in the checkpoint (the built-in JetStream feed: the stream's created
-  time, positions by partition) is handed that record as it is in ``ctx.resume_from`` and
-  does its own skipping (``emit(..., first=)``).
-- A source that inspects or filters messages before they are handed over decodes a frame with
-  ``ctx.decode`` and hands the result to ``ctx.emit``: ``emit(decode(frame))`` is ``emit(frame)``.
-- Bad values are bad input however they come: ``emit_rows`` refuses a row whose ``x`` is not
-  real numbers within the codec's ±1e18 (NaN, inf, None, text, a complex with an imaginary
-  part), counted and answered by reason as ``emit`` refuses a bad element; its other rows are
-  handed over, and no stream's state sees the refused ones. A wrong shape is ``ValueError``.
-- The stop: ``ctx.stopping`` is set when the orderly stop begins; from then ``emit*`` raise
-  ``SourceStopped`` (the frame is not taken: a replayable source replays it next time), unless the
-  source declares ``awaiting()``: then its replies are taken until it awaits none (io_loop/finishing.py).
-  ``outgoing()`` ends once the main thread has sent its last frame; then ``run`` returns.
-  A ``run`` that returns earlier means the source has no more messages; replies that still
-  come for it are counted as dropped ("source ended"), ``Controller.send`` frames as
-  ``sent_unsent`` (logged once), and ``ended`` tells the main thread (its feed's snapshot), whose
-  ``send`` then refuses. A ``run`` that raises gives the feed up as a failed connection would
-  (``FeedFatal``, the traceback kept as its cause).
-- A source that manages its own connections (the built-in WebSocket feed, io_loop/connectors/websocket/client.py, is
-  one) says what happens to them: ``connection_opened()`` (its id is stamped on what is emitted
-  from then), ``connection_closed()``, ``connect_failed(why)``, ``reconnecting()``; with
-  ``starts_connected = False`` it is not counted as connected before its first connection.
-- Connection state changes in one place (``SourceRunner.connection_state``): the books (``connected``,
-  ``state_since``, changed only when the state does) and, where the controller asked for them
-  (``connection_events``), a ``ConnectionEvent`` (io_loop/crossing.py) handed over as ``emit_event``
-  hands an object, after what the source emitted before: each connection opened, the first loss
-  after one, and, for a source that counts as connected while ``run`` runs, its start and its end.
-  It never waits (a change is no frame to push back on; it may put the source's buffer one item
-  over its bound, and under ``drop_oldest`` it is dropped as the source's other events are), and
-  none is handed once the stop has begun (the main loop is ending; the books still change).
-- Replies a batch at a time: ``ctx.replies()`` hands out each reply batch (io_loop/writer.py's
-  ``ReplyBatch``, one socket write each; ``outgoing()`` is the frame-at-a-time form); a batch not
-  wholly written is handed again first, from its first unwritten frame.
-- The stop has one mechanism, ``SourceRunner.stop_reading``: the source's optional
-  ``before_stop(ctx)``, ``ctx.stopping``, the finishing phase of one that declares ``awaiting()``,
-  then the emits in progress are waited for; nothing half handed over is lost. A ``before_stop``
-  (or ``awaiting()``) that raises fails the source as a ``run`` that raises does (``FeedFatal``
-  from it, at once: its ``run`` is cancelled), and the stop goes on without waiting out its deadline.
-- Sends with a deadline (io_loop/sends.py): what the main thread sends a source carries its id and
-  deadline (``Controller.send(..., max_age_s=)``, or the source's ``send_max_age_s``); the source's
-  ``SendWatch`` gives up what is not handed out by then, and, for a source that declares
-  ``sends_while_disconnected = "refuse"``, what comes or waits while it is not connected. A frame
-  the source had in hand and will not write is reported with ``ctx.send_failed(frame, reason)``
-  (``Relogin`` does it for what it holds). Each reaches the main thread as a ``SendFailed``.
-- ``SourceRunner`` is the IO thread's side of one source, user's or built-in (``run``,
-  ``stop_reading``, ``held_frames``, ``take_held``, ``handover``, ``stats``): the feed set
-  (io_loop/feeds.py) does not know which kind it runs. Its outbound side (what the main thread
-  sends the source) is io_loop/writer.py's ``Outbound``.
+The protocol and its guarantees are docs/embedding/sources.md. The rules this module keeps:
+- A source is any object with a ``name`` and ``async run(ctx)``; it owns its connections and talks to the rest
+  only through its ``SourceContext``, one way to hand over each kind of thing: ``emit`` frames for the codec,
+  ``emit_rows`` messages it decoded itself, ``emit_event`` any object as it is; ``outgoing()``/``replies()`` what
+  the main thread sends it. Every public name is used by a built-in source, ``Relogin`` or a documented example.
+- Overflow is each source's own (io_loop/spill.py): while inbound is full, what it emits waits in its own buffer;
+  beyond it ``block`` makes every ``emit*`` await, ``drop_oldest`` drops its OWN oldest, counted under its name.
+  Nothing emitted is lost silently once the call returned; no source's overflow touches another's items.
+- Positions (io_loop/emitted.py checks them; a refused emit takes nothing): all of a source's emits carry one or
+  none does, each greater than the one before, all of one type. After a restart ``ctx.resume_from`` names the
+  last frame the state holds; the source replays from it inclusive and the context drops what the state holds. A
+  ``replayable`` source is never dropped from.
+- Bad values are bad input however they come: a bad row of ``emit_rows`` is refused, counted and answered by
+  reason as ``emit`` refuses a bad element; a wrong shape is ``ValueError``.
+- The stop has one mechanism, ``SourceRunner.stop_reading``: ``before_stop(ctx)``, ``ctx.stopping`` (then
+  ``emit*`` raise ``SourceStopped``, unless the source declares ``awaiting()``: io_loop/finishing.py), then the
+  emits in progress are waited for. A ``run`` that returns early has no more messages (what comes for it is
+  counted, ``ended`` tells the main thread); one that raises, or a ``before_stop`` that does, is ``FeedFatal``.
+- Connection state changes in one place, ``SourceRunner.connection_state``: the books, and where asked a
+  ``ConnectionEvent`` after what the source emitted before. It never waits, and none is handed once the stop began.
+- Sends with a deadline (io_loop/sends.py): the source's ``SendWatch`` gives up what is not handed out in time;
+  each reaches the main thread as a ``SendFailed``.
+- ``SourceRunner`` is the IO thread's side of one source, user's or built-in: the feed set does not know which.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
 """A source's own buffer in front of the shared inbound queue: overflow is a property of each source.
 
 Rules:
-- Runs on the IO loop only. Every source's hand-over (io_loop/handover.py) puts its chunks and
-  events here, never on the inbound queue itself. With nothing of the source waiting, an item goes
-  straight onto inbound; while inbound is full, the source's items wait here, in order, and one
-  pump task per source moves them onto inbound as room frees (one item at a time: the one in the
-  pump's hand is being put and is never dropped). Order is kept per source.
-- ``bound``: how many messages and events (each event counts one) may wait here, the item in
-  the pump's hand included (the one that goes over it is kept too: memory is bounded by
-  ``bound`` plus one item). Within it an emit never waits, so a source keeps reading its
-  socket and answering its heartbeat through a stalled main loop. Beyond it the source's
-  ``overflow`` applies: ``block``: the emit awaits until the waiting items fit again
-  (backpressure: the source stops reading, TCP pushes back); ``drop_oldest``: the oldest of the
-  source's OWN waiting items are dropped (never the one being put), messages counted in its
-  ``dropped`` ("inbound overflow (drop_oldest)"), events in its ``events_dropped`` (same reason).
-  Nothing of another source is ever touched. A bound of 0 is the queue's bound alone (one item
-  waits for room, then block or drop).
-- Consecutive events waiting here are gathered into one ``Events`` item (at most ``EVENTS_PER_ITEM``):
-  the main thread catches up after a stall in fewer queue trips.
-- Drops are logged once per episode: the first drop, then the episode's totals once everything
-  waiting has gone onto inbound. A full buffer under ``block`` is logged once per episode too.
-- The books: every message here was counted in ``messages_in`` and is unanswered until it is
-  answered or dropped; ``discard`` (an aborted stop) gives them up and returns how many
-  (the caller counts them), and counts the events given up itself. ``drained`` waits until
-  nothing of the source waits (the orderly stop, before inbound is shut down).
+- IO loop only. Every source's hand-over puts its chunks and events here, never on inbound itself: with nothing of
+  the source waiting an item goes straight on; while inbound is full its items wait here, in order, and one pump
+  task per source moves them on as room frees (the item in the pump's hand is never dropped).
+- ``bound``: how many messages and events may wait here (memory: ``bound`` plus one item). Within it an emit never
+  waits, so a source keeps reading and answering its heartbeat through a stalled main loop. Beyond it its
+  ``overflow``: ``block`` awaits room (TCP pushes back); ``drop_oldest`` drops the source's OWN oldest waiting items,
+  counted by reason. Nothing of another source is touched. A bound of 0 is the queue's bound alone.
+- Consecutive waiting events are gathered into one ``Events`` item (at most ``EVENTS_PER_ITEM``).
+- Drops are logged once per episode (the first, then the totals); a full buffer under ``block`` too.
+- The books: every message here was counted in and is unanswered until answered or dropped; ``discard`` (an aborted
+  stop) gives them up and returns how many; ``drained`` waits until nothing waits (the orderly stop).
 """
 
 from __future__ import annotations
@@ -46,8 +34,7 @@ OVERFLOW_REASON = "inbound overflow (drop_oldest)"
 STOP_REASON = "not processed before the stop"
 # the most events gathered into one waiting ``Events`` item: after a stall the main thread takes them in a few queue
 # trips, and one item stays a bounded piece of its work (on_event runs per event, between batches). Not the
-# micro-batch's size (events never enter a batch), and no setting: it changes nothing a user sees but how often
-# the queue is visited; 256 is what it was at the default batch size, when the two were one knob
+# micro-batch's size (events never enter a batch), and no setting: it changes nothing a user sees
 EVENTS_PER_ITEM = 256
 
 

@@ -1,45 +1,25 @@
-"""IOThread: the one dedicated thread that owns the asyncio loop and every feed's socket (the
-checkpoint and lease store keeps its own thread and NATS connection: ``io_loop/connectors/jetstream/store.py``).
+"""IOThread: the one dedicated thread that owns the asyncio loop and every feed's socket (the checkpoint store keeps
+its own thread and NATS connection).
 
 Rules:
-- ``start()``, ``request_stop()``, ``join()`` and ``abort()`` are called from the main thread;
-  everything else runs in the thread ("forkless-io") on its own loop: a ``LoopThread``
-  (io_loop/loopthread.py), which makes the thread and loop, waits for the start and joins.
-- The bridge (both janus queues) is created inside the running loop; ``start()`` returns
-  its sync sides once they exist.
-- Anything that ends the loop with an exception is kept in ``failure``; the main thread
-  calls ``raise_if_failed()`` at least every 100 ms, so it is never swallowed.
-- The seam: the thread is given what it needs as constructor arguments (its ``IOSettings``: with the
-  feed set it is the IO side's composition root, handing each feed's runner only the settings groups
-  it reads, io_loop/feeds.py's ``feed_client``; the codec's decoding half, its ``IOStats`` to write,
-  ``connection_events`` (each feed hands the main thread a ``ConnectionEvent`` at each change of its
-  connection: io_loop/source.py), ``stats_snapshot``, the controller's whole-process snapshot for the
-  health endpoints, ``render_metrics``, the ``/metrics`` body, ``sources``, every feed's source ready
-  made, one per ``settings.feed_specs``, by the composition root (controller/ioside.py's ``feed_sources``:
-  the hooks and a partitioned feed's lease fence are theirs, never this thread's), ``positions``,
-  where the restored checkpoint left each replayable feed, ``metrics``, the metrics server a controller
-  bound and served while it started (controller/lifetime/endpoints.py; else one is made here when
-  ``FORKLESS_METRICS_ADDR`` is set)); the main thread learns about this side
-  only through ``snapshot()`` (queue depths, unsent frames, copied counters), ``cpu_seconds()`` (this
-  thread's CPU clock, which the main thread reads around each step: how much of this side's work
-  overlaps the steps) and the bridge's queues.
-- No process is started and nothing forks: the demo feed and the metrics server run as
-  tasks on this same loop.
-- A ``sink`` (io_loop/sinks/sink.py's public ``RecordSink``: the relay's publisher,
-  io_loop/connectors/jetstream/publisher.py, or a
-  user's own) takes the place of the main thread as the reader of ``inbound``: run by its ``SinkRunner``
-  on this loop beside the feeds, it takes chunks and events from inbound's async side (as its
-  ``RecordContext``'s batches), and the main thread touches neither queue. No replies come, so once
-  the sink has returned (inbound shut down by the stop and everything taken dealt with) outbound
-  is ended here, and the feeds close. If the feeds fail first, inbound is shut down and the sink
-  gets until ``shutdown_timeout_s`` to deal with what was read; then the feeds' error is raised.
-- ``result_sinks`` (a controller's own ``ResultSink``s, ``Controller(sinks=...)``): each stepped batch's
-  results, which cross on outbound with its replies, are handed to them on this loop
-  (io_loop/sinks/results.py has the rules); they run beside the feeds, a sink that fails ends the
-  loop (``FeedFatal``), and the feeds' end waits for theirs (the stop drains them).
-- ``acknowledged`` (io_loop/sinks/sink.py's ``Acknowledged``), when given, is signalled each time a feed's
-  batch of answers is written whole (a JetStream feed's: stored by its results stream), for the
-  checkpoint waiting on its replies (controller/recovery.py) to wake without a poll.
+- ``start()``, ``request_stop()``, ``join()`` and ``abort()`` are the main thread's; everything else runs in the
+  thread ("forkless-io") on its own loop, a ``LoopThread``.
+- The bridge (both janus queues) is created inside the running loop; ``start()`` returns its sync sides.
+- Anything that ends the loop with an exception is kept in ``failure``; the main thread calls
+  ``raise_if_failed()`` at least every ``POLL_S`` (controller/queues.py), so it is never swallowed.
+- The seam: the thread is given what it needs as constructor arguments (its ``IOSettings``, the codec's decoding
+  half, its ``IOStats``, every feed's source ready made by the composition root, the restored positions, the
+  snapshot and metrics callables, a metrics server already bound); with the feed set it is the IO side's
+  composition root. The main thread learns about this side only through ``snapshot()``, ``cpu_seconds()`` and the
+  bridge's queues.
+- No process is started and nothing forks: the demo feed and the metrics server are tasks on this loop.
+- A ``sink`` (a ``RecordSink``: the relay's publisher, or a user's own) takes the main thread's place as
+  ``inbound``'s reader, on this loop; no replies come, so once it returns ``outbound`` is ended here. If the feeds
+  fail first, the sink gets until ``shutdown_timeout_s`` to deal with what was read, then their error is raised.
+- ``result_sinks`` (a controller's ``ResultSink``s) are handed each batch's results on this loop (io_loop/sinks/
+  results.py); one that fails ends the loop (``FeedFatal``), and the feeds' end waits for theirs.
+- ``acknowledged``, when given, is signalled each time a feed's batch of answers is written whole, so a checkpoint
+  waiting on its replies wakes without a poll.
 """
 
 from __future__ import annotations
@@ -166,7 +146,7 @@ class IOThread:
     def cpu_seconds(self) -> float:
         """CPU seconds this thread has used (``time.thread_time`` as the thread itself would read
         it), callable from any thread; NaN before it started, or where the platform has no
-        per-thread CPU clock. About 0.3 µs a call (one ``clock_gettime``)."""
+        per-thread CPU clock. One ``clock_gettime`` a call."""
         return self._runner.cpu_seconds()
 
     def snapshot(self) -> IOSnapshot:
@@ -179,8 +159,8 @@ class IOThread:
     def feed_ended(self, index: int) -> str:
         """Why feed ``index`` takes no more frames ("" while it does): callable from any thread.
         ``Controller.send`` asks before every send: two reads of values the IO thread writes
-        (each one reference read: atomic with or without the GIL), not a snapshot (a whole one took
-        about 0.15 ms: an order's round trip, bench/docs/exchange-session-cost.md)."""
+        (each one reference read: atomic with or without the GIL), not a whole snapshot
+        (bench/docs/exchange-session-cost.md)."""
         feeds = self._feeds
         return feeds.ended(index) if feeds is not None else ""
 
@@ -239,7 +219,7 @@ class IOThread:
                 await self._run_with_sink(self.sink, self._feeds, bridge)
         finally:
             # a stop asked from here on (while the loop closes) has nothing left to stop: it makes no
-            # task, which no one would run or await (the coroutine "never awaited", 2026-12-04)
+            # task, which no one would run or await (a coroutine "never awaited")
             self._stop_closed = True
             for task in (*background, *self._stopping):
                 task.cancel()
@@ -362,8 +342,7 @@ class LagSampler:
     block longer than the interval, in either, also stands for the samples it delayed, each as
     late as it was then (HdrHistogram's expected-interval correction), so the quantiles weigh a
     block by how long it lasted. Two plain callbacks a sample (a timer, then one trip round the
-    loop): no future and no task step on an idle IO thread, ten times a second
-    (bench/docs/exchange-session-cost.md)."""
+    loop): no future and no task step on an idle IO thread (bench/docs/exchange-session-cost.md)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, lag: Any) -> None:
         self.loop = loop

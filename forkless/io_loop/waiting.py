@@ -1,41 +1,27 @@
 """How each thread waits for the other: park (sleep until woken) or spin (stay awake) while work is imminent.
 
-A hand-off between the threads costs what waking the other thread costs: on the lent TPU host an idle
-asyncio loop woken through its self-pipe took 0.4-0.5 ms, a thread blocked on a condition 50-60 µs, a
-thread that polls between short naps 23-26 µs (DESIGN.md, "Fast hand-offs between the threads").
-Aeron's idle strategies and the LMAX Disruptor's wait strategies are the models: a receiver that expects
-work soon does not go to sleep; one that expects none parks.
+A hand-off between the threads costs what waking the other thread costs (DESIGN.md, "Fast hand-offs between the
+threads"; FORKLESS_HANDOFF's figures: docs/performance.md). Aeron's idle strategies and the LMAX Disruptor's wait
+strategies are the models: a receiver that expects work soon does not go to sleep; one that expects none parks.
 
 Rules:
-- ``HANDOFFS``: ``park`` sleeps until woken (the loop in ``epoll``, the main thread on a condition);
-  ``spin`` keeps the IO loop awake while a step is in flight and ``linger_s`` after the last one ended
-  (its results will land on *outbound*; the next message is likely near). ``auto`` is resolved once,
-  by the main thread, from the platform: ``spin`` on an accelerator, ``park`` on the CPU
-  (``resolve_handoff``).
-- Under one GIL, one thread spins at a time: meanwhile the main thread blocks on the running step
-  (controller/queues.py), which releases the GIL. Two spinning threads took the GIL from each other
-  (measured on the TPU: bench/out-tpu/2026-12-06-handoff).
-- Without a GIL (a free-threaded build with the GIL off: io_loop/gil.py), both threads spin while work is
-  imminent (``WaitSettings.both``): neither takes anything from the other, and a hand-off is then seen by a
-  look instead of a wake-up. The main thread spins for ``spin_s`` after its last piece of work (a chunk
-  taken, a step finished) and then blocks as under the GIL, so a long step or an idle feed costs no core.
-  The IO thread is kept off the core the main thread runs on (``keep_apart``, ``WaitSettings.apart``): a
-  thread that sleeps is woken on its waker's core, behind the busy main thread, unless kept apart.
-- Nothing holds the GIL while it waits: between looks a spinning thread ``pause``s, yielding its core
-  (``os.sched_yield``) or napping (``time.sleep``), both with the GIL released; never a bare loop. On
-  the lent TPU host a nap of even 20 µs wakes as late as a park (0.3-0.6 ms), a yield at once.
-- ``Expecting`` is the one record the two threads share for this: ``steps`` and ``until`` are written
-  by the main thread only (steps in flight; when the last one ended, plus the linger), ``spinning`` by
-  the IO thread only (its selector is looking at *outbound* by itself: a put need not wake it). Each is
-  read, never written, by the other.
-- One place decides how a loop thread waits: ``LoopThread(wait=...)`` (io_loop/loopthread.py), under the IO
-  thread and the IO portal alike, makes its loop on a ``SpinningSelector`` under ``spin`` and keeps it apart
-  where the settings say; the bridge (io_loop/bridge.py) attaches the selector to *outbound*.
-- ``SpinningSelector`` is the IO loop's selector. While work is imminent its ``select`` does not
-  block: it looks at the sockets (``select(0)``) and at *outbound* (``poll``) between pauses, and
-  returns as soon as either has something, or the loop's own timeout is due. Then it looks at
-  *outbound* once more (a put made while ``spinning`` was set did not wake the loop) and parks as the
-  default selector does.
+- ``HANDOFFS``: ``park`` sleeps until woken; ``spin`` keeps the IO loop awake while a step is in flight and
+  ``linger_s`` after the last one ended. ``auto`` is resolved once, by the main thread (``resolve_handoff``):
+  ``spin`` on an accelerator, ``park`` on the CPU.
+- Under one GIL one thread spins at a time, the main thread meanwhile blocking on the running step (which releases
+  the GIL): two spinning threads take the GIL from each other.
+- Without a GIL both threads spin while work is imminent (``WaitSettings.both``), the main thread for ``spin_s``
+  after its last work, then it blocks; the IO thread is kept off the main thread's core (``keep_apart``), as a
+  thread that sleeps is woken on its waker's core.
+- Nothing holds the GIL while it waits: between looks a spinning thread ``pause``s, yielding its core or napping,
+  the GIL released; never a bare loop.
+- ``Expecting`` is the one record the two threads share for this: ``steps`` and ``until`` written by the main thread
+  only, ``spinning`` by the IO thread only; each read, never written, by the other.
+- One place decides how a loop thread waits: ``LoopThread(wait=...)``, under the IO thread and the portal alike;
+  the bridge attaches its ``SpinningSelector`` to *outbound*.
+- ``SpinningSelector``: while work is imminent its ``select`` looks at the sockets and at *outbound* between pauses
+  and returns as soon as either has something; then it looks at *outbound* once more (a put made while
+  ``spinning`` did not wake the loop) and parks as the default selector does.
 """
 
 from __future__ import annotations
@@ -54,8 +40,8 @@ __all__ = ["HANDOFFS", "NAP_S", "PARK", "SPIN_S", "Expecting", "SpinningSelector
 
 HANDOFFS = ("auto", "park", "spin")
 # a spinning thread's pause between looks: 0 yields the core (``os.sched_yield``, the GIL released,
-# no sleep); a nap (``time.sleep``) costs less CPU, but on the lent TPU host a thread that sleeps
-# even 20 µs wakes as late as one that parks (bench/handoff_wait.py)
+# no sleep); a nap (``time.sleep``) costs less CPU, but even a short one can wake as late as a park
+# (bench/handoff_wait.py measures it)
 NAP_S = 0.0
 SPIN_S = 0.002  # the IO loop spins on this long after the last step in flight ended: the next message is likely near
 

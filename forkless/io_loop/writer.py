@@ -1,34 +1,19 @@
 """The reply item a feed is writing: taken from its outbox, kept across reconnects, counted once.
 
 Rules:
-- One ``HeldReply`` per feed (a WebSocket client, a JetStream feed, a user's source), on the IO
-  loop only. It is the one place that takes an ``Outgoing`` from the feed's outbox (stamping the
-  sampled messages' ``PICKED``), counts the frames written (results, error replies, frames the
-  main thread sent on its own), and, once the item is written whole, observes its write latency
-  and the sampled messages' hops (``WRITTEN``).
-- The item and how many of its frames were written survive a lost connection: the next
-  connection goes on from there, so nothing taken from the outbox is forgotten.
-- ``take_held()`` gives the item up (the stop's count, a feed that gave up); ``held_frames()``
-  is the feed's unsent count, read by another thread (``Controller.stats()``): the item is read once,
-  then its written count, which is set before a new item is (``_took``), so a read is a count of
-  one item's frames, 0 to its length; at worst, an item finished and the next taken between the
-  two reads, the finished one's whole length, for that snapshot.
-- Sends with a deadline (io_loop/sends.py): a feed's ``SendWatch`` is asked before an item the
-  main thread sent is handed out (taken, or handed again after a lost connection): one given up
-  (its deadline passed, refused while disconnected) is skipped, never written. An item is
-  ``handed`` from the moment a batch or frame of it is handed out until it is written whole or
-  given back half written (``wrote(n)`` short: watched again until its deadline).
-- ``ReplyBatch`` is its public face (a source's ``ctx.replies()``, io_loop/source.py): one object
-  per feed, its own async iterator, so taking a batch allocates nothing and costs one await, as
-  ``next()`` does. Its ``wrote(n)`` takes an int from 0 to the frames left, else raises and
-  counts nothing: a wrong count would unbalance the books. It is the per-feed implementation of
-  io_loop/sinks/sink.py's ``SinkBatch`` (``items``, ``positions``, ``wrote``, ``drop``): a feed's results
-  leave through it as a sink's items do; a batch of answers written whole signals the run's
-  ``Acknowledged`` (when it has one), which a checkpoint awaiting its replies waits on.
-- ``Outbound`` is a source runner's whole outbound side: the two above, ``outgoing()``'s
-  frame-at-a-time form (a frame counts as delivered when the next is asked for), and, once the
-  source's ``run`` has returned, the count of what still comes for it until the stop (logged
-  once: the source does not run again).
+- One ``HeldReply`` per feed, IO loop only: the one place that takes an ``Outgoing`` from the feed's outbox
+  (stamping ``PICKED``), counts the frames written, and, once the item is written whole, observes its write latency
+  and hops (``WRITTEN``).
+- The item and how many of its frames were written survive a lost connection: nothing taken is forgotten.
+- ``take_held()`` gives the item up (the stop's count); ``held_frames()`` is read by another thread: the item
+  first, then its written count, which is set before a new item is (``_took``), so a read is one item's count.
+- Sends with a deadline (io_loop/sends.py): the feed's ``SendWatch`` is asked before a sent item is handed out;
+  one given up is skipped, never written. An item half written and given back is watched again until its deadline.
+- ``ReplyBatch`` is its public face (``ctx.replies()``): one object per feed, its own async iterator (a batch costs
+  one await, no allocation). ``wrote(n)`` takes an int from 0 to the frames left, else raises and counts nothing.
+  It implements ``SinkBatch``: a batch of answers written whole signals the run's ``Acknowledged``.
+- ``Outbound`` is a source runner's whole outbound side: the two above, ``outgoing()``'s frame-at-a-time form, and
+  once the source's ``run`` returned, the count of what still comes for it (logged once).
 """
 
 from __future__ import annotations

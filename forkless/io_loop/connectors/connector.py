@@ -1,26 +1,18 @@
-"""What the composition root talks to for a configured feed (bytewax's connectors are the model): the feed's
-connector (its spec is io_loop/feedspec.py's ``FeedSpec``): a source factory, a position codec, a partition owner
-with its fence, and a probe (the source's own). The protocols only (pure); io_loop/kinds.py's ``connector_for`` finds
-a feed's connector by its kind, and each connector's room implements them (io_loop/connectors/jetstream/connector.py,
-io_loop/connectors/websocket/connector.py).
+"""What the composition root talks to for a configured feed (bytewax's connectors are the model): its ``Connector``, a
+source factory, a position codec, a partition owner with its fence, and a probe (the source's own). The protocols
+only (pure); io_loop/kinds.py's ``connector_for`` finds a feed's connector by its kind, and each room implements them.
 
 Rules:
-- The controller never asks which kind of feed it runs: it asks the feed's ``Connector``. Every configured feed has
-  one (a WebSocket feed's and the demo feed's, io_loop/connectors/websocket/; a JetStream feed's,
-  io_loop/connectors/jetstream/); a user's own source is handed in made and has none. Its positions in a
-  checkpoint are its ``PositionCodec``'s (``Connector.positions``); its partitions (a partitioned feed) are owned
-  through ``Connector.own_partitions``, which returns an ``OwnedPartitions``: the leases, the checkpoint objects'
-  store and the partitions' ``layout``; ``Connector.source`` makes its ``Source`` (io_loop/source.py), fenced by
-  the partitions the connector owns.
+- The controller never asks which kind of feed it runs: it asks the feed's ``Connector``. A user's own source is
+  handed in made and has none. Positions in a checkpoint are its ``PositionCodec``'s; partitions are owned through
+  ``own_partitions`` (an ``OwnedPartitions``: leases, the objects' store, the ``layout``); ``source`` makes its
+  ``Source``, fenced by the partitions it owns.
 - The fence is a typed object (``Fence``), handed by the connector that owns the leases to the source it makes,
-  never a key in a dictionary of arguments: ``holds()`` is False once a lease is lost or ran out unrenewed, and
-  then nothing more is published for those partitions.
-- What every connector room shares besides: the words an entry's schema fault is refused in (``entry_refusal``,
-  ``COMMON_REFUSALS``) and the form a room declares its metric families in (``FigureFamily``).
-- A connector's settings come as settings groups (io_loop/settings.py's, its room's), never the whole
-  ``IOSettings`` nor the configuration: ``Connector.source`` is handed every group a connector's source may read
-  (each reads its own) and the embedder's connect hooks (a connector whose connections take none ignores them).
-  What a codec records in a checkpoint's header is plain JSON (dicts, lists, numbers, strings).
+  never a key in a dictionary of arguments: ``holds()`` False, and nothing more is published for those partitions.
+- What every room shares besides: the words an entry's fault is refused in (``entry_refusal``, ``COMMON_REFUSALS``)
+  and the form of a room's metric families (``FigureFamily``).
+- A connector is handed settings groups, never the whole ``IOSettings`` or configuration, and the embedder's connect
+  hooks (ignored where connections take none). What a codec records in a checkpoint is plain JSON.
 - Pure: nothing here opens a socket, starts a thread or imports nats-py.
 """
 

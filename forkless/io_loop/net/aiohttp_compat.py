@@ -1,31 +1,22 @@
 """Everything forkless does with aiohttp's private attributes, in one place.
 
 Rules:
-- Two patches and three shortcuts, each measured or needed, on one ``ClientWebSocketResponse``:
-  1. ``cork(ws)`` puts ``CorkedTransport`` in place of ``ws._writer.transport`` so the frames
-     of one outgoing batch leave in one ``write`` (one syscall): +20-25% maximum throughput,
-     measured A/B (see bench/README.md). It is the fallback of 5.
-  2. ``clear_abnormal_close(ws)`` clears ``ws._close_code`` after our own cancelled
-     ``receive()`` so that ``close()`` waits for the server's close frame (see the client).
-  3. ``drop(ws)`` aborts the transport under ``ws._writer``: an aborted stop ends the
-     connection at once instead of waiting to write a close frame nobody reads.
-  4. ``data_ready(ws)`` peeks at ``ws._reader._buffer`` (the messages aiohttp has parsed from
-     what the socket gave and not yet handed out): the reader takes every data frame one read
-     brought before it hands them over, and decodes them in one pass (io_loop/connectors/websocket/client.py).
-  5. ``text_frames(ws)`` writes a batch of text frames itself, framed as RFC 6455 says (from a
-     client masked, each frame with a fresh key from the writer's own random source, as
-     aiohttp's ``send_frame`` masks it), in one ``transport.write``, and waits on the protocol's
-     flow control as ``send_frame`` does: 1.8 -> 0.4 µs a frame of a batch of 64, measured
-     (bench/docs/per-message-cost.md). Not on a connection that compresses (permessage-deflate:
-     aiohttp's own writer then, corked).
-- ``aiohttp_missing(ws)`` names what this aiohttp no longer has; a test runs it against a real
-  connection, so an aiohttp upgrade that moves these attributes fails the suite instead of
-  silently turning the corked write off.
-- ``UnixConnector``: aiohttp's own connects a wss:// URL's request through a unix-domain socket
-  in the clear (aiohttp 3.14 has no TLS there); ours wraps the socket in TLS, verified against
-  the URL's host, through its private ``_create_connection`` and ``_factory``. Where this
-  aiohttp lacks them it refuses a wss:// URL (``ClientConnectorSSLError``) rather than send it in
-  the clear; ``unix_tls_missing()`` names what is missing, run by a test.
+- Two patches and three shortcuts on one ``ClientWebSocketResponse``, each measured or needed:
+  1. ``cork(ws)``: ``CorkedTransport`` under ``ws._writer`` so a batch's frames leave in one ``write``
+     (bench/README.md); the fallback of 5.
+  2. ``clear_abnormal_close(ws)`` clears ``ws._close_code`` after our own cancelled ``receive()``, so ``close()``
+     waits for the server's close frame.
+  3. ``drop(ws)`` aborts the transport: an aborted stop ends the connection at once.
+  4. ``data_ready(ws)`` peeks at ``ws._reader._buffer``: the reader takes every data frame one read brought and
+     decodes them in one pass.
+  5. ``text_frames(ws)`` writes a batch of text frames itself, framed and masked as RFC 6455 and aiohttp's
+     ``send_frame`` do, in one ``transport.write``, waiting on flow control as ``send_frame`` does
+     (bench/docs/per-message-cost.md). Not on a connection that compresses: aiohttp's writer, corked, there.
+- ``aiohttp_missing(ws)`` names what this aiohttp no longer has; a test runs it against a real connection, so an
+  upgrade that moves these fails the suite instead of silently turning them off.
+- ``UnixConnector`` wraps a wss:// URL's unix-domain socket in TLS, verified against the URL's host (aiohttp's own
+  would send it in the clear), through its private ``_create_connection`` and ``_factory``; where they are missing
+  it refuses a wss:// URL rather than send it in the clear (``unix_tls_missing()``, run by a test).
 - Imports aiohttp only (no numpy, no JAX): the benchmark's spawn child uses it too.
 """
 

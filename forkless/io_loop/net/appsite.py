@@ -1,26 +1,18 @@
-"""An aiohttp application served on the running loop, on TCP ``host:port`` or on a unix-domain
-socket: how the metrics endpoint (io_loop/net/http.py) and the demo feed (io_loop/connectors/websocket/demo_feed.py)
-start and stop their servers, written once.
+"""An aiohttp application served on the running loop, on TCP ``host:port`` or a unix-domain socket: how the metrics
+endpoint and the demo feed start and stop their servers, written once.
 
 Rules:
-- ``serve_app(app, ...)`` sets up aiohttp's runner and starts one site: on ``unix_socket`` when given
-  (bound by ``listen_unix``, io_loop/net/unixsocket.py: a live server's socket is never taken over),
-  else on ``host:port`` (port 0: a free one). Whatever fails on the way (an ``OSError``, a
-  cancellation) is raised once the runner is cleaned up and the socket file removed: nothing is
-  left listening.
-- Or on ``sockets`` already listening, bound earlier by their owner (``listen_tcp`` here, or
-  ``listen_unix``): a site for each, on a duplicate of its descriptor, so that closing the site
-  leaves them listening (what connects meanwhile waits in their backlog) for another loop to serve
-  (the metrics server's hand-over from the start to the IO thread, io_loop/net/http.py); their
-  owner closes them.
-- ``listen_tcp`` binds as asyncio's ``create_server`` would, without a loop: a socket for each
-  address of the host (``SO_REUSEADDR``; an IPv6 one IPv6 only), one port for them all.
-- A TCP site is served on ``listen_tcp``'s sockets: where the host refuses a socket for every
-  address, ``NoSocket``, an ``OSError`` (``EPERM``) naming the host, with the caller's ``hint`` (asyncio's
-  own ``create_server`` made a server of no socket on 3.11 and raises a bare ``OSError`` from 3.13 on).
-- ``Served.close()`` closes the listener and the open connections (aiohttp's cleanup, which
-  waits up to the ``shutdown_timeout_s`` given for handlers still running), then removes the
-  socket file (only if still ours); idempotent.
+- ``serve_app(app, ...)`` starts one site: on ``unix_socket`` when given (bound by ``listen_unix``: a live server's
+  socket is never taken over), else on ``host:port`` (port 0: a free one). Whatever fails on the way is raised once
+  the runner is cleaned up and the socket file removed: nothing is left listening.
+- Or on ``sockets`` already listening, bound earlier by their owner: a site for each, on a duplicate of its
+  descriptor, so closing the site leaves them listening for another loop to serve (the metrics server's hand-over
+  from the start to the IO thread); their owner closes them.
+- ``listen_tcp`` binds as asyncio's ``create_server`` would, without a loop: a socket for each address of the host,
+  one port for them all; where the host refuses every address, ``NoSocket`` (``EPERM``) naming the host, with the
+  caller's ``hint``.
+- ``Served.close()`` closes the listener and the open connections, then removes the socket file (only if still
+  ours); idempotent.
 - No access log: a scrape or a demo connection is not worth a line.
 """
 

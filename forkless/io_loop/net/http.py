@@ -1,38 +1,20 @@
 """MetricsServer: ``/metrics``, ``/healthz``, ``/readyz`` and ``/startedz`` over HTTP, on the IO thread's loop.
 
 Rules:
-- Runs as an aiohttp site on the IO thread's running loop: no thread and no process of its
-  own. So an answer from ``/healthz`` is itself the proof that the IO loop is alive; a
-  blocked loop shows up as a scrape timeout, which is what an orchestrator's probe needs.
-- From the first second: ``bind()`` listens at once, from any thread, so a controller binds
-  before it compiles (a taken port is refused then) and serves the endpoints on a start-up
-  thread until its IO thread runs (controller/lifetime/endpoints.py); ``stop(keep_sockets=True)``
-  ends the serving on one loop and leaves the sockets listening (a scrape that comes meanwhile
-  waits in the backlog), for ``start()`` on the next; ``close()`` releases the address.
-- Binds exactly the ``host:port`` of ``FORKLESS_METRICS_ADDR`` (port 0 picks a free port;
-  ``bind()`` and ``start()`` return the real URL). The default is off; a non-loopback address is
-  used only because the operator wrote it, and is logged as such. ``unix:/path`` serves on that
-  unix-domain socket instead (bound by io_loop/net/unixsocket.py: a live server's socket is never
-  taken over, the file is removed at ``close()``), opening no TCP socket; ``start()`` then returns
-  ``unix:/path`` (scraped as ``curl --unix-socket /path http://localhost/metrics``).
-- ``/metrics`` is whatever the ``render`` callable it is handed returns (body and content
-  type), called once per scrape on this loop; the controller hands it the Prometheus
-  exposition of one ``StatsSnapshot`` (``controller.metrics.exposition``). This module knows
-  no metric and imports no Prometheus library.
-- ``snapshot()`` is the controller's whole-process snapshot (``controller.stats.StatsSnapshot``),
-  typed loosely here: the health endpoints read only ``phase``, ``compiled``, ``connected``, ``feeds``,
-  ``connects``, ``connect_failures``, ``connection_since``, ``last_error`` and ``loop_lag``.
-- ``/healthz`` is 200 whenever it answers, during the start too (the process is alive: a liveness
-  probe must not kill a program that compiles), and says the phase.
-- ``/readyz`` is 200 only while the step is compiled and connected to the feed; with
-  several feeds, to every required one (``"required": false`` in ``FORKLESS_FEEDS`` leaves a
-  feed out; if none is required, one connected feed is enough). Otherwise 503 with the
-  reasons, the phase first where it is not ``running`` ("compiling", "restoring", …). With several
-  feeds the answer also says, per feed, whether it is connected, required, and why it gave up.
-  Both health endpoints answer JSON.
-- ``/startedz`` (a startup probe's) is 503 while the start runs (its phases: starting, restoring,
-  compiling, waiting_for_leases) and 200 once it is over, whatever the feed does: a startup probe
-  bounds the start (a compile that hangs), never a feed's outage.
+- An aiohttp site on the IO thread's running loop, no thread or process of its own: an answer from ``/healthz`` is
+  itself the proof that the IO loop is alive; a blocked loop shows as a scrape timeout.
+- From the first second: ``bind()`` listens at once, from any thread, so a controller binds before it compiles;
+  ``stop(keep_sockets=True)`` ends the serving on one loop and leaves the sockets listening (a scrape meanwhile waits
+  in the backlog) for ``start()`` on the next; ``close()`` releases the address.
+- Binds exactly ``FORKLESS_METRICS_ADDR`` (port 0: a free one; the real URL returned). Off by default; a non-loopback
+  address is used only because the operator wrote it, and logged as such. ``unix:/path`` serves on that socket
+  (a live server's never taken over), no TCP socket opened.
+- ``/metrics`` is whatever the ``render`` callable returns, once per scrape: this module knows no metric and imports
+  no Prometheus library. The health endpoints read a few fields of ``snapshot()``, the controller's.
+- ``/healthz`` is 200 whenever it answers, during the start too (a liveness probe must not kill a program that
+  compiles). ``/readyz`` is 200 only while the step is compiled and every required feed connected (one, if none is
+  required), else 503 with the reasons. ``/startedz`` is 503 while the start runs, then 200 whatever the feed
+  does: a startup probe bounds the start, never a feed's outage. The health endpoints answer JSON.
 """
 
 from __future__ import annotations

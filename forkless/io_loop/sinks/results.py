@@ -1,26 +1,17 @@
 """ResultSinks: a controller's sinks (``Controller(sinks=[...])``) handed each stepped batch's results on the IO loop.
 
 Rules:
-- The results cross on the one outbound queue, on their batch's ``Outgoing`` (``Outgoing.for_sinks``,
-  io_loop/crossing.py): no third queue. With sinks the feed set always routes outbound
-  (io_loop/feeds.py): its router hands each item's results to every sink (``hand``), in the order
-  of the steps, then its frames to their feeds' outboxes.
-- Each sink (a ``ResultSink``) is run by a ``SinkRunner`` (io_loop/sinks/sink.py: the same books, the same
-  error rule: a ``run`` that raises ends the run with ``FeedFatal`` naming it) and reads its own bounded
-  ``ResultQueue`` through its ``ResultContext``, as ``ctx.batches()`` of ``ResultBatch``es.
-- Backpressure, as for a slow socket with one feed: a sink ``capacity`` batches behind holds the
-  router (it awaits room), so outbound fills, the main thread's put waits (until the stop's deadline,
-  controller/queues.py's ``Outlet``), the main thread takes no more from inbound, and each source's
-  overflow applies. Nothing is dropped for a slow sink while the run goes on.
-- The books (``SinkStats``, one per sink, written on the IO loop only): every batch handed to a
-  sink is counted ``taken`` when the sink takes it, or, when it never will (the sink returned
-  early: "sink ended"; the stop ended its queue or the thread ended with the results still on
-  outbound: "unwritten at the stop", also in ``unwritten``), counted taken and dropped by that
-  reason at once and logged. So taken = written + dropped + held for every sink, always.
-- The stop: ``begin_stop`` sets each sink's ``ctx.stopping``; once outbound is shut down and
-  drained the router ends every queue (``end``), and each sink's ``batches()`` ends after what it
-  queued; its ``run`` finishes what it holds and returns, bounded by the stop's deadline (the
-  controller aborts the IO thread then: what is held is counted unwritten).
+- The results cross on the one outbound queue, on their batch's ``Outgoing`` (``for_sinks``): no third queue. With
+  sinks the feed set always routes outbound: its router hands each item's results to every sink (``hand``), in the
+  order of the steps, then its frames to the outboxes.
+- Each ``ResultSink`` is run by a ``SinkRunner`` (the same books and error rule as a record sink) and reads its own
+  bounded ``ResultQueue`` as ``ctx.batches()``.
+- Backpressure, as a slow socket's: a sink ``capacity`` batches behind holds the router, outbound fills, the main
+  thread's put waits, and each source's overflow applies. Nothing is dropped for a slow sink while the run goes on.
+- The books (``SinkStats``, IO loop only): a batch a sink will never take (it returned early, or the stop ended its
+  queue) is counted taken and dropped at once by reason, and logged: taken = written + dropped + held, always.
+- The stop: ``begin_stop`` sets each sink's ``ctx.stopping``; once outbound is drained every queue ends, and each
+  sink finishes what it holds, bounded by the stop's deadline (then what is held is counted unwritten).
 """
 
 from __future__ import annotations

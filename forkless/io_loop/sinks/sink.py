@@ -1,44 +1,24 @@
 """The public sink protocols: where what the sources hand over (``RecordSink``) or a controller's results
-(``ResultSink``) leave, on the IO thread's loop.
+(``ResultSink``) leave, on the IO thread's loop. Their contract: docs/embedding/sinks.md.
 
 Rules:
-- Two protocols, one per kind of batch, on the same machinery (``SinkContext``, the books, ``SinkRunner``):
-  - a ``RecordSink`` (a ``name`` and ``async run(ctx: RecordContext)``) is run on the IO thread's loop beside
-    the sources, in the main thread's place as the reader of what they hand over (a source → sink run: the
-    relay, io_loop/connectors/jetstream/publisher.py, or a user's own through ``forkless.SinkRun``). Its
-    ``ctx.batches()`` are ``MessageBatch``es (a feed's decoded messages, column-wise) and ``EventBatch``es (the
-    objects a source handed over with ``emit_event``), in the order the sources handed them over (each feed's
-    in its own order);
-  - a ``ResultSink`` (a ``name`` and ``async run(ctx: ResultContext)``) is a controller's
-    (``Controller(sinks=...)``, io_loop/sinks/results.py): its ``ctx.batches()`` are ``ResultBatch``es, each
-    stepped batch's results, as the main thread's ``OnResults`` got them, in the order of the steps.
-  The two are alike in shape (an object with a ``name`` and ``run``), so which one an object is, is said by
-  where it is handed (``SinkRun``'s sink, ``Controller(sinks=)``) and by its ``run``'s annotation, for a type
-  checker; the context it is given decides the batches it gets.
-- The books: every item taken is *held* until the sink says ``batch.wrote(n)`` (``n`` more of the
-  batch's items are written, or stored where the sink waits for its server's acknowledgement) or
-  ``batch.drop(reason)`` (the rest given up, counted in ``dropped`` by reason). ``wrote`` takes an
-  int from 0 to the items left, else raises and counts nothing (a wrong count would unbalance the
-  books). ``ctx.held`` is what is held; ``SinkStats`` counts taken, written, dropped and what was
-  held at the stop (``unwritten``): taken = written + dropped + held, always.
-- Backpressure: a batch is taken from inbound only when the sink asks for the next, so a sink that
-  holds what it has (a slow server) stops the sources: inbound fills, and each source's overflow
-  applies (the relay's block, so TCP pushes back on its feeds).
-- The stop: ``ctx.stopping`` is set when it begins; ``ctx.batches()`` ends once the sources have
-  stopped and everything they handed over was taken; the sink finishes what it holds and returns.
-  What is still held when ``run`` returns, or when it is cancelled (the abort: the stop's deadline
-  passed, a second SIGINT), is counted in ``unwritten`` and in ``dropped`` ("unwritten at the
-  stop"), and logged: nothing is lost silently. A ``run`` that swallows its cancellation is waited
-  for ``CANCEL_GRACE_S`` (io_loop/loopthread.py ``cancel_bounded``), then given up: counted the same
-  way at once, its batches' ``wrote``/``drop`` count nothing from then on (never twice), and the
-  thread ends without it.
-- Errors: a ``run`` that raises ends the run as a feed that gave up does: ``FeedFatal`` naming the
-  sink, its exception as the cause (a ``FeedFatal`` it raised is raised as it is).
-- The per-feed reply writer is the other implementation of ``SinkBatch``: ``ReplyBatch``
-  (io_loop/writer.py, a source's ``ctx.replies()``) hands a feed's reply frames in order, with
-  ``wrote(n)``, ``drop(reason)`` and ``positions``; once a batch of answers is written whole (for a
-  JetStream feed: acknowledged by the results stream) it signals ``Acknowledged``, which a
-  checkpoint waiting for its replies to be stored waits on (controller/recovery.py).
+- Two protocols on one machinery (``SinkContext``, the books, ``SinkRunner``): a ``RecordSink`` runs in the main
+  thread's place as the reader of what the sources hand over (a source → sink run: the relay, ``SinkRun``), its
+  ``ctx.batches()`` ``MessageBatch``es and ``EventBatch``es in the sources' order; a ``ResultSink`` is a
+  controller's, its batches ``ResultBatch``es in the order of the steps. Both are an object with ``name`` and
+  ``run``: which one is said by where it is handed and by ``run``'s annotation.
+- The books: every item taken is *held* until ``batch.wrote(n)`` or ``batch.drop(reason)``; ``wrote`` takes an int
+  from 0 to the items left, else raises and counts nothing. taken = written + dropped + held, always.
+- Backpressure: a batch is taken only when the sink asks for the next, so a sink that holds what it has stops the
+  sources (inbound fills, each source's overflow applies).
+- The stop: ``ctx.stopping`` is set; ``ctx.batches()`` ends once the sources stopped and all they handed over was
+  taken. What is still held when ``run`` returns or is cancelled is counted ``unwritten`` and dropped ("unwritten
+  at the stop"), and logged. A ``run`` that swallows its cancellation is given up after ``CANCEL_GRACE_S``, its
+  batches counting nothing from then on.
+- A ``run`` that raises ends the run as a feed that gave up does: ``FeedFatal`` naming the sink, its exception as
+  the cause.
+- ``ReplyBatch`` (io_loop/writer.py) is the per-feed implementation of ``SinkBatch``; a batch of answers written
+  whole signals ``Acknowledged``, which a checkpoint waiting for its replies waits on.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
-"""JetStreamConnector: one JetStream feed (an entry of ``FORKLESS_FEEDS`` with ``"nats"``) as the composition root
-sees it (io_loop/connectors/connector.py's ``Connector``): its source, its positions' codec, its partitions owned
-with their fence, and ``--check``'s lines about it.
+"""JetStreamConnector: one JetStream feed (a ``FORKLESS_FEEDS`` entry with ``"nats"``) as the composition root sees it
+(``Connector``): its source, its positions' codec, its partitions owned with their fence, ``--check``'s lines.
 
 Rules:
-- Made for every JetStream feed by io_loop/kinds.py's ``connector_for`` (the one place a feed's kind is decided),
-  at the composition root (controller/ioside.py's ``feed_plan``, the relay, ``--check``); nats-py is imported only
-  when a source, a sink or the partitions' store is made (an optional extra: pip install ".[nats]"), so a
-  configuration is read and checked without it.
-- A partitioned feed's partitions are owned through ``own_partitions``: the store (io_loop/connectors/jetstream/
-  store.py) is started, the lease of every owned partition taken (``lease_key``: one key per stream and partition
-  in the KV bucket ``FORKLESS_LEASE_BUCKET``; another live holder: ``LeaseHeld``, exit 2; a dead one's lease is
-  waited out unless the caller's stop is set meanwhile: ``StopRequested``, nothing held), and the deployment record
-  checked (``deployment_key``: the partition count and FORKLESS_INSTANCES of the live instances; another layout
-  alive: ``DeploymentMismatch``, exit 2). The leases are the ``Fence`` of the source this connector makes after
-  it: the fence goes from the leases to the source's publisher inside this room, through no other hand.
+- Made by io_loop/kinds.py's ``connector_for``, the one place a feed's kind is decided; nats-py is imported only when
+  a source, a sink or the partitions' store is made, so a configuration is read and checked without it.
+- ``own_partitions`` starts the store, takes every owned partition's lease (``lease_key``; another live holder:
+  ``LeaseHeld``, exit 2; a dead one's waited out unless the stop is set: ``StopRequested``) and checks the
+  deployment record (``deployment_key``; another layout alive: ``DeploymentMismatch``, exit 2). The leases are the
+  ``Fence`` of the source made after it, handed inside this room, through no other hand.
 - A source made before the partitions are owned (``--check``'s probe, which publishes nothing) has no fence.
 """
 

@@ -1,59 +1,31 @@
-"""Where a JetStream feed's consuming has reached and what each delivery means, pure: the stream's
-state, reply subjects and subjects in, decisions out (websockets' protocol core is the model). No
-socket, no event loop, no clock: io_loop/connectors/jetstream/source.py is the pump around it, which makes the
-consumers, pulls, decodes, hands over and asks ``Consumer`` at each step.
+"""Where a JetStream feed's consuming has reached and what each delivery means, pure: the stream's state, reply
+subjects and subjects in, decisions out (websockets' protocol core is the model). No socket, no event loop, no
+clock: source.py is the pump that asks ``Consumer`` at each step. What it guarantees, fault by fault:
+docs/jetstream-exactly-once.md.
 
 Rules:
-- The position is ``next``: (the next stream sequence, good elements of it already handed over).
-  It starts at the restored checkpoint's (``resume``: the last ``Origin`` the main thread had
-  consumed), else, once the stream's state is known (``check_stream``), at the entry's ``start``
-  ("first": the stream's first message, "new": what arrives after the first connection). It
-  moves past a message only once the pump has handed it over (``consumed``), never when the
-  server delivers it: every connection makes a new consumer starting there (``new_consumer``),
-  and the server's consumer holds nothing the feed needs.
-- A delivery's numbers (times delivered, stream and consumer sequence, pending) come from its
-  reply subject (``delivery_numbers``, both of JetStream's token layouts). ``deliver`` decides:
-  a delivery below the position (a redelivery of what was consumed) is skipped (``SKIP``,
-  counted in ``skipped``); a first delivery whose consumer sequence is not the next one (a gap),
-  a redelivery of a message never consumed, or a reply subject without the numbers is ``Drop``
-  (the pump drops the connection, and the next consumer starts at the position again);
-  anything else is a ``Take``.
-- ``check_stream`` at every connection: the stream must still hold what the position needs,
-  else ``PositionLost`` (exit 2): retention removed it, or the stream ends before it (made
-  again). Retention is judged by what the feed has covered (``SourceStats.covered``, recorded in
-  checkpoints), not by its last applied message alone: only a first sequence past that refuses.
-- A first sequence past the position (issue 54, item 11): for a feed of the whole stream (its filter covers every
-  subject the stream stores) retention removed messages of the feed's, and the refusal says so. For a filtered
-  feed the stream does not say of which subjects the removed messages were: the refusal says what is known (the
-  stream holds from its first sequence; retention may have removed messages of the filter) and the fixes
-  (per-subject limits, a longer retention, ``ACCEPT_LOSS``). Where ``filtered_behind`` says so, the pump may read
-  ``Retention`` and ask again: where the stream removes messages by subject only (``by_subject_only``:
-  limits retention with ``max_msgs_per_subject`` alone, no max_age, no per-message TTL, max_msgs/max_bytes
-  unlimited or discarding new ones), a subject's messages go only for newer ones of the same subject, so a subject
-  of the feed's holding fewer than the limit lost none (``counts``): when none holds its limit the feed resumes at
-  its position (a warning says why); a subject at its limit may have lost messages past the position, and the
-  refusal names it (from its first sequence, ``first_of``). Messages of the feed's deleted or purged by hand are
-  not told apart from none.
-- Covered (issue 43): every message of the feed's subjects up to a sequence is handed over.
-  Learned by a survey while connected (``surveyed``): the stream's last sequence read, then the
-  consumer's state (nothing pending, every delivery it made handed over), then the stream's
-  first sequence; it proves the feed covered that last sequence when nothing was removed past
-  what it had covered before (the first sequence at most one past it), or when the feed was
-  caught up with a pull waiting since it last knew itself covered, with nothing delivered since
-  (``idle_from``: a message of its subjects stored meanwhile would have been delivered at once,
-  so retention of other subjects' messages, however fast, removed nothing of its own). A
-  message of the feed's subjects removed before it was delivered is never covered: its first
-  sequence refuses at the next connection or restore.
-  Checkpoints that were all damaged hand ``PositionUnknown``: the feed starts at the stream's
-  first message only if ``start`` is "first" and the stream holds every message from sequence 1,
-  else ``PositionLost``.
-- A partitioned feed (``partition_count``) is handed one position per partition (``floors``):
-  it starts at the lowest and skips, per partition, the messages (and the good elements of a
-  message) that the partition's position covers (a ``Take`` with ``in_state``), until it is past all
-  of them; a partition without a recorded position starts per ``start``. An element whose
-  stream is not in the partition of the subject it came on (``own_partition``, the server's
-  function: a publisher that did not escape the name, or another partition count) is an error
-  reply, never applied: its state would belong to another partition.
+- The position is ``next``: (the next stream sequence, good elements of it already handed over). It starts at the
+  restored checkpoint's (``resume``), else, once the stream is known (``check_stream``), at the entry's ``start``.
+  It moves past a message only once the pump has handed it over (``consumed``), never when the server delivers
+  it: every connection's new consumer starts there, and the server's consumer holds nothing the feed needs.
+- ``deliver`` reads a delivery's numbers from its reply subject (both token layouts): below the position, ``SKIP``;
+  a gap in consumer sequences, a redelivery of a message never consumed, or no numbers, ``Drop`` (the connection
+  is dropped and the next consumer starts at the position); else a ``Take``.
+- ``check_stream`` at every connection: the stream must still hold what the position needs, judged by what the
+  feed has *covered* (``SourceStats.covered``), else ``PositionLost`` (exit 2). For a whole-stream feed a first
+  sequence past it means retention removed the feed's messages. A filtered feed's stream cannot say which
+  subjects lost messages: the refusal says what is known and the fixes, unless ``Retention`` proves none was lost
+  (removal by subject only, ``by_subject_only``, and no subject of the feed's at its limit). Messages deleted or
+  purged by hand are not told apart from none.
+- Covered: every message of the feed's subjects up to a sequence is handed over, proved by a survey
+  (``surveyed``: the stream's last sequence, then the consumer's state, then the first sequence) when nothing was
+  removed past what it covered before, or when it was caught up with a pull waiting and nothing delivered since
+  (``idle_from``). A message removed before delivery is never covered.
+- ``PositionUnknown`` (every checkpoint damaged) starts at the stream's first message only if ``start`` is "first"
+  and the stream holds every message from sequence 1; else ``PositionLost``.
+- A partitioned feed starts at its lowest partition's position and skips per partition what that position covers
+  (``in_state``). An element whose stream is not in its subject's partition (``own_partition``, the server's
+  function) is an error reply, never applied.
 - It writes the position's figures in the feed's ``SourceStats`` (one writer: the IO thread).
 """
 

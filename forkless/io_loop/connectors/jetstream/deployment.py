@@ -1,19 +1,14 @@
-"""DeploymentRecord: the layout a partitioned stream's live instances run with, one more KV key
-beside their leases (io_loop/connectors/jetstream/leases.py), claimed after the leases and kept with every renewal
-round, on the store's loop.
+"""DeploymentRecord: the layout a partitioned stream's live instances run with, one more KV key beside their leases,
+claimed after the leases and kept with every renewal round, on the store's loop.
 
 Rules:
-- The record holds the partition count and instances the stream's live instances run with,
-  written again by each at every renewal round. Another layout written again within a lease is
-  another live deployment (``DeploymentMismatch``, after releasing what was taken); one left
-  unchanged for a lease belongs to dead instances and is replaced. A wait for it looks at the
-  caller's stop (``StopRequested``).
-- Once a lease, each instance reads every partition's lease key: partitions without a value for
-  longer than a lease are ``unowned`` (logged when the set changes; the controller's
-  ``forkless_partitions_unowned``); a tuple replaced whole, read by any thread.
-- At an orderly release the record is deleted when no partition's lease key holds a value any
-  more (the last instance stopped), so another layout may start at once; a record that cannot
-  be deleted expires with the bucket's TTL.
+- The record holds the partition count and instances, written again by each live instance every round. Another
+  layout written within a lease is a live deployment (``DeploymentMismatch``, after releasing what was taken); one
+  unchanged for a lease is dead instances' and is replaced. A wait for it looks at the caller's stop.
+- Once a lease, each instance reads every partition's lease key: partitions without a value for longer than a lease
+  are ``unowned`` (logged on change), a tuple replaced whole, read by any thread.
+- At an orderly release the record is deleted when no lease key holds a value (the last instance stopped); one
+  that cannot be deleted expires with the bucket's TTL.
 """
 
 from __future__ import annotations

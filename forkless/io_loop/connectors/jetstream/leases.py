@@ -1,48 +1,27 @@
-"""Leases: the partition leases of a checkpoint store, one KV key per partition in a lease
-bucket, taken, renewed, fenced and released on the store's loop (io_loop/connectors/jetstream/storethread.py);
-io_loop/connectors/jetstream/store.py's blocking methods call them.
+"""Leases: the partition leases of a checkpoint store, one KV key per partition in a lease bucket, taken, renewed,
+fenced and released on the store's loop (storethread.py); store.py's blocking methods call them.
 
 Rules:
-- Everything here runs on the store's loop, but ``holds``, ``lost`` (a ``threading.Event``) and
-  ``lost_keys``, which any thread reads.
-- The lease bucket is a KV bucket (history 1, TTL = ``lease_s``: a value not written again within
-  the TTL is removed by the server), made when missing; an existing one with another TTL is used
-  as it is, with a warning.
-- Taking (``acquire``; a key's value is the holder's name): each key is created (``create``: only
-  where it holds no value; over a delete marker, nats-py creates on the marker's revision). A key
-  whose value is our own holder name is ours from before (a restart of the same instance) and
-  taken over at its revision. For a key held by someone else, one warning is logged, then the
-  key is read every lease/6 for at most ``max(lease_s, TTL)`` + a margin: its revision changing
-  means its holder is alive (``LeaseHeld``, after releasing what this call took); its value gone
-  (expired, deleted) means it is free, and it is created; still unchanged at the deadline (the
-  server removes expired values a little late), it is taken at that revision (``update(last=)``:
-  only if nobody wrote it meanwhile).
-- A wait for a silent holder looks at the caller's stop every ``STOP_POLL_S``; once it is set:
-  ``StopRequested``, having released every key that call took.
-- A holder name names one live instance: a second process started under the same name takes
-  its leases over at once (meant for a restart after a kill), and the first finds out at its
-  next renewal, within lease/3.
-- Renewing: every ``lease/3`` each key is written again at its revision (``update(last=)``), and
-  the round's other parts run (``RoundPart``: the deployment record, io_loop/connectors/jetstream/deployment.py).
-  A renewal counts from the moment it was sent, so we consider a lease expired no later than the
-  server does (its TTL runs from when it stored the value), and no later than a claimant's
-  deadline. A revision conflict (someone else wrote the key) or no successful renewal for a
-  lease: the key is lost — ``lost`` is set, an error logged, never an exception to anyone.
-  (Here "a lease" is ``min(lease_s, TTL)``.)
-- Fencing: ``fence`` raises ``LeaseLost`` once a lease is lost or has run out unrenewed; the
-  objects call it just before an object is committed (io_loop/connectors/jetstream/objects.py), so an instance that
-  lost its partitions never writes or prunes their checkpoints. The last check and the meta's
-  publication are not one atomic step: a meta sent in the instant the lease runs out is stored.
-  That window is one publish long, and a new owner takes a key only once the server has let it
-  expire (or later).
-- Fencing the replies: ``holds()`` (any thread, no I/O) is False once a lease is lost or its
-  last acknowledged renewal is a lease old, whether or not the renewer has noticed yet (a
-  process paused by SIGSTOP wakes with every thread at once). The IO side asks it before it
-  publishes each item of replies (io_loop/connectors/jetstream/replies.py) and drops what it may not publish, so a
-  zombie never publishes what it held: the partitions' new owner answers those from its
-  checkpoint. The window between the check and the publication is one item long, as above.
-- ``release`` deletes each key still ours, only at our revision (``delete(last=)``), so a key
-  someone else took meanwhile is left alone; a key that cannot be deleted expires by itself.
+- Everything runs on the store's loop, but ``holds``, ``lost`` (a ``threading.Event``) and ``lost_keys``, which any
+  thread reads.
+- The lease bucket is a KV bucket of history 1 and TTL ``lease_s``, made when missing (an existing one's TTL is
+  used, with a warning). "A lease" below is ``min(lease_s, TTL)``.
+- Taking (``acquire``): a key is created where it holds no value; one holding our own holder name is taken over
+  at its revision (a restart). Another holder's key is read every lease/6 for ``max(lease_s, TTL)`` and a margin:
+  its revision changing means it is alive (``LeaseHeld``, after releasing what this call took); its value gone, it
+  is free; unchanged at the deadline, it is taken at that revision (``update(last=)``). A holder is alive only once
+  ``ALIVE_RENEWALS`` of its renewals are seen (one may be its last, stored late).
+- A wait for a silent holder looks at the caller's stop every ``STOP_POLL_S``: ``StopRequested``, its keys released.
+- A holder name names one live instance: a second process under the same name takes its leases over at once, and
+  the first finds out at its next renewal.
+- Renewing: every lease/3 each key is written again at its revision, with the round's other parts (``RoundPart``).
+  A renewal counts from when it was sent, so we hold a lease expired no later than the server or a claimant does.
+  A conflict, or no renewal for a lease: the key is lost (``lost`` set, logged, never raised).
+- Fencing: ``fence`` raises ``LeaseLost`` once a lease is lost or ran out; objects.py calls it just before an
+  object's commit, so an instance that lost its partitions never writes their checkpoints. ``holds()`` (any thread,
+  no I/O) is False once the last acknowledged renewal is a lease old, noticed or not (a SIGSTOP'd process wakes
+  with every thread at once); replies.py drops what it may not publish. Each window is one publish long.
+- ``release`` deletes each key still ours at our revision only; one that cannot be deleted expires.
 """
 
 from __future__ import annotations

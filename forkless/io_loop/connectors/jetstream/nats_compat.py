@@ -1,29 +1,18 @@
 """Everything forkless does with nats-py's private parts, in one place (the JetStream feed's hot path).
 
 Rules:
-- ``RawClient`` is nats-py's ``Client`` with raw subscriptions (``raw_subscribe``): a message for
-  one goes from nats-py's protocol parser straight to a plain function of ours,
-  ``handler(subject, reply, data, headers)`` (subject and reply as the protocol's bytes, the
-  payload, the headers parsed by nats-py or None when there are none), called on the IO loop in
-  the order the server sent them (an exception it raises goes to the connection's ``error_cb``,
-  as one from a nats-py callback does, and the next message is handled as usual; uncaught it
-  would end nats-py's read loop). No ``Msg`` object, no queue and no task of nats-py's in between:
-  at full speed these were a third of the IO thread's time for a JetStream feed (bench/README.md).
-  Every other subscription (the JetStream API's requests) is nats-py's own, unchanged. It
-  overrides ``_process_msg`` (the parser's one call per MSG/HMSG) and ``_remove_sub``.
-- ``publish_commands(nc, data)`` sends publications already written as NATS protocol commands
-  (HPUB, the client protocol's own format) in one piece: one buffer for a batch of replies
-  instead of one command built per ``publish``. When nats-py's outgoing buffer is empty it is
-  written to the transport at once, in the same step as the caller's last check (no await in
-  between): a partitioned feed's lease fence (io_loop/connectors/jetstream/replies.py) is then never passed by
-  bytes that wait in the process for a later loop turn, so a process paused (SIGSTOP) after the
-  check has handed them to the kernel already, which sends them while it is paused. Otherwise it
-  is appended behind what is queued (the order kept), for nats-py's flusher task. It makes the
-  checks ``publish`` makes (closed, draining, disconnected); the payload size is the caller's
-  (``nc.max_payload``).
-- ``nats_missing(nc)`` names what this nats-py no longer has; a test runs it against a real
-  connection, so an upgrade that moves these fails the suite instead of breaking the feed.
-- Imports nats-py only (an optional extra): imported only when a JetStream feed is configured.
+- ``RawClient`` is nats-py's ``Client`` with raw subscriptions (``raw_subscribe``): a message goes from nats-py's
+  protocol parser straight to ``handler(subject, reply, data, headers)`` on the IO loop, in the server's order; what
+  it raises goes to ``error_cb`` and the next message is handled (uncaught, it would end nats-py's read loop). No
+  ``Msg``, queue or task of nats-py's between: they cost the IO thread a large share of its time (bench/README.md).
+  Every other subscription is nats-py's own. It overrides ``_process_msg`` and ``_remove_sub``.
+- ``publish_commands(nc, data)`` sends HPUB commands already written, in one piece. With nats-py's outgoing buffer
+  empty they are written to the transport at once, in the same step as the caller's last check: a lease fence is
+  never passed by bytes still waiting in the process, so a process paused after the check has handed them to the
+  kernel. Otherwise they queue behind what is there, in order. It makes ``publish``'s checks but the payload size.
+- ``nats_missing(nc)`` names what this nats-py no longer has; a test runs it against a real connection, so an
+  upgrade that moves these fails the suite instead of the feed.
+- Imports nats-py only: imported only when a JetStream feed is configured.
 """
 
 from __future__ import annotations

@@ -1,34 +1,18 @@
-"""Objects: the checkpoint objects of a store, in nats-py's object-store layout, written and
-read on the store's loop (io_loop/connectors/jetstream/storethread.py); io_loop/connectors/jetstream/store.py's
-blocking methods call
-them.
+"""Objects: the checkpoint objects of a store, in nats-py's object-store layout, written and read on the store's
+loop (storethread.py); store.py's blocking methods call them.
 
 Rules:
-- The bucket is a JetStream object store, made when missing. Objects are stored in nats-py's
-  object-store layout (``$O.<bucket>.C.<nuid>`` chunks of 128 KiB, then the meta on
-  ``$O.<bucket>.M.<base64(name)>``, published with a roll-up header, so the newest meta
-  replaces the last): nats-py's ``ObjectStore`` reads ours and we read its (a test holds both).
-  Listing and deleting are nats-py's own (``ObjectStore.list``, ``ObjectStore.delete``, through the transport).
-  Every call goes through the store's ``Transport`` (io_loop/connectors/jetstream/transport.py), which raises ours;
-  nats-py's object-store data (``ObjectInfo``) is read and written here as it is.
-- Written and read here all the same: the lease check (``fence``, io_loop/connectors/jetstream/leases.py) must sit
-  just before the meta is published, the chunks are published ``PUBLISH_WINDOW`` ahead of their
-  acknowledgements (nats-py's ``put`` waits for each), and nats-py's ``get`` appends chunk by
-  chunk to ``bytes`` (quadratic in the size: 4.6 s for 32 MiB, against 0.2 s here).
-- Atomicity relied on: a put's chunks go to a subject of their own (a new nuid) and the meta,
-  the commit point, is published only after every chunk is acknowledged (stored) by the server;
-  a reader reads the meta first, then exactly the chunks it names. So a reader sees the whole old
-  object or the whole new one, never a mix; a put that fails before the meta leaves no object
-  (its chunks are purged); a writer killed mid-put leaves unreferenced chunks (space, not a
-  wrong object). The old chunks of an overwritten name are purged after the new meta; a reader
-  that finds chunks missing reads the meta again (an overwrite in between) and otherwise
-  reports the object damaged.
-- Integrity relied on: the meta records the size and the SHA-256 of the content; ``get``
-  checks both and raises ``ObjectDamaged`` (a ``StoreError``) on any difference, a missing chunk
-  or an unreadable meta. Durability is the server's: what it acknowledged outlives this process;
-  what outlives a crash of the server (process or host) depends on its storage settings (its
-  sync interval) and the bucket's replicas. The caller's bytes carry their own checksum too, so
-  a damage here is caught above as well.
+- The bucket is a JetStream object store, made when missing, in nats-py's layout (``$O.<bucket>.C.<nuid>`` chunks,
+  then the meta on ``$O.<bucket>.M.<base64(name)>`` with a roll-up header): nats-py's ``ObjectStore`` reads ours and
+  we read its (a test holds both). Every call goes through the store's ``Transport``.
+- Written and read here, not by nats-py's ``put``/``get``: the lease check (``fence``) must sit just before the meta
+  is published, chunks go ``PUBLISH_WINDOW`` ahead of their acks, and nats-py's ``get`` is quadratic in the size.
+- Atomicity relied on: a put's chunks go to a subject of their own and the meta, the commit point, is published
+  only after every chunk is acknowledged; a reader reads the meta, then exactly its chunks. A reader sees the whole
+  old object or the whole new one; a failed put leaves no object; a killed writer leaves unreferenced chunks. Old
+  chunks are purged after the new meta; a reader missing chunks reads the meta again, else reports damage.
+- Integrity relied on: the meta records the size and SHA-256; ``get`` checks both (``ObjectDamaged``). Durability
+  is the server's (its sync interval, the bucket's replicas); the caller's bytes carry their own checksum too.
 """
 
 from __future__ import annotations

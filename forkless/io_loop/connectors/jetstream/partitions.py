@@ -1,27 +1,16 @@
-"""Partitions of a JetStream stream: how a stream name becomes a subject token, which partition a
-token falls in (the same function as nats-server's ``{{partition(P,n)}}`` subject transform), and
-which partitions an instance owns.
+"""Partitions of a JetStream stream: how a stream name becomes a subject token, which partition a token falls in
+(nats-server's ``{{partition(P,n)}}`` function), and which partitions an instance owns.
 
 Rules:
-- Pure: no sockets, no clock, no threads, no third-party import at the top (numpy only inside
-  ``partitions_of``); used by the relay (publishing), the JetStream feed
-  (consuming), the checkpoints (splitting the state by partition), ``--check`` and the docs.
-- ``escape_stream`` maps a stream name reversibly onto one NATS subject token: ``[A-Za-z0-9_-]``
-  stay as they are, every other UTF-8 byte (``.``, ``*``, ``>``, spaces, ``~`` itself, non-ASCII)
-  becomes ``~XX`` (two upper-case hex digits). ``unescape_stream`` inverts it exactly.
-- ``partition_of(token, P)`` is nats-server's partition function: FNV-1a (32 bit) of the token's
-  bytes, modulo P (server/subject_transform.go, ``getHashPartition``). A stream's partition is
-  ``partition_of(escape_stream(name), P)``; ``partitions_of`` computes it for many names at once.
-- ``partition_transform`` reads a stream's subject transform as nats-server does (a destination
-  token that is wholly ``{{partition(P,n…)}}``, ``partition`` or ``Partition``), and
-  ``transform_problems`` says where it disagrees with a feed's ``partition_count`` and subject
-  (``--check``): P must match, it must hash the one wildcard holding the stream's token, and the
-  feed's subject must have ``{partition}`` where the destination has the partition.
-- ``Layout``: a partitioned feed's stream, partition count and owned partitions, as the checkpoints'
-  split by partition reads them (io_loop/connectors/connector.py's ``PartitionLayout``).
-- An instance's partitions are given as ranges and lists (``"0-5"``, ``"0,2,7-9"``) or derived
-  from ``FORKLESS_INSTANCE``/``FORKLESS_INSTANCES``: instance i of N owns the contiguous share
-  ``[i*P//N, (i+1)*P//N)`` (Flink's key-group ranges), so N instances cover 0..P-1 exactly once.
+- Pure: no sockets, no clock, no threads, no third-party import at the top (numpy only inside ``partitions_of``).
+- ``escape_stream`` maps a stream name reversibly onto one subject token: ``[A-Za-z0-9_-]`` stay, every other UTF-8
+  byte becomes ``~XX``; ``unescape_stream`` inverts it exactly.
+- ``partition_of(token, P)`` is nats-server's: FNV-1a (32 bit) of the token's bytes, modulo P
+  (server/subject_transform.go, ``getHashPartition``); ``partitions_of`` computes it for many names at once.
+- ``partition_transform`` reads a stream's subject transform as nats-server does, and ``transform_problems`` says
+  where it disagrees with a feed's ``partition_count`` and subject (``--check``, and the feed at each connection).
+- Instance i of N owns the contiguous share ``[i*P//N, (i+1)*P//N)`` (Flink's key-group ranges), so N instances
+  cover 0..P-1 exactly once; partitions may also be given as ranges and lists (``"0,2,7-9"``).
 """
 
 from __future__ import annotations
@@ -57,8 +46,8 @@ def escape_stream(name: str) -> str:
         raise ValueError("an empty stream name has no subject token")
     if _PLAIN.fullmatch(name):
         return name
-    # only the runs that need escaping go through Python: a million names with dots and spaces escape
-    # in 0.6 s instead of 2.3 s character by character (measured on a loaded 2-core VM)
+    # only the runs that need escaping go through Python, not every character: a table of a million
+    # names is escaped at each checkpoint
     return _UNPLAIN.sub(_escape_run, name)
 
 
@@ -106,9 +95,8 @@ def partition_of(token: str, count: int) -> int:
 def partitions_of(names: Sequence[str], count: int) -> np.ndarray:
     """The partition of every stream name (``partition_of(escape_stream(name), count)``), as int32;
     vectorised over the names' bytes (a million names in well under a second)."""
-    # imported here: the configuration (controller/settings/feedspec.py, controller/config.py, io_loop/settings.py) and
-    # the relay import this module, and numpy costs them ~50 ms and ~16 MiB (measured with -X importtime and
-    # ru_maxrss); only the checkpoints' split of the table by partition needs it
+    # imported here: the configuration and the relay import this module, and numpy costs them ~50 ms and ~16 MiB
+    # (-X importtime, ru_maxrss); only the checkpoints' split of the table by partition needs it
     import numpy as np
 
     n = len(names)

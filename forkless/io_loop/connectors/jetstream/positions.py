@@ -1,23 +1,15 @@
-"""A JetStream feed's position in a checkpoint's header, written and read back (the connector's ``PositionCodec``,
-io_loop/connectors/connector.py): what controller/checkpoints/positions.py records per feed and what a partitioned
-instance's objects record per partition (controller/partitions/partitioned.py), in one place.
+"""A JetStream feed's position in a checkpoint's header, written and read back (the connector's ``PositionCodec``):
+what a checkpoint records per feed and a partitioned instance's objects per partition, in one place.
 
 Rules:
-- Pure: no threads, no clock, no nats-py. The entry is plain JSON, by feed name in the header, in the form every
-  checkpoint written so far has (a restore of an older one goes on):
-  ``{"stream", "subject", "seq", "index", "last", "replied"}``, with ``covered`` where the IO side found the
-  stream holding no further message of the feed's subjects up to it (``SourceStats.covered``; a restore then
-  resumes after it, so retention of other subjects' messages there loses nothing of the feed's, issue 30),
-  ``created``, the stream's created time at the IO side's first connection (before it, the restored checkpoint's:
-  a restore hands it over in the ``Resume``, and the feed refuses a stream created at another time), and for a
-  partitioned feed ``partitions`` (partition -> [seq, index, last], the restored per-partition positions) and
-  ``covering`` ([handed, through], judged per partition by each partition's object).
-- Its identity (``identity``): the stream and the subject filter. A restore with another stream or filter is
-  the caller's ``CheckpointMismatch``.
-- A partitioned feed's object for partition p records the further of the feed's position and the partition's
-  restored one, the partition's own subject, and ``covered`` where its position is at or past ``handed``
-  (``partition_entry``); read back (``partition_position``), a ``covered`` past the position is where the
-  partition resumes.
+- Pure: no threads, no clock, no nats-py. The entry is plain JSON by feed name, in the form every checkpoint
+  written so far has: ``{"stream", "subject", "seq", "index", "last", "replied"}``, with ``covered`` (a restore
+  resumes after it), ``created`` (the stream's created time: the feed refuses a stream made again), and for a
+  partitioned feed ``partitions`` (partition -> [seq, index, last]) and ``covering`` ([handed, through]).
+- Its ``identity`` is the stream and the subject filter: another is the caller's ``CheckpointMismatch``.
+- A partition's object records the further of the feed's position and the partition's restored one, its own
+  subject, and ``covered`` where its position is at or past ``handed`` (``partition_entry``); read back
+  (``partition_position``), a ``covered`` past the position is where the partition resumes.
 """
 
 from __future__ import annotations

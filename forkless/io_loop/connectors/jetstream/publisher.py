@@ -1,48 +1,26 @@
-"""The relay's publishing side (``forkless relay``): every message the WebSocket feeds hand over is
-published to a JetStream stream, one JSON object per NATS message, and held until the server has
-stored it. Imported only by the relay (it imports nats-py, an optional extra).
+"""The relay's publishing side (``forkless relay``): every message the WebSocket feeds hand over is published to a
+JetStream stream, one JSON object per NATS message, and held until the server has stored it. Imported only by the
+relay (nats-py is an optional extra). What it guarantees: docs/relay.md.
 
 Rules:
-- A public ``RecordSink`` (io_loop/sinks/sink.py), run on the IO loop by the IO thread's ``SinkRunner``: it takes
-  the batches the feeds' hand-overs put on inbound (``ctx.next_batch()``), on the same loop; the
-  relay's main thread (controller/lifetime/sinkrun.py's ``SinkRun``) touches neither queue. No second
-  loop, no hop between threads, and backpressure is one rule: a batch is taken only while fewer than
-  ``max_held`` (FORKLESS_RELAY_MAX_HELD) messages are held (waiting to be published, or published and
-  not yet acknowledged). Inbound is bounded and the relay's hand-over blocks (FORKLESS_OVERFLOW=block),
-  so a slow or absent server stops the feeds' readers and TCP pushes back on the WebSocket servers.
-- Ids: a message gets its id when it is taken, ``Nats-Msg-Id: <run id>:<n>`` (the run id random per
-  process start, n counting from 1), and keeps it for every retry: a retried publish is dropped by
-  the stream's duplicate window if the server had stored it, and two real messages never share an
-  id (a feed's own ``seq`` may restart after a reconnect).
-- Publishing: what waits goes out as one buffer of HPUB commands, the client protocol's own
-  (the transport's ``publish_commands``: one write), not one nats-py ``publish`` a message.
-- Acknowledgements: each publish asks for the JetStream ack on an inbox of this connection
-  (``<inbox>.<n>``). A message is held until its ack says stored (or duplicate); then its batch is
-  told (``wrote(1)``: the sink's books, io_loop/sinks/sink.py). Events (``emit_event``) are not messages
-  of the relay: dropped, counted ("events are not relayed"). Any failure (the
-  connection lost, an error ack such as no stream for the subject, no ack for
-  FORKLESS_CONNECT_TIMEOUT_S) drops the connection; after the ``Backoff`` delay (the reconnect driver,
-  io_loop/reconnect.py) every held message
-  is published again, in order, with its id: nothing is ever skipped. FORKLESS_RECONNECT_TRIES
-  failures in a row (0: never) end the relay with ``FeedFatal`` (exit 3), as for a feed.
-- Payload: ``{"seq", "stream", "x"}`` with ``x`` as the codec decoded it (float64 in the relay),
-  written with the shortest text that reads back to the same double, so the default codec decodes
-  the payload to exactly what it would have decoded from the feed's own frame. The subject is
-  ``<subject>.<escape_stream(stream)>`` (io_loop/connectors/jetstream/partitions.py).
-- Gaps: ``SeqGaps`` (pure, io_loop/relay/relaystats.py, with the counters ``RelayStats``) follows each
-  feed's ``seq`` (FORKLESS_RELAY_SEQ) and counts the gaps by reason, across a reconnect of the feed
-  or within one connection, and the seqs that go back. Each gap is logged here (at most one line
-  per feed per ``GAP_LOG_S``, the next line saying how many were not), the totals at the stop.
-- The start against the stream (``RELAY_SEQ=feed`` with one feed): before its first publication
-  the relay reads the last message the stream holds under ``<subject>.>`` and, once the feed's
-  first message of this run is taken, logs its seq against that one's: right after it, a gap
-  of N (what an earlier relay read and never stored, as after a kill -9, or what the feed sent
-  while none ran), or at or before it (not a gap). Once per run; a failed look-up is logged and
-  not retried.
-- Orderly stop: the sink returns once inbound is shut down and empty and every held message is
-  acknowledged. What is still held when it is cancelled (the IO thread aborted: the stop deadline
-  passed, a second SIGINT, a feed's failure) is counted in ``unpublished`` and logged.
-- Secrets (a user:password in the URL, the token, the creds file's content) are never logged.
+- A public ``RecordSink`` run on the IO loop by the ``SinkRunner``: it takes the feeds' batches on the same loop,
+  no second loop, no hop between threads. Backpressure is one rule: a batch is taken only while fewer than
+  ``max_held`` messages are held (unpublished or unacknowledged); inbound is bounded and the relay's hand-over
+  blocks, so a slow server stops the feeds' readers and TCP pushes back.
+- Ids: a message gets ``Nats-Msg-Id: <run id>:<n>`` when taken and keeps it for every retry, so the stream's
+  duplicate window drops a retry it had stored, and two real messages never share one.
+- What waits goes out as one buffer of HPUB commands (``publish_commands``: one write).
+- A message is held until its ack says stored (or duplicate); then its batch is told (``wrote(1)``). Events are not
+  relayed: dropped, counted. Any failure drops the connection; after the ``Backoff`` delay every held message is
+  published again, in order, with its id: nothing is skipped. ``FORKLESS_RECONNECT_TRIES`` failures in a row:
+  ``FeedFatal`` (exit 3).
+- Payload ``{"seq", "stream", "x"}``, ``x`` written with the shortest text that reads back to the same double, on
+  ``<subject>.<escape_stream(stream)>``.
+- Gaps in each feed's ``seq`` are counted by reason (``SeqGaps``) and logged at most once per feed per
+  ``GAP_LOG_S``; with one feed and ``RELAY_SEQ=feed`` the first seq is logged against the stream's last message.
+- Orderly stop: the sink returns once inbound is done and every held message acknowledged; what is held when it
+  is cancelled is counted in ``unpublished`` and logged.
+- Secrets (a URL's user:password, the token, the creds file) are never logged.
 """
 
 from __future__ import annotations

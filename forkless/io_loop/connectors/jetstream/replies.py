@@ -1,33 +1,19 @@
-"""A JetStream feed's replies published to its results subject: the writer of a ``JetStreamSource``
-(io_loop/connectors/jetstream/source.py), one per connection, in the role a WebSocket client's writer has. Imported
-only when such a feed is configured (nats-py is an optional extra).
+"""A JetStream feed's replies published to its results subject: the writer of a ``JetStreamSource``, one per
+connection, in the role a WebSocket client's writer has. Imported only when such a feed is configured.
 
 Rules:
-- The source's reply batches in order (the main thread's results and error replies, and the
-  feed's error replies to bad input), taken through its ``ctx.replies()`` (io_loop/writer.py's
-  ``ReplyBatch``, which keeps a batch across reconnects). Each frame is published to the
-  ``results`` subject with the header ``Nats-Msg-Id: <stream>:<seq>:<index>`` (``msg_id``, from
-  the batch's ``positions``) and a reply subject of this connection's own, ``<inbox><n>`` (one
-  raw subscription per connection, ``ReplyAcks``); a batch's frames are written as one buffer of
-  HPUB commands (``reply_commands``, ``nats_compat.publish_commands``) and their
-  acknowledgements awaited together before the next batch.
-- What was not acknowledged (from the first frame not acknowledged on) is published again after a
-  reconnect; the results stream's duplicate window drops a copy, counted in
-  ``SourceStats.duplicates``. ``SourceStats.confirmed`` is the origin of the last main-thread
-  reply acknowledged: a checkpoint is committed only once every reply to the messages it covers
-  is (controller/loop.py).
-- Nothing acknowledges in time (``connect_timeout_s`` without one), an error acknowledgement (the
-  stream refused a frame: the transport's ``error_ack``, ours at once, with the server's description), no stream
-  storing the subject: the connection is lost (``End``), and the feed reconnects. An
-  acknowledgement not understood is an error acknowledgement: never counted as stored, never
-  an exception out of the subscription's handler (``ReplyAcks.on_ack``).
-- Replies ``"none"`` (no results subject), or a batch with nothing to name it by: not published,
-  counted in ``dropped``.
-- A partitioned feed is fenced by its leases (``fence``, a ``Fence``: the store's leases, handed by the connector
-  that owns them): before each batch is published, ``fence.holds()`` False (a lease lost, or run out unrenewed
-  after a pause) drops the
-  batch instead, counted in ``dropped`` ("lease lost") and logged once: another instance may own
-  the partitions now and answers those messages from its checkpoint.
+- The source's reply batches in order, taken through ``ctx.replies()`` (a batch kept across reconnects). Each frame
+  is published with ``Nats-Msg-Id: <stream>:<seq>:<index>`` (``msg_id``) and a reply subject of this connection's
+  own; a batch's frames go as one buffer of HPUB commands, their acks awaited together before the next batch.
+- What was not acknowledged is published again after a reconnect; the results stream's duplicate window drops a
+  copy (``SourceStats.duplicates``). ``SourceStats.confirmed`` is the last main-thread reply acknowledged: a
+  checkpoint is committed only once every reply it covers is.
+- No ack in ``connect_timeout_s``, an error ack, or no stream storing the subject: the connection is lost (``End``)
+  and the feed reconnects. An ack not understood is an error ack, never counted stored, never raised out of the
+  subscription's handler.
+- Replies ``"none"``, or a batch with nothing to name it by: not published, counted in ``dropped``.
+- A partitioned feed's leases fence it: with ``fence.holds()`` False a batch is dropped ("lease lost", logged once),
+  as another instance may own the partitions and answers those messages from its checkpoint.
 """
 
 from __future__ import annotations

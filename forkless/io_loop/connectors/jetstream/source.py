@@ -1,61 +1,31 @@
-"""JetStreamSource: one JetStream feed (an entry of ``FORKLESS_FEEDS`` with ``"nats"``) as a
-``Source`` (io_loop/source.py), run by a ``SourceRunner`` exactly as a user's source and the
-WebSocket feed's are: consume, decode, hand over, publish the replies, reconnect. The I/O pump
-around the pure bookkeeping of io_loop/connectors/jetstream/consumer.py (where consuming has reached, what each
-delivery means); its replies are published by io_loop/connectors/jetstream/replies.py. Imported only when such a
-feed is configured (nats-py is an optional extra).
+"""JetStreamSource: one JetStream feed (a ``FORKLESS_FEEDS`` entry with ``"nats"``) as a ``Source``, run by a
+``SourceRunner`` exactly as a user's source is: consume, decode, hand over, publish the replies, reconnect. The
+I/O pump around consumer.py's pure bookkeeping; its replies are published by replies.py. Imported only when such
+a feed is configured (nats-py is an optional extra). What it guarantees: docs/jetstream-exactly-once.md.
 
 Rules:
-- Runs on the IO loop only, beside the other feeds (io_loop/feeds.py), through its ``SourceContext``
-  alone; it is ``replayable``, so its hand-over always blocks (``FORKLESS_OVERFLOW=drop_oldest``
-  does not apply: a dropped message would break the exactly-once state).
-- Where it starts and what each delivery means: ``Consumer`` (io_loop/connectors/jetstream/consumer.py), made at
-  ``run`` from ``ctx.resume_from``, the restored checkpoint's record for the feed (a ``Resume``
-  with the stream's created time, a ``PositionUnknown``, or None). Every connection makes
-  a new consumer starting at the position.
-- Consuming: an ephemeral pull consumer (deliver from a start sequence, ack policy "all",
-  ``max_ack_pending`` bounded, memory storage, removed by the server after ``INACTIVE_S``
-  unused). One pull request at a time for ``pull_batch`` messages, with idle heartbeats; the
-  next is asked for only once the messages of the last are handed over, so a full inbound
-  queue stops fetching, and the server never has more than ``pull_batch`` messages out to us.
-  Deliveries come through a raw subscription (io_loop/connectors/jetstream/nats_compat.py: nats-py's protocol parser
-  hands us the bytes, no ``Msg`` per message); ``Consumer.deliver`` reads their reply subjects.
-  A ``Drop`` (a gap, a redelivery of a message never consumed) drops the connection.
-- Acks: the last message of each pull, once every message of it is handed over. They are flow
-  control only (``max_ack_pending``, no redelivery of what this process holds): a restart
-  resumes from the checkpoint's position, a reconnect from this feed's own.
-- Decoding: ``ctx.decode`` on each payload, exactly as for a WebSocket frame, then
-  ``ctx.emit`` of what it read at the payload's stream sequence (its position), from the first element
-  the state does not hold (``Take.skip``); a payload over ``max_msg_bytes`` is not decoded: one
-  error reply ("message too large"), counted, and acknowledged with the others (the connection
-  stays up: the stream would deliver it again). Good elements get ``Origin(seq, i, last)`` with
-  i = 0, 1, … in order; the error replies to bad ones are indexed after the good ones
-  (deterministic, so a replay makes the same ids). A partitioned feed's elements of another
-  partition are error replies (``Consumer.own_partition``).
-- Replies: ``ReplyPublisher`` (io_loop/connectors/jetstream/replies.py), the writer of each connection, through the
-  source's ``ctx.replies()``, fenced by a partitioned instance's leases (``fence``, a ``Fence`` its connector
-  hands it: io_loop/connectors/jetstream/connector.py).
-- Reconnect on any loss (connection, server restart, heartbeats missing, a publish not acknowledged)
-  with the WebSocket feeds' ``Backoff`` and reconnect driver (io_loop/reconnect.py); tries used up,
-  or the server refusing the credentials: ``FeedFatal`` (exit 3). At every connection the stream is checked
-  against the position (``Consumer.check_stream``: ``PositionLost``, exit 2, when it no longer
-  holds what the position needs). A filtered feed behind the stream's first sequence (``filtered_behind``) is
-  checked again with what the stream can tell (``Retention``: its limits, and where it removes by subject only,
-  its subjects' counts, read page by page; a failed read fails the attempt, which is tried again). A stream
-  whose created time differs from the one this run
-  first connected to (or the restored checkpoint recorded), or that ends before a sequence this
-  run saw in it, was made again: ``PositionLost`` too, never resumed into.
-- What the feed covered (issue 43; ``Consumer.surveyed``): every ``STREAM_INFO_EVERY_S`` the
-  stream's state is read, and where the feed may have covered more, its consumer's state and the
-  stream's first sequence after it; once more when the stop begins (bounded by
-  ``STOP_SURVEY_S``), so the stop's checkpoint records it. An idle feed (a partitioned
-  instance's partitions without messages) thus keeps up with retention of other subjects'
-  messages across reconnects, server restarts and its own restarts.
-- A partitioned feed (``partition_count``, issue 24) consumes its owned partitions' subjects
-  with one consumer (``filter_subjects``). At every connection the stream's subject transform
-  is checked against ``partition_count`` and the subject, as ``--check`` does (io_loop/connectors/jetstream/probe.py
-  ``check_partitions``): a disagreement is ``FeedFatal`` (exit 3), naming both values.
-- Secrets (the URL's user:password, ``token``, the creds file's content) are never logged.
+- IO loop only, through its ``SourceContext`` alone. It is ``replayable``, so its hand-over always blocks: a
+  dropped message would break the exactly-once state.
+- Where it starts and what each delivery means is ``Consumer``'s, made at ``run`` from ``ctx.resume_from``;
+  every connection makes a new ephemeral pull consumer starting at the position.
+- One pull request at a time for ``PULL_BATCH`` messages; the next only once the last's messages are handed over,
+  so a full inbound stops fetching. Deliveries come raw (nats_compat.py: no ``Msg`` per message). A ``Drop`` (a
+  gap, a redelivery of a message never consumed) drops the connection.
+- Acks (the last of each pull, once all of it is handed over) are flow control only: a restart resumes from the
+  checkpoint's position, a reconnect from the feed's own.
+- Each payload is ``ctx.decode``d and ``ctx.emit``ted at its stream sequence from the first element the state
+  does not hold; one over ``max_msg_bytes`` is one error reply, acknowledged with the others. Error replies are
+  indexed after the good elements, so a replay makes the same ids; another partition's elements are errors.
+- Replies go out through ``ReplyPublisher`` (``ctx.replies()``), fenced by a partitioned instance's leases.
+- Reconnect on any loss with the shared ``Backoff`` and driver (io_loop/reconnect.py); tries used up or
+  credentials refused: ``FeedFatal`` (exit 3). At every connection the stream is checked against the position
+  (``PositionLost``, exit 2), a filtered feed behind the first sequence again with ``Retention``; a stream made
+  again since (another created time, or ending before a sequence seen) is never resumed into.
+- Every ``STREAM_INFO_EVERY_S``, and once at the stop (bounded by ``STOP_SURVEY_S``), a survey learns what the
+  feed covered (``Consumer.surveyed``), so an idle feed keeps up with retention of other subjects' messages.
+- A partitioned feed consumes its owned partitions' subjects with one consumer; the stream's subject transform is
+  checked against ``partition_count`` at every connection (``check_partitions``: ``FeedFatal`` naming both).
+- Secrets (the URL's user:password, ``token``, the creds file) are never logged.
 """
 
 from __future__ import annotations
@@ -98,9 +68,7 @@ __all__ = ["JetStreamSource"]
 log = logging.getLogger("forkless.jetstream")
 
 # messages asked for in one pull request: at most this many are out to us (max_ack_pending is twice it), whatever
-# the micro-batch's size (FORKLESS_MAX_BATCH; a batch takes what the queue holds, several pulls' worth or part of
-# one). Not a setting: pulls 4x as large, a quarter of the round trips, gained nothing (bench/docs/jetstream.md);
-# 256 is what the pulls were at the default batch size when the two were one knob
+# the micro-batch's size. Not a setting: larger pulls gained nothing (bench/docs/jetstream.md)
 PULL_BATCH = 256
 PULL_EXPIRES_S = 5.0  # a pull request with nothing to deliver ends after this long (then a new one)
 PULL_HEARTBEAT_S = 1.0  # the server's idle heartbeat on an open pull request

@@ -1,27 +1,16 @@
-"""NatsStore: checkpoint objects and partition leases on a JetStream server (issue 24), behind a
-blocking API for ordinary threads (the main thread at start, the checkpoint writer, the stop).
+"""NatsStore: checkpoint objects and partition leases on a JetStream server, behind a blocking API for ordinary
+threads (the main thread at start, the checkpoint writer, the stop).
 
 Rules:
-- The store is three parts, composed here: its own thread, asyncio loop and NATS connection
-  (io_loop/connectors/jetstream/storethread.py: connecting, reconnecting on demand, the calls onto the loop), the
-  partition leases and their renewal (io_loop/connectors/jetstream/leases.py, with the deployment record beside them:
-  io_loop/connectors/jetstream/deployment.py) and the checkpoint objects (io_loop/connectors/jetstream/objects.py:
-  their layout, atomicity
-  and integrity). Each states its own rules.
-- Every public method blocks until its work on the store's loop is done and may be called from
-  any thread but the store's own (there it raises RuntimeError: it would wait for itself).
-  Everything of the store's state (held leases, the connection) is touched on its loop only;
-  ``lost`` (a ``threading.Event``), ``lost_keys``, ``unowned`` and ``holds()`` are all other
-  threads read.
-- A wait is never deaf to a stop: ``start``, ``acquire`` and ``claim_deployment`` take the
-  caller's stop (a ``threading.Event``, set by its signal handler) and look at it every
-  ``STOP_POLL_S`` while they wait (between connection attempts; for a silent holder; for a dead
-  deployment's record); once it is set they raise ``StopRequested``, having released every key
-  that call took.
-- Fencing: ``put`` and ``delete`` raise ``LeaseLost`` once a lease is lost or has run out
-  unrenewed (checked on the caller's side here and again on the loop just before the object is
-  committed: io_loop/connectors/jetstream/objects.py), so an instance that lost its partitions never writes or prunes
-  their checkpoints.
+- Three parts composed here, each stating its own rules: the store's thread, loop and connection
+  (storethread.py), the leases and their renewal (leases.py, with deployment.py) and the objects (objects.py).
+- Every public method blocks until its work on the store's loop is done, from any thread but the store's own
+  (there RuntimeError: it would wait for itself). The store's state is touched on its loop only; ``lost``,
+  ``lost_keys``, ``unowned`` and ``holds()`` are what other threads read.
+- A wait is never deaf to a stop: ``start``, ``acquire`` and ``claim_deployment`` look at the caller's stop every
+  ``STOP_POLL_S``, then raise ``StopRequested`` having released every key that call took.
+- Fencing: ``put`` and ``delete`` raise ``LeaseLost`` once a lease is lost or ran out (checked here and again on the
+  loop just before the commit), so an instance that lost its partitions never writes their checkpoints.
 """
 
 from __future__ import annotations

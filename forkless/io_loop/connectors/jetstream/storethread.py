@@ -1,26 +1,17 @@
-"""StoreThread: the checkpoint store's own thread, asyncio loop and NATS connection
-(io_loop/connectors/jetstream/store.py composes it with the leases and the objects).
+"""StoreThread: the checkpoint store's own thread, asyncio loop and NATS connection (store.py composes it with the
+leases and the objects).
 
 Rules:
-- One NATS connection, on a daemon thread of its own ("forkless-store") running its own asyncio
-  loop (a ``LoopThread``: io_loop/loopthread.py), apart from the IO thread: a checkpoint of many
-  MB never delays the feeds, and a busy IO loop never delays a renewal. ``call`` runs a coroutine
-  there and blocks until it is done; it may be called from any thread but the store's own (there
-  it raises RuntimeError: it would wait for itself). The connection is touched on the loop only.
-- Connecting: the feed's servers, credentials and TLS (the transport's ``connect_options``). ``start``
-  retries with ``Backoff`` per ``FORKLESS_RECONNECT_*``; tries used up, or the credentials
-  refused: ``FeedFatal``. A connection lost later is made again on demand (``connection``), one
-  attempt by the operation that needs it: that operation fails with ``StoreError`` if the
-  attempt does. No secret is logged: the URL is shown without credentials and nats-py's own
-  error callback (which logs) is replaced.
-- The buckets are opened once connected, by the caller's ``open_buckets`` (the leases' and the
-  objects'); what nats-py raises there becomes one attempt's failure, retried like a connection.
-- The connection is a ``Transport`` (io_loop/connectors/jetstream/transport.py), whose calls raise ours: a
-  failure the leases, objects or deployment record do not handle themselves reaches the caller of ``call`` as one
-  ``StoreError`` naming it.
-- A wait is never deaf to a stop: ``start`` takes the caller's stop (a ``threading.Event``, set
-  by its signal handler) and looks at it every ``STOP_POLL_S`` between attempts
-  (``sleep_or_stop``, which the leases' waits use too); once it is set: ``StopRequested``.
+- One connection on a daemon thread of its own ("forkless-store", a ``LoopThread``), apart from the IO thread: a
+  large checkpoint never delays the feeds, and a busy IO loop never delays a renewal. ``call`` runs a coroutine
+  there and blocks, from any thread but the store's own (RuntimeError); the connection is touched on the loop only.
+- ``start`` connects with ``Backoff`` per ``FORKLESS_RECONNECT_*`` (tries used up, or credentials refused:
+  ``FeedFatal``), then opens the caller's buckets, their failure retried as a connection's. A connection lost
+  later is made again on demand, one attempt by the operation that needs it (``StoreError`` if it fails).
+- The connection is a ``Transport``: a failure the parts do not handle reaches ``call``'s caller as one
+  ``StoreError`` naming it. No secret is logged (nats-py's logging error callback is replaced).
+- A wait is never deaf to a stop: ``start`` looks at the caller's stop every ``STOP_POLL_S`` (``sleep_or_stop``):
+  ``StopRequested``.
 """
 
 from __future__ import annotations

@@ -1,34 +1,21 @@
 """The NATS client behind one transport: every call forkless makes to a NATS server, and the one place nats-py's
-exceptions become ours (httpx's transport and its ``map_httpcore_exceptions`` are the model). The JetStream feed
-(io_loop/connectors/jetstream/source.py) and its replies (replies.py), ``--check`` (probe.py), the relay's publisher
-(publisher.py) and the checkpoint store (storethread.py, leases.py, deployment.py, objects.py) all talk to NATS
-through a ``Transport``. Imported only where one of them is (nats-py is an optional extra).
+exceptions become ours (httpx's transport and its ``map_httpcore_exceptions`` are the model). The feed, its
+replies, ``--check``, the relay's publisher and the checkpoint store all talk to NATS through a ``Transport``.
+Imported only where one of them is (nats-py is an optional extra).
 
 Rules:
-- Options (``connect_options``): the servers of a feed's comma-separated URL, its token, creds
-  file and TLS (``tls://``: the same context as a ``wss://`` feed, io_loop/net/tls.py); one
-  attempt per server, nats-py's own reconnecting off (the caller's ``Backoff`` decides), the
-  heartbeat as nats-py's ping.
-- One attempt (``Transport.connect``) is bounded by ``connect_timeout_s`` x 2 per server + 1 s; its
-  failure is one ``NatsConnectFailed``, ``fatal`` when the server refused the credentials
-  (retrying cannot help).
-- Every coroutine method of a ``Transport`` (and of its ``KeyValue``, and a ``PendingAck``'s ``wait``) raises ours,
-  never nats-py's (``_mapped``, the one mapper; written out as ``except ... raise _of(exc)`` in the two calls made per
-  message or batch): ``NatsError`` (the connection, a timeout, any other failure),
-  ``NatsNotFound`` (the stream, consumer, key, message or object does not exist), ``NatsUnavailable`` (no
-  responders, or a 503: JetStream not enabled), ``NatsWrongLast`` (a write at a revision or sequence that is no
-  longer the last), ``NatsNoStreamResponse`` (no stream stores a published subject), ``NatsApiError`` (another error
-  the server answered); each one's text is ``describe_error``'s of nats-py's, which is its ``__cause__``, and an
-  error the server answered keeps its ``code``, ``err_code`` and ``description`` (``api`` is True). A JetStream
-  publish acknowledgement read by a raw subscription (the replies', not a nats-py call) is ours the same way:
-  ``error_ack``. No other module of the room names a nats-py exception (tests/docs/test_architecture.py holds it): they
-  catch ours.
-- Errors are shown as their type and first line (``describe_error``): never a URL's user:password,
-  a token or a creds file's content, which nats-py's messages do not carry either.
-- What a call returns is nats-py's data as it is (``StreamInfo``, ``ConsumerInfo``, a KV entry, a stored message):
-  values, read by their fields.
-- A JetStream publish acknowledgement says "duplicate" (``duplicate_ack``) in either spelling the
-  servers write: nats-server 2.15 writes ``"duplicate": true``, with a space.
+- Options (``connect_options``): the servers of a feed's URL, its token, creds file and TLS (io_loop/net/tls.py);
+  one attempt per server, nats-py's own reconnecting off (the caller's ``Backoff`` decides).
+- One attempt (``Transport.connect``) is bounded by ``connect_timeout_s`` x 2 per server + 1 s; its failure is one
+  ``NatsConnectFailed``, ``fatal`` when the server refused the credentials.
+- Every coroutine method of a ``Transport``, its ``KeyValue`` and ``PendingAck.wait`` raises ours, never nats-py's
+  (``_mapped``, the one mapper): ``NatsError`` and its kinds, each with nats-py's as its ``__cause__``, and an
+  error the server answered keeps its codes (``api``). A publish ack read by a raw subscription is ours the same
+  way (``error_ack``). No other module of the room names a nats-py exception (tests/docs/test_architecture.py).
+- Errors are shown as their type and first line (``describe_error``): never a URL's user:password, a token or a
+  creds file.
+- What a call returns is nats-py's data as it is, read by its fields.
+- A publish ack says "duplicate" (``duplicate_ack``) in either spelling the servers write.
 """
 
 from __future__ import annotations

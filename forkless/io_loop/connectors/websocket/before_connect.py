@@ -1,30 +1,19 @@
-"""The before-connect hook: credentials an embedder computes for each connection attempt of a feed.
+"""The before-connect hook: credentials an embedder computes for each connection attempt of a feed (its contract:
+docs/embedding/subscriptions.md, "Credentials per connection").
 
 Rules:
-- The hook is the embedder's callable (``Controller(config, connect=ConnectHooks(before_connect=hook))``), handed to
-  the IO side as a constructor argument (``IOThread`` → ``FeedSet`` → ``WebSocketSource``), like the
-  on-connect hook (io_loop/connectors/websocket/on_connect.py); the IO side never imports the controller. It is for
-  credentials that change: a login over HTTP, a token refresh, a signed URL.
-- ``hook(feed, attempt)`` runs on the IO thread's event loop before every opening handshake of
-  every WebSocket feed (the embedded demo feed's too; not JetStream feeds, not ``--check``).
-  ``feed`` is the feed's name (``"0"`` for ``FORKLESS_WS_URL``); ``attempt`` is 1 for the first
-  attempt after the feed starts or after a connection that was served, and one more for each
-  attempt that failed since (a refused handshake, a hook that failed …): ``attempt > 1`` says
-  the last attempt failed, so log in again rather than reuse a token.
-- It returns a ``Handshake`` (or an awaitable of one, awaited within
-  ``FORKLESS_CONNECT_TIMEOUT_S``), or ``None`` for the configured URL and headers. ``url``
-  (``None``: the configured one) must be ``ws://`` or ``wss://`` with a host; ``headers`` are
-  added to the configured ones (``FORKLESS_HEADERS``, the feed's, ``FORKLESS_AUTH_TOKEN``'s
-  ``Authorization``), replacing any of the same name in any case. One source of credentials:
-  a URL with ``user:password@`` and an ``Authorization`` header together are refused.
-- A hook that raises, returns something else, or times out fails that attempt like a failed
-  connect (``HookFailed``): counted in ``connect_failures``, retried with the backoff
-  (``FORKLESS_RECONNECT_TRIES`` counts it), the traceback logged once per distinct error. The
-  IO thread never dies of it.
-- With a hook, a handshake refused with HTTP 401 or 403 is not fatal (io_loop/connectors/websocket/client.py): the
-  next attempt, after the usual backoff, asks the hook again.
-- Secrets: a ``Handshake``'s ``repr`` shows the URL without query or credentials and no header
-  values; the errors here name headers, never their values.
+- The hook is the embedder's callable (``ConnectHooks(before_connect=hook)``), handed to the IO side as a
+  constructor argument; the IO side never imports the controller.
+- ``hook(feed, attempt)`` runs on the IO loop before every opening handshake of every WebSocket feed (the demo
+  feed's too); ``attempt > 1`` says the last attempt failed, so log in again rather than reuse a token.
+- It returns a ``Handshake`` (or an awaitable of one, within ``FORKLESS_CONNECT_TIMEOUT_S``), or None for the
+  configured URL and headers. Its headers replace configured ones of the same name in any case; a URL with
+  ``user:password@`` and an ``Authorization`` header together are refused (one source of credentials).
+- A hook that raises, returns something else or times out fails that attempt like a failed connect
+  (``HookFailed``: counted, retried with the backoff, logged once per distinct error); the IO thread never dies of
+  it. With a hook, a handshake refused with 401 or 403 is not fatal: the next attempt asks the hook again.
+- Secrets: a ``Handshake``'s ``repr`` shows the URL without query or credentials and no header values; errors name
+  headers, never their values.
 """
 
 from __future__ import annotations

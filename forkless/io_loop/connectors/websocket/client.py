@@ -1,44 +1,25 @@
-"""WebSocketSource: the built-in WebSocket feed, a ``Source`` (io_loop/source.py) like a user's own
-client: the reconnect loop around one WebSocket connection at a time, for one feed.
+"""WebSocketSource: the built-in WebSocket feed, a ``Source`` like a user's own client: the reconnect loop around one
+WebSocket connection at a time, for one feed.
 
 Rules:
-- Runs on the IO thread's loop only, under a ``SourceRunner`` exactly as a user's source does, and
-  talks to the rest only through its ``SourceContext``. One reader task and one writer task per
-  connection. With several feeds (io_loop/feeds.py) there is one per feed on the same loop.
-- Reader: the frames one socket read brought (the data frames aiohttp has parsed already, at most
-  ``READ_PASS_FRAMES``; io_loop/net/aiohttp_compat.py's ``data_ready``) -> ``ctx.emit(frames,
-  received_ns=...)``, which decodes them in one pass where the codec can, hands the good messages
-  over (io_loop/handover.py) and answers or declines the bad ones under the feed's reply policy
-  (``replies_declined``, logged once per reason). One await a read; a close, ping or error that
-  followed the frames in the same read is handled once they are handed over.
-- Writer: ``ctx.replies()``, each reply batch framed by io_loop/net/aiohttp_compat.py's
-  ``TextFrames`` and written in one socket write (where it is not there, aiohttp's ``send_frame``
-  a frame at a time under the cork: one write too). A batch part-written when a connection is
-  lost is handed again first on the next one; nothing taken is forgotten.
-- On each new connection the feed's ``subscribe`` text, then the on-connect hook's frames
-  (io_loop/connectors/websocket/on_connect.py), are sent before anything else; a hook that fails fails the attempt
-  like a failed connect.
-- Before each attempt's handshake the before-connect hook (io_loop/connectors/websocket/before_connect.py), if
-  given, says the attempt's URL and headers; a hook that fails fails the attempt like a failed
-  connect.
-- Reconnect on any loss (refused, reset, TLS, handshake timeout, 5xx, close frame,
-  heartbeat timeout, stale feed) with ``Backoff``, by the reconnect driver (io_loop/reconnect.py);
-  an HTTP 4xx handshake (but 408/429, and 401/403 when a before-connect hook can give new
-  credentials) or used-up tries raise ``FeedFatal``.
-- Orderly stop: ``SourceRunner.stop_reading`` sets ``ctx.stopping`` and waits for the emit in
-  progress. A reader waiting in ``receive()`` is cancelled by the connection's watch of
-  ``ctx.stopping``; one inside ``ctx.emit`` never is (it finishes and ends by itself), so no
-  received frame is lost half handed over. The writer sends everything until the replies end,
-  then the socket is closed with code 1000.
-- What the server is known to have read: while replies are written, the connection pings the server
-  at most once every ``CONFIRM_EVERY_S`` (a payload of its own); the pong confirms every reply written
-  before that ping (a WebSocket peer reads frames in order, and answers a ping once it read it), and
-  the server's closing handshake confirms them all. A connection that ends otherwise counts the
-  replies written after the last confirmation as ``written_unconfirmed``: those may not have
-  arrived, the ones before did. So the client answers the server's pings itself (``autoping`` off).
-- A feed with a unix-domain socket (``FeedSpec.unix_socket``) connects through it on every attempt
-  (io_loop/connectors/websocket/connect.py's ``new_session``), the URL (a before-connect hook's too) giving the
-  handshake's path and ``Host``; logs name it ``ws://host/path via unix:/path``.
+- IO loop only, under a ``SourceRunner`` exactly as a user's source, through its ``SourceContext`` alone. One
+  reader task and one writer task per connection.
+- Reader: the frames one socket read brought (at most ``READ_PASS_FRAMES``, aiohttp_compat's ``data_ready``) go to
+  ``ctx.emit(frames)`` in one await; a close, ping or error behind them in the same read is handled after.
+- Writer: ``ctx.replies()``, each batch written in one socket write (aiohttp_compat's ``TextFrames``). A batch
+  part-written when a connection is lost is handed again first on the next one.
+- On each new connection the feed's ``subscribe`` text, then the on-connect hook's frames, go first; before each
+  handshake the before-connect hook gives the URL and headers. A hook that fails fails the attempt.
+- Reconnect on any loss with ``Backoff``, by the reconnect driver; an HTTP 4xx handshake (but 408/429, and 401/403
+  with a before-connect hook) or used-up tries raise ``FeedFatal``.
+- Orderly stop: a reader waiting in ``receive()`` is cancelled, one inside ``ctx.emit`` never is, so no received
+  frame is lost half handed over. The writer sends everything until the replies end, then closes with 1000.
+- What the server has read: while replies are written the connection pings at most every ``CONFIRM_EVERY_S``; the
+  pong confirms every reply written before that ping, the closing handshake all. A connection that ends otherwise
+  counts the replies after the last confirmation as ``written_unconfirmed``. So the client answers the server's
+  pings itself (``autoping`` off).
+- A feed with a unix-domain socket connects through it on every attempt, the URL giving the handshake's path and
+  ``Host``.
 - Secrets (token, headers) are never logged; URLs are logged without query or credentials.
 """
 

@@ -1,27 +1,17 @@
 """Opening a WebSocket to the feed: headers, TLS, and what a refused handshake means.
 
 Rules:
-- One implementation, used by the client's reconnect loop and by ``--check``'s probe.
-- aiohttp's exceptions are translated here, at one edge (as httpx's ``map_httpcore_exceptions``):
-  ``open_feed`` returns an open ``ClientWebSocketResponse`` or raises ``HandshakeRefused`` (an
-  HTTP status the server chose; ``fatal`` for a 4xx other than 408/429) or ``ConnectFailed``
-  (worth retrying); on an open WebSocket, ``mapped_aiohttp_errors()`` turns aiohttp's
-  ``ClientError`` and a ``ConnectionError`` into ``ConnectionLost`` (its text: the type and the
-  first line of the original, its ``__cause__``). No other module names an aiohttp exception in
-  an ``except``.
-- Secrets (token, headers) are never put into messages; URLs are shown without query or
-  credentials (``redact_url``).
-- Redirects are never followed: the handshake carries the credentials (``AUTH_TOKEN``,
-  ``HEADERS``, URL user:password), and aiohttp would send every header but
-  ``Authorization`` to wherever a 3xx points. A 3xx answer raises ``HandshakeRefused``
-  (fatal) naming the target without its query or credentials. Sessions come from
-  ``new_session()``, whose trace hook stops the redirect before the second request is sent.
-- A feed with a unix-domain socket (``FeedSpec.unix_socket``) gets a session whose connector
-  connects every request through that socket (io_loop/net/aiohttp_compat.py's ``UnixConnector``,
-  TLS over it for wss://): the URL then gives only the handshake's path and ``Host`` (and TLS's
-  server name); no TCP socket is opened and no name is resolved. Messages name the target as
-  ``ws://host/path via unix:/path`` (``shown_target``), and a failure says what the socket's
-  path is missing (no such file, nothing listening, no permission).
+- One implementation, for the client's reconnect loop and for ``--check``'s probe.
+- aiohttp's exceptions are translated here, at one edge (as httpx's ``map_httpcore_exceptions``): ``open_feed``
+  returns an open WebSocket or raises ``HandshakeRefused`` (``fatal`` for a 4xx but 408/429) or ``ConnectFailed``;
+  on an open one, ``mapped_aiohttp_errors()`` makes aiohttp's errors ``ConnectionLost``. No other module names an
+  aiohttp exception in an ``except``.
+- Secrets (token, headers) never go into messages; URLs are shown without query or credentials (``redact_url``).
+- Redirects are never followed: the handshake carries the credentials, and aiohttp would send them on to wherever a
+  3xx points. ``new_session()``'s trace hook stops the redirect before the second request; a 3xx raises
+  ``HandshakeRefused`` (fatal) naming the target without query or credentials.
+- A feed with a unix-domain socket gets a session that connects every request through it (``UnixConnector``, TLS
+  over it for wss://): no TCP socket, no name resolved; messages name ``ws://host/path via unix:/path``.
 """
 
 from __future__ import annotations

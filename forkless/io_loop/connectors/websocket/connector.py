@@ -1,21 +1,15 @@
-"""WebSocketConnector: one WebSocket feed (``FORKLESS_WS_URL``, an entry of ``FORKLESS_FEEDS`` with ``"url"``) or the
-embedded demo feed (the feed with no url while no feed is configured), as the composition root sees it
-(io_loop/connectors/connector.py's ``Connector``): its source, made with the settings groups it reads and the
-embedder's connect hooks; it keeps no position and owns no partitions. Its replies go back on the connection the
-messages came in on, written by its source: it has no sink of its own.
+"""WebSocketConnector: one WebSocket feed (``FORKLESS_WS_URL``, a ``FORKLESS_FEEDS`` entry with ``"url"``) or the
+embedded demo feed, as the composition root sees it (``Connector``): its source, made with the settings groups it
+reads and the embedder's connect hooks. It keeps no position, owns no partitions, and has no sink: its source writes its
+replies on the connection the messages came in on.
 
 Rules:
-- Made for every WebSocket feed by io_loop/kinds.py's ``connector_for`` (the one place a feed's kind is decided), at
-  the composition root (``feed_plan``, ``feed_sources``, ``--check``); nothing outside this room imports its client,
-  its connecting, its probe or the demo feed (tests/docs/test_architecture.py).
-- ``source``: a ``WebSocketSource`` (client.py) with the timeouts, reconnect policy, TLS, credentials,
-  ``max_msg_bytes`` and the hooks (``on_connect``, ``before_connect``); for the feed with no url while the demo feed
-  runs (``demo`` given), a ``DemoSource`` (demo_source.py) whose client is that same ``WebSocketSource``, pointed
-  at the demo's server. ``--check`` tries either through its source's ``probe`` (probe.py). A feed with no url
-  where the demo feed does not run has nowhere to connect: ``ValueError``.
+- Made by io_loop/kinds.py's ``connector_for``; nothing outside this room imports its client, connecting, probe or
+  demo feed (tests/docs/test_architecture.py).
+- ``source``: a ``WebSocketSource``; for the feed with no url while the demo feed runs, a ``DemoSource`` whose
+  client is that same ``WebSocketSource`` pointed at the demo's server. A feed with no url and no demo feed:
+  ``ValueError``.
 - Owning partitions is refused naming the feed (``ValueError``): only a JetStream feed has them.
-- ``describe`` says nothing beyond the variables: the probe says what a WebSocket feed's connection carries
-  (headers by name, TLS, the subscribe message).
 """
 
 from __future__ import annotations

@@ -1,43 +1,26 @@
 """Embedded demo feed: a loopback WebSocket server that streams synthetic sensor data.
 
-When forkless runs without ``FORKLESS_WS_URL``, the IO thread starts a ``DemoFeed``
-inside its own running event loop and points the WebSocket client at it, so the
-whole pipeline (socket -> janus -> jitted detector -> janus -> socket) is exercised
-end to end, and the feed can tell how well the detector caught the anomalies it planted.
+Without ``FORKLESS_WS_URL`` the IO thread runs a ``DemoFeed`` on its own loop and points the WebSocket client at it,
+so the whole pipeline is exercised end to end, and the feed tells how well the detector caught what it planted.
 
 Rules:
-
-* Loopback only: ``host`` must be a literal loopback address (``127.0.0.1``, ``::1``);
-  the server listens on a free port chosen by the OS and serves ``/feed``. With
-  ``unix_socket`` it listens on that unix-domain socket instead (started and stopped by
-  io_loop/net/appsite.py, as the metrics server is; io_loop/net/unixsocket.py: a live
-  server's socket is never taken over; the file is removed at ``stop()``) and opens no TCP
-  socket; its URL is then ``ws://localhost/feed``, the handshake's path and Host.
-* Wire protocol (JSON text frames). Feed -> client:
-  ``{"seq": int, "stream": str, "x": [F floats]}``. Client -> feed, one reply per
-  message: ``{"seq", "stream", "z", "score", "anomaly"}`` or
-  ``{"error": str, "seq": int | null}``.
-* ``seq`` is global, increases by one per message and continues across reconnections.
-  Streams take turns (round robin); the data depend only on ``seed`` and message
-  counts, never on wall-clock time, so a run is reproducible whatever the pacing.
-* Pacing is a token bucket refilled at ``rate_hz`` and drained on a short timer, the
-  messages due at a tick written in one socket write (io_loop/net/aiohttp_compat.py's
-  ``TextFrames``); if the client applies back-pressure or the loop stalls, the backlog is
-  capped rather than sent as one burst.
-* One client is fed at a time: a new connection takes over the stream and the older
-  one is closed with 1001 (going away). Replies are read and scored on every
-  connection that is open.
-* Synthetic data per stream: a fixed baseline, a slow sinusoidal drift, and Gaussian
-  noise clipped at +-2.5 sigma (bounded, like a saturating sensor). Once a stream has had
-  ``warmup + 10`` messages, each of its messages carries, with probability
-  ``anomaly_rate``, a spike of 12 noise-sigmas on two features; those seqs are
-  recorded as injected. The noise is clipped because with unbounded Gaussian noise the
-  detector's short (~20 sample) variance window makes |z| > 4 common enough that false
-  flags outnumber the planted anomalies once there are 16 or more features.
-* ``DemoScore`` is pure bookkeeping (no I/O, no clock) and is what ``summary()``
-  reports. Its counters are plain ints, so ``summary()`` may be read from another
-  thread while the feed runs; everything else must be called in the feed's loop,
-  except ``stop_sending()``, which only sets a flag and is safe from any thread.
+* Loopback only: ``host`` is a literal loopback address, the port the OS's, the path ``/feed``. With ``unix_socket``
+  it listens there instead (a live server's socket is never taken over; the file is removed at ``stop()``) and its
+  URL is ``ws://localhost/feed``.
+* Wire protocol (JSON text frames): feed -> client ``{"seq": int, "stream": str, "x": [F floats]}``; client -> feed,
+  one reply per message, ``{"seq", "stream", "z", "score", "anomaly"}`` or ``{"error": str, "seq": int | null}``.
+* ``seq`` is global and continues across reconnections; streams take turns; the data depend only on ``seed`` and
+  message counts, never on the clock, so a run is reproducible whatever the pacing.
+* Pacing is a token bucket refilled at ``rate_hz``, a tick's messages in one socket write; a backlog from
+  back-pressure or a stalled loop is capped, not sent as one burst.
+* One client is fed at a time: a new connection takes over and the older one is closed with 1001. Replies are read
+  and scored on every open connection.
+* Per stream: a baseline, a slow drift and Gaussian noise clipped at +-2.5 sigma; after ``warmup + 10`` messages,
+  with probability ``anomaly_rate``, a spike of 12 sigmas on two features, recorded as injected. The noise is
+  clipped because the detector's short variance window would otherwise flag more false anomalies than planted ones
+  at 16 features or more.
+* ``DemoScore`` is pure bookkeeping; its counters are plain ints, so ``summary()`` may be read from another thread.
+  Everything else is called on the feed's loop, except ``stop_sending()``, safe from any thread.
 """
 
 from __future__ import annotations
@@ -63,8 +46,8 @@ log = logging.getLogger("forkless.demo_feed")
 
 FEED_PATH = "/feed"
 
-# Data shape. Chosen with a numpy simulation of the detector (alpha=0.05, threshold=4,
-# warmup=20): with these values false flags stay around 1-2 % of flags for 8-16 features.
+# Data shape, chosen with a numpy simulation of the detector (alpha=0.05, threshold=4, warmup=20)
+# so that false flags stay a small share of flags for 8-16 features.
 NOISE_CLIP_SIGMAS = 2.5
 SPIKE_SIGMAS = 12.0
 SPIKE_FEATURES = 2

@@ -1,26 +1,18 @@
-"""The embedded demo feed as a ``Source`` (io_loop/source.py): its loopback server and the built-in
-WebSocket source pointed at it, together.
+"""The embedded demo feed as a ``Source``: its loopback server and the built-in WebSocket source pointed at it,
+together.
 
 Rules:
-- Made by the WebSocket connector (io_loop/connectors/websocket/connector.py) for the feed whose url is empty
-  when the demo feed runs (``IOSettings.uses_demo_feed``), and run by a ``SourceRunner`` as any
-  source is: the IO thread and the feed set do not know the demo feed is there.
-- ``run(ctx)`` starts the server (``DemoFeed``, io_loop/connectors/websocket/demo_feed.py) on the IO loop, then runs a
-  ``WebSocketSource`` connected to it on the same ``ctx``, and stops the server once it has ended. That
-  source is made by the ``client`` it is handed (the connector's: with the configured
-  timeouts, reconnect policy, TLS, credentials and hooks), given the feed and the server's address; the demo feed
-  reads its own settings (``DemoSettings``) and the stop's timeout, nothing else.
-  With ``FORKLESS_DEMO_UNIX_SOCKET`` both ends use that unix-domain socket: no TCP socket at all.
-- The stop (``before_stop``, before ``ctx.stopping`` is set): the server stops sending, the frames
-  already on the loopback wire are answered (when the feed is sent replies), then the source stops
-  reading as any source does; so the demo's tally is complete.
-- ``summary()`` (a source capability, io_loop/capabilities.py): the server's tally (sent, answered,
-  recall, precision) in one line, which the ``forkless`` program prints at its end.
-- ``--check`` (``probe``): the server started, one connection to it (the WebSocket feed's probe,
-  io_loop/connectors/websocket/probe.py), the server stopped; its per-connection INFO lines are held back
-  meanwhile (the demo feed logger's level is restored after).
-- Imported only when the demo feed runs: the server and aiohttp's web side cost 3.7 MiB of resident
-  memory a real deployment never uses (measured 2026-11-30, /proc/self/statm).
+- Made by the WebSocket connector for the feed with no url when the demo feed runs, and run by a ``SourceRunner`` as
+  any source is: the IO thread and the feed set do not know it is there.
+- ``run(ctx)`` starts the server (``DemoFeed``) on the IO loop, runs the ``WebSocketSource`` made by the ``client``
+  it is handed (with the configured timeouts, TLS, credentials and hooks) against it on the same ``ctx``, and stops
+  the server once that ended. With ``FORKLESS_DEMO_UNIX_SOCKET`` both ends use that socket.
+- The stop (``before_stop``): the server stops sending, the frames on the wire are answered, then the source stops
+  reading as any does; so the demo's tally is complete. ``summary()`` is that tally in one line.
+- ``--check`` (``probe``): the server started, one connection to it, the server stopped; its per-connection INFO
+  lines held back meanwhile.
+- Imported only when the demo feed runs: the server and aiohttp's web side cost resident memory a real deployment
+  never uses.
 """
 
 from __future__ import annotations
