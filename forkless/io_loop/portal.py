@@ -45,6 +45,7 @@ from forkless.io_loop.gil import log_gil
 from forkless.io_loop.loopthread import LoopThread
 from forkless.io_loop.portalqueue import MainQueue, PortalQueue, PortalSends, WorkerQueue
 from forkless.io_loop.reconnect import drive
+from forkless.io_loop.renamed import deprecated
 from forkless.io_loop.seconds import seconds, whole
 from forkless.io_loop.sends import LOST, STOP_DEADLINE
 from forkless.io_loop.waiting import PARK, WaitSettings
@@ -86,11 +87,16 @@ class RestartPolicy:
                  **old: Any) -> None:
         if old:
             named = ", ".join(f"{k}={v!r}" for k, v in old.items())
-            if set(old) <= set(OLD_KEYWORDS):
-                raise TypeError(f"RestartPolicy({named}): a restart's delays are a forkless.Backoff now, the one "
-                                f"Relogin uses: RestartPolicy(backoff=forkless.Backoff({named}, ...)); the "
-                                f"default, DEFAULT_BACKOFF, follows the peer")
-            raise TypeError(f"RestartPolicy takes backoff=, tries= and failures=, not {named}")
+            if not set(old) <= set(OLD_KEYWORDS):
+                raise TypeError(f"RestartPolicy takes backoff=, tries= and failures=, not {named}")
+            if backoff is not None:
+                raise TypeError(f"RestartPolicy({named}) and its backoff=: give the delays once, in the Backoff")
+            deprecated("RestartPolicy(min_s=..., max_s=..., reset_s=...)", old=f"RestartPolicy({named})",
+                       new=f"RestartPolicy(backoff=forkless.Backoff({named}))")
+            # the old delays on the default's other parts (it follows the peer); a bad value is refused here
+            d = DEFAULT_BACKOFF
+            backoff = Backoff(old.get("min_s", d.min_s), old.get("max_s", d.max_s), old.get("reset_s", d.reset_s),
+                              jitter=d.jitter, follow_s=d.follow_s, follow_ratio=d.follow_ratio)
         if backoff is not None and not isinstance(backoff, Backoff):
             raise TypeError(f"RestartPolicy's backoff is a forkless.Backoff (min_s, max_s, reset_s, jitter, follow_s, "
                             f"…), or None for DEFAULT_BACKOFF, not {backoff!r}")

@@ -66,6 +66,9 @@ _ENTRIES = (
             "ctx.connection_opened() when it connects, ctx.connection_closed(reason, code=...) when it ends",
             "0.3.0", "0.4.0"),
     Renamed("ctx.name", "the source's own name", "0.3.0", "0.4.0"),
+    # a portal's restarts follow the peer as Relogin's reconnects do, on the same Backoff (io_loop/portal.py)
+    Renamed("RestartPolicy(min_s=..., max_s=..., reset_s=...)",
+            "RestartPolicy(backoff=forkless.Backoff(min_s=..., max_s=..., reset_s=...))", "0.3.0", "0.4.0"),
     # what a processor carried itself before its Description
     Renamed("Processor(init, step, name=..., ...)", "Processor(init, step, description=Description(name=..., ...))",
             "0.1.0", "0.2.0"),

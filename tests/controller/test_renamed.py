@@ -89,13 +89,14 @@ MOVED_SETTINGS = {
     "DemoSettings(warmup=...)": (forkless.DemoSettings, "warmup", 3),
     "CheckpointSettings(bucket=...)": (forkless.CheckpointSettings, "bucket", "ckpt"),
 }
+RESTART_DELAYS = "RestartPolicy(min_s=..., max_s=..., reset_s=...)"  # tests/io_loop/test_portal.py warns it
 CONFIG_METHODS = {"config.step_settings()": "step_settings", "config.checkpoint_settings()": "checkpoint_settings",
                   "config.relay_settings()": "relay_settings"}
 
 
 def test_each_renamed_name_is_used_here():
     assert set(RENAMED) == {*KEYWORDS, "forkless.Sink", *REMOVED_USES, *MOVED_SETTINGS, *CONFIG_METHODS,
-                            *SOURCE_CONTEXT_USES}
+                            *SOURCE_CONTEXT_USES, RESTART_DELAYS}
 
 
 def test_a_renamed_name_warns_for_exactly_one_release():
@@ -212,3 +213,6 @@ def test_at_the_release_after_next_a_moved_setting_and_the_config_s_old_builders
     for old, method in CONFIG_METHODS.items():
         with pytest.raises(AttributeError, match=re.escape(f"{old} was removed in forkless 0.4.0")):
             getattr(config, method)()
+    with pytest.raises(TypeError, match=re.escape("RestartPolicy(min_s=0.2) was removed in forkless 0.4.0: write "
+                                                  "RestartPolicy(backoff=forkless.Backoff(min_s=0.2))")):
+        forkless.RestartPolicy(min_s=0.2)

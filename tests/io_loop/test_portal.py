@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
 import multiprocessing
 import queue
 import re
@@ -486,10 +487,8 @@ def test_a_worker_that_fails_before_its_first_await_fails_start_even_with_a_rest
 def test_a_restart_policy_and_its_misuse_are_checked_naming_what_is_allowed():
     assert forkless.RestartPolicy is RestartPolicy
     assert repr(RestartPolicy().backoff) == repr(forkless.DEFAULT_BACKOFF)  # Relogin's: it follows the peer
-    with pytest.raises(TypeError, match=r"RestartPolicy\(min_s=1.0, max_s=0.5\): a restart's delays are a "
-                                        r"forkless.Backoff now, the one Relogin uses: "
-                                        r"RestartPolicy\(backoff=forkless.Backoff\(min_s=1.0, max_s=0.5, ...\)\)"):
-        RestartPolicy(min_s=1.0, max_s=0.5)
+    with pytest.raises(TypeError, match=r"RestartPolicy takes backoff=, tries= and failures=, not min_delay=1"):
+        RestartPolicy(min_delay=1)
     with pytest.raises(ValueError, match=r"max_s \(0.5\) is less than its min_s \(1.0\)"):
         RestartPolicy(backoff=forkless.Backoff(min_s=1.0, max_s=0.5))
     with pytest.raises(ValueError, match=r"RestartPolicy's tries is an int >= 0 .*not -1"):
@@ -521,3 +520,17 @@ def test_a_failure_whose_text_itself_raises_is_still_named_restarted_and_raised(
         with pytest.raises(WorkerFailed, match=r"^the IO worker failed: Unprintable$"):
             while True:
                 portal.to_main.get(timeout=10 * timeout_unit)
+
+
+def test_a_restart_policy_s_old_delays_warn_naming_the_backoff_and_still_work_their_values_checked_where_given():
+    # the one deprecation policy (docs/embedding/versions.md): warned in 0.3.0, removed in 0.4.0
+    with pytest.warns(DeprecationWarning, match=r"RestartPolicy\(min_s=0.2, max_s=3.0\) is deprecated since "
+                                                r"forkless 0.3.0 and is removed in 0.4.0: write RestartPolicy\("
+                                                r"backoff=forkless.Backoff\(min_s=0.2, max_s=3.0\)\)"):
+        policy = RestartPolicy(min_s=0.2, max_s=3.0)
+    assert (policy.backoff.min_s, policy.backoff.max_s) == (0.2, 3.0)
+    assert policy.backoff.follow_s == forkless.DEFAULT_BACKOFF.follow_s  # the rest is the default's: it follows
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match=r"Backoff's max_s is a finite number"):
+        RestartPolicy(max_s=math.inf)  # refused where it is given, never at the first restart
+    with pytest.raises(TypeError, match=r"give the delays once"):
+        RestartPolicy(forkless.Backoff(), min_s=0.2)
