@@ -339,6 +339,8 @@ def test_the_blocking_calls_block_as_multiprocessing_s_from_an_executor_thread(t
             timed_out = True
         await loop.run_in_executor(None, to_main.put, ("ready", timed_out), True, 10.0)
         order = await loop.run_in_executor(None, from_main.get)  # blocks until the main thread puts
+        while from_main.empty():  # the main thread puts "last" just after the order (seen later under load)
+            await asyncio.sleep(0.001)
         sizes = await loop.run_in_executor(None, lambda: (from_main.qsize(), from_main.empty(), to_main.full()))
         await loop.run_in_executor(None, to_main.put_nowait, (order, sizes))
         taken = await loop.run_in_executor(None, from_main.get_nowait)
