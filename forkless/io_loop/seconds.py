@@ -39,7 +39,10 @@ def _seconds(value: Any, what: str, zero: bool, none: str) -> float:
     also = f" (or None: {none})" if none else ""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} is a number of seconds{also}, not a {type(value).__name__}: {value!r}")
-    as_float = float(value)
+    try:
+        as_float = float(value)
+    except OverflowError:  # an int beyond a double (10**400): out of range, as an infinity is
+        as_float = math.inf
     if not (math.isfinite(as_float) and (as_float >= 0 if zero else as_float > 0)):
         raise ValueError(f"{what} is a finite number of seconds {'>= 0' if zero else '> 0'}{also}, not {value!r}")
     return as_float

@@ -53,7 +53,8 @@ def test_what_is_no_number_is_a_type_error_naming_it(value):
         whole(value, "tries")
 
 
-@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 0, -1, np.float32("nan"), Fraction(-1, 2)])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 0, -1, np.float32("nan"), Fraction(-1, 2), 10**400,
+                                   Fraction(10**400)])
 def test_a_number_out_of_range_is_a_value_error_where_it_is_given(value):
     with pytest.raises(ValueError, match="is a finite number of seconds > 0"):
         Backoff(max_s=value)
