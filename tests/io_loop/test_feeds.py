@@ -96,6 +96,10 @@ def test_feeds_may_come_from_a_file(tmp_path):
     ({"FORKLESS_FEEDS": "@/no/such/feeds.json"}, "cannot read /no/such/feeds.json"),
     ({"FORKLESS_FEEDS": _feeds({"url": "ws://u:PWSECRET@h:1/a", "name": "a"}), "FORKLESS_AUTH_TOKEN": "TOKSECRET"},
      "one source of credentials"),
+    # JSON has no NaN or infinity: such a subscribe would be sent as a frame that is not JSON
+    ({"FORKLESS_FEEDS": '[{"url": "ws://h:1/a", "subscribe": {"k": "SUBSECRET", "x": NaN}}]'},
+     "feed 0 ('0'): \"subscribe\" is a text or a JSON value with finite numbers only"),
+    ({"FORKLESS_FEEDS": '[{"url": "ws://h:1/a", "subscribe": [1e999]}]'}, '"subscribe" is a text or a JSON value'),
 ])
 def test_a_bad_feeds_setting_names_the_feed_and_the_field_and_never_a_secret(env, expected):
     with pytest.raises(ConfigError) as err:

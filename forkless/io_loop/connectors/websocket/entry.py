@@ -14,14 +14,13 @@ Rules:
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from forkless.io_loop.connectors.connector import COMMON_REFUSALS, entry_refusal
-from forkless.io_loop.connectors.websocket.settings import WEBSOCKET, ws_url
+from forkless.io_loop.connectors.websocket.settings import WEBSOCKET, subscribe_text, ws_url
 from forkless.io_loop.errors import ValueProblem
 from forkless.io_loop.feedspec import FEED_NAME, FeedSpec
 from forkless.io_loop.net.netaddr import socket_path
@@ -80,11 +79,10 @@ def websocket_feed(item: dict[str, Any], index: str, where: str, replies: ReplyP
             path = socket_path(entry.unix_socket)
         except ValueProblem as exc:
             raise ValueProblem(f"{where}: {UNIX_SOCKET}: {exc}") from None
-    subscribe = entry.subscribe
-    if subscribe is None:
-        subscribe = ""
-    elif not isinstance(subscribe, str):
-        subscribe = json.dumps(subscribe, separators=(",", ":"))
+    try:
+        subscribe = subscribe_text(entry.subscribe)  # as FORKLESS_SUBSCRIBE given in code is written
+    except ValueProblem:  # NaN or an infinity (1e999): JSON has neither, and the frame would not be JSON
+        raise ValueProblem(f'{where}: "subscribe" is a text or a JSON value with finite numbers only') from None
     return FeedSpec(index if entry.name is UNSET else entry.name, entry.url.strip(), subscribe,
                     tuple(entry.headers.items()), entry.required, replies if entry.replies is UNSET else entry.replies,
                     overflow=entry.overflow, buffer=entry.buffer, unix_socket=path, kind=WEBSOCKET)

@@ -33,7 +33,8 @@ from forkless.io_loop.settings import (
     text,
 )
 
-__all__ = ["WEBSOCKET", "Credentials", "DemoSettings", "WebSocketSettings", "check_credentials", "ws_url"]
+__all__ = ["WEBSOCKET", "Credentials", "DemoSettings", "WebSocketSettings", "check_credentials", "subscribe_text",
+           "ws_url"]
 
 WEBSOCKET = "websocket"  # a FeedSpec's kind for this room's feeds (io_loop/kinds.py finds its connector by it)
 
@@ -50,7 +51,7 @@ def ws_url(text: str) -> str:
     return text
 
 
-def _subscribe_text(value: Any) -> Any:
+def subscribe_text(value: Any) -> Any:
     """``subscribe`` given in code as a JSON value (a dict or list, say): its compact JSON text, the form it is
     kept and sent in, as a ``FORKLESS_FEEDS`` entry's; ``None`` means none. A text is taken as it is."""
     if isinstance(value, str):
@@ -80,7 +81,7 @@ class WebSocketSettings:
         'FORKLESS_FEEDS entry takes "unix_socket")', default="")
     # a JSON text; in code also a JSON value (dict, list …), kept as its compact JSON text
     subscribe: str = setting("SUBSCRIBE", text(json_text, "a JSON text or @path to a file holding one",
-                                               from_code=_subscribe_text),
+                                               from_code=subscribe_text),
                              "message sent first on every new connection (empty: none); never logged, as it often "
                              "holds credentials", default="", secret=True)
 
