@@ -19,6 +19,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,7 @@ def _refuse_constant(name: str) -> Any:
 
 _json_decoder = json.JSONDecoder(parse_constant=_refuse_constant)
 _json_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True)
-_SURROGATE_ESCAPES = ("\\ud8", "\\ud9", "\\uda", "\\udb", "\\udc", "\\udd", "\\ude", "\\udf")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # an escaped \ud800-\udfff, in either case
 
 
 def _json_loads(data: str | bytes) -> Any:
@@ -39,7 +40,7 @@ def _json_loads(data: str | bytes) -> Any:
     if text[:1] == "\ufeff":
         raise ValueError("a byte order mark is not JSON")
     doc = _json_decoder.decode(text)
-    if "\\u" in text and any(e in text.lower() for e in _SURROGATE_ESCAPES):
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text):
         _json_encoder.encode(doc).encode("utf-8")  # a lone surrogate cannot be written as UTF-8: refused
     return doc
 

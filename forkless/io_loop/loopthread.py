@@ -190,7 +190,10 @@ class LoopThread:
         finally:
             loop.close()
             if had is not None:
-                os.sched_setaffinity(0, had)
+                try:
+                    os.sched_setaffinity(0, had)
+                except OSError:  # a CPU of ``had`` taken away meanwhile (a cpuset): the thread ends anyway
+                    pass
             self._cpu_at_end = time.thread_time()
             self._ready.set()
             self._ended.set()

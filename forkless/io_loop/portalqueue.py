@@ -138,10 +138,10 @@ class _Get:
 class _Timed:
     """An item put with a deadline or an id (``PortalSends``); ``outcome`` is settled once, under the lock."""
 
-    __slots__ = ("awaits", "deadline", "id", "item", "outcome")
+    __slots__ = ("deadline", "id", "item", "outcome")
 
-    def __init__(self, item: Any, deadline: float | None, id: Any, awaits: bool) -> None:
-        self.item, self.deadline, self.id, self.outcome, self.awaits = item, deadline, id, "", awaits
+    def __init__(self, item: Any, deadline: float | None, id: Any) -> None:
+        self.item, self.deadline, self.id, self.outcome = item, deadline, id, ""
 
 
 class PortalSends:
@@ -186,7 +186,7 @@ class PortalSends:
                                  f"one item")
             self._sends += 1
             record = _Timed(item, None if max_age_s is None else time.monotonic() + max_age_s,
-                            self._sends if id is None else id, awaits)
+                            self._sends if id is None else id)
             if awaits:
                 self._queued[record.id] = record
         return record

@@ -86,11 +86,8 @@ class IOThread:
         self._render_metrics = render_metrics
         self._metrics = metrics  # a metrics server bound by the controller (served here; released here at the end)
         self._feeds: FeedSet | None = None
-        # the thread and its loop (io_loop/loopthread.py); what _main leaves running is cancelled at
-        # its end, briefly: _main has ended every task it made
-        # under the spin hand-off (io_loop/waiting.py) the loop's selector looks at outbound itself while
-        # steps are in flight, so that a reply is written without waking a sleeping loop
-        self.wait = wait
+        # the thread and its loop (io_loop/loopthread.py, which waits as ``wait`` says); what _main leaves
+        # running is cancelled at its end, briefly: _main has ended every task it made
         self._runner = LoopThread(name, cleanup_s=ABORT_CLEANUP_S, wait=wait)
         self._bridge: Bridge[Chunk, Outgoing] | None = None
         self._main_side: MainSide[Chunk, Outgoing] | None = None

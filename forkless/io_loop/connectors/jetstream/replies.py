@@ -154,7 +154,7 @@ class ReplyPublisher:
                 await sub.unsubscribe()
 
     async def _publish(self, nc: Transport, batch: ReplyBatch) -> End:
-        stream, results = spec_of(self.feed).stream, spec_of(self.feed).results
+        stream, results = self.spec.stream, self.spec.results
         # the results stream's acknowledgements come to an inbox of ours, ``<inbox>.<n>`` with n counting
         # this connection's publications (nats-py's publish_async costs a future, a semaphore and a
         # JSON parse per reply), straight from the parser to ReplyAcks.on_ack (a raw subscription); the
@@ -198,7 +198,7 @@ class ReplyPublisher:
 
     def _may_publish(self, batch: ReplyBatch, origins: list[Origin] | None) -> bool:
         """Whether the batch is published; what is not is dropped, counted."""
-        if not spec_of(self.feed).results or origins is None:
+        if not self.spec.results or origins is None:
             # replies "none", or nothing to name them by: not published
             batch.drop("reply not published (no results subject)")
             return False
