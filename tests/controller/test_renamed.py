@@ -155,7 +155,11 @@ def test_what_built_a_group_of_the_config_warns_and_gives_the_group(old):
     config = forkless.Config(relay_nats="nats://127.0.0.1:4222", relay_subject="md")
     with pytest.warns(DeprecationWarning, match=re.escape(f"write {RENAMED[old].new}")):
         got = getattr(config, CONFIG_METHODS[old])()
-    assert got in (config.step, config.checkpoints) or got[1] == config.relay
+    if old == "config.relay_settings()":
+        assert got[1] == config.relay and got[0].feed_specs  # the relay's IO side: its feeds never sent a reply
+        assert [spec.replies for spec in got[0].feed_specs] == ["none"] * len(config.io_settings().feed_specs)
+    else:
+        assert got is {"config.step_settings()": config.step, "config.checkpoint_settings()": config.checkpoints}[old]
 
 
 def test_the_old_sink_name_warns_and_is_the_record_sink():

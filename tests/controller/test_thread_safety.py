@@ -51,11 +51,16 @@ def test_the_flood_guard_forgets_old_warnings_while_other_threads_log_new_ones()
     raises into the code that logged), and each new line is let through."""
     guard = RateLimitFilter(window_s=60.0, max_keys=4)
 
-    def log_distinct(offset: int) -> None:
-        for i in range(4000):
-            guard.filter(_warning(f"warning {(i + offset) % 8}"))
+    let_through: list[list[str]] = [[] for _ in range(THREADS)]
 
-    hammer([lambda offset=offset: log_distinct(offset) for offset in range(THREADS)])
+    def log_distinct(offset: int, mine: list[str]) -> None:
+        for i in range(4000):
+            text = f"warning {(i + offset) % 8}"
+            if guard.filter(_warning(text)):
+                mine.append(text)
+
+    hammer([lambda offset=offset, mine=mine: log_distinct(offset, mine) for offset, mine in enumerate(let_through)])
+    assert {text for mine in let_through for text in mine} == {f"warning {n}" for n in range(8)}
     assert len(guard.flush()) <= 4
 
 

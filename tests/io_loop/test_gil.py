@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from forkless.io_loop import gil
 from forkless.io_loop.gil import GilStatus, gil_status, log_gil
 from tests.harness import ROOT, UNIT_S
 from tests.races import FREE_THREADED
@@ -35,14 +36,19 @@ def test_a_build_with_a_gil_says_so():
     assert (status.free_threaded, status.enabled, str(status)) == (False, True, "on: the build has a GIL")
 
 
-def test_the_status_is_logged_once_for_each_text(caplog):
+def test_the_status_is_logged_once_for_each_text(caplog, monkeypatch):
+    monkeypatch.setattr(gil, "_logged", set())  # as in a new process: nothing said yet
     log = logging.getLogger("forkless.test.gil")
     with caplog.at_level(logging.INFO, logger=log.name):
         log_gil(log)
         log_gil(log)
+        monkeypatch.setattr(gil, "gil_status", lambda: GilStatus(True, True, "enabled by module 'x'", ("x",)))
+        log_gil(log)  # another text: said once more
+        log_gil(log)
     said = [r.getMessage() for r in caplog.records if r.name == log.name]
-    assert len(said) <= 1  # once per process: an earlier start may have said it already
-    assert all(f"the GIL is {'on' if gil_status().enabled else 'off'}" in line for line in said)
+    assert len(said) == 2, said
+    assert f"the GIL is {'on' if gil_status().enabled else 'off'}" in said[0]
+    assert "a free-threaded build: the GIL is on (enabled by module 'x')" in said[1]
 
 
 def test_the_texts_say_on_or_off_and_why():
